@@ -1,0 +1,92 @@
+// Element-wise map kernels shared by activations and tensor ops. An Op is a struct with
+//   static constexpr unsigned reads;  // bit k set: the op reads in[k]
+//   template <class A> static __device__ A apply(A a0, A a1, A a2, const MapParams& p, A alpha, A alpha2)
+// returning the value before beta blending (the op applies alpha itself, so OpTensor can scale each input).
+#pragma once
+#include "common/params.h"
+#include "common/types.cuh"
+
+namespace pydnn {
+
+constexpr int kMapThreads = 256;
+constexpr int kMapUnroll = 4;  // vectors per thread, all loaded before any is used
+
+template <class TI, class TO, class Op, class A>
+__device__ __forceinline__ TO map_one(const MapParams& p, TI a0, TI a1, TI a2, TO old, A alpha, A alpha2, A beta) {
+  A r = Op::template apply<A>(load<A>(a0), load<A>(a1), load<A>(a2), p, alpha, alpha2);
+  if (p.flags & PYDNN_FLAG_BETA) r += beta * load<A>(old);
+  return store<TO>(r);
+}
+
+// Dense operands in one memory order: flat index. VEC elements per access; the host guarantees every
+// pointer is VEC-element aligned. Elements past the last whole vector are done by the first block.
+template <class TI, class TO, class Op, int VEC>
+__global__ void __launch_bounds__(kMapThreads) map_contig(const MapParams p) {
+  typedef typename WiderAcc<typename AccOf<TI>::type, typename AccOf<TO>::type>::type A;
+  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  typedef Vec<TI, VEC> VI;
+  typedef Vec<TO, VEC> VO;
+  const i64 nvec = p.n / VEC;
+  const i64 base = (i64)blockIdx.x * (kMapThreads * kMapUnroll) + threadIdx.x;
+  VI a[kMapUnroll][3];
+  VO o[kMapUnroll];
+#pragma unroll
+  for (int u = 0; u < kMapUnroll; ++u) {
+    i64 i = base + (i64)u * kMapThreads;
+    if (i < nvec) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+        if (Op::reads & (1u << k)) a[u][k] = reinterpret_cast<const VI*>(p.in[k])[i];
+      if (blend) o[u] = reinterpret_cast<const VO*>(p.out)[i];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kMapUnroll; ++u) {
+    i64 i = base + (i64)u * kMapThreads;
+    if (i < nvec) {
+      VO r;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        r.v[e] = map_one<TI, TO, Op, A>(p, a[u][0].v[e], a[u][1].v[e], a[u][2].v[e], o[u].v[e], alpha, alpha2, beta);
+      reinterpret_cast<VO*>(p.out)[i] = r;
+    }
+  }
+  if (VEC > 1 && blockIdx.x == 0) {
+    for (i64 i = nvec * VEC + threadIdx.x; i < p.n; i += kMapThreads) {
+      TI x0 = TI(), x1 = TI(), x2 = TI();
+      TO old = TO();
+      if (Op::reads & 1u) x0 = ((const TI*)p.in[0])[i];
+      if (Op::reads & 2u) x1 = ((const TI*)p.in[1])[i];
+      if (Op::reads & 4u) x2 = ((const TI*)p.in[2])[i];
+      if (blend) old = ((const TO*)p.out)[i];
+      ((TO*)p.out)[i] = map_one<TI, TO, Op, A>(p, x0, x1, x2, old, alpha, alpha2, beta);
+    }
+  }
+}
+
+// Any strides (broadcast inputs have stride 0): each element's offsets from its coordinates.
+template <class TI, class TO, class Op>
+__global__ void __launch_bounds__(kMapThreads) map_strided(const MapParams p) {
+  typedef typename WiderAcc<typename AccOf<TI>::type, typename AccOf<TO>::type>::type A;
+  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
+  const i64 step = (i64)gridDim.x * kMapThreads;
+  for (i64 i = (i64)blockIdx.x * kMapThreads + threadIdx.x; i < p.n; i += step) {
+    i64 rem = i, off[4] = {0, 0, 0, 0};
+    for (int d = p.ndim - 1; d >= 0; --d) {
+      i64 c = rem % p.size[d];
+      rem /= p.size[d];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) off[k] += c * p.stride[k][d];
+    }
+    TI x0 = TI(), x1 = TI(), x2 = TI();
+    TO old = TO();
+    if (Op::reads & 1u) x0 = ((const TI*)p.in[0])[off[1]];
+    if (Op::reads & 2u) x1 = ((const TI*)p.in[1])[off[2]];
+    if (Op::reads & 4u) x2 = ((const TI*)p.in[2])[off[3]];
+    if (p.flags & PYDNN_FLAG_BETA) old = ((const TO*)p.out)[off[0]];
+    ((TO*)p.out)[off[0]] = map_one<TI, TO, Op, A>(p, x0, x1, x2, old, alpha, alpha2, beta);
+  }
+}
+
+}  // namespace pydnn

@@ -1,0 +1,23 @@
+"""pydnn: open GPU deep-learning primitives with cuDNN's handle / descriptor / workspace / stream API.
+
+Every cuDNN function `cudnnX` is `pydnn.<snake_case of X>` here and `pydnnX` in C (include/pydnn.h);
+every constant is a module attribute under its C name (PYDNN_DATA_FLOAT, ...). Outputs are returned,
+failures raise PydnnError carrying the status. Importing pydnn never compiles a kernel or touches a GPU.
+"""
+from .enums import *  # noqa: F401,F403 - every C constant, under its C name
+from .enums import DEFINES, ENUMS
+from .status import PydnnError, get_error_string, get_last_error_string
+from .version import __version__, get_cudart_version, get_property, get_version
+from .handle import create, destroy, get_stream, set_stream
+from .tensor import (
+    create_filter_descriptor, create_tensor_descriptor, destroy_filter_descriptor, destroy_tensor_descriptor,
+    get_filter4d_descriptor, get_filter_nd_descriptor, get_filter_size_in_bytes, get_tensor4d_descriptor,
+    get_tensor_nd_descriptor, get_tensor_size_in_bytes, set_filter4d_descriptor, set_filter_nd_descriptor,
+    set_tensor4d_descriptor, set_tensor4d_descriptor_ex, set_tensor_nd_descriptor, set_tensor_nd_descriptor_ex,
+)
+from .ops.activation import (
+    activation_backward, activation_forward, create_activation_descriptor, destroy_activation_descriptor,
+    get_activation_descriptor, get_activation_descriptor_swish_beta, set_activation_descriptor,
+    set_activation_descriptor_swish_beta,
+)
+from ._cuda.memory import DeviceArray

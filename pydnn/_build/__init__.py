@@ -1,0 +1,1 @@
+"""Kernel manifest, cubin cache, install-time build, and run-time kernel loading."""

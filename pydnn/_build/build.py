@@ -1,0 +1,87 @@
+"""Compile kernel units to the cache: the install-time build and `python -m pydnn build`.
+
+Units compile in parallel threads (NVRTC releases the GIL while it compiles). An entry already in the
+cache with a valid digest is skipped, so rebuilding unchanged sources compiles nothing.
+"""
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from .._cuda import nvrtc
+from . import cache
+from .manifest import COMMON_OPTIONS, all_units
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+
+
+def _norm_arch(a):
+    a = a.strip().lower()
+    if a.startswith("compute_"):
+        a = "sm_" + a[len("compute_"):]
+    if not a.startswith("sm_"):
+        a = "sm_" + a.replace(".", "")
+    return a
+
+
+def target_archs(archs=None):
+    """PYDNN_CUDA_ARCHS (comma separated: 'sm_80,sm_90' or '8.0,9.0'), else the GPUs present, else
+    sm_80 and sm_90."""
+    if archs:
+        return sorted({_norm_arch(a) for a in archs})
+    env = os.environ.get("PYDNN_CUDA_ARCHS")
+    if env:
+        return sorted({_norm_arch(a) for a in env.split(",") if a.strip()})
+    try:
+        from .._cuda import driver
+
+        if driver.available():
+            return sorted({driver.device_arch(i) for i in range(driver.device_count())})
+    except Exception:  # noqa: BLE001 - no driver: fall back to the defaults
+        pass
+    return list(DEFAULT_ARCHS)
+
+
+def compile_unit(unit, arch, nv_version=None):
+    """Compile one unit for one arch and store it; returns (cubin, lowered)."""
+    nv_version = nv_version or nvrtc.version()
+    key = cache.unit_key(unit, arch, nv_version)
+    text, _ = cache.unit_inputs(unit)
+    cubin, lowered, _log = nvrtc.compile_cubin(text, unit.source, unit.exprs, arch,
+                                               COMMON_OPTIONS + tuple(unit.options), [str(cache.ptx_dir())])
+    cache.write_entry(cache.entry_path(unit, arch, key), cubin, lowered)
+    return cubin, lowered
+
+
+def build_all(archs=None, progress=True, jobs=None, units=None):
+    """Compile every unit for every target arch that the cache lacks. Returns (compiled, skipped)."""
+    archs = target_archs(archs)
+    nv = nvrtc.version()
+    units = all_units() if units is None else units
+    todo, skipped = [], 0
+    for arch in archs:
+        for u in units:
+            if cache.read_entry(cache.entry_path(u, arch, cache.unit_key(u, arch, nv))) is None:
+                todo.append((u, arch))
+            else:
+                skipped += 1
+    out = sys.stderr
+    if progress:
+        print(f"pydnn: {len(todo)} kernel units to compile for {','.join(archs)} "
+              f"({skipped} already cached) into {cache.cache_dir()}", file=out, flush=True)
+    if not todo:
+        return 0, skipped
+    jobs = jobs or min(len(todo), max(2, os.cpu_count() or 2))
+    t0, done = time.time(), 0
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = {pool.submit(compile_unit, u, a, nv): (u, a) for u, a in todo}
+        for f in as_completed(futs):
+            f.result()  # re-raise a compile error with its NVRTC log
+            done += 1
+            if progress:
+                bar = "#" * (30 * done // len(todo))
+                print(f"\rpydnn: [{bar:<30}] {done}/{len(todo)} {time.time() - t0:5.1f}s", end="",
+                      file=out, flush=True)
+    if progress:
+        print(file=out, flush=True)
+    return len(todo), skipped

@@ -1,0 +1,42 @@
+"""The kernel manifest: which template instantiations of which source exist.
+
+A KernelUnit is one NVRTC translation unit: one source file in ptx/ compiled with a list of template
+instantiations (name expressions). Each op family declares its units next to the code that chooses among
+them (a `kernel_units()` function in its module), so the list of variants and the chooser cannot drift;
+FAMILIES below names those modules. Units are the granularity of the cache and of the parallel build.
+"""
+import importlib
+from dataclasses import dataclass, field
+
+# Op-family modules that declare kernel units; the build compiles all of them.
+FAMILIES = (
+    "pydnn.ops.activation",
+    "pydnn.ops.tensor_ops",
+    "pydnn.ops.softmax",
+)
+
+# NVRTC options for every unit (the arch and include path are added by the compiler wrapper).
+COMMON_OPTIONS = ("-std=c++17", "-lineinfo", "--ptxas-options=--warn-on-spills")
+
+
+@dataclass(frozen=True)
+class KernelUnit:
+    name: str                 # unique, used in cache file names: "activation.f32"
+    source: str               # file under ptx/: "activation.cu"
+    exprs: tuple              # name expressions: "pydnn::act_fwd<float, pydnn::Relu, 4>"
+    options: tuple = field(default=())
+
+
+def all_units():
+    units = []
+    for mod in FAMILIES:
+        units.extend(importlib.import_module(mod).kernel_units())
+    names = [u.name for u in units]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise AssertionError(f"duplicate kernel unit names: {sorted(dup)}")
+    return units
+
+
+def unit_by_name():
+    return {u.name: u for u in all_units()}

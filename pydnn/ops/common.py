@@ -1,0 +1,52 @@
+"""Argument checks shared by the op families (messages name the C argument)."""
+from .. import enums as E
+from ..buffers import device_ptr
+from ..status import PydnnError
+from ..tensor import DTYPES, FLOAT_TYPES, check_tensor
+
+# pydnn data type -> short type tag used in kernel unit names and template expressions
+TAG = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_DOUBLE: "f64", E.PYDNN_DATA_HALF: "f16",
+       E.PYDNN_DATA_BFLOAT16: "bf16", E.PYDNN_DATA_INT8: "i8", E.PYDNN_DATA_UINT8: "u8",
+       E.PYDNN_DATA_INT32: "i32", E.PYDNN_DATA_INT64: "i64"}
+FLOAT_TAGS = ("f32", "f64", "f16", "bf16")
+
+
+def scalar(name, v):
+    """alpha / beta: a real number (host value, like cuDNN's host pointer to float or double)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a number, got {type(v).__name__}")
+    return float(v)
+
+
+def float_tensor(desc, name, allowed=FLOAT_TYPES):
+    check_tensor(desc, name)
+    if desc.dtype not in allowed:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"{name}: data type {desc.dtype} is not supported here (float, double, half, bfloat16)")
+    return desc
+
+
+def same_shape(a, an, b, bn):
+    if a.dims != b.dims:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{bn}: dims {b.dims} differ from {an} dims {a.dims}")
+
+
+def same_type(a, an, b, bn):
+    if a.dtype != b.dtype:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{bn}: data type {b.dtype} differs from {an} data type {a.dtype}")
+
+
+def output_tensor(desc, name):
+    if not desc.non_overlapping():
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: strides {desc.strides} make elements overlap")
+    return desc
+
+
+def buffer(obj, desc, name):
+    """Device address of a buffer described by `desc` (size-checked when the object knows its size)."""
+    return device_ptr(obj, name, desc.span_bytes())
+
+
+__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "scalar", "float_tensor", "same_shape", "same_type",
+           "output_tensor", "buffer"]

@@ -1,0 +1,75 @@
+"""Statuses, PydnnError, and the per-thread last-error string.
+
+Every public call is wrapped by `api`: a failure becomes a `PydnnError` carrying a cuDNN status and a
+message that names the argument and the reason; the message is also kept per thread for
+`get_last_error_string` (the C face returns the status and the same message).
+"""
+import functools
+import threading
+
+from . import enums
+
+_STATUS_NAMES = {}
+for _name, _value in enums.ENUMS["pydnnStatus_t"].items():
+    _STATUS_NAMES.setdefault(_value, _name)  # first name wins over later aliases
+
+_tls = threading.local()
+
+
+class PydnnError(Exception):
+    """A failed pydnn call: `status` is a PYDNN_STATUS_* value, `message` says which argument and why."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{_STATUS_NAMES.get(status, status)}: {message}")
+        self.status = status
+        self.message = message
+
+
+def get_error_string(status):
+    """cudnnGetErrorString: the constant's name for a status, or an 'unknown' text."""
+    try:
+        status = int(status)
+    except (TypeError, ValueError):
+        return "PYDNN_STATUS_UNKNOWN"
+    return _STATUS_NAMES.get(status, "PYDNN_STATUS_UNKNOWN")
+
+
+def get_last_error_string():
+    """cudnnGetLastErrorString: the message of the last failed call on this thread ('' if none)."""
+    return getattr(_tls, "last", "")
+
+
+def set_last_error(message):
+    _tls.last = message
+
+
+def bad_param(message, status=enums.PYDNN_STATUS_BAD_PARAM):
+    raise PydnnError(status, message)
+
+
+def not_supported(message, status=enums.PYDNN_STATUS_NOT_SUPPORTED):
+    raise PydnnError(status, message)
+
+
+def api(fn):
+    """Mark a public API function: record its failure as the thread's last error, prefixed with its name.
+
+    Anything other than a PydnnError escaping an API function is a pydnn bug; it still becomes a status
+    (INTERNAL_ERROR) so that a C caller gets a code and a message instead of a crash.
+    """
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PydnnError as e:
+            set_last_error(f"{name}: {e.message}")
+            raise
+        except Exception as e:  # noqa: BLE001 - turned into a status on purpose
+            msg = f"{name}: internal error: {type(e).__name__}: {e}"
+            set_last_error(msg)
+            raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR, msg) from e
+
+    wrapper.__pydnn_api__ = True
+    return wrapper
