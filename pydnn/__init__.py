@@ -6,6 +6,7 @@ failures raise PydnnError carrying the status. Importing pydnn never compiles a 
 """
 from .enums import *  # noqa: F401,F403 - every C constant, under its C name
 from .enums import DEFINES, ENUMS
+from . import _log  # noqa: F401 - configures the "pydnn" logger from PYDNN_LOG*
 from .status import PydnnError, get_error_string, get_last_error_string
 from .version import __version__, get_cudart_version, get_property, get_version
 from .handle import create, destroy, get_stream, set_stream

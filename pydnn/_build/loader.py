@@ -3,14 +3,13 @@
 A unit missing from the cache (an arch the install did not build, or a cleared cache) is compiled here,
 once, with one log line; importing pydnn never compiles.
 """
-import logging
 import threading
 
 from .._cuda import driver, nvrtc
+from .._log import log
 from . import cache
 from .manifest import unit_by_name
 
-log = logging.getLogger("pydnn")
 _lock = threading.Lock()
 _modules = {}  # (context address, unit name) -> (CUmodule, {expr: lowered})
 _units = None

@@ -10,7 +10,7 @@ from .._build.params import FLAG_NAN_PROP
 from ..handle import check_handle
 from ..status import PydnnError, api
 from . import _elementwise as ew
-from .common import FLOAT_TAGS, TAG, buffer, float_tensor, output_tensor, same_shape, same_type, scalar
+from .common import FLOAT_TAGS, TAG, buffer, enum_arg, float_tensor, output_tensor, same_shape, same_type, scalar
 
 # mode -> (forward functor, backward functor) in ptx/activation.cu
 OPS = {
@@ -52,12 +52,6 @@ def _live(desc, name="activationDesc"):
     return desc
 
 
-def _nan_opt(v):
-    if v not in (E.PYDNN_NOT_PROPAGATE_NAN, E.PYDNN_PROPAGATE_NAN):
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"reluNanOpt: {v!r} is not a pydnnNanPropagation_t value")
-    return v
-
-
 @api
 def create_activation_descriptor():
     """cudnnCreateActivationDescriptor."""
@@ -68,9 +62,9 @@ def create_activation_descriptor():
 def set_activation_descriptor(activation_desc, mode, relu_nan_opt, coef):
     """cudnnSetActivationDescriptor: coef is the clipped-ReLU ceiling or the ELU alpha."""
     _live(activation_desc)
-    if mode not in OPS:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"mode: {mode!r} is not a pydnnActivationMode_t value")
-    nan = _nan_opt(relu_nan_opt)
+    mode = enum_arg("mode", mode, OPS, "pydnnActivationMode_t")
+    nan = enum_arg("reluNanOpt", relu_nan_opt, (E.PYDNN_NOT_PROPAGATE_NAN, E.PYDNN_PROPAGATE_NAN),
+                   "pydnnNanPropagation_t")
     c = scalar("coef", coef)
     if c != c:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "coef: NaN")

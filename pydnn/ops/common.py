@@ -2,7 +2,7 @@
 from .. import enums as E
 from ..buffers import device_ptr
 from ..status import PydnnError
-from ..tensor import DTYPES, FLOAT_TYPES, check_tensor
+from ..tensor import DTYPES, FLOAT_TYPES, _int, check_tensor
 
 # pydnn data type -> short type tag used in kernel unit names and template expressions
 TAG = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_DOUBLE: "f64", E.PYDNN_DATA_HALF: "f16",
@@ -16,6 +16,13 @@ def scalar(name, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a number, got {type(v).__name__}")
     return float(v)
+
+
+def enum_arg(name, v, allowed, type_name):
+    """An enum argument: an integer among `allowed`, else BAD_PARAM naming the argument and the type."""
+    if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() not in allowed:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v!r} is not a {type_name} value")
+    return v.__index__()
 
 
 def float_tensor(desc, name, allowed=FLOAT_TYPES):
@@ -48,5 +55,5 @@ def buffer(obj, desc, name):
     return device_ptr(obj, name, desc.span_bytes())
 
 
-__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "scalar", "float_tensor", "same_shape", "same_type",
+__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
            "output_tensor", "buffer"]

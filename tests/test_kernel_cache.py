@@ -1,0 +1,103 @@
+"""The cubin cache and the build, on the CPU: every kernel compiles for sm_90; keys; corruption; reuse."""
+import os
+
+import pytest
+
+from pydnn._build import build, cache, loader, manifest
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_every_kernel_unit_compiles_for_sm90():
+    """NVRTC compiles every instantiation in the manifest (uses the shared cache, so cheap when warm)."""
+    units = manifest.all_units()
+    assert units, "the manifest is empty"
+    build.build_all(archs=["sm_90"], progress=False, units=units)
+    nv = build.nvrtc.version()
+    for u in units:
+        entry = cache.read_entry(cache.entry_path(u, "sm_90", cache.unit_key(u, "sm_90", nv)))
+        assert entry is not None, u.name
+        cubin, lowered = entry
+        assert cubin[:4] == b"\x7fELF"
+        assert set(lowered) == set(u.exprs)
+
+
+def _small_unit():
+    return [u for u in manifest.all_units() if u.name == "activation.f32"][:1]
+
+
+def test_rebuild_compiles_nothing_and_corruption_is_rebuilt(tmp_cache):
+    units = _small_unit()
+    assert build.build_all(archs=["sm_90"], progress=False, units=units) == (1, 0)
+    assert build.build_all(archs=["sm_90"], progress=False, units=units) == (0, 1)
+    path = next((tmp_cache / "cubin").glob("*.cubin"))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated entry
+    assert cache.read_entry(path) is None
+    assert build.build_all(archs=["sm_90"], progress=False, units=units) == (1, 0)
+    flipped = bytearray(path.read_bytes())
+    flipped[-100] ^= 0xFF  # one corrupt byte in the cubin
+    path.write_bytes(bytes(flipped))
+    assert cache.read_entry(path) is None
+    assert build.build_all(archs=["sm_90"], progress=False, units=units) == (1, 0)
+    assert cache.read_entry(path) is not None
+    assert not list((tmp_cache / "cubin").glob(".tmp-*")), "temporary files left behind"
+
+
+def test_key_depends_on_arch_nvrtc_options_and_sources(monkeypatch):
+    u = _small_unit()[0]
+    k = cache.unit_key(u, "sm_90", (13, 0))
+    assert k != cache.unit_key(u, "sm_80", (13, 0))
+    assert k != cache.unit_key(u, "sm_90", (13, 1))
+    other = manifest.KernelUnit(u.name, u.source, u.exprs, ("-DPYDNN_EXTRA=1",))
+    assert k != cache.unit_key(other, "sm_90", (13, 0))
+    fewer = manifest.KernelUnit(u.name, u.source, u.exprs[:-1])
+    assert k != cache.unit_key(fewer, "sm_90", (13, 0))
+    # a change in an included header changes the key
+    text, headers = cache.unit_inputs(u)
+    assert any(p.endswith("elementwise.cuh") for p, _ in headers)
+    monkeypatch.setitem(cache._source_memo, u.source, (text, [(p, t + "//x") for p, t in headers]))
+    assert k != cache.unit_key(u, "sm_90", (13, 0))
+
+
+def test_missing_arch_compiles_once_with_a_log_line(tmp_cache, caplog):
+    u = _small_unit()[0]
+    caplog.set_level("WARNING", logger="pydnn")
+    import logging
+
+    logging.getLogger("pydnn").propagate = True
+    try:
+        cubin, lowered = loader.load_unit("sm_80", u)
+        assert cubin[:4] == b"\x7fELF"
+        assert sum("compiling kernel unit activation.f32 for sm_80" in r.message for r in caplog.records) == 1
+        caplog.clear()
+        loader.load_unit("sm_80", u)
+        assert not caplog.records
+    finally:
+        logging.getLogger("pydnn").propagate = False
+
+
+def test_target_archs(monkeypatch):
+    monkeypatch.setenv("PYDNN_CUDA_ARCHS", "8.0, sm_90,compute_86")
+    assert build.target_archs() == ["sm_80", "sm_86", "sm_90"]
+    assert build.target_archs(["9.0"]) == ["sm_90"]
+    monkeypatch.delenv("PYDNN_CUDA_ARCHS")
+    from pydnn._cuda import driver
+
+    if not driver.available():
+        assert build.target_archs() == ["sm_80", "sm_90"]
+
+
+def test_import_never_compiles(tmp_path):
+    """A fresh interpreter importing pydnn with an empty cache compiles nothing and creates no cache."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYDNN_CACHE_DIR=str(tmp_path / "c"))
+    code = "import pydnn, sys; assert 'cuda.bindings.nvrtc' not in sys.modules, 'nvrtc imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert not (tmp_path / "c").exists()

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""pydnn vs PyTorch (cuDNN / its own kernels) side by side, on one GPU, in one run.
+
+    python tools/bench.py [--families activation,tensor,softmax,reduce,host] [--elements 64M] [--out FILE]
+
+Each case is timed with CUDA events around single calls (after warm-up), median of many repetitions, on
+buffers larger than L2. Bandwidth counts the fewest bytes the op must move (inputs read once, output
+written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
+Host time is the Python-side cost of one small call (a 1-element tensor), from perf_counter over many calls.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import pydnn
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    sys.exit("bench needs PyTorch on the GPU machine")
+
+REPS, WARMUP = 30, 5
+DT = {"bf16": (torch.bfloat16, pydnn.PYDNN_DATA_BFLOAT16), "fp32": (torch.float32, pydnn.PYDNN_DATA_FLOAT),
+      "fp16": (torch.float16, pydnn.PYDNN_DATA_HALF)}
+
+
+def time_ms(fn, reps=REPS, warmup=WARMUP):
+    """Median milliseconds of one call, with events on the current stream."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def desc(t, fmt=None, dtype=None):
+    d = pydnn.create_tensor_descriptor()
+    dims = list(t.shape)
+    strides = list(t.stride())
+    while len(dims) < 4:
+        dims.append(1)
+        strides.append(1)
+    pydnn.set_tensor_nd_descriptor(d, dtype, len(dims), dims, strides)
+    return d
+
+
+class Bench:
+    def __init__(self, elements):
+        self.n = elements
+        self.h = pydnn.create()
+        pydnn.set_stream(self.h, torch.cuda.current_stream().cuda_stream)
+        self.rows = []
+        src = torch.empty(elements * 4, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        ms = time_ms(lambda: dst.copy_(src))
+        self.copy_gbs = 2 * src.numel() / ms / 1e6
+        print(f"device: {torch.cuda.get_device_name()}  copy bandwidth {self.copy_gbs:.0f} GB/s "
+              f"({src.numel() / 2**20:.0f} MiB each way)", flush=True)
+
+    def row(self, family, case, dtype, nbytes, ms_pydnn, ms_torch, torch_name):
+        g_p = nbytes / ms_pydnn / 1e6
+        g_t = nbytes / ms_torch / 1e6 if ms_torch else float("nan")
+        r = dict(family=family, case=case, dtype=dtype, pydnn_gbs=g_p, pct_copy=100 * g_p / self.copy_gbs,
+                 torch_gbs=g_t, ratio=(ms_torch / ms_pydnn) if ms_torch else float("nan"), torch=torch_name,
+                 ms_pydnn=ms_pydnn, ms_torch=ms_torch)
+        self.rows.append(r)
+        print(f"{family:10s} {case:28s} {dtype:5s} pydnn {g_p:7.0f} GB/s {r['pct_copy']:5.1f}% copy | "
+              f"torch {g_t:7.0f} GB/s | pydnn/torch speed {r['ratio']:.2f}x", flush=True)
+
+    # ------------------------------------------------------------ families
+    def activation(self):
+        modes = [("relu", pydnn.PYDNN_ACTIVATION_RELU, torch.relu),
+                 ("gelu_erf", pydnn.PYDNN_ACTIVATION_GELU_ERF, torch.nn.functional.gelu),
+                 ("gelu_tanh", pydnn.PYDNN_ACTIVATION_GELU_TANH,
+                  lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+                 ("sigmoid", pydnn.PYDNN_ACTIVATION_SIGMOID, torch.sigmoid),
+                 ("swish", pydnn.PYDNN_ACTIVATION_SWISH, torch.nn.functional.silu)]
+        for dname in ("bf16", "fp32"):
+            tdt, pdt = DT[dname]
+            x = torch.randn(self.n, dtype=tdt, device="cuda")
+            y = torch.empty_like(x)
+            dx, dy = desc(x, dtype=pdt), desc(y, dtype=pdt)
+            nbytes = 2 * x.numel() * x.element_size()
+            for name, mode, tfn in modes:
+                a = pydnn.create_activation_descriptor()
+                pydnn.set_activation_descriptor(a, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+                xp, yp = x.data_ptr(), y.data_ptr()
+                ms_p = time_ms(lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy, yp))
+                ms_t = time_ms(lambda: tfn(x))
+                self.row("activation", f"{name} forward", dname, nbytes, ms_p, ms_t, name)
+            # backward (relu): reads dy and x, writes dx
+            a = pydnn.create_activation_descriptor()
+            pydnn.set_activation_descriptor(a, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+            g = torch.randn_like(x)
+            out = torch.empty_like(x)
+            ms_p = time_ms(lambda: pydnn.activation_backward(self.h, a, 1.0, dy, y.data_ptr(), dx, g.data_ptr(),
+                                                             dx, x.data_ptr(), 0.0, dx, out.data_ptr()))
+            ms_t = time_ms(lambda: torch.ops.aten.threshold_backward(g, x, 0.0))
+            self.row("activation", "relu backward", dname, 3 * x.numel() * x.element_size(), ms_p, ms_t,
+                     "threshold_backward")
+            del x, y, g, out
+
+    def tensor(self):
+        if not hasattr(pydnn, "op_tensor"):
+            print("tensor: pydnn.op_tensor not available, skipped")
+            return
+        for dname in ("bf16", "fp32"):
+            tdt, pdt = DT[dname]
+            a = torch.randn(self.n, dtype=tdt, device="cuda")
+            b = torch.randn_like(a)
+            c = torch.empty_like(a)
+            da = desc(a, dtype=pdt)
+            op = pydnn.create_op_tensor_descriptor()
+            pydnn.set_op_tensor_descriptor(op, pydnn.PYDNN_OP_TENSOR_ADD, pydnn.PYDNN_DATA_FLOAT,
+                                           pydnn.PYDNN_NOT_PROPAGATE_NAN)
+            es = a.element_size()
+            ms_p = time_ms(lambda: pydnn.op_tensor(self.h, op, 1.0, da, a.data_ptr(), 1.0, da, b.data_ptr(), 0.0,
+                                                   da, c.data_ptr()))
+            ms_t = time_ms(lambda: torch.add(a, b, out=c))
+            self.row("tensor", "op_tensor add (c=a+b)", dname, 3 * a.numel() * es, ms_p, ms_t, "add(out=)")
+            ms_p = time_ms(lambda: pydnn.add_tensor(self.h, 1.0, da, a.data_ptr(), 1.0, da, c.data_ptr()))
+            ms_t = time_ms(lambda: c.add_(a))
+            self.row("tensor", "add_tensor (c+=a)", dname, 3 * a.numel() * es, ms_p, ms_t, "add_")
+            # NCHW -> NHWC
+            n, ch = 64, 64
+            hw = self.n // (n * ch)
+            side = int(hw ** 0.5)
+            x = torch.randn(n, ch, side, side, dtype=tdt, device="cuda")
+            y = torch.empty_like(x, memory_format=torch.channels_last)
+            dxn, dyn = desc(x, dtype=pdt), desc(y, dtype=pdt)
+            ms_p = time_ms(lambda: pydnn.transform_tensor(self.h, 1.0, dxn, x.data_ptr(), 0.0, dyn, y.data_ptr()))
+            ms_t = time_ms(lambda: y.copy_(x))
+            self.row("tensor", f"transform NCHW->NHWC {n}x{ch}x{side}x{side}", dname, 2 * x.numel() * es,
+                     ms_p, ms_t, "copy_ to channels_last")
+            del a, b, c, x, y
+
+    def softmax(self):
+        if not hasattr(pydnn, "softmax_forward"):
+            print("softmax: pydnn.softmax_forward not available, skipped")
+            return
+        cols = 4096
+        rows = self.n // cols
+        for dname in ("bf16", "fp32"):
+            tdt, pdt = DT[dname]
+            x = torch.randn(rows, cols, 1, 1, dtype=tdt, device="cuda")
+            y = torch.empty_like(x)
+            d = desc(x, dtype=pdt)
+            ms_p = time_ms(lambda: pydnn.softmax_forward(self.h, pydnn.PYDNN_SOFTMAX_ACCURATE,
+                                                         pydnn.PYDNN_SOFTMAX_MODE_CHANNEL, 1.0, d, x.data_ptr(),
+                                                         0.0, d, y.data_ptr()))
+            x2 = x.view(rows, cols)
+            ms_t = time_ms(lambda: torch.softmax(x2, dim=-1))
+            self.row("softmax", f"forward rows of {cols}", dname, 2 * x.numel() * x.element_size(), ms_p, ms_t,
+                     "torch.softmax")
+            g = torch.randn_like(x)
+            dxo = torch.empty_like(x)
+            ms_p = time_ms(lambda: pydnn.softmax_backward(self.h, pydnn.PYDNN_SOFTMAX_ACCURATE,
+                                                          pydnn.PYDNN_SOFTMAX_MODE_CHANNEL, 1.0, d, y.data_ptr(), d,
+                                                          g.data_ptr(), 0.0, d, dxo.data_ptr()))
+            y2, g2 = y.view(rows, cols), g.view(rows, cols)
+            ms_t = time_ms(lambda: torch.ops.aten._softmax_backward_data(g2, y2, -1, tdt))
+            self.row("softmax", f"backward rows of {cols}", dname, 3 * x.numel() * x.element_size(), ms_p, ms_t,
+                     "_softmax_backward_data")
+            del x, y, g, dxo
+
+    def reduce(self):
+        if not hasattr(pydnn, "reduce_tensor"):
+            print("reduce: pydnn.reduce_tensor not available, skipped")
+            return
+        cols = 4096
+        rows = self.n // cols
+        for dname in ("bf16", "fp32"):
+            tdt, pdt = DT[dname]
+            x = torch.randn(rows, cols, 1, 1, dtype=tdt, device="cuda")
+            y = torch.empty(rows, 1, 1, 1, dtype=tdt, device="cuda")
+            dx, dy = desc(x, dtype=pdt), desc(y, dtype=pdt)
+            r = pydnn.create_reduce_tensor_descriptor()
+            pydnn.set_reduce_tensor_descriptor(r, pydnn.PYDNN_REDUCE_TENSOR_ADD, pydnn.PYDNN_DATA_FLOAT,
+                                               pydnn.PYDNN_NOT_PROPAGATE_NAN, pydnn.PYDNN_REDUCE_TENSOR_NO_INDICES,
+                                               pydnn.PYDNN_32BIT_INDICES)
+            ws = pydnn.get_reduction_workspace_size(self.h, r, dx, dy)
+            wbuf = torch.empty(max(ws, 1), dtype=torch.uint8, device="cuda")
+            ms_p = time_ms(lambda: pydnn.reduce_tensor(self.h, r, None, 0, wbuf.data_ptr(), ws, 1.0, dx,
+                                                       x.data_ptr(), 0.0, dy, y.data_ptr()))
+            x2 = x.view(rows, cols)
+            ms_t = time_ms(lambda: x2.sum(dim=1))
+            self.row("reduce", f"sum rows of {cols}", dname, x.numel() * x.element_size(), ms_p, ms_t, "sum(dim=1)")
+            del x
+
+    def host(self):
+        """Python host time of one small call: what a framework pays per op on tiny tensors."""
+        x = torch.randn(1, device="cuda")
+        y = torch.empty_like(x)
+        d = desc(x, dtype=pydnn.PYDNN_DATA_FLOAT)
+        a = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(a, pydnn.PYDNN_ACTIVATION_RELU, 0, 0.0)
+        xp, yp, h = x.data_ptr(), y.data_ptr(), self.h
+        calls = 20000
+        results = {}
+        for name, fn in (("pydnn.activation_forward (int pointers)",
+                          lambda: pydnn.activation_forward(h, a, 1.0, d, xp, 0.0, d, yp)),
+                         ("pydnn.activation_forward (torch tensors)",
+                          lambda: pydnn.activation_forward(h, a, 1.0, d, x, 0.0, d, y)),
+                         ("torch.relu", lambda: torch.relu(x))):
+            for _ in range(1000):
+                fn()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples.append((time.perf_counter() - t0) / calls * 1e6)
+                torch.cuda.synchronize()
+            results[name] = statistics.median(samples)
+            print(f"host       {name:42s} {results[name]:6.2f} us per call", flush=True)
+        self.host_us = results
+
+
+def to_markdown(b):
+    lines = [f"Copy bandwidth measured in the same run: {b.copy_gbs:.0f} GB/s.", "",
+             "| family | case | dtype | pydnn GB/s | % of copy | PyTorch GB/s | pydnn speed / PyTorch |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in b.rows:
+        lines.append(f"| {r['family']} | {r['case']} | {r['dtype']} | {r['pydnn_gbs']:.0f} | {r['pct_copy']:.1f}% | "
+                     f"{r['torch_gbs']:.0f} | {r['ratio']:.2f}x |")
+    if getattr(b, "host_us", None):
+        lines += ["", "| host time per small call | µs |", "|---|---:|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in b.host_us.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--families", default="activation,tensor,softmax,reduce,host")
+    p.add_argument("--elements", default="64M", help="elements per tensor (K/M/G suffixes)")
+    p.add_argument("--out", help="write the markdown table here")
+    args = p.parse_args()
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30}
+    e = args.elements.upper()
+    n = int(e[:-1]) * mult[e[-1]] if e[-1] in mult else int(e)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    b = Bench(n)
+    for fam in args.families.split(","):
+        getattr(b, fam.strip())()
+    md = to_markdown(b)
+    print("\n" + md)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                    f"cuDNN {torch.backends.cudnn.version()}, pydnn {pydnn.__version__}\n\n" + md)
+
+
+if __name__ == "__main__":
+    main()

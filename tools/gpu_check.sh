@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One command for a GPU machine with no network: install pydnn into its python3, run the whole test suite
+# (GPU tests included), optionally under compute-sanitizer, run the benchmarks, write logs to a folder.
+#
+#   tools/gpu_check.sh [LOGDIR]            LOGDIR defaults to $OUT, else ./gpu_logs
+#   PYDNN_SANITIZE=1 tools/gpu_check.sh    also run the activation/softmax GPU tests under memcheck
+#   PYDNN_BENCH_FAMILIES=activation,host   benchmark families (default: all)
+#   PYDNN_SKIP_TESTS=1 / PYDNN_SKIP_BENCH=1
+#
+# Missing Python packages (cffi, pycparser) come from wheels in .whl/ (tools/fetch_wheels.sh makes them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${1:-${OUT:-gpu_logs}}
+mkdir -p "$logs"
+export PYTHONUNBUFFERED=1
+status=0
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pydnn-site \
+    .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/pydnn-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+echo "== install (offline, editable; compiles every kernel and libpydnn)" | tee "$logs/install.log"
+t0=$(date +%s)
+python3 -m pip install --no-index --no-deps --no-build-isolation -v -e . >>"$logs/install.log" 2>&1 \
+  || { echo "install failed"; tail -40 "$logs/install.log"; exit 1; }
+grep -E "^pydnn:|compiled|C library" "$logs/install.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -4
+echo "install took $(( $(date +%s) - t0 )) s"
+python3 -m pydnn info 2>&1 | tee "$logs/info.log"
+
+if [ "${PYDNN_SKIP_TESTS:-0}" != 1 ]; then
+  echo "== tests"
+  python3 -m pytest -q -p no:cacheprovider -rfE tests 2>&1 | tee "$logs/tests.log" | tail -25
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  echo "== compute-sanitizer memcheck"
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
+    tests/test_activation_gpu.py -k "test_forward and (0-0 or 0-9)" 2>&1 | tee "$logs/memcheck.log" | tail -6
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if [ "${PYDNN_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== benchmarks"
+  python3 tools/bench.py --families "${PYDNN_BENCH_FAMILIES:-activation,tensor,softmax,reduce,host}" \
+    --out "$logs/bench.md" 2>&1 | tee "$logs/bench.log" | grep -v '^|' | tail -40
+  cat "$logs/bench.md"
+fi
+exit $status
