@@ -9,7 +9,8 @@ from .status import PydnnError, api
 class Handle:
     """cudnnHandle_t. Holds the context current at creation, its device, arch and stream."""
 
-    __slots__ = ("ctx", "device", "arch", "sm_count", "stream", "cu_stream", "_funcs", "alive", "__weakref__")
+    __slots__ = ("ctx", "device", "arch", "sm_count", "stream", "cu_stream", "_funcs", "prepared", "alive",
+                 "__weakref__")
 
     def __init__(self):
         self.ctx, self.device = driver.current_context()
@@ -18,6 +19,7 @@ class Handle:
         self.stream = 0
         self.cu_stream = driver.cu_stream(0)
         self._funcs = {}
+        self.prepared = {}  # launch records keyed by (op, descriptors, their versions): see remember()
         self.alive = True
 
     def function(self, unit, expr):
@@ -28,6 +30,13 @@ class Handle:
             f = loader.get_function(self.ctx, self.arch, unit, expr)
             self._funcs[key] = f
         return f
+
+    def remember(self, key, record):
+        """Keep a prepared launch for `key`; the table is bounded (cleared when large)."""
+        if len(self.prepared) >= 4096:
+            self.prepared.clear()
+        self.prepared[key] = record
+        return record
 
     def launch(self, unit, expr, grid, block, params, smem=0):
         driver.launch(self.function(unit, expr), grid, block, smem, self.cu_stream, params)
@@ -73,6 +82,7 @@ def destroy(handle):
     check_handle(handle)
     handle.alive = False
     handle._funcs.clear()
+    handle.prepared.clear()
 
 
 @api

@@ -94,14 +94,17 @@ def packed_strides(dims, fmt):
 class TensorDescriptor:
     """cudnnTensorDescriptor_t: data type, dims and strides (in elements)."""
 
-    __slots__ = ("dtype", "dims", "strides", "is_set", "alive", "version", "__weakref__")
+    __slots__ = ("dtype", "dims", "strides", "is_set", "alive", "version", "_span", "__weakref__")
 
     def __init__(self):
         self.dtype, self.dims, self.strides = E.PYDNN_DATA_FLOAT, (), ()
-        self.is_set, self.alive, self.version = False, True, 0
+        self.is_set, self.alive, self.version, self._span = False, True, 0, 0
 
     def _assign(self, dtype, dims, strides):
+        # `version` changes with every set (and destroy): launch records cached per handle are keyed by
+        # it, so a changed descriptor can never reuse a stale record.
         self.dtype, self.dims, self.strides, self.is_set = dtype, dims, strides, True
+        self._span = (sum((d - 1) * s for d, s in zip(dims, strides)) + 1) * DTYPES[dtype][0]
         self.version += 1
 
     @property
@@ -117,7 +120,7 @@ class TensorDescriptor:
 
     def span_bytes(self):
         """Bytes from the first to one past the last element (what cudnnGetTensorSizeInBytes reports)."""
-        return (sum((d - 1) * s for d, s in zip(self.dims, self.strides)) + 1) * self.itemsize
+        return self._span
 
     def non_overlapping(self):
         """No two elements share an address (required of every output)."""
@@ -157,6 +160,7 @@ def destroy_tensor_descriptor(tensor_desc):
     if type(tensor_desc) is not TensorDescriptor or not tensor_desc.alive:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "tensorDesc: not a live tensor descriptor")
     tensor_desc.alive = False
+    tensor_desc.version += 1
 
 
 def _live(desc, name="tensorDesc"):

@@ -244,6 +244,21 @@ def function_set_max_dynamic_smem(func, nbytes):
     check(d.cuFuncSetAttribute(func, attr, nbytes), "cuFuncSetAttribute")
 
 
+def kernel_args(params):
+    """The void*[1] array cuLaunchKernel reads for a kernel whose one argument is `params` (a ctypes
+    struct). Keep it with the struct: building it per call costs host time."""
+    arr = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+    return (arr, ctypes.addressof(arr), params)
+
+
+def launch_args(func, grid, block, smem, stream, args):
+    """Enqueue `func` with arguments prepared by kernel_args (the hot path: nothing built per call)."""
+    err = _drv.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                              stream, args[1], 0)[0]
+    if err != 0:
+        check((err,), "cuLaunchKernel")
+
+
 def launch(func, grid, block, smem, stream, params):
     """The one launch path: enqueue `func` with a single by-value parameter struct (bytes-like).
 

@@ -6,6 +6,7 @@ across them. A fully dense problem becomes one flat dim, taken by the vectorised
 anything else (other strides, broadcast inputs with stride 0) runs `map_strided`.
 """
 from .._build.params import FLAG_BETA, MAX_DIMS, MapParams
+from .._cuda import driver
 
 THREADS = 256
 UNROLL = 4  # vectors per thread in map_contig (kMapUnroll)
@@ -74,39 +75,68 @@ def plan(out_dims, out_strides, inputs):
     return result
 
 
-def fill(p, out_ptr, in_ptrs, alpha, beta, ndim, sizes, strides, n, flags):
-    p.out = out_ptr
-    for k, ptr in enumerate(in_ptrs):
-        p.in_[k] = ptr
-    p.alpha, p.beta = alpha, beta
-    p.n, p.ndim = n, ndim
-    p.flags = flags | (FLAG_BETA if beta != 0 else 0)
-    for d in range(ndim):
-        p.size[d] = sizes[d]
-        for k, s in enumerate(strides):
-            p.stride[k][d] = s[d]
+class Prepared:
+    """Everything about one element-wise launch that depends only on descriptors: the filled parameter
+    struct (pointers and scalars are patched per call), the kernel for aligned and unaligned pointers,
+    the grid, and the byte spans the buffers must cover. Cached per handle, so a repeated call skips
+    planning and validation (the Python host cost of a small call)."""
+
+    __slots__ = ("params", "argv", "block", "vec_func", "vec_grid", "scalar_func", "scalar_grid",
+                 "in_masks", "out_mask", "base_flags", "need", "ninputs")
 
 
-def launch_map(handle, unit, op, ti, to, out_ptr, in_ptrs, alpha, beta, out_desc, in_descs,
-               flags=0, coef=0.0, coef2=0.0, alpha2=0.0):
-    """Plan, fill MapParams and launch the right variant of `op` (instantiated by map_exprs)."""
+def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0):
     ndim, sizes, strides, dense = plan(out_desc.dims, out_desc.strides,
                                        tuple((d.dims, d.strides) for d in in_descs))
     n = 1
     for s in sizes:
         n *= s
-    p = MapParams()
-    fill(p, out_ptr, in_ptrs, alpha, beta, ndim, sizes, strides, n, flags)
-    p.alpha2, p.coef, p.coef2 = alpha2, coef, coef2
+    pr = Prepared()
+    p = pr.params = MapParams()
+    p.n, p.ndim, p.coef, p.coef2 = n, ndim, coef, coef2
+    for d in range(ndim):
+        p.size[d] = sizes[d]
+        for k, st in enumerate(strides):
+            p.stride[k][d] = st[d]
+    pr.argv = driver.kernel_args(p)
+    pr.block = (THREADS, 1, 1)
+    pr.base_flags = flags
+    pr.ninputs = len(in_descs)
+    pr.need = (out_desc.span_bytes(),) + tuple(d.span_bytes() for d in in_descs)
     vec_e, scal_e, strided_e = map_exprs(op, ti, to)
     if dense:
         vec = vec_width(ti, to)
-        align = vec * max(_SIZES[ti], _SIZES[to])
-        aligned = all(ptr % (vec * _SIZES[ti]) == 0 for ptr in in_ptrs) and out_ptr % (vec * _SIZES[to]) == 0
-        expr = vec_e if (aligned and align <= 16 and vec > 1) else scal_e
-        per_block = THREADS * UNROLL * (vec if expr == vec_e else 1)
-        grid = max(1, -(-n // per_block))
+        pr.vec_func = handle.function(unit, vec_e)
+        pr.vec_grid = (max(1, -(-n // (THREADS * UNROLL * vec))), 1, 1)
+        pr.scalar_func = handle.function(unit, scal_e)
+        pr.scalar_grid = (max(1, -(-n // (THREADS * UNROLL))), 1, 1)
+        pr.in_masks = vec * _SIZES[ti] - 1
+        pr.out_mask = vec * _SIZES[to] - 1
+    else:  # strided: no alignment requirement, one kernel
+        pr.vec_func = pr.scalar_func = handle.function(unit, strided_e)
+        pr.vec_grid = pr.scalar_grid = (max(1, min(-(-n // THREADS), handle.sm_count * 16)), 1, 1)
+        pr.in_masks = pr.out_mask = 0
+    return pr
+
+
+def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
+    """Patch pointers and scalars into a prepared launch and enqueue it."""
+    p = pr.params
+    p.out = out_ptr
+    mask = 0
+    for k, ptr in enumerate(in_ptrs):
+        p.in_[k] = ptr
+        mask |= ptr
+    p.alpha, p.beta, p.alpha2 = alpha, beta, alpha2
+    p.flags = pr.base_flags | (FLAG_BETA if beta != 0 else 0)
+    if (mask & pr.in_masks) == 0 and (out_ptr & pr.out_mask) == 0:
+        driver.launch_args(pr.vec_func, pr.vec_grid, pr.block, 0, handle.cu_stream, pr.argv)
     else:
-        expr = strided_e
-        grid = max(1, min(-(-n // THREADS), handle.sm_count * 16))
-    handle.launch(unit, expr, (grid, 1, 1), (THREADS, 1, 1), p)
+        driver.launch_args(pr.scalar_func, pr.scalar_grid, pr.block, 0, handle.cu_stream, pr.argv)
+
+
+def launch_map(handle, unit, op, ti, to, out_ptr, in_ptrs, alpha, beta, out_desc, in_descs,
+               flags=0, coef=0.0, coef2=0.0, alpha2=0.0):
+    """Plan and launch `op` once, without caching (see prepare_map / run_map for the cached path)."""
+    pr = prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags, coef, coef2)
+    run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2)

@@ -10,7 +10,8 @@ from .._build.params import FLAG_NAN_PROP
 from ..handle import check_handle
 from ..status import PydnnError, api
 from . import _elementwise as ew
-from .common import FLOAT_TAGS, TAG, buffer, enum_arg, float_tensor, output_tensor, same_shape, same_type, scalar
+from ..buffers import device_ptr
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, same_shape, same_type, scalar
 
 # mode -> (forward functor, backward functor) in ptx/activation.cu
 OPS = {
@@ -26,12 +27,18 @@ OPS = {
 }
 
 
+def _op(mode, backward, tag):
+    """The functor for a mode and direction; 16-bit types take the <true> (fast-math) instantiation,
+    whose few-ulp float32 error is far below their own rounding (see ptx/activation.cu)."""
+    return f"{OPS[mode][backward]}<{'true' if tag in ('f16', 'bf16') else 'false'}>"
+
+
 def kernel_units():
     units = []
     for t in FLOAT_TAGS:
         exprs = []
-        for fwd, bwd in OPS.values():
-            exprs += ew.map_exprs(fwd, t) + ew.map_exprs(bwd, t)
+        for mode in OPS:
+            exprs += ew.map_exprs(_op(mode, 0, t), t) + ew.map_exprs(_op(mode, 1, t), t)
         units.append(KernelUnit(f"activation.{t}", "activation.cu", tuple(exprs)))
     return units
 
@@ -39,11 +46,11 @@ def kernel_units():
 class ActivationDescriptor:
     """cudnnActivationDescriptor_t."""
 
-    __slots__ = ("mode", "relu_nan_opt", "coef", "swish_beta", "is_set", "alive")
+    __slots__ = ("mode", "relu_nan_opt", "coef", "swish_beta", "is_set", "alive", "version")
 
     def __init__(self):
         self.mode, self.relu_nan_opt, self.coef, self.swish_beta = E.PYDNN_ACTIVATION_RELU, 0, 0.0, 1.0
-        self.is_set, self.alive = False, True
+        self.is_set, self.alive, self.version = False, True, 0
 
 
 def _live(desc, name="activationDesc"):
@@ -70,6 +77,7 @@ def set_activation_descriptor(activation_desc, mode, relu_nan_opt, coef):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "coef: NaN")
     activation_desc.mode, activation_desc.relu_nan_opt, activation_desc.coef = mode, nan, c
     activation_desc.is_set = True
+    activation_desc.version += 1
 
 
 @api
@@ -83,6 +91,7 @@ def get_activation_descriptor(activation_desc):
 def set_activation_descriptor_swish_beta(activation_desc, swish_beta):
     """cudnnSetActivationDescriptorSwishBeta: y = x * sigmoid(swish_beta * x)."""
     _live(activation_desc).swish_beta = scalar("swish_beta", swish_beta)
+    activation_desc.version += 1
 
 
 @api
@@ -97,6 +106,7 @@ def destroy_activation_descriptor(activation_desc):
     if activation_desc is None:
         return
     _live(activation_desc).alive = False
+    activation_desc.version += 1
 
 
 def _set(desc):
@@ -110,36 +120,60 @@ def _flags(desc):
     return FLAG_NAN_PROP if desc.relu_nan_opt == E.PYDNN_PROPAGATE_NAN else 0
 
 
+def _key(tag, activation_desc, descs):
+    """Cache key of a launch record: the descriptors and their versions (None if any is not one)."""
+    try:
+        return (tag, activation_desc, activation_desc.version) + tuple((d, d.version) for d in descs)
+    except (AttributeError, TypeError):
+        return None
+
+
 @api
 def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, y):
     """cudnnActivationForward: y = alpha * f(x) + beta * y. x and y may be the same buffer."""
     check_handle(handle)
-    a = _set(activation_desc)
+    key = _key(0, activation_desc, (x_desc, y_desc))
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        a = _set(activation_desc)
+        float_tensor(x_desc, "xDesc")
+        float_tensor(y_desc, "yDesc")
+        same_shape(x_desc, "xDesc", y_desc, "yDesc")
+        same_type(x_desc, "xDesc", y_desc, "yDesc")
+        output_tensor(y_desc, "yDesc")
+        device_ptr(x, "x", x_desc.span_bytes())  # pointer errors before any kernel is loaded
+        device_ptr(y, "y", y_desc.span_bytes())
+        t = TAG[x_desc.dtype]
+        rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 0, t), t, t, y_desc, (x_desc,),
+                             flags=_flags(a), coef=a.coef, coef2=a.swish_beta)
+        if key is not None:
+            handle.remember(key, rec)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
-    float_tensor(x_desc, "xDesc")
-    float_tensor(y_desc, "yDesc")
-    same_shape(x_desc, "xDesc", y_desc, "yDesc")
-    same_type(x_desc, "xDesc", y_desc, "yDesc")
-    output_tensor(y_desc, "yDesc")
-    xp, yp = buffer(x, x_desc, "x"), buffer(y, y_desc, "y")
-    t = TAG[x_desc.dtype]
-    ew.launch_map(handle, f"activation.{t}", OPS[a.mode][0], t, t, yp, (xp,), al, be, y_desc, (x_desc,),
-                  flags=_flags(a), coef=a.coef, coef2=a.swish_beta)
+    xp, yp = device_ptr(x, "x", rec.need[1]), device_ptr(y, "y", rec.need[0])
+    ew.run_map(handle, rec, yp, (xp,), al, be)
 
 
 @api
 def activation_backward(handle, activation_desc, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta, dx_desc, dx):
     """cudnnActivationBackward: dx = alpha * f'(x) * dy + beta * dx."""
     check_handle(handle)
-    a = _set(activation_desc)
+    key = _key(1, activation_desc, (dx_desc, dy_desc, y_desc, x_desc))
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        a = _set(activation_desc)
+        for d, n in ((y_desc, "yDesc"), (dy_desc, "dyDesc"), (x_desc, "xDesc"), (dx_desc, "dxDesc")):
+            float_tensor(d, n)
+            same_shape(y_desc, "yDesc", d, n)
+            same_type(y_desc, "yDesc", d, n)
+        output_tensor(dx_desc, "dxDesc")
+        for buf, d, n in ((y, y_desc, "y"), (dy, dy_desc, "dy"), (x, x_desc, "x"), (dx, dx_desc, "dx")):
+            device_ptr(buf, n, d.span_bytes())
+        t = TAG[y_desc.dtype]
+        rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 1, t), t, t, dx_desc,
+                             (dy_desc, y_desc, x_desc), flags=_flags(a), coef=a.coef, coef2=a.swish_beta)
+        if key is not None:
+            handle.remember(key, rec)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
-    for d, n in ((y_desc, "yDesc"), (dy_desc, "dyDesc"), (x_desc, "xDesc"), (dx_desc, "dxDesc")):
-        float_tensor(d, n)
-        same_shape(y_desc, "yDesc", d, n)
-        same_type(y_desc, "yDesc", d, n)
-    output_tensor(dx_desc, "dxDesc")
-    yp, dyp = buffer(y, y_desc, "y"), buffer(dy, dy_desc, "dy")
-    xp, dxp = buffer(x, x_desc, "x"), buffer(dx, dx_desc, "dx")
-    t = TAG[y_desc.dtype]
-    ew.launch_map(handle, f"activation.{t}", OPS[a.mode][1], t, t, dxp, (dyp, yp, xp), al, be, dx_desc,
-                  (dy_desc, y_desc, x_desc), flags=_flags(a), coef=a.coef, coef2=a.swish_beta)
+    yp, dyp = device_ptr(y, "y", rec.need[2]), device_ptr(dy, "dy", rec.need[1])
+    xp, dxp = device_ptr(x, "x", rec.need[3]), device_ptr(dx, "dx", rec.need[0])
+    ew.run_map(handle, rec, dxp, (dyp, yp, xp), al, be)

@@ -13,6 +13,8 @@ FLOAT_TAGS = ("f32", "f64", "f16", "bf16")
 
 def scalar(name, v):
     """alpha / beta: a real number (host value, like cuDNN's host pointer to float or double)."""
+    if type(v) is float:
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a number, got {type(v).__name__}")
     return float(v)
@@ -45,6 +47,7 @@ def same_type(a, an, b, bn):
 
 
 def output_tensor(desc, name):
+    """An output must not have two elements at one address (a race and a wrong answer otherwise)."""
     if not desc.non_overlapping():
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: strides {desc.strides} make elements overlap")
     return desc
