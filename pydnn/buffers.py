@@ -4,6 +4,7 @@ When the object says how large it is, the descriptor's span is checked against i
 is refused instead of written past.
 """
 import ctypes
+import os
 
 from . import enums
 from .status import PydnnError
@@ -77,13 +78,33 @@ def _from_dlpack(obj, name):
     return ptr, _span_bytes(shape, strides, itemsize)
 
 
+# PYDNN_CHECKED=1: also check int pointers against the driver's record of the allocation holding them
+# (costs two driver queries per buffer per call; for debugging, off by default).
+CHECKED = os.environ.get("PYDNN_CHECKED", "0") == "1"
+
+
+def _check_allocation(ptr, name, need_bytes):
+    from ._cuda import driver
+
+    rng = driver.allocation_range(ptr)
+    if rng is None:
+        raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM, f"{name}: {ptr:#x} is not in a device allocation")
+    start, size = rng
+    if ptr + need_bytes > start + size:
+        raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT,
+                         f"{name}: the allocation holds {start + size - ptr} bytes from {ptr:#x} but the "
+                         f"descriptor spans {need_bytes}")
+
+
 def device_ptr(obj, name, need_bytes=0):
     """The device address in `obj`; refuses NULL, host arrays, and buffers smaller than `need_bytes`."""
-    if type(obj) is int:  # fast path: the caller vouches for the extent
+    if type(obj) is int:  # fast path: the caller vouches for the extent (unless PYDNN_CHECKED=1)
         if obj == 0:
             raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
         if obj < 0:
             raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM, f"{name}: negative address {obj}")
+        if CHECKED:
+            _check_allocation(obj, name, need_bytes)
         return obj
     if obj is None:
         raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer (None)")

@@ -141,3 +141,17 @@ def test_torch_tensors_and_large_offsets(handle, rng):
         pydnn.activation_forward(handle, a, 1.0, d, t, 0.0, d, small)
     assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT
     assert "y:" in pydnn.get_last_error_string()
+
+
+def test_checked_mode_refuses_an_int_pointer_past_its_allocation(handle, monkeypatch):
+    import pydnn.buffers
+
+    monkeypatch.setattr(pydnn.buffers, "CHECKED", True)
+    dims = (1, 1, 8, 8)
+    x = DevTensor(dims, pydnn.PYDNN_DATA_FLOAT)
+    small = pydnn.DeviceArray((16,), np.float32)  # 64 bytes, the descriptor spans 256
+    a = _desc(pydnn.PYDNN_ACTIVATION_RELU)
+    with pytest.raises(pydnn.PydnnError) as e:
+        pydnn.activation_forward(handle, a, 1.0, x.desc, x.ptr, 0.0, x.desc, small.ptr)
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT and "y:" in e.value.message
+    pydnn.activation_forward(handle, a, 1.0, x.desc, x.ptr, 0.0, x.desc, x.ptr)  # in range: fine

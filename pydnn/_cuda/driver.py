@@ -227,6 +227,19 @@ def pointer_device(ptr):
     return None if int(err) != 0 else int(dev)
 
 
+def allocation_range(ptr):
+    """(start, size) of the device allocation holding `ptr`, or None if the driver does not know it."""
+    d = _driver()
+    a = d.CUpointer_attribute
+    err, start = d.cuPointerGetAttribute(a.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d.CUdeviceptr(ptr))
+    if int(err) != 0:
+        return None
+    err, size = d.cuPointerGetAttribute(a.CU_POINTER_ATTRIBUTE_RANGE_SIZE, d.CUdeviceptr(ptr))
+    if int(err) != 0:
+        return None
+    return int(start), int(size)
+
+
 # ---------------------------------------------------------------- modules and launches
 def module_load(image):
     d = _driver()
