@@ -44,6 +44,8 @@ def cmd_build(args):
     archs = [a for spec in (args.arch or []) for a in spec.split(",") if a]
     compiled, skipped = build.build_all(archs=archs or None, progress=True)
     print(f"compiled {compiled} kernel units, {skipped} already cached")
+    if args.prune:
+        print(f"pruned {build.prune(archs or None)} stale cache entries")
     if not args.no_lib:
         from pydnn.capi import library
 
@@ -69,6 +71,7 @@ def main(argv=None):
     b.add_argument("--arch", action="append", help="e.g. sm_90 or 8.0,9.0 (default: PYDNN_CUDA_ARCHS, "
                    "else the GPUs present, else sm_80,sm_90)")
     b.add_argument("--no-lib", action="store_true", help="skip building libpydnn")
+    b.add_argument("--prune", action="store_true", help="delete cached cubins of other sources or archs")
     c = sub.add_parser("config", help="flags a C compiler needs to build against libpydnn")
     c.add_argument("--cflags", action="store_true")
     c.add_argument("--libs", action="store_true")

@@ -101,3 +101,13 @@ def test_import_never_compiles(tmp_path):
     code = "import pydnn, sys; assert 'cuda.bindings.nvrtc' not in sys.modules, 'nvrtc imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert not (tmp_path / "c").exists()
+
+
+def test_prune_removes_only_stale_entries(tmp_cache):
+    units = _small_unit()
+    build.build_all(archs=["sm_90"], progress=False, units=units)
+    stale = tmp_cache / "cubin" / "activation.f32.sm_90.000000000000000000000000.cubin"
+    stale.write_bytes(b"old")
+    live = cache.entry_path(units[0], "sm_90", cache.unit_key(units[0], "sm_90", build.nvrtc.version()))
+    assert cache.prune([live]) == 1
+    assert live.exists() and not stale.exists()

@@ -85,3 +85,10 @@ def build_all(archs=None, progress=True, jobs=None, units=None):
     if progress:
         print(file=out, flush=True)
     return len(todo), skipped
+
+
+def prune(archs=None):
+    """Remove cached cubins that no current unit and arch maps to; returns how many."""
+    nv = nvrtc.version()
+    keep = [cache.entry_path(u, a, cache.unit_key(u, a, nv)) for a in target_archs(archs) for u in all_units()]
+    return cache.prune(keep)

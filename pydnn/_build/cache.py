@@ -113,6 +113,19 @@ def write_entry(path, cubin, lowered):
         raise
 
 
+def prune(keep_paths):
+    """Delete cache entries not in `keep_paths` (stale keys from older sources or NVRTC versions)."""
+    folder = cache_dir() / "cubin"
+    keep = {str(p) for p in keep_paths}
+    removed = 0
+    if folder.is_dir():
+        for p in folder.glob("*.cubin"):
+            if str(p) not in keep:
+                p.unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
 def describe():
     """What the cache holds: {arch: count of entries}, and the total size in bytes."""
     folder = cache_dir() / "cubin"
