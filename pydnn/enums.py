@@ -124,7 +124,7 @@ ENUMS = {
         "PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD": 4, "PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED": 5,
         "PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING": 6, "PYDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT": 7,
     },
-    "libraryPropertyType": {"PYDNN_MAJOR_VERSION": 0, "PYDNN_MINOR_VERSION": 1, "PYDNN_PATCH_LEVEL": 2},
+    "pydnnLibraryPropertyType_t": {"PYDNN_MAJOR_VERSION": 0, "PYDNN_MINOR_VERSION": 1, "PYDNN_PATCH_LEVEL": 2},
 }
 
 # names that share a value with an earlier member of their enum on purpose

@@ -1,0 +1,129 @@
+"""The C API, declared once. include/pydnn.h, the cffi embedding library (libpydnn) and its argument
+marshalling are all generated from FUNCTIONS below and from pydnn.enums.
+
+Each entry is (C prototype, one-line description). Argument names follow cuDNN 9; the marshalling in
+pydnn/capi/impl.py reads their types: descriptors and handles are opaque pointers, `T *name` is an output
+(except `const`), `const int name[]` is an input array whose length is the preceding count argument,
+`const void *alpha|beta|...` is a host scalar read as double for a DOUBLE output tensor and as float
+otherwise, other `void *` are device pointers.
+"""
+from .. import enums
+
+OPAQUE_TYPES = [
+    ("pydnnHandle_t", "pydnnContext"),
+    ("pydnnTensorDescriptor_t", "pydnnTensorStruct"),
+    ("pydnnFilterDescriptor_t", "pydnnFilterStruct"),
+    ("pydnnActivationDescriptor_t", "pydnnActivationStruct"),
+    ("pydnnOpTensorDescriptor_t", "pydnnOpTensorStruct"),
+    ("pydnnReduceTensorDescriptor_t", "pydnnReduceTensorStruct"),
+]
+
+# (family, [(prototype, description), ...]) in header order
+FUNCTIONS = [
+    ("Versions, errors and the handle", [
+        ("size_t pydnnGetVersion(void);", "pydnn's version as MAJOR*10000 + MINOR*100 + PATCH."),
+        ("size_t pydnnGetCudartVersion(void);", "CUDA driver API version in use (1000*major + 10*minor), 0 without a driver."),
+        ("pydnnStatus_t pydnnGetProperty(pydnnLibraryPropertyType_t type, int *value);", "MAJOR_VERSION, MINOR_VERSION or PATCH_LEVEL."),
+        ("const char *pydnnGetErrorString(pydnnStatus_t status);", "The name of a status (a static string)."),
+        ("void pydnnGetLastErrorString(char *message, size_t max_size);", "This thread's last error message, NUL-terminated, truncated to max_size."),
+        ("pydnnStatus_t pydnnCreate(pydnnHandle_t *handle);", "A handle on the current device; NOT_INITIALIZED without a GPU or driver."),
+        ("pydnnStatus_t pydnnDestroy(pydnnHandle_t handle);", "Release a handle."),
+        ("pydnnStatus_t pydnnSetStream(pydnnHandle_t handle, cudaStream_t streamId);", "Later calls on the handle enqueue on streamId."),
+        ("pydnnStatus_t pydnnGetStream(pydnnHandle_t handle, cudaStream_t *streamId);", "The handle's stream."),
+    ]),
+    ("Tensor descriptors", [
+        ("pydnnStatus_t pydnnCreateTensorDescriptor(pydnnTensorDescriptor_t *tensorDesc);", ""),
+        ("pydnnStatus_t pydnnSetTensor4dDescriptor(pydnnTensorDescriptor_t tensorDesc, pydnnTensorFormat_t format, pydnnDataType_t dataType, int n, int c, int h, int w);", "Packed NCHW or NHWC."),
+        ("pydnnStatus_t pydnnSetTensor4dDescriptorEx(pydnnTensorDescriptor_t tensorDesc, pydnnDataType_t dataType, int n, int c, int h, int w, int nStride, int cStride, int hStride, int wStride);", "Explicit strides."),
+        ("pydnnStatus_t pydnnSetTensorNdDescriptor(pydnnTensorDescriptor_t tensorDesc, pydnnDataType_t dataType, int nbDims, const int dimA[], const int strideA[]);", "1 to 8 dims, explicit strides."),
+        ("pydnnStatus_t pydnnSetTensorNdDescriptorEx(pydnnTensorDescriptor_t tensorDesc, pydnnTensorFormat_t format, pydnnDataType_t dataType, int nbDims, const int dimA[]);", "Packed strides from a format."),
+        ("pydnnStatus_t pydnnGetTensor4dDescriptor(const pydnnTensorDescriptor_t tensorDesc, pydnnDataType_t *dataType, int *n, int *c, int *h, int *w, int *nStride, int *cStride, int *hStride, int *wStride);", ""),
+        ("pydnnStatus_t pydnnGetTensorNdDescriptor(const pydnnTensorDescriptor_t tensorDesc, int nbDimsRequested, pydnnDataType_t *dataType, int *nbDims, int dimA[], int strideA[]);", ""),
+        ("pydnnStatus_t pydnnGetTensorSizeInBytes(const pydnnTensorDescriptor_t tensorDesc, size_t *size);", "Bytes spanned by the tensor's elements."),
+        ("pydnnStatus_t pydnnDestroyTensorDescriptor(pydnnTensorDescriptor_t tensorDesc);", ""),
+    ]),
+    ("Filter descriptors", [
+        ("pydnnStatus_t pydnnCreateFilterDescriptor(pydnnFilterDescriptor_t *filterDesc);", ""),
+        ("pydnnStatus_t pydnnSetFilter4dDescriptor(pydnnFilterDescriptor_t filterDesc, pydnnDataType_t dataType, pydnnTensorFormat_t format, int k, int c, int h, int w);", ""),
+        ("pydnnStatus_t pydnnSetFilterNdDescriptor(pydnnFilterDescriptor_t filterDesc, pydnnDataType_t dataType, pydnnTensorFormat_t format, int nbDims, const int filterDimA[]);", ""),
+        ("pydnnStatus_t pydnnGetFilter4dDescriptor(const pydnnFilterDescriptor_t filterDesc, pydnnDataType_t *dataType, pydnnTensorFormat_t *format, int *k, int *c, int *h, int *w);", ""),
+        ("pydnnStatus_t pydnnGetFilterNdDescriptor(const pydnnFilterDescriptor_t filterDesc, int nbDimsRequested, pydnnDataType_t *dataType, pydnnTensorFormat_t *format, int *nbDims, int filterDimA[]);", ""),
+        ("pydnnStatus_t pydnnGetFilterSizeInBytes(const pydnnFilterDescriptor_t filterDesc, size_t *size);", ""),
+        ("pydnnStatus_t pydnnDestroyFilterDescriptor(pydnnFilterDescriptor_t filterDesc);", ""),
+    ]),
+    ("Activations (GELU modes are pydnn extensions)", [
+        ("pydnnStatus_t pydnnCreateActivationDescriptor(pydnnActivationDescriptor_t *activationDesc);", ""),
+        ("pydnnStatus_t pydnnSetActivationDescriptor(pydnnActivationDescriptor_t activationDesc, pydnnActivationMode_t mode, pydnnNanPropagation_t reluNanOpt, double coef);", "coef: clipped-ReLU ceiling or ELU alpha."),
+        ("pydnnStatus_t pydnnGetActivationDescriptor(const pydnnActivationDescriptor_t activationDesc, pydnnActivationMode_t *mode, pydnnNanPropagation_t *reluNanOpt, double *coef);", ""),
+        ("pydnnStatus_t pydnnSetActivationDescriptorSwishBeta(pydnnActivationDescriptor_t activationDesc, double swish_beta);", ""),
+        ("pydnnStatus_t pydnnGetActivationDescriptorSwishBeta(pydnnActivationDescriptor_t activationDesc, double *swish_beta);", ""),
+        ("pydnnStatus_t pydnnDestroyActivationDescriptor(pydnnActivationDescriptor_t activationDesc);", ""),
+        ("pydnnStatus_t pydnnActivationForward(pydnnHandle_t handle, pydnnActivationDescriptor_t activationDesc, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);", "y = alpha * f(x) + beta * y."),
+        ("pydnnStatus_t pydnnActivationBackward(pydnnHandle_t handle, pydnnActivationDescriptor_t activationDesc, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);", "dx = alpha * f'(x) * dy + beta * dx."),
+    ]),
+]
+
+
+def enum_block():
+    out = []
+    for ctype, members in enums.ENUMS.items():
+        body = ",\n".join(f"    {name} = {value}" for name, value in members.items())
+        out.append(f"typedef enum {{\n{body}\n}} {ctype};")
+    return "\n\n".join(out)
+
+
+def define_block():
+    return "\n".join(f"#define {k} {v!r}" if isinstance(v, float) else f"#define {k} {v}"
+                     for k, v in enums.DEFINES.items())
+
+
+def types_block():
+    """Every type the prototypes use (no #defines: cffi's cdef takes those separately)."""
+    opaque = "\n".join(f"typedef struct {s} *{t};" for t, s in OPAQUE_TYPES)
+    return enum_block() + "\n\n" + opaque + "\ntypedef struct CUstream_st *cudaStream_t;"
+
+
+def prototypes():
+    return [proto for _, entries in FUNCTIONS for proto, _ in entries]
+
+
+def header_text():
+    from .. import __version__
+
+    major, minor, patch = __version__.split(".")
+    lines = [
+        "/* pydnn.h: the C API of pydnn. Generated by tools/gen_header.py from pydnn/capi/decl.py and",
+        " * pydnn/enums.py; do not edit. Link with the flags `python -m pydnn config --cflags --libs` prints. */",
+        "#ifndef PYDNN_H",
+        "#define PYDNN_H",
+        "",
+        "#include <stddef.h>",
+        "",
+        "#ifdef __cplusplus",
+        'extern "C" {',
+        "#endif",
+        "",
+        f"#define PYDNN_MAJOR {major}",
+        f"#define PYDNN_MINOR {minor}",
+        f"#define PYDNN_PATCHLEVEL {patch}",
+        "#define PYDNN_VERSION (PYDNN_MAJOR * 10000 + PYDNN_MINOR * 100 + PYDNN_PATCHLEVEL)",
+        define_block(),
+        "",
+        enum_block(),
+        "",
+        "/* opaque objects */",
+        *[f"typedef struct {s} *{t};" for t, s in OPAQUE_TYPES],
+        "",
+        "/* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */",
+        "#ifndef __DRIVER_TYPES_H__",
+        "typedef struct CUstream_st *cudaStream_t;",
+        "#endif",
+    ]
+    for family, entries in FUNCTIONS:
+        lines += ["", f"/* ---- {family} ---- */"]
+        for proto, doc in entries:
+            if doc:
+                lines.append(f"/* {doc} */")
+            lines.append(proto)
+    lines += ["", "#ifdef __cplusplus", "}", "#endif", "", "#endif /* PYDNN_H */", ""]
+    return "\n".join(lines)

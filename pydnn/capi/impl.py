@@ -1,0 +1,185 @@
+"""The C functions' bodies, generated from the prototypes in decl.py: each C call is marshalled to the
+Python function of the same name (pydnnSetTensor4dDescriptor -> pydnn.set_tensor4d_descriptor), its
+outputs written through the caller's pointers, and any failure returned as a status with the message
+kept for pydnnGetLastErrorString. Runs inside libpydnn's embedded interpreter (register() is called by
+the library's init code with its ffi); never imported by plain Python code.
+"""
+import re
+import struct
+import threading
+
+import pydnn
+from pydnn import enums as E
+from pydnn.status import PydnnError, set_last_error
+
+from . import decl
+
+SCALAR_NAMES = {"alpha", "beta", "alpha1", "alpha2", "valuePtr"}
+OPAQUE = {t for t, _ in decl.OPAQUE_TYPES}
+_PROTO = re.compile(r"^(?P<ret>.*?)\b(?P<name>pydnn\w+)\((?P<params>.*)\);$")
+
+_objects = {}  # address of an opaque pointer handed to C -> (its cffi handle, the Python object)
+_lock = threading.Lock()
+
+
+def snake(c_name):
+    s = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", c_name)
+    return re.sub(r"(?<=[A-Z])(?=[A-Z][a-z])", "_", s).lower()
+
+
+def parse(proto):
+    """(return type, name, [(kind, base type, arg name)]) for one prototype."""
+    m = _PROTO.match(proto.strip())
+    params = []
+    raw = m["params"].strip()
+    for p in ([] if raw == "void" else raw.split(",")):
+        p = p.strip()
+        array = p.endswith("[]")
+        p = p[:-2] if array else p
+        typ, name = p.rsplit(None, 1)
+        stars = name.count("*") + typ.count("*")
+        name = name.lstrip("*")
+        is_const = typ.startswith("const ")
+        base = typ.replace("const ", "").replace("*", "").strip()
+        if base in OPAQUE:
+            kind = "obj_out" if stars else "obj_in"
+        elif base == "void":
+            kind = "scalar" if name in SCALAR_NAMES else "devptr"
+        elif array:
+            kind = "arr_in" if is_const else "arr_out"
+        elif stars:
+            kind = "out"
+        else:
+            kind = "in"
+        params.append((kind, base, name))
+    return m["ret"].strip(), m["name"], params
+
+
+class Marshal:
+    """Converts between one C function's arguments and its Python function."""
+
+    def __init__(self, ffi, proto):
+        self.ffi = ffi
+        self.ret, self.c_name, self.params = parse(proto)
+        self.py_name = snake(self.c_name[len("pydnn"):])
+
+    def obj(self, ptr, name, ctype):
+        if ptr == self.ffi.NULL:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: NULL {ctype}")
+        entry = _objects.get(int(self.ffi.cast("uintptr_t", ptr)))
+        if entry is None:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: not a live {ctype} created by pydnn")
+        return entry[1]
+
+    def scalar(self, ptr, name, ref):
+        """A host scalar: float or double by the output tensor's type; SetTensor's value in y's type."""
+        ffi = self.ffi
+        if ptr == ffi.NULL:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
+        dtype = getattr(ref, "dtype", E.PYDNN_DATA_FLOAT)
+        if dtype == E.PYDNN_DATA_DOUBLE:
+            return ffi.cast("double *", ptr)[0]
+        if name != "valuePtr":
+            return ffi.cast("float *", ptr)[0]
+        raw = bytes(ffi.buffer(ffi.cast("char *", ptr), pydnn.tensor.DTYPES.get(dtype, (4,))[0]))
+        if dtype == E.PYDNN_DATA_HALF:
+            return struct.unpack("<e", raw)[0]
+        if dtype == E.PYDNN_DATA_BFLOAT16:
+            return struct.unpack("<f", b"\0\0" + raw)[0]
+        fmt = {E.PYDNN_DATA_INT8: "<b", E.PYDNN_DATA_UINT8: "<B", E.PYDNN_DATA_INT32: "<i",
+               E.PYDNN_DATA_INT64: "<q"}.get(dtype, "<f")
+        return struct.unpack(fmt, raw)[0]
+
+    def __call__(self, *cargs):
+        ffi = self.ffi
+        args, outs, ref, count = [], [], None, None
+        scalars = []
+        for (kind, base, name), a in zip(self.params, cargs):
+            if kind == "obj_in":
+                o = self.obj(a, name, base)
+                if base == "pydnnTensorDescriptor_t":
+                    ref = o  # the last tensor descriptor is the output's
+                args.append(o)
+            elif kind == "scalar":
+                scalars.append(len(args))
+                args.append((a, name))
+            elif kind == "devptr":
+                args.append(int(ffi.cast("uintptr_t", a)))
+            elif kind == "in":
+                v = int(ffi.cast("uintptr_t", a)) if base == "cudaStream_t" else a
+                if name.startswith("nbDims"):
+                    count = a
+                args.append(v)
+            elif kind == "arr_in":
+                if a == ffi.NULL:
+                    raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
+                n = max(0, min(int(count or 0), E.PYDNN_DIM_MAX))
+                args.append(list(ffi.unpack(ffi.cast("int *", a), n)))
+            else:  # out, obj_out, arr_out: checked before the call so a NULL never leaves work half done
+                if a == ffi.NULL:
+                    raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
+                outs.append((kind, base, name, a))
+        for i in scalars:
+            args[i] = self.scalar(args[i][0], args[i][1], ref)
+        result = getattr(pydnn, self.py_name)(*args)
+        if self.c_name.startswith("pydnnDestroy") and cargs and cargs[0] != ffi.NULL:
+            _objects.pop(int(ffi.cast("uintptr_t", cargs[0])), None)
+        values = [result] if len(outs) == 1 else list(result or ())
+        for (kind, base, name, ptr), v in zip(outs, values):
+            if kind == "obj_out":
+                h = ffi.new_handle(v)
+                with _lock:
+                    _objects[int(ffi.cast("uintptr_t", h))] = (h, v)
+                ffi.cast(f"{base} *", ptr)[0] = ffi.cast(base, h)
+            elif kind == "arr_out":
+                arr = ffi.cast("int *", ptr)
+                for i, x in enumerate(v):
+                    arr[i] = x
+            elif base == "cudaStream_t":
+                ffi.cast("cudaStream_t *", ptr)[0] = ffi.cast("cudaStream_t", v)
+            else:
+                ffi.cast(f"{base} *", ptr)[0] = v
+
+
+def register(ffi):
+    """Define every C function of decl.py with `ffi.def_extern` (called by libpydnn's init code)."""
+    error_strings = {}
+
+    def export(name, fn, error):
+        ffi.def_extern(name=name, error=error)(fn)
+
+    for proto in decl.prototypes():
+        ret, c_name, _ = parse(proto)
+        if ret != "pydnnStatus_t":
+            continue
+        m = Marshal(ffi, proto)
+
+        def call(*cargs, _m=m):
+            try:
+                _m(*cargs)
+                return E.PYDNN_STATUS_SUCCESS
+            except PydnnError as e:
+                set_last_error(f"{_m.c_name}: {e.message}")
+                return e.status
+            except Exception as e:  # noqa: BLE001 - a C caller gets a status, never a Python exception
+                set_last_error(f"{_m.c_name}: internal error: {type(e).__name__}: {e}")
+                return E.PYDNN_STATUS_INTERNAL_ERROR
+
+        export(c_name, call, E.PYDNN_STATUS_INTERNAL_ERROR)
+
+    def get_error_string(status):
+        s = error_strings.get(status)
+        if s is None:
+            s = error_strings[status] = ffi.new("char[]", pydnn.get_error_string(status).encode())
+        return s
+
+    def get_last_error_string(message, max_size):
+        if message == ffi.NULL or max_size == 0:
+            return
+        data = pydnn.get_last_error_string().encode()[: max_size - 1]
+        ffi.memmove(message, data + b"\0", len(data) + 1)
+
+    export("pydnnGetVersion", lambda: pydnn.get_version(), 0)
+    export("pydnnGetCudartVersion", lambda: pydnn.get_cudart_version(), 0)
+    export("pydnnGetErrorString", get_error_string, ffi.NULL)
+    export("pydnnGetLastErrorString", get_last_error_string, None)

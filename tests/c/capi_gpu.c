@@ -1,0 +1,87 @@
+/* The C face on a GPU: pydnn calls on device memory, checked against double-precision host math.
+ * Device memory comes from the CUDA driver (dlopen'ed, so the program links only against libpydnn).
+ * Prints "ok <what>" / "FAIL <what>" lines; exits non-zero on any failure. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <pydnn.h>
+
+typedef unsigned long long CUdeviceptr;
+static int (*cuMemAlloc)(CUdeviceptr *, size_t);
+static int (*cuMemFree)(CUdeviceptr);
+static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static int (*cuCtxSynchronize)(void);
+
+static int failures = 0;
+#define CHECK(cond, what)                                              \
+  do {                                                                 \
+    if (cond) printf("ok %s\n", what);                                 \
+    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
+  } while (0)
+
+static void load_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) { printf("FAIL no libcuda.so.1\n"); exit(2); }
+  cuMemAlloc = (int (*)(CUdeviceptr *, size_t))dlsym(lib, "cuMemAlloc_v2");
+  cuMemFree = (int (*)(CUdeviceptr))dlsym(lib, "cuMemFree_v2");
+  cuMemcpyHtoD = (int (*)(CUdeviceptr, const void *, size_t))dlsym(lib, "cuMemcpyHtoD_v2");
+  cuMemcpyDtoH = (int (*)(void *, CUdeviceptr, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
+  cuCtxSynchronize = (int (*)(void))dlsym(lib, "cuCtxSynchronize");
+}
+
+static double max_rel_err(const float *got, const double *want, int n) {
+  double worst = 0;
+  for (int i = 0; i < n; i++) {
+    double e = fabs(got[i] - want[i]) / (fabs(want[i]) + 1e-30);
+    if (!(e <= worst)) worst = e; /* NaN counts as worst */
+  }
+  return worst;
+}
+
+int main(void) {
+  enum { N = 3, C = 37, H = 5, W = 7, COUNT = N * C * H * W };
+  load_driver();
+  pydnnHandle_t h;
+  pydnnStatus_t st = pydnnCreate(&h); /* makes device 0's primary context current on this thread */
+  CHECK(st == PYDNN_STATUS_SUCCESS, "create handle");
+  if (st != PYDNN_STATUS_SUCCESS) return 1;
+  static float x[COUNT], y[COUNT];
+  static double want[COUNT];
+  srand(12345);
+  for (int i = 0; i < COUNT; i++) x[i] = (float)(6.0 * rand() / RAND_MAX - 3.0);
+  CUdeviceptr dx, dy;
+  cuMemAlloc(&dx, sizeof x);
+  cuMemAlloc(&dy, sizeof y);
+  cuMemcpyHtoD(dx, x, sizeof x);
+
+  pydnnTensorDescriptor_t t;
+  pydnnCreateTensorDescriptor(&t);
+  pydnnSetTensor4dDescriptor(t, PYDNN_TENSOR_NCHW, PYDNN_DATA_FLOAT, N, C, H, W);
+  pydnnActivationDescriptor_t a;
+  pydnnCreateActivationDescriptor(&a);
+  pydnnSetActivationDescriptor(a, PYDNN_ACTIVATION_SIGMOID, PYDNN_NOT_PROPAGATE_NAN, 0.0);
+  float alpha = 2.0f, beta = 0.0f;
+  st = pydnnActivationForward(h, a, &alpha, t, (void *)dx, &beta, t, (void *)dy);
+  CHECK(st == PYDNN_STATUS_SUCCESS, "activation forward");
+  cuCtxSynchronize();
+  cuMemcpyDtoH(y, dy, sizeof y);
+  for (int i = 0; i < COUNT; i++) want[i] = 2.0 / (1.0 + exp(-(double)x[i]));
+  double err = max_rel_err(y, want, COUNT);
+  printf("sigmoid max relative error %.3g\n", err);
+  CHECK(err < 1e-5, "sigmoid numbers");
+
+  st = pydnnActivationForward(h, a, &alpha, t, (void *)dx, &beta, t, NULL);
+  CHECK(st == PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "NULL y refused");
+
+  /* softmax: added with the softmax family */
+
+  cuMemFree(dx);
+  cuMemFree(dy);
+  pydnnDestroyActivationDescriptor(a);
+  pydnnDestroyTensorDescriptor(t);
+  pydnnDestroy(h);
+  printf("%d failures\n", failures);
+  return failures != 0;
+}
