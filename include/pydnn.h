@@ -13,8 +13,23 @@ extern "C" {
 #define PYDNN_MINOR 1
 #define PYDNN_PATCHLEVEL 0
 #define PYDNN_VERSION (PYDNN_MAJOR * 10000 + PYDNN_MINOR * 100 + PYDNN_PATCHLEVEL)
+#define PYDNN_SEV_ERROR_EN 2
+#define PYDNN_SEV_WARNING_EN 4
+#define PYDNN_SEV_INFO_EN 8
 #define PYDNN_DIM_MAX 8
+#define PYDNN_LRN_MIN_N 1
+#define PYDNN_LRN_MAX_N 16
+#define PYDNN_LRN_MIN_K 1e-05
+#define PYDNN_LRN_MIN_BETA 0.01
 #define PYDNN_BN_MIN_EPSILON 0.0
+#define PYDNN_RNN_PADDED_IO_DISABLED 0
+#define PYDNN_RNN_PADDED_IO_ENABLED 1
+#define PYDNN_SEQDATA_DIM_COUNT 4
+#define PYDNN_ATTN_QUERYMAP_ALL_TO_ONE 0
+#define PYDNN_ATTN_QUERYMAP_ONE_TO_ONE 1
+#define PYDNN_ATTN_DISABLE_PROJ_BIASES 0
+#define PYDNN_ATTN_ENABLE_PROJ_BIASES 2
+#define PYDNN_ATTN_WKIND_COUNT 8
 
 typedef enum {
     PYDNN_STATUS_SUCCESS = 0,
@@ -27,7 +42,6 @@ typedef enum {
     PYDNN_STATUS_RUNTIME_FP_OVERFLOW = 1007,
     PYDNN_STATUS_SUBLIBRARY_LOADING_FAILED = 1008,
     PYDNN_STATUS_BAD_PARAM = 2000,
-    PYDNN_STATUS_INVALID_VALUE = 2001,
     PYDNN_STATUS_BAD_PARAM_NULL_POINTER = 2002,
     PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER = 2003,
     PYDNN_STATUS_BAD_PARAM_NOT_FINALIZED = 2004,
@@ -66,6 +80,7 @@ typedef enum {
     PYDNN_STATUS_EXECUTION_FAILED_CUDART = 5003,
     PYDNN_STATUS_EXECUTION_FAILED_CURAND = 5004,
     PYDNN_STATUS_ALLOC_FAILED = 4003,
+    PYDNN_STATUS_INVALID_VALUE = 2001,
     PYDNN_STATUS_ARCH_MISMATCH = 3007,
     PYDNN_STATUS_MAPPING_ERROR = 4006,
     PYDNN_STATUS_RUNTIME_PREREQUISITE_MISSING = 3008,
@@ -91,6 +106,12 @@ typedef enum {
 } pydnnDataType_t;
 
 typedef enum {
+    PYDNN_TENSOR_NCHW = 0,
+    PYDNN_TENSOR_NHWC = 1,
+    PYDNN_TENSOR_NCHW_VECT_C = 2
+} pydnnTensorFormat_t;
+
+typedef enum {
     PYDNN_DEFAULT_MATH = 0,
     PYDNN_TENSOR_OP_MATH = 1,
     PYDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2,
@@ -106,12 +127,6 @@ typedef enum {
     PYDNN_NON_DETERMINISTIC = 0,
     PYDNN_DETERMINISTIC = 1
 } pydnnDeterminism_t;
-
-typedef enum {
-    PYDNN_TENSOR_NCHW = 0,
-    PYDNN_TENSOR_NHWC = 1,
-    PYDNN_TENSOR_NCHW_VECT_C = 2
-} pydnnTensorFormat_t;
 
 typedef enum {
     PYDNN_OP_TENSOR_ADD = 0,
@@ -189,6 +204,22 @@ typedef enum {
 } pydnnBatchNormOps_t;
 
 typedef enum {
+    PYDNN_NORM_PER_ACTIVATION = 0,
+    PYDNN_NORM_PER_CHANNEL = 1
+} pydnnNormMode_t;
+
+typedef enum {
+    PYDNN_NORM_ALGO_STANDARD = 0,
+    PYDNN_NORM_ALGO_PERSIST = 1
+} pydnnNormAlgo_t;
+
+typedef enum {
+    PYDNN_NORM_OPS_NORM = 0,
+    PYDNN_NORM_OPS_NORM_ACTIVATION = 1,
+    PYDNN_NORM_OPS_NORM_ADD_ACTIVATION = 2
+} pydnnNormOps_t;
+
+typedef enum {
     PYDNN_CONVOLUTION = 0,
     PYDNN_CROSS_CORRELATION = 1
 } pydnnConvolutionMode_t;
@@ -225,6 +256,107 @@ typedef enum {
     PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING = 6,
     PYDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT = 7
 } pydnnConvolutionBwdFilterAlgo_t;
+
+typedef enum {
+    PYDNN_RNN_RELU = 0,
+    PYDNN_RNN_TANH = 1,
+    PYDNN_LSTM = 2,
+    PYDNN_GRU = 3
+} pydnnRNNMode_t;
+
+typedef enum {
+    PYDNN_RNN_NO_BIAS = 0,
+    PYDNN_RNN_SINGLE_INP_BIAS = 1,
+    PYDNN_RNN_DOUBLE_BIAS = 2,
+    PYDNN_RNN_SINGLE_REC_BIAS = 3
+} pydnnRNNBiasMode_t;
+
+typedef enum {
+    PYDNN_UNIDIRECTIONAL = 0,
+    PYDNN_BIDIRECTIONAL = 1
+} pydnnDirectionMode_t;
+
+typedef enum {
+    PYDNN_LINEAR_INPUT = 0,
+    PYDNN_SKIP_INPUT = 1
+} pydnnRNNInputMode_t;
+
+typedef enum {
+    PYDNN_RNN_ALGO_STANDARD = 0,
+    PYDNN_RNN_ALGO_PERSIST_STATIC = 1,
+    PYDNN_RNN_ALGO_PERSIST_DYNAMIC = 2,
+    PYDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H = 3,
+    PYDNN_RNN_ALGO_COUNT = 4
+} pydnnRNNAlgo_t;
+
+typedef enum {
+    PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED = 0,
+    PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED = 1,
+    PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED = 2
+} pydnnRNNDataLayout_t;
+
+typedef enum {
+    PYDNN_FWD_MODE_INFERENCE = 0,
+    PYDNN_FWD_MODE_TRAINING = 1
+} pydnnForwardMode_t;
+
+typedef enum {
+    PYDNN_SEQDATA_TIME_DIM = 0,
+    PYDNN_SEQDATA_BATCH_DIM = 1,
+    PYDNN_SEQDATA_BEAM_DIM = 2,
+    PYDNN_SEQDATA_VECT_DIM = 3
+} pydnnSeqDataAxis_t;
+
+typedef enum {
+    PYDNN_MH_ATTN_Q_WEIGHTS = 0,
+    PYDNN_MH_ATTN_K_WEIGHTS = 1,
+    PYDNN_MH_ATTN_V_WEIGHTS = 2,
+    PYDNN_MH_ATTN_O_WEIGHTS = 3,
+    PYDNN_MH_ATTN_Q_BIASES = 4,
+    PYDNN_MH_ATTN_K_BIASES = 5,
+    PYDNN_MH_ATTN_V_BIASES = 6,
+    PYDNN_MH_ATTN_O_BIASES = 7
+} pydnnMultiHeadAttnWeightKind_t;
+
+typedef enum {
+    PYDNN_WGRAD_MODE_ADD = 0,
+    PYDNN_WGRAD_MODE_SET = 1
+} pydnnWgradMode_t;
+
+typedef enum {
+    PYDNN_LRN_CROSS_CHANNEL_DIM1 = 0
+} pydnnLRNMode_t;
+
+typedef enum {
+    PYDNN_DIVNORM_PRECOMPUTED_MEANS = 0
+} pydnnDivNormMode_t;
+
+typedef enum {
+    PYDNN_ERRQUERY_RAWCODE = 0,
+    PYDNN_ERRQUERY_NONBLOCKING = 1,
+    PYDNN_ERRQUERY_BLOCKING = 2
+} pydnnErrQueryMode_t;
+
+typedef enum {
+    PYDNN_SEV_FATAL = 0,
+    PYDNN_SEV_ERROR = 1,
+    PYDNN_SEV_WARNING = 2,
+    PYDNN_SEV_INFO = 3
+} pydnnSeverity_t;
+
+typedef enum {
+    PYDNN_CTC_LOSS_ALGO_DETERMINISTIC = 0,
+    PYDNN_CTC_LOSS_ALGO_NON_DETERMINISTIC = 1
+} pydnnCTCLossAlgo_t;
+
+typedef enum {
+    PYDNN_LOSS_NORMALIZATION_NONE = 0,
+    PYDNN_LOSS_NORMALIZATION_SOFTMAX = 1
+} pydnnLossNormalizationMode_t;
+
+typedef enum {
+    PYDNN_SAMPLER_BILINEAR = 0
+} pydnnSamplerType_t;
 
 typedef enum {
     PYDNN_MAJOR_VERSION = 0,
