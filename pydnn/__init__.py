@@ -21,4 +21,5 @@ from .ops.activation import (
     get_activation_descriptor, get_activation_descriptor_swish_beta, set_activation_descriptor,
     set_activation_descriptor_swish_beta,
 )
+from .ops.softmax import softmax_backward, softmax_forward
 from ._cuda.memory import DeviceArray

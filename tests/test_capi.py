@@ -69,4 +69,4 @@ def test_c_program_on_gpu(tmp_path):
     r = _build_and_run("capi_gpu", tmp_path, extra=["-ldl", "-lm"])
     print(r.stdout, r.stderr)
     assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
-    assert "ok sigmoid numbers" in r.stdout
+    assert "ok sigmoid numbers" in r.stdout and "ok softmax numbers" in r.stdout

@@ -61,6 +61,10 @@ FUNCTIONS = [
         ("pydnnStatus_t pydnnActivationForward(pydnnHandle_t handle, pydnnActivationDescriptor_t activationDesc, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);", "y = alpha * f(x) + beta * y."),
         ("pydnnStatus_t pydnnActivationBackward(pydnnHandle_t handle, pydnnActivationDescriptor_t activationDesc, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);", "dx = alpha * f'(x) * dy + beta * dx."),
     ]),
+    ("Softmax", [
+        ("pydnnStatus_t pydnnSoftmaxForward(pydnnHandle_t handle, pydnnSoftmaxAlgorithm_t algo, pydnnSoftmaxMode_t mode, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);", "y = alpha * softmax(x) + beta * y (log-softmax for PYDNN_SOFTMAX_LOG)."),
+        ("pydnnStatus_t pydnnSoftmaxBackward(pydnnHandle_t handle, pydnnSoftmaxAlgorithm_t algo, pydnnSoftmaxMode_t mode, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);", "dx = alpha * y * (dy - sum(dy * y)) + beta * dx (LOG: dy - exp(y) * sum(dy))."),
+    ]),
 ]
 
 

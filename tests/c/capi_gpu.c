@@ -75,7 +75,24 @@ int main(void) {
   st = pydnnActivationForward(h, a, &alpha, t, (void *)dx, &beta, t, NULL);
   CHECK(st == PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "NULL y refused");
 
-  /* softmax: added with the softmax family */
+  /* softmax over C for each (n, h, w): NCHW, so the channel stride is H*W */
+  st = pydnnSoftmaxForward(h, PYDNN_SOFTMAX_ACCURATE, PYDNN_SOFTMAX_MODE_CHANNEL, &alpha, t, (void *)dx, &beta, t,
+                           (void *)dy);
+  CHECK(st == PYDNN_STATUS_SUCCESS, "softmax forward");
+  cuCtxSynchronize();
+  cuMemcpyDtoH(y, dy, sizeof y);
+  for (int n = 0; n < N; n++)
+    for (int s = 0; s < H * W; s++) {
+      double mx = -1e300, sum = 0;
+      for (int c = 0; c < C; c++) mx = fmax(mx, x[(n * C + c) * H * W + s]);
+      for (int c = 0; c < C; c++) sum += exp(x[(n * C + c) * H * W + s] - mx);
+      for (int c = 0; c < C; c++) want[(n * C + c) * H * W + s] = 2.0 * exp(x[(n * C + c) * H * W + s] - mx) / sum;
+    }
+  err = max_rel_err(y, want, COUNT);
+  printf("softmax max relative error %.3g\n", err);
+  CHECK(err < 1e-5, "softmax numbers");
+  CHECK(pydnnSoftmaxForward(h, (pydnnSoftmaxAlgorithm_t)7, PYDNN_SOFTMAX_MODE_CHANNEL, &alpha, t, (void *)dx, &beta, t,
+                            (void *)dy) == PYDNN_STATUS_BAD_PARAM, "bad softmax algo");
 
   cuMemFree(dx);
   cuMemFree(dy);
