@@ -15,9 +15,12 @@ namespace softmax {
 
 enum { kFast = 0, kAccurate = 1, kLog = 2 };
 
-template <class A> __device__ __forceinline__ A exp_a(A x, int algo) { return m_exp(x); }
-template <> __device__ __forceinline__ float exp_a<float>(float x, int algo) {
-  return algo == kFast ? __expf(x) : expf(x);
+// exp of a non-positive argument. The hardware approximation (a few float32 ulps) serves FAST, and every
+// algorithm on 16-bit data, where it is far below the output's rounding; float ACCURATE/LOG and double
+// use the exact functions.
+template <class A> __device__ __forceinline__ A exp_a(A x, int algo, bool lowp = false) { return m_exp(x); }
+template <> __device__ __forceinline__ float exp_a<float>(float x, int algo, bool lowp) {
+  return (algo == kFast || lowp) ? __expf(x) : expf(x);
 }
 
 __device__ __forceinline__ i64 row_offset(const SoftmaxParams& p, i64 row, int k) {
@@ -77,10 +80,6 @@ template <class A> __device__ __forceinline__ void merge(A& m, A& s, A m2, A s2,
   m = mm;
 }
 
-template <class A> __device__ __forceinline__ A finish_fwd(A x, A m, A s, int algo) {
-  return algo == kLog ? (x - m) - m_log(s) : exp_a(x - m, algo) / s;
-}
-
 // ------------------------------------------------------------------ forward, row in registers
 template <class T, int VEC, int MAXV>
 __global__ void __launch_bounds__(1024) softmax_fwd_regs(const SoftmaxParams p) {
@@ -105,16 +104,20 @@ __global__ void __launch_bounds__(1024) softmax_fwd_regs(const SoftmaxParams p) 
     }
   }
   m = group_reduce(m, G, smem, MaxOp<A>());
+  const bool lowp = sizeof(T) == 2;
+  A ex[MAXV][VEC];  // exp(x - max), computed once and kept for the write
   A s = 0;
 #pragma unroll
   for (int k = 0; k < MAXV; ++k) {
     i64 i = lane + (i64)k * G;
-    if (live && i < nvec) {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) s += exp_a(load<A>(v[k].v[e]) - m, p.algo);
+    for (int e = 0; e < VEC; ++e) {
+      ex[k][e] = (live && i < nvec) ? exp_a(load<A>(v[k].v[e]) - m, p.algo, lowp) : A(0);
+      s += ex[k][e];
     }
   }
   s = group_reduce(s, G, smem, SumOp<A>());
+  const A inv = A(1) / s, logs = m_log(s);
   const A alpha = (A)p.alpha, beta = (A)p.beta;
 #pragma unroll
   for (int k = 0; k < MAXV; ++k) {
@@ -124,7 +127,8 @@ __global__ void __launch_bounds__(1024) softmax_fwd_regs(const SoftmaxParams p) 
       if (p.flags & PYDNN_FLAG_BETA) old = reinterpret_cast<const V*>(y)[i];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        A r = alpha * finish_fwd(load<A>(v[k].v[e]), m, s, p.algo);
+        A f = p.algo == kLog ? (load<A>(v[k].v[e]) - m) - logs : ex[k][e] * inv;
+        A r = alpha * f;
         if (p.flags & PYDNN_FLAG_BETA) r += beta * load<A>(old.v[e]);
         o.v[e] = store<T>(r);
       }
@@ -153,10 +157,12 @@ __global__ void __launch_bounds__(256) softmax_fwd_loop(const SoftmaxParams p) {
   if (gm != gm) scaled = gm;
   A gs = group_reduce(scaled, G, smem2, SumOp<A>());
   if (!live) return;
-  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const A alpha = (A)p.alpha, beta = (A)p.beta, inv = A(1) / gs, logs = m_log(gs);
+  const bool lowp = sizeof(T) == 2;
   for (i64 e = lane; e < p.len; e += G) {
     i64 oy = elem_offset(p, e, 0);
-    A r = alpha * finish_fwd(load<A>(x[elem_offset(p, e, 1)]), gm, gs, p.algo);
+    A z = load<A>(x[elem_offset(p, e, 1)]) - gm;
+    A r = alpha * (p.algo == kLog ? z - logs : exp_a(z, p.algo, lowp) * inv);
     if (p.flags & PYDNN_FLAG_BETA) r += beta * load<A>(y[oy]);
     y[oy] = store<T>(r);
   }

@@ -20,10 +20,14 @@ from . import decl
 PKG_PARENT = Path(__file__).resolve().parent.parent.parent  # the folder holding the pydnn package
 REPO_INCLUDE = PKG_PARENT / "include"
 
+# The embedded interpreter starts from libpython's own prefix and knows nothing of the virtual environment
+# or PYTHONPATH the library was built from; the builder's import path is baked in so that pydnn and its
+# dependencies (numpy, cuda-bindings) resolve as they did at build time.
 _INIT = """
 import sys
-if {path!r} not in sys.path:
-    sys.path.insert(0, {path!r})
+for p in reversed({paths!r}):
+    if p not in sys.path:
+        sys.path.insert(0, p)
 from _pydnn_capi import ffi
 from pydnn.capi import impl
 impl.register(ffi)
@@ -49,13 +53,22 @@ def header_text():
     return decl.header_text()
 
 
+def _import_path():
+    """pydnn's parent folder, then the builder's sys.path entries that exist (no '' or cwd)."""
+    paths = [str(PKG_PARENT)]
+    for p in sys.path:
+        if p and os.path.isdir(p) and p not in paths:
+            paths.append(os.path.abspath(p))
+    return paths
+
+
 def _key():
     import cffi
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for part in (header_text(), (here / "impl.py").read_text(), (here / "library.py").read_text(),
-                 str(PKG_PARENT), sys.version, cffi.__version__):
+                 repr(_import_path()), sys.version, cffi.__version__):
         h.update(part.encode())
     return h.hexdigest()
 
@@ -74,7 +87,7 @@ def build_library(verbose=False):
     ffib.embedding_api("\n".join(decl.prototypes()))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     ffib.set_source("_pydnn_capi", header_text(), extra_link_args=[f"-Wl,-rpath,{libdir}"] if libdir else [])
-    ffib.embedding_init_code(_INIT.format(path=str(PKG_PARENT)))
+    ffib.embedding_init_code(_INIT.format(paths=_import_path()))
     tmp = tempfile.mkdtemp(dir=library_dir(), prefix=".build-")
     try:
         built = ffib.compile(tmpdir=tmp, target="libpydnn.*", verbose=verbose)
