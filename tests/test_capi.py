@@ -46,7 +46,7 @@ def _build_and_run(name, tmp_path, extra=()):
     exe = tmp_path / name
     subprocess.run([CC, str(ROOT / "tests" / "c" / f"{name}.c"), *_config_flags(), *extra, "-o", str(exe)],
                    check=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the library finds pydnn by itself
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the library finds pydnn and cffi itself
     return subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -16,7 +16,7 @@ DTYPES = [pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT
 CASES = [  # dims, layout
     ((2, 37, 3, 5), "nchw"),
     ((2, 37, 3, 5), "nhwc"),
-    ((3, 5, 4, 6), (300, 40, 10, 2)),     # gaps everywhere
+    ((3, 5, 4, 6), (400, 80, 16, 2)),     # gaps everywhere
     ((4, 1000, 1, 1), "nchw"),
     ((2, 4097, 1, 1), "nchw"),            # odd length past a register tile
     ((2, 20000, 1, 1), "nchw"),           # longer than the register kernels hold (fp32 VEC=1)

@@ -34,6 +34,22 @@ impl.register(ffi)
 """
 
 
+# cffi's start-up imports _cffi_backend before our init code can touch sys.path, and an interpreter
+# embedded in a C program does not see the virtual environment it was built from. So when the library is
+# loaded and the caller has no PYTHONPATH of its own, it sets PYTHONPATH to the builder's import path
+# (a caller who sets PYTHONPATH keeps it; it must then make cffi and numpy importable itself).
+_ENV_C = """
+#include <stdlib.h>
+__attribute__((constructor)) static void pydnn_python_path(void) {
+    setenv("PYTHONPATH", @PATH@, 0);
+}
+"""
+
+
+def _c_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def library_dir():
     return cache_dir() / "lib"
 
@@ -86,7 +102,8 @@ def build_library(verbose=False):
     ffib.cdef(decl.types_block())
     ffib.embedding_api("\n".join(decl.prototypes()))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    ffib.set_source("_pydnn_capi", header_text(), extra_link_args=[f"-Wl,-rpath,{libdir}"] if libdir else [])
+    ffib.set_source("_pydnn_capi", header_text() + _ENV_C.replace("@PATH@", _c_string(os.pathsep.join(_import_path()))),
+                    extra_link_args=[f"-Wl,-rpath,{libdir}"] if libdir else [])
     ffib.embedding_init_code(_INIT.format(paths=_import_path()))
     tmp = tempfile.mkdtemp(dir=library_dir(), prefix=".build-")
     try:
