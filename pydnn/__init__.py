@@ -22,4 +22,8 @@ from .ops.activation import (
     set_activation_descriptor_swish_beta,
 )
 from .ops.softmax import softmax_backward, softmax_forward
+from .ops.tensor_ops import (
+    add_tensor, create_op_tensor_descriptor, destroy_op_tensor_descriptor, get_op_tensor_descriptor, op_tensor,
+    scale_tensor, set_op_tensor_descriptor, set_tensor, transform_tensor,
+)
 from ._cuda.memory import DeviceArray

@@ -51,6 +51,17 @@ FUNCTIONS = [
         ("pydnnStatus_t pydnnGetFilterSizeInBytes(const pydnnFilterDescriptor_t filterDesc, size_t *size);", ""),
         ("pydnnStatus_t pydnnDestroyFilterDescriptor(pydnnFilterDescriptor_t filterDesc);", ""),
     ]),
+    ("Tensor ops", [
+        ("pydnnStatus_t pydnnSetTensor(pydnnHandle_t handle, const pydnnTensorDescriptor_t yDesc, void *y, const void *valuePtr);", "Every element of y = *valuePtr (a value of y's data type)."),
+        ("pydnnStatus_t pydnnScaleTensor(pydnnHandle_t handle, const pydnnTensorDescriptor_t yDesc, void *y, const void *alpha);", "y = alpha * y."),
+        ("pydnnStatus_t pydnnAddTensor(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);", "C = alpha * A + beta * C; A's dims equal C's or are 1."),
+        ("pydnnStatus_t pydnnCreateOpTensorDescriptor(pydnnOpTensorDescriptor_t *opTensorDesc);", ""),
+        ("pydnnStatus_t pydnnSetOpTensorDescriptor(pydnnOpTensorDescriptor_t opTensorDesc, pydnnOpTensorOp_t opTensorOp, pydnnDataType_t opTensorCompType, pydnnNanPropagation_t opTensorNanOpt);", ""),
+        ("pydnnStatus_t pydnnGetOpTensorDescriptor(const pydnnOpTensorDescriptor_t opTensorDesc, pydnnOpTensorOp_t *opTensorOp, pydnnDataType_t *opTensorCompType, pydnnNanPropagation_t *opTensorNanOpt);", ""),
+        ("pydnnStatus_t pydnnDestroyOpTensorDescriptor(pydnnOpTensorDescriptor_t opTensorDesc);", ""),
+        ("pydnnStatus_t pydnnOpTensor(pydnnHandle_t handle, const pydnnOpTensorDescriptor_t opTensorDesc, const void *alpha1, const pydnnTensorDescriptor_t aDesc, const void *A, const void *alpha2, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);", "C = op(alpha1 * A, alpha2 * B) + beta * C; B's dims equal C's or are 1."),
+        ("pydnnStatus_t pydnnTransformTensor(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);", "y = alpha * x + beta * y across any strides and data types."),
+    ]),
     ("Activations (GELU modes are pydnn extensions)", [
         ("pydnnStatus_t pydnnCreateActivationDescriptor(pydnnActivationDescriptor_t *activationDesc);", ""),
         ("pydnnStatus_t pydnnSetActivationDescriptor(pydnnActivationDescriptor_t activationDesc, pydnnActivationMode_t mode, pydnnNanPropagation_t reluNanOpt, double coef);", "coef: clipped-ReLU ceiling or ELU alpha."),

@@ -15,6 +15,8 @@ from pydnn.status import PydnnError, set_last_error
 from . import decl
 
 SCALAR_NAMES = {"alpha", "beta", "alpha1", "alpha2", "valuePtr"}
+# descriptor arguments that may be NULL (the Python function takes None there)
+NULLABLE = {"pydnnOpTensor": ("bDesc",)}
 OPAQUE = {t for t, _ in decl.OPAQUE_TYPES}
 _PROTO = re.compile(r"^(?P<ret>.*?)\b(?P<name>pydnn\w+)\((?P<params>.*)\);$")
 
@@ -65,6 +67,8 @@ class Marshal:
 
     def obj(self, ptr, name, ctype):
         if ptr == self.ffi.NULL:
+            if name in NULLABLE.get(self.c_name, ()):
+                return None
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: NULL {ctype}")
         entry = _objects.get(int(self.ffi.cast("uintptr_t", ptr)))
         if entry is None:

@@ -135,6 +135,27 @@ def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
         driver.launch_args(pr.scalar_func, pr.scalar_grid, pr.block, 0, handle.cu_stream, pr.argv)
 
 
+def cached(handle, key, build):
+    """The launch record for `key` from the handle's table, or build() it (validation included) and keep
+    it. `key` is None when an argument is not a descriptor: then build() runs and reports the error."""
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        rec = build()
+        if key is not None:
+            handle.remember(key, rec)
+    return rec
+
+
+def desc_key(*parts):
+    """A cache key from op parameters and descriptors (each with its version); None if one is not a
+    descriptor. Descriptor versions change on every set and destroy, so a key never outlives its meaning."""
+    try:
+        return tuple((x, x.version) if hasattr(x, "version") else x for x in parts) if all(
+            hasattr(x, "version") or isinstance(x, (int, float, str, type(None))) for x in parts) else None
+    except TypeError:
+        return None
+
+
 def launch_map(handle, unit, op, ti, to, out_ptr, in_ptrs, alpha, beta, out_desc, in_descs,
                flags=0, coef=0.0, coef2=0.0, alpha2=0.0):
     """Plan and launch `op` once, without caching (see prepare_map / run_map for the cached path)."""
