@@ -90,3 +90,52 @@ __global__ void __launch_bounds__(kMapThreads) map_strided(const MapParams p) {
 }
 
 }  // namespace pydnn
+
+namespace pydnn {
+
+// A batched 2-D transpose through shared memory, for single-input ops (reads == 1) whose collapsed
+// problem has the input dense along dim ndim-2 and the output dense along dim ndim-1 (NCHW <-> NHWC):
+// a 32 x 32 tile is read along the input's dense dim and written along the output's, both coalesced.
+// Dims 0 .. ndim-3 are batch dims. Block 32 x 8; grid.x = batch * tiles(ndim-2) * tiles(ndim-1).
+constexpr int kTile = 32;
+
+template <class TI, class TO, class Op>
+__global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
+  typedef typename WiderAcc<typename AccOf<TI>::type, typename AccOf<TO>::type>::type A;
+  __shared__ A tile[kTile][kTile + 1];
+  const int d1 = p.ndim - 2, d0 = p.ndim - 1;  // d1: input dense, d0: output dense
+  const i64 n1 = p.size[d1], n0 = p.size[d0];
+  const i64 t1n = (n1 + kTile - 1) / kTile, t0n = (n0 + kTile - 1) / kTile;
+  i64 bid = blockIdx.x;
+  const i64 t0 = bid % t0n;
+  bid /= t0n;
+  const i64 t1 = bid % t1n;
+  bid /= t1n;
+  i64 in_off = 0, out_off = 0;
+  for (int d = d1 - 1; d >= 0; --d) {  // batch coordinates
+    i64 c = bid % p.size[d];
+    bid /= p.size[d];
+    in_off += c * p.stride[1][d];
+    out_off += c * p.stride[0][d];
+  }
+  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
+  const TI* in = (const TI*)p.in[0] + in_off;
+  TO* out = (TO*)p.out + out_off;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int r = ty; r < kTile; r += 8) {  // read: consecutive tx walk the input's dense dim (d1)
+    i64 i1 = t1 * kTile + tx, i0 = t0 * kTile + r;
+    if (i1 < n1 && i0 < n0) tile[r][tx] = load<A>(in[i1 * p.stride[1][d1] + i0 * p.stride[1][d0]]);
+  }
+  __syncthreads();
+  for (int r = ty; r < kTile; r += 8) {  // write: consecutive tx walk the output's dense dim (d0)
+    i64 i0 = t0 * kTile + tx, i1 = t1 * kTile + r;
+    if (i1 < n1 && i0 < n0) {
+      TO* dst = out + i1 * p.stride[0][d1] + i0 * p.stride[0][d0];
+      A v = Op::template apply<A>(tile[tx][r], A(0), A(0), p, alpha, alpha2);
+      if (p.flags & PYDNN_FLAG_BETA) v += beta * load<A>(*dst);
+      *dst = store<TO>(v);
+    }
+  }
+}
+
+}  // namespace pydnn

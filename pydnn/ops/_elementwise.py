@@ -24,6 +24,24 @@ def map_exprs(op, ti, to=None):
             f"pydnn::map_strided<{ci}, {co}, {op}>")
 
 
+def transpose_expr(op, ti, to=None):
+    """The tiled-transpose instantiation of a single-input op (see map_transpose)."""
+    return f"pydnn::map_transpose<{CTYPE[ti]}, {CTYPE[to or ti]}, {op}>"
+
+
+def transpose_order(ndim, strides):
+    """If the collapsed problem is a batched transpose (output dense along its last dim, the input dense
+    along another dim), the dim order that puts the input's dense dim second to last; else None."""
+    out_s, in_s = strides[0], strides[1]
+    if ndim < 2 or out_s[-1] != 1 or in_s[-1] == 1:
+        return None
+    dense_in = [d for d in range(ndim - 1) if in_s[d] == 1]
+    if len(dense_in) != 1:
+        return None
+    j = dense_in[0]
+    return [d for d in range(ndim - 1) if d != j] + [j, ndim - 1]
+
+
 _SIZES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
 
 
@@ -85,9 +103,15 @@ class Prepared:
                  "in_masks", "out_mask", "base_flags", "need", "ninputs")
 
 
-def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0):
+def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0, transpose=False):
+    """transpose=True: the unit also instantiates transpose_expr(op, ti, to), used when the problem is a
+    batched 2-D transpose (NCHW <-> NHWC and the like)."""
     ndim, sizes, strides, dense = plan(out_desc.dims, out_desc.strides,
                                        tuple((d.dims, d.strides) for d in in_descs))
+    order = transpose_order(ndim, strides) if (transpose and not dense) else None
+    if order is not None:
+        sizes = tuple(sizes[d] for d in order)
+        strides = tuple(tuple(st[d] for d in order) for st in strides)
     n = 1
     for s in sizes:
         n *= s
@@ -104,7 +128,16 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
     pr.ninputs = len(in_descs)
     pr.need = (out_desc.span_bytes(),) + tuple(d.span_bytes() for d in in_descs)
     vec_e, scal_e, strided_e = map_exprs(op, ti, to)
-    if dense:
+    if order is not None:
+        batch = 1
+        for sz in sizes[:-2]:
+            batch *= sz
+        tiles = batch * -(-sizes[-2] // 32) * -(-sizes[-1] // 32)
+        pr.vec_func = pr.scalar_func = handle.function(unit, transpose_expr(op, ti, to))
+        pr.vec_grid = pr.scalar_grid = (tiles, 1, 1)
+        pr.block = (32, 8, 1)
+        pr.in_masks = pr.out_mask = 0
+    elif dense:
         vec = vec_width(ti, to)
         pr.vec_func = handle.function(unit, vec_e)
         pr.vec_grid = (max(1, -(-n // (THREADS * UNROLL * vec))), 1, 1)

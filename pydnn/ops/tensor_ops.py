@@ -31,8 +31,10 @@ def kernel_units():
         if t in FLOAT_TAGS:
             for op in (SCALED, *OPS.values()):
                 exprs += ew.map_exprs(op, t)
+            exprs.append(ew.transpose_expr(SCALED, t))
         units.append(KernelUnit(f"tensor_ops.{t}", "tensor_ops.cu", tuple(exprs)))
-        conv = [e for to in ALL_TAGS if to != t for e in ew.map_exprs(SCALED, t, to)]
+        outs = [to for to in ALL_TAGS if to != t or t not in FLOAT_TAGS]  # same float type: the unit above
+        conv = [e for to in outs for e in ew.map_exprs(SCALED, t, to) + (ew.transpose_expr(SCALED, t, to),)]
         units.append(KernelUnit(f"tensor_ops.transform.{t}", "tensor_ops.cu", tuple(conv)))
     return units
 
@@ -221,7 +223,7 @@ def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
         device_ptr(x, "x", x_desc.span_bytes())
         device_ptr(y, "y", y_desc.span_bytes())
         ti, to = TAG[x_desc.dtype], TAG[y_desc.dtype]
-        return ew.prepare_map(handle, _transform_unit(ti, to), SCALED, ti, to, y_desc, (x_desc,))
+        return ew.prepare_map(handle, _transform_unit(ti, to), SCALED, ti, to, y_desc, (x_desc,), transpose=True)
 
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     rec = ew.cached(handle, ew.desc_key("transform", x_desc, y_desc), build)
