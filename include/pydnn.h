@@ -438,6 +438,17 @@ pydnnStatus_t pydnnOpTensor(pydnnHandle_t handle, const pydnnOpTensorDescriptor_
 /* y = alpha * x + beta * y across any strides and data types. */
 pydnnStatus_t pydnnTransformTensor(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
 
+/* ---- Reductions ---- */
+pydnnStatus_t pydnnCreateReduceTensorDescriptor(pydnnReduceTensorDescriptor_t *reduceTensorDesc);
+pydnnStatus_t pydnnSetReduceTensorDescriptor(pydnnReduceTensorDescriptor_t reduceTensorDesc, pydnnReduceTensorOp_t reduceTensorOp, pydnnDataType_t reduceTensorCompType, pydnnNanPropagation_t reduceTensorNanOpt, pydnnReduceTensorIndices_t reduceTensorIndices, pydnnIndicesType_t reduceTensorIndicesType);
+pydnnStatus_t pydnnGetReduceTensorDescriptor(const pydnnReduceTensorDescriptor_t reduceTensorDesc, pydnnReduceTensorOp_t *reduceTensorOp, pydnnDataType_t *reduceTensorCompType, pydnnNanPropagation_t *reduceTensorNanOpt, pydnnReduceTensorIndices_t *reduceTensorIndices, pydnnIndicesType_t *reduceTensorIndicesType);
+pydnnStatus_t pydnnDestroyReduceTensorDescriptor(pydnnReduceTensorDescriptor_t reduceTensorDesc);
+/* Bytes of int32 indices (MIN/MAX/AMAX with FLATTENED_INDICES), else 0. */
+pydnnStatus_t pydnnGetReductionIndicesSize(pydnnHandle_t handle, const pydnnReduceTensorDescriptor_t reduceTensorDesc, const pydnnTensorDescriptor_t aDesc, const pydnnTensorDescriptor_t cDesc, size_t *sizeInBytes);
+pydnnStatus_t pydnnGetReductionWorkspaceSize(pydnnHandle_t handle, const pydnnReduceTensorDescriptor_t reduceTensorDesc, const pydnnTensorDescriptor_t aDesc, const pydnnTensorDescriptor_t cDesc, size_t *sizeInBytes);
+/* C = alpha * reduce(A) + beta * C over the dims where C is 1. */
+pydnnStatus_t pydnnReduceTensor(pydnnHandle_t handle, const pydnnReduceTensorDescriptor_t reduceTensorDesc, void *indices, size_t indicesSizeInBytes, void *workspace, size_t workspaceSizeInBytes, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);
+
 /* ---- Activations (GELU modes are pydnn extensions) ---- */
 pydnnStatus_t pydnnCreateActivationDescriptor(pydnnActivationDescriptor_t *activationDesc);
 /* coef: clipped-ReLU ceiling or ELU alpha. */

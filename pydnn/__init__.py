@@ -21,6 +21,10 @@ from .ops.activation import (
     get_activation_descriptor, get_activation_descriptor_swish_beta, set_activation_descriptor,
     set_activation_descriptor_swish_beta,
 )
+from .ops.reduce import (
+    create_reduce_tensor_descriptor, destroy_reduce_tensor_descriptor, get_reduce_tensor_descriptor,
+    get_reduction_indices_size, get_reduction_workspace_size, reduce_tensor, set_reduce_tensor_descriptor,
+)
 from .ops.softmax import softmax_backward, softmax_forward
 from .ops.tensor_ops import (
     add_tensor, create_op_tensor_descriptor, destroy_op_tensor_descriptor, get_op_tensor_descriptor, op_tensor,

@@ -13,6 +13,7 @@ FAMILIES = (
     "pydnn.ops.activation",
     "pydnn.ops.tensor_ops",
     "pydnn.ops.softmax",
+    "pydnn.ops.reduce",
 )
 
 # NVRTC options for every unit (the arch and include path are added by the compiler wrapper).
