@@ -70,7 +70,15 @@ template <> struct Store<bf16_t> {
   __device__ static bf16_t from(float v) { return to_bf16(v); }
   __device__ static bf16_t from(double v) {
     bf16_t b;
+#if __CUDA_ARCH__ >= 900
     asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(b.bits) : "d"(v));
+#else
+    // No direct f64 -> bf16 before sm_90: narrow to float rounding to odd (truncate, then set the last
+    // bit if anything was dropped), so the final rounding to bf16 is the only one that counts.
+    float f = __double2float_rz(v);
+    if ((double)f != v && v == v) f = __uint_as_float(__float_as_uint(f) | 1u);
+    b = to_bf16(f);
+#endif
     return b;
   }
 };
