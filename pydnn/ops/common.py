@@ -11,6 +11,14 @@ TAG = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_DOUBLE: "f64", E.PYDNN_DATA_HALF:
 FLOAT_TAGS = ("f32", "f64", "f16", "bf16")
 
 
+def next_pow2(n):
+    """The smallest power of two >= n (thread-group sizes)."""
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
 def scalar(name, v):
     """alpha / beta: a real number (host value, like cuDNN's host pointer to float or double)."""
     if type(v) is float:
@@ -58,5 +66,5 @@ def buffer(obj, desc, name):
     return device_ptr(obj, name, desc.span_bytes())
 
 
-__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
+__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "next_pow2", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
            "output_tensor", "buffer"]

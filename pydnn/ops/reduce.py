@@ -16,7 +16,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from .common import TAG, enum_arg, float_tensor, output_tensor, scalar
+from .common import TAG, enum_arg, next_pow2, float_tensor, output_tensor, scalar
 from ._elementwise import CTYPE, desc_key
 
 BLOCK = 256
@@ -132,13 +132,6 @@ def _validate(r, a_desc, c_desc):
     return d
 
 
-def _next_pow2(n):
-    p = 1
-    while p < n:
-        p *= 2
-    return p
-
-
 class _Plan:
     __slots__ = ("params", "argv", "rows_func", "combine_func", "grid", "combine_grid", "workspace", "need",
                  "indices_bytes", "wants_indices")
@@ -173,7 +166,7 @@ def _plan(handle, r, a_desc, c_desc):
     length = 1
     for s in esz:
         length *= s
-    group = min(BLOCK, _next_pow2(length)) if est[-1] == 1 else 1
+    group = min(BLOCK, next_pow2(length)) if est[-1] == 1 else 1
     # long rows and few outputs: cut each row into segments so that every SM has blocks to run
     slots_wanted = 4 * handle.sm_count * (BLOCK // group)
     segments = 1

@@ -14,7 +14,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, same_shape, same_type, scalar
+from .common import FLOAT_TAGS, TAG, enum_arg, next_pow2, float_tensor, output_tensor, same_shape, same_type, scalar
 from ._elementwise import CTYPE, _SIZES
 
 MAXV = 4          # vectors per thread in the register kernels (compile-time register array)
@@ -75,13 +75,6 @@ def _collapse(dims, operands):
     return sizes, strides
 
 
-def _next_pow2(n):
-    p = 1
-    while p < n:
-        p *= 2
-    return p
-
-
 class _Record:
     __slots__ = ("params", "argv", "funcs", "grids", "block", "need", "masks")
 
@@ -132,11 +125,11 @@ def _prepare(handle, backward, algo, mode, descs):
         """(function, threads per row, block) of the register kernel with v-wide vectors, if the row fits."""
         if not dense or length > REGS_MAX_G * v * MAXV:
             return None
-        g = min(REGS_MAX_G, _next_pow2(-(-length // (v * MAXV))))
+        g = min(REGS_MAX_G, next_pow2(-(-length // (v * MAXV))))
         return handle.function(unit, f"pydnn::softmax::softmax_{d}_regs<{t}, {v}, {MAXV}>"), g, max(g, 128)
 
     # the loop kernel: a block of threads per row when elements are contiguous, else a thread per row
-    loop_g = min(LOOP_BLOCK, _next_pow2(length)) if est[1][-1] == 1 else 1
+    loop_g = min(LOOP_BLOCK, next_pow2(length)) if est[1][-1] == 1 else 1
     loop = (handle.function(unit, f"pydnn::softmax::softmax_{d}_loop<{t}>"), loop_g, LOOP_BLOCK)
     unaligned = regs(1) or loop
     rec.funcs = ((vec_ok and regs(vec)) or unaligned, unaligned)
