@@ -95,9 +95,11 @@ namespace pydnn {
 
 // A batched 2-D transpose through shared memory, for single-input ops (reads == 1) whose collapsed
 // problem has the input dense along dim ndim-2 and the output dense along dim ndim-1 (NCHW <-> NHWC):
-// a 32 x 32 tile is read along the input's dense dim and written along the output's, both coalesced.
+// a 64 x 64 tile is read along the input's dense dim and written along the output's, both coalesced.
+// The tile is large on purpose: each thread keeps 16 loads in flight, since bytes in flight per SM, not
+// coalescing, bound a transpose (a 32 x 32 tile reached 70% of copy bandwidth in fp32 and 35% in bf16).
 // Dims 0 .. ndim-3 are batch dims. Block 32 x 8; grid.x = batch * tiles(ndim-2) * tiles(ndim-1).
-constexpr int kTile = 32;
+constexpr int kTile = 64;
 
 template <class TI, class TO, class Op>
 __global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
@@ -118,22 +120,32 @@ __global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
     in_off += c * p.stride[1][d];
     out_off += c * p.stride[0][d];
   }
-  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
-  const TI* in = (const TI*)p.in[0] + in_off;
-  TO* out = (TO*)p.out + out_off;
+  const i64 si1 = p.stride[1][d1], si0 = p.stride[1][d0], so1 = p.stride[0][d1], so0 = p.stride[0][d0];
+  const TI* in = (const TI*)p.in[0] + in_off + t1 * kTile * si1 + t0 * kTile * si0;
+  TO* out = (TO*)p.out + out_off + t1 * kTile * so1 + t0 * kTile * so0;
+  const int w1 = (int)min((i64)kTile, n1 - t1 * kTile), w0 = (int)min((i64)kTile, n0 - t0 * kTile);
   const int tx = threadIdx.x, ty = threadIdx.y;
-  for (int r = ty; r < kTile; r += 8) {  // read: consecutive tx walk the input's dense dim (d1)
-    i64 i1 = t1 * kTile + tx, i0 = t0 * kTile + r;
-    if (i1 < n1 && i0 < n0) tile[r][tx] = load<A>(in[i1 * p.stride[1][d1] + i0 * p.stride[1][d0]]);
+  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
+#pragma unroll
+  for (int r = 0; r < kTile; r += 8) {  // read: consecutive tx walk the input's dense dim (d1)
+#pragma unroll
+    for (int c = 0; c < kTile; c += 32) {
+      const int i1 = c + tx, i0 = r + ty;
+      if (i1 < w1 && i0 < w0) tile[i0][i1] = load<A>(in[i1 * si1 + i0 * si0]);
+    }
   }
   __syncthreads();
-  for (int r = ty; r < kTile; r += 8) {  // write: consecutive tx walk the output's dense dim (d0)
-    i64 i0 = t0 * kTile + tx, i1 = t1 * kTile + r;
-    if (i1 < n1 && i0 < n0) {
-      TO* dst = out + i1 * p.stride[0][d1] + i0 * p.stride[0][d0];
-      A v = Op::template apply<A>(tile[tx][r], A(0), A(0), p, alpha, alpha2);
-      if (p.flags & PYDNN_FLAG_BETA) v += beta * load<A>(*dst);
-      *dst = store<TO>(v);
+#pragma unroll
+  for (int r = 0; r < kTile; r += 8) {  // write: consecutive tx walk the output's dense dim (d0)
+#pragma unroll
+    for (int c = 0; c < kTile; c += 32) {
+      const int i0 = c + tx, i1 = r + ty;
+      if (i1 < w1 && i0 < w0) {
+        TO* dst = out + i1 * so1 + i0 * so0;
+        A v = Op::template apply<A>(tile[i0][i1], A(0), A(0), p, alpha, alpha2);
+        if (p.flags & PYDNN_FLAG_BETA) v += beta * load<A>(*dst);
+        *dst = store<TO>(v);
+      }
     }
   }
 }
