@@ -364,6 +364,11 @@ typedef enum {
     PYDNN_PATCH_LEVEL = 2
 } pydnnLibraryPropertyType_t;
 
+/* status categories: a status is its category (BAD_PARAM, NOT_SUPPORTED, ...) plus a specific error */
+#define PYDNN_STATUS_CATEGORY(full_error_code) ((full_error_code) / 1000 * 1000)
+#define PYDNN_STATUS_SPECIFIC_ERROR(full_error_code) ((full_error_code) % 1000)
+#define PYDNN_STATUS_FULL_ERROR_CODE(category, specific_err) ((pydnnStatus_t)(0 + (category) + (specific_err)))
+
 /* opaque objects */
 typedef struct pydnnContext *pydnnHandle_t;
 typedef struct pydnnTensorStruct *pydnnTensorDescriptor_t;
@@ -386,7 +391,7 @@ size_t pydnnGetCudartVersion(void);
 pydnnStatus_t pydnnGetProperty(pydnnLibraryPropertyType_t type, int *value);
 /* The name of a status (a static string). */
 const char *pydnnGetErrorString(pydnnStatus_t status);
-/* This thread's last error message, NUL-terminated, truncated to max_size. */
+/* This thread's last error message: at most max_size - 1 characters and a NUL. */
 void pydnnGetLastErrorString(char *message, size_t max_size);
 /* A handle on the current device; NOT_INITIALIZED without a GPU or driver. */
 pydnnStatus_t pydnnCreate(pydnnHandle_t *handle);
@@ -398,6 +403,7 @@ pydnnStatus_t pydnnSetStream(pydnnHandle_t handle, cudaStream_t streamId);
 pydnnStatus_t pydnnGetStream(pydnnHandle_t handle, cudaStream_t *streamId);
 
 /* ---- Tensor descriptors ---- */
+/* A new tensor descriptor, unset until a Set call. */
 pydnnStatus_t pydnnCreateTensorDescriptor(pydnnTensorDescriptor_t *tensorDesc);
 /* Packed NCHW or NHWC. */
 pydnnStatus_t pydnnSetTensor4dDescriptor(pydnnTensorDescriptor_t tensorDesc, pydnnTensorFormat_t format, pydnnDataType_t dataType, int n, int c, int h, int w);
@@ -407,19 +413,29 @@ pydnnStatus_t pydnnSetTensor4dDescriptorEx(pydnnTensorDescriptor_t tensorDesc, p
 pydnnStatus_t pydnnSetTensorNdDescriptor(pydnnTensorDescriptor_t tensorDesc, pydnnDataType_t dataType, int nbDims, const int dimA[], const int strideA[]);
 /* Packed strides from a format. */
 pydnnStatus_t pydnnSetTensorNdDescriptorEx(pydnnTensorDescriptor_t tensorDesc, pydnnTensorFormat_t format, pydnnDataType_t dataType, int nbDims, const int dimA[]);
+/* Data type, dims and strides of a 4-d descriptor. */
 pydnnStatus_t pydnnGetTensor4dDescriptor(const pydnnTensorDescriptor_t tensorDesc, pydnnDataType_t *dataType, int *n, int *c, int *h, int *w, int *nStride, int *cStride, int *hStride, int *wStride);
+/* Data type, dim count, and the first nbDimsRequested dims and strides. */
 pydnnStatus_t pydnnGetTensorNdDescriptor(const pydnnTensorDescriptor_t tensorDesc, int nbDimsRequested, pydnnDataType_t *dataType, int *nbDims, int dimA[], int strideA[]);
 /* Bytes spanned by the tensor's elements. */
 pydnnStatus_t pydnnGetTensorSizeInBytes(const pydnnTensorDescriptor_t tensorDesc, size_t *size);
+/* Release a tensor descriptor (NULL: nothing to do). */
 pydnnStatus_t pydnnDestroyTensorDescriptor(pydnnTensorDescriptor_t tensorDesc);
 
 /* ---- Filter descriptors ---- */
+/* A new filter descriptor, unset until a Set call. */
 pydnnStatus_t pydnnCreateFilterDescriptor(pydnnFilterDescriptor_t *filterDesc);
+/* K, C, H, W filter dims in NCHW or NHWC layout. */
 pydnnStatus_t pydnnSetFilter4dDescriptor(pydnnFilterDescriptor_t filterDesc, pydnnDataType_t dataType, pydnnTensorFormat_t format, int k, int c, int h, int w);
+/* Filter dims K, C, spatial... in NCHW or NHWC layout. */
 pydnnStatus_t pydnnSetFilterNdDescriptor(pydnnFilterDescriptor_t filterDesc, pydnnDataType_t dataType, pydnnTensorFormat_t format, int nbDims, const int filterDimA[]);
+/* Data type, format and dims of a 4-d filter. */
 pydnnStatus_t pydnnGetFilter4dDescriptor(const pydnnFilterDescriptor_t filterDesc, pydnnDataType_t *dataType, pydnnTensorFormat_t *format, int *k, int *c, int *h, int *w);
+/* Data type, format, dim count and the first nbDimsRequested dims. */
 pydnnStatus_t pydnnGetFilterNdDescriptor(const pydnnFilterDescriptor_t filterDesc, int nbDimsRequested, pydnnDataType_t *dataType, pydnnTensorFormat_t *format, int *nbDims, int filterDimA[]);
+/* Bytes of the filter's elements. */
 pydnnStatus_t pydnnGetFilterSizeInBytes(const pydnnFilterDescriptor_t filterDesc, size_t *size);
+/* Release a filter descriptor (NULL: nothing to do). */
 pydnnStatus_t pydnnDestroyFilterDescriptor(pydnnFilterDescriptor_t filterDesc);
 
 /* ---- Tensor ops ---- */
@@ -429,9 +445,13 @@ pydnnStatus_t pydnnSetTensor(pydnnHandle_t handle, const pydnnTensorDescriptor_t
 pydnnStatus_t pydnnScaleTensor(pydnnHandle_t handle, const pydnnTensorDescriptor_t yDesc, void *y, const void *alpha);
 /* C = alpha * A + beta * C; A's dims equal C's or are 1. */
 pydnnStatus_t pydnnAddTensor(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);
+/* A new op-tensor descriptor, unset until pydnnSetOpTensorDescriptor. */
 pydnnStatus_t pydnnCreateOpTensorDescriptor(pydnnOpTensorDescriptor_t *opTensorDesc);
+/* Operation (ADD, MUL, MIN, MAX, SQRT, NOT), compute type (FLOAT or DOUBLE), NaN option. */
 pydnnStatus_t pydnnSetOpTensorDescriptor(pydnnOpTensorDescriptor_t opTensorDesc, pydnnOpTensorOp_t opTensorOp, pydnnDataType_t opTensorCompType, pydnnNanPropagation_t opTensorNanOpt);
+/* The op-tensor descriptor's operation, compute type and NaN option. */
 pydnnStatus_t pydnnGetOpTensorDescriptor(const pydnnOpTensorDescriptor_t opTensorDesc, pydnnOpTensorOp_t *opTensorOp, pydnnDataType_t *opTensorCompType, pydnnNanPropagation_t *opTensorNanOpt);
+/* Release an op-tensor descriptor (NULL: nothing to do). */
 pydnnStatus_t pydnnDestroyOpTensorDescriptor(pydnnOpTensorDescriptor_t opTensorDesc);
 /* C = op(alpha1 * A, alpha2 * B) + beta * C; B's dims equal C's or are 1. */
 pydnnStatus_t pydnnOpTensor(pydnnHandle_t handle, const pydnnOpTensorDescriptor_t opTensorDesc, const void *alpha1, const pydnnTensorDescriptor_t aDesc, const void *A, const void *alpha2, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);
@@ -439,23 +459,33 @@ pydnnStatus_t pydnnOpTensor(pydnnHandle_t handle, const pydnnOpTensorDescriptor_
 pydnnStatus_t pydnnTransformTensor(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
 
 /* ---- Reductions ---- */
+/* A new reduce-tensor descriptor, unset until pydnnSetReduceTensorDescriptor. */
 pydnnStatus_t pydnnCreateReduceTensorDescriptor(pydnnReduceTensorDescriptor_t *reduceTensorDesc);
+/* Reduction, compute type (FLOAT or DOUBLE), NaN option, whether to write indices and their type. */
 pydnnStatus_t pydnnSetReduceTensorDescriptor(pydnnReduceTensorDescriptor_t reduceTensorDesc, pydnnReduceTensorOp_t reduceTensorOp, pydnnDataType_t reduceTensorCompType, pydnnNanPropagation_t reduceTensorNanOpt, pydnnReduceTensorIndices_t reduceTensorIndices, pydnnIndicesType_t reduceTensorIndicesType);
+/* The reduce-tensor descriptor's settings. */
 pydnnStatus_t pydnnGetReduceTensorDescriptor(const pydnnReduceTensorDescriptor_t reduceTensorDesc, pydnnReduceTensorOp_t *reduceTensorOp, pydnnDataType_t *reduceTensorCompType, pydnnNanPropagation_t *reduceTensorNanOpt, pydnnReduceTensorIndices_t *reduceTensorIndices, pydnnIndicesType_t *reduceTensorIndicesType);
+/* Release a reduce-tensor descriptor (NULL: nothing to do). */
 pydnnStatus_t pydnnDestroyReduceTensorDescriptor(pydnnReduceTensorDescriptor_t reduceTensorDesc);
 /* Bytes of int32 indices (MIN/MAX/AMAX with FLATTENED_INDICES), else 0. */
 pydnnStatus_t pydnnGetReductionIndicesSize(pydnnHandle_t handle, const pydnnReduceTensorDescriptor_t reduceTensorDesc, const pydnnTensorDescriptor_t aDesc, const pydnnTensorDescriptor_t cDesc, size_t *sizeInBytes);
+/* Bytes of device workspace pydnnReduceTensor needs for these tensors. */
 pydnnStatus_t pydnnGetReductionWorkspaceSize(pydnnHandle_t handle, const pydnnReduceTensorDescriptor_t reduceTensorDesc, const pydnnTensorDescriptor_t aDesc, const pydnnTensorDescriptor_t cDesc, size_t *sizeInBytes);
 /* C = alpha * reduce(A) + beta * C over the dims where C is 1. */
 pydnnStatus_t pydnnReduceTensor(pydnnHandle_t handle, const pydnnReduceTensorDescriptor_t reduceTensorDesc, void *indices, size_t indicesSizeInBytes, void *workspace, size_t workspaceSizeInBytes, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);
 
 /* ---- Activations (GELU modes are pydnn extensions) ---- */
+/* A new activation descriptor, unset until pydnnSetActivationDescriptor. */
 pydnnStatus_t pydnnCreateActivationDescriptor(pydnnActivationDescriptor_t *activationDesc);
 /* coef: clipped-ReLU ceiling or ELU alpha. */
 pydnnStatus_t pydnnSetActivationDescriptor(pydnnActivationDescriptor_t activationDesc, pydnnActivationMode_t mode, pydnnNanPropagation_t reluNanOpt, double coef);
+/* The activation descriptor's mode, NaN option and coef. */
 pydnnStatus_t pydnnGetActivationDescriptor(const pydnnActivationDescriptor_t activationDesc, pydnnActivationMode_t *mode, pydnnNanPropagation_t *reluNanOpt, double *coef);
+/* beta of SWISH: f(x) = x * sigmoid(beta * x). */
 pydnnStatus_t pydnnSetActivationDescriptorSwishBeta(pydnnActivationDescriptor_t activationDesc, double swish_beta);
+/* The SWISH beta. */
 pydnnStatus_t pydnnGetActivationDescriptorSwishBeta(pydnnActivationDescriptor_t activationDesc, double *swish_beta);
+/* Release an activation descriptor (NULL: nothing to do). */
 pydnnStatus_t pydnnDestroyActivationDescriptor(pydnnActivationDescriptor_t activationDesc);
 /* y = alpha * f(x) + beta * y. */
 pydnnStatus_t pydnnActivationForward(pydnnHandle_t handle, pydnnActivationDescriptor_t activationDesc, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);

@@ -64,11 +64,20 @@ class Marshal:
         self.ffi = ffi
         self.ret, self.c_name, self.params = parse(proto)
         self.py_name = snake(self.c_name[len("pydnn"):])
+        self.destroys_descriptor = self.c_name.startswith("pydnnDestroy") and self.c_name.endswith("Descriptor")
+
+    def python_function(self):
+        """Looked up at call time, so a family missing from this pydnn fails its own calls, not the library."""
+        fn = getattr(pydnn, self.py_name, None)
+        if fn is None:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                             f"not available in this pydnn (pydnn.{self.py_name} is missing)")
+        return fn
 
     def obj(self, ptr, name, ctype):
         if ptr == self.ffi.NULL:
-            if name in NULLABLE.get(self.c_name, ()):
-                return None
+            if name in NULLABLE.get(self.c_name, ()) or self.destroys_descriptor:
+                return None  # cuDNN: destroying a NULL descriptor does nothing
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: NULL {ctype}")
         entry = _objects.get(int(self.ffi.cast("uintptr_t", ptr)))
         if entry is None:
@@ -112,7 +121,7 @@ class Marshal:
             elif kind == "in":
                 v = int(ffi.cast("uintptr_t", a)) if base == "cudaStream_t" else a
                 if name.startswith("nbDims"):
-                    count = a
+                    count = a  # the length of the array arguments that follow
                 args.append(v)
             elif kind == "arr_in":
                 if a == ffi.NULL:
@@ -125,7 +134,7 @@ class Marshal:
                 outs.append((kind, base, name, a))
         for i in scalars:
             args[i] = self.scalar(args[i][0], args[i][1], ref)
-        result = getattr(pydnn, self.py_name)(*args)
+        result = self.python_function()(*args)
         if self.c_name.startswith("pydnnDestroy") and cargs and cargs[0] != ffi.NULL:
             _objects.pop(int(ffi.cast("uintptr_t", cargs[0])), None)
         values = [result] if len(outs) == 1 else list(result or ())
@@ -135,9 +144,9 @@ class Marshal:
                 with _lock:
                     _objects[int(ffi.cast("uintptr_t", h))] = (h, v)
                 ffi.cast(f"{base} *", ptr)[0] = ffi.cast(base, h)
-            elif kind == "arr_out":
+            elif kind == "arr_out":  # never more than the caller's count (nbDimsRequested) entries
                 arr = ffi.cast("int *", ptr)
-                for i, x in enumerate(v):
+                for i, x in enumerate(list(v)[: max(0, int(count or 0))]):
                     arr[i] = x
             elif base == "cudaStream_t":
                 ffi.cast("cudaStream_t *", ptr)[0] = ffi.cast("cudaStream_t", v)
@@ -145,12 +154,20 @@ class Marshal:
                 ffi.cast(f"{base} *", ptr)[0] = v
 
 
+def _on_error(c_name):
+    """cffi's onerror hook: an exception that escapes a function's body (a pydnn bug) is kept as the last
+    error instead of printed, and the C caller gets the function's error value."""
+    def onerror(exc_type, exc_value, _tb):
+        set_last_error(f"{c_name}: internal error: {exc_type.__name__}: {exc_value}")
+    return onerror
+
+
 def register(ffi):
     """Define every C function of decl.py with `ffi.def_extern` (called by libpydnn's init code)."""
     error_strings = {}
 
     def export(name, fn, error):
-        ffi.def_extern(name=name, error=error)(fn)
+        ffi.def_extern(name=name, error=error, onerror=_on_error(name))(fn)
 
     for proto in decl.prototypes():
         ret, c_name, _ = parse(proto)
@@ -172,9 +189,10 @@ def register(ffi):
         export(c_name, call, E.PYDNN_STATUS_INTERNAL_ERROR)
 
     def get_error_string(status):
-        s = error_strings.get(status)
-        if s is None:
-            s = error_strings[status] = ffi.new("char[]", pydnn.get_error_string(status).encode())
+        name = pydnn.get_error_string(status)
+        s = error_strings.get(name)
+        if s is None:  # one per name, kept for the library's lifetime: the caller holds a static string
+            s = error_strings.setdefault(name, ffi.new("char[]", name.encode()))  # a racing thread's copy loses
         return s
 
     def get_last_error_string(message, max_size):

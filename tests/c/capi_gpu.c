@@ -31,6 +31,16 @@ static void load_driver(void) {
   cuCtxSynchronize = (int (*)(void))dlsym(lib, "cuCtxSynchronize");
 }
 
+/* |got - want| / (|want| + 1): relative for large values, absolute near zero */
+static double max_mixed_err(const double *got, const double *want, int n) {
+  double worst = 0;
+  for (int i = 0; i < n; i++) {
+    double e = fabs(got[i] - want[i]) / (fabs(want[i]) + 1.0);
+    if (!(e <= worst)) worst = e; /* NaN counts as worst */
+  }
+  return worst;
+}
+
 static double max_rel_err(const float *got, const double *want, int n) {
   double worst = 0;
   for (int i = 0; i < n; i++) {
@@ -51,10 +61,16 @@ int main(void) {
   static double want[COUNT];
   srand(12345);
   for (int i = 0; i < COUNT; i++) x[i] = (float)(6.0 * rand() / RAND_MAX - 3.0);
-  CUdeviceptr dx, dy;
-  cuMemAlloc(&dx, sizeof x);
-  cuMemAlloc(&dy, sizeof y);
-  cuMemcpyHtoD(dx, x, sizeof x);
+  CUdeviceptr dx, dy, dxd, dyd;
+  static double xd[COUNT], yd[COUNT], y0[COUNT];
+  for (int i = 0; i < COUNT; i++) {
+    xd[i] = x[i];
+    y0[i] = (double)(i % 17) - 8.0;
+  }
+  int cu = cuMemAlloc(&dx, sizeof x) | cuMemAlloc(&dy, sizeof y) | cuMemAlloc(&dxd, sizeof xd) | cuMemAlloc(&dyd, sizeof yd);
+  cu |= cuMemcpyHtoD(dx, x, sizeof x) | cuMemcpyHtoD(dxd, xd, sizeof xd) | cuMemcpyHtoD(dyd, y0, sizeof y0);
+  CHECK(cu == 0, "device memory from the driver");
+  if (cu != 0) return 1;
 
   pydnnTensorDescriptor_t t;
   pydnnCreateTensorDescriptor(&t);
@@ -94,8 +110,39 @@ int main(void) {
   CHECK(pydnnSoftmaxForward(h, (pydnnSoftmaxAlgorithm_t)7, PYDNN_SOFTMAX_MODE_CHANNEL, &alpha, t, (void *)dx, &beta, t,
                             (void *)dy) == PYDNN_STATUS_BAD_PARAM, "bad softmax algo");
 
+  /* DOUBLE tensors: alpha and beta are read as double (cuDNN's rule); beta != 0 blends the old y */
+  pydnnTensorDescriptor_t td;
+  pydnnCreateTensorDescriptor(&td);
+  pydnnSetTensor4dDescriptor(td, PYDNN_TENSOR_NCHW, PYDNN_DATA_DOUBLE, N, C, H, W);
+  double alphad = 2.0, betad = 0.5;
+  st = pydnnActivationForward(h, a, &alphad, td, (void *)dxd, &betad, td, (void *)dyd);
+  CHECK(st == PYDNN_STATUS_SUCCESS, "activation forward (double)");
+  cuCtxSynchronize();
+  cuMemcpyDtoH(yd, dyd, sizeof yd);
+  for (int i = 0; i < COUNT; i++) want[i] = 2.0 / (1.0 + exp(-xd[i])) + 0.5 * y0[i];
+  err = max_mixed_err(yd, want, COUNT);
+  printf("double alpha/beta max error %.3g\n", err);
+  CHECK(err < 1e-12, "double alpha/beta numbers");
+
+  /* SetTensor reads *valuePtr in y's data type */
+  float vf = 1.25f;
+  double vd = -3.5;
+  st = pydnnSetTensor(h, t, (void *)dy, &vf);
+  CHECK(st == PYDNN_STATUS_SUCCESS, "set tensor (float)");
+  st = pydnnSetTensor(h, td, (void *)dyd, &vd);
+  CHECK(st == PYDNN_STATUS_SUCCESS, "set tensor (double)");
+  cuCtxSynchronize();
+  cuMemcpyDtoH(y, dy, sizeof y);
+  cuMemcpyDtoH(yd, dyd, sizeof yd);
+  int bad = 0;
+  for (int i = 0; i < COUNT; i++) bad += (y[i] != 1.25f) + (yd[i] != -3.5);
+  CHECK(bad == 0, "set tensor numbers");
+
   cuMemFree(dx);
   cuMemFree(dy);
+  cuMemFree(dxd);
+  cuMemFree(dyd);
+  pydnnDestroyTensorDescriptor(td);
   pydnnDestroyActivationDescriptor(a);
   pydnnDestroyTensorDescriptor(t);
   pydnnDestroy(h);
