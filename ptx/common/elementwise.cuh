@@ -98,16 +98,20 @@ namespace pydnn {
 // a 64 x 64 tile is read along the input's dense dim and written along the output's, both coalesced.
 // The tile is large on purpose: each thread keeps 16 loads in flight, since bytes in flight per SM, not
 // coalescing, bound a transpose (a 32 x 32 tile reached 70% of copy bandwidth in fp32 and 35% in bf16).
-// Dims 0 .. ndim-3 are batch dims. Block 32 x 8; grid.x = batch * tiles(ndim-2) * tiles(ndim-1).
+// Tiles are 64 (d0) x T1 (d1), T1 = 128 for inputs narrower than 4 bytes (float arithmetic) so that
+// 16-bit data keeps as many bytes in flight as float. Dims 0 .. ndim-3 are batch dims. Block 32 x 8;
+// grid.x = batch * tiles(ndim-2) * tiles(ndim-1).
 constexpr int kTile = 64;
+template <class TI, class A> struct TransposeTile { static constexpr int d1 = (sizeof(TI) < 4 && sizeof(A) == 4) ? 128 : 64; };
 
 template <class TI, class TO, class Op>
 __global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
   typedef typename WiderAcc<typename AccOf<TI>::type, typename AccOf<TO>::type>::type A;
-  __shared__ A tile[kTile][kTile + 1];
+  constexpr int T1 = TransposeTile<TI, A>::d1;
+  __shared__ A tile[kTile][T1 + 1];
   const int d1 = p.ndim - 2, d0 = p.ndim - 1;  // d1: input dense, d0: output dense
   const i64 n1 = p.size[d1], n0 = p.size[d0];
-  const i64 t1n = (n1 + kTile - 1) / kTile, t0n = (n0 + kTile - 1) / kTile;
+  const i64 t1n = (n1 + T1 - 1) / T1, t0n = (n0 + kTile - 1) / kTile;
   i64 bid = blockIdx.x;
   const i64 t0 = bid % t0n;
   bid /= t0n;
@@ -121,22 +125,22 @@ __global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
     out_off += c * p.stride[0][d];
   }
   const i64 si1 = p.stride[1][d1], si0 = p.stride[1][d0], so1 = p.stride[0][d1], so0 = p.stride[0][d0];
-  const TI* in = (const TI*)p.in[0] + in_off + t1 * kTile * si1 + t0 * kTile * si0;
-  TO* out = (TO*)p.out + out_off + t1 * kTile * so1 + t0 * kTile * so0;
-  const int w1 = (int)min((i64)kTile, n1 - t1 * kTile), w0 = (int)min((i64)kTile, n0 - t0 * kTile);
+  const TI* in = (const TI*)p.in[0] + in_off + t1 * T1 * si1 + t0 * kTile * si0;
+  TO* out = (TO*)p.out + out_off + t1 * T1 * so1 + t0 * kTile * so0;
+  const int w1 = (int)min((i64)T1, n1 - t1 * T1), w0 = (int)min((i64)kTile, n0 - t0 * kTile);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
 #pragma unroll
   for (int r = 0; r < kTile; r += 8) {  // read: consecutive tx walk the input's dense dim (d1)
 #pragma unroll
-    for (int c = 0; c < kTile; c += 32) {
+    for (int c = 0; c < T1; c += 32) {
       const int i1 = c + tx, i0 = r + ty;
       if (i1 < w1 && i0 < w0) tile[i0][i1] = load<A>(in[i1 * si1 + i0 * si0]);
     }
   }
   __syncthreads();
 #pragma unroll
-  for (int r = 0; r < kTile; r += 8) {  // write: consecutive tx walk the output's dense dim (d0)
+  for (int r = 0; r < T1; r += 8) {  // write: consecutive tx walk the output's dense dim (d0)
 #pragma unroll
     for (int c = 0; c < kTile; c += 32) {
       const int i0 = c + tx, i1 = r + ty;

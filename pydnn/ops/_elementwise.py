@@ -9,7 +9,7 @@ from .._build.params import FLAG_BETA, MAX_DIMS, MapParams
 from .._cuda import driver
 
 THREADS = 256
-TILE = 64  # map_transpose's tile (kTile)
+TILE = 64  # map_transpose's tile along the output's dense dim (kTile); 128 along the input's for 16-bit
 UNROLL = 4  # vectors per thread in map_contig (kMapUnroll)
 
 # C spellings of element types, for template name expressions
@@ -133,7 +133,9 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
         batch = 1
         for sz in sizes[:-2]:
             batch *= sz
-        tiles = batch * -(-sizes[-2] // TILE) * -(-sizes[-1] // TILE)
+        wide = {"f64", "i32", "i64"}  # double arithmetic (AccOf)
+        t1 = 2 * TILE if (_SIZES[ti] < 4 and ti not in wide and (to or ti) not in wide) else TILE  # TransposeTile::d1
+        tiles = batch * -(-sizes[-2] // t1) * -(-sizes[-1] // TILE)
         pr.vec_func = pr.scalar_func = handle.function(unit, transpose_expr(op, ti, to))
         pr.vec_grid = pr.scalar_grid = (tiles, 1, 1)
         pr.block = (32, 8, 1)
