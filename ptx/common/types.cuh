@@ -39,7 +39,8 @@ template <class A> struct WiderAcc<A, double> { typedef double type; };
 template <> struct WiderAcc<double, double> { typedef double type; };
 
 // load<Acc>(T) / store<T>(Acc): element <-> arithmetic value. Integer stores round to nearest even and
-// saturate (as cuDNN's transform does for INT8), NaN becomes 0.
+// saturate (as cuDNN's transform does for INT8); NaN becomes 0 (checked explicitly: the saturating cvt
+// does not map NaN to 0 on the H100).
 template <class A> __device__ __forceinline__ A load(float v) { return (A)v; }
 template <class A> __device__ __forceinline__ A load(double v) { return (A)v; }
 template <class A> __device__ __forceinline__ A load(half_t v) { return (A)to_float(v); }
@@ -83,20 +84,20 @@ template <> struct Store<bf16_t> {
   }
 };
 template <> struct Store<signed char> {
-  __device__ static signed char from(float v) { int r; asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(v)); return (signed char)r; }
-  __device__ static signed char from(double v) { int r; asm("cvt.rni.sat.s8.f64 %0, %1;" : "=r"(r) : "d"(v)); return (signed char)r; }
+  __device__ static signed char from(float v) { if (v != v) return 0; int r; asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(v)); return (signed char)r; }
+  __device__ static signed char from(double v) { if (v != v) return 0; int r; asm("cvt.rni.sat.s8.f64 %0, %1;" : "=r"(r) : "d"(v)); return (signed char)r; }
 };
 template <> struct Store<unsigned char> {
-  __device__ static unsigned char from(float v) { unsigned r; asm("cvt.rni.sat.u8.f32 %0, %1;" : "=r"(r) : "f"(v)); return (unsigned char)r; }
-  __device__ static unsigned char from(double v) { unsigned r; asm("cvt.rni.sat.u8.f64 %0, %1;" : "=r"(r) : "d"(v)); return (unsigned char)r; }
+  __device__ static unsigned char from(float v) { if (v != v) return 0; unsigned r; asm("cvt.rni.sat.u8.f32 %0, %1;" : "=r"(r) : "f"(v)); return (unsigned char)r; }
+  __device__ static unsigned char from(double v) { if (v != v) return 0; unsigned r; asm("cvt.rni.sat.u8.f64 %0, %1;" : "=r"(r) : "d"(v)); return (unsigned char)r; }
 };
 template <> struct Store<int> {
-  __device__ static int from(float v) { int r; asm("cvt.rni.sat.s32.f32 %0, %1;" : "=r"(r) : "f"(v)); return r; }
-  __device__ static int from(double v) { int r; asm("cvt.rni.sat.s32.f64 %0, %1;" : "=r"(r) : "d"(v)); return r; }
+  __device__ static int from(float v) { if (v != v) return 0; int r; asm("cvt.rni.sat.s32.f32 %0, %1;" : "=r"(r) : "f"(v)); return r; }
+  __device__ static int from(double v) { if (v != v) return 0; int r; asm("cvt.rni.sat.s32.f64 %0, %1;" : "=r"(r) : "d"(v)); return r; }
 };
 template <> struct Store<i64> {
-  __device__ static i64 from(float v) { i64 r; asm("cvt.rni.sat.s64.f32 %0, %1;" : "=l"(r) : "f"(v)); return r; }
-  __device__ static i64 from(double v) { i64 r; asm("cvt.rni.sat.s64.f64 %0, %1;" : "=l"(r) : "d"(v)); return r; }
+  __device__ static i64 from(float v) { if (v != v) return 0; i64 r; asm("cvt.rni.sat.s64.f32 %0, %1;" : "=l"(r) : "f"(v)); return r; }
+  __device__ static i64 from(double v) { if (v != v) return 0; i64 r; asm("cvt.rni.sat.s64.f64 %0, %1;" : "=l"(r) : "d"(v)); return r; }
 };
 template <class T, class A> __device__ __forceinline__ T store(A v) { return Store<T>::from(v); }
 

@@ -1,46 +1,90 @@
 """Tensor ops: cudnnSetTensor, cudnnScaleTensor, cudnnAddTensor, cudnnOpTensor (+ its descriptor),
-cudnnTransformTensor. All are element-wise maps (ptx/tensor_ops.cu over common/elementwise.cuh).
+cudnnTransformTensor. Element-wise maps (common/elementwise.cuh with the functors of ptx/tensor_ops.cu),
+plus a tiled transpose kernel for transforms between layouts whose dense dims differ (NCHW <-> NHWC).
 
-Supported types: SetTensor takes all eight data types; ScaleTensor, AddTensor and OpTensor take float,
-double, half and bfloat16 with every tensor of one type (arithmetic in float, double for double);
-TransformTensor converts between any two of the eight (to integers: round to nearest even, saturate,
-NaN -> 0). Broadcasting as cuDNN: AddTensor's A and OpTensor's B may have 1 where C has more.
+Data types
+- SetTensor, TransformTensor: all eight (float, double, half, bfloat16, int8, uint8, int32, int64).
+  Conversions to integers round to nearest even and saturate; NaN becomes 0. A transform between one type
+  with alpha 1 and beta 0 copies bits (exact for every int64 and NaN payload); otherwise arithmetic is in
+  float, or double where either side is double, int32 or int64.
+- ScaleTensor, AddTensor, OpTensor: float, double, half and bfloat16, every tensor of one type (float
+  arithmetic for half and bfloat16). OpTensor's compute type is FLOAT for float, half and bfloat16 data
+  and DOUBLE for double data (cuDNN's table); other pairings and mixed data types are NOT_SUPPORTED.
+
+Broadcasting (cuDNN's rule): a broadcast input has as many dims as C and each dim equals C's or is 1.
+AddTensor's A and OpTensor's A and B may broadcast.
+
+Statuses: BAD_PARAM (a descriptor not live or never set, dims that differ or do not broadcast, different
+data types where one is required, an output whose strides make elements overlap, a bad enum or scalar),
+BAD_PARAM_NULL_POINTER (a NULL data pointer), NOT_SUPPORTED (a data type or type combination pydnn does
+not implement), EXECUTION_FAILED_CUDA_DRIVER (the launch failed).
 """
+import ctypes
+import math
+
+import numpy as np
+
 from .. import enums as E
 from .._build.manifest import KernelUnit
-from .._build.params import FLAG_NAN_PROP
+from .._build.params import FLAG_NAN_PROP, MapParams
+from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from ..tensor import DTYPES, check_tensor
+from ..tensor import DTYPE_NAMES, DTYPES, check_tensor
 from . import _elementwise as ew
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, same_type, scalar
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, scalar
 
 ALL_TAGS = ("f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64")
+INT_RANGE = {"i8": (-128, 127), "u8": (0, 255), "i32": (-(1 << 31), (1 << 31) - 1),
+             "i64": (-(1 << 63), (1 << 63) - 1)}
+SIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
 OPS = {E.PYDNN_OP_TENSOR_ADD: "pydnn::tensor::OpAdd", E.PYDNN_OP_TENSOR_MUL: "pydnn::tensor::OpMul",
        E.PYDNN_OP_TENSOR_MIN: "pydnn::tensor::OpMin", E.PYDNN_OP_TENSOR_MAX: "pydnn::tensor::OpMax",
        E.PYDNN_OP_TENSOR_SQRT: "pydnn::tensor::OpSqrt", E.PYDNN_OP_TENSOR_NOT: "pydnn::tensor::OpNot"}
 UNARY = (E.PYDNN_OP_TENSOR_SQRT, E.PYDNN_OP_TENSOR_NOT)
-SET, SCALED = "pydnn::tensor::Set", "pydnn::tensor::Scaled"
+SET, SCALED, COPY = "pydnn::tensor::Set", "pydnn::tensor::Scaled", "pydnn::tensor::Copy"
+
+TILE = 64            # transpose tile edge (kTile in ptx/tensor_ops.cu)
+MAX_GRID_YZ = 65535  # grid.y / grid.z limit
+# The tiled transpose serves dense dims of at least this many elements on both sides; with fewer (NHWC
+# with 3 channels, say) most of a tile would idle and the generic strided map does better.
+MIN_TRANSPOSE_EXTENT = 16
+
+
+def transpose_exprs(op, ti, to):
+    """The tiled-transpose instantiations of `op` from ti to to: 16-byte accesses, one element per access."""
+    ci, co = ew.CTYPE[ti], ew.CTYPE[to]
+    return (f"pydnn::tensor::transpose<{ci}, {co}, {op}, true>",
+            f"pydnn::tensor::transpose<{ci}, {co}, {op}, false>")
 
 
 def kernel_units():
+    """tensor_ops.<t>: SetTensor for every type; ScaleTensor / AddTensor / OpTensor for float types.
+    tensor_ops.transform.<ti>: TransformTensor from ti to each type (map and transpose kernels), and the
+    bit copy of ti. One unit per type keeps the units of similar size for the parallel build."""
     units = []
     for t in ALL_TAGS:
         exprs = list(ew.map_exprs(SET, t))
         if t in FLOAT_TAGS:
             for op in (SCALED, *OPS.values()):
                 exprs += ew.map_exprs(op, t)
-            exprs.append(ew.transpose_expr(SCALED, t))
         units.append(KernelUnit(f"tensor_ops.{t}", "tensor_ops.cu", tuple(exprs)))
-        outs = [to for to in ALL_TAGS if to != t or t not in FLOAT_TAGS]  # same float type: the unit above
-        conv = [e for to in outs for e in ew.map_exprs(SCALED, t, to) + (ew.transpose_expr(SCALED, t, to),)]
-        units.append(KernelUnit(f"tensor_ops.transform.{t}", "tensor_ops.cu", tuple(conv)))
+    for ti in ALL_TAGS:
+        exprs = []
+        for to in ALL_TAGS:
+            exprs += ew.map_exprs(SCALED, ti, to) + transpose_exprs(SCALED, ti, to)
+        exprs += ew.map_exprs(COPY, ti) + transpose_exprs(COPY, ti, ti)
+        units.append(KernelUnit(f"tensor_ops.transform.{ti}", "tensor_ops.cu", tuple(exprs)))
     return units
 
 
-def _transform_unit(ti, to):
-    return f"tensor_ops.{ti}" if ti == to and ti in FLOAT_TAGS else f"tensor_ops.transform.{ti}"
+# ------------------------------------------------------------------------------------------ checks
+def _any_tensor(desc, name):
+    check_tensor(desc, name)
+    if desc.dtype not in DTYPES:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{name}: data type {desc.dtype} is not supported")
+    return desc
 
 
 def _broadcast(src, sname, dst, dname):
@@ -54,16 +98,61 @@ def _broadcast(src, sname, dst, dname):
                              f"{sname}: dim {i} is {a}; it must equal {dname}'s ({c}) or be 1")
 
 
-def _any_tensor(desc, name):
-    check_tensor(desc, name)
-    if desc.dtype not in DTYPES:
-        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{name}: data type {desc.dtype} is not supported")
-    return desc
+def _type_name(dtype):
+    return DTYPE_NAMES.get(dtype, str(dtype))
+
+
+# ------------------------------------------------------------------------------------------ SetTensor
+def _round_float(t, f):
+    """f rounded to float type t (so the kernel's own conversion of it is exact)."""
+    with np.errstate(all="ignore"):
+        if t == "f32":
+            return float(np.float32(f))
+        if t == "f16":
+            return float(np.float16(f))
+        if t == "bf16":
+            x = np.array([f], np.float32)
+            u = x.view(np.uint32).astype(np.uint64)
+            if np.isnan(x[0]):
+                return float("nan")
+            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            return float(bits.astype(np.uint32).view(np.float32)[0])
+    return f
+
+
+def _fill_value(t, value):
+    """SetTensor's value in y's type: an int for integer types (rounded to nearest even, saturated, NaN
+    -> 0, like every conversion to an integer), else a float already rounded to the type."""
+    if t in INT_RANGE:
+        if not isinstance(value, (bool, float)) and hasattr(value, "__index__"):
+            v = value.__index__()
+        else:
+            f = scalar("valuePtr", value)
+            if math.isnan(f):
+                v = 0
+            elif math.isinf(f):
+                v = INT_RANGE[t][0] if f < 0 else INT_RANGE[t][1]
+            else:
+                v = round(f)  # half to even
+        lo, hi = INT_RANGE[t]
+        return min(max(v, lo), hi)
+    if not isinstance(value, (bool, float)) and hasattr(value, "__index__"):
+        i = value.__index__()
+        try:
+            f = float(i)
+        except OverflowError:  # beyond every float type: rounds to infinity
+            f = math.inf if i > 0 else -math.inf
+        return _round_float(t, f)
+    return _round_float(t, scalar("valuePtr", value))
+
+
+_COEF_OFFSET = MapParams.coef.offset
 
 
 @api
 def set_tensor(handle, y_desc, y, value):
-    """cudnnSetTensor: every element of y = value (any of the eight data types)."""
+    """cudnnSetTensor: every element of y = value (a number; the C face reads it in y's data type).
+    Any of the eight data types, any strides. BAD_PARAM, BAD_PARAM_NULL_POINTER."""
     check_handle(handle)
 
     def build():
@@ -73,15 +162,20 @@ def set_tensor(handle, y_desc, y, value):
         t = TAG[y_desc.dtype]
         return ew.prepare_map(handle, f"tensor_ops.{t}", SET, t, t, y_desc, ())
 
-    v = scalar("valuePtr", value)
+    t = TAG.get(getattr(y_desc, "dtype", None))
+    v = _fill_value(t, value) if t is not None else scalar("valuePtr", value)
     rec = ew.cached(handle, ew.desc_key("set", y_desc), build)
-    rec.params.coef = v
+    if t == "i64":  # the kernel takes the value's 64 bits from coef (a double cannot hold every int64)
+        ctypes.c_int64.from_address(ctypes.addressof(rec.params) + _COEF_OFFSET).value = v
+    else:
+        rec.params.coef = float(v)
     ew.run_map(handle, rec, device_ptr(y, "y", rec.need[0]), (), 1.0, 0.0)
 
 
+# ------------------------------------------------------------------------------ Scale / Add
 @api
 def scale_tensor(handle, y_desc, y, alpha):
-    """cudnnScaleTensor: y = alpha * y."""
+    """cudnnScaleTensor: y = alpha * y. Float types. BAD_PARAM, BAD_PARAM_NULL_POINTER, NOT_SUPPORTED."""
     check_handle(handle)
 
     def build():
@@ -99,13 +193,17 @@ def scale_tensor(handle, y_desc, y, alpha):
 
 @api
 def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN's names
-    """cudnnAddTensor: C = alpha * A + beta * C; A broadcasts where its dims are 1."""
+    """cudnnAddTensor: C = alpha * A + beta * C; A has C's data type and broadcasts where its dims are 1
+    (a bias 1xCx1x1 onto NxCxHxW). Float types. BAD_PARAM, BAD_PARAM_NULL_POINTER, NOT_SUPPORTED."""
     check_handle(handle)
 
     def build():
         float_tensor(a_desc, "aDesc")
         float_tensor(c_desc, "cDesc")
-        same_type(c_desc, "cDesc", a_desc, "aDesc")
+        if a_desc.dtype != c_desc.dtype:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"aDesc: data type {_type_name(a_desc.dtype)} differs from cDesc's "
+                             f"({_type_name(c_desc.dtype)})")
         _broadcast(a_desc, "aDesc", c_desc, "cDesc")
         output_tensor(c_desc, "cDesc")
         device_ptr(A, "A", a_desc.span_bytes())
@@ -118,13 +216,14 @@ def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN
     ew.run_map(handle, rec, device_ptr(C, "C", rec.need[0]), (device_ptr(A, "A", rec.need[1]),), al, be)
 
 
+# ------------------------------------------------------------------------------ OpTensor
 class OpTensorDescriptor:
     """cudnnOpTensorDescriptor_t."""
 
     __slots__ = ("op", "comp_type", "nan_opt", "is_set", "alive", "version")
 
     def __init__(self):
-        self.op, self.comp_type, self.nan_opt = E.PYDNN_OP_TENSOR_ADD, E.PYDNN_DATA_FLOAT, 0
+        self.op, self.comp_type, self.nan_opt = E.PYDNN_OP_TENSOR_ADD, E.PYDNN_DATA_FLOAT, E.PYDNN_NOT_PROPAGATE_NAN
         self.is_set, self.alive, self.version = False, True, 0
 
 
@@ -142,8 +241,9 @@ def create_op_tensor_descriptor():
 
 @api
 def set_op_tensor_descriptor(op_tensor_desc, op_tensor_op, op_tensor_comp_type, op_tensor_nan_opt):
-    """cudnnSetOpTensorDescriptor. The compute type may be FLOAT or DOUBLE; arithmetic is float for
-    16-bit and float data and double for double data (DOUBLE with float data computes in double too)."""
+    """cudnnSetOpTensorDescriptor. opTensorOp: ADD, MUL, MIN, MAX, SQRT, NOT; opTensorCompType: FLOAT or
+    DOUBLE (the only compute types of cuDNN's OpTensor); opTensorNanOpt: MIN / MAX with a NaN operand
+    return NaN (PROPAGATE_NAN) or the other operand (NOT_PROPAGATE_NAN). BAD_PARAM otherwise."""
     d = _live_op(op_tensor_desc)
     op = enum_arg("opTensorOp", op_tensor_op, OPS, "pydnnOpTensorOp_t")
     comp = enum_arg("opTensorCompType", op_tensor_comp_type, (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_DOUBLE),
@@ -163,7 +263,7 @@ def get_op_tensor_descriptor(op_tensor_desc):
 
 @api
 def destroy_op_tensor_descriptor(op_tensor_desc):
-    """cudnnDestroyOpTensorDescriptor."""
+    """cudnnDestroyOpTensorDescriptor (None: nothing to do)."""
     if op_tensor_desc is None:
         return
     d = _live_op(op_tensor_desc)
@@ -173,8 +273,10 @@ def destroy_op_tensor_descriptor(op_tensor_desc):
 
 @api
 def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta, c_desc, C):  # noqa: N803
-    """cudnnOpTensor: C = op(alpha1 * A, alpha2 * B) + beta * C. A has C's dims; B may broadcast.
-    SQRT and NOT use A only (B and bDesc may be None). C may be the same buffer as A."""
+    """cudnnOpTensor: C = op(alpha1 * A, alpha2 * B) + beta * C for ADD, MUL, MIN, MAX; C = op(alpha1 * A)
+    + beta * C for SQRT and NOT (1 - x), which ignore B and bDesc (None allowed). A and B have C's dims or 1
+    where they broadcast. A, B and C of one float type; C may be the same buffer as A or B (same layout).
+    BAD_PARAM, BAD_PARAM_NULL_POINTER, NOT_SUPPORTED (other type combinations, compute type mismatch)."""
     check_handle(handle)
     unary = getattr(op_tensor_desc, "op", None) in UNARY
 
@@ -182,49 +284,102 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
         d = _live_op(op_tensor_desc)
         if not d.is_set:
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "opTensorDesc: descriptor was never set")
-        float_tensor(a_desc, "aDesc")
-        float_tensor(c_desc, "cDesc")
-        same_type(c_desc, "cDesc", a_desc, "aDesc")
-        if a_desc.dims != c_desc.dims:
-            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"aDesc: dims {a_desc.dims} differ from cDesc dims {c_desc.dims}")
-        ins = (a_desc,)
+        check_tensor(a_desc, "aDesc")
         if not unary:
-            float_tensor(b_desc, "bDesc")
-            same_type(c_desc, "cDesc", b_desc, "bDesc")
-            _broadcast(b_desc, "bDesc", c_desc, "cDesc")
-            device_ptr(B, "B", b_desc.span_bytes())
-            ins = (a_desc, b_desc)
+            check_tensor(b_desc, "bDesc")
+        check_tensor(c_desc, "cDesc")
+        float_tensor(c_desc, "cDesc")
+        ins = ((a_desc, "aDesc"),) if unary else ((a_desc, "aDesc"), (b_desc, "bDesc"))
+        for desc, name in ins:
+            if desc.dtype != c_desc.dtype:
+                raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                                 f"{name}: data type {_type_name(desc.dtype)} with cDesc's "
+                                 f"{_type_name(c_desc.dtype)}: pydnn's OpTensor takes A, B and C of one type")
+        want = E.PYDNN_DATA_DOUBLE if c_desc.dtype == E.PYDNN_DATA_DOUBLE else E.PYDNN_DATA_FLOAT
+        if d.comp_type != want:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                             f"opTensorDesc: compute type {_type_name(d.comp_type)} does not serve "
+                             f"{_type_name(c_desc.dtype)} data (FLOAT for float, half and bfloat16; DOUBLE "
+                             "for double)")
+        for desc, name in ins:
+            _broadcast(desc, name, c_desc, "cDesc")
         output_tensor(c_desc, "cDesc")
-        device_ptr(A, "A", a_desc.span_bytes())
+        for (desc, name), ptr, pname in zip(ins, (A, B), ("A", "B")):
+            device_ptr(ptr, pname, desc.span_bytes())
         device_ptr(C, "C", c_desc.span_bytes())
         t = TAG[c_desc.dtype]
         flags = FLAG_NAN_PROP if d.nan_opt == E.PYDNN_PROPAGATE_NAN else 0
-        return ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, ins, flags=flags)
+        return ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
+                              flags=flags)
 
     a1, a2, be = scalar("alpha1", alpha1), scalar("alpha2", alpha2), scalar("beta", beta)
     key = ew.desc_key("op", op_tensor_desc, a_desc, c_desc, None if unary else b_desc)
     rec = ew.cached(handle, key, build)
-    ptrs = (device_ptr(A, "A", rec.need[1]),) if unary else (device_ptr(A, "A", rec.need[1]),
-                                                              device_ptr(B, "B", rec.need[2]))
+    ap = device_ptr(A, "A", rec.need[1])
+    ptrs = (ap,) if unary else (ap, device_ptr(B, "B", rec.need[2]))
     ew.run_map(handle, rec, device_ptr(C, "C", rec.need[0]), ptrs, a1, be, alpha2=a2)
+
+
+# ------------------------------------------------------------------------------ TransformTensor
+def _prepare_transform(handle, op, ti, to, x_desc, y_desc):
+    """The launch record of a transform: the tiled transpose when the collapsed problem is a (batched)
+    2-D transpose, else the generic map (vectorised when both sides are dense in one order)."""
+    unit = f"tensor_ops.transform.{ti}"
+    ndim, sizes, strides, dense = ew.plan(y_desc.dims, y_desc.strides, ((x_desc.dims, x_desc.strides),))
+    order = None if dense else ew.transpose_order(ndim, strides)
+    if order is not None:
+        sizes = tuple(sizes[d] for d in order)
+        out_s, in_s = (tuple(st[d] for d in order) for st in strides)
+        n1, n0 = sizes[-2], sizes[-1]  # the input's dense dim, the output's dense dim
+        batch = 1
+        for s in sizes[:-2]:
+            batch *= s
+        if min(n0, n1) < MIN_TRANSPOSE_EXTENT or -(-n0 // TILE) > MAX_GRID_YZ or batch >= 1 << 32:
+            order = None
+    if order is None:
+        return ew.prepare_map(handle, unit, op, ti, to, y_desc, (x_desc,))
+    pr = ew.Prepared()
+    p = pr.params = MapParams()
+    p.n, p.ndim = n1 * n0 * batch, ndim
+    for d in range(ndim):
+        p.size[d] = sizes[d]
+        p.stride[0][d] = out_s[d]
+        p.stride[1][d] = in_s[d]
+    pr.argv = driver.kernel_args(p)
+    pr.block = (32, 8, 1)
+    pr.base_flags = 0
+    pr.ninputs = 1
+    pr.need = (y_desc.span_bytes(), x_desc.span_bytes())
+    vec_e, scalar_e = transpose_exprs(op, ti, to)
+    vi, vo = 16 // SIZE[ti], 16 // SIZE[to]
+    vec = (n1 % vi == 0 and n0 % vo == 0 and all(s % vi == 0 for i, s in enumerate(in_s) if i != ndim - 2)
+           and all(s % vo == 0 for s in out_s[:-1]))
+    pr.scalar_func = handle.function(unit, scalar_e)
+    pr.vec_func = handle.function(unit, vec_e) if vec else pr.scalar_func
+    pr.in_masks = pr.out_mask = 15 if vec else 0  # 16-byte aligned pointers for the vector kernel
+    pr.vec_grid = pr.scalar_grid = (-(-n1 // TILE), -(-n0 // TILE), min(batch, MAX_GRID_YZ))
+    return pr
 
 
 @api
 def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
-    """cudnnTransformTensor: y = alpha * x + beta * y between any strides and any two data types."""
+    """cudnnTransformTensor: y = alpha * x + beta * y, x and y of the same dims with any strides (NCHW <->
+    NHWC and arbitrary) and any two of the eight data types. BAD_PARAM, BAD_PARAM_NULL_POINTER."""
     check_handle(handle)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    copy = al == 1.0 and be == 0.0 and getattr(x_desc, "dtype", None) == getattr(y_desc, "dtype", 0)
 
     def build():
         _any_tensor(x_desc, "xDesc")
         _any_tensor(y_desc, "yDesc")
         if x_desc.dims != y_desc.dims:
-            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"yDesc: dims {y_desc.dims} differ from xDesc dims {x_desc.dims}")
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"yDesc: dims {y_desc.dims} differ from xDesc dims {x_desc.dims}")
         output_tensor(y_desc, "yDesc")
         device_ptr(x, "x", x_desc.span_bytes())
         device_ptr(y, "y", y_desc.span_bytes())
         ti, to = TAG[x_desc.dtype], TAG[y_desc.dtype]
-        return ew.prepare_map(handle, _transform_unit(ti, to), SCALED, ti, to, y_desc, (x_desc,), transpose=True)
+        return _prepare_transform(handle, COPY if copy else SCALED, ti, to, x_desc, y_desc)
 
-    al, be = scalar("alpha", alpha), scalar("beta", beta)
-    rec = ew.cached(handle, ew.desc_key("transform", x_desc, y_desc), build)
+    rec = ew.cached(handle, ew.desc_key("transform", copy, x_desc, y_desc), build)
     ew.run_map(handle, rec, device_ptr(y, "y", rec.need[0]), (device_ptr(x, "x", rec.need[1]),), al, be)
