@@ -4,7 +4,40 @@ from .. import enums
 from ..status import PydnnError
 
 
+_preloaded = False
+
+
+def _preload_from_sys_path():
+    """Load the NVRTC wheel's library from the first sys.path entry that has it.
+
+    cuda-pathfinder looks for wheel libraries under site.getsitepackages(), which inside pip's isolated
+    build environment does not hold the build requirements (they are on sys.path only): the install-time
+    kernel build then finds no NVRTC. pathfinder takes a library that is already loaded, so load it here
+    from where Python imports packages from."""
+    global _preloaded
+    if _preloaded:
+        return
+    _preloaded = True
+    import ctypes
+    import glob
+    import os
+    import sys
+
+    for root in sys.path:
+        for rel in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
+            lib = os.path.join(root or ".", rel, "libnvrtc.so.13")
+            if os.path.isfile(lib):
+                try:
+                    for builtins in sorted(glob.glob(os.path.join(os.path.dirname(lib), "libnvrtc-builtins.so.*"))):
+                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue
+                return
+
+
 def _nvrtc():
+    _preload_from_sys_path()
     try:
         from cuda.bindings import nvrtc
     except ImportError as e:  # pragma: no cover - dependency missing
