@@ -30,4 +30,10 @@ from .ops.tensor_ops import (
     add_tensor, create_op_tensor_descriptor, destroy_op_tensor_descriptor, get_op_tensor_descriptor, op_tensor,
     scale_tensor, set_op_tensor_descriptor, set_tensor, transform_tensor,
 )
+from .ops.pooling import *  # noqa: F401,F403 - each later family exports its API through __all__
+from .ops.batchnorm import *  # noqa: F401,F403
+from .ops.normalization import *  # noqa: F401,F403
+from .ops.dropout import *  # noqa: F401,F403
+from .ops.convolution import *  # noqa: F401,F403
+from .ops.attention import *  # noqa: F401,F403
 from ._cuda.memory import DeviceArray

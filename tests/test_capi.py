@@ -2,20 +2,17 @@
 onto a Python function; a C program compiled with only the flags `python -m pydnn config --cflags --libs`
 prints links to libpydnn and runs (CPU checks here, numbers on the GPU in the gpu-marked test)."""
 import inspect
-import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import pydnn
 from pydnn.capi import decl, impl, library
+from cprog import CC, ROOT, build_and_run, pydnn_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-CC = shutil.which("cc") or shutil.which("gcc")
 OUT_KINDS = ("out", "obj_out", "arr_out")
 
 
@@ -75,42 +72,19 @@ def test_include_dir_for_an_install(tmp_path, monkeypatch):
     assert library.config_flags(cflags=True) == f"-I{d}"
 
 
-def _pydnn_cli(*args, cwd=ROOT):
-    """`python -m pydnn ...` importing this checkout's pydnn from any folder."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    return subprocess.run([sys.executable, "-m", "pydnn", *args], check=True, capture_output=True, text=True,
-                          cwd=cwd, env=env).stdout
-
-
 def test_library_is_not_rebuilt_from_another_folder(tmp_path):
-    flags = _pydnn_cli("config", "--libs")
+    flags = pydnn_cli("config", "--libs")
     lib = Path(shlex.split(flags)[0][2:]) / "libpydnn.so"
     before = lib.stat().st_mtime_ns
-    assert _pydnn_cli("config", "--libs", cwd=tmp_path) == flags
+    assert pydnn_cli("config", "--libs", cwd=tmp_path) == flags
     assert lib.stat().st_mtime_ns == before
-
-
-def _config_flags():
-    return shlex.split(_pydnn_cli("config", "--cflags", "--libs"))
-
-
-def _build_and_run(name, tmp_path, extra=(), pythonpath=None):
-    if CC is None:
-        pytest.skip("no C compiler")
-    exe = tmp_path / name
-    subprocess.run([CC, str(ROOT / "tests" / "c" / f"{name}.c"), *_config_flags(), *extra, "-o", str(exe)],
-                   check=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the library finds pydnn and cffi itself
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath
-    return subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("pythonpath", [None, "/nonexistent/pydnn-test-path"])
 def test_c_program_on_cpu(tmp_path, pythonpath):
     from conftest import HAVE_GPU
 
-    r = _build_and_run("capi_cpu", tmp_path, pythonpath=pythonpath)
+    r = build_and_run("capi_cpu", tmp_path, pythonpath=pythonpath)
     print(r.stdout, r.stderr)
     lines = r.stdout.splitlines()
     assert not [x for x in lines if x.startswith("FAIL")], r.stdout + r.stderr
@@ -125,7 +99,7 @@ def test_c_program_on_cpu(tmp_path, pythonpath):
 
 @pytest.mark.gpu
 def test_c_program_on_gpu(tmp_path):
-    r = _build_and_run("capi_gpu", tmp_path, extra=["-ldl", "-lm"])
+    r = build_and_run("capi_gpu", tmp_path, extra=["-ldl", "-lm"])
     print(r.stdout, r.stderr)
     assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
     for what in ("sigmoid numbers", "softmax numbers", "double alpha/beta numbers", "set tensor numbers"):

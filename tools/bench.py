@@ -3,12 +3,18 @@
 
     python tools/bench.py [--families activation,tensor,softmax,reduce,host] [--elements 64M] [--out FILE]
 
+Families after the foundation live in tools/bench_<family>.py, each with `run(b)` taking this Bench
+(b.h: a pydnn handle on PyTorch's stream; b.row(...) for bandwidth-bound cases, b.row_flops(...) for
+compute-bound ones; time_ms and desc from this module). Their docstrings hold the byte / flop counts,
+the floor and the notes on each version.
+
 Each case is timed with CUDA events around single calls (after warm-up), median of many repetitions, on
 buffers larger than L2. Bandwidth counts the fewest bytes the op must move (inputs read once, output
 written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
 Host time is the Python-side cost of one small call (a 1-element tensor), from perf_counter over many calls.
 """
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -74,6 +80,19 @@ class Bench:
         self.rows.append(r)
         print(f"{family:10s} {case:28s} {dtype:5s} pydnn {g_p:7.0f} GB/s {r['pct_copy']:5.1f}% copy | "
               f"torch {g_t:7.0f} GB/s | pydnn/torch speed {r['ratio']:.2f}x", flush=True)
+
+    def row_flops(self, family, case, dtype, flops, ms_pydnn, ms_torch, torch_name, peak_tflops=None):
+        """A compute-bound case: TFLOP/s of both, their ratio, and the fraction of `peak_tflops` (the
+        hardware rate for this dtype, e.g. dense bf16 tensor-core) when given."""
+        t_p = flops / ms_pydnn / 1e9
+        t_t = flops / ms_torch / 1e9 if ms_torch else float("nan")
+        r = dict(family=family, case=case, dtype=dtype, pydnn_tflops=t_p, torch_tflops=t_t,
+                 pct_peak=(100 * t_p / peak_tflops) if peak_tflops else float("nan"),
+                 ratio=(ms_torch / ms_pydnn) if ms_torch else float("nan"), torch=torch_name,
+                 ms_pydnn=ms_pydnn, ms_torch=ms_torch)
+        self.rows.append(r)
+        print(f"{family:10s} {case:40s} {dtype:5s} pydnn {t_p:7.1f} TFLOP/s | torch {t_t:7.1f} TFLOP/s | "
+              f"pydnn/torch speed {r['ratio']:.2f}x", flush=True)
 
     # ------------------------------------------------------------ families
     def activation(self):
@@ -230,12 +249,46 @@ def to_markdown(b):
              "| family | case | dtype | pydnn GB/s | % of copy | PyTorch GB/s | pydnn speed / PyTorch |",
              "|---|---|---|---:|---:|---:|---:|"]
     for r in b.rows:
+        if "pydnn_tflops" in r:
+            continue
         lines.append(f"| {r['family']} | {r['case']} | {r['dtype']} | {r['pydnn_gbs']:.0f} | {r['pct_copy']:.1f}% | "
                      f"{r['torch_gbs']:.0f} | {r['ratio']:.2f}x |")
+    flops = [r for r in b.rows if "pydnn_tflops" in r]
+    if flops:
+        lines += ["", "| family | case | dtype | pydnn TFLOP/s | % of peak | PyTorch TFLOP/s | pydnn speed / PyTorch |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['family']} | {r['case']} | {r['dtype']} | {r['pydnn_tflops']:.1f} | {r['pct_peak']:.1f}% | "
+                  f"{r['torch_tflops']:.1f} | {r['ratio']:.2f}x |" for r in flops]
     if getattr(b, "host_us", None):
         lines += ["", "| host time per small call | µs |", "|---|---:|"]
         lines += [f"| {k} | {v:.2f} |" for k, v in b.host_us.items()]
     return "\n".join(lines) + "\n"
+
+
+def run_family(b, fam):
+    """A method of Bench (foundation families) or tools/bench_<fam>.py's run(b); a failing family is
+    reported and the others still run."""
+    try:
+        if hasattr(b, fam):
+            getattr(b, fam)()
+            return
+        import importlib
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        try:
+            mod = importlib.import_module(f"bench_{fam}")
+        except ModuleNotFoundError as e:
+            if e.name != f"bench_{fam}":
+                raise
+            print(f"{fam}: no benchmark yet (tools/bench_{fam}.py), skipped", flush=True)
+            return
+        mod.run(b)
+    except Exception:  # noqa: BLE001 - one family's failure must not hide the others' numbers
+        import traceback
+        print(f"{fam}: benchmark FAILED", flush=True)
+        traceback.print_exc()
+        b.failed = True
+    finally:
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -251,8 +304,10 @@ def main():
     np.random.seed(0)
     b = Bench(n)
     for fam in args.families.split(","):
-        getattr(b, fam.strip())()
+        run_family(b, fam.strip())
     md = to_markdown(b)
+    if getattr(b, "failed", False):
+        md += "\nSome benchmark families FAILED: see the log.\n"
     print("\n" + md)
     if args.out:
         with open(args.out, "w") as f:

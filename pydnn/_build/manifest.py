@@ -14,6 +14,12 @@ FAMILIES = (
     "pydnn.ops.tensor_ops",
     "pydnn.ops.softmax",
     "pydnn.ops.reduce",
+    "pydnn.ops.pooling",
+    "pydnn.ops.batchnorm",
+    "pydnn.ops.normalization",
+    "pydnn.ops.dropout",
+    "pydnn.ops.convolution",
+    "pydnn.ops.attention",
 )
 
 # NVRTC options for every unit (the arch and include path are added by the compiler wrapper).

@@ -7,7 +7,23 @@ pydnn/capi/impl.py reads their types: descriptors and handles are opaque pointer
 `const void *alpha|beta|...` is a host scalar read as double for a DOUBLE output tensor and as float
 otherwise, other `void *` are device pointers.
 """
+import importlib
+
 from .. import enums
+
+# Op families added after the foundation declare their C API beside their Python code: the module has
+#   C_API = [(family title, [(prototype, description), ...])]   in header order
+#   C_OPAQUE_TYPES = [(typedef name, struct name), ...]        new descriptor types
+#   C_NULLABLE = {C function name: (descriptor argument names that may be NULL), ...}
+# and is listed here; FUNCTIONS / OPAQUE_TYPES / NULLABLE below take them in this order.
+FAMILY_MODULES = (
+    "pydnn.ops.pooling",
+    "pydnn.ops.batchnorm",
+    "pydnn.ops.normalization",
+    "pydnn.ops.dropout",
+    "pydnn.ops.convolution",
+    "pydnn.ops.attention",
+)
 
 OPAQUE_TYPES = [
     ("pydnnHandle_t", "pydnnContext"),
@@ -86,6 +102,15 @@ FUNCTIONS = [
         ("pydnnStatus_t pydnnSoftmaxBackward(pydnnHandle_t handle, pydnnSoftmaxAlgorithm_t algo, pydnnSoftmaxMode_t mode, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);", "dx = alpha * y * (dy - sum(dy * y)) + beta * dx (LOG: dy - exp(y) * sum(dy))."),
     ]),
 ]
+
+
+# descriptor arguments that may be NULL (the Python function then takes None)
+NULLABLE = {"pydnnOpTensor": ("bDesc",)}
+
+for _mod in map(importlib.import_module, FAMILY_MODULES):
+    OPAQUE_TYPES += getattr(_mod, "C_OPAQUE_TYPES", [])
+    FUNCTIONS += getattr(_mod, "C_API", [])
+    NULLABLE.update(getattr(_mod, "C_NULLABLE", {}))
 
 
 # Function-like macros of the header (cuDNN 9's status arithmetic: a status is category + specific error,

@@ -14,9 +14,9 @@ from pydnn.status import PydnnError, set_last_error
 
 from . import decl
 
-SCALAR_NAMES = {"alpha", "beta", "alpha1", "alpha2", "valuePtr"}
-# descriptor arguments that may be NULL (the Python function takes None there)
-NULLABLE = {"pydnnOpTensor": ("bDesc",)}
+# `const void *` host scalars: valuePtr and every alpha*/beta* (alpha1, alphaDataDiff, betaParamDiff, ...)
+_SCALAR = re.compile(r"^(alpha|beta)[A-Za-z0-9]*$|^valuePtr$")
+NULLABLE = decl.NULLABLE
 OPAQUE = {t for t, _ in decl.OPAQUE_TYPES}
 _PROTO = re.compile(r"^(?P<ret>.*?)\b(?P<name>pydnn\w+)\((?P<params>.*)\);$")
 
@@ -46,7 +46,7 @@ def parse(proto):
         if base in OPAQUE:
             kind = "obj_out" if stars else "obj_in"
         elif base == "void":
-            kind = "scalar" if name in SCALAR_NAMES else "devptr"
+            kind = "scalar" if _SCALAR.match(name) else "devptr"
         elif array:
             kind = "arr_in" if is_const else "arr_out"
         elif stars:
