@@ -1,14 +1,671 @@
-"""Pooling (cudnnPooling*, adaptive and global pooling extensions).
+"""Pooling: cudnnCreate/Set/Get/DestroyPoolingDescriptor (2d and Nd), cudnnGetPooling{2d,Nd}ForwardOutputDim,
+cudnnPoolingForward, cudnnPoolingBackward; pydnn extensions pydnnAdaptivePoolingForward / Backward and
+pydnnGlobalAveragePoolingForward / Backward (kernels in ptx/pooling.cu).
 
-Not yet implemented: this module is the family's place in the package (kernel units, Python API under
-__all__, C declarations in C_API), filled in by its issue."""
+Modes: MAX, MAX_DETERMINISTIC, AVERAGE_COUNT_INCLUDE_PADDING, AVERAGE_COUNT_EXCLUDE_PADDING; 1, 2 or 3
+spatial dims (tensors N, C, spatial...), any window / stride / padding (padding < window), any strides
+(NCHW, NHWC, gaps), float / double / half / bfloat16 (float arithmetic for the 16-bit types).
 
-__all__ = []
+    forward   y  = alpha * pool(x) + beta * y          pooled dim = 1 + (in + 2 * pad - window) // stride
+    backward  dx = alpha * dpool(x, dy) + beta * dx    (max pooling: y must be the forward's output for
+                                                        this x, with alpha 1 and beta 0, as with cuDNN)
 
-C_API = []            # [(family title, [(C prototype, one-line description), ...])]
-C_OPAQUE_TYPES = []   # [(typedef name, struct name)]
-C_NULLABLE = {}       # {C function: (descriptor args that may be NULL)}
+Max pooling's element in a window (its value forward, where its gradient goes backward), per channel, in
+window order (d, h, w; in-bounds elements only; padding never wins):
+    PROPAGATE_NAN      the first NaN, else the FIRST element equal to the maximum
+    NOT_PROPAGATE_NAN  NaN skipped: the first element equal to the maximum of the rest; all NaN: NaN,
+                       the gradient to the window's first element.
+Backward is a gather (each dx element sums, in a fixed order, over the windows that cover it; no atomics),
+so MAX and MAX_DETERMINISTIC are one bitwise-reproducible path. Max: x[e] gets dy[o] when it is the first
+element of window o that matches y[o] (equal, or both NaN): the rule above, found by comparing x with y
+(earlier elements of the window are read only when x[e] matches: a possible tie). Averages: INCLUDE_PADDING divides by the
+window's size, EXCLUDE_PADDING by its in-bounds elements.
+
+Adaptive pooling (extension): y's spatial dims are given (any size >= 1); output o of a dim with input size
+In and output size Out pools [floor(o * In / Out), ceil((o + 1) * In / Out)), as
+torch.nn.functional.adaptive_{max,avg}_pool{1,2,3}d define it. Mode MAX / MAX_DETERMINISTIC (NaN option as
+above) or either AVERAGE (the window has no padding: both divide by its size). Global average pooling
+(extension) is adaptive average pooling to y = (N, C, 1, ...).
+
+Spatial geometry must fit 32-bit window arithmetic (in + 2 * padding + stride < 2^31, in-bounds window
+sizes < 2^31; adaptive: in * out < 2^31), else NOT_SUPPORTED.
+
+Kernels (see ptx/pooling.cu): one thread per VEC channels of one written element. VEC = 16 bytes of
+channels when the channels are contiguous (stride 1) in every operand, C % VEC == 0, every other stride a
+multiple of VEC, and (checked per call) every pointer 16-byte aligned; else VEC = 1 with threads running
+along the written tensor's innermost dim.
+"""
+import ctypes
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
+from .._cuda import driver
+from ..buffers import device_ptr
+from ..handle import check_handle
+from ..status import PydnnError, api
+from ..tensor import _int, check_tensor
+from ._elementwise import CTYPE, _SIZES
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, same_type, scalar
+
+__all__ = [
+    "PoolingDescriptor", "create_pooling_descriptor", "set_pooling2d_descriptor", "get_pooling2d_descriptor",
+    "set_pooling_nd_descriptor", "get_pooling_nd_descriptor", "destroy_pooling_descriptor",
+    "get_pooling2d_forward_output_dim", "get_pooling_nd_forward_output_dim", "pooling_forward",
+    "pooling_backward", "adaptive_pooling_forward", "adaptive_pooling_backward",
+    "global_average_pooling_forward", "global_average_pooling_backward",
+]
+
+_T = "pydnnTensorDescriptor_t"
+C_OPAQUE_TYPES = [("pydnnPoolingDescriptor_t", "pydnnPoolingStruct")]
+C_NULLABLE = {}
+C_API = [("Pooling (adaptive and global average pooling are pydnn extensions)", [
+    ("pydnnStatus_t pydnnCreatePoolingDescriptor(pydnnPoolingDescriptor_t *poolingDesc);",
+     "A new pooling descriptor, unset until a Set call."),
+    ("pydnnStatus_t pydnnSetPooling2dDescriptor(pydnnPoolingDescriptor_t poolingDesc, pydnnPoolingMode_t mode, "
+     "pydnnNanPropagation_t maxpoolingNanOpt, int windowHeight, int windowWidth, int verticalPadding, "
+     "int horizontalPadding, int verticalStride, int horizontalStride);",
+     "2-d pooling: window > 0, stride > 0, 0 <= padding < window; max pooling takes the first maximum."),
+    ("pydnnStatus_t pydnnGetPooling2dDescriptor(const pydnnPoolingDescriptor_t poolingDesc, pydnnPoolingMode_t *mode, "
+     "pydnnNanPropagation_t *maxpoolingNanOpt, int *windowHeight, int *windowWidth, int *verticalPadding, "
+     "int *horizontalPadding, int *verticalStride, int *horizontalStride);",
+     "Mode, NaN option, window, padding and stride of a 2-d pooling descriptor."),
+    ("pydnnStatus_t pydnnSetPoolingNdDescriptor(pydnnPoolingDescriptor_t poolingDesc, const pydnnPoolingMode_t mode, "
+     "const pydnnNanPropagation_t maxpoolingNanOpt, int nbDims, const int windowDimA[], const int paddingA[], "
+     "const int strideA[]);",
+     "1- to 3-d pooling (nbDims spatial dims), checked as the 2-d form."),
+    ("pydnnStatus_t pydnnGetPoolingNdDescriptor(const pydnnPoolingDescriptor_t poolingDesc, int nbDimsRequested, "
+     "pydnnPoolingMode_t *mode, pydnnNanPropagation_t *maxpoolingNanOpt, int *nbDims, int windowDimA[], "
+     "int paddingA[], int strideA[]);",
+     "Mode, NaN option, spatial dim count and the first nbDimsRequested window, padding and stride entries."),
+    ("pydnnStatus_t pydnnDestroyPoolingDescriptor(pydnnPoolingDescriptor_t poolingDesc);",
+     "Release a pooling descriptor (NULL: nothing to do)."),
+    ("pydnnStatus_t pydnnGetPooling2dForwardOutputDim(const pydnnPoolingDescriptor_t poolingDesc, "
+     "const pydnnTensorDescriptor_t inputTensorDesc, int *n, int *c, int *h, int *w);",
+     "Pooled dims of a 4-d input: 1 + (in + 2 * padding - window) / stride (BAD_PARAM if the window is larger "
+     "than the padded input)."),
+    ("pydnnStatus_t pydnnGetPoolingNdForwardOutputDim(const pydnnPoolingDescriptor_t poolingDesc, "
+     "const pydnnTensorDescriptor_t inputTensorDesc, int nbDims, int outputTensorDimA[]);",
+     "Pooled dims of an input of nbDims dims (N, C, spatial...)."),
+    ("pydnnStatus_t pydnnPoolingForward(pydnnHandle_t handle, const pydnnPoolingDescriptor_t poolingDesc, "
+     "const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, "
+     "const pydnnTensorDescriptor_t yDesc, void *y);",
+     "y = alpha * pool(x) + beta * y; y's dims must be the pooled dims."),
+    ("pydnnStatus_t pydnnPoolingBackward(pydnnHandle_t handle, const pydnnPoolingDescriptor_t poolingDesc, "
+     "const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, "
+     "const void *dy, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, "
+     "const pydnnTensorDescriptor_t dxDesc, void *dx);",
+     "dx = alpha * (gradient of pool at x applied to dy) + beta * dx; deterministic, max to the window's first maximum (y: the forward's output)."),
+    ("pydnnStatus_t pydnnAdaptivePoolingForward(pydnnHandle_t handle, pydnnPoolingMode_t mode, "
+     "pydnnNanPropagation_t maxpoolingNanOpt, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, "
+     "const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);",
+     "Extension: max or average pooling to y's spatial dims; window o = [floor(o*in/out), ceil((o+1)*in/out))."),
+    ("pydnnStatus_t pydnnAdaptivePoolingBackward(pydnnHandle_t handle, pydnnPoolingMode_t mode, "
+     "pydnnNanPropagation_t maxpoolingNanOpt, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, "
+     "const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t xDesc, const void *x, "
+     "const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);",
+     "Extension: backward of pydnnAdaptivePoolingForward (deterministic gather; max reads y as the forward's output)."),
+    ("pydnnStatus_t pydnnGlobalAveragePoolingForward(pydnnHandle_t handle, const void *alpha, "
+     "const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, "
+     "void *y);",
+     "Extension: y (N, C, 1, ...) = alpha * mean of x over its spatial dims + beta * y."),
+    ("pydnnStatus_t pydnnGlobalAveragePoolingBackward(pydnnHandle_t handle, const void *alpha, "
+     "const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dxDesc, "
+     "void *dx);",
+     "Extension: dx = alpha * dy / (spatial size of dx) + beta * dx, dy being (N, C, 1, ...)."),
+])]
+
+MODES = (E.PYDNN_POOLING_MAX, E.PYDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+         E.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, E.PYDNN_POOLING_MAX_DETERMINISTIC)
+NAN_OPTS = (E.PYDNN_NOT_PROPAGATE_NAN, E.PYDNN_PROPAGATE_NAN)
+
+# PYDNN_POOL_MODE_* and PYDNN_POOL_FLAG_* in ptx/pooling_params.h
+KMODE = {E.PYDNN_POOLING_MAX: 0, E.PYDNN_POOLING_MAX_DETERMINISTIC: 0,
+         E.PYDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING: 1, E.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING: 2}
+KMODE_MAX, KMODE_AVG_EXCLUDE = 0, 2
+FLAG_ADAPTIVE, FLAG_IDX32 = 4, 8
+THREADS = 256                       # kThreads
+MAX_GRID = 2**31 - 1                # the kernels loop over items past the grid
+MAX_SPATIAL = 3
+
+
+@kernel_params("pooling_params.h", "PoolParams")
+class PoolParams(ctypes.Structure):
+    _fields_ = [
+        ("out", ctypes.c_void_p), ("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("y", ctypes.c_void_p),
+        ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+        ("total", ctypes.c_longlong), ("mode", ctypes.c_int), ("flags", ctypes.c_uint),
+        ("size", ctypes.c_longlong * 5), ("div", ctypes.c_longlong * 5),
+        ("os", ctypes.c_longlong * 5), ("xs", ctypes.c_longlong * 5), ("ps", ctypes.c_longlong * 5),
+        ("ys", ctypes.c_longlong * 5),
+        ("in_dim", ctypes.c_longlong * 3), ("out_dim", ctypes.c_longlong * 3), ("win", ctypes.c_longlong * 3),
+        ("pad", ctypes.c_longlong * 3), ("stride", ctypes.c_longlong * 3),
+    ]
+
+
+# ----------------------------------------------------------------------------- kernel variants
+
+def _vec(tag):
+    return 16 // _SIZES[tag]
+
+
+def _expr(kernel, tag, vec):
+    """kernel: fwd_max, fwd_avg, bwd_max or bwd_avg (max: MAX modes; avg: the averages)."""
+    d, m = kernel.split("_")
+    return f"pydnn::pooling::{d}<{CTYPE[tag]}, {vec}, {'true' if m == 'max' else 'false'}>"
+
+
+KERNELS = ("fwd_max", "fwd_avg", "bwd_max", "bwd_avg")
 
 
 def kernel_units():
-    return []
+    return [KernelUnit(f"pooling.{t}", "pooling.cu", tuple(_expr(k, t, v) for k in KERNELS for v in (_vec(t), 1)))
+            for t in FLOAT_TAGS]
+
+
+# ----------------------------------------------------------------------------- descriptor
+
+class PoolingDescriptor:
+    """cudnnPoolingDescriptor_t: mode, NaN option, and per spatial dim window, padding and stride."""
+
+    __slots__ = ("mode", "nan_opt", "window", "padding", "stride", "is_set", "alive", "version", "__weakref__")
+
+    def __init__(self):
+        self.mode, self.nan_opt = E.PYDNN_POOLING_MAX, E.PYDNN_NOT_PROPAGATE_NAN
+        self.window, self.padding, self.stride = (), (), ()
+        self.is_set, self.alive, self.version = False, True, 0
+
+    def __repr__(self):
+        return (f"PoolingDescriptor(mode={self.mode}, nan={self.nan_opt}, window={self.window}, "
+                f"padding={self.padding}, stride={self.stride})")
+
+
+def _live(desc, name="poolingDesc"):
+    if type(desc) is not PoolingDescriptor or not desc.alive:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: not a live pooling descriptor")
+    return desc
+
+
+def _set_desc(desc, name="poolingDesc"):
+    _live(desc, name)
+    if not desc.is_set:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: descriptor was never set")
+    return desc
+
+
+def _checked_geometry(names, windows, paddings, strides):
+    """(window, padding, stride) tuples, every entry checked; names[k] = (window, padding, stride) names."""
+    out = ([], [], [])
+    for (wn, pn, sn), w, p, s in zip(names, windows, paddings, strides):
+        w, p, s = _int(wn, w), _int(pn, p), _int(sn, s)
+        if not 0 < w < 1 << 31:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{wn}: {w} must be positive")
+        if not 0 < s < 1 << 31:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{sn}: {s} must be positive")
+        if p < 0:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{pn}: {p} must not be negative")
+        if p >= w:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{pn}: {p} must be smaller than the window ({wn} = {w})")
+        for lst, v in zip(out, (w, p, s)):
+            lst.append(v)
+    return tuple(map(tuple, out))
+
+
+def _assign(desc, mode, nan_opt, geometry):
+    desc.mode, desc.nan_opt = mode, nan_opt
+    desc.window, desc.padding, desc.stride = geometry
+    desc.is_set = True
+    desc.version += 1
+
+
+def _mode_nan(mode, nan_opt):
+    return (enum_arg("mode", mode, MODES, "pydnnPoolingMode_t"),
+            enum_arg("maxpoolingNanOpt", nan_opt, NAN_OPTS, "pydnnNanPropagation_t"))
+
+
+@api
+def create_pooling_descriptor():
+    """cudnnCreatePoolingDescriptor."""
+    return PoolingDescriptor()
+
+
+@api
+def set_pooling2d_descriptor(pooling_desc, mode, maxpooling_nan_opt, window_height, window_width, vertical_padding,
+                             horizontal_padding, vertical_stride, horizontal_stride):
+    """cudnnSetPooling2dDescriptor. BAD_PARAM: a window or stride not positive, a padding negative or not
+    smaller than its window, a mode or NaN option that is not an enum value."""
+    _live(pooling_desc)
+    m, n = _mode_nan(mode, maxpooling_nan_opt)
+    names = (("windowHeight", "verticalPadding", "verticalStride"),
+             ("windowWidth", "horizontalPadding", "horizontalStride"))
+    g = _checked_geometry(names, (window_height, window_width), (vertical_padding, horizontal_padding),
+                          (vertical_stride, horizontal_stride))
+    _assign(pooling_desc, m, n, g)
+
+
+@api
+def get_pooling2d_descriptor(pooling_desc):
+    """cudnnGetPooling2dDescriptor -> (mode, maxpoolingNanOpt, windowHeight, windowWidth, verticalPadding,
+    horizontalPadding, verticalStride, horizontalStride)."""
+    d = _set_desc(pooling_desc)
+    if len(d.window) != 2:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"poolingDesc: has {len(d.window)} spatial dims, not 2")
+    return (d.mode, d.nan_opt, *d.window, *d.padding, *d.stride)
+
+
+def _int_list(name, seq, nb):
+    try:
+        seq = list(seq)
+    except TypeError:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a sequence of {nb} integers") from None
+    if len(seq) < nb:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: has {len(seq)} entries, nbDims is {nb}")
+    return seq[:nb]
+
+
+@api
+def set_pooling_nd_descriptor(pooling_desc, mode, maxpooling_nan_opt, nb_dims, window_dim_a, padding_a, stride_a):
+    """cudnnSetPoolingNdDescriptor: nbDims spatial dims in [1, 3]; each checked as the 2-d form."""
+    _live(pooling_desc)
+    m, n = _mode_nan(mode, maxpooling_nan_opt)
+    nb = _int("nbDims", nb_dims)
+    if not 1 <= nb <= MAX_SPATIAL:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"nbDims: {nb} spatial dims; pooling takes 1 to {MAX_SPATIAL}")
+    w, p, s = (_int_list(nm, a, nb) for nm, a in (("windowDimA", window_dim_a), ("paddingA", padding_a),
+                                                    ("strideA", stride_a)))
+    names = [(f"windowDimA[{i}]", f"paddingA[{i}]", f"strideA[{i}]") for i in range(nb)]
+    _assign(pooling_desc, m, n, _checked_geometry(names, w, p, s))
+
+
+@api
+def get_pooling_nd_descriptor(pooling_desc, nb_dims_requested):
+    """cudnnGetPoolingNdDescriptor -> (mode, maxpoolingNanOpt, nbDims, windowDimA, paddingA, strideA), the
+    lists cut to nbDimsRequested entries."""
+    d = _set_desc(pooling_desc)
+    req = _int("nbDimsRequested", nb_dims_requested)
+    if req < 0:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"nbDimsRequested: {req} is negative")
+    return d.mode, d.nan_opt, len(d.window), list(d.window[:req]), list(d.padding[:req]), list(d.stride[:req])
+
+
+@api
+def destroy_pooling_descriptor(pooling_desc):
+    """cudnnDestroyPoolingDescriptor (None: nothing to do)."""
+    if pooling_desc is None:
+        return
+    _live(pooling_desc).alive = False
+    pooling_desc.version += 1
+
+
+# ----------------------------------------------------------------------------- output dims
+
+def pooled_dims(pd, x_desc, name):
+    """The pooled dims of x (N, C, spatial...) under descriptor pd, or BAD_PARAM naming `name`."""
+    check_tensor(x_desc, name)
+    nsp, dims = len(pd.window), x_desc.dims
+    if len(dims) != nsp + 2:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{name}: has {len(dims)} dims; a {nsp}-d pooling takes {nsp + 2} (N, C, spatial...)")
+    out = list(dims[:2])
+    for k, (n, w, p, s) in enumerate(zip(dims[2:], pd.window, pd.padding, pd.stride)):
+        if w > n + 2 * p:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"{name}: dim {k + 2} ({n}, padded by 2 * {p}) is smaller than the window ({w})")
+        out.append(1 + (n + 2 * p - w) // s)
+    return tuple(out)
+
+
+@api
+def get_pooling2d_forward_output_dim(pooling_desc, input_tensor_desc):
+    """cudnnGetPooling2dForwardOutputDim -> (n, c, h, w)."""
+    pd = _set_desc(pooling_desc)
+    if len(pd.window) != 2:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"poolingDesc: has {len(pd.window)} spatial dims, not 2")
+    return pooled_dims(pd, input_tensor_desc, "inputTensorDesc")
+
+
+@api
+def get_pooling_nd_forward_output_dim(pooling_desc, input_tensor_desc, nb_dims):
+    """cudnnGetPoolingNdForwardOutputDim -> outputTensorDimA (nbDims entries: the input's dim count)."""
+    pd = _set_desc(pooling_desc)
+    dims = pooled_dims(pd, input_tensor_desc, "inputTensorDesc")
+    nb = _int("nbDims", nb_dims)
+    if nb != len(dims):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"nbDims: {nb} differs from inputTensorDesc's {len(dims)} dims")
+    return list(dims)
+
+
+# ----------------------------------------------------------------------------- planning
+
+def _five(desc):
+    """(dims, strides) as the kernels' 5 logical dims n, c, d, h, w (missing spatial dims: size 1, stride 0)."""
+    pad = 5 - len(desc.dims)
+    return (desc.dims[:2] + (1,) * pad + desc.dims[2:]), (desc.strides[:2] + (0,) * pad + desc.strides[2:])
+
+
+def _spatial3(values, fill):
+    return (fill,) * (3 - len(values)) + tuple(values)
+
+
+class _Launch:
+    __slots__ = ("vec", "expr", "params", "argv", "grid", "func")
+
+
+class _Plan:
+    """launches[0] when every pointer is 16-byte aligned (or there is only one), else launches[-1]."""
+
+    __slots__ = ("launches", "need", "unit", "itemsize")
+
+
+def _vec_ok(vec, descs):
+    """16-byte channel vectors work for these operands (pointer alignment is checked per call)."""
+    c = descs[0].dims[1]
+    if vec == 1 or c % vec:
+        return False
+    for d in descs:
+        dims, strides = _five(d)
+        if strides[1] != 1 or any(s % vec for k, (n, s) in enumerate(zip(dims, strides)) if k != 1 and n > 1):
+            return False
+    return True
+
+
+def _params(kmode, flags, out_desc, x_desc, p_desc, y_desc, geometry, vec):
+    """The kernel parameters, pointers and scalars left for the call. geometry = (in, out, win, pad, stride),
+    each 3 long (spatial d, h, w)."""
+    p = PoolParams()
+    p.mode, p.flags = kmode, flags
+    odims, ostr = _five(out_desc)
+    size = list(odims)
+    size[1] //= vec
+    # threads run fastest along the written tensor's innermost dim (ties: the channel first)
+    order = sorted(range(5), key=lambda k: (ostr[k] if odims[k] > 1 else 1 << 62, k != 1))
+    acc = 1
+    for k in order:
+        p.div[k] = acc
+        acc *= size[k]
+    p.total = acc
+    if acc < 2**32:
+        p.flags |= FLAG_IDX32
+    for k in range(5):
+        p.size[k], p.os[k] = size[k], ostr[k]
+        p.xs[k] = _five(x_desc)[1][k]
+        p.ps[k] = _five(p_desc)[1][k] if p_desc is not None else 0
+        p.ys[k] = _five(y_desc)[1][k] if y_desc is not None else 0
+    for field, vals in zip(("in_dim", "out_dim", "win", "pad", "stride"), geometry):
+        arr = getattr(p, field)
+        for k in range(3):
+            arr[k] = vals[k]
+    return p
+
+
+def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None):
+    """Validated descriptors -> _Plan (no kernel loaded). Backward: out = dx, p = dy, y = y; forward: out = y.
+    pl.need: span bytes of out, x, then (backward) dy and y."""
+    tag = TAG[out_desc.dtype]
+    kernel = ("fwd_" if p_desc is None else "bwd_") + ("max" if kmode == KMODE_MAX else "avg")
+    descs = [d for d in (out_desc, x_desc, p_desc, y_desc) if d is not None]
+    vecs = ([_vec(tag)] if _vec_ok(_vec(tag), descs) else []) + [1]
+    pl = _Plan()
+    pl.launches = []
+    for v in vecs:
+        lc = _Launch()
+        lc.vec, lc.expr = v, _expr(kernel, tag, v)
+        lc.params = _params(kmode, flags, out_desc, x_desc, p_desc, y_desc, geometry, v)
+        lc.grid = (max(1, min(-(-lc.params.total // THREADS), MAX_GRID)), 1, 1)
+        lc.argv = driver.kernel_args(lc.params)
+        lc.func = None
+        pl.launches.append(lc)
+    pl.need = tuple(d.span_bytes() for d in descs)
+    pl.unit = f"pooling.{tag}"
+    pl.itemsize = _SIZES[tag]
+    return pl
+
+
+def _check32(geometry, adaptive, name):
+    """The kernels compute windows in 32-bit ints (pooling_params.h): NOT_SUPPORTED beyond that."""
+    ins, outs, win, pad, stride = geometry
+    extent = 1
+    for n, o, w, p, s in zip(ins, outs, win, pad, stride):
+        big = n * o if adaptive else n + 2 * p + s
+        extent *= n if adaptive else min(w, n)
+        if big >= 2**31 or extent >= 2**31:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                             f"{name}: spatial dims {ins} with pooled dims {outs} exceed the kernels' 32-bit "
+                             "window arithmetic")
+    return geometry
+
+
+def _pool_geometry(pd, x_desc, y_desc):
+    return (_spatial3(x_desc.dims[2:], 1), _spatial3(y_desc.dims[2:], 1), _spatial3(pd.window, 1),
+            _spatial3(pd.padding, 0), _spatial3(pd.stride, 1))
+
+
+def _adaptive_geometry(x_desc, y_desc):
+    return (_spatial3(x_desc.dims[2:], 1), _spatial3(y_desc.dims[2:], 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+
+
+def plan_summary(handle, out_desc, x_desc, p_desc=None, kmode=KMODE_MAX, flags=0, geometry=None):
+    """For tests: [(expr, vec, total, grid, size, div) per launch, vector launch first]. Loads no kernel."""
+    pl = _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry or _adaptive_geometry(x_desc, out_desc),
+               p_desc)
+    return [(lc.expr, lc.vec, lc.params.total, lc.grid[0], tuple(lc.params.size), tuple(lc.params.div))
+            for lc in pl.launches]
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _float_same(named):
+    first, fname = named[0]
+    for d, n in named:
+        float_tensor(d, n)
+    for d, n in named[1:]:
+        same_type(first, fname, d, n)
+
+
+def _dims_equal(a, an, b, bn, what="dims"):
+    if a.dims != b.dims:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{bn}: dims {b.dims} differ from {an} {what} {a.dims}")
+
+
+def _pooled_pair(x_desc, xn, y_desc, yn):
+    """x and y: N, C, 1 to 3 spatial dims, same N and C (the adaptive and global forms)."""
+    if not 3 <= len(x_desc.dims) <= 5:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{xn}: has {len(x_desc.dims)} dims; pooling takes 3 to 5 (N, C, 1 to 3 spatial)")
+    if len(y_desc.dims) != len(x_desc.dims) or y_desc.dims[:2] != x_desc.dims[:2]:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{yn}: dims {y_desc.dims} do not pool {xn} dims {x_desc.dims} (same N, C and dim count)")
+
+
+def _validate_fwd(kind, pd, x_desc, y_desc):
+    """kind: 'pool' (pd a descriptor), 'adaptive', 'global'. -> geometry."""
+    _float_same([(x_desc, "xDesc"), (y_desc, "yDesc")])
+    if kind == "pool":
+        want = pooled_dims(pd, x_desc, "xDesc")
+        if y_desc.dims != want:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"yDesc: dims {y_desc.dims} differ from the pooled dims {want} of xDesc")
+        geometry = _check32(_pool_geometry(pd, x_desc, y_desc), False, "xDesc")
+    else:
+        _pooled_pair(x_desc, "xDesc", y_desc, "yDesc")
+        if kind == "global" and any(n != 1 for n in y_desc.dims[2:]):
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"yDesc: dims {y_desc.dims}: global pooling gives spatial dims of 1")
+        geometry = _check32(_adaptive_geometry(x_desc, y_desc), True, "xDesc")
+    output_tensor(y_desc, "yDesc")
+    return geometry
+
+
+def _validate_bwd(kind, pd, y_desc, dy_desc, x_desc, dx_desc):
+    named = [(d, n) for d, n in ((y_desc, "yDesc"), (dy_desc, "dyDesc"), (x_desc, "xDesc"), (dx_desc, "dxDesc"))
+             if d is not None]
+    _float_same(named)
+    if y_desc is not None:
+        _dims_equal(y_desc, "yDesc", dy_desc, "dyDesc")
+    if x_desc is not None:
+        _dims_equal(x_desc, "xDesc", dx_desc, "dxDesc")
+    if kind == "pool":
+        want = pooled_dims(pd, dx_desc, "dxDesc")
+        if dy_desc.dims != want:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"dyDesc: dims {dy_desc.dims} differ from the pooled dims {want} of dxDesc")
+        geometry = _check32(_pool_geometry(pd, dx_desc, dy_desc), False, "dxDesc")
+    else:
+        _pooled_pair(dx_desc, "dxDesc", dy_desc, "dyDesc")
+        if kind == "global" and any(n != 1 for n in dy_desc.dims[2:]):
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"dyDesc: dims {dy_desc.dims}: global pooling gives spatial dims of 1")
+        geometry = _check32(_adaptive_geometry(dx_desc, dy_desc), True, "dxDesc")
+    output_tensor(dx_desc, "dxDesc")
+    return geometry
+
+
+# ----------------------------------------------------------------------------- launch
+
+def _key(tag, *objs):
+    """The handle's cache key for a call, or None when an argument is not what a key can hold."""
+    key = ("pooling", tag) + tuple((o, getattr(o, "version", None)) for o in objs)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _element_aligned(ptr, name, itemsize):
+    if ptr % itemsize:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
+    return ptr
+
+
+def _prepare(handle, key, build, buffers):
+    """The cached plan for `key`, or build() -> plan with its kernels looked up (after pointer checks)."""
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is None:
+        pl = build()
+        for (buf, name), need in zip(buffers, pl.need):  # pointer errors before any kernel is loaded
+            _element_aligned(device_ptr(buf, name, need), name, pl.itemsize)
+        for lc in pl.launches:
+            lc.func = handle.function(pl.unit, lc.expr)
+        if key is not None:
+            handle.remember(key, pl)
+    return pl
+
+
+def _run(handle, pl, ptrs, names, alpha, beta):
+    """ptrs: (out, x[, dy, y]) already resolved."""
+    for q, n in zip(ptrs, names):
+        _element_aligned(q, n, pl.itemsize)
+    lc = pl.launches[0] if len(pl.launches) == 1 or all((q & 15) == 0 for q in ptrs) else pl.launches[-1]
+    p = lc.params
+    p.out, p.x = ptrs[0], ptrs[1]
+    p.dy = ptrs[2] if len(ptrs) > 2 else None
+    p.y = ptrs[3] if len(ptrs) > 3 else None
+    p.alpha, p.beta = alpha, beta
+    p.flags = (p.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
+    driver.launch_args(lc.func, lc.grid, (THREADS, 1, 1), 0, handle.cu_stream, lc.argv)
+
+
+def _nan_flag(mode, nan_opt):
+    return FLAG_NAN_PROP if KMODE[mode] == KMODE_MAX and nan_opt == E.PYDNN_PROPAGATE_NAN else 0
+
+
+def _forward(handle, kind, key, mode, nan_opt, pd, alpha, x_desc, x, beta, y_desc, y):
+    def build():
+        geometry = _validate_fwd(kind, pd, x_desc, y_desc)
+        kmode = KMODE[mode] if kind == "pool" else (KMODE_MAX if KMODE[mode] == KMODE_MAX else KMODE_AVG_EXCLUDE)
+        flags = _nan_flag(mode, nan_opt) | (FLAG_ADAPTIVE if kind != "pool" else 0)
+        return _plan(handle, kmode, flags, y_desc, x_desc, None, geometry)
+
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    pl = _prepare(handle, key, build, ((y, "y"), (x, "x")))
+    ptrs = (device_ptr(y, "y", pl.need[0]), device_ptr(x, "x", pl.need[1]))
+    _run(handle, pl, ptrs, ("y", "x"), al, be)
+
+
+def _backward(handle, kind, key, mode, nan_opt, pd, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta, dx_desc, dx):
+    """Max reads x and y (x[e] is matched against y); averages read dy only (x and y, when given, are
+    checked but the kernel takes dy's pointer in their place)."""
+    is_max = KMODE[mode] == KMODE_MAX
+
+    def build():
+        geometry = _validate_bwd(kind, pd, y_desc, dy_desc, x_desc, dx_desc)
+        for d, b, n in ((y_desc, y, "y"), (x_desc, x, "x")):
+            if d is not None:
+                device_ptr(b, n, d.span_bytes())
+        kmode = KMODE[mode] if kind == "pool" else (KMODE_MAX if is_max else KMODE_AVG_EXCLUDE)
+        flags = _nan_flag(mode, nan_opt) | (FLAG_ADAPTIVE if kind != "pool" else 0)
+        xd, yd = (x_desc, y_desc) if is_max else (dy_desc, dy_desc)
+        return _plan(handle, kmode, flags, dx_desc, xd, dy_desc, geometry, yd)
+
+    if is_max:
+        bufs = ((dx, "dx"), (x, "x"), (dy, "dy"), (y, "y"))
+    else:
+        bufs = ((dx, "dx"), (dy, "dy"), (dy, "dy"), (dy, "dy"))
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    pl = _prepare(handle, key, build, bufs)
+    ptrs = tuple(device_ptr(b, n, need) for (b, n), need in zip(bufs, pl.need))
+    _run(handle, pl, ptrs, tuple(n for _, n in bufs), al, be)
+
+
+@api
+def pooling_forward(handle, pooling_desc, alpha, x_desc, x, beta, y_desc, y):
+    """cudnnPoolingForward: y = alpha * pool(x) + beta * y. Statuses: BAD_PARAM (handle, descriptors, x's dim
+    count not the pooling's + 2, a window larger than the padded input, y dims not the pooled dims, data
+    types that differ, overlapping y, alpha / beta not numbers), BAD_PARAM_NULL_POINTER,
+    BAD_PARAM_MISALIGNED_POINTER, NOT_SUPPORTED (data types other than float, double, half, bfloat16)."""
+    check_handle(handle)
+    key = _key("fwd", pooling_desc, x_desc, y_desc)
+    pd = pooling_desc if key is not None and key in handle.prepared else _set_desc(pooling_desc)
+    _forward(handle, "pool", key, pd.mode, pd.nan_opt, pd, alpha, x_desc, x, beta, y_desc, y)
+
+
+@api
+def pooling_backward(handle, pooling_desc, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta, dx_desc, dx):
+    """cudnnPoolingBackward: dx = alpha * dpool + beta * dx (deterministic gather; max: dy to each window's
+    first element matching y, which must be the forward's output). Statuses as pooling_forward, plus dims
+    that differ between y and dy or x and dx."""
+    check_handle(handle)
+    key = _key("bwd", pooling_desc, y_desc, dy_desc, x_desc, dx_desc)
+    pd = pooling_desc if key is not None and key in handle.prepared else _set_desc(pooling_desc)
+    _backward(handle, "pool", key, pd.mode, pd.nan_opt, pd, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta,
+              dx_desc, dx)
+
+
+@api
+def adaptive_pooling_forward(handle, mode, maxpooling_nan_opt, alpha, x_desc, x, beta, y_desc, y):
+    """pydnnAdaptivePoolingForward (extension): y = alpha * pool(x) + beta * y with windows
+    [floor(o * in / out), ceil((o + 1) * in / out)) per spatial dim. Statuses as pooling_forward (y must
+    have x's N, C and dim count)."""
+    check_handle(handle)
+    m, n = _mode_nan(mode, maxpooling_nan_opt)
+    _forward(handle, "adaptive", _key(("afwd", m, n), x_desc, y_desc), m, n, None, alpha, x_desc, x, beta, y_desc, y)
+
+
+@api
+def adaptive_pooling_backward(handle, mode, maxpooling_nan_opt, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta,
+                              dx_desc, dx):
+    """pydnnAdaptivePoolingBackward (extension): the gradient of adaptive_pooling_forward (deterministic)."""
+    check_handle(handle)
+    m, n = _mode_nan(mode, maxpooling_nan_opt)
+    _backward(handle, "adaptive", _key(("abwd", m, n), y_desc, dy_desc, x_desc, dx_desc), m, n, None, alpha,
+              y_desc, y, dy_desc, dy, x_desc, x, beta, dx_desc, dx)
+
+
+@api
+def global_average_pooling_forward(handle, alpha, x_desc, x, beta, y_desc, y):
+    """pydnnGlobalAveragePoolingForward (extension): y (N, C, 1, ...) = alpha * spatial mean of x + beta * y."""
+    check_handle(handle)
+    mode = E.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING
+    _forward(handle, "global", _key("gfwd", x_desc, y_desc), mode, E.PYDNN_NOT_PROPAGATE_NAN, None, alpha, x_desc,
+             x, beta, y_desc, y)
+
+
+@api
+def global_average_pooling_backward(handle, alpha, dy_desc, dy, beta, dx_desc, dx):
+    """pydnnGlobalAveragePoolingBackward (extension): dx = alpha * dy / (spatial size) + beta * dx."""
+    check_handle(handle)
+    mode = E.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING
+    _backward(handle, "global", _key("gbwd", dy_desc, dx_desc), mode, E.PYDNN_NOT_PROPAGATE_NAN, None, alpha,
+              None, None, dy_desc, dy, None, None, beta, dx_desc, dx)

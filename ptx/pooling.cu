@@ -1,0 +1,383 @@
+// Pooling forward and backward (cudnnPoolingForward / cudnnPoolingBackward and the pydnn adaptive and
+// global-average extensions); see pooling_params.h for how a problem is described. Two kernels, each a
+// template over the element type T and VEC, the channels one thread handles:
+//
+//   fwd  one thread per VEC channels of one y element: reads its window of x (VEC channels at a time, 16
+//        bytes when VEC > 1: NHWC-like layouts, channels contiguous), up to kFwdBatch loads in flight,
+//        writes y once. Overlapping windows re-read x, but those reads hit L1 / L2. Max uses the packed
+//        max instructions (max{.NaN}.bf16x2 / .f16x2 / .f32), so the words never leave their 16-bit form.
+//   bwd  one thread per VEC channels of one dx element: GATHERS from the pooled elements whose windows
+//        cover it (no atomics, no scatter), so dx is written once, in a fixed order: bitwise reproducible.
+//        Average: sum of dy * (1 / count). Max: the element receives dy of window o where it is the
+//        window's FIRST element matching y[o] (equal, or both NaN): x[e] is compared with y[o], and only on a
+//        match are the window's earlier elements scanned for an earlier match (ties are rare), then dy read.
+//
+// Max pooling's element, per channel, in window order (d, then h, then w, in-bounds elements only):
+//   PROPAGATE_NAN      the first NaN if there is one, else the first element equal to the maximum
+//   NOT_PROPAGATE_NAN  NaN elements are skipped: the first element equal to the maximum of the others;
+//                      a window of nothing but NaN gives NaN, its gradient going to its first element.
+// Forward computes exactly that value (as a packed max: +0 and -0 compare equal, so either may be stored);
+// backward finds that element by matching y (it must be the forward's output, as with cuDNN). MAX and
+// MAX_DETERMINISTIC are the same deterministic path.
+#include "common/params.h"
+#include "common/types.cuh"
+#include "pooling_params.h"
+
+namespace pydnn {
+namespace pooling {
+
+constexpr int kThreads = 256;
+constexpr int kFwdBatch = 9;   // forward: window loads in flight per thread (a 3x3 window in one go)
+constexpr int kFwdBlocks = 3;  // forward: blocks per SM the register budget must allow (85 registers)
+constexpr int kBwdBatch = 4;   // backward of max: earlier-element loads in flight while checking a tie
+constexpr int kCov = 4;        // backward: covering windows whose dy (and y) loads go out together
+constexpr int kBwdMaxBlocks = 2;  // backward of max pooling: 128 registers (no spills)
+constexpr int kBwdAvgBlocks = 4;  // backward of averages: 64 registers
+
+template <class A, class B> struct Same { static constexpr bool value = false; };
+template <class A> struct Same<A, A> { static constexpr bool value = true; };
+
+struct __align__(16) U4 { unsigned x, y, z, w; };
+
+// VEC elements of T as 32-bit words: loaded / stored in one access (16 bytes when VEC > 1), converted to
+// and from the arithmetic type A.
+template <class T, int VEC> struct Frag {
+  static constexpr int BYTES = (int)sizeof(T) * VEC;
+  static constexpr int WORDS = BYTES < 4 ? 1 : BYTES / 4;
+  unsigned w[WORDS];
+
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (BYTES == 16) {
+      const U4 q = *reinterpret_cast<const U4*>(p);
+      w[0] = q.x; w[1] = q.y; w[2] = q.z; w[3] = q.w;
+    } else if constexpr (sizeof(T) == 8) {  // one double
+      const unsigned long long q = *reinterpret_cast<const unsigned long long*>(p);
+      w[0] = (unsigned)q; w[1] = (unsigned)(q >> 32);
+    } else if constexpr (sizeof(T) == 4) {
+      w[0] = *reinterpret_cast<const unsigned*>(p);
+    } else {
+      w[0] = *reinterpret_cast<const unsigned short*>(p);
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (BYTES == 16) {
+      U4 q;
+      q.x = w[0]; q.y = w[1]; q.z = w[2]; q.w = w[3];
+      *reinterpret_cast<U4*>(p) = q;
+    } else if constexpr (sizeof(T) == 8) {
+      *reinterpret_cast<unsigned long long*>(p) = (unsigned long long)w[0] | ((unsigned long long)w[1] << 32);
+    } else if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<unsigned*>(p) = w[0];
+    } else {
+      *reinterpret_cast<unsigned short*>(p) = (unsigned short)w[0];
+    }
+  }
+  template <class A> __device__ __forceinline__ A get(int e) const {
+    if constexpr (sizeof(T) == 8) {
+      return (A)__hiloint2double((int)w[2 * e + 1], (int)w[2 * e]);
+    } else if constexpr (sizeof(T) == 4) {
+      return (A)__uint_as_float(w[e]);
+    } else {
+      T t;
+      t.bits = (unsigned short)(w[e / 2] >> (16 * (e % 2)));
+      return pydnn::load<A>(t);
+    }
+  }
+  template <class A> __device__ __forceinline__ void set(int e, A v) {
+    if constexpr (sizeof(T) == 8) {
+      const double d = (double)v;
+      w[2 * e] = (unsigned)__double2loint(d);
+      w[2 * e + 1] = (unsigned)__double2hiint(d);
+    } else if constexpr (sizeof(T) == 4) {
+      w[e] = __float_as_uint(pydnn::store<float>(v));
+    } else {
+      const unsigned b = pydnn::store<T>(v).bits;
+      if (e % 2) w[e / 2] = (w[e / 2] & 0xffffu) | (b << 16);
+      else w[e / 2] = (w[e / 2] & 0xffff0000u) | b;
+    }
+  }
+  // Element-wise max with o, in the storage type (exact): NAN_PROP: NaN if either is NaN; else fmax's rule
+  // (NaN only if both are). 16-bit words hold two elements; a VEC == 1 word's upper half is 0 in both.
+  template <bool NAN_PROP> __device__ __forceinline__ void max_with(const Frag& o) {
+#pragma unroll
+    for (int i = 0; i < WORDS; ++i) {
+      if constexpr (sizeof(T) == 2) {
+        if constexpr (Same<T, bf16_t>::value) {
+          if constexpr (NAN_PROP) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(w[i]) : "r"(w[i]), "r"(o.w[i]));
+          else asm("max.bf16x2 %0, %1, %2;" : "=r"(w[i]) : "r"(w[i]), "r"(o.w[i]));
+        } else {
+          if constexpr (NAN_PROP) asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(w[i]) : "r"(w[i]), "r"(o.w[i]));
+          else asm("max.f16x2 %0, %1, %2;" : "=r"(w[i]) : "r"(w[i]), "r"(o.w[i]));
+        }
+      } else if constexpr (sizeof(T) == 4) {
+        if constexpr (NAN_PROP) asm("max.NaN.f32 %0, %1, %2;" : "=r"(w[i]) : "r"(w[i]), "r"(o.w[i]));
+        else w[i] = __float_as_uint(fmaxf(__uint_as_float(w[i]), __uint_as_float(o.w[i])));
+      }
+    }
+    if constexpr (sizeof(T) == 8) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const double a = get<double>(e), b = o.template get<double>(e);
+        set<double>(e, NAN_PROP ? (a != a ? a : (b != b ? b : fmax(a, b))) : fmax(a, b));
+      }
+    }
+  }
+};
+
+
+// ------------------------------------------------------------------ addressing and windows
+
+// Coordinates (n, c, d, h, w) of work item `item`; c is in elements (group * VEC).
+template <int VEC>
+__device__ __forceinline__ void coords(const PoolParams& p, i64 item, i64* c) {
+  if (p.flags & PYDNN_POOL_FLAG_IDX32) {  // 32-bit division is several times cheaper
+    const unsigned it = (unsigned)item;
+#pragma unroll
+    for (int k = 0; k < PYDNN_POOL_DIMS; ++k) c[k] = (it / (unsigned)p.div[k]) % (unsigned)p.size[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < PYDNN_POOL_DIMS; ++k) c[k] = (item / p.div[k]) % p.size[k];
+  }
+  c[1] *= VEC;
+}
+
+__device__ __forceinline__ i64 offset(const long long* s, const i64* c) {
+  return c[0] * s[0] + c[1] * s[1] + c[2] * s[2] + c[3] * s[3] + c[4] * s[4];
+}
+
+// The in-bounds window [lo, hi) of pooled coordinate o along spatial dim k (32-bit: see the params).
+__device__ __forceinline__ void window(const PoolParams& p, int k, int o, int& lo, int& hi) {
+  const int in = (int)p.in_dim[k];
+  if (p.flags & PYDNN_POOL_FLAG_ADAPTIVE) {
+    const int out = (int)p.out_dim[k];
+    lo = o * in / out;
+    hi = ((o + 1) * in + out - 1) / out;
+  } else {
+    const int s = o * (int)p.stride[k] - (int)p.pad[k], win = (int)p.win[k];
+    lo = s < 0 ? 0 : s;
+    hi = s + win < in ? s + win : in;
+  }
+}
+
+// The pooled coordinates [lo, hi] whose windows along spatial dim k contain input coordinate e (lo > hi:
+// none, possible when stride > window).
+__device__ __forceinline__ void covering(const PoolParams& p, int k, int e, int& lo, int& hi) {
+  const int out = (int)p.out_dim[k];
+  if (p.flags & PYDNN_POOL_FLAG_ADAPTIVE) {
+    const int in = (int)p.in_dim[k];
+    lo = e * out / in;
+    hi = ((e + 1) * out + in - 1) / in - 1;
+  } else {
+    const int s = (int)p.stride[k], a = e + (int)p.pad[k], win = (int)p.win[k];
+    lo = a - win < 0 ? 0 : (a - win) / s + 1;
+    hi = a / s;
+  }
+  if (hi > out - 1) hi = out - 1;
+}
+
+// The first `count` elements of the window [lo, hi) in window order, from its first element `first`:
+// f(j, frag) for the j-th. Loads go BATCH at a time (all issued before any is used); a running pointer
+// walks w, wrapping to the next row / plane. f returns false to stop early (checked between batches).
+template <class T, int VEC, int BATCH, class F>
+__device__ __forceinline__ void scan(const T* first, const long long* xs, const int* lo, const int* hi, int count,
+                                     F&& f) {
+  const int nw = hi[2] - lo[2], nh = hi[1] - lo[1];
+  const i64 step_h = xs[3] - (i64)nw * xs[4], step_d = xs[2] - (i64)nh * xs[3];
+  const T* q = first;
+  int iw = 0, ih = 0;
+  for (int j0 = 0; j0 < count; j0 += BATCH) {
+    Frag<T, VEC> v[BATCH];
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {
+      if (j0 + u < count) {
+        v[u].load(q);
+        q += xs[4];
+        if (++iw == nw) {
+          iw = 0;
+          q += step_h;
+          if (++ih == nh) {
+            ih = 0;
+            q += step_d;
+          }
+        }
+      }
+    }
+    bool go = true;
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u)
+      if (j0 + u < count) go = f(j0 + u, v[u]);
+    if (!go) return;
+  }
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void store_blend(T* dst, const typename AccOf<T>::type* r, const PoolParams& p) {
+  typedef typename AccOf<T>::type A;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  Frag<T, VEC> out;
+  if (p.flags & PYDNN_FLAG_BETA) {
+    out.load(dst);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.set(e, alpha * r[e] + beta * out.template get<A>(e));
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.set(e, alpha * r[e]);
+  }
+  out.store(dst);
+}
+
+// ------------------------------------------------------------------ kernels
+
+template <class T, int VEC, bool IS_MAX>
+__global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  T* __restrict__ y = static_cast<T*>(p.out);
+  for (i64 item = (i64)blockIdx.x * kThreads + threadIdx.x; item < p.total; item += (i64)gridDim.x * kThreads) {
+    i64 c[PYDNN_POOL_DIMS];
+    int lo[3], hi[3];
+    coords<VEC>(p, item, c);
+#pragma unroll
+    for (int k = 0; k < 3; ++k) window(p, k, (int)c[2 + k], lo[k], hi[k]);
+    const T* first = x + c[0] * p.xs[0] + c[1] * p.xs[1] + lo[0] * p.xs[2] + lo[1] * p.xs[3] + lo[2] * p.xs[4];
+    const int count = (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
+    A r[VEC];
+    if constexpr (IS_MAX) {  // the host launches fwd<.., true> exactly for PYDNN_POOL_MODE_MAX
+      Frag<T, VEC> m;
+      if (p.flags & PYDNN_FLAG_NAN_PROP) {
+        scan<T, VEC, kFwdBatch>(first, p.xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
+          if (j == 0) m = v; else m.template max_with<true>(v);
+          return true;
+        });
+      } else {
+        scan<T, VEC, kFwdBatch>(first, p.xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
+          if (j == 0) m = v; else m.template max_with<false>(v);
+          return true;
+        });
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) r[e] = m.template get<A>(e);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) r[e] = A(0);
+      scan<T, VEC, kFwdBatch>(first, p.xs, lo, hi, count, [&](int, const Frag<T, VEC>& v) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r[e] += v.template get<A>(e);
+        return true;
+      });
+      const A n = p.mode == PYDNN_POOL_MODE_AVG_INCLUDE ? (A)p.win[0] * (A)p.win[1] * (A)p.win[2] : (A)count;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) r[e] /= n;
+    }
+    store_blend<T, VEC>(y + offset(p.os, c), r, p);
+  }
+}
+
+// a matches the window's output m: equal, or both NaN (a NaN output came from a NaN element)
+template <class A> __device__ __forceinline__ bool match(A a, A m) { return a == m || (a != a && m != m); }
+
+// Steps (od, oh, ow) to the next pooled element of the box [lo, hi] (inclusive), w fastest.
+__device__ __forceinline__ void next_pooled(int* o, const int* lo, const int* hi) {
+  if (++o[2] > hi[2]) {
+    o[2] = lo[2];
+    if (++o[1] > hi[1]) {
+      o[1] = lo[1];
+      ++o[0];
+    }
+  }
+}
+
+template <class T, int VEC, bool IS_MAX>
+__global__ void __launch_bounds__(kThreads, IS_MAX ? kBwdMaxBlocks : kBwdAvgBlocks) bwd(const PoolParams p) {
+  // the host launches bwd<.., true> exactly for PYDNN_POOL_MODE_MAX
+  typedef typename AccOf<T>::type A;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const T* __restrict__ dy = static_cast<const T*>(p.dy);
+  const T* __restrict__ yv = static_cast<const T*>(p.y);
+  T* __restrict__ dx = static_cast<T*>(p.out);
+  for (i64 item = (i64)blockIdx.x * kThreads + threadIdx.x; item < p.total; item += (i64)gridDim.x * kThreads) {
+    i64 c[PYDNN_POOL_DIMS];
+    int e3[3], olo[3], ohi[3];
+    coords<VEC>(p, item, c);
+    int ncov = 1;
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      e3[k] = (int)c[2 + k];
+      covering(p, k, e3[k], olo[k], ohi[k]);
+      ncov *= ohi[k] >= olo[k] ? ohi[k] - olo[k] + 1 : 0;
+    }
+    const i64 xnc = c[0] * p.xs[0] + c[1] * p.xs[1];
+    const T* gb = dy + c[0] * p.ps[0] + c[1] * p.ps[1];
+    const T* yb = yv + c[0] * p.ys[0] + c[1] * p.ys[1];
+    A xe[IS_MAX ? VEC : 1], acc[VEC];
+    if constexpr (IS_MAX) {
+      Frag<T, VEC> f;
+      f.load(x + xnc + e3[0] * p.xs[2] + e3[1] * p.xs[3] + e3[2] * p.xs[4]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) xe[e] = f.template get<A>(e);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = A(0);
+    // The covering windows in a fixed order (od, oh, ow ascending), so the sum is the same on every run;
+    // kCov at a time with their dy (and y) loads all in flight.
+    int o[3] = {olo[0], olo[1], olo[2]};
+    for (int k0 = 0; k0 < ncov; k0 += kCov) {
+      Frag<T, VEC> g[kCov], m[IS_MAX ? kCov : 1];
+      const int o0[3] = {o[0], o[1], o[2]};
+#pragma unroll
+      for (int u = 0; u < kCov; ++u) {
+        if (k0 + u < ncov) {
+          g[u].load(gb + o[0] * p.ps[2] + o[1] * p.ps[3] + o[2] * p.ps[4]);
+          if constexpr (IS_MAX) m[u].load(yb + o[0] * p.ys[2] + o[1] * p.ys[3] + o[2] * p.ys[4]);
+          next_pooled(o, olo, ohi);
+        }
+      }
+      int q[3] = {o0[0], o0[1], o0[2]};
+#pragma unroll
+      for (int u = 0; u < kCov; ++u) {
+        if (k0 + u >= ncov) break;
+        int lo[3], hi[3];
+#pragma unroll
+        for (int k = 0; k < 3; ++k) window(p, k, q[k], lo[k], hi[k]);
+        next_pooled(q, olo, ohi);
+        if constexpr (IS_MAX) {
+          A mv[VEC];
+          bool mine[VEC], any = false;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            mv[e] = m[u].template get<A>(e);
+            mine[e] = match(xe[e], mv[e]);
+            any |= mine[e];
+          }
+          if (!any) continue;
+          // a tie is possible: an earlier element of the window that matches takes the gradient
+          const int self = ((e3[0] - lo[0]) * (hi[1] - lo[1]) + (e3[1] - lo[1])) * (hi[2] - lo[2]) + (e3[2] - lo[2]);
+          const T* first = x + xnc + lo[0] * p.xs[2] + lo[1] * p.xs[3] + lo[2] * p.xs[4];
+          scan<T, VEC, kBwdBatch>(first, p.xs, lo, hi, self, [&](int, const Frag<T, VEC>& v) {
+            bool left = false;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              mine[e] = mine[e] && !match(v.template get<A>(e), mv[e]);
+              left |= mine[e];
+            }
+            return left;
+          });
+#pragma unroll
+          for (int e = 0; e < VEC; ++e)
+            if (mine[e]) acc[e] += g[u].template get<A>(e);
+        } else {
+          const A n = p.mode == PYDNN_POOL_MODE_AVG_INCLUDE
+                          ? (A)p.win[0] * (A)p.win[1] * (A)p.win[2]
+                          : (A)((hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]));
+          const A inv = A(1) / n;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[e] += g[u].template get<A>(e) * inv;
+        }
+      }
+    }
+    store_blend<T, VEC>(dx + offset(p.os, c), acc, p);
+  }
+}
+
+}  // namespace pooling
+}  // namespace pydnn
