@@ -376,6 +376,7 @@ typedef struct pydnnFilterStruct *pydnnFilterDescriptor_t;
 typedef struct pydnnActivationStruct *pydnnActivationDescriptor_t;
 typedef struct pydnnOpTensorStruct *pydnnOpTensorDescriptor_t;
 typedef struct pydnnReduceTensorStruct *pydnnReduceTensorDescriptor_t;
+typedef struct pydnnPoolingStruct *pydnnPoolingDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
@@ -497,6 +498,36 @@ pydnnStatus_t pydnnActivationBackward(pydnnHandle_t handle, pydnnActivationDescr
 pydnnStatus_t pydnnSoftmaxForward(pydnnHandle_t handle, pydnnSoftmaxAlgorithm_t algo, pydnnSoftmaxMode_t mode, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
 /* dx = alpha * y * (dy - sum(dy * y)) + beta * dx (LOG: dy - exp(y) * sum(dy)). */
 pydnnStatus_t pydnnSoftmaxBackward(pydnnHandle_t handle, pydnnSoftmaxAlgorithm_t algo, pydnnSoftmaxMode_t mode, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);
+
+/* ---- Pooling (adaptive and global average pooling are pydnn extensions) ---- */
+/* A new pooling descriptor, unset until a Set call. */
+pydnnStatus_t pydnnCreatePoolingDescriptor(pydnnPoolingDescriptor_t *poolingDesc);
+/* 2-d pooling: window > 0, stride > 0, 0 <= padding < window; max pooling takes the first maximum. */
+pydnnStatus_t pydnnSetPooling2dDescriptor(pydnnPoolingDescriptor_t poolingDesc, pydnnPoolingMode_t mode, pydnnNanPropagation_t maxpoolingNanOpt, int windowHeight, int windowWidth, int verticalPadding, int horizontalPadding, int verticalStride, int horizontalStride);
+/* Mode, NaN option, window, padding and stride of a 2-d pooling descriptor. */
+pydnnStatus_t pydnnGetPooling2dDescriptor(const pydnnPoolingDescriptor_t poolingDesc, pydnnPoolingMode_t *mode, pydnnNanPropagation_t *maxpoolingNanOpt, int *windowHeight, int *windowWidth, int *verticalPadding, int *horizontalPadding, int *verticalStride, int *horizontalStride);
+/* 1- to 3-d pooling (nbDims spatial dims), checked as the 2-d form. */
+pydnnStatus_t pydnnSetPoolingNdDescriptor(pydnnPoolingDescriptor_t poolingDesc, const pydnnPoolingMode_t mode, const pydnnNanPropagation_t maxpoolingNanOpt, int nbDims, const int windowDimA[], const int paddingA[], const int strideA[]);
+/* Mode, NaN option, spatial dim count and the first nbDimsRequested window, padding and stride entries. */
+pydnnStatus_t pydnnGetPoolingNdDescriptor(const pydnnPoolingDescriptor_t poolingDesc, int nbDimsRequested, pydnnPoolingMode_t *mode, pydnnNanPropagation_t *maxpoolingNanOpt, int *nbDims, int windowDimA[], int paddingA[], int strideA[]);
+/* Release a pooling descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyPoolingDescriptor(pydnnPoolingDescriptor_t poolingDesc);
+/* Pooled dims of a 4-d input: 1 + (in + 2 * padding - window) / stride (BAD_PARAM if the window is larger than the padded input). */
+pydnnStatus_t pydnnGetPooling2dForwardOutputDim(const pydnnPoolingDescriptor_t poolingDesc, const pydnnTensorDescriptor_t inputTensorDesc, int *n, int *c, int *h, int *w);
+/* Pooled dims of an input of nbDims dims (N, C, spatial...). */
+pydnnStatus_t pydnnGetPoolingNdForwardOutputDim(const pydnnPoolingDescriptor_t poolingDesc, const pydnnTensorDescriptor_t inputTensorDesc, int nbDims, int outputTensorDimA[]);
+/* y = alpha * pool(x) + beta * y; y's dims must be the pooled dims. */
+pydnnStatus_t pydnnPoolingForward(pydnnHandle_t handle, const pydnnPoolingDescriptor_t poolingDesc, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
+/* dx = alpha * (gradient of pool at x applied to dy) + beta * dx; deterministic, max to the window's first maximum (y: the forward's output). */
+pydnnStatus_t pydnnPoolingBackward(pydnnHandle_t handle, const pydnnPoolingDescriptor_t poolingDesc, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);
+/* Extension: max or average pooling to y's spatial dims; window o = [floor(o*in/out), ceil((o+1)*in/out)). */
+pydnnStatus_t pydnnAdaptivePoolingForward(pydnnHandle_t handle, pydnnPoolingMode_t mode, pydnnNanPropagation_t maxpoolingNanOpt, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
+/* Extension: backward of pydnnAdaptivePoolingForward (deterministic gather; max reads y as the forward's output). */
+pydnnStatus_t pydnnAdaptivePoolingBackward(pydnnHandle_t handle, pydnnPoolingMode_t mode, pydnnNanPropagation_t maxpoolingNanOpt, const void *alpha, const pydnnTensorDescriptor_t yDesc, const void *y, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);
+/* Extension: y (N, C, 1, ...) = alpha * mean of x over its spatial dims + beta * y. */
+pydnnStatus_t pydnnGlobalAveragePoolingForward(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
+/* Extension: dx = alpha * dy / (spatial size of dx) + beta * dx, dy being (N, C, 1, ...). */
+pydnnStatus_t pydnnGlobalAveragePoolingBackward(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);
 
 #ifdef __cplusplus
 }
