@@ -18,6 +18,8 @@ from . import decl
 _SCALAR = re.compile(r"^(alpha|beta)[A-Za-z0-9]*$|^valuePtr$")
 NULLABLE = decl.NULLABLE
 OPAQUE = {t for t, _ in decl.OPAQUE_TYPES}
+# struct types returned as arrays: name -> field names (a field `int reserved[3]` is left zero)
+STRUCT_FIELDS = {n: [f.split()[-1] for f in fields if "[" not in f] for n, fields in getattr(decl, "STRUCTS", [])}
 _PROTO = re.compile(r"^(?P<ret>.*?)\b(?P<name>pydnn\w+)\((?P<params>.*)\);$")
 
 _objects = {}  # address of an opaque pointer handed to C -> (its cffi handle, the Python object)
@@ -45,6 +47,10 @@ def parse(proto):
         base = typ.replace("const ", "").replace("*", "").strip()
         if base in OPAQUE:
             kind = "obj_out" if stars else "obj_in"
+        elif base in STRUCT_FIELDS and stars:  # an array of result records (length: requested*Count)
+            kind = "struct_out"
+        elif base == "void" and stars >= 2:  # `void **name`: a device address returned (GetDropoutDescriptor)
+            kind, base = "out", "void *"
         elif base == "void":
             kind = "scalar" if _SCALAR.match(name) else "devptr"
         elif array:
@@ -105,7 +111,7 @@ class Marshal:
 
     def __call__(self, *cargs):
         ffi = self.ffi
-        args, outs, ref, count = [], [], None, None
+        args, outs, ref, count, requested = [], [], None, None, 0
         scalars = []
         for (kind, base, name), a in zip(self.params, cargs):
             if kind == "obj_in":
@@ -120,8 +126,10 @@ class Marshal:
                 args.append(int(ffi.cast("uintptr_t", a)))
             elif kind == "in":
                 v = int(ffi.cast("uintptr_t", a)) if base == "cudaStream_t" else a
-                if name.startswith("nbDims"):
-                    count = a  # the length of the array arguments that follow
+                if name.startswith("requested"):
+                    requested = a  # the capacity of a struct_out array (requestedAlgoCount)
+                if name.startswith("nbDims") or name.startswith("arrayLength"):
+                    count = a  # the length of the array arguments that follow (cuDNN's convolution: arrayLength)
                 args.append(v)
             elif kind == "arr_in":
                 if a == ffi.NULL:
@@ -137,19 +145,31 @@ class Marshal:
         result = self.python_function()(*args)
         if self.c_name.startswith("pydnnDestroy") and cargs and cargs[0] != ffi.NULL:
             _objects.pop(int(ffi.cast("uintptr_t", cargs[0])), None)
-        values = [result] if len(outs) == 1 else list(result or ())
+        if any(o[0] == "struct_out" for o in outs):
+            # the Python function returns the records; the C face also writes how many (returned*Count)
+            recs = list(result)[: max(0, int(requested))]
+            values = [recs if o[0] == "struct_out" else len(recs) for o in outs]
+        else:
+            values = [result] if len(outs) == 1 else list(result or ())
         for (kind, base, name, ptr), v in zip(outs, values):
             if kind == "obj_out":
                 h = ffi.new_handle(v)
                 with _lock:
                     _objects[int(ffi.cast("uintptr_t", h))] = (h, v)
                 ffi.cast(f"{base} *", ptr)[0] = ffi.cast(base, h)
+            elif kind == "struct_out":
+                arr = ffi.cast(f"{base} *", ptr)
+                for i, rec in enumerate(v):
+                    for field, x in zip(STRUCT_FIELDS[base], rec):
+                        setattr(arr[i], field, x)
             elif kind == "arr_out":  # never more than the caller's count (nbDimsRequested) entries
                 arr = ffi.cast("int *", ptr)
                 for i, x in enumerate(list(v)[: max(0, int(count or 0))]):
                     arr[i] = x
             elif base == "cudaStream_t":
                 ffi.cast("cudaStream_t *", ptr)[0] = ffi.cast("cudaStream_t", v)
+            elif base == "void *":
+                ffi.cast("void **", ptr)[0] = ffi.cast("void *", v or 0)
             else:
                 ffi.cast(f"{base} *", ptr)[0] = v
 
