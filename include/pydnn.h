@@ -377,6 +377,7 @@ typedef struct pydnnActivationStruct *pydnnActivationDescriptor_t;
 typedef struct pydnnOpTensorStruct *pydnnOpTensorDescriptor_t;
 typedef struct pydnnReduceTensorStruct *pydnnReduceTensorDescriptor_t;
 typedef struct pydnnPoolingStruct *pydnnPoolingDescriptor_t;
+typedef struct pydnnDropoutStruct *pydnnDropoutDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
@@ -528,6 +529,26 @@ pydnnStatus_t pydnnAdaptivePoolingBackward(pydnnHandle_t handle, pydnnPoolingMod
 pydnnStatus_t pydnnGlobalAveragePoolingForward(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
 /* Extension: dx = alpha * dy / (spatial size of dx) + beta * dx, dy being (N, C, 1, ...). */
 pydnnStatus_t pydnnGlobalAveragePoolingBackward(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);
+
+/* ---- Dropout (Philox-4x32-10, counter-based: the mask is a function of seed, offset and element index) ---- */
+/* A new dropout descriptor, unset until pydnnSetDropoutDescriptor or pydnnRestoreDropoutDescriptor. */
+pydnnStatus_t pydnnCreateDropoutDescriptor(pydnnDropoutDescriptor_t *dropoutDesc);
+/* Release a dropout descriptor (NULL: nothing to do); its states buffer stays the caller's. */
+pydnnStatus_t pydnnDestroyDropoutDescriptor(pydnnDropoutDescriptor_t dropoutDesc);
+/* Bytes of the states buffer (32: seed, offset of the next forward, a block counter, a tag). */
+pydnnStatus_t pydnnDropoutGetStatesSize(pydnnHandle_t handle, size_t *sizeInBytes);
+/* Bytes of the reserve space for x: one bit per element, ceil(n / 8). */
+pydnnStatus_t pydnnDropoutGetReserveSpaceSize(pydnnTensorDescriptor_t xdesc, size_t *sizeInBytes);
+/* dropout in [0, 1]; writes seed and offset 0 into states on the handle's stream (states NULL: sets dropout only). */
+pydnnStatus_t pydnnSetDropoutDescriptor(pydnnDropoutDescriptor_t dropoutDesc, pydnnHandle_t handle, float dropout, void *states, size_t stateSizeInBytes, unsigned long long seed);
+/* Adopt a states buffer as it is (its own seed and offset); seed is only recorded for the getter. */
+pydnnStatus_t pydnnRestoreDropoutDescriptor(pydnnDropoutDescriptor_t dropoutDesc, pydnnHandle_t handle, float dropout, void *states, size_t stateSizeInBytes, unsigned long long seed);
+/* The dropout value, states buffer and seed last set. */
+pydnnStatus_t pydnnGetDropoutDescriptor(pydnnDropoutDescriptor_t dropoutDesc, pydnnHandle_t handle, float *dropout, void **states, unsigned long long *seed);
+/* y = x / (1 - p) where kept, 0 where dropped; the mask goes to reserveSpace; the states' offset advances by 1. */
+pydnnStatus_t pydnnDropoutForward(pydnnHandle_t handle, const pydnnDropoutDescriptor_t dropoutDesc, const pydnnTensorDescriptor_t xdesc, const void *x, const pydnnTensorDescriptor_t ydesc, void *y, void *reserveSpace, size_t reserveSpaceSizeInBytes);
+/* dx = dy / (1 - p) where the forward kept the element (mask from reserveSpace), 0 elsewhere. */
+pydnnStatus_t pydnnDropoutBackward(pydnnHandle_t handle, const pydnnDropoutDescriptor_t dropoutDesc, const pydnnTensorDescriptor_t dydesc, const void *dy, const pydnnTensorDescriptor_t dxdesc, void *dx, void *reserveSpace, size_t reserveSpaceSizeInBytes);
 
 #ifdef __cplusplus
 }
