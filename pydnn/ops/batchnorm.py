@@ -1,14 +1,862 @@
-"""Batch normalization (cudnnBatchNormalization*).
+"""Batch normalization: cudnnDeriveBNTensorDescriptor, cudnnBatchNormalizationForwardTraining /
+ForwardInference / Backward and the fused Ex forms (kernels in ptx/batchnorm.cu).
 
-Not yet implemented: this module is the family's place in the package (kernel units, Python API under
-__all__, C declarations in C_API), filled in by its issue."""
+Modes: PER_ACTIVATION (statistics over N, one per (C, spatial) element), SPATIAL and SPATIAL_PERSISTENT
+(over N and the spatial dims, one per channel; persistent takes the spatial kernels). x of 4 or 5 dims,
+any strides, float / double / half / bfloat16 (float arithmetic for the 16-bit types). The parameter
+tensors (scale, bias, running / saved statistics, dscale, dbias) have the dims DeriveBNTensorDescriptor
+gives, packed, in float for float / half / bfloat16 data and double for double data.
 
-__all__ = []
+    forward training   y = alpha * act((x - mean) * invstd * scale + bias [+ z]) + beta * y
+                       mean, var over the batch (biased); invstd = 1 / sqrt(var + epsilon)
+                       running = (1 - factor) * running + factor * batch, the variance unbiased
+                       (var * n / (n - 1)), as cuDNN; saved mean and invstd written when given
+    inference          y = alpha * ((x - estimatedMean) / sqrt(estimatedVariance + eps) * scale + bias)
+                       + beta * y
+    backward           dxhat = dy' * scale;  dx = alphaDataDiff * invstd * (dxhat - mean(dxhat)
+                       - xhat * mean(dxhat * xhat)) + betaDataDiff * dx
+                       dScale = alphaParamDiff * sum(dy' * xhat) + betaParamDiff * dScale, dBias likewise
+                       with sum(dy'); savedMean / savedInvVariance used when given, recomputed when NULL
+    Ex forms           bnOps BN (as above), BN_ACTIVATION (ReLU after the normalization), BN_ADD_ACTIVATION
+                       (y = relu(bn(x) + z)); backward: dy' = dy where the ReLU's input was > 0 (the mask
+                       forward kept in the reserve space), dz = alphaDataDiff * dy' + betaDataDiff * dz.
 
-C_API = []            # [(family title, [(C prototype, one-line description), ...])]
-C_OPAQUE_TYPES = []   # [(typedef name, struct name)]
-C_NULLABLE = {}       # {C function: (descriptor args that may be NULL)}
+Reserve space (Ex with an activation): one byte per element of x's span, at x's element offsets, 1 where
+the ReLU's input was positive (so backward must see an xDesc with the forward's strides). y is not read
+by BackwardEx (the mask holds what it needs). Only PYDNN_ACTIVATION_RELU is fused (NOT_SUPPORTED else).
+
+How the statistics are reduced (variance by Welford / Chan merges, see ptx/batchnorm.cu), by layout:
+  rows  the features are contiguous in every operand (NHWC SPATIAL, NCHW PER_ACTIVATION): x is a matrix
+        of `rows` x `feats`. Three kernels: stats (each block one chunk of rows: per-feature (mean, M2)
+        partials), final (per feature: merge the chunks in order; saved / running statistics; 4 constants),
+        apply (one pass writing y). 16-byte accesses when the layout and the pointers allow.
+  gen   anything else (NCHW SPATIAL among them): one block per feature reads its elements twice (stats,
+        then outputs); no memory beyond the operands. Coalesced along the contiguous reduction dims.
+The partials and constants need memory. The Ex forms use the caller's workspace
+(GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows layout, 0 for
+gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite
+(y forward, dx backward): the partials anywhere after the constants, the constants in the first bytes.
+Stream order makes this safe: stats writes partials, final reads them and writes the constants, apply
+writes every row after those holding the constants, and one last single-block `head` launch copies every
+constant to shared memory before writing the first rows. This needs an output that is packed, not
+blended (beta == 0), not overlapping the inputs, and features whose constants fit a block's shared
+memory (2048 float / 1024 double features); otherwise the call takes the gen kernels (a block per
+feature, slower for NHWC, still one kernel). Every reduction order is fixed: results are reproducible.
+Traffic of the rows path: training forward reads x twice (stats, apply; the second read mostly from DRAM
+for tensors larger than L2) and writes y once; backward reads x and dy twice and writes dx.
+"""
+import ctypes
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import kernel_params
+from .._cuda import driver
+from ..buffers import device_ptr
+from ..handle import check_handle
+from ..status import PydnnError, api
+from ..tensor import TensorDescriptor, check_tensor, packed_strides
+from . import activation as _act
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, same_shape, same_type, scalar
+from ._elementwise import CTYPE, _SIZES
+
+__all__ = [
+    "derive_bn_tensor_descriptor",
+    "batch_normalization_forward_training",
+    "batch_normalization_forward_inference",
+    "batch_normalization_backward",
+    "get_batch_normalization_forward_training_ex_workspace_size",
+    "get_batch_normalization_backward_ex_workspace_size",
+    "get_batch_normalization_training_ex_reserve_space_size",
+    "batch_normalization_forward_training_ex",
+    "batch_normalization_backward_ex",
+]
+
+_T = "const pydnnTensorDescriptor_t"
+C_API = [("Batch normalization", [
+    (f"pydnnStatus_t pydnnDeriveBNTensorDescriptor(pydnnTensorDescriptor_t derivedBnDesc, {_T} xDesc, "
+     "pydnnBatchNormMode_t mode);",
+     "Set derivedBnDesc to the scale / bias / statistics descriptor of x for mode (1xCx1x1 or 1xCxHxW, float for half data)."),
+    (f"pydnnStatus_t pydnnBatchNormalizationForwardTraining(pydnnHandle_t handle, pydnnBatchNormMode_t mode, "
+     f"const void *alpha, const void *beta, {_T} xDesc, const void *x, {_T} yDesc, void *y, "
+     f"{_T} bnScaleBiasMeanVarDesc, const void *bnScale, const void *bnBias, double exponentialAverageFactor, "
+     "void *resultRunningMean, void *resultRunningVariance, double epsilon, void *resultSaveMean, "
+     "void *resultSaveInvVariance);",
+     "y = alpha * bn(x) + beta * y with batch statistics; running statistics (unbiased variance) and saved ones when given."),
+    (f"pydnnStatus_t pydnnBatchNormalizationForwardInference(pydnnHandle_t handle, pydnnBatchNormMode_t mode, "
+     f"const void *alpha, const void *beta, {_T} xDesc, const void *x, {_T} yDesc, void *y, "
+     f"{_T} bnScaleBiasMeanVarDesc, const void *bnScale, const void *bnBias, const void *estimatedMean, "
+     "const void *estimatedVariance, double epsilon);",
+     "y = alpha * ((x - mean) / sqrt(var + epsilon) * scale + bias) + beta * y."),
+    (f"pydnnStatus_t pydnnBatchNormalizationBackward(pydnnHandle_t handle, pydnnBatchNormMode_t mode, "
+     "const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, "
+     f"{_T} xDesc, const void *x, {_T} dyDesc, const void *dy, {_T} dxDesc, void *dx, {_T} dBnScaleBiasDesc, "
+     "const void *bnScale, void *dBnScaleResult, void *dBnBiasResult, double epsilon, const void *savedMean, "
+     "const void *savedInvVariance);",
+     "dx, dScale, dBias with alpha / beta blending; savedMean / savedInvVariance NULL: statistics recomputed."),
+    (f"pydnnStatus_t pydnnGetBatchNormalizationForwardTrainingExWorkspaceSize(pydnnHandle_t handle, "
+     f"pydnnBatchNormMode_t mode, pydnnBatchNormOps_t bnOps, {_T} xDesc, {_T} zDesc, {_T} yDesc, "
+     f"{_T} bnScaleBiasMeanVarDesc, const pydnnActivationDescriptor_t activationDesc, size_t *sizeInBytes);",
+     "Workspace bytes of pydnnBatchNormalizationForwardTrainingEx (zDesc / activationDesc may be NULL when unused)."),
+    (f"pydnnStatus_t pydnnGetBatchNormalizationBackwardExWorkspaceSize(pydnnHandle_t handle, "
+     f"pydnnBatchNormMode_t mode, pydnnBatchNormOps_t bnOps, {_T} xDesc, {_T} yDesc, {_T} dyDesc, "
+     f"{_T} dzDesc, {_T} dxDesc, {_T} dBnScaleBiasDesc, const pydnnActivationDescriptor_t activationDesc, "
+     "size_t *sizeInBytes);",
+     "Workspace bytes of pydnnBatchNormalizationBackwardEx."),
+    ("pydnnStatus_t pydnnGetBatchNormalizationTrainingExReserveSpaceSize(pydnnHandle_t handle, "
+     "pydnnBatchNormMode_t mode, pydnnBatchNormOps_t bnOps, const pydnnActivationDescriptor_t activationDesc, "
+     f"{_T} xDesc, size_t *sizeInBytes);",
+     "Reserve-space bytes forward training Ex writes and backward Ex reads (the ReLU mask: one byte per element of x's span)."),
+    (f"pydnnStatus_t pydnnBatchNormalizationForwardTrainingEx(pydnnHandle_t handle, pydnnBatchNormMode_t mode, "
+     f"pydnnBatchNormOps_t bnOps, const void *alpha, const void *beta, {_T} xDesc, const void *xData, "
+     f"{_T} zDesc, const void *zData, {_T} yDesc, void *yData, {_T} bnScaleBiasMeanVarDesc, "
+     "const void *bnScale, const void *bnBias, double exponentialAverageFactor, void *resultRunningMean, "
+     "void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance, "
+     "const pydnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes, "
+     "void *reserveSpace, size_t reserveSpaceSizeInBytes);",
+     "Training forward fused with a residual add (z) and ReLU as bnOps says; the mask goes to the reserve space."),
+    ("pydnnStatus_t pydnnBatchNormalizationBackwardEx(pydnnHandle_t handle, pydnnBatchNormMode_t mode, "
+     "pydnnBatchNormOps_t bnOps, const void *alphaDataDiff, const void *betaDataDiff, "
+     f"const void *alphaParamDiff, const void *betaParamDiff, {_T} xDesc, const void *xData, {_T} yDesc, "
+     f"const void *yData, {_T} dyDesc, const void *dyData, {_T} dzDesc, void *dzData, {_T} dxDesc, "
+     f"void *dxData, {_T} dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData, "
+     "void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean, const void *savedInvVariance, "
+     "const pydnnActivationDescriptor_t activationDesc, void *workSpace, size_t workSpaceSizeInBytes, "
+     "void *reserveSpace, size_t reserveSpaceSizeInBytes);",
+     "Backward of the Ex forward: ReLU mask from the reserve space, dz for BN_ADD_ACTIVATION, then as pydnnBatchNormalizationBackward."),
+])]
+C_OPAQUE_TYPES = []
+C_NULLABLE = {
+    "pydnnBatchNormalizationForwardTrainingEx": ("zDesc", "activationDesc"),
+    "pydnnBatchNormalizationBackwardEx": ("yDesc", "dzDesc", "activationDesc"),
+    "pydnnGetBatchNormalizationForwardTrainingExWorkspaceSize": ("zDesc", "activationDesc"),
+    "pydnnGetBatchNormalizationBackwardExWorkspaceSize": ("yDesc", "dzDesc", "activationDesc"),
+    "pydnnGetBatchNormalizationTrainingExReserveSpaceSize": ("activationDesc",),
+}
+
+MODES = (E.PYDNN_BATCHNORM_PER_ACTIVATION, E.PYDNN_BATCHNORM_SPATIAL, E.PYDNN_BATCHNORM_SPATIAL_PERSISTENT)
+BN_OPS = (E.PYDNN_BATCHNORM_OPS_BN, E.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
+
+# ptx/batchnorm_params.h
+OPS, OP_X, OP_Y, OP_Z, OP_DY, OP_DX, OP_DZ = 6, 0, 1, 2, 3, 4, 5
+MAX_FDIMS, MAX_RDIMS = 4, 8
+FLAG_BETA, FLAG_RELU, FLAG_Z, FLAG_MASK, FLAG_SAVED = 1, 4, 8, 16, 32
+FLAG_RUNNING, FLAG_SAVE, FLAG_PBETA, FLAG_DZ, FLAG_IDX32 = 64, 128, 256, 512, 1024
+
+# ptx/batchnorm.cu
+THREADS = 256          # kThreads
+GEN_THREADS = 1024     # kGenThreads: gen kernels' block (a feature's elements), at most
+GEN_THREADS_BWD = 512  # kGenThreadsBwd
+UNROLL = 4             # kUnroll
+FINAL_BLOCK = (8, 32)  # kFinalX, kFinalY
+HEAD_SMEM = 32768      # kHeadSmemBytes: the head kernels' constants (4 per feature)
+BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
+APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
+MAX_GRID_Y = 65535
+PART_ALIGN = 256       # partials start this far into the scratch, past the constants
+
+
+@kernel_params("batchnorm_params.h", "BnParams")
+class BnParams(ctypes.Structure):
+    _fields_ = [
+        ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("z", ctypes.c_void_p), ("dy", ctypes.c_void_p),
+        ("dx", ctypes.c_void_p), ("dz", ctypes.c_void_p), ("mask", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("mean", ctypes.c_void_p), ("var", ctypes.c_void_p),
+        ("save_mean", ctypes.c_void_p), ("save_invvar", ctypes.c_void_p),
+        ("dscale", ctypes.c_void_p), ("dbias", ctypes.c_void_p),
+        ("partial", ctypes.c_void_p), ("consts", ctypes.c_void_p),
+        ("alpha", ctypes.c_double), ("beta", ctypes.c_double), ("alpha_p", ctypes.c_double),
+        ("beta_p", ctypes.c_double), ("eps", ctypes.c_double), ("factor", ctypes.c_double),
+        ("rows", ctypes.c_longlong), ("feats", ctypes.c_longlong), ("chunk_rows", ctypes.c_longlong),
+        ("chunks", ctypes.c_longlong), ("row_begin", ctypes.c_longlong), ("row_end", ctypes.c_longlong),
+        ("flags", ctypes.c_uint), ("nfd", ctypes.c_int), ("nrd", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("ld", ctypes.c_longlong * OPS),
+        ("fsize", ctypes.c_longlong * MAX_FDIMS), ("fstride", (ctypes.c_longlong * MAX_FDIMS) * OPS),
+        ("rsize", ctypes.c_longlong * MAX_RDIMS), ("rstride", (ctypes.c_longlong * MAX_RDIMS) * OPS),
+    ]
+
+
+# ----------------------------------------------------------------------------- kernel variants
+
+def _acc(tag):
+    return "double" if tag == "f64" else "float"
+
+
+def _vec(tag):
+    return 16 // _SIZES[tag]
+
+
+def _expr(kernel, tag, vec=None):
+    if kernel in ("fwd_final", "bwd_final"):
+        return f"pydnn::bn::{kernel}<{_acc(tag)}>"
+    if vec is None:
+        return f"pydnn::bn::{kernel}<{CTYPE[tag]}>"
+    return f"pydnn::bn::{kernel}<{CTYPE[tag]}, {vec}>"
+
+
+ROW_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply", "infer_rows")
+ONE_KERNELS = ("fwd_head", "bwd_head", "fwd_fused_gen", "bwd_fused_gen", "infer_gen", "fwd_final", "bwd_final")
 
 
 def kernel_units():
-    return []
+    units = []
+    for t in FLOAT_TAGS:
+        exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (_vec(t), 1)] + [_expr(k, t) for k in ONE_KERNELS]
+        units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
+    return units
+
+
+# ----------------------------------------------------------------------------- descriptors and checks
+
+def _bad(msg):
+    return PydnnError(E.PYDNN_STATUS_BAD_PARAM, msg)
+
+
+def _param_type(dtype):
+    return E.PYDNN_DATA_DOUBLE if dtype == E.PYDNN_DATA_DOUBLE else E.PYDNN_DATA_FLOAT
+
+
+def _derived_dims(dims, mode):
+    if mode == E.PYDNN_BATCHNORM_PER_ACTIVATION:
+        return (1,) + tuple(dims[1:])
+    return (1, dims[1]) + (1,) * (len(dims) - 2)
+
+
+def _check_x(desc, name):
+    float_tensor(desc, name)
+    if len(desc.dims) not in (4, 5):
+        raise _bad(f"{name}: batch normalization takes 4 or 5 dims (N, C, [D,] H, W), got {len(desc.dims)}")
+    return desc
+
+
+@api
+def derive_bn_tensor_descriptor(derived_bn_desc, x_desc, mode):
+    """cudnnDeriveBNTensorDescriptor: 1xCx1x1 (spatial modes) or 1xCxHxW (PER_ACTIVATION), 5-d alike;
+    packed; float for float / half / bfloat16 x, double for double x."""
+    if type(derived_bn_desc) is not TensorDescriptor or not derived_bn_desc.alive:
+        raise _bad("derivedBnDesc: not a live tensor descriptor")
+    _check_x(x_desc, "xDesc")
+    mode = enum_arg("mode", mode, MODES, "pydnnBatchNormMode_t")
+    dims = _derived_dims(x_desc.dims, mode)
+    derived_bn_desc._assign(_param_type(x_desc.dtype), dims, packed_strides(dims, E.PYDNN_TENSOR_NCHW))
+
+
+def _check_bn_desc(desc, name, x_desc, mode):
+    """A parameter descriptor must be what DeriveBNTensorDescriptor gives for x and mode."""
+    check_tensor(desc, name)
+    want = _derived_dims(x_desc.dims, mode)
+    if desc.dims != want:
+        raise _bad(f"{name}: dims {desc.dims} are not {want}, the dims derived from xDesc {x_desc.dims} "
+                   "for this mode (see DeriveBNTensorDescriptor)")
+    pt = _param_type(x_desc.dtype)
+    if desc.dtype != pt:
+        raise _bad(f"{name}: data type {desc.dtype} is not {pt}, the type derived from xDesc's data type "
+                   f"{x_desc.dtype} (see DeriveBNTensorDescriptor)")
+    if desc.strides != packed_strides(desc.dims, E.PYDNN_TENSOR_NCHW):
+        raise _bad(f"{name}: strides {desc.strides} are not packed")
+    return desc
+
+
+def _like_x(x_desc, desc, name, out=False):
+    float_tensor(desc, name)
+    same_shape(x_desc, "xDesc", desc, name)
+    same_type(x_desc, "xDesc", desc, name)
+    if out:
+        output_tensor(desc, name)
+
+
+def _epsilon(eps):
+    e = scalar("epsilon", eps)
+    if not e >= E.PYDNN_BN_MIN_EPSILON:  # NaN too
+        raise _bad(f"epsilon: {e} is below PYDNN_BN_MIN_EPSILON ({E.PYDNN_BN_MIN_EPSILON})")
+    return e
+
+
+def _finite(name, v):
+    f = scalar(name, v)
+    if f != f or f in (float("inf"), float("-inf")):
+        raise _bad(f"{name}: {f} is not finite")
+    return f
+
+
+def _null(obj):
+    return obj is None or (type(obj) is int and obj == 0)
+
+
+def _ptr(obj, name, nbytes, itemsize):
+    q = device_ptr(obj, name, nbytes)
+    if q % itemsize:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {q:#x} is not aligned to its {itemsize}-byte elements")
+    return q
+
+
+def _pair(a, an, b, bn, nbytes, itemsize):
+    """Two optional buffers that go together (running mean / variance, saved mean / inverse std)."""
+    if _null(a) and _null(b):
+        return 0, 0
+    if _null(a) or _null(b):
+        raise _bad(f"{an}, {bn}: give both or neither ({an if _null(a) else bn} is NULL)")
+    return _ptr(a, an, nbytes, itemsize), _ptr(b, bn, nbytes, itemsize)
+
+
+def _bn_ops(bn_ops, activation_desc, z_desc, z_name, x_desc):
+    """bnOps and what it needs: (ops, relu?). BN ignores the activation and z descriptors."""
+    ops = enum_arg("bnOps", bn_ops, BN_OPS, "pydnnBatchNormOps_t")
+    if ops == E.PYDNN_BATCHNORM_OPS_BN:
+        return ops
+    a = _act._set(activation_desc)
+    if a.mode != E.PYDNN_ACTIVATION_RELU:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"activationDesc: mode {a.mode} is not fused by batch normalization (PYDNN_ACTIVATION_RELU only)")
+    if ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
+        if z_desc is None:
+            raise _bad(f"{z_name}: NULL, but bnOps BN_ADD_ACTIVATION needs it")
+        _like_x(x_desc, z_desc, z_name, out=z_name == "dzDesc")
+    return ops
+
+
+def _reserve_need(ops, x_desc):
+    return 0 if ops == E.PYDNN_BATCHNORM_OPS_BN else x_desc.span_bytes() // x_desc.itemsize
+
+
+# ----------------------------------------------------------------------------- geometry and plans
+
+def _prod(xs):
+    n = 1
+    for v in xs:
+        n *= v
+    return n
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+class _Geom:
+    """The problem as rows x feats (layout "rows") or as feature and reduction dims ("gen")."""
+    __slots__ = ("layout", "rows", "feats", "ld", "vec_ok", "fsize", "fstride", "rsize", "rstride")
+
+
+def _geometry(mode, dims, operands, vec):
+    """operands: {op index: strides}; op OP_X first. Dims of size 1 drop out of the reduction; the
+    reduction dims merge where dense in every operand, outermost (by x's strides) first."""
+    nd = len(dims)
+    feat = [1] if mode != E.PYDNN_BATCHNORM_PER_ACTIVATION else list(range(1, nd))
+    red = [d for d in range(nd) if d not in feat]
+    g = _Geom()
+    g.feats, g.rows = _prod(dims[d] for d in feat), _prod(dims[d] for d in red)
+    keys = list(operands)
+    xs = operands[OP_X]
+    rsz, rst = [], {k: [] for k in keys}
+    for d in sorted((d for d in red if dims[d] > 1), key=lambda d: -xs[d]):
+        if rsz and all(rst[k][-1] == operands[k][d] * dims[d] for k in keys):
+            rsz[-1] *= dims[d]
+            for k in keys:
+                rst[k][-1] = operands[k][d]
+        else:
+            rsz.append(dims[d])
+            for k in keys:
+                rst[k].append(operands[k][d])
+    contiguous = True
+    for k in keys:
+        expect = 1
+        for d in reversed([d for d in feat if dims[d] > 1]):
+            contiguous &= operands[k][d] == expect
+            expect *= dims[d]
+    g.fsize = [dims[d] for d in feat]
+    g.fstride = {k: [operands[k][d] for d in feat] for k in keys}
+    g.rsize = rsz or [1]
+    g.rstride = {k: (rst[k] or [0]) for k in keys}
+    if contiguous and len(rsz) <= 1:
+        g.layout = "rows"
+        g.ld = {k: (rst[k][0] if rsz else g.feats) for k in keys}
+        g.vec_ok = vec > 1 and g.feats % vec == 0 and all(v % vec == 0 for v in g.ld.values())
+    else:
+        g.layout, g.ld, g.vec_ok = "gen", {k: 0 for k in keys}, False
+    return g
+
+
+def _fill_geom(p, g):
+    p.rows, p.feats = g.rows, g.feats
+    for k, v in g.ld.items():
+        p.ld[k] = v
+    p.nfd = len(g.fsize)
+    for d, s in enumerate(g.fsize):
+        p.fsize[d] = s
+    p.nrd = len(g.rsize)
+    for d, s in enumerate(g.rsize):
+        p.rsize[d] = s
+    for k in g.fstride:
+        for d, s in enumerate(g.fstride[k]):
+            p.fstride[k][d] = s
+        for d, s in enumerate(g.rstride[k]):
+            p.rstride[k][d] = s
+
+
+def _row_block(g, v):
+    fv = g.feats // v
+    bx = min(32, next_pow2(fv))
+    return bx, THREADS // bx, _cdiv(fv, bx)
+
+
+def _chunks(handle, g, v, cap=None):
+    """(chunk_rows, chunks) of the stats kernel: about BLOCKS_PER_SM blocks per SM, at most `cap` chunks."""
+    bx, by, tiles = _row_block(g, v)
+    want = max(1, (handle.sm_count * BLOCKS_PER_SM) // tiles)
+    p = max(1, min(want, _cdiv(g.rows, by * UNROLL), MAX_GRID_Y, cap if cap is not None else want))
+    chunk = _cdiv(g.rows, p)
+    return chunk, _cdiv(g.rows, chunk)
+
+
+class _Launch:
+    __slots__ = ("kernel", "vec", "grid", "block", "fields", "func")
+
+    def __init__(self, kernel, vec, grid, block, fields):
+        self.kernel, self.vec, self.grid, self.block, self.fields, self.func = kernel, vec, grid, block, fields, None
+
+
+def _apply_launch(kernel, g, v, begin, end):
+    bx, by, tiles = _row_block(g, v)
+    n = max(0, end - begin)
+    chunk = max(by * UNROLL * APPLY_STEPS, _cdiv(n, MAX_GRID_Y))
+    return _Launch(kernel, v, (tiles, max(1, _cdiv(n, chunk)), 1), (bx, by, 1),
+                   {"chunk_rows": chunk, "row_begin": begin, "row_end": end})
+
+
+def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows):
+    """stats, final, apply (rows head_rows..), and head (rows 0..head_rows) when head_rows > 0."""
+    bx, by, tiles = _row_block(g, v)
+    st = {"chunk_rows": chunk, "chunks": chunks}
+    out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st),
+           _Launch(f"{direction}_final", None, (_cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
+           _apply_launch(f"{direction}_apply", g, v, head_rows, g.rows)]
+    if head_rows:
+        out.append(_Launch(f"{direction}_head", None, (1, 1, 1), (THREADS, 1, 1),
+                           {"row_begin": 0, "row_end": head_rows}))
+    return out
+
+
+def _gen_launch(kernel, g):
+    if kernel == "infer_gen":
+        total = g.rows * g.feats
+        return _Launch(kernel, None, (max(1, min(_cdiv(total, THREADS), 2**31 - 1)), 1, 1), (THREADS, 1, 1), {})
+    cap = GEN_THREADS_BWD if kernel.startswith("bwd") else GEN_THREADS
+    threads = max(32, min(cap, next_pow2(g.rows)))
+    return _Launch(kernel, None, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
+
+
+class _Plan:
+    """Launch sequences of one call shape. `seqs`: name -> [launch, ...]; the call picks one by its
+    pointers and scalars (vector or scalar row kernels; the scratch path or gen)."""
+    __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags")
+
+
+def _slots(tag, direction):
+    asz = 8 if tag == "f64" else 4
+    return asz, 4 * asz, (2 if direction == "fwd" else 4) * asz
+
+
+def _workspace_layout(handle, g, tag, direction, vec):
+    """(bytes, chunk, chunks, partial offset) of the rows layout's workspace: constants, then partials."""
+    _, cslot, pslot = _slots(tag, direction)
+    chunk, chunks = _chunks(handle, g, vec)
+    poff = _cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN
+    return poff + chunks * g.feats * pslot, chunk, chunks, poff
+
+
+def _make_plan(handle, tag, g, direction, ex):
+    pl = _Plan()
+    pl.geom, pl.tag, pl.unit = g, tag, f"batchnorm.{tag}"
+    pl.isize = _SIZES[tag]
+    asz, cslot, pslot = _slots(tag, direction)
+    pl.asize = asz
+    pl.params = BnParams()
+    _fill_geom(pl.params, g)
+    pl.argv = driver.kernel_args(pl.params)
+    pl.seqs, pl.ws_need, pl.scratch = {}, 0, None
+    pl.flags = FLAG_IDX32 if g.rows * g.feats < 2**32 else 0
+    vecs = ([_vec(tag)] if g.vec_ok else []) + [1]
+    if direction == "infer":
+        if g.layout == "rows":
+            for v in vecs:
+                pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows", g, v, 0, g.rows)]
+        else:
+            pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
+        return pl
+    pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
+    if g.layout != "rows":
+        return pl
+    if ex:  # the caller's workspace: constants, then partials
+        pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
+        pl.scratch = (poff, chunk, chunks)
+        for v in vecs:
+            pl.seqs[f"rows{v}"] = _rows_launches(handle, g, v, direction, chunk, chunks, 0)
+        return pl
+    # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
+    out = OP_Y if direction == "fwd" else OP_DX
+    cbytes = g.feats * cslot
+    obytes = g.rows * g.feats * pl.isize
+    poff = _cdiv(cbytes, PART_ALIGN) * PART_ALIGN
+    cap = (obytes - poff) // (g.feats * pslot) if obytes > poff else 0
+    if g.ld[out] != g.feats or cbytes > HEAD_SMEM or cap < 1:
+        return pl
+    chunk, chunks = _chunks(handle, g, vecs[0], cap)
+    head_rows = _cdiv(cbytes, g.feats * pl.isize)
+    pl.scratch = (poff, chunk, chunks)
+    for v in vecs:
+        pl.seqs[f"rows{v}"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows)
+    return pl
+
+
+def _get_plan(handle, key, build):
+    """The cached plan for a call shape (kernels are looked up later, by _run, once every argument passed)."""
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is None:
+        pl = build()
+        if key is not None:
+            handle.remember(key, pl)
+    return pl
+
+
+def _key(*items):
+    try:
+        return tuple((d, d.version) if isinstance(d, (TensorDescriptor, _act.ActivationDescriptor)) else d
+                     for d in items)
+    except TypeError:
+        return None
+
+
+def _aligned16(ptrs):
+    return all(q % 16 == 0 for q in ptrs if q)
+
+
+def _overlap(a, an, b, bn):
+    return a < b + bn and b < a + an
+
+
+def _run(handle, pl, seq):
+    p = pl.params
+    for lc in seq:
+        if lc.func is None:
+            lc.func = handle.function(pl.unit, _expr(lc.kernel, pl.tag, lc.vec))
+    for lc in seq:
+        for k, v in lc.fields.items():
+            setattr(p, k, v)
+        driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, pl.argv)
+
+
+def _pick(pl, tensor_ptrs, scratch_ok):
+    """The launch sequence for this call: rows (vector when every pointer is 16-byte aligned) when the
+    plan has it and the scratch is usable, else gen."""
+    if scratch_ok:
+        v = _vec(pl.tag)
+        if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
+            return pl.seqs[f"rows{v}"]
+        if "rows1" in pl.seqs:
+            return pl.seqs["rows1"]
+    return pl.seqs["gen"]
+
+
+def _zero_ptrs(p):
+    for f in ("x", "y", "z", "dy", "dx", "dz", "mask", "scale", "bias", "mean", "var", "save_mean", "save_invvar",
+              "dscale", "dbias", "partial", "consts"):
+        setattr(p, f, None)
+
+
+# ----------------------------------------------------------------------------- forward training
+
+def _fwd_validate(mode, x_desc, y_desc, bn_desc, eps, factor):
+    mode = enum_arg("mode", mode, MODES, "pydnnBatchNormMode_t")
+    _check_x(x_desc, "xDesc")
+    _like_x(x_desc, y_desc, "yDesc", out=True)
+    _check_bn_desc(bn_desc, "bnScaleBiasMeanVarDesc", x_desc, mode)
+    return mode, _epsilon(eps), _finite("exponentialAverageFactor", factor)
+
+
+def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, bn_desc, scale, bias, factor,
+               run_mean, run_var, eps, save_mean, save_invvar, act_desc, ws, ws_size, reserve, reserve_size, ex):
+    check_handle(handle)
+    mode, eps, factor = _fwd_validate(mode, x_desc, y_desc, bn_desc, eps, factor)
+    if ex:
+        ops = _bn_ops(ops, act_desc, z_desc, "zDesc", x_desc)
+    tag = TAG[x_desc.dtype]
+    isz = x_desc.itemsize
+    add = ex and ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+    relu = ex and ops != E.PYDNN_BATCHNORM_OPS_BN
+    operands = {OP_X: x_desc.strides, OP_Y: y_desc.strides}
+    if add:
+        operands[OP_Z] = z_desc.strides
+    key = _key("bn_fwd", ex, mode, x_desc, y_desc, z_desc if add else None)
+    pl = _get_plan(handle, key, lambda: _make_plan(
+        handle, tag, _geometry(mode, x_desc.dims, operands, _vec(tag)), "fwd", ex))
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    asz = pl.asize
+    pbytes = pl.geom.feats * asz
+    xp = _ptr(x, "x", x_desc.span_bytes(), isz)
+    yp = _ptr(y, "y", y_desc.span_bytes(), isz)
+    zp = _ptr(z, "zData", z_desc.span_bytes(), isz) if add else 0
+    sp, bp = _ptr(scale, "bnScale", pbytes, asz), _ptr(bias, "bnBias", pbytes, asz)
+    rm, rv = _pair(run_mean, "resultRunningMean", run_var, "resultRunningVariance", pbytes, asz)
+    sm, si = _pair(save_mean, "resultSaveMean", save_invvar, "resultSaveInvVariance", pbytes, asz)
+    mp = 0
+    if relu:
+        need = _reserve_need(ops, x_desc)
+        rs = int(scalar("reserveSpaceSizeInBytes", reserve_size))
+        if rs < need:
+            raise _bad(f"reserveSpaceSizeInBytes: {rs} is less than the {need} bytes "
+                       "GetBatchNormalizationTrainingExReserveSpaceSize gives")
+        mp = device_ptr(reserve, "reserveSpace", need)
+    wp = 0
+    if ex:
+        wsz = int(scalar("workSpaceSizeInBytes", ws_size))
+        if wsz < pl.ws_need:
+            raise _bad(f"workSpaceSizeInBytes: {wsz} is less than the {pl.ws_need} bytes "
+                       "GetBatchNormalizationForwardTrainingExWorkspaceSize gives")
+        wp = device_ptr(ws, "workspace", pl.ws_need) if pl.ws_need else 0
+        if wp % 16:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"workspace: {wp:#x} is not 16-byte aligned")
+        scratch_ok, base = True, wp
+    else:
+        scratch_ok = be == 0 and not _overlap(xp, x_desc.span_bytes(), yp, y_desc.span_bytes())
+        base = yp
+    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok)
+    p = pl.params
+    _zero_ptrs(p)
+    p.x, p.y, p.z, p.mask, p.scale, p.bias = xp, yp, zp or None, mp or None, sp, bp
+    p.mean, p.var, p.save_mean, p.save_invvar = rm or None, rv or None, sm or None, si or None
+    if pl.scratch is not None:
+        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
+    p.alpha, p.beta, p.eps, p.factor = al, be, eps, factor
+    p.flags = (pl.flags | (FLAG_BETA if be != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
+               | (FLAG_Z if add else 0) | (FLAG_RUNNING if rm else 0) | (FLAG_SAVE if sm else 0))
+    _run(handle, pl, seq)
+
+
+@api
+def batch_normalization_forward_training(handle, mode, alpha, beta, x_desc, x, y_desc, y, bn_scale_bias_mean_var_desc,
+                                         bn_scale, bn_bias, exponential_average_factor, result_running_mean,
+                                         result_running_variance, epsilon, result_save_mean,
+                                         result_save_inv_variance):
+    """cudnnBatchNormalizationForwardTraining. Running and saved statistics are optional (None / 0), each
+    pair both or neither. Statuses: BAD_PARAM (handle, mode, descriptors that differ or are not derived
+    from x, epsilon below PYDNN_BN_MIN_EPSILON, a factor not finite, one of a pair NULL, overlapping y),
+    BAD_PARAM_NULL_POINTER, BAD_PARAM_MISALIGNED_POINTER, NOT_SUPPORTED (data types other than float,
+    double, half, bfloat16)."""
+    _fwd_train(handle, mode, None, alpha, beta, x_desc, x, None, None, y_desc, y, bn_scale_bias_mean_var_desc,
+               bn_scale, bn_bias, exponential_average_factor, result_running_mean, result_running_variance,
+               epsilon, result_save_mean, result_save_inv_variance, None, None, 0, None, 0, False)
+
+
+@api
+def batch_normalization_forward_training_ex(handle, mode, bn_ops, alpha, beta, x_desc, x_data, z_desc, z_data,
+                                            y_desc, y_data, bn_scale_bias_mean_var_desc, bn_scale, bn_bias,
+                                            exponential_average_factor, result_running_mean,
+                                            result_running_variance, epsilon, result_save_mean,
+                                            result_save_inv_variance, activation_desc, workspace,
+                                            work_space_size_in_bytes, reserve_space, reserve_space_size_in_bytes):
+    """cudnnBatchNormalizationForwardTrainingEx: bnOps BN, BN_ACTIVATION (ReLU), BN_ADD_ACTIVATION
+    (ReLU(bn(x) + z)); the ReLU mask goes to the reserve space. Statuses as the non-Ex form, plus
+    BAD_PARAM for bnOps, a workspace or reserve space smaller than the size queries give, and
+    NOT_SUPPORTED for activations other than RELU."""
+    _fwd_train(handle, mode, bn_ops, alpha, beta, x_desc, x_data, z_desc, z_data, y_desc, y_data,
+               bn_scale_bias_mean_var_desc, bn_scale, bn_bias, exponential_average_factor, result_running_mean,
+               result_running_variance, epsilon, result_save_mean, result_save_inv_variance, activation_desc,
+               workspace, work_space_size_in_bytes, reserve_space, reserve_space_size_in_bytes, True)
+
+
+@api
+def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_ops, x_desc, z_desc, y_desc,
+                                                               bn_scale_bias_mean_var_desc, activation_desc):
+    """cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize: the partial statistics and per-channel
+    constants of the rows layout (0 for layouts the gen kernels take)."""
+    check_handle(handle)
+    mode, _, _ = _fwd_validate(mode, x_desc, y_desc, bn_scale_bias_mean_var_desc, 0.0, 0.0)
+    ops = _bn_ops(bn_ops, activation_desc, z_desc, "zDesc", x_desc)
+    operands = {OP_X: x_desc.strides, OP_Y: y_desc.strides}
+    if ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
+        operands[OP_Z] = z_desc.strides
+    tag = TAG[x_desc.dtype]
+    g = _geometry(mode, x_desc.dims, operands, _vec(tag))
+    if g.layout != "rows":
+        return 0
+    return _workspace_layout(handle, g, tag, "fwd", _vec(tag) if g.vec_ok else 1)[0]
+
+
+@api
+def get_batch_normalization_training_ex_reserve_space_size(handle, mode, bn_ops, activation_desc, x_desc):
+    """cudnnGetBatchNormalizationTrainingExReserveSpaceSize: one byte per element of x's span with an
+    activation (the ReLU mask), 0 for BN."""
+    check_handle(handle)
+    enum_arg("mode", mode, MODES, "pydnnBatchNormMode_t")
+    _check_x(x_desc, "xDesc")
+    ops = _bn_ops(bn_ops, activation_desc, None if bn_ops != E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION else x_desc,
+                  "zDesc", x_desc)
+    return _reserve_need(ops, x_desc)
+
+
+# ----------------------------------------------------------------------------- inference
+
+@api
+def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, y_desc, y, bn_scale_bias_mean_var_desc,
+                                          bn_scale, bn_bias, estimated_mean, estimated_variance, epsilon):
+    """cudnnBatchNormalizationForwardInference. x and y may be the same buffer. Statuses as forward
+    training (estimated mean and variance are required)."""
+    check_handle(handle)
+    mode, eps, _ = _fwd_validate(mode, x_desc, y_desc, bn_scale_bias_mean_var_desc, epsilon, 0.0)
+    tag = TAG[x_desc.dtype]
+    isz = x_desc.itemsize
+    key = _key("bn_infer", mode, x_desc, y_desc)
+    pl = _get_plan(handle, key, lambda: _make_plan(
+        handle, tag, _geometry(mode, x_desc.dims, {OP_X: x_desc.strides, OP_Y: y_desc.strides}, _vec(tag)),
+        "infer", False))
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    asz = pl.asize
+    pbytes = pl.geom.feats * asz
+    xp = _ptr(x, "x", x_desc.span_bytes(), isz)
+    yp = _ptr(y, "y", y_desc.span_bytes(), isz)
+    p = pl.params
+    _zero_ptrs(p)
+    p.x, p.y = xp, yp
+    p.scale, p.bias = _ptr(bn_scale, "bnScale", pbytes, asz), _ptr(bn_bias, "bnBias", pbytes, asz)
+    p.mean = _ptr(estimated_mean, "estimatedMean", pbytes, asz)
+    p.var = _ptr(estimated_variance, "estimatedVariance", pbytes, asz)
+    p.alpha, p.beta, p.eps = al, be, eps
+    p.flags = pl.flags | (FLAG_BETA if be != 0 else 0)
+    _run(handle, pl, _pick(pl, (xp, yp), True))
+
+
+# ----------------------------------------------------------------------------- backward
+
+def _bwd_validate(mode, x_desc, dy_desc, dx_desc, dbn_desc, eps):
+    mode = enum_arg("mode", mode, MODES, "pydnnBatchNormMode_t")
+    _check_x(x_desc, "xDesc")
+    _like_x(x_desc, dy_desc, "dyDesc")
+    _like_x(x_desc, dx_desc, "dxDesc", out=True)
+    _check_bn_desc(dbn_desc, "dBnScaleBiasDesc", x_desc, mode)
+    return mode, _epsilon(eps)
+
+
+def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc, dy_desc, dy, dz_desc, dz,
+         dx_desc, dx, dbn_desc, scale, dscale, dbias, eps, saved_mean, saved_invvar, act_desc, ws, ws_size,
+         reserve, reserve_size, ex):
+    check_handle(handle)
+    mode, eps = _bwd_validate(mode, x_desc, dy_desc, dx_desc, dbn_desc, eps)
+    if ex:
+        if y_desc is not None:
+            _like_x(x_desc, y_desc, "yDesc")
+        ops = _bn_ops(ops, act_desc, dz_desc, "dzDesc", x_desc)
+    tag = TAG[x_desc.dtype]
+    isz = x_desc.itemsize
+    add = ex and ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+    relu = ex and ops != E.PYDNN_BATCHNORM_OPS_BN
+    operands = {OP_X: x_desc.strides, OP_DY: dy_desc.strides, OP_DX: dx_desc.strides}
+    if add:
+        operands[OP_DZ] = dz_desc.strides
+    key = _key("bn_bwd", ex, mode, x_desc, dy_desc, dx_desc, dz_desc if add else None)
+    pl = _get_plan(handle, key, lambda: _make_plan(
+        handle, tag, _geometry(mode, x_desc.dims, operands, _vec(tag)), "bwd", ex))
+    ad, bd = scalar("alphaDataDiff", alpha_d), scalar("betaDataDiff", beta_d)
+    ap, bp_ = scalar("alphaParamDiff", alpha_p), scalar("betaParamDiff", beta_p)
+    asz = pl.asize
+    pbytes = pl.geom.feats * asz
+    xp = _ptr(x, "x", x_desc.span_bytes(), isz)
+    dyp = _ptr(dy, "dy", dy_desc.span_bytes(), isz)
+    dxp = _ptr(dx, "dx", dx_desc.span_bytes(), isz)
+    dzp = _ptr(dz, "dzData", dz_desc.span_bytes(), isz) if add else 0
+    sp = _ptr(scale, "bnScale", pbytes, asz)
+    dsp, dbp = _ptr(dscale, "dBnScaleResult", pbytes, asz), _ptr(dbias, "dBnBiasResult", pbytes, asz)
+    smp, sip = _pair(saved_mean, "savedMean", saved_invvar, "savedInvVariance", pbytes, asz)
+    mp = 0
+    if relu:
+        need = _reserve_need(ops, x_desc)
+        rs = int(scalar("reserveSpaceSizeInBytes", reserve_size))
+        if rs < need:
+            raise _bad(f"reserveSpaceSizeInBytes: {rs} is less than the {need} bytes "
+                       "GetBatchNormalizationTrainingExReserveSpaceSize gives")
+        mp = device_ptr(reserve, "reserveSpace", need)
+    if ex:
+        wsz = int(scalar("workSpaceSizeInBytes", ws_size))
+        if wsz < pl.ws_need:
+            raise _bad(f"workSpaceSizeInBytes: {wsz} is less than the {pl.ws_need} bytes "
+                       "GetBatchNormalizationBackwardExWorkspaceSize gives")
+        wp = device_ptr(ws, "workSpace", pl.ws_need) if pl.ws_need else 0
+        if wp % 16:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"workSpace: {wp:#x} is not 16-byte aligned")
+        scratch_ok, base = True, wp
+    else:
+        span = dx_desc.span_bytes()
+        scratch_ok = (bd == 0 and not _overlap(dxp, span, xp, x_desc.span_bytes())
+                      and not _overlap(dxp, span, dyp, dy_desc.span_bytes()))
+        base = dxp
+    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok)
+    p = pl.params
+    _zero_ptrs(p)
+    p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp
+    p.dscale, p.dbias, p.save_mean, p.save_invvar = dsp, dbp, smp or None, sip or None
+    if pl.scratch is not None:
+        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
+    p.alpha, p.beta, p.alpha_p, p.beta_p, p.eps = ad, bd, ap, bp_, eps
+    p.flags = (pl.flags | (FLAG_BETA if bd != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
+               | (FLAG_DZ if add else 0) | (FLAG_SAVED if smp else 0) | (FLAG_PBETA if bp_ != 0 else 0))
+    _run(handle, pl, seq)
+
+
+@api
+def batch_normalization_backward(handle, mode, alpha_data_diff, beta_data_diff, alpha_param_diff, beta_param_diff,
+                                 x_desc, x, dy_desc, dy, dx_desc, dx, d_bn_scale_bias_desc, bn_scale,
+                                 d_bn_scale_result, d_bn_bias_result, epsilon, saved_mean, saved_inv_variance):
+    """cudnnBatchNormalizationBackward: dx, dScale, dBias (alpha / beta blending for each); savedMean and
+    savedInvVariance both given (as forward training saved them) or both NULL (recomputed from x with
+    epsilon). Statuses as forward training."""
+    _bwd(handle, mode, None, alpha_data_diff, beta_data_diff, alpha_param_diff, beta_param_diff, x_desc, x, None,
+         dy_desc, dy, None, None, dx_desc, dx, d_bn_scale_bias_desc, bn_scale, d_bn_scale_result, d_bn_bias_result,
+         epsilon, saved_mean, saved_inv_variance, None, None, 0, None, 0, False)
+
+
+@api
+def batch_normalization_backward_ex(handle, mode, bn_ops, alpha_data_diff, beta_data_diff, alpha_param_diff,
+                                    beta_param_diff, x_desc, x_data, y_desc, y_data, dy_desc, dy_data, dz_desc,
+                                    dz_data, dx_desc, dx_data, d_bn_scale_bias_desc, bn_scale_data, bn_bias_data,
+                                    d_bn_scale_data, d_bn_bias_data, epsilon, saved_mean, saved_inv_variance,
+                                    activation_desc, work_space, work_space_size_in_bytes, reserve_space,
+                                    reserve_space_size_in_bytes):
+    """cudnnBatchNormalizationBackwardEx: the ReLU's mask comes from the reserve space the forward Ex
+    call wrote (yData is not read); dz = alphaDataDiff * dy' + betaDataDiff * dz for BN_ADD_ACTIVATION.
+    bnBiasData is not needed (accepted, not read). Statuses as the forward Ex form."""
+    _bwd(handle, mode, bn_ops, alpha_data_diff, beta_data_diff, alpha_param_diff, beta_param_diff, x_desc, x_data,
+         y_desc, dy_desc, dy_data, dz_desc, dz_data, dx_desc, dx_data, d_bn_scale_bias_desc, bn_scale_data,
+         d_bn_scale_data, d_bn_bias_data, epsilon, saved_mean, saved_inv_variance, activation_desc, work_space,
+         work_space_size_in_bytes, reserve_space, reserve_space_size_in_bytes, True)
+
+
+@api
+def get_batch_normalization_backward_ex_workspace_size(handle, mode, bn_ops, x_desc, y_desc, dy_desc, dz_desc,
+                                                       dx_desc, d_bn_scale_bias_desc, activation_desc):
+    """cudnnGetBatchNormalizationBackwardExWorkspaceSize (0 for layouts the gen kernels take)."""
+    check_handle(handle)
+    mode, _ = _bwd_validate(mode, x_desc, dy_desc, dx_desc, d_bn_scale_bias_desc, 0.0)
+    if y_desc is not None:
+        _like_x(x_desc, y_desc, "yDesc")
+    ops = _bn_ops(bn_ops, activation_desc, dz_desc, "dzDesc", x_desc)
+    operands = {OP_X: x_desc.strides, OP_DY: dy_desc.strides, OP_DX: dx_desc.strides}
+    if ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
+        operands[OP_DZ] = dz_desc.strides
+    tag = TAG[x_desc.dtype]
+    g = _geometry(mode, x_desc.dims, operands, _vec(tag))
+    if g.layout != "rows":
+        return 0
+    return _workspace_layout(handle, g, tag, "bwd", _vec(tag) if g.vec_ok else 1)[0]
+
+
+def plan_summary(handle, direction, mode, x_desc, *others, ex=False):
+    """For tests: (layout, {sequence name: [(kernel, vec, grid, block, fields), ...]}, workspace bytes).
+    direction "fwd" (others: y_desc), "infer" (y_desc), "bwd" (dy_desc, dx_desc). Loads no kernel."""
+    check_handle(handle)
+    tag = TAG[x_desc.dtype]
+    ops = (OP_Y,) if direction in ("fwd", "infer") else (OP_DY, OP_DX)
+    operands = {OP_X: x_desc.strides}
+    operands.update({k: d.strides for k, d in zip(ops, others)})
+    pl = _make_plan(handle, tag, _geometry(mode, x_desc.dims, operands, _vec(tag)), direction, ex)
+    seqs = {name: [(lc.kernel, lc.vec, lc.grid, lc.block, dict(lc.fields)) for lc in seq]
+            for name, seq in pl.seqs.items()}
+    return pl.geom.layout, seqs, pl.ws_need

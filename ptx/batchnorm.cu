@@ -1,0 +1,929 @@
+// Batch normalization (cudnnBatchNormalization*): forward training / inference, backward, and the fused
+// Ex forms (residual add, ReLU, mask in the reserve space). See batchnorm_params.h for the geometry and
+// pydnn/ops/batchnorm.py for how the host chooses among the kernels:
+//
+//   row kernels (features contiguous in every operand: NHWC SPATIAL, NCHW PER_ACTIVATION)
+//     fwd_stats / bwd_stats  block = (bx feature vectors) x (by row threads), one chunk of rows: each thread
+//                            keeps per-feature statistics over its rows (kUnroll rows per step, merged
+//                            into the running ones with Chan's formula), the block merges its by threads
+//                            in a fixed tree, and writes one partial per (chunk, feature).
+//     fwd_final / bwd_final  per feature: merge the chunks' partials in chunk order (in double), write the
+//                            saved / running statistics or dscale / dbias, and 4 constants per feature.
+//     fwd_apply / bwd_apply  one pass over the rows [row_begin, row_end): y (dx, dz) from x (dy, z, mask)
+//                            and the constants. 16-byte accesses when the layout and pointers allow.
+//     fwd_head / bwd_head    one block: the rows [row_begin, row_end) whose bytes held the constants
+//                            (non-Ex calls keep partials and constants in y / dx, see the host); the
+//                            block copies every constant to shared memory before it writes anything.
+//   gen kernels (any strides): one block per feature walks its reduction elements twice (statistics,
+//     then the outputs), so no memory outside the operands is needed; infer_gen: one thread per element.
+//
+// Statistics: Welford / Chan, never sum-of-squares minus square-of-sum: per thread, per step, the batch's
+// mean and M2 are taken exactly from registers, then merged (M2 += M2b + d^2 n nb / (n + nb)); blocks and
+// chunks merge the same way. Every merge order is fixed, so results are bitwise reproducible.
+// Backward recomputes or takes the saved mean / inverse std; it merges the co-moment
+// C = sum (x - mean_x)(dy - mean_dy) the same way, so sum(dy * xhat) never cancels catastrophically.
+#include "common/params.h"
+#include "common/types.cuh"
+#include "batchnorm_params.h"
+
+namespace pydnn {
+namespace bn {
+
+constexpr int kThreads = 256;          // row kernels and head kernels: threads per block
+constexpr int kUnroll = 4;             // rows in flight per thread
+constexpr int kFinalX = 8, kFinalY = 32;  // final kernels: features x chunk lanes (32 lanes: the chunks'
+                                          // merge chains stay short; loads batched kFinalU deep)
+constexpr int kFinalU = 4;
+constexpr int kHeadSmemBytes = 32768;  // head kernels: constants of every feature (host limits feats)
+constexpr int kGenThreads = 1024;      // gen kernels: threads per block at most (one block per feature)
+constexpr int kGenThreadsBwd = 512;    // backward gen: more registers per thread (no spills)
+
+enum { X = PYDNN_BN_OP_X, Y = PYDNN_BN_OP_Y, Z = PYDNN_BN_OP_Z, DY = PYDNN_BN_OP_DY, DX = PYDNN_BN_OP_DX,
+       DZ = PYDNN_BN_OP_DZ };
+
+// ------------------------------------------------------------------ vector access
+
+struct __align__(16) U4 { unsigned x, y, z, w; };
+struct __align__(8) U2 { unsigned x, y; };
+template <int B> struct Raw;
+template <> struct Raw<16> { typedef U4 type; };
+template <> struct Raw<8> { typedef U2 type; };
+template <> struct Raw<4> { typedef unsigned type; };
+template <> struct Raw<2> { typedef unsigned short type; };
+template <> struct Raw<1> { typedef unsigned char type; };
+
+// VEC elements of T as one access of sizeof(T) * VEC bytes (the address is aligned to it).
+template <class T, int VEC> union Pack {
+  typename Raw<sizeof(T) * VEC>::type raw;
+  T e[VEC];
+};
+
+template <class T, int VEC, class A> __device__ __forceinline__ void vload(const T* p, A* out) {
+  Pack<T, VEC> k;
+  k.raw = *reinterpret_cast<const typename Raw<sizeof(T) * VEC>::type*>(p);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = load<A>(k.e[e]);
+}
+// Two floats to a pair of 16-bit values in one instruction (lo in the low half).
+template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> __device__ __forceinline__ unsigned pack2<half_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+template <class T, int VEC, class A> __device__ __forceinline__ void vstore(T* p, const A* v) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0 && sizeof(A) == 4) {  // paired conversions
+    Pack<unsigned, VEC / 2> k;
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) k.e[i] = pack2<T>(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<typename Raw<sizeof(T) * VEC>::type*>(p) = k.raw;
+  } else {
+    Pack<T, VEC> k;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) k.e[e] = store<T>(v[e]);
+    *reinterpret_cast<typename Raw<sizeof(T) * VEC>::type*>(p) = k.raw;
+  }
+}
+// Raw loads kept packed in registers until used (half the registers of converted 16-bit values).
+template <class T, int VEC> __device__ __forceinline__ Pack<T, VEC> rload(const T* p) {
+  Pack<T, VEC> k;
+  k.raw = *reinterpret_cast<const typename Raw<sizeof(T) * VEC>::type*>(p);
+  return k;
+}
+template <class T, int VEC, class A> __device__ __forceinline__ void unpack(const Pack<T, VEC>& k, A* out) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = load<A>(k.e[e]);
+}
+template <int VEC> __device__ __forceinline__ void mstore(unsigned char* p, const bool* m) {
+  Pack<unsigned char, VEC> k;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) k.e[e] = m[e] ? 1 : 0;
+  *reinterpret_cast<typename Raw<VEC>::type*>(p) = k.raw;
+}
+template <int VEC> __device__ __forceinline__ void mload(const unsigned char* p, bool* m) {
+  Pack<unsigned char, VEC> k;
+  k.raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) m[e] = k.e[e] != 0;
+}
+
+// ------------------------------------------------------------------ statistics
+
+// Chan's merge of (nb, mb, m2b) into (n, m, m2).
+template <class A> __device__ __forceinline__ void merge(A& n, A& m, A& m2, A nb, A mb, A m2b) {
+  if (nb == A(0)) return;
+  const A nn = n + nb, d = mb - m, f = nb / nn;
+  m += d * f;
+  m2 += m2b + d * d * n * f;
+  n = nn;
+}
+// The same for (x, dy) pairs: means, M2 of x and the co-moment C = sum (x - mx)(dy - my).
+template <class A>
+__device__ __forceinline__ void merge2(A& n, A& mx, A& m2, A& my, A& c, A nb, A mxb, A m2b, A myb, A cb) {
+  if (nb == A(0)) return;
+  const A nn = n + nb, dx = mxb - mx, dy = myb - my, f = nb / nn;
+  mx += dx * f;
+  my += dy * f;
+  m2 += m2b + dx * dx * n * f;
+  c += cb + dx * dy * n * f;
+  n = nn;
+}
+
+// Forward finish of feature f from its (n, mean, M2): saved and running statistics, and the constants
+// of the apply pass (scale * invstd, bias, mean).
+template <class A> __device__ void fwd_finish(const BnParams& p, i64 f, double n, double m, double m2, A* c) {
+  const double var = m2 / n;
+  const double invstd = 1.0 / sqrt(var + p.eps);
+  if (p.flags & PYDNN_BN_FLAG_SAVE) {
+    ((A*)p.save_mean)[f] = (A)m;
+    ((A*)p.save_invvar)[f] = (A)invstd;
+  }
+  if (p.flags & PYDNN_BN_FLAG_RUNNING) {
+    const double unbiased = n > 1 ? m2 / (n - 1) : var;  // cuDNN's running variance: N / (N - 1)
+    A* rm = (A*)p.mean;
+    A* rv = (A*)p.var;
+    if (p.factor == 1.0) {  // the old values are not read (they may be uninitialized)
+      rm[f] = (A)m;
+      rv[f] = (A)unbiased;
+    } else {
+      rm[f] = (A)((1.0 - p.factor) * (double)rm[f] + p.factor * m);
+      rv[f] = (A)((1.0 - p.factor) * (double)rv[f] + p.factor * unbiased);
+    }
+  }
+  c[0] = (A)((double)((const A*)p.scale)[f] * invstd);
+  c[1] = ((const A*)p.bias)[f];
+  c[2] = (A)m;
+  c[3] = A(0);
+}
+
+// Backward finish of feature f from (n, mean x, M2 x, mean dy, C): dscale, dbias and the constants of
+// dx = k1 * (dy - mean dy) + k2 * (x - mean), i.e. (k1, k2, mean, mean dy).
+template <class A>
+__device__ void bwd_finish(const BnParams& p, i64 f, double n, double mx, double m2, double my, double cxy, A* c) {
+  double mean, invstd;
+  if (p.flags & PYDNN_BN_FLAG_SAVED) {
+    mean = (double)((const A*)p.save_mean)[f];
+    invstd = (double)((const A*)p.save_invvar)[f];
+  } else {
+    mean = mx;
+    invstd = 1.0 / sqrt(m2 / n + p.eps);
+  }
+  const double sdyx = cxy + n * (mx - mean) * my;  // sum dy * (x - mean)
+  const double dgamma = sdyx * invstd, dbeta = n * my;
+  A* ds = (A*)p.dscale;
+  A* db = (A*)p.dbias;
+  double vs = p.alpha_p * dgamma, vb = p.alpha_p * dbeta;
+  if (p.flags & PYDNN_BN_FLAG_PBETA) {
+    vs += p.beta_p * (double)ds[f];
+    vb += p.beta_p * (double)db[f];
+  }
+  ds[f] = (A)vs;
+  db[f] = (A)vb;
+  const double k1 = p.alpha * (double)((const A*)p.scale)[f] * invstd;
+  c[0] = (A)k1;
+  c[1] = (A)(-k1 * invstd * dgamma / n);
+  c[2] = (A)mean;
+  c[3] = (A)my;
+}
+
+// One forward output before alpha / beta: normalize, add z, ReLU (pos: the ReLU's input was > 0).
+template <class A> __device__ __forceinline__ A fwd_value(A x, const A* c, A z, unsigned flags, bool& pos) {
+  A v = (x - c[2]) * c[0] + c[1];
+  if (flags & PYDNN_BN_FLAG_Z) v += z;
+  pos = v > A(0);
+  if (flags & PYDNN_BN_FLAG_RELU) v = pos ? v : A(0);
+  return v;
+}
+
+// ------------------------------------------------------------------ row kernels
+
+// Per-thread statistics over the rows [r0, r1) of VEC features at f0 (x only: forward).
+template <class T, int VEC, class A>
+__device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i64 r1, A& n, A* m, A* m2) {
+  const T* x = (const T*)p.x + f0;
+  const i64 ld = p.ld[X];
+  const int by = blockDim.y;
+  for (i64 r = r0; r < r1; r += (i64)by * kUnroll) {
+    A v[kUnroll][VEC];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < r1) vload<T, VEC>(x + rr * ld, v[u]);
+      else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[u][e] = A(0);
+      }
+    }
+    const int k = (int)min((i64)kUnroll, (r1 - r + by - 1) / by);
+    const A kb = (A)k, inv = A(1) / kb, nn = n + kb, f = kb / nn;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      A s = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) s += v[u][e];  // rows past r1 hold 0
+      const A mb = s * inv;
+      A q = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const A d = v[u][e] - mb;
+        if (u < k) q += d * d;
+      }
+      const A d = mb - m[e];
+      m[e] += d * f;
+      m2[e] += q + d * d * n * f;
+    }
+    n = nn;
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) fwd_stats(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_n[kThreads], s_m[kThreads * VEC], s_m2[kThreads * VEC];
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  const bool live = f0 < p.feats;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(p.rows, r0 + p.chunk_rows);
+  A n = 0, m[VEC], m2[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) m[e] = m2[e] = A(0);
+  if (live) row_stats_x<T, VEC>(p, f0, r0 + ty, r1, n, m, m2);
+  s_n[idx] = n;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    s_m[idx * VEC + e] = m[e];
+    s_m2[idx * VEC + e] = m2[e];
+  }
+  __syncthreads();
+  for (int s = by / 2; s > 0; s >>= 1) {  // fixed tree over the row threads
+    if (ty < s) {
+      const int o = idx + s * bx;
+      const A nb = s_n[o];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        A nn = n;
+        merge(nn, m[e], m2[e], nb, s_m[o * VEC + e], s_m2[o * VEC + e]);
+        s_m[idx * VEC + e] = m[e];
+        s_m2[idx * VEC + e] = m2[e];
+      }
+      n += nb;
+      s_n[idx] = n;
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && live) {
+    A* part = (A*)p.partial + ((i64)blockIdx.y * p.feats + f0) * 2;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      part[2 * e] = m[e];
+      part[2 * e + 1] = m2[e];
+    }
+  }
+}
+
+// Per feature: merge the chunks' partials (chunk order, double), then finish. Block kFinalX x kFinalY.
+template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p) {
+  __shared__ double s_n[kFinalY][kFinalX], s_m[kFinalY][kFinalX], s_m2[kFinalY][kFinalX];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f = (i64)blockIdx.x * kFinalX + tx;
+  const bool live = f < p.feats;
+  double n = 0, m = 0, m2 = 0;
+  const A* part = (const A*)p.partial;
+  if (live) {
+    for (i64 c0 = ty; c0 < p.chunks; c0 += kFinalY * kFinalU) {
+      A q[kFinalU][2];
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {  // loads first: one L2 round trip per kFinalU chunks
+        const i64 c = c0 + (i64)u * kFinalY;
+        if (c < p.chunks) {
+          q[u][0] = part[(c * p.feats + f) * 2];
+          q[u][1] = part[(c * p.feats + f) * 2 + 1];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        const i64 c = c0 + (i64)u * kFinalY;
+        if (c < p.chunks)
+          merge(n, m, m2, (double)min(p.chunk_rows, p.rows - c * p.chunk_rows), (double)q[u][0], (double)q[u][1]);
+      }
+    }
+  }
+  s_n[ty][tx] = n;
+  s_m[ty][tx] = m;
+  s_m2[ty][tx] = m2;
+  __syncthreads();
+  for (int s = kFinalY / 2; s > 0; s >>= 1) {
+    if (ty < s) {
+      merge(n, m, m2, s_n[ty + s][tx], s_m[ty + s][tx], s_m2[ty + s][tx]);
+      s_n[ty][tx] = n;
+      s_m[ty][tx] = m;
+      s_m2[ty][tx] = m2;
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && live) {
+    A c[4];
+    fwd_finish<A>(p, f, n, m, m2, c);
+    A* out = (A*)p.consts + f * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = c[k];
+  }
+}
+
+// y over rows [row_begin + blockIdx.y * chunk_rows, ...) for the VEC features of this thread. Loads stay
+// packed until used; 2 blocks per SM at least (the register cap keeps 16 warps resident).
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  if (f0 >= p.feats) return;
+  const unsigned flags = p.flags;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  A c[VEC][4];
+  const A* cs = (const A*)p.consts + f0 * 4;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) c[e][k] = cs[e * 4 + k];
+    c[e][3] = A(0);
+  }
+  // Last chunk first: the stats pass read the rows in order, so the end of x is what L2 still holds.
+  const i64 start = p.row_begin + (i64)(gridDim.y - 1 - blockIdx.y) * p.chunk_rows;
+  const i64 end = min(p.row_end, start + p.chunk_rows);
+  const T* x = (const T*)p.x + f0;
+  const T* z = (const T*)p.z + f0;
+  T* y = (T*)p.y + f0;
+  const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
+  for (i64 r = start + ty; r < end; r += (i64)by * kUnroll) {
+    P xv[kUnroll];  // only x is prefetched: z and the old y (Ex, blending) are loaded where used, so the
+                    // plain forward keeps few registers (3 blocks of 256 per SM)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < end) xv[u] = rload<T, VEC>(x + rr * lx);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < end) {
+        A xa[VEC], za[VEC], o[VEC];
+        bool pos[VEC];
+        unpack(xv[u], xa);
+        if (flags & PYDNN_BN_FLAG_Z) unpack(rload<T, VEC>(z + rr * lz), za);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = alpha * fwd_value(xa[e], c[e], (flags & PYDNN_BN_FLAG_Z) ? za[e] : A(0), flags, pos[e]);
+        if (flags & PYDNN_BN_FLAG_BETA) {
+          A ya[VEC];
+          unpack(rload<T, VEC>(y + rr * ly), ya);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) o[e] += beta * ya[e];
+        }
+        vstore<T, VEC>(y + rr * ly, o);
+        if (flags & PYDNN_BN_FLAG_MASK) mstore<VEC>(p.mask + rr * lx + f0, pos);
+      }
+    }
+  }
+}
+
+// The rows whose bytes held the constants (non-Ex calls): one block, constants to shared memory first.
+template <class T> __global__ void __launch_bounds__(kThreads) fwd_head(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
+  const A* cs = (const A*)p.consts;
+  for (i64 i = threadIdx.x; i < p.feats * 4; i += blockDim.x) s_c[i] = cs[i];
+  __syncthreads();
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const i64 total = (p.row_end - p.row_begin) * p.feats;
+  for (i64 i = threadIdx.x; i < total; i += blockDim.x) {
+    const i64 r = p.row_begin + i / p.feats, f = i % p.feats;
+    const A xv = load<A>(((const T*)p.x)[r * p.ld[X] + f]);
+    const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z)[r * p.ld[Z] + f]) : A(0);
+    T* yp = (T*)p.y + r * p.ld[Y] + f;
+    bool pos;
+    A o = alpha * fwd_value(xv, s_c + f * 4, zv, p.flags, pos);
+    if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
+    *yp = store<T>(o);
+    if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[r * p.ld[X] + f] = pos ? 1 : 0;
+  }
+}
+
+// Backward: x, dy (masked by the reserve's ReLU mask) of VEC features at f0 over rows [r0, r1).
+template <class T, int VEC, class A>
+__device__ __forceinline__ void row_load_xdy(const BnParams& p, i64 f0, i64 rr, A* xv, A* dv) {
+  vload<T, VEC>((const T*)p.x + rr * p.ld[X] + f0, xv);
+  vload<T, VEC>((const T*)p.dy + rr * p.ld[DY] + f0, dv);
+  if (p.flags & PYDNN_BN_FLAG_MASK) {
+    bool m[VEC];
+    mload<VEC>(p.mask + rr * p.ld[X] + f0, m);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) dv[e] = m[e] ? dv[e] : A(0);
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_n[kThreads], s_s[4][kThreads * VEC];
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  const bool live = f0 < p.feats;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(p.rows, r0 + p.chunk_rows);
+  A n = 0, mx[VEC], m2[VEC], my[VEC], cc[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) mx[e] = m2[e] = my[e] = cc[e] = A(0);
+  if (live) {
+    for (i64 r = r0 + ty; r < r1; r += (i64)by * kUnroll) {
+      A xv[kUnroll][VEC], dv[kUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const i64 rr = r + (i64)u * by;
+        if (rr < r1) row_load_xdy<T, VEC>(p, f0, rr, xv[u], dv[u]);
+        else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) xv[u][e] = dv[u][e] = A(0);
+        }
+      }
+      const int k = (int)min((i64)kUnroll, (r1 - r + by - 1) / by);
+      const A kb = (A)k, inv = A(1) / kb;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        A sx = 0, sy = 0;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          sx += xv[u][e];
+          sy += dv[u][e];
+        }
+        const A bx_ = sx * inv, by_ = sy * inv;
+        A q = 0, cb = 0;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const A d = xv[u][e] - bx_, g = dv[u][e] - by_;
+          if (u < k) {
+            q += d * d;
+            cb += d * g;
+          }
+        }
+        A nn = n;
+        merge2(nn, mx[e], m2[e], my[e], cc[e], kb, bx_, q, by_, cb);
+      }
+      n += kb;
+    }
+  }
+  s_n[idx] = n;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    s_s[0][idx * VEC + e] = mx[e];
+    s_s[1][idx * VEC + e] = m2[e];
+    s_s[2][idx * VEC + e] = my[e];
+    s_s[3][idx * VEC + e] = cc[e];
+  }
+  __syncthreads();
+  for (int s = by / 2; s > 0; s >>= 1) {
+    if (ty < s) {
+      const int o = idx + s * bx;
+      const A nb = s_n[o];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        A nn = n;
+        const int j = o * VEC + e, i = idx * VEC + e;
+        merge2(nn, mx[e], m2[e], my[e], cc[e], nb, s_s[0][j], s_s[1][j], s_s[2][j], s_s[3][j]);
+        s_s[0][i] = mx[e];
+        s_s[1][i] = m2[e];
+        s_s[2][i] = my[e];
+        s_s[3][i] = cc[e];
+      }
+      n += nb;
+      s_n[idx] = n;
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && live) {
+    A* part = (A*)p.partial + ((i64)blockIdx.y * p.feats + f0) * 4;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      part[4 * e] = mx[e];
+      part[4 * e + 1] = m2[e];
+      part[4 * e + 2] = my[e];
+      part[4 * e + 3] = cc[e];
+    }
+  }
+}
+
+template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p) {
+  __shared__ double s[5][kFinalY][kFinalX];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f = (i64)blockIdx.x * kFinalX + tx;
+  const bool live = f < p.feats;
+  double n = 0, mx = 0, m2 = 0, my = 0, cc = 0;
+  const A* part = (const A*)p.partial;
+  if (live) {
+    for (i64 c0 = ty; c0 < p.chunks; c0 += kFinalY * kFinalU) {
+      A q[kFinalU][4];
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        const i64 c = c0 + (i64)u * kFinalY;
+        if (c < p.chunks) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) q[u][k] = part[(c * p.feats + f) * 4 + k];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        const i64 c = c0 + (i64)u * kFinalY;
+        if (c < p.chunks)
+          merge2(n, mx, m2, my, cc, (double)min(p.chunk_rows, p.rows - c * p.chunk_rows), (double)q[u][0],
+                 (double)q[u][1], (double)q[u][2], (double)q[u][3]);
+      }
+    }
+  }
+  s[0][ty][tx] = n;
+  s[1][ty][tx] = mx;
+  s[2][ty][tx] = m2;
+  s[3][ty][tx] = my;
+  s[4][ty][tx] = cc;
+  __syncthreads();
+  for (int h = kFinalY / 2; h > 0; h >>= 1) {
+    if (ty < h) {
+      merge2(n, mx, m2, my, cc, s[0][ty + h][tx], s[1][ty + h][tx], s[2][ty + h][tx], s[3][ty + h][tx],
+             s[4][ty + h][tx]);
+      s[0][ty][tx] = n;
+      s[1][ty][tx] = mx;
+      s[2][ty][tx] = m2;
+      s[3][ty][tx] = my;
+      s[4][ty][tx] = cc;
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && live) {
+    A c[4];
+    bwd_finish<A>(p, f, n, mx, m2, my, cc, c);
+    A* out = (A*)p.consts + f * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = c[k];
+  }
+}
+
+// dx = k1 * (dy' - mean dy) + k2 * (x - mean) (+ beta * dx); dz = alpha * dy' (+ beta * dz), dy' masked.
+template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) {
+  return c[0] * (d - c[3]) + c[1] * (x - c[2]);
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  if (f0 >= p.feats) return;
+  const unsigned flags = p.flags;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  A c[VEC][4];
+  const A* cs = (const A*)p.consts + f0 * 4;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[e][k] = cs[e * 4 + k];
+  const i64 start = p.row_begin + (i64)(gridDim.y - 1 - blockIdx.y) * p.chunk_rows;  // last chunk first (L2)
+  const i64 end = min(p.row_end, start + p.chunk_rows);
+  const T* x = (const T*)p.x + f0;
+  const T* dy = (const T*)p.dy + f0;
+  T* dx = (T*)p.dx + f0;
+  T* dz = (T*)p.dz + f0;
+  const i64 lx = p.ld[X], ldy = p.ld[DY], ldx = p.ld[DX], ldz = p.ld[DZ];
+  const bool blend = flags & PYDNN_BN_FLAG_BETA, wdz = flags & PYDNN_BN_FLAG_DZ, msk = flags & PYDNN_BN_FLAG_MASK;
+  for (i64 r = start + ty; r < end; r += (i64)by * kUnroll) {
+    P xv[kUnroll], dv[kUnroll];  // the old dx / dz (blending) are loaded where used
+    Pack<unsigned char, VEC> mv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < end) {
+        xv[u] = rload<T, VEC>(x + rr * lx);
+        dv[u] = rload<T, VEC>(dy + rr * ldy);
+        if (msk) mv[u].raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p.mask + rr * lx + f0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < end) {
+        A xa[VEC], da[VEC], o[VEC];
+        unpack(xv[u], xa);
+        unpack(dv[u], da);
+        if (msk) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) da[e] = mv[u].e[e] ? da[e] : A(0);
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = bwd_value(xa[e], da[e], c[e]);
+        if (blend) {
+          A oa[VEC];
+          unpack(rload<T, VEC>(dx + rr * ldx), oa);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) o[e] += beta * oa[e];
+        }
+        vstore<T, VEC>(dx + rr * ldx, o);
+        if (wdz) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) o[e] = alpha * da[e];
+          if (blend) {
+            A oa[VEC];
+            unpack(rload<T, VEC>(dz + rr * ldz), oa);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o[e] += beta * oa[e];
+          }
+          vstore<T, VEC>(dz + rr * ldz, o);
+        }
+      }
+    }
+  }
+}
+
+template <class T> __global__ void __launch_bounds__(kThreads) bwd_head(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
+  const A* cs = (const A*)p.consts;
+  for (i64 i = threadIdx.x; i < p.feats * 4; i += blockDim.x) s_c[i] = cs[i];
+  __syncthreads();
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const i64 total = (p.row_end - p.row_begin) * p.feats;
+  for (i64 i = threadIdx.x; i < total; i += blockDim.x) {
+    const i64 r = p.row_begin + i / p.feats, f = i % p.feats;
+    const A xv = load<A>(((const T*)p.x)[r * p.ld[X] + f]);
+    A dv = load<A>(((const T*)p.dy)[r * p.ld[DY] + f]);
+    if ((p.flags & PYDNN_BN_FLAG_MASK) && !p.mask[r * p.ld[X] + f]) dv = A(0);
+    T* dxp = (T*)p.dx + r * p.ld[DX] + f;
+    A o = bwd_value(xv, dv, s_c + f * 4);
+    if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*dxp);
+    *dxp = store<T>(o);
+    if (p.flags & PYDNN_BN_FLAG_DZ) {
+      T* dzp = (T*)p.dz + r * p.ld[DZ] + f;
+      A oz = alpha * dv;
+      if (p.flags & PYDNN_BN_FLAG_BETA) oz += beta * load<A>(*dzp);
+      *dzp = store<T>(oz);
+    }
+  }
+}
+
+// Inference: y = alpha * ((x - mean) * scale / sqrt(var + eps) + bias) + beta * y.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads, 3) infer_rows(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  if (f0 >= p.feats) return;
+  A a[VEC], b[VEC];  // y = x * a + b: a = scale / sqrt(var + eps), b = bias - mean * a
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const i64 f = f0 + e;
+    a[e] = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + (A)p.eps);
+    b[e] = ((const A*)p.bias)[f] - ((const A*)p.mean)[f] * a[e];
+  }
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
+  const i64 start = p.row_begin + (i64)blockIdx.y * p.chunk_rows, end = min(p.row_end, start + p.chunk_rows);
+  const T* x = (const T*)p.x + f0;
+  T* y = (T*)p.y + f0;
+  const i64 lx = p.ld[X], ly = p.ld[Y];
+  for (i64 r = start + ty; r < end; r += (i64)by * kUnroll) {
+    P xv[kUnroll];  // the old y (blending) is loaded where used: few registers, 3 blocks per SM
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < end) xv[u] = rload<T, VEC>(x + rr * lx);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 rr = r + (i64)u * by;
+      if (rr < end) {
+        A xa[VEC], o[VEC];
+        unpack(xv[u], xa);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = alpha * (xa[e] * a[e] + b[e]);
+        if (blend) {
+          A ya[VEC];
+          unpack(rload<T, VEC>(y + rr * ly), ya);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) o[e] += beta * ya[e];
+        }
+        vstore<T, VEC>(y + rr * ly, o);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ gen kernels (any strides)
+
+__device__ __forceinline__ void feat_off(const BnParams& p, i64 f, i64* off) {
+#pragma unroll
+  for (int k = 0; k < PYDNN_BN_OPS; ++k) off[k] = 0;
+  for (int d = p.nfd - 1; d >= 0; --d) {
+    const i64 s = p.fsize[d], q = f / s, c = f - q * s;
+#pragma unroll
+    for (int k = 0; k < PYDNN_BN_OPS; ++k) off[k] += c * p.fstride[k][d];
+    f = q;
+  }
+}
+__device__ __forceinline__ void red_off(const BnParams& p, i64 i, const i64* base, i64* off) {
+#pragma unroll
+  for (int k = 0; k < PYDNN_BN_OPS; ++k) off[k] = base[k];
+  if (p.flags & PYDNN_BN_FLAG_IDX32) {  // 32-bit divisions (a quarter of the 64-bit cost)
+    unsigned r = (unsigned)i;
+    for (int d = p.nrd - 1; d >= 0; --d) {
+      const unsigned s = (unsigned)p.rsize[d], q = r / s;
+      const i64 c = (i64)(r - q * s);
+#pragma unroll
+      for (int k = 0; k < PYDNN_BN_OPS; ++k) off[k] += c * p.rstride[k][d];
+      r = q;
+    }
+    return;
+  }
+  for (int d = p.nrd - 1; d >= 0; --d) {
+    const i64 s = p.rsize[d], q = i / s, c = i - q * s;
+#pragma unroll
+    for (int k = 0; k < PYDNN_BN_OPS; ++k) off[k] += c * p.rstride[k][d];
+    i = q;
+  }
+}
+
+// Fixed-order tree over the block's threads (blockDim.x a power of two <= kThreads) of NV values each.
+template <class A, int NV, int NT> __device__ __forceinline__ void block_merge(A* v, A (*sm)[NT]) {
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) sm[k][t] = v[k];
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) {
+      if constexpr (NV == 3) merge(v[0], v[1], v[2], sm[0][t + s], sm[1][t + s], sm[2][t + s]);
+      else merge2(v[0], v[1], v[2], v[3], v[4], sm[0][t + s], sm[1][t + s], sm[2][t + s], sm[3][t + s], sm[4][t + s]);
+#pragma unroll
+      for (int k = 0; k < NV; ++k) sm[k][t] = v[k];
+    }
+    __syncthreads();
+  }
+}
+
+template <class T> __global__ void __launch_bounds__(kGenThreads) fwd_fused_gen(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ double sm[3][kGenThreads];  // statistics in double: one thread may see millions of values
+  __shared__ A s_c[4];
+  const T* x = (const T*)p.x;
+  const T* z = (const T*)p.z;
+  T* y = (T*)p.y;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const int t = threadIdx.x, G = blockDim.x;
+  for (i64 f = blockIdx.x; f < p.feats; f += gridDim.x) {
+    i64 fo[PYDNN_BN_OPS], o[PYDNN_BN_OPS];
+    feat_off(p, f, fo);
+    double v[3] = {0, 0, 0};  // n, mean, M2: kUnroll loads in flight, their batch merged (Chan)
+    for (i64 i0 = t; i0 < p.rows; i0 += (i64)G * kUnroll) {
+      double xv[kUnroll];
+      int k = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        xv[u] = 0;
+        const i64 i = i0 + (i64)u * G;
+        if (i < p.rows) {
+          red_off(p, i, fo, o);
+          xv[u] = load<double>(x[o[X]]);
+          k = u + 1;
+        }
+      }
+      double sx = 0, q = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) sx += xv[u];
+      const double mb = sx / k;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u < k) q += (xv[u] - mb) * (xv[u] - mb);
+      merge(v[0], v[1], v[2], (double)k, mb, q);
+    }
+    block_merge<double, 3, kGenThreads>(v, sm);
+    if (t == 0) {
+      A c[4];
+      fwd_finish<A>(p, f, v[0], v[1], v[2], c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+    __syncthreads();
+    A c[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = s_c[k];
+    for (i64 i = t; i < p.rows; i += G) {
+      red_off(p, i, fo, o);
+      const A xv = load<A>(x[o[X]]);
+      const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(z[o[Z]]) : A(0);
+      bool pos;
+      A r = alpha * fwd_value(xv, c, zv, p.flags, pos);
+      if (p.flags & PYDNN_BN_FLAG_BETA) r += beta * load<A>(y[o[Y]]);
+      y[o[Y]] = store<T>(r);
+      if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[o[X]] = pos ? 1 : 0;
+    }
+    __syncthreads();  // s_c and sm are reused by the next feature
+  }
+}
+
+template <class T> __global__ void __launch_bounds__(kGenThreadsBwd) bwd_fused_gen(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ double sm[5][kGenThreadsBwd];
+  __shared__ A s_c[4];
+  const T* x = (const T*)p.x;
+  const T* dy = (const T*)p.dy;
+  T* dx = (T*)p.dx;
+  T* dz = (T*)p.dz;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA, mask = p.flags & PYDNN_BN_FLAG_MASK;
+  const int t = threadIdx.x, G = blockDim.x;
+  for (i64 f = blockIdx.x; f < p.feats; f += gridDim.x) {
+    i64 fo[PYDNN_BN_OPS], o[PYDNN_BN_OPS];
+    feat_off(p, f, fo);
+    double v[5] = {0, 0, 0, 0, 0};  // n, mean x, M2 x, mean dy, co-moment
+    for (i64 i0 = t; i0 < p.rows; i0 += (i64)G * kUnroll) {
+      double xv[kUnroll], dv[kUnroll];
+      int k = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        xv[u] = dv[u] = 0;
+        const i64 i = i0 + (i64)u * G;
+        if (i < p.rows) {
+          red_off(p, i, fo, o);
+          xv[u] = load<double>(x[o[X]]);
+          dv[u] = load<double>(dy[o[DY]]);
+          if (mask && !p.mask[o[X]]) dv[u] = 0;
+          k = u + 1;
+        }
+      }
+      double sx = 0, sy = 0, q = 0, c = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        sx += xv[u];
+        sy += dv[u];
+      }
+      const double mx = sx / k, my = sy / k;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u < k) {
+          q += (xv[u] - mx) * (xv[u] - mx);
+          c += (xv[u] - mx) * (dv[u] - my);
+        }
+      merge2(v[0], v[1], v[2], v[3], v[4], (double)k, mx, q, my, c);
+    }
+    block_merge<double, 5, kGenThreadsBwd>(v, sm);
+    if (t == 0) {
+      A c[4];
+      bwd_finish<A>(p, f, v[0], v[1], v[2], v[3], v[4], c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+    __syncthreads();
+    A c[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = s_c[k];
+    for (i64 i = t; i < p.rows; i += G) {
+      red_off(p, i, fo, o);
+      const A xv = load<A>(x[o[X]]);
+      A dv = load<A>(dy[o[DY]]);
+      if (mask && !p.mask[o[X]]) dv = A(0);
+      A r = bwd_value(xv, dv, c);
+      if (blend) r += beta * load<A>(dx[o[DX]]);
+      dx[o[DX]] = store<T>(r);
+      if (p.flags & PYDNN_BN_FLAG_DZ) {
+        A rz = alpha * dv;
+        if (blend) rz += beta * load<A>(dz[o[DZ]]);
+        dz[o[DZ]] = store<T>(rz);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Inference, any strides: one thread per element (feature-major order: f = j / rows).
+template <class T> __global__ void __launch_bounds__(kThreads) infer_gen(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  const A alpha = (A)p.alpha, beta = (A)p.beta, eps = (A)p.eps;
+  const i64 total = p.rows * p.feats, step = (i64)gridDim.x * blockDim.x;
+  for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += step) {
+    const i64 f = (p.flags & PYDNN_BN_FLAG_IDX32) ? (i64)((unsigned)j / (unsigned)p.rows) : j / p.rows;
+    const i64 i = j - f * p.rows;
+    i64 fo[PYDNN_BN_OPS], o[PYDNN_BN_OPS];
+    feat_off(p, f, fo);
+    red_off(p, i, fo, o);
+    const A a = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + eps);
+    A r = alpha * ((load<A>(((const T*)p.x)[o[X]]) - ((const A*)p.mean)[f]) * a + ((const A*)p.bias)[f]);
+    T* yp = (T*)p.y + o[Y];
+    if (p.flags & PYDNN_BN_FLAG_BETA) r += beta * load<A>(*yp);
+    *yp = store<T>(r);
+  }
+}
+
+}  // namespace bn
+}  // namespace pydnn

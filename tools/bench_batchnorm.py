@@ -1,0 +1,173 @@
+"""Batch normalization benchmark: pydnn vs PyTorch in the same run, on the issue's problem: x
+64x256x56x56 bf16 NHWC (channels_last), SPATIAL, with running statistics and saved mean / invstd.
+
+Bytes (the fewest the op must move; the torch column is timed on the same count):
+  training forward   x read once + y written once                  (bf16: 102.8 + 102.8 MB)
+                     pydnn's rows path reads x twice (stats pass, apply pass): 308 MB actually move
+                     (x is 2x the 50 MB L2, so the second read comes mostly from DRAM). The floor at
+                     one read is 2 x 102.8 MB / copy bandwidth; the two-pass floor is 1.5x that.
+  inference          x read once + y written once
+  backward           x and dy read once + dx written once           (3 x 102.8 MB); pydnn reads x and dy
+                     twice (stats pass, apply pass): 5 x 102.8 MB actually move
+  Ex BN_ADD_ACTIVATION forward: x, z read + y written (the 1-byte mask per element is not counted)
+Target (issue 3): training forward >= 2x PyTorch (F.batch_norm(training=True) on channels_last);
+inference >= 85% of copy.
+
+Kernels (ptx/batchnorm.cu, rows layout): fwd_stats (a block per chunk of rows, 16-byte loads of 8
+channels per thread, per-thread Chan merges, ~8 blocks per SM in one wave), fwd_final (per channel, merge
+the chunks in order), fwd_apply (one pass, 4 rows of 16 bytes in flight per thread), fwd_head (the 8 rows
+whose bytes held the constants; non-Ex only). The "alone" rows time each launch of the sequence by itself
+(final: the partials' bytes; head: ~8 KB, its time is what matters).
+
+Measured on an NVIDIA H200 (copy 4166-4169 GB/s), PyTorch 2.11 / cuDNN 9.19 in the same run; GB/s on the
+one-read byte counts above; ratio = PyTorch time / pydnn time.
+
+  v1  prediction: ~57% of copy, ~1.4x PyTorch (stats and apply each near the bandwidth).
+      got: training forward bf16 991 GB/s (23.8%, 1.13x PyTorch's 879), fp32 1974 (47.4%, 0.87x);
+      inference bf16 3207 (76.9%, 1.33x), fp32 3881 (93.1%, 1.60x); backward bf16 996 (0.60x), fp32 1966
+      (0.85x); NCHW (gen) bf16 166 (0.26x). bf16 and fp32 took the same time per element: the final kernel
+      (8 blocks, each thread merging 132 partials one dependent L2 load + double division at a time).
+  v2  (this) final: 32 chunk lanes per channel, 4 loads in flight; paired bf16x2 / f16x2 conversions;
+      apply / inference prefetch only x (80 / 68 registers: 3 blocks per SM); apply walks its chunks last
+      first (the stats pass left the end of x in L2); gen: 1024 threads, 4 loads in flight, 32-bit index
+      arithmetic. Prediction: bf16 training ~100-110 us (~2x PyTorch).
+      got: training forward bf16 1318 GB/s (31.6%, 1.50x PyTorch's 881), fp32 2294 (55.1%, 1.01x; 617 MB
+      actually moved = 83% of copy); Ex BN bf16 1386 (1.56x); Ex BN+add+ReLU bf16 1540 (1.78x), fp32 2532
+      (1.74x); inference bf16 3344 (80.3%, 1.38x), fp32 3860 (92.7%, 1.59x); backward bf16 1255 (30.1%,
+      0.76x), fp32 2145 (51.5%, 0.93x); NCHW (gen) bf16 296 (0.46x), fp32 589 (0.30x).
+      Breakdown bf16 (alone): stats 61 us (40% of copy on 102.8 MB), final 15.6 us, apply 80 us (61%),
+      head ~8 us; fp32: stats 91%, apply 92%, final 12.5 us. So fp32 is at the two-read floor and bf16 is
+      not: its stats and apply blocks are half as long (same block count, half the bytes per element) and
+      do twice the arithmetic per byte.
+  Next (not measured): bf16 stats with fewer, longer blocks (4 per SM) or two vectors per thread per row;
+      merge the chunks inside the stats kernel (last block per channel group merges, in chunk order) to
+      drop the final launch; fold the head rows into that last block; target ~93 us = ~2.5x PyTorch.
+      Inference bf16: 80.3% vs the 85% target (fp32 92.7%): the same 16-bit per-byte overhead.
+      NCHW: a planes kernel (channel-major, contiguous H*W runs) instead of gen.
+"""
+import torch
+import torch.nn.functional as F
+
+import pydnn
+from bench import DT, time_ms
+
+
+def _desc(t, pdt):
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, pdt, t.dim(), list(t.shape), list(t.stride()))
+    return d
+
+
+def _breakdown(b, h, op, dname, n):
+    """Each launch of the last rows-path plan of `op` timed alone (its parameters as the last call left
+    them: every launch only reads what the sequence before it wrote, so repeating one is harmless)."""
+    from pydnn._cuda import driver
+
+    plans = [v for k, v in h.prepared.items() if isinstance(k, tuple) and k and k[0] == op and k[1] is False]
+    if not plans:
+        return
+    pl = plans[-1]
+    seq = next((s for name, s in pl.seqs.items() if name.startswith("rows") and s[0].func is not None), None)
+    if seq is None:
+        return
+    g = pl.geom
+    part = pl.scratch[2] * g.feats * (2 if op == "bn_fwd" else 4) * pl.asize
+    nbytes = {"stats": n if op == "bn_fwd" else 2 * n, "apply": 2 * n if op == "bn_fwd" else 3 * n,
+              "final": part, "head": 2 * 16 * g.feats}  # final: the partials read; head: ~its rows read + written
+    for lc in seq:
+        def one(lc=lc):
+            for k, v in lc.fields.items():
+                setattr(pl.params, k, v)
+            driver.launch_args(lc.func, lc.grid, lc.block, 0, h.cu_stream, pl.argv)
+        ms = time_ms(one)
+        kind = lc.kernel.split("_")[1]
+        b.row("batchnorm", f"  {lc.kernel} alone (grid {lc.grid[0]}x{lc.grid[1]}, block {lc.block[0]}x{lc.block[1]})",
+              dname, nbytes.get(kind, 1), ms, None, "-")
+
+
+def run(b):
+    h = b.h
+    cl = torch.channels_last
+    S = pydnn.PYDNN_BATCHNORM_SPATIAL_PERSISTENT
+    for dname in ("bf16", "fp32"):
+        tdt, pdt = DT[dname]
+        x = torch.randn(64, 256, 56, 56, dtype=tdt, device="cuda").contiguous(memory_format=cl)
+        y = torch.empty_like(x)
+        dy = torch.randn_like(x)
+        dx = torch.empty_like(x)
+        z = torch.randn_like(x)
+        C = x.shape[1]
+        f32 = dict(dtype=torch.float32, device="cuda")
+        w, bias = torch.rand(C, **f32) + 0.5, torch.randn(C, **f32)
+        rm, rv = torch.zeros(C, **f32), torch.ones(C, **f32)
+        sm, si = torch.empty(C, **f32), torch.empty(C, **f32)
+        ds, db = torch.empty(C, **f32), torch.empty(C, **f32)
+        xd = _desc(x, pdt)
+        bd = pydnn.create_tensor_descriptor()
+        pydnn.derive_bn_tensor_descriptor(bd, xd, S)
+        es = x.element_size()
+        n = x.numel() * es
+        xp, yp, dyp, dxp, zp = x.data_ptr(), y.data_ptr(), dy.data_ptr(), dx.data_ptr(), z.data_ptr()
+        P = [t.data_ptr() for t in (w, bias, rm, rv, sm, si, ds, db)]
+
+        def fwd():
+            pydnn.batch_normalization_forward_training(h, S, 1.0, 0.0, xd, xp, xd, yp, bd, P[0], P[1], 0.1, P[2], P[3],
+                                                       1e-5, P[4], P[5])
+
+        trm, trv = rm.clone(), rv.clone()
+        ms_p = time_ms(fwd)
+        _breakdown(b, h, "bn_fwd", dname, n)
+        ms_t = time_ms(lambda: F.batch_norm(x, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
+        b.row("batchnorm", "training forward NHWC 64x256x56x56 (x read once + y)", dname, 2 * n, ms_p, ms_t,
+              "F.batch_norm(training=True)")
+
+        act = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+        add = pydnn.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+        wn = max(pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, S, add, xd, xd, xd, bd, act),
+                 pydnn.get_batch_normalization_backward_ex_workspace_size(h, S, add, xd, xd, xd, xd, xd, bd, act))
+        rn = pydnn.get_batch_normalization_training_ex_reserve_space_size(h, S, add, act, xd)
+        ws = torch.empty(max(wn, 16), dtype=torch.uint8, device="cuda")
+        res = torch.empty(max(rn, 16), dtype=torch.uint8, device="cuda")
+        for ops, name, nb in ((pydnn.PYDNN_BATCHNORM_OPS_BN, "Ex BN forward (workspace)", 2 * n),
+                              (add, "Ex BN+add+ReLU forward (x, z, y)", 3 * n)):
+            def fwd_ex(ops=ops):
+                pydnn.batch_normalization_forward_training_ex(h, S, ops, 1.0, 0.0, xd, xp, xd, zp, xd, yp, bd, P[0],
+                                                              P[1], 0.1, P[2], P[3], 1e-5, P[4], P[5], act,
+                                                              ws.data_ptr(), wn, res.data_ptr(), rn)
+            ms_p = time_ms(fwd_ex)
+            if ops == add:
+                ms_t = time_ms(lambda: F.relu(F.batch_norm(x, trm, trv, w, bias, training=True) + z))
+            else:
+                ms_t = time_ms(lambda: F.batch_norm(x, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
+            b.row("batchnorm", name, dname, nb, ms_p, ms_t, "F.batch_norm(training=True)" + (" + z, relu" if ops == add else ""))
+
+        ms_p = time_ms(lambda: pydnn.batch_normalization_forward_inference(h, S, 1.0, 0.0, xd, xp, xd, yp, bd, P[0], P[1],
+                                                                           P[2], P[3], 1e-5))
+        ms_t = time_ms(lambda: F.batch_norm(x, rm, rv, w, bias, training=False, eps=1e-5))
+        b.row("batchnorm", "inference NHWC 64x256x56x56", dname, 2 * n, ms_p, ms_t, "F.batch_norm(training=False)")
+
+        fwd()  # saved statistics for backward
+        ms_p = time_ms(lambda: pydnn.batch_normalization_backward(h, S, 1.0, 0.0, 1.0, 0.0, xd, xp, xd, dyp, xd, dxp, bd,
+                                                                  P[0], P[6], P[7], 1e-5, P[4], P[5]))
+        try:
+            ms_t = time_ms(lambda: torch.ops.aten.native_batch_norm_backward(dy, x, w, rm, rv, sm, si, True, 1e-5,
+                                                                             [True, True, True]))
+        except Exception:  # noqa: BLE001 - torch without that op: no comparison
+            ms_t = None
+        b.row("batchnorm", "backward, saved stats (x, dy read + dx)", dname, 3 * n, ms_p, ms_t,
+              "aten.native_batch_norm_backward")
+        ms_p = time_ms(lambda: pydnn.batch_normalization_backward(h, S, 1.0, 0.0, 1.0, 0.0, xd, xp, xd, dyp, xd, dxp, bd,
+                                                                  P[0], P[6], P[7], 1e-5, 0, 0))
+        b.row("batchnorm", "backward, recomputed stats", dname, 3 * n, ms_p, None, "-")
+        _breakdown(b, h, "bn_bwd", dname, n)
+        # the gen path for comparison: NCHW (a block per channel)
+        xn = x.contiguous()
+        yn = torch.empty_like(xn)
+        xnd = _desc(xn, pdt)
+        ms_p = time_ms(lambda: pydnn.batch_normalization_forward_training(h, S, 1.0, 0.0, xnd, xn.data_ptr(), xnd,
+                                                                          yn.data_ptr(), bd, P[0], P[1], 0.1, P[2],
+                                                                          P[3], 1e-5, P[4], P[5]))
+        ms_t = time_ms(lambda: F.batch_norm(xn, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
+        b.row("batchnorm", "training forward NCHW (gen kernel)", dname, 2 * n, ms_p, ms_t,
+              "F.batch_norm(training=True)")
