@@ -151,6 +151,13 @@ ENUMS = {
         "PYDNN_ACTIVATION_GELU_ERF": 1000,
         "PYDNN_ACTIVATION_GELU_TANH": 1001,
     },
+    # pydnn extension (fused scaled dot-product attention, pydnn/ops/attention.py): which keys a query
+    # row sees. TOP_LEFT: key j <= query i; BOTTOM_RIGHT: key j <= i + (kv length - q length).
+    "pydnnAttentionMaskMode_t": {
+        "PYDNN_ATTN_MASK_NONE": 0,
+        "PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT": 1,
+        "PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT": 2,
+    },
     # cudnn_ops.h
     "pydnnSoftmaxAlgorithm_t": {
         "PYDNN_SOFTMAX_FAST": 0,
@@ -335,6 +342,13 @@ ENUMS = {
     # cudnn_ops.h
     "pydnnSamplerType_t": {
         "PYDNN_SAMPLER_BILINEAR": 0,
+    },
+    # pydnn extension (pydnn/ops/normalization.py): what pydnnSetNormDescriptor normalizes over
+    "pydnnNormKind_t": {
+        "PYDNN_NORM_KIND_LAYER": 0,
+        "PYDNN_NORM_KIND_GROUP": 1,
+        "PYDNN_NORM_KIND_INSTANCE": 2,
+        "PYDNN_NORM_KIND_RMS": 3,
     },
     # library_types.h (CUDA): the argument type of pydnnGetProperty
     "pydnnLibraryPropertyType_t": {

@@ -1,14 +1,872 @@
-"""Layer, group, instance and RMS normalization (pydnn extensions).
+"""Layer, group, instance and RMS normalization (pydnn extensions; kernels in ptx/normalization.cu).
 
-Not yet implemented: this module is the family's place in the package (kernel units, Python API under
-__all__, C declarations in C_API), filled in by its issue."""
+cuDNN 9 has cudnnNormalizationForward* with other semantics (batch-norm-like, running statistics); these
+calls are pydnn's own, in cuDNN's handle / descriptor style, named pydnn*Norm* so the two cannot be
+confused:
 
-__all__ = []
+    pydnnCreateNormDescriptor / pydnnSetNormDescriptor(kind, groups, normalizedDims, epsilon,
+        activationDesc) / pydnnGetNormDescriptor / pydnnDestroyNormDescriptor
+    pydnnDeriveNormParamDescriptors   the scale/bias and mean/invstd descriptors for an x
+    pydnnNormForwardTraining          y = alpha * act(xhat * scale + bias) + beta * y, mean and invstd out
+    pydnnNormForwardInference         the same y, statistics computed on the fly and not written
+    pydnnGetNormBackwardWorkspaceSize / pydnnNormBackward   dx, dscale, dbias
 
-C_API = []            # [(family title, [(C prototype, one-line description), ...])]
-C_OPAQUE_TYPES = []   # [(typedef name, struct name)]
-C_NULLABLE = {}       # {C function: (descriptor args that may be NULL)}
+Kinds (pydnnNormKind_t, a pydnn extension enum):
+    LAYER     each set: the last `normalizedDims` dims of x (any dims before them index the sets);
+              scale / bias have x's dims with 1 in front: (1, ..., 1, d[n-k], ..., d[n-1]).
+    RMS       as LAYER, without the mean: xhat = x / sqrt(mean(x^2) + eps); bias optional.
+    GROUP     x is (N, C, spatial...); each set: one sample's C / groups consecutive channels and all
+              spatial positions; scale / bias per channel: (1, C, 1, ...).
+    INSTANCE  GROUP with groups = C.
+Statistics (mean, invstd = 1 / sqrt(biased variance + epsilon)) are float32 tensors of x's dims with the
+normalized dims set to 1 (LAYER / RMS) or (N, groups, 1, ...) (GROUP; INSTANCE: (N, C, 1, ...)), any
+strides. RMS writes and reads no mean (its pointer may be NULL). scale, bias, dscale and dbias are packed
+float32 tensors. x, y, dy, dx: float, half or bfloat16 (float32 arithmetic); any strides (NCHW, NHWC,
+gaps); x, y, dy, dx must have the same dims and type; y may be x, dx may be x or dy.
+
+The fused activation (activationDesc, NULL for none) is copied when the norm descriptor is set: any
+pydnnActivationMode_t (RELU, SIGMOID, TANH, CLIPPED_RELU, ELU, IDENTITY, SWISH, GELU_ERF, GELU_TANH), NaN
+option ignored (NaN stays NaN except through ReLU's comparison). Backward takes its derivative at the
+pre-activation z, recomputed from x, the saved statistics, scale and bias (so bias must be passed again).
+
+Blending: y = alpha * out + beta * y, dx = alphaDataDiff * dx' + betaDataDiff * dx, dscale =
+alphaParamDiff * dscale' + betaParamDiff * dscale (dbias likewise); beta == 0 never reads the output.
+
+Backward workspace: dscale / dbias are sums over all sets; each block (or block subgroup) writes its
+partial sums to the workspace and a small `finish` kernel adds them in a fixed order.
+
+Kernels (see _configs): `fwd` / `bwd` when a set's elements form at most two levels in memory (a
+contiguous inner run, an outer stride: layer-norm rows, NCHW groups, NHWC groups) and fit in registers
+(G threads per set, a power of two up to a block), `fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8
+blocks per set) for larger sets, `gen_fwd` / `gen_bwd` for anything else (one block per set, three or two
+passes over memory). The backward's 16-byte-vector launches take `bwd_staged` / `bwd_staged_cluster`
+(persistent, the next set's x and dy copied into shared memory with cp.async while the current one is
+processed) when the set fits their 256-thread blocks; see STAGED_FWD / STAGED_BWD.
+"""
+import ctypes
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import FLAG_BETA, MAX_DIMS, kernel_params
+from .._cuda import driver
+from ..buffers import device_ptr
+from ..handle import check_handle
+from ..status import PydnnError, api
+from ..tensor import TensorDescriptor, check_tensor, packed_strides
+from . import activation as _activation
+from .common import TAG, enum_arg, float_tensor, next_pow2, output_tensor, same_shape, same_type, scalar
+from ._elementwise import CTYPE, _SIZES
+
+__all__ = [
+    "create_norm_descriptor", "set_norm_descriptor", "get_norm_descriptor", "destroy_norm_descriptor",
+    "derive_norm_param_descriptors", "norm_forward_training", "norm_forward_inference",
+    "get_norm_backward_workspace_size", "norm_backward",
+]
+
+KINDS = (E.PYDNN_NORM_KIND_LAYER, E.PYDNN_NORM_KIND_GROUP, E.PYDNN_NORM_KIND_INSTANCE, E.PYDNN_NORM_KIND_RMS)
+LAYERLIKE = (E.PYDNN_NORM_KIND_LAYER, E.PYDNN_NORM_KIND_RMS)
+DATA_TYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
+TAGS = ("f32", "f16", "bf16")
+# pydnnActivationMode_t -> PYDNN_NORM_ACT_* in ptx/normalization_params.h
+ACT_IDS = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_ACTIVATION_SIGMOID: 2,
+           E.PYDNN_ACTIVATION_TANH: 3, E.PYDNN_ACTIVATION_CLIPPED_RELU: 4, E.PYDNN_ACTIVATION_ELU: 5,
+           E.PYDNN_ACTIVATION_SWISH: 6, E.PYDNN_ACTIVATION_GELU_ERF: 7, E.PYDNN_ACTIVATION_GELU_TANH: 8}
+
+FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE = 4, 8, 16, 32, 64
+FWD_ITEMS = {True: 4, False: 8}    # vectors (vector launch) or elements (scalar launch) per thread
+BWD_ITEMS = {True: 2, False: 4}
+FWD_MAX_BLOCK, BWD_MAX_BLOCK = 1024, 512   # the kernels' __launch_bounds__
+MIN_BLOCK = 128
+CLUSTER = 8                        # kCluster
+BWD_THREADS_PER_SM = {True: 768, False: 1024}  # backward grid (persistent): threads per SM, by PREG (its slots are large)
+SMEM_PARAMS_MAX = 160 * 1024       # backward without PREG: [2][nparams] floats in shared memory
+GEN_THREADS = 256
+# Which kernels serve the 16-byte-vector launches (tools/bench_normalization.py has the measurements):
+# backward: the staged kernels (v2: persistent, cp.async two-stage pipeline; 1.6x v1 on rows of 4096);
+# forward: the register-tile kernels (v1), which measured 1-3 points of copy bandwidth above the staged
+# forward (STAGED_FWD = True compiles and selects it). Scalar launches always take the v1 kernels, and
+# sets too large for the staged blocks fall back to them.
+STAGED_FWD = False
+STAGED_BWD = True
+STAGED_FWD_ITEMS = 4
+STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
+STAGED_BWD_ITEMS = {"f32": 4, "f16": 2, "bf16": 2}
+STAGED_BWD_MAX_BLOCK = 256        # kStagedBwdThreads
+STAGED_REGS = {False: 64, True: 128}  # register caps of fwd_staged (1024 threads) / bwd_staged (256 x 2)
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK_EXTRA = 2048       # static shared memory and the 1 KiB the hardware reserves per block
+SMEM_BLOCK_MAX = 227 * 1024
+FINISH_BLOCK = (32, 8, 1)
+MAX_GRID = 2**31 - 1
+WS_ALIGN = 16
+
+
+@kernel_params("normalization_params.h", "NormParams")
+class NormParams(ctypes.Structure):
+    _fields_ = [
+        ("out", ctypes.c_void_p), ("x", ctypes.c_void_p), ("dy", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("mean", ctypes.c_void_p),
+        ("invstd", ctypes.c_void_p), ("ws", ctypes.c_void_p), ("dscale", ctypes.c_void_p),
+        ("dbias", ctypes.c_void_p),
+        ("alpha", ctypes.c_double), ("beta", ctypes.c_double), ("alpha2", ctypes.c_double),
+        ("beta2", ctypes.c_double), ("eps", ctypes.c_double), ("coef", ctypes.c_double),
+        ("coef2", ctypes.c_double),
+        ("sets", ctypes.c_longlong), ("len", ctypes.c_longlong), ("nparams", ctypes.c_longlong),
+        ("slots", ctypes.c_longlong),
+        ("act", ctypes.c_int), ("flags", ctypes.c_uint), ("group", ctypes.c_int),
+        ("set_ndim", ctypes.c_int), ("el_ndim", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("set_size", ctypes.c_longlong * MAX_DIMS), ("set_stride", (ctypes.c_longlong * MAX_DIMS) * 4),
+        ("set_pstride", ctypes.c_longlong * MAX_DIMS),
+        ("el_size", ctypes.c_longlong * MAX_DIMS), ("el_stride", (ctypes.c_longlong * MAX_DIMS) * 3),
+        ("el_pstride", ctypes.c_longlong * MAX_DIMS),
+    ]
+
+
+# ----------------------------------------------------------------------------- kernel variants
+
+def _vec(tag):
+    return 16 // _SIZES[tag]
+
+
+def _fwd_expr(tag, vec, cluster=False):
+    name = "fwd_cluster" if cluster else "fwd"
+    return f"pydnn::norm::{name}<{CTYPE[tag]}, {vec}, {FWD_ITEMS[vec > 1]}>"
+
+
+def _bwd_expr(tag, vec, preg, cluster=False):
+    name = "bwd_cluster" if cluster else "bwd"
+    return f"pydnn::norm::{name}<{CTYPE[tag]}, {vec}, {BWD_ITEMS[vec > 1]}, {'true' if preg else 'false'}>"
+
+
+def _staged_expr(tag, vec, backward, preg=False, cluster=False):
+    name = ("bwd_staged" if backward else "fwd_staged") + ("_cluster" if cluster else "")
+    if backward:
+        return f"pydnn::norm::{name}<{CTYPE[tag]}, {vec}, {STAGED_BWD_ITEMS[tag]}, {'true' if preg else 'false'}>"
+    return f"pydnn::norm::{name}<{CTYPE[tag]}, {vec}, {STAGED_FWD_ITEMS}>"
+
+
+def _gen_expr(tag, backward):
+    return f"pydnn::norm::{'gen_bwd' if backward else 'gen_fwd'}<{CTYPE[tag]}>"
+
+
+FINISH_EXPR, ZERO_EXPR = "pydnn::norm::finish", "pydnn::norm::zero"
+
+
+def _unit_exprs(tag):
+    v = _vec(tag)
+    exprs = [_fwd_expr(tag, v), _fwd_expr(tag, 1), _fwd_expr(tag, v, cluster=True)]
+    for preg in (True, False):
+        exprs += [_bwd_expr(tag, v, preg), _bwd_expr(tag, 1, preg), _bwd_expr(tag, v, preg, cluster=True)]
+    for c in (False, True):
+        if STAGED_FWD:
+            exprs += [_staged_expr(tag, v, False, cluster=c)]
+        if STAGED_BWD:
+            exprs += [_staged_expr(tag, v, True, preg, c) for preg in (True, False)]
+    exprs += [_gen_expr(tag, False), _gen_expr(tag, True), FINISH_EXPR, ZERO_EXPR]
+    return tuple(exprs)
 
 
 def kernel_units():
-    return []
+    return [KernelUnit(f"normalization.{t}", "normalization.cu", _unit_exprs(t)) for t in TAGS]
+
+
+# ----------------------------------------------------------------------------- the descriptor
+
+class NormDescriptor:
+    """pydnnNormDescriptor_t: kind, groups, normalized dims, epsilon and a copy of the activation."""
+
+    __slots__ = ("kind", "groups", "normalized_dims", "epsilon", "act_mode", "act_coef", "act_swish_beta",
+                 "has_act", "is_set", "alive", "version")
+
+    def __init__(self):
+        self.kind, self.groups, self.normalized_dims, self.epsilon = E.PYDNN_NORM_KIND_LAYER, 1, 1, 1e-5
+        self.act_mode, self.act_coef, self.act_swish_beta, self.has_act = E.PYDNN_ACTIVATION_IDENTITY, 0.0, 1.0, False
+        self.is_set, self.alive, self.version = False, True, 0
+
+    @property
+    def act_id(self):
+        return ACT_IDS[self.act_mode] if self.has_act else 0
+
+
+def _live(desc, name="normDesc"):
+    if type(desc) is not NormDescriptor or not desc.alive:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: not a live norm descriptor")
+    return desc
+
+
+def _set(desc, name="normDesc"):
+    _live(desc, name)
+    if not desc.is_set:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: descriptor was never set")
+    return desc
+
+
+def _int(name, v):
+    if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected an integer, got {type(v).__name__}")
+    return v.__index__()
+
+
+@api
+def create_norm_descriptor():
+    """pydnnCreateNormDescriptor: a new norm descriptor, unset until set_norm_descriptor."""
+    return NormDescriptor()
+
+
+@api
+def set_norm_descriptor(norm_desc, kind, groups, normalized_dims, epsilon, activation_desc):
+    """pydnnSetNormDescriptor: kind (pydnnNormKind_t), groups (GROUP: >= 1, dividing C; other kinds:
+    ignored), normalizedDims (LAYER / RMS: 1 to 8 trailing dims; others: ignored), epsilon (> 0,
+    finite), activationDesc (None / NULL: no activation; its settings are copied now)."""
+    _live(norm_desc)
+    kind = enum_arg("kind", kind, KINDS, "pydnnNormKind_t")
+    groups = _int("groups", groups)
+    nd = _int("normalizedDims", normalized_dims)
+    if kind == E.PYDNN_NORM_KIND_GROUP and groups < 1:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"groups: {groups} must be positive")
+    if kind in LAYERLIKE and not 1 <= nd <= MAX_DIMS:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"normalizedDims: {nd} is outside [1, {MAX_DIMS}]")
+    eps = scalar("epsilon", epsilon)
+    if not eps > 0 or eps == float("inf"):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"epsilon: {eps!r} must be positive and finite")
+    act = None
+    if activation_desc is not None:
+        act = _activation._set(activation_desc)
+        if act.mode not in ACT_IDS:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"activationDesc: mode {act.mode} is not supported here")
+    d = norm_desc
+    d.kind, d.groups, d.normalized_dims, d.epsilon = kind, groups, nd, eps
+    d.has_act = act is not None
+    if act is not None:
+        d.act_mode, d.act_coef, d.act_swish_beta = act.mode, act.coef, act.swish_beta
+    d.is_set = True
+    d.version += 1
+
+
+@api
+def get_norm_descriptor(norm_desc):
+    """pydnnGetNormDescriptor -> (kind, groups, normalizedDims, epsilon)."""
+    d = _set(norm_desc)
+    return d.kind, d.groups, d.normalized_dims, d.epsilon
+
+
+@api
+def destroy_norm_descriptor(norm_desc):
+    """pydnnDestroyNormDescriptor (None / NULL: nothing to do)."""
+    if norm_desc is None:
+        return
+    _live(norm_desc).alive = False
+    norm_desc.version += 1
+
+
+# ----------------------------------------------------------------------------- shapes and validation
+
+def _groups(nd, x):
+    return x.dims[1] if nd.kind == E.PYDNN_NORM_KIND_INSTANCE else nd.groups
+
+
+def _shapes(nd, x, x_name="xDesc"):
+    """(parameter dims, statistics dims) for x, or BAD_PARAM naming what does not fit."""
+    dims, nb = x.dims, len(x.dims)
+    if nd.kind in LAYERLIKE:
+        k = nd.normalized_dims
+        if k > nb:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"normDesc: normalizedDims {k} is more than {x_name}'s {nb} dims")
+        return (1,) * (nb - k) + dims[nb - k:], dims[:nb - k] + (1,) * k
+    if nb < 2:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{x_name}: group / instance norm needs N, C dims, got {nb} dims")
+    c = dims[1]
+    g = _groups(nd, x)
+    if c % g:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"normDesc: groups {g} does not divide {x_name}'s C = {c}")
+    return (1, c) + (1,) * (nb - 2), (dims[0], g) + (1,) * (nb - 2)
+
+
+def _check_data(named, out_names):
+    """x, y (dy, dx): float / half / bfloat16, the same dims and type; outputs without overlaps."""
+    first, first_name = named[0]
+    for desc, name in named:
+        float_tensor(desc, name)
+        if desc.dtype not in DATA_TYPES:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                             f"{name}: data type {desc.dtype} is not supported here (float, half, bfloat16)")
+    for desc, name in named[1:]:
+        same_shape(first, first_name, desc, name)
+        same_type(first, first_name, desc, name)
+    for desc, name in named:
+        if name in out_names:
+            output_tensor(desc, name)
+
+
+def _check_float32(desc, name, want):
+    check_tensor(desc, name)
+    if desc.dtype != E.PYDNN_DATA_FLOAT:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: data type {desc.dtype} must be FLOAT (float32)")
+    if desc.dims != want:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: dims {desc.dims} must be {want}")
+
+
+def _check_params_desc(desc, want, name="scaleBiasDesc"):
+    _check_float32(desc, name, want)
+    if any(s != p for s, p, d in zip(desc.strides, packed_strides(want, E.PYDNN_TENSOR_NCHW), want) if d > 1):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: strides {desc.strides} are not packed")
+
+
+def _check_stats_desc(desc, want, name="meanInvstdDesc"):
+    _check_float32(desc, name, want)
+    output_tensor(desc, name)
+
+
+# ----------------------------------------------------------------------------- planning
+
+def _prod(xs):
+    n = 1
+    for v in xs:
+        n *= v
+    return n
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _merge(dims):
+    """Neighbours (outer, inner) merge when every stride and the parameter stride of the outer one is the
+    inner's times its size. dims: [(size, strides tuple, pstride)], size-1 dims already dropped."""
+    out = []
+    for n, st, ps in dims:
+        if out:
+            n0, st0, ps0 = out[-1]
+            if all(a == b * n for a, b in zip(st0, st)) and ps0 == ps * n:
+                out[-1] = (n0 * n, st, ps)
+                continue
+        out.append((n, st, ps))
+    return out
+
+
+def _geometry(nd, x, out, dy, stats):
+    """(set dims, element dims, sets, len, nparams): set dims [(size, (x, out, dy, stats) strides,
+    pstride)] in descriptor order; element dims [(size, (x, out, dy) strides, pstride)] in x's memory
+    order (outermost first), merged where dense."""
+    dims, nb = x.dims, len(x.dims)
+    ops = (x.strides, out.strides, (dy or x).strides)
+    st = stats.strides if stats is not None else packed_strides(_shapes(nd, x)[1], E.PYDNN_TENSOR_NCHW)
+    if nd.kind in LAYERLIKE:
+        k = nd.normalized_dims
+        lead = nb - k
+        sets = [(dims[i], tuple(s[i] for s in ops) + (st[i],), 0) for i in range(lead)]
+        pst = packed_strides(dims[lead:], E.PYDNN_TENSOR_NCHW)
+        els = [(dims[i], tuple(s[i] for s in ops), pst[i - lead]) for i in range(lead, nb)]
+        nparams = _prod(dims[lead:])
+    else:
+        g = _groups(nd, x)
+        cg = dims[1] // g
+        sets = [(dims[0], tuple(s[0] for s in ops) + (st[0],), 0),
+                (g, tuple(s[1] * cg for s in ops) + (st[1],), cg)]
+        els = [(cg, tuple(s[1] for s in ops), 1)] + [(dims[i], tuple(s[i] for s in ops), 0) for i in range(2, nb)]
+        nparams = dims[1]
+    n_sets, length = _prod(d[0] for d in sets), _prod(d[0] for d in els)
+    sets = _merge([d for d in sets if d[0] != 1]) or [(1, (0, 0, 0, 0), 0)]
+    els = [d for d in els if d[0] != 1]
+    els.sort(key=lambda d: -d[1][0])  # x's memory order, outermost first (stable: ties keep logical order)
+    els = _merge(els) or [(1, (1, 1, 1), 0)]
+    return sets, els, n_sets, length, nparams
+
+
+def _fill(p, sets, els, n_sets, length, nparams):
+    p.sets, p.len, p.nparams = n_sets, length, nparams
+    p.set_ndim, p.el_ndim = len(sets), len(els)
+    for d, (n, st, ps) in enumerate(sets):
+        p.set_size[d] = n
+        for k in range(4):
+            p.set_stride[k][d] = st[k]
+        p.set_pstride[d] = ps
+    for d, (n, st, ps) in enumerate(els):
+        p.el_size[d] = n
+        for k in range(3):
+            p.el_stride[k][d] = st[k]
+        p.el_pstride[d] = ps
+
+
+class _Launch:
+    __slots__ = ("expr", "params", "argv", "grid", "block", "smem", "func", "desc")
+
+
+class _Plan:
+    """alternatives[0] when the pointers are 16-byte aligned (or the only one), else alternatives[-1];
+    each alternative is the sequence of launches of one call."""
+
+    __slots__ = ("alternatives", "vec_first", "workspace", "unit", "itemsize", "need", "rms", "kind")
+
+
+def _new_launch(expr, params, grid, block, smem=0, desc=""):
+    lc = _Launch()
+    lc.expr, lc.params, lc.grid, lc.block, lc.smem, lc.desc = expr, params, grid, block, smem, desc
+    lc.func = None
+    return lc
+
+
+def _base_params(nd, sets, els, n_sets, length, nparams, backward):
+    p = NormParams()
+    _fill(p, sets, els, n_sets, length, nparams)
+    p.eps, p.act = nd.epsilon, nd.act_id
+    p.coef, p.coef2 = nd.act_coef, nd.act_swish_beta
+    p.flags = FLAG_RMS if nd.kind == E.PYDNN_NORM_KIND_RMS else 0
+    return p
+
+
+def _inner(els, length):
+    """(I, po, pi, outer strides) of a two-level layout (None if it is not one)."""
+    if len(els) == 1:
+        n, st, ps = els[0]
+        if all(s == 1 for s in st):
+            return length, 0, ps, (0, 0, 0)
+        return 1, ps, 0, st  # one strided dim: inner runs of one element
+    if len(els) == 2 and all(s == 1 for s in els[1][1]):
+        return els[1][0], els[0][2], els[1][2], els[0][1]
+    return None
+
+
+def _fast_els(els, length):
+    """Element dims as the fast kernels read them (el_ndim 1 contiguous, or 2 with a contiguous inner)."""
+    inner, po, pi, os_ = _inner(els, length)
+    if len(els) == 1 and inner == length:
+        return els
+    return [(length // inner, os_, po), (inner, (1, 1, 1), pi)]
+
+
+def _vector_ok(sets, els, length, vec):
+    inner, _, _, os_ = _inner(els, length)
+    if inner % vec:
+        return False
+    if any(s % vec for s in os_):
+        return False
+    return all(s % vec == 0 for d in sets for s in d[1][:3])
+
+
+def _threads(handle, nvec, items, max_block, vec, cluster_max_block=None):
+    """(G, block, cluster) for sets of nvec vectors, or None when they do not fit."""
+    g = next_pow2(max(1, _cdiv(nvec, items)))
+    if g <= max_block:
+        return g, max(g, MIN_BLOCK), 1
+    if vec > 1 and g <= CLUSTER * (cluster_max_block or max_block) and _arch_num(handle) >= 90:
+        return g, g // CLUSTER, CLUSTER
+    return None
+
+
+def _arch_num(handle):
+    try:
+        return int(str(handle.arch).replace("sm_", "").rstrip("a"))
+    except ValueError:
+        return 0
+
+
+def _grid(n_sets, block, g, cluster, cap_threads_per_sm, handle):
+    spb = block // g if cluster == 1 else 1
+    units = _cdiv(n_sets, spb)  # blocks (cluster == 1) or clusters
+    if cap_threads_per_sm:
+        cap = max(1, handle.sm_count * max(1, cap_threads_per_sm // block) // cluster)
+        units = min(units, cap)
+    units = min(units, MAX_GRID // cluster)
+    return units * cluster, spb
+
+
+def _plane_ok(els, length, vec, g):
+    inner, po, pi, _ = _inner(els, length)
+    if pi != 1 or po != 0 or inner % vec:
+        return False
+    q = inner // vec
+    return q & (q - 1) == 0 and g % q == 0
+
+
+def _preg_ok(sets, els, length, nparams):
+    if nparams != length or any(d[2] for d in sets):
+        return False
+    inner, po, pi, _ = _inner(els, length)
+    return pi == 1 and (po == inner or length == inner)
+
+
+def _resident(block, smem, regs):
+    """Blocks of one kernel that fit on an SM at once (threads, registers at the kernel's cap, shared
+    memory): the persistent grids are this many per SM."""
+    return max(1, min(32, 2048 // block, 65536 // (regs * block), SMEM_PER_SM // (smem + SMEM_PER_BLOCK_EXTRA)))
+
+
+def _persistent_grid(handle, n_sets, block, g, cluster, bpsm):
+    """Resident blocks (or clusters), evened out so that each walks the same number of sets."""
+    spb = block // g if cluster == 1 else 1
+    want = _cdiv(n_sets, spb)
+    cap = min(max(1, handle.sm_count * bpsm // cluster), MAX_GRID // cluster)
+    units = _cdiv(want, _cdiv(want, cap))
+    return units * cluster, spb
+
+
+def _fwd_staged_alt(handle, nd, tag, geo, vec):
+    sets, els, n_sets, length, nparams = geo
+    t = _threads(handle, length // vec, STAGED_FWD_ITEMS, FWD_MAX_BLOCK, vec, STAGED_FWD_CLUSTER_MAX_BLOCK)
+    if t is None:
+        return None
+    g, block, cluster = t
+    smem = 2 * STAGED_FWD_ITEMS * block * 16
+    p = _base_params(nd, sets, _fast_els(els, length), n_sets, length, nparams, False)
+    p.group = g
+    grid, _ = _persistent_grid(handle, n_sets, block, g, cluster, _resident(block, smem, STAGED_REGS[False]))
+    return [_new_launch(_staged_expr(tag, vec, False, cluster=cluster > 1), p, (grid, 1, 1), (block, 1, 1), smem,
+                        desc=f"fwd vec={vec} G={g} block={block} cluster={cluster} staged grid={grid}")]
+
+
+def _bwd_staged_alt(handle, nd, tag, geo, vec):
+    sets, els, n_sets, length, nparams = geo
+    t = _threads(handle, length // vec, STAGED_BWD_ITEMS[tag], STAGED_BWD_MAX_BLOCK, vec)
+    if t is None:
+        return None
+    g, block, cluster = t
+    preg = _preg_ok(sets, els, length, nparams)
+    smem = (0 if preg else _cdiv(2 * nparams * 4, 16) * 16) + 2 * 2 * STAGED_BWD_ITEMS[tag] * block * 16
+    if smem > SMEM_BLOCK_MAX:
+        return None
+    p = _base_params(nd, sets, _fast_els(els, length), n_sets, length, nparams, True)
+    p.group = g
+    if preg:
+        p.flags |= FLAG_PREG
+    elif _plane_ok(els, length, vec, g):
+        p.flags |= FLAG_PLANE
+    grid, spb = _persistent_grid(handle, n_sets, block, g, cluster, _resident(block, smem, STAGED_REGS[True]))
+    slots = (grid * spb if cluster == 1 else grid // cluster) if preg else grid
+    bwd = _new_launch(_staged_expr(tag, vec, True, preg, cluster > 1), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd vec={vec} G={g} block={block} cluster={cluster} preg={preg} "
+                           f"plane={bool(p.flags & FLAG_PLANE)} staged grid={grid}")
+    return [bwd, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
+
+
+def _fwd_alt(handle, nd, tag, geo, vec):
+    if STAGED_FWD and vec > 1:
+        r = _fwd_staged_alt(handle, nd, tag, geo, vec)
+        if r is not None:
+            return r
+    sets, els, n_sets, length, nparams = geo
+    t = _threads(handle, length // vec, FWD_ITEMS[vec > 1], FWD_MAX_BLOCK, vec)
+    if t is None:
+        return None
+    g, block, cluster = t
+    p = _base_params(nd, sets, _fast_els(els, length), n_sets, length, nparams, False)
+    p.group = g
+    grid, _ = _grid(n_sets, block, g, cluster, 0, handle)
+    return [_new_launch(_fwd_expr(tag, vec, cluster > 1), p, (grid, 1, 1), (block, 1, 1),
+                        desc=f"fwd vec={vec} G={g} block={block} cluster={cluster}")]
+
+
+def _finish_launch(nd, geo, slots):
+    sets, els, n_sets, length, nparams = geo
+    p = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    p.slots = slots
+    grid = max(1, min(_cdiv(nparams, FINISH_BLOCK[0]), 65535))
+    return _new_launch(FINISH_EXPR, p, (grid, 1, 1), FINISH_BLOCK, desc=f"finish slots={slots}")
+
+
+def _bwd_alt(handle, nd, tag, geo, vec):
+    """[bwd, finish] and the workspace bytes, or None."""
+    if STAGED_BWD and vec > 1:
+        r = _bwd_staged_alt(handle, nd, tag, geo, vec)
+        if r is not None:  # else the register-tile kernel (larger sets per cluster)
+            return r
+    sets, els, n_sets, length, nparams = geo
+    t = _threads(handle, length // vec, BWD_ITEMS[vec > 1], BWD_MAX_BLOCK, vec)
+    if t is None:
+        return None
+    g, block, cluster = t
+    preg = _preg_ok(sets, els, length, nparams)
+    smem = 0 if preg else 2 * nparams * 4
+    if smem > SMEM_PARAMS_MAX:
+        return None
+    fels = _fast_els(els, length)
+    p = _base_params(nd, sets, fels, n_sets, length, nparams, True)
+    p.group = g
+    if preg:
+        p.flags |= FLAG_PREG
+    elif _plane_ok(els, length, vec, g):
+        p.flags |= FLAG_PLANE
+    grid, spb = _grid(n_sets, block, g, cluster, BWD_THREADS_PER_SM[preg], handle)
+    slots = (grid * spb if cluster == 1 else grid // cluster) if preg else grid
+    bwd = _new_launch(_bwd_expr(tag, vec, preg, cluster > 1), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd vec={vec} G={g} block={block} cluster={cluster} preg={preg} "
+                           f"plane={bool(p.flags & FLAG_PLANE)} grid={grid}")
+    return [bwd, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
+
+
+def _gen_alt(handle, nd, tag, geo, backward):
+    sets, els, n_sets, length, nparams = geo
+    p = _base_params(nd, sets, els, n_sets, length, nparams, backward)
+    grid = max(1, min(n_sets, MAX_GRID))
+    main = _new_launch(_gen_expr(tag, backward), p, (grid, 1, 1), (GEN_THREADS, 1, 1), desc="gen")
+    if not backward:
+        return [main], 0
+    z = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    zero = _new_launch(ZERO_EXPR, z, (max(1, min(_cdiv(2 * nparams, 256), 1024)), 1, 1), (256, 1, 1), desc="zero")
+    return [zero, main, _finish_launch(nd, geo, 1)], 2 * nparams * 4
+
+
+def _configs(handle, nd, tag, geo, backward):
+    """(alternatives, vec_first, workspace bytes). Fast kernels when the layout is two-level and the set
+    fits: the vector launch (when the strides allow 16-byte accesses) first, then the scalar one; gen
+    when the scalar launch does not fit (it then serves unaligned pointers) or the layout is not
+    two-level."""
+    sets, els, n_sets, length, nparams = geo
+    alts, ws = [], 0
+    two = _inner(els, length) is not None and length < 2**31
+    vector = two and _vector_ok(sets, els, length, _vec(tag))
+    got_vector = False
+    for v in ((_vec(tag), 1) if vector else (1,)) if two else ():
+        if backward:
+            r = _bwd_alt(handle, nd, tag, geo, v)
+            a, w = r if r is not None else (None, 0)
+        else:
+            a, w = _fwd_alt(handle, nd, tag, geo, v), 0
+        if a is None:
+            continue
+        alts.append(a)
+        ws = max(ws, w)
+        got_vector = got_vector or v > 1
+    if not alts or len(alts) == 1 and got_vector:
+        a, w = _gen_alt(handle, nd, tag, geo, backward)
+        alts.append(a)
+        ws = max(ws, w)
+    ws = _cdiv(ws, WS_ALIGN) * WS_ALIGN
+    return alts, got_vector and len(alts) == 2, ws
+
+
+def _plan(handle, nd, x, out, dy, stats, backward):
+    tag = TAG[x.dtype]
+    geo = _geometry(nd, x, out, dy, stats)
+    pl = _Plan()
+    pl.alternatives, pl.vec_first, pl.workspace = _configs(handle, nd, tag, geo, backward)
+    pl.unit = f"normalization.{tag}"
+    pl.itemsize = _SIZES[tag]
+    pl.rms = nd.kind == E.PYDNN_NORM_KIND_RMS
+    pl.kind = nd.kind
+    for alt in pl.alternatives:
+        for lc in alt:
+            lc.argv = driver.kernel_args(lc.params)
+    return pl
+
+
+def plan_summary(handle, norm_desc, x_desc, backward=False):
+    """For tests and tuning: [[launch description, ...] per alternative] for x's layout everywhere, and
+    the workspace bytes. Loads no kernel."""
+    check_handle(handle)
+    nd = _set(norm_desc)
+    _check_data([(x_desc, "xDesc")], ())
+    _shapes(nd, x_desc)
+    pl = _plan(handle, nd, x_desc, x_desc, x_desc if backward else None, None, backward)
+    return [[lc.desc for lc in alt] for alt in pl.alternatives], pl.workspace
+
+
+# ----------------------------------------------------------------------------- calls
+
+def _key(direction, nd, descs):
+    try:
+        return ("norm", direction, nd, nd.version) + tuple((d, d.version) if d is not None else None for d in descs)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _get_plan(handle, direction, nd, x, out, dy, sb, st, named, out_names, need_stats):
+    """The cached plan for these descriptors, or a new one (validation first, then kernel lookup)."""
+    key = _key(direction, nd, (x, out, dy, sb, st))
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is not None:
+        return pl
+    nd = _set(nd)
+    _check_data(named, out_names)
+    pdims, sdims = _shapes(nd, x)
+    _check_params_desc(sb, pdims)
+    if need_stats:
+        _check_stats_desc(st, sdims)
+    pl = _plan(handle, nd, x, out, dy, st, direction == 2)
+    return pl
+
+
+def _load(handle, pl, key):
+    for alt in pl.alternatives:
+        for lc in alt:
+            if lc.func is None:
+                lc.func = handle.function(pl.unit, lc.expr)
+                if lc.smem > 48 * 1024:
+                    driver.function_set_max_dynamic_smem(lc.func, lc.smem)
+    if key is not None:
+        handle.remember(key, pl)
+
+
+def _aligned(ptr, name, n):
+    if ptr % n:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {ptr:#x} is not aligned to {n} bytes")
+    return ptr
+
+
+def _opt_ptr(buf, name, need):
+    """An optional float32 buffer: None / 0 -> 0, else its 4-byte aligned address."""
+    if buf is None or (type(buf) is int and buf == 0):
+        return 0
+    return _aligned(device_ptr(buf, name, need), name, 4)
+
+
+def _ptr(buf, name, need, align):
+    return _aligned(device_ptr(buf, name, need), name, align)
+
+
+def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stats=False):
+    """Patch the call's pointers and scalars into each launch of the chosen alternative, and launch."""
+    alts = pl.alternatives
+    alt = alts[0] if len(alts) == 1 or not pl.vec_first or all(q % 16 == 0 for q in data_ptrs) else alts[-1]
+    for lc in alt:
+        p = lc.params
+        for name, v in fields.items():
+            setattr(p, name, v or None)
+        p.alpha, p.beta, p.alpha2, p.beta2 = alpha, beta, alpha2, beta2
+        flags = p.flags & ~(FLAG_BETA | FLAG_BETA2 | FLAG_STATS)
+        p.flags = flags | (FLAG_BETA if beta != 0 else 0) | (FLAG_BETA2 if beta2 != 0 else 0) | \
+            (FLAG_STATS if stats else 0)
+        driver.launch_args(lc.func, lc.grid, lc.block, lc.smem, handle.cu_stream, lc.argv)
+
+
+def _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd,
+             training):
+    check_handle(handle)
+    direction = 1 if training else 0
+    named = [(x_desc, "xDesc"), (y_desc, "yDesc")]
+    key = _key(direction, norm_desc, (x_desc, y_desc, None, sb_desc, st_desc))
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is None:
+        pl = _get_plan(handle, direction, norm_desc, x_desc, y_desc, None, sb_desc, st_desc, named, ("yDesc",), training)
+        _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training)
+        _load(handle, pl, key)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    ptrs = _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training)
+    _run(handle, pl, ptrs[:2], ptrs[2], al, be, stats=training)
+
+
+def _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training):
+    n = pl.itemsize
+    xp = _ptr(x, "x", x_desc.span_bytes(), n)
+    yp = _ptr(y, "y", y_desc.span_bytes(), n)
+    sp = _ptr(scale, "scale", sb_desc.span_bytes(), 4)
+    bp = _opt_ptr(bias, "bias", sb_desc.span_bytes())
+    fields = {"out": yp, "x": xp, "scale": sp, "bias": bp, "mean": 0, "invstd": 0, "dy": 0}
+    if training:
+        fields["invstd"] = _ptr(invstd, "resultInvStd", st_desc.span_bytes(), 4)
+        if not pl.rms:
+            fields["mean"] = _ptr(mean, "resultMean", st_desc.span_bytes(), 4)
+    return xp, yp, fields
+
+
+@api
+def norm_forward_training(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, scale_bias_desc, scale, bias,
+                          mean_invstd_desc, result_mean, result_inv_std):
+    """pydnnNormForwardTraining: y = alpha * act(xhat * scale + bias) + beta * y with the statistics of
+    each set written to resultMean / resultInvStd (RMS: resultInvStd only; resultMean may be NULL). bias
+    may be NULL (no bias). Statuses: BAD_PARAM (handle, descriptors, dims, groups not dividing C,
+    normalizedDims beyond x, parameter / statistics descriptors of the wrong dims, type or strides,
+    overlapping y, alpha / beta not numbers), BAD_PARAM_NULL_POINTER, BAD_PARAM_MISALIGNED_POINTER,
+    NOT_SUPPORTED (data types other than float, half, bfloat16)."""
+    _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, scale_bias_desc, scale, bias,
+             mean_invstd_desc, result_mean, result_inv_std, True)
+
+
+@api
+def norm_forward_inference(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, scale_bias_desc, scale, bias):
+    """pydnnNormForwardInference: y as norm_forward_training, statistics computed and not written.
+    Statuses as norm_forward_training."""
+    _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, scale_bias_desc, scale, bias, None, None, None,
+             False)
+
+
+def _bwd_plan(handle, norm_desc, x_desc, dy_desc, dx_desc, sb_desc, st_desc):
+    check_handle(handle)
+    named = [(x_desc, "xDesc"), (dy_desc, "dyDesc"), (dx_desc, "dxDesc")]
+    key = _key(2, norm_desc, (x_desc, dx_desc, dy_desc, sb_desc, st_desc))
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is None:
+        pl = _get_plan(handle, 2, norm_desc, x_desc, dx_desc, dy_desc, sb_desc, st_desc, named, ("dxDesc",), True)
+    return key, pl
+
+
+@api
+def get_norm_backward_workspace_size(handle, norm_desc, x_desc, dy_desc, dx_desc, scale_bias_desc,
+                                     mean_invstd_desc):
+    """pydnnGetNormBackwardWorkspaceSize: device bytes norm_backward needs for these descriptors (the
+    per-block partial sums of dscale and dbias)."""
+    return _bwd_plan(handle, norm_desc, x_desc, dy_desc, dx_desc, scale_bias_desc, mean_invstd_desc)[1].workspace
+
+
+@api
+def norm_backward(handle, norm_desc, alpha_data_diff, beta_data_diff, alpha_param_diff, beta_param_diff,
+                  x_desc, x, dy_desc, dy, dx_desc, dx, scale_bias_desc, scale, bias, result_scale_diff,
+                  result_bias_diff, mean_invstd_desc, saved_mean, saved_inv_std, workspace,
+                  workspace_size_in_bytes):
+    """pydnnNormBackward: dx, dscale and dbias of norm_forward_training's y from the saved statistics
+    (RMS: savedMean is not read and may be NULL); bias may be NULL (no bias: only the activation reads
+    it); resultBiasDiff may be NULL (not computed). Statuses as norm_forward_training, and BAD_PARAM when
+    workspaceSizeInBytes is below get_norm_backward_workspace_size."""
+    key, pl = _bwd_plan(handle, norm_desc, x_desc, dy_desc, dx_desc, scale_bias_desc, mean_invstd_desc)
+    ws_size = _int("workspaceSizeInBytes", workspace_size_in_bytes)
+    if ws_size < pl.workspace:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"workspaceSizeInBytes: {ws_size} is less than the {pl.workspace} bytes needed")
+    n = pl.itemsize
+    xp = _ptr(x, "x", x_desc.span_bytes(), n)
+    dyp = _ptr(dy, "dy", dy_desc.span_bytes(), n)
+    dxp = _ptr(dx, "dx", dx_desc.span_bytes(), n)
+    pbytes, sbytes = scale_bias_desc.span_bytes(), mean_invstd_desc.span_bytes()
+    fields = {"out": dxp, "x": xp, "dy": dyp, "scale": _ptr(scale, "scale", pbytes, 4),
+              "bias": _opt_ptr(bias, "bias", pbytes), "dscale": _ptr(result_scale_diff, "resultScaleDiff", pbytes, 4),
+              "dbias": _opt_ptr(result_bias_diff, "resultBiasDiff", pbytes),
+              "mean": 0 if pl.rms else _ptr(saved_mean, "savedMean", sbytes, 4),
+              "invstd": _ptr(saved_inv_std, "savedInvStd", sbytes, 4),
+              "ws": _ptr(workspace, "workspace", pl.workspace, 4) if pl.workspace else 0}
+    if pl.alternatives[0][0].func is None:
+        _load(handle, pl, key)
+    a, b = scalar("alphaDataDiff", alpha_data_diff), scalar("betaDataDiff", beta_data_diff)
+    a2, b2 = scalar("alphaParamDiff", alpha_param_diff), scalar("betaParamDiff", beta_param_diff)
+    _run(handle, pl, (xp, dyp, dxp), fields, a, b, a2, b2)
+
+
+@api
+def derive_norm_param_descriptors(scale_bias_desc, mean_invstd_desc, x_desc, norm_desc):
+    """pydnnDeriveNormParamDescriptors: set scaleBiasDesc (packed float32 parameters) and meanInvstdDesc
+    (packed float32 statistics) to the dims norm_desc's kind needs for x."""
+    nd = _set(norm_desc)
+    check_tensor(x_desc, "xDesc")
+    for d, name in ((scale_bias_desc, "scaleBiasDesc"), (mean_invstd_desc, "meanInvstdDesc")):
+        if type(d) is not TensorDescriptor or not d.alive:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: not a live tensor descriptor")
+    pdims, sdims = _shapes(nd, x_desc)
+    for d, dims in ((scale_bias_desc, pdims), (mean_invstd_desc, sdims)):
+        d._assign(E.PYDNN_DATA_FLOAT, dims, packed_strides(dims, E.PYDNN_TENSOR_NCHW))
+
+
+# ----------------------------------------------------------------------------- the C API
+
+C_OPAQUE_TYPES = [("pydnnNormDescriptor_t", "pydnnNormStruct")]
+C_NULLABLE = {"pydnnSetNormDescriptor": ("activationDesc",)}
+C_API = [("Layer, group, instance and RMS normalization (pydnn extensions)", [
+    ("pydnnStatus_t pydnnCreateNormDescriptor(pydnnNormDescriptor_t *normDesc);",
+     "A new norm descriptor, unset until pydnnSetNormDescriptor."),
+    ("pydnnStatus_t pydnnSetNormDescriptor(pydnnNormDescriptor_t normDesc, pydnnNormKind_t kind, int groups, int normalizedDims, double epsilon, pydnnActivationDescriptor_t activationDesc);",
+     "LAYER / RMS over the last normalizedDims dims, GROUP (groups dividing C) or INSTANCE; epsilon > 0; activationDesc (NULL: none) is copied."),
+    ("pydnnStatus_t pydnnGetNormDescriptor(const pydnnNormDescriptor_t normDesc, pydnnNormKind_t *kind, int *groups, int *normalizedDims, double *epsilon);",
+     "The norm descriptor's kind, groups, normalized dims and epsilon."),
+    ("pydnnStatus_t pydnnDestroyNormDescriptor(pydnnNormDescriptor_t normDesc);",
+     "Release a norm descriptor (NULL: nothing to do)."),
+    ("pydnnStatus_t pydnnDeriveNormParamDescriptors(pydnnTensorDescriptor_t scaleBiasDesc, pydnnTensorDescriptor_t meanInvstdDesc, const pydnnTensorDescriptor_t xDesc, const pydnnNormDescriptor_t normDesc);",
+     "Packed float32 descriptors of scale/bias (LAYER/RMS: 1...1 x trailing dims; GROUP/INSTANCE: 1,C,1...) and of mean/invstd for x."),
+    ("pydnnStatus_t pydnnNormForwardTraining(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alpha, const void *beta, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t yDesc, void *y, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias, const pydnnTensorDescriptor_t meanInvstdDesc, void *resultMean, void *resultInvStd);",
+     "y = alpha * act(xhat * scale + bias) + beta * y; per-set mean and 1/sqrt(var + eps) out (RMS: invstd only); bias may be NULL."),
+    ("pydnnStatus_t pydnnNormForwardInference(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alpha, const void *beta, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t yDesc, void *y, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias);",
+     "y as pydnnNormForwardTraining; statistics computed from x and not written."),
+    ("pydnnStatus_t pydnnGetNormBackwardWorkspaceSize(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const pydnnTensorDescriptor_t xDesc, const pydnnTensorDescriptor_t dyDesc, const pydnnTensorDescriptor_t dxDesc, const pydnnTensorDescriptor_t scaleBiasDesc, const pydnnTensorDescriptor_t meanInvstdDesc, size_t *sizeInBytes);",
+     "Device workspace bytes pydnnNormBackward needs (per-block partial sums of dscale / dbias)."),
+    ("pydnnStatus_t pydnnNormBackward(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t dxDesc, void *dx, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias, void *resultScaleDiff, void *resultBiasDiff, const pydnnTensorDescriptor_t meanInvstdDesc, const void *savedMean, const void *savedInvStd, void *workspace, size_t workspaceSizeInBytes);",
+     "dx, dscale, dbias (alpha/beta blended; dbias may be NULL) from the saved statistics; the activation's derivative at the recomputed pre-activation."),
+])]

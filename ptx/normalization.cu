@@ -1,0 +1,1215 @@
+// Layer, group, instance and RMS normalization (pydnn extensions); see normalization_params.h for how a
+// problem is described and pydnn/ops/normalization.py for the choice of kernel. Five kernels:
+//
+//   fwd, bwd   the fast path: one normalization set per G threads (a sub-warp up to a 1024-thread block;
+//              several sets per block when G is small), each thread holding ITEMS vectors of VEC
+//              elements in registers: one read of x (and dy), one write of y (dx). The elements of a set
+//              are at most two levels deep (an outer dim with a stride, an inner contiguous dim), which
+//              covers layer / RMS norm rows, NCHW groups (contiguous) and NHWC groups (S positions of C/G
+//              contiguous channels).
+//   fwd_cluster, bwd_cluster   the same body for sets too large for one block (sm_90): a cluster of 8
+//              blocks shares a set, the block partials meet through distributed shared memory.
+//   gen_fwd, gen_bwd   any layout (up to 8 element dims, any strides): one block per set, coordinates per
+//              element, statistics in a first pass over memory, the output in a second.
+//   finish     backward: dscale / dbias = alpha2 * (sum of the per-block partials) + beta2 * old.
+//   zero       clears the partials of gen_bwd (which adds into them with atomics).
+//
+// Statistics: mean and M2 = sum (x - mean)^2 per thread from its registers (two passes over registers),
+// merged across threads with Chan's formula (one reduction, no cancellation); the variance is biased
+// (M2 / len), invstd = 1 / sqrt(var + eps). RMS norm: invstd = 1 / sqrt(sum x^2 / len + eps), no mean.
+// All arithmetic is float32 (the 16-bit types are converted on load); statistics, scale and bias are
+// float32 tensors.
+//
+// Backward: xhat = (x - mean) * invstd; z = xhat * scale + bias (only for the activation's derivative);
+// dz = dy * act'(z); dxhat = dz * scale; dx = invstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+// (RMS: no mean(dxhat) term); dscale = sum dz * xhat, dbias = sum dz over every set.
+#include "common/params.h"
+#include "common/types.cuh"
+#include "normalization_params.h"
+
+namespace pydnn {
+namespace norm {
+
+constexpr int kGenThreads = 256;
+constexpr int kFinishX = 32, kFinishY = 8;  // finish block: 32 parameters x 8 slot groups
+constexpr int kCluster = 8;
+static_assert(kCluster == 8, "CLUSTER in pydnn/ops/normalization.py");
+
+template <class A, class B> struct Same { static constexpr bool value = false; };
+template <class A> struct Same<A, A> { static constexpr bool value = true; };
+
+struct __align__(16) U4 { unsigned x, y, z, w; };
+
+// VEC consecutive elements of T as 32-bit words: one access of sizeof(T) * VEC bytes.
+template <class T, int VEC> struct Frag {
+  static constexpr int BYTES = (int)sizeof(T) * VEC;
+  static constexpr int WORDS = BYTES < 4 ? 1 : BYTES / 4;
+  unsigned w[WORDS];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < WORDS; ++i) w[i] = 0;
+  }
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (BYTES == 16) {
+      const U4 q = *reinterpret_cast<const U4*>(p);
+      w[0] = q.x; w[1] = q.y; w[2] = q.z; w[3] = q.w;
+    } else if constexpr (BYTES == 4) {
+      w[0] = *reinterpret_cast<const unsigned*>(p);
+    } else {
+      w[0] = *reinterpret_cast<const unsigned short*>(p);
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (BYTES == 16) {
+      U4 q;
+      q.x = w[0]; q.y = w[1]; q.z = w[2]; q.w = w[3];
+      *reinterpret_cast<U4*>(p) = q;
+    } else if constexpr (BYTES == 4) {
+      *reinterpret_cast<unsigned*>(p) = w[0];
+    } else {
+      *reinterpret_cast<unsigned short*>(p) = (unsigned short)w[0];
+    }
+  }
+  __device__ __forceinline__ void get(float* a) const {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) a[e] = __uint_as_float(w[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const unsigned short b = (unsigned short)(w[e / 2] >> (16 * (e & 1)));
+        if constexpr (Same<T, bf16_t>::value) a[e] = __uint_as_float((unsigned)b << 16);
+        else { half_t h; h.bits = b; a[e] = to_float(h); }
+      }
+    }
+  }
+  __device__ __forceinline__ void set(const float* a) {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) w[e] = __float_as_uint(a[e]);
+    } else if constexpr (VEC == 1) {
+      w[0] = pydnn::store<T>(a[0]).bits;
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; e += 2) {
+        unsigned r;
+        if constexpr (Same<T, bf16_t>::value)
+          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(a[e + 1]), "f"(a[e]));
+        else
+          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(a[e + 1]), "f"(a[e]));
+        w[e / 2] = r;
+      }
+    }
+  }
+};
+
+// ------------------------------------------------------------------ activations on z
+
+// FAST (16-bit data): hardware exp and division, whose error is far below the output's rounding.
+template <bool FAST> __device__ __forceinline__ float ex(float x) { return FAST ? __expf(x) : expf(x); }
+template <bool FAST> __device__ __forceinline__ float sigm(float x) {
+  const float e = ex<FAST>(-fabsf(x));
+  const float s = FAST ? __fdividef(1.0f, 1.0f + e) : 1.0f / (1.0f + e);
+  return x >= 0.0f ? s : e * s;
+}
+#define PYDNN_NORM_SQRT_2_OVER_PI 0.7978845608028654f
+#define PYDNN_NORM_INV_SQRT_2PI 0.3989422804014327f
+#define PYDNN_NORM_INV_SQRT_2 0.7071067811865476f
+
+template <bool FAST> __device__ __forceinline__ float act_f(int act, float z, float c, float c2) {
+  switch (act) {
+    case PYDNN_NORM_ACT_RELU: return z > 0.0f ? z : 0.0f;
+    case PYDNN_NORM_ACT_SIGMOID: return sigm<FAST>(z);
+    case PYDNN_NORM_ACT_TANH: return tanhf(z);
+    case PYDNN_NORM_ACT_CLIPPED_RELU: return z > 0.0f ? (z < c ? z : c) : 0.0f;
+    case PYDNN_NORM_ACT_ELU: return z > 0.0f ? z : c * expm1f(z);
+    case PYDNN_NORM_ACT_SWISH: return z * sigm<FAST>(c2 * z);
+    case PYDNN_NORM_ACT_GELU_ERF: return 0.5f * z * (1.0f + erff(z * PYDNN_NORM_INV_SQRT_2));
+    case PYDNN_NORM_ACT_GELU_TANH: {
+      const float u = PYDNN_NORM_SQRT_2_OVER_PI * (z + 0.044715f * z * z * z);
+      return z * sigm<FAST>(2.0f * u);
+    }
+    default: return z;
+  }
+}
+
+// d act / d z at z
+template <bool FAST> __device__ __forceinline__ float act_d(int act, float z, float c, float c2) {
+  switch (act) {
+    case PYDNN_NORM_ACT_RELU: return z > 0.0f ? 1.0f : 0.0f;
+    case PYDNN_NORM_ACT_SIGMOID: { const float s = sigm<FAST>(z); return s * (1.0f - s); }
+    case PYDNN_NORM_ACT_TANH: { const float t = tanhf(z); return 1.0f - t * t; }
+    case PYDNN_NORM_ACT_CLIPPED_RELU: return (z > 0.0f && z < c) ? 1.0f : 0.0f;
+    case PYDNN_NORM_ACT_ELU: return z > 0.0f ? 1.0f : c * ex<FAST>(z);
+    case PYDNN_NORM_ACT_SWISH: { const float s = sigm<FAST>(c2 * z); return s + c2 * z * s * (1.0f - s); }
+    case PYDNN_NORM_ACT_GELU_ERF: {
+      const float cdf = 0.5f * (1.0f + erff(z * PYDNN_NORM_INV_SQRT_2));
+      return cdf + z * PYDNN_NORM_INV_SQRT_2PI * ex<FAST>(-0.5f * z * z);
+    }
+    case PYDNN_NORM_ACT_GELU_TANH: {
+      const float k = PYDNN_NORM_SQRT_2_OVER_PI;
+      const float u = k * (z + 0.044715f * z * z * z), du = k * (1.0f + 3.0f * 0.044715f * z * z);
+      const float s = sigm<FAST>(2.0f * u), sm = sigm<FAST>(-2.0f * u);
+      return s + 2.0f * z * s * sm * du;
+    }
+    default: return 1.0f;
+  }
+}
+
+// ------------------------------------------------------------------ reductions
+
+// Three floats reduced together: Chan's (count, mean, M2) merge, or plain sums.
+struct R3 { float a, b, c; };
+
+__device__ __forceinline__ R3 merge(R3 lo, R3 hi, bool chan) {
+  R3 r;
+  if (!chan) {
+    r.a = lo.a + hi.a; r.b = lo.b + hi.b; r.c = lo.c + hi.c;
+    return r;
+  }
+  const float n = lo.a + hi.a;
+  if (n == 0.0f) return lo;
+  const float d = hi.b - lo.b, wh = hi.a / n;
+  r.a = n;
+  r.b = lo.b + d * wh;
+  r.c = lo.c + hi.c + d * d * lo.a * wh;
+  return r;
+}
+__device__ __forceinline__ R3 shfl(R3 v, int m) {
+  R3 r;
+  r.a = __shfl_xor_sync(0xffffffffu, v.a, m);
+  r.b = __shfl_xor_sync(0xffffffffu, v.b, m);
+  r.c = __shfl_xor_sync(0xffffffffu, v.c, m);
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+// A float in block `rank`'s shared memory, at the address `p` has in ours.
+__device__ __forceinline__ float ld_dsmem(const float* p, unsigned rank) {
+  float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+  unsigned a, r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+  return v;
+}
+
+// Reduce over the G threads of a set (G a power of two; lane order fixed so that every thread of the set
+// ends with the same bits). CL == 1: the set is G consecutive threads of the block. CL > 1: the set is
+// the whole cluster (each block's threads; blockDim.x >= 64). sm: 32 entries, slot: 1 entry, both
+// double-buffered by the caller (a buffer is written again only two reductions later).
+template <int CL>
+__device__ __forceinline__ R3 set_reduce(R3 r, bool chan, int G, R3* sm, R3* slot) {
+  const int lane = threadIdx.x & 31;
+  const int W = (CL == 1 && G < 32) ? G : 32;
+  for (int m = 1; m < W; m <<= 1) {
+    const R3 o = shfl(r, m);
+    r = (lane & m) ? merge(o, r, chan) : merge(r, o, chan);
+  }
+  const int GB = CL == 1 ? G : (int)blockDim.x;
+  if (GB > 32) {
+    if (lane == 0) sm[threadIdx.x >> 5] = r;
+    __syncthreads();
+    const int first = (int)(threadIdx.x & ~(unsigned)(GB - 1)) >> 5;
+    r = sm[first];
+    for (int w = 1; w < (GB >> 5); ++w) r = merge(r, sm[first + w], chan);
+  }
+  if constexpr (CL > 1) {
+    if (threadIdx.x == 0) *slot = r;
+    cluster_sync();
+    const float* f = &slot->a;
+    R3 acc;
+    acc.a = ld_dsmem(f, 0); acc.b = ld_dsmem(f + 1, 0); acc.c = ld_dsmem(f + 2, 0);
+#pragma unroll
+    for (int k = 1; k < CL; ++k) {
+      R3 o;
+      o.a = ld_dsmem(f, k); o.b = ld_dsmem(f + 1, k); o.c = ld_dsmem(f + 2, k);
+      acc = merge(acc, o, chan);
+    }
+    r = acc;
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ addressing
+
+// Start of set `s` in x, out, dy and the statistics, and its first parameter index.
+__device__ __forceinline__ void set_base(const NormParams& p, i64 s, i64* off, i64& pbase) {
+  off[0] = off[1] = off[2] = off[3] = 0;
+  pbase = 0;
+  for (int d = p.set_ndim - 1; d >= 0; --d) {
+    const i64 n = p.set_size[d], q = s / n, c = s - q * n;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) off[k] += c * p.set_stride[k][d];
+    pbase += c * p.set_pstride[d];
+    s = q;
+  }
+}
+
+// The two-level element layout of the fast kernels.
+struct Geo {
+  unsigned I;       // inner (contiguous) elements
+  i64 os[3];        // outer strides of x, out, dy
+  i64 po, pi;       // parameter strides: outer, inner
+  int one;          // el_ndim == 1: no outer dim
+  int sh;           // I a power of two: log2(I), else -1 (a division per vector)
+  __device__ __forceinline__ Geo(const NormParams& p) {
+    one = p.el_ndim == 1;
+    if (one) {
+      I = (unsigned)p.len;
+      os[0] = os[1] = os[2] = 0;
+      po = 0;
+      pi = p.el_pstride[0];
+    } else {
+      I = (unsigned)p.el_size[1];
+#pragma unroll
+      for (int k = 0; k < 3; ++k) os[k] = p.el_stride[k][0];
+      po = p.el_pstride[0];
+      pi = p.el_pstride[1];
+    }
+    sh = (I & (I - 1)) == 0 ? __ffs(I) - 1 : -1;
+  }
+  // element e (the first of a vector, which never crosses an inner row): outer index and inner offset
+  __device__ __forceinline__ void split(unsigned e, unsigned& o, unsigned& i) const {
+    if (one) {
+      o = 0;
+      i = e;
+    } else if (sh >= 0) {
+      o = e >> sh;
+      i = e & (I - 1);
+    } else {
+      o = e / I;
+      i = e - o * I;
+    }
+  }
+};
+
+// VEC parameters from `base` (float32) starting at index idx, step pi (0: broadcast).
+template <int VEC>
+__device__ __forceinline__ void load_params(const float* base, i64 idx, i64 pi, float* out) {
+  if (pi == 0) {
+    const float v = __ldg(base + idx);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = v;
+  } else if (VEC % 4 == 0 && pi == 1 && (reinterpret_cast<unsigned long long>(base + idx) & 15) == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(base + idx + j));
+      out[j] = q.x; out[j + 1] = q.y; out[j + 2] = q.z; out[j + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = __ldg(base + idx + j * pi);
+  }
+}
+
+// Thread position inside its set: lane (0 .. G-1), which of the block's sets (sub), sets per block,
+// and the sequence of sets (first, step) this thread's block (or cluster) walks.
+template <int CL> struct Pos {
+  int G, lane, sub, spb;
+  i64 first, step;
+  __device__ __forceinline__ Pos(const NormParams& p) {
+    G = p.group;
+    if (CL == 1) {
+      lane = threadIdx.x & (G - 1);
+      sub = threadIdx.x / G;
+      spb = blockDim.x / G;
+      first = (i64)blockIdx.x * spb;
+      step = (i64)gridDim.x * spb;
+    } else {
+      lane = (int)(cluster_rank() * blockDim.x + threadIdx.x);
+      sub = 0;
+      spb = 1;
+      first = blockIdx.x / CL;
+      step = gridDim.x / CL;
+    }
+  }
+};
+
+// ------------------------------------------------------------------ forward (fast)
+
+template <class T, int VEC, int ITEMS, int CL>
+__device__ __forceinline__ void fwd_body(const NormParams& p) {
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ R3 sm[2][32];
+  __shared__ R3 slot[2];
+  const Pos<CL> ps(p);
+  const Geo g(p);
+  const unsigned nvec = (unsigned)p.len / VEC;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  const float inv_len = 1.0f / (float)p.len;
+  const T* xb = (const T*)p.x;
+  T* yb = (T*)p.out;
+  int it = 0;
+  for (i64 first = ps.first; first < p.sets; first += ps.step, ++it) {
+    const i64 s = first + ps.sub;
+    const bool live = s < p.sets;
+    i64 off[4], pbase;
+    set_base(p, live ? s : first, off, pbase);
+    F v[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      v[k].zero();
+      if (live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        v[k].load(xb + off[0] + o * g.os[0] + i);
+      }
+    }
+    // this thread's count, mean and M2 (RMS: sum of squares in c)
+    R3 r;
+    r.a = 0.0f; r.b = 0.0f; r.c = 0.0f;
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      float a[VEC];
+      v[k].get(a);
+      const bool lv = live && ps.lane + k * ps.G < nvec;
+      if (lv) r.a += VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        sum += a[j];
+        r.c += a[j] * a[j];
+      }
+    }
+    if (!rms) {
+      r.b = r.a > 0.0f ? sum / r.a : 0.0f;
+      r.c = 0.0f;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        float a[VEC];
+        v[k].get(a);
+        if (live && ps.lane + k * ps.G < nvec) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) r.c += (a[j] - r.b) * (a[j] - r.b);
+        }
+      }
+    }
+    r = set_reduce<CL>(r, !rms, ps.G, sm[it & 1], &slot[it & 1]);
+    const float mean = rms ? 0.0f : r.b;
+    const float var = fmaxf(r.c * inv_len, 0.0f);
+    const float inv = 1.0f / sqrtf(var + eps);
+    if (live && ps.lane == 0 && (p.flags & PYDNN_NORM_FLAG_STATS)) {
+      if (p.mean) p.mean[off[3]] = mean;
+      if (p.invstd) p.invstd[off[3]] = inv;
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        const i64 pidx = pbase + o * g.po + i * g.pi;
+        float a[VEC], sc[VEC], bi[VEC];
+        v[k].get(a);
+        load_params<VEC>(p.scale, pidx, g.pi, sc);
+        if (p.bias) load_params<VEC>(p.bias, pidx, g.pi, bi);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          float z = (a[j] - mean) * inv * sc[j];
+          if (p.bias) z += bi[j];
+          if (p.act) z = act_f<FAST>(p.act, z, c1, c2);
+          a[j] = alpha * z;
+        }
+        T* dst = yb + off[1] + o * g.os[1] + i;
+        if (blend) {
+          F old;
+          old.load(dst);
+          float b[VEC];
+          old.get(b);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] += beta * b[j];
+        }
+        v[k].set(a);
+        v[k].store(dst);
+      }
+    }
+  }
+  if (CL > 1) cluster_sync();  // no block leaves while another may still read its shared memory
+}
+
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(1024) fwd(const NormParams p) { fwd_body<T, VEC, ITEMS, 1>(p); }
+
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) fwd_cluster(const NormParams p) {
+  fwd_body<T, VEC, ITEMS, kCluster>(p);
+}
+#else
+template <class T, int VEC, int ITEMS>
+__global__ void fwd_cluster(const NormParams) { __trap(); }  // the host never picks it before sm_90
+#endif
+
+// ------------------------------------------------------------------ backward (fast)
+
+// Parameter partials (dscale, dbias), by the host's choice (flags):
+//   PREG   the parameter of each (thread, item, lane) is the same in every set and no two threads of a
+//          slot share one (layer / RMS norm): sums in registers across the sets, one write per slot.
+//   PLANE  every item of a thread has the same VEC parameters (NHWC groups): summed over items, then
+//          over the lanes that share them, then one shared-memory atomic per parameter and warp.
+//   else   shared-memory atomics per run of equal parameters (NCHW groups: a run is a vector).
+// Without PREG the block's shared array [2][nparams] is written to its slot at the end.
+template <class T, int VEC, int ITEMS, int CL, bool PREG>
+__device__ __forceinline__ void bwd_body(const NormParams& p) {
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ R3 sm[2][32];
+  __shared__ R3 slot[2];
+  extern __shared__ float psm[];  // [2][nparams] unless PREG
+  const Pos<CL> ps(p);
+  const Geo g(p);
+  const unsigned nvec = (unsigned)p.len / VEC;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool plane = !PREG && (p.flags & PYDNN_NORM_FLAG_PLANE);
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  const float inv_len = 1.0f / (float)p.len;
+  const i64 np = p.nparams;
+  const T* xb = (const T*)p.x;
+  const T* dyb = (const T*)p.dy;
+  T* dxb = (T*)p.out;
+  float acc_s[ITEMS][VEC], acc_b[ITEMS][VEC];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc_s[k][j] = acc_b[k][j] = 0.0f;
+  if (!PREG) {
+    for (i64 q = threadIdx.x; q < 2 * np; q += blockDim.x) psm[q] = 0.0f;
+    __syncthreads();
+  }
+  int it = 0;
+  for (i64 first = ps.first; first < p.sets; first += ps.step, ++it) {
+    const i64 s = first + ps.sub;
+    const bool live = s < p.sets;
+    i64 off[4], pbase;
+    set_base(p, live ? s : first, off, pbase);
+    const float mean = (live && !rms) ? p.mean[off[3]] : 0.0f;
+    const float inv = live ? p.invstd[off[3]] : 0.0f;
+    F vx[ITEMS], vd[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      vx[k].zero();
+      vd[k].zero();
+      if (live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        vx[k].load(xb + off[0] + o * g.os[0] + i);
+        vd[k].load(dyb + off[2] + o * g.os[2] + i);
+      }
+    }
+    R3 r;
+    r.a = r.b = r.c = 0.0f;
+    float ls[VEC], lb[VEC];  // PLANE: this thread's sums over its items
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) ls[j] = lb[j] = 0.0f;
+    i64 run_p = -1;
+    float run_s = 0.0f, run_b = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        const i64 pidx = pbase + o * g.po + i * g.pi;
+        float a[VEC], d[VEC], sc[VEC], bi[VEC];
+        vx[k].get(a);
+        vd[k].get(d);
+        load_params<VEC>(p.scale, pidx, g.pi, sc);
+        if (p.act && p.bias) load_params<VEC>(p.bias, pidx, g.pi, bi);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xh = (a[j] - mean) * inv;
+          float dz = d[j];
+          if (p.act) dz *= act_d<FAST>(p.act, xh * sc[j] + (p.bias ? bi[j] : 0.0f), c1, c2);
+          const float dxh = dz * sc[j];
+          r.a += dxh;
+          r.b += dxh * xh;
+          if constexpr (PREG) {
+            acc_s[k][j] += dz * xh;
+            acc_b[k][j] += dz;
+          } else if (plane) {
+            ls[j] += dz * xh;
+            lb[j] += dz;
+          } else {
+            const i64 q = pidx + j * g.pi;
+            if (q != run_p) {
+              if (run_p >= 0) {
+                atomicAdd(psm + run_p, run_s);
+                atomicAdd(psm + np + run_p, run_b);
+              }
+              run_p = q;
+              run_s = run_b = 0.0f;
+            }
+            run_s += dz * xh;
+            run_b += dz;
+          }
+        }
+      }
+    }
+    if (run_p >= 0) {
+      atomicAdd(psm + run_p, run_s);
+      atomicAdd(psm + np + run_p, run_b);
+    }
+    if (plane) {
+      // lanes lane ^ m (m a multiple of I / VEC) hold the same parameters
+      const int q = (int)(g.I / VEC), W = ps.G < 32 ? ps.G : 32;
+      for (int m = q; m < W; m <<= 1)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], m);
+          lb[j] += __shfl_xor_sync(0xffffffffu, lb[j], m);
+        }
+      if (live && (ps.lane & 31) < q && (unsigned)ps.lane < nvec) {
+        unsigned o, i;
+        g.split(ps.lane * VEC, o, i);
+        const i64 pidx = pbase + i;  // PLANE: pi == 1, po == 0
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          atomicAdd(psm + pidx + j, ls[j]);
+          atomicAdd(psm + np + pidx + j, lb[j]);
+        }
+      }
+    }
+    r = set_reduce<CL>(r, false, ps.G, sm[it & 1], &slot[it & 1]);
+    const float m1 = rms ? 0.0f : r.a * inv_len, m2 = r.b * inv_len;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        const i64 pidx = pbase + o * g.po + i * g.pi;
+        float a[VEC], d[VEC], sc[VEC], bi[VEC];
+        vx[k].get(a);
+        vd[k].get(d);
+        load_params<VEC>(p.scale, pidx, g.pi, sc);
+        if (p.act && p.bias) load_params<VEC>(p.bias, pidx, g.pi, bi);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xh = (a[j] - mean) * inv;
+          float dz = d[j];
+          if (p.act) dz *= act_d<FAST>(p.act, xh * sc[j] + (p.bias ? bi[j] : 0.0f), c1, c2);
+          a[j] = alpha * inv * (dz * sc[j] - m1 - xh * m2);
+        }
+        T* dst = dxb + off[1] + o * g.os[1] + i;
+        if (blend) {
+          F old;
+          old.load(dst);
+          old.get(d);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
+        }
+        vx[k].set(a);
+        vx[k].store(dst);
+      }
+    }
+  }
+  // this slot's partials
+  float* ws_s;
+  if constexpr (PREG) {
+    const i64 slot_id = CL == 1 ? (i64)blockIdx.x * ps.spb + ps.sub : (i64)(blockIdx.x / CL);
+    ws_s = p.ws + slot_id * 2 * np;
+    const bool owner = CL > 1 || ps.sub < ps.spb;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (owner && vi < nvec) {
+        // PREG: the parameter index is the element index
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          ws_s[vi * VEC + j] = acc_s[k][j];
+          ws_s[np + vi * VEC + j] = acc_b[k][j];
+        }
+      }
+    }
+  } else {
+    __syncthreads();
+    ws_s = p.ws + (i64)blockIdx.x * 2 * np;
+    for (i64 q = threadIdx.x; q < 2 * np; q += blockDim.x) ws_s[q] = psm[q];
+  }
+  if (CL > 1) cluster_sync();
+}
+
+template <class T, int VEC, int ITEMS, bool PREG>
+__global__ void __launch_bounds__(512) bwd(const NormParams p) { bwd_body<T, VEC, ITEMS, 1, PREG>(p); }
+
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, bool PREG>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(512) bwd_cluster(const NormParams p) {
+  bwd_body<T, VEC, ITEMS, kCluster, PREG>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, bool PREG>
+__global__ void bwd_cluster(const NormParams) { __trap(); }
+#endif
+
+// ------------------------------------------------------------------ staged (pipelined) fast kernels
+
+// The 16-byte-vector launches of fwd / bwd as persistent kernels with a two-stage cp.async pipeline: while
+// a block works on one set (statistics, reduction, output), the copies of its next set are already in
+// flight into the other shared-memory stage. The register-tile kernels above keep loads in flight only
+// until a set's reduction starts: on rows of 4096 bf16 the staged backward is 1.6x theirs (44% vs 28% of
+// copy on the H200), while the staged forward measured no better (the forward is bound by its per-set
+// fixed cost, not by latency), so the host uses fwd_staged only when told to (STAGED_FWD). Each
+// thread copies, and later reads, only its own 16-byte slots, so the stages need no barrier; stage
+// layout [stage][operand][item][thread] keeps a warp's slots consecutive (no bank conflicts).
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// 16 bytes global -> shared, asynchronously; pred false: zero-filled, nothing read.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Where a block's (or cluster's) sets are, for the pipeline: set_base of `first + sub`.
+struct SetAt {
+  i64 off[4], pbase;
+  bool live;
+  __device__ __forceinline__ void at(const NormParams& p, i64 first, int sub) {
+    const i64 s = first + sub;
+    live = s < p.sets;
+    set_base(p, live ? s : 0, off, pbase);
+  }
+};
+
+// Issue the copies of one set's vectors of NOPS operands (x; x and dy) into stage `buf`.
+template <class T, int VEC, int ITEMS, int NOPS, int CL>
+__device__ __forceinline__ void stage_issue(const NormParams& p, const Pos<CL>& ps, const Geo& g, const SetAt& at,
+                                            unsigned nvec, U4* stage, int buf) {
+  const T* src[2] = {(const T*)p.x, (const T*)p.dy};
+  const int opnd[2] = {0, 2};
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const unsigned vi = ps.lane + k * ps.G;
+    const bool pred = at.live && vi < nvec;
+    unsigned o = 0, i = 0;
+    if (pred) g.split(vi * VEC, o, i);
+#pragma unroll
+    for (int q = 0; q < NOPS; ++q) {
+      const T* a = pred ? src[q] + at.off[opnd[q]] + o * g.os[opnd[q]] + i : src[q];
+      cp_async16(stage + ((buf * NOPS + q) * ITEMS + k) * blockDim.x + threadIdx.x, a, pred);
+    }
+  }
+  cp_async_commit();
+}
+
+template <class T, int VEC, int ITEMS, int CL>
+__device__ __forceinline__ void fwd_staged_body(const NormParams& p) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ R3 sm[2][32];
+  __shared__ R3 slot[2];
+  extern __shared__ U4 stage[];  // [2][1][ITEMS][blockDim]
+  const Pos<CL> ps(p);
+  const Geo g(p);
+  const unsigned nvec = (unsigned)p.len / VEC;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool has_bias = p.bias != nullptr;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  const float inv_len = 1.0f / (float)p.len;
+  T* yb = (T*)p.out;
+  SetAt cur, nxt;
+  cur.at(p, ps.first, ps.sub);
+  stage_issue<T, VEC, ITEMS, 1, CL>(p, ps, g, cur, nvec, stage, 0);
+  int it = 0;
+  for (i64 first = ps.first; first < p.sets; first += ps.step, ++it) {
+    const int buf = it & 1;
+    nxt.at(p, first + ps.step, ps.sub);
+    stage_issue<T, VEC, ITEMS, 1, CL>(p, ps, g, nxt, nvec, stage, buf ^ 1);
+    cp_async_wait<1>();
+    const U4* st = stage + buf * ITEMS * blockDim.x + threadIdx.x;
+    R3 r;
+    r.a = r.b = r.c = 0.0f;
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      F v;
+      const U4 q = st[k * blockDim.x];
+      v.w[0] = q.x; v.w[1] = q.y; v.w[2] = q.z; v.w[3] = q.w;
+      float a[VEC];
+      v.get(a);
+      if (cur.live && ps.lane + k * ps.G < nvec) r.a += VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        sum += a[j];
+        r.c += a[j] * a[j];  // zero-filled slots add nothing
+      }
+    }
+    if (!rms) {
+      r.b = r.a > 0.0f ? sum / r.a : 0.0f;
+      r.c = 0.0f;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (cur.live && ps.lane + k * ps.G < nvec) {
+          F v;
+          const U4 q = st[k * blockDim.x];
+          v.w[0] = q.x; v.w[1] = q.y; v.w[2] = q.z; v.w[3] = q.w;
+          float a[VEC];
+          v.get(a);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) r.c += (a[j] - r.b) * (a[j] - r.b);
+        }
+      }
+    }
+    r = set_reduce<CL>(r, !rms, ps.G, sm[it & 1], &slot[it & 1]);
+    const float mean = rms ? 0.0f : r.b;
+    const float inv = 1.0f / sqrtf(fmaxf(r.c * inv_len, 0.0f) + eps);
+    if (cur.live && ps.lane == 0 && (p.flags & PYDNN_NORM_FLAG_STATS)) {
+      if (p.mean) p.mean[cur.off[3]] = mean;
+      if (p.invstd) p.invstd[cur.off[3]] = inv;
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (cur.live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        const i64 pidx = cur.pbase + o * g.po + i * g.pi;
+        F v;
+        const U4 q = st[k * blockDim.x];
+        v.w[0] = q.x; v.w[1] = q.y; v.w[2] = q.z; v.w[3] = q.w;
+        float a[VEC], sc[VEC], bi[VEC];
+        v.get(a);
+        load_params<VEC>(p.scale, pidx, g.pi, sc);
+        if (has_bias) load_params<VEC>(p.bias, pidx, g.pi, bi);
+        else
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) bi[j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] = (a[j] - mean) * (inv * sc[j]) + bi[j];
+        if (p.act)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] = act_f<FAST>(p.act, a[j], c1, c2);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] *= alpha;
+        T* dst = yb + cur.off[1] + o * g.os[1] + i;
+        if (blend) {
+          F old;
+          old.load(dst);
+          float b[VEC];
+          old.get(b);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] += beta * b[j];
+        }
+        v.set(a);
+        v.store(dst);
+      }
+    }
+    cur = nxt;
+  }
+  cp_async_wait<0>();
+  if (CL > 1) cluster_sync();
+}
+
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(1024) fwd_staged(const NormParams p) { fwd_staged_body<T, VEC, ITEMS, 1>(p); }
+
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) fwd_staged_cluster(const NormParams p) {
+  fwd_staged_body<T, VEC, ITEMS, kCluster>(p);
+}
+#else
+template <class T, int VEC, int ITEMS>
+__global__ void fwd_staged_cluster(const NormParams) { __trap(); }
+#endif
+
+// Backward, staged: x and dy of the next set in flight while this one is summed, reduced and written.
+// Parameter partials as bwd_body (PREG in registers, PLANE, or runs of shared-memory atomics into the
+// dynamic array psm, which then precedes the stages). Blocks of at most kStagedBwdThreads threads.
+constexpr int kStagedBwdThreads = 256;
+constexpr int kStagedBwdMinBlocks = 2;
+
+template <class T, int VEC, int ITEMS, int CL, bool PREG>
+__device__ __forceinline__ void bwd_staged_body(const NormParams& p) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ R3 sm[2][32];
+  __shared__ R3 slot[2];
+  extern __shared__ U4 dyn[];
+  const i64 np = p.nparams;
+  float* psm = reinterpret_cast<float*>(dyn);  // [2][nparams] unless PREG
+  U4* stage = dyn + (PREG ? 0 : (2 * np * 4 + 15) / 16);  // [2][2][ITEMS][blockDim]
+  const Pos<CL> ps(p);
+  const Geo g(p);
+  const unsigned nvec = (unsigned)p.len / VEC;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool plane = !PREG && (p.flags & PYDNN_NORM_FLAG_PLANE);
+  const bool act_bias = p.act && p.bias;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  const float inv_len = 1.0f / (float)p.len;
+  T* dxb = (T*)p.out;
+  float acc_s[ITEMS][VEC], acc_b[ITEMS][VEC];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc_s[k][j] = acc_b[k][j] = 0.0f;
+  if (!PREG) {
+    for (i64 q = threadIdx.x; q < 2 * np; q += blockDim.x) psm[q] = 0.0f;
+    __syncthreads();
+  }
+  SetAt cur, nxt;
+  cur.at(p, ps.first, ps.sub);
+  stage_issue<T, VEC, ITEMS, 2, CL>(p, ps, g, cur, nvec, stage, 0);
+  int it = 0;
+  for (i64 first = ps.first; first < p.sets; first += ps.step, ++it) {
+    const int buf = it & 1;
+    nxt.at(p, first + ps.step, ps.sub);
+    stage_issue<T, VEC, ITEMS, 2, CL>(p, ps, g, nxt, nvec, stage, buf ^ 1);
+    const float mean = (cur.live && !rms) ? p.mean[cur.off[3]] : 0.0f;
+    const float inv = cur.live ? p.invstd[cur.off[3]] : 0.0f;
+    cp_async_wait<1>();
+    const U4* sx = stage + (buf * 2 * ITEMS) * blockDim.x + threadIdx.x;
+    const U4* sd = sx + ITEMS * blockDim.x;
+    R3 r;
+    r.a = r.b = r.c = 0.0f;
+    float ls[VEC], lb[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) ls[j] = lb[j] = 0.0f;
+    i64 run_p = -1;
+    float run_s = 0.0f, run_b = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (cur.live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        const i64 pidx = cur.pbase + o * g.po + i * g.pi;
+        F vx, vd;
+        U4 q = sx[k * blockDim.x];
+        vx.w[0] = q.x; vx.w[1] = q.y; vx.w[2] = q.z; vx.w[3] = q.w;
+        q = sd[k * blockDim.x];
+        vd.w[0] = q.x; vd.w[1] = q.y; vd.w[2] = q.z; vd.w[3] = q.w;
+        float a[VEC], d[VEC], sc[VEC];
+        vx.get(a);
+        vd.get(d);
+        load_params<VEC>(p.scale, pidx, g.pi, sc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] = (a[j] - mean) * inv;  // xhat
+        if (p.act) {
+          float bi[VEC];
+          if (act_bias) load_params<VEC>(p.bias, pidx, g.pi, bi);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) d[j] *= act_d<FAST>(p.act, a[j] * sc[j] + (act_bias ? bi[j] : 0.0f), c1, c2);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float dxh = d[j] * sc[j];
+          r.a += dxh;
+          r.b += dxh * a[j];
+          if constexpr (PREG) {
+            acc_s[k][j] += d[j] * a[j];
+            acc_b[k][j] += d[j];
+          } else if (plane) {
+            ls[j] += d[j] * a[j];
+            lb[j] += d[j];
+          } else {
+            const i64 qq = pidx + j * g.pi;
+            if (qq != run_p) {
+              if (run_p >= 0) {
+                atomicAdd(psm + run_p, run_s);
+                atomicAdd(psm + np + run_p, run_b);
+              }
+              run_p = qq;
+              run_s = run_b = 0.0f;
+            }
+            run_s += d[j] * a[j];
+            run_b += d[j];
+          }
+        }
+      }
+    }
+    if (run_p >= 0) {
+      atomicAdd(psm + run_p, run_s);
+      atomicAdd(psm + np + run_p, run_b);
+    }
+    if (plane) {
+      const int q = (int)(g.I / VEC), W = ps.G < 32 ? ps.G : 32;
+      for (int m = q; m < W; m <<= 1)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], m);
+          lb[j] += __shfl_xor_sync(0xffffffffu, lb[j], m);
+        }
+      if (cur.live && (ps.lane & 31) < q && (unsigned)ps.lane < nvec) {
+        unsigned o, i;
+        g.split(ps.lane * VEC, o, i);
+        const i64 pidx = cur.pbase + i;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          atomicAdd(psm + pidx + j, ls[j]);
+          atomicAdd(psm + np + pidx + j, lb[j]);
+        }
+      }
+    }
+    r = set_reduce<CL>(r, false, ps.G, sm[it & 1], &slot[it & 1]);
+    const float m1 = rms ? 0.0f : r.a * inv_len, m2 = r.b * inv_len;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (cur.live && vi < nvec) {
+        unsigned o, i;
+        g.split(vi * VEC, o, i);
+        const i64 pidx = cur.pbase + o * g.po + i * g.pi;
+        F vx, vd;
+        U4 q = sx[k * blockDim.x];
+        vx.w[0] = q.x; vx.w[1] = q.y; vx.w[2] = q.z; vx.w[3] = q.w;
+        q = sd[k * blockDim.x];
+        vd.w[0] = q.x; vd.w[1] = q.y; vd.w[2] = q.z; vd.w[3] = q.w;
+        float a[VEC], d[VEC], sc[VEC];
+        vx.get(a);
+        vd.get(d);
+        load_params<VEC>(p.scale, pidx, g.pi, sc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] = (a[j] - mean) * inv;
+        if (p.act) {
+          float bi[VEC];
+          if (act_bias) load_params<VEC>(p.bias, pidx, g.pi, bi);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) d[j] *= act_d<FAST>(p.act, a[j] * sc[j] + (act_bias ? bi[j] : 0.0f), c1, c2);
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] = alpha * inv * (d[j] * sc[j] - m1 - a[j] * m2);
+        T* dst = dxb + cur.off[1] + o * g.os[1] + i;
+        if (blend) {
+          F old;
+          old.load(dst);
+          old.get(d);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
+        }
+        vx.set(a);
+        vx.store(dst);
+      }
+    }
+    cur = nxt;
+  }
+  cp_async_wait<0>();
+  float* ws_s;
+  if constexpr (PREG) {
+    const i64 slot_id = CL == 1 ? (i64)blockIdx.x * ps.spb + ps.sub : (i64)(blockIdx.x / CL);
+    ws_s = p.ws + slot_id * 2 * np;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const unsigned vi = ps.lane + k * ps.G;
+      if (vi < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          ws_s[vi * VEC + j] = acc_s[k][j];
+          ws_s[np + vi * VEC + j] = acc_b[k][j];
+        }
+      }
+    }
+  } else {
+    __syncthreads();
+    ws_s = p.ws + (i64)blockIdx.x * 2 * np;
+    for (i64 q = threadIdx.x; q < 2 * np; q += blockDim.x) ws_s[q] = psm[q];
+  }
+  if (CL > 1) cluster_sync();
+}
+
+template <class T, int VEC, int ITEMS, bool PREG>
+__global__ void __launch_bounds__(kStagedBwdThreads, kStagedBwdMinBlocks) bwd_staged(const NormParams p) {
+  bwd_staged_body<T, VEC, ITEMS, 1, PREG>(p);
+}
+
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, bool PREG>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kStagedBwdThreads, kStagedBwdMinBlocks)
+    bwd_staged_cluster(const NormParams p) {
+  bwd_staged_body<T, VEC, ITEMS, kCluster, PREG>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, bool PREG>
+__global__ void bwd_staged_cluster(const NormParams) { __trap(); }
+#endif
+
+// ------------------------------------------------------------------ finish (backward parameters)
+
+// dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q]; dbias likewise from
+// ws[slot][1][q]. Block (32, 8): 32 parameters, 8 interleaved slot groups summed in a fixed order.
+__global__ void __launch_bounds__(kFinishX * kFinishY) finish(const NormParams p) {
+  __shared__ float part[2][kFinishY][kFinishX + 1];
+  const i64 np = p.nparams;
+  const bool blend = p.flags & PYDNN_NORM_FLAG_BETA2;
+  const float alpha = (float)p.alpha2, beta = (float)p.beta2;
+  for (i64 q0 = (i64)blockIdx.x * kFinishX; q0 < np; q0 += (i64)gridDim.x * kFinishX) {
+    const i64 q = q0 + threadIdx.x;
+    float s = 0.0f, b = 0.0f;
+    if (q < np)
+      for (i64 sl = threadIdx.y; sl < p.slots; sl += kFinishY) {
+        s += p.ws[sl * 2 * np + q];
+        b += p.ws[sl * 2 * np + np + q];
+      }
+    part[0][threadIdx.y][threadIdx.x] = s;
+    part[1][threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y < 2 && q < np) {
+      float t = 0.0f;
+      for (int y = 0; y < kFinishY; ++y) t += part[threadIdx.y][y][threadIdx.x];
+      float* dst = threadIdx.y == 0 ? p.dscale : p.dbias;
+      if (dst) {
+        float r = alpha * t;
+        if (blend) r += beta * dst[q];
+        dst[q] = r;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ws[0 .. 2 * nparams) = 0 (gen_bwd adds into it).
+__global__ void __launch_bounds__(256) zero(const NormParams p) {
+  for (i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x; q < 2 * p.nparams; q += (i64)gridDim.x * blockDim.x)
+    p.ws[q] = 0.0f;
+}
+
+// ------------------------------------------------------------------ gen (any layout)
+
+// Offsets of element e of a set in x, out, dy and its parameter offset (from the set's first).
+__device__ __forceinline__ void el_offsets(const NormParams& p, i64 e, i64* off, i64& pq) {
+  off[0] = off[1] = off[2] = 0;
+  pq = 0;
+  for (int d = p.el_ndim - 1; d >= 0; --d) {
+    const i64 n = p.el_size[d], q = e / n, c = e - q * n;
+#pragma unroll
+    for (int k = 0; k < 3; ++k) off[k] += c * p.el_stride[k][d];
+    pq += c * p.el_pstride[d];
+    e = q;
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ R3 sm[2][32];
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  const T* xb = (const T*)p.x;
+  T* yb = (T*)p.out;
+  int it = 0;
+  for (i64 s = blockIdx.x; s < p.sets; s += gridDim.x, ++it) {
+    i64 off[4], pbase;
+    set_base(p, s, off, pbase);
+    // Welford per thread, Chan across threads (RMS: sum of squares)
+    R3 r;
+    r.a = r.b = r.c = 0.0f;
+    for (i64 e = threadIdx.x; e < p.len; e += kGenThreads) {
+      i64 eo[3], pq;
+      el_offsets(p, e, eo, pq);
+      const float a = load<float>(xb[off[0] + eo[0]]);
+      if (rms) {
+        r.c += a * a;
+      } else {
+        r.a += 1.0f;
+        const float d = a - r.b;
+        r.b += d / r.a;
+        r.c += d * (a - r.b);
+      }
+    }
+    r = set_reduce<1>(r, !rms, kGenThreads, sm[it & 1], nullptr);
+    const float mean = rms ? 0.0f : r.b;
+    const float inv = 1.0f / sqrtf(fmaxf(r.c / (float)p.len, 0.0f) + eps);
+    if (threadIdx.x == 0 && (p.flags & PYDNN_NORM_FLAG_STATS)) {
+      if (p.mean) p.mean[off[3]] = mean;
+      if (p.invstd) p.invstd[off[3]] = inv;
+    }
+    for (i64 e = threadIdx.x; e < p.len; e += kGenThreads) {
+      i64 eo[3], pq;
+      el_offsets(p, e, eo, pq);
+      const float a = load<float>(xb[off[0] + eo[0]]);
+      float z = (a - mean) * inv * __ldg(p.scale + pbase + pq);
+      if (p.bias) z += __ldg(p.bias + pbase + pq);
+      if (p.act) z = act_f<FAST>(p.act, z, c1, c2);
+      T* dst = yb + off[1] + eo[1];
+      float out = alpha * z;
+      if (blend) out += beta * load<float>(*dst);
+      *dst = store<T>(out);
+    }
+  }
+}
+
+// Parameter partials go straight to ws[0] with global atomics (cleared by `zero` first).
+template <class T>
+__global__ void __launch_bounds__(kGenThreads) gen_bwd(const NormParams p) {
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ R3 sm[2][32];
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  const float inv_len = 1.0f / (float)p.len;
+  const i64 np = p.nparams;
+  const T* xb = (const T*)p.x;
+  const T* dyb = (const T*)p.dy;
+  T* dxb = (T*)p.out;
+  int it = 0;
+  for (i64 s = blockIdx.x; s < p.sets; s += gridDim.x, ++it) {
+    i64 off[4], pbase;
+    set_base(p, s, off, pbase);
+    const float mean = rms ? 0.0f : p.mean[off[3]], inv = p.invstd[off[3]];
+    R3 r;
+    r.a = r.b = r.c = 0.0f;
+    for (i64 e = threadIdx.x; e < p.len; e += kGenThreads) {
+      i64 eo[3], pq;
+      el_offsets(p, e, eo, pq);
+      const float xh = (load<float>(xb[off[0] + eo[0]]) - mean) * inv;
+      const float sc = __ldg(p.scale + pbase + pq);
+      float dz = load<float>(dyb[off[2] + eo[2]]);
+      if (p.act) dz *= act_d<FAST>(p.act, xh * sc + (p.bias ? __ldg(p.bias + pbase + pq) : 0.0f), c1, c2);
+      r.a += dz * sc;
+      r.b += dz * sc * xh;
+      atomicAdd(p.ws + pbase + pq, dz * xh);
+      atomicAdd(p.ws + np + pbase + pq, dz);
+    }
+    r = set_reduce<1>(r, false, kGenThreads, sm[it & 1], nullptr);
+    const float m1 = rms ? 0.0f : r.a * inv_len, m2 = r.b * inv_len;
+    for (i64 e = threadIdx.x; e < p.len; e += kGenThreads) {
+      i64 eo[3], pq;
+      el_offsets(p, e, eo, pq);
+      const float xh = (load<float>(xb[off[0] + eo[0]]) - mean) * inv;
+      const float sc = __ldg(p.scale + pbase + pq);
+      float dz = load<float>(dyb[off[2] + eo[2]]);
+      if (p.act) dz *= act_d<FAST>(p.act, xh * sc + (p.bias ? __ldg(p.bias + pbase + pq) : 0.0f), c1, c2);
+      T* dst = dxb + off[1] + eo[1];
+      float out = alpha * inv * (dz * sc - m1 - xh * m2);
+      if (blend) out += beta * load<float>(*dst);
+      *dst = store<T>(out);
+    }
+  }
+}
+
+}  // namespace norm
+}  // namespace pydnn

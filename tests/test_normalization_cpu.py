@@ -1,0 +1,535 @@
+"""Layer / group / instance / RMS normalization on the CPU: the descriptor, every validation error (status
++ the argument it names), the float64 reference against direct formulas and finite differences, the
+kernel choice for the layouts that matter, and an emulation of the kernels' index arithmetic over the
+host's real parameter structs: every element of every set is read and written exactly once, at the
+right address, with the right scale index, and the backward partial-sum modes (PREG ownership, PLANE
+lane sharing) hold for the launches the planner makes."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import pydnn
+from pydnn.ops import normalization as N
+from pydnn.reference import normalization as ref
+from pydnn.tensor import packed_strides
+from test_fuzz_cpu import _call, _desc, cpu_handle
+
+F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
+                       pydnn.PYDNN_DATA_BFLOAT16)
+LAYER, GROUP, INSTANCE, RMS = (pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_GROUP,
+                               pydnn.PYDNN_NORM_KIND_INSTANCE, pydnn.PYDNN_NORM_KIND_RMS)
+BAD, NS = pydnn.PYDNN_STATUS_BAD_PARAM, pydnn.PYDNN_STATUS_NOT_SUPPORTED
+NULL, MIS = pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
+NOINIT = pydnn.PYDNN_STATUS_NOT_INITIALIZED  # everything valid: the CPU-only handle refuses at kernel lookup
+X, Y, DY, DX, S, B, M, V, W = (1 << 40, 1 << 41, 1 << 42, 1 << 43, 1 << 44, 1 << 45, 1 << 46, 1 << 47, 1 << 48)
+NHWC = pydnn.PYDNN_TENSOR_NHWC
+
+
+def _check(fn, args, status, needle):
+    st = _call(fn, *args)
+    msg = pydnn.get_last_error_string()
+    assert st == status, (st, msg)
+    assert needle in msg, msg
+
+
+def _nd(kind, groups=1, k=1, eps=1e-5, act=None):
+    d = pydnn.create_norm_descriptor()
+    pydnn.set_norm_descriptor(d, kind, groups, k, eps, act)
+    return d
+
+
+def _act(mode, coef=0.0):
+    a = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(a, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, coef)
+    return a
+
+
+def _params(x, nd):
+    sb, st = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.derive_norm_param_descriptors(sb, st, x, nd)
+    return sb, st
+
+
+# ----------------------------------------------------------------------------- descriptor
+
+def test_descriptor_set_get_and_errors():
+    d = pydnn.create_norm_descriptor()
+    _check(pydnn.get_norm_descriptor, (d,), BAD, "normDesc: descriptor was never set")
+    pydnn.set_norm_descriptor(d, GROUP, 32, 1, 1e-6, None)
+    assert pydnn.get_norm_descriptor(d) == (GROUP, 32, 1, 1e-6)
+    s = pydnn.set_norm_descriptor
+    _check(s, (d, 7, 1, 1, 1e-5, None), BAD, "set_norm_descriptor: kind: 7 is not a pydnnNormKind_t")
+    _check(s, (d, pydnn.PYDNN_NORM_PER_CHANNEL + 10, 1, 1, 1e-5, None), BAD, "kind:")
+    _check(s, (d, GROUP, 0, 1, 1e-5, None), BAD, "groups: 0 must be positive")
+    _check(s, (d, GROUP, 2.0, 1, 1e-5, None), BAD, "groups: expected an integer")
+    _check(s, (d, LAYER, 1, 0, 1e-5, None), BAD, "normalizedDims: 0 is outside [1, 8]")
+    _check(s, (d, RMS, 1, 9, 1e-5, None), BAD, "normalizedDims: 9 is outside")
+    _check(s, (d, LAYER, 1, 1, 0.0, None), BAD, "epsilon: 0.0 must be positive")
+    _check(s, (d, LAYER, 1, 1, -1e-5, None), BAD, "epsilon:")
+    _check(s, (d, LAYER, 1, 1, float("nan"), None), BAD, "epsilon: nan")
+    _check(s, (d, LAYER, 1, 1, float("inf"), None), BAD, "epsilon: inf")
+    _check(s, (d, LAYER, 1, 1, "1e-5", None), BAD, "epsilon: expected a number")
+    _check(s, (d, LAYER, 1, 1, 1e-5, pydnn.create_activation_descriptor()), BAD, "activationDesc: descriptor was never set")
+    _check(s, (d, LAYER, 1, 1, 1e-5, "relu"), BAD, "activationDesc:")
+    _check(s, ("d", LAYER, 1, 1, 1e-5, None), BAD, "normDesc: not a live norm descriptor")
+    assert pydnn.get_norm_descriptor(d) == (GROUP, 32, 1, 1e-6)  # failed sets changed nothing
+    pydnn.set_norm_descriptor(d, INSTANCE, 0, 0, 1e-3, _act(pydnn.PYDNN_ACTIVATION_SWISH))  # ignored fields
+    assert d.act_id == 6
+    pydnn.destroy_norm_descriptor(d)
+    pydnn.destroy_norm_descriptor(None)
+    _check(pydnn.get_norm_descriptor, (d,), BAD, "normDesc: not a live")
+
+
+def test_derive_param_descriptors():
+    x = _desc((4, 6, 5, 3), BF16)
+    sb, st = _params(x, _nd(GROUP, 3))
+    assert (sb.dims, sb.dtype, st.dims, st.dtype) == ((1, 6, 1, 1), F32, (4, 3, 1, 1), F32)
+    sb, st = _params(x, _nd(INSTANCE))
+    assert (sb.dims, st.dims) == ((1, 6, 1, 1), (4, 6, 1, 1))
+    sb, st = _params(x, _nd(LAYER, k=2))
+    assert (sb.dims, st.dims) == ((1, 1, 5, 3), (4, 6, 1, 1))
+    sb, st = _params(x, _nd(RMS, k=4))
+    assert (sb.dims, st.dims) == ((4, 6, 5, 3), (1, 1, 1, 1))
+    d = pydnn.create_tensor_descriptor()
+    _check(pydnn.derive_norm_param_descriptors, (d, d, x, _nd(GROUP, 4)), BAD, "normDesc: groups 4 does not divide xDesc's C = 6")
+    _check(pydnn.derive_norm_param_descriptors, (d, d, x, _nd(LAYER, k=5)), BAD, "normalizedDims 5 is more than")
+    _check(pydnn.derive_norm_param_descriptors, (None, d, x, _nd(LAYER)), BAD, "scaleBiasDesc: not a live")
+
+
+# ----------------------------------------------------------------------------- validation of the calls
+
+def _fwd_args(h, nd, x, y=None, sb=None, st=None, ptrs=None):
+    y = y or x
+    if sb is None or st is None:
+        dsb, dst = _params(x, nd)
+        sb, st = sb or dsb, st or dst
+    p = dict(x=X, y=Y, s=S, b=B, m=M, v=V)
+    p.update(ptrs or {})
+    return (h, nd, 1.0, 0.0, x, p["x"], y, p["y"], sb, p["s"], p["b"], st, p["m"], p["v"])
+
+
+def test_forward_training_validation():
+    h = cpu_handle()
+    f = pydnn.norm_forward_training
+    x = _desc((4, 8, 5, 3), BF16)
+    g = _nd(GROUP, 4)
+    _check(f, _fwd_args(h, g, x), NOINIT, "")
+    _check(f, _fwd_args(h, _nd(GROUP, 3), x, sb=_desc((1, 8, 1, 1)), st=_desc((4, 3, 1, 1))), BAD,
+           "norm_forward_training: normDesc: groups 3 does not divide xDesc's C = 8")
+    _check(f, _fwd_args(h, _nd(LAYER, k=5), x, sb=_desc((1, 8, 1, 1)), st=_desc((4, 3, 1, 1))), BAD,
+           "normDesc: normalizedDims 5 is more than xDesc's 4 dims")
+    _check(f, _fwd_args(h, g, x, sb=_desc((1, 4, 1, 1))), BAD, "scaleBiasDesc: dims (1, 4, 1, 1) must be (1, 8, 1, 1)")
+    _check(f, _fwd_args(h, g, x, sb=_desc((8,))), BAD, "scaleBiasDesc: dims (8,) must be")
+    _check(f, _fwd_args(h, g, x, sb=_desc((1, 8, 1, 1), BF16)), BAD, "scaleBiasDesc: data type")
+    _check(f, _fwd_args(h, g, x, sb=_desc((1, 8, 1, 1), F32, (16, 2, 1, 1))), BAD, "scaleBiasDesc: strides")
+    _check(f, _fwd_args(h, g, x, st=_desc((4, 8, 1, 1))), BAD, "meanInvstdDesc: dims (4, 8, 1, 1) must be (4, 4, 1, 1)")
+    _check(f, _fwd_args(h, g, x, st=_desc((4, 4, 1, 1), F16)), BAD, "meanInvstdDesc: data type")
+    _check(f, _fwd_args(h, g, x, st=_desc((4, 4, 1, 1), F32, (1, 1, 1, 1))), BAD, "meanInvstdDesc: strides")
+    _check(f, _fwd_args(h, g, x, st=_desc((4, 4, 1, 1), F32, (1, 4, 1, 1))), NOINIT, "")  # any strides
+    _check(f, _fwd_args(h, _nd(LAYER, k=2), x, sb=_desc((1, 8, 5, 3))), BAD, "scaleBiasDesc: dims (1, 8, 5, 3) must be (1, 1, 5, 3)")
+    _check(f, _fwd_args(h, g, x, y=_desc((4, 8, 5, 4), BF16)), BAD, "yDesc: dims (4, 8, 5, 4) differ")
+    _check(f, _fwd_args(h, g, x, y=_desc((4, 8, 5, 3), F16)), BAD, "yDesc: data type")
+    _check(f, _fwd_args(h, g, x, y=_desc((4, 8, 5, 3), BF16, (1, 1, 1, 1))), BAD, "yDesc: strides")
+    d64 = _desc((4, 8, 5, 3), F64)
+    _check(f, _fwd_args(h, g, d64, sb=_desc((1, 8, 1, 1)), st=_desc((4, 4, 1, 1))), NS, "xDesc: data type 1 is not supported")
+    i8 = _desc((4, 8, 5, 3), pydnn.PYDNN_DATA_INT8)
+    _check(f, _fwd_args(h, g, i8, sb=_desc((1, 8, 1, 1)), st=_desc((4, 4, 1, 1))), NS, "xDesc: data type")
+    _check(f, _fwd_args(h, g, _desc((8,), BF16), sb=_desc((1, 8, 1, 1)), st=_desc((4, 4, 1, 1))), BAD,
+           "xDesc: group / instance norm needs N, C dims")
+    _check(f, _fwd_args(h, pydnn.create_norm_descriptor(), x, sb=_desc((1, 8, 1, 1)), st=_desc((4, 4, 1, 1))), BAD,
+           "normDesc: descriptor was never set")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(x=0)), NULL, "x: NULL")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(y=None)), NULL, "y: NULL")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(s=0)), NULL, "scale: NULL")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(m=0)), NULL, "resultMean: NULL")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(v=0)), NULL, "resultInvStd: NULL")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(b=0)), NOINIT, "")  # no bias
+    _check(f, _fwd_args(h, g, x, ptrs=dict(x=X + 1)), MIS, "x: 0x")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(y=Y + 2)), NOINIT, "")  # 2-byte elements: 2-byte aligned is enough
+    _check(f, _fwd_args(h, g, x, ptrs=dict(s=S + 2)), MIS, "scale: 0x")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(b=B + 2)), MIS, "bias: 0x")
+    _check(f, _fwd_args(h, g, x, ptrs=dict(v=V + 1)), MIS, "resultInvStd: 0x")
+    r = _nd(RMS, k=3)
+    _check(f, _fwd_args(h, r, x, ptrs=dict(m=0)), NOINIT, "")  # RMS: no mean
+    args = list(_fwd_args(h, g, x))
+    args[0] = "h"
+    _check(f, args, BAD, "handle:")
+    args = list(_fwd_args(h, g, x))
+    args[11] = None
+    _check(f, args, BAD, "meanInvstdDesc: not a live tensor descriptor")
+
+
+def test_forward_inference_validation():
+    h = cpu_handle()
+    f = pydnn.norm_forward_inference
+    x = _desc((6, 10), F32)
+    nd = _nd(LAYER)
+    sb = _desc((1, 10))
+    _check(f, (h, nd, 1.0, 0.0, x, X, x, Y, sb, S, 0), NOINIT, "")
+    _check(f, (h, nd, 1.0, 0.0, x, X, x, Y, _desc((10,)), S, 0), BAD, "scaleBiasDesc: dims (10,) must be (1, 10)")
+    _check(f, (h, nd, 1.0, 0.0, x, X, _desc((6, 10), BF16), Y, sb, S, 0), BAD, "yDesc: data type")
+    _check(f, (h, nd, 1.0, 0.0, x, X, x, Y, sb, 0, 0), NULL, "scale: NULL")
+    _check(f, (h, "nd", 1.0, 0.0, x, X, x, Y, sb, S, 0), BAD, "normDesc: not a live norm descriptor")
+
+
+def _bwd_args(h, nd, x, dy=None, dx=None, sb=None, st=None, ptrs=None, ws_size=1 << 30):
+    if sb is None or st is None:
+        dsb, dst = _params(x, nd)
+        sb, st = sb or dsb, st or dst
+    p = dict(x=X, dy=DY, dx=DX, s=S, b=B, ds=S + 4096, db=B + 4096, m=M, v=V, w=W)
+    p.update(ptrs or {})
+    return (h, nd, 1.0, 0.0, 1.0, 0.0, x, p["x"], dy or x, p["dy"], dx or x, p["dx"], sb, p["s"], p["b"],
+            p["ds"], p["db"], st, p["m"], p["v"], p["w"], ws_size)
+
+
+def test_backward_validation():
+    h = cpu_handle()
+    f = pydnn.norm_backward
+    x = _desc((64, 256), BF16)
+    nd = _nd(LAYER)
+    _check(f, _bwd_args(h, nd, x), NOINIT, "")
+    _check(f, _bwd_args(h, nd, x, dy=_desc((64, 255), BF16)), BAD, "dyDesc: dims (64, 255) differ")
+    _check(f, _bwd_args(h, nd, x, dx=_desc((64, 256), F32)), BAD, "dxDesc: data type")
+    _check(f, _bwd_args(h, nd, x, dy=_desc((64, 256), F16)), BAD, "dyDesc: data type")
+    _check(f, _bwd_args(h, nd, x, dx=_desc((64, 256), BF16, (1, 1))), BAD, "dxDesc: strides")
+    _check(f, _bwd_args(h, nd, x, st=_desc((64, 2))), BAD, "meanInvstdDesc: dims (64, 2) must be (64, 1)")
+    _check(f, _bwd_args(h, nd, x, sb=_desc((1, 256), BF16)), BAD, "scaleBiasDesc: data type")
+    sb, st = _params(x, nd)
+    need = pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, sb, st)
+    assert need > 0 and need % 16 == 0
+    _check(f, _bwd_args(h, nd, x, ws_size=need), NOINIT, "")
+    _check(f, _bwd_args(h, nd, x, ws_size=need - 1), BAD, f"workspaceSizeInBytes: {need - 1} is less than the {need} bytes needed")
+    _check(f, _bwd_args(h, nd, x, ws_size=0), BAD, "workspaceSizeInBytes: 0 is less")
+    _check(f, _bwd_args(h, nd, x, ptrs=dict(w=0)), NULL, "workspace: NULL")
+    _check(f, _bwd_args(h, nd, x, ptrs=dict(ds=0)), NULL, "resultScaleDiff: NULL")
+    _check(f, _bwd_args(h, nd, x, ptrs=dict(db=0, b=0)), NOINIT, "")  # no bias, no dbias
+    _check(f, _bwd_args(h, nd, x, ptrs=dict(m=0)), NULL, "savedMean: NULL")
+    _check(f, _bwd_args(h, _nd(RMS), x, ptrs=dict(m=0)), NOINIT, "")
+    _check(f, _bwd_args(h, nd, x, ptrs=dict(dx=DX + 1)), MIS, "dx: 0x")
+    _check(f, _bwd_args(h, nd, x, ptrs=dict(db=B + 1)), MIS, "resultBiasDiff: 0x")
+    _check(f, _bwd_args(h, _nd(GROUP, 3), _desc((2, 8, 4), F32), sb=_desc((1, 8, 1)), st=_desc((2, 3, 1))), BAD,
+           "groups 3 does not divide")
+    _check(pydnn.get_norm_backward_workspace_size, (h, nd, x, x, _desc((64, 256), F16), sb, st), BAD, "dxDesc: data type")
+
+
+# ----------------------------------------------------------------------------- reference
+
+def test_reference_matches_direct_formulas():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 6, 4, 5))
+    gamma, beta = rng.standard_normal((1, 6, 1, 1)), rng.standard_normal((1, 6, 1, 1))
+    # group norm with 2 groups: each (n, 3 channels, H, W)
+    y, mean, inv = ref.forward(GROUP, 2, 1, 1e-5, None, 1.0, x, 0.0, None, gamma, beta)
+    xs = x.reshape(3, 2, -1)
+    m, v = xs.mean(-1), xs.var(-1)
+    want = ((xs - m[..., None]) / np.sqrt(v[..., None] + 1e-5)).reshape(x.shape) * gamma + beta
+    assert np.allclose(y, want, rtol=1e-13, atol=1e-13)
+    assert np.allclose(mean, m.ravel()) and np.allclose(inv, 1 / np.sqrt(v.ravel() + 1e-5))
+    # instance = group with G = C
+    yi = ref.forward(INSTANCE, 0, 1, 1e-5, None, 1.0, x, 0.0, None, gamma, beta)[0]
+    assert np.allclose(yi, ref.forward(GROUP, 6, 1, 1e-5, None, 1.0, x, 0.0, None, gamma, beta)[0])
+    # layer norm over the last 2 dims, RMS norm
+    g2 = rng.standard_normal((1, 1, 4, 5))
+    yl = ref.forward(LAYER, 0, 2, 1e-3, None, 1.0, x, 0.0, None, g2, None)[0]
+    m, v = x.mean(axis=(2, 3), keepdims=True), x.var(axis=(2, 3), keepdims=True)
+    assert np.allclose(yl, (x - m) / np.sqrt(v + 1e-3) * g2)
+    yr = ref.forward(RMS, 0, 1, 1e-6, None, 1.0, x, 0.0, None, g2[0, 0, :1, :], None)[0]
+    assert np.allclose(yr, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g2[0, 0, :1, :])
+    # activation and blending
+    act = (pydnn.PYDNN_ACTIVATION_RELU, 0.0, 1.0)
+    y0 = rng.standard_normal(x.shape)
+    ya = ref.forward(GROUP, 2, 1, 1e-5, act, 0.5, x, -2.0, y0, gamma, beta)[0]
+    assert np.allclose(ya, 0.5 * np.maximum(want, 0) - 2.0 * y0)
+
+
+@pytest.mark.parametrize("kind,groups,nd,act", [
+    (LAYER, 0, 1, None), (LAYER, 0, 2, (pydnn.PYDNN_ACTIVATION_GELU_TANH, 0.0, 1.0)), (RMS, 0, 1, None),
+    (RMS, 0, 2, (pydnn.PYDNN_ACTIVATION_SWISH, 0.0, 1.5)), (GROUP, 2, 1, None),
+    (GROUP, 3, 1, (pydnn.PYDNN_ACTIVATION_SIGMOID, 0.0, 1.0)), (INSTANCE, 0, 1, (pydnn.PYDNN_ACTIVATION_ELU, 0.7, 1.0)),
+])
+def test_reference_backward_is_the_vjp_of_forward(kind, groups, nd, act):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 3, 4))
+    dy = rng.standard_normal(x.shape)
+    pshape = (1, 1, 3, 4) if nd == 2 else (1, 1, 1, 4)
+    if kind in (GROUP, INSTANCE):
+        pshape = (1, 6, 1, 1)
+    gamma, beta = rng.standard_normal(pshape), rng.standard_normal(pshape)
+    if kind == RMS:
+        beta = None
+    mean, inv = ref.statistics(kind, groups, nd, 1e-3, x)
+    dx, dg, db = ref.backward(kind, groups, nd, 1e-3, act, x, dy, gamma, beta, mean, inv)
+
+    def loss(xx, gg, bb):
+        return (ref.forward(kind, groups, nd, 1e-3, act, 1.0, xx, 0.0, None, gg, bb)[0] * dy).sum()
+
+    h = 1e-6
+    for idx in [(0, 0, 0, 0), (1, 5, 2, 3), (0, 3, 1, 2)]:
+        e = np.zeros_like(x)
+        e[idx] = h
+        assert np.isclose((loss(x + e, gamma, beta) - loss(x - e, gamma, beta)) / (2 * h), dx[idx], rtol=1e-5, atol=1e-7)
+    for idx in [tuple(0 for _ in pshape), tuple(s - 1 for s in pshape)]:
+        e = np.zeros_like(gamma)
+        e[idx] = h
+        assert np.isclose((loss(x, gamma + e, beta) - loss(x, gamma - e, beta)) / (2 * h), dg[idx], rtol=1e-5, atol=1e-7)
+        if beta is not None:
+            assert np.isclose((loss(x, gamma, beta + e) - loss(x, gamma, beta - e)) / (2 * h), db[idx], rtol=1e-5,
+                              atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- kernel choice
+
+def _summary(nd, x, backward=False):
+    return N.plan_summary(cpu_handle(), nd, x, backward=backward)
+
+
+def test_kernel_choice_for_the_benchmarks():
+    ln = _desc((16384, 4096), BF16)
+    alts, ws = _summary(_nd(LAYER), ln)
+    # forward: 128 threads per row, one row per block (register tiles, v1)
+    assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"] and alts[1][0].startswith("fwd vec=1")
+    alts, ws = _summary(_nd(RMS), ln, backward=True)
+    # 2 blocks of 256 per SM (128 registers), evened out: 261 blocks of 63 rows (the last fewer)
+    assert alts[0][0] == "bwd vec=8 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
+    assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
+    gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
+    alts, _ = _summary(_nd(GROUP, 32), gn)
+    assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
+    alts, _ = _summary(_nd(GROUP, 32), gn, backward=True)  # too large for the staged kernels: register tiles
+    assert "bwd vec=8 G=4096 block=512 cluster=8 preg=False plane=True" in alts[0][0]
+    alts, _ = _summary(_nd(GROUP, 32), _desc((32, 512, 64, 64), BF16), backward=True)
+    assert "cluster=8 preg=False plane=False" in alts[0][0]
+    alts, _ = _summary(_nd(GROUP, 32), _desc((32, 512, 16, 16), BF16, packed_strides((32, 512, 16, 16), NHWC)),
+                       backward=True)
+    assert "bwd vec=8 G=256 block=256 cluster=1 preg=False plane=True staged" in alts[0][0]
+
+
+def test_staged_forward_choice(monkeypatch):
+    """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
+    monkeypatch.setattr(N, "STAGED_FWD", True)
+    alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), BF16))
+    assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1 staged grid=1024"]  # 8 blocks per SM, 16 rows each
+    gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
+    alts, _ = _summary(_nd(GROUP, 32), gn)
+    assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8 staged grid=512"]
+    assert N._staged_expr("bf16", 8, False) in N._unit_exprs("bf16")
+
+
+def test_kernel_choice_falls_back_to_gen():
+    alts, ws = _summary(_nd(LAYER), _desc((2, 300000), BF16), backward=True)  # beyond a cluster's registers
+    assert alts == [["zero", "gen", "finish slots=1"]] and ws == 2 * 300000 * 4
+    alts, _ = _summary(_nd(GROUP, 2), _desc((2, 4, 3, 5), F32, (1, 2, 40, 8)))  # three-level layout
+    assert alts == [["gen"]]
+    h = cpu_handle()
+    h.arch = "sm_80"  # no clusters before sm_90
+    alts, _ = N.plan_summary(h, _nd(GROUP, 32), _desc((4, 512, 64, 64), BF16))
+    assert alts == [["gen"]]
+
+
+# ----------------------------------------------------------------------------- kernel emulation
+
+def _addresses(desc):
+    """Element address (in elements) of every logical index of desc, as an array of its dims."""
+    idx = np.zeros(desc.dims, np.int64)
+    for d, (n, s) in enumerate(zip(desc.dims, desc.strides)):
+        shape = [1] * len(desc.dims)
+        shape[d] = n
+        idx = idx + (np.arange(n) * s).reshape(shape)
+    return idx
+
+
+def _expected(kind, groups, nd_k, x):
+    """For each logical element of x: its set and its parameter index (logical order)."""
+    dims = x.dims
+    count = int(np.prod(dims))
+    lin = np.arange(count).reshape(dims)
+    if kind in (LAYER, RMS):
+        per = int(np.prod(dims[len(dims) - nd_k:]))
+        return lin // per, lin % per
+    g = dims[1] if kind == INSTANCE else groups
+    cg = dims[1] // g
+    c = np.broadcast_to(np.arange(dims[1]).reshape((1, -1) + (1,) * (len(dims) - 2)), dims)
+    n = np.broadcast_to(np.arange(dims[0]).reshape((-1,) + (1,) * (len(dims) - 1)), dims)
+    return n * g + c // cg, c
+
+
+def _set_base(p, s):
+    off, pb = [0, 0, 0, 0], 0
+    for d in range(p.set_ndim - 1, -1, -1):
+        s, c = divmod(s, p.set_size[d])
+        for k in range(4):
+            off[k] += c * p.set_stride[k][d]
+        pb += c * p.set_pstride[d]
+    return off, pb
+
+
+def _emulate(p, vec, items, backward, operand):
+    """(address, set, parameter index) visited by the fast kernel for each element of `operand` (0 x,
+    1 out, 2 dy), replaying fwd_body / bwd_body's index arithmetic; also the stats offset per set."""
+    G = p.group
+    nvec = p.len // vec
+    if p.el_ndim == 1:
+        I, os_, po, pi = p.len, 0, 0, p.el_pstride[0]
+    else:
+        I, os_, po, pi = p.el_size[1], p.el_stride[operand][0], p.el_pstride[0], p.el_pstride[1]
+    lanes = np.arange(G)
+    k = np.arange(items)
+    vi = (lanes[:, None] + k[None, :] * G).ravel()
+    vi = vi[vi < nvec]
+    e = vi * vec
+    o, i = e // I, e % I
+    seen_addr, seen_set, seen_par, stats = [], [], [], []
+    for s in range(p.sets):
+        off, pb = _set_base(p, s)
+        stats.append(off[3])
+        for j in range(vec):
+            seen_addr.append(off[operand] + o * os_ + i + j)
+            seen_par.append(pb + o * po + (i + j) * pi)
+            seen_set.append(np.full(len(vi), s))
+    return np.concatenate(seen_addr), np.concatenate(seen_set), np.concatenate(seen_par), stats
+
+
+def _emulate_gen(p, operand):
+    e = np.arange(p.len)
+    off = np.zeros(p.len, np.int64)
+    par = np.zeros(p.len, np.int64)
+    rem = e.copy()
+    for d in range(p.el_ndim - 1, -1, -1):
+        rem, c = np.divmod(rem, p.el_size[d])
+        off += c * p.el_stride[operand][d]
+        par += c * p.el_pstride[d]
+    addr, sets, pars, stats = [], [], [], []
+    for s in range(p.sets):
+        o, pb = _set_base(p, s)
+        stats.append(o[3])
+        addr.append(o[operand] + off)
+        pars.append(pb + par)
+        sets.append(np.full(p.len, s))
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
+LAYOUTS = [  # kind, groups, normalized dims, dims, strides of x / out / dy (None: packed NCHW; "nhwc")
+    (LAYER, 0, 1, (6, 40), None, None),
+    (LAYER, 0, 1, (5, 37), (41, 1), (37, 1)),            # padded rows, odd length
+    (LAYER, 0, 2, (3, 5, 8), (60, 12, 1), None),         # padded trailing dims: two levels
+    (LAYER, 0, 2, (3, 5, 8), (40, 1, 5), None),          # transposed trailing dims
+    (RMS, 0, 1, (4, 3, 64), None, "nhwc"),
+    (LAYER, 0, 3, (2, 3, 4, 8), None, None),
+    (RMS, 0, 2, (1, 3000, 24), None, None),              # cluster (sm_90) in 16-bit
+    (GROUP, 4, 1, (3, 8, 5, 4), None, None),             # NCHW groups
+    (GROUP, 4, 1, (3, 16, 5, 4), "nhwc", "nhwc"),        # NHWC groups (PLANE)
+    (GROUP, 2, 1, (2, 12, 6, 5), "nhwc", None),          # NHWC x, NCHW y
+    (GROUP, 32, 1, (2, 512, 12, 12), "nhwc", "nhwc"),    # cluster NHWC
+    (GROUP, 8, 1, (2, 64, 24, 24), None, None),          # cluster NCHW
+    (GROUP, 2, 1, (2, 64, 16, 16), "nhwc", "nhwc"),      # staged cluster backward
+    (LAYER, 0, 1, (9, 8192), None, None),                # staged cluster backward, PREG
+    (INSTANCE, 0, 1, (2, 6, 5, 7), None, None),
+    (INSTANCE, 0, 1, (2, 6, 5, 7), "nhwc", "nhwc"),
+    (INSTANCE, 0, 1, (3, 5), None, None),                # no spatial dims
+    (GROUP, 2, 1, (2, 4, 3, 5), (1, 2, 40, 8), None),    # gen
+    (GROUP, 1, 1, (2, 8, 3, 3, 2), None, None),          # 5-d
+]
+
+
+def _layout_desc(dims, layout, dtype):
+    if layout is None:
+        return _desc(dims, dtype)
+    if layout == "nhwc":
+        return _desc(dims, dtype, packed_strides(dims, NHWC))
+    return _desc(dims, dtype, layout)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("direction", ["forward", "forward staged", "backward"])
+@pytest.mark.parametrize("case", range(len(LAYOUTS)))
+def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
+    backward = direction == "backward"
+    monkeypatch.setattr(N, "STAGED_FWD", direction == "forward staged")
+    kind, groups, k, dims, lx, ly = LAYOUTS[case]
+    nd = _nd(kind, groups, k)
+    x, y = _layout_desc(dims, lx, dtype), _layout_desc(dims, ly, dtype)
+    sb, st = _params(x, nd)
+    h = cpu_handle()
+    pl = N._plan(h, nd, x, y, y if backward else None, st, backward)
+    want_set, want_par = _expected(kind, groups, k, x)
+    st_addr = _addresses(st).ravel()
+    for alt in pl.alternatives:
+        for lc in alt:
+            p = lc.params
+            kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+            if kname in ("finish", "zero"):
+                continue
+            for operand, desc in ((0, x), (1, y)) + (((2, y),) if backward else ()):
+                if kname.startswith("gen"):
+                    addr, sset, spar, stats = _emulate_gen(p, operand)
+                else:
+                    vec = int(lc.expr.split(",")[1])
+                    items = int(lc.expr.split(",")[2].split(">")[0])
+                    addr, sset, spar, stats = _emulate(p, vec, items, backward, operand)
+                    assert lc.block[0] * (lc.grid[0] if "cluster" not in kname else 8) >= 1
+                logical = _addresses(desc)
+                order = np.argsort(logical.ravel())
+                sorted_addr = logical.ravel()[order]
+                pos = np.searchsorted(sorted_addr, addr)
+                assert (pos < sorted_addr.size).all() and (sorted_addr[pos] == addr).all(), f"{lc.desc}: stray address"
+                which = order[pos]
+                assert np.bincount(which, minlength=logical.size).tolist() == [1] * logical.size, f"{lc.desc}: coverage"
+                assert (want_set.ravel()[which] == sset).all(), f"{lc.desc}: set"
+                assert (want_par.ravel()[which] == spar).all(), f"{lc.desc}: parameter"
+                assert sorted(stats) == sorted(st_addr.tolist()), f"{lc.desc}: stats"
+            if kname.startswith("bwd") and not kname.startswith("gen"):
+                _check_partial_modes(lc, pl)
+
+
+def _check_partial_modes(lc, pl):
+    p = lc.params
+    vec = int(lc.expr.split(",")[1])
+    items = int(lc.expr.split(",")[2].split(",")[0])
+    G, nvec = p.group, p.len // vec
+    I = p.len if p.el_ndim == 1 else p.el_size[1]
+    pi = p.el_pstride[0] if p.el_ndim == 1 else p.el_pstride[1]
+    po = 0 if p.el_ndim == 1 else p.el_pstride[0]
+
+    def params_of(lane, k, s):
+        vi = lane + k * G
+        if vi >= nvec:
+            return None
+        o, i = divmod(vi * vec, I)
+        pb = _set_base(p, s)[1]
+        return tuple(pb + o * po + (i + j) * pi for j in range(vec))
+
+    if p.flags & N.FLAG_PREG:
+        # every (lane, item, j) owns parameter vi * vec + j in every set: one-to-one with the params
+        for s in range(min(p.sets, 3)):
+            got = sorted(q for lane in range(G) for k in range(items) for q in (params_of(lane, k, s) or ()))
+            assert got == list(range(p.nparams)), lc.desc
+            for lane in range(G):
+                for k in range(items):
+                    ps = params_of(lane, k, s)
+                    assert ps is None or ps == tuple((lane + k * G) * vec + j for j in range(vec))
+    if p.flags & N.FLAG_PLANE:
+        q = I // vec
+        for s in range(min(p.sets, 3)):
+            for lane in range(G):
+                base = params_of(lane, 0, s)
+                for k in range(items):
+                    assert params_of(lane, k, s) in (None, base), lc.desc
+                w = min(G, 32)
+                m = q
+                while m < w:
+                    other = params_of(lane ^ m, 0, s)
+                    assert other is None or base is None or other == base, lc.desc
+                    m <<= 1
+    staged = "staged" in lc.expr
+    items_bytes = 2 * 2 * items * lc.block[0] * 16 if staged else 0  # the two cp.async stages of x and dy
+    if not p.flags & N.FLAG_PREG:
+        assert lc.smem == -(-8 * p.nparams // 16) * 16 * staged + 8 * p.nparams * (not staged) + items_bytes
+    else:
+        assert lc.smem == items_bytes
+    assert lc.smem <= N.SMEM_BLOCK_MAX
+    assert pl.workspace >= 8 * p.nparams
+
+
+def test_params_struct_fits_a_kernel_argument():
+    assert ctypes.sizeof(N.NormParams) <= 4096

@@ -1,0 +1,225 @@
+"""Layer / group / instance / RMS normalization on the GPU against the float64 reference: every kind x
+dtype over layouts that reach every kernel (fwd / bwd vector and scalar, the 8-block cluster kernels,
+gen; the PREG, PLANE and atomic parameter-partial modes), fused activations, alpha / beta blending of y,
+dx and the parameter gradients, no bias, in place, unaligned pointers. Outputs are poisoned first."""
+import numpy as np
+import pytest
+
+import pydnn
+from devtensor import DevTensor, assert_close
+from pydnn.ops import normalization as N
+from pydnn.reference import normalization as ref
+from pydnn.tensor import packed_strides
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+LAYER, GROUP, INSTANCE, RMS = (pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_GROUP,
+                               pydnn.PYDNN_NORM_KIND_INSTANCE, pydnn.PYDNN_NORM_KIND_RMS)
+NHWC = pydnn.PYDNN_TENSOR_NHWC
+DTYPES = [F32, F16, BF16]
+
+CASES = [  # kind, groups, normalized dims, dims, layout of x/y/dy/dx ("nchw", "nhwc" or strides)
+    (LAYER, 0, 1, (64, 4096), "nchw"),                # the benchmark's rows: vector, PREG
+    (LAYER, 0, 1, (7, 37), "nchw"),                   # odd rows: scalar
+    (LAYER, 0, 1, (5, 40), (48, 1)),                  # padded rows
+    (LAYER, 0, 2, (3, 5, 16), (96, 18, 1)),           # padded trailing dims: two levels
+    (LAYER, 0, 2, (3, 5, 8), (40, 1, 5)),             # transposed trailing dims: gen
+    (RMS, 0, 1, (33, 1000), "nchw"),
+    (RMS, 0, 3, (2, 3, 4, 8), "nhwc"),
+    (LAYER, 0, 1, (3, 40000), "nchw"),                # forward: cluster (16-bit) / 1024 threads; backward: gen
+    (GROUP, 4, 1, (3, 8, 5, 4), "nchw"),
+    (GROUP, 4, 1, (3, 16, 6, 5), "nhwc"),             # NHWC groups: PLANE
+    (GROUP, 32, 1, (2, 512, 12, 12), "nhwc"),
+    (GROUP, 2, 1, (2, 64, 32, 32), "nhwc"),           # clusters (backward everywhere, forward in fp32)
+    (GROUP, 2, 1, (2, 64, 32, 32), "nchw"),
+    (LAYER, 0, 1, (9, 8192), "nchw"),                 # backward: staged cluster with PREG
+    (GROUP, 4, 1, (1, 256, 64, 64), "nhwc"),          # forward: cluster of 1024-thread blocks; backward: gen
+    (GROUP, 2, 1, (2, 4, 3, 5), (1, 2, 40, 8)),       # N innermost: gen
+    (GROUP, 1, 1, (2, 8, 3, 3, 2), "nchw"),           # 5-d
+    (INSTANCE, 0, 1, (2, 6, 5, 7), "nchw"),
+    (INSTANCE, 0, 1, (2, 6, 5, 7), "nhwc"),
+    (INSTANCE, 0, 1, (3, 5), "nchw"),                 # no spatial dims: sets of one element
+]
+
+ACTS = [None, (pydnn.PYDNN_ACTIVATION_RELU, 0.0, 1.0), (pydnn.PYDNN_ACTIVATION_SWISH, 0.0, 1.25),
+        (pydnn.PYDNN_ACTIVATION_GELU_ERF, 0.0, 1.0), (pydnn.PYDNN_ACTIVATION_GELU_TANH, 0.0, 1.0)]
+
+
+def _tensor(dims, layout, dtype):
+    if layout == "nchw":
+        return DevTensor(dims, dtype)
+    if layout == "nhwc":
+        return DevTensor(dims, dtype, packed_strides(dims, NHWC))
+    return DevTensor(dims, dtype, layout)
+
+
+def _nd(kind, groups, k, eps=1e-5, act=None):
+    a = None
+    if act is not None:
+        a = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(a, act[0], pydnn.PYDNN_NOT_PROPAGATE_NAN, act[1])
+        pydnn.set_activation_descriptor_swish_beta(a, act[2])
+    d = pydnn.create_norm_descriptor()
+    pydnn.set_norm_descriptor(d, kind, groups, k, eps, a)
+    return d
+
+
+def _param_tensors(x, nd, rng, bias=True):
+    sbd, std = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.derive_norm_param_descriptors(sbd, std, x.desc, nd)
+    scale, b = DevTensor(sbd.dims, F32), DevTensor(sbd.dims, F32)
+    sv = scale.random(rng, 0.5, 1.5)
+    bv = b.random(rng, -1.0, 1.0) if bias else None
+    mean, inv = DevTensor(std.dims, F32), DevTensor(std.dims, F32)
+    return sbd, std, scale, b, sv, bv, mean, inv
+
+
+def _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, act=None, bias=True, alpha=1.0, beta=0.0,
+                   inplace=False):
+    nd = _nd(kind, groups, k, act=act)
+    x = _tensor(dims, layout, dtype)
+    y = x if inplace else _tensor(dims, layout, dtype)
+    xv = x.random(rng, -3, 3)
+    sbd, std, scale, b, sv, bv, mean, inv = _param_tensors(x, nd, rng, bias)
+    y0 = y.random(rng) if beta != 0 and not inplace else None
+    what = f"{kind} {dims} {layout} {dtype} act={act} bias={bias}"
+    pydnn.norm_forward_training(handle, nd, alpha, beta, x.desc, x.ptr, y.desc, y.ptr, sbd, scale.ptr,
+                                b.ptr if bias else 0, std, mean.ptr, inv.ptr)
+    want, wm, wi = ref.forward(kind, groups, k, 1e-5, act, alpha, xv, beta, y0, sv, bv)
+    terms = abs(alpha) * ref.forward_terms(kind, groups, k, 1e-5, act, xv, sv, bv)
+    if y0 is not None:
+        terms = terms + np.abs(beta * y0)
+    assert_close(y.download(), want, dtype, "y " + what, scale=terms)
+    y.check_untouched()
+    got_inv = inv.download().ravel()
+    assert_close(got_inv, wi, F32, "invstd " + what)
+    if kind != RMS:
+        xs = np.abs(xv).reshape(len(wm), -1).mean(axis=1)  # sets are consecutive in logical order
+        assert_close(mean.download().ravel(), wm, F32, "mean " + what, scale=xs)
+    else:
+        assert np.isnan(mean.download()).all(), "RMS wrote a mean"
+    # inference: the same y, nothing else written
+    if not inplace:
+        y.poison()
+        mean.poison()
+        pydnn.norm_forward_inference(handle, nd, alpha, 0.0, x.desc, x.ptr, y.desc, y.ptr, sbd, scale.ptr,
+                                     b.ptr if bias else 0)
+        want0 = ref.forward(kind, groups, k, 1e-5, act, alpha, xv, 0.0, None, sv, bv)[0]
+        assert_close(y.download(), want0, dtype, "inference y " + what,
+                     scale=abs(alpha) * ref.forward_terms(kind, groups, k, 1e-5, act, xv, sv, bv))
+        assert np.isnan(mean.download()).all()
+    return xv, wm, wi
+
+
+def _backward_check(handle, rng, kind, groups, k, dims, layout, dtype, act=None, bias=True, alphas=(1.0, 0.0, 1.0, 0.0),
+                    dbias=True):
+    nd = _nd(kind, groups, k, act=act)
+    x, dy, dx = (_tensor(dims, layout, dtype) for _ in range(3))
+    xv = x.random(rng, -3, 3)
+    dyv = dy.random(rng, -1, 1)
+    sbd, std, scale, b, sv, bv, mean, inv = _param_tensors(x, nd, rng, bias)
+    mv, iv = ref.statistics(kind, groups, k, 1e-5, xv)
+    mean.upload(mv.reshape(mean.dims))
+    inv.upload(iv.reshape(inv.dims))
+    mv, iv = mean.values.ravel(), inv.values.ravel()  # what the GPU reads (float32)
+    ds, db = DevTensor(sbd.dims, F32), DevTensor(sbd.dims, F32)
+    ad, bd, ap, bp = alphas
+    dx0 = dx.random(rng) if bd != 0 else None
+    ds0 = ds.random(rng) if bp != 0 else None
+    db0 = db.random(rng) if bp != 0 and dbias else None
+    wsize = pydnn.get_norm_backward_workspace_size(handle, nd, x.desc, dy.desc, dx.desc, sbd, std)
+    ws = pydnn.DeviceArray((max(1, wsize // 4),), np.float32)
+    ws.fill_bytes(0xFF)
+    pydnn.norm_backward(handle, nd, ad, bd, ap, bp, x.desc, x.ptr, dy.desc, dy.ptr, dx.desc, dx.ptr, sbd, scale.ptr,
+                        b.ptr if bias else 0, ds.ptr, db.ptr if dbias else 0, std,
+                        mean.ptr if kind != RMS else 0, inv.ptr, ws.ptr if wsize else 0, wsize)
+    wdx, wds, wdb = ref.backward(kind, groups, k, 1e-5, act, xv, dyv, sv, bv, mv, iv)
+    tdx, tds, tdb = ref.backward_terms(kind, groups, k, 1e-5, act, xv, dyv, sv, bv, mv, iv)
+    what = f"{kind} {dims} {layout} {dtype} act={act} bias={bias} alphas={alphas}"
+    want = ad * wdx + (bd * dx0 if dx0 is not None else 0)
+    assert_close(dx.download(), want, dtype, "dx " + what,
+                 scale=abs(ad) * tdx + (np.abs(bd * dx0) if dx0 is not None else 0))
+    dx.check_untouched()
+    want = ap * wds + (bp * ds0 if ds0 is not None else 0)
+    assert_close(ds.download(), want, F32, "dscale " + what,
+                 scale=abs(ap) * tds + (np.abs(bp * ds0) if ds0 is not None else 0))
+    if dbias:
+        want = ap * wdb + (bp * db0 if db0 is not None else 0)
+        assert_close(db.download(), want, F32, "dbias " + what,
+                     scale=abs(ap) * tdb + (np.abs(bp * db0) if db0 is not None else 0))
+    else:
+        assert np.isnan(db.download()).all(), "dbias written though NULL"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_forward(handle, rng, case, dtype):
+    kind, groups, k, dims, layout = CASES[case]
+    _forward_check(handle, rng, kind, groups, k, dims, layout, dtype)
+    _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_backward(handle, rng, case, dtype):
+    kind, groups, k, dims, layout = CASES[case]
+    _backward_check(handle, rng, kind, groups, k, dims, layout, dtype)
+    _backward_check(handle, rng, kind, groups, k, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                    dbias=False)
+
+
+@pytest.mark.parametrize("act", ACTS[1:], ids=["relu", "swish", "gelu_erf", "gelu_tanh"])
+@pytest.mark.parametrize("case", [0, 9, 12, 15, 6])
+def test_fused_activation(handle, rng, act, case):
+    kind, groups, k, dims, layout = CASES[case]
+    for dtype in (F32, BF16):
+        _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, act=act)
+        _backward_check(handle, rng, kind, groups, k, dims, layout, dtype, act=act)
+
+
+def test_in_place_forward(handle, rng):
+    for case in (0, 9, 15):
+        kind, groups, k, dims, layout = CASES[case]
+        _forward_check(handle, rng, kind, groups, k, dims, layout, BF16, inplace=True)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_unaligned_pointers(handle, rng, dtype):
+    """A view starting one element in: the vector launches need 16-byte pointers, so the scalar (or gen)
+    launch runs; results are unchanged."""
+    rows, n = 6, 256
+    nd = _nd(LAYER, 0, 1)
+    item = 4 if dtype == F32 else 2
+    xs, ys = DevTensor((rows, n + 1), dtype), DevTensor((rows, n + 1), dtype)
+    xv = xs.random(rng)[:, 1:]
+    view = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(view, dtype, 2, (rows, n), (n + 1, 1))
+    sbd, std = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.derive_norm_param_descriptors(sbd, std, view, nd)
+    scale, mean, inv = DevTensor(sbd.dims, F32), DevTensor(std.dims, F32), DevTensor(std.dims, F32)
+    sv = scale.random(rng, 0.5, 1.5)
+    pydnn.norm_forward_training(handle, nd, 1.0, 0.0, view, xs.ptr + item, view, ys.ptr + item, sbd, scale.ptr, 0,
+                                std, mean.ptr, inv.ptr)
+    want = ref.forward(LAYER, 0, 1, 1e-5, None, 1.0, xv, 0.0, None, sv, None)[0]
+    got = ys.download()
+    assert_close(got[:, 1:], want, dtype, "unaligned y", scale=ref.forward_terms(LAYER, 0, 1, 1e-5, None, xv, sv, None))
+    assert np.isnan(got[:, 0]).all()
+
+
+def test_repeated_calls_use_the_cached_plan(handle, rng):
+    """The second call with the same descriptors takes the cached launch record and new pointers."""
+    kind, groups, k, dims, layout = CASES[9]
+    for _ in range(2):
+        _forward_check(handle, rng, kind, groups, k, dims, layout, BF16)
+        _backward_check(handle, rng, kind, groups, k, dims, layout, BF16)
+
+
+def test_c_program(tmp_path):
+    from cprog import build_and_run
+
+    r = build_and_run("normalization_gpu", tmp_path, extra=["-ldl", "-lm"])
+    print(r.stdout, r.stderr)
+    assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
+    for what in ("layer norm forward", "layer norm backward", "group norm forward", "bad groups status"):
+        assert f"ok {what}" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,171 @@
+"""Layer / RMS / group normalization benchmark: pydnn vs PyTorch in the same run (issue 3's problems).
+
+Cases and bytes (the fewest the op must move: each input read once, each output written once; the
+PyTorch column is timed on the same count):
+  layer / RMS norm bf16 16384 x 4096 (rows of 4096)
+    forward   x read + y written + scale (+ bias) read + mean (LN) and invstd written (fp32)
+              = 128 + 128 MiB + 16 (+16) KiB + 64 (+64) KiB
+    backward  x, dy read + dx written + scale read + mean / invstd read + dscale (+ dbias) written
+              = 3 x 128 MiB + small. The cross-row sums of dscale / dbias are per-block partials in the
+              workspace (slots x 2 x 4096 floats, written once and read once by `finish`): NOT counted,
+              they are pydnn's overhead (8.2 MiB, 2.1% here).
+  group norm (32 groups) bf16 NHWC 32 x 512 x 64 x 64 (channels_last)
+    forward   x read + y written (+ 2 KiB of parameters and statistics) = 2 x 128 MiB
+    backward  x, dy read + dx written
+Targets (issue 3, H100 numbers; the H200 here has ~4.3 TB/s copy): layer / RMS forward >= 85% of copy,
+backward >= 75%; group norm NHWC forward >= 75% and >= 5x PyTorch (F.group_norm on channels_last).
+
+Kernels (ptx/normalization.cu), as shipped: forward = v1 register tiles (rows of 4096 bf16: `fwd`, 128
+threads per row, 4 x 16-byte vectors per thread, one Chan (count, mean, M2) reduction per row, then the
+write; NHWC group norm: a set (n, group) is 4096 positions x 16 channels = 65536 elements, `fwd_cluster`,
+a cluster of 8 blocks x 256 threads per set, block partials merged through distributed shared memory).
+Backward = v2 `bwd_staged`: 256 threads per row, persistent (2 blocks of 256 per SM: 128 registers), x and
+dy of the next row copied into shared memory with cp.async while this one is summed, reduced and written;
+dscale / dbias summed in registers across the ~63 rows a block walks, written once per block, then
+`finish`. Group-norm backward at 65536 elements per set is too large for the staged 256-thread blocks and
+takes the v1 register-tile cluster kernel (NCHW: shared-memory atomics, one address per warp: slow).
+
+Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all):
+  v1 register tiles, one set per block (or cluster) at a time. Predicted LN / RMS forward 80-90%, backward
+     65-80%, GN NHWC forward 75-85%. Measured: LN forward 42.5% (1773 GB/s, 0.69x torch's 2557), RMS
+     forward 52.6% (2192, 0.67x torch's 3265), LN backward 27.7% (1156, 0.68x torch's 1693), RMS backward
+     27.8% (1159, 0.63x autograd's 1830), GN NHWC forward 27.8% (1157, 3.07x torch's 376), GN NHWC backward
+     12.3% (512, 1.05x), GN NCHW forward 28.1% (1173, 1.29x torch's 908), GN NCHW backward 2.7% (113,
+     0.11x). All predictions missed by far.
+  v2 staged (cp.async double buffer, persistent grids evened out to equal sets per block). Prediction: the
+     v1 kernels were latency-bound (loads in flight only until each set's reduction), so the forward
+     would reach 80-90% and the backward 65-80%. Measured: LN backward 44.4% (1851 GB/s, 1.09x torch), RMS
+     backward 45.0% (1876, 1.03x): 1.6x v1, kept. Forward unchanged or slightly worse: LN 40.1% (1672),
+     RMS 51.8% (2160), GN NHWC 25.6% (1065, 2.83x torch), GN NCHW 25.5%: the forward is not latency-bound;
+     v1 stays for the forward (STAGED_FWD in pydnn/ops/normalization.py).
+  Reading of v2 (no profiler run): with 32 elements per thread, the per-set fixed cost dominates the
+     forward: a 64-bit division per set (set_base), seven Chan merges with an fp32 division each, the
+     block barrier (and for clusters the cluster barrier + distributed shared memory reads), per-vector
+     64-bit address and parameter-index arithmetic; RMS (plain sums, no bias, no M2 pass) is 10 points
+     faster than LN, which fits an issue-bound kernel. Next: 64 elements per thread (half the threads
+     per row), 32-bit set arithmetic, a (sum, sum of squares) reduction on shifted data instead of Chan
+     merges, parameters loaded once per thread rather than per set, and for NHWC group norm a
+     two-kernel scheme (partial statistics per (n, group, tile), then normalize) to drop the cluster
+     barrier from the critical path.
+"""
+import torch
+import torch.nn.functional as F
+
+import pydnn
+from bench import DT, time_ms
+
+LN, RMS, GROUP = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS, pydnn.PYDNN_NORM_KIND_GROUP
+
+
+def _desc(t, pdt):
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, pdt, t.dim(), list(t.shape), list(t.stride()))
+    return d
+
+
+def _nd(kind, groups=1):
+    d = pydnn.create_norm_descriptor()
+    pydnn.set_norm_descriptor(d, kind, groups, 1, 1e-5, None)
+    return d
+
+
+def _params(xd, nd):
+    sb, st = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.derive_norm_param_descriptors(sb, st, xd, nd)
+    return sb, st
+
+
+def _rows(b, kind, name):
+    h = b.h
+    tdt, pdt = DT["bf16"]
+    R, L = 16384, 4096
+    x = torch.randn(R, L, dtype=tdt, device="cuda")
+    y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
+    w = torch.rand(L, device="cuda") + 0.5
+    bias = torch.randn(L, device="cuda") if kind == LN else None
+    mean, inv = torch.empty(R, device="cuda"), torch.empty(R, device="cuda")
+    dw, db = torch.empty(L, device="cuda"), torch.empty(L, device="cuda")
+    xd = _desc(x, pdt)
+    nd = _nd(kind)
+    sb, st = _params(xd, nd)
+    bp = bias.data_ptr() if bias is not None else 0
+    es = x.element_size()
+    nparam = 2 if kind == LN else 1
+    fwd_bytes = 2 * x.numel() * es + nparam * L * 4 + nparam * R * 4
+    ms_p = time_ms(lambda: pydnn.norm_forward_training(h, nd, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(), sb,
+                                                       w.data_ptr(), bp, st, mean.data_ptr(), inv.data_ptr()))
+    wt, bt = w.to(tdt), (bias.to(tdt) if bias is not None else None)
+    if kind == LN:
+        ms_t = time_ms(lambda: torch.ops.aten.native_layer_norm(x, [L], wt, bt, 1e-5))
+        tname = "native_layer_norm"
+    else:
+        ms_t = time_ms(lambda: F.rms_norm(x, [L], wt, 1e-5))
+        tname = "F.rms_norm"
+    b.row("normalization", f"{name} {R}x{L} forward (training)", "bf16", fwd_bytes, ms_p, ms_t, tname)
+
+    ws_size = pydnn.get_norm_backward_workspace_size(h, nd, xd, xd, xd, sb, st)
+    ws = torch.empty(max(1, ws_size), dtype=torch.uint8, device="cuda")
+    bwd_bytes = 3 * x.numel() * es + L * 4 * (1 + 2 * nparam) + nparam * R * 4
+    dbp = db.data_ptr() if kind == LN else 0
+    ms_p = time_ms(lambda: pydnn.norm_backward(h, nd, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), xd, dy.data_ptr(), xd,
+                                               dx.data_ptr(), sb, w.data_ptr(), bp, dw.data_ptr(), dbp, st,
+                                               mean.data_ptr(), inv.data_ptr(), ws.data_ptr(), ws_size))
+    if kind == LN:
+        _, tm, tr = torch.ops.aten.native_layer_norm(x, [L], wt, bt, 1e-5)
+        ms_t = time_ms(lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [L], tm, tr, wt, bt, [True, True, True]))
+        tname = "native_layer_norm_backward"
+    else:
+        xr, wr = x.clone().requires_grad_(True), wt.clone().requires_grad_(True)
+        yr = F.rms_norm(xr, [L], wr, 1e-5)
+        ms_t = time_ms(lambda: torch.autograd.grad(yr, (xr, wr), dy, retain_graph=True))
+        tname = "autograd of F.rms_norm"
+    b.row("normalization", f"{name} {R}x{L} backward", "bf16", bwd_bytes, ms_p, ms_t, tname)
+    print(f"normalization {name}: backward workspace {ws_size / 2**20:.1f} MiB "
+          f"({ws_size / bwd_bytes:.1%} of the counted bytes, written and read once more)", flush=True)
+
+
+def _group(b, fmt):
+    h = b.h
+    tdt, pdt = DT["bf16"]
+    N_, C, H, W, G = 32, 512, 64, 64, 32
+    x = torch.randn(N_, C, H, W, dtype=tdt, device="cuda")
+    if fmt == "NHWC":
+        x = x.contiguous(memory_format=torch.channels_last)
+    y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
+    w, bias = torch.rand(C, device="cuda") + 0.5, torch.randn(C, device="cuda")
+    mean, inv = torch.empty(N_ * G, device="cuda"), torch.empty(N_ * G, device="cuda")
+    dw, db = torch.empty(C, device="cuda"), torch.empty(C, device="cuda")
+    xd = _desc(x, pdt)
+    nd = _nd(GROUP, G)
+    sb, st = _params(xd, nd)
+    es = x.element_size()
+    fwd_bytes = 2 * x.numel() * es + 2 * C * 4 + 2 * N_ * G * 4
+    ms_p = time_ms(lambda: pydnn.norm_forward_training(h, nd, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(), sb,
+                                                       w.data_ptr(), bias.data_ptr(), st, mean.data_ptr(),
+                                                       inv.data_ptr()))
+    wt, bt = w.to(tdt), bias.to(tdt)
+    ms_t = time_ms(lambda: F.group_norm(x, G, wt, bt, 1e-5))
+    b.row("normalization", f"group norm {G} groups {fmt} {N_}x{C}x{H}x{W} forward (training)", "bf16", fwd_bytes,
+          ms_p, ms_t, "F.group_norm")
+    ws_size = pydnn.get_norm_backward_workspace_size(h, nd, xd, xd, xd, sb, st)
+    ws = torch.empty(max(1, ws_size), dtype=torch.uint8, device="cuda")
+    bwd_bytes = 3 * x.numel() * es + 5 * C * 4 + 2 * N_ * G * 4
+    ms_p = time_ms(lambda: pydnn.norm_backward(h, nd, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), xd, dy.data_ptr(), xd,
+                                               dx.data_ptr(), sb, w.data_ptr(), bias.data_ptr(), dw.data_ptr(),
+                                               db.data_ptr(), st, mean.data_ptr(), inv.data_ptr(), ws.data_ptr(),
+                                               ws_size))
+    xr, wr, br = x.clone().requires_grad_(True), wt.clone().requires_grad_(True), bt.clone().requires_grad_(True)
+    yr = F.group_norm(xr, G, wr, br, 1e-5)
+    ms_t = time_ms(lambda: torch.autograd.grad(yr, (xr, wr, br), dy, retain_graph=True))
+    b.row("normalization", f"group norm {G} groups {fmt} {N_}x{C}x{H}x{W} backward", "bf16", bwd_bytes, ms_p, ms_t,
+          "autograd of F.group_norm")
+
+
+def run(b):
+    for fn in (lambda: _rows(b, LN, "layer norm"), lambda: _rows(b, RMS, "RMS norm"), lambda: _group(b, "NHWC"),
+               lambda: _group(b, "NCHW")):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
+            print(f"normalization bench case failed: {type(e).__name__}: {e}", flush=True)
+        torch.cuda.synchronize()
