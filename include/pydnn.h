@@ -174,6 +174,12 @@ typedef enum {
 } pydnnActivationMode_t;
 
 typedef enum {
+    PYDNN_ATTN_MASK_NONE = 0,
+    PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT = 1,
+    PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT = 2
+} pydnnAttentionMaskMode_t;
+
+typedef enum {
     PYDNN_SOFTMAX_FAST = 0,
     PYDNN_SOFTMAX_ACCURATE = 1,
     PYDNN_SOFTMAX_LOG = 2
@@ -359,6 +365,13 @@ typedef enum {
 } pydnnSamplerType_t;
 
 typedef enum {
+    PYDNN_NORM_KIND_LAYER = 0,
+    PYDNN_NORM_KIND_GROUP = 1,
+    PYDNN_NORM_KIND_INSTANCE = 2,
+    PYDNN_NORM_KIND_RMS = 3
+} pydnnNormKind_t;
+
+typedef enum {
     PYDNN_MAJOR_VERSION = 0,
     PYDNN_MINOR_VERSION = 1,
     PYDNN_PATCH_LEVEL = 2
@@ -377,6 +390,7 @@ typedef struct pydnnActivationStruct *pydnnActivationDescriptor_t;
 typedef struct pydnnOpTensorStruct *pydnnOpTensorDescriptor_t;
 typedef struct pydnnReduceTensorStruct *pydnnReduceTensorDescriptor_t;
 typedef struct pydnnPoolingStruct *pydnnPoolingDescriptor_t;
+typedef struct pydnnNormStruct *pydnnNormDescriptor_t;
 typedef struct pydnnDropoutStruct *pydnnDropoutDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
@@ -549,6 +563,26 @@ pydnnStatus_t pydnnGetBatchNormalizationTrainingExReserveSpaceSize(pydnnHandle_t
 pydnnStatus_t pydnnBatchNormalizationForwardTrainingEx(pydnnHandle_t handle, pydnnBatchNormMode_t mode, pydnnBatchNormOps_t bnOps, const void *alpha, const void *beta, const pydnnTensorDescriptor_t xDesc, const void *xData, const pydnnTensorDescriptor_t zDesc, const void *zData, const pydnnTensorDescriptor_t yDesc, void *yData, const pydnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale, const void *bnBias, double exponentialAverageFactor, void *resultRunningMean, void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance, const pydnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes);
 /* Backward of the Ex forward: ReLU mask from the reserve space, dz for BN_ADD_ACTIVATION, then as pydnnBatchNormalizationBackward. */
 pydnnStatus_t pydnnBatchNormalizationBackwardEx(pydnnHandle_t handle, pydnnBatchNormMode_t mode, pydnnBatchNormOps_t bnOps, const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, const pydnnTensorDescriptor_t xDesc, const void *xData, const pydnnTensorDescriptor_t yDesc, const void *yData, const pydnnTensorDescriptor_t dyDesc, const void *dyData, const pydnnTensorDescriptor_t dzDesc, void *dzData, const pydnnTensorDescriptor_t dxDesc, void *dxData, const pydnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData, void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean, const void *savedInvVariance, const pydnnActivationDescriptor_t activationDesc, void *workSpace, size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes);
+
+/* ---- Layer, group, instance and RMS normalization (pydnn extensions) ---- */
+/* A new norm descriptor, unset until pydnnSetNormDescriptor. */
+pydnnStatus_t pydnnCreateNormDescriptor(pydnnNormDescriptor_t *normDesc);
+/* LAYER / RMS over the last normalizedDims dims, GROUP (groups dividing C) or INSTANCE; epsilon > 0; activationDesc (NULL: none) is copied. */
+pydnnStatus_t pydnnSetNormDescriptor(pydnnNormDescriptor_t normDesc, pydnnNormKind_t kind, int groups, int normalizedDims, double epsilon, pydnnActivationDescriptor_t activationDesc);
+/* The norm descriptor's kind, groups, normalized dims and epsilon. */
+pydnnStatus_t pydnnGetNormDescriptor(const pydnnNormDescriptor_t normDesc, pydnnNormKind_t *kind, int *groups, int *normalizedDims, double *epsilon);
+/* Release a norm descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyNormDescriptor(pydnnNormDescriptor_t normDesc);
+/* Packed float32 descriptors of scale/bias (LAYER/RMS: 1...1 x trailing dims; GROUP/INSTANCE: 1,C,1...) and of mean/invstd for x. */
+pydnnStatus_t pydnnDeriveNormParamDescriptors(pydnnTensorDescriptor_t scaleBiasDesc, pydnnTensorDescriptor_t meanInvstdDesc, const pydnnTensorDescriptor_t xDesc, const pydnnNormDescriptor_t normDesc);
+/* y = alpha * act(xhat * scale + bias) + beta * y; per-set mean and 1/sqrt(var + eps) out (RMS: invstd only); bias may be NULL. */
+pydnnStatus_t pydnnNormForwardTraining(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alpha, const void *beta, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t yDesc, void *y, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias, const pydnnTensorDescriptor_t meanInvstdDesc, void *resultMean, void *resultInvStd);
+/* y as pydnnNormForwardTraining; statistics computed from x and not written. */
+pydnnStatus_t pydnnNormForwardInference(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alpha, const void *beta, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t yDesc, void *y, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias);
+/* Device workspace bytes pydnnNormBackward needs (per-block partial sums of dscale / dbias). */
+pydnnStatus_t pydnnGetNormBackwardWorkspaceSize(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const pydnnTensorDescriptor_t xDesc, const pydnnTensorDescriptor_t dyDesc, const pydnnTensorDescriptor_t dxDesc, const pydnnTensorDescriptor_t scaleBiasDesc, const pydnnTensorDescriptor_t meanInvstdDesc, size_t *sizeInBytes);
+/* dx, dscale, dbias (alpha/beta blended; dbias may be NULL) from the saved statistics; the activation's derivative at the recomputed pre-activation. */
+pydnnStatus_t pydnnNormBackward(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t dxDesc, void *dx, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias, void *resultScaleDiff, void *resultBiasDiff, const pydnnTensorDescriptor_t meanInvstdDesc, const void *savedMean, const void *savedInvStd, void *workspace, size_t workspaceSizeInBytes);
 
 /* ---- Dropout (Philox-4x32-10, counter-based: the mask is a function of seed, offset and element index) ---- */
 /* A new dropout descriptor, unset until pydnnSetDropoutDescriptor or pydnnRestoreDropoutDescriptor. */
