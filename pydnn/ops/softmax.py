@@ -1,9 +1,34 @@
-"""Softmax: cudnnSoftmaxForward / cudnnSoftmaxBackward (FAST, ACCURATE, LOG; INSTANCE and CHANNEL modes).
+"""Softmax: cudnnSoftmaxForward / cudnnSoftmaxBackward (kernels in ptx/softmax.cu).
 
-INSTANCE normalises over every dim but N (C, H, W, ...) for each n; CHANNEL over C for each (n, h, w...).
-The problem becomes `rows` independent rows (ptx/softmax_params.h). Rows whose elements are contiguous
-and fit in registers take softmax_*_regs (one read, one write); anything else takes softmax_*_loop.
-Every algorithm subtracts the row maximum first.
+Algorithms: FAST, ACCURATE, LOG. Modes: INSTANCE (each n: over C, H, W, ...), CHANNEL (each n, h, w, ...:
+over C). Tensors of 2 to 8 dims (dims after C are spatial, as cuDNN treats 5-D), any strides, float,
+double, half and bfloat16 (float arithmetic for the 16-bit types).
+
+    forward   y  = alpha * softmax(x) + beta * y           LOG: alpha * (x - max - log(sum exp(x - max)))
+    backward  dx = alpha * y * (dy - sum(dy * y)) + beta * dx     LOG: alpha * (dy - exp(y) * sum(dy))
+
+Every algorithm subtracts the row maximum (FAST differs from ACCURATE only by the fast exp on float32
+data; 16-bit data always takes the fast exp, whose error is far below its rounding; double is exact).
+beta == 0 never reads the output. x and y may be the same buffer.
+
+The problem becomes `rows` independent rows (the kept dims) of `len` elements (the reduced dims). Dims of
+size 1 are dropped and neighbouring dims that are dense in every operand are merged, in the order of the
+input's strides. Then one layout is chosen (see _configs):
+
+    row   the reduced dims merge into one contiguous run (INSTANCE on NCHW, CHANNEL on NHWC or with
+          H = W = 1): row_fwd/row_bwd hold the row in registers (G threads per row, G a power of two:
+          a sub-warp or warp for short rows, up to a block of 1024 for long ones), reading it once with
+          16-byte vectors; rows longer than the registers take row_loop (a block per row, two passes).
+    col   one reduced dim (the channel) with a stride, and the innermost kept dim contiguous (CHANNEL on
+          NCHW): threads run along that dim (coalesced), channels split over blockDim.y, held in
+          registers when they fit (4 per thread), else streamed twice with an online max / sum
+          (col_loop).
+    gen   anything else (gaps inside the reduced dims, different layouts of x and y): G threads per row,
+          a coordinate walker, an online max / sum, then the write pass.
+
+row and col have a vector launch (16-byte accesses, when the layout allows) and a scalar one; the
+pointers of each call pick between them (row: every pointer at the same offset modulo 16 bytes, since a
+row's unaligned head and tail are done element by element; col: every pointer 16-byte aligned).
 """
 import ctypes
 
@@ -14,14 +39,35 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from .common import FLOAT_TAGS, TAG, enum_arg, next_pow2, float_tensor, output_tensor, same_shape, same_type, scalar
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, same_shape, same_type, scalar
 from ._elementwise import CTYPE, _SIZES
 
-MAXV = 4          # vectors per thread in the register kernels (compile-time register array)
-REGS_MAX_G = 1024
-LOOP_BLOCK = 256
 ALGOS = (E.PYDNN_SOFTMAX_FAST, E.PYDNN_SOFTMAX_ACCURATE, E.PYDNN_SOFTMAX_LOG)
 MODES = (E.PYDNN_SOFTMAX_MODE_INSTANCE, E.PYDNN_SOFTMAX_MODE_CHANNEL)
+
+# PYDNN_SOFTMAX_KIND_* in ptx/softmax_params.h
+KIND_FAST, KIND_ACCURATE, KIND_LOG = 0, 1, 2
+FLAG_ROWS32 = 4                     # PYDNN_SOFTMAX_FLAG_ROWS32
+
+# Fragments per thread in the row kernels, by (vector?, backward?): as many as fit in 64 registers
+# without spilling (checked with ptxas): the vector kernels hold 4 x 16 bytes (double: 2 x 16, its exp is
+# long), the scalar ones 16 elements forward and 8 of each input backward (double: half as many).
+ROW_ITEMS = {(True, False): 4, (True, True): 4, (False, False): 16, (False, True): 8}
+# float forward, vector launch, ACCURATE and LOG, rows up to F32_WIDE_MAX_LEN: 8 fragments per thread
+# instead of 4 (64 registers, no spill; FAST spills 16 bytes at 8 and keeps 4). Rows of 4096 then take
+# G = 128 threads, 8 rows resident per SM instead of 4: 96.0% of copy against 92.4% on the H200 (see
+# tools/bench_softmax_notes.md). Longer rows keep 4, so where row_loop takes over is unchanged.
+F32_WIDE_ITEMS = 8
+F32_WIDE_MAX_LEN = 8192
+ROW_MAX_GROUP = 1024                # threads per row at most (a block)
+ROW_MIN_BLOCK = 128                 # row kernels: threads per block at least (rows share a block)
+ROW_VEC_MIN_VECTORS = 8             # shorter rows take the scalar row kernel
+LOOP_GROUP = 512                    # row_loop: threads per row (one row per block)
+COL_ITEMS = 4                       # kColItems: channels per thread
+COL_THREADS = 256                   # kColThreads
+GEN_THREADS = 256                   # kGenThreads
+UNROLL = 4                          # kUnroll
+MAX_GRID = 2**31 - 1                # the kernels loop over row groups past the grid
 
 
 @kernel_params("softmax_params.h", "SoftmaxParams")
@@ -30,182 +76,389 @@ class SoftmaxParams(ctypes.Structure):
         ("out", ctypes.c_void_p), ("in0", ctypes.c_void_p), ("in1", ctypes.c_void_p),
         ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
         ("rows", ctypes.c_longlong), ("len", ctypes.c_longlong),
-        ("algo", ctypes.c_int), ("group", ctypes.c_int), ("flags", ctypes.c_uint),
+        ("cols", ctypes.c_longlong), ("tiles", ctypes.c_longlong),
+        ("group", ctypes.c_int), ("kind", ctypes.c_int), ("flags", ctypes.c_uint),
         ("row_ndim", ctypes.c_int), ("red_ndim", ctypes.c_int), ("pad_", ctypes.c_int),
-        ("row_size", ctypes.c_longlong * MAX_DIMS), ("red_size", ctypes.c_longlong * MAX_DIMS),
-        ("row_stride", (ctypes.c_longlong * MAX_DIMS) * 3), ("red_stride", (ctypes.c_longlong * MAX_DIMS) * 3),
+        ("row_size", ctypes.c_longlong * MAX_DIMS), ("row_stride", (ctypes.c_longlong * MAX_DIMS) * 3),
+        ("red_size", ctypes.c_longlong * MAX_DIMS), ("red_stride", (ctypes.c_longlong * MAX_DIMS) * 3),
+        ("red_step", ctypes.c_longlong * MAX_DIMS),
     ]
 
+
+# ----------------------------------------------------------------------------- kernel variants
 
 def _vec(tag):
     return 16 // _SIZES[tag]
 
 
-def _exprs(tag):
+def fwd_kind(algo, tag):
+    """The forward template kind: FAST and ACCURATE are one kernel where the exp is fixed by the type."""
+    if algo == E.PYDNN_SOFTMAX_LOG:
+        return KIND_LOG
+    if tag == "f64":
+        return KIND_ACCURATE
+    if tag in ("f16", "bf16") or algo == E.PYDNN_SOFTMAX_FAST:
+        return KIND_FAST
+    return KIND_ACCURATE
+
+
+def bwd_kind(algo):
+    return KIND_LOG if algo == E.PYDNN_SOFTMAX_LOG else KIND_ACCURATE
+
+
+def _fwd_kinds(tag):
+    return tuple(sorted({fwd_kind(a, tag) for a in ALGOS}))
+
+
+BWD_KINDS = (KIND_ACCURATE, KIND_LOG)
+
+
+def _expr(kernel, tag, vec=1, items=0, kind=0):
     t = CTYPE[tag]
-    out = []
-    for d in ("fwd", "bwd"):
-        out += [f"pydnn::softmax::softmax_{d}_regs<{t}, {_vec(tag)}, {MAXV}>",
-                f"pydnn::softmax::softmax_{d}_regs<{t}, 1, {MAXV}>",
-                f"pydnn::softmax::softmax_{d}_loop<{t}>"]
-    return tuple(out)
+    if kernel in ("row_fwd", "row_bwd"):
+        return f"pydnn::softmax::{kernel}<{t}, {vec}, {items}, {kind}>"
+    if kernel in ("col_fwd", "col_bwd"):
+        return f"pydnn::softmax::{kernel}<{t}, {vec}, {kind}>"
+    if kernel in ("row_loop_fwd", "row_loop_bwd", "col_loop_fwd", "col_loop_bwd"):
+        return f"pydnn::softmax::{kernel}<{t}, {vec}>"
+    return f"pydnn::softmax::{kernel}<{t}>"  # gen_fwd, gen_bwd
+
+
+def row_items(tag, vec, backward):
+    n = ROW_ITEMS[(vec > 1, bool(backward))]
+    return n // 2 if tag == "f64" else n
+
+
+def _wide(tag, vec, backward, kind):
+    """Whether a float forward vector launch of this kind can take F32_WIDE_ITEMS (length aside)."""
+    return tag == "f32" and vec > 1 and not backward and kind != KIND_FAST
+
+
+def _unit_exprs(tag):
+    v = _vec(tag)
+    exprs = []
+    for d, kinds in (("fwd", _fwd_kinds(tag)), ("bwd", BWD_KINDS)):
+        for k in kinds:
+            exprs += [_expr(f"row_{d}", tag, v, row_items(tag, v, d == "bwd"), k),
+                      _expr(f"row_{d}", tag, 1, row_items(tag, 1, d == "bwd"), k),
+                      *([_expr("row_fwd", tag, v, F32_WIDE_ITEMS, k)] if _wide(tag, v, d == "bwd", k) else []),
+                      _expr(f"col_{d}", tag, v, kind=k), _expr(f"col_{d}", tag, 1, kind=k)]
+        exprs += [_expr(f"row_loop_{d}", tag, v), _expr(f"col_loop_{d}", tag, v), _expr(f"col_loop_{d}", tag, 1),
+                  _expr(f"gen_{d}", tag)]
+    return tuple(exprs)
 
 
 def kernel_units():
-    return [KernelUnit(f"softmax.{t}", "softmax.cu", _exprs(t)) for t in FLOAT_TAGS]
+    return [KernelUnit(f"softmax.{t}", "softmax.cu", _unit_exprs(t)) for t in FLOAT_TAGS]
 
 
-def _collapse(dims, operands):
-    """Merge a group of dims (rows or reduce) across operands: drop size 1, order by the first operand's
-    stride (outermost first), join neighbours that are dense across every operand."""
-    keep = sorted((i for i in dims if operands[0][0][i] != 1), key=lambda i: -operands[0][1][i])
-    sizes, strides = [], [[] for _ in operands]
+# ----------------------------------------------------------------------------- planning
+
+def _prod(xs):
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _collapse(which, dims, strides, key):
+    """Dims `which`, size 1 dropped, ordered by the strides `key` (outermost first; ties keep the
+    descriptor's order), neighbours merged when dense in every operand (strides: one tuple per operand).
+    -> (sizes, [strides per operand])."""
+    keep = sorted((i for i in which if dims[i] != 1), key=lambda i: -key[i])
+    sizes, out = [], [[] for _ in strides]
     for i in keep:
-        size = operands[0][0][i]
-        if sizes and all(st[-1] == d[1][i] * size for st, d in zip(strides, operands)):
-            sizes[-1] *= size
-            for st, d in zip(strides, operands):
-                st[-1] = d[1][i]
+        n = dims[i]
+        if sizes and all(o[-1] == s[i] * n for o, s in zip(out, strides)):
+            sizes[-1] *= n
+            for o, s in zip(out, strides):
+                o[-1] = s[i]
         else:
-            sizes.append(size)
-            for st, d in zip(strides, operands):
-                st.append(d[1][i])
-    if not sizes:
-        sizes, strides = [1], [[1] for _ in operands]
-    return sizes, strides
+            sizes.append(n)
+            for o, s in zip(out, strides):
+                o.append(s[i])
+    return sizes, out
 
 
-class _Record:
-    __slots__ = ("params", "argv", "funcs", "grids", "block", "need", "masks")
+def _digits(step, sizes):
+    """`step` in the mixed radix of `sizes` (outermost first; the outermost digit is unbounded)."""
+    out = [0] * len(sizes)
+    for d in range(len(sizes) - 1, 0, -1):
+        out[d] = step % sizes[d]
+        step //= sizes[d]
+    out[0] = step
+    return out
 
 
-def _prepare(handle, backward, algo, mode, descs):
-    """descs: [out, in0, in1?] (forward: y, x; backward: dx, y, dy)."""
+class _Launch:
+    """One kernel launch of a planned problem: pointers and scalars are patched into `params` per call."""
+
+    __slots__ = ("kernel", "expr", "vec", "params", "argv", "grid", "block", "func")
+
+    def describe(self):
+        p = self.params
+        shape = (self.block[0], self.block[1]) if self.kernel.startswith("col") else p.group
+        return self.kernel, self.vec, shape, self.grid[0]
+
+
+class _Plan:
+    """The launches of one problem: launches[0] when the call's pointers pass `align` (see _aligned),
+    launches[-1] otherwise."""
+
+    __slots__ = ("layout", "launches", "align", "need", "unit", "itemsize", "names")
+
+
+def _aligned(align, ptrs):
+    if align == "congruent":  # the same offset modulo 16 bytes (row kernels split off heads and tails)
+        return all(((q - ptrs[1]) & 15) == 0 for q in ptrs)
+    return all((q & 15) == 0 for q in ptrs)  # "aligned"
+
+
+def _params(kind, rows, length, row_sizes, row_strides, red_sizes, red_strides, nops):
+    p = SoftmaxParams()
+    p.rows, p.len, p.kind = rows, length, kind
+    rs = row_sizes or [1]
+    p.row_ndim = len(rs)
+    for d, s in enumerate(rs):
+        p.row_size[d] = s
+        for k in range(nops):
+            p.row_stride[k][d] = row_strides[k][d] if row_sizes else 0
+    p.red_ndim = len(red_sizes)
+    for d, s in enumerate(red_sizes):
+        p.red_size[d] = s
+        for k in range(nops):
+            p.red_stride[k][d] = red_strides[k][d]
+    p.flags = FLAG_ROWS32 if rows < 2**32 else 0
+    return p
+
+
+def _configs(handle, backward, kind, mode, descs):
+    """(layout, [launch, ...], align) for descs = [out, in0(, in1)] (forward: y, x; backward: dx, y, dy).
+    The choice and launch shapes, per layout:
+      row   vector launch (16 // itemsize elements per access) when the row has at least 8 vectors and
+            every operand's row strides agree modulo the vector width; G = threads per row =
+            next_pow2(len / elements per thread) (at least 2 * vec - 2 so that a head and a tail element
+            have a thread each); block = max(G, 128) threads, block / G rows per block. G > 1024: the
+            vector launch becomes row_loop (G = 512), the scalar one gen.
+      col   block (BX, BY), BX * BY = 256, BX threads along the inner dim, BY over the channels. When
+            BY >= len / 4 leaves BX at least 32 bytes of each channel line (or the whole inner dim), the
+            channels stay in registers (col, BX as wide as that allows); otherwise col_loop streams
+            them twice, BX the narrowest full 32-byte sector, for the most blocks. grid = outer * tiles.
+      gen   G = threads per row; rows that are closer in memory than elements get fewer threads each
+            (neighbouring threads then read neighbouring rows)."""
     out = descs[0]
-    nd = len(out.dims)
-    if nd < 2:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{'dxDesc' if backward else 'yDesc'}: softmax needs at "
-                         f"least 2 dims (N, C, ...), got {nd}")
+    dims, nd = out.dims, len(out.dims)
+    nops = len(descs)
+    tag = TAG[out.dtype]
+    size, vec = _SIZES[tag], _vec(tag)
+    d = "bwd" if backward else "fwd"
     red = [1] if mode == E.PYDNN_SOFTMAX_MODE_CHANNEL else list(range(1, nd))
     rowd = [i for i in range(nd) if i not in red]
-    ops = [(d.dims, d.strides) for d in [descs[1]] + [descs[0]] + descs[2:]]  # order by the input's strides
-    rsz, rst = _collapse(rowd, ops)
-    esz, est = _collapse(red, ops)
-    # back to operand order out, in0, in1
-    rst = [rst[1], rst[0]] + rst[2:]
-    est = [est[1], est[0]] + est[2:]
-    tag = TAG[out.dtype]
-    rows = 1
-    for s in rsz:
-        rows *= s
-    length = 1
-    for s in esz:
-        length *= s
-    p = SoftmaxParams()
-    p.rows, p.len, p.algo = rows, length, algo
-    p.row_ndim, p.red_ndim = len(rsz), len(esz)
-    for k in range(len(rst)):
-        for d, s in enumerate(rsz):
-            p.row_size[d] = s
-            p.row_stride[k][d] = rst[k][d]
-        for d, s in enumerate(esz):
-            p.red_size[d] = s
-            p.red_stride[k][d] = est[k][d]
-    rec = _Record()
-    rec.params, rec.argv = p, driver.kernel_args(p)
-    rec.need = tuple(d.span_bytes() for d in descs)
-    d = "bwd" if backward else "fwd"
-    t = CTYPE[tag]
-    unit = f"softmax.{tag}"
-    dense = len(esz) == 1 and all(s[0] == 1 for s in est)
-    vec = _vec(tag)
-    vec_ok = dense and length % vec == 0 and all(s % vec == 0 for st in rst for s in st)
+    strides = [x.strides for x in descs]
+    key = descs[1].strides
+    esz, est = _collapse(red, dims, strides, key)
+    rsz, rst = _collapse(rowd, dims, strides, key)
+    if not esz:  # every reduced dim has size 1: rows of one element
+        esz, est = [1], [[1] for _ in range(nops)]
+    rows, length = _prod(rsz), _prod(esz)
 
-    def regs(v):
-        """(function, threads per row, block) of the register kernel with v-wide vectors, if the row fits."""
-        if not dense or length > REGS_MAX_G * v * MAXV:
+    def launch(kernel, v, p, grid, block, expr):
+        lc = _Launch()
+        lc.kernel, lc.vec, lc.params, lc.grid, lc.block, lc.expr = kernel, v, p, (max(1, min(grid, MAX_GRID)), 1, 1), \
+            block, expr
+        lc.func = None
+        return lc
+
+    def gen_launch():
+        g_elem = min(GEN_THREADS, next_pow2(_cdiv(length, UNROLL)))
+        rows_closer = rsz and min(rst[1]) < min(est[1])
+        g = min(g_elem, next_pow2(_cdiv(handle.sm_count * 2048, rows))) if rows_closer else g_elem
+        p = _params(kind, rows, length, rsz, rst, esz, est, nops)
+        p.group = g
+        for k, s in enumerate(_digits(g, esz)):
+            p.red_step[k] = s
+        return launch(f"gen_{d}", 1, p, _cdiv(rows, GEN_THREADS // g), (GEN_THREADS, 1, 1), _expr(f"gen_{d}", tag))
+
+    def row_launch(v, items):
+        g = next_pow2(_cdiv(length, v * items))
+        if v > 1:
+            g = max(g, next_pow2(2 * v - 2))
+        if g > ROW_MAX_GROUP:
             return None
-        g = min(REGS_MAX_G, next_pow2(-(-length // (v * MAXV))))
-        return handle.function(unit, f"pydnn::softmax::softmax_{d}_regs<{t}, {v}, {MAXV}>"), g, max(g, 128)
+        block = max(g, ROW_MIN_BLOCK)
+        p = _params(kind, rows, length, rsz, rst, esz, est, nops)
+        p.group = g
+        return launch(f"row_{d}", v, p, _cdiv(rows, block // g), (block, 1, 1), _expr(f"row_{d}", tag, v, items, kind))
 
-    # the loop kernel: a block of threads per row when elements are contiguous, else a thread per row
-    loop_g = min(LOOP_BLOCK, next_pow2(length)) if est[1][-1] == 1 else 1
-    loop = (handle.function(unit, f"pydnn::softmax::softmax_{d}_loop<{t}>"), loop_g, LOOP_BLOCK)
-    unaligned = regs(1) or loop
-    rec.funcs = ((vec_ok and regs(vec)) or unaligned, unaligned)
-    rec.masks = vec * _SIZES[tag] - 1 if vec_ok else 0
-    return rec
+    def loop_launch(v):
+        p = _params(kind, rows, length, rsz, rst, esz, est, nops)
+        p.group = LOOP_GROUP
+        return launch(f"row_loop_{d}", v, p, rows, (LOOP_GROUP, 1, 1), _expr(f"row_loop_{d}", tag, v))
+
+    def col_launch(v):
+        C, S = length, rsz[-1]
+        sv = S // v
+        need_by = next_pow2(_cdiv(C, COL_ITEMS))
+        bx_full = next_pow2(sv)
+        bx_min = min(bx_full, max(1, 32 // (v * size)))  # a 32-byte sector per channel line
+        if need_by * bx_min <= COL_THREADS:  # channels in registers
+            bx = min(bx_full, COL_THREADS // need_by)
+            kernel, expr = f"col_{d}", _expr(f"col_{d}", tag, v, kind=kind)
+        else:  # streamed twice: the narrowest full-sector tile, for the most blocks
+            bx = bx_min
+            kernel, expr = f"col_loop_{d}", _expr(f"col_loop_{d}", tag, v)
+        by = COL_THREADS // bx
+        tiles = _cdiv(sv, bx)
+        outer = rows // S
+        p = _params(kind, outer, C, rsz[:-1], [s[:-1] for s in rst], esz, est, nops)
+        p.cols, p.tiles = S, tiles
+        return launch(kernel, v, p, outer * tiles, (bx, by, 1), expr)
+
+    if len(esz) == 1 and all(s[0] == 1 for s in est):
+        launches = []
+        congruent = all((s[i] - rst[1][i]) % vec == 0 for s in rst for i in range(len(rsz)))
+        if vec > 1 and length >= ROW_VEC_MIN_VECTORS * vec and congruent:
+            items = row_items(tag, vec, backward)
+            if _wide(tag, vec, backward, kind) and length <= F32_WIDE_MAX_LEN:
+                items = F32_WIDE_ITEMS
+            launches.append(row_launch(vec, items) or loop_launch(vec))
+        launches.append(row_launch(1, row_items(tag, 1, backward)) or gen_launch())
+        return "row", launches, "congruent"
+    if len(esz) == 1 and rsz and all(s[-1] == 1 for s in rst) and length < 2**31:
+        launches = []
+        outer_strides = [x for s in rst for x in s[:-1]]
+        if (vec > 1 and rsz[-1] % vec == 0 and all(x % vec == 0 for x in outer_strides)
+                and all(s[0] % vec == 0 for s in est)):
+            launches.append(col_launch(vec))
+        launches.append(col_launch(1))
+        return "col", launches, "aligned"
+    return "gen", [gen_launch()], "aligned"
 
 
-def _launch(handle, rec, ptrs, alpha, beta):
-    p = rec.params
-    p.out, p.in0 = ptrs[0], ptrs[1]
-    if len(ptrs) > 2:
-        p.in1 = ptrs[2]
-    p.alpha, p.beta = alpha, beta
-    p.flags = FLAG_BETA if beta != 0 else 0
-    mask = 0
-    for q in ptrs:
-        mask |= q
-    func, g, block = rec.funcs[0] if (mask & rec.masks) == 0 else rec.funcs[1]
-    p.group = g
-    per_block = block // g
-    grid = (max(1, -(-p.rows // per_block)), 1, 1)
-    driver.launch_args(func, grid, (block, 1, 1), 0, handle.cu_stream, rec.argv)
+def _plan(handle, backward, algo, mode, descs):
+    """Validated descriptors -> _Plan (no kernel loaded)."""
+    tag = TAG[descs[0].dtype]
+    kind = bwd_kind(algo) if backward else fwd_kind(algo, tag)
+    layout, launches, align = _configs(handle, backward, kind, mode, descs)
+    pl = _Plan()
+    pl.layout, pl.launches, pl.align = layout, launches, align
+    pl.need = tuple(x.span_bytes() for x in descs)
+    pl.unit = f"softmax.{tag}"
+    pl.itemsize = _SIZES[tag]
+    for lc in launches:
+        lc.argv = driver.kernel_args(lc.params)
+    return pl
 
 
-def _key(tag, algo, mode, descs):
+def plan_summary(handle, algo, mode, *descs, backward=False):
+    """For tests and tuning: (layout, [(kernel, vec, group or (bx, by), grid) per launch, vector launch
+    first]). descs in the API's order: forward (x_desc, y_desc); backward (y_desc, dy_desc, dx_desc).
+    Loads no kernel."""
+    check_handle(handle)
+    if backward:
+        y_desc, dy_desc, dx_desc = descs
+        algo, mode = _validate(algo, mode, [(y_desc, "yDesc"), (dy_desc, "dyDesc"), (dx_desc, "dxDesc")], "dxDesc")
+        pl = _plan(handle, True, algo, mode, [dx_desc, y_desc, dy_desc])
+    else:
+        x_desc, y_desc = descs
+        algo, mode = _validate(algo, mode, [(x_desc, "xDesc"), (y_desc, "yDesc")], "yDesc")
+        pl = _plan(handle, False, algo, mode, [y_desc, x_desc])
+    return pl.layout, [lc.describe() for lc in pl.launches]
+
+
+# ----------------------------------------------------------------------------- validation and launch
+
+def _validate(algo, mode, named, out_name):
+    """BAD_PARAM: algo / mode not an enum value, dims or data types that differ, fewer than 2 dims, an
+    output whose elements overlap. NOT_SUPPORTED: a data type other than float, double, half, bfloat16."""
+    algo = enum_arg("algo", algo, ALGOS, "pydnnSoftmaxAlgorithm_t")
+    mode = enum_arg("mode", mode, MODES, "pydnnSoftmaxMode_t")
+    first, first_name = named[0]
+    for desc, name in named:
+        float_tensor(desc, name)
+    for desc, name in named[1:]:
+        same_shape(first, first_name, desc, name)
+        same_type(first, first_name, desc, name)
+    if len(first.dims) < 2:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{out_name}: softmax needs at least 2 dims (N, C, ...), got {len(first.dims)}")
+    out = next(d for d, n in named if n == out_name)
+    output_tensor(out, out_name)
+    return algo, mode
+
+
+def _key(direction, algo, mode, descs):
+    """The handle's cache key for a call, or None when an argument is not what a key can hold."""
+    if type(algo) is not int or type(mode) is not int:
+        return None
     try:
-        return (tag, algo, mode) + tuple((d, d.version) for d in descs)
+        return ("softmax", direction, algo, mode) + tuple((d, d.version) for d in descs)
     except (AttributeError, TypeError):
         return None
 
 
-def _validate(algo, mode, named):
-    algo = enum_arg("algo", algo, ALGOS, "pydnnSoftmaxAlgorithm_t")
-    mode = enum_arg("mode", mode, MODES, "pydnnSoftmaxMode_t")
-    first_desc, first_name = named[0][1], named[0][2]
-    for _, d, n in named:
-        float_tensor(d, n)
-        same_shape(first_desc, first_name, d, n)
-        same_type(first_desc, first_name, d, n)
-    return algo, mode
+def _get_plan(handle, backward, algo, mode, named, out_name, order, buffers):
+    """The cached plan for these arguments, or a new one (validation, pointer checks, kernel lookup)."""
+    descs = [named[i][0] for i in order]
+    key = _key(int(backward), algo, mode, descs)
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is None:
+        algo, mode = _validate(algo, mode, named, out_name)
+        for (desc, _), (buf, bname) in zip(named, buffers):  # pointer errors before any kernel is loaded
+            _element_aligned(device_ptr(buf, bname, desc.span_bytes()), bname, desc.itemsize)
+        pl = _plan(handle, backward, algo, mode, descs)
+        for lc in pl.launches:
+            lc.func = handle.function(pl.unit, lc.expr)
+        if key is not None:
+            handle.remember(key, pl)
+    return pl
+
+
+def _element_aligned(ptr, name, itemsize):
+    if ptr % itemsize:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
+    return ptr
+
+
+def _run(handle, pl, ptrs, names, alpha, beta):
+    for q, n in zip(ptrs, names):
+        _element_aligned(q, n, pl.itemsize)
+    lc = pl.launches[0] if len(pl.launches) == 1 or _aligned(pl.align, ptrs) else pl.launches[-1]
+    p = lc.params
+    p.out, p.in0 = ptrs[0], ptrs[1]
+    p.in1 = ptrs[2] if len(ptrs) > 2 else None
+    p.alpha, p.beta = alpha, beta
+    p.flags = (p.flags & FLAG_ROWS32) | (FLAG_BETA if beta != 0 else 0)
+    driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, lc.argv)
 
 
 @api
 def softmax_forward(handle, algo, mode, alpha, x_desc, x, beta, y_desc, y):
-    """cudnnSoftmaxForward: y = alpha * softmax(x) + beta * y (log-softmax for LOG)."""
+    """cudnnSoftmaxForward: y = alpha * softmax(x) + beta * y (log-softmax for LOG). Statuses:
+    BAD_PARAM (handle, descriptors, algo, mode, dims or types that differ, fewer than 2 dims, overlapping
+    y, alpha / beta not numbers), BAD_PARAM_NULL_POINTER, BAD_PARAM_MISALIGNED_POINTER (a pointer not
+    aligned to its elements), NOT_SUPPORTED (data types other than float, double, half, bfloat16)."""
     check_handle(handle)
-    key = _key(0, algo, mode, (y_desc, x_desc))
-    rec = handle.prepared.get(key) if key is not None else None
-    if rec is None:
-        algo, mode = _validate(algo, mode, [(x, x_desc, "xDesc"), (y, y_desc, "yDesc")])
-        output_tensor(y_desc, "yDesc")
-        device_ptr(x, "x", x_desc.span_bytes())
-        device_ptr(y, "y", y_desc.span_bytes())
-        rec = _prepare(handle, False, algo, mode, [y_desc, x_desc])
-        if key is not None:
-            handle.remember(key, rec)
+    named = [(x_desc, "xDesc"), (y_desc, "yDesc")]
+    pl = _get_plan(handle, False, algo, mode, named, "yDesc", (1, 0), ((x, "x"), (y, "y")))
     al, be = scalar("alpha", alpha), scalar("beta", beta)
-    ptrs = (device_ptr(y, "y", rec.need[0]), device_ptr(x, "x", rec.need[1]))
-    _launch(handle, rec, ptrs, al, be)
+    ptrs = (device_ptr(y, "y", pl.need[0]), device_ptr(x, "x", pl.need[1]))
+    _run(handle, pl, ptrs, ("y", "x"), al, be)
 
 
 @api
 def softmax_backward(handle, algo, mode, alpha, y_desc, y, dy_desc, dy, beta, dx_desc, dx):
-    """cudnnSoftmaxBackward: dx = alpha * y * (dy - sum(dy * y)) + beta * dx;
-    LOG: dx = alpha * (dy - exp(y) * sum(dy)) + beta * dx."""
+    """cudnnSoftmaxBackward: dx = alpha * y * (dy - sum(dy * y)) + beta * dx (FAST, ACCURATE);
+    LOG: dx = alpha * (dy - exp(y) * sum(dy)) + beta * dx, y being the log-softmax. Statuses as
+    softmax_forward."""
     check_handle(handle)
-    key = _key(1, algo, mode, (dx_desc, y_desc, dy_desc))
-    rec = handle.prepared.get(key) if key is not None else None
-    if rec is None:
-        algo, mode = _validate(algo, mode, [(y, y_desc, "yDesc"), (dy, dy_desc, "dyDesc"), (dx, dx_desc, "dxDesc")])
-        output_tensor(dx_desc, "dxDesc")
-        for b, d, n in ((y, y_desc, "y"), (dy, dy_desc, "dy"), (dx, dx_desc, "dx")):
-            device_ptr(b, n, d.span_bytes())
-        rec = _prepare(handle, True, algo, mode, [dx_desc, y_desc, dy_desc])
-        if key is not None:
-            handle.remember(key, rec)
+    named = [(y_desc, "yDesc"), (dy_desc, "dyDesc"), (dx_desc, "dxDesc")]
+    pl = _get_plan(handle, True, algo, mode, named, "dxDesc", (2, 0, 1), ((y, "y"), (dy, "dy"), (dx, "dx")))
     al, be = scalar("alpha", alpha), scalar("beta", beta)
-    ptrs = (device_ptr(dx, "dx", rec.need[0]), device_ptr(y, "y", rec.need[1]), device_ptr(dy, "dy", rec.need[2]))
-    _launch(handle, rec, ptrs, al, be)
+    ptrs = (device_ptr(dx, "dx", pl.need[0]), device_ptr(y, "y", pl.need[1]), device_ptr(dy, "dy", pl.need[2]))
+    _run(handle, pl, ptrs, ("dx", "y", "dy"), al, be)
