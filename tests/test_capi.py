@@ -13,7 +13,7 @@ import pydnn
 from pydnn.capi import decl, impl, library
 from cprog import CC, ROOT, build_and_run, pydnn_cli
 
-OUT_KINDS = ("out", "obj_out", "arr_out")
+OUT_KINDS = ("out", "obj_out", "arr_out", "struct_out")
 
 
 def test_committed_header_is_generated():

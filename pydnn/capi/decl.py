@@ -107,8 +107,14 @@ FUNCTIONS = [
 # descriptor arguments that may be NULL (the Python function then takes None)
 NULLABLE = {"pydnnOpTensor": ("bDesc",)}
 
+# plain C structs a family returns through out-pointers (cuDNN's perf results): a module's
+#   C_STRUCTS = [(typedef name, [C field declaration, ...]), ...]
+# impl.py fills `T *name` arguments of these types as arrays (see Marshal).
+STRUCTS = []
+
 for _mod in map(importlib.import_module, FAMILY_MODULES):
     OPAQUE_TYPES += getattr(_mod, "C_OPAQUE_TYPES", [])
+    STRUCTS += getattr(_mod, "C_STRUCTS", [])
     FUNCTIONS += getattr(_mod, "C_API", [])
     NULLABLE.update(getattr(_mod, "C_NULLABLE", {}))
 
@@ -139,7 +145,12 @@ def define_block():
 def types_block():
     """Every type the prototypes use (no #defines: cffi's cdef takes those separately)."""
     opaque = "\n".join(f"typedef struct {s} *{t};" for t, s in OPAQUE_TYPES)
-    return enum_block() + "\n\n" + opaque + "\ntypedef struct CUstream_st *cudaStream_t;"
+    return enum_block() + "\n\n" + opaque + "\ntypedef struct CUstream_st *cudaStream_t;\n" + struct_block()
+
+
+def struct_block():
+    return "\n".join("typedef struct {\n" + "".join(f"    {f};\n" for f in fields) + f"}} {name};"
+                     for name, fields in STRUCTS)
 
 
 def prototypes():
@@ -181,6 +192,8 @@ def header_text():
         "typedef struct CUstream_st *cudaStream_t;",
         "#endif",
     ]
+    if STRUCTS:
+        lines += ["", "/* result records */", struct_block()]
     for family, entries in FUNCTIONS:
         lines += ["", f"/* ---- {family} ---- */"]
         for proto, doc in entries:

@@ -1,14 +1,930 @@
-"""Convolution (cudnnConvolution*).
+"""Convolution (cudnnConvolution*): descriptors, shape queries, forward, backward data, backward filter,
+backward bias, fused bias + activation forward, workspace sizes; algorithm queries and Find live in
+convolution_algos.py. Kernels: ptx/convolution.cu (params: ptx/convolution_params.h).
 
-Not yet implemented: this module is the family's place in the package (kernel units, Python API under
-__all__, C declarations in C_API), filled in by its issue."""
+    forward          y  = alpha * conv(x, w) + beta * y
+    backward data    dx = alpha * conv^T(dy, w) + beta * dx
+    backward filter  dw = alpha * corr(x, dy) + beta * dw
+    backward bias    db = alpha * sum over (n, spatial) of dy + beta * db
+    bias+activation  y  = act(alpha1 * conv(x, w) + alpha2 * z + bias)     (inside the conv's epilogue)
 
-__all__ = []
+1 to 3 spatial dims (x and y of 3 to 5 dims; the descriptor's array length is the spatial count), any
+tensor strides (NCHW, NHWC, gaps), filters in NCHW (K, C, spatial) or NHWC (K, spatial, C) format,
+groups (depthwise too), padding, stride, dilation, CONVOLUTION (flipped filter) and CROSS_CORRELATION.
+Data types: x, w, y (dx, dw, dy, z, bias) of one type: float, half and bfloat16 with FLOAT compute
+(HALF compute is accepted for half data and also accumulates in float), double with DOUBLE compute.
 
-C_API = []            # [(family title, [(C prototype, one-line description), ...])]
-C_OPAQUE_TYPES = []   # [(typedef name, struct name)]
-C_NULLABLE = {}       # {C function: (descriptor args that may be NULL)}
+Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
+    forward          IMPLICIT_GEMM   CUDA cores, every shape, no workspace, deterministic
+                     IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, 3-stage cp.async),
+                                     half / bfloat16, NHWC x and filter, C % 8 == 0, one group;
+                                     deterministic, no workspace
+    backward data    ALGO_0          CUDA cores, every shape, gather form (no atomics), no workspace,
+                                     deterministic (cuDNN's ALGO_0 is not; ours is, and says so)
+                     ALGO_1          tensor cores, the same conditions as IMPLICIT_PRECOMP_GEMM (dy NHWC,
+                                     K % 8 == 0 too); deterministic, no workspace
+    backward filter  ALGO_0          CUDA cores, one pass (no split of the reduction), no workspace,
+                                     deterministic
+                     ALGO_1          the same kernel with the reduction split over blocks into a
+                                     workspace of partial sums, added in a fixed order by a second
+                                     kernel: deterministic (bitwise reproducible), more parallel
+"""
+import ctypes
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
+from .._cuda import driver
+from ..buffers import device_ptr
+from ..handle import check_handle
+from ..status import PydnnError, api
+from ..tensor import DTYPES, _int, check_filter, check_tensor
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, scalar
+from ._elementwise import CTYPE
+
+BAD, NS = E.PYDNN_STATUS_BAD_PARAM, E.PYDNN_STATUS_NOT_SUPPORTED
+
+# ----------------------------------------------------------------------------- kernel parameters
+
+FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_A_KFAST, FLAG_B_KFAST, FLAG_PARTIAL, FLAG_CIN, FLAG_PAIR = \
+    4, 8, 16, 32, 64, 128, 256, 512
+ACT = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_ACTIVATION_CLIPPED_RELU: 2,
+       E.PYDNN_ACTIVATION_SIGMOID: 3, E.PYDNN_ACTIVATION_TANH: 4, E.PYDNN_ACTIVATION_ELU: 5}
+BM, BN, BK, THREADS = 64, 64, 16, 256   # kBM, kBN, kBK, kThreads in ptx/convolution.cu
+DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER = 0, 1, 2
+MAX_SPLITS = 64
+INT_MAX = 2**31 - 1
+
+
+@kernel_params("convolution_params.h", "ConvParams")
+class ConvParams(ctypes.Structure):
+    _fields_ = [
+        ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("z", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+        ("alpha", ctypes.c_double), ("beta", ctypes.c_double), ("alpha2", ctypes.c_double),
+        ("coef", ctypes.c_double),
+        ("batch", ctypes.c_int), ("groups", ctypes.c_int), ("cg", ctypes.c_int), ("kg", ctypes.c_int),
+        ("in_size", ctypes.c_int * 3), ("out_size", ctypes.c_int * 3), ("filt", ctypes.c_int * 3),
+        ("pad", ctypes.c_int * 3), ("stride", ctypes.c_int * 3), ("dil", ctypes.c_int * 3),
+        ("gm", ctypes.c_int), ("gn", ctypes.c_int), ("gk", ctypes.c_int),
+        ("splits", ctypes.c_int), ("k_per_split", ctypes.c_int), ("act", ctypes.c_int),
+        ("flags", ctypes.c_uint),
+        ("red_size", ctypes.c_int * 4), ("red_step", ctypes.c_int * 4), ("pad_", ctypes.c_int),
+        ("xs", ctypes.c_longlong * 5), ("ys", ctypes.c_longlong * 5), ("ws", ctypes.c_longlong * 5),
+        ("zs", ctypes.c_longlong * 5), ("bias_stride", ctypes.c_longlong),
+    ]
+
+
+@kernel_params("convolution_params.h", "ConvAuxParams")
+class ConvAuxParams(ctypes.Structure):
+    _fields_ = [
+        ("out", ctypes.c_void_p), ("in_", ctypes.c_void_p),
+        ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+        ("groups", ctypes.c_int), ("kg", ctypes.c_int), ("cg", ctypes.c_int), ("taps", ctypes.c_int),
+        ("filt", ctypes.c_int * 3), ("splits", ctypes.c_int), ("flags", ctypes.c_uint),
+        ("channels", ctypes.c_int), ("count", ctypes.c_longlong), ("inner", ctypes.c_int * 4),
+        ("in_stride", ctypes.c_longlong * 5), ("out_stride", ctypes.c_longlong * 5),
+    ]
+    C_NAMES = {"in_": "in"}
+
+
+TC_TAGS = ("f16", "bf16")   # data types of the tensor-core kernels
+TC_BM, TC_BK, TC_LD, TC_STAGES = 128, 32, 40, 3   # kTcBM, kTcBK, kTcLd, kTcStages
+TC_BNS = (128, 64)   # fwd_tc<T, BN> instantiations
+
+
+def _exprs(tag):
+    """[0..2] implicit_gemm per direction, [3] fold, [4] bias_grad, [5] fwd_tc<BN 128>, [6] fwd_tc<BN 64>,
+    [7] bwd_data_tc<BN 128>, [8] bwd_data_tc<BN 64> (16-bit types only)."""
+    t = CTYPE[tag]
+    return tuple([f"pydnn::conv::implicit_gemm<{d}, {t}>" for d in (DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER)]
+                 + [f"pydnn::conv::fold<{t}>", f"pydnn::conv::bias_grad<{t}>"]
+                 + ([f"pydnn::conv::{k}<{t}, {bn}>" for k in ("fwd_tc", "bwd_data_tc") for bn in TC_BNS]
+                    if tag in TC_TAGS else []))
 
 
 def kernel_units():
-    return []
+    return [KernelUnit(f"convolution.{t}", "convolution.cu", _exprs(t)) for t in FLOAT_TAGS]
+
+
+# ----------------------------------------------------------------------------- the descriptor
+
+MODES = (E.PYDNN_CONVOLUTION, E.PYDNN_CROSS_CORRELATION)
+MATH_TYPES = tuple(E.ENUMS["pydnnMathType_t"].values())
+MAX_SPATIAL = 3
+
+
+class ConvolutionDescriptor:
+    """cudnnConvolutionDescriptor_t: per spatial dim pad / stride / dilation, mode, compute type, math
+    type and group count. `version` changes with every set (launch records are keyed by it)."""
+
+    __slots__ = ("pad", "stride", "dil", "mode", "compute_type", "math_type", "groups", "is_set", "alive",
+                 "version", "__weakref__")
+
+    def __init__(self):
+        self.pad, self.stride, self.dil = (), (), ()
+        self.mode, self.compute_type = E.PYDNN_CONVOLUTION, E.PYDNN_DATA_FLOAT
+        self.math_type, self.groups = E.PYDNN_DEFAULT_MATH, 1
+        self.is_set, self.alive, self.version = False, True, 0
+
+    def __repr__(self):
+        return (f"ConvolutionDescriptor(pad={self.pad}, stride={self.stride}, dilation={self.dil}, "
+                f"mode={self.mode}, computeType={self.compute_type}, groups={self.groups})")
+
+
+def _live(desc, name="convDesc"):
+    if type(desc) is not ConvolutionDescriptor or not desc.alive:
+        raise PydnnError(BAD, f"{name}: not a live convolution descriptor")
+    return desc
+
+
+def check_conv(desc, name="convDesc"):
+    _live(desc, name)
+    if not desc.is_set:
+        raise PydnnError(BAD, f"{name}: descriptor was never set")
+    return desc
+
+
+def _nonneg(name, v):
+    v = _int(name, v)
+    if v < 0:
+        raise PydnnError(BAD, f"{name}: {v} must not be negative")
+    if v > INT_MAX:
+        raise PydnnError(BAD, f"{name}: {v} is too large")
+    return v
+
+
+def _positive(name, v):
+    v = _int(name, v)
+    if v <= 0:
+        raise PydnnError(BAD, f"{name}: {v} must be positive")
+    if v > INT_MAX:
+        raise PydnnError(BAD, f"{name}: {v} is too large")
+    return v
+
+
+def _compute_type(name, v):
+    v = _int(name, v)
+    if v not in E.ENUMS["pydnnDataType_t"].values():
+        raise PydnnError(BAD, f"{name}: {v} is not a pydnnDataType_t value")
+    if v not in (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_DOUBLE, E.PYDNN_DATA_HALF):
+        raise PydnnError(NS, f"{name}: compute type {v} is not supported (FLOAT, DOUBLE or HALF)")
+    return v
+
+
+def _array(name, values, n, check):
+    try:
+        seq = list(values)
+    except TypeError:
+        raise PydnnError(BAD, f"{name}: expected a sequence of {n} integers") from None
+    if len(seq) < n:
+        raise PydnnError(BAD, f"{name}: has {len(seq)} entries, arrayLength is {n}")
+    return tuple(check(f"{name}[{i}]", seq[i]) for i in range(n))
+
+
+def _assign(desc, pad, stride, dil, mode, compute_type):
+    desc.pad, desc.stride, desc.dil, desc.mode, desc.compute_type = pad, stride, dil, mode, compute_type
+    desc.is_set = True
+    desc.version += 1
+
+
+@api
+def create_convolution_descriptor():
+    """cudnnCreateConvolutionDescriptor."""
+    return ConvolutionDescriptor()
+
+
+@api
+def destroy_convolution_descriptor(conv_desc):
+    """cudnnDestroyConvolutionDescriptor (None: nothing to do)."""
+    if conv_desc is None:
+        return
+    _live(conv_desc).alive = False
+    conv_desc.version += 1
+
+
+@api
+def set_convolution2d_descriptor(conv_desc, pad_h, pad_w, u, v, dilation_h, dilation_w, mode, compute_type):
+    """cudnnSetConvolution2dDescriptor: pads >= 0, strides (u, v) and dilations > 0."""
+    _live(conv_desc)
+    pad = (_nonneg("pad_h", pad_h), _nonneg("pad_w", pad_w))
+    stride = (_positive("u", u), _positive("v", v))
+    dil = (_positive("dilation_h", dilation_h), _positive("dilation_w", dilation_w))
+    mode = enum_arg("mode", mode, MODES, "pydnnConvolutionMode_t")
+    _assign(conv_desc, pad, stride, dil, mode, _compute_type("computeType", compute_type))
+
+
+@api
+def get_convolution2d_descriptor(conv_desc):
+    """cudnnGetConvolution2dDescriptor -> (pad_h, pad_w, u, v, dilation_h, dilation_w, mode, computeType)."""
+    d = check_conv(conv_desc)
+    if len(d.pad) != 2:
+        raise PydnnError(BAD, f"convDesc: has {len(d.pad)} spatial dims, not 2")
+    return (*d.pad, *d.stride, *d.dil, d.mode, d.compute_type)
+
+
+@api
+def set_convolution_nd_descriptor(conv_desc, array_length, pad_a, filter_stride_a, dilation_a, mode, compute_type):
+    """cudnnSetConvolutionNdDescriptor: arrayLength = spatial dims, 1 to 3."""
+    _live(conv_desc)
+    n = _int("arrayLength", array_length)
+    if not 1 <= n <= MAX_SPATIAL:
+        raise PydnnError(BAD if n <= 0 or n > E.PYDNN_DIM_MAX - 2 else NS,
+                         f"arrayLength: {n} is outside [1, {MAX_SPATIAL}] (spatial dims)")
+    pad = _array("padA", pad_a, n, _nonneg)
+    stride = _array("filterStrideA", filter_stride_a, n, _positive)
+    dil = _array("dilationA", dilation_a, n, _positive)
+    mode = enum_arg("mode", mode, MODES, "pydnnConvolutionMode_t")
+    _assign(conv_desc, pad, stride, dil, mode, _compute_type("computeType", compute_type))
+
+
+@api
+def get_convolution_nd_descriptor(conv_desc, array_length_requested):
+    """cudnnGetConvolutionNdDescriptor -> (arrayLength, padA, strideA, dilationA, mode, computeType), the
+    arrays cut to arrayLengthRequested entries."""
+    d = check_conv(conv_desc)
+    req = _int("arrayLengthRequested", array_length_requested)
+    if req < 0:
+        raise PydnnError(BAD, f"arrayLengthRequested: {req} is negative")
+    return len(d.pad), list(d.pad[:req]), list(d.stride[:req]), list(d.dil[:req]), d.mode, d.compute_type
+
+
+@api
+def set_convolution_group_count(conv_desc, group_count):
+    """cudnnSetConvolutionGroupCount: groups > 0 (C and K must be multiples of it at the call)."""
+    _live(conv_desc).groups = _positive("groupCount", group_count)
+    conv_desc.version += 1
+
+
+@api
+def get_convolution_group_count(conv_desc):
+    """cudnnGetConvolutionGroupCount."""
+    return _live(conv_desc).groups
+
+
+@api
+def set_convolution_math_type(conv_desc, math_type):
+    """cudnnSetConvolutionMathType: DEFAULT, TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION or FMA."""
+    _live(conv_desc).math_type = enum_arg("mathType", math_type, MATH_TYPES, "pydnnMathType_t")
+    conv_desc.version += 1
+
+
+@api
+def get_convolution_math_type(conv_desc):
+    """cudnnGetConvolutionMathType."""
+    return _live(conv_desc).math_type
+
+
+# ----------------------------------------------------------------------------- shapes
+
+def _spatial(dims):
+    return tuple(dims[2:])
+
+
+def output_dims(conv, x_desc, w_desc, x_name="inputTensorDesc", w_name="filterDesc"):
+    """The output dims (N, K, spatial...) after checking x, w and conv against each other."""
+    check_conv(conv)
+    check_tensor(x_desc, x_name)
+    check_filter(w_desc, w_name)
+    ns = len(conv.pad)
+    if len(x_desc.dims) != ns + 2:
+        raise PydnnError(BAD, f"{x_name}: has {len(x_desc.dims)} dims; convDesc has {ns} spatial dims, so "
+                              f"{ns + 2} are needed")
+    if len(w_desc.dims) != ns + 2:
+        raise PydnnError(BAD, f"{w_name}: has {len(w_desc.dims)} dims; convDesc has {ns} spatial dims, so "
+                              f"{ns + 2} are needed")
+    n, c = x_desc.dims[:2]
+    k, cg = w_desc.dims[:2]
+    g = conv.groups
+    if c != cg * g:
+        raise PydnnError(BAD, f"{w_name}: {cg} input channels per group x groupCount {g} = {cg * g} differs "
+                              f"from the {c} channels of {x_name}")
+    if k % g:
+        raise PydnnError(BAD, f"{w_name}: {k} output channels are not a multiple of groupCount {g}")
+    out = []
+    for i, (xi, fi, p, s, d) in enumerate(zip(_spatial(x_desc.dims), _spatial(w_desc.dims), conv.pad,
+                                              conv.stride, conv.dil)):
+        span = (fi - 1) * d + 1
+        o = 1 + (xi + 2 * p - span) // s
+        if xi + 2 * p < span:
+            raise PydnnError(BAD, f"convDesc: spatial dim {i}: input {xi} with padding {p} is smaller than the "
+                                  f"dilated filter extent {span} (filter {fi}, dilation {d}): the output is empty")
+        out.append(o)
+    return (n, k) + tuple(out)
+
+
+@api
+def get_convolution2d_forward_output_dim(conv_desc, input_tensor_desc, filter_desc):
+    """cudnnGetConvolution2dForwardOutputDim -> (n, c, h, w)."""
+    dims = output_dims(conv_desc, input_tensor_desc, filter_desc)
+    if len(dims) != 4:
+        raise PydnnError(BAD, f"convDesc: has {len(dims) - 2} spatial dims, not 2")
+    return dims
+
+
+@api
+def get_convolution_nd_forward_output_dim(conv_desc, input_tensor_desc, filter_desc, nb_dims):
+    """cudnnGetConvolutionNdForwardOutputDim -> the output dims (nbDims must equal the input's dim count)."""
+    dims = output_dims(conv_desc, input_tensor_desc, filter_desc)
+    nb = _int("nbDims", nb_dims)
+    if nb != len(dims):
+        raise PydnnError(BAD, f"nbDims: {nb} differs from the input's {len(dims)} dims")
+    return list(dims)
+
+
+# ----------------------------------------------------------------------------- problems
+
+class Problem:
+    """A validated convolution problem: every size the kernels need, in 3-d form (D, H, W)."""
+
+    __slots__ = ("dtype", "tag", "n", "c", "k", "groups", "cg", "kg", "in3", "out3", "filt3", "pad3", "stride3",
+                 "dil3", "xs", "ys", "ws", "flip", "w_format", "nspatial", "math_type", "x_desc", "y_desc",
+                 "w_dims")
+
+    @property
+    def flops(self):
+        """2 * N * K * P * C/g * taps (the multiply-adds of the forward, backward data or filter)."""
+        p = self.out3[0] * self.out3[1] * self.out3[2]
+        taps = self.filt3[0] * self.filt3[1] * self.filt3[2]
+        return 2 * self.n * self.k * p * self.cg * taps
+
+
+def _pad3(t, fill):
+    return (fill,) * (3 - len(t)) + tuple(t)
+
+
+def _strides5(strides):
+    """(n, c, d, h, w) strides of a 3-to-5-dim tensor (missing spatial dims get stride 0: size 1)."""
+    s = tuple(strides)
+    return s[:2] + (0,) * (5 - len(s)) + s[2:]
+
+
+def _types(conv, named):
+    """One data type for every tensor; a compute type that goes with it."""
+    first, fname = named[0]
+    for d, nm in named:
+        if d.dtype not in (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_DOUBLE, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16):
+            raise PydnnError(NS, f"{nm}: data type {d.dtype} is not supported (float, double, half, bfloat16)")
+        if d.dtype != first.dtype:
+            raise PydnnError(NS, f"{nm}: data type {d.dtype} with {fname} data type {first.dtype} is not a "
+                                 f"supported combination (every tensor of one type)")
+    dt, ct = first.dtype, conv.compute_type
+    ok = {E.PYDNN_DATA_DOUBLE: (E.PYDNN_DATA_DOUBLE,), E.PYDNN_DATA_FLOAT: (E.PYDNN_DATA_FLOAT,),
+          E.PYDNN_DATA_HALF: (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF),
+          E.PYDNN_DATA_BFLOAT16: (E.PYDNN_DATA_FLOAT,)}[dt]
+    if ct not in ok:
+        raise PydnnError(NS, f"convDesc: compute type {ct} with data type {dt} is not supported "
+                             f"(allowed compute types: {list(ok)})")
+    return dt
+
+
+def problem(conv, x_desc, w_desc, y_desc, names=("xDesc", "wDesc", "yDesc")):
+    """Validate x (or dx), w (or dw), y (or dy) against the descriptor -> Problem."""
+    xn, wn, yn = names
+    dims = output_dims(conv, x_desc, w_desc, xn, wn)
+    check_tensor(y_desc, yn)
+    dt = _types(conv, [(x_desc, xn), (w_desc, wn), (y_desc, yn)])
+    if tuple(y_desc.dims) != dims:
+        raise PydnnError(BAD, f"{yn}: dims {tuple(y_desc.dims)} differ from the computed output dims {dims}")
+    pb = Problem()
+    pb.dtype, pb.tag = dt, TAG[dt]
+    pb.n, pb.c = x_desc.dims[:2]
+    pb.k, pb.cg = w_desc.dims[:2]
+    pb.groups = conv.groups
+    pb.kg = pb.k // pb.groups
+    pb.nspatial = len(conv.pad)
+    pb.in3, pb.out3 = _pad3(_spatial(x_desc.dims), 1), _pad3(dims[2:], 1)
+    pb.filt3 = _pad3(_spatial(w_desc.dims), 1)
+    pb.pad3, pb.stride3, pb.dil3 = _pad3(conv.pad, 0), _pad3(conv.stride, 1), _pad3(conv.dil, 1)
+    pb.xs, pb.ys, pb.ws = _strides5(x_desc.strides), _strides5(y_desc.strides), _strides5(w_desc.strides)
+    pb.flip = conv.mode == E.PYDNN_CONVOLUTION
+    pb.w_format, pb.math_type = w_desc.format, conv.math_type
+    pb.x_desc, pb.y_desc, pb.w_dims = x_desc, y_desc, tuple(w_desc.dims)
+    return pb
+
+
+def _prod(xs):
+    r = 1
+    for v in xs:
+        r *= v
+    return r
+
+
+# ----------------------------------------------------------------------------- planning
+
+def _digit_step(step, sizes):
+    out = [0] * 4
+    for i in range(3, 0, -1):
+        out[i] = step % sizes[i]
+        step //= sizes[i]
+    out[0] = step
+    return out
+
+
+class Plan:
+    """The launches of one (direction, algorithm, problem): `gemm` (ConvParams) and an optional `fold`
+    (ConvAuxParams) for split-K, with the workspace bytes they need."""
+
+    __slots__ = ("direction", "algo", "unit", "gemm", "gemm_grid", "gemm_argv", "gemm_expr", "gemm_func", "fold",
+                 "fold_grid", "fold_argv", "fold_expr", "fold_func", "workspace", "itemsize", "acc_size",
+                 "deterministic", "splits", "problem", "align", "smem", "pair_ok")
+
+
+def _base_params(pb, direction):
+    p = ConvParams()
+    p.batch, p.groups, p.cg, p.kg = pb.n, pb.groups, pb.cg, pb.kg
+    for i in range(3):
+        p.in_size[i], p.out_size[i], p.filt[i] = pb.in3[i], pb.out3[i], pb.filt3[i]
+        p.pad[i], p.stride[i], p.dil[i] = pb.pad3[i], pb.stride3[i], pb.dil3[i]
+    for i in range(5):  # backward data: xs are dx's strides, ys dy's
+        p.ws[i], p.xs[i], p.ys[i] = pb.ws[i], pb.xs[i], pb.ys[i]
+    p.flags = FLAG_FLIP if pb.flip else 0
+    return p
+
+
+def _gemm_shape(pb, direction):
+    """(M, N, K, reduction digit sizes, channel-innermost?, A k-fast?, B k-fast?) of a direction."""
+    taps3 = pb.filt3
+    p_out, p_in = _prod(pb.out3), _prod(pb.in3)
+    if direction == DIR_FWD:
+        cin = pb.xs[1] == 1 and pb.c > 1
+        red = list(taps3) + [pb.cg] if cin else [pb.cg] + list(taps3)
+        # x: NCHW runs along m (output columns), NHWC along k (channels); the filter along k
+        return pb.n * p_out, pb.kg, pb.cg * _prod(taps3), red, cin, cin, True
+    if direction == DIR_BWD_DATA:
+        cin = pb.ys[1] == 1 and pb.k > 1
+        red = list(taps3) + [pb.kg] if cin else [pb.kg] + list(taps3)
+        return pb.n * p_in, pb.cg, pb.kg * _prod(taps3), red, cin, cin, pb.w_format == E.PYDNN_TENSOR_NCHW
+    nhwc = pb.xs[1] == 1 and pb.c > 1
+    return pb.kg, pb.cg * _prod(taps3), pb.n * p_out, [pb.n] + list(pb.out3), False, not nhwc, not nhwc
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def plan(handle, pb, direction, algo, split=False):
+    """-> Plan (no kernel loaded). `split`: backward filter ALGO_1 (split-K into the workspace)."""
+    gm, gn, gk, red, cin, akf, bkf = _gemm_shape(pb, direction)
+    for name, v in (("M", gm), ("N", gn), ("K", gk)):
+        if v > INT_MAX:
+            raise PydnnError(NS, f"the implicit GEMM's {name} = {v} exceeds 2^31 - 1 (split the batch)")
+    acc = 8 if pb.dtype == E.PYDNN_DATA_DOUBLE else 4
+    p = _base_params(pb, direction)
+    p.gm, p.gn, p.gk = gm, gn, gk
+    p.flags |= (FLAG_CIN if cin else 0) | (FLAG_A_KFAST if akf else 0) | (FLAG_B_KFAST if bkf else 0)
+    for i in range(4):
+        p.red_size[i] = red[i]
+    for i, v in enumerate(_digit_step(BK, red)):
+        p.red_step[i] = v
+    tiles = _cdiv(gm, BM) * _cdiv(gn, BN) * pb.groups
+    splits = 1
+    if split:
+        want = _cdiv(2 * handle.sm_count, tiles)
+        splits = max(1, min(want, MAX_SPLITS, _cdiv(gk, 4 * BK)))
+    kps = _cdiv(_cdiv(gk, splits), BK) * BK
+    splits = _cdiv(gk, kps)
+    p.splits, p.k_per_split = splits, kps
+    pl = Plan()
+    pl.direction, pl.algo, pl.unit = direction, algo, f"convolution.{pb.tag}"
+    pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], acc, True, splits
+    pl.gemm, pl.gemm_grid = p, (_cdiv(gm, BM), _cdiv(gn, BN), pb.groups * splits)
+    pl.gemm_expr = _exprs(pb.tag)[direction]
+    pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
+    pl.fold = pl.fold_func = pl.fold_argv = None
+    pl.workspace, pl.align, pl.smem, pl.pair_ok = 0, 0, 0, False
+    if pl.gemm_grid[2] > 65535 or pl.gemm_grid[1] > 65535:
+        raise PydnnError(NS, f"groups x splits = {pl.gemm_grid[2]} exceeds the grid's 65535 (too many groups)")
+    if splits > 1:
+        p.flags |= FLAG_PARTIAL
+        pl.workspace = splits * pb.groups * gm * gn * acc
+        f = ConvAuxParams()
+        f.groups, f.kg, f.cg, f.taps, f.splits = pb.groups, pb.kg, pb.cg, _prod(pb.filt3), splits
+        for i in range(3):
+            f.filt[i] = pb.filt3[i]
+        for i in range(5):
+            f.out_stride[i] = pb.ws[i]
+        f.flags = FLAG_FLIP if pb.flip else 0
+        pl.fold, pl.fold_expr = f, _exprs(pb.tag)[3]
+        pl.fold_grid = (_cdiv(pb.groups * gm * gn, 256), 1, 1)
+        pl.fold_argv = driver.kernel_args(f)
+    return pl
+
+
+# ----------------------------------------------------------------------------- algorithms
+
+FWD_ALGOS = tuple(v for k, v in E.ENUMS["pydnnConvolutionFwdAlgo_t"].items() if not k.endswith("COUNT"))
+BWD_DATA_ALGOS = tuple(v for k, v in E.ENUMS["pydnnConvolutionBwdDataAlgo_t"].items() if not k.endswith("COUNT"))
+BWD_FILTER_ALGOS = tuple(v for k, v in E.ENUMS["pydnnConvolutionBwdFilterAlgo_t"].items() if not k.endswith("COUNT"))
+ALGO_TYPES = {DIR_FWD: ("pydnnConvolutionFwdAlgo_t", FWD_ALGOS), DIR_BWD_DATA: ("pydnnConvolutionBwdDataAlgo_t",
+              BWD_DATA_ALGOS), DIR_BWD_FILTER: ("pydnnConvolutionBwdFilterAlgo_t", BWD_FILTER_ALGOS)}
+IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
+               DIR_BWD_DATA: (E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1),
+               DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1)}
+
+
+def algo_name(direction, algo):
+    t, _ = ALGO_TYPES[direction]
+    for k, v in E.ENUMS[t].items():
+        if v == algo:
+            return k
+    return str(algo)
+
+
+def check_algo(direction, algo):
+    """BAD_PARAM for a value outside the enum, NOT_SUPPORTED (with the reason) for one pydnn lacks."""
+    t, algos = ALGO_TYPES[direction]
+    a = enum_arg("algo", algo, algos, t)
+    if a not in IMPLEMENTED[direction]:
+        raise PydnnError(NS, f"algo: {algo_name(direction, a)} is not implemented in pydnn yet (available: "
+                             f"{', '.join(algo_name(direction, v) for v in IMPLEMENTED[direction])})")
+    return a
+
+
+def _tc_refusal(pb, direction):
+    """Why a tensor-core kernel cannot serve a problem (None when it can). Forward reads x (NHWC, C % 8),
+    backward data reads dy (NHWC, K % 8) and writes C in chunks of 8 channels."""
+    name = "IMPLICIT_PRECOMP_GEMM" if direction == DIR_FWD else "BWD_DATA_ALGO_1"
+    if pb.tag not in TC_TAGS:
+        return f"{name} runs on tensor cores for half and bfloat16 data only (float would need TF32, not implemented)"
+    if pb.math_type == E.PYDNN_FMA_MATH:
+        return f"{name} uses tensor cores, which the FMA math type forbids"
+    if pb.groups != 1:
+        return f"{name} needs groupCount 1 (got {pb.groups})"
+    if pb.c % 8 or (direction == DIR_BWD_DATA and pb.k % 8):
+        return f"{name} needs channel counts that are multiples of 8 (C {pb.c}, K {pb.k})"
+    src, sname = (pb.xs, "xDesc") if direction == DIR_FWD else (pb.ys, "dyDesc")
+    if src[1] != 1 or any(s % 8 for i, s in enumerate(src) if i != 1):
+        desc = pb.x_desc if direction == DIR_FWD else pb.y_desc
+        return (f"{name} needs {sname} with channels innermost (NHWC) and other strides multiples of 8 "
+                f"(strides {tuple(desc.strides)})")
+    if pb.w_format != E.PYDNN_TENSOR_NHWC:
+        return f"{name} needs a filter in NHWC format (K, spatial..., C)"
+    return None
+
+
+def plan_tc(handle, pb, algo, direction=DIR_FWD):
+    """A tensor-core plan (fwd_tc or bwd_data_tc in ptx/convolution.cu) or NOT_SUPPORTED with the reason."""
+    why = _tc_refusal(pb, direction)
+    if why:
+        raise PydnnError(NS, f"algo: {why}")
+    if direction == DIR_FWD:
+        gm, gn, gk, rc, out_strides = pb.n * _prod(pb.out3), pb.k, pb.c * _prod(pb.filt3), pb.c, pb.ys
+    else:
+        gm, gn, gk, rc, out_strides = pb.n * _prod(pb.in3), pb.c, pb.k * _prod(pb.filt3), pb.k, pb.xs
+    if max(gm, gn, gk) > INT_MAX:
+        raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
+    p = _base_params(pb, direction)
+    p.gm, p.gn, p.gk = gm, gn, gk
+    p.flags |= FLAG_CIN
+    red = list(pb.filt3) + [rc]
+    for i in range(4):
+        p.red_size[i] = red[i]
+    for i, v in enumerate(_digit_step(TC_BK, red)):
+        p.red_step[i] = v
+    p.splits, p.k_per_split = 1, gk
+    pl = Plan()
+    pl.direction, pl.algo, pl.unit = direction, algo, f"convolution.{pb.tag}"
+    pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], 4, True, 1
+    bn = 64 if gn <= 64 else 128  # narrow layers: no half-empty tiles
+    pl.gemm, pl.gemm_grid = p, (_cdiv(gm, TC_BM), _cdiv(gn, bn), 1)
+    if pl.gemm_grid[1] > 65535:
+        raise PydnnError(NS, f"{gn} output channels exceed the tensor-core kernel's grid")
+    pl.gemm_expr = _exprs(pb.tag)[(5 if direction == DIR_FWD else 7) + TC_BNS.index(bn)]
+    pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
+    pl.fold = pl.fold_func = pl.fold_argv = None
+    pl.workspace, pl.align = 0, 16
+    b_stage = bn * TC_LD if direction == DIR_FWD else TC_BK * (bn + 8)  # B as [n][k] or [k][n]
+    pl.smem = TC_STAGES * (TC_BM * TC_LD + b_stage) * 2
+    # channel pairs as 32-bit stores: the output's channels contiguous, every other stride even (and the
+    # output 4-byte aligned, checked per call)
+    pl.pair_ok = out_strides[1] == 1 and all(st % 2 == 0 for i, st in enumerate(out_strides) if i != 1)
+    return pl
+
+
+def plan_for(handle, pb, direction, algo):
+    if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
+        return plan_tc(handle, pb, algo)
+    if direction == DIR_BWD_DATA and algo == E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1:
+        return plan_tc(handle, pb, algo, DIR_BWD_DATA)
+    return plan(handle, pb, direction, algo,
+                split=direction == DIR_BWD_FILTER and algo == E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1)
+
+
+# ----------------------------------------------------------------------------- calls
+
+def _element_aligned(ptr, name, itemsize):
+    if ptr % itemsize:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
+    return ptr
+
+
+def _w_key(w):
+    try:
+        return (w, w.dtype, w.format, tuple(w.dims), w.alive)
+    except AttributeError:
+        return None
+
+
+def _key(direction, algo, conv, descs, w):
+    if type(algo) is not int:
+        return None
+    try:
+        return (("convolution", direction, algo, conv, conv.version, _w_key(w))
+                + tuple((d, d.version) for d in descs))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _names(direction):
+    return {DIR_FWD: ("xDesc", "wDesc", "yDesc"), DIR_BWD_DATA: ("dxDesc", "wDesc", "dyDesc"),
+            DIR_BWD_FILTER: ("xDesc", "dwDesc", "dyDesc")}[direction]
+
+
+def get_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc, extra=()):
+    """The cached plan of a call, or a new one (validation, kernel lookup). x / w / y in forward terms
+    (backward data: dx, w, dy; backward filter: x, dw, dy)."""
+    key = _key(direction, algo, conv, (x_desc, y_desc) + tuple(extra), w_desc)
+    pl = handle.prepared.get(key) if key is not None else None
+    if pl is None:
+        pl = _new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc)
+        if key is not None:
+            handle.remember(key, pl)
+    return pl
+
+
+def _new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc):
+    check_conv(conv)
+    pb = problem(conv, x_desc, w_desc, y_desc, _names(direction))
+    algo = check_algo(direction, algo)
+    out = {DIR_FWD: (y_desc, "yDesc"), DIR_BWD_DATA: (x_desc, "dxDesc"), DIR_BWD_FILTER: None}[direction]
+    if out is not None:
+        output_tensor(*out)
+    pl = plan_for(handle, pb, direction, algo)
+    pl.problem = pb
+    return pl
+
+
+def load_kernels(handle, pl):
+    if pl.gemm_func is None:
+        pl.gemm_func = handle.function(pl.unit, pl.gemm_expr)
+        if pl.smem > 48 * 1024:  # dynamic shared memory past 48 KiB must be asked for
+            driver.function_set_max_dynamic_smem(pl.gemm_func, pl.smem)
+    if pl.fold is not None and pl.fold_func is None:
+        pl.fold_func = handle.function(pl.unit, pl.fold_expr)
+
+
+def check_workspace(pl, work_space, size):
+    n = _int("workSpaceSizeInBytes", size)
+    if n < 0:
+        raise PydnnError(BAD, f"workSpaceSizeInBytes: {n} is negative")
+    if n < pl.workspace:
+        raise PydnnError(BAD, f"workSpaceSizeInBytes: {n} bytes is less than the {pl.workspace} bytes "
+                              f"{algo_name(pl.direction, pl.algo)} needs for this problem")
+    if pl.workspace == 0:
+        return 0
+    ptr = device_ptr(work_space, "workSpace", pl.workspace)
+    if ptr == 0:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "workSpace: NULL with a workspace needed")
+    return _element_aligned(ptr, "workSpace", pl.acc_size)
+
+
+def run_plan(handle, pl, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+    """Enqueue a plan's launches with the call's pointers and scalars."""
+    if pl.align and (a_ptr % pl.align or b_ptr % pl.align):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{algo_name(pl.direction, pl.algo)} reads its input and w in {pl.align}-byte vectors: both "
+                         f"must be {pl.align}-byte aligned (input {a_ptr:#x}, w {b_ptr:#x})")
+    load_kernels(handle, pl)
+    p = pl.gemm
+    p.x, p.w, p.z, p.bias = a_ptr, b_ptr, z_ptr or None, bias_ptr or None
+    p.alpha, p.beta = alpha, beta
+    p.flags = (p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
+    if pl.pair_ok and out_ptr % 4 == 0:
+        p.flags |= FLAG_PAIR
+    if pl.fold is None:
+        p.out = out_ptr
+        driver.launch_args(pl.gemm_func, pl.gemm_grid, (THREADS, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
+        return
+    p.out = ws_ptr
+    driver.launch_args(pl.gemm_func, pl.gemm_grid, (THREADS, 1, 1), 0, handle.cu_stream, pl.gemm_argv)
+    f = pl.fold
+    f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
+    f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
+    driver.launch_args(pl.fold_func, pl.fold_grid, (256, 1, 1), 0, handle.cu_stream, pl.fold_argv)
+
+
+def _filter_bytes(w_desc):
+    return _prod(w_desc.dims) * DTYPES[w_desc.dtype][0]
+
+
+@api
+def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes,
+                        beta, y_desc, y):
+    """cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y. Statuses: BAD_PARAM (descriptors that
+    do not fit together: dims, channels vs groups, y not the computed output dims, an empty output,
+    overlapping y, a workspace smaller than Get...WorkspaceSize), NOT_SUPPORTED (data / compute types,
+    an algorithm pydnn lacks), BAD_PARAM_NULL_POINTER, BAD_PARAM_MISALIGNED_POINTER."""
+    check_handle(handle)
+    pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc)
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = pl.itemsize
+    xp = _element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    wp = _element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
+    yp = _element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    run_plan(handle, pl, xp, wp, yp, ws, al, be)
+
+
+@api
+def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, algo, work_space,
+                              work_space_size_in_bytes, beta, dx_desc, dx):
+    """cudnnConvolutionBackwardData: dx = alpha * (gradient of conv with respect to x)(dy, w) + beta * dx.
+    Statuses as convolution_forward (dxDesc must be the input whose output dims are dyDesc's)."""
+    check_handle(handle)
+    pl = get_plan(handle, DIR_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc)
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = pl.itemsize
+    wp = _element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
+    dyp = _element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dxp = _element_aligned(device_ptr(dx, "dx", dx_desc.span_bytes()), "dx", it)
+    run_plan(handle, pl, dyp, wp, dxp, ws, al, be)
+
+
+@api
+def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc, algo, work_space,
+                                work_space_size_in_bytes, beta, dw_desc, dw):
+    """cudnnConvolutionBackwardFilter: dw = alpha * (gradient of conv with respect to w)(x, dy) + beta * dw.
+    Statuses as convolution_forward."""
+    check_handle(handle)
+    pl = get_plan(handle, DIR_BWD_FILTER, algo, conv_desc, x_desc, dw_desc, dy_desc)
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = pl.itemsize
+    xp = _element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    dyp = _element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dwp = _element_aligned(device_ptr(dw, "dw", _filter_bytes(dw_desc)), "dw", it)
+    run_plan(handle, pl, dyp, xp, dwp, ws, al, be)
+
+
+def _bias_desc(bias_desc, k, name):
+    check_tensor(bias_desc, name)
+    dims = tuple(bias_desc.dims)
+    want = (1, k) + (1,) * (len(dims) - 2)
+    if len(dims) < 2 or dims != want:
+        raise PydnnError(BAD, f"{name}: dims {dims} are not (1, {k}, 1, ...) for {k} channels")
+    return bias_desc
+
+
+@api
+def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, conv_desc, algo, work_space,
+                                        work_space_size_in_bytes, alpha2, z_desc, z, bias_desc, bias,
+                                        activation_desc, y_desc, y):
+    """cudnnConvolutionBiasActivationForward: y = act(alpha1 * conv(x, w) + alpha2 * z + bias), all in the
+    convolution kernel's epilogue. z has y's dims (it may be y itself); bias is (1, K, 1, ...). Activations:
+    IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU (others NOT_SUPPORTED). Statuses as
+    convolution_forward."""
+    from .activation import ActivationDescriptor
+    check_handle(handle)
+    if type(activation_desc) is not ActivationDescriptor or not activation_desc.alive:
+        raise PydnnError(BAD, "activationDesc: not a live activation descriptor")
+    if not activation_desc.is_set:
+        raise PydnnError(BAD, "activationDesc: descriptor was never set")
+    if activation_desc.mode not in ACT:
+        raise PydnnError(NS, f"activationDesc: mode {activation_desc.mode} is not supported in the convolution "
+                             f"epilogue (IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU)")
+    key = ("act", activation_desc, activation_desc.mode, activation_desc.coef, activation_desc.relu_nan_opt)
+    pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc, extra=(z_desc, bias_desc, key))
+    check_tensor(z_desc, "zDesc")
+    if tuple(z_desc.dims) != tuple(y_desc.dims):
+        raise PydnnError(BAD, f"zDesc: dims {tuple(z_desc.dims)} differ from yDesc dims {tuple(y_desc.dims)}")
+    if z_desc.dtype != y_desc.dtype:
+        raise PydnnError(NS, f"zDesc: data type {z_desc.dtype} differs from yDesc data type {y_desc.dtype}")
+    _bias_desc(bias_desc, y_desc.dims[1], "biasDesc")
+    if bias_desc.dtype != y_desc.dtype:
+        raise PydnnError(NS, f"biasDesc: data type {bias_desc.dtype} differs from yDesc data type {y_desc.dtype}")
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    a1, a2 = scalar("alpha1", alpha1), scalar("alpha2", alpha2)
+    it = pl.itemsize
+    xp = _element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    wp = _element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
+    yp = _element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    zp = _element_aligned(device_ptr(z, "z", z_desc.span_bytes()), "z", it) if a2 != 0 else 0
+    bp = _element_aligned(device_ptr(bias, "bias", bias_desc.span_bytes()), "bias", it)
+    p = pl.gemm
+    saved = p.flags, p.act, p.coef
+    p.act, p.coef = ACT[activation_desc.mode], activation_desc.coef
+    p.flags |= FLAG_BIAS | (FLAG_Z if a2 != 0 else 0)
+    if activation_desc.relu_nan_opt == E.PYDNN_PROPAGATE_NAN:
+        p.flags |= FLAG_NAN_PROP
+    for i, s in enumerate(_strides5(z_desc.strides)):
+        p.zs[i] = s
+    p.bias_stride = bias_desc.strides[1]
+    p.alpha2 = a2
+    try:
+        run_plan(handle, pl, xp, wp, yp, ws, a1, 0.0, zp, bp)
+    finally:  # the plan is shared with convolution_forward's cache only through this call's key
+        p.flags, p.act, p.coef = saved
+
+
+@api
+def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
+    """cudnnConvolutionBackwardBias: db = alpha * sum of dy over every dim but C + beta * db; db is
+    (1, C, 1, ...). Deterministic (a fixed-order tree sum per channel)."""
+    check_handle(handle)
+    float_tensor(dy_desc, "dyDesc")
+    nd = len(dy_desc.dims)
+    if not 3 <= nd <= 5:
+        raise PydnnError(BAD, f"dyDesc: has {nd} dims (3 to 5 expected: N, C, spatial...)")
+    _bias_desc(db_desc, dy_desc.dims[1], "dbDesc")
+    float_tensor(db_desc, "dbDesc")
+    if db_desc.dtype != dy_desc.dtype:
+        raise PydnnError(NS, f"dbDesc: data type {db_desc.dtype} differs from dyDesc data type {dy_desc.dtype}")
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = DTYPES[dy_desc.dtype][0]
+    dyp = _element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dbp = _element_aligned(device_ptr(db, "db", db_desc.span_bytes()), "db", it)
+    tag = TAG[dy_desc.dtype]
+    func = handle.function(f"convolution.{tag}", _exprs(tag)[4])
+    dims5 = (dy_desc.dims[0], dy_desc.dims[1]) + (1,) * (5 - nd) + tuple(dy_desc.dims[2:])
+    p = ConvAuxParams()
+    p.out, p.in_, p.alpha, p.beta = dbp, dyp, al, be
+    p.flags = FLAG_BETA if be != 0 else 0
+    p.channels = dims5[1]
+    p.count = dims5[0] * dims5[2] * dims5[3] * dims5[4]
+    for i, v in enumerate((dims5[0], dims5[2], dims5[3], dims5[4])):
+        p.inner[i] = v
+    for i, s in enumerate(_strides5(dy_desc.strides)):
+        p.in_stride[i] = s
+    p.out_stride[1] = db_desc.strides[1]
+    grid = (min(dims5[1], 65535 * 4), 1, 1)
+    driver.launch(func, grid, (256, 1, 1), 0, handle.cu_stream, p)
+
+
+# ----------------------------------------------------------------------------- workspace sizes
+
+def _workspace(handle, direction, algo, conv, x_desc, w_desc, y_desc):
+    check_handle(handle)
+    return _new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc).workspace
+
+
+@api
+def get_convolution_forward_workspace_size(handle, x_desc, w_desc, conv_desc, y_desc, algo):
+    """cudnnGetConvolutionForwardWorkspaceSize (NOT_SUPPORTED for an algorithm pydnn lacks)."""
+    return _workspace(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc)
+
+
+@api
+def get_convolution_backward_data_workspace_size(handle, w_desc, dy_desc, conv_desc, dx_desc, algo):
+    """cudnnGetConvolutionBackwardDataWorkspaceSize."""
+    return _workspace(handle, DIR_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc)
+
+
+@api
+def get_convolution_backward_filter_workspace_size(handle, x_desc, dy_desc, conv_desc, grad_desc, algo):
+    """cudnnGetConvolutionBackwardFilterWorkspaceSize."""
+    return _workspace(handle, DIR_BWD_FILTER, algo, conv_desc, x_desc, grad_desc, dy_desc)
+
+
+from .convolution_algos import *  # noqa: E402,F401,F403 - algorithm queries and Find
+from . import convolution_algos as _algos  # noqa: E402
+
+__all__ = [
+    "create_convolution_descriptor", "destroy_convolution_descriptor", "set_convolution2d_descriptor",
+    "get_convolution2d_descriptor", "set_convolution_nd_descriptor", "get_convolution_nd_descriptor",
+    "set_convolution_group_count", "get_convolution_group_count", "set_convolution_math_type",
+    "get_convolution_math_type", "get_convolution2d_forward_output_dim", "get_convolution_nd_forward_output_dim",
+    "convolution_forward", "convolution_backward_data", "convolution_backward_filter",
+    "convolution_bias_activation_forward", "convolution_backward_bias",
+    "get_convolution_forward_workspace_size", "get_convolution_backward_data_workspace_size",
+    "get_convolution_backward_filter_workspace_size",
+] + list(_algos.__all__)
+
+_H, _CD, _TD, _FD = "pydnnHandle_t", "pydnnConvolutionDescriptor_t", "pydnnTensorDescriptor_t", "pydnnFilterDescriptor_t"
+C_OPAQUE_TYPES = [(_CD, "pydnnConvolutionStruct")]
+C_STRUCTS = _algos.C_STRUCTS
+C_NULLABLE = {"pydnnConvolutionBiasActivationForward": ()}
+C_API = [("Convolution", [
+    (f"pydnnStatus_t pydnnCreateConvolutionDescriptor({_CD} *convDesc);", "A new convolution descriptor, unset until a Set call."),
+    (f"pydnnStatus_t pydnnSetConvolution2dDescriptor({_CD} convDesc, int pad_h, int pad_w, int u, int v, int dilation_h, int dilation_w, pydnnConvolutionMode_t mode, pydnnDataType_t computeType);", "2 spatial dims: padding, strides (u, v), dilations, mode, compute type."),
+    (f"pydnnStatus_t pydnnGetConvolution2dDescriptor(const {_CD} convDesc, int *pad_h, int *pad_w, int *u, int *v, int *dilation_h, int *dilation_w, pydnnConvolutionMode_t *mode, pydnnDataType_t *computeType);", "The settings of a 2-d convolution descriptor."),
+    (f"pydnnStatus_t pydnnSetConvolutionNdDescriptor({_CD} convDesc, int arrayLength, const int padA[], const int filterStrideA[], const int dilationA[], pydnnConvolutionMode_t mode, pydnnDataType_t computeType);", "1 to 3 spatial dims (arrayLength)."),
+    (f"pydnnStatus_t pydnnGetConvolutionNdDescriptor(const {_CD} convDesc, int arrayLengthRequested, int *arrayLength, int padA[], int strideA[], int dilationA[], pydnnConvolutionMode_t *mode, pydnnDataType_t *computeType);", "Spatial dim count and the first arrayLengthRequested pads, strides, dilations."),
+    (f"pydnnStatus_t pydnnSetConvolutionGroupCount({_CD} convDesc, int groupCount);", "Grouped (depthwise) convolution."),
+    (f"pydnnStatus_t pydnnGetConvolutionGroupCount({_CD} convDesc, int *groupCount);", "The group count."),
+    (f"pydnnStatus_t pydnnSetConvolutionMathType({_CD} convDesc, pydnnMathType_t mathType);", "DEFAULT, TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION or FMA."),
+    (f"pydnnStatus_t pydnnGetConvolutionMathType({_CD} convDesc, pydnnMathType_t *mathType);", "The math type."),
+    (f"pydnnStatus_t pydnnGetConvolution2dForwardOutputDim(const {_CD} convDesc, const {_TD} inputTensorDesc, const {_FD} filterDesc, int *n, int *c, int *h, int *w);", "Output dims of a 2-d convolution."),
+    (f"pydnnStatus_t pydnnGetConvolutionNdForwardOutputDim(const {_CD} convDesc, const {_TD} inputTensorDesc, const {_FD} filterDesc, int nbDims, int tensorOuputDimA[]);", "Output dims (nbDims = the input's dim count)."),
+    (f"pydnnStatus_t pydnnDestroyConvolutionDescriptor({_CD} convDesc);", "Release a convolution descriptor (NULL: nothing to do)."),
+    (f"pydnnStatus_t pydnnGetConvolutionForwardWorkspaceSize({_H} handle, const {_TD} xDesc, const {_FD} wDesc, const {_CD} convDesc, const {_TD} yDesc, pydnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes);", "Workspace bytes of a forward algorithm."),
+    (f"pydnnStatus_t pydnnGetConvolutionBackwardDataWorkspaceSize({_H} handle, const {_FD} wDesc, const {_TD} dyDesc, const {_CD} convDesc, const {_TD} dxDesc, pydnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes);", "Workspace bytes of a backward-data algorithm."),
+    (f"pydnnStatus_t pydnnGetConvolutionBackwardFilterWorkspaceSize({_H} handle, const {_TD} xDesc, const {_TD} dyDesc, const {_CD} convDesc, const {_FD} gradDesc, pydnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);", "Workspace bytes of a backward-filter algorithm."),
+    (f"pydnnStatus_t pydnnConvolutionForward({_H} handle, const void *alpha, const {_TD} xDesc, const void *x, const {_FD} wDesc, const void *w, const {_CD} convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_TD} yDesc, void *y);", "y = alpha * conv(x, w) + beta * y."),
+    (f"pydnnStatus_t pydnnConvolutionBackwardData({_H} handle, const void *alpha, const {_FD} wDesc, const void *w, const {_TD} dyDesc, const void *dy, const {_CD} convDesc, pydnnConvolutionBwdDataAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_TD} dxDesc, void *dx);", "dx = alpha * conv-transpose(dy, w) + beta * dx."),
+    (f"pydnnStatus_t pydnnConvolutionBackwardFilter({_H} handle, const void *alpha, const {_TD} xDesc, const void *x, const {_TD} dyDesc, const void *dy, const {_CD} convDesc, pydnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_FD} dwDesc, void *dw);", "dw = alpha * filter gradient(x, dy) + beta * dw."),
+    (f"pydnnStatus_t pydnnConvolutionBiasActivationForward({_H} handle, const void *alpha1, const {_TD} xDesc, const void *x, const {_FD} wDesc, const void *w, const {_CD} convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *alpha2, const {_TD} zDesc, const void *z, const {_TD} biasDesc, const void *bias, const pydnnActivationDescriptor_t activationDesc, const {_TD} yDesc, void *y);", "y = act(alpha1 * conv(x, w) + alpha2 * z + bias), fused in the convolution's epilogue."),
+    (f"pydnnStatus_t pydnnConvolutionBackwardBias({_H} handle, const void *alpha, const {_TD} dyDesc, const void *dy, const void *beta, const {_TD} dbDesc, void *db);", "db = alpha * sum of dy over all dims but C + beta * db."),
+] + _algos.C_FUNCTIONS)]

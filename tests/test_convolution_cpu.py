@@ -1,0 +1,749 @@
+"""Convolution on the CPU: descriptors and shape queries, every validation error (status + the argument it
+names), the float64 reference against a literal loop and against itself (the adjoint identities that tie
+forward, backward data and backward filter together), the heuristic algorithm queries, and an emulation
+of the implicit-GEMM kernels' index arithmetic from the real parameter structs of the host's plans
+(decomposition of m / n / k, channel-innermost reduction order, flipped filters, the gather of backward
+data, split-K slices and their fold), checked against the reference on many shapes and layouts."""
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+import pydnn
+from pydnn.ops import convolution as C
+from pydnn.reference import convolution as ref
+from pydnn.tensor import packed_strides
+from test_fuzz_cpu import _call, cpu_handle
+
+F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
+                       pydnn.PYDNN_DATA_BFLOAT16)
+BAD, NS = pydnn.PYDNN_STATUS_BAD_PARAM, pydnn.PYDNN_STATUS_NOT_SUPPORTED
+NOINIT = pydnn.PYDNN_STATUS_NOT_INITIALIZED
+NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
+CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
+FWD_IG = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+BWD_D0 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
+BWD_F0, BWD_F1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+X, W, Y, WS = 1 << 40, 1 << 41, 1 << 42, 1 << 43
+
+
+def _check(fn, args, status, needle):
+    st = _call(fn, *args)
+    msg = pydnn.get_last_error_string()
+    assert st == status, (st, msg)
+    assert needle in msg, msg
+
+
+def tdesc(dims, dtype=F32, fmt=NCHW, strides=None):
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, dtype, len(dims), dims, strides or packed_strides(tuple(dims), fmt))
+    return d
+
+
+def fdesc(dims, dtype=F32, fmt=NCHW):
+    d = pydnn.create_filter_descriptor()
+    pydnn.set_filter_nd_descriptor(d, dtype, fmt, len(dims), dims)
+    return d
+
+
+def cdesc(pad, stride, dil, mode=XCORR, ctype=F32, groups=1):
+    c = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution_nd_descriptor(c, len(pad), pad, stride, dil, mode, ctype)
+    pydnn.set_convolution_group_count(c, groups)
+    return c
+
+
+# ----------------------------------------------------------------------------- descriptors
+
+def test_descriptor_round_trips():
+    c = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(c, 1, 2, 3, 4, 5, 6, CONV, F32)
+    assert pydnn.get_convolution2d_descriptor(c) == (1, 2, 3, 4, 5, 6, CONV, F32)
+    assert pydnn.get_convolution_nd_descriptor(c, 2) == (2, [1, 2], [3, 4], [5, 6], CONV, F32)
+    assert pydnn.get_convolution_nd_descriptor(c, 1) == (2, [1], [3], [5], CONV, F32)
+    pydnn.set_convolution_nd_descriptor(c, 3, [0, 1, 2], [1, 2, 3], [2, 1, 1], XCORR, F64)
+    assert pydnn.get_convolution_nd_descriptor(c, 3) == (3, [0, 1, 2], [1, 2, 3], [2, 1, 1], XCORR, F64)
+    pydnn.set_convolution_nd_descriptor(c, 1, [3], [2], [1], XCORR, F32)
+    assert pydnn.get_convolution_nd_descriptor(c, 5) == (1, [3], [2], [1], XCORR, F32)
+    assert pydnn.get_convolution_group_count(c) == 1
+    pydnn.set_convolution_group_count(c, 4)
+    assert pydnn.get_convolution_group_count(c) == 4
+    assert pydnn.get_convolution_math_type(c) == pydnn.PYDNN_DEFAULT_MATH
+    for m in (pydnn.PYDNN_TENSOR_OP_MATH, pydnn.PYDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, pydnn.PYDNN_FMA_MATH):
+        pydnn.set_convolution_math_type(c, m)
+        assert pydnn.get_convolution_math_type(c) == m
+    pydnn.destroy_convolution_descriptor(c)
+    pydnn.destroy_convolution_descriptor(None)
+    _check(pydnn.get_convolution_group_count, (c,), BAD, "convDesc: not a live convolution descriptor")
+
+
+def test_descriptor_errors():
+    c = pydnn.create_convolution_descriptor()
+    s2 = pydnn.set_convolution2d_descriptor
+    _check(pydnn.get_convolution2d_descriptor, (c,), BAD, "convDesc: descriptor was never set")
+    _check(s2, (c, -1, 0, 1, 1, 1, 1, CONV, F32), BAD, "pad_h: -1 must not be negative")
+    _check(s2, (c, 0, -2, 1, 1, 1, 1, CONV, F32), BAD, "pad_w:")
+    _check(s2, (c, 0, 0, 0, 1, 1, 1, CONV, F32), BAD, "u: 0 must be positive")
+    _check(s2, (c, 0, 0, 1, -1, 1, 1, CONV, F32), BAD, "v:")
+    _check(s2, (c, 0, 0, 1, 1, 0, 1, CONV, F32), BAD, "dilation_h:")
+    _check(s2, (c, 0, 0, 1, 1, 1, 0, CONV, F32), BAD, "dilation_w:")
+    _check(s2, (c, 0, 0, 1, 1, 1, 1, 2, F32), BAD, "mode: 2 is not a pydnnConvolutionMode_t")
+    _check(s2, (c, 0, 0, 1, 1, 1, 1, CONV, 99), BAD, "computeType: 99 is not")
+    _check(s2, (c, 0, 0, 1, 1, 1, 1, CONV, pydnn.PYDNN_DATA_INT8), NS, "computeType: compute type")
+    _check(s2, (c, 0.5, 0, 1, 1, 1, 1, CONV, F32), BAD, "pad_h: expected an integer")
+    _check(s2, (None, 0, 0, 1, 1, 1, 1, CONV, F32), BAD, "convDesc: not a live")
+    sn = pydnn.set_convolution_nd_descriptor
+    _check(sn, (c, 0, [], [], [], CONV, F32), BAD, "arrayLength: 0 is outside [1, 3]")
+    _check(sn, (c, 4, [0] * 4, [1] * 4, [1] * 4, CONV, F32), NS, "arrayLength: 4 is outside")
+    _check(sn, (c, 2, [0], [1, 1], [1, 1], CONV, F32), BAD, "padA: has 1 entries, arrayLength is 2")
+    _check(sn, (c, 2, [0, 0], [1, 0], [1, 1], CONV, F32), BAD, "filterStrideA[1]: 0 must be positive")
+    _check(sn, (c, 2, [0, 0], [1, 1], [1, -1], CONV, F32), BAD, "dilationA[1]:")
+    _check(sn, (c, 2, [0, 0], [1, 1], None, CONV, F32), BAD, "dilationA: expected a sequence")
+    _check(pydnn.get_convolution_nd_descriptor, (c, 2), BAD, "never set")
+    pydnn.set_convolution2d_descriptor(c, 0, 0, 1, 1, 1, 1, CONV, F32)
+    _check(pydnn.get_convolution_nd_descriptor, (c, -1), BAD, "arrayLengthRequested: -1 is negative")
+    _check(pydnn.set_convolution_group_count, (c, 0), BAD, "groupCount: 0 must be positive")
+    _check(pydnn.set_convolution_math_type, (c, 7), BAD, "mathType: 7 is not a pydnnMathType_t")
+    pydnn.set_convolution_nd_descriptor(c, 3, [0] * 3, [1] * 3, [1] * 3, CONV, F32)
+    _check(pydnn.get_convolution2d_descriptor, (c,), BAD, "convDesc: has 3 spatial dims, not 2")
+
+
+@pytest.mark.parametrize("xdims,wdims,pad,stride,dil", [
+    ((2, 3, 10), (4, 3, 3), (1,), (2,), (1,)),
+    ((2, 3, 9, 11), (4, 3, 3, 5), (1, 2), (2, 3), (2, 1)),
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 1), (0, 1, 2), (1, 2, 3), (2, 1, 1)),
+    ((64, 3, 224, 224), (64, 3, 7, 7), (3, 3), (2, 2), (1, 1)),
+])
+def test_output_dims(xdims, wdims, pad, stride, dil):
+    c = cdesc(pad, stride, dil)
+    out = pydnn.get_convolution_nd_forward_output_dim(c, tdesc(xdims), fdesc(wdims), len(xdims))
+    assert tuple(out) == (xdims[0], wdims[0]) + ref.out_dims(xdims[2:], wdims[2:], pad, stride, dil)
+    if len(xdims) == 4:
+        assert pydnn.get_convolution2d_forward_output_dim(c, tdesc(xdims), fdesc(wdims)) == tuple(out)
+    # the reference agrees on the size of what it computes
+    rng = np.random.default_rng(0)
+    if np.prod(xdims) < 5000:
+        y = ref.forward_raw(rng.standard_normal(xdims), rng.standard_normal(wdims), pad, stride, dil)
+        assert y.shape == tuple(out)
+
+
+def test_output_dim_errors():
+    c = cdesc((0, 0), (1, 1), (1, 1), groups=2)
+    f = pydnn.get_convolution_nd_forward_output_dim
+    _check(f, (c, tdesc((2, 4, 5, 5)), fdesc((6, 2, 3, 3)), 3), BAD, "nbDims: 3 differs from the input's 4 dims")
+    _check(f, (c, tdesc((2, 5, 5, 5)), fdesc((6, 2, 3, 3)), 4), BAD,
+           "filterDesc: 2 input channels per group x groupCount 2 = 4 differs from the 5 channels of inputTensorDesc")
+    _check(f, (c, tdesc((2, 4, 5, 5)), fdesc((5, 2, 3, 3)), 4), BAD,
+           "filterDesc: 5 output channels are not a multiple of groupCount 2")
+    _check(f, (c, tdesc((2, 4, 5)), fdesc((6, 2, 3, 3)), 4), BAD, "inputTensorDesc: has 3 dims; convDesc has 2")
+    _check(f, (c, tdesc((2, 4, 5, 5)), fdesc((6, 2, 3)), 4), BAD, "filterDesc: has 3 dims")
+    _check(f, (c, tdesc((2, 4, 2, 5)), fdesc((6, 2, 3, 3)), 4), BAD,
+           "convDesc: spatial dim 0: input 2 with padding 0 is smaller than the dilated filter extent 3")
+    c2 = cdesc((1, 0), (1, 1), (3, 1))
+    _check(f, (c2, tdesc((2, 4, 4, 5)), fdesc((6, 4, 3, 3)), 4), BAD, "input 4 with padding 1 is smaller than the dilated filter extent 7 (filter 3, dilation 3)")
+    _check(f, (pydnn.create_convolution_descriptor(), tdesc((2, 4, 5, 5)), fdesc((6, 4, 3, 3)), 4), BAD,
+           "convDesc: descriptor was never set")
+    _check(pydnn.get_convolution2d_forward_output_dim, (cdesc((0,), (1,), (1,)), tdesc((2, 4, 5)),
+                                                         fdesc((6, 4, 3))), BAD, "not 2")
+
+
+# ----------------------------------------------------------------------------- reference
+
+REF_CASES = [  # xdims, wdims, pad, stride, dil, groups
+    ((2, 3, 7), (4, 3, 3), (1,), (2,), (1,), 1),
+    ((2, 4, 6, 5), (6, 2, 3, 2), (1, 0), (1, 2), (2, 1), 2),
+    ((1, 3, 5, 6), (3, 1, 3, 3), (1, 1), (2, 1), (1, 2), 3),   # depthwise
+    ((1, 2, 4, 5, 3), (2, 2, 2, 3, 2), (1, 0, 1), (1, 2, 1), (1, 1, 2), 1),
+]
+
+
+@pytest.mark.parametrize("case", REF_CASES)
+@pytest.mark.parametrize("cross", [True, False])
+def test_reference_forward_matches_loop(case, cross, rng):
+    xd, wd, pad, stride, dil, g = case
+    x, w = rng.standard_normal(xd), rng.standard_normal(wd)
+    np.testing.assert_allclose(ref.forward_raw(x, w, pad, stride, dil, g, cross),
+                               ref.forward_direct(x, w, pad, stride, dil, g, cross), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", REF_CASES)
+@pytest.mark.parametrize("cross", [True, False])
+def test_reference_adjoints(case, cross, rng):
+    """<conv(x, w), dy> = <x, backward_data(w, dy)> = <w, backward_filter(x, dy)>: the three are one
+    bilinear form, so the backward references are the forward's true adjoints."""
+    xd, wd, pad, stride, dil, g = case
+    x, w = rng.standard_normal(xd), rng.standard_normal(wd)
+    y = ref.forward_raw(x, w, pad, stride, dil, g, cross)
+    dy = rng.standard_normal(y.shape)
+    a = (y * dy).sum()
+    b = (x * ref.backward_data_raw(w, dy, xd[2:], pad, stride, dil, g, cross)).sum()
+    c = (w * ref.backward_filter_raw(x, dy, wd[2:], pad, stride, dil, g, cross)).sum()
+    assert abs(a - b) <= 1e-9 * max(1, abs(a)) and abs(a - c) <= 1e-9 * max(1, abs(a))
+    db = ref.backward_bias_raw(dy)
+    assert db.shape == (1, y.shape[1]) + (1,) * (y.ndim - 2)
+    np.testing.assert_allclose(db.ravel(), dy.sum(axis=tuple(i for i in range(y.ndim) if i != 1)))
+
+
+def test_reference_bias_activation(rng):
+    x, w = rng.standard_normal((2, 3, 5, 5)), rng.standard_normal((4, 3, 3, 3))
+    y = ref.forward_raw(x, w, (1, 1), (1, 1), (1, 1))
+    z, b = rng.standard_normal(y.shape), rng.standard_normal((1, 4, 1, 1))
+    r = ref.bias_activation_forward(0.5, x, w, 2.0, z, b, pydnn.PYDNN_ACTIVATION_RELU, 0.0, (1, 1), (1, 1), (1, 1))
+    np.testing.assert_allclose(r, np.maximum(0.5 * y + 2.0 * z + b, 0))
+
+
+# ----------------------------------------------------------------------------- call validation
+
+def _fwd_args(x=None, w=None, c=None, y=None, algo=FWD_IG, ws=0, wsz=0):
+    x = x or tdesc((2, 4, 8, 8))
+    w = w or fdesc((6, 4, 3, 3))
+    c = c or cdesc((1, 1), (1, 1), (1, 1))
+    y = y or tdesc((2, 6, 8, 8))
+    return (cpu_handle(), 1.0, x, X, w, W, c, algo, ws, wsz, 0.0, y, Y)
+
+
+def test_forward_validation():
+    f = pydnn.convolution_forward
+    _check(f, _fwd_args(), NOINIT, "")
+    _check(f, _fwd_args(y=tdesc((2, 6, 7, 8))), BAD,
+           "yDesc: dims (2, 6, 7, 8) differ from the computed output dims (2, 6, 8, 8)")
+    _check(f, _fwd_args(x=tdesc((2, 5, 8, 8))), BAD, "wDesc: 4 input channels per group x groupCount 1 = 4 differs "
+                                                     "from the 5 channels of xDesc")
+    _check(f, _fwd_args(c=cdesc((1, 1), (1, 1), (1, 1), groups=2)), BAD, "wDesc: 4 input channels per group x "
+                                                                         "groupCount 2 = 8")
+    _check(f, _fwd_args(c=cdesc((0, 0), (1, 1), (5, 1))), BAD, "the output is empty")
+    _check(f, _fwd_args(y=tdesc((2, 6, 8, 8), F16)), NS, "yDesc: data type 2 with xDesc data type 0 is not a supported")
+    _check(f, _fwd_args(w=fdesc((6, 4, 3, 3), F64)), NS, "wDesc: data type 1 with xDesc")
+    _check(f, _fwd_args(x=tdesc((2, 4, 8, 8), pydnn.PYDNN_DATA_INT8), w=fdesc((6, 4, 3, 3), pydnn.PYDNN_DATA_INT8),
+                        y=tdesc((2, 6, 8, 8), pydnn.PYDNN_DATA_INT8)), NS, "xDesc: data type 3 is not supported")
+    _check(f, _fwd_args(x=tdesc((2, 4, 8, 8), F64), w=fdesc((6, 4, 3, 3), F64), y=tdesc((2, 6, 8, 8), F64)), NS,
+           "convDesc: compute type 0 with data type 1 is not supported")
+    _check(f, _fwd_args(c=cdesc((1, 1), (1, 1), (1, 1), ctype=F64)), NS, "convDesc: compute type 1 with data type 0")
+    _check(f, _fwd_args(algo=9), BAD, "algo: 9 is not a pydnnConvolutionFwdAlgo_t value")
+    _check(f, _fwd_args(algo=pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT), NS,
+           "algo: PYDNN_CONVOLUTION_FWD_ALGO_FFT is not implemented in pydnn yet")
+    _check(f, _fwd_args(y=tdesc((2, 6, 8, 8), strides=(384, 64, 8, 0 + 1) if False else (384, 1, 8, 1))), BAD,
+           "yDesc: strides")
+    _check(f, _fwd_args(c=pydnn.create_convolution_descriptor()), BAD, "convDesc: descriptor was never set")
+    _check(f, _fwd_args(w=pydnn.create_filter_descriptor()), BAD, "wDesc: descriptor was never set")
+    _check(f, _fwd_args(x="x"), BAD, "xDesc: not a live tensor descriptor")
+    a = list(_fwd_args())
+    a[3] = 0
+    _check(f, tuple(a), pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "x:")
+    a = list(_fwd_args())
+    a[12] = (1 << 42) + 2
+    _check(f, tuple(a), pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, "y: 0x40000000002 is not aligned")
+    a = list(_fwd_args())
+    a[1] = "one"
+    _check(f, tuple(a), BAD, "alpha: expected a number")
+    a = list(_fwd_args())
+    a[9] = -1
+    _check(f, tuple(a), BAD, "workSpaceSizeInBytes: -1 is negative")
+    _check(f, _fwd_args(x=tdesc((2, 4, 8, 8), F16), w=fdesc((6, 4, 3, 3), F16), y=tdesc((2, 6, 8, 8), F16),
+                        c=cdesc((1, 1), (1, 1), (1, 1), ctype=F16)), NOINIT, "")
+
+
+def test_backward_validation():
+    h = cpu_handle()
+    c = cdesc((1, 1), (2, 2), (1, 1))
+    x, w, dy = tdesc((2, 4, 9, 9)), fdesc((6, 4, 3, 3)), tdesc((2, 6, 5, 5))
+    bd, bf = pydnn.convolution_backward_data, pydnn.convolution_backward_filter
+    _check(bd, (h, 1.0, w, W, dy, Y, c, BWD_D0, 0, 0, 0.0, x, X), NOINIT, "")
+    _check(bd, (h, 1.0, w, W, tdesc((2, 6, 4, 5)), Y, c, BWD_D0, 0, 0, 0.0, x, X), BAD,
+           "dyDesc: dims (2, 6, 4, 5) differ from the computed output dims (2, 6, 5, 5)")
+    _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, 0, 0, 0.0, x, X), NS,
+           "algo: BWD_DATA_ALGO_1 runs on tensor cores for half and bfloat16 data only")
+    _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, 0, 0, 0.0, x, X), NS,
+           "algo: PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT is not implemented")
+    _check(bd, (h, 1.0, w, W, dy, Y, c, 6, 0, 0, 0.0, x, X), BAD, "algo: 6 is not a pydnnConvolutionBwdDataAlgo_t")
+    _check(bf, (h, 1.0, x, X, dy, Y, c, BWD_F0, 0, 0, 0.0, w, W), NOINIT, "")
+    assert pydnn.get_convolution_backward_filter_workspace_size(h, x, dy, c, w, BWD_F1) == 0  # too short to split
+    x, dy = tdesc((4, 4, 33, 33)), tdesc((4, 6, 17, 17))
+    need = pydnn.get_convolution_backward_filter_workspace_size(h, x, dy, c, w, BWD_F1)
+    assert need > 0 and need % 4 == 0
+    assert pydnn.get_convolution_backward_filter_workspace_size(h, x, dy, c, w, BWD_F0) == 0
+    assert pydnn.get_convolution_backward_data_workspace_size(h, w, dy, c, x, BWD_D0) == 0
+    assert pydnn.get_convolution_forward_workspace_size(h, x, w, c, dy, FWD_IG) == 0
+    _check(bf, (h, 1.0, x, X, dy, Y, c, BWD_F1, WS, need - 1, 0.0, w, W), BAD,
+           f"workSpaceSizeInBytes: {need - 1} bytes is less than the {need} bytes "
+           "PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1 needs")
+    _check(bf, (h, 1.0, x, X, dy, Y, c, BWD_F1, 0, need, 0.0, w, W), pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER,
+           "workSpace:")
+    _check(bf, (h, 1.0, x, X, dy, Y, c, BWD_F1, WS, need, 0.0, w, W), NOINIT, "")
+    _check(bf, (h, 1.0, x, X, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, 0, 0, 0.0, w, W), NS,
+           "FFT is not implemented")
+    _check(pydnn.get_convolution_forward_workspace_size, (h, x, w, c, dy, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_WINOGRAD),
+           NS, "WINOGRAD is not implemented")
+    bb = pydnn.convolution_backward_bias
+    _check(bb, (h, 1.0, dy, Y, 0.0, tdesc((1, 6, 1, 1)), X), NOINIT, "")
+    _check(bb, (h, 1.0, dy, Y, 0.0, tdesc((1, 5, 1, 1)), X), BAD, "dbDesc: dims (1, 5, 1, 1) are not (1, 6, 1, ...)")
+    _check(bb, (h, 1.0, dy, Y, 0.0, tdesc((1, 6, 1, 1), F16), X), NS, "dbDesc: data type 2 differs")
+    _check(bb, (h, 1.0, tdesc((6, 5)), Y, 0.0, tdesc((1, 6, 1, 1)), X), BAD, "dyDesc: has 2 dims")
+
+
+def test_bias_activation_validation():
+    h = cpu_handle()
+    f = pydnn.convolution_bias_activation_forward
+    x, w, c, y = tdesc((2, 4, 8, 8)), fdesc((6, 4, 3, 3)), cdesc((1, 1), (1, 1), (1, 1)), tdesc((2, 6, 8, 8))
+    b = tdesc((1, 6, 1, 1))
+    act = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+
+    def args(z=y, bias=b, a=act, yy=y):
+        return (h, 1.0, x, X, w, W, c, FWD_IG, 0, 0, 1.0, z, Y, bias, X, a, yy, Y)
+    _check(f, args(), NOINIT, "")
+    _check(f, args(z=tdesc((2, 6, 8, 7))), BAD, "zDesc: dims (2, 6, 8, 7) differ from yDesc")
+    _check(f, args(bias=tdesc((1, 6, 2, 1))), BAD, "biasDesc: dims (1, 6, 2, 1) are not (1, 6, 1, ...)")
+    _check(f, args(bias=tdesc((1, 6, 1, 1), F16)), NS, "biasDesc: data type 2 differs")
+    gelu = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(gelu, pydnn.PYDNN_ACTIVATION_GELU_ERF, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    _check(f, args(a=gelu), NS, "activationDesc: mode 1000 is not supported in the convolution epilogue")
+    _check(f, args(a=None), BAD, "activationDesc: not a live")
+    _check(f, args(a=pydnn.create_activation_descriptor()), BAD, "activationDesc: descriptor was never set")
+
+
+# ----------------------------------------------------------------------------- algorithm queries
+
+def test_algorithm_queries():
+    h = cpu_handle()
+    assert pydnn.get_convolution_forward_algorithm_max_count(h) == 8
+    assert pydnn.get_convolution_backward_data_algorithm_max_count(h) == 6
+    assert pydnn.get_convolution_backward_filter_algorithm_max_count(h) == 7
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    x, w, y = tdesc((64, 64, 56, 56)), fdesc((64, 64, 3, 3)), tdesc((64, 64, 56, 56))
+    r = pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 8)
+    assert [p.algo for p in r][0] == FWD_IG and r[0].status == pydnn.PYDNN_STATUS_SUCCESS
+    assert sorted(p.algo for p in r) == list(range(8))
+    assert all(p.status == NS and "not implemented" in p.message for p in r[1:])
+    assert r[0].determinism == pydnn.PYDNN_DETERMINISTIC and r[0].memory == 0
+    assert len(pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 2)) == 2
+    algo, status, time, memory, det, math = r[0]
+    assert (algo, status, memory, det, math) == (FWD_IG, 0, 0, pydnn.PYDNN_DETERMINISTIC, pydnn.PYDNN_DEFAULT_MATH)
+    rd = pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, c, x, 6)
+    assert rd[0].algo == BWD_D0 and len(rd) == 6
+    # a long reduction over few output tiles: the split-K ALGO_1 ranks first; a short one: ALGO_0
+    rf = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, c, w, 7)
+    assert [p.algo for p in rf[:2]] == [BWD_F1, BWD_F0] and rf[0].memory > 0
+    assert all(p.determinism == pydnn.PYDNN_DETERMINISTIC for p in rf[:2])
+    c1 = cdesc((0, 0), (1, 1), (1, 1))
+    small = pydnn.get_convolution_backward_filter_algorithm_v7(h, tdesc((1, 512, 4, 4)), tdesc((1, 512, 4, 4)), c1,
+                                                               fdesc((512, 512, 1, 1)), 7)
+    assert small[0].algo == BWD_F0
+    _check(pydnn.get_convolution_forward_algorithm_v7, (h, x, w, c, y, 0), BAD, "requestedAlgoCount: 0 must be")
+    _check(pydnn.get_convolution_forward_algorithm_v7, (h, x, w, c, tdesc((64, 64, 56, 55)), 8), BAD, "yDesc: dims")
+
+
+# ----------------------------------------------------------------------------- kernel emulation
+
+def _val(c_arr):
+    return [int(v) for v in c_arr]
+
+
+def _digits(k, sizes):
+    d3 = k % sizes[3]
+    k = k // sizes[3]
+    d2 = k % sizes[2]
+    k = k // sizes[2]
+    d1 = k % sizes[1]
+    return [k // sizes[1], d1, d2, d3]
+
+
+def _decompose3(m, size):
+    c2 = m % size[2]
+    m = m // size[2]
+    c1 = m % size[1]
+    m = m // size[1]
+    return m // size[0], [m % size[0], c1, c2]
+
+
+def _gather(buf, off, ok):
+    return np.where(ok, buf[np.where(ok, off, 0)], 0.0)
+
+
+def emulate_gemm(p, direction, abuf, bbuf, outbuf, g, split):
+    """C of one (group, slice) exactly as implicit_gemm computes its elements' addresses."""
+    flags = p.flags
+    cin, flip = bool(flags & C.FLAG_CIN), bool(flags & C.FLAG_FLIP)
+    ins, outs, filt = _val(p.in_size), _val(p.out_size), _val(p.filt)
+    pad, st, dil = _val(p.pad), _val(p.stride), _val(p.dil)
+    xs, ys, ws = _val(p.xs), _val(p.ys), _val(p.ws)
+    red = _val(p.red_size)
+    kbeg = split * p.k_per_split
+    kend = min(p.gk, kbeg + p.k_per_split)
+    m = np.arange(p.gm)[:, None]
+    n = np.arange(p.gn)[None, :]
+    k = np.arange(kbeg, kend)
+    d = _digits(k, red)
+    ch, taps = (d[3], d[0:3]) if cin else (d[0], d[1:4])
+    fl = [(filt[i] - 1 - taps[i]) if flip else taps[i] for i in range(3)]
+    if direction == C.DIR_FWD:
+        b, o = _decompose3(m, outs)
+        off = b * xs[0] + (g * p.cg + ch[None, :]) * xs[1]
+        ok = np.ones(off.shape, bool)
+        for i in range(3):
+            q = o[i] * st[i] - pad[i] + taps[i][None, :] * dil[i]
+            ok &= (q >= 0) & (q < ins[i])
+            off = off + q * xs[2 + i]
+        A = _gather(abuf, off, ok)
+        boff = (g * p.kg + n) * ws[0] + ch[:, None] * ws[1] + sum(fl[i][:, None] * ws[2 + i] for i in range(3))
+        B = bbuf[boff]
+    elif direction == C.DIR_BWD_DATA:
+        b, c = _decompose3(m, ins)
+        off = b * ys[0] + (g * p.kg + ch[None, :]) * ys[1]
+        ok = np.ones(off.shape, bool)
+        for i in range(3):
+            q = c[i] + pad[i] - taps[i][None, :] * dil[i]
+            ok &= (q >= 0) & (q % st[i] == 0)
+            q = q // st[i]
+            ok &= q < outs[i]
+            off = off + q * ys[2 + i]
+        A = _gather(abuf, off, ok)
+        boff = (g * p.kg + ch[:, None]) * ws[0] + n * ws[1] + sum(fl[i][:, None] * ws[2 + i] for i in range(3))
+        B = bbuf[boff]
+    else:
+        A = abuf[(g * p.kg + m) * ys[1] + d[0][None, :] * ys[0] + sum(d[1 + i][None, :] * ys[2 + i] for i in range(3))]
+        c, t = _decompose3(n, filt)
+        off = (g * p.cg + c) * xs[1] + d[0][:, None] * xs[0]
+        ok = np.ones(off.shape, bool)
+        for i in range(3):
+            q = d[1 + i][:, None] * st[i] + t[i] * dil[i] - pad[i]
+            ok &= (q >= 0) & (q < ins[i])
+            off = off + q * xs[2 + i]
+        B = _gather(bbuf, off, ok)
+    return A @ B
+
+
+def out_offsets(p, direction, g):
+    """out_offset() of every (m, n) of a group."""
+    outs, ins, filt = _val(p.out_size), _val(p.in_size), _val(p.filt)
+    xs, ys, ws = _val(p.xs), _val(p.ys), _val(p.ws)
+    flip = bool(p.flags & C.FLAG_FLIP)
+    m = np.arange(p.gm)[:, None]
+    n = np.arange(p.gn)[None, :]
+    if direction == C.DIR_FWD:
+        b, o = _decompose3(m, outs)
+        return b * ys[0] + (g * p.kg + n) * ys[1] + sum(o[i] * ys[2 + i] for i in range(3))
+    if direction == C.DIR_BWD_DATA:
+        b, c = _decompose3(m, ins)
+        return b * xs[0] + (g * p.cg + n) * xs[1] + sum(c[i] * xs[2 + i] for i in range(3))
+    c, t = _decompose3(n, filt)
+    return (g * p.kg + m) * ws[0] + c * ws[1] + sum(((filt[i] - 1 - t[i]) if flip else t[i]) * ws[2 + i]
+                                                    for i in range(3))
+
+
+def emulate(pl, direction, abuf, bbuf, out_size):
+    """The whole plan (every group and slice, then the fold in slice order) -> the output buffer."""
+    p = pl.gemm
+    out = np.full(out_size, np.nan)
+    for g in range(p.groups):
+        total = sum(emulate_gemm(p, direction, abuf, bbuf, None, g, s) for s in range(p.splits))
+        offs = out_offsets(p, direction, g)
+        assert np.isnan(out[offs]).all(), "two GEMM elements write one output element"
+        out[offs] = total
+    return out
+
+
+def _strided(dims, layout, rng):
+    """(strides, buffer size) for a layout: nchw, nhwc, or 'gap' (NCHW with padded rows and channels)."""
+    dims = tuple(dims)
+    if layout == "nhwc":
+        s = packed_strides(dims, NHWC)
+    elif layout == "gap":
+        s, acc = [0] * len(dims), 1
+        for i in reversed(range(len(dims))):
+            s[i] = acc
+            acc *= dims[i] + (1 if i > 0 else 0)
+        s = tuple(s)
+    else:
+        s = packed_strides(dims, NCHW)
+    return s, sum((d - 1) * st for d, st in zip(dims, s)) + 1
+
+
+def _scatter(values, strides, size):
+    buf = np.zeros(size)
+    idx = sum(np.indices(values.shape)[i] * strides[i] for i in range(values.ndim))
+    buf[idx] = values
+    return buf
+
+
+def _gather_tensor(buf, dims, strides):
+    idx = sum(np.indices(dims)[i] * strides[i] for i in range(len(dims)))
+    return buf[idx]
+
+
+EMU_CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
+    ((2, 3, 11), 5, (3,), (1,), (2,), (1,), 1, "nchw", NCHW),
+    ((2, 4, 7, 9), 6, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),
+    ((2, 4, 7, 9), 6, (3, 2), (1, 0), (2, 3), (1, 2), 2, "nchw", NCHW),
+    ((1, 6, 8, 5), 6, (3, 3), (2, 1), (2, 1), (2, 1), 6, "nhwc", NCHW),     # depthwise
+    ((2, 5, 6, 6), 7, (1, 1), (0, 0), (2, 2), (1, 1), 1, "gap", NHWC),
+    ((1, 3, 4, 5, 6), 4, (2, 3, 2), (1, 1, 0), (1, 2, 2), (2, 1, 1), 1, "nchw", NCHW),
+    ((1, 4, 4, 5, 3), 4, (3, 1, 2), (1, 0, 1), (2, 1, 1), (1, 1, 2), 2, "nhwc", NHWC),
+    ((3, 70, 9, 9), 80, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NCHW),  # more than one tile each way
+]
+
+
+@pytest.mark.parametrize("case", EMU_CASES)
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+@pytest.mark.parametrize("direction", [C.DIR_FWD, C.DIR_BWD_DATA, C.DIR_BWD_FILTER])
+def test_kernel_index_math_emulated(case, mode, direction, rng):
+    """Every plan's parameter struct, run through the kernels' address arithmetic, gives the reference."""
+    xd, k, filt, pad, st, dil, g, layout, wfmt = case
+    h = cpu_handle()
+    c = cdesc(pad, st, dil, mode, groups=g)
+    wd = (k, xd[1] // g) + filt
+    yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
+    xs, xsize = _strided(xd, layout, rng)
+    ys, ysize = _strided(yd, layout, rng)
+    xdsc, ydsc, wdsc = tdesc(xd, strides=xs), tdesc(yd, strides=ys), fdesc(wd, fmt=wfmt)
+    ws = wdsc.strides
+    x, w, dy = rng.standard_normal(xd), rng.standard_normal(wd), rng.standard_normal(yd)
+    xb, wb, dyb = _scatter(x, xs, xsize), _scatter(w, ws, int(np.prod(wd))), _scatter(dy, ys, ysize)
+    cross = mode == XCORR
+    if direction == C.DIR_FWD:
+        pl = C._new_plan(h, direction, FWD_IG, c, xdsc, wdsc, ydsc)
+        got = _gather_tensor(emulate(pl, direction, xb, wb, ysize), yd, ys)
+        want = ref.forward_raw(x, w, pad, st, dil, g, cross)
+    elif direction == C.DIR_BWD_DATA:
+        pl = C._new_plan(h, direction, BWD_D0, c, xdsc, wdsc, ydsc)
+        got = _gather_tensor(emulate(pl, direction, dyb, wb, xsize), xd, xs)
+        want = ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, g, cross)
+    else:
+        for algo in (BWD_F0, BWD_F1):
+            pl = C._new_plan(h, direction, algo, c, xdsc, wdsc, ydsc)
+            got = _gather_tensor(emulate(pl, direction, dyb, xb, int(np.prod(wd))), wd, ws)
+            want = ref.backward_filter_raw(x, dy, filt, pad, st, dil, g, cross)
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        return
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("sizes", [(5, 3, 3, 3), (100, 1, 1, 1), (2, 7, 1, 3), (1000, 1, 2, 17), (4, 2, 2, 64),
+                                   (1, 3, 3, 8), (1, 1, 1, 24)])
+@pytest.mark.parametrize("bk", [C.BK, C.TC_BK])
+def test_reduction_digit_steps(sizes, bk):
+    """red_step: adding the tile depth's digits with one carry per digit walks k exactly."""
+    step = C._digit_step(bk, sizes)
+    for k0 in range(0, 40):
+        d = _digits(np.array(k0), sizes)
+        d = [int(v) for v in d]
+        for j in range(1, 30):
+            c = 0
+            for i in (3, 2, 1):
+                v = d[i] + step[i] + c
+                c = int(v >= sizes[i])
+                d[i] = v - sizes[i] if c else v
+            d[0] += step[0] + c
+            assert d == [int(v) for v in _digits(np.array(k0 + j * bk), sizes)]
+
+
+TC_EMU = [  # xdims, k, filt, pad, stride, dil
+    ((2, 8, 7, 9), 6, (3, 3), (1, 1), (1, 1), (1, 1)),
+    ((1, 24, 9, 10), 20, (3, 2), (1, 0), (2, 1), (1, 2)),
+    ((1, 16, 4, 5, 3), 4, (3, 1, 2), (1, 0, 1), (2, 1, 1), (1, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("case", TC_EMU)
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+def test_tensor_core_bwd_data_plan_emulated(case, mode, rng):
+    """The backward-data tensor-core plan (output channel innermost in the reduction) gives the reference."""
+    xd, k, filt, pad, st, dil = case
+    k = 8 * -(-k // 8)
+    c = cdesc(pad, st, dil, mode)
+    wd = (k, xd[1]) + filt
+    yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
+    xs, ys = packed_strides(xd, NHWC), packed_strides(yd, NHWC)
+    xdsc, ydsc, wdsc = tdesc(xd, BF16, strides=xs), tdesc(yd, BF16, strides=ys), fdesc(wd, BF16, fmt=NHWC)
+    pl = C._new_plan(cpu_handle(), C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
+    assert "bwd_data_tc" in pl.gemm_expr and pl.gemm.flags & C.FLAG_CIN and pl.pair_ok
+    assert list(pl.gemm.red_size) == list(C._pad3(filt, 1)) + [k]
+    assert list(pl.gemm.red_step) == C._digit_step(C.TC_BK, list(pl.gemm.red_size))
+    w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
+    got = _gather_tensor(emulate(pl, C.DIR_BWD_DATA, _scatter(dy, ys, int(np.prod(yd))),
+                                 _scatter(w, wdsc.strides, int(np.prod(wd))), int(np.prod(xd))), xd, xs)
+    np.testing.assert_allclose(got, ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, 1, mode == XCORR),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_tensor_core_smem_and_tiles():
+    """Shared memory per block: 3 stages of A (128 x 40) and B ([n][k] 40 wide, or [k][n] BN + 8 wide)."""
+    h = cpu_handle()
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    for k, bn in ((64, 64), (72, 128), (256, 128)):
+        x, w, y = tdesc((2, 16, 8, 8), BF16, NHWC), fdesc((k, 16, 3, 3), BF16, NHWC), tdesc((2, k, 8, 8), BF16, NHWC)
+        pl = C._new_plan(h, C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, y)
+        assert pl.gemm_expr.endswith(f", {bn}>") and pl.gemm_grid == (1, -(-k // bn), 1)
+        assert pl.smem == 3 * (128 + bn) * 40 * 2
+        pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        assert pd.gemm_expr.endswith(", 64>") and pd.gemm_grid == (1, 1, 1)  # N = C = 16
+        assert pd.smem == 3 * (128 * 40 + 32 * 72) * 2
+
+
+@pytest.mark.parametrize("case", TC_EMU)
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+def test_tensor_core_plan_index_math_emulated(case, mode, rng):
+    """The tensor-core plan's parameters (channel-innermost reduction, 32-deep digit steps) address the
+    operands as the reference needs."""
+    xd, k, filt, pad, st, dil = case
+    c = cdesc(pad, st, dil, mode)
+    wd = (k, xd[1]) + filt
+    yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
+    xs, ys = packed_strides(xd, NHWC), packed_strides(yd, NHWC)
+    xdsc, ydsc, wdsc = tdesc(xd, F16, strides=xs), tdesc(yd, F16, strides=ys), fdesc(wd, F16, fmt=NHWC)
+    pl = C._new_plan(cpu_handle(), C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, xdsc, wdsc, ydsc)
+    assert "fwd_tc" in pl.gemm_expr and pl.gemm.flags & C.FLAG_CIN
+    assert list(pl.gemm.red_step) == C._digit_step(C.TC_BK, list(pl.gemm.red_size))
+    x, w = rng.standard_normal(xd), rng.standard_normal(wd)
+    ysize = int(np.prod(yd))
+    got = _gather_tensor(emulate(pl, C.DIR_FWD, _scatter(x, xs, int(np.prod(xd))), _scatter(w, wdsc.strides,
+                                                                                            int(np.prod(wd))), ysize),
+                         yd, ys)
+    np.testing.assert_allclose(got, ref.forward_raw(x, w, pad, st, dil, 1, mode == XCORR), rtol=1e-10, atol=1e-10)
+
+
+def test_tensor_core_refusals():
+    h = cpu_handle()
+    pre = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+    c = cdesc((1, 1), (1, 1), (1, 1), ctype=F32)
+    ok = (tdesc((2, 16, 8, 8), BF16, NHWC), fdesc((8, 16, 3, 3), BF16, NHWC), tdesc((2, 8, 8, 8), BF16, NHWC))
+    assert pydnn.get_convolution_forward_workspace_size(h, ok[0], ok[1], c, ok[2], pre) == 0
+    bad = [
+        ((tdesc((2, 16, 8, 8), F32, NHWC), fdesc((8, 16, 3, 3), F32, NHWC), tdesc((2, 8, 8, 8), F32, NHWC), c),
+         "half and bfloat16 data only"),
+        ((tdesc((2, 12, 8, 8), BF16, NHWC), fdesc((8, 12, 3, 3), BF16, NHWC), tdesc((2, 8, 8, 8), BF16, NHWC), c),
+         "multiples of 8 (C 12, K 8)"),
+        ((tdesc((2, 16, 8, 8), BF16, NCHW),) + ok[1:] + (c,), "channels innermost (NHWC)"),
+        ((ok[0], fdesc((8, 16, 3, 3), BF16, NCHW), ok[2], c), "filter in NHWC format"),
+        ((ok[0], fdesc((8, 8, 3, 3), BF16, NHWC), ok[2], cdesc((1, 1), (1, 1), (1, 1), groups=2)), "groupCount 1"),
+    ]
+    for (x, w, y, conv), needle in bad:
+        _check(pydnn.get_convolution_forward_workspace_size, (h, x, w, conv, y, pre), NS, needle)
+    bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+    bw = pydnn.get_convolution_backward_data_workspace_size
+    assert bw(h, ok[1], ok[2], c, ok[0], bd1) == 0
+    _check(bw, (h, fdesc((12, 16, 3, 3), BF16, NHWC), tdesc((2, 12, 8, 8), BF16, NHWC), c, ok[0], bd1), NS,
+           "multiples of 8 (C 16, K 12)")
+    _check(bw, (h, ok[1], tdesc((2, 8, 8, 8), BF16, NCHW), c, ok[0], bd1), NS, "needs dyDesc with channels innermost")
+    fma = cdesc((1, 1), (1, 1), (1, 1))
+    pydnn.set_convolution_math_type(fma, pydnn.PYDNN_FMA_MATH)
+    _check(pydnn.get_convolution_forward_workspace_size, (h, ok[0], ok[1], fma, ok[2], pre), NS, "FMA math type")
+    r = pydnn.get_convolution_forward_algorithm_v7(h, ok[0], ok[1], c, ok[2], 8)
+    assert [p.algo for p in r[:2]] == [pre, FWD_IG]
+    r = pydnn.get_convolution_forward_algorithm_v7(h, ok[0], ok[1], fma, ok[2], 8)
+    assert r[0].algo == FWD_IG and next(p for p in r if p.algo == pre).status == NS
+
+
+def test_split_k_plan():
+    h = cpu_handle()
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    x, w, y = tdesc((64, 64, 56, 56)), fdesc((64, 64, 3, 3)), tdesc((64, 64, 56, 56))
+    pl = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F1, c, x, w, y)
+    p = pl.gemm
+    assert p.splits > 1 and p.k_per_split % C.BK == 0 and p.splits * p.k_per_split >= p.gk
+    assert (p.splits - 1) * p.k_per_split < p.gk  # no empty slice
+    assert pl.workspace == p.splits * p.gm * p.gn * 4
+    assert pl.gemm_grid == (1, 9, p.splits)
+
+
+def test_kernels_compile_without_spills():
+    """The implicit GEMM keeps its tile state in registers (ptxas: no stack frame, no spills)."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    unit = next(u for u in C.kernel_units() if u.name == "convolution.f32")
+    text, _ = cache.unit_inputs(unit)
+    _, lowered, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
+                                          COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    assert len(frames) == len(unit.exprs)
+    assert all(int(a) == 0 and int(b) == 0 for a, b in frames), frames
+
+
+def test_c_api_declarations():
+    from pydnn.capi import decl
+    protos = decl.prototypes()
+    for name in ("pydnnConvolutionForward(", "pydnnSetConvolutionNdDescriptor(", "pydnnConvolutionBackwardBias(",
+                 "pydnnGetConvolutionForwardAlgorithmMaxCount("):
+        assert any(name in p for p in protos), name
+    assert "pydnnConvolutionDescriptor_t" in decl.header_text()
+
+
+del itertools
+
+
+def test_c_program_descriptors(tmp_path):
+    """tests/c/convolution_gpu.c's first half (descriptors, shape queries, errors through the C face) runs
+    without a GPU; with one, the whole program (the GPU suite checks its numbers)."""
+    from cprog import build_and_run
+
+    r = build_and_run("convolution_gpu", tmp_path, extra=["-ldl", "-lm"])
+    assert "FAIL" not in r.stdout, r.stdout + r.stderr
+    assert r.returncode in (0, 3), r.stdout + r.stderr
+    for what in ("get nd descriptor", "message names padA[1]", "nd output dims"):
+        assert f"ok {what}" in r.stdout, r.stdout
+
+
+def test_perf_struct_marshalling(monkeypatch):
+    """The C face writes the records into the caller's cudnn-style perf array (at most requestedAlgoCount)
+    and their number into returnedAlgoCount."""
+    import cffi
+    from pydnn.capi import decl, impl
+    from pydnn.ops.convolution_algos import ConvolutionPerf
+
+    ffi = cffi.FFI()
+    ffi.cdef(decl.types_block())
+    proto = next(p for p in decl.prototypes() if "pydnnGetConvolutionForwardAlgorithm_v7(" in p)
+    m = impl.Marshal(ffi, proto)
+    monkeypatch.setattr(m, "obj", lambda ptr, name, ctype: name)
+    recs = [ConvolutionPerf(1, 0, 0.5, 128, 1, 2), ConvolutionPerf(0, 0, 0.75, 0, 1, 0),
+            ConvolutionPerf(2, NS, -1.0, 0, 0, 0)]
+    seen = []
+    monkeypatch.setattr(pydnn, "get_convolution_forward_algorithm_v7", lambda *a: seen.append(a) or recs)
+    returned = ffi.new("int *", -1)
+    perf = ffi.new("pydnnConvolutionFwdAlgoPerf_t[2]")
+    m(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 2, returned, perf)
+    assert seen == [("handle", "srcDesc", "filterDesc", "convDesc", "destDesc", 2)]
+    assert returned[0] == 2
+    assert (perf[0].algo, perf[0].status, perf[0].time, perf[0].memory, perf[0].determinism, perf[0].mathType) == \
+        (1, 0, 0.5, 128, 1, 2)
+    assert (perf[1].algo, perf[1].time, perf[1].memory) == (0, 0.75, 0)
+    h = impl.parse(proto)[2]
+    assert [k for k, _, n in h if n == "perfResults"] == ["struct_out"]
+
+
+def test_tuning_cache(tmp_path, monkeypatch):
+    from pydnn.ops import convolution_algos as A
+
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYDNN_CONV_TUNING_CACHE", raising=False)
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    x, w, y = tdesc((2, 4, 8, 8)), fdesc((6, 4, 3, 3)), tdesc((2, 6, 8, 8))
+    key = A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024)
+    assert A.tuning_get(key) is None
+    perfs = [A.ConvolutionPerf(0, 0, 0.25, 0, 1, 0), A.ConvolutionPerf(4, NS, -1.0, 0, 0, 0, "not implemented")]
+    A.tuning_put(key, perfs)
+    assert (tmp_path / A.TUNING_FILE).exists()
+    A._tuning["path"] = None  # as a new process would: read from disk
+    got = A.tuning_get(key)
+    assert [p.as_tuple() for p in got] == [p.as_tuple() for p in perfs] and got[1].message == "not implemented"
+    # anything the answer depends on changes the key
+    assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 0) != key
+    assert A.tuning_key("other|sm_90", C.DIR_FWD, c, x, w, y, 1024) != key
+    assert A.tuning_key("dev|sm_90", C.DIR_BWD_DATA, c, x, w, y, 1024) != key
+    pydnn.set_convolution_math_type(c, pydnn.PYDNN_FMA_MATH)
+    assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024) != key
+    monkeypatch.setenv("PYDNN_CONV_TUNING_CACHE", "0")
+    assert A.tuning_get(key) is None
+    A.tuning_put("other", perfs)
+    monkeypatch.setenv("PYDNN_CONV_TUNING_CACHE", "1")
+    A._tuning["path"] = None
+    assert A.tuning_get("other") is None and A.tuning_get(key) is not None
+    (tmp_path / A.TUNING_FILE).write_text("{not json")
+    A._tuning["path"] = None
+    assert A.tuning_get(key) is None  # a damaged file is ignored (and replaced on the next put)
+    A.tuning_put(key, perfs)
+    A._tuning["path"] = None
+    assert A.tuning_get(key) is not None

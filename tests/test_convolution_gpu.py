@@ -1,0 +1,344 @@
+"""Convolution on the GPU against the float64 reference: forward (IMPLICIT_GEMM), backward data (ALGO_0),
+backward filter (ALGO_0 and the split-K ALGO_1), backward bias and the fused bias + activation forward,
+over 1-d / 2-d / 3-d shapes with stride, padding, dilation, groups (depthwise), both modes, NCHW / NHWC /
+padded layouts and NHWC filters, every data type, alpha / beta blending; outputs poisoned first and their
+gaps checked untouched. Also: bitwise reproducibility of the deterministic algorithms, Find...Ex."""
+import numpy as np
+import pytest
+
+import pydnn
+from devtensor import DevTensor, assert_close
+from pydnn.reference import convolution as ref
+from pydnn.tensor import packed_strides
+
+pytestmark = pytest.mark.gpu
+
+F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
+                       pydnn.PYDNN_DATA_BFLOAT16)
+NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
+CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
+FWD_IG = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+FWD_PRE = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+BWD_D0 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
+BWD_D1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+BWD_F0, BWD_F1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+
+CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
+    ((3, 5, 37), 7, (3,), (1,), (2,), (1,), 1, "nchw", NCHW),                        # 1-d
+    ((2, 6, 13, 11), 10, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),
+    ((2, 8, 12, 9), 6, (3, 2), (2, 0), (2, 3), (2, 1), 2, "nchw", NCHW),             # groups, dilation
+    ((2, 16, 9, 10), 16, (3, 3), (1, 1), (2, 1), (1, 1), 16, "nhwc", NCHW),         # depthwise
+    ((2, 5, 7, 8), 9, (1, 1), (0, 0), (2, 2), (1, 1), 1, "gap", NHWC),              # padded layout, 1x1
+    ((1, 3, 5, 6, 7), 4, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nchw", NCHW),  # 3-d
+    ((4, 70, 15, 15), 80, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),         # several tiles, long K
+]
+DTYPES = [F32, F16, BF16, F64]
+
+
+def _strides(dims, layout):
+    if layout == "nhwc":
+        return packed_strides(dims, NHWC)
+    if layout == "gap":
+        s, acc = [0] * len(dims), 1
+        for i in reversed(range(len(dims))):
+            s[i] = acc
+            acc *= dims[i] + (1 if i > 0 else 0)
+        return tuple(s)
+    return packed_strides(dims, NCHW)
+
+
+class Problem:
+    def __init__(self, case, dtype, mode=XCORR):
+        xd, k, filt, pad, st, dil, g, layout, wfmt = case
+        self.pad, self.st, self.dil, self.g, self.cross = pad, st, dil, g, mode == XCORR
+        self.conv = pydnn.create_convolution_descriptor()
+        ctype = F64 if dtype == F64 else F32
+        pydnn.set_convolution_nd_descriptor(self.conv, len(pad), pad, st, dil, mode, ctype)
+        pydnn.set_convolution_group_count(self.conv, g)
+        self.wd = (k, xd[1] // g) + tuple(filt)
+        self.yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
+        self.x = DevTensor(xd, dtype, _strides(xd, layout))
+        self.y = DevTensor(self.yd, dtype, _strides(self.yd, layout))
+        self.wdesc = pydnn.create_filter_descriptor()
+        pydnn.set_filter_nd_descriptor(self.wdesc, dtype, wfmt, len(self.wd), self.wd)
+        self.w = DevTensor(self.wd, dtype, self.wdesc.strides)
+        self.dtype = dtype
+
+    def args(self):
+        return self.pad, self.st, self.dil, self.g, self.cross
+
+
+def _workspace(nbytes):
+    return pydnn.DeviceArray((max(nbytes, 1),), np.uint8), nbytes
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward(handle, rng, case, dtype):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
+        pb = Problem(case, dtype, mode)
+        x, w = pb.x.random(rng), pb.w.random(rng)
+        y0 = pb.y.random(rng) if beta else None
+        if not beta:
+            pb.y.poison()
+        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_IG, 0, 0,
+                                  beta, pb.y.desc, pb.y.ptr)
+        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
+        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
+        assert_close(pb.y.download(), want, dtype, f"forward mode {mode}", scale=scale)
+        pb.y.check_untouched()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_data(handle, rng, case, dtype):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
+        pb = Problem(case, dtype, mode)
+        w, dy = pb.w.random(rng), pb.y.random(rng)
+        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
+        if not beta:
+            pb.x.poison()
+        pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D0, 0, 0,
+                                        beta, pb.x.desc, pb.x.ptr)
+        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
+        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
+        assert_close(pb.x.download(), want, dtype, f"backward data mode {mode}", scale=scale)
+        pb.x.check_untouched()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algo", [BWD_F0, BWD_F1])
+def test_backward_filter(handle, rng, case, dtype, algo):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.5, 2.0)):
+        pb = Problem(case, dtype, mode)
+        x, dy = pb.x.random(rng), pb.y.random(rng)
+        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
+        if not beta:
+            pb.w.poison()
+        need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
+                                                                    algo)
+        ws, n = _workspace(need)
+        pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, algo, ws.ptr,
+                                          n, beta, pb.wdesc, pb.w.ptr)
+        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
+        scale = abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args()) + abs(beta) * np.abs(dw0)
+        assert_close(pb.w.download(), want, dtype, f"backward filter algo {algo} mode {mode}", scale=scale)
+
+
+def test_backward_filter_split_is_used_and_reproducible(handle, rng):
+    """ALGO_1 splits this long reduction (workspace > 0) and gives the same bits run after run."""
+    pb = Problem(((8, 16, 30, 30), 16, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NCHW), F32)
+    pb.x.random(rng)
+    pb.y.random(rng)
+    need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc, BWD_F1)
+    assert need > 0
+    ws, n = _workspace(need)
+    outs = []
+    for _ in range(3):
+        pb.w.poison()
+        pydnn.convolution_backward_filter(handle, 1.0, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_F1, ws.ptr,
+                                          n, 0.0, pb.wdesc, pb.w.ptr)
+        outs.append(pb.w.buf.to_numpy().copy())
+    assert all((o.view(np.uint32) == outs[0].view(np.uint32)).all() for o in outs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_backward_bias(handle, rng, dtype, layout):
+    for dims in ((3, 7, 5, 6), (2, 300, 4), (2, 5, 3, 4, 5)):
+        dy = DevTensor(dims, dtype, _strides(dims, layout))
+        v = dy.random(rng)
+        bd = (1, dims[1]) + (1,) * (len(dims) - 2)
+        db = DevTensor(bd, dtype)
+        for alpha, beta in ((1.0, 0.0), (0.5, -1.0)):
+            b0 = db.random(rng) if beta else None
+            if not beta:
+                db.poison()
+            pydnn.convolution_backward_bias(handle, alpha, dy.desc, dy.ptr, beta, db.desc, db.ptr)
+            want = ref.backward_bias(alpha, v, beta, b0)
+            scale = abs(alpha) * ref.backward_bias_raw(np.abs(v)) + (abs(beta) * np.abs(b0) if beta else 0)
+            assert_close(db.download(), want, dtype, "backward bias", scale=scale)
+
+
+ACTS = [(pydnn.PYDNN_ACTIVATION_RELU, 0.0), (pydnn.PYDNN_ACTIVATION_IDENTITY, 0.0),
+        (pydnn.PYDNN_ACTIVATION_CLIPPED_RELU, 1.5), (pydnn.PYDNN_ACTIVATION_SIGMOID, 0.0),
+        (pydnn.PYDNN_ACTIVATION_TANH, 0.0), (pydnn.PYDNN_ACTIVATION_ELU, 0.7)]
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_activation_forward(handle, rng, case, dtype):
+    for i, (mode, coef) in enumerate(ACTS):
+        pb = Problem(case, dtype, CONV if i % 2 else XCORR)
+        x, w = pb.x.random(rng), pb.w.random(rng)
+        z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nchw"))
+        zv = z.random(rng)
+        bias = DevTensor((1, pb.yd[1]) + (1,) * (len(pb.yd) - 2), dtype)
+        bv = bias.random(rng)
+        act = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(act, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, coef)
+        alpha2 = 0.0 if i == 2 else 0.5
+        pb.y.poison()
+        pydnn.convolution_bias_activation_forward(handle, 0.8, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_IG,
+                                                  0, 0, alpha2, z.desc, z.ptr, bias.desc, bias.ptr, act, pb.y.desc,
+                                                  pb.y.ptr)
+        want = ref.bias_activation_forward(0.8, x, w, alpha2, zv, bv, mode, coef, *pb.args())
+        scale = 0.8 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + alpha2 * np.abs(zv) + np.abs(bv)
+        assert_close(pb.y.download(), want, dtype, f"bias+act {mode}", scale=scale)
+        pb.y.check_untouched()
+
+
+def test_bias_activation_in_place_residual(handle, rng):
+    """z may be y itself (a residual added in place)."""
+    pb = Problem(CASES[1], F32)
+    x, w = pb.x.random(rng), pb.w.random(rng)
+    yv = pb.y.random(rng)
+    bias = DevTensor((1, pb.yd[1], 1, 1), F32)
+    bv = bias.random(rng)
+    act = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    pydnn.convolution_bias_activation_forward(handle, 1.0, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_IG, 0, 0,
+                                              1.0, pb.y.desc, pb.y.ptr, bias.desc, bias.ptr, act, pb.y.desc, pb.y.ptr)
+    want = ref.bias_activation_forward(1.0, x, w, 1.0, yv, bv, pydnn.PYDNN_ACTIVATION_RELU, 0.0, *pb.args())
+    scale = ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + np.abs(yv) + np.abs(bv)
+    assert_close(pb.y.download(), want, F32, "in-place residual", scale=scale)
+
+
+def test_find_ex(handle, rng, tmp_path, monkeypatch):
+    from pydnn.ops import convolution_algos as A
+
+    monkeypatch.setattr(A, "tuning_path", lambda: tmp_path / A.TUNING_FILE)
+    monkeypatch.delenv("PYDNN_CONV_TUNING_CACHE", raising=False)
+    A._tuning["path"] = None
+    pb = Problem(CASES[6], F32)
+    pb.x.random(rng)
+    pb.y.random(rng)
+    pb.w.random(rng)
+    ws, n = _workspace(1 << 24)
+    r = pydnn.find_convolution_forward_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, pb.y.desc,
+                                                    pb.y.ptr, 8, ws.ptr, n)
+    assert r[0].algo == FWD_IG and r[0].status == pydnn.PYDNN_STATUS_SUCCESS and r[0].time > 0
+    assert len(r) == 8 and all(p.status != pydnn.PYDNN_STATUS_SUCCESS for p in r[1:])
+    r = pydnn.find_convolution_backward_filter_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                            pb.wdesc, pb.w.ptr, 7, ws.ptr, n)
+    ok = [p for p in r if p.status == pydnn.PYDNN_STATUS_SUCCESS]
+    assert sorted(p.algo for p in ok) == [BWD_F0, BWD_F1]
+    assert ok[0].time <= ok[1].time
+    r = pydnn.find_convolution_backward_filter_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                            pb.wdesc, pb.w.ptr, 7, ws.ptr, 0)
+    f1 = next(p for p in r if p.algo == BWD_F1)
+    assert f1.status == pydnn.PYDNN_STATUS_ALLOC_FAILED
+    r = pydnn.find_convolution_backward_data_algorithm_ex(handle, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                          pb.x.desc, pb.x.ptr, 6, ws.ptr, n)
+    assert r[0].algo == BWD_D0 and r[0].time > 0
+    # the tuning cache answers the same question again without timing (the very same times)
+    assert (tmp_path / A.TUNING_FILE).exists()
+    again = pydnn.find_convolution_backward_data_algorithm_ex(handle, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                              pb.x.desc, pb.x.ptr, 6, ws.ptr, n)
+    assert [p.as_tuple() for p in again] == [p.as_tuple() for p in r]
+
+
+TC_CASES = [  # the tensor-core forward: NHWC x, NHWC filters, C % 8 == 0, one group
+    ((2, 8, 13, 11), 10, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),       # K < 32, M, N partial tiles
+    ((3, 24, 9, 10), 136, (3, 3), (1, 0), (2, 1), (1, 2), 1, "nhwc", NHWC),      # 2 N tiles, stride, dilation
+    ((4, 72, 15, 15), 64, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 1x1, k tail (72 % 32)
+    ((2, 16, 6, 7), 16, (3, 2), (2, 1), (1, 1), (1, 1), 1, "pad8", NHWC),        # padded NHWC (strides % 8)
+    ((1, 8, 4, 5, 6), 12, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nhwc", NHWC),  # 3-d
+    ((2, 64, 20, 20), 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # the ResNet shape, small N
+    ((1, 40, 33), 24, (5,), (2,), (3,), (1,), 1, "nhwc", NHWC),                  # 1-d
+]
+
+
+def _tc_problem(case, dtype, mode):
+    xd, k, filt, pad, st, dil, g, layout, wfmt = case
+    if layout == "pad8":  # channels innermost with 8 spare channels after each position
+        pb = Problem(case[:7] + ("nhwc", wfmt), dtype, mode)
+        s = [0] * len(xd)
+        s[1], acc = 1, xd[1] + 8
+        for i in reversed(range(2, len(xd))):
+            s[i] = acc
+            acc *= xd[i]
+        s[0] = acc
+        pb.x = DevTensor(xd, dtype, tuple(s))
+        return pb
+    return Problem(case, dtype, mode)
+
+
+@pytest.mark.parametrize("case", TC_CASES)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_forward_tensor_cores(handle, rng, case, dtype):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
+        pb = _tc_problem(case, dtype, mode)
+        x, w = pb.x.random(rng), pb.w.random(rng)
+        y0 = pb.y.random(rng) if beta else None
+        if not beta:
+            pb.y.poison()
+        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE, 0, 0,
+                                  beta, pb.y.desc, pb.y.ptr)
+        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
+        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
+        assert_close(pb.y.download(), want, dtype, f"tensor-core forward mode {mode}", scale=scale)
+        pb.y.check_untouched()
+
+
+TC_BWD_CASES = [c for c in TC_CASES if c[1] % 8 == 0] + [
+    ((1, 8, 4, 5, 6), 16, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nhwc", NHWC),  # 3-d, stride 2
+    ((3, 136, 11, 9), 8, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NHWC),               # 2 N tiles of dx
+]
+
+
+@pytest.mark.parametrize("case", TC_BWD_CASES)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_backward_data_tensor_cores(handle, rng, case, dtype):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
+        pb = _tc_problem(case, dtype, mode)
+        w, dy = pb.w.random(rng), pb.y.random(rng)
+        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
+        if not beta:
+            pb.x.poison()
+        pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D1, 0, 0,
+                                        beta, pb.x.desc, pb.x.ptr)
+        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
+        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
+        assert_close(pb.x.download(), want, dtype, f"tensor-core backward data mode {mode}", scale=scale)
+        pb.x.check_untouched()
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_bias_activation_tensor_cores(handle, rng, dtype):
+    pb = _tc_problem(TC_CASES[1], dtype, XCORR)
+    x, w = pb.x.random(rng), pb.w.random(rng)
+    z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
+    zv = z.random(rng)
+    bias = DevTensor((1, pb.yd[1], 1, 1), dtype)
+    bv = bias.random(rng)
+    act = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    pb.y.poison()
+    pydnn.convolution_bias_activation_forward(handle, 1.25, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE,
+                                              0, 0, -0.5, z.desc, z.ptr, bias.desc, bias.ptr, act, pb.y.desc, pb.y.ptr)
+    want = ref.bias_activation_forward(1.25, x, w, -0.5, zv, bv, pydnn.PYDNN_ACTIVATION_RELU, 0.0, *pb.args())
+    scale = 1.25 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + 0.5 * np.abs(zv) + np.abs(bv)
+    assert_close(pb.y.download(), want, dtype, "tensor-core bias+relu", scale=scale)
+
+
+def test_tensor_core_refusals(handle, rng):
+    pb = _tc_problem(TC_CASES[0], BF16, XCORR)
+    with pytest.raises(pydnn.PydnnError) as e:  # a pointer off the 16-byte grid (x + 1 element)
+        pydnn.convolution_forward(handle, 1.0, pb.x.desc, pb.x.ptr + 2, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE, 0, 0,
+                                  0.0, pb.y.desc, pb.y.ptr)
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
+    r = pydnn.get_convolution_forward_algorithm_v7(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc, 8)
+    assert r[0].algo == FWD_PRE and r[1].algo == FWD_IG
+
+
+def test_c_program(tmp_path):
+    """The C face: descriptors, shape queries, errors and the numbers of every op (tests/c/convolution_gpu.c)."""
+    from cprog import build_and_run
+
+    r = build_and_run("convolution_gpu", tmp_path, extra=["-ldl", "-lm"])
+    print(r.stdout, r.stderr)
+    assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
+    for what in ("forward numbers", "backward data numbers", "backward filter numbers", "backward bias numbers"):
+        assert f"ok {what}" in r.stdout, r.stdout + r.stderr
