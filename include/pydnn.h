@@ -392,11 +392,41 @@ typedef struct pydnnReduceTensorStruct *pydnnReduceTensorDescriptor_t;
 typedef struct pydnnPoolingStruct *pydnnPoolingDescriptor_t;
 typedef struct pydnnNormStruct *pydnnNormDescriptor_t;
 typedef struct pydnnDropoutStruct *pydnnDropoutDescriptor_t;
+typedef struct pydnnConvolutionStruct *pydnnConvolutionDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
 typedef struct CUstream_st *cudaStream_t;
 #endif
+
+/* result records */
+typedef struct {
+    pydnnConvolutionFwdAlgo_t algo;
+    pydnnStatus_t status;
+    float time;
+    size_t memory;
+    pydnnDeterminism_t determinism;
+    pydnnMathType_t mathType;
+    int reserved[3];
+} pydnnConvolutionFwdAlgoPerf_t;
+typedef struct {
+    pydnnConvolutionBwdDataAlgo_t algo;
+    pydnnStatus_t status;
+    float time;
+    size_t memory;
+    pydnnDeterminism_t determinism;
+    pydnnMathType_t mathType;
+    int reserved[3];
+} pydnnConvolutionBwdDataAlgoPerf_t;
+typedef struct {
+    pydnnConvolutionBwdFilterAlgo_t algo;
+    pydnnStatus_t status;
+    float time;
+    size_t memory;
+    pydnnDeterminism_t determinism;
+    pydnnMathType_t mathType;
+    int reserved[3];
+} pydnnConvolutionBwdFilterAlgoPerf_t;
 
 /* ---- Versions, errors and the handle ---- */
 /* pydnn's version as MAJOR*10000 + MINOR*100 + PATCH. */
@@ -603,6 +633,66 @@ pydnnStatus_t pydnnGetDropoutDescriptor(pydnnDropoutDescriptor_t dropoutDesc, py
 pydnnStatus_t pydnnDropoutForward(pydnnHandle_t handle, const pydnnDropoutDescriptor_t dropoutDesc, const pydnnTensorDescriptor_t xdesc, const void *x, const pydnnTensorDescriptor_t ydesc, void *y, void *reserveSpace, size_t reserveSpaceSizeInBytes);
 /* dx = dy / (1 - p) where the forward kept the element (mask from reserveSpace), 0 elsewhere. */
 pydnnStatus_t pydnnDropoutBackward(pydnnHandle_t handle, const pydnnDropoutDescriptor_t dropoutDesc, const pydnnTensorDescriptor_t dydesc, const void *dy, const pydnnTensorDescriptor_t dxdesc, void *dx, void *reserveSpace, size_t reserveSpaceSizeInBytes);
+
+/* ---- Convolution ---- */
+/* A new convolution descriptor, unset until a Set call. */
+pydnnStatus_t pydnnCreateConvolutionDescriptor(pydnnConvolutionDescriptor_t *convDesc);
+/* 2 spatial dims: padding, strides (u, v), dilations, mode, compute type. */
+pydnnStatus_t pydnnSetConvolution2dDescriptor(pydnnConvolutionDescriptor_t convDesc, int pad_h, int pad_w, int u, int v, int dilation_h, int dilation_w, pydnnConvolutionMode_t mode, pydnnDataType_t computeType);
+/* The settings of a 2-d convolution descriptor. */
+pydnnStatus_t pydnnGetConvolution2dDescriptor(const pydnnConvolutionDescriptor_t convDesc, int *pad_h, int *pad_w, int *u, int *v, int *dilation_h, int *dilation_w, pydnnConvolutionMode_t *mode, pydnnDataType_t *computeType);
+/* 1 to 3 spatial dims (arrayLength). */
+pydnnStatus_t pydnnSetConvolutionNdDescriptor(pydnnConvolutionDescriptor_t convDesc, int arrayLength, const int padA[], const int filterStrideA[], const int dilationA[], pydnnConvolutionMode_t mode, pydnnDataType_t computeType);
+/* Spatial dim count and the first arrayLengthRequested pads, strides, dilations. */
+pydnnStatus_t pydnnGetConvolutionNdDescriptor(const pydnnConvolutionDescriptor_t convDesc, int arrayLengthRequested, int *arrayLength, int padA[], int strideA[], int dilationA[], pydnnConvolutionMode_t *mode, pydnnDataType_t *computeType);
+/* Grouped (depthwise) convolution. */
+pydnnStatus_t pydnnSetConvolutionGroupCount(pydnnConvolutionDescriptor_t convDesc, int groupCount);
+/* The group count. */
+pydnnStatus_t pydnnGetConvolutionGroupCount(pydnnConvolutionDescriptor_t convDesc, int *groupCount);
+/* DEFAULT, TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION or FMA. */
+pydnnStatus_t pydnnSetConvolutionMathType(pydnnConvolutionDescriptor_t convDesc, pydnnMathType_t mathType);
+/* The math type. */
+pydnnStatus_t pydnnGetConvolutionMathType(pydnnConvolutionDescriptor_t convDesc, pydnnMathType_t *mathType);
+/* Output dims of a 2-d convolution. */
+pydnnStatus_t pydnnGetConvolution2dForwardOutputDim(const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t inputTensorDesc, const pydnnFilterDescriptor_t filterDesc, int *n, int *c, int *h, int *w);
+/* Output dims (nbDims = the input's dim count). */
+pydnnStatus_t pydnnGetConvolutionNdForwardOutputDim(const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t inputTensorDesc, const pydnnFilterDescriptor_t filterDesc, int nbDims, int tensorOuputDimA[]);
+/* Release a convolution descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyConvolutionDescriptor(pydnnConvolutionDescriptor_t convDesc);
+/* Workspace bytes of a forward algorithm. */
+pydnnStatus_t pydnnGetConvolutionForwardWorkspaceSize(pydnnHandle_t handle, const pydnnTensorDescriptor_t xDesc, const pydnnFilterDescriptor_t wDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t yDesc, pydnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes);
+/* Workspace bytes of a backward-data algorithm. */
+pydnnStatus_t pydnnGetConvolutionBackwardDataWorkspaceSize(pydnnHandle_t handle, const pydnnFilterDescriptor_t wDesc, const pydnnTensorDescriptor_t dyDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t dxDesc, pydnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes);
+/* Workspace bytes of a backward-filter algorithm. */
+pydnnStatus_t pydnnGetConvolutionBackwardFilterWorkspaceSize(pydnnHandle_t handle, const pydnnTensorDescriptor_t xDesc, const pydnnTensorDescriptor_t dyDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnFilterDescriptor_t gradDesc, pydnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);
+/* y = alpha * conv(x, w) + beta * y. */
+pydnnStatus_t pydnnConvolutionForward(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnFilterDescriptor_t wDesc, const void *w, const pydnnConvolutionDescriptor_t convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const pydnnTensorDescriptor_t yDesc, void *y);
+/* dx = alpha * conv-transpose(dy, w) + beta * dx. */
+pydnnStatus_t pydnnConvolutionBackwardData(pydnnHandle_t handle, const void *alpha, const pydnnFilterDescriptor_t wDesc, const void *w, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnConvolutionDescriptor_t convDesc, pydnnConvolutionBwdDataAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const pydnnTensorDescriptor_t dxDesc, void *dx);
+/* dw = alpha * filter gradient(x, dy) + beta * dw. */
+pydnnStatus_t pydnnConvolutionBackwardFilter(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnConvolutionDescriptor_t convDesc, pydnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const pydnnFilterDescriptor_t dwDesc, void *dw);
+/* y = act(alpha1 * conv(x, w) + alpha2 * z + bias), fused in the convolution's epilogue. */
+pydnnStatus_t pydnnConvolutionBiasActivationForward(pydnnHandle_t handle, const void *alpha1, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnFilterDescriptor_t wDesc, const void *w, const pydnnConvolutionDescriptor_t convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *alpha2, const pydnnTensorDescriptor_t zDesc, const void *z, const pydnnTensorDescriptor_t biasDesc, const void *bias, const pydnnActivationDescriptor_t activationDesc, const pydnnTensorDescriptor_t yDesc, void *y);
+/* db = alpha * sum of dy over all dims but C + beta * db. */
+pydnnStatus_t pydnnConvolutionBackwardBias(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t dyDesc, const void *dy, const void *beta, const pydnnTensorDescriptor_t dbDesc, void *db);
+/* Forward algorithms ranked by pydnn's model (nothing runs; time -1); unsupported ones last with NOT_SUPPORTED. */
+pydnnStatus_t pydnnGetConvolutionForwardAlgorithm_v7(pydnnHandle_t handle, const pydnnTensorDescriptor_t srcDesc, const pydnnFilterDescriptor_t filterDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t destDesc, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionFwdAlgoPerf_t *perfResults);
+/* Backward-data algorithms ranked by the model. */
+pydnnStatus_t pydnnGetConvolutionBackwardDataAlgorithm_v7(pydnnHandle_t handle, const pydnnFilterDescriptor_t filterDesc, const pydnnTensorDescriptor_t diffDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t gradDesc, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionBwdDataAlgoPerf_t *perfResults);
+/* Backward-filter algorithms ranked by the model. */
+pydnnStatus_t pydnnGetConvolutionBackwardFilterAlgorithm_v7(pydnnHandle_t handle, const pydnnTensorDescriptor_t srcDesc, const pydnnTensorDescriptor_t diffDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnFilterDescriptor_t gradDesc, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionBwdFilterAlgoPerf_t *perfResults);
+/* Times every forward algorithm on these buffers (overwrites y; synchronizes); fastest first. */
+pydnnStatus_t pydnnFindConvolutionForwardAlgorithmEx(pydnnHandle_t handle, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnFilterDescriptor_t wDesc, const void *w, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t yDesc, void *y, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionFwdAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes);
+/* Times every backward-data algorithm (overwrites dx). */
+pydnnStatus_t pydnnFindConvolutionBackwardDataAlgorithmEx(pydnnHandle_t handle, const pydnnFilterDescriptor_t wDesc, const void *w, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t dxDesc, void *dx, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionBwdDataAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes);
+/* Times every backward-filter algorithm (overwrites dw). */
+pydnnStatus_t pydnnFindConvolutionBackwardFilterAlgorithmEx(pydnnHandle_t handle, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnConvolutionDescriptor_t convDesc, const pydnnFilterDescriptor_t dwDesc, void *dw, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionBwdFilterAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes);
+/* The number of forward algorithms. */
+pydnnStatus_t pydnnGetConvolutionForwardAlgorithmMaxCount(pydnnHandle_t handle, int *count);
+/* The number of backward-data algorithms. */
+pydnnStatus_t pydnnGetConvolutionBackwardDataAlgorithmMaxCount(pydnnHandle_t handle, int *count);
+/* The number of backward-filter algorithms. */
+pydnnStatus_t pydnnGetConvolutionBackwardFilterAlgorithmMaxCount(pydnnHandle_t handle, int *count);
 
 #ifdef __cplusplus
 }
