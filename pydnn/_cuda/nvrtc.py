@@ -4,7 +4,7 @@ from .. import enums
 from ..status import PydnnError
 
 
-_preloaded = False
+_loaded = False
 
 
 def _preload_from_sys_path():
@@ -12,12 +12,9 @@ def _preload_from_sys_path():
 
     cuda-pathfinder looks for wheel libraries under site.getsitepackages(), which inside pip's isolated
     build environment does not hold the build requirements (they are on sys.path only): the install-time
-    kernel build then finds no NVRTC. pathfinder takes a library that is already loaded, so load it here
-    from where Python imports packages from."""
-    global _preloaded
-    if _preloaded:
-        return
-    _preloaded = True
+    kernel build then finds no NVRTC. pathfinder takes a library that is already loaded, so load it here,
+    privately (RTLD_LOCAL: a global load would let NVRTC's symbols interpose on libraries loaded later,
+    such as PyTorch's), from where Python imports packages from. Only used when the normal lookup fails."""
     import ctypes
     import glob
     import os
@@ -29,19 +26,27 @@ def _preload_from_sys_path():
             if os.path.isfile(lib):
                 try:
                     for builtins in sorted(glob.glob(os.path.join(os.path.dirname(lib), "libnvrtc-builtins.so.*"))):
-                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-                    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                        ctypes.CDLL(builtins)
+                    ctypes.CDLL(lib)
                 except OSError:
                     continue
-                return
+                return True
+    return False
 
 
 def _nvrtc():
-    _preload_from_sys_path()
+    global _loaded
     try:
         from cuda.bindings import nvrtc
     except ImportError as e:  # pragma: no cover - dependency missing
         raise PydnnError(enums.PYDNN_STATUS_NOT_INITIALIZED, f"NVRTC unavailable: {e}") from None
+    if not _loaded:
+        try:
+            nvrtc.nvrtcVersion()  # loads the library the normal way (cuda-pathfinder)
+        except Exception:  # noqa: BLE001 - pathfinder's not-found error; retry with the sys.path copy
+            if not _preload_from_sys_path():
+                raise PydnnError(enums.PYDNN_STATUS_NOT_INITIALIZED, "NVRTC library not found") from None
+        _loaded = True
     return nvrtc
 
 
