@@ -18,6 +18,18 @@ def _gpu_available():
 
 HAVE_GPU = _gpu_available()
 
+if HAVE_GPU:
+    # Tests that compare with PyTorch import it lazily. On the H200 machine (torch 2.11), a first
+    # `import torch` made after several dozen GPU tests of this suite raised "RuntimeError: expected ident
+    # but found ')' ... annotate(strtag)" from torch's own operator registration, while the same import
+    # passes in a fresh pytest process, after pydnn compiles, loads and launches kernels in a plain process,
+    # and after any subset of those tests (bisected on the device, 2026-11-23; cause not found). Importing
+    # torch once here, before any test runs, keeps those comparisons running.
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - no torch, or a broken one: the torch tests skip
+        pass
+
 
 def pytest_collection_modifyitems(config, items):
     if HAVE_GPU:
