@@ -2,36 +2,11 @@
  * inference, backward, the Ex forms with residual add + ReLU, and a bad epsilon; checked against
  * double-precision host math. Device memory from the CUDA driver (dlopen'ed). Prints "ok <what>" /
  * "FAIL <what>" lines; exits non-zero on any failure. */
-#include <dlfcn.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <pydnn.h>
+#include "gpu_test.h"
 
-typedef unsigned long long CUdeviceptr;
-static int (*cuMemAlloc)(CUdeviceptr *, size_t);
-static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static int (*cuCtxSynchronize)(void);
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
 
 enum { N = 4, C = 8, H = 5, W = 7, HW = H * W, M = N * HW, COUNT = N * C * HW };
-
-static void load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { printf("FAIL no libcuda.so.1\n"); exit(2); }
-  cuMemAlloc = (int (*)(CUdeviceptr *, size_t))dlsym(lib, "cuMemAlloc_v2");
-  cuMemcpyHtoD = (int (*)(CUdeviceptr, const void *, size_t))dlsym(lib, "cuMemcpyHtoD_v2");
-  cuMemcpyDtoH = (int (*)(void *, CUdeviceptr, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
-  cuCtxSynchronize = (int (*)(void))dlsym(lib, "cuCtxSynchronize");
-}
 
 static CUdeviceptr dev(const void *host, size_t bytes) {
   CUdeviceptr p = 0;

@@ -1,35 +1,9 @@
 /* The C face on a GPU: pydnn calls on device memory, checked against double-precision host math.
  * Device memory comes from the CUDA driver (dlopen'ed, so the program links only against libpydnn).
  * Prints "ok <what>" / "FAIL <what>" lines; exits non-zero on any failure. */
-#include <dlfcn.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <pydnn.h>
+#include "gpu_test.h"
 
-typedef unsigned long long CUdeviceptr;
-static int (*cuMemAlloc)(CUdeviceptr *, size_t);
-static int (*cuMemFree)(CUdeviceptr);
-static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static int (*cuCtxSynchronize)(void);
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
-
-static void load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { printf("FAIL no libcuda.so.1\n"); exit(2); }
-  cuMemAlloc = (int (*)(CUdeviceptr *, size_t))dlsym(lib, "cuMemAlloc_v2");
-  cuMemFree = (int (*)(CUdeviceptr))dlsym(lib, "cuMemFree_v2");
-  cuMemcpyHtoD = (int (*)(CUdeviceptr, const void *, size_t))dlsym(lib, "cuMemcpyHtoD_v2");
-  cuMemcpyDtoH = (int (*)(void *, CUdeviceptr, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
-  cuCtxSynchronize = (int (*)(void))dlsym(lib, "cuCtxSynchronize");
-}
 
 /* |got - want| / (|want| + 1): relative for large values, absolute near zero */
 static double max_mixed_err(const double *got, const double *want, int n) {

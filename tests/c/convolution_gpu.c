@@ -2,36 +2,9 @@
  * 2-d forward / backward data / backward filter (ALGO_1, with its workspace) / backward bias on device
  * memory, checked against double-precision loops. Device memory comes from the CUDA driver (dlopen'ed).
  * Prints "ok <what>" / "FAIL <what>" lines; exits non-zero on any failure. */
-#include <dlfcn.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <pydnn.h>
+#include "gpu_test.h"
 
-typedef unsigned long long CUdeviceptr;
-static int (*cuMemAlloc)(CUdeviceptr *, size_t);
-static int (*cuMemFree)(CUdeviceptr);
-static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static int (*cuCtxSynchronize)(void);
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
-
-static void load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { printf("FAIL no libcuda.so.1\n"); exit(2); }
-  cuMemAlloc = (int (*)(CUdeviceptr *, size_t))dlsym(lib, "cuMemAlloc_v2");
-  cuMemFree = (int (*)(CUdeviceptr))dlsym(lib, "cuMemFree_v2");
-  cuMemcpyHtoD = (int (*)(CUdeviceptr, const void *, size_t))dlsym(lib, "cuMemcpyHtoD_v2");
-  cuMemcpyDtoH = (int (*)(void *, CUdeviceptr, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
-  cuCtxSynchronize = (int (*)(void))dlsym(lib, "cuCtxSynchronize");
-}
 
 /* the problem: x (N, C, H, W), w (K, C, R, S), pad 1, stride 2, dilation 1, cross-correlation, NCHW */
 enum { N = 2, C = 5, H = 9, W = 8, K = 6, R = 3, S = 3, PAD = 1, STR = 2 };

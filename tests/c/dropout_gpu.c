@@ -3,36 +3,9 @@
  * implementation next to ptx/common/philox.cuh and pydnn/reference/dropout.py), the values against double
  * math, the states' offset advancing, and bad arguments refused with their names in the message.
  * Device memory comes from the CUDA driver (dlopen'ed). Prints "ok <what>" / "FAIL <what>" lines. */
-#include <dlfcn.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <pydnn.h>
+#include "gpu_test.h"
 
-typedef unsigned long long CUdeviceptr;
-static int (*cuMemAlloc)(CUdeviceptr *, size_t);
-static int (*cuMemFree)(CUdeviceptr);
-static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static int (*cuCtxSynchronize)(void);
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
-
-static void load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { printf("FAIL no libcuda.so.1\n"); exit(2); }
-  cuMemAlloc = (int (*)(CUdeviceptr *, size_t))dlsym(lib, "cuMemAlloc_v2");
-  cuMemFree = (int (*)(CUdeviceptr))dlsym(lib, "cuMemFree_v2");
-  cuMemcpyHtoD = (int (*)(CUdeviceptr, const void *, size_t))dlsym(lib, "cuMemcpyHtoD_v2");
-  cuMemcpyDtoH = (int (*)(void *, CUdeviceptr, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
-  cuCtxSynchronize = (int (*)(void))dlsym(lib, "cuCtxSynchronize");
-}
 
 static void philox(unsigned c[4], unsigned k0, unsigned k1) {
   for (int r = 0; r < 10; r++) {

@@ -1,25 +1,9 @@
 /* Pooling's C face on a GPU: max and average pooling forward / backward and adaptive average pooling on
  * float NCHW device memory, checked against double-precision host loops. Device memory comes from the CUDA
  * driver (dlopen'ed). Prints "ok <what>" / "FAIL <what>" lines; exits non-zero on any failure. */
-#include <dlfcn.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <pydnn.h>
+#include "gpu_test.h"
 
-typedef unsigned long long CUdeviceptr;
-static int (*cuMemAlloc)(CUdeviceptr *, size_t);
-static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static int (*cuCtxSynchronize)(void);
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
 
 enum { N = 2, C = 3, H = 7, W = 8, KH = 3, KW = 3, P = 1, S = 2, OH = 4, OW = 4 };
 enum { XC = N * C * H * W, YC = N * C * OH * OW, AH = 3, AW = 5, AC = N * C * AH * AW };
