@@ -1,14 +1,530 @@
-"""Attention: fused scaled dot-product attention and cuDNN's multi-head attention API.
+"""Attention: fused scaled dot-product attention (a pydnn API in cuDNN style; kernels in ptx/attention.cu).
 
-Not yet implemented: this module is the family's place in the package (kernel units, Python API under
-__all__, C declarations in C_API), filled in by its issue."""
+    O = softmax(scale * Q K^T + mask) V          per (batch, query head); K/V head = query head / group
+    lse = log(sum_j exp(scale * q_i . k_j))      per query row (natural log, fp32): what the backward needs
 
-__all__ = []
+Tensors are 4-d descriptors (batch, heads, sequence, head dim): Q and O (B, Hq, Sq, D), K and V
+(B, Hkv, Skv, D), the statistics (B, Hq, Sq, 1) float. BHSD and BSHD (or any other order) are strides;
+the head dim must be contiguous (stride 1) and the other strides multiples of 8 elements (16 bytes), the
+pointers 16-byte aligned. bf16 and fp16 (fp32 accumulation and softmax); head dims 64 and 128.
 
-C_API = []            # [(family title, [(C prototype, one-line description), ...])]
-C_OPAQUE_TYPES = []   # [(typedef name, struct name)]
-C_NULLABLE = {}       # {C function: (descriptor args that may be NULL)}
+The descriptor (pydnn extension: pydnnAttentionDescriptor_t):
+    set_attention_descriptor(desc, numHeadsQ, numHeadsKV, headDim, softmaxScale, maskMode,
+                             dropoutProbability, seed)
+  numHeadsQ a multiple of numHeadsKV (MHA, GQA, MQA); maskMode a pydnnAttentionMaskMode_t
+  (NONE, CAUSAL_TOP_LEFT: key j visible to query i when j <= i; CAUSAL_BOTTOM_RIGHT: j <= i + Skv - Sq,
+  lengths being the per-batch actual ones); softmaxScale > 0; dropout probability p in [0, 1) on the
+  softmax probabilities (kept ones scaled by 1 / (1 - p)), with the Philox stream (seed, offset 0) of
+  ptx/common/philox.cuh: element (query i, key j) of (batch b, query head h) is number
+  ((b * Hq + h) * Sq + i) * Skv + j of the stream, dropped iff its 16-bit slice < round(p * 65536)
+  (pydnn/reference/dropout.py's keep_mask replays it). The same mask in the forward and the backward;
+  change the seed between training steps. (Correct first: one Philox block per element, not fast.)
+
+Variable lengths: seqLensQ / seqLensKV are int32 device arrays of B entries (cuDNN's SEQ_LEN tensors) or
+NULL for the full length. The kernels read them (no host synchronization, graph capturable) and clamp
+them to [0, S]; under PYDNN_CHECKED=1 they are copied to the host first and a length outside [0, S] is
+BAD_PARAM. Rows past their length: O = 0, lse = -inf, dQ = 0; keys past theirs: dK = dV = 0. A row that
+sees no key at all: O = 0, lse = -inf.
+
+Workspace: forward none; backward rowsum(dO * O) (4 bytes per query row, rounded up to 16) and, when
+deterministic = 0, an fp32 dQ accumulator (4 * D bytes per query row); the size query reports the latter.
+Backward: dQ, dK, dV (dK, dV summed over the query heads that share a K/V head, in registers: always
+deterministic). dQ: deterministic = 1 runs a separate dQ pass (recomputes S and dP; every element summed
+by one thread in a fixed order: bit-identical results run to run); deterministic = 0 adds each K/V
+block's dQ share with fp32 atomics into the accumulator (faster; the order of the float sums varies).
+
+Kernel shapes (see ptx/attention.cu): forward 128 query rows per CTA (4 warps x 32 rows), K/V tiles of 64
+keys (32 at D = 128) double-buffered with cp.async, mma.sync m16n8k16; backward: preprocess (rowsum),
+dK/dV per 64-key block (loops over the group's query heads and query tiles of 64 rows, 32 at D = 128),
+dQ per 64 query rows.
+"""
+import ctypes
+
+import numpy as np
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import kernel_params
+from .._cuda import driver
+from ..buffers import CHECKED, device_ptr
+from ..handle import check_handle
+from ..status import PydnnError, api
+from ..tensor import check_tensor, _int
+from .common import TAG, enum_arg, output_tensor
+
+__all__ = ["AttentionDescriptor", "create_attention_descriptor", "set_attention_descriptor",
+           "get_attention_descriptor", "destroy_attention_descriptor",
+           "get_attention_forward_workspace_size", "get_attention_backward_workspace_size",
+           "attention_forward", "attention_backward"]
+
+_T = "pydnnTensorDescriptor_t"
+C_API = [("Fused scaled dot-product attention (pydnn extension)", [
+    ("pydnnStatus_t pydnnCreateAttentionDescriptor(pydnnAttentionDescriptor_t *attnDesc);",
+     "A new fused-attention descriptor, unset until pydnnSetAttentionDescriptor."),
+    ("pydnnStatus_t pydnnSetAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc, int numHeadsQ, int numHeadsKV, "
+     "int headDim, double softmaxScale, pydnnAttentionMaskMode_t maskMode, double dropoutProbability, "
+     "unsigned long long seed);",
+     "Heads of Q and of K/V (numHeadsQ a multiple of numHeadsKV), head dim, softmax scale (> 0), mask, dropout."),
+    ("pydnnStatus_t pydnnGetAttentionDescriptor(const pydnnAttentionDescriptor_t attnDesc, int *numHeadsQ, "
+     "int *numHeadsKV, int *headDim, double *softmaxScale, pydnnAttentionMaskMode_t *maskMode, "
+     "double *dropoutProbability, unsigned long long *seed);", "The fused-attention descriptor's settings."),
+    ("pydnnStatus_t pydnnDestroyAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc);",
+     "Release a fused-attention descriptor (NULL: nothing to do)."),
+    ("pydnnStatus_t pydnnGetAttentionForwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
+     f"const {_T} qDesc, const {_T} kDesc, size_t *sizeInBytes);", "Workspace bytes pydnnAttentionForward needs (0)."),
+    ("pydnnStatus_t pydnnGetAttentionBackwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
+     f"const {_T} qDesc, const {_T} kDesc, size_t *sizeInBytes);",
+     "Workspace bytes pydnnAttentionBackward needs (batch * numHeadsQ * seqQ * 4)."),
+    ("pydnnStatus_t pydnnAttentionForward(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
+     f"const {_T} qDesc, const void *q, const {_T} kDesc, const void *k, const {_T} vDesc, const void *v, "
+     f"const {_T} oDesc, void *o, const {_T} statsDesc, void *stats, const void *seqLensQ, const void *seqLensKV, "
+     "void *workSpace, size_t workSpaceSizeInBytes);",
+     "O = softmax(scale Q K^T + mask) V; stats (fp32 log-sum-exp per row, statsDesc NULL: not written); "
+     "seqLens*: int32 device arrays or NULL."),
+    ("pydnnStatus_t pydnnAttentionBackward(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
+     f"const {_T} qDesc, const void *q, const {_T} kDesc, const void *k, const {_T} vDesc, const void *v, "
+     f"const {_T} oDesc, const void *o, const {_T} dODesc, const void *dO, const {_T} statsDesc, const void *stats, "
+     f"const {_T} dQDesc, void *dQ, const {_T} dKDesc, void *dK, const {_T} dVDesc, void *dV, "
+     "const void *seqLensQ, const void *seqLensKV, int deterministic, void *workSpace, size_t workSpaceSizeInBytes);",
+     "dQ, dK, dV from the forward's O and stats (dK, dV summed over the query heads of each K/V head)."),
+])]
+C_OPAQUE_TYPES = [("pydnnAttentionDescriptor_t", "pydnnAttentionStruct")]
+C_NULLABLE = {"pydnnAttentionForward": ("statsDesc",)}
+
+HEAD_DIMS = (64, 128)
+DTYPES = (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
+MASKS = (E.PYDNN_ATTN_MASK_NONE, E.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT, E.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT)
+THREADS = 128
+FWD_M, DQ_N, BWD_M, BWD_N = 128, 64, 64, 64      # kFwdM, kFwdN, kBwdM, kBwdN in ptx/attention.cu
+# forward tiles (keys per compute step, keys per K/V tile in shared memory) instantiated per head dim, and
+# the one used (FWD_N; the benchmark measures each instantiated). At D = 128, 32/64 and 64/64 (which
+# spill a little) measured within -1%..+2% of 32/32 on the H200 (tools/bench_attention.py, v2): dropped.
+FWD_TILES = {64: ((64, 64),), 128: ((32, 32),)}
+FWD_N = {64: (64, 64), 128: (32, 32)}
+KV_M = {64: 64, 128: 32}                           # Tiles<D>::kKvM: dK/dV query rows per tile
+T_Q, T_K, T_V, T_O, T_DO, T_DQ, T_DK, T_DV, T_LSE = range(9)  # PYDNN_ATTN_T_*
+MAX_GRID_YZ = 65535
+LOG2E = 1.4426950408889634
+
+
+@kernel_params("attention_params.h", "AttnParams")
+class AttnParams(ctypes.Structure):
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p), ("dout", ctypes.c_void_p), ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p), ("dsum", ctypes.c_void_p), ("dq_acc", ctypes.c_void_p),
+        ("lens_q", ctypes.c_void_p), ("lens_kv", ctypes.c_void_p),
+        ("stride", (ctypes.c_longlong * 3) * 9),
+        ("batch", ctypes.c_int), ("heads_q", ctypes.c_int), ("heads_kv", ctypes.c_int), ("group", ctypes.c_int),
+        ("seq_q", ctypes.c_int), ("seq_kv", ctypes.c_int), ("mask", ctypes.c_int), ("flags", ctypes.c_uint),
+        ("scale", ctypes.c_float), ("scale_log2", ctypes.c_float),
+        ("seed", ctypes.c_ulonglong), ("drop_threshold", ctypes.c_uint), ("drop_scale", ctypes.c_float),
+    ]
+
+
+# ----------------------------------------------------------------------------- kernel units
+
+def _expr(kernel, tag, d, extra=None):
+    t = "pydnn::bf16_t" if tag == "bf16" else "pydnn::half_t"
+    tail = "" if extra is None else f", {extra}"
+    return f"pydnn::attn::{kernel}<{t}, {d}{tail}>"
+
+
+def _b(v):
+    return "true" if v else "false"
+
+
+def _targs(kernel, d, drop=False, atomic=False, tile=None):
+    """The template arguments after <T, D> of a kernel variant (None: none)."""
+    if kernel == "fwd":
+        n, nl = tile or FWD_N[d]
+        return f"{n}, {nl}, {_b(drop)}"
+    if kernel == "bwd_dq":
+        return _b(drop)
+    if kernel == "bwd_dkdv":
+        return f"{_b(atomic)}, {_b(drop)}"
+    return None  # bwd_pre, bwd_dq_convert
+
+
+def _unit_exprs(tag):
+    exprs = []
+    for d in HEAD_DIMS:
+        for drop in (False, True):
+            exprs += [_expr("fwd", tag, d, _targs("fwd", d, drop, tile=t)) for t in FWD_TILES[d]]
+            exprs += [_expr("bwd_dq", tag, d, _targs("bwd_dq", d, drop))]
+            exprs += [_expr("bwd_dkdv", tag, d, _targs("bwd_dkdv", d, drop, at)) for at in (False, True)]
+        exprs += [_expr("bwd_pre", tag, d), _expr("bwd_dq_convert", tag, d)]
+    return tuple(exprs)
 
 
 def kernel_units():
-    return []
+    return [KernelUnit(f"attention.{t}", "attention.cu", _unit_exprs(t)) for t in ("bf16", "f16")]
+
+
+def smem_bytes(kernel, d, atomic=False, tile=None):
+    """Dynamic shared memory of each kernel (the tile layout at the top of each kernel)."""
+    if kernel == "fwd":
+        return (FWD_M + 4 * (tile or FWD_N[d])[1]) * d * 2
+    if kernel == "bwd_dq":
+        return (2 * BWD_M + 4 * DQ_N) * d * 2
+    if kernel == "bwd_dkdv":
+        ds = BWD_N * 64 * 2 if atomic else 0  # the dS^T tile
+        return (2 * BWD_N + 4 * KV_M[d]) * d * 2 + 4 * KV_M[d] * 4 + ds
+    return 0
+
+
+# ----------------------------------------------------------------------------- the descriptor
+
+class AttentionDescriptor:
+    """pydnnAttentionDescriptor_t (pydnn extension): the fused attention problem minus the tensors."""
+
+    __slots__ = ("heads_q", "heads_kv", "head_dim", "scale", "mask", "dropout", "seed", "is_set", "alive",
+                 "version")
+
+    def __init__(self):
+        self.heads_q = self.heads_kv = self.head_dim = 0
+        self.scale, self.mask, self.dropout, self.seed = 1.0, E.PYDNN_ATTN_MASK_NONE, 0.0, 0
+        self.is_set, self.alive, self.version = False, True, 0
+
+
+def _live(desc, name="attnDesc"):
+    if type(desc) is not AttentionDescriptor or not desc.alive:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: not a live attention descriptor")
+    return desc
+
+
+def _set_desc(desc, name="attnDesc"):
+    _live(desc, name)
+    if not desc.is_set:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: descriptor was never set")
+    return desc
+
+
+def _real(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a number, got {type(v).__name__}")
+    return float(v)
+
+
+@api
+def create_attention_descriptor():
+    """pydnnCreateAttentionDescriptor."""
+    return AttentionDescriptor()
+
+
+@api
+def set_attention_descriptor(attn_desc, num_heads_q, num_heads_kv, head_dim, softmax_scale, mask_mode,
+                             dropout_probability, seed):
+    """pydnnSetAttentionDescriptor. BAD_PARAM: heads or head dim not positive, numHeadsQ not a multiple of
+    numHeadsKV, softmaxScale not positive and finite, maskMode not a pydnnAttentionMaskMode_t, dropout
+    outside [0, 1), seed outside [0, 2^64). (An unsupported head dim is NOT_SUPPORTED at the call.)"""
+    _live(attn_desc)
+    hq, hkv, d = _int("numHeadsQ", num_heads_q), _int("numHeadsKV", num_heads_kv), _int("headDim", head_dim)
+    for n, v in (("numHeadsQ", hq), ("numHeadsKV", hkv), ("headDim", d)):
+        if not 0 < v < 2**31:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{n}: {v} must be in [1, 2^31)")
+    if hq % hkv:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"numHeadsQ: {hq} is not a multiple of numHeadsKV ({hkv}); GQA needs whole groups")
+    sc = _real("softmaxScale", softmax_scale)
+    if not (sc > 0 and np.isfinite(sc)):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"softmaxScale: {sc!r} must be positive and finite")
+    mask = enum_arg("maskMode", mask_mode, MASKS, "pydnnAttentionMaskMode_t")
+    p = _real("dropoutProbability", dropout_probability)
+    if not 0.0 <= p < 1.0:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"dropoutProbability: {p!r} is outside [0, 1)")
+    s = _int("seed", seed)
+    if not 0 <= s < 2**64:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"seed: {s} is outside [0, 2^64)")
+    attn_desc.heads_q, attn_desc.heads_kv, attn_desc.head_dim = hq, hkv, d
+    attn_desc.scale, attn_desc.mask, attn_desc.dropout, attn_desc.seed = sc, mask, p, s
+    attn_desc.is_set = True
+    attn_desc.version += 1
+
+
+@api
+def get_attention_descriptor(attn_desc):
+    """pydnnGetAttentionDescriptor -> (numHeadsQ, numHeadsKV, headDim, softmaxScale, maskMode,
+    dropoutProbability, seed)."""
+    d = _set_desc(attn_desc)
+    return d.heads_q, d.heads_kv, d.head_dim, d.scale, d.mask, d.dropout, d.seed
+
+
+@api
+def destroy_attention_descriptor(attn_desc):
+    """pydnnDestroyAttentionDescriptor (None / NULL: nothing to do)."""
+    if attn_desc is None:
+        return
+    _live(attn_desc).alive = False
+    attn_desc.version += 1
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _qkv(desc, name, heads, d, dtype=None):
+    """A 4-d Q/K/V/O-like descriptor: (B, heads, S, d), half or bfloat16, head dim contiguous, the other
+    strides whole 16-byte units. Returns (B, S)."""
+    check_tensor(desc, name)
+    if desc.dtype not in DTYPES:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"{name}: data type {desc.dtype} is not supported by fused attention (half, bfloat16)")
+    if dtype is not None and desc.dtype != dtype:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: data type {desc.dtype} differs from qDesc's {dtype}")
+    if len(desc.dims) != 4:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{name}: expected 4 dims (batch, heads, sequence, head dim), got {len(desc.dims)}")
+    b, h, s, dd = desc.dims
+    if h != heads:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: dims[1] = {h} heads, the descriptor says {heads}")
+    if dd != d:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: dims[3] = {dd}, the descriptor's headDim is {d}")
+    if s >= 2**31 or b > MAX_GRID_YZ or desc.strides[2] >= 2**31:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{name}: dims {desc.dims} exceed the kernels' limits "
+                         f"(sequence < 2^31, batch <= {MAX_GRID_YZ}, sequence stride < 2^31)")
+    if desc.strides[3] != 1:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"{name}: strides[3] = {desc.strides[3]}; the head dim must be contiguous (stride 1)")
+    for i in (2, 1, 0):  # innermost first: the one that breaks the rows' alignment
+        if desc.strides[i] % 8:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                             f"{name}: strides[{i}] = {desc.strides[i]} is not a multiple of 8 elements "
+                             "(16-byte rows are needed by the kernels' vector copies)")
+    return b, s
+
+
+def _same_dims(a, an, b, bn):
+    if a.dims != b.dims:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{bn}: dims {b.dims} differ from {an} dims {a.dims}")
+
+
+def _stats(desc, name, b, hq, sq):
+    check_tensor(desc, name)
+    if desc.dtype != E.PYDNN_DATA_FLOAT:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: the statistics are float (fp32), got {desc.dtype}")
+    if desc.dims != (b, hq, sq, 1):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: dims {desc.dims} must be {(b, hq, sq, 1)}")
+
+
+class _Problem:
+    __slots__ = ("b", "sq", "skv", "dtype", "d", "tag", "ws")
+
+
+def _validate(a, q_desc, k_desc, v_desc, o_desc, o_name, stats_desc, stats_required):
+    """Shapes of one call (forward: o is the output; backward: the forward's O)."""
+    _set_desc(a)
+    if a.head_dim not in HEAD_DIMS:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"attnDesc: headDim {a.head_dim} is not supported (fused attention has {HEAD_DIMS})")
+    if a.heads_q > MAX_GRID_YZ:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"attnDesc: numHeadsQ {a.heads_q} > {MAX_GRID_YZ}")
+    b, sq = _qkv(q_desc, "qDesc", a.heads_q, a.head_dim)
+    dt = q_desc.dtype
+    bk, skv = _qkv(k_desc, "kDesc", a.heads_kv, a.head_dim, dt)
+    if bk != b:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"kDesc: batch {bk} differs from qDesc's {b}")
+    _qkv(v_desc, "vDesc", a.heads_kv, a.head_dim, dt)
+    _same_dims(k_desc, "kDesc", v_desc, "vDesc")
+    _qkv(o_desc, o_name, a.heads_q, a.head_dim, dt)
+    _same_dims(q_desc, "qDesc", o_desc, o_name)
+    if stats_desc is not None:
+        _stats(stats_desc, "statsDesc", b, a.heads_q, sq)
+    elif stats_required:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "statsDesc: NULL; the backward needs the forward's statistics")
+    pr = _Problem()
+    pr.b, pr.sq, pr.skv, pr.dtype, pr.d, pr.tag = b, sq, skv, dt, a.head_dim, TAG[dt]
+    pr.ws = _ws_sizes(b, a.heads_q, sq, a.head_dim)
+    return pr
+
+
+def _ws_sizes(b, hq, sq, d):
+    """(deterministic, atomic) backward workspace bytes: rowsum(dO * O) (rounded to 16 bytes), then for the
+    atomic mode the fp32 dQ accumulator."""
+    dsum = (b * hq * sq * 4 + 15) // 16 * 16
+    return dsum, dsum + b * hq * sq * d * 4
+
+
+def _ptr16(buf, name, desc):
+    p = device_ptr(buf, name, desc.span_bytes())
+    if p % 16:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {p:#x} is not 16-byte aligned (the kernels copy 16-byte vectors)")
+    return p
+
+
+def _lens(buf, name, batch, seq):
+    """An optional int32 device array of `batch` lengths (None / 0: the full length)."""
+    if buf is None or (type(buf) is int and buf == 0):
+        return 0
+    p = device_ptr(buf, name, batch * 4)
+    if p % 4:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"{name}: {p:#x} is not 4-byte aligned (int32)")
+    if CHECKED:  # the caller asked for extents checked before launch: read the lengths (synchronizes)
+        host = np.empty(batch, np.int32)
+        driver.memcpy_dtoh(host.ctypes.data, p, batch * 4)
+        check_lengths(host, name, seq)
+    return p
+
+
+def check_lengths(lengths, name, seq):
+    """BAD_PARAM when a per-batch length is outside [0, seq] (PYDNN_CHECKED=1 mode; tests)."""
+    for i, n in enumerate(np.asarray(lengths).tolist()):
+        if not 0 <= n <= seq:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"{name}[{i}]: length {n} is outside [0, {seq}] (the tensor's sequence dim)")
+
+
+def _workspace(ws, ws_size, need):
+    size = _int("workSpaceSizeInBytes", ws_size)
+    if size < need:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"workSpaceSizeInBytes: {size} is less than the {need} bytes this call needs")
+    if need == 0:
+        return 0
+    p = device_ptr(ws, "workSpace", need)
+    if p % 16:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"workSpace: {p:#x} is not 16-byte aligned")
+    return p
+
+
+def _params(a, pr, descs):
+    p = AttnParams()
+    for t, dsc in descs.items():
+        if dsc is not None:
+            for i in range(3):
+                p.stride[t][i] = dsc.strides[i]
+    p.batch, p.heads_q, p.heads_kv, p.group = pr.b, a.heads_q, a.heads_kv, a.heads_q // a.heads_kv
+    p.seq_q, p.seq_kv = pr.sq, pr.skv
+    p.mask = a.mask  # PYDNN_ATTN_MASK_* == PYDNN_ATTN_KMASK_*
+    p.scale = a.scale
+    p.scale_log2 = a.scale * LOG2E
+    p.seed = a.seed
+    p.drop_threshold = drop_threshold(a.dropout)
+    p.drop_scale = 1.0 / (1.0 - a.dropout)
+    return p
+
+
+def drop_threshold(prob):
+    """Dropout's 16-bit threshold, round(p * 65536) (as pydnn/reference/dropout.py's threshold)."""
+    return int(np.floor(float(prob) * 65536.0 + 0.5))
+
+
+def _func(handle, kernel, pr, drop=False, atomic=False):
+    unit, expr = f"attention.{pr.tag}", _expr(kernel, pr.tag, pr.d, _targs(kernel, pr.d, drop, atomic))
+    f = handle.function(unit, expr)
+    smem = smem_bytes(kernel, pr.d, atomic)
+    key = ("attention.smem", unit, expr)  # the opt-in above 48 KiB, once per handle and kernel
+    if smem > 48 * 1024 and key not in handle.prepared:
+        driver.function_set_max_dynamic_smem(f, smem)
+        handle.remember(key, True)
+    return f, smem
+
+
+def _launch(handle, f, smem, grid, p):
+    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------- calls
+
+@api
+def get_attention_forward_workspace_size(handle, attn_desc, q_desc, k_desc):
+    """pydnnGetAttentionForwardWorkspaceSize: 0 (the forward keeps everything on chip)."""
+    check_handle(handle)
+    _set_desc(attn_desc)
+    _qkv(q_desc, "qDesc", attn_desc.heads_q, attn_desc.head_dim)
+    _qkv(k_desc, "kDesc", attn_desc.heads_kv, attn_desc.head_dim, q_desc.dtype)
+    return 0
+
+
+@api
+def get_attention_backward_workspace_size(handle, attn_desc, q_desc, k_desc):
+    """pydnnGetAttentionBackwardWorkspaceSize: what either mode needs (the atomic one's: rowsum(dO * O)
+    and an fp32 dQ accumulator, about 4 * (1 + D) bytes per query row; deterministic = 1 needs only the
+    first 4 bytes per row, rounded up to 16)."""
+    check_handle(handle)
+    _set_desc(attn_desc)
+    b, sq = _qkv(q_desc, "qDesc", attn_desc.heads_q, attn_desc.head_dim)
+    _qkv(k_desc, "kDesc", attn_desc.heads_kv, attn_desc.head_dim, q_desc.dtype)
+    return _ws_sizes(b, attn_desc.heads_q, sq, attn_desc.head_dim)[1]
+
+
+@api
+def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc, o, stats_desc, stats,
+                      seq_lens_q, seq_lens_kv, work_space, work_space_size_in_bytes):
+    """pydnnAttentionForward: O = softmax(scale Q K^T + mask) V and (statsDesc not NULL) the per-row
+    log-sum-exp. Statuses: BAD_PARAM (descriptors, dims that disagree, numHeadsQ / headDim / dtype
+    mismatches, overlapping outputs, a too-small workspace size), BAD_PARAM_NULL_POINTER,
+    BAD_PARAM_MISALIGNED_POINTER (q, k, v, o not 16-byte aligned; stats not 4-byte; seqLens not 4-byte),
+    NOT_SUPPORTED (head dim not 64 / 128, types other than half / bfloat16, a head dim that is not
+    contiguous, strides not multiples of 8 elements)."""
+    check_handle(handle)
+    a = attn_desc
+    pr = _validate(a, q_desc, k_desc, v_desc, o_desc, "oDesc", stats_desc, False)
+    output_tensor(o_desc, "oDesc")
+    if stats_desc is not None:
+        output_tensor(stats_desc, "statsDesc")
+    qp, kp, vp = _ptr16(q, "q", q_desc), _ptr16(k, "k", k_desc), _ptr16(v, "v", v_desc)
+    op = _ptr16(o, "o", o_desc)
+    lp = 0
+    if stats_desc is not None:
+        lp = device_ptr(stats, "stats", stats_desc.span_bytes())
+        if lp % 4:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"stats: {lp:#x} is not 4-byte aligned")
+    lq, lkv = _lens(seq_lens_q, "seqLensQ", pr.b, pr.sq), _lens(seq_lens_kv, "seqLensKV", pr.b, pr.skv)
+    _workspace(work_space, work_space_size_in_bytes, 0)
+    f, smem = _func(handle, "fwd", pr, a.dropout != 0)
+    p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_LSE: stats_desc})
+    p.q, p.k, p.v, p.o, p.lse, p.lens_q, p.lens_kv = qp, kp, vp, op, lp or None, lq or None, lkv or None
+    _launch(handle, f, smem, (_cdiv(pr.sq, FWD_M), a.heads_q, pr.b), p)
+
+
+@api
+def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc, o, d_o_desc, d_o, stats_desc,
+                       stats, d_q_desc, d_q, d_k_desc, d_k, d_v_desc, d_v, seq_lens_q, seq_lens_kv, deterministic,
+                       work_space, work_space_size_in_bytes):
+    """pydnnAttentionBackward: dQ, dK, dV of O = attention(Q, K, V) given dO, the forward's O and stats.
+    dK / dV sum over the query heads of each K/V head. Statuses as pydnnAttentionForward, plus BAD_PARAM
+    for dO / dQ / dK / dV descriptors that do not match Q / K / V, a NULL statsDesc, and deterministic not
+    0 or 1."""
+    check_handle(handle)
+    a = attn_desc
+    pr = _validate(a, q_desc, k_desc, v_desc, o_desc, "oDesc", stats_desc, True)
+    for dsc, name, ref, rname, heads in ((d_o_desc, "dODesc", q_desc, "qDesc", a.heads_q),
+                                         (d_q_desc, "dQDesc", q_desc, "qDesc", a.heads_q),
+                                         (d_k_desc, "dKDesc", k_desc, "kDesc", a.heads_kv),
+                                         (d_v_desc, "dVDesc", v_desc, "vDesc", a.heads_kv)):
+        _qkv(dsc, name, heads, a.head_dim, pr.dtype)
+        _same_dims(ref, rname, dsc, name)
+    for dsc, name in ((d_q_desc, "dQDesc"), (d_k_desc, "dKDesc"), (d_v_desc, "dVDesc")):
+        output_tensor(dsc, name)
+    det = _int("deterministic", deterministic)
+    if det not in (0, 1):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"deterministic: {det} must be 0 or 1")
+    ptrs = [_ptr16(buf, n, dsc) for buf, n, dsc in ((q, "q", q_desc), (k, "k", k_desc), (v, "v", v_desc),
+                                                    (o, "o", o_desc), (d_o, "dO", d_o_desc), (d_q, "dQ", d_q_desc),
+                                                    (d_k, "dK", d_k_desc), (d_v, "dV", d_v_desc))]
+    lp = device_ptr(stats, "stats", stats_desc.span_bytes())
+    if lp % 4:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"stats: {lp:#x} is not 4-byte aligned")
+    lq, lkv = _lens(seq_lens_q, "seqLensQ", pr.b, pr.sq), _lens(seq_lens_kv, "seqLensKV", pr.b, pr.skv)
+    wp = _workspace(work_space, work_space_size_in_bytes, pr.ws[det == 0])
+    fpre, _ = _func(handle, "bwd_pre", pr)
+    drop = a.dropout != 0
+    fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
+    p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_DO: d_o_desc, T_DQ: d_q_desc,
+                        T_DK: d_k_desc, T_DV: d_v_desc, T_LSE: stats_desc})
+    p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv = ptrs
+    p.lse, p.dsum, p.lens_q, p.lens_kv = lp, wp, lq or None, lkv or None
+    p.dq_acc = None if det else wp + pr.ws[0]
+    rows = pr.b * a.heads_q * pr.sq
+    _launch(handle, fpre, 0, (_cdiv(rows, THREADS // 32), 1, 1), p)
+    _launch(handle, fkv, skv_smem, (_cdiv(pr.skv, BWD_N), a.heads_kv, pr.b), p)
+    if det:  # dQ in its own pass: each element summed by one thread in a fixed order
+        fq, sq_smem = _func(handle, "bwd_dq", pr, drop)
+        _launch(handle, fq, sq_smem, (_cdiv(pr.sq, BWD_M), a.heads_q, pr.b), p)
+    else:
+        fc, _ = _func(handle, "bwd_dq_convert", pr)
+        _launch(handle, fc, 0, (_cdiv(rows, THREADS // 32), 1, 1), p)
