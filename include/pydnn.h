@@ -393,6 +393,7 @@ typedef struct pydnnPoolingStruct *pydnnPoolingDescriptor_t;
 typedef struct pydnnNormStruct *pydnnNormDescriptor_t;
 typedef struct pydnnDropoutStruct *pydnnDropoutDescriptor_t;
 typedef struct pydnnConvolutionStruct *pydnnConvolutionDescriptor_t;
+typedef struct pydnnAttentionStruct *pydnnAttentionDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
@@ -693,6 +694,24 @@ pydnnStatus_t pydnnGetConvolutionForwardAlgorithmMaxCount(pydnnHandle_t handle, 
 pydnnStatus_t pydnnGetConvolutionBackwardDataAlgorithmMaxCount(pydnnHandle_t handle, int *count);
 /* The number of backward-filter algorithms. */
 pydnnStatus_t pydnnGetConvolutionBackwardFilterAlgorithmMaxCount(pydnnHandle_t handle, int *count);
+
+/* ---- Fused scaled dot-product attention (pydnn extension) ---- */
+/* A new fused-attention descriptor, unset until pydnnSetAttentionDescriptor. */
+pydnnStatus_t pydnnCreateAttentionDescriptor(pydnnAttentionDescriptor_t *attnDesc);
+/* Heads of Q and of K/V (numHeadsQ a multiple of numHeadsKV), head dim, softmax scale (> 0), mask, dropout. */
+pydnnStatus_t pydnnSetAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc, int numHeadsQ, int numHeadsKV, int headDim, double softmaxScale, pydnnAttentionMaskMode_t maskMode, double dropoutProbability, unsigned long long seed);
+/* The fused-attention descriptor's settings. */
+pydnnStatus_t pydnnGetAttentionDescriptor(const pydnnAttentionDescriptor_t attnDesc, int *numHeadsQ, int *numHeadsKV, int *headDim, double *softmaxScale, pydnnAttentionMaskMode_t *maskMode, double *dropoutProbability, unsigned long long *seed);
+/* Release a fused-attention descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc);
+/* Workspace bytes pydnnAttentionForward needs (0). */
+pydnnStatus_t pydnnGetAttentionForwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const pydnnTensorDescriptor_t kDesc, size_t *sizeInBytes);
+/* Workspace bytes pydnnAttentionBackward needs (batch * numHeadsQ * seqQ * 4). */
+pydnnStatus_t pydnnGetAttentionBackwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const pydnnTensorDescriptor_t kDesc, size_t *sizeInBytes);
+/* O = softmax(scale Q K^T + mask) V; stats (fp32 log-sum-exp per row, statsDesc NULL: not written); seqLens*: int32 device arrays or NULL. */
+pydnnStatus_t pydnnAttentionForward(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const void *q, const pydnnTensorDescriptor_t kDesc, const void *k, const pydnnTensorDescriptor_t vDesc, const void *v, const pydnnTensorDescriptor_t oDesc, void *o, const pydnnTensorDescriptor_t statsDesc, void *stats, const void *seqLensQ, const void *seqLensKV, void *workSpace, size_t workSpaceSizeInBytes);
+/* dQ, dK, dV from the forward's O and stats (dK, dV summed over the query heads of each K/V head). */
+pydnnStatus_t pydnnAttentionBackward(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const void *q, const pydnnTensorDescriptor_t kDesc, const void *k, const pydnnTensorDescriptor_t vDesc, const void *v, const pydnnTensorDescriptor_t oDesc, const void *o, const pydnnTensorDescriptor_t dODesc, const void *dO, const pydnnTensorDescriptor_t statsDesc, const void *stats, const pydnnTensorDescriptor_t dQDesc, void *dQ, const pydnnTensorDescriptor_t dKDesc, void *dK, const pydnnTensorDescriptor_t dVDesc, void *dV, const void *seqLensQ, const void *seqLensKV, int deterministic, void *workSpace, size_t workSpaceSizeInBytes);
 
 #ifdef __cplusplus
 }
