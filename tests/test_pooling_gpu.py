@@ -247,7 +247,15 @@ def test_against_torch(handle, rng):
             pydnn.pooling_forward(handle, pd, 1.0, d4[0], xs.detach(), 0.0, d4[1], ys)
             pydnn.pooling_backward(handle, pd, 1.0, d4[1], ys, d4[1], g, d4[0], xs.detach(), 0.0, d4[2], dx)
             torch.cuda.synchronize()
-            assert torch.allclose(dx, xs.grad, rtol=1e-5, atol=1e-5), (mode, (dx - xs.grad).abs().max().item())
+            # the float64 reference is the oracle; torch's gradient is printed beside it (on the H200, torch
+            # 2.11's CUDA avg_pool2d backward on this channels-last problem disagreed with pydnn by up to 0.96
+            # while torch 2.13 on the CPU matched the reference on a small problem): which side is off shows here
+            want = ref.backward(mode, NOPROP, 1.0, g.double().cpu().numpy(), xs.detach().double().cpu().numpy(), 0.0,
+                                None, ("pool", (3, 3), (1, 1), (2, 2)))
+            ours = np.abs(dx.double().cpu().numpy() - want).max()
+            theirs = np.abs(xs.grad.double().cpu().numpy() - want).max()
+            print(f"mode {mode}: |pydnn - ref| {ours:.3g}, |torch - ref| {theirs:.3g}")
+            assert ours <= 1e-5, (mode, ours, theirs)
         # adaptive forward + backward against torch
         xa = torch.randn(3, 8, 23, 17, device="cuda", requires_grad=True)
         for mode, tfn in ((MAX, F.adaptive_max_pool2d), (INC, F.adaptive_avg_pool2d)):

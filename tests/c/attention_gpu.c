@@ -133,7 +133,8 @@ int main(void) {
   CHECK(pydnnGetAttentionForwardWorkspaceSize(h, a, tq, tk, &wf) == PYDNN_STATUS_SUCCESS && wf == 0,
         "forward workspace 0");
   CHECK(pydnnGetAttentionBackwardWorkspaceSize(h, a, tq, tk, &wb) == PYDNN_STATUS_SUCCESS &&
-            wb == (size_t)B * HQ * SQ * 4, "backward workspace size");
+            wb == ((size_t)B * HQ * SQ * 4 + 15) / 16 * 16 + (size_t)B * HQ * SQ * D * 4,
+        "backward workspace size (row sums + fp32 dQ accumulator)");
 
   srand(7);
   CUdeviceptr dq_in = upload(q, NQ), dk_in = upload(k, NK), dv_in = upload(v, NK), ddo = upload(dout, NQ);
@@ -176,8 +177,8 @@ int main(void) {
   CHECK(st == PYDNN_STATUS_BAD_PARAM, "backward without statsDesc: BAD_PARAM");
   st = pydnnAttentionBackward(h, a, tq, (void *)dq_in, tk, (void *)dk_in, tk, (void *)dv_in, tq, (void *)dO, tq,
                               (void *)ddo, ts, (void *)dL, tq, (void *)dQ, tk, (void *)dK, tk, (void *)dV, NULL, NULL,
-                              1, (void *)ws, wb - 4);
-  CHECK(st == PYDNN_STATUS_BAD_PARAM, "backward with a short workspace: BAD_PARAM");
+                              0, (void *)ws, wb - 4);
+  CHECK(st == PYDNN_STATUS_BAD_PARAM, "atomic backward with a short workspace: BAD_PARAM");
   st = pydnnAttentionForward(h, a, tq, (void *)(dq_in + 2), tk, (void *)dk_in, tk, (void *)dv_in, tq, (void *)dO,
                              ts, (void *)dL, NULL, NULL, NULL, 0);
   CHECK(st == PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, "misaligned q: MISALIGNED_POINTER");
