@@ -1,5 +1,5 @@
 // Layer, group, instance and RMS normalization (pydnn extensions); see normalization_params.h for how a
-// problem is described and pydnn/ops/normalization.py for the choice of kernel. Five kernels:
+// problem is described and pydnn/ops/normalization.py for the choice of kernel. The kernels:
 //
 //   fwd, bwd   the fast path: one normalization set per G threads (a sub-warp up to a 1024-thread block;
 //              several sets per block when G is small), each thread holding ITEMS vectors of VEC
@@ -9,6 +9,8 @@
 //              contiguous channels).
 //   fwd_cluster, bwd_cluster   the same body for sets too large for one block (sm_90): a cluster of 8
 //              blocks shares a set, the block partials meet through distributed shared memory.
+//   fwd_rows   forward of contiguous layer / RMS rows without activation: G threads per row, R rows per
+//              group, one-shot blocks, exact statistics from registers (see its comment below).
 //   gen_fwd, gen_bwd   any layout (up to 8 element dims, any strides): one block per set, coordinates per
 //              element, statistics in a first pass over memory, the output in a second.
 //   finish     backward: dscale / dbias = alpha2 * (sum of the per-block partials) + beta2 * old.
@@ -458,6 +460,225 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) fwd_clu
 template <class T, int VEC, int ITEMS>
 __global__ void fwd_cluster(const NormParams) { __trap(); }  // the host never picks it before sm_90
 #endif
+
+// ------------------------------------------------------------------ forward, rows (layer / RMS norm)
+
+// Contiguous rows with one row stride (set_ndim 1), parameters 1:1 with the row's elements (el_pstride 1,
+// set_pstride 0), 16-byte vectors. A group of G threads (a power of two) holds R rows at once, ITEMS
+// vectors of each per thread: every load of the R rows is issued before any is used, and a thread's
+// scale / bias (the same in every row) sit in registers for all R rows (R == 1: loaded at the output,
+// from L1). Statistics are exact from registers: mean = sum / len, then var = sum (x - mean)^2 / len
+// (RMS: one sum of x^2), invstd = rsqrt(var + eps); one reduction of R floats per statistic, one barrier
+// each. Row offsets are one 64-bit multiply per row, everything else 32-bit.
+
+// A 16-byte load that does not allocate in L1: x is read once, while L1 keeps scale / bias for the
+// next rows. (.nc is safe with y == x: each element is read before its own thread writes it.)
+template <class T, int VEC>
+__device__ __forceinline__ void load_once(Frag<T, VEC>& f, const T* p) {
+  static_assert(Frag<T, VEC>::BYTES == 16, "16-byte fragments only");
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(f.w[0]), "=r"(f.w[1]), "=r"(f.w[2]), "=r"(f.w[3])
+               : "l"(p));
+}
+
+// Sum of R floats each over the G consecutive threads of a group (every thread of the block calls it;
+// with G > 32 it passes one barrier and uses sm: 32 x R floats, reusable after the next barrier). Every
+// thread of a group ends with the same bits (xor butterfly, then the same warp sums in the same order).
+template <int R>
+__device__ __forceinline__ void rows_sum(float (&v)[R], int G, float (*sm)[R]) {
+  for (int m = (G < 32 ? G : 32) >> 1; m > 0; m >>= 1)
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] += __shfl_xor_sync(0xffffffffu, v[r], m);
+  if (G > 32) {
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) sm[threadIdx.x >> 5][r] = v[r];
+    __syncthreads();
+    const int first = (int)(threadIdx.x & ~(unsigned)(G - 1)) >> 5;
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = sm[first][r];
+    for (int w = 1; w < (G >> 5); ++w)
+#pragma unroll
+      for (int r = 0; r < R; ++r) v[r] += sm[first + w][r];
+  }
+}
+
+// VEC float32 parameters from p + i: 16-byte loads when aligned (vec4), else scalar ones.
+template <int VEC>
+__device__ __forceinline__ void rows_params(const float* p, int i, bool vec4, float* out) {
+  if (vec4 && VEC % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(p + i + j));
+      out[j] = q.x; out[j + 1] = q.y; out[j + 2] = q.z; out[j + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = __ldg(p + i + j);
+  }
+}
+
+// The floats of a fragment, unpacked again at each use (volatile: the compiler must not keep the
+// unpacked copies of every row alive across the reductions, which spills; packed 16-bit data is half
+// the registers).
+template <class T, int VEC>
+__device__ __forceinline__ void rows_get(const Frag<T, VEC>& f, float* a) {
+  if constexpr (sizeof(T) == 4) {
+    f.get(a);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; e += 2) {
+      float lo, hi;
+      if constexpr (Same<T, bf16_t>::value)
+        asm volatile("{ shl.b32 %0, %2, 16; and.b32 %1, %2, 0xffff0000; }" : "=f"(lo), "=f"(hi) : "r"(f.w[e / 2]));
+      else
+        asm volatile("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+                     : "=f"(lo), "=f"(hi) : "r"(f.w[e / 2]));
+      a[e] = lo;
+      a[e + 1] = hi;
+    }
+  }
+}
+
+template <class T, int VEC, int ITEMS, int R>
+__global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  constexpr bool PRE = R > 1;  // scale / bias held in registers across the R rows
+  __shared__ __align__(16) float sm[2][32][R];
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int per_block = (int)(blockDim.x / G) * R;  // rows per block
+  const int nvec = (int)p.len / VEC;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool stats = p.flags & PYDNN_NORM_FLAG_STATS, has_bias = p.bias != nullptr;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float inv_len = 1.0f / (float)p.len;
+  const bool pvec = ((reinterpret_cast<unsigned long long>(p.scale) |
+                      reinterpret_cast<unsigned long long>(p.bias)) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], sy = p.set_stride[1][0], ss = p.set_stride[3][0];
+  const T* xb = (const T*)p.x;
+  T* yb = (T*)p.out;
+
+  float sc[PRE ? ITEMS : 1][VEC], bi[PRE ? ITEMS : 1][VEC];
+  if constexpr (PRE) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sc[k][j] = bi[k][j] = 0.0f;
+      if (vi < nvec) {
+        rows_params<VEC>(p.scale, vi * VEC, pvec, sc[k]);
+        if (has_bias) rows_params<VEC>(p.bias, vi * VEC, pvec, bi[k]);
+      }
+    }
+  }
+
+  {  // one-shot: a block's rows, then exit (the host keeps the grid within range)
+    const i64 first = (i64)blockIdx.x * per_block + sub * R;
+    const T* x0 = xb + first * sx;
+    T* y0 = yb + first * sy;
+    F v[R][ITEMS];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const bool live = first + r < p.sets;
+      const T* x = x0 + r * (int)sx;  // R row strides fit in 32 bits (host check)
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int vi = lane + k * G;
+        v[r][k].zero();
+        if (live && vi < nvec) load_once<T, VEC>(v[r][k], x + vi * VEC);
+      }
+    }
+    // mean (RMS: mean of squares), then the centred second moment from the same registers
+    float mean[R], var[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      mean[r] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        float a[VEC];
+        rows_get<T, VEC>(v[r][k], a);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) mean[r] += rms ? a[j] * a[j] : a[j];
+      }
+    }
+    rows_sum<R>(mean, G, sm[0]);
+    if (rms) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        var[r] = mean[r] * inv_len;
+        mean[r] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mean[r] *= inv_len;
+        var[r] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          float a[VEC];
+          rows_get<T, VEC>(v[r][k], a);
+          if (lane + k * G < nvec)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) var[r] += (a[j] - mean[r]) * (a[j] - mean[r]);
+        }
+      }
+      rows_sum<R>(var, G, sm[1]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) var[r] *= inv_len;
+    }
+    float inv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) inv[r] = rsqrtf(var[r] + eps);
+    if (stats && lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (first + r < p.sets) {
+          if (p.mean) p.mean[(first + r) * ss] = mean[r];
+          if (p.invstd) p.invstd[(first + r) * ss] = inv[r];
+        }
+    // y = alpha * ((x - mean) * invstd * scale + bias) + beta * y
+    {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (first + r >= p.sets) continue;
+        T* y = y0 + r * (int)sy;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          const int vi = lane + k * G;
+          if (vi >= nvec) continue;
+          float a[VEC], s_[VEC], b_[VEC];
+          const float* scv = s_;
+          const float* biv = b_;
+          if constexpr (PRE) {
+            scv = sc[k];
+            biv = bi[k];
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) b_[j] = 0.0f;
+            rows_params<VEC>(p.scale, vi * VEC, pvec, s_);
+            if (has_bias) rows_params<VEC>(p.bias, vi * VEC, pvec, b_);
+          }
+          rows_get<T, VEC>(v[r][k], a);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            a[j] = alpha * ((a[j] - mean[r]) * inv[r] * scv[j] + biv[j]);
+          }
+          if (blend) {
+            F old;
+            old.load(y + vi * VEC);
+            float b[VEC];
+            old.get(b);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a[j] += beta * b[j];
+          }
+          F o;
+          o.set(a);
+          o.store(y + vi * VEC);
+        }
+      }
+    }
+  }
+}
 
 // ------------------------------------------------------------------ backward (fast)
 

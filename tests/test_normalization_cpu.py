@@ -287,8 +287,16 @@ def _summary(nd, x, backward=False):
 def test_kernel_choice_for_the_benchmarks():
     ln = _desc((16384, 4096), BF16)
     alts, ws = _summary(_nd(LAYER), ln)
-    # forward: 128 threads per row, one row per block (register tiles, v1)
-    assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"] and alts[1][0].startswith("fwd vec=1")
+    # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
+    assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 grid=16384"]
+    assert alts[1][0].startswith("fwd vec=1")
+    alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), F32))
+    assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 grid=16384"]
+    # v1 register tiles for what fwd_rows does not take: an activation, a row too long for a block
+    alts, _ = _summary(_nd(LAYER, act=_act(pydnn.PYDNN_ACTIVATION_RELU)), ln)
+    assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"]
+    alts, _ = _summary(_nd(LAYER), _desc((4, 65536), BF16))
+    assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     # 2 blocks of 256 per SM (128 registers), evened out: 261 blocks of 63 rows (the last fewer)
     assert alts[0][0] == "bwd vec=8 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
@@ -308,6 +316,7 @@ def test_kernel_choice_for_the_benchmarks():
 def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
     monkeypatch.setattr(N, "STAGED_FWD", True)
+    monkeypatch.setattr(N, "ROWS_FWD", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), BF16))
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1 staged grid=1024"]  # 8 blocks per SM, 16 rows each
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
@@ -390,6 +399,36 @@ def _emulate(p, vec, items, backward, operand):
     return np.concatenate(seen_addr), np.concatenate(seen_set), np.concatenate(seen_par), stats
 
 
+def _emulate_rows(p, lc, operand):
+    """fwd_rows: block b, group sub, row r of the group -> row b * per_block + sub * R + r; the thread's
+    vectors lane + k * G of that row at row * stride (the R rows of a group in 32-bit offsets from the
+    first), parameters 1:1 with the row, statistics at row * stats stride."""
+    vec, items, rows = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:])
+    G, nvec = p.group, p.len // vec
+    assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
+    assert lc.block[0] % G == 0 and G & (G - 1) == 0 and G <= lc.block[0] <= 1024
+    per_block = lc.block[0] // G * rows
+    assert lc.grid[0] * per_block >= p.sets > (lc.grid[0] - 1) * per_block  # one-shot: every row, no idle block
+    stride = p.set_stride[operand if operand < 2 else 2][0]
+    assert rows * abs(stride) < 2**31
+    vi = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
+    vi = vi[vi < nvec]
+    addr, sets, pars, stats = [], [], [], []
+    for b in range(lc.grid[0]):
+        for sub in range(lc.block[0] // G):
+            first = b * per_block + sub * rows
+            for r in range(rows):
+                row = first + r
+                if row >= p.sets:
+                    continue
+                stats.append(row * p.set_stride[3][0])
+                for j in range(vec):
+                    addr.append(first * stride + r * stride + vi * vec + j)
+                    pars.append(vi * vec + j)
+                    sets.append(np.full(len(vi), row))
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
 def _emulate_gen(p, operand):
     e = np.arange(p.len)
     off = np.zeros(p.len, np.int64)
@@ -411,6 +450,8 @@ def _emulate_gen(p, operand):
 
 LAYOUTS = [  # kind, groups, normalized dims, dims, strides of x / out / dy (None: packed NCHW; "nhwc")
     (LAYER, 0, 1, (6, 40), None, None),
+    (LAYER, 0, 1, (37, 48), (56, 1), (64, 1)),           # fwd_rows: padded rows, x and y strides differ
+    (RMS, 0, 2, (3, 11, 4, 128), None, None),            # fwd_rows: merged set dims, 512-element rows
     (LAYER, 0, 1, (5, 37), (41, 1), (37, 1)),            # padded rows, odd length
     (LAYER, 0, 2, (3, 5, 8), (60, 12, 1), None),         # padded trailing dims: two levels
     (LAYER, 0, 2, (3, 5, 8), (40, 1, 5), None),          # transposed trailing dims
@@ -441,11 +482,20 @@ def _layout_desc(dims, layout, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("direction", ["forward", "forward staged", "backward"])
+@pytest.mark.parametrize("direction", ["forward", "forward staged", "backward"] +
+                         [f"forward rows {i}" for i in range(max(len(c) for c in N.ROWS_CONFIGS.values()))])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
+    """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
+    (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too."""
     backward = direction == "backward"
     monkeypatch.setattr(N, "STAGED_FWD", direction == "forward staged")
+    if direction.startswith("forward rows"):
+        configs = N.ROWS_CONFIGS[4 if dtype == F32 else 2]
+        i = int(direction.split()[-1])
+        if i >= len(configs):
+            pytest.skip("no such fwd_rows config for this element size")
+        monkeypatch.setitem(N.ROWS_PICK, "f32" if dtype == F32 else "bf16", configs[i])
     kind, groups, k, dims, lx, ly = LAYOUTS[case]
     nd = _nd(kind, groups, k)
     x, y = _layout_desc(dims, lx, dtype), _layout_desc(dims, ly, dtype)
@@ -463,6 +513,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
             for operand, desc in ((0, x), (1, y)) + (((2, y),) if backward else ()):
                 if kname.startswith("gen"):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
+                elif kname == "fwd_rows":
+                    addr, sset, spar, stats = _emulate_rows(p, lc, operand)
                 else:
                     vec = int(lc.expr.split(",")[1])
                     items = int(lc.expr.split(",")[2].split(">")[0])

@@ -215,6 +215,35 @@ def test_repeated_calls_use_the_cached_plan(handle, rng):
         _backward_check(handle, rng, kind, groups, k, dims, layout, BF16)
 
 
+ROWS_CASES = [  # fwd_rows (v3): kind, normalized dims, dims, layout
+    (LAYER, 1, (64, 4096), "nchw"),
+    (LAYER, 1, (37, 48), (56, 1)),                    # padded rows, rows not a multiple of a block's
+    (RMS, 1, (33, 1000), "nchw"),
+    (RMS, 2, (3, 11, 4, 128), "nchw"),                # merged set dims
+    (LAYER, 1, (9, 8192), "nchw"),                    # 1024-thread groups for some configs
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", range(max(len(c) for c in N.ROWS_CONFIGS.values())))
+def test_forward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
+    """Each compiled fwd_rows (ITEMS, R) config, not only the planner's pick (the benchmark compares them):
+    with bias, without bias and blended, in place."""
+    tag = {F32: "f32", F16: "f16", BF16: "bf16"}[dtype]
+    configs = N.ROWS_CONFIGS[4 if dtype == F32 else 2]
+    if cfg >= len(configs):
+        pytest.skip("no such fwd_rows config for this element size")
+    monkeypatch.setitem(N.ROWS_PICK, tag, configs[cfg])
+    for kind, k, dims, layout in ROWS_CASES:
+        x = _tensor(dims, layout, dtype)
+        items, rows = configs[cfg]
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, k), x.desc)
+        assert alts[0][0].startswith("fwd_rows") and f"items={items} rows={rows}" in alts[0][0], alts
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype)
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, inplace=True)
+
+
 def test_c_program(tmp_path):
     from cprog import build_and_run
 

@@ -35,8 +35,10 @@ alphaParamDiff * dscale' + betaParamDiff * dscale (dbias likewise); beta == 0 ne
 Backward workspace: dscale / dbias are sums over all sets; each block (or block subgroup) writes its
 partial sums to the workspace and a small `finish` kernel adds them in a fixed order.
 
-Kernels (see _configs): `fwd` / `bwd` when a set's elements form at most two levels in memory (a
-contiguous inner run, an outer stride: layer-norm rows, NCHW groups, NHWC groups) and fit in registers
+Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows`
+(G threads per row, statistics exact from registers; see ROWS_*); otherwise `fwd` / `bwd` when a set's
+elements form at most two levels in memory (a contiguous inner run, an outer stride: layer-norm rows,
+NCHW groups, NHWC groups) and fit in registers
 (G threads per set, a power of two up to a block), `fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8
 blocks per set) for larger sets, `gen_fwd` / `gen_bwd` for anything else (one block per set, three or two
 passes over memory). The backward's 16-byte-vector launches take `bwd_staged` / `bwd_staged_cluster`
@@ -88,6 +90,16 @@ GEN_THREADS = 256
 # sets too large for the staged blocks fall back to them.
 STAGED_FWD = False
 STAGED_BWD = True
+# Forward of contiguous layer / RMS norm rows without activation (v3, `fwd_rows`): G threads per row
+# hold ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R rows.
+# ROWS_CONFIGS: the (ITEMS, R) compiled per element size; ROWS_PICK: the one the planner takes. Measured
+# (tools/bench_normalization.py, v3): (4, 1) beats every 512-thread config ((1, 2), (1, 4) in 16-bit,
+# (2, 2), (2, 1) in fp32) by 14-39 points of copy, so only it is compiled; add a config here (and to
+# ROWS_PICK) to try another, the tests and the bench's sweep take every compiled one.
+ROWS_FWD = True
+ROWS_CONFIGS = {2: ((4, 1),), 4: ((4, 1),)}
+ROWS_PICK = {"f32": (4, 1), "f16": (4, 1), "bf16": (4, 1)}
+ROWS_MAX_GROUP = 1024
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
 STAGED_BWD_ITEMS = {"f32": 4, "f16": 2, "bf16": 2}
@@ -145,6 +157,10 @@ def _staged_expr(tag, vec, backward, preg=False, cluster=False):
     return f"pydnn::norm::{name}<{CTYPE[tag]}, {vec}, {STAGED_FWD_ITEMS}>"
 
 
+def _rows_expr(tag, vec, items, rows):
+    return f"pydnn::norm::fwd_rows<{CTYPE[tag]}, {vec}, {items}, {rows}>"
+
+
 def _gen_expr(tag, backward):
     return f"pydnn::norm::{'gen_bwd' if backward else 'gen_fwd'}<{CTYPE[tag]}>"
 
@@ -155,6 +171,7 @@ FINISH_EXPR, ZERO_EXPR = "pydnn::norm::finish", "pydnn::norm::zero"
 def _unit_exprs(tag):
     v = _vec(tag)
     exprs = [_fwd_expr(tag, v), _fwd_expr(tag, 1), _fwd_expr(tag, v, cluster=True)]
+    exprs += [_rows_expr(tag, v, i, r) for i, r in ROWS_CONFIGS[_SIZES[tag]]]
     for preg in (True, False):
         exprs += [_bwd_expr(tag, v, preg), _bwd_expr(tag, 1, preg), _bwd_expr(tag, v, preg, cluster=True)]
     for c in (False, True):
@@ -540,7 +557,32 @@ def _bwd_staged_alt(handle, nd, tag, geo, vec):
     return [bwd, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
 
 
+def _rows_alt(handle, nd, tag, geo, vec):
+    """fwd_rows for contiguous layer / RMS rows (one set dim, parameters 1:1 with the row) without
+    activation, or None."""
+    sets, els, n_sets, length, nparams = geo
+    if nd.kind not in LAYERLIKE or nd.act_id or len(sets) != 1 or sets[0][2] != 0:
+        return None
+    if len(els) != 1 or any(s != 1 for s in els[0][1]) or els[0][2] != 1 or length % vec:
+        return None
+    items, rows = ROWS_PICK[tag]
+    g = next_pow2(max(1, _cdiv(length // vec, items)))
+    block = max(g, MIN_BLOCK)
+    per_block = block // g * rows
+    grid = _cdiv(n_sets, per_block)
+    if g > ROWS_MAX_GROUP or grid > MAX_GRID or rows * max(abs(s) for s in sets[0][1][:2]) >= 2**31:
+        return None
+    p = _base_params(nd, sets, els, n_sets, length, nparams, False)
+    p.group = g
+    return [_new_launch(_rows_expr(tag, vec, items, rows), p, (grid, 1, 1), (block, 1, 1),
+                        desc=f"fwd_rows vec={vec} G={g} block={block} items={items} rows={rows} grid={grid}")]
+
+
 def _fwd_alt(handle, nd, tag, geo, vec):
+    if ROWS_FWD and vec > 1:
+        r = _rows_alt(handle, nd, tag, geo, vec)
+        if r is not None:
+            return r
     if STAGED_FWD and vec > 1:
         r = _fwd_staged_alt(handle, nd, tag, geo, vec)
         if r is not None:
