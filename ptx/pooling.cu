@@ -6,6 +6,8 @@
 //        bytes when VEC > 1: NHWC-like layouts, channels contiguous), up to kFwdBatch loads in flight,
 //        writes y once. Overlapping windows re-read x, but those reads hit L1 / L2. Max uses the packed
 //        max instructions (max{.NaN}.bf16x2 / .f16x2 / .f32), so the words never leave their 16-bit form.
+//   fwd_rows  the vector forward of 1-d / 2-d pooling with 32-bit offsets: one thread per VEC channels of
+//        kRowOut outputs along w, coordinates from the launch shape (see the kernel).
 //   bwd  one thread per VEC channels of one dx element: GATHERS from the pooled elements whose windows
 //        cover it (no atomics, no scatter), so dx is written once, in a fixed order: bitwise reproducible.
 //        Average: sum of dy * (1 / count). Max: the element receives dy of window o where it is the
@@ -178,11 +180,11 @@ __device__ __forceinline__ void covering(const PoolParams& p, int k, int e, int&
 // The first `count` elements of the window [lo, hi) in window order, from its first element `first`:
 // f(j, frag) for the j-th. Loads go BATCH at a time (all issued before any is used); a running pointer
 // walks w, wrapping to the next row / plane. f returns false to stop early (checked between batches).
-template <class T, int VEC, int BATCH, class F>
-__device__ __forceinline__ void scan(const T* first, const long long* xs, const int* lo, const int* hi, int count,
-                                     F&& f) {
+// S: the stride type (long long; int in fwd_rows, whose offsets fit 32 bits).
+template <class T, int VEC, int BATCH, class S, class F>
+__device__ __forceinline__ void scan(const T* first, const S* xs, const int* lo, const int* hi, int count, F&& f) {
   const int nw = hi[2] - lo[2], nh = hi[1] - lo[1];
-  const i64 step_h = xs[3] - (i64)nw * xs[4], step_d = xs[2] - (i64)nh * xs[3];
+  const S step_h = xs[3] - (S)nw * xs[4], step_d = xs[2] - (S)nh * xs[3];
   const T* q = first;
   int iw = 0, ih = 0;
   for (int j0 = 0; j0 < count; j0 += BATCH) {
@@ -273,6 +275,75 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd(const PoolParams p) 
   }
 }
 
+// Forward of 1-d / 2-d pooling (no adaptive windows) with 16-byte channel vectors and every offset of x and
+// y below 2^31 elements (the host checks): the coordinates come from the launch's shape instead of
+// dividing a flat index. Block (bx, by): threadIdx.x a channel group (VEC channels), threadIdx.y a strip of
+// kRowOut consecutive outputs along w; grid (N * OH rows, w strips / by, channel groups / bx). A strip
+// shares its row, its h window, its base offsets and the blend set-up, so the fixed work per output is a
+// quarter of fwd's; each output still reduces its window in fwd's order (max: bitwise fwd's values).
+constexpr int kRowOut = 4;
+
+template <class T, int VEC, bool IS_MAX>
+__global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd_rows(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  const int cg = blockIdx.z * blockDim.x + threadIdx.x, ow0 = (blockIdx.y * blockDim.y + threadIdx.y) * kRowOut;
+  const int OH = (int)p.size[3], OW = (int)p.size[4];
+  if (cg >= (int)p.size[1] || ow0 >= OW) return;
+  const int row = blockIdx.x, n = row / OH, oh = row - n * OH;
+  int lo[3] = {0, 0, 0}, hi[3] = {1, 0, 0};
+  window(p, 1, oh, lo[1], hi[1]);
+  const int xs[5] = {(int)p.xs[0], (int)p.xs[1], (int)p.xs[2], (int)p.xs[3], (int)p.xs[4]};
+  const T* xrow = static_cast<const T*>(p.x) + (n * xs[0] + cg * VEC * xs[1] + lo[1] * xs[3]);
+  T* yrow = static_cast<T*>(p.out) + (n * (int)p.os[0] + cg * VEC * (int)p.os[1] + oh * (int)p.os[3]);
+  const int ys = (int)p.os[4], sw = (int)p.stride[2], pw = (int)p.pad[2], kw = (int)p.win[2], W = (int)p.in_dim[2];
+  const int nh = hi[1] - lo[1];
+  const bool plain = !(p.flags & PYDNN_FLAG_BETA) && p.alpha == 1.0;  // y = pool(x): no conversion needed
+  const int uend = OW - ow0 < kRowOut ? OW - ow0 : kRowOut;
+#pragma unroll 1
+  for (int u = 0; u < uend; ++u) {
+    const int ow = ow0 + u, s = ow * sw - pw;
+    lo[2] = s < 0 ? 0 : s;
+    hi[2] = s + kw < W ? s + kw : W;
+    const int count = nh * (hi[2] - lo[2]);
+    const T* first = xrow + lo[2] * xs[4];
+    T* dst = yrow + ow * ys;
+    A r[VEC];
+    if constexpr (IS_MAX) {
+      Frag<T, VEC> m;
+      if (p.flags & PYDNN_FLAG_NAN_PROP) {
+        scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
+          if (j == 0) m = v; else m.template max_with<true>(v);
+          return true;
+        });
+      } else {
+        scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
+          if (j == 0) m = v; else m.template max_with<false>(v);
+          return true;
+        });
+      }
+      if (plain) {  // the maximum is one of x's values: stored as it is
+        m.store(dst);
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) r[e] = m.template get<A>(e);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) r[e] = A(0);
+      scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, [&](int, const Frag<T, VEC>& v) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r[e] += v.template get<A>(e);
+        return true;
+      });
+      // one division per output instead of VEC (within an ulp of r / n before the final rounding)
+      const A inv = A(1) / (p.mode == PYDNN_POOL_MODE_AVG_INCLUDE ? (A)p.win[1] * (A)p.win[2] : (A)count);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) r[e] *= inv;
+    }
+    store_blend<T, VEC>(dst, r, p);
+  }
+}
+
 // a matches the window's output m: equal, or both NaN (a NaN output came from a NaN element)
 template <class A> __device__ __forceinline__ bool match(A a, A m) { return a == m || (a != a && m != m); }
 
@@ -287,9 +358,40 @@ __device__ __forceinline__ void next_pooled(int* o, const int* lo, const int* hi
   }
 }
 
-template <class T, int VEC, bool IS_MAX>
+// The tie check of max backward in packed form (bwd<T, VEC, true, true>): M = the packed max of the
+// window's `self` (> 0) elements before x[e], with the forward's NaN rule (4 instructions per 16-byte
+// vector instead of VEC unpacked matches). y[o] = mv is the window's maximum, so no earlier element matches
+// it exactly when: y not NaN: M != y (M < y, or M NaN: every earlier element NaN, skipped);
+// y NaN: PROPAGATE: M not NaN (no earlier NaN); NOT_PROPAGATE: never (an all-NaN window's gradient goes to
+// its first element). Same elements as matching each one, so bitwise the same dx.
+template <class T, int VEC>
+__device__ __forceinline__ void earlier_max_rule(const PoolParams& p, const T* first, const int* lo, const int* hi,
+                                                 int self, const typename AccOf<T>::type* mv, bool* mine) {
+  typedef typename AccOf<T>::type A;
+  Frag<T, VEC> m;
+  const bool prop = p.flags & PYDNN_FLAG_NAN_PROP;
+  if (prop) {
+    scan<T, VEC, kBwdBatch>(first, p.xs, lo, hi, self, [&](int j, const Frag<T, VEC>& v) {
+      if (j == 0) m = v; else m.template max_with<true>(v);
+      return true;
+    });
+  } else {
+    scan<T, VEC, kBwdBatch>(first, p.xs, lo, hi, self, [&](int j, const Frag<T, VEC>& v) {
+      if (j == 0) m = v; else m.template max_with<false>(v);
+      return true;
+    });
+  }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const A me = m.template get<A>(e);
+    mine[e] = mine[e] && (mv[e] != mv[e] ? prop && me == me : !(me == mv[e]));
+  }
+}
+
+// PACKED (max only): the tie check by earlier_max_rule, else by matching each earlier element.
+template <class T, int VEC, bool IS_MAX, bool PACKED = false>
 __global__ void __launch_bounds__(kThreads, IS_MAX ? kBwdMaxBlocks : kBwdAvgBlocks) bwd(const PoolParams p) {
-  // the host launches bwd<.., true> exactly for PYDNN_POOL_MODE_MAX
+  // the host launches bwd<.., true[, ..]> exactly for PYDNN_POOL_MODE_MAX
   typedef typename AccOf<T>::type A;
   const T* __restrict__ x = static_cast<const T*>(p.x);
   const T* __restrict__ dy = static_cast<const T*>(p.dy);
@@ -353,15 +455,19 @@ __global__ void __launch_bounds__(kThreads, IS_MAX ? kBwdMaxBlocks : kBwdAvgBloc
           // a tie is possible: an earlier element of the window that matches takes the gradient
           const int self = ((e3[0] - lo[0]) * (hi[1] - lo[1]) + (e3[1] - lo[1])) * (hi[2] - lo[2]) + (e3[2] - lo[2]);
           const T* first = x + xnc + lo[0] * p.xs[2] + lo[1] * p.xs[3] + lo[2] * p.xs[4];
-          scan<T, VEC, kBwdBatch>(first, p.xs, lo, hi, self, [&](int, const Frag<T, VEC>& v) {
-            bool left = false;
+          if constexpr (PACKED) {
+            if (self > 0) earlier_max_rule<T, VEC>(p, first, lo, hi, self, mv, mine);
+          } else {  // each earlier element matched in turn, stopping when no channel is left
+            scan<T, VEC, kBwdBatch>(first, p.xs, lo, hi, self, [&](int, const Frag<T, VEC>& v) {
+              bool left = false;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              mine[e] = mine[e] && !match(v.template get<A>(e), mv[e]);
-              left |= mine[e];
-            }
-            return left;
-          });
+              for (int e = 0; e < VEC; ++e) {
+                mine[e] = mine[e] && !match(v.template get<A>(e), mv[e]);
+                left |= mine[e];
+              }
+              return left;
+            });
+          }
 #pragma unroll
           for (int e = 0; e < VEC; ++e)
             if (mine[e]) acc[e] += g[u].template get<A>(e);

@@ -320,12 +320,52 @@ def _match(a, m):
     return (a == m) | (np.isnan(a) & np.isnan(m))
 
 
+def _reduce(p, vals, is_max, count):
+    if is_max:  # the packed max: NaN if any (propagate) / only if all (fmax)
+        r = vals[0].copy()
+        for v in vals[1:]:
+            r = np.maximum(r, v) if p.flags & 2 else np.fmax(r, v)
+        return r
+    return sum(vals) / (p.win[0] * p.win[1] * p.win[2] if p.mode == 1 else count)
+
+
+def _emulate_rows(lc, mem, itemsize):
+    """fwd_rows: every (block, thread) of the launch shape, each thread up to ROW_OUT outputs along w, with the
+    kernel's coordinate and 32-bit offset arithmetic."""
+    p, vec, is_max = lc.params, lc.vec, lc.expr.endswith("true>")
+    out, written = mem["out"], np.zeros(len(mem["out"]), int)
+    (gx, gy, gz), (bx, by, _) = lc.grid, lc.block
+    for bz, byi, bxi, tx, ty in itertools.product(range(gz), range(gy), range(gx), range(bx), range(by)):
+        cg, ow0 = bz * bx + tx, (byi * by + ty) * P.ROW_OUT
+        if cg >= p.size[1] or ow0 >= p.size[4]:
+            continue
+        n, oh = divmod(bxi, p.size[3])
+        hlo, hhi = _window(p, 1, oh)
+        xrow = n * p.xs[0] + cg * vec * p.xs[1] + hlo * p.xs[3]
+        yrow = n * p.os[0] + cg * vec * p.os[1] + oh * p.os[3]
+        for ow in range(ow0, min(ow0 + P.ROW_OUT, p.size[4])):
+            wlo, whi = _window(p, 2, ow)
+            lo, hi = (0, hlo, wlo), (1, hhi, whi)
+            count = (hhi - hlo) * (whi - wlo)
+            vals = [v for _, v in _scan(mem["x"], xrow + wlo * p.xs[4], p.xs, lo, hi, count, vec, itemsize)]
+            r = _reduce(p, vals, is_max, count)
+            a = yrow + ow * p.os[4]
+            assert a % vec == 0 and a + vec <= 2**31
+            old = out[a:a + vec]
+            out[a:a + vec] = p.alpha * r + (p.beta * old if p.flags & 1 else 0)
+            written[a:a + vec] += 1
+    return written
+
+
 def _emulate(lc, mem, itemsize, backward):
     """Run one launch over flat float64 buffers mem = {'out', 'x', 'dy', 'y'} (addresses in elements)."""
     p, vec = lc.params, lc.vec
     prop = bool(p.flags & 2)
-    is_max = lc.expr.endswith("true>")
+    is_max = lc.expr.endswith(", true>") or lc.expr.endswith(", true, true>")
     assert is_max == (p.mode == 0)
+    if "fwd_rows" in lc.expr:
+        assert not backward and vec > 1
+        return _emulate_rows(lc, mem, itemsize)
     written = np.zeros(len(mem["out"]), int)
     out = mem["out"]
     for item in range(p.total):
@@ -364,10 +404,16 @@ def _emulate(lc, mem, itemsize, backward):
                         continue
                     self_j = ((c[2] - lo[0]) * (hi[1] - lo[1]) + (c[3] - lo[1])) * (hi[2] - lo[2]) + (c[4] - lo[2])
                     first = xnc + sum(lo[k] * p.xs[2 + k] for k in range(3))
-                    for _, v in _scan(mem["x"], first, p.xs, lo, hi, self_j, vec, itemsize):
-                        mine = mine & ~_match(v, m)
-                        if not mine.any():
-                            break
+                    if lc.expr.endswith(", true, true>"):  # one packed max of the earlier elements
+                        vals = [v for _, v in _scan(mem["x"], first, p.xs, lo, hi, self_j, vec, itemsize)]
+                        if vals:
+                            me = _reduce(p, vals, True, 0)
+                            mine = mine & np.where(np.isnan(m), prop & ~np.isnan(me), me != m)
+                    else:
+                        for _, v in _scan(mem["x"], first, p.xs, lo, hi, self_j, vec, itemsize):
+                            mine = mine & ~_match(v, m)
+                            if not mine.any():
+                                break
                     if mine.any():
                         assert (gb + po) % vec == 0
                         r = r + np.where(mine, mem["dy"][gb + po:gb + po + vec], 0)
@@ -391,8 +437,9 @@ def _layout(dims, layout):
         return packed_strides(dims, pydnn.PYDNN_TENSOR_NCHW)
     if layout == "nhwc":
         return packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC)
-    # gaps: NHWC with the channel dim padded by 3 and the rows by one pixel
-    st = list(packed_strides(tuple(d + (3 if i == 1 else 1 if i >= 2 else 0) for i, d in enumerate(dims)),
+    # gaps: NHWC with the channel dim padded by 3 (gaps16: by 16, vectors still fit) and the rows by one pixel
+    cpad = 16 if layout == "gaps16" else 3
+    st = list(packed_strides(tuple(d + (cpad if i == 1 else 1 if i >= 2 else 0) for i, d in enumerate(dims)),
                              pydnn.PYDNN_TENSOR_NHWC))
     return tuple(st)
 
@@ -466,8 +513,10 @@ POOL_CASES = [  # xdims, (window, padding, stride)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc", "gaps"])
-@pytest.mark.parametrize("mode,nan", [(MAX, NOPROP), (MAXD, PROP), (INC, NOPROP), (EXC, NOPROP)])
-def test_emulated_pooling(mode, nan, layout, rng):
+@pytest.mark.parametrize("mode,nan,packed", [(MAX, NOPROP, True), (MAXD, PROP, True), (MAX, NOPROP, False),
+                                             (MAX, PROP, False), (INC, NOPROP, True), (EXC, NOPROP, True)])
+def test_emulated_pooling(mode, nan, packed, layout, rng, monkeypatch):
+    monkeypatch.setattr(P, "BWD_PACKED_TIES", packed)  # max backward: both tie checks
     for xdims, g in POOL_CASES:
         geo = ("pool",) + g
         for dt in (F32, BF16):
@@ -484,6 +533,48 @@ def test_emulated_adaptive_and_blend(mode, rng):
     _run_emulated("adaptive", mode, NOPROP, F16, (1, 8, 7, 5), (1, 8, 1, 1), "nhwc", None, rng, alpha=0.5, beta=-1.5)
     _run_emulated("pool", mode, NOPROP, F32, (1, 8, 7, 5), (1, 8, 3, 3), "nhwc", ("pool", (3, 3), (0, 1), (2, 2)),
                   rng, alpha=-2.0, beta=0.25, misalign=True)
+
+
+ROWS_CASES = [  # xdims, dtype, (window, padding, stride): partial strips, several blocks along y and z
+    ((1, 16, 6, 9), BF16, ((3, 3), (1, 1), (2, 2))),
+    ((1, 128, 3, 66), F32, ((3, 3), (1, 1), (2, 2))),   # 32 x 8 threads, 2 blocks along w
+    ((1, 264, 2, 10), F32, ((2, 3), (1, 0), (1, 2))),   # 66 channel groups: 3 blocks along c
+    ((2, 16, 9), BF16, ((4,), (2,), (3,))),             # 1-d
+]
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "gaps16"])
+@pytest.mark.parametrize("mode,nan", [(MAX, NOPROP), (MAXD, PROP), (INC, NOPROP), (EXC, NOPROP)])
+def test_emulated_rows_forward(mode, nan, layout, rng, monkeypatch):
+    """fwd_rows (forced for small blocks too) against the reference; backward keeps its kernel."""
+    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    for xdims, dt, g in ROWS_CASES + [(POOL_CASES[0][0], BF16, POOL_CASES[0][1])]:
+        geo = ("pool",) + g
+        h = cpu_handle()
+        xd = _desc(xdims, dt, _layout(xdims, layout))
+        yd = _desc(_ydims(xdims, geo), dt, _layout(_ydims(xdims, geo), layout))
+        rows = P.plan_summary(h, yd, xd, geometry=P._validate_fwd("pool", _poolnd(mode, nan, *g), xd, yd))
+        assert rows[0][0].startswith("pydnn::pooling::fwd_rows<") and rows[-1][0].startswith("pydnn::pooling::fwd<")
+        _run_emulated("pool", mode, nan, dt, xdims, _ydims(xdims, geo), layout, geo, rng)
+    xdims, g = (1, 8, 7, 5), ((3, 3), (0, 1), (2, 2))
+    _run_emulated("pool", mode, nan, F32, xdims, _ydims(xdims, ("pool",) + g), "nhwc", ("pool",) + g, rng,
+                  alpha=-2.0, beta=0.25)
+
+
+def test_rows_forward_limits():
+    """fwd_rows only where it applies: 3-d, adaptive, scalar launches and small blocks keep fwd."""
+    h = cpu_handle()
+    for xdims, g, want in (((8, 64, 112, 112), ((3, 3), (1, 1), (2, 2)), True),
+                           ((1, 8, 4, 5, 6), ((2, 3, 2), (1, 0, 1), (1, 2, 3)), False),
+                           ((2, 16, 7, 8), ((3, 3), (1, 1), (2, 2)), False)):   # 2 x 1 threads per block
+        geo = ("pool",) + g
+        xd, yd = _desc(xdims, BF16, _layout(xdims, "nhwc")), _desc(_ydims(xdims, geo), BF16, _layout(_ydims(xdims, geo), "nhwc"))
+        rows = P.plan_summary(h, yd, xd, geometry=P._validate_fwd("pool", _poolnd(MAX, NOPROP, *g), xd, yd))
+        assert [r[0].startswith("pydnn::pooling::fwd_rows") for r in rows] == [want, False], (xdims, rows)
+    xd = _desc((2, 64, 9, 9), BF16, _layout((2, 64, 9, 9), "nhwc"))
+    yd = _desc((2, 64, 3, 3), BF16, _layout((2, 64, 3, 3), "nhwc"))
+    rows = P.plan_summary(h, yd, xd, flags=P.FLAG_ADAPTIVE)
+    assert not any("fwd_rows" in r[0] for r in rows)
 
 
 def test_thread_order_follows_the_written_tensor():

@@ -9,6 +9,7 @@ import pytest
 import pydnn
 from devtensor import DevTensor, assert_close
 from pydnn._cuda import driver
+from pydnn.ops import pooling as P
 from pydnn.reference import pooling as ref
 from pydnn.tensor import packed_strides
 
@@ -73,9 +74,16 @@ def _bwd_scale(mode, nan, alpha, dyv, xv, beta, dx0, geo):
         np.abs(beta * dx0) if beta != 0 else 0)
 
 
+@pytest.fixture
+def rows_everywhere(monkeypatch):
+    """fwd_rows for every eligible forward, however small its blocks (the flat vector forward keeps the
+    3-d, adaptive and global cases)."""
+    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", [MAX, MAXD, INC, EXC])
-def test_pooling(handle, rng, mode, dtype):
+def test_pooling(handle, rng, mode, dtype, rows_everywhere):
     for xdims, layout, win, pad, stride in CASES:
         geo = ("pool", win, pad, stride)
         nan = PROP if mode == MAXD else NOPROP
@@ -105,9 +113,11 @@ def test_pooling(handle, rng, mode, dtype):
             dx.check_untouched()
 
 
+@pytest.mark.parametrize("rows_min", [1, 1 << 30])
 @pytest.mark.parametrize("nan", [NOPROP, PROP])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
-def test_nan_rules(handle, rng, nan, layout):
+def test_nan_rules(handle, rng, nan, layout, rows_min, monkeypatch):
+    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", rows_min)  # fwd_rows, then the flat forward
     xdims, win, pad, stride = (2, 8, 9, 8), (3, 3), (1, 1), (2, 2)
     geo = ("pool", win, pad, stride)
     pd = _pool_desc(MAX, nan, win, pad, stride)
@@ -184,6 +194,37 @@ def test_global_average(handle, rng, dtype):
         want = np.broadcast_to(2.0 * dyv / np.prod(xdims[2:]), xdims)
         assert_close(dx.download(), want, dtype, f"global bwd {xdims}")
         dx.check_untouched()
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("nan", [NOPROP, PROP])
+def test_rows_forward_matches_flat_forward_bitwise(handle, rng, dtype, nan, monkeypatch):
+    """Max pooling: fwd_rows stores the same bits as the flat kernel (ties, NaN, +-0 in the data)."""
+    xdims, win, pad, stride = (3, 64, 23, 45), (3, 3), (1, 1), (2, 2)
+    x = _t(xdims, "nhwc", dtype)
+    v = rng.integers(-2, 3, xdims).astype(np.float64) * rng.choice([1.0, 0.5], xdims)
+    v[v == 0] = rng.choice([0.0, -0.0], int((v == 0).sum()))
+    v.flat[rng.choice(v.size, v.size // 20, replace=False)] = np.nan
+    x.upload(v)
+    pd = _pool_desc(MAX, nan, win, pad, stride)
+    ydims = tuple(pydnn.get_pooling_nd_forward_output_dim(pd, x.desc, 4))
+    outs = []
+    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    for rows in (True, False):
+        monkeypatch.setattr(P, "ROWS_FORWARD", rows)
+        y = _t(ydims, "nhwc", dtype)
+        yd = pydnn.create_tensor_descriptor()  # a fresh descriptor: no cached plan of the other kernel
+        pydnn.set_tensor_nd_descriptor(yd, dtype, 4, list(ydims), list(y.desc.strides))
+        pd = _pool_desc(MAX, nan, win, pad, stride)
+        assert P.plan_summary(handle, yd, x.desc, geometry=P._pool_geometry(pd, x.desc, yd))[0][0].startswith(
+            "pydnn::pooling::fwd_rows" if rows else "pydnn::pooling::fwd<")
+        pydnn.pooling_forward(handle, pd, 1.0, x.desc, x.ptr, 0.0, yd, y.ptr)
+        driver.synchronize()
+        outs.append(y.download())
+    a, b = outs
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    ok = ~np.isnan(a)
+    assert np.array_equal(a[ok], b[ok]) and np.array_equal(np.signbit(a[ok]), np.signbit(b[ok]))
 
 
 def test_unaligned_pointers(handle, rng):

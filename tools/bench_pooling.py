@@ -10,7 +10,8 @@ The floor is that byte count at the copy bandwidth measured in the same run. Ove
 (each element 2.25 times on average) but those reads hit L1 / L2. Target (issue 3): forward >= 75% of copy
 and >= 3x PyTorch (torch.nn.functional.max_pool2d / avg_pool2d on a channels_last tensor).
 
-Kernel (ptx/pooling.cu): one thread per 8 channels (16 bytes) of one written element.
+Kernel (ptx/pooling.cu): one thread per 8 channels (16 bytes) of one written element (v1, v2); forward v3:
+one thread per 8 channels of 4 consecutive outputs along w (fwd_rows).
 
 Versions (H200, copy ~4150 GB/s in the same run):
   v1 forward: 2 window loads in flight (64-register cap), max by unpacking to float with the first-max /
@@ -19,7 +20,7 @@ Versions (H200, copy ~4150 GB/s in the same run):
      max bwd 3.0% (0.27x), avg bwd 7.5% (2.7x); fp32 max fwd 39.5%; NCHW max fwd 6.2% (0.42x).
      Both directions instruction-bound: max forward did ~9 instructions per channel-element, backward
      ~6 64-bit divisions per dx vector plus 9 loads + compares per covering window.
-  v2 (this commit): forward issues the whole window (up to 9 vectors) before using any, max in the packed
+  v2: forward issues the whole window (up to 9 vectors) before using any, max in the packed
      max{.NaN}.bf16x2 form (4 instructions per 16-byte vector), window bounds in 32-bit ints, separate
      max / average instantiations (80 registers, 3 blocks per SM). Backward matches x[e] against y[o]
      (cuDNN's contract: y is the forward's output), scanning earlier window elements only on a match (a
@@ -36,10 +37,35 @@ Versions (H200, copy ~4150 GB/s in the same run):
      threads; backward avg: 202 us for 6.4M threads, each only 1-4 dy loads), i.e. ~1000 issued
      instructions per thread: the fixed per-thread work (10 runtime 32-bit div / mod for the coordinates,
      64-bit offset products, the window and covering bounds, the blend) dominates, not the loads.
-  Next (not measured): amortise the fixed work: a thread (or a warp row) handles several outputs along w
-  (shared coordinates, and for 3x3 / 2 windows 3 columns loaded per extra output instead of 9), magic-number
-  division for the coordinates, 32-bit offsets when every tensor spans < 2^31 elements; backward of max:
-  a block per dx tile computing each covering window's first maximum once into shared memory.
+  v3 (this commit): (a) forward of 1-d / 2-d vector problems whose offsets fit 32 bits: fwd_rows, a thread
+     reduces 4 consecutive outputs along w (kRowOut) of one channel vector; coordinates from the launch shape
+     (grid N*OH rows x w strips x channel blocks, block 8..32 channel vectors x strips: one division per
+     thread instead of 10 div / mod per output), 32-bit offsets, the h window and base offsets shared by the
+     strip; max with alpha 1 / beta 0 stores the packed maximum as it is (no unpack / blend / repack);
+     averages multiply by one reciprocal per output instead of VEC divisions. Each output still reduces its
+     window in fwd's order (max bitwise fwd's; a GPU test compares the two kernels' bits); small blocks
+     (< 64 threads), 3-d and adaptive problems keep fwd. Loads are NOT shared between the 4 outputs (the
+     shared column is re-read from L1): the fixed work was the cost, not the loads.
+     (b) max backward (vector launches): the tie check as ONE packed max of the earlier window elements
+     compared with y (earlier_max_rule; 4 instructions per 16-byte vector) instead of VEC unpacked NaN-aware
+     matches per earlier element; with random data ~60% of (dx vector, covering window) pairs have a channel
+     matching y, so this check ran for most of them. Same elements get the gradient (bitwise same dx).
+     Prediction (bf16): max fwd 67% -> 78-85% of copy, avg fwd 55% -> 70-80% (their remaining cost: the 9
+     loads and the unpack / add per element); fp32 fwd ~75-85%; max bwd 10.7% -> 14-18% of copy
+     (1.1-1.5x torch): the coordinate divisions and covering windows remain.
+     Measured (copy 4178 GB/s; all GPU tests pass, incl. the fwd_rows / fwd bitwise comparison): bf16 max fwd
+     3238 GB/s 77.5% (5.45x torch; was 67.1%), avg fwd 67.4% / 67.7% incl. / excl. padding (7.8x; was
+     54.6%), max bwd 549 GB/s 13.1% (1.04x; was 10.7%, 0.85x), avg bwd unchanged 15.2%; fp32 max fwd 89.0%
+     (3.35x; was 72.7%), avg fwd 87.7% (5.21x; was 69.5%), max bwd 18.6% (0.76x; unchanged: fp32's tie check
+     was already cheap, 4 channels per vector). Max forward and fp32 forward are inside or above the
+     prediction; bf16 average forward is below it (67% vs 70-80%): still instruction-bound on the per-element
+     unpack + add (8 channels x 9 loads x 2 instructions per output, vs 4 packed max per load); bf16 max
+     backward at the low end (the fixed per-thread work now dominates it).
+  Next (not measured): bf16 average forward: sum each window column once per strip and reuse the shared
+  column's sum between neighbouring outputs (3x3 / 2: 2 new column sums per output instead of 3, ~1/3 fewer
+  unpack + add), or unpack bf16 pairs with one PRMT each; backward: coordinates from the launch shape as fwd_rows does (a thread per strip of
+  dx along w sharing its covering rows), or a block per dx tile computing each covering window's first
+  maximum once into shared memory; forward of max: share the loaded columns between a strip's outputs.
 """
 import torch
 import torch.nn.functional as F

@@ -33,7 +33,9 @@ sizes < 2^31; adaptive: in * out < 2^31), else NOT_SUPPORTED.
 Kernels (see ptx/pooling.cu): one thread per VEC channels of one written element. VEC = 16 bytes of
 channels when the channels are contiguous (stride 1) in every operand, C % VEC == 0, every other stride a
 multiple of VEC, and (checked per call) every pointer 16-byte aligned; else VEC = 1 with threads running
-along the written tensor's innermost dim.
+along the written tensor's innermost dim. The vector forward of 1-d / 2-d pooling with 32-bit offsets runs
+fwd_rows (a thread per VEC channels of 4 outputs along w, coordinates from the launch shape; ROWS_FORWARD);
+the vector max backward checks ties with one packed max of the earlier window elements (BWD_PACKED_TIES).
 """
 import ctypes
 
@@ -124,6 +126,9 @@ KMODE = {E.PYDNN_POOLING_MAX: 0, E.PYDNN_POOLING_MAX_DETERMINISTIC: 0,
          E.PYDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING: 1, E.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING: 2}
 KMODE_MAX, KMODE_AVG_EXCLUDE = 0, 2
 FLAG_ADAPTIVE, FLAG_IDX32 = 4, 8
+# vector max backward: bwd<T, VEC, true, true>, checking ties with one packed max of the earlier window
+# elements instead of matching each one; False: the per-element match for all
+BWD_PACKED_TIES = True
 THREADS = 256                       # kThreads
 MAX_GRID = 2**31 - 1                # the kernels loop over items past the grid
 MAX_SPATIAL = 3
@@ -150,16 +155,22 @@ def _vec(tag):
 
 
 def _expr(kernel, tag, vec):
-    """kernel: fwd_max, fwd_avg, bwd_max or bwd_avg (max: MAX modes; avg: the averages)."""
+    """kernel: fwd_max, fwd_avg, bwd_max, bwd_avg, rows_max, rows_avg or bwdp_max (max: MAX modes; avg: the
+    averages; rows: fwd_rows, the forward with coordinates from the launch shape; bwdp: max backward with the
+    packed tie check; those two for vector launches only)."""
     d, m = kernel.split("_")
-    return f"pydnn::pooling::{d}<{CTYPE[tag]}, {vec}, {'true' if m == 'max' else 'false'}>"
+    tail = ", true" if d == "bwdp" else ""
+    d = {"rows": "fwd_rows", "bwdp": "bwd"}.get(d, d)
+    return f"pydnn::pooling::{d}<{CTYPE[tag]}, {vec}, {'true' if m == 'max' else 'false'}{tail}>"
 
 
 KERNELS = ("fwd_max", "fwd_avg", "bwd_max", "bwd_avg")
+VEC_ONLY_KERNELS = ("rows_max", "rows_avg", "bwdp_max")
 
 
 def kernel_units():
-    return [KernelUnit(f"pooling.{t}", "pooling.cu", tuple(_expr(k, t, v) for k in KERNELS for v in (_vec(t), 1)))
+    return [KernelUnit(f"pooling.{t}", "pooling.cu", tuple(_expr(k, t, v) for k in KERNELS for v in (_vec(t), 1))
+                       + tuple(_expr(k, t, _vec(t)) for k in VEC_ONLY_KERNELS))
             for t in FLOAT_TAGS]
 
 
@@ -348,7 +359,32 @@ def _spatial3(values, fill):
 
 
 class _Launch:
-    __slots__ = ("vec", "expr", "params", "argv", "grid", "func")
+    __slots__ = ("vec", "expr", "params", "argv", "grid", "block", "func")
+
+
+# fwd_rows (ptx/pooling.cu): a thread reduces ROW_OUT consecutive outputs along w (kRowOut); used for the
+# vector forward of 1-d / 2-d non-adaptive pooling when its offsets fit 32 bits. False: fwd for all.
+ROWS_FORWARD = True
+ROW_OUT = 4
+ROWS_MIN_BLOCK = 64   # smaller blocks (few channels and a narrow output) keep the flat kernel
+
+
+def _rows_shape(flags, x_desc, out_desc, geometry, vec):
+    """(grid, block) of fwd_rows for this forward, or None when it does not apply."""
+    ins, outs = geometry[0], geometry[1]
+    if not ROWS_FORWARD or vec == 1 or flags & FLAG_ADAPTIVE or ins[0] != 1 or outs[0] != 1:
+        return None
+    for d in (x_desc, out_desc):  # every offset (and the products forming it) in 32-bit ints
+        if d.span_bytes() // d.itemsize >= 2**31 or any(s < 0 for s in d.strides):
+            return None
+    odims, _ = _five(out_desc)
+    groups, strips = odims[1] // vec, -(-odims[4] // ROW_OUT)
+    bx = min(groups, 32)
+    by = min(strips, THREADS // bx)
+    grid = (odims[0] * odims[3], -(-strips // by), -(-groups // bx))
+    if bx * by < ROWS_MIN_BLOCK or grid[0] > MAX_GRID or grid[1] > 65535 or grid[2] > 65535:
+        return None
+    return grid, (bx, by, 1)
 
 
 class _Plan:
@@ -412,6 +448,13 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         lc.vec, lc.expr = v, _expr(kernel, tag, v)
         lc.params = _params(kmode, flags, out_desc, x_desc, p_desc, y_desc, geometry, v)
         lc.grid = (max(1, min(-(-lc.params.total // THREADS), MAX_GRID)), 1, 1)
+        lc.block = (THREADS, 1, 1)
+        rows = _rows_shape(flags, x_desc, out_desc, geometry, v) if p_desc is None else None
+        if kernel == "bwd_max" and v > 1 and BWD_PACKED_TIES:
+            lc.expr = _expr("bwdp_max", tag, v)
+        if rows is not None:
+            lc.expr = _expr(kernel.replace("fwd", "rows"), tag, v)
+            lc.grid, lc.block = rows
         lc.argv = driver.kernel_args(lc.params)
         lc.func = None
         pl.launches.append(lc)
@@ -564,7 +607,7 @@ def _run(handle, pl, ptrs, names, alpha, beta):
     p.y = ptrs[3] if len(ptrs) > 3 else None
     p.alpha, p.beta = alpha, beta
     p.flags = (p.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
-    driver.launch_args(lc.func, lc.grid, (THREADS, 1, 1), 0, handle.cu_stream, lc.argv)
+    driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, lc.argv)
 
 
 def _nan_flag(mode, nan_opt):
