@@ -31,6 +31,9 @@ namespace bn {
 
 constexpr int kThreads = 256;          // row kernels and head kernels: threads per block
 constexpr int kUnroll = 4;             // rows in flight per thread
+constexpr int kUnroll16 = 8;           // the same for 16-bit data in the fwd_stats (bf16) / fwd_apply_plain
+                                       // variants: a 16-byte vector holds half the bytes per element, so
+                                       // twice the rows keep as many bytes in flight per thread
 constexpr int kFinalX = 8, kFinalY = 32;  // final kernels: features x chunk lanes (32 lanes: the chunks'
                                           // merge chains stay short; loads batched kFinalU deep)
 constexpr int kFinalU = 4;
@@ -203,35 +206,34 @@ template <class A> __device__ __forceinline__ A fwd_value(A x, const A* c, A z, 
 
 // ------------------------------------------------------------------ row kernels
 
-// Per-thread statistics over the rows [r0, r1) of VEC features at f0 (x only: forward).
-template <class T, int VEC, class A>
+// Per-thread statistics over the rows [r0, r1) of VEC features at f0 (x only: forward), U rows in flight
+// (loads kept packed until used: a 16-bit row of 8 features holds 4 registers, not 8).
+template <class T, int VEC, int U, class A>
 __device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i64 r1, A& n, A* m, A* m2) {
+  typedef Pack<T, VEC> P;
   const T* x = (const T*)p.x + f0;
   const i64 ld = p.ld[X];
   const int by = blockDim.y;
-  for (i64 r = r0; r < r1; r += (i64)by * kUnroll) {
-    A v[kUnroll][VEC];
+  for (i64 r = r0; r < r1; r += (i64)by * U) {
+    P raw[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 rr = r + (i64)u * by;
-      if (rr < r1) vload<T, VEC>(x + rr * ld, v[u]);
-      else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[u][e] = A(0);
-      }
+      if (rr < r1) raw[u] = rload<T, VEC>(x + rr * ld);
+      else raw[u].raw = typename Raw<sizeof(T) * VEC>::type{};  // all-zero bits: +0 in every type
     }
-    const int k = (int)min((i64)kUnroll, (r1 - r + by - 1) / by);
+    const int k = (int)min((i64)U, (r1 - r + by - 1) / by);
     const A kb = (A)k, inv = A(1) / kb, nn = n + kb, f = kb / nn;
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
+    for (int e = 0; e < VEC; ++e) {  // converted where used: the packed rows are all that stays live
       A s = 0;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) s += v[u][e];  // rows past r1 hold 0
+      for (int u = 0; u < U; ++u) s += load<A>(raw[u].e[e]);  // rows past r1 hold 0
       const A mb = s * inv;
       A q = 0;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const A d = v[u][e] - mb;
+      for (int u = 0; u < U; ++u) {
+        const A d = load<A>(raw[u].e[e]) - mb;
         if (u < k) q += d * d;
       }
       const A d = mb - m[e];
@@ -242,8 +244,9 @@ __device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i
   }
 }
 
-template <class T, int VEC>
-__global__ void __launch_bounds__(kThreads) fwd_stats(const BnParams p) {
+// U: rows in flight per thread (kUnroll16 for 16-bit vectors, launched as one wave of long blocks).
+template <class T, int VEC, int U = kUnroll>
+__global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_n[kThreads], s_m[kThreads * VEC], s_m2[kThreads * VEC];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) fwd_stats(const BnParams p) {
   A n = 0, m[VEC], m2[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) m[e] = m2[e] = A(0);
-  if (live) row_stats_x<T, VEC>(p, f0, r0 + ty, r1, n, m, m2);
+  if (live) row_stats_x<T, VEC, U>(p, f0, r0 + ty, r1, n, m, m2);
   s_n[idx] = n;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
@@ -393,6 +396,49 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   }
 }
 
+// Plain forward (no z, ReLU, mask or blending), 16-bit vectors: y = (x - mean) * (alpha * scale * invstd)
+// + alpha * bias with the VEC channels' three constants in registers, U rows in flight per thread. With
+// alpha == 1 every value is bitwise the one fwd_apply gives.
+template <class T, int VEC, int U>
+__global__ void __launch_bounds__(kThreads, 3) fwd_apply_plain(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  const int by = blockDim.y, ty = threadIdx.y;
+  const int f0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;  // feats < 2^31 (host: shared-memory limit)
+  if (f0 >= p.feats) return;
+  const A alpha = (A)p.alpha;
+  A s[VEC], t[VEC], mu[VEC];
+  const A* cs = (const A*)p.consts + f0 * 4;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    s[e] = alpha * cs[e * 4];
+    t[e] = alpha * cs[e * 4 + 1];
+    mu[e] = cs[e * 4 + 2];
+  }
+  const i64 start = p.row_begin + (i64)(gridDim.y - 1 - blockIdx.y) * p.chunk_rows;  // last chunk first (L2)
+  const i64 end = min(p.row_end, start + p.chunk_rows);
+  const i64 lx = p.ld[X], ly = p.ld[Y];
+  const T* x = (const T*)p.x + f0 + (start + ty) * lx;
+  T* y = (T*)p.y + f0 + (start + ty) * ly;
+  const i64 sx = (i64)by * lx, sy = (i64)by * ly;  // one row thread's stride
+  for (i64 r = start + ty; r < end; r += (i64)by * U, x += sx * U, y += sy * U) {
+    P xv[U];  // every load of the step issued before the first use
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r + (i64)u * by < end) xv[u] = rload<T, VEC>(x + u * sx);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (r + (i64)u * by < end) {
+        A xa[VEC], o[VEC];
+        unpack(xv[u], xa);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = (xa[e] - mu[e]) * s[e] + t[e];
+        vstore<T, VEC>(y + u * sy, o);
+      }
+    }
+  }
+}
+
 // The rows whose bytes held the constants (non-Ex calls): one block, constants to shared memory first.
 template <class T> __global__ void __launch_bounds__(kThreads) fwd_head(const BnParams p) {
   typedef typename AccOf<T>::type A;
@@ -412,6 +458,61 @@ template <class T> __global__ void __launch_bounds__(kThreads) fwd_head(const Bn
     if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
     *yp = store<T>(o);
     if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[r * p.ld[X] + f] = pos ? 1 : 0;
+  }
+}
+
+// fwd_head with H elements per thread per batch, every load of a batch issued before the first use (the v2
+// head waits one memory round trip per element: ~8 us for 8 rows of 256 channels). 32-bit indices: a head
+// is a few rows of at most kHeadSmemBytes / 16 features.
+template <class T, int H> __global__ void __launch_bounds__(kThreads) fwd_head_batched(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
+  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats, nc = feats * 4;
+  const A* cs = (const A*)p.consts;
+  for (int i0 = t; i0 < nc; i0 += G * H) {
+    A v[H];
+#pragma unroll
+    for (int k = 0; k < H; ++k)
+      if (i0 + k * G < nc) v[k] = cs[i0 + k * G];
+#pragma unroll
+    for (int k = 0; k < H; ++k)
+      if (i0 + k * G < nc) s_c[i0 + k * G] = v[k];
+  }
+  __syncthreads();  // every constant read before the first write over them
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const unsigned flags = p.flags;
+  const int total = (int)(p.row_end - p.row_begin) * feats;
+  const T* x = (const T*)p.x;
+  const T* z = (const T*)p.z;
+  T* y = (T*)p.y;
+  const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
+  for (int i0 = t; i0 < total; i0 += G * H) {
+    A xv[H], zv[H];
+#pragma unroll
+    for (int k = 0; k < H; ++k) {
+      const int i = i0 + k * G;
+      xv[k] = zv[k] = A(0);
+      if (i < total) {
+        const i64 r = p.row_begin + i / feats;
+        const int f = i % feats;
+        xv[k] = load<A>(x[r * lx + f]);
+        if (flags & PYDNN_BN_FLAG_Z) zv[k] = load<A>(z[r * lz + f]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < H; ++k) {
+      const int i = i0 + k * G;
+      if (i < total) {
+        const i64 r = p.row_begin + i / feats;
+        const int f = i % feats;
+        T* yp = y + r * ly + f;
+        bool pos;
+        A o = alpha * fwd_value(xv[k], s_c + f * 4, zv[k], flags, pos);
+        if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
+        *yp = store<T>(o);
+        if (flags & PYDNN_BN_FLAG_MASK) p.mask[r * lx + f] = pos ? 1 : 0;
+      }
+    }
   }
 }
 
@@ -674,48 +775,46 @@ template <class T> __global__ void __launch_bounds__(kThreads) bwd_head(const Bn
 }
 
 // Inference: y = alpha * ((x - mean) * scale / sqrt(var + eps) + bias) + beta * y.
-template <class T, int VEC>
+template <class T, int VEC, int U = kUnroll>
 __global__ void __launch_bounds__(kThreads, 3) infer_rows(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
   if (f0 >= p.feats) return;
-  A a[VEC], b[VEC];  // y = x * a + b: a = scale / sqrt(var + eps), b = bias - mean * a
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  A a[VEC], b[VEC];  // y = x * a + b: a = alpha * scale / sqrt(var + eps), b = alpha * (bias - mean * a)
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     const i64 f = f0 + e;
-    a[e] = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + (A)p.eps);
-    b[e] = ((const A*)p.bias)[f] - ((const A*)p.mean)[f] * a[e];
+    const A s = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + (A)p.eps);
+    a[e] = alpha * s;
+    b[e] = alpha * (((const A*)p.bias)[f] - ((const A*)p.mean)[f] * s);
   }
-  const A alpha = (A)p.alpha, beta = (A)p.beta;
   const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
   const i64 start = p.row_begin + (i64)blockIdx.y * p.chunk_rows, end = min(p.row_end, start + p.chunk_rows);
-  const T* x = (const T*)p.x + f0;
-  T* y = (T*)p.y + f0;
-  const i64 lx = p.ld[X], ly = p.ld[Y];
-  for (i64 r = start + ty; r < end; r += (i64)by * kUnroll) {
-    P xv[kUnroll];  // the old y (blending) is loaded where used: few registers, 3 blocks per SM
+  const i64 lx = p.ld[X], ly = p.ld[Y], sx = (i64)by * lx, sy = (i64)by * ly;  // sx, sy: one row thread's step
+  const T* x = (const T*)p.x + f0 + (start + ty) * lx;
+  T* y = (T*)p.y + f0 + (start + ty) * ly;
+  for (i64 r = start + ty; r < end; r += (i64)by * U, x += sx * U, y += sy * U) {
+    P xv[U];  // the old y (blending) is loaded where used: few registers, 3 blocks per SM at least
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const i64 rr = r + (i64)u * by;
-      if (rr < end) xv[u] = rload<T, VEC>(x + rr * lx);
-    }
+    for (int u = 0; u < U; ++u)
+      if (r + (i64)u * by < end) xv[u] = rload<T, VEC>(x + u * sx);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const i64 rr = r + (i64)u * by;
-      if (rr < end) {
+    for (int u = 0; u < U; ++u) {
+      if (r + (i64)u * by < end) {
         A xa[VEC], o[VEC];
         unpack(xv[u], xa);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) o[e] = alpha * (xa[e] * a[e] + b[e]);
+        for (int e = 0; e < VEC; ++e) o[e] = xa[e] * a[e] + b[e];
         if (blend) {
           A ya[VEC];
-          unpack(rload<T, VEC>(y + rr * ly), ya);
+          unpack(rload<T, VEC>(y + u * sy), ya);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) o[e] += beta * ya[e];
         }
-        vstore<T, VEC>(y + rr * ly, o);
+        vstore<T, VEC>(y + u * sy, o);
       }
     }
   }

@@ -231,9 +231,12 @@ def test_layouts_and_workspace():
     h = cpu_handle()
     nhwc = _nhwc((64, 256, 56, 56), BF16)
     layout, seqs, ws = B.plan_summary(h, "fwd", SPATIAL, nhwc, nhwc)
-    assert layout == "rows" and set(seqs) == {"rows8", "rows1", "gen"}
+    assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows1", "gen"} if B.FAST16 else {"rows8", "rows1", "gen"})
     names = [s[0] for s in seqs["rows8"]]
     assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head"] and ws == 0
+    if B.FAST16:  # the plain forward: the same stats / final / head, fwd_apply_plain
+        assert [s[0] for s in seqs["rows8p"]] == ["fwd_stats", "fwd_final", "fwd_apply_plain", "fwd_head_batched"]
+        assert seqs["rows8p"][0] == seqs["rows8"][0] and seqs["rows8p"][3][2:] == seqs["rows8"][3][2:]
     stats, final, apply, head = seqs["rows8"]
     rows, feats = 64 * 56 * 56, 256
     chunk, chunks = stats[4]["chunk_rows"], stats[4]["chunks"]
@@ -268,6 +271,30 @@ def test_layouts_and_workspace():
     assert set(B.plan_summary(h, "fwd", SPATIAL, wide, wide)[1]) == {"gen"}
     # x and y in different layouts: gen
     assert B.plan_summary(h, "fwd", SPATIAL, nhwc, _desc((64, 256, 56, 56), BF16))[0] == "gen"
+
+
+def test_fast16_plans(monkeypatch):
+    """FAST16: bf16 stats as one wave (STATS16_BLOCKS_PER_SM per SM, UNROLL16 rows in flight), the plain
+    apply with UNROLL16 rows per step; f16 keeps the v2 stats; FAST16 off: the v2 plans."""
+    nhwc = _nhwc((64, 256, 56, 56), BF16)
+    h = cpu_handle()
+    pl = B._make_plan(h, "bf16", B._geometry(SPATIAL, nhwc.dims, {B.OP_X: nhwc.strides, B.OP_Y: nhwc.strides}, 8),
+                      "fwd", False)
+    stats, _, apply, _ = pl.seqs["rows8p"]
+    near = lambda n, want: want - want // 100 <= n <= want  # noqa: E731 - rows rounded to whole chunks
+    assert stats.u == B.UNROLL16 and near(stats.grid[1], h.sm_count * B.STATS16_BLOCKS_PER_SM)
+    assert apply.kernel == "fwd_apply_plain" and apply.u == B.UNROLL16 and apply.fields["chunk_rows"] == 8 * 8 * 4
+    assert pl.seqs["rows8"][0].u == B.UNROLL16 and pl.seqs["rows8"][2].u is None and pl.seqs["rows1"][0].u is None
+    half = _nhwc((64, 256, 56, 56), F16)
+    pl = B._make_plan(h, "f16", B._geometry(SPATIAL, half.dims, {B.OP_X: half.strides, B.OP_Y: half.strides}, 8),
+                      "fwd", False)
+    assert pl.seqs["rows8p"][0].u is None and near(pl.seqs["rows8p"][0].grid[1], h.sm_count * B.BLOCKS_PER_SM)
+    assert pl.seqs["rows8p"][2].kernel == "fwd_apply_plain"
+    exprs = set(next(u for u in B.kernel_units() if u.name == "batchnorm.bf16").exprs)
+    assert {B._expr(k, "bf16", 8, B.UNROLL16) for k in ("fwd_stats", "fwd_apply_plain")} <= exprs
+    monkeypatch.setattr(B, "FAST16", False)
+    _, seqs, _ = B.plan_summary(cpu_handle(), "fwd", SPATIAL, nhwc, nhwc)
+    assert set(seqs) == {"rows8", "rows1", "gen"} and near(seqs["rows8"][0][2][1], h.sm_count * B.BLOCKS_PER_SM)
 
 
 def _chan_merge(parts):

@@ -277,6 +277,33 @@ def test_large_reduction_with_large_mean(handle, layout, rng):
     assert_close(si.download(), 1 / np.sqrt(var), F32, "inverse std")
 
 
+def _forget_bn_plans(handle):
+    for k in [k for k in handle.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer")]:
+        del handle.prepared[k]
+
+
+@pytest.mark.parametrize("fast16", [True, False])
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_forward_fast16(handle, dtype, fast16, rng, monkeypatch):
+    """16-bit NHWC with 16-byte vectors: the FAST16 kernels (bf16: the long one-wave stats; the plain apply
+    with alpha folded into its constants, the batched head) and, FAST16 off, the v2 ones.
+    Rows not a multiple of the rows in flight, several apply blocks, non-Ex (scratch in y), Ex BN
+    (workspace), Ex ReLU (v2 apply after the FAST16 stats), alpha != 1."""
+    from pydnn.ops import batchnorm as B
+
+    monkeypatch.setattr(B, "FAST16", fast16)
+    _forget_bn_plans(handle)
+    try:
+        dims = (33, 16, 17, 19)
+        for alpha in (1.0, 0.5):
+            _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=alpha)
+            _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=alpha, ex_ops=OPS_BN)
+        _train(handle, PERSIST, dims, "nhwc", dtype, rng, ex_ops=OPS_ACT)
+        test_inference(handle, dims, "nhwc", SPATIAL, dtype, rng)
+    finally:
+        _forget_bn_plans(handle)
+
+
 def test_reproducible(handle, rng):
     dims = (32, 64, 9, 9)
     out = []

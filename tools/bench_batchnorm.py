@@ -44,6 +44,37 @@ one-read byte counts above; ratio = PyTorch time / pydnn time.
       drop the final launch; fold the head rows into that last block; target ~93 us = ~2.5x PyTorch.
       Inference bf16: 80.3% vs the 85% target (fp32 92.7%): the same 16-bit per-byte overhead.
       NCHW: a planes kernel (channel-major, contiguous H*W runs) instead of gen.
+  v3  FAST16 (16-bit data with 16-byte vectors; pydnn/ops/batchnorm.py FAST16 = False gives v2 back; the
+      "[v2: FAST16 off]" rows time v2 in the same run). ptxas (sm_90) said what v2 did not: fwd_stats<bf16, 8>
+      used 75-79 registers, so 3 blocks of 256 per SM were resident and the 1056 stats blocks (8 per SM
+      aimed) ran in 2.7 waves of short blocks (191 rows, 6 steps of 4 rows per thread).
+      a) bf16 stats: 8 rows in flight per thread (packed loads, converted where used: 80 registers, no
+         spills under a 3-blocks cap), launched as ONE wave of 3 blocks per SM (396 chunks of 507 rows).
+         Prediction: stats 61 -> ~30 us (~85% of copy on one read); final merges 396 partials, not 1056:
+         15.6 -> ~7 us. (half keeps v2 stats: the same kernel spills 44 bytes for half.)
+      b) plain forward apply (no z / ReLU / blending): fwd_apply_plain, 8 rows of 16 bytes in flight,
+         alpha folded into (alpha * scale * invstd, alpha * bias) held in registers for the thread's 8
+         channels, pointer-stepped addressing; 256-row blocks (784 = ~2 waves). Prediction: 80 -> ~62 us
+         (~80% of copy on x + y).
+      c) head: fwd_head_batched, 8 elements per thread with their loads issued together (2 round trips,
+         not ~12): ~8 -> ~3 us.
+      d) inference: infer_rows with 8 rows in flight (80 registers, no spills): 80.3% -> ~87% of copy.
+         (infer_rows also folds alpha into its (a, b) and steps pointers: bitwise the same for alpha == 1.)
+      Prediction, training forward bf16: ~105 us in sequence (~2.2x PyTorch).
+      got (copy 4146 GB/s; v2 timed in the same run): training forward bf16 1756 GB/s (42.4%, 117 us,
+      2.03x PyTorch's 865; v2 1469 GB/s = 140 us in this run); Ex BN bf16 1907 (2.19x), Ex BN+add+ReLU
+      bf16 1807 (2.11x: its apply is still v2, the stats are new). Alone: a) stats 31.8 us (78.0%; v2 42.8
+      us, 57.9% in this run, 61 us in the v2 run: run-to-run spread, or v2's stats
+      now keeping their loads packed too, 79 -> 72 registers), final 11.9 us (v2 15.2 us): both as predicted or close; b) fwd_apply_plain 66.5 us
+      (74.5%; v2 80.4 us, 61.7%), predicted ~62; c) head: the breakdown's GB/s column rounds to 1 for both
+      (~5-15 us), not resolved; d) inference bf16 80.9% vs v2 80.3% in the same run: no gain, so dropped
+      (FAST16 inference takes the U = 4 kernel; the rows in flight are not what limits it). fp32 unchanged
+      (training 2301 GB/s 1.01x, inference 92.0%).
+  Next (not measured): fwd_final is now 10% of the bf16 forward for 0.8 MB of partials (32 blocks, latency
+      bound): merge the chunks in the stats kernel (last block done per channel group, chunk order) or give
+      final more blocks; the head timed with its own byte count; 16-bit inference / apply sit at 75-81% of
+      copy with twice fp32's rows in flight, so the limiter is something else (profile: DRAM read/write
+      turnaround, issue slots for the conversions); f16 stats at U = 8 spill under the 3-block cap.
 """
 import torch
 import torch.nn.functional as F
@@ -67,7 +98,7 @@ def _breakdown(b, h, op, dname, n):
     if not plans:
         return
     pl = plans[-1]
-    seq = next((s for name, s in pl.seqs.items() if name.startswith("rows") and s[0].func is not None), None)
+    seq = next((s for name, s in pl.seqs.items() if name.startswith("rows") and all(lc.func for lc in s)), None)
     if seq is None:
         return
     g = pl.geom
@@ -83,6 +114,27 @@ def _breakdown(b, h, op, dname, n):
         kind = lc.kernel.split("_")[1]
         b.row("batchnorm", f"  {lc.kernel} alone (grid {lc.grid[0]}x{lc.grid[1]}, block {lc.block[0]}x{lc.block[1]})",
               dname, nbytes.get(kind, 1), ms, None, "-")
+
+
+def _forget(h):
+    for k in [k for k in h.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer")]:
+        del h.prepared[k]
+
+
+def _v2(b, h, fn, case, dname, nbytes, op=None, n=0):
+    """The same call with FAST16 off (the v2 kernels), in the same run, for the comparison."""
+    from pydnn.ops import batchnorm as B
+
+    B.FAST16 = False
+    _forget(h)
+    try:
+        ms = time_ms(fn)
+        if op:
+            _breakdown(b, h, op, dname + "v2", n)
+        b.row("batchnorm", case + " [v2: FAST16 off]", dname, nbytes, ms, None, "-")
+    finally:
+        B.FAST16 = True
+        _forget(h)
 
 
 def run(b):
@@ -120,6 +172,8 @@ def run(b):
         ms_t = time_ms(lambda: F.batch_norm(x, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
         b.row("batchnorm", "training forward NHWC 64x256x56x56 (x read once + y)", dname, 2 * n, ms_p, ms_t,
               "F.batch_norm(training=True)")
+        if es == 2:
+            _v2(b, h, fwd, "training forward NHWC", dname, 2 * n, "bn_fwd", n)
 
         act = pydnn.create_activation_descriptor()
         pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
@@ -146,6 +200,10 @@ def run(b):
                                                                            P[2], P[3], 1e-5))
         ms_t = time_ms(lambda: F.batch_norm(x, rm, rv, w, bias, training=False, eps=1e-5))
         b.row("batchnorm", "inference NHWC 64x256x56x56", dname, 2 * n, ms_p, ms_t, "F.batch_norm(training=False)")
+        if es == 2:
+            _v2(b, h, lambda: pydnn.batch_normalization_forward_inference(h, S, 1.0, 0.0, xd, xp, xd, yp, bd, P[0],
+                                                                          P[1], P[2], P[3], 1e-5),
+                "inference NHWC", dname, 2 * n)
 
         fwd()  # saved statistics for backward
         ms_p = time_ms(lambda: pydnn.batch_normalization_backward(h, S, 1.0, 0.0, 1.0, 0.0, xd, xp, xd, dyp, xd, dxp, bd,

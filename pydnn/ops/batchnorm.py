@@ -42,6 +42,9 @@ constant to shared memory before writing the first rows. This needs an output th
 blended (beta == 0), not overlapping the inputs, and features whose constants fit a block's shared
 memory (2048 float / 1024 double features); otherwise the call takes the gen kernels (a block per
 feature, slower for NHWC, still one kernel). Every reduction order is fixed: results are reproducible.
+16-bit data with 16-byte vectors (FAST16, on by default): 8 rows in flight per thread where the registers
+allow it: bf16 stats as one wave of long blocks (3 per SM), the plain forward (no z / ReLU / blending) with
+fwd_apply_plain and a batched head (see tools/bench_batchnorm.py, v3).
 Traffic of the rows path: training forward reads x twice (stats, apply; the second read mostly from DRAM
 for tensors larger than L2) and writes y once; backward reads x and dy twice and writes dx.
 """
@@ -150,6 +153,13 @@ UNROLL = 4             # kUnroll
 FINAL_BLOCK = (8, 32)  # kFinalX, kFinalY
 HEAD_SMEM = 32768      # kHeadSmemBytes: the head kernels' constants (4 per feature)
 BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
+# 16-bit data with 16-byte vectors (FAST16): kUnroll16 rows in flight in fwd_stats (bf16) and the plain
+# forward apply (fwd_apply_plain, with fwd_head_batched); stats launched as one wave of STATS16_BLOCKS_PER_SM
+# long blocks per SM (the kernel's register cap keeps 3 resident), so fewer partials for fwd_final.
+# False: the v2 kernels.
+FAST16 = True
+UNROLL16 = 8           # kUnroll16
+STATS16_BLOCKS_PER_SM = 3
 APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
 MAX_GRID_Y = 65535
 PART_ALIGN = 256       # partials start this far into the scratch, past the constants
@@ -185,12 +195,29 @@ def _vec(tag):
     return 16 // _SIZES[tag]
 
 
-def _expr(kernel, tag, vec=None):
+def _expr(kernel, tag, vec=None, u=None):
     if kernel in ("fwd_final", "bwd_final"):
         return f"pydnn::bn::{kernel}<{_acc(tag)}>"
     if vec is None:
-        return f"pydnn::bn::{kernel}<{CTYPE[tag]}>"
+        return f"pydnn::bn::{kernel}<{CTYPE[tag]}>" if u is None else f"pydnn::bn::{kernel}<{CTYPE[tag]}, {u}>"
+    if u is not None:
+        return f"pydnn::bn::{kernel}<{CTYPE[tag]}, {vec}, {u}>"
     return f"pydnn::bn::{kernel}<{CTYPE[tag]}, {vec}>"
+
+
+def _fast16(tag, v):
+    """The FAST16 kernels serve this dtype and vector width (16-bit data, 16-byte vectors)."""
+    return FAST16 and _SIZES[tag] == 2 and v == _vec(tag)
+
+
+FAST16_KERNELS = ("fwd_apply_plain",)  # infer_rows<T, 8, 8> measured no faster than <T, 8> (80.9 vs 80.3%)
+STATS16_TAGS = ("bf16",)  # fwd_stats<half_t, 8, 8> spills under the 3-blocks-per-SM register cap (the
+                          # half -> float conversions stay live): half keeps the kUnroll stats
+
+
+def _stats16(tag, direction, v):
+    """The long one-wave fwd_stats variant (kUnroll16 rows in flight) serves this call."""
+    return direction == "fwd" and tag in STATS16_TAGS and _fast16(tag, v)
 
 
 ROW_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply", "infer_rows")
@@ -201,6 +228,11 @@ def kernel_units():
     units = []
     for t in FLOAT_TAGS:
         exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (_vec(t), 1)] + [_expr(k, t) for k in ONE_KERNELS]
+        if _SIZES[t] == 2:
+            exprs += [_expr(k, t, _vec(t), UNROLL16) for k in FAST16_KERNELS]
+            exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
+        if t in STATS16_TAGS:
+            exprs.append(_expr("fwd_stats", t, _vec(t), UNROLL16))
         units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
     return units
 
@@ -399,40 +431,45 @@ def _row_block(g, v):
     return bx, THREADS // bx, _cdiv(fv, bx)
 
 
-def _chunks(handle, g, v, cap=None):
-    """(chunk_rows, chunks) of the stats kernel: about BLOCKS_PER_SM blocks per SM, at most `cap` chunks."""
+def _chunks(handle, g, v, cap=None, per_sm=BLOCKS_PER_SM):
+    """(chunk_rows, chunks) of the stats kernel: about per_sm blocks per SM, at most `cap` chunks."""
     bx, by, tiles = _row_block(g, v)
-    want = max(1, (handle.sm_count * BLOCKS_PER_SM) // tiles)
+    want = max(1, (handle.sm_count * per_sm) // tiles)
     p = max(1, min(want, _cdiv(g.rows, by * UNROLL), MAX_GRID_Y, cap if cap is not None else want))
     chunk = _cdiv(g.rows, p)
     return chunk, _cdiv(g.rows, chunk)
 
 
 class _Launch:
-    __slots__ = ("kernel", "vec", "grid", "block", "fields", "func")
+    __slots__ = ("kernel", "vec", "grid", "block", "fields", "func", "u")
 
-    def __init__(self, kernel, vec, grid, block, fields):
+    def __init__(self, kernel, vec, grid, block, fields, u=None):
         self.kernel, self.vec, self.grid, self.block, self.fields, self.func = kernel, vec, grid, block, fields, None
+        self.u = u  # rows in flight of a FAST16 variant (None: the kernel's default)
 
 
-def _apply_launch(kernel, g, v, begin, end):
+def _apply_launch(kernel, g, v, begin, end, u=None):
     bx, by, tiles = _row_block(g, v)
     n = max(0, end - begin)
-    chunk = max(by * UNROLL * APPLY_STEPS, _cdiv(n, MAX_GRID_Y))
+    chunk = max(by * (u or UNROLL) * APPLY_STEPS, _cdiv(n, MAX_GRID_Y))
     return _Launch(kernel, v, (tiles, max(1, _cdiv(n, chunk)), 1), (bx, by, 1),
-                   {"chunk_rows": chunk, "row_begin": begin, "row_end": end})
+                   {"chunk_rows": chunk, "row_begin": begin, "row_end": end}, u)
 
 
-def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows):
-    """stats, final, apply (rows head_rows..), and head (rows 0..head_rows) when head_rows > 0."""
+def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False):
+    """stats, final, apply (rows head_rows..), and head (rows 0..head_rows) when head_rows > 0. us: the
+    FAST16 rows in flight of stats (None: the v2 kernel); plain: the forward without z / ReLU / blending
+    takes fwd_apply_plain (UNROLL16 rows in flight)."""
     bx, by, tiles = _row_block(g, v)
     st = {"chunk_rows": chunk, "chunks": chunks}
-    out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st),
+    apply = _apply_launch(f"{direction}_apply_plain" if plain else f"{direction}_apply", g, v, head_rows, g.rows,
+                          UNROLL16 if plain else None)
+    out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st, us),
            _Launch(f"{direction}_final", None, (_cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
-           _apply_launch(f"{direction}_apply", g, v, head_rows, g.rows)]
-    if head_rows:
-        out.append(_Launch(f"{direction}_head", None, (1, 1, 1), (THREADS, 1, 1),
-                           {"row_begin": 0, "row_end": head_rows}))
+           apply]
+    if head_rows:  # plain: fwd_head_batched (UNROLL16 elements per thread in flight)
+        out.append(_Launch(f"{direction}_head_batched" if plain else f"{direction}_head", None, (1, 1, 1),
+                           (THREADS, 1, 1), {"row_begin": 0, "row_end": head_rows}, UNROLL16 if plain else None))
     return out
 
 
@@ -456,10 +493,23 @@ def _slots(tag, direction):
     return asz, 4 * asz, (2 if direction == "fwd" else 4) * asz
 
 
+def _stats_per_sm(tag, direction, vec):
+    return STATS16_BLOCKS_PER_SM if _stats16(tag, direction, vec) else BLOCKS_PER_SM
+
+
+def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
+    """rows{v} for each vector width; with FAST16 also rows{v}p, the plain forward (_pick_plain)."""
+    for v in vecs:
+        us = UNROLL16 if _stats16(pl.tag, direction, v) else None
+        pl.seqs[f"rows{v}"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us)
+        if direction == "fwd" and _fast16(pl.tag, v):
+            pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
+
+
 def _workspace_layout(handle, g, tag, direction, vec):
     """(bytes, chunk, chunks, partial offset) of the rows layout's workspace: constants, then partials."""
     _, cslot, pslot = _slots(tag, direction)
-    chunk, chunks = _chunks(handle, g, vec)
+    chunk, chunks = _chunks(handle, g, vec, per_sm=_stats_per_sm(tag, direction, vec))
     poff = _cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN
     return poff + chunks * g.feats * pslot, chunk, chunks, poff
 
@@ -489,8 +539,7 @@ def _make_plan(handle, tag, g, direction, ex):
     if ex:  # the caller's workspace: constants, then partials
         pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
         pl.scratch = (poff, chunk, chunks)
-        for v in vecs:
-            pl.seqs[f"rows{v}"] = _rows_launches(handle, g, v, direction, chunk, chunks, 0)
+        _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -500,11 +549,10 @@ def _make_plan(handle, tag, g, direction, ex):
     cap = (obytes - poff) // (g.feats * pslot) if obytes > poff else 0
     if g.ld[out] != g.feats or cbytes > HEAD_SMEM or cap < 1:
         return pl
-    chunk, chunks = _chunks(handle, g, vecs[0], cap)
+    chunk, chunks = _chunks(handle, g, vecs[0], cap, _stats_per_sm(tag, direction, vecs[0]))
     head_rows = _cdiv(cbytes, g.feats * pl.isize)
     pl.scratch = (poff, chunk, chunks)
-    for v in vecs:
-        pl.seqs[f"rows{v}"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows)
+    _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows)
     return pl
 
 
@@ -538,7 +586,7 @@ def _run(handle, pl, seq):
     p = pl.params
     for lc in seq:
         if lc.func is None:
-            lc.func = handle.function(pl.unit, _expr(lc.kernel, pl.tag, lc.vec))
+            lc.func = handle.function(pl.unit, _expr(lc.kernel, pl.tag, lc.vec, lc.u))
     for lc in seq:
         for k, v in lc.fields.items():
             setattr(p, k, v)
@@ -555,6 +603,17 @@ def _pick(pl, tensor_ptrs, scratch_ok):
         if "rows1" in pl.seqs:
             return pl.seqs["rows1"]
     return pl.seqs["gen"]
+
+
+def _pick_plain(pl, seq, flags):
+    """The plain forward's sequence (FAST16: fwd_apply_plain) when seq is a rows sequence and the call
+    has no z, ReLU, mask or blending."""
+    if flags & (FLAG_BETA | FLAG_RELU | FLAG_MASK | FLAG_Z):
+        return seq
+    for name, s in pl.seqs.items():
+        if s is seq:
+            return pl.seqs.get(name + "p", seq)
+    return seq
 
 
 def _zero_ptrs(p):
@@ -629,7 +688,7 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     p.alpha, p.beta, p.eps, p.factor = al, be, eps, factor
     p.flags = (pl.flags | (FLAG_BETA if be != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
                | (FLAG_Z if add else 0) | (FLAG_RUNNING if rm else 0) | (FLAG_SAVE if sm else 0))
-    _run(handle, pl, seq)
+    _run(handle, pl, _pick_plain(pl, seq, p.flags))
 
 
 @api
