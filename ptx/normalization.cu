@@ -11,6 +11,8 @@
 //              blocks shares a set, the block partials meet through distributed shared memory.
 //   fwd_rows   forward of contiguous layer / RMS rows without activation: G threads per row, R rows per
 //              group, one-shot blocks, exact statistics from registers (see its comment below).
+//   bwd_rows   backward of the same rows: persistent, a ring of DEPTH rows of x / dy in registers, one
+//              reduction per row, dscale / dbias partials in registers (see its comment below).
 //   gen_fwd, gen_bwd   any layout (up to 8 element dims, any strides): one block per set, coordinates per
 //              element, statistics in a first pass over memory, the output in a second.
 //   finish     backward: dscale / dbias = alpha2 * (sum of the per-block partials) + beta2 * old.
@@ -540,11 +542,63 @@ __device__ __forceinline__ void rows_get(const Frag<T, VEC>& f, float* a) {
   }
 }
 
+// One-pass shifted statistics of R rows (see ONE below): the shift c is each row's first element, read
+// once more by every thread (one scalar load per row, an L1 broadcast); S and Q of the R rows in one
+// reduction of 2R floats. Dead rows (zero fragments, c = 0) give mean 0 and var 0, never stored.
 template <class T, int VEC, int ITEMS, int R>
-__global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
+__device__ __forceinline__ void rows_stats_one(const Frag<T, VEC> (&v)[R][ITEMS], const T* x0, int sx, int live,
+                                               int lane, int G, int nvec, float inv_len, float* mean, float* var,
+                                               float (*sm)[2 * R]) {
+  float c[R], sq[2 * R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    c[r] = r < live ? to_float(x0[r * sx]) : 0.0f;  // dead rows: zeroed fragments, c = 0
+    sq[r] = sq[R + r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      float a[VEC];
+      rows_get<T, VEC>(v[r][k], a);
+      if (lane + k * G < nvec)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = a[j] - c[r];
+          sq[r] += d;
+          sq[R + r] = fmaf(d, d, sq[R + r]);
+        }
+    }
+  }
+  rows_sum<2 * R>(sq, G, sm);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float ms = sq[r] * inv_len;
+    mean[r] = c[r] + ms;
+    var[r] = fmaxf(fmaf(-ms, ms, sq[R + r] * inv_len), 0.0f);
+  }
+}
+
+// ONE (layer norm, 16-bit data): one-pass statistics, ONE reduction of 2R floats per row group (one
+// barrier instead of two): with c = the row's first element (the same for every thread of the row),
+// d_i = x_i - c, S = sum d_i, Q = sum d_i^2: mean = c + S / n, var = Q / n - (S / n)^2.
+// Error bound. For 16-bit data d_i is exact in fp32: x_i and c have at most 11 significant bits and
+// exponents within fp32's range, so x_i - c needs at most 11 + (e_max - e_min) <= 24 bits unless the two
+// differ by more than 2^13 in magnitude, when |d_i| ~ max(|x_i|, |c|) and the one rounding is relative
+// 2^-24. S and Q are sums of m = ITEMS * VEC terms per thread, then log2(G) butterfly steps, then G / 32
+// warp sums: |dQ| <= g Q, |dS| <= g sum |d_i| with g = (m + log2 G + G / 32) * 2^-24 (<= 43 * 2^-24 =
+// 2.6e-6 at ITEMS 4, G 128). Since Q / n = var + (mean - c)^2 and (S / n)^2 = (mean - c)^2:
+//   |d var| <= 3 g (var + (mean - c)^2) + 2^-24 var,
+// i.e. relative to var: 3 g (1 + (x_0 - mean)^2 / var). The shift removes the mean's cancellation (a
+// row of mean 1000 and std 1 costs nothing: (x_0 - mean)^2 / var is a few, as for mean 0); only the first
+// element's own distance from the mean counts, in units of std (<= sqrt(n) in the worst case: one
+// outlier in the first place; ~3 for any ordinary row: relative error ~1e-4 of var, 5e-5 of invstd, below
+// a 16-bit output's half ulp of 2e-3 / 2.4e-4). For 16-bit data near a large mean the d_i are small
+// multiples of the ulp and S, Q are usually exact (tests: mean 1000, std 1). fp32 data keep the two-pass
+// statistics (ONE = false).
+// Blocks of at most 1024 / R threads (ROWS_MAX_GROUP // R on the host): R > 1 gets 128 registers and more.
+template <class T, int VEC, int ITEMS, int R, bool ONE>
+__global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
   typedef Frag<T, VEC> F;
   constexpr bool PRE = R > 1;  // scale / bias held in registers across the R rows
-  __shared__ __align__(16) float sm[2][32][R];
+  __shared__ __align__(16) float sm[2][32][ONE ? 2 * R : R];
   const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
   const int per_block = (int)(blockDim.x / G) * R;  // rows per block
   const int nvec = (int)p.len / VEC;
@@ -590,6 +644,16 @@ __global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
     }
     // mean (RMS: mean of squares), then the centred second moment from the same registers
     float mean[R], var[R];
+    bool done = false;
+    if constexpr (ONE) {
+      if (!rms) {
+        const i64 left = p.sets - first;
+        rows_stats_one<T, VEC, ITEMS, R>(v, x0, (int)sx, left < R ? (int)left : R, lane, G, nvec, inv_len, mean,
+                                         var, reinterpret_cast<float(*)[2 * R]>(sm[0]));
+        done = true;
+      }
+    }
+    if (!done) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       mean[r] = 0.0f;
@@ -601,7 +665,7 @@ __global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
         for (int j = 0; j < VEC; ++j) mean[r] += rms ? a[j] * a[j] : a[j];
       }
     }
-    rows_sum<R>(mean, G, sm[0]);
+    rows_sum<R>(mean, G, reinterpret_cast<float(*)[R]>(sm[0]));
     if (rms) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -611,8 +675,8 @@ __global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        mean[r] *= inv_len;
-        var[r] = 0.0f;
+        mean[r] /= (float)p.len;  // one rounding, not two (sum * (1/len)): a constant row's mean is exact, so its
+        var[r] = 0.0f;            // variance is 0 (found by the centred-row tests: invstd off by 4e-5 at len 48)
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
           float a[VEC];
@@ -622,9 +686,10 @@ __global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
             for (int j = 0; j < VEC; ++j) var[r] += (a[j] - mean[r]) * (a[j] - mean[r]);
         }
       }
-      rows_sum<R>(var, G, sm[1]);
+      rows_sum<R>(var, G, reinterpret_cast<float(*)[R]>(sm[1]));
 #pragma unroll
       for (int r = 0; r < R; ++r) var[r] *= inv_len;
+    }
     }
     float inv[R];
 #pragma unroll
@@ -677,6 +742,133 @@ __global__ void __launch_bounds__(1024) fwd_rows(const NormParams p) {
         }
       }
     }
+  }
+}
+
+// ------------------------------------------------------------------ backward, rows (layer / RMS norm)
+
+// The backward of contiguous rows without activation (fwd_rows' layouts; dy and dx with their own row
+// strides): a persistent grid, G threads per row (spb = blockDim / G groups per block), a group walking
+// the rows first, first + step, ... (step = gridDim * spb). x and dy of DEPTH rows sit in registers: the
+// loads of rows i + 1 .. i + DEPTH - 1 are in flight while row i is reduced and written, and row
+// i + DEPTH is issued into row i's registers as soon as they are free (a register ring, no shared
+// memory staging, no cp.async). Per row: xhat = (x - mean) * invstd, g = dy * scale, ONE reduction of
+// (sum g, sum g * xhat) (one barrier when G > 32; two alternating shared arrays, so the next row's
+// writes never meet this one's reads), dx = alpha * invstd * (g - sum g / n - xhat * sum (g xhat) / n)
+// (RMS: no sum g term) + beta * dx. scale stays in registers, and dscale / dbias (sum dy * xhat, sum dy)
+// are summed in registers over the group's rows and written once to the group's workspace slot
+// (blockIdx * spb + sub) for `finish`. The block's loop is uniform (rows past the end are dead: zeroed
+// fragments that add nothing), so every thread takes every barrier.
+// __launch_bounds__(512 / ITEMS, 2): ITEMS 1 -> blocks up to 512 threads at 64 registers, ITEMS 2 -> 256
+// at 128 (ROWS_BWD_* in pydnn/ops/normalization.py).
+template <class T, int VEC, int ITEMS, int DEPTH>
+__global__ void __launch_bounds__(512 / ITEMS, 2) bwd_rows(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  __shared__ __align__(16) float sm[2][32][2];
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int spb = (int)(blockDim.x / G);
+  const i64 step = (i64)gridDim.x * spb;
+  const int nvec = (int)p.len / VEC;
+  const i64 np = p.nparams;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float inv_len = 1.0f / (float)p.len;
+  const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], so = p.set_stride[1][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
+  const T* xb = (const T*)p.x;
+  const T* db = (const T*)p.dy;
+  T* ob = (T*)p.out;
+
+  float sc[ITEMS][VEC], acc_s[ITEMS][VEC], acc_b[ITEMS][VEC];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sc[k][j] = acc_s[k][j] = acc_b[k][j] = 0.0f;
+    if (lane + k * G < nvec) rows_params<VEC>(p.scale, (lane + k * G) * VEC, pvec, sc[k]);
+  }
+
+  F bx[DEPTH][ITEMS], bd[DEPTH][ITEMS];
+  float bm[DEPTH], bi[DEPTH];
+  // row -> ring slot b: its x, dy, mean and invstd loads issued (dead rows: zeros)
+  auto issue = [&](int b, i64 row) {
+    const bool live = row < p.sets;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G;
+      bx[b][k].zero();
+      bd[b][k].zero();
+      if (live && vi < nvec) {
+        load_once<T, VEC>(bx[b][k], xb + row * sx + vi * VEC);
+        load_once<T, VEC>(bd[b][k], db + row * sd + vi * VEC);
+      }
+    }
+    bm[b] = (live && !rms) ? p.mean[row * ss] : 0.0f;
+    bi[b] = live ? p.invstd[row * ss] : 0.0f;
+  };
+
+  const i64 first = (i64)blockIdx.x * spb;  // the block's first row; this group's is first + sub
+#pragma unroll
+  for (int b = 0; b < DEPTH; ++b) issue(b, first + sub + b * step);
+  int it = 0;
+  for (i64 base = first; base < p.sets; base += DEPTH * step) {
+#pragma unroll
+    for (int b = 0; b < DEPTH; ++b) {
+      const i64 row = base + sub + b * step;
+      const float mean = bm[b], inv = bi[b];
+      float r[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        float a[VEC], d[VEC];
+        rows_get<T, VEC>(bx[b][k], a);
+        rows_get<T, VEC>(bd[b][k], d);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {  // dead rows and lanes: zeros (inv = 0), they add nothing
+          const float xh = (a[j] - mean) * inv, g = d[j] * sc[k][j];
+          r[0] += g;
+          r[1] = fmaf(g, xh, r[1]);
+          acc_s[k][j] = fmaf(d[j], xh, acc_s[k][j]);
+          acc_b[k][j] += d[j];
+        }
+      }
+      rows_sum<2>(r, G, sm[it & 1]);
+      ++it;
+      const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
+      if (row < p.sets) {
+        T* o = ob + row * so;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          const int vi = lane + k * G;
+          if (vi >= nvec) continue;
+          float a[VEC], d[VEC];
+          rows_get<T, VEC>(bx[b][k], a);
+          rows_get<T, VEC>(bd[b][k], d);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] = ai * (d[j] * sc[k][j] - m1 - (a[j] - mean) * inv * m2);
+          if (blend) {
+            F old;
+            old.load(o + vi * VEC);
+            old.get(d);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
+          }
+          F out;
+          out.set(a);
+          out.store(o + vi * VEC);
+        }
+      }
+      issue(b, row + DEPTH * step);
+    }
+  }
+  float* ws_s = p.ws + ((i64)blockIdx.x * spb + sub) * 2 * np;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + k * G;
+    if (vi < nvec)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        ws_s[vi * VEC + j] = acc_s[k][j];
+        ws_s[np + vi * VEC + j] = acc_b[k][j];
+      }
   }
 }
 

@@ -284,23 +284,37 @@ def _summary(nd, x, backward=False):
     return N.plan_summary(cpu_handle(), nd, x, backward=backward)
 
 
-def test_kernel_choice_for_the_benchmarks():
+def test_kernel_choice_for_the_benchmarks(monkeypatch):
     ln = _desc((16384, 4096), BF16)
     alts, ws = _summary(_nd(LAYER), ln)
     # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
-    assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 grid=16384"]
+    assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 one=True grid=16384"]
     assert alts[1][0].startswith("fwd vec=1")
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), F32))
-    assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 grid=16384"]
+    assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 one=False grid=16384"]
     # v1 register tiles for what fwd_rows does not take: an activation, a row too long for a block
     alts, _ = _summary(_nd(LAYER, act=_act(pydnn.PYDNN_ACTIVATION_RELU)), ln)
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"]
     alts, _ = _summary(_nd(LAYER), _desc((4, 65536), BF16))
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
     alts, ws = _summary(_nd(RMS), ln, backward=True)
-    # 2 blocks of 256 per SM (128 registers), evened out: 261 blocks of 63 rows (the last fewer)
+    # backward: the staged kernel (BWD_ROWS off), 2 blocks of 256 per SM (128 registers), evened out: 261
+    # blocks of 63 rows (the last fewer)
     assert alts[0][0] == "bwd vec=8 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
+    # with BWD_ROWS: bwd_rows (v4), 2 blocks per SM evened out: 261 blocks of 63 rows
+    monkeypatch.setattr(N, "BWD_ROWS", True)
+    alts, ws = _summary(_nd(RMS), ln, backward=True)
+    items, depth = N.BWD_ROWS_PICK["bf16"]
+    g = 512 // items
+    assert alts[0][0] == f"bwd_rows vec=8 G={g} block={g} items={items} depth={depth} grid=261"
+    assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
+    alts, ws = _summary(_nd(RMS), _desc((16384, 4096), F32), backward=True)
+    # fp32: the staged kernel, 2 blocks of 256 per SM (128 registers), evened out: 261 blocks of 63 rows
+    assert alts[0][0] == "bwd vec=4 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
+    assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
+    alts, _ = _summary(_nd(LAYER, act=_act(pydnn.PYDNN_ACTIVATION_RELU)), ln, backward=True)
+    assert "staged" in alts[0][0]  # an activation: not bwd_rows
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
     alts, _ = _summary(_nd(GROUP, 32), gn)
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
@@ -403,7 +417,7 @@ def _emulate_rows(p, lc, operand):
     """fwd_rows: block b, group sub, row r of the group -> row b * per_block + sub * R + r; the thread's
     vectors lane + k * G of that row at row * stride (the R rows of a group in 32-bit offsets from the
     first), parameters 1:1 with the row, statistics at row * stats stride."""
-    vec, items, rows = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:])
+    vec, items, rows = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:4])
     G, nvec = p.group, p.len // vec
     assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
     assert lc.block[0] % G == 0 and G & (G - 1) == 0 and G <= lc.block[0] <= 1024
@@ -426,6 +440,39 @@ def _emulate_rows(p, lc, operand):
                     addr.append(first * stride + r * stride + vi * vec + j)
                     pars.append(vi * vec + j)
                     sets.append(np.full(len(vi), row))
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
+def _emulate_bwd_rows(p, lc, operand, pl):
+    """bwd_rows: block b, group sub walks rows b * spb + sub + t * step (step = grid * spb) while the
+    block's base row b * spb + t' * DEPTH * step is in range (rows past the end dead); the thread's
+    vectors lane + k * G of a row at row * stride; its workspace slot b * spb + sub, one per group."""
+    vec, items, depth = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:4])
+    G, nvec = p.group, p.len // vec
+    assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
+    assert G & (G - 1) == 0 and lc.block[0] == max(G, N.MIN_BLOCK) <= 512 // items
+    spb = lc.block[0] // G
+    step = lc.grid[0] * spb
+    assert pl.workspace >= lc.grid[0] * spb * 2 * p.nparams * 4
+    stride = p.set_stride[operand][0]
+    vi = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
+    vi = vi[vi < nvec]
+    assert sorted((vi[:, None] * vec + np.arange(vec)).ravel().tolist()) == list(range(p.nparams))  # owned once
+    addr, sets, pars, stats = [], [], [], []
+    for b in range(lc.grid[0]):
+        for sub in range(spb):
+            base = b * spb
+            while base < p.sets:
+                for d in range(depth):
+                    row = base + sub + d * step
+                    if row >= p.sets:
+                        continue
+                    stats.append(row * p.set_stride[3][0])
+                    for j in range(vec):
+                        addr.append(row * stride + vi * vec + j)
+                        pars.append(vi * vec + j)
+                        sets.append(np.full(len(vi), row))
+                base += depth * step
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
@@ -482,14 +529,22 @@ def _layout_desc(dims, layout, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("direction", ["forward", "forward staged", "backward"] +
-                         [f"forward rows {i}" for i in range(max(len(c) for c in N.ROWS_CONFIGS.values()))])
+@pytest.mark.parametrize("direction", ["forward", "forward staged", "backward", "backward staged"] +
+                         [f"forward rows {i}" for i in range(max(len(c) for c in N.ROWS_CONFIGS.values()))] +
+                         [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
     (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too."""
-    backward = direction == "backward"
+    backward = direction.startswith("backward")
     monkeypatch.setattr(N, "STAGED_FWD", direction == "forward staged")
+    monkeypatch.setattr(N, "BWD_ROWS", direction != "backward staged")
+    if direction.startswith("backward rows"):
+        configs = N.BWD_ROWS_CONFIGS[4 if dtype == F32 else 2]
+        i = int(direction.split()[-1])
+        if i >= len(configs):
+            pytest.skip("no such bwd_rows config for this element size")
+        monkeypatch.setitem(N.BWD_ROWS_PICK, "bf16", configs[i])
     if direction.startswith("forward rows"):
         configs = N.ROWS_CONFIGS[4 if dtype == F32 else 2]
         i = int(direction.split()[-1])
@@ -515,6 +570,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
+                elif kname == "bwd_rows":
+                    addr, sset, spar, stats = _emulate_bwd_rows(p, lc, operand, pl)
                 else:
                     vec = int(lc.expr.split(",")[1])
                     items = int(lc.expr.split(",")[2].split(">")[0])
@@ -585,3 +642,62 @@ def _check_partial_modes(lc, pl):
 
 def test_params_struct_fits_a_kernel_argument():
     assert ctypes.sizeof(N.NormParams) <= 4096
+
+
+def _one_pass_f32(x, items, vec, G):
+    """fwd_rows' ONE statistics of one row in float32, in the kernel's order: c = x[0]; thread t sums its
+    vectors t + k * G (k = 0..items-1) element by element (d, d * d by fma: float64 product rounded once),
+    then the xor butterfly over min(G, 32) lanes, then the warps' sums in order."""
+    f = np.float32
+    n = x.size
+    c = f(x[0])
+    S, Q = np.zeros(G, f), np.zeros(G, f)
+    for t in range(G):
+        for k in range(items):
+            vi = t + k * G
+            if vi * vec >= n:
+                continue
+            for j in range(vec):
+                d = f(f(x[vi * vec + j]) - c)
+                S[t] = f(S[t] + d)
+                Q[t] = f(np.float64(d) * d + np.float64(Q[t]))
+    w = min(G, 32)
+    m = w >> 1
+    while m:
+        idx = np.arange(G) ^ m
+        idx = (np.arange(G) & ~(w - 1)) | (idx & (w - 1))
+        S, Q = (S + S[idx]).astype(f), (Q + Q[idx]).astype(f)
+        m >>= 1
+    s, q = S[0], Q[0]
+    for wi in range(1, G // 32):
+        s, q = f(s + S[32 * wi]), f(q + Q[32 * wi])
+    inv_len = f(1.0) / f(n)
+    ms = f(s * inv_len)
+    return f(c + ms), max(f(np.float64(-ms) * ms + np.float64(f(q * inv_len))), f(0))
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("center", [(0.0, 1.0), (1000.0, 1.0), (1000.0, 16.0), (-50.0, 0.25), (3.0, 1e-3)])
+def test_one_pass_statistics_error_bound(dtype, center):
+    """The bound stated at fwd_rows' ONE in ptx/normalization.cu, on the float32 emulation of the kernel's
+    order of operations, for each 16-bit ROWS_CONFIGS entry with ONE: |var - var64| <= 3 g (var + (x0 -
+    mean)^2) + 2^-24 var, and the mean within g (|mean| + std); plus rows whose first element is an
+    outlier (the worst case the bound allows)."""
+    from pydnn.reference.dtypes import round_to
+    rng = np.random.default_rng(7)
+    n, vec = 4096, 8
+    rows = [rng.normal(center[0], center[1], n) for _ in range(2)]
+    outlier = rng.normal(center[0], center[1], n)
+    outlier[0] = center[0] + 60 * center[1]
+    for cfg in [c for c in N.ROWS_CONFIGS[2] if c[2]]:
+        items = cfg[0]
+        G = next(g for g in (1 << i for i in range(11)) if g * items * vec >= n)
+        g = (items * vec + int(np.log2(G)) + G // 32) * 2.0 ** -24
+        for i, x in enumerate(rows + [outlier]):
+            x = round_to(x.astype(np.float32).astype(np.float64), dtype)
+            mean, var = _one_pass_f32(x, items, vec, G)
+            m64, v64 = x.mean(), x.var()
+            assert abs(var - v64) <= 3 * g * (v64 + (x[0] - m64) ** 2) + 2.0 ** -24 * v64, (cfg, var, v64)
+            assert abs(mean - m64) <= g * (abs(m64) + np.sqrt(v64)) + 2.0 ** -24 * abs(m64), (cfg, mean, m64)
+            if center == (1000.0, 1.0) and i < len(rows):
+                assert var == np.float32(v64) or abs(var - v64) <= 2.0 ** -23 * v64  # exact sums, one rounding

@@ -76,14 +76,19 @@ def _param_tensors(x, nd, rng, bias=True):
 
 
 def _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, act=None, bias=True, alpha=1.0, beta=0.0,
-                   inplace=False):
+                   inplace=False, center=None):
+    """center: (mean, std) of normal x instead of uniform in [-3, 3] (rows of a large mean: the one-pass
+    statistics' shift)."""
     nd = _nd(kind, groups, k, act=act)
     x = _tensor(dims, layout, dtype)
     y = x if inplace else _tensor(dims, layout, dtype)
-    xv = x.random(rng, -3, 3)
+    if center is None:
+        xv = x.random(rng, -3, 3)
+    else:
+        xv = x.upload(rng.normal(center[0], center[1], dims).astype(np.float32).astype(np.float64))
     sbd, std, scale, b, sv, bv, mean, inv = _param_tensors(x, nd, rng, bias)
     y0 = y.random(rng) if beta != 0 and not inplace else None
-    what = f"{kind} {dims} {layout} {dtype} act={act} bias={bias}"
+    what = f"{kind} {dims} {layout} {dtype} act={act} bias={bias} center={center}"
     pydnn.norm_forward_training(handle, nd, alpha, beta, x.desc, x.ptr, y.desc, y.ptr, sbd, scale.ptr,
                                 b.ptr if bias else 0, std, mean.ptr, inv.ptr)
     want, wm, wi = ref.forward(kind, groups, k, 1e-5, act, alpha, xv, beta, y0, sv, bv)
@@ -227,8 +232,8 @@ ROWS_CASES = [  # fwd_rows (v3): kind, normalized dims, dims, layout
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cfg", range(max(len(c) for c in N.ROWS_CONFIGS.values())))
 def test_forward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
-    """Each compiled fwd_rows (ITEMS, R) config, not only the planner's pick (the benchmark compares them):
-    with bias, without bias and blended, in place."""
+    """Each compiled fwd_rows (ITEMS, R, ONE) config, not only the planner's pick (the benchmark compares
+    them): with bias, without bias and blended, in place, rows of mean 1000 (std 1 and 16: ONE's shift)."""
     tag = {F32: "f32", F16: "f16", BF16: "bf16"}[dtype]
     configs = N.ROWS_CONFIGS[4 if dtype == F32 else 2]
     if cfg >= len(configs):
@@ -236,12 +241,15 @@ def test_forward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
     monkeypatch.setitem(N.ROWS_PICK, tag, configs[cfg])
     for kind, k, dims, layout in ROWS_CASES:
         x = _tensor(dims, layout, dtype)
-        items, rows = configs[cfg]
+        items, rows, one = configs[cfg]
         alts, _ = N.plan_summary(handle, _nd(kind, 0, k), x.desc)
-        assert alts[0][0].startswith("fwd_rows") and f"items={items} rows={rows}" in alts[0][0], alts
+        assert alts[0][0].startswith("fwd_rows") and f"items={items} rows={rows} one={one}" in alts[0][0], alts
         _forward_check(handle, rng, kind, 0, k, dims, layout, dtype)
         _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
         _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, inplace=True)
+        # rows far from zero, some of whose 16-bit values are all equal (the two-pass mean is one division)
+        for center in ((1000.0, 1.0), (1000.0, 16.0), (-50.0, 0.25)):
+            _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, center=center)
 
 
 def test_c_program(tmp_path):
@@ -252,3 +260,29 @@ def test_c_program(tmp_path):
     assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
     for what in ("layer norm forward", "layer norm backward", "group norm forward", "bad groups status"):
         assert f"ok {what}" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("cfg", range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values())))
+def test_backward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
+    """Each compiled bwd_rows (ITEMS, DEPTH) config, not only the planner's pick: plain, blended (dx and
+    the parameter gradients), without dbias; rows that do not fit its blocks take the staged kernel."""
+    tag = {F16: "f16", BF16: "bf16"}[dtype]
+    configs = N.BWD_ROWS_CONFIGS[2]
+    if cfg >= len(configs):
+        pytest.skip("no such bwd_rows config")
+    monkeypatch.setitem(N.BWD_ROWS_PICK, tag, configs[cfg])
+    monkeypatch.setattr(N, "BWD_ROWS", True)  # off by default until this test has passed
+    items, depth = configs[cfg]
+    extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (5, 40), (48, 1))]
+    for kind, k, dims, layout in ROWS_CASES + extra:  # 2001, 1500 rows: each group walks several (the ring wraps)
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, k), x.desc, backward=True)
+        length = int(np.prod(dims[len(dims) - k:]))
+        fits = max(N.MIN_BLOCK, N.next_pow2(-(-length // 8 // items))) <= 512 // items
+        assert alts[0][0].startswith("bwd_rows") == fits, alts
+        if fits:
+            assert f"items={items} depth={depth}" in alts[0][0], alts
+        _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)
+        _backward_check(handle, rng, kind, 0, k, dims, layout, dtype, alphas=(0.75, -0.5, 1.5, 0.25), bias=False,
+                        dbias=False)
