@@ -8,8 +8,8 @@ Families after the foundation live in tools/bench_<family>.py, each with `run(b)
 compute-bound ones; time_ms and desc from this module). Their docstrings hold the byte / flop counts,
 the floor and the notes on each version.
 
-Each case is timed with CUDA events around single calls (after warm-up), median of many repetitions, on
-buffers larger than L2. Bandwidth counts the fewest bytes the op must move (inputs read once, output
+Each case is timed with CUDA events around back-to-back calls (after warm-up; see time_ms), median of
+many repetitions, on buffers larger than L2. Bandwidth counts the fewest bytes the op must move (inputs read once, output
 written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
 Host time is the Python-side cost of one small call (a 1-element tensor), from perf_counter over many calls.
 """
@@ -34,17 +34,30 @@ DT = {"bf16": (torch.bfloat16, pydnn.PYDNN_DATA_BFLOAT16), "fp32": (torch.float3
 
 
 def time_ms(fn, reps=REPS, warmup=WARMUP):
-    """Median milliseconds of one call, with events on the current stream."""
+    """Median milliseconds of one call, with events on the current stream.
+
+    Each sample times `inner` back-to-back calls between two events and divides by `inner`: with one call
+    per sample, a kernel shorter than its caller's launch overhead (tens of microseconds of GPU time
+    against a few of Python) leaves the GPU waiting on the host between the events, which is host time,
+    not the kernel's. `inner` is chosen from one timed call so that a sample lasts about half a
+    millisecond (1 for long kernels); pydnn and PyTorch are timed the same way."""
     for _ in range(warmup):
         fn()
+    s0, e0 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s0.record()
+    fn()
+    e0.record()
+    torch.cuda.synchronize()
+    inner = max(1, min(16, int(0.5 / max(s0.elapsed_time(e0), 1e-3))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
         s.record()
-        fn()
+        for _ in range(inner):
+            fn()
         e.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / inner
 
 
 def desc(t, fmt=None, dtype=None):
