@@ -37,11 +37,17 @@ fi
 
 if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck"
-  # a slice of every kernel family (memcheck slows kernels down a hundredfold)
-  compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
-    tests/test_activation_gpu.py tests/test_softmax_gpu.py tests/test_tensor_ops_gpu.py tests/test_reduce_gpu.py \
+  # a slice of every kernel family (memcheck slows kernels down a hundredfold), each run time-boxed
+  san() { timeout "${PYDNN_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+            python3 -m pytest -q -p no:cacheprovider -x "$@"; }
+  san tests/test_activation_gpu.py tests/test_softmax_gpu.py tests/test_tensor_ops_gpu.py tests/test_reduce_gpu.py \
     -k "(test_forward and (1-9 or 1-1-9 or 2-0-2)) or test_backward[1-9] or test_transform_nchw or test_add_scale_set[9] or test_alpha_beta or test_nan_propagation" \
-    2>&1 | tee "$logs/memcheck.log" | tail -6
+    2>&1 | tee "$logs/memcheck.log" | tail -4
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  san tests/test_pooling_gpu.py tests/test_batchnorm_gpu.py tests/test_normalization_gpu.py tests/test_dropout_gpu.py \
+    tests/test_convolution_gpu.py tests/test_attention_gpu.py \
+    -k "test_nan_rules or test_global_average or test_backward_blend or test_in_place_forward or test_p_zero_and_one or test_in_place or test_backward_filter_split or test_bias_activation_tensor_cores or test_variable_lengths" \
+    2>&1 | tee "$logs/memcheck_families.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
