@@ -73,8 +73,11 @@ def forward(q, k, v, scale, mask=E.PYDNN_ATTN_MASK_NONE, lens_q=None, lens_kv=No
     for bi in range(b):
         vis = visible(sq, skv, lq[bi], lkv[bi], mask)
         for h in range(hq):
-            p, lse[bi, h], sc = _probs(q[bi, h], k[bi, h // g], scale, vis)
-            slse[bi, h] = np.where(vis, np.abs(sc), 0).max(axis=1) + np.log(np.maximum(vis.sum(axis=1), 1))
+            p, lse[bi, h], _ = _probs(q[bi, h], k[bi, h // g], scale, vis)
+            # rounding in lse scales with the magnitude of the products summed into each score (a score's
+            # dot product can cancel to near zero while its terms do not), plus the log of the row sum
+            terms = abs(scale) * (np.abs(q[bi, h]) @ np.abs(k[bi, h // g]).T)
+            slse[bi, h] = np.where(vis, terms, 0).max(axis=1) + np.log(np.maximum(vis.sum(axis=1), 1))
             p = p * z[bi, h]
             o[bi, h] = p @ v[bi, h // g]
             so[bi, h] = p @ np.abs(v[bi, h // g])
