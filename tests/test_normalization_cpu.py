@@ -297,12 +297,13 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"]
     alts, _ = _summary(_nd(LAYER), _desc((4, 65536), BF16))
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
+    monkeypatch.setattr(N, "BWD_ROWS", False)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
-    # backward: the staged kernel (BWD_ROWS off), 2 blocks of 256 per SM (128 registers), evened out: 261
+    # backward without BWD_ROWS: the staged kernel, 2 blocks of 256 per SM (128 registers), evened out: 261
     # blocks of 63 rows (the last fewer)
     assert alts[0][0] == "bwd vec=8 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
-    # with BWD_ROWS: bwd_rows (v4), 2 blocks per SM evened out: 261 blocks of 63 rows
+    # with BWD_ROWS (the default): bwd_rows (v4), 2 blocks per SM evened out: 261 blocks of 63 rows
     monkeypatch.setattr(N, "BWD_ROWS", True)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     items, depth = N.BWD_ROWS_PICK["bf16"]

@@ -111,10 +111,10 @@ ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
 # 4 vectors per thread, beyond the 128-register budget; the staged kernel keeps them); BWD_ROWS_PICK:
 # the planner's. Blocks of at most 512 // ITEMS threads, 2 per SM (__launch_bounds__(512 / ITEMS, 2)).
 # Measured (v4, LN bf16 16384 x 4096): (2, 3) 66.5% of copy, (2, 2) 64.6%, (1, 2) 56.9%, (1, 3) 53.0%,
-# staged 44.3%. OFF by default: its own GPU test (test_backward_rows_configs: rows walked several per
-# group, blending, no dbias) has not run yet (the one device run stopped at an earlier failure); turn it on
-# once that test passes. Only the two fastest configs are compiled.
-BWD_ROWS = False
+# staged 44.3%. On since its own GPU test (test_backward_rows_configs: both configs, fp16 / bf16, rows
+# walked several per group, blending, no dbias) passed on the H200 (2026-11-23). Only the two fastest
+# configs are compiled.
+BWD_ROWS = True
 BWD_ROWS_CONFIGS = {2: ((2, 3), (2, 2)), 4: ()}
 BWD_ROWS_PICK = {"f16": (2, 3), "bf16": (2, 3)}
 BWD_ROWS_BLOCKS_PER_SM = 2
