@@ -188,6 +188,21 @@ __device__ __forceinline__ R3 shfl(R3 v, int m) {
   return r;
 }
 
+// Shared-memory add of a parameter-gradient run (dscale / dbias partials). When the whole warp adds to
+// one address (NCHW group norm: a warp's vectors lie in one channel), one lane adds the warp's sum: 32
+// atomics on one address would be serialised. Lanes not converged here, or adding elsewhere, add alone.
+__device__ __forceinline__ void add_run(float* p, float v) {
+  const unsigned active = __activemask();
+  if (active == 0xffffffffu && __match_any_sync(active, (unsigned long long)p) == active) {
+#pragma unroll
+    for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(active, v, m);
+    const unsigned tid = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    if ((tid & 31u) == 0) atomicAdd(p, v);
+  } else {
+    atomicAdd(p, v);
+  }
+}
+
 __device__ __forceinline__ void cluster_sync() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -967,8 +982,8 @@ __device__ __forceinline__ void bwd_body(const NormParams& p) {
             const i64 q = pidx + j * g.pi;
             if (q != run_p) {
               if (run_p >= 0) {
-                atomicAdd(psm + run_p, run_s);
-                atomicAdd(psm + np + run_p, run_b);
+                add_run(psm + run_p, run_s);
+                add_run(psm + np + run_p, run_b);
               }
               run_p = q;
               run_s = run_b = 0.0f;
@@ -980,8 +995,8 @@ __device__ __forceinline__ void bwd_body(const NormParams& p) {
       }
     }
     if (run_p >= 0) {
-      atomicAdd(psm + run_p, run_s);
-      atomicAdd(psm + np + run_p, run_b);
+      add_run(psm + run_p, run_s);
+      add_run(psm + np + run_p, run_b);
     }
     if (plane) {
       // lanes lane ^ m (m a multiple of I / VEC) hold the same parameters
@@ -1352,8 +1367,8 @@ __device__ __forceinline__ void bwd_staged_body(const NormParams& p) {
             const i64 qq = pidx + j * g.pi;
             if (qq != run_p) {
               if (run_p >= 0) {
-                atomicAdd(psm + run_p, run_s);
-                atomicAdd(psm + np + run_p, run_b);
+                add_run(psm + run_p, run_s);
+                add_run(psm + np + run_p, run_b);
               }
               run_p = qq;
               run_s = run_b = 0.0f;
@@ -1365,8 +1380,8 @@ __device__ __forceinline__ void bwd_staged_body(const NormParams& p) {
       }
     }
     if (run_p >= 0) {
-      atomicAdd(psm + run_p, run_s);
-      atomicAdd(psm + np + run_p, run_b);
+      add_run(psm + run_p, run_s);
+      add_run(psm + np + run_p, run_b);
     }
     if (plane) {
       const int q = (int)(g.I / VEC), W = ps.G < 32 ? ps.G : 32;
