@@ -10,20 +10,15 @@ otherwise, other `void *` are device pointers.
 import importlib
 
 from .. import enums
+from .._build.manifest import FAMILIES
 
 # Op families added after the foundation declare their C API beside their Python code: the module has
 #   C_API = [(family title, [(prototype, description), ...])]   in header order
 #   C_OPAQUE_TYPES = [(typedef name, struct name), ...]        new descriptor types
 #   C_NULLABLE = {C function name: (descriptor argument names that may be NULL), ...}
-# and is listed here; FUNCTIONS / OPAQUE_TYPES / NULLABLE below take them in this order.
-FAMILY_MODULES = (
-    "pydnn.ops.pooling",
-    "pydnn.ops.batchnorm",
-    "pydnn.ops.normalization",
-    "pydnn.ops.dropout",
-    "pydnn.ops.convolution",
-    "pydnn.ops.attention",
-)
+#   C_STRUCTS = [(typedef name, [C field declaration, ...])]   result records (see STRUCTS)
+# The foundation's families are declared in this file; FUNCTIONS / OPAQUE_TYPES / NULLABLE / STRUCTS below
+# take them from every family module of the kernel manifest that has them, in the manifest's order.
 
 OPAQUE_TYPES = [
     ("pydnnHandle_t", "pydnnContext"),
@@ -112,7 +107,7 @@ NULLABLE = {"pydnnOpTensor": ("bDesc",)}
 # impl.py fills `T *name` arguments of these types as arrays (see Marshal).
 STRUCTS = []
 
-for _mod in map(importlib.import_module, FAMILY_MODULES):
+for _mod in map(importlib.import_module, FAMILIES):
     OPAQUE_TYPES += getattr(_mod, "C_OPAQUE_TYPES", [])
     STRUCTS += getattr(_mod, "C_STRUCTS", [])
     FUNCTIONS += getattr(_mod, "C_API", [])

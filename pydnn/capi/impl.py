@@ -19,7 +19,7 @@ _SCALAR = re.compile(r"^(alpha|beta)[A-Za-z0-9]*$|^valuePtr$")
 NULLABLE = decl.NULLABLE
 OPAQUE = {t for t, _ in decl.OPAQUE_TYPES}
 # struct types returned as arrays: name -> field names (a field `int reserved[3]` is left zero)
-STRUCT_FIELDS = {n: [f.split()[-1] for f in fields if "[" not in f] for n, fields in getattr(decl, "STRUCTS", [])}
+STRUCT_FIELDS = {n: [f.split()[-1] for f in fields if "[" not in f] for n, fields in decl.STRUCTS}
 _PROTO = re.compile(r"^(?P<ret>.*?)\b(?P<name>pydnn\w+)\((?P<params>.*)\);$")
 
 _objects = {}  # address of an opaque pointer handed to C -> (its cffi handle, the Python object)
