@@ -6,12 +6,7 @@
 #include <string.h>
 #include <pydnn.h>
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
+#include "check.h"
 
 int main(void) {
   char msg[512];

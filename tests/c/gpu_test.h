@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pydnn.h>
+#include "check.h"
 
 typedef unsigned long long CUdeviceptr;
 static int (*cuMemAlloc)(CUdeviceptr *, size_t);
@@ -17,12 +18,6 @@ static int (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
 static int (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
 static int (*cuCtxSynchronize)(void);
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
 
 static void load_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW);

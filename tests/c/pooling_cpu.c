@@ -4,12 +4,7 @@
 #include <string.h>
 #include <pydnn.h>
 
-static int failures = 0;
-#define CHECK(cond, what)                                              \
-  do {                                                                 \
-    if (cond) printf("ok %s\n", what);                                 \
-    else { printf("FAIL %s (line %d)\n", what, __LINE__); failures++; } \
-  } while (0)
+#include "check.h"
 
 static int last_error_has(const char *needle) {
   char msg[512];
