@@ -50,7 +50,7 @@ from ..buffers import CHECKED, device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import check_tensor, _int
-from .common import TAG, enum_arg, output_tensor
+from .common import TAG, cdiv, enum_arg, output_tensor
 
 __all__ = ["AttentionDescriptor", "create_attention_descriptor", "set_attention_descriptor",
            "get_attention_descriptor", "destroy_attention_descriptor",
@@ -423,10 +423,6 @@ def _launch(handle, f, smem, grid, p):
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
 
 
-def _cdiv(a, b):
-    return -(-a // b)
-
-
 # ----------------------------------------------------------------------------- calls
 
 @api
@@ -478,7 +474,7 @@ def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc
     f, smem = _func(handle, "fwd", pr, a.dropout != 0)
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_LSE: stats_desc})
     p.q, p.k, p.v, p.o, p.lse, p.lens_q, p.lens_kv = qp, kp, vp, op, lp or None, lq or None, lkv or None
-    _launch(handle, f, smem, (_cdiv(pr.sq, FWD_M), a.heads_q, pr.b), p)
+    _launch(handle, f, smem, (cdiv(pr.sq, FWD_M), a.heads_q, pr.b), p)
 
 
 @api
@@ -520,11 +516,11 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     p.lse, p.dsum, p.lens_q, p.lens_kv = lp, wp, lq or None, lkv or None
     p.dq_acc = None if det else wp + pr.ws[0]
     rows = pr.b * a.heads_q * pr.sq
-    _launch(handle, fpre, 0, (_cdiv(rows, THREADS // 32), 1, 1), p)
-    _launch(handle, fkv, skv_smem, (_cdiv(pr.skv, BWD_N), a.heads_kv, pr.b), p)
+    _launch(handle, fpre, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
+    _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N), a.heads_kv, pr.b), p)
     if det:  # dQ in its own pass: each element summed by one thread in a fixed order
         fq, sq_smem = _func(handle, "bwd_dq", pr, drop)
-        _launch(handle, fq, sq_smem, (_cdiv(pr.sq, BWD_M), a.heads_q, pr.b), p)
+        _launch(handle, fq, sq_smem, (cdiv(pr.sq, BWD_M), a.heads_q, pr.b), p)
     else:
         fc, _ = _func(handle, "bwd_dq_convert", pr)
-        _launch(handle, fc, 0, (_cdiv(rows, THREADS // 32), 1, 1), p)
+        _launch(handle, fc, 0, (cdiv(rows, THREADS // 32), 1, 1), p)

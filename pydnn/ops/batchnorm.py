@@ -59,7 +59,9 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import TensorDescriptor, check_tensor, packed_strides
 from . import activation as _act
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, same_shape, same_type, scalar
+from .common import (
+    FLOAT_TAGS, TAG, cdiv, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape, same_type, scalar,
+)
 from ._elementwise import CTYPE, _SIZES
 
 __all__ = [
@@ -353,16 +355,6 @@ def _reserve_need(ops, x_desc):
 
 # ----------------------------------------------------------------------------- geometry and plans
 
-def _prod(xs):
-    n = 1
-    for v in xs:
-        n *= v
-    return n
-
-
-def _cdiv(a, b):
-    return -(-a // b)
-
 
 class _Geom:
     """The problem as rows x feats (layout "rows") or as feature and reduction dims ("gen")."""
@@ -376,7 +368,7 @@ def _geometry(mode, dims, operands, vec):
     feat = [1] if mode != E.PYDNN_BATCHNORM_PER_ACTIVATION else list(range(1, nd))
     red = [d for d in range(nd) if d not in feat]
     g = _Geom()
-    g.feats, g.rows = _prod(dims[d] for d in feat), _prod(dims[d] for d in red)
+    g.feats, g.rows = prod(dims[d] for d in feat), prod(dims[d] for d in red)
     keys = list(operands)
     xs = operands[OP_X]
     rsz, rst = [], {k: [] for k in keys}
@@ -428,16 +420,16 @@ def _fill_geom(p, g):
 def _row_block(g, v):
     fv = g.feats // v
     bx = min(32, next_pow2(fv))
-    return bx, THREADS // bx, _cdiv(fv, bx)
+    return bx, THREADS // bx, cdiv(fv, bx)
 
 
 def _chunks(handle, g, v, cap=None, per_sm=BLOCKS_PER_SM):
     """(chunk_rows, chunks) of the stats kernel: about per_sm blocks per SM, at most `cap` chunks."""
     bx, by, tiles = _row_block(g, v)
     want = max(1, (handle.sm_count * per_sm) // tiles)
-    p = max(1, min(want, _cdiv(g.rows, by * UNROLL), MAX_GRID_Y, cap if cap is not None else want))
-    chunk = _cdiv(g.rows, p)
-    return chunk, _cdiv(g.rows, chunk)
+    p = max(1, min(want, cdiv(g.rows, by * UNROLL), MAX_GRID_Y, cap if cap is not None else want))
+    chunk = cdiv(g.rows, p)
+    return chunk, cdiv(g.rows, chunk)
 
 
 class _Launch:
@@ -451,8 +443,8 @@ class _Launch:
 def _apply_launch(kernel, g, v, begin, end, u=None):
     bx, by, tiles = _row_block(g, v)
     n = max(0, end - begin)
-    chunk = max(by * (u or UNROLL) * APPLY_STEPS, _cdiv(n, MAX_GRID_Y))
-    return _Launch(kernel, v, (tiles, max(1, _cdiv(n, chunk)), 1), (bx, by, 1),
+    chunk = max(by * (u or UNROLL) * APPLY_STEPS, cdiv(n, MAX_GRID_Y))
+    return _Launch(kernel, v, (tiles, max(1, cdiv(n, chunk)), 1), (bx, by, 1),
                    {"chunk_rows": chunk, "row_begin": begin, "row_end": end}, u)
 
 
@@ -465,7 +457,7 @@ def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, p
     apply = _apply_launch(f"{direction}_apply_plain" if plain else f"{direction}_apply", g, v, head_rows, g.rows,
                           UNROLL16 if plain else None)
     out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st, us),
-           _Launch(f"{direction}_final", None, (_cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
+           _Launch(f"{direction}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
            apply]
     if head_rows:  # plain: fwd_head_batched (UNROLL16 elements per thread in flight)
         out.append(_Launch(f"{direction}_head_batched" if plain else f"{direction}_head", None, (1, 1, 1),
@@ -476,7 +468,7 @@ def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, p
 def _gen_launch(kernel, g):
     if kernel == "infer_gen":
         total = g.rows * g.feats
-        return _Launch(kernel, None, (max(1, min(_cdiv(total, THREADS), 2**31 - 1)), 1, 1), (THREADS, 1, 1), {})
+        return _Launch(kernel, None, (max(1, min(cdiv(total, THREADS), 2**31 - 1)), 1, 1), (THREADS, 1, 1), {})
     cap = GEN_THREADS_BWD if kernel.startswith("bwd") else GEN_THREADS
     threads = max(32, min(cap, next_pow2(g.rows)))
     return _Launch(kernel, None, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
@@ -510,7 +502,7 @@ def _workspace_layout(handle, g, tag, direction, vec):
     """(bytes, chunk, chunks, partial offset) of the rows layout's workspace: constants, then partials."""
     _, cslot, pslot = _slots(tag, direction)
     chunk, chunks = _chunks(handle, g, vec, per_sm=_stats_per_sm(tag, direction, vec))
-    poff = _cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN
+    poff = cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN
     return poff + chunks * g.feats * pslot, chunk, chunks, poff
 
 
@@ -545,12 +537,12 @@ def _make_plan(handle, tag, g, direction, ex):
     out = OP_Y if direction == "fwd" else OP_DX
     cbytes = g.feats * cslot
     obytes = g.rows * g.feats * pl.isize
-    poff = _cdiv(cbytes, PART_ALIGN) * PART_ALIGN
+    poff = cdiv(cbytes, PART_ALIGN) * PART_ALIGN
     cap = (obytes - poff) // (g.feats * pslot) if obytes > poff else 0
     if g.ld[out] != g.feats or cbytes > HEAD_SMEM or cap < 1:
         return pl
     chunk, chunks = _chunks(handle, g, vecs[0], cap, _stats_per_sm(tag, direction, vecs[0]))
-    head_rows = _cdiv(cbytes, g.feats * pl.isize)
+    head_rows = cdiv(cbytes, g.feats * pl.isize)
     pl.scratch = (poff, chunk, chunks)
     _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows)
     return pl

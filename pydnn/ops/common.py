@@ -19,6 +19,26 @@ def next_pow2(n):
     return p
 
 
+def cdiv(a, b):
+    """ceil(a / b) for positive integers (grid sizes)."""
+    return -(-a // b)
+
+
+def prod(xs):
+    n = 1
+    for v in xs:
+        n *= v
+    return n
+
+
+def element_aligned(ptr, name, itemsize):
+    """A device address aligned to its elements (the kernels read whole elements), else MISALIGNED_POINTER."""
+    if ptr % itemsize:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
+    return ptr
+
+
 def scalar(name, v):
     """alpha / beta: a real number (host value, like cuDNN's host pointer to float or double)."""
     if type(v) is float:
@@ -66,5 +86,5 @@ def buffer(obj, desc, name):
     return device_ptr(obj, name, desc.span_bytes())
 
 
-__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "next_pow2", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
+__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "next_pow2", "cdiv", "prod", "element_aligned", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
            "output_tensor", "buffer"]

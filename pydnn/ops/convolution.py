@@ -39,7 +39,7 @@ from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import DTYPES, _int, check_filter, check_tensor
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, scalar
+from .common import FLOAT_TAGS, TAG, cdiv, element_aligned, enum_arg, float_tensor, output_tensor, prod, scalar
 from ._elementwise import CTYPE
 
 BAD, NS = E.PYDNN_STATUS_BAD_PARAM, E.PYDNN_STATUS_NOT_SUPPORTED
@@ -403,13 +403,6 @@ def problem(conv, x_desc, w_desc, y_desc, names=("xDesc", "wDesc", "yDesc")):
     return pb
 
 
-def _prod(xs):
-    r = 1
-    for v in xs:
-        r *= v
-    return r
-
-
 # ----------------------------------------------------------------------------- planning
 
 def _digit_step(step, sizes):
@@ -445,22 +438,18 @@ def _base_params(pb, direction):
 def _gemm_shape(pb, direction):
     """(M, N, K, reduction digit sizes, channel-innermost?, A k-fast?, B k-fast?) of a direction."""
     taps3 = pb.filt3
-    p_out, p_in = _prod(pb.out3), _prod(pb.in3)
+    p_out, p_in = prod(pb.out3), prod(pb.in3)
     if direction == DIR_FWD:
         cin = pb.xs[1] == 1 and pb.c > 1
         red = list(taps3) + [pb.cg] if cin else [pb.cg] + list(taps3)
         # x: NCHW runs along m (output columns), NHWC along k (channels); the filter along k
-        return pb.n * p_out, pb.kg, pb.cg * _prod(taps3), red, cin, cin, True
+        return pb.n * p_out, pb.kg, pb.cg * prod(taps3), red, cin, cin, True
     if direction == DIR_BWD_DATA:
         cin = pb.ys[1] == 1 and pb.k > 1
         red = list(taps3) + [pb.kg] if cin else [pb.kg] + list(taps3)
-        return pb.n * p_in, pb.cg, pb.kg * _prod(taps3), red, cin, cin, pb.w_format == E.PYDNN_TENSOR_NCHW
+        return pb.n * p_in, pb.cg, pb.kg * prod(taps3), red, cin, cin, pb.w_format == E.PYDNN_TENSOR_NCHW
     nhwc = pb.xs[1] == 1 and pb.c > 1
-    return pb.kg, pb.cg * _prod(taps3), pb.n * p_out, [pb.n] + list(pb.out3), False, not nhwc, not nhwc
-
-
-def _cdiv(a, b):
-    return -(-a // b)
+    return pb.kg, pb.cg * prod(taps3), pb.n * p_out, [pb.n] + list(pb.out3), False, not nhwc, not nhwc
 
 
 def plan(handle, pb, direction, algo, split=False):
@@ -477,18 +466,18 @@ def plan(handle, pb, direction, algo, split=False):
         p.red_size[i] = red[i]
     for i, v in enumerate(_digit_step(BK, red)):
         p.red_step[i] = v
-    tiles = _cdiv(gm, BM) * _cdiv(gn, BN) * pb.groups
+    tiles = cdiv(gm, BM) * cdiv(gn, BN) * pb.groups
     splits = 1
     if split:
-        want = _cdiv(2 * handle.sm_count, tiles)
-        splits = max(1, min(want, MAX_SPLITS, _cdiv(gk, 4 * BK)))
-    kps = _cdiv(_cdiv(gk, splits), BK) * BK
-    splits = _cdiv(gk, kps)
+        want = cdiv(2 * handle.sm_count, tiles)
+        splits = max(1, min(want, MAX_SPLITS, cdiv(gk, 4 * BK)))
+    kps = cdiv(cdiv(gk, splits), BK) * BK
+    splits = cdiv(gk, kps)
     p.splits, p.k_per_split = splits, kps
     pl = Plan()
     pl.direction, pl.algo, pl.unit = direction, algo, f"convolution.{pb.tag}"
     pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], acc, True, splits
-    pl.gemm, pl.gemm_grid = p, (_cdiv(gm, BM), _cdiv(gn, BN), pb.groups * splits)
+    pl.gemm, pl.gemm_grid = p, (cdiv(gm, BM), cdiv(gn, BN), pb.groups * splits)
     pl.gemm_expr = _exprs(pb.tag)[direction]
     pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
     pl.fold = pl.fold_func = pl.fold_argv = None
@@ -499,14 +488,14 @@ def plan(handle, pb, direction, algo, split=False):
         p.flags |= FLAG_PARTIAL
         pl.workspace = splits * pb.groups * gm * gn * acc
         f = ConvAuxParams()
-        f.groups, f.kg, f.cg, f.taps, f.splits = pb.groups, pb.kg, pb.cg, _prod(pb.filt3), splits
+        f.groups, f.kg, f.cg, f.taps, f.splits = pb.groups, pb.kg, pb.cg, prod(pb.filt3), splits
         for i in range(3):
             f.filt[i] = pb.filt3[i]
         for i in range(5):
             f.out_stride[i] = pb.ws[i]
         f.flags = FLAG_FLIP if pb.flip else 0
         pl.fold, pl.fold_expr = f, _exprs(pb.tag)[3]
-        pl.fold_grid = (_cdiv(pb.groups * gm * gn, 256), 1, 1)
+        pl.fold_grid = (cdiv(pb.groups * gm * gn, 256), 1, 1)
         pl.fold_argv = driver.kernel_args(f)
     return pl
 
@@ -569,9 +558,9 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
     if why:
         raise PydnnError(NS, f"algo: {why}")
     if direction == DIR_FWD:
-        gm, gn, gk, rc, out_strides = pb.n * _prod(pb.out3), pb.k, pb.c * _prod(pb.filt3), pb.c, pb.ys
+        gm, gn, gk, rc, out_strides = pb.n * prod(pb.out3), pb.k, pb.c * prod(pb.filt3), pb.c, pb.ys
     else:
-        gm, gn, gk, rc, out_strides = pb.n * _prod(pb.in3), pb.c, pb.k * _prod(pb.filt3), pb.k, pb.xs
+        gm, gn, gk, rc, out_strides = pb.n * prod(pb.in3), pb.c, pb.k * prod(pb.filt3), pb.k, pb.xs
     if max(gm, gn, gk) > INT_MAX:
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
     p = _base_params(pb, direction)
@@ -587,7 +576,7 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
     pl.direction, pl.algo, pl.unit = direction, algo, f"convolution.{pb.tag}"
     pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], 4, True, 1
     bn = 64 if gn <= 64 else 128  # narrow layers: no half-empty tiles
-    pl.gemm, pl.gemm_grid = p, (_cdiv(gm, TC_BM), _cdiv(gn, bn), 1)
+    pl.gemm, pl.gemm_grid = p, (cdiv(gm, TC_BM), cdiv(gn, bn), 1)
     if pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"{gn} output channels exceed the tensor-core kernel's grid")
     pl.gemm_expr = _exprs(pb.tag)[(5 if direction == DIR_FWD else 7) + TC_BNS.index(bn)]
@@ -612,12 +601,6 @@ def plan_for(handle, pb, direction, algo):
 
 
 # ----------------------------------------------------------------------------- calls
-
-def _element_aligned(ptr, name, itemsize):
-    if ptr % itemsize:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
-                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
-    return ptr
 
 
 def _w_key(w):
@@ -687,7 +670,7 @@ def check_workspace(pl, work_space, size):
     ptr = device_ptr(work_space, "workSpace", pl.workspace)
     if ptr == 0:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "workSpace: NULL with a workspace needed")
-    return _element_aligned(ptr, "workSpace", pl.acc_size)
+    return element_aligned(ptr, "workSpace", pl.acc_size)
 
 
 def run_plan(handle, pl, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
@@ -716,7 +699,7 @@ def run_plan(handle, pl, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bi
 
 
 def _filter_bytes(w_desc):
-    return _prod(w_desc.dims) * DTYPES[w_desc.dtype][0]
+    return prod(w_desc.dims) * DTYPES[w_desc.dtype][0]
 
 
 @api
@@ -731,9 +714,9 @@ def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, wo
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = pl.itemsize
-    xp = _element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
-    wp = _element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
-    yp = _element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    wp = element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
+    yp = element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
     run_plan(handle, pl, xp, wp, yp, ws, al, be)
 
 
@@ -747,9 +730,9 @@ def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, 
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = pl.itemsize
-    wp = _element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
-    dyp = _element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
-    dxp = _element_aligned(device_ptr(dx, "dx", dx_desc.span_bytes()), "dx", it)
+    wp = element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
+    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dxp = element_aligned(device_ptr(dx, "dx", dx_desc.span_bytes()), "dx", it)
     run_plan(handle, pl, dyp, wp, dxp, ws, al, be)
 
 
@@ -763,9 +746,9 @@ def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = pl.itemsize
-    xp = _element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
-    dyp = _element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
-    dwp = _element_aligned(device_ptr(dw, "dw", _filter_bytes(dw_desc)), "dw", it)
+    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dwp = element_aligned(device_ptr(dw, "dw", _filter_bytes(dw_desc)), "dw", it)
     run_plan(handle, pl, dyp, xp, dwp, ws, al, be)
 
 
@@ -808,11 +791,11 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     a1, a2 = scalar("alpha1", alpha1), scalar("alpha2", alpha2)
     it = pl.itemsize
-    xp = _element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
-    wp = _element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
-    yp = _element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
-    zp = _element_aligned(device_ptr(z, "z", z_desc.span_bytes()), "z", it) if a2 != 0 else 0
-    bp = _element_aligned(device_ptr(bias, "bias", bias_desc.span_bytes()), "bias", it)
+    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    wp = element_aligned(device_ptr(w, "w", _filter_bytes(w_desc)), "w", it)
+    yp = element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    zp = element_aligned(device_ptr(z, "z", z_desc.span_bytes()), "z", it) if a2 != 0 else 0
+    bp = element_aligned(device_ptr(bias, "bias", bias_desc.span_bytes()), "bias", it)
     p = pl.gemm
     saved = p.flags, p.act, p.coef
     p.act, p.coef = ACT[activation_desc.mode], activation_desc.coef
@@ -844,8 +827,8 @@ def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
         raise PydnnError(NS, f"dbDesc: data type {db_desc.dtype} differs from dyDesc data type {dy_desc.dtype}")
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = DTYPES[dy_desc.dtype][0]
-    dyp = _element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
-    dbp = _element_aligned(device_ptr(db, "db", db_desc.span_bytes()), "db", it)
+    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dbp = element_aligned(device_ptr(db, "db", db_desc.span_bytes()), "db", it)
     tag = TAG[dy_desc.dtype]
     func = handle.function(f"convolution.{tag}", _exprs(tag)[4])
     dims5 = (dy_desc.dims[0], dy_desc.dims[1]) + (1,) * (5 - nd) + tuple(dy_desc.dims[2:])

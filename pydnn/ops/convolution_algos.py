@@ -28,7 +28,7 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import _int
 from . import convolution as C
-from .convolution import _prod
+from .common import element_aligned, prod
 
 REPS = 3  # timed runs per algorithm in Find (after one warm-up); the median is reported
 CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200, commit of this module): a ranking, not a promise
@@ -105,7 +105,7 @@ def _estimate_ms(handle, pl):
     fill = blocks / (waves * per_wave)
     rate = TENSOR_CORE_TFLOPS if "_tc<" in pl.gemm_expr else CUDA_CORE_TFLOPS
     if "bwd_data_tc" in pl.gemm_expr:  # the gather meets zeros in all but 1 / stride^d of its MMAs
-        rate /= _prod(pl.problem.stride3)
+        rate /= prod(pl.problem.stride3)
     t = pl.problem.flops / (rate * 1e9) / max(fill, 1e-3)
     if pl.fold is not None:  # the fold reads the partials once
         t += pl.workspace / 2.0e9
@@ -274,7 +274,7 @@ def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, ptrs, work
 
 
 def _buf(buf, name, nbytes, itemsize):
-    return C._element_aligned(C.device_ptr(buf, name, nbytes), name, itemsize)
+    return element_aligned(C.device_ptr(buf, name, nbytes), name, itemsize)
 
 
 @api

@@ -46,7 +46,7 @@ from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ._elementwise import CTYPE, _SIZES
-from .common import FLOAT_TAGS, TAG, float_tensor, output_tensor, same_shape, same_type, scalar
+from .common import FLOAT_TAGS, TAG, element_aligned, float_tensor, output_tensor, same_shape, same_type, scalar
 
 __all__ = [
     "create_dropout_descriptor", "destroy_dropout_descriptor", "dropout_get_states_size",
@@ -371,13 +371,6 @@ def _validate(d, backward, in_desc, in_name, out_desc, out_name):
                          "was given NULL states)")
 
 
-def _element_aligned(ptr, name, itemsize):
-    if ptr % itemsize:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
-                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
-    return ptr
-
-
 def _key(backward, d, in_desc, out_desc):
     try:
         return ("dropout", backward, d, d.version, in_desc, in_desc.version, out_desc, out_desc.version)
@@ -400,8 +393,8 @@ def _get_plan(handle, backward, d, in_desc, in_name, out_desc, out_name, in_buf,
     if pl is None:
         _validate(d, backward, in_desc, in_name, out_desc, out_name)
         ib, ob = in_name[:-4], out_name[:-4]  # "xdesc" -> "x"
-        _element_aligned(device_ptr(in_buf, ib, in_desc.span_bytes()), ib, in_desc.itemsize)
-        _element_aligned(device_ptr(out_buf, ob, out_desc.span_bytes()), ob, out_desc.itemsize)
+        element_aligned(device_ptr(in_buf, ib, in_desc.span_bytes()), ib, in_desc.itemsize)
+        element_aligned(device_ptr(out_buf, ob, out_desc.span_bytes()), ob, out_desc.itemsize)
         need = (out_desc.count + 7) // 8
         _reserve_ok(rsz, need)
         device_ptr(reserve, "reserveSpace", need)
@@ -419,8 +412,8 @@ def _run(handle, backward, dropout_desc, in_desc, in_buf, out_desc, out_buf, res
     pl = _get_plan(handle, backward, d, in_desc, names[0], out_desc, names[1], in_buf, out_buf, reserve, rsz)
     _reserve_ok(rsz, pl.reserve)
     ib, ob = names[0][:-4], names[1][:-4]
-    ip = _element_aligned(device_ptr(in_buf, ib, pl.need[1]), ib, pl.itemsize)
-    op = _element_aligned(device_ptr(out_buf, ob, pl.need[0]), ob, pl.itemsize)
+    ip = element_aligned(device_ptr(in_buf, ib, pl.need[1]), ib, pl.itemsize)
+    op = element_aligned(device_ptr(out_buf, ob, pl.need[0]), ob, pl.itemsize)
     rp = device_ptr(reserve, "reserveSpace", pl.reserve)
     p = pl.params
     p.in_, p.out, p.mask = ip, op, rp

@@ -58,7 +58,7 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import TensorDescriptor, check_tensor, packed_strides
 from . import activation as _activation
-from .common import TAG, enum_arg, float_tensor, next_pow2, output_tensor, same_shape, same_type, scalar
+from .common import TAG, cdiv, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape, same_type, scalar
 from ._elementwise import CTYPE, _SIZES
 
 __all__ = [
@@ -361,16 +361,6 @@ def _check_stats_desc(desc, want, name="meanInvstdDesc"):
 
 # ----------------------------------------------------------------------------- planning
 
-def _prod(xs):
-    n = 1
-    for v in xs:
-        n *= v
-    return n
-
-
-def _cdiv(a, b):
-    return -(-a // b)
-
 
 def _merge(dims):
     """Neighbours (outer, inner) merge when every stride and the parameter stride of the outer one is the
@@ -399,7 +389,7 @@ def _geometry(nd, x, out, dy, stats):
         sets = [(dims[i], tuple(s[i] for s in ops) + (st[i],), 0) for i in range(lead)]
         pst = packed_strides(dims[lead:], E.PYDNN_TENSOR_NCHW)
         els = [(dims[i], tuple(s[i] for s in ops), pst[i - lead]) for i in range(lead, nb)]
-        nparams = _prod(dims[lead:])
+        nparams = prod(dims[lead:])
     else:
         g = _groups(nd, x)
         cg = dims[1] // g
@@ -407,7 +397,7 @@ def _geometry(nd, x, out, dy, stats):
                 (g, tuple(s[1] * cg for s in ops) + (st[1],), cg)]
         els = [(cg, tuple(s[1] for s in ops), 1)] + [(dims[i], tuple(s[i] for s in ops), 0) for i in range(2, nb)]
         nparams = dims[1]
-    n_sets, length = _prod(d[0] for d in sets), _prod(d[0] for d in els)
+    n_sets, length = prod(d[0] for d in sets), prod(d[0] for d in els)
     sets = _merge([d for d in sets if d[0] != 1]) or [(1, (0, 0, 0, 0), 0)]
     els = [d for d in els if d[0] != 1]
     els.sort(key=lambda d: -d[1][0])  # x's memory order, outermost first (stable: ties keep logical order)
@@ -488,7 +478,7 @@ def _vector_ok(sets, els, length, vec):
 
 def _threads(handle, nvec, items, max_block, vec, cluster_max_block=None):
     """(G, block, cluster) for sets of nvec vectors, or None when they do not fit."""
-    g = next_pow2(max(1, _cdiv(nvec, items)))
+    g = next_pow2(max(1, cdiv(nvec, items)))
     if g <= max_block:
         return g, max(g, MIN_BLOCK), 1
     if vec > 1 and g <= CLUSTER * (cluster_max_block or max_block) and _arch_num(handle) >= 90:
@@ -505,7 +495,7 @@ def _arch_num(handle):
 
 def _grid(n_sets, block, g, cluster, cap_threads_per_sm, handle):
     spb = block // g if cluster == 1 else 1
-    units = _cdiv(n_sets, spb)  # blocks (cluster == 1) or clusters
+    units = cdiv(n_sets, spb)  # blocks (cluster == 1) or clusters
     if cap_threads_per_sm:
         cap = max(1, handle.sm_count * max(1, cap_threads_per_sm // block) // cluster)
         units = min(units, cap)
@@ -537,9 +527,9 @@ def _resident(block, smem, regs):
 def _persistent_grid(handle, n_sets, block, g, cluster, bpsm):
     """Resident blocks (or clusters), evened out so that each walks the same number of sets."""
     spb = block // g if cluster == 1 else 1
-    want = _cdiv(n_sets, spb)
+    want = cdiv(n_sets, spb)
     cap = min(max(1, handle.sm_count * bpsm // cluster), MAX_GRID // cluster)
-    units = _cdiv(want, _cdiv(want, cap))
+    units = cdiv(want, cdiv(want, cap))
     return units * cluster, spb
 
 
@@ -564,7 +554,7 @@ def _bwd_staged_alt(handle, nd, tag, geo, vec):
         return None
     g, block, cluster = t
     preg = _preg_ok(sets, els, length, nparams)
-    smem = (0 if preg else _cdiv(2 * nparams * 4, 16) * 16) + 2 * 2 * STAGED_BWD_ITEMS[tag] * block * 16
+    smem = (0 if preg else cdiv(2 * nparams * 4, 16) * 16) + 2 * 2 * STAGED_BWD_ITEMS[tag] * block * 16
     if smem > SMEM_BLOCK_MAX:
         return None
     p = _base_params(nd, sets, _fast_els(els, length), n_sets, length, nparams, True)
@@ -595,10 +585,10 @@ def _rows_alt(handle, nd, tag, geo, vec):
     if not _rows_layout(nd, geo, vec):
         return None
     items, rows, one = ROWS_PICK[tag]
-    g = next_pow2(max(1, _cdiv(length // vec, items)))
+    g = next_pow2(max(1, cdiv(length // vec, items)))
     block = max(g, MIN_BLOCK)
     per_block = block // g * rows
-    grid = _cdiv(n_sets, per_block)
+    grid = cdiv(n_sets, per_block)
     if block > ROWS_MAX_GROUP // rows or grid > MAX_GRID or rows * max(abs(s) for s in sets[0][1][:2]) >= 2**31:
         return None
     p = _base_params(nd, sets, els, n_sets, length, nparams, False)
@@ -633,7 +623,7 @@ def _finish_launch(nd, geo, slots):
     sets, els, n_sets, length, nparams = geo
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.slots = slots
-    grid = max(1, min(_cdiv(nparams, FINISH_BLOCK[0]), 65535))
+    grid = max(1, min(cdiv(nparams, FINISH_BLOCK[0]), 65535))
     return _new_launch(FINISH_EXPR, p, (grid, 1, 1), FINISH_BLOCK, desc=f"finish slots={slots}")
 
 
@@ -643,7 +633,7 @@ def _bwd_rows_alt(handle, nd, tag, geo, vec):
     if tag not in BWD_ROWS_PICK or not _rows_layout(nd, geo, vec):
         return None
     items, depth = BWD_ROWS_PICK[tag]
-    g = next_pow2(max(1, _cdiv(length // vec, items)))
+    g = next_pow2(max(1, cdiv(length // vec, items)))
     block = max(g, MIN_BLOCK)
     if block > 512 // items:
         return None
@@ -699,7 +689,7 @@ def _gen_alt(handle, nd, tag, geo, backward):
     if not backward:
         return [main], 0
     z = _base_params(nd, sets, els, n_sets, length, nparams, True)
-    zero = _new_launch(ZERO_EXPR, z, (max(1, min(_cdiv(2 * nparams, 256), 1024)), 1, 1), (256, 1, 1), desc="zero")
+    zero = _new_launch(ZERO_EXPR, z, (max(1, min(cdiv(2 * nparams, 256), 1024)), 1, 1), (256, 1, 1), desc="zero")
     return [zero, main, _finish_launch(nd, geo, 1)], 2 * nparams * 4
 
 
@@ -728,7 +718,7 @@ def _configs(handle, nd, tag, geo, backward):
         a, w = _gen_alt(handle, nd, tag, geo, backward)
         alts.append(a)
         ws = max(ws, w)
-    ws = _cdiv(ws, WS_ALIGN) * WS_ALIGN
+    ws = cdiv(ws, WS_ALIGN) * WS_ALIGN
     return alts, got_vector and len(alts) == 2, ws
 
 

@@ -48,7 +48,7 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import _int, check_tensor
 from ._elementwise import CTYPE, _SIZES
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, same_type, scalar
+from .common import FLOAT_TAGS, TAG, element_aligned, enum_arg, float_tensor, output_tensor, same_type, scalar
 
 __all__ = [
     "PoolingDescriptor", "create_pooling_descriptor", "set_pooling2d_descriptor", "get_pooling2d_descriptor",
@@ -575,20 +575,13 @@ def _key(tag, *objs):
     return key
 
 
-def _element_aligned(ptr, name, itemsize):
-    if ptr % itemsize:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
-                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
-    return ptr
-
-
 def _prepare(handle, key, build, buffers):
     """The cached plan for `key`, or build() -> plan with its kernels looked up (after pointer checks)."""
     pl = handle.prepared.get(key) if key is not None else None
     if pl is None:
         pl = build()
         for (buf, name), need in zip(buffers, pl.need):  # pointer errors before any kernel is loaded
-            _element_aligned(device_ptr(buf, name, need), name, pl.itemsize)
+            element_aligned(device_ptr(buf, name, need), name, pl.itemsize)
         for lc in pl.launches:
             lc.func = handle.function(pl.unit, lc.expr)
         if key is not None:
@@ -599,7 +592,7 @@ def _prepare(handle, key, build, buffers):
 def _run(handle, pl, ptrs, names, alpha, beta):
     """ptrs: (out, x[, dy, y]) already resolved."""
     for q, n in zip(ptrs, names):
-        _element_aligned(q, n, pl.itemsize)
+        element_aligned(q, n, pl.itemsize)
     lc = pl.launches[0] if len(pl.launches) == 1 or all((q & 15) == 0 for q in ptrs) else pl.launches[-1]
     p = lc.params
     p.out, p.x = ptrs[0], ptrs[1]

@@ -31,7 +31,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, scalar
+from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, prod, scalar
 from ._elementwise import CTYPE, _SIZES, desc_key
 
 BLOCK = 256          # kThreads in reduce.cu
@@ -217,13 +217,6 @@ def _merge(order, dims, strides):
     return sizes, out
 
 
-def _prod(xs):
-    n = 1
-    for x in xs:
-        n *= x
-    return n
-
-
 def _digits(step, sizes):
     """`step` written in the mixed radix of `sizes` (outermost first); the outermost digit is unbounded."""
     out = [0] * len(sizes)
@@ -263,7 +256,7 @@ def _base_params(d, rows, length, tc, row_sizes, row_strides):
         p.row_size[k] = s
         for j in range(3):
             p.row_stride[j][k] = row_strides[j][k] if row_sizes else 0
-    p.flags = FLAG_SMALL_ROWS if _prod(rs) < 2**32 else 0
+    p.flags = FLAG_SMALL_ROWS if prod(rs) < 2**32 else 0
     return p
 
 
@@ -300,7 +293,7 @@ def _configs(handle, d, a_desc, c_desc):
         red.sort(key=lambda i: -astr[i])
     ksz, (kst, kcs, kis) = _merge(kept, dims, (astr, cst, ist))
     rsz, (rst,) = _merge(red, dims, (astr,))
-    rows, length = _prod(ksz), _prod(rsz)
+    rows, length = prod(ksz), prod(rsz)
     if not rsz:  # nothing reduced: each output reads one element
         rsz, rst = [1], [1]
     target = handle.sm_count * 2048
@@ -340,7 +333,7 @@ def _configs(handle, d, a_desc, c_desc):
         kv = K // v
         outer_sz = ksz[:-1]
         p = lc.params = _base_params(d, rows, length, tc, outer_sz, (kcs[:-1], kst[:-1], kis[:-1]))
-        p.flags = FLAG_SMALL_ROWS if _prod(outer_sz) < 2**32 else 0
+        p.flags = FLAG_SMALL_ROWS if prod(outer_sz) < 2**32 else 0
         p.cols = K
         p.col_stride[0], p.col_stride[1], p.col_stride[2] = kcs[-1], kst[-1], kis[-1]
         R = length

@@ -39,7 +39,10 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, same_shape, same_type, scalar
+from .common import (
+    FLOAT_TAGS, TAG, cdiv, element_aligned, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape,
+    same_type, scalar,
+)
 from ._elementwise import CTYPE, _SIZES
 
 ALGOS = (E.PYDNN_SOFTMAX_FAST, E.PYDNN_SOFTMAX_ACCURATE, E.PYDNN_SOFTMAX_LOG)
@@ -154,16 +157,6 @@ def kernel_units():
 
 # ----------------------------------------------------------------------------- planning
 
-def _prod(xs):
-    n = 1
-    for x in xs:
-        n *= x
-    return n
-
-
-def _cdiv(a, b):
-    return -(-a // b)
-
 
 def _collapse(which, dims, strides, key):
     """Dims `which`, size 1 dropped, ordered by the strides `key` (outermost first; ties keep the
@@ -264,7 +257,7 @@ def _configs(handle, backward, kind, mode, descs):
     rsz, rst = _collapse(rowd, dims, strides, key)
     if not esz:  # every reduced dim has size 1: rows of one element
         esz, est = [1], [[1] for _ in range(nops)]
-    rows, length = _prod(rsz), _prod(esz)
+    rows, length = prod(rsz), prod(esz)
 
     def launch(kernel, v, p, grid, block, expr):
         lc = _Launch()
@@ -274,17 +267,17 @@ def _configs(handle, backward, kind, mode, descs):
         return lc
 
     def gen_launch():
-        g_elem = min(GEN_THREADS, next_pow2(_cdiv(length, UNROLL)))
+        g_elem = min(GEN_THREADS, next_pow2(cdiv(length, UNROLL)))
         rows_closer = rsz and min(rst[1]) < min(est[1])
-        g = min(g_elem, next_pow2(_cdiv(handle.sm_count * 2048, rows))) if rows_closer else g_elem
+        g = min(g_elem, next_pow2(cdiv(handle.sm_count * 2048, rows))) if rows_closer else g_elem
         p = _params(kind, rows, length, rsz, rst, esz, est, nops)
         p.group = g
         for k, s in enumerate(_digits(g, esz)):
             p.red_step[k] = s
-        return launch(f"gen_{d}", 1, p, _cdiv(rows, GEN_THREADS // g), (GEN_THREADS, 1, 1), _expr(f"gen_{d}", tag))
+        return launch(f"gen_{d}", 1, p, cdiv(rows, GEN_THREADS // g), (GEN_THREADS, 1, 1), _expr(f"gen_{d}", tag))
 
     def row_launch(v, items):
-        g = next_pow2(_cdiv(length, v * items))
+        g = next_pow2(cdiv(length, v * items))
         if v > 1:
             g = max(g, next_pow2(2 * v - 2))
         if g > ROW_MAX_GROUP:
@@ -292,7 +285,7 @@ def _configs(handle, backward, kind, mode, descs):
         block = max(g, ROW_MIN_BLOCK)
         p = _params(kind, rows, length, rsz, rst, esz, est, nops)
         p.group = g
-        return launch(f"row_{d}", v, p, _cdiv(rows, block // g), (block, 1, 1), _expr(f"row_{d}", tag, v, items, kind))
+        return launch(f"row_{d}", v, p, cdiv(rows, block // g), (block, 1, 1), _expr(f"row_{d}", tag, v, items, kind))
 
     def loop_launch(v):
         p = _params(kind, rows, length, rsz, rst, esz, est, nops)
@@ -302,7 +295,7 @@ def _configs(handle, backward, kind, mode, descs):
     def col_launch(v):
         C, S = length, rsz[-1]
         sv = S // v
-        need_by = next_pow2(_cdiv(C, COL_ITEMS))
+        need_by = next_pow2(cdiv(C, COL_ITEMS))
         bx_full = next_pow2(sv)
         bx_min = min(bx_full, max(1, 32 // (v * size)))  # a 32-byte sector per channel line
         if need_by * bx_min <= COL_THREADS:  # channels in registers
@@ -312,7 +305,7 @@ def _configs(handle, backward, kind, mode, descs):
             bx = bx_min
             kernel, expr = f"col_loop_{d}", _expr(f"col_loop_{d}", tag, v)
         by = COL_THREADS // bx
-        tiles = _cdiv(sv, bx)
+        tiles = cdiv(sv, bx)
         outer = rows // S
         p = _params(kind, outer, C, rsz[:-1], [s[:-1] for s in rst], esz, est, nops)
         p.cols, p.tiles = S, tiles
@@ -409,7 +402,7 @@ def _get_plan(handle, backward, algo, mode, named, out_name, order, buffers):
     if pl is None:
         algo, mode = _validate(algo, mode, named, out_name)
         for (desc, _), (buf, bname) in zip(named, buffers):  # pointer errors before any kernel is loaded
-            _element_aligned(device_ptr(buf, bname, desc.span_bytes()), bname, desc.itemsize)
+            element_aligned(device_ptr(buf, bname, desc.span_bytes()), bname, desc.itemsize)
         pl = _plan(handle, backward, algo, mode, descs)
         for lc in pl.launches:
             lc.func = handle.function(pl.unit, lc.expr)
@@ -418,16 +411,9 @@ def _get_plan(handle, backward, algo, mode, named, out_name, order, buffers):
     return pl
 
 
-def _element_aligned(ptr, name, itemsize):
-    if ptr % itemsize:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
-                         f"{name}: {ptr:#x} is not aligned to its {itemsize}-byte elements")
-    return ptr
-
-
 def _run(handle, pl, ptrs, names, alpha, beta):
     for q, n in zip(ptrs, names):
-        _element_aligned(q, n, pl.itemsize)
+        element_aligned(q, n, pl.itemsize)
     lc = pl.launches[0] if len(pl.launches) == 1 or _aligned(pl.align, ptrs) else pl.launches[-1]
     p = lc.params
     p.out, p.in0 = ptrs[0], ptrs[1]
