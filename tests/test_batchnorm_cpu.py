@@ -189,6 +189,8 @@ def test_ex_validation():
     _check(fwd, args(w=0), NULL, "workspace: NULL")
     _check(fwd, args(rn=rs - 1), BAD, f"reserveSpaceSizeInBytes: {rs - 1} is less than the {rs} bytes")
     _check(fwd, args(r=None), NULL, "reserveSpace: NULL")
+    _check(fwd, args(rn=float("nan")), BAD, "reserveSpaceSizeInBytes: expected an integer")
+    _check(fwd, args(wn=1.5), BAD, "workSpaceSizeInBytes: expected an integer")
     _check(fwd, args(zd=None), BAD, "zDesc: NULL, but bnOps BN_ADD_ACTIVATION needs it")
     _check(fwd, args(zd=_nhwc((4, 8, 3, 6))), BAD, "zDesc: dims")
     _check(fwd, args(z=0), NULL, "zData: NULL")

@@ -57,7 +57,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from ..tensor import TensorDescriptor, check_tensor, packed_strides
+from ..tensor import TensorDescriptor, _int, check_tensor, packed_strides
 from . import activation as _act
 from .common import (
     FLOAT_TAGS, TAG, cdiv, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape, same_type, scalar,
@@ -652,14 +652,14 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     mp = 0
     if relu:
         need = _reserve_need(ops, x_desc)
-        rs = int(scalar("reserveSpaceSizeInBytes", reserve_size))
+        rs = _int("reserveSpaceSizeInBytes", reserve_size)
         if rs < need:
             raise _bad(f"reserveSpaceSizeInBytes: {rs} is less than the {need} bytes "
                        "GetBatchNormalizationTrainingExReserveSpaceSize gives")
         mp = device_ptr(reserve, "reserveSpace", need)
     wp = 0
     if ex:
-        wsz = int(scalar("workSpaceSizeInBytes", ws_size))
+        wsz = _int("workSpaceSizeInBytes", ws_size)
         if wsz < pl.ws_need:
             raise _bad(f"workSpaceSizeInBytes: {wsz} is less than the {pl.ws_need} bytes "
                        "GetBatchNormalizationForwardTrainingExWorkspaceSize gives")
@@ -820,13 +820,13 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
     mp = 0
     if relu:
         need = _reserve_need(ops, x_desc)
-        rs = int(scalar("reserveSpaceSizeInBytes", reserve_size))
+        rs = _int("reserveSpaceSizeInBytes", reserve_size)
         if rs < need:
             raise _bad(f"reserveSpaceSizeInBytes: {rs} is less than the {need} bytes "
                        "GetBatchNormalizationTrainingExReserveSpaceSize gives")
         mp = device_ptr(reserve, "reserveSpace", need)
     if ex:
-        wsz = int(scalar("workSpaceSizeInBytes", ws_size))
+        wsz = _int("workSpaceSizeInBytes", ws_size)
         if wsz < pl.ws_need:
             raise _bad(f"workSpaceSizeInBytes: {wsz} is less than the {pl.ws_need} bytes "
                        "GetBatchNormalizationBackwardExWorkspaceSize gives")

@@ -43,8 +43,8 @@ NCHW groups, NHWC groups) and fit in registers
 blocks per set) for larger sets, `gen_fwd` / `gen_bwd` for anything else (one block per set, three or two
 passes over memory). The backward's 16-byte-vector launches take `bwd_staged` / `bwd_staged_cluster`
 (persistent, the next set's x and dy copied into shared memory with cp.async while the current one is
-processed) when the set fits their 256-thread blocks; see STAGED_FWD / STAGED_BWD. With BWD_ROWS (off
-until its GPU test has passed) the backward of 16-bit contiguous layer / RMS rows without activation takes
+processed) when the set fits their 256-thread blocks; see STAGED_FWD / STAGED_BWD. With BWD_ROWS (on since
+its GPU test passed on the H200) the backward of 16-bit contiguous layer / RMS rows without activation takes
 `bwd_rows` (persistent, a register ring of DEPTH rows, one reduction per row; see BWD_ROWS_*).
 """
 import ctypes
