@@ -147,6 +147,10 @@ def test_forward_training_validation():
     _check(f, _fwd_args(h, g, x, ptrs=dict(b=0)), NOINIT, "")  # no bias
     _check(f, _fwd_args(h, g, x, ptrs=dict(x=X + 1)), MIS, "x: 0x")
     _check(f, _fwd_args(h, g, x, ptrs=dict(y=Y + 2)), NOINIT, "")  # 2-byte elements: 2-byte aligned is enough
+    _check(f, _fwd_args(h, g, x, ptrs=dict(y=X)), NOINIT, "")  # in place: the same address and layout
+    _check(f, _fwd_args(h, g, x, ptrs=dict(y=X + 2)), BAD, "y: its memory overlaps x's")
+    nhwc = _desc((4, 8, 5, 3), BF16, packed_strides((4, 8, 5, 3), NHWC))
+    _check(f, _fwd_args(h, g, x, y=nhwc, ptrs=dict(y=X)), BAD, "y: its memory overlaps x's")  # same address, other layout
     _check(f, _fwd_args(h, g, x, ptrs=dict(s=S + 2)), MIS, "scale: 0x")
     _check(f, _fwd_args(h, g, x, ptrs=dict(b=B + 2)), MIS, "bias: 0x")
     _check(f, _fwd_args(h, g, x, ptrs=dict(v=V + 1)), MIS, "resultInvStd: 0x")

@@ -60,7 +60,8 @@ from ..status import PydnnError, api
 from ..tensor import TensorDescriptor, _int, check_tensor, packed_strides
 from . import activation as _act
 from .common import (
-    FLOAT_TAGS, TAG, cdiv, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape, same_type, scalar,
+    FLOAT_TAGS, TAG, cdiv, enum_arg, float_tensor, next_pow2, no_partial_alias, output_tensor, prod, same_shape,
+    same_type, scalar,
 )
 from ._elementwise import CTYPE, _SIZES
 
@@ -645,6 +646,7 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     pbytes = pl.geom.feats * asz
     xp = _ptr(x, "x", x_desc.span_bytes(), isz)
     yp = _ptr(y, "y", y_desc.span_bytes(), isz)
+    no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
     zp = _ptr(z, "zData", z_desc.span_bytes(), isz) if add else 0
     sp, bp = _ptr(scale, "bnScale", pbytes, asz), _ptr(bias, "bnBias", pbytes, asz)
     rm, rv = _pair(run_mean, "resultRunningMean", run_var, "resultRunningVariance", pbytes, asz)
@@ -765,6 +767,7 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
     pbytes = pl.geom.feats * asz
     xp = _ptr(x, "x", x_desc.span_bytes(), isz)
     yp = _ptr(y, "y", y_desc.span_bytes(), isz)
+    no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
     p = pl.params
     _zero_ptrs(p)
     p.x, p.y = xp, yp
@@ -813,6 +816,8 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
     xp = _ptr(x, "x", x_desc.span_bytes(), isz)
     dyp = _ptr(dy, "dy", dy_desc.span_bytes(), isz)
     dxp = _ptr(dx, "dx", dx_desc.span_bytes(), isz)
+    no_partial_alias(dxp, dx_desc, "dx", xp, x_desc, "x")
+    no_partial_alias(dxp, dx_desc, "dx", dyp, dy_desc, "dy")
     dzp = _ptr(dz, "dzData", dz_desc.span_bytes(), isz) if add else 0
     sp = _ptr(scale, "bnScale", pbytes, asz)
     dsp, dbp = _ptr(dscale, "dBnScaleResult", pbytes, asz), _ptr(dbias, "dBnBiasResult", pbytes, asz)

@@ -39,6 +39,18 @@ def element_aligned(ptr, name, itemsize):
     return ptr
 
 
+def no_partial_alias(out_ptr, out_desc, out_name, in_ptr, in_desc, in_name, in_place=True):
+    """An output may share memory with an input only element for element (the same address and strides,
+    when the op allows in place at all): any other overlap lets a kernel read an element that another
+    thread has already overwritten, a silent wrong answer. Pointers are checked on every call."""
+    if in_place and out_ptr == in_ptr and out_desc.strides == in_desc.strides:
+        return
+    if out_ptr < in_ptr + in_desc.span_bytes() and in_ptr < out_ptr + out_desc.span_bytes():
+        how = "the same address and strides" if in_place else "separate memory"
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{out_name}: its memory overlaps {in_name}'s (this call needs {how})")
+
+
 def scalar(name, v):
     """alpha / beta: a real number (host value, like cuDNN's host pointer to float or double)."""
     if type(v) is float:
@@ -86,5 +98,5 @@ def buffer(obj, desc, name):
     return device_ptr(obj, name, desc.span_bytes())
 
 
-__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "next_pow2", "cdiv", "prod", "element_aligned", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
+__all__ = ["TAG", "FLOAT_TAGS", "DTYPES", "next_pow2", "cdiv", "prod", "element_aligned", "no_partial_alias", "scalar", "enum_arg", "float_tensor", "same_shape", "same_type",
            "output_tensor", "buffer"]

@@ -46,7 +46,9 @@ from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ._elementwise import CTYPE, _SIZES
-from .common import FLOAT_TAGS, TAG, element_aligned, float_tensor, output_tensor, same_shape, same_type, scalar
+from .common import (
+    FLOAT_TAGS, TAG, element_aligned, float_tensor, no_partial_alias, output_tensor, same_shape, same_type, scalar,
+)
 
 __all__ = [
     "create_dropout_descriptor", "destroy_dropout_descriptor", "dropout_get_states_size",
@@ -414,6 +416,7 @@ def _run(handle, backward, dropout_desc, in_desc, in_buf, out_desc, out_buf, res
     ib, ob = names[0][:-4], names[1][:-4]
     ip = element_aligned(device_ptr(in_buf, ib, pl.need[1]), ib, pl.itemsize)
     op = element_aligned(device_ptr(out_buf, ob, pl.need[0]), ob, pl.itemsize)
+    no_partial_alias(op, out_desc, ob, ip, in_desc, ib)
     rp = device_ptr(reserve, "reserveSpace", pl.reserve)
     p = pl.params
     p.in_, p.out, p.mask = ip, op, rp

@@ -58,7 +58,10 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import TensorDescriptor, check_tensor, packed_strides
 from . import activation as _activation
-from .common import TAG, cdiv, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape, same_type, scalar
+from .common import (
+    TAG, cdiv, enum_arg, float_tensor, next_pow2, no_partial_alias, output_tensor, prod, same_shape, same_type,
+    scalar,
+)
 from ._elementwise import CTYPE, _SIZES
 
 __all__ = [
@@ -837,6 +840,7 @@ def _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean,
     n = pl.itemsize
     xp = _ptr(x, "x", x_desc.span_bytes(), n)
     yp = _ptr(y, "y", y_desc.span_bytes(), n)
+    no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
     sp = _ptr(scale, "scale", sb_desc.span_bytes(), 4)
     bp = _opt_ptr(bias, "bias", sb_desc.span_bytes())
     fields = {"out": yp, "x": xp, "scale": sp, "bias": bp, "mean": 0, "invstd": 0, "dy": 0}
@@ -904,6 +908,8 @@ def norm_backward(handle, norm_desc, alpha_data_diff, beta_data_diff, alpha_para
     xp = _ptr(x, "x", x_desc.span_bytes(), n)
     dyp = _ptr(dy, "dy", dy_desc.span_bytes(), n)
     dxp = _ptr(dx, "dx", dx_desc.span_bytes(), n)
+    no_partial_alias(dxp, dx_desc, "dx", xp, x_desc, "x")
+    no_partial_alias(dxp, dx_desc, "dx", dyp, dy_desc, "dy")
     pbytes, sbytes = scale_bias_desc.span_bytes(), mean_invstd_desc.span_bytes()
     fields = {"out": dxp, "x": xp, "dy": dyp, "scale": _ptr(scale, "scale", pbytes, 4),
               "bias": _opt_ptr(bias, "bias", pbytes), "dscale": _ptr(result_scale_diff, "resultScaleDiff", pbytes, 4),

@@ -48,7 +48,9 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import _int, check_tensor
 from ._elementwise import CTYPE, _SIZES
-from .common import FLOAT_TAGS, TAG, element_aligned, enum_arg, float_tensor, output_tensor, same_type, scalar
+from .common import (
+    FLOAT_TAGS, TAG, element_aligned, enum_arg, float_tensor, no_partial_alias, output_tensor, same_type, scalar,
+)
 
 __all__ = [
     "PoolingDescriptor", "create_pooling_descriptor", "set_pooling2d_descriptor", "get_pooling2d_descriptor",
@@ -642,6 +644,9 @@ def _backward(handle, kind, key, mode, nan_opt, pd, alpha, y_desc, y, dy_desc, d
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     pl = _prepare(handle, key, build, bufs)
     ptrs = tuple(device_ptr(b, n, need) for (b, n), need in zip(bufs, pl.need))
+    # the gather reads x, y and dy elements other than the one it writes: dx shares memory with none of them
+    for (_, n), q, d in zip(bufs[1:], ptrs[1:], (x_desc, dy_desc, y_desc) if is_max else (dy_desc,) * 3):
+        no_partial_alias(ptrs[0], dx_desc, "dx", q, d, n, in_place=False)
     _run(handle, pl, ptrs, tuple(n for _, n in bufs), al, be)
 
 
