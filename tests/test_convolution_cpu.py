@@ -733,6 +733,7 @@ def test_tuning_cache(tmp_path, monkeypatch):
     assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 0) != key
     assert A.tuning_key("other|sm_90", C.DIR_FWD, c, x, w, y, 1024) != key
     assert A.tuning_key("dev|sm_90", C.DIR_BWD_DATA, c, x, w, y, 1024) != key
+    assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024, aligned16=False) != key
     pydnn.set_convolution_math_type(c, pydnn.PYDNN_FMA_MATH)
     assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024) != key
     monkeypatch.setenv("PYDNN_CONV_TUNING_CACHE", "0")

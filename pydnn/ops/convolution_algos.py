@@ -187,13 +187,14 @@ def _read_tuning(path):
         return {}
 
 
-def tuning_key(device, direction, conv, x_desc, w_desc, y_desc, limit):
-    """The text key of a Find question: everything its answer depends on."""
+def tuning_key(device, direction, conv, x_desc, w_desc, y_desc, limit, aligned16=True):
+    """The text key of a Find question: everything its answer depends on (aligned16: whether the operands
+    the tensor-core plans read in 16-byte vectors are 16-byte aligned, which decides if they can run)."""
     from ..version import __version__
     return json.dumps([device, __version__, direction, x_desc.dtype, list(x_desc.dims), list(x_desc.strides),
                        w_desc.format, list(w_desc.dims), list(y_desc.dims), list(y_desc.strides), list(conv.pad),
                        list(conv.stride), list(conv.dil), conv.mode, conv.compute_type, conv.math_type, conv.groups,
-                       int(limit)])
+                       int(limit)] + ([] if aligned16 else ["unaligned"]))
 
 
 def tuning_get(key):
@@ -241,7 +242,9 @@ def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, ptrs, work
     check_handle(handle)
     n = _requested(requested)
     limit = _int("workSpaceSizeInBytes", ws_size)
-    key = tuning_key(_device_id(handle), direction, conv, x_desc, w_desc, y_desc, limit) if tuning_enabled() else None
+    aligned16 = (ptrs[0] | ptrs[1]) % 16 == 0
+    key = (tuning_key(_device_id(handle), direction, conv, x_desc, w_desc, y_desc, limit, aligned16)
+           if tuning_enabled() else None)
     cached = tuning_get(key) if key else None
     if cached is not None:
         return cached[:n]
@@ -253,6 +256,11 @@ def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, ptrs, work
         if pl.workspace > limit:
             bad.append(_perf(pl, a, E.PYDNN_STATUS_ALLOC_FAILED, -1.0,
                              f"needs {pl.workspace} workspace bytes, {limit} given", conv.math_type))
+            continue
+        if pl.align and (ptrs[0] | ptrs[1]) % pl.align:  # run_plan would refuse the caller's buffers
+            bad.append(_perf(pl, a, E.PYDNN_STATUS_NOT_SUPPORTED, -1.0,
+                             f"reads its input and w in {pl.align}-byte vectors; these buffers are not "
+                             f"{pl.align}-byte aligned", conv.math_type))
             continue
         ws = C.check_workspace(pl, work_space, limit)
         times = []
