@@ -50,7 +50,7 @@ from ..buffers import CHECKED, device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import check_tensor, _int
-from .common import TAG, cdiv, enum_arg, output_tensor
+from .common import TAG, cdiv, enum_arg, output_tensor, same_shape, scalar
 
 __all__ = ["AttentionDescriptor", "create_attention_descriptor", "set_attention_descriptor",
            "get_attention_descriptor", "destroy_attention_descriptor",
@@ -200,12 +200,6 @@ def _set_desc(desc, name="attnDesc"):
     return desc
 
 
-def _real(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a number, got {type(v).__name__}")
-    return float(v)
-
-
 @api
 def create_attention_descriptor():
     """pydnnCreateAttentionDescriptor."""
@@ -226,11 +220,11 @@ def set_attention_descriptor(attn_desc, num_heads_q, num_heads_kv, head_dim, sof
     if hq % hkv:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
                          f"numHeadsQ: {hq} is not a multiple of numHeadsKV ({hkv}); GQA needs whole groups")
-    sc = _real("softmaxScale", softmax_scale)
+    sc = scalar("softmaxScale", softmax_scale)
     if not (sc > 0 and np.isfinite(sc)):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"softmaxScale: {sc!r} must be positive and finite")
     mask = enum_arg("maskMode", mask_mode, MASKS, "pydnnAttentionMaskMode_t")
-    p = _real("dropoutProbability", dropout_probability)
+    p = scalar("dropoutProbability", dropout_probability)
     if not 0.0 <= p < 1.0:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"dropoutProbability: {p!r} is outside [0, 1)")
     s = _int("seed", seed)
@@ -292,11 +286,6 @@ def _qkv(desc, name, heads, d, dtype=None):
     return b, s
 
 
-def _same_dims(a, an, b, bn):
-    if a.dims != b.dims:
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{bn}: dims {b.dims} differ from {an} dims {a.dims}")
-
-
 def _stats(desc, name, b, hq, sq):
     check_tensor(desc, name)
     if desc.dtype != E.PYDNN_DATA_FLOAT:
@@ -323,9 +312,9 @@ def _validate(a, q_desc, k_desc, v_desc, o_desc, o_name, stats_desc, stats_requi
     if bk != b:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"kDesc: batch {bk} differs from qDesc's {b}")
     _qkv(v_desc, "vDesc", a.heads_kv, a.head_dim, dt)
-    _same_dims(k_desc, "kDesc", v_desc, "vDesc")
+    same_shape(k_desc, "kDesc", v_desc, "vDesc")
     _qkv(o_desc, o_name, a.heads_q, a.head_dim, dt)
-    _same_dims(q_desc, "qDesc", o_desc, o_name)
+    same_shape(q_desc, "qDesc", o_desc, o_name)
     if stats_desc is not None:
         _stats(stats_desc, "statsDesc", b, a.heads_q, sq)
     elif stats_required:
@@ -493,7 +482,7 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
                                          (d_k_desc, "dKDesc", k_desc, "kDesc", a.heads_kv),
                                          (d_v_desc, "dVDesc", v_desc, "vDesc", a.heads_kv)):
         _qkv(dsc, name, heads, a.head_dim, pr.dtype)
-        _same_dims(ref, rname, dsc, name)
+        same_shape(ref, rname, dsc, name)
     for dsc, name in ((d_q_desc, "dQDesc"), (d_k_desc, "dKDesc"), (d_v_desc, "dVDesc")):
         output_tensor(dsc, name)
     det = _int("deterministic", deterministic)
