@@ -63,7 +63,7 @@ from .common import (
     FLOAT_TAGS, TAG, cdiv, enum_arg, float_tensor, next_pow2, no_partial_alias, output_tensor, prod, same_shape,
     same_type, scalar,
 )
-from ._elementwise import CTYPE, _SIZES
+from ._elementwise import CTYPE, _SIZES, cached, vec_width
 
 __all__ = [
     "derive_bn_tensor_descriptor",
@@ -194,10 +194,6 @@ def _acc(tag):
     return "double" if tag == "f64" else "float"
 
 
-def _vec(tag):
-    return 16 // _SIZES[tag]
-
-
 def _expr(kernel, tag, vec=None, u=None):
     if kernel in ("fwd_final", "bwd_final"):
         return f"pydnn::bn::{kernel}<{_acc(tag)}>"
@@ -210,7 +206,7 @@ def _expr(kernel, tag, vec=None, u=None):
 
 def _fast16(tag, v):
     """The FAST16 kernels serve this dtype and vector width (16-bit data, 16-byte vectors)."""
-    return FAST16 and _SIZES[tag] == 2 and v == _vec(tag)
+    return FAST16 and _SIZES[tag] == 2 and v == vec_width(tag, tag)
 
 
 FAST16_KERNELS = ("fwd_apply_plain",)  # infer_rows<T, 8, 8> measured no faster than <T, 8> (80.9 vs 80.3%)
@@ -230,12 +226,12 @@ ONE_KERNELS = ("fwd_head", "bwd_head", "fwd_fused_gen", "bwd_fused_gen", "infer_
 def kernel_units():
     units = []
     for t in FLOAT_TAGS:
-        exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (_vec(t), 1)] + [_expr(k, t) for k in ONE_KERNELS]
+        exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (vec_width(t, t), 1)] + [_expr(k, t) for k in ONE_KERNELS]
         if _SIZES[t] == 2:
-            exprs += [_expr(k, t, _vec(t), UNROLL16) for k in FAST16_KERNELS]
+            exprs += [_expr(k, t, vec_width(t, t), UNROLL16) for k in FAST16_KERNELS]
             exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
         if t in STATS16_TAGS:
-            exprs.append(_expr("fwd_stats", t, _vec(t), UNROLL16))
+            exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
     return units
 
@@ -518,7 +514,7 @@ def _make_plan(handle, tag, g, direction, ex):
     pl.argv = driver.kernel_args(pl.params)
     pl.seqs, pl.ws_need, pl.scratch = {}, 0, None
     pl.flags = FLAG_IDX32 if g.rows * g.feats < 2**32 else 0
-    vecs = ([_vec(tag)] if g.vec_ok else []) + [1]
+    vecs = ([vec_width(tag, tag)] if g.vec_ok else []) + [1]
     if direction == "infer":
         if g.layout == "rows":
             for v in vecs:
@@ -546,16 +542,6 @@ def _make_plan(handle, tag, g, direction, ex):
     head_rows = cdiv(cbytes, g.feats * pl.isize)
     pl.scratch = (poff, chunk, chunks)
     _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows)
-    return pl
-
-
-def _get_plan(handle, key, build):
-    """The cached plan for a call shape (kernels are looked up later, by _run, once every argument passed)."""
-    pl = handle.prepared.get(key) if key is not None else None
-    if pl is None:
-        pl = build()
-        if key is not None:
-            handle.remember(key, pl)
     return pl
 
 
@@ -590,7 +576,7 @@ def _pick(pl, tensor_ptrs, scratch_ok):
     """The launch sequence for this call: rows (vector when every pointer is 16-byte aligned) when the
     plan has it and the scratch is usable, else gen."""
     if scratch_ok:
-        v = _vec(pl.tag)
+        v = vec_width(pl.tag, pl.tag)
         if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
             return pl.seqs[f"rows{v}"]
         if "rows1" in pl.seqs:
@@ -639,8 +625,8 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     if add:
         operands[OP_Z] = z_desc.strides
     key = _key("bn_fwd", ex, mode, x_desc, y_desc, z_desc if add else None)
-    pl = _get_plan(handle, key, lambda: _make_plan(
-        handle, tag, _geometry(mode, x_desc.dims, operands, _vec(tag)), "fwd", ex))
+    pl = cached(handle, key, lambda: _make_plan(
+        handle, tag, _geometry(mode, x_desc.dims, operands, vec_width(tag, tag)), "fwd", ex))
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     asz = pl.asize
     pbytes = pl.geom.feats * asz
@@ -729,10 +715,10 @@ def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_
     if ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
         operands[OP_Z] = z_desc.strides
     tag = TAG[x_desc.dtype]
-    g = _geometry(mode, x_desc.dims, operands, _vec(tag))
+    g = _geometry(mode, x_desc.dims, operands, vec_width(tag, tag))
     if g.layout != "rows":
         return 0
-    return _workspace_layout(handle, g, tag, "fwd", _vec(tag) if g.vec_ok else 1)[0]
+    return _workspace_layout(handle, g, tag, "fwd", vec_width(tag, tag) if g.vec_ok else 1)[0]
 
 
 @api
@@ -759,8 +745,8 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
     tag = TAG[x_desc.dtype]
     isz = x_desc.itemsize
     key = _key("bn_infer", mode, x_desc, y_desc)
-    pl = _get_plan(handle, key, lambda: _make_plan(
-        handle, tag, _geometry(mode, x_desc.dims, {OP_X: x_desc.strides, OP_Y: y_desc.strides}, _vec(tag)),
+    pl = cached(handle, key, lambda: _make_plan(
+        handle, tag, _geometry(mode, x_desc.dims, {OP_X: x_desc.strides, OP_Y: y_desc.strides}, vec_width(tag, tag)),
         "infer", False))
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     asz = pl.asize
@@ -807,8 +793,8 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
     if add:
         operands[OP_DZ] = dz_desc.strides
     key = _key("bn_bwd", ex, mode, x_desc, dy_desc, dx_desc, dz_desc if add else None)
-    pl = _get_plan(handle, key, lambda: _make_plan(
-        handle, tag, _geometry(mode, x_desc.dims, operands, _vec(tag)), "bwd", ex))
+    pl = cached(handle, key, lambda: _make_plan(
+        handle, tag, _geometry(mode, x_desc.dims, operands, vec_width(tag, tag)), "bwd", ex))
     ad, bd = scalar("alphaDataDiff", alpha_d), scalar("betaDataDiff", beta_d)
     ap, bp_ = scalar("alphaParamDiff", alpha_p), scalar("betaParamDiff", beta_p)
     asz = pl.asize
@@ -898,10 +884,10 @@ def get_batch_normalization_backward_ex_workspace_size(handle, mode, bn_ops, x_d
     if ops == E.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
         operands[OP_DZ] = dz_desc.strides
     tag = TAG[x_desc.dtype]
-    g = _geometry(mode, x_desc.dims, operands, _vec(tag))
+    g = _geometry(mode, x_desc.dims, operands, vec_width(tag, tag))
     if g.layout != "rows":
         return 0
-    return _workspace_layout(handle, g, tag, "bwd", _vec(tag) if g.vec_ok else 1)[0]
+    return _workspace_layout(handle, g, tag, "bwd", vec_width(tag, tag) if g.vec_ok else 1)[0]
 
 
 def plan_summary(handle, direction, mode, x_desc, *others, ex=False):
@@ -912,7 +898,7 @@ def plan_summary(handle, direction, mode, x_desc, *others, ex=False):
     ops = (OP_Y,) if direction in ("fwd", "infer") else (OP_DY, OP_DX)
     operands = {OP_X: x_desc.strides}
     operands.update({k: d.strides for k, d in zip(ops, others)})
-    pl = _make_plan(handle, tag, _geometry(mode, x_desc.dims, operands, _vec(tag)), direction, ex)
+    pl = _make_plan(handle, tag, _geometry(mode, x_desc.dims, operands, vec_width(tag, tag)), direction, ex)
     seqs = {name: [(lc.kernel, lc.vec, lc.grid, lc.block, dict(lc.fields)) for lc in seq]
             for name, seq in pl.seqs.items()}
     return pl.geom.layout, seqs, pl.ws_need

@@ -45,7 +45,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from ._elementwise import CTYPE, _SIZES
+from ._elementwise import CTYPE, _SIZES, vec_width
 from .common import (
     FLOAT_TAGS, TAG, element_aligned, float_tensor, no_partial_alias, output_tensor, same_shape, same_type, scalar,
 )
@@ -102,10 +102,6 @@ class DropoutParams(ctypes.Structure):
 
 # ----------------------------------------------------------------------------- kernel variants
 
-def _vec(tag):
-    return 16 // _SIZES[tag]
-
-
 def _expr(kernel, tag, vec=None):
     t = CTYPE[tag]
     if vec is None:
@@ -122,7 +118,7 @@ def kernel_units():
     for t in FLOAT_TAGS:
         exprs = []
         for k in ("fwd", "bwd"):
-            exprs += [_expr(k, t, _vec(t)), _expr(k, t, 1), _expr(f"{k}_tile", t), _expr(f"{k}_strided", t)]
+            exprs += [_expr(k, t, vec_width(t, t)), _expr(k, t, 1), _expr(f"{k}_tile", t), _expr(f"{k}_strided", t)]
         units.append(KernelUnit(f"dropout.{t}", "dropout.cu", tuple(exprs)))
     units.append(KernelUnit(MISC_UNIT, "dropout.cu", (INIT_EXPR, PROBE_EXPR), ("-DPYDNN_DROPOUT_MISC",)))
     return units
@@ -340,7 +336,7 @@ def _plan(handle, backward, d, out_desc, in_desc):
         grid = max(1, -(-(n // 8) // per_block))
         if grid > MAX_GRID:
             raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{n} elements need more than 2^31 - 1 blocks")
-        pl.vec_func = handle.function(f"dropout.{tag}", _expr(k, tag, _vec(tag)))
+        pl.vec_func = handle.function(f"dropout.{tag}", _expr(k, tag, vec_width(tag, tag)))
         pl.func = handle.function(f"dropout.{tag}", _expr(k, tag, 1))
         pl.vec_grid = pl.grid = (grid, 1, 1)
     else:

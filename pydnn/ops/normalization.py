@@ -56,13 +56,13 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from ..tensor import TensorDescriptor, check_tensor, packed_strides
+from ..tensor import TensorDescriptor, _int, check_tensor, packed_strides
 from . import activation as _activation
 from .common import (
     TAG, cdiv, enum_arg, float_tensor, next_pow2, no_partial_alias, output_tensor, prod, same_shape, same_type,
     scalar,
 )
-from ._elementwise import CTYPE, _SIZES
+from ._elementwise import CTYPE, _SIZES, vec_width
 
 __all__ = [
     "create_norm_descriptor", "set_norm_descriptor", "get_norm_descriptor", "destroy_norm_descriptor",
@@ -158,10 +158,6 @@ class NormParams(ctypes.Structure):
 
 # ----------------------------------------------------------------------------- kernel variants
 
-def _vec(tag):
-    return 16 // _SIZES[tag]
-
-
 def _fwd_expr(tag, vec, cluster=False):
     name = "fwd_cluster" if cluster else "fwd"
     return f"pydnn::norm::{name}<{CTYPE[tag]}, {vec}, {FWD_ITEMS[vec > 1]}>"
@@ -195,7 +191,7 @@ FINISH_EXPR, ZERO_EXPR = "pydnn::norm::finish", "pydnn::norm::zero"
 
 
 def _unit_exprs(tag):
-    v = _vec(tag)
+    v = vec_width(tag, tag)
     exprs = [_fwd_expr(tag, v), _fwd_expr(tag, 1), _fwd_expr(tag, v, cluster=True)]
     exprs += [_rows_expr(tag, v, *c) for c in ROWS_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_rows_expr(tag, v, *c) for c in BWD_ROWS_CONFIGS[_SIZES[tag]]]
@@ -243,12 +239,6 @@ def _set(desc, name="normDesc"):
     if not desc.is_set:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: descriptor was never set")
     return desc
-
-
-def _int(name, v):
-    if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
-        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected an integer, got {type(v).__name__}")
-    return v.__index__()
 
 
 @api
@@ -704,9 +694,9 @@ def _configs(handle, nd, tag, geo, backward):
     sets, els, n_sets, length, nparams = geo
     alts, ws = [], 0
     two = _inner(els, length) is not None and length < 2**31
-    vector = two and _vector_ok(sets, els, length, _vec(tag))
+    vector = two and _vector_ok(sets, els, length, vec_width(tag, tag))
     got_vector = False
-    for v in ((_vec(tag), 1) if vector else (1,)) if two else ():
+    for v in ((vec_width(tag, tag), 1) if vector else (1,)) if two else ():
         if backward:
             r = _bwd_alt(handle, nd, tag, geo, v)
             a, w = r if r is not None else (None, 0)

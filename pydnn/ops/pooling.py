@@ -47,7 +47,7 @@ from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import _int, check_tensor
-from ._elementwise import CTYPE, _SIZES
+from ._elementwise import CTYPE, _SIZES, vec_width
 from .common import (
     FLOAT_TAGS, TAG, element_aligned, enum_arg, float_tensor, no_partial_alias, output_tensor, same_type, scalar,
 )
@@ -152,10 +152,6 @@ class PoolParams(ctypes.Structure):
 
 # ----------------------------------------------------------------------------- kernel variants
 
-def _vec(tag):
-    return 16 // _SIZES[tag]
-
-
 def _expr(kernel, tag, vec):
     """kernel: fwd_max, fwd_avg, bwd_max, bwd_avg, rows_max, rows_avg or bwdp_max (max: MAX modes; avg: the
     averages; rows: fwd_rows, the forward with coordinates from the launch shape; bwdp: max backward with the
@@ -171,8 +167,9 @@ VEC_ONLY_KERNELS = ("rows_max", "rows_avg", "bwdp_max")
 
 
 def kernel_units():
-    return [KernelUnit(f"pooling.{t}", "pooling.cu", tuple(_expr(k, t, v) for k in KERNELS for v in (_vec(t), 1))
-                       + tuple(_expr(k, t, _vec(t)) for k in VEC_ONLY_KERNELS))
+    return [KernelUnit(f"pooling.{t}", "pooling.cu",
+                       tuple(_expr(k, t, v) for k in KERNELS for v in (vec_width(t, t), 1))
+                       + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS))
             for t in FLOAT_TAGS]
 
 
@@ -442,7 +439,7 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
     tag = TAG[out_desc.dtype]
     kernel = ("fwd_" if p_desc is None else "bwd_") + ("max" if kmode == KMODE_MAX else "avg")
     descs = [d for d in (out_desc, x_desc, p_desc, y_desc) if d is not None]
-    vecs = ([_vec(tag)] if _vec_ok(_vec(tag), descs) else []) + [1]
+    vecs = ([vec_width(tag, tag)] if _vec_ok(vec_width(tag, tag), descs) else []) + [1]
     pl = _Plan()
     pl.launches = []
     for v in vecs:

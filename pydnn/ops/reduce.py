@@ -32,7 +32,7 @@ from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, prod, scalar
-from ._elementwise import CTYPE, _SIZES, desc_key
+from ._elementwise import CTYPE, desc_key, vec_width
 
 BLOCK = 256          # kThreads in reduce.cu
 UNROLL = 4           # kUnroll in reduce.cu
@@ -67,10 +67,6 @@ class ReduceParams(ctypes.Structure):
     C_NAMES = {"in_": "in"}
 
 
-def _vec(tag):
-    return 16 // _SIZES[tag]
-
-
 def _variants():
     """(template op, with indices) of every templated kernel."""
     return [(op, False) for op in KERNEL_OPS] + [(op, True) for op in INDEXED]
@@ -91,7 +87,7 @@ def kernel_units():
     for tag in FLOAT_TAGS:
         exprs = [_expr("rows_gen", tag), _expr("reduce_finish", tag)]
         for op, idx in _variants():
-            exprs += [_expr("rows_vec", tag, op, idx), _expr("cols", tag, op, idx, _vec(tag)),
+            exprs += [_expr("rows_vec", tag, op, idx), _expr("cols", tag, op, idx, vec_width(tag, tag)),
                       _expr("cols", tag, op, idx, 1)]
         units.append(KernelUnit(f"reduce.{tag}", "reduce.cu", tuple(exprs)))
     return units
@@ -281,7 +277,7 @@ def _configs(handle, d, a_desc, c_desc):
     in memory order, which lets more layouts collapse."""
     want_idx = d.indices == E.PYDNN_REDUCE_TENSOR_FLATTENED_INDICES
     ta, tc = TAG[a_desc.dtype], TAG[c_desc.dtype]
-    vec = _vec(ta)
+    vec = vec_width(ta, ta)
     nd = len(a_desc.dims)
     dims, astr, cst = a_desc.dims, a_desc.strides, c_desc.strides
     ist = [1] * nd  # indices: packed row-major in C's dims

@@ -43,7 +43,7 @@ from .common import (
     FLOAT_TAGS, TAG, cdiv, element_aligned, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape,
     same_type, scalar,
 )
-from ._elementwise import CTYPE, _SIZES
+from ._elementwise import CTYPE, _SIZES, vec_width
 
 ALGOS = (E.PYDNN_SOFTMAX_FAST, E.PYDNN_SOFTMAX_ACCURATE, E.PYDNN_SOFTMAX_LOG)
 MODES = (E.PYDNN_SOFTMAX_MODE_INSTANCE, E.PYDNN_SOFTMAX_MODE_CHANNEL)
@@ -90,10 +90,6 @@ class SoftmaxParams(ctypes.Structure):
 
 # ----------------------------------------------------------------------------- kernel variants
 
-def _vec(tag):
-    return 16 // _SIZES[tag]
-
-
 def fwd_kind(algo, tag):
     """The forward template kind: FAST and ACCURATE are one kernel where the exp is fixed by the type."""
     if algo == E.PYDNN_SOFTMAX_LOG:
@@ -138,7 +134,7 @@ def _wide(tag, vec, backward, kind):
 
 
 def _unit_exprs(tag):
-    v = _vec(tag)
+    v = vec_width(tag, tag)
     exprs = []
     for d, kinds in (("fwd", _fwd_kinds(tag)), ("bwd", BWD_KINDS)):
         for k in kinds:
@@ -247,7 +243,7 @@ def _configs(handle, backward, kind, mode, descs):
     dims, nd = out.dims, len(out.dims)
     nops = len(descs)
     tag = TAG[out.dtype]
-    size, vec = _SIZES[tag], _vec(tag)
+    size, vec = _SIZES[tag], vec_width(tag, tag)
     d = "bwd" if backward else "fwd"
     red = [1] if mode == E.PYDNN_SOFTMAX_MODE_CHANNEL else list(range(1, nd))
     rowd = [i for i in range(nd) if i not in red]
