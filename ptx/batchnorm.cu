@@ -14,6 +14,8 @@
 //     fwd_head / bwd_head    one block: the rows [row_begin, row_end) whose bytes held the constants
 //                            (non-Ex calls keep partials and constants in y / dx, see the host); the
 //                            block copies every constant to shared memory before it writes anything.
+//     infer_rows / infer_rows_smem  inference over the rows; _smem (vector launches) computes each feature's
+//                            constants once per block into shared memory, after the first loads are out.
 //   gen kernels (any strides): one block per feature walks its reduction elements twice (statistics,
 //     then the outputs), so no memory outside the operands is needed; infer_gen: one thread per element.
 //
@@ -817,6 +819,73 @@ __global__ void __launch_bounds__(kThreads, 3) infer_rows(const BnParams p) {
         vstore<T, VEC>(y + u * sy, o);
       }
     }
+  }
+}
+
+// infer_rows_smem: infer_rows with the per-feature set-up shared and overlapped (v4). infer_rows has each of
+// the by row threads of a feature vector compute the same VEC (a, b) pairs (4 parameter loads, a division
+// and a square root per feature) before it issues any load of x: per byte of x, 16-bit data pays twice
+// fp32's set-up, and every block starts with a gap in its memory traffic. Here the block's first U rows are
+// loaded first, then each thread computes (a, b) for at most a few of the block's bx * VEC features into
+// shared memory (the same expressions, so bitwise infer_rows' values), one barrier, and the rows stream on.
+template <class T, int VEC, int U = kUnroll>
+__global__ void __launch_bounds__(kThreads, 3) infer_rows_smem(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  __shared__ A s_ab[2][32 * VEC];  // the block's bx * VEC features (the host's bx is at most 32)
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 fb = (i64)blockIdx.x * bx * VEC, f0 = fb + (i64)tx * VEC;  // the block's and the thread's first
+  const bool live = f0 < p.feats;  // no early return: every thread takes part in the set-up and the barrier
+  const i64 start = p.row_begin + (i64)blockIdx.y * p.chunk_rows, end = min(p.row_end, start + p.chunk_rows);
+  const i64 lx = p.ld[X], ly = p.ld[Y], sx = (i64)by * lx, sy = (i64)by * ly;
+  const T* x = (const T*)p.x + f0 + (start + ty) * lx;
+  T* y = (T*)p.y + f0 + (start + ty) * ly;
+  i64 r = start + ty;
+  P xv[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)  // the first step's loads go out before the set-up
+    if (live && r + (i64)u * by < end) xv[u] = rload<T, VEC>(x + u * sx);
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const int nf = (int)min((i64)bx * VEC, p.feats - fb);
+  for (int i = ty * bx + tx; i < nf; i += bx * by) {
+    const i64 f = fb + i;
+    const A s = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + (A)p.eps);
+    s_ab[0][i] = alpha * s;
+    s_ab[1][i] = alpha * (((const A*)p.bias)[f] - ((const A*)p.mean)[f] * s);
+  }
+  __syncthreads();
+  if (!live) return;
+  A a[VEC], b[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    a[e] = s_ab[0][tx * VEC + e];
+    b[e] = s_ab[1][tx * VEC + e];
+  }
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (r + (i64)u * by < end) {
+        A xa[VEC], o[VEC];
+        unpack(xv[u], xa);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = xa[e] * a[e] + b[e];
+        if (blend) {
+          A ya[VEC];
+          unpack(rload<T, VEC>(y + u * sy), ya);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) o[e] += beta * ya[e];
+        }
+        vstore<T, VEC>(y + u * sy, o);
+      }
+    }
+    r += (i64)by * U;
+    if (r >= end) break;
+    x += sx * U;
+    y += sy * U;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r + (i64)u * by < end) xv[u] = rload<T, VEC>(x + u * sx);
   }
 }
 

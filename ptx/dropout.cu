@@ -16,6 +16,8 @@
 //                              (see dense_body), all loaded before any is used; VEC = 16 / sizeof(T)
 //                              when every pointer is 16-byte aligned, else VEC = 1. The last partial
 //                              group (n % 8 elements) is done by thread 0 of block 0.
+//   fwd_packed<T>              the dense forward of 16-bit T with 16-byte vectors: fwd<T, 8>'s lanes and
+//                              bits with fewer instructions per element (see the kernel).
 //   fwd_tile<T>, bwd_tile<T>   channels-last layouts (the second-to-last dim has stride 1 in x and y, the
 //                              last is a multiple of 8): a tile through shared memory, see tile_body.
 //   fwd_strided<T>, bwd_strided<T>   any strides: a thread per group, offsets from the coordinates.
@@ -167,6 +169,119 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<VEC>::value) fwd(const Dro
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads, MinBlocks<VEC>::value) bwd(const DropoutParams p) {
   dense_body<T, VEC, false>(p);
+}
+
+// fwd_packed<T> (16-bit T, 16-byte vectors; v3): the dense forward with the same lane mapping as
+// fwd<T, 8> (NV = 1: lane l owns group l of each tile and its 16-byte vector), and the same bits out, with
+// fewer instructions per element, since at 2 bytes per element the per-element work shows:
+//   - the Groups<T> Philox calls of a thread run round by round, so each round's key is bumped once for
+//     all of them (the key is the same for every call), and their chains interleave;
+//   - a pair of elements is a pair of 16-bit slices of one Philox word and of one x word: the keep tests
+//     compare the word's halves with the threshold directly (no bit extraction), the values are unpacked
+//     with one shift / and each, multiplied and selected as floats, and packed back with one paired
+//     conversion (cvt.rn.*x2.f32 rounds each half as the single conversion does).
+// Element j of a group is word j / 2, half j % 2 of both the Philox block and the vector: keep_bits8's
+// layout, so the mask and y are bitwise fwd's.
+template <class T> __device__ __forceinline__ void unpack2(unsigned w, float& lo, float& hi);
+template <> __device__ __forceinline__ void unpack2<bf16_t>(unsigned w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xFFFF0000u);
+}
+template <> __device__ __forceinline__ void unpack2<half_t>(unsigned w, float& lo, float& hi) {
+  half_t a, b;
+  a.bits = (unsigned short)w;
+  b.bits = (unsigned short)(w >> 16);
+  lo = to_float(a);
+  hi = to_float(b);
+}
+template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> __device__ __forceinline__ unsigned pack2<half_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, MinBlocks<8>::value) fwd_packed(const DropoutParams p) {
+  constexpr int G = Groups<T>::value;  // tiles per warp; a lane's vector of a tile is its group
+  constexpr int kWarps = kThreads / 32;
+  typedef Vec<unsigned, 4> W;  // 8 elements of 16 bits as 4 words
+  const float scale = (float)p.scale;
+  const i64 full = p.n >> 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const W* x = reinterpret_cast<const W*>(p.in);
+  W* y = reinterpret_cast<W*>(p.out);
+  W v[G];
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    const i64 g = (((i64)blockIdx.x * G + u) * kWarps + warp) * 32 + lane;
+    if (g < full) v[u] = x[g];
+  }
+  const Stream s = read_stream(p);
+  // keep(half) = slice >= threshold; threshold 0 (keep all) and >= 65536 (drop all) skip Philox: the words
+  // stay 0, tlo = 65536 fails every low half, thi = 1 every high half of 0.
+  const unsigned thr = p.threshold;
+  const bool draw = thr - 1u < 65535u;
+  const unsigned tlo = thr >= 65536u ? 65536u : thr, thi = thr >= 65536u ? 1u : thr << 16;
+  philox::Ctr c[G];
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    const u64 g = (u64)((((i64)blockIdx.x * G + u) * kWarps + warp) * 32 + lane);
+    c[u].x = (unsigned)g;
+    c[u].y = (unsigned)(g >> 32);
+    c[u].z = (unsigned)s.offset;
+    c[u].w = (unsigned)(s.offset >> 32);
+  }
+  if (draw) {
+    unsigned k0 = (unsigned)s.seed, k1 = (unsigned)(s.seed >> 32);
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+      if (r) {
+        k0 += philox::kW0;
+        k1 += philox::kW1;
+      }
+#pragma unroll
+      for (int u = 0; u < G; ++u) c[u] = philox::round1(c[u], k0, k1);
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < G; ++u) c[u].x = c[u].y = c[u].z = c[u].w = 0u;
+  }
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    const i64 g = (((i64)blockIdx.x * G + u) * kWarps + warp) * 32 + lane;
+    if (g < full) {
+      const unsigned rw[4] = {c[u].x, c[u].y, c[u].z, c[u].w}, xw[4] = {v[u].v[0], v[u].v[1], v[u].v[2], v[u].v[3]};
+      W o;
+      unsigned bits = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const bool klo = (rw[k] & 0xFFFFu) >= tlo, khi = rw[k] >= thi;
+        float lo, hi;
+        unpack2<T>(xw[k], lo, hi);
+        o.v[k] = pack2<T>(klo ? lo * scale : 0.0f, khi ? hi * scale : 0.0f);
+        bits |= (klo ? 1u : 0u) << (2 * k) | (khi ? 2u : 0u) << (2 * k);
+      }
+      y[g] = o;
+      p.mask[g] = (unsigned char)bits;
+    }
+  }
+  const int rem = (int)(p.n & 7);
+  if (rem && blockIdx.x == 0 && threadIdx.x == 0) {  // the partial last group, as fwd does it
+    typedef float A;
+    const T* xs = reinterpret_cast<const T*>(p.in) + full * 8;
+    T* ys = reinterpret_cast<T*>(p.out) + full * 8;
+    unsigned b = philox::dropout_keep_bits8(s.seed, s.offset, (u64)full, p.threshold);
+    b &= (1u << rem) - 1u;
+    for (int j = 0; j < rem; ++j) ys[j] = keep_or_zero<T, A>(b, j, xs[j], scale);
+    p.mask[full] = (unsigned char)b;
+  }
+  count_block(p, s);
 }
 
 // Offsets of logical element i (row-major over size[0 .. ndim-1]) in out and in.

@@ -7,7 +7,8 @@
 //        writes y once. Overlapping windows re-read x, but those reads hit L1 / L2. Max uses the packed
 //        max instructions (max{.NaN}.bf16x2 / .f16x2 / .f32), so the words never leave their 16-bit form.
 //   fwd_rows  the vector forward of 1-d / 2-d pooling with 32-bit offsets: one thread per VEC channels of
-//        kRowOut outputs along w, coordinates from the launch shape (see the kernel).
+//        kRowOut outputs along w, coordinates from the launch shape (see the kernel); full 3 x 3 windows
+//        load with straight-line offsets (FAST3), 16-bit outputs convert in pairs.
 //   bwd  one thread per VEC channels of one dx element: GATHERS from the pooled elements whose windows
 //        cover it (no atomics, no scatter), so dx is written once, in a fixed order: bitwise reproducible.
 //        Average: sum of dy * (1 / count). Max: the element receives dy of window o where it is the
@@ -212,20 +213,78 @@ __device__ __forceinline__ void scan(const T* first, const S* xs, const int* lo,
   }
 }
 
+// v[0 .. VEC) converted into out's words: 16-bit pairs with one paired conversion (cvt.rn.bf16x2.f32 /
+// .f16x2: each half rounded as the single conversion rounds it, so the same bits as Frag::set, without its
+// per-element merge into the word).
+template <class T, int VEC>
+__device__ __forceinline__ void convert_out(Frag<T, VEC>& out, const typename AccOf<T>::type* v) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) {
+      if constexpr (Same<T, bf16_t>::value)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out.w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+      else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out.w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.set(e, v[e]);
+  }
+}
+
 template <class T, int VEC>
 __device__ __forceinline__ void store_blend(T* dst, const typename AccOf<T>::type* r, const PoolParams& p) {
   typedef typename AccOf<T>::type A;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   Frag<T, VEC> out;
+  A v[VEC];
   if (p.flags & PYDNN_FLAG_BETA) {
     out.load(dst);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out.set(e, alpha * r[e] + beta * out.template get<A>(e));
+    for (int e = 0; e < VEC; ++e) v[e] = alpha * r[e] + beta * out.template get<A>(e);
   } else {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out.set(e, alpha * r[e]);
+    for (int e = 0; e < VEC; ++e) v[e] = alpha * r[e];
   }
+  convert_out<T, VEC>(out, v);
   out.store(dst);
+}
+
+// The 9 elements of a full 3 x 3 window in window order (fwd_rows, PYDNN_POOL_FLAG_FAST3): straight-line
+// loads at the thread's fixed offsets o[] from the first element, all in flight together, then f(j, v) for
+// each in turn (scan's order and values, without its per-load wrap arithmetic).
+template <class T, int VEC, class F>
+__device__ __forceinline__ void scan3x3(const T* first, const int* o, F&& f) {
+  Frag<T, VEC> v[9];
+#pragma unroll
+  for (int j = 0; j < 9; ++j) v[j].load(first + o[j]);
+#pragma unroll
+  for (int j = 0; j < 9; ++j) f(j, v[j]);
+}
+
+// f(j, v) over the window's elements in window order: scan3x3 for a full 3 x 3 window (full3), else scan.
+template <class T, int VEC, class F>
+__device__ __forceinline__ void reduce_window(bool full3, const T* first, const int* o9, const int* xs, const int* lo,
+                                              const int* hi, int count, F&& f) {
+  if (full3) scan3x3<T, VEC>(first, o9, f);
+  else scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, f);
+}
+
+// Column sums of NC consecutive 3-row columns (fwd_rows' COLS path): out[c] = (x0 + x1) + x2 down column
+// c, its 3 * NC loads all in flight first. xs4 / xs3: the strides along w and h.
+template <class T, int VEC, int NC>
+__device__ __forceinline__ void col_sums(const T* top, int xs4, int xs3, typename AccOf<T>::type (*out)[VEC]) {
+  typedef typename AccOf<T>::type A;
+  Frag<T, VEC> v[NC][3];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int i = 0; i < 3; ++i) v[c][i].load(top + c * xs4 + i * xs3);
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      out[c][e] = (v[c][0].template get<A>(e) + v[c][1].template get<A>(e)) + v[c][2].template get<A>(e);
 }
 
 // ------------------------------------------------------------------ kernels
@@ -298,7 +357,53 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd_rows(const PoolParam
   const int ys = (int)p.os[4], sw = (int)p.stride[2], pw = (int)p.pad[2], kw = (int)p.win[2], W = (int)p.in_dim[2];
   const int nh = hi[1] - lo[1];
   const bool plain = !(p.flags & PYDNN_FLAG_BETA) && p.alpha == 1.0;  // y = pool(x): no conversion needed
+  // FAST3: outputs whose in-bounds window is 3 x 3 (the interior of 3 x 3 pooling) take scan3x3
+  const bool fast3 = (p.flags & PYDNN_POOL_FLAG_FAST3) && nh == 3;
+  const int o9[9] = {0, xs[4], 2 * xs[4], xs[3], xs[3] + xs[4], xs[3] + 2 * xs[4], 2 * xs[3], 2 * xs[3] + xs[4],
+                     2 * xs[3] + 2 * xs[4]};
   const int uend = OW - ow0 < kRowOut ? OW - ow0 : kRowOut;
+  if constexpr (!IS_MAX) {
+    // COLS (a benchmark variant): 3 x 3 / 2 averages over a strip of full windows sum each x column once
+    // (3 loads, 2 adds) and each output adds its 3 column sums, the column between two outputs shared:
+    // 27 loads and ~2/3 of the unpacks and adds of 4 separate windows. The order of the additions differs
+    // from scan's (columns first), so not bitwise the other paths.
+    const int s0 = ow0 * sw - pw;
+    if ((p.flags & PYDNN_POOL_FLAG_COLS) && nh == 3 && (int)p.win[1] == 3 && kw == 3 && sw == 2 &&
+        uend == kRowOut && s0 >= 0 && s0 + 2 * kRowOut + 1 <= W) {
+      const A inv = A(1) / A(9);  // 9 in-bounds elements of a 3 x 3 window: both averages divide by 9
+      const T* top = xrow + s0 * xs[4];
+      A c3[3][VEC], prev[VEC];
+      col_sums<T, VEC, 3>(top, xs[4], xs[3], c3);
+#pragma unroll
+      for (int u = 0; u < kRowOut; ++u) {
+        A r[VEC];
+        if (u == 0) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            r[e] = ((c3[0][e] + c3[1][e]) + c3[2][e]) * inv;
+            prev[e] = c3[2][e];
+          }
+        } else {
+          A c2[2][VEC];
+          col_sums<T, VEC, 2>(top + (2 * u + 1) * xs[4], xs[4], xs[3], c2);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            r[e] = ((prev[e] + c2[0][e]) + c2[1][e]) * inv;
+            prev[e] = c2[1][e];
+          }
+        }
+        T* dst = yrow + (ow0 + u) * ys;
+        if (plain) {
+          Frag<T, VEC> out;
+          convert_out<T, VEC>(out, r);
+          out.store(dst);
+        } else {
+          store_blend<T, VEC>(dst, r, p);
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll 1
   for (int u = 0; u < uend; ++u) {
     const int ow = ow0 + u, s = ow * sw - pw;
@@ -307,16 +412,17 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd_rows(const PoolParam
     const int count = nh * (hi[2] - lo[2]);
     const T* first = xrow + lo[2] * xs[4];
     T* dst = yrow + ow * ys;
+    const bool full3 = fast3 && hi[2] - lo[2] == 3;
     A r[VEC];
     if constexpr (IS_MAX) {
       Frag<T, VEC> m;
       if (p.flags & PYDNN_FLAG_NAN_PROP) {
-        scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
+        reduce_window<T, VEC>(full3, first, o9, xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
           if (j == 0) m = v; else m.template max_with<true>(v);
           return true;
         });
       } else {
-        scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
+        reduce_window<T, VEC>(full3, first, o9, xs, lo, hi, count, [&](int j, const Frag<T, VEC>& v) {
           if (j == 0) m = v; else m.template max_with<false>(v);
           return true;
         });
@@ -330,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd_rows(const PoolParam
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) r[e] = A(0);
-      scan<T, VEC, kFwdBatch>(first, xs, lo, hi, count, [&](int, const Frag<T, VEC>& v) {
+      reduce_window<T, VEC>(full3, first, o9, xs, lo, hi, count, [&](int, const Frag<T, VEC>& v) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) r[e] += v.template get<A>(e);
         return true;
@@ -339,6 +445,12 @@ __global__ void __launch_bounds__(kThreads, kFwdBlocks) fwd_rows(const PoolParam
       const A inv = A(1) / (p.mode == PYDNN_POOL_MODE_AVG_INCLUDE ? (A)p.win[1] * (A)p.win[2] : (A)count);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) r[e] *= inv;
+      if (plain) {  // alpha 1, beta 0: store_blend's values (1 * r == r) without its set-up
+        Frag<T, VEC> out;
+        convert_out<T, VEC>(out, r);
+        out.store(dst);
+        continue;
+      }
     }
     store_blend<T, VEC>(dst, r, p);
   }

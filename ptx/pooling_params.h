@@ -26,6 +26,8 @@
 /* flags beyond PYDNN_FLAG_BETA (1) and PYDNN_FLAG_NAN_PROP (2) */
 #define PYDNN_POOL_FLAG_ADAPTIVE 4u    /* adaptive windows (see above) */
 #define PYDNN_POOL_FLAG_IDX32 8u       /* total < 2^32: item coordinates in 32-bit arithmetic */
+#define PYDNN_POOL_FLAG_FAST3 16u      /* fwd_rows: full 3 x 3 windows take straight-line loads */
+#define PYDNN_POOL_FLAG_COLS 32u       /* fwd_rows, averages: 3 x 3 / 2 strips share column sums */
 
 typedef struct {
   void *out;            /* y (forward) or dx (backward) */

@@ -340,3 +340,38 @@ def test_c_program(tmp_path):
     assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
     for what in ("forward mask", "forward values", "backward values", "offset advanced", "get descriptor"):
         assert f"ok {what}" in r.stdout, r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- fwd_packed (16-bit dense forward)
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 1.0])
+def test_packed_forward_matches_plain_forward_bitwise(handle, rng, dtype, p, monkeypatch):
+    """fwd_packed and fwd<T, 8> write the same y and mask bits (odd count, inf / NaN / -0 / subnormal
+    elements, p at both ends), each from a fresh descriptor with the same seed (offset 0)."""
+    n = 8 * 3000 + 5
+    npd = pydnn.tensor.DTYPES[dtype][1]
+    xv = rng.standard_normal(n) * 4.0
+    xv[:40] = [np.inf, -np.inf, np.nan, -0.0, 0.0, 1e-40, -1e-40, 65504.0] * 5
+    x = pydnn.DeviceArray((n,), npd)
+    x.copy_from_numpy(rd.to_storage(xv, dtype))
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, dtype, 1, [n], [1])
+    nb = pydnn.dropout_get_reserve_space_size(d)
+    got = {}
+    for packed in (True, False):
+        monkeypatch.setattr(D, "FWD_PACKED", packed)
+        handle.prepared.clear()  # no prepared launch from the other setting
+        h = handle
+        drop = Dropout(h, p, 1234)
+        y = pydnn.DeviceArray((n,), npd)
+        y.fill_bytes(0xEE)
+        r = pydnn.DeviceArray((nb,), np.uint8)
+        r.fill_bytes(MASK_POISON)
+        pydnn.dropout_forward(h, drop.d, d, x.ptr, d, y.ptr, r.ptr, nb)
+        got[packed] = (y.to_numpy().view(np.uint16).copy(), r.to_numpy().copy())
+        assert drop.state()[:3] == [1234, 1, 0]
+    want_y, want_m = got[False]
+    assert (want_m == ref.pack_mask(ref.keep_mask(1234, 0, n, p))).all()
+    assert (got[True][1] == want_m).all(), "masks differ"
+    assert (got[True][0] == want_y).all(), f"y differs in {int((got[True][0] != want_y).sum())} elements"

@@ -227,6 +227,43 @@ def test_rows_forward_matches_flat_forward_bitwise(handle, rng, dtype, nan, monk
     assert np.array_equal(a[ok], b[ok]) and np.array_equal(np.signbit(a[ok]), np.signbit(b[ok]))
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("mode", [MAX, INC, EXC])
+@pytest.mark.parametrize("blend", [False, True])
+@pytest.mark.parametrize("cols", [False, True])
+def test_rows_fast3_matches_scan_bitwise(handle, rng, dtype, mode, blend, cols, monkeypatch):
+    """fwd_rows' straight-line 3 x 3 path (FAST3) stores the bits of its scan path (same order, same
+    arithmetic), for max and both averages, plain (alpha 1, beta 0) and blended; the reference agrees, also
+    with the averages' shared column sums (COLS) taking the strips of full windows."""
+    if cols and mode == MAX:
+        pytest.skip("COLS is for averages")
+    monkeypatch.setattr(P, "ROWS_COLS", cols)
+    xdims, win, pad, stride = (2, 48, 13, 21), (3, 3), (1, 1), (2, 2)
+    x = _t(xdims, "nhwc", dtype)
+    xv = _inputs(x, rng, mode)
+    pd = _pool_desc(mode, NOPROP, win, pad, stride)
+    ydims = tuple(pydnn.get_pooling_nd_forward_output_dim(pd, x.desc, 4))
+    alpha, beta = (0.75, -0.5) if blend else (1.0, 0.0)
+    y0v = rng.uniform(-1, 1, ydims)
+    outs = []
+    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    for fast in (True, False):
+        monkeypatch.setattr(P, "ROWS_FAST3", fast)
+        handle.prepared.clear()  # no cached plan of the other setting
+        y = _t(ydims, "nhwc", dtype)
+        y0 = y.upload(y0v) if blend else None
+        assert P.plan_summary(handle, y.desc, x.desc, geometry=P._pool_geometry(pd, x.desc, y.desc))[0][0].startswith(
+            "pydnn::pooling::fwd_rows")
+        _fwd(handle, pd, ("pool", win, pad, stride), mode, NOPROP, x, y, xv, alpha, beta, y0,
+             f"fast3={fast} mode {mode} blend={blend}")
+        driver.synchronize()
+        outs.append(y.download())
+    a, b = outs
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    ok = ~np.isnan(a)
+    assert np.array_equal(a[ok], b[ok]) and np.array_equal(np.signbit(a[ok]), np.signbit(b[ok]))
+
+
 def test_unaligned_pointers(handle, rng):
     """NHWC bf16 whose buffers start off 16-byte alignment: the scalar kernel takes the call."""
     xdims, ydims, win, pad, stride = (2, 16, 9, 10), (2, 16, 5, 5), (3, 3), (1, 1), (2, 2)

@@ -61,11 +61,33 @@ Versions (H200, copy ~4150 GB/s in the same run):
      prediction; bf16 average forward is below it (67% vs 70-80%): still instruction-bound on the per-element
      unpack + add (8 channels x 9 loads x 2 instructions per output, vs 4 packed max per load); bf16 max
      backward at the low end (the fixed per-thread work now dominates it).
-  Next (not measured): bf16 average forward: sum each window column once per strip and reuse the shared
-  column's sum between neighbouring outputs (3x3 / 2: 2 new column sums per output instead of 3, ~1/3 fewer
-  unpack + add), or unpack bf16 pairs with one PRMT each; backward: coordinates from the launch shape as fwd_rows does (a thread per strip of
-  dx along w sharing its covering rows), or a block per dx tile computing each covering window's first
-  maximum once into shared memory; forward of max: share the loaded columns between a strip's outputs.
+  v4 (this commit): why average was slower than max (bf16 68% vs 78%, fp32 88% vs 89%): per output of 8
+     bf16 channels, counted from the source (PTX as the proxy; no SASS tool here): scan's walk ~5-6
+     instructions per load (pointer step, wrap counters, the count predicate) = ~50; the sum 9 x (8 unpacks
+     + 8 adds) = ~144; the store through store_blend: 8 multiplies by alpha, 8 single conversions and ~16
+     shift / mask merges into the words (Frag::set) = ~40. Max pays the walk too but only 36 packed maxes and
+     no conversion; fp32 averages have no unpack and half the channels per 16 bytes. So: not the division
+     (one reciprocal per output since v3), not the exclude count (the same two rows measure the same), not
+     bytes in flight (the same 9 loads of 16 bytes as max): the per-element instructions of 16-bit data.
+     (a) FAST3 (PYDNN_POOL_FLAG_FAST3, ROWS_FAST3): an output whose in-bounds window is 3 x 3 loads it with
+     straight-line offsets (9 per thread, computed once) instead of scan's walk: the same elements in the same
+     order, so bitwise the scan path (GPU test, max and averages, plain and blended). (b) 16-bit outputs are
+     converted in pairs (cvt.rn.bf16x2.f32 / f16x2: the same rounding, no merge), and the plain average
+     (alpha 1, beta 0) skips store_blend. (c) COLS variant (PYDNN_POOL_FLAG_COLS, off): 3 x 3 / 2 averages
+     sum each x column of a strip once (27 loads per 4 outputs instead of 36, ~1/3 fewer unpack + add),
+     different addition order (tolerance, not bitwise).
+     Prediction: bf16 avg 68% -> 76-78% with (a)+(b) (~190 instead of ~245 instructions per output), COLS a
+     few points more; max 78% -> 82-85% (~65 instead of ~105).
+     Measured (copy 4181 GB/s, v3 timed in the same run as "[v3: no FAST3]"; all 371 GPU tests of the three
+     families pass): bf16 max fwd 3411 GB/s 81.6% (5.74x torch; v3 78.3%), avg incl. pad 81.4% (9.41x; v3
+     68.4%), avg excl. pad 81.2% (9.27x; v3 68.3%); fp32 max 92.2% (3.46x), avg 91.5% (5.44x). Averages
+     gained 13 points, above the prediction, and now match max: the walk and the store were the cost. COLS
+     measured SLOWER (bf16 75.2%, fp32 86.0%): fewer loads but 6 instead of 9 in flight per step and longer
+     dependent add chains; kept off (a tested variant). Backward unchanged (max 13.1%, avg 15.2%).
+  Next (not measured): max backward (13% of copy) is the family's gap: coordinates from the launch shape as
+  fwd_rows does (a thread per strip of dx along w sharing its covering rows), or a block per dx tile
+  computing each covering window's first maximum once into shared memory (the tie scans of ~60% of
+  (element, window) pairs are most of its loads).
 """
 import torch
 import torch.nn.functional as F
@@ -108,6 +130,26 @@ def run(b):
             ms_p = time_ms(lambda: pydnn.pooling_forward(h, pd, 1.0, xd, xp, 0.0, yd, yp))
             ms_t = time_ms(tfn)
             b.row("pooling", f"{name} 3x3/2 NHWC fwd", dname, fwd_bytes, ms_p, ms_t, tname)
+            if dname == "bf16":  # v3 (no FAST3) in the same run
+                from pydnn.ops import pooling as P
+                P.ROWS_FAST3 = False
+                h.prepared.clear()
+                try:
+                    ms_v3 = time_ms(lambda: pydnn.pooling_forward(h, pd, 1.0, xd, xp, 0.0, yd, yp))
+                finally:
+                    P.ROWS_FAST3 = True
+                    h.prepared.clear()
+                b.row("pooling", f"{name} 3x3/2 NHWC fwd [v3: no FAST3]", dname, fwd_bytes, ms_v3, None, "-")
+            if mode != pydnn.PYDNN_POOLING_MAX:  # the shared column sums (COLS), same run
+                from pydnn.ops import pooling as P
+                P.ROWS_COLS = True
+                h.prepared.clear()
+                try:
+                    ms_c = time_ms(lambda: pydnn.pooling_forward(h, pd, 1.0, xd, xp, 0.0, yd, yp))
+                finally:
+                    P.ROWS_COLS = False
+                    h.prepared.clear()
+                b.row("pooling", f"{name} 3x3/2 NHWC fwd [COLS]", dname, fwd_bytes, ms_c, None, "-")
         # backward
         dy = torch.randn_like(y)
         dx = torch.empty_like(x)

@@ -164,6 +164,13 @@ FAST16 = True
 UNROLL16 = 8           # kUnroll16
 STATS16_BLOCKS_PER_SM = 3
 APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
+# inference with vector launches: infer_rows_smem (the block's per-feature set-up computed once per feature
+# into shared memory, after the first rows' loads are issued), blocks of INFER_STEPS kUnroll-row steps per
+# thread. False: infer_rows (v3), APPLY_STEPS steps.
+# Shorter blocks measured faster (H200, bf16 64x256x56x56: 2 steps 88.3% of copy, 4: 86.0%, 8: 82.5%, 16:
+# 81.9%, 64: 65.5%; tools/bench_batchnorm.py): more waves, a smaller tail.
+INFER_SMEM = True
+INFER_STEPS = 2
 MAX_GRID_Y = 65535
 PART_ALIGN = 256       # partials start this far into the scratch, past the constants
 
@@ -232,6 +239,8 @@ def kernel_units():
             exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
         if t in STATS16_TAGS:
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
+        if vec_width(t, t) > 1:
+            exprs.append(_expr("infer_rows_smem", t, vec_width(t, t)))
         units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
     return units
 
@@ -437,10 +446,10 @@ class _Launch:
         self.u = u  # rows in flight of a FAST16 variant (None: the kernel's default)
 
 
-def _apply_launch(kernel, g, v, begin, end, u=None):
+def _apply_launch(kernel, g, v, begin, end, u=None, steps=APPLY_STEPS):
     bx, by, tiles = _row_block(g, v)
     n = max(0, end - begin)
-    chunk = max(by * (u or UNROLL) * APPLY_STEPS, cdiv(n, MAX_GRID_Y))
+    chunk = max(by * (u or UNROLL) * steps, cdiv(n, MAX_GRID_Y))
     return _Launch(kernel, v, (tiles, max(1, cdiv(n, chunk)), 1), (bx, by, 1),
                    {"chunk_rows": chunk, "row_begin": begin, "row_end": end}, u)
 
@@ -518,7 +527,10 @@ def _make_plan(handle, tag, g, direction, ex):
     if direction == "infer":
         if g.layout == "rows":
             for v in vecs:
-                pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows", g, v, 0, g.rows)]
+                if INFER_SMEM and v > 1:  # the shared set-up (infer_rows_smem is built for vector widths)
+                    pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows_smem", g, v, 0, g.rows, steps=INFER_STEPS)]
+                else:
+                    pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows", g, v, 0, g.rows)]
         else:
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl

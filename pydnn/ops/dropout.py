@@ -86,6 +86,10 @@ GROUPS = {"f16": 4, "bf16": 4, "f32": 2, "f64": 1}  # Groups<T>: groups of 8 ele
 STRIDED_BLOCKS_PER_SM = 16          # strided kernels: grid-stride loop over groups
 TILE_A, TILE_B = 64, 64             # kTileA, kTileB: the tile kernels' tile
 USE_TILE = True                     # False: channels-last layouts take the strided kernel
+# 16-bit dense forward with 16-byte vectors: fwd_packed (Philox calls round by round, pairs of elements per
+# word: fewer instructions per element, bitwise fwd's output and mask). False: fwd<T, 8>.
+FWD_PACKED = True
+PACKED_TAGS = ("f16", "bf16")
 MAX_GRID = 2**31 - 1
 
 
@@ -119,6 +123,8 @@ def kernel_units():
         exprs = []
         for k in ("fwd", "bwd"):
             exprs += [_expr(k, t, vec_width(t, t)), _expr(k, t, 1), _expr(f"{k}_tile", t), _expr(f"{k}_strided", t)]
+        if t in PACKED_TAGS:
+            exprs.append(_expr("fwd_packed", t))
         units.append(KernelUnit(f"dropout.{t}", "dropout.cu", tuple(exprs)))
     units.append(KernelUnit(MISC_UNIT, "dropout.cu", (INIT_EXPR, PROBE_EXPR), ("-DPYDNN_DROPOUT_MISC",)))
     return units
@@ -336,7 +342,9 @@ def _plan(handle, backward, d, out_desc, in_desc):
         grid = max(1, -(-(n // 8) // per_block))
         if grid > MAX_GRID:
             raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{n} elements need more than 2^31 - 1 blocks")
-        pl.vec_func = handle.function(f"dropout.{tag}", _expr(k, tag, vec_width(tag, tag)))
+        packed = FWD_PACKED and not backward and tag in PACKED_TAGS  # same groups per thread as fwd<T, 8>
+        pl.vec_func = handle.function(f"dropout.{tag}", _expr("fwd_packed", tag) if packed
+                                      else _expr(k, tag, vec_width(tag, tag)))
         pl.func = handle.function(f"dropout.{tag}", _expr(k, tag, 1))
         pl.vec_grid = pl.grid = (grid, 1, 1)
     else:
