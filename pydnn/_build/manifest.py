@@ -20,6 +20,7 @@ FAMILIES = (
     "pydnn.ops.dropout",
     "pydnn.ops.convolution",
     "pydnn.ops.attention",
+    "pydnn.ops.matmul",
 )
 
 # NVRTC options for every unit (the arch and include path are added by the compiler wrapper).

@@ -1,0 +1,471 @@
+// Matmul (GEMM): C = alpha * op(A) op(B) + beta * C (+ bias), row major, batched with strides
+// (pydnn/ops/matmul.py chooses the kernel and tile; the semantics are in matmul_params.h).
+//
+// gemm_tc (half, bfloat16): mma.sync m16n8k16 tensor cores, fp32 accumulators. A block computes a
+// BM x BN tile of C with WARPS_M x WARPS_N warps (each a WM x WN sub-tile); K advances in steps of
+// BK = 64 through a STAGES-deep ring of shared-memory tiles filled with cp.async (STAGES - 1 tiles in
+// flight while one is consumed). Operand tiles are stored in shared memory as they lie in global memory
+// (the contiguous dim stays contiguous), so all four transposition cases copy 16-byte chunks straight
+// through; ldmatrix (plain or .trans, chosen by the case) turns them into mma fragments:
+//   A not transposed  [BM][BK]  ldmatrix        A transposed  [BK][BM]  ldmatrix.trans
+//   B not transposed  [BK][BN]  ldmatrix.trans  B transposed  [BN][BK]  ldmatrix
+// Shared tiles have rows of at least 128 bytes and are XOR-swizzled by 16-byte chunk (swz): the 8 rows
+// an ldmatrix reads and the chunks a warp writes all fall in different bank groups.
+// Two main loops (PIPE): 1 waits, synchronizes and issues the next copy at the top of each K tile, then
+// loads each k16 step's fragments and issues its mmas; 2 (the build's 128x256 and 128x128 tiles) keeps
+// the next step's fragments loading while the current step's mmas issue, and copies through a Copier
+// whose per-thread addressing is set up once (+19% on the H200: tools/bench_matmul.py).
+// VEC = false is the general path for operands cp.async cannot take (a pointer, a leading dim or a
+// batch stride that is not a multiple of 8 elements): the same tiles, filled element by element with
+// plain loads. Partial tiles (m, n, k edges) are zero filled, so no garbage (or NaN) reaches an mma.
+//
+// gemm_simt (float): CUDA-core FMA, 128 x 128 tiles, 8 x 8 outputs per thread, K in steps of 16, the
+// next tile prefetched into registers while the current one is used (two shared buffers, one barrier
+// per step). Elements are loaded one by one (coalesced along the contiguous dim), so any alignment and
+// leading dim works.
+//
+// Every kernel loops over the batch with stride gridDim.z (the grid's z is capped at 65535) and writes
+// the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never reads C.
+#include "common/mma.cuh"
+#include "common/types.cuh"
+#include "matmul_params.h"
+
+namespace pydnn {
+namespace matmul {
+
+using mma::cp_async_commit;
+using mma::cp_async_wait;
+using mma::smem_u32;
+
+// The C tile (tm, tn) of this block: tile rows in groups of group_m, a group walked column by column,
+// so that blocks running together share A rows and B columns in L2.
+__device__ __forceinline__ void tile_coords(const MatmulParams& p, int& tm, int& tn) {
+  const int id = blockIdx.x;
+  const int per_group = p.group_m * p.tiles_n;
+  const int g = id / per_group;
+  const int first = g * p.group_m;
+  const int rows = min(p.tiles_m - first, p.group_m);
+  const int r = id - g * per_group;
+  tm = first + r % rows;
+  tn = r / rows;
+}
+
+// 16 bytes global -> shared of which the first `bytes` are read and the rest zero filled (0: nothing read).
+__device__ __forceinline__ void cp_async_zfill(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+// Element offset of 16-byte chunk `c` of row `r` in a shared tile of COLS 16-bit elements per row.
+template <int COLS> __device__ __forceinline__ int swz(int r, int c) {
+  static_assert(COLS % 64 == 0, "swizzled rows must be multiples of 128 bytes");
+  return r * COLS + ((c ^ (r & 7)) << 3);
+}
+
+// Copy a ROWS x COLS tile of a row-major operand (row stride ld; rows r0.. of `rows`, columns c0.. of
+// `cols` exist) into shared memory, zeros outside. VEC: cp.async 16-byte chunks (g 16-byte aligned, ld a
+// multiple of 8); else element by element.
+template <class T, int ROWS, int COLS, int THREADS, bool VEC>
+__device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0, int rows, int c0, int cols) {
+  constexpr int CPR = COLS / 8, CHUNKS = ROWS * CPR;
+  static_assert(CHUNKS % THREADS == 0, "tile chunks must divide among the threads");
+#pragma unroll
+  for (int i = 0; i < CHUNKS / THREADS; ++i) {
+    const int idx = threadIdx.x + i * THREADS;
+    const int r = idx / CPR, ch = idx % CPR;
+    const int gr = r0 + r, gc = c0 + ch * 8;
+    T* dst = s + swz<COLS>(r, ch);
+    const bool row_ok = gr < rows;
+    if (VEC) {
+      const int nvalid = row_ok ? min(max(cols - gc, 0), 8) : 0;
+      const T* src = nvalid ? g + (long long)gr * ld + gc : g;
+      cp_async_zfill(smem_u32(dst), src, nvalid * (int)sizeof(T));
+    } else {
+      const unsigned short* src = reinterpret_cast<const unsigned short*>(g) + (long long)gr * ld + gc;
+      unsigned w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const unsigned lo = (row_ok && gc + 2 * e < cols) ? src[2 * e] : 0u;
+        const unsigned hi = (row_ok && gc + 2 * e + 1 < cols) ? src[2 * e + 1] : 0u;
+        w[e] = lo | (hi << 16);
+      }
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// alpha * acc (+ beta * C) (+ bias) for columns col, col + 1 of one row, stored to C.
+template <class T>
+__device__ __forceinline__ void store_pair(const MatmulParams& p, T* crow, const T* bias, int col, float v0,
+                                           float v1) {
+  const bool two = col + 1 < p.n;
+  v0 *= p.alpha;
+  v1 *= p.alpha;
+  if ((p.flags & PYDNN_MATMUL_FLAG_PAIR) && two) {
+    Vec<T, 2>* dst = reinterpret_cast<Vec<T, 2>*>(crow + col);
+    if (p.flags & PYDNN_MATMUL_FLAG_BETA) {
+      const Vec<T, 2> old = *dst;
+      v0 += p.beta * load<float>(old.v[0]);
+      v1 += p.beta * load<float>(old.v[1]);
+    }
+    if (p.flags & PYDNN_MATMUL_FLAG_BIAS) {
+      v0 += load<float>(bias[col]);
+      v1 += load<float>(bias[col + 1]);
+    }
+    Vec<T, 2> out;
+    out.v[0] = store<T>(v0);
+    out.v[1] = store<T>(v1);
+    *dst = out;
+    return;
+  }
+  if (p.flags & PYDNN_MATMUL_FLAG_BETA) {
+    v0 += p.beta * load<float>(crow[col]);
+    if (two) v1 += p.beta * load<float>(crow[col + 1]);
+  }
+  if (p.flags & PYDNN_MATMUL_FLAG_BIAS) {
+    v0 += load<float>(bias[col]);
+    if (two) v1 += load<float>(bias[col + 1]);
+  }
+  crow[col] = store<T>(v0);
+  if (two) crow[col + 1] = store<T>(v1);
+}
+
+// ------------------------------------------------------------------------------------------ tensor cores
+
+constexpr int kBK = 64;  // gemm_tc's K step
+
+// The mma fragments of one k16 step of a warp's WM x WN tile, read from a stage's shared tiles
+// (sa: A's, sb: B's; layouts as in the header comment).
+template <class T, int BM, int BN, int WM, int WN, bool TA, bool TB>
+__device__ __forceinline__ void load_frags(const T* sa, const T* sb, int kk, int wm0, int wn0,
+                                           unsigned (&a)[WM / 16][4], unsigned (&b)[WN / 8][2]) {
+  const int lane = threadIdx.x & 31, mat = lane >> 3, r8 = lane & 7;
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i) {
+    if (TA) {
+      const int kr = kk * 16 + (mat >> 1) * 8 + r8, ch = (wm0 + i * 16 + (mat & 1) * 8) >> 3;
+      mma::ldmatrix_x4_trans(a[i], smem_u32(sa + swz<BM>(kr, ch)));
+    } else {
+      const int row = wm0 + i * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
+      mma::ldmatrix_x4(a[i], smem_u32(sa + swz<kBK>(row, ch)));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < WN / 8; j += 2) {
+    unsigned r[4];
+    if (TB) {
+      const int nr = wn0 + j * 8 + (mat >> 1) * 8 + r8, ch = kk * 2 + (mat & 1);
+      mma::ldmatrix_x4(r, smem_u32(sb + swz<kBK>(nr, ch)));
+    } else {
+      const int kr = kk * 16 + (mat & 1) * 8 + r8, ch = (wn0 + j * 8 + (mat >> 1) * 8) >> 3;
+      mma::ldmatrix_x4_trans(r, smem_u32(sb + swz<BN>(kr, ch)));
+    }
+    b[j][0] = r[0];
+    b[j][1] = r[1];
+    b[j + 1][0] = r[2];
+    b[j + 1][1] = r[3];
+  }
+}
+
+template <class T, int TM, int TN>
+__device__ __forceinline__ void mma_step(float (&acc)[TM][TN][4], const unsigned (&a)[TM][4],
+                                         const unsigned (&b)[TN][2]) {
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) mma::MmaOp<T>::run(acc[i][j], a[i], b[j][0], b[j][1]);
+}
+
+// Pipeline 2's copier of one operand's K tiles. A thread's chunks share one chunk column and sit RS
+// rows apart (RS a multiple of 8, so they share one swizzle), so a thread keeps one global pointer
+// (advanced one K tile per copy), one shared offset, a mask of the chunks whose row exists (rows not
+// along K: the m / n edge) and the bytes every chunk reads (columns not along K: the m / n edge).
+// KROWS: the tile's rows run along K (A transposed, B not).
+template <class T, int ROWS, int COLS, int THREADS, bool KROWS> struct Copier {
+  static constexpr int CPR = COLS / 8, RS = THREADS / CPR, N = ROWS / RS;
+  static_assert(THREADS % CPR == 0 && RS % 8 == 0 && ROWS % RS == 0, "copier layout");
+  const T* g;
+  int soff;
+  unsigned mask;
+  int bytes;
+
+  // The operand's K tile 0 has rows r0.. of `rows` and columns c0.. of `cols` (row stride ld).
+  __device__ __forceinline__ void init(const T* base, long long ld, int r0, int rows, int c0, int cols) {
+    const int r = threadIdx.x / CPR, ch = threadIdx.x % CPR;
+    soff = swz<COLS>(r, ch);
+    g = base + (long long)(r0 + r) * ld + c0 + ch * 8;
+    mask = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (KROWS || r0 + r + i * RS < rows) mask |= 1u << i;
+    bytes = KROWS ? min(max(cols - (c0 + ch * 8), 0), 8) * (int)sizeof(T) : 16;
+  }
+
+  // Copy the current K tile into s (cp.async), then step to the next one. krem: the elements of K from
+  // this tile's start to the operand's end (>= kBK but for a ragged last tile, whose rest is zero filled).
+  __device__ __forceinline__ void copy(T* s, long long ld, int krem) {
+    const int r = threadIdx.x / CPR, ch = threadIdx.x % CPR;
+    const int kbytes = min(max(krem - ch * 8, 0), 8) * (int)sizeof(T);  // columns along K
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const bool ok = ((mask >> i) & 1) && (!KROWS || r + i * RS < krem);
+      cp_async_zfill(smem_u32(s + soff + i * RS * COLS), g + i * RS * ld, ok ? (KROWS ? bytes : kbytes) : 0);
+    }
+    g += KROWS ? kBK * ld : kBK;
+  }
+};
+
+// Pipeline 1: per K tile, wait for it, one barrier, issue the copy of tile kt + STAGES - 1, then four
+// k16 steps each loading its fragments and issuing its mmas. Every copy goes through load_tile.
+template <class T, int BM, int BN, int WM, int WN, int STAGES, int THREADS, bool TA, bool TB, bool VEC>
+__device__ __forceinline__ void mainloop_v1(const MatmulParams& p, const T* A, const T* B, T* smem, int m0, int n0,
+                                            int wm0, int wn0, float (&acc)[WM / 16][WN / 8][4]) {
+  constexpr int A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+  auto load_stage = [&](int stage, int kt) {
+    T* sa = smem + stage * STAGE_ELEMS;
+    T* sb = sa + A_ELEMS;
+    const int k0 = kt * kBK;
+    if (TA)
+      load_tile<T, kBK, BM, THREADS, VEC>(sa, A, p.lda, k0, p.k, m0, p.m);
+    else
+      load_tile<T, BM, kBK, THREADS, VEC>(sa, A, p.lda, m0, p.m, k0, p.k);
+    if (TB)
+      load_tile<T, BN, kBK, THREADS, VEC>(sb, B, p.ldb, n0, p.n, k0, p.k);
+    else
+      load_tile<T, kBK, BN, THREADS, VEC>(sb, B, p.ldb, k0, p.k, n0, p.n);
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<STAGES - 2>();  // tile kt has landed (for this thread) ...
+    __syncthreads();              // ... for every thread; and every warp is done with tile kt - 1
+    const int next = kt + STAGES - 1;
+    if (next < ktiles) load_stage(next % STAGES, next);  // into the stage tile kt - 1 used
+    cp_async_commit();
+    const T* sa = smem + (kt % STAGES) * STAGE_ELEMS;
+    const T* sb = sa + A_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      unsigned a[WM / 16][4], b[WN / 8][2];
+      load_frags<T, BM, BN, WM, WN, TA, TB>(sa, sb, kk, wm0, wn0, a, b);
+      mma_step<T>(acc, a, b);
+    }
+  }
+}
+
+// Pipeline 2 (cp.async operands only): fragments double-buffered in registers (step kk + 1's are loaded
+// while step kk's mmas issue; across a K tile's end, step 0 of the next stage), one barrier per K tile
+// placed before the first read of the next stage, the copy of tile kt + STAGES - 1 issued after the
+// first k16 step's fragment loads, and tiles copied by Copier (little per-chunk arithmetic).
+template <class T, int BM, int BN, int WM, int WN, int STAGES, int THREADS, bool TA, bool TB>
+__device__ __forceinline__ void mainloop_v2(const MatmulParams& p, const T* A, const T* B, T* smem, int m0, int n0,
+                                            int wm0, int wn0, float (&acc)[WM / 16][WN / 8][4]) {
+  constexpr int A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, KSTEPS = kBK / 16;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+  Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA> ca;
+  Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB> cb;
+  if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
+  if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
+  auto load_stage = [&](int stage, int kt) {
+    T* sa = smem + stage * STAGE_ELEMS;
+    ca.copy(sa, p.lda, p.k - kt * kBK);
+    cb.copy(sa + A_ELEMS, p.ldb, p.k - kt * kBK);
+  };
+  if (ktiles == 0) return;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();  // tile 0 has landed
+  __syncthreads();
+  unsigned fa[2][WM / 16][4], fb[2][WN / 8][2];
+  int rd = 0;  // the stage being read
+  load_frags<T, BM, BN, WM, WN, TA, TB>(smem, smem + A_ELEMS, 0, wm0, wn0, fa[0], fb[0]);
+  for (int kt = 0; kt < ktiles; ++kt) {
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      if (kk == KSTEPS - 1) {
+        // Tile kt + 1 has landed (groups committed: STAGES - 1 + kt + 1; at most STAGES - 2 pending), and
+        // after this barrier no warp reads tile kt's stage again: iteration kt + 1 refills it.
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        rd = rd + 1 == STAGES ? 0 : rd + 1;
+      }
+      // Fragments of the next k16 step: kk + 1 here, or step 0 of the next stage (stale data after the
+      // last tile: loaded, never used).
+      const T* sa = smem + rd * STAGE_ELEMS;
+      load_frags<T, BM, BN, WM, WN, TA, TB>(sa, sa + A_ELEMS, (kk + 1) % KSTEPS, wm0, wn0, fa[(kk + 1) & 1],
+                                            fb[(kk + 1) & 1]);
+      if (kk == 0) {
+        // Refill the stage tile kt - 1 used (every warp passed the barrier of iteration kt - 1 since).
+        const int next = kt + STAGES - 1;
+        if (next < ktiles) load_stage(next % STAGES, next);
+        cp_async_commit();
+      }
+      mma_step<T>(acc, fa[kk & 1], fb[kk & 1]);
+    }
+  }
+}
+
+// MINB: blocks per SM the register budget is capped for (65536 / (threads * MINB) registers a thread).
+// PIPE: the main loop (1 or 2, above; 2 needs VEC).
+template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, int PIPE, bool TA, bool TB,
+          bool VEC>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulParams p) {
+  constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, TM = WM / 16, TN = WN / 8;
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are multiples of 16 x 16");
+  static_assert(PIPE == 1 || (PIPE == 2 && VEC), "pipeline 2 copies with cp.async only");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+
+  int tm, tn;
+  tile_coords(p, tm, tn);
+  const int m0 = tm * BM, n0 = tn * BN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
+
+  for (long long z = blockIdx.z; z < p.batch; z += gridDim.z) {
+    const T* A = reinterpret_cast<const T*>(p.a) + z * p.stride_a;
+    const T* B = reinterpret_cast<const T*>(p.b) + z * p.stride_b;
+    float acc[TM][TN][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    if constexpr (PIPE == 2)
+      mainloop_v2<T, BM, BN, WM, WN, STAGES, THREADS, TA, TB>(p, A, B, smem, m0, n0, wm0, wn0, acc);
+    else
+      mainloop_v1<T, BM, BN, WM, WN, STAGES, THREADS, TA, TB, VEC>(p, A, B, smem, m0, n0, wm0, wn0, acc);
+    cp_async_wait<0>();  // the next batch's prologue reuses the ring: nothing may still be landing ...
+    __syncthreads();     // ... or being read
+
+    T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
+    const T* bias = reinterpret_cast<const T*>(p.bias);
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wm0 + i * 16 + (lane >> 2) + h * 8;
+        if (row >= p.m) continue;
+        T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          const int col = n0 + wn0 + j * 8 + (lane & 3) * 2;
+          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        }
+      }
+  }
+}
+
+// ------------------------------------------------------------------------------------------ CUDA cores
+
+template <bool TA, bool TB>
+__global__ void __launch_bounds__(256, 1) gemm_simt(MatmulParams p) {
+  constexpr int BM = 128, BN = 128, BK = 16, PAD = 4, THREADS = 256;
+  constexpr int LA = BM * BK / THREADS, LB = BN * BK / THREADS;  // elements each thread loads per tile
+  __shared__ __align__(16) float As[2][BK][BM + PAD];
+  __shared__ __align__(16) float Bs[2][BK][BN + PAD];
+
+  int tm, tn;
+  tile_coords(p, tm, tn);
+  const int m0 = tm * BM, n0 = tn * BN;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int ktiles = (p.k + BK - 1) / BK;
+
+  for (long long z = blockIdx.z; z < p.batch; z += gridDim.z) {
+    const float* A = reinterpret_cast<const float*>(p.a) + z * p.stride_a;
+    const float* B = reinterpret_cast<const float*>(p.b) + z * p.stride_b;
+    float ra[LA], rb[LB];
+
+    // Tile kt into registers: index idx runs along the operand's contiguous dim first (coalesced).
+    auto fetch = [&](int kt) {
+      const int k0 = kt * BK;
+#pragma unroll
+      for (int i = 0; i < LA; ++i) {
+        const int idx = tid + i * THREADS;
+        const int mi = TA ? idx % BM : idx / BK, ki = TA ? idx / BM : idx % BK;
+        const int gm = m0 + mi, gk = k0 + ki;
+        ra[i] = (gm < p.m && gk < p.k) ? (TA ? A[(long long)gk * p.lda + gm] : A[(long long)gm * p.lda + gk]) : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < LB; ++i) {
+        const int idx = tid + i * THREADS;
+        const int ni = TB ? idx / BK : idx % BN, ki = TB ? idx % BK : idx / BN;
+        const int gn = n0 + ni, gk = k0 + ki;
+        rb[i] = (gn < p.n && gk < p.k) ? (TB ? B[(long long)gn * p.ldb + gk] : B[(long long)gk * p.ldb + gn]) : 0.f;
+      }
+    };
+    auto stash = [&](int buf) {
+#pragma unroll
+      for (int i = 0; i < LA; ++i) {
+        const int idx = tid + i * THREADS;
+        const int mi = TA ? idx % BM : idx / BK, ki = TA ? idx / BM : idx % BK;
+        As[buf][ki][mi] = ra[i];
+      }
+#pragma unroll
+      for (int i = 0; i < LB; ++i) {
+        const int idx = tid + i * THREADS;
+        const int ni = TB ? idx / BK : idx % BN, ki = TB ? idx % BK : idx / BN;
+        Bs[buf][ki][ni] = rb[i];
+      }
+    };
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+
+    if (ktiles > 0) {
+      fetch(0);
+      stash(0);
+    }
+    __syncthreads();
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int buf = kt & 1;
+      if (kt + 1 < ktiles) fetch(kt + 1);  // global loads in flight during the FMAs below
+#pragma unroll
+      for (int k = 0; k < BK; ++k) {
+        const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][k][ty * 4]);
+        const float4 a1 = *reinterpret_cast<const float4*>(&As[buf][k][64 + ty * 4]);
+        const float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][k][tx * 4]);
+        const float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][k][64 + tx * 4]);
+        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+      if (kt + 1 < ktiles) stash(buf ^ 1);  // the other buffer: last read before the previous barrier
+      __syncthreads();
+    }
+
+    float* C = reinterpret_cast<float*>(p.c) + z * p.stride_c;
+    const float* bias = reinterpret_cast<const float*>(p.bias);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = m0 + (i >> 2) * 64 + ty * 4 + (i & 3);
+      if (row >= p.m) continue;
+      float* crow = C + (long long)row * p.ldc;
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const int col = n0 + (j >> 2) * 64 + tx * 4 + (j & 3);
+        if (col < p.n) store_pair<float>(p, crow, bias, col, acc[i][j], acc[i][j + 1]);
+      }
+    }
+    // The next batch's first stash writes buffer 0, which every thread finished reading before the
+    // loop's last barrier (or never read, when ktiles == 0).
+  }
+}
+
+}  // namespace matmul
+}  // namespace pydnn

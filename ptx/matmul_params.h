@@ -1,0 +1,31 @@
+/* Matmul (GEMM) kernel parameters (plain C; mirrored in pydnn/ops/matmul.py, layout checked on the CPU).
+ *
+ * Row-major, strides and leading dimensions in elements. For each batch index z < batch:
+ *   C_z[i, j] = alpha * sum_k opA_z[i, k] * opB_z[k, j] + beta * C_z[i, j] (+ bias[j])
+ *   opA_z[i, k] = a[z*stride_a + i*lda + k]   (a[z*stride_a + k*lda + i] when A is transposed)
+ *   opB_z[k, j] = b[z*stride_b + k*ldb + j]   (b[z*stride_b + j*ldb + k] when B is transposed)
+ *   C_z[i, j]   = c[z*stride_c + i*ldc + j]
+ * Whether A / B are transposed is a template argument of the kernel, not a field. */
+#ifndef PYDNN_MATMUL_PARAMS_H
+#define PYDNN_MATMUL_PARAMS_H
+
+/* flags */
+#define PYDNN_MATMUL_FLAG_BETA 1u  /* beta != 0: read C (never read otherwise) */
+#define PYDNN_MATMUL_FLAG_BIAS 2u  /* add bias[j] */
+#define PYDNN_MATMUL_FLAG_PAIR 4u  /* C (every batch) is 2-element aligned: store column pairs at once */
+
+typedef struct {
+  const void *a, *b;
+  void *c;
+  const void *bias;     /* length-n vector of the data type, or NULL */
+  long long lda, ldb, ldc;
+  long long stride_a, stride_b, stride_c;
+  float alpha, beta;
+  int m, n, k;
+  int batch;
+  int tiles_m, tiles_n; /* block tiles along m and n */
+  int group_m;          /* tile raster: groups of group_m tile rows walked column by column (L2 reuse) */
+  unsigned flags;       /* PYDNN_MATMUL_FLAG_* */
+} MatmulParams;
+
+#endif

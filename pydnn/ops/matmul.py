@@ -1,0 +1,403 @@
+"""Matmul (GEMM): pydnn's own tensor-core matrix multiply (kernels in ptx/matmul.cu). INTERNAL module:
+no C API; other families (the multi-head attention projections) call it from Python.
+
+    plan = gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None,
+                     batch=1, stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False)
+    plan.launch(handle, a, b, c, alpha=1.0, beta=0.0, bias=0)      # a, b, c, bias: device pointers
+    gemm(handle, dtype, m, n, k, a, b, c, alpha=1.0, beta=0.0, **the keywords of gemm_plan)  # cached plan
+
+Row major; leading dims and batch strides in ELEMENTS. For each z < batch:
+
+    C_z[i, j] = alpha * sum_k opA_z[i, k] * opB_z[k, j] + beta * C_z[i, j]  (+ bias[j] when bias=True)
+    opA_z[i, k] = A[z*stride_a + i*lda + k]    (trans_a: A[z*stride_a + k*lda + i])
+    opB_z[k, j] = B[z*stride_b + k*ldb + j]    (trans_b: B[z*stride_b + j*ldb + k])
+    C_z[i, j]   = C[z*stride_c + i*ldc + j]
+
+dtype (PYDNN_DATA_FLOAT, HALF or BFLOAT16) is that of A, B, C and bias alike; products are summed in
+float32. beta == 0 never reads C. The bias (a length-n vector) is added unscaled, after alpha and beta.
+Default leading dims are the packed ones (lda = k, or m when trans_a; ldb = n, or k when trans_b;
+ldc = n). m, n, k >= 0 (m or n = 0: nothing to do; k = 0: C = beta * C (+ bias)); batch >= 1; a batch
+stride of 0 broadcasts that operand (C's may be 0 only when batch == 1).
+
+Kernels: half / bfloat16 on tensor cores (mma.sync m16n8k16, cp.async multi-stage pipeline, ldmatrix,
+fragments double-buffered in registers), one of three block tiles chosen per problem (128x256 / 128x128 /
+64x64, by an estimate of waves x tile cost); operands whose pointer, leading dim or batch stride is not a
+multiple of 16 bytes take a general path (the same kernel loading element by element). float runs on
+CUDA cores (FMA); allow_tf32 is accepted (it permits TF32, it does not require it) and currently changes
+nothing: float always takes the exact FMA kernel.
+
+No call allocates or synchronizes; launches go to the handle's stream. gemm() keeps its plans in the
+handle (handle.prepared), so a repeated call costs a dictionary lookup, the pointer checks and
+cuLaunchKernel.
+
+Errors (PydnnError): BAD_PARAM naming the argument (sizes, leading dims, strides, flags, scalars, C
+overlapping A, B or bias), NOT_SUPPORTED for a data type this module has no kernel for (double, ints),
+BAD_PARAM_NULL_POINTER / BAD_PARAM_MISALIGNED_POINTER for pointers. Everything is checked before the GPU is
+touched.
+
+gemm() also takes the bias pointer: `bias_ptr=`, or a non-boolean `bias` (a pointer) as a shorthand.
+
+A C API would be one function, say pydnnMatmulEx(handle, dataType, m, n, k, transA, transB, alpha, A, lda,
+strideA, B, ldb, strideB, beta, C, ldc, strideC, batchCount, bias) declared in C_API below (bias in
+C_NULLABLE): every argument maps onto an existing marshalling rule (host scalars alpha / beta, device
+pointers, ints and long longs), and its body is gemm(). Not star-import this module into pydnn: its
+names are internal.
+"""
+import ctypes
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import kernel_params
+from .._cuda import driver
+from ..buffers import device_ptr
+from ..handle import check_handle
+from ..status import PydnnError
+from .common import TAG, cdiv, element_aligned, scalar
+
+__all__ = ["gemm_plan", "gemm", "GemmPlan"]
+C_API = []              # internal module: no C functions (see the docstring for the one a C API would add)
+C_OPAQUE_TYPES = []
+C_NULLABLE = {}
+
+FLAG_BETA, FLAG_BIAS, FLAG_PAIR = 1, 2, 4  # PYDNN_MATMUL_FLAG_* in ptx/matmul_params.h
+INT_MAX = 2**31 - 1
+MAX_GRID_Z = 65535          # the kernels loop over the batch past the grid's z
+GROUP_M = 8                 # tile raster: groups of 8 tile rows (L2 reuse of B's columns)
+BK = 64                     # gemm_tc's K step (elements)
+ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2}
+CTYPE = {"f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
+TRANS = ("nn", "nt", "tn", "tt")  # (trans_a, trans_b) as letters: t = transposed
+
+
+@kernel_params("matmul_params.h", "MatmulParams")
+class MatmulParams(ctypes.Structure):
+    _fields_ = [
+        ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("c", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+        ("lda", ctypes.c_longlong), ("ldb", ctypes.c_longlong), ("ldc", ctypes.c_longlong),
+        ("stride_a", ctypes.c_longlong), ("stride_b", ctypes.c_longlong), ("stride_c", ctypes.c_longlong),
+        ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
+        ("m", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int), ("batch", ctypes.c_int),
+        ("tiles_m", ctypes.c_int), ("tiles_n", ctypes.c_int), ("group_m", ctypes.c_int), ("flags", ctypes.c_uint),
+    ]
+
+
+# ----------------------------------------------------------------------------- kernel variants
+
+class TcTile:
+    """A gemm_tc block tile: BM x BN of C, WARPS_M x WARPS_N warps, STAGES shared K tiles; `per_sm` blocks
+    fit on an SM (shared memory, and the kernel's register cap: its MINB), `eff` a guess of the fraction of
+    the tensor-core rate a full SM of such blocks reaches (bigger warp tiles reuse fragments more); `pipe`
+    the main loop (ptx/matmul.cu: 1 plain, 2 double-buffered fragments and precomputed copies)."""
+
+    def __init__(self, bm, bn, wm, wn, stages, per_sm, eff, pipe=1):
+        self.bm, self.bn, self.wm, self.wn, self.stages, self.per_sm, self.eff = bm, bn, wm, wn, stages, per_sm, eff
+        self.pipe = pipe
+        self.unit = None  # the unit prefix of a tile outside the build (see extra_units)
+        self.threads = wm * wn * 32
+        self.smem = stages * (bm + bn) * BK * 2
+
+    def expr(self, tag, ta, tb, vec):
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return (f"pydnn::matmul::gemm_tc<{CTYPE[tag]}, {self.bm}, {self.bn}, {self.wm}, {self.wn}, "
+                f"{self.stages}, {self.per_sm}, {self.pipe if vec else 1}, {b(ta)}, {b(tb)}, {b(vec)}>")
+
+    def __repr__(self):
+        return f"TcTile({self.bm}x{self.bn}, warps {self.wm}x{self.wn}, stages {self.stages}, pipe {self.pipe})"
+
+
+# The build's tiles. Measured on the H200 (bf16 4096^3 nn, tools/bench_matmul.py): 128x256 pipe 2 325
+# TFLOP/s, 128x128 (2x2 warps of 64x64) pipe 2 291, 64x64 pipe 1 150 (its eff relative to the first).
+TC_TILES = (TcTile(128, 256, 2, 4, 3, 1, 1.0, pipe=2), TcTile(128, 128, 2, 2, 3, 2, 0.9, pipe=2),
+            TcTile(64, 64, 2, 2, 3, 3, 0.45))
+TC_GENERAL = TC_TILES[2]  # the unaligned path's tile (pipeline 1: element-by-element copies)
+SIMT_TILE = (128, 128, 256)  # gemm_simt: BM, BN, threads
+# Candidates measured on the device before they replace a TC_TILES entry (tests and tools/bench_matmul.py
+# compile them through extra_units; the build does not). Both measured at 325-332 TFLOP/s on bf16 4096^3
+# nn / nt (bench only, not yet through the GPU tests).
+CANDIDATE_TILES = (TcTile(256, 128, 4, 2, 3, 1, 1.0, pipe=2), TcTile(128, 256, 2, 4, 4, 1, 1.0, pipe=2))
+
+
+def _simt_expr(ta, tb):
+    return f"pydnn::matmul::gemm_simt<{'true' if ta else 'false'}, {'true' if tb else 'false'}>"
+
+
+def _unit_name(tag, ta, tb):
+    return f"matmul.{tag}.{'t' if ta else 'n'}{'t' if tb else 'n'}" if tag != "f32" else "matmul.f32"
+
+
+def kernel_units():
+    units = []
+    for tag in ("f16", "bf16"):
+        for tn in TRANS:
+            ta, tb = tn[0] == "t", tn[1] == "t"
+            exprs = [t.expr(tag, ta, tb, True) for t in TC_TILES] + [TC_GENERAL.expr(tag, ta, tb, False)]
+            units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
+    units.append(KernelUnit("matmul.f32", "matmul.cu", tuple(_simt_expr(t[0] == "t", t[1] == "t") for t in TRANS)))
+    return units
+
+
+_registered = False
+
+
+def _register_units(extra=()):
+    """Make the loader know this module's units (and `extra` ones) even while pydnn/_build/manifest.py's
+    FAMILIES does not list this module yet (compile on first use looks units up by name there); a no-op
+    for units it already knows."""
+    global _registered
+    if _registered and not extra:
+        return
+    from .._build import loader
+
+    if loader._units is None:
+        loader._units = loader.unit_by_name()
+    for u in list(kernel_units()) + list(extra):
+        loader._units.setdefault(u.name, u)
+    _registered = True
+
+
+def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
+    """One unit per type holding `tiles` (cp.async path) for the transpositions `trans`, registered with the
+    loader: candidates for tests and benchmarks, outside the build. Returns the unit name per tag."""
+    units = []
+    for tag in tags:
+        exprs = [t.expr(tag, tn[0] == "t", tn[1] == "t", True) for t in tiles for tn in trans]
+        units.append(KernelUnit(f"matmul.{name}.{tag}", "matmul.cu", tuple(exprs)))
+    for t in tiles:
+        t.unit = f"matmul.{name}"
+    _register_units(units)
+    return {tag: u.name for tag, u in zip(tags, units)}
+
+
+def _choose_tile(m, n, batch, sm_count):
+    """The tile with the least estimated time: waves of (per_sm x SMs) blocks, each wave costing the
+    work of a full SM of that tile at its efficiency."""
+    best, best_cost = None, None
+    for t in TC_TILES:
+        blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
+        slots = t.per_sm * sm_count
+        cost = cdiv(blocks, slots) * t.per_sm * t.bm * t.bn / t.eff
+        if best_cost is None or cost < best_cost:
+            best, best_cost = t, cost
+    return best
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+def _size(name, v, lo=0, hi=INT_MAX):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected an integer, got {type(v).__name__}")
+    v = v.__index__()
+    if v < lo or v > hi:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def _flag(name, v):
+    if v in (True, False, 0, 1) and not isinstance(v, float):
+        return bool(v)
+    raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected True or False, got {v!r}")
+
+
+def _dtype(v):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"dtype: {v!r} is not a data type value")
+    v = v.__index__()
+    if v in ESIZE:
+        return v
+    if v in TAG:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"dtype: data type {v} is not supported by matmul (float, half, bfloat16)")
+    raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"dtype: {v!r} is not a data type value")
+
+
+def _ld(name, v, need):
+    """A leading dim: at least the operand's contiguous extent (and 1); default the packed one."""
+    if v is None:
+        return max(need, 1)
+    v = _size(name, v, 1, 2**62)
+    if v < need:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v} is less than the {need} elements of a row")
+    return v
+
+
+def _span(batch, stride, rows, cols, ld):
+    """Elements from an operand's first element to one past its last (0 when empty)."""
+    if rows == 0 or cols == 0:
+        return 0
+    return (batch - 1) * stride + (rows - 1) * ld + cols
+
+
+# ----------------------------------------------------------------------------- plans
+
+class _Launch:
+    """One kernel of a plan: its unit and instantiation, grid, block, dynamic shared memory, and a params
+    struct (with its argument array) whose pointer and scalar fields are patched per call."""
+
+    __slots__ = ("unit", "expr", "grid", "block", "smem", "params", "args")
+
+    def __init__(self, unit, expr, grid, block, smem, params):
+        self.unit, self.expr, self.grid, self.block, self.smem = unit, expr, grid, block, smem
+        self.params = params
+        self.args = driver.kernel_args(params)
+
+    def function(self, handle):
+        f = handle.function(self.unit, self.expr)
+        if self.smem > 48 * 1024:
+            key = ("matmul.smem", self.unit, self.expr)  # the opt-in above 48 KiB, once per handle and kernel
+            if key not in handle.prepared:
+                driver.function_set_max_dynamic_smem(f, self.smem)
+                handle.remember(key, True)
+        return f
+
+
+class GemmPlan:
+    """A validated GEMM problem and its launches (see gemm_plan). `launch` may be called any number of
+    times, with any pointers, on any live handle of the same device."""
+
+    __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
+                 "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
+                 "empty", "vec_ok", "pair_ok", "fast", "general")
+
+    def describe(self):
+        """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
+        if self.empty:
+            return None
+        return self.fast.expr, self.fast.grid, self.fast.block, self.fast.smem
+
+    def launch(self, handle, a, b, c, alpha=1.0, beta=0.0, bias=0):
+        """C = alpha * op(A) op(B) + beta * C (+ bias) on the handle's stream (see the module docstring)."""
+        check_handle(handle)
+        alpha = scalar("alpha", alpha)
+        beta = scalar("beta", beta)
+        if self.empty:
+            return
+        es = self.esize
+        c = element_aligned(device_ptr(c, "c", self.span_c * es), "c", es)
+        if self.k:
+            a = element_aligned(device_ptr(a, "a", self.span_a * es), "a", es)
+            b = element_aligned(device_ptr(b, "b", self.span_b * es), "b", es)
+            _no_overlap(c, self.span_c * es, a, self.span_a * es, "a")
+            _no_overlap(c, self.span_c * es, b, self.span_b * es, "b")
+        else:
+            a = b = 0
+        flags = FLAG_BETA if beta != 0.0 else 0
+        if self.bias:
+            bias = element_aligned(device_ptr(bias, "bias", self.n * es), "bias", es)
+            _no_overlap(c, self.span_c * es, bias, self.n * es, "bias")
+            flags |= FLAG_BIAS
+        elif bias:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "bias: given to a plan made with bias=False")
+        if self.pair_ok and c % (2 * es) == 0:
+            flags |= FLAG_PAIR
+        rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
+        p = rec.params
+        p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
+        p.alpha, p.beta, p.flags = alpha, beta, flags
+        driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
+
+
+def _no_overlap(c, c_bytes, x, x_bytes, name):
+    if c < x + x_bytes and x < c + c_bytes:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"c: its memory overlaps {name}'s (C must be separate memory)")
+
+
+def _params(plan, tiles_m, tiles_n):
+    p = MatmulParams()
+    p.lda, p.ldb, p.ldc = plan.lda, plan.ldb, plan.ldc
+    p.stride_a, p.stride_b, p.stride_c = plan.stride_a, plan.stride_b, plan.stride_c
+    p.m, p.n, p.k, p.batch = plan.m, plan.n, plan.k, plan.batch
+    p.tiles_m, p.tiles_n, p.group_m = tiles_m, tiles_n, min(GROUP_M, tiles_m)
+    return p
+
+
+def _tc_launch(plan, tag, tile, vec):
+    tm, tn = cdiv(plan.m, tile.bm), cdiv(plan.n, tile.bn)
+    if tm * tn > INT_MAX:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
+    grid = (tm * tn, 1, min(plan.batch, MAX_GRID_Z))
+    unit = f"{tile.unit}.{tag}" if tile.unit and vec else _unit_name(tag, plan.trans_a, plan.trans_b)
+    return _Launch(unit, tile.expr(tag, plan.trans_a, plan.trans_b, vec),
+                   grid, (tile.threads, 1, 1), tile.smem, _params(plan, tm, tn))
+
+
+def _simt_launch(plan):
+    bm, bn, threads = SIMT_TILE
+    tm, tn = cdiv(plan.m, bm), cdiv(plan.n, bn)
+    if tm * tn > INT_MAX:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
+    grid = (tm * tn, 1, min(plan.batch, MAX_GRID_Z))
+    return _Launch("matmul.f32", _simt_expr(plan.trans_a, plan.trans_b), grid, (threads, 1, 1), 0,
+                   _params(plan, tm, tn))
+
+
+def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None, batch=1,
+              stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False):
+    """Validate a GEMM problem and choose its kernels (see the module docstring). Raises PydnnError
+    naming the argument; touches no GPU memory."""
+    check_handle(handle)
+    pl = GemmPlan()
+    pl.dtype = _dtype(dtype)
+    pl.esize = ESIZE[pl.dtype]
+    pl.m, pl.n, pl.k = _size("m", m), _size("n", n), _size("k", k)
+    pl.trans_a, pl.trans_b = _flag("trans_a", trans_a), _flag("trans_b", trans_b)
+    pl.bias, pl.allow_tf32 = _flag("bias", bias), _flag("allow_tf32", allow_tf32)
+    m, n, k = pl.m, pl.n, pl.k
+    pl.lda = _ld("lda", lda, m if pl.trans_a else k)
+    pl.ldb = _ld("ldb", ldb, k if pl.trans_b else n)
+    pl.ldc = _ld("ldc", ldc, n)
+    pl.batch = _size("batch", batch, 1)
+    pl.stride_a = _size("stride_a", stride_a, 0, 2**62)
+    pl.stride_b = _size("stride_b", stride_b, 0, 2**62)
+    pl.stride_c = _size("stride_c", stride_c, 0, 2**62)
+    if pl.batch > 1 and m and n and pl.stride_c < (m - 1) * pl.ldc + n:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"stride_c: {pl.stride_c} makes the {pl.batch} batches of C overlap "
+                         f"(at least {(m - 1) * pl.ldc + n} needed)")
+    ra, ca = (k, m) if pl.trans_a else (m, k)
+    rb, cb = (n, k) if pl.trans_b else (k, n)
+    pl.span_a = _span(pl.batch, pl.stride_a, ra, ca, pl.lda)
+    pl.span_b = _span(pl.batch, pl.stride_b, rb, cb, pl.ldb)
+    pl.span_c = _span(pl.batch, pl.stride_c, m, n, pl.ldc)
+    pl.empty = m == 0 or n == 0
+    one = pl.batch == 1
+    pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
+    pl.fast = pl.general = None
+    pl.vec_ok = False
+    if pl.empty:
+        return pl
+    _register_units()
+    tag = TAG[pl.dtype]
+    if tag == "f32":
+        pl.fast = pl.general = _simt_launch(pl)
+        return pl
+    # cp.async moves 16-byte chunks: every row (and batch) start of A and B must be 16-byte aligned.
+    pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
+                                                                     pl.stride_b % 8 == 0))
+    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count), True)
+    pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
+    return pl
+
+
+def gemm(handle, dtype, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None,
+         ldc=None, batch=1, stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False, bias_ptr=0):
+    """gemm_plan(...) kept in the handle, then plan.launch(handle, a, b, c, alpha, beta, bias_ptr).
+
+    `bias` is the flag of gemm_plan (a bias vector is added); pass its device pointer as `bias_ptr`. As a
+    shorthand, a non-boolean `bias` (a pointer or buffer) means bias=True with that pointer."""
+    if not isinstance(bias, bool) and bias not in (0, None):
+        bias, bias_ptr = True, bias
+    elif bias is None:
+        bias = False
+    key = ("matmul", dtype, m, n, k, trans_a, trans_b, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
+           bias, allow_tf32)
+    try:
+        plan = handle.prepared.get(key)
+    except AttributeError:
+        plan = None  # not a handle: gemm_plan says so
+    except TypeError:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, "gemm: an argument is not a plain value (unhashable)") from None
+    if plan is None:
+        plan = gemm_plan(handle, dtype, m, n, k, trans_a, trans_b, lda, ldb, ldc, batch, stride_a, stride_b,
+                         stride_c, bias, allow_tf32)
+        handle.remember(key, plan)
+    plan.launch(handle, a, b, c, alpha, beta, bias_ptr)

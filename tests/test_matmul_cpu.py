@@ -1,0 +1,370 @@
+"""pydnn.ops.matmul on the CPU: every validation error (status + the argument it names) before any GPU
+work, the float64 reference against direct loops, the kernel choice (tile, fast or general path, float's
+kernel), the params struct layout, and that the kernel units compile with NVRTC for sm_80 and sm_90."""
+import numpy as np
+import pytest
+
+import pydnn
+from pydnn.ops import matmul as M
+from pydnn.reference import matmul as ref
+from test_fuzz_cpu import cpu_handle
+
+F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
+                       pydnn.PYDNN_DATA_BFLOAT16)
+BAD, NS = pydnn.PYDNN_STATUS_BAD_PARAM, pydnn.PYDNN_STATUS_NOT_SUPPORTED
+NULL, MIS = pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
+NOINIT = pydnn.PYDNN_STATUS_NOT_INITIALIZED  # everything valid: the CPU-only handle refuses at kernel lookup
+A, B, C, BIAS = 1 << 40, 1 << 41, 1 << 42, 1 << 43
+
+
+def _raises(status, needle, fn, *args, **kw):
+    with pytest.raises(pydnn.PydnnError) as e:
+        fn(*args, **kw)
+    assert e.value.status == status, e.value
+    assert needle in str(e.value), e.value
+
+
+# ----------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("kw, status, needle", [
+    (dict(dtype=99), BAD, "dtype"),
+    (dict(dtype=F64), NS, "dtype"),
+    (dict(dtype=pydnn.PYDNN_DATA_INT8), NS, "dtype"),
+    (dict(dtype=None), BAD, "dtype"),
+    (dict(m=-1), BAD, "m:"),
+    (dict(n="8"), BAD, "n:"),
+    (dict(k=2**31), BAD, "k:"),
+    (dict(m=True), BAD, "m:"),
+    (dict(lda=15), BAD, "lda"),
+    (dict(lda=0), BAD, "lda"),
+    (dict(trans_a=True, lda=7), BAD, "lda"),        # A is k x m: rows of m = 8
+    (dict(ldb=9), BAD, "ldb"),
+    (dict(trans_b=True, ldb=15), BAD, "ldb"),       # B is n x k: rows of k = 16
+    (dict(ldc=9), BAD, "ldc"),
+    (dict(batch=0), BAD, "batch"),
+    (dict(batch=2, stride_c=0), BAD, "stride_c"),   # the batches of C would overlap
+    (dict(batch=2, stride_c=7 * 10 + 9), BAD, "stride_c"),
+    (dict(stride_a=-1), BAD, "stride_a"),
+    (dict(stride_b=1.5), BAD, "stride_b"),
+    (dict(trans_a=2), BAD, "trans_a"),
+    (dict(trans_b="yes"), BAD, "trans_b"),
+    (dict(bias=[1]), BAD, "bias"),
+    (dict(allow_tf32=None), BAD, "allow_tf32"),
+])
+def test_plan_validation(kw, status, needle):
+    args = dict(dtype=BF16, m=8, n=10, k=16, ldc=10)
+    args.update(kw)
+    _raises(status, needle, M.gemm_plan, cpu_handle(), **args)
+
+
+def test_handle_checked():
+    _raises(BAD, "handle", M.gemm_plan, None, BF16, 8, 8, 8)
+    h = cpu_handle()
+    plan = M.gemm_plan(h, BF16, 8, 8, 8)
+    h.alive = False
+    _raises(BAD, "handle", plan.launch, h, A, B, C)
+    _raises(BAD, "handle", M.gemm, h, BF16, 8, 8, 8, A, B, C)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_launch_validation(dtype):
+    h = cpu_handle()
+    es = 4 if dtype == F32 else 2
+    plan = M.gemm_plan(h, dtype, 8, 8, 8)
+    bplan = M.gemm_plan(h, dtype, 8, 8, 8, bias=True)
+    _raises(NULL, "a:", plan.launch, h, 0, B, C)
+    _raises(NULL, "b:", plan.launch, h, A, None, C)
+    _raises(NULL, "c:", plan.launch, h, A, B, 0)
+    _raises(BAD, "a:", plan.launch, h, -16, B, C)
+    _raises(MIS, "c:", plan.launch, h, A, B, C + 1)
+    if es == 4:
+        _raises(MIS, "b:", plan.launch, h, A, B + 2, C)
+    _raises(BAD, "alpha", plan.launch, h, A, B, C, "1")
+    _raises(BAD, "beta", plan.launch, h, A, B, C, 1.0, None)
+    _raises(BAD, "bias", plan.launch, h, A, B, C, 1.0, 0.0, BIAS)          # the plan has no bias
+    _raises(NULL, "bias", bplan.launch, h, A, B, C)
+    _raises(MIS, "bias", bplan.launch, h, A, B, C, 1.0, 0.0, BIAS + 1)
+    _raises(BAD, "overlaps a", plan.launch, h, A, B, A + 8 * es)            # C inside A
+    _raises(BAD, "overlaps b", plan.launch, h, A, B, B - 8 * es)            # C's tail over B
+    _raises(BAD, "overlaps bias", bplan.launch, h, A, B, C, 1.0, 0.0, C + 4 * es)
+    # all valid: the CPU handle refuses only at kernel lookup (every check ran before)
+    _raises(NOINIT, "no kernels", plan.launch, h, A, B, C, 0.5, 0.0)
+    _raises(NOINIT, "no kernels", bplan.launch, h, A, B, C, 0.5, 1.0, BIAS)
+    _raises(NOINIT, "no kernels", M.gemm, h, dtype, 8, 8, 8, A, B, C, bias=BIAS)
+
+
+def test_empty_and_k_zero():
+    """m or n = 0: nothing to do (no kernel lookup, pointers unchecked); k = 0: A and B are not read, so
+    their pointers are not checked either (C = beta * C + bias still runs)."""
+    h = cpu_handle()
+    for m, n in ((0, 5), (5, 0)):
+        plan = M.gemm_plan(h, F16, m, n, 7)
+        assert plan.describe() is None
+        plan.launch(h, 0, 0, 0)
+    plan = M.gemm_plan(h, F16, 5, 6, 0)
+    _raises(NULL, "c:", plan.launch, h, 0, 0, 0)
+    _raises(NOINIT, "no kernels", plan.launch, h, 0, 0, C)
+
+
+# ----------------------------------------------------------------------------- kernel choice
+
+def test_tile_choice():
+    h = cpu_handle()
+    big = M.gemm_plan(h, BF16, 4096, 4096, 4096)
+    assert big.describe()[0] == M.TC_TILES[0].expr("bf16", False, False, True)
+    bm, bn = M.TC_TILES[0].bm, M.TC_TILES[0].bn
+    assert big.describe()[1] == (4096 // bm * 4096 // bn, 1, 1) and big.describe()[2] == (256, 1, 1)
+    small = M.gemm_plan(h, F16, 64, 64, 64, trans_a=True)
+    assert small.describe()[0] == M.TC_TILES[2].expr("f16", True, False, True)
+    batched = M.gemm_plan(h, BF16, 100, 100, 64, batch=100000, stride_a=6400, stride_b=6400, stride_c=10000)
+    assert batched.describe()[1][2] == 65535  # the kernels loop over batches past the grid's z
+
+
+def test_fast_and_general_paths():
+    h = cpu_handle()
+    assert M.gemm_plan(h, BF16, 16, 16, 16).vec_ok
+    assert not M.gemm_plan(h, BF16, 16, 16, 16, lda=17).vec_ok
+    assert not M.gemm_plan(h, BF16, 16, 16, 16, trans_b=True, ldb=20).vec_ok
+    assert not M.gemm_plan(h, F16, 16, 16, 16, batch=2, stride_a=260, stride_b=256, stride_c=256).vec_ok
+    assert M.gemm_plan(h, F16, 16, 16, 16, batch=2, stride_a=0, stride_b=256, stride_c=256).vec_ok
+    g = M.gemm_plan(h, BF16, 16, 16, 16, lda=17)
+    assert g.general.expr == M.TC_GENERAL.expr("bf16", False, False, False)
+    f = M.gemm_plan(h, F32, 300, 200, 100, trans_a=True, trans_b=True, allow_tf32=True)
+    assert f.describe()[0] == "pydnn::matmul::gemm_simt<true, true>"
+
+
+def test_every_expr_is_in_a_unit():
+    units = {u.name: set(u.exprs) for u in M.kernel_units()}
+    assert len(units) == 9
+    for tag in ("f16", "bf16"):
+        for ta in (False, True):
+            for tb in (False, True):
+                exprs = units[M._unit_name(tag, ta, tb)]
+                assert {t.expr(tag, ta, tb, True) for t in M.TC_TILES} <= exprs
+                assert M.TC_GENERAL.expr(tag, ta, tb, False) in exprs
+    assert len(units["matmul.f32"]) == 4
+
+
+def test_smem_fits():
+    """Every tile's shared memory fits an sm_80 / sm_90 block (227 KiB opt-in), per_sm of them an SM."""
+    for t in M.TC_TILES:
+        assert t.smem * t.per_sm <= 227 * 1024, (t.bm, t.bn)
+
+
+# ----------------------------------------------------------------------------- reference
+
+def test_reference_against_loops():
+    rng = np.random.default_rng(0)
+    m, n, k, batch = 3, 4, 5, 2
+    for ta in (False, True):
+        for tb in (False, True):
+            lda, ldb, ldc = (m if ta else k) + 2, (k if tb else n) + 1, n + 3
+            sa, sb, sc = 40, 0, 30
+            a, b, c = rng.normal(size=200), rng.normal(size=200), rng.normal(size=200)
+            bias = rng.normal(size=n)
+            got = ref.gemm(a, b, c, m, n, k, 0.5, -2.0, ta, tb, lda, ldb, ldc, batch, sa, sb, sc, bias)
+            for z in range(batch):
+                for i in range(m):
+                    for j in range(n):
+                        s = 0.0
+                        for q in range(k):
+                            av = a[z * sa + q * lda + i] if ta else a[z * sa + i * lda + q]
+                            bv = b[z * sb + j * ldb + q] if tb else b[z * sb + q * ldb + j]
+                            s += av * bv
+                        want = 0.5 * s - 2.0 * c[z * sc + i * ldc + j] + bias[j]
+                        assert abs(got[z, i, j] - want) < 1e-12
+
+
+def test_reference_beta_zero_ignores_c():
+    c = np.full(16, np.nan)
+    got = ref.gemm(np.ones(4), np.ones(4), c, 2, 2, 2)
+    assert (got == 2.0).all()
+
+
+# ----------------------------------------------------------------------------- layout and compilation
+
+def test_params_layout(tmp_path):
+    from test_params_layout import test_param_structs_match_c_layout
+
+    assert any(c == "MatmulParams" for _, c, _ in __import__("pydnn._build.params", fromlist=["x"]).REGISTRY)
+    test_param_structs_match_c_layout(tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_units_compile(arch):
+    from pydnn._build import build, cache
+
+    units = M.kernel_units()
+    build.build_all(archs=[arch], progress=False, units=units)
+    nv = build.nvrtc.version()
+    for u in units:
+        entry = cache.read_entry(cache.entry_path(u, arch, cache.unit_key(u, arch, nv)))
+        assert entry is not None and set(entry[1]) == set(u.exprs), u.name
+
+
+# ----------------------------------------------------------------------------- kernel emulation
+# gemm_tc's index arithmetic replayed in numpy, line for line with ptx/matmul.cu: load_tile's chunks and
+# the XOR swizzle (every shared element written once, zeros past the edges), the ldmatrix lane addresses
+# (plain / .trans per transposition; each 8-lane phase free of bank conflicts), the mma.m16n8k16 fragment
+# layouts, and the epilogue's (row, col) of each accumulator. The product must equal A @ B.
+
+def _swz(COLS, r, c):
+    return r * COLS + ((c ^ (r & 7)) << 3)
+
+def _load_tile(s, base, ROWS, COLS, THREADS, G, r0, rows, c0, cols):
+    CPR = COLS // 8
+    written = set()
+    for i in range(ROWS * CPR // THREADS):
+        for tid in range(THREADS):
+            idx = tid + i * THREADS
+            r, ch = idx // CPR, idx % CPR
+            gr, gc = r0 + r, c0 + ch * 8
+            off = base + _swz(COLS, r, ch)
+            assert off not in written
+            written.add(off)
+            for e in range(8):
+                s[off + e] = G[gr, gc + e] if (gr < rows and gc + e < cols) else 0.0
+    assert len(written) == ROWS * CPR
+
+def _copier_tile(s, base, ROWS, COLS, THREADS, KROWS, G, r0, rows, c0, cols, kt):
+    """Pipeline 2's Copier: init(r0, rows, c0, cols) for K tile 0, then copy() of tile kt (g advanced kt times)."""
+    CPR = COLS // 8
+    RS, N = THREADS // CPR, None
+    N = ROWS // RS
+    assert THREADS % CPR == 0 and RS % 8 == 0 and ROWS % RS == 0
+    k = rows if KROWS else cols  # K's extent
+    krem = k - kt * 64
+    written = set()
+    for tid in range(THREADS):
+        r, ch = tid // CPR, tid % CPR
+        soff = _swz(COLS, r, ch)
+        grow, gcol = r0 + r + (kt * 64 if KROWS else 0), c0 + ch * 8 + (0 if KROWS else kt * 64)
+        mask = [KROWS or r0 + r + i * RS < rows for i in range(N)]
+        nbytes = min(max(cols - (c0 + ch * 8), 0), 8) if KROWS else 8
+        kbytes = min(max(krem - ch * 8, 0), 8)
+        for i in range(N):
+            ok = mask[i] and (not KROWS or r + i * RS < krem)
+            nb = (nbytes if KROWS else kbytes) if ok else 0
+            off = base + soff + i * RS * COLS
+            assert off not in written
+            written.add(off)
+            for e in range(8):
+                s[off + e] = G[grow + i * RS, gcol + e] if e < nb else 0.0
+    assert len(written) == ROWS * CPR
+
+
+def _ldsm(s, addrs, trans):
+    # addrs[lane] -> row address of matrix lane//8, row lane%8; returns r[t][j] = (v0, v1)
+    for j in range(4):  # one 8-lane phase: 8 rows of 16 bytes in 8 different bank groups (no conflict)
+        assert len({(addrs[8 * j + r] * 2 // 16) % 8 for r in range(8)}) == 8, "ldmatrix bank conflict"
+    mats = [np.array([s[addrs[8 * j + r]: addrs[8 * j + r] + 8] for r in range(8)]) for j in range(4)]
+    out = []
+    for t in range(32):
+        g, q = t // 4, t % 4
+        regs = []
+        for j in range(4):
+            Mj = mats[j].T if trans else mats[j]
+            regs.append((Mj[g, 2 * q], Mj[g, 2 * q + 1]))
+        out.append(regs)
+    return out
+
+def _mma(acc, a, b0, b1):
+    # a[t] = 4 regs, b0[t], b1[t]: reconstruct
+    A = np.zeros((16, 16)); B = np.zeros((16, 8))
+    for t in range(32):
+        g, q = t // 4, t % 4
+        A[g, 2*q:2*q+2] = a[t][0]; A[g+8, 2*q:2*q+2] = a[t][1]
+        A[g, 2*q+8:2*q+10] = a[t][2]; A[g+8, 2*q+8:2*q+10] = a[t][3]
+        B[2*q:2*q+2, g] = b0[t]; B[2*q+8:2*q+10, g] = b1[t]
+    C = A @ B
+    for t in range(32):
+        g, q = t // 4, t % 4
+        acc[t][0] += C[g, 2*q]; acc[t][1] += C[g, 2*q+1]; acc[t][2] += C[g+8, 2*q]; acc[t][3] += C[g+8, 2*q+1]
+
+def _emulate_tc(Aop, Bop, m, n, k, BM, BN, WARPS_M, WARPS_N, TA, TB, pipe=1):
+    """Aop: global A as stored (m x k, or k x m when TA); Bop: (k x n, or n x k when TB)."""
+    BK, THREADS = 64, WARPS_M * WARPS_N * 32
+    WM, WN = BM // WARPS_M, BN // WARPS_N
+    TM, TN = WM // 16, WN // 8
+    pad = lambda X: np.pad(X, ((0, 300), (0, 300)))
+    Ag, Bg = pad(Aop), pad(Bop)
+    C = np.full((m, n), np.nan)
+    for tm in range((m + BM - 1) // BM):
+        for tn in range((n + BN - 1) // BN):
+            m0, n0 = tm * BM, tn * BN
+            accs = {}
+            for kt in range((k + BK - 1) // BK):
+                k0 = kt * BK
+                s = np.full((BM + BN) * BK, np.nan)
+                sb = BM * BK
+                if pipe == 2:
+                    if TA: _copier_tile(s, 0, BK, BM, THREADS, True, Ag, 0, k, m0, m, kt)
+                    else: _copier_tile(s, 0, BM, BK, THREADS, False, Ag, m0, m, 0, k, kt)
+                    if TB: _copier_tile(s, sb, BN, BK, THREADS, False, Bg, n0, n, 0, k, kt)
+                    else: _copier_tile(s, sb, BK, BN, THREADS, True, Bg, 0, k, n0, n, kt)
+                else:
+                    if TA: _load_tile(s, 0, BK, BM, THREADS, Ag, k0, k, m0, m)
+                    else: _load_tile(s, 0, BM, BK, THREADS, Ag, m0, m, k0, k)
+                    if TB: _load_tile(s, sb, BN, BK, THREADS, Bg, n0, n, k0, k)
+                    else: _load_tile(s, sb, BK, BN, THREADS, Bg, k0, k, n0, n)
+                for warp in range(WARPS_M * WARPS_N):
+                    wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+                    acc = accs.setdefault(warp, [[[[0.0]*4 for _ in range(32)] for j in range(TN)] for i in range(TM)])
+                    for kk in range(BK // 16):
+                        a = []
+                        for i in range(TM):
+                            addrs = []
+                            for lane in range(32):
+                                mat, r8 = lane >> 3, lane & 7
+                                if TA:
+                                    kr, ch = kk*16 + (mat >> 1)*8 + r8, (wm0 + i*16 + (mat & 1)*8) >> 3
+                                    addrs.append(_swz(BM, kr, ch))
+                                else:
+                                    row, ch = wm0 + i*16 + (lane & 15), kk*2 + (lane >> 4)
+                                    addrs.append(_swz(BK, row, ch))
+                            a.append(_ldsm(s, addrs, TA))
+                        b = [None] * TN
+                        for j in range(0, TN, 2):
+                            addrs = []
+                            for lane in range(32):
+                                mat, r8 = lane >> 3, lane & 7
+                                if TB:
+                                    nr, ch = wn0 + j*8 + (mat >> 1)*8 + r8, kk*2 + (mat & 1)
+                                    addrs.append(sb + _swz(BK, nr, ch))
+                                else:
+                                    kr, ch = kk*16 + (mat & 1)*8 + r8, (wn0 + j*8 + (mat >> 1)*8) >> 3
+                                    addrs.append(sb + _swz(BN, kr, ch))
+                            r = _ldsm(s, addrs, not TB)
+                            b[j] = ([r[t][0] for t in range(32)], [r[t][1] for t in range(32)])
+                            b[j + 1] = ([r[t][2] for t in range(32)], [r[t][3] for t in range(32)])
+                        for i in range(TM):
+                            for j in range(TN):
+                                _mma(acc[i][j], a[i], b[j][0], b[j][1])
+            for warp in range(WARPS_M * WARPS_N):
+                wm0, wn0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+                acc = accs.get(warp)
+                for lane in range(32):
+                    for i in range(TM):
+                        for h in range(2):
+                            row = m0 + wm0 + i*16 + (lane >> 2) + h*8
+                            if row >= m: continue
+                            for j in range(TN):
+                                col = n0 + wn0 + j*8 + (lane & 3)*2
+                                for e in range(2):
+                                    if col + e < n:
+                                        C[row, col + e] = acc[i][j][lane][2*h + e] if acc else 0.0
+    return C
+
+
+
+@pytest.mark.parametrize("tile, shape, pipe", [((64, 64, 2, 2), (70, 45, 90), 1), ((128, 256, 2, 4), (150, 270, 70), 1),
+                                               ((128, 128, 2, 4), (130, 20, 64), 1),
+                                               ((128, 256, 2, 4), (150, 270, 70), 2),
+                                               ((128, 128, 2, 2), (130, 20, 150), 2)])
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_emulated_tc_kernel(tile, shape, pipe, ta, tb):
+    rng = np.random.default_rng(1)
+    m, n, k = shape
+    a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
+    got = _emulate_tc(a.T.copy() if ta else a, b.T.copy() if tb else b, m, n, k, *tile, ta, tb, pipe)
+    assert np.abs(got - a @ b).max() < 1e-9

@@ -1,0 +1,246 @@
+"""pydnn.ops.matmul (GEMM) on the GPU against the float64 reference: float / half / bfloat16, every
+transposition, odd sizes (1, 7, 33, 129 ...), each tensor-core tile forced in turn, batches with padded
+leading dims and strides (0 included), alpha / beta blending, bias, k = 0, the general (unaligned) path,
+and the cached gemm() call. Every buffer starts poisoned (NaN bytes): C so that beta == 0 proves C is
+never read, the gaps of A and B (leading-dim padding, batch gaps) so that reading outside the operands
+shows, and C's gaps are checked untouched afterwards. Tolerances are pydnn.reference.dtypes' per output
+type, relative to the magnitude the result is summed from (|alpha| |A||B| + |beta| |C| + |bias|), as the
+convolution tests do for their long reductions."""
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+import pydnn
+from devtensor import POISON, assert_close
+from pydnn.ops import matmul as M
+from pydnn.reference import dtypes as rd
+from pydnn.reference import matmul as ref
+from pydnn.tensor import DTYPES
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+TRANS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+class Flat:
+    """A device buffer standing for an operand: `span` elements after `off` leading ones (to misalign
+    the operand's pointer), all poisoned; `fill` writes values at the operand's element positions only."""
+
+    def __init__(self, dtype, span, off=0):
+        self.dtype, self.span, self.off = dtype, max(span, 1), off
+        self.esize, self.np_dtype = DTYPES[dtype]
+        self.buf = pydnn.DeviceArray((self.span + off,), self.np_dtype)
+        self.buf.fill_bytes(POISON)
+        self.values = np.full(self.span, np.nan)
+
+    @property
+    def ptr(self):
+        return self.buf.ptr + self.off * self.esize
+
+    def positions(self, batch, stride, rows, cols, ld):
+        idx = as_strided(np.arange(self.span), (batch, rows, cols), (stride * 8, ld * 8, 8))
+        return np.unique(idx.ravel())
+
+    def fill(self, rng, pos, lo=-3.0, hi=3.0):
+        flat = self.buf.to_numpy()
+        v = rng.uniform(lo, hi, len(pos)).astype(np.float32).astype(np.float64)
+        stored = rd.to_storage(v, self.dtype)
+        flat[self.off + pos] = stored
+        self.buf.copy_from_numpy(flat)
+        self.values[pos] = rd.from_storage(stored, self.dtype)
+
+    def download(self):
+        return rd.from_storage(self.buf.to_numpy()[self.off:], self.dtype)
+
+    def raw(self):
+        return self.buf.to_numpy()[self.off:]
+
+
+class Problem:
+    def __init__(self, rng, dtype, m, n, k, ta=False, tb=False, lda=None, ldb=None, ldc=None, batch=1, sa=0, sb=0,
+                 sc=0, bias=False, offs=(0, 0, 0), pad8=False):
+        """pad8: default leading dims rounded up to multiples of 8 (the cp.async path for any m, n, k)."""
+        self.dtype, self.m, self.n, self.k, self.ta, self.tb, self.batch = dtype, m, n, k, ta, tb, batch
+        up = (lambda v: -(-v // 8) * 8) if pad8 else (lambda v: v)
+        self.lda = lda if lda is not None else up(max(m if ta else k, 1))
+        self.ldb = ldb if ldb is not None else up(max(k if tb else n, 1))
+        self.ldc = ldc if ldc is not None else up(max(n, 1))
+        self.sa, self.sb, self.sc = sa, sb, sc
+        ra, ca = (k, m) if ta else (m, k)
+        rb, cb = (n, k) if tb else (k, n)
+        self.a = Flat(dtype, M._span(batch, sa, ra, ca, self.lda), offs[0])
+        self.b = Flat(dtype, M._span(batch, sb, rb, cb, self.ldb), offs[1])
+        self.c = Flat(dtype, M._span(batch, sc, m, n, self.ldc), offs[2])
+        self.a.fill(rng, self.a.positions(batch, sa, ra, ca, self.lda))
+        self.b.fill(rng, self.b.positions(batch, sb, rb, cb, self.ldb))
+        self.cpos = self.c.positions(batch, sc, m, n, self.ldc)
+        self.bias = None
+        if bias:
+            self.bias = Flat(dtype, n)
+            self.bias.fill(rng, np.arange(n))
+
+    def kw(self):
+        return dict(trans_a=self.ta, trans_b=self.tb, lda=self.lda, ldb=self.ldb, ldc=self.ldc, batch=self.batch,
+                    stride_a=self.sa, stride_b=self.sb, stride_c=self.sc, bias=self.bias is not None)
+
+    def plan(self, handle):
+        return M.gemm_plan(handle, self.dtype, self.m, self.n, self.k, **self.kw())
+
+    def run(self, handle, rng, alpha=1.0, beta=0.0, plan=None):
+        """Launch (C poisoned for beta == 0, random otherwise) and check against the reference."""
+        self.c.buf.fill_bytes(POISON)
+        self.c.values[:] = np.nan
+        if beta != 0.0:
+            self.c.fill(rng, self.cpos)
+        c0 = self.c.values.copy()
+        plan = plan or self.plan(handle)
+        bptr = self.bias.ptr if self.bias is not None else 0
+        plan.launch(handle, self.a.ptr, self.b.ptr, self.c.ptr, alpha, beta, bptr)
+        self.check(c0, alpha, beta)
+
+    def check(self, c0, alpha, beta, what=""):
+        args = (self.m, self.n, self.k, alpha, beta, self.ta, self.tb, self.lda, self.ldb, self.ldc, self.batch,
+                self.sa, self.sb, self.sc, None if self.bias is None else self.bias.values)
+        want = ref.gemm(self.a.values, self.b.values, c0, *args)
+        scale = ref.gemm_magnitude(self.a.values, self.b.values, c0, *args)
+        got = self.c.download()
+        view = ref.view(got, self.batch, self.sc, self.m, self.n, self.ldc)
+        tag = f"{what} m={self.m} n={self.n} k={self.k} trans={self.ta:d}{self.tb:d} batch={self.batch}"
+        assert_close(view, want, self.dtype, tag, scale=scale)
+        gaps = np.ones(self.c.span, bool)
+        gaps[self.cpos] = False
+        raw = self.c.raw().view(np.uint8).reshape(self.c.span, -1)[gaps]
+        assert (raw == POISON).all(), f"{tag}: the kernel wrote outside C's elements"
+
+
+SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (129, 130, 257), (64, 64, 64), (3, 300, 40)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_shapes(handle, rng, dtype, trans, shape):
+    pb = Problem(rng, dtype, *shape, *trans)
+    pb.run(handle, rng)                        # beta = 0: C poisoned, never read
+    pb.run(handle, rng, alpha=0.75, beta=-0.5)
+
+
+@pytest.mark.parametrize("tile", range(len(M.TC_TILES)))
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_each_tile(handle, rng, monkeypatch, dtype, trans, tile):
+    """Each tensor-core tile on a problem with partial tiles on every edge (k not a multiple of 64 or 8)."""
+    t = M.TC_TILES[tile]
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: t)
+    pb = Problem(rng, dtype, 2 * t.bm + 37, t.bn + 91, 203, *trans, bias=True, pad8=True)
+    plan = pb.plan(handle)
+    assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
+    pb.run(handle, rng, plan=plan)
+    pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+
+
+@pytest.mark.parametrize("tile", range(len(M.CANDIDATE_TILES)))
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_candidate_tiles(handle, rng, monkeypatch, dtype, trans, tile):
+    """The tiles measured before they join the build (M.CANDIDATE_TILES, compiled here through
+    extra_units): partial tiles on every edge, a ragged last K tile, a long K, and a batch."""
+    t = M.CANDIDATE_TILES[tile]
+    M.extra_units("cand", M.CANDIDATE_TILES)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: t)
+    for m, n, k, batch in ((2 * t.bm + 37, t.bn + 91, 203, 1), (t.bm, t.bn, 64 * 9, 1), (48, 72, 40, 3)):
+        ta, tb = trans
+        up = lambda v: -(-v // 8) * 8  # noqa: E731
+        ra, lda = (k, up(m)) if ta else (m, up(k))
+        rb, ldb = (n, up(k)) if tb else (k, up(n))
+        pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
+                     pad8=True)
+        plan = pb.plan(handle)
+        assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
+        pb.run(handle, rng, plan=plan)
+        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_batched_strides(handle, rng, dtype, trans):
+    """Padded leading dims (multiples of 8, so the fast path), batch gaps, and stride 0 (a broadcast A or B)."""
+    m, n, k, batch = 72, 40, 96, 3
+    ta, tb = trans
+    lda, ldb, ldc = (m if ta else k) + 8, (k if tb else n) + 16, n + 8
+    ra, rb = (k if ta else m), (n if tb else k)
+    for sa, sb in ((ra * lda + 24, rb * ldb + 8), (0, rb * ldb), (ra * lda, 0)):
+        pb = Problem(rng, dtype, m, n, k, ta, tb, lda, ldb, ldc, batch, sa, sb, m * ldc + 40, bias=dtype != F32)
+        assert pb.plan(handle).vec_ok or dtype == F32
+        pb.run(handle, rng)
+        pb.run(handle, rng, alpha=0.5, beta=2.0)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_general_path(handle, rng, dtype, trans):
+    """Operands cp.async cannot take: odd leading dims, a pointer one element off 16 bytes, odd strides."""
+    m, n, k = 77, 66, 99
+    ta, tb = trans
+    pb = Problem(rng, dtype, m, n, k, ta, tb, (m if ta else k) + 3, (k if tb else n) + 1, n + 1, batch=2,
+                 sa=(k if ta else m) * ((m if ta else k) + 3) + 5, sb=0, sc=m * (n + 1) + 1)
+    assert not pb.plan(handle).vec_ok
+    pb.run(handle, rng)
+    pb.run(handle, rng, alpha=1.5, beta=-1.0)
+    m, n, k = 72, 64, 96  # packed dims that are multiples of 8, but A and C start 2 bytes off
+    pb = Problem(rng, dtype, m, n, k, ta, tb, offs=(1, 0, 1))
+    plan = pb.plan(handle)
+    assert plan.vec_ok and pb.a.ptr % 16
+    pb.run(handle, rng, plan=plan)
+    pb.run(handle, rng, alpha=1.0, beta=1.0, plan=plan)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_k_zero(handle, rng, dtype):
+    """k = 0: C = beta * C (+ bias); beta = 0 writes zeros (+ bias) over the poison."""
+    pb = Problem(rng, dtype, 19, 23, 0, bias=True)
+    pb.run(handle, rng)
+    pb.run(handle, rng, alpha=2.0, beta=0.25)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_large(handle, rng, dtype):
+    """Many tiles and a long K (the multi-stage pipeline in steady state), the tile the chooser picks."""
+    pb = Problem(rng, dtype, 1000, 1104, 1496, False, True)
+    assert pb.plan(handle).vec_ok or dtype == F32
+    pb.run(handle, rng, alpha=0.5, beta=1.0)
+
+
+def test_gemm_cached(handle, rng):
+    """gemm(): the plan is made once per handle and problem, then reused; results as with the plan."""
+    pb = Problem(rng, BF16, 130, 72, 48, False, True, bias=True)
+    for beta in (0.0, 0.5):
+        pb.c.buf.fill_bytes(POISON)
+        pb.c.values[:] = np.nan
+        if beta:
+            pb.c.fill(rng, pb.cpos)
+        c0 = pb.c.values.copy()
+        M.gemm(handle, BF16, 130, 72, 48, pb.a.ptr, pb.b.ptr, pb.c.ptr, 1.0, beta, trans_b=True, bias=pb.bias.ptr)
+        pb.check(c0, 1.0, beta, "gemm()")
+    keys = [k for k in handle.prepared if isinstance(k, tuple) and k[:1] == ("matmul",) and k[2:5] == (130, 72, 48)]
+    assert len(keys) == 1
+
+
+def test_matches_torch_bf16(handle, rng):
+    """A projection-like shape against torch.matmul (both round to bf16 once; fp32 accumulation)."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(int(rng.integers(2**31)))
+    x = torch.randn(512, 768, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(1024, 768, device="cuda", generator=g).to(torch.bfloat16)
+    y = torch.empty(512, 1024, device="cuda", dtype=torch.bfloat16)
+    h = pydnn.create()
+    try:
+        pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+        M.gemm(h, BF16, 512, 1024, 768, x.data_ptr(), w.data_ptr(), y.data_ptr(), trans_b=True)
+        want = (x.double() @ w.double().t())
+        scale = x.double().abs() @ w.double().abs().t()
+        torch.cuda.synchronize()
+        assert_close(y.double().cpu().numpy(), want.cpu().numpy(), BF16, "vs torch", scale=scale.cpu().numpy())
+    finally:
+        pydnn.destroy(h)

@@ -1,0 +1,176 @@
+"""Matmul (GEMM) benchmark: pydnn.ops.matmul vs torch.matmul (cuBLAS) in the same run.
+
+FLOPs counted: 2 * m * n * k per GEMM (times batch), the usual convention; the epilogue (alpha, beta,
+bias) is not counted. Each case also checks pydnn's result against torch's (max |diff| over max |ref|,
+printed), so the large shapes the tests do not reach are verified too.
+
+Floor: compute. H200 (= H100 SXM compute: 132 SMs, ~1.83-1.98 GHz): dense bf16 / fp16 989 TFLOP/s on the
+datasheet, reached only through wgmma; mma.sync m16n8k16 issues at about 2/3 of that rate on Hopper
+(see tools/bench_attention.py), so ~660 TFLOP/s is this kernel family's realistic ceiling and cuBLAS
+(wgmma + TMA) measured ~700-800 on the H100. float without TF32: 67 TFLOP/s FMA (datasheet).
+Target (issue 5 via the helper brief): bf16 4096^3 >= 0.6x torch.matmul.
+
+Cases: square 4096^3 (nn: A m x k, B k x n), the projection shape of multi-head attention (x W^T:
+m = 16384 tokens, n = 4096, k = 4096, B transposed, as nn.Linear stores W), a small 512^3, a batched
+per-head shape, fp16 and float (torch with TF32 off), and the general (unaligned) path.
+[tile ...] rows force one tile (the plain rows use the chooser's); [bench variant ...] rows are extra
+instantiations compiled only here (unit matmul.bench.*), to measure candidates before they go in the
+manifest.
+
+Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLAS: 757-790 on 4096^3):
+  v1  gemm_tc pipeline 1: 128x256 (2x4 warps of 64x64, 1 block/SM, 255 registers), 128x128 (2x4 warps
+      of 64x32, 2 blocks/SM, capped at 128 registers: 8-150 bytes of spills in some transposition cases)
+      and 64x64 (2x2 warps) tiles; BK = 64, 3 cp.async stages, XOR-swizzled shared tiles, ldmatrix
+      (.trans where the operand's contiguous dim is not K), register -> global epilogue (column pairs);
+      tile raster in groups of 8 tile rows. float: 128x128 FMA tiles, 8x8 per thread, register prefetch.
+      Prediction: bf16 4096^3 380-480 TFLOP/s (0.5-0.65x cuBLAS). float 20-30 (0.4-0.6x).
+      Measured (first device run, 2026-11-23):
+        bf16 4096^3 nn 272.1 (0.34x), tn 244.3 (0.31x), tt 269.7 (0.34x); fp16 nn 267.1 (0.35x)
+        projection x W^T 16384x4096x4096 (nt) 272.6 (0.35x)
+        small 512^3 33.9 (1.99x: torch's 17.0 is launch-bound), 1024^3 124.4 (0.90x)
+        batched 32 x (1024x1024x128) nt 94.4 (0.32x)
+        tiles forced on 4096^3 nn: 128x256 272.1, 128x128 200.6, 64x64 149.9
+        variants (bf16 nn / nt): 128x256 with 4 stages 271.2 / 265.5; 256x128 (4x2 warps) 270.2 /
+        260.7; 128x128 (2x4 warps) 4 stages, 1 block/SM 188.9 / 208.0
+        float 4096^3 25.5 (0.50x cuBLAS's 50.9 without TF32), 1024^3 tt 13.8 (0.34x)
+        general path (A 2 bytes off 16) 2048^3 71.4 (0.53x torch on aligned data)
+      Prediction missed by ~30%: stages and tile shape change nothing (all 128x256-class tiles 260-272),
+      so neither the pipeline depth nor L2 traffic limits; the warp's instruction stream does: per
+      K tile every warp first issues its copies (12 cp.async with per-chunk bounds and 64-bit address
+      arithmetic) after the barrier, then per k16 step loads its fragments and only then issues its
+      mmas, with 2 warps per SM sub-partition to hide the ldmatrix latency.
+  v2  pipeline 2: fragments double-buffered in registers (step kk + 1's ldmatrix issued before step kk's
+      mmas), the barrier moved to just before the first read of the next stage, the next stage's copy
+      issued after the first step's fragment loads, and a per-thread Copier (one pointer, a row mask and
+      a byte count set up once; tiles advance by one add; a ragged last K tile masked by the K left).
+      Tiles: 128x256 (2x4 warps) and 128x128 with 2x2 warps of 64x64 (2 independent blocks per SM, so
+      one block's barrier and copy phase can overlap the other's mmas). Spills: 16-44 bytes (255
+      registers). Prediction: +15-35% (310-370 TFLOP/s).
+      Measured (second device run, as candidates; all of them passed the GPU tests first):
+        128x256 pipe 2: 4096^3 nn 325.2 (0.41x), nt 324.5 (0.41x), tn 314.7 (0.41x), tt 300.2 (0.38x),
+                        fp16 nn 306.0 (0.40x); projection 16384x4096x4096 nt 322.8 (0.42x)
+        128x128 2x2 warps pipe 2: nn 291.1, nt 287.4, tn 294.6, tt 268.4 (0.35-0.38x); projection 294.3
+        128x128 2x2 warps pipe 1: 178.6-247.0 (pipeline 2 is what pays, not the second block per SM)
+        bench only, bf16: 256x128 (4x2 warps) pipe 2 nn 325.5, nt 332.4 (0.42x); 128x256 4 stages
+        pipe 2 nn 331.9, nt 306.6
+      Outcome: +19% (272 -> 325 on the square nn, 273 -> 323 on the projection), inside the predicted
+      range but at its low end; 0.41-0.42x cuBLAS against the 0.6x target. Adopted: TC_TILES is now
+      128x256 pipe 2, 128x128 (2x2 warps) pipe 2, 64x64 pipe 1 (small problems; also the general path).
+      The rows above without [...] were still v1 in that run; the next run's plain rows are v2.
+  Where the rest is (not measured with a profiler: no device time for ncu): mma.sync with ldmatrix reads
+  every A / B fragment from shared memory per warp; a 64x64 warp tile moves 4 KB of ldmatrix traffic
+  per 32 mmas, so an SM's 8 warps need ~1 KB of shared reads per 8 KFLOP: at 128 B/clock that is about
+  as long as the tensor pipe at full rate, before the cp.async writes (384 clocks per 1024 mmas). Larger
+  warp tiles do not fit in 255 registers. cuBLAS here is wgmma (operands straight from shared memory,
+  no register staging) + TMA; the same port is planned for attention. Next for mma.sync: the 256x128 /
+  4-stage candidates (+0-2%), an epilogue through shared memory (16-byte stores), split-K for skinny
+  problems (the batched per-head case is at 0.32x).
+"""
+import torch
+
+import pydnn
+from bench import time_ms
+from pydnn.ops import matmul as M
+
+PEAK_16 = 989.0   # dense bf16 / fp16 datasheet (H100 / H200 SXM)
+PEAK_32 = 67.0    # float FMA datasheet
+TDT = {pydnn.PYDNN_DATA_BFLOAT16: torch.bfloat16, pydnn.PYDNN_DATA_HALF: torch.float16,
+       pydnn.PYDNN_DATA_FLOAT: torch.float32}
+NAME = {pydnn.PYDNN_DATA_BFLOAT16: "bf16", pydnn.PYDNN_DATA_HALF: "fp16", pydnn.PYDNN_DATA_FLOAT: "fp32"}
+BF16 = pydnn.PYDNN_DATA_BFLOAT16
+
+def _operands(dtype, m, n, k, ta, tb, batch=1):
+    t = TDT[dtype]
+    a = torch.randn(batch, *((k, m) if ta else (m, k)), device="cuda").to(t)
+    b = torch.randn(batch, *((n, k) if tb else (k, n)), device="cuda").to(t)
+    c = torch.empty(batch, m, n, device="cuda", dtype=t)
+    return a, b, c
+
+
+def _torch_fn(a, b, ta, tb, out):
+    x = a.transpose(1, 2) if ta else a
+    y = b.transpose(1, 2) if tb else b
+    if a.shape[0] == 1:
+        return lambda: torch.mm(x[0], y[0], out=out[0])
+    return lambda: torch.bmm(x, y, out=out)
+
+
+def _err(got, want):
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+
+
+def _case(bh, dtype, label, m, n, k, ta=False, tb=False, batch=1, tile=None, check=True):
+    b = bh
+    a, bb, c = _operands(dtype, m, n, k, ta, tb, batch)
+    kw = dict(trans_a=ta, trans_b=tb, batch=batch, stride_a=a[0].numel() if batch > 1 else 0,
+              stride_b=bb[0].numel() if batch > 1 else 0, stride_c=c[0].numel() if batch > 1 else 0)
+    if tile is not None:
+        orig = M._choose_tile
+        M._choose_tile = lambda *x: tile
+        try:
+            plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
+        finally:
+            M._choose_tile = orig
+    else:
+        plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
+    ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
+    ms_p = time_ms(lambda: plan.launch(b.h, ap, bp, cp))
+    out = torch.empty_like(c)
+    tfn = _torch_fn(a, bb, ta, tb, out)
+    ms_t = time_ms(tfn)
+    err = ""
+    if check:
+        plan.launch(b.h, ap, bp, cp)
+        tfn()
+        torch.cuda.synchronize()
+        err = f" (max rel diff to torch {_err(c, out):.1e})"
+    peak = PEAK_32 if dtype == pydnn.PYDNN_DATA_FLOAT else PEAK_16
+    tname = "torch.mm" if batch == 1 else "torch.bmm"
+    b.row_flops("matmul", label + err, NAME[dtype], 2.0 * m * n * k * batch, ms_p, ms_t, tname, peak)
+    del a, bb, c, out
+
+
+def run(b):
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for dtype in (BF16, pydnn.PYDNN_DATA_HALF):
+            _case(b, dtype, "square 4096^3 nn", 4096, 4096, 4096)
+        _case(b, BF16, "projection x W^T 16384x4096x4096 (nt)", 16384, 4096, 4096, tb=True)
+        _case(b, BF16, "square 4096^3 tn", 4096, 4096, 4096, ta=True)
+        _case(b, BF16, "square 4096^3 tt", 4096, 4096, 4096, ta=True, tb=True)
+        _case(b, BF16, "small 512^3", 512, 512, 512)
+        _case(b, BF16, "small 1024x1024x1024", 1024, 1024, 1024)
+        _case(b, BF16, "batched 32 x (1024x1024x128) nt", 1024, 1024, 128, tb=True, batch=32)
+        for t in M.TC_TILES:
+            _case(b, BF16, f"square 4096^3 nn [tile {t}]", 4096, 4096, 4096, tile=t, check=False)
+        M.extra_units("cand", M.CANDIDATE_TILES)
+        for t in M.CANDIDATE_TILES:
+            for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+                tn = ("t" if ta else "n") + ("t" if tb else "n")
+                _case(b, BF16, f"4096^3 {tn} [candidate {t}]", 4096, 4096, 4096, ta, tb, tile=t)
+            _case(b, BF16, f"projection 16384x4096x4096 nt [candidate {t}]", 16384, 4096, 4096, tb=True, tile=t)
+            _case(b, pydnn.PYDNN_DATA_HALF, f"4096^3 nn [candidate {t}]", 4096, 4096, 4096, tile=t)
+        _case(b, pydnn.PYDNN_DATA_FLOAT, "square 4096^3 nn (torch TF32 off)", 4096, 4096, 4096)
+        _case(b, pydnn.PYDNN_DATA_FLOAT, "1024^3 tt", 1024, 1024, 1024, ta=True, tb=True)
+        _general(b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+
+def _general(b):
+    """The general path: A's pointer 2 bytes off 16 (lda packed), timed against torch on aligned data."""
+    m = n = k = 2048
+    a = torch.randn(m * k + 1, device="cuda").to(torch.bfloat16)
+    bb = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    plan = M.gemm_plan(b.h, BF16, m, n, k)
+    ap = a.data_ptr() + 2
+    ms_p = time_ms(lambda: plan.launch(b.h, ap, bb.data_ptr(), c.data_ptr()))
+    x = a[1:].view(m, k)
+    out = torch.empty_like(c)
+    ms_t = time_ms(lambda: torch.mm(x, bb, out=out))
+    torch.cuda.synchronize()
+    err = _err(c, out)
+    b.row_flops("matmul", f"general path 2048^3 (A 2 bytes off) (max rel diff {err:.1e})", "bf16",
+                2.0 * m * n * k, ms_p, ms_t, "torch.mm", PEAK_16)
