@@ -394,6 +394,8 @@ typedef struct pydnnNormStruct *pydnnNormDescriptor_t;
 typedef struct pydnnDropoutStruct *pydnnDropoutDescriptor_t;
 typedef struct pydnnConvolutionStruct *pydnnConvolutionDescriptor_t;
 typedef struct pydnnAttentionStruct *pydnnAttentionDescriptor_t;
+typedef struct pydnnAttnStruct *pydnnAttnDescriptor_t;
+typedef struct pydnnSeqDataStruct *pydnnSeqDataDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
@@ -712,6 +714,34 @@ pydnnStatus_t pydnnGetAttentionBackwardWorkspaceSize(pydnnHandle_t handle, const
 pydnnStatus_t pydnnAttentionForward(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const void *q, const pydnnTensorDescriptor_t kDesc, const void *k, const pydnnTensorDescriptor_t vDesc, const void *v, const pydnnTensorDescriptor_t oDesc, void *o, const pydnnTensorDescriptor_t statsDesc, void *stats, const void *seqLensQ, const void *seqLensKV, void *workSpace, size_t workSpaceSizeInBytes);
 /* dQ, dK, dV from the forward's O and stats (dK, dV summed over the query heads of each K/V head). */
 pydnnStatus_t pydnnAttentionBackward(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const void *q, const pydnnTensorDescriptor_t kDesc, const void *k, const pydnnTensorDescriptor_t vDesc, const void *v, const pydnnTensorDescriptor_t oDesc, const void *o, const pydnnTensorDescriptor_t dODesc, const void *dO, const pydnnTensorDescriptor_t statsDesc, const void *stats, const pydnnTensorDescriptor_t dQDesc, void *dQ, const pydnnTensorDescriptor_t dKDesc, void *dK, const pydnnTensorDescriptor_t dVDesc, void *dV, const void *seqLensQ, const void *seqLensKV, int deterministic, void *workSpace, size_t workSpaceSizeInBytes);
+
+/* ---- Multi-head attention with projections (cuDNN's legacy MHA API) ---- */
+/* A new multi-head attention descriptor, unset until pydnnSetAttnDescriptor. */
+pydnnStatus_t pydnnCreateAttnDescriptor(pydnnAttnDescriptor_t *attnDesc);
+/* Query map | projection biases, heads, softmax scaler, types, dropouts (NULL: none), vector and projection sizes, maxima. */
+pydnnStatus_t pydnnSetAttnDescriptor(pydnnAttnDescriptor_t attnDesc, unsigned attnMode, int nHeads, double smScaler, pydnnDataType_t dataType, pydnnDataType_t computePrec, pydnnMathType_t mathType, pydnnDropoutDescriptor_t attnDropoutDesc, pydnnDropoutDescriptor_t postDropoutDesc, int qSize, int kSize, int vSize, int qProjSize, int kProjSize, int vProjSize, int oProjSize, int qoMaxSeqLength, int kvMaxSeqLength, int maxBatchSize, int maxBeamSize);
+/* The multi-head attention descriptor's settings. */
+pydnnStatus_t pydnnGetAttnDescriptor(pydnnAttnDescriptor_t attnDesc, unsigned *attnMode, int *nHeads, double *smScaler, pydnnDataType_t *dataType, pydnnDataType_t *computePrec, pydnnMathType_t *mathType, pydnnDropoutDescriptor_t *attnDropoutDesc, pydnnDropoutDescriptor_t *postDropoutDesc, int *qSize, int *kSize, int *vSize, int *qProjSize, int *kProjSize, int *vProjSize, int *oProjSize, int *qoMaxSeqLength, int *kvMaxSeqLength, int *maxBatchSize, int *maxBeamSize);
+/* Release a multi-head attention descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyAttnDescriptor(pydnnAttnDescriptor_t attnDesc);
+/* A new sequence data descriptor, unset until pydnnSetSeqDataDescriptor. */
+pydnnStatus_t pydnnCreateSeqDataDescriptor(pydnnSeqDataDescriptor_t *seqDataDesc);
+/* 4 dims by pydnnSeqDataAxis_t, their memory order (outermost first, VECT last), batch*beam lengths, fill (NULL: none). */
+pydnnStatus_t pydnnSetSeqDataDescriptor(pydnnSeqDataDescriptor_t seqDataDesc, pydnnDataType_t dataType, int nbDims, const int dimA[], const pydnnSeqDataAxis_t axes[], size_t seqLengthArraySize, const int seqLengthArray[], void *paddingFill);
+/* The sequence data descriptor's settings (paddingFill NULL: not returned). */
+pydnnStatus_t pydnnGetSeqDataDescriptor(const pydnnSeqDataDescriptor_t seqDataDesc, pydnnDataType_t *dataType, int *nbDims, int nbDimsRequested, int dimA[], pydnnSeqDataAxis_t axes[], size_t *seqLengthArraySize, size_t seqLengthSizeRequested, int seqLengthArray[], void *paddingFill);
+/* Release a sequence data descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroySeqDataDescriptor(pydnnSeqDataDescriptor_t seqDataDesc);
+/* Bytes of the weight buffer, the workspace and (training) the reserve space (NULL: not returned). */
+pydnnStatus_t pydnnGetMultiHeadAttnBuffers(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, size_t *weightSizeInBytes, size_t *workSpaceSizeInBytes, size_t *reserveSpaceSizeInBytes);
+/* Where one weight or bias tensor lies in the weight buffer (wAddr NULL: the kind does not exist). */
+pydnnStatus_t pydnnGetMultiHeadAttnWeights(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, pydnnMultiHeadAttnWeightKind_t wKind, size_t weightSizeInBytes, const void *weights, pydnnTensorDescriptor_t wDesc, void **wAddr);
+/* out = sum_h W_O attention_h(W_Q q, W_K k, W_V v) + b_O (+ residuals); reserveSpace NULL: inference. */
+pydnnStatus_t pydnnMultiHeadAttnForward(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, int currIdx, const int loWinIdx[], const int hiWinIdx[], const void *devSeqLengthsQO, const void *devSeqLengthsKV, const pydnnSeqDataDescriptor_t qDesc, const void *queries, const void *residuals, const pydnnSeqDataDescriptor_t kDesc, const void *keys, const pydnnSeqDataDescriptor_t vDesc, const void *values, const pydnnSeqDataDescriptor_t oDesc, void *out, size_t weightSizeInBytes, const void *weights, size_t workSpaceSizeInBytes, void *workSpace, size_t reserveSpaceSizeInBytes, void *reserveSpace);
+/* dqueries, dkeys, dvalues of a training forward (the residual's dout is not added to dqueries). */
+pydnnStatus_t pydnnMultiHeadAttnBackwardData(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, const int loWinIdx[], const int hiWinIdx[], const void *devSeqLengthsDQDO, const void *devSeqLengthsDKDV, const pydnnSeqDataDescriptor_t doDesc, const void *dout, const pydnnSeqDataDescriptor_t dqDesc, void *dqueries, const void *queries, const pydnnSeqDataDescriptor_t dkDesc, void *dkeys, const void *keys, const pydnnSeqDataDescriptor_t dvDesc, void *dvalues, const void *values, size_t weightSizeInBytes, const void *weights, size_t workSpaceSizeInBytes, void *workSpace, size_t reserveSpaceSizeInBytes, void *reserveSpace);
+/* Weight and bias gradients (after pydnnMultiHeadAttnBackwardData), added (ADD) or written (SET). */
+pydnnStatus_t pydnnMultiHeadAttnBackwardWeights(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, pydnnWgradMode_t addGrad, const pydnnSeqDataDescriptor_t qDesc, const void *queries, const pydnnSeqDataDescriptor_t kDesc, const void *keys, const pydnnSeqDataDescriptor_t vDesc, const void *values, const pydnnSeqDataDescriptor_t doDesc, const void *dout, size_t weightSizeInBytes, const void *weights, void *dweights, size_t workSpaceSizeInBytes, void *workSpace, size_t reserveSpaceSizeInBytes, void *reserveSpace);
 
 #ifdef __cplusplus
 }

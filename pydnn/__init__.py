@@ -36,4 +36,5 @@ from .ops.normalization import *  # noqa: F401,F403
 from .ops.dropout import *  # noqa: F401,F403
 from .ops.convolution import *  # noqa: F401,F403
 from .ops.attention import *  # noqa: F401,F403
+from .ops.mha import *  # noqa: F401,F403
 from ._cuda.memory import DeviceArray

@@ -21,6 +21,7 @@ FAMILIES = (
     "pydnn.ops.convolution",
     "pydnn.ops.attention",
     "pydnn.ops.matmul",
+    "pydnn.ops.mha",
 )
 
 # NVRTC options for every unit (the arch and include path are added by the compiler wrapper).

@@ -49,6 +49,8 @@ def parse(proto):
             kind = "obj_out" if stars else "obj_in"
         elif base in STRUCT_FIELDS and stars:  # an array of result records (length: requested*Count)
             kind = "struct_out"
+        elif base == "void" and name == "paddingFill":  # a host value in the descriptor's dataType (SeqData)
+            kind, base = ("out", "fill") if m["name"].startswith("pydnnGet") else ("fill_in", base)
         elif base == "void" and stars >= 2:  # `void **name`: a device address returned (GetDropoutDescriptor)
             kind, base = "out", "void *"
         elif base == "void":
@@ -61,6 +63,21 @@ def parse(proto):
             kind = "in"
         params.append((kind, base, name))
     return m["ret"].strip(), m["name"], params
+
+
+class HostArray:
+    """A `const int name[]` input with no count argument before it (cuDNN's loWinIdx / hiWinIdx): the Python
+    function knows its length and calls read(n)."""
+
+    def __init__(self, ffi, ptr):
+        self.ffi, self.ptr = ffi, ptr
+
+    def read(self, n):
+        return list(self.ffi.unpack(self.ffi.cast("int *", self.ptr), max(0, int(n))))
+
+
+def _fill_format(dtype):
+    return {E.PYDNN_DATA_DOUBLE: "<d", E.PYDNN_DATA_HALF: "<e"}.get(dtype, "<f")
 
 
 class Marshal:
@@ -112,7 +129,7 @@ class Marshal:
     def __call__(self, *cargs):
         ffi = self.ffi
         args, outs, ref, count, requested = [], [], None, None, 0
-        scalars = []
+        scalars, cap, dtype_arg = [], E.PYDNN_DIM_MAX, None
         for (kind, base, name), a in zip(self.params, cargs):
             if kind == "obj_in":
                 o = self.obj(a, name, base)
@@ -130,16 +147,37 @@ class Marshal:
                     requested = a  # the capacity of a struct_out array (requestedAlgoCount)
                 if name.startswith("nbDims") or name.startswith("arrayLength"):
                     count = a  # the length of the array arguments that follow (cuDNN's convolution: arrayLength)
+                elif name.endswith("ArraySize") or name.endswith("SizeRequested"):
+                    count, cap = a, 2**31 - 1  # seqLengthArraySize / seqLengthSizeRequested: not a dim count
+                if name == "dataType":
+                    dtype_arg = a
                 args.append(v)
+            elif kind == "fill_in":  # NULL: no fill; else the value in dataType (SetSeqDataDescriptor)
+                if a == ffi.NULL:
+                    args.append(None)
+                elif dtype_arg == E.PYDNN_DATA_BFLOAT16:
+                    raw = bytes(ffi.buffer(ffi.cast("char *", a), 2))
+                    args.append(struct.unpack("<f", b"\0\0" + raw)[0])
+                else:
+                    fmt = _fill_format(dtype_arg)
+                    raw = bytes(ffi.buffer(ffi.cast("char *", a), struct.calcsize(fmt)))
+                    args.append(struct.unpack(fmt, raw)[0])
+            elif kind == "arr_in" and count is None:  # no count argument: the Python side knows the length
+                if a == ffi.NULL:
+                    raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
+                args.append(HostArray(ffi, a))
             elif kind == "arr_in":
                 if a == ffi.NULL:
                     raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
-                n = max(0, min(int(count or 0), E.PYDNN_DIM_MAX))
+                n = max(0, min(int(count or 0), cap))
                 args.append(list(ffi.unpack(ffi.cast("int *", a), n)))
             else:  # out, obj_out, arr_out: checked before the call so a NULL never leaves work half done
                 if a == ffi.NULL:
+                    if name in NULLABLE.get(self.c_name, ()):
+                        outs.append((kind, base, name, None, count, cap))  # not returned (cuDNN: optional)
+                        continue
                     raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
-                outs.append((kind, base, name, a))
+                outs.append((kind, base, name, a, count, cap))
         for i in scalars:
             args[i] = self.scalar(args[i][0], args[i][1], ref)
         result = self.python_function()(*args)
@@ -151,12 +189,27 @@ class Marshal:
             values = [recs if o[0] == "struct_out" else len(recs) for o in outs]
         else:
             values = [result] if len(outs) == 1 else list(result or ())
-        for (kind, base, name, ptr), v in zip(outs, values):
-            if kind == "obj_out":
-                h = ffi.new_handle(v)
-                with _lock:
-                    _objects[int(ffi.cast("uintptr_t", h))] = (h, v)
-                ffi.cast(f"{base} *", ptr)[0] = ffi.cast(base, h)
+        for (kind, base, name, ptr, count, cap), v in zip(outs, values):
+            if ptr is None:
+                continue
+            if base == "fill":  # the fill value in the descriptor's data type (the first result)
+                if v is not None:
+                    dt = values[0]
+                    data = (struct.pack("<f", v)[2:] if dt == E.PYDNN_DATA_BFLOAT16
+                            else struct.pack(_fill_format(dt), v))
+                    ffi.memmove(ptr, data, len(data))
+            elif kind == "obj_out":
+                if v is None:  # an optional descriptor that is not there (GetAttnDescriptor's dropouts)
+                    ffi.cast(f"{base} *", ptr)[0] = ffi.NULL
+                    continue
+                with _lock:  # an object C already holds keeps its address (a getter's; a Create's is new)
+                    addr = None if self.c_name.startswith("pydnnCreate") else next(
+                        (k for k, e in _objects.items() if e[1] is v), None)
+                    if addr is None:
+                        h = ffi.new_handle(v)
+                        addr = int(ffi.cast("uintptr_t", h))
+                        _objects[addr] = (h, v)
+                ffi.cast(f"{base} *", ptr)[0] = ffi.cast(base, addr)
             elif kind == "struct_out":
                 arr = ffi.cast(f"{base} *", ptr)
                 for i, rec in enumerate(v):
@@ -164,7 +217,7 @@ class Marshal:
                         setattr(arr[i], field, x)
             elif kind == "arr_out":  # never more than the caller's count (nbDimsRequested) entries
                 arr = ffi.cast("int *", ptr)
-                for i, x in enumerate(list(v)[: max(0, int(count or 0))]):
+                for i, x in enumerate(list(v)[: max(0, min(int(count or 0), cap))]):
                     arr[i] = x
             elif base == "cudaStream_t":
                 ffi.cast("cudaStream_t *", ptr)[0] = ffi.cast("cudaStream_t", v)
