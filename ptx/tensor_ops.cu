@@ -63,12 +63,15 @@ struct OpNot {  // cuDNN's logical NOT on real numbers: 1 - x
 
 }  // namespace tensor
 
+// IEEE sqrtf's slow path spills at map_contig's full-SM register cap (bf16 with blending).
+template <> struct MapRegisterHungry<tensor::OpSqrt> { static constexpr bool value = true; };
+
 // Exact element moves for the map kernels. Copy returns its input untouched (an int64 above 2^53 or a NaN
 // payload would not survive a trip through the arithmetic type); Set on int64 takes the value's own 64
 // bits from p.coef (the host stores them there), since a double cannot hold every int64.
 #define PYDNN_EXACT_COPY(T, A)                                                                           \
   template <>                                                                                            \
-  __device__ __forceinline__ T map_one<T, T, tensor::Copy, A>(const MapParams&, T a0, T, T, T, A, A, A) { \
+  __device__ __forceinline__ T map_one<T, T, tensor::Copy, A>(const MapParams&, T a0, T, T, T, A, A, A, bool) { \
     return a0;                                                                                           \
   }
 PYDNN_EXACT_COPY(float, float)
@@ -83,7 +86,7 @@ PYDNN_EXACT_COPY(i64, double)
 
 template <>
 __device__ __forceinline__ i64 map_one<i64, i64, tensor::Set, double>(const MapParams& p, i64, i64, i64, i64, double,
-                                                                     double, double) {
+                                                                     double, double, bool) {
   return (i64)__double_as_longlong(p.coef);
 }
 

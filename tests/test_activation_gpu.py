@@ -155,3 +155,23 @@ def test_checked_mode_refuses_an_int_pointer_past_its_allocation(handle, monkeyp
         pydnn.activation_forward(handle, a, 1.0, x.desc, x.ptr, 0.0, x.desc, small.ptr)
     assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT and "y:" in e.value.message
     pydnn.activation_forward(handle, a, 1.0, x.desc, x.ptr, 0.0, x.desc, x.ptr)  # in range: fine
+
+
+@pytest.mark.parametrize("dtype", [pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16])
+def test_gelu_erf_tails(handle, dtype):
+    """GELU (erf form) densely over [-12, 12], forward and backward. Half and bfloat16 use the fast normal
+    CDF (phi_fast in ptx/activation.cu): its error must stay below the output's rounding in both tails,
+    where the random inputs of test_forward (in [-3, 3]) do not reach. (float is not held to its relative
+    tolerance below x ~ -4: it keeps PyTorch's 0.5 x (1 + erff(x / sqrt 2)); see gelu_cdf.)"""
+    mode = pydnn.PYDNN_ACTIVATION_GELU_ERF
+    dims = (1, 1, 3, 8001)
+    x, y, dy, dx = (DevTensor(dims, dtype) for _ in range(4))
+    xv = x.upload(np.linspace(-12.0, 12.0, 3 * 8001).reshape(dims))
+    a = _desc(mode)
+    pydnn.activation_forward(handle, a, 1.0, x.desc, x.ptr, 0.0, y.desc, y.ptr)
+    yv = y.download()
+    assert_close(yv, ref.act(mode, xv), dtype, "gelu_erf forward")
+    dyv = dy.upload(np.ones(dims))
+    pydnn.activation_backward(handle, a, 1.0, y.desc, y.ptr, dy.desc, dy.ptr, x.desc, x.ptr, 0.0, dx.desc, dx.ptr)
+    assert_close(dx.download(), ref.backward(mode, 1.0, yv, dyv, xv, 0.0, None), dtype, "gelu_erf backward",
+                 scale=ref.act_grad_terms(mode, xv, yv))

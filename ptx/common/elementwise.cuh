@@ -8,59 +8,147 @@
 
 namespace pydnn {
 
-constexpr int kMapThreads = 256;
-constexpr int kMapUnroll = 4;  // vectors per thread, all loaded before any is used
+constexpr int kMapThreads = 256;  // block of the scalar and strided kernels
+constexpr int kMapUnroll = 4;     // vectors per thread of the scalar contiguous kernel
 
+// One element. `blend` (beta != 0, PYDNN_FLAG_BETA) is a parameter rather than a read of p.flags so that
+// callers that know it at compile time (map_contig's whole tiles) drop the unused old-value arithmetic.
 template <class TI, class TO, class Op, class A>
-__device__ __forceinline__ TO map_one(const MapParams& p, TI a0, TI a1, TI a2, TO old, A alpha, A alpha2, A beta) {
+__device__ __forceinline__ TO map_one(const MapParams& p, TI a0, TI a1, TI a2, TO old, A alpha, A alpha2, A beta,
+                                      bool blend) {
   A r = Op::template apply<A>(load<A>(a0), load<A>(a1), load<A>(a2), p, alpha, alpha2);
-  if (p.flags & PYDNN_FLAG_BETA) r += beta * load<A>(old);
+  if (blend) r += beta * load<A>(old);
   return store<TO>(r);
 }
 
-// Dense operands in one memory order: flat index. VEC elements per access; the host guarantees every
-// pointer is VEC-element aligned. Elements past the last whole vector are done by the first block.
-template <class TI, class TO, class Op, int VEC>
-__global__ void __launch_bounds__(kMapThreads) map_contig(const MapParams p) {
-  typedef typename WiderAcc<typename AccOf<TI>::type, typename AccOf<TO>::type>::type A;
-  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
-  const bool blend = p.flags & PYDNN_FLAG_BETA;
+// Streaming accesses of one vector (HINT is map_contig's cache policy):
+//   0: the compiler's own ld.global / st.global;
+//   1: evict-first streaming (ld.global.cs / st.global.cs): every byte is touched once, so neither L1 nor
+//      L2 should keep it. (A third policy, inputs through ld.global.nc.L1::no_allocate, measured the same
+//      as 1 on the H200 and would need inputs that never alias the output: not kept.)
+// 16-, 8- and 4-byte vectors go out as one instruction; other sizes (narrow mixed-type vectors) plainly.
+// Pointers are generic addresses of global memory (identical to global addresses on every CUDA GPU).
+// The loads need not be volatile: an element is read and written by one thread only, and each store
+// depends on the loads of its own vector, so no reordering can move a load past a store to its address.
+template <int HINT, class V>
+__device__ __forceinline__ V ld_stream(const V* ptr) {
+  constexpr int S = sizeof(V);
+  if constexpr (HINT == 0 || (S != 16 && S != 8 && S != 4)) {
+    return *ptr;
+  } else {
+    union { V v; unsigned w[S / 4]; } u;
+    if constexpr (S == 16)
+      asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+          : "=r"(u.w[0]), "=r"(u.w[1]), "=r"(u.w[2]), "=r"(u.w[3]) : "l"(ptr));
+    else if constexpr (S == 8)
+      asm("ld.global.cs.v2.u32 {%0, %1}, [%2];" : "=r"(u.w[0]), "=r"(u.w[1]) : "l"(ptr));
+    else
+      asm("ld.global.cs.u32 %0, [%1];" : "=r"(u.w[0]) : "l"(ptr));
+    return u.v;
+  }
+}
+
+template <int HINT, class V>
+__device__ __forceinline__ void st_stream(V* ptr, const V& v) {
+  constexpr int S = sizeof(V);
+  if constexpr (HINT == 0 || (S != 16 && S != 8 && S != 4)) {
+    *ptr = v;
+  } else {
+    union { V v; unsigned w[S / 4]; } u;
+    u.v = v;
+    if constexpr (S == 16)
+      asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                   :: "l"(ptr), "r"(u.w[0]), "r"(u.w[1]), "r"(u.w[2]), "r"(u.w[3]) : "memory");
+    else if constexpr (S == 8)
+      asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(ptr), "r"(u.w[0]), "r"(u.w[1]) : "memory");
+    else
+      asm volatile("st.global.cs.u32 [%0], %1;" :: "l"(ptr), "r"(u.w[0]) : "memory");
+  }
+}
+
+// One tile of map_contig: UNROLL vectors per thread, THREADS apart (each warp access is contiguous), all
+// loads issued before any is used. CHECK: the tile may run past the last whole vector. Whole tiles get
+// `blend` as a constant (see map_contig).
+template <class TI, class TO, class Op, int VEC, int THREADS, int UNROLL, int HINT, bool CHECK, class A>
+__device__ __forceinline__ void map_tile(const MapParams& p, i64 base, i64 nvec, A alpha, A alpha2, A beta,
+                                         bool blend) {
   typedef Vec<TI, VEC> VI;
   typedef Vec<TO, VEC> VO;
-  const i64 nvec = p.n / VEC;
-  const i64 base = (i64)blockIdx.x * (kMapThreads * kMapUnroll) + threadIdx.x;
-  VI a[kMapUnroll][3];
-  VO o[kMapUnroll];
+  VI a[UNROLL][3];
+  VO o[UNROLL];
 #pragma unroll
-  for (int u = 0; u < kMapUnroll; ++u) {
-    i64 i = base + (i64)u * kMapThreads;
-    if (i < nvec) {
+  for (int u = 0; u < UNROLL; ++u) {
+    const i64 i = base + (i64)u * THREADS;
+    if (!CHECK || i < nvec) {
 #pragma unroll
       for (int k = 0; k < 3; ++k)
-        if (Op::reads & (1u << k)) a[u][k] = reinterpret_cast<const VI*>(p.in[k])[i];
-      if (blend) o[u] = reinterpret_cast<const VO*>(p.out)[i];
+        if (Op::reads & (1u << k)) a[u][k] = ld_stream<HINT>(reinterpret_cast<const VI*>(p.in[k]) + i);
+      if (blend) o[u] = ld_stream<HINT>(reinterpret_cast<const VO*>(p.out) + i);
     }
   }
 #pragma unroll
-  for (int u = 0; u < kMapUnroll; ++u) {
-    i64 i = base + (i64)u * kMapThreads;
-    if (i < nvec) {
+  for (int u = 0; u < UNROLL; ++u) {
+    const i64 i = base + (i64)u * THREADS;
+    if (!CHECK || i < nvec) {
       VO r;
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        r.v[e] = map_one<TI, TO, Op, A>(p, a[u][0].v[e], a[u][1].v[e], a[u][2].v[e], o[u].v[e], alpha, alpha2, beta);
-      reinterpret_cast<VO*>(p.out)[i] = r;
+        r.v[e] = map_one<TI, TO, Op, A>(p, a[u][0].v[e], a[u][1].v[e], a[u][2].v[e], o[u].v[e], alpha, alpha2,
+                                        beta, blend);
+      st_stream<HINT>(reinterpret_cast<VO*>(p.out) + i, r);
     }
   }
+}
+
+// Dense operands in one memory order: flat index. VEC elements per access; the host guarantees every
+// pointer is VEC-element aligned. The vectors form tiles of THREADS * UNROLL; block b takes tiles b,
+// b + gridDim.x, ... (the planner's grid covers every tile, one each: a persistent grid looping over them
+// measured 5-12% slower on the H200). Whole tiles are compiled twice, with blending and without, so that a
+// beta == 0 call spends no instructions on the old value (16-bit GELU is compute-bound on the H200).
+// Elements past the last whole vector are done by the first block.
+// MINB: blocks per SM the registers must allow; 0 (the default) asks for a full SM (2048 threads: at most
+// 32 registers for 128 threads) when one 16-bit input maps to a 16-bit output, else leaves registers to
+// the compiler. With one 16-byte vector per thread, occupancy is what keeps bytes in flight: bf16 GELU
+// (tanh) took 63 registers, 1024 threads per SM, 16 KiB of loads in flight per SM where ~32 KiB cover the
+// memory latency at 4.2 TB/s. Wider types, 8-bit types (16 elements a vector) and two inputs spill at 32.
+// An op whose code would spill under that cap opts out by specialising MapRegisterHungry.
+template <class Op> struct MapRegisterHungry { static constexpr bool value = false; };
+template <class TI, class TO, class Op, int THREADS, int MINB>
+struct MapMinBlocks {
+  static constexpr bool narrow = sizeof(TI) == 2 && sizeof(TO) == 2 && (Op::reads & (Op::reads - 1)) == 0 &&
+                                 !MapRegisterHungry<Op>::value;
+  static constexpr int value = MINB > 0 ? MINB : narrow ? 2048 / THREADS : 1;
+};
+
+template <class TI, class TO, class Op, int VEC, int THREADS = kMapThreads, int UNROLL = kMapUnroll, int HINT = 0,
+          int MINB = 0>
+__global__ void __launch_bounds__(THREADS, (MapMinBlocks<TI, TO, Op, THREADS, MINB>::value))
+    map_contig(const MapParams p) {
+  typedef typename WiderAcc<typename AccOf<TI>::type, typename AccOf<TO>::type>::type A;
+  const A alpha = (A)p.alpha, alpha2 = (A)p.alpha2, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  constexpr int TILE = THREADS * UNROLL;
+  const i64 nvec = p.n / VEC;
+  const i64 ntiles = (nvec + TILE - 1) / TILE;
+  for (i64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const i64 base = t * TILE + threadIdx.x;
+    if ((t + 1) * TILE <= nvec) {
+      if (blend)
+        map_tile<TI, TO, Op, VEC, THREADS, UNROLL, HINT, false>(p, base, nvec, alpha, alpha2, beta, true);
+      else
+        map_tile<TI, TO, Op, VEC, THREADS, UNROLL, HINT, false>(p, base, nvec, alpha, alpha2, beta, false);
+    } else
+      map_tile<TI, TO, Op, VEC, THREADS, UNROLL, HINT, true>(p, base, nvec, alpha, alpha2, beta, blend);
+  }
   if (VEC > 1 && blockIdx.x == 0) {
-    for (i64 i = nvec * VEC + threadIdx.x; i < p.n; i += kMapThreads) {
+    for (i64 i = nvec * VEC + threadIdx.x; i < p.n; i += THREADS) {
       TI x0 = TI(), x1 = TI(), x2 = TI();
       TO old = TO();
       if (Op::reads & 1u) x0 = ((const TI*)p.in[0])[i];
       if (Op::reads & 2u) x1 = ((const TI*)p.in[1])[i];
       if (Op::reads & 4u) x2 = ((const TI*)p.in[2])[i];
       if (blend) old = ((const TO*)p.out)[i];
-      ((TO*)p.out)[i] = map_one<TI, TO, Op, A>(p, x0, x1, x2, old, alpha, alpha2, beta);
+      ((TO*)p.out)[i] = map_one<TI, TO, Op, A>(p, x0, x1, x2, old, alpha, alpha2, beta, blend);
     }
   }
 }
@@ -85,7 +173,8 @@ __global__ void __launch_bounds__(kMapThreads) map_strided(const MapParams p) {
     if (Op::reads & 2u) x1 = ((const TI*)p.in[1])[off[2]];
     if (Op::reads & 4u) x2 = ((const TI*)p.in[2])[off[3]];
     if (p.flags & PYDNN_FLAG_BETA) old = ((const TO*)p.out)[off[0]];
-    ((TO*)p.out)[off[0]] = map_one<TI, TO, Op, A>(p, x0, x1, x2, old, alpha, alpha2, beta);
+    ((TO*)p.out)[off[0]] = map_one<TI, TO, Op, A>(p, x0, x1, x2, old, alpha, alpha2, beta,
+                                                  p.flags & PYDNN_FLAG_BETA);
   }
 }
 

@@ -8,19 +8,42 @@ anything else (other strides, broadcast inputs with stride 0) runs `map_strided`
 from .._build.params import FLAG_BETA, MAX_DIMS, MapParams
 from .._cuda import driver
 
-THREADS = 256
+THREADS = 256  # block of the scalar-contiguous and strided kernels (kMapThreads)
 TILE = 64  # map_transpose's tile along the output's dense dim (kTile); 128 along the input's for 16-bit
-UNROLL = 4  # vectors per thread in map_contig (kMapUnroll)
+UNROLL = 4  # vectors per thread of the scalar-contiguous kernel (kMapUnroll)
+
+# Geometry of the vectorised map_contig (template arguments; tools/PERF.md "Element-wise" has the
+# measurements behind them, tools/bench_elementwise_sweep.py the sweep): threads per block and elements per
+# thread (as whole vectors, at least one): PyTorch's geometry, the best of 12 on the H200 for every case.
+CONTIG_THREADS = 128
+CONTIG_ELEMS = 8
+# map_contig's cache policy HINT (see ptx/common/elementwise.cuh): 1, evict-first streaming loads and
+# stores, unless the op asks for 0 (the plain accesses measured better for erf-based GELU).
+CONTIG_HINT = 1
 
 # C spellings of element types, for template name expressions
 CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t",
          "i8": "signed char", "u8": "unsigned char", "i32": "int", "i64": "pydnn::i64"}
 
 
-def map_exprs(op, ti, to=None):
-    """The three instantiations that serve one op on one type pair: vector, scalar-contiguous, strided."""
+def contig_geometry(ti, to=None):
+    """(vector elements, threads, vectors per thread) of map_contig for a type pair."""
+    vec = vec_width(ti, to or ti)
+    return vec, CONTIG_THREADS, max(1, CONTIG_ELEMS // vec)
+
+
+def contig_expr(op, ti, to=None, threads=None, unroll=None, hint=None):
+    """The vectorised map_contig instantiation (the planner's geometry and CONTIG_HINT unless given)."""
+    vec, t, u = contig_geometry(ti, to)
+    t, u, h = threads or t, unroll or u, CONTIG_HINT if hint is None else hint
+    return f"pydnn::map_contig<{CTYPE[ti]}, {CTYPE[to or ti]}, {op}, {vec}, {t}, {u}, {h}>"
+
+
+def map_exprs(op, ti, to=None, hint=None):
+    """The three instantiations that serve one op on one type pair: vector, scalar-contiguous, strided.
+    hint: the vector kernel's cache policy (CONTIG_HINT if None)."""
     ci, co = CTYPE[ti], CTYPE[to or ti]
-    return (f"pydnn::map_contig<{ci}, {co}, {op}, {vec_width(ti, to or ti)}>",
+    return (contig_expr(op, ti, to, hint=hint),
             f"pydnn::map_contig<{ci}, {co}, {op}, 1>",
             f"pydnn::map_strided<{ci}, {co}, {op}>")
 
@@ -97,16 +120,17 @@ def plan(out_dims, out_strides, inputs):
 class Prepared:
     """Everything about one element-wise launch that depends only on descriptors: the filled parameter
     struct (pointers and scalars are patched per call), the kernel for aligned and unaligned pointers,
-    the grid, and the byte spans the buffers must cover. Cached per handle, so a repeated call skips
+    the grid and block of each, and the byte spans the buffers must cover. Cached per handle, so a repeated call skips
     planning and validation (the Python host cost of a small call)."""
 
-    __slots__ = ("params", "argv", "block", "vec_func", "vec_grid", "scalar_func", "scalar_grid",
+    __slots__ = ("params", "argv", "block", "vec_block", "vec_func", "vec_grid", "scalar_func", "scalar_grid",
                  "in_masks", "out_mask", "base_flags", "need", "ninputs")
 
 
-def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0, transpose=False):
+def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0, transpose=False,
+                hint=None):
     """transpose=True: the unit also instantiates transpose_expr(op, ti, to), used when the problem is a
-    batched 2-D transpose (NCHW <-> NHWC and the like)."""
+    batched 2-D transpose (NCHW <-> NHWC and the like). hint: as in map_exprs."""
     ndim, sizes, strides, dense = plan(out_desc.dims, out_desc.strides,
                                        tuple((d.dims, d.strides) for d in in_descs))
     order = transpose_order(ndim, strides) if (transpose and not dense) else None
@@ -124,11 +148,11 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
         for k, st in enumerate(strides):
             p.stride[k][d] = st[d]
     pr.argv = driver.kernel_args(p)
-    pr.block = (THREADS, 1, 1)
+    pr.block = pr.vec_block = (THREADS, 1, 1)  # the vector kernel's block differs when dense (below)
     pr.base_flags = flags
     pr.ninputs = len(in_descs)
     pr.need = (out_desc.span_bytes(),) + tuple(d.span_bytes() for d in in_descs)
-    vec_e, scal_e, strided_e = map_exprs(op, ti, to)
+    vec_e, scal_e, strided_e = map_exprs(op, ti, to, hint)
     if order is not None:
         batch = 1
         for sz in sizes[:-2]:
@@ -138,12 +162,13 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
         tiles = batch * -(-sizes[-2] // t1) * -(-sizes[-1] // TILE)
         pr.vec_func = pr.scalar_func = handle.function(unit, transpose_expr(op, ti, to))
         pr.vec_grid = pr.scalar_grid = (tiles, 1, 1)
-        pr.block = (32, 8, 1)
+        pr.block = pr.vec_block = (32, 8, 1)
         pr.in_masks = pr.out_mask = 0
     elif dense:
-        vec = vec_width(ti, to)
+        vec, threads, unroll = contig_geometry(ti, to)
         pr.vec_func = handle.function(unit, vec_e)
-        pr.vec_grid = (max(1, -(-n // (THREADS * UNROLL * vec))), 1, 1)
+        pr.vec_grid = (max(1, -(-(n // vec) // (threads * unroll))), 1, 1)  # one tile per block
+        pr.vec_block = (threads, 1, 1)
         pr.scalar_func = handle.function(unit, scal_e)
         pr.scalar_grid = (max(1, -(-n // (THREADS * UNROLL))), 1, 1)
         pr.in_masks = vec * _SIZES[ti] - 1
@@ -166,7 +191,7 @@ def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
     p.alpha, p.beta, p.alpha2 = alpha, beta, alpha2
     p.flags = pr.base_flags | (FLAG_BETA if beta != 0 else 0)
     if (mask & pr.in_masks) == 0 and (out_ptr & pr.out_mask) == 0:
-        driver.launch_args(pr.vec_func, pr.vec_grid, pr.block, 0, handle.cu_stream, pr.argv)
+        driver.launch_args(pr.vec_func, pr.vec_grid, pr.vec_block, 0, handle.cu_stream, pr.argv)
     else:
         driver.launch_args(pr.scalar_func, pr.scalar_grid, pr.block, 0, handle.cu_stream, pr.argv)
 

@@ -27,6 +27,15 @@ OPS = {
 }
 
 
+# Modes whose kernels keep the plain cache policy (map_contig HINT 0): erf-based GELU measured ~1-2% slower
+# with evict-first streaming accesses on the H200 (tools/PERF.md, "Element-wise"); the others stream.
+PLAIN_ACCESS = (E.PYDNN_ACTIVATION_GELU_ERF,)
+
+
+def _hint(mode):
+    return 0 if mode in PLAIN_ACCESS else None
+
+
 def _op(mode, backward, tag):
     """The functor for a mode and direction; 16-bit types take the <true> (fast-math) instantiation,
     whose few-ulp float32 error is far below their own rounding (see ptx/activation.cu)."""
@@ -38,7 +47,8 @@ def kernel_units():
     for t in FLOAT_TAGS:
         exprs = []
         for mode in OPS:
-            exprs += ew.map_exprs(_op(mode, 0, t), t) + ew.map_exprs(_op(mode, 1, t), t)
+            exprs += ew.map_exprs(_op(mode, 0, t), t, hint=_hint(mode))
+            exprs += ew.map_exprs(_op(mode, 1, t), t, hint=_hint(mode))
         units.append(KernelUnit(f"activation.{t}", "activation.cu", tuple(exprs)))
     return units
 
@@ -145,7 +155,7 @@ def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, 
         device_ptr(y, "y", y_desc.span_bytes())
         t = TAG[x_desc.dtype]
         rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 0, t), t, t, y_desc, (x_desc,),
-                             flags=_flags(a), coef=a.coef, coef2=a.swish_beta)
+                             flags=_flags(a), coef=a.coef, coef2=a.swish_beta, hint=_hint(a.mode))
         if key is not None:
             handle.remember(key, rec)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
@@ -170,7 +180,8 @@ def activation_backward(handle, activation_desc, alpha, y_desc, y, dy_desc, dy, 
             device_ptr(buf, n, d.span_bytes())
         t = TAG[y_desc.dtype]
         rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 1, t), t, t, dx_desc,
-                             (dy_desc, y_desc, x_desc), flags=_flags(a), coef=a.coef, coef2=a.swish_beta)
+                             (dy_desc, y_desc, x_desc), flags=_flags(a), coef=a.coef, coef2=a.swish_beta,
+                             hint=_hint(a.mode))
         if key is not None:
             handle.remember(key, rec)
     al, be = scalar("alpha", alpha), scalar("beta", beta)

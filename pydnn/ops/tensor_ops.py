@@ -346,7 +346,7 @@ def _prepare_transform(handle, op, ti, to, x_desc, y_desc):
         p.stride[0][d] = out_s[d]
         p.stride[1][d] = in_s[d]
     pr.argv = driver.kernel_args(p)
-    pr.block = (32, 8, 1)
+    pr.block = pr.vec_block = (32, 8, 1)
     pr.base_flags = 0
     pr.ninputs = 1
     pr.need = (y_desc.span_bytes(), x_desc.span_bytes())
