@@ -13,6 +13,10 @@
 //              group, one-shot blocks, exact statistics from registers (see its comment below).
 //   bwd_rows   backward of the same rows: persistent, a ring of DEPTH rows of x / dy in registers, one
 //              reduction per row, dscale / dbias partials in registers (see its comment below).
+//   bwd_ring   bwd_rows with the ring in shared memory (cp.async), deeper and without the register cost.
+//   gn_fwd, gn_bwd   group norm with channels innermost (NHWC): a cluster of 8 blocks per (sample, GC
+//              groups), each block's positions x channels tile in shared memory between the statistics
+//              (reduced over the cluster) and the output, so x (and dy) are read once.
 //   gen_fwd, gen_bwd   any layout (up to 8 element dims, any strides): one block per set, coordinates per
 //              element, statistics in a first pass over memory, the output in a second.
 //   finish     backward: dscale / dbias = alpha2 * (sum of the per-block partials) + beta2 * old.
@@ -1638,6 +1642,466 @@ __global__ void __launch_bounds__(kGenThreads) gen_bwd(const NormParams p) {
     }
   }
 }
+
+// ------------------------------------------------------------------ backward, rows, cp.async ring
+
+// bwd_ring: bwd_rows with its ring of x / dy rows in shared memory (cp.async) instead of registers: the
+// registers the ring held go to scale and the dscale / dbias partials, and the ring can be deeper (DEPTH
+// rows of both operands per group, all in flight but the one being processed). Row order, reduction,
+// output and workspace slots as bwd_rows. Ring layout [depth][operand][item][thread], then the rows'
+// mean / invstd [depth][2][thread] (4-byte copies): each thread copies and reads only its own slots, so
+// the ring needs no barrier; a slot is refilled with the row DEPTH steps ahead as soon as its row is in
+// registers. One commit group per row (empty past the end: the count stays uniform).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0)
+               : "memory");
+}
+
+template <class T, int VEC, int ITEMS, int DEPTH>
+__global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  __shared__ __align__(16) float sm[2][32][2];
+  extern __shared__ U4 ring[];  // [DEPTH][2][ITEMS][blockDim], then float [DEPTH][2][blockDim]
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int spb = (int)(blockDim.x / G);
+  const i64 step = (i64)gridDim.x * spb;
+  const int nvec = (int)p.len / VEC;
+  const i64 np = p.nparams;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float inv_len = 1.0f / (float)p.len;
+  const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], so = p.set_stride[1][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
+  const T* xb = (const T*)p.x;
+  const T* db = (const T*)p.dy;
+  T* ob = (T*)p.out;
+  float* rstat = reinterpret_cast<float*>(ring + DEPTH * 2 * ITEMS * blockDim.x);
+
+  float sc[ITEMS][VEC], acc_s[ITEMS][VEC], acc_b[ITEMS][VEC];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sc[k][j] = acc_s[k][j] = acc_b[k][j] = 0.0f;
+    if (lane + k * G < nvec) rows_params<VEC>(p.scale, (lane + k * G) * VEC, pvec, sc[k]);
+  }
+  auto issue = [&](int b, i64 row) {
+    const bool live = row < p.sets;
+    const i64 r = live ? row : 0;
+    U4* dst = ring + b * 2 * ITEMS * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G;
+      const bool on = live && vi < nvec;
+      cp_async16(dst + k * blockDim.x, xb + r * sx + (on ? vi * VEC : 0), on);
+      cp_async16(dst + (ITEMS + k) * blockDim.x, db + r * sd + (on ? vi * VEC : 0), on);
+    }
+    float* st = rstat + b * 2 * blockDim.x + threadIdx.x;
+    cp_async4(st, rms ? (const float*)p.invstd : p.mean + r * ss, live && !rms);
+    cp_async4(st + blockDim.x, p.invstd + r * ss, live);
+    cp_async_commit();
+  };
+
+  const i64 first = (i64)blockIdx.x * spb;
+#pragma unroll
+  for (int b = 0; b < DEPTH; ++b) issue(b, first + sub + b * step);
+  int it = 0, slot = 0;
+  for (i64 base = first; base < p.sets; base += step) {
+    const i64 row = base + sub;
+    cp_async_wait<DEPTH - 1>();  // this slot's group is the oldest
+    F vx[ITEMS], vd[ITEMS];
+    {
+      const U4* src = ring + slot * 2 * ITEMS * blockDim.x + threadIdx.x;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        U4 q = src[k * blockDim.x];
+        vx[k].w[0] = q.x; vx[k].w[1] = q.y; vx[k].w[2] = q.z; vx[k].w[3] = q.w;
+        q = src[(ITEMS + k) * blockDim.x];
+        vd[k].w[0] = q.x; vd[k].w[1] = q.y; vd[k].w[2] = q.z; vd[k].w[3] = q.w;
+      }
+    }
+    const float mean = rstat[slot * 2 * blockDim.x + threadIdx.x];
+    const float inv = rstat[(slot * 2 + 1) * blockDim.x + threadIdx.x];
+    issue(slot, row + DEPTH * step);
+    slot = slot == DEPTH - 1 ? 0 : slot + 1;
+    float r[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      float a[VEC], d[VEC];
+      rows_get<T, VEC>(vx[k], a);
+      rows_get<T, VEC>(vd[k], d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {  // dead rows and lanes: zeros (inv = 0), they add nothing
+        const float xh = (a[j] - mean) * inv, g = d[j] * sc[k][j];
+        r[0] += g;
+        r[1] = fmaf(g, xh, r[1]);
+        acc_s[k][j] = fmaf(d[j], xh, acc_s[k][j]);
+        acc_b[k][j] += d[j];
+      }
+    }
+    rows_sum<2>(r, G, sm[it & 1]);
+    ++it;
+    const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
+    if (row < p.sets) {
+      T* o = ob + row * so;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int vi = lane + k * G;
+        if (vi >= nvec) continue;
+        float a[VEC], d[VEC];
+        rows_get<T, VEC>(vx[k], a);
+        rows_get<T, VEC>(vd[k], d);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[j] = ai * (d[j] * sc[k][j] - m1 - (a[j] - mean) * inv * m2);
+        if (blend) {
+          F old;
+          old.load(o + vi * VEC);
+          old.get(d);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
+        }
+        F out;
+        out.set(a);
+        out.store(o + vi * VEC);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  float* ws_s = p.ws + ((i64)blockIdx.x * spb + sub) * 2 * np;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + k * G;
+    if (vi < nvec)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        ws_s[vi * VEC + j] = acc_s[k][j];
+        ws_s[np + vi * VEC + j] = acc_b[k][j];
+      }
+  }
+}
+
+// ------------------------------------------------------------------ group norm, channels innermost (NHWC)
+
+// gn_fwd: the forward of group norm when a sample's channels are contiguous at each spatial position
+// (NHWC, channels_last). A set (n, g) is cg channels x P positions, 32 B of every 1 KB row on the
+// benchmark's 32 x 512 x 64 x 64; read set by set it costs scattered 32-byte accesses, and a set (128 KiB)
+// is too large for one SM's registers. Here a cluster of 8 blocks owns a UNIT: one sample's GC
+// consecutive groups (UC = GC * cg contiguous channels per position) over all P positions; block `rank`
+// takes positions [rank * ppb, (rank + 1) * ppb) and copies its tile (ppb x UC elements, <= ~64 KiB) into
+// shared memory with cp.async, all copies in flight at once. x is read from memory exactly once: the
+// statistics are two passes over shared memory (sum, then the centred sum of squares: exact two-pass
+// variance, any dtype), each reduced over the cluster through distributed shared memory; then y is
+// written from the tile. Each thread always holds the same 16-byte channel vector (cv = tid % VPP, VPP =
+// UC / VEC a power of two dividing 32), so its scale / bias sit in registers and its group is fixed, and
+// it reads back only the tile slots it copied itself. One unit per cluster (persistent clusters walking
+// units with a double-buffered tile measured 37% of copy against 65%: see tools/bench_normalization.py).
+// Params: set_size[0] = N, set_size[1] = G; set_stride[k][0] / [1] (k = x, y, dy, stats): sample / group
+// strides (x, y, dy group strides are cg); el_size[0] = P, el_stride[k][0]: position strides; el_size[1] =
+// cg; group = GC. Grid: N * G / GC clusters of 8 blocks; dynamic shared memory: the tile (the backward:
+// the x tile, then the dy tile).
+constexpr int kGnReduceWarps = 32;
+
+// Sums of each thread's NV values over the cluster, per group of the unit: v becomes the totals of this
+// thread's group (every thread of a group gets the same bits; the order is fixed). red: [32][32][NV],
+// cvs / tot: [32][NV], slot: [32][NV] (this reduction's own buffer: other blocks read it after the cluster
+// barrier, so it is not written again).
+template <int NV>
+__device__ __forceinline__ void gn_cluster_sum(float (&v)[NV], int VPP, int cpg, int GC, float (*red)[32][NV],
+                                               float (*cvs)[NV], float (*slot)[NV], float (*tot)[NV]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int m = 16; m >= VPP; m >>= 1)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], m);
+  if (lane < VPP)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) red[warp][lane][i] = v[i];
+  __syncthreads();
+  if ((int)threadIdx.x < VPP) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float s = red[0][threadIdx.x][i];
+      for (int w = 1; w < nw; ++w) s += red[w][threadIdx.x][i];
+      cvs[threadIdx.x][i] = s;
+    }
+  }
+  __syncthreads();
+  if ((int)threadIdx.x < GC) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float s = cvs[threadIdx.x * cpg][i];
+      for (int c = 1; c < cpg; ++c) s += cvs[threadIdx.x * cpg + c][i];
+      slot[threadIdx.x][i] = s;
+    }
+  }
+  cluster_sync();
+  if ((int)threadIdx.x < GC) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float s = ld_dsmem(&slot[threadIdx.x][i], 0);
+#pragma unroll
+      for (int k = 1; k < kCluster; ++k) s += ld_dsmem(&slot[threadIdx.x][i], k);
+      tot[threadIdx.x][i] = s;
+    }
+  }
+  __syncthreads();
+  const int gi = ((int)threadIdx.x & (VPP - 1)) / cpg;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) v[i] = tot[gi][i];
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// A unit's place (see gn_fwd): sample n, first group g0, this block's rank, first position p0 and
+// positions npos, the thread's channel vector cv (VPP of them per position) and log2(VPP).
+struct GnAt {
+  int GC, cg, cpg, VPP, rank, p0, npos, nv, cv, sh;
+  i64 n, g0;
+  __device__ __forceinline__ GnAt(const NormParams& p, int VEC) {
+    GC = p.group;
+    cg = (int)p.el_size[1];
+    cpg = cg / VEC;
+    VPP = GC * cpg;
+    const i64 units_per_n = p.set_size[1] / GC, unit = (i64)(blockIdx.x / kCluster);
+    rank = (int)cluster_rank();
+    n = unit / units_per_n;
+    g0 = (unit - n * units_per_n) * GC;
+    const int P = (int)p.el_size[0], ppb = (P + kCluster - 1) / kCluster;
+    p0 = rank * ppb;
+    npos = max(0, min(ppb, P - p0));
+    nv = npos * VPP;
+    cv = (int)threadIdx.x & (VPP - 1);
+    sh = __ffs(VPP) - 1;
+  }
+  // this thread's first vector of operand k (0 x, 1 out, 2 dy) in the tile's first position
+  template <class T> __device__ __forceinline__ T* base(const NormParams& p, const void* b, int k, int VEC) const {
+    return (T*)b + n * p.set_stride[k][0] + g0 * p.set_stride[k][1] + (i64)p0 * p.el_stride[k][0] + cv * VEC;
+  }
+};
+
+template <class T, int VEC> __device__ __forceinline__ void tile_get(const U4* tile, int v, float* a) {
+  Frag<T, VEC> f;
+  const U4 q = tile[v];
+  f.w[0] = q.x; f.w[1] = q.y; f.w[2] = q.z; f.w[3] = q.w;
+  f.get(a);
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void gn_fwd_body(const NormParams& p) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ float red[kGnReduceWarps][32][1];
+  __shared__ float cvs[32][1], slot[2][32][1], tot[2][32][1];
+  extern __shared__ U4 tile[];
+  const GnAt u(p, VEC);
+  const T* xb = u.base<const T>(p, p.x, 0, VEC);
+  const i64 sxp = p.el_stride[0][0];
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) cp_async16(tile + v, xb + (i64)(v >> u.sh) * sxp, true);
+  cp_async_commit();
+  // this thread's channels: scale / bias in registers while the copies fly
+  const i64 c0 = u.g0 * u.cg + u.cv * VEC;
+  float sc[VEC], bi[VEC];
+  load_params<VEC>(p.scale, c0, 1, sc);
+  if (p.bias) load_params<VEC>(p.bias, c0, 1, bi);
+  else
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bi[j] = 0.0f;
+  cp_async_wait<0>();
+  const float len = (float)p.len;
+  float s[1] = {0.0f};
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) {
+    float a[VEC];
+    tile_get<T, VEC>(tile, v, a);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s[0] += a[j];
+  }
+  gn_cluster_sum<1>(s, u.VPP, u.cpg, u.GC, red, cvs, slot[0], tot[0]);
+  const float mean = s[0] / len;  // one rounding: a constant set's mean is exact
+  s[0] = 0.0f;
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) {
+    float a[VEC];
+    tile_get<T, VEC>(tile, v, a);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s[0] = fmaf(a[j] - mean, a[j] - mean, s[0]);
+  }
+  // (red / cvs are free again: the first reduction's last barrier follows their last reads)
+  gn_cluster_sum<1>(s, u.VPP, u.cpg, u.GC, red, cvs, slot[1], tot[1]);
+  cluster_arrive();  // done reading the others' slots; wait before exiting (they may still read ours)
+  const float inv = 1.0f / sqrtf(fmaxf(s[0] / len, 0.0f) + (float)p.eps);
+  if (u.rank == 0 && (int)threadIdx.x < u.VPP && u.cv % u.cpg == 0 && (p.flags & PYDNN_NORM_FLAG_STATS)) {
+    const i64 so = u.n * p.set_stride[3][0] + (u.g0 + u.cv / u.cpg) * p.set_stride[3][1];
+    if (p.mean) p.mean[so] = mean;
+    if (p.invstd) p.invstd[so] = inv;
+  }
+  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, c1 = (float)p.coef, c2 = (float)p.coef2;
+  float k1[VEC];  // z = (x - mean) * k1 + bias (not x * k1 + k0: no cancellation when |mean| >> std)
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) k1[j] = inv * sc[j];
+  T* yb = u.base<T>(p, p.out, 1, VEC);
+  const i64 syp = p.el_stride[1][0];
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) {
+    float a[VEC];
+    tile_get<T, VEC>(tile, v, a);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      float z = fmaf(a[j] - mean, k1[j], bi[j]);
+      if (p.act) z = act_f<FAST>(p.act, z, c1, c2);
+      a[j] = alpha * z;
+    }
+    T* dst = yb + (i64)(v >> u.sh) * syp;
+    if (blend) {
+      F old;
+      old.load(dst);
+      float b[VEC];
+      old.get(b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) a[j] += beta * b[j];
+    }
+    F f;
+    f.set(a);
+    f.store(dst);
+  }
+  cluster_wait();
+}
+
+// gn_bwd: the backward on gn_fwd's units and tiles: x and dy of the block's positions copied into shared
+// memory (the two tiles back to back), then per group (sum dxhat, sum dxhat * xhat) with dxhat = dz *
+// scale, dz = dy * act'(z), reduced over the cluster in one pass; dx written from the tiles. dscale /
+// dbias: each thread sums dz * xhat and dz of its channel vector over its positions, the warps' lanes of
+// one channel vector are added by shuffles and the warps by shared-memory atomics, and the block writes
+// its unit's UC channels of workspace slot (n * 8 + rank): the G / GC units of a sample cover every
+// channel of its 8 slots once (`finish` adds the N * 8 slots).
+template <class T, int VEC>
+__device__ __forceinline__ void gn_bwd_body(const NormParams& p) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  __shared__ float red[kGnReduceWarps][32][2];
+  __shared__ float cvs[32][2], slot[32][2], tot[32][2];
+  __shared__ float psum[2][32 * 8];  // dscale / dbias of the unit's channels (UC <= 32 vectors of <= 8)
+  extern __shared__ U4 tile[];       // x: [nvmax], then dy
+  const GnAt u(p, VEC);
+  const int nvmax = (int)(((p.el_size[0] + kCluster - 1) / kCluster) * u.VPP);
+  U4* tx = tile;
+  U4* td = tile + nvmax;
+  const T* xb = u.base<const T>(p, p.x, 0, VEC);
+  const T* db = u.base<const T>(p, p.dy, 2, VEC);
+  const i64 sxp = p.el_stride[0][0], sdp = p.el_stride[2][0];
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) {
+    cp_async16(tx + v, xb + (i64)(v >> u.sh) * sxp, true);
+    cp_async16(td + v, db + (i64)(v >> u.sh) * sdp, true);
+  }
+  cp_async_commit();
+  const int UC = u.VPP * VEC;
+  for (int c = threadIdx.x; c < UC; c += blockDim.x) psum[0][c] = psum[1][c] = 0.0f;
+  const i64 c0 = u.g0 * u.cg + u.cv * VEC;
+  float sc[VEC], bi[VEC];
+  load_params<VEC>(p.scale, c0, 1, sc);
+  const bool act_bias = p.act && p.bias;
+  if (act_bias) load_params<VEC>(p.bias, c0, 1, bi);
+  else
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bi[j] = 0.0f;
+  const i64 so = u.n * p.set_stride[3][0] + (u.g0 + u.cv / u.cpg) * p.set_stride[3][1];
+  const float mean = (p.flags & PYDNN_NORM_FLAG_RMS) ? 0.0f : p.mean[so], inv = p.invstd[so];
+  const float c1 = (float)p.coef, c2 = (float)p.coef2;
+  cp_async_wait<0>();
+  float r[2] = {0.0f, 0.0f}, as[VEC], ab[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) as[j] = ab[j] = 0.0f;
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) {
+    float a[VEC], d[VEC];
+    tile_get<T, VEC>(tx, v, a);
+    tile_get<T, VEC>(td, v, d);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float xh = (a[j] - mean) * inv;
+      if (p.act) d[j] *= act_d<FAST>(p.act, xh * sc[j] + bi[j], c1, c2);
+      const float g = d[j] * sc[j];
+      r[0] += g;
+      r[1] = fmaf(g, xh, r[1]);
+      as[j] = fmaf(d[j], xh, as[j]);
+      ab[j] += d[j];
+    }
+  }
+  gn_cluster_sum<2>(r, u.VPP, u.cpg, u.GC, red, cvs, slot, tot);
+  cluster_arrive();
+  // parameter partials: lanes of one channel vector (lane ^ m, m >= VPP), then the warps (psum was
+  // cleared before the reduction's barriers)
+  for (int m = 16; m >= u.VPP; m >>= 1)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      as[j] += __shfl_xor_sync(0xffffffffu, as[j], m);
+      ab[j] += __shfl_xor_sync(0xffffffffu, ab[j], m);
+    }
+  if ((threadIdx.x & 31) < (unsigned)u.VPP)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      atomicAdd(&psum[0][u.cv * VEC + j], as[j]);
+      atomicAdd(&psum[1][u.cv * VEC + j], ab[j]);
+    }
+  const float len = (float)p.len;
+  const float m1 = (p.flags & PYDNN_NORM_FLAG_RMS) ? 0.0f : r[0] / len, m2 = r[1] / len;
+  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, ai = alpha * inv;
+  T* ob = u.base<T>(p, p.out, 1, VEC);
+  const i64 sop = p.el_stride[1][0];
+  for (int v = threadIdx.x; v < u.nv; v += blockDim.x) {
+    float a[VEC], d[VEC];
+    tile_get<T, VEC>(tx, v, a);
+    tile_get<T, VEC>(td, v, d);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float xh = (a[j] - mean) * inv;
+      if (p.act) d[j] *= act_d<FAST>(p.act, xh * sc[j] + bi[j], c1, c2);
+      a[j] = ai * (d[j] * sc[j] - m1 - xh * m2);
+    }
+    T* dst = ob + (i64)(v >> u.sh) * sop;
+    if (blend) {
+      F old;
+      old.load(dst);
+      old.get(d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
+    }
+    F f;
+    f.set(a);
+    f.store(dst);
+  }
+  __syncthreads();  // psum complete
+  const i64 np = p.nparams;
+  float* ws = p.ws + (u.n * kCluster + u.rank) * 2 * np + u.g0 * u.cg;
+  for (int c = threadIdx.x; c < UC; c += blockDim.x) {
+    ws[c] = psum[0][c];
+    ws[np + c] = psum[1][c];
+  }
+  cluster_wait();
+}
+
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) gn_fwd(const NormParams p) {
+  gn_fwd_body<T, VEC>(p);
+}
+template <class T, int VEC>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) gn_bwd(const NormParams p) {
+  gn_bwd_body<T, VEC>(p);
+}
+#else
+template <class T, int VEC>
+__global__ void gn_fwd(const NormParams) { __trap(); }  // the host never picks it before sm_90
+template <class T, int VEC>
+__global__ void gn_bwd(const NormParams) { __trap(); }
+#endif
 
 }  // namespace norm
 }  // namespace pydnn

@@ -302,17 +302,25 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     alts, _ = _summary(_nd(LAYER), _desc((4, 65536), BF16))
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
     monkeypatch.setattr(N, "BWD_ROWS", False)
+    monkeypatch.setattr(N, "BWD_RING", False)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     # backward without BWD_ROWS: the staged kernel, 2 blocks of 256 per SM (128 registers), evened out: 261
     # blocks of 63 rows (the last fewer)
     assert alts[0][0] == "bwd vec=8 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
-    # with BWD_ROWS (the default): bwd_rows (v4), 2 blocks per SM evened out: 261 blocks of 63 rows
+    # with BWD_ROWS (and BWD_RING off): bwd_rows (v4), 2 blocks per SM evened out: 261 blocks of 63 rows
     monkeypatch.setattr(N, "BWD_ROWS", True)
+    monkeypatch.setattr(N, "BWD_RING", False)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     items, depth = N.BWD_ROWS_PICK["bf16"]
     g = 512 // items
     assert alts[0][0] == f"bwd_rows vec=8 G={g} block={g} items={items} depth={depth} grid=261"
+    assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
+    # the default (v6): bwd_ring, 2 blocks of 256 per SM (128 registers), the same 261 slots
+    monkeypatch.setattr(N, "BWD_RING", True)
+    alts, ws = _summary(_nd(RMS), ln, backward=True)
+    items, depth = N.BWD_RING_PICK["bf16"]
+    assert alts[0][0] == f"bwd_ring vec=8 G=256 block=256 items={items} depth={depth} grid=261"
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
     alts, ws = _summary(_nd(RMS), _desc((16384, 4096), F32), backward=True)
     # fp32: the staged kernel, 2 blocks of 256 per SM (128 registers), evened out: 261 blocks of 63 rows
@@ -322,7 +330,19 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     assert "staged" in alts[0][0]  # an activation: not bwd_rows
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
     alts, _ = _summary(_nd(GROUP, 32), gn)
+    # v6: gn_fwd, 4 groups (64 channels, 128 B per position) per cluster, 64 KiB tiles of 512 positions
+    assert alts[0] == ["gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048"]
+    monkeypatch.setattr(N, "GN_FWD", False)
+    alts, _ = _summary(_nd(GROUP, 32), gn)
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
+    monkeypatch.setattr(N, "GN_FWD", True)
+    alts, _ = _summary(_nd(GROUP, 32), _desc((32, 512, 64, 64), BF16))
+    assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]  # NCHW: not gn_fwd
+    # v6: gn_bwd, 2 groups per cluster (x and dy tiles of 32 KiB), N * 8 workspace slots
+    alts, ws = _summary(_nd(GROUP, 32), gn, backward=True)
+    assert alts[0] == ["gn_bwd vec=8 GC=2 block=256 tile=65536 grid=4096", "finish slots=256"]
+    assert ws == 256 * 2 * 512 * 4
+    monkeypatch.setattr(N, "GN_BWD", False)
     alts, _ = _summary(_nd(GROUP, 32), gn, backward=True)  # too large for the staged kernels: register tiles
     assert "bwd vec=8 G=4096 block=512 cluster=8 preg=False plane=True" in alts[0][0]
     alts, _ = _summary(_nd(GROUP, 32), _desc((32, 512, 64, 64), BF16), backward=True)
@@ -336,6 +356,7 @@ def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
     monkeypatch.setattr(N, "STAGED_FWD", True)
     monkeypatch.setattr(N, "ROWS_FWD", False)
+    monkeypatch.setattr(N, "GN_FWD", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), BF16))
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1 staged grid=1024"]  # 8 blocks per SM, 16 rows each
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
@@ -481,6 +502,44 @@ def _emulate_bwd_rows(p, lc, operand, pl):
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
+def _emulate_gn(p, lc, operand, pl):
+    """gn_fwd / gn_bwd: cluster u = block // 8 owns unit u: sample n = u // (G / GC), groups g0 = (u % (G /
+    GC)) * GC .. + GC - 1; block rank r takes positions [r * ppb, (r + 1) * ppb); tile vector v (thread v %
+    block) is position v // VPP, channel vector cv = v % VPP (fixed per thread: block % VPP == 0), at
+    n * sN + g0 * sG + pos * sP + cv * vec; its parameters g0 * cg + cv * vec + j; rank 0 writes the unit's
+    GC statistics. Shared memory: the tile of each operand (the backward: x, then dy)."""
+    vec = int(lc.expr.split(",")[1].rstrip(">"))
+    GC, G, N_ = p.group, p.set_size[1], p.set_size[0]
+    P, cg = p.el_size[0], p.el_size[1]
+    VPP = GC * cg // vec
+    assert p.set_ndim == 2 and p.el_ndim == 2 and 32 % VPP == 0 and lc.block[0] % VPP == 0 and lc.block[0] % 32 == 0
+    assert p.set_stride[0][1] == p.set_stride[1][1] == cg or G == 1
+    ppb = -(-P // 8)
+    nops = 2 if "gn_bwd" in lc.expr else 1
+    assert lc.smem >= nops * ppb * VPP * 16 and lc.smem <= N.SMEM_BLOCK_MAX and lc.grid[0] == N_ * (G // GC) * 8
+    assert p.group * cg <= 32 * 8  # the backward's psum
+    if nops == 2:  # workspace slot n * 8 + rank: the units of a sample cover each channel of it once
+        cover = np.zeros((N_ * 8, G * cg), np.int64)
+        for u in range(lc.grid[0] // 8):
+            n, g0 = u // (G // GC), (u % (G // GC)) * GC
+            cover[n * 8:n * 8 + 8, g0 * cg:(g0 + GC) * cg] += 1
+        assert (cover == 1).all() and pl.workspace >= N_ * 8 * 2 * G * cg * 4
+    addr, sets, pars, stats = [], [], [], []
+    for u in range(lc.grid[0] // 8):
+        n, g0 = u // (G // GC), (u % (G // GC)) * GC
+        stats += [n * p.set_stride[3][0] + (g0 + i) * p.set_stride[3][1] for i in range(GC)]
+        for r in range(8):
+            npos = max(0, min(ppb, P - r * ppb))
+            v = np.arange(npos * VPP)
+            pos, cv = r * ppb + v // VPP, v % VPP
+            for j in range(vec):
+                addr.append(n * p.set_stride[operand][0] + g0 * p.set_stride[operand][1] +
+                            pos * p.el_stride[operand][0] + cv * vec + j)
+                pars.append(g0 * cg + cv * vec + j)
+                sets.append(n * G + g0 + (cv * vec + j) // cg)
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
 def _emulate_gen(p, operand):
     e = np.arange(p.len)
     off = np.zeros(p.len, np.int64)
@@ -513,7 +572,11 @@ LAYOUTS = [  # kind, groups, normalized dims, dims, strides of x / out / dy (Non
     (GROUP, 4, 1, (3, 8, 5, 4), None, None),             # NCHW groups
     (GROUP, 4, 1, (3, 16, 5, 4), "nhwc", "nhwc"),        # NHWC groups (PLANE)
     (GROUP, 2, 1, (2, 12, 6, 5), "nhwc", None),          # NHWC x, NCHW y
-    (GROUP, 32, 1, (2, 512, 12, 12), "nhwc", "nhwc"),    # cluster NHWC
+    (GROUP, 32, 1, (2, 512, 12, 12), "nhwc", "nhwc"),    # gn_fwd (GC 1), cluster NHWC backward
+    (GROUP, 8, 1, (3, 256, 9, 7), "nhwc", "nhwc"),       # gn_fwd: GC 2 (16-bit) / 1, positions not a multiple of 8
+    (GROUP, 4, 1, (2, 64, 3, 1), "nhwc", "nhwc"),        # gn_fwd: 3 positions, ranks 3..7 empty
+    (GROUP, 2, 1, (5, 32, 1, 1), "nhwc", "nhwc"),        # gn_fwd: one position (channels only)
+    (GROUP, 1, 1, (2, 16, 5, 5), "nhwc", "nhwc"),        # gn_fwd: one group
     (GROUP, 8, 1, (2, 64, 24, 24), None, None),          # cluster NCHW
     (GROUP, 2, 1, (2, 64, 16, 16), "nhwc", "nhwc"),      # staged cluster backward
     (LAYER, 0, 1, (9, 8192), None, None),                # staged cluster backward, PREG
@@ -534,9 +597,11 @@ def _layout_desc(dims, layout, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("direction", ["forward", "forward staged", "backward", "backward staged"] +
+@pytest.mark.parametrize("direction", ["forward", "forward staged", "forward gn wide", "backward", "backward staged",
+                                       "backward gn wide"] +
                          [f"forward rows {i}" for i in range(max(len(c) for c in N.ROWS_CONFIGS.values()))] +
-                         [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))])
+                         [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))] +
+                         [f"backward ring {i}" for i in range(max(len(c) for c in N.BWD_RING_CONFIGS.values()))])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
@@ -544,6 +609,17 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     backward = direction.startswith("backward")
     monkeypatch.setattr(N, "STAGED_FWD", direction == "forward staged")
     monkeypatch.setattr(N, "BWD_ROWS", direction != "backward staged")
+    monkeypatch.setattr(N, "GN_FWD", direction != "forward staged")
+    monkeypatch.setattr(N, "GN_BWD", direction in ("backward", "forward", "backward gn wide"))
+    monkeypatch.setattr(N, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
+    if direction.startswith("backward ring"):
+        configs = N.BWD_RING_CONFIGS[4 if dtype == F32 else 2]
+        i = int(direction.split()[-1])
+        if i >= len(configs):
+            pytest.skip("no such bwd_ring config for this element size")
+        monkeypatch.setitem(N.BWD_RING_PICK, "bf16", configs[i])
+    if direction.endswith("gn wide"):  # gn_fwd / gn_bwd's largest GC that fits, not the one that fills the GPU
+        monkeypatch.setattr(N, "GN_FILL", 0)
     if direction.startswith("backward rows"):
         configs = N.BWD_ROWS_CONFIGS[4 if dtype == F32 else 2]
         i = int(direction.split()[-1])
@@ -575,7 +651,9 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
-                elif kname == "bwd_rows":
+                elif kname in ("gn_fwd", "gn_bwd"):
+                    addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
+                elif kname in ("bwd_rows", "bwd_ring"):
                     addr, sset, spar, stats = _emulate_bwd_rows(p, lc, operand, pl)
                 else:
                     vec = int(lc.expr.split(",")[1])
@@ -637,6 +715,8 @@ def _check_partial_modes(lc, pl):
                     m <<= 1
     staged = "staged" in lc.expr
     items_bytes = 2 * 2 * items * lc.block[0] * 16 if staged else 0  # the two cp.async stages of x and dy
+    if "bwd_ring" in lc.expr:  # its ring: DEPTH stages of x and dy
+        items_bytes = int(lc.expr.split(",")[3].rstrip(">")) * 2 * (items * 16 + 4) * lc.block[0]
     if not p.flags & N.FLAG_PREG:
         assert lc.smem == -(-8 * p.nparams // 16) * 16 * staged + 8 * p.nparams * (not staged) + items_bytes
     else:

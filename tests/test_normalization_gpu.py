@@ -273,6 +273,7 @@ def test_backward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
         pytest.skip("no such bwd_rows config")
     monkeypatch.setitem(N.BWD_ROWS_PICK, tag, configs[cfg])
     monkeypatch.setattr(N, "BWD_ROWS", True)  # off by default until this test has passed
+    monkeypatch.setattr(N, "BWD_RING", False)  # (bwd_ring: test_backward_ring_configs)
     items, depth = configs[cfg]
     extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (5, 40), (48, 1))]
     for kind, k, dims, layout in ROWS_CASES + extra:  # 2001, 1500 rows: each group walks several (the ring wraps)
@@ -281,6 +282,70 @@ def test_backward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
         length = int(np.prod(dims[len(dims) - k:]))
         fits = max(N.MIN_BLOCK, N.next_pow2(-(-length // 8 // items))) <= 512 // items
         assert alts[0][0].startswith("bwd_rows") == fits, alts
+        if fits:
+            assert f"items={items} depth={depth}" in alts[0][0], alts
+        _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)
+        _backward_check(handle, rng, kind, 0, k, dims, layout, dtype, alphas=(0.75, -0.5, 1.5, 0.25), bias=False,
+                        dbias=False)
+
+
+GN_CASES = [  # gn_fwd (v6, NHWC group norm in clusters): groups, dims, layout
+    (32, (2, 512, 12, 12), "nhwc"),
+    (8, (3, 256, 9, 7), "nhwc"),                      # positions not a multiple of 8
+    (4, (2, 64, 3, 1), "nhwc"),                       # 3 positions: blocks 3..7 of each cluster empty
+    (2, (5, 32, 1, 1), "nhwc"),                       # one position
+    (1, (2, 16, 5, 5), "nhwc"),                       # one group
+    (4, (2, 32, 5, 3), (600, 1, 120, 40)),            # padded positions (40 channels apart)
+    (2, (2, 64, 32, 32), "nhwc"),                     # 8 KiB+ tiles, 256-thread blocks
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fill", [2, 0], ids=["fill", "widest"])
+def test_group_norm_nhwc_clusters(handle, rng, monkeypatch, fill, dtype):
+    """gn_fwd / gn_bwd with the GC the planner picks (fill: the most clusters on these small shapes, GC 1)
+    and with the widest GC whose tiles fit (up to 16 groups, 32 channel vectors per position): forward
+    plain, no bias + blended, in place, fused activations, x of mean 1000 (the two-pass variance);
+    backward plain, blended without bias / dbias, with swish."""
+    monkeypatch.setattr(N, "GN_FILL", fill)
+    for groups, dims, layout in GN_CASES:
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(GROUP, groups, 1), x.desc)
+        assert alts[0][0].startswith("gn_fwd"), alts
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype)
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, inplace=True)
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, center=(1000.0, 1.0))
+        for act in ACTS[1:3]:
+            _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, act=act)
+        alts, _ = N.plan_summary(handle, _nd(GROUP, groups, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("gn_bwd"), alts
+        _backward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype)
+        _backward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                        dbias=False)
+        _backward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, act=ACTS[2])
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("cfg", range(max(len(c) for c in N.BWD_RING_CONFIGS.values())))
+def test_backward_ring_configs(handle, rng, monkeypatch, cfg, dtype):
+    """Each compiled bwd_ring (ITEMS, DEPTH) config: plain, blended (dx and the parameter gradients),
+    without dbias; rows walked several per group (the ring wraps); rows too long for its blocks take the
+    staged kernel."""
+    tag = {F16: "f16", BF16: "bf16"}[dtype]
+    configs = N.BWD_RING_CONFIGS[2]
+    if cfg >= len(configs):
+        pytest.skip("no such bwd_ring config")
+    monkeypatch.setitem(N.BWD_RING_PICK, tag, configs[cfg])
+    items, depth = configs[cfg]
+    extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (5, 40), (48, 1)),
+             (LAYER, 1, (1200, 4096), "nchw")]
+    for kind, k, dims, layout in ROWS_CASES + extra:
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, k), x.desc, backward=True)
+        length = int(np.prod(dims[len(dims) - k:]))
+        fits = max(N.MIN_BLOCK, N.next_pow2(-(-length // 8 // items))) <= N.BWD_RING_MAX_BLOCK
+        assert alts[0][0].startswith("bwd_ring") == fits, alts
         if fits:
             assert f"items={items} depth={depth}" in alts[0][0], alts
         _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)

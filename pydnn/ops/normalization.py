@@ -45,7 +45,11 @@ passes over memory). The backward's 16-byte-vector launches take `bwd_staged` / 
 (persistent, the next set's x and dy copied into shared memory with cp.async while the current one is
 processed) when the set fits their 256-thread blocks; see STAGED_FWD / STAGED_BWD. With BWD_ROWS (on since
 its GPU test passed on the H200) the backward of 16-bit contiguous layer / RMS rows without activation takes
-`bwd_rows` (persistent, a register ring of DEPTH rows, one reduction per row; see BWD_ROWS_*).
+`bwd_rows` (persistent, a register ring of DEPTH rows, one reduction per row; see BWD_ROWS_*), and with
+BWD_RING (the default since v6) `bwd_ring`, the same with the ring in shared memory (see BWD_RING_*). Group /
+instance norm with each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on
+sm_90 (a cluster of 8 blocks per sample and GC groups, the tiles held in shared memory between the
+statistics and the output; see GN_*).
 """
 import ctypes
 
@@ -121,6 +125,28 @@ BWD_ROWS = True
 BWD_ROWS_CONFIGS = {2: ((2, 3), (2, 2)), 4: ()}
 BWD_ROWS_PICK = {"f16": (2, 3), "bf16": (2, 3)}
 BWD_ROWS_BLOCKS_PER_SM = 2
+# Backward of the same rows from a cp.async ring (v6, `bwd_ring`): bwd_rows with x / dy of DEPTH rows in
+# shared memory instead of registers. BWD_RING_CONFIGS: (ITEMS, DEPTH) per element size; BWD_RING_PICK: the
+# planner's. __launch_bounds__(256, 2): 128 registers. Measured (v6, bf16 16384 x 4096): (2, 4) 70.5% / 74.4%
+# of copy (LN / RMS), (2, 6) 68.7% / 72.0%, bwd_rows (2, 3) 67.2%; its config test passed on the H200.
+BWD_RING = True
+BWD_RING_CONFIGS = {2: ((2, 4), (2, 6)), 4: ()}
+BWD_RING_PICK = {"f16": (2, 4), "bf16": (2, 4)}
+BWD_RING_REGS = 128
+BWD_RING_MAX_BLOCK = 256
+# Group norm with channels innermost (v6, `gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 blocks
+# per unit (one sample's GC consecutive groups over all positions), each block's tile of positions x
+# GC * cg channels held in shared memory between the statistics and the output (x, and dy, read once).
+# GN_TILE_MAX: the dynamic shared memory per block (the tiles of every operand); GC is the largest divisor
+# of G whose tiles fit and whose units still number GN_FILL blocks per SM (else the smallest GC that fits:
+# the most clusters). GN_THREADS: the block size (at most). Measured on the H200 (bench notes, v6): 64 KiB
+# and 256 threads are the best of the sweep for both directions; persistent clusters walking units with
+# double-buffered tiles measured far slower (37% / 32% of copy against 65% / 56%) and were dropped.
+GN_FWD = True
+GN_TILE_MAX = 64 * 1024
+GN_THREADS = 256
+GN_FILL = 2
+GN_BWD = True                      # gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes)
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
@@ -179,8 +205,16 @@ def _rows_expr(tag, vec, items, rows, one):
     return f"pydnn::norm::fwd_rows<{CTYPE[tag]}, {vec}, {items}, {rows}, {'true' if one else 'false'}>"
 
 
+def _bwd_ring_expr(tag, vec, items, depth):
+    return f"pydnn::norm::bwd_ring<{CTYPE[tag]}, {vec}, {items}, {depth}>"
+
+
 def _bwd_rows_expr(tag, vec, items, depth):
     return f"pydnn::norm::bwd_rows<{CTYPE[tag]}, {vec}, {items}, {depth}>"
+
+
+def _gn_expr(tag, vec, backward=False):
+    return f"pydnn::norm::{'gn_bwd' if backward else 'gn_fwd'}<{CTYPE[tag]}, {vec}>"
 
 
 def _gen_expr(tag, backward):
@@ -195,6 +229,8 @@ def _unit_exprs(tag):
     exprs = [_fwd_expr(tag, v), _fwd_expr(tag, 1), _fwd_expr(tag, v, cluster=True)]
     exprs += [_rows_expr(tag, v, *c) for c in ROWS_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_rows_expr(tag, v, *c) for c in BWD_ROWS_CONFIGS[_SIZES[tag]]]
+    exprs += [_bwd_ring_expr(tag, v, *c) for c in BWD_RING_CONFIGS[_SIZES[tag]]]
+    exprs += [_gn_expr(tag, v), _gn_expr(tag, v, backward=True)]
     for preg in (True, False):
         exprs += [_bwd_expr(tag, v, preg), _bwd_expr(tag, 1, preg), _bwd_expr(tag, v, preg, cluster=True)]
     for c in (False, True):
@@ -591,7 +627,75 @@ def _rows_alt(handle, nd, tag, geo, vec):
                              f"grid={grid}")]
 
 
+def _gn_layout(nd, geo, vec):
+    """Group / instance norm with each group's cg channels contiguous (stride 1) at every position and
+    consecutive groups adjacent (NHWC, channels_last): (N, sample strides, G, group strides, P, position
+    strides, cg), strides as (x, out, dy, stats) / (x, out, dy); or None."""
+    sets, els, n_sets, length, nparams = geo
+    if nd.kind not in (E.PYDNN_NORM_KIND_GROUP, E.PYDNN_NORM_KIND_INSTANCE) or not els:
+        return None
+    cg, cst, cps = els[-1]
+    if cst != (1, 1, 1) or cps != 1 or cg % vec:
+        return None
+    if len(els) == 1:
+        P, pst = 1, (0, 0, 0)
+    elif len(els) == 2 and els[0][2] == 0:
+        P, pst = els[0][0], els[0][1]
+    else:
+        return None
+    G = nparams // cg
+    N_ = n_sets // G
+    nst, gst = (0, 0, 0, 0), (cg, cg, cg, 0)
+    for size, st, ps in sets:
+        if ps == 0 and size == N_:
+            nst = st
+        elif ps == cg and size == G:
+            gst = st
+        elif size != 1:
+            return None
+    if any(s != cg for s in gst[:3]) or any(s % vec for s in nst[:3] + pst[:3]):
+        return None
+    return N_, nst, G, gst, P, pst, cg
+
+
+def _gn_alt(handle, nd, tag, geo, vec, backward=False):
+    """gn_fwd (or gn_bwd with its finish, and the workspace bytes) for NHWC group norm (sm_90
+    clusters), or None. One unit per cluster: tiles of ppb positions x GC * cg channels of each operand
+    (x; x and dy) in at most GN_TILE_MAX bytes of dynamic shared memory."""
+    lay = _gn_layout(nd, geo, vec)
+    if lay is None or _arch_num(handle) < 90:
+        return None
+    N_, nst, G, gst, P, pst, cg = lay
+    ppb, es, nops = cdiv(P, CLUSTER), _SIZES[tag], 2 if backward else 1
+    fits = [gc for gc in range(1, G + 1) if G % gc == 0 and 32 % (gc * cg // vec) == 0
+            and nops * ppb * gc * cg * es <= GN_TILE_MAX]
+    if not fits:
+        return None
+    full = [gc for gc in fits if N_ * (G // gc) * CLUSTER >= GN_FILL * handle.sm_count]
+    gc = max(full) if full else min(fits)
+    smem = max(16, nops * ppb * gc * cg * es)
+    block = min(GN_THREADS, max(32, next_pow2(ppb * gc * cg // vec)))
+    grid = N_ * (G // gc) * CLUSTER
+    if grid > MAX_GRID:
+        return None
+    sets, els, n_sets, length, nparams = geo
+    p = _base_params(nd, [(N_, nst, 0), (G, gst, cg)], [(P, pst, 0), (cg, (1, 1, 1), 1)], n_sets, length, nparams,
+                     backward)
+    p.group = gc
+    name = "gn_bwd" if backward else "gn_fwd"
+    lc = _new_launch(_gn_expr(tag, vec, backward), p, (grid, 1, 1), (block, 1, 1), smem,
+                     desc=f"{name} vec={vec} GC={gc} block={block} tile={smem} grid={grid}")
+    if not backward:
+        return [lc]
+    slots = N_ * CLUSTER
+    return [lc, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
+
+
 def _fwd_alt(handle, nd, tag, geo, vec):
+    if GN_FWD and vec > 1:
+        r = _gn_alt(handle, nd, tag, geo, vec)
+        if r is not None:
+            return r
     if ROWS_FWD and vec > 1:
         r = _rows_alt(handle, nd, tag, geo, vec)
         if r is not None:
@@ -640,8 +744,37 @@ def _bwd_rows_alt(handle, nd, tag, geo, vec):
     return [bwd, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
 
 
+def _bwd_ring_alt(handle, nd, tag, geo, vec):
+    """([bwd_ring, finish], workspace bytes) for contiguous 16-bit layer / RMS rows without activation."""
+    sets, els, n_sets, length, nparams = geo
+    if tag not in BWD_RING_PICK or not _rows_layout(nd, geo, vec):
+        return None
+    items, depth = BWD_RING_PICK[tag]
+    g = next_pow2(max(1, cdiv(length // vec, items)))
+    block = max(g, MIN_BLOCK)
+    if block > BWD_RING_MAX_BLOCK:
+        return None
+    smem = depth * 2 * (items * 16 + 4) * block  # x / dy slots, then mean / invstd
+    p = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    p.group = g
+    p.flags |= FLAG_PREG  # (the kernel's only mode: each thread owns its parameters in every row)
+    grid, spb = _persistent_grid(handle, n_sets, block, g, 1, _resident(block, smem, BWD_RING_REGS))
+    slots = grid * spb
+    bwd = _new_launch(_bwd_ring_expr(tag, vec, items, depth), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd_ring vec={vec} G={g} block={block} items={items} depth={depth} grid={grid}")
+    return [bwd, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
+
+
 def _bwd_alt(handle, nd, tag, geo, vec):
     """[bwd, finish] and the workspace bytes, or None."""
+    if GN_BWD and vec > 1:
+        r = _gn_alt(handle, nd, tag, geo, vec, backward=True)
+        if r is not None:
+            return r
+    if BWD_RING and vec > 1:
+        r = _bwd_ring_alt(handle, nd, tag, geo, vec)
+        if r is not None:
+            return r
     if BWD_ROWS and vec > 1:
         r = _bwd_rows_alt(handle, nd, tag, geo, vec)
         if r is not None:
@@ -771,7 +904,7 @@ def _load(handle, pl, key):
         for lc in alt:
             if lc.func is None:
                 lc.func = handle.function(pl.unit, lc.expr)
-                if lc.smem > 48 * 1024:
+                if lc.smem > 32 * 1024:  # (static shared memory counts towards the 48 KiB default too)
                     driver.function_set_max_dynamic_smem(lc.func, lc.smem)
     if key is not None:
         handle.remember(key, pl)
