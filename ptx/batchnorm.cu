@@ -69,24 +69,12 @@ template <class T, int VEC, class A> __device__ __forceinline__ void vload(const
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = load<A>(k.e[e]);
 }
-// Two floats to a pair of 16-bit values in one instruction (lo in the low half).
-template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <> __device__ __forceinline__ unsigned pack2<half_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 
 template <class T, int VEC, class A> __device__ __forceinline__ void vstore(T* p, const A* v) {
   if constexpr (sizeof(T) == 2 && VEC % 2 == 0 && sizeof(A) == 4) {  // paired conversions
     Pack<unsigned, VEC / 2> k;
 #pragma unroll
-    for (int i = 0; i < VEC / 2; ++i) k.e[i] = pack2<T>(v[2 * i], v[2 * i + 1]);
+    for (int i = 0; i < VEC / 2; ++i) k.e[i] = pack16x2<T>(v[2 * i], v[2 * i + 1]);
     *reinterpret_cast<typename Raw<sizeof(T) * VEC>::type*>(p) = k.raw;
   } else {
     Pack<T, VEC> k;

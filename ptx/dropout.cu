@@ -182,30 +182,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<VEC>::value) bwd(const Dro
 //     conversion (cvt.rn.*x2.f32 rounds each half as the single conversion does).
 // Element j of a group is word j / 2, half j % 2 of both the Philox block and the vector: keep_bits8's
 // layout, so the mask and y are bitwise fwd's.
-template <class T> __device__ __forceinline__ void unpack2(unsigned w, float& lo, float& hi);
-template <> __device__ __forceinline__ void unpack2<bf16_t>(unsigned w, float& lo, float& hi) {
-  lo = __uint_as_float(w << 16);
-  hi = __uint_as_float(w & 0xFFFF0000u);
-}
-template <> __device__ __forceinline__ void unpack2<half_t>(unsigned w, float& lo, float& hi) {
-  half_t a, b;
-  a.bits = (unsigned short)w;
-  b.bits = (unsigned short)(w >> 16);
-  lo = to_float(a);
-  hi = to_float(b);
-}
-template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <> __device__ __forceinline__ unsigned pack2<half_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 template <class T>
 __global__ void __launch_bounds__(kThreads, MinBlocks<8>::value) fwd_packed(const DropoutParams p) {
   constexpr int G = Groups<T>::value;  // tiles per warp; a lane's vector of a tile is its group
@@ -263,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<8>::value) fwd_packed(cons
       for (int k = 0; k < 4; ++k) {
         const bool klo = (rw[k] & 0xFFFFu) >= tlo, khi = rw[k] >= thi;
         float lo, hi;
-        unpack2<T>(xw[k], lo, hi);
-        o.v[k] = pack2<T>(klo ? lo * scale : 0.0f, khi ? hi * scale : 0.0f);
+        unpack16x2<T>(xw[k], lo, hi);
+        o.v[k] = pack16x2<T>(klo ? lo * scale : 0.0f, khi ? hi * scale : 0.0f);
         bits |= (klo ? 1u : 0u) << (2 * k) | (khi ? 2u : 0u) << (2 * k);
       }
       y[g] = o;

@@ -100,14 +100,7 @@ template <class T, int VEC> struct Frag {
       w[0] = pydnn::store<T>(a[0]).bits;
     } else {
 #pragma unroll
-      for (int e = 0; e < VEC; e += 2) {
-        unsigned r;
-        if constexpr (Same<T, bf16_t>::value)
-          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(a[e + 1]), "f"(a[e]));
-        else
-          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(a[e + 1]), "f"(a[e]));
-        w[e / 2] = r;
-      }
+      for (int e = 0; e < VEC; e += 2) w[e / 2] = pydnn::pack16x2<T>(a[e], a[e + 1]);
     }
   }
 };

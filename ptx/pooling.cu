@@ -221,10 +221,7 @@ __device__ __forceinline__ void convert_out(Frag<T, VEC>& out, const typename Ac
   if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < VEC / 2; ++i) {
-      if constexpr (Same<T, bf16_t>::value)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out.w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-      else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out.w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+      out.w[i] = pack16x2<T>(v[2 * i], v[2 * i + 1]);
     }
   } else {
 #pragma unroll

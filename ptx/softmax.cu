@@ -152,22 +152,9 @@ template <class T, int VEC> struct Frag {
   }
 
  private:
-  __device__ __forceinline__ static void unpack2(unsigned v, float& lo, float& hi) {
-    if constexpr (Same<T, bf16_t>::value) {  // bfloat16: the upper half of a float
-      lo = __uint_as_float(v << 16);
-      hi = __uint_as_float(v & 0xffff0000u);
-    } else {
-      asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
-          : "=f"(lo), "=f"(hi) : "r"(v));
-    }
-  }
+  __device__ __forceinline__ static void unpack2(unsigned v, float& lo, float& hi) { unpack16x2<T>(v, lo, hi); }
   template <class A> __device__ __forceinline__ static unsigned pack2(A lo, A hi) {
-    unsigned r;
-    if constexpr (Same<T, bf16_t>::value)
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"((float)hi), "f"((float)lo));
-    else
-      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"((float)hi), "f"((float)lo));
-    return r;
+    return pack16x2<T>((float)lo, (float)hi);
   }
 };
 

@@ -63,19 +63,6 @@ template <> __device__ __forceinline__ void mma16816<half_t>(float (&c)[4], cons
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats -> one 32-bit word of two 16-bit values (lo in the low half), round to nearest even.
-template <class T> __device__ __forceinline__ unsigned pack16x2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack16x2<bf16_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <> __device__ __forceinline__ unsigned pack16x2<half_t>(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // p[0] += a, p[1] += b in global memory, no result (p 8-byte aligned): one vector reduction on sm_90.
 // (Spelled without .noftz: the CUDA 13.0 assembler refuses that modifier on f32, 13.5 accepts it.)
 __device__ __forceinline__ void red_add2(float* p, float a, float b) {

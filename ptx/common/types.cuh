@@ -28,6 +28,28 @@ __device__ __forceinline__ bf16_t to_bf16(float f) {
   return b;
 }
 
+// Pairs of 16-bit values in one 32-bit word (lo in the low half): one paired conversion rounds each half
+// exactly as to_bf16 / to_half round it, without the per-element merge into the word.
+template <class T> __device__ __forceinline__ unsigned pack16x2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack16x2<bf16_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> __device__ __forceinline__ unsigned pack16x2<half_t>(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <class T> __device__ __forceinline__ void unpack16x2(unsigned w, float& lo, float& hi);
+template <> __device__ __forceinline__ void unpack16x2<bf16_t>(unsigned w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);  // a bfloat16 is the upper half of a float
+  hi = __uint_as_float(w & 0xFFFF0000u);
+}
+template <> __device__ __forceinline__ void unpack16x2<half_t>(unsigned w, float& lo, float& hi) {
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(w));
+}
+
 // Acc<T>: the type arithmetic on T happens in; double for 64-bit types, float otherwise.
 template <class T> struct AccOf { typedef float type; };
 template <> struct AccOf<double> { typedef double type; };
