@@ -696,6 +696,12 @@ pydnnStatus_t pydnnGetConvolutionForwardAlgorithmMaxCount(pydnnHandle_t handle, 
 pydnnStatus_t pydnnGetConvolutionBackwardDataAlgorithmMaxCount(pydnnHandle_t handle, int *count);
 /* The number of backward-filter algorithms. */
 pydnnStatus_t pydnnGetConvolutionBackwardFilterAlgorithmMaxCount(pydnnHandle_t handle, int *count);
+/* Times every forward algorithm on buffers it allocates and frees itself (synchronizes); fastest first. */
+pydnnStatus_t pydnnFindConvolutionForwardAlgorithm(pydnnHandle_t handle, const pydnnTensorDescriptor_t xDesc, const pydnnFilterDescriptor_t wDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t yDesc, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionFwdAlgoPerf_t *perfResults);
+/* Times every backward-data algorithm on buffers of its own. */
+pydnnStatus_t pydnnFindConvolutionBackwardDataAlgorithm(pydnnHandle_t handle, const pydnnFilterDescriptor_t wDesc, const pydnnTensorDescriptor_t dyDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnTensorDescriptor_t dxDesc, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionBwdDataAlgoPerf_t *perfResults);
+/* Times every backward-filter algorithm on buffers of its own. */
+pydnnStatus_t pydnnFindConvolutionBackwardFilterAlgorithm(pydnnHandle_t handle, const pydnnTensorDescriptor_t xDesc, const pydnnTensorDescriptor_t dyDesc, const pydnnConvolutionDescriptor_t convDesc, const pydnnFilterDescriptor_t dwDesc, int requestedAlgoCount, int *returnedAlgoCount, pydnnConvolutionBwdFilterAlgoPerf_t *perfResults);
 
 /* ---- Fused scaled dot-product attention (pydnn extension) ---- */
 /* A new fused-attention descriptor, unset until pydnnSetAttentionDescriptor. */

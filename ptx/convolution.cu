@@ -23,6 +23,7 @@
 // Loads decompose their fixed index (m or n) once per block; the reduction index is kept as mixed-radix
 // digits advanced by the tile depth's digits (no division in the main loop).
 #include "common/mma.cuh"
+#include "common/mma_pipe.cuh"
 #include "common/params.h"
 #include "common/types.cuh"
 #include "convolution_params.h"
@@ -361,7 +362,8 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm(const ConvParams p) {
 
 // ---------------------------------------------------------------- split-K fold (backward filter)
 
-// dw = alpha * sum over slices (in slice order) + beta * dw; one thread per filter element.
+// dw = alpha * sum over slices (in slice order) + beta * dw; one thread per filter element. The partials'
+// columns are (c, t, r, s) from implicit_gemm, or (t, r, s, c) from wgrad_tc (FLAG_CIN).
 template <class T>
 __global__ void __launch_bounds__(256) fold(const ConvAuxParams p) {
   typedef typename AccOf<T>::type Acc;
@@ -376,11 +378,16 @@ __global__ void __launch_bounds__(256) fold(const ConvAuxParams p) {
   for (int sl = 0; sl < p.splits; ++sl) s += part[((long long)sl * p.groups + g) * per_group + r];
   const int m = (int)(r / ((long long)p.cg * p.taps));
   int n = (int)(r % ((long long)p.cg * p.taps));
+  int c = 0;
+  if (p.flags & PYDNN_CONV_FLAG_CIN) {  // the tensor-core GEMM's columns: (t, r, s, c), c innermost
+    c = n % p.cg;
+    n /= p.cg;
+  }
   int tap[3];
   tap[2] = n % p.filt[2]; n /= p.filt[2];
   tap[1] = n % p.filt[1]; n /= p.filt[1];
   tap[0] = n % p.filt[0];
-  const int c = n / p.filt[0];
+  if (!(p.flags & PYDNN_CONV_FLAG_CIN)) c = n / p.filt[0];  // the CUDA-core GEMM's: (c, t, r, s)
   long long off = (long long)(g * p.kg + m) * p.out_stride[0] + (long long)c * p.out_stride[1];
 #pragma unroll
   for (int d = 0; d < 3; ++d) {
@@ -437,40 +444,94 @@ __global__ void __launch_bounds__(256) bias_grad(const ConvAuxParams p) {
 // of 8), NHWC filters (K, T, R, S, C), C a multiple of 8, one group. The reduction index is (t, r, s, c)
 // with c innermost, so every 16-byte chunk of 8 channels is one cp.async from one filter tap.
 //
-// Block: 128 x BN of C (output positions x output channels; BN = 128, or 64 for narrow layers), 256
-// threads = 8 warps (64 x 32 warp tiles for BN 128, 32 x 32 for BN 64), k steps of 32 through a
-// kTcStages-deep cp.async pipeline in dynamic shared memory (copies for the next stages fly while this
+// Block: BM x BN of C (output positions x output channels; BM and BN 128 or 64, chosen on the host
+// for the wave count and narrow layers), 256 threads = 8 warps (TcShape: 64 x 32 warp tiles for
+// 128 x 128, 32 x 32 for one side 64, 32 x 16 for 64 x 64), k steps of 32 through a
+// TcShape::STAGES-deep cp.async pipeline in dynamic shared memory (copies for the next stages fly while this
 // stage's MMAs run). Shared tiles are row major with 40 elements (80 bytes) per row, so the 8 row
 // addresses of each ldmatrix fall in 8 different bank groups. Out-of-range rows, taps in the padding and
 // k past the end are zero-filled by cp.async. "Precomputed": each thread decomposes its A rows
 // (n, d, h, w) and B rows once; the k walk is the CUDA-core kernel's digit stepping (no division).
 // The epilogue stores channel pairs as one 32-bit word when y's channels are contiguous (FLAG_PAIR).
-constexpr int kTcBM = 128, kTcBK = 32, kTcLd = 40, kTcThreads = 256, kTcStages = 3;
+constexpr int kTcBK = 32, kTcLd = 40, kTcThreads = 256;
 
-template <int BN> struct TcShape {
-  static constexpr int WM = BN == 128 ? 64 : 32, WN = 32;  // warp tile
-  static constexpr int WARPS_M = kTcBM / WM;               // 2 or 4 (x WARPS_N = BN / WN = 4 or 2)
-  static constexpr int B_SLOTS = BN / 64;                  // B chunks per thread per stage
-  static constexpr int STAGE = (kTcBM + BN) * kTcLd;       // elements per stage
+template <int BM, int BN> struct TcShape {
+  static constexpr int WM = (BM == 128 && BN == 128) ? 64 : 32;  // warp tile WM x WN
+  static constexpr int WN = (BM == 64 && BN == 64) ? 16 : 32;
+  static constexpr int WARPS_M = BM / WM;                  // x WARPS_N = BN / WN = 8 warps
+  static constexpr int A_SLOTS = BM / 64;                  // A chunks (rows t/4 + 64 s) per thread per stage
+  static constexpr int B_SLOTS = BN / 64;                  // B chunks per thread per stage (forward)
+  static constexpr int STAGE = (BM + BN) * kTcLd;          // elements per stage (forward)
+  static constexpr int STAGES = 4;                         // cp.async pipeline depth
+  static_assert(WARPS_M * (BN / WN) * 32 == kTcThreads, "8 warps");
 };
 
-template <class T, int BN>
-__global__ void __launch_bounds__(kTcThreads) fwd_tc(const ConvParams p) {
-  typedef TcShape<BN> Sh;
+// fwd_tc's and implicit_gemm_pipe_tc's (forward) epilogue: alpha, beta, z, bias and the activation applied to the warp's
+// accumulators (rows from m_base, columns from n_base), channel pairs stored as one word (FLAG_PAIR).
+template <class T, class Eng>
+__device__ __forceinline__ void fwd_tc_epilogue(const ConvParams& p, const Eng& eng, int m_base, int n_base) {
+  // each thread's rows (TM m16 tiles x 2 halves) decomposed once
+  T* out = static_cast<T*>(p.out);
+  const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
+  const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
+                     p.act == PYDNN_CONV_ACT_IDENTITY;
+  const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
+#pragma unroll
+  for (int i = 0; i < Eng::TM; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m_base + eng.row_of(i, 2 * h);
+      if (m >= p.gm) continue;
+      int b, o[3];
+      decompose3(m, p.out_size, b, o);
+      const long long yrow = (long long)b * p.ys[0] + (long long)o[0] * p.ys[2] + (long long)o[1] * p.ys[3] +
+                             (long long)o[2] * p.ys[4];
+      const long long zrow = (long long)b * p.zs[0] + (long long)o[0] * p.zs[2] + (long long)o[1] * p.zs[3] +
+                             (long long)o[2] * p.zs[4];
+#pragma unroll
+      for (int j = 0; j < Eng::TN; ++j) {
+        const int n = n_base + eng.col_of(j, 0);  // even; n + 1 is the pair's second channel
+        if (n >= p.gn) continue;
+        const bool two = n + 1 < p.gn;
+        float v0 = eng.acc[i][j][2 * h], v1 = eng.acc[i][j][2 * h + 1];
+        const long long off = yrow + (long long)n * p.ys[1];
+        if (plain) {
+          v0 *= alpha;
+          v1 *= alpha;
+        } else {
+          v0 = epilogue_value<true>(p, out, off, zrow + (long long)n * p.zs[1], n, v0, alpha, beta, alpha2);
+          if (two)
+            v1 = epilogue_value<true>(p, out, off + p.ys[1], zrow + (long long)(n + 1) * p.zs[1], n + 1, v1, alpha,
+                                      beta, alpha2);
+        }
+        if (pair && two) {
+          const T lo = store<T>(v0), hi = store<T>(v1);
+          *reinterpret_cast<unsigned*>(out + off) = (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+        } else {
+          out[off] = store<T>(v0);
+          if (two) out[off + p.ys[1]] = store<T>(v1);
+        }
+      }
+    }
+}
+
+template <class T, int BM, int BN>
+__global__ void __launch_bounds__(kTcThreads, 2) fwd_tc(const ConvParams p) {
+  typedef TcShape<BM, BN> Sh;
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  T* smem = reinterpret_cast<T*>(tc_smem);  // stage s: A at s * STAGE, B right after A's 128 rows
+  T* smem = reinterpret_cast<T*>(tc_smem);  // stage s: A at s * STAGE, B right after A's BM rows
   const int t = threadIdx.x, warp = t >> 5;
-  const int m0 = blockIdx.x * kTcBM, n0 = blockIdx.y * BN;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
 
-  // producer state: A rows t/4 and t/4 + 64, B rows t/4 (+ 64), 16-byte chunk t%4 of the 32 k
+  // producer state: A rows t/4 (+ 64), B rows t/4 (+ 64), 16-byte chunk t%4 of the 32 k
   const int chunk = t & 3;
-  Fixed af[2];
+  Fixed af[Sh::A_SLOTS];
   long long boff[Sh::B_SLOTS];
   bool bok[Sh::B_SLOTS];
 #pragma unroll
-  for (int s = 0; s < 2; ++s) af[s] = a_fixed<kFwd>(p, m0 + (t >> 2) + 64 * s);
+  for (int s = 0; s < Sh::A_SLOTS; ++s) af[s] = a_fixed<kFwd>(p, m0 + (t >> 2) + 64 * s);
 #pragma unroll
   for (int s = 0; s < Sh::B_SLOTS; ++s) {
     const int n = n0 + (t >> 2) + 64 * s;
@@ -483,14 +544,14 @@ __global__ void __launch_bounds__(kTcThreads) fwd_tc(const ConvParams p) {
   // copies of the next k tile (the one kr points at) into `stage`; kr then steps to the tile after
   auto load_tile = [&](int stage) {
     T* sa = smem + stage * Sh::STAGE;
-    T* sb = sa + kTcBM * kTcLd;
+    T* sb = sa + BM * kTcLd;
     const bool kok = kr.k < p.gk;
     const int c = kr.d[3];
     long long woff = c;
 #pragma unroll
     for (int i = 0; i < 3; ++i) woff += (long long)flip_tap(p, i, kr.d[i]) * p.ws[2 + i];
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < Sh::A_SLOTS; ++s) {
       long long off = af[s].off + c;
       bool in = kok && af[s].ok;
 #pragma unroll
@@ -516,65 +577,23 @@ __global__ void __launch_bounds__(kTcThreads) fwd_tc(const ConvParams p) {
   const int wm = (warp % Sh::WARPS_M) * Sh::WM, wn = (warp / Sh::WARPS_M) * Sh::WN;
   const int tiles = (p.gk + kTcBK - 1) / kTcBK;
 #pragma unroll
-  for (int s = 0; s < kTcStages - 1; ++s) {
+  for (int s = 0; s < Sh::STAGES - 1; ++s) {
     if (s < tiles) load_tile(s);
     mma::cp_async_commit();  // (possibly empty: the group count stays uniform)
   }
   for (int kt = 0; kt < tiles; ++kt) {
-    mma::cp_async_wait<kTcStages - 2>();  // tile kt has landed (for this thread) ...
+    mma::cp_async_wait<Sh::STAGES - 2>();  // tile kt has landed (for this thread) ...
     __syncthreads();                      // ... for every thread; and stage (kt - 1) % S is free
-    if (kt + kTcStages - 1 < tiles) load_tile((kt + kTcStages - 1) % kTcStages);
+    if (kt + Sh::STAGES - 1 < tiles) load_tile((kt + Sh::STAGES - 1) % Sh::STAGES);
     mma::cp_async_commit();
-    const T* sa = smem + (kt % kTcStages) * Sh::STAGE;
-    const T* sb = sa + kTcBM * kTcLd;
+    const T* sa = smem + (kt % Sh::STAGES) * Sh::STAGE;
+    const T* sb = sa + BM * kTcLd;
 #pragma unroll
     for (int ks = 0; ks < kTcBK; ks += 16) eng.step(sa + wm * kTcLd + ks, sb + wn * kTcLd + ks, kTcLd);
   }
   mma::cp_async_wait<0>();
 
-  // epilogue: each thread's rows (TM m16 tiles x 2 halves) decomposed once
-  T* out = static_cast<T*>(p.out);
-  const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
-  const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
-                     p.act == PYDNN_CONV_ACT_IDENTITY;
-  const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
-#pragma unroll
-  for (int i = 0; i < eng.TM; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = m0 + wm + eng.row_of(i, 2 * h);
-      if (m >= p.gm) continue;
-      int b, o[3];
-      decompose3(m, p.out_size, b, o);
-      const long long yrow = (long long)b * p.ys[0] + (long long)o[0] * p.ys[2] + (long long)o[1] * p.ys[3] +
-                             (long long)o[2] * p.ys[4];
-      const long long zrow = (long long)b * p.zs[0] + (long long)o[0] * p.zs[2] + (long long)o[1] * p.zs[3] +
-                             (long long)o[2] * p.zs[4];
-#pragma unroll
-      for (int j = 0; j < eng.TN; ++j) {
-        const int n = n0 + wn + eng.col_of(j, 0);  // even; n + 1 is the pair's second channel
-        if (n >= p.gn) continue;
-        const bool two = n + 1 < p.gn;
-        float v0 = eng.acc[i][j][2 * h], v1 = eng.acc[i][j][2 * h + 1];
-        const long long off = yrow + (long long)n * p.ys[1];
-        if (plain) {
-          v0 *= alpha;
-          v1 *= alpha;
-        } else {
-          v0 = epilogue_value<true>(p, out, off, zrow + (long long)n * p.zs[1], n, v0, alpha, beta, alpha2);
-          if (two)
-            v1 = epilogue_value<true>(p, out, off + p.ys[1], zrow + (long long)(n + 1) * p.zs[1], n + 1, v1, alpha,
-                                      beta, alpha2);
-        }
-        if (pair && two) {
-          const T lo = store<T>(v0), hi = store<T>(v1);
-          *reinterpret_cast<unsigned*>(out + off) = (unsigned)lo.bits | ((unsigned)hi.bits << 16);
-        } else {
-          out[off] = store<T>(v0);
-          if (two) out[off + p.ys[1]] = store<T>(v1);
-        }
-      }
-    }
+  fwd_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
 }
 
 // Backward data on tensor cores (BWD_DATA_ALGO_1): dx = sum over taps and output channels of dy * w, as
@@ -584,28 +603,66 @@ __global__ void __launch_bounds__(kTcThreads) fwd_tc(const ConvParams p) {
 // multiple of the stride (zero-filled elsewhere: with stride s, (s^d - 1) / s^d of the MMAs meet zeros).
 // B is the filter as stored, [k][c] with c contiguous: its tile is kept [k][n] in shared memory and
 // ldmatrix .trans makes the fragments. Otherwise as fwd_tc (stages, warp tiles, epilogue pairs).
-template <int BN> struct TcKnShape {
+template <int BM, int BN> struct TcKnShape {
   static constexpr int LDB = BN + 8;                       // B rows: BN channels + 16 bytes
   static constexpr int CHUNKS = BN / 8;                    // 16-byte chunks per B row
   static constexpr int B_SLOTS = kTcBK * CHUNKS / kTcThreads;  // 2 (BN 128) or 1 (BN 64)
-  static constexpr int STAGE = kTcBM * kTcLd + kTcBK * LDB;
+  static constexpr int STAGE = BM * kTcLd + kTcBK * LDB;
 };
 
-template <class T, int BN>
-__global__ void __launch_bounds__(kTcThreads) bwd_data_tc(const ConvParams p) {
-  typedef TcShape<BN> Sh;
-  typedef TcKnShape<BN> Kn;
+// bwd_data_tc's and implicit_gemm_pipe_tc's (backward data) epilogue: dx = alpha * acc (+ beta * dx) for the warp's accumulators.
+template <class T, class Eng>
+__device__ __forceinline__ void bwd_data_tc_epilogue(const ConvParams& p, const Eng& eng, int m_base, int n_base) {
+  T* out = static_cast<T*>(p.out);
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const bool has_beta = p.flags & PYDNN_FLAG_BETA, pair = p.flags & PYDNN_CONV_FLAG_PAIR;
+#pragma unroll
+  for (int i = 0; i < Eng::TM; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m_base + eng.row_of(i, 2 * h);
+      if (m >= p.gm) continue;
+      int b, c3[3];
+      decompose3(m, p.in_size, b, c3);
+      const long long row = (long long)b * p.xs[0] + (long long)c3[0] * p.xs[2] + (long long)c3[1] * p.xs[3] +
+                            (long long)c3[2] * p.xs[4];
+#pragma unroll
+      for (int j = 0; j < Eng::TN; ++j) {
+        const int n = n_base + eng.col_of(j, 0);
+        if (n >= p.gn) continue;
+        const bool two = n + 1 < p.gn;
+        const long long off = row + (long long)n * p.xs[1];
+        float v0 = alpha * eng.acc[i][j][2 * h], v1 = alpha * eng.acc[i][j][2 * h + 1];
+        if (has_beta) {
+          v0 += beta * load<float>(out[off]);
+          if (two) v1 += beta * load<float>(out[off + p.xs[1]]);
+        }
+        if (pair && two) {
+          const T lo = store<T>(v0), hi = store<T>(v1);
+          *reinterpret_cast<unsigned*>(out + off) = (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+        } else {
+          out[off] = store<T>(v0);
+          if (two) out[off + p.xs[1]] = store<T>(v1);
+        }
+      }
+    }
+}
+
+template <class T, int BM, int BN>
+__global__ void __launch_bounds__(kTcThreads, 2) bwd_data_tc(const ConvParams p) {
+  typedef TcShape<BM, BN> Sh;
+  typedef TcKnShape<BM, BN> Kn;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   T* smem = reinterpret_cast<T*>(tc_smem);
   const int t = threadIdx.x, warp = t >> 5;
-  const int m0 = blockIdx.x * kTcBM, n0 = blockIdx.y * BN;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
   const T* dy = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
 
   const int chunk = t & 3;
-  Fixed af[2];
+  Fixed af[Sh::A_SLOTS];
 #pragma unroll
-  for (int s = 0; s < 2; ++s) af[s] = a_fixed<kBwdData>(p, m0 + (t >> 2) + 64 * s);
+  for (int s = 0; s < Sh::A_SLOTS; ++s) af[s] = a_fixed<kBwdData>(p, m0 + (t >> 2) + 64 * s);
   Red ar;
   red_init(p, chunk * 8, ar);
   // B slots: row (k) t / CHUNKS + s * (256 / CHUNKS), chunk (8 channels) t % CHUNKS
@@ -617,11 +674,11 @@ __global__ void __launch_bounds__(kTcThreads) bwd_data_tc(const ConvParams p) {
 
   auto load_tile = [&](int stage) {
     T* sa = smem + stage * Kn::STAGE;
-    T* sb = sa + kTcBM * kTcLd;
+    T* sb = sa + BM * kTcLd;
     const bool kok = ar.k < p.gk;
     const int k = ar.d[3];
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < Sh::A_SLOTS; ++s) {
       long long off = af[s].off + k;
       bool in = kok && af[s].ok;
 #pragma unroll
@@ -656,55 +713,367 @@ __global__ void __launch_bounds__(kTcThreads) bwd_data_tc(const ConvParams p) {
   const int wm = (warp % Sh::WARPS_M) * Sh::WM, wn = (warp / Sh::WARPS_M) * Sh::WN;
   const int tiles = (p.gk + kTcBK - 1) / kTcBK;
 #pragma unroll
-  for (int s = 0; s < kTcStages - 1; ++s) {
+  for (int s = 0; s < Sh::STAGES - 1; ++s) {
     if (s < tiles) load_tile(s);
     mma::cp_async_commit();
   }
   for (int kt = 0; kt < tiles; ++kt) {
-    mma::cp_async_wait<kTcStages - 2>();
+    mma::cp_async_wait<Sh::STAGES - 2>();
     __syncthreads();
-    if (kt + kTcStages - 1 < tiles) load_tile((kt + kTcStages - 1) % kTcStages);
+    if (kt + Sh::STAGES - 1 < tiles) load_tile((kt + Sh::STAGES - 1) % Sh::STAGES);
     mma::cp_async_commit();
-    const T* sa = smem + (kt % kTcStages) * Kn::STAGE;
-    const T* sb = sa + kTcBM * kTcLd;
+    const T* sa = smem + (kt % Sh::STAGES) * Kn::STAGE;
+    const T* sb = sa + BM * kTcLd;
 #pragma unroll
     for (int ks = 0; ks < kTcBK; ks += 16) eng.step_kn(sa + wm * kTcLd + ks, kTcLd, sb + ks * Kn::LDB + wn, Kn::LDB);
   }
   mma::cp_async_wait<0>();
 
-  T* out = static_cast<T*>(p.out);
-  const float alpha = (float)p.alpha, beta = (float)p.beta;
-  const bool has_beta = p.flags & PYDNN_FLAG_BETA, pair = p.flags & PYDNN_CONV_FLAG_PAIR;
+  bwd_data_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
+}
+
+// ---------------------------------------------------------------- pipelined tensor-core kernels
+
+// Forward (IMPLICIT_PRECOMP_GEMM) and stride-1 backward data (BWD_DATA_ALGO_1) on the pipelined main
+// loop of common/mma_pipe.cuh (matmul's structure: 64-deep K tiles, swizzled 128-byte rows, fragments
+// double-buffered in registers, one barrier per K tile), with the implicit-GEMM gather precomputed per
+// thread (as CUTLASS's "optimized" iterators do, against the "analytic" ones that re-derive every
+// address). The reduction runs over (tap, channel block of 64), channels innermost, so one K tile is 64
+// channels of ONE filter tap (a channel count that is not a multiple of 64 zero-fills the block's rest):
+//   - each thread copies A_ROWS rows (RS rows apart) x one 16-byte chunk of A; per row it keeps, from
+//     one decomposition at the start, the element offset of its (n, base position) and a validity mask
+//     over the taps (bit t * R + r: dims d and h in range; bit 16 + s: w in range; 0 past M);
+//   - the tap's offset (t, r, s) and its channel block are the same for every row, so a tile costs per
+//     row a mask test, a 64-bit add and a cp.async, and per thread a few counter steps (no division);
+//   - B (the filter) rows are contiguous runs: a base offset per thread plus the tap's offset.
+// Forward: A = x gathered [m][k], B = w as [n = k_out][k] (ldmatrix for both). Backward data (stride 1:
+// dy position = dx position + pad - tap * dil): A = dy gathered, B = w as [k = k_out][n = c] kept [k][n]
+// in shared memory and read with ldmatrix .trans. Epilogues: fwd_tc_epilogue / bwd_data_tc_epilogue.
+// Needs (host-checked) NHWC-like activations (channel stride 1, other strides multiples of 8), an NHWC
+// filter, C and K multiples of 8, one group, T * R <= 16 and S <= 16; backward data stride 1.
+constexpr int kPipeStages = 3;
+
+template <int BM, int BN, int WARPS_M, int WARPS_N> struct PipeShape {
+  static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
+  static constexpr int BK = mma::kPipeBK;
+  static constexpr int RS = THREADS / 8;      // rows between a thread's chunks in a [rows][64] tile
+  static constexpr int A_ROWS = BM / RS;      // A chunks per thread per tile
+  static constexpr int B_ROWS = BN / RS;      // forward: B ([BN][64]) chunks per thread
+  static constexpr int CPRB = BN / 8;         // backward data: chunks per row of B ([64][BN])
+  static constexpr int RSB = THREADS / CPRB;  // ... rows between a thread's B chunks
+  static constexpr int B_ROWS_KN = BK / RSB;  // ... B chunks per thread
+  static constexpr int STAGE = (BM + BN) * BK;  // elements per stage: A then B
+  static_assert(WM % 16 == 0 && WN % 16 == 0 && BM % RS == 0 && BN % RS == 0, "pipe tile shape");
+  static_assert(RS % 8 == 0 && RSB % 8 == 0 && BK % RSB == 0, "a thread's chunks share one swizzle");
+};
+
+// Row m's offset and tap mask (see above). DIR kFwd: m is a y position, the x pixel of tap (t, r, s) is
+// o * stride - pad + tap * dil; kBwdData: m is a dx position, the dy pixel is i + pad - tap * dil.
+// Offsets are 32-bit: the host lets this kernel read only tensors that span less than 2^31 elements.
+template <int DIR>
+__device__ __forceinline__ void tap_row(const ConvParams& p, int m, int chunk, int& off, unsigned& mask) {
+  mask = 0;
+  off = 0;
+  if (m >= p.gm) return;
+  int n, c[3], base[3];
+  const long long* st = DIR == kFwd ? p.xs : p.ys;
+  decompose3(m, DIR == kFwd ? p.out_size : p.in_size, n, c);
+  off = n * (int)st[0] + chunk * 8;
 #pragma unroll
-  for (int i = 0; i < eng.TM; ++i)
+  for (int i = 0; i < 3; ++i) {
+    base[i] = DIR == kFwd ? c[i] * p.stride[i] - p.pad[i] : c[i] + p.pad[i];
+    off += base[i] * (int)st[2 + i];  // (negative for rows whose base position is in the padding)
+  }
+  const int* lim = DIR == kFwd ? p.in_size : p.out_size;
+  const int sgn = DIR == kFwd ? 1 : -1;
+  for (int t = 0; t < p.filt[0]; ++t) {
+    if ((unsigned)(base[0] + sgn * t * p.dil[0]) >= (unsigned)lim[0]) continue;
+    for (int r = 0; r < p.filt[1]; ++r)
+      if ((unsigned)(base[1] + sgn * r * p.dil[1]) < (unsigned)lim[1]) mask |= 1u << (t * p.filt[1] + r);
+  }
+  for (int s = 0; s < p.filt[2]; ++s)
+    if ((unsigned)(base[2] + sgn * s * p.dil[2]) < (unsigned)lim[2]) mask |= 1u << (16 + s);
+}
+
+// grid (ceil(M / BM), ceil(N / BN)), WARPS_M * WARPS_N warps; dynamic shared memory kPipeStages * STAGE.
+// MINB: blocks per SM the register cap is set for; DB: fragments double-buffered (mma_pipe.cuh).
+template <int DIR, class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB, bool DB>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pipe_tc(const ConvParams p) {
+  typedef PipeShape<BM, BN, WARPS_M, WARPS_N> Sh;
+  static_assert(DIR == kFwd || DIR == kBwdData, "forward or backward data");
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T* smem = reinterpret_cast<T*>(tc_smem);
+  const int t = threadIdx.x, warp = t >> 5;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const T* A = static_cast<const T*>(p.x);  // x (forward) or dy
+  const T* W = static_cast<const T*>(p.w);
+  const int CH = DIR == kFwd ? p.cg : p.kg;  // the reduction's channels (per tap)
+  const long long* ast = DIR == kFwd ? p.xs : p.ys;
+
+  // A: rows t / 8 + RS i, chunk t % 8
+  const int chunk = t & 7;
+  int aoff[Sh::A_ROWS];
+  unsigned amask[Sh::A_ROWS];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = m0 + wm + eng.row_of(i, 2 * h);
-      if (m >= p.gm) continue;
-      int b, c3[3];
-      decompose3(m, p.in_size, b, c3);
-      const long long row = (long long)b * p.xs[0] + (long long)c3[0] * p.xs[2] + (long long)c3[1] * p.xs[3] +
-                            (long long)c3[2] * p.xs[4];
+  for (int i = 0; i < Sh::A_ROWS; ++i) tap_row<DIR>(p, m0 + (t >> 3) + Sh::RS * i, chunk, aoff[i], amask[i]);
+  const int asoff = mma::swz<Sh::BK>(t >> 3, chunk);
+  // per-tap steps of A's offset (the sign of the tap in the pixel index folded in)
+  int astep[3];
 #pragma unroll
-      for (int j = 0; j < eng.TN; ++j) {
-        const int n = n0 + wn + eng.col_of(j, 0);
-        if (n >= p.gn) continue;
-        const bool two = n + 1 < p.gn;
-        const long long off = row + (long long)n * p.xs[1];
-        float v0 = alpha * eng.acc[i][j][2 * h], v1 = alpha * eng.acc[i][j][2 * h + 1];
-        if (has_beta) {
-          v0 += beta * load<float>(out[off]);
-          if (two) v1 += beta * load<float>(out[off + p.xs[1]]);
-        }
-        if (pair && two) {
-          const T lo = store<T>(v0), hi = store<T>(v1);
-          *reinterpret_cast<unsigned*>(out + off) = (unsigned)lo.bits | ((unsigned)hi.bits << 16);
-        } else {
-          out[off] = store<T>(v0);
-          if (two) out[off + p.xs[1]] = store<T>(v1);
+  for (int i = 0; i < 3; ++i) astep[i] = (DIR == kFwd ? 1 : -1) * p.dil[i] * (int)ast[2 + i];
+  const int ws0 = (int)p.ws[0];
+
+  // B. Forward: filter rows n0 + t / 8 + RS i (output channels), chunk t % 8 of the tap's channels.
+  // Backward data: filter rows k = c0 + t / CPRB + RSB i of the tap, columns n0 + 8 (t % CPRB) (input
+  // channels).
+  int bbase;
+  unsigned bmask = 0;
+  int bsoff;
+  if (DIR == kFwd) {
+    const int n = n0 + (t >> 3);
+    bbase = n * ws0 + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < Sh::B_ROWS; ++i)
+      if (n + Sh::RS * i < p.gn) bmask |= 1u << i;
+    bsoff = mma::swz<Sh::BK>(t >> 3, chunk);
+  } else {
+    const int col = n0 + (t % Sh::CPRB) * 8;
+    bbase = (t / Sh::CPRB) * ws0 + col;
+    bmask = col < p.gn;
+    bsoff = mma::swz<BN>(t / Sh::CPRB, t % Sh::CPRB);
+  }
+
+  // the walk over K tiles: channel block c0 of tap (tt, tr, ts), the same for every thread
+  int c0 = 0, tt = 0, tr = 0, ts = 0;
+  auto fill = [&](T* stage) {
+    const unsigned sa = mma::smem_u32(stage), sb = sa + BM * Sh::BK * 2;
+    const unsigned need = (1u << (tt * p.filt[1] + tr)) | (1u << (16 + ts));
+    const int atap = tt * astep[0] + tr * astep[1] + ts * astep[2] + c0;
+    int btap = DIR == kFwd ? c0 * (int)p.ws[1] : c0 * ws0;  // backward data: c0 picks B's rows
+    btap += flip_tap(p, 0, tt) * (int)p.ws[2] + flip_tap(p, 1, tr) * (int)p.ws[3] + flip_tap(p, 2, ts) * (int)p.ws[4];
+    const bool cok = c0 + chunk * 8 < CH;
+#pragma unroll
+    for (int i = 0; i < Sh::A_ROWS; ++i) {
+      const bool v = cok && (amask[i] & need) == need;
+      mma::cp_async_16(sa + (asoff + Sh::RS * Sh::BK * i) * 2, v ? A + (aoff[i] + atap) : A, v);
+    }
+    if (DIR == kFwd) {
+#pragma unroll
+      for (int i = 0; i < Sh::B_ROWS; ++i) {
+        const bool v = cok && ((bmask >> i) & 1);
+        mma::cp_async_16(sb + (bsoff + Sh::RS * Sh::BK * i) * 2, v ? W + (bbase + Sh::RS * i * ws0 + btap) : W, v);
+      }
+    } else {
+      const int k = c0 + t / Sh::CPRB;
+#pragma unroll
+      for (int i = 0; i < Sh::B_ROWS_KN; ++i) {
+        const bool v = bmask && k + Sh::RSB * i < CH;
+        mma::cp_async_16(sb + (bsoff + Sh::RSB * BN * i) * 2, v ? W + (bbase + Sh::RSB * i * ws0 + btap) : W, v);
+      }
+    }
+    c0 += Sh::BK;  // the next tile: the next channel block, or the next tap
+    if (c0 >= CH) {
+      c0 = 0;
+      if (++ts == p.filt[2]) {
+        ts = 0;
+        if (++tr == p.filt[1]) {
+          tr = 0;
+          ++tt;
         }
       }
     }
+  };
+
+  mma::MmaSm80<T, Sh::WM, Sh::WN> eng;  // the accumulators and their placement (row_of / col_of)
+  eng.zero();
+  const int wm = (warp % WARPS_M) * Sh::WM, wn = (warp / WARPS_M) * Sh::WN;
+  auto frags = [&](const T* stage, int kk, unsigned(&a)[Sh::WM / 16][4], unsigned(&b)[Sh::WN / 8][2]) {
+    if (DIR == kFwd)
+      mma::frags_mk_nk<T>(stage, stage + BM * Sh::BK, kk, wm, wn, a, b);
+    else
+      mma::frags_mk_kn<T, BN>(stage, stage + BM * Sh::BK, kk, wm, wn, a, b);
+  };
+  const int ktiles = p.filt[0] * p.filt[1] * p.filt[2] * ((CH + Sh::BK - 1) / Sh::BK);
+  mma::pipelined_mainloop<T, kPipeStages, Sh::STAGE, DB>(smem, ktiles, fill, frags, eng.acc);
+  mma::cp_async_wait<0>();
+
+  if (DIR == kFwd)
+    fwd_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
+  else
+    bwd_data_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
+}
+
+// wgrad_tc's epilogue: the warp's accumulators (rows from m_base, columns from n_base) to the split's
+// partials, or (one split) to dw itself.
+template <class Eng>
+__device__ __forceinline__ void wgrad_epilogue(const ConvParams& p, const Eng& eng, int m_base, int n_base) {
+  const bool partial = p.flags & PYDNN_CONV_FLAG_PARTIAL;
+  float* part = static_cast<float*>(p.out) + (long long)blockIdx.z * p.gm * p.gn;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+#pragma unroll
+  for (int j = 0; j < Eng::TN; ++j) {
+    const int n = n_base + eng.col_of(j, 0);  // even, and gn is a multiple of 8: n + 1 < gn with n
+    if (n >= p.gn) continue;
+    long long noff = 0;  // dw offset of columns n and n + 1 (same tap, channels c and c + 1)
+    if (!partial) {
+      int q = n;
+      const int c = q % p.cg;
+      q /= p.cg;
+      int tap[3];
+      tap[2] = q % p.filt[2]; q /= p.filt[2];
+      tap[1] = q % p.filt[1];
+      tap[0] = q / p.filt[1];
+      noff = (long long)c * p.ws[1];
+#pragma unroll
+      for (int i = 0; i < 3; ++i) noff += (long long)flip_tap(p, i, tap[i]) * p.ws[2 + i];
+    }
+#pragma unroll
+    for (int i = 0; i < Eng::TM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m_base + eng.row_of(i, 2 * h);
+        if (m >= p.gm) continue;
+        const float v0 = eng.acc[i][j][2 * h], v1 = eng.acc[i][j][2 * h + 1];
+        if (partial) {
+          float* d = part + (long long)m * p.gn + n;
+          d[0] = v0;
+          d[1] = v1;
+        } else {
+          typedef typename Eng::Elem T;
+          T* out = static_cast<T*>(p.out);
+          const long long off = (long long)m * p.ws[0] + noff;
+          float r0 = alpha * v0, r1 = alpha * v1;
+          if (p.flags & PYDNN_FLAG_BETA) {
+            r0 += beta * load<float>(out[off]);
+            r1 += beta * load<float>(out[off + p.ws[1]]);
+          }
+          out[off] = store<T>(r0);
+          out[off + p.ws[1]] = store<T>(r1);
+        }
+      }
+  }
+}
+
+// Backward filter on tensor cores (BWD_FILTER_ALGO_1 for half / bfloat16):
+//   dw[k][(t, r, s, c)] = sum over output positions pos = (n, od, oh, ow) of
+//                         dy[pos][k] * x[n][(od, oh, ow) * stride + (t, r, s) * dil - pad][c],
+// an implicit GEMM with M = K, N = T * R * S * C (c innermost, so 8 channels of one tap are one 16-byte
+// chunk of NHWC x) and the reduction over the N * OD * OH * OW positions: long (ResNet: 3136 to 200704)
+// against a small M x N, so it is split over grid.z. Needs NHWC-like dy and x (channel stride 1, other
+// strides multiples of 8), C and K multiples of 8, one group; the filter may have any layout (written
+// through its strides). Deterministic: every split has a fixed range of positions, each block sums its
+// range in a fixed order, and with splits > 1 conv::fold adds the fp32 partials in split order.
+//
+// Both operands arrive k-major: a 32-position tile of dy is [pos][k] (k contiguous) and of x [pos][c],
+// so they sit in shared memory as [k][m] and [k][n] rows padded by 16 bytes (row strides of 144 or 272
+// bytes put the 8 rows of each ldmatrix in 8 different 16-byte bank groups) and MmaSm80::step_tt reads
+// both with ldmatrix .trans. Block: BM x 128 (BM = 128, or 64 for narrow K), 8 warps as 2 x 4 warp
+// tiles of BM/2 x 32, WgShape::STAGES-deep cp.async pipeline. Each thread's chunk columns are fixed for the
+// block (the tap and channel of B decomposed once); its rows' positions advance by digit stepping.
+// Epilogue: with one split, dw = alpha * acc + beta * dw directly (flip in CONVOLUTION mode); with more,
+// raw fp32 partials to the workspace at [split][m][n].
+constexpr int kWgBN = 128;
+
+template <int BM> struct WgShape {
+  static constexpr int LDA = BM + 8, LDB = kWgBN + 8;        // shared row strides (elements)
+  static constexpr int WM = BM / 2, WN = 32;                  // warp tile: 2 (m) x 4 (n) warps
+  static constexpr int A_CHUNKS = BM / 8, B_CHUNKS = kWgBN / 8;  // 16-byte chunks per tile row
+  static constexpr int A_SLOTS = kTcBK * A_CHUNKS / kTcThreads;  // chunks per thread per stage: 2 or 1
+  static constexpr int B_SLOTS = kTcBK * B_CHUNKS / kTcThreads;  // 2
+  static constexpr int STAGE = kTcBK * (LDA + LDB);           // elements per stage
+  static constexpr int STAGES = 4;                            // cp.async pipeline depth
+};
+
+template <class T, int BM>
+__global__ void __launch_bounds__(kTcThreads, 2) wgrad_tc(const ConvParams p) {
+  typedef WgShape<BM> Sh;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T* smem = reinterpret_cast<T*>(tc_smem);  // stage s: A [32][LDA] at s * STAGE, then B [32][LDB]
+  const int t = threadIdx.x, warp = t >> 5;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * kWgBN;
+  const int kbeg = blockIdx.z * p.k_per_split;
+  const int kend = min(p.gk, kbeg + p.k_per_split);
+  const T* dy = static_cast<const T*>(p.x);
+  const T* x = static_cast<const T*>(p.w);
+
+  // A: output channels m0 + acol .. + 7 of positions (rows) t / A_CHUNKS + s * (256 / A_CHUNKS)
+  const int acol = (t % Sh::A_CHUNKS) * 8;
+  const bool a_ok = m0 + acol < p.gm;
+  Red ar[Sh::A_SLOTS];
+#pragma unroll
+  for (int s = 0; s < Sh::A_SLOTS; ++s) red_init(p, kbeg + t / Sh::A_CHUNKS + s * (kTcThreads / Sh::A_CHUNKS), ar[s]);
+  // B: filter columns n0 + bcol .. + 7 = 8 channels of one tap, of the same rows as above with B_CHUNKS
+  const int bcol = (t % Sh::B_CHUNKS) * 8;
+  const bool b_ok = n0 + bcol < p.gn;
+  int bc = 0, base[3];
+  {
+    int n = b_ok ? n0 + bcol : 0;
+    bc = n % p.cg;
+    n /= p.cg;
+    int tap[3];
+    tap[2] = n % p.filt[2]; n /= p.filt[2];
+    tap[1] = n % p.filt[1];
+    tap[0] = n / p.filt[1];
+#pragma unroll
+    for (int i = 0; i < 3; ++i) base[i] = tap[i] * p.dil[i] - p.pad[i];
+  }
+  Red br[Sh::B_SLOTS];
+#pragma unroll
+  for (int s = 0; s < Sh::B_SLOTS; ++s) red_init(p, kbeg + t / Sh::B_CHUNKS + s * (kTcThreads / Sh::B_CHUNKS), br[s]);
+
+  // copies of the next 32 positions into `stage`; the row states then step to the tile after
+  auto load_tile = [&](int stage) {
+    T* sa = smem + stage * Sh::STAGE;
+    T* sb = sa + kTcBK * Sh::LDA;
+#pragma unroll
+    for (int s = 0; s < Sh::A_SLOTS; ++s) {
+      const Red& r = ar[s];
+      const bool v = a_ok && r.k < kend;
+      const long long off = (long long)r.d[0] * p.ys[0] + (long long)r.d[1] * p.ys[2] + (long long)r.d[2] * p.ys[3] +
+                            (long long)r.d[3] * p.ys[4] + m0 + acol;
+      const int row = t / Sh::A_CHUNKS + s * (kTcThreads / Sh::A_CHUNKS);
+      mma::cp_async_16(mma::smem_u32(sa + row * Sh::LDA + acol), v ? dy + off : dy, v);
+      red_step<kTcBK>(p, ar[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < Sh::B_SLOTS; ++s) {
+      const Red& r = br[s];
+      bool v = b_ok && r.k < kend;
+      long long off = (long long)r.d[0] * p.xs[0] + bc;
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+        const int q = r.d[1 + i] * p.stride[i] + base[i];
+        v = v && (unsigned)q < (unsigned)p.in_size[i];
+        off += (long long)q * p.xs[2 + i];
+      }
+      const int row = t / Sh::B_CHUNKS + s * (kTcThreads / Sh::B_CHUNKS);
+      mma::cp_async_16(mma::smem_u32(sb + row * Sh::LDB + bcol), v ? x + off : x, v);
+      red_step<kTcBK>(p, br[s]);
+    }
+  };
+
+  mma::MmaSm80<T, Sh::WM, Sh::WN> eng;
+  eng.zero();
+  const int wm = (warp & 1) * Sh::WM, wn = (warp >> 1) * Sh::WN;
+  const int tiles = (kend - kbeg + kTcBK - 1) / kTcBK;
+#pragma unroll
+  for (int s = 0; s < Sh::STAGES - 1; ++s) {
+    if (s < tiles) load_tile(s);
+    mma::cp_async_commit();
+  }
+  for (int kt = 0; kt < tiles; ++kt) {
+    mma::cp_async_wait<Sh::STAGES - 2>();
+    __syncthreads();
+    if (kt + Sh::STAGES - 1 < tiles) load_tile((kt + Sh::STAGES - 1) % Sh::STAGES);
+    mma::cp_async_commit();
+    const T* sa = smem + (kt % Sh::STAGES) * Sh::STAGE;
+    const T* sb = sa + kTcBK * Sh::LDA;
+#pragma unroll
+    for (int ks = 0; ks < kTcBK; ks += 16) eng.step_tt(sa + ks * Sh::LDA + wm, Sh::LDA, sb + ks * Sh::LDB + wn, Sh::LDB);
+  }
+  mma::cp_async_wait<0>();
+  wgrad_epilogue(p, eng, m0 + wm, n0 + wn);
 }
 
 }  // namespace conv

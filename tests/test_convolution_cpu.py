@@ -221,8 +221,8 @@ def test_forward_validation():
            "convDesc: compute type 0 with data type 1 is not supported")
     _check(f, _fwd_args(c=cdesc((1, 1), (1, 1), (1, 1), ctype=F64)), NS, "convDesc: compute type 1 with data type 0")
     _check(f, _fwd_args(algo=9), BAD, "algo: 9 is not a pydnnConvolutionFwdAlgo_t value")
-    _check(f, _fwd_args(algo=pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT), NS,
-           "algo: PYDNN_CONVOLUTION_FWD_ALGO_FFT is not implemented in pydnn yet")
+    _check(f, _fwd_args(algo=pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT_TILING), NS,
+           "algo: PYDNN_CONVOLUTION_FWD_ALGO_FFT_TILING is not implemented in pydnn yet")
     _check(f, _fwd_args(y=tdesc((2, 6, 8, 8), strides=(384, 64, 8, 0 + 1) if False else (384, 1, 8, 1))), BAD,
            "yDesc: strides")
     _check(f, _fwd_args(c=pydnn.create_convolution_descriptor()), BAD, "convDesc: descriptor was never set")
@@ -254,8 +254,8 @@ def test_backward_validation():
            "dyDesc: dims (2, 6, 4, 5) differ from the computed output dims (2, 6, 5, 5)")
     _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, 0, 0, 0.0, x, X), NS,
            "algo: BWD_DATA_ALGO_1 runs on tensor cores for half and bfloat16 data only")
-    _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, 0, 0, 0.0, x, X), NS,
-           "algo: PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT is not implemented")
+    _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING, 0, 0, 0.0, x, X), NS,
+           "algo: PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING is not implemented")
     _check(bd, (h, 1.0, w, W, dy, Y, c, 6, 0, 0, 0.0, x, X), BAD, "algo: 6 is not a pydnnConvolutionBwdDataAlgo_t")
     _check(bf, (h, 1.0, x, X, dy, Y, c, BWD_F0, 0, 0, 0.0, w, W), NOINIT, "")
     assert pydnn.get_convolution_backward_filter_workspace_size(h, x, dy, c, w, BWD_F1) == 0  # too short to split
@@ -313,15 +313,20 @@ def test_algorithm_queries():
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56)), fdesc((64, 64, 3, 3)), tdesc((64, 64, 56, 56))
     r = pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 8)
-    assert [p.algo for p in r][0] == FWD_IG and r[0].status == pydnn.PYDNN_STATUS_SUCCESS
+    # fp32 3x3 stride 1: WINOGRAD_NONFUSED, IMPLICIT_GEMM, GEMM, FFT run (test_convolution_algos_cpu.py and
+    # test_convolution_fft_cpu.py rank them)
+    ran = [p.algo for p in r if p.status == pydnn.PYDNN_STATUS_SUCCESS]
+    assert sorted(ran) == sorted([FWD_IG, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT,
+                                  pydnn.PYDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED]) and r[:4] == [p for p in r if p.algo in ran]
     assert sorted(p.algo for p in r) == list(range(8))
-    assert all(p.status == NS and "not implemented" in p.message for p in r[1:])
+    assert all(p.status == NS and "not implemented" in p.message for p in r[4:])
+    r = [p for p in r if p.algo == FWD_IG]
     assert r[0].determinism == pydnn.PYDNN_DETERMINISTIC and r[0].memory == 0
     assert len(pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 2)) == 2
     algo, status, time, memory, det, math = r[0]
     assert (algo, status, memory, det, math) == (FWD_IG, 0, 0, pydnn.PYDNN_DETERMINISTIC, pydnn.PYDNN_DEFAULT_MATH)
     rd = pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, c, x, 6)
-    assert rd[0].algo == BWD_D0 and len(rd) == 6
+    assert rd[0].algo == pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED and len(rd) == 6  # fp32 3x3 stride 1
     # a long reduction over few output tiles: the split-K ALGO_1 ranks first; a short one: ALGO_0
     rf = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, c, w, 7)
     assert [p.algo for p in rf[:2]] == [BWD_F1, BWD_F0] and rf[0].memory > 0
@@ -567,18 +572,85 @@ def test_tensor_core_bwd_data_plan_emulated(case, mode, rng):
                                rtol=1e-10, atol=1e-10)
 
 
-def test_tensor_core_smem_and_tiles():
-    """Shared memory per block: 3 stages of A (128 x 40) and B ([n][k] 40 wide, or [k][n] BN + 8 wide)."""
+def test_tensor_core_smem_and_tiles(monkeypatch):
+    """Shared memory per block: 4 stages of A (BM x 40) and B ([n][k] 40 wide, or [k][n] BN + 8 wide); the
+    grid follows the tile (the model's choice, or one forced through TC_FORCE)."""
     h = cpu_handle()
     c = cdesc((1, 1), (1, 1), (1, 1))
-    for k, bn in ((64, 64), (72, 128), (256, 128)):
+    for k, tile in ((64, None), (72, (128, 128)), (256, (64, 128)), (256, (128, 64)), (72, (64, 64))):
+        if tile:
+            monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
+            monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)
         x, w, y = tdesc((2, 16, 8, 8), BF16, NHWC), fdesc((k, 16, 3, 3), BF16, NHWC), tdesc((2, k, 8, 8), BF16, NHWC)
         pl = C._new_plan(h, C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, y)
-        assert pl.gemm_expr.endswith(f", {bn}>") and pl.gemm_grid == (1, -(-k // bn), 1)
-        assert pl.smem == 3 * (128 + bn) * 40 * 2
+        bm, bn = (int(v) for v in pl.gemm_expr[:-1].split(", ")[1:])
+        assert tile in (None, (bm, bn)) and (bm, bn) in C.TC_TILES
+        assert pl.gemm_grid == (-(-128 // bm), -(-k // bn), 1)
+        assert pl.smem == 4 * (bm + bn) * 40 * 2
         pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
-        assert pd.gemm_expr.endswith(", 64>") and pd.gemm_grid == (1, 1, 1)  # N = C = 16
-        assert pd.smem == 3 * (128 * 40 + 32 * 72) * 2
+        if tile is None and k % 64 == 0:  # dy's K fills 64-deep K tiles: the pipelined kernel (test below)
+            assert "implicit_gemm_pipe_tc<1," in pd.gemm_expr
+            continue
+        bm, bn = (int(v) for v in pd.gemm_expr[:-1].split(", ")[1:])
+        assert "bwd_data_tc" in pd.gemm_expr and tile in (None, (bm, bn))
+        assert pd.gemm_grid == (-(-128 // bm), -(-16 // bn), 1)  # N = C = 16
+        assert pd.smem == 4 * (bm * 40 + 32 * (bn + 8)) * 2
+
+
+def test_tensor_core_pipelined_plans(monkeypatch):
+    """Forward and stride-1 backward data whose reduction channels are multiples of 64 get the pipelined
+    kernel (implicit_gemm_pipe_tc: WARPS_M x WARPS_N warps, 3 stages of (BM + BN) x 64); a forced pipelined
+    tile is obeyed where the kernel applies; strided backward data keeps bwd_data_tc."""
+    h = cpu_handle()
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
+    for direction, algo in ((C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
+                            (C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1)):
+        pl = C._new_plan(h, direction, algo, c, x, w, y)
+        assert f"implicit_gemm_pipe_tc<{direction}," in pl.gemm_expr
+        args = pl.gemm_expr[:-1].split(", ")[2:]
+        cfg = tuple(int(v) for v in args[:5]) + (int(args[5] == "true"),)
+        assert cfg in C.TCP_TILES
+        bm, bn, wm, wn = cfg[:4]
+        assert pl.threads == wm * wn * 32 and pl.smem == 3 * (bm + bn) * 64 * 2
+        assert pl.gemm_grid == (-(-64 * 56 * 56 // bm), -(-64 // bn), 1)
+        for tile in C.TCP_TILES:
+            monkeypatch.setitem(C.TC_FORCE, direction, tile)
+            pl = C._new_plan(h, direction, algo, c, x, w, y)
+            assert pl.gemm_expr == C._tc_expr("bf16", direction, tile)
+        monkeypatch.delitem(C.TC_FORCE, direction)
+    c2 = cdesc((1, 1), (2, 2), (1, 1))
+    y2 = tdesc((64, 64, 28, 28), BF16, NHWC)
+    pl = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c2, x, w, y2)
+    assert "bwd_data_tc" in pl.gemm_expr and pl.threads == 256
+
+
+def test_tensor_core_backward_filter_plan():
+    """BWD_FILTER_ALGO_1 on tensor cores for 16-bit NHWC x and dy (any filter format): the split model's
+    tiling, a workspace of fp32 partials when split, the fold told the columns are channel-innermost;
+    CUDA cores (and the same algorithm) otherwise."""
+    h = cpu_handle()
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    f1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+    x, y = tdesc((64, 64, 56, 56), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
+    for fmt in (NHWC, NCHW):
+        pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=fmt), y)
+        assert "wgrad_tc" in pl.gemm_expr and pl.deterministic and pl.align == 16
+        p = pl.gemm
+        assert (p.gm, p.gn, p.gk) == (64, 576, 64 * 56 * 56) and p.splits > 1 and p.k_per_split % C.TC_BK == 0
+        assert (p.splits - 1) * p.k_per_split < p.gk <= p.splits * p.k_per_split
+        assert pl.workspace == p.splits * 64 * 576 * 4 and pl.fold.flags & C.FLAG_CIN
+        assert pl.gemm_grid == (1, 5, p.splits)
+    # the 7x7 layer: one split, dw written directly (no workspace)
+    x7, y7 = tdesc((64, 512, 7, 7), BF16, NHWC), tdesc((64, 512, 7, 7), BF16, NHWC)
+    pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x7, fdesc((512, 512, 3, 3), BF16, fmt=NHWC), y7)
+    assert "wgrad_tc" in pl.gemm_expr and pl.splits == 1 and pl.workspace == 0 and pl.fold is None
+    for xx, yy in ((tdesc((2, 12, 8, 8), BF16, NHWC), tdesc((2, 8, 8, 8), BF16, NHWC)),   # C % 8
+                   (tdesc((2, 16, 8, 8), BF16, NCHW), tdesc((2, 8, 8, 8), BF16, NHWC)),   # NCHW x
+                   (tdesc((2, 16, 8, 8), F32, NHWC), tdesc((2, 8, 8, 8), F32, NHWC))):    # fp32
+        dt = xx.dtype
+        pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, xx, fdesc((8, xx.dims[1], 3, 3), dt, fmt=NHWC), yy)
+        assert pl.gemm_expr.startswith("pydnn::conv::implicit_gemm<2")
 
 
 @pytest.mark.parametrize("case", TC_EMU)
@@ -630,7 +702,7 @@ def test_tensor_core_refusals():
     pydnn.set_convolution_math_type(fma, pydnn.PYDNN_FMA_MATH)
     _check(pydnn.get_convolution_forward_workspace_size, (h, ok[0], ok[1], fma, ok[2], pre), NS, "FMA math type")
     r = pydnn.get_convolution_forward_algorithm_v7(h, ok[0], ok[1], c, ok[2], 8)
-    assert [p.algo for p in r[:2]] == [pre, FWD_IG]
+    assert r[0].algo == pre and FWD_IG in [p.algo for p in r[1:3]]  # GEMM (im2col + tensor cores) may rank 2nd
     r = pydnn.get_convolution_forward_algorithm_v7(h, ok[0], ok[1], fma, ok[2], 8)
     assert r[0].algo == FWD_IG and next(p for p in r if p.algo == pre).status == NS
 

@@ -38,11 +38,93 @@ Versions and notes:
      98-196 blocks (partial waves on 132 SMs). Next: 64-deep k steps (fewer barriers per MMA), a
      swizzled smem layout for 128-byte rows, a shared-memory staged epilogue with 16-byte stores, and
      Hopper wgmma with TMA (the MmaSm80 engine is the slot for it).
-  Not on tensor cores yet: backward filter (CUDA-core ALGO_0 / ALGO_1 only: 0.01-0.05x cuDNN for bf16),
+  v4 (this commit) tensor-core backward filter (BWD_FILTER_ALGO_1 for fp16 / bf16 with NHWC x and dy,
+     C, K % 8): wgrad_tc, M = K, N = taps * C (c innermost), the N * P * Q reduction split over grid.z
+     into fp32 partials added in split order by conv::fold (deterministic; one split writes dw
+     directly). Both operands are k-major in shared memory ([pos][k], [pos][c] rows padded by 16 bytes)
+     and read with ldmatrix .trans (MmaSm80::step_tt); BM x 128 x 32 tiles (BM 128, or 64 for K = 64 and
+     where it quantizes better), 8 warps, 4-stage cp.async, 2 blocks per SM (128 registers, no spills).
+     (BM, splits) from a model: rounds of blocks per SM x k tiles + the fold's traffic. Model picks for
+     the 3x3 layers: 64x128 x 52 splits (56²), 128x128 x 29 (28²), 128x128 x 7 (14²), 64x128 x 1 (7²,
+     no fold). Forward / backward data: BM x BN tiles (128 or 64 each, TC_TILES) chosen by a wave model
+     (_tc_tiling: rounds of one block per SM x tile work / the tile's measured speed), 4 stages.
+     Predicted: backward filter 150-300 TFLOP/s on the 3x3 layers (0.4-0.8x cuDNN; 50-100x the
+     CUDA-core ALGO_1); forward / backward data 10-30% from the tiles and the 4th stage.
+     Measured (H200; cuDNN's backward filter through PyTorch 267-361 TFLOP/s in this run, 308-486 in a
+     second run an hour later: cuDNN's own numbers move 20-40% between runs):
+       bwd filter 114 / 148 / 139 / 95 TFLOP/s = 0.43 / 0.53 / 0.38 / 0.29x cuDNN (56², 28², 14², 7²):
+       30-45x the CUDA-core ALGO_1, at the low end of the prediction. The model's (BM, splits) was the
+       fastest of the forced alternatives within 5% on every layer (e.g. 28²: 29 splits 148, 14 splits
+       135, 58 splits 132; 14²: 7 splits 139, 14 splits 130, 3 splits 116, 1 split 44).
+       fwd 113 / 157 / 129 / 113 (0.32 / 0.37 / 0.27 / 0.23x), bwd data 102 / 136 / 118 / 91 (0.26 /
+       0.27 / 0.31 / 0.33x), each with the tile the model now picks: no better than v3's 3 stages
+       (prediction missed). 128 x 128 beats 128 x 64 and 64 x 128 by ~20%, 64 x 64 by ~40%, even where
+       the smaller tiles fill the waves better (7²: 100 blocks of 128 x 128 alone on their SMs 113, 392
+       of 64 x 64 102): one block per SM runs about as fast per SM as two. Per SM that is ~1.2 TFLOP/s,
+       a 128 x 128 x 32 tile every ~1700 clocks against ~400 for its MMAs at the mma.sync rate.
+  v5 (tried in the same session, measured, and reverted: none of it paid): the tap-gathered operand
+     copied through L1 (cp.async.ca; the 9 taps of a 3x3 filter read mostly the same pixels), 256 x 128
+     tiles (8 warps of 64 x 64 warp tiles, one block per SM, 25% fewer bytes per flop), BK = 64 stages
+     (3 deep; half the barriers per MMA), fragment double buffering in the engine (the next k16 step's
+     ldmatrix issued before this step's MMAs) and non-volatile mma asm. Predicted, on the theory that
+     L2 -> SM traffic (16 KB per 128 x 128 x 32 tile, ~2.4 TB/s over the GPU) was the limit: 1.3-1.6x
+     from the L1 gather, ~1.2x from 256 x 128, 0-10% from the rest. Measured: L1 gather +0-2% (so L2
+     traffic is not the limit), 256 x 128 slower on 3 of 4 layers (fwd 14² 147 vs 127 the only gain),
+     BK 64 +2-10% on forward (fwd 123 / 157 / 144 / 113), nothing on backward data, double buffering
+     nothing measurable. The limit is elsewhere: the likeliest remaining suspects are the per-chunk
+     address arithmetic in the same warps as the MMAs (no warp specialization) and mma.sync's own rate
+     on Hopper; a wgmma + TMA engine (the MmaSm80 slot) is the step that changes both.
+  v6 forward and stride-1 backward data on matmul's main-loop structure (implicit_gemm_pipe_tc in
+     ptx/convolution.cu, the loop in ptx/common/mma_pipe.cuh). Instruction comparison first (NVRTC PTX,
+     sm_90; no SASS disassembler here): v4's fwd_tc spends per 32-deep k tile and thread ~200 PTX
+     instructions on the gather (12 mul.lo.s64, 19 cvt.s64.s32, 18 param loads, the digit stepping, 3 dims
+     x 2 rows of bounds checks) for 32 mma + 12 ldmatrix per warp and one barrier; matmul's pipeline 2
+     spends a pointer increment per 16-byte chunk on 128 mma per warp per barrier. Not the difference:
+     bank conflicts (v4's 80-byte rows put an ldmatrix's 8 rows in 8 bank groups), ldmatrix (both use
+     it), spills (v4: none, 126 registers). New: 64-deep K tiles = 64 channels of ONE filter tap (K
+     ordered (tap, channel block)), so a tap's offset is the same for every row; each thread keeps per
+     row a 32-bit offset and a tap-validity mask (bits t * R + r and 16 + s) from one decomposition at
+     the start ("precomputed" iterators), and a tile costs per chunk a mask test, an add and a cp.async;
+     swizzled 128-byte shared rows, 3 stages, matmul's barrier placement; optional fragment double
+     buffering (DB). Needs channels % 64 for the model to pick it (other channel counts zero-fill the
+     block: forced tilings only), T * R <= 16, S <= 16, offsets < 2^31, stride 1 for backward data.
+     Predicted: matmul's ~1240 FLOP/clk/SM, i.e. ~300 TFLOP/s where the waves fill.
+     Measured (H200, two runs, the same numbers within 2%; cuDNN 359 / 513 / 517 / 510 forward, 385 /
+     501 / 527 / 531 backward data):
+       tile (warps, blocks/SM cap, DB)   fwd 56² / 28² / 14² / 7²     bwd data 56² / 28² / 14² / 7²
+       v4 fwd_tc / bwd_data_tc, best     113 / 158 / 134 / 114          104 / 137 / 117 /  94
+       128x64  (4x1, 2, DB)              125 / 171 / 158 / 175          144 / 196 / 181 / 201
+       128x64  (4x1, 2, no DB)           126 / 174 / 160 / 178          149 / 202 / 187 / 207
+       128x64  (4x1, 3, no DB)           149 / 188 / 228 / 180          166 / 212 / 249 / 199
+       128x128 (4x2, 2, no DB)           104 / 222 / 194 / 166          107 / 223 / 198 / 165
+       128x128 (2x2, 2, no DB)            63 / 128 / 179 / 113           89 / 182 / 212 / 163
+       256x128 (4x2, 1, no DB)            63 / 133 / 177 / 106           94 / 178 / 208 / 116
+       64x64   (2x1, 4, no DB)           109 / 145 / 130 / 141          144 / 192 / 176 / 195
+       (128x256 / 256x128 / 128x128 with 64x64 warp tiles AND double buffering spilled 44-164 bytes at
+       255 registers and ran 30-190 TFLOP/s; dropped.)
+     The model now picks 128x64 (4x1, 3) for 56², 14², 7² and 128x128 (4x2, 2) for 28²: forward 149 /
+     222 / 228 / 180 = 0.41 / 0.43 / 0.44 / 0.35x cuDNN, backward data 166 / 223 / 249 / 199 = 0.43 /
+     0.44 / 0.47 / 0.37x (1.3-1.7x v4 forward, 1.6-2.1x backward data). Per SM at 1.98 GHz: a
+     128 x 128 x 32 tile-equivalent every 1200-1840 clocks forward, 1100-1650 backward data (v4:
+     1700-2900; matmul: ~845). Prediction missed (0.35-0.47x against the 0.6x target). What the table
+     says: the rate follows the warps resident per SM, not the warp tile or the per-chunk cost: 12-16
+     warps (128x64 x 3 blocks, 128x128 x 8 warps x 2) beat 8 warps by 20-60%, matmul's own best shape
+     (64x64 warp tiles, 8 warps, one block per SM) is the worst here, and double buffering the fragments
+     buys nothing (as in v5). The loop is latency bound: short reductions (9 to 72 K tiles per block
+     against matmul's 64 at 4096^3) leave each block's pipeline fill (2 tiles of global latency), the
+     tap-mask setup and the epilogue exposed unless other blocks cover them. Next: a persistent kernel
+     that prefetches the next output tile's first stages during the epilogue (or split-K for 7²), 4
+     stages for the 12-warp tile, and wgmma + TMA (the producer / consumer split of mma_pipe.cuh).
+     Backward filter (wgrad_tc) unchanged: 115 / 150 / 141 / 95 (0.37 / 0.40 / 0.33 / 0.19x).
+  PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
+  (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice.
+  Not on tensor cores yet: backward filter for fp32 / NCHW / groups (CUDA-core ALGO_0 / ALGO_1),
   the 7x7 stem (C = 3 is not a multiple of 8), fp32 (no TF32 path). Backward data of the strided 7x7
   stem is pathological on the CUDA-core gather (0.1 TFLOP/s: dx has 3 channels in a 64-wide tile and
   3/4 of the taps miss the stride).
 """
+import os
+
 import torch
 
 import pydnn
@@ -91,6 +173,10 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
     fwd_algo = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
     dalgo = pydnn.get_convolution_backward_data_algorithm_v7(h, wd, yd, conv, xd, 1)[0].algo
     falgo = pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, conv, wd, 1)[0].algo
+    if _tc_only():  # the tensor-core kernels themselves, whatever the heuristic prefers
+        fwd_algo = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+        dalgo = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+        falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
     need = pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, falgo)
     ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
     xp, wp, yp, dyp, dxp, dwp = (t.data_ptr() for t in (x, w, y, dy, dx, dw))
@@ -111,7 +197,62 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
         reps = 10 if flops > 5e10 else 20
         ms_p = time_ms(fp, reps=reps, warmup=2)
         ms_t = time_ms(ft, reps=reps, warmup=3)
-        b.row_flops("conv", f"{name} {what}", dname, flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
+        b.row_flops("conv", f"{name} {what}{_kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo)}", dname,
+                    flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
+        if _tc_only():
+            _tc_variants(b, name, what, conv, cases, flops, ms_t, (x, xd, wd, yd, dy, dw))
+
+
+def _kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo):
+    """' [kernel<tile>]' of the plan a row times (the model's choice), for the tensor-core runs."""
+    if not _tc_only():
+        return ""
+    from pydnn.ops import convolution as C
+
+    direction, algo = ((C.DIR_FWD, fwd_algo) if what.startswith("fwd") else (C.DIR_BWD_DATA, dalgo)
+                       if what.startswith("bwd data") else (C.DIR_BWD_FILTER, falgo))
+    expr = C._new_plan(h, direction, algo, conv, xd, wd, yd).gemm_expr
+    head, args = expr[:-1].split("<", 1)
+    kernel = head.split("::")[-1]
+    return f" [model: {kernel} {'x'.join(args.split(', ')[2 if 'pipe' in kernel else 1:])}]"
+
+
+def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
+    """The same direction with each forced tiling (pydnn.ops.convolution.TC_FORCE): the data the tiling
+    models are fit to. A new descriptor version makes each a new plan."""
+    from pydnn.ops import convolution as C
+
+    x, xd, wd, yd, dy, dw = tensors
+    h = b.h
+    if what.startswith("fwd") or what.startswith("bwd data"):
+        direction = C.DIR_FWD if what.startswith("fwd") else C.DIR_BWD_DATA
+        fp = cases[0][1] if direction == C.DIR_FWD else cases[1][1]
+        variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in C.TC_TILES]
+                    + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
+    else:
+        direction, fp = C.DIR_BWD_FILTER, None
+        falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+        C.TC_FORCE.pop(direction, None)
+        pl = C._new_plan(h, direction, falgo, conv, xd, wd, yd)
+        bm, sp = (128 if pl.gemm_expr.endswith("128>") else 64), pl.splits
+        alts = sorted({(64, sp), (128, sp), (bm, max(1, sp // 2)), (bm, 2 * sp), (bm, 1)} - {(bm, sp)})
+        variants = [((bm2, s2), f"BM {bm2} splits {s2}") for bm2, s2 in alts]
+    for tiling, label in variants:
+        C.TC_FORCE[direction] = tiling
+        pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)  # a new version: a new plan
+        try:
+            if direction == C.DIR_BWD_FILTER:
+                need = pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, falgo)
+                ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+                fp = (lambda ws=ws, need=need: pydnn.convolution_backward_filter(
+                    h, 1.0, xd, x.data_ptr(), yd, dy.data_ptr(), conv, falgo, ws.data_ptr(), need, 0.0, wd,
+                    dw.data_ptr()))
+            ms_p = time_ms(fp, reps=10, warmup=2)
+            b.row_flops("conv", f"{name} {what} [{label}]", "bf16", flops, ms_p, ms_t, "cudnn",
+                        peak_tflops=PEAK["bf16"])
+        finally:
+            C.TC_FORCE.pop(direction, None)
+    pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
 
 
 def _fused(b):
@@ -140,10 +281,18 @@ def _fused(b):
                 peak_tflops=PEAK["bf16"])
 
 
+def _tc_only():
+    return os.environ.get("PYDNN_BENCH_CONV_TC", "0") == "1"
+
+
 def run(b):
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    if _tc_only():
+        for layer in LAYERS[:4]:
+            _layer(b, *layer, "bf16")
+        return
     for dname in ("bf16", "fp32"):
         for layer in LAYERS:
             _layer(b, *layer, dname)

@@ -1,7 +1,7 @@
-// Tensor-core building blocks of the convolution kernels (ptx/convolution_tc.cu): shared-memory
+// Tensor-core building blocks of the convolution kernels (ptx/convolution.cu): shared-memory
 // addresses, cp.async with zero fill, ldmatrix, and the warp-level MMA "engine". sm_80 and later.
 //
-// The tile loops of convolution_tc.cu talk to the engine only through MmaSm80<T>: its fragment types,
+// The tile loops of convolution.cu talk to the engine only through MmaSm80<T>: its fragment types,
 // load_a / load_b (from shared memory) and mma(). A Hopper wgmma engine (warpgroup-wide, operands read
 // from shared memory descriptors) would be a second engine with the same role; the kernels' producer
 // side (implicit-GEMM addressing, cp.async stages) does not change.
@@ -68,6 +68,7 @@ template <> struct MmaOp<half_t> {
 // stored row major with `ld` elements per row: A as [m][k], B as [n][k] (each output column's k run
 // contiguous, which is what ldmatrix without .trans turns into the B fragment).
 template <class T, int WM, int WN> struct MmaSm80 {
+  typedef T Elem;
   static constexpr int TM = WM / 16, TN = WN / 8;
   float acc[TM][TN][4];
 
@@ -115,6 +116,33 @@ template <class T, int WM, int WN> struct MmaSm80 {
     for (int i = 0; i < TM; ++i) {
       const int row = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = ((lane >> 4) & 1) * 8;
       ldmatrix_x4(a[i], smem_u32(a_tile + row * lda + col));
+    }
+#pragma unroll
+    for (int j = 0; j < TN; j += 2) {
+      const int krow = (lane & 7) + ((lane >> 3) & 1) * 8, col = j * 8 + ((lane >> 4) & 1) * 8;
+      unsigned r[4];
+      ldmatrix_x4_trans(r, smem_u32(b_tile + krow * ldb + col));
+      b[j][0] = r[0];
+      b[j][1] = r[1];
+      b[j + 1][0] = r[2];
+      b[j + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) MmaOp<T>::run(acc[i][j], a[i], b[j][0], b[j][1]);
+  }
+
+  // The same step with both operands stored k-major: A as [k][m] and B as [k][n] (each k's run of m, or
+  // of n, contiguous), as the backward filter's GEMM gets them from NHWC dy and x; ldmatrix .trans makes
+  // both fragments. a_tile points at row k0, this warp's first m column; b_tile likewise.
+  __device__ __forceinline__ void step_tt(const T* a_tile, int lda, const T* b_tile, int ldb) {
+    const int lane = threadIdx.x & 31;
+    unsigned a[TM][4], b[TN][2];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {  // matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15)
+      const int krow = (lane & 7) + ((lane >> 4) & 1) * 8, col = i * 16 + ((lane >> 3) & 1) * 8;
+      ldmatrix_x4_trans(a[i], smem_u32(a_tile + krow * lda + col));
     }
 #pragma unroll
     for (int j = 0; j < TN; j += 2) {

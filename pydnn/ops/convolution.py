@@ -16,7 +16,8 @@ Data types: x, w, y (dx, dw, dy, z, bias) of one type: float, half and bfloat16 
 
 Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
     forward          IMPLICIT_GEMM   CUDA cores, every shape, no workspace, deterministic
-                     IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, 3-stage cp.async),
+                     IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, 4-stage cp.async;
+                                     the tile BM x BN chosen by a wave model, _tc_tiling),
                                      half / bfloat16, NHWC x and filter, C % 8 == 0, one group;
                                      deterministic, no workspace
     backward data    ALGO_0          CUDA cores, every shape, gather form (no atomics), no workspace,
@@ -25,9 +26,13 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      K % 8 == 0 too); deterministic, no workspace
     backward filter  ALGO_0          CUDA cores, one pass (no split of the reduction), no workspace,
                                      deterministic
-                     ALGO_1          the same kernel with the reduction split over blocks into a
-                                     workspace of partial sums, added in a fixed order by a second
-                                     kernel: deterministic (bitwise reproducible), more parallel
+                     ALGO_1          the reduction split over blocks into a workspace of fp32 partial
+                                     sums, added in a fixed order by a second kernel: deterministic
+                                     (bitwise reproducible), more parallel. On tensor cores (wgrad_tc)
+                                     for half / bfloat16 with NHWC-like x and dy, C % 8 == 0, K % 8 == 0,
+                                     one group, any filter format (the split chosen by a model,
+                                     _wgrad_tiling; one split writes dw directly, no workspace); else the
+                                     CUDA-core kernel
 """
 import ctypes
 
@@ -89,22 +94,52 @@ class ConvAuxParams(ctypes.Structure):
 
 
 TC_TAGS = ("f16", "bf16")   # data types of the tensor-core kernels
-TC_BM, TC_BK, TC_LD, TC_STAGES = 128, 32, 40, 3   # kTcBM, kTcBK, kTcLd, kTcStages
-TC_BNS = (128, 64)   # fwd_tc<T, BN> instantiations
+TC_BK, TC_LD, TC_STAGES = 32, 40, 4   # kTcBK, kTcLd, TcShape::STAGES
+TC_TILES = ((128, 128), (128, 64), (64, 128), (64, 64))   # fwd_tc / bwd_data_tc<T, BM, BN> instantiations
+WG_BMS, WG_BN, WG_STAGES = (128, 64), 128, 4   # wgrad_tc<T, BM> instantiations; kWgBN, WgShape::STAGES
+# implicit_gemm_pipe_tc<DIR, T, BM, BN, WARPS_M, WARPS_N, MINB, DB> instantiations (forward and stride-1
+# backward data on the pipelined main loop, ptx/common/mma_pipe.cuh): BM x BN tiles of WARPS_M x WARPS_N
+# warps, MINB blocks per SM for the register cap, DB 1: fragments double-buffered; TCP_BK-deep K tiles,
+# TCP_STAGES stages
+TCP_TILES = ((128, 64, 4, 1, 3, 0), (128, 128, 4, 2, 2, 0))
+TCP_BK, TCP_STAGES = 64, 3   # mma::kPipeBK, kPipeStages
+# direction -> a tiling used instead of the model's choice, for tests and benchmarks: (BM, BN) for the
+# forward and backward-data kernels (fwd_tc / bwd_data_tc), a TCP_TILES entry for the pipelined ones
+# (used where they apply, else the model's fwd_tc / bwd_data_tc tile), (BM, splits) for the backward filter
+TC_FORCE = {}
 
 
 def _exprs(tag):
-    """[0..2] implicit_gemm per direction, [3] fold, [4] bias_grad, [5] fwd_tc<BN 128>, [6] fwd_tc<BN 64>,
-    [7] bwd_data_tc<BN 128>, [8] bwd_data_tc<BN 64> (16-bit types only)."""
+    """[0..2] implicit_gemm per direction, [3] fold, [4] bias_grad, then for 16-bit types: fwd_tc and
+    bwd_data_tc in TC_TILES order, wgrad_tc<BM> in WG_BMS order, then implicit_gemm_pipe_tc forward and
+    backward data in TCP_TILES order (see _tc_expr)."""
     t = CTYPE[tag]
     return tuple([f"pydnn::conv::implicit_gemm<{d}, {t}>" for d in (DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER)]
                  + [f"pydnn::conv::fold<{t}>", f"pydnn::conv::bias_grad<{t}>"]
-                 + ([f"pydnn::conv::{k}<{t}, {bn}>" for k in ("fwd_tc", "bwd_data_tc") for bn in TC_BNS]
-                    if tag in TC_TAGS else []))
+                 + ([f"pydnn::conv::{k}<{t}, {bm}, {bn}>" for k in ("fwd_tc", "bwd_data_tc") for bm, bn in TC_TILES]
+                    + [f"pydnn::conv::wgrad_tc<{t}, {bm}>" for bm in WG_BMS]
+                    + [f"pydnn::conv::implicit_gemm_pipe_tc<{d}, {t}, {', '.join(map(str, cfg[:5]))}, "
+                       f"{'true' if cfg[5] else 'false'}>"
+                       for d in (DIR_FWD, DIR_BWD_DATA) for cfg in TCP_TILES] if tag in TC_TAGS else []))
+
+
+def _tc_expr(tag, direction, config):
+    """The tensor-core kernel of a direction and tiling: (BM, BN), a TCP_TILES entry (the pipelined
+    kernel), or (BM,) for the backward filter."""
+    if len(config) == 6:
+        first = 5 + 2 * len(TC_TILES) + len(WG_BMS) + (0 if direction == DIR_FWD else len(TCP_TILES))
+        return _exprs(tag)[first + TCP_TILES.index(tuple(config))]
+    first = 5 + {DIR_FWD: 0, DIR_BWD_DATA: 1, DIR_BWD_FILTER: 2}[direction] * len(TC_TILES)
+    if direction == DIR_BWD_FILTER:
+        return _exprs(tag)[first + WG_BMS.index(config[0])]
+    return _exprs(tag)[first + TC_TILES.index(tuple(config))]
 
 
 def kernel_units():
-    return [KernelUnit(f"convolution.{t}", "convolution.cu", _exprs(t)) for t in FLOAT_TAGS]
+    from . import convolution_fft, convolution_gemm, convolution_winograd  # GEMM / WINOGRAD_NONFUSED / FFT units
+    return ([KernelUnit(f"convolution.{t}", "convolution.cu", _exprs(t)) for t in FLOAT_TAGS]
+            + convolution_gemm.kernel_units() + convolution_winograd.kernel_units()
+            + convolution_fft.kernel_units())
 
 
 # ----------------------------------------------------------------------------- the descriptor
@@ -420,7 +455,7 @@ class Plan:
 
     __slots__ = ("direction", "algo", "unit", "gemm", "gemm_grid", "gemm_argv", "gemm_expr", "gemm_func", "fold",
                  "fold_grid", "fold_argv", "fold_expr", "fold_func", "workspace", "itemsize", "acc_size",
-                 "deterministic", "splits", "problem", "align", "smem", "pair_ok")
+                 "deterministic", "splits", "problem", "align", "smem", "pair_ok", "threads")
 
 
 def _base_params(pb, direction):
@@ -453,7 +488,10 @@ def _gemm_shape(pb, direction):
 
 
 def plan(handle, pb, direction, algo, split=False):
-    """-> Plan (no kernel loaded). `split`: backward filter ALGO_1 (split-K into the workspace)."""
+    """-> Plan (no kernel loaded). `split`: backward filter ALGO_1 (split-K into the workspace; on tensor
+    cores where they apply, else on CUDA cores)."""
+    if split and direction == DIR_BWD_FILTER and _tc_refusal(pb, DIR_BWD_FILTER) is None:
+        return plan_wgrad_tc(handle, pb, algo)
     gm, gn, gk, red, cin, akf, bkf = _gemm_shape(pb, direction)
     for name, v in (("M", gm), ("N", gn), ("K", gk)):
         if v > INT_MAX:
@@ -481,7 +519,7 @@ def plan(handle, pb, direction, algo, split=False):
     pl.gemm_expr = _exprs(pb.tag)[direction]
     pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
     pl.fold = pl.fold_func = pl.fold_argv = None
-    pl.workspace, pl.align, pl.smem, pl.pair_ok = 0, 0, 0, False
+    pl.workspace, pl.align, pl.smem, pl.pair_ok, pl.threads = 0, 0, 0, False, THREADS
     if pl.gemm_grid[2] > 65535 or pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"groups x splits = {pl.gemm_grid[2]} exceeds the grid's 65535 (too many groups)")
     if splits > 1:
@@ -507,8 +545,12 @@ BWD_DATA_ALGOS = tuple(v for k, v in E.ENUMS["pydnnConvolutionBwdDataAlgo_t"].it
 BWD_FILTER_ALGOS = tuple(v for k, v in E.ENUMS["pydnnConvolutionBwdFilterAlgo_t"].items() if not k.endswith("COUNT"))
 ALGO_TYPES = {DIR_FWD: ("pydnnConvolutionFwdAlgo_t", FWD_ALGOS), DIR_BWD_DATA: ("pydnnConvolutionBwdDataAlgo_t",
               BWD_DATA_ALGOS), DIR_BWD_FILTER: ("pydnnConvolutionBwdFilterAlgo_t", BWD_FILTER_ALGOS)}
-IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
-               DIR_BWD_DATA: (E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1),
+IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                         E.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, E.PYDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+                         E.PYDNN_CONVOLUTION_FWD_ALGO_FFT),
+               DIR_BWD_DATA: (E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                              E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+                              E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
                DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1)}
 
 
@@ -532,28 +574,194 @@ def check_algo(direction, algo):
 
 def _tc_refusal(pb, direction):
     """Why a tensor-core kernel cannot serve a problem (None when it can). Forward reads x (NHWC, C % 8),
-    backward data reads dy (NHWC, K % 8) and writes C in chunks of 8 channels."""
-    name = "IMPLICIT_PRECOMP_GEMM" if direction == DIR_FWD else "BWD_DATA_ALGO_1"
+    backward data reads dy (NHWC, K % 8) and writes C in chunks of 8 channels; backward filter reads both
+    dy and x in chunks of 8 channels (C % 8, K % 8) and writes dw through its strides (any format)."""
+    name = {DIR_FWD: "IMPLICIT_PRECOMP_GEMM", DIR_BWD_DATA: "BWD_DATA_ALGO_1",
+            DIR_BWD_FILTER: "BWD_FILTER_ALGO_1 on tensor cores"}[direction]
     if pb.tag not in TC_TAGS:
         return f"{name} runs on tensor cores for half and bfloat16 data only (float would need TF32, not implemented)"
     if pb.math_type == E.PYDNN_FMA_MATH:
         return f"{name} uses tensor cores, which the FMA math type forbids"
     if pb.groups != 1:
         return f"{name} needs groupCount 1 (got {pb.groups})"
-    if pb.c % 8 or (direction == DIR_BWD_DATA and pb.k % 8):
+    if pb.c % 8 or (direction != DIR_FWD and pb.k % 8):
         return f"{name} needs channel counts that are multiples of 8 (C {pb.c}, K {pb.k})"
-    src, sname = (pb.xs, "xDesc") if direction == DIR_FWD else (pb.ys, "dyDesc")
-    if src[1] != 1 or any(s % 8 for i, s in enumerate(src) if i != 1):
-        desc = pb.x_desc if direction == DIR_FWD else pb.y_desc
-        return (f"{name} needs {sname} with channels innermost (NHWC) and other strides multiples of 8 "
-                f"(strides {tuple(desc.strides)})")
-    if pb.w_format != E.PYDNN_TENSOR_NHWC:
+    sources = {DIR_FWD: ((pb.xs, "xDesc", pb.x_desc),), DIR_BWD_DATA: ((pb.ys, "dyDesc", pb.y_desc),),
+               DIR_BWD_FILTER: ((pb.xs, "xDesc", pb.x_desc), (pb.ys, "dyDesc", pb.y_desc))}[direction]
+    for src, sname, desc in sources:
+        if src[1] != 1 or any(s % 8 for i, s in enumerate(src) if i != 1):
+            return (f"{name} needs {sname} with channels innermost (NHWC) and other strides multiples of 8 "
+                    f"(strides {tuple(desc.strides)})")
+    if direction != DIR_BWD_FILTER and pb.w_format != E.PYDNN_TENSOR_NHWC:
         return f"{name} needs a filter in NHWC format (K, spatial..., C)"
     return None
 
 
+MAX_WG_SPLITS = 1024
+WG_SM_FLOPS = 3.5e12   # the split model's tensor-core rate of one SM in wgrad_tc (a ranking, not a promise)
+
+
+def _wgrad_tiling(handle, gm, gn, gk):
+    """(BM, splits) for wgrad_tc: the least modelled time = rounds of blocks per SM x k tiles per block
+    (+3 for the pipeline's fill and the epilogue) x time per tile, plus the fold's traffic (the partials
+    written and read back, mostly from L2) when the reduction is split. A round with at most one block
+    per SM counts 1.4: 8 warps alone do not keep an SM's tensor cores busy."""
+    sms = max(handle.sm_count, 1)
+    ksteps = cdiv(gk, TC_BK)
+    best = None
+    for bm in WG_BMS:
+        if bm == 128 and gm <= 64:
+            continue  # a half-empty tile
+        tiles = cdiv(gm, bm) * cdiv(gn, WG_BN)
+        tile_s = 2.0 * bm * WG_BN * TC_BK / WG_SM_FLOPS * (1.0 if bm == 128 else 1.15)
+        for splits in range(1, min(MAX_WG_SPLITS, ksteps, 65535) + 1):
+            per = cdiv(ksteps, splits)
+            if cdiv(ksteps, per) != splits:
+                continue  # the same slices as fewer splits
+            blocks = tiles * splits
+            rounds = cdiv(blocks, sms) if blocks > sms else 1.4
+            t = rounds * (per + 3) * tile_s
+            if splits > 1:
+                t += 2.0 * splits * gm * gn * 4 / 4e12 + gm * gn * 2 / 3e12
+            if best is None or t < best[0]:
+                best = (t, bm, splits)
+    return best[1], best[2]
+
+
+def plan_wgrad_tc(handle, pb, algo):
+    """Backward filter ALGO_1 on tensor cores (wgrad_tc in ptx/convolution.cu): M = K, N = taps * C (c
+    innermost), the reduction over the N * output positions split over grid.z into fp32 partials that
+    conv::fold adds in split order (deterministic); one split writes dw directly (no workspace)."""
+    gm, gn, gk = pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)
+    if max(gm, gn, gk) > INT_MAX:
+        raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
+    bm, splits = TC_FORCE.get(DIR_BWD_FILTER) or _wgrad_tiling(handle, gm, gn, gk)
+    kps = cdiv(cdiv(gk, splits), TC_BK) * TC_BK
+    splits = cdiv(gk, kps)
+    p = _base_params(pb, DIR_BWD_FILTER)
+    p.gm, p.gn, p.gk = gm, gn, gk
+    red = [pb.n] + list(pb.out3)
+    for i in range(4):
+        p.red_size[i] = red[i]
+    for i, v in enumerate(_digit_step(TC_BK, red)):
+        p.red_step[i] = v
+    p.splits, p.k_per_split = splits, kps
+    pl = Plan()
+    pl.direction, pl.algo, pl.unit = DIR_BWD_FILTER, algo, f"convolution.{pb.tag}"
+    pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], 4, True, splits
+    pl.gemm, pl.gemm_grid = p, (cdiv(gm, bm), cdiv(gn, WG_BN), splits)
+    if pl.gemm_grid[1] > 65535:
+        raise PydnnError(NS, f"{gn} filter columns (taps x C) exceed the tensor-core kernel's grid")
+    pl.gemm_expr = _tc_expr(pb.tag, DIR_BWD_FILTER, (bm,))
+    pl.fold = pl.fold_func = pl.fold_argv = None
+    pl.workspace, pl.align, pl.pair_ok, pl.threads = 0, 16, False, THREADS
+    pl.smem = WG_STAGES * TC_BK * (bm + 8 + WG_BN + 8) * 2
+    if splits > 1:
+        p.flags |= FLAG_PARTIAL
+        pl.workspace = splits * gm * gn * 4
+        f = ConvAuxParams()
+        f.groups, f.kg, f.cg, f.taps, f.splits = 1, pb.k, pb.c, prod(pb.filt3), splits
+        for i in range(3):
+            f.filt[i] = pb.filt3[i]
+        for i in range(5):
+            f.out_stride[i] = pb.ws[i]
+        f.flags = FLAG_CIN | (FLAG_FLIP if pb.flip else 0)
+        pl.fold, pl.fold_expr = f, _exprs(pb.tag)[3]
+        pl.fold_grid = (cdiv(gm * gn, 256), 1, 1)
+        pl.fold_argv = driver.kernel_args(f)
+    pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
+    return pl
+
+
+# relative speed per flop of the forward / backward-data tiles (bigger tiles move fewer bytes and issue
+# fewer ldmatrix per MMA): fit to the benchmark's forced tilings (H200, see tools/bench_convolution.py);
+# a ranking model, not a promise
+TC_TILE_SPEED = {(128, 128): 1.0, (128, 64): 0.8, (64, 128): 0.8, (64, 64): 0.6}
+
+
+def _tc_tiling(handle, gm, gn):
+    """(BM, BN) of fwd_tc / bwd_data_tc: the least modelled time = rounds of blocks per SM x flops per
+    tile / the tiling's speed. (Measured: one block per SM runs nearly as fast per SM as two, so a round
+    is one block per SM.) Tiles wider than the problem's N count their empty part."""
+    sms = max(handle.sm_count, 1)
+    best = None
+    for cfg in TC_TILES:
+        bm, bn = cfg
+        blocks = cdiv(gm, bm) * cdiv(gn, bn)
+        rounds = cdiv(blocks, sms)
+        t = rounds * bm * bn / TC_TILE_SPEED[cfg]
+        if best is None or t < best[0] * 0.999:  # ties: the earlier (bigger) tile
+            best = (t, cfg)
+    return best[1]
+
+
+# The pipelined tiles' blocks per SM (shared memory: 3 stages of (BM + BN) x 64 x 2 bytes; registers:
+# the MINB cap), and an SM's relative speed by the warps resident on it: the pipelined kernel is latency
+# bound (v6 in tools/bench_convolution.py: 12 to 16 resident warps beat 4 to 8 by 20-60% whatever the
+# warp tile), fit to the H200's ResNet 3x3 layers. A ranking model, not a promise.
+TCP_PER_SM = {cfg: min(cfg[4], (227 * 1024) // (TCP_STAGES * (cfg[0] + cfg[1]) * TCP_BK * 2)) for cfg in TCP_TILES}
+TCP_WARP_SPEED = ((4, 0.5), (8, 0.8), (12, 1.0), (16, 1.18))   # (resident warps, speed), interpolated
+
+
+def _warp_speed(warps):
+    pts = TCP_WARP_SPEED
+    if warps <= pts[0][0]:
+        return pts[0][1]
+    for (w0, s0), (w1, s1) in zip(pts, pts[1:]):
+        if warps <= w1:
+            return s0 + (s1 - s0) * (warps - w0) / (w1 - w0)
+    return pts[-1][1]
+
+
+def _tcp_refusal(pb, direction):
+    """Why the pipelined kernel (implicit_gemm_pipe_tc) cannot serve a problem that fwd_tc / bwd_data_tc
+    can (None when it can): the tap masks hold T * R <= 16 and S <= 16 bits; backward data gathers with
+    stride 1 only (a tap's dy offset is then the same for every dx row)."""
+    t, r, s = pb.filt3
+    if t * r > 16 or s > 16:
+        return f"filter taps T * R = {t * r} > 16 or S = {s} > 16"
+    if direction == DIR_BWD_DATA and any(st != 1 for st in pb.stride3):
+        return f"backward data with stride {tuple(pb.stride3)}"
+    a = pb.x_desc if direction == DIR_FWD else pb.y_desc   # the gathered operand
+    a_span = 1 + sum((d - 1) * abs(st) for d, st in zip(a.dims, a.strides))
+    w_span = 1 + sum((d - 1) * abs(st) for d, st in zip((pb.k, pb.cg) + tuple(pb.filt3), pb.ws))
+    if max(a_span, w_span) > INT_MAX:
+        return "a tensor spans 2^31 elements or more (the kernel's offsets are 32-bit)"
+    return None
+
+
+def _tcp_tiling(handle, gm, gn):
+    """A TCP_TILES entry: the least modelled time = the blocks the busiest SM runs x a block's flops / the
+    SM's speed with the warps it holds (its blocks, up to TCP_PER_SM, x the tile's warps). Tiles wider than
+    the problem's N count their empty part; ties go to the earlier entry."""
+    sms = max(handle.sm_count, 1)
+    best = None
+    for cfg in TCP_TILES:
+        bm, bn, wm, wn = cfg[:4]
+        blocks = cdiv(gm, bm) * cdiv(gn, bn)
+        per_sm = cdiv(blocks, sms)
+        t = per_sm * bm * bn / _warp_speed(min(per_sm, TCP_PER_SM[cfg]) * wm * wn)
+        if best is None or t < best[0] * 0.999:
+            best = (t, cfg)
+    return best[1]
+
+
+def _tc_choice(handle, pb, direction, gm, gn, rc):
+    """The tiling of a tensor-core plan: a TCP_TILES entry (the pipelined kernel) where it applies and the
+    reduction's channels fill its 64-deep K tiles (rc % 64 == 0), else fwd_tc / bwd_data_tc's (BM, BN).
+    A forced tiling (TC_FORCE) is obeyed where its kernel applies."""
+    pipe_ok = _tcp_refusal(pb, direction) is None
+    forced = TC_FORCE.get(direction)
+    if forced is not None and (len(forced) == 2 or pipe_ok):
+        return tuple(forced)
+    if forced is None and pipe_ok and rc % TCP_BK == 0:
+        return _tcp_tiling(handle, gm, gn)
+    return _tc_tiling(handle, gm, gn)
+
+
 def plan_tc(handle, pb, algo, direction=DIR_FWD):
-    """A tensor-core plan (fwd_tc or bwd_data_tc in ptx/convolution.cu) or NOT_SUPPORTED with the reason."""
+    """A tensor-core plan (implicit_gemm_pipe_tc, or fwd_tc / bwd_data_tc, in ptx/convolution.cu) or
+    NOT_SUPPORTED with the reason."""
     why = _tc_refusal(pb, direction)
     if why:
         raise PydnnError(NS, f"algo: {why}")
@@ -566,6 +774,8 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
     p = _base_params(pb, direction)
     p.gm, p.gn, p.gk = gm, gn, gk
     p.flags |= FLAG_CIN
+    cfg = _tc_choice(handle, pb, direction, gm, gn, rc)
+    bm, bn = cfg[:2]
     red = list(pb.filt3) + [rc]
     for i in range(4):
         p.red_size[i] = red[i]
@@ -575,16 +785,20 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
     pl = Plan()
     pl.direction, pl.algo, pl.unit = direction, algo, f"convolution.{pb.tag}"
     pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], 4, True, 1
-    bn = 64 if gn <= 64 else 128  # narrow layers: no half-empty tiles
-    pl.gemm, pl.gemm_grid = p, (cdiv(gm, TC_BM), cdiv(gn, bn), 1)
+    pl.gemm, pl.gemm_grid = p, (cdiv(gm, bm), cdiv(gn, bn), 1)
     if pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"{gn} output channels exceed the tensor-core kernel's grid")
-    pl.gemm_expr = _exprs(pb.tag)[(5 if direction == DIR_FWD else 7) + TC_BNS.index(bn)]
+    pl.gemm_expr = _tc_expr(pb.tag, direction, cfg)
     pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
     pl.fold = pl.fold_func = pl.fold_argv = None
     pl.workspace, pl.align = 0, 16
-    b_stage = bn * TC_LD if direction == DIR_FWD else TC_BK * (bn + 8)  # B as [n][k] or [k][n]
-    pl.smem = TC_STAGES * (TC_BM * TC_LD + b_stage) * 2
+    if len(cfg) == 6:  # the pipelined kernel: WARPS_M x WARPS_N warps, swizzled [rows][64] (or [64][BN]) tiles
+        pl.threads = cfg[2] * cfg[3] * 32
+        pl.smem = TCP_STAGES * (bm + bn) * TCP_BK * 2
+    else:
+        pl.threads = THREADS
+        b_stage = bn * TC_LD if direction == DIR_FWD else TC_BK * (bn + 8)  # B as [n][k] or [k][n]
+        pl.smem = TC_STAGES * (bm * TC_LD + b_stage) * 2
     # channel pairs as 32-bit stores: the output's channels contiguous, every other stride even (and the
     # output 4-byte aligned, checked per call)
     pl.pair_ok = out_strides[1] == 1 and all(st % 2 == 0 for i, st in enumerate(out_strides) if i != 1)
@@ -592,6 +806,17 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
 
 
 def plan_for(handle, pb, direction, algo):
+    if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_GEMM:  # im2col + GEMM (convolution_gemm.py)
+        from .convolution_gemm import plan_gemm
+        return plan_gemm(handle, pb, algo)
+    if (direction, algo) in ((DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED),
+                             (DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED)):
+        from .convolution_winograd import plan_winograd
+        return plan_winograd(handle, pb, direction, algo)
+    if (direction, algo) in ((DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_FFT),
+                             (DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT)):
+        from .convolution_fft import plan_fft  # FFT (convolution_fft.py)
+        return plan_fft(handle, pb, direction, algo)
     if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
         return plan_tc(handle, pb, algo)
     if direction == DIR_BWD_DATA and algo == E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1:
@@ -675,6 +900,8 @@ def check_workspace(pl, work_space, size):
 
 def run_plan(handle, pl, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
     """Enqueue a plan's launches with the call's pointers and scalars."""
+    if type(pl) is not Plan:  # a multi-launch plan (GEMM, WINOGRAD_NONFUSED: convolution_gemm.StepPlan)
+        return pl.launch(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
     if pl.align and (a_ptr % pl.align or b_ptr % pl.align):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
                          f"{algo_name(pl.direction, pl.algo)} reads its input and w in {pl.align}-byte vectors: both "
@@ -688,10 +915,10 @@ def run_plan(handle, pl, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bi
         p.flags |= FLAG_PAIR
     if pl.fold is None:
         p.out = out_ptr
-        driver.launch_args(pl.gemm_func, pl.gemm_grid, (THREADS, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
+        driver.launch_args(pl.gemm_func, pl.gemm_grid, (pl.threads, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
         return
     p.out = ws_ptr
-    driver.launch_args(pl.gemm_func, pl.gemm_grid, (THREADS, 1, 1), 0, handle.cu_stream, pl.gemm_argv)
+    driver.launch_args(pl.gemm_func, pl.gemm_grid, (pl.threads, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
     f = pl.fold
     f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
     f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
@@ -873,6 +1100,8 @@ def get_convolution_backward_filter_workspace_size(handle, x_desc, dy_desc, conv
 
 from .convolution_algos import *  # noqa: E402,F401,F403 - algorithm queries and Find
 from . import convolution_algos as _algos  # noqa: E402
+from .convolution_find import *  # noqa: E402,F401,F403 - Find without Ex (buffers of its own)
+from . import convolution_find as _find  # noqa: E402
 
 __all__ = [
     "create_convolution_descriptor", "destroy_convolution_descriptor", "set_convolution2d_descriptor",
@@ -883,7 +1112,7 @@ __all__ = [
     "convolution_bias_activation_forward", "convolution_backward_bias",
     "get_convolution_forward_workspace_size", "get_convolution_backward_data_workspace_size",
     "get_convolution_backward_filter_workspace_size",
-] + list(_algos.__all__)
+] + list(_algos.__all__) + list(_find.__all__)
 
 _H, _CD, _TD, _FD = "pydnnHandle_t", "pydnnConvolutionDescriptor_t", "pydnnTensorDescriptor_t", "pydnnFilterDescriptor_t"
 C_OPAQUE_TYPES = [(_CD, "pydnnConvolutionStruct")]
@@ -910,4 +1139,4 @@ C_API = [("Convolution", [
     (f"pydnnStatus_t pydnnConvolutionBackwardFilter({_H} handle, const void *alpha, const {_TD} xDesc, const void *x, const {_TD} dyDesc, const void *dy, const {_CD} convDesc, pydnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_FD} dwDesc, void *dw);", "dw = alpha * filter gradient(x, dy) + beta * dw."),
     (f"pydnnStatus_t pydnnConvolutionBiasActivationForward({_H} handle, const void *alpha1, const {_TD} xDesc, const void *x, const {_FD} wDesc, const void *w, const {_CD} convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *alpha2, const {_TD} zDesc, const void *z, const {_TD} biasDesc, const void *bias, const pydnnActivationDescriptor_t activationDesc, const {_TD} yDesc, void *y);", "y = act(alpha1 * conv(x, w) + alpha2 * z + bias), fused in the convolution's epilogue."),
     (f"pydnnStatus_t pydnnConvolutionBackwardBias({_H} handle, const void *alpha, const {_TD} dyDesc, const void *dy, const void *beta, const {_TD} dbDesc, void *db);", "db = alpha * sum of dy over all dims but C + beta * db."),
-] + _algos.C_FUNCTIONS)]
+] + _algos.C_FUNCTIONS + _find.C_FUNCTIONS)]

@@ -7,15 +7,15 @@ enum appears once: the ones pydnn cannot run for this problem carry status NOT_S
 in `.message`, a pydnn extension) and sort last.
 
 The heuristic (v7) model: each implemented algorithm's time is estimated from its blocks and work
-(flops at an assumed CUDA-core rate, scaled by how many waves of blocks fill the GPU); today only the
-backward filter has a real choice (ALGO_0: one pass, no workspace; ALGO_1: the reduction split over
-blocks, chosen when one pass would leave SMs idle).
+(flops at an assumed CUDA-core or tensor-core rate, scaled by how many waves of blocks fill the GPU);
+the multi-launch plans (GEMM, WINOGRAD_NONFUSED, FFT) add up a model of each of their launches
+(their `estimate_ms`). The rates are a ranking, not a promise: Find measures.
 
 Find...AlgorithmEx synchronizes the handle's stream (it times with events), as cuDNN's does; it
 overwrites the output buffer (y, dx or dw), as cuDNN's does. Its answers persist in a tuning cache (see
 below; PYDNN_CONV_TUNING_CACHE=0 turns it off): a repeated question is answered without timing.
 
-Not done yet: Find...Algorithm (cuDNN's allocates its own buffers, which pydnn's calls never do).
+Find...Algorithm (without Ex, on buffers it allocates itself) is in convolution_find.py.
 """
 import json
 import os
@@ -98,6 +98,8 @@ def _candidates(handle, direction, conv, x_desc, w_desc, y_desc):
 
 def _estimate_ms(handle, pl):
     """The model's time for a plan: flops / rate, stretched by partly filled waves of blocks."""
+    if hasattr(pl, "estimate_ms"):  # multi-launch plans (GEMM, WINOGRAD_NONFUSED) model their own steps
+        return pl.estimate_ms(handle, _estimate_ms)
     g = pl.gemm_grid
     blocks = g[0] * g[1] * g[2]
     per_wave = 2 * handle.sm_count

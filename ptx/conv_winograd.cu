@@ -1,0 +1,255 @@
+// Convolution WINOGRAD_NONFUSED, F(m x m, 3 x 3) with m = 2 or 4 (template M): forward and backward data
+// (see conv_winograd_params.h). alpha = m + 2:
+//
+//   filter transform  V = G f G^T          (alpha x alpha per (o, i); G is alpha x 3)
+//   input transform   U = B^T d B          (per (tile, channel); d the alpha x alpha input patch, stride m)
+//   alpha^2 GEMMs     M_b = U_b V_b^T      (the family's implicit GEMM, launched from Python)
+//   output transform  Y = A^T M A          (m x m outputs per (tile, o)) + alpha / beta / fused epilogue
+//
+// Every output element is written by one thread with a fixed summation order: deterministic. The
+// transforms run in Acc (float, double for double data); 16-bit data is read and written at the ends.
+// Thread index order follows the tensor layout (channels fastest for NHWC, tiles fastest otherwise),
+// flag-selected on the host through u_c / m_c == 1.
+#include "common/params.h"
+#include "common/types.cuh"
+#include "conv_winograd_params.h"
+
+namespace pydnn {
+namespace conv_wino {
+
+// which (fast, slow) pair a flat index is, for (tile, channel) kernels: channel-fast when chan_fast
+__device__ __forceinline__ void split_index(long long i, long long tiles, int chans, bool chan_fast, long long& m,
+                                            int& c) {
+  if (chan_fast) { m = i / chans; c = (int)(i - m * chans); }
+  else { c = (int)(i / tiles); m = i - (long long)c * tiles; }
+}
+
+__device__ __forceinline__ void tile_coords(const WinoParams& p, long long m, int& n, int& th, int& tw) {
+  tw = (int)(m % p.tiles_w);
+  long long r = m / p.tiles_w;
+  th = (int)(r % p.tiles_h);
+  n = (int)(r / p.tiles_h);
+}
+
+// The transform matrices of F(m x m, 3 x 3) (Lavin & Gray; interpolation points 0, +-1 (, +-2), inf),
+// alpha = m + 2: B^T (alpha x alpha), G (alpha x 3), A^T (m x alpha). Indices are compile-time constants
+// after unrolling, so each coefficient folds into the code; zero coefficients are skipped (not multiplied:
+// 0 * inf would make a NaN the convolution does not have) and +-1 ones are adds.
+template <int M> struct Wino;
+template <> struct Wino<2> {
+  static constexpr int kA = 4;
+  __device__ static __forceinline__ double bt(int i, int j) {
+    const double t[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+    return t[i][j];
+  }
+  __device__ static __forceinline__ double g(int i, int j) {
+    const double t[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+    return t[i][j];
+  }
+  __device__ static __forceinline__ double at(int i, int j) {
+    const double t[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
+    return t[i][j];
+  }
+};
+template <> struct Wino<4> {
+  static constexpr int kA = 6;
+  __device__ static __forceinline__ double bt(int i, int j) {
+    const double t[6][6] = {{4, 0, -5, 0, 1, 0},  {0, -4, -4, 1, 1, 0}, {0, 4, -4, -1, 1, 0},
+                            {0, -2, -1, 2, 1, 0}, {0, 2, -1, -2, 1, 0}, {0, 4, 0, -5, 0, 1}};
+    return t[i][j];
+  }
+  __device__ static __forceinline__ double g(int i, int j) {
+    const double t[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                            {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+    return t[i][j];
+  }
+  __device__ static __forceinline__ double at(int i, int j) {
+    const double t[4][6] = {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}};
+    return t[i][j];
+  }
+};
+
+// s (+)= c * v for a compile-time c; `first`: s holds nothing yet.
+template <class Acc>
+__device__ __forceinline__ void madd(Acc& s, bool& first, double c, Acc v) {
+  if (c == 0.0) return;
+  const Acc term = c == 1.0 ? v : (c == -1.0 ? -v : Acc(c) * v);
+  s = first ? term : s + term;
+  first = false;
+}
+
+// V[b][o][i] = (G f G^T)[b], one thread per (o, i); b = the alpha x alpha positions.
+template <class T, int M>
+__global__ void __launch_bounds__(256) filter_transform(const WinoParams p) {
+  typedef typename AccOf<T>::type Acc;
+  typedef Wino<M> W;
+  constexpr int A = W::kA;
+  const int kout = p.groups * p.cout_g;
+  const long long total = (long long)kout * p.cin_g;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int o = (int)(idx / p.cin_g), i = (int)(idx - (long long)o * p.cin_g);
+  const T* w = static_cast<const T*>(p.w);
+  long long base;
+  if (p.flags & PYDNN_WINO_FLAG_BWD) {  // o is a channel of x (dx), i a channel of y within the group
+    const int g = o / p.cout_g, oc = o - g * p.cout_g;
+    base = (long long)(g * p.cin_g + i) * p.ws[0] + (long long)oc * p.ws[1];
+  } else {
+    base = (long long)o * p.ws[0] + (long long)i * p.ws[1];
+  }
+  const bool flip = p.flags & PYDNN_WINO_FLAG_FLIP;
+  Acc f[3][3];
+#pragma unroll
+  for (int r = 0; r < 3; ++r)
+#pragma unroll
+    for (int s = 0; s < 3; ++s)
+      f[r][s] = load<Acc>(w[base + (long long)(flip ? 2 - r : r) * p.ws[2] + (long long)(flip ? 2 - s : s) * p.ws[3]]);
+  Acc t[A][3];  // G f
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+      bool first = true;
+      t[a][s] = Acc(0);
+#pragma unroll
+      for (int r = 0; r < 3; ++r) madd(t[a][s], first, W::g(a, r), f[r][s]);
+    }
+  Acc* v = static_cast<Acc*>(p.v);
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      bool first = true;
+      Acc x = Acc(0);
+#pragma unroll
+      for (int s = 0; s < 3; ++s) madd(x, first, W::g(b, s), t[a][s]);
+      v[(long long)(a * A + b) * total + idx] = x;  // V[b] is kout x cin_g
+    }
+}
+
+// U = B^T d B for one (tile, input channel); d the alpha x alpha input patch at (tile * m - pad).
+template <class T, int M>
+__global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
+  typedef typename AccOf<T>::type Acc;
+  typedef Wino<M> W;
+  constexpr int A = W::kA;
+  const int chans = p.groups * p.cin_g;
+  const long long total = p.tiles * chans;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  long long m;
+  int c;
+  split_index(idx, p.tiles, chans, p.u_c == 1, m, c);
+  int n, th, tw;
+  tile_coords(p, m, n, th, tw);
+  const T* in = static_cast<const T*>(p.in) + (long long)n * p.is[0] + (long long)c * p.is[1];
+  const int h0 = th * M - p.pad_h, w0 = tw * M - p.pad_w;
+  Acc d[A][A];
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      const int hh = h0 + a, ww = w0 + b;
+      d[a][b] = ((unsigned)hh < (unsigned)p.in_h && (unsigned)ww < (unsigned)p.in_w)
+                    ? load<Acc>(in[(long long)hh * p.is[2] + (long long)ww * p.is[3]]) : Acc(0);
+    }
+  Acc t[A][A];  // B^T d
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      bool first = true;
+      t[a][b] = Acc(0);
+#pragma unroll
+      for (int k = 0; k < A; ++k) madd(t[a][b], first, W::bt(a, k), d[k][b]);
+    }
+  Acc* u = static_cast<Acc*>(p.u);
+  const long long base = m * p.u_m + (long long)c * p.u_c, bstep = (long long)chans * p.u_c;
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      bool first = true;
+      Acc x = Acc(0);
+#pragma unroll
+      for (int k = 0; k < A; ++k) madd(x, first, W::bt(b, k), t[a][k]);
+      u[base + (a * A + b) * bstep] = x;
+    }
+}
+
+template <class Acc> __device__ __forceinline__ Acc activate(const WinoParams& p, Acc v) {
+  const bool nan = v != v;
+  switch (p.act) {
+    case 1:  // RELU
+      if (nan) return (p.flags & PYDNN_FLAG_NAN_PROP) ? v : Acc(0);
+      return v > Acc(0) ? v : Acc(0);
+    case 2:  // CLIPPED_RELU
+      if (nan) return (p.flags & PYDNN_FLAG_NAN_PROP) ? v : Acc(0);
+      return v > Acc(0) ? (v < Acc(p.coef) ? v : Acc(p.coef)) : Acc(0);
+    case 3: return sigmoid(v);
+    case 4: return m_tanh(v);
+    case 5: return v > Acc(0) ? v : Acc(p.coef) * m_expm1(v);
+    default: return v;
+  }
+}
+
+// Y = A^T M A for one (tile, output channel), then alpha / beta and the fused epilogue.
+template <class T, int M>
+__global__ void __launch_bounds__(256) output_transform(const WinoParams p) {
+  typedef typename AccOf<T>::type Acc;
+  typedef Wino<M> W;
+  constexpr int A = W::kA;
+  const int chans = p.groups * p.cout_g;
+  const long long total = p.tiles * chans;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  long long m;
+  int o;
+  split_index(idx, p.tiles, chans, p.m_c == 1, m, o);
+  int n, th, tw;
+  tile_coords(p, m, n, th, tw);
+  const Acc* mm = static_cast<const Acc*>(p.m);
+  const long long base = m * p.m_m + (long long)o * p.m_c, bstep = (long long)chans * p.m_c;
+  Acc x[A][A];
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) x[a][b] = mm[base + (a * A + b) * bstep];
+  Acc t[M][A];  // A^T M
+#pragma unroll
+  for (int a = 0; a < M; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      bool first = true;
+      t[a][b] = Acc(0);
+#pragma unroll
+      for (int k = 0; k < A; ++k) madd(t[a][b], first, W::at(a, k), x[k][b]);
+    }
+  T* out = static_cast<T*>(p.out);
+  const Acc alpha = Acc(p.alpha), beta = Acc(p.beta), alpha2 = Acc(p.alpha2);
+#pragma unroll
+  for (int a = 0; a < M; ++a)
+#pragma unroll
+    for (int b = 0; b < M; ++b) {
+      const int hh = th * M + a, ww = tw * M + b;
+      if (hh >= p.out_h || ww >= p.out_w) continue;
+      bool first = true;
+      Acc y = Acc(0);
+#pragma unroll
+      for (int k = 0; k < A; ++k) madd(y, first, W::at(b, k), t[a][k]);
+      const long long off = (long long)n * p.os[0] + (long long)o * p.os[1] + (long long)hh * p.os[2] +
+                            (long long)ww * p.os[3];
+      Acc v = alpha * y;
+      if (p.flags & PYDNN_FLAG_BETA) v += beta * load<Acc>(out[off]);
+      if (p.flags & PYDNN_WINO_FLAG_Z) {
+        const long long zoff = (long long)n * p.zs[0] + (long long)o * p.zs[1] + (long long)hh * p.zs[2] +
+                               (long long)ww * p.zs[3];
+        v += alpha2 * load<Acc>(static_cast<const T*>(p.z)[zoff]);
+      }
+      if (p.flags & PYDNN_WINO_FLAG_BIAS) v += load<Acc>(static_cast<const T*>(p.bias)[o * p.bias_stride]);
+      out[off] = store<T>(activate(p, v));
+    }
+}
+
+}  // namespace conv_wino
+}  // namespace pydnn

@@ -1,0 +1,207 @@
+"""Convolution WINOGRAD_NONFUSED, F(4x4, 3x3) (F(2x2, 3x3) where 36 x groups GEMMs would not fit the
+grid): forward (CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED) and backward data
+(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED). Kernels: ptx/conv_winograd.cu (templated on the tile
+m; params: ptx/conv_winograd_params.h). alpha = m + 2, P = alpha^2 transform positions (36 or 16).
+
+Four launches, the transforms in the workspace:
+    filter transform  V[b] = G f G^T             (b: the P positions of the alpha x alpha transform)
+    input transform   U[b] = B^T d B             (d: alpha x alpha input patches at stride m)
+    P GEMMs           M[b] = U[b] V[b]^T         (over the input channels of a group)
+    output transform  y = A^T M A                (m x m outputs per tile, + alpha / beta, or the fused
+                                                  bias + activation epilogue)
+The P (x groups) GEMMs are the family's CUDA-core implicit GEMM run as ONE grouped 1x1 convolution with
+P * groups groups (group b * groups + g reads U[b]'s channels of group g), so no second GEMM kernel.
+The transforms and the GEMM run in float (double for double data); half / bfloat16 data is converted at
+the two ends (fp32 accumulation throughout). Multiplies per output: P / m^2 * C instead of 9 * C (4x fewer
+for F(4x4), 2.25x for F(2x2)); workspace expansion of x and y: P / m^2 (2.25x, 4x).
+
+Backward data is the same forward-form problem on dy: dx = corr(pad(dy, 2 - pad), rot180(w) with the
+channel roles swapped) (filter transform flag BWD; pad must be <= 2).
+
+Supported: 2 spatial dims, a 3 x 3 filter, stride 1, dilation 1, at most 4095 groups (NOT_SUPPORTED with
+the reason otherwise); any tensor strides, NCHW / NHWC filters, groups, both modes, every dtype.
+Deterministic (each output is written once by one thread in a fixed order; the GEMM is deterministic).
+Workspace (Acc = 4 or 8 bytes): P * Acc * (T * C + K * C/g + T * K), T = N * ceil(OH / m) * ceil(OW / m)
+(each part 256-byte aligned).
+"""
+import ctypes
+
+from .. import enums as E
+from .._build.manifest import KernelUnit
+from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
+from ..status import PydnnError
+from ._elementwise import CTYPE
+from .common import FLOAT_TAGS, cdiv, prod
+from .convolution_gemm import IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, round_up
+
+NS = E.PYDNN_STATUS_NOT_SUPPORTED
+FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_BWD = 4, 8, 16, 1024
+
+
+@kernel_params("conv_winograd_params.h", "WinoParams")
+class WinoParams(ctypes.Structure):
+    _fields_ = [
+        ("in_", ctypes.c_void_p), ("w", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("u", ctypes.c_void_p), ("v", ctypes.c_void_p), ("m", ctypes.c_void_p),
+        ("z", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+        ("alpha", ctypes.c_double), ("beta", ctypes.c_double), ("alpha2", ctypes.c_double),
+        ("coef", ctypes.c_double),
+        ("batch", ctypes.c_int), ("groups", ctypes.c_int), ("cin_g", ctypes.c_int), ("cout_g", ctypes.c_int),
+        ("in_h", ctypes.c_int), ("in_w", ctypes.c_int), ("out_h", ctypes.c_int), ("out_w", ctypes.c_int),
+        ("pad_h", ctypes.c_int), ("pad_w", ctypes.c_int), ("tiles_h", ctypes.c_int), ("tiles_w", ctypes.c_int),
+        ("act", ctypes.c_int), ("flags", ctypes.c_uint), ("tiles", ctypes.c_longlong),
+        ("is_", ctypes.c_longlong * 4), ("os", ctypes.c_longlong * 4), ("zs", ctypes.c_longlong * 4),
+        ("ws", ctypes.c_longlong * 4), ("bias_stride", ctypes.c_longlong),
+        ("u_m", ctypes.c_longlong), ("u_c", ctypes.c_longlong), ("m_m", ctypes.c_longlong),
+        ("m_c", ctypes.c_longlong),
+    ]
+    C_NAMES = {"in_": "in", "is_": "is"}
+
+
+KERNELS = ("filter_transform", "input_transform", "output_transform")
+TILES = (2, 4)          # F(2x2, 3x3) and F(4x4, 3x3) instantiations
+PREFERRED_TILE = 4      # 4x fewer multiplies than direct (2.25x for F(2x2)), 2.25x expansion of x and y
+                        # in the workspace (4x for F(2x2)); tests pin each tile through this
+MAX_GRID_Z = 65535
+
+
+def _expr(kernel, tag, tile):
+    return f"pydnn::conv_wino::{kernel}<{CTYPE[tag]}, {tile}>"
+
+
+def kernel_units():
+    return [KernelUnit(f"conv_winograd.{t}", "conv_winograd.cu",
+                       tuple(_expr(k, t, m) for m in TILES for k in KERNELS)) for t in FLOAT_TAGS]
+
+
+MIN_F4_CHANNELS_F32 = 4   # float data: F(4x4) only where the reduction has this many channels per group
+
+
+def tile_for(pb, cin_g):
+    """PREFERRED_TILE (4) unless its alpha^2 * groups GEMM groups overflow the launch grid, or the data is
+    float with fewer than 4 channels per group to reduce over: F(4x4)'s transforms (coefficients up to 8
+    and 1/24) cost ~10x F(2x2)'s rounding error relative to sum |x||w|; a float32 emulation with the
+    kernels' summation order puts a single-channel (depthwise) reduction at ~0.9x of float's tolerance
+    (rtol 1e-5) and 4 channels at ~0.3x. Half / bfloat16 outputs round far above either; double has room."""
+    m = PREFERRED_TILE
+    if (m + 2) ** 2 * pb.groups > MAX_GRID_Z:
+        m = 2
+    if m == 4 and pb.dtype == E.PYDNN_DATA_FLOAT and cin_g < MIN_F4_CHANNELS_F32:
+        m = 2
+    return m
+
+
+def refusal(pb, direction, fwd):
+    """Why the Winograd transforms cannot serve a problem (None when it can)."""
+    name = "WINOGRAD_NONFUSED"
+    if pb.nspatial != 2:
+        return f"{name} serves 2-d convolutions only (this one has {pb.nspatial} spatial dims)"
+    if tuple(pb.filt3[1:]) != (3, 3):
+        return f"{name} needs a 3 x 3 filter (got {pb.filt3[1]} x {pb.filt3[2]})"
+    if tuple(pb.stride3[1:]) != (1, 1):
+        return f"{name} needs stride 1 (got {pb.stride3[1]} x {pb.stride3[2]})"
+    if tuple(pb.dil3[1:]) != (1, 1):
+        return f"{name} needs dilation 1 (got {pb.dil3[1]} x {pb.dil3[2]})"
+    if 16 * pb.groups > MAX_GRID_Z:
+        return f"{name} supports at most {MAX_GRID_Z // 16} groups (got {pb.groups}): its GEMMs are grid.z blocks"
+    if not fwd and max(pb.pad3[1:]) > 2:
+        return f"backward data {name} needs padding <= 2 (got {pb.pad3[1]} x {pb.pad3[2]})"
+    return None
+
+
+def _view(pb, fwd):
+    """The forward-form problem: (in strides, in hw, out strides, out hw, cin_g, cout_g, pad, flip)."""
+    def s4(s):
+        return (s[0], s[1], s[3], s[4])
+    if fwd:
+        return s4(pb.xs), pb.in3[1:], s4(pb.ys), pb.out3[1:], pb.cg, pb.kg, pb.pad3[1:], pb.flip
+    return (s4(pb.ys), pb.out3[1:], s4(pb.xs), pb.in3[1:], pb.kg, pb.cg, tuple(2 - p for p in pb.pad3[1:]),
+            not pb.flip)
+
+
+def _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, positions):
+    """The alpha^2 * groups GEMMs as one grouped 1x1 convolution over U (n = tiles, channels (b, ci))."""
+    s = C.Problem()
+    for a in C.Problem.__slots__:
+        if hasattr(pb, a):
+            setattr(s, a, getattr(pb, a))
+    g16 = positions * pb.groups
+    s.dtype, s.tag = acc_dtype, ("f64" if acc_dtype == E.PYDNN_DATA_DOUBLE else "f32")
+    s.n, s.groups, s.cg, s.kg, s.c, s.k = tiles, g16, cin_g, cout_g, g16 * cin_g, g16 * cout_g
+    s.in3 = s.out3 = s.filt3 = (1, 1, 1)
+    s.pad3, s.stride3, s.dil3 = (0, 0, 0), (1, 1, 1), (1, 1, 1)
+    s.xs, s.ys, s.ws = (u[0], u[1], 0, 0, 0), (mm[0], mm[1], 0, 0, 0), (cin_g, 1, 0, 0, 0)
+    s.flip, s.w_format, s.math_type = False, E.PYDNN_TENSOR_NCHW, E.PYDNN_DEFAULT_MATH
+    s.w_dims = (s.k, cin_g, 1, 1)
+    return s
+
+
+class WinogradPlan(StepPlan):
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        p, h = self.params, self.gemm  # h: the epilogue fields ConvolutionBiasActivationForward set
+        p.in_, p.w, p.out = a_ptr, b_ptr, out_ptr
+        p.u, p.v, p.m = ws_ptr + self.offsets[0], ws_ptr + self.offsets[1], ws_ptr + self.offsets[2]
+        p.z, p.bias = z_ptr or None, bias_ptr or None
+        p.alpha, p.beta = alpha, beta
+        p.flags = self.base_flags | (FLAG_BETA if beta != 0 else 0)
+        if bias_ptr:
+            p.flags |= h.flags & (FLAG_Z | FLAG_BIAS | FLAG_NAN_PROP)
+            p.act, p.coef, p.alpha2, p.bias_stride = h.act, h.coef, h.alpha2, h.bias_stride
+            for i, j in enumerate((0, 1, 3, 4)):
+                p.zs[i] = h.zs[j]
+        else:
+            p.act = 0
+        self.run_step(handle, 0)   # filter transform
+        self.run_step(handle, 1)   # input transform
+        self.sub.run(handle, p.u, p.v, p.m, 1.0, 0.0)
+        self.run_step(handle, 2)   # output transform
+
+    def estimate_ms(self, handle, base_estimate):
+        return base_estimate(handle, self.sub.plan) + self.moved / (IM2COL_GBPS * 1e6) + 3 * LAUNCH_MS
+
+
+def plan_winograd(handle, pb, direction, algo):
+    """A WINOGRAD_NONFUSED plan (forward or backward data) or NOT_SUPPORTED with the reason."""
+    from . import convolution as C
+    fwd = direction == C.DIR_FWD
+    why = refusal(pb, direction, fwd)
+    if why:
+        raise PydnnError(NS, f"algo: {why}")
+    ins, in_hw, outs, out_hw, cin_g, cout_g, pad, flip = _view(pb, fwd)
+    acc_dtype = E.PYDNN_DATA_DOUBLE if pb.dtype == E.PYDNN_DATA_DOUBLE else E.PYDNN_DATA_FLOAT
+    acc = 8 if acc_dtype == E.PYDNN_DATA_DOUBLE else 4
+    tile = tile_for(pb, cin_g)
+    pos = (tile + 2) ** 2   # alpha^2 transform positions
+    th, tw = cdiv(out_hw[0], tile), cdiv(out_hw[1], tile)
+    tiles = pb.n * th * tw
+    cin, kout = pb.groups * cin_g, pb.groups * cout_g
+    # layouts follow the tensors: channels fastest when the tensor's channels are (NHWC)
+    u = (pos * cin, 1) if ins[1] == 1 and cin > 1 else (1, tiles)
+    mm = (pos * kout, 1) if outs[1] == 1 and kout > 1 else (1, tiles)
+    sizes = (pos * tiles * cin * acc, pos * kout * cin_g * acc, pos * tiles * kout * acc)
+    pl = WinogradPlan(direction, algo, pb)
+    pl.tile = tile
+    pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
+    pl.workspace = pl.offsets[2] + round_up(sizes[2])
+    spb = _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, pos)
+    pl.sub = SubGemm(C, C.plan(handle, spb, C.DIR_FWD, algo), spb)
+    pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
+    pl.gemm_expr = "winograd"
+    item = pl.itemsize
+    pl.moved = (prod(in_hw) * pb.n * cin * item + 2 * sizes[0] + 2 * sizes[2] + prod(out_hw) * pb.n * kout * item)
+    p = WinoParams()
+    p.batch, p.groups, p.cin_g, p.cout_g = pb.n, pb.groups, cin_g, cout_g
+    p.in_h, p.in_w, p.out_h, p.out_w = in_hw[0], in_hw[1], out_hw[0], out_hw[1]
+    p.pad_h, p.pad_w, p.tiles_h, p.tiles_w, p.tiles = pad[0], pad[1], th, tw, tiles
+    for i in range(4):
+        p.is_[i], p.os[i] = ins[i], outs[i]
+    ws = pb.ws
+    for i, v in enumerate((ws[0], ws[1], ws[3], ws[4])):
+        p.ws[i] = v
+    p.u_m, p.u_c, p.m_m, p.m_c = u[0], u[1], mm[0], mm[1]
+    pl.base_flags = (FLAG_FLIP if flip else 0) | (0 if fwd else FLAG_BWD)
+    pl.params = p
+    unit = f"conv_winograd.{pb.tag}"
+    for kernel, n in zip(KERNELS, (kout * cin_g, tiles * cin, tiles * kout)):
+        pl.add_step(unit, _expr(kernel, pb.tag, tile), (cdiv(n, 256), 1, 1), (256, 1, 1), p)
+    return pl
