@@ -177,19 +177,23 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
         fwd_algo = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
         dalgo = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
         falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
-    need = pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, falgo)
+    # one workspace, as large as the largest of the three chosen algorithms asks (Winograd, GEMM, split K)
+    need = max(pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, fwd_algo),
+               pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv, xd, dalgo),
+               pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, falgo))
     ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+    wsp = ws.data_ptr()
     xp, wp, yp, dyp, dxp, dwp = (t.data_ptr() for t in (x, w, y, dy, dx, dw))
     cases = [
-        (f"fwd (algo {fwd_algo})", lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, fwd_algo, 0, 0, 0.0,
-                                                                     yd, yp),
+        (f"fwd (algo {fwd_algo})", lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, fwd_algo, wsp, need,
+                                                                     0.0, yd, yp),
          lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=pad)),
-        (f"bwd data (algo {dalgo})", lambda: pydnn.convolution_backward_data(h, 1.0, wd, wp, yd, dyp, conv, dalgo, 0, 0,
-                                                                             0.0, xd, dxp),
+        (f"bwd data (algo {dalgo})", lambda: pydnn.convolution_backward_data(h, 1.0, wd, wp, yd, dyp, conv, dalgo, wsp,
+                                                                             need, 0.0, xd, dxp),
          lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1,
                                                      [True, False, False])),
         (f"bwd filter (algo {falgo})", lambda: pydnn.convolution_backward_filter(h, 1.0, xd, xp, yd, dyp, conv, falgo,
-                                                                                 ws.data_ptr(), need, 0.0, wd, dwp),
+                                                                                 wsp, need, 0.0, wd, dwp),
          lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1,
                                                      [False, True, False])),
     ]
@@ -201,6 +205,38 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
                     flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
         if _tc_only():
             _tc_variants(b, name, what, conv, cases, flops, ms_t, (x, xd, wd, yd, dy, dw))
+    if not _tc_only():
+        _v7_against_find(h, name, dname, conv, (xd, wd, yd), (xp, wp, yp, dyp, dxp, dwp), (fwd_algo, dalgo, falgo))
+
+
+FIND_WORKSPACE = 1 << 30  # what Find may use per algorithm (1 GiB)
+
+
+def _v7_against_find(h, name, dname, conv, descs, ptrs, picks):
+    """Issue 4: v7's first choice must run within 1.2x of the fastest algorithm Find measures. Prints, per
+    direction, Find's fastest, the time Find measured for v7's pick, and their ratio."""
+    (xd, wd, yd), (xp, wp, yp, dyp, dxp, dwp) = descs, ptrs
+    buf = torch.empty(FIND_WORKSPACE, dtype=torch.uint8, device="cuda")
+    bp = buf.data_ptr()
+    os.environ["PYDNN_CONV_TUNING_CACHE"] = "0"  # time for real in this run
+    try:
+        found = [
+            pydnn.find_convolution_forward_algorithm_ex(h, xd, xp, wd, wp, conv, yd, yp, 8, bp, FIND_WORKSPACE),
+            pydnn.find_convolution_backward_data_algorithm_ex(h, wd, wp, yd, dyp, conv, xd, dxp, 6, bp,
+                                                              FIND_WORKSPACE),
+            pydnn.find_convolution_backward_filter_algorithm_ex(h, xd, xp, yd, dyp, conv, wd, dwp, 7, bp,
+                                                                FIND_WORKSPACE),
+        ]
+    finally:
+        del os.environ["PYDNN_CONV_TUNING_CACHE"]
+    for what, perfs, pick in zip(("fwd", "bwd data", "bwd filter"), found, picks):
+        ok = [p for p in perfs if p.status == pydnn.PYDNN_STATUS_SUCCESS]
+        mine = next((p for p in ok if p.algo == pick), None)
+        ratio = mine.time / ok[0].time if mine else float("nan")
+        verdict = "met" if ratio <= 1.2 else "MISSED"
+        print(f"v7 vs Find {name} {what} {dname}: Find's fastest algo {ok[0].algo} {ok[0].time:.3f} ms, "
+              f"v7's pick algo {pick} {mine.time if mine else float('nan'):.3f} ms: {ratio:.2f}x (<= 1.2x {verdict})",
+              flush=True)
 
 
 def _kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo):
