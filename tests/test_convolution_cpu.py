@@ -820,3 +820,26 @@ def test_tuning_cache(tmp_path, monkeypatch):
     A.tuning_put(key, perfs)
     A._tuning["path"] = None
     assert A.tuning_get(key) is not None
+
+
+def test_bias_activation_plan_is_cached_per_activation(monkeypatch):
+    """A repeated ConvolutionBiasActivationForward reuses its plan (it used to plan every call); changing the
+    activation descriptor's settings plans anew."""
+    h = cpu_handle()
+    x, y, w = tdesc((2, 8, 9, 9), BF16, NHWC), tdesc((2, 8, 9, 9), BF16, NHWC), fdesc((8, 8, 3, 3), BF16, NHWC)
+    b, c = tdesc((1, 8, 1, 1), BF16), cdesc((1, 1), (1, 1), (1, 1))
+    act = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    made, ran = [], []
+    new_plan = C._new_plan
+    monkeypatch.setattr(C, "_new_plan", lambda *a: made.append(a) or new_plan(*a))
+    monkeypatch.setattr(C, "run_plan", lambda handle, pl, *a: ran.append((pl, pl.gemm.act)))
+    algo = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+    call = lambda: pydnn.convolution_bias_activation_forward(h, 1.0, x, X, w, W, c, algo, 0, 0, 0.0, y, Y, b, WS,  # noqa
+                                                             act, y, Y)
+    call()
+    call()
+    assert len(made) == 1 and ran[0] == ran[1]
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_SIGMOID, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    call()
+    assert len(made) == 2 and ran[2][0] is not ran[0][0] and ran[2][1] != ran[0][1]

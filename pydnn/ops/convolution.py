@@ -850,10 +850,13 @@ def _names(direction):
             DIR_BWD_FILTER: ("xDesc", "dwDesc", "dyDesc")}[direction]
 
 
-def get_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc, extra=()):
+def get_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc, extra=(), extra_key=()):
     """The cached plan of a call, or a new one (validation, kernel lookup). x / w / y in forward terms
-    (backward data: dx, w, dy; backward filter: x, dw, dy)."""
+    (backward data: dx, w, dy; backward filter: x, dw, dy). `extra`: more descriptors the call depends on
+    (keyed with their versions); `extra_key`: plain hashable values it depends on."""
     key = _key(direction, algo, conv, (x_desc, y_desc) + tuple(extra), w_desc)
+    if key is not None:
+        key += tuple(extra_key)
     pl = handle.prepared.get(key) if key is not None else None
     if pl is None:
         pl = _new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc)
@@ -1005,8 +1008,9 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
     if activation_desc.mode not in ACT:
         raise PydnnError(NS, f"activationDesc: mode {activation_desc.mode} is not supported in the convolution "
                              f"epilogue (IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU)")
-    key = ("act", activation_desc, activation_desc.mode, activation_desc.coef, activation_desc.relu_nan_opt)
-    pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc, extra=(z_desc, bias_desc, key))
+    act_key = ("act", activation_desc, activation_desc.mode, activation_desc.coef, activation_desc.relu_nan_opt)
+    pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc, extra=(z_desc, bias_desc),
+                  extra_key=act_key)
     check_tensor(z_desc, "zDesc")
     if tuple(z_desc.dims) != tuple(y_desc.dims):
         raise PydnnError(BAD, f"zDesc: dims {tuple(z_desc.dims)} differ from yDesc dims {tuple(y_desc.dims)}")
