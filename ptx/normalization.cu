@@ -11,6 +11,8 @@
 //              blocks shares a set, the block partials meet through distributed shared memory.
 //   fwd_rows   forward of contiguous layer / RMS rows without activation: G threads per row, R rows per
 //              group, one-shot blocks, exact statistics from registers (see its comment below).
+//   fwd_persist   fwd_rows for 16-bit rows in a persistent grid: scale / bias in registers once per thread,
+//              a register ring of DEPTH rows of x (v7, see its comment below).
 //   bwd_rows   backward of the same rows: persistent, a ring of DEPTH rows of x / dy in registers, one
 //              reduction per row, dscale / dbias partials in registers (see its comment below).
 //   bwd_ring   bwd_rows with the ring in shared memory (cp.async), deeper and without the register cost.
@@ -39,7 +41,6 @@ namespace pydnn {
 namespace norm {
 
 constexpr int kGenThreads = 256;
-constexpr int kFinishX = 32, kFinishY = 8;  // finish block: 32 parameters x 8 slot groups
 constexpr int kCluster = 8;
 static_assert(kCluster == 8, "CLUSTER in pydnn/ops/normalization.py");
 
@@ -495,6 +496,21 @@ __device__ __forceinline__ void load_once(Frag<T, VEC>& f, const T* p) {
                : "l"(p));
 }
 
+// A 16-byte store with the evict-first (streaming) policy, st.global.cs: y / dx are written once and not
+// read again by the kernel (PYDNN_NORM_FLAG_STREAM, a measured choice of the host).
+template <class T, int VEC>
+__device__ __forceinline__ void store_stream(const Frag<T, VEC>& f, T* p) {
+  static_assert(Frag<T, VEC>::BYTES == 16, "16-byte fragments only");
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(f.w[0]), "r"(f.w[1]), "r"(f.w[2]),
+               "r"(f.w[3])
+               : "memory");
+}
+template <class T, int VEC>
+__device__ __forceinline__ void store_out(const Frag<T, VEC>& f, T* p, bool stream) {
+  if (stream) store_stream<T, VEC>(f, p);
+  else f.store(p);
+}
+
 // Sum of R floats each over the G consecutive threads of a group (every thread of the block calls it;
 // with G > 32 it passes one barrier and uses sm: 32 x R floats, reusable after the next barrier). Every
 // thread of a group ends with the same bits (xor butterfly, then the same warp sums in the same order).
@@ -616,6 +632,7 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
   const int nvec = (int)p.len / VEC;
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
   const bool stats = p.flags & PYDNN_NORM_FLAG_STATS, has_bias = p.bias != nullptr;
+  const bool stream = p.flags & PYDNN_NORM_FLAG_STREAM;
   const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
   const float inv_len = 1.0f / (float)p.len;
   const bool pvec = ((reinterpret_cast<unsigned long long>(p.scale) |
@@ -750,9 +767,131 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
           }
           F o;
           o.set(a);
-          o.store(y + vi * VEC);
+          store_out<T, VEC>(o, y + vi * VEC, stream);
         }
       }
+    }
+  }
+}
+
+// fwd_persist (v7): fwd_rows' per-row work for 16-bit layer / RMS rows in a persistent grid laid out as
+// bwd_rows (group sub of block b walks rows b * spb + sub + t * step, step = grid * spb). Why: fwd_rows (4,
+// 1, ONE) reads a thread's 32 floats of scale and 32 of bias from L1 after each row's reduction (16
+// LDG.128, 32 KiB per 8 KiB row), and its loads are in flight only until the reduction; RMS (16 KiB of
+// scale, no shift) is 8 points faster on the same code. Here scale / bias are loaded ONCE per thread into
+// registers, and x of DEPTH rows sits in a register ring: while one row is reduced and written, the
+// loads of the next DEPTH - 1 rows are in flight, and the freed slot is refilled at once. Statistics as
+// fwd_rows: layer norm ONE (shift c = the row's first element, S and Q in one reduction of 2 floats, the
+// error bound stated at fwd_rows, here with m = ITEMS * VEC terms per thread and G threads per row);
+// RMS one sum of squares (reduced in the same 2-float call, the second float 0). One barrier per row
+// (G > 32), two alternating shared arrays as bwd_rows. 16-bit only (fp32 rows already reach 91% of copy
+// in fwd_rows). __launch_bounds__(512 / ITEMS, MINB): ITEMS 2 -> blocks up to 256 threads, ITEMS 4 -> 128;
+// MINB blocks per SM set the register cap (65536 / (512 / ITEMS * MINB)).
+template <class T, int VEC, int ITEMS, int DEPTH, int MINB>
+__global__ void __launch_bounds__(512 / ITEMS, MINB) fwd_persist(const NormParams p) {
+  static_assert(sizeof(T) == 2, "fwd_persist: 16-bit data only");
+  typedef Frag<T, VEC> F;
+  __shared__ __align__(16) float sm[2][32][2];
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int spb = (int)(blockDim.x / G);
+  const i64 step = (i64)gridDim.x * spb;
+  const int nvec = (int)p.len / VEC;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool stats = p.flags & PYDNN_NORM_FLAG_STATS, stream = p.flags & PYDNN_NORM_FLAG_STREAM;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float inv_len = 1.0f / (float)p.len;
+  const bool pvec = ((reinterpret_cast<unsigned long long>(p.scale) |
+                      reinterpret_cast<unsigned long long>(p.bias)) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], sy = p.set_stride[1][0], ss = p.set_stride[3][0];
+  const T* xb = (const T*)p.x;
+  T* yb = (T*)p.out;
+
+  float sc[ITEMS][VEC], bi[ITEMS][VEC];  // this thread's parameters, the same in every row
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + k * G;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sc[k][j] = bi[k][j] = 0.0f;
+    if (vi < nvec) {
+      rows_params<VEC>(p.scale, vi * VEC, pvec, sc[k]);
+      if (p.bias) rows_params<VEC>(p.bias, vi * VEC, pvec, bi[k]);
+    }
+  }
+
+  F bx[DEPTH][ITEMS];
+  float bc[DEPTH];  // each ring row's shift (its first element; 0 for RMS and dead rows)
+  auto issue = [&](int b, i64 row) {
+    const bool live = row < p.sets;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G;
+      bx[b][k].zero();
+      if (live && vi < nvec) load_once<T, VEC>(bx[b][k], xb + row * sx + vi * VEC);
+    }
+    bc[b] = (live && !rms) ? to_float(xb[row * sx]) : 0.0f;
+  };
+
+  const i64 first = (i64)blockIdx.x * spb;  // the block's first row; this group's is first + sub
+#pragma unroll
+  for (int b = 0; b < DEPTH; ++b) issue(b, first + sub + b * step);
+  int it = 0;
+  for (i64 base = first; base < p.sets; base += DEPTH * step) {  // uniform over the block: every barrier
+#pragma unroll
+    for (int b = 0; b < DEPTH; ++b) {
+      const i64 row = base + sub + b * step;
+      const float c = bc[b];
+      float r[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        float a[VEC];
+        rows_get<T, VEC>(bx[b][k], a);
+        if (lane + k * G < nvec)  // (a dead lane's zeros minus c would count)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float d = a[j] - c;
+            r[0] += rms ? 0.0f : d;
+            r[1] = fmaf(d, d, r[1]);
+          }
+      }
+      rows_sum<2>(r, G, sm[it & 1]);
+      ++it;
+      float mean = 0.0f, var;
+      if (rms) {
+        var = r[1] * inv_len;
+      } else {
+        const float ms = r[0] * inv_len;
+        mean = c + ms;
+        var = fmaxf(fmaf(-ms, ms, r[1] * inv_len), 0.0f);
+      }
+      const float inv = rsqrtf(var + eps);
+      if (row < p.sets) {
+        if (stats && lane == 0) {
+          if (p.mean) p.mean[row * ss] = mean;
+          if (p.invstd) p.invstd[row * ss] = inv;
+        }
+        T* y = yb + row * sy;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+          const int vi = lane + k * G;
+          if (vi >= nvec) continue;
+          float a[VEC];
+          rows_get<T, VEC>(bx[b][k], a);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] = alpha * ((a[j] - mean) * inv * sc[k][j] + bi[k][j]);
+          if (blend) {
+            F old;
+            old.load(y + vi * VEC);
+            float o[VEC];
+            old.get(o);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) a[j] += beta * o[j];
+          }
+          F o;
+          o.set(a);
+          store_out<T, VEC>(o, y + vi * VEC, stream);
+        }
+      }
+      issue(b, row + DEPTH * step);
     }
   }
 }
@@ -1484,17 +1623,23 @@ __global__ void bwd_staged_cluster(const NormParams) { __trap(); }
 // ------------------------------------------------------------------ finish (backward parameters)
 
 // dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q]; dbias likewise from
-// ws[slot][1][q]. Block (32, 8): 32 parameters, 8 interleaved slot groups summed in a fixed order.
-__global__ void __launch_bounds__(kFinishX * kFinishY) finish(const NormParams p) {
-  __shared__ float part[2][kFinishY][kFinishX + 1];
+// ws[slot][1][q]. Block (32, FY): 32 parameters, FY interleaved slot groups summed in a fixed order.
+// (FX, FY) = (32, 8) was v1..v6; v7: (32, 32), 4x the loads in flight (one block per 32 parameters is
+// only 128 blocks at 4096 parameters, one per SM, and each thread's slot loop is a chain of L2 round
+// trips), and the loop unrolled by 4 so that four slots' loads are issued together (measured +1.5-1.7
+// points of copy on the LN / RMS backward; (8, 128), 4x the blocks again, was no better).
+template <int FX, int FY>
+__global__ void __launch_bounds__(FX * FY) finish(const NormParams p) {
+  __shared__ float part[2][FY][FX + 1];
   const i64 np = p.nparams;
   const bool blend = p.flags & PYDNN_NORM_FLAG_BETA2;
   const float alpha = (float)p.alpha2, beta = (float)p.beta2;
-  for (i64 q0 = (i64)blockIdx.x * kFinishX; q0 < np; q0 += (i64)gridDim.x * kFinishX) {
+  for (i64 q0 = (i64)blockIdx.x * FX; q0 < np; q0 += (i64)gridDim.x * FX) {
     const i64 q = q0 + threadIdx.x;
     float s = 0.0f, b = 0.0f;
     if (q < np)
-      for (i64 sl = threadIdx.y; sl < p.slots; sl += kFinishY) {
+#pragma unroll 4
+      for (i64 sl = threadIdx.y; sl < p.slots; sl += FY) {
         s += p.ws[sl * 2 * np + q];
         b += p.ws[sl * 2 * np + np + q];
       }
@@ -1503,7 +1648,7 @@ __global__ void __launch_bounds__(kFinishX * kFinishY) finish(const NormParams p
     __syncthreads();
     if (threadIdx.y < 2 && q < np) {
       float t = 0.0f;
-      for (int y = 0; y < kFinishY; ++y) t += part[threadIdx.y][y][threadIdx.x];
+      for (int y = 0; y < FY; ++y) t += part[threadIdx.y][y][threadIdx.x];
       float* dst = threadIdx.y == 0 ? p.dscale : p.dbias;
       if (dst) {
         float r = alpha * t;
@@ -1661,6 +1806,13 @@ __global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
   const int nvec = (int)p.len / VEC;
   const i64 np = p.nparams;
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool stream = p.flags & PYDNN_NORM_FLAG_STREAM;
+  // WARPSTAT: a row's mean / invstd copied once per warp (lane 0) instead of once per thread, read back
+  // by the warp after its wait and a __syncwarp (2 x 4-byte copies per warp and row instead of 64). Only
+  // when a warp lies in one row's group (G >= 32; smaller groups put several rows in a warp).
+  const bool warpstat = (p.flags & PYDNN_NORM_FLAG_WARPSTAT) && G >= 32;
+  const int stat_at = warpstat ? (int)(threadIdx.x & ~31u) : (int)threadIdx.x;
+  const bool stat_copy = !warpstat || (threadIdx.x & 31) == 0;
   const float alpha = (float)p.alpha, beta = (float)p.beta;
   const float inv_len = 1.0f / (float)p.len;
   const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
@@ -1688,9 +1840,11 @@ __global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
       cp_async16(dst + k * blockDim.x, xb + r * sx + (on ? vi * VEC : 0), on);
       cp_async16(dst + (ITEMS + k) * blockDim.x, db + r * sd + (on ? vi * VEC : 0), on);
     }
-    float* st = rstat + b * 2 * blockDim.x + threadIdx.x;
-    cp_async4(st, rms ? (const float*)p.invstd : p.mean + r * ss, live && !rms);
-    cp_async4(st + blockDim.x, p.invstd + r * ss, live);
+    if (stat_copy) {
+      float* st = rstat + b * 2 * blockDim.x + threadIdx.x;
+      cp_async4(st, rms ? (const float*)p.invstd : p.mean + r * ss, live && !rms);
+      cp_async4(st + blockDim.x, p.invstd + r * ss, live);
+    }
     cp_async_commit();
   };
 
@@ -1712,8 +1866,10 @@ __global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
         vd[k].w[0] = q.x; vd[k].w[1] = q.y; vd[k].w[2] = q.z; vd[k].w[3] = q.w;
       }
     }
-    const float mean = rstat[slot * 2 * blockDim.x + threadIdx.x];
-    const float inv = rstat[(slot * 2 + 1) * blockDim.x + threadIdx.x];
+    if (warpstat) __syncwarp();  // lane 0's copies, complete for lane 0 after its wait, seen by the warp
+    const float mean = rstat[slot * 2 * blockDim.x + stat_at];
+    const float inv = rstat[(slot * 2 + 1) * blockDim.x + stat_at];
+    if (warpstat) __syncwarp();  // every lane has read them before lane 0 refills the slot
     issue(slot, row + DEPTH * step);
     slot = slot == DEPTH - 1 ? 0 : slot + 1;
     float r[2] = {0.0f, 0.0f};
@@ -1754,7 +1910,7 @@ __global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
         }
         F out;
         out.set(a);
-        out.store(o + vi * VEC);
+        store_out<T, VEC>(out, o + vi * VEC, stream);
       }
     }
   }
@@ -1934,7 +2090,7 @@ __device__ __forceinline__ void gn_fwd_body(const NormParams& p) {
     if (p.mean) p.mean[so] = mean;
     if (p.invstd) p.invstd[so] = inv;
   }
-  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  const bool blend = p.flags & PYDNN_FLAG_BETA, stream = p.flags & PYDNN_NORM_FLAG_STREAM;
   const float alpha = (float)p.alpha, beta = (float)p.beta, c1 = (float)p.coef, c2 = (float)p.coef2;
   float k1[VEC];  // z = (x - mean) * k1 + bias (not x * k1 + k0: no cancellation when |mean| >> std)
 #pragma unroll
@@ -1961,7 +2117,7 @@ __device__ __forceinline__ void gn_fwd_body(const NormParams& p) {
     }
     F f;
     f.set(a);
-    f.store(dst);
+    store_out<T, VEC>(f, dst, stream);
   }
   cluster_wait();
 }

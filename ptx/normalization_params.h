@@ -26,6 +26,8 @@
 #define PYDNN_NORM_FLAG_BETA2 16u      /* finish: beta2 != 0, read dscale / dbias and blend */
 #define PYDNN_NORM_FLAG_PREG 32u       /* backward: parameter partials per thread (set-independent, one-to-one) */
 #define PYDNN_NORM_FLAG_PLANE 64u      /* backward: a thread's items share parameters (sum them, then lanes) */
+#define PYDNN_NORM_FLAG_STREAM 128u    /* fwd_rows / fwd_persist / bwd_ring / gn_fwd: y / dx stored evict-first */
+#define PYDNN_NORM_FLAG_WARPSTAT 256u  /* bwd_ring: a row's mean / invstd copied once per warp */
 
 /* act: the fused activation on the normalized, scaled and shifted value z (0: none) */
 #define PYDNN_NORM_ACT_NONE 0

@@ -290,10 +290,18 @@ def _summary(nd, x, backward=False):
 
 def test_kernel_choice_for_the_benchmarks(monkeypatch):
     ln = _desc((16384, 4096), BF16)
-    alts, ws = _summary(_nd(LAYER), ln)
     # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
+    alts, ws = _summary(_nd(LAYER), ln)
     assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 one=True grid=16384"]
     assert alts[1][0].startswith("fwd vec=1")
+    assert alts[0][0] == _summary(_nd(LAYER), _desc((16384, 4096), F16))[0][0][0]
+    # fwd_persist (v7, measured slower: off): 128 threads per row, 4 blocks per SM evened out (512 x 32 rows)
+    monkeypatch.setattr(N, "FWD_PERSIST", True)
+    monkeypatch.setitem(N.FWD_PERSIST_PICK, "bf16", (4, 2, 4))
+    assert _summary(_nd(RMS), ln)[0][0] == ["fwd_persist vec=8 G=128 block=128 items=4 depth=2 minb=4 grid=512"]
+    monkeypatch.setitem(N.FWD_PERSIST_PICK, "bf16", (2, 3, 3))  # 3 blocks per SM: 391 blocks of 42 rows
+    assert _summary(_nd(LAYER), ln)[0][0] == ["fwd_persist vec=8 G=256 block=256 items=2 depth=3 minb=3 grid=391"]
+    monkeypatch.setattr(N, "FWD_PERSIST", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), F32))
     assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 one=False grid=16384"]
     # v1 register tiles for what fwd_rows does not take: an activation, a row too long for a block
@@ -356,6 +364,7 @@ def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
     monkeypatch.setattr(N, "STAGED_FWD", True)
     monkeypatch.setattr(N, "ROWS_FWD", False)
+    monkeypatch.setattr(N, "FWD_PERSIST", False)
     monkeypatch.setattr(N, "GN_FWD", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), BF16))
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1 staged grid=1024"]  # 8 blocks per SM, 16 rows each
@@ -479,7 +488,8 @@ def _emulate_bwd_rows(p, lc, operand, pl):
     assert G & (G - 1) == 0 and lc.block[0] == max(G, N.MIN_BLOCK) <= 512 // items
     spb = lc.block[0] // G
     step = lc.grid[0] * spb
-    assert pl.workspace >= lc.grid[0] * spb * 2 * p.nparams * 4
+    if "fwd_persist" not in lc.expr:  # (fwd_persist, the same walk in the forward: no workspace)
+        assert pl.workspace >= lc.grid[0] * spb * 2 * p.nparams * 4
     stride = p.set_stride[operand][0]
     vi = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
     vi = vi[vi < nvec]
@@ -600,6 +610,7 @@ def _layout_desc(dims, layout, dtype):
 @pytest.mark.parametrize("direction", ["forward", "forward staged", "forward gn wide", "backward", "backward staged",
                                        "backward gn wide"] +
                          [f"forward rows {i}" for i in range(max(len(c) for c in N.ROWS_CONFIGS.values()))] +
+                         [f"forward persist {i}" for i in range(max(len(c) for c in N.FWD_PERSIST_CONFIGS.values()))] +
                          [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))] +
                          [f"backward ring {i}" for i in range(max(len(c) for c in N.BWD_RING_CONFIGS.values()))])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
@@ -612,6 +623,13 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     monkeypatch.setattr(N, "GN_FWD", direction != "forward staged")
     monkeypatch.setattr(N, "GN_BWD", direction in ("backward", "forward", "backward gn wide"))
     monkeypatch.setattr(N, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
+    monkeypatch.setattr(N, "FWD_PERSIST", direction == "forward" or direction.startswith("forward persist"))
+    if direction.startswith("forward persist"):
+        configs = N.FWD_PERSIST_CONFIGS[4 if dtype == F32 else 2]
+        i = int(direction.split()[-1])
+        if i >= len(configs):
+            pytest.skip("no such fwd_persist config for this element size")
+        monkeypatch.setitem(N.FWD_PERSIST_PICK, "bf16", configs[i])
     if direction.startswith("backward ring"):
         configs = N.BWD_RING_CONFIGS[4 if dtype == F32 else 2]
         i = int(direction.split()[-1])
@@ -653,7 +671,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
-                elif kname in ("bwd_rows", "bwd_ring"):
+                elif kname in ("bwd_rows", "bwd_ring", "fwd_persist"):
                     addr, sset, spar, stats = _emulate_bwd_rows(p, lc, operand, pl)
                 else:
                     vec = int(lc.expr.split(",")[1])
@@ -774,7 +792,7 @@ def test_one_pass_statistics_error_bound(dtype, center):
     rows = [rng.normal(center[0], center[1], n) for _ in range(2)]
     outlier = rng.normal(center[0], center[1], n)
     outlier[0] = center[0] + 60 * center[1]
-    for cfg in [c for c in N.ROWS_CONFIGS[2] if c[2]]:
+    for cfg in [c for c in N.ROWS_CONFIGS[2] if c[2]] + list(N.FWD_PERSIST_CONFIGS[2]):  # (fwd_persist: same order)
         items = cfg[0]
         G = next(g for g in (1 << i for i in range(11)) if g * items * vec >= n)
         g = (items * vec + int(np.log2(G)) + G // 32) * 2.0 ** -24
@@ -786,3 +804,35 @@ def test_one_pass_statistics_error_bound(dtype, center):
             assert abs(mean - m64) <= g * (abs(m64) + np.sqrt(v64)) + 2.0 ** -24 * abs(m64), (cfg, mean, m64)
             if center == (1000.0, 1.0) and i < len(rows):
                 assert var == np.float32(v64) or abs(var - v64) <= 2.0 ** -23 * v64  # exact sums, one rounding
+
+
+def test_stream_flag_and_finish_block(monkeypatch):
+    """v7 options: STREAM sets PYDNN_NORM_FLAG_STREAM only on the named kernels' launches, WARPSTAT only on
+    bwd_ring's; finish's block is FINISH = (FX, FY), one block per FX parameters, every shape compiled."""
+    h = cpu_handle()
+    ln = _desc((1000, 4096), BF16)
+    gn = _desc((2, 512, 8, 8), BF16, packed_strides((2, 512, 8, 8), NHWC))
+    for stream in (set(), {"fwd_persist"}, {"fwd_rows"}, {"bwd_ring"}, {"gn_fwd"}, {"fwd_rows", "bwd_ring"}):
+        monkeypatch.setattr(N, "STREAM", stream)
+        for persist in (True, False):
+            monkeypatch.setattr(N, "FWD_PERSIST", persist)
+            for nd, x, backward in ((_nd(LAYER), ln, False), (_nd(LAYER), ln, True), (_nd(GROUP, 32), gn, False)):
+                pl = N._plan(h, nd, x, x, x if backward else None, _params(x, nd)[1], backward)
+                for lc in pl.alternatives[0]:
+                    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+                    assert bool(lc.params.flags & N.FLAG_STREAM) == (kname in stream), (stream, lc.desc)
+                    assert bool(lc.params.flags & N.FLAG_WARPSTAT) == (kname == "bwd_ring"), lc.desc  # (G 256)
+    short = _desc((37, 48), BF16, (56, 1))  # G = 4: several rows per warp, so no WARPSTAT
+    pl = N._plan(h, _nd(LAYER), short, short, short, _params(short, _nd(LAYER))[1], True)
+    assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring<") and pl.alternatives[0][0].params.group == 4
+    assert not pl.alternatives[0][0].params.flags & N.FLAG_WARPSTAT
+    monkeypatch.setattr(N, "BWD_RING_WARPSTAT", False)
+    pl = N._plan(h, _nd(LAYER), ln, ln, ln, _params(ln, _nd(LAYER))[1], True)
+    assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring<")
+    assert not pl.alternatives[0][0].params.flags & N.FLAG_WARPSTAT
+    for fx, fy in N.FINISH_SHAPES:
+        monkeypatch.setattr(N, "FINISH", (fx, fy))
+        pl = N._plan(h, _nd(LAYER), ln, ln, ln, _params(ln, _nd(LAYER))[1], True)
+        fin = pl.alternatives[0][-1]
+        assert fin.expr == f"pydnn::norm::finish<{fx}, {fy}>" and fin.block == (fx, fy, 1)
+        assert fin.grid == (4096 // fx, 1, 1) and fin.expr in N._unit_exprs("bf16")

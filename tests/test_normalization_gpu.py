@@ -239,6 +239,7 @@ def test_forward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
     if cfg >= len(configs):
         pytest.skip("no such fwd_rows config for this element size")
     monkeypatch.setitem(N.ROWS_PICK, tag, configs[cfg])
+    monkeypatch.setattr(N, "FWD_PERSIST", False)  # (fwd_persist: test_forward_persist_configs)
     for kind, k, dims, layout in ROWS_CASES:
         x = _tensor(dims, layout, dtype)
         items, rows, one = configs[cfg]
@@ -250,6 +251,57 @@ def test_forward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
         # rows far from zero, some of whose 16-bit values are all equal (the two-pass mean is one division)
         for center in ((1000.0, 1.0), (1000.0, 16.0), (-50.0, 0.25)):
             _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, center=center)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("cfg", range(max(len(c) for c in N.FWD_PERSIST_CONFIGS.values())))
+@pytest.mark.parametrize("stream", [False, True])
+def test_forward_persist_configs(handle, rng, monkeypatch, cfg, dtype, stream):
+    """Each compiled fwd_persist (ITEMS, DEPTH, MINB) config (v7), with and without evict-first stores: with
+    bias, without bias and blended, in place, rows walked several per group (the ring wraps, dead rows at
+    the end), rows of mean 1000 (std 1 and 16: the shift), rows too long for its blocks (fwd_rows)."""
+    tag = {F16: "f16", BF16: "bf16"}[dtype]
+    configs = N.FWD_PERSIST_CONFIGS[2]
+    if cfg >= len(configs):
+        pytest.skip("no such fwd_persist config")
+    monkeypatch.setitem(N.FWD_PERSIST_PICK, tag, configs[cfg])
+    monkeypatch.setattr(N, "FWD_PERSIST", True)
+    monkeypatch.setattr(N, "STREAM", {"fwd_persist"} if stream else set())
+    items, depth, minb = configs[cfg]
+    extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (1200, 4096), "nchw")]
+    for kind, k, dims, layout in ROWS_CASES + extra:
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, k), x.desc)
+        length = int(np.prod(dims[len(dims) - k:]))
+        fits = max(N.MIN_BLOCK, N.next_pow2(-(-length // 8 // items))) <= 512 // items
+        assert alts[0][0].startswith("fwd_persist") == fits, alts
+        if fits:
+            assert f"items={items} depth={depth} minb={minb}" in alts[0][0], alts
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype)
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, inplace=True)
+        for center in ((1000.0, 1.0), (1000.0, 16.0), (-50.0, 0.25)):
+            _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, center=center)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("what", ["no stream", "bwd_ring", "no warpstat"] +
+                         [f"finish {fx}x{fy}" for fx, fy in N.FINISH_SHAPES if (fx, fy) != N.FINISH])
+def test_stream_stores_and_finish_blocks(handle, rng, monkeypatch, what, dtype):
+    """The v7 options the bench compares, each against the defaults: fwd_rows without evict-first stores,
+    bwd_ring with them, finish's other block shapes, bwd_ring's per-thread statistics copies."""
+    if what.startswith("finish"):
+        monkeypatch.setattr(N, "FINISH", tuple(int(a) for a in what.split()[1].split("x")))
+    elif what == "no warpstat":
+        monkeypatch.setattr(N, "BWD_RING_WARPSTAT", False)
+    else:
+        monkeypatch.setattr(N, "STREAM", set() if what == "no stream" else {"fwd_rows", what})
+    monkeypatch.setattr(N, "FWD_PERSIST", False)
+    for kind, k, dims, layout in ROWS_CASES + [(LAYER, 1, (1200, 4096), "nchw")]:
+        _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+        _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)
+        _backward_check(handle, rng, kind, 0, k, dims, layout, dtype, alphas=(0.75, -0.5, 1.5, 0.25), bias=False,
+                        dbias=False)
 
 
 def test_c_program(tmp_path):
@@ -301,12 +353,17 @@ GN_CASES = [  # gn_fwd (v6, NHWC group norm in clusters): groups, dims, layout
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fill", [2, 0], ids=["fill", "widest"])
+@pytest.mark.parametrize("fill", [2, 0, "stream"], ids=["fill", "widest", "stream"])
 def test_group_norm_nhwc_clusters(handle, rng, monkeypatch, fill, dtype):
     """gn_fwd / gn_bwd with the GC the planner picks (fill: the most clusters on these small shapes, GC 1)
     and with the widest GC whose tiles fit (up to 16 groups, 32 channel vectors per position): forward
     plain, no bias + blended, in place, fused activations, x of mean 1000 (the two-pass variance);
-    backward plain, blended without bias / dbias, with swish."""
+    backward plain, blended without bias / dbias, with swish. "stream": fill, gn_fwd's evict-first stores
+    and finish with 8-row blocks (v7 options the bench compares)."""
+    if fill == "stream":
+        fill = 2
+        monkeypatch.setattr(N, "STREAM", {"gn_fwd"})
+        monkeypatch.setattr(N, "FINISH", (32, 8))
     monkeypatch.setattr(N, "GN_FILL", fill)
     for groups, dims, layout in GN_CASES:
         x = _tensor(dims, layout, dtype)

@@ -36,7 +36,8 @@ Backward workspace: dscale / dbias are sums over all sets; each block (or block 
 partial sums to the workspace and a small `finish` kernel adds them in a fixed order.
 
 Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows`
-(G threads per row, statistics exact from registers; see ROWS_*); otherwise `fwd` / `bwd` when a set's
+(G threads per row, statistics exact from registers; see ROWS_*), in 16-bit `fwd_persist` with FWD_PERSIST
+(persistent, scale / bias in registers, a register ring of rows; see FWD_PERSIST_*); otherwise `fwd` / `bwd` when a set's
 elements form at most two levels in memory (a contiguous inner run, an outer stride: layer-norm rows,
 NCHW groups, NHWC groups) and fit in registers
 (G threads per set, a power of two up to a block), `fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8
@@ -83,7 +84,7 @@ ACT_IDS = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_A
            E.PYDNN_ACTIVATION_TANH: 3, E.PYDNN_ACTIVATION_CLIPPED_RELU: 4, E.PYDNN_ACTIVATION_ELU: 5,
            E.PYDNN_ACTIVATION_SWISH: 6, E.PYDNN_ACTIVATION_GELU_ERF: 7, E.PYDNN_ACTIVATION_GELU_TANH: 8}
 
-FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE = 4, 8, 16, 32, 64
+FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE, FLAG_STREAM, FLAG_WARPSTAT = 4, 8, 16, 32, 64, 128, 256
 FWD_ITEMS = {True: 4, False: 8}    # vectors (vector launch) or elements (scalar launch) per thread
 BWD_ITEMS = {True: 2, False: 4}
 FWD_MAX_BLOCK, BWD_MAX_BLOCK = 1024, 512   # the kernels' __launch_bounds__
@@ -109,6 +110,8 @@ STAGED_BWD = True
 # two; see fwd_rows in ptx/normalization.cu for the error bound). Measured (v4): (4, 1, ONE) 80.4% of copy
 # on LN bf16 rows of 4096 (72.9% without ONE), (2, 2, *) 54-58%: picked for 16-bit, (2, 2) no longer
 # compiled (it also failed a constant-row invstd check, see the bench notes). RMS ignores ONE.
+# v7: (2, 1, ONE) for 16-bit (256 threads per row, the fp32 (4, 1) shape; 51 registers: 4 rows per SM
+# instead of 8) measured 62.7% of copy on LN bf16 against (4, 1, ONE)'s 80.8%: not compiled.
 ROWS_FWD = True
 ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
@@ -134,6 +137,28 @@ BWD_RING_CONFIGS = {2: ((2, 4), (2, 6)), 4: ()}
 BWD_RING_PICK = {"f16": (2, 4), "bf16": (2, 4)}
 BWD_RING_REGS = 128
 BWD_RING_MAX_BLOCK = 256
+# Forward of the same 16-bit rows in a persistent grid (v7, `fwd_persist`): scale / bias loaded once per
+# thread into registers (fwd_rows reads them from L1 for every row), x of DEPTH rows in a register ring.
+# FWD_PERSIST_CONFIGS: (ITEMS, DEPTH, MINB) per element size (none for fp32: fwd_rows is at 91% there);
+# __launch_bounds__(512 / ITEMS, MINB): blocks of at most 512 // ITEMS threads, the register cap
+# 65536 / (512 / ITEMS * MINB), MINB blocks per SM (more when the rows are short and blocks smaller).
+# Measured (v7, bf16 16384 x 4096): LN (4, 2, 4) 76.7% of copy, (2, 3, 3) 69.7%, (2, 4, 2) 59.8%, RMS 79.9% /
+# 75.5% / 66.4%, all below fwd_rows (81.1% / 90.4%): off; only (4, 2, 4) still compiled (tests, bench sweep).
+FWD_PERSIST = False
+FWD_PERSIST_CONFIGS = {2: ((4, 2, 4),), 4: ()}
+FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
+# Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
+# "fwd_rows", "fwd_persist", "bwd_ring", "gn_fwd". Measured (v7): fwd_rows +3.5 points on RMS bf16 (90.4 ->
+# 93.9% of copy), +5.7 on LN fp32 (91.4 -> 97.1%), +0.3 on LN bf16 ONE; bwd_ring +-0.1; gn_fwd -1.5.
+STREAM = {"fwd_rows"}
+# bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per thread, when G >= 32
+# (v7). Measured (bf16 16384 x 4096): LN backward 72.7% of copy against 68.8% without, RMS 73.8% / 72.6%.
+BWD_RING_WARPSTAT = True
+# finish's block: FINISH = (parameters, slot groups) (v1-v6: (32, 8); v7: see finish in the .cu).
+# Measured (v7): (32, 32) +1.5-1.7 points of copy over (32, 8) on LN / RMS bf16 backward, +1.1-1.3 on NHWC
+# GN backward; (8, 128) measured no better than (32, 32) and is no longer compiled.
+FINISH = (32, 32)
+FINISH_SHAPES = ((32, 8), (32, 32))  # compiled
 # Group norm with channels innermost (v6, `gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 blocks
 # per unit (one sample's GC consecutive groups over all positions), each block's tile of positions x
 # GC * cg channels held in shared memory between the statistics and the output (x, and dy, read once).
@@ -156,7 +181,6 @@ STAGED_REGS = {False: 64, True: 128}  # register caps of fwd_staged (1024 thread
 SMEM_PER_SM = 228 * 1024
 SMEM_PER_BLOCK_EXTRA = 2048       # static shared memory and the 1 KiB the hardware reserves per block
 SMEM_BLOCK_MAX = 227 * 1024
-FINISH_BLOCK = (32, 8, 1)
 MAX_GRID = 2**31 - 1
 WS_ALIGN = 16
 
@@ -221,13 +245,22 @@ def _gen_expr(tag, backward):
     return f"pydnn::norm::{'gen_bwd' if backward else 'gen_fwd'}<{CTYPE[tag]}>"
 
 
-FINISH_EXPR, ZERO_EXPR = "pydnn::norm::finish", "pydnn::norm::zero"
+def _persist_expr(tag, vec, items, depth, minb):
+    return f"pydnn::norm::fwd_persist<{CTYPE[tag]}, {vec}, {items}, {depth}, {minb}>"
+
+
+def _finish_expr(shape):
+    return f"pydnn::norm::finish<{shape[0]}, {shape[1]}>"
+
+
+ZERO_EXPR = "pydnn::norm::zero"
 
 
 def _unit_exprs(tag):
     v = vec_width(tag, tag)
     exprs = [_fwd_expr(tag, v), _fwd_expr(tag, 1), _fwd_expr(tag, v, cluster=True)]
     exprs += [_rows_expr(tag, v, *c) for c in ROWS_CONFIGS[_SIZES[tag]]]
+    exprs += [_persist_expr(tag, v, *c) for c in FWD_PERSIST_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_rows_expr(tag, v, *c) for c in BWD_ROWS_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_ring_expr(tag, v, *c) for c in BWD_RING_CONFIGS[_SIZES[tag]]]
     exprs += [_gn_expr(tag, v), _gn_expr(tag, v, backward=True)]
@@ -238,7 +271,7 @@ def _unit_exprs(tag):
             exprs += [_staged_expr(tag, v, False, cluster=c)]
         if STAGED_BWD:
             exprs += [_staged_expr(tag, v, True, preg, c) for preg in (True, False)]
-    exprs += [_gen_expr(tag, False), _gen_expr(tag, True), FINISH_EXPR, ZERO_EXPR]
+    exprs += [_gen_expr(tag, False), _gen_expr(tag, True), ZERO_EXPR] + [_finish_expr(sh) for sh in FINISH_SHAPES]
     return tuple(exprs)
 
 
@@ -622,8 +655,31 @@ def _rows_alt(handle, nd, tag, geo, vec):
         return None
     p = _base_params(nd, sets, els, n_sets, length, nparams, False)
     p.group = g
+    if "fwd_rows" in STREAM:
+        p.flags |= FLAG_STREAM
     return [_new_launch(_rows_expr(tag, vec, items, rows, one), p, (grid, 1, 1), (block, 1, 1),
                         desc=f"fwd_rows vec={vec} G={g} block={block} items={items} rows={rows} one={one} "
+                             f"grid={grid}")]
+
+
+def _persist_alt(handle, nd, tag, geo, vec):
+    """fwd_persist for contiguous 16-bit layer / RMS rows without activation (rows that fit its blocks),
+    or None."""
+    if tag not in FWD_PERSIST_PICK or not _rows_layout(nd, geo, vec):
+        return None
+    sets, els, n_sets, length, nparams = geo
+    items, depth, minb = FWD_PERSIST_PICK[tag]
+    g = next_pow2(max(1, cdiv(length // vec, items)))
+    block = max(g, MIN_BLOCK)
+    if block > 512 // items:
+        return None
+    p = _base_params(nd, sets, els, n_sets, length, nparams, False)
+    p.group = g
+    if "fwd_persist" in STREAM:
+        p.flags |= FLAG_STREAM
+    grid, spb = _persistent_grid(handle, n_sets, block, g, 1, _resident(block, 0, 65536 // (512 // items * minb)))
+    return [_new_launch(_persist_expr(tag, vec, items, depth, minb), p, (grid, 1, 1), (block, 1, 1),
+                        desc=f"fwd_persist vec={vec} G={g} block={block} items={items} depth={depth} minb={minb} "
                              f"grid={grid}")]
 
 
@@ -683,6 +739,8 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
                      backward)
     p.group = gc
     name = "gn_bwd" if backward else "gn_fwd"
+    if name in STREAM:
+        p.flags |= FLAG_STREAM
     lc = _new_launch(_gn_expr(tag, vec, backward), p, (grid, 1, 1), (block, 1, 1), smem,
                      desc=f"{name} vec={vec} GC={gc} block={block} tile={smem} grid={grid}")
     if not backward:
@@ -694,6 +752,10 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
 def _fwd_alt(handle, nd, tag, geo, vec):
     if GN_FWD and vec > 1:
         r = _gn_alt(handle, nd, tag, geo, vec)
+        if r is not None:
+            return r
+    if FWD_PERSIST and vec > 1:
+        r = _persist_alt(handle, nd, tag, geo, vec)
         if r is not None:
             return r
     if ROWS_FWD and vec > 1:
@@ -720,8 +782,8 @@ def _finish_launch(nd, geo, slots):
     sets, els, n_sets, length, nparams = geo
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.slots = slots
-    grid = max(1, min(cdiv(nparams, FINISH_BLOCK[0]), 65535))
-    return _new_launch(FINISH_EXPR, p, (grid, 1, 1), FINISH_BLOCK, desc=f"finish slots={slots}")
+    grid = max(1, min(cdiv(nparams, FINISH[0]), 65535))
+    return _new_launch(_finish_expr(FINISH), p, (grid, 1, 1), (FINISH[0], FINISH[1], 1), desc=f"finish slots={slots}")
 
 
 def _bwd_rows_alt(handle, nd, tag, geo, vec):
@@ -758,6 +820,10 @@ def _bwd_ring_alt(handle, nd, tag, geo, vec):
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.group = g
     p.flags |= FLAG_PREG  # (the kernel's only mode: each thread owns its parameters in every row)
+    if "bwd_ring" in STREAM:
+        p.flags |= FLAG_STREAM
+    if BWD_RING_WARPSTAT and g >= 32:  # (a warp must lie in one row's group)
+        p.flags |= FLAG_WARPSTAT
     grid, spb = _persistent_grid(handle, n_sets, block, g, 1, _resident(block, smem, BWD_RING_REGS))
     slots = grid * spb
     bwd = _new_launch(_bwd_ring_expr(tag, vec, items, depth), p, (grid, 1, 1), (block, 1, 1), smem,
