@@ -9,59 +9,10 @@ import pydnn
 from devtensor import DevTensor, assert_close
 from pydnn.ops import convolution_winograd as Wg
 from pydnn.reference import convolution as ref
-from pydnn.tensor import packed_strides
+from test_convolution_gpu import (BF16, CASES, CONV, F16, F32, F64, NCHW, NHWC, XCORR,  # noqa: F401
+                                  Problem, _strides, _workspace)
 
 pytestmark = pytest.mark.gpu
-
-F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
-                       pydnn.PYDNN_DATA_BFLOAT16)
-NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
-CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
-
-CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format (test_convolution_gpu.py's shapes)
-    ((3, 5, 37), 7, (3,), (1,), (2,), (1,), 1, "nchw", NCHW),                        # 1-d
-    ((2, 6, 13, 11), 10, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),
-    ((2, 8, 12, 9), 6, (3, 2), (2, 0), (2, 3), (2, 1), 2, "nchw", NCHW),             # groups, dilation
-    ((2, 16, 9, 10), 16, (3, 3), (1, 1), (2, 1), (1, 1), 16, "nhwc", NCHW),         # depthwise
-    ((2, 5, 7, 8), 9, (1, 1), (0, 0), (2, 2), (1, 1), 1, "gap", NHWC),              # padded layout, 1x1
-    ((1, 3, 5, 6, 7), 4, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nchw", NCHW),  # 3-d
-    ((4, 70, 15, 15), 80, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),         # several tiles, long K
-]
-
-
-def _strides(dims, layout):
-    if layout == "nhwc":
-        return packed_strides(dims, NHWC)
-    if layout == "gap":  # NCHW with a gap after every row, channel and image
-        s, acc = [0] * len(dims), 1
-        for i in reversed(range(len(dims))):
-            s[i] = acc
-            acc *= dims[i] + (1 if i > 0 else 0)
-        return tuple(s)
-    return packed_strides(dims, NCHW)
-
-
-class Problem:
-    def __init__(self, case, dtype, mode=XCORR):
-        xd, k, filt, pad, st, dil, g, layout, wfmt = case
-        self.pad, self.st, self.dil, self.g, self.cross = pad, st, dil, g, mode == XCORR
-        self.conv = pydnn.create_convolution_descriptor()
-        pydnn.set_convolution_nd_descriptor(self.conv, len(pad), pad, st, dil, mode, F64 if dtype == F64 else F32)
-        pydnn.set_convolution_group_count(self.conv, g)
-        self.wd = (k, xd[1] // g) + tuple(filt)
-        self.yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
-        self.x = DevTensor(xd, dtype, _strides(xd, layout))
-        self.y = DevTensor(self.yd, dtype, _strides(self.yd, layout))
-        self.wdesc = pydnn.create_filter_descriptor()
-        pydnn.set_filter_nd_descriptor(self.wdesc, dtype, wfmt, len(self.wd), self.wd)
-        self.w = DevTensor(self.wd, dtype, self.wdesc.strides)
-
-    def args(self):
-        return self.pad, self.st, self.dil, self.g, self.cross
-
-
-def _workspace(nbytes):
-    return pydnn.DeviceArray((max(nbytes, 1),), np.uint8), nbytes
 
 FWD_GEMM = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
 FWD_WINO = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
