@@ -11,15 +11,6 @@ from pydnn.ops import mha as M
 from pydnn.reference import mha as R
 from test_fuzz_cpu import _call, cpu_handle
 
-from pydnn._build.manifest import FAMILIES
-
-# The C face needs the family in the manifest (header, libpydnn) and exported by pydnn/__init__.py (the
-# library calls pydnn.<name>): the integrator's step. Until then the C programs are skipped, not failed.
-INTEGRATED = "pydnn.ops.mha" in FAMILIES and hasattr(pydnn, "create_attn_descriptor")
-for _n in M.__all__:  # until pydnn/__init__.py exports the family (the integrator's step)
-    if not hasattr(pydnn, _n):
-        setattr(pydnn, _n, getattr(M, _n))
-
 F32, F16, BF16, F64 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16, pydnn.PYDNN_DATA_DOUBLE
 BAD, NS = pydnn.PYDNN_STATUS_BAD_PARAM, pydnn.PYDNN_STATUS_NOT_SUPPORTED
 NULL, MIS = pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
@@ -840,7 +831,6 @@ def test_orchestration_with_numpy_kernels(monkeypatch, rng, name):
                                        err_msg=f"weight kind {kind} x{factor}")
 
 
-@pytest.mark.skipif(not INTEGRATED, reason="pydnn.ops.mha not yet in the manifest / pydnn's exports")
 def test_c_program_on_cpu(tmp_path):
     from cprog import build_and_run
     r = build_and_run("mha_cpu", tmp_path)

@@ -20,15 +20,6 @@ from pydnn.reference import dtypes as rd
 from pydnn.reference import mha as R
 from pydnn.tensor import DTYPES
 
-from pydnn._build.manifest import FAMILIES
-
-# The C face needs the family in the manifest (header, libpydnn) and exported by pydnn/__init__.py (the
-# library calls pydnn.<name>): the integrator's step. Until then the C programs are skipped, not failed.
-INTEGRATED = "pydnn.ops.mha" in FAMILIES and hasattr(pydnn, "create_attn_descriptor")
-for _n in M.__all__:  # until pydnn/__init__.py exports the family (the integrator's step)
-    if not hasattr(pydnn, _n):
-        setattr(pydnn, _n, getattr(M, _n))
-
 pytestmark = pytest.mark.gpu
 
 F16, BF16 = pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
@@ -368,7 +359,6 @@ def test_inference_one_step_window(handle, rng):
     print(f"one step, window [0, 17): end-to-end max |out - ref| = {err:.3g}, max |ref| = {np.abs(e2e).max():.3g}")
 
 
-@pytest.mark.skipif(not INTEGRATED, reason="pydnn.ops.mha not yet in the manifest / pydnn's exports")
 def test_c_program_on_gpu(tmp_path):
     from cprog import build_and_run
     r = build_and_run("mha_gpu", tmp_path, extra=["-ldl", "-lm"])
