@@ -11,19 +11,20 @@ import pydnn
 from devtensor import DevTensor, assert_close
 from pydnn.ops import convolution_fft as Ff
 from pydnn.reference import convolution as ref
-from pydnn.tensor import packed_strides
+from test_convolution_gpu import BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides
 
 pytestmark = pytest.mark.gpu
 
-F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
-                       pydnn.PYDNN_DATA_BFLOAT16)
-NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
-CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
 FWD_FFT = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT
 BWD_FFT = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT
 DTYPES = [F32, F16, BF16, F64]
 
-CASES = [  # xdims, k, filt, pad, layout, filter format
+
+def _case(xd, k, filt, pad, layout, wfmt):  # in test_convolution_gpu.py's form: stride 1, dilation 1, one group
+    return xd, k, filt, pad, (1, 1), (1, 1), 1, layout, wfmt
+
+
+CASES = [_case(*c) for c in [  # xdims, k, filt, pad, layout, filter format
     ((2, 3, 13, 11), 5, (9, 9), (4, 4), "nchw", NCHW),       # F 32 x 16
     ((3, 7, 37, 45), 9, (9, 9), (4, 4), "nhwc", NHWC),       # F 64 x 64 (64 KiB of shared memory)
     ((1, 5, 30, 26), 3, (11, 11), (5, 5), "gap", NCHW),      # padded layout, F 64 x 32
@@ -32,37 +33,7 @@ CASES = [  # xdims, k, filt, pad, layout, filter format
     ((2, 1, 19, 23), 1, (5, 3), (0, 2), "nchw", NCHW),       # one channel each way, pad 0
     ((5, 70, 15, 15), 81, (3, 3), (1, 1), "nhwc", NHWC),     # 3x3, long reduction, partial product tiles
     ((2, 4, 1, 21), 6, (1, 5), (0, 2), "nchw", NCHW),        # one row (Fh = 2)
-]
-
-
-def _strides(dims, layout):
-    if layout == "nhwc":
-        return packed_strides(dims, NHWC)
-    if layout == "gap":  # NCHW with a gap after every row, channel and image
-        s, acc = [0] * len(dims), 1
-        for i in reversed(range(len(dims))):
-            s[i] = acc
-            acc *= dims[i] + (1 if i > 0 else 0)
-        return tuple(s)
-    return packed_strides(dims, NCHW)
-
-
-class Problem:
-    def __init__(self, case, dtype, mode=XCORR):
-        xd, k, filt, pad, layout, wfmt = case
-        self.pad, self.cross = pad, mode == XCORR
-        self.conv = pydnn.create_convolution_descriptor()
-        pydnn.set_convolution_nd_descriptor(self.conv, 2, pad, (1, 1), (1, 1), mode, F64 if dtype == F64 else F32)
-        self.wd = (k, xd[1]) + tuple(filt)
-        self.yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, (1, 1), (1, 1))
-        self.x = DevTensor(xd, dtype, _strides(xd, layout))
-        self.y = DevTensor(self.yd, dtype, _strides(self.yd, layout))
-        self.wdesc = pydnn.create_filter_descriptor()
-        pydnn.set_filter_nd_descriptor(self.wdesc, dtype, wfmt, 4, self.wd)
-        self.w = DevTensor(self.wd, dtype, self.wdesc.strides)
-
-    def args(self):
-        return self.pad, (1, 1), (1, 1), 1, self.cross
+]]
 
 
 def _ws(handle, pb, direction):
