@@ -136,23 +136,15 @@ def kernel_units():
     return units
 
 
-_registered = False
-
-
-def _register_units(extra=()):
-    """Make the loader know this module's units (and `extra` ones) even while pydnn/_build/manifest.py's
-    FAMILIES does not list this module yet (compile on first use looks units up by name there); a no-op
-    for units it already knows."""
-    global _registered
-    if _registered and not extra:
-        return
+def _register_units(units):
+    """Make the loader know `units`, which are outside the build (the manifest lists this module's own):
+    compile on first use looks units up by name there; a no-op for units it already knows."""
     from .._build import loader
 
     if loader._units is None:
         loader._units = loader.unit_by_name()
-    for u in list(kernel_units()) + list(extra):
+    for u in units:
         loader._units.setdefault(u.name, u)
-    _registered = True
 
 
 def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
@@ -365,7 +357,6 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.vec_ok = False
     if pl.empty:
         return pl
-    _register_units()
     tag = TAG[pl.dtype]
     if tag == "f32":
         pl.fast = pl.general = _simt_launch(pl)
