@@ -749,21 +749,25 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
     return [lc, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
 
 
+def _first_alt(tries, *args):
+    """The first of the (switched on, planner) pairs whose planner accepts the problem, or None. The
+    switches are read at each call: tests and benchmarks flip them."""
+    for on, alt in tries:
+        if on:
+            r = alt(*args)
+            if r is not None:
+                return r
+    return None
+
+
+def _gn_bwd_alt(handle, nd, tag, geo, vec):
+    return _gn_alt(handle, nd, tag, geo, vec, backward=True)
+
+
 def _fwd_alt(handle, nd, tag, geo, vec):
-    if GN_FWD and vec > 1:
-        r = _gn_alt(handle, nd, tag, geo, vec)
-        if r is not None:
-            return r
-    if FWD_PERSIST and vec > 1:
-        r = _persist_alt(handle, nd, tag, geo, vec)
-        if r is not None:
-            return r
-    if ROWS_FWD and vec > 1:
-        r = _rows_alt(handle, nd, tag, geo, vec)
-        if r is not None:
-            return r
-    if STAGED_FWD and vec > 1:
-        r = _fwd_staged_alt(handle, nd, tag, geo, vec)
+    if vec > 1:
+        r = _first_alt(((GN_FWD, _gn_alt), (FWD_PERSIST, _persist_alt), (ROWS_FWD, _rows_alt),
+                        (STAGED_FWD, _fwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
             return r
     sets, els, n_sets, length, nparams = geo
@@ -833,21 +837,10 @@ def _bwd_ring_alt(handle, nd, tag, geo, vec):
 
 def _bwd_alt(handle, nd, tag, geo, vec):
     """[bwd, finish] and the workspace bytes, or None."""
-    if GN_BWD and vec > 1:
-        r = _gn_alt(handle, nd, tag, geo, vec, backward=True)
+    if vec > 1:  # else, or when none of these serves, the register-tile kernel (larger sets per cluster)
+        r = _first_alt(((GN_BWD, _gn_bwd_alt), (BWD_RING, _bwd_ring_alt), (BWD_ROWS, _bwd_rows_alt),
+                        (STAGED_BWD, _bwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
-            return r
-    if BWD_RING and vec > 1:
-        r = _bwd_ring_alt(handle, nd, tag, geo, vec)
-        if r is not None:
-            return r
-    if BWD_ROWS and vec > 1:
-        r = _bwd_rows_alt(handle, nd, tag, geo, vec)
-        if r is not None:
-            return r
-    if STAGED_BWD and vec > 1:
-        r = _bwd_staged_alt(handle, nd, tag, geo, vec)
-        if r is not None:  # else the register-tile kernel (larger sets per cluster)
             return r
     sets, els, n_sets, length, nparams = geo
     t = _threads(handle, length // vec, BWD_ITEMS[vec > 1], BWD_MAX_BLOCK, vec)
