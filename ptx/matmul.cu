@@ -51,8 +51,25 @@ __device__ __forceinline__ void tile_coords(const MatmulParams& p, int& tm, int&
 }
 
 // 16 bytes global -> shared of which the first `bytes` are read and the rest zero filled (0: nothing read).
+// A chunk cut by the end of a row (0 < bytes < 16, the ragged K or n edge) is read element by element with
+// plain loads: cp.async with a partial src-size counts as a 16-byte read to compute-sanitizer, which flags
+// it when the row is the operand's last and ends its allocation. Whole and empty chunks stay asynchronous;
+// the plain stores are seen by the same barrier that publishes the stage.
 __device__ __forceinline__ void cp_async_zfill(unsigned dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+  if (bytes == 16 || bytes == 0) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    return;
+  }
+  const unsigned short* e = static_cast<const unsigned short*>(src);
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned lo = 4 * i < bytes ? e[2 * i] : 0u;
+    const unsigned hi = 4 * i + 2 < bytes ? e[2 * i + 1] : 0u;
+    w[i] = lo | (hi << 16);
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
 }
 
 // Element offset of 16-byte chunk `c` of row `r` in a shared tile of COLS 16-bit elements per row.
