@@ -9,7 +9,8 @@ compute-bound ones; time_ms and desc from this module). Their docstrings hold th
 the floor and the notes on each version.
 
 Each case is timed with CUDA events around back-to-back calls (after warm-up; see time_ms), median of
-many repetitions, on buffers larger than L2. Bandwidth counts the fewest bytes the op must move (inputs read once, output
+many repetitions, on buffers larger than L2; the element-wise families alternate pydnn's and PyTorch's
+rounds (time_pair), because their ratio sits near 1.0 where a drift over the run would decide it. Bandwidth counts the fewest bytes the op must move (inputs read once, output
 written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
 Host time is the Python-side cost of one small call (a 1-element tensor), from perf_counter over many calls.
 """
@@ -58,6 +59,18 @@ def time_ms(fn, reps=REPS, warmup=WARMUP):
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / inner
+
+
+def time_pair(fn_a, fn_b, rounds=6, reps=10):
+    """Median milliseconds of fn_a and of fn_b, timed in alternating rounds (a, b, a, b, ...) of `reps`
+    samples each (see time_ms), so that a slow drift of the clocks over the run (power, heat) falls on
+    both sides alike instead of on whichever was timed second: the ratio of two ops that sit at the
+    bandwidth limit moved 1-3% between runs when each was timed in one block."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(time_ms(fn_a, reps=reps, warmup=2))
+        b.append(time_ms(fn_b, reps=reps, warmup=2))
+    return statistics.median(a), statistics.median(b)
 
 
 def desc(t, fmt=None, dtype=None):
@@ -125,17 +138,18 @@ class Bench:
                 a = pydnn.create_activation_descriptor()
                 pydnn.set_activation_descriptor(a, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
                 xp, yp = x.data_ptr(), y.data_ptr()
-                ms_p = time_ms(lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy, yp))
-                ms_t = time_ms(lambda: tfn(x))
+                ms_p, ms_t = time_pair(lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy, yp),
+                                       lambda: tfn(x))
                 self.row("activation", f"{name} forward", dname, nbytes, ms_p, ms_t, name)
             # backward (relu): reads dy and x, writes dx
             a = pydnn.create_activation_descriptor()
             pydnn.set_activation_descriptor(a, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
             g = torch.randn_like(x)
             out = torch.empty_like(x)
-            ms_p = time_ms(lambda: pydnn.activation_backward(self.h, a, 1.0, dy, y.data_ptr(), dx, g.data_ptr(),
-                                                             dx, x.data_ptr(), 0.0, dx, out.data_ptr()))
-            ms_t = time_ms(lambda: torch.ops.aten.threshold_backward(g, x, 0.0))
+            ms_p, ms_t = time_pair(lambda: pydnn.activation_backward(self.h, a, 1.0, dy, y.data_ptr(), dx,
+                                                                     g.data_ptr(), dx, x.data_ptr(), 0.0, dx,
+                                                                     out.data_ptr()),
+                                   lambda: torch.ops.aten.threshold_backward(g, x, 0.0))
             self.row("activation", "relu backward", dname, 3 * x.numel() * x.element_size(), ms_p, ms_t,
                      "threshold_backward")
             del x, y, g, out
@@ -154,12 +168,12 @@ class Bench:
             pydnn.set_op_tensor_descriptor(op, pydnn.PYDNN_OP_TENSOR_ADD, pydnn.PYDNN_DATA_FLOAT,
                                            pydnn.PYDNN_NOT_PROPAGATE_NAN)
             es = a.element_size()
-            ms_p = time_ms(lambda: pydnn.op_tensor(self.h, op, 1.0, da, a.data_ptr(), 1.0, da, b.data_ptr(), 0.0,
-                                                   da, c.data_ptr()))
-            ms_t = time_ms(lambda: torch.add(a, b, out=c))
+            ms_p, ms_t = time_pair(lambda: pydnn.op_tensor(self.h, op, 1.0, da, a.data_ptr(), 1.0, da, b.data_ptr(),
+                                                           0.0, da, c.data_ptr()),
+                                   lambda: torch.add(a, b, out=c))
             self.row("tensor", "op_tensor add (c=a+b)", dname, 3 * a.numel() * es, ms_p, ms_t, "add(out=)")
-            ms_p = time_ms(lambda: pydnn.add_tensor(self.h, 1.0, da, a.data_ptr(), 1.0, da, c.data_ptr()))
-            ms_t = time_ms(lambda: c.add_(a))
+            ms_p, ms_t = time_pair(lambda: pydnn.add_tensor(self.h, 1.0, da, a.data_ptr(), 1.0, da, c.data_ptr()),
+                                   lambda: c.add_(a))
             self.row("tensor", "add_tensor (c+=a)", dname, 3 * a.numel() * es, ms_p, ms_t, "add_")
             # NCHW -> NHWC
             n, ch = 64, 64
