@@ -6,6 +6,8 @@
 #   tools/gpu_quick.sh tests/test_pooling_gpu.py -x -k nhwc        (pytest arguments)
 #   PYDNN_BENCH_FAMILIES=pooling tools/gpu_quick.sh tests/test_pooling_gpu.py
 #   PYDNN_SANITIZE=1 ...    run the pytest part under compute-sanitizer memcheck instead
+#   PYDNN_PREBUILD=matmul,conv ...  first compile, in parallel, the units whose names start with these
+#                                   (on-first-use compiles run one at a time, inside the tests' time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${OUT:-gpu_logs}
@@ -18,6 +20,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 status=0
+if [ -n "${PYDNN_PREBUILD:-}" ]; then
+  python3 - "$PYDNN_PREBUILD" <<'PY' || exit 1
+import sys
+from pydnn._build import build, manifest
+prefixes = tuple(sys.argv[1].split(","))
+units = [u for u in manifest.all_units() if u.name.startswith(prefixes)]
+build.build_all(units=units)
+PY
+fi
 if [ $# -gt 0 ]; then
   pre=()
   [ "${PYDNN_SANITIZE:-0}" = 1 ] && pre=(compute-sanitizer --tool memcheck --error-exitcode 9)
