@@ -59,7 +59,7 @@ fi
 
 if [ "${PYDNN_SKIP_BENCH:-0}" != 1 ]; then
   echo "== benchmarks"
-  python3 tools/bench.py --families "${PYDNN_BENCH_FAMILIES:-activation,tensor,softmax,reduce,pooling,batchnorm,normalization,dropout,convolution,convolution_algos,attention,matmul,host}" \
+  python3 tools/bench.py --families "${PYDNN_BENCH_FAMILIES:-activation,tensor,softmax,reduce,pooling,batchnorm,normalization,dropout,convolution,convolution_algos,attention,matmul,mha,host}" \
     --out "$logs/bench.md" 2>&1 | tee "$logs/bench.log" | grep -v '^|' | tail -40
   cat "$logs/bench.md"
 fi
