@@ -65,6 +65,8 @@ struct OpNot {  // cuDNN's logical NOT on real numbers: 1 - x
 
 // IEEE sqrtf's slow path spills at map_contig's full-SM register cap (bf16 with blending).
 template <> struct MapRegisterHungry<tensor::OpSqrt> { static constexpr bool value = true; };
+// Copy moves bits (map_one's exact specialisations below), never through float and back.
+template <> struct MapExact<tensor::Copy> { static constexpr bool value = true; };
 
 // Exact element moves for the map kernels. Copy returns its input untouched (an int64 above 2^53 or a NaN
 // payload would not survive a trip through the arithmetic type); Set on int64 takes the value's own 64

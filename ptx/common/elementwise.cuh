@@ -21,6 +21,13 @@ __device__ __forceinline__ TO map_one(const MapParams& p, TI a0, TI a1, TI a2, T
   return store<TO>(r);
 }
 
+// Element types by what map_contig does with them: 16-bit floats (paired conversions), float.
+template <class T> struct Is16 { static constexpr bool value = false; };
+template <> struct Is16<half_t> { static constexpr bool value = true; };
+template <> struct Is16<bf16_t> { static constexpr bool value = true; };
+template <class T> struct Is32Float { static constexpr bool value = false; };
+template <> struct Is32Float<float> { static constexpr bool value = true; };
+
 // Streaming accesses of one vector (HINT is map_contig's cache policy):
 //   0: the compiler's own ld.global / st.global;
 //   1: evict-first streaming (ld.global.cs / st.global.cs): every byte is touched once, so neither L1 nor
@@ -66,6 +73,53 @@ __device__ __forceinline__ void st_stream(V* ptr, const V& v) {
   }
 }
 
+// MapPaired: 16-bit in and out with float arithmetic go through map_vec's paired path. An op whose result
+// must be the input's own bits (TransformTensor's Copy: NaN payloads) opts out by specialising MapExact.
+template <class Op> struct MapExact { static constexpr bool value = false; };
+template <class TI, class TO, class Op, int VEC, class A>
+struct MapPaired {
+  static constexpr bool value = Is16<TI>::value && Is16<TO>::value && sizeof(A) == 4 && VEC % 2 == 0 &&
+                                !MapExact<Op>::value;
+};
+
+// One vector of results. Paired path: each 32-bit word of a 16-bit operand splits into two floats with one
+// instruction each (unpack16x2), and two results round into one word with one cvt.rn.{bf16,f16}x2.f32
+// (pack16x2), where element by element the compiler spends ~1.5 more instructions per element extracting
+// and merging 16-bit fields (bf16 GELU is compute-bound on the H200). Rounding is the same as to_bf16's.
+template <class TI, class TO, class Op, int VEC, class A>
+__device__ __forceinline__ Vec<TO, VEC> map_vec(const MapParams& p, const Vec<TI, VEC> (&a)[3], const Vec<TO, VEC>& o,
+                                               A alpha, A alpha2, A beta, bool blend) {
+  Vec<TO, VEC> r;
+  if constexpr (MapPaired<TI, TO, Op, VEC, A>::value) {
+    const unsigned* w[3] = {reinterpret_cast<const unsigned*>(&a[0]), reinterpret_cast<const unsigned*>(&a[1]),
+                            reinterpret_cast<const unsigned*>(&a[2])};
+    const unsigned* wo = reinterpret_cast<const unsigned*>(&o);
+    unsigned* wr = reinterpret_cast<unsigned*>(&r);
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      float x[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+        if (Op::reads & (1u << k)) unpack16x2<TI>(w[k][j], x[k][0], x[k][1]);
+      float y[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) y[h] = Op::template apply<A>(x[0][h], x[1][h], x[2][h], p, alpha, alpha2);
+      if (blend) {
+        float lo, hi;
+        unpack16x2<TO>(wo[j], lo, hi);
+        y[0] += beta * lo;
+        y[1] += beta * hi;
+      }
+      wr[j] = pack16x2<TO>(y[0], y[1]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      r.v[e] = map_one<TI, TO, Op, A>(p, a[0].v[e], a[1].v[e], a[2].v[e], o.v[e], alpha, alpha2, beta, blend);
+  }
+  return r;
+}
+
 // One tile of map_contig: UNROLL vectors per thread, THREADS apart (each warp access is contiguous), all
 // loads issued before any is used. CHECK: the tile may run past the last whole vector. Whole tiles get
 // `blend` as a constant (see map_contig).
@@ -89,35 +143,35 @@ __device__ __forceinline__ void map_tile(const MapParams& p, i64 base, i64 nvec,
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const i64 i = base + (i64)u * THREADS;
-    if (!CHECK || i < nvec) {
-      VO r;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e)
-        r.v[e] = map_one<TI, TO, Op, A>(p, a[u][0].v[e], a[u][1].v[e], a[u][2].v[e], o[u].v[e], alpha, alpha2,
-                                        beta, blend);
-      st_stream<HINT>(reinterpret_cast<VO*>(p.out) + i, r);
-    }
+    if (!CHECK || i < nvec)
+      st_stream<HINT>(reinterpret_cast<VO*>(p.out) + i,
+                      map_vec<TI, TO, Op, VEC, A>(p, a[u], o[u], alpha, alpha2, beta, blend));
   }
 }
 
 // Dense operands in one memory order: flat index. VEC elements per access; the host guarantees every
-// pointer is VEC-element aligned. The vectors form tiles of THREADS * UNROLL; block b takes tiles b,
-// b + gridDim.x, ... (the planner's grid covers every tile, one each: a persistent grid looping over them
-// measured 5-12% slower on the H200). Whole tiles are compiled twice, with blending and without, so that a
-// beta == 0 call spends no instructions on the old value (16-bit GELU is compute-bound on the H200).
+// pointer is VEC-element aligned. The vectors form tiles of THREADS * UNROLL; block b takes tile b: the
+// grid must cover every tile (the planner's does; a persistent grid looping over tiles measured 5-12%
+// slower on the H200, and the loop alone cost fp32 GELU (tanh) 8 registers: 48 -> 40). Whole tiles are
+// compiled three times: with blending, without, and without with alpha (and alpha2) 1 for float
+// arithmetic, so that a beta == 0 call spends no instructions on the old value and a plain y = f(x) none
+// on scaling (16-bit GELU is compute-bound on the H200).
 // Elements past the last whole vector are done by the first block.
 // MINB: blocks per SM the registers must allow; 0 (the default) asks for a full SM (2048 threads: at most
-// 32 registers for 128 threads) when one 16-bit input maps to a 16-bit output, else leaves registers to
-// the compiler. With one 16-byte vector per thread, occupancy is what keeps bytes in flight: bf16 GELU
-// (tanh) took 63 registers, 1024 threads per SM, 16 KiB of loads in flight per SM where ~32 KiB cover the
-// memory latency at 4.2 TB/s. Wider types, 8-bit types (16 elements a vector) and two inputs spill at 32.
+// 32 registers for 128 threads) when one 16-bit input maps to a 16-bit output, 1536 threads (40 registers)
+// when one float input maps to a float output, else leaves registers to the compiler. With one or two
+// 16-byte vectors per thread, occupancy is what keeps bytes in flight: bf16 GELU (tanh) took 63 registers,
+// 1024 threads per SM, 16 KiB of loads in flight per SM where ~32 KiB cover the memory latency at 4.2 TB/s;
+// fp32 GELU (erf) took 59 (95.8% of copy; capped at 40: 99.6%). Wider types, 8-bit types (16 elements a
+// vector) and two inputs spill at 32, fp32 GELU (tanh), sigmoid and swish at 32 but not at 40.
 // An op whose code would spill under that cap opts out by specialising MapRegisterHungry.
 template <class Op> struct MapRegisterHungry { static constexpr bool value = false; };
 template <class TI, class TO, class Op, int THREADS, int MINB>
 struct MapMinBlocks {
-  static constexpr bool narrow = sizeof(TI) == 2 && sizeof(TO) == 2 && (Op::reads & (Op::reads - 1)) == 0 &&
-                                 !MapRegisterHungry<Op>::value;
-  static constexpr int value = MINB > 0 ? MINB : narrow ? 2048 / THREADS : 1;
+  static constexpr bool one_input = (Op::reads & (Op::reads - 1)) == 0 && !MapRegisterHungry<Op>::value;
+  static constexpr bool narrow = sizeof(TI) == 2 && sizeof(TO) == 2 && one_input;
+  static constexpr bool single = Is32Float<TI>::value && Is32Float<TO>::value && one_input;
+  static constexpr int value = MINB > 0 ? MINB : narrow ? 2048 / THREADS : single ? 1536 / THREADS : 1;
 };
 
 template <class TI, class TO, class Op, int VEC, int THREADS = kMapThreads, int UNROLL = kMapUnroll, int HINT = 0,
@@ -130,11 +184,13 @@ __global__ void __launch_bounds__(THREADS, (MapMinBlocks<TI, TO, Op, THREADS, MI
   constexpr int TILE = THREADS * UNROLL;
   const i64 nvec = p.n / VEC;
   const i64 ntiles = (nvec + TILE - 1) / TILE;
-  for (i64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
+  if (const i64 t = blockIdx.x; t < ntiles) {
     const i64 base = t * TILE + threadIdx.x;
     if ((t + 1) * TILE <= nvec) {
       if (blend)
         map_tile<TI, TO, Op, VEC, THREADS, UNROLL, HINT, false>(p, base, nvec, alpha, alpha2, beta, true);
+      else if (sizeof(A) == 4 && alpha == A(1) && alpha2 == A(1))  // the ops' products by 1 fold away
+        map_tile<TI, TO, Op, VEC, THREADS, UNROLL, HINT, false>(p, base, nvec, A(1), A(1), beta, false);
       else
         map_tile<TI, TO, Op, VEC, THREADS, UNROLL, HINT, false>(p, base, nvec, alpha, alpha2, beta, false);
     } else

@@ -14,11 +14,12 @@ UNROLL = 4  # vectors per thread of the scalar-contiguous kernel (kMapUnroll)
 
 # Geometry of the vectorised map_contig (template arguments; tools/PERF.md "Element-wise" has the
 # measurements behind them, tools/bench_elementwise_sweep.py the sweep): threads per block and elements per
-# thread (as whole vectors, at least one): PyTorch's geometry, the best of 12 on the H200 for every case.
+# thread (as whole vectors, at least one): PyTorch's geometry, the best of 12 on the H200 for memory-bound
+# cases; an op may ask for more elements per thread (prepare_map's elems: 16-bit GELU takes 16).
 CONTIG_THREADS = 128
 CONTIG_ELEMS = 8
 # map_contig's cache policy HINT (see ptx/common/elementwise.cuh): 1, evict-first streaming loads and
-# stores, unless the op asks for 0 (the plain accesses measured better for erf-based GELU).
+# stores, unless the op asks for 0 (prepare_map's hint).
 CONTIG_HINT = 1
 
 # C spellings of element types, for template name expressions
@@ -26,24 +27,25 @@ CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn
          "i8": "signed char", "u8": "unsigned char", "i32": "int", "i64": "pydnn::i64"}
 
 
-def contig_geometry(ti, to=None):
-    """(vector elements, threads, vectors per thread) of map_contig for a type pair."""
+def contig_geometry(ti, to=None, elems=None):
+    """(vector elements, threads, vectors per thread) of map_contig for a type pair; elems: elements per
+    thread if not CONTIG_ELEMS (an op's own choice, e.g. 16 for compute-bound 16-bit activations)."""
     vec = vec_width(ti, to or ti)
-    return vec, CONTIG_THREADS, max(1, CONTIG_ELEMS // vec)
+    return vec, CONTIG_THREADS, max(1, (elems or CONTIG_ELEMS) // vec)
 
 
-def contig_expr(op, ti, to=None, threads=None, unroll=None, hint=None):
+def contig_expr(op, ti, to=None, threads=None, unroll=None, hint=None, elems=None):
     """The vectorised map_contig instantiation (the planner's geometry and CONTIG_HINT unless given)."""
-    vec, t, u = contig_geometry(ti, to)
+    vec, t, u = contig_geometry(ti, to, elems)
     t, u, h = threads or t, unroll or u, CONTIG_HINT if hint is None else hint
     return f"pydnn::map_contig<{CTYPE[ti]}, {CTYPE[to or ti]}, {op}, {vec}, {t}, {u}, {h}>"
 
 
-def map_exprs(op, ti, to=None, hint=None):
+def map_exprs(op, ti, to=None, hint=None, elems=None):
     """The three instantiations that serve one op on one type pair: vector, scalar-contiguous, strided.
-    hint: the vector kernel's cache policy (CONTIG_HINT if None)."""
+    hint: the vector kernel's cache policy (CONTIG_HINT if None); elems: as in contig_geometry."""
     ci, co = CTYPE[ti], CTYPE[to or ti]
-    return (contig_expr(op, ti, to, hint=hint),
+    return (contig_expr(op, ti, to, hint=hint, elems=elems),
             f"pydnn::map_contig<{ci}, {co}, {op}, 1>",
             f"pydnn::map_strided<{ci}, {co}, {op}>")
 
@@ -128,9 +130,9 @@ class Prepared:
 
 
 def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0, transpose=False,
-                hint=None):
+                hint=None, elems=None):
     """transpose=True: the unit also instantiates transpose_expr(op, ti, to), used when the problem is a
-    batched 2-D transpose (NCHW <-> NHWC and the like). hint: as in map_exprs."""
+    batched 2-D transpose (NCHW <-> NHWC and the like). hint, elems: as in map_exprs."""
     ndim, sizes, strides, dense = plan(out_desc.dims, out_desc.strides,
                                        tuple((d.dims, d.strides) for d in in_descs))
     order = transpose_order(ndim, strides) if (transpose and not dense) else None
@@ -152,7 +154,7 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
     pr.base_flags = flags
     pr.ninputs = len(in_descs)
     pr.need = (out_desc.span_bytes(),) + tuple(d.span_bytes() for d in in_descs)
-    vec_e, scal_e, strided_e = map_exprs(op, ti, to, hint)
+    vec_e, scal_e, strided_e = map_exprs(op, ti, to, hint, elems)
     if order is not None:
         batch = 1
         for sz in sizes[:-2]:
@@ -165,7 +167,7 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
         pr.block = pr.vec_block = (32, 8, 1)
         pr.in_masks = pr.out_mask = 0
     elif dense:
-        vec, threads, unroll = contig_geometry(ti, to)
+        vec, threads, unroll = contig_geometry(ti, to, elems)
         pr.vec_func = handle.function(unit, vec_e)
         pr.vec_grid = (max(1, -(-(n // vec) // (threads * unroll))), 1, 1)  # one tile per block
         pr.vec_block = (threads, 1, 1)

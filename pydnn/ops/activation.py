@@ -27,13 +27,30 @@ OPS = {
 }
 
 
-# Modes whose kernels keep the plain cache policy (map_contig HINT 0): erf-based GELU measured ~1-2% slower
-# with evict-first streaming accesses on the H200 (tools/PERF.md, "Element-wise"); the others stream.
-PLAIN_ACCESS = (E.PYDNN_ACTIVATION_GELU_ERF,)
+# Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream (evict-first).
+# Empty since v6: erf-based GELU, once 16 elements per thread (below), measured best streaming too
+# (tools/PERF.md, "Element-wise").
+PLAIN_ACCESS = ()
+
+# Forward modes whose 16-bit kernels take 16 elements (two 16-byte vectors) per thread instead of 8: they are
+# compute-heavy, and with one vector per thread a thread has no load in flight while it computes; two
+# doubled the bytes in flight at the same 32 registers (bf16 GELU erf 89 -> 97.6% of copy, tanh 92 -> 97.7%
+# on the H200). relu and sigmoid measured best at 8.
+WIDE_16BIT = (E.PYDNN_ACTIVATION_GELU_ERF, E.PYDNN_ACTIVATION_GELU_TANH, E.PYDNN_ACTIVATION_SWISH)
+
+
+# The activation ops never read alpha2; 1 lets map_contig take its whole-tile variant compiled for
+# alpha == alpha2 == 1 when alpha is 1 (no scaling instructions: 16-bit GELU is compute-bound).
+_UNUSED_ALPHA2 = 1.0
 
 
 def _hint(mode):
     return 0 if mode in PLAIN_ACCESS else None
+
+
+def _elems(mode, backward, tag):
+    """map_contig's elements per thread (None: the planner's default)."""
+    return 16 if (not backward and tag in ("f16", "bf16") and mode in WIDE_16BIT) else None
 
 
 def _op(mode, backward, tag):
@@ -47,8 +64,8 @@ def kernel_units():
     for t in FLOAT_TAGS:
         exprs = []
         for mode in OPS:
-            exprs += ew.map_exprs(_op(mode, 0, t), t, hint=_hint(mode))
-            exprs += ew.map_exprs(_op(mode, 1, t), t, hint=_hint(mode))
+            exprs += ew.map_exprs(_op(mode, 0, t), t, hint=_hint(mode), elems=_elems(mode, 0, t))
+            exprs += ew.map_exprs(_op(mode, 1, t), t, hint=_hint(mode), elems=_elems(mode, 1, t))
         units.append(KernelUnit(f"activation.{t}", "activation.cu", tuple(exprs)))
     return units
 
@@ -155,12 +172,13 @@ def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, 
         device_ptr(y, "y", y_desc.span_bytes())
         t = TAG[x_desc.dtype]
         rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 0, t), t, t, y_desc, (x_desc,),
-                             flags=_flags(a), coef=a.coef, coef2=a.swish_beta, hint=_hint(a.mode))
+                             flags=_flags(a), coef=a.coef, coef2=a.swish_beta, hint=_hint(a.mode),
+                             elems=_elems(a.mode, 0, t))
         if key is not None:
             handle.remember(key, rec)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     xp, yp = device_ptr(x, "x", rec.need[1]), device_ptr(y, "y", rec.need[0])
-    ew.run_map(handle, rec, yp, (xp,), al, be)
+    ew.run_map(handle, rec, yp, (xp,), al, be, _UNUSED_ALPHA2)
 
 
 @api
@@ -181,10 +199,10 @@ def activation_backward(handle, activation_desc, alpha, y_desc, y, dy_desc, dy, 
         t = TAG[y_desc.dtype]
         rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 1, t), t, t, dx_desc,
                              (dy_desc, y_desc, x_desc), flags=_flags(a), coef=a.coef, coef2=a.swish_beta,
-                             hint=_hint(a.mode))
+                             hint=_hint(a.mode), elems=_elems(a.mode, 1, t))
         if key is not None:
             handle.remember(key, rec)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     yp, dyp = device_ptr(y, "y", rec.need[2]), device_ptr(dy, "dy", rec.need[1])
     xp, dxp = device_ptr(x, "x", rec.need[3]), device_ptr(dx, "dx", rec.need[0])
-    ew.run_map(handle, rec, dxp, (dyp, yp, xp), al, be)
+    ew.run_map(handle, rec, dxp, (dyp, yp, xp), al, be, _UNUSED_ALPHA2)
