@@ -141,6 +141,18 @@ class Bench:
                 ms_p, ms_t = time_pair(lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy, yp),
                                        lambda: tfn(x))
                 self.row("activation", f"{name} forward", dname, nbytes, ms_p, ms_t, name)
+                if name == "relu":
+                    # The element-wise sweep measured pydnn's activation rows 1.5-2% faster than this
+                    # family's rows on the same kernels; two differences, one row each, to find which:
+                    # PyTorch writes a freshly allocated output per call where pydnn writes one y ...
+                    fresh = lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy,  # noqa: E731
+                                                             torch.empty_like(x).data_ptr())
+                    self.row("activation", "relu forward [a fresh output per call]", dname, nbytes,
+                             *time_pair(fresh, lambda: tfn(x)), name)
+                    # ... and the sweep times each side in one block (time_ms) instead of rounds
+                    self.row("activation", "relu forward [timed in one block each]", dname, nbytes,
+                             time_ms(lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy, yp)),
+                             time_ms(lambda: tfn(x)), name)
             # backward (relu): reads dy and x, writes dx
             a = pydnn.create_activation_descriptor()
             pydnn.set_activation_descriptor(a, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
