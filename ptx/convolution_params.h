@@ -19,6 +19,8 @@
 #define PYDNN_CONV_FLAG_PARTIAL 128u /* write raw Acc sums to the workspace (split-K), no epilogue */
 #define PYDNN_CONV_FLAG_PAIR 512u   /* tensor-core epilogue: y's channels contiguous and every pair 4-byte
                                        aligned: store two channels as one 32-bit word */
+#define PYDNN_CONV_FLAG_STAGED 1024u /* tensor-core forward: the plain epilogue through shared memory too
+                                       (fwd_staged_epilogue; beta / z / bias / act always go there) */
 #define PYDNN_CONV_FLAG_CIN 256u    /* forward / backward data: the reduction index is (t, r, s, channel),
                                        channel innermost (NHWC), instead of (channel, t, r, s) */
 

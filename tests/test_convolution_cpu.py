@@ -625,7 +625,7 @@ def test_tensor_core_pipelined_plans(monkeypatch):
     assert "bwd_data_tc" in pl.gemm_expr and pl.threads == 256
 
 
-def test_tensor_core_backward_filter_plan():
+def test_tensor_core_backward_filter_plan(monkeypatch):
     """BWD_FILTER_ALGO_1 on tensor cores for 16-bit NHWC x and dy (any filter format): the split model's
     tiling, a workspace of fp32 partials when split, the fold told the columns are channel-innermost;
     CUDA cores (and the same algorithm) otherwise."""
@@ -634,17 +634,36 @@ def test_tensor_core_backward_filter_plan():
     f1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
     x, y = tdesc((64, 64, 56, 56), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
     for fmt in (NHWC, NCHW):
-        pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=fmt), y)
-        assert "wgrad_tc" in pl.gemm_expr and pl.deterministic and pl.align == 16
-        p = pl.gemm
-        assert (p.gm, p.gn, p.gk) == (64, 576, 64 * 56 * 56) and p.splits > 1 and p.k_per_split % C.TC_BK == 0
-        assert (p.splits - 1) * p.k_per_split < p.gk <= p.splits * p.k_per_split
-        assert pl.workspace == p.splits * 64 * 576 * 4 and pl.fold.flags & C.FLAG_CIN
-        assert pl.gemm_grid == (1, 5, p.splits)
+        for pipe in (True, False):   # wgrad_pipe_tc (the model's kernel for packed NHWC dy) or wgrad_tc
+            monkeypatch.setattr(C, "WG_PIPE", pipe)
+            pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=fmt), y)
+            assert ("wgrad_pipe_tc" if pipe else "wgrad_tc") in pl.gemm_expr and pl.deterministic and pl.align == 16
+            p, bk = pl.gemm, C.TCP_BK if pipe else C.TC_BK
+            assert (p.gm, p.gn, p.gk) == (64, 576, 64 * 56 * 56) and p.splits > 1 and p.k_per_split % bk == 0
+            assert list(p.red_step) == C._digit_step(bk, [64, 1, 56, 56])
+            assert (p.splits - 1) * p.k_per_split < p.gk <= p.splits * p.k_per_split
+            assert pl.workspace == p.splits * 64 * 576 * 4 and pl.fold.flags & C.FLAG_CIN
+            bn = int(pl.gemm_expr[:-1].split(", ")[2]) if pipe else C.WG_BN
+            assert pl.gemm_grid == (1, -(-576 // bn), p.splits)
+            if pipe:
+                cfg = tuple(int(v) for v in pl.gemm_expr[:-1].split(", ")[1:])
+                assert cfg in C.WGP_TILES and pl.threads == cfg[2] * cfg[3] * 32
+                assert pl.smem == 3 * (cfg[0] + cfg[1]) * 64 * 2
+    # forced tilings of either kernel are obeyed
+    for forced in ((C.WGP_TILES[0], 3), (C.WGP_TILES[1], 1), (128, 2)):
+        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, forced)
+        pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=NHWC), y)
+        cfg = forced[0] if type(forced[0]) is tuple else (forced[0],)
+        assert pl.gemm_expr == C._tc_expr("bf16", C.DIR_BWD_FILTER, cfg) and pl.splits == forced[1]
+    monkeypatch.delitem(C.TC_FORCE, C.DIR_BWD_FILTER)
+    # dy not packed (positions unevenly spaced): wgrad_tc
+    yg = tdesc((64, 64, 56, 56), BF16, strides=(56 * 64 * 64, 1, 64 * 64, 64))
+    pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=NHWC), yg)
+    assert "wgrad_tc" in pl.gemm_expr and C._wgp_refusal(pl.problem)
     # the 7x7 layer: one split, dw written directly (no workspace)
     x7, y7 = tdesc((64, 512, 7, 7), BF16, NHWC), tdesc((64, 512, 7, 7), BF16, NHWC)
     pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x7, fdesc((512, 512, 3, 3), BF16, fmt=NHWC), y7)
-    assert "wgrad_tc" in pl.gemm_expr and pl.splits == 1 and pl.workspace == 0 and pl.fold is None
+    assert "wgrad_" in pl.gemm_expr and pl.splits == 1 and pl.workspace == 0 and pl.fold is None
     for xx, yy in ((tdesc((2, 12, 8, 8), BF16, NHWC), tdesc((2, 8, 8, 8), BF16, NHWC)),   # C % 8
                    (tdesc((2, 16, 8, 8), BF16, NCHW), tdesc((2, 8, 8, 8), BF16, NHWC)),   # NCHW x
                    (tdesc((2, 16, 8, 8), F32, NHWC), tdesc((2, 8, 8, 8), F32, NHWC))):    # fp32

@@ -332,14 +332,16 @@ TC_WG_CASES = TC_BWD_CASES + [
     ((2, 16, 9, 9), 136, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NCHW),   # K = 136: an M tail; NCHW dw
     ((2, 8, 5, 6), 8, (3, 3), (0, 2), (1, 2), (2, 1), 1, "nhwc", NHWC),      # tiny: one 32-position tile
 ]
-WG_TILINGS = [None, (128, 1), (64, 3), (128, 5)]   # the model's choice, or a forced (BM, splits)
+# the model's choice, or a forced (BM, splits) of wgrad_tc, or (WGP_TILES entry, splits) of wgrad_pipe_tc
+WG_TILINGS = [None, (128, 1), (64, 3), (128, 5), (conv_ops.WGP_TILES[0], 1), (conv_ops.WGP_TILES[1], 3),
+              (conv_ops.WGP_TILES[0], 5)] + [(cfg, 2) for cfg in conv_ops.WGP_TILES[2:]]
 
 
 def _wgrad_tc_run(handle, pb, alpha, beta):
     from pydnn.ops import convolution as C
 
     pl = C._new_plan(handle, C.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-    assert "wgrad_tc" in pl.gemm_expr
+    assert "wgrad_tc" in pl.gemm_expr or "wgrad_pipe_tc" in pl.gemm_expr
     need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc, BWD_F1)
     assert need == pl.workspace and (need > 0) == (pl.splits > 1)
     ws, n = _workspace(need)
@@ -351,8 +353,8 @@ def _wgrad_tc_run(handle, pb, alpha, beta):
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("tiling", WG_TILINGS)
 def test_backward_filter_tensor_cores(handle, rng, monkeypatch, case, dtype, tiling):
-    """BWD_FILTER_ALGO_1 on tensor cores (wgrad_tc): both tile heights, one split (dw written directly) and
-    several (fp32 partials + the fold), against the reference."""
+    """BWD_FILTER_ALGO_1 on tensor cores (wgrad_tc, wgrad_pipe_tc): each tiling, one split (dw written
+    directly) and several (fp32 partials + the fold), against the reference."""
     from pydnn.ops import convolution as C
 
     if tiling is not None:
@@ -389,22 +391,54 @@ def test_backward_filter_tensor_cores_reproducible(handle, rng):
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("case", [1, 5])   # fwd_tc (24 channels), implicit_gemm_pipe_tc (64 channels)
-def test_bias_activation_tensor_cores(handle, rng, dtype, case):
-    pb = _tc_problem(TC_CASES[case], dtype, XCORR)
+@pytest.mark.parametrize("case", [0, 1, 5, 6])   # K = 10 (scalar tails), 24 channels (fwd_tc), 64 and 128 channels
+@pytest.mark.parametrize("tiling", [None] + list(conv_ops.TCP_TILES) + [(64, 64)])
+def test_bias_activation_tensor_cores(handle, rng, monkeypatch, dtype, case, tiling):
+    """The fused forward's epilogues on each tensor-core kernel, every activation with: no z (bias + a
+    clamp-type activation stay in registers), z in NHWC (the staged epilogue's unrolled 16-byte pass for
+    clamp types), z in NCHW (its rolled scalar loop), z = y in place."""
+    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
+    for i, (mode, coef) in enumerate(ACTS):
+        for zkind in ("none", "nhwc", "nchw") + (("inplace", "none-propagate-nan") if i == 0 else ()):
+            pb = _tc_problem(TC_CASES[case], dtype, XCORR)
+            x, w = pb.x.random(rng), pb.w.random(rng)
+            z = pb.y if zkind == "inplace" else DevTensor(pb.yd, dtype, _strides(pb.yd, "nchw" if zkind == "nchw"
+                                                                                   else "nhwc"))
+            zv = z.random(rng)
+            if zkind != "inplace":
+                pb.y.poison()
+            bias = DevTensor((1, pb.yd[1]) + (1,) * (len(pb.yd) - 2), dtype)
+            bv = bias.random(rng)
+            act = pydnn.create_activation_descriptor()
+            pydnn.set_activation_descriptor(act, mode, pydnn.PYDNN_PROPAGATE_NAN if zkind == "none-propagate-nan"
+                                            else pydnn.PYDNN_NOT_PROPAGATE_NAN, coef)
+            alpha2 = 0.0 if zkind.startswith("none") else -0.5
+            pydnn.convolution_bias_activation_forward(handle, 1.25, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
+                                                      FWD_PRE, 0, 0, alpha2, z.desc, z.ptr, bias.desc, bias.ptr, act,
+                                                      pb.y.desc, pb.y.ptr)
+            want = ref.bias_activation_forward(1.25, x, w, alpha2, zv, bv, mode, coef, *pb.args())
+            scale = 1.25 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
+            assert_close(pb.y.download(), want, dtype, f"tensor-core bias+act {mode} z {zkind} tiling {tiling}",
+                         scale=scale)
+            if zkind != "inplace":
+                pb.y.check_untouched()
+
+
+@pytest.mark.parametrize("case", [0, 3, 5, 6])
+@pytest.mark.parametrize("tiling", [None] + list(conv_ops.TCP_TILES))
+def test_forward_tensor_cores_staged_plain(handle, rng, monkeypatch, case, tiling):
+    """The plain forward through the staged epilogue (TC_STAGED_PLAIN, the benchmark's switch)."""
+    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
+    monkeypatch.setattr(conv_ops, "TC_STAGED_PLAIN", True)
+    pb = _tc_problem(TC_CASES[case], BF16, XCORR)
     x, w = pb.x.random(rng), pb.w.random(rng)
-    z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
-    zv = z.random(rng)
-    bias = DevTensor((1, pb.yd[1], 1, 1), dtype)
-    bv = bias.random(rng)
-    act = pydnn.create_activation_descriptor()
-    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     pb.y.poison()
-    pydnn.convolution_bias_activation_forward(handle, 1.25, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE,
-                                              0, 0, -0.5, z.desc, z.ptr, bias.desc, bias.ptr, act, pb.y.desc, pb.y.ptr)
-    want = ref.bias_activation_forward(1.25, x, w, -0.5, zv, bv, pydnn.PYDNN_ACTIVATION_RELU, 0.0, *pb.args())
-    scale = 1.25 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + 0.5 * np.abs(zv) + np.abs(bv)
-    assert_close(pb.y.download(), want, dtype, "tensor-core bias+relu", scale=scale)
+    pydnn.convolution_forward(handle, 0.75, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE, 0, 0, 0.0,
+                              pb.y.desc, pb.y.ptr)
+    want = ref.forward(0.75, x, w, 0.0, None, *pb.args())
+    assert_close(pb.y.download(), want, BF16, "staged plain forward",
+                 scale=0.75 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()))
+    pb.y.check_untouched()
 
 
 def test_tensor_core_refusals(handle, rng):

@@ -116,8 +116,100 @@ Versions and notes:
      that prefetches the next output tile's first stages during the epilogue (or split-K for 7²), 4
      stages for the 12-warp tile, and wgmma + TMA (the producer / consumer split of mma_pipe.cuh).
      Backward filter (wgrad_tc) unchanged: 115 / 150 / 141 / 95 (0.37 / 0.40 / 0.33 / 0.19x).
+  v7 (this session) three changes, predictions written before the device run:
+     (a) Fused conv + bias + ReLU at 1.90x the plain forward. Found on the CPU: the fused call plans the
+     very same kernel, tile and grid as the plain one (implicit_gemm_pipe_tc 128x64, 4x1 warps, 3 blocks
+     per SM, 1568 blocks at 56²; no fallback, no extra pass), and its host work is 11 µs against 6 µs,
+     far under the kernel's ~100 µs. So the difference is inside the kernel, in the epilogue: the fused
+     path ran epilogue_value per element, unrolled over the warp tile (2 x 2 x 8 channel pairs = 64
+     inlined copies), each with the activation switch and its sigmoid / tanh / expm1 code inlined, and
+     the bias read per element behind data-dependent branches. The kernel's SASS was 235 KB (0x39700,
+     readelf on the NVRTC cubin) for a main loop of a few KB: the fused path walks ~200 KB of code per
+     block, so every block's epilogue runs from instruction-cache misses, while the plain path's
+     epilogue is a short branch. Fix: the plain (alpha-only) case keeps the register epilogue; every
+     other case (beta, z, bias, activation) stages the accumulators in shared memory (fp32, rows of
+     BN + 8 floats) and finishes groups of 8 channels in a rolled loop: 16-byte loads of z / y and of
+     the 8 biases, one activation switch per group, 16-byte stores (fwd_staged_epilogue; scalar tails
+     where a layout forbids vectors). Kernel text 95 KB. Side effect: ptxas spilled 20-28 bytes in the
+     128x64 forward tile once both epilogues were inlined (HEAD: 8 bytes); an opaque asm on the
+     epilogue's row base keeps its decompositions below the main loop: 0 bytes now.
+     Predicted: fused <= 1.05x plain (from 1.90x); plain forward unchanged within 3% (its 8-byte spill
+     gone); the plain forward through the staged epilogue (TC_STAGED_PLAIN, bench row) within 5%.
+     (b) Backward filter on the pipelined loop: wgrad_pipe_tc (64-position K tiles, both operands k-major
+     in swizzled [64][BM] / [64][BN] tiles read by ldmatrix .trans, dy's positions as one 32-bit offset
+     stepped by 64 (packed NHWC dy, host-checked), x's gathered rows stepped by the digits of 64, 3
+     stages), tiles 128x128 (4x2 warps, 2 per SM: 128 registers, no spill) and 64x128 (2x2 warps, 3 per
+     SM), (tile, splits) from the pipelined forward's warp-speed model (_wgrad_pipe_tiling). Model
+     picks 64x128 x 79 splits (56²), 128x128 x 28 (28²), 128x128 x 7 (14²), 64x128 x 1 (7²).
+     Predicted 1.3-1.6x v4's wgrad_tc (forward / backward data gained 1.3-2.1x moving to this loop):
+     56² 150-180, 28² 200-240, 14² 190-230, 7² 150-190 TFLOP/s (0.45-0.55x cuDNN).
+     (c) v7's backward filter ranking (the heuristic in pydnn/ops/convolution_algos.py): the CUDA-core
+     backward filter's fill counted waves of 2 blocks per SM, so ALGO_0's 144 blocks (fp32 256->256
+     @14) and ALGO_1's 288 half-length blocks tied and ALGO_0 (listed first) won; the busiest SM runs 2
+     full blocks against 3 half blocks, 1.33x, which is what Find measured. New fill: the busiest SM's
+     blocks (a lone block at 0.75 of a pair's per-SM rate). Only that layer's pick changes (checked on
+     the CPU over every bench layer and dtype). Predicted: v7 vs Find 1.0x there, 42/42.
+     Measured, run 1 (H200; cuDNN this run: fwd 348 / 482 / 500 / 526, bwd filter 279 / 283 / 436 / 489):
+       fused bias + ReLU 1.094x plain (from 1.90x), fused z + bias + ReLU 1.245x, the plain forward
+       through the staged epilogue 1.039x the register one: the code-size cause is confirmed (a 1.7x
+       gain), the rest is the staging (2 barriers, 32 KB through shared memory, a division-heavy row
+       decomposition per group) and, with z, one exposed memory latency per group in the rolled loop.
+       plain forward 171 / 236 / 246 / 195 TFLOP/s (v6: 149 / 222 / 228 / 180): +6-14% in this run,
+       but runs 2 and 3 measured 165 / 217-222 / 233-235 / 184-185, i.e. +10% on 56² (the 128x64 tile's
+       8-byte spill gone) and 0-3% elsewhere: the prediction (within 3%) held except on 56². Backward
+       data unchanged (163 / 224 / 247 / 196).
+       backward filter (tile, splits: TFLOP/s)            56²         28²         14²         7²
+         v4 wgrad_tc, its model's choice                 114.7       148.8       142.2        94.9
+         wgrad_pipe_tc, the model's choice (above)       178.6       192.9       183.0       156.4
+         64x128 (2x2, 3/SM)                     39 sp 136.8 / 158 sp 164.8   181.8 (28)  174.2 (7)   138.1 (2 sp)
+         128x128 (4x2, 2/SM)                    79 sp 104.9   14 sp 169.4 / 56 sp 165.3   3 sp 143.4 / 14 sp 161.1   132.6 (1 sp)
+       = 0.64 / 0.68 / 0.42 / 0.32x cuDNN, 1.29-1.65x v4: inside the prediction on 56², 28², 7², below
+       it on 14² (183 vs 190-230). The model's (tile, splits) was the fastest measured on every layer.
+       v7 vs Find, fp32 256->256 @14 backward filter: v7 picks ALGO_1, Find's fastest, 1.00x (met).
+     Then: bias + IDENTITY / RELU / CLIPPED_RELU without z or beta back in the register epilogue (the
+     activation a template argument, the bias read once per column pair: 4 instantiations of the
+     unrolled epilogue, no per-element switch), and the staged epilogue's common case (16-byte layouts,
+     a clamp-type activation) one unrolled pass per thread: its channel group is fixed, so the 8 biases
+     are read once, and all its rows' z / y loads are issued before the first is used. A third
+     pipelined backward-filter tile, 128x64 (4x1 warps, 3/SM), as a forced variant (the model ranks it
+     below the others). Predicted: fused bias + ReLU 1.00-1.04x plain; with z 1.08-1.15x (z's 26 MB
+     read is ~8% of the kernel's time at the copy rate).
+     Measured, run 2 (cuDNN: fwd 340 / 513 / 515 / 522, bwd filter 307 / 395 / 430 / 481):
+       fused bias + ReLU 1.047x plain, fused z + bias + ReLU 1.140x, plain through the staged epilogue
+       1.098x (so the plain op keeps the register epilogue). Plain forward 165 / 217 / 233 / 184, 3-8%
+       under run 1 (cuDNN's own forward moved -2 to +6% between the runs; the plain path's code did not
+       change).
+       128x64 (4x1 warps, 3/SM) backward filter at the other tiles' splits: 106.4 (56², a half-empty
+       tile) / 200.3 (28 sp) / 188.8 (7 sp) / 168.9 (1 sp): the fastest tile on 28², 14², 7² (+4%, +4%,
+       +8% over the model's picks, which again measured 177.9 / 191.6 / 181.5 / 156.6). The model
+       counted 16 warps of 128x128 as 18% faster per flop than 12 and had no tile term: now
+       WGP_TILE_SPEED (128x128 0.8, 64x128 1.0, 128x64 1.08), which picks 64x128 x 79 (56²), 128x64 x
+       22 (28²), x 7 (14²), x 1 (7²).
+     Then: the fused ReLU (NOT_PROPAGATE_NAN) epilogue as one FFMA (alpha * acc + bias) and one FMNMX
+     per element (was FMUL, FADD and a NaN test with two selects), the fused row timed with time_pair.
+     Predicted: fused bias + ReLU 1.00-1.03x; backward filter 178 / 200 / 189 / 169.
+     Measured, run 3 (cuDNN: fwd 352 / 516 / 521 / 527, bwd filter 306 / 385 / 432 / 489):
+       fused bias + ReLU 1.025x plain (target <= 1.05x: met; 1.90x at the start of the session),
+       fused z + bias + ReLU 1.141x, plain through the staged epilogue 1.096x.
+       backward filter, the model's picks: 178.0 (64x128 x 79) / 212.5 (128x64 x 22) / 189.5 (128x64
+       x 7) / 170.7 (128x64 x 1) TFLOP/s = 0.58 / 0.55 / 0.44 / 0.35x cuDNN, 1.33-1.79x v4's wgrad_tc
+       (114 / 149 / 142 / 96), the fastest of every forced alternative on each layer (28²: 64x128 x 22
+       196.5, 128x64 x 44 199.8, x 11 167.3; 14²: 128x128 x 7 183.4, 64x128 174.3, 128x64 x 14 179.1;
+       7²: 64x128 157.4, 128x64 x 2 147.3, 128x128 133.3). Prediction met except 28² (above it).
+       forward 165 / 222 / 235 / 185, backward data 165 / 223 / 250 / 199 (as run 2).
+     Still short of 0.6x cuDNN: forward 0.35-0.47x, backward data 0.37-0.47x, backward filter 0.35-0.58x.
+     What the runs say: tiles with 12 resident warps (3 blocks of 4) win on every direction; split-K
+     beyond one round of blocks per SM loses (the fold's traffic and each block's fill); at 7² the backward filter runs 49 K tiles per block (3136 positions) and
+     the forward / backward data 72 over only 196 output positions per image, and all three sit lowest. Next, as before: a persistent kernel prefetching the next tile's
+     first stages during the epilogue, 4 stages for the 12-warp tiles, and (wgrad) the gathered rows'
+     positions computed once per K tile in shared memory instead of per thread (each thread now steps
+     4 position digits per row and K tile); the z epilogue (1.14x) could read z for the whole block with
+     cp.async into the freed stages before the accumulators are staged.
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
-  (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice.
+  (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
+  plus the fused rows; PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the
+  directions whose forced tilings are timed too. PYDNN_BENCH_CONV_ONLY=<substring>[,...] keeps the layers whose "name dtype"
+  contains one of them (e.g. "256->256 @14 fp32"), with their v7-against-Find lines.
   Not on tensor cores yet: backward filter for fp32 / NCHW / groups (CUDA-core ALGO_0 / ALGO_1),
   the 7x7 stem (C = 3 is not a multiple of 8), fp32 (no TF32 path). Backward data of the strided 7x7
   stem is pathological on the CUDA-core gather (0.1 TFLOP/s: dx has 3 channels in a 64-wide tile and
@@ -128,7 +220,7 @@ import os
 import torch
 
 import pydnn
-from bench import desc, time_ms
+from bench import desc, time_ms, time_pair
 
 N = 64
 LAYERS = [  # name, C, K, H, R, stride, pad
@@ -203,7 +295,8 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
         ms_t = time_ms(ft, reps=reps, warmup=3)
         b.row_flops("conv", f"{name} {what}{_kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo)}", dname,
                     flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
-        if _tc_only():
+        if _tc_only() and any(what.startswith(v) for v in os.environ.get("PYDNN_BENCH_CONV_VARIANTS",
+                                                                          "fwd,bwd data,bwd filter").split(",")):
             _tc_variants(b, name, what, conv, cases, flops, ms_t, (x, xd, wd, yd, dy, dw))
     if not _tc_only():
         _v7_against_find(h, name, dname, conv, (xd, wd, yd), (xp, wp, yp, dyp, dxp, dwp), (fwd_algo, dalgo, falgo))
@@ -250,7 +343,10 @@ def _kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo):
     expr = C._new_plan(h, direction, algo, conv, xd, wd, yd).gemm_expr
     head, args = expr[:-1].split("<", 1)
     kernel = head.split("::")[-1]
-    return f" [model: {kernel} {'x'.join(args.split(', ')[2 if 'pipe' in kernel else 1:])}]"
+    label = f" [model: {kernel} {'x'.join(args.split(', ')[2 if kernel.startswith('implicit_gemm_pipe') else 1:])}"
+    if direction == C.DIR_BWD_FILTER:
+        label += f" splits {C._new_plan(h, direction, algo, conv, xd, wd, yd).splits}"
+    return label + "]"
 
 
 def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
@@ -270,9 +366,19 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
         falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
         C.TC_FORCE.pop(direction, None)
         pl = C._new_plan(h, direction, falgo, conv, xd, wd, yd)
-        bm, sp = (128 if pl.gemm_expr.endswith("128>") else 64), pl.splits
-        alts = sorted({(64, sp), (128, sp), (bm, max(1, sp // 2)), (bm, 2 * sp), (bm, 1)} - {(bm, sp)})
-        variants = [((bm2, s2), f"BM {bm2} splits {s2}") for bm2, s2 in alts]
+        sp, alts = pl.splits, set()
+        if "wgrad_pipe_tc" in pl.gemm_expr:  # the model's pipelined tile at half and twice its splits, the other tile
+            cfg = tuple(int(v) for v in pl.gemm_expr[:-1].split(", ")[1:])
+            alts = ({(cfg, max(1, sp // 2)), (cfg, 2 * sp)} | {(c2, sp) for c2 in C.WGP_TILES if c2 != cfg}) - {(cfg, sp)}
+        C.WG_PIPE = False   # v4's kernel with its own model's choice
+        try:
+            po = C._new_plan(h, direction, falgo, conv, xd, wd, yd)
+        finally:
+            C.WG_PIPE = True
+        bm_old = 128 if po.gemm_expr.endswith("128>") else 64
+        variants = [((bm_old, po.splits), f"v4 wgrad_tc BM {bm_old} splits {po.splits}")] + [
+            ((c2, s2), f"v7 wgrad_pipe_tc {c2[0]}x{c2[1]} warps {c2[2]}x{c2[3]} minb {c2[4]} splits {s2}")
+            for c2, s2 in sorted(alts)]
     for tiling, label in variants:
         C.TC_FORCE[direction] = tiling
         pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)  # a new version: a new plan
@@ -308,12 +414,33 @@ def _fused(b):
     h = b.h
     xp, wp, yp, bp = x.data_ptr(), w.data_ptr(), y.data_ptr(), bias.data_ptr()
     flops = 2 * N * 64 * 56 * 56 * 64 * 9
-    ms_plain = time_ms(lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0, yd, yp))
-    ms_fused = time_ms(lambda: pydnn.convolution_bias_activation_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0,
-                                                                         yd, yp, bd, bp, act, yd, yp))
+    # plain and fused timed in alternating rounds (time_pair): their ratio sits near 1.0, where a clock
+    # drift between two separately timed blocks decided 2-5% of it
+    ms_plain, ms_fused = time_pair(
+        lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0, yd, yp),
+        lambda: pydnn.convolution_bias_activation_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0, yd, yp, bd,
+                                                          bp, act, yd, yp))
+    z = torch.randn_like(x)
+    zp = z.data_ptr()
+    ms_resid = time_ms(lambda: pydnn.convolution_bias_activation_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 1.0,
+                                                                         yd, zp, bd, bp, act, yd, yp))
     ms_torch = time_ms(lambda: torch.relu_(torch.nn.functional.conv2d(x, w, bias.view(-1), padding=1)))
     b.row_flops("conv", "3x3 64->64 @56 fused bias+relu (pydnn fused vs plain: "
                 f"{ms_fused / ms_plain:.3f}x)", "bf16", flops, ms_fused, ms_torch, "cudnn conv+bias, relu_",
+                peak_tflops=PEAK["bf16"])
+    b.row_flops("conv", "3x3 64->64 @56 fused z + bias+relu (pydnn fused vs plain: "
+                f"{ms_resid / ms_plain:.3f}x)", "bf16", flops, ms_resid, ms_torch, "cudnn conv+bias, relu_",
+                peak_tflops=PEAK["bf16"])
+    from pydnn.ops import convolution as C
+    C.TC_STAGED_PLAIN = True   # the plain forward through the staged epilogue as well (a new plan)
+    try:
+        pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
+        ms_staged = time_ms(lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0, yd, yp))
+    finally:
+        C.TC_STAGED_PLAIN = False
+        pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
+    b.row_flops("conv", "3x3 64->64 @56 plain through the staged epilogue (vs register epilogue: "
+                f"{ms_staged / ms_plain:.3f}x)", "bf16", flops, ms_staged, ms_torch, "cudnn conv+bias, relu_",
                 peak_tflops=PEAK["bf16"])
 
 
@@ -328,8 +455,12 @@ def run(b):
     if _tc_only():
         for layer in LAYERS[:4]:
             _layer(b, *layer, "bf16")
+        _fused(b)
         return
+    only = [o for o in os.environ.get("PYDNN_BENCH_CONV_ONLY", "").split(",") if o]
     for dname in ("bf16", "fp32"):
         for layer in LAYERS:
-            _layer(b, *layer, dname)
-    _fused(b)
+            if not only or any(o in f"{layer[0]} {dname}" for o in only):
+                _layer(b, *layer, dname)
+    if not only:
+        _fused(b)

@@ -1,6 +1,7 @@
-// The pipelined tensor-core main loop of the convolution kernels (ptx/convolution.cu: fwd_tcp,
-// bwd_data_tcp), built like pydnn's matmul pipeline 2 (ptx/matmul.cu: mainloop_v2), which runs mma.sync
-// at about twice the per-SM rate of the first convolution loop:
+// The pipelined tensor-core main loop of the convolution kernels (ptx/convolution.cu:
+// implicit_gemm_pipe_tc forward / backward data, wgrad_pipe_tc backward filter), built like pydnn's
+// matmul pipeline 2 (ptx/matmul.cu: mainloop_v2), which runs mma.sync at about twice the per-SM rate of
+// the first convolution loop:
 //   - K tiles of kPipeBK = 64 (4 k16 steps and 16 KB+ of copies per barrier, not 2 steps per barrier);
 //   - shared tiles with 128-byte rows XOR-swizzled by 16-byte chunk (swz), read with ldmatrix;
 //   - fragments double-buffered in registers (step kk + 1's ldmatrix in flight during step kk's mmas),
@@ -57,6 +58,29 @@ __device__ __forceinline__ void frags_mk_kn(const T* sa, const T* sb, int kk, in
   for (int i = 0; i < TM; ++i) {
     const int row = wm0 + i * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
     ldmatrix_x4(a[i], smem_u32(sa + swz<kPipeBK>(row, ch)));
+  }
+#pragma unroll
+  for (int j = 0; j < TN; j += 2) {
+    unsigned r[4];
+    const int kr = kk * 16 + (mat & 1) * 8 + r8, ch = (wn0 + j * 8 + (mat >> 1) * 8) >> 3;
+    ldmatrix_x4_trans(r, smem_u32(sb + swz<BN>(kr, ch)));
+    b[j][0] = r[0];
+    b[j][1] = r[1];
+    b[j + 1][0] = r[2];
+    b[j + 1][1] = r[3];
+  }
+}
+
+// The same with both operands k-major: A stored [64][BM] (each k's run of m contiguous) and B [64][BN],
+// as the backward filter gets them from NHWC dy and x: ldmatrix .trans for both.
+template <class T, int BM, int BN, int TM, int TN>
+__device__ __forceinline__ void frags_km_kn(const T* sa, const T* sb, int kk, int wm0, int wn0,
+                                            unsigned (&a)[TM][4], unsigned (&b)[TN][2]) {
+  const int lane = threadIdx.x & 31, mat = lane >> 3, r8 = lane & 7;
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {  // matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15)
+    const int kr = kk * 16 + (mat >> 1) * 8 + r8, ch = (wm0 + i * 16 + (mat & 1) * 8) >> 3;
+    ldmatrix_x4_trans(a[i], smem_u32(sa + swz<BM>(kr, ch)));
   }
 #pragma unroll
   for (int j = 0; j < TN; j += 2) {

@@ -16,10 +16,13 @@ Data types: x, w, y (dx, dw, dy, z, bias) of one type: float, half and bfloat16 
 
 Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
     forward          IMPLICIT_GEMM   CUDA cores, every shape, no workspace, deterministic
-                     IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, 4-stage cp.async;
-                                     the tile BM x BN chosen by a wave model, _tc_tiling),
+                     IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; the
+                                     pipelined implicit_gemm_pipe_tc where C % 64 == 0, else fwd_tc;
+                                     tiles from the models _tcp_tiling / _tc_tiling),
                                      half / bfloat16, NHWC x and filter, C % 8 == 0, one group;
-                                     deterministic, no workspace
+                                     deterministic, no workspace. The fused bias + activation (and
+                                     beta, z) run in the same kernel's epilogue: bias + IDENTITY / RELU /
+                                     CLIPPED_RELU in registers, the rest staged through shared memory
     backward data    ALGO_0          CUDA cores, every shape, gather form (no atomics), no workspace,
                                      deterministic (cuDNN's ALGO_0 is not; ours is, and says so)
                      ALGO_1          tensor cores, the same conditions as IMPLICIT_PRECOMP_GEMM (dy NHWC,
@@ -28,11 +31,12 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      deterministic
                      ALGO_1          the reduction split over blocks into a workspace of fp32 partial
                                      sums, added in a fixed order by a second kernel: deterministic
-                                     (bitwise reproducible), more parallel. On tensor cores (wgrad_tc)
-                                     for half / bfloat16 with NHWC-like x and dy, C % 8 == 0, K % 8 == 0,
-                                     one group, any filter format (the split chosen by a model,
-                                     _wgrad_tiling; one split writes dw directly, no workspace); else the
-                                     CUDA-core kernel
+                                     (bitwise reproducible), more parallel. On tensor cores for half /
+                                     bfloat16 with NHWC-like x and dy, C % 8 == 0, K % 8 == 0, one group,
+                                     any filter format: wgrad_pipe_tc (the pipelined loop; dy packed
+                                     NHWC) or wgrad_tc, (tile, split) chosen by a model
+                                     (_wgrad_pipe_tiling / _wgrad_tiling; one split writes dw directly,
+                                     no workspace); else the CUDA-core kernel
 """
 import ctypes
 
@@ -51,8 +55,8 @@ BAD, NS = E.PYDNN_STATUS_BAD_PARAM, E.PYDNN_STATUS_NOT_SUPPORTED
 
 # ----------------------------------------------------------------------------- kernel parameters
 
-FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_A_KFAST, FLAG_B_KFAST, FLAG_PARTIAL, FLAG_CIN, FLAG_PAIR = \
-    4, 8, 16, 32, 64, 128, 256, 512
+FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_A_KFAST, FLAG_B_KFAST, FLAG_PARTIAL, FLAG_CIN, FLAG_PAIR, FLAG_STAGED = \
+    4, 8, 16, 32, 64, 128, 256, 512, 1024
 ACT = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_ACTIVATION_CLIPPED_RELU: 2,
        E.PYDNN_ACTIVATION_SIGMOID: 3, E.PYDNN_ACTIVATION_TANH: 4, E.PYDNN_ACTIVATION_ELU: 5}
 BM, BN, BK, THREADS = 64, 64, 16, 256   # kBM, kBN, kBK, kThreads in ptx/convolution.cu
@@ -103,16 +107,23 @@ WG_BMS, WG_BN, WG_STAGES = (128, 64), 128, 4   # wgrad_tc<T, BM> instantiations;
 # TCP_STAGES stages
 TCP_TILES = ((128, 64, 4, 1, 3, 0), (128, 128, 4, 2, 2, 0))
 TCP_BK, TCP_STAGES = 64, 3   # mma::kPipeBK, kPipeStages
+# wgrad_pipe_tc<T, BM, BN, WARPS_M, WARPS_N, MINB> instantiations (backward filter on the pipelined loop)
+WGP_TILES = ((128, 128, 4, 2, 2), (64, 128, 2, 2, 3), (128, 64, 4, 1, 3))
+WG_PIPE = True   # the backward filter's model picks wgrad_pipe_tc where it applies (else wgrad_tc)
 # direction -> a tiling used instead of the model's choice, for tests and benchmarks: (BM, BN) for the
 # forward and backward-data kernels (fwd_tc / bwd_data_tc), a TCP_TILES entry for the pipelined ones
 # (used where they apply, else the model's fwd_tc / bwd_data_tc tile), (BM, splits) for the backward filter
+# (wgrad_tc) or (a WGP_TILES entry, splits) (wgrad_pipe_tc where it applies, else the model's choice)
 TC_FORCE = {}
+# the plain tensor-core forward through the shared-memory staged epilogue too (FLAG_STAGED; the fused
+# bias / z / activation and beta != 0 always take it): a benchmark switch, read when a plan is made
+TC_STAGED_PLAIN = False
 
 
 def _exprs(tag):
     """[0..2] implicit_gemm per direction, [3] fold, [4] bias_grad, then for 16-bit types: fwd_tc and
     bwd_data_tc in TC_TILES order, wgrad_tc<BM> in WG_BMS order, then implicit_gemm_pipe_tc forward and
-    backward data in TCP_TILES order (see _tc_expr)."""
+    backward data in TCP_TILES order, then wgrad_pipe_tc in WGP_TILES order (see _tc_expr)."""
     t = CTYPE[tag]
     return tuple([f"pydnn::conv::implicit_gemm<{d}, {t}>" for d in (DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER)]
                  + [f"pydnn::conv::fold<{t}>", f"pydnn::conv::bias_grad<{t}>"]
@@ -120,12 +131,17 @@ def _exprs(tag):
                     + [f"pydnn::conv::wgrad_tc<{t}, {bm}>" for bm in WG_BMS]
                     + [f"pydnn::conv::implicit_gemm_pipe_tc<{d}, {t}, {', '.join(map(str, cfg[:5]))}, "
                        f"{'true' if cfg[5] else 'false'}>"
-                       for d in (DIR_FWD, DIR_BWD_DATA) for cfg in TCP_TILES] if tag in TC_TAGS else []))
+                       for d in (DIR_FWD, DIR_BWD_DATA) for cfg in TCP_TILES]
+                    + [f"pydnn::conv::wgrad_pipe_tc<{t}, {', '.join(map(str, cfg))}>" for cfg in WGP_TILES]
+                    if tag in TC_TAGS else []))
 
 
 def _tc_expr(tag, direction, config):
     """The tensor-core kernel of a direction and tiling: (BM, BN), a TCP_TILES entry (the pipelined
-    kernel), or (BM,) for the backward filter."""
+    kernel), or for the backward filter (BM,) (wgrad_tc) or a WGP_TILES entry (wgrad_pipe_tc)."""
+    if direction == DIR_BWD_FILTER and len(config) == 5:
+        first = 5 + 2 * len(TC_TILES) + len(WG_BMS) + 2 * len(TCP_TILES)
+        return _exprs(tag)[first + WGP_TILES.index(tuple(config))]
     if len(config) == 6:
         first = 5 + 2 * len(TC_TILES) + len(WG_BMS) + (0 if direction == DIR_FWD else len(TCP_TILES))
         return _exprs(tag)[first + TCP_TILES.index(tuple(config))]
@@ -628,34 +644,112 @@ def _wgrad_tiling(handle, gm, gn, gk):
     return best[1], best[2]
 
 
+# wgrad_pipe_tc's split model: an SM's rate at warp speed 1.0 (_warp_speed), and the blocks of each
+# tiling an SM holds (3 stages of (BM + BN) x 64 x 2 bytes, the MINB register cap). A ranking model.
+WGP_SM_FLOPS = 2.0e12
+# a tiling's speed per flop at the same resident warps, fit to the benchmark's forced tilings (v7 in
+# tools/bench_convolution.py: 128x64 beats 64x128 by 7-10% at 12 warps, and 128x128 at 16 warps runs
+# below both, where the forward's warp-speed curve alone would put it 18% above)
+WGP_TILE_SPEED = {(128, 128): 0.8, (64, 128): 1.0, (128, 64): 1.08}
+WGP_PER_SM = {cfg: min(cfg[4], (227 * 1024) // (TCP_STAGES * (cfg[0] + cfg[1]) * TCP_BK * 2)) for cfg in WGP_TILES}
+
+
+def _wgp_refusal(pb):
+    """Why wgrad_pipe_tc cannot serve a backward filter that wgrad_tc can (None when it can): dy's output
+    positions must be evenly spaced (offset = position * the W stride: packed NHWC), and x and dy must span
+    less than 2^31 elements (32-bit offsets)."""
+    acc = pb.ys[4]
+    for size, stride in ((pb.out3[2], pb.ys[4]), (pb.out3[1], pb.ys[3]), (pb.out3[0], pb.ys[2]), (pb.n, pb.ys[0])):
+        if size > 1 and stride != acc:
+            return "dy's positions are not evenly spaced (not packed NHWC)"
+        acc *= size
+    x_span = 1 + sum((d - 1) * abs(st) for d, st in zip(pb.x_desc.dims, pb.x_desc.strides))
+    gk = pb.n * prod(pb.out3)
+    if x_span > INT_MAX or (gk + TCP_BK) * pb.ys[4] + pb.k > INT_MAX:
+        return "a tensor spans 2^31 elements or more (the kernel's offsets are 32-bit)"
+    return None
+
+
+def _wgrad_pipe_tiling(handle, gm, gn, gk):
+    """(a WGP_TILES entry, splits) for wgrad_pipe_tc: the least modelled time = the blocks the busiest SM
+    runs x (K tiles per block + 2 for the pipeline's fill and the epilogue) x a tile's flops / the SM's
+    rate with the warps it holds, plus the fold's traffic when the reduction is split."""
+    sms = max(handle.sm_count, 1)
+    ktiles = cdiv(gk, TCP_BK)
+    best = None
+    for cfg in WGP_TILES:
+        bm, bn, wm, wn = cfg[:4]
+        if bm == 128 and gm <= 64:
+            continue  # a half-empty tile
+        tiles = cdiv(gm, bm) * cdiv(gn, bn)
+        tile_s = 2.0 * bm * bn * TCP_BK / WGP_SM_FLOPS / WGP_TILE_SPEED[(bm, bn)]
+        for splits in range(1, min(MAX_WG_SPLITS, ktiles, 65535) + 1):
+            per = cdiv(ktiles, splits)
+            if cdiv(ktiles, per) != splits:
+                continue  # the same slices as fewer splits
+            per_sm = cdiv(tiles * splits, sms)
+            t = per_sm * (per + 2) * tile_s / _warp_speed(min(per_sm, WGP_PER_SM[cfg]) * wm * wn)
+            if splits > 1:
+                t += 2.0 * splits * gm * gn * 4 / 4e12 + gm * gn * 2 / 3e12
+            if best is None or t < best[0] * 0.999:
+                best = (t, cfg, splits)
+    return best[1], best[2]
+
+
+def _wgrad_choice(handle, pb, gm, gn, gk):
+    """(config, splits): config (BM,) for wgrad_tc or a WGP_TILES entry for wgrad_pipe_tc. A forced
+    tiling (TC_FORCE) is obeyed where its kernel applies."""
+    pipe_ok = _wgp_refusal(pb) is None
+    forced = TC_FORCE.get(DIR_BWD_FILTER)
+    if forced is not None:
+        cfg, splits = forced
+        if type(cfg) is int:
+            return (cfg,), splits
+        if pipe_ok:
+            return tuple(cfg), splits
+    if WG_PIPE and pipe_ok:
+        return _wgrad_pipe_tiling(handle, gm, gn, gk)
+    bm, splits = _wgrad_tiling(handle, gm, gn, gk)
+    return (bm,), splits
+
+
 def plan_wgrad_tc(handle, pb, algo):
-    """Backward filter ALGO_1 on tensor cores (wgrad_tc in ptx/convolution.cu): M = K, N = taps * C (c
-    innermost), the reduction over the N * output positions split over grid.z into fp32 partials that
-    conv::fold adds in split order (deterministic); one split writes dw directly (no workspace)."""
+    """Backward filter ALGO_1 on tensor cores (wgrad_pipe_tc or wgrad_tc in ptx/convolution.cu): M = K,
+    N = taps * C (c innermost), the reduction over the N * output positions split over grid.z into fp32
+    partials that conv::fold adds in split order (deterministic); one split writes dw directly (no
+    workspace)."""
     gm, gn, gk = pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)
     if max(gm, gn, gk) > INT_MAX:
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
-    bm, splits = TC_FORCE.get(DIR_BWD_FILTER) or _wgrad_tiling(handle, gm, gn, gk)
-    kps = cdiv(cdiv(gk, splits), TC_BK) * TC_BK
+    cfg, splits = _wgrad_choice(handle, pb, gm, gn, gk)
+    pipe = len(cfg) == 5
+    bk = TCP_BK if pipe else TC_BK
+    bm, bn = (cfg[0], cfg[1]) if pipe else (cfg[0], WG_BN)
+    kps = cdiv(cdiv(gk, splits), bk) * bk
     splits = cdiv(gk, kps)
     p = _base_params(pb, DIR_BWD_FILTER)
     p.gm, p.gn, p.gk = gm, gn, gk
     red = [pb.n] + list(pb.out3)
     for i in range(4):
         p.red_size[i] = red[i]
-    for i, v in enumerate(_digit_step(TC_BK, red)):
+    for i, v in enumerate(_digit_step(bk, red)):
         p.red_step[i] = v
     p.splits, p.k_per_split = splits, kps
     pl = Plan()
     pl.direction, pl.algo, pl.unit = DIR_BWD_FILTER, algo, f"convolution.{pb.tag}"
     pl.itemsize, pl.acc_size, pl.deterministic, pl.splits = DTYPES[pb.dtype][0], 4, True, splits
-    pl.gemm, pl.gemm_grid = p, (cdiv(gm, bm), cdiv(gn, WG_BN), splits)
+    pl.gemm, pl.gemm_grid = p, (cdiv(gm, bm), cdiv(gn, bn), splits)
     if pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"{gn} filter columns (taps x C) exceed the tensor-core kernel's grid")
-    pl.gemm_expr = _tc_expr(pb.tag, DIR_BWD_FILTER, (bm,))
+    pl.gemm_expr = _tc_expr(pb.tag, DIR_BWD_FILTER, cfg)
     pl.fold = pl.fold_func = pl.fold_argv = None
-    pl.workspace, pl.align, pl.pair_ok, pl.threads = 0, 16, False, THREADS
-    pl.smem = WG_STAGES * TC_BK * (bm + 8 + WG_BN + 8) * 2
+    pl.workspace, pl.align, pl.pair_ok = 0, 16, False
+    if pipe:
+        pl.threads = cfg[2] * cfg[3] * 32
+        pl.smem = TCP_STAGES * (bm + bn) * TCP_BK * 2
+    else:
+        pl.threads = THREADS
+        pl.smem = WG_STAGES * TC_BK * (bm + 8 + WG_BN + 8) * 2
     if splits > 1:
         p.flags |= FLAG_PARTIAL
         pl.workspace = splits * gm * gn * 4
@@ -773,7 +867,7 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
     p = _base_params(pb, direction)
     p.gm, p.gn, p.gk = gm, gn, gk
-    p.flags |= FLAG_CIN
+    p.flags |= FLAG_CIN | (FLAG_STAGED if direction == DIR_FWD and TC_STAGED_PLAIN else 0)
     cfg = _tc_choice(handle, pb, direction, gm, gn, rc)
     bm, bn = cfg[:2]
     red = list(pb.filt3) + [rc]
