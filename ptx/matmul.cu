@@ -19,6 +19,9 @@
 // batch stride that is not a multiple of 8 elements): the same tiles, filled element by element with
 // plain loads. Partial tiles (m, n, k edges) are zero filled, so no garbage (or NaN) reaches an mma.
 //
+// gemm_wgmma (half, bfloat16; sm_90a units only): Hopper warpgroup MMA straight from shared memory
+// (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below.
+//
 // gemm_simt (float): CUDA-core FMA, 128 x 128 tiles, 8 x 8 outputs per thread, K in steps of 16, the
 // next tile prefetched into registers while the current one is used (two shared buffers, one barrier
 // per step). Elements are loaded one by one (coalesced along the contiguous dim), so any alignment and
@@ -28,6 +31,7 @@
 // the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never reads C.
 #include "common/mma.cuh"
 #include "common/types.cuh"
+#include "common/wgmma.cuh"
 #include "matmul_params.h"
 
 namespace pydnn {
@@ -197,8 +201,10 @@ __device__ __forceinline__ void mma_step(float (&acc)[TM][TN][4], const unsigned
 // (advanced one K tile per copy), one shared offset, a mask of the chunks whose row exists (rows not
 // along K: the m / n edge) and the bytes every chunk reads (columns not along K: the m / n edge).
 // KROWS: the tile's rows run along K (A transposed, B not).
-template <class T, int ROWS, int COLS, int THREADS, bool KROWS> struct Copier {
+// WG: the tile is in wgmma's 128B-swizzled slab layout (common/wgmma.cuh: sw128) instead of swz<COLS>.
+template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false> struct Copier {
   static constexpr int CPR = COLS / 8, RS = THREADS / CPR, N = ROWS / RS;
+  static constexpr int ROWSTEP = WG ? 64 : COLS;  // elements from row r to row r + 1 (same slab)
   static_assert(THREADS % CPR == 0 && RS % 8 == 0 && ROWS % RS == 0, "copier layout");
   const T* g;
   int soff;
@@ -208,7 +214,7 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS> struct Copier {
   // The operand's K tile 0 has rows r0.. of `rows` and columns c0.. of `cols` (row stride ld).
   __device__ __forceinline__ void init(const T* base, long long ld, int r0, int rows, int c0, int cols) {
     const int r = threadIdx.x / CPR, ch = threadIdx.x % CPR;
-    soff = swz<COLS>(r, ch);
+    soff = WG ? wgmma::sw128<ROWS>(r, ch) : swz<COLS>(r, ch);
     g = base + (long long)(r0 + r) * ld + c0 + ch * 8;
     mask = 0;
 #pragma unroll
@@ -225,7 +231,7 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS> struct Copier {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const bool ok = ((mask >> i) & 1) && (!KROWS || r + i * RS < krem);
-      cp_async_zfill(smem_u32(s + soff + i * RS * COLS), g + i * RS * ld, ok ? (KROWS ? bytes : kbytes) : 0);
+      cp_async_zfill(smem_u32(s + soff + i * RS * ROWSTEP), g + i * RS * ld, ok ? (KROWS ? bytes : kbytes) : 0);
     }
     g += KROWS ? kBK * ld : kBK;
   }
@@ -379,6 +385,105 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
           if (col < p.n) store_pair<T>(p, crow, bias, col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
         }
       }
+  }
+}
+
+// ------------------------------------------------------------------------------------------ wgmma (sm_90a)
+
+// gemm_wgmma (half, bfloat16; Hopper only, its unit is compiled for sm_90a): a 128 x BN tile of C, two
+// warpgroups each computing 64 x BN with wgmma.m64nBNk16 straight from shared memory (no fragments in
+// registers but the f32 accumulators). All 256 threads also copy: K tiles of 64 through a STAGES-deep
+// ring filled by cp.async (Copier, in the 128B-swizzled layout of common/wgmma.cuh: operands whose K is
+// contiguous are K-major, the others MN-major through the instruction's transpose flags, so the four
+// transposition cases copy 16-byte chunks straight through as gemm_tc does). Per K tile kt: wait for it,
+// fence it to the async proxy, one barrier, issue its 4 wgmmas as one group, wait until only that group
+// is pending (the previous tile's are done), then copy tile kt + STAGES - 2 into the stage tile kt - 2
+// used (every warpgroup finished reading that stage before the barrier: it waited for that group in
+// iteration kt - 1). So STAGES - 2 copies and one or two MMA groups are in flight. (Issuing that copy
+// before the wait, since the stage is already free, measured no faster: tools/bench_matmul.py v3b/c.)
+// The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
+// MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
+// whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
+__global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "gemm_wgmma needs the sm_90a target (KernelUnit archs)");
+#endif
+  constexpr int BM = 128, THREADS = 256, A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, D = STAGES - 2;
+  constexpr int SLAB = 64 * kBK * (int)sizeof(T);  // bytes of 64 rows of 128 bytes (one slab / 64 M rows)
+  static_assert(STAGES >= 3 && (BN == 128 || BN == 256), "gemm_wgmma tile");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // wgmma's swizzle atoms need 1024-byte aligned addresses (the launch adds 1 KiB of slack).
+  const unsigned raw = smem_u32(smem_raw);
+  T* smem = reinterpret_cast<T*>(smem_raw + (((raw + 1023u) & ~1023u) - raw));
+  const unsigned sbase = smem_u32(smem);
+
+  int tm, tn;
+  tile_coords(p, tm, tn);
+  const int m0 = tm * BM, n0 = tn * BN;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+
+  for (long long z = blockIdx.z; z < p.batch; z += gridDim.z) {
+    const T* A = reinterpret_cast<const T*>(p.a) + z * p.stride_a;
+    const T* B = reinterpret_cast<const T*>(p.b) + z * p.stride_b;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+    Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA, true> ca;
+    Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB, true> cb;
+    if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
+    if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
+    auto load_stage = [&](int stage, int kt) {
+      T* sa = smem + stage * STAGE_ELEMS;
+      ca.copy(sa, p.lda, p.k - kt * kBK);
+      cb.copy(sa + A_ELEMS, p.ldb, p.k - kt * kBK);
+    };
+#pragma unroll
+    for (int s = 0; s < D; ++s) {
+      if (s < ktiles) load_stage(s, s);
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+      cp_async_wait<D - 1>();       // tile kt has landed (for this thread) ...
+      wgmma::fence_proxy_async();   // ... and is visible to the async proxy ...
+      __syncthreads();              // ... for every thread's chunks
+      const unsigned sa = sbase + (kt % STAGES) * STAGE_ELEMS * (int)sizeof(T), sb = sa + A_ELEMS * (int)sizeof(T);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        // This warpgroup's 64 rows of A: slab wg either way (K-major: rows wg*64..; MN-major: columns).
+        const unsigned long long da =
+            TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+        const unsigned long long db =
+            TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+        wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+      }
+      wgmma::commit();
+      wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done
+      const int next = kt + D;
+      if (next < ktiles) load_stage(next % STAGES, next);  // the stage of tile kt - 2
+      cp_async_commit();
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc);
+    cp_async_wait<0>();  // the next batch's prologue reuses the ring: nothing may still be landing ...
+    __syncthreads();     // ... or being read
+
+    T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
+    const T* bias = reinterpret_cast<const T*>(p.bias);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+      if (row >= p.m) continue;
+      T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    }
   }
 }
 

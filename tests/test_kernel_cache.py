@@ -19,8 +19,18 @@ def test_every_kernel_unit_compiles(arch):
     assert units, "the manifest is empty"
     build.build_all(archs=[arch], progress=False, units=units)
     nv = build.nvrtc.version()
+    # Arch-specific units (KernelUnit.archs, e.g. matmul.wgmma.*: sm_90a) exist on their base arch only,
+    # compiled for the arch-specific target; on any other arch they are expected absent, by name.
+    specific = {u.name: manifest.unit_arch(u, arch) for u in units if u.archs}
+    if arch == "sm_90":
+        assert specific and all(t == "sm_90a" for t in specific.values()), specific
+    else:
+        assert all(t is None for t in specific.values()), specific
     for u in units:
-        entry = cache.read_entry(cache.entry_path(u, arch, cache.unit_key(u, arch, nv)))
+        target = manifest.unit_arch(u, arch)
+        if target is None:
+            continue
+        entry = cache.read_entry(cache.entry_path(u, target, cache.unit_key(u, target, nv)))
         assert entry is not None, u.name
         cubin, lowered = entry
         assert cubin[:4] == b"\x7fELF"
@@ -58,6 +68,7 @@ def test_key_depends_on_arch_nvrtc_options_and_sources(monkeypatch):
     assert k != cache.unit_key(other, "sm_90", (13, 0))
     fewer = manifest.KernelUnit(u.name, u.source, u.exprs[:-1])
     assert k != cache.unit_key(fewer, "sm_90", (13, 0))
+    assert k != cache.unit_key(u, "sm_90a", (13, 0))  # an arch-specific target is keyed as such
     # a change in an included header changes the key
     text, headers = cache.unit_inputs(u)
     assert any(p.endswith("elementwise.cuh") for p, _ in headers)

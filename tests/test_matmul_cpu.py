@@ -110,6 +110,7 @@ def test_empty_and_k_zero():
 
 def test_tile_choice():
     h = cpu_handle()
+    h.arch = "sm_80"  # the mma.sync tiles (sm_90 may choose wgmma: test_wgmma_choice_only_on_sm90)
     big = M.gemm_plan(h, BF16, 4096, 4096, 4096)
     assert big.describe()[0] == M.TC_TILES[0].expr("bf16", False, False, True)
     bm, bn = M.TC_TILES[0].bm, M.TC_TILES[0].bn
@@ -118,6 +119,54 @@ def test_tile_choice():
     assert small.describe()[0] == M.TC_TILES[2].expr("f16", True, False, True)
     batched = M.gemm_plan(h, BF16, 100, 100, 64, batch=100000, stride_a=6400, stride_b=6400, stride_c=10000)
     assert batched.describe()[1][2] == 65535  # the kernels loop over batches past the grid's z
+
+
+def test_wgmma_choice_only_on_sm90(monkeypatch):
+    """The wgmma tiles are chosen only on an sm_90 device and only with USE_WGMMA; never on another arch
+    (their units do not exist there: the loader refuses them)."""
+    h = cpu_handle()
+    monkeypatch.setattr(M, "USE_WGMMA", True)
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_100"):
+        monkeypatch.setattr(h, "arch", arch)
+        plan = M.gemm_plan(h, BF16, 4096, 4096, 4096)
+        assert "gemm_wgmma" not in plan.describe()[0], arch
+    monkeypatch.setattr(h, "arch", "sm_90")
+    plan = M.gemm_plan(h, BF16, 4096, 4096, 4096, trans_b=True)
+    t = M._choose_tile(4096, 4096, 1, 132, "sm_90", 4096)
+    assert isinstance(t, M.WgTile) and plan.describe()[0] == t.expr("bf16", False, True)
+    assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]  # tests/test_matmul_gpu.py
+    # too few blocks for a wave, or a short K: gemm_tc
+    for m, n, k in ((1024, 1024, 1024), (4096, 4096, M.WG_MIN_K - 8), (512, 512, 4096)):
+        assert "gemm_wgmma" not in M.gemm_plan(h, BF16, m, n, k).describe()[0], (m, n, k)
+    assert plan.describe()[2] == (256, 1, 1) and plan.describe()[3] == t.smem
+    assert plan.fast.unit == "matmul.wgmma.bf16"
+    assert plan.general.expr == M.TC_GENERAL.expr("bf16", False, True, False)  # unaligned: gemm_tc
+    monkeypatch.setattr(M, "USE_WGMMA", False)
+    assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 4096, 4096, 4096).describe()[0]
+
+
+def test_wgmma_units_are_sm90a_only():
+    from pydnn._build import loader, manifest
+
+    units = {u.name: u for u in M.kernel_units()}
+    for tag in ("f16", "bf16"):
+        u = units[f"matmul.wgmma.{tag}"]
+        assert u.archs == ("sm_90a",)
+        assert manifest.unit_arch(u, "sm_90") == "sm_90a"
+        assert manifest.unit_arch(u, "sm_90a") == "sm_90a"
+        for arch in ("sm_80", "sm_86", "sm_89", "sm_100"):
+            assert manifest.unit_arch(u, arch) is None
+            with pytest.raises(KeyError, match="not built for"):
+                loader.load_unit(arch, u)
+    for name, u in units.items():
+        if not name.startswith("matmul.wgmma."):
+            assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
+    with pytest.raises(ValueError):
+        M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
+    cand = {u.name: u for u in M.wgmma_units(M.WG_TILES[:1], "matmul.wgcand")}  # how candidates get units
+    assert all(u.archs == ("sm_90a",) for u in cand.values()) and set(cand) == {"matmul.wgcand.f16",
+                                                                                "matmul.wgcand.bf16"}
+    assert M.wgmma_units((), "matmul.wgcand") == []
 
 
 def test_fast_and_general_paths():
@@ -135,7 +184,7 @@ def test_fast_and_general_paths():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 9
+    assert len(units) == 11
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -143,11 +192,14 @@ def test_every_expr_is_in_a_unit():
                 assert {t.expr(tag, ta, tb, True) for t in M.TC_TILES} <= exprs
                 assert M.TC_GENERAL.expr(tag, ta, tb, False) in exprs
     assert len(units["matmul.f32"]) == 4
+    for tag in ("f16", "bf16"):
+        assert units[f"matmul.wgmma.{tag}"] == {t.expr(tag, ta, tb) for t in M.WG_TILES for ta in (False, True)
+                                                for tb in (False, True)}
 
 
 def test_smem_fits():
     """Every tile's shared memory fits an sm_80 / sm_90 block (227 KiB opt-in), per_sm of them an SM."""
-    for t in M.TC_TILES:
+    for t in M.TC_TILES + M.WG_TILES:
         assert t.smem * t.per_sm <= 227 * 1024, (t.bm, t.bn)
 
 
@@ -194,11 +246,18 @@ def test_params_layout(tmp_path):
 def test_units_compile(arch):
     from pydnn._build import build, cache
 
+    from pydnn._build.manifest import unit_arch
+
     units = M.kernel_units()
     build.build_all(archs=[arch], progress=False, units=units)
     nv = build.nvrtc.version()
     for u in units:
-        entry = cache.read_entry(cache.entry_path(u, arch, cache.unit_key(u, arch, nv)))
+        target = unit_arch(u, arch)
+        if u.name.startswith("matmul.wgmma."):  # sm_90a only: built as such on sm_90, absent elsewhere
+            assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
+            if target is None:
+                continue
+        entry = cache.read_entry(cache.entry_path(u, target, cache.unit_key(u, target, nv)))
         assert entry is not None and set(entry[1]) == set(u.exprs), u.name
 
 
@@ -367,4 +426,103 @@ def test_emulated_tc_kernel(tile, shape, pipe, ta, tb):
     m, n, k = shape
     a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
     got = _emulate_tc(a.T.copy() if ta else a, b.T.copy() if tb else b, m, n, k, *tile, ta, tb, pipe)
+    assert np.abs(got - a @ b).max() < 1e-9
+
+
+# gemm_wgmma's data path replayed in numpy: the Copier in wgmma's slab layout (wgmma.cuh: sw128), the
+# descriptors the kernel builds (start, LBO, SBO per operand and k16 step), read back through the PTX
+# ISA's canonical 128B-swizzled layouts (K-major: row r, element k at start + (r / 8) SBO + (r % 8) 128 +
+# 2k; MN-major: at start + (mn / 64) LBO + (k / 8) SBO + (k % 8) 128 + 2 (mn % 64); then the swizzle XORs
+# address bits [4:6] with bits [7:9]), the product into the m64nNk16 accumulator fragment, and the
+# epilogue's (row, col) of each register. The result must equal A @ B.
+
+def _sw128(ROWS, r, ch):
+    return (ch >> 3) * (ROWS * 64) + r * 64 + (((ch & 7) ^ (r & 7)) << 3)
+
+
+def _wg_copier_tile(s, base, ROWS, COLS, THREADS, KROWS, G, r0, rows, c0, cols, kt):
+    CPR = COLS // 8
+    RS = THREADS // CPR
+    N = ROWS // RS
+    assert THREADS % CPR == 0 and RS % 8 == 0 and ROWS % RS == 0
+    krem = (rows if KROWS else cols) - kt * 64
+    written = set()
+    for tid in range(THREADS):
+        r, ch = tid // CPR, tid % CPR
+        soff = _sw128(ROWS, r, ch)
+        grow, gcol = r0 + r + (kt * 64 if KROWS else 0), c0 + ch * 8 + (0 if KROWS else kt * 64)
+        nbytes = min(max(cols - (c0 + ch * 8), 0), 8) if KROWS else 8
+        kbytes = min(max(krem - ch * 8, 0), 8)
+        for i in range(N):
+            ok = (KROWS or r0 + r + i * RS < rows) and (not KROWS or r + i * RS < krem)
+            nb = (nbytes if KROWS else kbytes) if ok else 0
+            off = base + soff + i * RS * 64
+            assert off not in written
+            written.add(off)
+            s[off: off + 8] = [G[grow + i * RS, gcol + e] if e < nb else 0.0 for e in range(8)]
+    assert len(written) == ROWS * CPR
+
+
+def _desc_read(s, start, lbo, sbo, rows, mn_major):
+    """The rows x 16 operand (rows along M or N, 16 along K) a 128B-swizzled descriptor describes."""
+    assert start % 16 == 0
+    r, k = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+    if mn_major:
+        addr = start + (r // 64) * lbo + (k // 8) * sbo + (k % 8) * 128 + 2 * (r % 64)
+    else:
+        addr = start + (r // 8) * sbo + (r % 8) * 128 + 2 * k
+    addr = addr ^ (((addr >> 7) & 7) << 4)
+    return s[addr // 2]
+
+
+def _emulate_wgmma(Aop, Bop, m, n, k, BN, TA, TB):
+    BM, BK, THREADS, SLAB = 128, 64, 256, 64 * 64 * 2
+    Ag, Bg = np.pad(Aop, ((0, 300), (0, 300))), np.pad(Bop, ((0, 300), (0, 300)))
+    C = np.full((m, n), np.nan)
+    for m0 in range(0, m, BM):
+        for n0 in range(0, n, BN):
+            acc = np.zeros((2, 128, BN // 2))  # [warpgroup][thread][register]
+            for kt in range((k + BK - 1) // BK):
+                s = np.full((BM + BN) * BK, np.nan)
+                sb = BM * BK  # elements
+                if TA: _wg_copier_tile(s, 0, BK, BM, THREADS, True, Ag, 0, k, m0, m, kt)
+                else: _wg_copier_tile(s, 0, BM, BK, THREADS, False, Ag, m0, m, 0, k, kt)
+                if TB: _wg_copier_tile(s, sb, BN, BK, THREADS, False, Bg, n0, n, 0, k, kt)
+                else: _wg_copier_tile(s, sb, BK, BN, THREADS, True, Bg, 0, k, n0, n, kt)
+                sa_b, sb_b = 0, sb * 2  # byte addresses (the stage base is 1024-aligned)
+                for wg in range(2):
+                    for kk in range(BK // 16):
+                        if TA: a = _desc_read(s, sa_b + wg * SLAB + kk * 2048, SLAB, 1024, 64, True)
+                        else: a = _desc_read(s, sa_b + wg * SLAB + kk * 32, 16, 1024, 64, False)
+                        if TB: b = _desc_read(s, sb_b + kk * 32, 16, 1024, BN, False)
+                        else: b = _desc_read(s, sb_b + kk * 2048, SLAB, 1024, BN, True)
+                        D = a @ b.T  # 64 x BN
+                        for t in range(128):
+                            w, l = t // 32, t % 32
+                            for j in range(BN // 8):
+                                for h in range(2):
+                                    for e in range(2):
+                                        acc[wg, t, 4 * j + 2 * h + e] += D[16 * w + l // 4 + 8 * h, 8 * j + 2 * (l % 4) + e]
+            for wg in range(2):
+                for t in range(128):
+                    warp, lane = t // 32, t % 32
+                    for h in range(2):
+                        row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8
+                        if row >= m:
+                            continue
+                        for j in range(BN // 8):
+                            col = n0 + j * 8 + (lane & 3) * 2
+                            for e in range(2):
+                                if col + e < n:
+                                    C[row, col + e] = acc[wg, t, 4 * j + 2 * h + e]
+    return C
+
+
+@pytest.mark.parametrize("bn, shape", [(128, (150, 140, 70)), (256, (130, 270, 130))])
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_emulated_wgmma_kernel(bn, shape, ta, tb):
+    rng = np.random.default_rng(2)
+    m, n, k = shape
+    a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
+    got = _emulate_wgmma(a.T.copy() if ta else a, b.T.copy() if tb else b, m, n, k, bn, ta, tb)
     assert np.abs(got - a @ b).max() < 1e-9

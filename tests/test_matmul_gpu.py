@@ -244,3 +244,53 @@ def test_matches_torch_bf16(handle, rng):
         assert_close(y.double().cpu().numpy(), want.cpu().numpy(), BF16, "vs torch", scale=scale.cpu().numpy())
     finally:
         pydnn.destroy(h)
+
+
+# Last in the file: a fault in the new path cannot take the rest of the suite's context with it.
+WG_SHAPES = [(1, 1, 1, 1), (7, 5, 3, 1), (64, 64, 16, 1), (33, 17, 65, 1), (130, 72, 200, 1)]
+
+
+WG_ALL = M.WG_TILES + M.WG_CANDIDATES
+
+
+@pytest.mark.parametrize("tile", range(len(WG_ALL)))
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
+    """gemm_wgmma (sm_90 only), each tile (and candidate) forced: small shapes first (one partial tile,
+    k < 16, k = 1), then partial tiles on every edge with a ragged last K tile, exactly one tile with a
+    long K (the ring wraps), several tiles with a long K, and a batch (the ring reused per batch)."""
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"gemm_wgmma runs on {M.WG_ARCH} only (this device is {handle.arch})")
+    t = WG_ALL[tile]
+    M.wgmma_extra_units()
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: t)
+    big = [(2 * t.bm + 37, t.bn + 91, 203, 1), (t.bm, t.bn, 64 * 9, 1), (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1),
+           (48, 72, 40, 3)]
+    for m, n, k, batch in WG_SHAPES + big:
+        ta, tb = trans
+        up = lambda v: -(-v // 8) * 8  # noqa: E731
+        ra, lda = (k, up(m)) if ta else (m, up(k))
+        rb, ldb = (n, up(k)) if tb else (k, up(n))
+        pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
+                     pad8=True)
+        plan = pb.plan(handle)
+        assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
+        pb.run(handle, rng, plan=plan)
+        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+
+
+@pytest.mark.parametrize("shape, tile", [((2088, 2304), 0), ((10240, 384), 1)])
+@pytest.mark.parametrize("trans", [(False, True), (True, False)])
+def test_wgmma_chosen(handle, rng, trans, shape, tile):
+    """The chooser's own pick on problems of a wave of blocks and K >= WG_MIN_K: gemm_wgmma on sm_90 (each
+    WG_TILES entry once), gemm_tc elsewhere; checked with bias and beta."""
+    m, n = shape
+    pb = Problem(rng, BF16, m, n, M.WG_MIN_K + 24, *trans, bias=True)
+    plan = pb.plan(handle)
+    if handle.arch == M.WG_ARCH and M.USE_WGMMA:
+        assert plan.describe()[0] == M.WG_TILES[tile].expr("bf16", *trans)
+    else:
+        assert "gemm_wgmma" not in plan.describe()[0]
+    pb.run(handle, rng, plan=plan)
+    pb.run(handle, rng, alpha=0.5, beta=-1.0, plan=plan)

@@ -57,6 +57,73 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
       range but at its low end; 0.41-0.42x cuBLAS against the 0.6x target. Adopted: TC_TILES is now
       128x256 pipe 2, 128x128 (2x2 warps) pipe 2, 64x64 pipe 1 (small problems; also the general path).
       The rows above without [...] were still v1 in that run; the next run's plain rows are v2.
+  v3  gemm_wgmma (sm_90a; ptx/common/wgmma.cuh): 128 x BN tiles, two warpgroups each issuing
+      wgmma.m64nBNk16 straight from shared memory (4 per K tile of 64, one commit group, wait until only
+      the newest group is pending), all 256 threads copying with v2's Copier into 128B-swizzled slabs
+      (K-major or MN-major per transposition, through the instruction's transpose flags), STAGES - 2
+      copies in flight, one barrier per K tile, the same register epilogue. Tiles: 128x256 with 4 stages
+      (192 KiB, 192-196 registers, no spills) and 128x128 with 6 stages (125-128 registers).
+      (Rows labelled "early copy" or "stages 6" below are the v3b variants, since removed.)
+      Prediction (before measuring): 128x256 bf16 4096^3 480-600 TFLOP/s (0.6-0.75x cuBLAS), about the
+      same on every transposition and the projection; 128x128 400-500. What could hold it lower: the
+      copy instructions are issued by the same warps that issue the MMAs, and the per-tile barrier makes
+      both warpgroups wait for the slower one's copies (no producer warp, no TMA yet).
+      Measured (third device run, 2026-11-23, as forced tiles; all wgmma GPU tests passed first try; the
+      mma.sync rows of the same run were ~20% below the v2 run's, torch's 790-810, so compare ratios):
+        128x256: 4096^3 nn 412.8 (0.51x), nt 441.7 (0.56x), tn 378.4 (0.49x), tt 370.8 (0.47x); fp16 nn
+                 380.0 (0.49x); projection 16384x4096x4096 nt 418.9 (0.53x); 1024^3 nn 73.2 (0.61x)
+        128x128 (6 stages): nn 304.0, nt 312.1, tn 306.0, tt 313.0 (0.38-0.39x); projection 320.5 (0.41x);
+                 1024^3 105.9 (0.85x)
+        same run, mma.sync 128x256 pipe 2 (chooser): nn 260.2 (0.32x), tn 215.4, tt 248.4; projection
+                 271.2 (0.34x); 64x64 on 1024^3 102.9 (0.86x)
+      Outcome: 1.55-1.6x the mma.sync kernel on the large problems (0.32-0.34x -> 0.51-0.56x cuBLAS), at
+      the low end of the prediction for nn / nt and below it for tn / tt (A M-major: 8% slower; not
+      understood yet). 128x128 misses (1.17x mma.sync). Small problems lose: 1024^3 has 32 blocks of
+      128x256 for 132 SMs, each a lone block whose 16 K tiles are latency bound. Adopted: USE_WGMMA (the
+      chooser takes the wgmma tiles on sm_90 when they fill a wave of blocks and K >= 512).
+  v3b candidates (WG_CANDIDATES): EARLY copy (the refill of the stage of tile kt - 2 is issued right after
+      tile kt's wgmmas, before the wait for tile kt - 1's group: that stage is already free, so the copy
+      starts about one MMA group sooner: ~3 K tiles of latency cover instead of ~2), for 128x256 / 4 and
+      128x128 / 6 stages; and 128x128 with 3 stages and 2 blocks per SM (128 registers; one block's
+      barrier and copies overlap the other's MMAs, as v2's 128x128 did).
+      Prediction: EARLY +5-15% on 128x256 (450-480 TFLOP/s nn); the 2-blocks-per-SM 128x128 350-420.
+      Measured (fourth device run; all 181 matmul GPU tests passed, the chooser's rows now on wgmma):
+        chooser (128x256 wgmma): 4096^3 nn 410.3 (0.51x), fp16 nn 403.5 (0.52x), tn 368.7 (0.47x), tt
+                 386.6 (0.49x); projection 16384x4096x4096 nt 435.0 (0.55x); 2048^3 nn (128x128 / 6
+                 then) 268.9 vs mma.sync 128x256 229.1
+        128x256 wgmma, same run: nn 413.7, nt 437.7, tn 389.9, tt 358.0; 2048^3 320.8 (128 blocks)
+        128x256 EARLY: nn 406.9, nt 440.7, tn 385.5, tt 357.6, projection 399.4 (-2% .. +1%: no gain)
+        128x128 / 6 stages: nn 321.4 (EARLY 328.2); 2048^3 273.4
+        128x128 / 3 stages, 2 blocks/SM, EARLY: nn 337.9, nt 327.2, tn 350.5, tt 311.5, projection 342.8,
+                 2048^3 313.0, 1024^3 97.5 (0.77x)
+      Outcome: EARLY does not pay on the 1-block tiles (the copy latency is not what limits them: the
+      per-tile barrier and copy issue in the MMA warps are the next suspects); kept only in the 3-stage
+      tile, where a single copy is in flight (its value there not isolated: the candidate below). The
+      2-blocks-per-SM 128x128 beats the 6-stage one by 5-15% and replaces it in WG_TILES; the chooser now
+      takes wgmma tiles from 3/4 of a wave of blocks (2048^3: 128 blocks of 128x256, 321 vs 273).
+      Missed: 0.6x cuBLAS (at 0.51-0.56x on nn / nt / projection, 0.47-0.49x with A transposed).
+  v3c candidate: the 2-blocks-per-SM 128x128 without EARLY (to isolate it). Prediction: 3-8% slower.
+      Measured (fifth device run; all 167 matmul GPU tests passed, candidates included):
+        chooser: 4096^3 nn 411.0 (0.51x), fp16 nn 403.3 (0.52x), tn 388.0 (0.49x), tt 380.7 (0.49x);
+                 projection 16384x4096x4096 nt 451.8 (0.58x); 2048^3 nn 343.1 (0.49x; mma.sync 128x256
+                 forced 227.9); 1024^3 98.2 (gemm_tc 64x64; torch 82.5)
+        128x256 wgmma forced: nn 412.4 (0.52x), nt 441.8 (0.57x), tn 367.1, tt 367.5, projection 390.2
+                 (0.52x; the chooser's row of the same shape 451.8: run-to-run spread ~15%), fp16 334.0
+        128x128 2 blocks/SM, EARLY: nn 334.3, nt 336.3, tn 361.3, tt 312.1, projection 341.1, 2048^3 323.8
+        128x128 2 blocks/SM, plain: nn 332.5, nt 341.9, tn 362.2, tt 308.8, projection 348.9, 2048^3 328.2
+      Outcome: EARLY pays nowhere (-1% .. +2%, noise): reverted from the kernel (the template parameter is
+      gone); WG_TILES' 128x128 is the plain 2-blocks-per-SM tile measured here. Prediction missed: the copy
+      issue point is not the limit.
+      Against the baseline at the start of this session (mma.sync, 0.32-0.34x cuBLAS in the same runs):
+      4096^3 bf16 nn 255 -> 411-413 TFLOP/s, projection 271 -> 390-452, 2048^3 228 -> 320-343.
+  Next for wgmma (where the remaining 0.45x to cuBLAS is, by elimination, not profiled): every K tile
+  still ends in a block-wide barrier after each thread waits for its own cp.async chunks, so both
+  warpgroups idle whenever any copy is late, and the MMA warps issue 12 copies (+ address math) per tile.
+  cuBLAS / CUTLASS: a producer warp issuing TMA (one instruction per tile, the swizzle done by the copy
+  engine) into an mbarrier-tracked ring, consumer warpgroups waiting only on their stage's barrier (no
+  __syncthreads), setmaxnreg to give the consumers 240 registers, a persistent tile scheduler, and an
+  epilogue staged through shared memory. The TMA descriptor (CUtensorMap, 128 bytes) would ride in the
+  params struct (cuTensorMapEncodeTiled at plan time).
   Where the rest is (not measured with a profiler: no device time for ncu): mma.sync with ldmatrix reads
   every A / B fragment from shared memory per warp; a 64x64 warp tile moves 4 KB of ldmatrix traffic
   per 32 mmas, so an SM's 8 warps need ~1 KB of shared reads per 8 KFLOP: at 128 B/clock that is about
@@ -144,16 +211,13 @@ def run(b):
         _case(b, BF16, "batched 32 x (1024x1024x128) nt", 1024, 1024, 128, tb=True, batch=32)
         for t in M.TC_TILES:
             _case(b, BF16, f"square 4096^3 nn [tile {t}]", 4096, 4096, 4096, tile=t, check=False)
-        M.extra_units("cand", M.CANDIDATE_TILES)
-        for t in M.CANDIDATE_TILES:
-            for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
-                tn = ("t" if ta else "n") + ("t" if tb else "n")
-                _case(b, BF16, f"4096^3 {tn} [candidate {t}]", 4096, 4096, 4096, ta, tb, tile=t)
-            _case(b, BF16, f"projection 16384x4096x4096 nt [candidate {t}]", 16384, 4096, 4096, tb=True, tile=t)
-            _case(b, pydnn.PYDNN_DATA_HALF, f"4096^3 nn [candidate {t}]", 4096, 4096, 4096, tile=t)
+        _case(b, BF16, "2048^3 nn", 2048, 2048, 2048)
+        _case(b, BF16, f"2048^3 nn [tile {M.TC_TILES[0]}]", 2048, 2048, 2048, tile=M.TC_TILES[0], check=False)
+        # (the mma.sync CANDIDATE_TILES rows, measured in v1 and v2, are no longer run: device time)
         _case(b, pydnn.PYDNN_DATA_FLOAT, "square 4096^3 nn (torch TF32 off)", 4096, 4096, 4096)
         _case(b, pydnn.PYDNN_DATA_FLOAT, "1024^3 tt", 1024, 1024, 1024, ta=True, tb=True)
         _general(b)
+        _wgmma(b)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
@@ -174,3 +238,18 @@ def _general(b):
     err = _err(c, out)
     b.row_flops("matmul", f"general path 2048^3 (A 2 bytes off) (max rel diff {err:.1e})", "bf16",
                 2.0 * m * n * k, ms_p, ms_t, "torch.mm", PEAK_16)
+
+
+def _wgmma(b):
+    """gemm_wgmma (sm_90 only), each tile forced; last, so that a fault cannot cost the rows above."""
+    if b.h.arch != M.WG_ARCH:
+        return
+    M.wgmma_extra_units()
+    for t in M.WG_TILES + M.WG_CANDIDATES:
+        for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+            tn = ("t" if ta else "n") + ("t" if tb else "n")
+            _case(b, BF16, f"4096^3 {tn} [wgmma {t}]", 4096, 4096, 4096, ta, tb, tile=t)
+        _case(b, BF16, f"projection 16384x4096x4096 nt [wgmma {t}]", 16384, 4096, 4096, tb=True, tile=t)
+        _case(b, pydnn.PYDNN_DATA_HALF, f"4096^3 nn [wgmma {t}]", 4096, 4096, 4096, tile=t)
+        _case(b, BF16, f"1024^3 nn [wgmma {t}]", 1024, 1024, 1024, tile=t)
+        _case(b, BF16, f"2048^3 nn [wgmma {t}]", 2048, 2048, 2048, tile=t, check=False)

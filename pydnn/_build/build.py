@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from .._cuda import nvrtc
 from . import cache
-from .manifest import COMMON_OPTIONS, all_units
+from .manifest import COMMON_OPTIONS, all_units, unit_arch
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 
@@ -43,7 +43,12 @@ def target_archs(archs=None):
 
 
 def compile_unit(unit, arch, nv_version=None):
-    """Compile one unit for one arch and store it; returns (cubin, lowered)."""
+    """Compile one unit for one arch and store it; returns (cubin, lowered). `arch` is the device's
+    ('sm_90'); the unit's own target (unit_arch: 'sm_90a' for an arch-specific unit) is compiled and keyed."""
+    target = unit_arch(unit, arch)
+    if target is None:
+        raise ValueError(f"kernel unit {unit.name} is not built for {arch} (only {', '.join(unit.archs)})")
+    arch = target
     nv_version = nv_version or nvrtc.version()
     key = cache.unit_key(unit, arch, nv_version)
     text, _ = cache.unit_inputs(unit)
@@ -61,7 +66,10 @@ def build_all(archs=None, progress=True, jobs=None, units=None):
     todo, skipped = [], 0
     for arch in archs:
         for u in units:
-            if cache.read_entry(cache.entry_path(u, arch, cache.unit_key(u, arch, nv))) is None:
+            target = unit_arch(u, arch)
+            if target is None:
+                continue  # an arch-specific unit (sm_90a) on another arch: not built, not counted
+            if cache.read_entry(cache.entry_path(u, target, cache.unit_key(u, target, nv))) is None:
                 todo.append((u, arch))
             else:
                 skipped += 1
@@ -90,5 +98,6 @@ def build_all(archs=None, progress=True, jobs=None, units=None):
 def prune(archs=None):
     """Remove cached cubins that no current unit and arch maps to; returns how many."""
     nv = nvrtc.version()
-    keep = [cache.entry_path(u, a, cache.unit_key(u, a, nv)) for a in target_archs(archs) for u in all_units()]
+    keep = [cache.entry_path(u, t, cache.unit_key(u, t, nv)) for a in target_archs(archs) for u in all_units()
+            for t in [unit_arch(u, a)] if t is not None]
     return cache.prune(keep)

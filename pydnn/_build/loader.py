@@ -8,7 +8,7 @@ import threading
 from .._cuda import driver, nvrtc
 from .._log import log
 from . import cache
-from .manifest import unit_by_name
+from .manifest import unit_arch, unit_by_name
 
 _lock = threading.Lock()
 _modules = {}  # (context address, unit name) -> (CUmodule, {expr: lowered})
@@ -24,11 +24,15 @@ def _unit(name):
 
 
 def load_unit(arch, unit):
-    """(cubin, lowered) for `unit` on `arch`, compiling into the cache on a miss."""
+    """(cubin, lowered) for `unit` on `arch` (the device's: the unit's own target, unit_arch, is loaded),
+    compiling into the cache on a miss. A unit that does not exist for `arch` raises KeyError."""
     global _nv
     if _nv is None:
         _nv = nvrtc.version()
-    path = cache.entry_path(unit, arch, cache.unit_key(unit, arch, _nv))
+    target = unit_arch(unit, arch)
+    if target is None:
+        raise KeyError(f"kernel unit {unit.name!r} is not built for {arch} (only {', '.join(unit.archs)})")
+    path = cache.entry_path(unit, target, cache.unit_key(unit, target, _nv))
     entry = cache.read_entry(path)
     if entry is None:
         log.warning("pydnn: compiling kernel unit %s for %s (not in the cache at %s)",

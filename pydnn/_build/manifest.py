@@ -34,6 +34,21 @@ class KernelUnit:
     source: str               # file under ptx/: "activation.cu"
     exprs: tuple              # name expressions: "pydnn::act_fwd<float, pydnn::Relu, 4>"
     options: tuple = field(default=())
+    # The only targets the unit is built for, () = every arch. An arch-specific target ("sm_90a": wgmma,
+    # setmaxnreg) is used when the target arch is its base ("sm_90"); other archs skip the unit (not
+    # built, not loadable): see unit_arch.
+    archs: tuple = field(default=())
+
+
+def unit_arch(unit, arch):
+    """The NVRTC target `unit` compiles to for the device arch `arch` ('sm_90' -> 'sm_90a' for a unit
+    restricted to sm_90a), or None when the unit does not exist for that arch."""
+    if not unit.archs:
+        return arch
+    for a in unit.archs:
+        if a == arch or (a.endswith("a") and a[:-1] == arch):
+            return a
+    return None
 
 
 def all_units():

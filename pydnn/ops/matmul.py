@@ -21,8 +21,11 @@ stride of 0 broadcasts that operand (C's may be 0 only when batch == 1).
 
 Kernels: half / bfloat16 on tensor cores (mma.sync m16n8k16, cp.async multi-stage pipeline, ldmatrix,
 fragments double-buffered in registers), one of three block tiles chosen per problem (128x256 / 128x128 /
-64x64, by an estimate of waves x tile cost); operands whose pointer, leading dim or batch stride is not a
-multiple of 16 bytes take a general path (the same kernel loading element by element). float runs on
+64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least a
+wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swizzled shared tiles,
+ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES); operands whose pointer,
+leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
+loading element by element). float runs on
 CUDA cores (FMA); allow_tf32 is accepted (it permits TF32, it does not require it) and currently changes
 nothing: float always takes the exact FMA kernel.
 
@@ -117,6 +120,42 @@ SIMT_TILE = (128, 128, 256)  # gemm_simt: BM, BN, threads
 CANDIDATE_TILES = (TcTile(256, 128, 4, 2, 3, 1, 1.0, pipe=2), TcTile(128, 256, 2, 4, 4, 1, 1.0, pipe=2))
 
 
+class WgTile:
+    """A gemm_wgmma block tile (Hopper only: its units are compiled for sm_90a, see kernel_units): 128 x BN
+    of C, two warpgroups of wgmma.m64nBNk16 (256 threads, 1 block per SM), STAGES shared K tiles in
+    wgmma's 128B-swizzled layout (+1 KiB to align them to 1024 bytes); `eff` as TcTile's (relative to
+    the 128x256 mma.sync tile)."""
+
+    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma"):
+        self.bm, self.bn, self.stages, self.eff = 128, bn, stages, eff
+        self.per_sm, self.threads = per_sm, 256
+        self.unit = unit
+        self.smem = stages * (self.bm + bn) * BK * 2 + 1024
+
+    def expr(self, tag, ta, tb, vec=True):
+        if not vec:
+            raise ValueError("gemm_wgmma has no general (unaligned) path")
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return f"pydnn::matmul::gemm_wgmma<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}>"
+
+    def __repr__(self):
+        return f"WgTile(128x{self.bn}, wgmma, stages {self.stages}, {self.per_sm} block(s)/SM)"
+
+
+# The wgmma tiles (units matmul.wgmma.f16 / .bf16, sm_90a only), measured on the H200 (bf16, same run,
+# tools/bench_matmul.py v3): 128x256 4 stages 4096^3 nn 412 TFLOP/s (1.6x the 128x256 mma.sync tile's
+# 255), 2048^3 320 (vs 228); 128x128 3 stages 2 blocks/SM 333 and 328. On 1024^3 (32 / 64 blocks for
+# 132 SMs) both lose to gemm_tc. USE_WGMMA: the chooser considers them on a device of compute
+# capability 9.0, for problems of at least 3/4 of a wave of blocks and K >= WG_MIN_K (where they were
+# measured faster). WG_CANDIDATES: measured before they replace a WG_TILES entry (compiled through
+# wgmma_extra_units by the tests and the benchmark, not by the build).
+WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
+WG_CANDIDATES = ()  # e.g. WgTile(..., unit="matmul.wgcand")
+WG_ARCH = "sm_90"
+WG_MIN_K = 512
+USE_WGMMA = True
+
+
 def _simt_expr(ta, tb):
     return f"pydnn::matmul::gemm_simt<{'true' if ta else 'false'}, {'true' if tb else 'false'}>"
 
@@ -133,7 +172,21 @@ def kernel_units():
             exprs = [t.expr(tag, ta, tb, True) for t in TC_TILES] + [TC_GENERAL.expr(tag, ta, tb, False)]
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu", tuple(_simt_expr(t[0] == "t", t[1] == "t") for t in TRANS)))
-    return units
+    return units + wgmma_units()
+
+
+def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
+    """gemm_wgmma units (`tiles`, every transposition, one unit per type): compiled (and loadable) for sm_90
+    devices only, as sm_90a."""
+    return [KernelUnit(f"{name}.{tag}", "matmul.cu",
+                       tuple(t.expr(tag, tn[0] == "t", tn[1] == "t") for t in tiles for tn in TRANS),
+                       archs=(WG_ARCH + "a",))
+            for tag in ("f16", "bf16") if tiles]
+
+
+def wgmma_extra_units():
+    """The WG_CANDIDATES units, registered with the loader (tests and benchmarks; outside the build)."""
+    _register_units(wgmma_units(WG_CANDIDATES, "matmul.wgcand"))
 
 
 def _register_units(units):
@@ -160,13 +213,17 @@ def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
     return {tag: u.name for tag, u in zip(tags, units)}
 
 
-def _choose_tile(m, n, batch, sm_count):
+def _choose_tile(m, n, batch, sm_count, arch=None, k=0):
     """The tile with the least estimated time: waves of (per_sm x SMs) blocks, each wave costing the
-    work of a full SM of that tile at its efficiency."""
+    work of a full SM of that tile at its efficiency. The wgmma tiles take part on sm_90 (USE_WGMMA)
+    when they fill 3/4 of a wave and K >= WG_MIN_K (lone blocks with a short K loop are latency bound)."""
     best, best_cost = None, None
-    for t in TC_TILES:
+    tiles = TC_TILES + (WG_TILES if USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
+    for t in tiles:
         blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
         slots = t.per_sm * sm_count
+        if isinstance(t, WgTile) and 4 * blocks < 3 * slots:
+            continue
         cost = cdiv(blocks, slots) * t.per_sm * t.bm * t.bn / t.eff
         if best_cost is None or cost < best_cost:
             best, best_cost = t, cost
@@ -364,7 +421,7 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     # cp.async moves 16-byte chunks: every row (and batch) start of A and B must be 16-byte aligned.
     pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
                                                                      pl.stride_b % 8 == 0))
-    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count), True)
+    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
 
