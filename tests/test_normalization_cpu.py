@@ -338,8 +338,13 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     assert "staged" in alts[0][0]  # an activation: not bwd_rows
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
     alts, _ = _summary(_nd(GROUP, 32), gn)
-    # v6: gn_fwd, 4 groups (64 channels, 128 B per position) per cluster, 64 KiB tiles of 512 positions
-    assert alts[0] == ["gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048"]
+    # v6: gn_fwd, 4 groups (64 channels, 128 B per position) per cluster, 64 KiB tiles of 512 positions; v8:
+    # one-pass statistics in 16-bit (GN_ONE)
+    assert alts[0] == ["gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048 one"]
+    assert alts[0][0] == _summary(_nd(GROUP, 32), _desc((32, 512, 64, 64), F16, packed_strides((32, 512, 64, 64),
+                                                                                                NHWC)))[0][0][0]
+    f32 = _summary(_nd(GROUP, 32), _desc((32, 512, 16, 16), F32, packed_strides((32, 512, 16, 16), NHWC)))[0][0][0]
+    assert f32.startswith("gn_fwd") and not f32.endswith(" one")  # fp32: the two-pass statistics
     monkeypatch.setattr(N, "GN_FWD", False)
     alts, _ = _summary(_nd(GROUP, 32), gn)
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]

@@ -112,6 +112,11 @@ STAGED_BWD = True
 # compiled (it also failed a constant-row invstd check, see the bench notes). RMS ignores ONE.
 # v7: (2, 1, ONE) for 16-bit (256 threads per row, the fp32 (4, 1) shape; 51 registers: 4 rows per SM
 # instead of 8) measured 62.7% of copy on LN bf16 against (4, 1, ONE)'s 80.8%: not compiled.
+# v8: LN bf16 without bias measured 88.3% of copy against 82.1% with it (same run): the parameter reads
+# (32 KiB of fp32 scale / bias from L1 per 8 KiB row) are most of LN's gap to RMS. Two rows per group with
+# the parameters read once per vector for both (half the reads per row) did not pay: (4, 2, ONE) at 128
+# registers (16 warps per SM) 79.2%, (2, 2, ONE) at 64 registers (8-warp barrier, 24-byte spill) 81.9%,
+# against (4, 1, ONE)'s 82.1-82.2%: not compiled (bench notes, v8).
 ROWS_FWD = True
 ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
@@ -132,6 +137,8 @@ BWD_ROWS_BLOCKS_PER_SM = 2
 # shared memory instead of registers. BWD_RING_CONFIGS: (ITEMS, DEPTH) per element size; BWD_RING_PICK: the
 # planner's. __launch_bounds__(256, 2): 128 registers. Measured (v6, bf16 16384 x 4096): (2, 4) 70.5% / 74.4%
 # of copy (LN / RMS), (2, 6) 68.7% / 72.0%, bwd_rows (2, 3) 67.2%; its config test passed on the H200.
+# v8: 3 blocks per SM (80 registers, the output pass re-reading x / dy from the ring, scale from L1)
+# measured 55-58% against 72-73%, with 3 blocks resident (driver's occupancy query): not kept.
 BWD_RING = True
 BWD_RING_CONFIGS = {2: ((2, 4), (2, 6)), 4: ()}
 BWD_RING_PICK = {"f16": (2, 4), "bf16": (2, 4)}
@@ -171,6 +178,9 @@ GN_FWD = True
 GN_TILE_MAX = 64 * 1024
 GN_THREADS = 256
 GN_FILL = 2
+# GN_ONE (v8): 16-bit gn_fwd with one-pass shifted statistics (one cluster reduction instead of two) and the
+# tile copied in 4 commit groups, summed as each lands (see gn_fwd in the .cu for the error bound).
+GN_ONE = True
 GN_BWD = True                      # gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes)
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
@@ -237,8 +247,10 @@ def _bwd_rows_expr(tag, vec, items, depth):
     return f"pydnn::norm::bwd_rows<{CTYPE[tag]}, {vec}, {items}, {depth}>"
 
 
-def _gn_expr(tag, vec, backward=False):
-    return f"pydnn::norm::{'gn_bwd' if backward else 'gn_fwd'}<{CTYPE[tag]}, {vec}>"
+def _gn_expr(tag, vec, backward=False, one=False):
+    if backward:
+        return f"pydnn::norm::gn_bwd<{CTYPE[tag]}, {vec}>"
+    return f"pydnn::norm::gn_fwd<{CTYPE[tag]}, {vec}, {'true' if one else 'false'}>"
 
 
 def _gen_expr(tag, backward):
@@ -264,6 +276,7 @@ def _unit_exprs(tag):
     exprs += [_bwd_rows_expr(tag, v, *c) for c in BWD_ROWS_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_ring_expr(tag, v, *c) for c in BWD_RING_CONFIGS[_SIZES[tag]]]
     exprs += [_gn_expr(tag, v), _gn_expr(tag, v, backward=True)]
+    exprs += [_gn_expr(tag, v, one=True)] if _SIZES[tag] == 2 else []  # (GN_ONE: 16-bit only)
     for preg in (True, False):
         exprs += [_bwd_expr(tag, v, preg), _bwd_expr(tag, 1, preg), _bwd_expr(tag, v, preg, cluster=True)]
     for c in (False, True):
@@ -741,8 +754,9 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
     name = "gn_bwd" if backward else "gn_fwd"
     if name in STREAM:
         p.flags |= FLAG_STREAM
-    lc = _new_launch(_gn_expr(tag, vec, backward), p, (grid, 1, 1), (block, 1, 1), smem,
-                     desc=f"{name} vec={vec} GC={gc} block={block} tile={smem} grid={grid}")
+    one = GN_ONE and not backward and es == 2
+    lc = _new_launch(_gn_expr(tag, vec, backward, one), p, (grid, 1, 1), (block, 1, 1), smem,
+                     desc=f"{name} vec={vec} GC={gc} block={block} tile={smem} grid={grid}" + (" one" if one else ""))
     if not backward:
         return [lc]
     slots = N_ * CLUSTER
