@@ -54,14 +54,19 @@ __device__ __forceinline__ void tile_coords(const MatmulParams& p, int& tm, int&
   tn = r / rows;
 }
 
-// 16 bytes global -> shared of which the first `bytes` are read and the rest zero filled (0: nothing read).
-// A chunk cut by the end of a row (0 < bytes < 16, the ragged K or n edge) is read element by element with
-// plain loads: cp.async with a partial src-size counts as a 16-byte read to compute-sanitizer, which flags
-// it when the row is the operand's last and ends its allocation. Whole and empty chunks stay asynchronous;
-// the plain stores are seen by the same barrier that publishes the stage.
+// 16 bytes global -> shared of which the first `bytes` (16 or 0) are read and the rest zero filled.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+// As cp_async16 for any `bytes` in [0, 16]. A chunk cut by the end of a row (0 < bytes < 16, the ragged K
+// or n edge) is read element by element with plain loads: cp.async with a partial src-size counts as a
+// 16-byte read to compute-sanitizer, which flags it when the row is the operand's last and ends its
+// allocation. Whole and empty chunks stay asynchronous; the plain stores are seen by the same barrier
+// that publishes the stage.
 __device__ __forceinline__ void cp_async_zfill(unsigned dst, const void* src, int bytes) {
   if (bytes == 16 || bytes == 0) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    cp_async16(dst, src, bytes);
     return;
   }
   const unsigned short* e = static_cast<const unsigned short*>(src);
@@ -228,10 +233,22 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
   __device__ __forceinline__ void copy(T* s, long long ld, int krem) {
     const int r = threadIdx.x / CPR, ch = threadIdx.x % CPR;
     const int kbytes = min(max(krem - ch * 8, 0), 8) * (int)sizeof(T);  // columns along K
+    // The bytes a chunk reads are the same for all of this thread's chunks: whole (every tile but the
+    // ragged last K tile / the n or m edge column) takes the plain asynchronous loop, with no per-chunk
+    // test for a partial chunk (that test in the loop cost the mma.sync tiles ~20% on the H200).
+    const int nb = KROWS ? bytes : kbytes;
+    if (nb == 16) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const bool ok = ((mask >> i) & 1) && (!KROWS || r + i * RS < krem);
-      cp_async_zfill(smem_u32(s + soff + i * RS * ROWSTEP), g + i * RS * ld, ok ? (KROWS ? bytes : kbytes) : 0);
+      for (int i = 0; i < N; ++i) {
+        const bool ok = ((mask >> i) & 1) && (!KROWS || r + i * RS < krem);
+        cp_async16(smem_u32(s + soff + i * RS * ROWSTEP), g + i * RS * ld, ok ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const bool ok = ((mask >> i) & 1) && (!KROWS || r + i * RS < krem);
+        cp_async_zfill(smem_u32(s + soff + i * RS * ROWSTEP), g + i * RS * ld, ok ? nb : 0);
+      }
     }
     g += KROWS ? kBK * ld : kBK;
   }
