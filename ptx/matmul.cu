@@ -235,7 +235,8 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
     const int kbytes = min(max(krem - ch * 8, 0), 8) * (int)sizeof(T);  // columns along K
     // The bytes a chunk reads are the same for all of this thread's chunks: whole (every tile but the
     // ragged last K tile / the n or m edge column) takes the plain asynchronous loop, with no per-chunk
-    // test for a partial chunk (that test in the loop cost the mma.sync tiles ~20% on the H200).
+    // test for a partial chunk (that test in the loop cost wgmma 38% and the mma.sync tiles ~15% on the
+    // H200: tools/bench_matmul.py, v4).
     const int nb = KROWS ? bytes : kbytes;
     if (nb == 16) {
 #pragma unroll

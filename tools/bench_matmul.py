@@ -116,6 +116,25 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
       issue point is not the limit.
       Against the baseline at the start of this session (mma.sync, 0.32-0.34x cuBLAS in the same runs):
       4096^3 bf16 nn 255 -> 411-413 TFLOP/s, projection 271 -> 390-452, 2048^3 228 -> 320-343.
+  v4  (integrator, after v3c) the Copier's per-chunk test. A memcheck fix earlier in the session (commit
+      6ae7f12: a chunk cut by a row's end is read with plain loads, since compute-sanitizer counts a
+      partial-src-size cp.async as a 16-byte read past an allocation's end) had put a test for a partial
+      chunk on every cp.async of the main loop; all of v3 was measured with it, and the mma.sync rows of
+      those runs read ~20% below the previous session's (128x256 forced: 260 vs 325-340). Now the Copier
+      tests once per copy whether this thread's chunks are whole (every tile but the ragged last K tile and
+      the edge columns) and takes a plain cp.async loop then. Prediction: the mma.sync tiles back to
+      ~325; wgmma +10-20%. Measured (H200, same run; matmul + MHA GPU tests 165 passed, memcheck of every
+      tile 0 errors):
+        chooser: 4096^3 nn 664.9 (0.83x cuBLAS), fp16 nn 644.9 (0.84x), tn 575.2 (0.83x), tt 525.8
+                 (0.71x); projection 16384x4096x4096 nt 650.1 (0.94x); 2048^3 nn 508.0 (0.75x);
+                 1024^3 94.4 (0.72x; gemm_tc, where the forced wgmma 128x128 ran 112.4)
+        128x256 wgmma forced: nn 660.1, nt 644.2, tn 576.4, tt 520.9, projection 576.5, fp16 553.4
+        128x128 wgmma forced: nn 420.5, nt 459.7, tn 445.4, tt 391.8, projection 453.3, 1024^3 112.4
+        mma.sync forced: 128x256 307.8, 128x128 331.6 (2048^3 128x256: 263.4)
+      Outcome: far above the prediction for wgmma (411 -> 665, +62%): the test had been the main cost of
+      the wgmma loop, whose warps issue the copies between their MMAs. mma.sync back within 5-10% of the
+      previous session. Untuned: the chooser's thresholds (1024^3 would now gain from the 128x128 wgmma
+      tile); the v3 notes below on where the rest is were written before this fix.
   Next for wgmma (where the remaining 0.45x to cuBLAS is, by elimination, not profiled): every K tile
   still ends in a block-wide barrier after each thread waits for its own cp.async chunks, so both
   warpgroups idle whenever any copy is late, and the MMA warps issue 12 copies (+ address math) per tile.
