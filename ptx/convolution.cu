@@ -26,6 +26,7 @@
 #include "common/mma_pipe.cuh"
 #include "common/params.h"
 #include "common/types.cuh"
+#include "common/wgmma.cuh"
 #include "convolution_params.h"
 
 namespace pydnn {
@@ -1178,6 +1179,133 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
     fwd_epilogue<T, BM, BN, Sh::THREADS>(p, eng, tc_smem, m0, n0, wm, wn);
   else
     bwd_data_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
+}
+
+// ---------------------------------------------------------------- wgmma forward (sm_90a)
+
+// fwd_wgmma (half, bfloat16; Hopper only: its units are compiled for sm_90a, KernelUnit archs): the
+// pipelined forward's gather with the MMAs on wgmma (common/wgmma.cuh). Block: 128 x BN of C (output
+// positions x output channels), two warpgroups each computing 64 x BN with wgmma.m64nBNk16 straight from
+// shared memory (only the f32 accumulators in registers). The K walk, the per-row 32-bit offsets + tap
+// masks and the cp.async zero-fill are implicit_gemm_pipe_tc's forward (one K tile = 64 channels of one
+// tap); the swizzled [rows][64] tiles they fill (mma::swz: 16-byte chunk c of row r at c ^ (r & 7)) are
+// exactly wgmma's K-major 128B-swizzled slabs once every stage starts on a 1024-byte boundary (the
+// launch adds 1 KiB of slack), so A (x gathered, [m][k]) and B (w as [n = k_out][k]) are both K-major.
+// The ring is gemm_wgmma's (ptx/matmul.cu): per K tile wait for it, fence it to the async proxy, one
+// barrier, its 4 wgmmas as one group, wait until only that group is pending, then copy tile kt +
+// STAGES - 2 into the stage tile kt - 2 used. The epilogue is the pipelined kernel's (fwd_epilogue:
+// registers for plain / bias + clamp activations, else staged), fed through WgAccEng, which presents
+// the wgmma fragment as mma.sync's (per warp an m16 x BN slice: TM = 1, TN = BN / 8). MINB: blocks per
+// SM the registers are capped for. Same host-checked limits as implicit_gemm_pipe_tc's forward.
+template <class T, int BN> struct WgAccEng {
+  typedef T Elem;
+  static constexpr int TM = 1, TN = BN / 8;
+  float acc[1][TN][4];  // = wgmma's d[4 * j + 2 * h + e] (wgmma.cuh), viewed as m16n8 fragments
+  __device__ __forceinline__ static int row_of(int, int e) { return (threadIdx.x & 31) / 4 + (e >> 1) * 8; }
+  __device__ __forceinline__ static int col_of(int j, int e) { return j * 8 + (threadIdx.x & 3) * 2 + (e & 1); }
+  __device__ __forceinline__ float (&flat())[BN / 2] { return *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]); }
+};
+
+template <class T, int BN, int STAGES, int MINB>
+__global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "fwd_wgmma needs the sm_90a target (KernelUnit archs)");
+#endif
+  constexpr int BM = 128, THREADS = 256, BK = mma::kPipeBK, RS = THREADS / 8;
+  constexpr int A_ROWS = BM / RS, B_ROWS = BN / RS, STAGE = (BM + BN) * BK, D = STAGES - 2;
+  constexpr int SLAB = 64 * BK * 2;  // bytes of 64 rows of A: one warpgroup's M slice
+  static_assert(STAGES >= 3 && (BN == 64 || BN == 128 || BN == 256), "fwd_wgmma tile");
+  static_assert(BM * (BN + 8) * 4 <= STAGES * STAGE * 2, "the staged epilogue fits the stages");
+  extern __shared__ __align__(1024) unsigned char tc_smem[];
+  const unsigned raw = mma::smem_u32(tc_smem), pad = ((raw + 1023u) & ~1023u) - raw;
+  unsigned char* smem = tc_smem + pad;  // the swizzle atoms need 1024-byte aligned stages
+  const unsigned sbase = raw + pad;
+  const int t = threadIdx.x, wg = t >> 7, warp = (t >> 5) & 3;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const T* A = static_cast<const T*>(p.x);
+  const T* W = static_cast<const T*>(p.w);
+  const int CH = p.cg;
+
+  // A: rows t / 8 + RS i, chunk t % 8 (implicit_gemm_pipe_tc's forward gather)
+  const int chunk = t & 7;
+  int aoff[A_ROWS];
+  unsigned amask[A_ROWS];
+#pragma unroll
+  for (int i = 0; i < A_ROWS; ++i) tap_row<kFwd>(p, m0 + (t >> 3) + RS * i, chunk, aoff[i], amask[i]);
+  const int soff = mma::swz<BK>(t >> 3, chunk);  // RS is a multiple of 8: one swizzle for all a thread's rows
+  int astep[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) astep[i] = p.dil[i] * (int)p.xs[2 + i];
+  const int ws0 = (int)p.ws[0];
+  // B: filter rows n0 + t / 8 + RS i (output channels), chunk t % 8 of the tap's channels
+  const int nrow = n0 + (t >> 3);
+  const int bbase = nrow * ws0 + chunk * 8;
+  unsigned bmask = 0;
+#pragma unroll
+  for (int i = 0; i < B_ROWS; ++i)
+    if (nrow + RS * i < p.gn) bmask |= 1u << i;
+
+  int c0 = 0, tt = 0, tr = 0, ts = 0;  // the next K tile: channel block c0 of tap (tt, tr, ts)
+  auto fill = [&](int stage) {
+    const unsigned sa = sbase + stage * STAGE * 2, sb = sa + BM * BK * 2;
+    const unsigned need = (1u << (tt * p.filt[1] + tr)) | (1u << (16 + ts));
+    const int atap = tt * astep[0] + tr * astep[1] + ts * astep[2] + c0;
+    const int btap = c0 * (int)p.ws[1] + flip_tap(p, 0, tt) * (int)p.ws[2] + flip_tap(p, 1, tr) * (int)p.ws[3] +
+                     flip_tap(p, 2, ts) * (int)p.ws[4];
+    const bool cok = c0 + chunk * 8 < CH;
+#pragma unroll
+    for (int i = 0; i < A_ROWS; ++i) {
+      const bool v = cok && (amask[i] & need) == need;
+      mma::cp_async_16(sa + (soff + RS * BK * i) * 2, v ? A + (aoff[i] + atap) : A, v);
+    }
+#pragma unroll
+    for (int i = 0; i < B_ROWS; ++i) {
+      const bool v = cok && ((bmask >> i) & 1);
+      mma::cp_async_16(sb + (soff + RS * BK * i) * 2, v ? W + (bbase + RS * i * ws0 + btap) : W, v);
+    }
+    c0 += BK;
+    if (c0 >= CH) {
+      c0 = 0;
+      if (++ts == p.filt[2]) {
+        ts = 0;
+        if (++tr == p.filt[1]) {
+          tr = 0;
+          ++tt;
+        }
+      }
+    }
+  };
+
+  WgAccEng<T, BN> eng;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) eng.acc[0][j][e] = 0.f;
+  const int ktiles = p.filt[0] * p.filt[1] * p.filt[2] * ((CH + BK - 1) / BK);
+#pragma unroll
+  for (int s = 0; s < D; ++s) {
+    if (s < ktiles) fill(s);
+    mma::cp_async_commit();
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    mma::cp_async_wait<D - 1>();  // tile kt has landed (for this thread) ...
+    wgmma::fence_proxy_async();   // ... and is visible to the async proxy ...
+    __syncthreads();              // ... for every thread's chunks
+    const unsigned sa = sbase + (kt % STAGES) * STAGE * 2, sb = sa + BM * BK * 2;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024),
+                                   wgmma::desc_sw128(sb + kk * 32, 16, 1024), 1);
+    wgmma::commit();
+    wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done
+    if (kt + D < ktiles) fill((kt + D) % STAGES);  // the stage of tile kt - 2
+    mma::cp_async_commit();
+  }
+  wgmma::wait<0>();
+  wgmma::fence_operands(eng.flat());
+  mma::cp_async_wait<0>();
+  fwd_epilogue<T, BM, BN, THREADS>(p, eng, smem, m0, n0, wg * 64 + warp * 16, 0);
 }
 
 // wgrad_tc's epilogue: the warp's accumulators (rows from m_base, columns from n_base) to the split's

@@ -602,6 +602,7 @@ def test_tensor_core_pipelined_plans(monkeypatch):
     kernel (implicit_gemm_pipe_tc: WARPS_M x WARPS_N warps, 3 stages of (BM + BN) x 64); a forced pipelined
     tile is obeyed where the kernel applies; strided backward data keeps bwd_data_tc."""
     h = cpu_handle()
+    monkeypatch.setattr(C, "USE_WGM", False)  # the forward model's fwd_wgmma on sm_90: test_wgmma_forward_plans
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
     for direction, algo in ((C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
@@ -623,6 +624,59 @@ def test_tensor_core_pipelined_plans(monkeypatch):
     y2 = tdesc((64, 64, 28, 28), BF16, NHWC)
     pl = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c2, x, w, y2)
     assert "bwd_data_tc" in pl.gemm_expr and pl.threads == 256
+
+
+def test_wgmma_forward_plans(monkeypatch):
+    """fwd_wgmma (Hopper wgmma): its units exist for sm_90 only (as sm_90a); a forced WGM_TILES entry runs
+    where the pipelined forward applies on sm_90 (256 threads, STAGES x (128 + BN) x 64 x 2 + 1 KiB of
+    shared memory, unit convolution.wgmma.<tag>), elsewhere (another arch, backward data, a filter the
+    tap masks cannot hold) the model's choice; without USE_WGM the model never picks it, with it (sm_90,
+    channels % 64, >= WGM_MIN_KTILES K tiles) it picks it by _wgm_tiling."""
+    from pydnn._build.manifest import unit_arch
+
+    units = C.wgm_units()
+    assert [u.name for u in units] == ["convolution.wgmma.f16", "convolution.wgmma.bf16"]
+    assert all(unit_arch(u, "sm_90") == "sm_90a" and unit_arch(u, "sm_80") is None for u in units)
+    assert all(u.name in {v.name for v in C.kernel_units()} for u in units)
+    h = cpu_handle()
+    fwd = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
+    monkeypatch.setattr(C, "USE_WGM", False)
+    assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr
+    for tile in C.WGM_TILES:  # forced: obeyed with USE_WGM off too
+        monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
+        pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
+        assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}>"
+        assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
+        assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024
+        assert pl.gemm_grid == (64 * 56 * 56 // 128, -(-64 // tile[1]), 1)
+        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # forward only: backward data keeps its kernel
+        pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        assert "implicit_gemm_pipe_tc<1," in pd.gemm_expr and pd.unit == "convolution.bf16"
+        w17 = fdesc((64, 64, 1, 17), BF16, NHWC)  # S = 17 > 16: the tap masks cannot hold it
+        c17 = cdesc((0, 8), (1, 1), (1, 1))
+        p17 = C._new_plan(h, C.DIR_FWD, fwd, c17, x, w17, y)
+        assert "fwd_tc<" in p17.gemm_expr and p17.unit == "convolution.bf16"
+    h.arch = "sm_80"
+    pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
+    assert "wgmma" not in pl.gemm_expr and pl.unit == "convolution.bf16"
+    h.arch = "sm_90"
+    monkeypatch.delitem(C.TC_FORCE, C.DIR_FWD)
+    monkeypatch.setattr(C, "USE_WGM", True)
+    assert C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr.startswith("pydnn::conv::fwd_wgmma<pydnn::bf16_t, 64,")
+    x3, w3, y3 = tdesc((8, 72, 28, 28), BF16, NHWC), fdesc((128, 72, 3, 3), BF16, NHWC), tdesc((8, 128, 28, 28), BF16, NHWC)
+    assert "fwd_tc<" in C._new_plan(h, C.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr  # C % 64 != 0: not the model's
+    # fewer than WGM_MIN_KTILES K tiles (a 1x1 filter over 256 channels: 4; not measured): the pipelined kernel
+    c1 = cdesc((0, 0), (1, 1), (1, 1))
+    x1, w1, y1 = tdesc((8, 256, 28, 28), BF16, NHWC), fdesc((64, 256, 1, 1), BF16, NHWC), tdesc((8, 64, 28, 28), BF16, NHWC)
+    assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
+    # the model's tiles on the v8 layers (N = 64): 128x64 at 56² and 14², 128x128 at 28² and 7²
+    for cc, hw, bn in ((64, 56, 64), (128, 28, 128), (256, 14, 64), (512, 7, 128)):
+        xl, wl, yl = tdesc((64, cc, hw, hw), BF16, NHWC), fdesc((cc, cc, 3, 3), BF16, NHWC), tdesc((64, cc, hw, hw), BF16, NHWC)
+        assert C._new_plan(h, C.DIR_FWD, fwd, c, xl, wl, yl).gemm_expr.startswith(f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {bn},")
+    h.arch = "sm_80"
+    assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr
 
 
 def test_tensor_core_backward_filter_plan(monkeypatch):

@@ -274,7 +274,7 @@ def _tc_problem(case, dtype, mode):
 
 def _force_tiling(monkeypatch, direction, tiling):
     if tiling is not None:
-        assert tiling in conv_ops.TC_TILES + conv_ops.TCP_TILES
+        assert tiling in conv_ops.TC_TILES + conv_ops.TCP_TILES + conv_ops.WGM_TILES
         monkeypatch.setitem(conv_ops.TC_FORCE, direction, tiling)
 
 
@@ -282,6 +282,49 @@ def _force_tiling(monkeypatch, direction, tiling):
 # (BM, BN, WARPS_M, WARPS_N, MINB), which serves every case but backward data with stride > 1 (there the
 # model's fwd_tc / bwd_data_tc tile runs)
 TC_TILINGS = [None] + list(conv_ops.TC_TILES) + list(conv_ops.TCP_TILES)
+
+
+def _need_wgmma(handle):
+    if handle.arch != conv_ops.WGM_ARCH:
+        pytest.skip(f"fwd_wgmma is built for {conv_ops.WGM_ARCH} only (this device: {handle.arch})")
+
+
+# fwd_wgmma (Hopper): placed first so that a broken kernel shows on small shapes before the long runs
+@pytest.mark.parametrize("case", TC_CASES)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("tiling", list(conv_ops.WGM_TILES))
+def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
+    """The wgmma forward on every tensor-core case (partial M / N tiles, channel tails zero-filled,
+    stride, dilation, 1-d / 3-d, padded NHWC): plain (register epilogue) and beta != 0 (staged)."""
+    _need_wgmma(handle)
+    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
+        pb = _tc_problem(case, dtype, mode)
+        pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert "fwd_wgmma<" in pl.gemm_expr and pl.unit.startswith("convolution.wgmma.")
+        x, w = pb.x.random(rng), pb.w.random(rng)
+        y0 = pb.y.random(rng) if beta else None
+        if not beta:
+            pb.y.poison()
+        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE, 0, 0,
+                                  beta, pb.y.desc, pb.y.ptr)
+        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
+        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
+        assert_close(pb.y.download(), want, dtype, f"wgmma forward mode {mode} tiling {tiling}", scale=scale)
+        pb.y.check_untouched()
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("case", [0, 6])
+@pytest.mark.parametrize("tiling", list(conv_ops.WGM_TILES))
+def test_wgmma_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
+    """The fused forward's epilogues on fwd_wgmma (see test_bias_activation_tensor_cores)."""
+    _need_wgmma(handle)
+    monkeypatch.setitem(conv_ops.TC_FORCE, conv_ops.DIR_FWD, tiling)
+    pb = _tc_problem(TC_CASES[case], dtype, XCORR)
+    pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert "fwd_wgmma<" in pl.gemm_expr
+    _bias_activation_cases(handle, rng, monkeypatch, dtype, case, tiling)
 
 
 @pytest.mark.parametrize("case", TC_CASES)
@@ -397,6 +440,10 @@ def test_bias_activation_tensor_cores(handle, rng, monkeypatch, dtype, case, til
     """The fused forward's epilogues on each tensor-core kernel, every activation with: no z (bias + a
     clamp-type activation stay in registers), z in NHWC (the staged epilogue's unrolled 16-byte pass for
     clamp types), z in NCHW (its rolled scalar loop), z = y in place."""
+    _bias_activation_cases(handle, rng, monkeypatch, dtype, case, tiling)
+
+
+def _bias_activation_cases(handle, rng, monkeypatch, dtype, case, tiling):
     _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
     for i, (mode, coef) in enumerate(ACTS):
         for zkind in ("none", "nhwc", "nchw") + (("inplace", "none-propagate-nan") if i == 0 else ()):

@@ -205,6 +205,48 @@ Versions and notes:
      positions computed once per K tile in shared memory instead of per thread (each thread now steps
      4 position digits per row and K tile); the z epilogue (1.14x) could read z for the whole block with
      cp.async into the freed stages before the accumulators are staged.
+  v8 (this session) the forward on Hopper's wgmma (fwd_wgmma in ptx/convolution.cu, units
+     convolution.wgmma.<tag> compiled for sm_90a only): the pipelined forward's gather unchanged (per-row
+     32-bit offsets + tap masks, cp.async zero-fill, one K tile = 64 channels of one tap) into the same
+     swizzled [rows][64] tiles, which ARE wgmma's K-major 128B-swizzled slabs once each stage starts on a
+     1024-byte boundary; two warpgroups of wgmma.m64nBNk16 (64 x BN each) read A (x gathered) and B (w as
+     [k_out][k]) straight from shared memory; gemm_wgmma's ring (ptx/matmul.cu: wait, proxy fence, one
+     barrier, 4 wgmmas as one group, wait until one group is pending, refill the stage of tile kt - 2);
+     the pipelined kernel's epilogues through an adapter presenting the wgmma fragment as m16n8 ones.
+     Tiles (ptxas, sm_90a): 128x64 4 stages 2 blocks/SM (94 registers, no spill; m64n64k16 added to
+     common/wgmma.cuh), 128x128 4 stages 1/SM (174 registers, no spill). Dropped before measuring:
+     128x128 3 stages 2/SM (176-byte spill at the 128-register cap), 128x256 4 stages (228-byte spill:
+     the unrolled register epilogue over 32 n8 columns), 128x64 3 stages 3/SM (ptxas C7515: wgmma
+     serialized, accumulator registers moved between the MMAs).
+     Predicted before the device run: matmul gained 1.6x going to wgmma at long K; here the reductions
+     are short (9-72 K tiles a block) and the loop was latency bound by resident warps (v6), which the
+     new tiles lower (8 warps a block, 16 / 8 per SM), so less: 1.15-1.4x the pipelined forward, i.e.
+     56² 190-230 (128x64), 28² 250-310, 14² 260-320, 7² 200-250 TFLOP/s (128x128), ~0.5-0.6x cuDNN;
+     fused bias + ReLU on the wgmma tile within 1.05x its plain forward.
+     Measured (H200, one run; its tests first: 40 wgmma tests, every TC_CASES case x both tiles x both
+     types, plain / beta / every activation with and without z, all passed; cuDNN this run 344 / 521 /
+     519 / 522 forward):
+       forward (TFLOP/s)              56²     28²     14²     7²
+       pipe_tc, the model's pick     164.3   221.6   233.5   183.1   (v7: 165 / 222 / 235 / 185)
+       wgmma 128x64 (4 st, 2/SM)     197.3   255.0   278.5   237.1
+       wgmma 128x128 (4 st, 1/SM)    114.7   258.7   234.7   260.5
+       best wgmma / pipe_tc          1.20x   1.17x   1.19x   1.42x
+       best wgmma / cuDNN            0.57x   0.50x   0.54x   0.50x
+     Inside the prediction on every layer (1.17-1.42x against 1.15-1.4x; 7² at its top), short of the
+     0.6x target by 5-17%. Fused bias + ReLU on the 128x64 wgmma tile (56²): 186.8 TFLOP/s, 1.059x its
+     plain forward (pipe_tc's pair in the same run 1.025x; the prediction of <= 1.05x missed by 1%),
+     and 1.16x pipe_tc's fused 160.8. The 128-wide tile wins where both tiles put the same work on the
+     busiest SM (28²: 3 rounds each, 7²: 100 blocks of 128x128 vs 200 of 128x64 on 132 SMs), the 64-wide
+     where it holds less (14²: 3 blocks of 128x64 vs 2 of 128x128 on the busiest SM; 56²: K = 64).
+     The model (pydnn/ops/convolution.py USE_WGM, _wgm_tiling: blocks on the busiest SM x tile flops /
+     WGM_TILE_SPEED, 128x128 at 1.1) now takes fwd_wgmma on sm_90 for the forward where channels % 64 ==
+     0 and a block has >= 9 K tiles (the measured range; the 1x1 layers' 1-4 K tiles were not measured
+     and keep pipe_tc), and picks the faster tile on each of the 4 layers above. Not yet verified on
+     the device: the model path itself (its kernels and tiles are the ones the forced tests checked);
+     fp16 timed only through the tests (the same instruction rate as bf16). Next: the producer /
+     consumer split (a copy warpgroup feeding two MMA warpgroups through mbarriers, setmaxnreg) or TMA
+     for B, a persistent tile loop that overlaps the epilogue with the next tile's first stages, and the
+     same engine for backward data (stride 1 is the same gather with B as [k][n]: MN-major wgmma B).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows; PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the
@@ -361,6 +403,8 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
         fp = cases[0][1] if direction == C.DIR_FWD else cases[1][1]
         variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in C.TC_TILES]
                     + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
+        if direction == C.DIR_FWD and h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units)
+            variants += [(t, f"v8 wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}") for t in C.WGM_TILES]
     else:
         direction, fp = C.DIR_BWD_FILTER, None
         falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
@@ -442,6 +486,23 @@ def _fused(b):
     b.row_flops("conv", "3x3 64->64 @56 plain through the staged epilogue (vs register epilogue: "
                 f"{ms_staged / ms_plain:.3f}x)", "bf16", flops, ms_staged, ms_torch, "cudnn conv+bias, relu_",
                 peak_tflops=PEAK["bf16"])
+    if h.arch == C.WGM_ARCH:  # v8: the same pair on the wgmma forward (its BN = 64 tile), plain and fused
+        C.TC_FORCE[C.DIR_FWD] = C.WGM_TILES[0]
+        try:
+            pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
+            ms_wp, ms_wf = time_pair(
+                lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0, yd, yp),
+                lambda: pydnn.convolution_bias_activation_forward(h, 1.0, xd, xp, wd, wp, conv, algo, 0, 0, 0.0, yd,
+                                                                  yp, bd, bp, act, yd, yp))
+        finally:
+            C.TC_FORCE.pop(C.DIR_FWD, None)
+            pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
+        b.row_flops("conv", "3x3 64->64 @56 v8 wgmma 128x64 plain (vs pipe_tc plain: "
+                    f"{ms_wp / ms_plain:.3f}x)", "bf16", flops, ms_wp, ms_torch, "cudnn conv+bias, relu_",
+                    peak_tflops=PEAK["bf16"])
+        b.row_flops("conv", "3x3 64->64 @56 v8 wgmma 128x64 fused bias+relu (vs its plain: "
+                    f"{ms_wf / ms_wp:.3f}x)", "bf16", flops, ms_wf, ms_torch, "cudnn conv+bias, relu_",
+                    peak_tflops=PEAK["bf16"])
 
 
 def _tc_only():

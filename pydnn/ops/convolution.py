@@ -18,7 +18,9 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
     forward          IMPLICIT_GEMM   CUDA cores, every shape, no workspace, deterministic
                      IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; the
                                      pipelined implicit_gemm_pipe_tc where C % 64 == 0, else fwd_tc;
-                                     tiles from the models _tcp_tiling / _tc_tiling),
+                                     tiles from the models _tcp_tiling / _tc_tiling; on sm_90 with
+                                     C % 64 == 0 and >= 9 K tiles a block, fwd_wgmma: the same gather
+                                     on Hopper wgmma, sm_90a units, tiles from _wgm_tiling),
                                      half / bfloat16, NHWC x and filter, C % 8 == 0, one group;
                                      deterministic, no workspace. The fused bias + activation (and
                                      beta, z) run in the same kernel's epilogue: bias + IDENTITY / RELU /
@@ -115,6 +117,20 @@ WG_PIPE = True   # the backward filter's model picks wgrad_pipe_tc where it appl
 # (used where they apply, else the model's fwd_tc / bwd_data_tc tile), (BM, splits) for the backward filter
 # (wgrad_tc) or (a WGP_TILES entry, splits) (wgrad_pipe_tc where it applies, else the model's choice)
 TC_FORCE = {}
+# fwd_wgmma<T, BN, STAGES, MINB> instantiations (the forward on Hopper's wgmma, ptx/convolution.cu; units
+# convolution.wgmma.<tag>, compiled for sm_90a only): (BM = 128, BN, STAGES, MINB) tiles, two warpgroups
+# (256 threads), the pipelined forward's gather into 1 KiB-aligned 128B-swizzled stages. A forced forward
+# tiling (TC_FORCE[DIR_FWD]) may name one; it runs where implicit_gemm_pipe_tc's forward applies on a
+# device of arch WGM_ARCH (elsewhere the model's choice runs). USE_WGM: the model picks it instead of
+# implicit_gemm_pipe_tc (sm_90 only, channels % 64 == 0, at least WGM_MIN_KTILES K tiles a block: where
+# tools/bench_convolution.py v8 measured it faster, the ResNet 3x3 layers' 9-72 K tiles, 1.17-1.42x; the
+# 1x1 layers' 1-4 K tiles were not measured). WGM_TILE_SPEED: a tile's speed per flop at equal work on the
+# busiest SM (v8: the 128-wide tile ~10% faster where both tiles load the SMs alike), see _wgm_tiling.
+WGM_TILES = ((128, 64, 4, 2), (128, 128, 4, 1))
+WGM_ARCH = "sm_90"
+USE_WGM = True
+WGM_MIN_KTILES = 9
+WGM_TILE_SPEED = {(128, 64, 4, 2): 1.0, (128, 128, 4, 1): 1.1}
 # the plain tensor-core forward through the shared-memory staged epilogue too (FLAG_STAGED; the fused
 # bias / z / activation and beta != 0 always take it): a benchmark switch, read when a plan is made
 TC_STAGED_PLAIN = False
@@ -151,9 +167,22 @@ def _tc_expr(tag, direction, config):
     return _exprs(tag)[first + TC_TILES.index(tuple(config))]
 
 
+def _wgm_expr(tag, cfg):
+    """The fwd_wgmma instantiation of a WGM_TILES entry."""
+    return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}>"
+
+
+def wgm_units():
+    """fwd_wgmma units (one per 16-bit type, every WGM_TILES entry): built and loadable for sm_90 only, as
+    sm_90a (wgmma)."""
+    return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu", tuple(_wgm_expr(t, c) for c in WGM_TILES),
+                       archs=(WGM_ARCH + "a",))
+            for t in TC_TAGS]
+
+
 def kernel_units():
     from . import convolution_fft, convolution_gemm, convolution_winograd  # GEMM / WINOGRAD_NONFUSED / FFT units
-    return ([KernelUnit(f"convolution.{t}", "convolution.cu", _exprs(t)) for t in FLOAT_TAGS]
+    return ([KernelUnit(f"convolution.{t}", "convolution.cu", _exprs(t)) for t in FLOAT_TAGS] + wgm_units()
             + convolution_gemm.kernel_units() + convolution_winograd.kernel_units()
             + convolution_fft.kernel_units())
 
@@ -846,11 +875,32 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
     A forced tiling (TC_FORCE) is obeyed where its kernel applies."""
     pipe_ok = _tcp_refusal(pb, direction) is None
     forced = TC_FORCE.get(direction)
+    wgm_ok = direction == DIR_FWD and pipe_ok and getattr(handle, "arch", None) == WGM_ARCH
+    if forced is not None and len(forced) == 4:  # a fwd_wgmma tile: where it exists, else the model's choice
+        if wgm_ok:
+            return tuple(forced)
+        forced = None
     if forced is not None and (len(forced) == 2 or pipe_ok):
         return tuple(forced)
     if forced is None and pipe_ok and rc % TCP_BK == 0:
+        if USE_WGM and wgm_ok and prod(pb.filt3) * (rc // TCP_BK) >= WGM_MIN_KTILES:
+            return _wgm_tiling(handle, gm, gn)
         return _tcp_tiling(handle, gm, gn)
     return _tc_tiling(handle, gm, gn)
+
+
+def _wgm_tiling(handle, gm, gn):
+    """The fwd_wgmma tile for the model (USE_WGM): the least blocks on the busiest SM x a block's flops /
+    WGM_TILE_SPEED (tiles wider than N count their empty part). Against the v8 measurements (N = 64 ResNet
+    3x3 layers) it picks the faster tile on each: 128x64 at 56² and 14², 128x128 at 28² (a tie) and 7²."""
+    sms = max(handle.sm_count, 1)
+    best = None
+    for cfg in WGM_TILES:
+        bm, bn = cfg[:2]
+        t = cdiv(cdiv(gm, bm) * cdiv(gn, bn), sms) * bm * bn / WGM_TILE_SPEED[cfg]
+        if best is None or t < best[0] * 0.999:
+            best = (t, cfg)
+    return best[1]
 
 
 def plan_tc(handle, pb, algo, direction=DIR_FWD):
@@ -882,11 +932,17 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
     pl.gemm, pl.gemm_grid = p, (cdiv(gm, bm), cdiv(gn, bn), 1)
     if pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"{gn} output channels exceed the tensor-core kernel's grid")
-    pl.gemm_expr = _tc_expr(pb.tag, direction, cfg)
+    wgm = len(cfg) == 4
+    pl.gemm_expr = _wgm_expr(pb.tag, cfg) if wgm else _tc_expr(pb.tag, direction, cfg)
+    if wgm:
+        pl.unit = f"convolution.wgmma.{pb.tag}"
     pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
     pl.fold = pl.fold_func = pl.fold_argv = None
     pl.workspace, pl.align = 0, 16
-    if len(cfg) == 6:  # the pipelined kernel: WARPS_M x WARPS_N warps, swizzled [rows][64] (or [64][BN]) tiles
+    if wgm:  # two warpgroups; STAGES x (BM + BN) x 64 swizzled stages + 1 KiB to align them to 1024 bytes
+        pl.threads = 256
+        pl.smem = cfg[2] * (bm + bn) * TCP_BK * 2 + 1024
+    elif len(cfg) == 6:  # the pipelined kernel: WARPS_M x WARPS_N warps, swizzled [rows][64] (or [64][BN]) tiles
         pl.threads = cfg[2] * cfg[3] * 32
         pl.smem = TCP_STAGES * (bm + bn) * TCP_BK * 2
     else:

@@ -105,7 +105,7 @@ def _estimate_ms(handle, pl):
     per_wave = 2 * handle.sm_count
     waves = -(-blocks // per_wave)
     fill = blocks / (waves * per_wave)
-    rate = TENSOR_CORE_TFLOPS if "_tc<" in pl.gemm_expr else CUDA_CORE_TFLOPS
+    rate = TENSOR_CORE_TFLOPS if ("_tc<" in pl.gemm_expr or "_wgmma<" in pl.gemm_expr) else CUDA_CORE_TFLOPS
     if pl.direction == C.DIR_BWD_FILTER and rate == CUDA_CORE_TFLOPS:
         fill = _busiest_sm_fill(handle, blocks)
     if "bwd_data_tc" in pl.gemm_expr:  # the gather meets zeros in all but 1 / stride^d of its MMAs
