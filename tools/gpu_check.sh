@@ -52,7 +52,7 @@ if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; th
   # the tensor-core, matmul, Winograd, GEMM, FFT and group-norm cluster kernels: one case of each variant
   san tests/test_matmul_gpu.py tests/test_convolution_gpu.py tests/test_convolution_algos_gpu.py \
     tests/test_convolution_fft_gpu.py tests/test_normalization_gpu.py tests/test_mha_gpu.py \
-    -k "(test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
+    -k "(test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
     2>&1 | tee "$logs/memcheck_matrix.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
