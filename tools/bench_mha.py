@@ -19,6 +19,8 @@ expected rate is the flop-weighted harmonic mean of those two.
 Configurations: Llama-2-7B's attention layer (E 4096, 32 heads of 128) at batch 2, sequence 2048; a
 BERT-large-like layer (E 1024, 16 heads of 64) at batch 8, sequence 1024.
 """
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -130,7 +132,17 @@ def run(b):
             print(f"  mha {case}: max |pydnn - torch| / max |torch| = {err:.2e}", flush=True)
             with torch.no_grad():
                 ms_t = time_ms(lambda: layer(q, k, v))
-            b.row_flops("mha", f"forward (inference) {case}", "bf16", proj + attn, time_ms(lambda: forward(False)),
-                        ms_t, "linear + sdpa", PEAK)
+            # host time per call (the Python work of one forward: validation, planning, launches), against
+            # the GPU time below: a row whose host time is the larger is host-bound
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                forward(False)
+            host_ms = (time.perf_counter() - t0) * 100
+            torch.cuda.synchronize()
+            ms_p = time_ms(lambda: forward(False))
+            print(f"  mha {case}: host time per inference forward {host_ms:.2f} ms, GPU time {ms_p:.2f} ms "
+                  f"(timed again: {time_ms(lambda: forward(False)):.2f} ms)", flush=True)
+            b.row_flops("mha", f"forward (inference) {case}", "bf16", proj + attn, ms_p, ms_t, "linear + sdpa", PEAK)
             b.row_flops("mha", f"training step {case}", "bf16", 3 * proj + 3.5 * attn, time_ms(step),
                         time_ms(torch_step), "linear + sdpa + autograd", PEAK)
