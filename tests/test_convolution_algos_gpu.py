@@ -10,7 +10,7 @@ from devtensor import DevTensor, assert_close
 from pydnn.ops import convolution_winograd as Wg
 from pydnn.reference import convolution as ref
 from test_convolution_gpu import (BF16, CASES, CONV, F16, F32, F64, NCHW, NHWC, XCORR,  # noqa: F401
-                                  Problem, _strides, _workspace)
+                                  Problem, _strides, _workspace, check_forward)
 
 pytestmark = pytest.mark.gpu
 
@@ -43,19 +43,8 @@ def _ws(handle, pb, direction, algo):
 
 
 def _forward(handle, rng, case, dtype, algo):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
-        pb = Problem(case, dtype, mode)
-        x, w = pb.x.random(rng), pb.w.random(rng)
-        y0 = pb.y.random(rng) if beta else None
-        if not beta:
-            pb.y.poison()
-        ws, n = _ws(handle, pb, "fwd", algo)
-        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, algo, ws.ptr, n,
-                                  beta, pb.y.desc, pb.y.ptr)
-        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
-        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
-        assert_close(pb.y.download(), want, dtype, f"forward algo {algo} mode {mode}", scale=scale)
-        pb.y.check_untouched()
+    check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, algo, f"forward algo {algo}",
+                  workspace=lambda pb: _ws(handle, pb, "fwd", algo))
 
 
 @pytest.mark.parametrize("case", GEMM_CASES)

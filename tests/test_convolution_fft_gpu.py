@@ -11,7 +11,7 @@ import pydnn
 from devtensor import DevTensor, assert_close
 from pydnn.ops import convolution_fft as Ff
 from pydnn.reference import convolution as ref
-from test_convolution_gpu import BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides
+from test_convolution_gpu import BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides, check_forward
 
 pytestmark = pytest.mark.gpu
 
@@ -59,18 +59,8 @@ def _bwd(handle, pb, ws, n, alpha, beta):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fft_forward(handle, rng, case, dtype):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
-        pb = Problem(case, dtype, mode)
-        x, w = pb.x.random(rng), pb.w.random(rng)
-        y0 = pb.y.random(rng) if beta else None
-        if not beta:
-            pb.y.poison()
-        ws, n = _ws(handle, pb, "fwd")
-        _fwd(handle, pb, ws, n, alpha, beta)
-        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
-        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
-        assert_close(pb.y.download(), want, dtype, f"forward FFT mode {mode}", scale=scale)
-        pb.y.check_untouched()
+    check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, FWD_FFT, "forward FFT",
+                  workspace=lambda pb: _ws(handle, pb, "fwd"))
 
 
 @pytest.mark.parametrize("case", CASES)

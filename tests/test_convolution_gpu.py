@@ -73,21 +73,32 @@ def _workspace(nbytes):
     return pydnn.DeviceArray((max(nbytes, 1),), np.uint8), nbytes
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_forward(handle, rng, case, dtype):
+def check_forward(handle, rng, make, dtype, algo, what, workspace=None, before=None):
+    """ConvolutionForward with `algo` in both modes against the float64 reference: cross-correlation with
+    alpha 1, beta 0 (y poisoned: never read, every element written) and convolution with alpha 0.75,
+    beta -0.5 over a random y. make(mode) -> the Problem; workspace(pb) -> (buffer with .ptr, bytes) or
+    None for none; before(pb): a check on the problem before the call."""
     for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
-        pb = Problem(case, dtype, mode)
+        pb = make(mode)
+        if before is not None:
+            before(pb)
         x, w = pb.x.random(rng), pb.w.random(rng)
         y0 = pb.y.random(rng) if beta else None
         if not beta:
             pb.y.poison()
-        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_IG, 0, 0,
-                                  beta, pb.y.desc, pb.y.ptr)
+        ws, n = workspace(pb) if workspace is not None else (None, 0)
+        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, algo,
+                                  ws.ptr if ws is not None else 0, n, beta, pb.y.desc, pb.y.ptr)
         want = ref.forward(alpha, x, w, beta, y0, *pb.args())
         scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
-        assert_close(pb.y.download(), want, dtype, f"forward mode {mode}", scale=scale)
+        assert_close(pb.y.download(), want, dtype, f"{what} mode {mode}", scale=scale)
         pb.y.check_untouched()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward(handle, rng, case, dtype):
+    check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, FWD_IG, "forward")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -298,20 +309,13 @@ def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
     stride, dilation, 1-d / 3-d, padded NHWC): plain (register epilogue) and beta != 0 (staged)."""
     _need_wgmma(handle)
     _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
-        pb = _tc_problem(case, dtype, mode)
+
+    def planned_on_wgmma(pb):
         pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert "fwd_wgmma<" in pl.gemm_expr and pl.unit.startswith("convolution.wgmma.")
-        x, w = pb.x.random(rng), pb.w.random(rng)
-        y0 = pb.y.random(rng) if beta else None
-        if not beta:
-            pb.y.poison()
-        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE, 0, 0,
-                                  beta, pb.y.desc, pb.y.ptr)
-        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
-        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
-        assert_close(pb.y.download(), want, dtype, f"wgmma forward mode {mode} tiling {tiling}", scale=scale)
-        pb.y.check_untouched()
+
+    check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE,
+                  f"wgmma forward tiling {tiling}", before=planned_on_wgmma)
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
@@ -332,18 +336,7 @@ def test_wgmma_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
 @pytest.mark.parametrize("tiling", TC_TILINGS)
 def test_forward_tensor_cores(handle, rng, monkeypatch, case, dtype, tiling):
     _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
-        pb = _tc_problem(case, dtype, mode)
-        x, w = pb.x.random(rng), pb.w.random(rng)
-        y0 = pb.y.random(rng) if beta else None
-        if not beta:
-            pb.y.poison()
-        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_PRE, 0, 0,
-                                  beta, pb.y.desc, pb.y.ptr)
-        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
-        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
-        assert_close(pb.y.download(), want, dtype, f"tensor-core forward mode {mode}", scale=scale)
-        pb.y.check_untouched()
+    check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE, "tensor-core forward")
 
 
 TC_BWD_CASES = [c for c in TC_CASES if c[1] % 8 == 0] + [
