@@ -143,9 +143,11 @@ class WgTile:
 
 
 # The wgmma tiles (units matmul.wgmma.f16 / .bf16, sm_90a only), measured on the H200 (bf16, same run,
-# tools/bench_matmul.py v3): 128x256 4 stages 4096^3 nn 412 TFLOP/s (1.6x the 128x256 mma.sync tile's
-# 255), 2048^3 320 (vs 228); 128x128 3 stages 2 blocks/SM 333 and 328. On 1024^3 (32 / 64 blocks for
-# 132 SMs) both lose to gemm_tc. USE_WGMMA: the chooser considers them on a device of compute
+# tools/bench_matmul.py v4, after the copy loop's per-chunk test went): 128x256 4 stages 4096^3 nn 660
+# TFLOP/s (2.1x the 128x256 mma.sync tile's 308), 2048^3 490 (vs 263); 128x128 3 stages 2 blocks/SM 421
+# and 358. The thresholds below come from v3 (412 / 333 then), where both lost to gemm_tc on 1024^3 (32 /
+# 64 blocks for 132 SMs); in v4 the 128x128 tile ran 112 there against gemm_tc's 94: not re-tuned yet.
+# USE_WGMMA: the chooser considers them on a device of compute
 # capability 9.0, for problems of at least 3/4 of a wave of blocks and K >= WG_MIN_K (where they were
 # measured faster). WG_CANDIDATES: measured before they replace a WG_TILES entry (compiled through
 # wgmma_extra_units by the tests and the benchmark, not by the build).
