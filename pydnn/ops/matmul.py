@@ -21,7 +21,7 @@ stride of 0 broadcasts that operand (C's may be 0 only when batch == 1).
 
 Kernels: half / bfloat16 on tensor cores (mma.sync m16n8k16, cp.async multi-stage pipeline, ldmatrix,
 fragments double-buffered in registers), one of three block tiles chosen per problem (128x256 / 128x128 /
-64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least a
+64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least 3/4 of a
 wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swizzled shared tiles,
 ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
