@@ -10,8 +10,8 @@ the floor and the notes on each version.
 
 Each case is timed with CUDA events around back-to-back calls (after warm-up; see time_ms), median of
 many repetitions, on buffers larger than L2; the element-wise families alternate pydnn's and PyTorch's
-rounds (time_pair), because their ratio sits near 1.0 where a drift over the run would decide it. Bandwidth counts the fewest bytes the op must move (inputs read once, output
-written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
+rounds (time_pair), because their ratio sits near 1.0 where a drift over the run would decide it.
+Bandwidth counts the fewest bytes the op must move (inputs read once, output written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
 Host time is the Python-side cost of one small call (a 1-element tensor), from perf_counter over many calls.
 """
 import argparse
@@ -140,7 +140,7 @@ class Bench:
                 xp, yp = x.data_ptr(), y.data_ptr()
                 # PyTorch's functional ops write a freshly allocated output per call; pydnn writes into one
                 # from the same allocator per call too, so both store to the same kind of block. Writing
-                # into one fixed y measured 2% slower for the same kernel (the [one fixed y] rows, bf16 and
+                # into one fixed y measured 2% slower for the same kernel (the [into one fixed y] rows, bf16 and
                 # fp32 relu, H200, 2026-11-23), enough to decide a ratio that sits at 1.0.
                 fresh = lambda: pydnn.activation_forward(self.h, a, 1.0, dx, xp, 0.0, dy,  # noqa: E731
                                                          torch.empty_like(x).data_ptr())
@@ -154,14 +154,13 @@ class Bench:
             a = pydnn.create_activation_descriptor()
             pydnn.set_activation_descriptor(a, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
             g = torch.randn_like(x)
-            out = torch.empty_like(x)
             ms_p, ms_t = time_pair(lambda: pydnn.activation_backward(self.h, a, 1.0, dy, y.data_ptr(), dx,
                                                                      g.data_ptr(), dx, x.data_ptr(), 0.0, dx,
                                                                      torch.empty_like(x).data_ptr()),
                                    lambda: torch.ops.aten.threshold_backward(g, x, 0.0))
             self.row("activation", "relu backward", dname, 3 * x.numel() * x.element_size(), ms_p, ms_t,
                      "threshold_backward")
-            del x, y, g, out
+            del x, y, g
 
     def tensor(self):
         if not hasattr(pydnn, "op_tensor"):
