@@ -11,7 +11,8 @@ the floor and the notes on each version.
 Each case is timed with CUDA events around back-to-back calls (after warm-up; see time_ms), median of
 many repetitions, on buffers larger than L2; the element-wise families alternate pydnn's and PyTorch's
 rounds (time_pair), because their ratio sits near 1.0 where a drift over the run would decide it.
-Bandwidth counts the fewest bytes the op must move (inputs read once, output written once); "% copy" is that bandwidth over a device-to-device copy's, measured in the same run.
+Bandwidth counts the fewest bytes the op must move (inputs read once, output written once); "% copy" is
+that bandwidth over a device-to-device copy's, measured in the same run.
 Host time is the Python-side cost of one small call (a 1-element tensor), from perf_counter over many calls.
 """
 import argparse
