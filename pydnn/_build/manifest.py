@@ -20,6 +20,8 @@ FAMILIES = (
     "pydnn.ops.dropout",
     "pydnn.ops.convolution",
     "pydnn.ops.attention",
+    "pydnn.ops.attention_wgmma",
+    "pydnn.ops.attention_wgmma_bwd",
     "pydnn.ops.matmul",
     "pydnn.ops.mha",
 )
