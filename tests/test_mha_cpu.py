@@ -416,6 +416,25 @@ def test_window_mapping():
     assert _mask_of([0] * 10, [40] * 10, curr=3) == (none, 12)
 
 
+def test_window_mapping_memo_keys_on_windows_and_lengths():
+    """The mask is remembered per (windows, lengths): a later call with other windows or lengths on the same
+    shapes gets its own answer, an error is raised every time, and a non-integer entry is still refused."""
+    none, tl = pydnn.PYDNN_ATTN_MASK_NONE, pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT
+    causal = [t + 1 for t in range(10)]
+    for _ in range(2):
+        assert _mask_of([0] * 10, causal) == (tl, 12)
+        assert _mask_of([0] * 10, [12] * 10) == (none, 12)
+        assert _mask_of([0] * 10, [8] * 10, lens_k=[8] * 6) == (none, 12)
+        with pytest.raises(pydnn.PydnnError, match="hiWinIdx"):
+            _mask_of([0] * 10, [8] * 10)  # full K/V lengths 12: a window ending at 8 is not expressible
+    s = Setup()
+    _valid(pydnn.multi_head_attn_forward, s.fwd(hi=causal))
+    _check(pydnn.multi_head_attn_forward, s.fwd(hi=[float(v) for v in causal]), BAD,
+           "hiWinIdx[0]: expected an integer, got float")
+    _check(pydnn.multi_head_attn_forward, s.fwd(hi=causal[:5] + [True] + causal[6:]), BAD,
+           "hiWinIdx[5]: expected an integer, got bool")
+
+
 def test_groups_fold_batch_and_beam():
     s = Setup()  # BMTV: batch just outside beam
     c = M._validate(s.a, s.q, s.k, s.v, s.o)

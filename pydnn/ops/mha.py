@@ -350,6 +350,9 @@ def _int_list(name, seq, n):
         _bad(f"{name}: expected a sequence of {n} integers")
     if len(vals) < n:
         _bad(f"{name}: has {len(vals)} entries, {n} are needed")
+    vals = vals[:n]
+    if set(map(type, vals)) <= {int}:  # plain ints (the usual case): nothing to convert, checked at C speed
+        return vals
     return [_int(f"{name}[{i}]", vals[i]) for i in range(n)]
 
 
@@ -577,16 +580,35 @@ def _win_array(arr, name, n):
 def _windows(c, lo_win_idx, hi_win_idx, curr_idx):
     n = c.a.qo_max
     lo, hi = _win_array(lo_win_idx, "loWinIdx", n), _win_array(hi_win_idx, "hiWinIdx", n)
-    steps = range(c.q.t) if curr_idx < 0 else (curr_idx,)
-    for t in steps:
-        if lo[t] >= hi[t] and curr_idx >= 0:
-            _bad(f"loWinIdx[{t}]: {lo[t]} is not below hiWinIdx[{t}] = {hi[t]} (an empty attention window)")
+    t = curr_idx
+    if t >= 0 and lo[t] >= hi[t]:  # all steps: empty windows are allowed (those rows see no key)
+        _bad(f"loWinIdx[{t}]: {lo[t]} is not below hiWinIdx[{t}] = {hi[t]} (an empty attention window)")
     return lo, hi
+
+
+# (windows, lengths, step) -> the fused mask: the scan below is O(sequence) Python work per call (~1 ms
+# at S = 2048), which made the inference forward host-bound; a layer calls with the same windows every
+# step, so the answer is kept for a few distinct problems. Errors are not cached (they raise each time).
+_MASK_MEMO = {}
+_MASK_MEMO_SIZE = 16
 
 
 def _fused_mask(c, lo, hi, curr_idx):
     """The fused kernel's mask (and for one inference step, the number of keys) for the windows, or
     NOT_SUPPORTED naming the first entry it cannot express."""
+    if curr_idx >= 0:
+        return _scan_mask(c, lo, hi, curr_idx)
+    key = (c.q.t, c.k.t, tuple(c.q.lengths), tuple(_kv_lengths(c)), tuple(lo[:c.q.t]), tuple(hi[:c.q.t]))
+    got = _MASK_MEMO.get(key)
+    if got is None:
+        got = _scan_mask(c, lo, hi, curr_idx)
+        if len(_MASK_MEMO) >= _MASK_MEMO_SIZE:
+            _MASK_MEMO.pop(next(iter(_MASK_MEMO)))
+        _MASK_MEMO[key] = got
+    return got
+
+
+def _scan_mask(c, lo, hi, curr_idx):
     for t in (range(c.q.t) if curr_idx < 0 else (curr_idx,)):
         if lo[t] > 0:
             _ns(f"loWinIdx[{t}]: {lo[t]} > 0; the fused attention kernel has no window that starts after "
