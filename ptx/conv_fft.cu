@@ -6,6 +6,8 @@
 //   product      one thread per (bin, 4 images, 4 output channels): sum over i of X * conj(W)
 //   inverse_fft  one block per (n, o): the Hermitian-completed spectrum, inverse 2-d FFT, the real part
 //                scaled by 1 / (Fh Fw) cropped to the output, alpha / beta and the fused epilogue
+// Backward filter runs the same four kernels with other roles (conv_fft_params.h): dy as the "filter",
+// x as the "input", the sum over the images, and the output read at an offset (crop).
 //
 // The 2-d transforms are radix-2 decimation-in-time in shared memory (Fh x Fw complex doubles + the two
 // twiddle tables): input stored bit-reversed in both indices, log_w row stages then log_h column stages,
@@ -234,8 +236,10 @@ __global__ void __launch_bounds__(256) inverse_fft(const FftParams p) {
   T* out = static_cast<T*>(p.out) + (long long)n * p.os[0] + (long long)o * p.os[1];
   for (int q = threadIdx.x; q < p.out_h * p.out_w; q += blockDim.x) {
     const int hh = q / p.out_w, ww = q - hh * p.out_w;
-    const long long off = (long long)hh * p.os[2] + (long long)ww * p.os[3];
-    double v = alpha * (s[(hh << lw) + ww].x * scale);
+    const bool fo = p.flags & PYDNN_FFT_FLAG_FLIP_OUT;
+    const long long off = (long long)(fo ? p.out_h - 1 - hh : hh) * p.os[2] + (long long)(fo ? p.out_w - 1 - ww : ww) * p.os[3];
+    const int sh = (hh + p.crop_h) & (fh - 1), sw = (ww + p.crop_w) & (fw - 1);
+    double v = alpha * (s[(sh << lw) + sw].x * scale);
     if (p.flags & PYDNN_FLAG_BETA) v += beta * load<double>(out[off]);
     if (p.flags & PYDNN_FFT_FLAG_Z) {
       const long long zoff = (long long)n * p.zs[0] + (long long)o * p.zs[1] + (long long)hh * p.zs[2] +

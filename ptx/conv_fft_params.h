@@ -12,7 +12,14 @@
  *   xf[(n * cin + i) * bins + b]    input spectra
  *   wf[(o * cin + i) * bins + b]    conjugated filter spectra (taps placed at (r - pad) mod F)
  *   yf[(n * cout + o) * bins + b]   their per-bin products summed over i
- * The inverse transform of yf is the output at index (h, w) directly (h < out_h, w < out_w). */
+ * The inverse transform of yf is the output at index ((h + crop_h) mod Fh, (w + crop_w) mod Fw) (h < out_h,
+ * w < out_w; crop 0 in the forward and backward data).
+ *
+ * Backward filter in the same form, the reduction running over the images instead of the input
+ * channels: dw[k][c][r][s] = sum over n, p, q of dy[n][k][p][q] * x[n][c][p + r - pad_h][q + s - pad_w] is
+ * the circular correlation g = IFFT(X conj(DY)) read at (r - pad) mod F. The kernels' roles: "filter" = dy
+ * (taps = its P x Q plane, placed at pad 0), "input" = x, batch = C, cin = N, cout = K (so xf holds
+ * [c][n], wf [k][n], yf [c][k]), out = dw with crop = -pad; the strides are set accordingly on the host. */
 #ifndef PYDNN_CONV_FFT_PARAMS_H
 #define PYDNN_CONV_FFT_PARAMS_H
 
@@ -20,6 +27,7 @@
 #define PYDNN_FFT_FLAG_BIAS 8u
 #define PYDNN_FFT_FLAG_FLIP 16u    /* read the filter's taps rotated by 180 degrees */
 #define PYDNN_FFT_FLAG_BWD 1024u   /* backward data: filter roles swapped (o = input channel of w) */
+#define PYDNN_FFT_FLAG_FLIP_OUT 2048u /* backward filter, CONVOLUTION mode: write tap (h, w) at (out_h-1-h, out_w-1-w) */
 #define PYDNN_FFT_MAX_POINTS 8192 /* Fh * Fw: double spectra of one transform in 128 KiB of shared memory */
 
 typedef struct {
@@ -33,6 +41,7 @@ typedef struct {
   int in_h, in_w, out_h, out_w;
   int pad_h, pad_w, filt_h, filt_w;
   int log_h, log_w, bins;
+  int crop_h, crop_w;     /* the inverse reads the output at (h + crop_h, w + crop_w) mod F */
   int act;               /* PYDNN_CONV_ACT_* (0 but for ConvolutionBiasActivationForward) */
   unsigned flags;        /* PYDNN_FLAG_BETA, PYDNN_FLAG_NAN_PROP, PYDNN_FFT_FLAG_* */
   long long is[4];       /* in strides: n, c, h, w */

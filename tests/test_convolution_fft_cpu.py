@@ -1,4 +1,4 @@
-"""The FFT convolution algorithm (forward, backward data) on the CPU: which problems it refuses (status +
+"""The FFT convolution algorithm (forward, backward data, backward filter) on the CPU: which problems it refuses (status +
 reason), its FFT sizes (checked against a float64 numpy circular correlation) and workspace sizes, the
 BAD_PARAM for a smaller workspace, its rows in the v7 ranking, and the real kernels (ptx/conv_fft.cu
 compiled as host C++: tests/c/conv_fft_host.cpp) run from the parameter struct the real API call built,
@@ -20,6 +20,7 @@ from test_fuzz_cpu import cpu_handle
 
 FWD_FFT = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT
 BWD_FFT = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT
+WGRAD_FFT = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT
 FWD_IG = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
 BF16 = pydnn.PYDNN_DATA_BFLOAT16
 
@@ -59,11 +60,19 @@ def test_fft_refusals():
            "backward data FFT needs stride 1")
     _check(bw, (h, fdesc((6, 4, 3, 3)), tdesc((2, 6, 24, 20)), cdesc((3, 1), (1, 1), (1, 1)), x, BWD_FFT), NS,
            "padding smaller than the filter")
-    # still not implemented: FFT_TILING, backward filter FFT
+    # backward filter: the same limits, its transforms sized by x and dy
+    wf = pydnn.get_convolution_backward_filter_workspace_size
+    _check(wf, (h, x, tdesc((2, 6, 10, 10)), cdesc((4, 4), (2, 2), (1, 1)), w9, WGRAD_FFT), NS,
+           "backward filter FFT needs stride 1")
+    _check(wf, (h, tdesc((1, 1, 124, 61)), tdesc((1, 1, 124, 61)), ok, fdesc((1, 1, 9, 9)), WGRAD_FFT), NS,
+           "backward filter FFT transforms hold at most 8192 points")
+    _check(wf, (h, tdesc((2, 4, 24, 20)), tdesc((2, 6, 28, 20)), cdesc((3, 1), (1, 1), (1, 1)),
+                fdesc((6, 4, 3, 3)), WGRAD_FFT), NS, "padding smaller than the filter")
+    _check(wf, (h, x, y, cdesc((4, 4), (1, 1), (1, 1), groups=2), fdesc((6, 2, 9, 9)), WGRAD_FFT), NS,
+           "backward filter FFT serves one group only")
+    # still not implemented: FFT_TILING
     _check(ws, (h, x, w9, ok, y, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT_TILING), NS, "not implemented")
-    _check(pydnn.get_convolution_backward_filter_workspace_size, (h, x, y, ok, w9,
-                                                                   pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT), NS,
-           "not implemented")
+    _check(wf, (h, x, y, ok, w9, pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING), NS, "not implemented")
 
 
 def _circular_matches(n_in, filt, pad, f, rng):
@@ -121,6 +130,11 @@ def test_workspace_sizes_and_small_workspace(dtype):
                                              x, 1 << 40), BAD, "BWD_DATA_ALGO_FFT needs")
     _check(pydnn.convolution_forward, (h, 1.0, x, 1 << 40, w, 1 << 41, cv, FWD_FFT, 0, want, 0.0, y, 1 << 42),
            pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "workSpace")
+    # backward filter: x (c planes per image), dy (k), dw (k x c); F from x's 21 x 13 with lags -4..4 / -2..2
+    want_w = _ru(16 * bins * c * n) + _ru(16 * bins * k * n) + _ru(16 * bins * c * k)
+    assert pydnn.get_convolution_backward_filter_workspace_size(h, x, y, cv, w, WGRAD_FFT) == want_w
+    _check(pydnn.convolution_backward_filter, (h, 1.0, x, 1 << 40, y, 1 << 42, cv, WGRAD_FFT, 1 << 43, want_w - 1,
+                                               0.0, w, 1 << 41), BAD, "BWD_FILTER_ALGO_FFT needs")
 
 
 def test_v7_lists_fft_truthfully():
@@ -134,6 +148,10 @@ def test_v7_lists_fft_truthfully():
     assert r[0].algo == FWD_FFT  # 9x9: the model puts the FFT first
     rd = {p.algo: p for p in pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, c, x, 6)}
     assert rd[BWD_FFT].status == pydnn.PYDNN_STATUS_SUCCESS and rd[BWD_FFT].determinism == pydnn.PYDNN_DETERMINISTIC
+    rw = {p.algo: p for p in pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, c, w, 7)}
+    assert rw[WGRAD_FFT].status == pydnn.PYDNN_STATUS_SUCCESS
+    assert rw[WGRAD_FFT].determinism == pydnn.PYDNN_DETERMINISTIC
+    assert rw[WGRAD_FFT].memory == pydnn.get_convolution_backward_filter_workspace_size(h, x, y, c, w, WGRAD_FFT)
     r2 = {p.algo: p for p in pydnn.get_convolution_forward_algorithm_v7(h, x, w, cdesc((4, 4), (2, 2), (1, 1)),
                                                                         tdesc((32, 64, 28, 28)), 8)}
     assert r2[FWD_FFT].status == NS and "stride 1" in r2[FWD_FFT].message
@@ -254,7 +272,7 @@ WORST = {}
 
 @pytest.mark.parametrize("case", HOST_CASES)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd", "wgrad"])
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_kernels_on_the_host(host_exe, tmp_path, monkeypatch, rng, case, mode, direction, dtype):
     xd, k, filt, pad, layout, wfmt = case
@@ -284,6 +302,19 @@ def test_kernels_on_the_host(host_exe, tmp_path, monkeypatch, rng, case, mode, d
             scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *args) + abs(beta) * np.abs(y)
             gap = np.ones(ysize, bool)
             gap[sum(np.indices(yd)[i] * ys[i] for i in range(4))] = False
+        elif direction == "wgrad":
+            need = pydnn.get_convolution_backward_filter_workspace_size(h, xdsc, ydsc, c, wdsc, WGRAD_FFT)
+            pydnn.convolution_backward_filter(h, alpha, xdsc, 1 << 40, ydsc, 1 << 42, c, WGRAD_FFT, 1 << 43, need,
+                                              beta, wdsc, 1 << 41)
+            wsize = int(np.prod(wd))
+            old = wbuf if beta else np.full(wsize, np.nan)
+            buf = _run_host(host_exe, tmp_path, got[-1], {"in": _scatter(x, xs, xsize), "w": _scatter(y, ys, ysize),
+                                                          "out": old}, dtype)
+            out = _gather(buf, wd, wdsc.strides)
+            want = ref.backward_filter(alpha, x, y, beta, w if beta else np.zeros(wd), *args)
+            scale = (abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(y), wd[2:], *args)
+                     + abs(beta) * np.abs(w))
+            gap = np.zeros(wsize, bool)  # filters are packed: no gaps
         else:
             need = pydnn.get_convolution_backward_data_workspace_size(h, wdsc, ydsc, c, xdsc, BWD_FFT)
             pydnn.convolution_backward_data(h, alpha, wdsc, 1 << 41, ydsc, 1 << 42, c, BWD_FFT, 1 << 43, need, beta,

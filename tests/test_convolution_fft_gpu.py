@@ -1,4 +1,4 @@
-"""The FFT convolution algorithm (forward and backward data) on the GPU against the float64 reference:
+"""The FFT convolution algorithm (forward, backward data, backward filter) on the GPU against the float64 reference:
 every dtype, NCHW / NHWC / padded layouts, NCHW and NHWC filters, both modes, odd sizes (H, W not powers of
 two, odd C and K, batches not a multiple of the product kernel's 4), transforms from 2 x 32 to the largest
 (128 x 64, past 48 KiB of shared memory), alpha / beta, outputs poisoned first and their gaps checked
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
 
 FWD_FFT = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT
 BWD_FFT = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT
+WGRAD_FFT = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT
 DTYPES = [F32, F16, BF16, F64]
 
 
@@ -39,6 +40,9 @@ CASES = [_case(*c) for c in [  # xdims, k, filt, pad, layout, filter format
 def _ws(handle, pb, direction):
     if direction == "fwd":
         need = pydnn.get_convolution_forward_workspace_size(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc, FWD_FFT)
+    elif direction == "wgrad":
+        need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
+                                                                    WGRAD_FFT)
     else:
         need = pydnn.get_convolution_backward_data_workspace_size(handle, pb.wdesc, pb.y.desc, pb.conv, pb.x.desc,
                                                                   BWD_FFT)
@@ -81,6 +85,28 @@ def test_fft_backward_data(handle, rng, case, dtype):
         pb.x.check_untouched()
 
 
+def _wgrad(handle, pb, ws, n, alpha, beta):
+    pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, WGRAD_FFT,
+                                      ws.ptr, n, beta, pb.wdesc, pb.w.ptr)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fft_backward_filter(handle, rng, case, dtype):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
+        pb = Problem(case, dtype, mode)
+        x, dy = pb.x.random(rng), pb.y.random(rng)
+        dw0 = pb.w.random(rng) if beta else np.zeros(pb.w.dims)
+        if not beta:
+            pb.w.poison()
+        ws, n = _ws(handle, pb, "wgrad")
+        _wgrad(handle, pb, ws, n, alpha, beta)
+        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
+        scale = (abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.w.dims[2:], *pb.args())
+                 + abs(beta) * np.abs(dw0))
+        assert_close(pb.w.download(), want, dtype, f"backward filter FFT mode {mode}", scale=scale)
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]])
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_bias_activation(handle, rng, case, dtype):
@@ -114,7 +140,7 @@ def test_bitwise_reproducible(handle, rng):
     pb.x.random(rng)
     pb.w.random(rng)
     pb.y.random(rng)
-    for direction, out, run in (("fwd", pb.y, _fwd), ("bwd", pb.x, _bwd)):
+    for direction, out, run in (("fwd", pb.y, _fwd), ("bwd", pb.x, _bwd), ("wgrad", pb.w, _wgrad)):
         ws, n = _ws(handle, pb, direction)
         outs = []
         for _ in range(3):
@@ -143,6 +169,10 @@ def test_find_times_fft(handle, rng, monkeypatch):
                                                           pb.x.desc, pb.x.ptr, 6, ws.ptr, 1 << 26)
     b = next(p for p in r if p.algo == BWD_FFT)
     assert b.status == pydnn.PYDNN_STATUS_SUCCESS and b.time > 0
+    r = pydnn.find_convolution_backward_filter_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                            pb.wdesc, pb.w.ptr, 7, ws.ptr, 1 << 26)
+    f = next(p for p in r if p.algo == WGRAD_FFT)
+    assert f.status == pydnn.PYDNN_STATUS_SUCCESS and f.time > 0 and f.determinism == pydnn.PYDNN_DETERMINISTIC
 
 
 def test_largest_transform_plan():

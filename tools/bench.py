@@ -302,8 +302,9 @@ def to_markdown(b):
 
 
 def run_family(b, fam):
-    """A method of Bench (foundation families) or tools/bench_<fam>.py's run(b); a failing family is
-    reported and the others still run."""
+    """A method of Bench (foundation families) or tools/bench_<fam>.py's run(b) (`fam.entry`: that module's
+    entry(b) instead, e.g. convolution_algos.run_fft); a failing family is reported and the others still run."""
+    fam, _, entry = fam.partition(".")
     try:
         if hasattr(b, fam):
             getattr(b, fam)()
@@ -317,7 +318,7 @@ def run_family(b, fam):
                 raise
             print(f"{fam}: no benchmark yet (tools/bench_{fam}.py), skipped", flush=True)
             return
-        mod.run(b)
+        getattr(mod, entry or "run")(b)
     except Exception:  # noqa: BLE001 - one family's failure must not hide the others' numbers
         import traceback
         print(f"{fam}: benchmark FAILED", flush=True)

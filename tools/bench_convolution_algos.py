@@ -151,6 +151,12 @@ FFT_LAYERS = [  # name, N, C, K, H, R
 ]
 FFT = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_FFT
 BFFT = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT
+WFFT = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT
+WF0, WF1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+# Backward filter FFT (2026-11-23, fourth session; before measuring): the same transforms as the forward
+# (C N + K N inputs of 64 x 64, C K inverses: 12288 at 64 / 64 channels, N 32) and per-bin products of
+# 8 C K N bins double flops (the forward's count with the roles moved): predicted within 1.3x of the
+# forward FFT's time on each layer, so ~10x BWD_FILTER_ALGO_0/1 at 9x9-13x13 (they run ~6-8 TFLOP/s).
 
 
 def _fft_layer(b, name, n, c, k, hw, r):
@@ -191,8 +197,25 @@ def _fft_layer(b, name, n, c, k, hw, r):
     b.row_flops("conv_algos", f"{name} bwd data ALGO_0", "fp32", flops, a0, t_bwd, "cudnn", peak_tflops=PEAK)
     b.row_flops("conv_algos", f"{name} bwd data FFT ({a0 / bf:.2f}x ALGO_0)", "fp32", flops, bf, t_bwd, "cudnn",
                 peak_tflops=PEAK)
+    dw = torch.empty_like(w)
+
+    def wgrad(algo):
+        need = pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, algo)
+        ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+        return time_ms(lambda: pydnn.convolution_backward_filter(h, 1.0, xd, xp, yd, dyp, conv, algo, ws.data_ptr(),
+                                                                 need, 0.0, wd, dw.data_ptr()), reps=5, warmup=1)
+
+    t_wgrad = time_ms(lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [pad] * 2, [1, 1], False,
+                                                                  [0, 0], 1, [False, True, False]), reps=5, warmup=2)
+    w0, w1, wf = wgrad(WF0), wgrad(WF1), wgrad(WFFT)
+    best = min(w0, w1)
+    b.row_flops("conv_algos", f"{name} bwd filter ALGO_{0 if w0 <= w1 else 1} (the faster of 0 / 1)", "fp32", flops,
+                best, t_wgrad, "cudnn", peak_tflops=PEAK)
+    b.row_flops("conv_algos", f"{name} bwd filter FFT ({best / wf:.2f}x ALGO_0/1)", "fp32", flops, wf, t_wgrad,
+                "cudnn", peak_tflops=PEAK)
     v7 = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
-    print(f"conv_algos {name}: v7 forward first choice {v7}", flush=True)
+    v7w = pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, conv, wd, 1)[0].algo
+    print(f"conv_algos {name}: v7 forward first choice {v7}, backward filter {v7w}", flush=True)
 
 
 def run_fft(b):

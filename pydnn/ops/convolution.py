@@ -596,7 +596,8 @@ IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CON
                DIR_BWD_DATA: (E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1,
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
-               DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1)}
+               DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)}
 
 
 def algo_name(direction, algo):
@@ -964,7 +965,8 @@ def plan_for(handle, pb, direction, algo):
         from .convolution_winograd import plan_winograd
         return plan_winograd(handle, pb, direction, algo)
     if (direction, algo) in ((DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_FFT),
-                             (DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT)):
+                             (DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
+                             (DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)):
         from .convolution_fft import plan_fft  # FFT (convolution_fft.py)
         return plan_fft(handle, pb, direction, algo)
     if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:

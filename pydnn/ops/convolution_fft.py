@@ -1,6 +1,6 @@
-"""Convolution FFT: forward (CUDNN_CONVOLUTION_FWD_ALGO_FFT) and backward data
-(CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT), pydnn's own FFT kernels (ptx/conv_fft.cu; params:
-ptx/conv_fft_params.h), no cuFFT.
+"""Convolution FFT: forward (CUDNN_CONVOLUTION_FWD_ALGO_FFT), backward data
+(CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT) and backward filter (CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT), pydnn's
+own FFT kernels (ptx/conv_fft.cu; params: ptx/conv_fft_params.h), no cuFFT.
 
 Four launches, the spectra in the workspace (F = Fh x Fw, powers of two, bins = Fh * (Fw / 2 + 1)):
     filter_fft   conj(FFT(f)) per (output channel, input channel), the taps placed at (r - pad) mod F
@@ -13,7 +13,11 @@ product work. The 2-d transforms are radix-2 in shared memory, one block per tra
 F is the least power of two per dim (at least 2) for which circular correlation equals the linear one on
 every output (see fft_size). Backward data is the same forward-form problem on dy: dx = corr(dy, f) with
 pad' = filter - 1 - pad, the filter's channel roles swapped and its taps rotated (as cuDNN's backward
-data is the transposed convolution).
+data is the transposed convolution). Backward filter correlates x with dy and sums over the images:
+dw[k][c] = IFFT(sum over n of X[n][c] conj(DY[n][k])) read at (r - pad) mod F, so the same four kernels
+run with dy in the filter's place (its P x Q plane as the taps), the images as the reduction, and the
+inverse reading the output at an offset (conv_fft_params.h); F comes from fft_size(H, P, R, pad), the
+same wrap conditions with the output plane P in the role of n_out.
 
 Supported: 2 spatial dims, one group, stride 1, dilation 1, padding smaller than the filter in each dim
 (cuDNN's FFT has the same limits; with larger padding some outputs sum no product at all), transforms of
@@ -26,7 +30,8 @@ own terms: in float it exceeded float's per-element tolerance (1.04x, host run o
 the corners of a fully padded single-channel 13x13 convolution, where an output sums one product. In
 double it is far below every dtype's tolerance (tests/test_convolution_fft_cpu.py measures it).
 Deterministic (no atomics; each output written once by one thread in a fixed order).
-Workspace: 16 * bins * (N * C + K * C + N * K) bytes (three parts, each 256-byte aligned).
+Workspace: 16 * bins * (N * C + K * C + N * K) bytes (three parts, each 256-byte aligned), bins from the
+direction's F.
 """
 import ctypes
 
@@ -40,7 +45,7 @@ from .common import FLOAT_TAGS, cdiv, prod
 from .convolution_gemm import IM2COL_GBPS, LAUNCH_MS, StepPlan, round_up
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
-FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_BWD = 4, 8, 16, 1024
+FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_BWD, FLAG_FLIP_OUT = 4, 8, 16, 1024, 2048
 MAX_POINTS = 8192          # Fh * Fw of the largest transform (PYDNN_FFT_MAX_POINTS)
 CPLX = 16                   # bytes of a complex double
 THREADS = 256
@@ -65,6 +70,7 @@ class FftParams(ctypes.Structure):
         ("in_h", ctypes.c_int), ("in_w", ctypes.c_int), ("out_h", ctypes.c_int), ("out_w", ctypes.c_int),
         ("pad_h", ctypes.c_int), ("pad_w", ctypes.c_int), ("filt_h", ctypes.c_int), ("filt_w", ctypes.c_int),
         ("log_h", ctypes.c_int), ("log_w", ctypes.c_int), ("bins", ctypes.c_int),
+        ("crop_h", ctypes.c_int), ("crop_w", ctypes.c_int),
         ("act", ctypes.c_int), ("flags", ctypes.c_uint),
         ("is_", ctypes.c_longlong * 4), ("os", ctypes.c_longlong * 4), ("zs", ctypes.c_longlong * 4),
         ("ws", ctypes.c_longlong * 4), ("bias_stride", ctypes.c_longlong),
@@ -100,9 +106,9 @@ def fft_size(n_in, n_out, filt, pad):
     return f
 
 
-def refusal(pb, fwd):
-    """Why the FFT algorithm cannot serve a problem (None when it can)."""
-    name = "FFT" if fwd else "backward data FFT"
+def refusal(pb, fwd, wgrad=False):
+    """Why the FFT algorithm cannot serve a problem (None when it can); wgrad: backward filter."""
+    name = "backward filter FFT" if wgrad else "FFT" if fwd else "backward data FFT"
     if pb.nspatial != 2:
         return f"{name} serves 2-d convolutions only (this one has {pb.nspatial} spatial dims)"
     if pb.groups != 1:
@@ -115,11 +121,11 @@ def refusal(pb, fwd):
         if pb.pad3[i] >= pb.filt3[i]:
             return (f"{name} needs padding smaller than the filter (pad {d} {pb.pad3[i]} >= filter {d} "
                     f"{pb.filt3[i]})")
-    fh, fw = _sizes(pb, fwd)
+    fh, fw = _wgrad_sizes(pb) if wgrad else _sizes(pb, fwd)
     if fh * fw > MAX_POINTS:
+        src = pb.in3 if fwd or wgrad else pb.out3
         return (f"{name} transforms hold at most {MAX_POINTS} points (64 x 128, 128 x 64, ...: double spectra in "
-                f"shared memory); this problem needs {fh} x {fw} (input {pb.in3[1] if fwd else pb.out3[1]} x "
-                f"{pb.in3[2] if fwd else pb.out3[2]} plus padding)")
+                f"shared memory); this problem needs {fh} x {fw} (input {src[1]} x {src[2]} plus padding)")
     if pb.n * pb.k > 2**31 - 1 or pb.n * pb.c > 2**31 - 1 or pb.k * pb.c > 2**31 - 1:
         return f"{name}: more than 2^31 - 1 transforms (one block each)"
     return None
@@ -138,6 +144,11 @@ def _view(pb, fwd):
 def _sizes(pb, fwd):
     _, in_hw, _, out_hw, _, _, pad, _ = _view(pb, fwd)
     return tuple(fft_size(in_hw[i], out_hw[i], pb.filt3[1 + i], pad[i]) for i in range(2))
+
+
+def _wgrad_sizes(pb):
+    """Backward filter's F per dim: x (H) correlated with dy (P) at lags r - pad, r < R."""
+    return tuple(fft_size(pb.in3[1 + i], pb.out3[1 + i], pb.filt3[1 + i], pb.pad3[1 + i]) for i in range(2))
 
 
 _SMEM_SET = {}   # CUfunction (as int; handles of one context share it) -> the shared memory it was opened to
@@ -165,6 +176,8 @@ class FftPlan(StepPlan):
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         p, h = self.params, self.gemm  # h: the epilogue fields ConvolutionBiasActivationForward set
         p.in_, p.w, p.out = a_ptr, b_ptr, out_ptr
+        if self.wgrad:  # the caller passes (dy, x): x is the transformed "input", dy takes the filter's place
+            p.in_, p.w = b_ptr, a_ptr
         p.xf, p.wf, p.yf = ws_ptr + self.offsets[0], ws_ptr + self.offsets[1], ws_ptr + self.offsets[2]
         p.z, p.bias = z_ptr or None, bias_ptr or None
         p.alpha, p.beta = alpha, beta
@@ -186,8 +199,10 @@ class FftPlan(StepPlan):
 
 
 def plan_fft(handle, pb, direction, algo):
-    """An FFT plan (forward or backward data) or NOT_SUPPORTED with the reason."""
+    """An FFT plan (forward, backward data or backward filter) or NOT_SUPPORTED with the reason."""
     from . import convolution as C
+    if direction == C.DIR_BWD_FILTER:
+        return _plan_wgrad(pb, algo)
     fwd = direction == C.DIR_FWD
     why = refusal(pb, fwd)
     if why:
@@ -199,7 +214,7 @@ def plan_fft(handle, pb, direction, algo):
     n = pb.n
     sizes = (CPLX * bins * n * cin, CPLX * bins * cout * cin, CPLX * bins * n * cout)
     pl = FftPlan(direction, algo, pb)
-    pl.fft = (fh, fw)
+    pl.fft, pl.wgrad = (fh, fw), False
     pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
     pl.workspace = pl.offsets[2] + round_up(sizes[2])
     pl.smem_bytes = (fh * fw + fh // 2 + fw // 2) * CPLX
@@ -226,4 +241,52 @@ def plan_fft(handle, pb, direction, algo):
     pl.add_step(unit, _expr("input_fft", pb.tag), (n * cin, 1, 1), (THREADS, 1, 1), p)
     pl.add_step("conv_fft.f32", PRODUCT_EXPR, (cdiv(bins, THREADS), cdiv(cout, TN), cdiv(n, TN)), (THREADS, 1, 1), p)
     pl.add_step(unit, _expr("inverse_fft", pb.tag), (n * cout, 1, 1), (THREADS, 1, 1), p)
+    return pl
+
+
+def _plan_wgrad(pb, algo):
+    """Backward filter: the forward's kernels with the roles of conv_fft_params.h (batch = C, cin = N,
+    cout = K; dy as the filter, x as the input, dw read at (r - pad) mod F). CONVOLUTION mode stores the
+    taps rotated (FLIP_OUT)."""
+    from . import convolution as C
+    why = refusal(pb, False, wgrad=True)
+    if why:
+        raise PydnnError(NS, f"algo: {why}")
+    fh, fw = _wgrad_sizes(pb)
+    lh, lw = fh.bit_length() - 1, fw.bit_length() - 1
+    bins = fh * (fw // 2 + 1)
+    n, c, k = pb.n, pb.c, pb.k
+    sizes = (CPLX * bins * c * n, CPLX * bins * k * n, CPLX * bins * c * k)
+    pl = FftPlan(C.DIR_BWD_FILTER, algo, pb)
+    pl.fft, pl.wgrad = (fh, fw), True
+    pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
+    pl.workspace = pl.offsets[2] + round_up(sizes[2])
+    pl.smem_bytes = (fh * fw + fh // 2 + fw // 2) * CPLX
+    pl.gemm = C.ConvParams()
+    pl.gemm_expr = "fft"
+    transforms = c * n + k * n + c * k
+    moved = (prod(pb.in3[1:]) * n * c + prod(pb.out3[1:]) * n * k + k * c * prod(pb.filt3[1:])) * pl.itemsize
+    pl.model_ms = (8 * n * c * k * bins / (PRODUCT_TFLOPS * 1e9)
+                   + transforms * 5 * fh * fw * (lh + lw) / (FFT_TFLOPS * 1e9)
+                   + (moved + 2 * sum(sizes)) / (IM2COL_GBPS * 1e6))
+    p = FftParams()
+    p.batch, p.cin, p.cout = c, n, k
+    p.in_h, p.in_w, p.out_h, p.out_w = pb.in3[1], pb.in3[2], pb.filt3[1], pb.filt3[2]
+    p.pad_h, p.pad_w, p.filt_h, p.filt_w = 0, 0, pb.out3[1], pb.out3[2]  # dy's plane placed at lag 0
+    p.crop_h, p.crop_w = -pb.pad3[1] % fh, -pb.pad3[2] % fw
+    p.log_h, p.log_w, p.bins = lh, lw, bins
+    xs, ys, ws = pb.xs, pb.ys, pb.ws
+    for i, v in enumerate((xs[1], xs[0], xs[3], xs[4])):  # input block (c, n)
+        p.is_[i] = v
+    for i, v in enumerate((ys[1], ys[0], ys[3], ys[4])):  # "filter" block (k, n): dy[n][k]
+        p.ws[i] = v
+    for i, v in enumerate((ws[1], ws[0], ws[3], ws[4])):  # output block (c, k): dw[k][c]
+        p.os[i] = v
+    pl.base_flags = FLAG_FLIP_OUT if pb.flip else 0  # tap (r, s) of the correlation is dw's (R-1-r, S-1-s)
+    pl.params = p
+    unit = f"conv_fft.{pb.tag}"
+    pl.add_step(unit, _expr("filter_fft", pb.tag), (k * n, 1, 1), (THREADS, 1, 1), p)
+    pl.add_step(unit, _expr("input_fft", pb.tag), (c * n, 1, 1), (THREADS, 1, 1), p)
+    pl.add_step("conv_fft.f32", PRODUCT_EXPR, (cdiv(bins, THREADS), cdiv(k, TN), cdiv(c, TN)), (THREADS, 1, 1), p)
+    pl.add_step(unit, _expr("inverse_fft", pb.tag), (c * k, 1, 1), (THREADS, 1, 1), p)
     return pl
