@@ -67,44 +67,42 @@ def test_fft_forward(handle, rng, case, dtype):
                   workspace=lambda pb: _ws(handle, pb, "fwd"))
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fft_backward_data(handle, rng, case, dtype):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
-        pb = Problem(case, dtype, mode)
-        w, dy = pb.w.random(rng), pb.y.random(rng)
-        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
-        if not beta:
-            pb.x.poison()
-        ws, n = _ws(handle, pb, "bwd")
-        _bwd(handle, pb, ws, n, alpha, beta)
-        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
-        scale = (abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args())
-                 + abs(beta) * np.abs(dx0))
-        assert_close(pb.x.download(), want, dtype, f"backward data FFT mode {mode}", scale=scale)
-        pb.x.check_untouched()
-
-
 def _wgrad(handle, pb, ws, n, alpha, beta):
     pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, WGRAD_FFT,
                                       ws.ptr, n, beta, pb.wdesc, pb.w.ptr)
 
 
+def _check_backward(handle, rng, case, dtype, direction):
+    """Backward data (dx from w, dy) or backward filter (dw from x, dy) through FFT, both modes, with and
+    without beta, the output poisoned when beta = 0."""
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
+        pb = Problem(case, dtype, mode)
+        if direction == "bwd":
+            out, a, run, want_f, raw_f = pb.x, pb.w.random(rng), _bwd, ref.backward_data, ref.backward_data_raw
+        else:
+            out, a, run, want_f, raw_f = pb.w, pb.x.random(rng), _wgrad, ref.backward_filter, ref.backward_filter_raw
+        dy = pb.y.random(rng)
+        old = out.random(rng) if beta else np.zeros(out.dims)
+        if not beta:
+            out.poison()
+        ws, n = _ws(handle, pb, direction)
+        run(handle, pb, ws, n, alpha, beta)
+        want = want_f(alpha, a, dy, beta, old, *pb.args())
+        scale = abs(alpha) * raw_f(np.abs(a), np.abs(dy), out.dims[2:], *pb.args()) + abs(beta) * np.abs(old)
+        assert_close(out.download(), want, dtype, f"{direction} FFT mode {mode}", scale=scale)
+        out.check_untouched()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fft_backward_data(handle, rng, case, dtype):
+    _check_backward(handle, rng, case, dtype, "bwd")
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fft_backward_filter(handle, rng, case, dtype):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
-        pb = Problem(case, dtype, mode)
-        x, dy = pb.x.random(rng), pb.y.random(rng)
-        dw0 = pb.w.random(rng) if beta else np.zeros(pb.w.dims)
-        if not beta:
-            pb.w.poison()
-        ws, n = _ws(handle, pb, "wgrad")
-        _wgrad(handle, pb, ws, n, alpha, beta)
-        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
-        scale = (abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.w.dims[2:], *pb.args())
-                 + abs(beta) * np.abs(dw0))
-        assert_close(pb.w.download(), want, dtype, f"backward filter FFT mode {mode}", scale=scale)
+    _check_backward(handle, rng, case, dtype, "wgrad")
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]])

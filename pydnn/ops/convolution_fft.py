@@ -40,6 +40,7 @@ from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
 from .._cuda import driver
 from ..status import PydnnError
+from ..tensor import DTYPES
 from ._elementwise import CTYPE
 from .common import FLOAT_TAGS, cdiv, prod
 from .convolution_gemm import IM2COL_GBPS, LAUNCH_MS, StepPlan, round_up
@@ -208,39 +209,15 @@ def plan_fft(handle, pb, direction, algo):
     if why:
         raise PydnnError(NS, f"algo: {why}")
     ins, in_hw, outs, out_hw, cin, cout, pad, flip = _view(pb, fwd)
-    fh, fw = _sizes(pb, fwd)
-    lh, lw = fh.bit_length() - 1, fw.bit_length() - 1
-    bins = fh * (fw // 2 + 1)
-    n = pb.n
-    sizes = (CPLX * bins * n * cin, CPLX * bins * cout * cin, CPLX * bins * n * cout)
-    pl = FftPlan(direction, algo, pb)
-    pl.fft, pl.wgrad = (fh, fw), False
-    pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
-    pl.workspace = pl.offsets[2] + round_up(sizes[2])
-    pl.smem_bytes = (fh * fw + fh // 2 + fw // 2) * CPLX
-    pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
-    pl.gemm_expr = "fft"
-    transforms = n * cin + cout * cin + n * cout
-    fft_flops = transforms * 5 * fh * fw * (lh + lw)
-    moved = (prod(in_hw) * n * cin + prod(out_hw) * n * cout) * pl.itemsize + 2 * sum(sizes)
-    pl.model_ms = (8 * n * cout * cin * bins / (PRODUCT_TFLOPS * 1e9) + fft_flops / (FFT_TFLOPS * 1e9)
-                   + moved / (IM2COL_GBPS * 1e6))
-    p = FftParams()
-    p.batch, p.cin, p.cout = n, cin, cout
+    data = (prod(in_hw) * pb.n * cin + prod(out_hw) * pb.n * cout) * DTYPES[pb.dtype][0]
+    pl, p = _fft_plan(pb, direction, algo, _sizes(pb, fwd), (pb.n, cin, cout), data)
     p.in_h, p.in_w, p.out_h, p.out_w = in_hw[0], in_hw[1], out_hw[0], out_hw[1]
     p.pad_h, p.pad_w, p.filt_h, p.filt_w = pad[0], pad[1], pb.filt3[1], pb.filt3[2]
-    p.log_h, p.log_w, p.bins = lh, lw, bins
     for i in range(4):
         p.is_[i], p.os[i] = ins[i], outs[i]
     for i, v in enumerate((pb.ws[0], pb.ws[1], pb.ws[3], pb.ws[4])):
         p.ws[i] = v
     pl.base_flags = (FLAG_FLIP if flip else 0) | (0 if fwd else FLAG_BWD)
-    pl.params = p
-    unit = f"conv_fft.{pb.tag}"
-    pl.add_step(unit, _expr("filter_fft", pb.tag), (cout * cin, 1, 1), (THREADS, 1, 1), p)
-    pl.add_step(unit, _expr("input_fft", pb.tag), (n * cin, 1, 1), (THREADS, 1, 1), p)
-    pl.add_step("conv_fft.f32", PRODUCT_EXPR, (cdiv(bins, THREADS), cdiv(cout, TN), cdiv(n, TN)), (THREADS, 1, 1), p)
-    pl.add_step(unit, _expr("inverse_fft", pb.tag), (n * cout, 1, 1), (THREADS, 1, 1), p)
     return pl
 
 
@@ -252,29 +229,14 @@ def _plan_wgrad(pb, algo):
     why = refusal(pb, False, wgrad=True)
     if why:
         raise PydnnError(NS, f"algo: {why}")
-    fh, fw = _wgrad_sizes(pb)
-    lh, lw = fh.bit_length() - 1, fw.bit_length() - 1
-    bins = fh * (fw // 2 + 1)
     n, c, k = pb.n, pb.c, pb.k
-    sizes = (CPLX * bins * c * n, CPLX * bins * k * n, CPLX * bins * c * k)
-    pl = FftPlan(C.DIR_BWD_FILTER, algo, pb)
-    pl.fft, pl.wgrad = (fh, fw), True
-    pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
-    pl.workspace = pl.offsets[2] + round_up(sizes[2])
-    pl.smem_bytes = (fh * fw + fh // 2 + fw // 2) * CPLX
-    pl.gemm = C.ConvParams()
-    pl.gemm_expr = "fft"
-    transforms = c * n + k * n + c * k
-    moved = (prod(pb.in3[1:]) * n * c + prod(pb.out3[1:]) * n * k + k * c * prod(pb.filt3[1:])) * pl.itemsize
-    pl.model_ms = (8 * n * c * k * bins / (PRODUCT_TFLOPS * 1e9)
-                   + transforms * 5 * fh * fw * (lh + lw) / (FFT_TFLOPS * 1e9)
-                   + (moved + 2 * sum(sizes)) / (IM2COL_GBPS * 1e6))
-    p = FftParams()
-    p.batch, p.cin, p.cout = c, n, k
+    data = (prod(pb.in3[1:]) * n * c + prod(pb.out3[1:]) * n * k + k * c * prod(pb.filt3[1:])) * DTYPES[pb.dtype][0]
+    fh, fw = _wgrad_sizes(pb)
+    pl, p = _fft_plan(pb, C.DIR_BWD_FILTER, algo, (fh, fw), (c, n, k), data)
+    pl.wgrad = True
     p.in_h, p.in_w, p.out_h, p.out_w = pb.in3[1], pb.in3[2], pb.filt3[1], pb.filt3[2]
     p.pad_h, p.pad_w, p.filt_h, p.filt_w = 0, 0, pb.out3[1], pb.out3[2]  # dy's plane placed at lag 0
     p.crop_h, p.crop_w = -pb.pad3[1] % fh, -pb.pad3[2] % fw
-    p.log_h, p.log_w, p.bins = lh, lw, bins
     xs, ys, ws = pb.xs, pb.ys, pb.ws
     for i, v in enumerate((xs[1], xs[0], xs[3], xs[4])):  # input block (c, n)
         p.is_[i] = v
@@ -283,10 +245,38 @@ def _plan_wgrad(pb, algo):
     for i, v in enumerate((ws[1], ws[0], ws[3], ws[4])):  # output block (c, k): dw[k][c]
         p.os[i] = v
     pl.base_flags = FLAG_FLIP_OUT if pb.flip else 0  # tap (r, s) of the correlation is dw's (R-1-r, S-1-s)
+    return pl
+
+
+def _fft_plan(pb, direction, algo, fft, roles, data_bytes):
+    """The plan every direction shares: F = fft (Fh, Fw), the kernels' (batch, cin, cout) = roles, the
+    workspace parts, the v7 model (data_bytes: what the transforms read and write of the caller's tensors)
+    and the four launches. The caller fills the sizes, strides, padding and flags of the returned params."""
+    from . import convolution as C
+    fh, fw = fft
+    lh, lw = fh.bit_length() - 1, fw.bit_length() - 1
+    bins = fh * (fw // 2 + 1)
+    batch, cin, cout = roles
+    sizes = (CPLX * bins * batch * cin, CPLX * bins * cout * cin, CPLX * bins * batch * cout)
+    pl = FftPlan(direction, algo, pb)
+    pl.fft, pl.wgrad = (fh, fw), False
+    pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
+    pl.workspace = pl.offsets[2] + round_up(sizes[2])
+    pl.smem_bytes = (fh * fw + fh // 2 + fw // 2) * CPLX
+    pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
+    pl.gemm_expr = "fft"
+    transforms = batch * cin + cout * cin + batch * cout
+    pl.model_ms = (8 * batch * cout * cin * bins / (PRODUCT_TFLOPS * 1e9)
+                   + transforms * 5 * fh * fw * (lh + lw) / (FFT_TFLOPS * 1e9)
+                   + (data_bytes + 2 * sum(sizes)) / (IM2COL_GBPS * 1e6))
+    p = FftParams()
+    p.batch, p.cin, p.cout = batch, cin, cout
+    p.log_h, p.log_w, p.bins = lh, lw, bins
     pl.params = p
     unit = f"conv_fft.{pb.tag}"
-    pl.add_step(unit, _expr("filter_fft", pb.tag), (k * n, 1, 1), (THREADS, 1, 1), p)
-    pl.add_step(unit, _expr("input_fft", pb.tag), (c * n, 1, 1), (THREADS, 1, 1), p)
-    pl.add_step("conv_fft.f32", PRODUCT_EXPR, (cdiv(bins, THREADS), cdiv(k, TN), cdiv(c, TN)), (THREADS, 1, 1), p)
-    pl.add_step(unit, _expr("inverse_fft", pb.tag), (c * k, 1, 1), (THREADS, 1, 1), p)
-    return pl
+    pl.add_step(unit, _expr("filter_fft", pb.tag), (cout * cin, 1, 1), (THREADS, 1, 1), p)
+    pl.add_step(unit, _expr("input_fft", pb.tag), (batch * cin, 1, 1), (THREADS, 1, 1), p)
+    pl.add_step("conv_fft.f32", PRODUCT_EXPR, (cdiv(bins, THREADS), cdiv(cout, TN), cdiv(batch, TN)), (THREADS, 1, 1),
+                p)
+    pl.add_step(unit, _expr("inverse_fft", pb.tag), (batch * cout, 1, 1), (THREADS, 1, 1), p)
+    return pl, p
