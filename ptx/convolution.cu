@@ -1308,6 +1308,64 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   fwd_epilogue<T, BM, BN, THREADS>(p, eng, smem, m0, n0, wg * 64 + warp * 16, 0);
 }
 
+// filter_kc_swap (16-bit types): backward data on fwd_wgmma (stride 1) is the forward convolution of dy
+// with the filter's K and C swapped: out[c][tap][k] = in[k][c][tap] (in read through its strides
+// in_stride (k, c, t, r, s), out packed, K innermost; the spatial flip is the forward's FLAG_FLIP, set
+// on the host for the opposite mode). ConvAuxParams: in / out, kg = K, cg = C, taps, filt. Grid
+// (ceil(K / 64), ceil(C / 64), taps), 256 threads: a 64 x 64 (k, c) tile of one tap through shared
+// memory (swizzled), read 8 channels (16 bytes) at a time along c where w's layout allows (NHWC, 16-byte aligned;
+// else 8 scalar loads) and written 8 at a time along k (K % 8 == 0 and the workspace 16-byte aligned:
+// host-checked). v9's first version moved one 2-byte element per thread and load: ~1 TB/s.
+template <class T>
+__global__ void __launch_bounds__(256) filter_kc_swap(const ConvAuxParams p) {
+  static_assert(sizeof(T) == 2, "16-bit types");
+  // tile[k][c], 16-byte groups of c XOR-swizzled by k / 8: the transposed reads below (8 k rows of one
+  // c column per thread, 8 threads on 8 k groups) fall in distinct banks
+  __shared__ __align__(16) unsigned short tile[64 * 64];
+  const unsigned short* in = static_cast<const unsigned short*>(p.in);
+  unsigned short* out = static_cast<unsigned short*>(p.out);
+  const int k0 = blockIdx.x * 64, c0 = blockIdx.y * 64, tap = blockIdx.z;
+  const int s = tap % p.filt[2], r = tap / p.filt[2] % p.filt[1], t = tap / (p.filt[2] * p.filt[1]);
+  const long long* st = p.in_stride;
+  const long long toff = t * st[2] + r * st[3] + s * st[4];
+  const bool vec = st[1] == 1 && ((st[0] | st[2] | st[3] | st[4]) & 7) == 0 &&
+                   (reinterpret_cast<unsigned long long>(in) & 15) == 0;
+  const int row = threadIdx.x >> 3, chunk = (threadIdx.x & 7) * 8;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {  // rows k0 + row + 32 j, channels c0 + chunk .. + 8
+    const int kr = row + 32 * j, k = k0 + kr, c = c0 + chunk;
+    uint4 q = make_uint4(0, 0, 0, 0);
+    if (k < p.kg && c < p.cg) {
+      const unsigned short* src = in + (k * st[0] + c * st[1] + toff);
+      if (vec && c + 8 <= p.cg) {
+        q = *reinterpret_cast<const uint4*>(src);
+      } else {
+        unsigned short e8[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) e8[e] = c + e < p.cg ? src[e * st[1]] : 0;
+        q = make_uint4(e8[0] | (unsigned)e8[1] << 16, e8[2] | (unsigned)e8[3] << 16, e8[4] | (unsigned)e8[5] << 16,
+                       e8[6] | (unsigned)e8[7] << 16);
+      }
+    }
+    *reinterpret_cast<uint4*>(tile + kr * 64 + (chunk ^ (((kr >> 3) & 7) << 3))) = q;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {  // rows c0 + row + 32 j of out, k0 + chunk .. + 8
+    const int cr = row + 32 * j, c = c0 + cr, k = k0 + chunk;
+    if (c >= p.cg || k >= p.kg) continue;
+    unsigned short e8[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int kk = chunk + e;
+      e8[e] = tile[kk * 64 + (((cr & ~7) ^ (((kk >> 3) & 7) << 3)) | (cr & 7))];
+    }
+    *reinterpret_cast<uint4*>(out + ((long long)c * p.taps + tap) * p.kg + k) =
+        make_uint4(e8[0] | (unsigned)e8[1] << 16, e8[2] | (unsigned)e8[3] << 16, e8[4] | (unsigned)e8[5] << 16,
+                   e8[6] | (unsigned)e8[7] << 16);
+  }
+}
+
 // wgrad_tc's epilogue: the warp's accumulators (rows from m_base, columns from n_base) to the split's
 // partials, or (one split) to dw itself.
 template <class Eng>

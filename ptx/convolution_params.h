@@ -60,7 +60,9 @@ typedef struct {
   long long bias_stride;/* bias stride along its channel dim */
 } ConvParams;
 
-/* The deterministic split-K fold and the bias gradient share this simpler struct. */
+/* The deterministic split-K fold, the bias gradient and filter_kc_swap (the filter with K and C swapped,
+ * for backward data on the wgmma forward: in = w, out = the workspace, kg, cg, taps, filt, in_stride = w's
+ * strides) share this simpler struct. */
 typedef struct {
   void *out;            /* dw (fold) or db (bias) */
   const void *in;       /* the Acc partials (fold) or dy (bias) */

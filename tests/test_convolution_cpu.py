@@ -573,6 +573,84 @@ def test_tensor_core_bwd_data_plan_emulated(case, mode, rng):
                                rtol=1e-10, atol=1e-10)
 
 
+BWD_WGM_EMU = [  # xdims, k, filt, pad, dil: stride 1 (odd sizes, padding 0 / 1 / 2, dilation, 1-d, 3-d)
+    ((2, 8, 7, 9), 16, (3, 3), (1, 1), (1, 1)),
+    ((1, 16, 5, 11), 8, (3, 3), (0, 2), (1, 1)),
+    ((1, 8, 9, 6), 24, (3, 2), (2, 0), (2, 1)),
+    ((2, 8, 13), 8, (5,), (2,), (1,)),
+    ((1, 8, 3, 4, 5), 16, (2, 3, 3), (1, 1, 0), (1, 1, 2)),
+    ((1, 8, 5, 6), 8, (3, 3), (3, 1), (1, 1)),    # pad > (R - 1) * dil: the forward's padding is negative
+]
+
+
+def _swap_emulated(f, wbuf):
+    """filter_kc_swap from its ConvAuxParams: out[c][tap][k] = in[k][c][tap] (in through in_stride)."""
+    taps, (tf, rf, sf) = f.taps, (f.filt[0], f.filt[1], f.filt[2])
+    out = np.zeros(f.cg * taps * f.kg)
+    for tap in range(taps):
+        t, r, s = tap // (rf * sf), tap // sf % rf, tap % sf
+        for k in range(f.kg):
+            for c in range(f.cg):
+                src = k * f.in_stride[0] + c * f.in_stride[1] + t * f.in_stride[2] + r * f.in_stride[3] + s * f.in_stride[4]
+                out[(c * taps + tap) * f.kg + k] = wbuf[src]
+    return out
+
+
+@pytest.mark.parametrize("case", BWD_WGM_EMU)
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+def test_bwd_data_wgmma_plan_emulated(case, mode, rng, monkeypatch):
+    """Backward data on fwd_wgmma (sm_90, stride 1): filter_kc_swap's params then the forward plan of dy
+    with the swapped filter (padding (R - 1) * dil - pad, the opposite mode) give the reference dx; the
+    workspace is the swapped filter, the plan deterministic, and the workspace query reports it."""
+    xd, k, filt, pad, dil = case
+    st = (1,) * len(filt)
+    monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, C.WGM_TILES[0])  # channels < 64: a forced tile
+    c = cdesc(pad, st, dil, mode)
+    wd = (k, xd[1]) + filt
+    yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
+    xs, ys = packed_strides(xd, NHWC), packed_strides(yd, NHWC)
+    xdsc, ydsc, wdsc = tdesc(xd, BF16, strides=xs), tdesc(yd, BF16, strides=ys), fdesc(wd, BF16, fmt=NHWC)
+    h = cpu_handle()
+    pl = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
+    assert isinstance(pl, C.BwdWgmmaPlan) and "fwd_wgmma<" in pl.gemm_expr and pl.deterministic
+    assert pl.workspace >= int(np.prod(wd)) * 2 and pl.workspace % 256 == 0
+    assert pl.swap_grid == (-(-k // 64), -(-xd[1] // 64), int(np.prod(filt)))
+    assert pydnn.get_convolution_backward_data_workspace_size(h, wdsc, ydsc, c, xdsc,
+                                                              pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1) == pl.workspace
+    w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
+    wprime = _swap_emulated(pl.swap, _scatter(w, wdsc.strides, int(np.prod(wd))))
+    got = _gather_tensor(emulate(pl.sub, C.DIR_FWD, _scatter(dy, ys, int(np.prod(yd))), wprime, int(np.prod(xd))),
+                         xd, xs)
+    np.testing.assert_allclose(got, ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, 1, mode == XCORR),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_bwd_data_wgmma_choice(monkeypatch):
+    """The model takes fwd_wgmma for backward data where it would for the equivalent forward (sm_90,
+    stride 1, K % 64, >= WGM_MIN_KTILES K tiles), with the forward's tile for the same GEMM; not with
+    stride 2, on sm_80, or without USE_WGM; v7 ranks it first, deterministic, with its workspace."""
+    h = cpu_handle()
+    bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    for cc, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        x, w = tdesc((64, cc, hw, hw), BF16, NHWC), fdesc((cc, cc, 3, 3), BF16, NHWC)
+        pd = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
+        pf = C._new_plan(h, C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, x)
+        assert isinstance(pd, C.BwdWgmmaPlan) and pd.gemm_expr == pf.gemm_expr and pd.workspace == cc * cc * 9 * 2
+        assert pd.sub.gemm_grid == pf.gemm_grid and pd.sub.smem == pf.smem
+        r = pydnn.get_convolution_backward_data_algorithm_v7(h, w, x, c, x, 6)
+        assert r[0].algo == bd1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC and r[0].memory == pd.workspace
+    x, w = tdesc((8, 64, 28, 28), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC)
+    y2 = tdesc((8, 64, 14, 14), BF16, NHWC)
+    assert "bwd_data_tc" in C._new_plan(h, C.DIR_BWD_DATA, bd1, cdesc((1, 1), (2, 2), (1, 1)), x, w, y2).gemm_expr
+    monkeypatch.setattr(C, "USE_WGM", False)
+    assert "implicit_gemm_pipe_tc<1," in C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x).gemm_expr
+    monkeypatch.setattr(C, "USE_WGM", True)
+    h.arch = "sm_80"
+    pl = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
+    assert "implicit_gemm_pipe_tc<1," in pl.gemm_expr and pl.workspace == 0
+
+
 def test_tensor_core_smem_and_tiles(monkeypatch):
     """Shared memory per block: 4 stages of A (BM x 40) and B ([n][k] 40 wide, or [k][n] BN + 8 wide); the
     grid follows the tile (the model's choice, or one forced through TC_FORCE)."""
@@ -589,8 +667,8 @@ def test_tensor_core_smem_and_tiles(monkeypatch):
         assert pl.gemm_grid == (-(-128 // bm), -(-k // bn), 1)
         assert pl.smem == 4 * (bm + bn) * 40 * 2
         pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
-        if tile is None and k % 64 == 0:  # dy's K fills 64-deep K tiles: the pipelined kernel (test below)
-            assert "implicit_gemm_pipe_tc<1," in pd.gemm_expr
+        if tile is None and k % 64 == 0:  # dy's K fills 64-deep K tiles: fwd_wgmma on sm_90 (test above)
+            assert "fwd_wgmma<" in pd.gemm_expr and isinstance(pd, C.BwdWgmmaPlan)
             continue
         bm, bn = (int(v) for v in pd.gemm_expr[:-1].split(", ")[1:])
         assert "bwd_data_tc" in pd.gemm_expr and tile in (None, (bm, bn))
@@ -652,9 +730,9 @@ def test_wgmma_forward_plans(monkeypatch):
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
         assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024
         assert pl.gemm_grid == (64 * 56 * 56 // 128, -(-64 // tile[1]), 1)
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # forward only: backward data keeps its kernel
+        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # backward data (stride 1): the swap + this tile
         pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
-        assert "implicit_gemm_pipe_tc<1," in pd.gemm_expr and pd.unit == "convolution.bf16"
+        assert pd.gemm_expr == pl.gemm_expr and pd.unit == "convolution.wgmma.bf16" and pd.workspace == 64 * 64 * 9 * 2
         w17 = fdesc((64, 64, 1, 17), BF16, NHWC)  # S = 17 > 16: the tap masks cannot hold it
         c17 = cdesc((0, 8), (1, 1), (1, 1))
         p17 = C._new_plan(h, C.DIR_FWD, fwd, c17, x, w17, y)

@@ -247,6 +247,50 @@ Versions and notes:
      consumer split (a copy warpgroup feeding two MMA warpgroups through mbarriers, setmaxnreg) or TMA
      for B, a persistent tile loop that overlaps the epilogue with the next tile's first stages, and the
      same engine for backward data (stride 1 is the same gather with B as [k][n]: MN-major wgmma B).
+  v9 (this session) backward data on the wgmma forward, and two fwd_wgmma variants. Predictions written
+     before the device run:
+     (a) Stride-1 backward data = the forward of dy with w'[c][tap][k] = w[k][tap][c] taken in the other
+     mode, padding (R - 1) * dil - pad (pydnn/ops/convolution.py _plan_bwd_wgmma): filter_kc_swap writes
+     w' to the workspace (K * C * 9 * 2 bytes: 74 KB / 295 KB / 1.2 MB / 4.7 MB, read + written at ~2 TB/s:
+     0.1-5 us plus a launch), then fwd_wgmma with the forward's model tile. Predicted: the forward's wgmma
+     rate less the swap: 56² ~195, 28² ~250, 14² ~270, 7² ~235 TFLOP/s (0.50 / 0.50 / 0.52 / 0.44x cuDNN),
+     1.1-1.2x v6's pipe_tc ALGO_1.
+     (b) The gathered operand through L1 (cp.async.ca, FLAG_GATHER_L1; v5 tried it on mma.sync at ~120
+     TFLOP/s for +0-2%). At v8's rates the K tiles move 24-32 KB per 1-2 MFLOP from L2, 4.0-6.4 TB/s
+     over the GPU, near what L2 delivers; consecutive taps re-read 56-99% of the same pixels. Predicted:
+     +5-20% if L2 -> SM traffic is the limit, within 3% if not.
+     (c) 128x128 with 6 stages (4 tiles in flight instead of 2; 193 KB of shared memory, 1 block/SM):
+     +0-10% on 28² and 7² (the 128-wide tile's layers) if the ring's depth is what is exposed.
+     Measured, run 1 (H200; its tests first: every wgmma forward / bias test and the new backward-data
+     ones, 86 passed; cuDNN this run: fwd 363 / 516 / 506 / 520, bwd data 386 / 498 / 516 / 532):
+       (TFLOP/s)                              56²     28²     14²     7²
+       fwd, fwd_wgmma (model's tile)         190.0   254.8   258.2   257.2
+       bwd data, pipe_tc (v6, best tile)     165.3   221.8   247.7   197.0
+       bwd data, swap + fwd_wgmma (model)    180.0   241.6   239.1   220.1   = 0.47 / 0.48 / 0.46 / 0.41x
+       fwd, A through L1 (b), model's tile   189.7   256.2   249.9   258.6
+       fwd, 128x128 6 stages (c)             115.5   258.3   233.6   256.9   (4 stages: 112.1 / 255.1 / 232.5 / 257.3)
+     (a) +9% / +9% / -3.5% / +12% over pipe_tc: below the prediction. Per call the backward data took
+     2.2-9.7 us more than the forward's kernel at the same flops (7²: 67.3 against 57.6 us), where the
+     swap's bytes at 2 TB/s are 0.1-4.7 us: the first filter_kc_swap moved one 2-byte element per
+     thread and load (~1 TB/s on 7²'s 9.4 MB). Rewritten: 64 x 64 tiles, 16-byte loads along c and
+     16-byte stores along k, the shared tile XOR-swizzled by k / 8 (the transposed reads conflict-free).
+     Predicted: swap ~2-4 us on 7² (~2.5 TB/s), bwd data within 2-6% of the forward: 56² ~185, 28² ~248,
+     14² ~250, 7² ~240 TFLOP/s.
+     Measured, run 2 (cuDNN: fwd 352 / 513 / 519 / 521, bwd data 388 / 493 / 517 / 480; then the whole
+     convolution GPU suite: 797 passed, 12 skipped):
+       (TFLOP/s)                              56²     28²     14²     7²
+       fwd, fwd_wgmma (model's tile)         198.8   259.6   278.7   259.8   = 0.56 / 0.51 / 0.54 / 0.50x
+       bwd data, pipe_tc (v6, best tile)     165.9   222.8   248.2   198.1
+       bwd data, swap + fwd_wgmma (model)    189.1   247.0   262.1   240.2   = 0.49 / 0.50 / 0.51 / 0.50x
+     Inside the prediction (185 / 248 / 250 / 240): 1.14 / 1.11 / 1.06 / 1.21x pipe_tc, 5-8% under the
+     forward kernel at the same flops (the swap and its launch). The model's tile was the faster wgmma
+     tile on every layer. Target 0.6x cuDNN missed by 0.09-0.11x: backward data is now bounded by
+     fwd_wgmma (0.50-0.56x), which (b) and (c) did not move.
+     (b) did not pay (-4% to +1%), (c) neither (-0.2% to +1.3% on its layers): neither the L2 -> SM
+     traffic nor the ring's depth is the limit of fwd_wgmma; both reverted (kernel, flag, instantiation).
+     What is left, untested: the per-K-tile barrier + proxy fence + wgmma wait<1> serializing the two
+     warpgroups with the copies (a producer warp with mbarriers, as gemm_wgmma's next step), and at
+     7² / 14² the partial waves (100 / 196 blocks of 128x128 on 132 SMs).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows; PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the
@@ -403,7 +447,7 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
         fp = cases[0][1] if direction == C.DIR_FWD else cases[1][1]
         variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in C.TC_TILES]
                     + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
-        if direction == C.DIR_FWD and h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units)
+        if h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units); v9: backward data on it, its variants
             variants += [(t, f"v8 wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}") for t in C.WGM_TILES]
     else:
         direction, fp = C.DIR_BWD_FILTER, None

@@ -28,7 +28,10 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
     backward data    ALGO_0          CUDA cores, every shape, gather form (no atomics), no workspace,
                                      deterministic (cuDNN's ALGO_0 is not; ours is, and says so)
                      ALGO_1          tensor cores, the same conditions as IMPLICIT_PRECOMP_GEMM (dy NHWC,
-                                     K % 8 == 0 too); deterministic, no workspace
+                                     K % 8 == 0 too); deterministic. No workspace, except on sm_90 with
+                                     stride 1 where the model (or a forced WGM tile) takes fwd_wgmma:
+                                     the filter with K and C swapped (filter_kc_swap, K * C * taps
+                                     elements in the workspace), then the forward of dy (_plan_bwd_wgmma)
     backward filter  ALGO_0          CUDA cores, one pass (no split of the reduction), no workspace,
                                      deterministic
                      ALGO_1          the reduction split over blocks into a workspace of fp32 partial
@@ -120,8 +123,9 @@ TC_FORCE = {}
 # fwd_wgmma<T, BN, STAGES, MINB> instantiations (the forward on Hopper's wgmma, ptx/convolution.cu; units
 # convolution.wgmma.<tag>, compiled for sm_90a only): (BM = 128, BN, STAGES, MINB) tiles, two warpgroups
 # (256 threads), the pipelined forward's gather into 1 KiB-aligned 128B-swizzled stages. A forced forward
-# tiling (TC_FORCE[DIR_FWD]) may name one; it runs where implicit_gemm_pipe_tc's forward applies on a
-# device of arch WGM_ARCH (elsewhere the model's choice runs). USE_WGM: the model picks it instead of
+# or backward-data tiling (TC_FORCE[DIR_FWD] / [DIR_BWD_DATA]) may name one; it runs where
+# implicit_gemm_pipe_tc applies on a device of arch WGM_ARCH (elsewhere the model's choice runs); backward
+# data runs as filter_kc_swap + the forward of dy (_plan_bwd_wgmma). USE_WGM: the model picks it instead of
 # implicit_gemm_pipe_tc (sm_90 only, channels % 64 == 0, at least WGM_MIN_KTILES K tiles a block: where
 # tools/bench_convolution.py v8 measured it faster, the ResNet 3x3 layers' 9-72 K tiles, 1.17-1.42x; the
 # 1x1 layers' 1-4 K tiles were not measured). WGM_TILE_SPEED: a tile's speed per flop at equal work on the
@@ -172,10 +176,16 @@ def _wgm_expr(tag, cfg):
     return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}>"
 
 
+def _swap_expr(tag):
+    """filter_kc_swap: the filter with K and C swapped (backward data on fwd_wgmma), in the wgmma unit."""
+    return f"pydnn::conv::filter_kc_swap<{CTYPE[tag]}>"
+
+
 def wgm_units():
-    """fwd_wgmma units (one per 16-bit type, every WGM_TILES entry): built and loadable for sm_90 only, as
-    sm_90a (wgmma)."""
-    return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu", tuple(_wgm_expr(t, c) for c in WGM_TILES),
+    """fwd_wgmma units (one per 16-bit type, every WGM_TILES entry, then filter_kc_swap): built and loadable
+    for sm_90 only, as sm_90a (wgmma)."""
+    return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu",
+                       tuple(_wgm_expr(t, c) for c in WGM_TILES) + (_swap_expr(t),),
                        archs=(WGM_ARCH + "a",))
             for t in TC_TAGS]
 
@@ -871,12 +881,15 @@ def _tcp_tiling(handle, gm, gn):
 
 
 def _tc_choice(handle, pb, direction, gm, gn, rc):
-    """The tiling of a tensor-core plan: a TCP_TILES entry (the pipelined kernel) where it applies and the
-    reduction's channels fill its 64-deep K tiles (rc % 64 == 0), else fwd_tc / bwd_data_tc's (BM, BN).
+    """The tiling of a tensor-core plan: a WGM_TILES entry (fwd_wgmma, forward and stride-1 backward data
+    on sm_90, by _wgm_tiling) or a TCP_TILES entry (the pipelined kernel) where they apply and the
+    reduction's channels fill their 64-deep K tiles (rc % 64 == 0), else fwd_tc / bwd_data_tc's (BM, BN).
     A forced tiling (TC_FORCE) is obeyed where its kernel applies."""
     pipe_ok = _tcp_refusal(pb, direction) is None
     forced = TC_FORCE.get(direction)
-    wgm_ok = direction == DIR_FWD and pipe_ok and getattr(handle, "arch", None) == WGM_ARCH
+    # fwd_wgmma serves the forward and (stride 1, which pipe_ok implies there) backward data as the forward
+    # of dy with the swapped filter (_plan_bwd_wgmma)
+    wgm_ok = direction in (DIR_FWD, DIR_BWD_DATA) and pipe_ok and getattr(handle, "arch", None) == WGM_ARCH
     if forced is not None and len(forced) == 4:  # a fwd_wgmma tile: where it exists, else the model's choice
         if wgm_ok:
             return tuple(forced)
@@ -904,9 +917,10 @@ def _wgm_tiling(handle, gm, gn):
     return best[1]
 
 
-def plan_tc(handle, pb, algo, direction=DIR_FWD):
-    """A tensor-core plan (implicit_gemm_pipe_tc, or fwd_tc / bwd_data_tc, in ptx/convolution.cu) or
-    NOT_SUPPORTED with the reason."""
+def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
+    """A tensor-core plan (fwd_wgmma, implicit_gemm_pipe_tc, or fwd_tc / bwd_data_tc, in
+    ptx/convolution.cu) or NOT_SUPPORTED with the reason. cfg: the tiling (else the model's or a forced
+    one)."""
     why = _tc_refusal(pb, direction)
     if why:
         raise PydnnError(NS, f"algo: {why}")
@@ -916,10 +930,13 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
         gm, gn, gk, rc, out_strides = pb.n * prod(pb.in3), pb.c, pb.k * prod(pb.filt3), pb.k, pb.xs
     if max(gm, gn, gk) > INT_MAX:
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
+    if cfg is None:
+        cfg = _tc_choice(handle, pb, direction, gm, gn, rc)
+    if direction == DIR_BWD_DATA and len(cfg) == 4:
+        return _plan_bwd_wgmma(handle, pb, algo, cfg)
     p = _base_params(pb, direction)
     p.gm, p.gn, p.gk = gm, gn, gk
     p.flags |= FLAG_CIN | (FLAG_STAGED if direction == DIR_FWD and TC_STAGED_PLAIN else 0)
-    cfg = _tc_choice(handle, pb, direction, gm, gn, rc)
     bm, bn = cfg[:2]
     red = list(pb.filt3) + [rc]
     for i in range(4):
@@ -954,6 +971,88 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD):
     # output 4-byte aligned, checked per call)
     pl.pair_ok = out_strides[1] == 1 and all(st % 2 == 0 for i, st in enumerate(out_strides) if i != 1)
     return pl
+
+
+# ----------------------------------------------------------------------------- backward data on fwd_wgmma
+#
+# With stride 1, dx[i] = sum over taps r of dy[i + pad - r * dil] w[r] (cross-correlation; per spatial
+# dim, channels contracted over K). That is a forward convolution of dy (K channels) producing dx (C
+# channels) with padding (R - 1) * dil - pad and the filter w'[c][r][k] = w[k][r][c] taken flipped
+# (tap R - 1 - r): so the forward of the opposite mode. The plan: filter_kc_swap writes w' (packed,
+# K innermost) into the workspace, then fwd_wgmma runs that forward (its epilogue writes dx through
+# dx's strides with alpha / beta). Deterministic (every dx element written once, no atomics).
+
+def _bwd_wgm_problem(pb):
+    """The forward Problem whose output is pb's dx (stride 1): x = dy, y = dx, the filter (C, taps, K)
+    packed in the workspace, padding (R - 1) * dil - pad, the opposite mode."""
+    s = Problem()
+    for a in Problem.__slots__:
+        if hasattr(pb, a):
+            setattr(s, a, getattr(pb, a))
+    t, r, q = pb.filt3
+    s.n, s.c, s.k, s.groups, s.cg, s.kg = pb.n, pb.k, pb.c, 1, pb.k, pb.c
+    s.in3, s.out3 = tuple(pb.out3), tuple(pb.in3)
+    s.pad3 = tuple((f - 1) * d - p for f, d, p in zip(pb.filt3, pb.dil3, pb.pad3))
+    s.stride3, s.dil3 = (1, 1, 1), tuple(pb.dil3)
+    s.xs, s.ys = pb.ys, pb.xs
+    s.ws = (t * r * q * pb.k, 1, r * q * pb.k, q * pb.k, pb.k)
+    s.flip = not pb.flip
+    s.w_format = E.PYDNN_TENSOR_NHWC
+    s.x_desc, s.y_desc, s.w_dims = pb.y_desc, pb.x_desc, (pb.c, pb.k) + tuple(pb.filt3)
+    return s
+
+
+SWAP_GBPS = 2000.0   # the v7 model's rate for filter_kc_swap (bytes read + written / time; a ranking)
+SWAP_LAUNCH_MS = 0.004
+
+
+class BwdWgmmaPlan:
+    """Backward data as filter_kc_swap + fwd_wgmma (see above): a multi-launch plan (run_plan's `launch`,
+    the v7 model's `estimate_ms`), with the Plan attributes the family reads."""
+
+    fold = None
+    splits = 1
+    smem = 0
+    pair_ok = False
+
+    def __init__(self, pb, algo, sub, spb):
+        self.direction, self.algo, self.problem = DIR_BWD_DATA, algo, pb
+        self.sub, self.sub_problem = sub, spb
+        sub.problem = spb
+        self.itemsize, self.acc_size, self.deterministic = DTYPES[pb.dtype][0], 16, True
+        self.align = sub.align            # dy is read in 16-byte vectors
+        self.gemm, self.gemm_expr, self.unit = sub.gemm, sub.gemm_expr, sub.unit
+        self.filter_bytes = prod(pb.filt3) * pb.c * pb.k * self.itemsize
+        self.workspace = -(-self.filter_bytes // 256) * 256
+        f = ConvAuxParams()
+        f.kg, f.cg, f.taps = pb.k, pb.c, prod(pb.filt3)
+        for i in range(3):
+            f.filt[i] = pb.filt3[i]
+        for i in range(5):
+            f.in_stride[i] = pb.ws[i]
+        self.swap, self.swap_argv, self.swap_func = f, driver.kernel_args(f), None
+        self.swap_grid = (cdiv(pb.k, 64), cdiv(pb.c, 64), f.taps)
+        self.swap_expr = _swap_expr(pb.tag)
+        if max(self.swap_grid[1:]) > 65535:
+            raise PydnnError(NS, f"algo: {self.swap_grid} blocks exceed the launch grid (too many channels)")
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a = dy, b = w, out = dx; w' goes to the workspace, which fwd_wgmma then reads as its filter."""
+        if self.swap_func is None:
+            self.swap_func = handle.function(self.unit, self.swap_expr)
+        self.swap.in_, self.swap.out = b_ptr, ws_ptr
+        driver.launch_args(self.swap_func, self.swap_grid, (256, 1, 1), 0, handle.cu_stream, self.swap_argv)
+        run_plan(handle, self.sub, a_ptr, ws_ptr, out_ptr, 0, alpha, beta)
+
+    def estimate_ms(self, handle, base_estimate):
+        return base_estimate(handle, self.sub) + 2 * self.filter_bytes / (SWAP_GBPS * 1e6) + SWAP_LAUNCH_MS
+
+
+def _plan_bwd_wgmma(handle, pb, algo, cfg):
+    spb = _bwd_wgm_problem(pb)
+    sub = plan_tc(handle, spb, algo, DIR_FWD, cfg)
+    sub.direction = DIR_FWD
+    return BwdWgmmaPlan(pb, algo, sub, spb)
 
 
 def plan_for(handle, pb, direction, algo):
