@@ -15,7 +15,8 @@
 //              a register ring of DEPTH rows of x (v7, see its comment below).
 //   bwd_rows   backward of the same rows: persistent, a ring of DEPTH rows of x / dy in registers, one
 //              reduction per row, dscale / dbias partials in registers (see its comment below).
-//   bwd_ring   bwd_rows with the ring in shared memory (cp.async), deeper and without the register cost.
+//   bwd_ring   bwd_rows with the ring in shared memory (cp.async), deeper and without the register cost;
+//              bwd_ring_cl: the same in clusters whose blocks add their dscale / dbias partials (v9).
 //   gn_fwd, gn_bwd   group norm with channels innermost (NHWC): a cluster of 8 blocks per (sample, GC
 //              groups), each block's positions x channels tile in shared memory between the statistics
 //              (reduced over the cluster) and the output, so x (and dy) are read once.
@@ -1795,8 +1796,39 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred)
                : "memory");
 }
 
-template <class T, int VEC, int ITEMS, int DEPTH>
-__global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
+// A 16-byte vector in block `rank`'s shared memory, at the address `p` has in ours.
+__device__ __forceinline__ float4 ld_dsmem4(const float4* p, unsigned rank) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if __CUDA_ARCH__ >= 900
+  unsigned a, r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
+#endif
+  return v;
+}
+
+// The partials (v9). Each thread's dscale / dbias partials are 2 x ITEMS x VEC floats, 32 B apart between
+// lanes: written straight to the workspace (before v9) every 4-byte store of a warp touched 32 sectors.
+// Now the block first puts its groups' [spb][2][nparams] partials in its ring (free after the last row;
+// they fit: spb * nparams <= blockDim * ITEMS * VEC, and the ring holds DEPTH >= 2 times that in x and dy),
+// then copies them out in consecutive 16-byte vectors (4-byte ones when the workspace is not 16-byte
+// aligned; it need only be 4-byte aligned). CL == 1 (bwd_ring): one workspace slot per group, as before.
+// CL > 1 (bwd_ring_cl, a cluster of CL blocks, sm_90): rank r sums the vectors r * blockDim + t, + CL *
+// blockDim, ... of all CL blocks' partials through distributed shared memory, in rank order (the same sum
+// whichever block computes it), and the cluster writes ONE set of spb slots: the workspace written here
+// and read by finish is CL times smaller.
+__device__ __forceinline__ void put4(float* dst, float4 v, bool a16) {
+  if (a16) {
+    *reinterpret_cast<float4*>(dst) = v;
+  } else {
+    dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
+  }
+}
+
+template <class T, int VEC, int ITEMS, int DEPTH, int CL>
+__device__ __forceinline__ void bwd_ring_body(const NormParams& p) {
   typedef Frag<T, VEC> F;
   __shared__ __align__(16) float sm[2][32][2];
   extern __shared__ U4 ring[];  // [DEPTH][2][ITEMS][blockDim], then float [DEPTH][2][blockDim]
@@ -1915,18 +1947,57 @@ __global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) {
     }
   }
   cp_async_wait<0>();
-  float* ws_s = p.ws + ((i64)blockIdx.x * spb + sub) * 2 * np;
+  static_assert(VEC % 4 == 0 && DEPTH >= 2, "float4 partials that fit the ring");
+  __syncthreads();  // every thread is done with the ring (its last rows' copies and reads)
+  float* red = reinterpret_cast<float*>(ring);  // [spb][2][np]
+  float* mine = red + (i64)sub * 2 * np;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     const int vi = lane + k * G;
     if (vi < nvec)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        ws_s[vi * VEC + j] = acc_s[k][j];
-        ws_s[np + vi * VEC + j] = acc_b[k][j];
+      for (int j = 0; j < VEC; j += 4) {
+        *reinterpret_cast<float4*>(mine + vi * VEC + j) =
+            make_float4(acc_s[k][j], acc_s[k][j + 1], acc_s[k][j + 2], acc_s[k][j + 3]);
+        *reinterpret_cast<float4*>(mine + np + vi * VEC + j) =
+            make_float4(acc_b[k][j], acc_b[k][j + 1], acc_b[k][j + 2], acc_b[k][j + 3]);
       }
   }
+  const int n4 = (int)(spb * 2 * np / 4);
+  const float4* red4 = reinterpret_cast<const float4*>(red);
+  const bool a16 = (reinterpret_cast<unsigned long long>(p.ws) & 15) == 0;
+  if constexpr (CL == 1) {
+    __syncthreads();
+    float* out = p.ws + (i64)blockIdx.x * spb * 2 * np;
+    for (int i = (int)threadIdx.x; i < n4; i += (int)blockDim.x) put4(out + 4 * i, red4[i], a16);
+  } else {
+    cluster_sync();  // every block's partials are in its shared memory
+    const unsigned rank = cluster_rank();
+    float* out = p.ws + (i64)(blockIdx.x / CL) * spb * 2 * np;
+    for (int i = (int)(rank * blockDim.x + threadIdx.x); i < n4; i += CL * (int)blockDim.x) {
+      float4 a = ld_dsmem4(red4 + i, 0);
+#pragma unroll
+      for (int c = 1; c < CL; ++c) {
+        const float4 b = ld_dsmem4(red4 + i, c);
+        a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+      }
+      put4(out + 4 * i, a, a16);
+    }
+    cluster_sync();  // no block leaves while another may still read its shared memory
+  }
 }
+
+template <class T, int VEC, int ITEMS, int DEPTH>
+__global__ void __launch_bounds__(256, 2) bwd_ring(const NormParams p) { bwd_ring_body<T, VEC, ITEMS, DEPTH, 1>(p); }
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, int DEPTH, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(256, 2) bwd_ring_cl(const NormParams p) {
+  bwd_ring_body<T, VEC, ITEMS, DEPTH, CL>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, int DEPTH, int CL>
+__global__ void bwd_ring_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
+#endif
 
 // ------------------------------------------------------------------ group norm, channels innermost (NHWC)
 

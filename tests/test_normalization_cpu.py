@@ -324,12 +324,22 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     g = 512 // items
     assert alts[0][0] == f"bwd_rows vec=8 G={g} block={g} items={items} depth={depth} grid=261"
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
-    # the default (v6): bwd_ring, 2 blocks of 256 per SM (128 registers), the same 261 slots
+    # the default (v6): bwd_ring, 2 blocks of 256 per SM (128 registers); v9: in clusters of 2 whose blocks
+    # add their partials (bwd_ring_cl): 131 clusters (262 blocks, at most 63 rows per group), 131 slots
     monkeypatch.setattr(N, "BWD_RING", True)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
-    items, depth = N.BWD_RING_PICK["bf16"]
-    assert alts[0][0] == f"bwd_ring vec=8 G=256 block=256 items={items} depth={depth} grid=261"
-    assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
+    items, depth, cl = N.BWD_RING_PICK["bf16"]
+    assert cl == 2
+    assert alts[0][0] == f"bwd_ring vec=8 G=256 block=256 items={items} depth={depth} grid=262 cl=2"
+    assert alts[0][1] == "finish slots=131" and ws == 131 * 2 * 4096 * 4
+    # without clusters (CL 1, or before sm_90): one slot per block, the same 261 blocks as before v9
+    for pick, arch in (((items, depth, 1), 90), ((items, depth, 2), 80)):
+        with monkeypatch.context() as m:
+            m.setitem(N.BWD_RING_PICK, "bf16", pick)
+            m.setattr(N, "_arch_num", lambda h, arch=arch: arch)
+            alts, ws = _summary(_nd(RMS), ln, backward=True)
+            assert alts[0][0] == f"bwd_ring vec=8 G=256 block=256 items={items} depth={depth} grid=261"
+            assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
     alts, ws = _summary(_nd(RMS), _desc((16384, 4096), F32), backward=True)
     # fp32: the staged kernel, 2 blocks of 256 per SM (128 registers), evened out: 261 blocks of 63 rows
     assert alts[0][0] == "bwd vec=4 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
@@ -493,8 +503,13 @@ def _emulate_bwd_rows(p, lc, operand, pl):
     assert G & (G - 1) == 0 and lc.block[0] == max(G, N.MIN_BLOCK) <= 512 // items
     spb = lc.block[0] // G
     step = lc.grid[0] * spb
+    cl = int(lc.expr.split(",")[4].rstrip(">")) if "bwd_ring_cl" in lc.expr else 1  # blocks per cluster (v9)
+    assert lc.grid[0] % cl == 0
     if "fwd_persist" not in lc.expr:  # (fwd_persist, the same walk in the forward: no workspace)
-        assert pl.workspace >= lc.grid[0] * spb * 2 * p.nparams * 4
+        assert pl.workspace >= lc.grid[0] // cl * spb * 2 * p.nparams * 4
+    if "bwd_ring" in lc.expr:  # (v9) the block's [spb][2][nparams] partials pass through its ring
+        assert spb * 2 * p.nparams * 4 <= lc.smem
+        assert [a[-1].desc for a in pl.alternatives if a[0] is lc] == [f"finish slots={lc.grid[0] // cl * spb}"]
     stride = p.set_stride[operand][0]
     vi = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
     vi = vi[vi < nvec]
@@ -676,7 +691,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
-                elif kname in ("bwd_rows", "bwd_ring", "fwd_persist"):
+                elif kname in ("bwd_rows", "bwd_ring", "bwd_ring_cl", "fwd_persist"):
                     addr, sset, spar, stats = _emulate_bwd_rows(p, lc, operand, pl)
                 else:
                     vec = int(lc.expr.split(",")[1])
@@ -824,16 +839,16 @@ def test_stream_flag_and_finish_block(monkeypatch):
             for nd, x, backward in ((_nd(LAYER), ln, False), (_nd(LAYER), ln, True), (_nd(GROUP, 32), gn, False)):
                 pl = N._plan(h, nd, x, x, x if backward else None, _params(x, nd)[1], backward)
                 for lc in pl.alternatives[0]:
-                    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+                    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1].replace("bwd_ring_cl", "bwd_ring")  # (v9)
                     assert bool(lc.params.flags & N.FLAG_STREAM) == (kname in stream), (stream, lc.desc)
                     assert bool(lc.params.flags & N.FLAG_WARPSTAT) == (kname == "bwd_ring"), lc.desc  # (G 256)
     short = _desc((37, 48), BF16, (56, 1))  # G = 4: several rows per warp, so no WARPSTAT
     pl = N._plan(h, _nd(LAYER), short, short, short, _params(short, _nd(LAYER))[1], True)
-    assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring<") and pl.alternatives[0][0].params.group == 4
+    assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring") and pl.alternatives[0][0].params.group == 4
     assert not pl.alternatives[0][0].params.flags & N.FLAG_WARPSTAT
     monkeypatch.setattr(N, "BWD_RING_WARPSTAT", False)
     pl = N._plan(h, _nd(LAYER), ln, ln, ln, _params(ln, _nd(LAYER))[1], True)
-    assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring<")
+    assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring")
     assert not pl.alternatives[0][0].params.flags & N.FLAG_WARPSTAT
     for fx, fy in N.FINISH_SHAPES:
         monkeypatch.setattr(N, "FINISH", (fx, fy))

@@ -386,7 +386,7 @@ def test_group_norm_nhwc_clusters(handle, rng, monkeypatch, fill, dtype):
 @pytest.mark.parametrize("dtype", [F16, BF16])
 @pytest.mark.parametrize("cfg", range(max(len(c) for c in N.BWD_RING_CONFIGS.values())))
 def test_backward_ring_configs(handle, rng, monkeypatch, cfg, dtype):
-    """Each compiled bwd_ring (ITEMS, DEPTH) config: plain, blended (dx and the parameter gradients),
+    """Each compiled bwd_ring (ITEMS, DEPTH, CL) config (CL > 1: bwd_ring_cl, partials summed per cluster): plain, blended (dx and the parameter gradients),
     without dbias; rows walked several per group (the ring wraps); rows too long for its blocks take the
     staged kernel."""
     tag = {F16: "f16", BF16: "bf16"}[dtype]
@@ -394,7 +394,7 @@ def test_backward_ring_configs(handle, rng, monkeypatch, cfg, dtype):
     if cfg >= len(configs):
         pytest.skip("no such bwd_ring config")
     monkeypatch.setitem(N.BWD_RING_PICK, tag, configs[cfg])
-    items, depth = configs[cfg]
+    items, depth, cl = configs[cfg]
     extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (5, 40), (48, 1)),
              (LAYER, 1, (1200, 4096), "nchw")]
     for kind, k, dims, layout in ROWS_CASES + extra:
@@ -405,6 +405,7 @@ def test_backward_ring_configs(handle, rng, monkeypatch, cfg, dtype):
         assert alts[0][0].startswith("bwd_ring") == fits, alts
         if fits:
             assert f"items={items} depth={depth}" in alts[0][0], alts
+            assert (f" cl={cl}" in alts[0][0]) == (cl > 1), alts
         _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)
         _backward_check(handle, rng, kind, 0, k, dims, layout, dtype, alphas=(0.75, -0.5, 1.5, 0.25), bias=False,
                         dbias=False)

@@ -365,6 +365,92 @@ Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all)
        (one barrier for both, 2x the independent work per warp) at MINB 2. GN NHWC forward 72.7% (75%):
        the remaining phases without loads are the one cluster barrier (a block waits for the slowest of 8
        tiles) and the output pass.
+  v9 (2026-11-23, fourth session; at most two device runs). Counting first (H200, floor = bytes / 4.17 TB/s):
+     (a) LN bf16 forward: 82.5% = 78.1 us, 85% = 75.8 us: -2.3 us, i.e. ~0.3 us less per block lifetime (8
+       one-row blocks per SM, ~15.5 lifetimes each). The v8 diagnostic (88.3% without bias) puts most of the
+       gap in the 8 LDG.128 of fp32 bias per thread that follow the row's barrier (fwd_rows: every parameter
+       load waits for the reduction; the compiler does not hoist loads above bar.sync). Bytes in flight are
+       x's 8 KiB per block only until its reduction. Here: fwd_rows' PF field issues the parameter loads of
+       the first items right after the x loads, so their L1 round trips overlap the DRAM wait of x instead
+       of following the barrier. ptxas sm_90 (64-register cap, 8 blocks of 128 per SM kept): PF -1 (bias of
+       item 0: 8 registers) no spill; PF 1 (scale + bias of item 0) 8 bytes spilled; PF -2 (bias of items 0,
+       1) 32 bytes; PF 2 spilled 112 bytes and -4 148 bytes (not compiled).
+       Prediction (before measuring): LN bf16 forward PF -1 +1-2 points (83.5-84.5%), PF 1 / -2 +1.5-3
+       (84-85.5%: the spills' L1 traffic against the round trips saved), RMS unchanged (+-1).
+     (b) LN / RMS bf16 backward: 71.9% / 72.6% = 134.4 / 133.1 us, 75% = 128.8 / 128.7 us: -5.6 / -4.4 us. What
+       is outside the row loop: each of the 261 groups writes its dscale / dbias partials (32 KiB) when its
+       rows are done, nearly all at once at the end (8.5 MB: ~2 us at 4.2 TB/s with nothing else to
+       overlap), then `finish` reads the 8.5 MB again (~2 us + a launch). bwd_ring_cl (CL field): clusters
+       of CL blocks add their partials through distributed shared memory first (each block's ring is free
+       after its last row and holds them; rank r sums vectors r, r + CL, ... of all CL blocks in rank order:
+       deterministic), one slot per cluster: 8.5 MB -> 4.3 MB (CL 2) / 2.2 MB (CL 4) written and read. ptxas:
+       128 registers, no spill (2 blocks of 256 per SM, as CL 1). Grid: CL 4 -> 66 clusters = 264 blocks
+       (max 63 rows per group, as the 261-block grid).
+       Prediction (before measuring): CL 2 +1-1.5 points, CL 4 +1.5-2.5 (LN 73.5-74.5%, RMS 74-75%): the
+       saving is ~3 us of ~134 at CL 4, if the cluster sum (a cluster barrier, 32 KiB of DSMEM reads per
+       block) costs well under 1 us. Probably still short of 75% on LN.
+     (c) GN NHWC bf16 forward: 72.6% = 88.6 us, 75% = 85.8 us: -2.8 us. gn_fwd's output loop (16 tile vectors
+       per thread) tests the activation per element (a switch of 8 cases inlined per element, PTX) and
+       reads one tile vector per trip: each trip is an LDS round trip plus the branches, serialised, while
+       the block holds its 64 KiB tile (no new block's loads can start on that shared memory); the ONE sum
+       loop reads one vector per trip too. GN_PLAIN (PYDNN_NORM_FLAG_PLAIN, no activation): both loops
+       read 4 tile vectors together, then compute (same sums in the same order) and store. 55 registers
+       (was 58), no spill.
+       Prediction (before measuring): +1-3 points (73.5-75.5%): the output pass is ~1 us of a ~17 us block
+       lifetime; the "loop" sweep line is the v8 code in the same run.
+     Measured (run 1, H200, copy 4152 GB/s; the rows / ring / NHWC-cluster GPU tests of the family passed, 30
+     passed, 4 skipped, CL 2 and CL 4 included):
+       (a) LN bf16 forward (4, 1, ONE) 82.5%, PF -1 82.7%, PF 1 82.2%, PF -2 81.4% (NO BIAS 89.0%); fp16 82.8% /
+           83.1% / 82.4% / 81.6%; RMS bf16 90.7% / 91.3% / 89.9% / 88.1%. Prediction missed: +0.2-0.6 at best
+           (noise), the spilling variants lose. The bias reads do not cost their L1 latency after the
+           barrier (hiding it gains nothing); what they cost is elsewhere (L1 / LSU throughput: 16 KiB more
+           of L1 data per 8 KiB row, or issue). PF reverted (not compiled).
+       (b) LN bf16 backward CL 1 72.3% (3003 GB/s), CL 2 85.0% (3528 GB/s, 2.04x torch), CL 4 55.5%; RMS 73.0% /
+           85.9% (3567 GB/s, 1.88x) / 56.2%. CL 2 far above the prediction (+12.7 / +12.9 points, ~20 us where
+           the workspace bytes saved are worth ~1.5 us): the CL 1 kernel (pre-v9) wrote its partials with
+           4-byte stores whose lanes are 32 B apart (each thread owns 8 consecutive parameters per item): 64
+           stores per thread, each warp store touching 32 sectors, ~2.1 M L2 write requests at the end of
+           the kernel; bwd_ring_cl writes them from shared memory as consecutive 16-byte vectors. CL 4: 66
+           clusters of 4 at 2 blocks per SM do not all fit at once (GPCs), a second wave: dropped.
+       (c) GN NHWC bf16 forward GN_PLAIN 72.5% (3008 GB/s, 8.08x; table row 72.6%), the "loop" line (same
+           binary, flag off) 68.0%: the binary with both loops made the old path 4.6 points slower than the
+           v8 binary (72.6-72.7%), and the new path only as fast as v8's. No gain: reverted (v8 code).
+     Run 2 (predictions before measuring; every GPU test of the family with the picks below):
+       (d) bwd_ring CL 1 now writes its partials as bwd_ring_cl does (through its ring, 16-byte vectors), and
+           the pick is CL 2. If the scattered stores were the loss, CL 1 ~84-85% and CL 2 the same +-1
+           (half the partial bytes: +0.5-1 point); the table rows (CL 2): LN / RMS bf16 backward 84-86%.
+       (e) fwd_rows ROWS_GROUPS 2 / 4 (2 / 4 rows per one-shot block of 256 / 512 threads, one barrier for
+           them; 8192 / 4096 blocks instead of 16384): if block turnover (a new block starts only when one
+           exits, 15.5 lifetimes per slot) costs, +1-2 points on LN bf16; if the shared barrier (the block
+           waits for its slowest row) costs more, -1-3.
+     Measured (run 2, copy 4154 GB/s; every GPU test of the family passed: 185 passed, 1 skipped, including
+     the ROWS_GROUPS 2 / 4 forward checks):
+       (d) LN bf16 backward CL 1 (vector stores) 83.2% (3456 GB/s), CL 2 84.6% (3515 GB/s, 2.03x torch); RMS
+           83.9% / 85.4% (3549 GB/s, 1.89x). As predicted: the scattered partial stores were ~11 of the 12.7
+           points, the cluster sum (half the workspace bytes) +1.4-1.5 more. CL 2 picked (BWD_RING_PICK; CL 1
+           stays compiled: the fallback before sm_90). Workspace 8.2 -> 4.1 MiB. Not changed: bwd_rows and
+           bwd_staged (the fp32 rows' backward, NHWC-free paths) still write their partials with the
+           scattered 4-byte stores; bwd_staged's fp32 rows would likely gain the same way.
+       (e) ROWS_GROUPS 2 / 4: LN bf16 79.5% / 70.7%, fp16 79.5% / 71.0%, RMS bf16 88.9% / 79.9%, LN fp32 85.4% /
+           68.1%, against one row per block 82.6% / 82.7% / 90.7% / 92.6%: the shared barrier (and 4 / 2
+           resident blocks instead of 8 / 5: a block slot is freed only when its slowest row is done) costs
+           far more than the block launches saved: the prediction's bad case. Reverted.
+       Table rows (run 2, the shipped kernels): LN bf16 forward 82.7% (3435 GB/s, 1.34x), LN bf16 backward 84.6%
+       (3515 GB/s, 2.03x; v8 71.9%), RMS bf16 forward 90.8% (1.15x), RMS bf16 backward 85.3% (3543 GB/s, 1.88x;
+       v8 72.6%), LN fp32 / fp16 forward 92.3% / 82.5%, GN NHWC bf16 forward 72.7% (3019 GB/s, 8.10x), GN NHWC
+       backward 57.4% (4.96x), GN NCHW forward 29.0% (1.35x), backward 12.3% (0.52x).
+     Shipped in v9: bwd_ring's vector partial stores and bwd_ring_cl (CL 2). Device runs: 2.
+     Still missed (v9): LN bf16 / fp16 forward 82.5-82.7% (85%, -2.3 points). Measured this session: the
+       bias reads cost ~7 points (89.4% without bias, same run), not through their latency after the
+       barrier (PF), not through block turnover (ROWS_GROUPS); with v7 / v8 (fewer reads per row at fewer
+       warps: slower) what is left is their throughput cost (32 KiB of L1 parameter data per 8 KiB row,
+       4x x's own bytes, through the same L1 / LSU path as x and y). A way not tried: parameters fetched
+       once per block lifetime into shared memory by a persistent 1024-thread block of 8 row groups with
+       named barriers (32 warps per SM kept), which still reads 32 KiB per row from shared memory, so it
+       helps only if the L1 tag / miss path (not the data path) is the limit. GN NHWC bf16 forward 72.7%
+       (75%, -2.3 points; the 5x PyTorch part met at 8.1x): GN_PLAIN (unrolled loops) measured no gain;
+       the phases without loads (cluster barrier waiting for the slowest of 8 tiles, the output pass)
+       remain.
 """
 import torch
 import torch.nn.functional as F

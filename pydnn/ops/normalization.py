@@ -32,8 +32,9 @@ pre-activation z, recomputed from x, the saved statistics, scale and bias (so bi
 Blending: y = alpha * out + beta * y, dx = alphaDataDiff * dx' + betaDataDiff * dx, dscale =
 alphaParamDiff * dscale' + betaParamDiff * dscale (dbias likewise); beta == 0 never reads the output.
 
-Backward workspace: dscale / dbias are sums over all sets; each block (or block subgroup) writes its
-partial sums to the workspace and a small `finish` kernel adds them in a fixed order.
+Backward workspace: dscale / dbias are sums over all sets; each block (or block subgroup; for the 16-bit
+rows' `bwd_ring_cl`, each cluster of BWD_RING_PICK's CL blocks) writes its partial sums to the workspace and
+a small `finish` kernel adds them in a fixed order.
 
 Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows`
 (G threads per row, statistics exact from registers; see ROWS_*), in 16-bit `fwd_persist` with FWD_PERSIST
@@ -117,6 +118,9 @@ STAGED_BWD = True
 # the parameters read once per vector for both (half the reads per row) did not pay: (4, 2, ONE) at 128
 # registers (16 warps per SM) 79.2%, (2, 2, ONE) at 64 registers (8-warp barrier, 24-byte spill) 81.9%,
 # against (4, 1, ONE)'s 82.1-82.2%: not compiled (bench notes, v8).
+# v9: the parameters of the first items loaded before the row's reduction (a PF field, 3 variants) measured
+# +0.2 / +0.6 points over (4, 1, ONE) at best on LN / RMS bf16 (noise; worse with spills); 2 or 4 rows per one-shot
+# block (256 / 512 threads, one barrier) 79.5% / 70.7% against 82.6% on LN bf16: neither kept (bench notes).
 ROWS_FWD = True
 ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
@@ -139,9 +143,17 @@ BWD_ROWS_BLOCKS_PER_SM = 2
 # of copy (LN / RMS), (2, 6) 68.7% / 72.0%, bwd_rows (2, 3) 67.2%; its config test passed on the H200.
 # v8: 3 blocks per SM (80 registers, the output pass re-reading x / dy from the ring, scale from L1)
 # measured 55-58% against 72-73%, with 3 blocks resident (driver's occupancy query): not kept.
+# v9: a third field CL: clusters of CL blocks add their dscale / dbias partials through distributed shared
+# memory before writing them (CL times fewer workspace slots for finish; bwd_ring_cl, sm_90; other archs
+# take CL 1, whose (ITEMS, DEPTH, 1) config must stay compiled). And every CL writes the partials from
+# shared memory in consecutive 16-byte vectors (before v9: 4-byte stores 32 B apart across lanes).
+# Measured (v9, bf16 16384 x 4096): run 1 (CL 1 still with the scattered stores) LN / RMS CL 1 72.3% / 73.0%,
+# CL 2 85.0% / 85.9%, CL 4 55.5% / 56.2% (clusters of 4 at 2 blocks per SM: not all resident at once); run 2
+# (both with the vector stores) CL 1 83.2% / 83.9%, CL 2 84.6% / 85.4%: CL 2 picked.
+# (2, 6) measured below (2, 4) in v6 and is no longer compiled.
 BWD_RING = True
-BWD_RING_CONFIGS = {2: ((2, 4), (2, 6)), 4: ()}
-BWD_RING_PICK = {"f16": (2, 4), "bf16": (2, 4)}
+BWD_RING_CONFIGS = {2: ((2, 4, 1), (2, 4, 2)), 4: ()}
+BWD_RING_PICK = {"f16": (2, 4, 2), "bf16": (2, 4, 2)}
 BWD_RING_REGS = 128
 BWD_RING_MAX_BLOCK = 256
 # Forward of the same 16-bit rows in a persistent grid (v7, `fwd_persist`): scale / bias loaded once per
@@ -239,7 +251,9 @@ def _rows_expr(tag, vec, items, rows, one):
     return f"pydnn::norm::fwd_rows<{CTYPE[tag]}, {vec}, {items}, {rows}, {'true' if one else 'false'}>"
 
 
-def _bwd_ring_expr(tag, vec, items, depth):
+def _bwd_ring_expr(tag, vec, items, depth, cl=1):
+    if cl > 1:
+        return f"pydnn::norm::bwd_ring_cl<{CTYPE[tag]}, {vec}, {items}, {depth}, {cl}>"
     return f"pydnn::norm::bwd_ring<{CTYPE[tag]}, {vec}, {items}, {depth}>"
 
 
@@ -829,12 +843,16 @@ def _bwd_ring_alt(handle, nd, tag, geo, vec):
     sets, els, n_sets, length, nparams = geo
     if tag not in BWD_RING_PICK or not _rows_layout(nd, geo, vec):
         return None
-    items, depth = BWD_RING_PICK[tag]
+    items, depth, cl = BWD_RING_PICK[tag]
     g = next_pow2(max(1, cdiv(length // vec, items)))
     block = max(g, MIN_BLOCK)
     if block > BWD_RING_MAX_BLOCK:
         return None
     smem = depth * 2 * (items * 16 + 4) * block  # x / dy slots, then mean / invstd
+    if cl > 1 and _arch_num(handle) < 90:
+        cl = 1  # (clusters: sm_90)
+    if (block // g) * 2 * nparams * 4 > smem:  # the partials pass through the ring (they fit at DEPTH >= 2)
+        return None
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.group = g
     p.flags |= FLAG_PREG  # (the kernel's only mode: each thread owns its parameters in every row)
@@ -842,10 +860,15 @@ def _bwd_ring_alt(handle, nd, tag, geo, vec):
         p.flags |= FLAG_STREAM
     if BWD_RING_WARPSTAT and g >= 32:  # (a warp must lie in one row's group)
         p.flags |= FLAG_WARPSTAT
-    grid, spb = _persistent_grid(handle, n_sets, block, g, 1, _resident(block, smem, BWD_RING_REGS))
-    slots = grid * spb
-    bwd = _new_launch(_bwd_ring_expr(tag, vec, items, depth), p, (grid, 1, 1), (block, 1, 1), smem,
-                      desc=f"bwd_ring vec={vec} G={g} block={block} items={items} depth={depth} grid={grid}")
+    bpsm = _resident(block, smem, BWD_RING_REGS)
+    spb = block // g
+    want = cdiv(cdiv(n_sets, spb), cl)  # clusters (of one block when cl == 1), evened out as _persistent_grid
+    cap = min(max(1, handle.sm_count * bpsm // cl), MAX_GRID // cl)
+    units = cdiv(want, cdiv(want, cap))
+    grid, slots = units * cl, units * spb
+    bwd = _new_launch(_bwd_ring_expr(tag, vec, items, depth, cl), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd_ring vec={vec} G={g} block={block} items={items} depth={depth} grid={grid}"
+                           + (f" cl={cl}" if cl > 1 else ""))
     return [bwd, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
 
 
