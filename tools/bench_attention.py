@@ -57,6 +57,108 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
   Next (not done): the D = 128 forward at 0.8x of flash is what separates it from flash's ~345; after
   that mma.sync itself is the ceiling (cuDNN's 600-680 here is wgmma + TMA + warp specialization: the
   planned port swaps tile_qk / tile_pv / load_tile for wgmma / TMA versions).
+  v3 forward on wgmma (ptx/attention_wgmma.cu, sm_90a units; the dispatcher takes it on sm_90 without
+      dropout; [mma.sync n/nl] rows time v1's kernel in the same run, [wgmma bn N plain] the variant
+      without the overlap): 128 query rows per CTA = two warpgroups x 64 rows, K/V tiles of 128 keys
+      double-buffered with cp.async in the 128B-swizzled layout (160 KiB smem at D = 128: one CTA per
+      SM, 176-230 registers, no spills), S = Q K^T by SS wgmma m64n128k16, softmax on the accumulator
+      fragment, O += P V by the register-A wgmma (P stays in registers); pipe: S_j issued together
+      with P_{j-1} V_{j-1}, tile j's softmax runs while that P V is on the tensor cores.
+      Count per 128-key tile and SM: 8.4 MFLOP of MMA (~1.4 us at the measured 790 TFLOP/s / 132 SMs)
+      against 16K exp2 on MUFU (16 / clock / SM: ~0.6 us) plus the max / FMA / pack work.
+      Prediction: plain (no overlap) 330-420 at D = 128 (MMA and softmax in series: ~2.1 us a tile),
+      pipe 420-520 (the softmax hidden behind the P V half); D = 64 lower in TFLOP/s (half the MMA per
+      exp2): pipe 330-420. Non-causal vs causal within 10% (longest blocks first, the diagonal tile
+      masked per warpgroup).
+      Measured (v3a = pipe, 2 stages, the copies issued right after the barrier; run 3 of the session,
+      the same code as run 1; cuDNN / flash in the same run; TFLOP/s, ratio to cuDNN / to flash):
+        fwd  d128 32/32 440 (0.65x cuDNN 680, 1.27x flash)  causal 406 (0.68x, 1.37x)
+             d128 64/8  438 (0.72x, 1.27x)                  causal 407 (0.67x, 1.25x)
+             d128 128/8 430 (0.72x, 1.23x)                  causal 411 (0.77x, 1.25x)
+             d64  32/32 333 (0.69x, 1.10x)                  causal 306 (0.70x, 1.08x)
+        (run 1: 438 / 405, 439 / 408, 435 / 408, 331 / 306: within 1%.) v1's mma.sync in the same run:
+        269 / 246, 274 / 255, 279 / 259, 277 / 246 (x1.6 at d128, x1.2 at d64).
+      Outcome: the 0.6x target is met everywhere (0.65-0.77x), inside the predicted band at d128 but
+      not for the reason predicted: plain (no overlap) runs 421-429 / 385-395 at d128 and 326 / 294 at
+      d64, within 0-5% of pipe, so the overlap buys almost nothing. Diagnostics ([diag] rows, wrong
+      results, benchmark-only units: the same loop without softmax / without wgmma), d128 32/32:
+      no softmax 582 (1.90 us a 128-key tile and SM), no wgmma 686 (1.61 us), full 440 (2.52 us); d64:
+      549 / 461 / 333. Neither half is near its floor alone: the MMA-and-copy loop runs at 0.74x of
+      the 790 measured peak and the softmax-and-copy loop takes more than the exp2 count explains (1.6
+      us against ~0.6 us of MUFU). Both carry the cp.async copies (64 KiB a tile and SM at d128, 256
+      threads x 16 copies with their address math; every CTA streams all of its head's K/V through
+      L2: ~8.6 GB per h32/32 forward, ~14 TB/s at 440) and one CTA-wide barrier a tile, which keeps
+      the two warpgroups in lockstep (their softmaxes run at the same time, so the tensor cores only
+      have the P V half to overlap with). Tried and not kept (the letters are runs' variants):
+        (b) the copies issued after the S wgmma's wait<1> (during P V): -3% at d128, -8% at d64 (they
+            delay the softmax on the critical path); issued between the wgmmas and that wait, ptxas
+            serializes the wgmmas (C7514).
+        (c) 3 stages (copies two tiles ahead, 230 KB of smem at d128): -2%..+1% at d128, -7% at d64
+            (latency is not what limits).
+  v3b load_tile with one pointer and one shared address per thread advanced by constants, and the row
+      test only on a tile crossing the length (v3a: per-chunk index math and a 64-bit multiply; 230 ->
+      203 registers at d128). Prediction: +2-5% (the copies are issued ahead of the S wgmma, on the
+      critical path). Measured (run 4, same run as cuDNN / flash):
+        fwd  d128 32/32 459 (0.71x cuDNN 644, 1.35x flash)  causal 422 (0.71x, 1.37x)
+             d128 64/8  452 (0.75x, 1.31x)                  causal 424 (0.71x, 1.32x)
+             d128 128/8 451 (0.75x, 1.30x)                  causal 428 (0.79x, 1.31x)
+             d64  32/32 pipe 316 (0.65x), plain 335 (0.69x cuDNN 486, 1.10x flash)
+                        causal pipe 292 (0.67x), plain 306 (0.70x cuDNN 438, 1.08x flash)
+      diag d128 32/32: no softmax 651 (was 582: the copies weighed on the MMA floor too), no wgmma 781.
+      Outcome: +3-5% at d128 as predicted; at d64 pipe lost 5% (its registers went 174 -> 160 and
+      ptxas scheduled it differently) while plain gained 3%: d64 now defaults to plain (TILE), d128 to
+      pipe. Final defaults: 0.69-0.79x cuDNN, 1.08-1.37x flash, everywhere >= the 0.6x target.
+  Next (not done): TMA for K/V (no per-thread copy instructions, one elected thread, mbarrier
+  completion) with a producer warp and per-buffer full / empty mbarriers instead of __syncthreads, so
+  the two consumer warpgroups can run out of phase (FA3's ping-pong: one's softmax under the other's
+  GEMMs); TMA multicast over a 2-CTA cluster to halve the L2 traffic of K/V.
+  v4 backward on wgmma (ptx/attention_wgmma_bwd.cu, sm_90a; the plain and [deterministic] bwd rows):
+      the dK/dV kernel moved to wgmma, FA3-like but without warp specialization: a CTA of two
+      warpgroups owns 128 keys (64 each, wgmma M = 64) and loops over the group's heads and query
+      tiles (64 rows at D = 128, 128 at D = 64; Q, dO, lse, dsum double-buffered with cp.async in
+      128B-swizzled smem). S^T = K Q^T and dP^T = V dO^T as SS wgmma (one group), P^T / dS^T in
+      registers, dV += P^T dO and dK += dS^T Q as register-A wgmma (MmaRS, first use on a GPU), and
+      (deterministic = 0) dS^T staged in smem, dQ = dS K as one more SS wgmma per warpgroup (half
+      the head dim, or half the query rows at D = 64) added with red.global.add.v2 (half the
+      atomics per FLOP of v2: 128-key blocks). deterministic = 1: this kernel without dQ + v1's
+      mma.sync dQ pass. bwd_pre / bwd_dq_convert unchanged; dropout stays on mma.sync.
+      Prediction (before measuring): atomic bwd d128 230-300 TFLOP/s (0.45-0.6x cuDNN), causal
+      10-15% lower; d64 200-260; deterministic 200-250 (the mma.sync dQ pass, an estimated ~45% of
+      v2's time, stays). The phases of a warpgroup are serial (MMA, softmax, MMA, barrier, MMA, atomics): the
+      other warpgroup is the only overlap, which is what keeps it under FA3 / cuDNN.
+      Measured (first GPU run; 52/52 wgmma backward tests passed, MmaRS's fragment layout as
+      documented; same run as cuDNN / flash; the forward rows of that run are the other helper's):
+        bwd atomic (det 0)   d128 32/32 328 (0.64x cuDNN 510, 1.13x flash)  causal 298 (0.65x, 1.13x)
+                             d128 64/8  332 (0.65x, 1.13x)                  causal 280 (0.63x, 1.06x)
+                             d128 128/8 334 (0.66x, 1.13x)                  causal 273 (0.61x, 1.03x)
+                             d64  32/32 272 (0.62x, 1.01x)                  causal 242 (0.62x, 1.04x)
+        bwd deterministic    d128 246 / 231c, 247 / 228c, 249 / 227c; d64 206 / 190c (0.47-0.51x cuDNN)
+      Outcome: atomic over v2 +51-65% at d128, +30-37% at d64 (0.61-0.66x cuDNN, above the
+      prediction's top); deterministic +33-36% at d128, +14-18% at d64, held back by the mma.sync dQ
+      pass (0.47-0.51x).
+  v4b (a) deterministic dQ on wgmma too: bwd_dq_wg, 128 query rows per CTA (64 per warpgroup), K / V
+      tiles of 64 keys double-buffered; S = Q K^T, dP = dO V^T (SS), dQ += dS K (MmaRS, K MN-major);
+      2 CTAs / SM at D = 64 (126 registers). (b) both kernels: S in its own wgmma group, so the
+      exponentials of P run while the dP MMAs do (wait<1>, then wait<0> before dS).
+      Prediction: deterministic 290-320 at d128 (>= 0.55x), 240-260 at d64; atomic +0-5% from (b).
+      Measured (second GPU run: 52/52 wgmma backward tests and tests/test_attention_gpu.py passed; cuDNN
+      and flash in the same run):
+        bwd atomic (det 0)   d128 32/32 326 (0.64x cuDNN 509, 1.13x flash)  causal 295 (0.64x, 1.13x)
+                             d128 64/8  329 (0.65x, 1.12x)                  causal 280 (0.62x, 1.07x)
+                             d128 128/8 331 (0.65x, 1.11x)                  causal 278 (0.61x, 1.04x)
+                             d64  32/32 279 (0.61x, 1.05x)                  causal 247 (0.64x, 1.07x)
+        bwd deterministic    d128 32/32 306 (0.60x, 1.06x)                  causal 276 (0.60x, 1.06x)
+                             d128 64/8  313 (0.61x, 1.07x)                  causal 272 (0.61x, 1.04x)
+                             d128 128/8 312 (0.61x, 1.05x)                  causal 274 (0.60x, 1.03x)
+                             d64  32/32 266 (0.58x, 1.00x)                  causal 238 (0.61x, 1.03x)
+      Outcome: (a) deterministic +19-27% at d128, +25-29% at d64 over v4 (now 0.58-0.61x cuDNN, within
+      1-6% of the atomic mode), as predicted at d128 (causal at its low end), above it at d64.
+      (b) -1..+2% at d128 (noise), +2-3% at d64: kept (no register or spill cost). Both modes
+      >= 0.58x cuDNN on every configuration.
+  Next for the backward (not done): warp specialization (a producer warp with TMA and setmaxnreg, as
+  FA3) so that the two warpgroups' MMAs overlap each other's softmax and the dQ step; the dQ atomics
+  through TMA reduce-add; the barrier between dS^T's store and the dQ MMA is the one CTA-wide sync
+  left per tile besides the tile's own.
 """
 import torch
 import torch.nn.functional as F
@@ -96,7 +198,6 @@ def _torch_ms(backend, q, k, v, causal, backward):
 
 
 def run(b):
-    from pydnn.ops import attention as A
     h = b.h
     for hq, hkv, d in CONFIGS:
         q = torch.randn(B, hq, S, d, dtype=torch.bfloat16, device="cuda")
@@ -129,15 +230,13 @@ def run(b):
             case = f"b{B} s{S} h{hq}/{hkv} d{d}{' causal' if causal else ''}"
             t_f = {n: _torch_ms(n, q, k, v, causal, False) for n in ("cudnn", "flash")}
             t_b = {n: _torch_ms(n, q, k, v, causal, True) for n in ("cudnn", "flash")}
-            default_n = A.FWD_N[d]
-            for n in A.FWD_TILES[d]:  # each forward tile instantiated
-                A.FWD_N[d] = n
+            for tag, setup, undo in _fwd_variants(h, d):  # the default path first, then every other variant
+                setup()
                 fwd()
                 ms_p = time_ms(fwd)
-                tag = "" if n == default_n else f" [tile {n[0]}/{n[1]}]"
+                undo()
                 for name in ("cudnn", "flash"):
                     b.row_flops("attention", f"fwd {case}{tag}", "bf16", flops, ms_p, t_f[name], f"sdpa {name}", PEAK)
-            A.FWD_N[d] = default_n
             fwd()
             for det in (0, 1):
                 bwd(det)()
@@ -147,3 +246,34 @@ def run(b):
                     b.row_flops("attention", f"bwd {case}{tag}", "bf16", 2.5 * flops, ms_p, t_b[name], f"sdpa {name}",
                                 PEAK)
         del q, k, v, o, do, dq, dk, dv, ws
+
+
+def _fwd_variants(h, d):
+    """(row tag, setup, undo) per forward variant: what attention_forward picks (untagged), each other
+    wgmma variant instantiated ([wgmma bn N pipe|plain sS]; sm_90 only), each mma.sync tile ([mma.sync n/nl])."""
+    from pydnn.ops import attention as A
+    from pydnn.ops import attention_wgmma as W
+    out = [("", lambda: None, lambda: None)]
+    wg = W.usable(h, d, 0.0)
+    if wg:
+        dflt = W.TILE[d]
+        for t in W.TILES[d]:
+            if t != dflt:
+                out.append((f" [wgmma bn {t[0]} {'pipe' if t[1] else 'plain'} s{t[2]}]",
+                            lambda t=t: W.TILE.__setitem__(d, t), lambda: W.TILE.__setitem__(d, dflt)))
+        diag = W.diag_units()  # the default tile without softmax / without wgmma: floors, wrong results
+        for g, what in ((1, "no softmax"), (2, "no wgmma")):
+            out.append((f" [diag {what}]", lambda g=g: setattr(W, "DIAG", diag[(d, g)]),
+                        lambda: setattr(W, "DIAG", None)))
+    n0, en = A.FWD_N[d], W.ENABLED
+    for n in A.FWD_TILES[d]:
+        if wg or n != n0:
+            def setup(n=n):
+                W.ENABLED = False
+                A.FWD_N[d] = n
+
+            def undo():
+                W.ENABLED = en
+                A.FWD_N[d] = n0
+            out.append((f" [mma.sync {n[0]}/{n[1]}]", setup, undo))
+    return out

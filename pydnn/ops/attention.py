@@ -33,10 +33,16 @@ deterministic). dQ: deterministic = 1 runs a separate dQ pass (recomputes S and 
 by one thread in a fixed order: bit-identical results run to run); deterministic = 0 adds each K/V
 block's dQ share with fp32 atomics into the accumulator (faster; the order of the float sums varies).
 
-Kernel shapes (see ptx/attention.cu): forward 128 query rows per CTA (4 warps x 32 rows), K/V tiles of 64
-keys (32 at D = 128) double-buffered with cp.async, mma.sync m16n8k16; backward: preprocess (rowsum),
-dK/dV per 64-key block (loops over the group's query heads and query tiles of 64 rows, 32 at D = 128),
-dQ per 64 query rows.
+Kernels. On sm_90 (Hopper) without dropout, wgmma ones: the forward ptx/attention_wgmma.cu (128 query
+rows per CTA = two warpgroups x 64, 128-key K/V tiles double-buffered with cp.async in 128B-swizzled
+shared memory, S by wgmma from shared memory, P kept in registers as the A operand of P V; see
+pydnn/ops/attention_wgmma.py) and the backward's dK/dV (+ the atomic dQ share) and deterministic dQ
+passes ptx/attention_wgmma_bwd.cu (128 keys / 128 query rows per CTA; pydnn/ops/attention_wgmma_bwd.py).
+Elsewhere, and with dropout, the mma.sync ones (ptx/attention.cu): forward 128 query rows per CTA (4 warps
+x 32 rows), K/V tiles of 64 keys (32 at D = 128) double-buffered with cp.async, mma.sync m16n8k16;
+backward: preprocess (rowsum), dK/dV per 64-key block (loops over the group's query heads and query tiles
+of 64 rows, 32 at D = 128), dQ per 64 query rows. The switches attention_wgmma.ENABLED /
+attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too.
 """
 import ctypes
 
@@ -444,7 +450,8 @@ def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc
     mismatches, overlapping outputs, a too-small workspace size), BAD_PARAM_NULL_POINTER,
     BAD_PARAM_MISALIGNED_POINTER (q, k, v, o not 16-byte aligned; stats not 4-byte; seqLens not 4-byte),
     NOT_SUPPORTED (head dim not 64 / 128, types other than half / bfloat16, a head dim that is not
-    contiguous, strides not multiples of 8 elements)."""
+    contiguous, strides not multiples of 8 elements). Kernel: on sm_90 without dropout the wgmma one
+    (pydnn/ops/attention_wgmma.py, switch attention_wgmma.ENABLED), else mma.sync (ptx/attention.cu)."""
     check_handle(handle)
     a = attn_desc
     pr = _validate(a, q_desc, k_desc, v_desc, o_desc, "oDesc", stats_desc, False)
@@ -460,9 +467,11 @@ def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"stats: {lp:#x} is not 4-byte aligned")
     lq, lkv = _lens(seq_lens_q, "seqLensQ", pr.b, pr.sq), _lens(seq_lens_kv, "seqLensKV", pr.b, pr.skv)
     _workspace(work_space, work_space_size_in_bytes, 0)
-    f, smem = _func(handle, "fwd", pr, a.dropout != 0)
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_LSE: stats_desc})
     p.q, p.k, p.v, p.o, p.lse, p.lens_q, p.lens_kv = qp, kp, vp, op, lp or None, lq or None, lkv or None
+    if _wgmma_forward(handle, a, pr, p):
+        return
+    f, smem = _func(handle, "fwd", pr, a.dropout != 0)
     _launch(handle, f, smem, (cdiv(pr.sq, FWD_M), a.heads_q, pr.b), p)
 
 
@@ -473,7 +482,8 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     """pydnnAttentionBackward: dQ, dK, dV of O = attention(Q, K, V) given dO, the forward's O and stats.
     dK / dV sum over the query heads of each K/V head. Statuses as pydnnAttentionForward, plus BAD_PARAM
     for dO / dQ / dK / dV descriptors that do not match Q / K / V, a NULL statsDesc, and deterministic not
-    0 or 1."""
+    0 or 1. On sm_90 without dropout the dK / dV kernel and the deterministic dQ pass are the wgmma ones
+    (pydnn/ops/attention_wgmma_bwd.py); elsewhere, and with dropout, the mma.sync ones."""
     check_handle(handle)
     a = attn_desc
     pr = _validate(a, q_desc, k_desc, v_desc, o_desc, "oDesc", stats_desc, True)
@@ -498,7 +508,11 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     wp = _workspace(work_space, work_space_size_in_bytes, pr.ws[det == 0])
     fpre, _ = _func(handle, "bwd_pre", pr)
     drop = a.dropout != 0
-    fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
+    # dK / dV (and the atomic dQ share) on wgmma where it runs (attention_wgmma_bwd.usable), else mma.sync
+    from . import attention_wgmma_bwd as _wgb  # (here: this function is the only user)
+    wg = _wgb.usable(handle, pr.d, pr.tag, a.dropout)
+    if not wg:
+        fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_DO: d_o_desc, T_DQ: d_q_desc,
                         T_DK: d_k_desc, T_DV: d_v_desc, T_LSE: stats_desc})
     p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv = ptrs
@@ -506,10 +520,25 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     p.dq_acc = None if det else wp + pr.ws[0]
     rows = pr.b * a.heads_q * pr.sq
     _launch(handle, fpre, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
-    _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N), a.heads_kv, pr.b), p)
-    if det:  # dQ in its own pass: each element summed by one thread in a fixed order
+    if wg:
+        _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
+    else:
+        _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N), a.heads_kv, pr.b), p)
+    if det and wg:
+        _wgb.launch_dq(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, p)
+    elif det:  # dQ in its own pass: each element summed by one thread in a fixed order
         fq, sq_smem = _func(handle, "bwd_dq", pr, drop)
         _launch(handle, fq, sq_smem, (cdiv(pr.sq, BWD_M), a.heads_q, pr.b), p)
     else:
         fc, _ = _func(handle, "bwd_dq_convert", pr)
         _launch(handle, fc, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
+
+
+def _wgmma_forward(handle, a, pr, p):
+    """The Hopper forward (pydnn/ops/attention_wgmma.py) when it takes the call: an sm_90 device, no
+    dropout, attention_wgmma.ENABLED. Returns whether it launched."""
+    from . import attention_wgmma as W
+    if not W.usable(handle, pr.d, a.dropout):
+        return False
+    W.launch(handle, pr.tag, pr.d, (a.heads_q, pr.b), pr.sq, p)
+    return True

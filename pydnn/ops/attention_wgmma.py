@@ -1,6 +1,76 @@
-"""Fused attention on Hopper wgmma (sm_90a units): placeholder, being written this session. It declares no
-kernel units yet; pydnn/ops/attention.py does not call it."""
+"""Fused attention forward on Hopper wgmma (ptx/attention_wgmma.cu; units attention.wgmma.bf16 / .f16,
+compiled for sm_90a only). pydnn/ops/attention.py's attention_forward validates the call and builds the
+params, then asks `usable` whether this path takes it (an sm_90 device, no dropout, ENABLED) and
+`launch`es it; everything else runs on the mma.sync kernels of ptx/attention.cu.
+
+Kernel shape: 128 query rows per CTA (two warpgroups of 64 rows, 256 threads, one CTA per SM), K/V tiles
+of BN keys double-buffered with cp.async in wgmma's 128B-swizzled layout, S = Q K^T by SS wgmma, the
+online softmax on the accumulator fragment, O += P V by the register-A wgmma (P never leaves registers).
+PIPE: the next tile's S is issued with the previous tile's P V, whose time the softmax overlaps;
+STAGES: K/V buffers (3: copies two tiles ahead).
+"""
+from .._build.manifest import KernelUnit
+from .._cuda import driver
+
+ENABLED = True          # False: attention_forward always takes the mma.sync kernel (tests force either path)
+ARCH = "sm_90"          # the device arch the units exist for (as sm_90a)
+HEAD_DIMS = (64, 128)
+THREADS, BM = 256, 128  # kThreads, kBM in ptx/attention_wgmma.cu
+# Variants instantiated per head dim, (keys per tile, PIPE, STAGES), and the one used; the benchmark
+# times each (tools/bench_attention.py, v3). Pipe measured 1-4% faster at d 128, plain 5% faster at
+# d 64 (the last run, with load_tile's hoisted addresses); 3 stages (230 KB of smem at d 128) measured
+# -7%..+1% against 2: not instantiated.
+_V = ((128, True, 2), (128, False, 2))
+TILES = {64: _V, 128: _V}
+TILE = {64: (128, False, 2), 128: (128, True, 2)}
+CTYPE = {"bf16": "pydnn::bf16_t", "f16": "pydnn::half_t"}
+DIAG = None             # benchmark only: a (unit, expr) of diag_units that launch runs instead
+
+
+def _expr(tag, d, tile, diag=0):
+    bn, pipe, stages = tile
+    return f"pydnn::attn_wg::fwd<{CTYPE[tag]}, {d}, {bn}, {'true' if pipe else 'false'}, {stages}, {diag}>"
 
 
 def kernel_units():
-    return []
+    return [KernelUnit(f"attention.wgmma.{tag}", "attention_wgmma.cu",
+                       tuple(_expr(tag, d, t) for d in HEAD_DIMS for t in TILES[d]), archs=(ARCH + "a",))
+            for tag in ("bf16", "f16")]
+
+
+def diag_units():
+    """Benchmark-only diagnostics (wrong results; outside the build, registered with the loader like
+    matmul's candidate units): the default tile without softmax (DIAG 1: the MMA + copy floor) and
+    without wgmma (DIAG 2: the softmax + copy floor), bf16. Returns {(d, diag): (unit, expr)}."""
+    from .._build import loader
+    exprs = {(d, g): _expr("bf16", d, TILE[d], g) for d in HEAD_DIMS for g in (1, 2)}
+    unit = KernelUnit("attention.wgdiag.bf16", "attention_wgmma.cu", tuple(exprs.values()), archs=(ARCH + "a",))
+    if loader._units is None:
+        loader._units = loader.unit_by_name()
+    loader._units.setdefault(unit.name, unit)
+    return {k: (unit.name, e) for k, e in exprs.items()}
+
+
+def smem_bytes(d, tile):
+    """Q (128 x d), STAGES K and STAGES V tiles (16-bit), +1 KiB to align wgmma's swizzle atoms (3 stages
+    at d 128: 230400 bytes, within the 227 KiB an sm_90 block may opt in to)."""
+    return (BM + 2 * tile[2] * tile[0]) * d * 2 + 1024
+
+
+def usable(handle, head_dim, dropout):
+    """Whether the wgmma forward takes this call (dropout stays on the mma.sync kernel)."""
+    return ENABLED and handle.arch == ARCH and head_dim in HEAD_DIMS and dropout == 0
+
+
+def launch(handle, tag, d, grid_yz, seq_q, p):
+    """One forward launch (params p built and checked by attention_forward)."""
+    tile = TILE[d]
+    unit, expr = DIAG or (f"attention.wgmma.{tag}", _expr(tag, d, tile))
+    f = handle.function(unit, expr)
+    smem = smem_bytes(d, tile)
+    key = ("attention.smem", unit, expr)  # the opt-in above 48 KiB, once per handle and kernel
+    if key not in handle.prepared:
+        driver.function_set_max_dynamic_smem(f, smem)
+        handle.remember(key, True)
+    grid = ((seq_q + BM - 1) // BM,) + tuple(grid_yz)
+    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

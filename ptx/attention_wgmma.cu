@@ -1,0 +1,349 @@
+// Fused scaled dot-product attention forward on Hopper warpgroup MMA (wgmma, sm_90a units only; the
+// mma.sync kernels of ptx/attention.cu serve every other arch, dropout and the backward). The problem is
+// attention_params.h's; the host side is pydnn/ops/attention_wgmma.py.
+//
+//   fwd<T, D, BN, PIPE, STAGES, DIAG>
+//     one CTA per (128 query rows, query head, batch): two warpgroups of 128 threads, each owning 64 rows
+//     (wgmma's M). Q (128 x D), and K / V tiles of BN keys (STAGES buffers each), sit in shared memory in
+//     wgmma's 128B-swizzled layout (common/wgmma.cuh), filled with cp.async by all 256 threads.
+//     Per key tile j of a warpgroup:
+//       S = Q K^T        SS wgmma m64nBNk16, Q and K both K-major (the head dim is contiguous in both);
+//       masking, online softmax on the accumulator fragment (exp2, scale pre-multiplied by log2 e);
+//       P (16-bit, packed in registers: the accumulator fragment is the register-A fragment) feeds
+//       O += P V         RS wgmma m64nDk16 (A = P from registers, B = V [key][d]: MN-major).
+//     PIPE (FlashAttention-3's intra-warpgroup overlap): iteration j issues S_j = Q K_j^T and then
+//     O += P_{j-1} V_{j-1} as two groups, waits for the first only, and runs tile j's softmax while the
+//     tensor cores do P_{j-1} V_{j-1}; O is rescaled after that group is done. The last P V follows the
+//     loop. Copies: iteration j, before it issues its wgmmas, fetches K_{j+STAGES-1} into the buffer
+//     K_{j-1} used and V_{j+STAGES-2} into the one V_{j-2} used (every warpgroup finished both before
+//     the iteration's barrier), so a copy has STAGES - 1 iterations to land. Without PIPE (STAGES 2):
+//     S_j, wait, softmax, P_j V_j, wait; K/V_{j+1} fetched at the start of iteration j.
+//     The epilogue (1 / l, lse, O staged through the warp's own Q rows for 16-byte stores) is
+//     ptx/attention.cu's, on the wgmma fragment (per warp the mma.sync C layout, warps stacked along M).
+#include "common/types.cuh"
+#include "common/attn_mma.cuh"
+#include "common/wgmma.cuh"
+#include "attention_params.h"
+
+namespace pydnn {
+namespace attn_wg {
+
+using attn::cp_async16;
+using attn::cp_async_commit;
+using attn::cp_async_wait;
+using attn::exp2_fast;
+using attn::smem_addr;
+
+constexpr int kWG = 2;              // warpgroups per CTA, 64 query rows each
+constexpr int kThreads = 128 * kWG;
+constexpr int kBM = 64 * kWG;       // query rows per CTA
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kInf = 1.0f / 0.0f;
+
+// Copy ROWS rows of D elements (global row stride ld) into the 128B-swizzled tile at shared address s
+// (wgmma::sw128<ROWS>: slabs of 64 columns); rows >= valid are zero filled (past a length their
+// garbage, even NaN, must not meet P = 0 in P V). All threads take part; the caller commits.
+// Thread t copies chunk t % CH of rows t / CH + RS i: one global pointer and one shared address, each
+// advanced by a constant per pass (RS rows, a multiple of 8: the same swizzle phase); the row test only
+// on a tile that crosses `valid` (CTA-uniform).
+template <class T, int D, int ROWS>
+__device__ __forceinline__ void load_tile(unsigned s, const T* g, long long ld, int valid) {
+  constexpr int CH = D / 8, RS = kThreads / CH, N = ROWS / RS;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0, "tile chunks must divide among the threads");
+  const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
+  const T* src = g + (long long)r0 * ld + c * 8;
+  const long long step = (long long)RS * ld;
+  const unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
+  if (valid >= ROWS) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const bool ok = r0 + i * RS < valid;
+      cp_async16(dst + i * RS * 128, ok ? src + i * step : g, ok);
+    }
+  }
+}
+
+// S (64 x BN, accumulator fragment) = Q_wg K^T. sq: this warpgroup's first Q row in slab 0 (Q's slabs
+// are kBM rows of 128 bytes apart), sk: the K tile (slabs of BN rows). A k16 step is 32 bytes along a
+// row of a slab, the next slab every 4 steps.
+template <class T, int D, int BN>
+__device__ __forceinline__ void tile_qk(float (&s)[BN / 2], unsigned sq, unsigned sk) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const unsigned off = (kk & 3) * 32;
+    const unsigned long long da = wgmma::desc_sw128(sq + (kk >> 2) * (kBM * 128) + off, 16, 1024);
+    const unsigned long long db = wgmma::desc_sw128(sk + (kk >> 2) * (BN * 128) + off, 16, 1024);
+    wgmma::Mma<T, BN, 0, 0>::run(s, da, db, kk > 0);
+  }
+}
+
+// O (64 x D) += P (64 x BN, registers: pa[kt] the A fragment of keys 16 kt..) V, V at sv stored [key][d]
+// (MN-major B: a k16 step is 16 rows = 2048 bytes on, the next 64 columns of d one slab = BN rows on).
+template <class T, int D, int BN>
+__device__ __forceinline__ void tile_pv(float (&o)[D / 2], const unsigned (&pa)[BN / 16][4], unsigned sv) {
+#pragma unroll
+  for (int kt = 0; kt < BN / 16; ++kt)
+    wgmma::MmaRS<T, D, 1>::run(o, pa[kt], wgmma::desc_sw128(sv + kt * 2048, BN * 128, 1024), 1);
+}
+
+// -inf where key col is not visible to query row: s[4j + 2h + e] is (row0 + 8h, col0 + 8j + 2(l%4) + e).
+template <int BN>
+__device__ __forceinline__ void mask_tile(float (&s)[BN / 2], int row0, int col0, int len_kv, bool causal, int offset) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = row0 + (i >> 1) * 8, col = col0 + j * 8 + q * 2 + (i & 1);
+      if (col >= len_kv || (causal && col > row + offset)) s[4 * j + i] = -kInf;
+    }
+}
+
+// Online softmax over one tile (FlashAttention-2's, on the fragment's two rows per thread): new maxima m
+// (log2 units), s <- exp2(s * scale_log2 - m), running partial sums l (per thread; the quad's are summed
+// at the end), and corr = exp2(m_old - m_new), the factor O must be rescaled by (the caller does it when
+// the P V in flight is done).
+template <int BN>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -kInf;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx * scale_log2);
+    const float m_use = m_new == -kInf ? 0.f : m_new;  // nothing visible yet: exp2(-inf) = 0
+    corr[h] = exp2_fast(m[h] - m_use);
+    m[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = exp2_fast(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
+        s[4 * j + 2 * h + e] = pv;
+        sum += pv;
+      }
+    l[h] = l[h] * corr[h] + sum;
+  }
+}
+
+template <int D> __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[4 * j] *= corr[0];
+    o[4 * j + 1] *= corr[0];
+    o[4 * j + 2] *= corr[1];
+    o[4 * j + 3] *= corr[1];
+  }
+}
+
+// P to 16 bits: k16 step kt of the accumulator's columns is the register-A fragment (wgmma.cuh, MmaRS).
+template <class T, int BN>
+__device__ __forceinline__ void pack_p(unsigned (&pa)[BN / 16][4], const float (&s)[BN / 2]) {
+#pragma unroll
+  for (int kt = 0; kt < BN / 16; ++kt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pa[kt][i] = pack16x2<T>(s[8 * kt + 2 * i], s[8 * kt + 2 * i + 1]);
+}
+
+struct Seq {
+  int len_q, len_kv, offset;
+  bool causal;
+};
+
+__device__ __forceinline__ Seq seq_of(const AttnParams& p, int b) {
+  Seq s;
+  s.len_q = p.lens_q ? min(max(p.lens_q[b], 0), p.seq_q) : p.seq_q;
+  s.len_kv = p.lens_kv ? min(max(p.lens_kv[b], 0), p.seq_kv) : p.seq_kv;
+  s.causal = p.mask != PYDNN_ATTN_KMASK_NONE;
+  s.offset = p.mask == PYDNN_ATTN_KMASK_BOTTOM_RIGHT ? s.len_kv - s.len_q : 0;
+  return s;
+}
+
+template <class T> __device__ __forceinline__ const T* at(const void* base, const AttnParams& p, int t, int b, int h) {
+  return (const T*)base + (long long)b * p.stride[t][0] + (long long)h * p.stride[t][1];
+}
+
+// Dynamic shared memory: Q, STAGES K and STAGES V tiles, +1 KiB to align the swizzle atoms (host:
+// smem_bytes). STAGES (PIPE only; plain is 2): with 3, the copies of iteration j fetch K_{j+2} and
+// V_{j+1}, two iterations ahead of their use (measured no faster: not instantiated, kept for a TMA
+// version where the balance may differ; the tests cover what is instantiated). DIAG (benchmark-only
+// diagnostics, wrong results; not in the build's units): 1 = no masking / softmax / rescale (the MMA
+// and copy floor), 2 = no wgmma (the softmax and copy floor).
+template <class T, int D, int BN, bool PIPE, int STAGES, int DIAG>
+__global__ void __launch_bounds__(kThreads, 1) fwd(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "attention_wgmma needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert((D == 64 || D == 128) && (BN == 64 || BN == 128), "fwd tile");
+  static_assert(STAGES == 2 || (PIPE && STAGES == 3), "fwd stages");
+  constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  T* sQ = reinterpret_cast<T*>(smem);
+  const unsigned aQ = smem_addr(smem), aK = aQ + Q_BYTES, aV = aK + STAGES * KV_BYTES;
+
+  const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const Seq sq = seq_of(p, b);
+  const int m0 = mb * kBM;
+  int n_end = 0;  // keys [0, n_end) can be visible to this CTA's rows
+  if (m0 < sq.len_q) n_end = sq.causal ? min(sq.len_kv, max(0, m0 + kBM + sq.offset)) : sq.len_kv;
+  const int ntiles = (n_end + BN - 1) / BN;
+  const int wrow0 = m0 + wg * 64;                     // this warpgroup's first row
+  const int row0 = wrow0 + warp * 16 + (l >> 2);      // this thread's rows: row0, row0 + 8
+
+  const T* gq = at<T>(p.q, p, PYDNN_ATTN_T_Q, b, h) + (long long)m0 * p.stride[PYDNN_ATTN_T_Q][2];
+  const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
+  const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
+  const int ldk = (int)p.stride[PYDNN_ATTN_T_K][2], ldv = (int)p.stride[PYDNN_ATTN_T_V][2];  // < 2^31 (host)
+
+  // K tile t lives in buffer t % STAGES (kbuf), V tile t likewise (vbuf).
+  auto kbuf = [&](int t) { return aK + (unsigned)(t % STAGES) * KV_BYTES; };
+  auto vbuf = [&](int t) { return aV + (unsigned)(t % STAGES) * KV_BYTES; };
+  auto load_k = [&](int t) { load_tile<T, D, BN>(kbuf(t), gk + (long long)t * BN * ldk, ldk, sq.len_kv - t * BN); };
+  auto load_v = [&](int t) { load_tile<T, D, BN>(vbuf(t), gv + (long long)t * BN * ldv, ldv, sq.len_kv - t * BN); };
+  // Copy groups: Q with K_0 (plain: and V_0); with 3 stages a second group K_1, V_0. Iteration j then
+  // commits one group (possibly empty), so "the group of iteration j - STAGES + 2" is always the one
+  // holding K_j and V_{j-1} (plain: K_j, V_j).
+  load_tile<T, D, kBM>(aQ, gq, p.stride[PYDNN_ATTN_T_Q][2], sq.len_q - m0);
+  if (ntiles > 0) {
+    load_k(0);
+    if (!PIPE) load_v(0);
+  }
+  cp_async_commit();
+  if (STAGES == 3) {
+    if (ntiles > 1) load_k(1);
+    if (ntiles > 0) load_v(0);
+    cp_async_commit();
+  }
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-kInf, -kInf}, lsum[2] = {0.f, 0.f};
+  float s[BN / 2];
+  unsigned pa[BN / 16][4];
+  if (DIAG == 2) {  // (no S wgmma: defined scores, carried over the loop)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+  }
+  const unsigned aQw = aQ + wg * 64 * 128;
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int n0 = j * BN;
+    cp_async_wait<STAGES - 2>();  // this thread's copies of K_j and V_{j-1} (plain: V_j) landed ...
+    wgmma::fence_proxy_async();   // ... visible to the async proxy ...
+    __syncthreads();              // ... for every thread's chunks; and the buffers refilled below are free
+    // The copies: plain fetches K/V_{j+1} into the buffers of K/V_{j-1}; PIPE K_{j+S-1} into the one
+    // of K_{j-1} and V_{j+S-2} into the one of V_{j-2} (all read by wgmmas every warpgroup waited for
+    // before this barrier). Issued before this iteration's wgmmas: issued after their wait<1> they
+    // delay the softmax (-3% at D = 128, -8% at D = 64), and between the wgmmas and that wait they
+    // make ptxas serialize the wgmmas (C7514).
+    if (!PIPE) {
+      if (j + 1 < ntiles) {
+        load_k(j + 1);
+        load_v(j + 1);
+      }
+    } else {
+      if (j + STAGES - 1 < ntiles) load_k(j + STAGES - 1);
+      if (j + STAGES - 2 < ntiles) load_v(j + STAGES - 2);
+    }
+    cp_async_commit();
+
+    wgmma::fence();  // s, pa and o were written by ordinary instructions since the last wgmma
+    if (DIAG != 2) tile_qk<T, D, BN>(s, aQw, kbuf(j));
+    wgmma::commit();
+    if (PIPE && j > 0) {
+      if (DIAG != 2) tile_pv<T, D, BN>(o, pa, vbuf(j - 1));
+      wgmma::commit();
+      wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    } else {
+      wgmma::wait<0>();
+    }
+    wgmma::fence_operands(s);
+    if (n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset))  // (warpgroup-uniform)
+      mask_tile<BN>(s, row0, n0, sq.len_kv, sq.causal, sq.offset);
+    float corr[2] = {1.f, 1.f};
+    if (DIAG != 1) softmax_tile<BN>(s, m, lsum, corr, p.scale_log2);
+    if (PIPE) {
+      wgmma::wait<0>();  // P_{j-1} V_{j-1} done: O may be rescaled and pa rewritten
+      wgmma::fence_operands(o);
+    }
+    if (DIAG != 1) rescale<D>(o, corr);
+    pack_p<T, BN>(pa, s);
+    if (!PIPE) {
+      wgmma::fence();
+      if (DIAG != 2) tile_pv<T, D, BN>(o, pa, vbuf(j));
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+    }
+  }
+  if (PIPE && ntiles > 0) {  // the last tile's P V: V_last was fetched in the last iteration
+    cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    wgmma::fence();
+    if (DIAG != 2) tile_pv<T, D, BN>(o, pa, vbuf(ntiles - 1));
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(o);
+  }
+  // Before O is staged in sQ: Q's copies (spread over every thread) have all landed, and every
+  // warpgroup's S wgmmas, which read sQ, are done (once per CTA: not worth a finer argument).
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // epilogue: full row sums, 1 / l, lse; rows past the length or with nothing visible -> O = 0, lse = -inf
+  float inv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float t = lsum[hh];
+    t += __shfl_xor_sync(0xffffffffu, t, 1);
+    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    const int row = row0 + hh * 8;
+    const bool live = row < sq.len_q && t > 0.f;
+    inv[hh] = live ? 1.f / t : 0.f;
+    if (p.lse && (l & 3) == 0 && row < p.seq_q) {
+      const float lse = live ? m[hh] * kLn2 + __logf(t) : -kInf;
+      p.lse[(long long)b * p.stride[PYDNN_ATTN_T_LSE][0] + (long long)h * p.stride[PYDNN_ATTN_T_LSE][1] +
+            (long long)row * p.stride[PYDNN_ATTN_T_LSE][2]] = lse;
+    }
+  }
+  // Stage this warp's 16 rows in its own rows of sQ, then 16-byte stores along the rows.
+  const int srow = wg * 64 + warp * 16;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = srow + (l >> 2) + hh * 8;
+      *reinterpret_cast<unsigned*>(sQ + wgmma::sw128<kBM>(r, j) + (l & 3) * 2) =
+          pack16x2<T>(o[4 * j + 2 * hh] * inv[hh], o[4 * j + 2 * hh + 1] * inv[hh]);
+    }
+  __syncwarp();
+  T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, b, h);
+  const long long ldo = p.stride[PYDNN_ATTN_T_O][2];
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int i = 0; i < 16 * CH / 32; ++i) {
+    const int idx = l + i * 32, r = idx / CH, c = idx % CH;
+    const int grow = m0 + srow + r;
+    if (grow < p.seq_q) {
+      uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128<kBM>(srow + r, c));
+      if (grow >= sq.len_q) v = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(go + (long long)grow * ldo + c * 8) = v;
+    }
+  }
+}
+
+}  // namespace attn_wg
+}  // namespace pydnn
