@@ -49,10 +49,12 @@ if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; th
     -k "test_nan_rules or test_global_average or test_backward_blend or test_in_place_forward or test_p_zero_and_one or test_in_place or test_backward_filter_split or test_bias_activation_tensor_cores or test_variable_lengths" \
     2>&1 | tee "$logs/memcheck_families.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  # the tensor-core, matmul, Winograd, GEMM, FFT and group-norm cluster kernels: one case of each variant
+  # the tensor-core, matmul, Winograd, GEMM, FFT, group-norm / ring cluster and wgmma attention kernels: one
+  # case of each variant
   san tests/test_matmul_gpu.py tests/test_convolution_gpu.py tests/test_convolution_algos_gpu.py \
     tests/test_convolution_fft_gpu.py tests/test_normalization_gpu.py tests/test_mha_gpu.py \
-    -k "(test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
+    tests/test_attention_wgmma_gpu.py tests/test_attention_wgmma_bwd_gpu.py \
+    -k "test_every_variant or (test_backward_wgmma_variable_lengths and bf16) or (test_backward_wgmma_long) or (test_backward_ring_configs and 1-9) or (test_wgmma_bias_activation and tiling0-6-9) or (test_wgmma_backward_data and tiling1-9-case0) or (test_fft_backward_filter and 0-case0) or (test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
     2>&1 | tee "$logs/memcheck_matrix.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
