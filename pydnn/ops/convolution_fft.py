@@ -53,10 +53,12 @@ THREADS = 256
 TN = 4                      # the product kernel's images x output channels per thread (TN x TN)
 FFT_TAGS = FLOAT_TAGS
 CTYPES = CTYPE
-# the v7 model's rates (not measured yet): double-precision products bound by their loads, transforms by
-# shared memory
-PRODUCT_TFLOPS = 2.0
-FFT_TFLOPS = 1.0
+# the v7 model's rates (double-precision products bound by their loads, transforms by shared memory):
+# fitted to the H200 run at 2c02706 (tools/bench_convolution_algos.py FFT rows, forward and backward
+# filter, F 64 x 64 and 32 x 32: 0.97-1.36 ms, the model within 4% of each); the first guesses, 2.0 / 1.0,
+# overestimated every FFT by 2.5x
+PRODUCT_TFLOPS = 6.0
+FFT_TFLOPS = 3.0
 
 
 @kernel_params("conv_fft_params.h", "FftParams")
