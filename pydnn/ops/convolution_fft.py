@@ -53,12 +53,18 @@ THREADS = 256
 TN = 4                      # the product kernel's images x output channels per thread (TN x TN)
 FFT_TAGS = FLOAT_TAGS
 CTYPES = CTYPE
-# the v7 model's rates (double-precision products bound by their loads, transforms by shared memory):
-# fitted to the H200 run at 2c02706 (tools/bench_convolution_algos.py FFT rows, forward and backward
-# filter, F 64 x 64 and 32 x 32: 0.97-1.36 ms, the model within 4% of each); the first guesses, 2.0 / 1.0,
-# overestimated every FFT by 2.5x
-PRODUCT_TFLOPS = 6.0
+# The v7 model (fitted to the H200 runs at 2c02706 / f32ccc7: the FFT rows of tools/bench_convolution_algos.py,
+# forward and backward filter, F 64 x 64 and 32 x 32, and the backward-filter FFT of the fp32 3x3 ResNet
+# layers, F 64 x 64 down to 8 x 8; the model within 10% of each of the twelve): double-precision products
+# at PRODUCT_TFLOPS over the bins rounded up to whole warps (bins 40 at F 8 x 8 keep 2 of 8 warps busy),
+# transforms at FFT_TFLOPS, and BLOCK_US of fixed cost per transform block (twiddles, zero fill, a barrier
+# per stage, the load -> FFT -> store chain) per round of the blocks an SM holds at once: at F 8 x 8 the
+# 327680 blocks of a 512-channel backward filter cost more than their flops. The first guesses (2 / 1
+# TFLOP/s, no block cost) overestimated every large FFT 2.5x and ranked the backward-filter FFT first at
+# 512 -> 512 @ 7, where it ran 2.3x slower than ALGO_1.
+PRODUCT_TFLOPS = 10.0
 FFT_TFLOPS = 3.0
+BLOCK_US = 10.0
 
 
 @kernel_params("conv_fft_params.h", "FftParams")
@@ -198,7 +204,12 @@ class FftPlan(StepPlan):
         self.run_fft_step(handle, 3, self.smem_bytes)   # inverse, crop, epilogue
 
     def estimate_ms(self, handle, base_estimate):
-        return self.model_ms + 3 * LAUNCH_MS
+        """model_ms + the transform blocks' fixed cost: rounds of the blocks the SMs hold at once (256
+        threads each: at most 8 per SM, fewer where the transform's shared memory limits them)."""
+        p = self.params
+        blocks = p.batch * p.cin + p.cout * p.cin + p.batch * p.cout
+        per_sm = max(1, min(8, (227 * 1024) // self.smem_bytes))
+        return self.model_ms + blocks / (max(handle.sm_count, 1) * per_sm) * BLOCK_US * 1e-3 + 3 * LAUNCH_MS
 
 
 def plan_fft(handle, pb, direction, algo):
@@ -268,7 +279,7 @@ def _fft_plan(pb, direction, algo, fft, roles, data_bytes):
     pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
     pl.gemm_expr = "fft"
     transforms = batch * cin + cout * cin + batch * cout
-    pl.model_ms = (8 * batch * cout * cin * bins / (PRODUCT_TFLOPS * 1e9)
+    pl.model_ms = (8 * batch * cout * cin * cdiv(bins, 32) * 32 / (PRODUCT_TFLOPS * 1e9)
                    + transforms * 5 * fh * fw * (lh + lw) / (FFT_TFLOPS * 1e9)
                    + (data_bytes + 2 * sum(sizes)) / (IM2COL_GBPS * 1e6))
     p = FftParams()
