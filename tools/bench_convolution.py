@@ -291,6 +291,18 @@ Versions and notes:
      What is left, untested: the per-K-tile barrier + proxy fence + wgmma wait<1> serializing the two
      warpgroups with the copies (a producer warp with mbarriers, as gemm_wgmma's next step), and at
      7² / 14² the partial waves (100 / 196 blocks of 128x128 on 132 SMs).
+  v10 (fourth session, integrator) the fused bias on fwd_wgmma: v8 / v9 measured the fused bias + ReLU at
+     1.057-1.062x the plain forward. Reading: each thread's 16-32 scalar bias loads are issued at the start
+     of the register epilogue, one L2 latency (~0.5-1 us) on every block's critical path, ~12 waves of
+     blocks at 56². Change (5baa480): threads < BN load their bias element before the K walk (raw 16 bits in
+     a register), park it in shared memory after the walk (BN floats past the stages), one barrier; the
+     epilogue reads the floats from shared memory. The other kernels' code is unchanged (PTX identical but
+     for debug names). Predicted: fused / plain 1.057 -> 1.01-1.03x. Measured (H200, 2c02706 and 442e36b):
+     1.047x / 1.048x (the model's tile), 1.052x / 1.051x (the 128x64 tile forced); the fused rate 182-183
+     TFLOP/s (was 187 at 1.057x in a run whose plain forward was faster). Under the prediction: the bias was
+     ~1% of the gap, not ~5%; the rest is unexplained (next: compare the SASS of the fused and plain
+     epilogues, the fused one's activation and the pairs' predicates). The 1.05x target sits within the
+     run-to-run noise.
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows; PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the

@@ -157,6 +157,13 @@ WF0, WF1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, pydnn.PYDNN_CONVOLUTION_BW
 # (C N + K N inputs of 64 x 64, C K inverses: 12288 at 64 / 64 channels, N 32) and per-bin products of
 # 8 C K N bins double flops (the forward's count with the roles moved): predicted within 1.3x of the
 # forward FFT's time on each layer, so ~10x BWD_FILTER_ALGO_0/1 at 9x9-13x13 (they run ~6-8 TFLOP/s).
+# Measured (H200, 2c02706): 1.01-1.07x the forward FFT's time (49.4 / 73.6 / 102.5 / 64.5 TFLOP/s-equivalent),
+# 6.9-13.7x the faster of ALGO_0 / 1, 0.24x / 0.98x / 0.98x / 0.66x cuDNN. On the fp32 3x3 ResNet layers
+# (tools/bench_convolution.py, N = 64, f32ccc7) it is the fastest backward filter at 56^2 / 28^2 / 14^2
+# (6.8 / 8.9 / 7.7 TFLOP/s against ALGO_1's ~6.2) and 2.3x slower than ALGO_1 at 7^2 (F 8 x 8: 327680
+# transform blocks, each a fixed cost larger than its flops; the product kernel keeps 40 of 256 threads busy
+# per block); the v7 model was refitted on these twelve runs (convolution_fft.py: rates and a cost per
+# round of transform blocks) and ranks it as Find does on all of them.
 
 
 def _fft_layer(b, name, n, c, k, hw, r):

@@ -16,6 +16,15 @@ compute: 989 TFLOP/s dense bf16 (datasheet; wgmma), and the parts run on pydnn's
 4096^3, tools/bench_matmul.py) and its fused attention (~270, tools/bench_attention.py), so the layer's
 expected rate is the flop-weighted harmonic mean of those two.
 
+Host time (2026-11-23, fourth session): the run at 3e2cfd8 printed 1.88 ms of Python per inference forward
+against 1.89 ms of GPU time (b2 s2048 e4096): host-bound, which explains why the same kernels read 337 and
+189 TFLOP/s in two earlier runs. cProfile of the call on the CPU (a CPU-only handle, up to the first launch):
+4.0 ms, 90% of it in the window arrays: each of the 2 x S entries converted by _int, then scanned in Python
+for the fused mask. Now: plain-int lists pass a C-speed type check, and the mask is remembered per (windows,
+lengths): 0.26 ms on that CPU. Measured at 2c02706: 0.26-0.36 ms of host time per call; the large layer's
+inference 364 -> 510 TFLOP/s (0.49x -> 0.68x PyTorch) with the wgmma attention of the same commit; the small
+layer (0.33 ms of GPU time) is still about host-bound.
+
 Configurations: Llama-2-7B's attention layer (E 4096, 32 heads of 128) at batch 2, sequence 2048; a
 BERT-large-like layer (E 1024, 16 heads of 64) at batch 8, sequence 1024.
 """
