@@ -32,6 +32,7 @@
 // eight rows an ldmatrix reads, and the chunks a warp's cp.async writes, fall in distinct banks.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
+#include "common/attn_problem.cuh"
 #include "common/philox.cuh"
 #include "attention_params.h"
 
@@ -306,31 +307,6 @@ __device__ __forceinline__ void store_rows(T* stage, int srow0, const float (&ac
       *reinterpret_cast<uint4*>(g + (long long)grow * ld + c * 8) = v;
     }
   }
-}
-
-struct Seq {
-  int len_q, len_kv, offset;
-  bool causal;
-};
-
-__device__ __forceinline__ Seq seq_of(const AttnParams& p, int b) {
-  Seq s;
-  s.len_q = p.lens_q ? min(max(p.lens_q[b], 0), p.seq_q) : p.seq_q;
-  s.len_kv = p.lens_kv ? min(max(p.lens_kv[b], 0), p.seq_kv) : p.seq_kv;
-  s.causal = p.mask != PYDNN_ATTN_KMASK_NONE;
-  s.offset = p.mask == PYDNN_ATTN_KMASK_BOTTOM_RIGHT ? s.len_kv - s.len_q : 0;
-  return s;
-}
-
-// keys [0, n_end) can be visible to query rows [m0, m0 + rows)
-__device__ __forceinline__ int key_end(const Seq& s, int m0, int rows) {
-  int e = s.len_kv;
-  if (s.causal) e = min(e, max(0, m0 + rows + s.offset));
-  return e;
-}
-
-template <class T> __device__ __forceinline__ const T* at(const void* base, const AttnParams& p, int t, int b, int h) {
-  return (const T*)base + (long long)b * p.stride[t][0] + (long long)h * p.stride[t][1];
 }
 
 // ------------------------------------------------------------------ forward

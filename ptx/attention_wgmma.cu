@@ -22,6 +22,7 @@
 //     ptx/attention.cu's, on the wgmma fragment (per warp the mma.sync C layout, warps stacked along M).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
+#include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "attention_params.h"
 
@@ -152,23 +153,9 @@ __device__ __forceinline__ void pack_p(unsigned (&pa)[BN / 16][4], const float (
     for (int i = 0; i < 4; ++i) pa[kt][i] = pack16x2<T>(s[8 * kt + 2 * i], s[8 * kt + 2 * i + 1]);
 }
 
-struct Seq {
-  int len_q, len_kv, offset;
-  bool causal;
-};
-
-__device__ __forceinline__ Seq seq_of(const AttnParams& p, int b) {
-  Seq s;
-  s.len_q = p.lens_q ? min(max(p.lens_q[b], 0), p.seq_q) : p.seq_q;
-  s.len_kv = p.lens_kv ? min(max(p.lens_kv[b], 0), p.seq_kv) : p.seq_kv;
-  s.causal = p.mask != PYDNN_ATTN_KMASK_NONE;
-  s.offset = p.mask == PYDNN_ATTN_KMASK_BOTTOM_RIGHT ? s.len_kv - s.len_q : 0;
-  return s;
-}
-
-template <class T> __device__ __forceinline__ const T* at(const void* base, const AttnParams& p, int t, int b, int h) {
-  return (const T*)base + (long long)b * p.stride[t][0] + (long long)h * p.stride[t][1];
-}
+using attn::at;
+using attn::Seq;
+using attn::seq_of;
 
 // Dynamic shared memory: Q, STAGES K and STAGES V tiles, +1 KiB to align the swizzle atoms (host:
 // smem_bytes). STAGES (PIPE only; plain is 2): with 3, the copies of iteration j fetch K_{j+2} and

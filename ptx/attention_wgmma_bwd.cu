@@ -25,6 +25,7 @@
 // len_q have lse = +inf (P = 0) and zero-filled Q / dO rows.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
+#include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "attention_params.h"
 
@@ -56,23 +57,9 @@ template <int D> struct Cfg {
   static constexpr int SMEM = OFF_L + 4 * BM * 4 + 1024;  // + lse, dsum [2][BM] each; + alignment slack
 };
 
-struct Seq {
-  int len_q, len_kv, offset;
-  bool causal;
-};
-
-__device__ __forceinline__ Seq seq_of(const AttnParams& p, int b) {
-  Seq s;
-  s.len_q = p.lens_q ? min(max(p.lens_q[b], 0), p.seq_q) : p.seq_q;
-  s.len_kv = p.lens_kv ? min(max(p.lens_kv[b], 0), p.seq_kv) : p.seq_kv;
-  s.causal = p.mask != PYDNN_ATTN_KMASK_NONE;
-  s.offset = p.mask == PYDNN_ATTN_KMASK_BOTTOM_RIGHT ? s.len_kv - s.len_q : 0;
-  return s;
-}
-
-template <class T> __device__ __forceinline__ const T* at(const void* base, const AttnParams& p, int t, int b, int h) {
-  return (const T*)base + (long long)b * p.stride[t][0] + (long long)h * p.stride[t][1];
-}
+using attn::at;
+using attn::Seq;
+using attn::seq_of;
 
 // A stored lse (natural log) in log2 units; rows past their length or that see nothing: +inf (P = 0).
 __device__ __forceinline__ float lse2_of(float v, bool valid) { return (valid && v > -kInf) ? v * kLog2e : kInf; }
