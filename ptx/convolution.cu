@@ -1203,6 +1203,13 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
 // registers for plain / bias + clamp activations, else staged), fed through WgAccEng, which presents
 // the wgmma fragment as mma.sync's (per warp an m16 x BN slice: TM = 1, TN = BN / 8). MINB: blocks per
 // SM the registers are capped for. Same host-checked limits as implicit_gemm_pipe_tc's forward.
+// LEAN (v12, tools/bench_convolution.py; not yet run on a GPU): the same copies with the per-K-tile
+// work done once. The plain fill writes each chunk's source as `v ? A + (aoff + tap offset) : A`, and
+// NVRTC sinks the tap offset's multiply-adds into a branch per chunk (PTX: ~245 instructions per thread
+// and K tile, ~25 per cp.async, the mad chain and flip_tap repeated per row); LEAN computes the A and B
+// tap offsets once per K tile (pinned by an empty asm so that they cannot be sunk), selects the 32-bit
+// offset (0: the tensor's base, a zero-filled chunk) without a branch, and adds one 64-bit address;
+// the k16 steps' wgmma descriptors are the K tile's plus 2 each (instead of 8 built per K tile).
 template <class T, int BN> struct WgAccEng {
   typedef T Elem;
   static constexpr int TM = 1, TN = BN / 8;
@@ -1212,7 +1219,7 @@ template <class T, int BN> struct WgAccEng {
   __device__ __forceinline__ float (&flat())[BN / 2] { return *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]); }
 };
 
-template <class T, int BN, int STAGES, int MINB>
+template <class T, int BN, int STAGES, int MINB, bool LEAN = false>
 __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_wgmma needs the sm_90a target (KernelUnit archs)");
@@ -1259,15 +1266,30 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     const int btap = c0 * (int)p.ws[1] + flip_tap(p, 0, tt) * (int)p.ws[2] + flip_tap(p, 1, tr) * (int)p.ws[3] +
                      flip_tap(p, 2, ts) * (int)p.ws[4];
     const bool cok = c0 + chunk * 8 < CH;
+    if constexpr (LEAN) {
+      int at = atap, bt = btap;
+      asm volatile("" : "+r"(at), "+r"(bt));  // computed here once, not per chunk
 #pragma unroll
-    for (int i = 0; i < A_ROWS; ++i) {
-      const bool v = cok && (amask[i] & need) == need;
-      mma::cp_async_16(sa + (soff + RS * BK * i) * 2, v ? A + (aoff[i] + atap) : A, v);
-    }
+      for (int i = 0; i < A_ROWS; ++i) {
+        const bool v = cok && (amask[i] & need) == need;
+        mma::cp_async_16(sa + (soff + RS * BK * i) * 2, A + (v ? aoff[i] + at : 0), v);
+      }
 #pragma unroll
-    for (int i = 0; i < B_ROWS; ++i) {
-      const bool v = cok && ((bmask >> i) & 1);
-      mma::cp_async_16(sb + (soff + RS * BK * i) * 2, v ? W + (bbase + RS * i * ws0 + btap) : W, v);
+      for (int i = 0; i < B_ROWS; ++i) {
+        const bool v = cok && ((bmask >> i) & 1);
+        mma::cp_async_16(sb + (soff + RS * BK * i) * 2, W + (v ? bbase + RS * i * ws0 + bt : 0), v);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < A_ROWS; ++i) {
+        const bool v = cok && (amask[i] & need) == need;
+        mma::cp_async_16(sa + (soff + RS * BK * i) * 2, v ? A + (aoff[i] + atap) : A, v);
+      }
+#pragma unroll
+      for (int i = 0; i < B_ROWS; ++i) {
+        const bool v = cok && ((bmask >> i) & 1);
+        mma::cp_async_16(sb + (soff + RS * BK * i) * 2, v ? W + (bbase + RS * i * ws0 + btap) : W, v);
+      }
     }
     c0 += BK;
     if (c0 >= CH) {
@@ -1307,10 +1329,16 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     __syncthreads();              // ... for every thread's chunks
     const unsigned sa = sbase + (kt % STAGES) * STAGE * 2, sb = sa + BM * BK * 2;
     wgmma::fence();
+    if constexpr (LEAN) {  // k16 step kk: 32 bytes on = 2 more in the start-address field (shared < 256 KB)
+      const unsigned long long da = wgmma::desc_sw128(sa + wg * SLAB, 16, 1024), db = wgmma::desc_sw128(sb, 16, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024),
-                                   wgmma::desc_sw128(sb + kk * 32, 16, 1024), 1);
+      for (int kk = 0; kk < BK / 16; ++kk) wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), da + 2 * kk, db + 2 * kk, 1);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024),
+                                     wgmma::desc_sw128(sb + kk * 32, 16, 1024), 1);
+    }
     wgmma::commit();
     wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done
     if (kt + D < ktiles) fill((kt + D) % STAGES);  // the stage of tile kt - 2

@@ -724,10 +724,11 @@ def test_wgmma_forward_plans(monkeypatch):
     x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
     monkeypatch.setattr(C, "USE_WGM", False)
     assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr
-    for tile in C.WGM_TILES:  # forced: obeyed with USE_WGM off too
+    for tile in C.WGM_TILES + C.WGM_VARIANTS:  # forced: obeyed with USE_WGM off too
         monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
         pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
-        assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}>"
+        lean = ", true" if len(tile) == 5 and tile[4] else ""  # v12: the LEAN copies (default off)
+        assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}{lean}>"
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
         assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024 + tile[1] * 4  # + the parked bias
         assert pl.gemm_grid == (64 * 56 * 56 // 128, -(-64 // tile[1]), 1)

@@ -286,7 +286,7 @@ def _tc_problem(case, dtype, mode):
 
 def _force_tiling(monkeypatch, direction, tiling):
     if tiling is not None:
-        assert tiling in conv_ops.TC_TILES + conv_ops.TCP_TILES + conv_ops.WGM_TILES
+        assert tiling in conv_ops.TC_TILES + conv_ops.TCP_TILES + conv_ops.WGM_TILES + conv_ops.WGM_VARIANTS
         monkeypatch.setitem(conv_ops.TC_FORCE, direction, tiling)
 
 
@@ -294,6 +294,10 @@ def _force_tiling(monkeypatch, direction, tiling):
 # (BM, BN, WARPS_M, WARPS_N, MINB), which serves every case but backward data with stride > 1 (there the
 # model's fwd_tc / bwd_data_tc tile runs)
 TC_TILINGS = [None] + list(conv_ops.TC_TILES) + list(conv_ops.TCP_TILES)
+
+
+# fwd_wgmma's tiles: the model's (WGM_TILES) and v12's variants (the LEAN copies, WGM_VARIANTS)
+WGM_TILINGS = list(conv_ops.WGM_TILES) + list(conv_ops.WGM_VARIANTS)
 
 
 def _need_wgmma(handle):
@@ -304,7 +308,7 @@ def _need_wgmma(handle):
 # fwd_wgmma (Hopper): placed first so that a broken kernel shows on small shapes before the long runs
 @pytest.mark.parametrize("case", TC_CASES)
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("tiling", list(conv_ops.WGM_TILES))
+@pytest.mark.parametrize("tiling", WGM_TILINGS)
 def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
     """The wgmma forward on every tensor-core case (partial M / N tiles, channel tails zero-filled,
     stride, dilation, 1-d / 3-d, padded NHWC): plain (register epilogue) and beta != 0 (staged)."""
@@ -321,7 +325,7 @@ def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("case", [0, 6])
-@pytest.mark.parametrize("tiling", list(conv_ops.WGM_TILES))
+@pytest.mark.parametrize("tiling", WGM_TILINGS)
 def test_wgmma_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
     """The fused forward's epilogues on fwd_wgmma (see test_bias_activation_tensor_cores)."""
     _need_wgmma(handle)
@@ -386,7 +390,7 @@ WGM_BWD_CASES = [  # stride 1: odd sizes, padding 0 / 1 / 2 (and past R - 1), di
 
 @pytest.mark.parametrize("case", WGM_BWD_CASES)
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("tiling", [None] + list(conv_ops.WGM_TILES))
+@pytest.mark.parametrize("tiling", [None] + WGM_TILINGS)
 def test_wgmma_backward_data(handle, rng, monkeypatch, case, dtype, tiling):
     """Backward data on fwd_wgmma (filter_kc_swap into the workspace, then the forward of dy): dx poisoned
     (beta 0) or random (beta != 0), both modes, against the float64 reference; bitwise reproducible."""

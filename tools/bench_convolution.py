@@ -303,6 +303,76 @@ Versions and notes:
      ~1% of the gap, not ~5%; the rest is unexplained (next: compare the SASS of the fused and plain
      epilogues, the fused one's activation and the pairs' predicates). The 1.05x target sits within the
      run-to-run noise.
+  v11 (fourth session) fwd_wgmma with two wgmma groups in flight (a template parameter Q, run as forced
+     tilings beside the model's WGM_TILES; reverted after the run below). Reading: per K tile each warpgroup
+     commits tile kt's 4 wgmmas, waits until only that group is pending (wait<1>), then copies tile kt + D,
+     waits for its own chunks of tile kt + 1, fences and passes the block barrier before it can queue tile
+     kt + 1: the tensor cores hold one group (128x128: ~256 clocks a warpgroup, ~512 for both) while that
+     path runs, and any of it beyond one group's run idles them. Timing says that path is long: a 128x128
+     block spends ~1.07 us (~2000 clocks) per K tile at 28² against ~512 clocks of MMA, gemm_wgmma's
+     128x128 at 2 blocks/SM ~1.26 us a K tile for each of its two blocks; neither L2 traffic (v9 b) nor
+     copy depth (v9 c, 6 stages with one group) moved it. With Q = 2 (wait<2>, the refill to the stage of
+     tile kt - 3, D = STAGES - 3 copies ahead) tiles kt - 1 and kt are queued, two groups' time for it.
+     Variants: 128x128 6 stages 1/SM (D = 3; v9 c's 6-stage tile had D = 4 with one group), 128x64 4
+     stages 2/SM (D = 1: one copy ahead, the other block covering), 128x64 6 stages 1/SM (D = 3).
+     ptxas (sm_90a): 147 / 82 / 90 registers, no spill, no C7515 (the accumulators are not touched
+     between the groups). Predicted before the device run: if the copy / barrier path between the
+     groups is the limit, the 128x128 Q = 2 tile +10-25% on 28², 14², 7² (255 -> 280-320 TFLOP/s, 0.55-0.62x
+     cuDNN); the 128x64 4-stage Q = 2 tile within +-5% of its Q = 1 twin (one copy ahead exposes about
+     as much copy latency as the queue hides); the 128x64 6-stage 1/SM tile at 56² 150-200 (one block per SM
+     exposes each block's 2-tile prologue of its 9 K tiles). If the 128x128 Q = 2 tile gains under 3%, the
+     serialization is not the limit either, and what is left is the copy issue itself in the MMA warps
+     (a producer warp with TMA im2col) and the partial waves.
+     Measured (H200, one run at 1361eaf + this change; its tests first: every wgmma forward / bias /
+     backward-data test over the 2 + 3 tiles, 172 passed, 12 skipped; cuDNN this run: fwd 353 / 523 / 514 /
+     522, bwd data 389 / 492 / 524 / 521 TFLOP/s):
+       (TFLOP/s)                                   56²     28²     14²     7²
+       fwd, the model's tile (v8, Q = 1)          190.6   256.3   268.9   259.8   = 0.54 / 0.49 / 0.52 / 0.50x
+       fwd 128x128 4 st (Q = 1)                   114.9   256.6   235.1   259.5
+       fwd 128x128 6 st Q = 2 (D = 3)             117.3   258.2   234.6   257.9   (+2.1 / +0.6 / -0.2 / -0.6%)
+       fwd 128x64 4 st 2/SM (Q = 1)               191.4   246.4   269.4   235.1
+       fwd 128x64 4 st 2/SM Q = 2 (D = 1)         174.6   230.5   206.0   223.2   (-9 / -6 / -24 / -5%)
+       fwd 128x64 6 st 1/SM Q = 2 (D = 3)         150.4   214.0   261.2   226.4
+       bwd data, the model's tile                 183.3   244.2   255.3   240.0   = 0.47 / 0.50 / 0.49 / 0.46x
+       bwd data 128x128 6 st Q = 2                114.3   246.0   223.4   238.9
+       bwd data 128x128 4 st (Q = 1)              111.8   244.9   223.6   240.4
+     Outcome: the second group in flight pays nowhere (128x128: -0.6% .. +2%, noise), so the copy / barrier
+     path between the groups is not what the tensor cores wait on either; with one copy ahead (D = 1) the
+     128x64 tile loses 5-24% (the copy latency is exposed at D = 1 and covered at D = 2, as v9 c's D = 4
+     showed no further gain); the 1-block 128x64 loses at 56² as predicted (150). Reverted (template
+     parameter, variants, their tests and rows). Target missed as before: 0.49-0.54x forward, 0.46-0.50x
+     backward data.
+     Read after the run (SASS of the loop, nvdisasm of the NVRTC cubin, sm_90a): the loop of the 128x128
+     tile is 255 instructions a thread and K tile: 86 IMAD, 6 branches, the 8 LDGSTS each behind its own
+     tap-offset multiply-adds and a branch (NVRTC sinks `v ? A + (aoff + tap) : A`'s arithmetic into a
+     branch per chunk); the proxy fence is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S. See v12.
+  v12 (fourth session) fwd_wgmma<..., LEAN = true> (pydnn/ops/convolution.py; first as forced
+     WGM_VARIANTS beside the model's tiles, since the run below the model's WGM_TILES): the tap
+     offsets of A and B computed once per K tile (pinned by an empty asm so that they are not sunk into
+     the chunks), each chunk's source selected without a branch (32-bit offset or 0, one 64-bit add), and
+     the k16 steps' descriptors as the K tile's + 2 each. SASS of the loop: 128x128 255 -> 178
+     instructions (IMAD 86 -> 30, branches 6 -> 2), 128x64 209 -> 164; registers unchanged (147 / 82), no
+     spill. Prediction (to be measured): matmul's v4 (its copy test per chunk removed) gained 1.6x on the
+     same ring, but there the copies were the larger share; here the loop loses ~30% of its instructions,
+     and if per-thread issue / dependency latency in the copy path is what stretches a K tile to ~1 us, the
+     LEAN tiles gain +10-25% (28² / 7² 128x128 ~285-320, 56² / 14² 128x64 ~210-330 TFLOP/s, 0.55-0.62x
+     cuDNN); within 3% if not, which would leave the proxy fence (MEMBAR.ALL.CTA each K tile, if it
+     waits for the in-flight LDGSTS the ring is one deep whatever STAGES says) and TMA as the suspects.
+     Measured (H200, the integrator's run of the helper's tree; every wgmma test over the four tilings
+     passed: forward, fused epilogues, backward data; cuDNN fwd 345 / 519 / 525 / 512, bwd data 388 / 501
+     / 523 / 528 TFLOP/s in the same run):
+       (TFLOP/s)                      56²            28²            14²            7²
+       fwd 128x64  v8 / lean      191.7 / 209.9  246.4 / 284.4  269.1 / 325.6  234.4 / 280.5
+       fwd 128x128 v8 / lean      115.1 / 123.7  256.7 / 323.2  234.5 / 318.9  259.8 / 368.1
+       bwd data 128x64 v8 / lean  182.5 / 198.5  235.3 / 269.4  254.9 / 304.9  218.3 / 257.0
+       bwd data 128x128 v8 / lean 111.8 / 119.8  244.8 / 304.2  223.8 / 298.9  240.9 / 331.4
+     The model's tile (128x64 at 56² / 14², 128x128 at 28² / 7²) is the faster lean tile on every layer:
+     forward 209.9 / 323.2 / 325.6 / 368.1 = 0.61 / 0.62 / 0.62 / 0.72x cuDNN (v8's 0.55 / 0.49 / 0.51 /
+     0.51x), backward data 198.5 / 304.2 / 304.9 / 331.4 = 0.51 / 0.61 / 0.58 / 0.63x (v8's 0.47 / 0.49 /
+     0.49 / 0.46x): +7-42%, above the prediction's top at 28² / 7² (the 128-wide tile's loop lost the most
+     instructions). The instruction count of the copy path was the limit the ring depth and the two groups
+     in flight (v11) could not move. LEAN is the model's loop since (WGM_TILES); v8's stays as WGM_VARIANTS.
+     Still under 0.6x: backward data at 56² (0.51x) and 14² (0.58x).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows; PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the
@@ -460,7 +530,9 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
         variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in C.TC_TILES]
                     + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
         if h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units); v9: backward data on it, its variants
-            variants += [(t, f"v8 wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}") for t in C.WGM_TILES]
+            lean = lambda t: len(t) == 5 and t[4]  # noqa: E731
+            variants += [(t, f"{'v12' if lean(t) else 'v8'} wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}"
+                             f"{' lean copies' if lean(t) else ''}") for t in C.WGM_TILES + C.WGM_VARIANTS]
     else:
         direction, fp = C.DIR_BWD_FILTER, None
         falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
@@ -553,10 +625,10 @@ def _fused(b):
         finally:
             C.TC_FORCE.pop(C.DIR_FWD, None)
             pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
-        b.row_flops("conv", "3x3 64->64 @56 v8 wgmma 128x64 plain (vs pipe_tc plain: "
+        b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 (the model's) plain (vs pipe_tc plain: "
                     f"{ms_wp / ms_plain:.3f}x)", "bf16", flops, ms_wp, ms_torch, "cudnn conv+bias, relu_",
                     peak_tflops=PEAK["bf16"])
-        b.row_flops("conv", "3x3 64->64 @56 v8 wgmma 128x64 fused bias+relu (vs its plain: "
+        b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 (the model's) fused bias+relu (vs its plain: "
                     f"{ms_wf / ms_wp:.3f}x)", "bf16", flops, ms_wf, ms_torch, "cudnn conv+bias, relu_",
                     peak_tflops=PEAK["bf16"])
 

@@ -129,12 +129,18 @@ TC_FORCE = {}
 # implicit_gemm_pipe_tc (sm_90 only, channels % 64 == 0, at least WGM_MIN_KTILES K tiles a block: where
 # tools/bench_convolution.py v8 measured it faster, the ResNet 3x3 layers' 9-72 K tiles, 1.17-1.42x; the
 # 1x1 layers' 1-4 K tiles were not measured). WGM_TILE_SPEED: a tile's speed per flop at equal work on the
-# busiest SM (v8: the 128-wide tile ~10% faster where both tiles load the SMs alike), see _wgm_tiling.
-WGM_TILES = ((128, 64, 4, 2), (128, 128, 4, 1))
+# busiest SM (v8: the 128-wide tile ~10% faster where both tiles load the SMs alike; v12 with the lean
+# copies: the same picks are the faster tile on each ResNet 3x3 layer), see _wgm_tiling.
+# Entries (BM, BN, STAGES, MINB, LEAN): LEAN = 1 is v12's copy loop (the per-K-tile tap offsets computed once,
+# no branch per chunk, the k16 descriptors by increments; tools/bench_convolution.py v12: 1.07-1.42x the v8
+# loop on the bf16 3x3 layers, H200). WGM_VARIANTS keeps v8's loop (LEAN = 0) as forced tilings only, so the
+# benchmark times both in one run.
+WGM_TILES = ((128, 64, 4, 2, 1), (128, 128, 4, 1, 1))
+WGM_VARIANTS = ((128, 64, 4, 2), (128, 128, 4, 1))
 WGM_ARCH = "sm_90"
 USE_WGM = True
 WGM_MIN_KTILES = 9
-WGM_TILE_SPEED = {(128, 64, 4, 2): 1.0, (128, 128, 4, 1): 1.1}
+WGM_TILE_SPEED = {(128, 64, 4, 2, 1): 1.0, (128, 128, 4, 1, 1): 1.1}
 # the plain tensor-core forward through the shared-memory staged epilogue too (FLAG_STAGED; the fused
 # bias / z / activation and beta != 0 always take it): a benchmark switch, read when a plan is made
 TC_STAGED_PLAIN = False
@@ -172,8 +178,15 @@ def _tc_expr(tag, direction, config):
 
 
 def _wgm_expr(tag, cfg):
-    """The fwd_wgmma instantiation of a WGM_TILES entry."""
-    return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}>"
+    """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, v12's copies;
+    without it, or 0, v8's)."""
+    lean = ", true" if len(cfg) == 5 and cfg[4] else ""
+    return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}{lean}>"
+
+
+def _is_wgm(cfg):
+    """Whether a tiling names a fwd_wgmma instantiation (a WGM_TILES or WGM_VARIANTS entry)."""
+    return cfg is not None and tuple(cfg) in WGM_TILES + WGM_VARIANTS
 
 
 def _swap_expr(tag):
@@ -182,10 +195,10 @@ def _swap_expr(tag):
 
 
 def wgm_units():
-    """fwd_wgmma units (one per 16-bit type, every WGM_TILES entry, then filter_kc_swap): built and loadable
-    for sm_90 only, as sm_90a (wgmma)."""
+    """fwd_wgmma units (one per 16-bit type, every WGM_TILES and WGM_VARIANTS entry, then filter_kc_swap):
+    built and loadable for sm_90 only, as sm_90a (wgmma)."""
     return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu",
-                       tuple(_wgm_expr(t, c) for c in WGM_TILES) + (_swap_expr(t),),
+                       tuple(_wgm_expr(t, c) for c in WGM_TILES + WGM_VARIANTS) + (_swap_expr(t),),
                        archs=(WGM_ARCH + "a",))
             for t in TC_TAGS]
 
@@ -890,7 +903,7 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
     # fwd_wgmma serves the forward and (stride 1, which pipe_ok implies there) backward data as the forward
     # of dy with the swapped filter (_plan_bwd_wgmma)
     wgm_ok = direction in (DIR_FWD, DIR_BWD_DATA) and pipe_ok and getattr(handle, "arch", None) == WGM_ARCH
-    if forced is not None and len(forced) == 4:  # a fwd_wgmma tile: where it exists, else the model's choice
+    if _is_wgm(forced):  # a fwd_wgmma tile: where it exists, else the model's choice
         if wgm_ok:
             return tuple(forced)
         forced = None
@@ -932,7 +945,7 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
     if cfg is None:
         cfg = _tc_choice(handle, pb, direction, gm, gn, rc)
-    if direction == DIR_BWD_DATA and len(cfg) == 4:
+    if direction == DIR_BWD_DATA and _is_wgm(cfg):
         return _plan_bwd_wgmma(handle, pb, algo, cfg)
     p = _base_params(pb, direction)
     p.gm, p.gn, p.gk = gm, gn, gk
@@ -950,7 +963,7 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
     pl.gemm, pl.gemm_grid = p, (cdiv(gm, bm), cdiv(gn, bn), 1)
     if pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"{gn} output channels exceed the tensor-core kernel's grid")
-    wgm = len(cfg) == 4
+    wgm = _is_wgm(cfg)
     pl.gemm_expr = _wgm_expr(pb.tag, cfg) if wgm else _tc_expr(pb.tag, direction, cfg)
     if wgm:
         pl.unit = f"convolution.wgmma.{pb.tag}"
