@@ -57,6 +57,20 @@ def test_plan_validation(kw, status, needle):
     _raises(status, needle, M.gemm_plan, cpu_handle(), **args)
 
 
+def test_cached_plan_is_kept_per_problem():
+    """cached_plan returns the handle's plan for a repeated problem, a new one for another problem or
+    another handle, and raises for a bad problem every time (errors are not kept)."""
+    h, h2 = cpu_handle(), cpu_handle()
+    p = M.cached_plan(h, BF16, 64, 32, 16, trans_b=True, ldb=16, bias=True)
+    assert M.cached_plan(h, BF16, 64, 32, 16, trans_b=True, ldb=16, bias=True) is p
+    assert M.cached_plan(h, BF16, 64, 32, 16, trans_b=True, ldb=16, bias=False) is not p
+    assert M.cached_plan(h, BF16, 64, 48, 16, trans_b=True, ldb=16, bias=True) is not p
+    assert M.cached_plan(h2, BF16, 64, 32, 16, trans_b=True, ldb=16, bias=True) is not p
+    assert (p.m, p.n, p.k, p.trans_b, p.bias) == (64, 32, 16, True, True)
+    for _ in range(2):
+        _raises(BAD, "ldc", M.cached_plan, h, BF16, 8, 10, 16, ldc=9)
+
+
 def test_handle_checked():
     _raises(BAD, "handle", M.gemm_plan, None, BF16, 8, 8, 8)
     h = cpu_handle()

@@ -712,7 +712,7 @@ def _install_fakes(monkeypatch, arena):
         matmul.gemm_plan(handle, dt, m, n, k, trans_a, trans_b, lda, ldb, ldc, bias=bias, **kw)  # its checks
         return _FakeGemm(arena, m, n, k, trans_a, trans_b, lda, ldb, ldc, bias)
 
-    mm = types.SimpleNamespace(gemm_plan=plan)
+    mm = types.SimpleNamespace(gemm_plan=plan, cached_plan=plan)  # (mha plans through cached_plan)
     monkeypatch.setattr(M, "_matmul", lambda: mm)
 
     def t(desc, ptr):

@@ -57,7 +57,7 @@ from ..handle import check_handle
 from ..status import PydnnError
 from .common import TAG, cdiv, element_aligned, scalar
 
-__all__ = ["gemm_plan", "gemm", "GemmPlan"]
+__all__ = ["gemm_plan", "cached_plan", "gemm", "GemmPlan"]
 C_API = []              # internal module: no C functions (see the docstring for the one a C API would add)
 C_OPAQUE_TYPES = []
 C_NULLABLE = {}
@@ -438,6 +438,15 @@ def gemm(handle, dtype, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, tr
         bias, bias_ptr = True, bias
     elif bias is None:
         bias = False
+    plan = cached_plan(handle, dtype, m, n, k, trans_a, trans_b, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
+                       bias, allow_tf32)
+    plan.launch(handle, a, b, c, alpha, beta, bias_ptr)
+
+
+def cached_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None, batch=1,
+                stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False):
+    """gemm_plan(...) remembered in the handle per argument tuple: a plan holds no pointers (launch takes
+    them), so a repeated problem skips the validation and the tile choice (~0.1 ms of Python per plan)."""
     key = ("matmul", dtype, m, n, k, trans_a, trans_b, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
            bias, allow_tf32)
     try:
@@ -450,4 +459,4 @@ def gemm(handle, dtype, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, tr
         plan = gemm_plan(handle, dtype, m, n, k, trans_a, trans_b, lda, ldb, ldc, batch, stride_a, stride_b,
                          stride_c, bias, allow_tf32)
         handle.remember(key, plan)
-    plan.launch(handle, a, b, c, alpha, beta, bias_ptr)
+    return plan

@@ -738,8 +738,8 @@ class _Gemm:
 
     def __init__(self, mm, handle, dt, m, n, k, a, b, c, *, ta=False, tb=False, lda, ldb, ldc, alpha=1.0,
                  beta=0.0, bias=0):
-        self.plan = mm.gemm_plan(handle, dt, m, n, k, trans_a=ta, trans_b=tb, lda=lda, ldb=ldb, ldc=ldc,
-                                 bias=bool(bias))
+        self.plan = mm.cached_plan(handle, dt, m, n, k, trans_a=ta, trans_b=tb, lda=lda, ldb=ldb, ldc=ldc,
+                                   bias=bool(bias))
         self.args = (a, b, c, alpha, beta, bias)
 
     def __call__(self, handle):
