@@ -22,13 +22,20 @@ class Handle:
         self.prepared = {}  # launch records keyed by (op, descriptors, their versions): see remember()
         self.alive = True
 
-    def function(self, unit, expr):
-        """The CUfunction for a kernel instantiation on this handle's context (loaded on first use)."""
+    def function(self, unit, expr, smem=0):
+        """The CUfunction for a kernel instantiation on this handle's context (loaded on first use). smem: the
+        dynamic shared memory the caller launches it with; past the 48 KiB default the function is opted in
+        to it once per handle (again only if a later launch asks for more)."""
         key = (unit, expr)
         f = self._funcs.get(key)
         if f is None:
             f = loader.get_function(self.ctx, self.arch, unit, expr)
             self._funcs[key] = f
+        if smem > 48 * 1024:
+            skey = ("smem opt-in", unit, expr)
+            if self.prepared.get(skey, 0) < smem:
+                driver.function_set_max_dynamic_smem(f, smem)
+                self.remember(skey, smem)
         return f
 
     def remember(self, key, record):

@@ -23,3 +23,17 @@ def test_no_partial_alias():
         with pytest.raises(pydnn.PydnnError) as e:
             no_partial_alias(out_ptr, out_desc, "dx", base, nchw, "dy", in_place=in_place)
         assert e.value.status == BAD and "dx: its memory overlaps dy's" in e.value.message
+
+
+def test_handle_function_opts_in_to_large_shared_memory_once(monkeypatch):
+    """handle.function(unit, expr, smem): past 48 KiB the function is opted in once per handle, and again
+    only when a later launch asks for more."""
+    from pydnn._cuda import driver
+    from test_fuzz_cpu import cpu_handle
+    h = cpu_handle()
+    h._funcs = {("u", "e"): "F"}
+    calls = []
+    monkeypatch.setattr(driver, "function_set_max_dynamic_smem", lambda f, n: calls.append((f, n)))
+    for smem in (0, 48 * 1024, 100_000, 100_000, 150_000, 120_000):
+        assert h.function("u", "e", smem) == "F"
+    assert calls == [("F", 100_000), ("F", 150_000)]

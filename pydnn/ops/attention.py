@@ -405,13 +405,8 @@ def drop_threshold(prob):
 
 def _func(handle, kernel, pr, drop=False, atomic=False):
     unit, expr = f"attention.{pr.tag}", _expr(kernel, pr.tag, pr.d, _targs(kernel, pr.d, drop, atomic))
-    f = handle.function(unit, expr)
     smem = smem_bytes(kernel, pr.d, atomic)
-    key = ("attention.smem", unit, expr)  # the opt-in above 48 KiB, once per handle and kernel
-    if smem > 48 * 1024 and key not in handle.prepared:
-        driver.function_set_max_dynamic_smem(f, smem)
-        handle.remember(key, True)
-    return f, smem
+    return handle.function(unit, expr, smem), smem
 
 
 def _launch(handle, f, smem, grid, p):

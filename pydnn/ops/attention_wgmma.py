@@ -66,11 +66,7 @@ def launch(handle, tag, d, grid_yz, seq_q, p):
     """One forward launch (params p built and checked by attention_forward)."""
     tile = TILE[d]
     unit, expr = DIAG or (f"attention.wgmma.{tag}", _expr(tag, d, tile))
-    f = handle.function(unit, expr)
     smem = smem_bytes(d, tile)
-    key = ("attention.smem", unit, expr)  # the opt-in above 48 KiB, once per handle and kernel
-    if key not in handle.prepared:
-        driver.function_set_max_dynamic_smem(f, smem)
-        handle.remember(key, True)
+    f = handle.function(unit, expr, smem)
     grid = ((seq_q + BM - 1) // BM,) + tuple(grid_yz)
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

@@ -54,13 +54,7 @@ def kernel_units():
 
 
 def _function(handle, tag, expr, smem):
-    unit = f"attention.wgmma_bwd.{tag}"
-    f = handle.function(unit, expr)
-    key = ("attention.smem", unit, expr)  # the opt-in above 48 KiB, once per handle and kernel
-    if key not in handle.prepared:
-        driver.function_set_max_dynamic_smem(f, smem)
-        handle.remember(key, True)
-    return f
+    return handle.function(f"attention.wgmma_bwd.{tag}", expr, smem)
 
 
 def usable(handle, d, tag, dropout):

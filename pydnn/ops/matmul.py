@@ -292,13 +292,7 @@ class _Launch:
         self.args = driver.kernel_args(params)
 
     def function(self, handle):
-        f = handle.function(self.unit, self.expr)
-        if self.smem > 48 * 1024:
-            key = ("matmul.smem", self.unit, self.expr)  # the opt-in above 48 KiB, once per handle and kernel
-            if key not in handle.prepared:
-                driver.function_set_max_dynamic_smem(f, self.smem)
-                handle.remember(key, True)
-        return f
+        return handle.function(self.unit, self.expr, self.smem)
 
 
 class GemmPlan:
