@@ -255,6 +255,21 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
   }
 };
 
+// The A and B Copiers of one K stage (the [rows][kBK] or [kBK][cols] tile each operand's transposition
+// gives), set up for the block's tile and copying K tile kt into a stage (A at sa, B A_ELEMS further).
+template <class T, int BM, int BN, int THREADS, bool TA, bool TB, bool WG = false> struct StageCopier {
+  Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA, WG> ca;
+  Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB, WG> cb;
+  __device__ __forceinline__ StageCopier(const MatmulParams& p, const T* A, const T* B, int m0, int n0) {
+    if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
+    if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
+  }
+  __device__ __forceinline__ void copy(const MatmulParams& p, T* sa, int a_elems, int kt) {
+    ca.copy(sa, p.lda, p.k - kt * kBK);
+    cb.copy(sa + a_elems, p.ldb, p.k - kt * kBK);
+  }
+};
+
 // Pipeline 1: per K tile, wait for it, one barrier, issue the copy of tile kt + STAGES - 1, then four
 // k16 steps each loading its fragments and issuing its mmas. Every copy goes through load_tile.
 template <class T, int BM, int BN, int WM, int WN, int STAGES, int THREADS, bool TA, bool TB, bool VEC>
@@ -306,15 +321,8 @@ __device__ __forceinline__ void mainloop_v2(const MatmulParams& p, const T* A, c
                                             int wm0, int wn0, float (&acc)[WM / 16][WN / 8][4]) {
   constexpr int A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, KSTEPS = kBK / 16;
   const int ktiles = (p.k + kBK - 1) / kBK;
-  Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA> ca;
-  Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB> cb;
-  if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
-  if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
-  auto load_stage = [&](int stage, int kt) {
-    T* sa = smem + stage * STAGE_ELEMS;
-    ca.copy(sa, p.lda, p.k - kt * kBK);
-    cb.copy(sa + A_ELEMS, p.ldb, p.k - kt * kBK);
-  };
+  StageCopier<T, BM, BN, THREADS, TA, TB> cp(p, A, B, m0, n0);
+  auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
   if (ktiles == 0) return;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -449,15 +457,8 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
-    Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA, true> ca;
-    Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB, true> cb;
-    if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
-    if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
-    auto load_stage = [&](int stage, int kt) {
-      T* sa = smem + stage * STAGE_ELEMS;
-      ca.copy(sa, p.lda, p.k - kt * kBK);
-      cb.copy(sa + A_ELEMS, p.ldb, p.k - kt * kBK);
-    };
+    StageCopier<T, BM, BN, THREADS, TA, TB, true> cp(p, A, B, m0, n0);
+    auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
 #pragma unroll
     for (int s = 0; s < D; ++s) {
       if (s < ktiles) load_stage(s, s);

@@ -140,6 +140,21 @@ def test_each_tile(handle, rng, monkeypatch, dtype, trans, tile):
     pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
 
 
+def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch):
+    """One problem on the tile `t` (forced through _choose_tile): leading dims rounded up to 8 (the fast
+    path), a bias, the plan's kernel checked, then run plain and with alpha / beta."""
+    ta, tb = trans
+    up = lambda v: -(-v // 8) * 8  # noqa: E731
+    ra, lda = (k, up(m)) if ta else (m, up(k))
+    rb, ldb = (n, up(k)) if tb else (k, up(n))
+    pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
+                 pad8=True)
+    plan = pb.plan(handle)
+    assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
+    pb.run(handle, rng, plan=plan)
+    pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+
+
 @pytest.mark.parametrize("tile", range(len(M.CANDIDATE_TILES)))
 @pytest.mark.parametrize("trans", TRANS)
 @pytest.mark.parametrize("dtype", [F16, BF16])
@@ -150,16 +165,7 @@ def test_candidate_tiles(handle, rng, monkeypatch, dtype, trans, tile):
     M.extra_units("cand", M.CANDIDATE_TILES)
     monkeypatch.setattr(M, "_choose_tile", lambda *a: t)
     for m, n, k, batch in ((2 * t.bm + 37, t.bn + 91, 203, 1), (t.bm, t.bn, 64 * 9, 1), (48, 72, 40, 3)):
-        ta, tb = trans
-        up = lambda v: -(-v // 8) * 8  # noqa: E731
-        ra, lda = (k, up(m)) if ta else (m, up(k))
-        rb, ldb = (n, up(k)) if tb else (k, up(n))
-        pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
-                     pad8=True)
-        plan = pb.plan(handle)
-        assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
-        pb.run(handle, rng, plan=plan)
-        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
 
 
 @pytest.mark.parametrize("trans", TRANS)
@@ -268,16 +274,7 @@ def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
     big = [(2 * t.bm + 37, t.bn + 91, 203, 1), (t.bm, t.bn, 64 * 9, 1), (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1),
            (48, 72, 40, 3)]
     for m, n, k, batch in WG_SHAPES + big:
-        ta, tb = trans
-        up = lambda v: -(-v // 8) * 8  # noqa: E731
-        ra, lda = (k, up(m)) if ta else (m, up(k))
-        rb, ldb = (n, up(k)) if tb else (k, up(n))
-        pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
-                     pad8=True)
-        plan = pb.plan(handle)
-        assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
-        pb.run(handle, rng, plan=plan)
-        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
 
 
 @pytest.mark.parametrize("shape, tile", [((2088, 2304), 0), ((10240, 384), 1)])
