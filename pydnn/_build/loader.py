@@ -23,6 +23,16 @@ def _unit(name):
     return _units[name]
 
 
+def register_units(units):
+    """Make the loader know `units` that are outside the build (benchmark candidates and diagnostics):
+    compile on first use finds units by name here; a no-op for units it already knows."""
+    global _units
+    if _units is None:
+        _units = unit_by_name()
+    for u in units:
+        _units.setdefault(u.name, u)
+
+
 def load_unit(arch, unit):
     """(cubin, lowered) for `unit` on `arch` (the device's: the unit's own target, unit_arch, is loaded),
     compiling into the cache on a miss. A unit that does not exist for `arch` raises KeyError."""

@@ -45,9 +45,7 @@ def diag_units():
     from .._build import loader
     exprs = {(d, g): _expr("bf16", d, TILE[d], g) for d in HEAD_DIMS for g in (1, 2)}
     unit = KernelUnit("attention.wgdiag.bf16", "attention_wgmma.cu", tuple(exprs.values()), archs=(ARCH + "a",))
-    if loader._units is None:
-        loader._units = loader.unit_by_name()
-    loader._units.setdefault(unit.name, unit)
+    loader.register_units([unit])
     return {k: (unit.name, e) for k, e in exprs.items()}
 
 

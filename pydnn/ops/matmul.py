@@ -49,6 +49,7 @@ names are internal.
 import ctypes
 
 from .. import enums as E
+from .._build import loader
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
@@ -188,18 +189,7 @@ def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
 
 def wgmma_extra_units():
     """The WG_CANDIDATES units, registered with the loader (tests and benchmarks; outside the build)."""
-    _register_units(wgmma_units(WG_CANDIDATES, "matmul.wgcand"))
-
-
-def _register_units(units):
-    """Make the loader know `units`, which are outside the build (the manifest lists this module's own):
-    compile on first use looks units up by name there; a no-op for units it already knows."""
-    from .._build import loader
-
-    if loader._units is None:
-        loader._units = loader.unit_by_name()
-    for u in units:
-        loader._units.setdefault(u.name, u)
+    loader.register_units(wgmma_units(WG_CANDIDATES, "matmul.wgcand"))
 
 
 def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
@@ -211,7 +201,7 @@ def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
         units.append(KernelUnit(f"matmul.{name}.{tag}", "matmul.cu", tuple(exprs)))
     for t in tiles:
         t.unit = f"matmul.{name}"
-    _register_units(units)
+    loader.register_units(units)
     return {tag: u.name for tag, u in zip(tags, units)}
 
 
