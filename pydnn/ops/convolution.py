@@ -55,6 +55,7 @@ from ..status import PydnnError, api
 from ..tensor import DTYPES, _int, check_filter, check_tensor
 from .common import FLOAT_TAGS, TAG, cdiv, element_aligned, enum_arg, float_tensor, output_tensor, prod, scalar
 from ._elementwise import CTYPE
+from .convolution_gemm import StepPlan
 
 BAD, NS = E.PYDNN_STATUS_BAD_PARAM, E.PYDNN_STATUS_NOT_SUPPORTED
 
@@ -1019,20 +1020,14 @@ SWAP_GBPS = 2000.0   # the v7 model's rate for filter_kc_swap (bytes read + writ
 SWAP_LAUNCH_MS = 0.004
 
 
-class BwdWgmmaPlan:
+class BwdWgmmaPlan(StepPlan):
     """Backward data as filter_kc_swap + fwd_wgmma (see above): a multi-launch plan (run_plan's `launch`,
-    the v7 model's `estimate_ms`), with the Plan attributes the family reads."""
-
-    fold = None
-    splits = 1
-    smem = 0
-    pair_ok = False
+    the v7 model's `estimate_ms`), with the Plan attributes the family reads (StepPlan's)."""
 
     def __init__(self, pb, algo, sub, spb):
-        self.direction, self.algo, self.problem = DIR_BWD_DATA, algo, pb
+        super().__init__(DIR_BWD_DATA, algo, pb)
         self.sub, self.sub_problem = sub, spb
         sub.problem = spb
-        self.itemsize, self.acc_size, self.deterministic = DTYPES[pb.dtype][0], 16, True
         self.align = sub.align            # dy is read in 16-byte vectors
         self.gemm, self.gemm_expr, self.unit = sub.gemm, sub.gemm_expr, sub.unit
         self.filter_bytes = prod(pb.filt3) * pb.c * pb.k * self.itemsize
