@@ -3,7 +3,8 @@
 //
 //   filter transform  V = G f G^T          (alpha x alpha per (o, i); G is alpha x 3)
 //   input transform   U = B^T d B          (per (tile, channel); d the alpha x alpha input patch, stride m)
-//   alpha^2 GEMMs     M_b = U_b V_b^T      (the family's implicit GEMM, launched from Python)
+//   alpha^2 GEMMs     M_b = U_b V_b^T      (matmul's gemm_simt, or the implicit GEMM for double; launched
+//                                           from Python)
 //   output transform  Y = A^T M A          (m x m outputs per (tile, o)) + alpha / beta / fused epilogue
 //
 // Every output element is written by one thread with a fixed summation order: deterministic. The
@@ -177,6 +178,9 @@ __global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
     }
 }
 
+// M outputs of one row, stored at once (alignment = size: 16 bytes for 4 floats).
+template <class T, int N> struct alignas(sizeof(T) * N) OutVec { T v[N]; };
+
 template <class Acc> __device__ __forceinline__ Acc activate(const WinoParams& p, Acc v) {
   const bool nan = v != v;
   switch (p.act) {
@@ -227,28 +231,47 @@ __global__ void __launch_bounds__(256) output_transform(const WinoParams p) {
     }
   T* out = static_cast<T*>(p.out);
   const Acc alpha = Acc(p.alpha), beta = Acc(p.beta), alpha2 = Acc(p.alpha2);
+  const bool wide = p.os[3] == 1 && tw * M + M <= p.out_w;  // the row's M outputs contiguous and in range
 #pragma unroll
-  for (int a = 0; a < M; ++a)
+  for (int a = 0; a < M; ++a) {
+    const int hh = th * M + a;
+    if (hh >= p.out_h) continue;
+    const long long row = (long long)n * p.os[0] + (long long)o * p.os[1] + (long long)hh * p.os[2];
+    Acc r[M];
 #pragma unroll
     for (int b = 0; b < M; ++b) {
-      const int hh = th * M + a, ww = tw * M + b;
-      if (hh >= p.out_h || ww >= p.out_w) continue;
+      const int ww = tw * M + b;
       bool first = true;
       Acc y = Acc(0);
 #pragma unroll
       for (int k = 0; k < A; ++k) madd(y, first, W::at(b, k), t[a][k]);
-      const long long off = (long long)n * p.os[0] + (long long)o * p.os[1] + (long long)hh * p.os[2] +
-                            (long long)ww * p.os[3];
-      Acc v = alpha * y;
-      if (p.flags & PYDNN_FLAG_BETA) v += beta * load<Acc>(out[off]);
+      r[b] = alpha * y;
+      if (ww >= p.out_w) continue;
+      const long long off = row + (long long)ww * p.os[3];
+      if (p.flags & PYDNN_FLAG_BETA) r[b] += beta * load<Acc>(out[off]);
       if (p.flags & PYDNN_WINO_FLAG_Z) {
         const long long zoff = (long long)n * p.zs[0] + (long long)o * p.zs[1] + (long long)hh * p.zs[2] +
                                (long long)ww * p.zs[3];
-        v += alpha2 * load<Acc>(static_cast<const T*>(p.z)[zoff]);
+        r[b] += alpha2 * load<Acc>(static_cast<const T*>(p.z)[zoff]);
       }
-      if (p.flags & PYDNN_WINO_FLAG_BIAS) v += load<Acc>(static_cast<const T*>(p.bias)[o * p.bias_stride]);
-      out[off] = store<T>(activate(p, v));
+      if (p.flags & PYDNN_WINO_FLAG_BIAS) r[b] += load<Acc>(static_cast<const T*>(p.bias)[o * p.bias_stride]);
+      r[b] = activate(p, r[b]);
     }
+    // One M-element store per row where the row's outputs are contiguous and aligned (NCHW-like y with
+    // its width a multiple of M: 4 scalar stores 16 bytes apart across a warp's threads cost the 56^2
+    // layer's output transform ~1.6x its memory time, tools/bench_convolution_algos.py v4).
+    T* dst = out + row + (long long)tw * M * p.os[3];
+    if (wide && (reinterpret_cast<unsigned long long>(dst) % sizeof(OutVec<T, M>)) == 0) {
+      OutVec<T, M> v;
+#pragma unroll
+      for (int b = 0; b < M; ++b) v.v[b] = store<T>(r[b]);
+      *reinterpret_cast<OutVec<T, M>*>(dst) = v;
+    } else {
+#pragma unroll
+      for (int b = 0; b < M; ++b)
+        if (tw * M + b < p.out_w) dst[(long long)b * p.os[3]] = store<T>(r[b]);
+    }
+  }
 }
 
 }  // namespace conv_wino

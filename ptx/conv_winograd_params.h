@@ -13,7 +13,9 @@
  *   M[b][m][o]   the per-position products: for each b a grouped GEMM M = U V^T over i
  * addressed as u[m * u_m + (b * C + ci) * u_c] (C = groups * cin_g), m[m * m_m + (b * K + o) * m_c]
  * (K = groups * cout_g): one of u_m / u_c is 1 (the layout follows the tensor's), likewise for m.
- * The GEMM is the family's implicit GEMM as a 1x1 convolution with P * groups groups. */
+ * The GEMMs are one batched launch of matmul's gemm_simt (float accumulation; batch b * groups + g, see
+ * convolution_winograd.gemm_view), or the family's implicit GEMM as a 1x1 convolution with P * groups
+ * groups (double). */
 #ifndef PYDNN_CONV_WINOGRAD_PARAMS_H
 #define PYDNN_CONV_WINOGRAD_PARAMS_H
 

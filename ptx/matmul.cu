@@ -22,13 +22,15 @@
 // gemm_wgmma (half, bfloat16; sm_90a units only): Hopper warpgroup MMA straight from shared memory
 // (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below.
 //
-// gemm_simt (float): CUDA-core FMA, 128 x 128 tiles, 8 x 8 outputs per thread, K in steps of 16, the
-// next tile prefetched into registers while the current one is used (two shared buffers, one barrier
-// per step). Elements are loaded one by one (coalesced along the contiguous dim), so any alignment and
-// leading dim works.
+// gemm_simt (float): CUDA-core FMA, BM x BN block tiles of 32 x 64 warp tiles, 8 x 8 outputs per thread,
+// both operands K-major in shared memory, fragments double-buffered in registers, the next K tile
+// prefetched into registers (16-byte loads where aligned) during the current one's FMAs; any alignment
+// and leading dim works; persistent blocks (one wave) walk the (batch, tile) items (described at the
+// kernel below).
 //
-// Every kernel loops over the batch with stride gridDim.z (the grid's z is capped at 65535) and writes
-// the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never reads C.
+// gemm_tc / gemm_wgmma loop over the batch with stride gridDim.z (the grid's z is capped at 65535); every
+// kernel writes the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never
+// reads C.
 #include "common/mma.cuh"
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
@@ -508,103 +510,254 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
 
 // ------------------------------------------------------------------------------------------ CUDA cores
 
-template <bool TA, bool TB>
-__global__ void __launch_bounds__(256, 1) gemm_simt(MatmulParams p) {
-  constexpr int BM = 128, BN = 128, BK = 16, PAD = 4, THREADS = 256;
-  constexpr int LA = BM * BK / THREADS, LB = BN * BK / THREADS;  // elements each thread loads per tile
-  __shared__ __align__(16) float As[2][BK][BM + PAD];
-  __shared__ __align__(16) float Bs[2][BK][BN + PAD];
+// gemm_simt (v2): one thread computes an 8 x 8 block of C as 2 x 2 sub-blocks of 4 x 4 (rows 16 apart,
+// columns 32 apart), a warp 32 x 64 (lanes 4 along m x 8 along n), WARPS_M x WARPS_N warps a BM x BN
+// block tile. Shared memory holds both operands K-major ([BK][BM + 4] and [BK][BN + 4]), so each k step
+// is two 16-byte loads of A and two of B per thread (4 and 8 distinct addresses per warp: broadcasts)
+// for 64 FMAs; the fragments of step k + 1 load while step k's FMAs issue. Global -> shared goes
+// through registers (16-byte loads where a chunk is whole and aligned, else element by element with
+// zero fill), the next K tile's loads issued before the current tile's FMAs, one barrier per K tile
+// (two shared buffers). An operand whose contiguous dim is K (A not transposed, B transposed) is
+// written to shared memory transposed, 4 scalar stores per chunk (conflict-free: the +4 row padding
+// puts the two K quads a warp writes 16 banks apart).
 
-  int tm, tn;
-  tile_coords(p, tm, tn);
-  const int m0 = tm * BM, n0 = tn * BN;
-  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+// One operand's K tiles: BK x TILE (TILE along m or n), fetched as float4 chunks into registers and
+// stashed K-major into a [BK][TILE + 4] shared tile. KROWS: the operand's rows run along K (its
+// contiguous dim is the tile's m / n); else its contiguous dim is K and a chunk is 4 K values of one row.
+template <int TILE, int BK, int THREADS, bool KROWS> struct SimtSide {
+  static constexpr int LD = TILE + 4;                   // shared row pitch (floats)
+  static constexpr int CPR = KROWS ? TILE / 4 : BK / 4;  // chunks per global row of the tile
+  static constexpr int RS = THREADS / CPR;              // rows between a thread's chunks
+  static constexpr int N = TILE * BK / 4 / THREADS;     // chunks per thread
+  static_assert(THREADS % CPR == 0 && N * THREADS * 4 == TILE * BK && N >= 1, "simt tile layout");
+  float4 r[N];
+  const float* g;  // chunk 0 of this thread in the current K tile
+  int tr, tc;      // tile row / column (elements) of chunk 0
+  int lim;         // KROWS: valid elements of every chunk (m / n edge); else: bit i = chunk i's row exists
+
+  // Operand rows r0.. of `rows`, columns c0.. of `cols` (row stride ld) are K tile 0.
+  __device__ __forceinline__ void init(const float* base, long long ld, int r0, int rows, int c0, int cols) {
+    tr = threadIdx.x / CPR;
+    tc = (threadIdx.x % CPR) * 4;
+    g = base + (long long)(r0 + tr) * ld + c0 + tc;
+    if (KROWS) {
+      lim = min(max(cols - (c0 + tc), 0), 4);
+    } else {
+      lim = 0;
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (r0 + tr + i * RS < rows) lim |= 1 << i;
+    }
+  }
+
+  // Load K tile kt (this thread's chunks) into registers, then step to the next tile. kleft: the K
+  // elements from this tile's start to the operand's end.
+  __device__ __forceinline__ void fetch(long long ld, int kleft) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float* src = g + (long long)i * RS * ld;
+      int cnt;
+      if (KROWS) cnt = tr + i * RS < kleft ? lim : 0;
+      else cnt = ((lim >> i) & 1) ? min(max(kleft - tc, 0), 4) : 0;
+      if (cnt == 4 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+        r[i] = *reinterpret_cast<const float4*>(src);
+      } else {
+        r[i].x = cnt > 0 ? src[0] : 0.f;
+        r[i].y = cnt > 1 ? src[1] : 0.f;
+        r[i].z = cnt > 2 ? src[2] : 0.f;
+        r[i].w = cnt > 3 ? src[3] : 0.f;
+      }
+    }
+    g += KROWS ? BK * ld : BK;
+  }
+
+  __device__ __forceinline__ void stash(float* s) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int row = tr + i * RS;
+      if (KROWS) {
+        *reinterpret_cast<float4*>(s + row * LD + tc) = r[i];
+      } else {
+        s[(tc + 0) * LD + row] = r[i].x;
+        s[(tc + 1) * LD + row] = r[i].y;
+        s[(tc + 2) * LD + row] = r[i].z;
+        s[(tc + 3) * LD + row] = r[i].w;
+      }
+    }
+  }
+};
+
+// alpha * v (+ beta * C) (+ bias) for columns col..col + 3 of one row of C: one 16-byte access where the
+// four are in C and aligned.
+__device__ __forceinline__ void simt_store4(const MatmulParams& p, float* crow, const float* bias, int col,
+                                            float4 v) {
+  v.x *= p.alpha; v.y *= p.alpha; v.z *= p.alpha; v.w *= p.alpha;
+  float* dst = crow + col;
+  if (col + 3 < p.n && (reinterpret_cast<unsigned long long>(dst) & 15) == 0) {
+    if (p.flags & PYDNN_MATMUL_FLAG_BETA) {
+      const float4 o = *reinterpret_cast<const float4*>(dst);
+      v.x += p.beta * o.x; v.y += p.beta * o.y; v.z += p.beta * o.z; v.w += p.beta * o.w;
+    }
+    if (p.flags & PYDNN_MATMUL_FLAG_BIAS) {
+      v.x += bias[col]; v.y += bias[col + 1]; v.z += bias[col + 2]; v.w += bias[col + 3];
+    }
+    *reinterpret_cast<float4*>(dst) = v;
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (col + i >= p.n) break;
+    float x = e[i];
+    if (p.flags & PYDNN_MATMUL_FLAG_BETA) x += p.beta * dst[i];
+    if (p.flags & PYDNN_MATMUL_FLAG_BIAS) x += bias[col + i];
+    dst[i] = x;
+  }
+}
+
+// The (tm, tn) tile of tile index `id` within a batch: tile_coords' raster for any id.
+__device__ __forceinline__ void tile_coords_of(const MatmulParams& p, int id, int& tm, int& tn) {
+  const int per_group = p.group_m * p.tiles_n;
+  const int g = id / per_group;
+  const int first = g * p.group_m;
+  const int rows = min(p.tiles_m - first, p.group_m);
+  const int r = id - g * per_group;
+  tm = first + r % rows;
+  tn = r / rows;
+}
+
+// MINB: blocks per SM the registers are capped for. BK: K elements per shared tile (8 or 16).
+// Persistent: work items are (batch z, tile) pairs, item = z * tiles + tile; the grid is one wave of blocks
+// (MINB per SM, fewer when there are fewer items), block b taking items b, b + gridDim.x, ... The K loop
+// runs on from one item into the next: the last K tile's slot for the next tile's loads fetches the next
+// item's first K tile, so only a block's first item waits for its first global loads (+1-4% on the
+// Winograd shapes over one block per tile: tools/bench_matmul.py, f32 v3).
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int MINB, bool TA, bool TB>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulParams p) {
+  constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  static_assert(BM == WARPS_M * 32 && BN == WARPS_N * 64, "gemm_simt: warp tiles are 32 x 64");
+  typedef SimtSide<BM, BK, THREADS, TA> SideA;   // A's rows run along K when A is transposed
+  typedef SimtSide<BN, BK, THREADS, !TB> SideB;  // B's rows run along K when B is not
+  constexpr int SA = BK * SideA::LD, SB = BK * SideB::LD;
+  __shared__ __align__(16) float As[2 * SA];
+  __shared__ __align__(16) float Bs[2 * SB];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int am = (warp / WARPS_N) * 32 + (lane >> 3) * 4;  // this thread's first row within the tile
+  const int bn = (warp % WARPS_N) * 64 + (lane & 7) * 4;   // and first column
   const int ktiles = (p.k + BK - 1) / BK;
+  const long long per_batch = (long long)p.tiles_m * p.tiles_n;
+  const long long items = per_batch * p.batch;
+  const long long step = gridDim.x;
+  long long item = blockIdx.x;
+  if (item >= items) return;
 
-  for (long long z = blockIdx.z; z < p.batch; z += gridDim.z) {
-    const float* A = reinterpret_cast<const float*>(p.a) + z * p.stride_a;
-    const float* B = reinterpret_cast<const float*>(p.b) + z * p.stride_b;
-    float ra[LA], rb[LB];
+  SideA sa;
+  SideB sb;
+  int m0, n0;
+  long long z;
+  // Point the operand copiers at `it`'s tile (K tile 0) and remember its coordinates in (z, m0, n0).
+  auto start = [&](long long it, long long& zz, int& mm0, int& nn0) {
+    zz = it / per_batch;
+    int tm, tn;
+    tile_coords_of(p, (int)(it - zz * per_batch), tm, tn);
+    mm0 = tm * BM;
+    nn0 = tn * BN;
+    const float* A = reinterpret_cast<const float*>(p.a) + zz * p.stride_a;
+    const float* B = reinterpret_cast<const float*>(p.b) + zz * p.stride_b;
+    if (TA) sa.init(A, p.lda, 0, p.k, mm0, p.m); else sa.init(A, p.lda, mm0, p.m, 0, p.k);
+    if (TB) sb.init(B, p.ldb, nn0, p.n, 0, p.k); else sb.init(B, p.ldb, 0, p.k, nn0, p.n);
+  };
+  start(item, z, m0, n0);
+  if (ktiles > 0) {
+    sa.fetch(p.lda, p.k);
+    sb.fetch(p.ldb, p.k);
+    sa.stash(As);
+    sb.stash(Bs);
+  }
+  __syncthreads();
+  float4 fa[2][2], fb[2][2];  // [step parity][sub-block]: rows am, am + 16; columns bn, bn + 32
+  auto frags = [&](int buf, int k, int slot) {
+    const float* a = As + buf * SA + k * SideA::LD + am;
+    const float* b = Bs + buf * SB + k * SideB::LD + bn;
+    fa[slot][0] = *reinterpret_cast<const float4*>(a);
+    fa[slot][1] = *reinterpret_cast<const float4*>(a + 16);
+    fb[slot][0] = *reinterpret_cast<const float4*>(b);
+    fb[slot][1] = *reinterpret_cast<const float4*>(b + 32);
+  };
+  frags(0, 0, 0);
+  int buf = 0;
 
-    // Tile kt into registers: index idx runs along the operand's contiguous dim first (coalesced).
-    auto fetch = [&](int kt) {
-      const int k0 = kt * BK;
-#pragma unroll
-      for (int i = 0; i < LA; ++i) {
-        const int idx = tid + i * THREADS;
-        const int mi = TA ? idx % BM : idx / BK, ki = TA ? idx / BM : idx % BK;
-        const int gm = m0 + mi, gk = k0 + ki;
-        ra[i] = (gm < p.m && gk < p.k) ? (TA ? A[(long long)gk * p.lda + gm] : A[(long long)gm * p.lda + gk]) : 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < LB; ++i) {
-        const int idx = tid + i * THREADS;
-        const int ni = TB ? idx / BK : idx % BN, ki = TB ? idx % BK : idx / BN;
-        const int gn = n0 + ni, gk = k0 + ki;
-        rb[i] = (gn < p.n && gk < p.k) ? (TB ? B[(long long)gn * p.ldb + gk] : B[(long long)gk * p.ldb + gn]) : 0.f;
-      }
-    };
-    auto stash = [&](int buf) {
-#pragma unroll
-      for (int i = 0; i < LA; ++i) {
-        const int idx = tid + i * THREADS;
-        const int mi = TA ? idx % BM : idx / BK, ki = TA ? idx / BM : idx % BK;
-        As[buf][ki][mi] = ra[i];
-      }
-#pragma unroll
-      for (int i = 0; i < LB; ++i) {
-        const int idx = tid + i * THREADS;
-        const int ni = TB ? idx / BK : idx % BN, ki = TB ? idx % BK : idx / BN;
-        Bs[buf][ki][ni] = rb[i];
-      }
-    };
-
+  while (true) {
+    const long long next = item + step;
+    const bool has_next = next < items;
+    long long z_next = 0;
+    int m0_next = 0, n0_next = 0;
     float acc[8][8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
 
-    if (ktiles > 0) {
-      fetch(0);
-      stash(0);
-    }
-    __syncthreads();
     for (int kt = 0; kt < ktiles; ++kt) {
-      const int buf = kt & 1;
-      if (kt + 1 < ktiles) fetch(kt + 1);  // global loads in flight during the FMAs below
+      // The next K tile's global loads fly during this tile's FMAs: this item's, or the next item's first.
+      const bool more = kt + 1 < ktiles;
+      if (more) {
+        sa.fetch(p.lda, p.k - (kt + 1) * BK);
+        sb.fetch(p.ldb, p.k - (kt + 1) * BK);
+      } else if (has_next) {
+        start(next, z_next, m0_next, n0_next);
+        sa.fetch(p.lda, p.k);
+        sb.fetch(p.ldb, p.k);
+      }
 #pragma unroll
       for (int k = 0; k < BK; ++k) {
-        const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][k][ty * 4]);
-        const float4 a1 = *reinterpret_cast<const float4*>(&As[buf][k][64 + ty * 4]);
-        const float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][k][tx * 4]);
-        const float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][k][64 + tx * 4]);
-        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+        if (k == BK - 1) {
+          // The other buffer was last read before the previous tile's barrier: refill it, then publish.
+          if (more || has_next) {
+            sa.stash(As + (buf ^ 1) * SA);
+            sb.stash(Bs + (buf ^ 1) * SB);
+          }
+          __syncthreads();
+          buf ^= 1;
+        }
+        // step k + 1's fragments (after the last step: the next tile's first; stale and unused at the end)
+        frags(buf, (k + 1) % BK, (k + 1) & 1);
+        const float av[8] = {fa[k & 1][0].x, fa[k & 1][0].y, fa[k & 1][0].z, fa[k & 1][0].w,
+                             fa[k & 1][1].x, fa[k & 1][1].y, fa[k & 1][1].z, fa[k & 1][1].w};
+        const float bv[8] = {fb[k & 1][0].x, fb[k & 1][0].y, fb[k & 1][0].z, fb[k & 1][0].w,
+                             fb[k & 1][1].x, fb[k & 1][1].y, fb[k & 1][1].z, fb[k & 1][1].w};
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
       }
-      if (kt + 1 < ktiles) stash(buf ^ 1);  // the other buffer: last read before the previous barrier
-      __syncthreads();
     }
 
     float* C = reinterpret_cast<float*>(p.c) + z * p.stride_c;
     const float* bias = reinterpret_cast<const float*>(p.bias);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int row = m0 + (i >> 2) * 64 + ty * 4 + (i & 3);
+      const int row = m0 + am + (i >> 2) * 16 + (i & 3);
       if (row >= p.m) continue;
       float* crow = C + (long long)row * p.ldc;
 #pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        const int col = n0 + (j >> 2) * 64 + tx * 4 + (j & 3);
-        if (col < p.n) store_pair<float>(p, crow, bias, col, acc[i][j], acc[i][j + 1]);
+      for (int h = 0; h < 2; ++h) {
+        const int col = n0 + bn + h * 32;
+        if (col < p.n)
+          simt_store4(p, crow, bias, col,
+                      make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]));
       }
     }
-    // The next batch's first stash writes buffer 0, which every thread finished reading before the
-    // loop's last barrier (or never read, when ktiles == 0).
+    if (!has_next) break;
+    item = next;
+    if (ktiles > 0) {
+      z = z_next;
+      m0 = m0_next;
+      n0 = n0_next;
+    } else {
+      start(item, z, m0, n0);  // k = 0: no K loop set the next item up
+    }
   }
 }
 

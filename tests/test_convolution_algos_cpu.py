@@ -10,6 +10,7 @@ import pydnn
 from pydnn.ops import convolution as C
 from pydnn.ops import convolution_winograd as Wg
 from pydnn.reference import convolution as ref
+from pydnn.reference import matmul as mref
 from test_convolution_cpu import (BAD, CONV, F16, F32, F64, NCHW, NHWC, NS, XCORR, _check, _decompose3, _gather,
                                   _gather_tensor, _scatter, _strided, _val, cdesc, emulate, fdesc, tdesc)
 from test_fuzz_cpu import cpu_handle
@@ -183,6 +184,24 @@ MATS = {  # B^T, G, A^T of F(2x2, 3x3) and F(4x4, 3x3)
 }
 
 
+def emulate_wino_gemm(pl, ubuf, vbuf, size):
+    """The plan's P GEMMs -> the M buffer: the batched matmul launch (float accumulation) as its params
+    struct addresses the workspace (the float64 matmul reference, C scattered through ldc / stride_c), or
+    the implicit GEMM's emulator (double data)."""
+    if pl.mm is None:
+        return emulate(pl.sub.plan, C.DIR_FWD, ubuf, vbuf, size)
+    mp, q = pl.mm, pl.mm.fast.params
+    a, b = (vbuf, ubuf) if pl.v_is_a else (ubuf, vbuf)
+    out = mref.gemm(a, b, None, q.m, q.n, q.k, 1.0, 0.0, mp.trans_a, mp.trans_b, q.lda, q.ldb, q.ldc, q.batch,
+                    q.stride_a, q.stride_b, q.stride_c)
+    mbuf = np.full(size, np.nan)
+    z, i, j = np.ix_(np.arange(q.batch), np.arange(q.m), np.arange(q.n))
+    idx = z * q.stride_c + i * q.ldc + j
+    assert len(np.unique(idx)) == idx.size == size  # every M element written exactly once
+    mbuf[idx] = out
+    return mbuf
+
+
 def emulate_winograd(pl, inbuf, wbuf, out_dims):
     """Filter, input and output transforms as conv_winograd.cu addresses them, the GEMM through the
     implicit-GEMM emulator; returns the forward-form output (N, K, H, W)."""
@@ -210,7 +229,7 @@ def emulate_winograd(pl, inbuf, wbuf, out_dims):
     bidx = np.arange(P)[:, None, None]
     ubuf[m[None] * p.u_m + (bidx * cin + ch[None]) * p.u_c] = U
     assert not np.isnan(ubuf).any()
-    mbuf = emulate(pl.sub.plan, C.DIR_FWD, ubuf, vbuf, P * p.tiles * kout)
+    mbuf = emulate_wino_gemm(pl, ubuf, vbuf, P * p.tiles * kout)
     ko = np.arange(kout)[None, :]
     M = mbuf[m[None] * p.m_m + (bidx * kout + ko[None]) * p.m_c].reshape(A, A, p.tiles, kout)
     Y = np.einsum("xa,abmk,yb->xymk", AT, M, AT)  # (t, t, tiles, K)

@@ -193,7 +193,33 @@ def test_fast_and_general_paths():
     g = M.gemm_plan(h, BF16, 16, 16, 16, lda=17)
     assert g.general.expr == M.TC_GENERAL.expr("bf16", False, False, False)
     f = M.gemm_plan(h, F32, 300, 200, 100, trans_a=True, trans_b=True, allow_tf32=True)
-    assert f.describe()[0] == "pydnn::matmul::gemm_simt<true, true>"
+    assert f.describe()[0] == M.SIMT_TILES[0].expr("f32", True, True)
+
+
+def test_simt_tile_choice():
+    """float: the 128 x 128 tile for large problems, the 64 x 128 one where m <= 64 (half the big tile idle)."""
+    h = cpu_handle()
+    big, small = M.SIMT_TILES
+    assert M.gemm_plan(h, F32, 4096, 4096, 4096).describe()[0] == big.expr("f32")
+    d = M.gemm_plan(h, F32, 64, 12544, 64, trans_a=True, batch=36, stride_a=4096, stride_b=64 * 12544,
+                    stride_c=64 * 12544).describe()
+    assert d[0] == small.expr("f32", True, False) and d[2] == (small.threads, 1, 1)
+    assert d[1] == (small.per_sm * h.sm_count, 1, 1)  # one wave of persistent blocks for 98 x 36 items
+    # k <= SHORT_K: the small tile where it fills the SMs better (the 14^2 / 7^2 Winograd shapes), the big
+    # one where the waves tie for it (28^2); a long K prefers the big tile
+    assert M.gemm_plan(h, F32, 256, 1024, 256, batch=36, stride_a=0, stride_b=0, stride_c=256 * 1024).describe()[0] == small.expr("f32")
+    assert M.gemm_plan(h, F32, 128, 3136, 128, batch=36, stride_a=0, stride_b=0, stride_c=128 * 3136).describe()[0] == big.expr("f32")
+    assert M.gemm_plan(h, F32, 256, 1024, 1024, batch=36, stride_a=0, stride_b=0, stride_c=256 * 1024).describe()[0] == big.expr("f32")
+    assert M.gemm_plan(h, F32, 5, 7, 3).describe()[1] == (1, 1, 1)  # fewer items than a wave
+
+
+def test_batches_side_by_side():
+    """C's batches may interleave within a row (stride_c >= n, all inside ldc); overlapping ones are refused."""
+    h = cpu_handle()
+    pl = M.gemm_plan(h, F32, 50, 16, 8, ldc=36 * 16, batch=36, stride_a=50 * 8, stride_b=8 * 16, stride_c=16)
+    assert pl.span_c == 35 * 16 + 49 * 36 * 16 + 16
+    _raises(BAD, "stride_c", M.gemm_plan, h, F32, 50, 16, 8, ldc=36 * 16, batch=36, stride_c=15)
+    _raises(BAD, "stride_c", M.gemm_plan, h, F32, 50, 16, 8, ldc=35 * 16, batch=36, stride_c=16)
 
 
 def test_every_expr_is_in_a_unit():
@@ -205,7 +231,8 @@ def test_every_expr_is_in_a_unit():
                 exprs = units[M._unit_name(tag, ta, tb)]
                 assert {t.expr(tag, ta, tb, True) for t in M.TC_TILES} <= exprs
                 assert M.TC_GENERAL.expr(tag, ta, tb, False) in exprs
-    assert len(units["matmul.f32"]) == 4
+    assert units["matmul.f32"] == {t.expr("f32", ta, tb) for t in M.SIMT_TILES for ta in (False, True)
+                                   for tb in (False, True)}
     for tag in ("f16", "bf16"):
         assert units[f"matmul.wgmma.{tag}"] == {t.expr(tag, ta, tb) for t in M.WG_TILES for ta in (False, True)
                                                 for tb in (False, True)}
@@ -540,3 +567,20 @@ def test_emulated_wgmma_kernel(bn, shape, ta, tb):
     a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
     got = _emulate_wgmma(a.T.copy() if ta else a, b.T.copy() if tb else b, m, n, k, bn, ta, tb)
     assert np.abs(got - a @ b).max() < 1e-9
+
+
+def test_simt_tiles_do_not_spill():
+    """gemm_simt's tiles fit their register caps (MINB) without spilling (ptxas, sm_90): a spill in the
+    FMA loop costs more than the occupancy it buys (tools/bench_matmul.py, f32 v2's MINB 2 tile)."""
+    import re
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    unit = next(u for u in M.kernel_units() if u.name == "matmul.f32")
+    text, _ = cache.unit_inputs(unit)
+    _, _, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90", COMMON_OPTIONS + ("--ptxas-options=-v",),
+                                    [str(cache.ptx_dir())])
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    assert len(frames) == len(unit.exprs) == 4 * len(M.SIMT_TILES)
+    assert all(int(a) == 0 and int(b) == 0 for a, b in frames), frames

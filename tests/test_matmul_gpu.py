@@ -291,3 +291,51 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
         assert "gemm_wgmma" not in plan.describe()[0]
     pb.run(handle, rng, plan=plan)
     pb.run(handle, rng, alpha=0.5, beta=-1.0, plan=plan)
+
+
+SIMT_ALL = M.SIMT_TILES + M.SIMT_CANDIDATES
+
+
+@pytest.mark.parametrize("tile", range(len(SIMT_ALL)))
+@pytest.mark.parametrize("trans", TRANS)
+def test_simt_tiles(handle, rng, monkeypatch, trans, tile):
+    """Each float tile forced (the build's and the candidates, compiled here through simt_extra_units):
+    partial tiles on every edge with a ragged K and a bias; a batch with padded leading dims and gaps;
+    odd leading dims with A and C one element off 16 bytes (the element-by-element loads and stores)."""
+    t = SIMT_ALL[tile]
+    M.simt_extra_units()
+    monkeypatch.setattr(M, "_choose_simt_tile", lambda *a: t)
+    ta, tb = trans
+    pb = Problem(rng, F32, 2 * t.bm + 37, t.bn + 91, 203, ta, tb, bias=True)
+    plan = pb.plan(handle)
+    assert plan.describe()[0] == t.expr("f32", ta, tb) and plan.describe()[2] == (t.threads, 1, 1)
+    pb.run(handle, rng, plan=plan)
+    pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+    m, n, k, batch = t.bm + 5, t.bn - 3, 8 * 9 + 3, 3
+    lda, ldb, ldc = (m if ta else k) + 4, (k if tb else n) + 8, n + 5
+    ra, rb = (k if ta else m), (n if tb else k)
+    pb = Problem(rng, F32, m, n, k, ta, tb, lda, ldb, ldc, batch, ra * lda + 12, rb * ldb, m * ldc + 7)
+    pb.run(handle, rng)
+    pb.run(handle, rng, alpha=0.5, beta=2.0)
+    pb = Problem(rng, F32, 70, 45, 33, ta, tb, (70 if ta else 33) + 1, (33 if tb else 45) + 3, 47, offs=(1, 0, 1))
+    pb.run(handle, rng, alpha=1.5, beta=-1.0)
+    # more (batch, tile) items than a wave of blocks: a persistent tile's blocks run on from item to item
+    # (the next item's first K tile fetched during the last one's); k = 0 walks the items with no K loop
+    m, n = t.bm + 2, 2 * t.bn + 1
+    batch = -(-5 * t.per_sm * handle.sm_count // (2 * 3 * 3))
+    for k in (19, 0):
+        pb = Problem(rng, F32, m, n, k, ta, tb, batch=batch, sa=m * k, sb=k * n, sc=m * n, bias=True)
+        pb.run(handle, rng, alpha=0.5, beta=-2.0)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+def test_simt_batches_side_by_side(handle, rng, trans):
+    """C's batches interleaved within its rows (stride_c = n, ldc = batch * n + 3), as the Winograd GEMMs
+    write an NHWC-ordered workspace; the gaps stay poisoned."""
+    ta, tb = trans
+    m, n, k, batch = 150, 24, 40, 5
+    ra, rb = (k if ta else m), (n if tb else k)
+    lda, ldb = (m if ta else k), (k if tb else n)
+    pb = Problem(rng, F32, m, n, k, ta, tb, lda, ldb, batch * n + 3, batch, ra * lda, rb * ldb, n)
+    pb.run(handle, rng)
+    pb.run(handle, rng, alpha=0.5, beta=1.5)

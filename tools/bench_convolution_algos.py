@@ -37,6 +37,69 @@ Measured (H200, cuDNN 9.19 through torch 2.11, fp32 NCHW, N = 64; TFLOP/s as cou
   GEMM (im2col + implicit GEMM on CUDA cores): 5.1 / 6.4 / 7.3 / 7.7 TFLOP/s = 0.68 / 0.83 / 0.92 /
     0.97x IMPLICIT_GEMM on the 3x3 layers, 3.7 (0.66x) on the 7x7/2 stem: the im2col pass costs what
     the cleaner 1x1 GEMM saves. As predicted, slower on CUDA cores; v7 ranks it below IMPLICIT_GEMM.
+  v3 (issue 4, fifth session): the P GEMMs as one batched launch of matmul's rewritten gemm_simt (float
+    accumulation; convolution_winograd.gemm_view: NCHW C_z = V_z . U_z, m = K, n = tiles, k = C, V read
+    row-major and transposed into shared memory by the kernel; NHWC C_z = U_z . V_z^T with the batches
+    side by side in M's rows) instead of the implicit GEMM's grouped 1x1 convolution (~7.8 TFLOP/s).
+    Per-launch rows (run_wino) time the filter / input transforms, the GEMM and the output transform alone.
+    Before (v2): 28² forward 0.77 ms = 19.3 TFLOP/s effective, of which the GEMM (3.7 GFLOP at ~7.8) is
+    ~0.47 ms and the transforms ~0.3 ms (their floor, ~167 MB through HBM, is ~55 us).
+    Prediction (before measuring): the GEMM at 30-38 TFLOP/s (~0.1-0.12 ms on 28²); the transforms
+    unchanged (~0.3 ms), so forward 28² ~0.4 ms = ~37 TFLOP/s effective (~0.5x cuDNN), the transforms now
+    the larger part on every layer: the next thing to fix.
+    Measured (H200, first device run of the session, run_wino; all Winograd GPU tests passed, every dtype):
+      forward   57.1 / 74.1 / 72.5 / 68.1 TFLOP/s effective (56², 28², 14², 7²) = 1.38 / 0.96 / 1.09 /
+                2.22x cuDNN (41.4 / 77.4 / 66.5 / 30.7); v2: 14.2 / 19.3 / 18.1 / 20.0 (3.7-4.0x faster)
+      bwd data  56.7 / 73.5 / 71.7 / 66.5 = 0.88 / 0.92 / 2.45 / 2.46x cuDNN (64.2 / 80.0 / 29.3 / 27.0)
+      launches alone (ms; forward): filter / input / GEMM / output
+        56²  0.0045 / 0.0543 / 0.1182 (31.3 TFLOP/s, 64x128 tile) / 0.0849   sum 0.262, whole 0.259
+        28²  0.0042 / 0.0302 / 0.1140 (32.5, 128x128)             / 0.0531   sum 0.202, whole 0.200
+        14²  0.0046 / 0.0191 / 0.1453 (33.2)                      / 0.0332   sum 0.202, whole 0.204
+        7²   0.0138 / 0.0122 / 0.1669 (29.0)                      / 0.0209   sum 0.214, whole 0.217
+    Outcome: far above the prediction: the transforms were never ~0.3 ms (they move their bytes at 3.1-3.9
+    TB/s, 75-93% of the 4.19 TB/s copy, on 56² to 14²), so v2's time was almost all the implicit GEMM
+    (~0.6 ms on 28², ~6 TFLOP/s at these shapes). Issue 4's 0.8x cuDNN is met on all four layers in both
+    directions. The GEMM is now 45-78% of each layer's time: the next gain is there (gemm_simt at 29-33
+    TFLOP/s on these shapes vs 42.6 on 4096^3; the 56² output transform, 0.085 ms for 231 MB, ~2.7 TB/s, is
+    the slowest transform). The v7 model (convolution_winograd GEMM_TFLOPS / TRANSFORM_GBPS) was refitted on
+    these rows: 0.29 / 0.21 / 0.23 / 0.24 ms against 0.26 / 0.20 / 0.20 / 0.22 measured; v7 ranks
+    WINOGRAD_NONFUSED first in both directions on all four (as before; cuDNN's rows above are faster only
+    at 28² / 56² bwd data).
+  v4 the output transform stores each row's 4 outputs as one 16-byte store where they are contiguous and
+    aligned (NCHW y, width a multiple of 4), instead of 4 scalar stores 16 bytes apart across the warp; and
+    matmul's persistent gemm_simt candidates (one wave of blocks, each block's K loop running on into its
+    next tile: only its first tile waits for global loads), forced in the "with SimtTile(..., persistent)"
+    lines. Prediction (before measuring): 56² output transform 0.085 -> ~0.055 ms (the input transform's
+    3.1 TB/s), 28² 0.053 -> ~0.04, 14² / 7² little change; persistent GEMM +5-15% on 28² / 14² (the
+    exposed first loads of 1-block-per-SM tiles), ~0 on 56² (3 blocks per SM already overlap).
+    Measured (second device run; all Winograd GPU tests passed):
+      forward   61.4 / 82.1 / 76.2 / 68.6 TFLOP/s = 1.48 / 1.06 / 1.15 / 2.24x cuDNN
+      bwd data  61.1 / 81.6 / 75.5 / 66.9 = 0.94 / 1.02 / 2.58 / 2.48x cuDNN
+      output transform 56² 0.0849 -> 0.0635 ms, 28² 0.0531 -> 0.0349, 14² 0.0332 -> 0.0251, 7² 0.0209 ->
+      0.0223; persistent GEMM: 56² 0.1212 -> 0.1184, 28² 0.1137 -> 0.1093, 14² 0.1441 -> 0.1415, 7²
+      0.1641 -> 0.1628 ms (whole forward -1 .. -2.4%).
+    Outcome: the 16-byte stores as predicted on 56² (0.064 vs ~0.055) and better on 28² (0.035 vs ~0.04);
+    the persistent GEMM +1-4% (below the prediction; adopted in matmul, see tools/bench_matmul.py f32 v3).
+    28² forward now 1.06x cuDNN, backward data 1.02x. The v7 model was refitted again
+    (convolution_winograd.py: the transforms' own traffic at 3 TB/s plus a launch each, the GEMM at 36
+    TFLOP/s per busy SM): 0.227 / 0.174 / 0.188 / 0.198 ms for the four layers.
+  v5 matmul's chooser gives the 14² / 7² GEMMs the 64x128 tile (measured 13-16% faster than the 128x128 on
+    their shapes in the v4 run). Prediction: 14² forward 0.194 -> ~0.177 ms, 7² 0.216 -> ~0.19.
+    Measured (third device run; all Winograd GPU tests passed; H200, cuDNN 9.19, fp32 NCHW, N = 64):
+      forward   62.1 / 84.3 / 83.3 / 76.1 TFLOP/s = 1.50 / 1.09 / 1.25 / 2.49x cuDNN (41.4 / 77.5 / 66.5 / 30.6)
+      bwd data  61.7 / 83.4 / 82.4 / 74.3 = 0.95 / 1.05 / 2.81 / 2.76x cuDNN (64.6 / 79.5 / 29.3 / 27.0)
+      forward launches (ms): filter / input / GEMM / output
+        56²  0.0059 / 0.0544 / 0.1186 (31.2 TFLOP/s, 64x128) / 0.0636   whole 0.238 (v7 model 0.227)
+        28²  0.0042 / 0.0301 / 0.1092 (33.9, 128x128)        / 0.0350   whole 0.176 (model 0.174)
+        14²  0.0056 / 0.0192 / 0.1269 (38.1, 64x128)         / 0.0252   whole 0.178 (model 0.188)
+        7²   0.0138 / 0.0120 / 0.1419 (34.1, 64x128)         / 0.0228   whole 0.194 (model 0.198)
+    Outcome: 14² 0.194 -> 0.178 ms, 7² 0.216 -> 0.194 (as predicted). Against v2 (start of the session):
+    forward 14.2 / 19.3 / 18.1 / 20.0 -> 62.1 / 84.3 / 83.3 / 76.1 TFLOP/s (3.8-4.6x), backward data
+    likewise; issue 4's >= 0.8x cuDNN met on all four layers in both directions (lowest: 56² backward
+    data, 0.95x). v7 ranks WINOGRAD_NONFUSED first for fp32 forward and backward data on all four.
+    Where the time is now: the GEMM is 50-73% of each layer (31-38 TFLOP/s, ~half the FMA peak); then
+    the 56² transforms (U and M are 2.25x x and y: 0.12 ms at 2.7 TB/s of their own traffic). Next: a
+    faster gemm_simt (see tools/bench_matmul.py), the input transform fused into the GEMM's B loads.
 Next: a register-blocked batched GEMM (or the tensor-core kernels with TF32 / 16-bit transforms) for
 the per-position products, and the input transform fused into the GEMM's A loads (WINOGRAD, fused).
 """
@@ -114,6 +177,84 @@ def _layer(b, name, c, k, hw, r, stride, pad):
         _tile(h, None)
         v7 = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
         print(f"conv_algos {name}: v7 forward first choice {v7}", flush=True)
+
+
+def run_wino(b):
+    """WINOGRAD_NONFUSED F(4x4) only (PYDNN_BENCH_FAMILIES=convolution_algos.run_wino): per 3x3 layer the
+    forward and backward data against cuDNN, then each of the forward plan's four launches timed alone
+    (filter transform, input transform, the batched GEMM, output transform), and the v7 model's estimate."""
+    from pydnn.ops import convolution as C
+    from pydnn.ops import convolution_algos as CA
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    h, pdt = b.h, pydnn.PYDNN_DATA_FLOAT
+    _tile(h, None)
+    for name, c, k, hw, r, stride, pad in LAYERS[:4]:
+        x = torch.randn(N, c, hw, hw, device="cuda")
+        w = torch.randn(k, c, r, r, device="cuda") * 0.1
+        y = torch.nn.functional.conv2d(x, w, padding=pad)
+        dy, dx = torch.randn_like(y), torch.empty_like(x)
+        xd, yd = desc(x, dtype=pdt), desc(y, dtype=pdt)
+        wd = pydnn.create_filter_descriptor()
+        pydnn.set_filter4d_descriptor(wd, pdt, pydnn.PYDNN_TENSOR_NCHW, *w.shape)
+        conv = pydnn.create_convolution_descriptor()
+        pydnn.set_convolution2d_descriptor(conv, pad, pad, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION, pdt)
+        flops = 2 * N * k * hw * hw * c * 9
+        xp, wp, yp, dyp, dxp = (t.data_ptr() for t in (x, w, y, dy, dx))
+        need = max(pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, WINO),
+                   pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv, xd, BWINO))
+        ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+        wsp = ws.data_ptr()
+        t_fwd = time_ms(lambda: torch.nn.functional.conv2d(x, w, padding=pad), warmup=3)
+        ms = time_ms(lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, WINO, wsp, need, 0.0, yd, yp))
+        ref_y = torch.nn.functional.conv2d(x, w, padding=pad)
+        torch.cuda.synchronize()
+        err = float((y - ref_y).abs().max() / ref_y.abs().max())
+        b.row_flops("conv_algos", f"{name} fwd WINOGRAD F(4x4) (max rel diff {err:.1e})", "fp32", flops, ms, t_fwd,
+                    "cudnn", peak_tflops=PEAK)
+        t_bwd = time_ms(lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [pad] * 2, [1, 1], False,
+                                                                    [0, 0], 1, [True, False, False]), warmup=3)
+        ms_b = time_ms(lambda: pydnn.convolution_backward_data(h, 1.0, wd, wp, yd, dyp, conv, BWINO, wsp, need, 0.0,
+                                                               xd, dxp))
+        b.row_flops("conv_algos", f"{name} bwd data WINOGRAD F(4x4)", "fp32", flops, ms_b, t_bwd, "cudnn",
+                    peak_tflops=PEAK)
+        pl = C._new_plan(h, C.DIR_FWD, WINO, conv, xd, wd, yd)
+        pl.launch(h, xp, wp, yp, wsp, 1.0, 0.0)  # sets the pointers the steps read
+        steps = [("filter", lambda: pl.run_step(h, 0)), ("input", lambda: pl.run_step(h, 1)),
+                 ("gemm", lambda: pl.run_gemm(h)), ("output", lambda: pl.run_step(h, 2))]
+        parts = [(lbl, time_ms(fn)) for lbl, fn in steps]
+        gemm_tf = pl.gemm_flops / (parts[2][1] * 1e9)
+        est = CA._estimate_ms(h, pl)
+        print(f"conv_algos {name} fwd F(4x4) steps (ms): " + ", ".join(f"{lbl} {t:.4f}" for lbl, t in parts) +
+              f"; sum {sum(t for _, t in parts):.4f} vs whole {ms:.4f}; gemm {gemm_tf:.1f} TFLOP/s "
+              f"({pl.mm.describe()[0] if pl.mm else 'implicit'}); v7 estimate {est:.4f} ms; cudnn fwd {t_fwd:.4f}",
+              flush=True)
+        _persistent_gemm(h, name, pl, conv, xd, wd, yd, (xp, wp, yp, wsp), ms)
+        v7 = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
+        v7b = pydnn.get_convolution_backward_data_algorithm_v7(h, wd, yd, conv, xd, 1)[0].algo
+        print(f"conv_algos {name}: v7 first choice forward {v7}, backward data {v7b}", flush=True)
+
+
+def _persistent_gemm(h, name, pl, conv, xd, wd, yd, ptrs, ms_whole):
+    """The forward plan again with matmul's candidate of the same tile shape forced (SIMT_CANDIDATES, when
+    there are any): its GEMM alone and the whole forward."""
+    from pydnn.ops import convolution as C
+    from pydnn.ops import matmul as M
+    cands = [t for t in M.SIMT_CANDIDATES if t.bm == pl.gemm_tile.bm and t.bn == pl.gemm_tile.bn]
+    if pl.mm is None or not cands:
+        return
+    M.simt_extra_units()
+    orig = M._choose_simt_tile
+    M._choose_simt_tile = lambda *a: cands[0]
+    try:
+        pc = C._new_plan(h, C.DIR_FWD, WINO, conv, xd, wd, yd)
+    finally:
+        M._choose_simt_tile = orig
+    pc.launch(h, *ptrs, 1.0, 0.0)
+    t_g = time_ms(lambda: pc.run_gemm(h))
+    t_all = time_ms(lambda: pc.launch(h, *ptrs, 1.0, 0.0))
+    print(f"conv_algos {name} fwd F(4x4) with {cands[0]}: gemm {t_g:.4f} ms ({pc.gemm_flops / (t_g * 1e9):.1f} "
+          f"TFLOP/s), whole {t_all:.4f} ms (build tile: {ms_whole:.4f})", flush=True)
 
 
 def _tile(h, tile):

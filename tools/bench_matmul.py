@@ -135,6 +135,65 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
       the wgmma loop, whose warps issue the copies between their MMAs. mma.sync back within 5-10% of the
       previous session. Untuned: the chooser's thresholds (1024^3 would now gain from the 128x128 wgmma
       tile); the v3 notes below on where the rest is were written before this fix.
+  f32 v2 (issue 4, fifth session; gemm_simt rewritten, ptx/matmul.cu): 32 x 64 warp tiles (lanes 4 x 8, 8 x 8
+      outputs a thread as 2 x 2 blocks of 4 x 4), both operands K-major in shared memory ([BK][tile + 4]:
+      two 16-byte fragment loads per operand per k step, 4 / 8 distinct addresses a warp), fragments
+      double-buffered in registers, global loads 16 bytes wide where a chunk is whole and aligned (element
+      by element otherwise: any ld / alignment), the next K tile's loads in flight during the current FMAs,
+      one barrier per K tile; the K-contiguous operand stored transposed (4 scalar stores a chunk, conflict-
+      free). Tiles: 128x128 (8 warps, MINB 1: 162-168 registers, no spills) and 64x128 (4 warps, MINB 3: 167)
+      for m <= 64 / short waves; candidates 128x128 MINB 2 (128 registers, 20-32 bytes spilled) and BK 16.
+      v1 (same run of the last session): 4096^3 nn 25.5 (0.50x cuBLAS's 50.9), 1024^3 tt 13.8 (0.34x).
+      Prediction (before measuring): 128x128 4096^3 40-48 TFLOP/s (0.8-0.95x cuBLAS) on every
+      transposition (the transposed-store side costs < 5%); MINB 2 within +-5% (spills against a second
+      block's latency hiding); BK 16 +0-5%. Winograd shapes (batch 36): 64x12544x64 25-30 (8 K tiles:
+      prologue and epilogue weigh), 128x3136x128 30-38, 256x1024x256 35-40, 512x256x512 ~30 (288 blocks
+      of 128x128 on 132 SMs: 2.2 waves).
+      Measured (H200, first device run of the session; 50 float matmul GPU tests passed, candidates
+      included; torch's cuBLAS without TF32 49-52 on 4096^3):
+        chooser (128x128): 4096^3 nn 42.6 (0.83x), nt 41.6 (0.83x), tn 44.6 (0.86x), tt 43.5 (0.89x);
+                 1024^3 tt 20.9 (0.52x: 64 blocks for 132 SMs)
+        Winograd shapes (batch 36): 64x12544x64 31.2 (1.04x cuBLAS, the 64x128 tile), 128x3136x128 32.6
+                 (0.92x), 256x1024x256 33.2 (0.87x), 512x256x512 29.0 (0.88x)
+        forced, 4096^3 nn / Winograd 56^2 / 28^2: 128x128 MINB 1 42.6 / 14.7 / 32.4; 64x128 MINB 3 39.8 /
+                 31.2 / 33.1; 128x128 MINB 2 (spills) 41.9 / 17.0 / 30.4; 128x128 BK 16 43.3 / 14.7 / 33.2
+      Outcome: 25.5 -> 42.6 TFLOP/s on 4096^3 nn (1.67x; 0.50x -> 0.83x cuBLAS), inside the predicted
+      40-48 at its low end, and every transposition within 7% of the others. Winograd shapes 29-33 (at or
+      a little above the prediction's low end; 0.87-1.04x cuBLAS's batched GEMM). MINB 2 does not pay (its
+      spills cost more than the second block hides); BK 16 is +2% on 4096^3 and +2% on the 28^2 shape
+      (within noise: not adopted). The 64x128 tile is what m = 64 needs (2.1x the 128x128 on 56^2).
+      Where the rest is (not profiled): at 4096^3 one block of 8 warps per SM (2 per scheduler) waits at
+      every K tile's barrier for the slowest warp's shared stores; at the Winograd shapes (K = 64-512:
+      8-64 K tiles) each block's first global loads and its epilogue are exposed (1 block per SM).
+  f32 v3 candidates: persistent tiles (SIMT_CANDIDATES: 128x128 MINB 1 and 64x128 MINB 3, one wave of
+      blocks walking the (batch, tile) items; every tile's K loop fetches the next item's first K tile
+      during its last one, so only a block's first item waits for its first loads; the build's tiles run
+      the same loop across their batches). ptxas: 159-167 registers, no spills. Prediction: +5-15% on the
+      Winograd shapes with 1 block per SM (128x3136x128, 256x1024x256), ~0 on 4096^3 (512 K tiles an
+      item) and on 64x12544x64 (the 64x128 tile's 3 blocks per SM already overlap their prologues).
+      Measured (second device run; 170 GPU tests passed incl. a many-items case per tile; same run's
+      build tiles in parentheses): 128x128 persistent 4096^3 43.2 (43.3), 64x12544x64 15.2 (14.4),
+      128x3136x128 34.0 (32.5), 256x1024x256 34.1 (33.6), 512x256x512 29.7 (29.5); 64x128 persistent
+      40.0 (37.5), 31.4 (30.6), 32.1 (32.5), 38.0 (37.9), 34.1 (34.2).
+      Outcome: +0-5% (below the predicted 5-15%: the first loads were not the main loss); adopted (the
+      kernel is now always persistent: grid = one wave, per_sm x SMs blocks; the z-loop is gone). The
+      same run showed the 64x128 tile 13-16% faster than the 128x128 on 256x1024x256 and 512x256x512
+      (its 3 blocks per SM fill the SMs more evenly and overlap each other's prologue / epilogue), which
+      the chooser (eff 0.9 then) did not take: eff_short = 1.0 for k <= 512 and ties to the smaller tile
+      (_choose_simt_tile). Prediction for the next run: 14^2 / 7^2 Winograd GEMMs at ~38 / ~34 TFLOP/s
+      through the chooser, 4096^3 unchanged (128x128).
+      Measured (third device run; 162 GPU tests passed): chooser 4096^3 nn 43.5 (0.85x cuBLAS), nt 41.0
+      (0.81x), tn 43.7 (0.84x), tt 43.0 (0.87x); Winograd shapes 31.2 / 33.9 / 38.1 / 34.2 (1.04 / 0.95 /
+      0.99 / 1.03x cuBLAS's batched GEMM); 1024^3 tt 20.7 (0.51x, unchanged: 64 items of 128x128, the
+      64x128 tile not measured there). As predicted.
+  f32 summary (session start -> now, same benchmark): 4096^3 nn 25.5 -> 43.5 TFLOP/s (0.50x -> 0.85x
+  cuBLAS without TF32). Next: the 1024^3-class problems (under a wave of 128x128 items: split-K or the
+  64x128 tile; eff for a partial wave is not modelled), the nt case (41 vs 43.5: B's transposed stores),
+  and the ~35% to the FMA peak at 4096^3 (one 8-warp block per SM; a 2-blocks-per-SM 128x128 needs <= 128
+  registers without spilling: single-buffered fragments, or 64-bit address math moved out of the loop).
+  Tried on the CPU only (ptxas, not run): the 128x128 tile with MINB 2 and single-buffered fragments still
+  spills 56-92 bytes (32-40 byte frames) in every transposition, like v2's MINB 2 tile (-2% measured):
+  dropped without a device run. The 64-bit address math of the loads is the next register to win back.
   Next for wgmma (where the remaining 0.45x to cuBLAS is, by elimination, not profiled): every K tile
   still ends in a block-wide barrier after each thread waits for its own cp.async chunks, so both
   warpgroups idle whenever any copy is late, and the MMA warps issue 12 copies (+ address math) per tile.
@@ -191,12 +250,13 @@ def _case(bh, dtype, label, m, n, k, ta=False, tb=False, batch=1, tile=None, che
     kw = dict(trans_a=ta, trans_b=tb, batch=batch, stride_a=a[0].numel() if batch > 1 else 0,
               stride_b=bb[0].numel() if batch > 1 else 0, stride_c=c[0].numel() if batch > 1 else 0)
     if tile is not None:
-        orig = M._choose_tile
-        M._choose_tile = lambda *x: tile
+        name = "_choose_simt_tile" if isinstance(tile, M.SimtTile) else "_choose_tile"
+        orig = getattr(M, name)
+        setattr(M, name, lambda *x: tile)
         try:
             plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
         finally:
-            M._choose_tile = orig
+            setattr(M, name, orig)
     else:
         plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
     ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
@@ -233,10 +293,42 @@ def run(b):
         _case(b, BF16, "2048^3 nn", 2048, 2048, 2048)
         _case(b, BF16, f"2048^3 nn [tile {M.TC_TILES[0]}]", 2048, 2048, 2048, tile=M.TC_TILES[0], check=False)
         # (the mma.sync CANDIDATE_TILES rows, measured in v1 and v2, are no longer run: device time)
-        _case(b, pydnn.PYDNN_DATA_FLOAT, "square 4096^3 nn (torch TF32 off)", 4096, 4096, 4096)
-        _case(b, pydnn.PYDNN_DATA_FLOAT, "1024^3 tt", 1024, 1024, 1024, ta=True, tb=True)
+        _f32(b)
         _general(b)
         _wgmma(b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+
+F32 = pydnn.PYDNN_DATA_FLOAT
+# The Winograd F(4x4, 3x3) GEMMs of the ResNet-50 3x3 layers at N = 64, as convolution_winograd.gemm_view
+# makes them for NCHW (C_z = V_z . U_z: m = K, n = tiles, k = C, batch 36): (label, m, n, k).
+WINO_SHAPES = (("64->64 @56", 64, 12544, 64), ("128->128 @28", 128, 3136, 128), ("256->256 @14", 256, 1024, 256),
+               ("512->512 @7", 512, 256, 512))
+
+
+def _f32(b):
+    """float (CUDA-core gemm_simt; torch with TF32 off): the chooser's tile on the square and the
+    Winograd shapes, then every SIMT tile and candidate forced on 4096^3 nn and the 28^2 Winograd shape."""
+    for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+        tn = ("t" if ta else "n") + ("t" if tb else "n")
+        _case(b, F32, f"square 4096^3 {tn} (torch TF32 off)", 4096, 4096, 4096, ta, tb)
+    _case(b, F32, "1024^3 tt", 1024, 1024, 1024, ta=True, tb=True)
+    for label, m, n, k in WINO_SHAPES:
+        _case(b, F32, f"winograd 36 x ({m}x{n}x{k}) {label}", m, n, k, batch=36)
+    M.simt_extra_units()
+    for t in M.SIMT_TILES + M.SIMT_CANDIDATES:
+        _case(b, F32, f"4096^3 nn [{t}]", 4096, 4096, 4096, tile=t, check=False)
+        for label, m, n, k in WINO_SHAPES:
+            _case(b, F32, f"winograd {label} [{t}]", m, n, k, batch=36, tile=t, check=False)
+
+
+def run_f32(b):
+    """The float rows only (PYDNN_BENCH_FAMILIES=matmul.run_f32)."""
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _f32(b)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 

@@ -9,8 +9,11 @@ Four launches, the transforms in the workspace:
     P GEMMs           M[b] = U[b] V[b]^T         (over the input channels of a group)
     output transform  y = A^T M A                (m x m outputs per tile, + alpha / beta, or the fused
                                                   bias + activation epilogue)
-The P (x groups) GEMMs are the family's CUDA-core implicit GEMM run as ONE grouped 1x1 convolution with
-P * groups groups (group b * groups + g reads U[b]'s channels of group g), so no second GEMM kernel.
+The P (x groups) GEMMs, for float accumulation (float, half, bfloat16 data), are ONE batched launch of the
+matmul family's CUDA-core gemm_simt (pydnn/ops/matmul.py: 128 x 128 or 64 x 128 tiles, 8 x 8 outputs a
+thread), batch z = b * groups + g at uniform strides into the workspace (gemm_view below); for double data
+they are the family's CUDA-core implicit GEMM run as one grouped 1x1 convolution with P * groups groups
+(group b * groups + g reads U[b]'s channels of group g).
 The transforms and the GEMM run in float (double for double data); half / bfloat16 data is converted at
 the two ends (fp32 accumulation throughout). Multiplies per output: P / m^2 * C instead of 9 * C (4x fewer
 for F(4x4), 2.25x for F(2x2)); workspace expansion of x and y: P / m^2 (2.25x, 4x).
@@ -32,7 +35,8 @@ from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
 from ..status import PydnnError
 from ._elementwise import CTYPE
 from .common import FLOAT_TAGS, cdiv, prod
-from .convolution_gemm import IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, round_up
+from .convolution_gemm import LAUNCH_MS, StepPlan, SubGemm, round_up
+from . import matmul as MM
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_BWD = 4, 8, 16, 1024
@@ -63,6 +67,20 @@ TILES = (2, 4)          # F(2x2, 3x3) and F(4x4, 3x3) instantiations
 PREFERRED_TILE = 4      # 4x fewer multiplies than direct (2.25x for F(2x2)), 2.25x expansion of x and y
                         # in the workspace (4x for F(2x2)); tests pin each tile through this
 MAX_GRID_Z = 65535
+# The v7 model's rates for the float path, fitted on the H200 (fp32 NCHW ResNet-50 3x3 layers, N = 64, F(4x4),
+# tools/bench_convolution_algos.py run_wino v4, each launch timed alone): gemm_simt ran the 36 GEMMs at 31-38
+# TFLOP/s, 31.5-39 per fully busy SM (GEMM_TFLOPS, stretched by the busiest SM's share of the items); the
+# three transforms moved their own traffic (`moved`: x, U, M and y once each, the filter and V) at 1.8-2.7
+# TB/s, which bytes / 3 TB/s plus a launch each matches within 10% (0.124 / 0.068 / 0.044 / 0.042 ms against
+# 0.122 / 0.069 / 0.049 / 0.048 measured). Model vs measured, whole layer: see the bench's notes.
+GEMM_TFLOPS = 36.0
+TRANSFORM_GBPS = 3000.0
+# 16-bit data: the transforms and the GEMM run in float on CUDA cores while the implicit-GEMM algorithms run
+# on tensor cores at 5-10x the rate (bf16 3x3 layers: 330-510 TFLOP/s measured), which the model's tensor-core
+# rate (convolution_algos.TENSOR_CORE_TFLOPS, 150, stretched by partial waves) understates by 2-7x on these
+# layers; Winograd's estimate for 16-bit data carries that factor so that v7 ranks it behind them as Find
+# does (see tests/test_convolution_cpu.py::test_bwd_data_wgmma_choice).
+HALF_DATA_SCALE = 3.0
 
 
 def _expr(kernel, tag, tile):
@@ -136,6 +154,25 @@ def _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, positions):
     return s
 
 
+def gemm_view(pos, groups, tiles, cin_g, cout_g, u, mm):
+    """The P * groups GEMMs as one batched row-major matmul problem over the workspace: (m, n, k, keyword
+    arguments of matmul.gemm_plan). Batch z = b * groups + g; U's element (tile t, channel g*cin_g + i) of
+    position b is at t * u[0] + (z * cin_g + i) * u[1], M's (t, g*cout_g + o) at t * mm[0] + (z * cout_g + o)
+    * mm[1], V's (o, i) at (z * cout_g + o) * cin_g + i. With M tile-contiguous (mm[0] == 1, NCHW output)
+    C_z = M_z as cout_g x tiles = V_z (cout_g x cin_g) . U_z^T; with M channel-contiguous (NHWC) C_z is
+    tiles x cout_g = U_z . V_z^T, the batches side by side within M's rows (stride cout_g)."""
+    batch = pos * groups
+    v = dict(stride_a=cout_g * cin_g, lda=cin_g)  # V_z, cout_g x cin_g, row major
+    if mm[0] == 1:  # C_z[o][t] at o * mm[1] + t
+        b = (dict(trans_b=False, ldb=u[1], stride_b=cin_g * u[1]) if u[0] == 1
+             else dict(trans_b=True, ldb=u[0], stride_b=cin_g))
+        return cout_g, tiles, cin_g, dict(trans_a=False, **v, **b, ldc=mm[1], stride_c=cout_g * mm[1], batch=batch)
+    a = (dict(trans_a=True, lda=u[1], stride_a=cin_g * u[1]) if u[0] == 1
+         else dict(trans_a=False, lda=u[0], stride_a=cin_g))
+    return tiles, cout_g, cin_g, dict(**a, trans_b=True, ldb=cin_g, stride_b=v["stride_a"], ldc=mm[0],
+                                      stride_c=cout_g, batch=batch)
+
+
 class WinogradPlan(StepPlan):
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         p, h = self.params, self.gemm  # h: the epilogue fields ConvolutionBiasActivationForward set
@@ -153,11 +190,28 @@ class WinogradPlan(StepPlan):
             p.act = 0
         self.run_step(handle, 0)   # filter transform
         self.run_step(handle, 1)   # input transform
-        self.sub.run(handle, p.u, p.v, p.m, 1.0, 0.0)
+        self.run_gemm(handle)
         self.run_step(handle, 2)   # output transform
 
+    def run_gemm(self, handle):
+        """The P GEMMs, reading U and V and writing M in the workspace set by the last launch."""
+        p = self.params
+        if self.mm is not None:  # the GEMM's operands: (U or V, V or U) as gemm_view oriented them
+            a, b = (p.v, p.u) if self.v_is_a else (p.u, p.v)
+            self.mm.launch(handle, a, b, p.m)
+        else:
+            self.sub.run(handle, p.u, p.v, p.m, 1.0, 0.0)
+
     def estimate_ms(self, handle, base_estimate):
-        return base_estimate(handle, self.sub.plan) + self.moved / (IM2COL_GBPS * 1e6) + 3 * LAUNCH_MS
+        if self.mm is None:
+            gemm = base_estimate(handle, self.sub.plan)
+        else:  # gemm_simt: its flops at GEMM_TFLOPS, stretched by the busiest SM's share of the items
+            tile = self.gemm_tile
+            items = cdiv(self.mm.m, tile.bm) * cdiv(self.mm.n, tile.bn) * self.mm.batch
+            sms = max(handle.sm_count, 1)
+            gemm = self.gemm_flops / (GEMM_TFLOPS * 1e9) * cdiv(items, sms) * sms / items
+        t = gemm + self.moved / (TRANSFORM_GBPS * 1e6) + 3 * LAUNCH_MS
+        return t * HALF_DATA_SCALE if self.itemsize == 2 else t
 
 
 def plan_winograd(handle, pb, direction, algo):
@@ -183,12 +237,22 @@ def plan_winograd(handle, pb, direction, algo):
     pl.tile = tile
     pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
     pl.workspace = pl.offsets[2] + round_up(sizes[2])
-    spb = _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, pos)
-    pl.sub = SubGemm(C, C.plan(handle, spb, C.DIR_FWD, algo), spb)
+    pl.gemm_flops = 2.0 * pos * tiles * kout * cin_g
+    pl.mm = pl.sub = None
+    if acc_dtype == E.PYDNN_DATA_FLOAT:
+        gm, gn, gk, kw = gemm_view(pos, pb.groups, tiles, cin_g, cout_g, u, mm)
+        pl.mm = MM.gemm_plan(handle, E.PYDNN_DATA_FLOAT, gm, gn, gk, **kw)
+        pl.v_is_a = mm[0] == 1
+        pl.gemm_tile = MM._choose_simt_tile(gm, gn, kw["batch"], handle.sm_count, gk)
+    else:
+        spb = _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, pos)
+        pl.sub = SubGemm(C, C.plan(handle, spb, C.DIR_FWD, algo), spb)
     pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
     pl.gemm_expr = "winograd"
     item = pl.itemsize
-    pl.moved = (prod(in_hw) * pb.n * cin * item + 2 * sizes[0] + 2 * sizes[2] + prod(out_hw) * pb.n * kout * item)
+    # the transforms' own traffic: x, U, M, y once each, the filter and V (the GEMM's reads are its own)
+    pl.moved = (prod(in_hw) * pb.n * cin * item + sizes[0] + sizes[2] + prod(out_hw) * pb.n * kout * item
+                + kout * cin_g * 9 * item + sizes[1])
     p = WinoParams()
     p.batch, p.groups, p.cin_g, p.cout_g = pb.n, pb.groups, cin_g, cout_g
     p.in_h, p.in_w, p.out_h, p.out_w = in_hw[0], in_hw[1], out_hw[0], out_hw[1]

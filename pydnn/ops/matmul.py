@@ -17,7 +17,9 @@ dtype (PYDNN_DATA_FLOAT, HALF or BFLOAT16) is that of A, B, C and bias alike; pr
 float32. beta == 0 never reads C. The bias (a length-n vector) is added unscaled, after alpha and beta.
 Default leading dims are the packed ones (lda = k, or m when trans_a; ldb = n, or k when trans_b;
 ldc = n). m, n, k >= 0 (m or n = 0: nothing to do; k = 0: C = beta * C (+ bias)); batch >= 1; a batch
-stride of 0 broadcasts that operand (C's may be 0 only when batch == 1).
+stride of 0 broadcasts that operand (C's may be 0 only when batch == 1). C's batches must not overlap:
+one after another (stride_c >= (m - 1) * ldc + n) or side by side within its rows (stride_c >= n and
+(batch - 1) * stride_c + n <= ldc).
 
 Kernels: half / bfloat16 on tensor cores (mma.sync m16n8k16, cp.async multi-stage pipeline, ldmatrix,
 fragments double-buffered in registers), one of three block tiles chosen per problem (128x256 / 128x128 /
@@ -26,7 +28,8 @@ wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swiz
 ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
 loading element by element). float runs on
-CUDA cores (FMA); allow_tf32 is accepted (it permits TF32, it does not require it) and currently changes
+CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, persistent blocks, any
+alignment; 42-44 TFLOP/s on 4096^3 on the H200, 0.80-0.89x cuBLAS without TF32); allow_tf32 is accepted (it permits TF32, it does not require it) and currently changes
 nothing: float always takes the exact FMA kernel.
 
 No call allocates or synchronizes; launches go to the handle's stream. gemm() keeps its plans in the
@@ -114,7 +117,6 @@ class TcTile:
 TC_TILES = (TcTile(128, 256, 2, 4, 3, 1, 1.0, pipe=2), TcTile(128, 128, 2, 2, 3, 2, 0.9, pipe=2),
             TcTile(64, 64, 2, 2, 3, 3, 0.45))
 TC_GENERAL = TC_TILES[2]  # the unaligned path's tile (pipeline 1: element-by-element copies)
-SIMT_TILE = (128, 128, 256)  # gemm_simt: BM, BN, threads
 # Candidates measured on the device before they replace a TC_TILES entry (tests and tools/bench_matmul.py
 # compile them through extra_units; the build does not). Both measured at 325-332 TFLOP/s on bf16 4096^3
 # nn / nt (bench only, not yet through the GPU tests).
@@ -159,8 +161,66 @@ WG_MIN_K = 512
 USE_WGMMA = True
 
 
-def _simt_expr(ta, tb):
-    return f"pydnn::matmul::gemm_simt<{'true' if ta else 'false'}, {'true' if tb else 'false'}>"
+class SimtTile:
+    """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 32 x 64
+    (8 x 8 outputs a thread), K tiles of BK in two shared buffers; registers capped for `per_sm` blocks
+    per SM (MINB); a grid of one wave of blocks (per_sm per SM) walks the (batch, tile) items. `eff` (k >
+    SHORT_K) and `eff_short` (k <= SHORT_K): the FMA rate a full SM of these blocks reaches relative to the
+    128 x 128 tile (the chooser's weights, measured)."""
+
+    def __init__(self, bm, bn, bk, per_sm, eff, eff_short=None, unit=None):
+        self.bm, self.bn, self.bk, self.per_sm, self.eff = bm, bn, bk, per_sm, eff
+        self.eff_short = eff if eff_short is None else eff_short
+        self.wm, self.wn = bm // 32, bn // 64
+        self.threads = self.wm * self.wn * 32
+        self.unit = unit  # a candidate's unit (simt_extra_units), else the build's matmul.f32
+        self.smem = 0     # static shared memory only
+
+    def expr(self, tag="f32", ta=False, tb=False, vec=True):
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return (f"pydnn::matmul::gemm_simt<{self.bm}, {self.bn}, {self.bk}, {self.wm}, {self.wn}, {self.per_sm}, "
+                f"{b(ta)}, {b(tb)}>")
+
+    def __repr__(self):
+        return f"SimtTile({self.bm}x{self.bn}, bk {self.bk}, {self.per_sm} block(s)/SM)"
+
+
+# The float tiles (unit matmul.f32). ptxas (sm_90): 128x128 with MINB 1 uses 163-167 registers, no spills
+# (MINB 2 caps it at 128 and spilled 20-32 bytes: 2% slower, tools/bench_matmul.py f32 v2); 64x128 (4 warps)
+# with MINB 3 159-165, no spills. Measured (H200, f32 v2 / v3): 4096^3 128x128 42.6-43.3 TFLOP/s, 64x128
+# 37.5-40.0 (eff 0.87); on the Winograd shapes (k = 64-512) the 64x128 tile matches or beats the 128x128
+# (28^2 32.1-32.5 vs 32.5-34.0, 14^2 37.9 vs 33.6, 7^2 34.2 vs 29.5: its 3 blocks per SM overlap each
+# other's first loads and epilogues), so eff_short 1.0 and a tie goes to the smaller tile.
+SIMT_TILES = (SimtTile(128, 128, 8, 1, 1.0), SimtTile(64, 128, 8, 3, 0.87, eff_short=1.0))
+SHORT_K = 512
+# Measured on the device before they replace a SIMT_TILES entry (simt_extra_units; not in the build): none
+# now (v2's MINB 2 and BK 16 tiles and v3's persistent ones were measured there; persistent is now the kernel).
+SIMT_CANDIDATES = ()
+
+
+def _simt_expr(ta, tb, tile=None):
+    return (tile or SIMT_TILES[0]).expr("f32", ta, tb)
+
+
+def simt_extra_units():
+    """The SIMT_CANDIDATES unit, registered with the loader (tests and benchmarks; outside the build)."""
+    exprs = tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_CANDIDATES for tn in TRANS)
+    if exprs:
+        loader.register_units([KernelUnit("matmul.f32cand", "matmul.cu", exprs)])
+
+
+def _choose_simt_tile(m, n, batch, sm_count, k=0):
+    """The float tile with the least estimated time, as _choose_tile weighs the tensor-core ones (waves of
+    per_sm x SMs items, each costing a full SM of that tile at its efficiency for this k); a tie goes to
+    the smaller tile (less work idle in a partial last wave)."""
+    best, best_cost = None, None
+    for t in SIMT_TILES:
+        items = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
+        slots = t.per_sm * max(sm_count, 1)
+        cost = cdiv(items, slots) * t.per_sm * t.bm * t.bn / (t.eff_short if k <= SHORT_K else t.eff)
+        if best_cost is None or cost < best_cost or (cost == best_cost and t.bm * t.bn < best.bm * best.bn):
+            best, best_cost = t, cost
+    return best
 
 
 def _unit_name(tag, ta, tb):
@@ -174,7 +234,8 @@ def kernel_units():
             ta, tb = tn[0] == "t", tn[1] == "t"
             exprs = [t.expr(tag, ta, tb, True) for t in TC_TILES] + [TC_GENERAL.expr(tag, ta, tb, False)]
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
-    units.append(KernelUnit("matmul.f32", "matmul.cu", tuple(_simt_expr(t[0] == "t", t[1] == "t") for t in TRANS)))
+    units.append(KernelUnit("matmul.f32", "matmul.cu",
+                            tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
     return units + wgmma_units()
 
 
@@ -259,6 +320,13 @@ def _ld(name, v, need):
     if v < need:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v} is less than the {need} elements of a row")
     return v
+
+
+def _batches_apart(batch, stride, rows, cols, ld):
+    """Whether the batches of C (rows x cols, row pitch ld, `stride` apart) are disjoint: one after another
+    (stride past a whole matrix) or side by side within the row pitch (columns of one row, interleaved
+    batches: Winograd's GEMMs write a [tile][position][channel] workspace this way)."""
+    return stride >= (rows - 1) * ld + cols or (stride >= cols and (batch - 1) * stride + cols <= ld)
 
 
 def _span(batch, stride, rows, cols, ld):
@@ -355,13 +423,13 @@ def _tc_launch(plan, tag, tile, vec):
                    grid, (tile.threads, 1, 1), tile.smem, _params(plan, tm, tn))
 
 
-def _simt_launch(plan):
-    bm, bn, threads = SIMT_TILE
-    tm, tn = cdiv(plan.m, bm), cdiv(plan.n, bn)
+def _simt_launch(plan, sm_count):
+    t = _choose_simt_tile(plan.m, plan.n, plan.batch, sm_count, plan.k)
+    tm, tn = cdiv(plan.m, t.bm), cdiv(plan.n, t.bn)
     if tm * tn > INT_MAX:
         raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
-    grid = (tm * tn, 1, min(plan.batch, MAX_GRID_Z))
-    return _Launch("matmul.f32", _simt_expr(plan.trans_a, plan.trans_b), grid, (threads, 1, 1), 0,
+    grid = (min(tm * tn * plan.batch, t.per_sm * max(sm_count, 1)), 1, 1)  # one wave of persistent blocks
+    return _Launch(t.unit or "matmul.f32", t.expr("f32", plan.trans_a, plan.trans_b), grid, (t.threads, 1, 1), 0,
                    _params(plan, tm, tn))
 
 
@@ -384,10 +452,11 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.stride_a = _size("stride_a", stride_a, 0, 2**62)
     pl.stride_b = _size("stride_b", stride_b, 0, 2**62)
     pl.stride_c = _size("stride_c", stride_c, 0, 2**62)
-    if pl.batch > 1 and m and n and pl.stride_c < (m - 1) * pl.ldc + n:
+    if pl.batch > 1 and m and n and not _batches_apart(pl.batch, pl.stride_c, m, n, pl.ldc):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
                          f"stride_c: {pl.stride_c} makes the {pl.batch} batches of C overlap "
-                         f"(at least {(m - 1) * pl.ldc + n} needed)")
+                         f"(at least {(m - 1) * pl.ldc + n} needed, or batches side by side within a row: "
+                         f"stride_c >= {n} and (batch - 1) * stride_c + {n} <= ldc)")
     ra, ca = (k, m) if pl.trans_a else (m, k)
     rb, cb = (n, k) if pl.trans_b else (k, n)
     pl.span_a = _span(pl.batch, pl.stride_a, ra, ca, pl.lda)
@@ -402,7 +471,7 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
         return pl
     tag = TAG[pl.dtype]
     if tag == "f32":
-        pl.fast = pl.general = _simt_launch(pl)
+        pl.fast = pl.general = _simt_launch(pl, handle.sm_count)
         return pl
     # cp.async moves 16-byte chunks: every row (and batch) start of A and B must be 16-byte aligned.
     pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
