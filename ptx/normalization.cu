@@ -20,6 +20,8 @@
 //   gn_fwd, gn_bwd   group norm with channels innermost (NHWC): a cluster of 8 blocks per (sample, GC
 //              groups), each block's positions x channels tile in shared memory between the statistics
 //              (reduced over the cluster) and the output, so x (and dy) are read once.
+//   gn_reg, gn_reg_cl   the NHWC forward on gn_fwd's units with half of each block's share in registers and
+//              half in the threads' own shared-memory slots (v11: more bytes in flight per SM than either).
 //   gen_fwd, gen_bwd   any layout (up to 8 element dims, any strides): one block per set, coordinates per
 //              element, statistics in a first pass over memory, the output in a second.
 //   finish     backward: dscale / dbias = alpha2 * (sum of the per-block partials) + beta2 * old.
@@ -2366,6 +2368,278 @@ __device__ __forceinline__ void gn_bwd_body(const NormParams& p) {
   cluster_wait();
 }
 
+// gn_reg (v11): the NHWC group-norm forward with the unit's x held in REGISTERS and in the threads' own
+// shared-memory slots instead of gn_fwd's shared-memory tile alone. A unit is gn_fwd's (one sample, GC
+// consecutive groups, all P positions) split by positions over a cluster of CL blocks (CL == 1: one block
+// owns the unit, no cluster); thread t keeps one channel vector cv = t % VPP and positions t / VPP + k *
+// (block / VPP), k < ITEMS + SI: items k < ITEMS as 16-byte fragments in registers (ITEMS 8: 32 registers),
+// items ITEMS + s in slot s * block + t of a shared-memory tile (cp.async; read back only by the thread that
+// copied it: no barrier). Every load of the block is issued before any is used (x by ld.global.nc without
+// L1 allocation); the statistics come from registers and slots (16-bit: ONE, gn_fwd's one-pass shifted sums
+// and error bound; fp32: two passes, each reduced over the unit), then y is written from them. Why: the
+// bytes an SM can hold in flight ordered every measured config of gn_fwd and gn_reg (bench notes, v11):
+// gn_fwd's tiles hold 192 KiB per SM (3 x 64 KiB), registers alone 128 KiB (1024 threads x 32 registers
+// of x); registers and shared memory together 256 KiB ((CL, GC, SI) = (8, 4, 8): 4 blocks of 256 threads,
+// each 32 KiB in registers + 32 KiB in slots). The output of register items is unrolled without the
+// activation (compact code: an unrolled copy of the activation's switch per element was ~130 KB of code and
+// thrashed the instruction cache, run 1); with one, a loop that is not unrolled.
+// Params as gn_fwd; grid = N * (G / GC) * CL blocks; dynamic shared memory SI * block * 16 bytes.
+
+// Sums of each thread's NV values over its group of the unit (gn_cluster_sum for clusters of CL blocks;
+// CL == 1: the block alone, no cluster barrier). red: [32][32][NV], cvs: [32][NV], slot / tot: [32][NV]
+// (slot: this reduction's own buffer, read by the other blocks after the cluster barrier).
+template <int NV, int CL>
+__device__ __forceinline__ void gn_unit_sum(float (&v)[NV], int VPP, int cpg, int GC, float (*red)[32][NV],
+                                            float (*cvs)[NV], float (*slot)[NV], float (*tot)[NV]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int m = 16; m >= VPP; m >>= 1)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], m);
+  if (nw > 1) {
+    if (lane < VPP)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) red[warp][lane][i] = v[i];
+    __syncthreads();
+    if ((int)threadIdx.x < VPP)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float s = red[0][threadIdx.x][i];
+        for (int w = 1; w < nw; ++w) s += red[w][threadIdx.x][i];
+        cvs[threadIdx.x][i] = s;
+      }
+  } else if (lane < VPP) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) cvs[lane][i] = v[i];
+  }
+  __syncthreads();
+  float (*own)[NV] = CL > 1 ? slot : tot;
+  if ((int)threadIdx.x < GC)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float s = cvs[threadIdx.x * cpg][i];
+      for (int c = 1; c < cpg; ++c) s += cvs[threadIdx.x * cpg + c][i];
+      own[threadIdx.x][i] = s;
+    }
+  if constexpr (CL > 1) {
+    cluster_sync();
+    if ((int)threadIdx.x < GC)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float s = ld_dsmem(&slot[threadIdx.x][i], 0);
+#pragma unroll
+        for (int k = 1; k < CL; ++k) s += ld_dsmem(&slot[threadIdx.x][i], k);
+        tot[threadIdx.x][i] = s;
+      }
+  }
+  __syncthreads();
+  const int gi = ((int)threadIdx.x & (VPP - 1)) / cpg;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) v[i] = tot[gi][i];
+}
+
+// One item of gn_reg's output: y = alpha * act((x - mean) * k1 + bias) (+ beta * y), stored from the fragment.
+template <class T, int VEC, bool ACT, bool FAST>
+__device__ __forceinline__ void gn_reg_store(const Frag<T, VEC>& f, T* dst, float mean, const float* k1, const float* bi,
+                                             int act, float c1, float c2, float alpha, float beta, bool blend,
+                                             bool stream) {
+  float a[VEC];
+  rows_get<T, VEC>(f, a);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    float z = fmaf(a[j] - mean, k1[j], bi[j]);
+    if constexpr (ACT) z = act_f<FAST>(act, z, c1, c2);
+    a[j] = alpha * z;
+  }
+  if (blend) {
+    Frag<T, VEC> old;
+    old.load(dst);
+    float b[VEC];
+    old.get(b);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) a[j] += beta * b[j];
+  }
+  Frag<T, VEC> o;
+  o.set(a);
+  store_out<T, VEC>(o, dst, stream);
+}
+
+template <class T, int VEC, int ITEMS, int SI, int CL, bool ONE>
+__device__ __forceinline__ void gn_reg_body(const NormParams& p) {
+  static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
+  static_assert(!ONE || sizeof(T) == 2, "one-pass statistics: 16-bit data only (exact x - c)");
+  typedef Frag<T, VEC> F;
+  constexpr bool FAST = sizeof(T) == 2;
+  constexpr int NV = ONE ? 2 : 1;
+  __shared__ float red[kGnReduceWarps][32][NV];
+  __shared__ float cvs[32][NV], slot[2][32][NV], tot[2][32][NV];
+  // the unit and this thread's place in it (see gn_fwd's GnAt; CL blocks per unit)
+  const int GC = p.group, cg = (int)p.el_size[1], cpg = cg / VEC, VPP = GC * cpg;
+  const i64 units_per_n = p.set_size[1] / GC, unit = (i64)(blockIdx.x / CL);
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;
+  const i64 n = unit / units_per_n, g0 = (unit - n * units_per_n) * GC;
+  const int P = (int)p.el_size[0], ppb = (P + CL - 1) / CL, p0 = rank * ppb, npos = max(0, min(ppb, P - p0));
+  const int cv = (int)threadIdx.x & (VPP - 1), sh = __ffs(VPP) - 1;
+  const int pt = (int)threadIdx.x >> sh, pstep = (int)blockDim.x >> sh;
+  const i64 sxp = p.el_stride[0][0], syp = p.el_stride[1][0];
+  const T* xb = (const T*)p.x + n * p.set_stride[0][0] + g0 * p.set_stride[0][1] + (i64)(p0 + pt) * sxp + cv * VEC;
+  const int nk = pt < npos ? (npos - pt + pstep - 1) / pstep : 0;  // this thread's live items: k < nk
+  F v[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    v[k].zero();
+    if (k < nk) load_once<T, VEC>(v[k], xb);
+    xb += pstep * sxp;
+  }
+  // SI more items in this thread's own slots of a shared-memory tile (slot s at s * block + t: read back only
+  // by the thread that copied it, so no barrier), all in flight with the register loads
+  extern __shared__ U4 rtile[];
+  const int bd = (int)blockDim.x;
+  if constexpr (SI > 0) {
+#pragma unroll
+    for (int s = 0; s < SI; ++s) {
+      cp_async16(rtile + s * bd + threadIdx.x, xb, ITEMS + s < nk);
+      xb += pstep * sxp;
+    }
+    cp_async_commit();
+  }
+  const int grp = cv / cpg;  // this thread's group in the unit
+  const float len = (float)p.len;
+  float mean, var;
+  if constexpr (ONE) {
+    const float shift = to_float(((const T*)p.x)[n * p.set_stride[0][0] + (g0 + grp) * p.set_stride[0][1]]);
+    float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      float a[VEC];
+      rows_get<T, VEC>(v[k], a);
+      if (k < nk)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = a[j] - shift;
+          sq[0] += d;
+          sq[1] = fmaf(d, d, sq[1]);
+        }
+    }
+    if constexpr (SI > 0) {
+      cp_async_wait<0>();
+#pragma unroll 1
+      for (int s = 0; s < SI && ITEMS + s < nk; ++s) {
+        float a[VEC];
+        tile_get<T, VEC>(rtile, s * bd + threadIdx.x, a);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = a[j] - shift;
+          sq[0] += d;
+          sq[1] = fmaf(d, d, sq[1]);
+        }
+      }
+    }
+    gn_unit_sum<2, CL>(sq, VPP, cpg, GC, red, cvs, slot[0], tot[0]);
+    const float ms = sq[0] / len;
+    mean = shift + ms;
+    var = fmaf(-ms, ms, sq[1] / len);
+  } else {
+    float s[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      float a[VEC];
+      rows_get<T, VEC>(v[k], a);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s[0] += a[j];  // (zero fragments add nothing)
+    }
+    if constexpr (SI > 0) {
+      cp_async_wait<0>();
+#pragma unroll 1
+      for (int q = 0; q < SI && ITEMS + q < nk; ++q) {
+        float a[VEC];
+        tile_get<T, VEC>(rtile, q * bd + threadIdx.x, a);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s[0] += a[j];
+      }
+    }
+    gn_unit_sum<1, CL>(s, VPP, cpg, GC, red, cvs, slot[0], tot[0]);
+    mean = s[0] / len;  // one rounding: a constant set's mean is exact
+    s[0] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      float a[VEC];
+      rows_get<T, VEC>(v[k], a);
+      if (k < nk)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s[0] = fmaf(a[j] - mean, a[j] - mean, s[0]);
+    }
+#pragma unroll 1
+    for (int q = 0; q < SI && ITEMS + q < nk; ++q) {
+      float a[VEC];
+      tile_get<T, VEC>(rtile, q * bd + threadIdx.x, a);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s[0] = fmaf(a[j] - mean, a[j] - mean, s[0]);
+    }
+    gn_unit_sum<1, CL>(s, VPP, cpg, GC, red, cvs, slot[1], tot[1]);
+    var = s[0] / len;
+  }
+  if constexpr (CL > 1) cluster_arrive();  // done reading the others' slots; wait before exiting
+  const float inv = 1.0f / sqrtf(fmaxf(var, 0.0f) + (float)p.eps);
+  if (rank == 0 && (int)threadIdx.x < VPP && cv % cpg == 0 && (p.flags & PYDNN_NORM_FLAG_STATS)) {
+    const i64 so = n * p.set_stride[3][0] + (g0 + grp) * p.set_stride[3][1];
+    if (p.mean) p.mean[so] = mean;
+    if (p.invstd) p.invstd[so] = inv;
+  }
+  // this thread's channels (after the statistics: fewer registers live while x is)
+  const i64 c0 = g0 * cg + cv * VEC;
+  float k1[VEC], bi[VEC];  // z = (x - mean) * k1 + bias, k1 = invstd * scale (as gn_fwd)
+  load_params<VEC>(p.scale, c0, 1, k1);
+  if (p.bias) load_params<VEC>(p.bias, c0, 1, bi);
+  else
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bi[j] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) k1[j] *= inv;
+  const bool blend = p.flags & PYDNN_FLAG_BETA, stream = p.flags & PYDNN_NORM_FLAG_STREAM;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, c1 = (float)p.coef, c2 = (float)p.coef2;
+  T* const dst0 = (T*)p.out + n * p.set_stride[1][0] + g0 * p.set_stride[1][1] + (i64)(p0 + pt) * syp + cv * VEC;
+  const i64 dstep = pstep * syp;
+  T* dst = dst0;
+  if (!p.act) {
+    // plain: the items unrolled straight from their registers (compact code: one short body per item)
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k, dst += dstep) {
+      if (k >= nk) break;
+      gn_reg_store<T, VEC, false, FAST>(v[k], dst, mean, k1, bi, 0, c1, c2, alpha, beta, blend, stream);
+    }
+#pragma unroll 1
+    for (int q = 0; q < SI && ITEMS + q < nk; ++q) {
+      const U4 u = rtile[q * bd + threadIdx.x];
+      F f;
+      f.w[0] = u.x; f.w[1] = u.y; f.w[2] = u.z; f.w[3] = u.w;
+      gn_reg_store<T, VEC, false, FAST>(f, dst0 + (ITEMS + q) * dstep, mean, k1, bi, 0, c1, c2, alpha, beta, blend,
+                                        stream);
+    }
+  } else {
+    // fused activation: the fragments copied to a local array and walked by a loop that is NOT unrolled, so
+    // that the activation's switch is compiled once, not once per element of every item (an unrolled
+    // version was ~130 KB of code, which thrashed the instruction cache on the plain path too)
+    F w[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) w[k] = v[k];
+#pragma unroll 1
+    for (int k = 0; k < nk && k < ITEMS; ++k, dst += dstep)
+      gn_reg_store<T, VEC, true, FAST>(w[k], dst, mean, k1, bi, p.act, c1, c2, alpha, beta, blend, stream);
+#pragma unroll 1
+    for (int q = 0; q < SI && ITEMS + q < nk; ++q) {
+      const U4 u = rtile[q * bd + threadIdx.x];
+      F f;
+      f.w[0] = u.x; f.w[1] = u.y; f.w[2] = u.z; f.w[3] = u.w;
+      gn_reg_store<T, VEC, true, FAST>(f, dst0 + (ITEMS + q) * dstep, mean, k1, bi, p.act, c1, c2, alpha, beta,
+                                       blend, stream);
+    }
+  }
+  if constexpr (CL > 1) cluster_wait();
+}
+
+template <class T, int VEC, int ITEMS, int SI, bool ONE>
+__global__ void __launch_bounds__(1024) gn_reg(const NormParams p) { gn_reg_body<T, VEC, ITEMS, SI, 1, ONE>(p); }
+
 #if __CUDA_ARCH__ >= 900
 template <class T, int VEC, bool ONE>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) gn_fwd(const NormParams p) {
@@ -2375,11 +2649,17 @@ template <class T, int VEC>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(1024) gn_bwd(const NormParams p) {
   gn_bwd_body<T, VEC>(p);
 }
+template <class T, int VEC, int ITEMS, int SI, int CL, bool ONE>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(1024) gn_reg_cl(const NormParams p) {
+  gn_reg_body<T, VEC, ITEMS, SI, CL, ONE>(p);
+}
 #else
 template <class T, int VEC, bool ONE>
 __global__ void gn_fwd(const NormParams) { __trap(); }  // the host never picks it before sm_90
 template <class T, int VEC>
 __global__ void gn_bwd(const NormParams) { __trap(); }
+template <class T, int VEC, int ITEMS, int SI, int CL, bool ONE>
+__global__ void gn_reg_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
 #endif
 
 }  // namespace norm

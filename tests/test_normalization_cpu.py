@@ -347,6 +347,25 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     alts, _ = _summary(_nd(LAYER, act=_act(pydnn.PYDNN_ACTIVATION_RELU)), ln, backward=True)
     assert "staged" in alts[0][0]  # an activation: not bwd_rows
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
+    # v11: gn_reg (GN_REG), each block's share of a unit in registers (8 vectors per thread) and SI more in its own
+    # shared-memory slots: GN_REG_PICK (CL, GC, SI)
+    # the default: (8, 4, 8), 4 groups (128 B per position) per cluster of 8 blocks of 256 threads, 32 KiB of shared
+    # memory each; its y stores evict-first (STREAM)
+    alts, _ = _summary(_nd(GROUP, 32), gn)
+    assert alts[0] == ["gn_reg vec=8 GC=4 CL=8 block=256 items=8+8 grid=2048"]
+    lc = N._plan(cpu_handle(), _nd(GROUP, 32), gn, gn, None, _params(gn, _nd(GROUP, 32))[1], False).alternatives[0][0]
+    assert lc.smem == 8 * 256 * 16 and lc.params.flags & N.FLAG_STREAM
+    for pick, arch, want in (((4, 4, 8), 90, "gn_reg vec=8 GC=4 CL=4 block=512 items=8+8 grid=1024"),
+                             ((4, 2, 8), 90, "gn_reg vec=8 GC=2 CL=4 block=256 items=8+8 grid=2048"),
+                             ((8, 2, 8), 90, "gn_reg vec=8 GC=2 CL=8 block=128 items=8+8 grid=4096"),
+                             ((8, 4, 8), 80, "gen"),  # CL 1 is not compiled with SI 8; no clusters before sm_90
+                             ((8, 4, 0), 90, "gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048 one"),  # not compiled
+                             ((4, 16, 8), 90, "gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048 one")):  # 2048 threads
+        with monkeypatch.context() as m:
+            m.setattr(N, "GN_REG_PICK", pick)
+            m.setattr(N, "_arch_num", lambda h, arch=arch: arch)
+            assert _summary(_nd(GROUP, 32), gn)[0][0] == [want], pick
+    monkeypatch.setattr(N, "GN_REG", False)
     alts, _ = _summary(_nd(GROUP, 32), gn)
     # v6: gn_fwd, 4 groups (64 channels, 128 B per position) per cluster, 64 KiB tiles of 512 positions; v8:
     # one-pass statistics in 16-bit (GN_ONE)
@@ -381,6 +400,7 @@ def test_staged_forward_choice(monkeypatch):
     monkeypatch.setattr(N, "ROWS_FWD", False)
     monkeypatch.setattr(N, "FWD_PERSIST", False)
     monkeypatch.setattr(N, "GN_FWD", False)
+    monkeypatch.setattr(N, "GN_REG", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), BF16))
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1 staged grid=1024"]  # 8 blocks per SM, 16 rows each
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
@@ -570,6 +590,40 @@ def _emulate_gn(p, lc, operand, pl):
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
+def _emulate_gn_reg(p, lc, operand):
+    """gn_reg / gn_reg_cl (v11): CL blocks per unit (block // CL: sample n, groups g0 .. g0 + GC - 1, as gn_fwd),
+    rank block % CL takes positions [rank * ppb, ...); thread t holds channel vector t % VPP of positions
+    t // VPP + k * (block // VPP), k < ITEMS (registers: no shared-memory tile); rank 0 writes the statistics."""
+    args = [a.strip() for a in lc.expr.split("<")[1].rstrip(">").split(",")]
+    vec, items, si = int(args[1]), int(args[2]), int(args[3])
+    cl = int(args[4]) if "gn_reg_cl" in lc.expr else 1
+    GC, G, N_ = p.group, p.set_size[1], p.set_size[0]
+    P, cg = p.el_size[0], p.el_size[1]
+    VPP, block = GC * cg // vec, lc.block[0]
+    assert 32 % VPP == 0 and block % VPP == 0 and block <= N.GN_REG_MAX_BLOCK and lc.smem == si * block * 16
+    items += si  # the SI shared-memory slots continue the register items: positions t // VPP + k * (block // VPP)
+    assert lc.grid[0] == N_ * (G // GC) * cl
+    ppb, pstep = -(-P // cl), block // VPP
+    addr, sets, pars, stats = [], [], [], []
+    for b in range(lc.grid[0]):
+        u, r = divmod(b, cl)
+        n, g0 = u // (G // GC), (u % (G // GC)) * GC
+        if r == 0:
+            stats += [n * p.set_stride[3][0] + (g0 + i) * p.set_stride[3][1] for i in range(GC)]
+        npos = max(0, min(ppb, P - r * ppb))
+        t = np.arange(block)
+        cv, pt = t % VPP, t // VPP
+        for k in range(items):
+            live = pt + k * pstep < npos
+            pos = r * ppb + pt[live] + k * pstep
+            for j in range(vec):
+                addr.append(n * p.set_stride[operand][0] + g0 * p.set_stride[operand][1] +
+                            pos * p.el_stride[operand][0] + cv[live] * vec + j)
+                pars.append(g0 * cg + cv[live] * vec + j)
+                sets.append(n * G + g0 + (cv[live] * vec + j) // cg)
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
 def _emulate_gen(p, operand):
     e = np.arange(p.len)
     off = np.zeros(p.len, np.int64)
@@ -607,6 +661,7 @@ LAYOUTS = [  # kind, groups, normalized dims, dims, strides of x / out / dy (Non
     (GROUP, 4, 1, (2, 64, 3, 1), "nhwc", "nhwc"),        # gn_fwd: 3 positions, ranks 3..7 empty
     (GROUP, 2, 1, (5, 32, 1, 1), "nhwc", "nhwc"),        # gn_fwd: one position (channels only)
     (GROUP, 1, 1, (2, 16, 5, 5), "nhwc", "nhwc"),        # gn_fwd: one group
+    (GROUP, 8, 1, (2, 64, 40, 40), "nhwc", "nhwc"),      # gn_reg: 1600 positions of 8 channels (GC 1: VPP 1)
     (GROUP, 8, 1, (2, 64, 24, 24), None, None),          # cluster NCHW
     (GROUP, 2, 1, (2, 64, 16, 16), "nhwc", "nhwc"),      # staged cluster backward
     (LAYER, 0, 1, (9, 8192), None, None),                # staged cluster backward, PREG
@@ -632,7 +687,8 @@ def _layout_desc(dims, layout, dtype):
                          [f"forward rows {i}" for i in range(max(len(c) for c in N.ROWS_CONFIGS.values()))] +
                          [f"forward persist {i}" for i in range(max(len(c) for c in N.FWD_PERSIST_CONFIGS.values()))] +
                          [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))] +
-                         [f"backward ring {i}" for i in range(max(len(c) for c in N.BWD_RING_CONFIGS.values()))])
+                         [f"backward ring {i}" for i in range(max(len(c) for c in N.BWD_RING_CONFIGS.values()))] +
+                         [f"forward gn reg {cl} {gc} {si}" for cl, gc, si in ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
@@ -644,6 +700,9 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     monkeypatch.setattr(N, "GN_BWD", direction in ("backward", "forward", "backward gn wide"))
     monkeypatch.setattr(N, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
     monkeypatch.setattr(N, "FWD_PERSIST", direction == "forward" or direction.startswith("forward persist"))
+    monkeypatch.setattr(N, "GN_REG", direction == "forward" or direction.startswith("forward gn reg"))
+    if direction.startswith("forward gn reg"):
+        monkeypatch.setattr(N, "GN_REG_PICK", tuple(int(a) for a in direction.split()[-3:]))
     if direction.startswith("forward persist"):
         configs = N.FWD_PERSIST_CONFIGS[4 if dtype == F32 else 2]
         i = int(direction.split()[-1])
@@ -691,6 +750,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
+                elif kname in ("gn_reg", "gn_reg_cl"):
+                    addr, sset, spar, stats = _emulate_gn_reg(p, lc, operand)
                 elif kname in ("bwd_rows", "bwd_ring", "bwd_ring_cl", "fwd_persist"):
                     addr, sset, spar, stats = _emulate_bwd_rows(p, lc, operand, pl)
                 else:

@@ -365,6 +365,7 @@ def test_group_norm_nhwc_clusters(handle, rng, monkeypatch, fill, dtype):
         monkeypatch.setattr(N, "STREAM", {"gn_fwd"})
         monkeypatch.setattr(N, "FINISH", (32, 8))
     monkeypatch.setattr(N, "GN_FILL", fill)
+    monkeypatch.setattr(N, "GN_REG", False)  # (gn_reg, v11: test_group_norm_nhwc_reg)
     for groups, dims, layout in GN_CASES:
         x = _tensor(dims, layout, dtype)
         alts, _ = N.plan_summary(handle, _nd(GROUP, groups, 1), x.desc)
@@ -381,6 +382,46 @@ def test_group_norm_nhwc_clusters(handle, rng, monkeypatch, fill, dtype):
         _backward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
                         dbias=False)
         _backward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, act=ACTS[2])
+
+
+GN_REG_CASES = GN_CASES + [  # gn_reg (v11): the shapes above, and ones whose units need 1024-thread blocks or more
+    (32, (3, 512, 32, 32), "nhwc"),                   # 1024 positions of 16 channels
+    (8, (2, 64, 40, 40), "nhwc"),                     # 1600 positions of 8 channels
+    (4, (2, 128, 64, 64), "nhwc"),                    # 4096 positions of 32 channels: 512-1024 threads
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", [(8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8), "no stream"])
+def test_group_norm_nhwc_reg(handle, rng, monkeypatch, cfg, dtype):
+    """gn_reg / gn_reg_cl (v11: x held in registers, SI more vectors per thread in its own shared-memory slots,
+    one unit per block or cluster of CL) with each compiled (CL, SI) ("no stream": the default pick without
+    evict-first stores): forward plain, no bias + blended, in place, x of mean 1000 (the one-pass shift
+    in 16-bit, the two passes in fp32), fused activations; units too large for its blocks take gn_fwd
+    (asserted from the plan)."""
+    if cfg == "no stream":
+        monkeypatch.setattr(N, "STREAM", N.STREAM - {"gn_reg"})
+    else:
+        monkeypatch.setattr(N, "GN_REG_PICK", cfg)
+    monkeypatch.setattr(N, "GN_REG", True)
+    cl, gc_want, si = N.GN_REG_PICK
+    vec = 4 if dtype == F32 else 8
+    for groups, dims, layout in GN_REG_CASES:
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(GROUP, groups, 1), x.desc)
+        cg, P = dims[1] // groups, int(np.prod(dims[2:]))
+        gc = max(g for g in range(1, min(groups, gc_want) + 1) if groups % g == 0 and 32 % (g * cg // vec) == 0)
+        block = max(32, N.next_pow2(N.cdiv(N.cdiv(P, cl), N.GN_REG_ITEMS + si) * (gc * cg // vec)))
+        if block <= N.GN_REG_MAX_BLOCK:
+            assert alts[0][0].startswith("gn_reg") and f"GC={gc} CL={cl} block={block} items=8+{si}" in alts[0][0], alts
+        else:
+            assert alts[0][0].startswith("gn_fwd"), alts
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype)
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, inplace=True)
+        _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, center=(1000.0, 1.0))
+        for act in ACTS[1:]:
+            _forward_check(handle, rng, GROUP, groups, 1, dims, layout, dtype, act=act)
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16])

@@ -541,6 +541,123 @@ Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all)
        a <= 3.1 us at today's b, or b ~5% lower with a as it is). The copy's own fixed cost is inside its
        4180 GB/s (256 MiB each way, ~128 us), so "steady state 100%" means at the copy's average rate.
      Device runs this session: 2 (about 50 s and 25 s).
+  v11 (2026-11-23, sixth session; at most four device runs). Counting first (H200, 132 SMs, floor = bytes / ~4.18 TB/s):
+     GN NHWC bf16 forward 268.4 MB: floor 64.2 us, now 71.9-72.7% = ~89 us, 75% = 85.6 us (-3.4 us). A set (n, g) is 16
+       channels x 4096 positions x 2 B = 128 KiB = 32768 32-bit registers: half an SM's register file. gn_fwd copies it
+       into shared memory (cp.async), reads the tile twice (statistics, output) and holds 3 x 64 KiB tiles per SM.
+     (a) `gn_reg` / `gn_reg_cl` (GN_REG, GN_REG_PICK (CL, GC)): a unit (one sample, GC groups, all positions) per block
+       (CL 1) or per cluster of CL blocks (positions split), x held in REGISTERS: 8 x 16-byte fragments per thread (32
+       registers), all loads issued at once (ld.global.nc, no L1 allocation), statistics from the registers (ONE in
+       16-bit; fp32 two passes over the registers, each reduced over the unit), y written from them: one launch, x read
+       once, no shared-memory tile (64 registers: 1024 threads = 128 KiB of x per SM whatever the block). ptxas sm_90
+       bf16: 64 registers, 4-36 bytes spilled (CL 1: 4, CL > 1: 36; the spilled values are reloaded once per block);
+       fp32 no spill. Sweep (CL, GC) -> block at 32 x 512 x 64 x 64: (1, 1) 1024 threads, 1 block per SM, 1024 blocks
+       (7.8 per SM: the last wave 76% full); (2, 1) 512 x 2 per SM; (2, 2) 1024 (64 B per position); (4, 1) 256 x 4;
+       (4, 2) 512; (8, 1) 128 x 8; (8, 2) 256; (8, 4) 512; and (2, 1) with evict-first y stores.
+       Prediction (before measuring): (1, 1) 65-75% of copy (one block per SM: load, reduce, store in series on each
+       SM, only the SMs' drift overlaps them); (2, 1) / (2, 2) 72-80%; (4, *) 75-82% (4 blocks per SM in different
+       phases, a 4-block cluster barrier); (8, *) 72-80% (gn_fwd's 8-block barrier, without its tile's shared-memory
+       traffic); GC 2 0-3 points over GC 1 (64 B per position instead of one 32 B sector); evict-first stores +-1.5.
+       Target 75%: met by at least one config if the tile's shared-memory passes (not the cluster barrier) were
+       gn_fwd's loss.
+     LN bf16 forward: 82.5% = 78 us, 85% = 75.8 us (-2.3 us). v8-v10: the bias reads are ~7 points (89.3% without
+       bias), and v10's fwd_sp (parameters in shared memory) made LN = LN without bias = RMS, but lost ~10 points to
+       its persistent walk (the v10 tail probe: per row, not to the slowest group).
+     (b) `fwd_rows_sp` (ROWS_SP, ROWS_SP_PICK NG): fwd_rows (4, 1, ONE) with NG one-row groups per ONE-SHOT block
+       (hardware-scheduled as fwd_rows) and scale / bias copied once per block into shared memory with cp.async right
+       after the x loads (one pass through L1 per NG rows instead of per row), the block barrier only for that copy
+       (while x is in flight), each row group's reduction on its own named barrier (not ROWS_GROUPS' shared one, v9),
+       parameters read back as conflict-free LDS.128. ptxas sm_90 bf16: 64 registers, no spill; NG 2: 256 threads, 4
+       blocks (8 rows) per SM, 32 KiB of parameters per block; NG 4: 512, 2 blocks.
+       Prediction (before measuring): if L1 parameter reads are LN's cost and shared-memory reads are cheap (what fwd_sp
+       showed), LN bf16 NG 2 84-87%, NG 4 80-86% (a block slot frees when its slowest of 4 rows is done), LN without
+       bias within 1 point of LN, RMS NG 2 89-93%; if multi-row blocks cost what ROWS_GROUPS measured (79.5% / 70.7%),
+       both below fwd_rows' 82.5%.
+     Measured (run 1, H200, copy 4178 GB/s; the GPU tests of both kernels passed, with the forward / activation /
+     in-place / NHWC tests of the family: 121 passed, 1 skipped):
+       gn_reg (CL, GC): (1, 1) 53.6% (2240 GB/s, 1 block/SM), (2, 1) 41.0%, (2, 2) 40.9%, (4, 1) 40.0%, (4, 2) 42.9%,
+         (8, 1) 40.0%, (8, 2) 41.9%, (8, 4) 40.0%, (2, 1) + evict-first 44.1%; gn_fwd in the same run 72.8% (GC 4, 3
+         blocks/SM; table row 41.2% because the pick was gn_reg (2, 1)).
+       fwd_rows_sp LN bf16 NG 2 23.0%, NG 4 41.2%, NG 2 without bias 31.6%; RMS 31.6% / 54.0%; fwd_rows 82.5% / 90.6%
+         (LN without bias 89.3%).
+     Both far below any prediction, for reasons of their code, not of their design (found after the run):
+       fwd_rows_sp: the row group's barrier id was a register (bar.sync %r, G), for which ptxas reserves all 16
+         named barriers of a block ("used 16 barriers"), and that limits an SM to one such block (a CUTLASS / CCCL
+         maintainer's note: a register-valued barrier id cuts occupancy 16x); the driver's occupancy query still
+         said 4 / 2 blocks. 1 block/SM = 2 / 4 rows in flight per SM: 23% / 41%, the NG 4 > NG 2 order fits. Fixed:
+         immediate ids (bar.sync 1 .. NG; "used 3 barriers" at NG 2).
+       gn_reg: the output loop over the 8 register items was unrolled with the activation's 8-case switch inlined
+         per element: ~130 KB of code whose plain path alone spans ~21 KB per item (SASS), i.e. the instruction
+         cache misses all the way; worse with several blocks per SM in different phases (CL > 1: 40-43%) than
+         with one 1024-thread block (53.6%). Fixed: the plain path (no activation) is one compact body per item
+         (gn_reg_store<.., false>); with an activation the fragments are copied to a local array and walked by a
+         loop that is not unrolled (one copy of the switch). Code 130 KB -> 50 KB (the plain path ~2.6 KB); ptxas
+         12-16 bytes spilled.
+     Run 2 (predictions before measuring): as in run 1's predictions above (gn_reg 65-82% by config, fwd_rows_sp NG 2
+       84-87% on LN bf16 if the parameter reads through L1 are LN's cost).
+     Measured (run 2, copy 4182 GB/s; the gn_reg / fwd_rows_sp / activation / in-place GPU tests passed):
+       gn_reg (CL, GC): (1, 1) 54.2%, (2, 1) 52.9%, (2, 2) 61.2%, (4, 1) 51.6%, (4, 2) 64.7%, (8, 1) 51.0%, (8, 2) 64.9%,
+         (8, 4) 64.5%, (2, 1) + evict-first 57.2%; gn_fwd (GC 4, 256 threads) 72.7% in the same run. The compact code
+         gave +1 (CL 1) to +23 points (CL 8), so the instruction cache was run 1's loss, but every config stays 8+
+         points under gn_fwd. GC 1 (32 B per position, 16 lines per warp access) is ~10 points under GC 2 / 4.
+       fwd_rows_sp: LN NG 2 23.0%, NG 4 41.2%, without bias 31.6%; RMS 31.6% / 54.1%: the same to 0.1 point as run 1,
+         so the barrier ids were not its loss. Reading: cp.async.cg bypasses L1, so every block copied its 32 KiB of
+         parameters from L2, and every SM read the SAME 32 KiB at once: 16 KiB of L2 reads per row at NG 2 (x itself
+         is 8 KiB), all on the few L2 slices that hold those lines.
+     Reading of gn_reg against gn_fwd (not profiled): the one thing that orders the measured configs of both is the
+       bytes an SM can hold in flight: gn_fwd 64 KiB x 2 blocks (512 threads) 68.0-68.1%, 32 KiB x 4 (GC 2) 67.2%,
+       64 KiB x 3 72.7%; gn_reg (registers only, 1024 threads x 64 registers) 128 KiB per SM whatever the block:
+       61-65% at GC >= 2. Shared memory (228 KiB) and registers (256 KiB) can hold more together than either alone.
+     Run 3 (predictions before measuring):
+       (c) gn_reg with SI (GN_REG_PICK (CL, GC, SI)): 8 vectors per thread in registers and SI = 8 more in the thread's
+         own slots of a shared-memory tile (cp.async, issued with the register loads; read back by the same thread:
+         no barrier), so a 256-thread block holds 64 KiB (32 in registers, 32 in shared memory) and 4 blocks per SM
+         (64 registers; 4 x 41.5 KiB of shared memory) hold 256 KiB in flight, against gn_fwd's 192 KiB. ptxas: 64
+         registers, 12 bytes spilled. Sweep (CL, GC, SI): (8, 4, 8) 256 threads x 4 per SM, 128 B per position; (8, 2,
+         8) 128 x 8; (4, 2, 8) 256 x 4, 64 B; (4, 4, 8) 512 x 2; and (1, 1, 0), (4, 2, 0), (8, 2, 0), (8, 4, 0) again.
+         Prediction: if bytes in flight per SM order these kernels, (8, 4, 8) / (4, 2, 8) 74-78%, (8, 2, 8) 72-77%, (4,
+         4, 8) 70-75%; SI 0 as run 2 (+-1).
+       (d) fwd_rows_sp with cp.async.ca (the parameters through L1: after the first block on an SM they come from L1,
+         as fwd_rows' __ldg). Prediction: if L1 parameter reads (not their bytes through the shared data path) are LN's
+         cost, LN bf16 NG 2 84-87%, NG 4 80-85%, RMS NG 2 89-92%; if the L1 / shared-memory data path is, NG 2 ~82%
+         (32 KiB per row pair through L1 plus 32 KiB written and 64 KiB read from shared memory, against 64 KiB
+         through L1 today).
+     Measured (run 3, copy 4179 GB/s; the gn_reg config tests that finished before the call's test timeout passed:
+     21 gn_reg (every (CL, GC, SI) x dtype, activations, blending, in place, mean 1000) and 3 fwd_rows_sp):
+       (c) gn_reg (CL, GC, SI): (8, 4, 8) 74.3% (3107 GB/s, 8.28x torch; 4 blocks/SM), with evict-first y stores 74.8%
+         (3126 GB/s, 8.33x); (4, 4, 8) 72.7% (2 blocks/SM); (4, 2, 8) 69.6%; (8, 2, 8) 65.3% (8 blocks of 128, 64 B per
+         position); SI 0: (1, 1) 54.5%, (4, 2) 64.5%, (8, 2) 65.0%, (8, 4) 64.4%; gn_fwd in the same run 72.6% (table
+         row 72.6%). The bytes-in-flight reading held for the 128 B-per-position configs ((8, 4, 8) +2.2 over gn_fwd,
+         at the low end of the 74-78% predicted); the 64 B ones stay lower whatever they hold. 0.2 point short of 75%.
+       (d) fwd_rows_sp (cp.async.ca): LN bf16 NG 2 81.2%, NG 4 81.7%, NG 2 without bias 85.8%; RMS 86.4% / 85.8%; against
+         fwd_rows 82.7% (without bias 89.5%) / 90.6% in the same run: the parameters read once per 2 / 4 rows through
+         L1 and then from shared memory gave nothing on LN and cost RMS 4-5 points (its per-row work was cheaper
+         than the copy and the block-wide wait). So LN's bias cost is not the L1 parameter reads as such (halving
+         or quartering them changed nothing); what the no-bias variants save is elsewhere (16 KiB less through the
+         shared L1 / shared-memory data path per row in every variant: fwd_rows, fwd_sp, fwd_rows_sp alike).
+         Reverted (kernel, planner, tests, sweep lines).
+     Outcome v11: gn_reg (8, 4, 8) with evict-first stores is the NHWC forward (GN_REG, STREAM); gn_fwd stays for the
+       units gn_reg's blocks do not fit and for the backward's tiles. SI 0 configs no longer compiled (CL 4 / 8 with
+       SI 8 only). LN bf16 forward unchanged (fwd_rows (4, 1, ONE), 82.5-82.7%).
+     Not kept, measured in the session's scratch (ptxas only, not run): fwd_rows (8, 1, ONE) (64-thread rows, 16 rows
+       per SM at 64 registers): 248-296 bytes spilled whatever the output's form (ptxas wants 107 registers);
+       fwd_rows (4, 1, ONE) at __launch_bounds__(128, 9 / 10 / 12) (9-12 rows per SM): 56-184 bytes spilled.
+     Run 4 (final; prediction before measuring): table row GN NHWC bf16 forward 74-75.5% of copy (8.2-8.4x torch), LN /
+       RMS bf16 forward as runs 1-3 (82.5-82.7% / 90.5-90.6%), every GPU test of the family passing.
+     Measured (run 4, copy 4180 GB/s; 193 of the family's 195 GPU tests ran and passed (1 skipped as always), the two
+     left (test_backward_ring_configs[1-*], bwd_ring_cl, code unchanged) were cut by the call's time limit):
+       GN NHWC bf16 forward table row 74.8% (3125 GB/s, 8.27x torch's 378); sweep: gn_reg (8, 4, 8) 74.4% / + evict-first
+         74.7%, (4, 4, 8) 73.0%, (4, 2, 8) 69.5%, (8, 2, 8) 65.3%; gn_fwd GC 4 72.7% (the v10 pick, same run).
+       LN bf16 forward 82.5% (3448 GB/s, 1.34x; without bias 89.3%), RMS bf16 forward 90.6% (3789 GB/s, 1.14x),
+       GN NHWC backward 57.3% (4.91x; gn_bwd unchanged).
+     Still missed (v11): GN NHWC bf16 forward 74.7-74.8% (75%: -0.2 to -0.3 point, inside run-to-run spread but not
+       reliably met; 8.3x PyTorch against the 5x target). Left: ~256 KiB per SM is what registers (64 per thread)
+       and shared memory hold together at 4 blocks; what is left per block without loads in flight is the cluster
+       barrier (the slowest of 8 blocks) and the output pass. LN bf16 forward 82.5% (85%, -2.5 points): this session
+       ruled out the L1 parameter reads as such (fwd_rows_sp: a half / a quarter of them, no gain); no candidate
+       left that fits 64 registers at 8+ rows per SM (64-thread rows and 9-12 rows per SM spill).
+     Compile time (NVRTC, this 2-core machine): the three normalization units ~72 s for sm_90 (56 s before v11: the
+       four gn_reg instantiations), ~26 s for sm_80. Device runs this session: 4 (wall 150 / 119 / 127 / 161 s).
 """
 import os
 
@@ -627,7 +744,8 @@ def _rows(b, kind, name, dt="bf16", backward=True, sweep=True):
           f"({ws_size / bwd_bytes:.1%} of the counted bytes, written and read once more)", flush=True)
 
 
-_KNOBS = ("ROWS_FWD", "FWD_PERSIST", "BWD_ROWS", "BWD_RING", "FINISH", "BWD_RING_WARPSTAT", "GN_ONE")
+_KNOBS = ("ROWS_FWD", "FWD_PERSIST", "BWD_ROWS", "BWD_RING", "FINISH", "BWD_RING_WARPSTAT", "GN_ONE", "GN_REG",
+          "GN_REG_PICK")
 _TABLES = ("ROWS_PICK", "FWD_PERSIST_PICK", "BWD_ROWS_PICK", "BWD_RING_PICK")
 
 
@@ -715,6 +833,8 @@ def _sweep_bwd(b, nd, name, dt, xd, sb, st, bufs, nbytes, ms_t):
 
 
 GN_SWEEP = ((32 * 1024, 256), (64 * 1024, 256), (64 * 1024, 512))
+GN_REG_SWEEP = ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))  # v11 gn_reg (CL, GC, SI), each without evict-first
+# stores (the pick has them); runs 1-3 also measured SI 0 (CL 1 / 2 / 4 / 8, GC 1 / 2 / 4), no longer compiled
 GN_EXTRA = ("two-pass", "stream")  # v8: the default tile without GN_ONE / with evict-first y stores (forward only)
 
 
@@ -723,13 +843,24 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
     off (v1 clusters / register tiles), printed: what the defaults are chosen from."""
     x, y, dy, w, bias, mean, inv, dw, db = bufs
     flag = "GN_BWD" if backward else "GN_FWD"
-    was = getattr(N, flag), N.GN_TILE_MAX, N.GN_THREADS, set(N.STREAM), N.FINISH, N.GN_ONE
-    extras = () if backward else GN_EXTRA
+    was = getattr(N, flag), N.GN_TILE_MAX, N.GN_THREADS, set(N.STREAM), N.FINISH, N.GN_ONE, N.GN_REG, N.GN_REG_PICK
+    extras = () if backward else GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP) + (("reg stream",),)
+    stream0 = was[3]
+    was = was[:3] + (stream0 - {"gn_reg"},) + was[4:]  # (the sweep's lines: without gn_reg's evict-first stores)
     try:
         for cfg in GN_SWEEP + extras:
             setattr(N, flag, cfg is not None)
             N.STREAM, N.FINISH, N.GN_ONE = was[3], was[4], was[5]
-            if cfg == "two-pass":
+            N.GN_REG, N.GN_REG_PICK = False, was[7]  # (v11: the gn_fwd lines without gn_reg)
+            reg = isinstance(cfg, tuple) and cfg[0] in ("reg", "reg stream")
+            if reg:
+                N.GN_REG = True
+                N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
+                if cfg[0] == "reg":
+                    N.GN_REG_PICK = cfg[1:]
+                else:
+                    N.STREAM = was[3] | {"gn_reg"}
+            elif cfg == "two-pass":
                 N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
                 N.GN_ONE = False
             elif cfg == "stream":
@@ -755,14 +886,15 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
                                                          inv.data_ptr())
             ms = time_ms(fn)
             gbs = nbytes / ms / 1e6
-            desc += f" {cfg}" if isinstance(cfg, str) else ""
+            desc += f" {cfg}" if isinstance(cfg, str) else (" stream" if cfg[0] == "reg stream" else "")
             occ = _occupancy(b, nd, xd, st, "bf16", backward)
             print(f"normalization sweep group norm NHWC bf16 {'backward' if backward else 'forward'} [{desc}] ({occ}): "
                   f"{gbs:.0f} GB/s {100 * gbs / b.copy_gbs:.1f}% copy {ms_t / ms:.2f}x torch", flush=True)
     finally:
         setattr(N, flag, was[0])
         N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
-        N.STREAM, N.FINISH, N.GN_ONE = was[3], was[4], was[5]
+        N.STREAM, N.FINISH, N.GN_ONE = stream0, was[4], was[5]
+        N.GN_REG, N.GN_REG_PICK = was[6], was[7]
 
 
 TAIL_ROWS = (4096, 16384, 65536)

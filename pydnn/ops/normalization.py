@@ -51,7 +51,8 @@ its GPU test passed on the H200) the backward of 16-bit contiguous layer / RMS r
 BWD_RING (the default since v6) `bwd_ring`, the same with the ring in shared memory (see BWD_RING_*). Group /
 instance norm with each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on
 sm_90 (a cluster of 8 blocks per sample and GC groups, the tiles held in shared memory between the
-statistics and the output; see GN_*).
+statistics and the output; see GN_*); its forward takes `gn_reg_cl` first when a block's share fits (v11: half
+of it in registers, half in the threads' own shared-memory slots; see GN_REG*).
 """
 import ctypes
 
@@ -166,13 +167,17 @@ BWD_RING_MAX_BLOCK = 256
 FWD_PERSIST = False
 FWD_PERSIST_CONFIGS = {2: ((4, 2, 4),), 4: ()}
 FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
+# v11: `fwd_rows_sp` (NG = 2 / 4 rows per one-shot block, scale / bias copied once per block into shared memory,
+# a named barrier per row group) measured 81.2% / 81.7% of copy on LN bf16 16384 x 4096 (85.8% without bias) and
+# 86.4% / 85.8% on RMS, against fwd_rows' 82.7% / 90.6%: not kept (bench notes, v11).
 # v10: `fwd_sp` (persistent blocks of up to 1024 threads, scale / bias staged once per block in shared memory,
 # a cp.async ring of x per row group) measured 74.9-79.8% of copy on LN bf16 16384 x 4096 and 75.1-80.2% on RMS
 # against fwd_rows' 82.5% / 91.1%, the same with and without bias: not kept (bench notes, v10).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
-# "fwd_rows", "fwd_persist", "bwd_ring", "gn_fwd". Measured (v7): fwd_rows +3.5 points on RMS bf16 (90.4 ->
-# 93.9% of copy), +5.7 on LN fp32 (91.4 -> 97.1%), +0.3 on LN bf16 ONE; bwd_ring +-0.1; gn_fwd -1.5.
-STREAM = {"fwd_rows"}
+# "fwd_rows", "fwd_persist", "bwd_ring", "gn_fwd", "gn_reg". Measured (v7): fwd_rows +3.5 points on RMS bf16 (90.4
+# -> 93.9% of copy), +5.7 on LN fp32 (91.4 -> 97.1%), +0.3 on LN bf16 ONE; bwd_ring +-0.1; gn_fwd -1.5; (v11) gn_reg
+# (8, 4, 8) +0.5 (74.3 -> 74.8%).
+STREAM = {"fwd_rows", "gn_reg"}
 # bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per thread, when G >= 32
 # (v7). Measured (bf16 16384 x 4096): LN backward 72.7% of copy against 68.8% without, RMS 73.8% / 72.6%.
 BWD_RING_WARPSTAT = True
@@ -197,6 +202,21 @@ GN_FILL = 2
 # tile copied in 4 commit groups, summed as each lands (see gn_fwd in the .cu for the error bound).
 GN_ONE = True
 GN_BWD = True                      # gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes)
+# GN_REG (v11, `gn_reg` / `gn_reg_cl`): the NHWC forward with each block's share of a unit held in registers
+# (GN_REG_ITEMS 16-byte vectors per thread, 64 registers) and SI more vectors per thread in the thread's own
+# slots of a shared-memory tile, instead of gn_fwd's all-shared-memory tile; a unit (one sample, GC groups, all
+# positions) per cluster of CL blocks (CL 1: one block, no cluster, any arch). GN_REG_CONFIGS: the (CL, SI)
+# compiled; GN_REG_PICK: (CL, GC, SI), GC lowered to the largest divisor of G whose channel vectors per position
+# divide 32, CL 1 before sm_90 (if compiled with that SI); units whose block share needs more than
+# GN_REG_MAX_BLOCK threads take gn_fwd. 16-bit: one-pass shifted statistics (ONE), fp32: two passes.
+# Measured (v11, bf16 32 x 512 x 64 x 64): (8, 4, 8) 74.3% of copy, 74.8% with evict-first y stores ("gn_reg" in
+# STREAM), (4, 4, 8) 72.7%, (4, 2, 8) 69.6%, (8, 2, 8) 65.3%, registers only (SI 0) 51-65%, against gn_fwd's 72.6%:
+# on, (8, 4, 8) with evict-first stores; SI 0 is no longer compiled.
+GN_REG = True
+GN_REG_ITEMS = 8
+GN_REG_CONFIGS = ((4, 8), (8, 8))
+GN_REG_PICK = (8, 4, 8)
+GN_REG_MAX_BLOCK = 1024
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
@@ -270,6 +290,13 @@ def _gn_expr(tag, vec, backward=False, one=False):
     return f"pydnn::norm::gn_fwd<{CTYPE[tag]}, {vec}, {'true' if one else 'false'}>"
 
 
+def _gn_reg_expr(tag, vec, cl, si):
+    one = "true" if _SIZES[tag] == 2 else "false"
+    if cl > 1:
+        return f"pydnn::norm::gn_reg_cl<{CTYPE[tag]}, {vec}, {GN_REG_ITEMS}, {si}, {cl}, {one}>"
+    return f"pydnn::norm::gn_reg<{CTYPE[tag]}, {vec}, {GN_REG_ITEMS}, {si}, {one}>"
+
+
 def _gen_expr(tag, backward):
     return f"pydnn::norm::{'gen_bwd' if backward else 'gen_fwd'}<{CTYPE[tag]}>"
 
@@ -294,6 +321,7 @@ def _unit_exprs(tag):
     exprs += [_bwd_ring_expr(tag, v, *c) for c in BWD_RING_CONFIGS[_SIZES[tag]]]
     exprs += [_gn_expr(tag, v), _gn_expr(tag, v, backward=True)]
     exprs += [_gn_expr(tag, v, one=True)] if _SIZES[tag] == 2 else []  # (GN_ONE: 16-bit only)
+    exprs += [_gn_reg_expr(tag, v, cl, si) for cl, si in GN_REG_CONFIGS]
     for preg in (True, False):
         exprs += [_bwd_expr(tag, v, preg), _bwd_expr(tag, 1, preg), _bwd_expr(tag, v, preg, cluster=True)]
     for c in (False, True):
@@ -780,6 +808,36 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
     return [lc, _finish_launch(nd, geo, slots)], slots * 2 * nparams * 4
 
 
+def _gn_reg_alt(handle, nd, tag, geo, vec):
+    """gn_reg (CL 1) / gn_reg_cl for the NHWC forward when a block's share of a unit fits its registers, or
+    None."""
+    lay = _gn_layout(nd, geo, vec)
+    if lay is None:
+        return None
+    N_, nst, G, gst, P, pst, cg = lay
+    cl, gc_want, si = GN_REG_PICK
+    if cl > 1 and _arch_num(handle) < 90:
+        cl = 1  # no clusters before sm_90: one block per unit, if its share fits
+    fits = [gc for gc in range(1, min(G, gc_want) + 1) if G % gc == 0 and 32 % (gc * cg // vec) == 0]
+    if not fits or (cl, si) not in GN_REG_CONFIGS:
+        return None
+    gc = max(fits)
+    vpp = gc * cg // vec
+    block = max(32, next_pow2(cdiv(cdiv(P, cl), GN_REG_ITEMS + si) * vpp))
+    grid = N_ * (G // gc) * cl
+    smem = si * block * 16
+    if block > GN_REG_MAX_BLOCK or grid > MAX_GRID or smem > SMEM_BLOCK_MAX:
+        return None
+    sets, els, n_sets, length, nparams = geo
+    p = _base_params(nd, [(N_, nst, 0), (G, gst, cg)], [(P, pst, 0), (cg, (1, 1, 1), 1)], n_sets, length, nparams,
+                     False)
+    p.group = gc
+    if "gn_reg" in STREAM:
+        p.flags |= FLAG_STREAM
+    return [_new_launch(_gn_reg_expr(tag, vec, cl, si), p, (grid, 1, 1), (block, 1, 1), smem,
+                        desc=f"gn_reg vec={vec} GC={gc} CL={cl} block={block} items={GN_REG_ITEMS}+{si} grid={grid}")]
+
+
 def _first_alt(tries, *args):
     """The first of the (switched on, planner) pairs whose planner accepts the problem, or None. The
     switches are read at each call: tests and benchmarks flip them."""
@@ -797,7 +855,7 @@ def _gn_bwd_alt(handle, nd, tag, geo, vec):
 
 def _fwd_alt(handle, nd, tag, geo, vec):
     if vec > 1:
-        r = _first_alt(((GN_FWD, _gn_alt), (FWD_PERSIST, _persist_alt), (ROWS_FWD, _rows_alt),
+        r = _first_alt(((GN_REG, _gn_reg_alt), (GN_FWD, _gn_alt), (FWD_PERSIST, _persist_alt), (ROWS_FWD, _rows_alt),
                         (STAGED_FWD, _fwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
             return r
