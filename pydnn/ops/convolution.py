@@ -206,9 +206,10 @@ def wgm_units():
 
 def kernel_units():
     from . import convolution_fft, convolution_gemm, convolution_winograd  # GEMM / WINOGRAD_NONFUSED / FFT units
+    from . import convolution_wgrad_wgmma  # the wgmma backward filter (sm_90a)
     return ([KernelUnit(f"convolution.{t}", "convolution.cu", _exprs(t)) for t in FLOAT_TAGS] + wgm_units()
             + convolution_gemm.kernel_units() + convolution_winograd.kernel_units()
-            + convolution_fft.kernel_units())
+            + convolution_fft.kernel_units() + convolution_wgrad_wgmma.kernel_units())
 
 
 # ----------------------------------------------------------------------------- the descriptor
@@ -775,6 +776,10 @@ def plan_wgrad_tc(handle, pb, algo):
     gm, gn, gk = pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)
     if max(gm, gn, gk) > INT_MAX:
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
+    from .convolution_wgrad_wgmma import maybe_plan  # sm_90: the wgmma kernel where it applies (its module)
+    wgm = maybe_plan(handle, pb, algo)
+    if wgm is not None:
+        return wgm
     cfg, splits = _wgrad_choice(handle, pb, gm, gn, gk)
     pipe = len(cfg) == 5
     bk = TCP_BK if pipe else TC_BK
