@@ -1,16 +1,24 @@
-/* Convolution GEMM algorithm (CUDNN_CONVOLUTION_FWD_ALGO_GEMM) parameters: the explicit im2col of x into
- * the workspace (plain C; mirrored in pydnn/ops/convolution_gemm.py, layout checked on the CPU).
+/* Convolution through explicit GEMMs (forward: CUDNN_CONVOLUTION_FWD_ALGO_GEMM; backward data: the
+ * explicit-GEMM form of BWD_DATA_ALGO_1) parameters (plain C; mirrored in pydnn/ops/convolution_gemm.py,
+ * layout checked on the CPU).
  *
- * The column matrix is col[row][j], row-major, rows = N * OD * OH * OW (one per output position, n
- * outermost), cols = groups * cg * taps. Column j of group g holds x[n][g * cg + c] at the tap's input
- * position (zero in the padding). Within a group the column order follows the filter's memory order so
- * that the filter itself is the GEMM's B operand: cin_inner 0: c * taps + tap (NCHW filter, (K, C, T, R, S)),
- * cin_inner 1: tap * cg + c (NHWC filter, (K, T, R, S, C)). The GEMM is then a 1x1, stride-1 convolution
- * of col (NHWC, groups * cg * taps channels) with the filter viewed as (K, cg * taps, 1, 1, 1). */
+ * The column matrix is col[row][j], row-major with row length ld >= cols, rows = N * OD * OH * OW (one
+ * per output position, n outermost), cols = groups * cg * taps; columns cols..ld-1 are zero (padding to a
+ * multiple of 8 so that the tensor-core GEMMs can read rows in 16-byte vectors). Column j of group g holds
+ * x[n][g * cg + c] at the tap's input position (zero in the padding). Within a group the column order is
+ * cin_inner 0: c * taps + tap (an NCHW filter's memory order, (K, C, T, R, S)), cin_inner 1: tap * cg + c
+ * (an NHWC filter's, (K, T, R, S, C)); the filter matrix (K rows of the same columns) is either the
+ * caller's filter itself (packed, in that order, ld == cols) or packed by pack_filter into the workspace.
+ *
+ * Forward: y = col . filter^T (a GEMM: the family's 1x1 convolution kernels or pydnn.ops.matmul).
+ * Backward data: col = dy . filter (a GEMM, pydnn.ops.matmul), then col2im gathers each dx element's
+ * taps from col in a fixed order (no atomics: deterministic). */
 #ifndef PYDNN_CONV_GEMM_PARAMS_H
 #define PYDNN_CONV_GEMM_PARAMS_H
 
 #define PYDNN_IM2COL_FLAG_FLIP 16u  /* CONVOLUTION mode: tap t reads the filter's tap (T-1-t, ...) */
+#define PYDNN_COL2IM_FLAG_BETA 1u   /* col2im: dx = alpha * sum + beta * dx (else beta is not read) */
+#define PYDNN_COL2IM_FLAG_CLAST 2u  /* col2im: threads walk dx with channels innermost (NHWC-like dx) */
 
 typedef struct {
   const void *x;
@@ -23,7 +31,39 @@ typedef struct {
   int cin_inner;        /* column order inside a group, see above */
   unsigned flags;       /* PYDNN_IM2COL_FLAG_FLIP */
   long long xs[5];      /* x strides: n, c, d, h, w (elements) */
-  long long cols;       /* groups * cg * taps (the row length of col) */
+  long long cols;       /* groups * cg * taps */
+  long long ld;         /* the row length of col (>= cols; the columns past cols are written as zero) */
 } Im2colParams;
+
+/* pack_filter: out[k][j] (row length ld) = the filter's element of column j (order cin_inner), 0 past
+ * cols. One thread per element of out. */
+typedef struct {
+  const void *w;
+  void *out;
+  int k, cg, taps, cin_inner;
+  int filt[3];
+  int pad_;
+  long long ws[5];      /* filter strides: k, c, t, r, s (elements) */
+  long long cols, ld;
+} PackFilterParams;
+
+/* col2im (backward data, one group): dx[n][c][pos] = alpha * sum over the taps whose output position
+ * exists (stride and padding) of col[row(n, out pos)][column(c, tap)], taps in ascending order, + beta *
+ * dx. One thread per dx element: grid (total / 256, N). */
+typedef struct {
+  const void *col;
+  void *dx;
+  int batch, c, taps, cin_inner;
+  int in_size[3], out_size[3], filt[3];
+  int pad[3], stride[3], dil[3];
+  int tap_step[3];      /* stride / gcd(stride, dil): the taps between two that meet an output */
+  int out_step[3];      /* dil / gcd(stride, dil): the outputs between them */
+  unsigned flags;       /* PYDNN_IM2COL_FLAG_FLIP | PYDNN_COL2IM_FLAG_BETA | PYDNN_COL2IM_FLAG_CLAST */
+  float alpha, beta;
+  int pad_;
+  long long xs[5];      /* dx strides: n, c, d, h, w (elements) */
+  long long ld;         /* col's row length */
+  long long total;      /* C * D * H * W (the elements of one image; < 2^31) */
+} Col2imParams;
 
 #endif

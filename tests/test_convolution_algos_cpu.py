@@ -71,7 +71,10 @@ def test_workspace_sizes_and_small_workspace(dtype, item, acc, tile, monkeypatch
     cv = cdesc((1, 1), (1, 1), (1, 1), ctype=F64 if dtype == F64 else F32)
     x, w, y = tdesc((n, c, hh, ww), dtype), fdesc((k, c, 3, 3), dtype), tdesc((n, k, hh, ww), dtype)
     gemm = pydnn.get_convolution_forward_workspace_size(h, x, w, cv, y, FWD_GEMM)
-    assert gemm == _ru(n * hh * ww * c * 9 * item, 16)
+    if dtype == F16:  # tensor cores: 45 columns padded to 48, the NCHW filter packed behind them
+        assert gemm == _ru(n * hh * ww * 48 * item) + _ru(k * 48 * item, 16)
+    else:
+        assert gemm == _ru(n * hh * ww * c * 9 * item, 16)
     tiles, pos = n * -(-hh // tile) * -(-ww // tile), (tile + 2) ** 2
     want = _ru(pos * tiles * c * acc) + _ru(pos * k * c * acc) + _ru(pos * tiles * k * acc)
     assert pydnn.get_convolution_forward_workspace_size(h, x, w, cv, y, FWD_WINO) == want
@@ -94,7 +97,9 @@ def test_v7_lists_the_new_algorithms_truthfully():
     assert r[FWD_GEMM].memory == 64 * 56 * 56 * 64 * 9 * 4 and r[FWD_WINO].memory > 0
     ranked = [p.algo for p in pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 8)]
     assert ranked[0] == FWD_WINO  # 2.25x fewer multiplies on CUDA cores: the model's first choice
-    assert ranked.index(C.E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) < ranked.index(FWD_GEMM)  # no im2col pass
+    # GEMM's float GEMM is matmul's 128 x 128 CUDA-core tile (convolution_gemm.py): faster than the
+    # implicit GEMM's 64 x 64 even after the im2col pass
+    assert ranked.index(FWD_GEMM) < ranked.index(C.E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)
     rd = {p.algo: p for p in pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, c, x, 6)}
     assert rd[BWD_WINO].status == pydnn.PYDNN_STATUS_SUCCESS and rd[BWD_WINO].determinism == pydnn.PYDNN_DETERMINISTIC
     c2 = cdesc((1, 1), (2, 2), (1, 1))
@@ -104,15 +109,19 @@ def test_v7_lists_the_new_algorithms_truthfully():
 
 
 def test_gemm_uses_tensor_cores_when_the_view_allows():
-    """The column matrix's GEMM is the tensor-core plan for 16-bit NHWC problems (C * taps % 8 == 0), the
-    CUDA-core implicit GEMM otherwise (float, NCHW filter, groups)."""
+    """The column matrix's GEMM is the tensor-core plan for 16-bit problems of one group (the columns padded
+    to a multiple of 8 and the filter packed where needed: convolution_gemm.py), the CUDA-core implicit
+    GEMM otherwise (groups here)."""
     h = cpu_handle()
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, y = tdesc((2, 8, 9, 9), F16, NHWC), tdesc((2, 16, 9, 9), F16, NHWC)
     pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NHWC), y)
     assert "fwd_tc" in pl.sub.plan.gemm_expr and pl.align == 16
     pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NCHW), y)
-    assert "implicit_gemm" in pl.sub.plan.gemm_expr
+    assert "fwd_tc" in pl.sub.plan.gemm_expr and pl.pack is not None  # the filter packed (NHWC rows) first
+    g2 = cdesc((1, 1), (1, 1), (1, 1), groups=2)
+    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, g2, x, fdesc((16, 4, 3, 3), F16, NHWC), y)
+    assert "implicit_gemm" in pl.sub.plan.gemm_expr  # groups: the CUDA-core 1x1 view
 
 
 # ----------------------------------------------------------------------------- emulation

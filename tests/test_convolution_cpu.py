@@ -252,8 +252,10 @@ def test_backward_validation():
     _check(bd, (h, 1.0, w, W, dy, Y, c, BWD_D0, 0, 0, 0.0, x, X), NOINIT, "")
     _check(bd, (h, 1.0, w, W, tdesc((2, 6, 4, 5)), Y, c, BWD_D0, 0, 0, 0.0, x, X), BAD,
            "dyDesc: dims (2, 6, 4, 5) differ from the computed output dims (2, 6, 5, 5)")
-    _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, 0, 0, 0.0, x, X), NS,
-           "algo: BWD_DATA_ALGO_1 runs on tensor cores for half and bfloat16 data only")
+    # float, C = 4, stride 2: ALGO_1 is the explicit GEMM + col2im (convolution_gemm.py), which needs its
+    # column matrix in the workspace
+    _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, 0, 0, 0.0, x, X), BAD,
+           "bytes PYDNN_CONVOLUTION_BWD_DATA_ALGO_1 needs")
     _check(bd, (h, 1.0, w, W, dy, Y, c, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING, 0, 0, 0.0, x, X), NS,
            "algo: PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING is not implemented")
     _check(bd, (h, 1.0, w, W, dy, Y, c, 6, 0, 0, 0.0, x, X), BAD, "algo: 6 is not a pydnnConvolutionBwdDataAlgo_t")
@@ -852,9 +854,13 @@ def test_tensor_core_refusals():
     bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
     bw = pydnn.get_convolution_backward_data_workspace_size
     assert bw(h, ok[1], ok[2], c, ok[0], bd1) == 0
-    _check(bw, (h, fdesc((12, 16, 3, 3), BF16, NHWC), tdesc((2, 12, 8, 8), BF16, NHWC), c, ok[0], bd1), NS,
-           "multiples of 8 (C 16, K 12)")
-    _check(bw, (h, ok[1], tdesc((2, 8, 8, 8), BF16, NCHW), c, ok[0], bd1), NS, "needs dyDesc with channels innermost")
+    # C = 64, stride 1: outside the explicit GEMM's small-channel / strided domain (convolution_gemm.py), so
+    # ALGO_1 refuses with the tensor cores' reason (C < 64 or a stride would take the explicit GEMM)
+    x64 = tdesc((2, 64, 8, 8), BF16, NHWC)
+    _check(bw, (h, fdesc((12, 64, 3, 3), BF16, NHWC), tdesc((2, 12, 8, 8), BF16, NHWC), c, x64, bd1), NS,
+           "multiples of 8 (C 64, K 12)")
+    _check(bw, (h, fdesc((8, 64, 3, 3), BF16, NHWC), tdesc((2, 8, 8, 8), BF16, NCHW), c, x64, bd1), NS,
+           "needs dyDesc with channels innermost")
     fma = cdesc((1, 1), (1, 1), (1, 1))
     pydnn.set_convolution_math_type(fma, pydnn.PYDNN_FMA_MATH)
     _check(pydnn.get_convolution_forward_workspace_size, (h, ok[0], ok[1], fma, ok[2], pre), NS, "FMA math type")

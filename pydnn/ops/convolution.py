@@ -1084,7 +1084,14 @@ def plan_for(handle, pb, direction, algo):
     if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
         return plan_tc(handle, pb, algo)
     if direction == DIR_BWD_DATA and algo == E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1:
-        return plan_tc(handle, pb, algo, DIR_BWD_DATA)
+        why = _tc_refusal(pb, DIR_BWD_DATA)
+        if why is None:
+            return plan_tc(handle, pb, algo, DIR_BWD_DATA)
+        from .convolution_gemm import bwd_data_gemm_refusal, plan_bwd_data_gemm  # explicit GEMM + col2im
+        why_gemm = bwd_data_gemm_refusal(pb)
+        if why_gemm is None:
+            return plan_bwd_data_gemm(handle, pb, algo)
+        raise PydnnError(NS, f"algo: {why}; {why_gemm}")
     return plan(handle, pb, direction, algo,
                 split=direction == DIR_BWD_FILTER and algo == E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1)
 

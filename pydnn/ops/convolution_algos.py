@@ -28,7 +28,7 @@ from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import _int
 from . import convolution as C
-from .common import element_aligned, prod
+from .common import cdiv, element_aligned, prod
 
 REPS = 3  # timed runs per algorithm in Find (after one warm-up); the median is reported
 CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200, commit of this module): a ranking, not a promise
@@ -111,9 +111,22 @@ def _estimate_ms(handle, pl):
     if "bwd_data_tc" in pl.gemm_expr:  # the gather meets zeros in all but 1 / stride^d of its MMAs
         rate /= prod(pl.problem.stride3)
     t = pl.problem.flops / (rate * 1e9) / max(fill, 1e-3)
+    if rate == CUDA_CORE_TFLOPS and pl.direction == C.DIR_BWD_DATA:
+        t *= _cc_tile_waste(pl)
     if pl.fold is not None:  # the fold reads the partials once
         t += pl.workspace / 2.0e9
     return t
+
+
+def _cc_tile_waste(pl):
+    """The CUDA-core backward-data kernel's work per useful flop: its BM x BN tiles run whole (a GEMM N of
+    3, the stem's C, keeps 3 of 64 columns busy), and its gather visits every tap, of which 1 / stride^d
+    meet an output position (the forward's tiles waste the same way; not counted there yet, its rankings
+    were measured without it). Measured (H200, fp32 7x7/2 3->64 @224 backward data ALGO_0): 0.1 TFLOP/s,
+    the model's 8 x 3/64 x 1/4 = 0.09."""
+    g = pl.gemm
+    waste = (cdiv(g.gm, C.BM) * C.BM / max(g.gm, 1)) * (cdiv(g.gn, C.BN) * C.BN / max(g.gn, 1))
+    return waste * prod(pl.problem.stride3)
 
 
 CC_LONE_BLOCK_SPEED = 0.75   # a CUDA-core block alone on its SM, relative to two sharing it (per SM)

@@ -1,0 +1,216 @@
+"""Convolution through explicit GEMMs (pydnn/ops/convolution_gemm.py) on the GPU against the float64
+reference: the forward GEMM algorithm's new paths (matmul for float, tensor cores over padded columns with
+a packed filter for 16-bit data, the direct 1x1 GEMM), its fused bias + activation, and backward data
+ALGO_1 as GEMM + col2im (small C, strides, odd shapes, 1-d / 3-d, NCHW / NHWC dy and dx, both filter
+formats, both modes, alpha / beta); outputs poisoned first and their gaps checked untouched; bitwise
+reproducibility; the workspace the queries report; Find's record of the new plans."""
+import numpy as np
+import pytest
+
+import pydnn
+from devtensor import DevTensor, assert_close
+from pydnn.ops import convolution as conv_ops
+from pydnn.ops import convolution_gemm as G
+from pydnn.reference import convolution as ref
+from pydnn.tensor import packed_strides
+
+pytestmark = pytest.mark.gpu
+
+# (test_convolution_gpu's Problem and check_forward, kept here so that this module does not import that
+# one, which other engineers edit)
+F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
+                       pydnn.PYDNN_DATA_BFLOAT16)
+NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
+CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
+
+
+def _strides(dims, layout):
+    """nchw, nhwc or gap (NCHW with every dim but n padded by one element)."""
+    if layout == "nhwc":
+        return packed_strides(dims, NHWC)
+    if layout == "gap":
+        s, acc = [0] * len(dims), 1
+        for i in reversed(range(len(dims))):
+            s[i] = acc
+            acc *= dims[i] + (1 if i > 0 else 0)
+        return tuple(s)
+    return packed_strides(dims, NCHW)
+
+
+class Problem:
+    def __init__(self, case, dtype, mode=XCORR):
+        xd, k, filt, pad, st, dil, g, layout, wfmt = case
+        self.pad, self.st, self.dil, self.g, self.cross = pad, st, dil, g, mode == XCORR
+        self.conv = pydnn.create_convolution_descriptor()
+        pydnn.set_convolution_nd_descriptor(self.conv, len(pad), pad, st, dil, mode, F64 if dtype == F64 else F32)
+        pydnn.set_convolution_group_count(self.conv, g)
+        self.wd = (k, xd[1] // g) + tuple(filt)
+        self.yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
+        self.x = DevTensor(xd, dtype, _strides(xd, layout))
+        self.y = DevTensor(self.yd, dtype, _strides(self.yd, layout))
+        self.wdesc = pydnn.create_filter_descriptor()
+        pydnn.set_filter_nd_descriptor(self.wdesc, dtype, wfmt, len(self.wd), self.wd)
+        self.w = DevTensor(self.wd, dtype, self.wdesc.strides)
+        self.dtype = dtype
+
+    def args(self):
+        return self.pad, self.st, self.dil, self.g, self.cross
+
+
+def _workspace(nbytes):
+    return pydnn.DeviceArray((max(nbytes, 1),), np.uint8), nbytes
+
+
+def check_forward(handle, rng, make, dtype, algo, what, workspace):
+    """Both modes: cross-correlation, alpha 1, beta 0 (y poisoned: never read, every element written);
+    convolution, alpha 0.75, beta -0.5 over a random y; against the float64 reference, gaps untouched."""
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
+        pb = make(mode)
+        x, w = pb.x.random(rng), pb.w.random(rng)
+        y0 = pb.y.random(rng) if beta else None
+        if not beta:
+            pb.y.poison()
+        ws, n = workspace(pb)
+        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, algo, ws.ptr, n,
+                                  beta, pb.y.desc, pb.y.ptr)
+        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
+        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
+        assert_close(pb.y.download(), want, dtype, f"{what} mode {mode}", scale=scale)
+        pb.y.check_untouched()
+
+FWD_GEMM = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
+BWD_D1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+
+FWD_CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
+    ((2, 3, 23, 21), 16, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW),     # a stem, NCHW (matmul for float)
+    ((3, 3, 17, 19), 24, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nhwc", NCHW),     # NHWC x, NCHW filter: packed
+    ((2, 5, 9, 8), 7, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),        # 45 columns padded to 48
+    ((2, 6, 11), 10, (5,), (2,), (2,), (1,), 1, "nchw", NHWC),                 # 1-d
+    ((1, 3, 5, 6, 7), 4, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nhwc", NHWC),   # 3-d
+    ((2, 20, 7, 9), 33, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nchw", NCHW),      # 1x1: the direct GEMM (float)
+    ((2, 20, 7, 9), 33, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),
+    ((2, 5, 7, 8), 9, (3, 3), (1, 1), (1, 1), (1, 1), 1, "gap", NCHW),         # padded layout: the 1x1 view
+]
+BWD_CASES = [  # dx dims, k, filt, pad, stride, dil, groups, layout, filter format
+    ((2, 3, 23, 21), 16, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW),     # a stem
+    ((2, 3, 23, 21), 16, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nhwc", NHWC),
+    ((3, 5, 13, 11), 7, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NCHW),      # K % 8 != 0, filter packed
+    ((2, 6, 12, 9), 10, (3, 2), (2, 0), (2, 3), (2, 1), 1, "nchw", NHWC),      # dilation, odd strides
+    ((2, 4, 37), 9, (3,), (1,), (2,), (1,), 1, "nhwc", NHWC),                  # 1-d
+    ((1, 3, 5, 6, 7), 4, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nchw", NCHW),   # 3-d
+    ((2, 20, 9, 10), 40, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),     # small C (C % 8 != 0), stride 1
+    ((2, 4, 6, 5), 3, (3, 3), (2, 2), (3, 3), (1, 1), 1, "gapx", NCHW),        # padded dx; stride > filter - pad
+]
+
+
+def _bwd_problem(case, dtype, mode):
+    """Problem, except that layout "gapx" pads dx only (dy packed NCHW: the GEMM reads it as a matrix)."""
+    if case[7] != "gapx":
+        return Problem(case, dtype, mode)
+    pb = Problem(case[:7] + ("nchw",) + case[8:], dtype, mode)
+    pb.x = DevTensor(pb.x.dims, dtype, _strides(pb.x.dims, "gap"))
+    return pb
+
+
+def _ws(handle, pb, direction, algo):
+    if direction == "fwd":
+        need = pydnn.get_convolution_forward_workspace_size(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc, algo)
+    else:
+        need = pydnn.get_convolution_backward_data_workspace_size(handle, pb.wdesc, pb.y.desc, pb.conv, pb.x.desc,
+                                                                  algo)
+    return _workspace(need)
+
+
+@pytest.mark.parametrize("case", FWD_CASES)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16, F64])
+def test_gemm_forward(handle, rng, case, dtype):
+    check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, FWD_GEMM, "forward GEMM",
+                  workspace=lambda pb: _ws(handle, pb, "fwd", FWD_GEMM))
+
+
+def _backward_data(handle, pb, alpha, beta):
+    ws, n = _ws(handle, pb, "bwd", BWD_D1)
+    pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D1, ws.ptr,
+                                    n, beta, pb.x.desc, pb.x.ptr)
+
+
+@pytest.mark.parametrize("case", BWD_CASES)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_gemm_backward_data(handle, rng, case, dtype):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
+        pb = _bwd_problem(case, dtype, mode)
+        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert isinstance(pl, G.BwdGemmPlan)
+        w, dy = pb.w.random(rng), pb.y.random(rng)
+        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
+        if not beta:
+            pb.x.poison()
+        _backward_data(handle, pb, alpha, beta)
+        got = pb.x.download()
+        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
+        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
+        assert_close(got, want, dtype, f"GEMM backward data mode {mode} beta {beta}", scale=scale)
+        pb.x.check_untouched()
+        if not beta:  # the same bits again (no atomics)
+            first = pb.x.buf.to_numpy().copy()
+            pb.x.poison()
+            _backward_data(handle, pb, alpha, beta)
+            assert (pb.x.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
+
+
+@pytest.mark.parametrize("case", [FWD_CASES[0], FWD_CASES[1], FWD_CASES[5]])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_gemm_bias_activation(handle, rng, case, dtype):
+    """The fused epilogue through the GEMM algorithm's plans (float: the 1x1 view instead of matmul;
+    16-bit: the tensor-core 1x1 view over the padded columns), then a plain call on the same plan."""
+    for act_mode, coef, alpha2 in ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.5), (pydnn.PYDNN_ACTIVATION_CLIPPED_RELU, 1.5, 0.0),
+                                   (pydnn.PYDNN_ACTIVATION_TANH, 0.0, -0.5)):
+        pb = Problem(case, dtype, XCORR)
+        x, w = pb.x.random(rng), pb.w.random(rng)
+        z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
+        zv = z.random(rng)
+        bias = DevTensor((1, pb.yd[1]) + (1,) * (len(pb.yd) - 2), dtype)
+        bv = bias.random(rng)
+        act = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(act, act_mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, coef)
+        pb.y.poison()
+        ws, n = _ws(handle, pb, "fwd", FWD_GEMM)
+        pydnn.convolution_bias_activation_forward(handle, 0.8, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
+                                                  FWD_GEMM, ws.ptr, n, alpha2, z.desc, z.ptr, bias.desc, bias.ptr,
+                                                  act, pb.y.desc, pb.y.ptr)
+        want = ref.bias_activation_forward(0.8, x, w, alpha2, zv, bv, act_mode, coef, *pb.args())
+        scale = 0.8 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
+        assert_close(pb.y.download(), want, dtype, f"GEMM bias+act {act_mode}", scale=scale)
+        pb.y.check_untouched()
+        pb.y.poison()
+        pydnn.convolution_forward(handle, 1.0, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_GEMM, ws.ptr, n,
+                                  0.0, pb.y.desc, pb.y.ptr)
+        assert_close(pb.y.download(), ref.forward(1.0, x, w, 0.0, None, *pb.args()), dtype, "plain after fused",
+                     scale=ref.forward_raw(np.abs(x), np.abs(w), *pb.args()))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_find_records_the_gemm_plans(handle, rng, monkeypatch, dtype):
+    """Find times the explicit-GEMM plans with their true workspace and determinism; with too small a
+    workspace they are ALLOC_FAILED."""
+    monkeypatch.setenv("PYDNN_CONV_TUNING_CACHE", "0")
+    pb = Problem(BWD_CASES[1] if dtype == BF16 else BWD_CASES[0], dtype)
+    pb.x.random(rng)
+    pb.w.random(rng)
+    pb.y.random(rng)
+    ws, n = _workspace(1 << 24)
+    r = pydnn.find_convolution_backward_data_algorithm_ex(handle, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                          pb.x.desc, pb.x.ptr, 6, ws.ptr, n)
+    d1 = next(p for p in r if p.algo == BWD_D1)
+    need = pydnn.get_convolution_backward_data_workspace_size(handle, pb.wdesc, pb.y.desc, pb.conv, pb.x.desc, BWD_D1)
+    assert d1.status == pydnn.PYDNN_STATUS_SUCCESS and d1.time > 0 and d1.memory == need > 0
+    assert d1.determinism == pydnn.PYDNN_DETERMINISTIC
+    r = pydnn.find_convolution_forward_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
+                                                    pb.y.desc, pb.y.ptr, 8, ws.ptr, n)
+    g = next(p for p in r if p.algo == FWD_GEMM)
+    assert g.status == pydnn.PYDNN_STATUS_SUCCESS and g.determinism == pydnn.PYDNN_DETERMINISTIC
+    assert g.memory == pydnn.get_convolution_forward_workspace_size(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc,
+                                                                    FWD_GEMM)
+    r = pydnn.find_convolution_backward_data_algorithm_ex(handle, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv,
+                                                          pb.x.desc, pb.x.ptr, 6, ws.ptr, need - 1)
+    assert next(p for p in r if p.algo == BWD_D1).status == pydnn.PYDNN_STATUS_ALLOC_FAILED
