@@ -729,7 +729,7 @@ def test_wgmma_forward_plans(monkeypatch):
     for tile in C.WGM_TILES + C.WGM_VARIANTS:  # forced: obeyed with USE_WGM off too
         monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
         pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
-        lean = ", true" if len(tile) == 5 and tile[4] else ""  # v12: the LEAN copies (default off)
+        lean = f", {tile[4]}" if len(tile) == 5 and tile[4] else ""  # LEAN: v12's copies 1, v14's 2 (default 0)
         assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}{lean}>"
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
         assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024 + tile[1] * 4  # + the parked bias
@@ -750,10 +750,13 @@ def test_wgmma_forward_plans(monkeypatch):
     assert C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr.startswith("pydnn::conv::fwd_wgmma<pydnn::bf16_t, 64,")
     x3, w3, y3 = tdesc((8, 72, 28, 28), BF16, NHWC), fdesc((128, 72, 3, 3), BF16, NHWC), tdesc((8, 128, 28, 28), BF16, NHWC)
     assert "fwd_tc<" in C._new_plan(h, C.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr  # C % 64 != 0: not the model's
-    # fewer than WGM_MIN_KTILES K tiles (a 1x1 filter over 256 channels: 4; not measured): the pipelined kernel
+    # fewer than WGM_MIN_KTILES K tiles (a 1x1 filter over 64 channels: 1; measured ~0.8x, bench v14): the
+    # pipelined kernel; over 256 channels (4 K tiles, 1.11-1.17x) fwd_wgmma
     c1 = cdesc((0, 0), (1, 1), (1, 1))
-    x1, w1, y1 = tdesc((8, 256, 28, 28), BF16, NHWC), fdesc((64, 256, 1, 1), BF16, NHWC), tdesc((8, 64, 28, 28), BF16, NHWC)
+    x1, w1, y1 = tdesc((8, 64, 28, 28), BF16, NHWC), fdesc((256, 64, 1, 1), BF16, NHWC), tdesc((8, 256, 28, 28), BF16, NHWC)
     assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
+    x1, w1, y1 = tdesc((8, 256, 28, 28), BF16, NHWC), fdesc((64, 256, 1, 1), BF16, NHWC), tdesc((8, 64, 28, 28), BF16, NHWC)
+    assert "fwd_wgmma<" in C._new_plan(h, C.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
     # the model's tiles on the v8 layers (N = 64): 128x64 at 56² and 14², 128x128 at 28² and 7²
     for cc, hw, bn in ((64, 56, 64), (128, 28, 128), (256, 14, 64), (512, 7, 128)):
         xl, wl, yl = tdesc((64, cc, hw, hw), BF16, NHWC), fdesc((cc, cc, 3, 3), BF16, NHWC), tdesc((64, cc, hw, hw), BF16, NHWC)

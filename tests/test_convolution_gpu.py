@@ -296,7 +296,8 @@ def _force_tiling(monkeypatch, direction, tiling):
 TC_TILINGS = [None] + list(conv_ops.TC_TILES) + list(conv_ops.TCP_TILES)
 
 
-# fwd_wgmma's tiles: the model's (WGM_TILES) and v12's variants (the LEAN copies, WGM_VARIANTS)
+# fwd_wgmma's tiles: the model's (WGM_TILES, v12's LEAN copies) and the variants (WGM_VARIANTS: v8's loop
+# and v14's copies, LEAN = 2)
 WGM_TILINGS = list(conv_ops.WGM_TILES) + list(conv_ops.WGM_VARIANTS)
 
 
@@ -321,6 +322,24 @@ def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
 
     check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE,
                   f"wgmma forward tiling {tiling}", before=planned_on_wgmma)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_wgmma_model_1x1(handle, rng, dtype):
+    """The model's fwd_wgmma for a 1x1 filter over 256 channels (4 K tiles >= WGM_MIN_KTILES), an M
+    tail and a 72-wide N (a partial tile); over 64 channels (1 K tile) the pipelined kernel."""
+    _need_wgmma(handle)
+    case = ((2, 256, 9, 11), 72, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC)
+
+    def planned_on_wgmma(pb):
+        pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert "fwd_wgmma<" in pl.gemm_expr
+
+    check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE, "wgmma model 1x1",
+                  before=planned_on_wgmma)
+    pb = _tc_problem(((2, 64, 9, 11), 72, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC), dtype, XCORR)
+    pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert "implicit_gemm_pipe_tc<" in pl.gemm_expr
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
@@ -385,6 +404,7 @@ WGM_BWD_CASES = [  # stride 1: odd sizes, padding 0 / 1 / 2 (and past R - 1), di
     ((2, 16, 6, 7), 16, (3, 2), (2, 1), (1, 1), (1, 1), 1, "pad8", NHWC),       # padded NHWC dx
     ((1, 8, 4, 5, 6), 16, (2, 3, 3), (1, 1, 0), (1, 1, 1), (2, 1, 1), 1, "nhwc", NHWC),  # 3-d
     ((1, 40, 33), 24, (5,), (5,), (1,), (1,), 1, "nhwc", NHWC),                 # 1-d, pad > R - 1
+    ((2, 64, 9, 11), 256, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # 1x1, 4 K tiles: the model's (WGM_MIN_KTILES)
 ]
 
 

@@ -373,10 +373,134 @@ Versions and notes:
      instructions). The instruction count of the copy path was the limit the ring depth and the two groups
      in flight (v11) could not move. LEAN is the model's loop since (WGM_TILES); v8's stays as WGM_VARIANTS.
      Still under 0.6x: backward data at 56² (0.51x) and 14² (0.58x).
+  v13 (fifth session) fwd_wgmma_persist (ptx/convolution.cu; WGM_PERSIST in pydnn/ops/convolution.py,
+     forced tilings first): the LEAN loop as a persistent kernel. Reading (HEAD 6a9e1df, 64->64 @56: 9 K
+     tiles a 128x64 block, 1568 blocks = 5.9 rounds of 264 resident blocks, ~71 us against a ~15 us compute
+     floor): a block lives ~12 us, ~1.3 us a K tile with its SM twin, and pays on its own critical path the
+     ring's fill (2 K tiles of global latency before its first wgmma), the tap_row setup and the epilogue's
+     stores; the twin covers part of it. Change: grid = min(tiles, SMs x MINB); block b computes tiles b,
+     b + grid, ... (M block fastest: resident blocks cover adjacent rows, x's halos stay in L2); its K
+     tiles over all its tiles are one copy stream, D = 2 positions ahead of the MMAs across tile
+     boundaries, so the next tile's first K tiles (and its tap_row setup) are in flight while the register
+     epilogue stores; the accumulators restart by scale-d 0 on a tile's first k16 step (zeroing them made
+     ptxas inject a wgmma wait, C7517); the fused bias read at a tile's first K tile and parked in shared
+     memory before the barrier of its last (no extra barrier but for 1-K-tile tiles); the staged epilogue
+     (beta, z, non-clamp activations) reuses the stages, so there the copies stop at each tile's end.
+     ptxas (sm_90a, bf16): 128x64 4 stages 2/SM 119 registers, 128x128 4 stages 1/SM 200, no spill.
+     Predicted before the device run: the fill + epilogue is ~10-15% of a 9-K-tile block's life at 56²:
+     forward 56² 209 -> 225-245 TFLOP/s, backward data 200 -> 215-235 (issue 4's 0.6x: ~231); 28² / 14² /
+     7² (18-72 K tiles) +0-8%; fused bias + ReLU / plain on the persistent tile <= 1.05x (its epilogue
+     overlaps the next tile's copies either way); the 1x1 layers (1 and 4 K tiles a block, where the fill
+     and epilogue ARE the block) on the persistent tile 1.2-1.6x implicit_gemm_pipe_tc.
+     Measured, run 1 (H200; 158 tests: every wgmma test on the persistent tiles, and new ones with the
+     grid capped at 2-3 blocks so that each walks 4-12 tiles: forward plain / beta, the fused epilogues
+     over every activation and z kind, backward data; all passed; cuDNN fwd 340 / 458 / 514 / 457):
+       persistent 128x64 fwd 195.9 / 268.7 / 247.4 / 274.9 against the LEAN tile's 209.9 / 285.0 / 326.6 /
+       280.5; 128x128 113.7 / 290.1 / 272.9 / 310.1 against 123.5 / 325.6 / 319.4 / 367.1 (56² / 28² / 14²
+       / 7²): 2-24% SLOWER everywhere, backward data alike, the 1x1 layers unchanged (41-43 and 111-119
+       against 42-44 and 113-121), fused / plain 1.035x on the persistent tile. Read after the run (SASS,
+       nvdisasm): its copy went through one general path (a tile start test, the stream counters), ptxas
+       held 200 registers (the epilogue now inside the tile loop, the loop state live across it) and
+       rematerialized parameters and thread offsets in the loop: 213 instructions a K tile against the
+       LEAN loop's 179 (128x128). 7² has 100 tiles of 128x128 for 132 SMs, one a block, so there the
+       schedule is fwd_wgmma's and the loss (-16%) is the loop alone. Rewritten (run 2): the LEAN copy on
+       the per-K-tile path, the next tile set up only in a tile's last D K tiles, the copy's constants in
+       locals: 171 / 191 instructions (LEAN 166 / 179; BN 64 / 128).
+     Measured, run 2 (158 tests passed; cuDNN fwd 347 / 520 / 514 / 518, bwd data 387 / 490 / 535 / 534):
+       (TFLOP/s)                        56²            28²            14²            7²
+       fwd 128x64  LEAN / persistent   211.4 / 206.6  285.3 / 284.2  329.2 / 268.4  282.9 / 300.2
+       fwd 128x128 LEAN / persistent   125.2 / 119.6  323.8 / 302.0  321.5 / 292.6  371.9 / 342.2
+       bwd data 128x64                 199.4 / 194.7  270.1 / 271.0  307.4 / 253.5  260.4 / 274.6
+       bwd data 128x128                120.4 / 115.3  304.8 / 288.2  301.8 / 277.2  335.4 / 310.5
+       fused / plain on the persistent 128x64 tile 1.052x (the LEAN tile's 1.057x); 1x1 unchanged.
+     Outcome: the prediction failed. At 56² (5.9 tiles a block) the persistent tile is 2% under the LEAN
+     one with 3% more instructions a K tile: the overlap of the fill and epilogue with the next tile buys
+     ~1%, because the SM's second block already covers them (2 blocks / SM). 14² (392 tiles on 264
+     blocks) loses 18%: a static tile schedule puts 2 tiles on some blocks and 1 on others, and the
+     blocks of 2 need not share SMs evenly (the hardware's block placement); 7² (one tile a block) loses
+     8% on the loop's instructions alone. Reverted (kernel, WGM_PERSIST, its tests and rows). What the
+     two runs do say: the loop's time follows its instruction count a K tile (as v12 found: +7% SASS
+     instructions -> -8% at 7²), so the lever is the copy path's instructions, not the schedule: v14.
+  v14 (fifth session) fwd_wgmma<..., LEAN = 2>, the model's tiles (WGM_TILES; v12's LEAN = 1 and v8's
+     loop stay as WGM_VARIANTS, forced). SASS of v12's loop (nvdisasm, 128x64): 166 instructions a thread
+     and K tile, of which ~25 build the 8 wgmma descriptors from the thread index (ptxas recomputes wg's
+     slab offset from SR_TID in every K tile and moves each descriptor into uniform registers), ~15
+     recompute the thread's swizzled shared offset, channel bound and B rows from SR_TID, and each chunk's
+     64-bit source is a sign extension + 2 selects + LEA / LEA.HI.X. v14: the offsets unsigned (a valid
+     chunk's is >= 0, an invalid one's 0: no sign extension, one select), the descriptors' low words of
+     stage 0 once (A's through a shuffle, B's uniform) plus the stage's offset, the high word a constant
+     (so they stay in the uniform datapath: 4 UIADD3.64 a K tile instead of ~25 instructions), and the
+     thread's copy constants (shared offset, channel bound, B base and mask) through a shuffle with its
+     own lane, which ptxas does not recompute in the loop. SASS a K tile: 128x64 166 -> 119, 128x128
+     179 -> 134 (-28% / -25%); registers and spills (0) as before.
+     Predicted before the device run: if the loop stays issue bound as v12 and v13 say, +15-30% on every
+     layer: fwd 56² 211 -> 240-270, 28² 324 -> 370-420, 14² 329 -> 375-425, 7² 372 -> 425-480; bwd data
+     56² 200 -> 230-260 (issue 4's 0.6x: ~231), the 1x1 layers forced on wgmma +10-25%; fused / plain
+     unchanged within noise (~1.05x: the epilogue's share grows as the loop shrinks, so possibly 1.06x).
+     Measured, run 1 (H200; every wgmma test over the six tilings passed, 206 + 12 skipped; cuDNN fwd 340 /
+     479 / 514 / 526, bwd data 325 / 457 / 531 / 532):
+       (TFLOP/s)                        56²            28²            14²            7²
+       fwd 128x64  v12 / v14           210.2 / 221.7  284.9 / 300.9  326.5 / 302.8  281.1 / 334.3
+       fwd 128x128 v12 / v14           129.3 / 131.3  327.7 / 349.6  323.6 / 358.7  374.4 / 424.1
+       bwd data 128x64  v12 / v14      201.1 / 209.9  271.0 / 285.3  305.5 / 284.0  258.5 / 303.3
+       bwd data 128x128 v12 / v14      125.0 / 128.0  308.4 / 328.9  303.2 / 334.6  335.8 / 374.0
+       1x1 256->64 fwd 128x64 v12 / v14 120.9 / 122.3 (pipe_tc, the model's: 103.9); 64->256 bwd data
+       113.7 / 115.6 (pipe_tc 103.8); the 1-K-tile directions 41-45 on every wgmma tile (pipe_tc 53-54)
+       fused / plain on the v14 tile 1.055x (v12's 1.055x)
+     +4-19% on each layer's best tile, under the prediction's +15-30% (the instruction count fell 25-28%:
+     the loop is not issue bound alone), and one anomaly: the 128x64 tile at 14² lost 7% (forward and
+     backward data alike) while the 128x128 one gained 11%. Since: WGM_TILE_SPEED of the 128x128 tile
+     1.4 (measured 1.16-1.58x per flop at equal work on the busiest SM), so that the model takes it at 14²
+     as well: 56² 221.7 / 209.9 (0.65 / 0.65x cuDNN; backward data 0.6x: met), 28² 349.6 / 328.9 (0.73 /
+     0.72x), 14² 358.7 / 334.6 (0.70 / 0.63x), 7² 424.1 / 374.0 (0.81 / 0.70x); and WGM_MIN_KTILES 4, so
+     the 1x1 layers over 256 channels (4 K tiles) take the 128x64 wgmma tile (+11-18% over pipe_tc), those
+     over 64 (1 K tile) keep pipe_tc. Then the fused bias parked without a barrier (v14 only): threads <
+     BN store it in K tile ktiles - 2 (the last D K tiles copy nothing, so the branch is off the per-K-tile
+     path), the last K tile's barrier publishes it; one-K-tile problems keep the extra barrier. Predicted:
+     fused / plain 1.055x -> 1.03-1.045x (the barrier made each block's two warpgroups wait for each other
+     before the epilogue); the plain forward unchanged.
+     Measured, run 2 (503 tests passed, 12 skipped: every wgmma, fused, tensor-core forward and backward
+     data test; cuDNN fwd 341 / 476 / 509 / 523): fused / plain 1.040-1.044x (v12's pair in the same run
+     1.054x), but the plain v14 tiles 7-24% SLOWER than in run 1: fwd 205.1 / 295.5 / 282.6 / 323.1,
+     bwd data 195.7 / 278.8 / 266.5 / 293.6, the forced v14 128x64 plain 206.8 against v12's 211.3 in the
+     same run (run 1: 222.9 against 211.7). The SASS says why: the parking's `t < BN` is a branch that
+     diverges inside a warp, so ptxas wrapped the whole K-tile body in a convergence region (BSSY / BSYNC)
+     that run 1's loop did not have. Fixed: every thread holds the bias of column t % BN and the
+     parking stores it unconditionally (threads t and t + BN write the same value), so the branch is
+     uniform (kt == ktiles - 2, has_bias): no BSSY in the loop, 119 / 134 instructions a K tile again.
+     Predicted: the plain rows back at run 1's (56² ~221, 28² ~349, 14² ~358, 7² ~424 forward), fused /
+     plain ~1.04x.
+     Measured, run 3 (503 passed, 12 skipped, the same tests; cuDNN fwd 344 / 470 / 512 / 516):
+       (TFLOP/s)                        56²            28²            14²            7²
+       fwd 128x64  v12 / v14           217.6 / 209.8  298.9 / 287.3  346.5 / 278.2  304.6 / 294.7
+       fwd 128x128 v12 / v14           129.6 / 119.8  345.6 / 292.7  350.9 / 280.4  411.9 / 316.7
+       bwd data 128x64  v12 / v14      207.7 / 200.9  283.7 / 272.7  322.4 / 261.8  278.5 / 269.8
+       bwd data 128x128 v12 / v14      125.6 / 116.8  324.1 / 277.5  325.9 / 264.1  362.1 / 288.6
+       fused / plain: v14 1.047-1.050x, v12 1.058x; 1x1 256->64 fwd (the model's 128x64 v14) 120.8, v12
+       121.3; 64->256 bwd data 113.7 / 114.9 (pipe_tc 52.8-53.9 on the 1-K-tile directions, unchanged).
+     Prediction failed: v14 stayed 3-25% under v12 with the divergent branch gone. So the BSSY was not
+     the cause either, and the v14 loop of run 1 (no parking) and of runs 2-3 have the same SASS on the
+     K-tile path (119 / 134 instructions, diffed with nvdisasm; the whole kernels differ by 18 lines: the
+     parking). Yet the same binary rows moved between runs: v12 was 5-10% faster in run 3 than in run 1
+     (7² 128x128 374 -> 412, 14² 128x64 327 -> 347) while v14 went 424 -> 317, and v8 did not move
+     (266 / 265, 194 / 198). Unexplained; the device budget ended here. Decision: the model stays on v12
+     (WGM_TILES, LEAN = 1, WGM_TILE_SPEED as before: 128x64 at 56² and 14², 128x128 at 28² and 7²); v14
+     (LEAN = 2, with the parking) stays a forced variant (WGM_VARIANTS, bench rows, every wgmma test runs
+     it) for a run that repeats v12 / v14 several times in one process. Kept from v14: WGM_MIN_KTILES 4
+     (the 1x1 layers over 256 channels on the wgmma 128x64 tile: v12 121 / 115 in run 3, 121 / 114 in
+     run 1, against pipe_tc's 104 / 104: +11-17%, 1x1 256->64 forward and 64->256 backward data), the 1x1
+     layers over 64 channels (one K tile) stay on pipe_tc (every wgmma tile ~0.8x of it, persistent or
+     not). Issue 4 after this session, v12's rows (the model's): bwd data 56² 199-208 TFLOP/s = 0.51-0.64x
+     cuDNN depending on cuDNN's run (cuDNN's own 56² backward data read 325-391 across these runs), fused
+     bias + ReLU 1.054-1.058x plain (target 1.05x: missed by <1%; v14's barrier-free parking measured
+     1.040-1.050x but only on the v14 loop).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
-  plus the fused rows; PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the
-  directions whose forced tilings are timed too. PYDNN_BENCH_CONV_ONLY=<substring>[,...] keeps the layers whose "name dtype"
+  plus the fused rows (with PYDNN_BENCH_CONV_ONLY: the bf16 layers it names, and the fused rows if it
+  names "fused"); PYDNN_BENCH_CONV_VARIANTS=fwd,bwd data,bwd filter (the default) names the
+  directions whose forced tilings are timed too; PYDNN_BENCH_CONV_WGM=1 times, for forward and backward
+  data, only the wgmma tilings forced (WGM_TILES and WGM_VARIANTS).
+  PYDNN_BENCH_CONV_ONLY=<substring>[,...] keeps the layers whose "name dtype"
   contains one of them (e.g. "256->256 @14 fp32"), with their v7-against-Find lines.
   Not on tensor cores yet: backward filter for fp32 / NCHW / groups (CUDA-core ALGO_0 / ALGO_1),
   the 7x7 stem (C = 3 is not a multiple of 8), fp32 (no TF32 path). Backward data of the strided 7x7
@@ -463,8 +587,9 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
         ms_t = time_ms(ft, reps=reps, warmup=3)
         b.row_flops("conv", f"{name} {what}{_kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo)}", dname,
                     flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
-        if _tc_only() and any(what.startswith(v) for v in os.environ.get("PYDNN_BENCH_CONV_VARIANTS",
-                                                                          "fwd,bwd data,bwd filter").split(",")):
+        if _tc_only() and (any(what.startswith(v) for v in os.environ.get("PYDNN_BENCH_CONV_VARIANTS",
+                                                                           "fwd,bwd data,bwd filter").split(","))
+                           or (_wgm_only() and not what.startswith("bwd filter"))):
             _tc_variants(b, name, what, conv, cases, flops, ms_t, (x, xd, wd, yd, dy, dw))
     if not _tc_only():
         _v7_against_find(h, name, dname, conv, (xd, wd, yd), (xp, wp, yp, dyp, dxp, dwp), (fwd_algo, dalgo, falgo))
@@ -530,9 +655,11 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
         variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in C.TC_TILES]
                     + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
         if h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units); v9: backward data on it, its variants
-            lean = lambda t: len(t) == 5 and t[4]  # noqa: E731
-            variants += [(t, f"{'v12' if lean(t) else 'v8'} wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}"
-                             f"{' lean copies' if lean(t) else ''}") for t in C.WGM_TILES + C.WGM_VARIANTS]
+            lean = lambda t: t[4] if len(t) == 5 else 0  # noqa: E731
+            names = {0: ("v8", ""), 1: ("v12", " lean copies"), 2: ("v14", " lean copies, unsigned offsets")}
+            wgm = [(t, f"{names[lean(t)][0]} wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}{names[lean(t)][1]}")
+                   for t in C.WGM_TILES + C.WGM_VARIANTS]
+            variants = wgm if _wgm_only() else variants + wgm  # PYDNN_BENCH_CONV_WGM=1: the wgmma tiles only
     else:
         direction, fp = C.DIR_BWD_FILTER, None
         falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
@@ -632,22 +759,41 @@ def _fused(b):
         b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 forced fused bias+relu (vs its plain: "
                     f"{ms_wf / ms_wp:.3f}x)", "bf16", flops, ms_wf, ms_torch, "cudnn conv+bias, relu_",
                     peak_tflops=PEAK["bf16"])
+        C.TC_FORCE[C.DIR_FWD] = (128, 64, 4, 2, 2)   # v14: the same pair on v14's copies (a forced variant)
+        try:
+            pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
+            ms_lp, ms_lf = time_pair(plain, fused)
+        finally:
+            C.TC_FORCE.pop(C.DIR_FWD, None)
+            pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
+        b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 v14 copies forced plain (vs the model's plain above: "
+                    f"{ms_lp / ms_plain:.3f}x)", "bf16", flops, ms_lp, ms_torch, "cudnn conv+bias, relu_",
+                    peak_tflops=PEAK["bf16"])
+        b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 v14 copies forced fused bias+relu (vs its plain: "
+                    f"{ms_lf / ms_lp:.3f}x)", "bf16", flops, ms_lf, ms_torch, "cudnn conv+bias, relu_",
+                    peak_tflops=PEAK["bf16"])
 
 
 def _tc_only():
     return os.environ.get("PYDNN_BENCH_CONV_TC", "0") == "1"
 
 
+def _wgm_only():
+    return os.environ.get("PYDNN_BENCH_CONV_WGM", "0") == "1"
+
+
 def run(b):
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    if _tc_only():
-        for layer in LAYERS[:4]:
-            _layer(b, *layer, "bf16")
-        _fused(b)
-        return
     only = [o for o in os.environ.get("PYDNN_BENCH_CONV_ONLY", "").split(",") if o]
+    if _tc_only():  # the bf16 3x3 layers and the fused rows, or the layers (and "fused") ONLY names
+        for layer in LAYERS[:4] if not only else LAYERS:
+            if not only or any(o in f"{layer[0]} bf16" for o in only):
+                _layer(b, *layer, "bf16")
+        if not only or "fused" in only:
+            _fused(b)
+        return
     for dname in ("bf16", "fp32"):
         for layer in LAYERS:
             if not only or any(o in f"{layer[0]} {dname}" for o in only):

@@ -128,19 +128,23 @@ TC_FORCE = {}
 # implicit_gemm_pipe_tc applies on a device of arch WGM_ARCH (elsewhere the model's choice runs); backward
 # data runs as filter_kc_swap + the forward of dy (_plan_bwd_wgmma). USE_WGM: the model picks it instead of
 # implicit_gemm_pipe_tc (sm_90 only, channels % 64 == 0, at least WGM_MIN_KTILES K tiles a block: where
-# tools/bench_convolution.py v8 measured it faster, the ResNet 3x3 layers' 9-72 K tiles, 1.17-1.42x; the
-# 1x1 layers' 1-4 K tiles were not measured). WGM_TILE_SPEED: a tile's speed per flop at equal work on the
-# busiest SM (v8: the 128-wide tile ~10% faster where both tiles load the SMs alike; v12 with the lean
-# copies: the same picks are the faster tile on each ResNet 3x3 layer), see _wgm_tiling.
+# tools/bench_convolution.py measured it faster: v8 the ResNet 3x3 layers' 9-72 K tiles, 1.17-1.42x; v14 the
+# 1x1 layers' 4 K tiles (1x1 over 256 channels), 1.11-1.17x with v12's 128x64 tile in two runs, while with
+# 1 K tile (1x1 over 64 channels) every wgmma tile ran ~0.8x). WGM_TILE_SPEED: a tile's speed per flop at
+# equal work on the busiest SM (v8: the 128-wide tile ~10% faster where both tiles load the SMs alike; v12
+# with the lean copies: the same picks are the faster tile on each ResNet 3x3 layer), see _wgm_tiling.
 # Entries (BM, BN, STAGES, MINB, LEAN): LEAN = 1 is v12's copy loop (the per-K-tile tap offsets computed once,
 # no branch per chunk, the k16 descriptors by increments; tools/bench_convolution.py v12: 1.07-1.42x the v8
-# loop on the bf16 3x3 layers, H200). WGM_VARIANTS keeps v8's loop (LEAN = 0) as forced tilings only, so the
-# benchmark times both in one run.
+# loop on the bf16 3x3 layers, H200). WGM_VARIANTS keeps v8's loop (LEAN = 0) and v14's (LEAN = 2: unsigned
+# chunk offsets, the descriptors and the thread's copy constants kept out of ptxas's per-K-tile
+# recomputation, the fused bias parked without a barrier; 25-28% fewer instructions a K tile; +4-19% over
+# v12 in one run, 2-25% under it in the next two: not the model's until that is understood) as forced
+# tilings only, so the benchmark times them in one run.
 WGM_TILES = ((128, 64, 4, 2, 1), (128, 128, 4, 1, 1))
-WGM_VARIANTS = ((128, 64, 4, 2), (128, 128, 4, 1))
+WGM_VARIANTS = ((128, 64, 4, 2), (128, 128, 4, 1), (128, 64, 4, 2, 2), (128, 128, 4, 1, 2))
 WGM_ARCH = "sm_90"
 USE_WGM = True
-WGM_MIN_KTILES = 9
+WGM_MIN_KTILES = 4
 WGM_TILE_SPEED = {(128, 64, 4, 2, 1): 1.0, (128, 128, 4, 1, 1): 1.1}
 # the plain tensor-core forward through the shared-memory staged epilogue too (FLAG_STAGED; the fused
 # bias / z / activation and beta != 0 always take it): a benchmark switch, read when a plan is made
@@ -179,9 +183,9 @@ def _tc_expr(tag, direction, config):
 
 
 def _wgm_expr(tag, cfg):
-    """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, v12's copies;
-    without it, or 0, v8's)."""
-    lean = ", true" if len(cfg) == 5 and cfg[4] else ""
+    """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, 1 v12's copies,
+    2 v14's; without it, or 0, v8's)."""
+    lean = f", {cfg[4]}" if len(cfg) == 5 and cfg[4] else ""
     return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}{lean}>"
 
 
