@@ -6,6 +6,7 @@
 #   PYDNN_SANITIZE=1 tools/gpu_check.sh    also run the activation/softmax GPU tests under memcheck
 #   PYDNN_BENCH_FAMILIES=activation,host   benchmark families (default: all)
 #   PYDNN_SKIP_TESTS=1 / PYDNN_SKIP_BENCH=1
+#   PYDNN_TEST_SHARDS=2                    the test suite in 2 concurrent pytest processes (logs tests.N.log)
 #
 # Missing Python packages (cffi, pycparser) come from wheels in .whl/ (tools/fetch_wheels.sh makes them).
 set -uo pipefail
@@ -30,9 +31,34 @@ echo "install took $(( $(date +%s) - t0 )) s"
 python3 -m pydnn info 2>&1 | tee "$logs/info.log"
 
 if [ "${PYDNN_SKIP_TESTS:-0}" != 1 ]; then
-  echo "== tests"
-  python3 -m pytest -q -p no:cacheprovider -rfE tests 2>&1 | tee "$logs/tests.log" | tail -25
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  shards=${PYDNN_TEST_SHARDS:-1}
+  if [ "$shards" -le 1 ]; then
+    echo "== tests"
+    python3 -m pytest -q -p no:cacheprovider -rfE tests 2>&1 | tee "$logs/tests.log" | tail -25
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  else
+    # the suite in $shards pytest processes sharing the GPU (the tests are mostly launch- and host-bound,
+    # so they overlap well): test files dealt out largest first to the shard with the fewest bytes so far
+    echo "== tests ($shards shards)"
+    mapfile -t files < <(ls -S tests/test_*.py)
+    declare -a load sel pids
+    for ((i = 0; i < shards; i++)); do load[$i]=0; sel[$i]=""; done
+    for f in "${files[@]}"; do
+      best=0
+      for ((i = 1; i < shards; i++)); do [ "${load[$i]}" -lt "${load[$best]}" ] && best=$i; done
+      load[$best]=$(( ${load[$best]} + $(stat -c %s "$f") ))
+      sel[$best]="${sel[$best]} $f"
+    done
+    for ((i = 0; i < shards; i++)); do
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:cacheprovider -rfE ${sel[$i]} >"$logs/tests.$i.log" 2>&1 &
+      pids[$i]=$!
+    done
+    for ((i = 0; i < shards; i++)); do
+      wait "${pids[$i]}" || status=1
+      echo "-- shard $i:"; grep -E "^(FAILED|ERROR)" "$logs/tests.$i.log" | head -20; tail -1 "$logs/tests.$i.log"
+    done
+  fi
 fi
 
 if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
@@ -54,7 +80,8 @@ if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; th
   san tests/test_matmul_gpu.py tests/test_convolution_gpu.py tests/test_convolution_algos_gpu.py \
     tests/test_convolution_fft_gpu.py tests/test_normalization_gpu.py tests/test_mha_gpu.py \
     tests/test_attention_wgmma_gpu.py tests/test_attention_wgmma_bwd_gpu.py \
-    -k "test_every_variant or (test_backward_wgmma_variable_lengths and bf16) or (test_backward_wgmma_long) or (test_backward_ring_configs and 1-9) or (test_wgmma_bias_activation and tiling0-6-9) or (test_wgmma_backward_data and tiling1-9-case0) or (test_fft_backward_filter and 0-case0) or (test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
+    tests/test_convolution_wgrad_wgmma_gpu.py tests/test_convolution_gemm_gpu.py \
+    -k "(test_wgmma_backward_filter and case0) or (test_gemm_backward_data and case0) or (test_gemm_bias_activation and case0) or (test_simt_tiles and trans0) or (test_group_norm_nhwc_reg and 9) or test_every_variant or (test_backward_wgmma_variable_lengths and bf16) or (test_backward_wgmma_long) or (test_backward_ring_configs and 1-9) or (test_wgmma_bias_activation and tiling0-6-9) or (test_wgmma_backward_data and tiling1-9-case0) or (test_fft_backward_filter and 0-case0) or (test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
     2>&1 | tee "$logs/memcheck_matrix.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
