@@ -1203,18 +1203,15 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
 // registers for plain / bias + clamp activations, else staged), fed through WgAccEng, which presents
 // the wgmma fragment as mma.sync's (per warp an m16 x BN slice: TM = 1, TN = BN / 8). MINB: blocks per
 // SM the registers are capped for. Same host-checked limits as implicit_gemm_pipe_tc's forward.
-// LEAN (v12, tools/bench_convolution.py; not yet run on a GPU): the same copies with the per-K-tile
+// LEAN (v12, tools/bench_convolution.py; the model's loop since): the same copies with the per-K-tile
 // work done once. The plain fill writes each chunk's source as `v ? A + (aoff + tap offset) : A`, and
 // NVRTC sinks the tap offset's multiply-adds into a branch per chunk (PTX: ~245 instructions per thread
 // and K tile, ~25 per cp.async, the mad chain and flip_tap repeated per row); LEAN computes the A and B
 // tap offsets once per K tile (pinned by an empty asm so that they cannot be sunk), selects the 32-bit
 // offset (0: the tensor's base, a zero-filled chunk) without a branch, and adds one 64-bit address;
 // the k16 steps' wgmma descriptors are the K tile's plus 2 each (instead of 8 built per K tile).
-// LEAN = 2 (v14, a forced variant: tools/bench_convolution.py v14): v12's copies with 25-28% fewer SASS
-// instructions a K tile (unsigned chunk offsets; the descriptors' low words built once, the thread's copy
-// constants through a shuffle, so that ptxas stops recomputing them from the thread index in the loop;
-// the fused bias parked in the last K tiles without a barrier). +4-19% over v12 in one device run, 2-25%
-// under it in the next two with the same loop; not the model's until that is understood.
+// LEAN: 0 v8's copies, 1 v12's. (v14, LEAN = 2: 25-28% fewer SASS instructions a K tile, measured 3-23%
+// slower than v12 on every layer in three runs of one session and reverted: tools/bench_convolution.py.)
 template <class T, int BN> struct WgAccEng {
   typedef T Elem;
   static constexpr int TM = 1, TN = BN / 8;
@@ -1233,7 +1230,6 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   constexpr int A_ROWS = BM / RS, B_ROWS = BN / RS, STAGE = (BM + BN) * BK, D = STAGES - 2;
   constexpr int SLAB = 64 * BK * 2;  // bytes of 64 rows of A: one warpgroup's M slice
   static_assert(STAGES >= 3 && (BN == 64 || BN == 128 || BN == 256), "fwd_wgmma tile");
-  static_assert(LEAN != 2 || STAGES >= 4, "v14 parks the bias in the last D >= 2 K tiles");
   static_assert(BM * (BN + 8) * 4 <= STAGES * STAGE * 2, "the staged epilogue fits the stages");
   extern __shared__ __align__(1024) unsigned char tc_smem[];
   const unsigned raw = mma::smem_u32(tc_smem), pad = ((raw + 1023u) & ~1023u) - raw;
@@ -1264,15 +1260,6 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   for (int i = 0; i < B_ROWS; ++i)
     if (nrow + RS * i < p.gn) bmask |= 1u << i;
 
-  // v14 (LEAN 2): the thread's constants of the copy passed through a shuffle with its own lane, which
-  // ptxas does not recompute from the thread index inside the K-tile loop (it did, ~15 instructions a K
-  // tile: the swizzled offset, the channel bound, B's rows and mask)
-  const int lane = t & 31;
-  const unsigned sthr = __shfl_sync(0xffffffffu, sbase + soff * 2, lane);
-  const int ch8 = __shfl_sync(0xffffffffu, CH - chunk * 8, lane);  // chunk in range: c0 < ch8
-  const unsigned bpin = __shfl_sync(0xffffffffu, (unsigned)bbase, lane);
-  const unsigned bmpin = __shfl_sync(0xffffffffu, bmask, lane);
-
   int c0 = 0, tt = 0, tr = 0, ts = 0;  // the next K tile: channel block c0 of tap (tt, tr, ts)
   auto fill = [&](int stage) {
     const unsigned sa = sbase + stage * STAGE * 2, sb = sa + BM * BK * 2;
@@ -1281,22 +1268,7 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     const int btap = c0 * (int)p.ws[1] + flip_tap(p, 0, tt) * (int)p.ws[2] + flip_tap(p, 1, tr) * (int)p.ws[3] +
                      flip_tap(p, 2, ts) * (int)p.ws[4];
     const bool cok = c0 + chunk * 8 < CH;
-    if constexpr (LEAN == 2) {  // v14: the offsets unsigned (valid chunks' are >= 0): one IMAD.WIDE.U32 each
-      unsigned at = atap, bt = btap;
-      asm volatile("" : "+r"(at), "+r"(bt));  // computed here once, not per chunk
-      const unsigned ta = sthr + stage * STAGE * 2, tb = ta + BM * BK * 2;
-      const bool cin = c0 < ch8;
-#pragma unroll
-      for (int i = 0; i < A_ROWS; ++i) {
-        const bool v = cin && (amask[i] & need) == need;
-        mma::cp_async_16(ta + RS * BK * i * 2, A + (v ? (unsigned)aoff[i] + at : 0u), v);
-      }
-#pragma unroll
-      for (int i = 0; i < B_ROWS; ++i) {
-        const bool v = cin && ((bmpin >> i) & 1);
-        mma::cp_async_16(tb + RS * BK * i * 2, W + (v ? bpin + (unsigned)(RS * i * ws0) + bt : 0u), v);
-      }
-    } else if constexpr (LEAN == 1) {
+    if constexpr (LEAN) {
       int at = atap, bt = btap;
       asm volatile("" : "+r"(at), "+r"(bt));  // computed here once, not per chunk
 #pragma unroll
@@ -1340,12 +1312,7 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   const bool has_bias = p.flags & PYDNN_CONV_FLAG_BIAS;
   T braw;
   braw.bits = 0;
-  // (v14: every thread holds the bias of column t % BN, so that the parking below is a branch uniform over
-  // the block: `t < BN` there diverged inside warps and ptxas put the K-tile loop in a convergence region,
-  // BSSY / BSYNC)
-  const int bcol = LEAN == 2 ? t % BN : t;
-  if (has_bias && bcol == t % BN && n0 + bcol < p.gn)
-    braw = static_cast<const T*>(p.bias)[(long long)(n0 + bcol) * p.bias_stride];
+  if (has_bias && t < BN && n0 + t < p.gn) braw = static_cast<const T*>(p.bias)[(long long)(n0 + t) * p.bias_stride];
 
   WgAccEng<T, BN> eng;
 #pragma unroll
@@ -1358,24 +1325,13 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     if (s < ktiles) fill(s);
     mma::cp_async_commit();
   }
-  // v14: the low words of stage 0's descriptors once (A's through a shuffle, which ptxas does not
-  // recompute from the thread index in every K tile); stage s is s * STAGE * 2 / 16 further in the
-  // start-address field; the high words are constants
-  const unsigned da0 = __shfl_sync(0xffffffffu, (unsigned)wgmma::desc_sw128(sbase + wg * SLAB, 16, 1024), 0);
-  const unsigned db0 = (unsigned)wgmma::desc_sw128(sbase + BM * BK * 2, 16, 1024);
-  constexpr unsigned long long DHI = (64ull << 32) | (1ull << 62);  // desc_sw128's high word: sbo 1024, 128B swizzle
   for (int kt = 0; kt < ktiles; ++kt) {
     mma::cp_async_wait<D - 1>();  // tile kt has landed (for this thread) ...
     wgmma::fence_proxy_async();   // ... and is visible to the async proxy ...
     __syncthreads();              // ... for every thread's chunks
     const unsigned sa = sbase + (kt % STAGES) * STAGE * 2, sb = sa + BM * BK * 2;
     wgmma::fence();
-    if constexpr (LEAN == 2) {
-      const unsigned so = (kt % STAGES) * (STAGE * 2 / 16);
-      const unsigned long long da = DHI | (da0 + so), db = DHI | (db0 + so);
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), da + 2 * kk, db + 2 * kk, 1);
-    } else if constexpr (LEAN == 1) {  // k16 step kk: 32 bytes on = 2 more in the start-address field (shared < 256 KB)
+    if constexpr (LEAN) {  // k16 step kk: 32 bytes on = 2 more in the start-address field (shared < 256 KB)
       const unsigned long long da = wgmma::desc_sw128(sa + wg * SLAB, 16, 1024), db = wgmma::desc_sw128(sb, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), da + 2 * kk, db + 2 * kk, 1);
@@ -1387,21 +1343,14 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     }
     wgmma::commit();
     wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done
-    if (kt + D < ktiles) {
-      fill((kt + D) % STAGES);  // the stage of tile kt - 2
-    } else if (LEAN == 2 && has_bias && kt == ktiles - 2) {
-      // v14: the bias parked here, off the per-K-tile path (the last D K tiles copy nothing); the barrier
-      // of the last K tile publishes it, so the epilogue needs none of its own. Threads t and t + BN
-      // write the same value.
-      reinterpret_cast<float*>(smem + STAGES * STAGE * 2)[bcol] = load<float>(braw);
-    }
+    if (kt + D < ktiles) fill((kt + D) % STAGES);  // the stage of tile kt - 2
     mma::cp_async_commit();
   }
   wgmma::wait<0>();
   wgmma::fence_operands(eng.flat());
   mma::cp_async_wait<0>();
   float* sbias = reinterpret_cast<float*>(smem + STAGES * STAGE * 2);  // past the stages (launch: + BN floats)
-  if (has_bias && (LEAN != 2 || ktiles == 1)) {  // uniform over the block
+  if (has_bias) {  // uniform over the block
     if (t < BN) sbias[t] = load<float>(braw);
     __syncthreads();
   }

@@ -729,7 +729,7 @@ def test_wgmma_forward_plans(monkeypatch):
     for tile in C.WGM_TILES + C.WGM_VARIANTS:  # forced: obeyed with USE_WGM off too
         monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
         pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
-        lean = f", {tile[4]}" if len(tile) == 5 and tile[4] else ""  # LEAN: v12's copies 1, v14's 2 (default 0)
+        lean = f", {tile[4]}" if len(tile) == 5 and tile[4] else ""  # LEAN: v12's copies 1 (default 0: v8's)
         assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}{lean}>"
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
         assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024 + tile[1] * 4  # + the parked bias

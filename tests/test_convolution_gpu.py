@@ -296,8 +296,7 @@ def _force_tiling(monkeypatch, direction, tiling):
 TC_TILINGS = [None] + list(conv_ops.TC_TILES) + list(conv_ops.TCP_TILES)
 
 
-# fwd_wgmma's tiles: the model's (WGM_TILES, v12's LEAN copies) and the variants (WGM_VARIANTS: v8's loop
-# and v14's copies, LEAN = 2)
+# fwd_wgmma's tiles: the model's (WGM_TILES, v12's LEAN copies) and the variants (WGM_VARIANTS: v8's loop)
 WGM_TILINGS = list(conv_ops.WGM_TILES) + list(conv_ops.WGM_VARIANTS)
 
 

@@ -494,6 +494,15 @@ Versions and notes:
      cuDNN depending on cuDNN's run (cuDNN's own 56² backward data read 325-391 across these runs), fused
      bias + ReLU 1.054-1.058x plain (target 1.05x: missed by <1%; v14's barrier-free parking measured
      1.040-1.050x but only on the v14 loop).
+     Run 6 (integrator, the same session, HEAD 5c80618, PYDNN_BENCH_CONV_TC=1 PYDNN_BENCH_CONV_WGM=1 three
+     times back to back; each row moved < 1% between the three runs): v14 is under v12 on every row,
+       fwd 128x64  v12 / v14           217.9 / 209.9  297.4 / 285.5  343.3 / 275.5  303.4 / 292.7
+       fwd 128x128 v12 / v14           129.4 / 119.7  342.3 / 290.9  348.7 / 278.4  410.8 / 315.7
+       bwd data 128x64  v12 / v14      206.0 / 198.7  282.9 / 271.0  319.6 / 260.1  276.3 / 267.1
+       bwd data 128x128 v12 / v14      124.9 / 116.0  322.7 / 275.1  322.8 / 261.4  360.9 / 286.3
+     (3-23% slower; run 1's v14 lead did not come back). Fused / plain on v14's 128x64 1.049x against
+     v12's 1.060x, but v14's plain is 3% slower, so fused v14 is slower than fused v12 too. Decision: v14
+     reverted (fwd_wgmma keeps LEAN as an int: 0 v8's copies, 1 v12's); WGM_MIN_KTILES 4 kept.
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows (with PYDNN_BENCH_CONV_ONLY: the bf16 layers it names, and the fused rows if it
@@ -656,7 +665,7 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
                     + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
         if h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units); v9: backward data on it, its variants
             lean = lambda t: t[4] if len(t) == 5 else 0  # noqa: E731
-            names = {0: ("v8", ""), 1: ("v12", " lean copies"), 2: ("v14", " lean copies, unsigned offsets")}
+            names = {0: ("v8", ""), 1: ("v12", " lean copies")}
             wgm = [(t, f"{names[lean(t)][0]} wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}{names[lean(t)][1]}")
                    for t in C.WGM_TILES + C.WGM_VARIANTS]
             variants = wgm if _wgm_only() else variants + wgm  # PYDNN_BENCH_CONV_WGM=1: the wgmma tiles only
@@ -758,19 +767,6 @@ def _fused(b):
                     peak_tflops=PEAK["bf16"])
         b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 forced fused bias+relu (vs its plain: "
                     f"{ms_wf / ms_wp:.3f}x)", "bf16", flops, ms_wf, ms_torch, "cudnn conv+bias, relu_",
-                    peak_tflops=PEAK["bf16"])
-        C.TC_FORCE[C.DIR_FWD] = (128, 64, 4, 2, 2)   # v14: the same pair on v14's copies (a forced variant)
-        try:
-            pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
-            ms_lp, ms_lf = time_pair(plain, fused)
-        finally:
-            C.TC_FORCE.pop(C.DIR_FWD, None)
-            pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
-        b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 v14 copies forced plain (vs the model's plain above: "
-                    f"{ms_lp / ms_plain:.3f}x)", "bf16", flops, ms_lp, ms_torch, "cudnn conv+bias, relu_",
-                    peak_tflops=PEAK["bf16"])
-        b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 v14 copies forced fused bias+relu (vs its plain: "
-                    f"{ms_lf / ms_lp:.3f}x)", "bf16", flops, ms_lf, ms_torch, "cudnn conv+bias, relu_",
                     peak_tflops=PEAK["bf16"])
 
 

@@ -135,13 +135,11 @@ TC_FORCE = {}
 # with the lean copies: the same picks are the faster tile on each ResNet 3x3 layer), see _wgm_tiling.
 # Entries (BM, BN, STAGES, MINB, LEAN): LEAN = 1 is v12's copy loop (the per-K-tile tap offsets computed once,
 # no branch per chunk, the k16 descriptors by increments; tools/bench_convolution.py v12: 1.07-1.42x the v8
-# loop on the bf16 3x3 layers, H200). WGM_VARIANTS keeps v8's loop (LEAN = 0) and v14's (LEAN = 2: unsigned
-# chunk offsets, the descriptors and the thread's copy constants kept out of ptxas's per-K-tile
-# recomputation, the fused bias parked without a barrier; 25-28% fewer instructions a K tile; +4-19% over
-# v12 in one run, 2-25% under it in the next two: not the model's until that is understood) as forced
-# tilings only, so the benchmark times them in one run.
+# loop on the bf16 3x3 layers, H200). WGM_VARIANTS keeps v8's loop (LEAN = 0) as forced tilings only, so the
+# benchmark times both in one run. (v14's LEAN = 2 loop, 25-28% fewer instructions a K tile, ran 3-23% under
+# v12 on every layer in three runs and was reverted: tools/bench_convolution.py v14.)
 WGM_TILES = ((128, 64, 4, 2, 1), (128, 128, 4, 1, 1))
-WGM_VARIANTS = ((128, 64, 4, 2), (128, 128, 4, 1), (128, 64, 4, 2, 2), (128, 128, 4, 1, 2))
+WGM_VARIANTS = ((128, 64, 4, 2), (128, 128, 4, 1))
 WGM_ARCH = "sm_90"
 USE_WGM = True
 WGM_MIN_KTILES = 4
@@ -183,8 +181,8 @@ def _tc_expr(tag, direction, config):
 
 
 def _wgm_expr(tag, cfg):
-    """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, 1 v12's copies,
-    2 v14's; without it, or 0, v8's)."""
+    """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, 1 v12's copies;
+    without it, or 0, v8's)."""
     lean = f", {cfg[4]}" if len(cfg) == 5 and cfg[4] else ""
     return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}{lean}>"
 
