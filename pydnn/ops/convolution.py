@@ -19,7 +19,7 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                      IMPLICIT_PRECOMP_GEMM  tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; the
                                      pipelined implicit_gemm_pipe_tc where C % 64 == 0, else fwd_tc;
                                      tiles from the models _tcp_tiling / _tc_tiling; on sm_90 with
-                                     C % 64 == 0 and >= 9 K tiles a block, fwd_wgmma: the same gather
+                                     C % 64 == 0 and >= WGM_MIN_KTILES (4) K tiles a block, fwd_wgmma: the same gather
                                      on Hopper wgmma, sm_90a units, tiles from _wgm_tiling),
                                      half / bfloat16, NHWC x and filter, C % 8 == 0, one group;
                                      deterministic, no workspace. The fused bias + activation (and
@@ -31,7 +31,11 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      K % 8 == 0 too); deterministic. No workspace, except on sm_90 with
                                      stride 1 where the model (or a forced WGM tile) takes fwd_wgmma:
                                      the filter with K and C swapped (filter_kc_swap, K * C * taps
-                                     elements in the workspace), then the forward of dy (_plan_bwd_wgmma)
+                                     elements in the workspace), then the forward of dy (_plan_bwd_wgmma).
+                                     Where the tensor cores refuse and C < 64 or the stride > 1 (the 7x7
+                                     stem), float / half / bfloat16, one group: an explicit GEMM (dy .
+                                     filter into the workspace, pydnn.ops.matmul) + a col2im gather,
+                                     deterministic (convolution_gemm.py)
     backward filter  ALGO_0          CUDA cores, one pass (no split of the reduction), no workspace,
                                      deterministic
                      ALGO_1          the reduction split over blocks into a workspace of fp32 partial
@@ -41,7 +45,13 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      any filter format: wgrad_pipe_tc (the pipelined loop; dy packed
                                      NHWC) or wgrad_tc, (tile, split) chosen by a model
                                      (_wgrad_pipe_tiling / _wgrad_tiling; one split writes dw directly,
-                                     no workspace); else the CUDA-core kernel
+                                     no workspace); on sm_90 first wgrad_tc_wgmma where it applies
+                                     (Hopper wgmma, MN-major operands; its own split model and
+                                     deterministic fold: convolution_wgrad_wgmma.py); else the
+                                     CUDA-core kernel
+    and in their own modules: forward GEMM (convolution_gemm.py), forward and backward data
+    WINOGRAD_NONFUSED (convolution_winograd.py: its GEMMs on pydnn.ops.matmul), FFT in all three
+    directions (convolution_fft.py).
 """
 import ctypes
 
