@@ -12,71 +12,15 @@ from devtensor import DevTensor, assert_close
 from pydnn.ops import convolution as conv_ops
 from pydnn.ops import convolution_gemm as G
 from pydnn.reference import convolution as ref
-from pydnn.tensor import packed_strides
+from test_convolution_gpu import Problem, _strides, _workspace, check_forward
 
 pytestmark = pytest.mark.gpu
 
-# (test_convolution_gpu's Problem and check_forward, kept here so that this module does not import that
-# one, which other engineers edit)
 F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
                        pydnn.PYDNN_DATA_BFLOAT16)
 NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
 CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
 
-
-def _strides(dims, layout):
-    """nchw, nhwc or gap (NCHW with every dim but n padded by one element)."""
-    if layout == "nhwc":
-        return packed_strides(dims, NHWC)
-    if layout == "gap":
-        s, acc = [0] * len(dims), 1
-        for i in reversed(range(len(dims))):
-            s[i] = acc
-            acc *= dims[i] + (1 if i > 0 else 0)
-        return tuple(s)
-    return packed_strides(dims, NCHW)
-
-
-class Problem:
-    def __init__(self, case, dtype, mode=XCORR):
-        xd, k, filt, pad, st, dil, g, layout, wfmt = case
-        self.pad, self.st, self.dil, self.g, self.cross = pad, st, dil, g, mode == XCORR
-        self.conv = pydnn.create_convolution_descriptor()
-        pydnn.set_convolution_nd_descriptor(self.conv, len(pad), pad, st, dil, mode, F64 if dtype == F64 else F32)
-        pydnn.set_convolution_group_count(self.conv, g)
-        self.wd = (k, xd[1] // g) + tuple(filt)
-        self.yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
-        self.x = DevTensor(xd, dtype, _strides(xd, layout))
-        self.y = DevTensor(self.yd, dtype, _strides(self.yd, layout))
-        self.wdesc = pydnn.create_filter_descriptor()
-        pydnn.set_filter_nd_descriptor(self.wdesc, dtype, wfmt, len(self.wd), self.wd)
-        self.w = DevTensor(self.wd, dtype, self.wdesc.strides)
-        self.dtype = dtype
-
-    def args(self):
-        return self.pad, self.st, self.dil, self.g, self.cross
-
-
-def _workspace(nbytes):
-    return pydnn.DeviceArray((max(nbytes, 1),), np.uint8), nbytes
-
-
-def check_forward(handle, rng, make, dtype, algo, what, workspace):
-    """Both modes: cross-correlation, alpha 1, beta 0 (y poisoned: never read, every element written);
-    convolution, alpha 0.75, beta -0.5 over a random y; against the float64 reference, gaps untouched."""
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.75, -0.5)):
-        pb = make(mode)
-        x, w = pb.x.random(rng), pb.w.random(rng)
-        y0 = pb.y.random(rng) if beta else None
-        if not beta:
-            pb.y.poison()
-        ws, n = workspace(pb)
-        pydnn.convolution_forward(handle, alpha, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, algo, ws.ptr, n,
-                                  beta, pb.y.desc, pb.y.ptr)
-        want = ref.forward(alpha, x, w, beta, y0, *pb.args())
-        scale = abs(alpha) * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + (abs(beta) * np.abs(y0) if beta else 0)
-        assert_close(pb.y.download(), want, dtype, f"{what} mode {mode}", scale=scale)
-        pb.y.check_untouched()
 
 FWD_GEMM = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
 BWD_D1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
