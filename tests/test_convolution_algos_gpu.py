@@ -86,25 +86,33 @@ def test_winograd_backward_data(handle, rng, case, dtype, tile, monkeypatch):
                                        (FWD_WINO, WINO_CASES[2])])
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_bias_activation(handle, rng, algo, case, dtype):
-    for act_mode, coef, alpha2 in ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.5), (pydnn.PYDNN_ACTIVATION_ELU, 0.7, 0.0)):
+    check_bias_activation(handle, rng, case, dtype, algo, ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.5),
+                                                           (pydnn.PYDNN_ACTIVATION_ELU, 0.7, 0.0)),
+                          "nchw", lambda pb: _ws(handle, pb, "fwd", algo), f"bias+act algo {algo}")
+
+
+def check_bias_activation(handle, rng, case, dtype, algo, acts, z_layout, workspace, what):
+    """ConvolutionBiasActivationForward with `algo` (alpha1 0.8, z laid out z_layout, a bias) for each
+    (activation, coef, alpha2) of acts against the float64 reference, y poisoned first; then a plain forward
+    on the same plan: the epilogue settings must not leak into it. workspace(pb) -> (buffer, bytes)."""
+    for act_mode, coef, alpha2 in acts:
         pb = Problem(case, dtype, XCORR)
         x, w = pb.x.random(rng), pb.w.random(rng)
-        z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nchw"))
+        z = DevTensor(pb.yd, dtype, _strides(pb.yd, z_layout))
         zv = z.random(rng)
         bias = DevTensor((1, pb.yd[1]) + (1,) * (len(pb.yd) - 2), dtype)
         bv = bias.random(rng)
         act = pydnn.create_activation_descriptor()
         pydnn.set_activation_descriptor(act, act_mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, coef)
         pb.y.poison()
-        ws, n = _ws(handle, pb, "fwd", algo)
+        ws, n = workspace(pb)
         pydnn.convolution_bias_activation_forward(handle, 0.8, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, algo,
                                                   ws.ptr, n, alpha2, z.desc, z.ptr, bias.desc, bias.ptr, act,
                                                   pb.y.desc, pb.y.ptr)
         want = ref.bias_activation_forward(0.8, x, w, alpha2, zv, bv, act_mode, coef, *pb.args())
-        scale = 0.8 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + alpha2 * np.abs(zv) + np.abs(bv)
-        assert_close(pb.y.download(), want, dtype, f"bias+act algo {algo}", scale=scale)
+        scale = 0.8 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
+        assert_close(pb.y.download(), want, dtype, f"{what} act {act_mode}", scale=scale)
         pb.y.check_untouched()
-        # the plan is shared with the plain forward: the epilogue settings must not leak into it
         pb.y.poison()
         pydnn.convolution_forward(handle, 1.0, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, algo, ws.ptr, n,
                                   0.0, pb.y.desc, pb.y.ptr)

@@ -12,15 +12,11 @@ from devtensor import DevTensor, assert_close
 from pydnn.ops import convolution as conv_ops
 from pydnn.ops import convolution_gemm as G
 from pydnn.reference import convolution as ref
-from test_convolution_gpu import Problem, _strides, _workspace, check_forward
+from test_convolution_algos_gpu import check_bias_activation
+from test_convolution_gpu import (BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides, _workspace,
+                                  check_forward)
 
 pytestmark = pytest.mark.gpu
-
-F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
-                       pydnn.PYDNN_DATA_BFLOAT16)
-NCHW, NHWC = pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC
-CONV, XCORR = pydnn.PYDNN_CONVOLUTION, pydnn.PYDNN_CROSS_CORRELATION
-
 
 FWD_GEMM = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
 BWD_D1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
@@ -107,30 +103,10 @@ def test_gemm_backward_data(handle, rng, case, dtype):
 def test_gemm_bias_activation(handle, rng, case, dtype):
     """The fused epilogue through the GEMM algorithm's plans (float: the 1x1 view instead of matmul;
     16-bit: the tensor-core 1x1 view over the padded columns), then a plain call on the same plan."""
-    for act_mode, coef, alpha2 in ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.5), (pydnn.PYDNN_ACTIVATION_CLIPPED_RELU, 1.5, 0.0),
-                                   (pydnn.PYDNN_ACTIVATION_TANH, 0.0, -0.5)):
-        pb = Problem(case, dtype, XCORR)
-        x, w = pb.x.random(rng), pb.w.random(rng)
-        z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
-        zv = z.random(rng)
-        bias = DevTensor((1, pb.yd[1]) + (1,) * (len(pb.yd) - 2), dtype)
-        bv = bias.random(rng)
-        act = pydnn.create_activation_descriptor()
-        pydnn.set_activation_descriptor(act, act_mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, coef)
-        pb.y.poison()
-        ws, n = _ws(handle, pb, "fwd", FWD_GEMM)
-        pydnn.convolution_bias_activation_forward(handle, 0.8, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
-                                                  FWD_GEMM, ws.ptr, n, alpha2, z.desc, z.ptr, bias.desc, bias.ptr,
-                                                  act, pb.y.desc, pb.y.ptr)
-        want = ref.bias_activation_forward(0.8, x, w, alpha2, zv, bv, act_mode, coef, *pb.args())
-        scale = 0.8 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
-        assert_close(pb.y.download(), want, dtype, f"GEMM bias+act {act_mode}", scale=scale)
-        pb.y.check_untouched()
-        pb.y.poison()
-        pydnn.convolution_forward(handle, 1.0, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv, FWD_GEMM, ws.ptr, n,
-                                  0.0, pb.y.desc, pb.y.ptr)
-        assert_close(pb.y.download(), ref.forward(1.0, x, w, 0.0, None, *pb.args()), dtype, "plain after fused",
-                     scale=ref.forward_raw(np.abs(x), np.abs(w), *pb.args()))
+    check_bias_activation(handle, rng, case, dtype, FWD_GEMM,
+                          ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.5), (pydnn.PYDNN_ACTIVATION_CLIPPED_RELU, 1.5, 0.0),
+                           (pydnn.PYDNN_ACTIVATION_TANH, 0.0, -0.5)),
+                          "nhwc", lambda pb: _ws(handle, pb, "fwd", FWD_GEMM), "GEMM bias+act")
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])

@@ -125,10 +125,12 @@ BD0 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
 BWINO = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED
 
 
-def _layer(b, name, c, k, hw, r, stride, pad):
+def _f32_problem(n, c, k, hw, r, stride, pad, wscale):
+    """An fp32 NCHW layer: torch tensors x, w, y (the reference forward), dy, dx, their pydnn descriptors
+    xd, yd, wd, conv, the direct convolution's flops, and the data pointers (x, w, y, dy, dx)."""
     pdt = pydnn.PYDNN_DATA_FLOAT
-    x = torch.randn(N, c, hw, hw, device="cuda")
-    w = torch.randn(k, c, r, r, device="cuda") * 0.1
+    x = torch.randn(n, c, hw, hw, device="cuda")
+    w = torch.randn(k, c, r, r, device="cuda") * wscale
     y = torch.nn.functional.conv2d(x, w, stride=stride, padding=pad)
     dy, dx = torch.randn_like(y), torch.empty_like(x)
     xd, yd = desc(x, dtype=pdt), desc(y, dtype=pdt)
@@ -136,9 +138,14 @@ def _layer(b, name, c, k, hw, r, stride, pad):
     pydnn.set_filter4d_descriptor(wd, pdt, pydnn.PYDNN_TENSOR_NCHW, *w.shape)
     conv = pydnn.create_convolution_descriptor()
     pydnn.set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION, pdt)
-    flops = 2 * N * k * y.shape[2] * y.shape[3] * c * r * r
+    flops = 2 * n * k * y.shape[2] * y.shape[3] * c * r * r
+    ptrs = tuple(t.data_ptr() for t in (x, w, y, dy, dx))
+    return x, w, y, dy, dx, xd, yd, wd, conv, flops, ptrs
+
+
+def _layer(b, name, c, k, hw, r, stride, pad):
+    x, w, y, dy, dx, xd, yd, wd, conv, flops, (xp, wp, yp, dyp, dxp) = _f32_problem(N, c, k, hw, r, stride, pad, 0.1)
     h = b.h
-    xp, wp, yp, dyp, dxp = (t.data_ptr() for t in (x, w, y, dy, dx))
     reps = 10 if flops > 5e10 else 20
     winograd = r == 3 and stride == 1
 
@@ -187,20 +194,10 @@ def run_wino(b):
     from pydnn.ops import convolution_algos as CA
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
-    h, pdt = b.h, pydnn.PYDNN_DATA_FLOAT
+    h = b.h
     _tile(h, None)
-    for name, c, k, hw, r, stride, pad in LAYERS[:4]:
-        x = torch.randn(N, c, hw, hw, device="cuda")
-        w = torch.randn(k, c, r, r, device="cuda") * 0.1
-        y = torch.nn.functional.conv2d(x, w, padding=pad)
-        dy, dx = torch.randn_like(y), torch.empty_like(x)
-        xd, yd = desc(x, dtype=pdt), desc(y, dtype=pdt)
-        wd = pydnn.create_filter_descriptor()
-        pydnn.set_filter4d_descriptor(wd, pdt, pydnn.PYDNN_TENSOR_NCHW, *w.shape)
-        conv = pydnn.create_convolution_descriptor()
-        pydnn.set_convolution2d_descriptor(conv, pad, pad, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION, pdt)
-        flops = 2 * N * k * hw * hw * c * 9
-        xp, wp, yp, dyp, dxp = (t.data_ptr() for t in (x, w, y, dy, dx))
+    for name, c, k, hw, r, stride, pad in LAYERS[:4]:   # the 3x3 stride-1 layers
+        x, w, y, dy, dx, xd, yd, wd, conv, flops, (xp, wp, yp, dyp, dxp) = _f32_problem(N, c, k, hw, r, 1, pad, 0.1)
         need = max(pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, WINO),
                    pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv, xd, BWINO))
         ws = torch.empty(need, dtype=torch.uint8, device="cuda")
@@ -308,19 +305,9 @@ WF0, WF1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, pydnn.PYDNN_CONVOLUTION_BW
 
 
 def _fft_layer(b, name, n, c, k, hw, r):
-    pdt, pad = pydnn.PYDNN_DATA_FLOAT, r // 2
-    x = torch.randn(n, c, hw, hw, device="cuda")
-    w = torch.randn(k, c, r, r, device="cuda") * 0.05
-    y = torch.nn.functional.conv2d(x, w, padding=pad)
-    dy, dx = torch.randn_like(y), torch.empty_like(x)
-    xd, yd = desc(x, dtype=pdt), desc(y, dtype=pdt)
-    wd = pydnn.create_filter_descriptor()
-    pydnn.set_filter4d_descriptor(wd, pdt, pydnn.PYDNN_TENSOR_NCHW, *w.shape)
-    conv = pydnn.create_convolution_descriptor()
-    pydnn.set_convolution2d_descriptor(conv, pad, pad, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION, pdt)
-    flops = 2 * n * k * y.shape[2] * y.shape[3] * c * r * r
+    pad = r // 2
+    x, w, y, dy, dx, xd, yd, wd, conv, flops, (xp, wp, yp, dyp, dxp) = _f32_problem(n, c, k, hw, r, 1, pad, 0.05)
     h = b.h
-    xp, wp, yp, dyp, dxp = (t.data_ptr() for t in (x, w, y, dy, dx))
 
     def fwd(algo):
         need = pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, algo)
