@@ -634,7 +634,7 @@ IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CON
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
                DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)}
+                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3)}
 
 
 def algo_name(direction, algo):
@@ -1093,6 +1093,9 @@ def plan_for(handle, pb, direction, algo):
                              (DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)):
         from .convolution_fft import plan_fft  # FFT (convolution_fft.py)
         return plan_fft(handle, pb, direction, algo)
+    if direction == DIR_BWD_FILTER and algo == E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3:
+        from .convolution_gemm import plan_wgrad_gemm  # explicit GEMMs + a fixed-order fold
+        return plan_wgrad_gemm(handle, pb, algo)
     if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
         return plan_tc(handle, pb, algo)
     if direction == DIR_BWD_DATA and algo == E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1:
