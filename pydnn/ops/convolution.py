@@ -35,7 +35,8 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      Where the tensor cores refuse and C < 64 or the stride > 1 (the 7x7
                                      stem), float / half / bfloat16, one group: an explicit GEMM (dy .
                                      filter into the workspace, pydnn.ops.matmul) + a col2im gather,
-                                     deterministic (convolution_gemm.py)
+                                     deterministic (convolution_gemm.py); 1x1 unpadded stride-1 ones
+                                     (any C): one matmul straight into dx, no workspace
     backward filter  ALGO_0          CUDA cores, one pass (no split of the reduction), no workspace,
                                      deterministic
                      ALGO_1          the reduction split over blocks into a workspace of fp32 partial
@@ -49,6 +50,8 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      (Hopper wgmma, MN-major operands; its own split model and
                                      deterministic fold: convolution_wgrad_wgmma.py); else the
                                      CUDA-core kernel
+                     ALGO_3          explicit GEMMs (im2col, or x itself for 1x1) into partial dw's,
+                                     summed in a fixed order: deterministic (convolution_gemm.py)
     and in their own modules: forward GEMM (convolution_gemm.py), forward and backward data
     WINOGRAD_NONFUSED (convolution_winograd.py: its GEMMs on pydnn.ops.matmul), FFT in all three
     directions (convolution_fft.py).

@@ -1,6 +1,7 @@
 """Convolution through explicit GEMMs (ptx/conv_gemm.cu): the forward GEMM algorithm
-(CUDNN_CONVOLUTION_FWD_ALGO_GEMM) and the explicit-GEMM form of backward data (BWD_DATA_ALGO_1 where the
-tensor-core implicit GEMM refuses, e.g. C % 8 != 0 or float data).
+(CUDNN_CONVOLUTION_FWD_ALGO_GEMM), the explicit-GEMM form of backward data (BWD_DATA_ALGO_1 where the
+tensor-core implicit GEMM refuses, e.g. C % 8 != 0 or float data) and the backward filter
+BWD_FILTER_ALGO_3 (explicit GEMMs into partial dw's + a fixed-order fold).
 
 Forward: an im2col of x into the workspace, then a GEMM. The column matrix col[N * OD * OH * OW][ld]
 (ld >= groups * C/g * T * R * S: see ptx/conv_gemm_params.h) times the filter viewed as a (K, ld) matrix:
@@ -21,13 +22,35 @@ its taps), one group, float / half / bfloat16 (16-bit: math type not FMA): col =
 col2im: each dx element sums its own taps in a fixed order (deterministic, no atomics) with alpha / beta.
 The GEMM is pydnn.ops.matmul (tensor cores for 16-bit data, gemm_simt for float), one GEMM per image
 (dy NCHW-like or NHWC-like with packed spatial dims; the filter packed into the workspace unless it
-already is the (K, ld) matrix).
+already is the (K, ld) matrix). A 1x1, stride-1, unpadded problem (any C) whose dx and dy read as matrices
+of one layout needs no column matrix: one matmul per image straight into dx, alpha / beta its own, no
+workspace (`direct`: NCHW-like dx_n[C x P] = W^T[C x K] . dy_n[K x P], the filter shared (batch stride
+0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Before it, fp32 1x1 backward data with C >= 64 was
+refused here (the col2im round trip was not worth it there) and v7 picked the CUDA-core ALGO_0.
+Backward filter, BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] .
+col[pos, C * taps] (col: the forward's im2col of x, columns padded to a multiple of 8 for the 16-bit
+tensor-core GEMMs; for a 1x1, stride-1, unpadded problem whose x reads as a matrix, x itself). The
+reduction is long and dw small, so the GEMMs write partial dw's into the workspace and wgrad_fold sums
+them in a fixed order (ascending partial index) with alpha / beta through dw's strides: deterministic,
+bitwise reproducible. Where dy's images follow one another as rows (NHWC-like, packed) and so does the
+column source (col always; x when NHWC-like), the whole reduction is one matrix, split into `s` equal
+parts (a divisor of the rows near one wave of blocks, _splits; a short tail in one more partial when none
+divides) as one batched matmul. NCHW-like dy under an im2col is first made channel-major by pack_rows
+([K][images * positions]) so that it is such a matrix too; 1x1 problems on x itself with NCHW-like x or
+dy take one partial per image (batch = images, no copy). Images go in chunks: im2col (+ the packed dy) of
+at most COL_LIMIT bytes per chunk, each chunk with partials of its own; per-image plans over more than
+PART_LIMIT bytes of partials add later chunks into the first chunk's partials (beta 1, in chunk order).
+The partials are the data type's (matmul writes C in it): float exact; half / bfloat16 products are
+summed in fp32 within a partial, then each partial is rounded once before the fp32 fold. The partials are
+[K x columns] or, where gemm_simt's 64 x 128 tiles waste less that way (K > columns), [columns x K]
+(`orient`). Refused (NOT_SUPPORTED, with the reason): double (matmul has no double kernel), groups > 1,
+16-bit data with the FMA math type, dy without packed spatial dims.
 
 Workspace: the column matrix (N * OD * OH * OW * ld elements; rounded up to 16 bytes, or to 256 when the
 packed filter (K * ld elements) follows it); reported exactly by Get...WorkspaceSize. Deterministic
-(one writer per element, sums in a fixed order). Not done here: backward filter (dw = dy^T . col, a GEMM
-with a reduction of N * P: matmul's 128-wide tiles over K = 64 and 147 columns leave ~70% of each idle,
-~2 ms predicted for the fp32 stem against ALGO_1's 3.1; not worth it without a tile that fits).
+(one writer per element, sums in a fixed order). Backward filter: the partials (parts * K * columns
+elements), then one chunk's column matrix, then its packed dy, each part on a 256-byte boundary; the
+direct backward data needs none.
 
 StepPlan (here) is the shape of a multi-launch plan that convolution.run_plan hands to `.launch`; the
 WINOGRAD_NONFUSED and FFT plans (convolution_winograd.py, convolution_fft.py) use it too.
@@ -772,6 +795,7 @@ def plan_wgrad_gemm(handle, pb, algo):
         pack, flat = not dy_flat, True
         per_img = P * ncols * es + (K * P * es if pack else 0)
         chunk = max(1, min(N, COL_LIMIT // max(per_img, 1)))
+        chunk = cdiv(N, cdiv(N, chunk))   # as many chunks, of sizes as even as they go (64 -> 22, 22, 20)
         src = _Operand("col", "p", ncols, P * ncols, True)
         dy = None if pack else _Operand("dy", "p", dyv[1], pb.ys[0], True)
     if max(ncols, K, chunk * P) > 2**31 - 1:
