@@ -102,6 +102,39 @@ fwd 33.6 / bwd data 18.5 / bwd filter 50.1 TFLOP/s, fp32 20.6 / 15.5 / 18.6):
      (not done here). Where the time goes now: im2col 0.34 ms (bf16 and fp32 alike: latency-bound, not
      bandwidth: 1.4 TB/s at fp32), col2im 0.33-0.35 ms; an implicit GEMM that gathers the 147 columns
      into shared memory (no column round trip) is the next step for the forward.
+  v4 (this session) the direct 1x1 backward data and the explicit-GEMM backward filter (BWD_FILTER_ALGO_3),
+     on the fp32 NCHW layers issue 4 missed (before, H200: 1x1 256->64 bwd data 4.3 / bwd filter 8.3
+     TFLOP/s against cuDNN 16.4 / 11.0; 64->256 5.9 / 8.3 against 26.0 / 18.1; stem bwd filter 4.9 against
+     18.6). Why v7 did not pick the explicit GEMM for fp32 1x1 backward data: bwd_data_gemm_refusal
+     refused C >= 64 at stride 1 (the col2im round trip was the only form), so ALGO_1 was NOT_SUPPORTED
+     there and v7 took the CUDA-core ALGO_0. Predictions (made while designing, before the device run;
+     written down after it): direct backward data at the forward 1x1's GEMM rate, 25-35 TFLOP/s (1.3-2x
+     cuDNN); backward filter 1x1 with one partial per image (128 blocks of 64 x 128 for 132 SMs, each
+     reducing 3136 positions) 16-24 TFLOP/s; the stem: im2col ~0.34 ms + dy packed channel-major ~0.15 +
+     gemm_simt on 147 of 256 tile columns (~57% of the tiles used) ~0.7 + fold -> ~1.2 ms, ~12.5 TFLOP/s
+     (~0.67x cuDNN): short of 0.8x, bounded by the tile waste and the column round trip.
+     Measured (H100 80GB HBM3, two runs, 0ef7dbf and de84d37, the same within 1%; cuDNN 9.19 in the same
+     run; pydnn / cuDNN TFLOP/s):
+       1x1 256->64 @56  bwd data (ALGO_1 direct)  29.1 / 16.5 = 1.76x   bwd filter (ALGO_3)  19.2 / 11.1 = 1.73x
+       1x1 64->256 @56  bwd data (ALGO_1 direct)  34.7 / 25.2 = 1.38x   bwd filter (ALGO_3)  19.2 / 18.2 = 1.05x
+       7x7/2 stem fp32  bwd filter (ALGO_3)       12.2 / 18.7 = 0.65x   (target 0.8x: MISSED)
+       7x7/2 stem bf16  bwd filter (ALGO_3, tensor-core matmul over 152 columns, NHWC dy in place)
+                                                  30.3 / 47.2 = 0.64x   (ALGO_1 had 2.5)
+     v7's first choice was Find's fastest (1.00x) on every fp32 and bf16 row of these layers (bf16 1x1
+     64->256 bwd filter: v7 ALGO_1 0.071 ms, Find's fastest ALGO_3 0.070: 1.02x). Per launch (fp32
+     stem, tools/probe_wgrad_gemm.py; 22 of the 64 images per chunk): im2col 0.120 ms, pack_rows 0.065,
+     gemm_simt 64 x 128 (m 64, n 147, 196 splits of 1408 rows) 0.228, the fold of 588 partials 0.018:
+     per 64 images ~0.35 + 0.19 + 0.66 + 0.02. The GEMM runs at ~40 TFLOP/s of tile work (23 useful:
+     147 of 256 columns), so ~1.0 ms is the floor of this form even with no pack: the 0.8x line (<= 1.0
+     ms) needs a tile that fits 147 columns (64 x 192: gemm_simt's copy layout has no 192-wide variant)
+     or no column round trip (an implicit GEMM), not more tuning here. Variants: one chunk of 64 images
+     (COL_LIMIT 1 GiB, 653 MiB workspace) 1.178 ms, two (512 MiB, 337 MiB) 1.208, three (256 MiB, the
+     default, 243 MiB) 1.243, eleven (64 MiB) 1.532; splits of >= 8192 rows 3.23 ms. The 1x1 backward
+     filter's per-image matmul picks the 128 x 128 tile (m = 64: half of it idle, 64 blocks on 132 SMs):
+     0.336 ms, i.e. each lone block ran at ~93% of a full SM's rate; 64 x 128 tiles (128 blocks) would
+     use the idle half, but matmul's chooser, shared with other families, decides (not changed here).
+     The v7 model (tile_ms: the chosen simt tile's waves, LONE_BLOCK_SPEED for a partly filled SM) put
+     ALGO_3 at 0.553 ms (measured 0.34) and the stem at 1.8 (1.24): slow but ranked right.
 """
 import ctypes
 import math
