@@ -1,5 +1,6 @@
 // Convolution through explicit GEMMs (see conv_gemm_params.h for the column layout): im2col (forward),
-// pack_filter (the filter as a padded K x ld matrix), col2im (backward data). The GEMMs themselves are
+// pack_filter (the filter as a padded K x ld matrix), col2im (backward data), pack_rows and wgrad_fold
+// (backward filter). The GEMMs themselves are
 // not here: the family's 1x1 convolution kernels (tensor-core fwd_tc / wgmma, or the CUDA-core implicit
 // GEMM) or pydnn.ops.matmul, so pydnn keeps one GEMM engine per data path.
 #include "common/types.cuh"
@@ -169,6 +170,48 @@ __global__ void __launch_bounds__(256) col2im(const Col2imParams p) {
   A v = (A)p.alpha * sum;
   if (p.flags & PYDNN_COL2IM_FLAG_BETA) v += (A)p.beta * load<A>(*dx);
   *dx = store<T>(v);
+}
+
+// Backward filter (BWD_FILTER_ALGO_3): a tensor chunk made channel-major, [ch][img * rows + pos]; one
+// thread per element, positions innermost (coalesced writes; reads too where positions are contiguous).
+template <class T>
+__global__ void __launch_bounds__(256) pack_rows(const PackRowsParams p) {
+  const int pos = blockIdx.x * blockDim.x + threadIdx.x;
+  if (pos >= p.rows) return;
+  const int c = blockIdx.y, n = blockIdx.z;
+  const T* in = static_cast<const T*>(p.in);
+  static_cast<T*>(p.out)[c * p.out_ld + (long long)n * p.rows + pos] =
+      in[n * p.s_img + c * p.s_ch + pos * p.s_pos];
+}
+
+// Backward filter: the partial dw's of the split GEMMs summed in a fixed order (t ascending: bitwise
+// reproducible), alpha / beta applied, written through dw's strides. One thread per dw element, the
+// partials' contiguous index innermost.
+template <class T>
+__global__ void __launch_bounds__(256) wgrad_fold(const GemmFoldParams p) {
+  typedef typename AccOf<T>::type A;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.k * p.cols) return;
+  int k, j;
+  if (p.flags & PYDNN_WFOLD_FLAG_KFAST) { j = i / p.k; k = i - j * p.k; }
+  else { k = i / p.cols; j = i - k * p.cols; }
+  const T* part = static_cast<const T*>(p.part) + k * p.ks + j * p.js;
+  A sum = 0;
+  int t = 0;
+  for (; t + 4 <= p.parts; t += 4) {  // four loads in flight, added in order
+    const A v0 = load<A>(part[t * p.part_stride]), v1 = load<A>(part[(t + 1) * p.part_stride]);
+    const A v2 = load<A>(part[(t + 2) * p.part_stride]), v3 = load<A>(part[(t + 3) * p.part_stride]);
+    sum += v0; sum += v1; sum += v2; sum += v3;
+  }
+  for (; t < p.parts; ++t) sum += load<A>(part[t * p.part_stride]);
+  int c, tap;
+  if (p.cin_inner) { tap = j / p.cg; c = j - tap * p.cg; }
+  else { c = j / p.taps; tap = j - c * p.taps; }
+  const int t2 = tap % p.filt[2], t1 = (tap / p.filt[2]) % p.filt[1], t0 = tap / (p.filt[2] * p.filt[1]);
+  T* dw = static_cast<T*>(p.dw) + k * p.ws[0] + c * p.ws[1] + t0 * p.ws[2] + t1 * p.ws[3] + t2 * p.ws[4];
+  A v = (A)p.alpha * sum;
+  if (p.flags & PYDNN_WFOLD_FLAG_BETA) v += (A)p.beta * load<A>(*dw);
+  *dw = store<T>(v);
 }
 
 }  // namespace conv_gemm

@@ -1,5 +1,5 @@
 /* Convolution through explicit GEMMs (forward: CUDNN_CONVOLUTION_FWD_ALGO_GEMM; backward data: the
- * explicit-GEMM form of BWD_DATA_ALGO_1) parameters (plain C; mirrored in pydnn/ops/convolution_gemm.py,
+ * explicit-GEMM form of BWD_DATA_ALGO_1; backward filter: BWD_FILTER_ALGO_3) parameters (plain C; mirrored in pydnn/ops/convolution_gemm.py,
  * layout checked on the CPU).
  *
  * The column matrix is col[row][j], row-major with row length ld >= cols, rows = N * OD * OH * OW (one
@@ -65,5 +65,34 @@ typedef struct {
   long long ld;         /* col's row length */
   long long total;      /* C * D * H * W (the elements of one image; < 2^31) */
 } Col2imParams;
+
+/* pack_rows (backward filter, BWD_FILTER_ALGO_3): one image chunk of a tensor read as [img][ch][pos]
+ * through its strides, written channel-major: out[ch * out_ld + img * rows + pos], so that the GEMM reads
+ * the chunk's positions of every image as one reduction axis. Grid (rows / 256, ch, imgs). */
+typedef struct {
+  const void *in;
+  void *out;
+  int rows, ch, imgs, pad_;  /* positions per image, channels, images */
+  long long s_img, s_ch, s_pos;  /* in strides (elements) */
+  long long out_ld;          /* imgs * rows */
+} PackRowsParams;
+
+#define PYDNN_WFOLD_FLAG_BETA 1u   /* wgrad_fold: dw = alpha * sum + beta * dw (else beta is not read) */
+#define PYDNN_WFOLD_FLAG_KFAST 2u  /* wgrad_fold: the partials' k stride is 1 (threads walk k innermost) */
+
+/* wgrad_fold (BWD_FILTER_ALGO_3): dw[k][column j] = alpha * sum over t = 0 .. parts-1 (in that order:
+ * deterministic) of part[t * part_stride + k * ks + j * js] + beta * dw, for j < cols; column j is the
+ * filter element (c, tap) of the column order cin_inner (conv_gemm_params.h's column layout). One thread
+ * per dw element. */
+typedef struct {
+  const void *part;
+  void *dw;
+  int k, cols, cg, taps, cin_inner, parts;
+  int filt[3];
+  unsigned flags;       /* PYDNN_WFOLD_FLAG_BETA | PYDNN_WFOLD_FLAG_KFAST */
+  float alpha, beta;
+  long long part_stride, ks, js;
+  long long ws[5];      /* dw strides: k, c, t, r, s (elements) */
+} GemmFoldParams;
 
 #endif

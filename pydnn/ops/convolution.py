@@ -35,7 +35,8 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      Where the tensor cores refuse and C < 64 or the stride > 1 (the 7x7
                                      stem), float / half / bfloat16, one group: an explicit GEMM (dy .
                                      filter into the workspace, pydnn.ops.matmul) + a col2im gather,
-                                     deterministic (convolution_gemm.py)
+                                     deterministic (convolution_gemm.py); 1x1 unpadded stride-1 ones
+                                     (any C): one matmul straight into dx, no workspace
     backward filter  ALGO_0          CUDA cores, one pass (no split of the reduction), no workspace,
                                      deterministic
                      ALGO_1          the reduction split over blocks into a workspace of fp32 partial
@@ -49,6 +50,8 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                                      (Hopper wgmma, MN-major operands; its own split model and
                                      deterministic fold: convolution_wgrad_wgmma.py); else the
                                      CUDA-core kernel
+                     ALGO_3          explicit GEMMs (im2col, or x itself for 1x1) into partial dw's,
+                                     summed in a fixed order: deterministic (convolution_gemm.py)
     and in their own modules: forward GEMM (convolution_gemm.py), forward and backward data
     WINOGRAD_NONFUSED (convolution_winograd.py: its GEMMs on pydnn.ops.matmul), FFT in all three
     directions (convolution_fft.py).
@@ -634,7 +637,7 @@ IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CON
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
                DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)}
+                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3)}
 
 
 def algo_name(direction, algo):
@@ -1093,6 +1096,9 @@ def plan_for(handle, pb, direction, algo):
                              (DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)):
         from .convolution_fft import plan_fft  # FFT (convolution_fft.py)
         return plan_fft(handle, pb, direction, algo)
+    if direction == DIR_BWD_FILTER and algo == E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3:
+        from .convolution_gemm import plan_wgrad_gemm  # explicit GEMMs + a fixed-order fold
+        return plan_wgrad_gemm(handle, pb, algo)
     if direction == DIR_FWD and algo == E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
         return plan_tc(handle, pb, algo)
     if direction == DIR_BWD_DATA and algo == E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1:

@@ -1,6 +1,7 @@
 """Convolution through explicit GEMMs (ptx/conv_gemm.cu): the forward GEMM algorithm
-(CUDNN_CONVOLUTION_FWD_ALGO_GEMM) and the explicit-GEMM form of backward data (BWD_DATA_ALGO_1 where the
-tensor-core implicit GEMM refuses, e.g. C % 8 != 0 or float data).
+(CUDNN_CONVOLUTION_FWD_ALGO_GEMM), the explicit-GEMM form of backward data (BWD_DATA_ALGO_1 where the
+tensor-core implicit GEMM refuses, e.g. C % 8 != 0 or float data) and the backward filter
+BWD_FILTER_ALGO_3 (explicit GEMMs into partial dw's + a fixed-order fold).
 
 Forward: an im2col of x into the workspace, then a GEMM. The column matrix col[N * OD * OH * OW][ld]
 (ld >= groups * C/g * T * R * S: see ptx/conv_gemm_params.h) times the filter viewed as a (K, ld) matrix:
@@ -21,13 +22,35 @@ its taps), one group, float / half / bfloat16 (16-bit: math type not FMA): col =
 col2im: each dx element sums its own taps in a fixed order (deterministic, no atomics) with alpha / beta.
 The GEMM is pydnn.ops.matmul (tensor cores for 16-bit data, gemm_simt for float), one GEMM per image
 (dy NCHW-like or NHWC-like with packed spatial dims; the filter packed into the workspace unless it
-already is the (K, ld) matrix).
+already is the (K, ld) matrix). A 1x1, stride-1, unpadded problem (any C) whose dx and dy read as matrices
+of one layout needs no column matrix: one matmul per image straight into dx, alpha / beta its own, no
+workspace (`direct`: NCHW-like dx_n[C x P] = W^T[C x K] . dy_n[K x P], the filter shared (batch stride
+0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Before it, fp32 1x1 backward data with C >= 64 was
+refused here (the col2im round trip was not worth it there) and v7 picked the CUDA-core ALGO_0.
+Backward filter, BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] .
+col[pos, C * taps] (col: the forward's im2col of x, columns padded to a multiple of 8 for the 16-bit
+tensor-core GEMMs; for a 1x1, stride-1, unpadded problem whose x reads as a matrix, x itself). The
+reduction is long and dw small, so the GEMMs write partial dw's into the workspace and wgrad_fold sums
+them in a fixed order (ascending partial index) with alpha / beta through dw's strides: deterministic,
+bitwise reproducible. Where dy's images follow one another as rows (NHWC-like, packed) and so does the
+column source (col always; x when NHWC-like), the whole reduction is one matrix, split into `s` equal
+parts (a divisor of the rows near one wave of blocks, _splits; a short tail in one more partial when none
+divides) as one batched matmul. NCHW-like dy under an im2col is first made channel-major by pack_rows
+([K][images * positions]) so that it is such a matrix too; 1x1 problems on x itself with NCHW-like x or
+dy take one partial per image (batch = images, no copy). Images go in chunks: im2col (+ the packed dy) of
+at most COL_LIMIT bytes per chunk, each chunk with partials of its own; per-image plans over more than
+PART_LIMIT bytes of partials add later chunks into the first chunk's partials (beta 1, in chunk order).
+The partials are the data type's (matmul writes C in it): float exact; half / bfloat16 products are
+summed in fp32 within a partial, then each partial is rounded once before the fp32 fold. The partials are
+[K x columns] or, where gemm_simt's 64 x 128 tiles waste less that way (K > columns), [columns x K]
+(`orient`). Refused (NOT_SUPPORTED, with the reason): double (matmul has no double kernel), groups > 1,
+16-bit data with the FMA math type, dy without packed spatial dims.
 
 Workspace: the column matrix (N * OD * OH * OW * ld elements; rounded up to 16 bytes, or to 256 when the
 packed filter (K * ld elements) follows it); reported exactly by Get...WorkspaceSize. Deterministic
-(one writer per element, sums in a fixed order). Not done here: backward filter (dw = dy^T . col, a GEMM
-with a reduction of N * P: matmul's 128-wide tiles over K = 64 and 147 columns leave ~70% of each idle,
-~2 ms predicted for the fp32 stem against ALGO_1's 3.1; not worth it without a tile that fits).
+(one writer per element, sums in a fixed order). Backward filter: the partials (parts * K * columns
+elements), then one chunk's column matrix, then its packed dy, each part on a 256-byte boundary; the
+direct backward data needs none.
 
 StepPlan (here) is the shape of a multi-launch plan that convolution.run_plan hands to `.launch`; the
 WINOGRAD_NONFUSED and FFT plans (convolution_winograd.py, convolution_fft.py) use it too.
@@ -79,6 +102,39 @@ fwd 33.6 / bwd data 18.5 / bwd filter 50.1 TFLOP/s, fp32 20.6 / 15.5 / 18.6):
      (not done here). Where the time goes now: im2col 0.34 ms (bf16 and fp32 alike: latency-bound, not
      bandwidth: 1.4 TB/s at fp32), col2im 0.33-0.35 ms; an implicit GEMM that gathers the 147 columns
      into shared memory (no column round trip) is the next step for the forward.
+  v4 (this session) the direct 1x1 backward data and the explicit-GEMM backward filter (BWD_FILTER_ALGO_3),
+     on the fp32 NCHW layers issue 4 missed (before, H200: 1x1 256->64 bwd data 4.3 / bwd filter 8.3
+     TFLOP/s against cuDNN 16.4 / 11.0; 64->256 5.9 / 8.3 against 26.0 / 18.1; stem bwd filter 4.9 against
+     18.6). Why v7 did not pick the explicit GEMM for fp32 1x1 backward data: bwd_data_gemm_refusal
+     refused C >= 64 at stride 1 (the col2im round trip was the only form), so ALGO_1 was NOT_SUPPORTED
+     there and v7 took the CUDA-core ALGO_0. Predictions (made while designing, before the device run;
+     written down after it): direct backward data at the forward 1x1's GEMM rate, 25-35 TFLOP/s (1.3-2x
+     cuDNN); backward filter 1x1 with one partial per image (128 blocks of 64 x 128 for 132 SMs, each
+     reducing 3136 positions) 16-24 TFLOP/s; the stem: im2col ~0.34 ms + dy packed channel-major ~0.15 +
+     gemm_simt on 147 of 256 tile columns (~57% of the tiles used) ~0.7 + fold -> ~1.2 ms, ~12.5 TFLOP/s
+     (~0.67x cuDNN): short of 0.8x, bounded by the tile waste and the column round trip.
+     Measured (H100 80GB HBM3, two runs, 0ef7dbf and de84d37, the same within 1%; cuDNN 9.19 in the same
+     run; pydnn / cuDNN TFLOP/s):
+       1x1 256->64 @56  bwd data (ALGO_1 direct)  29.1 / 16.5 = 1.76x   bwd filter (ALGO_3)  19.2 / 11.1 = 1.73x
+       1x1 64->256 @56  bwd data (ALGO_1 direct)  34.7 / 25.2 = 1.38x   bwd filter (ALGO_3)  19.2 / 18.2 = 1.05x
+       7x7/2 stem fp32  bwd filter (ALGO_3)       12.2 / 18.7 = 0.65x   (target 0.8x: MISSED)
+       7x7/2 stem bf16  bwd filter (ALGO_3, tensor-core matmul over 152 columns, NHWC dy in place)
+                                                  30.3 / 47.2 = 0.64x   (ALGO_1 had 2.5)
+     v7's first choice was Find's fastest (1.00x) on every fp32 and bf16 row of these layers (bf16 1x1
+     64->256 bwd filter: v7 ALGO_1 0.071 ms, Find's fastest ALGO_3 0.070: 1.02x). Per launch (fp32
+     stem, tools/probe_wgrad_gemm.py; 22 of the 64 images per chunk): im2col 0.120 ms, pack_rows 0.065,
+     gemm_simt 64 x 128 (m 64, n 147, 196 splits of 1408 rows) 0.228, the fold of 588 partials 0.018:
+     per 64 images ~0.35 + 0.19 + 0.66 + 0.02. The GEMM runs at ~40 TFLOP/s of tile work (23 useful:
+     147 of 256 columns), so ~1.0 ms is the floor of this form even with no pack: the 0.8x line (<= 1.0
+     ms) needs a tile that fits 147 columns (64 x 192: gemm_simt's copy layout has no 192-wide variant)
+     or no column round trip (an implicit GEMM), not more tuning here. Variants: one chunk of 64 images
+     (COL_LIMIT 1 GiB, 653 MiB workspace) 1.178 ms, two (512 MiB, 337 MiB) 1.208, three (256 MiB, the
+     default, 243 MiB) 1.243, eleven (64 MiB) 1.532; splits of >= 8192 rows 3.23 ms. The 1x1 backward
+     filter's per-image matmul picks the 128 x 128 tile (m = 64: half of it idle, 64 blocks on 132 SMs):
+     0.336 ms, i.e. each lone block ran at ~93% of a full SM's rate; 64 x 128 tiles (128 blocks) would
+     use the idle half, but matmul's chooser, shared with other families, decides (not changed here).
+     The v7 model (tile_ms: the chosen simt tile's waves, LONE_BLOCK_SPEED for a partly filled SM) put
+     ALGO_3 at 0.553 ms (measured 0.34) and the stem at 1.8 (1.24): slow but ranked right.
 """
 import ctypes
 import math
@@ -150,7 +206,7 @@ def _expr(kernel, tag):
 
 def kernel_units():
     return [KernelUnit(f"conv_gemm.{t}", "conv_gemm.cu",
-                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im")))
+                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold")))
             for t in FLOAT_TAGS]
 
 
@@ -273,6 +329,26 @@ def mm_ms(handle, mp):
         return simt_ms(handle, mp.m, mp.n, mp.k, mp.batch)
     nbytes = mp.batch * (mp.m * mp.k + mp.k * mp.n + mp.m * mp.n) * mp.esize
     return max(2.0 * mp.batch * mp.m * mp.n * mp.k / (MM_TC_TFLOPS * 1e9), nbytes / (MM_GBPS * 1e6))
+
+
+LONE_BLOCK_SPEED = 0.6   # a gemm_simt block alone on its SM, relative to the tile's full per-SM rate (a guess)
+
+
+def tile_ms(handle, mp):
+    """The model's time of a pydnn.ops.matmul plan by the tile it runs: gemm_simt's chosen tile in waves
+    of per_sm x SMs items at its efficiency (an SM holding fewer blocks than per_sm runs them at
+    LONE_BLOCK_SPEED per block, at most the full rate), the tensor-core GEMMs as mm_ms."""
+    from . import matmul
+    if mp.esize != 4:
+        return mm_ms(handle, mp)
+    sms = max(handle.sm_count, 1)
+    t = matmul._choose_simt_tile(mp.m, mp.n, mp.batch, sms, mp.k)
+    items = cdiv(mp.m, t.bm) * cdiv(mp.n, t.bn) * mp.batch
+    eff = t.eff_short if mp.k <= matmul.SHORT_K else t.eff
+    per_sm = cdiv(items, sms)          # blocks the busiest SM runs
+    full, rem = divmod(per_sm, t.per_sm)
+    work = 2.0 * t.bm * t.bn * mp.k / (SIMT_TILE_TFLOPS * 1e12 / sms * eff)   # seconds of one block at the full rate
+    return (full * t.per_sm + (rem / min(1.0, LONE_BLOCK_SPEED * rem) if rem else 0)) * work * 1e3
 
 
 # ----------------------------------------------------------------------------- the forward GEMM algorithm
@@ -444,12 +520,18 @@ def plan_gemm(handle, pb, algo):
 # ----------------------------------------------------------------------------- backward data: GEMM + col2im
 
 class BwdGemmPlan(StepPlan):
-    """(pack_filter +) col = dy . W (pydnn.ops.matmul) + col2im."""
+    """(pack_filter +) col = dy . W (pydnn.ops.matmul) + col2im; or, `direct` (a 1x1, stride-1, unpadded
+    problem whose dy and dx read as matrices), one matmul straight into dx with alpha / beta."""
 
     pack = None
+    direct = False
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """a = dy, b = w, out = dx."""
+        if self.direct:
+            mp, filter_a = self.mm, self.filter_a
+            a, b = (b_ptr, a_ptr) if filter_a else (a_ptr, b_ptr)
+            return mp.launch(handle, a, b, out_ptr, alpha, beta)
         w = b_ptr
         if self.pack is not None:
             q = self.steps[self.pack][4]
@@ -463,7 +545,34 @@ class BwdGemmPlan(StepPlan):
         self.run_step(handle, self.col2im)
 
     def estimate_ms(self, handle, base_estimate):
+        if self.direct:
+            return tile_ms(handle, self.mm)
         return mm_ms(handle, self.mm) + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
+
+
+def _bwd_direct_ok(pb):
+    """A 1x1, stride-1, unpadded problem whose filter is a packed (K, C) matrix: dx = W^T . dy per image
+    needs no column matrix."""
+    return (pb.filt3 == (1, 1, 1) and pb.stride3 == (1, 1, 1) and pb.pad3 == (0, 0, 0) and pb.groups == 1
+            and _packed_filter(pb) is not None)
+
+
+def _bwd_direct_matmul(handle, pb):
+    """The direct backward data's matmul plan and whether its A operand is the filter, or None when dx
+    and dy do not read as matrices of one orientation (NCHW-like both: dx_n[C x P] = W^T . dy_n[K x P];
+    NHWC-like both: dx_n[P x C] = dy_n[P x K] . W), each with packed spatial dims."""
+    from . import matmul
+    P, K, Cc = prod(pb.out3), pb.k, pb.c
+    xu, yu = _spatial_unit(pb.xs[2:], pb.in3), _spatial_unit(pb.ys[2:], pb.out3)
+    if xu is None or yu is None:
+        return None
+    if pb.ys[1] == 1 and pb.xs[1] == 1:
+        return matmul.gemm_plan(handle, pb.dtype, P, Cc, K, lda=max(yu, K), ldb=pb.ws[0], ldc=max(xu, Cc),
+                                batch=pb.n, stride_a=pb.ys[0], stride_c=pb.xs[0]), False
+    if xu in (0, 1) and yu in (0, 1):
+        return matmul.gemm_plan(handle, pb.dtype, Cc, P, K, trans_a=True, lda=pb.ws[0], ldb=max(pb.ys[1], P),
+                                ldc=max(pb.xs[1], P), batch=pb.n, stride_b=pb.ys[0], stride_c=pb.xs[0]), True
+    return None
 
 
 def bwd_data_gemm_refusal(pb):
@@ -474,9 +583,11 @@ def bwd_data_gemm_refusal(pb):
         return "its explicit GEMM runs 16-bit data on tensor cores, which the FMA math type forbids"
     if pb.groups != 1:
         return f"its explicit GEMM needs groupCount 1 (got {pb.groups})"
-    if pb.c >= SMALL_C and prod(pb.stride3) == 1:
+    direct = _bwd_direct_ok(pb)
+    if pb.c >= SMALL_C and prod(pb.stride3) == 1 and not direct:
         return (f"its explicit GEMM + col2im serves small-channel (C < {SMALL_C}) or strided problems, where "
-                f"the CUDA-core gather wastes most of its tile or taps (C {pb.c}, stride 1)")
+                f"the CUDA-core gather wastes most of its tile or taps, and 1x1 unpadded stride-1 ones (C "
+                f"{pb.c}, stride 1, filter {pb.filt3[3 - pb.nspatial:]})")
     unit = _spatial_unit(pb.ys[2:], pb.out3)
     if unit is None or (pb.ys[1] != 1 and unit not in (0, 1)):
         return (f"its explicit GEMM reads dy as a matrix: NCHW-like or NHWC-like with packed spatial dims "
@@ -491,6 +602,17 @@ def plan_bwd_data_gemm(handle, pb, algo):
     why = bwd_data_gemm_refusal(pb)
     if why:
         raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_DATA, algo)}: {why}")
+    if _bwd_direct_ok(pb):
+        direct = _bwd_direct_matmul(handle, pb)
+        if direct is not None:  # no column matrix, no workspace: alpha / beta straight into dx
+            pl = BwdGemmPlan(C.DIR_BWD_DATA, algo, pb)
+            pl.direct, (pl.mm, pl.filter_a) = True, direct
+            pl.gemm, pl.gemm_expr = None, pl.mm.fast.expr if pl.mm.fast is not None else ""
+            return pl
+        if pb.c >= SMALL_C:
+            raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_DATA, algo)}: its direct 1x1 GEMM reads dx and dy "
+                                 f"as matrices of one layout (NCHW-like both or NHWC-like both, packed spatial "
+                                 f"dims; strides {tuple(pb.x_desc.strides)}, {tuple(pb.y_desc.strides)})")
     taps = prod(pb.filt3)
     P, K, rows, cols = prod(pb.out3), pb.k, pb.n * prod(pb.out3), pb.c * taps
     tc = pb.tag in TC_TAGS
@@ -536,3 +658,293 @@ def _add_col2im(pl, pb, inner, taps, ld):
     p.flags = (FLAG_FLIP if pb.flip else 0) | (FLAG_C2I_CLAST if clast else 0)
     pl.col2im = pl.add_step(f"conv_gemm.{pb.tag}", _expr("col2im", pb.tag), (cdiv(p.total, 256), pb.n, 1),
                             (256, 1, 1), p)
+
+
+# ----------------------------------------------------------------------------- backward filter: BWD_FILTER_ALGO_3
+
+@kernel_params("conv_gemm_params.h", "PackRowsParams")
+class PackRowsParams(ctypes.Structure):
+    _fields_ = [
+        ("in_", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("rows", ctypes.c_int), ("ch", ctypes.c_int), ("imgs", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("s_img", ctypes.c_longlong), ("s_ch", ctypes.c_longlong), ("s_pos", ctypes.c_longlong),
+        ("out_ld", ctypes.c_longlong),
+    ]
+    C_NAMES = {"in_": "in"}
+
+
+@kernel_params("conv_gemm_params.h", "GemmFoldParams")
+class GemmFoldParams(ctypes.Structure):
+    _fields_ = [
+        ("part", ctypes.c_void_p), ("dw", ctypes.c_void_p),
+        ("k", ctypes.c_int), ("cols", ctypes.c_int), ("cg", ctypes.c_int), ("taps", ctypes.c_int),
+        ("cin_inner", ctypes.c_int), ("parts", ctypes.c_int), ("filt", ctypes.c_int * 3),
+        ("flags", ctypes.c_uint), ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
+        ("part_stride", ctypes.c_longlong), ("ks", ctypes.c_longlong), ("js", ctypes.c_longlong),
+        ("ws", ctypes.c_longlong * 5),
+    ]
+
+
+FLAG_WF_BETA, FLAG_WF_KFAST = 1, 2
+COL_LIMIT = 256 << 20     # workspace bytes of column matrix (+ packed dy) per chunk of images
+PART_LIMIT = 64 << 20     # workspace bytes of partial dw's
+MIN_SPLIT_ROWS = 256      # a split's reduction is at least this long (shorter ones are all epilogue)
+FOLD_GBPS = 2000.0        # the model's rate of the fold (partials read / time)
+
+
+def _matrix_view(s5, sizes3, ch):
+    """One image of a tensor (ch channels, spatial sizes3, strides s5) as a matrix: ('p', ld) positions x
+    channels (channels contiguous, rows ld apart), ('c', ld) channels x positions (positions contiguous),
+    or None (spatial dims not packed, or neither dim contiguous)."""
+    unit = _spatial_unit(s5[2:], sizes3)
+    if unit is None:
+        return None
+    if s5[1] == 1 or ch == 1:
+        return "p", max(unit, ch, 1)
+    if unit in (0, 1):
+        return "c", max(s5[1], prod(sizes3), 1)
+    return None
+
+
+class _Operand:
+    """A GEMM operand of the backward filter: `src` ('dy', 'x', 'col', 'pack': the base pointer it is
+    read from), its matrix view (kind 'p' / 'c', ld), the elements between images (`img`) and, when the
+    images follow one another as rows (flat), the elements per reduction row (`row`)."""
+
+    def __init__(self, src, kind, ld, img, flat):
+        self.src, self.kind, self.ld, self.img = src, kind, ld, img
+        self.row = (ld if kind == "p" else 1) if flat else None
+
+
+def wgrad_gemm_refusal(pb):
+    """Why BWD_FILTER_ALGO_3 cannot serve a problem (None when it can)."""
+    if pb.tag not in MM_TAGS:
+        return "its explicit GEMM runs float, half and bfloat16 data (pydnn.ops.matmul has no double kernel)"
+    if pb.tag in TC_TAGS and pb.math_type == E.PYDNN_FMA_MATH:
+        return "its explicit GEMM runs 16-bit data on tensor cores, which the FMA math type forbids"
+    if pb.groups != 1:
+        return f"its explicit GEMM needs groupCount 1 (got {pb.groups})"
+    if _spatial_unit(pb.ys[2:], pb.out3) is None:
+        return (f"its explicit GEMM reads dy with packed spatial dims (strides {tuple(pb.y_desc.strides)})")
+    return None
+
+
+def _wgrad_direct_x(pb):
+    """x itself as the GEMM's column matrix (1x1, stride 1, unpadded, x a matrix), else None."""
+    if pb.filt3 != (1, 1, 1) or pb.stride3 != (1, 1, 1) or pb.pad3 != (0, 0, 0):
+        return None
+    return _matrix_view(pb.xs, pb.in3, pb.c)
+
+
+class WgradGemmPlan(StepPlan):
+    """Backward filter as explicit GEMMs into partial dw's + a fixed-order fold (see plan_wgrad_gemm)."""
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a = dy, b = x, out = dw."""
+        es = self.itemsize
+        part = ws_ptr + self.part_off
+        for n0, kind, slot0, first in self.chunks:
+            base = {"dy": a_ptr + n0 * self.problem.ys[0] * es, "x": b_ptr + n0 * self.problem.xs[0] * es,
+                    "col": ws_ptr + self.col_off, "pack": ws_ptr + self.pack_off}
+            im2col, pack, gemms = self.kinds[kind]
+            if im2col is not None:
+                p = self.steps[im2col][4]
+                p.x, p.col = base["x"], base["col"]
+                self.run_step(handle, im2col)
+            if pack is not None:
+                q = self.steps[pack][4]
+                q.in_, q.out = base["dy"], base["pack"]
+                self.run_step(handle, pack)
+            for mp, a, aoff, b, boff, slot in gemms:
+                mp.launch(handle, base[a] + aoff * es, base[b] + boff * es, part + (slot0 + slot) * self.slot * es,
+                          1.0, 0.0 if first else 1.0)
+        f = self.steps[self.fold][4]
+        f.part, f.dw, f.alpha, f.beta = part, out_ptr, alpha, beta
+        f.flags = (f.flags & ~FLAG_WF_BETA) | (FLAG_WF_BETA if beta != 0 else 0)
+        self.run_step(handle, self.fold)
+
+    def estimate_ms(self, handle, base_estimate):
+        t = 0.0
+        for _, kind, _, _ in self.chunks:
+            t += self.kind_ms[kind]
+        return t + self.fold_bytes / (FOLD_GBPS * 1e6) + LAUNCH_MS * self.launches
+
+
+def _gemm_for(handle, pb, dy, src, ncols, red, batch, a_step, b_step, part_ld_t):
+    """matmul's plan of `batch` partial dw's over `red` reduction rows each, dy and src batch `a_step` /
+    `b_step` elements apart, in one orientation: part_ld_t False: part[K x ncols] = dy^T-ish . src, else
+    part[ncols x K] = src^T-ish . dy (the orientation whose tiles waste less is chosen by the caller)."""
+    from . import matmul
+    K = pb.k
+    slot = K * ncols
+    if not part_ld_t:   # m = K, n = ncols: A = dy (positions along k), B = src
+        return matmul.gemm_plan(handle, pb.dtype, K, ncols, red, trans_a=dy.kind == "p", lda=dy.ld,
+                                trans_b=src.kind == "c", ldb=src.ld, ldc=ncols, batch=batch,
+                                stride_a=a_step, stride_b=b_step, stride_c=slot)
+    return matmul.gemm_plan(handle, pb.dtype, ncols, K, red, trans_a=src.kind == "p", lda=src.ld,
+                            trans_b=dy.kind == "c", ldb=dy.ld, ldc=K, batch=batch,
+                            stride_a=b_step, stride_b=a_step, stride_c=slot)
+
+
+def _splits(handle, pb, rows, tiles, slot_bytes, tc):
+    """(splits, rows per split) of a flat reduction of `rows` rows: about one wave of blocks (3 of
+    gemm_simt's 64 x 128 per SM, 2 tensor-core tiles), splits of at least MIN_SPLIT_ROWS, the partials
+    within PART_LIMIT; a divisor of rows near that when there is one (no tail)."""
+    want = (2 if tc else 3) * max(handle.sm_count, 1)
+    s = max(1, min(want // max(tiles, 1), rows // MIN_SPLIT_ROWS, PART_LIMIT // (2 * slot_bytes)))
+    for d in range(s, max(1, (s - 1) // 2), -1):   # s down to about s / 2 (not 1: that loses the splits)
+        if rows % d == 0:
+            return d, rows // d
+    return s, rows // s
+
+
+def plan_wgrad_gemm(handle, pb, algo):
+    """BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] . col[pos, C * taps]
+    (col: x's im2col, or x itself for 1x1 stride-1 unpadded problems), as pydnn.ops.matmul GEMMs writing
+    partial dw's into the workspace, then wgrad_fold sums them in a fixed order with alpha / beta.
+    NOT_SUPPORTED with the reason for what it cannot serve."""
+    from . import convolution as C
+    why = wgrad_gemm_refusal(pb)
+    if why:
+        raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_FILTER, algo)}: {why}")
+    pl = WgradGemmPlan(C.DIR_BWD_FILTER, algo, pb)
+    es = pl.itemsize
+    taps, P, K, N = prod(pb.filt3), prod(pb.out3), pb.k, pb.n
+    cols = pb.c * taps
+    tc = pb.tag in TC_TAGS
+    dyv = _matrix_view(pb.ys, pb.out3, K)
+    dy_flat = dyv is not None and dyv[0] == "p" and (N == 1 or pb.ys[0] == P * dyv[1])
+    xv = _wgrad_direct_x(pb) if dyv is not None else None
+    inner = 1 if pb.w_format == E.PYDNN_TENSOR_NHWC else 0
+    if xv is not None:   # x itself is the column matrix: no im2col
+        ncols, inner, pack = pb.c, 0, False
+        x_flat = xv[0] == "p" and (N == 1 or pb.xs[0] == P * xv[1])
+        flat = x_flat and dy_flat     # else one partial per image, chunks of images adding into them
+        src = _Operand("x", xv[0], xv[1], pb.xs[0], flat)
+        dy = _Operand("dy", dyv[0], dyv[1], pb.ys[0], flat)
+        chunk = N if flat else max(1, min(N, PART_LIMIT // max(K * ncols * es, 1)))
+    else:                # im2col of a chunk of images (+ dy made channel-major when its images are not rows)
+        ncols = -(-cols // 8) * 8 if tc else cols
+        pack, flat = not dy_flat, True
+        per_img = P * ncols * es + (K * P * es if pack else 0)
+        chunk = max(1, min(N, COL_LIMIT // max(per_img, 1)))
+        chunk = cdiv(N, cdiv(N, chunk))   # as many chunks, of sizes as even as they go (64 -> 22, 22, 20)
+        src = _Operand("col", "p", ncols, P * ncols, True)
+        dy = None if pack else _Operand("dy", "p", dyv[1], pb.ys[0], True)
+    if max(ncols, K, chunk * P) > 2**31 - 1:
+        raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_FILTER, algo)}: a GEMM size exceeds 2^31 - 1 "
+                             f"({chunk * P} positions, {ncols} columns, K {K})")
+    pl.slot = K * ncols
+    slot_bytes = pl.slot * es
+    pl.kinds, pl.kind_ms, pl.chunks, nslots = {}, {}, [], {}
+    orient = None
+    for g in sorted({chunk, N % chunk} - {0}, reverse=True):   # the chunk sizes: full, and the last one
+        steps_ms, im2col_i, pack_i, dyk = 0.0, None, None, dy
+        if xv is None:
+            im2col_i = _add_im2col(pl, _chunk_problem(pb, g), inner, cols, ncols)
+            steps_ms += 2 * g * P * ncols * es / (IM2COL_GBPS * 1e6)
+            if pack:
+                dyk = _Operand("pack", "c", g * P, 0, True)
+                pack_i = _add_pack_rows(pl, pb, g)
+                steps_ms += 2 * g * P * K * es / (IM2COL_GBPS * 1e6)
+        rows = g * P if flat else P
+        if orient is None:
+            orient = _orientation(pb, ncols, tc)
+        if flat:   # the chunk's positions of every image as one reduction, split into s partials
+            s, L = _splits(handle, pb, rows, _tiles(pb, ncols, orient, tc), slot_bytes, tc)
+            gemms = [_entry(_gemm_for(handle, pb, dyk, src, ncols, L, s, L * dyk.row, L * src.row, orient),
+                            dyk.src, 0, src.src, 0, 0, orient)]
+            if rows - s * L:   # the tail (fewer than s rows) in one more partial
+                gemms.append(_entry(_gemm_for(handle, pb, dyk, src, ncols, rows - s * L, 1, 0, 0, orient),
+                                    dyk.src, s * L * dyk.row, src.src, s * L * src.row, s, orient))
+            nslots[g] = s + len(gemms) - 1
+        else:
+            gemms = [_entry(_gemm_for(handle, pb, dyk, src, ncols, P, g, dyk.img, src.img, orient),
+                            "dy", 0, "x", 0, 0, orient)]
+            nslots[g] = g
+        pl.kinds[g] = (im2col_i, pack_i, gemms)
+        pl.kind_ms[g] = steps_ms + sum(tile_ms(handle, gm[0]) for gm in gemms)
+    # the chunks in order: flat plans give every chunk partials of its own; per-image plans add the later
+    # chunks into the first chunk's (beta 1): a fixed order either way
+    slot0, pl.launches = 0, 1
+    for n0 in range(0, N, chunk):
+        g = min(chunk, N - n0)
+        pl.chunks.append((n0, g, slot0, n0 == 0 or flat))
+        if flat:
+            slot0 += nslots[g]
+        im2col_i, pack_i, gemms = pl.kinds[g]
+        pl.launches += len(gemms) + (im2col_i is not None) + (pack_i is not None)
+    parts = slot0 if flat else nslots[chunk]
+    # workspace: the partials, then one chunk's column matrix, then its channel-major dy
+    part_bytes = parts * slot_bytes
+    col_bytes = chunk * P * ncols * es if xv is None else 0
+    pack_bytes = K * chunk * P * es if pack else 0
+    pl.part_off = 0
+    pl.col_off = round_up(part_bytes)
+    pl.pack_off = pl.col_off + round_up(col_bytes)
+    pl.workspace = (pl.pack_off + round_up(pack_bytes, 16) if pack else
+                    pl.col_off + round_up(col_bytes, 16) if col_bytes else round_up(part_bytes, 16))
+    pl.fold_bytes = part_bytes
+    pl.fold = _add_wgrad_fold(pl, pb, parts, ncols, cols, inner, taps, orient)
+    pl.gemm, pl.gemm_expr = None, ""
+    pl.parts, pl.orient, pl.direct, pl.flat, pl.packs_dy, pl.chunk = parts, orient, xv is not None, flat, pack, chunk
+    return pl
+
+
+def _entry(mp, dy, dy_off, src, src_off, slot, orient):
+    """A GEMM launch of the plan: (plan, A's source, A's offset, B's source, B's offset, partial index)."""
+    if orient:
+        return mp, src, src_off, dy, dy_off, slot
+    return mp, dy, dy_off, src, src_off, slot
+
+
+def _chunk_problem(pb, g):
+    """pb with g images (the im2col of one chunk)."""
+    from . import convolution as C
+    s = C.Problem()
+    for a in C.Problem.__slots__:
+        if hasattr(pb, a):
+            setattr(s, a, getattr(pb, a))
+    s.n = g
+    return s
+
+
+def _tiles(pb, ncols, orient, tc):
+    m, n = (ncols, pb.k) if orient else (pb.k, ncols)
+    return cdiv(m, 128) * cdiv(n, 128) if tc else cdiv(m, 64) * cdiv(n, 128)
+
+
+def _orientation(pb, ncols, tc):
+    """True: the partials as [ncols x K] (m = the columns), where that wastes less of gemm_simt's 64 x 128
+    tiles (the one it takes for a wave of many items); the tensor-core GEMMs keep m = K."""
+    if tc:
+        return False
+    K = pb.k
+    return cdiv(ncols, 64) * 64 * cdiv(K, 128) * 128 < cdiv(K, 64) * 64 * cdiv(ncols, 128) * 128
+
+
+def _add_pack_rows(pl, pb, g):
+    p = PackRowsParams()
+    P = prod(pb.out3)
+    p.rows, p.ch, p.imgs = P, pb.k, g
+    p.s_img, p.s_ch, p.s_pos = pb.ys[0], pb.ys[1], _spatial_unit(pb.ys[2:], pb.out3) or 0
+    p.out_ld = g * P
+    if P > 2**31 - 1 or max(pb.k, g) > 65535:
+        raise PydnnError(NS, f"algo: dy's {pb.k} channels x {g} images exceed pack_rows' grid (65535 each)")
+    return pl.add_step(f"conv_gemm.{pb.tag}", _expr("pack_rows", pb.tag), (cdiv(P, 256), pb.k, g), (256, 1, 1), p)
+
+
+def _add_wgrad_fold(pl, pb, parts, ncols, cols, inner, taps, orient):
+    f = GemmFoldParams()
+    f.k, f.cols, f.cg, f.taps, f.cin_inner, f.parts = pb.k, cols, pb.cg, taps, inner, parts
+    for i in range(3):
+        f.filt[i] = pb.filt3[i]
+    for i in range(5):
+        f.ws[i] = pb.ws[i]
+    f.part_stride = pb.k * ncols
+    f.ks, f.js = (1, pb.k) if orient else (ncols, 1)
+    f.flags = FLAG_WF_KFAST if orient else 0
+    if pb.k * cols > 2**31 - 1:
+        raise PydnnError(NS, f"algo: dw's {pb.k * cols} elements exceed the fold's 2^31 - 1")
+    return pl.add_step(f"conv_gemm.{pb.tag}", _expr("wgrad_fold", pb.tag), (cdiv(pb.k * cols, 256), 1, 1),
+                       (256, 1, 1), f)

@@ -1,0 +1,137 @@
+"""The explicit-GEMM backward filter (BWD_FILTER_ALGO_3) and the direct 1x1 backward data (BWD_DATA_ALGO_1
+without col2im), pydnn/ops/convolution_gemm.py, on the GPU against the float64 reference: the stem with dy
+packed channel-major (NCHW) or read in place (NHWC), 1x1 layers on x itself (one partial per image, or one
+flat reduction), im2col under strides, dilation, padding and a padded x, 1-d / 3-d, C != K both ways, N = 1 / 3,
+odd sizes, both filter formats, both modes, alpha / beta; outputs poisoned first and their gaps checked
+untouched; bitwise reproducibility; chunks of images under small workspace budgets; Find's record."""
+import numpy as np
+import pytest
+
+import pydnn
+from pydnn.ops import convolution as conv_ops
+from pydnn.ops import convolution_gemm as G
+from pydnn.reference import convolution as ref
+from devtensor import assert_close
+from test_convolution_gemm_gpu import _bwd_problem
+from test_convolution_gpu import BF16, CONV, F16, F32, NCHW, NHWC, XCORR, Problem, _workspace
+
+pytestmark = pytest.mark.gpu
+
+BWD_F3 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3
+BWD_D1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+
+WG_CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout ("gapx": x padded only), filter format
+    ((2, 3, 23, 21), 16, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW),     # a stem: dy packed
+    ((3, 3, 17, 19), 24, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nhwc", NHWC),     # a stem, NHWC: dy in place
+    ((1, 20, 7, 9), 33, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nchw", NCHW),      # 1x1 on x, N = 1
+    ((3, 40, 7, 9), 70, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nchw", NHWC),      # 1x1, K > C: partials [C x K]
+    ((2, 20, 7, 9), 33, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 1x1 NHWC: one flat reduction
+    ((2, 6, 7, 9), 10, (1, 1), (0, 0), (2, 2), (1, 1), 1, "nchw", NCHW),       # 1x1 stride 2: im2col
+    ((2, 6, 12, 9), 10, (3, 2), (2, 0), (2, 3), (2, 1), 1, "nchw", NHWC),      # dilation, odd strides
+    ((2, 4, 37), 9, (3,), (1,), (2,), (1,), 1, "nhwc", NHWC),                  # 1-d
+    ((1, 3, 5, 6, 7), 4, (2, 3, 3), (1, 1, 0), (1, 2, 1), (2, 1, 1), 1, "nchw", NCHW),   # 3-d
+    ((3, 70, 15, 13), 80, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NCHW),    # several tiles, long reduction
+    ((2, 5, 13, 11), 7, (3, 3), (2, 2), (1, 1), (1, 1), 1, "gapx", NCHW),      # padded x, pad 2
+]
+
+
+def _wgrad(handle, pb, alpha, beta):
+    need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
+                                                                BWD_F3)
+    ws, n = _workspace(need)
+    pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_F3,
+                                      ws.ptr, n, beta, pb.wdesc, pb.w.ptr)
+
+
+def check_wgrad(handle, rng, case, dtype, what):
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
+        pb = _bwd_problem(case, dtype, mode)
+        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_FILTER, BWD_F3, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert isinstance(pl, G.WgradGemmPlan) and pl.deterministic
+        x, dy = pb.x.random(rng), pb.y.random(rng)
+        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
+        if not beta:
+            pb.w.poison()
+        _wgrad(handle, pb, alpha, beta)
+        got = pb.w.download()
+        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
+        scale = abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args()) + abs(beta) * np.abs(dw0)
+        assert_close(got, want, dtype, f"{what} mode {mode} beta {beta}", scale=scale)
+        pb.w.check_untouched()
+        if not beta:  # the same bits again (fixed-order fold, no atomics)
+            first = pb.w.buf.to_numpy().copy()
+            pb.w.poison()
+            _wgrad(handle, pb, alpha, beta)
+            assert (pb.w.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
+
+
+@pytest.mark.parametrize("case", WG_CASES)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_gemm_backward_filter(handle, rng, case, dtype):
+    check_wgrad(handle, rng, case, dtype, "GEMM backward filter")
+
+
+TAIL_CASE = ((1, 6, 61), 5, (1,), (0,), (1,), (1,), 1, "nhwc", NHWC)   # 61 rows: 8 splits of 7 + a tail of 5
+
+
+@pytest.mark.parametrize("case, col_limit, part_limit", [
+    (WG_CASES[0], 1, 64 << 20), (WG_CASES[1], 1, 64 << 20), (WG_CASES[3], 1, 12000), (TAIL_CASE, 1, 64 << 20)])
+def test_gemm_backward_filter_chunks(handle, rng, monkeypatch, case, col_limit, part_limit):
+    """Small workspace budgets: one image per im2col chunk (partials of its own each); a per-image plan
+    adding its later chunks into the first chunk's partials (beta 1); short splits with a tail."""
+    monkeypatch.setattr(G, "COL_LIMIT", col_limit)
+    monkeypatch.setattr(G, "PART_LIMIT", part_limit)
+    monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 7)
+    check_wgrad(handle, rng, case, F32, "GEMM backward filter, chunks")
+
+
+DIRECT_CASES = [  # dx dims, k, layout, filter format
+    ((2, 70, 5, 7), 9, "nchw", NCHW),
+    ((3, 6, 5, 7), 80, "nhwc", NHWC),
+    ((1, 64, 3, 3), 64, "nchw", NHWC),
+    ((3, 5, 9, 7), 7, "nhwc", NCHW),
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_direct_backward_data(handle, rng, case, dtype):
+    xd, k, layout, wfmt = case
+    full = (xd, k, (1, 1), (0, 0), (1, 1), (1, 1), 1, layout, wfmt)
+    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
+        pb = Problem(full, dtype, mode)
+        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        if not isinstance(pl, G.BwdGemmPlan):   # 16-bit NHWC with channels % 8: the tensor-core ALGO_1
+            assert dtype != F32
+            continue
+        assert pl.direct and pl.workspace == 0
+        w, dy = pb.w.random(rng), pb.y.random(rng)
+        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
+        if not beta:
+            pb.x.poison()
+        pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D1, 0, 0,
+                                        beta, pb.x.desc, pb.x.ptr)
+        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
+        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
+        assert_close(pb.x.download(), want, dtype, f"direct backward data mode {mode}", scale=scale)
+        pb.x.check_untouched()
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_find_records_algo_3(handle, rng, monkeypatch, dtype):
+    """Find times ALGO_3 with its true workspace and determinism; with one byte too few it is ALLOC_FAILED."""
+    monkeypatch.setenv("PYDNN_CONV_TUNING_CACHE", "0")
+    pb = Problem(WG_CASES[0] if dtype == F32 else WG_CASES[1], dtype)
+    pb.x.random(rng)
+    pb.y.random(rng)
+    need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
+                                                                BWD_F3)
+    ws, n = _workspace(1 << 24)
+    assert need <= n
+    for limit, status in ((n, pydnn.PYDNN_STATUS_SUCCESS), (need - 1, pydnn.PYDNN_STATUS_ALLOC_FAILED)):
+        r = pydnn.find_convolution_backward_filter_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr,
+                                                                pb.conv, pb.wdesc, pb.w.ptr, 7, ws.ptr, limit)
+        a3 = next(p for p in r if p.algo == BWD_F3)
+        assert a3.status == status and a3.memory == need
+        if status == pydnn.PYDNN_STATUS_SUCCESS:
+            assert a3.time > 0 and a3.determinism == pydnn.PYDNN_DETERMINISTIC
