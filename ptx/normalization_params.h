@@ -28,6 +28,7 @@
 #define PYDNN_NORM_FLAG_PLANE 64u      /* backward: a thread's items share parameters (sum them, then lanes) */
 #define PYDNN_NORM_FLAG_STREAM 128u    /* fwd_rows / fwd_persist / bwd_ring / gn_fwd: y / dx stored evict-first */
 #define PYDNN_NORM_FLAG_WARPSTAT 256u  /* bwd_ring: a row's mean / invstd copied once per warp */
+#define PYDNN_NORM_FLAG_PFBULK 512u    /* fwd_rows with pf: one cp.async.bulk.prefetch.L2 per row (sm_90) */
 
 /* act: the fused activation on the normalized, scaled and shifted value z (0: none) */
 #define PYDNN_NORM_ACT_NONE 0
@@ -63,7 +64,8 @@ typedef struct {
   unsigned flags;         /* PYDNN_FLAG_BETA, PYDNN_NORM_FLAG_* */
   int group;              /* fwd / bwd: threads per set (cluster kernels: the whole cluster) */
   int set_ndim, el_ndim;
-  int pad_;
+  int pf;                 /* fwd_rows / gn_reg: L2 prefetch distance in blocks (block b pulls into L2 the x
+                             that block b + pf will read; 0: none) */
   long long set_size[PYDNN_MAX_DIMS];
   long long set_stride[4][PYDNN_MAX_DIMS];  /* x, out, dy, stats */
   long long set_pstride[PYDNN_MAX_DIMS];

@@ -658,6 +658,35 @@ Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all)
        left that fits 64 registers at 8+ rows per SM (64-thread rows and 9-12 rows per SM spill).
      Compile time (NVRTC, this 2-core machine): the three normalization units ~72 s for sm_90 (56 s before v11: the
        four gn_reg instantiations), ~26 s for sm_80. Device runs this session: 4 (wall 150 / 119 / 127 / 161 s).
+  v12 (2026-11-26, seventh session; at most three device runs). Counting first (H200, 132 SMs, copy ~4.18 TB/s =
+     ~31.7 B/ns per SM). LN bf16 forward 16384 x 4096: v10's fit T = a + R b gives a = 6.4 us, b = 4.43 ns per row
+     (steady state 88.6% of copy; RMS a = 4.3 us, b = 3.91 ns: 100%); 85% needs T <= 75.8 us, i.e. b at RMS's rate
+     alone would give ~90%. What sets b: fwd_rows' 8 one-row blocks per SM have their 8 KiB of x in flight only
+     from their start until the loads land; after that (reduction, 16 LDG.128 of parameters from L1, 4 STG.128,
+     LN's bias reads lengthening it: v8-v11) the slot has nothing in flight, and a new block starts only when it
+     exits. The copy needs ~32 B/ns x ~1-1.5 us of loaded latency = 32-48 KiB in flight per SM all the time; what
+     v6-v11 tried to add in flight (rings, persistent blocks, parameters held elsewhere) cost warps or L1 and lost.
+     GN NHWC bf16 forward 32 x 512 x 64 x 64: gn_reg (8, 4, 8), 2048 blocks of 256 threads, 4 per SM (528 resident,
+     3.9 waves), each block loads its 64 KiB share at once and then spends the rest of its ~23 us life in the
+     statistics, the cluster barrier and the output pass with nothing in flight (74.3-74.8% of copy).
+     Neither the first wave's ramp (all blocks wait one full DRAM latency) nor the drain is touched by any of that.
+     (a) L2 prefetch (NormParams.pf, PF_BYTES in pydnn/ops/normalization.py): block b pulls into L2 (prefetch.global.L2,
+       no register, no slot, no wait) the x that block b + pf will read, pf = PF_BYTES / the bytes of x one block
+       reads: fwd_rows, each thread prefetching the 16-byte vectors it loads, one row ahead by pf rows (a warp's
+       prefetches coalesce into whole lines); gn_reg, the block's threads prefetching block b + pf's 512 positions
+       x 128 B, sector by sector. The hardware hands out one-shot blocks in index order, so block b + pf starts about
+       PF_BYTES / 4.18 TB/s later (8 MiB: ~2 us; 16 MiB: ~4 us), by which time its x should sit in L2 (50 MB; y is
+       stored evict-first). DRAM then sees the prefetches as a steady stream whatever the blocks are doing, and each
+       block's own loads hit L2 (shorter lifetime: the tail's last wave shorter too). Bytes moved from DRAM: the same.
+       ptxas sm_90: fwd_rows bf16 (4, 1, ONE) 64 registers, no spill (a separate sector loop before or after the
+       loads spilled 8-24 bytes); gn_reg_cl bf16 (8, 4, 8) as before (64 registers, 12 bytes spilled).
+       Sweep: PF_BYTES 0 (v11), 4, 8, 16 MiB for the fwd_rows pick (LN bf16 / fp16 / fp32, RMS bf16) and gn_reg (8, 4,
+       8) with evict-first stores; fwd_rows with PF_BULK (one cp.async.bulk.prefetch.L2 of the row by lane 0, sm_90)
+       at 8 MiB; the tail probe (PYDNN_BENCH_NORM_CASES=tail) with and without the prefetch (a and b refitted).
+       Prediction (before measuring): if bytes in flight are what both kernels lack, LN bf16 forward 86-91% of copy at
+       8 MiB (b towards RMS's 3.9 ns, a -1 to -2 us), 4 MiB 84-89%, 16 MiB 85-91%; RMS bf16 92-96%; LN fp32 93-97%;
+       GN NHWC bf16 forward 77-81% at 8 MiB. If the prefetches only add L2 traffic (the per-row time is not DRAM
+       waiting), every pf line within +-1 point of pf 0, or below.
 """
 import os
 
@@ -745,8 +774,9 @@ def _rows(b, kind, name, dt="bf16", backward=True, sweep=True):
 
 
 _KNOBS = ("ROWS_FWD", "FWD_PERSIST", "BWD_ROWS", "BWD_RING", "FINISH", "BWD_RING_WARPSTAT", "GN_ONE", "GN_REG",
-          "GN_REG_PICK")
-_TABLES = ("ROWS_PICK", "FWD_PERSIST_PICK", "BWD_ROWS_PICK", "BWD_RING_PICK")
+          "GN_REG_PICK", "PF_BULK")
+_TABLES = ("ROWS_PICK", "FWD_PERSIST_PICK", "BWD_ROWS_PICK", "BWD_RING_PICK", "PF_BYTES")
+PF_SWEEP = (0, 4 << 20, 8 << 20, 16 << 20)  # v12: L2 prefetch distances (bytes of x ahead) of the sweep lines
 
 
 def _save():
@@ -782,15 +812,20 @@ def _sweep(b, kind, name, dt, xd, x, y, sb, w, bp, st, mean, inv, nbytes, ms_t):
     printed (not table rows): what the picks are chosen from."""
     tag = {"bf16": "bf16", "fp16": "f16", "fp32": "f32"}[dt]
     es = x.element_size()
-    variants = [(c, bp) for c in N.ROWS_CONFIGS[es]]
+    pf0, bulk0 = N.PF_BYTES["fwd_rows"], N.PF_BULK
+    variants = [(c, bp, pf0, bulk0) for c in N.ROWS_CONFIGS[es]]
     if kind == LN and es == 2:
-        variants.append((N.ROWS_PICK[tag], 0))
+        variants.append((N.ROWS_PICK[tag], 0, pf0, bulk0))
+    # (v12: the pick at each L2 prefetch distance, and with the bulk prefetch at 8 MiB)
+    variants += [(N.ROWS_PICK[tag], bp, pf, bulk0) for pf in PF_SWEEP if pf != pf0]
+    variants.append((N.ROWS_PICK[tag], bp, 8 << 20, not bulk0))
     saved = _save()
     try:
-        for cfg, bias_ptr in variants:
+        for cfg, bias_ptr, pf, bulk in variants:
             N.FWD_PERSIST, N.ROWS_FWD = False, True
             N.STREAM = {"fwd_rows"}
             N.ROWS_PICK[tag] = cfg
+            N.PF_BYTES["fwd_rows"], N.PF_BULK = pf, bulk
             nd = _nd(kind)  # a new descriptor: a new plan
             desc = N.plan_summary(b.h, nd, xd)[0][0][0]
             ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(),
@@ -836,6 +871,7 @@ GN_SWEEP = ((32 * 1024, 256), (64 * 1024, 256), (64 * 1024, 512))
 GN_REG_SWEEP = ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))  # v11 gn_reg (CL, GC, SI), each without evict-first
 # stores (the pick has them); runs 1-3 also measured SI 0 (CL 1 / 2 / 4 / 8, GC 1 / 2 / 4), no longer compiled
 GN_EXTRA = ("two-pass", "stream")  # v8: the default tile without GN_ONE / with evict-first y stores (forward only)
+# v12: the gn_reg pick with each L2 prefetch distance of PF_SWEEP ("reg stream" lines, forward only)
 
 
 def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
@@ -844,7 +880,9 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
     x, y, dy, w, bias, mean, inv, dw, db = bufs
     flag = "GN_BWD" if backward else "GN_FWD"
     was = getattr(N, flag), N.GN_TILE_MAX, N.GN_THREADS, set(N.STREAM), N.FINISH, N.GN_ONE, N.GN_REG, N.GN_REG_PICK
-    extras = () if backward else GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP) + (("reg stream",),)
+    extras = () if backward else (GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP)
+                                  + tuple(("reg stream", pf) for pf in PF_SWEEP))
+    pf0 = N.PF_BYTES["gn_reg"]
     stream0 = was[3]
     was = was[:3] + (stream0 - {"gn_reg"},) + was[4:]  # (the sweep's lines: without gn_reg's evict-first stores)
     try:
@@ -852,6 +890,7 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
             setattr(N, flag, cfg is not None)
             N.STREAM, N.FINISH, N.GN_ONE = was[3], was[4], was[5]
             N.GN_REG, N.GN_REG_PICK = False, was[7]  # (v11: the gn_fwd lines without gn_reg)
+            N.PF_BYTES["gn_reg"] = cfg[1] if isinstance(cfg, tuple) and cfg[0] == "reg stream" else pf0
             reg = isinstance(cfg, tuple) and cfg[0] in ("reg", "reg stream")
             if reg:
                 N.GN_REG = True
@@ -895,6 +934,7 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
         N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
         N.STREAM, N.FINISH, N.GN_ONE = stream0, was[4], was[5]
         N.GN_REG, N.GN_REG_PICK = was[6], was[7]
+        N.PF_BYTES["gn_reg"] = pf0
 
 
 TAIL_ROWS = (4096, 16384, 65536)
@@ -920,9 +960,11 @@ def _tail_probe(b):
                 bp = bias.data_ptr() if kind == LN else 0
                 nbytes = 2 * x.numel() * 2 + (2 if kind == LN else 1) * (L + R) * 4
                 got = []
-                for persist in (False, True):
+                pf_on = saved[1]["PF_BYTES"]["fwd_rows"] or (8 << 20)
+                for persist, pf in ((False, 0), (True, 0), (False, pf_on)):  # (v12: fwd_rows with the L2 prefetch)
                     N.FWD_PERSIST, N.ROWS_FWD = persist, True
                     N.STREAM = {"fwd_rows", "fwd_persist"}
+                    N.PF_BYTES["fwd_rows"] = pf
                     nd = _nd(kind)
                     desc = N.plan_summary(b.h, nd, xd)[0][0][0]
                     ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd,
@@ -931,8 +973,8 @@ def _tail_probe(b):
                     got.append(nbytes / ms / 1e6)
                     print(f"normalization tail {name} bf16 {R}x{L} forward [{desc} stream]: {got[-1]:.0f} GB/s "
                           f"{100 * got[-1] / b.copy_gbs:.1f}% copy", flush=True)
-                print(f"normalization tail {name} bf16 {R}x{L}: fwd_persist / fwd_rows {got[1] / got[0]:.3f}",
-                      flush=True)
+                print(f"normalization tail {name} bf16 {R}x{L}: fwd_persist / fwd_rows {got[1] / got[0]:.3f}, "
+                      f"fwd_rows pf / no pf {got[2] / got[0]:.3f}", flush=True)
             del x, y
             torch.cuda.synchronize()
     finally:

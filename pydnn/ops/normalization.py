@@ -87,6 +87,7 @@ ACT_IDS = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_A
            E.PYDNN_ACTIVATION_SWISH: 6, E.PYDNN_ACTIVATION_GELU_ERF: 7, E.PYDNN_ACTIVATION_GELU_TANH: 8}
 
 FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE, FLAG_STREAM, FLAG_WARPSTAT = 4, 8, 16, 32, 64, 128, 256
+FLAG_PFBULK = 512
 FWD_ITEMS = {True: 4, False: 8}    # vectors (vector launch) or elements (scalar launch) per thread
 BWD_ITEMS = {True: 2, False: 4}
 FWD_MAX_BLOCK, BWD_MAX_BLOCK = 1024, 512   # the kernels' __launch_bounds__
@@ -217,6 +218,16 @@ GN_REG_ITEMS = 8
 GN_REG_CONFIGS = ((4, 8), (8, 8))
 GN_REG_PICK = (8, 4, 8)
 GN_REG_MAX_BLOCK = 1024
+# L2 prefetch (v12, NormParams.pf): block b of fwd_rows / gn_reg pulls into L2 (prefetch.global.L2) the x that
+# block b + pf will read, pf = PF_BYTES[kernel] / the bytes of x one block reads (at least 1; 0 bytes: off). Why: a
+# one-shot block's loads are in flight only until they land, so DRAM idles while the SM's blocks reduce and
+# store (LN bf16 16384 x 4096 forward: 88.6% of copy in steady state, RMS 100%; bench notes v10). The distance is
+# in bytes because what bounds it is: ahead by more than a memory latency's worth of the copy's traffic (~2 us
+# x ~4 TB/s = 8 MB), and not so far that the prefetched lines leave L2 (50 MB) before their block reads them.
+PF_BYTES = {"fwd_rows": 8 << 20, "gn_reg": 8 << 20}
+# PF_BULK: fwd_rows prefetches each row with one cp.async.bulk.prefetch.L2 (sm_90) instead of per-sector
+# prefetch.global.L2 from every thread of the row.
+PF_BULK = False
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
@@ -243,7 +254,7 @@ class NormParams(ctypes.Structure):
         ("sets", ctypes.c_longlong), ("len", ctypes.c_longlong), ("nparams", ctypes.c_longlong),
         ("slots", ctypes.c_longlong),
         ("act", ctypes.c_int), ("flags", ctypes.c_uint), ("group", ctypes.c_int),
-        ("set_ndim", ctypes.c_int), ("el_ndim", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("set_ndim", ctypes.c_int), ("el_ndim", ctypes.c_int), ("pf", ctypes.c_int),
         ("set_size", ctypes.c_longlong * MAX_DIMS), ("set_stride", (ctypes.c_longlong * MAX_DIMS) * 4),
         ("set_pstride", ctypes.c_longlong * MAX_DIMS),
         ("el_size", ctypes.c_longlong * MAX_DIMS), ("el_stride", (ctypes.c_longlong * MAX_DIMS) * 3),
@@ -715,9 +726,23 @@ def _rows_alt(handle, nd, tag, geo, vec):
     p.group = g
     if "fwd_rows" in STREAM:
         p.flags |= FLAG_STREAM
+    p.pf = _pf_blocks("fwd_rows", per_block * length * _SIZES[tag], grid)
+    if p.pf and PF_BULK and _arch_num(handle) >= 90:
+        p.flags |= FLAG_PFBULK
     return [_new_launch(_rows_expr(tag, vec, items, rows, one), p, (grid, 1, 1), (block, 1, 1),
                         desc=f"fwd_rows vec={vec} G={g} block={block} items={items} rows={rows} one={one} "
-                             f"grid={grid}")]
+                             f"grid={grid}" + (f" pf={p.pf}" if p.pf else "")
+                             + (" bulk" if p.flags & FLAG_PFBULK else ""))]
+
+
+def _pf_blocks(kernel, block_bytes, grid):
+    """NormParams.pf for `kernel`: PF_BYTES[kernel] of x ahead, in blocks that read block_bytes each (0: off, or
+    nothing that far ahead in this grid)."""
+    want = PF_BYTES.get(kernel, 0)
+    if not want:
+        return 0
+    pf = max(1, round(want / max(1, block_bytes)))
+    return pf if pf < grid else 0
 
 
 def _persist_alt(handle, nd, tag, geo, vec):
@@ -834,8 +859,10 @@ def _gn_reg_alt(handle, nd, tag, geo, vec):
     p.group = gc
     if "gn_reg" in STREAM:
         p.flags |= FLAG_STREAM
+    p.pf = _pf_blocks("gn_reg", cdiv(P, cl) * gc * cg * _SIZES[tag], grid)
     return [_new_launch(_gn_reg_expr(tag, vec, cl, si), p, (grid, 1, 1), (block, 1, 1), smem,
-                        desc=f"gn_reg vec={vec} GC={gc} CL={cl} block={block} items={GN_REG_ITEMS}+{si} grid={grid}")]
+                        desc=f"gn_reg vec={vec} GC={gc} CL={cl} block={block} items={GN_REG_ITEMS}+{si} grid={grid}"
+                             + (f" pf={p.pf}" if p.pf else ""))]
 
 
 def _first_alt(tries, *args):
