@@ -499,29 +499,14 @@ __device__ __forceinline__ void load_once(Frag<T, VEC>& f, const T* p) {
                : "l"(p));
 }
 
-// L2 prefetch (v12, p.pf): the 32-byte sectors of [a, a + bytes) pulled into L2, thread t of nt taking
-// sectors t, t + nt, ... (consecutive lanes, consecutive sectors: a warp's prefetches coalesce into whole
-// lines). A hint: no register waits for it and nothing depends on it for correctness. Why: a one-shot block
+// L2 prefetch (v12, p.pf): the line holding a pulled into L2 (prefetch.global.L2; the lanes of a warp on
+// consecutive addresses: its prefetches coalesce into whole lines). A hint: no register waits for it and
+// nothing depends on it for correctness. Why: a one-shot block
 // has its loads in flight only until they land, so the bytes an SM keeps in flight fall while its blocks
 // reduce and store (LN bf16 forward: 88.6% of copy in steady state against RMS's 100%, bench notes v10);
 // block b pulling in what block b + pf will read keeps DRAM busy through those phases, independently of
 // registers and slots, and that block's own loads then hit L2.
 __device__ __forceinline__ void l2_prefetch_line(const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); }
-// BULK (PYDNN_NORM_FLAG_PFBULK, sm_90): thread 0 asks the copy engine for the whole range in one
-// cp.async.bulk.prefetch.L2 instead (a and bytes multiples of 16, the vector launches' rows are).
-__device__ __forceinline__ void l2_prefetch(const void* a, i64 bytes, int t, int nt, bool bulk = false) {
-#if __CUDA_ARCH__ >= 900
-  if (bulk) {
-    if (t == 0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)bytes) : "memory");
-    return;
-  }
-#endif
-  const unsigned long long end = reinterpret_cast<unsigned long long>(a) + (unsigned long long)bytes;
-  for (unsigned long long q = (reinterpret_cast<unsigned long long>(a) & ~31ull) + 32ull * (unsigned)t; q < end;
-       q += 32ull * (unsigned)nt)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
-}
 
 // A 16-byte store with the evict-first (streaming) policy, st.global.cs: y / dx are written once and not
 // read again by the kernel (PYDNN_NORM_FLAG_STREAM, a measured choice of the host).
@@ -686,11 +671,10 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
     const i64 first = (i64)blockIdx.x * per_block + sub * R;
     const T* x0 = xb + first * sx;
     T* y0 = yb + first * sy;
-    // v12 (p.pf, see l2_prefetch): the rows of block blockIdx.x + pf pulled into L2, each thread prefetching
-    // the vectors it loads, pf rows ahead (a warp's prefetches coalesce into whole lines; one 64-bit offset
-    // live: a separate sector loop spilled 8-24 bytes at the 64-register cap); BULK: lane 0, one request.
+    // v12 (p.pf, see l2_prefetch_line): the rows of block blockIdx.x + pf pulled into L2, each thread
+    // prefetching the vectors it loads, pf blocks ahead (one 64-bit offset live: a separate sector loop
+    // spilled 8-24 bytes at the 64-register cap)
     const i64 ahead = first + (i64)p.pf * per_block, pfd = (i64)p.pf * per_block * sx;
-    const bool bulk = p.flags & PYDNN_NORM_FLAG_PFBULK;
     F v[R][ITEMS];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -701,9 +685,8 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
         const int vi = lane + k * G;
         v[r][k].zero();
         if (live && vi < nvec) load_once<T, VEC>(v[r][k], x + vi * VEC);
-        if (pf && !bulk && vi < nvec) l2_prefetch_line(x + pfd + vi * VEC);
+        if (pf && vi < nvec) l2_prefetch_line(x + pfd + vi * VEC);
       }
-      if (pf && bulk) l2_prefetch(x + pfd, p.len * (i64)sizeof(T), lane, G, true);
     }
     // mean (RMS: mean of squares), then the centred second moment from the same registers
     float mean[R], var[R];
@@ -2495,7 +2478,7 @@ __device__ __forceinline__ void gn_reg_store(const Frag<T, VEC>& f, T* dst, floa
 }
 
 // v12 (p.pf): block fb's share of x (positions [p0, p0 + npos) x the unit's VPP 16-byte channel vectors, one
-// chunk per position) pulled into L2 by this block's threads, sector by sector (see l2_prefetch); the chunk's
+// chunk per position) pulled into L2 by this block's threads, sector by sector (see l2_prefetch_line); the chunk's
 // sectors from its start rounded down to 32 bytes (a misaligned chunk's last few bytes may be left out: a hint).
 template <class T, int CL>
 __device__ __forceinline__ void gn_reg_prefetch(const NormParams& p, i64 fb, int ppb, int VPP) {
@@ -2511,7 +2494,7 @@ __device__ __forceinline__ void gn_reg_prefetch(const NormParams& p, i64 fb, int
   const unsigned long long b0 = reinterpret_cast<unsigned long long>(b) & ~31ull;
   for (int j = (int)threadIdx.x; j < npos * spp; j += (int)blockDim.x) {
     const int pos = j / spp, sct = j - pos * spp;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(b0 + (unsigned long long)(pos * pstride) + 32ull * sct));
+    l2_prefetch_line(reinterpret_cast<const void*>(b0 + (unsigned long long)(pos * pstride) + 32ull * sct));
   }
 }
 

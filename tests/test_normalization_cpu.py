@@ -926,8 +926,7 @@ def test_stream_flag_and_finish_block(monkeypatch):
 
 def test_l2_prefetch_distance(monkeypatch):
     """v12 (NormParams.pf): fwd_rows / gn_reg prefetch x PF_BYTES ahead, as a distance in blocks of the bytes one
-    block reads (at least 1), none when the grid has no block that far ahead or PF_BYTES is 0; PF_BULK (one bulk
-    prefetch per row) only on fwd_rows with a distance, and only on sm_90."""
+    block reads (at least 1), none when the grid has no block that far ahead or PF_BYTES is 0."""
     ln = _desc((16384, 4096), BF16)
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
     gn_sm = _desc((2, 512, 64, 64), BF16, packed_strides((2, 512, 64, 64), NHWC))  # 128 blocks of 64 KiB
@@ -943,14 +942,3 @@ def test_l2_prefetch_distance(monkeypatch):
         assert launch(_nd(GROUP, 32), gn).params.pf == gn_pf, nbytes
         assert launch(_nd(GROUP, 32), gn_sm).params.pf == gn_sm_pf, nbytes
         assert launch(_nd(LAYER), _desc((3, 4096), BF16)).params.pf == short_pf, nbytes  # (3 blocks)
-    monkeypatch.setattr(N, "PF_BYTES", {"fwd_rows": 8 << 20, "gn_reg": 8 << 20})
-    assert not launch(_nd(LAYER), ln).params.flags & N.FLAG_PFBULK
-    monkeypatch.setattr(N, "PF_BULK", True)
-    lc = launch(_nd(LAYER), ln)
-    assert lc.params.flags & N.FLAG_PFBULK and lc.desc.endswith(" pf=1024 bulk"), lc.desc
-    assert not launch(_nd(GROUP, 32), gn).params.flags & N.FLAG_PFBULK
-    monkeypatch.setattr(N, "_arch_num", lambda h: 80)
-    assert not launch(_nd(LAYER), ln).params.flags & N.FLAG_PFBULK
-    monkeypatch.setattr(N, "PF_BYTES", {"fwd_rows": 0, "gn_reg": 0})
-    monkeypatch.setattr(N, "_arch_num", lambda h: 90)
-    assert not launch(_nd(LAYER), ln).params.flags & N.FLAG_PFBULK

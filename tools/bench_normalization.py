@@ -687,6 +687,32 @@ Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all)
        8 MiB (b towards RMS's 3.9 ns, a -1 to -2 us), 4 MiB 84-89%, 16 MiB 85-91%; RMS bf16 92-96%; LN fp32 93-97%;
        GN NHWC bf16 forward 77-81% at 8 MiB. If the prefetches only add L2 traffic (the per-row time is not DRAM
        waiting), every pf line within +-1 point of pf 0, or below.
+     Measured (run 1, H100 80GB HBM3 this time, not the H200 of v1-v11: copy 2976 GB/s; the GPU tests of fwd_rows' configs,
+     test_l2_prefetch (one block and 64 KiB ahead) and gn_reg (8, 4, 8) passed: 14 passed, 1 skipped):
+       LN bf16 forward  pf 0 95.0% (2828 GB/s), 4 MiB 94.6%, 8 MiB 93.5% (table row 93.7%, 1.22x torch), 16 MiB 85.6%;
+                        8 MiB with one cp.async.bulk.prefetch.L2 per row 94.1%; without bias (8 MiB) 95.4%
+       LN fp16 forward  95.1% / 94.7% / 93.8% / 85.6%, bulk 94.0%
+       RMS bf16 forward 96.9% / 96.7% / 96.2% / 87.4%, bulk 96.4%
+       LN fp32 forward  pf 0 95.1%, 4 MiB 97.3%, 8 MiB 96.7% (table row 96.9%, 1.43x), 16 MiB 86.1%, bulk 8 MiB 97.5%
+       GN NHWC bf16 forward gn_reg (8, 4, 8) + evict-first: pf 0 83.3% (2480 GB/s, 7.39x torch), 4 MiB 83.3%, 8 MiB 84.2%
+                        (table row 84.1%, 7.46x), 16 MiB 77.1%; gn_fwd GC 4 81.2%
+       tail probe (LN / RMS bf16, rows of 4096; pf 8 MiB): 4096 rows 80.5% -> 83.4% / 85.6% -> 92.7%, 16384 rows 95.1% ->
+                        93.6% / 96.9% -> 96.0%, 65536 rows 99.4% -> 99.5% / 100.1% -> 100.0%. Fit T = a + R b without the
+                        prefetch: LN a = 5.45 us, b = 5.46 ns per row (99.5% of copy), RMS a = 4.05 us, b = 5.44 ns.
+     Reading: on the H100 both targets are met by the v11 kernels with margin (LN bf16 95.0% >= 85%, GN NHWC 83.3% >= 75%),
+       and fwd_rows runs at the copy's rate in steady state (b = the copy's 5.4 ns per row): what the H200 lacks (bytes
+       in flight for its ~1.4x bandwidth at about the same latency and the same 8 rows per SM) the H100 does not, so the
+       prefetch can only show its cost here at 16384 rows (-0.4 to -1.5 points at 4-8 MiB) and its ramp gain on short
+       grids (+3.7% / +8.3% at 4096 rows). 16 MiB ahead is a cliff everywhere (-8 to -11 points: the prefetched lines
+       leave L2 before their blocks read them, so x is read twice; an SM's near L2 partition is ~25 of the 50 MB).
+       fp32 rows (16 KiB, 5 blocks of 256 per SM) gain +1.6-2.2 at 4-8 MiB; gn_reg +0.9 at 8 MiB, next to the cliff.
+       The bulk prefetch is no better than the per-thread one: removed. Defaults stay off (PF_BYTES 0) for run 2.
+     Run 2 (H100 or H200, whichever comes; prediction before measuring): the nearer distances. On an H100: rows 1 / 2 /
+       4 MiB within +-0.7 point of pf 0 at 16384 rows (LN / RMS bf16), LN fp32 +1-2 at 2-4 MiB; tail probe 2 MiB +2-6%
+       at 4096 rows, +-1 at 16384 / 65536; gn_reg 2 / 4 / 6 / 8 MiB 83-84.5% (pf 0: 83-83.5%). On an H200: LN bf16 +2-6
+       points at 2-4 MiB, gn_reg +1-4. Decision rule (set before measuring): a kernel's PF_BYTES default goes on only at
+       a distance that is >= +0.5 point over pf 0 in the same run on its benchmark case and not below pf 0 by more than
+       0.5 on any other case of that kernel in the run.
 """
 import os
 
@@ -774,9 +800,12 @@ def _rows(b, kind, name, dt="bf16", backward=True, sweep=True):
 
 
 _KNOBS = ("ROWS_FWD", "FWD_PERSIST", "BWD_ROWS", "BWD_RING", "FINISH", "BWD_RING_WARPSTAT", "GN_ONE", "GN_REG",
-          "GN_REG_PICK", "PF_BULK")
+          "GN_REG_PICK")
 _TABLES = ("ROWS_PICK", "FWD_PERSIST_PICK", "BWD_ROWS_PICK", "BWD_RING_PICK", "PF_BYTES")
-PF_SWEEP = (0, 4 << 20, 8 << 20, 16 << 20)  # v12: L2 prefetch distances (bytes of x ahead) of the sweep lines
+# v12: L2 prefetch distances (bytes of x ahead) of the sweep lines; run 1 (H100) also measured 8 / 16 MiB on the rows
+# and 16 MiB on gn_reg (slower), and a bulk prefetch per row (cp.async.bulk.prefetch.L2, no better: removed)
+ROWS_PF_SWEEP = (0, 1 << 20, 2 << 20, 4 << 20)
+GN_PF_SWEEP = (0, 2 << 20, 4 << 20, 6 << 20, 8 << 20)
 
 
 def _save():
@@ -812,20 +841,18 @@ def _sweep(b, kind, name, dt, xd, x, y, sb, w, bp, st, mean, inv, nbytes, ms_t):
     printed (not table rows): what the picks are chosen from."""
     tag = {"bf16": "bf16", "fp16": "f16", "fp32": "f32"}[dt]
     es = x.element_size()
-    pf0, bulk0 = N.PF_BYTES["fwd_rows"], N.PF_BULK
-    variants = [(c, bp, pf0, bulk0) for c in N.ROWS_CONFIGS[es]]
+    pf0 = N.PF_BYTES["fwd_rows"]
+    variants = [(c, bp, pf0) for c in N.ROWS_CONFIGS[es]]
     if kind == LN and es == 2:
-        variants.append((N.ROWS_PICK[tag], 0, pf0, bulk0))
-    # (v12: the pick at each L2 prefetch distance, and with the bulk prefetch at 8 MiB)
-    variants += [(N.ROWS_PICK[tag], bp, pf, bulk0) for pf in PF_SWEEP if pf != pf0]
-    variants.append((N.ROWS_PICK[tag], bp, 8 << 20, not bulk0))
+        variants.append((N.ROWS_PICK[tag], 0, pf0))
+    variants += [(N.ROWS_PICK[tag], bp, pf) for pf in ROWS_PF_SWEEP]  # (v12: the pick at each prefetch distance)
     saved = _save()
     try:
-        for cfg, bias_ptr, pf, bulk in variants:
+        for cfg, bias_ptr, pf in variants:
             N.FWD_PERSIST, N.ROWS_FWD = False, True
             N.STREAM = {"fwd_rows"}
             N.ROWS_PICK[tag] = cfg
-            N.PF_BYTES["fwd_rows"], N.PF_BULK = pf, bulk
+            N.PF_BYTES["fwd_rows"] = pf
             nd = _nd(kind)  # a new descriptor: a new plan
             desc = N.plan_summary(b.h, nd, xd)[0][0][0]
             ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(),
@@ -871,7 +898,7 @@ GN_SWEEP = ((32 * 1024, 256), (64 * 1024, 256), (64 * 1024, 512))
 GN_REG_SWEEP = ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))  # v11 gn_reg (CL, GC, SI), each without evict-first
 # stores (the pick has them); runs 1-3 also measured SI 0 (CL 1 / 2 / 4 / 8, GC 1 / 2 / 4), no longer compiled
 GN_EXTRA = ("two-pass", "stream")  # v8: the default tile without GN_ONE / with evict-first y stores (forward only)
-# v12: the gn_reg pick with each L2 prefetch distance of PF_SWEEP ("reg stream" lines, forward only)
+# v12: the gn_reg pick with each L2 prefetch distance of GN_PF_SWEEP ("reg stream" lines, forward only)
 
 
 def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
@@ -881,7 +908,7 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
     flag = "GN_BWD" if backward else "GN_FWD"
     was = getattr(N, flag), N.GN_TILE_MAX, N.GN_THREADS, set(N.STREAM), N.FINISH, N.GN_ONE, N.GN_REG, N.GN_REG_PICK
     extras = () if backward else (GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP)
-                                  + tuple(("reg stream", pf) for pf in PF_SWEEP))
+                                  + tuple(("reg stream", pf) for pf in GN_PF_SWEEP))
     pf0 = N.PF_BYTES["gn_reg"]
     stream0 = was[3]
     was = was[:3] + (stream0 - {"gn_reg"},) + was[4:]  # (the sweep's lines: without gn_reg's evict-first stores)
@@ -938,6 +965,7 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
 
 
 TAIL_ROWS = (4096, 16384, 65536)
+TAIL_PF = 2 << 20  # v12: the tail probe's fwd_rows with the L2 prefetch this far ahead (when PF_BYTES has none)
 
 
 def _tail_probe(b):
@@ -960,7 +988,7 @@ def _tail_probe(b):
                 bp = bias.data_ptr() if kind == LN else 0
                 nbytes = 2 * x.numel() * 2 + (2 if kind == LN else 1) * (L + R) * 4
                 got = []
-                pf_on = saved[1]["PF_BYTES"]["fwd_rows"] or (8 << 20)
+                pf_on = saved[1]["PF_BYTES"]["fwd_rows"] or TAIL_PF
                 for persist, pf in ((False, 0), (True, 0), (False, pf_on)):  # (v12: fwd_rows with the L2 prefetch)
                     N.FWD_PERSIST, N.ROWS_FWD = persist, True
                     N.STREAM = {"fwd_rows", "fwd_persist"}

@@ -87,7 +87,6 @@ ACT_IDS = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_A
            E.PYDNN_ACTIVATION_SWISH: 6, E.PYDNN_ACTIVATION_GELU_ERF: 7, E.PYDNN_ACTIVATION_GELU_TANH: 8}
 
 FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE, FLAG_STREAM, FLAG_WARPSTAT = 4, 8, 16, 32, 64, 128, 256
-FLAG_PFBULK = 512
 FWD_ITEMS = {True: 4, False: 8}    # vectors (vector launch) or elements (scalar launch) per thread
 BWD_ITEMS = {True: 2, False: 4}
 FWD_MAX_BLOCK, BWD_MAX_BLOCK = 1024, 512   # the kernels' __launch_bounds__
@@ -224,10 +223,7 @@ GN_REG_MAX_BLOCK = 1024
 # store (LN bf16 16384 x 4096 forward: 88.6% of copy in steady state, RMS 100%; bench notes v10). The distance is
 # in bytes because what bounds it is: ahead by more than a memory latency's worth of the copy's traffic (~2 us
 # x ~4 TB/s = 8 MB), and not so far that the prefetched lines leave L2 (50 MB) before their block reads them.
-PF_BYTES = {"fwd_rows": 8 << 20, "gn_reg": 8 << 20}
-# PF_BULK: fwd_rows prefetches each row with one cp.async.bulk.prefetch.L2 (sm_90) instead of per-sector
-# prefetch.global.L2 from every thread of the row.
-PF_BULK = False
+PF_BYTES = {"fwd_rows": 0, "gn_reg": 0}
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
@@ -727,12 +723,9 @@ def _rows_alt(handle, nd, tag, geo, vec):
     if "fwd_rows" in STREAM:
         p.flags |= FLAG_STREAM
     p.pf = _pf_blocks("fwd_rows", per_block * length * _SIZES[tag], grid)
-    if p.pf and PF_BULK and _arch_num(handle) >= 90:
-        p.flags |= FLAG_PFBULK
     return [_new_launch(_rows_expr(tag, vec, items, rows, one), p, (grid, 1, 1), (block, 1, 1),
                         desc=f"fwd_rows vec={vec} G={g} block={block} items={items} rows={rows} one={one} "
-                             f"grid={grid}" + (f" pf={p.pf}" if p.pf else "")
-                             + (" bulk" if p.flags & FLAG_PFBULK else ""))]
+                             f"grid={grid}" + (f" pf={p.pf}" if p.pf else ""))]
 
 
 def _pf_blocks(kernel, block_bytes, grid):
