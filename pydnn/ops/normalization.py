@@ -52,7 +52,8 @@ BWD_RING (the default since v6) `bwd_ring`, the same with the ring in shared mem
 instance norm with each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on
 sm_90 (a cluster of 8 blocks per sample and GC groups, the tiles held in shared memory between the
 statistics and the output; see GN_*); its forward takes `gn_reg_cl` first when a block's share fits (v11: half
-of it in registers, half in the threads' own shared-memory slots; see GN_REG*).
+of it in registers, half in the threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of
+the block PF_BYTES ahead (v12, NormParams.pf; fwd_rows has the same option, off).
 """
 import ctypes
 
@@ -223,7 +224,13 @@ GN_REG_MAX_BLOCK = 1024
 # store (LN bf16 16384 x 4096 forward: 88.6% of copy in steady state, RMS 100%; bench notes v10). The distance is
 # in bytes because what bounds it is: ahead by more than a memory latency's worth of the copy's traffic (~2 us
 # x ~4 TB/s = 8 MB), and not so far that the prefetched lines leave L2 (50 MB) before their block reads them.
-PF_BYTES = {"fwd_rows": 0, "gn_reg": 0}
+# Measured (v12, H100, two runs; bench notes): gn_reg (8, 4, 8) on 32 x 512 x 64 x 64 bf16 NHWC: 8 MiB 84.1-84.2% of
+# copy against 83.2-83.3% without, 6 MiB 83.6%, 4 MiB 82.6-83.3%, 2 MiB 80.3%, 16 MiB 77.1% (a cliff: the lines leave
+# L2 first): on at 8 MiB. fwd_rows on LN bf16 16384 x 4096: 1 / 2 / 4 / 8 / 16 MiB 92.0 / 93.3 / 94.5-94.6 / 93.5 /
+# 85.6% against 94.7-95.0% without (RMS bf16 and LN fp32 +0.6 to +2 at 4 MiB in one run, not in the other): off.
+# (fwd_rows with 2 MiB gains 10-13% on 4096 x 4096 rows, where the first wave's ramp weighs more: not measured
+# at enough sizes to pick a threshold.)
+PF_BYTES = {"fwd_rows": 0, "gn_reg": 8 << 20}
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
