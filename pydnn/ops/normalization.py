@@ -227,7 +227,8 @@ GN_REG_MAX_BLOCK = 1024
 # Measured (v12, H100, two runs; bench notes): gn_reg (8, 4, 8) on 32 x 512 x 64 x 64 bf16 NHWC: 8 MiB 84.1-84.2% of
 # copy against 83.2-83.3% without, 6 MiB 83.6%, 4 MiB 82.6-83.3%, 2 MiB 80.3%, 16 MiB 77.1% (a cliff: the lines leave
 # L2 first): on at 8 MiB. fwd_rows on LN bf16 16384 x 4096: 1 / 2 / 4 / 8 / 16 MiB 92.0 / 93.3 / 94.5-94.6 / 93.5 /
-# 85.6% against 94.7-95.0% without (RMS bf16 and LN fp32 +0.6 to +2 at 4 MiB in one run, not in the other): off.
+# 85.6% against 94.7-95.0% without (at 4 MiB RMS bf16 -0.2 / +1.4, LN fp32 +2.2 / +0.6 in runs 1 / 2, inside the
+# 1.8-2.4-point spread of their pf 0 lines between the runs): off.
 # (fwd_rows with 2 MiB gains 10-13% on 4096 x 4096 rows, where the first wave's ramp weighs more: not measured
 # at enough sizes to pick a threshold.)
 PF_BYTES = {"fwd_rows": 0, "gn_reg": 8 << 20}
