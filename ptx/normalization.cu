@@ -499,6 +499,16 @@ __device__ __forceinline__ void load_once(Frag<T, VEC>& f, const T* p) {
                : "l"(p));
 }
 
+// L2 prefetch (v12, p.pf): the line holding a pulled into L2 (prefetch.global.L2; the lanes of a warp on
+// consecutive addresses: its prefetches coalesce into whole lines). A hint: no register waits for it and
+// nothing depends on it for correctness. Why: a one-shot block has its loads in flight only until they
+// land, so the bytes an SM keeps in flight fall while its blocks reduce and store (LN bf16 forward on the
+// H200: 88.6% of copy in steady state against RMS's 100%, bench notes v10); block b pulling in what block
+// b + pf will read keeps DRAM busy through those phases, independently of registers and slots, and that
+// block's own loads then hit L2. Measured (v12, H100): gn_reg +0.8-0.9 point at 8 MiB ahead (on); fwd_rows
+// no gain on its benchmark (off); 16 MiB ahead loses 7-11 points (the lines leave L2 before they are read).
+__device__ __forceinline__ void l2_prefetch_line(const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); }
+
 // A 16-byte store with the evict-first (streaming) policy, st.global.cs: y / dx are written once and not
 // read again by the kernel (PYDNN_NORM_FLAG_STREAM, a measured choice of the host).
 template <class T, int VEC>
@@ -662,16 +672,21 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
     const i64 first = (i64)blockIdx.x * per_block + sub * R;
     const T* x0 = xb + first * sx;
     T* y0 = yb + first * sy;
+    // v12 (p.pf, see l2_prefetch_line): the rows of block blockIdx.x + pf pulled into L2, each thread
+    // prefetching the vectors it loads, pf blocks ahead (one 64-bit offset live: a separate sector loop
+    // spilled 8-24 bytes at the 64-register cap)
+    const i64 ahead = first + (i64)p.pf * per_block, pfd = (i64)p.pf * per_block * sx;
     F v[R][ITEMS];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const bool live = first + r < p.sets;
+      const bool live = first + r < p.sets, pf = p.pf > 0 && ahead + r < p.sets;
       const T* x = x0 + r * (int)sx;  // R row strides fit in 32 bits (host check)
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int vi = lane + k * G;
         v[r][k].zero();
         if (live && vi < nvec) load_once<T, VEC>(v[r][k], x + vi * VEC);
+        if (pf && vi < nvec) l2_prefetch_line(x + pfd + vi * VEC);
       }
     }
     // mean (RMS: mean of squares), then the centred second moment from the same registers
@@ -2463,6 +2478,27 @@ __device__ __forceinline__ void gn_reg_store(const Frag<T, VEC>& f, T* dst, floa
   store_out<T, VEC>(o, dst, stream);
 }
 
+// v12 (p.pf): block fb's share of x (positions [p0, p0 + npos) x the unit's VPP 16-byte channel vectors, one
+// chunk per position) pulled into L2 by this block's threads, sector by sector (see l2_prefetch_line); the chunk's
+// sectors from its start rounded down to 32 bytes (a misaligned chunk's last few bytes may be left out: a hint).
+template <class T, int CL>
+__device__ __forceinline__ void gn_reg_prefetch(const NormParams& p, i64 fb, int ppb, int VPP) {
+  if (fb >= (i64)gridDim.x) return;
+  const int GC = p.group, P = (int)p.el_size[0];
+  const i64 units_per_n = p.set_size[1] / GC, unit = fb / CL;
+  const i64 n = unit / units_per_n, g0 = (unit - n * units_per_n) * GC;
+  const int p0 = (int)(fb % CL) * ppb, npos = max(0, min(ppb, P - p0));
+  const char* b = (const char*)((const T*)p.x + n * p.set_stride[0][0] + g0 * p.set_stride[0][1] +
+                                (i64)p0 * p.el_stride[0][0]);
+  const i64 pstride = p.el_stride[0][0] * (i64)sizeof(T);
+  const int spp = (VPP * 16 + 31) / 32;  // sectors per position (a power of two: VPP is one)
+  const unsigned long long b0 = reinterpret_cast<unsigned long long>(b) & ~31ull;
+  for (int j = (int)threadIdx.x; j < npos * spp; j += (int)blockDim.x) {
+    const int pos = j / spp, sct = j - pos * spp;
+    l2_prefetch_line(reinterpret_cast<const void*>(b0 + (unsigned long long)(pos * pstride) + 32ull * sct));
+  }
+}
+
 template <class T, int VEC, int ITEMS, int SI, int CL, bool ONE>
 __device__ __forceinline__ void gn_reg_body(const NormParams& p) {
   static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
@@ -2502,6 +2538,7 @@ __device__ __forceinline__ void gn_reg_body(const NormParams& p) {
     }
     cp_async_commit();
   }
+  if (p.pf > 0) gn_reg_prefetch<T, CL>(p, (i64)blockIdx.x + p.pf, ppb, VPP);
   const int grp = cv / cpg;  // this thread's group in the unit
   const float len = (float)p.len;
   float mean, var;

@@ -63,7 +63,8 @@ typedef struct {
   unsigned flags;         /* PYDNN_FLAG_BETA, PYDNN_NORM_FLAG_* */
   int group;              /* fwd / bwd: threads per set (cluster kernels: the whole cluster) */
   int set_ndim, el_ndim;
-  int pad_;
+  int pf;                 /* fwd_rows / gn_reg: L2 prefetch distance in blocks (block b pulls into L2 the x
+                             that block b + pf will read; 0: none) */
   long long set_size[PYDNN_MAX_DIMS];
   long long set_stride[4][PYDNN_MAX_DIMS];  /* x, out, dy, stats */
   long long set_pstride[PYDNN_MAX_DIMS];

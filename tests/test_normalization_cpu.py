@@ -292,7 +292,9 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     ln = _desc((16384, 4096), BF16)
     # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
     alts, ws = _summary(_nd(LAYER), ln)
-    assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 one=True grid=16384"]
+    # v12: with the L2 prefetch PF_BYTES ahead, in blocks of one 8 KiB row (fp32: 16 KiB)
+    pf = N.PF_BYTES["fwd_rows"] // 8192
+    assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 one=True grid=16384" + (f" pf={pf}" if pf else "")]
     assert alts[1][0].startswith("fwd vec=1")
     assert alts[0][0] == _summary(_nd(LAYER), _desc((16384, 4096), F16))[0][0][0]
     # fwd_persist (v7, measured slower: off): 128 threads per row, 4 blocks per SM evened out (512 x 32 rows)
@@ -303,7 +305,7 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     assert _summary(_nd(LAYER), ln)[0][0] == ["fwd_persist vec=8 G=256 block=256 items=2 depth=3 minb=3 grid=391"]
     monkeypatch.setattr(N, "FWD_PERSIST", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), F32))
-    assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 one=False grid=16384"]
+    assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 one=False grid=16384" + (f" pf={pf // 2}" if pf else "")]
     # v1 register tiles for what fwd_rows does not take: an activation, a row too long for a block
     alts, _ = _summary(_nd(LAYER, act=_act(pydnn.PYDNN_ACTIVATION_RELU)), ln)
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"]
@@ -352,7 +354,9 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     # the default: (8, 4, 8), 4 groups (128 B per position) per cluster of 8 blocks of 256 threads, 32 KiB of shared
     # memory each; its y stores evict-first (STREAM)
     alts, _ = _summary(_nd(GROUP, 32), gn)
-    assert alts[0] == ["gn_reg vec=8 GC=4 CL=8 block=256 items=8+8 grid=2048"]
+    # v12: with the L2 prefetch PF_BYTES ahead, in blocks of 512 positions x 128 B = 64 KiB
+    pf = N.PF_BYTES["gn_reg"] // 65536
+    assert alts[0] == ["gn_reg vec=8 GC=4 CL=8 block=256 items=8+8 grid=2048" + (f" pf={pf}" if pf else "")]
     lc = N._plan(cpu_handle(), _nd(GROUP, 32), gn, gn, None, _params(gn, _nd(GROUP, 32))[1], False).alternatives[0][0]
     assert lc.smem == 8 * 256 * 16 and lc.params.flags & N.FLAG_STREAM
     for pick, arch, want in (((4, 4, 8), 90, "gn_reg vec=8 GC=4 CL=4 block=512 items=8+8 grid=1024"),
@@ -364,6 +368,7 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(N, "GN_REG_PICK", pick)
             m.setattr(N, "_arch_num", lambda h, arch=arch: arch)
+            m.setitem(N.PF_BYTES, "gn_reg", 0)  # (the distances: test_l2_prefetch_distance)
             assert _summary(_nd(GROUP, 32), gn)[0][0] == [want], pick
     monkeypatch.setattr(N, "GN_REG", False)
     alts, _ = _summary(_nd(GROUP, 32), gn)
@@ -917,3 +922,23 @@ def test_stream_flag_and_finish_block(monkeypatch):
         fin = pl.alternatives[0][-1]
         assert fin.expr == f"pydnn::norm::finish<{fx}, {fy}>" and fin.block == (fx, fy, 1)
         assert fin.grid == (4096 // fx, 1, 1) and fin.expr in N._unit_exprs("bf16")
+
+
+def test_l2_prefetch_distance(monkeypatch):
+    """v12 (NormParams.pf): fwd_rows / gn_reg prefetch x PF_BYTES ahead, as a distance in blocks of the bytes one
+    block reads (at least 1), none when the grid has no block that far ahead or PF_BYTES is 0."""
+    ln = _desc((16384, 4096), BF16)
+    gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
+    gn_sm = _desc((2, 512, 64, 64), BF16, packed_strides((2, 512, 64, 64), NHWC))  # 128 blocks of 64 KiB
+
+    def launch(nd, x):
+        return N._plan(cpu_handle(), nd, x, x, None, _params(x, nd)[1], False).alternatives[0][0]
+
+    for nbytes, rows_pf, gn_pf, gn_sm_pf, short_pf in ((8 << 20, 1024, 128, 0, 0), (4 << 20, 512, 64, 64, 0),
+                                                       (1, 1, 1, 1, 1), (20000, 2, 1, 1, 2), (0, 0, 0, 0, 0)):
+        monkeypatch.setattr(N, "PF_BYTES", {"fwd_rows": nbytes, "gn_reg": nbytes})
+        assert launch(_nd(LAYER), ln).params.pf == rows_pf, nbytes
+        assert launch(_nd(RMS), _desc((16384, 4096), F32)).params.pf == (rows_pf + 1) // 2, nbytes
+        assert launch(_nd(GROUP, 32), gn).params.pf == gn_pf, nbytes
+        assert launch(_nd(GROUP, 32), gn_sm).params.pf == gn_sm_pf, nbytes
+        assert launch(_nd(LAYER), _desc((3, 4096), BF16)).params.pf == short_pf, nbytes  # (3 blocks)

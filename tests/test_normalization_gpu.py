@@ -450,3 +450,28 @@ def test_backward_ring_configs(handle, rng, monkeypatch, cfg, dtype):
         _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)
         _backward_check(handle, rng, kind, 0, k, dims, layout, dtype, alphas=(0.75, -0.5, 1.5, 0.25), bias=False,
                         dbias=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pf_bytes", [1, 64 * 1024])
+def test_l2_prefetch(handle, rng, monkeypatch, pf_bytes, dtype):
+    """fwd_rows and gn_reg with the L2 prefetch of a later block's x (v12, NormParams.pf) one block ahead (1 byte
+    rounds up to one block) and a few ahead: outputs exact as without it (forward plain, no bias + blended, in
+    place, x of mean 1000), the last blocks' targets past the grid skipped (rows / units not a multiple of
+    anything), and the plan carrying the distance where the grid has blocks that far ahead."""
+    monkeypatch.setattr(N, "PF_BYTES", {"fwd_rows": pf_bytes, "gn_reg": pf_bytes})
+    monkeypatch.setattr(N, "FWD_PERSIST", False)
+    monkeypatch.setattr(N, "GN_REG", True)
+    rows = [(kind, 0, k, dims, layout) for kind, k, dims, layout in ROWS_CASES] + [
+        (RMS, 0, 1, (1200, 4096), "nchw"), (LAYER, 0, 1, (1201, 4096), "nchw"), (LAYER, 0, 1, (333, 1000), "nchw")]
+    gns = [(GROUP, g, 1, dims, layout) for g, dims, layout in GN_REG_CASES]
+    for kind, groups, k, dims, layout in rows + gns:
+        x = _tensor(dims, layout, dtype)
+        desc = N.plan_summary(handle, _nd(kind, groups, k), x.desc)[0][0][0]
+        assert desc.startswith(("fwd_rows", "gn_reg", "gn_fwd")), desc
+        if dims[0] >= 1200:
+            assert " pf=" in desc, desc
+        _forward_check(handle, rng, kind, groups, k, dims, layout, dtype)
+        _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+        _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, inplace=True)
+        _forward_check(handle, rng, kind, groups, k, dims, layout, dtype, center=(1000.0, 1.0))

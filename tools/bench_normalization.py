@@ -658,6 +658,87 @@ Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all)
        left that fits 64 registers at 8+ rows per SM (64-thread rows and 9-12 rows per SM spill).
      Compile time (NVRTC, this 2-core machine): the three normalization units ~72 s for sm_90 (56 s before v11: the
        four gn_reg instantiations), ~26 s for sm_80. Device runs this session: 4 (wall 150 / 119 / 127 / 161 s).
+  v12 (2026-11-26, seventh session; at most three device runs). Counting first (H200, 132 SMs, copy ~4.18 TB/s =
+     ~31.7 B/ns per SM). LN bf16 forward 16384 x 4096: v10's fit T = a + R b gives a = 6.4 us, b = 4.43 ns per row
+     (steady state 88.6% of copy; RMS a = 4.3 us, b = 3.91 ns: 100%); 85% needs T <= 75.8 us, i.e. b at RMS's rate
+     alone would give ~90%. What sets b: fwd_rows' 8 one-row blocks per SM have their 8 KiB of x in flight only
+     from their start until the loads land; after that (reduction, 16 LDG.128 of parameters from L1, 4 STG.128,
+     LN's bias reads lengthening it: v8-v11) the slot has nothing in flight, and a new block starts only when it
+     exits. The copy needs ~32 B/ns x ~1-1.5 us of loaded latency = 32-48 KiB in flight per SM all the time; what
+     v6-v11 tried to add in flight (rings, persistent blocks, parameters held elsewhere) cost warps or L1 and lost.
+     GN NHWC bf16 forward 32 x 512 x 64 x 64: gn_reg (8, 4, 8), 2048 blocks of 256 threads, 4 per SM (528 resident,
+     3.9 waves), each block loads its 64 KiB share at once and then spends the rest of its ~23 us life in the
+     statistics, the cluster barrier and the output pass with nothing in flight (74.3-74.8% of copy).
+     Neither the first wave's ramp (all blocks wait one full DRAM latency) nor the drain is touched by any of that.
+     (a) L2 prefetch (NormParams.pf, PF_BYTES in pydnn/ops/normalization.py): block b pulls into L2 (prefetch.global.L2,
+       no register, no slot, no wait) the x that block b + pf will read, pf = PF_BYTES / the bytes of x one block
+       reads: fwd_rows, each thread prefetching the 16-byte vectors it loads, one row ahead by pf rows (a warp's
+       prefetches coalesce into whole lines); gn_reg, the block's threads prefetching block b + pf's 512 positions
+       x 128 B, sector by sector. The hardware hands out one-shot blocks in index order, so block b + pf starts about
+       PF_BYTES / 4.18 TB/s later (8 MiB: ~2 us; 16 MiB: ~4 us), by which time its x should sit in L2 (50 MB; y is
+       stored evict-first). DRAM then sees the prefetches as a steady stream whatever the blocks are doing, and each
+       block's own loads hit L2 (shorter lifetime: the tail's last wave shorter too). Bytes moved from DRAM: the same.
+       ptxas sm_90: fwd_rows bf16 (4, 1, ONE) 64 registers, no spill (a separate sector loop before or after the
+       loads spilled 8-24 bytes); gn_reg_cl bf16 (8, 4, 8) as before (64 registers, 12 bytes spilled).
+       Sweep: PF_BYTES 0 (v11), 4, 8, 16 MiB for the fwd_rows pick (LN bf16 / fp16 / fp32, RMS bf16) and gn_reg (8, 4,
+       8) with evict-first stores; fwd_rows with PF_BULK (one cp.async.bulk.prefetch.L2 of the row by lane 0, sm_90)
+       at 8 MiB; the tail probe (PYDNN_BENCH_NORM_CASES=tail) with and without the prefetch (a and b refitted).
+       Prediction (before measuring): if bytes in flight are what both kernels lack, LN bf16 forward 86-91% of copy at
+       8 MiB (b towards RMS's 3.9 ns, a -1 to -2 us), 4 MiB 84-89%, 16 MiB 85-91%; RMS bf16 92-96%; LN fp32 93-97%;
+       GN NHWC bf16 forward 77-81% at 8 MiB. If the prefetches only add L2 traffic (the per-row time is not DRAM
+       waiting), every pf line within +-1 point of pf 0, or below.
+     Measured (run 1, H100 80GB HBM3 this time, not the H200 of v1-v11: copy 2976 GB/s; the GPU tests of fwd_rows' configs,
+     test_l2_prefetch (one block and 64 KiB ahead) and gn_reg (8, 4, 8) passed: 14 passed, 1 skipped):
+       LN bf16 forward  pf 0 95.0% (2828 GB/s), 4 MiB 94.6%, 8 MiB 93.5% (table row 93.7%, 1.22x torch), 16 MiB 85.6%;
+                        8 MiB with one cp.async.bulk.prefetch.L2 per row 94.1%; without bias (8 MiB) 95.4%
+       LN fp16 forward  95.1% / 94.7% / 93.8% / 85.6%, bulk 94.0%
+       RMS bf16 forward 96.9% / 96.7% / 96.2% / 87.4%, bulk 96.4%
+       LN fp32 forward  pf 0 95.1%, 4 MiB 97.3%, 8 MiB 96.7% (table row 96.9%, 1.43x), 16 MiB 86.1%, bulk 8 MiB 97.5%
+       GN NHWC bf16 forward gn_reg (8, 4, 8) + evict-first: pf 0 83.3% (2480 GB/s, 7.39x torch), 4 MiB 83.3%, 8 MiB 84.2%
+                        (table row 84.1%, 7.46x), 16 MiB 77.1%; gn_fwd GC 4 81.2%
+       tail probe (LN / RMS bf16, rows of 4096; pf 8 MiB): 4096 rows 80.5% -> 83.4% / 85.6% -> 92.7%, 16384 rows 95.1% ->
+                        93.6% / 96.9% -> 96.0%, 65536 rows 99.4% -> 99.5% / 100.1% -> 100.0%. Fit T = a + R b without the
+                        prefetch: LN a = 5.45 us, b = 5.46 ns per row (99.5% of copy), RMS a = 4.05 us, b = 5.44 ns.
+     Reading: on the H100 both targets are met by the v11 kernels with margin (LN bf16 95.0% >= 85%, GN NHWC 83.3% >= 75%),
+       and fwd_rows runs at the copy's rate in steady state (b = the copy's 5.4 ns per row): what the H200 lacks (bytes
+       in flight for its ~1.4x bandwidth at about the same latency and the same 8 rows per SM) the H100 does not, so the
+       prefetch can only show its cost here at 16384 rows (-0.4 to -1.5 points at 4-8 MiB) and its ramp gain on short
+       grids (+3.7% / +8.3% at 4096 rows). 16 MiB ahead is a cliff everywhere (-8 to -11 points: the prefetched lines
+       leave L2 before their blocks read them, so x is read twice; an SM's near L2 partition is ~25 of the 50 MB).
+       fp32 rows (16 KiB, 5 blocks of 256 per SM) gain +1.6-2.2 at 4-8 MiB; gn_reg +0.9 at 8 MiB, next to the cliff.
+       The bulk prefetch is no better than the per-thread one: removed. Defaults stay off (PF_BYTES 0) for run 2.
+     Run 2 (H100 or H200, whichever comes; prediction before measuring): the nearer distances. On an H100: rows 1 / 2 /
+       4 MiB within +-0.7 point of pf 0 at 16384 rows (LN / RMS bf16), LN fp32 +1-2 at 2-4 MiB; tail probe 2 MiB +2-6%
+       at 4096 rows, +-1 at 16384 / 65536; gn_reg 2 / 4 / 6 / 8 MiB 83-84.5% (pf 0: 83-83.5%). On an H200: LN bf16 +2-6
+       points at 2-4 MiB, gn_reg +1-4. Decision rule (set before measuring): a kernel's PF_BYTES default goes on only at
+       a distance that is >= +0.5 point over pf 0 in the same run on its benchmark case and not below pf 0 by more than
+       0.5 on any other case of that kernel in the run.
+     The device run for it (same commit) first ran the GPU tests of both kernels and of everything that reaches them
+       (-k "test_forward or in_place or unaligned or repeated or stream_stores or l2_prefetch or fused or nhwc_reg": 122
+       passed, 1 skipped, 208 s on an H100) and hit the call's 240 s limit before the bench; the bench ran alone after it.
+     Measured (run 2, H100, copy 2975 GB/s; defaults off, so the table rows are pf 0):
+       LN bf16 forward  pf 0 94.7% (table row, 2816 GB/s, 1.23x torch) / 94.7-94.8% (sweep), 1 MiB 92.0%, 2 MiB 93.3%, 4 MiB
+                        94.5%; without bias 95.7%
+       RMS bf16 forward pf 0 95.3% / 95.1%, 1 MiB 93.5%, 2 MiB 95.1%, 4 MiB 96.5%
+       LN fp32 forward  pf 0 97.5% / 97.5%, 1 MiB 95.2%, 2 MiB 96.6%, 4 MiB 98.1%
+       GN NHWC bf16 forward gn_reg (8, 4, 8) + evict-first: pf 0 83.3% (table row, 2478 GB/s, 7.40x torch) / 83.2%, 2 MiB
+                        80.3%, 4 MiB 82.6%, 6 MiB 83.6%, 8 MiB 84.1% (2501 GB/s, 7.47x); without evict-first 82.8%
+       tail probe (pf 2 MiB): 4096 rows LN 80.4% -> 88.5% (+10.0%), RMS 85.2% -> 96.4% (+13.2%); 16384 rows 94.9% -> 93.6% /
+                        96.8% -> 95.2%; 65536 rows 99.3% -> 98.0% / 100.2% -> 98.5%
+     Outcome v12 (by the rule set before run 2): gn_reg prefetches 8 MiB ahead by default (PF_BYTES["gn_reg"]: +0.8 to +0.9
+       point in both runs, 84.1-84.2% against 83.2-83.3%; the prediction's +1-4 on an H200 is untested; 16 MiB is 7 points
+       worse, so the default sits one factor of two below a cliff). fwd_rows keeps it off: on LN bf16 16384 x 4096 every
+       distance measured -0.2 to -2.7 points (and -9 at 16 MiB); at 4 MiB RMS bf16 -0.2 / +1.4 and LN fp32 +2.2 / +0.6
+       (runs 1 / 2), against a 1.8 / 2.4-point spread of their own pf 0 lines between the runs. Nearer is worse (1 MiB -2.7): a prefetch issued less
+       than a latency ahead meets its block's own loads of the same lines in flight. The prediction for the H100 (within
+       +-0.7 at 16384 rows) held for 4 MiB, not for 1-2 MiB. The one large effect, on short grids (4096 x 4096: +10 / +13%
+       at 2 MiB, +3.7 / +8.3% at 8 MiB), is the first wave's ramp (all blocks waiting one DRAM latency at once) that the
+       prefetch shortens for the second wave on; turning it on by grid size needs a sweep of sizes (1024-16384 rows)
+       that this session did not have.
+     Targets (issue 3), on the H100 of these runs, the shipped defaults: LN bf16 forward 94.7-95.0% of copy (>= 85%: met,
+       the v11 kernel unchanged), GN NHWC bf16 forward 84.1-84.2% with the prefetch (83.2-83.3% without; >= 75% and >= 5x
+       PyTorch: met, 7.47x). On the H200 of v1-v11 (LN 82.5%, GN 74.8%) nothing was measured this session.
+     Device runs this session: 3 (wall 124 s, 240 s (timed out in the bench, after the tests), 12 s), all on one H100.
 """
 import os
 
@@ -746,7 +827,11 @@ def _rows(b, kind, name, dt="bf16", backward=True, sweep=True):
 
 _KNOBS = ("ROWS_FWD", "FWD_PERSIST", "BWD_ROWS", "BWD_RING", "FINISH", "BWD_RING_WARPSTAT", "GN_ONE", "GN_REG",
           "GN_REG_PICK")
-_TABLES = ("ROWS_PICK", "FWD_PERSIST_PICK", "BWD_ROWS_PICK", "BWD_RING_PICK")
+_TABLES = ("ROWS_PICK", "FWD_PERSIST_PICK", "BWD_ROWS_PICK", "BWD_RING_PICK", "PF_BYTES")
+# v12: L2 prefetch distances (bytes of x ahead) of the sweep lines; run 1 (H100) also measured 8 / 16 MiB on the rows
+# and 16 MiB on gn_reg (slower), and a bulk prefetch per row (cp.async.bulk.prefetch.L2, no better: removed)
+ROWS_PF_SWEEP = (0, 1 << 20, 2 << 20, 4 << 20)
+GN_PF_SWEEP = (0, 2 << 20, 4 << 20, 6 << 20, 8 << 20)
 
 
 def _save():
@@ -782,15 +867,18 @@ def _sweep(b, kind, name, dt, xd, x, y, sb, w, bp, st, mean, inv, nbytes, ms_t):
     printed (not table rows): what the picks are chosen from."""
     tag = {"bf16": "bf16", "fp16": "f16", "fp32": "f32"}[dt]
     es = x.element_size()
-    variants = [(c, bp) for c in N.ROWS_CONFIGS[es]]
+    pf0 = N.PF_BYTES["fwd_rows"]
+    variants = [(c, bp, pf0) for c in N.ROWS_CONFIGS[es]]
     if kind == LN and es == 2:
-        variants.append((N.ROWS_PICK[tag], 0))
+        variants.append((N.ROWS_PICK[tag], 0, pf0))
+    variants += [(N.ROWS_PICK[tag], bp, pf) for pf in ROWS_PF_SWEEP]  # (v12: the pick at each prefetch distance)
     saved = _save()
     try:
-        for cfg, bias_ptr in variants:
+        for cfg, bias_ptr, pf in variants:
             N.FWD_PERSIST, N.ROWS_FWD = False, True
             N.STREAM = {"fwd_rows"}
             N.ROWS_PICK[tag] = cfg
+            N.PF_BYTES["fwd_rows"] = pf
             nd = _nd(kind)  # a new descriptor: a new plan
             desc = N.plan_summary(b.h, nd, xd)[0][0][0]
             ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(),
@@ -836,6 +924,7 @@ GN_SWEEP = ((32 * 1024, 256), (64 * 1024, 256), (64 * 1024, 512))
 GN_REG_SWEEP = ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))  # v11 gn_reg (CL, GC, SI), each without evict-first
 # stores (the pick has them); runs 1-3 also measured SI 0 (CL 1 / 2 / 4 / 8, GC 1 / 2 / 4), no longer compiled
 GN_EXTRA = ("two-pass", "stream")  # v8: the default tile without GN_ONE / with evict-first y stores (forward only)
+# v12: the gn_reg pick with each L2 prefetch distance of GN_PF_SWEEP ("reg stream" lines, forward only)
 
 
 def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
@@ -844,7 +933,9 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
     x, y, dy, w, bias, mean, inv, dw, db = bufs
     flag = "GN_BWD" if backward else "GN_FWD"
     was = getattr(N, flag), N.GN_TILE_MAX, N.GN_THREADS, set(N.STREAM), N.FINISH, N.GN_ONE, N.GN_REG, N.GN_REG_PICK
-    extras = () if backward else GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP) + (("reg stream",),)
+    extras = () if backward else (GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP)
+                                  + tuple(("reg stream", pf) for pf in GN_PF_SWEEP))
+    pf0 = N.PF_BYTES["gn_reg"]
     stream0 = was[3]
     was = was[:3] + (stream0 - {"gn_reg"},) + was[4:]  # (the sweep's lines: without gn_reg's evict-first stores)
     try:
@@ -852,6 +943,7 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
             setattr(N, flag, cfg is not None)
             N.STREAM, N.FINISH, N.GN_ONE = was[3], was[4], was[5]
             N.GN_REG, N.GN_REG_PICK = False, was[7]  # (v11: the gn_fwd lines without gn_reg)
+            N.PF_BYTES["gn_reg"] = cfg[1] if isinstance(cfg, tuple) and cfg[0] == "reg stream" else pf0
             reg = isinstance(cfg, tuple) and cfg[0] in ("reg", "reg stream")
             if reg:
                 N.GN_REG = True
@@ -895,9 +987,11 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
         N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
         N.STREAM, N.FINISH, N.GN_ONE = stream0, was[4], was[5]
         N.GN_REG, N.GN_REG_PICK = was[6], was[7]
+        N.PF_BYTES["gn_reg"] = pf0
 
 
 TAIL_ROWS = (4096, 16384, 65536)
+TAIL_PF = 2 << 20  # v12: the tail probe's fwd_rows with the L2 prefetch this far ahead (when PF_BYTES has none)
 
 
 def _tail_probe(b):
@@ -920,9 +1014,11 @@ def _tail_probe(b):
                 bp = bias.data_ptr() if kind == LN else 0
                 nbytes = 2 * x.numel() * 2 + (2 if kind == LN else 1) * (L + R) * 4
                 got = []
-                for persist in (False, True):
+                pf_on = saved[1]["PF_BYTES"]["fwd_rows"] or TAIL_PF
+                for persist, pf in ((False, 0), (True, 0), (False, pf_on)):  # (v12: fwd_rows with the L2 prefetch)
                     N.FWD_PERSIST, N.ROWS_FWD = persist, True
                     N.STREAM = {"fwd_rows", "fwd_persist"}
+                    N.PF_BYTES["fwd_rows"] = pf
                     nd = _nd(kind)
                     desc = N.plan_summary(b.h, nd, xd)[0][0][0]
                     ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd,
@@ -931,8 +1027,8 @@ def _tail_probe(b):
                     got.append(nbytes / ms / 1e6)
                     print(f"normalization tail {name} bf16 {R}x{L} forward [{desc} stream]: {got[-1]:.0f} GB/s "
                           f"{100 * got[-1] / b.copy_gbs:.1f}% copy", flush=True)
-                print(f"normalization tail {name} bf16 {R}x{L}: fwd_persist / fwd_rows {got[1] / got[0]:.3f}",
-                      flush=True)
+                print(f"normalization tail {name} bf16 {R}x{L}: fwd_persist / fwd_rows {got[1] / got[0]:.3f}, "
+                      f"fwd_rows pf / no pf {got[2] / got[0]:.3f}", flush=True)
             del x, y
             torch.cuda.synchronize()
     finally:

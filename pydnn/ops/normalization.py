@@ -52,7 +52,8 @@ BWD_RING (the default since v6) `bwd_ring`, the same with the ring in shared mem
 instance norm with each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on
 sm_90 (a cluster of 8 blocks per sample and GC groups, the tiles held in shared memory between the
 statistics and the output; see GN_*); its forward takes `gn_reg_cl` first when a block's share fits (v11: half
-of it in registers, half in the threads' own shared-memory slots; see GN_REG*).
+of it in registers, half in the threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of
+the block PF_BYTES ahead (v12, NormParams.pf; fwd_rows has the same option, off).
 """
 import ctypes
 
@@ -217,6 +218,20 @@ GN_REG_ITEMS = 8
 GN_REG_CONFIGS = ((4, 8), (8, 8))
 GN_REG_PICK = (8, 4, 8)
 GN_REG_MAX_BLOCK = 1024
+# L2 prefetch (v12, NormParams.pf): block b of fwd_rows / gn_reg pulls into L2 (prefetch.global.L2) the x that
+# block b + pf will read, pf = PF_BYTES[kernel] / the bytes of x one block reads (at least 1; 0 bytes: off). Why: a
+# one-shot block's loads are in flight only until they land, so DRAM idles while the SM's blocks reduce and
+# store (LN bf16 16384 x 4096 forward: 88.6% of copy in steady state, RMS 100%; bench notes v10). The distance is
+# in bytes because what bounds it is: ahead by more than a memory latency's worth of the copy's traffic (~2 us
+# x ~4 TB/s = 8 MB), and not so far that the prefetched lines leave L2 (50 MB) before their block reads them.
+# Measured (v12, H100, two runs; bench notes): gn_reg (8, 4, 8) on 32 x 512 x 64 x 64 bf16 NHWC: 8 MiB 84.1-84.2% of
+# copy against 83.2-83.3% without, 6 MiB 83.6%, 4 MiB 82.6-83.3%, 2 MiB 80.3%, 16 MiB 77.1% (a cliff: the lines leave
+# L2 first): on at 8 MiB. fwd_rows on LN bf16 16384 x 4096: 1 / 2 / 4 / 8 / 16 MiB 92.0 / 93.3 / 94.5-94.6 / 93.5 /
+# 85.6% against 94.7-95.0% without (at 4 MiB RMS bf16 -0.2 / +1.4, LN fp32 +2.2 / +0.6 in runs 1 / 2, inside the
+# 1.8-2.4-point spread of their pf 0 lines between the runs): off.
+# (fwd_rows with 2 MiB gains 10-13% on 4096 x 4096 rows, where the first wave's ramp weighs more: not measured
+# at enough sizes to pick a threshold.)
+PF_BYTES = {"fwd_rows": 0, "gn_reg": 8 << 20}
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
@@ -243,7 +258,7 @@ class NormParams(ctypes.Structure):
         ("sets", ctypes.c_longlong), ("len", ctypes.c_longlong), ("nparams", ctypes.c_longlong),
         ("slots", ctypes.c_longlong),
         ("act", ctypes.c_int), ("flags", ctypes.c_uint), ("group", ctypes.c_int),
-        ("set_ndim", ctypes.c_int), ("el_ndim", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("set_ndim", ctypes.c_int), ("el_ndim", ctypes.c_int), ("pf", ctypes.c_int),
         ("set_size", ctypes.c_longlong * MAX_DIMS), ("set_stride", (ctypes.c_longlong * MAX_DIMS) * 4),
         ("set_pstride", ctypes.c_longlong * MAX_DIMS),
         ("el_size", ctypes.c_longlong * MAX_DIMS), ("el_stride", (ctypes.c_longlong * MAX_DIMS) * 3),
@@ -715,9 +730,20 @@ def _rows_alt(handle, nd, tag, geo, vec):
     p.group = g
     if "fwd_rows" in STREAM:
         p.flags |= FLAG_STREAM
+    p.pf = _pf_blocks("fwd_rows", per_block * length * _SIZES[tag], grid)
     return [_new_launch(_rows_expr(tag, vec, items, rows, one), p, (grid, 1, 1), (block, 1, 1),
                         desc=f"fwd_rows vec={vec} G={g} block={block} items={items} rows={rows} one={one} "
-                             f"grid={grid}")]
+                             f"grid={grid}" + (f" pf={p.pf}" if p.pf else ""))]
+
+
+def _pf_blocks(kernel, block_bytes, grid):
+    """NormParams.pf for `kernel`: PF_BYTES[kernel] of x ahead, in blocks that read block_bytes each (0: off, or
+    nothing that far ahead in this grid)."""
+    want = PF_BYTES.get(kernel, 0)
+    if not want:
+        return 0
+    pf = max(1, round(want / max(1, block_bytes)))
+    return pf if pf < grid else 0
 
 
 def _persist_alt(handle, nd, tag, geo, vec):
@@ -834,8 +860,10 @@ def _gn_reg_alt(handle, nd, tag, geo, vec):
     p.group = gc
     if "gn_reg" in STREAM:
         p.flags |= FLAG_STREAM
+    p.pf = _pf_blocks("gn_reg", cdiv(P, cl) * gc * cg * _SIZES[tag], grid)
     return [_new_launch(_gn_reg_expr(tag, vec, cl, si), p, (grid, 1, 1), (block, 1, 1), smem,
-                        desc=f"gn_reg vec={vec} GC={gc} CL={cl} block={block} items={GN_REG_ITEMS}+{si} grid={grid}")]
+                        desc=f"gn_reg vec={vec} GC={gc} CL={cl} block={block} items={GN_REG_ITEMS}+{si} grid={grid}"
+                             + (f" pf={p.pf}" if p.pf else ""))]
 
 
 def _first_alt(tries, *args):
