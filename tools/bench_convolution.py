@@ -574,6 +574,10 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
     need = max(pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, fwd_algo),
                pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv, xd, dalgo),
                pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, falgo))
+    wwino = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED   # issue 4's fp32 row, whatever v7 picks
+    wino_row = dname == "fp32" and r == 3 and stride == 1 and falgo != wwino and not _tc_only()
+    if wino_row:
+        need = max(need, pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, wwino))
     ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
     wsp = ws.data_ptr()
     xp, wp, yp, dyp, dxp, dwp = (t.data_ptr() for t in (x, w, y, dy, dx, dw))
@@ -590,6 +594,9 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
          lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1,
                                                      [False, True, False])),
     ]
+    if wino_row:
+        cases.append((f"bwd filter (algo {wwino}, forced)", lambda: pydnn.convolution_backward_filter(
+            h, 1.0, xd, xp, yd, dyp, conv, wwino, wsp, need, 0.0, wd, dwp), cases[2][2]))
     for what, fp, ft in cases:
         reps = 10 if flops > 5e10 else 20
         ms_p = time_ms(fp, reps=reps, warmup=2)
