@@ -144,6 +144,8 @@ def test_wgrad_emulated(case, mode, dtype, layout, splits, tile, rng, monkeypatc
     monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
     monkeypatch.setattr(Wg, "WGRAD_LAYOUT", layout)
     monkeypatch.setattr(Wg, "WGRAD_FORCE_SPLITS", splits)
+    monkeypatch.setattr(Wg, "WGRAD_F4_MIN_CLEAR", 0)  # index math here, not float rounding: every shape
+    monkeypatch.setattr(Wg, "WGRAD_F2_MIN_CLEAR", -9)
     h = cpu_handle()
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(case, mode, rng, dtype)
     if dtype == F64:
@@ -183,6 +185,24 @@ def test_wgrad_refusals():
     assert ws(h, tdesc((2, 4096, 9, 9)), tdesc((2, 4096, 9, 9)), cdesc((1, 1), (1, 1), (1, 1), groups=4096),
               fdesc((4096, 1, 3, 3)), WINO) > 0
     assert ws(h, x, y, cdesc((1, 1), (1, 1), (1, 1)), w, WINO) > 0
+
+
+def test_wgrad_small_float_outputs():
+    """Float data: F(4x4) from min(OH - pad_h, OW - pad_w) >= 4, F(2x2) from 2, NOT_SUPPORTED below (the border
+    taps' rounding); half keeps F(4x4) there."""
+    h = cpu_handle()
+    p1 = cdesc((1, 1), (1, 1), (1, 1))
+    for (hh, ww), tile in (((5, 9), 4), ((4, 9), 2), ((9, 3), 2)):
+        x, y = tdesc((1, 4, hh, ww)), tdesc((1, 6, hh, ww))
+        assert C._new_plan(h, C.DIR_BWD_FILTER, WINO, p1, x, fdesc((6, 4, 3, 3)), y).tile == tile
+    x16, y16 = tdesc((1, 4, 3, 2), F16), tdesc((1, 6, 3, 2), F16)
+    assert C._new_plan(h, C.DIR_BWD_FILTER, WINO, p1, x16, fdesc((6, 4, 3, 3), F16), y16).tile == 4
+    _check(pydnn.get_convolution_backward_filter_workspace_size,
+           (h, tdesc((1, 4, 3, 2)), tdesc((1, 6, 3, 2)), p1, fdesc((6, 4, 3, 3)), WINO), NS,
+           "min(OH - pad_h, OW - pad_w) = 1")
+    p0 = cdesc((0, 0), (1, 1), (1, 1))   # no padding: every tap sees every position
+    x, y = tdesc((1, 4, 4, 4)), tdesc((1, 6, 2, 2))
+    assert C._new_plan(h, C.DIR_BWD_FILTER, WINO, p0, x, fdesc((6, 4, 3, 3)), y).tile == 2
 
 
 def _ru(n, a=256):

@@ -10,6 +10,7 @@ import pydnn
 from devtensor import assert_close
 from pydnn.ops import convolution_winograd as Wg
 from pydnn.reference import convolution as ref
+from test_fuzz_cpu import _call
 from test_convolution_gpu import BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _workspace
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +24,8 @@ CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
     ((2, 8, 12, 9), 6, (3, 3), (2, 1), (1, 1), (1, 1), 2, "gap", NHWC),        # groups, padded layout
     ((2, 16, 9, 10), 16, (3, 3), (1, 1), (1, 1), (1, 1), 16, "nhwc", NCHW),    # depthwise
     ((4, 70, 15, 15), 80, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NHWC),    # several GEMM tiles
-    ((1, 33, 3, 2), 40, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NCHW),      # smaller than one tile
+    ((1, 33, 3, 2), 40, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NCHW),      # < 1 tile (float: refused)
+    ((1, 9, 4, 7), 5, (3, 3), (0, 0), (1, 1), (1, 1), 1, "nhwc", NCHW),        # 2 x 5 outputs, float F(2x2)
     ((8, 64, 28, 28), 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nchw", NCHW),    # a long reduction, split
 ]
 
@@ -42,6 +44,12 @@ def _run(handle, pb, alpha, beta):
 
 
 def check_wgrad(handle, rng, case, dtype):
+    pb = Problem(case, dtype)
+    if dtype == F32 and min(pb.yd[2] - case[3][0], pb.yd[3] - case[3][1]) < Wg.WGRAD_F2_MIN_CLEAR:
+        st = _call(pydnn.get_convolution_backward_filter_workspace_size, handle, pb.x.desc, pb.y.desc, pb.conv,
+                   pb.wdesc, WINO)
+        assert st == pydnn.PYDNN_STATUS_NOT_SUPPORTED and "border taps" in pydnn.get_last_error_string()
+        return  # too small for float (convolution_winograd.WGRAD_F2_MIN_CLEAR): refused with the reason
     for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.5, -2.0)):
         pb = Problem(case, dtype, mode)
         x, dy = pb.x.random(rng), pb.y.random(rng)

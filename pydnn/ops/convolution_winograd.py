@@ -294,6 +294,16 @@ def plan_winograd(handle, pb, direction, algo):
 # fastest: trans_a True / trans_b False, the kernel's shared-memory layout without the transposing
 # stores); WGRAD_LAYOUT picks ("tile", "chan"; None: channels fastest for NHWC-like x, else tiles).
 WGRAD_LAYOUT = None
+# Float data: the border taps of small outputs. A corner tap of dw sums only the output positions whose
+# input is not padding, while the transforms mix the whole tile, so its rounding error is that of the
+# tile's magnitude against a sum of few products. "clear" = min(OH - pad_h, OW - pad_w), about the
+# positions a corner tap sees per row / column. A float32 emulation with the kernels' transforms (F(4x4) /
+# F(2x2), C = K = 16, N = 1 / 3, pads 0-2, outputs 2-16; 3-6 seeds) puts the worst error at <= 0.61x
+# float's tolerance with clear >= 4 (F(4x4)) and <= 0.35x with clear >= 2 (F(2x2)), and at 1.1-9.6x below
+# those (e.g. clear 3 under F(4x4): 2.0x; one GPU case, 3 x 2 outputs with pad 1 under F(4x4), missed the
+# tolerance on 26 of 11880 elements). So float takes F(4x4) from clear 4, F(2x2) from 2, and refuses
+# below; half / bfloat16 (tolerances 100x float's) and double keep PREFERRED_TILE.
+WGRAD_F4_MIN_CLEAR, WGRAD_F2_MIN_CLEAR = 4, 2
 WGRAD_K_OVERHEAD = 32   # a GEMM item's fixed cost (first loads, epilogue) in K steps: the split model's
 MAX_WGRAD_SPLITS = 64
 WGRAD_FORCE_SPLITS = None   # tests / benchmarks pin S
@@ -310,10 +320,27 @@ def wgrad_refusal(pb):
         return f"{name} needs stride 1 (got {pb.stride3[1]} x {pb.stride3[2]})"
     if tuple(pb.dil3[1:]) != (1, 1):
         return f"{name} needs dilation 1 (got {pb.dil3[1]} x {pb.dil3[2]})"
+    clear = _wgrad_clear(pb)
+    if pb.dtype == E.PYDNN_DATA_FLOAT and clear < WGRAD_F2_MIN_CLEAR:
+        return (f"{name} needs, for float data, outputs at least {WGRAD_F2_MIN_CLEAR} positions past the padding "
+                f"in each dim (min(OH - pad_h, OW - pad_w) = {clear}): the border taps' rounding would exceed "
+                f"float's accuracy")
     if pb.dtype == E.PYDNN_DATA_DOUBLE and 16 * pb.groups > MAX_GRID_Z:
         return (f"{name} supports at most {MAX_GRID_Z // 16} groups for double data (got {pb.groups}): its GEMMs "
                 f"are grid.z blocks")
     return None
+
+
+def _wgrad_clear(pb):
+    return min(pb.out3[1] - max(pb.pad3[1], 0), pb.out3[2] - max(pb.pad3[2], 0))
+
+
+def wgrad_tile(pb):
+    """PREFERRED_TILE, but F(2x2) for float data whose outputs are too small for F(4x4)'s rounding
+    (WGRAD_F4_MIN_CLEAR above)."""
+    if pb.dtype == E.PYDNN_DATA_FLOAT and _wgrad_clear(pb) < WGRAD_F4_MIN_CLEAR:
+        return 2
+    return PREFERRED_TILE
 
 
 def _wgrad_gemm_ms(handle, kg, cg, batch, chunk):
@@ -405,7 +432,7 @@ def plan_winograd_wgrad(handle, pb, algo):
         raise PydnnError(NS, f"algo: {why}")
     double = pb.dtype == E.PYDNN_DATA_DOUBLE
     acc = 8 if double else 4
-    tile = PREFERRED_TILE
+    tile = wgrad_tile(pb)
     pos = (tile + 2) ** 2
     oh, ow = pb.out3[1:]
     th, tw = cdiv(oh, tile), cdiv(ow, tile)
