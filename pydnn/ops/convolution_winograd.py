@@ -489,5 +489,8 @@ def plan_winograd_wgrad(handle, pb, algo):
     pl.px, pl.pd, pl.pf = steps[0][0], steps[1][0], pf
     pl.base_flags = FLAG_FLIP if pb.flip else 0
     for kernel, (p, n) in zip(("input_transform", "grad_transform", "filter_grad"), steps):
-        pl.add_step(unit, _expr(kernel, pb.tag, tile), (cdiv(n, 256), 1, 1), (256, 1, 1), p)
+        # filter_grad's threads are few (K * C/g: 4096 at 56^2) and each reads S * P partials in turn:
+        # blocks of 64 spread them over 4x the SMs where 256-thread blocks would leave most SMs idle
+        t = 64 if kernel == "filter_grad" and n < 2 * 256 * max(handle.sm_count, 1) else 256
+        pl.add_step(unit, _expr(kernel, pb.tag, tile), (cdiv(n, t), 1, 1), (t, 1, 1), p)
     return pl
