@@ -113,6 +113,29 @@ Measured (H200, cuDNN 9.19 through torch 2.11, fp32 NCHW, N = 64; TFLOP/s as cou
     of each idle), transforms' traffic 341 / 184 / 141 / 98 MB; whole 0.34 / 0.19 / 0.21 / 0.20 ms =
     44 / 78 / 69 / 74 TFLOP/s effective (1.6 / 1.15 / 0.83 / 0.82x cuDNN): 56² and 28² clear the target,
     14² and 7² at its edge (the 7² tiles cover 8 x 8 for 7 x 7 outputs: 1.31x the GEMM work).
+    Measured, run 1 (H100 80GB HBM3, copy 2976 GB/s, cuDNN 9.19 in the same run; 9015957; its GPU tests, 90,
+    all passed):
+      whole (ms / TFLOP/s)  0.426 / 34.7   0.208 / 71.0   0.203 / 73.1   0.190 / 77.7
+      cuDNN                 0.585 / 25.3   0.230 / 64.4   0.184 / 80.5   0.170 / 86.9
+      = 1.37 / 1.10 / 0.91 / 0.89x cuDNN (issue 4's 0.8x: met on all four; the H200 targets 22 / 54 / 67 /
+      73 TFLOP/s met too); v7 picks it and Find's fastest is it on all four (1.00x).
+      launches alone (ms): x transform / dy transform / GEMM (TFLOP/s of its own flops, model ms) / filter_grad
+        56²  0.1058 / 0.0986 / 0.2016 (18.4: half of each 64 x 128 tile idle, model 0.211) / 0.0178
+        28²  0.0369 / 0.0361 / 0.1124 (32.9, 128 x 128, model 0.115)                        / 0.0129
+        14²  0.0236 / 0.0222 / 0.1331 (36.3, 64 x 128, model 0.156)                         / 0.0196
+        7²   0.0121 / 0.0099 / 0.1342 (36.0, model 0.156)                                   / 0.0319
+      forced: the other layout 1.02 / 0.99 / 0.97 / 1.02x the model's plan (a tie), S / 2 0.82 / 0.87 /
+      0.97 / -, 2 S 0.91 / 0.85 / 0.87 / 0.88x: the model's S was the fastest tried on every layer but
+      14² (S 2, within 3%). Prediction: GEMMs as modelled (within 3% at 56² / 28², 14-16% pessimistic at
+      14² / 7²); the transforms missed: 56²'s x / dy transforms move their 167 MB each at 1.6 TB/s (the
+      forward's input transform ran ~3 TB/s on the H200), so 56² ran 0.43 ms against the 0.34 predicted.
+      SASS (nvdisasm): input_transform<float, 4> calls the 64-bit division subroutine 5 times a thread
+      (split_index, tile_coords, the chunk's tile_offset). Then (v6 b, predictions before the run):
+      those divisions in 32 bits where the operands fit (all four layers; the forward's transforms
+      too), filter_grad in 64-thread blocks when it has few threads (56²: 4096 threads in 16 blocks).
+      Predicted: 56² x / dy transforms 0.10 -> ~0.07 ms each, filter_grad 0.018 -> ~0.01, whole 0.43 ->
+      ~0.36 ms (~41 TFLOP/s); 28² ~0.19; 14² / 7² within 5%; the forward's input / output transforms
+      (run_wino) faster by a similar share.
 Next: a register-blocked batched GEMM (or the tensor-core kernels with TF32 / 16-bit transforms) for
 the per-position products, and the input transform fused into the GEMM's A loads (WINOGRAD, fused).
 """
