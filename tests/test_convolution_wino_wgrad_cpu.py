@@ -153,9 +153,11 @@ def test_wgrad_emulated(case, mode, dtype, layout, splits, tile, rng, monkeypatc
     x, dy, dw0 = rng.standard_normal(xd), rng.standard_normal(yd), rng.standard_normal(wd)
     pl = C._new_plan(h, C.DIR_BWD_FILTER, WINO, c, xdsc, wdsc, ydsc)
     assert pl.deterministic and pl.tile == tile and (pl.mm is None) == (dtype == F64)
-    if splits:  # S chunks of ceil(T / S) tiles (fewer when the last ones would be empty)
-        tiles = pl.px.batch * pl.px.tiles_h * pl.px.tiles_w
-        assert pl.splits == -(-tiles // -(-tiles // min(splits, tiles))) and pl.px.tiles == pl.splits * pl.chunk
+    tiles = pl.px.batch * pl.px.tiles_h * pl.px.tiles_w
+    if splits:  # chunks of ceil(T / S) tiles rounded up to 4 (fewer chunks when the last ones would be empty)
+        chunk = -(-(-(-tiles // min(splits, tiles))) // 4) * 4
+        assert pl.chunk == chunk and pl.splits == -(-tiles // chunk)
+    assert pl.px.tiles == pl.splits * pl.chunk >= tiles > (pl.splits - 1) * pl.chunk
     nw = int(np.prod(wd))
     got = emulate_wgrad(pl, _scatter(x, xs, xsize), _scatter(dy, ys, ysize), _scatter(dw0, ws, nw), -0.5, 0.25)
     args = (case[3], case[4], case[5], case[6], mode == XCORR)
@@ -217,11 +219,18 @@ def test_wgrad_workspace_size_and_small_workspace(dtype, acc, monkeypatch):
     cv = cdesc((1, 1), (1, 1), (1, 1), ctype=F64 if dtype == F64 else F32)
     x, w, y = tdesc((n, c, hh, ww), dtype), fdesc((k, c, 3, 3), dtype), tdesc((n, k, hh, ww), dtype)
     tiles = n * 3 * 3                     # 11 x 9 outputs in 4 x 4 tiles
-    chunk = -(-tiles // 4)
+    chunk = 8                             # ceil(27 / 4) = 7 tiles a chunk, rounded up to 4 (16-byte rows)
     want = _ru(36 * 4 * chunk * c * acc) + _ru(36 * 4 * chunk * k * acc) + _ru(4 * 36 * k * c * acc)
     assert pydnn.get_convolution_backward_filter_workspace_size(h, x, y, cv, w, WINO) == want
     _check(pydnn.convolution_backward_filter, (h, 1.0, x, 1 << 40, y, 1 << 41, cv, WINO, 1 << 43, want - 1, 0.0,
                                                w, 1 << 42), BAD, f"less than the {want} bytes")
+
+
+def test_wgrad_chunks_are_aligned():
+    """Chunks of ceil(T / S) tiles rounded up to 32 tiles from 256 on (128-byte rows), else to 4."""
+    assert Wg._wgrad_chunk(12544, 11) == 1152 and Wg._wgrad_chunk(3136, 7) == 448
+    assert Wg._wgrad_chunk(1024, 4) == 256 and Wg._wgrad_chunk(27, 4) == 8 and Wg._wgrad_chunk(1, 1) == 4
+    assert Wg._wgrad_chunk(1000, 4) == 252 and Wg._wgrad_chunk(1100, 4) == 288  # 250 -> 252; 275 -> 288
 
 
 RESNET = [(64, 56), (128, 28), (256, 14), (512, 7)]   # fp32 3x3 C = K @ H, N = 64

@@ -136,6 +136,19 @@ Measured (H200, cuDNN 9.19 through torch 2.11, fp32 NCHW, N = 64; TFLOP/s as cou
       Predicted: 56² x / dy transforms 0.10 -> ~0.07 ms each, filter_grad 0.018 -> ~0.01, whole 0.43 ->
       ~0.36 ms (~41 TFLOP/s); 28² ~0.19; 14² / 7² within 5%; the forward's input / output transforms
       (run_wino) faster by a similar share.
+    Measured, run 2 (the same H100, warm, 1a11fd8; the GPU tests first: the backward-filter file and every
+    Winograd forward / backward-data test, all passed): no change. 56² x / dy transforms 0.1056 / 0.0980
+    ms, whole 0.426 (34.7 TFLOP/s), 28² 0.208 (71.2), 14² 0.204 (72.4), 7² 0.191 (77.4); filter_grad
+    56² 0.0168 (-6%). Prediction failed: the divisions were not the limit (kept: they cost nothing and
+    leave the 64-bit path for > 2^32 indices). What the run does show: the forward's input transform,
+    the SAME kernel, wrote 56²'s same 167 MB in 0.068 ms (2.45 TB/s), and the backward filter's x
+    transform at 28² / 14² / 7² (448- / 256-tile chunks) runs at the forward's rate too; only 56²'s
+    1141-tile chunks are slow: rows of U and D 4564 bytes long, off 128-byte alignment in every channel
+    but the first. Then (v6 c, NOT measured: the session's device calls were spent) chunks rounded up to
+    32 tiles from 256 on (convolution_winograd._wgrad_chunk; 56²: 1152 tiles, S 11; the other three
+    layers' plans unchanged). Predicted: 56² x / dy transforms ~0.07 ms each, whole ~0.36 ms (~41
+    TFLOP/s); the GEMM unchanged (0.20 ms: 64 x 64 outputs a position in 64 x 128 tiles, half of each
+    idle, is its bound at ~18 TFLOP/s useful).
 Next: a register-blocked batched GEMM (or the tensor-core kernels with TF32 / 16-bit transforms) for
 the per-position products, and the input transform fused into the GEMM's A loads (WINOGRAD, fused).
 """

@@ -343,6 +343,16 @@ def wgrad_tile(pb):
     return PREFERRED_TILE
 
 
+def _wgrad_chunk(tiles, splits):
+    """Tiles per chunk: ceil(T / S) rounded up to 32 tiles (128-byte rows of U and D in the "tile" layout)
+    from 256 on, else to 4 (16 bytes: the GEMM's vector loads along K). Measured (v6 run 2,
+    tools/bench_convolution_algos.py): with 1141-tile chunks (56^2, S 11) the x / dy transforms wrote
+    their 167 MB each at 1.6 TB/s against the forward's input transform's 2.45 TB/s on the same bytes
+    (448 / 256-tile chunks elsewhere ran at the forward's rate)."""
+    c = cdiv(tiles, splits)
+    return round_up(c, 32) if c >= 256 else round_up(c, 4)
+
+
 def _wgrad_gemm_ms(handle, kg, cg, batch, chunk):
     """The model's time of the batched GEMMs (gemm_simt): rounds of per_sm items an SM, each item
     bm x bn x (chunk + WGRAD_K_OVERHEAD) multiply-adds at GEMM_TFLOPS over the SMs."""
@@ -362,7 +372,7 @@ def _wgrad_splits(handle, pb, pos, tiles, acc):
         return max(1, min(WGRAD_FORCE_SPLITS, cap, tiles))
     best = None
     for s in range(1, min(cap, tiles) + 1):
-        chunk = cdiv(tiles, s)
+        chunk = _wgrad_chunk(tiles, s)
         if cdiv(tiles, chunk) != s:
             continue  # the same chunks as a smaller S
         t = (_wgrad_gemm_ms(handle, pb.kg, pb.cg, z0 * s, chunk)
@@ -438,7 +448,7 @@ def plan_winograd_wgrad(handle, pb, algo):
     th, tw = cdiv(oh, tile), cdiv(ow, tile)
     tiles = pb.n * th * tw
     splits = _wgrad_splits(handle, pb, pos, tiles, acc)
-    chunk = cdiv(tiles, splits)
+    chunk = _wgrad_chunk(tiles, splits)
     splits = cdiv(tiles, chunk)
     layout = WGRAD_LAYOUT or ("chan" if pb.xs[1] == 1 and pb.c > 1 else "tile")
     chan_fast = layout == "chan" and pb.groups == 1 and not double
