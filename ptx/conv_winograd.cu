@@ -7,6 +7,13 @@
 //                                           from Python)
 //   output transform  Y = A^T M A          (m x m outputs per (tile, o)) + alpha / beta / fused epilogue
 //
+// Backward filter (BWD_FILTER_ALGO_WINOGRAD_NONFUSED): the gradient of Y = A^T (V . U) A with respect to
+// f is G^T (sum over tiles of (A dY A^T) . U) G, so
+//   input transform   U = B^T x B          (x's patches, as the forward)
+//   grad transform    D = A dy A^T         (per (tile, channel of dy); dy's m x m tiles)
+//   P x splits GEMMs  M_s,b = D_b^T U_b    (over the tiles of chunk s; launched from Python)
+//   filter grad       dw = G^T (sum_s M_s) G, + alpha / beta (the splits summed in a fixed order)
+//
 // Every output element is written by one thread with a fixed summation order: deterministic. The
 // transforms run in Acc (float, double for double data); 16-bit data is read and written at the ends.
 // Thread index order follows the tensor layout (channels fastest for NHWC, tiles fastest otherwise),
@@ -18,18 +25,34 @@
 namespace pydnn {
 namespace conv_wino {
 
+// a / b (a, b >= 0) for the index math: 32-bit where both fit, as they do for every problem of fewer than 2^32
+// (tile, channel) pairs; the 64-bit division is a subroutine call of ~70 instructions, and a transform
+// thread ran 4 of them (SASS of input_transform<float, 4>: 5 calls).
+__device__ __forceinline__ long long idiv(long long a, long long b) {
+  return ((unsigned long long)(a | b) >> 32) == 0 ? (long long)((unsigned)a / (unsigned)b) : a / b;
+}
+
 // which (fast, slow) pair a flat index is, for (tile, channel) kernels: channel-fast when chan_fast
 __device__ __forceinline__ void split_index(long long i, long long tiles, int chans, bool chan_fast, long long& m,
                                             int& c) {
-  if (chan_fast) { m = i / chans; c = (int)(i - m * chans); }
-  else { c = (int)(i / tiles); m = i - (long long)c * tiles; }
+  if (chan_fast) { m = idiv(i, chans); c = (int)(i - m * chans); }
+  else { c = (int)idiv(i, tiles); m = i - (long long)c * tiles; }
 }
 
 __device__ __forceinline__ void tile_coords(const WinoParams& p, long long m, int& n, int& th, int& tw) {
-  tw = (int)(m % p.tiles_w);
-  long long r = m / p.tiles_w;
-  th = (int)(r % p.tiles_h);
-  n = (int)(r / p.tiles_h);
+  const long long r = idiv(m, p.tiles_w);
+  tw = (int)(m - r * p.tiles_w);
+  const long long q = idiv(r, p.tiles_h);
+  th = (int)(r - q * p.tiles_h);
+  n = (int)q;
+}
+
+// Where tile m's transform starts in U (or D): chunks of p.chunk tiles p.u_s apart (the backward
+// filter's split of its tile reduction), else m * u_m.
+__device__ __forceinline__ long long tile_offset(const WinoParams& p, long long m) {
+  if (p.chunk >= p.tiles) return m * p.u_m;
+  const long long s = idiv(m, p.chunk);
+  return s * p.u_s + (m - s * p.chunk) * p.u_m;
 }
 
 // The transform matrices of F(m x m, 3 x 3) (Lavin & Gray; interpolation points 0, +-1 (, +-2), inf),
@@ -145,13 +168,14 @@ __global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
   tile_coords(p, m, n, th, tw);
   const T* in = static_cast<const T*>(p.in) + (long long)n * p.is[0] + (long long)c * p.is[1];
   const int h0 = th * M - p.pad_h, w0 = tw * M - p.pad_w;
+  const bool live = n < p.batch;  // the backward filter's last chunk runs past the tiles: zeros
   Acc d[A][A];
 #pragma unroll
   for (int a = 0; a < A; ++a)
 #pragma unroll
     for (int b = 0; b < A; ++b) {
       const int hh = h0 + a, ww = w0 + b;
-      d[a][b] = ((unsigned)hh < (unsigned)p.in_h && (unsigned)ww < (unsigned)p.in_w)
+      d[a][b] = (live && (unsigned)hh < (unsigned)p.in_h && (unsigned)ww < (unsigned)p.in_w)
                     ? load<Acc>(in[(long long)hh * p.is[2] + (long long)ww * p.is[3]]) : Acc(0);
     }
   Acc t[A][A];  // B^T d
@@ -165,7 +189,7 @@ __global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
       for (int k = 0; k < A; ++k) madd(t[a][b], first, W::bt(a, k), d[k][b]);
     }
   Acc* u = static_cast<Acc*>(p.u);
-  const long long base = m * p.u_m + (long long)c * p.u_c, bstep = (long long)chans * p.u_c;
+  const long long base = tile_offset(p, m) + (long long)c * p.u_c;
 #pragma unroll
   for (int a = 0; a < A; ++a)
 #pragma unroll
@@ -174,7 +198,112 @@ __global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
       Acc x = Acc(0);
 #pragma unroll
       for (int k = 0; k < A; ++k) madd(x, first, W::bt(b, k), t[a][k]);
-      u[base + (a * A + b) * bstep] = x;
+      u[base + (a * A + b) * p.u_b] = x;
+    }
+}
+
+// D = A dy A^T for one (tile, channel of dy) (backward filter; A = (A^T)^T is alpha x m): dy's m x m tile
+// at (tile * m), zero past its edges; stored as input_transform stores U (p.u, u_c, u_b, chunks).
+template <class T, int M>
+__global__ void __launch_bounds__(256) grad_transform(const WinoParams p) {
+  typedef typename AccOf<T>::type Acc;
+  typedef Wino<M> W;
+  constexpr int A = W::kA;
+  const int chans = p.groups * p.cin_g;
+  const long long total = p.tiles * chans;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  long long m;
+  int c;
+  split_index(idx, p.tiles, chans, p.u_c == 1, m, c);
+  int n, th, tw;
+  tile_coords(p, m, n, th, tw);
+  const T* in = static_cast<const T*>(p.in) + (long long)n * p.is[0] + (long long)c * p.is[1];
+  const bool live = n < p.batch;
+  Acc e[M][M];
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const int hh = th * M + i, ww = tw * M + j;
+      e[i][j] = (live && hh < p.in_h && ww < p.in_w)
+                    ? load<Acc>(in[(long long)hh * p.is[2] + (long long)ww * p.is[3]]) : Acc(0);
+    }
+  Acc t[A][M];  // A dy
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      bool first = true;
+      t[a][j] = Acc(0);
+#pragma unroll
+      for (int i = 0; i < M; ++i) madd(t[a][j], first, W::at(i, a), e[i][j]);
+    }
+  Acc* u = static_cast<Acc*>(p.u);
+  const long long base = tile_offset(p, m) + (long long)c * p.u_c;
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      bool first = true;
+      Acc x = Acc(0);
+#pragma unroll
+      for (int j = 0; j < M; ++j) madd(x, first, W::at(j, b), t[a][j]);
+      u[base + (a * A + b) * p.u_b] = x;
+    }
+}
+
+// dw = alpha * G^T (sum over s of M_s) G + beta * dw for one (o, i) (backward filter; o the filter's
+// output channel, i its input channel within the group): M_s[b] at m[(s * P + b) * K * cin_g + o * cin_g
+// + i], the splits added in order s = 0, 1, ... (the same bits every run). The taps rotated by 180
+// degrees in CONVOLUTION mode (flag FLIP), as the forward's filter transform reads them.
+template <class T, int M>
+__global__ void __launch_bounds__(256) filter_grad(const WinoParams p) {
+  typedef typename AccOf<T>::type Acc;
+  typedef Wino<M> W;
+  constexpr int A = W::kA;
+  const long long total = (long long)p.groups * p.cout_g * p.cin_g;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const Acc* mm = static_cast<const Acc*>(p.m) + idx;
+  Acc x[A][A];
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int b = 0; b < A; ++b) x[a][b] = mm[(a * A + b) * total];
+  for (int s = 1; s < p.splits; ++s) {
+    const Acc* ms = mm + (long long)s * A * A * total;
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+      for (int b = 0; b < A; ++b) x[a][b] += ms[(a * A + b) * total];
+  }
+  Acc t[3][A];  // G^T M
+#pragma unroll
+  for (int r = 0; r < 3; ++r)
+#pragma unroll
+    for (int b = 0; b < A; ++b) {
+      bool first = true;
+      t[r][b] = Acc(0);
+#pragma unroll
+      for (int a = 0; a < A; ++a) madd(t[r][b], first, W::g(a, r), x[a][b]);
+    }
+  const int o = (int)(idx / p.cin_g), i = (int)(idx - (long long)o * p.cin_g);
+  T* w = static_cast<T*>(p.out) + (long long)o * p.ws[0] + (long long)i * p.ws[1];
+  const bool flip = p.flags & PYDNN_WINO_FLAG_FLIP;
+  const Acc alpha = Acc(p.alpha), beta = Acc(p.beta);
+#pragma unroll
+  for (int r = 0; r < 3; ++r)
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+      bool first = true;
+      Acc g = Acc(0);
+#pragma unroll
+      for (int b = 0; b < A; ++b) madd(g, first, W::g(b, s), t[r][b]);
+      T* dst = w + (long long)(flip ? 2 - r : r) * p.ws[2] + (long long)(flip ? 2 - s : s) * p.ws[3];
+      Acc v = alpha * g;
+      if (p.flags & PYDNN_FLAG_BETA) v += beta * load<Acc>(*dst);
+      *dst = store<T>(v);
     }
 }
 

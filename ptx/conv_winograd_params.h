@@ -11,8 +11,15 @@
  *   U[b][m][ci]  input transform,  ci in [0, groups * cin_g),  m = (n, tile_h, tile_w)
  *   V[b][o][i]   filter transform, o in [0, groups * cout_g), i in [0, cin_g)
  *   M[b][m][o]   the per-position products: for each b a grouped GEMM M = U V^T over i
- * addressed as u[m * u_m + (b * C + ci) * u_c] (C = groups * cin_g), m[m * m_m + (b * K + o) * m_c]
- * (K = groups * cout_g): one of u_m / u_c is 1 (the layout follows the tensor's), likewise for m.
+ * addressed as u[m * u_m + ci * u_c + b * u_b] (C = groups * cin_g, u_b = C * u_c), m[m * m_m + (b * K + o)
+ * m_c] (K = groups * cout_g): one of u_m / u_c is 1 (the layout follows the tensor's), likewise for m.
+ *
+ * Backward filter (dw = G^T (sum over tiles of (A dy A^T) . (B^T x B)) G): in = x, transformed by
+ * input_transform into U; dy by grad_transform (A dy A^T, m x m tiles) into D with the same addressing
+ * (its own WinoParams: in = dy, cin_g = K / groups); the tiles split into `splits` chunks of `chunk`
+ * tiles (a tile m at (m / chunk) * u_s + (m % chunk) * u_m; tiles past N * tiles_h * tiles_w are zero),
+ * P * splits * groups GEMMs M[s][b][o][i] = sum over the chunk's tiles of D[o] U[i] (convolution_winograd
+ * .wgrad_view), and filter_grad: dw[o][i] = alpha * G^T (sum over s of M[s]) G + beta * dw.
  * The GEMMs are one batched launch of matmul's gemm_simt (float accumulation; batch b * groups + g, see
  * convolution_winograd.gemm_view), or the family's implicit GEMM as a 1x1 convolution with P * groups
  * groups (double). */
@@ -43,6 +50,11 @@ typedef struct {
   long long ws[4];      /* filter strides: k, c, r, s */
   long long bias_stride;
   long long u_m, u_c, m_m, m_c;
+  long long u_b;        /* U's (and the backward filter's D's) stride between transform positions b */
+  long long chunk, u_s; /* tiles m in chunks of `chunk` tiles, u_s apart (backward filter's split of the
+                           tile reduction; chunk >= tiles: one chunk) */
+  int splits;           /* backward filter: the partial M's summed by filter_grad */
+  int spare;
 } WinoParams;
 
 #endif

@@ -1,4 +1,5 @@
-"""Convolution algorithms beyond the implicit GEMMs: WINOGRAD_NONFUSED (forward, backward data) and GEMM
+"""Convolution algorithms beyond the implicit GEMMs: WINOGRAD_NONFUSED (forward, backward data, backward
+filter: run_wgrad) and GEMM
 (im2col + GEMM, forward) on the ResNet-50 layer shapes at N = 64, fp32 NCHW (and the 7x7 stem for GEMM),
 beside pydnn's IMPLICIT_GEMM / BWD_DATA_ALGO_0 and cuDNN through PyTorch (cudnn.benchmark on, TF32 off).
 Selected with PYDNN_BENCH_FAMILIES=convolution_algos (tools/bench.py loads tools/bench_<family>.py).
@@ -100,6 +101,54 @@ Measured (H200, cuDNN 9.19 through torch 2.11, fp32 NCHW, N = 64; TFLOP/s as cou
     Where the time is now: the GEMM is 50-73% of each layer (31-38 TFLOP/s, ~half the FMA peak); then
     the 56² transforms (U and M are 2.25x x and y: 0.12 ms at 2.7 TB/s of their own traffic). Next: a
     faster gemm_simt (see tools/bench_matmul.py), the input transform fused into the GEMM's B loads.
+  v6 (issue 4, sixth session) backward filter BWD_FILTER_ALGO_WINOGRAD_NONFUSED, F(4x4) (run_wgrad; the
+    fp32 rows of tools/bench_convolution.py time it as v7's pick): U = B^T x B (the forward's input
+    transform), D = A dy A^T (grad_transform), 36 x S GEMMs M[s][b] (kg x cg) = D^T U over chunk s of the
+    T tiles as one gemm_simt launch, filter_grad adds the S partials in order and applies G^T . G.
+    Before: ALGO_0 / ALGO_1 / FFT at 6.7 / 8.8 / 7.5 / 7.4 TFLOP/s against cuDNN's 27.6 / 67.8 / 83.2 /
+    90.6 (issue 4's 0.8x: 22 / 54 / 67 / 73).
+    Prediction (before measuring; the split model, WGRAD_K_OVERHEAD 32, GEMM at 36 TFLOP/s a busy SM,
+    transforms at 3 TB/s): S = 11 / 7 / 4 / 1 (56², 28², 14², 7²), chunks of 1141 / 448 / 256 / 256
+    tiles; GEMM 0.21 / 0.12 / 0.16 / 0.16 ms (56²: 64 x 64 outputs per position in 64 x 128 tiles, half
+    of each idle), transforms' traffic 341 / 184 / 141 / 98 MB; whole 0.34 / 0.19 / 0.21 / 0.20 ms =
+    44 / 78 / 69 / 74 TFLOP/s effective (1.6 / 1.15 / 0.83 / 0.82x cuDNN): 56² and 28² clear the target,
+    14² and 7² at its edge (the 7² tiles cover 8 x 8 for 7 x 7 outputs: 1.31x the GEMM work).
+    Measured, run 1 (H100 80GB HBM3, copy 2976 GB/s, cuDNN 9.19 in the same run; 9015957; its GPU tests, 90,
+    all passed):
+      whole (ms / TFLOP/s)  0.426 / 34.7   0.208 / 71.0   0.203 / 73.1   0.190 / 77.7
+      cuDNN                 0.585 / 25.3   0.230 / 64.4   0.184 / 80.5   0.170 / 86.9
+      = 1.37 / 1.10 / 0.91 / 0.89x cuDNN (issue 4's 0.8x: met on all four; the H200 targets 22 / 54 / 67 /
+      73 TFLOP/s met too); v7 picks it and Find's fastest is it on all four (1.00x).
+      launches alone (ms): x transform / dy transform / GEMM (TFLOP/s of its own flops, model ms) / filter_grad
+        56²  0.1058 / 0.0986 / 0.2016 (18.4: half of each 64 x 128 tile idle, model 0.211) / 0.0178
+        28²  0.0369 / 0.0361 / 0.1124 (32.9, 128 x 128, model 0.115)                        / 0.0129
+        14²  0.0236 / 0.0222 / 0.1331 (36.3, 64 x 128, model 0.156)                         / 0.0196
+        7²   0.0121 / 0.0099 / 0.1342 (36.0, model 0.156)                                   / 0.0319
+      forced: the other layout 1.02 / 0.99 / 0.97 / 1.02x the model's plan (a tie), S / 2 0.82 / 0.87 /
+      0.97 / -, 2 S 0.91 / 0.85 / 0.87 / 0.88x: the model's S was the fastest tried on every layer but
+      14² (S 2, within 3%). Prediction: GEMMs as modelled (within 3% at 56² / 28², 14-16% pessimistic at
+      14² / 7²); the transforms missed: 56²'s x / dy transforms move their 167 MB each at 1.6 TB/s (the
+      forward's input transform ran ~3 TB/s on the H200), so 56² ran 0.43 ms against the 0.34 predicted.
+      SASS (nvdisasm): input_transform<float, 4> calls the 64-bit division subroutine 5 times a thread
+      (split_index, tile_coords, the chunk's tile_offset). Then (v6 b, predictions before the run):
+      those divisions in 32 bits where the operands fit (all four layers; the forward's transforms
+      too), filter_grad in 64-thread blocks when it has few threads (56²: 4096 threads in 16 blocks).
+      Predicted: 56² x / dy transforms 0.10 -> ~0.07 ms each, filter_grad 0.018 -> ~0.01, whole 0.43 ->
+      ~0.36 ms (~41 TFLOP/s); 28² ~0.19; 14² / 7² within 5%; the forward's input / output transforms
+      (run_wino) faster by a similar share.
+    Measured, run 2 (the same H100, warm, 1a11fd8; the GPU tests first: the backward-filter file and every
+    Winograd forward / backward-data test, all passed): no change. 56² x / dy transforms 0.1056 / 0.0980
+    ms, whole 0.426 (34.7 TFLOP/s), 28² 0.208 (71.2), 14² 0.204 (72.4), 7² 0.191 (77.4); filter_grad
+    56² 0.0168 (-6%). Prediction failed: the divisions were not the limit (kept: they cost nothing and
+    leave the 64-bit path for > 2^32 indices). What the run does show: the forward's input transform,
+    the SAME kernel, wrote 56²'s same 167 MB in 0.068 ms (2.45 TB/s), and the backward filter's x
+    transform at 28² / 14² / 7² (448- / 256-tile chunks) runs at the forward's rate too; only 56²'s
+    1141-tile chunks are slow: rows of U and D 4564 bytes long, off 128-byte alignment in every channel
+    but the first. Then (v6 c, NOT measured: the session's device calls were spent) chunks rounded up to
+    32 tiles from 256 on (convolution_winograd._wgrad_chunk; 56²: 1152 tiles, S 11; the other three
+    layers' plans unchanged). Predicted: 56² x / dy transforms ~0.07 ms each, whole ~0.36 ms (~41
+    TFLOP/s); the GEMM unchanged (0.20 ms: 64 x 64 outputs a position in 64 x 128 tiles, half of each
+    idle, is its bound at ~18 TFLOP/s useful).
 Next: a register-blocked batched GEMM (or the tensor-core kernels with TF32 / 16-bit transforms) for
 the per-position products, and the input transform fused into the GEMM's A loads (WINOGRAD, fused).
 """
@@ -230,6 +279,65 @@ def run_wino(b):
         v7 = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
         v7b = pydnn.get_convolution_backward_data_algorithm_v7(h, wd, yd, conv, xd, 1)[0].algo
         print(f"conv_algos {name}: v7 first choice forward {v7}, backward data {v7b}", flush=True)
+
+
+WWINO = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED
+
+
+def run_wgrad(b):
+    """BWD_FILTER_ALGO_WINOGRAD_NONFUSED (PYDNN_BENCH_FAMILIES=convolution_algos.run_wgrad): per 3x3 layer
+    the model's plan against cuDNN's backward filter, its four launches timed alone (x transform, dy
+    transform, the batched GEMM, filter_grad), the v7 estimate, and the forced alternatives the split model
+    and the layout choice are judged by (S / 2, 2 S, the other workspace layout)."""
+    from pydnn.ops import convolution as C
+    from pydnn.ops import convolution_algos as CA
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    h = b.h
+    for name, c, k, hw, r, stride, pad in LAYERS[:4]:
+        x, w, y, dy, dx, xd, yd, wd, conv, flops, (xp, wp, yp, dyp, dxp) = _f32_problem(N, c, k, hw, r, 1, pad, 0.1)
+        dw = torch.empty_like(w)
+        t_cudnn = time_ms(lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [pad] * 2, [1, 1], False,
+                                                                      [0, 0], 1, [False, True, False]), warmup=3)
+
+        def plan(layout=None, splits=None):
+            Wg.WGRAD_LAYOUT, Wg.WGRAD_FORCE_SPLITS = layout, splits
+            h.prepared.clear()
+            try:
+                return C._new_plan(h, C.DIR_BWD_FILTER, WWINO, conv, xd, wd, yd)
+            finally:
+                Wg.WGRAD_LAYOUT = Wg.WGRAD_FORCE_SPLITS = None
+
+        pl = plan()
+        ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
+        wsp = ws.data_ptr()
+        ms = time_ms(lambda: pydnn.convolution_backward_filter(h, 1.0, xd, xp, yd, dyp, conv, WWINO, wsp,
+                                                               pl.workspace, 0.0, wd, dw.data_ptr()))
+        ref_dw = torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [pad] * 2, [1, 1], False, [0, 0], 1,
+                                                     [False, True, False])[1]
+        torch.cuda.synchronize()
+        err = float((dw - ref_dw).abs().max() / ref_dw.abs().max())
+        b.row_flops("conv_algos", f"{name} bwd filter WINOGRAD F(4x4) S {pl.splits} {pl.layout} (max rel diff "
+                    f"{err:.1e})", "fp32", flops, ms, t_cudnn, "cudnn", peak_tflops=PEAK)
+        pl.launch(h, dyp, xp, dw.data_ptr(), wsp, 1.0, 0.0)  # sets the pointers the steps read
+        u, d, m = (wsp + o for o in pl.offsets)
+        parts = [("x", time_ms(lambda: pl.run_step(h, 0))), ("dy", time_ms(lambda: pl.run_step(h, 1))),
+                 ("gemm", time_ms(lambda: pl.mm.launch(h, d, u, m))), ("filter", time_ms(lambda: pl.run_step(h, 2)))]
+        print(f"conv_algos {name} bwd filter F(4x4) steps (ms): " + ", ".join(f"{lbl} {t:.4f}" for lbl, t in parts)
+              + f"; sum {sum(t for _, t in parts):.4f} vs whole {ms:.4f}; gemm {pl.gemm_flops / (parts[2][1] * 1e9):.1f}"
+              f" TFLOP/s ({pl.mm.describe()[0].split('<')[1][:-1]}, model {pl.gemm_ms:.4f}); v7 estimate "
+              f"{CA._estimate_ms(h, pl):.4f} ms; cudnn {t_cudnn:.4f}", flush=True)
+        other = "chan" if pl.layout == "tile" else "tile"
+        for layout, splits in ((other, pl.splits), (pl.layout, max(1, pl.splits // 2)), (pl.layout, 2 * pl.splits)):
+            pv = plan(layout, splits)
+            wv = torch.empty(max(pv.workspace, 1), dtype=torch.uint8, device="cuda")
+            mv = time_ms(lambda: pv.launch(h, dyp, xp, dw.data_ptr(), wv.data_ptr(), 1.0, 0.0))
+            print(f"conv_algos {name} bwd filter forced {pv.layout} S {pv.splits}: {mv:.4f} ms = "
+                  f"{flops / (mv * 1e9):.1f} TFLOP/s ({ms / mv:.2f}x the model's plan; v7 estimate "
+                  f"{CA._estimate_ms(h, pv):.4f})", flush=True)
+        h.prepared.clear()
+        v7 = pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, conv, wd, 1)[0].algo
+        print(f"conv_algos {name}: v7 backward filter first choice {v7}", flush=True)
 
 
 def _persistent_gemm(h, name, pl, conv, xd, wd, yd, ptrs, ms_whole):

@@ -53,7 +53,8 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
                      ALGO_3          explicit GEMMs (im2col, or x itself for 1x1) into partial dw's,
                                      summed in a fixed order: deterministic (convolution_gemm.py)
     and in their own modules: forward GEMM (convolution_gemm.py), forward and backward data
-    WINOGRAD_NONFUSED (convolution_winograd.py: its GEMMs on pydnn.ops.matmul), FFT in all three
+    WINOGRAD_NONFUSED, forward, backward data and backward filter (convolution_winograd.py: its GEMMs
+    on pydnn.ops.matmul), FFT in all three
     directions (convolution_fft.py).
 """
 import ctypes
@@ -637,7 +638,8 @@ IMPLEMENTED = {DIR_FWD: (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, E.PYDNN_CON
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
                               E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
                DIR_BWD_FILTER: (E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3)}
+                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+                                E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED)}
 
 
 def algo_name(direction, algo):
@@ -1091,6 +1093,9 @@ def plan_for(handle, pb, direction, algo):
                              (DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED)):
         from .convolution_winograd import plan_winograd
         return plan_winograd(handle, pb, direction, algo)
+    if direction == DIR_BWD_FILTER and algo == E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED:
+        from .convolution_winograd import plan_winograd_wgrad
+        return plan_winograd_wgrad(handle, pb, algo)
     if (direction, algo) in ((DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_FFT),
                              (DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
                              (DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)):

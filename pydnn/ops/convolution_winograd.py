@@ -1,6 +1,7 @@
 """Convolution WINOGRAD_NONFUSED, F(4x4, 3x3) (F(2x2, 3x3) where 36 x groups GEMMs would not fit the
-grid): forward (CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED) and backward data
-(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED). Kernels: ptx/conv_winograd.cu (templated on the tile
+grid): forward (CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED), backward data
+(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED) and backward filter
+(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: see "backward filter" below, plan_winograd_wgrad). Kernels: ptx/conv_winograd.cu (templated on the tile
 m; params: ptx/conv_winograd_params.h). alpha = m + 2, P = alpha^2 transform positions (36 or 16).
 
 Four launches, the transforms in the workspace:
@@ -57,12 +58,13 @@ class WinoParams(ctypes.Structure):
         ("is_", ctypes.c_longlong * 4), ("os", ctypes.c_longlong * 4), ("zs", ctypes.c_longlong * 4),
         ("ws", ctypes.c_longlong * 4), ("bias_stride", ctypes.c_longlong),
         ("u_m", ctypes.c_longlong), ("u_c", ctypes.c_longlong), ("m_m", ctypes.c_longlong),
-        ("m_c", ctypes.c_longlong),
+        ("m_c", ctypes.c_longlong), ("u_b", ctypes.c_longlong), ("chunk", ctypes.c_longlong),
+        ("u_s", ctypes.c_longlong), ("splits", ctypes.c_int), ("spare", ctypes.c_int),
     ]
     C_NAMES = {"in_": "in", "is_": "is"}
 
 
-KERNELS = ("filter_transform", "input_transform", "output_transform")
+KERNELS = ("filter_transform", "input_transform", "output_transform", "grad_transform", "filter_grad")
 TILES = (2, 4)          # F(2x2, 3x3) and F(4x4, 3x3) instantiations
 PREFERRED_TILE = 4      # 4x fewer multiplies than direct (2.25x for F(2x2)), 2.25x expansion of x and y
                         # in the workspace (4x for F(2x2)); tests pin each tile through this
@@ -263,9 +265,242 @@ def plan_winograd(handle, pb, direction, algo):
     for i, v in enumerate((ws[0], ws[1], ws[3], ws[4])):
         p.ws[i] = v
     p.u_m, p.u_c, p.m_m, p.m_c = u[0], u[1], mm[0], mm[1]
+    p.u_b, p.chunk = cin * u[1], tiles   # one chunk: tile m at m * u_m
     pl.base_flags = (FLAG_FLIP if flip else 0) | (0 if fwd else FLAG_BWD)
     pl.params = p
     unit = f"conv_winograd.{pb.tag}"
-    for kernel, n in zip(KERNELS, (kout * cin_g, tiles * cin, tiles * kout)):
+    for kernel, n in zip(KERNELS[:3], (kout * cin_g, tiles * cin, tiles * kout)):
         pl.add_step(unit, _expr(kernel, pb.tag, tile), (cdiv(n, 256), 1, 1), (256, 1, 1), p)
+    return pl
+
+
+# ----------------------------------------------------------------------------- backward filter
+#
+# Supported: 2 spatial dims, 3 x 3, stride 1, dilation 1 (any padding), any strides and filter format, groups
+# (float: any count; double: at most 4095, its GEMMs are grid.z blocks of the implicit GEMM), float / half /
+# bfloat16 (fp32 transforms and GEMM; 16-bit read and written at the ends), double (the GEMMs as the
+# family's CUDA-core 1x1 backward filter with S * P * groups groups). Deterministic. Workspace (Acc = 4 or
+# 8 bytes): P * S * chunk * (C + K) * Acc + S * P * K * C/g * Acc (each part 256-byte aligned), chunk =
+# ceil(T / S). Timings and the model's predictions: tools/bench_convolution_algos.py (v6, run_wgrad).
+#
+# BWD_FILTER_ALGO_WINOGRAD_NONFUSED: dw[o][i] = G^T (sum over tiles of D[o] . U[i]) G with U = B^T x B (the
+# forward's input transform of x), D = A dy A^T (grad_transform: dy's m x m tiles), one GEMM per transform
+# position b reducing over the T = N * tiles_h * tiles_w tiles. T is long (12544 at 56^2) and each GEMM's
+# output small (64 x 64 there), so the tiles split into S chunks, each chunk its own GEMMs (batch
+# z = (s * P + b) * groups + g) writing a partial M_s; filter_grad adds the S partials in a fixed order
+# (bitwise reproducible), applies G^T . G, alpha / beta and the flip. S: the least modelled time
+# (_wgrad_splits). U and D are laid out per chunk, [s][b][channel][tile] (tile fastest: the GEMM's operands
+# K-major, trans_a False / trans_b True; any groups) or, for one group, [s][b][tile][channel] (channels
+# fastest: trans_a True / trans_b False, the kernel's shared-memory layout without the transposing
+# stores); WGRAD_LAYOUT picks ("tile", "chan"; None: channels fastest for NHWC-like x, else tiles).
+WGRAD_LAYOUT = None
+# Float data: the border taps of small outputs. A corner tap of dw sums only the output positions whose
+# input is not padding, while the transforms mix the whole tile, so its rounding error is that of the
+# tile's magnitude against a sum of few products. "clear" = min(OH - pad_h, OW - pad_w), about the
+# positions a corner tap sees per row / column. A float32 emulation with the kernels' transforms (F(4x4) /
+# F(2x2), C = K = 16, N = 1 / 3, pads 0-2, outputs 2-16; 3-6 seeds) puts the worst error at <= 0.61x
+# float's tolerance with clear >= 4 (F(4x4)) and <= 0.35x with clear >= 2 (F(2x2)), and at 1.1-9.6x below
+# those (e.g. clear 3 under F(4x4): 2.0x; one GPU case, 3 x 2 outputs with pad 1 under F(4x4), missed the
+# tolerance on 26 of 11880 elements). So float takes F(4x4) from clear 4, F(2x2) from 2, and refuses
+# below; half / bfloat16 (tolerances 100x float's) and double keep PREFERRED_TILE.
+WGRAD_F4_MIN_CLEAR, WGRAD_F2_MIN_CLEAR = 4, 2
+WGRAD_K_OVERHEAD = 32   # a GEMM item's fixed cost (first loads, epilogue) in K steps: the split model's
+MAX_WGRAD_SPLITS = 64
+WGRAD_FORCE_SPLITS = None   # tests / benchmarks pin S
+
+
+def wgrad_refusal(pb):
+    """Why the backward-filter Winograd cannot serve a problem (None when it can)."""
+    name = "BWD_FILTER_ALGO_WINOGRAD_NONFUSED"
+    if pb.nspatial != 2:
+        return f"{name} serves 2-d convolutions only (this one has {pb.nspatial} spatial dims)"
+    if tuple(pb.filt3[1:]) != (3, 3):
+        return f"{name} needs a 3 x 3 filter (got {pb.filt3[1]} x {pb.filt3[2]})"
+    if tuple(pb.stride3[1:]) != (1, 1):
+        return f"{name} needs stride 1 (got {pb.stride3[1]} x {pb.stride3[2]})"
+    if tuple(pb.dil3[1:]) != (1, 1):
+        return f"{name} needs dilation 1 (got {pb.dil3[1]} x {pb.dil3[2]})"
+    clear = _wgrad_clear(pb)
+    if pb.dtype == E.PYDNN_DATA_FLOAT and clear < WGRAD_F2_MIN_CLEAR:
+        return (f"{name} needs, for float data, outputs at least {WGRAD_F2_MIN_CLEAR} positions past the padding "
+                f"in each dim (min(OH - pad_h, OW - pad_w) = {clear}): the border taps' rounding would exceed "
+                f"float's accuracy")
+    if pb.dtype == E.PYDNN_DATA_DOUBLE and 16 * pb.groups > MAX_GRID_Z:
+        return (f"{name} supports at most {MAX_GRID_Z // 16} groups for double data (got {pb.groups}): its GEMMs "
+                f"are grid.z blocks")
+    return None
+
+
+def _wgrad_clear(pb):
+    return min(pb.out3[1] - max(pb.pad3[1], 0), pb.out3[2] - max(pb.pad3[2], 0))
+
+
+def wgrad_tile(pb):
+    """PREFERRED_TILE, but F(2x2) for float data whose outputs are too small for F(4x4)'s rounding
+    (WGRAD_F4_MIN_CLEAR above)."""
+    if pb.dtype == E.PYDNN_DATA_FLOAT and _wgrad_clear(pb) < WGRAD_F4_MIN_CLEAR:
+        return 2
+    return PREFERRED_TILE
+
+
+def _wgrad_chunk(tiles, splits):
+    """Tiles per chunk: ceil(T / S) rounded up to 32 tiles (128-byte rows of U and D in the "tile" layout)
+    from 256 on, else to 4 (16 bytes: the GEMM's vector loads along K). Measured (v6 run 2,
+    tools/bench_convolution_algos.py): with 1141-tile chunks (56^2, S 11) the x / dy transforms wrote
+    their 167 MB each at 1.6 TB/s against the forward's input transform's 2.45 TB/s on the same bytes
+    (448 / 256-tile chunks elsewhere ran at the forward's rate)."""
+    c = cdiv(tiles, splits)
+    return round_up(c, 32) if c >= 256 else round_up(c, 4)
+
+
+def _wgrad_gemm_ms(handle, kg, cg, batch, chunk):
+    """The model's time of the batched GEMMs (gemm_simt): rounds of per_sm items an SM, each item
+    bm x bn x (chunk + WGRAD_K_OVERHEAD) multiply-adds at GEMM_TFLOPS over the SMs."""
+    sms = max(handle.sm_count, 1)
+    t = MM._choose_simt_tile(kg, cg, batch, sms, chunk)
+    items = cdiv(kg, t.bm) * cdiv(cg, t.bn) * batch
+    rounds = cdiv(items, t.per_sm * sms)
+    return rounds * t.per_sm * 2.0 * t.bm * t.bn * (chunk + WGRAD_K_OVERHEAD) / (GEMM_TFLOPS * 1e9 / sms)
+
+
+def _wgrad_splits(handle, pb, pos, tiles, acc):
+    """S (chunks of the tile reduction): the least modelled GEMM time plus the partials' traffic (written
+    by the GEMMs, read by filter_grad)."""
+    z0 = pos * pb.groups
+    cap = MAX_WGRAD_SPLITS if pb.dtype != E.PYDNN_DATA_DOUBLE else max(1, MAX_GRID_Z // z0)
+    if WGRAD_FORCE_SPLITS:
+        return max(1, min(WGRAD_FORCE_SPLITS, cap, tiles))
+    best = None
+    for s in range(1, min(cap, tiles) + 1):
+        chunk = _wgrad_chunk(tiles, s)
+        if cdiv(tiles, chunk) != s:
+            continue  # the same chunks as a smaller S
+        t = (_wgrad_gemm_ms(handle, pb.kg, pb.cg, z0 * s, chunk)
+             + 2.0 * s * pos * pb.k * pb.cg * acc / (TRANSFORM_GBPS * 1e6))
+        if best is None or t < best[0]:
+            best = (t, s)
+    return best[1]
+
+
+def wgrad_view(pos, groups, splits, chunk, kg, cg, kout, cin, chan_fast):
+    """The splits * P * groups GEMMs as one batched matmul problem: (m, n, k, keyword arguments of
+    matmul.gemm_plan). C_z = M_z (kg x cg, row major, z = (s * P + b) * groups + g) = D_z^T U_z over the
+    chunk's tiles; D's element (tile t, channel g * kg + o) of chunk s and position b is at
+    ((s * P + b) * K + g * kg + o) * chunk + t ("tile" layout) or ((s * P + b) * chunk + t) * K + o
+    ("chan" layout, one group), U's likewise with C and cg."""
+    if chan_fast:  # opA[o][t] = D[z * chunk * K + t * K + o], opB[t][i] = U[z * chunk * C + t * C + i]
+        kw = dict(trans_a=True, lda=kout, stride_a=chunk * kout, trans_b=False, ldb=cin, stride_b=chunk * cin)
+    else:          # opA[o][t] = D[(z * kg + o) * chunk + t], opB[t][i] = U[(z * cg + i) * chunk + t]
+        kw = dict(trans_a=False, lda=chunk, stride_a=kg * chunk, trans_b=True, ldb=chunk, stride_b=cg * chunk)
+    return kg, cg, chunk, dict(**kw, ldc=cg, stride_c=kg * cg, batch=splits * pos * groups)
+
+
+def _wgrad_gemm_problem(C, pb, tiles_per_chunk, z, kg, cg):
+    """Double data: the GEMMs as one grouped 1x1 backward filter (z groups, n = the chunk's tiles) on the
+    family's CUDA-core kernel, over the "tile" layout: x = U (channel stride chunk), dy = D, dw = M."""
+    s = C.Problem()
+    for a in C.Problem.__slots__:
+        if hasattr(pb, a):
+            setattr(s, a, getattr(pb, a))
+    s.n, s.groups, s.cg, s.kg, s.c, s.k = tiles_per_chunk, z, cg, kg, z * cg, z * kg
+    s.in3 = s.out3 = s.filt3 = (1, 1, 1)
+    s.pad3, s.stride3, s.dil3 = (0, 0, 0), (1, 1, 1), (1, 1, 1)
+    s.xs, s.ys, s.ws = (1, tiles_per_chunk, 0, 0, 0), (1, tiles_per_chunk, 0, 0, 0), (cg, 1, 0, 0, 0)
+    s.flip, s.w_format, s.math_type = False, E.PYDNN_TENSOR_NCHW, E.PYDNN_DEFAULT_MATH
+    s.w_dims = (s.k, cg, 1, 1)
+    return s
+
+
+class WinogradWgradPlan(StepPlan):
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a_ptr = dy, b_ptr = x, out_ptr = dw (convolution.run_plan's backward-filter order)."""
+        px, pd, pf = self.px, self.pd, self.pf
+        u, d, m = (ws_ptr + o for o in self.offsets)
+        px.in_, px.u = b_ptr, u
+        pd.in_, pd.u = a_ptr, d
+        pf.m, pf.out, pf.alpha, pf.beta = m, out_ptr, alpha, beta
+        pf.flags = self.base_flags | (FLAG_BETA if beta != 0 else 0)
+        self.run_step(handle, 0)   # U = B^T x B
+        self.run_step(handle, 1)   # D = A dy A^T
+        if self.mm is not None:
+            self.mm.launch(handle, d, u, m)
+        else:
+            self.sub.run(handle, d, u, m, 1.0, 0.0)
+        self.run_step(handle, 2)   # dw = G^T (sum of the partials) G
+
+    def estimate_ms(self, handle, base_estimate):
+        gemm = base_estimate(handle, self.sub.plan) if self.mm is None else self.gemm_ms
+        t = gemm + self.moved / (TRANSFORM_GBPS * 1e6) + 3 * LAUNCH_MS
+        return t * HALF_DATA_SCALE if self.itemsize == 2 else t
+
+
+def plan_winograd_wgrad(handle, pb, algo):
+    """A BWD_FILTER_ALGO_WINOGRAD_NONFUSED plan or NOT_SUPPORTED with the reason."""
+    from . import convolution as C
+    why = wgrad_refusal(pb)
+    if why:
+        raise PydnnError(NS, f"algo: {why}")
+    double = pb.dtype == E.PYDNN_DATA_DOUBLE
+    acc = 8 if double else 4
+    tile = wgrad_tile(pb)
+    pos = (tile + 2) ** 2
+    oh, ow = pb.out3[1:]
+    th, tw = cdiv(oh, tile), cdiv(ow, tile)
+    tiles = pb.n * th * tw
+    splits = _wgrad_splits(handle, pb, pos, tiles, acc)
+    chunk = _wgrad_chunk(tiles, splits)
+    splits = cdiv(tiles, chunk)
+    layout = WGRAD_LAYOUT or ("chan" if pb.xs[1] == 1 and pb.c > 1 else "tile")
+    chan_fast = layout == "chan" and pb.groups == 1 and not double
+    padded = splits * chunk
+    sizes = (pos * padded * pb.c * acc, pos * padded * pb.k * acc, splits * pos * pb.k * pb.cg * acc)
+    pl = WinogradWgradPlan(C.DIR_BWD_FILTER, algo, pb)
+    pl.tile, pl.splits, pl.chunk, pl.layout = tile, splits, chunk, "chan" if chan_fast else "tile"
+    pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
+    pl.workspace = pl.offsets[2] + round_up(sizes[2])
+    pl.gemm_flops = 2.0 * pos * tiles * pb.k * pb.cg
+    pl.mm = pl.sub = None
+    z = splits * pos * pb.groups
+    if double:
+        spb = _wgrad_gemm_problem(C, pb, chunk, z, pb.kg, pb.cg)
+        pl.sub = SubGemm(C, C.plan(handle, spb, C.DIR_BWD_FILTER, algo), spb)
+    else:
+        gm, gn, gk, kw = wgrad_view(pos, pb.groups, splits, chunk, pb.kg, pb.cg, pb.k, pb.c, chan_fast)
+        pl.mm = MM.gemm_plan(handle, E.PYDNN_DATA_FLOAT, gm, gn, gk, **kw)
+        pl.gemm_ms = _wgrad_gemm_ms(handle, pb.kg, pb.cg, z, chunk)
+    pl.gemm = C.ConvParams()
+    pl.gemm_expr = "winograd_wgrad"
+    item = pl.itemsize
+    # the transforms' own traffic: x and dy read, U and D written, the partials read, dw written
+    pl.moved = ((prod(pb.in3) * pb.c + prod(pb.out3) * pb.k) * pb.n * item + sizes[0] + sizes[1] + sizes[2]
+                + pb.k * pb.cg * 9 * item)
+    s4 = lambda s: (s[0], s[1], s[3], s[4])  # noqa: E731
+    unit = f"conv_winograd.{pb.tag}"
+    steps = []
+    for src, hw, chans, cg, pad in ((pb.xs, pb.in3[1:], pb.c, pb.cg, pb.pad3[1:]),
+                                    (pb.ys, pb.out3[1:], pb.k, pb.kg, (0, 0))):
+        p = WinoParams()
+        p.batch, p.groups, p.cin_g, p.tiles_h, p.tiles_w = pb.n, pb.groups, cg, th, tw
+        p.tiles, p.chunk = padded, chunk
+        p.in_h, p.in_w, p.pad_h, p.pad_w = hw[0], hw[1], pad[0], pad[1]
+        for i, v in enumerate(s4(src)):
+            p.is_[i] = v
+        if chan_fast:   # [s][b][t][c]
+            p.u_m, p.u_c, p.u_b = chans, 1, chunk * chans
+        else:           # [s][b][c][t]
+            p.u_m, p.u_c, p.u_b = 1, chunk, chans * chunk
+        p.u_s = pos * chans * chunk
+        steps.append((p, padded * chans))
+    pf = WinoParams()
+    pf.groups, pf.cin_g, pf.cout_g, pf.splits = pb.groups, pb.cg, pb.kg, splits
+    for i, v in enumerate(s4(pb.ws)):
+        pf.ws[i] = v
+    steps.append((pf, pb.k * pb.cg))
+    pl.px, pl.pd, pl.pf = steps[0][0], steps[1][0], pf
+    pl.base_flags = FLAG_FLIP if pb.flip else 0
+    for kernel, (p, n) in zip(("input_transform", "grad_transform", "filter_grad"), steps):
+        # filter_grad's threads are few (K * C/g: 4096 at 56^2) and each reads S * P partials in turn:
+        # blocks of 64 spread them over 4x the SMs where 256-thread blocks would leave most SMs idle
+        t = 64 if kernel == "filter_grad" and n < 2 * 256 * max(handle.sm_count, 1) else 256
+        pl.add_step(unit, _expr(kernel, pb.tag, tile), (cdiv(n, t), 1, 1), (t, 1, 1), p)
     return pl
