@@ -816,15 +816,23 @@ __global__ void __launch_bounds__(kThreads, 3) infer_rows(const BnParams p) {
 // fp32's set-up, and every block starts with a gap in its memory traffic. Here the block's first U rows are
 // loaded first, then each thread computes (a, b) for at most a few of the block's bx * VEC features into
 // shared memory (the same expressions, so bitwise infer_rows' values), one barrier, and the rows stream on.
-template <class T, int VEC, int U = kUnroll>
-__global__ void __launch_bounds__(kThreads, 3) infer_rows_smem(const BnParams p) {
+// The streaming pass of infer_rows_smem and fwd_apply_saved: y = (x - mu) * a (+ b) (+ beta * y) with each
+// feature's (a, b, mu) computed once per block into shared memory, after the block's first rows' loads are out.
+// TRAIN false (inference): a = alpha * scale / sqrt(var + eps), b = alpha * (bias - mean * a / alpha), mu = 0
+// (y = x * a + b, bitwise infer_rows'). TRAIN true (the training forward's apply, v5): a = alpha * scale *
+// saved invstd, b = alpha * bias, mu = saved mean (fwd_apply_plain's expression, a within an ulp of its
+// constant); its blocks take the rows last chunk first, as fwd_apply does (the stats pass left the end of x
+// in L2).
+template <class T, int VEC, int U, bool TRAIN>
+__device__ __forceinline__ void rows_affine(const BnParams& p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
-  __shared__ A s_ab[2][32 * VEC];  // the block's bx * VEC features (the host's bx is at most 32)
+  __shared__ A s_ab[3][32 * VEC];  // the block's bx * VEC features (the host's bx is at most 32)
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   const i64 fb = (i64)blockIdx.x * bx * VEC, f0 = fb + (i64)tx * VEC;  // the block's and the thread's first
   const bool live = f0 < p.feats;  // no early return: every thread takes part in the set-up and the barrier
-  const i64 start = p.row_begin + (i64)blockIdx.y * p.chunk_rows, end = min(p.row_end, start + p.chunk_rows);
+  const i64 chunk = TRAIN ? (i64)(gridDim.y - 1 - blockIdx.y) : (i64)blockIdx.y;
+  const i64 start = p.row_begin + chunk * p.chunk_rows, end = min(p.row_end, start + p.chunk_rows);
   const i64 lx = p.ld[X], ly = p.ld[Y], sx = (i64)by * lx, sy = (i64)by * ly;
   const T* x = (const T*)p.x + f0 + (start + ty) * lx;
   T* y = (T*)p.y + f0 + (start + ty) * ly;
@@ -837,17 +845,24 @@ __global__ void __launch_bounds__(kThreads, 3) infer_rows_smem(const BnParams p)
   const int nf = (int)min((i64)bx * VEC, p.feats - fb);
   for (int i = ty * bx + tx; i < nf; i += bx * by) {
     const i64 f = fb + i;
-    const A s = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + (A)p.eps);
-    s_ab[0][i] = alpha * s;
-    s_ab[1][i] = alpha * (((const A*)p.bias)[f] - ((const A*)p.mean)[f] * s);
+    if (TRAIN) {
+      s_ab[0][i] = alpha * (((const A*)p.scale)[f] * ((const A*)p.save_invvar)[f]);
+      s_ab[1][i] = alpha * ((const A*)p.bias)[f];
+      s_ab[2][i] = ((const A*)p.save_mean)[f];
+    } else {
+      const A s = ((const A*)p.scale)[f] / m_sqrt(((const A*)p.var)[f] + (A)p.eps);
+      s_ab[0][i] = alpha * s;
+      s_ab[1][i] = alpha * (((const A*)p.bias)[f] - ((const A*)p.mean)[f] * s);
+    }
   }
   __syncthreads();
   if (!live) return;
-  A a[VEC], b[VEC];
+  A a[VEC], b[VEC], mu[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     a[e] = s_ab[0][tx * VEC + e];
     b[e] = s_ab[1][tx * VEC + e];
+    mu[e] = TRAIN ? s_ab[2][tx * VEC + e] : A(0);
   }
   const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
   for (;;) {
@@ -857,7 +872,7 @@ __global__ void __launch_bounds__(kThreads, 3) infer_rows_smem(const BnParams p)
         A xa[VEC], o[VEC];
         unpack(xv[u], xa);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) o[e] = xa[e] * a[e] + b[e];
+        for (int e = 0; e < VEC; ++e) o[e] = TRAIN ? (xa[e] - mu[e]) * a[e] + b[e] : xa[e] * a[e] + b[e];
         if (blend) {
           A ya[VEC];
           unpack(rload<T, VEC>(y + u * sy), ya);
@@ -875,6 +890,20 @@ __global__ void __launch_bounds__(kThreads, 3) infer_rows_smem(const BnParams p)
     for (int u = 0; u < U; ++u)
       if (r + (i64)u * by < end) xv[u] = rload<T, VEC>(x + u * sx);
   }
+}
+
+template <class T, int VEC, int U = kUnroll>
+__global__ void __launch_bounds__(kThreads, 3) infer_rows_smem(const BnParams p) {
+  rows_affine<T, VEC, U, false>(p);
+}
+
+// The training forward's apply where the call keeps the saved statistics (v5, the host's APPLY_SAVED): the
+// constants come from the caller's bnScale / bnBias and the saved mean / inverse std that fwd_final wrote,
+// not from the scratch, so a non-Ex call needs no head pass over the rows that held the constants, and its
+// short blocks (infer_rows_smem's geometry) stream as the inference does.
+template <class T, int VEC, int U = kUnroll>
+__global__ void __launch_bounds__(kThreads, 3) fwd_apply_saved(const BnParams p) {
+  rows_affine<T, VEC, U, true>(p);
 }
 
 // ------------------------------------------------------------------ gen kernels (any strides)

@@ -233,7 +233,8 @@ def test_layouts_and_workspace():
     h = cpu_handle()
     nhwc = _nhwc((64, 256, 56, 56), BF16)
     layout, seqs, ws = B.plan_summary(h, "fwd", SPATIAL, nhwc, nhwc)
-    assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows1", "gen"} if B.FAST16 else {"rows8", "rows1", "gen"})
+    assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows8s", "rows1", "gen"} if B.FAST16
+                                              else {"rows8", "rows8s", "rows1", "gen"})
     names = [s[0] for s in seqs["rows8"]]
     assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head"] and ws == 0
     if B.FAST16:  # the plain forward: the same stats / final / head, fwd_apply_plain
@@ -246,6 +247,12 @@ def test_layouts_and_workspace():
     assert head[4] == {"row_begin": 0, "row_end": 8}  # 256 x 16 bytes of constants = 8 rows of bf16
     assert apply[4]["row_begin"] == 8 and apply[2][1] * apply[4]["chunk_rows"] >= rows - 8
     assert 256 + chunks * feats * 8 <= rows * feats * 2  # the partials fit in y after the constants
+    # with saved statistics: the same stats / final, then fwd_apply_saved over every row (no head)
+    assert [s[0] for s in seqs["rows8s"]] == ["fwd_stats", "fwd_final", "fwd_apply_saved"]
+    assert seqs["rows8s"][:2] == seqs["rows8"][:2]
+    saved = seqs["rows8s"][2]
+    assert saved[4]["row_begin"] == 0 and saved[4]["row_end"] == rows
+    assert (saved[2][1] - 1) * saved[4]["chunk_rows"] < rows <= saved[2][1] * saved[4]["chunk_rows"]
     _, seqs_ex, ws_ex = B.plan_summary(h, "fwd", SPATIAL, nhwc, nhwc, ex=True)
     assert [s[0] for s in seqs_ex["rows8"]] == ["fwd_stats", "fwd_final", "fwd_apply"] and ws_ex > 0
     relu = _relu()
@@ -296,7 +303,29 @@ def test_fast16_plans(monkeypatch):
     assert {B._expr(k, "bf16", 8, B.UNROLL16) for k in ("fwd_stats", "fwd_apply_plain")} <= exprs
     monkeypatch.setattr(B, "FAST16", False)
     _, seqs, _ = B.plan_summary(cpu_handle(), "fwd", SPATIAL, nhwc, nhwc)
-    assert set(seqs) == {"rows8", "rows1", "gen"} and near(seqs["rows8"][0][2][1], h.sm_count * B.BLOCKS_PER_SM)
+    assert set(seqs) == {"rows8", "rows8s", "rows1", "gen"}
+    assert near(seqs["rows8"][0][2][1], h.sm_count * B.BLOCKS_PER_SM)
+
+
+@pytest.mark.parametrize("apply_saved", [True, False])
+def test_plain_forward_sequence_choice(monkeypatch, apply_saved):
+    """The plain training forward takes fwd_apply_saved (no head) when the call keeps saved statistics and
+    APPLY_SAVED is on, else fwd_apply_plain + the head (FAST16); z, ReLU, mask or blending keep the general
+    sequence; scalar rows have no saved variant."""
+    monkeypatch.setattr(B, "APPLY_SAVED", apply_saved)
+    nhwc = _nhwc((8, 64, 7, 9), BF16)
+    pl = B._make_plan(cpu_handle(), "bf16", B._geometry(SPATIAL, nhwc.dims, {B.OP_X: nhwc.strides,
+                                                                             B.OP_Y: nhwc.strides}, 8), "fwd", False)
+    names = lambda seq: [lc.kernel for lc in seq]  # noqa: E731
+    with_save = B._pick_plain(pl, pl.seqs["rows8"], B.FLAG_SAVE)
+    assert names(with_save) == (["fwd_stats", "fwd_final", "fwd_apply_saved"] if apply_saved
+                                else ["fwd_stats", "fwd_final", "fwd_apply_plain", "fwd_head_batched"])
+    assert names(B._pick_plain(pl, pl.seqs["rows8"], 0))[2:] == ["fwd_apply_plain", "fwd_head_batched"]
+    for flag in (B.FLAG_BETA, B.FLAG_RELU, B.FLAG_Z):
+        assert B._pick_plain(pl, pl.seqs["rows8"], B.FLAG_SAVE | flag) is pl.seqs["rows8"]
+    assert B._pick_plain(pl, pl.seqs["rows1"], B.FLAG_SAVE) is pl.seqs["rows1"]
+    exprs = set(next(u for u in B.kernel_units() if u.name == "batchnorm.bf16").exprs)
+    assert B._expr("fwd_apply_saved", "bf16", 8) in exprs
 
 
 def _chan_merge(parts):

@@ -282,16 +282,19 @@ def _forget_bn_plans(handle):
         del handle.prepared[k]
 
 
+@pytest.mark.parametrize("apply_saved", [True, False])
 @pytest.mark.parametrize("fast16", [True, False])
 @pytest.mark.parametrize("dtype", [F16, BF16])
-def test_forward_fast16(handle, dtype, fast16, rng, monkeypatch):
+def test_forward_fast16(handle, dtype, fast16, apply_saved, rng, monkeypatch):
     """16-bit NHWC with 16-byte vectors: the FAST16 kernels (bf16: the long one-wave stats; the plain apply
     with alpha folded into its constants, the batched head) and, FAST16 off, the v2 ones.
     Rows not a multiple of the rows in flight, several apply blocks, non-Ex (scratch in y), Ex BN
-    (workspace), Ex ReLU (v2 apply after the FAST16 stats), alpha != 1."""
+    (workspace), Ex ReLU (v2 apply after the FAST16 stats), alpha != 1. apply_saved: the plain calls (they
+    keep saved statistics) on fwd_apply_saved (no head), or, off, on fwd_apply_plain + the head."""
     from pydnn.ops import batchnorm as B
 
     monkeypatch.setattr(B, "FAST16", fast16)
+    monkeypatch.setattr(B, "APPLY_SAVED", apply_saved)  # off: the saved statistics' calls take the head path
     _forget_bn_plans(handle)
     try:
         dims = (33, 16, 17, 19)
@@ -300,6 +303,23 @@ def test_forward_fast16(handle, dtype, fast16, rng, monkeypatch):
             _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=alpha, ex_ops=OPS_BN)
         _train(handle, PERSIST, dims, "nhwc", dtype, rng, ex_ops=OPS_ACT)
         test_inference(handle, dims, "nhwc", SPATIAL, dtype, rng)
+    finally:
+        _forget_bn_plans(handle)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_forward_head_path(handle, dtype, rng, monkeypatch):
+    """APPLY_SAVED off: the plain forward with saved statistics on the apply + head sequence (the path of
+    calls without saved statistics), fp32 (fwd_apply + fwd_head) and bf16 (fwd_apply_plain + the batched
+    head), non-Ex and Ex BN."""
+    from pydnn.ops import batchnorm as B
+
+    monkeypatch.setattr(B, "APPLY_SAVED", False)
+    _forget_bn_plans(handle)
+    try:
+        for alpha in (1.0, 0.5):
+            _train(handle, SPATIAL, (33, 16, 17, 19), "nhwc", dtype, rng, alpha=alpha)
+        _train(handle, SPATIAL, (33, 16, 17, 19), "nhwc", dtype, rng, ex_ops=OPS_BN)
     finally:
         _forget_bn_plans(handle)
 

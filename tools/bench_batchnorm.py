@@ -142,7 +142,7 @@ def _v2(b, h, fn, case, dname, nbytes, op=None, n=0):
     """The same call with FAST16 off (the v2 kernels), in the same run, for the comparison."""
     from pydnn.ops import batchnorm as B
 
-    B.FAST16 = False
+    B.FAST16, B.APPLY_SAVED = False, False
     _forget(h)
     try:
         ms = time_ms(fn)
@@ -150,7 +150,7 @@ def _v2(b, h, fn, case, dname, nbytes, op=None, n=0):
             _breakdown(b, h, op, dname + "v2", n)
         b.row("batchnorm", case + " [v2: FAST16 off]", dname, nbytes, ms, None, "-")
     finally:
-        B.FAST16 = True
+        B.FAST16, B.APPLY_SAVED = True, True
         _forget(h)
 
 
@@ -205,6 +205,13 @@ def run(b):
         ms_t = time_ms(lambda: F.batch_norm(x, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
         b.row("batchnorm", "training forward NHWC 64x256x56x56 (x read once + y)", dname, 2 * n, ms_p, ms_t,
               "F.batch_norm(training=True)")
+        from pydnn.ops import batchnorm as B
+        B.APPLY_SAVED = False   # v5's comparison: the same call on the v3 apply + head sequence, same run
+        try:
+            ms_h = time_ms(fwd)
+        finally:
+            B.APPLY_SAVED = True
+        b.row("batchnorm", "training forward NHWC [v3: apply + head, APPLY_SAVED off]", dname, 2 * n, ms_h, ms_t, "-")
         if es == 2:
             _v2(b, h, fwd, "training forward NHWC", dname, 2 * n, "bn_fwd", n)
 

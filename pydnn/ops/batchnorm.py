@@ -171,6 +171,12 @@ APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
 # 81.9%, 64: 65.5%; tools/bench_batchnorm.py): more waves, a smaller tail.
 INFER_SMEM = True
 INFER_STEPS = 2
+# The plain training forward with saved statistics (resultSaveMean / resultSaveInvVariance given): its apply
+# is fwd_apply_saved (infer_rows_smem's short blocks, INFER_STEPS steps, constants from bnScale / bnBias and
+# the saved mean / inverse std), over every row, so the non-Ex call drops the head pass (v5,
+# tools/bench_batchnorm.py). False: fwd_apply_plain + fwd_head_batched (v3), as calls without saved
+# statistics still take. Read per call.
+APPLY_SAVED = True
 MAX_GRID_Y = 65535
 PART_ALIGN = 256       # partials start this far into the scratch, past the constants
 
@@ -240,7 +246,7 @@ def kernel_units():
         if t in STATS16_TAGS:
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if vec_width(t, t) > 1:
-            exprs.append(_expr("infer_rows_smem", t, vec_width(t, t)))
+            exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
         units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
     return units
 
@@ -499,9 +505,12 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
     """rows{v} for each vector width; with FAST16 also rows{v}p, the plain forward (_pick_plain)."""
     for v in vecs:
         us = UNROLL16 if _stats16(pl.tag, direction, v) else None
-        pl.seqs[f"rows{v}"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us)
+        seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us)
+        pl.seqs[f"rows{v}"] = seq
         if direction == "fwd" and _fast16(pl.tag, v):
             pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
+        if direction == "fwd" and v > 1:  # the plain forward with saved statistics: stats, final, apply_saved
+            pl.seqs[f"rows{v}s"] = seq[:2] + [_apply_launch("fwd_apply_saved", g, v, 0, g.rows, steps=INFER_STEPS)]
 
 
 def _workspace_layout(handle, g, tag, direction, vec):
@@ -597,12 +606,15 @@ def _pick(pl, tensor_ptrs, scratch_ok):
 
 
 def _pick_plain(pl, seq, flags):
-    """The plain forward's sequence (FAST16: fwd_apply_plain) when seq is a rows sequence and the call
-    has no z, ReLU, mask or blending."""
+    """The plain forward's sequence when seq is a rows sequence and the call has no z, ReLU, mask or
+    blending: with saved statistics (APPLY_SAVED) fwd_apply_saved over every row, else (FAST16)
+    fwd_apply_plain and the head."""
     if flags & (FLAG_BETA | FLAG_RELU | FLAG_MASK | FLAG_Z):
         return seq
     for name, s in pl.seqs.items():
         if s is seq:
+            if APPLY_SAVED and flags & FLAG_SAVE and name + "s" in pl.seqs:
+                return pl.seqs[name + "s"]
             return pl.seqs.get(name + "p", seq)
     return seq
 
