@@ -14,6 +14,9 @@
 //     fwd_head / bwd_head    one block: the rows [row_begin, row_end) whose bytes held the constants
 //                            (non-Ex calls keep partials and constants in y / dx, see the host); the
 //                            block copies every constant to shared memory before it writes anything.
+//     fwd_apply_saved        the plain forward's apply when the call keeps the saved statistics: the
+//                            constants from bnScale / bnBias and the saved mean / inverse std, every row
+//                            (no head); infer_rows_smem's code (rows_affine)
 //     infer_rows / infer_rows_smem  inference over the rows; _smem (vector launches) computes each feature's
 //                            constants once per block into shared memory, after the first loads are out.
 //   gen kernels (any strides): one block per feature walks its reduction elements twice (statistics,

@@ -44,7 +44,9 @@ memory (2048 float / 1024 double features); otherwise the call takes the gen ker
 feature, slower for NHWC, still one kernel). Every reduction order is fixed: results are reproducible.
 16-bit data with 16-byte vectors (FAST16, on by default): 8 rows in flight per thread where the registers
 allow it: bf16 stats as one wave of long blocks (3 per SM), the plain forward (no z / ReLU / blending) with
-fwd_apply_plain and a batched head (see tools/bench_batchnorm.py, v3).
+fwd_apply_plain and a batched head (see tools/bench_batchnorm.py, v3). A plain forward that keeps the saved
+statistics (APPLY_SAVED, v5) applies instead through fwd_apply_saved, whose constants come from bnScale /
+bnBias and the saved mean / inverse std (fwd_final wrote them), over every row: no head pass.
 Traffic of the rows path: training forward reads x twice (stats, apply; the second read mostly from DRAM
 for tensors larger than L2) and writes y once; backward reads x and dy twice and writes dx.
 """
