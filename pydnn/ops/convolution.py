@@ -462,6 +462,15 @@ class Problem:
                  "dil3", "xs", "ys", "ws", "flip", "w_format", "nspatial", "math_type", "x_desc", "y_desc",
                  "w_dims")
 
+    def copy(self):
+        """A new Problem with every size this one has (the start of a derived view: the GEMM, Winograd and
+        backward-data forms set their own sizes on it)."""
+        s = Problem()
+        for a in Problem.__slots__:
+            if hasattr(self, a):
+                setattr(s, a, getattr(self, a))
+        return s
+
     @property
     def flops(self):
         """2 * N * K * P * C/g * taps (the multiply-adds of the forward, backward data or filter)."""
@@ -1021,10 +1030,7 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
 def _bwd_wgm_problem(pb):
     """The forward Problem whose output is pb's dx (stride 1): x = dy, y = dx, the filter (C, taps, K)
     packed in the workspace, padding (R - 1) * dil - pad, the opposite mode."""
-    s = Problem()
-    for a in Problem.__slots__:
-        if hasattr(pb, a):
-            setattr(s, a, getattr(pb, a))
+    s = pb.copy()
     t, r, q = pb.filt3
     s.n, s.c, s.k, s.groups, s.cg, s.kg = pb.n, pb.k, pb.c, 1, pb.k, pb.c
     s.in3, s.out3 = tuple(pb.out3), tuple(pb.in3)

@@ -356,10 +356,7 @@ def tile_ms(handle, mp):
 def _col_problem(C, pb, ld, w_rows):
     """The 1x1, stride-1 convolution of the column matrix (ld channels per group) with the filter viewed as
     (K, ld) rows `w_rows` apart."""
-    s = C.Problem()
-    for a in C.Problem.__slots__:  # everything the real problem has, then the view's own sizes
-        if hasattr(pb, a):
-            setattr(s, a, getattr(pb, a))
+    s = pb.copy()  # everything the real problem has, then the view's own sizes
     s.dtype, s.tag, s.n, s.groups, s.k, s.kg = pb.dtype, pb.tag, pb.n, pb.groups, pb.k, pb.kg
     s.cg = ld // pb.groups
     s.c = ld
@@ -575,14 +572,22 @@ def _bwd_direct_matmul(handle, pb):
     return None
 
 
-def bwd_data_gemm_refusal(pb):
-    """Why the explicit-GEMM backward data cannot serve a problem (None when it can)."""
+def _matmul_refusal(pb, dtypes="float, half and bfloat16 data"):
+    """Why pydnn.ops.matmul cannot run a problem's explicit GEMM (None when it can)."""
     if pb.tag not in MM_TAGS:
-        return "its explicit GEMM runs float, half and bfloat16 data"
+        return f"its explicit GEMM runs {dtypes}"
     if pb.tag in TC_TAGS and pb.math_type == E.PYDNN_FMA_MATH:
         return "its explicit GEMM runs 16-bit data on tensor cores, which the FMA math type forbids"
     if pb.groups != 1:
         return f"its explicit GEMM needs groupCount 1 (got {pb.groups})"
+    return None
+
+
+def bwd_data_gemm_refusal(pb):
+    """Why the explicit-GEMM backward data cannot serve a problem (None when it can)."""
+    why = _matmul_refusal(pb)
+    if why:
+        return why
     direct = _bwd_direct_ok(pb)
     if pb.c >= SMALL_C and prod(pb.stride3) == 1 and not direct:
         return (f"its explicit GEMM + col2im serves small-channel (C < {SMALL_C}) or strided problems, where "
@@ -718,12 +723,9 @@ class _Operand:
 
 def wgrad_gemm_refusal(pb):
     """Why BWD_FILTER_ALGO_3 cannot serve a problem (None when it can)."""
-    if pb.tag not in MM_TAGS:
-        return "its explicit GEMM runs float, half and bfloat16 data (pydnn.ops.matmul has no double kernel)"
-    if pb.tag in TC_TAGS and pb.math_type == E.PYDNN_FMA_MATH:
-        return "its explicit GEMM runs 16-bit data on tensor cores, which the FMA math type forbids"
-    if pb.groups != 1:
-        return f"its explicit GEMM needs groupCount 1 (got {pb.groups})"
+    why = _matmul_refusal(pb, "float, half and bfloat16 data (pydnn.ops.matmul has no double kernel)")
+    if why:
+        return why
     if _spatial_unit(pb.ys[2:], pb.out3) is None:
         return (f"its explicit GEMM reads dy with packed spatial dims (strides {tuple(pb.y_desc.strides)})")
     return None
@@ -900,11 +902,7 @@ def _entry(mp, dy, dy_off, src, src_off, slot, orient):
 
 def _chunk_problem(pb, g):
     """pb with g images (the im2col of one chunk)."""
-    from . import convolution as C
-    s = C.Problem()
-    for a in C.Problem.__slots__:
-        if hasattr(pb, a):
-            setattr(s, a, getattr(pb, a))
+    s = pb.copy()
     s.n = g
     return s
 

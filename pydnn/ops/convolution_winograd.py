@@ -111,9 +111,8 @@ def tile_for(pb, cin_g):
     return m
 
 
-def refusal(pb, direction, fwd):
-    """Why the Winograd transforms cannot serve a problem (None when it can)."""
-    name = "WINOGRAD_NONFUSED"
+def _shape_refusal(pb, name):
+    """Why the F(m x m, 3 x 3) transforms cannot take a problem's shape (None when they can)."""
     if pb.nspatial != 2:
         return f"{name} serves 2-d convolutions only (this one has {pb.nspatial} spatial dims)"
     if tuple(pb.filt3[1:]) != (3, 3):
@@ -122,6 +121,15 @@ def refusal(pb, direction, fwd):
         return f"{name} needs stride 1 (got {pb.stride3[1]} x {pb.stride3[2]})"
     if tuple(pb.dil3[1:]) != (1, 1):
         return f"{name} needs dilation 1 (got {pb.dil3[1]} x {pb.dil3[2]})"
+    return None
+
+
+def refusal(pb, direction, fwd):
+    """Why the Winograd transforms cannot serve a problem (None when it can)."""
+    name = "WINOGRAD_NONFUSED"
+    why = _shape_refusal(pb, name)
+    if why:
+        return why
     if 16 * pb.groups > MAX_GRID_Z:
         return f"{name} supports at most {MAX_GRID_Z // 16} groups (got {pb.groups}): its GEMMs are grid.z blocks"
     if not fwd and max(pb.pad3[1:]) > 2:
@@ -139,20 +147,24 @@ def _view(pb, fwd):
             not pb.flip)
 
 
-def _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, positions):
-    """The alpha^2 * groups GEMMs as one grouped 1x1 convolution over U (n = tiles, channels (b, ci))."""
-    s = C.Problem()
-    for a in C.Problem.__slots__:
-        if hasattr(pb, a):
-            setattr(s, a, getattr(pb, a))
-    g16 = positions * pb.groups
-    s.dtype, s.tag = acc_dtype, ("f64" if acc_dtype == E.PYDNN_DATA_DOUBLE else "f32")
-    s.n, s.groups, s.cg, s.kg, s.c, s.k = tiles, g16, cin_g, cout_g, g16 * cin_g, g16 * cout_g
+def _grouped_1x1(pb, n, groups, cg, kg, xs, ys):
+    """pb's GEMMs as one grouped 1x1 convolution on the family's kernels: n "images" (tiles), `groups`
+    groups of cg input and kg output channels, x and y strides (image, channel), the filter packed
+    (K, cg) NCHW, cross-correlation, default math."""
+    s = pb.copy()
+    s.n, s.groups, s.cg, s.kg, s.c, s.k = n, groups, cg, kg, groups * cg, groups * kg
     s.in3 = s.out3 = s.filt3 = (1, 1, 1)
     s.pad3, s.stride3, s.dil3 = (0, 0, 0), (1, 1, 1), (1, 1, 1)
-    s.xs, s.ys, s.ws = (u[0], u[1], 0, 0, 0), (mm[0], mm[1], 0, 0, 0), (cin_g, 1, 0, 0, 0)
+    s.xs, s.ys, s.ws = tuple(xs) + (0, 0, 0), tuple(ys) + (0, 0, 0), (cg, 1, 0, 0, 0)
     s.flip, s.w_format, s.math_type = False, E.PYDNN_TENSOR_NCHW, E.PYDNN_DEFAULT_MATH
-    s.w_dims = (s.k, cin_g, 1, 1)
+    s.w_dims = (s.k, cg, 1, 1)
+    return s
+
+
+def _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, positions):
+    """The alpha^2 * groups GEMMs as one grouped 1x1 convolution over U (n = tiles, channels (b, ci))."""
+    s = _grouped_1x1(pb, tiles, positions * pb.groups, cin_g, cout_g, u[:2], mm[:2])
+    s.dtype, s.tag = acc_dtype, ("f64" if acc_dtype == E.PYDNN_DATA_DOUBLE else "f32")
     return s
 
 
@@ -312,14 +324,9 @@ WGRAD_FORCE_SPLITS = None   # tests / benchmarks pin S
 def wgrad_refusal(pb):
     """Why the backward-filter Winograd cannot serve a problem (None when it can)."""
     name = "BWD_FILTER_ALGO_WINOGRAD_NONFUSED"
-    if pb.nspatial != 2:
-        return f"{name} serves 2-d convolutions only (this one has {pb.nspatial} spatial dims)"
-    if tuple(pb.filt3[1:]) != (3, 3):
-        return f"{name} needs a 3 x 3 filter (got {pb.filt3[1]} x {pb.filt3[2]})"
-    if tuple(pb.stride3[1:]) != (1, 1):
-        return f"{name} needs stride 1 (got {pb.stride3[1]} x {pb.stride3[2]})"
-    if tuple(pb.dil3[1:]) != (1, 1):
-        return f"{name} needs dilation 1 (got {pb.dil3[1]} x {pb.dil3[2]})"
+    why = _shape_refusal(pb, name)
+    if why:
+        return why
     clear = _wgrad_clear(pb)
     if pb.dtype == E.PYDNN_DATA_FLOAT and clear < WGRAD_F2_MIN_CLEAR:
         return (f"{name} needs, for float data, outputs at least {WGRAD_F2_MIN_CLEAR} positions past the padding "
@@ -398,17 +405,7 @@ def wgrad_view(pos, groups, splits, chunk, kg, cg, kout, cin, chan_fast):
 def _wgrad_gemm_problem(C, pb, tiles_per_chunk, z, kg, cg):
     """Double data: the GEMMs as one grouped 1x1 backward filter (z groups, n = the chunk's tiles) on the
     family's CUDA-core kernel, over the "tile" layout: x = U (channel stride chunk), dy = D, dw = M."""
-    s = C.Problem()
-    for a in C.Problem.__slots__:
-        if hasattr(pb, a):
-            setattr(s, a, getattr(pb, a))
-    s.n, s.groups, s.cg, s.kg, s.c, s.k = tiles_per_chunk, z, cg, kg, z * cg, z * kg
-    s.in3 = s.out3 = s.filt3 = (1, 1, 1)
-    s.pad3, s.stride3, s.dil3 = (0, 0, 0), (1, 1, 1), (1, 1, 1)
-    s.xs, s.ys, s.ws = (1, tiles_per_chunk, 0, 0, 0), (1, tiles_per_chunk, 0, 0, 0), (cg, 1, 0, 0, 0)
-    s.flip, s.w_format, s.math_type = False, E.PYDNN_TENSOR_NCHW, E.PYDNN_DEFAULT_MATH
-    s.w_dims = (s.k, cg, 1, 1)
-    return s
+    return _grouped_1x1(pb, tiles_per_chunk, z, cg, kg, (1, tiles_per_chunk), (1, tiles_per_chunk))
 
 
 class WinogradWgradPlan(StepPlan):
