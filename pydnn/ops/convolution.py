@@ -1003,8 +1003,8 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
     pl.fold = pl.fold_func = pl.fold_argv = None
     pl.workspace, pl.align = 0, 16
     if wgm:  # two warpgroups; STAGES x (BM + BN) x 64 swizzled stages + 1 KiB to align them to 1024 bytes
-        pl.threads = 256  # + BN floats: the fused bias parked for the epilogue
-        pl.smem = cfg[2] * (bm + bn) * TCP_BK * 2 + 1024 + bn * 4
+        pl.threads = 256  # the stages + 1 KiB of slack for their 1024-byte alignment
+        pl.smem = cfg[2] * (bm + bn) * TCP_BK * 2 + 1024
     elif len(cfg) == 6:  # the pipelined kernel: WARPS_M x WARPS_N warps, swizzled [rows][64] (or [64][BN]) tiles
         pl.threads = cfg[2] * cfg[3] * 32
         pl.smem = TCP_STAGES * (bm + bn) * TCP_BK * 2
