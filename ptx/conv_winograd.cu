@@ -151,12 +151,26 @@ __global__ void __launch_bounds__(256) filter_transform(const WinoParams p) {
     }
 }
 
-// U = B^T d B for one (tile, input channel); d the alpha x alpha input patch at (tile * m - pad).
-template <class T, int M>
-__global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
+// The two tile transforms share one body: out = C d C^T for one (tile, channel), C an alpha x P matrix
+// and d the P x P patch of the channel's plane at (tile * m - pad), zero outside it; stored as U:
+// p.u at tile_offset + c * u_c, position (a, b) at + (a * alpha + b) * u_b (u_c / u_b pick the layout).
+//   input transform  U = B^T d B   C = B^T (alpha x alpha), P = alpha, the convolution's padding
+//   grad transform   D = A dy A^T  C = A = (A^T)^T (alpha x m), P = m, no padding (backward filter: dy's
+//                                  m x m tiles)
+// Coef::c(a, k) is C's coefficient, a compile-time constant after unrolling.
+template <int M> struct InputCoef {
+  static constexpr int P = Wino<M>::kA;
+  __device__ static __forceinline__ double c(int a, int k) { return Wino<M>::bt(a, k); }
+};
+template <int M> struct GradCoef {
+  static constexpr int P = M;
+  __device__ static __forceinline__ double c(int a, int k) { return Wino<M>::at(k, a); }
+};
+
+template <class T, int M, class Coef>
+__device__ __forceinline__ void tile_transform(const WinoParams& p, int pad_h, int pad_w) {
   typedef typename AccOf<T>::type Acc;
-  typedef Wino<M> W;
-  constexpr int A = W::kA;
+  constexpr int A = Wino<M>::kA, P = Coef::P;
   const int chans = p.groups * p.cin_g;
   const long long total = p.tiles * chans;
   const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -167,26 +181,26 @@ __global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
   int n, th, tw;
   tile_coords(p, m, n, th, tw);
   const T* in = static_cast<const T*>(p.in) + (long long)n * p.is[0] + (long long)c * p.is[1];
-  const int h0 = th * M - p.pad_h, w0 = tw * M - p.pad_w;
+  const int h0 = th * M - pad_h, w0 = tw * M - pad_w;
   const bool live = n < p.batch;  // the backward filter's last chunk runs past the tiles: zeros
-  Acc d[A][A];
+  Acc d[P][P];
 #pragma unroll
-  for (int a = 0; a < A; ++a)
+  for (int i = 0; i < P; ++i)
 #pragma unroll
-    for (int b = 0; b < A; ++b) {
-      const int hh = h0 + a, ww = w0 + b;
-      d[a][b] = (live && (unsigned)hh < (unsigned)p.in_h && (unsigned)ww < (unsigned)p.in_w)
+    for (int j = 0; j < P; ++j) {
+      const int hh = h0 + i, ww = w0 + j;
+      d[i][j] = (live && (unsigned)hh < (unsigned)p.in_h && (unsigned)ww < (unsigned)p.in_w)
                     ? load<Acc>(in[(long long)hh * p.is[2] + (long long)ww * p.is[3]]) : Acc(0);
     }
-  Acc t[A][A];  // B^T d
+  Acc t[A][P];  // C d
 #pragma unroll
   for (int a = 0; a < A; ++a)
 #pragma unroll
-    for (int b = 0; b < A; ++b) {
+    for (int j = 0; j < P; ++j) {
       bool first = true;
-      t[a][b] = Acc(0);
+      t[a][j] = Acc(0);
 #pragma unroll
-      for (int k = 0; k < A; ++k) madd(t[a][b], first, W::bt(a, k), d[k][b]);
+      for (int k = 0; k < P; ++k) madd(t[a][j], first, Coef::c(a, k), d[k][j]);
     }
   Acc* u = static_cast<Acc*>(p.u);
   const long long base = tile_offset(p, m) + (long long)c * p.u_c;
@@ -197,60 +211,22 @@ __global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
       bool first = true;
       Acc x = Acc(0);
 #pragma unroll
-      for (int k = 0; k < A; ++k) madd(x, first, W::bt(b, k), t[a][k]);
+      for (int k = 0; k < P; ++k) madd(x, first, Coef::c(b, k), t[a][k]);
       u[base + (a * A + b) * p.u_b] = x;
     }
 }
 
-// D = A dy A^T for one (tile, channel of dy) (backward filter; A = (A^T)^T is alpha x m): dy's m x m tile
-// at (tile * m), zero past its edges; stored as input_transform stores U (p.u, u_c, u_b, chunks).
+// U = B^T d B for one (tile, input channel); d the alpha x alpha input patch at (tile * m - pad).
+template <class T, int M>
+__global__ void __launch_bounds__(256) input_transform(const WinoParams p) {
+  tile_transform<T, M, InputCoef<M>>(p, p.pad_h, p.pad_w);
+}
+
+// D = A dy A^T for one (tile, channel of dy) (backward filter): dy's m x m tile at (tile * m), zero past
+// its edges; stored as input_transform stores U (p.u, u_c, u_b, chunks).
 template <class T, int M>
 __global__ void __launch_bounds__(256) grad_transform(const WinoParams p) {
-  typedef typename AccOf<T>::type Acc;
-  typedef Wino<M> W;
-  constexpr int A = W::kA;
-  const int chans = p.groups * p.cin_g;
-  const long long total = p.tiles * chans;
-  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
-  long long m;
-  int c;
-  split_index(idx, p.tiles, chans, p.u_c == 1, m, c);
-  int n, th, tw;
-  tile_coords(p, m, n, th, tw);
-  const T* in = static_cast<const T*>(p.in) + (long long)n * p.is[0] + (long long)c * p.is[1];
-  const bool live = n < p.batch;
-  Acc e[M][M];
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int j = 0; j < M; ++j) {
-      const int hh = th * M + i, ww = tw * M + j;
-      e[i][j] = (live && hh < p.in_h && ww < p.in_w)
-                    ? load<Acc>(in[(long long)hh * p.is[2] + (long long)ww * p.is[3]]) : Acc(0);
-    }
-  Acc t[A][M];  // A dy
-#pragma unroll
-  for (int a = 0; a < A; ++a)
-#pragma unroll
-    for (int j = 0; j < M; ++j) {
-      bool first = true;
-      t[a][j] = Acc(0);
-#pragma unroll
-      for (int i = 0; i < M; ++i) madd(t[a][j], first, W::at(i, a), e[i][j]);
-    }
-  Acc* u = static_cast<Acc*>(p.u);
-  const long long base = tile_offset(p, m) + (long long)c * p.u_c;
-#pragma unroll
-  for (int a = 0; a < A; ++a)
-#pragma unroll
-    for (int b = 0; b < A; ++b) {
-      bool first = true;
-      Acc x = Acc(0);
-#pragma unroll
-      for (int j = 0; j < M; ++j) madd(x, first, W::at(j, b), t[a][j]);
-      u[base + (a * A + b) * p.u_b] = x;
-    }
+  tile_transform<T, M, GradCoef<M>>(p, 0, 0);
 }
 
 // dw = alpha * G^T (sum over s of M_s) G + beta * dw for one (o, i) (backward filter; o the filter's
