@@ -610,18 +610,56 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
     if wino_row:
         cases.append((f"bwd filter (algo {wwino}, forced)", lambda: pydnn.convolution_backward_filter(
             h, 1.0, xd, xp, yd, dyp, conv, wwino, wsp, need, 0.0, wd, dwp), cases[2][2]))
+    ms_torch = {}
     for what, fp, ft in cases:
         reps = 10 if flops > 5e10 else 20
         ms_p = time_ms(fp, reps=reps, warmup=2)
-        ms_t = time_ms(ft, reps=reps, warmup=3)
+        ms_t = ms_torch[what.split(" (")[0]] = time_ms(ft, reps=reps, warmup=3)
         b.row_flops("conv", f"{name} {what}{_kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo)}", dname,
                     flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
         if _tc_only() and (any(what.startswith(v) for v in os.environ.get("PYDNN_BENCH_CONV_VARIANTS",
                                                                            "fwd,bwd data,bwd filter").split(","))
                            or (_wgm_only() and not what.startswith("bwd filter"))):
             _tc_variants(b, name, what, conv, cases, flops, ms_t, (x, xd, wd, yd, dy, dw))
+    if _tc_only():
+        _bwd_data_swap_pair(b, name, conv, (xd, wd, yd), (wp, dyp, dxp), cases[1][1], flops, ms_torch["bwd data"],
+                            stride, pad)
     if not _tc_only():
         _v7_against_find(h, name, dname, conv, (xd, wd, yd), (xp, wp, yp, dyp, dxp, dwp), (fwd_algo, dalgo, falgo))
+
+
+def _bwd_data_swap_pair(b, name, conv, descs, ptrs, direct, flops, ms_t, stride, pad):
+    """v16: backward data as the model plans it (fwd_wgmma reading B from the filter, BKN) against v9's
+    filter_kc_swap + the same fwd_wgmma tile (WGM_BWD_SWAP, on a second convolution descriptor whose
+    plan is made while the switch is on), timed in alternating rounds (time_pair); sm_90 wgmma plans only."""
+    from pydnn.ops import convolution as C
+
+    h = b.h
+    xd, wd, yd = descs
+    wp, dyp, dxp = ptrs
+    dalgo = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+    if h.arch != C.WGM_ARCH or "fwd_wgmma<" not in C._new_plan(h, C.DIR_BWD_DATA, dalgo, conv, xd, wd, yd).gemm_expr:
+        return
+    conv2 = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(conv2, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
+                                       pydnn.PYDNN_DATA_FLOAT)
+    C.WGM_BWD_SWAP = True
+    try:
+        need = pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv2, xd, dalgo)
+        ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+
+        def swap():
+            pydnn.convolution_backward_data(h, 1.0, wd, wp, yd, dyp, conv2, dalgo, ws.data_ptr(), need, 0.0, xd, dxp)
+
+        swap()  # its plan (the swap) made and cached now
+    finally:
+        C.WGM_BWD_SWAP = False
+    assert "filter_kc_swap" in getattr(C.get_plan(h, C.DIR_BWD_DATA, dalgo, conv2, xd, wd, yd), "swap_expr", "")
+    ms_d, ms_s = time_pair(direct, swap)
+    b.row_flops("conv", f"{name} bwd data [time_pair, direct (BKN); swap / direct {ms_s / ms_d:.3f}x]", "bf16",
+                flops, ms_d, ms_t, "cudnn", peak_tflops=PEAK["bf16"])
+    b.row_flops("conv", f"{name} bwd data [time_pair, v9 swap + fwd_wgmma]", "bf16", flops, ms_s, ms_t, "cudnn",
+                peak_tflops=PEAK["bf16"])
 
 
 FIND_WORKSPACE = 1 << 30  # what Find may use per algorithm (1 GiB)
