@@ -516,6 +516,29 @@ Versions and notes:
        targets 22 / 54 / 67 / 73 TFLOP/s). v7 vs Find, backward filter: 1.00x on all four (algo 5 is v7's
        pick and Find's fastest); forward (WINOGRAD_NONFUSED) and backward data 1.00x as before. Under the
        prediction at 56² (the transforms; see bench_convolution_algos.py v6), within 10% elsewhere.
+  v16 (seventh session, issue 4's bf16 backward data at 56²: 0.59x cuDNN on the H100, 0.62x on an H200)
+     Reading: backward data (stride 1, 16-bit, K % 64) ran as filter_kc_swap (grid (1, 1, 9) at 64->64,
+     74 KB) + fwd_wgmma on the swapped copy; the GEMM is the forward's (M = N * H * W, N = C, K = taps x
+     K), and the forward kernel at 56² runs 0.61-0.65x: the H100 README rows say 216.8 forward against
+     205.9 backward data (5%), v14 run 6 (H200) 5.5-6% at 56² / 28², 7% at 14², 12% at 7² (the larger
+     filters: 4.7 MB swapped at 7²). So the gap is the swap kernel and the launch boundary before
+     fwd_wgmma (its ramp, the swap's tail), ~3-4 us of ~70 us at 56².
+     Change: fwd_wgmma<..., BKN = 1> reads B straight from w (KRSC): for backward data B[(tap, k)][c] =
+     w[k][tap][c], and 8 consecutive c of one (k, tap) are 16 contiguous bytes, so a thread's cp.async
+     chunks fill [64 k rows][64 c] slabs whose 128-byte rows, with the 128B swizzle, sit at the very
+     shared offsets of the K-major tile; wgmma reads them MN-major (trans-b = 1, LBO = the 8 KiB slab
+     stride, a k16 step 2048 bytes on: as gemm_wgmma's non-transposed B and wgrad_tc_wgmma). The filter
+     strides handed to the kernel are (1, w's k stride, w's tap strides), the flip the swap plan's (the
+     opposite mode). One launch, no workspace (the query now says 0). SASS (sm_90a, nvdisasm): the
+     forward instantiations are unchanged instruction for instruction; the BKN loop is 163 / 180
+     instructions a K tile (128x64 / 128x128) against the forward's 167 / 180, registers 82 / 147, no
+     spill. filter_kc_swap + the K-major forward stay for filters BKN cannot read (none that the
+     tensor-core refusal lets through today: packed NHWC filters with C % 8) and behind WGM_BWD_SWAP,
+     which the bench uses for a same-run A/B (time_pair, "swap / direct").
+     Predicted before the device run: backward data at the forward kernel's rate (same GEMM, same loop
+     length, same shared format; the one unknown the transposed-B wgmma's rate, full for 16-bit types):
+     swap / direct 1.04-1.07x at 56², 28², 14², 1.08-1.13x at 7²; H100 56² 206 -> 214-220 TFLOP/s, i.e.
+     0.59x -> 0.61-0.63x cuDNN; 28² / 14² +4-7%, 7² +8-13%; forward and backward filter unchanged.
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows (with PYDNN_BENCH_CONV_ONLY: the bf16 layers it names, and the fused rows if it
