@@ -432,7 +432,8 @@ def test_wgmma_backward_data(handle, rng, monkeypatch, case, dtype, tiling):
         pb = _tc_problem(case, dtype, mode)
         pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert "fwd_wgmma<" in pl.gemm_expr and isinstance(pl, conv_ops.BwdWgmmaPlan) == swap
-        assert pl.gemm_expr.endswith(", 1>") != swap  # BKN = 1: B read as [k][c]
+        bkn = pl.gemm_expr.count(",") == 5 and pl.gemm_expr.endswith(", 1>")  # <T, BN, STAGES, MINB, LEAN, BKN = 1>
+        assert bkn != swap  # B read as [k][c] from w, or the swap's K-major copy
         w, dy = pb.w.random(rng), pb.y.random(rng)
         dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
         if not beta:
