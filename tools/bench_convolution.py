@@ -539,6 +539,34 @@ Versions and notes:
      length, same shared format; the one unknown the transposed-B wgmma's rate, full for 16-bit types):
      swap / direct 1.04-1.07x at 56², 28², 14², 1.08-1.13x at 7²; H100 56² 206 -> 214-220 TFLOP/s, i.e.
      0.59x -> 0.61-0.63x cuDNN; 28² / 14² +4-7%, 7² +8-13%; forward and backward filter unchanged.
+     Measured (H100 80GB HBM3, two device runs at c371b3e / c058818, each with the bench twice: a pass
+     with the forced tilings, then PYDNN_BENCH_CONV_VARIANTS=none; cuDNN in the same pass; TFLOP/s):
+       bwd data, the model's plan (now BKN)   56²            28²            14²            7²
+         run 1 pass 1 / pass 2              205.8 / 205.2  323.1 / 321.9  324.9 / 322.4  377.4 / 373.1
+         run 2 pass 1 / pass 2              204.6 / 204.8  320.9 / 320.8  325.8 / 323.6  376.8 / 377.1
+         cuDNN, the same four passes        334 321 334 334  475 338 462 488  522 388 535 538  535 329 532 550
+         pydnn / cuDNN                      .62 .64 .61 .61  .68 .95 .69 .66  .62 .83 .61 .60  .71 1.14 .71 .69
+       time_pair direct / v9 swap (r1 p1)  207.8 / 197.2  320.4 / 298.4  320.9 / 297.6  376.1 / 334.1
+         swap / direct, the four passes     1.054 - 1.050  1.074 - 1.080  1.076 - 1.083  1.125 - 1.131
+         the swap path / cuDNN: 0.59 / 0.61 / 0.59 / 0.59 at 56², 0.56-0.57 at 14² (cuDNN's 522-538 passes)
+       fwd (code unchanged)                 204.5-206.0    316.7-319.7    320.1-323.2    370.0-373.1
+         = 0.62-0.65 / 0.68-0.72 / 0.61-0.62 / 0.69-0.70x cuDNN
+       bwd filter (untouched)               257.9-263.2    366.0-377.3    336.4-349.9    311.6-315.7
+         = 0.85-1.30 / 0.95-1.60 / 0.78-0.92 / 0.63-1.11x cuDNN (cuDNN's own moved 199-308 at 56²)
+       fused bias + ReLU / plain 1.051-1.053x (as before)
+     (Run 1 pass 1 had a transient of a second or two: cuDNN's 14² forward read 54.7, the 7² forced
+     backward-data tiles 74-108 and the 7² backward filter 242.6 TFLOP/s; the same rows in the other three
+     passes read 281 / 371 / 236 / 263 and 311.6-315.7, so those are left out of the ranges above.)
+     Outcome: swap / direct 1.050-1.054x at 56², 1.074-1.083x at 28² / 14², 1.125-1.131x at 7², steady
+     over four passes in two runs: inside the prediction at 56² and 7², above it at 28² / 14² (the
+     0.3 / 1.2 MB swaps cost more than their bytes say). Backward data now runs at the forward kernel's rate
+     on every layer (205 vs 205, 321 vs 319, 324 vs 322, 376 vs 372), so issue 4's row is met on the H100:
+     56² 0.61-0.64x cuDNN in all four passes (the swap path in the same passes 0.59-0.61x); 28² 0.66-0.95x,
+     14² 0.60-0.83x (was 0.56-0.57x through the swap in the passes where cuDNN ran at 522-538), 7²
+     0.69-1.14x. The absolute prediction (214-220 at 56²) was too high: it assumed the README's 206 for the
+     swap path, which ran 197 in these runs. Decision: the direct plan is the model's (no workspace); the
+     swap stays for filters BKN cannot read and as WGM_BWD_SWAP for this A/B. What is left at 56² is
+     fwd_wgmma's own rate there (0.61-0.65x; 9 K tiles a block, see v13 / v14).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows (with PYDNN_BENCH_CONV_ONLY: the bf16 layers it names, and the fused rows if it
