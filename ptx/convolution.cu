@@ -1212,6 +1212,15 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
 // the k16 steps' wgmma descriptors are the K tile's plus 2 each (instead of 8 built per K tile).
 // LEAN: 0 v8's copies, 1 v12's. (v14, LEAN = 2: 25-28% fewer SASS instructions a K tile, measured 3-23%
 // slower than v12 on every layer in three runs of one session and reverted: tools/bench_convolution.py.)
+// BKN (v17): B read as [k][n] (MN-major) instead of [n][k]: backward data straight from a KRSC filter,
+// without filter_kc_swap. Backward data (stride 1) is the forward of dy whose filter w'[c][tap][k] is
+// w[k][tap][c]; in w itself 8 consecutive n = c of one (k, tap) are 16 contiguous bytes, so each thread
+// copies chunk t % 8 of 64 c (one 128-byte row) of K rows t / 8 + 32 j, slab i / 2 of BN / 64, into
+// the same swizzled 128-byte rows as the K-major tile (row = k, chunk = 8 c): the shared offsets are the
+// forward's, which is wgmma's MN-major 128B-swizzled layout (wgmma.cuh: slabs of 64 N columns, LBO =
+// the slab stride 8 KiB, SBO = 1024, a k16 step 16 rows = 2048 bytes on; the instruction's trans-b =
+// 1). The host passes ws = (1, k stride, tap strides): p.ws[0] (c's stride) must be 1, the others
+// multiples of 8 (16-byte chunks), the flip as the forward's (FLAG_FLIP, the opposite mode).
 template <class T, int BN> struct WgAccEng {
   typedef T Elem;
   static constexpr int TM = 1, TN = BN / 8;
@@ -1221,14 +1230,15 @@ template <class T, int BN> struct WgAccEng {
   __device__ __forceinline__ float (&flat())[BN / 2] { return *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]); }
 };
 
-template <class T, int BN, int STAGES, int MINB, int LEAN = 0>
+template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0>
 __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_wgmma needs the sm_90a target (KernelUnit archs)");
 #endif
   constexpr int BM = 128, THREADS = 256, BK = mma::kPipeBK, RS = THREADS / 8;
   constexpr int A_ROWS = BM / RS, B_ROWS = BN / RS, STAGE = (BM + BN) * BK, D = STAGES - 2;
-  constexpr int SLAB = 64 * BK * 2;  // bytes of 64 rows of A: one warpgroup's M slice
+  constexpr int SLAB = 64 * BK * 2;  // bytes of 64 rows of A: one warpgroup's M slice (and of a BKN B slab)
+  constexpr int KR = BK / RS;        // BKN: a thread's K rows of B per 64-column slab
   static_assert(STAGES >= 3 && (BN == 64 || BN == 128 || BN == 256), "fwd_wgmma tile");
   static_assert(BM * (BN + 8) * 4 <= STAGES * STAGE * 2, "the staged epilogue fits the stages");
   extern __shared__ __align__(1024) unsigned char tc_smem[];
@@ -1252,13 +1262,16 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 #pragma unroll
   for (int i = 0; i < 3; ++i) astep[i] = p.dil[i] * (int)p.xs[2 + i];
   const int ws0 = (int)p.ws[0];
-  // B: filter rows n0 + t / 8 + RS i (output channels), chunk t % 8 of the tap's channels
+  // B: filter rows n0 + t / 8 + RS i (output channels), chunk t % 8 of the tap's channels; BKN: K rows
+  // t / 8 + RS (i % KR) of the K tile, chunk t % 8 of slab i / KR of the block's n (p.ws[0] == 1)
   const int nrow = n0 + (t >> 3);
-  const int bbase = nrow * ws0 + chunk * 8;
+  const int bbase = BKN ? (t >> 3) * (int)p.ws[1] + n0 + chunk * 8 : nrow * ws0 + chunk * 8;
   unsigned bmask = 0;
 #pragma unroll
   for (int i = 0; i < B_ROWS; ++i)
-    if (nrow + RS * i < p.gn) bmask |= 1u << i;
+    if (BKN ? n0 + (i / KR) * 64 + chunk * 8 < p.gn : nrow + RS * i < p.gn) bmask |= 1u << i;
+  // the offset of B's copy i from the K tile's (BKN: the next K rows, or the next slab of 64 n)
+  auto boff = [&](int i) { return BKN ? (i % KR) * RS * (int)p.ws[1] + (i / KR) * 64 : RS * i * ws0; };
 
   int c0 = 0, tt = 0, tr = 0, ts = 0;  // the next K tile: channel block c0 of tap (tt, tr, ts)
   auto fill = [&](int stage) {
@@ -1268,6 +1281,10 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     const int btap = c0 * (int)p.ws[1] + flip_tap(p, 0, tt) * (int)p.ws[2] + flip_tap(p, 1, tr) * (int)p.ws[3] +
                      flip_tap(p, 2, ts) * (int)p.ws[4];
     const bool cok = c0 + chunk * 8 < CH;
+    // B's validity: its row's channels (K-major), or its K row and column block (BKN)
+    auto bok = [&](int i) {
+      return ((bmask >> i) & 1) && (BKN ? c0 + (t >> 3) + RS * (i % KR) < CH : cok);
+    };
     if constexpr (LEAN) {
       int at = atap, bt = btap;
       asm volatile("" : "+r"(at), "+r"(bt));  // computed here once, not per chunk
@@ -1278,8 +1295,8 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
       }
 #pragma unroll
       for (int i = 0; i < B_ROWS; ++i) {
-        const bool v = cok && ((bmask >> i) & 1);
-        mma::cp_async_16(sb + (soff + RS * BK * i) * 2, W + (v ? bbase + RS * i * ws0 + bt : 0), v);
+        const bool v = bok(i);
+        mma::cp_async_16(sb + (soff + RS * BK * i) * 2, W + (v ? bbase + boff(i) + bt : 0), v);
       }
     } else {
 #pragma unroll
@@ -1289,8 +1306,8 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
       }
 #pragma unroll
       for (int i = 0; i < B_ROWS; ++i) {
-        const bool v = cok && ((bmask >> i) & 1);
-        mma::cp_async_16(sb + (soff + RS * BK * i) * 2, v ? W + (bbase + RS * i * ws0 + btap) : W, v);
+        const bool v = bok(i);
+        mma::cp_async_16(sb + (soff + RS * BK * i) * 2, v ? W + (bbase + boff(i) + btap) : W, v);
       }
     }
     c0 += BK;
@@ -1343,15 +1360,19 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     __syncthreads();              // ... for every thread's chunks
     const unsigned sa = sbase + (kt % STAGES) * STAGE * 2, sb = sa + BM * BK * 2;
     wgmma::fence();
+    // B's k16 step: 32 bytes along its rows (K-major), or 16 rows = 2048 bytes on (BKN, MN-major)
+    constexpr int BSTEP = BKN ? 2048 : 32;
     if constexpr (LEAN) {  // k16 step kk: 32 bytes on = 2 more in the start-address field (shared < 256 KB)
-      const unsigned long long da = wgmma::desc_sw128(sa + wg * SLAB, 16, 1024), db = wgmma::desc_sw128(sb, 16, 1024);
+      const unsigned long long da = wgmma::desc_sw128(sa + wg * SLAB, 16, 1024),
+                               db = wgmma::desc_sw128(sb, BKN ? SLAB : 16, 1024);
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), da + 2 * kk, db + 2 * kk, 1);
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgmma::Mma<T, BN, 0, BKN>::run(eng.flat(), da + 2 * kk, db + (BSTEP >> 4) * kk, 1);
     } else {
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
-        wgmma::Mma<T, BN, 0, 0>::run(eng.flat(), wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024),
-                                     wgmma::desc_sw128(sb + kk * 32, 16, 1024), 1);
+        wgmma::Mma<T, BN, 0, BKN>::run(eng.flat(), wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024),
+                                       wgmma::desc_sw128(sb + kk * BSTEP, BKN ? SLAB : 16, 1024), 1);
     }
     wgmma::commit();
     wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done

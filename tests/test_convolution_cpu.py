@@ -583,6 +583,7 @@ BWD_WGM_EMU = [  # xdims, k, filt, pad, dil: stride 1 (odd sizes, padding 0 / 1 
     ((2, 8, 13), 8, (5,), (2,), (1,)),
     ((1, 8, 3, 4, 5), 16, (2, 3, 3), (1, 1, 0), (1, 1, 2)),
     ((1, 8, 5, 6), 8, (3, 3), (3, 1), (1, 1)),    # pad > (R - 1) * dil: the forward's padding is negative
+    ((3, 24, 5, 7), 16, (3, 3), (1, 1), (1, 1)),  # C > K
 ]
 
 
@@ -601,13 +602,17 @@ def _swap_emulated(f, wbuf):
 
 @pytest.mark.parametrize("case", BWD_WGM_EMU)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
-def test_bwd_data_wgmma_plan_emulated(case, mode, rng, monkeypatch):
-    """Backward data on fwd_wgmma (sm_90, stride 1): filter_kc_swap's params then the forward plan of dy
-    with the swapped filter (padding (R - 1) * dil - pad, the opposite mode) give the reference dx; the
-    workspace is the swapped filter, the plan deterministic, and the workspace query reports it."""
+@pytest.mark.parametrize("swap", [False, True])
+def test_bwd_data_wgmma_plan_emulated(case, mode, swap, rng, monkeypatch):
+    """Backward data on fwd_wgmma (sm_90, stride 1) = the forward plan of dy (padding (R - 1) * dil - pad,
+    the opposite mode) with the filter w'[c][tap][k] = w[k][tap][c]: read from w itself through its strides
+    (fwd_wgmma<..., BKN = 1>: one launch, no workspace), or (WGM_BWD_SWAP) from the packed copy that
+    filter_kc_swap's params write into the workspace. Either gives the reference dx; the plan is
+    deterministic and the workspace query reports its workspace."""
     xd, k, filt, pad, dil = case
     st = (1,) * len(filt)
     monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, C.WGM_TILES[0])  # channels < 64: a forced tile
+    monkeypatch.setattr(C, "WGM_BWD_SWAP", swap)
     c = cdesc(pad, st, dil, mode)
     wd = (k, xd[1]) + filt
     yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
@@ -615,23 +620,33 @@ def test_bwd_data_wgmma_plan_emulated(case, mode, rng, monkeypatch):
     xdsc, ydsc, wdsc = tdesc(xd, BF16, strides=xs), tdesc(yd, BF16, strides=ys), fdesc(wd, BF16, fmt=NHWC)
     h = cpu_handle()
     pl = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
-    assert isinstance(pl, C.BwdWgmmaPlan) and "fwd_wgmma<" in pl.gemm_expr and pl.deterministic
-    assert pl.workspace >= int(np.prod(wd)) * 2 and pl.workspace % 256 == 0
-    assert pl.swap_grid == (-(-k // 64), -(-xd[1] // 64), int(np.prod(filt)))
+    assert "fwd_wgmma<" in pl.gemm_expr and pl.deterministic and pl.direction == C.DIR_BWD_DATA
     assert pydnn.get_convolution_backward_data_workspace_size(h, wdsc, ydsc, c, xdsc,
                                                               pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1) == pl.workspace
     w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
-    wprime = _swap_emulated(pl.swap, _scatter(w, wdsc.strides, int(np.prod(wd))))
-    got = _gather_tensor(emulate(pl.sub, C.DIR_FWD, _scatter(dy, ys, int(np.prod(yd))), wprime, int(np.prod(xd))),
-                         xd, xs)
-    np.testing.assert_allclose(got, ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, 1, mode == XCORR),
+    wbuf, dybuf = _scatter(w, wdsc.strides, int(np.prod(wd))), _scatter(dy, ys, int(np.prod(yd)))
+    if swap:
+        assert isinstance(pl, C.BwdWgmmaPlan) and pl.gemm_expr == C._wgm_expr("bf16", C.WGM_TILES[0])
+        assert pl.workspace >= int(np.prod(wd)) * 2 and pl.workspace % 256 == 0
+        assert pl.swap_grid == (-(-k // 64), -(-xd[1] // 64), int(np.prod(filt)))
+        got = emulate(pl.sub, C.DIR_FWD, dybuf, _swap_emulated(pl.swap, wbuf), int(np.prod(xd)))
+    else:
+        assert type(pl) is C.Plan and pl.gemm_expr == C._wgm_expr("bf16", C.WGM_TILES[0], bkn=True)
+        assert pl.gemm_expr.endswith(", 1, 1>") and pl.workspace == 0 and pl.fold is None
+        # B's n (= c) contiguous, its k and tap strides w's own: what BKN copies 16 bytes at a time
+        assert list(pl.gemm.ws) == [1, wdsc.strides[0]] + [0] * (5 - len(wd)) + list(wdsc.strides[2:])
+        assert bool(pl.gemm.flags & C.FLAG_FLIP) == (mode == XCORR)
+        got = emulate(pl, C.DIR_FWD, dybuf, wbuf, int(np.prod(xd)))
+    np.testing.assert_allclose(_gather_tensor(got, xd, xs),
+                               ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, 1, mode == XCORR),
                                rtol=1e-10, atol=1e-10)
 
 
 def test_bwd_data_wgmma_choice(monkeypatch):
     """The model takes fwd_wgmma for backward data where it would for the equivalent forward (sm_90,
     stride 1, K % 64, >= WGM_MIN_KTILES K tiles), with the forward's tile for the same GEMM; not with
-    stride 2, on sm_80, or without USE_WGM; v7 ranks it first, deterministic, with its workspace."""
+    stride 2, on sm_80, or without USE_WGM; v7 ranks it first, deterministic, with no workspace (B read
+    from the filter itself, BKN), or with WGM_BWD_SWAP the swapped filter's (the same fwd_wgmma tile)."""
     h = cpu_handle()
     bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
     c = cdesc((1, 1), (1, 1), (1, 1))
@@ -639,10 +654,15 @@ def test_bwd_data_wgmma_choice(monkeypatch):
         x, w = tdesc((64, cc, hw, hw), BF16, NHWC), fdesc((cc, cc, 3, 3), BF16, NHWC)
         pd = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
         pf = C._new_plan(h, C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, x)
+        assert type(pd) is C.Plan and pd.gemm_expr == pf.gemm_expr[:-1] + ", 1>" and pd.workspace == 0
+        assert pd.gemm_grid == pf.gemm_grid and pd.smem == pf.smem and pd.threads == pf.threads
+        r = pydnn.get_convolution_backward_data_algorithm_v7(h, w, x, c, x, 6)
+        assert r[0].algo == bd1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC and r[0].memory == 0
+        monkeypatch.setattr(C, "WGM_BWD_SWAP", True)
+        pd = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
+        monkeypatch.setattr(C, "WGM_BWD_SWAP", False)
         assert isinstance(pd, C.BwdWgmmaPlan) and pd.gemm_expr == pf.gemm_expr and pd.workspace == cc * cc * 9 * 2
         assert pd.sub.gemm_grid == pf.gemm_grid and pd.sub.smem == pf.smem
-        r = pydnn.get_convolution_backward_data_algorithm_v7(h, w, x, c, x, 6)
-        assert r[0].algo == bd1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC and r[0].memory == pd.workspace
     x, w = tdesc((8, 64, 28, 28), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC)
     y2 = tdesc((8, 64, 14, 14), BF16, NHWC)
     assert "bwd_data_tc" in C._new_plan(h, C.DIR_BWD_DATA, bd1, cdesc((1, 1), (2, 2), (1, 1)), x, w, y2).gemm_expr
@@ -671,7 +691,7 @@ def test_tensor_core_smem_and_tiles(monkeypatch):
         assert pl.smem == 4 * (bm + bn) * 40 * 2
         pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
         if tile is None and k % 64 == 0:  # dy's K fills 64-deep K tiles: fwd_wgmma on sm_90 (test above)
-            assert "fwd_wgmma<" in pd.gemm_expr and isinstance(pd, C.BwdWgmmaPlan)
+            assert pd.gemm_expr.startswith("pydnn::conv::fwd_wgmma<") and pd.gemm_expr.endswith(", 1>")
             continue
         bm, bn = (int(v) for v in pd.gemm_expr[:-1].split(", ")[1:])
         assert "bwd_data_tc" in pd.gemm_expr and tile in (None, (bm, bn))
@@ -734,8 +754,14 @@ def test_wgmma_forward_plans(monkeypatch):
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
         assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024  # the stages, 1 KiB of alignment slack
         assert pl.gemm_grid == (64 * 56 * 56 // 128, -(-64 // tile[1]), 1)
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # backward data (stride 1): the swap + this tile
+        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # backward data (stride 1): this tile, B as [k][c]
         pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        assert pd.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}, {lean[2:] or 0}, 1>"
+        assert pd.unit == "convolution.wgmma.bf16" and pd.workspace == 0 and pd.smem == pl.smem
+        assert pd.gemm_expr in units[1].exprs and pl.gemm_expr in units[1].exprs
+        monkeypatch.setattr(C, "WGM_BWD_SWAP", True)  # or the swap + this tile
+        pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        monkeypatch.setattr(C, "WGM_BWD_SWAP", False)
         assert pd.gemm_expr == pl.gemm_expr and pd.unit == "convolution.wgmma.bf16" and pd.workspace == 64 * 64 * 9 * 2
         w17 = fdesc((64, 64, 1, 17), BF16, NHWC)  # S = 17 > 16: the tap masks cannot hold it
         c17 = cdesc((0, 8), (1, 1), (1, 1))

@@ -387,7 +387,8 @@ def test_backward_data_tensor_cores(handle, rng, monkeypatch, case, dtype, tilin
 
 
 def _backward_data_tc_run(handle, pb, alpha, beta):
-    """BWD_DATA_ALGO_1 with the workspace its query reports (fwd_wgmma's swapped filter on sm_90)."""
+    """BWD_DATA_ALGO_1 with the workspace its query reports (on sm_90 fwd_wgmma's swapped filter where
+    WGM_BWD_SWAP asks for it, else none)."""
     need = pydnn.get_convolution_backward_data_workspace_size(handle, pb.wdesc, pb.y.desc, pb.conv, pb.x.desc, BWD_D1)
     ws, n = _workspace(need)
     pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D1,
@@ -404,28 +405,40 @@ WGM_BWD_CASES = [  # stride 1: odd sizes, padding 0 / 1 / 2 (and past R - 1), di
     ((1, 8, 4, 5, 6), 16, (2, 3, 3), (1, 1, 0), (1, 1, 1), (2, 1, 1), 1, "nhwc", NHWC),  # 3-d
     ((1, 40, 33), 24, (5,), (5,), (1,), (1,), 1, "nhwc", NHWC),                 # 1-d, pad > R - 1
     ((2, 64, 9, 11), 256, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # 1x1, 4 K tiles: the model's (WGM_MIN_KTILES)
+    ((3, 128, 7, 9), 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 128 -> 64 (dx C 128: 2 slabs of B)
+    ((3, 64, 9, 7), 128, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 64 -> 128 (2 K tiles a tap)
+    ((1, 192, 5, 7), 128, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),     # C 192: a half-empty 128-wide tile
+    ((2, 64, 5, 3), 192, (3, 3), (0, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # K 192: 3 K tiles a tap
 ]
 
 
+# "swap": WGM_BWD_SWAP, the swap + the 128x128 model tile (else B is read from the filter itself, BKN)
 @pytest.mark.parametrize("case", WGM_BWD_CASES)
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("tiling", [None] + WGM_TILINGS)
+@pytest.mark.parametrize("tiling", [None] + WGM_TILINGS + ["swap"])
 def test_wgmma_backward_data(handle, rng, monkeypatch, case, dtype, tiling):
-    """Backward data on fwd_wgmma (filter_kc_swap into the workspace, then the forward of dy): dx poisoned
-    (beta 0) or random (beta != 0), both modes, against the float64 reference; bitwise reproducible."""
+    """Backward data on fwd_wgmma (the forward of dy, its B read from w as [k][c] tiles, or with
+    WGM_BWD_SWAP from filter_kc_swap's copy in the workspace): dx poisoned (beta 0) or random (beta != 0),
+    both modes, against the float64 reference; bitwise reproducible."""
     _need_wgmma(handle)
     if tiling is None and case[1] % 64:
         pytest.skip("the model takes fwd_wgmma for K % 64 == 0 only (the forced tilings run this case)")
+    swap = tiling == "swap"
+    if swap:
+        monkeypatch.setattr(conv_ops, "WGM_BWD_SWAP", True)
+        tiling = conv_ops.WGM_TILES[1]
     _force_tiling(monkeypatch, conv_ops.DIR_BWD_DATA, tiling)
     for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
         pb = _tc_problem(case, dtype, mode)
         pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-        assert isinstance(pl, conv_ops.BwdWgmmaPlan) and "fwd_wgmma<" in pl.gemm_expr
+        assert "fwd_wgmma<" in pl.gemm_expr and isinstance(pl, conv_ops.BwdWgmmaPlan) == swap
+        bkn = pl.gemm_expr.count(",") == 5 and pl.gemm_expr.endswith(", 1>")  # <T, BN, STAGES, MINB, LEAN, BKN = 1>
+        assert bkn != swap  # B read as [k][c] from w, or the swap's K-major copy
         w, dy = pb.w.random(rng), pb.y.random(rng)
         dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
         if not beta:
             pb.x.poison()
-        assert _backward_data_tc_run(handle, pb, alpha, beta) == pl.workspace > 0
+        assert _backward_data_tc_run(handle, pb, alpha, beta) == pl.workspace and (pl.workspace > 0) == swap
         got = pb.x.download()
         want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
         scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)

@@ -534,6 +534,57 @@ Versions and notes:
        plain forward                   70.8-72.6 us        69.6-71.4 us (+1.5-2.5%)
      Issue 4's fused target (<= 1.05x) met with a margin of ~2%. The plain forward gained too (it no
      longer reserves the 256 bytes past the stages).
+  v17 (seventh session, issue 4's bf16 backward data at 56²: 0.59x cuDNN on the H100, 0.62x on an H200)
+     Reading: backward data (stride 1, 16-bit, K % 64) ran as filter_kc_swap (grid (1, 1, 9) at 64->64,
+     74 KB) + fwd_wgmma on the swapped copy; the GEMM is the forward's (M = N * H * W, N = C, K = taps x
+     K), and the forward kernel at 56² runs 0.61-0.65x: the H100 README rows say 216.8 forward against
+     205.9 backward data (5%), v14 run 6 (H200) 5.5-6% at 56² / 28², 7% at 14², 12% at 7² (the larger
+     filters: 4.7 MB swapped at 7²). So the gap is the swap kernel and the launch boundary before
+     fwd_wgmma (its ramp, the swap's tail), ~3-4 us of ~70 us at 56².
+     Change: fwd_wgmma<..., BKN = 1> reads B straight from w (KRSC): for backward data B[(tap, k)][c] =
+     w[k][tap][c], and 8 consecutive c of one (k, tap) are 16 contiguous bytes, so a thread's cp.async
+     chunks fill [64 k rows][64 c] slabs whose 128-byte rows, with the 128B swizzle, sit at the very
+     shared offsets of the K-major tile; wgmma reads them MN-major (trans-b = 1, LBO = the 8 KiB slab
+     stride, a k16 step 2048 bytes on: as gemm_wgmma's non-transposed B and wgrad_tc_wgmma). The filter
+     strides handed to the kernel are (1, w's k stride, w's tap strides), the flip the swap plan's (the
+     opposite mode). One launch, no workspace (the query now says 0). SASS (sm_90a, nvdisasm): the
+     forward instantiations are unchanged instruction for instruction; the BKN loop is 163 / 180
+     instructions a K tile (128x64 / 128x128) against the forward's 167 / 180, registers 82 / 147, no
+     spill. filter_kc_swap + the K-major forward stay for filters BKN cannot read (none that the
+     tensor-core refusal lets through today: packed NHWC filters with C % 8) and behind WGM_BWD_SWAP,
+     which the bench uses for a same-run A/B (time_pair, "swap / direct").
+     Predicted before the device run: backward data at the forward kernel's rate (same GEMM, same loop
+     length, same shared format; the one unknown the transposed-B wgmma's rate, full for 16-bit types):
+     swap / direct 1.04-1.07x at 56², 28², 14², 1.08-1.13x at 7²; H100 56² 206 -> 214-220 TFLOP/s, i.e.
+     0.59x -> 0.61-0.63x cuDNN; 28² / 14² +4-7%, 7² +8-13%; forward and backward filter unchanged.
+     Measured (H100 80GB HBM3, two device runs at c371b3e / c058818, each with the bench twice: a pass
+     with the forced tilings, then PYDNN_BENCH_CONV_VARIANTS=none; cuDNN in the same pass; TFLOP/s):
+       bwd data, the model's plan (now BKN)   56²            28²            14²            7²
+         run 1 pass 1 / pass 2              205.8 / 205.2  323.1 / 321.9  324.9 / 322.4  377.4 / 373.1
+         run 2 pass 1 / pass 2              204.6 / 204.8  320.9 / 320.8  325.8 / 323.6  376.8 / 377.1
+         cuDNN, the same four passes        334 321 334 334  475 338 462 488  522 388 535 538  535 329 532 550
+         pydnn / cuDNN                      .62 .64 .61 .61  .68 .95 .69 .66  .62 .83 .61 .60  .71 1.14 .71 .69
+       time_pair direct / v9 swap (r1 p1)  207.8 / 197.2  320.4 / 298.4  320.9 / 297.6  376.1 / 334.1
+         swap / direct, the four passes     1.054 - 1.050  1.074 - 1.080  1.076 - 1.083  1.125 - 1.131
+         the swap path / cuDNN: 0.59 / 0.61 / 0.59 / 0.59 at 56², 0.56-0.57 at 14² (cuDNN's 522-538 passes)
+       fwd (code unchanged)                 204.5-206.0    316.7-319.7    320.1-323.2    370.0-373.1
+         = 0.62-0.65 / 0.68-0.72 / 0.61-0.62 / 0.69-0.70x cuDNN
+       bwd filter (untouched)               257.9-263.2    366.0-377.3    336.4-349.9    311.6-315.7
+         = 0.85-1.30 / 0.95-1.60 / 0.78-0.92 / 0.63-1.11x cuDNN (cuDNN's own moved 199-308 at 56²)
+       fused bias + ReLU / plain 1.051-1.053x (as before)
+     (Run 1 pass 1 had a transient of a second or two: cuDNN's 14² forward read 54.7, the 7² forced
+     backward-data tiles 74-108 and the 7² backward filter 242.6 TFLOP/s; the same rows in the other three
+     passes read 281 / 371 / 236 / 263 and 311.6-315.7, so those are left out of the ranges above.)
+     Outcome: swap / direct 1.050-1.054x at 56², 1.074-1.083x at 28² / 14², 1.125-1.131x at 7², steady
+     over four passes in two runs: inside the prediction at 56² and 7², above it at 28² / 14² (the
+     0.3 / 1.2 MB swaps cost more than their bytes say). Backward data now runs at the forward kernel's rate
+     on every layer (205 vs 205, 321 vs 319, 324 vs 322, 376 vs 372), so issue 4's row is met on the H100:
+     56² 0.61-0.64x cuDNN in all four passes (the swap path in the same passes 0.59-0.61x); 28² 0.66-0.95x,
+     14² 0.60-0.83x (was 0.56-0.57x through the swap in the passes where cuDNN ran at 522-538), 7²
+     0.69-1.14x. The absolute prediction (214-220 at 56²) was too high: it assumed the README's 206 for the
+     swap path, which ran 197 in these runs. Decision: the direct plan is the model's (no workspace); the
+     swap stays for filters BKN cannot read and as WGM_BWD_SWAP for this A/B. What is left at 56² is
+     fwd_wgmma's own rate there (0.61-0.65x; 9 K tiles a block, see v13 / v14).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows (with PYDNN_BENCH_CONV_ONLY: the bf16 layers it names, and the fused rows if it
@@ -628,18 +679,56 @@ def _layer(b, name, c, k, hw, r, stride, pad, dname):
     if wino_row:
         cases.append((f"bwd filter (algo {wwino}, forced)", lambda: pydnn.convolution_backward_filter(
             h, 1.0, xd, xp, yd, dyp, conv, wwino, wsp, need, 0.0, wd, dwp), cases[2][2]))
+    ms_torch = {}
     for what, fp, ft in cases:
         reps = 10 if flops > 5e10 else 20
         ms_p = time_ms(fp, reps=reps, warmup=2)
-        ms_t = time_ms(ft, reps=reps, warmup=3)
+        ms_t = ms_torch[what.split(" (")[0]] = time_ms(ft, reps=reps, warmup=3)
         b.row_flops("conv", f"{name} {what}{_kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo)}", dname,
                     flops, ms_p, ms_t, "cudnn", peak_tflops=PEAK[dname])
         if _tc_only() and (any(what.startswith(v) for v in os.environ.get("PYDNN_BENCH_CONV_VARIANTS",
                                                                            "fwd,bwd data,bwd filter").split(","))
                            or (_wgm_only() and not what.startswith("bwd filter"))):
             _tc_variants(b, name, what, conv, cases, flops, ms_t, (x, xd, wd, yd, dy, dw))
+    if _tc_only():
+        _bwd_data_swap_pair(b, name, conv, (xd, wd, yd), (wp, dyp, dxp), cases[1][1], flops, ms_torch["bwd data"],
+                            stride, pad)
     if not _tc_only():
         _v7_against_find(h, name, dname, conv, (xd, wd, yd), (xp, wp, yp, dyp, dxp, dwp), (fwd_algo, dalgo, falgo))
+
+
+def _bwd_data_swap_pair(b, name, conv, descs, ptrs, direct, flops, ms_t, stride, pad):
+    """v17: backward data as the model plans it (fwd_wgmma reading B from the filter, BKN) against v9's
+    filter_kc_swap + the same fwd_wgmma tile (WGM_BWD_SWAP, on a second convolution descriptor whose
+    plan is made while the switch is on), timed in alternating rounds (time_pair); sm_90 wgmma plans only."""
+    from pydnn.ops import convolution as C
+
+    h = b.h
+    xd, wd, yd = descs
+    wp, dyp, dxp = ptrs
+    dalgo = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
+    if h.arch != C.WGM_ARCH or "fwd_wgmma<" not in C._new_plan(h, C.DIR_BWD_DATA, dalgo, conv, xd, wd, yd).gemm_expr:
+        return
+    conv2 = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(conv2, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
+                                       pydnn.PYDNN_DATA_FLOAT)
+    C.WGM_BWD_SWAP = True
+    try:
+        need = pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv2, xd, dalgo)
+        ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+
+        def swap():
+            pydnn.convolution_backward_data(h, 1.0, wd, wp, yd, dyp, conv2, dalgo, ws.data_ptr(), need, 0.0, xd, dxp)
+
+        swap()  # its plan (the swap) made and cached now
+    finally:
+        C.WGM_BWD_SWAP = False
+    assert "filter_kc_swap" in getattr(C.get_plan(h, C.DIR_BWD_DATA, dalgo, conv2, xd, wd, yd), "swap_expr", "")
+    ms_d, ms_s = time_pair(direct, swap)
+    b.row_flops("conv", f"{name} bwd data [time_pair, direct (BKN); swap / direct {ms_s / ms_d:.3f}x]", "bf16",
+                flops, ms_d, ms_t, "cudnn", peak_tflops=PEAK["bf16"])
+    b.row_flops("conv", f"{name} bwd data [time_pair, v9 swap + fwd_wgmma]", "bf16", flops, ms_s, ms_t, "cudnn",
+                peak_tflops=PEAK["bf16"])
 
 
 FIND_WORKSPACE = 1 << 30  # what Find may use per algorithm (1 GiB)

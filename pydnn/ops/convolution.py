@@ -28,10 +28,11 @@ Algorithms implemented (the rest answer NOT_SUPPORTED with the reason):
     backward data    ALGO_0          CUDA cores, every shape, gather form (no atomics), no workspace,
                                      deterministic (cuDNN's ALGO_0 is not; ours is, and says so)
                      ALGO_1          tensor cores, the same conditions as IMPLICIT_PRECOMP_GEMM (dy NHWC,
-                                     K % 8 == 0 too); deterministic. No workspace, except on sm_90 with
-                                     stride 1 where the model (or a forced WGM tile) takes fwd_wgmma:
-                                     the filter with K and C swapped (filter_kc_swap, K * C * taps
-                                     elements in the workspace), then the forward of dy (_plan_bwd_wgmma).
+                                     K % 8 == 0 too); deterministic, no workspace. On sm_90 with stride 1
+                                     where the model (or a forced WGM tile) takes fwd_wgmma: the forward
+                                     of dy reading the filter as [k][c] tiles (_plan_bwd_wgmma); for a
+                                     filter it cannot read so (or WGM_BWD_SWAP), the filter with K and C
+                                     swapped first (filter_kc_swap, K * C * taps elements in the workspace).
                                      Where the tensor cores refuse and C < 64 or the stride > 1 (the 7x7
                                      stem), float / half / bfloat16, one group: an explicit GEMM (dy .
                                      filter into the workspace, pydnn.ops.matmul) + a col2im gather,
@@ -135,12 +136,13 @@ WG_PIPE = True   # the backward filter's model picks wgrad_pipe_tc where it appl
 # (used where they apply, else the model's fwd_tc / bwd_data_tc tile), (BM, splits) for the backward filter
 # (wgrad_tc) or (a WGP_TILES entry, splits) (wgrad_pipe_tc where it applies, else the model's choice)
 TC_FORCE = {}
-# fwd_wgmma<T, BN, STAGES, MINB> instantiations (the forward on Hopper's wgmma, ptx/convolution.cu; units
+# fwd_wgmma<T, BN, STAGES, MINB, LEAN, BKN> instantiations (the forward on Hopper's wgmma, ptx/convolution.cu; units
 # convolution.wgmma.<tag>, compiled for sm_90a only): (BM = 128, BN, STAGES, MINB) tiles, two warpgroups
 # (256 threads), the pipelined forward's gather into 1 KiB-aligned 128B-swizzled stages. A forced forward
 # or backward-data tiling (TC_FORCE[DIR_FWD] / [DIR_BWD_DATA]) may name one; it runs where
 # implicit_gemm_pipe_tc applies on a device of arch WGM_ARCH (elsewhere the model's choice runs); backward
-# data runs as filter_kc_swap + the forward of dy (_plan_bwd_wgmma). USE_WGM: the model picks it instead of
+# data runs as the forward of dy, its B read from the filter as [k][c] (or after filter_kc_swap:
+# _plan_bwd_wgmma). USE_WGM: the model picks it instead of
 # implicit_gemm_pipe_tc (sm_90 only, channels % 64 == 0, at least WGM_MIN_KTILES K tiles a block: where
 # tools/bench_convolution.py measured it faster: v8 the ResNet 3x3 layers' 9-72 K tiles, 1.17-1.42x; v14 the
 # 1x1 layers' 4 K tiles (1x1 over 256 channels), 1.11-1.17x with v12's 128x64 tile in two runs, while with
@@ -161,6 +163,10 @@ WGM_TILE_SPEED = {(128, 64, 4, 2, 1): 1.0, (128, 128, 4, 1, 1): 1.1}
 # the plain tensor-core forward through the shared-memory staged epilogue too (FLAG_STAGED; the fused
 # bias / z / activation and beta != 0 always take it): a benchmark switch, read when a plan is made
 TC_STAGED_PLAIN = False
+# backward data on fwd_wgmma through filter_kc_swap + the forward (v9) even where fwd_wgmma can read B
+# straight from the filter (BKN, v17: no swap, no workspace): a benchmark / test switch, read when a plan
+# is made (the swap plan also serves the filters BKN cannot read: _bkn_refusal)
+WGM_BWD_SWAP = False
 
 
 def _exprs(tag):
@@ -194,11 +200,12 @@ def _tc_expr(tag, direction, config):
     return _exprs(tag)[first + TC_TILES.index(tuple(config))]
 
 
-def _wgm_expr(tag, cfg):
+def _wgm_expr(tag, cfg, bkn=False):
     """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, 1 v12's copies;
-    without it, or 0, v8's)."""
-    lean = f", {cfg[4]}" if len(cfg) == 5 and cfg[4] else ""
-    return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}{lean}>"
+    without it, or 0, v8's). bkn: B read as [k][n] (MN-major; backward data straight from the KRSC filter)."""
+    lean = cfg[4] if len(cfg) == 5 else 0
+    tail = f", {lean}, 1" if bkn else (f", {lean}" if lean else "")
+    return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}{tail}>"
 
 
 def _is_wgm(cfg):
@@ -212,11 +219,12 @@ def _swap_expr(tag):
 
 
 def wgm_units():
-    """fwd_wgmma units (one per 16-bit type, every WGM_TILES and WGM_VARIANTS entry, then filter_kc_swap):
-    built and loadable for sm_90 only, as sm_90a (wgmma)."""
+    """fwd_wgmma units (one per 16-bit type: every WGM_TILES and WGM_VARIANTS entry, the same with B read
+    as [k][n] (backward data from the filter itself), then filter_kc_swap): built and loadable for sm_90
+    only, as sm_90a (wgmma)."""
     return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu",
-                       tuple(_wgm_expr(t, c) for c in WGM_TILES + WGM_VARIANTS) + (_swap_expr(t),),
-                       archs=(WGM_ARCH + "a",))
+                       tuple(_wgm_expr(t, c, bkn) for bkn in (False, True) for c in WGM_TILES + WGM_VARIANTS)
+                       + (_swap_expr(t),), archs=(WGM_ARCH + "a",))
             for t in TC_TAGS]
 
 
@@ -933,7 +941,7 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
     pipe_ok = _tcp_refusal(pb, direction) is None
     forced = TC_FORCE.get(direction)
     # fwd_wgmma serves the forward and (stride 1, which pipe_ok implies there) backward data as the forward
-    # of dy with the swapped filter (_plan_bwd_wgmma)
+    # of dy with the filter's K and C roles swapped (_plan_bwd_wgmma)
     wgm_ok = direction in (DIR_FWD, DIR_BWD_DATA) and pipe_ok and getattr(handle, "arch", None) == WGM_ARCH
     if _is_wgm(forced):  # a fwd_wgmma tile: where it exists, else the model's choice
         if wgm_ok:
@@ -962,10 +970,10 @@ def _wgm_tiling(handle, gm, gn):
     return best[1]
 
 
-def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
+def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None, bkn=False):
     """A tensor-core plan (fwd_wgmma, implicit_gemm_pipe_tc, or fwd_tc / bwd_data_tc, in
     ptx/convolution.cu) or NOT_SUPPORTED with the reason. cfg: the tiling (else the model's or a forced
-    one)."""
+    one); bkn: a fwd_wgmma forward whose filter is read as [k][n] (backward data's view, _plan_bwd_wgmma)."""
     why = _tc_refusal(pb, direction)
     if why:
         raise PydnnError(NS, f"algo: {why}")
@@ -996,7 +1004,7 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
     if pl.gemm_grid[1] > 65535:
         raise PydnnError(NS, f"{gn} output channels exceed the tensor-core kernel's grid")
     wgm = _is_wgm(cfg)
-    pl.gemm_expr = _wgm_expr(pb.tag, cfg) if wgm else _tc_expr(pb.tag, direction, cfg)
+    pl.gemm_expr = _wgm_expr(pb.tag, cfg, bkn) if wgm else _tc_expr(pb.tag, direction, cfg)
     if wgm:
         pl.unit = f"convolution.wgmma.{pb.tag}"
     pl.gemm_argv, pl.gemm_func = driver.kernel_args(p), None
@@ -1023,13 +1031,27 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None):
 # With stride 1, dx[i] = sum over taps r of dy[i + pad - r * dil] w[r] (cross-correlation; per spatial
 # dim, channels contracted over K). That is a forward convolution of dy (K channels) producing dx (C
 # channels) with padding (R - 1) * dil - pad and the filter w'[c][r][k] = w[k][r][c] taken flipped
-# (tap R - 1 - r): so the forward of the opposite mode. The plan: filter_kc_swap writes w' (packed,
-# K innermost) into the workspace, then fwd_wgmma runs that forward (its epilogue writes dx through
-# dx's strides with alpha / beta). Deterministic (every dx element written once, no atomics).
+# (tap R - 1 - r): so the forward of the opposite mode. Two plans:
+#   direct (v17, where _bkn_refusal allows: the filter's C contiguous, its other strides multiples of 8):
+#     fwd_wgmma<..., BKN = 1> reads B = w'[c][tap][k] from w itself as [k][c] tiles (MN-major; its
+#     filter strides ws = (1, w's k stride, w's tap strides)). One launch, no workspace.
+#   swap (v9; the filters BKN cannot read, or WGM_BWD_SWAP): filter_kc_swap writes w' (packed, K
+#     innermost) into the workspace, then fwd_wgmma runs that forward with B K-major.
+# Either way fwd_wgmma's epilogue writes dx through dx's strides with alpha / beta. Deterministic
+# (every dx element written once, no atomics).
 
-def _bwd_wgm_problem(pb):
-    """The forward Problem whose output is pb's dx (stride 1): x = dy, y = dx, the filter (C, taps, K)
-    packed in the workspace, padding (R - 1) * dil - pad, the opposite mode."""
+def _bkn_refusal(pb):
+    """Why fwd_wgmma cannot read backward data's B straight from the filter (None when it can): it copies
+    16 bytes = 8 consecutive c of one (k, tap), so c's stride must be 1 and the others multiples of 8."""
+    if pb.ws[1] != 1 or any(pb.ws[i] % 8 for i in (0, 2, 3, 4)):
+        return f"filter strides {tuple(pb.ws)}"
+    return None
+
+
+def _bwd_wgm_problem(pb, direct=False):
+    """The forward Problem whose output is pb's dx (stride 1): x = dy, y = dx, padding (R - 1) * dil - pad,
+    the opposite mode; its filter (C, K, taps) is w itself through its strides (direct) or the packed
+    (C, taps, K) copy in the workspace (the swap)."""
     s = pb.copy()
     t, r, q = pb.filt3
     s.n, s.c, s.k, s.groups, s.cg, s.kg = pb.n, pb.k, pb.c, 1, pb.k, pb.c
@@ -1037,7 +1059,8 @@ def _bwd_wgm_problem(pb):
     s.pad3 = tuple((f - 1) * d - p for f, d, p in zip(pb.filt3, pb.dil3, pb.pad3))
     s.stride3, s.dil3 = (1, 1, 1), tuple(pb.dil3)
     s.xs, s.ys = pb.ys, pb.xs
-    s.ws = (t * r * q * pb.k, 1, r * q * pb.k, q * pb.k, pb.k)
+    s.ws = ((pb.ws[1], pb.ws[0]) + tuple(pb.ws[2:]) if direct
+            else (t * r * q * pb.k, 1, r * q * pb.k, q * pb.k, pb.k))
     s.flip = not pb.flip
     s.w_format = E.PYDNN_TENSOR_NHWC
     s.x_desc, s.y_desc, s.w_dims = pb.y_desc, pb.x_desc, (pb.c, pb.k) + tuple(pb.filt3)
@@ -1085,6 +1108,10 @@ class BwdWgmmaPlan(StepPlan):
 
 
 def _plan_bwd_wgmma(handle, pb, algo, cfg):
+    if not WGM_BWD_SWAP and _bkn_refusal(pb) is None:  # one launch: fwd_wgmma reading w as [k][c] tiles
+        pl = plan_tc(handle, _bwd_wgm_problem(pb, direct=True), algo, DIR_FWD, cfg, bkn=True)
+        pl.direction = DIR_BWD_DATA
+        return pl
     spb = _bwd_wgm_problem(pb)
     sub = plan_tc(handle, spb, algo, DIR_FWD, cfg)
     sub.direction = DIR_FWD
