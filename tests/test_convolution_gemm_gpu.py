@@ -4,17 +4,15 @@ a packed filter for 16-bit data, the direct 1x1 GEMM), its fused bias + activati
 ALGO_1 as GEMM + col2im (small C, strides, odd shapes, 1-d / 3-d, NCHW / NHWC dy and dx, both filter
 formats, both modes, alpha / beta); outputs poisoned first and their gaps checked untouched; bitwise
 reproducibility; the workspace the queries report; Find's record of the new plans."""
-import numpy as np
 import pytest
 
 import pydnn
-from devtensor import DevTensor, assert_close
+from devtensor import DevTensor
 from pydnn.ops import convolution as conv_ops
 from pydnn.ops import convolution_gemm as G
-from pydnn.reference import convolution as ref
 from test_convolution_algos_gpu import check_bias_activation
-from test_convolution_gpu import (BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides, _workspace,
-                                  check_forward)
+from test_convolution_gpu import (BF16, BWD_DATA_MODES, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides,
+                                  _workspace, check_backward_data, check_forward)
 
 pytestmark = pytest.mark.gpu
 
@@ -77,25 +75,14 @@ def _backward_data(handle, pb, alpha, beta):
 @pytest.mark.parametrize("case", BWD_CASES)
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
 def test_gemm_backward_data(handle, rng, case, dtype):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
+    def make(mode):
         pb = _bwd_problem(case, dtype, mode)
         pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert isinstance(pl, G.BwdGemmPlan)
-        w, dy = pb.w.random(rng), pb.y.random(rng)
-        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
-        if not beta:
-            pb.x.poison()
-        _backward_data(handle, pb, alpha, beta)
-        got = pb.x.download()
-        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
-        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
-        assert_close(got, want, dtype, f"GEMM backward data mode {mode} beta {beta}", scale=scale)
-        pb.x.check_untouched()
-        if not beta:  # the same bits again (no atomics)
-            first = pb.x.buf.to_numpy().copy()
-            pb.x.poison()
-            _backward_data(handle, pb, alpha, beta)
-            assert (pb.x.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
+        return pb
+
+    check_backward_data(rng, make, dtype, lambda pb, alpha, beta: _backward_data(handle, pb, alpha, beta),
+                        "GEMM backward data", BWD_DATA_MODES + ((XCORR, 0.5, -1.0),), reproducible=True)
 
 
 @pytest.mark.parametrize("case", [FWD_CASES[0], FWD_CASES[1], FWD_CASES[5]])

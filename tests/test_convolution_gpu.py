@@ -95,6 +95,55 @@ def check_forward(handle, rng, make, dtype, algo, what, workspace=None, before=N
         pb.y.check_untouched()
 
 
+BWD_DATA_MODES = ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25))
+BWD_FILTER_MODES = ((XCORR, 1.0, 0.0), (CONV, 0.5, 2.0))
+
+
+def _same_bits_again(t, rerun):
+    """The output t poisoned and computed again by rerun(): the same bits (no atomics, fixed orders)."""
+    first = t.buf.to_numpy().copy()
+    t.poison()
+    rerun()
+    assert (t.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
+
+
+def check_backward_data(rng, make, dtype, run, what, modes=BWD_DATA_MODES, reproducible=False):
+    """ConvolutionBackwardData, enqueued by run(pb, alpha, beta), for each (mode, alpha, beta) of modes
+    against the float64 reference: dx poisoned when beta is 0 (never read, every element written), random
+    otherwise; nothing written around dx. make(mode) -> the Problem (and any check on its plan).
+    reproducible: with beta 0, a second run gives the same bits."""
+    for mode, alpha, beta in modes:
+        pb = make(mode)
+        w, dy = pb.w.random(rng), pb.y.random(rng)
+        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
+        if not beta:
+            pb.x.poison()
+        run(pb, alpha, beta)
+        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
+        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
+        assert_close(pb.x.download(), want, dtype, f"{what} mode {mode} alpha {alpha} beta {beta}", scale=scale)
+        pb.x.check_untouched()
+        if reproducible and not beta:
+            _same_bits_again(pb.x, lambda: run(pb, alpha, beta))
+
+
+def check_backward_filter(rng, make, dtype, run, what, modes=BWD_FILTER_MODES, reproducible=False):
+    """ConvolutionBackwardFilter as check_backward_data checks backward data (dw poisoned or random)."""
+    for mode, alpha, beta in modes:
+        pb = make(mode)
+        x, dy = pb.x.random(rng), pb.y.random(rng)
+        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
+        if not beta:
+            pb.w.poison()
+        run(pb, alpha, beta)
+        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
+        scale = abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args()) + abs(beta) * np.abs(dw0)
+        assert_close(pb.w.download(), want, dtype, f"{what} mode {mode} alpha {alpha} beta {beta}", scale=scale)
+        pb.w.check_untouched()
+        if reproducible and not beta:
+            _same_bits_again(pb.w, lambda: run(pb, alpha, beta))
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward(handle, rng, case, dtype):
@@ -104,38 +153,25 @@ def test_forward(handle, rng, case, dtype):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_data(handle, rng, case, dtype):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
-        pb = Problem(case, dtype, mode)
-        w, dy = pb.w.random(rng), pb.y.random(rng)
-        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
-        if not beta:
-            pb.x.poison()
+    def run(pb, alpha, beta):
         pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D0, 0, 0,
                                         beta, pb.x.desc, pb.x.ptr)
-        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
-        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
-        assert_close(pb.x.download(), want, dtype, f"backward data mode {mode}", scale=scale)
-        pb.x.check_untouched()
+
+    check_backward_data(rng, lambda mode: Problem(case, dtype, mode), dtype, run, "backward data")
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("algo", [BWD_F0, BWD_F1])
 def test_backward_filter(handle, rng, case, dtype, algo):
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.5, 2.0)):
-        pb = Problem(case, dtype, mode)
-        x, dy = pb.x.random(rng), pb.y.random(rng)
-        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
-        if not beta:
-            pb.w.poison()
+    def run(pb, alpha, beta):
         need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
                                                                     algo)
         ws, n = _workspace(need)
         pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, algo, ws.ptr,
                                           n, beta, pb.wdesc, pb.w.ptr)
-        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
-        scale = abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args()) + abs(beta) * np.abs(dw0)
-        assert_close(pb.w.download(), want, dtype, f"backward filter algo {algo} mode {mode}", scale=scale)
+
+    check_backward_filter(rng, lambda mode: Problem(case, dtype, mode), dtype, run, f"backward filter algo {algo}")
 
 
 def test_backward_filter_split_is_used_and_reproducible(handle, rng):
@@ -373,17 +409,9 @@ TC_BWD_CASES = [c for c in TC_CASES if c[1] % 8 == 0] + [
 @pytest.mark.parametrize("tiling", TC_TILINGS)
 def test_backward_data_tensor_cores(handle, rng, monkeypatch, case, dtype, tiling):
     _force_tiling(monkeypatch, conv_ops.DIR_BWD_DATA, tiling)
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
-        pb = _tc_problem(case, dtype, mode)
-        w, dy = pb.w.random(rng), pb.y.random(rng)
-        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
-        if not beta:
-            pb.x.poison()
-        _backward_data_tc_run(handle, pb, alpha, beta)
-        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
-        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
-        assert_close(pb.x.download(), want, dtype, f"tensor-core backward data mode {mode}", scale=scale)
-        pb.x.check_untouched()
+    check_backward_data(rng, lambda mode: _tc_problem(case, dtype, mode), dtype,
+                        lambda pb, alpha, beta: _backward_data_tc_run(handle, pb, alpha, beta),
+                        "tensor-core backward data")
 
 
 def _backward_data_tc_run(handle, pb, alpha, beta):
@@ -428,27 +456,23 @@ def test_wgmma_backward_data(handle, rng, monkeypatch, case, dtype, tiling):
         monkeypatch.setattr(conv_ops, "WGM_BWD_SWAP", True)
         tiling = conv_ops.WGM_TILES[1]
     _force_tiling(monkeypatch, conv_ops.DIR_BWD_DATA, tiling)
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
+    planned = {}
+
+    def make(mode):
         pb = _tc_problem(case, dtype, mode)
         pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert "fwd_wgmma<" in pl.gemm_expr and isinstance(pl, conv_ops.BwdWgmmaPlan) == swap
         bkn = pl.gemm_expr.count(",") == 5 and pl.gemm_expr.endswith(", 1>")  # <T, BN, STAGES, MINB, LEAN, BKN = 1>
         assert bkn != swap  # B read as [k][c] from w, or the swap's K-major copy
-        w, dy = pb.w.random(rng), pb.y.random(rng)
-        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
-        if not beta:
-            pb.x.poison()
-        assert _backward_data_tc_run(handle, pb, alpha, beta) == pl.workspace and (pl.workspace > 0) == swap
-        got = pb.x.download()
-        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
-        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
-        assert_close(got, want, dtype, f"wgmma backward data mode {mode} beta {beta} tiling {tiling}", scale=scale)
-        pb.x.check_untouched()
-        if not beta:  # the same bits again
-            first = pb.x.buf.to_numpy().copy()
-            pb.x.poison()
-            _backward_data_tc_run(handle, pb, alpha, beta)
-            assert (pb.x.buf.to_numpy().view(np.uint16) == first.view(np.uint16)).all()
+        assert (pl.workspace > 0) == swap
+        planned["workspace"] = pl.workspace
+        return pb
+
+    def run(pb, alpha, beta):
+        assert _backward_data_tc_run(handle, pb, alpha, beta) == planned["workspace"]
+
+    check_backward_data(rng, make, dtype, run, f"wgmma backward data tiling {tiling}",
+                        BWD_DATA_MODES + ((XCORR, 0.5, -1.0),), reproducible=True)
 
 
 TC_WG_CASES = TC_BWD_CASES + [
@@ -482,17 +506,9 @@ def test_backward_filter_tensor_cores(handle, rng, monkeypatch, case, dtype, til
 
     if tiling is not None:
         monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, tiling)
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.5, 2.0)):
-        pb = _tc_problem(case, dtype, mode)
-        x, dy = pb.x.random(rng), pb.y.random(rng)
-        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
-        if not beta:
-            pb.w.poison()
-        _wgrad_tc_run(handle, pb, alpha, beta)
-        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
-        scale = abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args()) + abs(beta) * np.abs(dw0)
-        assert_close(pb.w.download(), want, dtype, f"tensor-core backward filter mode {mode} tiling {tiling}",
-                     scale=scale)
+    check_backward_filter(rng, lambda mode: _tc_problem(case, dtype, mode), dtype,
+                          lambda pb, alpha, beta: _wgrad_tc_run(handle, pb, alpha, beta),
+                          f"tensor-core backward filter tiling {tiling}")
 
 
 def test_backward_filter_tensor_cores_reproducible(handle, rng):

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 import pydnn
-from devtensor import assert_close
 from pydnn.ops import convolution_winograd as Wg
-from pydnn.reference import convolution as ref
 from test_fuzz_cpu import _call
-from test_convolution_gpu import BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _workspace
+from test_convolution_gpu import (BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _workspace,
+                                  check_backward_filter)
 
 pytestmark = pytest.mark.gpu
 
@@ -50,17 +49,9 @@ def check_wgrad(handle, rng, case, dtype):
                    pb.wdesc, WINO)
         assert st == pydnn.PYDNN_STATUS_NOT_SUPPORTED and "border taps" in pydnn.get_last_error_string()
         return  # too small for float (convolution_winograd.WGRAD_F2_MIN_CLEAR): refused with the reason
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, 0.5, -2.0)):
-        pb = Problem(case, dtype, mode)
-        x, dy = pb.x.random(rng), pb.y.random(rng)
-        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
-        if not beta:
-            pb.w.poison()
-        _run(handle, pb, alpha, beta)
-        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
-        scale = (abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args())
-                 + abs(beta) * np.abs(dw0))
-        assert_close(pb.w.download(), want, dtype, f"backward filter winograd mode {mode}", scale=scale)
+    check_backward_filter(rng, lambda mode: Problem(case, dtype, mode), dtype,
+                          lambda pb, alpha, beta: _run(handle, pb, alpha, beta), "backward filter winograd",
+                          ((XCORR, 1.0, 0.0), (CONV, 0.5, -2.0)))
 
 
 @pytest.mark.parametrize("case", CASES)
