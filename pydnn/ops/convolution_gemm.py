@@ -206,7 +206,8 @@ def _expr(kernel, tag):
 
 def kernel_units():
     return [KernelUnit(f"conv_gemm.{t}", "conv_gemm.cu",
-                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold")))
+                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold"))
+                       + (tuple(_implicit_expr(m) for m in WI_MINB_VARIANTS) if t == "f32" else ()))
             for t in FLOAT_TAGS]
 
 
@@ -741,6 +742,8 @@ def _wgrad_direct_x(pb):
 class WgradGemmPlan(StepPlan):
     """Backward filter as explicit GEMMs into partial dw's + a fixed-order fold (see plan_wgrad_gemm)."""
 
+    implicit = False
+
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """a = dy, b = x, out = dw."""
         es = self.itemsize
@@ -803,12 +806,16 @@ def _splits(handle, pb, rows, tiles, slot_bytes, tc):
 def plan_wgrad_gemm(handle, pb, algo):
     """BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] . col[pos, C * taps]
     (col: x's im2col, or x itself for 1x1 stride-1 unpadded problems), as pydnn.ops.matmul GEMMs writing
-    partial dw's into the workspace, then wgrad_fold sums them in a fixed order with alpha / beta.
-    NOT_SUPPORTED with the reason for what it cannot serve."""
+    partial dw's into the workspace, then wgrad_fold sums them in a fixed order with alpha / beta; or,
+    where wgrad_implicit_refusal says None (float, few columns, no x-as-matrix shortcut), the implicit
+    variant (one kernel gathering the columns itself, then the same fold). NOT_SUPPORTED with the reason
+    for what it cannot serve."""
     from . import convolution as C
     why = wgrad_gemm_refusal(pb)
     if why:
         raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_FILTER, algo)}: {why}")
+    if wgrad_implicit_refusal(pb) is None:
+        return plan_wgrad_implicit(handle, pb, algo)
     pl = WgradGemmPlan(C.DIR_BWD_FILTER, algo, pb)
     es = pl.itemsize
     taps, P, K, N = prod(pb.filt3), prod(pb.out3), pb.k, pb.n
@@ -946,3 +953,143 @@ def _add_wgrad_fold(pl, pb, parts, ncols, cols, inner, taps, orient):
         raise PydnnError(NS, f"algo: dw's {pb.k * cols} elements exceed the fold's 2^31 - 1")
     return pl.add_step(f"conv_gemm.{pb.tag}", _expr("wgrad_fold", pb.tag), (cdiv(pb.k * cols, 256), 1, 1),
                        (256, 1, 1), f)
+
+
+# ----------------------------------------------------------------------------- backward filter: the implicit variant
+
+@kernel_params("conv_gemm_params.h", "WgradImplicitParams")
+class WgradImplicitParams(ctypes.Structure):
+    _fields_ = [
+        ("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("part", ctypes.c_void_p),
+        ("k", ctypes.c_int), ("cols", ctypes.c_int), ("cg", ctypes.c_int), ("taps", ctypes.c_int),
+        ("cin_inner", ctypes.c_int), ("npix", ctypes.c_int), ("per_slot", ctypes.c_int),
+        ("in_size", ctypes.c_int * 3), ("out_size", ctypes.c_int * 3), ("filt", ctypes.c_int * 3),
+        ("pad", ctypes.c_int * 3), ("stride", ctypes.c_int * 3), ("dil", ctypes.c_int * 3),
+        ("flags", ctypes.c_uint), ("xs", ctypes.c_int * 5), ("ys", ctypes.c_int * 5),
+        ("part_stride", ctypes.c_longlong),
+    ]
+
+
+IMPLICIT = True         # the implicit variant serves what it applies to (tests turn it off to reach the GEMMs)
+WI_KT, WI_JT, WI_BK = 64, 160, 16   # wgrad_implicit's block tile (K x columns) and pixels per stage (ptx/conv_gemm.cu)
+WI_THREADS = 160
+WI_MINB = 3             # blocks per SM its registers are capped for: the instantiation the plan launches
+WI_MINB_VARIANTS = (3, 4)   # the instantiations in the manifest (tools/probe_wgrad_gemm.py times both)
+IMPLICIT_MAX_COLS = WI_JT   # the columns (C * taps) it serves: one column tile (the kernel itself takes any)
+WI_WAVES = 1            # slots: about WI_WAVES waves of WI_MINB blocks per SM
+WI_MIN_SLOT = 64        # pixels per slot at least (4 stages: the pipeline's fill and the partial's write)
+IMPLICIT_TFLOPS = 40.0  # the model's rate of the tile's work (64 x 160 per pixel, padding included)
+FLAG_WI_KFAST = 1
+INT_MAX = 2**31 - 1
+
+
+def _implicit_expr(minb):
+    return f"pydnn::conv_gemm::wgrad_implicit<float, {minb}>"
+
+
+def _implicit_spans(pb):
+    """The largest magnitudes wgrad_implicit's 32-bit offset arithmetic reaches in x and dy (bounds)."""
+    xs, ys = [abs(v) for v in pb.xs], [abs(v) for v in pb.ys]
+    xspan = pb.n * xs[0] + pb.c * xs[1]
+    yspan = pb.n * ys[0] + (pb.k + WI_KT) * ys[1]
+    for i in range(3):
+        reach = pb.out3[i] * pb.stride3[i] + pb.pad3[i] + pb.filt3[i] * pb.dil3[i]
+        xspan += reach * xs[2 + i]
+        yspan += pb.out3[i] * ys[2 + i]
+    return xspan, yspan
+
+
+def wgrad_implicit_refusal(pb):
+    """Why ALGO_3's implicit variant does not serve a problem that ALGO_3 serves (None when it does)."""
+    if not IMPLICIT:
+        return "turned off (convolution_gemm.IMPLICIT)"
+    if pb.tag != "f32":
+        return "float data only (fp32 FMA; 16-bit data keeps the tensor-core GEMMs)"
+    cols = pb.c * prod(pb.filt3)
+    if cols > IMPLICIT_MAX_COLS:
+        return f"C * taps {cols} > {IMPLICIT_MAX_COLS} (one column tile)"
+    dyv = _matrix_view(pb.ys, pb.out3, pb.k)
+    if dyv is not None and _wgrad_direct_x(pb) is not None:
+        return "1x1, stride 1, unpadded with x a matrix: the GEMMs read x itself"
+    xspan, yspan = _implicit_spans(pb)
+    npix = pb.n * prod(pb.out3)
+    if max(xspan, yspan, npix + WI_MIN_SLOT) > INT_MAX:
+        return f"offsets beyond 32 bits (x {xspan}, dy {yspan}, {npix} pixels)"
+    return None
+
+
+class WgradImplicitPlan(WgradGemmPlan):
+    """ALGO_3's implicit variant: wgrad_implicit into `parts` partial dw's (one per slot of pixels), then
+    wgrad_fold (see plan_wgrad_implicit)."""
+
+    implicit = True
+    direct = flat = packs_dy = orient = False
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a = dy, b = x, out = dw."""
+        p = self.steps[self.gather][4]
+        p.x, p.dy, p.part = b_ptr, a_ptr, ws_ptr + self.part_off
+        self.run_step(handle, self.gather)
+        f = self.steps[self.fold][4]
+        f.part, f.dw, f.alpha, f.beta = ws_ptr + self.part_off, out_ptr, alpha, beta
+        f.flags = (f.flags & ~FLAG_WF_BETA) | (FLAG_WF_BETA if beta != 0 else 0)
+        self.run_step(handle, self.fold)
+
+    def estimate_ms(self, handle, base_estimate):
+        """The busiest SM's blocks at IMPLICIT_TFLOPS / SMs (an SM short of WI_MINB blocks runs its last
+        ones at LONE_BLOCK_SPEED each, at most the full rate), + the fold and its launch."""
+        sms = max(handle.sm_count, 1)
+        per_sm = cdiv(self.blocks, sms)
+        full, rem = divmod(per_sm, self.minb)
+        work = 2.0 * WI_KT * WI_JT * self.per_slot / (IMPLICIT_TFLOPS * 1e12 / sms)
+        t = (full * self.minb + (rem / min(1.0, LONE_BLOCK_SPEED * rem) if rem else 0)) * work
+        return t * 1e3 + self.fold_bytes / (FOLD_GBPS * 1e6) + LAUNCH_MS
+
+
+def _implicit_slots(handle, pb, npix, tiles, slot_bytes):
+    """(slots, pixels per slot): about WI_WAVES waves of WI_MINB blocks per SM over the `tiles` (column x
+    K) tiles, slots of at least WI_MIN_SLOT pixels in whole stages, the partials within PART_LIMIT."""
+    want = max(1, WI_WAVES * WI_MINB * max(handle.sm_count, 1) // max(tiles, 1))
+    per = cdiv(max(WI_MIN_SLOT, cdiv(npix, want)), WI_BK) * WI_BK
+    while cdiv(npix, per) * slot_bytes > PART_LIMIT and per < npix:
+        per *= 2
+    return cdiv(npix, per), per
+
+
+def plan_wgrad_implicit(handle, pb, algo):
+    """ALGO_3 without a column matrix: wgrad_implicit (grid: slots of pixels x column tiles x K tiles;
+    each block sums its slot's pixels into a 64 x 160 tile of partial dw[slot][k][column]) writes one
+    partial per slot into the workspace, wgrad_fold sums them in ascending slot order with alpha / beta
+    through dw's strides (deterministic). Columns in the filter format's order (cin_inner), as the
+    explicit GEMMs'."""
+    from . import convolution as C
+    pl = WgradImplicitPlan(C.DIR_BWD_FILTER, algo, pb)
+    taps, K = prod(pb.filt3), pb.k
+    cols = pb.c * taps
+    inner = 1 if pb.w_format == E.PYDNN_TENSOR_NHWC else 0
+    npix = pb.n * prod(pb.out3)
+    ctiles, ktiles = cdiv(cols, WI_JT), cdiv(K, WI_KT)
+    slot_bytes = K * cols * pl.itemsize
+    parts, per = _implicit_slots(handle, pb, npix, ctiles * ktiles, slot_bytes)
+    p = WgradImplicitParams()
+    p.k, p.cols, p.cg, p.taps, p.cin_inner = K, cols, pb.cg, taps, inner
+    p.npix, p.per_slot = npix, per
+    for i in range(3):
+        p.in_size[i], p.out_size[i], p.filt[i] = pb.in3[i], pb.out3[i], pb.filt3[i]
+        p.pad[i], p.stride[i], p.dil[i] = pb.pad3[i], pb.stride3[i], pb.dil3[i]
+    for i in range(5):
+        p.xs[i], p.ys[i] = pb.xs[i], pb.ys[i]
+    p.flags = (FLAG_FLIP if pb.flip else 0) | (FLAG_WI_KFAST if pb.ys[1] == 1 and K > 1 else 0)
+    p.part_stride = K * cols
+    pl.minb = WI_MINB
+    pl.gather = pl.add_step(f"conv_gemm.{pb.tag}", _implicit_expr(pl.minb), (parts, ctiles, ktiles),
+                            (WI_THREADS, 1, 1), p)
+    pl.blocks = parts * ctiles * ktiles
+    pl.parts, pl.per_slot, pl.slot = parts, per, K * cols
+    pl.part_off = 0
+    pl.workspace = round_up(parts * slot_bytes, 16)
+    pl.fold_bytes = parts * slot_bytes
+    pl.fold = _add_wgrad_fold(pl, pb, parts, cols, cols, inner, taps, False)
+    pl.gemm, pl.gemm_expr = None, ""
+    pl.chunk, pl.launches = pb.n, 2
+    return pl
