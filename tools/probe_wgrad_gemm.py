@@ -72,10 +72,8 @@ def run():
         x, dy, w, xd, yd, wd, conv, flops = _setup(*shape)
         variants = [("default", {})]
         if shape[3] == 7:
-            variants = [("default", {}), ("implicit MINB 4", {"WI_MINB": 4}),
-                        ("implicit MINB 4, 2 waves", {"WI_MINB": 4, "WI_WAVES": 2}),
-                        ("implicit MINB 3, 2 waves", {"WI_WAVES": 2}),
-                        ("implicit MINB 3, 4 waves", {"WI_WAVES": 4}),
+            # (a MINB 4 instantiation, timed at 221cdbf, is no longer in the manifest: see convolution_gemm.py v5)
+            variants = [("default", {}), ("implicit, 2 waves", {"WI_WAVES": 2}), ("implicit, 4 waves", {"WI_WAVES": 4}),
                         ("explicit", {"IMPLICIT": False})]
         for vname, over in variants:
             saved = {k: getattr(G, k) for k in over}

@@ -45,12 +45,22 @@ summed in fp32 within a partial, then each partial is rounded once before the fp
 [K x columns] or, where gemm_simt's 64 x 128 tiles waste less that way (K > columns), [columns x K]
 (`orient`). Refused (NOT_SUPPORTED, with the reason): double (matmul has no double kernel), groups > 1,
 16-bit data with the FMA math type, dy without packed spatial dims.
+ALGO_3's implicit variant (plan_wgrad_implicit, WgradImplicitPlan; v5 below): float problems of at most
+IMPLICIT_MAX_COLS (160) columns (C * taps: the 7x7 stem's 147) that are not the 1x1 stride-1 ones read
+as x itself, with every x / dy offset within 32 bits, run no im2col, no pack and no matmul: one kernel,
+wgrad_implicit (ptx/conv_gemm.cu), whose block owns a 64 (k) x 160 (column) tile of dw for a slot of
+consecutive pixels (n, od, oh, ow), gathers each stage's 16 pixels' columns from x (zeros for the
+padding) and dy rows into shared memory with cp.async and runs an fp32 FMA register-tiled product (no
+TF32), then writes its partial [K x columns]; wgrad_fold sums the slots' partials in ascending order, as
+above (deterministic, bitwise reproducible). Slots: about one wave of WI_MINB blocks per SM. What it
+refuses (16-bit data, more columns, x as a matrix, 64-bit offsets; IMPLICIT = False) takes the explicit
+GEMMs; NHWC / strided x and dy, dilation, CONVOLUTION mode, 1-d / 3-d and any K (tiles of 64) it serves.
 
 Workspace: the column matrix (N * OD * OH * OW * ld elements; rounded up to 16 bytes, or to 256 when the
 packed filter (K * ld elements) follows it); reported exactly by Get...WorkspaceSize. Deterministic
 (one writer per element, sums in a fixed order). Backward filter: the partials (parts * K * columns
 elements), then one chunk's column matrix, then its packed dy, each part on a 256-byte boundary; the
-direct backward data needs none.
+direct backward data needs none; the implicit variant only the partials (slots * K * columns elements).
 
 StepPlan (here) is the shape of a multi-launch plan that convolution.run_plan hands to `.launch`; the
 WINOGRAD_NONFUSED and FFT plans (convolution_winograd.py, convolution_fft.py) use it too.
@@ -135,6 +145,35 @@ fwd 33.6 / bwd data 18.5 / bwd filter 50.1 TFLOP/s, fp32 20.6 / 15.5 / 18.6):
      use the idle half, but matmul's chooser, shared with other families, decides (not changed here).
      The v7 model (tile_ms: the chosen simt tile's waves, LONE_BLOCK_SPEED for a partly filled SM) put
      ALGO_3 at 0.553 ms (measured 0.34) and the stem at 1.8 (1.24): slow but ranked right.
+  v5 (issue 4's last fp32 row: the stem's backward filter at 0.65x) ALGO_3's implicit variant for few
+     columns (above; wgrad_implicit). Design: no column matrix and no packed dy: block (slot, column tile,
+     K tile) = 64 k x 160 columns (147 used: 92%) over a slot of pixels, 160 threads (5 warps, each 64 k x
+     32 columns; a thread 8 x 8 as gemm_simt's, four 16-byte shared loads per 64 FMAs per pixel); per
+     stage of 16 pixels each thread gathers one column (its channel / tap decomposed once, in registers;
+     the pixels' origins in shared memory, decoded one stage ahead by 16 threads) with 4-byte cp.async
+     (zero fill in the padding) and the dy rows (pixels innermost for NCHW-like dy: coalesced); three
+     stage buffers (44 KB, static), two stages' gathers in flight during a stage's FMAs. Counts for the
+     stem (N = 64): 15.1 GFLOP useful, 16.4 GFLOP of tile work; memory: x 38.5 MB + dy 205.5 MB read once,
+     partials 15 MB written and read by the fold: ~0.26 GB, ~0.09 ms at 3 TB/s, so compute-bound (the
+     explicit form moved ~1.6 GB: columns 472 MB written and read, dy read, packed 205 MB and read back).
+     Prediction (before the device run; IMPLICIT_TFLOPS was 40 then): the tile at ~40 TFLOP/s (gemm_simt's
+     rate on square GEMMs, less the gather's ~25% of the instructions) -> ~0.41 ms + fold ~0.01 -> ~0.42
+     ms, ~36 TFLOP/s useful, ~1.9x cuDNN.
+     Measured (H100 80GB HBM3, one run at 221cdbf, cuDNN 9.19 through torch in the same run; the GPU tests
+     of both forms passed there): whole ALGO_3 0.659 ms = 22.9 TFLOP/s against cuDNN's 18.6: 1.23x (target
+     0.8x: met; before 12.1 = 0.65x); wgrad_implicit alone 0.640 ms (25.7 TFLOP/s of tile work), the fold
+     of 396 partials 0.013 ms. v7 vs Find: algo 3 is both v7's pick and Find's fastest (0.670 ms, 1.00x).
+     The explicit form in the same run (IMPLICIT off): 1.246 ms (12.1 TFLOP/s). Variants (probe): 4
+     blocks per SM (launch bounds MINB 4, 96 registers, 523 slots of 1536) 0.610 / 0.638 ms (kernel /
+     whole): 3% faster, but it spills on sm_80 (212 bytes) and the GPU tests ran MINB 3 only, so MINB 3
+     stays (the MINB 4 instantiation is gone from the manifest); two waves of slots 0.699-0.704 ms, four
+     0.783 (the fold of 1568 partials 0.101 ms). Missed the prediction by 1.6x: the tile runs at ~38% of
+     the FMA peak, not ~60%. Not profiled; the likely limit (an estimate, not measured) is the shared
+     L1 / shared-memory pipe: per pixel a warp issues four 16-byte operand loads for 64 FMAs (as gemm_simt)
+     plus ~1.4 gather copies whose 32 lanes touch 5-10 sectors each (7-float runs of 5 rows of x), with a
+     barrier per 16 pixels. Next steps if more is wanted: 32-pixel stages (dynamic shared memory past 48
+     KB: StepPlan launches static shared only), a per-stage x patch reused by the column reads. The v7
+     model's IMPLICIT_TFLOPS is now 26 (0.65 ms for the stem).
 """
 import ctypes
 import math
@@ -207,7 +246,7 @@ def _expr(kernel, tag):
 def kernel_units():
     return [KernelUnit(f"conv_gemm.{t}", "conv_gemm.cu",
                        tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold"))
-                       + (tuple(_implicit_expr(m) for m in WI_MINB_VARIANTS) if t == "f32" else ()))
+                       + ((_implicit_expr(WI_MINB),) if t == "f32" else ()))
             for t in FLOAT_TAGS]
 
 
@@ -973,12 +1012,13 @@ class WgradImplicitParams(ctypes.Structure):
 IMPLICIT = True         # the implicit variant serves what it applies to (tests turn it off to reach the GEMMs)
 WI_KT, WI_JT, WI_BK = 64, 160, 16   # wgrad_implicit's block tile (K x columns) and pixels per stage (ptx/conv_gemm.cu)
 WI_THREADS = 160
-WI_MINB = 3             # blocks per SM its registers are capped for: the instantiation the plan launches
-WI_MINB_VARIANTS = (3, 4)   # the instantiations in the manifest (tools/probe_wgrad_gemm.py times both)
+WI_MINB = 3             # blocks per SM its registers are capped for (127 registers on sm_90, no spills; 4
+                        # was 3% faster on the H100 stem but spills on sm_80: see the notes above)
 IMPLICIT_MAX_COLS = WI_JT   # the columns (C * taps) it serves: one column tile (the kernel itself takes any)
 WI_WAVES = 1            # slots: about WI_WAVES waves of WI_MINB blocks per SM
 WI_MIN_SLOT = 64        # pixels per slot at least (4 stages: the pipeline's fill and the partial's write)
-IMPLICIT_TFLOPS = 40.0  # the model's rate of the tile's work (64 x 160 per pixel, padding included)
+IMPLICIT_TFLOPS = 26.0  # the model's rate of the tile's work (64 x 160 per pixel, padding included; H100
+                        # stem: 25.7 measured, 40 was the guess before)
 FLAG_WI_KFAST = 1
 INT_MAX = 2**31 - 1
 
