@@ -1,8 +1,10 @@
 // Convolution through explicit GEMMs (see conv_gemm_params.h for the column layout): im2col (forward),
 // pack_filter (the filter as a padded K x ld matrix), col2im (backward data), pack_rows and wgrad_fold
-// (backward filter). The GEMMs themselves are
+// (backward filter), and wgrad_implicit (the backward filter without a column matrix: its own
+// CUDA-core GEMM, see below). The other GEMMs are
 // not here: the family's 1x1 convolution kernels (tensor-core fwd_tc / wgmma, or the CUDA-core implicit
 // GEMM) or pydnn.ops.matmul, so pydnn keeps one GEMM engine per data path.
+#include "common/mma.cuh"
 #include "common/types.cuh"
 #include "conv_gemm_params.h"
 
@@ -212,6 +214,151 @@ __global__ void __launch_bounds__(256) wgrad_fold(const GemmFoldParams p) {
   A v = (A)p.alpha * sum;
   if (p.flags & PYDNN_WFOLD_FLAG_BETA) v += (A)p.beta * load<A>(*dw);
   *dw = store<T>(v);
+}
+
+// Backward filter without a column matrix (BWD_FILTER_ALGO_3's implicit variant, float; conv_gemm_params.h
+// WgradImplicitParams). Block (slot, column tile, K tile) owns a 64 (k) x 160 (column) tile of dw for the
+// pixels of its slot and walks them in stages of WI_BK: per stage, every thread gathers its own column
+// of the stage's WI_BK pixels straight from x into cs[stage][pixel][column] (cp.async, zero-filled where
+// the tap falls in the padding, so no bounds work reaches the FMA loop; the column's channel / tap
+// decomposition lives in registers, each pixel's origin in shared memory, written by WI_BK threads one
+// stage ahead), and the stage's dy rows into ds[stage][pixel][k] (pixels innermost in the thread order
+// for NCHW-like dy: coalesced reads of its rows). WI_STAGES buffers: the gathers of the next two stages
+// fly while a stage's FMAs run, one barrier per stage. The product is gemm_simt's register tile: a warp
+// owns 64 k x 32 columns, a thread 8 x 8 (k am..am+3 and am+32.., columns bn..bn+3 and bn+16..), i.e.
+// four 16-byte shared loads (broadcasts) per 64 FMAs per pixel. fp32 FMA throughout (no TF32); each
+// block adds its pixels in order and writes its partial once (no atomics): with wgrad_fold's fixed
+// order, bitwise reproducible.
+constexpr int WI_KT = 64, WI_JT = 160, WI_THREADS = 160, WI_BK = 16, WI_STAGES = 3;
+constexpr int WI_DYLD = WI_KT + 4;  // ds row pitch (floats): 16-byte rows, 2-way conflicts on the transposing writes
+constexpr int WI_NOPIX = -(1 << 29);  // a missing pixel's / padding column's displacement: out of every bound
+
+template <class T, int MINB>
+__global__ void __launch_bounds__(WI_THREADS, MINB) wgrad_implicit(const WgradImplicitParams p) {
+  static_assert(sizeof(T) == 4, "wgrad_implicit copies 4-byte (float) elements");
+  __shared__ __align__(16) float cs[WI_STAGES][WI_BK][WI_JT];
+  __shared__ __align__(16) float ds[WI_STAGES][WI_BK][WI_DYLD];
+  __shared__ int4 pinfo[2][WI_BK];  // per pixel of a stage: x offset of its origin, origin d, h, w
+  __shared__ int pdy[2][WI_BK];     // dy offset of the pixel (channel 0), -1: no pixel
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int pix0 = blockIdx.x * p.per_slot;
+  const int npx = min(p.per_slot, p.npix - pix0);
+  const int nst = (npx + WI_BK - 1) / WI_BK;
+  const int k0 = blockIdx.z * WI_KT;
+  const float* __restrict__ x = static_cast<const float*>(p.x);
+  const float* __restrict__ dy = static_cast<const float*>(p.dy);
+
+  // this thread's gather column: its x offset and tap displacements
+  const int j = blockIdx.y * WI_JT + t;
+  int coff = 0, cd0 = WI_NOPIX, cd1 = 0, cd2 = 0;
+  if (j < p.cols) {
+    int c, tap;
+    if (p.cin_inner) { tap = j / p.cg; c = j - tap * p.cg; }
+    else { c = j / p.taps; tap = j - c * p.taps; }
+    int tt[3];
+    tt[2] = tap % p.filt[2]; tap /= p.filt[2];
+    tt[1] = tap % p.filt[1];
+    tt[0] = tap / p.filt[1];
+    const bool flip = p.flags & PYDNN_IM2COL_FLAG_FLIP;
+    cd0 = (flip ? p.filt[0] - 1 - tt[0] : tt[0]) * p.dil[0];
+    cd1 = (flip ? p.filt[1] - 1 - tt[1] : tt[1]) * p.dil[1];
+    cd2 = (flip ? p.filt[2] - 1 - tt[2] : tt[2]) * p.dil[2];
+    coff = c * p.xs[1] + cd0 * p.xs[2] + cd1 * p.xs[3] + cd2 * p.xs[4];
+  }
+  const bool kfast = p.flags & PYDNN_WI_FLAG_DY_KFAST;
+
+  auto pixel_info = [&](int st) {  // threads 0..WI_BK-1: stage st's pixel origins into pinfo[st & 1]
+    if (t < WI_BK) {
+      const int i = st * WI_BK + t;
+      int4 v = make_int4(0, WI_NOPIX, 0, 0);
+      int dyo = -1;
+      if (i < npx) {
+        int r = pix0 + i;
+        const int o2 = r % p.out_size[2]; r /= p.out_size[2];
+        const int o1 = r % p.out_size[1]; r /= p.out_size[1];
+        const int o0 = r % p.out_size[0];
+        const int n = r / p.out_size[0];
+        v.y = o0 * p.stride[0] - p.pad[0];
+        v.z = o1 * p.stride[1] - p.pad[1];
+        v.w = o2 * p.stride[2] - p.pad[2];
+        v.x = n * p.xs[0] + v.y * p.xs[2] + v.z * p.xs[3] + v.w * p.xs[4];
+        dyo = n * p.ys[0] + o0 * p.ys[2] + o1 * p.ys[3] + o2 * p.ys[4];
+      }
+      pinfo[st & 1][t] = v;
+      pdy[st & 1][t] = dyo;
+    }
+  };
+  auto gather = [&](int st) {  // stage st's columns and dy rows into buffer st % WI_STAGES (cp.async)
+    if (st >= nst) return;
+    const int b = st % WI_STAGES;
+    const unsigned cdst = mma::smem_u32(&cs[b][0][t]);
+#pragma unroll 4
+    for (int i = 0; i < WI_BK; ++i) {
+      const int4 v = pinfo[st & 1][i];
+      const bool ok = (unsigned)(v.y + cd0) < (unsigned)p.in_size[0] &&
+                      (unsigned)(v.z + cd1) < (unsigned)p.in_size[1] &&
+                      (unsigned)(v.w + cd2) < (unsigned)p.in_size[2];
+      mma::cp_async_4(cdst + i * WI_JT * 4, ok ? x + (v.x + coff) : x, ok);
+    }
+    for (int e = t; e < WI_BK * WI_KT; e += WI_THREADS) {
+      int i, kk;
+      if (kfast) { kk = e % WI_KT; i = e / WI_KT; }
+      else { i = e % WI_BK; kk = e / WI_BK; }
+      const int dyo = pdy[st & 1][i];
+      const bool ok = dyo >= 0 && k0 + kk < p.k;
+      mma::cp_async_4(mma::smem_u32(&ds[b][i][kk]), ok ? dy + (dyo + (k0 + kk) * p.ys[1]) : dy, ok);
+    }
+  };
+
+  float acc[8][8];
+#pragma unroll
+  for (int a = 0; a < 8; ++a)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[a][c] = 0.f;
+  const int am = (lane >> 2) * 4, bn = warp * 32 + (lane & 3) * 4;
+
+  pixel_info(0);
+  pixel_info(1);
+  __syncthreads();
+  gather(0);
+  mma::cp_async_commit();
+  gather(1);
+  mma::cp_async_commit();
+  __syncthreads();   // pinfo[0] read by every thread before stage 2's origins replace it
+  pixel_info(2);
+  for (int st = 0; st < nst; ++st) {
+    mma::cp_async_wait<1>();  // stage st landed (this thread's copies) ...
+    __syncthreads();          // ... everyone's; stage st - 1's buffer is free, stage st + 2's origins are in
+    gather(st + 2);
+    mma::cp_async_commit();   // (an empty group past the end keeps the count uniform)
+    pixel_info(st + 3);       // into the slot stage st + 1's gather read before this barrier
+    const float* cb = &cs[st % WI_STAGES][0][0];
+    const float* db = &ds[st % WI_STAGES][0][0];
+#pragma unroll
+    for (int i = 0; i < WI_BK; ++i) {
+      const float4 a0 = *reinterpret_cast<const float4*>(db + i * WI_DYLD + am);
+      const float4 a1 = *reinterpret_cast<const float4*>(db + i * WI_DYLD + am + 32);
+      const float4 b0 = *reinterpret_cast<const float4*>(cb + i * WI_JT + bn);
+      const float4 b1 = *reinterpret_cast<const float4*>(cb + i * WI_JT + bn + 16);
+      const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int a = 0; a < 8; ++a)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[a][c] = fmaf(av[a], bv[c], acc[a][c]);
+    }
+  }
+  float* out = static_cast<float*>(p.part) + (long long)blockIdx.x * p.part_stride;
+#pragma unroll
+  for (int a = 0; a < 8; ++a) {
+    const int k = k0 + am + (a >> 2) * 32 + (a & 3);
+    if (k >= p.k) continue;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const int jj = blockIdx.y * WI_JT + bn + (c >> 2) * 16 + (c & 3);
+      if (jj < p.cols) out[(long long)k * p.cols + jj] = acc[a][c];
+    }
+  }
 }
 
 }  // namespace conv_gemm

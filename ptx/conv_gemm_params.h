@@ -95,4 +95,27 @@ typedef struct {
   long long ws[5];      /* dw strides: k, c, t, r, s (elements) */
 } GemmFoldParams;
 
+#define PYDNN_WI_FLAG_DY_KFAST 1u  /* wgrad_implicit: dy's channel stride is 1 (NHWC-like: loads walk k innermost) */
+
+/* wgrad_implicit (BWD_FILTER_ALGO_3's implicit variant, float, one group): no column matrix. Block
+ * (slot, column tile, K tile) sums, over the pixels [slot * per_slot, min((slot + 1) * per_slot, npix))
+ * of the flattened (n, od, oh, ow) order, dy[n][k][pixel] * x at column j's tap of that pixel (zero in
+ * the padding), for 64 k's x 160 columns, and writes part[slot * part_stride + k * cols + j] (k < K, j <
+ * cols). Columns follow conv_gemm's column order (cin_inner) and im2col's taps (FLIP: CONVOLUTION mode).
+ * Offsets are 32-bit (the plan checks that every element of x and dy it can address fits). */
+typedef struct {
+  const void *x;
+  const void *dy;
+  void *part;
+  int k, cols, cg, taps, cin_inner;
+  int npix;             /* N * OD * OH * OW */
+  int per_slot;         /* pixels per slot (a multiple of the kernel's stage) */
+  int in_size[3], out_size[3], filt[3];
+  int pad[3], stride[3], dil[3];
+  unsigned flags;       /* PYDNN_IM2COL_FLAG_FLIP | PYDNN_WI_FLAG_DY_KFAST */
+  int xs[5];            /* x strides: n, c, d, h, w (elements) */
+  int ys[5];            /* dy strides: n, k, d, h, w (elements) */
+  long long part_stride;  /* elements between two slots' partials (K * cols) */
+} WgradImplicitParams;
+
 #endif

@@ -328,7 +328,8 @@ def test_model_counts_the_cuda_core_gather_waste():
 
 
 def test_kernels_keep_their_state_in_registers():
-    """ptxas: no stack frame, no spills, for every conv_gemm kernel of every data type (sm_90)."""
+    """ptxas: no stack frame, no spills, for every conv_gemm kernel of every data type (sm_90; float also
+    wgrad_implicit)."""
     import re
     from pydnn._build import cache
     from pydnn._build.manifest import COMMON_OPTIONS
@@ -339,5 +340,5 @@ def test_kernels_keep_their_state_in_registers():
         _, _, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
                                         COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
         frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
-        assert len(frames) == len(unit.exprs) == 5
+        assert len(frames) == len(unit.exprs) == 5 + (unit.name == "conv_gemm.f32")
         assert all(int(a) == 0 and int(b) == 0 for a, b in frames), (unit.name, frames)

@@ -44,11 +44,54 @@ def emulate_fold(f, part, dwbuf, alpha, beta):
     dwbuf[off] = alpha * s + (beta * dwbuf[off] if f.flags & G.FLAG_WF_BETA else 0.0)
 
 
+def emulate_implicit(p, grid, xb, dyb, part):
+    """wgrad_implicit from its parameters: block (slot, column tile, K tile) sums dy[k][pixel] * x at column
+    j's tap of the pixel (zero in the padding) over its slot's pixels, decoded as the kernel decodes them
+    (32-bit offsets: checked), into part[slot * part_stride + k * cols + j] for its 64 k's x 160 columns."""
+    filt, pad, st, dil = _val(p.filt), _val(p.pad), _val(p.stride), _val(p.dil)
+    insz, out, xs, ys = _val(p.in_size), _val(p.out_size), _val(p.xs), _val(p.ys)
+    assert grid[1] * G.WI_JT >= p.cols and grid[2] * G.WI_KT >= p.k and p.per_slot % G.WI_BK == 0
+    assert (grid[0] - 1) * p.per_slot < p.npix <= grid[0] * p.per_slot   # every slot has pixels
+    flip = bool(p.flags & G.FLAG_FLIP)
+    for ct in range(grid[1]):
+        j = np.arange(ct * G.WI_JT, min((ct + 1) * G.WI_JT, p.cols))
+        tap, c = (j // p.cg, j % p.cg) if p.cin_inner else (j % p.taps, j // p.taps)
+        t = [tap // (filt[1] * filt[2]), (tap // filt[2]) % filt[1], tap % filt[2]]
+        cd = [((filt[i] - 1 - t[i]) if flip else t[i]) * dil[i] for i in range(3)]
+        coff = c * xs[1] + cd[0] * xs[2] + cd[1] * xs[3] + cd[2] * xs[4]
+        for slot in range(grid[0]):
+            pix = np.arange(slot * p.per_slot, min((slot + 1) * p.per_slot, p.npix))
+            o2, r = pix % out[2], pix // out[2]
+            o1, r = r % out[1], r // out[1]
+            o0, n = r % out[0], r // out[0]
+            org = [o0 * st[0] - pad[0], o1 * st[1] - pad[1], o2 * st[2] - pad[2]]
+            xoff = n * xs[0] + org[0] * xs[2] + org[1] * xs[3] + org[2] * xs[4]
+            ok = np.ones((pix.size, j.size), bool)
+            for i in range(3):
+                pos = org[i][:, None] + cd[i][None, :]
+                ok &= (pos >= 0) & (pos < insz[i])
+            off = xoff[:, None] + coff[None, :]
+            assert np.abs(off).max() < 2**31
+            col = np.where(ok, xb[np.where(ok, off, 0)], 0.0)
+            for kt in range(grid[2]):
+                k = np.arange(kt * G.WI_KT, min((kt + 1) * G.WI_KT, p.k))
+                doff = (n * ys[0] + o0 * ys[2] + o1 * ys[3] + o2 * ys[4])[:, None] + k[None, :] * ys[1]
+                assert doff.max() < 2**31
+                blk = dyb[doff].T @ col      # [k x j] of this block
+                part[slot * p.part_stride + k[:, None] * p.cols + j[None, :]] = blk
+
+
 def run_wgrad(pl, xb, dyb, dwb, alpha, beta, item):
     """The plan's launches in order: per chunk of images im2col / pack_rows / the GEMMs into the partials
-    (beta 1 for per-image plans' later chunks), then the fold."""
+    (beta 1 for per-image plans' later chunks), then the fold; the implicit variant's one kernel, then the
+    fold."""
     pb = pl.problem
     ws = np.full(pl.workspace // item, np.nan)   # never-written workspace reads poison the result
+    if pl.implicit:
+        unit, expr, grid, block, p = pl.steps[pl.gather][:5]
+        assert expr == G._implicit_expr(G.WI_MINB) and block == (G.WI_THREADS, 1, 1)
+        emulate_implicit(p, grid, xb, dyb, ws[pl.part_off // item:])
+        pl.chunks = []
     for n0, kind, slot0, first in pl.chunks:
         base = {"dy": (dyb, n0 * pb.ys[0]), "x": (xb, n0 * pb.xs[0]), "col": (ws, pl.col_off // item),
                 "pack": (ws, pl.pack_off // item)}
@@ -113,11 +156,27 @@ def _check_wgrad(h, case, mode, dtype, rng, alphas=((1.0, 0.0), (-0.5, 0.75))):
     return pl
 
 
+def implicit_expected(case, dtype):
+    """Whether ALGO_3 takes the implicit variant: float, C * taps within one column tile, not a 1x1 stride-1
+    problem whose x is the GEMMs' matrix."""
+    one = case[2] in ((1, 1), (1,)) and case[4] in ((1, 1), (1,)) and case[6] != "gapx"
+    return dtype == F32 and not one and case[0][1] * int(np.prod(case[2])) <= G.IMPLICIT_MAX_COLS
+
+
 @pytest.mark.parametrize("case", WGRAD_CASES)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_backward_filter_emulated(case, mode, dtype, rng):
+@pytest.mark.parametrize("implicit", [True, False])
+def test_backward_filter_emulated(case, mode, dtype, implicit, rng, monkeypatch):
+    """Both forms of ALGO_3 where they apply: the implicit variant (on by default) and the explicit GEMMs
+    (IMPLICIT off)."""
+    monkeypatch.setattr(G, "IMPLICIT", implicit)
+    if implicit and not implicit_expected(case, dtype):
+        pytest.skip("the explicit GEMMs serve it either way (covered with implicit=False)")
     pl = _check_wgrad(cpu_handle(), case, mode, dtype, rng)
+    assert pl.implicit == implicit
+    if implicit:
+        return
     one = case[2] in ((1, 1), (1,)) and case[4] in ((1, 1), (1,)) and case[6] != "gapx"
     assert pl.direct == one                       # x itself only for 1x1 stride 1 with x a matrix
     assert pl.packs_dy == (not one and case[6] != "nhwc")   # NCHW dy under an im2col: made channel-major
@@ -130,6 +189,7 @@ def test_backward_filter_emulated(case, mode, dtype, rng):
 def test_backward_filter_chunks_of_images(case, rng, monkeypatch):
     """A small column budget: several chunks of images (the last one shorter), each with partials of its
     own; a small partial budget on a per-image plan: the later chunks add into the first's partials."""
+    monkeypatch.setattr(G, "IMPLICIT", False)
     monkeypatch.setattr(G, "COL_LIMIT", 1)
     monkeypatch.setattr(G, "PART_LIMIT", 1)
     monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 16)
@@ -153,6 +213,7 @@ def test_backward_filter_chunks_of_images(case, rng, monkeypatch):
 def test_backward_filter_tail_split(rng, monkeypatch):
     """61 reduction rows (prime): 8 splits of 7 rows in one batched GEMM and the 5 left in a ninth partial."""
     monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 7)
+    monkeypatch.setattr(G, "IMPLICIT", False)
     for mode in (XCORR, CONV):
         pl = _check_wgrad(cpu_handle(), ((1, 6, 61), 5, (1,), (0,), (1,), (1,), "nhwc", NHWC), mode, F32, rng)
         gemms = pl.kinds[1][2]
@@ -167,11 +228,12 @@ def prod_bytes(case):
     return pos * xd[1] * int(np.prod(filt)) * 4 + (k * pos * 4 if case[6] != "nhwc" else 0)
 
 
-def test_backward_filter_splits_fill_the_gpu():
-    """The ResNet-50 layers at N = 64, fp32 NCHW: the stem packs dy and splits its chunks' reductions into
-    about a wave of 64 x 128 tiles (3 per SM) with no tail; the 1x1 layers read x and dy in place, one
-    partial per image, the partials oriented so the tiles' 128-wide side is the longer one."""
+def test_backward_filter_splits_fill_the_gpu(monkeypatch):
+    """The ResNet-50 layers at N = 64, fp32 NCHW: the stem (explicit GEMMs) packs dy and splits its chunks'
+    reductions into about a wave of 64 x 128 tiles (3 per SM) with no tail; the 1x1 layers read x and dy
+    in place, one partial per image, the partials oriented so the tiles' 128-wide side is the longer one."""
     h = cpu_handle()
+    monkeypatch.setattr(G, "IMPLICIT", False)
     stem = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, cdesc((3, 3), (2, 2), (1, 1)), tdesc((64, 3, 224, 224)),
                        fdesc((64, 3, 7, 7)), tdesc((64, 64, 112, 112)))
     assert stem.packs_dy and stem.flat and not stem.direct
@@ -191,6 +253,81 @@ def test_backward_filter_splits_fill_the_gpu():
         mp = pl.kinds[64][2][0][0]
         assert (mp.m, mp.n, mp.k, mp.batch) == ((cc, k) if orient else (k, cc)) + (56 * 56, 64)
         assert pl.workspace == G.round_up(64 * 64 * 256 * 4, 16)
+
+
+IMPL_CASES = [  # xdims, k, filt, pad, stride, dil, layout, filter format: the implicit variant's edges
+    ((5, 3, 9, 7), 64, (7, 7), (3, 3), (2, 2), (1, 1), "nchw", NCHW),      # the stem's shape, N = 5, odd image
+    ((1, 3, 11, 13), 70, (7, 7), (3, 3), (2, 2), (1, 1), "nchw", NHWC),    # two K tiles (the second 6 wide)
+    ((3, 3, 13, 9), 5, (7, 7), (3, 3), (2, 2), (1, 1), "nhwc", NHWC),      # NHWC x and dy (dy loads k-fast)
+    ((2, 5, 12, 10), 9, (7, 7), (3, 3), (2, 2), (1, 1), "gapx", NCHW),     # 245 columns: two column tiles
+    ((4, 2, 9, 8), 3, (3, 2), (2, 0), (2, 3), (2, 1), "nchw", NCHW),       # dilation, odd strides, pad > dil
+    ((2, 3, 4, 5, 6), 7, (2, 3, 2), (1, 1, 0), (1, 2, 2), (2, 1, 1), "nhwc", NCHW),   # 3-d
+    ((3, 4, 19), 6, (5,), (2,), (3,), (1,), "nchw", NHWC),                 # 1-d
+]
+
+
+@pytest.mark.parametrize("case", IMPL_CASES)
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+def test_implicit_emulated_slots_and_tiles(case, mode, rng, monkeypatch):
+    """The implicit variant with many short slots (the last one shorter), several column / K tiles, every
+    layout: the kernel's decoding from its real parameters, the fold, the workspace query."""
+    monkeypatch.setattr(G, "IMPLICIT_MAX_COLS", 2 * G.WI_JT)
+    monkeypatch.setattr(G, "WI_MIN_SLOT", G.WI_BK)
+    monkeypatch.setattr(G, "WI_WAVES", 64)
+    pl = _check_wgrad(cpu_handle(), case, mode, F32, rng)
+    assert pl.implicit and pl.deterministic and pl.launches == 2
+    grid = pl.steps[pl.gather][2]
+    npix = case[0][0] * int(np.prod(ref.out_dims(case[0][2:], case[2], case[3], case[4], case[5])))
+    cols = case[0][1] * int(np.prod(case[2]))
+    assert grid == (pl.parts, -(-cols // G.WI_JT), -(-case[1] // G.WI_KT)) and pl.parts > 1
+    assert pl.per_slot == G.WI_BK or npix <= pl.parts * G.WI_BK
+    assert pl.workspace == G.round_up(pl.parts * case[1] * cols * 4, 16)
+    p = pl.steps[pl.gather][4]
+    assert bool(p.flags & G.FLAG_WI_KFAST) == (case[6] == "nhwc")
+
+
+def test_implicit_stem_plan():
+    """The fp32 stem at N = 64 (issue 4's layer): one kernel over 3 blocks per SM (396 slots of 2032
+    pixels, the last 176), 64 x 147 partials (15 MB), the fold, no column matrix; v7 still puts ALGO_3
+    first, with the implicit plan's workspace."""
+    h = cpu_handle()
+    conv, x, w, y = cdesc((3, 3), (2, 2), (1, 1)), tdesc((64, 3, 224, 224)), fdesc((64, 3, 7, 7)), tdesc((64, 64, 112, 112))
+    pl = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, conv, x, w, y)
+    assert pl.implicit and pl.parts == 132 * G.WI_MINB and pl.per_slot % G.WI_BK == 0
+    assert (pl.parts - 1) * pl.per_slot < 64 * 112 * 112 <= pl.parts * pl.per_slot
+    assert pl.steps[pl.gather][2] == (pl.parts, 1, 1)
+    assert pl.workspace == G.round_up(pl.parts * 64 * 147 * 4, 16) < 32 << 20
+    assert pydnn.get_convolution_backward_filter_workspace_size(h, x, y, conv, w, BWD_F3) == pl.workspace
+    f = pl.steps[pl.fold][4]
+    assert (f.parts, f.part_stride, f.ks, f.js, f.cin_inner) == (pl.parts, 64 * 147, 147, 1, 0)
+    rf = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, conv, w, 7)
+    assert rf[0].algo == BWD_F3 and rf[0].memory == pl.workspace and rf[0].determinism == pydnn.PYDNN_DETERMINISTIC
+
+
+def test_implicit_routing(monkeypatch):
+    """What the implicit variant refuses goes to the explicit GEMMs (never a wrong answer): 16-bit data,
+    more than one column tile, a 1x1 stride-1 problem whose x is a matrix, offsets beyond 32 bits; the
+    switch off; and ALGO_3's own refusals stay what they were."""
+    h = cpu_handle()
+    c7 = cdesc((3, 3), (2, 2), (1, 1))
+    plan = lambda conv, x, w, y: C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, conv, x, w, y)
+    assert plan(c7, tdesc((2, 3, 17, 17)), fdesc((8, 3, 7, 7)), tdesc((2, 8, 9, 9))).implicit
+    stem16 = plan(c7, tdesc((2, 3, 17, 17), BF16, NHWC), fdesc((8, 3, 7, 7), BF16, NHWC), tdesc((2, 8, 9, 9), BF16, NHWC))
+    assert not stem16.implicit and stem16.steps                       # the tensor-core GEMMs
+    wide = plan(c7, tdesc((2, 4, 17, 17)), fdesc((8, 4, 7, 7)), tdesc((2, 8, 9, 9)))   # 196 columns
+    assert not wide.implicit and wide.packs_dy
+    c1 = cdesc((0, 0), (1, 1), (1, 1))
+    one = plan(c1, tdesc((2, 20, 5, 7)), fdesc((8, 20, 1, 1)), tdesc((2, 8, 5, 7)))
+    assert not one.implicit and one.direct
+    one_s2 = plan(cdesc((0, 0), (2, 2), (1, 1)), tdesc((2, 20, 5, 7)), fdesc((8, 20, 1, 1)), tdesc((2, 8, 3, 4)))
+    assert one_s2.implicit                                           # 1x1 stride 2: a gather, no im2col
+    big = tdesc((2, 3, 17, 17), strides=(1 << 30, 289, 17, 1))      # image 1 starts 2^30 elements in
+    assert not plan(c7, big, fdesc((8, 3, 7, 7)), tdesc((2, 8, 9, 9))).implicit
+    _check(pydnn.get_convolution_backward_filter_workspace_size,
+           (h, tdesc((2, 4, 9, 9)), tdesc((2, 6, 5, 5)), cdesc((3, 3), (2, 2), (1, 1), groups=2), fdesc((6, 2, 7, 7)),
+            BWD_F3), NS, "explicit GEMM needs groupCount 1 (got 2)")
+    monkeypatch.setattr(G, "IMPLICIT", False)
+    assert not plan(c7, tdesc((2, 3, 17, 17)), fdesc((8, 3, 7, 7)), tdesc((2, 8, 9, 9))).implicit
 
 
 def test_v7_ranks_the_explicit_gemms_first():

@@ -3,7 +3,8 @@ without col2im), pydnn/ops/convolution_gemm.py, on the GPU against the float64 r
 packed channel-major (NCHW) or read in place (NHWC), 1x1 layers on x itself (one partial per image, or one
 flat reduction), im2col under strides, dilation, padding and a padded x, 1-d / 3-d, C != K both ways, N = 1 / 3,
 odd sizes, both filter formats, both modes, alpha / beta; outputs poisoned first and their gaps checked
-untouched; bitwise reproducibility; chunks of images under small workspace budgets; Find's record."""
+untouched; bitwise reproducibility; chunks of images under small workspace budgets; Find's record. Float
+problems run both forms of ALGO_3: the implicit variant (wgrad_implicit + the fold) and the explicit GEMMs."""
 import numpy as np
 import pytest
 
@@ -43,11 +44,13 @@ def _wgrad(handle, pb, alpha, beta):
                                       ws.ptr, n, beta, pb.wdesc, pb.w.ptr)
 
 
-def check_wgrad(handle, rng, case, dtype, what):
+def check_wgrad(handle, rng, case, dtype, what, implicit=None):
+    """implicit: whether the plan must be ALGO_3's implicit variant (None: either)."""
     for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
         pb = _bwd_problem(case, dtype, mode)
         pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_FILTER, BWD_F3, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert isinstance(pl, G.WgradGemmPlan) and pl.deterministic
+        assert implicit is None or pl.implicit == implicit, (what, implicit)
         x, dy = pb.x.random(rng), pb.y.random(rng)
         dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
         if not beta:
@@ -65,10 +68,56 @@ def check_wgrad(handle, rng, case, dtype, what):
             assert (pb.w.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
 
 
+def _implicit_applies(case, dtype):
+    """ALGO_3's implicit variant serves float problems of <= IMPLICIT_MAX_COLS columns that are not 1x1
+    stride-1 ones on x itself (tests/test_convolution_gemm_wgrad_cpu.implicit_expected, groups column
+    dropped)."""
+    one = case[2] in ((1, 1), (1,)) and case[4] in ((1, 1), (1,)) and case[7] != "gapx"
+    return dtype == F32 and not one and case[0][1] * int(np.prod(case[2])) <= G.IMPLICIT_MAX_COLS
+
+
 @pytest.mark.parametrize("case", WG_CASES)
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
-def test_gemm_backward_filter(handle, rng, case, dtype):
-    check_wgrad(handle, rng, case, dtype, "GEMM backward filter")
+@pytest.mark.parametrize("implicit", [True, False])
+def test_gemm_backward_filter(handle, rng, monkeypatch, case, dtype, implicit):
+    """Every case through the explicit GEMMs (IMPLICIT off) and, where it applies, the implicit variant
+    (on: the default); where it does not apply the plan must be the explicit one."""
+    monkeypatch.setattr(G, "IMPLICIT", implicit)
+    if implicit and dtype != F32:
+        pytest.skip("16-bit data: the explicit GEMMs either way (covered with implicit=False)")
+    check_wgrad(handle, rng, case, dtype, "GEMM backward filter", implicit and _implicit_applies(case, dtype))
+
+
+IMPL_CASES = [  # the implicit variant's edges: xdims, k, filt, pad, stride, dil, groups, layout, filter format
+    ((1, 3, 9, 7), 64, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW),     # the stem's shape, N = 1..5, odd images
+    ((2, 3, 17, 11), 64, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NHWC),
+    ((5, 3, 15, 21), 64, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW),
+    ((3, 3, 13, 9), 70, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nhwc", NHWC),    # two K tiles, NHWC (dy loads k-fast)
+    ((4, 3, 31, 29), 5, (7, 7), (3, 3), (2, 2), (1, 1), 1, "gapx", NCHW),    # K 5, padded x
+    ((2, 5, 12, 10), 9, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW),    # 245 columns (two column tiles)
+    ((3, 2, 9, 8), 7, (3, 2), (2, 0), (2, 3), (2, 1), 1, "nchw", NHWC),      # dilation, odd strides
+    ((2, 3, 4, 5, 6), 7, (2, 3, 2), (1, 1, 0), (1, 2, 2), (2, 1, 1), 1, "nhwc", NCHW),   # 3-d
+    ((3, 4, 19), 6, (5,), (2,), (3,), (1,), 1, "nchw", NHWC),                 # 1-d
+]
+
+
+@pytest.mark.parametrize("case", IMPL_CASES)
+@pytest.mark.parametrize("slots", ["default", "many"])
+def test_implicit_backward_filter(handle, rng, monkeypatch, case, slots):
+    """The implicit variant against the float64 reference (poisoned dw, alpha / beta, both modes, the same
+    bits twice): the default slots, and many one-stage slots (the last one short); two column tiles
+    where IMPLICIT_MAX_COLS is raised to let it serve 245 columns."""
+    monkeypatch.setattr(G, "IMPLICIT_MAX_COLS", 2 * G.WI_JT)
+    if slots == "many":
+        monkeypatch.setattr(G, "WI_MIN_SLOT", G.WI_BK)
+        monkeypatch.setattr(G, "WI_WAVES", 64)
+    check_wgrad(handle, rng, case, F32, f"implicit backward filter ({slots} slots)", True)
+
+
+def test_implicit_stem_full_size(handle, rng):
+    """The stem itself (N = 2 of 224 x 224 images, 64 filters): the implicit plan against the reference."""
+    check_wgrad(handle, rng, ((2, 3, 224, 224), 64, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nchw", NCHW), F32,
+                "implicit backward filter, stem", True)
 
 
 TAIL_CASE = ((1, 6, 61), 5, (1,), (0,), (1,), (1,), 1, "nhwc", NHWC)   # 61 rows: 8 splits of 7 + a tail of 5
@@ -82,7 +131,8 @@ def test_gemm_backward_filter_chunks(handle, rng, monkeypatch, case, col_limit, 
     monkeypatch.setattr(G, "COL_LIMIT", col_limit)
     monkeypatch.setattr(G, "PART_LIMIT", part_limit)
     monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 7)
-    check_wgrad(handle, rng, case, F32, "GEMM backward filter, chunks")
+    monkeypatch.setattr(G, "IMPLICIT", False)
+    check_wgrad(handle, rng, case, F32, "GEMM backward filter, chunks", False)
 
 
 DIRECT_CASES = [  # dx dims, k, layout, filter format

@@ -585,6 +585,20 @@ Versions and notes:
      swap path, which ran 197 in these runs. Decision: the direct plan is the model's (no workspace); the
      swap stays for filters BKN cannot read and as WGM_BWD_SWAP for this A/B. What is left at 56² is
      fwd_wgmma's own rate there (0.61-0.65x; 9 K tiles a block, see v13 / v14).
+  v18 (issue 4's last fp32 row) the 7x7/2 stem's backward filter: BWD_FILTER_ALGO_3's implicit variant
+     (pydnn/ops/convolution_gemm.py v5: one CUDA-core kernel, wgrad_implicit, gathers each block's 147
+     columns of x and its dy rows into shared memory with cp.async and runs an 8 x 8-per-thread fp32 FMA
+     tile of 64 k x 160 columns over a slot of pixels, then the fixed-order fold of the slots' partials;
+     no im2col, no dy pack, no matmul; deterministic). Bytes: x 38.5 MB + dy 205.5 MB once, partials 15 MB
+     twice (~0.26 GB, ~0.09 ms: compute-bound); flops 15.1 G useful, 16.4 G of tile work. Before: 12.1
+     TFLOP/s = 0.65x cuDNN's 18.6 (im2col 0.35 + pack_rows 0.19 + gemm_simt 0.66 + fold 0.02 ms).
+     Predicted (before the device run): ~0.42 ms, ~36 TFLOP/s, ~1.9x. Measured (H100 80GB HBM3, one run
+     at 221cdbf, cuDNN 9.19 through torch in the same run; PYDNN_BENCH_CONV_ONLY="@224 fp32"):
+       7x7/2 3->64 @224 bwd filter (algo 3)   22.9 TFLOP/s vs cuDNN 18.6 = 1.23x   (target 0.8x: met)
+       fwd (algo 2) 18.1 / 20.6 = 0.88x and bwd data (algo 1) 12.2 / 14.5 = 0.85x in the same run (unchanged)
+     v7 vs Find 1.00x in all three directions (bwd filter: algo 3 both, 0.670 ms). Short of the prediction
+     by 1.6x (the tile at 25.7 TFLOP/s, ~38% of the FMA peak; the notes in convolution_gemm.py v5 say
+     where the time likely goes and what was tried).
   PYDNN_BENCH_CONV_TC=1 limits the run to the bf16 3x3 layers with the tensor-core algorithms pinned
   (IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_1, BWD_FILTER_ALGO_1) instead of the heuristic's first choice,
   plus the fused rows (with PYDNN_BENCH_CONV_ONLY: the bf16 layers it names, and the fused rows if it

@@ -1,6 +1,7 @@
-"""Per-launch times of the explicit-GEMM backward filter (BWD_FILTER_ALGO_3) and the direct 1x1 backward
-data on the fp32 NCHW ResNet-50 layers (N = 64), with forced variants (chunk budget, splits): where the
-time goes, for the notes in pydnn/ops/convolution_gemm.py. Run on the GPU:
+"""Per-launch times of the backward filter BWD_FILTER_ALGO_3 (the stem: its implicit variant with forced
+blocks per SM / waves of slots, and the explicit GEMMs) and the direct 1x1 backward data on the fp32 NCHW
+ResNet-50 layers (N = 64): where the time goes, for the notes in pydnn/ops/convolution_gemm.py. Run on
+the GPU:
     PYTHONPATH=$PWD python3 tools/probe_wgrad_gemm.py"""
 import torch
 
@@ -30,6 +31,16 @@ def _steps(h, pl, x, dy, w, ws):
     """Each launch of the plan timed alone (same pointers as the plan's own launch)."""
     es = 4
     out = []
+    if pl.implicit:
+        p = pl.steps[pl.gather][4]
+        p.x, p.dy, p.part = x.data_ptr(), dy.data_ptr(), ws + pl.part_off
+        t = time_ms(lambda: pl.run_step(h, pl.gather))
+        tile = 2.0 * G.WI_KT * G.WI_JT * p.npix * pl.steps[pl.gather][2][1] * pl.steps[pl.gather][2][2]
+        out.append((f"wgrad_implicit grid {pl.steps[pl.gather][2]} ({tile / t / 1e9:.1f} TFLOP/s of tile work)", t))
+        f = pl.steps[pl.fold][4]
+        f.part, f.dw, f.alpha, f.beta = ws + pl.part_off, w.data_ptr(), 1.0, 0.0
+        out.append((f"fold ({pl.parts} partials)", time_ms(lambda: pl.run_step(h, pl.fold))))
+        return out
     part = ws + pl.part_off
     n0, kind, slot0, first = pl.chunks[0]
     base = {"dy": dy.data_ptr(), "x": x.data_ptr(), "col": ws + pl.col_off, "pack": ws + pl.pack_off}
@@ -61,8 +72,9 @@ def run():
         x, dy, w, xd, yd, wd, conv, flops = _setup(*shape)
         variants = [("default", {})]
         if shape[3] == 7:
-            variants += [("COL_LIMIT 1 GiB", {"COL_LIMIT": 1 << 30}), ("COL_LIMIT 512 MiB", {"COL_LIMIT": 512 << 20}), ("MIN_SPLIT_ROWS 8192", {"MIN_SPLIT_ROWS": 8192}),
-                         ("COL_LIMIT 64 MiB", {"COL_LIMIT": 64 << 20})]
+            # (a MINB 4 instantiation, timed at 221cdbf, is no longer in the manifest: see convolution_gemm.py v5)
+            variants = [("default", {}), ("implicit, 2 waves", {"WI_WAVES": 2}), ("implicit, 4 waves", {"WI_WAVES": 4}),
+                        ("explicit", {"IMPLICIT": False})]
         for vname, over in variants:
             saved = {k: getattr(G, k) for k in over}
             for k2, v in over.items():
@@ -74,10 +86,12 @@ def run():
                 ms = time_ms(lambda: pydnn.convolution_backward_filter(h, 1.0, xd, x.data_ptr(), yd, dy.data_ptr(), conv,
                                                                        3, ws_t.data_ptr(), pl.workspace, 0.0, wd,
                                                                        w.data_ptr()), reps=10)
-                print(f"{name} bwd filter ALGO_3 [{vname}]: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s, chunks "
-                      f"{[c[1] for c in pl.chunks]}, parts {pl.parts}, workspace {pl.workspace >> 20} MiB, "
-                      f"model {pl.estimate_ms(h, None):.3f} ms", flush=True)
-                if vname == "default":
+                form = (f"implicit, {pl.parts} slots of {pl.per_slot} pixels, MINB {pl.minb}" if pl.implicit
+                        else f"chunks {[c[1] for c in pl.chunks]}")
+                print(f"{name} bwd filter ALGO_3 [{vname}]: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s, {form}, "
+                      f"parts {pl.parts}, workspace {pl.workspace >> 20} MiB, model {pl.estimate_ms(h, None):.3f} ms",
+                      flush=True)
+                if vname in ("default", "explicit") or pl.implicit:
                     for lab, t in _steps(h, pl, x, dy, w, ws_t.data_ptr()):
                         print(f"    {lab}: {t:.3f} ms", flush=True)
             finally:

@@ -45,12 +45,22 @@ summed in fp32 within a partial, then each partial is rounded once before the fp
 [K x columns] or, where gemm_simt's 64 x 128 tiles waste less that way (K > columns), [columns x K]
 (`orient`). Refused (NOT_SUPPORTED, with the reason): double (matmul has no double kernel), groups > 1,
 16-bit data with the FMA math type, dy without packed spatial dims.
+ALGO_3's implicit variant (plan_wgrad_implicit, WgradImplicitPlan; v5 below): float problems of at most
+IMPLICIT_MAX_COLS (160) columns (C * taps: the 7x7 stem's 147) that are not the 1x1 stride-1 ones read
+as x itself, with every x / dy offset within 32 bits, run no im2col, no pack and no matmul: one kernel,
+wgrad_implicit (ptx/conv_gemm.cu), whose block owns a 64 (k) x 160 (column) tile of dw for a slot of
+consecutive pixels (n, od, oh, ow), gathers each stage's 16 pixels' columns from x (zeros for the
+padding) and dy rows into shared memory with cp.async and runs an fp32 FMA register-tiled product (no
+TF32), then writes its partial [K x columns]; wgrad_fold sums the slots' partials in ascending order, as
+above (deterministic, bitwise reproducible). Slots: about one wave of WI_MINB blocks per SM. What it
+refuses (16-bit data, more columns, x as a matrix, 64-bit offsets; IMPLICIT = False) takes the explicit
+GEMMs; NHWC / strided x and dy, dilation, CONVOLUTION mode, 1-d / 3-d and any K (tiles of 64) it serves.
 
 Workspace: the column matrix (N * OD * OH * OW * ld elements; rounded up to 16 bytes, or to 256 when the
 packed filter (K * ld elements) follows it); reported exactly by Get...WorkspaceSize. Deterministic
 (one writer per element, sums in a fixed order). Backward filter: the partials (parts * K * columns
 elements), then one chunk's column matrix, then its packed dy, each part on a 256-byte boundary; the
-direct backward data needs none.
+direct backward data needs none; the implicit variant only the partials (slots * K * columns elements).
 
 StepPlan (here) is the shape of a multi-launch plan that convolution.run_plan hands to `.launch`; the
 WINOGRAD_NONFUSED and FFT plans (convolution_winograd.py, convolution_fft.py) use it too.
@@ -135,6 +145,35 @@ fwd 33.6 / bwd data 18.5 / bwd filter 50.1 TFLOP/s, fp32 20.6 / 15.5 / 18.6):
      use the idle half, but matmul's chooser, shared with other families, decides (not changed here).
      The v7 model (tile_ms: the chosen simt tile's waves, LONE_BLOCK_SPEED for a partly filled SM) put
      ALGO_3 at 0.553 ms (measured 0.34) and the stem at 1.8 (1.24): slow but ranked right.
+  v5 (issue 4's last fp32 row: the stem's backward filter at 0.65x) ALGO_3's implicit variant for few
+     columns (above; wgrad_implicit). Design: no column matrix and no packed dy: block (slot, column tile,
+     K tile) = 64 k x 160 columns (147 used: 92%) over a slot of pixels, 160 threads (5 warps, each 64 k x
+     32 columns; a thread 8 x 8 as gemm_simt's, four 16-byte shared loads per 64 FMAs per pixel); per
+     stage of 16 pixels each thread gathers one column (its channel / tap decomposed once, in registers;
+     the pixels' origins in shared memory, decoded one stage ahead by 16 threads) with 4-byte cp.async
+     (zero fill in the padding) and the dy rows (pixels innermost for NCHW-like dy: coalesced); three
+     stage buffers (44 KB, static), two stages' gathers in flight during a stage's FMAs. Counts for the
+     stem (N = 64): 15.1 GFLOP useful, 16.4 GFLOP of tile work; memory: x 38.5 MB + dy 205.5 MB read once,
+     partials 15 MB written and read by the fold: ~0.26 GB, ~0.09 ms at 3 TB/s, so compute-bound (the
+     explicit form moved ~1.6 GB: columns 472 MB written and read, dy read, packed 205 MB and read back).
+     Prediction (before the device run; IMPLICIT_TFLOPS was 40 then): the tile at ~40 TFLOP/s (gemm_simt's
+     rate on square GEMMs, less the gather's ~25% of the instructions) -> ~0.41 ms + fold ~0.01 -> ~0.42
+     ms, ~36 TFLOP/s useful, ~1.9x cuDNN.
+     Measured (H100 80GB HBM3, one run at 221cdbf, cuDNN 9.19 through torch in the same run; the GPU tests
+     of both forms passed there): whole ALGO_3 0.659 ms = 22.9 TFLOP/s against cuDNN's 18.6: 1.23x (target
+     0.8x: met; before 12.1 = 0.65x); wgrad_implicit alone 0.640 ms (25.7 TFLOP/s of tile work), the fold
+     of 396 partials 0.013 ms. v7 vs Find: algo 3 is both v7's pick and Find's fastest (0.670 ms, 1.00x).
+     The explicit form in the same run (IMPLICIT off): 1.246 ms (12.1 TFLOP/s). Variants (probe): 4
+     blocks per SM (launch bounds MINB 4, 96 registers, 523 slots of 1536) 0.610 / 0.638 ms (kernel /
+     whole): 3% faster, but it spills on sm_80 (212 bytes) and the GPU tests ran MINB 3 only, so MINB 3
+     stays (the MINB 4 instantiation is gone from the manifest); two waves of slots 0.699-0.704 ms, four
+     0.783 (the fold of 1568 partials 0.101 ms). Missed the prediction by 1.6x: the tile runs at ~38% of
+     the FMA peak, not ~60%. Not profiled; the likely limit (an estimate, not measured) is the shared
+     L1 / shared-memory pipe: per pixel a warp issues four 16-byte operand loads for 64 FMAs (as gemm_simt)
+     plus ~1.4 gather copies whose 32 lanes touch 5-10 sectors each (7-float runs of 5 rows of x), with a
+     barrier per 16 pixels. Next steps if more is wanted: 32-pixel stages (dynamic shared memory past 48
+     KB: StepPlan launches static shared only), a per-stage x patch reused by the column reads. The v7
+     model's IMPLICIT_TFLOPS is now 26 (0.65 ms for the stem).
 """
 import ctypes
 import math
@@ -206,7 +245,8 @@ def _expr(kernel, tag):
 
 def kernel_units():
     return [KernelUnit(f"conv_gemm.{t}", "conv_gemm.cu",
-                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold")))
+                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold"))
+                       + ((_implicit_expr(WI_MINB),) if t == "f32" else ()))
             for t in FLOAT_TAGS]
 
 
@@ -741,6 +781,8 @@ def _wgrad_direct_x(pb):
 class WgradGemmPlan(StepPlan):
     """Backward filter as explicit GEMMs into partial dw's + a fixed-order fold (see plan_wgrad_gemm)."""
 
+    implicit = False
+
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """a = dy, b = x, out = dw."""
         es = self.itemsize
@@ -803,12 +845,16 @@ def _splits(handle, pb, rows, tiles, slot_bytes, tc):
 def plan_wgrad_gemm(handle, pb, algo):
     """BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] . col[pos, C * taps]
     (col: x's im2col, or x itself for 1x1 stride-1 unpadded problems), as pydnn.ops.matmul GEMMs writing
-    partial dw's into the workspace, then wgrad_fold sums them in a fixed order with alpha / beta.
-    NOT_SUPPORTED with the reason for what it cannot serve."""
+    partial dw's into the workspace, then wgrad_fold sums them in a fixed order with alpha / beta; or,
+    where wgrad_implicit_refusal says None (float, few columns, no x-as-matrix shortcut), the implicit
+    variant (one kernel gathering the columns itself, then the same fold). NOT_SUPPORTED with the reason
+    for what it cannot serve."""
     from . import convolution as C
     why = wgrad_gemm_refusal(pb)
     if why:
         raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_FILTER, algo)}: {why}")
+    if wgrad_implicit_refusal(pb) is None:
+        return plan_wgrad_implicit(handle, pb, algo)
     pl = WgradGemmPlan(C.DIR_BWD_FILTER, algo, pb)
     es = pl.itemsize
     taps, P, K, N = prod(pb.filt3), prod(pb.out3), pb.k, pb.n
@@ -946,3 +992,144 @@ def _add_wgrad_fold(pl, pb, parts, ncols, cols, inner, taps, orient):
         raise PydnnError(NS, f"algo: dw's {pb.k * cols} elements exceed the fold's 2^31 - 1")
     return pl.add_step(f"conv_gemm.{pb.tag}", _expr("wgrad_fold", pb.tag), (cdiv(pb.k * cols, 256), 1, 1),
                        (256, 1, 1), f)
+
+
+# ----------------------------------------------------------------------------- backward filter: the implicit variant
+
+@kernel_params("conv_gemm_params.h", "WgradImplicitParams")
+class WgradImplicitParams(ctypes.Structure):
+    _fields_ = [
+        ("x", ctypes.c_void_p), ("dy", ctypes.c_void_p), ("part", ctypes.c_void_p),
+        ("k", ctypes.c_int), ("cols", ctypes.c_int), ("cg", ctypes.c_int), ("taps", ctypes.c_int),
+        ("cin_inner", ctypes.c_int), ("npix", ctypes.c_int), ("per_slot", ctypes.c_int),
+        ("in_size", ctypes.c_int * 3), ("out_size", ctypes.c_int * 3), ("filt", ctypes.c_int * 3),
+        ("pad", ctypes.c_int * 3), ("stride", ctypes.c_int * 3), ("dil", ctypes.c_int * 3),
+        ("flags", ctypes.c_uint), ("xs", ctypes.c_int * 5), ("ys", ctypes.c_int * 5),
+        ("part_stride", ctypes.c_longlong),
+    ]
+
+
+IMPLICIT = True         # the implicit variant serves what it applies to (tests turn it off to reach the GEMMs)
+WI_KT, WI_JT, WI_BK = 64, 160, 16   # wgrad_implicit's block tile (K x columns) and pixels per stage (ptx/conv_gemm.cu)
+WI_THREADS = 160
+WI_MINB = 3             # blocks per SM its registers are capped for (127 registers on sm_90, no spills; 4
+                        # was 3% faster on the H100 stem but spills on sm_80: see the notes above)
+IMPLICIT_MAX_COLS = WI_JT   # the columns (C * taps) it serves: one column tile (the kernel itself takes any)
+WI_WAVES = 1            # slots: about WI_WAVES waves of WI_MINB blocks per SM
+WI_MIN_SLOT = 64        # pixels per slot at least (4 stages: the pipeline's fill and the partial's write)
+IMPLICIT_TFLOPS = 26.0  # the model's rate of the tile's work (64 x 160 per pixel, padding included; H100
+                        # stem: 25.7 measured, 40 was the guess before)
+FLAG_WI_KFAST = 1
+INT_MAX = 2**31 - 1
+
+
+def _implicit_expr(minb):
+    return f"pydnn::conv_gemm::wgrad_implicit<float, {minb}>"
+
+
+def _implicit_spans(pb):
+    """The largest magnitudes wgrad_implicit's 32-bit offset arithmetic reaches in x and dy (bounds)."""
+    xs, ys = [abs(v) for v in pb.xs], [abs(v) for v in pb.ys]
+    xspan = pb.n * xs[0] + pb.c * xs[1]
+    yspan = pb.n * ys[0] + (pb.k + WI_KT) * ys[1]
+    for i in range(3):
+        reach = pb.out3[i] * pb.stride3[i] + pb.pad3[i] + pb.filt3[i] * pb.dil3[i]
+        xspan += reach * xs[2 + i]
+        yspan += pb.out3[i] * ys[2 + i]
+    return xspan, yspan
+
+
+def wgrad_implicit_refusal(pb):
+    """Why ALGO_3's implicit variant does not serve a problem that ALGO_3 serves (None when it does)."""
+    if not IMPLICIT:
+        return "turned off (convolution_gemm.IMPLICIT)"
+    if pb.tag != "f32":
+        return "float data only (fp32 FMA; 16-bit data keeps the tensor-core GEMMs)"
+    cols = pb.c * prod(pb.filt3)
+    if cols > IMPLICIT_MAX_COLS:
+        return f"C * taps {cols} > {IMPLICIT_MAX_COLS} (one column tile)"
+    dyv = _matrix_view(pb.ys, pb.out3, pb.k)
+    if dyv is not None and _wgrad_direct_x(pb) is not None:
+        return "1x1, stride 1, unpadded with x a matrix: the GEMMs read x itself"
+    xspan, yspan = _implicit_spans(pb)
+    npix = pb.n * prod(pb.out3)
+    if max(xspan, yspan, npix + WI_MIN_SLOT) > INT_MAX:
+        return f"offsets beyond 32 bits (x {xspan}, dy {yspan}, {npix} pixels)"
+    return None
+
+
+class WgradImplicitPlan(WgradGemmPlan):
+    """ALGO_3's implicit variant: wgrad_implicit into `parts` partial dw's (one per slot of pixels), then
+    wgrad_fold (see plan_wgrad_implicit)."""
+
+    implicit = True
+    direct = flat = packs_dy = orient = False
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a = dy, b = x, out = dw."""
+        p = self.steps[self.gather][4]
+        p.x, p.dy, p.part = b_ptr, a_ptr, ws_ptr + self.part_off
+        self.run_step(handle, self.gather)
+        f = self.steps[self.fold][4]
+        f.part, f.dw, f.alpha, f.beta = ws_ptr + self.part_off, out_ptr, alpha, beta
+        f.flags = (f.flags & ~FLAG_WF_BETA) | (FLAG_WF_BETA if beta != 0 else 0)
+        self.run_step(handle, self.fold)
+
+    def estimate_ms(self, handle, base_estimate):
+        """The busiest SM's blocks at IMPLICIT_TFLOPS / SMs (an SM short of WI_MINB blocks runs its last
+        ones at LONE_BLOCK_SPEED each, at most the full rate), + the fold and its launch."""
+        sms = max(handle.sm_count, 1)
+        per_sm = cdiv(self.blocks, sms)
+        full, rem = divmod(per_sm, self.minb)
+        work = 2.0 * WI_KT * WI_JT * self.per_slot / (IMPLICIT_TFLOPS * 1e12 / sms)
+        t = (full * self.minb + (rem / min(1.0, LONE_BLOCK_SPEED * rem) if rem else 0)) * work
+        return t * 1e3 + self.fold_bytes / (FOLD_GBPS * 1e6) + LAUNCH_MS
+
+
+def _implicit_slots(handle, pb, npix, tiles, slot_bytes):
+    """(slots, pixels per slot): about WI_WAVES waves of WI_MINB blocks per SM over the `tiles` (column x
+    K) tiles, slots of at least WI_MIN_SLOT pixels in whole stages, the partials within PART_LIMIT."""
+    want = max(1, WI_WAVES * WI_MINB * max(handle.sm_count, 1) // max(tiles, 1))
+    per = cdiv(max(WI_MIN_SLOT, cdiv(npix, want)), WI_BK) * WI_BK
+    while cdiv(npix, per) * slot_bytes > PART_LIMIT and per < npix:
+        per *= 2
+    return cdiv(npix, per), per
+
+
+def plan_wgrad_implicit(handle, pb, algo):
+    """ALGO_3 without a column matrix: wgrad_implicit (grid: slots of pixels x column tiles x K tiles;
+    each block sums its slot's pixels into a 64 x 160 tile of partial dw[slot][k][column]) writes one
+    partial per slot into the workspace, wgrad_fold sums them in ascending slot order with alpha / beta
+    through dw's strides (deterministic). Columns in the filter format's order (cin_inner), as the
+    explicit GEMMs'."""
+    from . import convolution as C
+    pl = WgradImplicitPlan(C.DIR_BWD_FILTER, algo, pb)
+    taps, K = prod(pb.filt3), pb.k
+    cols = pb.c * taps
+    inner = 1 if pb.w_format == E.PYDNN_TENSOR_NHWC else 0
+    npix = pb.n * prod(pb.out3)
+    ctiles, ktiles = cdiv(cols, WI_JT), cdiv(K, WI_KT)
+    slot_bytes = K * cols * pl.itemsize
+    parts, per = _implicit_slots(handle, pb, npix, ctiles * ktiles, slot_bytes)
+    p = WgradImplicitParams()
+    p.k, p.cols, p.cg, p.taps, p.cin_inner = K, cols, pb.cg, taps, inner
+    p.npix, p.per_slot = npix, per
+    for i in range(3):
+        p.in_size[i], p.out_size[i], p.filt[i] = pb.in3[i], pb.out3[i], pb.filt3[i]
+        p.pad[i], p.stride[i], p.dil[i] = pb.pad3[i], pb.stride3[i], pb.dil3[i]
+    for i in range(5):
+        p.xs[i], p.ys[i] = pb.xs[i], pb.ys[i]
+    p.flags = (FLAG_FLIP if pb.flip else 0) | (FLAG_WI_KFAST if pb.ys[1] == 1 and K > 1 else 0)
+    p.part_stride = K * cols
+    pl.minb = WI_MINB
+    pl.gather = pl.add_step(f"conv_gemm.{pb.tag}", _implicit_expr(pl.minb), (parts, ctiles, ktiles),
+                            (WI_THREADS, 1, 1), p)
+    pl.blocks = parts * ctiles * ktiles
+    pl.parts, pl.per_slot, pl.slot = parts, per, K * cols
+    pl.part_off = 0
+    pl.workspace = round_up(parts * slot_bytes, 16)
+    pl.fold_bytes = parts * slot_bytes
+    pl.fold = _add_wgrad_fold(pl, pb, parts, cols, cols, inner, taps, False)
+    pl.gemm, pl.gemm_expr = None, ""
+    pl.chunk, pl.launches = pb.n, 2
+    return pl
