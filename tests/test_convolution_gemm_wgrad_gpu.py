@@ -11,10 +11,9 @@ import pytest
 import pydnn
 from pydnn.ops import convolution as conv_ops
 from pydnn.ops import convolution_gemm as G
-from pydnn.reference import convolution as ref
-from devtensor import assert_close
 from test_convolution_gemm_gpu import _bwd_problem
-from test_convolution_gpu import BF16, CONV, F16, F32, NCHW, NHWC, XCORR, Problem, _workspace
+from test_convolution_gpu import (BF16, CONV, F16, F32, NCHW, NHWC, XCORR, Problem, _workspace, check_backward_data,
+                                  check_backward_filter)
 
 pytestmark = pytest.mark.gpu
 
@@ -45,27 +44,18 @@ def _wgrad(handle, pb, alpha, beta):
 
 
 def check_wgrad(handle, rng, case, dtype, what, implicit=None):
-    """implicit: whether the plan must be ALGO_3's implicit variant (None: either)."""
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)):
+    """ALGO_3 against the reference (check_backward_filter: poisoned or random dw, both modes, alpha / beta,
+    the same bits twice: fixed-order fold, no atomics). implicit: whether the plan must be ALGO_3's
+    implicit variant (None: either)."""
+    def make(mode):
         pb = _bwd_problem(case, dtype, mode)
         pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_FILTER, BWD_F3, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert isinstance(pl, G.WgradGemmPlan) and pl.deterministic
         assert implicit is None or pl.implicit == implicit, (what, implicit)
-        x, dy = pb.x.random(rng), pb.y.random(rng)
-        dw0 = pb.w.random(rng) if beta else np.zeros(pb.wd)
-        if not beta:
-            pb.w.poison()
-        _wgrad(handle, pb, alpha, beta)
-        got = pb.w.download()
-        want = ref.backward_filter(alpha, x, dy, beta, dw0, *pb.args())
-        scale = abs(alpha) * ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args()) + abs(beta) * np.abs(dw0)
-        assert_close(got, want, dtype, f"{what} mode {mode} beta {beta}", scale=scale)
-        pb.w.check_untouched()
-        if not beta:  # the same bits again (fixed-order fold, no atomics)
-            first = pb.w.buf.to_numpy().copy()
-            pb.w.poison()
-            _wgrad(handle, pb, alpha, beta)
-            assert (pb.w.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
+        return pb
+
+    check_backward_filter(rng, make, dtype, lambda pb, alpha, beta: _wgrad(handle, pb, alpha, beta), what,
+                          ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25), (XCORR, 0.5, -1.0)), reproducible=True)
 
 
 def _implicit_applies(case, dtype):
@@ -148,23 +138,18 @@ DIRECT_CASES = [  # dx dims, k, layout, filter format
 def test_direct_backward_data(handle, rng, case, dtype):
     xd, k, layout, wfmt = case
     full = (xd, k, (1, 1), (0, 0), (1, 1), (1, 1), 1, layout, wfmt)
-    for mode, alpha, beta in ((XCORR, 1.0, 0.0), (CONV, -1.5, 0.25)):
-        pb = Problem(full, dtype, mode)
-        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-        if not isinstance(pl, G.BwdGemmPlan):   # 16-bit NHWC with channels % 8: the tensor-core ALGO_1
-            assert dtype != F32
-            continue
-        assert pl.direct and pl.workspace == 0
-        w, dy = pb.w.random(rng), pb.y.random(rng)
-        dx0 = pb.x.random(rng) if beta else np.zeros(pb.x.dims)
-        if not beta:
-            pb.x.poison()
+    pb = Problem(full, dtype, XCORR)
+    pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    if not isinstance(pl, G.BwdGemmPlan):   # 16-bit NHWC with channels % 8: the tensor-core ALGO_1
+        assert dtype != F32
+        pytest.skip("16-bit NHWC with channels % 8 == 0: the tensor-core ALGO_1 (tested there)")
+    assert pl.direct and pl.workspace == 0
+
+    def run(pb, alpha, beta):
         pydnn.convolution_backward_data(handle, alpha, pb.wdesc, pb.w.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_D1, 0, 0,
                                         beta, pb.x.desc, pb.x.ptr)
-        want = ref.backward_data(alpha, w, dy, beta, dx0, *pb.args())
-        scale = abs(alpha) * ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()) + abs(beta) * np.abs(dx0)
-        assert_close(pb.x.download(), want, dtype, f"direct backward data mode {mode}", scale=scale)
-        pb.x.check_untouched()
+
+    check_backward_data(rng, lambda mode: Problem(full, dtype, mode), dtype, run, "direct backward data")
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])

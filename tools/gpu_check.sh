@@ -84,10 +84,12 @@ if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; th
     -k "(test_wgmma_backward_filter and case0) or (test_gemm_backward_data and case0) or (test_gemm_bias_activation and case0) or (test_simt_tiles and trans0) or (test_group_norm_nhwc_reg and 9) or test_every_variant or (test_backward_wgmma_variable_lengths and bf16) or (test_backward_wgmma_long) or (test_backward_ring_configs and 1-9) or (test_wgmma_bias_activation and tiling0-6-9) or (test_wgmma_backward_data and tiling1-9-case0) or (test_fft_backward_filter and 0-case0) or (test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
     2>&1 | tee "$logs/memcheck_matrix.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  # the backward-filter algorithms of issue 4's later sessions (ALGO_3: im2col / pack_rows / wgrad_fold;
-  # WINOGRAD_NONFUSED: input / grad transforms, filter_grad) and batch norm's fwd_apply_saved
+  # the backward-filter algorithms of issue 4's later sessions (ALGO_3: wgrad_implicit, im2col / pack_rows /
+  # wgrad_fold; WINOGRAD_NONFUSED: input / grad transforms, filter_grad), backward data on fwd_wgmma
+  # reading the filter itself (BKN) and batch norm's fwd_apply_saved
   san tests/test_convolution_gemm_wgrad_gpu.py tests/test_convolution_wino_wgrad_gpu.py tests/test_batchnorm_gpu.py \
-    -k "(test_gemm_backward_filter and (0-case0 or 9-case1)) or (test_winograd_backward_filter and (4-0-case0 or 2-9-case0)) or (test_forward_fast16 and 9-True-True)" \
+    tests/test_convolution_gpu.py \
+    -k "(test_gemm_backward_filter and (True-0-case0 or False-0-case0 or False-9-case1)) or (test_implicit_backward_filter and many-case5) or (test_winograd_backward_filter and (4-0-case0 or 2-9-case0)) or (test_forward_fast16 and 9-True-True) or (test_wgmma_backward_data and None-9-case3)" \
     2>&1 | tee "$logs/memcheck_wgrad.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
