@@ -38,20 +38,14 @@ if [ "${PYDNN_SKIP_TESTS:-0}" != 1 ]; then
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   else
     # the suite in $shards pytest processes sharing the GPU (the tests are mostly launch- and host-bound,
-    # so they overlap well): test files dealt out largest first to the shard with the fewest bytes so far
-    echo "== tests ($shards shards)"
-    mapfile -t files < <(ls -S tests/test_*.py)
-    declare -a load sel pids
-    for ((i = 0; i < shards; i++)); do load[$i]=0; sel[$i]=""; done
-    for f in "${files[@]}"; do
-      best=0
-      for ((i = 1; i < shards; i++)); do [ "${load[$i]}" -lt "${load[$best]}" ] && best=$i; done
-      load[$best]=$(( ${load[$best]} + $(stat -c %s "$f") ))
-      sel[$best]="${sel[$best]} $f"
-    done
+    # so they overlap well), the collected tests dealt out round robin (PYDNN_TEST_SHARD, tests/conftest.py)
+    # so that no shard gets a slow file whole; PYDNN_TEST_MARK=gpu keeps the GPU tests only (the CPU ones
+    # run in CI)
+    echo "== tests ($shards shards${PYDNN_TEST_MARK:+, -m $PYDNN_TEST_MARK})"
+    declare -a pids
     for ((i = 0; i < shards; i++)); do
-      # shellcheck disable=SC2086
-      python3 -m pytest -q -p no:cacheprovider -rfE ${sel[$i]} >"$logs/tests.$i.log" 2>&1 &
+      PYDNN_TEST_SHARD="$i/$shards" python3 -m pytest -q -p no:cacheprovider -rfE ${PYDNN_TEST_MARK:+-m "$PYDNN_TEST_MARK"} \
+        tests >"$logs/tests.$i.log" 2>&1 &
       pids[$i]=$!
     done
     for ((i = 0; i < shards; i++)); do
