@@ -227,12 +227,16 @@ def test_capture_and_replay(rng):
         g = driver.Graph(stream)
         with g:
             pb.forward(h)
-            pb.backward(h, rng, 0, poison=False)  # (poisoning is a synchronous memset)
+            pb.backward(h, rng, 0, poison=False)  # (poisoning, a memset on the NULL stream, is not capturable)
         for _ in range(2):
             for t in (pb.q, pb.k, pb.v):
                 t.random(rng, -2.0, 2.0)
             for t in (pb.o, pb.dq, pb.dk, pb.dv):
                 t.poison()
+            # the uploads and the poisoning run on the legacy NULL stream, which this non-blocking stream
+            # does not wait for, and both may still be in flight on return (a pageable host-to-device copy
+            # returns once staged; a memset is asynchronous): finish them before the replay reads the buffers
+            driver.synchronize()
             g.launch()
             driver.stream_synchronize(stream)
             o, _, so, _ = pb.ref_forward()

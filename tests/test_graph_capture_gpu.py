@@ -28,6 +28,10 @@ def test_capture_and_replay_activation(rng):
         for _ in range(2):  # new inputs each replay: the graph reads the buffers, not a snapshot
             xv = x.random(rng)
             y.poison()
+            # the uploads and the poisoning run on the legacy NULL stream, which this non-blocking stream
+            # does not wait for, and both may still be in flight on return (a pageable host-to-device copy
+            # returns once staged; a memset is asynchronous): finish them before the replay reads the buffers
+            driver.synchronize()
             g.launch()
             driver.stream_synchronize(stream)
             assert_close(y.download(), ref.act(pydnn.PYDNN_ACTIVATION_SIGMOID, xv), pydnn.PYDNN_DATA_HALF)
