@@ -511,12 +511,13 @@ constexpr int kActReluNoNan = 16;  // fwd_tc_epilogue's ACT for RELU with NOT_PR
 // fwd_tc's and implicit_gemm_pipe_tc's forward epilogue in registers: act(alpha * acc (+ bias)) for the
 // warp's accumulators (rows from m_base, columns from n_base), channel pairs stored as one word
 // (FLAG_PAIR). FUSED false: the plain op (alpha only). FUSED true: the bias (FLAG_BIAS; zeros without
-// it) read once per column pair, then the activation ACT, compiled in (no switch per element). breg: this
-// thread's biases already in registers as floats, breg[2 * j + e] for column col_of(j, e) (fwd_wgmma, which
-// loads them before its K walk), or nullptr: read them here.
+// it) read once per column pair, then the activation ACT, compiled in (no switch per element). Where the
+// biases come from: breg, this thread's biases already in registers as floats, breg[2 * j + e] for column
+// col_of(j, e) (fwd_wgmma<FB = 1>, which loads them before its K walk); else sbias, the bias in shared
+// memory as floats from column n_base on (fwd_wgmma<FB = 0>); else (both nullptr) read here.
 template <class T, bool FUSED, int ACT, class Eng>
 __device__ __forceinline__ void fwd_tc_epilogue(const ConvParams& p, const Eng& eng, int m_base, int n_base,
-                                                const float* breg = nullptr) {
+                                                const float* sbias = nullptr, const float* breg = nullptr) {
   T* out = static_cast<T*>(p.out);
   const float alpha = (float)p.alpha;
   const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
@@ -530,7 +531,8 @@ __device__ __forceinline__ void fwd_tc_epilogue(const ConvParams& p, const Eng& 
       for (int e = 0; e < 2; ++e) {
         const int n = n_base + eng.col_of(j, e);
         bv[j][e] = breg != nullptr ? breg[2 * j + e]
-                   : has_bias && n < p.gn ? load<float>(bias[(long long)n * p.bias_stride])
+                   : has_bias && n < p.gn ? (sbias != nullptr ? sbias[eng.col_of(j, e)]
+                                                              : load<float>(bias[(long long)n * p.bias_stride]))
                                           : 0.f;
       }
   }
@@ -578,28 +580,31 @@ __device__ __forceinline__ void fwd_staged_epilogue(const ConvParams& p, const E
                                                     int m0, int n0, int wm, int wn);
 
 // The forward epilogue of a tensor-core kernel: in registers where it can (plain, or bias + a clamp-type
-// activation), else staged through shared memory. breg: the thread's biases in registers (fwd_tc_epilogue)
-// when the kernel loaded them ahead, else nullptr.
+// activation), else staged through shared memory. sbias: the block's bias in shared memory (floats from
+// column n0 on) when the kernel parked it there; breg: the thread's biases in registers (fwd_tc_epilogue)
+// when the kernel loaded them ahead; else nullptr.
 template <class T, int BM, int BN, int THREADS, class Eng>
 __device__ __forceinline__ void fwd_epilogue(const ConvParams& p, const Eng& eng, unsigned char* smem_raw, int m0,
-                                             int n0, int wm, int wn, const float* breg = nullptr) {
+                                             int n0, int wm, int wn, const float* sbias = nullptr,
+                                             const float* breg = nullptr) {
   // the epilogues' row decompositions must not be hoisted above the main loop (ptxas then spilled 20-28
   // bytes in the 128 x 64 pipelined tile): the block's tile origin comes through an opaque asm
   asm volatile("" : "+r"(m0), "+r"(n0));
   const int em = m0 + wm, en = n0 + wn;
   const bool plain = !(p.flags & PYDNN_CONV_FLAG_BIAS) && p.act == PYDNN_CONV_ACT_IDENTITY;
+  const float* sb = sbias != nullptr ? sbias + wn : nullptr;
   if (!fwd_in_registers(p))
     fwd_staged_epilogue<T, BM, BN, THREADS>(p, eng, smem_raw, m0, n0, wm, wn);
   else if (plain)
     fwd_tc_epilogue<T, false, PYDNN_CONV_ACT_IDENTITY>(p, eng, em, en);
   else if (p.act == PYDNN_CONV_ACT_RELU && !(p.flags & PYDNN_FLAG_NAN_PROP))
-    fwd_tc_epilogue<T, true, kActReluNoNan>(p, eng, em, en, breg);
+    fwd_tc_epilogue<T, true, kActReluNoNan>(p, eng, em, en, sb, breg);
   else if (p.act == PYDNN_CONV_ACT_RELU)
-    fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_RELU>(p, eng, em, en, breg);
+    fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_RELU>(p, eng, em, en, sb, breg);
   else if (p.act == PYDNN_CONV_ACT_CLIPPED_RELU)
-    fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_CLIPPED_RELU>(p, eng, em, en, breg);
+    fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_CLIPPED_RELU>(p, eng, em, en, sb, breg);
   else
-    fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_IDENTITY>(p, eng, em, en, breg);
+    fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_IDENTITY>(p, eng, em, en, sb, breg);
 }
 
 // 8 consecutive 16-bit elements as floats (one 16-byte load), and back.
@@ -1230,7 +1235,7 @@ template <class T, int BN> struct WgAccEng {
   __device__ __forceinline__ float (&flat())[BN / 2] { return *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]); }
 };
 
-template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0>
+template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0, int FB = 0>
 __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_wgmma needs the sm_90a target (KernelUnit archs)");
@@ -1323,24 +1328,31 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     }
   };
 
-  // The fused bias: this thread's epilogue columns (WgAccEng::col_of, BN / 4 of them) loaded now as raw 16
-  // bits into registers and converted after the K walk, so their L2 latency hides under the main loop and
-  // the epilogue needs neither shared memory nor a barrier for them. v10 loaded one element per thread and
-  // parked the block's bias in shared memory behind a barrier (1.047-1.060x the plain convolution); the
-  // registers are free here (82 of the 128 that MINB = 2 allows at BN = 64, 147 of 255 at BN = 128).
+  // The fused bias, FB = 1 (v16; the fused convolution_bias_activation_forward's plans): this thread's
+  // epilogue columns (WgAccEng::col_of, BN / 4 of them) loaded now as raw 16 bits into registers and
+  // converted after the K walk, so their L2 latency hides under the main loop and the epilogue needs
+  // neither shared memory nor a barrier for them (fused / plain 1.05x -> 1.03x at 56²). FB = 0 (the plain
+  // forward, backward data, and the forced variants): v10's single element a thread, parked in shared
+  // memory after the walk behind a barrier. Two instantiations because the registers live through the
+  // K loop changed the loop's code (ptxas moved its tap arithmetic to the uniform datapath) and with it
+  // the plain forward's speed.
   const bool has_bias = p.flags & PYDNN_CONV_FLAG_BIAS;
-  T braw[BN / 4];
+  T braw[FB ? BN / 4 : 1];
 #pragma unroll
-  for (int i = 0; i < BN / 4; ++i) braw[i].bits = 0;
-  if (has_bias) {  // uniform over the block: the plain convolution skips the address arithmetic
-    const int nb = n0 + (t & 3) * 2, lim = p.gn - nb;  // col_of(j, e) = nb - n0 + 8 j + e
-    const int bs = (int)p.bias_stride;                 // (host-checked: a (1, K, 1, ...) tensor's stride)
-    const T* bp = static_cast<const T*>(p.bias) + (long long)nb * bs;
+  for (int i = 0; i < (FB ? BN / 4 : 1); ++i) braw[i].bits = 0;
+  if constexpr (FB) {
+    if (has_bias) {  // uniform over the block
+      const int nb = n0 + (t & 3) * 2, lim = p.gn - nb;  // col_of(j, e) = nb - n0 + 8 j + e
+      const int bs = (int)p.bias_stride;                 // (host-checked: a (1, K, 1, ...) tensor's stride)
+      const T* bp = static_cast<const T*>(p.bias) + (long long)nb * bs;
 #pragma unroll
-    for (int i = 0; i < BN / 4; ++i) {
-      const int c = 8 * (i / 2) + (i & 1);
-      if (c < lim) braw[i] = bp[c * bs];
+      for (int i = 0; i < BN / 4; ++i) {
+        const int c = 8 * (i / 2) + (i & 1);
+        if (c < lim) braw[i] = bp[c * bs];
+      }
     }
+  } else {
+    if (has_bias && t < BN && n0 + t < p.gn) braw[0] = static_cast<const T*>(p.bias)[(long long)(n0 + t) * p.bias_stride];
   }
 
   WgAccEng<T, BN> eng;
@@ -1382,10 +1394,19 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   wgmma::wait<0>();
   wgmma::fence_operands(eng.flat());
   mma::cp_async_wait<0>();
-  float breg[BN / 4];
+  if constexpr (FB) {
+    float breg[BN / 4];
 #pragma unroll
-  for (int i = 0; i < BN / 4; ++i) breg[i] = load<float>(braw[i]);
-  fwd_epilogue<T, BM, BN, THREADS>(p, eng, smem, m0, n0, wg * 64 + warp * 16, 0, breg);  // zeros without a bias
+    for (int i = 0; i < BN / 4; ++i) breg[i] = load<float>(braw[i]);
+    fwd_epilogue<T, BM, BN, THREADS>(p, eng, smem, m0, n0, wg * 64 + warp * 16, 0, nullptr, breg);  // zeros without a bias
+  } else {
+    float* sbias = reinterpret_cast<float*>(smem + STAGES * STAGE * 2);  // past the stages (launch: + BN floats)
+    if (has_bias) {  // uniform over the block
+      if (t < BN) sbias[t] = load<float>(braw[0]);
+      __syncthreads();
+    }
+    fwd_epilogue<T, BM, BN, THREADS>(p, eng, smem, m0, n0, wg * 64 + warp * 16, 0, has_bias ? sbias : nullptr);
+  }
 }
 
 // filter_kc_swap (16-bit types): backward data on fwd_wgmma (stride 1) is the forward convolution of dy

@@ -752,7 +752,7 @@ def test_wgmma_forward_plans(monkeypatch):
         lean = f", {tile[4]}" if len(tile) == 5 and tile[4] else ""  # LEAN: v12's copies 1 (default 0: v8's)
         assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}{lean}>"
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
-        assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024  # the stages, 1 KiB of alignment slack
+        assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024 + tile[1] * 4  # + FB = 0's parked bias
         assert pl.gemm_grid == (64 * 56 * 56 // 128, -(-64 // tile[1]), 1)
         monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # backward data (stride 1): this tile, B as [k][c]
         pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)

@@ -200,12 +200,21 @@ def _tc_expr(tag, direction, config):
     return _exprs(tag)[first + TC_TILES.index(tuple(config))]
 
 
-def _wgm_expr(tag, cfg, bkn=False):
+def _wgm_expr(tag, cfg, bkn=False, fb=False):
     """The fwd_wgmma instantiation of a WGM_TILES / WGM_VARIANTS entry (a fifth entry: LEAN, 1 v12's copies;
-    without it, or 0, v8's). bkn: B read as [k][n] (MN-major; backward data straight from the KRSC filter)."""
+    without it, or 0, v8's). bkn: B read as [k][n] (MN-major; backward data straight from the KRSC filter).
+    fb: the fused bias loaded into registers before the K walk (FB = 1; the fused forward on WGM_TILES)."""
     lean = cfg[4] if len(cfg) == 5 else 0
-    tail = f", {lean}, 1" if bkn else (f", {lean}" if lean else "")
+    tail = f", {lean}, 0, 1" if fb else f", {lean}, 1" if bkn else (f", {lean}" if lean else "")
     return f"pydnn::conv::fwd_wgmma<{CTYPE[tag]}, {cfg[1]}, {cfg[2]}, {cfg[3]}{tail}>"
+
+
+def _fused_bias_in_registers(pl):
+    """convolution_bias_activation_forward's plan on a model fwd_wgmma tile runs the FB = 1 instantiation
+    (the bias in registers, v16): the plan is the fused call's own (cached under its own key), so the
+    plain forward keeps FB = 0, whose K loop the registers would change."""
+    if type(pl) is Plan and pl.direction == DIR_FWD and pl.gemm_expr in _FB_EXPRS:
+        pl.gemm_expr, pl.gemm_func = _FB_EXPRS[pl.gemm_expr], None
 
 
 def _is_wgm(cfg):
@@ -224,8 +233,12 @@ def wgm_units():
     only, as sm_90a (wgmma)."""
     return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu",
                        tuple(_wgm_expr(t, c, bkn) for bkn in (False, True) for c in WGM_TILES + WGM_VARIANTS)
-                       + (_swap_expr(t),), archs=(WGM_ARCH + "a",))
+                       + (_swap_expr(t),) + tuple(_wgm_expr(t, c, fb=True) for c in WGM_TILES),
+                       archs=(WGM_ARCH + "a",))
             for t in TC_TAGS]
+
+
+_FB_EXPRS = {_wgm_expr(t, c): _wgm_expr(t, c, fb=True) for t in TC_TAGS for c in WGM_TILES}
 
 
 def kernel_units():
@@ -1011,8 +1024,8 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None, bkn=False):
     pl.fold = pl.fold_func = pl.fold_argv = None
     pl.workspace, pl.align = 0, 16
     if wgm:  # two warpgroups; STAGES x (BM + BN) x 64 swizzled stages + 1 KiB to align them to 1024 bytes
-        pl.threads = 256  # the stages + 1 KiB of slack for their 1024-byte alignment
-        pl.smem = cfg[2] * (bm + bn) * TCP_BK * 2 + 1024
+        pl.threads = 256  # + BN floats: FB = 0's fused bias parked for the epilogue
+        pl.smem = cfg[2] * (bm + bn) * TCP_BK * 2 + 1024 + bn * 4
     elif len(cfg) == 6:  # the pipelined kernel: WARPS_M x WARPS_N warps, swizzled [rows][64] (or [64][BN]) tiles
         pl.threads = cfg[2] * cfg[3] * 32
         pl.smem = TCP_STAGES * (bm + bn) * TCP_BK * 2
@@ -1364,6 +1377,7 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
         p.zs[i] = s
     p.bias_stride = bias_desc.strides[1]
     p.alpha2 = a2
+    _fused_bias_in_registers(pl)
     try:
         run_plan(handle, pl, xp, wp, yp, ws, a1, 0.0, zp, bp)
     finally:  # the plan is shared with convolution_forward's cache only through this call's key
