@@ -1328,19 +1328,21 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     }
   };
 
-  // The fused bias, FB = 1 (v16; the fused convolution_bias_activation_forward's plans): this thread's
-  // epilogue columns (WgAccEng::col_of, BN / 4 of them) loaded now as raw 16 bits into registers and
-  // converted after the K walk, so their L2 latency hides under the main loop and the epilogue needs
-  // neither shared memory nor a barrier for them (fused / plain 1.05x -> 1.03x at 56²). FB = 0 (the plain
-  // forward, backward data, and the forced variants): v10's single element a thread, parked in shared
-  // memory after the walk behind a barrier. Two instantiations because the registers live through the
-  // K loop changed the loop's code (ptxas moved its tap arithmetic to the uniform datapath) and with it
-  // the plain forward's speed.
+  // The fused bias, BREG (v16): this thread's epilogue columns (WgAccEng::col_of, BN / 4 of them) loaded
+  // now as raw 16 bits into registers and converted after the K walk, so their L2 latency hides under the
+  // main loop and the epilogue needs neither shared memory nor a barrier for them (fused / plain 1.056x ->
+  // 1.015x at 56²). Else v10's: one element a thread, parked in shared memory after the walk behind a
+  // barrier. The registers live through the K loop change the loop's code (ptxas moves its tap arithmetic
+  // to the uniform datapath), and the plain kernels' speed with it (H100, alternated builds): the 128x128
+  // tile +3-8% (28², 7², forward and backward data), the 128x64 tile +2% at 56² but -6% at 14². So BREG
+  // is the 128x128 tile's code, and the 128x64 tile has it in the FB = 1 instantiation that the fused
+  // call's plans run (convolution.py _fused_bias_in_registers); its plain forward and backward data keep v10's.
+  constexpr bool BREG = FB || BN == 128;
   const bool has_bias = p.flags & PYDNN_CONV_FLAG_BIAS;
-  T braw[FB ? BN / 4 : 1];
+  T braw[BREG ? BN / 4 : 1];
 #pragma unroll
-  for (int i = 0; i < (FB ? BN / 4 : 1); ++i) braw[i].bits = 0;
-  if constexpr (FB) {
+  for (int i = 0; i < (BREG ? BN / 4 : 1); ++i) braw[i].bits = 0;
+  if constexpr (BREG) {
     if (has_bias) {  // uniform over the block
       const int nb = n0 + (t & 3) * 2, lim = p.gn - nb;  // col_of(j, e) = nb - n0 + 8 j + e
       const int bs = (int)p.bias_stride;                 // (host-checked: a (1, K, 1, ...) tensor's stride)
@@ -1394,7 +1396,7 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   wgmma::wait<0>();
   wgmma::fence_operands(eng.flat());
   mma::cp_async_wait<0>();
-  if constexpr (FB) {
+  if constexpr (BREG) {
     float breg[BN / 4];
 #pragma unroll
     for (int i = 0; i < BN / 4; ++i) breg[i] = load<float>(braw[i]);

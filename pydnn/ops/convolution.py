@@ -210,9 +210,9 @@ def _wgm_expr(tag, cfg, bkn=False, fb=False):
 
 
 def _fused_bias_in_registers(pl):
-    """convolution_bias_activation_forward's plan on a model fwd_wgmma tile runs the FB = 1 instantiation
-    (the bias in registers, v16): the plan is the fused call's own (cached under its own key), so the
-    plain forward keeps FB = 0, whose K loop the registers would change."""
+    """convolution_bias_activation_forward's plan on the 128x64 model fwd_wgmma tile runs its FB = 1
+    instantiation (the bias in registers, v16): the plan is the fused call's own (cached under its own
+    key), so the plain forward keeps FB = 0, whose K loop the registers would change (ptx/convolution.cu)."""
     if type(pl) is Plan and pl.direction == DIR_FWD and pl.gemm_expr in _FB_EXPRS:
         pl.gemm_expr, pl.gemm_func = _FB_EXPRS[pl.gemm_expr], None
 
@@ -233,12 +233,13 @@ def wgm_units():
     only, as sm_90a (wgmma)."""
     return [KernelUnit(f"convolution.wgmma.{t}", "convolution.cu",
                        tuple(_wgm_expr(t, c, bkn) for bkn in (False, True) for c in WGM_TILES + WGM_VARIANTS)
-                       + (_swap_expr(t),) + tuple(_wgm_expr(t, c, fb=True) for c in WGM_TILES),
+                       + (_swap_expr(t),) + tuple(_wgm_expr(t, c, fb=True) for c in WGM_TILES if c[1] == 64),
                        archs=(WGM_ARCH + "a",))
             for t in TC_TAGS]
 
 
-_FB_EXPRS = {_wgm_expr(t, c): _wgm_expr(t, c, fb=True) for t in TC_TAGS for c in WGM_TILES}
+# the 128x64 model tile's FB = 1 (the 128x128 tile's code has the bias in registers whatever FB says)
+_FB_EXPRS = {_wgm_expr(t, c): _wgm_expr(t, c, fb=True) for t in TC_TAGS for c in WGM_TILES if c[1] == 64}
 
 
 def kernel_units():
