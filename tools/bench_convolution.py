@@ -532,8 +532,27 @@ Versions and notes:
        fused ReLU, y elsewhere / plain base 1.050-1.052x   new 1.032-1.033x
        plain / plain (y elsewhere)     0.998-0.999x        0.998-1.000x (the noise floor of the ratio)
        plain forward                   70.8-72.6 us        69.6-71.4 us (+1.5-2.5%)
-     Issue 4's fused target (<= 1.05x) met with a margin of ~2%. The plain forward gained too (it no
-     longer reserves the 256 bytes past the stages).
+     The plain forward gained at 56² too, which I first read as the 256 bytes of shared memory no longer
+     reserved. Wrong: after v17 and v18 were merged, the whole convolution bench (the model, H100) read
+     the bf16 14² forward / backward data at 274 / 276 TFLOP/s = 0.53 / 0.52x cuDNN (0.61 / 0.60x before).
+     The SASS said why: the BN / 4 registers live through the K loop changed the loop itself (163
+     instructions a K tile against 167; ptxas moved the tap arithmetic to the uniform datapath), on
+     every fwd_wgmma instantiation, plain ones included. Then three builds alternated in one process each,
+     twice (89d92fb = "base", v16 everywhere = "regs", the split below = "split"), TFLOP/s, the model's
+     tiles (128x64 at 56² and 14², 128x128 at 28² and 7²; backward data of base through the swap):
+                     56² fwd / bwd     28² fwd / bwd     14² fwd / bwd     7² fwd / bwd      fused / plain
+       base          205-206 / 196     314-317 / 294-296 318-319 / 295-296 363 / 324        1.056-1.057x
+       regs          209-210 / 211-212 326-332 / 328-334 299-302 / 280-287 392 / 392        1.031-1.034x
+       split (FB=0)  205-206 / 206-207 312-324 / 316-325 319-326 / 319-321 361-365 / 366-369 1.015-1.016x
+     So the registers help the 128x128 tile (+3-8%) and hurt the 128x64 one at 14² (-6%). Decision
+     (4ddd33a): the bias in registers (BREG) is the 128x128 tile's code always, and the 128x64 tile's in
+     a separate instantiation, FB = 1, which only the fused call's plans run (convolution.py
+     _fused_bias_in_registers); the 128x64 tile's plain forward and backward data keep v10's code (K loop
+     SASS identical to 89d92fb's; the 128x128 loops identical to "regs"). The whole bench after it (H100,
+     cuDNN in the same run): bf16 3x3 forward 0.67 / 0.69 / 0.61 / 0.75x, backward data 0.62 / 0.71 /
+     0.60 / 0.75x, backward filter 0.94 / 0.95 / 0.80 / 0.63x; fused bias + ReLU / plain 1.016x (the
+     forced 128x64 tile 1.011x). Issue 4's fused target (<= 1.05x) met; the 14² backward data margin
+     over 0.6x is thin (319.7 against cuDNN's 528.6).
   v17 (seventh session, issue 4's bf16 backward data at 56²: 0.59x cuDNN on the H100, 0.62x on an H200)
      Reading: backward data (stride 1, 16-bit, K % 64) ran as filter_kc_swap (grid (1, 1, 9) at 64->64,
      74 KB) + fwd_wgmma on the swapped copy; the GEMM is the forward's (M = N * H * W, N = C, K = taps x
