@@ -20,6 +20,23 @@ namespace conv_gemm {
 constexpr int IM2COL_ROWS = 32, IM2COL_COLS = 512;
 constexpr int IM2COL_PADCOL = -(1 << 29);   // a padding column's displacement: every position out of bounds
 
+// Column jj of the column matrix within its group (im2col's and wgrad_implicit's): its input channel c and
+// the tap's displacement d[i] along each spatial dim (the filter position, rotated by 180 degrees in
+// CONVOLUTION mode (flip), times the dilation). Columns run tap-major within a channel, or channel-major
+// within a tap with cin_inner (NHWC x).
+template <class P>
+__device__ __forceinline__ void column_tap(const P& p, int jj, bool flip, int& c, int (&d)[3]) {
+  int tap;
+  if (p.cin_inner) { tap = jj / p.cg; c = jj - tap * p.cg; }
+  else { c = jj / p.taps; tap = jj - c * p.taps; }
+  int t[3];
+  t[2] = tap % p.filt[2]; tap /= p.filt[2];
+  t[1] = tap % p.filt[1];
+  t[0] = tap / p.filt[1];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) d[i] = (flip ? p.filt[i] - 1 - t[i] : t[i]) * p.dil[i];
+}
+
 template <class T>
 __global__ void __launch_bounds__(256) im2col(const Im2colParams p) {
   __shared__ long long coff[IM2COL_COLS];
@@ -41,19 +58,13 @@ __global__ void __launch_bounds__(256) im2col(const Im2colParams p) {
       continue;
     }
     const int g = (int)(j / per_group), jj = (int)(j - (long long)g * per_group);
-    int c, tap;
-    if (p.cin_inner) { tap = jj / p.cg; c = jj - tap * p.cg; }
-    else { c = jj / p.taps; tap = jj - c * p.taps; }
-    int t[3];
-    t[2] = tap % p.filt[2]; tap /= p.filt[2];
-    t[1] = tap % p.filt[1];
-    t[0] = tap / p.filt[1];
+    int c, d[3];
+    column_tap(p, jj, flip, c, d);
     long long off = (long long)(g * p.cg + c) * p.xs[1];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
-      const int d = (flip ? p.filt[i] - 1 - t[i] : t[i]) * p.dil[i];
-      cdt[i][jl] = d;
-      off += (long long)d * p.xs[2 + i];
+      cdt[i][jl] = d[i];
+      off += (long long)d[i] * p.xs[2 + i];
     }
     coff[jl] = off;
   }
@@ -252,17 +263,9 @@ __global__ void __launch_bounds__(WI_THREADS, MINB) wgrad_implicit(const WgradIm
   const int j = blockIdx.y * WI_JT + t;
   int coff = 0, cd0 = WI_NOPIX, cd1 = 0, cd2 = 0;
   if (j < p.cols) {
-    int c, tap;
-    if (p.cin_inner) { tap = j / p.cg; c = j - tap * p.cg; }
-    else { c = j / p.taps; tap = j - c * p.taps; }
-    int tt[3];
-    tt[2] = tap % p.filt[2]; tap /= p.filt[2];
-    tt[1] = tap % p.filt[1];
-    tt[0] = tap / p.filt[1];
-    const bool flip = p.flags & PYDNN_IM2COL_FLAG_FLIP;
-    cd0 = (flip ? p.filt[0] - 1 - tt[0] : tt[0]) * p.dil[0];
-    cd1 = (flip ? p.filt[1] - 1 - tt[1] : tt[1]) * p.dil[1];
-    cd2 = (flip ? p.filt[2] - 1 - tt[2] : tt[2]) * p.dil[2];
+    int c, d[3];
+    column_tap(p, j, p.flags & PYDNN_IM2COL_FLAG_FLIP, c, d);
+    cd0 = d[0], cd1 = d[1], cd2 = d[2];
     coff = c * p.xs[1] + cd0 * p.xs[2] + cd1 * p.xs[3] + cd2 * p.xs[4];
   }
   const bool kfast = p.flags & PYDNN_WI_FLAG_DY_KFAST;
