@@ -20,21 +20,26 @@ namespace conv_gemm {
 constexpr int IM2COL_ROWS = 32, IM2COL_COLS = 512;
 constexpr int IM2COL_PADCOL = -(1 << 29);   // a padding column's displacement: every position out of bounds
 
-// Column jj of the column matrix within its group (im2col's and wgrad_implicit's): its input channel c and
-// the tap's displacement d[i] along each spatial dim (the filter position, rotated by 180 degrees in
-// CONVOLUTION mode (flip), times the dilation). Columns run tap-major within a channel, or channel-major
-// within a tap with cin_inner (NHWC x).
+// Column jj of the column matrix within its group (im2col's, wgrad_implicit's and wgrad_fold's): its input
+// channel c and filter position t[3]. Columns run tap-major within a channel, or channel-major within a
+// tap with cin_inner (NHWC x / dw).
 template <class P>
-__device__ __forceinline__ void column_tap(const P& p, int jj, bool flip, int& c, int (&d)[3]) {
+__device__ __forceinline__ void column_of(const P& p, int jj, int& c, int (&t)[3]) {
   int tap;
   if (p.cin_inner) { tap = jj / p.cg; c = jj - tap * p.cg; }
   else { c = jj / p.taps; tap = jj - c * p.taps; }
-  int t[3];
   t[2] = tap % p.filt[2]; tap /= p.filt[2];
   t[1] = tap % p.filt[1];
   t[0] = tap / p.filt[1];
+}
+
+// ... and the tap's displacement d[i] along each spatial dim: the filter position, rotated by 180
+// degrees in CONVOLUTION mode (flip), times the dilation.
+template <class P>
+__device__ __forceinline__ void column_tap(const P& p, int jj, bool flip, int& c, int (&d)[3]) {
+  column_of(p, jj, c, d);
 #pragma unroll
-  for (int i = 0; i < 3; ++i) d[i] = (flip ? p.filt[i] - 1 - t[i] : t[i]) * p.dil[i];
+  for (int i = 0; i < 3; ++i) d[i] = (flip ? p.filt[i] - 1 - d[i] : d[i]) * p.dil[i];
 }
 
 template <class T>
@@ -217,11 +222,9 @@ __global__ void __launch_bounds__(256) wgrad_fold(const GemmFoldParams p) {
     sum += v0; sum += v1; sum += v2; sum += v3;
   }
   for (; t < p.parts; ++t) sum += load<A>(part[t * p.part_stride]);
-  int c, tap;
-  if (p.cin_inner) { tap = j / p.cg; c = j - tap * p.cg; }
-  else { c = j / p.taps; tap = j - c * p.taps; }
-  const int t2 = tap % p.filt[2], t1 = (tap / p.filt[2]) % p.filt[1], t0 = tap / (p.filt[2] * p.filt[1]);
-  T* dw = static_cast<T*>(p.dw) + k * p.ws[0] + c * p.ws[1] + t0 * p.ws[2] + t1 * p.ws[3] + t2 * p.ws[4];
+  int c, tp[3];
+  column_of(p, j, c, tp);
+  T* dw = static_cast<T*>(p.dw) + k * p.ws[0] + c * p.ws[1] + tp[0] * p.ws[2] + tp[1] * p.ws[3] + tp[2] * p.ws[4];
   A v = (A)p.alpha * sum;
   if (p.flags & PYDNN_WFOLD_FLAG_BETA) v += (A)p.beta * load<A>(*dw);
   *dw = store<T>(v);

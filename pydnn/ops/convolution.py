@@ -212,7 +212,8 @@ def _wgm_expr(tag, cfg, bkn=False, fb=False):
 def _fused_bias_in_registers(pl):
     """convolution_bias_activation_forward's plan on the 128x64 model fwd_wgmma tile runs its FB = 1
     instantiation (the bias in registers, v16): the plan is the fused call's own (cached under its own
-    key), so the plain forward keeps FB = 0, whose K loop the registers would change (ptx/convolution.cu)."""
+    key; get_plan's adapt, once per plan), so the plain forward keeps FB = 0, whose K loop the registers
+    would change (ptx/convolution.cu)."""
     if type(pl) is Plan and pl.direction == DIR_FWD and pl.gemm_expr in _FB_EXPRS:
         pl.gemm_expr, pl.gemm_func = _FB_EXPRS[pl.gemm_expr], None
 
@@ -1191,16 +1192,19 @@ def _names(direction):
             DIR_BWD_FILTER: ("xDesc", "dwDesc", "dyDesc")}[direction]
 
 
-def get_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc, extra=(), extra_key=()):
+def get_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc, extra=(), extra_key=(), adapt=None):
     """The cached plan of a call, or a new one (validation, kernel lookup). x / w / y in forward terms
     (backward data: dx, w, dy; backward filter: x, dw, dy). `extra`: more descriptors the call depends on
-    (keyed with their versions); `extra_key`: plain hashable values it depends on."""
+    (keyed with their versions); `extra_key`: plain hashable values it depends on; adapt(plan): applied
+    once to a new plan (the call's own variant of it) before it is cached."""
     key = _key(direction, algo, conv, (x_desc, y_desc) + tuple(extra), w_desc)
     if key is not None:
         key += tuple(extra_key)
     pl = handle.prepared.get(key) if key is not None else None
     if pl is None:
         pl = _new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc)
+        if adapt is not None:
+            adapt(pl)
         if key is not None:
             handle.remember(key, pl)
     return pl
@@ -1351,7 +1355,7 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
                              f"epilogue (IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU)")
     act_key = ("act", activation_desc, activation_desc.mode, activation_desc.coef, activation_desc.relu_nan_opt)
     pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc, extra=(z_desc, bias_desc),
-                  extra_key=act_key)
+                  extra_key=act_key, adapt=_fused_bias_in_registers)
     check_tensor(z_desc, "zDesc")
     if tuple(z_desc.dims) != tuple(y_desc.dims):
         raise PydnnError(BAD, f"zDesc: dims {tuple(z_desc.dims)} differ from yDesc dims {tuple(y_desc.dims)}")
@@ -1378,7 +1382,6 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
         p.zs[i] = s
     p.bias_stride = bias_desc.strides[1]
     p.alpha2 = a2
-    _fused_bias_in_registers(pl)
     try:
         run_plan(handle, pl, xp, wp, yp, ws, a1, 0.0, zp, bp)
     finally:  # the plan is shared with convolution_forward's cache only through this call's key

@@ -374,6 +374,14 @@ def mm_ms(handle, mp):
 LONE_BLOCK_SPEED = 0.6   # a gemm_simt block alone on its SM, relative to the tile's full per-SM rate (a guess)
 
 
+def _busy_sm_blocks(blocks, sms, per_sm):
+    """How many blocks' time at the full rate the busiest SM spends on `blocks` blocks over `sms` SMs that
+    each hold per_sm at once: whole rounds of per_sm, and a last round of rem < per_sm blocks at
+    LONE_BLOCK_SPEED each (at most the full rate)."""
+    full, rem = divmod(cdiv(blocks, sms), per_sm)
+    return full * per_sm + (rem / min(1.0, LONE_BLOCK_SPEED * rem) if rem else 0)
+
+
 def tile_ms(handle, mp):
     """The model's time of a pydnn.ops.matmul plan by the tile it runs: gemm_simt's chosen tile in waves
     of per_sm x SMs items at its efficiency (an SM holding fewer blocks than per_sm runs them at
@@ -385,10 +393,8 @@ def tile_ms(handle, mp):
     t = matmul._choose_simt_tile(mp.m, mp.n, mp.batch, sms, mp.k)
     items = cdiv(mp.m, t.bm) * cdiv(mp.n, t.bn) * mp.batch
     eff = t.eff_short if mp.k <= matmul.SHORT_K else t.eff
-    per_sm = cdiv(items, sms)          # blocks the busiest SM runs
-    full, rem = divmod(per_sm, t.per_sm)
     work = 2.0 * t.bm * t.bn * mp.k / (SIMT_TILE_TFLOPS * 1e12 / sms * eff)   # seconds of one block at the full rate
-    return (full * t.per_sm + (rem / min(1.0, LONE_BLOCK_SPEED * rem) if rem else 0)) * work * 1e3
+    return _busy_sm_blocks(items, sms, t.per_sm) * work * 1e3
 
 
 # ----------------------------------------------------------------------------- the forward GEMM algorithm
@@ -802,6 +808,10 @@ class WgradGemmPlan(StepPlan):
             for mp, a, aoff, b, boff, slot in gemms:
                 mp.launch(handle, base[a] + aoff * es, base[b] + boff * es, part + (slot0 + slot) * self.slot * es,
                           1.0, 0.0 if first else 1.0)
+        self.run_fold(handle, part, out_ptr, alpha, beta)
+
+    def run_fold(self, handle, part, out_ptr, alpha, beta):
+        """wgrad_fold: dw = alpha * (the partials at `part`, summed in order) + beta * dw."""
         f = self.steps[self.fold][4]
         f.part, f.dw, f.alpha, f.beta = part, out_ptr, alpha, beta
         f.flags = (f.flags & ~FLAG_WF_BETA) | (FLAG_WF_BETA if beta != 0 else 0)
@@ -1070,19 +1080,14 @@ class WgradImplicitPlan(WgradGemmPlan):
         p = self.steps[self.gather][4]
         p.x, p.dy, p.part = b_ptr, a_ptr, ws_ptr + self.part_off
         self.run_step(handle, self.gather)
-        f = self.steps[self.fold][4]
-        f.part, f.dw, f.alpha, f.beta = ws_ptr + self.part_off, out_ptr, alpha, beta
-        f.flags = (f.flags & ~FLAG_WF_BETA) | (FLAG_WF_BETA if beta != 0 else 0)
-        self.run_step(handle, self.fold)
+        self.run_fold(handle, ws_ptr + self.part_off, out_ptr, alpha, beta)
 
     def estimate_ms(self, handle, base_estimate):
         """The busiest SM's blocks at IMPLICIT_TFLOPS / SMs (an SM short of WI_MINB blocks runs its last
         ones at LONE_BLOCK_SPEED each, at most the full rate), + the fold and its launch."""
         sms = max(handle.sm_count, 1)
-        per_sm = cdiv(self.blocks, sms)
-        full, rem = divmod(per_sm, self.minb)
         work = 2.0 * WI_KT * WI_JT * self.per_slot / (IMPLICIT_TFLOPS * 1e12 / sms)
-        t = (full * self.minb + (rem / min(1.0, LONE_BLOCK_SPEED * rem) if rem else 0)) * work
+        t = _busy_sm_blocks(self.blocks, sms, self.minb) * work
         return t * 1e3 + self.fold_bytes / (FOLD_GBPS * 1e6) + LAUNCH_MS
 
 
