@@ -728,6 +728,34 @@ def test_tensor_core_pipelined_plans(monkeypatch):
     assert "bwd_data_tc" in pl.gemm_expr and pl.threads == 256
 
 
+@pytest.mark.parametrize("tile", [None] + [t for t in C.WGM_TILES + C.WGM_VARIANTS])
+def test_fused_forward_takes_the_bias_register_instantiation(monkeypatch, tile):
+    """convolution_bias_activation_forward's own plan runs fwd_wgmma<..., FB = 1> on the 128x64 model tile
+    (the bias in registers), every other tile as the plain forward does; the plain forward's plan keeps
+    FB = 0. (A CPU handle: the call fails at the kernel lookup, after its plan is made and cached.)"""
+    if tile is not None:
+        monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
+    h = cpu_handle()
+    fwd = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+    c = cdesc((1, 1), (1, 1), (1, 1))
+    x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
+    b = tdesc((1, 64, 1, 1), BF16, NHWC)
+    act = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    plain = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
+    with pytest.raises(pydnn.PydnnError) as e:
+        pydnn.convolution_bias_activation_forward(h, 1.0, x, 1 << 32, w, 1 << 32, c, fwd, 0, 0, 0.0, y, 1 << 32, b,
+                                                  1 << 32, act, y, 1 << 32)
+    assert e.value.status == pydnn.PYDNN_STATUS_NOT_INITIALIZED
+    (fused,) = [p for p in h.prepared.values() if getattr(p, "direction", None) == C.DIR_FWD]
+    assert plain.gemm_expr.startswith("pydnn::conv::fwd_wgmma<") and "fwd_wgmma<" in fused.gemm_expr
+    if plain.gemm_expr in C._FB_EXPRS:   # the 128x64 model tile
+        assert fused.gemm_expr == plain.gemm_expr[:-1] + ", 0, 1>"   # <T, 64, STAGES, MINB, LEAN, BKN 0, FB 1>
+        assert fused.gemm_expr in C.wgm_units()[1].exprs
+    else:
+        assert fused.gemm_expr == plain.gemm_expr
+
+
 def test_wgmma_forward_plans(monkeypatch):
     """fwd_wgmma (Hopper wgmma): its units exist for sm_90 only (as sm_90a); a forced WGM_TILES entry runs
     where the pipelined forward applies on sm_90 (256 threads, STAGES x (128 + BN) x 64 x 2 + 1 KiB of
