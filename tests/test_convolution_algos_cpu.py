@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_winograd as Wg
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import winograd as Wg
 from pydnn.reference import convolution as ref
 from pydnn.reference import matmul as mref
 from test_convolution_cpu import (BAD, CONV, F16, F32, F64, NCHW, NHWC, NS, XCORR, _check, _decompose3, _gather,
@@ -62,7 +63,7 @@ def _ru(n, a=256):
 @pytest.mark.parametrize("dtype,item,acc", [(F32, 4, 4), (F16, 2, 4), (F64, 8, 8)])
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_workspace_sizes_and_small_workspace(dtype, item, acc, tile, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)
     h = cpu_handle()
     n, c, k, hh, ww = 3, 5, 7, 11, 9
     cv = cdesc((1, 1), (1, 1), (1, 1), ctype=F64 if dtype == F64 else F32)
@@ -89,14 +90,14 @@ def test_v7_lists_the_new_algorithms_truthfully():
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56)), fdesc((64, 64, 3, 3)), tdesc((64, 64, 56, 56))
     r = {p.algo: p for p in pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 8)}
-    for a in (FWD_GEMM, FWD_WINO, C.E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM):
+    for a in (FWD_GEMM, FWD_WINO, CPb.E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM):
         assert r[a].status == pydnn.PYDNN_STATUS_SUCCESS and r[a].determinism == pydnn.PYDNN_DETERMINISTIC
     assert r[FWD_GEMM].memory == 64 * 56 * 56 * 64 * 9 * 4 and r[FWD_WINO].memory > 0
     ranked = [p.algo for p in pydnn.get_convolution_forward_algorithm_v7(h, x, w, c, y, 8)]
     assert ranked[0] == FWD_WINO  # 2.25x fewer multiplies on CUDA cores: the model's first choice
     # GEMM's float GEMM is matmul's 128 x 128 CUDA-core tile (convolution_gemm.py): faster than the
     # implicit GEMM's 64 x 64 even after the im2col pass
-    assert ranked.index(FWD_GEMM) < ranked.index(C.E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)
+    assert ranked.index(FWD_GEMM) < ranked.index(CPb.E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)
     rd = {p.algo: p for p in pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, c, x, 6)}
     assert rd[BWD_WINO].status == pydnn.PYDNN_STATUS_SUCCESS and rd[BWD_WINO].determinism == pydnn.PYDNN_DETERMINISTIC
     c2 = cdesc((1, 1), (2, 2), (1, 1))
@@ -112,12 +113,12 @@ def test_gemm_uses_tensor_cores_when_the_view_allows():
     h = cpu_handle()
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, y = tdesc((2, 8, 9, 9), F16, NHWC), tdesc((2, 16, 9, 9), F16, NHWC)
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NHWC), y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NHWC), y)
     assert "fwd_tc" in pl.sub.plan.gemm_expr and pl.align == 16
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NCHW), y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NCHW), y)
     assert "fwd_tc" in pl.sub.plan.gemm_expr and pl.pack is not None  # the filter packed (NHWC rows) first
     g2 = cdesc((1, 1), (1, 1), (1, 1), groups=2)
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, g2, x, fdesc((16, 4, 3, 3), F16, NHWC), y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, g2, x, fdesc((16, 4, 3, 3), F16, NHWC), y)
     assert "implicit_gemm" in pl.sub.plan.gemm_expr  # groups: the CUDA-core 1x1 view
 
 
@@ -170,10 +171,10 @@ def test_gemm_emulated(case, mode, rng):
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(case, mode, rng)
     x, w = rng.standard_normal(xd), rng.standard_normal(wd)
     xb, wb = _scatter(x, xs, xsize), _scatter(w, ws, int(np.prod(wd)))
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, xdsc, wdsc, ydsc)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, xdsc, wdsc, ydsc)
     col = emulate_im2col(pl.steps[0][4], xb)
     assert col.size * 4 <= pl.workspace
-    got = _gather_tensor(emulate(pl.sub.plan, C.DIR_FWD, col, wb, ysize), yd, ys)
+    got = _gather_tensor(emulate(pl.sub.plan, CPb.DIR_FWD, col, wb, ysize), yd, ys)
     want = ref.forward_raw(x, w, case[3], case[4], case[5], case[6], mode == XCORR)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
@@ -195,7 +196,7 @@ def emulate_wino_gemm(pl, ubuf, vbuf, size):
     struct addresses the workspace (the float64 matmul reference, C scattered through ldc / stride_c), or
     the implicit GEMM's emulator (double data)."""
     if pl.mm is None:
-        return emulate(pl.sub.plan, C.DIR_FWD, ubuf, vbuf, size)
+        return emulate(pl.sub.plan, CPb.DIR_FWD, ubuf, vbuf, size)
     mp, q = pl.mm, pl.mm.fast.params
     a, b = (vbuf, ubuf) if pl.v_is_a else (ubuf, vbuf)
     out = mref.gemm(a, b, None, q.m, q.n, q.k, 1.0, 0.0, mp.trans_a, mp.trans_b, q.lda, q.ldb, q.ldc, q.batch,
@@ -247,22 +248,22 @@ def emulate_winograd(pl, inbuf, wbuf, out_dims):
 
 @pytest.mark.parametrize("case", WINO_CASES)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
-@pytest.mark.parametrize("direction", [C.DIR_FWD, C.DIR_BWD_DATA])
+@pytest.mark.parametrize("direction", [CPb.DIR_FWD, CPb.DIR_BWD_DATA])
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_winograd_emulated(case, mode, direction, tile, rng, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)
     monkeypatch.setattr(Wg, "MIN_F4_CHANNELS_F32", 0)  # index math here, not float rounding: every shape
     h = cpu_handle()
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(case, mode, rng)
     x, w, dy = rng.standard_normal(xd), rng.standard_normal(wd), rng.standard_normal(yd)
     wb = _scatter(w, ws, int(np.prod(wd)))
     args = (case[3], case[4], case[5], case[6], mode == XCORR)
-    if direction == C.DIR_FWD:
-        pl = C._new_plan(h, direction, FWD_WINO, c, xdsc, wdsc, ydsc)
+    if direction == CPb.DIR_FWD:
+        pl = CP.new_plan(h, direction, FWD_WINO, c, xdsc, wdsc, ydsc)
         got = emulate_winograd(pl, _scatter(x, xs, xsize), wb, yd[2:])
         want = ref.forward_raw(x, w, *args)
     else:
-        pl = C._new_plan(h, direction, BWD_WINO, c, xdsc, wdsc, ydsc)
+        pl = CP.new_plan(h, direction, BWD_WINO, c, xdsc, wdsc, ydsc)
         got = emulate_winograd(pl, _scatter(dy, ys, ysize), wb, xd[2:])
         want = ref.backward_data_raw(w, dy, xd[2:], *args)
     assert pl.deterministic and pl.tile == tile
@@ -272,23 +273,23 @@ def test_winograd_emulated(case, mode, direction, tile, rng, monkeypatch):
 def test_winograd_tile_choice():
     h = cpu_handle()
     x, y = tdesc((2, 4000, 9, 9)), tdesc((2, 4000, 9, 9))
-    pl = C._new_plan(h, C.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1), groups=4000), x, fdesc((4000, 1, 3, 3)), y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1), groups=4000), x, fdesc((4000, 1, 3, 3)), y)
     assert pl.tile == 2  # 36 * 4000 GEMM groups would overflow grid.z; 16 * 4000 fit
     x, y = tdesc((2, 4096, 9, 9)), tdesc((2, 4096, 9, 9))
     _check(pydnn.get_convolution_forward_workspace_size, (h, x, fdesc((4096, 1, 3, 3)),
            cdesc((1, 1), (1, 1), (1, 1), groups=4096), y, FWD_WINO), NS, "at most 4095 groups")
-    pl = C._new_plan(h, C.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1)), tdesc((2, 8, 9, 9)), fdesc((8, 8, 3, 3)),
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1)), tdesc((2, 8, 9, 9)), fdesc((8, 8, 3, 3)),
                      tdesc((2, 8, 9, 9)))
-    assert pl.tile == Wg.PREFERRED_TILE == 4
+    assert pl.tile == tuning.conv_winograd.PREFERRED_TILE == 4
     # float with fewer than 4 channels per group to reduce over: F(2x2) (F(4x4)'s rounding is too close to
     # float's tolerance); half keeps F(4x4); backward data reduces over K / groups
     dw = (tdesc((2, 8, 9, 9)), fdesc((8, 1, 3, 3)), tdesc((2, 8, 9, 9)))
-    assert C._new_plan(h, C.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1), groups=8), *dw).tile == 2
+    assert CP.new_plan(h, CPb.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1), groups=8), *dw).tile == 2
     dw16 = (tdesc((2, 8, 9, 9), F16), fdesc((8, 1, 3, 3), F16), tdesc((2, 8, 9, 9), F16))
-    assert C._new_plan(h, C.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1), groups=8), *dw16).tile == 4
+    assert CP.new_plan(h, CPb.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1), groups=8), *dw16).tile == 4
     few_k = (tdesc((2, 8, 9, 9)), fdesc((3, 8, 3, 3)), tdesc((2, 3, 9, 9)))
-    assert C._new_plan(h, C.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1)), *few_k).tile == 4
-    assert C._new_plan(h, C.DIR_BWD_DATA, BWD_WINO, cdesc((1, 1), (1, 1), (1, 1)), *few_k).tile == 2
+    assert CP.new_plan(h, CPb.DIR_FWD, FWD_WINO, cdesc((1, 1), (1, 1), (1, 1)), *few_k).tile == 4
+    assert CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_WINO, cdesc((1, 1), (1, 1), (1, 1)), *few_k).tile == 2
 
 
 def test_device_transform_tables_match_the_emulated_ones():
@@ -316,7 +317,7 @@ def test_new_kernels_keep_their_state_in_registers():
     from pydnn._cuda import nvrtc
 
     for name in ("conv_winograd.f32", "conv_winograd.f64", "conv_gemm.f32"):
-        unit = next(u for u in C.kernel_units() if u.name == name)
+        unit = next(u for u in CP.kernel_units() if u.name == name)
         text, _ = cache.unit_inputs(unit)
         _, _, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
                                         COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])

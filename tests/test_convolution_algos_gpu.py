@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from devtensor import DevTensor, assert_close
-from pydnn.ops import convolution_winograd as Wg
+from pydnn.ops.convolution import winograd as Wg
 from pydnn.reference import convolution as ref
 from test_convolution_gpu import (BF16, CASES, CONV, F16, F32, F64, NCHW, NHWC, XCORR,  # noqa: F401
                                   Problem, _strides, _workspace, check_backward_data, check_forward)
@@ -57,7 +58,7 @@ def test_gemm_forward(handle, rng, case, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_winograd_forward(handle, rng, case, dtype, tile, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)  # F(2x2, 3x3) and F(4x4, 3x3)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)  # F(2x2, 3x3) and F(4x4, 3x3)
     _forward(handle, rng, case, dtype, FWD_WINO)
 
 
@@ -65,7 +66,7 @@ def test_winograd_forward(handle, rng, case, dtype, tile, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_winograd_backward_data(handle, rng, case, dtype, tile, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)
 
     def run(pb, alpha, beta):
         ws, n = _ws(handle, pb, "bwd", BWD_WINO)
@@ -115,7 +116,7 @@ def check_bias_activation(handle, rng, case, dtype, algo, acts, z_layout, worksp
 
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_bitwise_reproducible(handle, rng, tile, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)
     pb = Problem(WINO_CASES[4], F32)
     pb.x.random(rng)
     pb.w.random(rng)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution as C
+from pydnn import tuning
+from pydnn.ops.convolution import api as CAPI, implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 from pydnn.reference import convolution as ref
 from pydnn.tensor import packed_strides
 from test_fuzz_cpu import _call, cpu_handle
@@ -373,7 +374,7 @@ def _gather(buf, off, ok):
 def emulate_gemm(p, direction, abuf, bbuf, outbuf, g, split):
     """C of one (group, slice) exactly as implicit_gemm computes its elements' addresses."""
     flags = p.flags
-    cin, flip = bool(flags & C.FLAG_CIN), bool(flags & C.FLAG_FLIP)
+    cin, flip = bool(flags & CPb.FLAG_CIN), bool(flags & CPb.FLAG_FLIP)
     ins, outs, filt = _val(p.in_size), _val(p.out_size), _val(p.filt)
     pad, st, dil = _val(p.pad), _val(p.stride), _val(p.dil)
     xs, ys, ws = _val(p.xs), _val(p.ys), _val(p.ws)
@@ -386,7 +387,7 @@ def emulate_gemm(p, direction, abuf, bbuf, outbuf, g, split):
     d = _digits(k, red)
     ch, taps = (d[3], d[0:3]) if cin else (d[0], d[1:4])
     fl = [(filt[i] - 1 - taps[i]) if flip else taps[i] for i in range(3)]
-    if direction == C.DIR_FWD:
+    if direction == CPb.DIR_FWD:
         b, o = _decompose3(m, outs)
         off = b * xs[0] + (g * p.cg + ch[None, :]) * xs[1]
         ok = np.ones(off.shape, bool)
@@ -397,7 +398,7 @@ def emulate_gemm(p, direction, abuf, bbuf, outbuf, g, split):
         A = _gather(abuf, off, ok)
         boff = (g * p.kg + n) * ws[0] + ch[:, None] * ws[1] + sum(fl[i][:, None] * ws[2 + i] for i in range(3))
         B = bbuf[boff]
-    elif direction == C.DIR_BWD_DATA:
+    elif direction == CPb.DIR_BWD_DATA:
         b, c = _decompose3(m, ins)
         off = b * ys[0] + (g * p.kg + ch[None, :]) * ys[1]
         ok = np.ones(off.shape, bool)
@@ -427,13 +428,13 @@ def out_offsets(p, direction, g):
     """out_offset() of every (m, n) of a group."""
     outs, ins, filt = _val(p.out_size), _val(p.in_size), _val(p.filt)
     xs, ys, ws = _val(p.xs), _val(p.ys), _val(p.ws)
-    flip = bool(p.flags & C.FLAG_FLIP)
+    flip = bool(p.flags & CPb.FLAG_FLIP)
     m = np.arange(p.gm)[:, None]
     n = np.arange(p.gn)[None, :]
-    if direction == C.DIR_FWD:
+    if direction == CPb.DIR_FWD:
         b, o = _decompose3(m, outs)
         return b * ys[0] + (g * p.kg + n) * ys[1] + sum(o[i] * ys[2 + i] for i in range(3))
-    if direction == C.DIR_BWD_DATA:
+    if direction == CPb.DIR_BWD_DATA:
         b, c = _decompose3(m, ins)
         return b * xs[0] + (g * p.cg + n) * xs[1] + sum(c[i] * xs[2 + i] for i in range(3))
     c, t = _decompose3(n, filt)
@@ -495,7 +496,7 @@ EMU_CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
 
 @pytest.mark.parametrize("case", EMU_CASES)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
-@pytest.mark.parametrize("direction", [C.DIR_FWD, C.DIR_BWD_DATA, C.DIR_BWD_FILTER])
+@pytest.mark.parametrize("direction", [CPb.DIR_FWD, CPb.DIR_BWD_DATA, CPb.DIR_BWD_FILTER])
 def test_kernel_index_math_emulated(case, mode, direction, rng):
     """Every plan's parameter struct, run through the kernels' address arithmetic, gives the reference."""
     xd, k, filt, pad, st, dil, g, layout, wfmt = case
@@ -510,17 +511,17 @@ def test_kernel_index_math_emulated(case, mode, direction, rng):
     x, w, dy = rng.standard_normal(xd), rng.standard_normal(wd), rng.standard_normal(yd)
     xb, wb, dyb = _scatter(x, xs, xsize), _scatter(w, ws, int(np.prod(wd))), _scatter(dy, ys, ysize)
     cross = mode == XCORR
-    if direction == C.DIR_FWD:
-        pl = C._new_plan(h, direction, FWD_IG, c, xdsc, wdsc, ydsc)
+    if direction == CPb.DIR_FWD:
+        pl = CP.new_plan(h, direction, FWD_IG, c, xdsc, wdsc, ydsc)
         got = _gather_tensor(emulate(pl, direction, xb, wb, ysize), yd, ys)
         want = ref.forward_raw(x, w, pad, st, dil, g, cross)
-    elif direction == C.DIR_BWD_DATA:
-        pl = C._new_plan(h, direction, BWD_D0, c, xdsc, wdsc, ydsc)
+    elif direction == CPb.DIR_BWD_DATA:
+        pl = CP.new_plan(h, direction, BWD_D0, c, xdsc, wdsc, ydsc)
         got = _gather_tensor(emulate(pl, direction, dyb, wb, xsize), xd, xs)
         want = ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, g, cross)
     else:
         for algo in (BWD_F0, BWD_F1):
-            pl = C._new_plan(h, direction, algo, c, xdsc, wdsc, ydsc)
+            pl = CP.new_plan(h, direction, algo, c, xdsc, wdsc, ydsc)
             got = _gather_tensor(emulate(pl, direction, dyb, xb, int(np.prod(wd))), wd, ws)
             want = ref.backward_filter_raw(x, dy, filt, pad, st, dil, g, cross)
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
@@ -530,10 +531,10 @@ def test_kernel_index_math_emulated(case, mode, direction, rng):
 
 @pytest.mark.parametrize("sizes", [(5, 3, 3, 3), (100, 1, 1, 1), (2, 7, 1, 3), (1000, 1, 2, 17), (4, 2, 2, 64),
                                    (1, 3, 3, 8), (1, 1, 1, 24)])
-@pytest.mark.parametrize("bk", [C.BK, C.TC_BK])
+@pytest.mark.parametrize("bk", [CI.BK, CT.TC_BK])
 def test_reduction_digit_steps(sizes, bk):
     """red_step: adding the tile depth's digits with one carry per digit walks k exactly."""
-    step = C._digit_step(bk, sizes)
+    step = CP.digit_step(bk, sizes)
     for k0 in range(0, 40):
         d = _digits(np.array(k0), sizes)
         d = [int(v) for v in d]
@@ -565,12 +566,12 @@ def test_tensor_core_bwd_data_plan_emulated(case, mode, rng):
     yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
     xs, ys = packed_strides(xd, NHWC), packed_strides(yd, NHWC)
     xdsc, ydsc, wdsc = tdesc(xd, BF16, strides=xs), tdesc(yd, BF16, strides=ys), fdesc(wd, BF16, fmt=NHWC)
-    pl = C._new_plan(cpu_handle(), C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
-    assert "bwd_data_tc" in pl.gemm_expr and pl.gemm.flags & C.FLAG_CIN and pl.pair_ok
-    assert list(pl.gemm.red_size) == list(C._pad3(filt, 1)) + [k]
-    assert list(pl.gemm.red_step) == C._digit_step(C.TC_BK, list(pl.gemm.red_size))
+    pl = CP.new_plan(cpu_handle(), CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
+    assert "bwd_data_tc" in pl.gemm_expr and pl.gemm.flags & CPb.FLAG_CIN and pl.pair_ok
+    assert list(pl.gemm.red_size) == list(CPb._pad3(filt, 1)) + [k]
+    assert list(pl.gemm.red_step) == CP.digit_step(CT.TC_BK, list(pl.gemm.red_size))
     w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
-    got = _gather_tensor(emulate(pl, C.DIR_BWD_DATA, _scatter(dy, ys, int(np.prod(yd))),
+    got = _gather_tensor(emulate(pl, CPb.DIR_BWD_DATA, _scatter(dy, ys, int(np.prod(yd))),
                                  _scatter(w, wdsc.strides, int(np.prod(wd))), int(np.prod(xd))), xd, xs)
     np.testing.assert_allclose(got, ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, 1, mode == XCORR),
                                rtol=1e-10, atol=1e-10)
@@ -611,32 +612,32 @@ def test_bwd_data_wgmma_plan_emulated(case, mode, swap, rng, monkeypatch):
     deterministic and the workspace query reports its workspace."""
     xd, k, filt, pad, dil = case
     st = (1,) * len(filt)
-    monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, C.WGM_TILES[0])  # channels < 64: a forced tile
-    monkeypatch.setattr(C, "WGM_BWD_SWAP", swap)
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_DATA, CT.WGM_TILES[0])  # channels < 64: a forced tile
+    monkeypatch.setattr(tuning.conv, "WGM_BWD_SWAP", swap)
     c = cdesc(pad, st, dil, mode)
     wd = (k, xd[1]) + filt
     yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
     xs, ys = packed_strides(xd, NHWC), packed_strides(yd, NHWC)
     xdsc, ydsc, wdsc = tdesc(xd, BF16, strides=xs), tdesc(yd, BF16, strides=ys), fdesc(wd, BF16, fmt=NHWC)
     h = cpu_handle()
-    pl = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
-    assert "fwd_wgmma<" in pl.gemm_expr and pl.deterministic and pl.direction == C.DIR_BWD_DATA
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, xdsc, wdsc, ydsc)
+    assert "fwd_wgmma<" in pl.gemm_expr and pl.deterministic and pl.direction == CPb.DIR_BWD_DATA
     assert pydnn.get_convolution_backward_data_workspace_size(h, wdsc, ydsc, c, xdsc,
                                                               pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1) == pl.workspace
     w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
     wbuf, dybuf = _scatter(w, wdsc.strides, int(np.prod(wd))), _scatter(dy, ys, int(np.prod(yd)))
     if swap:
-        assert isinstance(pl, C.BwdWgmmaPlan) and pl.gemm_expr == C._wgm_expr("bf16", C.WGM_TILES[0])
+        assert isinstance(pl, CT.BwdWgmmaPlan) and pl.gemm_expr == CT._wgm_expr("bf16", CT.WGM_TILES[0])
         assert pl.workspace >= int(np.prod(wd)) * 2 and pl.workspace % 256 == 0
         assert pl.swap_grid == (-(-k // 64), -(-xd[1] // 64), int(np.prod(filt)))
-        got = emulate(pl.sub, C.DIR_FWD, dybuf, _swap_emulated(pl.swap, wbuf), int(np.prod(xd)))
+        got = emulate(pl.sub, CPb.DIR_FWD, dybuf, _swap_emulated(pl.swap, wbuf), int(np.prod(xd)))
     else:
-        assert type(pl) is C.Plan and pl.gemm_expr == C._wgm_expr("bf16", C.WGM_TILES[0], bkn=True)
+        assert type(pl) is CP.Plan and pl.gemm_expr == CT._wgm_expr("bf16", CT.WGM_TILES[0], bkn=True)
         assert pl.gemm_expr.endswith(", 1, 1>") and pl.workspace == 0 and pl.fold is None
         # B's n (= c) contiguous, its k and tap strides w's own: what BKN copies 16 bytes at a time
         assert list(pl.gemm.ws) == [1, wdsc.strides[0]] + [0] * (5 - len(wd)) + list(wdsc.strides[2:])
-        assert bool(pl.gemm.flags & C.FLAG_FLIP) == (mode == XCORR)
-        got = emulate(pl, C.DIR_FWD, dybuf, wbuf, int(np.prod(xd)))
+        assert bool(pl.gemm.flags & CPb.FLAG_FLIP) == (mode == XCORR)
+        got = emulate(pl, CPb.DIR_FWD, dybuf, wbuf, int(np.prod(xd)))
     np.testing.assert_allclose(_gather_tensor(got, xd, xs),
                                ref.backward_data_raw(w, dy, xd[2:], pad, st, dil, 1, mode == XCORR),
                                rtol=1e-10, atol=1e-10)
@@ -652,25 +653,25 @@ def test_bwd_data_wgmma_choice(monkeypatch):
     c = cdesc((1, 1), (1, 1), (1, 1))
     for cc, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
         x, w = tdesc((64, cc, hw, hw), BF16, NHWC), fdesc((cc, cc, 3, 3), BF16, NHWC)
-        pd = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
-        pf = C._new_plan(h, C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, x)
-        assert type(pd) is C.Plan and pd.gemm_expr == pf.gemm_expr[:-1] + ", 1>" and pd.workspace == 0
+        pd = CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c, x, w, x)
+        pf = CP.new_plan(h, CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, x)
+        assert type(pd) is CP.Plan and pd.gemm_expr == pf.gemm_expr[:-1] + ", 1>" and pd.workspace == 0
         assert pd.gemm_grid == pf.gemm_grid and pd.smem == pf.smem and pd.threads == pf.threads
         r = pydnn.get_convolution_backward_data_algorithm_v7(h, w, x, c, x, 6)
         assert r[0].algo == bd1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC and r[0].memory == 0
-        monkeypatch.setattr(C, "WGM_BWD_SWAP", True)
-        pd = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
-        monkeypatch.setattr(C, "WGM_BWD_SWAP", False)
-        assert isinstance(pd, C.BwdWgmmaPlan) and pd.gemm_expr == pf.gemm_expr and pd.workspace == cc * cc * 9 * 2
+        monkeypatch.setattr(tuning.conv, "WGM_BWD_SWAP", True)
+        pd = CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c, x, w, x)
+        monkeypatch.setattr(tuning.conv, "WGM_BWD_SWAP", False)
+        assert isinstance(pd, CT.BwdWgmmaPlan) and pd.gemm_expr == pf.gemm_expr and pd.workspace == cc * cc * 9 * 2
         assert pd.sub.gemm_grid == pf.gemm_grid and pd.sub.smem == pf.smem
     x, w = tdesc((8, 64, 28, 28), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC)
     y2 = tdesc((8, 64, 14, 14), BF16, NHWC)
-    assert "bwd_data_tc" in C._new_plan(h, C.DIR_BWD_DATA, bd1, cdesc((1, 1), (2, 2), (1, 1)), x, w, y2).gemm_expr
-    monkeypatch.setattr(C, "USE_WGM", False)
-    assert "implicit_gemm_pipe_tc<1," in C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x).gemm_expr
-    monkeypatch.setattr(C, "USE_WGM", True)
+    assert "bwd_data_tc" in CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, cdesc((1, 1), (2, 2), (1, 1)), x, w, y2).gemm_expr
+    monkeypatch.setattr(tuning.conv, "USE_WGM", False)
+    assert "implicit_gemm_pipe_tc<1," in CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c, x, w, x).gemm_expr
+    monkeypatch.setattr(tuning.conv, "USE_WGM", True)
     h.arch = "sm_80"
-    pl = C._new_plan(h, C.DIR_BWD_DATA, bd1, c, x, w, x)
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c, x, w, x)
     assert "implicit_gemm_pipe_tc<1," in pl.gemm_expr and pl.workspace == 0
 
 
@@ -681,15 +682,15 @@ def test_tensor_core_smem_and_tiles(monkeypatch):
     c = cdesc((1, 1), (1, 1), (1, 1))
     for k, tile in ((64, None), (72, (128, 128)), (256, (64, 128)), (256, (128, 64)), (72, (64, 64))):
         if tile:
-            monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
-            monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)
+            monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, tile)
+            monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_DATA, tile)
         x, w, y = tdesc((2, 16, 8, 8), BF16, NHWC), fdesc((k, 16, 3, 3), BF16, NHWC), tdesc((2, k, 8, 8), BF16, NHWC)
-        pl = C._new_plan(h, C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, y)
+        pl = CP.new_plan(h, CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, x, w, y)
         bm, bn = (int(v) for v in pl.gemm_expr[:-1].split(", ")[1:])
-        assert tile in (None, (bm, bn)) and (bm, bn) in C.TC_TILES
+        assert tile in (None, (bm, bn)) and (bm, bn) in CT.TC_TILES
         assert pl.gemm_grid == (-(-128 // bm), -(-k // bn), 1)
         assert pl.smem == 4 * (bm + bn) * 40 * 2
-        pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        pd = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
         if tile is None and k % 64 == 0:  # dy's K fills 64-deep K tiles: fwd_wgmma on sm_90 (test above)
             assert pd.gemm_expr.startswith("pydnn::conv::fwd_wgmma<") and pd.gemm_expr.endswith(", 1>")
             continue
@@ -704,37 +705,37 @@ def test_tensor_core_pipelined_plans(monkeypatch):
     kernel (implicit_gemm_pipe_tc: WARPS_M x WARPS_N warps, 3 stages of (BM + BN) x 64); a forced pipelined
     tile is obeyed where the kernel applies; strided backward data keeps bwd_data_tc."""
     h = cpu_handle()
-    monkeypatch.setattr(C, "USE_WGM", False)  # the forward model's fwd_wgmma on sm_90: test_wgmma_forward_plans
+    monkeypatch.setattr(tuning.conv, "USE_WGM", False)  # the forward model's fwd_wgmma on sm_90: test_wgmma_forward_plans
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
-    for direction, algo in ((C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
-                            (C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1)):
-        pl = C._new_plan(h, direction, algo, c, x, w, y)
+    for direction, algo in ((CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
+                            (CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1)):
+        pl = CP.new_plan(h, direction, algo, c, x, w, y)
         assert f"implicit_gemm_pipe_tc<{direction}," in pl.gemm_expr
         args = pl.gemm_expr[:-1].split(", ")[2:]
         cfg = tuple(int(v) for v in args[:5]) + (int(args[5] == "true"),)
-        assert cfg in C.TCP_TILES
+        assert cfg in CT.TCP_TILES
         bm, bn, wm, wn = cfg[:4]
         assert pl.threads == wm * wn * 32 and pl.smem == 3 * (bm + bn) * 64 * 2
         assert pl.gemm_grid == (-(-64 * 56 * 56 // bm), -(-64 // bn), 1)
-        for tile in C.TCP_TILES:
-            monkeypatch.setitem(C.TC_FORCE, direction, tile)
-            pl = C._new_plan(h, direction, algo, c, x, w, y)
-            assert pl.gemm_expr == C._tc_expr("bf16", direction, tile)
-        monkeypatch.delitem(C.TC_FORCE, direction)
+        for tile in CT.TCP_TILES:
+            monkeypatch.setitem(tuning.conv.TC_FORCE, direction, tile)
+            pl = CP.new_plan(h, direction, algo, c, x, w, y)
+            assert pl.gemm_expr == CT._tc_expr("bf16", direction, tile)
+        monkeypatch.delitem(tuning.conv.TC_FORCE, direction)
     c2 = cdesc((1, 1), (2, 2), (1, 1))
     y2 = tdesc((64, 64, 28, 28), BF16, NHWC)
-    pl = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c2, x, w, y2)
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c2, x, w, y2)
     assert "bwd_data_tc" in pl.gemm_expr and pl.threads == 256
 
 
-@pytest.mark.parametrize("tile", [None] + [t for t in C.WGM_TILES + C.WGM_VARIANTS])
+@pytest.mark.parametrize("tile", [None] + [t for t in CT.WGM_TILES + CT.WGM_VARIANTS])
 def test_fused_forward_takes_the_bias_register_instantiation(monkeypatch, tile):
     """convolution_bias_activation_forward's own plan runs fwd_wgmma<..., FB = 1> on the 128x64 model tile
     (the bias in registers), every other tile as the plain forward does; the plain forward's plan keeps
     FB = 0. (A CPU handle: the call fails at the kernel lookup, after its plan is made and cached.)"""
     if tile is not None:
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, tile)
     h = cpu_handle()
     fwd = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
     c = cdesc((1, 1), (1, 1), (1, 1))
@@ -742,16 +743,16 @@ def test_fused_forward_takes_the_bias_register_instantiation(monkeypatch, tile):
     b = tdesc((1, 64, 1, 1), BF16, NHWC)
     act = pydnn.create_activation_descriptor()
     pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
-    plain = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
+    plain = CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y)
     with pytest.raises(pydnn.PydnnError) as e:
         pydnn.convolution_bias_activation_forward(h, 1.0, x, 1 << 32, w, 1 << 32, c, fwd, 0, 0, 0.0, y, 1 << 32, b,
                                                   1 << 32, act, y, 1 << 32)
     assert e.value.status == pydnn.PYDNN_STATUS_NOT_INITIALIZED
-    (fused,) = [p for p in h.prepared.values() if getattr(p, "direction", None) == C.DIR_FWD]
+    (fused,) = [p for p in h.prepared.values() if getattr(p, "direction", None) == CPb.DIR_FWD]
     assert plain.gemm_expr.startswith("pydnn::conv::fwd_wgmma<") and "fwd_wgmma<" in fused.gemm_expr
-    if plain.gemm_expr in C._FB_EXPRS:   # the 128x64 model tile
+    if plain.gemm_expr in CT._FB_EXPRS:   # the 128x64 model tile
         assert fused.gemm_expr == plain.gemm_expr[:-1] + ", 0, 1>"   # <T, 64, STAGES, MINB, LEAN, BKN 0, FB 1>
-        assert fused.gemm_expr in C.wgm_units()[1].exprs
+        assert fused.gemm_expr in CT.wgm_units()[1].exprs
     else:
         assert fused.gemm_expr == plain.gemm_expr
 
@@ -764,59 +765,59 @@ def test_wgmma_forward_plans(monkeypatch):
     channels % 64, >= WGM_MIN_KTILES K tiles) it picks it by _wgm_tiling."""
     from pydnn._build.manifest import unit_arch
 
-    units = C.wgm_units()
+    units = CT.wgm_units()
     assert [u.name for u in units] == ["convolution.wgmma.f16", "convolution.wgmma.bf16"]
     assert all(unit_arch(u, "sm_90") == "sm_90a" and unit_arch(u, "sm_80") is None for u in units)
-    assert all(u.name in {v.name for v in C.kernel_units()} for u in units)
+    assert all(u.name in {v.name for v in CP.kernel_units()} for u in units)
     h = cpu_handle()
     fwd = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
-    monkeypatch.setattr(C, "USE_WGM", False)
-    assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr
-    for tile in C.WGM_TILES + C.WGM_VARIANTS:  # forced: obeyed with USE_WGM off too
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_FWD, tile)
-        pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
+    monkeypatch.setattr(tuning.conv, "USE_WGM", False)
+    assert "implicit_gemm_pipe_tc" in CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y).gemm_expr
+    for tile in CT.WGM_TILES + CT.WGM_VARIANTS:  # forced: obeyed with USE_WGM off too
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, tile)
+        pl = CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y)
         lean = f", {tile[4]}" if len(tile) == 5 and tile[4] else ""  # LEAN: v12's copies 1 (default 0: v8's)
         assert pl.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}{lean}>"
         assert pl.unit == "convolution.wgmma.bf16" and pl.threads == 256
         assert pl.smem == tile[2] * (128 + tile[1]) * 64 * 2 + 1024 + tile[1] * 4  # + FB = 0's parked bias
         assert pl.gemm_grid == (64 * 56 * 56 // 128, -(-64 // tile[1]), 1)
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_DATA, tile)  # backward data (stride 1): this tile, B as [k][c]
-        pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_DATA, tile)  # backward data (stride 1): this tile, B as [k][c]
+        pd = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
         assert pd.gemm_expr == f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {tile[1]}, {tile[2]}, {tile[3]}, {lean[2:] or 0}, 1>"
         assert pd.unit == "convolution.wgmma.bf16" and pd.workspace == 0 and pd.smem == pl.smem
         assert pd.gemm_expr in units[1].exprs and pl.gemm_expr in units[1].exprs
-        monkeypatch.setattr(C, "WGM_BWD_SWAP", True)  # or the swap + this tile
-        pd = C._new_plan(h, C.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
-        monkeypatch.setattr(C, "WGM_BWD_SWAP", False)
+        monkeypatch.setattr(tuning.conv, "WGM_BWD_SWAP", True)  # or the swap + this tile
+        pd = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c, x, w, y)
+        monkeypatch.setattr(tuning.conv, "WGM_BWD_SWAP", False)
         assert pd.gemm_expr == pl.gemm_expr and pd.unit == "convolution.wgmma.bf16" and pd.workspace == 64 * 64 * 9 * 2
         w17 = fdesc((64, 64, 1, 17), BF16, NHWC)  # S = 17 > 16: the tap masks cannot hold it
         c17 = cdesc((0, 8), (1, 1), (1, 1))
-        p17 = C._new_plan(h, C.DIR_FWD, fwd, c17, x, w17, y)
+        p17 = CP.new_plan(h, CPb.DIR_FWD, fwd, c17, x, w17, y)
         assert "fwd_tc<" in p17.gemm_expr and p17.unit == "convolution.bf16"
     h.arch = "sm_80"
-    pl = C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y)
     assert "wgmma" not in pl.gemm_expr and pl.unit == "convolution.bf16"
     h.arch = "sm_90"
-    monkeypatch.delitem(C.TC_FORCE, C.DIR_FWD)
-    monkeypatch.setattr(C, "USE_WGM", True)
-    assert C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr.startswith("pydnn::conv::fwd_wgmma<pydnn::bf16_t, 64,")
+    monkeypatch.delitem(tuning.conv.TC_FORCE, CPb.DIR_FWD)
+    monkeypatch.setattr(tuning.conv, "USE_WGM", True)
+    assert CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y).gemm_expr.startswith("pydnn::conv::fwd_wgmma<pydnn::bf16_t, 64,")
     x3, w3, y3 = tdesc((8, 72, 28, 28), BF16, NHWC), fdesc((128, 72, 3, 3), BF16, NHWC), tdesc((8, 128, 28, 28), BF16, NHWC)
-    assert "fwd_tc<" in C._new_plan(h, C.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr  # C % 64 != 0: not the model's
+    assert "fwd_tc<" in CP.new_plan(h, CPb.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr  # C % 64 != 0: not the model's
     # fewer than WGM_MIN_KTILES K tiles (a 1x1 filter over 64 channels: 1; measured ~0.8x, bench v14): the
     # pipelined kernel; over 256 channels (4 K tiles, 1.11-1.17x) fwd_wgmma
     c1 = cdesc((0, 0), (1, 1), (1, 1))
     x1, w1, y1 = tdesc((8, 64, 28, 28), BF16, NHWC), fdesc((256, 64, 1, 1), BF16, NHWC), tdesc((8, 256, 28, 28), BF16, NHWC)
-    assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
+    assert "implicit_gemm_pipe_tc" in CP.new_plan(h, CPb.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
     x1, w1, y1 = tdesc((8, 256, 28, 28), BF16, NHWC), fdesc((64, 256, 1, 1), BF16, NHWC), tdesc((8, 64, 28, 28), BF16, NHWC)
-    assert "fwd_wgmma<" in C._new_plan(h, C.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
+    assert "fwd_wgmma<" in CP.new_plan(h, CPb.DIR_FWD, fwd, c1, x1, w1, y1).gemm_expr
     # the model's tiles on the v8 layers (N = 64): 128x64 at 56² and 14², 128x128 at 28² and 7²
     for cc, hw, bn in ((64, 56, 64), (128, 28, 128), (256, 14, 64), (512, 7, 128)):
         xl, wl, yl = tdesc((64, cc, hw, hw), BF16, NHWC), fdesc((cc, cc, 3, 3), BF16, NHWC), tdesc((64, cc, hw, hw), BF16, NHWC)
-        assert C._new_plan(h, C.DIR_FWD, fwd, c, xl, wl, yl).gemm_expr.startswith(f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {bn},")
+        assert CP.new_plan(h, CPb.DIR_FWD, fwd, c, xl, wl, yl).gemm_expr.startswith(f"pydnn::conv::fwd_wgmma<pydnn::bf16_t, {bn},")
     h.arch = "sm_80"
-    assert "implicit_gemm_pipe_tc" in C._new_plan(h, C.DIR_FWD, fwd, c, x, w, y).gemm_expr
+    assert "implicit_gemm_pipe_tc" in CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y).gemm_expr
 
 
 def test_tensor_core_backward_filter_plan(monkeypatch):
@@ -824,48 +825,48 @@ def test_tensor_core_backward_filter_plan(monkeypatch):
     tiling, a workspace of fp32 partials when split, the fold told the columns are channel-innermost;
     CUDA cores (and the same algorithm) otherwise. The sm_90 wgmma kernel that takes these problems first
     is off here (its own plan tests: test_convolution_wgrad_wgmma_cpu.py)."""
-    from pydnn.ops import convolution_wgrad_wgmma
-    monkeypatch.setattr(convolution_wgrad_wgmma, "ENABLED", False)
+    from pydnn.ops.convolution import wgrad_wgmma as convolution_wgrad_wgmma
+    monkeypatch.setattr(tuning.conv_wgrad_wgmma, "ENABLED", False)
     h = cpu_handle()
     c = cdesc((1, 1), (1, 1), (1, 1))
     f1 = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
     x, y = tdesc((64, 64, 56, 56), BF16, NHWC), tdesc((64, 64, 56, 56), BF16, NHWC)
     for fmt in (NHWC, NCHW):
         for pipe in (True, False):   # wgrad_pipe_tc (the model's kernel for packed NHWC dy) or wgrad_tc
-            monkeypatch.setattr(C, "WG_PIPE", pipe)
-            pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=fmt), y)
+            monkeypatch.setattr(tuning.conv, "WG_PIPE", pipe)
+            pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=fmt), y)
             assert ("wgrad_pipe_tc" if pipe else "wgrad_tc") in pl.gemm_expr and pl.deterministic and pl.align == 16
-            p, bk = pl.gemm, C.TCP_BK if pipe else C.TC_BK
+            p, bk = pl.gemm, CPb.TCP_BK if pipe else CT.TC_BK
             assert (p.gm, p.gn, p.gk) == (64, 576, 64 * 56 * 56) and p.splits > 1 and p.k_per_split % bk == 0
-            assert list(p.red_step) == C._digit_step(bk, [64, 1, 56, 56])
+            assert list(p.red_step) == CP.digit_step(bk, [64, 1, 56, 56])
             assert (p.splits - 1) * p.k_per_split < p.gk <= p.splits * p.k_per_split
-            assert pl.workspace == p.splits * 64 * 576 * 4 and pl.fold.flags & C.FLAG_CIN
-            bn = int(pl.gemm_expr[:-1].split(", ")[2]) if pipe else C.WG_BN
+            assert pl.workspace == p.splits * 64 * 576 * 4 and pl.fold.flags & CPb.FLAG_CIN
+            bn = int(pl.gemm_expr[:-1].split(", ")[2]) if pipe else CT.WG_BN
             assert pl.gemm_grid == (1, -(-576 // bn), p.splits)
             if pipe:
                 cfg = tuple(int(v) for v in pl.gemm_expr[:-1].split(", ")[1:])
-                assert cfg in C.WGP_TILES and pl.threads == cfg[2] * cfg[3] * 32
+                assert cfg in CT.WGP_TILES and pl.threads == cfg[2] * cfg[3] * 32
                 assert pl.smem == 3 * (cfg[0] + cfg[1]) * 64 * 2
     # forced tilings of either kernel are obeyed
-    for forced in ((C.WGP_TILES[0], 3), (C.WGP_TILES[1], 1), (128, 2)):
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, forced)
-        pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=NHWC), y)
+    for forced in ((CT.WGP_TILES[0], 3), (CT.WGP_TILES[1], 1), (128, 2)):
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, forced)
+        pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=NHWC), y)
         cfg = forced[0] if type(forced[0]) is tuple else (forced[0],)
-        assert pl.gemm_expr == C._tc_expr("bf16", C.DIR_BWD_FILTER, cfg) and pl.splits == forced[1]
-    monkeypatch.delitem(C.TC_FORCE, C.DIR_BWD_FILTER)
+        assert pl.gemm_expr == CT._tc_expr("bf16", CPb.DIR_BWD_FILTER, cfg) and pl.splits == forced[1]
+    monkeypatch.delitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER)
     # dy not packed (positions unevenly spaced): wgrad_tc
     yg = tdesc((64, 64, 56, 56), BF16, strides=(56 * 64 * 64, 1, 64 * 64, 64))
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=NHWC), yg)
-    assert "wgrad_tc" in pl.gemm_expr and C._wgp_refusal(pl.problem)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, f1, c, x, fdesc((64, 64, 3, 3), BF16, fmt=NHWC), yg)
+    assert "wgrad_tc" in pl.gemm_expr and CPb.wgp_refusal(pl.problem)
     # the 7x7 layer: one split, dw written directly (no workspace)
     x7, y7 = tdesc((64, 512, 7, 7), BF16, NHWC), tdesc((64, 512, 7, 7), BF16, NHWC)
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, x7, fdesc((512, 512, 3, 3), BF16, fmt=NHWC), y7)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, f1, c, x7, fdesc((512, 512, 3, 3), BF16, fmt=NHWC), y7)
     assert "wgrad_" in pl.gemm_expr and pl.splits == 1 and pl.workspace == 0 and pl.fold is None
     for xx, yy in ((tdesc((2, 12, 8, 8), BF16, NHWC), tdesc((2, 8, 8, 8), BF16, NHWC)),   # C % 8
                    (tdesc((2, 16, 8, 8), BF16, NCHW), tdesc((2, 8, 8, 8), BF16, NHWC)),   # NCHW x
                    (tdesc((2, 16, 8, 8), F32, NHWC), tdesc((2, 8, 8, 8), F32, NHWC))):    # fp32
         dt = xx.dtype
-        pl = C._new_plan(h, C.DIR_BWD_FILTER, f1, c, xx, fdesc((8, xx.dims[1], 3, 3), dt, fmt=NHWC), yy)
+        pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, f1, c, xx, fdesc((8, xx.dims[1], 3, 3), dt, fmt=NHWC), yy)
         assert pl.gemm_expr.startswith("pydnn::conv::implicit_gemm<2")
 
 
@@ -880,12 +881,12 @@ def test_tensor_core_plan_index_math_emulated(case, mode, rng):
     yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
     xs, ys = packed_strides(xd, NHWC), packed_strides(yd, NHWC)
     xdsc, ydsc, wdsc = tdesc(xd, F16, strides=xs), tdesc(yd, F16, strides=ys), fdesc(wd, F16, fmt=NHWC)
-    pl = C._new_plan(cpu_handle(), C.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, xdsc, wdsc, ydsc)
-    assert "fwd_tc" in pl.gemm_expr and pl.gemm.flags & C.FLAG_CIN
-    assert list(pl.gemm.red_step) == C._digit_step(C.TC_BK, list(pl.gemm.red_size))
+    pl = CP.new_plan(cpu_handle(), CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, c, xdsc, wdsc, ydsc)
+    assert "fwd_tc" in pl.gemm_expr and pl.gemm.flags & CPb.FLAG_CIN
+    assert list(pl.gemm.red_step) == CP.digit_step(CT.TC_BK, list(pl.gemm.red_size))
     x, w = rng.standard_normal(xd), rng.standard_normal(wd)
     ysize = int(np.prod(yd))
-    got = _gather_tensor(emulate(pl, C.DIR_FWD, _scatter(x, xs, int(np.prod(xd))), _scatter(w, wdsc.strides,
+    got = _gather_tensor(emulate(pl, CPb.DIR_FWD, _scatter(x, xs, int(np.prod(xd))), _scatter(w, wdsc.strides,
                                                                                             int(np.prod(wd))), ysize),
                          yd, ys)
     np.testing.assert_allclose(got, ref.forward_raw(x, w, pad, st, dil, 1, mode == XCORR), rtol=1e-10, atol=1e-10)
@@ -931,9 +932,9 @@ def test_split_k_plan():
     h = cpu_handle()
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56)), fdesc((64, 64, 3, 3)), tdesc((64, 64, 56, 56))
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F1, c, x, w, y)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, BWD_F1, c, x, w, y)
     p = pl.gemm
-    assert p.splits > 1 and p.k_per_split % C.BK == 0 and p.splits * p.k_per_split >= p.gk
+    assert p.splits > 1 and p.k_per_split % CI.BK == 0 and p.splits * p.k_per_split >= p.gk
     assert (p.splits - 1) * p.k_per_split < p.gk  # no empty slice
     assert pl.workspace == p.splits * p.gm * p.gn * 4
     assert pl.gemm_grid == (1, 9, p.splits)
@@ -945,7 +946,7 @@ def test_kernels_compile_without_spills():
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
 
-    unit = next(u for u in C.kernel_units() if u.name == "convolution.f32")
+    unit = next(u for u in CP.kernel_units() if u.name == "convolution.f32")
     text, _ = cache.unit_inputs(unit)
     _, lowered, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
                                           COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
@@ -983,7 +984,7 @@ def test_perf_struct_marshalling(monkeypatch):
     and their number into returnedAlgoCount."""
     import cffi
     from pydnn.capi import decl, impl
-    from pydnn.ops.convolution_algos import ConvolutionPerf
+    from pydnn.ops.convolution.algorithms import ConvolutionPerf
 
     ffi = cffi.FFI()
     ffi.cdef(decl.types_block())
@@ -1007,13 +1008,13 @@ def test_perf_struct_marshalling(monkeypatch):
 
 
 def test_tuning_cache(tmp_path, monkeypatch):
-    from pydnn.ops import convolution_algos as A
+    from pydnn.ops.convolution import algorithms as A
 
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("PYDNN_CONV_TUNING_CACHE", raising=False)
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((2, 4, 8, 8)), fdesc((6, 4, 3, 3)), tdesc((2, 6, 8, 8))
-    key = A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024)
+    key = A.tuning_key("dev|sm_90", CPb.DIR_FWD, c, x, w, y, 1024)
     assert A.tuning_get(key) is None
     perfs = [A.ConvolutionPerf(0, 0, 0.25, 0, 1, 0), A.ConvolutionPerf(4, NS, -1.0, 0, 0, 0, "not implemented")]
     A.tuning_put(key, perfs)
@@ -1022,12 +1023,12 @@ def test_tuning_cache(tmp_path, monkeypatch):
     got = A.tuning_get(key)
     assert [p.as_tuple() for p in got] == [p.as_tuple() for p in perfs] and got[1].message == "not implemented"
     # anything the answer depends on changes the key
-    assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 0) != key
-    assert A.tuning_key("other|sm_90", C.DIR_FWD, c, x, w, y, 1024) != key
-    assert A.tuning_key("dev|sm_90", C.DIR_BWD_DATA, c, x, w, y, 1024) != key
-    assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024, aligned16=False) != key
+    assert A.tuning_key("dev|sm_90", CPb.DIR_FWD, c, x, w, y, 0) != key
+    assert A.tuning_key("other|sm_90", CPb.DIR_FWD, c, x, w, y, 1024) != key
+    assert A.tuning_key("dev|sm_90", CPb.DIR_BWD_DATA, c, x, w, y, 1024) != key
+    assert A.tuning_key("dev|sm_90", CPb.DIR_FWD, c, x, w, y, 1024, aligned16=False) != key
     pydnn.set_convolution_math_type(c, pydnn.PYDNN_FMA_MATH)
-    assert A.tuning_key("dev|sm_90", C.DIR_FWD, c, x, w, y, 1024) != key
+    assert A.tuning_key("dev|sm_90", CPb.DIR_FWD, c, x, w, y, 1024) != key
     monkeypatch.setenv("PYDNN_CONV_TUNING_CACHE", "0")
     assert A.tuning_get(key) is None
     A.tuning_put("other", perfs)
@@ -1051,9 +1052,9 @@ def test_bias_activation_plan_is_cached_per_activation(monkeypatch):
     act = pydnn.create_activation_descriptor()
     pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     made, ran = [], []
-    new_plan = C._new_plan
-    monkeypatch.setattr(C, "_new_plan", lambda *a: made.append(a) or new_plan(*a))
-    monkeypatch.setattr(C, "run_plan", lambda handle, pl, *a: ran.append((pl, pl.gemm.act)))
+    new_plan = CP.new_plan
+    monkeypatch.setattr(CP, "new_plan", lambda *a: made.append(a) or new_plan(*a))
+    monkeypatch.setattr(CAPI, "run_plan", lambda handle, pl, *a: ran.append((pl, pl.gemm.act)))
     algo = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
     call = lambda: pydnn.convolution_bias_activation_forward(h, 1.0, x, X, w, W, c, algo, 0, 0, 0.0, y, Y, b, WS,  # noqa
                                                              act, y, Y)

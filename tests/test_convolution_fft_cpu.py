@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution_fft as Ff
+from pydnn.ops.convolution import fft as Ff
 from pydnn.reference import convolution as ref
 from pydnn.reference.dtypes import TOLERANCE
 from test_convolution_cpu import BAD, CONV, F16, F32, F64, NCHW, NHWC, NS, XCORR, _check, _strided, cdesc, fdesc, tdesc

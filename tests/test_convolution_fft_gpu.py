@@ -9,7 +9,7 @@ import pytest
 
 import pydnn
 from devtensor import DevTensor, assert_close
-from pydnn.ops import convolution_fft as Ff
+from pydnn.ops.convolution import fft as Ff
 from pydnn.reference import convolution as ref
 from test_convolution_gpu import BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides, check_forward
 
@@ -176,8 +176,9 @@ def test_find_times_fft(handle, rng, monkeypatch):
 def test_largest_transform_plan():
     """CASES[4] is the 128 x 64 transform (the one past 48 KiB of shared memory before 64 x 64's)."""
     from test_fuzz_cpu import cpu_handle
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
     pb = Problem(CASES[4], F32)
-    pl = C._new_plan(cpu_handle(), C.DIR_FWD, FWD_FFT, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    pl = CP.new_plan(cpu_handle(), CPb.DIR_FWD, FWD_FFT, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     assert pl.fft == (128, 64) and pl.smem_bytes > 48 * 1024
     assert Ff.MAX_POINTS == 128 * 64

@@ -3,8 +3,8 @@ all of its own buffers freed again, and a repeated question answered from the tu
 import pytest
 
 import pydnn
-from pydnn.ops import convolution_algos as A
-from pydnn.ops import convolution_find as F
+from pydnn.ops.convolution import algorithms as A
+from pydnn.ops.convolution import find as F
 from test_convolution_gpu import CASES, F32, Problem, _workspace
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_gemm as G
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import gemm as G
 from pydnn.reference import convolution as ref
 from test_convolution_algos_cpu import emulate_im2col
 from test_convolution_cpu import (BAD, BF16, CONV, F16, F32, F64, NCHW, NHWC, NS, XCORR, _check, _gather,
@@ -160,7 +161,7 @@ def run_forward(pl, xb, wb, ysize, item):
         y = np.zeros(ysize)
         emulate_matmul(mp, w if filter_a else ws, ws if filter_a else w, y)
         return y
-    return emulate(pl.sub.plan, C.DIR_FWD, ws, w, ysize)
+    return emulate(pl.sub.plan, CPb.DIR_FWD, ws, w, ysize)
 
 
 FWD_CASES = [  # xdims, k, filt, pad, stride, dil, layout, filter format
@@ -183,7 +184,7 @@ def test_forward_emulated(case, mode, dtype, rng):
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(case, mode, rng, dtype)
     x, w = rng.standard_normal(xd), rng.standard_normal(wd)
     xb, wb = _scatter(x, xs, xsize), _scatter(w, ws, int(np.prod(wd)))
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, xdsc, wdsc, ydsc)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, xdsc, wdsc, ydsc)
     assert pl.deterministic and pl.workspace == pydnn.get_convolution_forward_workspace_size(
         h, xdsc, wdsc, c, ydsc, FWD_GEMM)
     got = _gather_tensor(run_forward(pl, xb, wb, ysize, ITEM[dtype]), yd, ys)
@@ -223,7 +224,7 @@ def test_backward_data_emulated(case, mode, dtype, rng):
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(case, mode, rng, dtype)
     w, dy, dx0 = rng.standard_normal(wd), rng.standard_normal(yd), rng.standard_normal(xd)
     wb, dyb = _scatter(w, ws, int(np.prod(wd))), _scatter(dy, ys, ysize)
-    pl = C._new_plan(h, C.DIR_BWD_DATA, BWD_D1, c, xdsc, wdsc, ydsc)
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D1, c, xdsc, wdsc, ydsc)
     assert isinstance(pl, G.BwdGemmPlan) and pl.deterministic
     assert pl.workspace == pydnn.get_convolution_backward_data_workspace_size(h, wdsc, ydsc, c, xdsc, BWD_D1)
     item = ITEM[dtype]
@@ -257,11 +258,11 @@ def test_stem_plans_and_workspace():
         x, w, y = tdesc((64, 3, 224, 224), dt, fmt), fdesc((64, 3, 7, 7), dt, fmt), tdesc((64, 64, 112, 112), dt, fmt)
         rows, item = 64 * 112 * 112, ITEM[dt]
         ld = 152 if dt == BF16 else 147
-        pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, x, w, y)
+        pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, w, y)
         want = G.round_up(rows * ld * item) + G.round_up(64 * ld * item, 16) if dt == BF16 else G.round_up(rows * ld * item, 16)
         assert pydnn.get_convolution_forward_workspace_size(h, x, w, c, y, FWD_GEMM) == pl.workspace == want
         assert (pl.mm is not None) == (dt == F32)
-        pd = C._new_plan(h, C.DIR_BWD_DATA, BWD_D1, c, x, w, y)
+        pd = CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D1, c, x, w, y)
         assert isinstance(pd, G.BwdGemmPlan) and pd.steps[pd.col2im][4].ld == ld
         assert pd.mm.n == ld and pd.mm.k == 64
         want = G.round_up(rows * ld * item) + G.round_up(64 * ld * item, 16) if dt == BF16 else G.round_up(rows * ld * item, 16)
@@ -306,25 +307,25 @@ def test_forward_accepts_any_filter_strides_through_the_pack():
     h = cpu_handle()
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, y = tdesc((2, 5, 6, 6), BF16, NHWC), tdesc((2, 7, 6, 6), BF16, NHWC)
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, x, fdesc((7, 5, 3, 3), BF16, NHWC), y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((7, 5, 3, 3), BF16, NHWC), y)
     assert pl.pack is not None and pl.steps[pl.pack][4].ld == 48 and pl.steps[pl.im2col][4].cols == 45
     assert pl.workspace == G.round_up(72 * 48 * 2) + G.round_up(7 * 48 * 2, 16)
-    pl = C._new_plan(h, C.DIR_FWD, FWD_GEMM, c, tdesc((2, 8, 6, 6), BF16, NHWC), fdesc((7, 8, 3, 3), BF16, NHWC), y)
+    pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, tdesc((2, 8, 6, 6), BF16, NHWC), fdesc((7, 8, 3, 3), BF16, NHWC), y)
     assert pl.pack is None and pl.align == 16 and pl.workspace == G.round_up(72 * 72 * 2, 16)
 
 
 def test_model_counts_the_cuda_core_gather_waste():
     """The v7 model's CUDA-core backward data: whole 64 x 64 tiles and 1 / stride^d useful taps (the
     stem's ALGO_0: 3 of 64 columns, stride 2 x 2)."""
-    from pydnn.ops import convolution_algos as A
+    from pydnn.ops.convolution import algorithms as A
     h = cpu_handle()
     c = cdesc((3, 3), (2, 2), (1, 1))
     x, w, y = tdesc((64, 3, 224, 224)), fdesc((64, 3, 7, 7)), tdesc((64, 64, 112, 112))
-    pl = C._new_plan(h, C.DIR_BWD_DATA, BWD_D0, c, x, w, y)
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D0, c, x, w, y)
     assert A._cc_tile_waste(pl) == pytest.approx(64 / 3 * 4)
     c1 = cdesc((1, 1), (1, 1), (1, 1))
     x, w, y = tdesc((64, 64, 56, 56)), fdesc((64, 64, 3, 3)), tdesc((64, 64, 56, 56))
-    assert A._cc_tile_waste(C._new_plan(h, C.DIR_BWD_DATA, BWD_D0, c1, x, w, y)) == 1.0
+    assert A._cc_tile_waste(CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D0, c1, x, w, y)) == 1.0
 
 
 def test_kernels_keep_their_state_in_registers():

@@ -8,8 +8,9 @@ import pytest
 
 import pydnn
 from devtensor import DevTensor
-from pydnn.ops import convolution as conv_ops
-from pydnn.ops import convolution_gemm as G
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import gemm as G
 from test_convolution_algos_gpu import check_bias_activation
 from test_convolution_gpu import (BF16, BWD_DATA_MODES, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _strides,
                                   _workspace, check_backward_data, check_forward)
@@ -77,7 +78,7 @@ def _backward_data(handle, pb, alpha, beta):
 def test_gemm_backward_data(handle, rng, case, dtype):
     def make(mode):
         pb = _bwd_problem(case, dtype, mode)
-        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert isinstance(pl, G.BwdGemmPlan)
         return pb
 

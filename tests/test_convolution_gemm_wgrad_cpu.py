@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_gemm as G
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import gemm as G
 from pydnn.reference import convolution as ref
 from test_convolution_cpu import (BF16, CONV, F32, F64, NCHW, NHWC, NS, XCORR, _check, _gather_tensor, _scatter,
                                   _val, cdesc, fdesc, tdesc)
@@ -144,7 +145,7 @@ def _check_wgrad(h, case, mode, dtype, rng, alphas=((1.0, 0.0), (-0.5, 0.75))):
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _wgrad_problem(case, mode, rng, dtype)
     x, dy, dw0 = rng.standard_normal(xd), rng.standard_normal(yd), rng.standard_normal(wd)
     xb, dyb = _scatter(x, xs, xsize), _scatter(dy, ys, ysize)
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, c, xdsc, wdsc, ydsc)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, BWD_F3, c, xdsc, wdsc, ydsc)
     assert isinstance(pl, G.WgradGemmPlan) and pl.deterministic
     assert pl.workspace == pydnn.get_convolution_backward_filter_workspace_size(h, xdsc, ydsc, c, wdsc, BWD_F3)
     for alpha, beta in alphas:
@@ -170,7 +171,7 @@ def implicit_expected(case, dtype):
 def test_backward_filter_emulated(case, mode, dtype, implicit, rng, monkeypatch):
     """Both forms of ALGO_3 where they apply: the implicit variant (on by default) and the explicit GEMMs
     (IMPLICIT off)."""
-    monkeypatch.setattr(G, "IMPLICIT", implicit)
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", implicit)
     if implicit and not implicit_expected(case, dtype):
         pytest.skip("the explicit GEMMs serve it either way (covered with implicit=False)")
     pl = _check_wgrad(cpu_handle(), case, mode, dtype, rng)
@@ -189,10 +190,10 @@ def test_backward_filter_emulated(case, mode, dtype, implicit, rng, monkeypatch)
 def test_backward_filter_chunks_of_images(case, rng, monkeypatch):
     """A small column budget: several chunks of images (the last one shorter), each with partials of its
     own; a small partial budget on a per-image plan: the later chunks add into the first's partials."""
-    monkeypatch.setattr(G, "IMPLICIT", False)
-    monkeypatch.setattr(G, "COL_LIMIT", 1)
-    monkeypatch.setattr(G, "PART_LIMIT", 1)
-    monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 16)
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", False)
+    monkeypatch.setattr(tuning.conv_gemm, "COL_LIMIT", 1)
+    monkeypatch.setattr(tuning.conv_gemm, "PART_LIMIT", 1)
+    monkeypatch.setattr(tuning.conv_gemm, "MIN_SPLIT_ROWS", 16)
     h = cpu_handle()
     big = ((5,) + case[0][1:],) + case[1:]
     pl = _check_wgrad(h, big, XCORR, F32, rng)
@@ -204,7 +205,7 @@ def test_backward_filter_chunks_of_images(case, rng, monkeypatch):
         assert [c[2] for c in pl.chunks] == [i * pl.parts // 5 for i in range(5)] and all(c[3] for c in pl.chunks)
     else:
         assert [c[3] for c in pl.chunks] == [True] + [False] * 4 and pl.parts == 1
-    monkeypatch.setattr(G, "COL_LIMIT", 2 * prod_bytes(big))
+    monkeypatch.setattr(tuning.conv_gemm, "COL_LIMIT", 2 * prod_bytes(big))
     pl = _check_wgrad(h, big, CONV, F32, rng)
     if not pl.direct:
         assert [c[1] for c in pl.chunks] == [2, 2, 1]
@@ -212,8 +213,8 @@ def test_backward_filter_chunks_of_images(case, rng, monkeypatch):
 
 def test_backward_filter_tail_split(rng, monkeypatch):
     """61 reduction rows (prime): 8 splits of 7 rows in one batched GEMM and the 5 left in a ninth partial."""
-    monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 7)
-    monkeypatch.setattr(G, "IMPLICIT", False)
+    monkeypatch.setattr(tuning.conv_gemm, "MIN_SPLIT_ROWS", 7)
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", False)
     for mode in (XCORR, CONV):
         pl = _check_wgrad(cpu_handle(), ((1, 6, 61), 5, (1,), (0,), (1,), (1,), "nhwc", NHWC), mode, F32, rng)
         gemms = pl.kinds[1][2]
@@ -233,21 +234,21 @@ def test_backward_filter_splits_fill_the_gpu(monkeypatch):
     reductions into about a wave of 64 x 128 tiles (3 per SM) with no tail; the 1x1 layers read x and dy
     in place, one partial per image, the partials oriented so the tiles' 128-wide side is the longer one."""
     h = cpu_handle()
-    monkeypatch.setattr(G, "IMPLICIT", False)
-    stem = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, cdesc((3, 3), (2, 2), (1, 1)), tdesc((64, 3, 224, 224)),
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", False)
+    stem = CP.new_plan(h, CPb.DIR_BWD_FILTER, BWD_F3, cdesc((3, 3), (2, 2), (1, 1)), tdesc((64, 3, 224, 224)),
                        fdesc((64, 3, 7, 7)), tdesc((64, 64, 112, 112)))
     assert stem.packs_dy and stem.flat and not stem.direct
     for g, (im2col, pack, gemms) in stem.kinds.items():
         assert len(gemms) == 1 and gemms[0][0].m == 64 and gemms[0][0].n == 147
         assert gemms[0][0].k * gemms[0][0].batch == g * 112 * 112
         assert 132 * 3 // 2 <= 2 * gemms[0][0].batch <= 132 * 3
-    assert stem.chunk * (112 * 112 * (147 + 64) * 4) <= G.COL_LIMIT
+    assert stem.chunk * (112 * 112 * (147 + 64) * 4) <= tuning.conv_gemm.COL_LIMIT
     want = G.round_up(stem.parts * 64 * 147 * 4) + G.round_up(stem.chunk * 112 * 112 * 147 * 4) + \
         G.round_up(64 * stem.chunk * 112 * 112 * 4, 16)
     assert stem.workspace == want
     c1 = cdesc((0, 0), (1, 1), (1, 1))
     for cc, k, orient in ((256, 64, False), (64, 256, True)):
-        pl = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, c1, tdesc((64, cc, 56, 56)), fdesc((k, cc, 1, 1)),
+        pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, BWD_F3, c1, tdesc((64, cc, 56, 56)), fdesc((k, cc, 1, 1)),
                          tdesc((64, k, 56, 56)))
         assert pl.direct and not pl.flat and pl.parts == 64 and pl.orient == orient
         mp = pl.kinds[64][2][0][0]
@@ -292,7 +293,7 @@ def test_implicit_stem_plan():
     first, with the implicit plan's workspace."""
     h = cpu_handle()
     conv, x, w, y = cdesc((3, 3), (2, 2), (1, 1)), tdesc((64, 3, 224, 224)), fdesc((64, 3, 7, 7)), tdesc((64, 64, 112, 112))
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, conv, x, w, y)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, BWD_F3, conv, x, w, y)
     assert pl.implicit and pl.parts == 132 * G.WI_MINB and pl.per_slot % G.WI_BK == 0
     assert (pl.parts - 1) * pl.per_slot < 64 * 112 * 112 <= pl.parts * pl.per_slot
     assert pl.steps[pl.gather][2] == (pl.parts, 1, 1)
@@ -310,7 +311,7 @@ def test_implicit_routing(monkeypatch):
     switch off; and ALGO_3's own refusals stay what they were."""
     h = cpu_handle()
     c7 = cdesc((3, 3), (2, 2), (1, 1))
-    plan = lambda conv, x, w, y: C._new_plan(h, C.DIR_BWD_FILTER, BWD_F3, conv, x, w, y)
+    plan = lambda conv, x, w, y: CP.new_plan(h, CPb.DIR_BWD_FILTER, BWD_F3, conv, x, w, y)
     assert plan(c7, tdesc((2, 3, 17, 17)), fdesc((8, 3, 7, 7)), tdesc((2, 8, 9, 9))).implicit
     stem16 = plan(c7, tdesc((2, 3, 17, 17), BF16, NHWC), fdesc((8, 3, 7, 7), BF16, NHWC), tdesc((2, 8, 9, 9), BF16, NHWC))
     assert not stem16.implicit and stem16.steps                       # the tensor-core GEMMs
@@ -326,7 +327,7 @@ def test_implicit_routing(monkeypatch):
     _check(pydnn.get_convolution_backward_filter_workspace_size,
            (h, tdesc((2, 4, 9, 9)), tdesc((2, 6, 5, 5)), cdesc((3, 3), (2, 2), (1, 1), groups=2), fdesc((6, 2, 7, 7)),
             BWD_F3), NS, "explicit GEMM needs groupCount 1 (got 2)")
-    monkeypatch.setattr(G, "IMPLICIT", False)
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", False)
     assert not plan(c7, tdesc((2, 3, 17, 17)), fdesc((8, 3, 7, 7)), tdesc((2, 8, 9, 9))).implicit
 
 
@@ -346,7 +347,7 @@ def test_v7_ranks_the_explicit_gemms_first():
         if r == 1:
             rd = pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, conv, x, 6)
             assert rd[0].algo == BWD_D1 and rd[0].memory == 0, name
-            assert C._new_plan(h, C.DIR_BWD_DATA, BWD_D1, conv, x, w, y).direct
+            assert CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D1, conv, x, w, y).direct
     for c, k, r, pad in ((64, 64, 3, 1), (256, 64, 1, 0)):
         conv = cdesc((pad, pad), (1, 1), (1, 1))
         x, w, y = tdesc((64, c, 56, 56), BF16, NHWC), fdesc((k, c, r, r), BF16, NHWC), tdesc((64, k, 56, 56), BF16, NHWC)
@@ -388,7 +389,7 @@ def test_backward_data_direct_emulated(case, mode, dtype, rng):
     xd, k, layout, wfmt = case
     full = (xd, k, (1, 1), (0, 0), (1, 1), (1, 1), layout, wfmt)
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(full, mode, rng, dtype)
-    pl = C._new_plan(h, C.DIR_BWD_DATA, BWD_D1, c, xdsc, wdsc, ydsc)
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D1, c, xdsc, wdsc, ydsc)
     if dtype == BF16 and layout == "nhwc" and xd[1] % 8 == 0 and k % 8 == 0 and wfmt == NHWC:
         assert not isinstance(pl, G.BwdGemmPlan)   # the tensor-core ALGO_1 serves it
         return

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution as conv_ops
-from pydnn.ops import convolution_gemm as G
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import gemm as G
 from test_convolution_gemm_gpu import _bwd_problem
 from test_convolution_gpu import (BF16, CONV, F16, F32, NCHW, NHWC, XCORR, Problem, _workspace, check_backward_data,
                                   check_backward_filter)
@@ -49,7 +50,7 @@ def check_wgrad(handle, rng, case, dtype, what, implicit=None):
     implicit variant (None: either)."""
     def make(mode):
         pb = _bwd_problem(case, dtype, mode)
-        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_FILTER, BWD_F3, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F3, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert isinstance(pl, G.WgradGemmPlan) and pl.deterministic
         assert implicit is None or pl.implicit == implicit, (what, implicit)
         return pb
@@ -72,7 +73,7 @@ def _implicit_applies(case, dtype):
 def test_gemm_backward_filter(handle, rng, monkeypatch, case, dtype, implicit):
     """Every case through the explicit GEMMs (IMPLICIT off) and, where it applies, the implicit variant
     (on: the default); where it does not apply the plan must be the explicit one."""
-    monkeypatch.setattr(G, "IMPLICIT", implicit)
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", implicit)
     if implicit and dtype != F32:
         pytest.skip("16-bit data: the explicit GEMMs either way (covered with implicit=False)")
     check_wgrad(handle, rng, case, dtype, "GEMM backward filter", implicit and _implicit_applies(case, dtype))
@@ -118,10 +119,10 @@ TAIL_CASE = ((1, 6, 61), 5, (1,), (0,), (1,), (1,), 1, "nhwc", NHWC)   # 61 rows
 def test_gemm_backward_filter_chunks(handle, rng, monkeypatch, case, col_limit, part_limit):
     """Small workspace budgets: one image per im2col chunk (partials of its own each); a per-image plan
     adding its later chunks into the first chunk's partials (beta 1); short splits with a tail."""
-    monkeypatch.setattr(G, "COL_LIMIT", col_limit)
-    monkeypatch.setattr(G, "PART_LIMIT", part_limit)
-    monkeypatch.setattr(G, "MIN_SPLIT_ROWS", 7)
-    monkeypatch.setattr(G, "IMPLICIT", False)
+    monkeypatch.setattr(tuning.conv_gemm, "COL_LIMIT", col_limit)
+    monkeypatch.setattr(tuning.conv_gemm, "PART_LIMIT", part_limit)
+    monkeypatch.setattr(tuning.conv_gemm, "MIN_SPLIT_ROWS", 7)
+    monkeypatch.setattr(tuning.conv_gemm, "IMPLICIT", False)
     check_wgrad(handle, rng, case, F32, "GEMM backward filter, chunks", False)
 
 
@@ -139,7 +140,7 @@ def test_direct_backward_data(handle, rng, case, dtype):
     xd, k, layout, wfmt = case
     full = (xd, k, (1, 1), (0, 0), (1, 1), (1, 1), 1, layout, wfmt)
     pb = Problem(full, dtype, XCORR)
-    pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     if not isinstance(pl, G.BwdGemmPlan):   # 16-bit NHWC with channels % 8: the tensor-core ALGO_1
         assert dtype != F32
         pytest.skip("16-bit NHWC with channels % 8 == 0: the tensor-core ALGO_1 (tested there)")

@@ -8,7 +8,8 @@ import pytest
 
 import pydnn
 from devtensor import DevTensor, assert_close
-from pydnn.ops import convolution as conv_ops
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 from pydnn.reference import convolution as ref
 from pydnn.tensor import packed_strides
 
@@ -254,7 +255,7 @@ def test_bias_activation_in_place_residual(handle, rng):
 
 
 def test_find_ex(handle, rng, tmp_path, monkeypatch):
-    from pydnn.ops import convolution_algos as A
+    from pydnn.ops.convolution import algorithms as A
 
     monkeypatch.setattr(A, "tuning_path", lambda: tmp_path / A.TUNING_FILE)
     monkeypatch.delenv("PYDNN_CONV_TUNING_CACHE", raising=False)
@@ -276,7 +277,7 @@ def test_find_ex(handle, rng, tmp_path, monkeypatch):
                                                             pb.wdesc, pb.w.ptr, 7, ws.ptr, n)
     ok = [p for p in r if p.status == pydnn.PYDNN_STATUS_SUCCESS]
     # ALGO_0, ALGO_1 and whatever else is implemented for this problem (FFT), timed and sorted
-    assert {BWD_F0, BWD_F1} <= {p.algo for p in ok} <= set(conv_ops.IMPLEMENTED[conv_ops.DIR_BWD_FILTER])
+    assert {BWD_F0, BWD_F1} <= {p.algo for p in ok} <= set(CP.implemented()[CPb.DIR_BWD_FILTER])
     assert [p.time for p in ok] == sorted(p.time for p in ok)
     r = pydnn.find_convolution_backward_filter_algorithm_ex(handle, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv,
                                                             pb.wdesc, pb.w.ptr, 7, ws.ptr, 0)
@@ -322,23 +323,23 @@ def _tc_problem(case, dtype, mode):
 
 def _force_tiling(monkeypatch, direction, tiling):
     if tiling is not None:
-        assert tiling in conv_ops.TC_TILES + conv_ops.TCP_TILES + conv_ops.WGM_TILES + conv_ops.WGM_VARIANTS
-        monkeypatch.setitem(conv_ops.TC_FORCE, direction, tiling)
+        assert tiling in CT.TC_TILES + CT.TCP_TILES + CT.WGM_TILES + CT.WGM_VARIANTS
+        monkeypatch.setitem(tuning.conv.TC_FORCE, direction, tiling)
 
 
 # the model's tiling, or a forced one: fwd_tc / bwd_data_tc (BM, BN), or the pipelined kernel's
 # (BM, BN, WARPS_M, WARPS_N, MINB), which serves every case but backward data with stride > 1 (there the
 # model's fwd_tc / bwd_data_tc tile runs)
-TC_TILINGS = [None] + list(conv_ops.TC_TILES) + list(conv_ops.TCP_TILES)
+TC_TILINGS = [None] + list(CT.TC_TILES) + list(CT.TCP_TILES)
 
 
 # fwd_wgmma's tiles: the model's (WGM_TILES, v12's LEAN copies) and the variants (WGM_VARIANTS: v8's loop)
-WGM_TILINGS = list(conv_ops.WGM_TILES) + list(conv_ops.WGM_VARIANTS)
+WGM_TILINGS = list(CT.WGM_TILES) + list(CT.WGM_VARIANTS)
 
 
 def _need_wgmma(handle):
-    if handle.arch != conv_ops.WGM_ARCH:
-        pytest.skip(f"fwd_wgmma is built for {conv_ops.WGM_ARCH} only (this device: {handle.arch})")
+    if handle.arch != CT.WGM_ARCH:
+        pytest.skip(f"fwd_wgmma is built for {CT.WGM_ARCH} only (this device: {handle.arch})")
 
 
 # fwd_wgmma (Hopper): placed first so that a broken kernel shows on small shapes before the long runs
@@ -349,10 +350,10 @@ def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
     """The wgmma forward on every tensor-core case (partial M / N tiles, channel tails zero-filled,
     stride, dilation, 1-d / 3-d, padded NHWC): plain (register epilogue) and beta != 0 (staged)."""
     _need_wgmma(handle)
-    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
+    _force_tiling(monkeypatch, CPb.DIR_FWD, tiling)
 
     def planned_on_wgmma(pb):
-        pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert "fwd_wgmma<" in pl.gemm_expr and pl.unit.startswith("convolution.wgmma.")
 
     check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE,
@@ -367,13 +368,13 @@ def test_wgmma_model_1x1(handle, rng, dtype):
     case = ((2, 256, 9, 11), 72, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC)
 
     def planned_on_wgmma(pb):
-        pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert "fwd_wgmma<" in pl.gemm_expr
 
     check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE, "wgmma model 1x1",
                   before=planned_on_wgmma)
     pb = _tc_problem(((2, 64, 9, 11), 72, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC), dtype, XCORR)
-    pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     assert "implicit_gemm_pipe_tc<" in pl.gemm_expr
 
 
@@ -383,9 +384,9 @@ def test_wgmma_model_1x1(handle, rng, dtype):
 def test_wgmma_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
     """The fused forward's epilogues on fwd_wgmma (see test_bias_activation_tensor_cores)."""
     _need_wgmma(handle)
-    monkeypatch.setitem(conv_ops.TC_FORCE, conv_ops.DIR_FWD, tiling)
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, tiling)
     pb = _tc_problem(TC_CASES[case], dtype, XCORR)
-    pl = conv_ops._new_plan(handle, conv_ops.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     assert "fwd_wgmma<" in pl.gemm_expr
     _bias_activation_cases(handle, rng, monkeypatch, dtype, case, tiling)
 
@@ -394,7 +395,7 @@ def test_wgmma_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("tiling", TC_TILINGS)
 def test_forward_tensor_cores(handle, rng, monkeypatch, case, dtype, tiling):
-    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
+    _force_tiling(monkeypatch, CPb.DIR_FWD, tiling)
     check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE, "tensor-core forward")
 
 
@@ -408,7 +409,7 @@ TC_BWD_CASES = [c for c in TC_CASES if c[1] % 8 == 0] + [
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("tiling", TC_TILINGS)
 def test_backward_data_tensor_cores(handle, rng, monkeypatch, case, dtype, tiling):
-    _force_tiling(monkeypatch, conv_ops.DIR_BWD_DATA, tiling)
+    _force_tiling(monkeypatch, CPb.DIR_BWD_DATA, tiling)
     check_backward_data(rng, lambda mode: _tc_problem(case, dtype, mode), dtype,
                         lambda pb, alpha, beta: _backward_data_tc_run(handle, pb, alpha, beta),
                         "tensor-core backward data")
@@ -453,15 +454,15 @@ def test_wgmma_backward_data(handle, rng, monkeypatch, case, dtype, tiling):
         pytest.skip("the model takes fwd_wgmma for K % 64 == 0 only (the forced tilings run this case)")
     swap = tiling == "swap"
     if swap:
-        monkeypatch.setattr(conv_ops, "WGM_BWD_SWAP", True)
-        tiling = conv_ops.WGM_TILES[1]
-    _force_tiling(monkeypatch, conv_ops.DIR_BWD_DATA, tiling)
+        monkeypatch.setattr(tuning.conv, "WGM_BWD_SWAP", True)
+        tiling = CT.WGM_TILES[1]
+    _force_tiling(monkeypatch, CPb.DIR_BWD_DATA, tiling)
     planned = {}
 
     def make(mode):
         pb = _tc_problem(case, dtype, mode)
-        pl = conv_ops._new_plan(handle, conv_ops.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-        assert "fwd_wgmma<" in pl.gemm_expr and isinstance(pl, conv_ops.BwdWgmmaPlan) == swap
+        pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert "fwd_wgmma<" in pl.gemm_expr and isinstance(pl, CT.BwdWgmmaPlan) == swap
         bkn = pl.gemm_expr.count(",") == 5 and pl.gemm_expr.endswith(", 1>")  # <T, BN, STAGES, MINB, LEAN, BKN = 1>
         assert bkn != swap  # B read as [k][c] from w, or the swap's K-major copy
         assert (pl.workspace > 0) == swap
@@ -480,14 +481,15 @@ TC_WG_CASES = TC_BWD_CASES + [
     ((2, 8, 5, 6), 8, (3, 3), (0, 2), (1, 2), (2, 1), 1, "nhwc", NHWC),      # tiny: one 32-position tile
 ]
 # the model's choice, or a forced (BM, splits) of wgrad_tc, or (WGP_TILES entry, splits) of wgrad_pipe_tc
-WG_TILINGS = [None, (128, 1), (64, 3), (128, 5), (conv_ops.WGP_TILES[0], 1), (conv_ops.WGP_TILES[1], 3),
-              (conv_ops.WGP_TILES[0], 5)] + [(cfg, 2) for cfg in conv_ops.WGP_TILES[2:]]
+WG_TILINGS = [None, (128, 1), (64, 3), (128, 5), (CT.WGP_TILES[0], 1), (CT.WGP_TILES[1], 3),
+              (CT.WGP_TILES[0], 5)] + [(cfg, 2) for cfg in CT.WGP_TILES[2:]]
 
 
 def _wgrad_tc_run(handle, pb, alpha, beta):
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 
-    pl = C._new_plan(handle, C.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     assert "wgrad_tc" in pl.gemm_expr or "wgrad_pipe_tc" in pl.gemm_expr
     need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc, BWD_F1)
     assert need == pl.workspace and (need > 0) == (pl.splits > 1)
@@ -502,10 +504,11 @@ def _wgrad_tc_run(handle, pb, alpha, beta):
 def test_backward_filter_tensor_cores(handle, rng, monkeypatch, case, dtype, tiling):
     """BWD_FILTER_ALGO_1 on tensor cores (wgrad_tc, wgrad_pipe_tc): each tiling, one split (dw written
     directly) and several (fp32 partials + the fold), against the reference."""
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 
     if tiling is not None:
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, tiling)
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, tiling)
     check_backward_filter(rng, lambda mode: _tc_problem(case, dtype, mode), dtype,
                           lambda pb, alpha, beta: _wgrad_tc_run(handle, pb, alpha, beta),
                           f"tensor-core backward filter tiling {tiling}")
@@ -531,7 +534,7 @@ def test_backward_filter_tensor_cores_reproducible(handle, rng):
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("case", [0, 1, 5, 6])   # K = 10 (scalar tails), 24 channels (fwd_tc), 64 and 128 channels
-@pytest.mark.parametrize("tiling", [None] + list(conv_ops.TCP_TILES) + [(64, 64)])
+@pytest.mark.parametrize("tiling", [None] + list(CT.TCP_TILES) + [(64, 64)])
 def test_bias_activation_tensor_cores(handle, rng, monkeypatch, dtype, case, tiling):
     """The fused forward's epilogues on each tensor-core kernel, every activation with: no z (bias + a
     clamp-type activation stay in registers), z in NHWC (the staged epilogue's unrolled 16-byte pass for
@@ -540,7 +543,7 @@ def test_bias_activation_tensor_cores(handle, rng, monkeypatch, dtype, case, til
 
 
 def _bias_activation_cases(handle, rng, monkeypatch, dtype, case, tiling):
-    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
+    _force_tiling(monkeypatch, CPb.DIR_FWD, tiling)
     for i, (mode, coef) in enumerate(ACTS):
         for zkind in ("none", "nhwc", "nchw") + (("inplace", "none-propagate-nan") if i == 0 else ()):
             pb = _tc_problem(TC_CASES[case], dtype, XCORR)
@@ -568,11 +571,11 @@ def _bias_activation_cases(handle, rng, monkeypatch, dtype, case, tiling):
 
 
 @pytest.mark.parametrize("case", [0, 3, 5, 6])
-@pytest.mark.parametrize("tiling", [None] + list(conv_ops.TCP_TILES))
+@pytest.mark.parametrize("tiling", [None] + list(CT.TCP_TILES))
 def test_forward_tensor_cores_staged_plain(handle, rng, monkeypatch, case, tiling):
     """The plain forward through the staged epilogue (TC_STAGED_PLAIN, the benchmark's switch)."""
-    _force_tiling(monkeypatch, conv_ops.DIR_FWD, tiling)
-    monkeypatch.setattr(conv_ops, "TC_STAGED_PLAIN", True)
+    _force_tiling(monkeypatch, CPb.DIR_FWD, tiling)
+    monkeypatch.setattr(tuning.conv, "TC_STAGED_PLAIN", True)
     pb = _tc_problem(TC_CASES[case], BF16, XCORR)
     x, w = pb.x.random(rng), pb.w.random(rng)
     pb.y.poison()

@@ -7,8 +7,9 @@ import pytest
 
 import pydnn
 from pydnn._build import manifest
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_wgrad_wgmma as W
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import wgrad_wgmma as W
 from test_convolution_cpu import BF16, F32, NCHW, NHWC, X, Y, WS, W as WPTR, _check, cdesc, fdesc, tdesc
 from test_fuzz_cpu import cpu_handle
 
@@ -17,7 +18,7 @@ RESNET = ((64, 56), (128, 28), (256, 14), (512, 7))
 
 
 def _plan(h, x, y, w, c=None):
-    return C._new_plan(h, C.DIR_BWD_FILTER, F1, c or cdesc((1, 1), (1, 1), (1, 1)), x, w, y)
+    return CP.new_plan(h, CPb.DIR_BWD_FILTER, F1, c or cdesc((1, 1), (1, 1), (1, 1)), x, w, y)
 
 
 def _resnet(cc, hw, fmt=NHWC, n=64):
@@ -59,11 +60,11 @@ def test_plan_resnet_layers(layer, fmt):
     assert pl.unit == "convolution.wgrad.bf16" and pl.gemm_expr == W._expr("bf16", pl.cfg) and pl.cfg in W.TILES
     p = pl.gemm
     assert (p.gm, p.gn, p.gk) == (cc, 9 * cc, 64 * hw * hw)
-    assert list(p.red_size) == [64, 1, hw, hw] and list(p.red_step) == C._digit_step(64, [64, 1, hw, hw])
+    assert list(p.red_size) == [64, 1, hw, hw] and list(p.red_step) == CP.digit_step(64, [64, 1, hw, hw])
     # the stages, the position table (2 x 64 x 16 bytes) and 1 KiB to align the stages
     assert pl.smem == pl.cfg[2] * (pl.cfg[0] + pl.cfg[1]) * 64 * 2 + 2048 + 1024 <= 227 * 1024
     assert pl.cfg[3] == 1 or pl.cfg[3] * (pl.smem + 1024) <= 228 * 1024   # MINB blocks fit an SM
-    kinds = _check_steps(pl, cc, 9 * cc, C._strides5(w.strides))
+    kinds = _check_steps(pl, cc, 9 * cc, CPb.strides5(w.strides))
     if cc == 512:  # 144 128 x 128 tiles on 132 SMs: the first wave unsplit, the other 12 tiles split
         assert pl.full == 132 == pl.steps[0][2].direct and pl.cfg[:2] == (128, 128) and kinds == ["gemm", "fold"]
         assert pl.steps[0][2].tiles == 12 and pl.tail_splits == pl.gemm.splits > 1
@@ -99,11 +100,11 @@ def test_refusals(monkeypatch):
     h = cpu_handle()
     h.arch = "sm_80"
     assert "wgrad_pipe_tc<" in _plan(h, x, y, w).gemm_expr
-    assert "needs an sm_90 device" in W.refusal(h, C.problem(cdesc((1, 1), (1, 1), (1, 1)), x, w, y))
+    assert "needs an sm_90 device" in W.refusal(h, CPb.problem(cdesc((1, 1), (1, 1), (1, 1)), x, w, y))
     h = cpu_handle()
-    monkeypatch.setattr(W, "ENABLED", False)
+    monkeypatch.setattr(tuning.conv_wgrad_wgmma, "ENABLED", False)
     assert "wgrad_pipe_tc<" in _plan(h, x, y, w).gemm_expr
-    monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(tuning.conv_wgrad_wgmma, "ENABLED", True)
     assert isinstance(_plan(h, x, y, w), W.WgradWgmmaPlan)
     # dy's positions not evenly spaced: wgrad_tc
     yg = tdesc((8, 64, 28, 28), BF16, strides=(28 * 64 * 64, 1, 64 * 64, 64))
@@ -118,27 +119,27 @@ def test_refusals(monkeypatch):
     g2 = cdesc((1, 1), (1, 1), (1, 1), groups=2)
     assert not isinstance(_plan(h, x, y, fdesc((64, 32, 3, 3), BF16, fmt=NHWC), g2), W.WgradWgmmaPlan)
     # forced tilings
-    monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, (C.WGP_TILES[0], 2))
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, (CT.WGP_TILES[0], 2))
     assert "wgrad_pipe_tc<" in _plan(h, x, y, w).gemm_expr
-    monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, (128, 2))
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, (128, 2))
     assert "pydnn::conv::wgrad_tc<" in _plan(h, x, y, w).gemm_expr
     for cfg in W.TILES:
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, (cfg, 3))
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, (cfg, 3))
         pl = _plan(h, x, y, w)
         tiles = -(-64 // cfg[0]) * -(-576 // cfg[1])
         assert isinstance(pl, W.WgradWgmmaPlan) and pl.cfg == cfg and pl.splits == 3
         assert pl.workspace == 3 * tiles * cfg[0] * cfg[1] * 4 and [st[0] for st in pl.steps] == ["gemm", "fold"]
         assert pl.steps[0][2].direct == 0
     for cfg in W.VARIANTS:   # bench-only instantiations, forced
-        monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, (cfg, 1))
+        monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, (cfg, 1))
         assert _plan(h, x, y, w).gemm_expr == W._expr("bf16", cfg)
     # a forced hybrid: tiles [0, 3) unsplit, the others with 2 splits
-    monkeypatch.setitem(C.TC_FORCE, C.DIR_BWD_FILTER, (W.TILES[2], 1, 3, 2))
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER, (W.TILES[2], 1, 3, 2))
     pl = _plan(h, x, y, w)
     assert pl.full == 3 and [st[0] for st in pl.steps] == ["gemm", "fold"] and pl.steps[0][2].direct == 3
-    assert _check_steps(pl, 64, 576, C._strides5(w.strides)) and pl.workspace == 2 * 2 * 64 * 128 * 4
-    monkeypatch.delitem(C.TC_FORCE, C.DIR_BWD_FILTER)
-    monkeypatch.setattr(W, "FORCE", (W.TILES[1], 1))
+    assert _check_steps(pl, 64, 576, CPb.strides5(w.strides)) and pl.workspace == 2 * 2 * 64 * 128 * 4
+    monkeypatch.delitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_FILTER)
+    monkeypatch.setattr(tuning.conv_wgrad_wgmma, "FORCE", (W.TILES[1], 1))
     pl = _plan(h, x, y, w)
     assert pl.cfg == W.TILES[1] and pl.splits == 1 and pl.workspace == 0 and pl.fold is None
 
@@ -146,9 +147,9 @@ def test_refusals(monkeypatch):
 def test_many_splits_capped():
     """A forced split count above the K tiles gives one K tile per slice (no empty slice)."""
     x, y, w = _resnet(64, 7, n=2)   # 98 positions: 2 K tiles
-    pl = W.plan(cpu_handle(), C.problem(cdesc((1, 1), (1, 1), (1, 1)), x, w, y), F1, W.TILES[0], 50)
+    pl = W.plan(cpu_handle(), CPb.problem(cdesc((1, 1), (1, 1), (1, 1)), x, w, y), F1, W.TILES[0], 50)
     assert pl.splits == 2 and pl.gemm.k_per_split == 64
-    pl = W.plan(cpu_handle(), C.problem(cdesc((1, 1), (1, 1), (1, 1)), x, w, y), F1, W.TILES[0], 1, 99, 3)
+    pl = W.plan(cpu_handle(), CPb.problem(cdesc((1, 1), (1, 1), (1, 1)), x, w, y), F1, W.TILES[0], 1, 99, 3)
     assert pl.full == 0 and pl.splits == 1 and pl.workspace == 0   # "full" past the tiles: no hybrid
 
 

@@ -8,8 +8,9 @@ import pytest
 
 import pydnn
 from devtensor import DevTensor, assert_close
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_wgrad_wgmma as W
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import wgrad_wgmma as W
 from pydnn.reference import convolution as ref
 from pydnn.tensor import packed_strides
 from test_convolution_gpu import check_backward_filter
@@ -69,7 +70,7 @@ class Problem:
         return self.pad, self.st, self.dil, 1, self.cross
 
     def plan(self, handle):
-        return C._new_plan(handle, C.DIR_BWD_FILTER, F1, self.conv, self.x.desc, self.wdesc, self.y.desc)
+        return CP.new_plan(handle, CPb.DIR_BWD_FILTER, F1, self.conv, self.x.desc, self.wdesc, self.y.desc)
 
     def run(self, handle, alpha, beta):
         """The call with the workspace its query reports, poisoned (every partial must be written)."""
@@ -88,7 +89,7 @@ class Problem:
 def test_wgmma_backward_filter(handle, rng, monkeypatch, case, dtype, tiling):
     _skip_unless_sm90(handle)
     if tiling is not None:
-        monkeypatch.setattr(W, "FORCE", tiling)
+        monkeypatch.setattr(tuning.conv_wgrad_wgmma, "FORCE", tiling)
     planned = {}
 
     def make(mode):
@@ -113,7 +114,7 @@ def test_wgmma_backward_filter_reproducible(handle, rng, monkeypatch, tiling):
     values; the v7 heuristic ranks ALGO_1 (this kernel) first, deterministic."""
     _skip_unless_sm90(handle)
     if tiling is not None:
-        monkeypatch.setattr(W, "FORCE", tiling)
+        monkeypatch.setattr(tuning.conv_wgrad_wgmma, "FORCE", tiling)
     pb = Problem(((4, 64, 28, 28), 64, (3, 3), (1, 1), (1, 1), (1, 1), "nhwc", NHWC), BF16, XCORR)
     assert isinstance(pb.plan(handle), W.WgradWgmmaPlan)
     if tiling is None:

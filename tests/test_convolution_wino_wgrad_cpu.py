@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_winograd as Wg
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import winograd as Wg
 from pydnn.reference import convolution as ref
 from pydnn.reference import matmul as mref
 from test_convolution_algos_cpu import MATS, _problem
@@ -98,7 +99,7 @@ def emulate_wgrad(pl, xbuf, dybuf, dw0buf, alpha, beta):
     total = pf.groups * pf.cout_g * pf.cin_g
     size = pf.splits * P * total
     if pl.mm is None:
-        mbuf = emulate(pl.sub.plan, C.DIR_BWD_FILTER, dbuf, ubuf, size)
+        mbuf = emulate(pl.sub.plan, CPb.DIR_BWD_FILTER, dbuf, ubuf, size)
     else:
         mp, q = pl.mm, pl.mm.fast.params
         out = mref.gemm(dbuf, ubuf, None, q.m, q.n, q.k, 1.0, 0.0, mp.trans_a, mp.trans_b, q.lda, q.ldb, q.ldc,
@@ -141,9 +142,9 @@ WGRAD_CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter form
 @pytest.mark.parametrize("layout,splits", [(None, None), ("tile", 3), ("chan", 2)])
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_wgrad_emulated(case, mode, dtype, layout, splits, tile, rng, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
-    monkeypatch.setattr(Wg, "WGRAD_LAYOUT", layout)
-    monkeypatch.setattr(Wg, "WGRAD_FORCE_SPLITS", splits)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)
+    monkeypatch.setattr(tuning.conv_winograd, "WGRAD_LAYOUT", layout)
+    monkeypatch.setattr(tuning.conv_winograd, "WGRAD_FORCE_SPLITS", splits)
     monkeypatch.setattr(Wg, "WGRAD_F4_MIN_CLEAR", 0)  # index math here, not float rounding: every shape
     monkeypatch.setattr(Wg, "WGRAD_F2_MIN_CLEAR", -9)
     h = cpu_handle()
@@ -151,7 +152,7 @@ def test_wgrad_emulated(case, mode, dtype, layout, splits, tile, rng, monkeypatc
     if dtype == F64:
         c = cdesc(case[3], case[4], case[5], mode, F64, case[6])
     x, dy, dw0 = rng.standard_normal(xd), rng.standard_normal(yd), rng.standard_normal(wd)
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, WINO, c, xdsc, wdsc, ydsc)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, WINO, c, xdsc, wdsc, ydsc)
     assert pl.deterministic and pl.tile == tile and (pl.mm is None) == (dtype == F64)
     tiles = pl.px.batch * pl.px.tiles_h * pl.px.tiles_w
     if splits:  # chunks of ceil(T / S) tiles rounded up to 4 (fewer chunks when the last ones would be empty)
@@ -196,15 +197,15 @@ def test_wgrad_small_float_outputs():
     p1 = cdesc((1, 1), (1, 1), (1, 1))
     for (hh, ww), tile in (((5, 9), 4), ((4, 9), 2), ((9, 3), 2)):
         x, y = tdesc((1, 4, hh, ww)), tdesc((1, 6, hh, ww))
-        assert C._new_plan(h, C.DIR_BWD_FILTER, WINO, p1, x, fdesc((6, 4, 3, 3)), y).tile == tile
+        assert CP.new_plan(h, CPb.DIR_BWD_FILTER, WINO, p1, x, fdesc((6, 4, 3, 3)), y).tile == tile
     x16, y16 = tdesc((1, 4, 3, 2), F16), tdesc((1, 6, 3, 2), F16)
-    assert C._new_plan(h, C.DIR_BWD_FILTER, WINO, p1, x16, fdesc((6, 4, 3, 3), F16), y16).tile == 4
+    assert CP.new_plan(h, CPb.DIR_BWD_FILTER, WINO, p1, x16, fdesc((6, 4, 3, 3), F16), y16).tile == 4
     _check(pydnn.get_convolution_backward_filter_workspace_size,
            (h, tdesc((1, 4, 3, 2)), tdesc((1, 6, 3, 2)), p1, fdesc((6, 4, 3, 3)), WINO), NS,
            "min(OH - pad_h, OW - pad_w) = 1")
     p0 = cdesc((0, 0), (1, 1), (1, 1))   # no padding: every tap sees every position
     x, y = tdesc((1, 4, 4, 4)), tdesc((1, 6, 2, 2))
-    assert C._new_plan(h, C.DIR_BWD_FILTER, WINO, p0, x, fdesc((6, 4, 3, 3)), y).tile == 2
+    assert CP.new_plan(h, CPb.DIR_BWD_FILTER, WINO, p0, x, fdesc((6, 4, 3, 3)), y).tile == 2
 
 
 def _ru(n, a=256):
@@ -214,7 +215,7 @@ def _ru(n, a=256):
 @pytest.mark.parametrize("dtype,acc", [(F32, 4), (F16, 4), (F64, 8)])
 def test_wgrad_workspace_size_and_small_workspace(dtype, acc, monkeypatch):
     h = cpu_handle()
-    monkeypatch.setattr(Wg, "WGRAD_FORCE_SPLITS", 4)
+    monkeypatch.setattr(tuning.conv_winograd, "WGRAD_FORCE_SPLITS", 4)
     n, c, k, hh, ww = 3, 5, 7, 11, 9
     cv = cdesc((1, 1), (1, 1), (1, 1), ctype=F64 if dtype == F64 else F32)
     x, w, y = tdesc((n, c, hh, ww), dtype), fdesc((k, c, 3, 3), dtype), tdesc((n, k, hh, ww), dtype)
@@ -245,7 +246,7 @@ def test_wgrad_splits_fill_the_gpu_and_v7_ranks_it_first(ch, hw):
     h = cpu_handle()
     cv = cdesc((1, 1), (1, 1), (1, 1))
     x, w = tdesc((64, ch, hw, hw)), fdesc((ch, ch, 3, 3))
-    pl = C._new_plan(h, C.DIR_BWD_FILTER, WINO, cv, x, w, x)
+    pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, WINO, cv, x, w, x)
     t = MM._choose_simt_tile(ch, ch, pl.mm.batch, h.sm_count, pl.chunk)
     items = -(-ch // t.bm) * -(-ch // t.bn) * pl.mm.batch
     assert items >= t.per_sm * h.sm_count * 0.7, (pl.splits, items)
@@ -261,7 +262,7 @@ def test_wgrad_splits_fill_the_gpu_and_v7_ranks_it_first(ch, hw):
 def test_wgrad_16bit_ranked_behind_tensor_cores():
     """bf16 NHWC: the tensor-core ALGO_1 stays v7's first choice (Winograd's transforms and GEMM run in
     float on CUDA cores), Winograd is listed as supported."""
-    from pydnn.ops.convolution import E
+    from pydnn import enums as E
     h = cpu_handle()
     cv = cdesc((1, 1), (1, 1), (1, 1))
     x, w = tdesc((64, 256, 14, 14), E.PYDNN_DATA_BFLOAT16, NHWC), fdesc((256, 256, 3, 3), E.PYDNN_DATA_BFLOAT16, NHWC)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops import convolution_winograd as Wg
+from pydnn import tuning
+from pydnn.ops.convolution import winograd as Wg
 from test_fuzz_cpu import _call
 from test_convolution_gpu import (BF16, CONV, F16, F32, F64, NCHW, NHWC, XCORR, Problem, _workspace,
                                   check_backward_filter)
@@ -58,7 +59,7 @@ def check_wgrad(handle, rng, case, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tile", Wg.TILES)
 def test_winograd_backward_filter(handle, rng, case, dtype, tile, monkeypatch):
-    monkeypatch.setattr(Wg, "PREFERRED_TILE", tile)
+    monkeypatch.setattr(tuning.conv_winograd, "PREFERRED_TILE", tile)
     check_wgrad(handle, rng, case, dtype)
 
 
@@ -67,8 +68,8 @@ def test_winograd_backward_filter(handle, rng, case, dtype, tile, monkeypatch):
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_winograd_backward_filter_layouts_and_splits(handle, rng, case, layout, splits, dtype, monkeypatch):
     """Both workspace layouts ("chan" serves one group; groups fall back to "tile") at forced splits."""
-    monkeypatch.setattr(Wg, "WGRAD_LAYOUT", layout)
-    monkeypatch.setattr(Wg, "WGRAD_FORCE_SPLITS", splits)
+    monkeypatch.setattr(tuning.conv_winograd, "WGRAD_LAYOUT", layout)
+    monkeypatch.setattr(tuning.conv_winograd, "WGRAD_FORCE_SPLITS", splits)
     check_wgrad(handle, rng, case, dtype)
 
 

@@ -9,8 +9,10 @@ import pydnn
 import torch
 from bench import desc, time_ms
 
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_wgrad_wgmma as W
+from pydnn import tuning
+
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import wgrad_wgmma as W
 
 N = 64
 LAYERS = ((64, 56), (128, 28), (256, 14), (512, 7))
@@ -33,7 +35,7 @@ def _layer(b, cc, hw):
 
     def timed(label):
         pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)  # a new version: a new plan
-        pl = C._new_plan(h, C.DIR_BWD_FILTER, F1, conv, xd, wd, yd)
+        pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, F1, conv, xd, wd, yd)
         need = pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, F1)
         ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
         ms = time_ms(lambda: pydnn.convolution_backward_filter(h, 1.0, xd, x.data_ptr(), yd, dy.data_ptr(), conv, F1,
@@ -46,17 +48,17 @@ def _layer(b, cc, hw):
         return pl
 
     def forced(tiling):
-        W.FORCE = tiling
+        tuning.conv_wgrad_wgmma.FORCE = tiling
         try:
             timed("wgmma forced")
         finally:
-            W.FORCE = None
+            tuning.conv_wgrad_wgmma.FORCE = None
 
-    W.ENABLED = False
+    tuning.conv_wgrad_wgmma.ENABLED = False
     try:
         timed("before: wgrad_pipe_tc, its model")
     finally:
-        W.ENABLED = True
+        tuning.conv_wgrad_wgmma.ENABLED = True
     pl = timed("wgmma, the model's choice")
     tried = {(pl.cfg, pl.splits, pl.full, pl.tail_splits)}
     gm, gn, gk = cc, 9 * cc, N * hw * hw

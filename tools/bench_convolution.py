@@ -734,18 +734,19 @@ def _bwd_data_swap_pair(b, name, conv, descs, ptrs, direct, flops, ms_t, stride,
     """v17: backward data as the model plans it (fwd_wgmma reading B from the filter, BKN) against v9's
     filter_kc_swap + the same fwd_wgmma tile (WGM_BWD_SWAP, on a second convolution descriptor whose
     plan is made while the switch is on), timed in alternating rounds (time_pair); sm_90 wgmma plans only."""
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 
     h = b.h
     xd, wd, yd = descs
     wp, dyp, dxp = ptrs
     dalgo = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
-    if h.arch != C.WGM_ARCH or "fwd_wgmma<" not in C._new_plan(h, C.DIR_BWD_DATA, dalgo, conv, xd, wd, yd).gemm_expr:
+    if h.arch != CT.WGM_ARCH or "fwd_wgmma<" not in CP.new_plan(h, CPb.DIR_BWD_DATA, dalgo, conv, xd, wd, yd).gemm_expr:
         return
     conv2 = pydnn.create_convolution_descriptor()
     pydnn.set_convolution2d_descriptor(conv2, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
                                        pydnn.PYDNN_DATA_FLOAT)
-    C.WGM_BWD_SWAP = True
+    tuning.conv.WGM_BWD_SWAP = True
     try:
         need = pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv2, xd, dalgo)
         ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
@@ -755,8 +756,8 @@ def _bwd_data_swap_pair(b, name, conv, descs, ptrs, direct, flops, ms_t, stride,
 
         swap()  # its plan (the swap) made and cached now
     finally:
-        C.WGM_BWD_SWAP = False
-    assert "filter_kc_swap" in getattr(C.get_plan(h, C.DIR_BWD_DATA, dalgo, conv2, xd, wd, yd), "swap_expr", "")
+        tuning.conv.WGM_BWD_SWAP = False
+    assert "filter_kc_swap" in getattr(CP.get_plan(h, CPb.DIR_BWD_DATA, dalgo, conv2, xd, wd, yd), "swap_expr", "")
     ms_d, ms_s = time_pair(direct, swap)
     b.row_flops("conv", f"{name} bwd data [time_pair, direct (BKN); swap / direct {ms_s / ms_d:.3f}x]", "bf16",
                 flops, ms_d, ms_t, "cudnn", peak_tflops=PEAK["bf16"])
@@ -798,60 +799,62 @@ def _kernel_label(h, what, conv, xd, wd, yd, fwd_algo, dalgo, falgo):
     """' [kernel<tile>]' of the plan a row times (the model's choice), for the tensor-core runs."""
     if not _tc_only():
         return ""
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 
-    direction, algo = ((C.DIR_FWD, fwd_algo) if what.startswith("fwd") else (C.DIR_BWD_DATA, dalgo)
-                       if what.startswith("bwd data") else (C.DIR_BWD_FILTER, falgo))
-    expr = C._new_plan(h, direction, algo, conv, xd, wd, yd).gemm_expr
+    direction, algo = ((CPb.DIR_FWD, fwd_algo) if what.startswith("fwd") else (CPb.DIR_BWD_DATA, dalgo)
+                       if what.startswith("bwd data") else (CPb.DIR_BWD_FILTER, falgo))
+    expr = CP.new_plan(h, direction, algo, conv, xd, wd, yd).gemm_expr
     head, args = expr[:-1].split("<", 1)
     kernel = head.split("::")[-1]
     label = f" [model: {kernel} {'x'.join(args.split(', ')[2 if kernel.startswith('implicit_gemm_pipe') else 1:])}"
-    if direction == C.DIR_BWD_FILTER:
-        label += f" splits {C._new_plan(h, direction, algo, conv, xd, wd, yd).splits}"
+    if direction == CPb.DIR_BWD_FILTER:
+        label += f" splits {CP.new_plan(h, direction, algo, conv, xd, wd, yd).splits}"
     return label + "]"
 
 
 def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
     """The same direction with each forced tiling (pydnn.ops.convolution.TC_FORCE): the data the tiling
     models are fit to. A new descriptor version makes each a new plan."""
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
 
     x, xd, wd, yd, dy, dw = tensors
     h = b.h
     if what.startswith("fwd") or what.startswith("bwd data"):
-        direction = C.DIR_FWD if what.startswith("fwd") else C.DIR_BWD_DATA
-        fp = cases[0][1] if direction == C.DIR_FWD else cases[1][1]
-        variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in C.TC_TILES]
-                    + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in C.TCP_TILES])
-        if h.arch == C.WGM_ARCH:  # v8: the wgmma forward (sm_90a units); v9: backward data on it, its variants
+        direction = CPb.DIR_FWD if what.startswith("fwd") else CPb.DIR_BWD_DATA
+        fp = cases[0][1] if direction == CPb.DIR_FWD else cases[1][1]
+        variants = ([(t, f"v4 fwd_tc/bwd_data_tc tile {t[0]}x{t[1]}") for t in CT.TC_TILES]
+                    + [(t, f"v6 pipe_tc {t[0]}x{t[1]} warps {t[2]}x{t[3]} minb {t[4]} db {t[5]}") for t in CT.TCP_TILES])
+        if h.arch == CT.WGM_ARCH:  # v8: the wgmma forward (sm_90a units); v9: backward data on it, its variants
             lean = lambda t: t[4] if len(t) == 5 else 0  # noqa: E731
             names = {0: ("v8", ""), 1: ("v12", " lean copies")}
             wgm = [(t, f"{names[lean(t)][0]} wgmma {t[0]}x{t[1]} stages {t[2]} minb {t[3]}{names[lean(t)][1]}")
-                   for t in C.WGM_TILES + C.WGM_VARIANTS]
+                   for t in CT.WGM_TILES + CT.WGM_VARIANTS]
             variants = wgm if _wgm_only() else variants + wgm  # PYDNN_BENCH_CONV_WGM=1: the wgmma tiles only
     else:
-        direction, fp = C.DIR_BWD_FILTER, None
+        direction, fp = CPb.DIR_BWD_FILTER, None
         falgo = pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
-        C.TC_FORCE.pop(direction, None)
-        pl = C._new_plan(h, direction, falgo, conv, xd, wd, yd)
+        tuning.conv.TC_FORCE.pop(direction, None)
+        pl = CP.new_plan(h, direction, falgo, conv, xd, wd, yd)
         sp, alts = pl.splits, set()
         if "wgrad_pipe_tc" in pl.gemm_expr:  # the model's pipelined tile at half and twice its splits, the other tile
             cfg = tuple(int(v) for v in pl.gemm_expr[:-1].split(", ")[1:])
-            alts = ({(cfg, max(1, sp // 2)), (cfg, 2 * sp)} | {(c2, sp) for c2 in C.WGP_TILES if c2 != cfg}) - {(cfg, sp)}
-        C.WG_PIPE = False   # v4's kernel with its own model's choice
+            alts = ({(cfg, max(1, sp // 2)), (cfg, 2 * sp)} | {(c2, sp) for c2 in CT.WGP_TILES if c2 != cfg}) - {(cfg, sp)}
+        tuning.conv.WG_PIPE = False   # v4's kernel with its own model's choice
         try:
-            po = C._new_plan(h, direction, falgo, conv, xd, wd, yd)
+            po = CP.new_plan(h, direction, falgo, conv, xd, wd, yd)
         finally:
-            C.WG_PIPE = True
+            tuning.conv.WG_PIPE = True
         bm_old = 128 if po.gemm_expr.endswith("128>") else 64
         variants = [((bm_old, po.splits), f"v4 wgrad_tc BM {bm_old} splits {po.splits}")] + [
             ((c2, s2), f"v7 wgrad_pipe_tc {c2[0]}x{c2[1]} warps {c2[2]}x{c2[3]} minb {c2[4]} splits {s2}")
             for c2, s2 in sorted(alts)]
     for tiling, label in variants:
-        C.TC_FORCE[direction] = tiling
+        tuning.conv.TC_FORCE[direction] = tiling
         pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)  # a new version: a new plan
         try:
-            if direction == C.DIR_BWD_FILTER:
+            if direction == CPb.DIR_BWD_FILTER:
                 need = pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, falgo)
                 ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
                 fp = (lambda ws=ws, need=need: pydnn.convolution_backward_filter(
@@ -861,7 +864,7 @@ def _tc_variants(b, name, what, conv, cases, flops, ms_t, tensors):
             b.row_flops("conv", f"{name} {what} [{label}]", "bf16", flops, ms_p, ms_t, "cudnn",
                         peak_tflops=PEAK["bf16"])
         finally:
-            C.TC_FORCE.pop(direction, None)
+            tuning.conv.TC_FORCE.pop(direction, None)
     pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
 
 
@@ -903,24 +906,25 @@ def _fused(b):
     b.row_flops("conv", "3x3 64->64 @56 fused z + bias+relu (pydnn fused vs plain: "
                 f"{ms_resid / ms_plain:.3f}x)", "bf16", flops, ms_resid, ms_torch, "cudnn conv+bias, relu_",
                 peak_tflops=PEAK["bf16"])
-    from pydnn.ops import convolution as C
-    C.TC_STAGED_PLAIN = True   # the plain forward through the staged epilogue as well (a new plan)
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+    tuning.conv.TC_STAGED_PLAIN = True   # the plain forward through the staged epilogue as well (a new plan)
     try:
         pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
         ms_staged = time_ms(plain)
     finally:
-        C.TC_STAGED_PLAIN = False
+        tuning.conv.TC_STAGED_PLAIN = False
         pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
     b.row_flops("conv", "3x3 64->64 @56 plain through the staged epilogue (vs register epilogue: "
                 f"{ms_staged / ms_plain:.3f}x)", "bf16", flops, ms_staged, ms_torch, "cudnn conv+bias, relu_",
                 peak_tflops=PEAK["bf16"])
-    if h.arch == C.WGM_ARCH:  # v8: the same pair on the wgmma forward (its BN = 64 tile), plain and fused
-        C.TC_FORCE[C.DIR_FWD] = C.WGM_TILES[0]
+    if h.arch == CT.WGM_ARCH:  # v8: the same pair on the wgmma forward (its BN = 64 tile), plain and fused
+        tuning.conv.TC_FORCE[CPb.DIR_FWD] = CT.WGM_TILES[0]
         try:
             pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
             ms_wp, ms_wf = time_pair(plain, fused)
         finally:
-            C.TC_FORCE.pop(C.DIR_FWD, None)
+            tuning.conv.TC_FORCE.pop(CPb.DIR_FWD, None)
             pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)
         b.row_flops("conv", "3x3 64->64 @56 wgmma 128x64 forced plain (vs the model's plain above: "
                     f"{ms_wp / ms_plain:.3f}x)", "bf16", flops, ms_wp, ms_torch, "cudnn conv+bias, relu_",

@@ -156,7 +156,7 @@ import torch
 
 import pydnn
 from bench import desc, time_ms
-from pydnn.ops import convolution_winograd as Wg
+from pydnn.ops.convolution import winograd as Wg
 
 N = 64
 LAYERS = [  # name, C, K, H, R, stride, pad
@@ -239,8 +239,9 @@ def run_wino(b):
     """WINOGRAD_NONFUSED F(4x4) only (PYDNN_BENCH_FAMILIES=convolution_algos.run_wino): per 3x3 layer the
     forward and backward data against cuDNN, then each of the forward plan's four launches timed alone
     (filter transform, input transform, the batched GEMM, output transform), and the v7 model's estimate."""
-    from pydnn.ops import convolution as C
-    from pydnn.ops import convolution_algos as CA
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+    from pydnn.ops.convolution import algorithms as CA
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     h = b.h
@@ -264,7 +265,7 @@ def run_wino(b):
                                                                xd, dxp))
         b.row_flops("conv_algos", f"{name} bwd data WINOGRAD F(4x4)", "fp32", flops, ms_b, t_bwd, "cudnn",
                     peak_tflops=PEAK)
-        pl = C._new_plan(h, C.DIR_FWD, WINO, conv, xd, wd, yd)
+        pl = CP.new_plan(h, CPb.DIR_FWD, WINO, conv, xd, wd, yd)
         pl.launch(h, xp, wp, yp, wsp, 1.0, 0.0)  # sets the pointers the steps read
         steps = [("filter", lambda: pl.run_step(h, 0)), ("input", lambda: pl.run_step(h, 1)),
                  ("gemm", lambda: pl.run_gemm(h)), ("output", lambda: pl.run_step(h, 2))]
@@ -289,8 +290,9 @@ def run_wgrad(b):
     the model's plan against cuDNN's backward filter, its four launches timed alone (x transform, dy
     transform, the batched GEMM, filter_grad), the v7 estimate, and the forced alternatives the split model
     and the layout choice are judged by (S / 2, 2 S, the other workspace layout)."""
-    from pydnn.ops import convolution as C
-    from pydnn.ops import convolution_algos as CA
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+    from pydnn.ops.convolution import algorithms as CA
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     h = b.h
@@ -301,12 +303,12 @@ def run_wgrad(b):
                                                                       [0, 0], 1, [False, True, False]), warmup=3)
 
         def plan(layout=None, splits=None):
-            Wg.WGRAD_LAYOUT, Wg.WGRAD_FORCE_SPLITS = layout, splits
+            tuning.conv_winograd.WGRAD_LAYOUT, tuning.conv_winograd.WGRAD_FORCE_SPLITS = layout, splits
             h.prepared.clear()
             try:
-                return C._new_plan(h, C.DIR_BWD_FILTER, WWINO, conv, xd, wd, yd)
+                return CP.new_plan(h, CPb.DIR_BWD_FILTER, WWINO, conv, xd, wd, yd)
             finally:
-                Wg.WGRAD_LAYOUT = Wg.WGRAD_FORCE_SPLITS = None
+                tuning.conv_winograd.WGRAD_LAYOUT = tuning.conv_winograd.WGRAD_FORCE_SPLITS = None
 
         pl = plan()
         ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
@@ -343,7 +345,8 @@ def run_wgrad(b):
 def _persistent_gemm(h, name, pl, conv, xd, wd, yd, ptrs, ms_whole):
     """The forward plan again with matmul's candidate of the same tile shape forced (SIMT_CANDIDATES, when
     there are any): its GEMM alone and the whole forward."""
-    from pydnn.ops import convolution as C
+    from pydnn import tuning
+    from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
     from pydnn.ops import matmul as M
     cands = [t for t in M.SIMT_CANDIDATES if t.bm == pl.gemm_tile.bm and t.bn == pl.gemm_tile.bn]
     if pl.mm is None or not cands:
@@ -352,7 +355,7 @@ def _persistent_gemm(h, name, pl, conv, xd, wd, yd, ptrs, ms_whole):
     orig = M._choose_simt_tile
     M._choose_simt_tile = lambda *a: cands[0]
     try:
-        pc = C._new_plan(h, C.DIR_FWD, WINO, conv, xd, wd, yd)
+        pc = CP.new_plan(h, CPb.DIR_FWD, WINO, conv, xd, wd, yd)
     finally:
         M._choose_simt_tile = orig
     pc.launch(h, *ptrs, 1.0, 0.0)
@@ -364,11 +367,11 @@ def _persistent_gemm(h, name, pl, conv, xd, wd, yd, ptrs, ms_whole):
 
 def _tile(h, tile):
     """Pin the Winograd tile (None: the default) and drop cached plans, which were made for the other one."""
-    Wg.PREFERRED_TILE = tile or _DEFAULT_TILE
+    tuning.conv_winograd.PREFERRED_TILE = tile or _DEFAULT_TILE
     h.prepared.clear()
 
 
-_DEFAULT_TILE = Wg.PREFERRED_TILE
+_DEFAULT_TILE = tuning.conv_winograd.PREFERRED_TILE
 
 
 def run(b):

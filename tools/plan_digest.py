@@ -40,14 +40,9 @@ def cpu_handle(arch, sms):
 
 
 def _internals():
-    """(new_plan, fused-call adapt, directions, implemented algorithms) wherever the package keeps them."""
-    try:
-        from pydnn.ops.convolution import api as A, plans as P, problem as Pb
-        return A.new_plan, A.fused_bias_in_registers, (Pb.DIR_FWD, Pb.DIR_BWD_DATA, Pb.DIR_BWD_FILTER), \
-            P.implemented()
-    except ImportError:
-        from pydnn.ops import convolution as C
-        return C._new_plan, C._fused_bias_in_registers, (C.DIR_FWD, C.DIR_BWD_DATA, C.DIR_BWD_FILTER), C.IMPLEMENTED
+    """(new_plan, the fused call's adapt, directions, implemented algorithms)."""
+    from pydnn.ops.convolution import plans as P, problem as Pb, tensor_core as T
+    return P.new_plan, T.fused_bias_in_registers, (Pb.DIR_FWD, Pb.DIR_BWD_DATA, Pb.DIR_BWD_FILTER), P.implemented()
 
 
 def _walk(v, out, depth=0):

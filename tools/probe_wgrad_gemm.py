@@ -6,8 +6,9 @@ the GPU:
 import torch
 
 import pydnn
-from pydnn.ops import convolution as C
-from pydnn.ops import convolution_gemm as G
+from pydnn import tuning
+from pydnn.ops.convolution import implicit as CI, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import gemm as G
 from bench import desc, time_ms
 
 N = 64
@@ -81,7 +82,7 @@ def run():
                 setattr(G, k2, v)
             try:
                 pydnn.set_convolution_math_type(conv, pydnn.PYDNN_DEFAULT_MATH)   # a new plan
-                pl = C._new_plan(h, C.DIR_BWD_FILTER, 3, conv, xd, wd, yd)
+                pl = CP.new_plan(h, CPb.DIR_BWD_FILTER, 3, conv, xd, wd, yd)
                 ws_t = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
                 ms = time_ms(lambda: pydnn.convolution_backward_filter(h, 1.0, xd, x.data_ptr(), yd, dy.data_ptr(), conv,
                                                                        3, ws_t.data_ptr(), pl.workspace, 0.0, wd,
@@ -98,7 +99,7 @@ def run():
                 for k2, v in saved.items():
                     setattr(G, k2, v)
         if shape[3] == 1:
-            pl = C._new_plan(h, C.DIR_BWD_DATA, 1, conv, xd, wd, yd)
+            pl = CP.new_plan(h, CPb.DIR_BWD_DATA, 1, conv, xd, wd, yd)
             dx = torch.empty_like(x)
             ms = time_ms(lambda: pydnn.convolution_backward_data(h, 1.0, wd, w.data_ptr(), yd, dy.data_ptr(), conv, 1,
                                                                  0, 0, 0.0, xd, dx.data_ptr()))

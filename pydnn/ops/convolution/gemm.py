@@ -178,21 +178,20 @@ fwd 33.6 / bwd data 18.5 / bwd filter 50.1 TFLOP/s, fp32 20.6 / 15.5 / 18.6):
 import ctypes
 import math
 
-from .. import enums as E
-from .._build.manifest import KernelUnit
-from .._build.params import kernel_params
-from .._cuda import driver
-from ..status import PydnnError
-from ..tensor import DTYPES
-from ._elementwise import CTYPE
-from .common import FLOAT_TAGS, cdiv, prod
+from ... import enums as E
+from ... import tuning
+from ..._build.params import kernel_params
+from ..._cuda import driver
+from ...status import PydnnError
+from .. import matmul
+from .._elementwise import CTYPE
+from ..common import FLOAT_TAGS, cdiv, prod
+from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, planner, register, round_up
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, INT_MAX, TC_TAGS, algo_name, tc_refusal
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_FLIP = 16
 FLAG_C2I_BETA, FLAG_C2I_CLAST = 1, 2
-WS_ALIGN = 256          # workspace parts start on 256-byte boundaries
-IM2COL_GBPS = 2500.0    # the heuristic's rate for the im2col / col2im / pack passes (bytes moved / time)
-LAUNCH_MS = 0.004       # the heuristic's cost of each launch beyond a one-launch plan's
 # The heuristic's rates for pydnn.ops.matmul (a ranking, not a promise): gemm_simt's 128 x 128 float tile
 # (25.5 TFLOP/s measured on 4096^3, one block per SM), the tensor-core GEMMs' rate and their memory rate.
 SIMT_TILE_TFLOPS = 25.0
@@ -200,7 +199,6 @@ MM_TC_TFLOPS = 150.0
 MM_GBPS = 2500.0
 IM2COL_ROWS, IM2COL_COLS = 32, 512   # im2col's block: rows x columns (ptx/conv_gemm.cu)
 MM_TAGS = ("f32", "f16", "bf16")   # the data types pydnn.ops.matmul runs
-TC_TAGS = ("f16", "bf16")
 SMALL_C = 64   # backward data: the explicit GEMM serves C < SMALL_C (the CUDA-core gather's N tile) or stride > 1
 
 
@@ -243,51 +241,12 @@ def _expr(kernel, tag):
     return f"pydnn::conv_gemm::{kernel}<{CTYPE[tag]}>"
 
 
-def kernel_units():
-    return [KernelUnit(f"conv_gemm.{t}", "conv_gemm.cu",
-                       tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold"))
-                       + ((_implicit_expr(WI_MINB),) if t == "f32" else ()))
-            for t in FLOAT_TAGS]
+def _units():
+    for t in FLOAT_TAGS:
+        add_kernels(f"conv_gemm.{t}", "conv_gemm.cu",
+                    tuple(_expr(k, t) for k in ("im2col", "pack_filter", "col2im", "pack_rows", "wgrad_fold"))
+                    + ((_implicit_expr(WI_MINB),) if t == "f32" else ()))
 
-
-def round_up(n, a=WS_ALIGN):
-    return -(-n // a) * a
-
-
-class StepPlan:
-    """A plan of several launches. It carries the attributes the family's code reads from a Plan
-    (workspace, algo, direction, itemsize, acc_size (the workspace pointer's alignment), deterministic,
-    align, gemm: the ConvParams whose epilogue fields ConvolutionBiasActivationForward sets, problem) and
-    runs through `launch` (convolution.run_plan's hook) and `estimate_ms` (the v7 model's hook)."""
-
-    fold = None
-    splits = 1
-    smem = 0
-    pair_ok = False
-
-    def __init__(self, direction, algo, pb):
-        self.direction, self.algo, self.problem = direction, algo, pb
-        self.itemsize = DTYPES[pb.dtype][0]
-        self.acc_size = 16
-        self.deterministic = True
-        self.align = 0
-        self.workspace = 0
-        self.steps = []   # [(unit, expr, grid, block, params, argv, func)] launched before / after the GEMM
-
-    def add_step(self, unit, expr, grid, block, params):
-        if max(grid[1], grid[2]) > 65535 or grid[0] > 2**31 - 1 or grid[0] < 1:
-            raise PydnnError(NS, f"algo: {grid} blocks exceed the launch grid (problem too large)")
-        self.steps.append([unit, expr, grid, block, params, driver.kernel_args(params), None])
-        return len(self.steps) - 1
-
-    def run_step(self, handle, i):
-        st = self.steps[i]
-        if st[6] is None:
-            st[6] = handle.function(st[0], st[1])
-        driver.launch_args(st[6], st[2], st[3], 0, handle.cu_stream, st[5])
-
-
-# ----------------------------------------------------------------------------- shared pieces
 
 def _packed_filter(pb):
     """The filter's column order (cin_inner) when it is a packed (K, C/g * taps) matrix, else None."""
@@ -386,7 +345,6 @@ def tile_ms(handle, mp):
     """The model's time of a pydnn.ops.matmul plan by the tile it runs: gemm_simt's chosen tile in waves
     of per_sm x SMs items at its efficiency (an SM holding fewer blocks than per_sm runs them at
     LONE_BLOCK_SPEED per block, at most the full rate), the tensor-core GEMMs as mm_ms."""
-    from . import matmul
     if mp.esize != 4:
         return mm_ms(handle, mp)
     sms = max(handle.sm_count, 1)
@@ -399,7 +357,7 @@ def tile_ms(handle, mp):
 
 # ----------------------------------------------------------------------------- the forward GEMM algorithm
 
-def _col_problem(C, pb, ld, w_rows):
+def _col_problem(pb, ld, w_rows):
     """The 1x1, stride-1 convolution of the column matrix (ld channels per group) with the filter viewed as
     (K, ld) rows `w_rows` apart."""
     s = pb.copy()  # everything the real problem has, then the view's own sizes
@@ -421,7 +379,6 @@ def _col_problem(C, pb, ld, w_rows):
 def _fwd_matmul(handle, pb, ld, w_rows):
     """pydnn.ops.matmul's plan of the forward GEMM over the column matrix (one GEMM per image) and
     whether its A operand is the filter, or None when y's layout does not allow one."""
-    from . import matmul
     if pb.tag != "f32" or pb.groups != 1:
         return None
     P, K = prod(pb.out3), pb.k
@@ -444,7 +401,6 @@ def _direct_matmul(handle, pb):
     """A 1x1, stride-1, unpadded float problem whose x already is the column matrix (NCHW-like x with
     NCHW-like y, or NHWC-like both, spatial dims packed) and whose filter is a packed (K, C) matrix: the
     matmul plan (no im2col, no workspace) and whether A is the filter; else None."""
-    from . import matmul
     if (pb.tag != "f32" or pb.groups != 1 or pb.filt3 != (1, 1, 1) or pb.stride3 != (1, 1, 1)
             or pb.pad3 != (0, 0, 0) or _packed_filter(pb) is None):
         return None
@@ -505,27 +461,14 @@ class GemmPlan(StepPlan):
         return gemm + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
 
 
-class SubGemm:
-    """A Plan of convolution.py run on a synthetic problem, with the real problem's flops restored for
-    the model."""
-
-    def __init__(self, C, plan, spb):
-        self.C, self.plan = C, plan
-        plan.problem = spb
-
-    def run(self, handle, a_ptr, b_ptr, out_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
-        self.C.run_plan(handle, self.plan, a_ptr, b_ptr, out_ptr, 0, alpha, beta, z_ptr, bias_ptr)
-
-
 def plan_gemm(handle, pb, algo):
     """The GEMM algorithm's plan, or NOT_SUPPORTED with the reason."""
-    from . import convolution as C
     direct = _direct_matmul(handle, pb)
     if direct is not None:
-        pl = GemmPlan(C.DIR_FWD, algo, pb)
+        pl = GemmPlan(DIR_FWD, algo, pb)
         pl.direct, pl.mm = True, direct
-        sub = C.plan(handle, pb, C.DIR_FWD, algo)   # the fused epilogue's path: the problem itself
-        pl.sub = SubGemm(C, sub, pb)
+        sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, pb, algo)  # the fused epilogue's path
+        pl.sub = SubGemm(sub, pb)
         pl.gemm, pl.gemm_expr = sub.gemm, sub.gemm_expr
         return pl
     taps = prod(pb.filt3)
@@ -538,19 +481,19 @@ def plan_gemm(handle, pb, algo):
     # the caller's filter is the GEMM's B operand as it is when packed in the column order (and, for the
     # tensor cores, NHWC rows of ld elements); else it is packed into the workspace
     own = packed and ld == cols and (not tc or inner == 1)
-    pl = GemmPlan(C.DIR_FWD, algo, pb)
+    pl = GemmPlan(DIR_FWD, algo, pb)
     pl.col_bytes = round_up(rows * ld * pl.itemsize)
     pl.filter_off = pl.col_bytes
     w_rows = pb.ws[0] if own else ld
     pl.im2col = _add_im2col(pl, pb, inner, cols, ld)
     if not own:
         pl.pack = _add_pack(pl, pb, inner, cols, ld)
-    spb = _col_problem(C, pb, ld, w_rows)
-    if C._tc_refusal(spb, C.DIR_FWD) is None:
-        sub = C.plan_tc(handle, spb, algo)
+    spb = _col_problem(pb, ld, w_rows)
+    if tc_refusal(spb, DIR_FWD) is None:
+        sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)(handle, spb, algo)
     else:
-        sub = C.plan(handle, spb, C.DIR_FWD, algo)
-    pl.sub = SubGemm(C, sub, spb)
+        sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, spb, algo)
+    pl.sub = SubGemm(sub, spb)
     pl.mm = _fwd_matmul(handle, pb, ld, w_rows)
     pl.gemm = sub.gemm            # the epilogue fields (bias, z, activation) of ConvolutionBiasActivationForward
     pl.gemm_expr = sub.gemm_expr
@@ -604,7 +547,6 @@ def _bwd_direct_matmul(handle, pb):
     """The direct backward data's matmul plan and whether its A operand is the filter, or None when dx
     and dy do not read as matrices of one orientation (NCHW-like both: dx_n[C x P] = W^T . dy_n[K x P];
     NHWC-like both: dx_n[P x C] = dy_n[P x K] . W), each with packed spatial dims."""
-    from . import matmul
     P, K, Cc = prod(pb.out3), pb.k, pb.c
     xu, yu = _spatial_unit(pb.xs[2:], pb.in3), _spatial_unit(pb.ys[2:], pb.out3)
     if xu is None or yu is None:
@@ -648,20 +590,18 @@ def bwd_data_gemm_refusal(pb):
 
 def plan_bwd_data_gemm(handle, pb, algo):
     """Backward data as pack_filter (when needed) + matmul + col2im, or NOT_SUPPORTED with the reason."""
-    from . import convolution as C
-    from . import matmul
     why = bwd_data_gemm_refusal(pb)
     if why:
-        raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_DATA, algo)}: {why}")
+        raise PydnnError(NS, f"algo: {algo_name(DIR_BWD_DATA, algo)}: {why}")
     if _bwd_direct_ok(pb):
         direct = _bwd_direct_matmul(handle, pb)
         if direct is not None:  # no column matrix, no workspace: alpha / beta straight into dx
-            pl = BwdGemmPlan(C.DIR_BWD_DATA, algo, pb)
+            pl = BwdGemmPlan(DIR_BWD_DATA, algo, pb)
             pl.direct, (pl.mm, pl.filter_a) = True, direct
             pl.gemm, pl.gemm_expr = None, pl.mm.fast.expr if pl.mm.fast is not None else ""
             return pl
         if pb.c >= SMALL_C:
-            raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_DATA, algo)}: its direct 1x1 GEMM reads dx and dy "
+            raise PydnnError(NS, f"algo: {algo_name(DIR_BWD_DATA, algo)}: its direct 1x1 GEMM reads dx and dy "
                                  f"as matrices of one layout (NCHW-like both or NHWC-like both, packed spatial "
                                  f"dims; strides {tuple(pb.x_desc.strides)}, {tuple(pb.y_desc.strides)})")
     taps = prod(pb.filt3)
@@ -671,7 +611,7 @@ def plan_bwd_data_gemm(handle, pb, algo):
     if rows > 2**31 - 1 or ld > 2**31 - 1:
         raise PydnnError(NS, f"algo: the column matrix ({rows} x {ld}) exceeds 2^31 - 1 rows or columns")
     inner, packed = _filter_order(pb)
-    pl = BwdGemmPlan(C.DIR_BWD_DATA, algo, pb)
+    pl = BwdGemmPlan(DIR_BWD_DATA, algo, pb)
     pl.col_bytes = round_up(rows * ld * pl.itemsize)
     pl.filter_off = pl.col_bytes
     own = packed and ld == cols
@@ -737,9 +677,6 @@ class GemmFoldParams(ctypes.Structure):
 
 
 FLAG_WF_BETA, FLAG_WF_KFAST = 1, 2
-COL_LIMIT = 256 << 20     # workspace bytes of column matrix (+ packed dy) per chunk of images
-PART_LIMIT = 64 << 20     # workspace bytes of partial dw's
-MIN_SPLIT_ROWS = 256      # a split's reduction is at least this long (shorter ones are all epilogue)
 FOLD_GBPS = 2000.0        # the model's rate of the fold (partials read / time)
 
 
@@ -828,7 +765,6 @@ def _gemm_for(handle, pb, dy, src, ncols, red, batch, a_step, b_step, part_ld_t)
     """matmul's plan of `batch` partial dw's over `red` reduction rows each, dy and src batch `a_step` /
     `b_step` elements apart, in one orientation: part_ld_t False: part[K x ncols] = dy^T-ish . src, else
     part[ncols x K] = src^T-ish . dy (the orientation whose tiles waste less is chosen by the caller)."""
-    from . import matmul
     K = pb.k
     slot = K * ncols
     if not part_ld_t:   # m = K, n = ncols: A = dy (positions along k), B = src
@@ -842,10 +778,10 @@ def _gemm_for(handle, pb, dy, src, ncols, red, batch, a_step, b_step, part_ld_t)
 
 def _splits(handle, pb, rows, tiles, slot_bytes, tc):
     """(splits, rows per split) of a flat reduction of `rows` rows: about one wave of blocks (3 of
-    gemm_simt's 64 x 128 per SM, 2 tensor-core tiles), splits of at least MIN_SPLIT_ROWS, the partials
-    within PART_LIMIT; a divisor of rows near that when there is one (no tail)."""
+    gemm_simt's 64 x 128 per SM, 2 tensor-core tiles), splits of at least tuning.conv_gemm.MIN_SPLIT_ROWS, the partials
+    within tuning.conv_gemm.PART_LIMIT; a divisor of rows near that when there is one (no tail)."""
     want = (2 if tc else 3) * max(handle.sm_count, 1)
-    s = max(1, min(want // max(tiles, 1), rows // MIN_SPLIT_ROWS, PART_LIMIT // (2 * slot_bytes)))
+    s = max(1, min(want // max(tiles, 1), rows // tuning.conv_gemm.MIN_SPLIT_ROWS, tuning.conv_gemm.PART_LIMIT // (2 * slot_bytes)))
     for d in range(s, max(1, (s - 1) // 2), -1):   # s down to about s / 2 (not 1: that loses the splits)
         if rows % d == 0:
             return d, rows // d
@@ -859,13 +795,12 @@ def plan_wgrad_gemm(handle, pb, algo):
     where wgrad_implicit_refusal says None (float, few columns, no x-as-matrix shortcut), the implicit
     variant (one kernel gathering the columns itself, then the same fold). NOT_SUPPORTED with the reason
     for what it cannot serve."""
-    from . import convolution as C
     why = wgrad_gemm_refusal(pb)
     if why:
-        raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_FILTER, algo)}: {why}")
+        raise PydnnError(NS, f"algo: {algo_name(DIR_BWD_FILTER, algo)}: {why}")
     if wgrad_implicit_refusal(pb) is None:
         return plan_wgrad_implicit(handle, pb, algo)
-    pl = WgradGemmPlan(C.DIR_BWD_FILTER, algo, pb)
+    pl = WgradGemmPlan(DIR_BWD_FILTER, algo, pb)
     es = pl.itemsize
     taps, P, K, N = prod(pb.filt3), prod(pb.out3), pb.k, pb.n
     cols = pb.c * taps
@@ -880,17 +815,17 @@ def plan_wgrad_gemm(handle, pb, algo):
         flat = x_flat and dy_flat     # else one partial per image, chunks of images adding into them
         src = _Operand("x", xv[0], xv[1], pb.xs[0], flat)
         dy = _Operand("dy", dyv[0], dyv[1], pb.ys[0], flat)
-        chunk = N if flat else max(1, min(N, PART_LIMIT // max(K * ncols * es, 1)))
+        chunk = N if flat else max(1, min(N, tuning.conv_gemm.PART_LIMIT // max(K * ncols * es, 1)))
     else:                # im2col of a chunk of images (+ dy made channel-major when its images are not rows)
         ncols = -(-cols // 8) * 8 if tc else cols
         pack, flat = not dy_flat, True
         per_img = P * ncols * es + (K * P * es if pack else 0)
-        chunk = max(1, min(N, COL_LIMIT // max(per_img, 1)))
+        chunk = max(1, min(N, tuning.conv_gemm.COL_LIMIT // max(per_img, 1)))
         chunk = cdiv(N, cdiv(N, chunk))   # as many chunks, of sizes as even as they go (64 -> 22, 22, 20)
         src = _Operand("col", "p", ncols, P * ncols, True)
         dy = None if pack else _Operand("dy", "p", dyv[1], pb.ys[0], True)
     if max(ncols, K, chunk * P) > 2**31 - 1:
-        raise PydnnError(NS, f"algo: {C.algo_name(C.DIR_BWD_FILTER, algo)}: a GEMM size exceeds 2^31 - 1 "
+        raise PydnnError(NS, f"algo: {algo_name(DIR_BWD_FILTER, algo)}: a GEMM size exceeds 2^31 - 1 "
                              f"({chunk * P} positions, {ncols} columns, K {K})")
     pl.slot = K * ncols
     slot_bytes = pl.slot * es
@@ -1019,7 +954,6 @@ class WgradImplicitParams(ctypes.Structure):
     ]
 
 
-IMPLICIT = True         # the implicit variant serves what it applies to (tests turn it off to reach the GEMMs)
 WI_KT, WI_JT, WI_BK = 64, 160, 16   # wgrad_implicit's block tile (K x columns) and pixels per stage (ptx/conv_gemm.cu)
 WI_THREADS = 160
 WI_MINB = 3             # blocks per SM its registers are capped for (127 registers on sm_90, no spills; 4
@@ -1030,7 +964,6 @@ WI_MIN_SLOT = 64        # pixels per slot at least (4 stages: the pipeline's fil
 IMPLICIT_TFLOPS = 26.0  # the model's rate of the tile's work (64 x 160 per pixel, padding included; H100
                         # stem: 25.7 measured, 40 was the guess before)
 FLAG_WI_KFAST = 1
-INT_MAX = 2**31 - 1
 
 
 def _implicit_expr(minb):
@@ -1051,8 +984,8 @@ def _implicit_spans(pb):
 
 def wgrad_implicit_refusal(pb):
     """Why ALGO_3's implicit variant does not serve a problem that ALGO_3 serves (None when it does)."""
-    if not IMPLICIT:
-        return "turned off (convolution_gemm.IMPLICIT)"
+    if not tuning.conv_gemm.IMPLICIT:
+        return "turned off (tuning.conv_gemm.IMPLICIT)"
     if pb.tag != "f32":
         return "float data only (fp32 FMA; 16-bit data keeps the tensor-core GEMMs)"
     cols = pb.c * prod(pb.filt3)
@@ -1093,10 +1026,10 @@ class WgradImplicitPlan(WgradGemmPlan):
 
 def _implicit_slots(handle, pb, npix, tiles, slot_bytes):
     """(slots, pixels per slot): about WI_WAVES waves of WI_MINB blocks per SM over the `tiles` (column x
-    K) tiles, slots of at least WI_MIN_SLOT pixels in whole stages, the partials within PART_LIMIT."""
+    K) tiles, slots of at least WI_MIN_SLOT pixels in whole stages, the partials within tuning.conv_gemm.PART_LIMIT."""
     want = max(1, WI_WAVES * WI_MINB * max(handle.sm_count, 1) // max(tiles, 1))
     per = cdiv(max(WI_MIN_SLOT, cdiv(npix, want)), WI_BK) * WI_BK
-    while cdiv(npix, per) * slot_bytes > PART_LIMIT and per < npix:
+    while cdiv(npix, per) * slot_bytes > tuning.conv_gemm.PART_LIMIT and per < npix:
         per *= 2
     return cdiv(npix, per), per
 
@@ -1107,8 +1040,7 @@ def plan_wgrad_implicit(handle, pb, algo):
     partial per slot into the workspace, wgrad_fold sums them in ascending slot order with alpha / beta
     through dw's strides (deterministic). Columns in the filter format's order (cin_inner), as the
     explicit GEMMs'."""
-    from . import convolution as C
-    pl = WgradImplicitPlan(C.DIR_BWD_FILTER, algo, pb)
+    pl = WgradImplicitPlan(DIR_BWD_FILTER, algo, pb)
     taps, K = prod(pb.filt3), pb.k
     cols = pb.c * taps
     inner = 1 if pb.w_format == E.PYDNN_TENSOR_NHWC else 0
@@ -1138,3 +1070,27 @@ def plan_wgrad_implicit(handle, pb, algo):
     pl.gemm, pl.gemm_expr = None, ""
     pl.chunk, pl.launches = pb.n, 2
     return pl
+
+
+_units()
+
+
+@register(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_GEMM)
+def plan_forward(handle, pb, direction, algo):
+    return plan_gemm(handle, pb, algo)
+
+
+@register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, order=1, refusal=lambda pb: bwd_data_gemm_refusal(pb))
+def plan_backward_data(handle, pb, direction, algo):
+    """BWD_DATA_ALGO_1 where the tensor-core implicit GEMM refuses (tensor_core.py)."""
+    return plan_bwd_data_gemm(handle, pb, algo)
+
+
+@register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
+def plan_backward_filter(handle, pb, direction, algo):
+    return plan_wgrad_gemm(handle, pb, algo)
+
+
+def kernel_units():
+    """This module's kernel units."""
+    return _family_units("conv_gemm.")

@@ -35,15 +35,15 @@ direction's F.
 """
 import ctypes
 
-from .. import enums as E
-from .._build.manifest import KernelUnit
-from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
-from .._cuda import driver
-from ..status import PydnnError
-from ..tensor import DTYPES
-from ._elementwise import CTYPE
-from .common import FLOAT_TAGS, cdiv, prod
-from .convolution_gemm import IM2COL_GBPS, LAUNCH_MS, StepPlan, round_up
+from ... import enums as E
+from ..._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
+from ..._cuda import driver
+from ...status import PydnnError
+from ...tensor import DTYPES
+from .._elementwise import CTYPE
+from ..common import FLOAT_TAGS, cdiv, prod
+from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, add_kernels, register, round_up
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, ConvParams
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_BWD, FLAG_FLIP_OUT = 4, 8, 16, 1024, 2048
@@ -95,10 +95,9 @@ def _expr(kernel, tag):
     return f"pydnn::conv_fft::{kernel}<{CTYPES[tag]}>"
 
 
-def kernel_units():
-    return [KernelUnit(f"conv_fft.{t}", "conv_fft.cu",
-                       tuple(_expr(k, t) for k in KERNELS) + ((PRODUCT_EXPR,) if t == "f32" else ()))
-            for t in FFT_TAGS]
+for _t in FFT_TAGS:
+    add_kernels(f"conv_fft.{_t}", "conv_fft.cu",
+                tuple(_expr(k, _t) for k in KERNELS) + ((PRODUCT_EXPR,) if _t == "f32" else ()))
 
 
 def fft_size(n_in, n_out, filt, pad):
@@ -214,10 +213,9 @@ class FftPlan(StepPlan):
 
 def plan_fft(handle, pb, direction, algo):
     """An FFT plan (forward, backward data or backward filter) or NOT_SUPPORTED with the reason."""
-    from . import convolution as C
-    if direction == C.DIR_BWD_FILTER:
+    if direction == DIR_BWD_FILTER:
         return _plan_wgrad(pb, algo)
-    fwd = direction == C.DIR_FWD
+    fwd = direction == DIR_FWD
     why = refusal(pb, fwd)
     if why:
         raise PydnnError(NS, f"algo: {why}")
@@ -238,14 +236,13 @@ def _plan_wgrad(pb, algo):
     """Backward filter: the forward's kernels with the roles of conv_fft_params.h (batch = C, cin = N,
     cout = K; dy as the filter, x as the input, dw read at (r - pad) mod F). CONVOLUTION mode stores the
     taps rotated (FLIP_OUT)."""
-    from . import convolution as C
     why = refusal(pb, False, wgrad=True)
     if why:
         raise PydnnError(NS, f"algo: {why}")
     n, c, k = pb.n, pb.c, pb.k
     data = (prod(pb.in3[1:]) * n * c + prod(pb.out3[1:]) * n * k + k * c * prod(pb.filt3[1:])) * DTYPES[pb.dtype][0]
     fh, fw = _wgrad_sizes(pb)
-    pl, p = _fft_plan(pb, C.DIR_BWD_FILTER, algo, (fh, fw), (c, n, k), data)
+    pl, p = _fft_plan(pb, DIR_BWD_FILTER, algo, (fh, fw), (c, n, k), data)
     pl.wgrad = True
     p.in_h, p.in_w, p.out_h, p.out_w = pb.in3[1], pb.in3[2], pb.filt3[1], pb.filt3[2]
     p.pad_h, p.pad_w, p.filt_h, p.filt_w = 0, 0, pb.out3[1], pb.out3[2]  # dy's plane placed at lag 0
@@ -265,7 +262,6 @@ def _fft_plan(pb, direction, algo, fft, roles, data_bytes):
     """The plan every direction shares: F = fft (Fh, Fw), the kernels' (batch, cin, cout) = roles, the
     workspace parts, the v7 model (data_bytes: what the transforms read and write of the caller's tensors)
     and the four launches. The caller fills the sizes, strides, padding and flags of the returned params."""
-    from . import convolution as C
     fh, fw = fft
     lh, lw = fh.bit_length() - 1, fw.bit_length() - 1
     bins = fh * (fw // 2 + 1)
@@ -276,7 +272,7 @@ def _fft_plan(pb, direction, algo, fft, roles, data_bytes):
     pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
     pl.workspace = pl.offsets[2] + round_up(sizes[2])
     pl.smem_bytes = (fh * fw + fh // 2 + fw // 2) * CPLX
-    pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
+    pl.gemm = ConvParams()          # holds the fused epilogue's settings between the caller and launch
     pl.gemm_expr = "fft"
     transforms = batch * cin + cout * cin + batch * cout
     pl.model_ms = (8 * batch * cout * cin * cdiv(bins, 32) * 32 / (PRODUCT_TFLOPS * 1e9)
@@ -293,3 +289,15 @@ def _fft_plan(pb, direction, algo, fft, roles, data_bytes):
                 p)
     pl.add_step(unit, _expr("inverse_fft", pb.tag), (batch * cout, 1, 1), (THREADS, 1, 1), p)
     return pl, p
+
+
+@register(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_FFT)
+@register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_FFT)
+@register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT)
+def plan_transform(handle, pb, direction, algo):
+    return plan_fft(handle, pb, direction, algo)
+
+
+def kernel_units():
+    """This module's kernel units."""
+    return _family_units("conv_fft.")

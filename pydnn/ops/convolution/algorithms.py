@@ -15,20 +15,24 @@ Find...AlgorithmEx synchronizes the handle's stream (it times with events), as c
 overwrites the output buffer (y, dx or dw), as cuDNN's does. Its answers persist in a tuning cache (see
 below; PYDNN_CONV_TUNING_CACHE=0 turns it off): a repeated question is answered without timing.
 
-Find...Algorithm (without Ex, on buffers it allocates itself) is in convolution_find.py.
+Find...Algorithm (without Ex, on buffers it allocates itself) is in find.py.
 """
 import json
 import os
 import threading
 
-from .. import enums as E
-from .._build import cache as _kcache
-from .._cuda import driver
-from ..handle import check_handle
-from ..status import PydnnError, api
-from ..tensor import _int
-from . import convolution as C
-from .common import cdiv, element_aligned, prod
+from ... import enums as E
+from ..._build import cache as _kcache
+from ..._cuda import driver
+from ...buffers import device_ptr
+from ...handle import check_handle
+from ...status import PydnnError, api
+from ...tensor import DTYPES, _int
+from ..common import cdiv, element_aligned, prod
+from .implicit import BM, BN
+from .plans import check_workspace, new_plan, run_plan
+from .problem import (ALGO_TYPES, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, check_conv, filter_bytes, operand_names,
+                      problem)
 
 REPS = 3  # timed runs per algorithm in Find (after one warm-up); the median is reported
 CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200, commit of this module): a ranking, not a promise
@@ -57,38 +61,38 @@ class ConvolutionPerf:
 
 
 def _count(direction):
-    return len(C.ALGO_TYPES[direction][1])
+    return len(ALGO_TYPES[direction][1])
 
 
 @api
 def get_convolution_forward_algorithm_max_count(handle):
     """cudnnGetConvolutionForwardAlgorithmMaxCount: the number of forward algorithms (8)."""
     check_handle(handle)
-    return _count(C.DIR_FWD)
+    return _count(DIR_FWD)
 
 
 @api
 def get_convolution_backward_data_algorithm_max_count(handle):
     """cudnnGetConvolutionBackwardDataAlgorithmMaxCount (6)."""
     check_handle(handle)
-    return _count(C.DIR_BWD_DATA)
+    return _count(DIR_BWD_DATA)
 
 
 @api
 def get_convolution_backward_filter_algorithm_max_count(handle):
     """cudnnGetConvolutionBackwardFilterAlgorithmMaxCount (7)."""
     check_handle(handle)
-    return _count(C.DIR_BWD_FILTER)
+    return _count(DIR_BWD_FILTER)
 
 
 def _candidates(handle, direction, conv, x_desc, w_desc, y_desc):
     """[(algo, plan or None, reason)] for every algorithm of the direction, after validating the problem."""
-    C.check_conv(conv)
-    C.problem(conv, x_desc, w_desc, y_desc, C._names(direction))  # raises for a bad problem
+    check_conv(conv)
+    problem(conv, x_desc, w_desc, y_desc, operand_names(direction))  # raises for a bad problem
     out = []
-    for a in C.ALGO_TYPES[direction][1]:
+    for a in ALGO_TYPES[direction][1]:
         try:
-            out.append((a, C._new_plan(handle, direction, a, conv, x_desc, w_desc, y_desc), ""))
+            out.append((a, new_plan(handle, direction, a, conv, x_desc, w_desc, y_desc), ""))
         except PydnnError as e:
             if e.status != E.PYDNN_STATUS_NOT_SUPPORTED:
                 raise
@@ -106,12 +110,12 @@ def _estimate_ms(handle, pl):
     waves = -(-blocks // per_wave)
     fill = blocks / (waves * per_wave)
     rate = TENSOR_CORE_TFLOPS if ("_tc<" in pl.gemm_expr or "_wgmma<" in pl.gemm_expr) else CUDA_CORE_TFLOPS
-    if pl.direction == C.DIR_BWD_FILTER and rate == CUDA_CORE_TFLOPS:
+    if pl.direction == DIR_BWD_FILTER and rate == CUDA_CORE_TFLOPS:
         fill = _busiest_sm_fill(handle, blocks)
     if "bwd_data_tc" in pl.gemm_expr:  # the gather meets zeros in all but 1 / stride^d of its MMAs
         rate /= prod(pl.problem.stride3)
     t = pl.problem.flops / (rate * 1e9) / max(fill, 1e-3)
-    if rate == CUDA_CORE_TFLOPS and pl.direction == C.DIR_BWD_DATA:
+    if rate == CUDA_CORE_TFLOPS and pl.direction == DIR_BWD_DATA:
         t *= _cc_tile_waste(pl)
     if pl.fold is not None:  # the fold reads the partials once
         t += pl.workspace / 2.0e9
@@ -125,7 +129,7 @@ def _cc_tile_waste(pl):
     were measured without it). Measured (H200, fp32 7x7/2 3->64 @224 backward data ALGO_0): 0.1 TFLOP/s,
     the model's 8 x 3/64 x 1/4 = 0.09."""
     g = pl.gemm
-    waste = (cdiv(g.gm, C.BM) * C.BM / max(g.gm, 1)) * (cdiv(g.gn, C.BN) * C.BN / max(g.gn, 1))
+    waste = (cdiv(g.gm, BM) * BM / max(g.gm, 1)) * (cdiv(g.gn, BN) * BN / max(g.gn, 1))
     return waste * prod(pl.problem.stride3)
 
 
@@ -172,21 +176,21 @@ def _heuristic(handle, direction, conv, x_desc, w_desc, y_desc, requested):
 @api
 def get_convolution_forward_algorithm_v7(handle, src_desc, filter_desc, conv_desc, dest_desc, requested_algo_count):
     """cudnnGetConvolutionForwardAlgorithm_v7 -> [ConvolutionPerf] best first (time -1: not measured)."""
-    return _heuristic(handle, C.DIR_FWD, conv_desc, src_desc, filter_desc, dest_desc, requested_algo_count)
+    return _heuristic(handle, DIR_FWD, conv_desc, src_desc, filter_desc, dest_desc, requested_algo_count)
 
 
 @api
 def get_convolution_backward_data_algorithm_v7(handle, filter_desc, diff_desc, conv_desc, grad_desc,
                                                requested_algo_count):
     """cudnnGetConvolutionBackwardDataAlgorithm_v7 -> [ConvolutionPerf] best first."""
-    return _heuristic(handle, C.DIR_BWD_DATA, conv_desc, grad_desc, filter_desc, diff_desc, requested_algo_count)
+    return _heuristic(handle, DIR_BWD_DATA, conv_desc, grad_desc, filter_desc, diff_desc, requested_algo_count)
 
 
 @api
 def get_convolution_backward_filter_algorithm_v7(handle, src_desc, diff_desc, conv_desc, grad_desc,
                                                  requested_algo_count):
     """cudnnGetConvolutionBackwardFilterAlgorithm_v7 -> [ConvolutionPerf] best first."""
-    return _heuristic(handle, C.DIR_BWD_FILTER, conv_desc, src_desc, grad_desc, diff_desc, requested_algo_count)
+    return _heuristic(handle, DIR_BWD_FILTER, conv_desc, src_desc, grad_desc, diff_desc, requested_algo_count)
 
 
 # ----------------------------------------------------------------------------- the tuning cache
@@ -222,7 +226,7 @@ def _read_tuning(path):
 def tuning_key(device, direction, conv, x_desc, w_desc, y_desc, limit, aligned16=True):
     """The text key of a Find question: everything its answer depends on (aligned16: whether the operands
     the tensor-core plans read in 16-byte vectors are 16-byte aligned, which decides if they can run)."""
-    from ..version import __version__
+    from ...version import __version__
     return json.dumps([device, __version__, direction, x_desc.dtype, list(x_desc.dims), list(x_desc.strides),
                        w_desc.format, list(w_desc.dims), list(y_desc.dims), list(y_desc.strides), list(conv.pad),
                        list(conv.stride), list(conv.dil), conv.mode, conv.compute_type, conv.math_type, conv.groups,
@@ -294,9 +298,9 @@ def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, ptrs, work
                              f"reads its input and w in {pl.align}-byte vectors; these buffers are not "
                              f"{pl.align}-byte aligned", conv.math_type))
             continue
-        ws = C.check_workspace(pl, work_space, limit)
+        ws = check_workspace(pl, work_space, limit)
         times = []
-        run = lambda: C.run_plan(handle, pl, ptrs[0], ptrs[1], ptrs[2], ws, 1.0, 0.0)  # noqa: E731
+        run = lambda: run_plan(handle, pl, ptrs[0], ptrs[1], ptrs[2], ws, 1.0, 0.0)  # noqa: E731
         run()  # warm-up (and the module load)
         for _ in range(REPS):
             start, end = driver.Event(), driver.Event()
@@ -314,7 +318,7 @@ def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, ptrs, work
 
 
 def _buf(buf, name, nbytes, itemsize):
-    return element_aligned(C.device_ptr(buf, name, nbytes), name, itemsize)
+    return element_aligned(device_ptr(buf, name, nbytes), name, itemsize)
 
 
 @api
@@ -322,11 +326,11 @@ def find_convolution_forward_algorithm_ex(handle, x_desc, x, w_desc, w, conv_des
                                           work_space, work_space_size_in_bytes):
     """cudnnFindConvolutionForwardAlgorithmEx -> [ConvolutionPerf] fastest first (overwrites y)."""
     check_handle(handle)
-    pb = C.problem(C.check_conv(conv_desc), x_desc, w_desc, y_desc)
-    it = C.DTYPES[pb.dtype][0]
-    ptrs = (_buf(x, "x", x_desc.span_bytes(), it), _buf(w, "w", C._filter_bytes(w_desc), it),
+    pb = problem(check_conv(conv_desc), x_desc, w_desc, y_desc)
+    it = DTYPES[pb.dtype][0]
+    ptrs = (_buf(x, "x", x_desc.span_bytes(), it), _buf(w, "w", filter_bytes(w_desc), it),
             _buf(y, "y", y_desc.span_bytes(), it))
-    return _find(handle, C.DIR_FWD, conv_desc, x_desc, w_desc, y_desc, requested_algo_count, ptrs, work_space,
+    return _find(handle, DIR_FWD, conv_desc, x_desc, w_desc, y_desc, requested_algo_count, ptrs, work_space,
                  work_space_size_in_bytes)
 
 
@@ -335,11 +339,11 @@ def find_convolution_backward_data_algorithm_ex(handle, w_desc, w, dy_desc, dy, 
                                                 requested_algo_count, work_space, work_space_size_in_bytes):
     """cudnnFindConvolutionBackwardDataAlgorithmEx -> [ConvolutionPerf] fastest first (overwrites dx)."""
     check_handle(handle)
-    pb = C.problem(C.check_conv(conv_desc), dx_desc, w_desc, dy_desc, C._names(C.DIR_BWD_DATA))
-    it = C.DTYPES[pb.dtype][0]
-    ptrs = (_buf(dy, "dy", dy_desc.span_bytes(), it), _buf(w, "w", C._filter_bytes(w_desc), it),
+    pb = problem(check_conv(conv_desc), dx_desc, w_desc, dy_desc, operand_names(DIR_BWD_DATA))
+    it = DTYPES[pb.dtype][0]
+    ptrs = (_buf(dy, "dy", dy_desc.span_bytes(), it), _buf(w, "w", filter_bytes(w_desc), it),
             _buf(dx, "dx", dx_desc.span_bytes(), it))
-    return _find(handle, C.DIR_BWD_DATA, conv_desc, dx_desc, w_desc, dy_desc, requested_algo_count, ptrs,
+    return _find(handle, DIR_BWD_DATA, conv_desc, dx_desc, w_desc, dy_desc, requested_algo_count, ptrs,
                  work_space, work_space_size_in_bytes)
 
 
@@ -348,11 +352,11 @@ def find_convolution_backward_filter_algorithm_ex(handle, x_desc, x, dy_desc, dy
                                                   requested_algo_count, work_space, work_space_size_in_bytes):
     """cudnnFindConvolutionBackwardFilterAlgorithmEx -> [ConvolutionPerf] fastest first (overwrites dw)."""
     check_handle(handle)
-    pb = C.problem(C.check_conv(conv_desc), x_desc, dw_desc, dy_desc, C._names(C.DIR_BWD_FILTER))
-    it = C.DTYPES[pb.dtype][0]
+    pb = problem(check_conv(conv_desc), x_desc, dw_desc, dy_desc, operand_names(DIR_BWD_FILTER))
+    it = DTYPES[pb.dtype][0]
     ptrs = (_buf(dy, "dy", dy_desc.span_bytes(), it), _buf(x, "x", x_desc.span_bytes(), it),
-            _buf(dw, "dw", C._filter_bytes(dw_desc), it))
-    return _find(handle, C.DIR_BWD_FILTER, conv_desc, x_desc, dw_desc, dy_desc, requested_algo_count, ptrs,
+            _buf(dw, "dw", filter_bytes(dw_desc), it))
+    return _find(handle, DIR_BWD_FILTER, conv_desc, x_desc, dw_desc, dy_desc, requested_algo_count, ptrs,
                  work_space, work_space_size_in_bytes)
 
 

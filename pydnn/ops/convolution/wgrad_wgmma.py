@@ -58,19 +58,18 @@ one run)
 """
 import ctypes
 
-from .. import enums as E
-from .._build.manifest import KernelUnit
-from .._build.params import kernel_params
-from .._cuda import driver
-from ..status import PydnnError
-from ._elementwise import CTYPE
-from .common import cdiv, prod
-from .convolution import ConvParams
-from .convolution_gemm import StepPlan
+from ... import enums as E
+from ... import tuning
+from ..._build.params import kernel_params
+from ..._cuda import driver
+from ...status import PydnnError
+from .._elementwise import CTYPE
+from ..common import cdiv, prod
+from .plans import kernel_units as _family_units, StepPlan, add_kernels, base_params, digit_step, register
+from .problem import DIR_BWD_FILTER, INT_MAX, ConvParams, algo_name, tc_refusal, wgp_refusal
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_BETA, FLAG_FLIP = 1, 16   # PYDNN_FLAG_BETA, PYDNN_CONV_FLAG_FLIP
-ENABLED = True          # plan_wgrad_tc hands the problems it applies to here (sm_90 only)
 ARCH = "sm_90"          # convolution.WGM_ARCH
 TAGS = ("f16", "bf16")
 BK = 64                 # positions per K tile
@@ -92,9 +91,6 @@ FOLD_GBPS = 5000.0
 LAUNCH_S = 1.5e-6
 MAX_SPLITS = 1024
 HYBRID = True           # a plan may run the tiles of whole waves unsplit and split the rest (see tiling)
-# (a TILES / VARIANTS entry, splits) or the hybrid (entry, 1, full, tail splits) instead of the model's
-# choice (tests, benchmarks); convolution.TC_FORCE[DIR_BWD_FILTER] naming an entry does the same
-FORCE = None
 
 
 @kernel_params("conv_wgrad_wgmma_params.h", "WgradWgmmaParams")
@@ -123,10 +119,9 @@ def _fold_expr(tag):
     return f"pydnn::conv_wgrad::wgrad_fold<{CTYPE[tag]}>"
 
 
-def kernel_units():
-    return [KernelUnit(f"convolution.wgrad.{t}", "conv_wgrad_wgmma.cu",
-                       tuple(_expr(t, c) for c in TILES + VARIANTS) + (_fold_expr(t),), archs=(ARCH + "a",))
-            for t in TAGS]
+for _t in TAGS:   # built and loadable for sm_90 only, as sm_90a (wgmma)
+    add_kernels(f"convolution.wgrad.{_t}", "conv_wgrad_wgmma.cu",
+                tuple(_expr(_t, c) for c in TILES + VARIANTS) + (_fold_expr(_t),), archs=(ARCH + "a",))
 
 
 def smem_bytes(cfg):
@@ -138,12 +133,11 @@ def smem_bytes(cfg):
 
 def refusal(handle, pb):
     """Why this kernel cannot serve a backward filter (None when it can)."""
-    from . import convolution as C
-    if not ENABLED:
-        return "disabled (convolution_wgrad_wgmma.ENABLED)"
+    if not tuning.conv_wgrad_wgmma.ENABLED:
+        return "disabled (tuning.conv_wgrad_wgmma.ENABLED)"
     if getattr(handle, "arch", None) != ARCH:
         return f"the wgmma backward filter needs an {ARCH} device (got {getattr(handle, 'arch', None)})"
-    why = C._tc_refusal(pb, C.DIR_BWD_FILTER) or C._wgp_refusal(pb)
+    why = tc_refusal(pb, DIR_BWD_FILTER) or wgp_refusal(pb)
     if why:
         return why
     if cdiv(pb.k, 64) * cdiv(pb.c * prod(pb.filt3), 64) > 2**31 - 1:
@@ -214,8 +208,7 @@ class WgradWgmmaPlan(StepPlan):
     params, argv, func, smem], kind "gemm" (its whole tiles write dw, its slices the workspace) or "fold"."""
 
     def __init__(self, pb, algo, cfg, splits, full, tail_splits):
-        from . import convolution as C
-        super().__init__(C.DIR_BWD_FILTER, algo, pb)
+        super().__init__(DIR_BWD_FILTER, algo, pb)
         self.cfg, self.splits, self.full, self.tail_splits = cfg, splits, full, tail_splits
         self.align = 16   # x and dy are read in 16-byte chunks
         self.unit = f"convolution.wgrad.{pb.tag}"
@@ -234,16 +227,15 @@ class WgradWgmmaPlan(StepPlan):
     def _gemm(self, pb, direct, tiles, splits):
         """The GEMM launch: tiles [0, direct) whole, then tiles [direct, direct + tiles) in `splits` slices
         (+ the fold of those tiles)."""
-        from . import convolution as C
         kps = cdiv(cdiv(self.gk, splits), BK) * BK
         splits = cdiv(self.gk, kps) if tiles else 1
         P = WgradWgmmaParams()
-        p = C._base_params(pb, C.DIR_BWD_FILTER)
+        p = base_params(pb, DIR_BWD_FILTER)
         p.gm, p.gn, p.gk = self.gm, self.gn, self.gk
         red = [pb.n] + list(pb.out3)
         for i in range(4):
             p.red_size[i] = red[i]
-        for i, v in enumerate(C._digit_step(BK, red)):
+        for i, v in enumerate(digit_step(BK, red)):
             p.red_step[i] = v
         p.splits, p.k_per_split = splits, kps
         P.c, P.direct, P.tile_first, P.tiles, P.m_tiles = p, direct, direct, tiles, self.m_tiles
@@ -269,10 +261,9 @@ class WgradWgmmaPlan(StepPlan):
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """a = dy, b = x, out = dw (convolution_backward_filter's order)."""
-        from . import convolution as C
         if a_ptr % self.align or b_ptr % self.align:
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
-                             f"{C.algo_name(self.direction, self.algo)} reads x and dy in {self.align}-byte "
+                             f"{algo_name(self.direction, self.algo)} reads x and dy in {self.align}-byte "
                              f"vectors: both must be {self.align}-byte aligned (dy {a_ptr:#x}, x {b_ptr:#x})")
         bflag = FLAG_BETA if beta != 0 else 0
         for st in self.steps:
@@ -298,9 +289,8 @@ class WgradWgmmaPlan(StepPlan):
 def choice(handle, pb):
     """(cfg, splits, full, tail_splits) of a problem: FORCE, or convolution.TC_FORCE[DIR_BWD_FILTER] when
     it names a TILES entry ((cfg, splits) or (cfg, splits, full, tail_splits)), else the model's."""
-    from . import convolution as C
     gm, gn, gk = pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)
-    forced = FORCE or C.TC_FORCE.get(C.DIR_BWD_FILTER)
+    forced = tuning.conv_wgrad_wgmma.FORCE or tuning.conv.TC_FORCE.get(DIR_BWD_FILTER)
     if _names_tile(forced):
         cfg, splits = tuple(forced[0]), max(1, int(forced[1]))
         full, ts = (tuple(forced[2:4]) + (0, 1))[:2]
@@ -315,8 +305,7 @@ def _names_tile(forced):
 def maybe_plan(handle, pb, algo):
     """The plan when this kernel applies and no other tensor-core backward-filter kernel is forced
     (convolution.TC_FORCE), else None (plan_wgrad_tc goes on with wgrad_pipe_tc / wgrad_tc)."""
-    from . import convolution as C
-    forced = FORCE or C.TC_FORCE.get(C.DIR_BWD_FILTER)
+    forced = tuning.conv_wgrad_wgmma.FORCE or tuning.conv.TC_FORCE.get(DIR_BWD_FILTER)
     if forced is not None and not _names_tile(forced):
         return None
     if refusal(handle, pb) is not None:
@@ -327,9 +316,8 @@ def maybe_plan(handle, pb, algo):
 def plan(handle, pb, algo, cfg, splits, full=0, tail_splits=1):
     """WgradWgmmaPlan for (cfg, splits) (splits rounded to whole K tiles per slice), or the hybrid: tiles
     [0, full) unsplit, the rest with tail_splits."""
-    from . import convolution as C
     gm, gn, gk = pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)
-    if max(gm, gn, gk) > C.INT_MAX:
+    if max(gm, gn, gk) > INT_MAX:
         raise PydnnError(NS, "the implicit GEMM exceeds 2^31 - 1 rows (split the batch)")
     ktiles = cdiv(gk, BK)
     tiles = cdiv(gm, cfg[0]) * cdiv(gn, cfg[1])
@@ -337,3 +325,18 @@ def plan(handle, pb, algo, cfg, splits, full=0, tail_splits=1):
         full, tail_splits = 0, 1
     return WgradWgmmaPlan(pb, algo, cfg, _splits_of(ktiles, splits) if not full else 1, full,
                           _splits_of(ktiles, tail_splits))
+
+
+@register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1, order=0,
+          refusal=lambda pb: tc_refusal(pb, DIR_BWD_FILTER))
+def plan_wgrad_wgmma(handle, pb, direction, algo):
+    """BWD_FILTER_ALGO_1's first candidate: this kernel where it applies, else None (the mma.sync
+    tensor-core kernels go on; they also refuse a GEMM past 2^31 - 1 rows, with the reason)."""
+    if max(pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)) > INT_MAX:
+        return None
+    return maybe_plan(handle, pb, algo)
+
+
+def kernel_units():
+    """This module's kernel units."""
+    return _family_units("convolution.wgrad.")

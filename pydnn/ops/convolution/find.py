@@ -1,6 +1,6 @@
 """cudnnFindConvolution{Forward,BackwardData,BackwardFilter}Algorithm (the forms without Ex).
 
-They answer the same question as the Ex forms (convolution_algos.py: every algorithm timed, fastest first,
+They answer the same question as the Ex forms (algorithms.py: every algorithm timed, fastest first,
 the tuning cache consulted) but on buffers of their own, as cuDNN's do: the caller passes descriptors only.
 These three calls are the documented exception to "no call allocates": they allocate the operands, the
 output and a workspace as large as the most demanding supported algorithm asks, zero the operands,
@@ -8,12 +8,12 @@ synchronize, and free everything before returning. Nothing of the caller's is re
 workspace cannot be allocated, the search goes on without one and the algorithms that need it report
 ALLOC_FAILED, as in the Ex forms with a too small workspace.
 """
-from .. import enums as E
-from .._cuda import driver
-from ..handle import check_handle
-from ..status import PydnnError, api
-from . import convolution as C
-from . import convolution_algos as A
+from ... import enums as E
+from ..._cuda import driver
+from ...handle import check_handle
+from ...status import PydnnError, api
+from . import algorithms as A
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, check_conv, filter_bytes, operand_names, problem
 
 _OOM = E.PYDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED  # what the driver layer raises for cuMemAlloc
 
@@ -86,27 +86,27 @@ def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, buffers):
 def find_convolution_forward_algorithm(handle, x_desc, w_desc, conv_desc, y_desc, requested_algo_count):
     """cudnnFindConvolutionForwardAlgorithm -> [ConvolutionPerf] fastest first (on buffers of its own)."""
     check_handle(handle)
-    C.problem(C.check_conv(conv_desc), x_desc, w_desc, y_desc)
-    return _find(handle, C.DIR_FWD, conv_desc, x_desc, w_desc, y_desc, requested_algo_count,
-                 (("x", x_desc.span_bytes()), ("w", C._filter_bytes(w_desc)), ("y", y_desc.span_bytes())))
+    problem(check_conv(conv_desc), x_desc, w_desc, y_desc)
+    return _find(handle, DIR_FWD, conv_desc, x_desc, w_desc, y_desc, requested_algo_count,
+                 (("x", x_desc.span_bytes()), ("w", filter_bytes(w_desc)), ("y", y_desc.span_bytes())))
 
 
 @api
 def find_convolution_backward_data_algorithm(handle, w_desc, dy_desc, conv_desc, dx_desc, requested_algo_count):
     """cudnnFindConvolutionBackwardDataAlgorithm -> [ConvolutionPerf] fastest first (on buffers of its own)."""
     check_handle(handle)
-    C.problem(C.check_conv(conv_desc), dx_desc, w_desc, dy_desc, C._names(C.DIR_BWD_DATA))
-    return _find(handle, C.DIR_BWD_DATA, conv_desc, dx_desc, w_desc, dy_desc, requested_algo_count,
-                 (("dy", dy_desc.span_bytes()), ("w", C._filter_bytes(w_desc)), ("dx", dx_desc.span_bytes())))
+    problem(check_conv(conv_desc), dx_desc, w_desc, dy_desc, operand_names(DIR_BWD_DATA))
+    return _find(handle, DIR_BWD_DATA, conv_desc, dx_desc, w_desc, dy_desc, requested_algo_count,
+                 (("dy", dy_desc.span_bytes()), ("w", filter_bytes(w_desc)), ("dx", dx_desc.span_bytes())))
 
 
 @api
 def find_convolution_backward_filter_algorithm(handle, x_desc, dy_desc, conv_desc, dw_desc, requested_algo_count):
     """cudnnFindConvolutionBackwardFilterAlgorithm -> [ConvolutionPerf] fastest first (on buffers of its own)."""
     check_handle(handle)
-    C.problem(C.check_conv(conv_desc), x_desc, dw_desc, dy_desc, C._names(C.DIR_BWD_FILTER))
-    return _find(handle, C.DIR_BWD_FILTER, conv_desc, x_desc, dw_desc, dy_desc, requested_algo_count,
-                 (("dy", dy_desc.span_bytes()), ("x", x_desc.span_bytes()), ("dw", C._filter_bytes(dw_desc))))
+    problem(check_conv(conv_desc), x_desc, dw_desc, dy_desc, operand_names(DIR_BWD_FILTER))
+    return _find(handle, DIR_BWD_FILTER, conv_desc, x_desc, dw_desc, dy_desc, requested_algo_count,
+                 (("dy", dy_desc.span_bytes()), ("x", x_desc.span_bytes()), ("dw", filter_bytes(dw_desc))))
 
 
 __all__ = ["find_convolution_forward_algorithm", "find_convolution_backward_data_algorithm",

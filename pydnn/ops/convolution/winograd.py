@@ -30,14 +30,15 @@ Workspace (Acc = 4 or 8 bytes): P * Acc * (T * C + K * C/g + T * K), T = N * cei
 """
 import ctypes
 
-from .. import enums as E
-from .._build.manifest import KernelUnit
-from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
-from ..status import PydnnError
-from ._elementwise import CTYPE
-from .common import FLOAT_TAGS, cdiv, prod
-from .convolution_gemm import LAUNCH_MS, StepPlan, SubGemm, round_up
-from . import matmul as MM
+from ... import enums as E
+from ... import tuning
+from ..._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
+from ...status import PydnnError
+from .. import matmul as MM
+from .._elementwise import CTYPE
+from ..common import FLOAT_TAGS, cdiv, prod
+from .plans import kernel_units as _family_units, LAUNCH_MS, StepPlan, SubGemm, add_kernels, planner, register, round_up
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, ConvParams
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_Z, FLAG_BIAS, FLAG_FLIP, FLAG_BWD = 4, 8, 16, 1024
@@ -66,8 +67,6 @@ class WinoParams(ctypes.Structure):
 
 KERNELS = ("filter_transform", "input_transform", "output_transform", "grad_transform", "filter_grad")
 TILES = (2, 4)          # F(2x2, 3x3) and F(4x4, 3x3) instantiations
-PREFERRED_TILE = 4      # 4x fewer multiplies than direct (2.25x for F(2x2)), 2.25x expansion of x and y
-                        # in the workspace (4x for F(2x2)); tests pin each tile through this
 MAX_GRID_Z = 65535
 # The v7 model's rates for the float path, fitted on the H200 (fp32 NCHW ResNet-50 3x3 layers, N = 64, F(4x4),
 # tools/bench_convolution_algos.py run_wino v4, each launch timed alone): gemm_simt ran the 36 GEMMs at 31-38
@@ -89,21 +88,20 @@ def _expr(kernel, tag, tile):
     return f"pydnn::conv_wino::{kernel}<{CTYPE[tag]}, {tile}>"
 
 
-def kernel_units():
-    return [KernelUnit(f"conv_winograd.{t}", "conv_winograd.cu",
-                       tuple(_expr(k, t, m) for m in TILES for k in KERNELS)) for t in FLOAT_TAGS]
+for _t in FLOAT_TAGS:
+    add_kernels(f"conv_winograd.{_t}", "conv_winograd.cu", tuple(_expr(k, _t, m) for m in TILES for k in KERNELS))
 
 
 MIN_F4_CHANNELS_F32 = 4   # float data: F(4x4) only where the reduction has this many channels per group
 
 
 def tile_for(pb, cin_g):
-    """PREFERRED_TILE (4) unless its alpha^2 * groups GEMM groups overflow the launch grid, or the data is
+    """tuning.conv_winograd.PREFERRED_TILE (4) unless its alpha^2 * groups GEMM groups overflow the launch grid, or the data is
     float with fewer than 4 channels per group to reduce over: F(4x4)'s transforms (coefficients up to 8
     and 1/24) cost ~10x F(2x2)'s rounding error relative to sum |x||w|; a float32 emulation with the
     kernels' summation order puts a single-channel (depthwise) reduction at ~0.9x of float's tolerance
     (rtol 1e-5) and 4 channels at ~0.3x. Half / bfloat16 outputs round far above either; double has room."""
-    m = PREFERRED_TILE
+    m = tuning.conv_winograd.PREFERRED_TILE
     if (m + 2) ** 2 * pb.groups > MAX_GRID_Z:
         m = 2
     if m == 4 and pb.dtype == E.PYDNN_DATA_FLOAT and cin_g < MIN_F4_CHANNELS_F32:
@@ -161,7 +159,7 @@ def _grouped_1x1(pb, n, groups, cg, kg, xs, ys):
     return s
 
 
-def _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, positions):
+def _gemm_problem(pb, acc_dtype, tiles, cin_g, cout_g, u, mm, positions):
     """The alpha^2 * groups GEMMs as one grouped 1x1 convolution over U (n = tiles, channels (b, ci))."""
     s = _grouped_1x1(pb, tiles, positions * pb.groups, cin_g, cout_g, u[:2], mm[:2])
     s.dtype, s.tag = acc_dtype, ("f64" if acc_dtype == E.PYDNN_DATA_DOUBLE else "f32")
@@ -230,8 +228,7 @@ class WinogradPlan(StepPlan):
 
 def plan_winograd(handle, pb, direction, algo):
     """A WINOGRAD_NONFUSED plan (forward or backward data) or NOT_SUPPORTED with the reason."""
-    from . import convolution as C
-    fwd = direction == C.DIR_FWD
+    fwd = direction == DIR_FWD
     why = refusal(pb, direction, fwd)
     if why:
         raise PydnnError(NS, f"algo: {why}")
@@ -259,9 +256,9 @@ def plan_winograd(handle, pb, direction, algo):
         pl.v_is_a = mm[0] == 1
         pl.gemm_tile = MM._choose_simt_tile(gm, gn, kw["batch"], handle.sm_count, gk)
     else:
-        spb = _gemm_problem(C, pb, acc_dtype, tiles, cin_g, cout_g, u, mm, pos)
-        pl.sub = SubGemm(C, C.plan(handle, spb, C.DIR_FWD, algo), spb)
-    pl.gemm = C.ConvParams()          # holds the fused epilogue's settings between the caller and launch
+        spb = _gemm_problem(pb, acc_dtype, tiles, cin_g, cout_g, u, mm, pos)
+        pl.sub = SubGemm(planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, spb, algo), spb)
+    pl.gemm = ConvParams()          # holds the fused epilogue's settings between the caller and launch
     pl.gemm_expr = "winograd"
     item = pl.itemsize
     # the transforms' own traffic: x, U, M, y once each, the filter and V (the GEMM's reads are its own)
@@ -304,8 +301,8 @@ def plan_winograd(handle, pb, direction, algo):
 # (_wgrad_splits). U and D are laid out per chunk, [s][b][channel][tile] (tile fastest: the GEMM's operands
 # K-major, trans_a False / trans_b True; any groups) or, for one group, [s][b][tile][channel] (channels
 # fastest: trans_a True / trans_b False, the kernel's shared-memory layout without the transposing
-# stores); WGRAD_LAYOUT picks ("tile", "chan"; None: channels fastest for NHWC-like x, else tiles).
-WGRAD_LAYOUT = None
+# stores); tuning.conv_winograd.WGRAD_LAYOUT picks ("tile", "chan"; None: channels fastest for NHWC-like
+# x, else tiles).
 # Float data: the border taps of small outputs. A corner tap of dw sums only the output positions whose
 # input is not padding, while the transforms mix the whole tile, so its rounding error is that of the
 # tile's magnitude against a sum of few products. "clear" = min(OH - pad_h, OW - pad_w), about the
@@ -314,11 +311,10 @@ WGRAD_LAYOUT = None
 # float's tolerance with clear >= 4 (F(4x4)) and <= 0.35x with clear >= 2 (F(2x2)), and at 1.1-9.6x below
 # those (e.g. clear 3 under F(4x4): 2.0x; one GPU case, 3 x 2 outputs with pad 1 under F(4x4), missed the
 # tolerance on 26 of 11880 elements). So float takes F(4x4) from clear 4, F(2x2) from 2, and refuses
-# below; half / bfloat16 (tolerances 100x float's) and double keep PREFERRED_TILE.
+# below; half / bfloat16 (tolerances 100x float's) and double keep tuning.conv_winograd.PREFERRED_TILE.
 WGRAD_F4_MIN_CLEAR, WGRAD_F2_MIN_CLEAR = 4, 2
 WGRAD_K_OVERHEAD = 32   # a GEMM item's fixed cost (first loads, epilogue) in K steps: the split model's
 MAX_WGRAD_SPLITS = 64
-WGRAD_FORCE_SPLITS = None   # tests / benchmarks pin S
 
 
 def wgrad_refusal(pb):
@@ -343,11 +339,11 @@ def _wgrad_clear(pb):
 
 
 def wgrad_tile(pb):
-    """PREFERRED_TILE, but F(2x2) for float data whose outputs are too small for F(4x4)'s rounding
+    """tuning.conv_winograd.PREFERRED_TILE, but F(2x2) for float data whose outputs are too small for F(4x4)'s rounding
     (WGRAD_F4_MIN_CLEAR above)."""
     if pb.dtype == E.PYDNN_DATA_FLOAT and _wgrad_clear(pb) < WGRAD_F4_MIN_CLEAR:
         return 2
-    return PREFERRED_TILE
+    return tuning.conv_winograd.PREFERRED_TILE
 
 
 def _wgrad_chunk(tiles, splits):
@@ -375,8 +371,8 @@ def _wgrad_splits(handle, pb, pos, tiles, acc):
     by the GEMMs, read by filter_grad)."""
     z0 = pos * pb.groups
     cap = MAX_WGRAD_SPLITS if pb.dtype != E.PYDNN_DATA_DOUBLE else max(1, MAX_GRID_Z // z0)
-    if WGRAD_FORCE_SPLITS:
-        return max(1, min(WGRAD_FORCE_SPLITS, cap, tiles))
+    if tuning.conv_winograd.WGRAD_FORCE_SPLITS:
+        return max(1, min(tuning.conv_winograd.WGRAD_FORCE_SPLITS, cap, tiles))
     best = None
     for s in range(1, min(cap, tiles) + 1):
         chunk = _wgrad_chunk(tiles, s)
@@ -402,7 +398,7 @@ def wgrad_view(pos, groups, splits, chunk, kg, cg, kout, cin, chan_fast):
     return kg, cg, chunk, dict(**kw, ldc=cg, stride_c=kg * cg, batch=splits * pos * groups)
 
 
-def _wgrad_gemm_problem(C, pb, tiles_per_chunk, z, kg, cg):
+def _wgrad_gemm_problem(pb, tiles_per_chunk, z, kg, cg):
     """Double data: the GEMMs as one grouped 1x1 backward filter (z groups, n = the chunk's tiles) on the
     family's CUDA-core kernel, over the "tile" layout: x = U (channel stride chunk), dy = D, dw = M."""
     return _grouped_1x1(pb, tiles_per_chunk, z, cg, kg, (1, tiles_per_chunk), (1, tiles_per_chunk))
@@ -433,7 +429,6 @@ class WinogradWgradPlan(StepPlan):
 
 def plan_winograd_wgrad(handle, pb, algo):
     """A BWD_FILTER_ALGO_WINOGRAD_NONFUSED plan or NOT_SUPPORTED with the reason."""
-    from . import convolution as C
     why = wgrad_refusal(pb)
     if why:
         raise PydnnError(NS, f"algo: {why}")
@@ -447,11 +442,11 @@ def plan_winograd_wgrad(handle, pb, algo):
     splits = _wgrad_splits(handle, pb, pos, tiles, acc)
     chunk = _wgrad_chunk(tiles, splits)
     splits = cdiv(tiles, chunk)
-    layout = WGRAD_LAYOUT or ("chan" if pb.xs[1] == 1 and pb.c > 1 else "tile")
+    layout = tuning.conv_winograd.WGRAD_LAYOUT or ("chan" if pb.xs[1] == 1 and pb.c > 1 else "tile")
     chan_fast = layout == "chan" and pb.groups == 1 and not double
     padded = splits * chunk
     sizes = (pos * padded * pb.c * acc, pos * padded * pb.k * acc, splits * pos * pb.k * pb.cg * acc)
-    pl = WinogradWgradPlan(C.DIR_BWD_FILTER, algo, pb)
+    pl = WinogradWgradPlan(DIR_BWD_FILTER, algo, pb)
     pl.tile, pl.splits, pl.chunk, pl.layout = tile, splits, chunk, "chan" if chan_fast else "tile"
     pl.offsets = (0, round_up(sizes[0]), round_up(sizes[0]) + round_up(sizes[1]))
     pl.workspace = pl.offsets[2] + round_up(sizes[2])
@@ -459,13 +454,13 @@ def plan_winograd_wgrad(handle, pb, algo):
     pl.mm = pl.sub = None
     z = splits * pos * pb.groups
     if double:
-        spb = _wgrad_gemm_problem(C, pb, chunk, z, pb.kg, pb.cg)
-        pl.sub = SubGemm(C, C.plan(handle, spb, C.DIR_BWD_FILTER, algo), spb)
+        spb = _wgrad_gemm_problem(pb, chunk, z, pb.kg, pb.cg)
+        pl.sub = SubGemm(planner(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_0)(handle, spb, algo), spb)
     else:
         gm, gn, gk, kw = wgrad_view(pos, pb.groups, splits, chunk, pb.kg, pb.cg, pb.k, pb.c, chan_fast)
         pl.mm = MM.gemm_plan(handle, E.PYDNN_DATA_FLOAT, gm, gn, gk, **kw)
         pl.gemm_ms = _wgrad_gemm_ms(handle, pb.kg, pb.cg, z, chunk)
-    pl.gemm = C.ConvParams()
+    pl.gemm = ConvParams()
     pl.gemm_expr = "winograd_wgrad"
     item = pl.itemsize
     # the transforms' own traffic: x and dy read, U and D written, the partials read, dw written
@@ -501,3 +496,19 @@ def plan_winograd_wgrad(handle, pb, algo):
         t = 64 if kernel == "filter_grad" and n < 2 * 256 * max(handle.sm_count, 1) else 256
         pl.add_step(unit, _expr(kernel, pb.tag, tile), (cdiv(n, t), 1, 1), (t, 1, 1), p)
     return pl
+
+
+@register(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED)
+@register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED)
+def plan_transformed(handle, pb, direction, algo):
+    return plan_winograd(handle, pb, direction, algo)
+
+
+@register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED)
+def plan_filter_gradient(handle, pb, direction, algo):
+    return plan_winograd_wgrad(handle, pb, algo)
+
+
+def kernel_units():
+    """This module's kernel units."""
+    return _family_units("conv_winograd.")

@@ -1,0 +1,244 @@
+"""Convolution's public calls (cudnnConvolution*): descriptors, output dims, forward, backward data,
+backward filter, backward bias, the fused bias + activation forward, workspace sizes, algorithm queries
+and Find; and the C API's declaration of them.
+
+A call validates its arguments, takes its plan from the handle's cache (plans.get_plan: made once per
+descriptor set by the planner that plans.plan_for picks) and runs it (plans.run_plan); nothing here
+chooses kernels. The algorithms and where they live:
+
+    forward          IMPLICIT_GEMM (implicit.py), IMPLICIT_PRECOMP_GEMM (tensor_core.py), GEMM (gemm.py),
+                     WINOGRAD_NONFUSED (winograd.py), FFT (fft.py)
+    backward data    ALGO_0 (implicit.py), ALGO_1 (tensor_core.py, else gemm.py), WINOGRAD_NONFUSED, FFT
+    backward filter  ALGO_0 (implicit.py), ALGO_1 (wgrad_wgmma.py, else tensor_core.py, else implicit.py),
+                     ALGO_3 (gemm.py), WINOGRAD_NONFUSED, FFT
+The rest answer NOT_SUPPORTED with the reason.
+"""
+from ... import enums as E
+from ..._build.params import FLAG_BETA, FLAG_NAN_PROP
+from ..._cuda import driver
+from ...buffers import device_ptr
+from ...handle import check_handle
+from ...status import PydnnError, api
+from ...tensor import DTYPES, check_tensor
+from ..activation import ActivationDescriptor
+from ..common import TAG, element_aligned, float_tensor, scalar
+from . import algorithms as _algos
+from . import find as _find
+from . import fft, gemm, implicit, tensor_core, wgrad_wgmma, winograd  # noqa: F401 - each registers its planners
+from .algorithms import *  # noqa: F401,F403 - algorithm queries and Find...Ex
+from .find import *  # noqa: F401,F403 - Find without Ex (buffers of its own)
+from .implicit import bias_grad_expr
+from .plans import check_workspace, get_plan, new_plan, run_plan
+from .problem import (ACT, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_BIAS, FLAG_Z, NS,
+                      ConvAuxParams, create_convolution_descriptor, destroy_convolution_descriptor,
+                      filter_bytes, get_convolution2d_descriptor, get_convolution2d_forward_output_dim,
+                      get_convolution_group_count, get_convolution_math_type, get_convolution_nd_descriptor,
+                      get_convolution_nd_forward_output_dim, set_convolution2d_descriptor,
+                      set_convolution_group_count, set_convolution_math_type, set_convolution_nd_descriptor,
+                      strides5)
+from .tensor_core import fused_bias_in_registers
+@api
+def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes,
+                        beta, y_desc, y):
+    """cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y. Statuses: BAD_PARAM (descriptors that
+    do not fit together: dims, channels vs groups, y not the computed output dims, an empty output,
+    overlapping y, a workspace smaller than Get...WorkspaceSize), NOT_SUPPORTED (data / compute types,
+    an algorithm pydnn lacks), BAD_PARAM_NULL_POINTER, BAD_PARAM_MISALIGNED_POINTER."""
+    check_handle(handle)
+    pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc)
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = pl.itemsize
+    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    wp = element_aligned(device_ptr(w, "w", filter_bytes(w_desc)), "w", it)
+    yp = element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    run_plan(handle, pl, xp, wp, yp, ws, al, be)
+
+
+@api
+def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, algo, work_space,
+                              work_space_size_in_bytes, beta, dx_desc, dx):
+    """cudnnConvolutionBackwardData: dx = alpha * (gradient of conv with respect to x)(dy, w) + beta * dx.
+    Statuses as convolution_forward (dxDesc must be the input whose output dims are dyDesc's)."""
+    check_handle(handle)
+    pl = get_plan(handle, DIR_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc)
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = pl.itemsize
+    wp = element_aligned(device_ptr(w, "w", filter_bytes(w_desc)), "w", it)
+    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dxp = element_aligned(device_ptr(dx, "dx", dx_desc.span_bytes()), "dx", it)
+    run_plan(handle, pl, dyp, wp, dxp, ws, al, be)
+
+
+@api
+def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc, algo, work_space,
+                                work_space_size_in_bytes, beta, dw_desc, dw):
+    """cudnnConvolutionBackwardFilter: dw = alpha * (gradient of conv with respect to w)(x, dy) + beta * dw.
+    Statuses as convolution_forward."""
+    check_handle(handle)
+    pl = get_plan(handle, DIR_BWD_FILTER, algo, conv_desc, x_desc, dw_desc, dy_desc)
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = pl.itemsize
+    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dwp = element_aligned(device_ptr(dw, "dw", filter_bytes(dw_desc)), "dw", it)
+    run_plan(handle, pl, dyp, xp, dwp, ws, al, be)
+
+
+def _bias_desc(bias_desc, k, name):
+    check_tensor(bias_desc, name)
+    dims = tuple(bias_desc.dims)
+    want = (1, k) + (1,) * (len(dims) - 2)
+    if len(dims) < 2 or dims != want:
+        raise PydnnError(BAD, f"{name}: dims {dims} are not (1, {k}, 1, ...) for {k} channels")
+    return bias_desc
+
+
+@api
+def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, conv_desc, algo, work_space,
+                                        work_space_size_in_bytes, alpha2, z_desc, z, bias_desc, bias,
+                                        activation_desc, y_desc, y):
+    """cudnnConvolutionBiasActivationForward: y = act(alpha1 * conv(x, w) + alpha2 * z + bias), all in the
+    convolution kernel's epilogue. z has y's dims (it may be y itself); bias is (1, K, 1, ...). Activations:
+    IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU (others NOT_SUPPORTED). Statuses as
+    convolution_forward."""
+    check_handle(handle)
+    if type(activation_desc) is not ActivationDescriptor or not activation_desc.alive:
+        raise PydnnError(BAD, "activationDesc: not a live activation descriptor")
+    if not activation_desc.is_set:
+        raise PydnnError(BAD, "activationDesc: descriptor was never set")
+    if activation_desc.mode not in ACT:
+        raise PydnnError(NS, f"activationDesc: mode {activation_desc.mode} is not supported in the convolution "
+                             f"epilogue (IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU)")
+    act_key = ("act", activation_desc, activation_desc.mode, activation_desc.coef, activation_desc.relu_nan_opt)
+    pl = get_plan(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc, extra=(z_desc, bias_desc),
+                  extra_key=act_key, adapt=fused_bias_in_registers)
+    check_tensor(z_desc, "zDesc")
+    if tuple(z_desc.dims) != tuple(y_desc.dims):
+        raise PydnnError(BAD, f"zDesc: dims {tuple(z_desc.dims)} differ from yDesc dims {tuple(y_desc.dims)}")
+    if z_desc.dtype != y_desc.dtype:
+        raise PydnnError(NS, f"zDesc: data type {z_desc.dtype} differs from yDesc data type {y_desc.dtype}")
+    _bias_desc(bias_desc, y_desc.dims[1], "biasDesc")
+    if bias_desc.dtype != y_desc.dtype:
+        raise PydnnError(NS, f"biasDesc: data type {bias_desc.dtype} differs from yDesc data type {y_desc.dtype}")
+    ws = check_workspace(pl, work_space, work_space_size_in_bytes)
+    a1, a2 = scalar("alpha1", alpha1), scalar("alpha2", alpha2)
+    it = pl.itemsize
+    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
+    wp = element_aligned(device_ptr(w, "w", filter_bytes(w_desc)), "w", it)
+    yp = element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    zp = element_aligned(device_ptr(z, "z", z_desc.span_bytes()), "z", it) if a2 != 0 else 0
+    bp = element_aligned(device_ptr(bias, "bias", bias_desc.span_bytes()), "bias", it)
+    p = pl.gemm
+    saved = p.flags, p.act, p.coef
+    p.act, p.coef = ACT[activation_desc.mode], activation_desc.coef
+    p.flags |= FLAG_BIAS | (FLAG_Z if a2 != 0 else 0)
+    if activation_desc.relu_nan_opt == E.PYDNN_PROPAGATE_NAN:
+        p.flags |= FLAG_NAN_PROP
+    for i, s in enumerate(strides5(z_desc.strides)):
+        p.zs[i] = s
+    p.bias_stride = bias_desc.strides[1]
+    p.alpha2 = a2
+    try:
+        run_plan(handle, pl, xp, wp, yp, ws, a1, 0.0, zp, bp)
+    finally:  # the plan is shared with convolution_forward's cache only through this call's key
+        p.flags, p.act, p.coef = saved
+
+
+@api
+def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
+    """cudnnConvolutionBackwardBias: db = alpha * sum of dy over every dim but C + beta * db; db is
+    (1, C, 1, ...). Deterministic (a fixed-order tree sum per channel)."""
+    check_handle(handle)
+    float_tensor(dy_desc, "dyDesc")
+    nd = len(dy_desc.dims)
+    if not 3 <= nd <= 5:
+        raise PydnnError(BAD, f"dyDesc: has {nd} dims (3 to 5 expected: N, C, spatial...)")
+    _bias_desc(db_desc, dy_desc.dims[1], "dbDesc")
+    float_tensor(db_desc, "dbDesc")
+    if db_desc.dtype != dy_desc.dtype:
+        raise PydnnError(NS, f"dbDesc: data type {db_desc.dtype} differs from dyDesc data type {dy_desc.dtype}")
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    it = DTYPES[dy_desc.dtype][0]
+    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
+    dbp = element_aligned(device_ptr(db, "db", db_desc.span_bytes()), "db", it)
+    tag = TAG[dy_desc.dtype]
+    func = handle.function(f"convolution.{tag}", bias_grad_expr(tag))
+    dims5 = (dy_desc.dims[0], dy_desc.dims[1]) + (1,) * (5 - nd) + tuple(dy_desc.dims[2:])
+    p = ConvAuxParams()
+    p.out, p.in_, p.alpha, p.beta = dbp, dyp, al, be
+    p.flags = FLAG_BETA if be != 0 else 0
+    p.channels = dims5[1]
+    p.count = dims5[0] * dims5[2] * dims5[3] * dims5[4]
+    for i, v in enumerate((dims5[0], dims5[2], dims5[3], dims5[4])):
+        p.inner[i] = v
+    for i, s in enumerate(strides5(dy_desc.strides)):
+        p.in_stride[i] = s
+    p.out_stride[1] = db_desc.strides[1]
+    grid = (min(dims5[1], 65535 * 4), 1, 1)
+    driver.launch(func, grid, (256, 1, 1), 0, handle.cu_stream, p)
+
+
+# ----------------------------------------------------------------------------- workspace sizes
+
+def _workspace(handle, direction, algo, conv, x_desc, w_desc, y_desc):
+    check_handle(handle)
+    return new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc).workspace
+
+
+@api
+def get_convolution_forward_workspace_size(handle, x_desc, w_desc, conv_desc, y_desc, algo):
+    """cudnnGetConvolutionForwardWorkspaceSize (NOT_SUPPORTED for an algorithm pydnn lacks)."""
+    return _workspace(handle, DIR_FWD, algo, conv_desc, x_desc, w_desc, y_desc)
+
+
+@api
+def get_convolution_backward_data_workspace_size(handle, w_desc, dy_desc, conv_desc, dx_desc, algo):
+    """cudnnGetConvolutionBackwardDataWorkspaceSize."""
+    return _workspace(handle, DIR_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc)
+
+
+@api
+def get_convolution_backward_filter_workspace_size(handle, x_desc, dy_desc, conv_desc, grad_desc, algo):
+    """cudnnGetConvolutionBackwardFilterWorkspaceSize."""
+    return _workspace(handle, DIR_BWD_FILTER, algo, conv_desc, x_desc, grad_desc, dy_desc)
+
+__all__ = [
+    "create_convolution_descriptor", "destroy_convolution_descriptor", "set_convolution2d_descriptor",
+    "get_convolution2d_descriptor", "set_convolution_nd_descriptor", "get_convolution_nd_descriptor",
+    "set_convolution_group_count", "get_convolution_group_count", "set_convolution_math_type",
+    "get_convolution_math_type", "get_convolution2d_forward_output_dim", "get_convolution_nd_forward_output_dim",
+    "convolution_forward", "convolution_backward_data", "convolution_backward_filter",
+    "convolution_bias_activation_forward", "convolution_backward_bias",
+    "get_convolution_forward_workspace_size", "get_convolution_backward_data_workspace_size",
+    "get_convolution_backward_filter_workspace_size",
+] + list(_algos.__all__) + list(_find.__all__)
+
+_H, _CD, _TD, _FD = "pydnnHandle_t", "pydnnConvolutionDescriptor_t", "pydnnTensorDescriptor_t", "pydnnFilterDescriptor_t"
+C_OPAQUE_TYPES = [(_CD, "pydnnConvolutionStruct")]
+C_STRUCTS = _algos.C_STRUCTS
+C_NULLABLE = {"pydnnConvolutionBiasActivationForward": ()}
+C_API = [("Convolution", [
+    (f"pydnnStatus_t pydnnCreateConvolutionDescriptor({_CD} *convDesc);", "A new convolution descriptor, unset until a Set call."),
+    (f"pydnnStatus_t pydnnSetConvolution2dDescriptor({_CD} convDesc, int pad_h, int pad_w, int u, int v, int dilation_h, int dilation_w, pydnnConvolutionMode_t mode, pydnnDataType_t computeType);", "2 spatial dims: padding, strides (u, v), dilations, mode, compute type."),
+    (f"pydnnStatus_t pydnnGetConvolution2dDescriptor(const {_CD} convDesc, int *pad_h, int *pad_w, int *u, int *v, int *dilation_h, int *dilation_w, pydnnConvolutionMode_t *mode, pydnnDataType_t *computeType);", "The settings of a 2-d convolution descriptor."),
+    (f"pydnnStatus_t pydnnSetConvolutionNdDescriptor({_CD} convDesc, int arrayLength, const int padA[], const int filterStrideA[], const int dilationA[], pydnnConvolutionMode_t mode, pydnnDataType_t computeType);", "1 to 3 spatial dims (arrayLength)."),
+    (f"pydnnStatus_t pydnnGetConvolutionNdDescriptor(const {_CD} convDesc, int arrayLengthRequested, int *arrayLength, int padA[], int strideA[], int dilationA[], pydnnConvolutionMode_t *mode, pydnnDataType_t *computeType);", "Spatial dim count and the first arrayLengthRequested pads, strides, dilations."),
+    (f"pydnnStatus_t pydnnSetConvolutionGroupCount({_CD} convDesc, int groupCount);", "Grouped (depthwise) convolution."),
+    (f"pydnnStatus_t pydnnGetConvolutionGroupCount({_CD} convDesc, int *groupCount);", "The group count."),
+    (f"pydnnStatus_t pydnnSetConvolutionMathType({_CD} convDesc, pydnnMathType_t mathType);", "DEFAULT, TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION or FMA."),
+    (f"pydnnStatus_t pydnnGetConvolutionMathType({_CD} convDesc, pydnnMathType_t *mathType);", "The math type."),
+    (f"pydnnStatus_t pydnnGetConvolution2dForwardOutputDim(const {_CD} convDesc, const {_TD} inputTensorDesc, const {_FD} filterDesc, int *n, int *c, int *h, int *w);", "Output dims of a 2-d convolution."),
+    (f"pydnnStatus_t pydnnGetConvolutionNdForwardOutputDim(const {_CD} convDesc, const {_TD} inputTensorDesc, const {_FD} filterDesc, int nbDims, int tensorOuputDimA[]);", "Output dims (nbDims = the input's dim count)."),
+    (f"pydnnStatus_t pydnnDestroyConvolutionDescriptor({_CD} convDesc);", "Release a convolution descriptor (NULL: nothing to do)."),
+    (f"pydnnStatus_t pydnnGetConvolutionForwardWorkspaceSize({_H} handle, const {_TD} xDesc, const {_FD} wDesc, const {_CD} convDesc, const {_TD} yDesc, pydnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes);", "Workspace bytes of a forward algorithm."),
+    (f"pydnnStatus_t pydnnGetConvolutionBackwardDataWorkspaceSize({_H} handle, const {_FD} wDesc, const {_TD} dyDesc, const {_CD} convDesc, const {_TD} dxDesc, pydnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes);", "Workspace bytes of a backward-data algorithm."),
+    (f"pydnnStatus_t pydnnGetConvolutionBackwardFilterWorkspaceSize({_H} handle, const {_TD} xDesc, const {_TD} dyDesc, const {_CD} convDesc, const {_FD} gradDesc, pydnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);", "Workspace bytes of a backward-filter algorithm."),
+    (f"pydnnStatus_t pydnnConvolutionForward({_H} handle, const void *alpha, const {_TD} xDesc, const void *x, const {_FD} wDesc, const void *w, const {_CD} convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_TD} yDesc, void *y);", "y = alpha * conv(x, w) + beta * y."),
+    (f"pydnnStatus_t pydnnConvolutionBackwardData({_H} handle, const void *alpha, const {_FD} wDesc, const void *w, const {_TD} dyDesc, const void *dy, const {_CD} convDesc, pydnnConvolutionBwdDataAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_TD} dxDesc, void *dx);", "dx = alpha * conv-transpose(dy, w) + beta * dx."),
+    (f"pydnnStatus_t pydnnConvolutionBackwardFilter({_H} handle, const void *alpha, const {_TD} xDesc, const void *x, const {_TD} dyDesc, const void *dy, const {_CD} convDesc, pydnnConvolutionBwdFilterAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *beta, const {_FD} dwDesc, void *dw);", "dw = alpha * filter gradient(x, dy) + beta * dw."),
+    (f"pydnnStatus_t pydnnConvolutionBiasActivationForward({_H} handle, const void *alpha1, const {_TD} xDesc, const void *x, const {_FD} wDesc, const void *w, const {_CD} convDesc, pydnnConvolutionFwdAlgo_t algo, void *workSpace, size_t workSpaceSizeInBytes, const void *alpha2, const {_TD} zDesc, const void *z, const {_TD} biasDesc, const void *bias, const pydnnActivationDescriptor_t activationDesc, const {_TD} yDesc, void *y);", "y = act(alpha1 * conv(x, w) + alpha2 * z + bias), fused in the convolution's epilogue."),
+    (f"pydnnStatus_t pydnnConvolutionBackwardBias({_H} handle, const void *alpha, const {_TD} dyDesc, const void *dy, const void *beta, const {_TD} dbDesc, void *db);", "db = alpha * sum of dy over all dims but C + beta * db."),
+] + _algos.C_FUNCTIONS + _find.C_FUNCTIONS)]
