@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // is pending (the previous tile's are done), then copy tile kt + STAGES - 2 into the stage tile kt - 2
 // used (every warpgroup finished reading that stage before the barrier: it waited for that group in
 // iteration kt - 1). So STAGES - 2 copies and one or two MMA groups are in flight. (Issuing that copy
-// before the wait, since the stage is already free, measured no faster: tools/bench_matmul.py v3b/c.)
+// before the wait, since the stage is already free, measured no faster on the H200: tools/bench_matmul.py.)
 // The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
 // MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
 // whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).

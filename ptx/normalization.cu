@@ -1829,8 +1829,8 @@ __device__ __forceinline__ float4 ld_dsmem4(const float4* p, unsigned rank) {
 
 // The partials. Each thread's dscale / dbias partials are 2 x ITEMS x VEC floats, 32 B apart between
 // lanes: written straight to the workspace, every 4-byte store of a warp would touch 32 sectors (CL 1
-// measured 72.3% of copy on the LN bf16 backward that way, 83.2% as below; H200). So the block first puts its groups' [spb][2][nparams] partials in its ring (free after the last row;
-// they fit: spb * nparams <= blockDim * ITEMS * VEC, and the ring holds DEPTH >= 2 times that in x and dy),
+// measured 72.3% of copy on the LN bf16 backward that way, 83.2% as below; H200). So the block first puts
+// its groups' [spb][2][nparams] partials in its ring (free after the last row; they fit: spb * nparams <= blockDim * ITEMS * VEC, and the ring holds DEPTH >= 2 times that in x and dy),
 // then copies them out in consecutive 16-byte vectors (4-byte ones when the workspace is not 16-byte
 // aligned; it need only be 4-byte aligned). CL == 1 (bwd_ring): one workspace slot per group.
 // CL > 1 (bwd_ring_cl, a cluster of CL blocks, sm_90): rank r sums the vectors r * blockDim + t, + CL *

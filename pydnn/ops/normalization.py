@@ -36,23 +36,23 @@ Backward workspace: dscale / dbias are sums over all sets; each block (or block 
 rows' `bwd_ring_cl`, each cluster of BWD_RING_PICK's CL blocks) writes its partial sums to the workspace and
 a small `finish` kernel adds them in a fixed order.
 
-Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows`
-(G threads per row, statistics exact from registers; see ROWS_*), in 16-bit `fwd_persist` with FWD_PERSIST
-(persistent, scale / bias in registers, a register ring of rows; see FWD_PERSIST_*); otherwise `fwd` / `bwd` when a set's
-elements form at most two levels in memory (a contiguous inner run, an outer stride: layer-norm rows,
-NCHW groups, NHWC groups) and fit in registers
-(G threads per set, a power of two up to a block), `fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8
-blocks per set) for larger sets, `gen_fwd` / `gen_bwd` for anything else (one block per set, three or two
-passes over memory). The backward's 16-byte-vector launches take `bwd_staged` / `bwd_staged_cluster`
-(persistent, the next set's x and dy copied into shared memory with cp.async while the current one is
-processed) when the set fits their 256-thread blocks; see STAGED_FWD / STAGED_BWD. With BWD_ROWS (on) the
-backward of 16-bit contiguous layer / RMS rows without activation takes `bwd_rows` (persistent, a register ring of DEPTH rows, one reduction per row; see BWD_ROWS_*), and with
-BWD_RING (on) `bwd_ring`, the same with the ring in shared memory (see BWD_RING_*). Group /
-instance norm with each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on
-sm_90 (a cluster of 8 blocks per sample and GC groups, the tiles held in shared memory between the
-statistics and the output; see GN_*); its forward takes `gn_reg_cl` first when a block's share fits (half
-of it in registers, half in the threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of
-the block PF_BYTES ahead (NormParams.pf; fwd_rows has the same option, off).
+Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows` (G
+threads per row, statistics exact from registers; see ROWS_*), in 16-bit `fwd_persist` with FWD_PERSIST
+(persistent, scale / bias in registers, a register ring of rows; see FWD_PERSIST_*); otherwise `fwd` / `bwd`
+when a set's elements form at most two levels in memory (a contiguous inner run, an outer stride: layer-norm
+rows, NCHW groups, NHWC groups) and fit in registers (G threads per set, a power of two up to a block),
+`fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8 blocks per set) for larger sets, `gen_fwd` / `gen_bwd`
+for anything else (one block per set, three or two passes over memory). The backward's 16-byte-vector launches
+take `bwd_staged` / `bwd_staged_cluster` (persistent, the next set's x and dy copied into shared memory with
+cp.async while the current one is processed) when the set fits their 256-thread blocks; see STAGED_FWD /
+STAGED_BWD. With BWD_ROWS (on) the backward of 16-bit contiguous layer / RMS rows without activation takes
+`bwd_rows` (persistent, a register ring of DEPTH rows, one reduction per row; see BWD_ROWS_*), and with
+BWD_RING (on) `bwd_ring`, the same with the ring in shared memory (see BWD_RING_*). Group / instance norm with
+each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on sm_90 (a cluster of 8
+blocks per sample and GC groups, the tiles held in shared memory between the statistics and the output; see
+GN_*); its forward takes `gn_reg_cl` first when a block's share fits (half of it in registers, half in the
+threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of the block PF_BYTES ahead
+(NormParams.pf; fwd_rows has the same option, off).
 """
 import ctypes
 
