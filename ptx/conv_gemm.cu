@@ -14,9 +14,10 @@ namespace conv_gemm {
 // grid (rows / IM2COL_ROWS, ld / IM2COL_COLS): a block writes IM2COL_ROWS rows x up to IM2COL_COLS
 // columns. Every column's x offset (channel and taps) and tap displacements are decomposed once per
 // block into shared memory, every row's base offset and position too, so that an element costs two
-// shared loads, the bounds test and the copy (v1 decomposed each element: integer divisions made it
-// instruction-bound, ~1.4 ms for the stem's 122M elements). Consecutive threads write consecutive
-// columns, continuing into the next row when a row ends (rows of ld are contiguous).
+// shared loads, the bounds test and the copy (decomposing each element instead, integer divisions made
+// it instruction-bound: ~1.4 ms for the stem's 122M elements; pydnn/ops/convolution_gemm.py's notes).
+// Consecutive threads write consecutive columns, continuing into the next row when a row ends (rows of ld
+// are contiguous).
 constexpr int IM2COL_ROWS = 32, IM2COL_COLS = 512;
 constexpr int IM2COL_PADCOL = -(1 << 29);   // a padding column's displacement: every position out of bounds
 

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(256, MINB) wgrad_tc_wgmma(const WgradWgmmaPara
   // V 2: the K tile's 64 positions decomposed once, by threads 0..63, into a double-buffered table after
   // the stages: {x offset of (n, od * st, oh * st, ow * st), od * st, oh * st, ow * st} (a position past the
   // split's range gets a base that fails every bounds check); each B row then adds its tap (tapoff, base)
-  // to an entry instead of stepping its own digits (v1: ~40 instructions a row, now ~10).
+  // to an entry instead of stepping its own digits (~10 instructions a row instead of ~40).
   int4* table = reinterpret_cast<int4*>(wg_smem + (sbase - raw) + STAGES * STAGE);
   const int tapoff = base[0] * xs2 + base[1] * xs3 + base[2] * xs4 + bc;
   int pd[4], ppos = kbeg + t;  // threads t < BK: the position of table row t

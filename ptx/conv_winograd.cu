@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(256) output_transform(const WinoParams p) {
     }
     // One M-element store per row where the row's outputs are contiguous and aligned (NCHW-like y with
     // its width a multiple of M: 4 scalar stores 16 bytes apart across a warp's threads cost the 56^2
-    // layer's output transform ~1.6x its memory time, tools/bench_convolution_algos.py v4).
+    // layer's output transform ~1.6x its memory time on the H200, tools/bench_convolution_algos.py).
     T* dst = out + row + (long long)tw * M * p.os[3];
     if (wide && (reinterpret_cast<unsigned long long>(dst) % sizeof(OutVec<T, M>)) == 0) {
       OutVec<T, M> v;

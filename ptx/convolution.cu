@@ -1208,16 +1208,18 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
 // registers for plain / bias + clamp activations, else staged), fed through WgAccEng, which presents
 // the wgmma fragment as mma.sync's (per warp an m16 x BN slice: TM = 1, TN = BN / 8). MINB: blocks per
 // SM the registers are capped for. Same host-checked limits as implicit_gemm_pipe_tc's forward.
-// LEAN (v12, tools/bench_convolution.py; the model's loop since): the same copies with the per-K-tile
+// LEAN (the model's loop, WGM_TILES; tools/bench_convolution.py): the same copies with the per-K-tile
 // work done once. The plain fill writes each chunk's source as `v ? A + (aoff + tap offset) : A`, and
 // NVRTC sinks the tap offset's multiply-adds into a branch per chunk (PTX: ~245 instructions per thread
 // and K tile, ~25 per cp.async, the mad chain and flip_tap repeated per row); LEAN computes the A and B
 // tap offsets once per K tile (pinned by an empty asm so that they cannot be sunk), selects the 32-bit
 // offset (0: the tensor's base, a zero-filled chunk) without a branch, and adds one 64-bit address;
 // the k16 steps' wgmma descriptors are the K tile's plus 2 each (instead of 8 built per K tile).
-// LEAN: 0 v8's copies, 1 v12's. (v14, LEAN = 2: 25-28% fewer SASS instructions a K tile, measured 3-23%
-// slower than v12 on every layer in three runs of one session and reverted: tools/bench_convolution.py.)
-// BKN (v17): B read as [k][n] (MN-major) instead of [n][k]: backward data straight from a KRSC filter,
+// LEAN: 0 the plain copies (forced variants only, WGM_VARIANTS), 1 the lean ones: the loop's SASS 255 ->
+// 178 instructions at BN 128, 209 -> 164 at BN 64, and +7-42% TFLOP/s on the ResNet-50 3x3 layers, forward
+// and backward data (H200). A leaner loop still (25-28% fewer SASS instructions a K tile) measured 3-23%
+// slower on every layer (H200) and is not in the code (tools/notes/convolution_ptx.md).
+// BKN: B read as [k][n] (MN-major) instead of [n][k]: backward data straight from a KRSC filter,
 // without filter_kc_swap. Backward data (stride 1) is the forward of dy whose filter w'[c][tap][k] is
 // w[k][tap][c]; in w itself 8 consecutive n = c of one (k, tap) are 16 contiguous bytes, so each thread
 // copies chunk t % 8 of 64 c (one 128-byte row) of K rows t / 8 + 32 j, slab i / 2 of BN / 64, into
@@ -1328,15 +1330,16 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
     }
   };
 
-  // The fused bias, BREG (v16): this thread's epilogue columns (WgAccEng::col_of, BN / 4 of them) loaded
+  // The fused bias, BREG: this thread's epilogue columns (WgAccEng::col_of, BN / 4 of them) loaded
   // now as raw 16 bits into registers and converted after the K walk, so their L2 latency hides under the
   // main loop and the epilogue needs neither shared memory nor a barrier for them (fused / plain 1.056x ->
-  // 1.015x at 56²). Else v10's: one element a thread, parked in shared memory after the walk behind a
+  // 1.015x at 56², H100). Else: one element a thread, parked in shared memory after the walk behind a
   // barrier. The registers live through the K loop change the loop's code (ptxas moves its tap arithmetic
   // to the uniform datapath), and the plain kernels' speed with it (H100, alternated builds): the 128x128
   // tile +3-8% (28², 7², forward and backward data), the 128x64 tile +2% at 56² but -6% at 14². So BREG
   // is the 128x128 tile's code, and the 128x64 tile has it in the FB = 1 instantiation that the fused
-  // call's plans run (convolution.py _fused_bias_in_registers); its plain forward and backward data keep v10's.
+  // call's plans run (convolution.py _fused_bias_in_registers); its plain forward and backward data keep the
+  // shared-memory bias.
   constexpr bool BREG = FB || BN == 128;
   const bool has_bias = p.flags & PYDNN_CONV_FLAG_BIAS;
   T braw[BREG ? BN / 4 : 1];
@@ -1418,7 +1421,8 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 // (ceil(K / 64), ceil(C / 64), taps), 256 threads: a 64 x 64 (k, c) tile of one tap through shared
 // memory (swizzled), read 8 channels (16 bytes) at a time along c where w's layout allows (NHWC, 16-byte aligned;
 // else 8 scalar loads) and written 8 at a time along k (K % 8 == 0 and the workspace 16-byte aligned:
-// host-checked). v9's first version moved one 2-byte element per thread and load: ~1 TB/s.
+// host-checked). One 2-byte element per thread and load ran at ~1 TB/s on 7²'s 9.4 MB (H200), adding
+// 2.2-9.7 us to a backward data call.
 template <class T>
 __global__ void __launch_bounds__(256) filter_kc_swap(const ConvAuxParams p) {
   static_assert(sizeof(T) == 2, "16-bit types");

@@ -238,7 +238,7 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
     // The bytes a chunk reads are the same for all of this thread's chunks: whole (every tile but the
     // ragged last K tile / the n or m edge column) takes the plain asynchronous loop, with no per-chunk
     // test for a partial chunk (that test in the loop cost wgmma 38% and the mma.sync tiles ~15% on the
-    // H200: tools/bench_matmul.py, v4).
+    // H200: tools/bench_matmul.py).
     const int nb = KROWS ? bytes : kbytes;
     if (nb == 16) {
 #pragma unroll
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // is pending (the previous tile's are done), then copy tile kt + STAGES - 2 into the stage tile kt - 2
 // used (every warpgroup finished reading that stage before the barrier: it waited for that group in
 // iteration kt - 1). So STAGES - 2 copies and one or two MMA groups are in flight. (Issuing that copy
-// before the wait, since the stage is already free, measured no faster: tools/bench_matmul.py v3b/c.)
+// before the wait, since the stage is already free, measured no faster on the H200: tools/bench_matmul.py.)
 // The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
 // MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
 // whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
 
 // ------------------------------------------------------------------------------------------ CUDA cores
 
-// gemm_simt (v2): one thread computes an 8 x 8 block of C as 2 x 2 sub-blocks of 4 x 4 (rows 16 apart,
+// gemm_simt: one thread computes an 8 x 8 block of C as 2 x 2 sub-blocks of 4 x 4 (rows 16 apart,
 // columns 32 apart), a warp 32 x 64 (lanes 4 along m x 8 along n), WARPS_M x WARPS_N warps a BM x BN
 // block tile. Shared memory holds both operands K-major ([BK][BM + 4] and [BK][BN + 4]), so each k step
 // is two 16-byte loads of A and two of B per thread (4 and 8 distinct addresses per warp: broadcasts)
@@ -631,7 +631,7 @@ __device__ __forceinline__ void tile_coords_of(const MatmulParams& p, int id, in
 // (MINB per SM, fewer when there are fewer items), block b taking items b, b + gridDim.x, ... The K loop
 // runs on from one item into the next: the last K tile's slot for the next tile's loads fetches the next
 // item's first K tile, so only a block's first item waits for its first global loads (+1-4% on the
-// Winograd shapes over one block per tile: tools/bench_matmul.py, f32 v3).
+// Winograd shapes over one block per tile, H200: tools/bench_matmul.py).
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int MINB, bool TA, bool TB>
 __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulParams p) {
   constexpr int THREADS = WARPS_M * WARPS_N * 32;

@@ -12,16 +12,16 @@
 //   fwd_rows   forward of contiguous layer / RMS rows without activation: G threads per row, R rows per
 //              group, one-shot blocks, exact statistics from registers (see its comment below).
 //   fwd_persist   fwd_rows for 16-bit rows in a persistent grid: scale / bias in registers once per thread,
-//              a register ring of DEPTH rows of x (v7, see its comment below).
+//              a register ring of DEPTH rows of x (see its comment below).
 //   bwd_rows   backward of the same rows: persistent, a ring of DEPTH rows of x / dy in registers, one
 //              reduction per row, dscale / dbias partials in registers (see its comment below).
 //   bwd_ring   bwd_rows with the ring in shared memory (cp.async), deeper and without the register cost;
-//              bwd_ring_cl: the same in clusters whose blocks add their dscale / dbias partials (v9).
+//              bwd_ring_cl: the same in clusters whose blocks add their dscale / dbias partials.
 //   gn_fwd, gn_bwd   group norm with channels innermost (NHWC): a cluster of 8 blocks per (sample, GC
 //              groups), each block's positions x channels tile in shared memory between the statistics
 //              (reduced over the cluster) and the output, so x (and dy) are read once.
 //   gn_reg, gn_reg_cl   the NHWC forward on gn_fwd's units with half of each block's share in registers and
-//              half in the threads' own shared-memory slots (v11: more bytes in flight per SM than either).
+//              half in the threads' own shared-memory slots (more bytes in flight per SM than either).
 //   gen_fwd, gen_bwd   any layout (up to 8 element dims, any strides): one block per set, coordinates per
 //              element, statistics in a first pass over memory, the output in a second.
 //   finish     backward: dscale / dbias = alpha2 * (sum of the per-block partials) + beta2 * old.
@@ -499,14 +499,15 @@ __device__ __forceinline__ void load_once(Frag<T, VEC>& f, const T* p) {
                : "l"(p));
 }
 
-// L2 prefetch (v12, p.pf): the line holding a pulled into L2 (prefetch.global.L2; the lanes of a warp on
+// L2 prefetch (p.pf): the line holding a pulled into L2 (prefetch.global.L2; the lanes of a warp on
 // consecutive addresses: its prefetches coalesce into whole lines). A hint: no register waits for it and
 // nothing depends on it for correctness. Why: a one-shot block has its loads in flight only until they
 // land, so the bytes an SM keeps in flight fall while its blocks reduce and store (LN bf16 forward on the
-// H200: 88.6% of copy in steady state against RMS's 100%, bench notes v10); block b pulling in what block
-// b + pf will read keeps DRAM busy through those phases, independently of registers and slots, and that
-// block's own loads then hit L2. Measured (v12, H100): gn_reg +0.8-0.9 point at 8 MiB ahead (on); fwd_rows
-// no gain on its benchmark (off); 16 MiB ahead loses 7-11 points (the lines leave L2 before they are read).
+// H200: 88.6% of copy in steady state against RMS's 100%); block b pulling in what block b + pf will read
+// keeps DRAM busy through those phases, independently of registers and slots, and that block's own loads
+// then hit L2. Measured (H100, tools/bench_normalization.py): gn_reg +0.8-0.9 point at 8 MiB ahead (on);
+// fwd_rows no gain on its benchmark (off); 16 MiB ahead loses 7-11 points (the lines leave L2 before they
+// are read).
 __device__ __forceinline__ void l2_prefetch_line(const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); }
 
 // A 16-byte store with the evict-first (streaming) policy, st.global.cs: y / dx are written once and not
@@ -672,7 +673,7 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
     const i64 first = (i64)blockIdx.x * per_block + sub * R;
     const T* x0 = xb + first * sx;
     T* y0 = yb + first * sy;
-    // v12 (p.pf, see l2_prefetch_line): the rows of block blockIdx.x + pf pulled into L2, each thread
+    // p.pf (see l2_prefetch_line): the rows of block blockIdx.x + pf pulled into L2, each thread
     // prefetching the vectors it loads, pf blocks ahead (one 64-bit offset live: a separate sector loop
     // spilled 8-24 bytes at the 64-register cap)
     const i64 ahead = first + (i64)p.pf * per_block, pfd = (i64)p.pf * per_block * sx;
@@ -792,7 +793,7 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
   }
 }
 
-// fwd_persist (v7): fwd_rows' per-row work for 16-bit layer / RMS rows in a persistent grid laid out as
+// fwd_persist: fwd_rows' per-row work for 16-bit layer / RMS rows in a persistent grid laid out as
 // bwd_rows (group sub of block b walks rows b * spb + sub + t * step, step = grid * spb). Why: fwd_rows (4,
 // 1, ONE) reads a thread's 32 floats of scale and 32 of bias from L1 after each row's reduction (16
 // LDG.128, 32 KiB per 8 KiB row), and its loads are in flight only until the reduction; RMS (16 KiB of
@@ -1642,10 +1643,10 @@ __global__ void bwd_staged_cluster(const NormParams) { __trap(); }
 
 // dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q]; dbias likewise from
 // ws[slot][1][q]. Block (32, FY): 32 parameters, FY interleaved slot groups summed in a fixed order.
-// (FX, FY) = (32, 8) was v1..v6; v7: (32, 32), 4x the loads in flight (one block per 32 parameters is
-// only 128 blocks at 4096 parameters, one per SM, and each thread's slot loop is a chain of L2 round
-// trips), and the loop unrolled by 4 so that four slots' loads are issued together (measured +1.5-1.7
-// points of copy on the LN / RMS backward; (8, 128), 4x the blocks again, was no better).
+// (FX, FY) = (32, 32) has 4x the loads in flight of (32, 8) (one block per 32 parameters is only 128
+// blocks at 4096 parameters, one per SM, and each thread's slot loop is a chain of L2 round trips), and
+// the loop is unrolled by 4 so that four slots' loads are issued together: +1.5-1.7 points of copy on the
+// LN / RMS backward over (32, 8) (H200); (8, 128), 4x the blocks again, was no better.
 template <int FX, int FY>
 __global__ void __launch_bounds__(FX * FY) finish(const NormParams p) {
   __shared__ float part[2][FY][FX + 1];
@@ -1826,12 +1827,12 @@ __device__ __forceinline__ float4 ld_dsmem4(const float4* p, unsigned rank) {
   return v;
 }
 
-// The partials (v9). Each thread's dscale / dbias partials are 2 x ITEMS x VEC floats, 32 B apart between
-// lanes: written straight to the workspace (before v9) every 4-byte store of a warp touched 32 sectors.
-// Now the block first puts its groups' [spb][2][nparams] partials in its ring (free after the last row;
-// they fit: spb * nparams <= blockDim * ITEMS * VEC, and the ring holds DEPTH >= 2 times that in x and dy),
+// The partials. Each thread's dscale / dbias partials are 2 x ITEMS x VEC floats, 32 B apart between
+// lanes: written straight to the workspace, every 4-byte store of a warp would touch 32 sectors (CL 1
+// measured 72.3% of copy on the LN bf16 backward that way, 83.2% as below; H200). So the block first puts
+// its groups' [spb][2][nparams] partials in its ring (free after the last row; they fit: spb * nparams <= blockDim * ITEMS * VEC, and the ring holds DEPTH >= 2 times that in x and dy),
 // then copies them out in consecutive 16-byte vectors (4-byte ones when the workspace is not 16-byte
-// aligned; it need only be 4-byte aligned). CL == 1 (bwd_ring): one workspace slot per group, as before.
+// aligned; it need only be 4-byte aligned). CL == 1 (bwd_ring): one workspace slot per group.
 // CL > 1 (bwd_ring_cl, a cluster of CL blocks, sm_90): rank r sums the vectors r * blockDim + t, + CL *
 // blockDim, ... of all CL blocks' partials through distributed shared memory, in rank order (the same sum
 // whichever block computes it), and the cluster writes ONE set of spb slots: the workspace written here
@@ -2130,7 +2131,7 @@ template <class T, int VEC> __device__ __forceinline__ void tile_get(const U4* t
   f.get(a);
 }
 
-// ONE (v8, 16-bit data only): the statistics in one pass and ONE cluster reduction instead of two: with
+// ONE (16-bit data only): the statistics in one pass and ONE cluster reduction instead of two: with
 // c = the group's first element (x at position 0, channel 0: the same for every block of the cluster),
 // S = sum (x - c), Q = sum (x - c)^2 reduced together; mean = c + S / len, var = Q / len - (S / len)^2.
 // The error bound is fwd_rows' ONE (d = x - c exact for 16-bit data; |d var| <= 3 g (var + (x_0 -
@@ -2383,7 +2384,7 @@ __device__ __forceinline__ void gn_bwd_body(const NormParams& p) {
   cluster_wait();
 }
 
-// gn_reg (v11): the NHWC group-norm forward with the unit's x held in REGISTERS and in the threads' own
+// gn_reg: the NHWC group-norm forward with the unit's x held in REGISTERS and in the threads' own
 // shared-memory slots instead of gn_fwd's shared-memory tile alone. A unit is gn_fwd's (one sample, GC
 // consecutive groups, all P positions) split by positions over a cluster of CL blocks (CL == 1: one block
 // owns the unit, no cluster); thread t keeps one channel vector cv = t % VPP and positions t / VPP + k *
@@ -2392,12 +2393,13 @@ __device__ __forceinline__ void gn_bwd_body(const NormParams& p) {
 // copied it: no barrier). Every load of the block is issued before any is used (x by ld.global.nc without
 // L1 allocation); the statistics come from registers and slots (16-bit: ONE, gn_fwd's one-pass shifted sums
 // and error bound; fp32: two passes, each reduced over the unit), then y is written from them. Why: the
-// bytes an SM can hold in flight ordered every measured config of gn_fwd and gn_reg (bench notes, v11):
+// bytes an SM can hold in flight ordered every measured config of gn_fwd and gn_reg (H200,
+// tools/bench_normalization.py):
 // gn_fwd's tiles hold 192 KiB per SM (3 x 64 KiB), registers alone 128 KiB (1024 threads x 32 registers
 // of x); registers and shared memory together 256 KiB ((CL, GC, SI) = (8, 4, 8): 4 blocks of 256 threads,
 // each 32 KiB in registers + 32 KiB in slots). The output of register items is unrolled without the
 // activation (compact code: an unrolled copy of the activation's switch per element was ~130 KB of code and
-// thrashed the instruction cache, run 1); with one, a loop that is not unrolled.
+// thrashed the instruction cache); with one, a loop that is not unrolled.
 // Params as gn_fwd; grid = N * (G / GC) * CL blocks; dynamic shared memory SI * block * 16 bytes.
 
 // Sums of each thread's NV values over its group of the unit (gn_cluster_sum for clusters of CL blocks;
@@ -2478,7 +2480,7 @@ __device__ __forceinline__ void gn_reg_store(const Frag<T, VEC>& f, T* dst, floa
   store_out<T, VEC>(o, dst, stream);
 }
 
-// v12 (p.pf): block fb's share of x (positions [p0, p0 + npos) x the unit's VPP 16-byte channel vectors, one
+// p.pf: block fb's share of x (positions [p0, p0 + npos) x the unit's VPP 16-byte channel vectors, one
 // chunk per position) pulled into L2 by this block's threads, sector by sector (see l2_prefetch_line); the chunk's
 // sectors from its start rounded down to 32 bytes (a misaligned chunk's last few bytes may be left out: a hint).
 template <class T, int CL>

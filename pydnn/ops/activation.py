@@ -28,8 +28,8 @@ OPS = {
 
 
 # Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream (evict-first).
-# Empty since v6: erf-based GELU, once 16 elements per thread (below), measured best streaming too
-# (tools/PERF.md, "Element-wise").
+# Empty: erf-based GELU, at 16 elements per thread (below), measured best streaming too (H200; tools/PERF.md,
+# "Element-wise", where the plain-policy GELU of earlier versions is recorded).
 PLAIN_ACCESS = ()
 
 # Forward modes whose 16-bit kernels take 16 elements (two 16-byte vectors) per thread instead of 8: they are

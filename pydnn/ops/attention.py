@@ -104,7 +104,7 @@ THREADS = 128
 FWD_M, DQ_N, BWD_M, BWD_N = 128, 64, 64, 64      # kFwdM, kFwdN, kBwdM, kBwdN in ptx/attention.cu
 # forward tiles (keys per compute step, keys per K/V tile in shared memory) instantiated per head dim, and
 # the one used (FWD_N; the benchmark measures each instantiated). At D = 128, 32/64 and 64/64 (which
-# spill a little) measured within -1%..+2% of 32/32 on the H200 (tools/bench_attention.py, v2): dropped.
+# spill a little) measured within -1%..+2% of 32/32 on the H200 (tools/bench_attention.py): not instantiated.
 FWD_TILES = {64: ((64, 64),), 128: ((32, 32),)}
 FWD_N = {64: (64, 64), 128: (32, 32)}
 KV_M = {64: 64, 128: 32}                           # Tiles<D>::kKvM: dK/dV query rows per tile

@@ -17,9 +17,9 @@ ARCH = "sm_90"          # the device arch the units exist for (as sm_90a)
 HEAD_DIMS = (64, 128)
 THREADS, BM = 256, 128  # kThreads, kBM in ptx/attention_wgmma.cu
 # Variants instantiated per head dim, (keys per tile, PIPE, STAGES), and the one used; the benchmark
-# times each (tools/bench_attention.py, v3). Pipe measured 1-4% faster at d 128, plain 5% faster at
-# d 64 (the last run, with load_tile's hoisted addresses); 3 stages (230 KB of smem at d 128) measured
-# -7%..+1% against 2: not instantiated.
+# times each (tools/bench_attention.py). Pipe measured 1-4% faster at d 128, plain 5% faster at d 64
+# (H200, with load_tile's hoisted addresses); 3 stages (230 KB of smem at d 128) measured -7%..+1%
+# against 2: not instantiated.
 _V = ((128, True, 2), (128, False, 2))
 TILES = {64: _V, 128: _V}
 TILE = {64: (128, False, 2), 128: (128, True, 2)}

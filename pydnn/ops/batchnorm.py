@@ -44,8 +44,8 @@ memory (2048 float / 1024 double features); otherwise the call takes the gen ker
 feature, slower for NHWC, still one kernel). Every reduction order is fixed: results are reproducible.
 16-bit data with 16-byte vectors (FAST16, on by default): 8 rows in flight per thread where the registers
 allow it: bf16 stats as one wave of long blocks (3 per SM), the plain forward (no z / ReLU / blending) with
-fwd_apply_plain and a batched head (see tools/bench_batchnorm.py, v3). A plain forward that keeps the saved
-statistics (APPLY_SAVED, v5) applies instead through fwd_apply_saved, whose constants come from bnScale /
+fwd_apply_plain and a batched head (see tools/bench_batchnorm.py). A plain forward that keeps the saved
+statistics (APPLY_SAVED) applies instead through fwd_apply_saved, whose constants come from bnScale /
 bnBias and the saved mean / inverse std (fwd_final wrote them), over every row: no head pass.
 Traffic of the rows path: training forward reads x twice (stats, apply; the second read mostly from DRAM
 for tensors larger than L2) and writes y once; backward reads x and dy twice and writes dx.
@@ -161,23 +161,25 @@ BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
 # 16-bit data with 16-byte vectors (FAST16): kUnroll16 rows in flight in fwd_stats (bf16) and the plain
 # forward apply (fwd_apply_plain, with fwd_head_batched); stats launched as one wave of STATS16_BLOCKS_PER_SM
 # long blocks per SM (the kernel's register cap keeps 3 resident), so fewer partials for fwd_final.
-# False: the v2 kernels.
+# False: the 4-rows-in-flight kernels that every other type takes. Why: bf16 training forward 2.03x PyTorch
+# against 1.70x without (H200, 1756 against 1469 GB/s; stats 78.0% of copy against 57.9%).
 FAST16 = True
 UNROLL16 = 8           # kUnroll16
 STATS16_BLOCKS_PER_SM = 3
 APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
 # inference with vector launches: infer_rows_smem (the block's per-feature set-up computed once per feature
 # into shared memory, after the first rows' loads are issued), blocks of INFER_STEPS kUnroll-row steps per
-# thread. False: infer_rows (v3), APPLY_STEPS steps.
+# thread. False: infer_rows, APPLY_STEPS steps (bf16 82.2% of copy in the same runs as below).
 # Shorter blocks measured faster (H200, bf16 64x256x56x56: 2 steps 88.3% of copy, 4: 86.0%, 8: 82.5%, 16:
 # 81.9%, 64: 65.5%; tools/bench_batchnorm.py): more waves, a smaller tail.
 INFER_SMEM = True
 INFER_STEPS = 2
 # The plain training forward with saved statistics (resultSaveMean / resultSaveInvVariance given): its apply
 # is fwd_apply_saved (infer_rows_smem's short blocks, INFER_STEPS steps, constants from bnScale / bnBias and
-# the saved mean / inverse std), over every row, so the non-Ex call drops the head pass (v5,
-# tools/bench_batchnorm.py). False: fwd_apply_plain + fwd_head_batched (v3), as calls without saved
-# statistics still take. Read per call.
+# the saved mean / inverse std), over every row, so the non-Ex call drops the head pass. Why: bf16 training
+# forward 2.05x PyTorch against 1.78x with apply + head (H100; fwd_apply_saved alone 94.1% of copy,
+# fwd_apply_plain 84.3%; tools/bench_batchnorm.py). False: fwd_apply_plain + fwd_head_batched, as calls
+# without saved statistics still take. Read per call.
 APPLY_SAVED = True
 MAX_GRID_Y = 65535
 PART_ALIGN = 256       # partials start this far into the scratch, past the constants
@@ -464,7 +466,7 @@ def _apply_launch(kernel, g, v, begin, end, u=None, steps=APPLY_STEPS):
 
 def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False):
     """stats, final, apply (rows head_rows..), and head (rows 0..head_rows) when head_rows > 0. us: the
-    FAST16 rows in flight of stats (None: the v2 kernel); plain: the forward without z / ReLU / blending
+    FAST16 rows in flight of stats (None: the 4-rows-in-flight kernel); plain: the forward without z / ReLU / blending
     takes fwd_apply_plain (UNROLL16 rows in flight)."""
     bx, by, tiles = _row_block(g, v)
     st = {"chunk_rows": chunk, "chunks": chunks}

@@ -146,10 +146,11 @@ class WgTile:
 
 
 # The wgmma tiles (units matmul.wgmma.f16 / .bf16, sm_90a only), measured on the H200 (bf16, same run,
-# tools/bench_matmul.py v4, after the copy loop's per-chunk test went): 128x256 4 stages 4096^3 nn 660
-# TFLOP/s (2.1x the 128x256 mma.sync tile's 308), 2048^3 490 (vs 263); 128x128 3 stages 2 blocks/SM 421
-# and 358. The thresholds below come from v3 (412 / 333 then), where both lost to gemm_tc on 1024^3 (32 /
-# 64 blocks for 132 SMs); in v4 the 128x128 tile ran 112 there against gemm_tc's 94: not re-tuned yet.
+# tools/bench_matmul.py): 128x256 4 stages 4096^3 nn 660 TFLOP/s (2.1x the 128x256 mma.sync tile's 308),
+# 2048^3 490 (vs 263); 128x128 3 stages 2 blocks/SM 421 and 358. The thresholds below were set when the
+# two tiles ran 412 / 333 at 4096^3 (a per-chunk test still in the copy loop) and both lost to gemm_tc on
+# 1024^3 (32 / 64 blocks for 132 SMs); without that test the 128x128 tile runs 112 there against
+# gemm_tc's 94, so the thresholds are conservative (not re-tuned).
 # USE_WGMMA: the chooser considers them on a device of compute
 # capability 9.0, for problems of at least 3/4 of a wave of blocks and K >= WG_MIN_K (where they were
 # measured faster). WG_CANDIDATES: measured before they replace a WG_TILES entry (compiled through
@@ -186,15 +187,15 @@ class SimtTile:
 
 
 # The float tiles (unit matmul.f32). ptxas (sm_90): 128x128 with MINB 1 uses 163-167 registers, no spills
-# (MINB 2 caps it at 128 and spilled 20-32 bytes: 2% slower, tools/bench_matmul.py f32 v2); 64x128 (4 warps)
-# with MINB 3 159-165, no spills. Measured (H200, f32 v2 / v3): 4096^3 128x128 42.6-43.3 TFLOP/s, 64x128
+# (MINB 2 caps it at 128 and spilled 20-32 bytes: 2% slower, tools/bench_matmul.py); 64x128 (4 warps)
+# with MINB 3 159-165, no spills. Measured (H200, two runs): 4096^3 128x128 42.6-43.3 TFLOP/s, 64x128
 # 37.5-40.0 (eff 0.87); on the Winograd shapes (k = 64-512) the 64x128 tile matches or beats the 128x128
 # (28^2 32.1-32.5 vs 32.5-34.0, 14^2 37.9 vs 33.6, 7^2 34.2 vs 29.5: its 3 blocks per SM overlap each
 # other's first loads and epilogues), so eff_short 1.0 and a tie goes to the smaller tile.
 SIMT_TILES = (SimtTile(128, 128, 8, 1, 1.0), SimtTile(64, 128, 8, 3, 0.87, eff_short=1.0))
 SHORT_K = 512
 # Measured on the device before they replace a SIMT_TILES entry (simt_extra_units; not in the build): none
-# now (v2's MINB 2 and BK 16 tiles and v3's persistent ones were measured there; persistent is now the kernel).
+# now (tools/notes/matmul.md lists the candidates measured).
 SIMT_CANDIDATES = ()
 
 

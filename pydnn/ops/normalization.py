@@ -36,24 +36,23 @@ Backward workspace: dscale / dbias are sums over all sets; each block (or block 
 rows' `bwd_ring_cl`, each cluster of BWD_RING_PICK's CL blocks) writes its partial sums to the workspace and
 a small `finish` kernel adds them in a fixed order.
 
-Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows`
-(G threads per row, statistics exact from registers; see ROWS_*), in 16-bit `fwd_persist` with FWD_PERSIST
-(persistent, scale / bias in registers, a register ring of rows; see FWD_PERSIST_*); otherwise `fwd` / `bwd` when a set's
-elements form at most two levels in memory (a contiguous inner run, an outer stride: layer-norm rows,
-NCHW groups, NHWC groups) and fit in registers
-(G threads per set, a power of two up to a block), `fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8
-blocks per set) for larger sets, `gen_fwd` / `gen_bwd` for anything else (one block per set, three or two
-passes over memory). The backward's 16-byte-vector launches take `bwd_staged` / `bwd_staged_cluster`
-(persistent, the next set's x and dy copied into shared memory with cp.async while the current one is
-processed) when the set fits their 256-thread blocks; see STAGED_FWD / STAGED_BWD. With BWD_ROWS (on since
-its GPU test passed on the H200) the backward of 16-bit contiguous layer / RMS rows without activation takes
+Kernels (see _configs): the forward of contiguous layer / RMS rows without activation takes `fwd_rows` (G
+threads per row, statistics exact from registers; see ROWS_*), in 16-bit `fwd_persist` with FWD_PERSIST
+(persistent, scale / bias in registers, a register ring of rows; see FWD_PERSIST_*); otherwise `fwd` / `bwd`
+when a set's elements form at most two levels in memory (a contiguous inner run, an outer stride: layer-norm
+rows, NCHW groups, NHWC groups) and fit in registers (G threads per set, a power of two up to a block),
+`fwd_cluster` / `bwd_cluster` (sm_90: a cluster of 8 blocks per set) for larger sets, `gen_fwd` / `gen_bwd`
+for anything else (one block per set, three or two passes over memory). The backward's 16-byte-vector launches
+take `bwd_staged` / `bwd_staged_cluster` (persistent, the next set's x and dy copied into shared memory with
+cp.async while the current one is processed) when the set fits their 256-thread blocks; see STAGED_FWD /
+STAGED_BWD. With BWD_ROWS (on) the backward of 16-bit contiguous layer / RMS rows without activation takes
 `bwd_rows` (persistent, a register ring of DEPTH rows, one reduction per row; see BWD_ROWS_*), and with
-BWD_RING (the default since v6) `bwd_ring`, the same with the ring in shared memory (see BWD_RING_*). Group /
-instance norm with each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on
-sm_90 (a cluster of 8 blocks per sample and GC groups, the tiles held in shared memory between the
-statistics and the output; see GN_*); its forward takes `gn_reg_cl` first when a block's share fits (v11: half
-of it in registers, half in the threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of
-the block PF_BYTES ahead (v12, NormParams.pf; fwd_rows has the same option, off).
+BWD_RING (on) `bwd_ring`, the same with the ring in shared memory (see BWD_RING_*). Group / instance norm with
+each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_bwd` on sm_90 (a cluster of 8
+blocks per sample and GC groups, the tiles held in shared memory between the statistics and the output; see
+GN_*); its forward takes `gn_reg_cl` first when a block's share fits (half of it in registers, half in the
+threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of the block PF_BYTES ahead
+(NormParams.pf; fwd_rows has the same option, off).
 """
 import ctypes
 
@@ -97,140 +96,120 @@ BWD_THREADS_PER_SM = {True: 768, False: 1024}  # backward grid (persistent): thr
 SMEM_PARAMS_MAX = 160 * 1024       # backward without PREG: [2][nparams] floats in shared memory
 GEN_THREADS = 256
 # Which kernels serve the 16-byte-vector launches (tools/bench_normalization.py has the measurements):
-# backward: the staged kernels (v2: persistent, cp.async two-stage pipeline; 1.6x v1 on rows of 4096);
-# forward: the register-tile kernels (v1), which measured 1-3 points of copy bandwidth above the staged
-# forward (STAGED_FWD = True compiles and selects it). Scalar launches always take the v1 kernels, and
-# sets too large for the staged blocks fall back to them.
+# backward: the staged kernels (persistent, cp.async two-stage pipeline; 1.6x the register-tile backward on
+# rows of 4096, H200); forward: the register-tile kernels, 1-3 points of copy bandwidth above the staged
+# forward (STAGED_FWD = True compiles and selects it). Scalar launches always take the register-tile
+# kernels, and sets too large for the staged blocks fall back to them.
 STAGED_FWD = False
 STAGED_BWD = True
-# Forward of contiguous layer / RMS norm rows without activation (v3, `fwd_rows`): G threads per row
-# hold ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R rows.
-# ROWS_CONFIGS: the (ITEMS, R) compiled per element size; ROWS_PICK: the one the planner takes. Measured
-# (tools/bench_normalization.py, v3): (4, 1) beats every 512-thread config ((1, 2), (1, 4) in 16-bit,
-# (2, 2), (2, 1) in fp32) by 14-39 points of copy, so only it is compiled; add a config here (and to
-# ROWS_PICK) to try another, the tests and the bench's sweep take every compiled one.
-# v4: a third field ONE (16-bit layer norm: one-pass shifted statistics, one reduction per row instead of
-# two; see fwd_rows in ptx/normalization.cu for the error bound). Measured (v4): (4, 1, ONE) 80.4% of copy
-# on LN bf16 rows of 4096 (72.9% without ONE), (2, 2, *) 54-58%: picked for 16-bit, (2, 2) no longer
-# compiled (it also failed a constant-row invstd check, see the bench notes). RMS ignores ONE.
-# v7: (2, 1, ONE) for 16-bit (256 threads per row, the fp32 (4, 1) shape; 51 registers: 4 rows per SM
-# instead of 8) measured 62.7% of copy on LN bf16 against (4, 1, ONE)'s 80.8%: not compiled.
-# v8: LN bf16 without bias measured 88.3% of copy against 82.1% with it (same run): the parameter reads
-# (32 KiB of fp32 scale / bias from L1 per 8 KiB row) are most of LN's gap to RMS. Two rows per group with
-# the parameters read once per vector for both (half the reads per row) did not pay: (4, 2, ONE) at 128
-# registers (16 warps per SM) 79.2%, (2, 2, ONE) at 64 registers (8-warp barrier, 24-byte spill) 81.9%,
-# against (4, 1, ONE)'s 82.1-82.2%: not compiled (bench notes, v8).
-# v9: the parameters of the first items loaded before the row's reduction (a PF field, 3 variants) measured
-# +0.2 / +0.6 points over (4, 1, ONE) at best on LN / RMS bf16 (noise; worse with spills); 2 or 4 rows per one-shot
-# block (256 / 512 threads, one barrier) 79.5% / 70.7% against 82.6% on LN bf16: neither kept (bench notes).
+# Forward of contiguous layer / RMS norm rows without activation (`fwd_rows`): G threads per row hold
+# ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R rows. A third
+# field ONE (16-bit layer norm): one-pass shifted statistics, one reduction per row instead of two (see
+# fwd_rows in ptx/normalization.cu for the error bound); RMS ignores ONE.
+# ROWS_CONFIGS: the (ITEMS, R, ONE) compiled per element size; ROWS_PICK: the one the planner takes; add a
+# config here (and to ROWS_PICK) to try another, the tests and the bench's sweep take every compiled one.
+# Why (4, 1): it beats every 512-thread config ((1, 2), (1, 4) in 16-bit, (2, 2), (2, 1) in fp32) by 14-39
+# points of copy; with ONE it reaches 80.4% of copy on LN bf16 rows of 4096 (72.9% without), against
+# 62.7% for the 256-thread (2, 1, ONE) and 79.2-81.9% for two rows per group (parameters read once for
+# both), H200. The parameter reads (32 KiB of fp32 scale / bias from L1 per 8 KiB row) are most of LN's gap
+# to RMS: LN bf16 without bias runs at 88.3% of copy against 82.1% with it (H200). tools/notes/normalization.md
+# lists the configs measured and dropped.
 ROWS_FWD = True
 ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
-# Backward of the same rows (v4, `bwd_rows`): persistent, G threads per row, ITEMS vectors per thread,
-# x / dy of DEPTH rows in registers (a ring: DEPTH - 1 rows of loads in flight while one is reduced).
+# Backward of the same rows (`bwd_rows`): persistent, G threads per row, ITEMS vectors per thread, x / dy
+# of DEPTH rows in registers (a ring: DEPTH - 1 rows of loads in flight while one is reduced).
 # BWD_ROWS_CONFIGS: the (ITEMS, DEPTH) compiled per element size (none for fp32: its rows of 4096 need
 # 4 vectors per thread, beyond the 128-register budget; the staged kernel keeps them); BWD_ROWS_PICK:
 # the planner's. Blocks of at most 512 // ITEMS threads, 2 per SM (__launch_bounds__(512 / ITEMS, 2)).
-# Measured (v4, LN bf16 16384 x 4096): (2, 3) 66.5% of copy, (2, 2) 64.6%, (1, 2) 56.9%, (1, 3) 53.0%,
-# staged 44.3%. On since its own GPU test (test_backward_rows_configs: both configs, fp16 / bf16, rows
-# walked several per group, blending, no dbias) passed on the H200 (2026-11-23). Only the two fastest
-# configs are compiled.
+# Why (2, 3): LN bf16 16384 x 4096 at 66.5% of copy, (2, 2) 64.6%, (1, 2) 56.9%, (1, 3) 53.0%, the staged
+# kernel 44.3% (H200). Only the two fastest configs are compiled. BWD_RING supersedes it when on.
 BWD_ROWS = True
 BWD_ROWS_CONFIGS = {2: ((2, 3), (2, 2)), 4: ()}
 BWD_ROWS_PICK = {"f16": (2, 3), "bf16": (2, 3)}
 BWD_ROWS_BLOCKS_PER_SM = 2
-# Backward of the same rows from a cp.async ring (v6, `bwd_ring`): bwd_rows with x / dy of DEPTH rows in
-# shared memory instead of registers. BWD_RING_CONFIGS: (ITEMS, DEPTH) per element size; BWD_RING_PICK: the
-# planner's. __launch_bounds__(256, 2): 128 registers. Measured (v6, bf16 16384 x 4096): (2, 4) 70.5% / 74.4%
-# of copy (LN / RMS), (2, 6) 68.7% / 72.0%, bwd_rows (2, 3) 67.2%; its config test passed on the H200.
-# v8: 3 blocks per SM (80 registers, the output pass re-reading x / dy from the ring, scale from L1)
-# measured 55-58% against 72-73%, with 3 blocks resident (driver's occupancy query): not kept.
-# v9: a third field CL: clusters of CL blocks add their dscale / dbias partials through distributed shared
-# memory before writing them (CL times fewer workspace slots for finish; bwd_ring_cl, sm_90; other archs
-# take CL 1, whose (ITEMS, DEPTH, 1) config must stay compiled). And every CL writes the partials from
-# shared memory in consecutive 16-byte vectors (before v9: 4-byte stores 32 B apart across lanes).
-# Measured (v9, bf16 16384 x 4096): run 1 (CL 1 still with the scattered stores) LN / RMS CL 1 72.3% / 73.0%,
-# CL 2 85.0% / 85.9%, CL 4 55.5% / 56.2% (clusters of 4 at 2 blocks per SM: not all resident at once); run 2
-# (both with the vector stores) CL 1 83.2% / 83.9%, CL 2 84.6% / 85.4%: CL 2 picked.
-# (2, 6) measured below (2, 4) in v6 and is no longer compiled.
+# Backward of the same rows from a cp.async ring (`bwd_ring`): bwd_rows with x / dy of DEPTH rows in
+# shared memory instead of registers. BWD_RING_CONFIGS: (ITEMS, DEPTH, CL) per element size; BWD_RING_PICK:
+# the planner's. __launch_bounds__(256, 2): 128 registers (3 blocks per SM at 80 registers measured 55-58%
+# of copy against 72-73%, H200). CL: clusters of CL blocks add their dscale / dbias partials through
+# distributed shared memory before writing them (CL times fewer workspace slots for finish; bwd_ring_cl,
+# sm_90; other archs take CL 1, whose (ITEMS, DEPTH, 1) config must stay compiled). Every CL writes the
+# partials from shared memory in consecutive 16-byte vectors (with 4-byte stores 32 B apart across lanes
+# CL 1 measured 72.3% of copy on LN against 83.2%, H200, two runs).
+# Why (2, 4, 2), bf16 16384 x 4096 LN / RMS, H200: CL 2 84.6% / 85.4% of copy, CL 1 83.2% / 83.9%, CL 4
+# 55.5% / 56.2% (clusters of 4 at 2 blocks per SM are not all resident at once); DEPTH 6 measured 68.7% /
+# 72.0% against DEPTH 4's 70.5% / 74.4% and is not compiled.
 BWD_RING = True
 BWD_RING_CONFIGS = {2: ((2, 4, 1), (2, 4, 2)), 4: ()}
 BWD_RING_PICK = {"f16": (2, 4, 2), "bf16": (2, 4, 2)}
 BWD_RING_REGS = 128
 BWD_RING_MAX_BLOCK = 256
-# Forward of the same 16-bit rows in a persistent grid (v7, `fwd_persist`): scale / bias loaded once per
+# Forward of the same 16-bit rows in a persistent grid (`fwd_persist`): scale / bias loaded once per
 # thread into registers (fwd_rows reads them from L1 for every row), x of DEPTH rows in a register ring.
 # FWD_PERSIST_CONFIGS: (ITEMS, DEPTH, MINB) per element size (none for fp32: fwd_rows is at 91% there);
 # __launch_bounds__(512 / ITEMS, MINB): blocks of at most 512 // ITEMS threads, the register cap
 # 65536 / (512 / ITEMS * MINB), MINB blocks per SM (more when the rows are short and blocks smaller).
-# Measured (v7, bf16 16384 x 4096): LN (4, 2, 4) 76.7% of copy, (2, 3, 3) 69.7%, (2, 4, 2) 59.8%, RMS 79.9% /
-# 75.5% / 66.4%, all below fwd_rows (81.1% / 90.4%): off; only (4, 2, 4) still compiled (tests, bench sweep).
+# Off: its best, (4, 2, 4), runs at 76.7% / 79.9% of copy on LN / RMS bf16 16384 x 4096 against fwd_rows'
+# 81.1% / 90.4% (H200); (4, 2, 4) stays compiled for the tests and the bench's sweep.
 FWD_PERSIST = False
 FWD_PERSIST_CONFIGS = {2: ((4, 2, 4),), 4: ()}
 FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
-# v11: `fwd_rows_sp` (NG = 2 / 4 rows per one-shot block, scale / bias copied once per block into shared memory,
-# a named barrier per row group) measured 81.2% / 81.7% of copy on LN bf16 16384 x 4096 (85.8% without bias) and
-# 86.4% / 85.8% on RMS, against fwd_rows' 82.7% / 90.6%: not kept (bench notes, v11).
-# v10: `fwd_sp` (persistent blocks of up to 1024 threads, scale / bias staged once per block in shared memory,
-# a cp.async ring of x per row group) measured 74.9-79.8% of copy on LN bf16 16384 x 4096 and 75.1-80.2% on RMS
-# against fwd_rows' 82.5% / 91.1%, the same with and without bias: not kept (bench notes, v10).
+# Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
+# fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
-# "fwd_rows", "fwd_persist", "bwd_ring", "gn_fwd", "gn_reg". Measured (v7): fwd_rows +3.5 points on RMS bf16 (90.4
-# -> 93.9% of copy), +5.7 on LN fp32 (91.4 -> 97.1%), +0.3 on LN bf16 ONE; bwd_ring +-0.1; gn_fwd -1.5; (v11) gn_reg
-# (8, 4, 8) +0.5 (74.3 -> 74.8%).
+# "fwd_rows", "fwd_persist", "bwd_ring", "gn_fwd", "gn_reg". Measured (H200): fwd_rows +3.5 points on RMS
+# bf16 (90.4 -> 93.9% of copy), +5.7 on LN fp32 (91.4 -> 97.1%), +0.3 on LN bf16 ONE; bwd_ring +-0.1;
+# gn_fwd -1.5; gn_reg (8, 4, 8) +0.5 (74.3 -> 74.8%).
 STREAM = {"fwd_rows", "gn_reg"}
-# bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per thread, when G >= 32
-# (v7). Measured (bf16 16384 x 4096): LN backward 72.7% of copy against 68.8% without, RMS 73.8% / 72.6%.
+# bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per thread, when G >= 32.
+# Measured (bf16 16384 x 4096, H200): LN backward 72.7% of copy against 68.8% without, RMS 73.8% / 72.6%.
 BWD_RING_WARPSTAT = True
-# finish's block: FINISH = (parameters, slot groups) (v1-v6: (32, 8); v7: see finish in the .cu).
-# Measured (v7): (32, 32) +1.5-1.7 points of copy over (32, 8) on LN / RMS bf16 backward, +1.1-1.3 on NHWC
-# GN backward; (8, 128) measured no better than (32, 32) and is no longer compiled.
+# finish's block: FINISH = (parameters, slot groups); see finish in the .cu. (32, 32): +1.5-1.7 points
+# of copy over (32, 8) on LN / RMS bf16 backward, +1.1-1.3 on NHWC GN backward (H200); (8, 128) measured
+# no better than (32, 32) and is not compiled.
 FINISH = (32, 32)
 FINISH_SHAPES = ((32, 8), (32, 32))  # compiled
-# Group norm with channels innermost (v6, `gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 blocks
+# Group norm with channels innermost (`gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 blocks
 # per unit (one sample's GC consecutive groups over all positions), each block's tile of positions x
 # GC * cg channels held in shared memory between the statistics and the output (x, and dy, read once).
 # GN_TILE_MAX: the dynamic shared memory per block (the tiles of every operand); GC is the largest divisor
 # of G whose tiles fit and whose units still number GN_FILL blocks per SM (else the smallest GC that fits:
-# the most clusters). GN_THREADS: the block size (at most). Measured on the H200 (bench notes, v6): 64 KiB
-# and 256 threads are the best of the sweep for both directions; persistent clusters walking units with
-# double-buffered tiles measured far slower (37% / 32% of copy against 65% / 56%) and were dropped.
+# the most clusters). GN_THREADS: the block size (at most). Measured on the H200: 64 KiB and 256 threads
+# are the best of the sweep for both directions; persistent clusters walking units with double-buffered
+# tiles measured far slower (37% / 32% of copy against 65% / 56%) and are not in the code.
 GN_FWD = True
 GN_TILE_MAX = 64 * 1024
 GN_THREADS = 256
 GN_FILL = 2
-# GN_ONE (v8): 16-bit gn_fwd with one-pass shifted statistics (one cluster reduction instead of two) and the
+# GN_ONE: 16-bit gn_fwd with one-pass shifted statistics (one cluster reduction instead of two) and the
 # tile copied in 4 commit groups, summed as each lands (see gn_fwd in the .cu for the error bound).
 GN_ONE = True
 GN_BWD = True                      # gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes)
-# GN_REG (v11, `gn_reg` / `gn_reg_cl`): the NHWC forward with each block's share of a unit held in registers
+# GN_REG (`gn_reg` / `gn_reg_cl`): the NHWC forward with each block's share of a unit held in registers
 # (GN_REG_ITEMS 16-byte vectors per thread, 64 registers) and SI more vectors per thread in the thread's own
 # slots of a shared-memory tile, instead of gn_fwd's all-shared-memory tile; a unit (one sample, GC groups, all
 # positions) per cluster of CL blocks (CL 1: one block, no cluster, any arch). GN_REG_CONFIGS: the (CL, SI)
 # compiled; GN_REG_PICK: (CL, GC, SI), GC lowered to the largest divisor of G whose channel vectors per position
 # divide 32, CL 1 before sm_90 (if compiled with that SI); units whose block share needs more than
 # GN_REG_MAX_BLOCK threads take gn_fwd. 16-bit: one-pass shifted statistics (ONE), fp32: two passes.
-# Measured (v11, bf16 32 x 512 x 64 x 64): (8, 4, 8) 74.3% of copy, 74.8% with evict-first y stores ("gn_reg" in
-# STREAM), (4, 4, 8) 72.7%, (4, 2, 8) 69.6%, (8, 2, 8) 65.3%, registers only (SI 0) 51-65%, against gn_fwd's 72.6%:
-# on, (8, 4, 8) with evict-first stores; SI 0 is no longer compiled.
+# Why (8, 4, 8), bf16 32 x 512 x 64 x 64, H200: 74.3% of copy, 74.8% with evict-first y stores ("gn_reg" in
+# STREAM), (4, 4, 8) 72.7%, (4, 2, 8) 69.6%, (8, 2, 8) 65.3%, registers only (SI 0) 51-65% (not compiled),
+# against gn_fwd's 72.6%.
 GN_REG = True
 GN_REG_ITEMS = 8
 GN_REG_CONFIGS = ((4, 8), (8, 8))
 GN_REG_PICK = (8, 4, 8)
 GN_REG_MAX_BLOCK = 1024
-# L2 prefetch (v12, NormParams.pf): block b of fwd_rows / gn_reg pulls into L2 (prefetch.global.L2) the x that
+# L2 prefetch (NormParams.pf): block b of fwd_rows / gn_reg pulls into L2 (prefetch.global.L2) the x that
 # block b + pf will read, pf = PF_BYTES[kernel] / the bytes of x one block reads (at least 1; 0 bytes: off). Why: a
 # one-shot block's loads are in flight only until they land, so DRAM idles while the SM's blocks reduce and
-# store (LN bf16 16384 x 4096 forward: 88.6% of copy in steady state, RMS 100%; bench notes v10). The distance is
+# store (LN bf16 16384 x 4096 forward: 88.6% of copy in steady state, RMS 100%, H200). The distance is
 # in bytes because what bounds it is: ahead by more than a memory latency's worth of the copy's traffic (~2 us
 # x ~4 TB/s = 8 MB), and not so far that the prefetched lines leave L2 (50 MB) before their block reads them.
-# Measured (v12, H100, two runs; bench notes): gn_reg (8, 4, 8) on 32 x 512 x 64 x 64 bf16 NHWC: 8 MiB 84.1-84.2% of
-# copy against 83.2-83.3% without, 6 MiB 83.6%, 4 MiB 82.6-83.3%, 2 MiB 80.3%, 16 MiB 77.1% (a cliff: the lines leave
-# L2 first): on at 8 MiB. fwd_rows on LN bf16 16384 x 4096: 1 / 2 / 4 / 8 / 16 MiB 92.0 / 93.3 / 94.5-94.6 / 93.5 /
-# 85.6% against 94.7-95.0% without (at 4 MiB RMS bf16 -0.2 / +1.4, LN fp32 +2.2 / +0.6 in runs 1 / 2, inside the
-# 1.8-2.4-point spread of their pf 0 lines between the runs): off.
-# (fwd_rows with 2 MiB gains 10-13% on 4096 x 4096 rows, where the first wave's ramp weighs more: not measured
-# at enough sizes to pick a threshold.)
+# gn_reg: on at 8 MiB, 84.1-84.2% of copy against 83.2-83.3% without on 32 x 512 x 64 x 64 bf16 NHWC (H100;
+# 16 MiB falls to 77.1%: the lines leave L2 first). fwd_rows: off, every distance at or below its 94.7-95.0%
+# without on LN bf16 16384 x 4096 (H100); 2 MiB gains 10-13% on 4096 x 4096 rows, not measured at enough
+# sizes to pick a threshold. The sweep of distances: tools/notes/normalization.md.
 PF_BYTES = {"fwd_rows": 0, "gn_reg": 8 << 20}
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
