@@ -13,6 +13,7 @@ tools/ chose (the reasons are beside each switch and, in full, in tools/PERF.md)
 This module imports nothing else of pydnn: every layer may read it.
 """
 import ast
+import builtins
 import contextlib
 import logging
 import os
@@ -54,8 +55,8 @@ class Switches:
 
 
 def _fresh(v):
-    """A default's own copy (a dict switch such as conv.TC_FORCE is mutated in place by callers)."""
-    return dict(v) if isinstance(v, dict) else v
+    """A default's own copy (a dict / set switch such as conv.TC_FORCE is mutated in place by callers)."""
+    return type(v)(v) if isinstance(v, (dict, builtins.set)) else v
 
 
 FAMILIES = {}
@@ -161,6 +162,121 @@ conv_wgrad_wgmma = Switches(
     "conv_wgrad_wgmma", "the wgmma backward filter (pydnn/ops/convolution/wgrad_wgmma.py)",
     ENABLED=(True, "BWD_FILTER_ALGO_1 on sm_90 takes wgrad_tc_wgmma where it applies"),
     FORCE=(None, "(a TILES / VARIANTS entry, splits[, full, tail_splits]) instead of the model's choice"),
+)
+
+# ----------------------------------------------------------------------------- the other families
+
+batchnorm = Switches(
+    "batchnorm", 'batch normalization (pydnn/ops/batchnorm.py)',
+    FAST16=(True, '16-bit data with 16-byte vectors (FAST16): kUnroll16 rows in flight in fwd_stats (bf16) and the '
+                  'plain forward apply (fwd_apply_plain, with fwd_head_batched); stats launched as one wave of '
+                  'STATS16_BLOCKS_PER_SM long blocks per SM (...; the reasons: pydnn/ops/batchnorm.py'),
+    INFER_SMEM=(True, "inference with vector launches: infer_rows_smem (the block's per-feature set-up computed once"
+                      " per feature into shared memory, after the first rows' loads are issued), blocks of "
+                      'INFER_STEPS kUnroll-row steps per thread; the reasons: pydnn/ops/batchnorm.py'),
+    INFER_STEPS=(2, "kUnroll-row steps per thread of infer_rows_smem's blocks: 2 steps 88.3% of copy, 4: 86.0%, 8: "
+                    '82.5% (H200, bf16 64x256x56x56); the reasons: pydnn/ops/batchnorm.py'),
+    APPLY_SAVED=(True, 'The plain training forward with saved statistics (resultSaveMean / resultSaveInvVariance '
+                       "given): its apply is fwd_apply_saved (infer_rows_smem's short blocks, INFER_STEPS steps, "
+                       'constants from bnScale / bnBias and the saved mean /...; the reasons: pydnn/ops/batchnorm.py'),
+)
+
+norm = Switches(
+    "norm", 'layer / RMS / group / instance normalization (pydnn/ops/normalization.py)',
+    STAGED_FWD=(False, 'the 16-byte-vector forward on the staged kernels (off: the register-tile kernels, 1-3 points'
+                       ' of copy above them); the reasons: pydnn/ops/normalization.py'),
+    STAGED_BWD=(True, 'the 16-byte-vector backward on the staged kernels (persistent, cp.async two-stage pipeline; '
+                      '1.6x the register-tile backward on rows of 4096, H200); the reasons: '
+                      'pydnn/ops/normalization.py'),
+    ROWS_FWD=(True, 'Forward of contiguous layer / RMS norm rows without activation (`fwd_rows`): G threads per row '
+                    'hold ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R '
+                    'rows; the reasons: pydnn/ops/normalization.py'),
+    BWD_ROWS=(True, 'Backward of the same rows (`bwd_rows`): persistent, G threads per row, ITEMS vectors per '
+                    'thread, x / dy of DEPTH rows in registers (a ring: DEPTH - 1 rows of loads in flight while one '
+                    'is reduced); the reasons: pydnn/ops/normalization.py'),
+    BWD_RING=(True, 'Backward of the same rows from a cp.async ring (`bwd_ring`): bwd_rows with x / dy of DEPTH rows'
+                    ' in shared memory instead of registers; the reasons: pydnn/ops/normalization.py'),
+    FWD_PERSIST=(False, 'Forward of the same 16-bit rows in a persistent grid (`fwd_persist`): scale / bias loaded '
+                        'once per thread into registers (fwd_rows reads them from L1 for every row), x of DEPTH rows'
+                        ' in a register ring; the reasons: pydnn/ops/normalization.py'),
+    STREAM=({"fwd_rows", "gn_reg"}, 'kernels whose y / dx stores take the evict-first policy (st.global.cs): '
+                                    'fwd_rows +3.5 points of copy on RMS bf16, +5.7 on LN fp32, gn_reg +0.5 (H200); '
+                                    'the reasons: pydnn/ops/normalization.py'),
+    BWD_RING_WARPSTAT=(True, "bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per "
+                             'thread, when G >= 32; the reasons: pydnn/ops/normalization.py'),
+    FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
+                      'pydnn/ops/normalization.py'),
+    GN_FWD=(True, 'Group norm with channels innermost (`gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 '
+                  "blocks per unit (one sample's GC consecutive groups over all positions), each block's tile of "
+                  'positions x GC * cg channels held in shar...; the reasons: pydnn/ops/normalization.py'),
+    GN_THREADS=(256, "gn_fwd / gn_bwd's block size (at most): 256 was the best of the sweep (H200); the reasons: "
+                     'pydnn/ops/normalization.py'),
+    GN_FILL=(2, 'gn_fwd / gn_bwd: GC the largest divisor of G whose units still number GN_FILL blocks per SM; the '
+                'reasons: pydnn/ops/normalization.py'),
+    GN_ONE=(True, 'GN_ONE: 16-bit gn_fwd with one-pass shifted statistics (one cluster reduction instead of two) and'
+                  ' the tile copied in 4 commit groups, summed as each lands (see gn_fwd in the .cu for the error '
+                  'bound); the reasons: pydnn/ops/normalization.py'),
+    GN_BWD=(True, 'gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes); the reasons: '
+                  'pydnn/ops/normalization.py'),
+    GN_REG=(True, "GN_REG (`gn_reg` / `gn_reg_cl`): the NHWC forward with each block's share of a unit held in "
+                  'registers (GN_REG_ITEMS 16-byte vectors per thread, 64 registers) and SI more vectors per thread '
+                  "in the thread's own slots of a shared-mem...; the reasons: pydnn/ops/normalization.py"),
+    GN_REG_PICK=((8, 4, 8), "gn_reg's (CL, GC, SI): (8, 4, 8) 74.3% of copy on bf16 32 x 512 x 64 x 64 against "
+                            "gn_fwd's 72.6% (H200); the reasons: pydnn/ops/normalization.py"),
+    PF_BYTES=({"fwd_rows": 0, "gn_reg": 8 << 20}, 'L2 prefetch (NormParams.pf): block b of fwd_rows / gn_reg pulls '
+                                                  'into L2 (prefetch.global.L2) the x that block b + pf will read, '
+                                                  'pf = PF_BYTES[kernel] / the bytes of x one block reads (at least '
+                                                  '1; 0 bytes: off); the reasons: pydnn/ops/normalization.py'),
+)
+
+pooling = Switches(
+    "pooling", 'pooling (pydnn/ops/pooling.py)',
+    BWD_PACKED_TIES=(True, 'vector max backward: bwd<T, VEC, true, true>, checking ties with one packed max of the '
+                           'earlier window elements instead of matching each one; False: the per-element match for '
+                           'all; the reasons: pydnn/ops/pooling.py'),
+    ROWS_FORWARD=(True, 'fwd_rows (ptx/pooling.cu): a thread reduces ROW_OUT consecutive outputs along w (kRowOut); '
+                        'used for the vector forward of 1-d / 2-d non-adaptive pooling when its offsets fit 32 bits;'
+                        ' the reasons: pydnn/ops/pooling.py'),
+    ROWS_MIN_BLOCK=(64, 'smaller blocks (few channels and a narrow output) keep the flat kernel; the reasons: '
+                        'pydnn/ops/pooling.py'),
+    ROWS_FAST3=(True, 'fwd_rows: outputs whose in-bounds window is 3 x 3 load it with straight-line offsets '
+                      '(PYDNN_POOL_FLAG_FAST3); False: every output walks its window with scan; the reasons: '
+                      'pydnn/ops/pooling.py'),
+    ROWS_COLS=(False, 'fwd_rows, averages: 3 x 3 / 2 strips of full windows sum each column once '
+                      '(PYDNN_POOL_FLAG_COLS); the reasons: pydnn/ops/pooling.py'),
+)
+
+dropout = Switches(
+    "dropout", 'dropout (pydnn/ops/dropout.py)',
+    USE_TILE=(True, 'False: channels-last layouts take the strided kernel; the reasons: pydnn/ops/dropout.py'),
+    FWD_PACKED=(True, '16-bit dense forward with 16-byte vectors: fwd_packed (Philox calls round by round, pairs of '
+                      "elements per word: fewer instructions per element, bitwise fwd's output and mask); the "
+                      'reasons: pydnn/ops/dropout.py'),
+)
+
+matmul = Switches(
+    "matmul", 'matmul (pydnn/ops/matmul.py)',
+    USE_WGMMA=(True, 'sm_90: the wgmma GEMM (gemm_wgmma) where its conditions hold (K >= WG_MIN_K ...), else the '
+                     'mma.sync tiles; the reasons: pydnn/ops/matmul.py'),
+)
+
+attention = Switches(
+    "attention", 'the wgmma attention forward (pydnn/ops/attention_wgmma.py)',
+    ENABLED=(True, 'False: attention_forward always takes the mma.sync kernel (tests force either path); the '
+                   'reasons: pydnn/ops/attention_wgmma.py'),
+    DIAG=(None, 'benchmark only: a (unit, expr) of diag_units that launch runs instead; the reasons: '
+                'pydnn/ops/attention_wgmma.py'),
+)
+
+attention_bwd = Switches(
+    "attention_bwd", 'the wgmma attention backward (pydnn/ops/attention_wgmma_bwd.py)',
+    ENABLED=(True, 'False: the attention backward always takes the mma.sync kernels (tests force either path)'),
+)
+
+activation = Switches(
+    "activation", 'activations (pydnn/ops/activation.py)',
+    PLAIN_ACCESS=((), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream '
+                      '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
 apply_environment()

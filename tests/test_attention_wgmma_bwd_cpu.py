@@ -5,6 +5,7 @@ of run."""
 import pytest
 
 import pydnn
+from pydnn import tuning
 from pydnn._cuda import driver
 from pydnn.ops import attention_wgmma_bwd as W
 from test_attention_cpu import _attn, _bwd_args
@@ -41,7 +42,7 @@ def launches(monkeypatch):
     got = []
     monkeypatch.setattr(driver, "launch", lambda f, grid, block, smem, stream, p: got.append((f, grid, block[0], smem)))
     monkeypatch.setattr(driver, "function_set_max_dynamic_smem", lambda f, n: None)
-    monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     return got
 
 
@@ -77,7 +78,7 @@ def test_sm90_deterministic_runs_the_wgmma_dq(launches):
 def test_fallback_to_mma_sync(launches, monkeypatch, why):
     over = {"a": _attn(4, 2, 64, p=0.1, seed=3)} if why == "dropout" else {}
     if why == "switch":
-        monkeypatch.setattr(W, "ENABLED", False)
+        monkeypatch.setattr(tuning.attention_bwd, "ENABLED", False)
     _backward(arch="sm_80" if why == "sm_80" else "sm_90", det=1, **over)
     names = _names(launches)
     assert len(names) == 3 and not any("_wg<" in n for n in names), names

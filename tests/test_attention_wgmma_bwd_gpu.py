@@ -8,6 +8,7 @@ backward with the switch off (the existing GPU tests take the wgmma path on sm_9
 tests/test_attention_gpu.py's; the forward producing O and lse here is the mma.sync one."""
 import pytest
 
+from pydnn import tuning
 from pydnn.ops import attention_wgmma as WF
 from pydnn.ops import attention_wgmma_bwd as W
 from test_attention_gpu import BF16, BR, CASES, F16, NONE, TL, Problem, _check_backward, _check_forward
@@ -20,10 +21,10 @@ def wg_path(handle, monkeypatch):
     """The wgmma backward forced on; returns the list of its launches (atomic flags)."""
     if handle.arch != W.ARCH:
         pytest.skip(f"the wgmma backward needs an {W.ARCH} device (this is {handle.arch})")
-    monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     # the forward (which produces O and lse here) on its validated mma.sync kernel: these tests are the
     # backward's (the wgmma forward has its own)
-    monkeypatch.setattr(WF, "ENABLED", False, raising=False)
+    monkeypatch.setattr(tuning.attention, "ENABLED", False, raising=False)
     calls = []
     real_kv, real_dq = W.launch_dkdv, W.launch_dq
 
@@ -86,8 +87,8 @@ def test_backward_wgmma_variable_lengths(handle, rng, wg_path, dtype, mask, d):
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_switch_off_runs_mma_sync(handle, rng, monkeypatch, d):
     """ENABLED = False: the mma.sync dK / dV kernels (the only path on other devices)."""
-    monkeypatch.setattr(W, "ENABLED", False)
-    monkeypatch.setattr(WF, "ENABLED", False, raising=False)
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", False)
+    monkeypatch.setattr(tuning.attention, "ENABLED", False, raising=False)
     calls = []
     monkeypatch.setattr(W, "launch_dkdv", lambda *a: calls.append(a))
     monkeypatch.setattr(W, "launch_dq", lambda *a: calls.append(a))
@@ -106,10 +107,10 @@ def test_dropout_stays_on_mma_sync(handle, rng, wg_path):
 
 
 def test_usable_rules(handle, monkeypatch):
-    monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     on = handle.arch == W.ARCH
     assert W.usable(handle, 128, "bf16", 0.0) is on
     assert W.usable(handle, 64, "f16", 0.0) is on
     assert not W.usable(handle, 128, "bf16", 0.1)
-    monkeypatch.setattr(W, "ENABLED", False)
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", False)
     assert not W.usable(handle, 128, "bf16", 0.0)

@@ -8,6 +8,7 @@ since on an sm_90 device the dispatcher otherwise sends every call without dropo
 Skipped on devices other than sm_90 (the units exist for sm_90a only)."""
 import pytest
 
+from pydnn import tuning
 from pydnn.ops import attention as A
 from pydnn.ops import attention_wgmma as W
 from test_attention_gpu import BF16, BR, CASES, F16, NONE, TL, Problem, _check_forward, check_forward_without_stats
@@ -22,7 +23,7 @@ def wgmma(handle, monkeypatch):
     """The wgmma path on, and the mma.sync forward made to fail if the dispatcher falls back to it."""
     if handle.arch != W.ARCH:
         pytest.skip(f"the wgmma forward runs on {W.ARCH} only (device: {handle.arch})")
-    monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention, "ENABLED", True)
     real = A._func
 
     def guard(h, kernel, *args, **kw):
@@ -78,6 +79,6 @@ def test_every_variant(handle, rng, wgmma, monkeypatch, d, mask):
 @pytest.mark.parametrize("case", CASES[:2] + MORE[:1], ids=["mha150", "gqa70x200", "gqa333x517"])
 def test_mma_sync_forward_still_checked(handle, rng, monkeypatch, mask, case):
     """ENABLED = False: the mma.sync forward (what every other arch, and dropout, runs)."""
-    monkeypatch.setattr(W, "ENABLED", False)
+    monkeypatch.setattr(tuning.attention, "ENABLED", False)
     b, hq, hkv, sq, skv, d, layout = case
     _check_forward(handle, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout))

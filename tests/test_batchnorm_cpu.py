@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from pydnn.ops import batchnorm as B
 from pydnn.reference import batchnorm as ref
 from pydnn.tensor import packed_strides
@@ -233,11 +234,11 @@ def test_layouts_and_workspace():
     h = cpu_handle()
     nhwc = _nhwc((64, 256, 56, 56), BF16)
     layout, seqs, ws = B.plan_summary(h, "fwd", SPATIAL, nhwc, nhwc)
-    assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows8s", "rows1", "gen"} if B.FAST16
+    assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows8s", "rows1", "gen"} if tuning.batchnorm.FAST16
                                               else {"rows8", "rows8s", "rows1", "gen"})
     names = [s[0] for s in seqs["rows8"]]
     assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head"] and ws == 0
-    if B.FAST16:  # the plain forward: the same stats / final / head, fwd_apply_plain
+    if tuning.batchnorm.FAST16:  # the plain forward: the same stats / final / head, fwd_apply_plain
         assert [s[0] for s in seqs["rows8p"]] == ["fwd_stats", "fwd_final", "fwd_apply_plain", "fwd_head_batched"]
         assert seqs["rows8p"][0] == seqs["rows8"][0] and seqs["rows8p"][3][2:] == seqs["rows8"][3][2:]
     stats, final, apply, head = seqs["rows8"]
@@ -301,7 +302,7 @@ def test_fast16_plans(monkeypatch):
     assert pl.seqs["rows8p"][2].kernel == "fwd_apply_plain"
     exprs = set(next(u for u in B.kernel_units() if u.name == "batchnorm.bf16").exprs)
     assert {B._expr(k, "bf16", 8, B.UNROLL16) for k in ("fwd_stats", "fwd_apply_plain")} <= exprs
-    monkeypatch.setattr(B, "FAST16", False)
+    monkeypatch.setattr(tuning.batchnorm, "FAST16", False)
     _, seqs, _ = B.plan_summary(cpu_handle(), "fwd", SPATIAL, nhwc, nhwc)
     assert set(seqs) == {"rows8", "rows8s", "rows1", "gen"}
     assert near(seqs["rows8"][0][2][1], h.sm_count * B.BLOCKS_PER_SM)
@@ -312,7 +313,7 @@ def test_plain_forward_sequence_choice(monkeypatch, apply_saved):
     """The plain training forward takes fwd_apply_saved (no head) when the call keeps saved statistics and
     APPLY_SAVED is on, else fwd_apply_plain + the head (FAST16); z, ReLU, mask or blending keep the general
     sequence; scalar rows have no saved variant."""
-    monkeypatch.setattr(B, "APPLY_SAVED", apply_saved)
+    monkeypatch.setattr(tuning.batchnorm, "APPLY_SAVED", apply_saved)
     nhwc = _nhwc((8, 64, 7, 9), BF16)
     pl = B._make_plan(cpu_handle(), "bf16", B._geometry(SPATIAL, nhwc.dims, {B.OP_X: nhwc.strides,
                                                                              B.OP_Y: nhwc.strides}, 8), "fwd", False)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from cprog import build_and_run
 from devtensor import DevTensor, assert_close
 from pydnn.reference import batchnorm as ref
@@ -293,8 +294,8 @@ def test_forward_fast16(handle, dtype, fast16, apply_saved, rng, monkeypatch):
     keep saved statistics) on fwd_apply_saved (no head), or, off, on fwd_apply_plain + the head."""
     from pydnn.ops import batchnorm as B
 
-    monkeypatch.setattr(B, "FAST16", fast16)
-    monkeypatch.setattr(B, "APPLY_SAVED", apply_saved)  # off: the saved statistics' calls take the head path
+    monkeypatch.setattr(tuning.batchnorm, "FAST16", fast16)
+    monkeypatch.setattr(tuning.batchnorm, "APPLY_SAVED", apply_saved)  # off: the saved statistics' calls take the head path
     _forget_bn_plans(handle)
     try:
         dims = (33, 16, 17, 19)
@@ -314,7 +315,7 @@ def test_forward_head_path(handle, dtype, rng, monkeypatch):
     head), non-Ex and Ex BN."""
     from pydnn.ops import batchnorm as B
 
-    monkeypatch.setattr(B, "APPLY_SAVED", False)
+    monkeypatch.setattr(tuning.batchnorm, "APPLY_SAVED", False)
     _forget_bn_plans(handle)
     try:
         for alpha in (1.0, 0.5):

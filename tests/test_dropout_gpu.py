@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from devtensor import DevTensor, assert_close
 from pydnn.ops import dropout as D
 from pydnn.reference import dropout as ref
@@ -360,7 +361,7 @@ def test_packed_forward_matches_plain_forward_bitwise(handle, rng, dtype, p, mon
     nb = pydnn.dropout_get_reserve_space_size(d)
     got = {}
     for packed in (True, False):
-        monkeypatch.setattr(D, "FWD_PACKED", packed)
+        monkeypatch.setattr(tuning.dropout, "FWD_PACKED", packed)
         handle.prepared.clear()  # no prepared launch from the other setting
         h = handle
         drop = Dropout(h, p, 1234)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from pydnn.ops import matmul as M
 from pydnn.reference import matmul as ref
 from test_fuzz_cpu import cpu_handle
@@ -139,7 +140,7 @@ def test_wgmma_choice_only_on_sm90(monkeypatch):
     """The wgmma tiles are chosen only on an sm_90 device and only with USE_WGMMA; never on another arch
     (their units do not exist there: the loader refuses them)."""
     h = cpu_handle()
-    monkeypatch.setattr(M, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
     for arch in ("sm_80", "sm_86", "sm_89", "sm_100"):
         monkeypatch.setattr(h, "arch", arch)
         plan = M.gemm_plan(h, BF16, 4096, 4096, 4096)
@@ -155,7 +156,7 @@ def test_wgmma_choice_only_on_sm90(monkeypatch):
     assert plan.describe()[2] == (256, 1, 1) and plan.describe()[3] == t.smem
     assert plan.fast.unit == "matmul.wgmma.bf16"
     assert plan.general.expr == M.TC_GENERAL.expr("bf16", False, True, False)  # unaligned: gemm_tc
-    monkeypatch.setattr(M, "USE_WGMMA", False)
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", False)
     assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 4096, 4096, 4096).describe()[0]
 
 

@@ -11,6 +11,7 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import pydnn
+from pydnn import tuning
 from devtensor import POISON, assert_close
 from pydnn.ops import matmul as M
 from pydnn.reference import dtypes as rd
@@ -285,7 +286,7 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     m, n = shape
     pb = Problem(rng, BF16, m, n, M.WG_MIN_K + 24, *trans, bias=True)
     plan = pb.plan(handle)
-    if handle.arch == M.WG_ARCH and M.USE_WGMMA:
+    if handle.arch == M.WG_ARCH and tuning.matmul.USE_WGMMA:
         assert plan.describe()[0] == M.WG_TILES[tile].expr("bf16", *trans)
     else:
         assert "gemm_wgmma" not in plan.describe()[0]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from pydnn.ops import normalization as N
 from pydnn.reference import normalization as ref
 from pydnn.tensor import packed_strides
@@ -293,17 +294,17 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
     alts, ws = _summary(_nd(LAYER), ln)
     # v12: with the L2 prefetch PF_BYTES ahead, in blocks of one 8 KiB row (fp32: 16 KiB)
-    pf = N.PF_BYTES["fwd_rows"] // 8192
+    pf = tuning.norm.PF_BYTES["fwd_rows"] // 8192
     assert alts[0] == ["fwd_rows vec=8 G=128 block=128 items=4 rows=1 one=True grid=16384" + (f" pf={pf}" if pf else "")]
     assert alts[1][0].startswith("fwd vec=1")
     assert alts[0][0] == _summary(_nd(LAYER), _desc((16384, 4096), F16))[0][0][0]
     # fwd_persist (v7, measured slower: off): 128 threads per row, 4 blocks per SM evened out (512 x 32 rows)
-    monkeypatch.setattr(N, "FWD_PERSIST", True)
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", True)
     monkeypatch.setitem(N.FWD_PERSIST_PICK, "bf16", (4, 2, 4))
     assert _summary(_nd(RMS), ln)[0][0] == ["fwd_persist vec=8 G=128 block=128 items=4 depth=2 minb=4 grid=512"]
     monkeypatch.setitem(N.FWD_PERSIST_PICK, "bf16", (2, 3, 3))  # 3 blocks per SM: 391 blocks of 42 rows
     assert _summary(_nd(LAYER), ln)[0][0] == ["fwd_persist vec=8 G=256 block=256 items=2 depth=3 minb=3 grid=391"]
-    monkeypatch.setattr(N, "FWD_PERSIST", False)
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), F32))
     assert alts[0] == ["fwd_rows vec=4 G=256 block=256 items=4 rows=1 one=False grid=16384" + (f" pf={pf // 2}" if pf else "")]
     # v1 register tiles for what fwd_rows does not take: an activation, a row too long for a block
@@ -311,16 +312,16 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1"]
     alts, _ = _summary(_nd(LAYER), _desc((4, 65536), BF16))
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
-    monkeypatch.setattr(N, "BWD_ROWS", False)
-    monkeypatch.setattr(N, "BWD_RING", False)
+    monkeypatch.setattr(tuning.norm, "BWD_ROWS", False)
+    monkeypatch.setattr(tuning.norm, "BWD_RING", False)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     # backward without BWD_ROWS: the staged kernel, 2 blocks of 256 per SM (128 registers), evened out: 261
     # blocks of 63 rows (the last fewer)
     assert alts[0][0] == "bwd vec=8 G=256 block=256 cluster=1 preg=True plane=False staged grid=261"
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
     # with BWD_ROWS (and BWD_RING off): bwd_rows (v4), 2 blocks per SM evened out: 261 blocks of 63 rows
-    monkeypatch.setattr(N, "BWD_ROWS", True)
-    monkeypatch.setattr(N, "BWD_RING", False)
+    monkeypatch.setattr(tuning.norm, "BWD_ROWS", True)
+    monkeypatch.setattr(tuning.norm, "BWD_RING", False)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     items, depth = N.BWD_ROWS_PICK["bf16"]
     g = 512 // items
@@ -328,7 +329,7 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     assert alts[0][1] == "finish slots=261" and ws == 261 * 2 * 4096 * 4
     # the default (v6): bwd_ring, 2 blocks of 256 per SM (128 registers); v9: in clusters of 2 whose blocks
     # add their partials (bwd_ring_cl): 131 clusters (262 blocks, at most 63 rows per group), 131 slots
-    monkeypatch.setattr(N, "BWD_RING", True)
+    monkeypatch.setattr(tuning.norm, "BWD_RING", True)
     alts, ws = _summary(_nd(RMS), ln, backward=True)
     items, depth, cl = N.BWD_RING_PICK["bf16"]
     assert cl == 2
@@ -355,7 +356,7 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
     # memory each; its y stores evict-first (STREAM)
     alts, _ = _summary(_nd(GROUP, 32), gn)
     # v12: with the L2 prefetch PF_BYTES ahead, in blocks of 512 positions x 128 B = 64 KiB
-    pf = N.PF_BYTES["gn_reg"] // 65536
+    pf = tuning.norm.PF_BYTES["gn_reg"] // 65536
     assert alts[0] == ["gn_reg vec=8 GC=4 CL=8 block=256 items=8+8 grid=2048" + (f" pf={pf}" if pf else "")]
     lc = N._plan(cpu_handle(), _nd(GROUP, 32), gn, gn, None, _params(gn, _nd(GROUP, 32))[1], False).alternatives[0][0]
     assert lc.smem == 8 * 256 * 16 and lc.params.flags & N.FLAG_STREAM
@@ -366,11 +367,11 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
                              ((8, 4, 0), 90, "gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048 one"),  # not compiled
                              ((4, 16, 8), 90, "gn_fwd vec=8 GC=4 block=256 tile=65536 grid=2048 one")):  # 2048 threads
         with monkeypatch.context() as m:
-            m.setattr(N, "GN_REG_PICK", pick)
+            m.setattr(tuning.norm, "GN_REG_PICK", pick)
             m.setattr(N, "_arch_num", lambda h, arch=arch: arch)
-            m.setitem(N.PF_BYTES, "gn_reg", 0)  # (the distances: test_l2_prefetch_distance)
+            m.setitem(tuning.norm.PF_BYTES, "gn_reg", 0)  # (the distances: test_l2_prefetch_distance)
             assert _summary(_nd(GROUP, 32), gn)[0][0] == [want], pick
-    monkeypatch.setattr(N, "GN_REG", False)
+    monkeypatch.setattr(tuning.norm, "GN_REG", False)
     alts, _ = _summary(_nd(GROUP, 32), gn)
     # v6: gn_fwd, 4 groups (64 channels, 128 B per position) per cluster, 64 KiB tiles of 512 positions; v8:
     # one-pass statistics in 16-bit (GN_ONE)
@@ -379,17 +380,17 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
                                                                                                 NHWC)))[0][0][0]
     f32 = _summary(_nd(GROUP, 32), _desc((32, 512, 16, 16), F32, packed_strides((32, 512, 16, 16), NHWC)))[0][0][0]
     assert f32.startswith("gn_fwd") and not f32.endswith(" one")  # fp32: the two-pass statistics
-    monkeypatch.setattr(N, "GN_FWD", False)
+    monkeypatch.setattr(tuning.norm, "GN_FWD", False)
     alts, _ = _summary(_nd(GROUP, 32), gn)
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]
-    monkeypatch.setattr(N, "GN_FWD", True)
+    monkeypatch.setattr(tuning.norm, "GN_FWD", True)
     alts, _ = _summary(_nd(GROUP, 32), _desc((32, 512, 64, 64), BF16))
     assert alts[0] == ["fwd vec=8 G=2048 block=256 cluster=8"]  # NCHW: not gn_fwd
     # v6: gn_bwd, 2 groups per cluster (x and dy tiles of 32 KiB), N * 8 workspace slots
     alts, ws = _summary(_nd(GROUP, 32), gn, backward=True)
     assert alts[0] == ["gn_bwd vec=8 GC=2 block=256 tile=65536 grid=4096", "finish slots=256"]
     assert ws == 256 * 2 * 512 * 4
-    monkeypatch.setattr(N, "GN_BWD", False)
+    monkeypatch.setattr(tuning.norm, "GN_BWD", False)
     alts, _ = _summary(_nd(GROUP, 32), gn, backward=True)  # too large for the staged kernels: register tiles
     assert "bwd vec=8 G=4096 block=512 cluster=8 preg=False plane=True" in alts[0][0]
     alts, _ = _summary(_nd(GROUP, 32), _desc((32, 512, 64, 64), BF16), backward=True)
@@ -401,11 +402,11 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
 
 def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
-    monkeypatch.setattr(N, "STAGED_FWD", True)
-    monkeypatch.setattr(N, "ROWS_FWD", False)
-    monkeypatch.setattr(N, "FWD_PERSIST", False)
-    monkeypatch.setattr(N, "GN_FWD", False)
-    monkeypatch.setattr(N, "GN_REG", False)
+    monkeypatch.setattr(tuning.norm, "STAGED_FWD", True)
+    monkeypatch.setattr(tuning.norm, "ROWS_FWD", False)
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
+    monkeypatch.setattr(tuning.norm, "GN_FWD", False)
+    monkeypatch.setattr(tuning.norm, "GN_REG", False)
     alts, _ = _summary(_nd(LAYER), _desc((16384, 4096), BF16))
     assert alts[0] == ["fwd vec=8 G=128 block=128 cluster=1 staged grid=1024"]  # 8 blocks per SM, 16 rows each
     gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
@@ -699,15 +700,15 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
     (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too."""
     backward = direction.startswith("backward")
-    monkeypatch.setattr(N, "STAGED_FWD", direction == "forward staged")
-    monkeypatch.setattr(N, "BWD_ROWS", direction != "backward staged")
-    monkeypatch.setattr(N, "GN_FWD", direction != "forward staged")
-    monkeypatch.setattr(N, "GN_BWD", direction in ("backward", "forward", "backward gn wide"))
-    monkeypatch.setattr(N, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
-    monkeypatch.setattr(N, "FWD_PERSIST", direction == "forward" or direction.startswith("forward persist"))
-    monkeypatch.setattr(N, "GN_REG", direction == "forward" or direction.startswith("forward gn reg"))
+    monkeypatch.setattr(tuning.norm, "STAGED_FWD", direction == "forward staged")
+    monkeypatch.setattr(tuning.norm, "BWD_ROWS", direction != "backward staged")
+    monkeypatch.setattr(tuning.norm, "GN_FWD", direction != "forward staged")
+    monkeypatch.setattr(tuning.norm, "GN_BWD", direction in ("backward", "forward", "backward gn wide"))
+    monkeypatch.setattr(tuning.norm, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", direction == "forward" or direction.startswith("forward persist"))
+    monkeypatch.setattr(tuning.norm, "GN_REG", direction == "forward" or direction.startswith("forward gn reg"))
     if direction.startswith("forward gn reg"):
-        monkeypatch.setattr(N, "GN_REG_PICK", tuple(int(a) for a in direction.split()[-3:]))
+        monkeypatch.setattr(tuning.norm, "GN_REG_PICK", tuple(int(a) for a in direction.split()[-3:]))
     if direction.startswith("forward persist"):
         configs = N.FWD_PERSIST_CONFIGS[4 if dtype == F32 else 2]
         i = int(direction.split()[-1])
@@ -721,7 +722,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
             pytest.skip("no such bwd_ring config for this element size")
         monkeypatch.setitem(N.BWD_RING_PICK, "bf16", configs[i])
     if direction.endswith("gn wide"):  # gn_fwd / gn_bwd's largest GC that fits, not the one that fills the GPU
-        monkeypatch.setattr(N, "GN_FILL", 0)
+        monkeypatch.setattr(tuning.norm, "GN_FILL", 0)
     if direction.startswith("backward rows"):
         configs = N.BWD_ROWS_CONFIGS[4 if dtype == F32 else 2]
         i = int(direction.split()[-1])
@@ -899,9 +900,9 @@ def test_stream_flag_and_finish_block(monkeypatch):
     ln = _desc((1000, 4096), BF16)
     gn = _desc((2, 512, 8, 8), BF16, packed_strides((2, 512, 8, 8), NHWC))
     for stream in (set(), {"fwd_persist"}, {"fwd_rows"}, {"bwd_ring"}, {"gn_fwd"}, {"fwd_rows", "bwd_ring"}):
-        monkeypatch.setattr(N, "STREAM", stream)
+        monkeypatch.setattr(tuning.norm, "STREAM", stream)
         for persist in (True, False):
-            monkeypatch.setattr(N, "FWD_PERSIST", persist)
+            monkeypatch.setattr(tuning.norm, "FWD_PERSIST", persist)
             for nd, x, backward in ((_nd(LAYER), ln, False), (_nd(LAYER), ln, True), (_nd(GROUP, 32), gn, False)):
                 pl = N._plan(h, nd, x, x, x if backward else None, _params(x, nd)[1], backward)
                 for lc in pl.alternatives[0]:
@@ -912,12 +913,12 @@ def test_stream_flag_and_finish_block(monkeypatch):
     pl = N._plan(h, _nd(LAYER), short, short, short, _params(short, _nd(LAYER))[1], True)
     assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring") and pl.alternatives[0][0].params.group == 4
     assert not pl.alternatives[0][0].params.flags & N.FLAG_WARPSTAT
-    monkeypatch.setattr(N, "BWD_RING_WARPSTAT", False)
+    monkeypatch.setattr(tuning.norm, "BWD_RING_WARPSTAT", False)
     pl = N._plan(h, _nd(LAYER), ln, ln, ln, _params(ln, _nd(LAYER))[1], True)
     assert pl.alternatives[0][0].expr.startswith("pydnn::norm::bwd_ring")
     assert not pl.alternatives[0][0].params.flags & N.FLAG_WARPSTAT
     for fx, fy in N.FINISH_SHAPES:
-        monkeypatch.setattr(N, "FINISH", (fx, fy))
+        monkeypatch.setattr(tuning.norm, "FINISH", (fx, fy))
         pl = N._plan(h, _nd(LAYER), ln, ln, ln, _params(ln, _nd(LAYER))[1], True)
         fin = pl.alternatives[0][-1]
         assert fin.expr == f"pydnn::norm::finish<{fx}, {fy}>" and fin.block == (fx, fy, 1)
@@ -936,7 +937,7 @@ def test_l2_prefetch_distance(monkeypatch):
 
     for nbytes, rows_pf, gn_pf, gn_sm_pf, short_pf in ((8 << 20, 1024, 128, 0, 0), (4 << 20, 512, 64, 64, 0),
                                                        (1, 1, 1, 1, 1), (20000, 2, 1, 1, 2), (0, 0, 0, 0, 0)):
-        monkeypatch.setattr(N, "PF_BYTES", {"fwd_rows": nbytes, "gn_reg": nbytes})
+        monkeypatch.setattr(tuning.norm, "PF_BYTES", {"fwd_rows": nbytes, "gn_reg": nbytes})
         assert launch(_nd(LAYER), ln).params.pf == rows_pf, nbytes
         assert launch(_nd(RMS), _desc((16384, 4096), F32)).params.pf == (rows_pf + 1) // 2, nbytes
         assert launch(_nd(GROUP, 32), gn).params.pf == gn_pf, nbytes

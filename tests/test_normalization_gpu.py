@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from devtensor import DevTensor, assert_close
 from pydnn.ops import normalization as N
 from pydnn.reference import normalization as ref
@@ -239,7 +240,7 @@ def test_forward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
     if cfg >= len(configs):
         pytest.skip("no such fwd_rows config for this element size")
     monkeypatch.setitem(N.ROWS_PICK, tag, configs[cfg])
-    monkeypatch.setattr(N, "FWD_PERSIST", False)  # (fwd_persist: test_forward_persist_configs)
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)  # (fwd_persist: test_forward_persist_configs)
     for kind, k, dims, layout in ROWS_CASES:
         x = _tensor(dims, layout, dtype)
         items, rows, one = configs[cfg]
@@ -265,8 +266,8 @@ def test_forward_persist_configs(handle, rng, monkeypatch, cfg, dtype, stream):
     if cfg >= len(configs):
         pytest.skip("no such fwd_persist config")
     monkeypatch.setitem(N.FWD_PERSIST_PICK, tag, configs[cfg])
-    monkeypatch.setattr(N, "FWD_PERSIST", True)
-    monkeypatch.setattr(N, "STREAM", {"fwd_persist"} if stream else set())
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", True)
+    monkeypatch.setattr(tuning.norm, "STREAM", {"fwd_persist"} if stream else set())
     items, depth, minb = configs[cfg]
     extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (1200, 4096), "nchw")]
     for kind, k, dims, layout in ROWS_CASES + extra:
@@ -286,17 +287,17 @@ def test_forward_persist_configs(handle, rng, monkeypatch, cfg, dtype, stream):
 
 @pytest.mark.parametrize("dtype", [F16, BF16])
 @pytest.mark.parametrize("what", ["no stream", "bwd_ring", "no warpstat"] +
-                         [f"finish {fx}x{fy}" for fx, fy in N.FINISH_SHAPES if (fx, fy) != N.FINISH])
+                         [f"finish {fx}x{fy}" for fx, fy in N.FINISH_SHAPES if (fx, fy) != tuning.norm.FINISH])
 def test_stream_stores_and_finish_blocks(handle, rng, monkeypatch, what, dtype):
     """The v7 options the bench compares, each against the defaults: fwd_rows without evict-first stores,
     bwd_ring with them, finish's other block shapes, bwd_ring's per-thread statistics copies."""
     if what.startswith("finish"):
-        monkeypatch.setattr(N, "FINISH", tuple(int(a) for a in what.split()[1].split("x")))
+        monkeypatch.setattr(tuning.norm, "FINISH", tuple(int(a) for a in what.split()[1].split("x")))
     elif what == "no warpstat":
-        monkeypatch.setattr(N, "BWD_RING_WARPSTAT", False)
+        monkeypatch.setattr(tuning.norm, "BWD_RING_WARPSTAT", False)
     else:
-        monkeypatch.setattr(N, "STREAM", set() if what == "no stream" else {"fwd_rows", what})
-    monkeypatch.setattr(N, "FWD_PERSIST", False)
+        monkeypatch.setattr(tuning.norm, "STREAM", set() if what == "no stream" else {"fwd_rows", what})
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
     for kind, k, dims, layout in ROWS_CASES + [(LAYER, 1, (1200, 4096), "nchw")]:
         _forward_check(handle, rng, kind, 0, k, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
         _backward_check(handle, rng, kind, 0, k, dims, layout, dtype)
@@ -324,8 +325,8 @@ def test_backward_rows_configs(handle, rng, monkeypatch, cfg, dtype):
     if cfg >= len(configs):
         pytest.skip("no such bwd_rows config")
     monkeypatch.setitem(N.BWD_ROWS_PICK, tag, configs[cfg])
-    monkeypatch.setattr(N, "BWD_ROWS", True)  # off by default until this test has passed
-    monkeypatch.setattr(N, "BWD_RING", False)  # (bwd_ring: test_backward_ring_configs)
+    monkeypatch.setattr(tuning.norm, "BWD_ROWS", True)  # off by default until this test has passed
+    monkeypatch.setattr(tuning.norm, "BWD_RING", False)  # (bwd_ring: test_backward_ring_configs)
     items, depth = configs[cfg]
     extra = [(LAYER, 1, (2001, 512), "nchw"), (RMS, 1, (1500, 1000), "nchw"), (LAYER, 1, (5, 40), (48, 1))]
     for kind, k, dims, layout in ROWS_CASES + extra:  # 2001, 1500 rows: each group walks several (the ring wraps)
@@ -362,10 +363,10 @@ def test_group_norm_nhwc_clusters(handle, rng, monkeypatch, fill, dtype):
     and finish with 8-row blocks (v7 options the bench compares)."""
     if fill == "stream":
         fill = 2
-        monkeypatch.setattr(N, "STREAM", {"gn_fwd"})
-        monkeypatch.setattr(N, "FINISH", (32, 8))
-    monkeypatch.setattr(N, "GN_FILL", fill)
-    monkeypatch.setattr(N, "GN_REG", False)  # (gn_reg, v11: test_group_norm_nhwc_reg)
+        monkeypatch.setattr(tuning.norm, "STREAM", {"gn_fwd"})
+        monkeypatch.setattr(tuning.norm, "FINISH", (32, 8))
+    monkeypatch.setattr(tuning.norm, "GN_FILL", fill)
+    monkeypatch.setattr(tuning.norm, "GN_REG", False)  # (gn_reg, v11: test_group_norm_nhwc_reg)
     for groups, dims, layout in GN_CASES:
         x = _tensor(dims, layout, dtype)
         alts, _ = N.plan_summary(handle, _nd(GROUP, groups, 1), x.desc)
@@ -400,11 +401,11 @@ def test_group_norm_nhwc_reg(handle, rng, monkeypatch, cfg, dtype):
     in 16-bit, the two passes in fp32), fused activations; units too large for its blocks take gn_fwd
     (asserted from the plan)."""
     if cfg == "no stream":
-        monkeypatch.setattr(N, "STREAM", N.STREAM - {"gn_reg"})
+        monkeypatch.setattr(tuning.norm, "STREAM", tuning.norm.STREAM - {"gn_reg"})
     else:
-        monkeypatch.setattr(N, "GN_REG_PICK", cfg)
-    monkeypatch.setattr(N, "GN_REG", True)
-    cl, gc_want, si = N.GN_REG_PICK
+        monkeypatch.setattr(tuning.norm, "GN_REG_PICK", cfg)
+    monkeypatch.setattr(tuning.norm, "GN_REG", True)
+    cl, gc_want, si = tuning.norm.GN_REG_PICK
     vec = 4 if dtype == F32 else 8
     for groups, dims, layout in GN_REG_CASES:
         x = _tensor(dims, layout, dtype)
@@ -459,9 +460,9 @@ def test_l2_prefetch(handle, rng, monkeypatch, pf_bytes, dtype):
     rounds up to one block) and a few ahead: outputs exact as without it (forward plain, no bias + blended, in
     place, x of mean 1000), the last blocks' targets past the grid skipped (rows / units not a multiple of
     anything), and the plan carrying the distance where the grid has blocks that far ahead."""
-    monkeypatch.setattr(N, "PF_BYTES", {"fwd_rows": pf_bytes, "gn_reg": pf_bytes})
-    monkeypatch.setattr(N, "FWD_PERSIST", False)
-    monkeypatch.setattr(N, "GN_REG", True)
+    monkeypatch.setattr(tuning.norm, "PF_BYTES", {"fwd_rows": pf_bytes, "gn_reg": pf_bytes})
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
+    monkeypatch.setattr(tuning.norm, "GN_REG", True)
     rows = [(kind, 0, k, dims, layout) for kind, k, dims, layout in ROWS_CASES] + [
         (RMS, 0, 1, (1200, 4096), "nchw"), (LAYER, 0, 1, (1201, 4096), "nchw"), (LAYER, 0, 1, (333, 1000), "nchw")]
     gns = [(GROUP, g, 1, dims, layout) for g, dims, layout in GN_REG_CASES]

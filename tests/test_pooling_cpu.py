@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from pydnn.ops import pooling as P
 from pydnn.reference import pooling as ref
 from pydnn.tensor import packed_strides
@@ -516,7 +517,7 @@ POOL_CASES = [  # xdims, (window, padding, stride)
 @pytest.mark.parametrize("mode,nan,packed", [(MAX, NOPROP, True), (MAXD, PROP, True), (MAX, NOPROP, False),
                                              (MAX, PROP, False), (INC, NOPROP, True), (EXC, NOPROP, True)])
 def test_emulated_pooling(mode, nan, packed, layout, rng, monkeypatch):
-    monkeypatch.setattr(P, "BWD_PACKED_TIES", packed)  # max backward: both tie checks
+    monkeypatch.setattr(tuning.pooling, "BWD_PACKED_TIES", packed)  # max backward: both tie checks
     for xdims, g in POOL_CASES:
         geo = ("pool",) + g
         for dt in (F32, BF16):
@@ -547,7 +548,7 @@ ROWS_CASES = [  # xdims, dtype, (window, padding, stride): partial strips, sever
 @pytest.mark.parametrize("mode,nan", [(MAX, NOPROP), (MAXD, PROP), (INC, NOPROP), (EXC, NOPROP)])
 def test_emulated_rows_forward(mode, nan, layout, rng, monkeypatch):
     """fwd_rows (forced for small blocks too) against the reference; backward keeps its kernel."""
-    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    monkeypatch.setattr(tuning.pooling, "ROWS_MIN_BLOCK", 1)
     for xdims, dt, g in ROWS_CASES + [(POOL_CASES[0][0], BF16, POOL_CASES[0][1])]:
         geo = ("pool",) + g
         h = cpu_handle()

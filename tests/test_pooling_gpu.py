@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from devtensor import DevTensor, assert_close
 from pydnn._cuda import driver
 from pydnn.ops import pooling as P
@@ -78,7 +79,7 @@ def _bwd_scale(mode, nan, alpha, dyv, xv, beta, dx0, geo):
 def rows_everywhere(monkeypatch):
     """fwd_rows for every eligible forward, however small its blocks (the flat vector forward keeps the
     3-d, adaptive and global cases)."""
-    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    monkeypatch.setattr(tuning.pooling, "ROWS_MIN_BLOCK", 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -117,7 +118,7 @@ def test_pooling(handle, rng, mode, dtype, rows_everywhere):
 @pytest.mark.parametrize("nan", [NOPROP, PROP])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 def test_nan_rules(handle, rng, nan, layout, rows_min, monkeypatch):
-    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", rows_min)  # fwd_rows, then the flat forward
+    monkeypatch.setattr(tuning.pooling, "ROWS_MIN_BLOCK", rows_min)  # fwd_rows, then the flat forward
     xdims, win, pad, stride = (2, 8, 9, 8), (3, 3), (1, 1), (2, 2)
     geo = ("pool", win, pad, stride)
     pd = _pool_desc(MAX, nan, win, pad, stride)
@@ -209,9 +210,9 @@ def test_rows_forward_matches_flat_forward_bitwise(handle, rng, dtype, nan, monk
     pd = _pool_desc(MAX, nan, win, pad, stride)
     ydims = tuple(pydnn.get_pooling_nd_forward_output_dim(pd, x.desc, 4))
     outs = []
-    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    monkeypatch.setattr(tuning.pooling, "ROWS_MIN_BLOCK", 1)
     for rows in (True, False):
-        monkeypatch.setattr(P, "ROWS_FORWARD", rows)
+        monkeypatch.setattr(tuning.pooling, "ROWS_FORWARD", rows)
         y = _t(ydims, "nhwc", dtype)
         yd = pydnn.create_tensor_descriptor()  # a fresh descriptor: no cached plan of the other kernel
         pydnn.set_tensor_nd_descriptor(yd, dtype, 4, list(ydims), list(y.desc.strides))
@@ -237,7 +238,7 @@ def test_rows_fast3_matches_scan_bitwise(handle, rng, dtype, mode, blend, cols, 
     with the averages' shared column sums (COLS) taking the strips of full windows."""
     if cols and mode == MAX:
         pytest.skip("COLS is for averages")
-    monkeypatch.setattr(P, "ROWS_COLS", cols)
+    monkeypatch.setattr(tuning.pooling, "ROWS_COLS", cols)
     xdims, win, pad, stride = (2, 48, 13, 21), (3, 3), (1, 1), (2, 2)
     x = _t(xdims, "nhwc", dtype)
     xv = _inputs(x, rng, mode)
@@ -246,9 +247,9 @@ def test_rows_fast3_matches_scan_bitwise(handle, rng, dtype, mode, blend, cols, 
     alpha, beta = (0.75, -0.5) if blend else (1.0, 0.0)
     y0v = rng.uniform(-1, 1, ydims)
     outs = []
-    monkeypatch.setattr(P, "ROWS_MIN_BLOCK", 1)
+    monkeypatch.setattr(tuning.pooling, "ROWS_MIN_BLOCK", 1)
     for fast in (True, False):
-        monkeypatch.setattr(P, "ROWS_FAST3", fast)
+        monkeypatch.setattr(tuning.pooling, "ROWS_FAST3", fast)
         handle.prepared.clear()  # no cached plan of the other setting
         y = _t(ydims, "nhwc", dtype)
         y0 = y.upload(y0v) if blend else None

@@ -164,6 +164,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 from bench import time_ms
 
 PEAK = 790.0  # measured dense bf16 TFLOP/s (H100/H200 class); the datasheet's is ~990
@@ -263,17 +264,17 @@ def _fwd_variants(h, d):
                             lambda t=t: W.TILE.__setitem__(d, t), lambda: W.TILE.__setitem__(d, dflt)))
         diag = W.diag_units()  # the default tile without softmax / without wgmma: floors, wrong results
         for g, what in ((1, "no softmax"), (2, "no wgmma")):
-            out.append((f" [diag {what}]", lambda g=g: setattr(W, "DIAG", diag[(d, g)]),
-                        lambda: setattr(W, "DIAG", None)))
-    n0, en = A.FWD_N[d], W.ENABLED
+            out.append((f" [diag {what}]", lambda g=g: setattr(tuning.attention, "DIAG", diag[(d, g)]),
+                        lambda: setattr(tuning.attention, "DIAG", None)))
+    n0, en = A.FWD_N[d], tuning.attention.ENABLED
     for n in A.FWD_TILES[d]:
         if wg or n != n0:
             def setup(n=n):
-                W.ENABLED = False
+                tuning.attention.ENABLED = False
                 A.FWD_N[d] = n
 
             def undo():
-                W.ENABLED = en
+                tuning.attention.ENABLED = en
                 A.FWD_N[d] = n0
             out.append((f" [mma.sync {n[0]}/{n[1]}]", setup, undo))
     return out

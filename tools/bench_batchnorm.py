@@ -113,6 +113,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 from bench import DT, time_ms
 
 
@@ -158,7 +159,7 @@ def _v2(b, h, fn, case, dname, nbytes, op=None, n=0):
     """The same call with FAST16 off (the v2 kernels), in the same run, for the comparison."""
     from pydnn.ops import batchnorm as B
 
-    B.FAST16, B.APPLY_SAVED = False, False
+    tuning.batchnorm.FAST16, tuning.batchnorm.APPLY_SAVED = False, False
     _forget(h)
     try:
         ms = time_ms(fn)
@@ -166,7 +167,7 @@ def _v2(b, h, fn, case, dname, nbytes, op=None, n=0):
             _breakdown(b, h, op, dname + "v2", n)
         b.row("batchnorm", case + " [v2: FAST16 off]", dname, nbytes, ms, None, "-")
     finally:
-        B.FAST16, B.APPLY_SAVED = True, True
+        tuning.batchnorm.FAST16, tuning.batchnorm.APPLY_SAVED = True, True
         _forget(h)
 
 
@@ -174,15 +175,15 @@ def _infer_variants(b, h, fn, dname, nbytes):
     """Inference with the v3 kernel (infer_rows) and infer_rows_smem at other block lengths, same run."""
     from pydnn.ops import batchnorm as B
 
-    saved = B.INFER_SMEM, B.INFER_STEPS
+    saved = tuning.batchnorm.INFER_SMEM, tuning.batchnorm.INFER_STEPS
     try:
         for smem, steps, label in ((False, B.APPLY_STEPS, "v3: infer_rows"), (True, 4, "v4 steps 4"),
                                    (True, 8, "v4 steps 8")):
-            B.INFER_SMEM, B.INFER_STEPS = smem, steps
+            tuning.batchnorm.INFER_SMEM, tuning.batchnorm.INFER_STEPS = smem, steps
             _forget(h)
             b.row("batchnorm", f"inference NHWC [{label}]", dname, nbytes, time_ms(fn), None, "-")
     finally:
-        B.INFER_SMEM, B.INFER_STEPS = saved
+        tuning.batchnorm.INFER_SMEM, tuning.batchnorm.INFER_STEPS = saved
         _forget(h)
 
 
@@ -222,11 +223,11 @@ def run(b):
         b.row("batchnorm", "training forward NHWC 64x256x56x56 (x read once + y)", dname, 2 * n, ms_p, ms_t,
               "F.batch_norm(training=True)")
         from pydnn.ops import batchnorm as B
-        B.APPLY_SAVED = False   # v5's comparison: the same call on the v3 apply + head sequence, same run
+        tuning.batchnorm.APPLY_SAVED = False   # v5's comparison: the same call on the v3 apply + head sequence, same run
         try:
             ms_h = time_ms(fwd)
         finally:
-            B.APPLY_SAVED = True
+            tuning.batchnorm.APPLY_SAVED = True
         b.row("batchnorm", "training forward NHWC [v3: apply + head, APPLY_SAVED off]", dname, 2 * n, ms_h, ms_t, "-")
         if es == 2:
             _v2(b, h, fwd, "training forward NHWC", dname, 2 * n, "bn_fwd", n)

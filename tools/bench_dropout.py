@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 from bench import DT, time_ms
 
 P = 0.1
@@ -98,12 +99,12 @@ def run(b):
         b.row("dropout", "forward p=0.1", dname, nbytes, ms_p, ms_t, "F.dropout(training=True)")
         if dname == "bf16":  # v2's kernel (fwd<T, 8>) in the same run
             from pydnn.ops import dropout as D
-            D.FWD_PACKED = False
+            tuning.dropout.FWD_PACKED = False
             h.prepared.clear()
             try:
                 ms_v2 = time_ms(lambda: pydnn.dropout_forward(h, drop, dx, xp, dx, yp, rp, nres))
             finally:
-                D.FWD_PACKED = True
+                tuning.dropout.FWD_PACKED = True
                 h.prepared.clear()
             b.row("dropout", "forward p=0.1 [v2: fwd<T, 8>]", dname, nbytes, ms_v2, None, "-")
         # backward: dx = dy * mask / (1 - p)

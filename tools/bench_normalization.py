@@ -746,6 +746,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 from bench import DT, time_ms
 from pydnn.ops import normalization as N
 
@@ -835,7 +836,7 @@ GN_PF_SWEEP = (0, 2 << 20, 4 << 20, 6 << 20, 8 << 20)
 
 
 def _save():
-    return ({k: getattr(N, k) for k in _KNOBS}, {k: dict(getattr(N, k)) for k in _TABLES}, set(N.STREAM))
+    return ({k: getattr(N, k) for k in _KNOBS}, {k: dict(getattr(N, k)) for k in _TABLES}, set(tuning.norm.STREAM))
 
 
 def _restore(saved):
@@ -845,7 +846,7 @@ def _restore(saved):
     for k, v in tables.items():
         getattr(N, k).clear()
         getattr(N, k).update(v)
-    N.STREAM = stream
+    tuning.norm.STREAM = stream
 
 
 def _occupancy(b, nd, xd, st, tag, backward):
@@ -867,7 +868,7 @@ def _sweep(b, kind, name, dt, xd, x, y, sb, w, bp, st, mean, inv, nbytes, ms_t):
     printed (not table rows): what the picks are chosen from."""
     tag = {"bf16": "bf16", "fp16": "f16", "fp32": "f32"}[dt]
     es = x.element_size()
-    pf0 = N.PF_BYTES["fwd_rows"]
+    pf0 = tuning.norm.PF_BYTES["fwd_rows"]
     variants = [(c, bp, pf0) for c in N.ROWS_CONFIGS[es]]
     if kind == LN and es == 2:
         variants.append((N.ROWS_PICK[tag], 0, pf0))
@@ -875,10 +876,10 @@ def _sweep(b, kind, name, dt, xd, x, y, sb, w, bp, st, mean, inv, nbytes, ms_t):
     saved = _save()
     try:
         for cfg, bias_ptr, pf in variants:
-            N.FWD_PERSIST, N.ROWS_FWD = False, True
-            N.STREAM = {"fwd_rows"}
+            tuning.norm.FWD_PERSIST, tuning.norm.ROWS_FWD = False, True
+            tuning.norm.STREAM = {"fwd_rows"}
             N.ROWS_PICK[tag] = cfg
-            N.PF_BYTES["fwd_rows"] = pf
+            tuning.norm.PF_BYTES["fwd_rows"] = pf
             nd = _nd(kind)  # a new descriptor: a new plan
             desc = N.plan_summary(b.h, nd, xd)[0][0][0]
             ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(),
@@ -902,7 +903,7 @@ def _sweep_bwd(b, nd, name, dt, xd, sb, st, bufs, nbytes, ms_t):
     saved = _save()
     try:
         for cfg in N.BWD_RING_CONFIGS[es]:
-            N.BWD_RING = N.BWD_ROWS = True
+            tuning.norm.BWD_RING = tuning.norm.BWD_ROWS = True
             N.BWD_RING_PICK[tag] = cfg
             kind = pydnn.get_norm_descriptor(nd)[0]
             d = _nd(kind)  # a new descriptor: a new plan
@@ -932,37 +933,37 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
     off (v1 clusters / register tiles), printed: what the defaults are chosen from."""
     x, y, dy, w, bias, mean, inv, dw, db = bufs
     flag = "GN_BWD" if backward else "GN_FWD"
-    was = getattr(N, flag), N.GN_TILE_MAX, N.GN_THREADS, set(N.STREAM), N.FINISH, N.GN_ONE, N.GN_REG, N.GN_REG_PICK
+    was = getattr(N, flag), N.GN_TILE_MAX, tuning.norm.GN_THREADS, set(tuning.norm.STREAM), tuning.norm.FINISH, tuning.norm.GN_ONE, tuning.norm.GN_REG, tuning.norm.GN_REG_PICK
     extras = () if backward else (GN_EXTRA + tuple(("reg",) + c for c in GN_REG_SWEEP)
                                   + tuple(("reg stream", pf) for pf in GN_PF_SWEEP))
-    pf0 = N.PF_BYTES["gn_reg"]
+    pf0 = tuning.norm.PF_BYTES["gn_reg"]
     stream0 = was[3]
     was = was[:3] + (stream0 - {"gn_reg"},) + was[4:]  # (the sweep's lines: without gn_reg's evict-first stores)
     try:
         for cfg in GN_SWEEP + extras:
             setattr(N, flag, cfg is not None)
-            N.STREAM, N.FINISH, N.GN_ONE = was[3], was[4], was[5]
-            N.GN_REG, N.GN_REG_PICK = False, was[7]  # (v11: the gn_fwd lines without gn_reg)
-            N.PF_BYTES["gn_reg"] = cfg[1] if isinstance(cfg, tuple) and cfg[0] == "reg stream" else pf0
+            tuning.norm.STREAM, tuning.norm.FINISH, tuning.norm.GN_ONE = was[3], was[4], was[5]
+            tuning.norm.GN_REG, tuning.norm.GN_REG_PICK = False, was[7]  # (v11: the gn_fwd lines without gn_reg)
+            tuning.norm.PF_BYTES["gn_reg"] = cfg[1] if isinstance(cfg, tuple) and cfg[0] == "reg stream" else pf0
             reg = isinstance(cfg, tuple) and cfg[0] in ("reg", "reg stream")
             if reg:
-                N.GN_REG = True
-                N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
+                tuning.norm.GN_REG = True
+                N.GN_TILE_MAX, tuning.norm.GN_THREADS = was[1:3]
                 if cfg[0] == "reg":
-                    N.GN_REG_PICK = cfg[1:]
+                    tuning.norm.GN_REG_PICK = cfg[1:]
                 else:
-                    N.STREAM = was[3] | {"gn_reg"}
+                    tuning.norm.STREAM = was[3] | {"gn_reg"}
             elif cfg == "two-pass":
-                N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
-                N.GN_ONE = False
+                N.GN_TILE_MAX, tuning.norm.GN_THREADS = was[1:3]
+                tuning.norm.GN_ONE = False
             elif cfg == "stream":
-                N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
-                N.STREAM = was[3] | {"gn_fwd"}
+                N.GN_TILE_MAX, tuning.norm.GN_THREADS = was[1:3]
+                tuning.norm.STREAM = was[3] | {"gn_fwd"}
             elif cfg == "finish 32x8":
-                N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
-                N.FINISH = (32, 8)
+                N.GN_TILE_MAX, tuning.norm.GN_THREADS = was[1:3]
+                tuning.norm.FINISH = (32, 8)
             elif cfg is not None:
-                N.GN_TILE_MAX, N.GN_THREADS = cfg
+                N.GN_TILE_MAX, tuning.norm.GN_THREADS = cfg
             nd = _nd(GROUP, G)
             desc = N.plan_summary(b.h, nd, xd, backward=backward)[0][0][0]
             if backward:
@@ -984,10 +985,10 @@ def _sweep_gn(b, xd, sb, st, bufs, G, nbytes, ms_t, backward=False):
                   f"{gbs:.0f} GB/s {100 * gbs / b.copy_gbs:.1f}% copy {ms_t / ms:.2f}x torch", flush=True)
     finally:
         setattr(N, flag, was[0])
-        N.GN_TILE_MAX, N.GN_THREADS = was[1:3]
-        N.STREAM, N.FINISH, N.GN_ONE = stream0, was[4], was[5]
-        N.GN_REG, N.GN_REG_PICK = was[6], was[7]
-        N.PF_BYTES["gn_reg"] = pf0
+        N.GN_TILE_MAX, tuning.norm.GN_THREADS = was[1:3]
+        tuning.norm.STREAM, tuning.norm.FINISH, tuning.norm.GN_ONE = stream0, was[4], was[5]
+        tuning.norm.GN_REG, tuning.norm.GN_REG_PICK = was[6], was[7]
+        tuning.norm.PF_BYTES["gn_reg"] = pf0
 
 
 TAIL_ROWS = (4096, 16384, 65536)
@@ -1016,9 +1017,9 @@ def _tail_probe(b):
                 got = []
                 pf_on = saved[1]["PF_BYTES"]["fwd_rows"] or TAIL_PF
                 for persist, pf in ((False, 0), (True, 0), (False, pf_on)):  # (v12: fwd_rows with the L2 prefetch)
-                    N.FWD_PERSIST, N.ROWS_FWD = persist, True
-                    N.STREAM = {"fwd_rows", "fwd_persist"}
-                    N.PF_BYTES["fwd_rows"] = pf
+                    tuning.norm.FWD_PERSIST, tuning.norm.ROWS_FWD = persist, True
+                    tuning.norm.STREAM = {"fwd_rows", "fwd_persist"}
+                    tuning.norm.PF_BYTES["fwd_rows"] = pf
                     nd = _nd(kind)
                     desc = N.plan_summary(b.h, nd, xd)[0][0][0]
                     ms = time_ms(lambda: pydnn.norm_forward_training(b.h, nd, 1.0, 0.0, xd, x.data_ptr(), xd,

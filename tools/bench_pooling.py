@@ -93,6 +93,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 from bench import DT, time_ms
 
 
@@ -132,22 +133,22 @@ def run(b):
             b.row("pooling", f"{name} 3x3/2 NHWC fwd", dname, fwd_bytes, ms_p, ms_t, tname)
             if dname == "bf16":  # v3 (no FAST3) in the same run
                 from pydnn.ops import pooling as P
-                P.ROWS_FAST3 = False
+                tuning.pooling.ROWS_FAST3 = False
                 h.prepared.clear()
                 try:
                     ms_v3 = time_ms(lambda: pydnn.pooling_forward(h, pd, 1.0, xd, xp, 0.0, yd, yp))
                 finally:
-                    P.ROWS_FAST3 = True
+                    tuning.pooling.ROWS_FAST3 = True
                     h.prepared.clear()
                 b.row("pooling", f"{name} 3x3/2 NHWC fwd [v3: no FAST3]", dname, fwd_bytes, ms_v3, None, "-")
             if mode != pydnn.PYDNN_POOLING_MAX:  # the shared column sums (COLS), same run
                 from pydnn.ops import pooling as P
-                P.ROWS_COLS = True
+                tuning.pooling.ROWS_COLS = True
                 h.prepared.clear()
                 try:
                     ms_c = time_ms(lambda: pydnn.pooling_forward(h, pd, 1.0, xd, xp, 0.0, yd, yp))
                 finally:
-                    P.ROWS_COLS = False
+                    tuning.pooling.ROWS_COLS = False
                     h.prepared.clear()
                 b.row("pooling", f"{name} 3x3/2 NHWC fwd [COLS]", dname, fwd_bytes, ms_c, None, "-")
         # backward

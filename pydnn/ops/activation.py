@@ -5,6 +5,7 @@ Forward  y  = alpha * f(x) + beta * y
 Backward dx = alpha * f'(x) * dy + beta * dx   (sigmoid and tanh use y; the others use x)
 """
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import FLAG_NAN_PROP
 from ..handle import check_handle
@@ -30,7 +31,7 @@ OPS = {
 # Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream (evict-first).
 # Empty: erf-based GELU, at 16 elements per thread (below), measured best streaming too (H200; tools/PERF.md,
 # "Element-wise", where the plain-policy GELU of earlier versions is recorded).
-PLAIN_ACCESS = ()
+# PLAIN_ACCESS: a switch, pydnn.tuning.activation.PLAIN_ACCESS (default ())
 
 # Forward modes whose 16-bit kernels take 16 elements (two 16-byte vectors) per thread instead of 8: they are
 # compute-heavy, and with one vector per thread a thread has no load in flight while it computes; two
@@ -45,7 +46,7 @@ _UNUSED_ALPHA2 = 1.0
 
 
 def _hint(mode):
-    return 0 if mode in PLAIN_ACCESS else None
+    return 0 if mode in tuning.activation.PLAIN_ACCESS else None
 
 
 def _elems(mode, backward, tag):

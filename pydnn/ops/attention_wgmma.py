@@ -9,10 +9,12 @@ online softmax on the accumulator fragment, O += P V by the register-A wgmma (P 
 PIPE: the next tile's S is issued with the previous tile's P V, whose time the softmax overlaps;
 STAGES: K/V buffers (3: copies two tiles ahead).
 """
+from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._cuda import driver
 
-ENABLED = True          # False: attention_forward always takes the mma.sync kernel (tests force either path)
+# ENABLED: a switch, pydnn.tuning.attention.ENABLED (default True); False: attention_forward always takes the mma.sync kernel (tests force either path)
 ARCH = "sm_90"          # the device arch the units exist for (as sm_90a)
 HEAD_DIMS = (64, 128)
 THREADS, BM = 256, 128  # kThreads, kBM in ptx/attention_wgmma.cu
@@ -24,7 +26,7 @@ _V = ((128, True, 2), (128, False, 2))
 TILES = {64: _V, 128: _V}
 TILE = {64: (128, False, 2), 128: (128, True, 2)}
 CTYPE = {"bf16": "pydnn::bf16_t", "f16": "pydnn::half_t"}
-DIAG = None             # benchmark only: a (unit, expr) of diag_units that launch runs instead
+# DIAG: a switch, pydnn.tuning.attention.DIAG (default None); benchmark only: a (unit, expr) of diag_units that launch runs instead
 
 
 def _expr(tag, d, tile, diag=0):
@@ -57,13 +59,13 @@ def smem_bytes(d, tile):
 
 def usable(handle, head_dim, dropout):
     """Whether the wgmma forward takes this call (dropout stays on the mma.sync kernel)."""
-    return ENABLED and handle.arch == ARCH and head_dim in HEAD_DIMS and dropout == 0
+    return tuning.attention.ENABLED and handle.arch == ARCH and head_dim in HEAD_DIMS and dropout == 0
 
 
 def launch(handle, tag, d, grid_yz, seq_q, p):
     """One forward launch (params p built and checked by attention_forward)."""
     tile = TILE[d]
-    unit, expr = DIAG or (f"attention.wgmma.{tag}", _expr(tag, d, tile))
+    unit, expr = tuning.attention.DIAG or (f"attention.wgmma.{tag}", _expr(tag, d, tile))
     smem = smem_bytes(d, tile)
     f = handle.function(unit, expr, smem)
     grid = ((seq_q + BM - 1) // BM,) + tuple(grid_yz)

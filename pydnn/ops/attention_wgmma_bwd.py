@@ -10,10 +10,12 @@ get_attention_backward_workspace_size is valid for both paths.
 
 ENABLED: module switch (tests force either path; tools/bench_attention.py may compare them).
 """
+from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._cuda import driver
 
-ENABLED = True
+# ENABLED: a switch, pydnn.tuning.attention_bwd.ENABLED (default True)
 ARCH = "sm_90"          # the units are compiled for sm_90a: only such devices can load them
 HEAD_DIMS = (64, 128)
 THREADS = 256           # kThreads: two warpgroups
@@ -60,7 +62,7 @@ def _function(handle, tag, expr, smem):
 def usable(handle, d, tag, dropout):
     """Whether the wgmma dK / dV kernel runs this problem: an sm_90 device, no dropout, a head dim and type
     it is instantiated for, and the module switch on."""
-    return ENABLED and handle.arch == ARCH and dropout == 0 and d in HEAD_DIMS and tag in TAGS
+    return tuning.attention_bwd.ENABLED and handle.arch == ARCH and dropout == 0 and d in HEAD_DIMS and tag in TAGS
 
 
 def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, params):

@@ -53,6 +53,7 @@ for tensors larger than L2) and writes y once; backward reads x and dy twice and
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
@@ -163,7 +164,7 @@ BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
 # long blocks per SM (the kernel's register cap keeps 3 resident), so fewer partials for fwd_final.
 # False: the 4-rows-in-flight kernels that every other type takes. Why: bf16 training forward 2.03x PyTorch
 # against 1.70x without (H200, 1756 against 1469 GB/s; stats 78.0% of copy against 57.9%).
-FAST16 = True
+# FAST16: a switch, pydnn.tuning.batchnorm.FAST16 (default True)
 UNROLL16 = 8           # kUnroll16
 STATS16_BLOCKS_PER_SM = 3
 APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
@@ -172,15 +173,15 @@ APPLY_STEPS = 4        # apply: kUnroll-row steps per thread per block
 # thread. False: infer_rows, APPLY_STEPS steps (bf16 82.2% of copy in the same runs as below).
 # Shorter blocks measured faster (H200, bf16 64x256x56x56: 2 steps 88.3% of copy, 4: 86.0%, 8: 82.5%, 16:
 # 81.9%, 64: 65.5%; tools/bench_batchnorm.py): more waves, a smaller tail.
-INFER_SMEM = True
-INFER_STEPS = 2
+# INFER_SMEM: a switch, pydnn.tuning.batchnorm.INFER_SMEM (default True)
+# INFER_STEPS: a switch, pydnn.tuning.batchnorm.INFER_STEPS (default 2)
 # The plain training forward with saved statistics (resultSaveMean / resultSaveInvVariance given): its apply
 # is fwd_apply_saved (infer_rows_smem's short blocks, INFER_STEPS steps, constants from bnScale / bnBias and
 # the saved mean / inverse std), over every row, so the non-Ex call drops the head pass. Why: bf16 training
 # forward 2.05x PyTorch against 1.78x with apply + head (H100; fwd_apply_saved alone 94.1% of copy,
 # fwd_apply_plain 84.3%; tools/bench_batchnorm.py). False: fwd_apply_plain + fwd_head_batched, as calls
 # without saved statistics still take. Read per call.
-APPLY_SAVED = True
+# APPLY_SAVED: a switch, pydnn.tuning.batchnorm.APPLY_SAVED (default True)
 MAX_GRID_Y = 65535
 PART_ALIGN = 256       # partials start this far into the scratch, past the constants
 
@@ -223,7 +224,7 @@ def _expr(kernel, tag, vec=None, u=None):
 
 def _fast16(tag, v):
     """The FAST16 kernels serve this dtype and vector width (16-bit data, 16-byte vectors)."""
-    return FAST16 and _SIZES[tag] == 2 and v == vec_width(tag, tag)
+    return tuning.batchnorm.FAST16 and _SIZES[tag] == 2 and v == vec_width(tag, tag)
 
 
 FAST16_KERNELS = ("fwd_apply_plain",)  # infer_rows<T, 8, 8> measured no faster than <T, 8> (80.9 vs 80.3%)
@@ -514,7 +515,7 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
         if direction == "fwd" and _fast16(pl.tag, v):
             pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
         if direction == "fwd" and v > 1:  # the plain forward with saved statistics: stats, final, apply_saved
-            pl.seqs[f"rows{v}s"] = seq[:2] + [_apply_launch("fwd_apply_saved", g, v, 0, g.rows, steps=INFER_STEPS)]
+            pl.seqs[f"rows{v}s"] = seq[:2] + [_apply_launch("fwd_apply_saved", g, v, 0, g.rows, steps=tuning.batchnorm.INFER_STEPS)]
 
 
 def _workspace_layout(handle, g, tag, direction, vec):
@@ -540,8 +541,8 @@ def _make_plan(handle, tag, g, direction, ex):
     if direction == "infer":
         if g.layout == "rows":
             for v in vecs:
-                if INFER_SMEM and v > 1:  # the shared set-up (infer_rows_smem is built for vector widths)
-                    pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows_smem", g, v, 0, g.rows, steps=INFER_STEPS)]
+                if tuning.batchnorm.INFER_SMEM and v > 1:  # the shared set-up (infer_rows_smem is built for vector widths)
+                    pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows_smem", g, v, 0, g.rows, steps=tuning.batchnorm.INFER_STEPS)]
                 else:
                     pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows", g, v, 0, g.rows)]
         else:
@@ -617,7 +618,7 @@ def _pick_plain(pl, seq, flags):
         return seq
     for name, s in pl.seqs.items():
         if s is seq:
-            if APPLY_SAVED and flags & FLAG_SAVE and name + "s" in pl.seqs:
+            if tuning.batchnorm.APPLY_SAVED and flags & FLAG_SAVE and name + "s" in pl.seqs:
                 return pl.seqs[name + "s"]
             return pl.seqs.get(name + "p", seq)
     return seq

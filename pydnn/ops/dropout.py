@@ -39,6 +39,7 @@ are the same.
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import MAX_DIMS, kernel_params
 from .._cuda import driver
@@ -85,10 +86,10 @@ THREADS = 256                       # kThreads
 GROUPS = {"f16": 4, "bf16": 4, "f32": 2, "f64": 1}  # Groups<T>: groups of 8 elements per thread (dense)
 STRIDED_BLOCKS_PER_SM = 16          # strided kernels: grid-stride loop over groups
 TILE_A, TILE_B = 64, 64             # kTileA, kTileB: the tile kernels' tile
-USE_TILE = True                     # False: channels-last layouts take the strided kernel
+# USE_TILE: a switch, pydnn.tuning.dropout.USE_TILE (default True); False: channels-last layouts take the strided kernel
 # 16-bit dense forward with 16-byte vectors: fwd_packed (Philox calls round by round, pairs of elements per
 # word: fewer instructions per element, bitwise fwd's output and mask). False: fwd<T, 8>.
-FWD_PACKED = True
+# FWD_PACKED: a switch, pydnn.tuning.dropout.FWD_PACKED (default True)
 PACKED_TAGS = ("f16", "bf16")
 MAX_GRID = 2**31 - 1
 
@@ -314,7 +315,7 @@ def _collapse(dims, out_strides, in_strides):
 def _tile_grid(sizes, so, si):
     """Blocks of the tile kernel when it applies (the second-to-last collapsed dim has stride 1 in both
     operands, the last is a multiple of 8: channels-last layouts), else 0."""
-    if not USE_TILE or len(sizes) < 2 or so[-2] != 1 or si[-2] != 1 or sizes[-1] % 8:
+    if not tuning.dropout.USE_TILE or len(sizes) < 2 or so[-2] != 1 or si[-2] != 1 or sizes[-1] % 8:
         return 0
     batch = 1
     for n in sizes[:-2]:
@@ -342,7 +343,7 @@ def _plan(handle, backward, d, out_desc, in_desc):
         grid = max(1, -(-(n // 8) // per_block))
         if grid > MAX_GRID:
             raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{n} elements need more than 2^31 - 1 blocks")
-        packed = FWD_PACKED and not backward and tag in PACKED_TAGS  # same groups per thread as fwd<T, 8>
+        packed = tuning.dropout.FWD_PACKED and not backward and tag in PACKED_TAGS  # same groups per thread as fwd<T, 8>
         pl.vec_func = handle.function(f"dropout.{tag}", _expr("fwd_packed", tag) if packed
                                       else _expr(k, tag, vec_width(tag, tag)))
         pl.func = handle.function(f"dropout.{tag}", _expr(k, tag, 1))

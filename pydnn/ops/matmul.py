@@ -52,6 +52,7 @@ names are internal.
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build import loader
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
@@ -159,7 +160,7 @@ WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
 WG_CANDIDATES = ()  # e.g. WgTile(..., unit="matmul.wgcand")
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
-USE_WGMMA = True
+# USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
 
 
 class SimtTile:
@@ -272,7 +273,7 @@ def _choose_tile(m, n, batch, sm_count, arch=None, k=0):
     work of a full SM of that tile at its efficiency. The wgmma tiles take part on sm_90 (USE_WGMMA)
     when they fill 3/4 of a wave and K >= WG_MIN_K (lone blocks with a short K loop are latency bound)."""
     best, best_cost = None, None
-    tiles = TC_TILES + (WG_TILES if USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
+    tiles = TC_TILES + (WG_TILES if tuning.matmul.USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
     for t in tiles:
         blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
         slots = t.per_sm * sm_count

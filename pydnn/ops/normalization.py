@@ -57,6 +57,7 @@ threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, MAX_DIMS, kernel_params
 from .._cuda import driver
@@ -100,8 +101,8 @@ GEN_THREADS = 256
 # rows of 4096, H200); forward: the register-tile kernels, 1-3 points of copy bandwidth above the staged
 # forward (STAGED_FWD = True compiles and selects it). Scalar launches always take the register-tile
 # kernels, and sets too large for the staged blocks fall back to them.
-STAGED_FWD = False
-STAGED_BWD = True
+# STAGED_FWD: a switch, pydnn.tuning.norm.STAGED_FWD (default False)
+# STAGED_BWD: a switch, pydnn.tuning.norm.STAGED_BWD (default True)
 # Forward of contiguous layer / RMS norm rows without activation (`fwd_rows`): G threads per row hold
 # ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R rows. A third
 # field ONE (16-bit layer norm): one-pass shifted statistics, one reduction per row instead of two (see
@@ -114,7 +115,7 @@ STAGED_BWD = True
 # both), H200. The parameter reads (32 KiB of fp32 scale / bias from L1 per 8 KiB row) are most of LN's gap
 # to RMS: LN bf16 without bias runs at 88.3% of copy against 82.1% with it (H200). tools/notes/normalization.md
 # lists the configs measured and dropped.
-ROWS_FWD = True
+# ROWS_FWD: a switch, pydnn.tuning.norm.ROWS_FWD (default True)
 ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
 # Backward of the same rows (`bwd_rows`): persistent, G threads per row, ITEMS vectors per thread, x / dy
@@ -124,7 +125,7 @@ ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
 # the planner's. Blocks of at most 512 // ITEMS threads, 2 per SM (__launch_bounds__(512 / ITEMS, 2)).
 # Why (2, 3): LN bf16 16384 x 4096 at 66.5% of copy, (2, 2) 64.6%, (1, 2) 56.9%, (1, 3) 53.0%, the staged
 # kernel 44.3% (H200). Only the two fastest configs are compiled. BWD_RING supersedes it when on.
-BWD_ROWS = True
+# BWD_ROWS: a switch, pydnn.tuning.norm.BWD_ROWS (default True)
 BWD_ROWS_CONFIGS = {2: ((2, 3), (2, 2)), 4: ()}
 BWD_ROWS_PICK = {"f16": (2, 3), "bf16": (2, 3)}
 BWD_ROWS_BLOCKS_PER_SM = 2
@@ -139,7 +140,7 @@ BWD_ROWS_BLOCKS_PER_SM = 2
 # Why (2, 4, 2), bf16 16384 x 4096 LN / RMS, H200: CL 2 84.6% / 85.4% of copy, CL 1 83.2% / 83.9%, CL 4
 # 55.5% / 56.2% (clusters of 4 at 2 blocks per SM are not all resident at once); DEPTH 6 measured 68.7% /
 # 72.0% against DEPTH 4's 70.5% / 74.4% and is not compiled.
-BWD_RING = True
+# BWD_RING: a switch, pydnn.tuning.norm.BWD_RING (default True)
 BWD_RING_CONFIGS = {2: ((2, 4, 1), (2, 4, 2)), 4: ()}
 BWD_RING_PICK = {"f16": (2, 4, 2), "bf16": (2, 4, 2)}
 BWD_RING_REGS = 128
@@ -151,7 +152,7 @@ BWD_RING_MAX_BLOCK = 256
 # 65536 / (512 / ITEMS * MINB), MINB blocks per SM (more when the rows are short and blocks smaller).
 # Off: its best, (4, 2, 4), runs at 76.7% / 79.9% of copy on LN / RMS bf16 16384 x 4096 against fwd_rows'
 # 81.1% / 90.4% (H200); (4, 2, 4) stays compiled for the tests and the bench's sweep.
-FWD_PERSIST = False
+# FWD_PERSIST: a switch, pydnn.tuning.norm.FWD_PERSIST (default False)
 FWD_PERSIST_CONFIGS = {2: ((4, 2, 4),), 4: ()}
 FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
@@ -160,14 +161,14 @@ FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
 # "fwd_rows", "fwd_persist", "bwd_ring", "gn_fwd", "gn_reg". Measured (H200): fwd_rows +3.5 points on RMS
 # bf16 (90.4 -> 93.9% of copy), +5.7 on LN fp32 (91.4 -> 97.1%), +0.3 on LN bf16 ONE; bwd_ring +-0.1;
 # gn_fwd -1.5; gn_reg (8, 4, 8) +0.5 (74.3 -> 74.8%).
-STREAM = {"fwd_rows", "gn_reg"}
+# STREAM: a switch, pydnn.tuning.norm.STREAM (default {"fwd_rows", "gn_reg"})
 # bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per thread, when G >= 32.
 # Measured (bf16 16384 x 4096, H200): LN backward 72.7% of copy against 68.8% without, RMS 73.8% / 72.6%.
-BWD_RING_WARPSTAT = True
+# BWD_RING_WARPSTAT: a switch, pydnn.tuning.norm.BWD_RING_WARPSTAT (default True)
 # finish's block: FINISH = (parameters, slot groups); see finish in the .cu. (32, 32): +1.5-1.7 points
 # of copy over (32, 8) on LN / RMS bf16 backward, +1.1-1.3 on NHWC GN backward (H200); (8, 128) measured
 # no better than (32, 32) and is not compiled.
-FINISH = (32, 32)
+# FINISH: a switch, pydnn.tuning.norm.FINISH (default (32, 32))
 FINISH_SHAPES = ((32, 8), (32, 32))  # compiled
 # Group norm with channels innermost (`gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 blocks
 # per unit (one sample's GC consecutive groups over all positions), each block's tile of positions x
@@ -177,14 +178,14 @@ FINISH_SHAPES = ((32, 8), (32, 32))  # compiled
 # the most clusters). GN_THREADS: the block size (at most). Measured on the H200: 64 KiB and 256 threads
 # are the best of the sweep for both directions; persistent clusters walking units with double-buffered
 # tiles measured far slower (37% / 32% of copy against 65% / 56%) and are not in the code.
-GN_FWD = True
+# GN_FWD: a switch, pydnn.tuning.norm.GN_FWD (default True)
 GN_TILE_MAX = 64 * 1024
-GN_THREADS = 256
-GN_FILL = 2
+# GN_THREADS: a switch, pydnn.tuning.norm.GN_THREADS (default 256)
+# GN_FILL: a switch, pydnn.tuning.norm.GN_FILL (default 2)
 # GN_ONE: 16-bit gn_fwd with one-pass shifted statistics (one cluster reduction instead of two) and the
 # tile copied in 4 commit groups, summed as each lands (see gn_fwd in the .cu for the error bound).
-GN_ONE = True
-GN_BWD = True                      # gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes)
+# GN_ONE: a switch, pydnn.tuning.norm.GN_ONE (default True)
+# GN_BWD: a switch, pydnn.tuning.norm.GN_BWD (default True); gn_bwd: the backward on the same units (x and dy tiles: 2x the bytes)
 # GN_REG (`gn_reg` / `gn_reg_cl`): the NHWC forward with each block's share of a unit held in registers
 # (GN_REG_ITEMS 16-byte vectors per thread, 64 registers) and SI more vectors per thread in the thread's own
 # slots of a shared-memory tile, instead of gn_fwd's all-shared-memory tile; a unit (one sample, GC groups, all
@@ -195,10 +196,10 @@ GN_BWD = True                      # gn_bwd: the backward on the same units (x a
 # Why (8, 4, 8), bf16 32 x 512 x 64 x 64, H200: 74.3% of copy, 74.8% with evict-first y stores ("gn_reg" in
 # STREAM), (4, 4, 8) 72.7%, (4, 2, 8) 69.6%, (8, 2, 8) 65.3%, registers only (SI 0) 51-65% (not compiled),
 # against gn_fwd's 72.6%.
-GN_REG = True
+# GN_REG: a switch, pydnn.tuning.norm.GN_REG (default True)
 GN_REG_ITEMS = 8
 GN_REG_CONFIGS = ((4, 8), (8, 8))
-GN_REG_PICK = (8, 4, 8)
+# GN_REG_PICK: a switch, pydnn.tuning.norm.GN_REG_PICK (default (8, 4, 8))
 GN_REG_MAX_BLOCK = 1024
 # L2 prefetch (NormParams.pf): block b of fwd_rows / gn_reg pulls into L2 (prefetch.global.L2) the x that
 # block b + pf will read, pf = PF_BYTES[kernel] / the bytes of x one block reads (at least 1; 0 bytes: off). Why: a
@@ -210,7 +211,7 @@ GN_REG_MAX_BLOCK = 1024
 # 16 MiB falls to 77.1%: the lines leave L2 first). fwd_rows: off, every distance at or below its 94.7-95.0%
 # without on LN bf16 16384 x 4096 (H100); 2 MiB gains 10-13% on 4096 x 4096 rows, not measured at enough
 # sizes to pick a threshold. The sweep of distances: tools/notes/normalization.md.
-PF_BYTES = {"fwd_rows": 0, "gn_reg": 8 << 20}
+# PF_BYTES: a switch, pydnn.tuning.norm.PF_BYTES (default {"fwd_rows": 0, "gn_reg": 8 << 20})
 ROWS_MAX_GROUP = 1024              # fwd_rows' __launch_bounds__(1024 / R): blocks of at most this // R threads
 STAGED_FWD_ITEMS = 4
 STAGED_FWD_CLUSTER_MAX_BLOCK = 1024  # fwd_staged_cluster's __launch_bounds__
@@ -319,9 +320,9 @@ def _unit_exprs(tag):
     for preg in (True, False):
         exprs += [_bwd_expr(tag, v, preg), _bwd_expr(tag, 1, preg), _bwd_expr(tag, v, preg, cluster=True)]
     for c in (False, True):
-        if STAGED_FWD:
+        if tuning.norm.STAGED_FWD:
             exprs += [_staged_expr(tag, v, False, cluster=c)]
-        if STAGED_BWD:
+        if tuning.norm.STAGED_BWD:
             exprs += [_staged_expr(tag, v, True, preg, c) for preg in (True, False)]
     exprs += [_gen_expr(tag, False), _gen_expr(tag, True), ZERO_EXPR] + [_finish_expr(sh) for sh in FINISH_SHAPES]
     return tuple(exprs)
@@ -707,7 +708,7 @@ def _rows_alt(handle, nd, tag, geo, vec):
         return None
     p = _base_params(nd, sets, els, n_sets, length, nparams, False)
     p.group = g
-    if "fwd_rows" in STREAM:
+    if "fwd_rows" in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
     p.pf = _pf_blocks("fwd_rows", per_block * length * _SIZES[tag], grid)
     return [_new_launch(_rows_expr(tag, vec, items, rows, one), p, (grid, 1, 1), (block, 1, 1),
@@ -718,7 +719,7 @@ def _rows_alt(handle, nd, tag, geo, vec):
 def _pf_blocks(kernel, block_bytes, grid):
     """NormParams.pf for `kernel`: PF_BYTES[kernel] of x ahead, in blocks that read block_bytes each (0: off, or
     nothing that far ahead in this grid)."""
-    want = PF_BYTES.get(kernel, 0)
+    want = tuning.norm.PF_BYTES.get(kernel, 0)
     if not want:
         return 0
     pf = max(1, round(want / max(1, block_bytes)))
@@ -738,7 +739,7 @@ def _persist_alt(handle, nd, tag, geo, vec):
         return None
     p = _base_params(nd, sets, els, n_sets, length, nparams, False)
     p.group = g
-    if "fwd_persist" in STREAM:
+    if "fwd_persist" in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
     grid, spb = _persistent_grid(handle, n_sets, block, g, 1, _resident(block, 0, 65536 // (512 // items * minb)))
     return [_new_launch(_persist_expr(tag, vec, items, depth, minb), p, (grid, 1, 1), (block, 1, 1),
@@ -790,10 +791,10 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
             and nops * ppb * gc * cg * es <= GN_TILE_MAX]
     if not fits:
         return None
-    full = [gc for gc in fits if N_ * (G // gc) * CLUSTER >= GN_FILL * handle.sm_count]
+    full = [gc for gc in fits if N_ * (G // gc) * CLUSTER >= tuning.norm.GN_FILL * handle.sm_count]
     gc = max(full) if full else min(fits)
     smem = max(16, nops * ppb * gc * cg * es)
-    block = min(GN_THREADS, max(32, next_pow2(ppb * gc * cg // vec)))
+    block = min(tuning.norm.GN_THREADS, max(32, next_pow2(ppb * gc * cg // vec)))
     grid = N_ * (G // gc) * CLUSTER
     if grid > MAX_GRID:
         return None
@@ -802,9 +803,9 @@ def _gn_alt(handle, nd, tag, geo, vec, backward=False):
                      backward)
     p.group = gc
     name = "gn_bwd" if backward else "gn_fwd"
-    if name in STREAM:
+    if name in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
-    one = GN_ONE and not backward and es == 2
+    one = tuning.norm.GN_ONE and not backward and es == 2
     lc = _new_launch(_gn_expr(tag, vec, backward, one), p, (grid, 1, 1), (block, 1, 1), smem,
                      desc=f"{name} vec={vec} GC={gc} block={block} tile={smem} grid={grid}" + (" one" if one else ""))
     if not backward:
@@ -820,7 +821,7 @@ def _gn_reg_alt(handle, nd, tag, geo, vec):
     if lay is None:
         return None
     N_, nst, G, gst, P, pst, cg = lay
-    cl, gc_want, si = GN_REG_PICK
+    cl, gc_want, si = tuning.norm.GN_REG_PICK
     if cl > 1 and _arch_num(handle) < 90:
         cl = 1  # no clusters before sm_90: one block per unit, if its share fits
     fits = [gc for gc in range(1, min(G, gc_want) + 1) if G % gc == 0 and 32 % (gc * cg // vec) == 0]
@@ -837,7 +838,7 @@ def _gn_reg_alt(handle, nd, tag, geo, vec):
     p = _base_params(nd, [(N_, nst, 0), (G, gst, cg)], [(P, pst, 0), (cg, (1, 1, 1), 1)], n_sets, length, nparams,
                      False)
     p.group = gc
-    if "gn_reg" in STREAM:
+    if "gn_reg" in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
     p.pf = _pf_blocks("gn_reg", cdiv(P, cl) * gc * cg * _SIZES[tag], grid)
     return [_new_launch(_gn_reg_expr(tag, vec, cl, si), p, (grid, 1, 1), (block, 1, 1), smem,
@@ -862,8 +863,8 @@ def _gn_bwd_alt(handle, nd, tag, geo, vec):
 
 def _fwd_alt(handle, nd, tag, geo, vec):
     if vec > 1:
-        r = _first_alt(((GN_REG, _gn_reg_alt), (GN_FWD, _gn_alt), (FWD_PERSIST, _persist_alt), (ROWS_FWD, _rows_alt),
-                        (STAGED_FWD, _fwd_staged_alt)), handle, nd, tag, geo, vec)
+        r = _first_alt(((tuning.norm.GN_REG, _gn_reg_alt), (tuning.norm.GN_FWD, _gn_alt), (tuning.norm.FWD_PERSIST, _persist_alt), (tuning.norm.ROWS_FWD, _rows_alt),
+                        (tuning.norm.STAGED_FWD, _fwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
             return r
     sets, els, n_sets, length, nparams = geo
@@ -882,8 +883,8 @@ def _finish_launch(nd, geo, slots):
     sets, els, n_sets, length, nparams = geo
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.slots = slots
-    grid = max(1, min(cdiv(nparams, FINISH[0]), 65535))
-    return _new_launch(_finish_expr(FINISH), p, (grid, 1, 1), (FINISH[0], FINISH[1], 1), desc=f"finish slots={slots}")
+    grid = max(1, min(cdiv(nparams, tuning.norm.FINISH[0]), 65535))
+    return _new_launch(_finish_expr(tuning.norm.FINISH), p, (grid, 1, 1), (tuning.norm.FINISH[0], tuning.norm.FINISH[1], 1), desc=f"finish slots={slots}")
 
 
 def _bwd_rows_alt(handle, nd, tag, geo, vec):
@@ -924,9 +925,9 @@ def _bwd_ring_alt(handle, nd, tag, geo, vec):
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.group = g
     p.flags |= FLAG_PREG  # (the kernel's only mode: each thread owns its parameters in every row)
-    if "bwd_ring" in STREAM:
+    if "bwd_ring" in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
-    if BWD_RING_WARPSTAT and g >= 32:  # (a warp must lie in one row's group)
+    if tuning.norm.BWD_RING_WARPSTAT and g >= 32:  # (a warp must lie in one row's group)
         p.flags |= FLAG_WARPSTAT
     bpsm = _resident(block, smem, BWD_RING_REGS)
     spb = block // g
@@ -943,8 +944,8 @@ def _bwd_ring_alt(handle, nd, tag, geo, vec):
 def _bwd_alt(handle, nd, tag, geo, vec):
     """[bwd, finish] and the workspace bytes, or None."""
     if vec > 1:  # else, or when none of these serves, the register-tile kernel (larger sets per cluster)
-        r = _first_alt(((GN_BWD, _gn_bwd_alt), (BWD_RING, _bwd_ring_alt), (BWD_ROWS, _bwd_rows_alt),
-                        (STAGED_BWD, _bwd_staged_alt)), handle, nd, tag, geo, vec)
+        r = _first_alt(((tuning.norm.GN_BWD, _gn_bwd_alt), (tuning.norm.BWD_RING, _bwd_ring_alt), (tuning.norm.BWD_ROWS, _bwd_rows_alt),
+                        (tuning.norm.STAGED_BWD, _bwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
             return r
     sets, els, n_sets, length, nparams = geo

@@ -40,6 +40,7 @@ the vector max backward checks ties with one packed max of the earlier window el
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
 from .._cuda import driver
@@ -130,7 +131,7 @@ KMODE_MAX, KMODE_AVG_EXCLUDE = 0, 2
 FLAG_ADAPTIVE, FLAG_IDX32 = 4, 8
 # vector max backward: bwd<T, VEC, true, true>, checking ties with one packed max of the earlier window
 # elements instead of matching each one; False: the per-element match for all
-BWD_PACKED_TIES = True
+# BWD_PACKED_TIES: a switch, pydnn.tuning.pooling.BWD_PACKED_TIES (default True)
 THREADS = 256                       # kThreads
 MAX_GRID = 2**31 - 1                # the kernels loop over items past the grid
 MAX_SPATIAL = 3
@@ -363,24 +364,24 @@ class _Launch:
 
 # fwd_rows (ptx/pooling.cu): a thread reduces ROW_OUT consecutive outputs along w (kRowOut); used for the
 # vector forward of 1-d / 2-d non-adaptive pooling when its offsets fit 32 bits. False: fwd for all.
-ROWS_FORWARD = True
+# ROWS_FORWARD: a switch, pydnn.tuning.pooling.ROWS_FORWARD (default True)
 ROW_OUT = 4
-ROWS_MIN_BLOCK = 64   # smaller blocks (few channels and a narrow output) keep the flat kernel
+# ROWS_MIN_BLOCK: a switch, pydnn.tuning.pooling.ROWS_MIN_BLOCK (default 64); smaller blocks (few channels and a narrow output) keep the flat kernel
 # fwd_rows: outputs whose in-bounds window is 3 x 3 load it with straight-line offsets (PYDNN_POOL_FLAG_FAST3);
 # False: every output walks its window with scan. 3x3/2 NHWC bf16 forward: avg 81.4% of copy against 68.4%
 # with scan, max 81.6% against 78.3% (H200, tools/bench_pooling.py).
-ROWS_FAST3 = True
+# ROWS_FAST3: a switch, pydnn.tuning.pooling.ROWS_FAST3 (default True)
 FLAG_FAST3 = 16       # PYDNN_POOL_FLAG_FAST3
 # fwd_rows, averages: 3 x 3 / 2 strips of full windows sum each column once (PYDNN_POOL_FLAG_COLS). Off:
 # measured slower than FAST3 alone (bf16 75.2% vs 81.4% of copy, fp32 86.0% vs 91.5%; tools/bench_pooling.py).
-ROWS_COLS = False
+# ROWS_COLS: a switch, pydnn.tuning.pooling.ROWS_COLS (default False)
 FLAG_COLS = 32        # PYDNN_POOL_FLAG_COLS
 
 
 def _rows_shape(flags, x_desc, out_desc, geometry, vec):
     """(grid, block) of fwd_rows for this forward, or None when it does not apply."""
     ins, outs = geometry[0], geometry[1]
-    if not ROWS_FORWARD or vec == 1 or flags & FLAG_ADAPTIVE or ins[0] != 1 or outs[0] != 1:
+    if not tuning.pooling.ROWS_FORWARD or vec == 1 or flags & FLAG_ADAPTIVE or ins[0] != 1 or outs[0] != 1:
         return None
     for d in (x_desc, out_desc):  # every offset (and the products forming it) in 32-bit ints
         if d.span_bytes() // d.itemsize >= 2**31 or any(s < 0 for s in d.strides):
@@ -390,7 +391,7 @@ def _rows_shape(flags, x_desc, out_desc, geometry, vec):
     bx = min(groups, 32)
     by = min(strips, THREADS // bx)
     grid = (odims[0] * odims[3], -(-strips // by), -(-groups // bx))
-    if bx * by < ROWS_MIN_BLOCK or grid[0] > MAX_GRID or grid[1] > 65535 or grid[2] > 65535:
+    if bx * by < tuning.pooling.ROWS_MIN_BLOCK or grid[0] > MAX_GRID or grid[1] > 65535 or grid[2] > 65535:
         return None
     return grid, (bx, by, 1)
 
@@ -458,14 +459,14 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         lc.grid = (max(1, min(-(-lc.params.total // THREADS), MAX_GRID)), 1, 1)
         lc.block = (THREADS, 1, 1)
         rows = _rows_shape(flags, x_desc, out_desc, geometry, v) if p_desc is None else None
-        if kernel == "bwd_max" and v > 1 and BWD_PACKED_TIES:
+        if kernel == "bwd_max" and v > 1 and tuning.pooling.BWD_PACKED_TIES:
             lc.expr = _expr("bwdp_max", tag, v)
         if rows is not None:
             lc.expr = _expr(kernel.replace("fwd", "rows"), tag, v)
             lc.grid, lc.block = rows
-            if ROWS_FAST3:
+            if tuning.pooling.ROWS_FAST3:
                 lc.params.flags |= FLAG_FAST3
-            if ROWS_COLS:
+            if tuning.pooling.ROWS_COLS:
                 lc.params.flags |= FLAG_COLS
         lc.argv = driver.kernel_args(lc.params)
         lc.func = None
