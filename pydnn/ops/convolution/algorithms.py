@@ -6,7 +6,7 @@ time (ms; -1 when not measured), memory (workspace bytes), determinism, mathType
 enum appears once: the ones pydnn cannot run for this problem carry status NOT_SUPPORTED (the reason is
 in `.message`, a pydnn extension) and sort last.
 
-The heuristic (v7) model: each implemented algorithm's time is estimated from its blocks and work
+The heuristic model (Get..._v7): each implemented algorithm's time is estimated from its blocks and work
 (flops at an assumed CUDA-core or tensor-core rate, scaled by how many waves of blocks fill the GPU);
 the multi-launch plans (GEMM, WINOGRAD_NONFUSED, FFT) add up a model of each of their launches
 (their `estimate_ms`). The rates are a ranking, not a promise: Find measures.
@@ -35,7 +35,7 @@ from .problem import (ALGO_TYPES, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, check_c
                       problem)
 
 REPS = 3  # timed runs per algorithm in Find (after one warm-up); the median is reported
-CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200, commit of this module): a ranking, not a promise
+CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200): a ranking, not a promise
 TENSOR_CORE_TFLOPS = 150.0
 
 

@@ -53,7 +53,7 @@ THREADS = 256
 TN = 4                      # the product kernel's images x output channels per thread (TN x TN)
 FFT_TAGS = FLOAT_TAGS
 CTYPES = CTYPE
-# The v7 model (fitted to the H200 runs at 2c02706 / f32ccc7: the FFT rows of tools/bench_convolution_algos.py,
+# The Get..._v7 model (fitted on the H200 to the FFT rows of tools/bench_convolution_algos.py,
 # forward and backward filter, F 64 x 64 and 32 x 32, and the backward-filter FFT of the fp32 3x3 ResNet
 # layers, F 64 x 64 down to 8 x 8; the model within 10% of each of the twelve): double-precision products
 # at PRODUCT_TFLOPS over the bins rounded up to whole warps (bins 40 at F 8 x 8 keep 2 of 8 warps busy),
@@ -260,7 +260,7 @@ def _plan_wgrad(pb, algo):
 
 def _fft_plan(pb, direction, algo, fft, roles, data_bytes):
     """The plan every direction shares: F = fft (Fh, Fw), the kernels' (batch, cin, cout) = roles, the
-    workspace parts, the v7 model (data_bytes: what the transforms read and write of the caller's tensors)
+    workspace parts, the Get..._v7 model (data_bytes: what the transforms read and write of the caller's tensors)
     and the four launches. The caller fills the sizes, strides, padding and flags of the returned params."""
     fh, fw = fft
     lh, lw = fh.bit_length() - 1, fw.bit_length() - 1

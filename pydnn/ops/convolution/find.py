@@ -66,7 +66,7 @@ def _largest_workspace(handle, direction, conv, x_desc, w_desc, y_desc):
 
 
 def _find(handle, direction, conv, x_desc, w_desc, y_desc, requested, buffers):
-    """buffers: (name, bytes) of the two operands and the output, in the order convolution_algos._find
+    """buffers: (name, bytes) of the two operands and the output, in the order algorithms._find
     takes them; the operands are zeroed (timing on garbage could meet NaNs), the output is not."""
     check_handle(handle)
     n = A._requested(requested)

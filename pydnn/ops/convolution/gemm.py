@@ -16,7 +16,7 @@ Forward: an im2col of x into the workspace, then a GEMM. The column matrix col[N
       A ConvolutionBiasActivationForward call (bias, z, activation) runs the 1x1 convolution instead (the
       CUDA-core implicit GEMM's epilogue), over the same workspace.
     * otherwise (double, groups, FMA math, odd y strides): the 1x1 convolution on the CUDA-core implicit GEMM.
-Backward data, BWD_DATA_ALGO_1 where the tensor-core implicit GEMM refuses (convolution.plan_for), for
+Backward data, BWD_DATA_ALGO_1 where the tensor-core implicit GEMM refuses (plans.plan_for), for
 problems with C < 64 or a stride (where the CUDA-core gather of ALGO_0 wastes most of its 64-wide tile or
 its taps), one group, float / half / bfloat16 (16-bit: math type not FMA): col = dy . filter, then
 col2im: each dx element sums its own taps in a fixed order (deterministic, no atomics) with alpha / beta.
@@ -25,8 +25,9 @@ The GEMM is pydnn.ops.matmul (tensor cores for 16-bit data, gemm_simt for float)
 already is the (K, ld) matrix). A 1x1, stride-1, unpadded problem (any C) whose dx and dy read as matrices
 of one layout needs no column matrix: one matmul per image straight into dx, alpha / beta its own, no
 workspace (`direct`: NCHW-like dx_n[C x P] = W^T[C x K] . dy_n[K x P], the filter shared (batch stride
-0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Before it, fp32 1x1 backward data with C >= 64 was
-refused here (the col2im round trip was not worth it there) and v7 picked the CUDA-core ALGO_0.
+0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Without it, fp32 1x1 backward data with C >= 64 has
+only the col2im round trip (not worth it there) or the CUDA-core ALGO_0: 4.3-5.9 TFLOP/s on the ResNet
+1x1 layers (H200) against the direct GEMM's 29.1-34.7 (H100 80GB; Performance below).
 Backward filter, BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] .
 col[pos, C * taps] (col: the forward's im2col of x, columns padded to a multiple of 8 for the 16-bit
 tensor-core GEMMs; for a 1x1, stride-1, unpadded problem whose x reads as a matrix, x itself). The
@@ -45,7 +46,7 @@ summed in fp32 within a partial, then each partial is rounded once before the fp
 [K x columns] or, where gemm_simt's 64 x 128 tiles waste less that way (K > columns), [columns x K]
 (`orient`). Refused (NOT_SUPPORTED, with the reason): double (matmul has no double kernel), groups > 1,
 16-bit data with the FMA math type, dy without packed spatial dims.
-ALGO_3's implicit variant (plan_wgrad_implicit, WgradImplicitPlan; v5 below): float problems of at most
+ALGO_3's implicit variant (plan_wgrad_implicit, WgradImplicitPlan; its numbers below): float problems of at most
 IMPLICIT_MAX_COLS (160) columns (C * taps: the 7x7 stem's 147) that are not the 1x1 stride-1 ones read
 as x itself, with every x / dy offset within 32 bits, run no im2col, no pack and no matmul: one kernel,
 wgrad_implicit (ptx/conv_gemm.cu), whose block owns a 64 (k) x 160 (column) tile of dw for a slot of
@@ -62,118 +63,60 @@ packed filter (K * ld elements) follows it); reported exactly by Get...Workspace
 elements), then one chunk's column matrix, then its packed dy, each part on a 256-byte boundary; the
 direct backward data needs none; the implicit variant only the partials (slots * K * columns elements).
 
-StepPlan (here) is the shape of a multi-launch plan that convolution.run_plan hands to `.launch`; the
-WINOGRAD_NONFUSED and FFT plans (convolution_winograd.py, convolution_fft.py) use it too.
+StepPlan (plans.py) is the shape of a multi-launch plan that plans.run_plan hands to `.launch`; the
+explicit-GEMM plans here, WINOGRAD_NONFUSED (winograd.py) and FFT (fft.py) use it.
 
-Performance notes (H200; the stem is 7x7/2 3->64 @224, N = 64: 15.1 GFLOP; cuDNN through PyTorch: bf16
-fwd 33.6 / bwd data 18.5 / bwd filter 50.1 TFLOP/s, fp32 20.6 / 15.5 / 18.6):
-  before (6a9e1df): stem fwd bf16 4.5 TFLOP/s (IMPLICIT_GEMM, CUDA cores: C = 3 refused by the tensor-core
-     path), GEMM 3.7 fp32 (the 1x1 view on the CUDA-core implicit GEMM, 64 x 64 tiles); bwd data 0.1 (the
-     CUDA-core gather: 3 of a 64-wide tile's columns used, 3/4 of the taps miss the stride).
-  v1 Predictions before measuring:
-     fwd bf16: im2col writes 802816 x 152 x 2 B = 244 MB and the GEMM reads it back (~0.15 ms at ~3.3
-       TB/s) + the tensor-core 1x1 GEMM (15.1 GFLOP, ~0.1 ms) -> ~0.25-0.35 ms, 45-60 TFLOP/s (1.3-1.8x
-       cuDNN).
-     fwd fp32: im2col 488 MB written + read (~0.3 ms) + gemm_simt with N = 64 (half of each 128-wide tile
-       idle: ~12 TFLOP/s) ~1.25 ms -> ~1.5 ms, ~10 TFLOP/s (~0.5x cuDNN; issue 4's 0.8x needs a GEMM
-       tile that fits N = 64 or no column round trip).
-     bwd data bf16: matmul on tensor cores with k = 64 (memory-bound: dy 103 MB + col 244 MB) + col2im
-       (244 MB read) -> ~0.25 ms, ~60 TFLOP/s (~3x cuDNN). fp32: gemm_simt n = 147 (147 of 256 tile
-       columns used) ~1.1 ms + col2im ~0.2 ms -> ~11 TFLOP/s (~0.7x cuDNN; 100x ALGO_0).
-     Measured (H200, same run as cuDNN): fwd bf16 9.4 TFLOP/s (0.28x), fp32 8.1 (0.39x); bwd data bf16
-       14.7 (0.80x), fp32 9.4 (0.60x); v7 vs Find 1.00x on all six (GEMM / ALGO_1 picked and fastest).
-       Forward missed: v1's im2col (one block per row, every element decomposed with integer divisions)
-       was instruction-bound, ~1.3 ms of the 1.6.
-  v2 im2col per block of 32 rows x 512 columns with each column's offsets and each row's base decomposed
-     once into shared memory; col2im visiting only the taps that meet an output (first_tap, then steps of
-     stride / gcd(stride, dil)) instead of testing all 49 with a division each. Measured per launch
-     (H200; bf16 NHWC / fp32 NCHW stem): im2col 0.343 / 0.338 ms, fwd_tc 1x1 over 152 columns 0.227 ms
-     (matmul's gemm_tc 128x128 on the same columns 0.296: the 1x1 view stays), gemm_simt 0.489 ms;
-     backward data matmul 0.410 (bf16 gemm_tc 128x256, k = 64) / 1.010 (simt), col2im 0.353 / 0.326.
-     Whole: fwd bf16 26.9 TFLOP/s (0.80x cuDNN's 33.5), fp32 18.2 (0.88x of 20.6); bwd data bf16 19.7
-     (1.05x of 18.8), fp32 11.3 (0.73x of 15.5). The fp32 1x1 layers (the direct GEMM, no im2col):
-     256->64 @56 35.4 TFLOP/s (0.94x; IMPLICIT_GEMM had 6.6), 64->256 28.3 (1.04x; 4.2). v7 vs Find
-     1.00x on every stem and 1x1 row (3x3 64->64 fp32 too).
-  v3 (predictions before measuring) im2col with 4 elements' gathers in flight per thread before their
-     stores (v2 one: 122M elements at ~0.7 TB/s of bf16 writes, latency-bound) -> 0.15-0.2 ms; col2im's
-     innermost taps as a counted, unrolled run (several loads in flight) -> ~0.2 ms; bf16 backward
-     data's GEMM as the tensor-core 1x1 forward of dy with W^T packed (the forward's 1x1 view moved the
-     same bytes in 0.227 ms against matmul's 0.410) -> bf16 fwd ~0.4 ms (~38 TFLOP/s, 1.1x), fp32 fwd
-     ~0.7 ms (~22, 1.05x), bwd data bf16 ~0.45 ms (~33, 1.8x), fp32 ~1.2 ms (~12.5, 0.8x).
-     Measured: none of it paid, all three reverted. Whole plans: fwd bf16 0.584 ms (v2 0.565), fp32
-     0.855 (0.834); bwd data fp32 1.472 (1.347: the counted col2im run ~0.12 ms slower than v2's walk),
-     bf16 0.993 (0.775). The 1x1 view for bf16 backward data, timed on its own in the next run:
-     implicit_gemm_pipe_tc 128x64 0.496 ms against matmul's gemm_tc 128x256 0.410.
-  Final (v2 kernels, one run; cuDNN in the same run): stem bf16 fwd 26.9 TFLOP/s (0.80x cuDNN's 33.6),
-     bwd data 19.7 (1.06x of 18.5); fp32 fwd 18.2 (0.88x of 20.6), bwd data 11.0 (0.71x of 15.5); fp32
-     1x1 forward (direct GEMM) 256->64 @56 35.3 (0.93x), 64->256 28.1 (1.03x). v7's first choice is
-     Find's fastest (1.00x) on all of these layers and directions. Still short: fp32 stem backward data
-     (0.71x; gemm_simt 1.05 ms with 147 of 256 tile columns used + col2im 0.33), and the backward filter
-     (not done here). Where the time goes now: im2col 0.34 ms (bf16 and fp32 alike: latency-bound, not
-     bandwidth: 1.4 TB/s at fp32), col2im 0.33-0.35 ms; an implicit GEMM that gathers the 147 columns
-     into shared memory (no column round trip) is the next step for the forward.
-  v4 (this session) the direct 1x1 backward data and the explicit-GEMM backward filter (BWD_FILTER_ALGO_3),
-     on the fp32 NCHW layers issue 4 missed (before, H200: 1x1 256->64 bwd data 4.3 / bwd filter 8.3
-     TFLOP/s against cuDNN 16.4 / 11.0; 64->256 5.9 / 8.3 against 26.0 / 18.1; stem bwd filter 4.9 against
-     18.6). Why v7 did not pick the explicit GEMM for fp32 1x1 backward data: bwd_data_gemm_refusal
-     refused C >= 64 at stride 1 (the col2im round trip was the only form), so ALGO_1 was NOT_SUPPORTED
-     there and v7 took the CUDA-core ALGO_0. Predictions (made while designing, before the device run;
-     written down after it): direct backward data at the forward 1x1's GEMM rate, 25-35 TFLOP/s (1.3-2x
-     cuDNN); backward filter 1x1 with one partial per image (128 blocks of 64 x 128 for 132 SMs, each
-     reducing 3136 positions) 16-24 TFLOP/s; the stem: im2col ~0.34 ms + dy packed channel-major ~0.15 +
-     gemm_simt on 147 of 256 tile columns (~57% of the tiles used) ~0.7 + fold -> ~1.2 ms, ~12.5 TFLOP/s
-     (~0.67x cuDNN): short of 0.8x, bounded by the tile waste and the column round trip.
-     Measured (H100 80GB HBM3, two runs, 0ef7dbf and de84d37, the same within 1%; cuDNN 9.19 in the same
-     run; pydnn / cuDNN TFLOP/s):
+Performance (the numbers that decided the design above; which version brought what, the predictions made
+before each device run, the variants tried and dropped, and the old text of these notes:
+tools/notes/convolution.md). The stem is 7x7/2 3->64 @224, N = 64: 15.1 GFLOP; cuDNN runs through PyTorch
+in the same run as the pydnn numbers; TFLOP/s.
+  Forward and backward data (H200). im2col works per block of 32 rows x 512 columns, each column's offsets
+     and each row's base decomposed once into shared memory: an im2col decomposing every element with
+     integer divisions was instruction-bound (~1.3 ms of the forward's 1.6). col2im visits only the taps
+     that meet an output (first_tap, then steps of stride / gcd(stride, dil)) instead of testing all 49
+     with a division each. The 16-bit forward GEMM is the tensor-core 1x1 view (fwd_tc over the 152
+     columns 0.227 ms against matmul's gemm_tc 128x128 0.296); 16-bit backward data keeps matmul (gemm_tc
+     128x256 0.410 ms against the 1x1 view of dy's implicit_gemm_pipe_tc 128x64 0.496). Not kept, each
+     measured slower: 4 gathers in flight per im2col thread, col2im's innermost taps as a counted unrolled
+     run (~0.12 ms slower), backward data as the tensor-core 1x1 forward of dy with W^T packed.
+     Stem: bf16 fwd 26.9 (0.80x cuDNN's 33.6), bwd data 19.7 (1.06x of 18.5); fp32 fwd 18.2 (0.88x of
+     20.6), bwd data 11.0 (0.71x of 15.5: gemm_simt 1.05 ms with 147 of 256 tile columns used + col2im
+     0.33). fp32 1x1 forward (the direct GEMM, no im2col): 256->64 @56 35.3 (0.93x; IMPLICIT_GEMM 6.6),
+     64->256 28.1 (1.03x; 4.2). Where the time goes: im2col 0.34 ms (bf16 and fp32 alike: latency-bound,
+     1.4 TB/s at fp32), col2im 0.33-0.35 ms.
+  The direct 1x1 backward data and the explicit BWD_FILTER_ALGO_3 (H100 80GB, cuDNN 9.19; pydnn / cuDNN):
        1x1 256->64 @56  bwd data (ALGO_1 direct)  29.1 / 16.5 = 1.76x   bwd filter (ALGO_3)  19.2 / 11.1 = 1.73x
        1x1 64->256 @56  bwd data (ALGO_1 direct)  34.7 / 25.2 = 1.38x   bwd filter (ALGO_3)  19.2 / 18.2 = 1.05x
-       7x7/2 stem fp32  bwd filter (ALGO_3)       12.2 / 18.7 = 0.65x   (target 0.8x: MISSED)
        7x7/2 stem bf16  bwd filter (ALGO_3, tensor-core matmul over 152 columns, NHWC dy in place)
-                                                  30.3 / 47.2 = 0.64x   (ALGO_1 had 2.5)
-     v7's first choice was Find's fastest (1.00x) on every fp32 and bf16 row of these layers (bf16 1x1
-     64->256 bwd filter: v7 ALGO_1 0.071 ms, Find's fastest ALGO_3 0.070: 1.02x). Per launch (fp32
-     stem, tools/probe_wgrad_gemm.py; 22 of the 64 images per chunk): im2col 0.120 ms, pack_rows 0.065,
-     gemm_simt 64 x 128 (m 64, n 147, 196 splits of 1408 rows) 0.228, the fold of 588 partials 0.018:
-     per 64 images ~0.35 + 0.19 + 0.66 + 0.02. The GEMM runs at ~40 TFLOP/s of tile work (23 useful:
-     147 of 256 columns), so ~1.0 ms is the floor of this form even with no pack: the 0.8x line (<= 1.0
-     ms) needs a tile that fits 147 columns (64 x 192: gemm_simt's copy layout has no 192-wide variant)
-     or no column round trip (an implicit GEMM), not more tuning here. Variants: one chunk of 64 images
-     (COL_LIMIT 1 GiB, 653 MiB workspace) 1.178 ms, two (512 MiB, 337 MiB) 1.208, three (256 MiB, the
-     default, 243 MiB) 1.243, eleven (64 MiB) 1.532; splits of >= 8192 rows 3.23 ms. The 1x1 backward
-     filter's per-image matmul picks the 128 x 128 tile (m = 64: half of it idle, 64 blocks on 132 SMs):
-     0.336 ms, i.e. each lone block ran at ~93% of a full SM's rate; 64 x 128 tiles (128 blocks) would
-     use the idle half, but matmul's chooser, shared with other families, decides (not changed here).
-     The v7 model (tile_ms: the chosen simt tile's waves, LONE_BLOCK_SPEED for a partly filled SM) put
-     ALGO_3 at 0.553 ms (measured 0.34) and the stem at 1.8 (1.24): slow but ranked right.
-  v5 (issue 4's last fp32 row: the stem's backward filter at 0.65x) ALGO_3's implicit variant for few
-     columns (above; wgrad_implicit). Design: no column matrix and no packed dy: block (slot, column tile,
+                                                  30.3 / 47.2 = 0.64x   (ALGO_1 2.5)
+     The explicit fp32 stem backward filter: 1.24 ms, 12.2 = 0.65x (per 64 images: im2col ~0.35 ms,
+     pack_rows 0.19, gemm_simt 64 x 128 0.66, fold 0.02). Its GEMM runs at ~40 TFLOP/s of tile work, 23
+     useful (147 of 256 columns), so ~1.0 ms is the floor of that form: what serves the stem is the
+     implicit variant below. COL_LIMIT: one 64-image chunk (1 GiB, 653 MiB workspace) 1.178 ms, the default
+     256 MiB (three chunks, 243 MiB) 1.243, 64 MiB (eleven) 1.532. The 1x1 backward filter's per-image
+     matmul takes matmul's 128 x 128 tile (m = 64: half idle, 64 blocks on 132 SMs; 0.336 ms, each lone
+     block at ~93% of a full SM's rate): matmul's chooser, shared with other families, decides.
+     The model (tile_ms, LONE_BLOCK_SPEED) put that 1x1 ALGO_3 at 0.553 ms (measured 0.34) and the stem
+     at 1.8 (1.24): slow but ranked right.
+  The implicit variant (the fp32 stem's backward filter; H100 80GB, cuDNN 9.19). Block (slot, column tile,
      K tile) = 64 k x 160 columns (147 used: 92%) over a slot of pixels, 160 threads (5 warps, each 64 k x
      32 columns; a thread 8 x 8 as gemm_simt's, four 16-byte shared loads per 64 FMAs per pixel); per
      stage of 16 pixels each thread gathers one column (its channel / tap decomposed once, in registers;
      the pixels' origins in shared memory, decoded one stage ahead by 16 threads) with 4-byte cp.async
      (zero fill in the padding) and the dy rows (pixels innermost for NCHW-like dy: coalesced); three
-     stage buffers (44 KB, static), two stages' gathers in flight during a stage's FMAs. Counts for the
-     stem (N = 64): 15.1 GFLOP useful, 16.4 GFLOP of tile work; memory: x 38.5 MB + dy 205.5 MB read once,
-     partials 15 MB written and read by the fold: ~0.26 GB, ~0.09 ms at 3 TB/s, so compute-bound (the
-     explicit form moved ~1.6 GB: columns 472 MB written and read, dy read, packed 205 MB and read back).
-     Prediction (before the device run; IMPLICIT_TFLOPS was 40 then): the tile at ~40 TFLOP/s (gemm_simt's
-     rate on square GEMMs, less the gather's ~25% of the instructions) -> ~0.41 ms + fold ~0.01 -> ~0.42
-     ms, ~36 TFLOP/s useful, ~1.9x cuDNN.
-     Measured (H100 80GB HBM3, one run at 221cdbf, cuDNN 9.19 through torch in the same run; the GPU tests
-     of both forms passed there): whole ALGO_3 0.659 ms = 22.9 TFLOP/s against cuDNN's 18.6: 1.23x (target
-     0.8x: met; before 12.1 = 0.65x); wgrad_implicit alone 0.640 ms (25.7 TFLOP/s of tile work), the fold
-     of 396 partials 0.013 ms. v7 vs Find: algo 3 is both v7's pick and Find's fastest (0.670 ms, 1.00x).
-     The explicit form in the same run (IMPLICIT off): 1.246 ms (12.1 TFLOP/s). Variants (probe): 4
-     blocks per SM (launch bounds MINB 4, 96 registers, 523 slots of 1536) 0.610 / 0.638 ms (kernel /
-     whole): 3% faster, but it spills on sm_80 (212 bytes) and the GPU tests ran MINB 3 only, so MINB 3
-     stays (the MINB 4 instantiation is gone from the manifest); two waves of slots 0.699-0.704 ms, four
-     0.783 (the fold of 1568 partials 0.101 ms). Missed the prediction by 1.6x: the tile runs at ~38% of
-     the FMA peak, not ~60%. Not profiled; the likely limit (an estimate, not measured) is the shared
-     L1 / shared-memory pipe: per pixel a warp issues four 16-byte operand loads for 64 FMAs (as gemm_simt)
-     plus ~1.4 gather copies whose 32 lanes touch 5-10 sectors each (7-float runs of 5 rows of x), with a
-     barrier per 16 pixels. Next steps if more is wanted: 32-pixel stages (dynamic shared memory past 48
-     KB: StepPlan launches static shared only), a per-stage x patch reused by the column reads. The v7
-     model's IMPLICIT_TFLOPS is now 26 (0.65 ms for the stem).
+     stage buffers (44 KB, static), two stages' gathers in flight during a stage's FMAs. It moves ~0.26 GB
+     (x 38.5 MB + dy 205.5 MB read once, partials 15 MB written and read by the fold; 16.4 GFLOP of tile
+     work) against the explicit form's ~1.6 GB, so it is compute-bound. Measured: whole ALGO_3 0.659 ms =
+     22.9 TFLOP/s, 1.23x cuDNN's 18.6 (the explicit form 1.246 ms, 12.1); wgrad_implicit alone 0.640 ms
+     (25.7 TFLOP/s of tile work: IMPLICIT_TFLOPS 26, ~38% of the FMA peak), the fold of 396 partials
+     0.013. WI_MINB 3: MINB 4 (96 registers) was 3% faster (0.610 / 0.638 ms kernel / whole) but spills
+     212 bytes on sm_80. WI_WAVES 1: two waves of slots 0.70 ms, four 0.78 (the fold of 1568 partials
+     0.101). Not profiled; the likely limit (an estimate) is the L1 / shared-memory pipe: per pixel a warp
+     issues four 16-byte operand loads for 64 FMAs plus ~1.4 gather copies whose lanes touch 5-10 sectors
+     each, with a barrier per 16 pixels. Levers left: 32-pixel stages (dynamic shared memory past 48 KB:
+     StepPlan launches static shared only), a per-stage x patch reused by the column reads.
+  Get..._v7's first choice was Find's fastest (1.00x) on every layer and direction above (bf16 1x1 64->256
+     backward filter: ALGO_1 0.071 ms against Find's fastest, ALGO_3, 0.070: 1.02x).
 """
 import ctypes
 import math

@@ -28,7 +28,7 @@ from .problem import (ALGO_TYPES, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FL
                       ConvParams, algo_name, check_conv, operand_names, problem)
 
 WS_ALIGN = 256          # workspace parts start on 256-byte boundaries
-# the v7 heuristic's shared rates (a ranking, not a promise): the im2col / col2im / pack passes (bytes
+# the Get..._v7 heuristic's shared rates (a ranking, not a promise): the im2col / col2im / pack passes (bytes
 # moved / time) and the cost of each launch beyond a one-launch plan's
 IM2COL_GBPS = 2500.0
 LAUNCH_MS = 0.004
@@ -102,7 +102,7 @@ class StepPlan:
     """A plan of several launches. It carries the attributes the family's code reads from a Plan
     (workspace, algo, direction, itemsize, acc_size (the workspace pointer's alignment), deterministic,
     align, gemm: the ConvParams whose epilogue fields ConvolutionBiasActivationForward sets, problem) and
-    runs through `launch` (run_plan's hook) and `estimate_ms` (the v7 heuristic's hook)."""
+    runs through `launch` (run_plan's hook) and `estimate_ms` (the Get..._v7 heuristic's hook)."""
 
     fold = None
     splits = 1

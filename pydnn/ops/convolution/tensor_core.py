@@ -53,7 +53,7 @@ WGP_TILES = ((128, 128, 4, 2, 2), (64, 128, 2, 2, 3), (128, 64, 4, 1, 3))
 # STAGES, MINB, LEAN): LEAN = 1 is the lean copy loop (the per-K-tile tap offsets computed once, no branch
 # per chunk, the k16 descriptors by increments: 1.07-1.42x the plain loop on the bf16 3x3 layers, H200).
 # WGM_VARIANTS keeps the plain loop (LEAN = 0) as forced tilings only, so the benchmark times both in one
-# run. History of these loops: tools/PERF.md.
+# run. History of these loops: tools/notes/convolution_ptx.md.
 WGM_TILES = ((128, 64, 4, 2, 1), (128, 128, 4, 1, 1))
 WGM_VARIANTS = ((128, 64, 4, 2), (128, 128, 4, 1))
 WGM_ARCH = "sm_90"
@@ -103,7 +103,7 @@ def _wgm_expr(tag, cfg, bkn=False, fb=False):
 
 def fused_bias_in_registers(pl):
     """convolution_bias_activation_forward's plan on the 128x64 model fwd_wgmma tile runs its FB = 1
-    instantiation (the bias in registers, v16): the plan is the fused call's own (cached under its own
+    instantiation (the bias in registers, BREG): the plan is the fused call's own (cached under its own
     key; get_plan's adapt, once per plan), so the plain forward keeps FB = 0, whose K loop the registers
     would change (ptx/convolution.cu)."""
     if type(pl) is Plan and pl.direction == DIR_FWD and pl.gemm_expr in _FB_EXPRS:
@@ -176,9 +176,9 @@ def _wgrad_tiling(handle, gm, gn, gk):
 # wgrad_pipe_tc's split model: an SM's rate at warp speed 1.0 (_warp_speed), and the blocks of each
 # tiling an SM holds (3 stages of (BM + BN) x 64 x 2 bytes, the MINB register cap). A ranking model.
 WGP_SM_FLOPS = 2.0e12
-# a tiling's speed per flop at the same resident warps, fit to the benchmark's forced tilings (v7 in
-# tools/bench_convolution.py: 128x64 beats 64x128 by 7-10% at 12 warps, and 128x128 at 16 warps runs
-# below both, where the forward's warp-speed curve alone would put it 18% above)
+# a tiling's speed per flop at the same resident warps, fit to the forced tilings of tools/bench_convolution.py
+# (H200: 128x64 beats 64x128 by 7-10% at 12 warps, and 128x128 at 16 warps runs below both, where the
+# forward's warp-speed curve alone would put it 18% above)
 WGP_TILE_SPEED = {(128, 128): 0.8, (64, 128): 1.0, (128, 64): 1.08}
 WGP_PER_SM = {cfg: min(cfg[4], (227 * 1024) // (TCP_STAGES * (cfg[0] + cfg[1]) * TCP_BK * 2)) for cfg in WGP_TILES}
 
@@ -305,8 +305,8 @@ def _tc_tiling(handle, gm, gn):
 
 # The pipelined tiles' blocks per SM (shared memory: 3 stages of (BM + BN) x 64 x 2 bytes; registers:
 # the MINB cap), and an SM's relative speed by the warps resident on it: the pipelined kernel is latency
-# bound (v6 in tools/bench_convolution.py: 12 to 16 resident warps beat 4 to 8 by 20-60% whatever the
-# warp tile), fit to the H200's ResNet 3x3 layers. A ranking model, not a promise.
+# bound (tools/bench_convolution.py's forced tilings: 12 to 16 resident warps beat 4 to 8 by 20-60% whatever
+# the warp tile), fit to the H200's ResNet 3x3 layers. A ranking model, not a promise.
 TCP_PER_SM = {cfg: min(cfg[4], (227 * 1024) // (TCP_STAGES * (cfg[0] + cfg[1]) * TCP_BK * 2)) for cfg in TCP_TILES}
 TCP_WARP_SPEED = ((4, 0.5), (8, 0.8), (12, 1.0), (16, 1.18))   # (resident warps, speed), interpolated
 
@@ -379,8 +379,8 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
 
 def _wgm_tiling(handle, gm, gn):
     """The fwd_wgmma tile for the model (tuning.conv.USE_WGM): the least blocks on the busiest SM x a block's flops /
-    WGM_TILE_SPEED (tiles wider than N count their empty part). Against the v8 measurements (N = 64 ResNet
-    3x3 layers) it picks the faster tile on each: 128x64 at 56² and 14², 128x128 at 28² (a tie) and 7²."""
+    WGM_TILE_SPEED (tiles wider than N count their empty part). Against the forced tilings' times (H200, N = 64
+    ResNet 3x3 layers) it picks the faster tile on each: 128x64 at 56² and 14², 128x128 at 28² (a tie) and 7²."""
     sms = max(handle.sm_count, 1)
     best = None
     for cfg in WGM_TILES:
@@ -488,13 +488,13 @@ def _bwd_wgm_problem(pb, direct=False):
     return s
 
 
-SWAP_GBPS = 2000.0   # the v7 model's rate for filter_kc_swap (bytes read + written / time; a ranking)
+SWAP_GBPS = 2000.0   # the Get..._v7 model's rate for filter_kc_swap (bytes read + written / time; a ranking)
 SWAP_LAUNCH_MS = 0.004
 
 
 class BwdWgmmaPlan(StepPlan):
     """Backward data as filter_kc_swap + fwd_wgmma (see above): a multi-launch plan (run_plan's `launch`,
-    the v7 model's `estimate_ms`), with the Plan attributes the family reads (StepPlan's)."""
+    the Get..._v7 model's `estimate_ms`), with the Plan attributes the family reads (StepPlan's)."""
 
     def __init__(self, pb, algo, sub, spb):
         super().__init__(DIR_BWD_DATA, algo, pb)

@@ -6,7 +6,7 @@ split.
 The GEMM is wgrad_pipe_tc's: M = K, N = taps * C (c innermost), the reduction over N * OD * OH * OW output
 positions; dy ([pos][k]) and x gathered ([pos][(tap, c)]) are both MN-major wgmma operands in 128B-swizzled
 slabs. Where it applies (sm_90, the tensor-core backward filter's conditions: NHWC x and dy with channel
-counts % 8, one group, plus wgrad_pipe_tc's: packed NHWC dy, 32-bit spans) convolution.plan_wgrad_tc hands
+counts % 8, one group, plus wgrad_pipe_tc's: packed NHWC dy, 32-bit spans) tensor_core.plan_wgrad_tc hands
 the problem here (ENABLED), else wgrad_pipe_tc / wgrad_tc run. Any filter layout (dw written through its
 strides), any stride / dilation / padding, both modes.
 
@@ -18,36 +18,26 @@ may differ in the last bits). The hybrid plan (the 512 @7 layer: 144 128 x 128 t
 every split count or wider tile loses a wave to quantization or the fold's traffic) runs the first wave's
 tiles whole and splits the other 12 tiles' reductions across the SMs, in the same launch.
 
-Performance notes (H200, bf16 NHWC 3x3, N = 64, the ResNet-50 layers 64->64 @56 / 128->128 @28 /
-256->256 @14 / 512->512 @7, 14.8 GFLOP each; TFLOP/s and the ratio to cuDNN in the same run;
-tools/bench_conv_wgrad_wgmma.py times every tiling, tools/bench_convolution.py's backward-filter rows the
-model's choice; cuDNN's own times vary 10-40% between runs (cudnn.benchmark picks), so compare ratios within
-one run)
-  before (wgrad_pipe_tc, mma.sync, HEAD 6a9e1df): 179.7 / 214.5 / 191.4 / 170.7 = 0.59 / 0.55 / 0.45 /
-    0.35x (cuDNN 305.8 / 389.1 / 423.2 / 486.0).
-  v1 prediction: the forward moved to wgmma gained 1.2-1.4x over its mma.sync loop (fwd_wgmma 209-370
-    TFLOP/s); the same operand traffic per MMA here, so 250-350 TFLOP/s, >= 0.6x on all four layers but
-    perhaps 512 @7 (144 128 x 128 tiles of 49 K tiles on 132 SMs: wave quantization).
-  v1 outcome (each B row steps its own position digits, ~40 instructions a row; tiles 128x128, 64x256,
-    64x128 (2 blocks an SM), 128x256; model's choice): 244.4 / 345.7 / 298.6 / 220.6 (128x256, 72 blocks)
-    = 0.79 / 0.88 / 0.69 / 0.45x. 512 @7 missed: every tiling is either < 132 blocks or 2 rounds
-    (128x128 x 1 split: 194; x 2: 178; 64x128 2 an SM: 199). Splits matter most: one wave of blocks
-    (128->128 @28 128x128: 7 splits = 63 blocks 193, 14 = 126 blocks 332, 28 = 252 blocks 296).
-    Deeper rings did not pay (128x128 6 stages 339 vs 4 stages 342; 64x256 5 stages 223 vs 216).
-  v2 (hybrid plan, two launches then) prediction: 512 @7 ~1.4x (the first wave whole, 12 tiles x 10
-    splits after it): 280-300. Outcome: 273.4 (0.56x), tail splits 5 / 17: 269 / 262.
-  v3 (a per-K-tile position table: threads 0..63 decompose the tile's 64 positions once into shared
-    memory, each B row adds its tap: ~16 PTX instructions a row, no branch per chunk) prediction: the copy
-    loop's issue time was ~60% of the MMA time, so 1.05-1.2x. Outcome: 263.8 / 378.6 / 351.0 / 287.4 =
-    0.78 / 1.08 / 0.81 / 0.59x (v1's loop forced in the same run: 242.9 / 345.7 / 287.4 / -: 1.08-1.22x).
-  v4 (the hybrid in one launch: whole tiles first, the split tiles' slices after them in the same grid,
-    no kernel boundary between; the direct epilogue steps (tap, channel) instead of dividing per column)
-    prediction: 512 @7 +3-6% (a launch drain and refill of ~2-3 us out of 51). Outcome: 512 @7 287.4 ->
-    316.2 (+10%; tail splits 5 / 17: 308.8 / 302.0); the other layers unchanged within noise. Final, the
-    model's choices in tools/bench_convolution.py's rows (same run, cuDNN 339.7 / 386.4 / 433.8 / 483.0):
-    258.5 / 380.3 / 345.7 / 316.2 TFLOP/s = 0.76 / 0.98 / 0.80 / 0.65x (1.44 / 1.78 / 1.82 / 1.87x
-    wgrad_pipe_tc's 179.4 / 214.0 / 190.0 / 169.1 in the same run). Against the issue's cuDNN figures
-    (305.8 / 389.1 / 423.2 / 486.0): 0.85 / 0.98 / 0.82 / 0.65x.
+Performance (H200, bf16 NHWC 3x3, N = 64, the ResNet-50 layers 64->64 @56 / 128->128 @28 / 256->256 @14 /
+512->512 @7, 14.8 GFLOP each; TFLOP/s and the ratio to cuDNN in the same run: cuDNN's own times vary
+10-40% between runs (cudnn.benchmark picks). tools/bench_conv_wgrad_wgmma.py times every tiling,
+tools/bench_convolution.py's backward-filter rows the model's choice. Which version brought what, the
+predictions and the old text of these notes: tools/notes/convolution.md.)
+  The model's choices: 258.5 / 380.3 / 345.7 / 316.2 = 0.76 / 0.98 / 0.80 / 0.65x cuDNN (339.7 / 386.4 /
+    433.8 / 483.0 in that run), 1.44 / 1.78 / 1.82 / 1.87x wgrad_pipe_tc (mma.sync; 179.4 / 214.0 / 190.0 /
+    169.1 in the same run).
+  The copy loop (V 2): a per-K-tile position table (threads 0..63 decompose the tile's 64 positions once
+    into shared memory, each B row adds its tap: ~16 PTX instructions a row, no branch per chunk) runs
+    1.08-1.22x V 1, where each B row steps its own position digits (~40 instructions a row), in the same
+    run.
+  Splits: one wave of blocks matters most (128->128 @28 at 128x128: 7 splits = 63 blocks 193, 14 = 126
+    blocks 332, 28 = 252 blocks 296). Deeper rings did not pay (128x128 6 stages 339 against 4 stages 342;
+    64x256 5 stages 223 against 216).
+  The hybrid (HYBRID): at 512 @7 every tiling is either < 132 blocks or 2 rounds (128x128 unsplit 194, 2
+    splits 178; 64x128 two an SM 199; V 1's loop). Running the first wave's tiles whole and splitting the other 12
+    tiles in the same launch (whole tiles first, the split tiles' slices after them, no kernel boundary;
+    the direct epilogue steps (tap, channel) instead of dividing per column) gives 316.2, +10% over the
+    same plan as two launches (287.4); tail splits 5 / 17: 308.8 / 302.0.
   Where the time goes (estimates from the tilings' spread, not profiled): one block of 8 warps an SM runs
     128 x 128 tiles at ~3 TFLOP/s an SM (40% of the tensor peak), 128 x 256 at ~3.4; splits that leave SMs
     idle or add a partial round cost most (the model's busiest-SM term); the fold's fp32 traffic caps the
@@ -70,7 +60,7 @@ from .problem import DIR_BWD_FILTER, INT_MAX, ConvParams, algo_name, tc_refusal,
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_BETA, FLAG_FLIP = 1, 16   # PYDNN_FLAG_BETA, PYDNN_CONV_FLAG_FLIP
-ARCH = "sm_90"          # convolution.WGM_ARCH
+ARCH = "sm_90"          # tensor_core.WGM_ARCH
 TAGS = ("f16", "bf16")
 BK = 64                 # positions per K tile
 # wgrad_tc_wgmma<T, BM, BN, STAGES, MINB> instantiations (the copy loop V 2): BM x BN tiles of two
@@ -80,10 +70,11 @@ TILES = ((128, 128, 4, 1), (64, 256, 4, 1), (64, 128, 4, 2), (128, 256, 4, 1))
 # more instantiations that only a forced tiling runs (benchmarks): a fifth entry is the copy loop's version
 # (V: 1 = each B row steps its own position digits; default 2 = a per-K-tile position table)
 VARIANTS = ((128, 128, 4, 1, 1), (64, 128, 4, 2, 1))
-# the split model (fit to tools/bench_conv_wgrad_wgmma.py v1, H200, kept for v2-v4: the same rankings; a
-# ranking, not a promise): one SM's rate running 128 x 128 tiles, each tile's speed per flop relative to it
-# (wider tiles move fewer bytes per flop), the speed of a MINB 2 tile alone on its SM, the partials' traffic
-# rate (written, then read by the fold; mostly L2) and the cost of the fold's launch
+# the split model (fit to tools/bench_conv_wgrad_wgmma.py's per-tiling sweep, H200, with the V 1 copy loop;
+# the position table and the one-launch hybrid left its rankings as they were; a ranking, not a promise):
+# one SM's rate running 128 x 128 tiles, each tile's speed per flop relative to it (wider tiles move fewer
+# bytes per flop), the speed of a MINB 2 tile alone on its SM, the partials' traffic rate (written, then
+# read by the fold; mostly L2) and the cost of the fold's launch
 SM_FLOPS = 2.9e12
 TILE_SPEED = {(128, 128): 1.0, (64, 256): 0.9, (64, 128): 0.87, (128, 256): 1.16}
 LONE_SPEED = 0.75
@@ -203,8 +194,8 @@ def tiling(sms, gm, gn, gk):
 # ----------------------------------------------------------------------------- the plan
 
 class WgradWgmmaPlan(StepPlan):
-    """wgrad_tc_wgmma (+ wgrad_fold where tiles are split): a multi-launch plan (convolution.run_plan calls
-    `launch`, the v7 heuristic `estimate_ms`) with the Plan attributes the family reads. steps: [kind, grid,
+    """wgrad_tc_wgmma (+ wgrad_fold where tiles are split): a multi-launch plan (plans.run_plan calls
+    `launch`, the Get..._v7 heuristic `estimate_ms`) with the Plan attributes the family reads. steps: [kind, grid,
     params, argv, func, smem], kind "gemm" (its whole tiles write dw, its slices the workspace) or "fold"."""
 
     def __init__(self, pb, algo, cfg, splits, full, tail_splits):
@@ -287,7 +278,7 @@ class WgradWgmmaPlan(StepPlan):
 
 
 def choice(handle, pb):
-    """(cfg, splits, full, tail_splits) of a problem: FORCE, or convolution.TC_FORCE[DIR_BWD_FILTER] when
+    """(cfg, splits, full, tail_splits) of a problem: FORCE, or tuning.conv.TC_FORCE[DIR_BWD_FILTER] when
     it names a TILES entry ((cfg, splits) or (cfg, splits, full, tail_splits)), else the model's."""
     gm, gn, gk = pb.k, pb.c * prod(pb.filt3), pb.n * prod(pb.out3)
     forced = tuning.conv_wgrad_wgmma.FORCE or tuning.conv.TC_FORCE.get(DIR_BWD_FILTER)
@@ -304,7 +295,7 @@ def _names_tile(forced):
 
 def maybe_plan(handle, pb, algo):
     """The plan when this kernel applies and no other tensor-core backward-filter kernel is forced
-    (convolution.TC_FORCE), else None (plan_wgrad_tc goes on with wgrad_pipe_tc / wgrad_tc)."""
+    (tuning.conv.TC_FORCE), else None (plan_wgrad_tc goes on with wgrad_pipe_tc / wgrad_tc)."""
     forced = tuning.conv_wgrad_wgmma.FORCE or tuning.conv.TC_FORCE.get(DIR_BWD_FILTER)
     if forced is not None and not _names_tile(forced):
         return None

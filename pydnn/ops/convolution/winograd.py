@@ -68,8 +68,8 @@ class WinoParams(ctypes.Structure):
 KERNELS = ("filter_transform", "input_transform", "output_transform", "grad_transform", "filter_grad")
 TILES = (2, 4)          # F(2x2, 3x3) and F(4x4, 3x3) instantiations
 MAX_GRID_Z = 65535
-# The v7 model's rates for the float path, fitted on the H200 (fp32 NCHW ResNet-50 3x3 layers, N = 64, F(4x4),
-# tools/bench_convolution_algos.py run_wino v4, each launch timed alone): gemm_simt ran the 36 GEMMs at 31-38
+# The Get..._v7 model's rates for the float path, fitted on the H200 (fp32 NCHW ResNet-50 3x3 layers, N = 64,
+# F(4x4), tools/bench_convolution_algos.py's run_wino, each launch timed alone): gemm_simt ran the 36 GEMMs at 31-38
 # TFLOP/s, 31.5-39 per fully busy SM (GEMM_TFLOPS, stretched by the busiest SM's share of the items); the
 # three transforms moved their own traffic (`moved`: x, U, M and y once each, the filter and V) at 1.8-2.7
 # TB/s, which bytes / 3 TB/s plus a launch each matches within 10% (0.124 / 0.068 / 0.044 / 0.042 ms against
@@ -78,8 +78,8 @@ GEMM_TFLOPS = 36.0
 TRANSFORM_GBPS = 3000.0
 # 16-bit data: the transforms and the GEMM run in float on CUDA cores while the implicit-GEMM algorithms run
 # on tensor cores at 5-10x the rate (bf16 3x3 layers: 330-510 TFLOP/s measured), which the model's tensor-core
-# rate (convolution_algos.TENSOR_CORE_TFLOPS, 150, stretched by partial waves) understates by 2-7x on these
-# layers; Winograd's estimate for 16-bit data carries that factor so that v7 ranks it behind them as Find
+# rate (algorithms.TENSOR_CORE_TFLOPS, 150, stretched by partial waves) understates by 2-7x on these
+# layers; Winograd's estimate for 16-bit data carries that factor so that Get..._v7 ranks it behind them as Find
 # does (see tests/test_convolution_cpu.py::test_bwd_data_wgmma_choice).
 HALF_DATA_SCALE = 3.0
 
@@ -290,7 +290,7 @@ def plan_winograd(handle, pb, direction, algo):
 # bfloat16 (fp32 transforms and GEMM; 16-bit read and written at the ends), double (the GEMMs as the
 # family's CUDA-core 1x1 backward filter with S * P * groups groups). Deterministic. Workspace (Acc = 4 or
 # 8 bytes): P * S * chunk * (C + K) * Acc + S * P * K * C/g * Acc (each part 256-byte aligned), chunk =
-# ceil(T / S). Timings and the model's predictions: tools/bench_convolution_algos.py (v6, run_wgrad).
+# ceil(T / S). Timings and the model's predictions: tools/bench_convolution_algos.py (run_wgrad; H100 80GB).
 #
 # BWD_FILTER_ALGO_WINOGRAD_NONFUSED: dw[o][i] = G^T (sum over tiles of D[o] . U[i]) G with U = B^T x B (the
 # forward's input transform of x), D = A dy A^T (grad_transform: dy's m x m tiles), one GEMM per transform
@@ -348,8 +348,8 @@ def wgrad_tile(pb):
 
 def _wgrad_chunk(tiles, splits):
     """Tiles per chunk: ceil(T / S) rounded up to 32 tiles (128-byte rows of U and D in the "tile" layout)
-    from 256 on, else to 4 (16 bytes: the GEMM's vector loads along K). Measured (v6 run 2,
-    tools/bench_convolution_algos.py): with 1141-tile chunks (56^2, S 11) the x / dy transforms wrote
+    from 256 on, else to 4 (16 bytes: the GEMM's vector loads along K). Measured (H100 80GB,
+    tools/bench_convolution_algos.py's run_wgrad): with 1141-tile chunks (56^2, S 11) the x / dy transforms wrote
     their 167 MB each at 1.6 TB/s against the forward's input transform's 2.45 TB/s on the same bytes
     (448 / 256-tile chunks elsewhere ran at the forward's rate)."""
     c = cdiv(tiles, splits)
@@ -406,7 +406,7 @@ def _wgrad_gemm_problem(pb, tiles_per_chunk, z, kg, cg):
 
 class WinogradWgradPlan(StepPlan):
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
-        """a_ptr = dy, b_ptr = x, out_ptr = dw (convolution.run_plan's backward-filter order)."""
+        """a_ptr = dy, b_ptr = x, out_ptr = dw (plans.run_plan's backward-filter order)."""
         px, pd, pf = self.px, self.pd, self.pf
         u, d, m = (ws_ptr + o for o in self.offsets)
         px.in_, px.u = b_ptr, u
