@@ -4,7 +4,14 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# tests/ holds shared helpers (devtensor, cprog); the test folders (tests/ops/<family>/, tests/kernels/, ...)
+# import each other's check loops by module name (test_convolution_gpu's check_forward, test_fuzz_cpu's
+# cpu_handle), as when the suite was one folder: every folder of the suite goes on the path (basenames are
+# unique across folders)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _dir, _, _files in sorted(os.walk(_HERE)):
+    if _dir == _HERE or any(f.startswith("test_") and f.endswith(".py") for f in _files):
+        sys.path.insert(0, _dir)
 
 
 def _gpu_available():

@@ -141,7 +141,7 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       2 CTAs / SM at D = 64 (126 registers). (b) both kernels: S in its own wgmma group, so the
       exponentials of P run while the dP MMAs do (wait<1>, then wait<0> before dS).
       Prediction: deterministic 290-320 at d128 (>= 0.55x), 240-260 at d64; atomic +0-5% from (b).
-      Measured (second GPU run: 52/52 wgmma backward tests and tests/test_attention_gpu.py passed; cuDNN
+      Measured (second GPU run: 52/52 wgmma backward tests and tests/ops/attention/test_attention_gpu.py passed; cuDNN
       and flash in the same run):
         bwd atomic (det 0)   d128 32/32 326 (0.64x cuDNN 509, 1.13x flash)  causal 295 (0.64x, 1.13x)
                              d128 64/8  329 (0.65x, 1.12x)                  causal 280 (0.62x, 1.07x)

@@ -34,7 +34,7 @@ Measured (H200, cuDNN 9.19 through torch 2.11, fp32 NCHW, N = 64; TFLOP/s as cou
     NOTE: the v2 kernels' results were not checked on the GPU in this run (the test module failed to
     import through another file); they were checked on the host instead (the kernel source compiled as
     C++, test_winograd_kernels_on_the_host: F(4x4) float errors <= 0.35x of float's tolerance), and
-    tests/test_convolution_algos_gpu.py covers both tiles on the GPU.
+    tests/ops/convolution/test_convolution_algos_gpu.py covers both tiles on the GPU.
   GEMM (im2col + implicit GEMM on CUDA cores): 5.1 / 6.4 / 7.3 / 7.7 TFLOP/s = 0.68 / 0.83 / 0.92 /
     0.97x IMPLICIT_GEMM on the 3x3 layers, 3.7 (0.66x) on the 7x7/2 stem: the im2col pass costs what
     the cleaner 1x1 GEMM saves. As predicted, slower on CUDA cores; v7 ranks it below IMPLICIT_GEMM.

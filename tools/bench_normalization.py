@@ -85,7 +85,7 @@ Versions (H200, copy 4168 GB/s measured in the same run; two device runs in all)
   v4 (a) forward: one-pass statistics in 16-bit layer norm (ROWS_CONFIGS' third field ONE): c = the row's
      first element, S = sum (x - c), Q = sum (x - c)^2 in ONE reduction of 2R floats (one barrier per row
      instead of two; the error bound is proved at fwd_rows in ptx/normalization.cu and checked on a float32
-     emulation in tests/test_normalization_cpu.py; GPU tests with rows of mean 1000 / std 1 and 16, mean
+     emulation in tests/ops/normalization/test_normalization_cpu.py; GPU tests with rows of mean 1000 / std 1 and 16, mean
      -50 / std 0.25). Also the (ITEMS 2, R 2, G 256) config, with and without ONE; fwd_rows now has
      __launch_bounds__(1024 / R), so R = 2 gets 128 registers (it spilled 196 bytes at 64 with ONE); ptxas:
      (4, 1, *) 64 registers, no spill; (2, 2, false) 101, (2, 2, true) 124 registers (2 blocks of 256 per

@@ -60,29 +60,29 @@ if [ "${PYDNN_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; th
   # a slice of every kernel family (memcheck slows kernels down a hundredfold), each run time-boxed
   san() { timeout "${PYDNN_SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 \
             python3 -m pytest -q -p no:cacheprovider -x "$@"; }
-  san tests/test_activation_gpu.py tests/test_softmax_gpu.py tests/test_tensor_ops_gpu.py tests/test_reduce_gpu.py \
+  san tests/ops/activation/test_activation_gpu.py tests/ops/softmax/test_softmax_gpu.py tests/ops/tensor_ops/test_tensor_ops_gpu.py tests/ops/reduce/test_reduce_gpu.py \
     -k "(test_forward and (1-9 or 1-1-9 or 2-0-2)) or test_backward[1-9] or test_transform_nchw or test_add_scale_set[9] or test_alpha_beta or test_nan_propagation" \
     2>&1 | tee "$logs/memcheck.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  san tests/test_pooling_gpu.py tests/test_batchnorm_gpu.py tests/test_normalization_gpu.py tests/test_dropout_gpu.py \
-    tests/test_convolution_gpu.py tests/test_attention_gpu.py \
+  san tests/ops/pooling/test_pooling_gpu.py tests/ops/batchnorm/test_batchnorm_gpu.py tests/ops/normalization/test_normalization_gpu.py tests/ops/dropout/test_dropout_gpu.py \
+    tests/ops/convolution/test_convolution_gpu.py tests/ops/attention/test_attention_gpu.py \
     -k "test_nan_rules or test_global_average or test_backward_blend or test_in_place_forward or test_p_zero_and_one or test_in_place or test_backward_filter_split or test_bias_activation_tensor_cores or test_variable_lengths" \
     2>&1 | tee "$logs/memcheck_families.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   # the tensor-core, matmul, Winograd, GEMM, FFT, group-norm / ring cluster and wgmma attention kernels: one
   # case of each variant
-  san tests/test_matmul_gpu.py tests/test_convolution_gpu.py tests/test_convolution_algos_gpu.py \
-    tests/test_convolution_fft_gpu.py tests/test_normalization_gpu.py tests/test_mha_gpu.py \
-    tests/test_attention_wgmma_gpu.py tests/test_attention_wgmma_bwd_gpu.py \
-    tests/test_convolution_wgrad_wgmma_gpu.py tests/test_convolution_gemm_gpu.py \
+  san tests/ops/matmul/test_matmul_gpu.py tests/ops/convolution/test_convolution_gpu.py tests/ops/convolution/test_convolution_algos_gpu.py \
+    tests/ops/convolution/test_convolution_fft_gpu.py tests/ops/normalization/test_normalization_gpu.py tests/ops/attention/test_mha_gpu.py \
+    tests/ops/attention/test_attention_wgmma_gpu.py tests/ops/attention/test_attention_wgmma_bwd_gpu.py \
+    tests/ops/convolution/test_convolution_wgrad_wgmma_gpu.py tests/ops/convolution/test_convolution_gemm_gpu.py \
     -k "(test_wgmma_backward_filter and case0) or (test_gemm_backward_data and case0) or (test_gemm_bias_activation and case0) or (test_simt_tiles and trans0) or (test_group_norm_nhwc_reg and 9) or test_every_variant or (test_backward_wgmma_variable_lengths and bf16) or (test_backward_wgmma_long) or (test_backward_ring_configs and 1-9) or (test_wgmma_bias_activation and tiling0-6-9) or (test_wgmma_backward_data and tiling1-9-case0) or (test_fft_backward_filter and 0-case0) or (test_each_tile and trans0) or (test_wgmma_tiles and trans0) or (test_wgmma_forward and case0) or (test_winograd_forward and case0) or (test_winograd_backward_data and case0) or (test_gemm_forward and case0) or (test_fft_forward and case0) or (test_fft_backward_data and case0) or test_group_norm_nhwc_clusters or (test_forward_tensor_cores and case0) or (test_backward_data_tensor_cores and case0) or (test_backward_filter_tensor_cores and case0) or test_inference_matches_training" \
     2>&1 | tee "$logs/memcheck_matrix.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   # the backward-filter algorithms of issue 4's later sessions (ALGO_3: wgrad_implicit, im2col / pack_rows /
   # wgrad_fold; WINOGRAD_NONFUSED: input / grad transforms, filter_grad), backward data on fwd_wgmma
   # reading the filter itself (BKN) and batch norm's fwd_apply_saved
-  san tests/test_convolution_gemm_wgrad_gpu.py tests/test_convolution_wino_wgrad_gpu.py tests/test_batchnorm_gpu.py \
-    tests/test_convolution_gpu.py \
+  san tests/ops/convolution/test_convolution_gemm_wgrad_gpu.py tests/ops/convolution/test_convolution_wino_wgrad_gpu.py tests/ops/batchnorm/test_batchnorm_gpu.py \
+    tests/ops/convolution/test_convolution_gpu.py \
     -k "(test_gemm_backward_filter and (True-0-case0 or False-0-case0 or False-9-case1)) or (test_implicit_backward_filter and many-case5) or (test_winograd_backward_filter and (4-0-case0 or 2-9-case0)) or (test_forward_fast16 and 9-True-True) or (test_wgmma_backward_data and None-9-case3)" \
     2>&1 | tee "$logs/memcheck_wgrad.log" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

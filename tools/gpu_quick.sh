@@ -3,8 +3,8 @@
 # no install, the checkout on PYTHONPATH, kernels compiled on first use for the GPU present (one log line
 # each), then pytest with the given arguments and, optionally, benchmark families. Logs go to $OUT.
 #
-#   tools/gpu_quick.sh tests/test_pooling_gpu.py -x -k nhwc        (pytest arguments)
-#   PYDNN_BENCH_FAMILIES=pooling tools/gpu_quick.sh tests/test_pooling_gpu.py
+#   tools/gpu_quick.sh tests/ops/pooling/test_pooling_gpu.py -x -k nhwc        (pytest arguments)
+#   PYDNN_BENCH_FAMILIES=pooling tools/gpu_quick.sh tests/ops/pooling/test_pooling_gpu.py
 #   PYDNN_SANITIZE=1 ...    run the pytest part under compute-sanitizer memcheck instead
 #   PYDNN_PREBUILD=matmul,conv ...  first compile, in parallel, the units whose names start with these
 #                                   (on-first-use compiles run one at a time, inside the tests' time)

@@ -149,7 +149,7 @@ def test_wgmma_choice_only_on_sm90(monkeypatch):
     plan = M.gemm_plan(h, BF16, 4096, 4096, 4096, trans_b=True)
     t = M._choose_tile(4096, 4096, 1, 132, "sm_90", 4096)
     assert isinstance(t, M.WgTile) and plan.describe()[0] == t.expr("bf16", False, True)
-    assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]  # tests/test_matmul_gpu.py
+    assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]  # tests/ops/matmul/test_matmul_gpu.py
     # too few blocks for a wave, or a short K: gemm_tc
     for m, n, k in ((1024, 1024, 1024), (4096, 4096, M.WG_MIN_K - 8), (512, 512, 4096)):
         assert "gemm_wgmma" not in M.gemm_plan(h, BF16, m, n, k).describe()[0], (m, n, k)

@@ -206,7 +206,7 @@ def host_exe(tmp_path_factory):
     shutil.copy(ptx / "common" / "params.h", d / "common" / "params.h")
     (d / "common" / "types.cuh").write_text(TYPES_SHIM)
     exe = d / "host"
-    src = Path(__file__).parent / "c" / "conv_fft_host.cpp"
+    src = Path(__file__).resolve().parents[2] / "c" / "conv_fft_host.cpp"
     subprocess.run([cxx, "-O2", "-std=c++17", "-I", str(d), str(src), "-o", str(exe)], check=True)
     return exe
 

@@ -358,7 +358,7 @@ def test_winograd_kernels_on_the_host(tmp_path):
         shutil.copy(ptx / name, tmp_path / name)
     shutil.copy(ptx / "common" / "params.h", tmp_path / "common" / "params.h")
     (tmp_path / "common" / "types.cuh").write_text(TYPES_SHIM)
-    src = __import__("pathlib").Path(__file__).parent / "c" / "conv_winograd_host.cpp"
+    src = __import__("pathlib").Path(__file__).resolve().parents[2] / "c" / "conv_winograd_host.cpp"
     exe = tmp_path / "host"
     subprocess.run([cxx, "-O1", "-std=c++17", "-I", str(tmp_path), str(src), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-SRC = Path(__file__).resolve().parents[1] / "ptx" / "activation.cu"
+SRC = Path(__file__).resolve().parents[3] / "ptx" / "activation.cu"
 
 
 def _phi_fast_coefficients():

@@ -5,7 +5,7 @@ the deterministic dQ pass) against the float64 reference, on the wgmma path expl
 causal alignments, variable lengths, MHA / GQA / MQA, d64 and d128, fp16 / bf16, both dQ modes (atomic;
 deterministic: bit-identical reruns), outputs poisoned and gaps checked untouched. Also the mma.sync
 backward with the switch off (the existing GPU tests take the wgmma path on sm_90). The checks are
-tests/test_attention_gpu.py's; the forward producing O and lse here is the mma.sync one."""
+tests/ops/attention/test_attention_gpu.py's; the forward producing O and lse here is the mma.sync one."""
 import pytest
 
 from pydnn import tuning
