@@ -1,0 +1,591 @@
+"""cudnnRNNForward / cudnnRNNBackwardData_v8 / cudnnRNNBackwardWeights_v8 and the size queries, with the
+STANDARD algorithm:
+
+  per layer and direction: one GEMM for the input projection of every step (pydnn.ops.matmul: [T*B, in] x
+  [in, G*H]), then per step the recurrent GEMM ([B, out] x [out, G*H]) and one fused cell kernel
+  (ptx/rnn.cu fwd_cell: gates, f32 state, h, the layer output; rows past their sequence's length carry
+  the state). The LSTM projection is one more GEMM per step and a commit kernel.
+
+Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
+scattered to) the user's layout by one kernel. States are kept per time index: h_prev of time t is state
+index t (forward direction) or t + 1 (reverse), its output t + 1 (forward) or t (reverse); index 0
+(forward) / T (reverse) holds hx. The f32 state holds c (LSTM) or h (GRU).
+
+Workspace (regions 256-byte aligned): x gathered [T*B, inputSize]; the input projections [dirs][T*B, G*H];
+the recurrent projection [B, G*H]; the projected h [B, out]; inference only: two layer outputs [T*B,
+dirs*out], two states per direction (dtype [B, out] and f32 [B, H]), m [B, H]; training only (the backward
+calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], f32 dh [B, out], its recurrent share
+[B, out], f32 dc [B, H], dm [B, H].
+Reserve space (training), per pseudo-layer: states dtype [T+1, B, out] and f32 [T+1, B, H], the gate values
+f32 [T*B, GA*H] (GA = 4 for LSTM and GRU: i f g o / r z n (R_n h + b_Rn); 1 for RNN: h), m [T*B, H]
+(projection), then written by BackwardData: input pre-activation gradients [T*B, G*H], recurrent ones (GRU)
+[T*B, G*H], dh [T*B, out] (projection); per layer: the layer output [T*B, dirs*out].
+"""
+import os
+
+from ... import enums as E
+from ...buffers import device_ptr
+from ...handle import check_handle
+from ...status import PydnnError, api
+from ...tensor import TensorDescriptor, _int
+from .. import matmul
+from ..common import TAG, enum_arg
+from . import kernels as K
+from .descriptors import GRU, LSTM, PROJ_ID, _bad, _ns, set_data, set_rnn
+
+ALIGN = 256
+CHECKED = os.environ.get("PYDNN_CHECKED", "0") == "1"
+FWD_MODES = (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING)
+WGRAD_MODES = (E.PYDNN_WGRAD_MODE_ADD, E.PYDNN_WGRAD_MODE_SET)
+GPU_DTYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
+
+
+def _up(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+class _Regions:
+    """Byte offsets of named regions, each ALIGN-aligned."""
+
+    def __init__(self):
+        self.off, self.size = {}, 0
+
+    def add(self, name, nbytes):
+        if nbytes > 0:
+            self.off[name] = self.size
+            self.size += _up(nbytes)
+
+    def __getitem__(self, name):
+        return self.off[name]
+
+
+class Geometry:
+    """The sizes of one problem (an RNN descriptor and an x descriptor) and its space layouts."""
+
+    def __init__(self, r, x):
+        self.r, self.x = r, x
+        self.T, self.B, self.I = x.max_seq, x.batch, x.vector
+        self.N = self.T * self.B
+        self.G, self.H, self.P, self.D, self.L = r.gates, r.hidden, r.out, r.dirs, r.layers
+        self.es = r.esize
+        self.GH = self.G * self.H
+        self.GA = 4 if r.cell in (LSTM, GRU) else 1
+        self.s32 = r.cell in (LSTM, GRU)
+        es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
+        for training in (False, True):
+            w = _Regions()
+            w.add("xin", N * self.I * es)
+            w.add("xp", D * N * GH * es)
+            w.add("hp", B * GH * es)
+            w.add("hn", B * P * es if r.proj else 0)
+            if not training:
+                w.add("ly", 2 * N * D * P * es)
+                w.add("hs", D * 2 * B * P * es)
+                w.add("s32", D * 2 * B * H * 4 if self.s32 else 0)
+                w.add("m", B * H * es if r.proj else 0)
+            else:
+                self.dw = max(D * P, self.I)
+                w.add("dly", 2 * N * self.dw * es)
+                w.add("gh", B * P * 4)
+                w.add("ghrec", B * P * es)
+                w.add("gc", B * H * 4)
+                w.add("dm", B * H * es if r.proj else 0)
+            if training:
+                self.ws_train = w
+            else:
+                self.ws_inf = w
+        rs = _Regions()
+        T = self.T
+        for pl in range(r.pseudo_layers):
+            rs.add(("hs", pl), (T + 1) * B * P * es)
+            rs.add(("s32", pl), (T + 1) * B * H * 4 if self.s32 else 0)
+            rs.add(("act", pl), N * self.GA * H * 4)
+            rs.add(("m", pl), N * H * es if r.proj else 0)
+            rs.add(("dxa", pl), N * GH * es)
+            rs.add(("dha", pl), N * GH * es if r.cell == GRU else 0)
+            rs.add(("dhall", pl), N * P * es if r.proj else 0)
+        for layer in range(self.L):
+            rs.add(("ly", layer), N * D * P * es)
+        self.rs = rs
+
+    def workspace_size(self, training):
+        return (self.ws_train if training else self.ws_inf).size
+
+    def reserve_size(self, training):
+        return self.rs.size if training else 0
+
+    def weight(self, w, pl, kind, lin):
+        """Device address of a weight-space part (0 when absent)."""
+        regs, _ = self.r.pseudo_layer_regions(pl)
+        e = regs.get((kind, lin))
+        return 0 if e is None else w + e[0] * self.es
+
+
+def _geometry(r, x):
+    return Geometry(r, x)
+
+
+# ----------------------------------------------------------------------------- size queries
+
+@api
+def get_rnn_weight_space_size(handle, rnn_desc):
+    """cudnnGetRNNWeightSpaceSize -> bytes of the weight space (see pydnn/ops/rnn/descriptors.py's layout)."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    return r.weight_elements() * r.esize
+
+
+def _x_for(r, x_desc, name="xDesc"):
+    x = set_data(x_desc, name)
+    if x.dtype != r.dtype:
+        _bad(f"{name}: data type {x.dtype} differs from the RNN descriptor's dataType {r.dtype}")
+    if x.vector != r.input_size:
+        _bad(f"{name}: vectorSize {x.vector} differs from the RNN descriptor's inputSize {r.input_size}")
+    return x
+
+
+@api
+def get_rnn_temp_space_sizes(handle, rnn_desc, fwd_mode, x_desc):
+    """cudnnGetRNNTempSpaceSizes -> (workSpaceSize, reserveSpaceSize) for fwdMode (INFERENCE: no reserve
+    space). The training sizes serve RNNForward in training and both backward calls. BAD_PARAM: fwdMode,
+    xDesc (its data type and vectorSize must match the RNN descriptor)."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    mode = enum_arg("fwdMode", fwd_mode, FWD_MODES, "pydnnForwardMode_t")
+    g = _geometry(r, _x_for(r, x_desc))
+    training = mode == E.PYDNN_FWD_MODE_TRAINING
+    return g.workspace_size(training), g.reserve_size(training)
+
+
+@api
+def get_rnn_weight_params(handle, rnn_desc, pseudo_layer, weight_space_size, weight_space, lin_layer_id, m_desc,
+                          b_desc):
+    """cudnnGetRNNWeightParams -> (mAddr, bAddr): the device addresses of the matrix and the bias of
+    (pseudoLayer, linLayerID), and mDesc / bDesc (either may be None) set to their dims: matrix (1, rows,
+    cols), bias (1, rows, 1), packed, in the data type. A part that does not exist (SKIP_INPUT's input
+    matrices of layer 0, biases the bias mode leaves out, the projection's bias, the projection without
+    one) has address 0 (NULL) and its descriptor set to 0 dims. linLayerID: 0 .. G-1 input, G .. 2G-1
+    recurrent (G = 1 RNN, 4 LSTM (i, f, g, o), 3 GRU (r, z, n)), 8 the LSTM projection. BAD_PARAM:
+    pseudoLayer outside [0, layers * dirs), linLayerID outside the cell's, weightSpaceSize smaller than
+    the weight space, a dead descriptor."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    pl = _int("pseudoLayer", pseudo_layer)
+    if not 0 <= pl < r.pseudo_layers:
+        _bad(f"pseudoLayer: {pl} is outside [0, {r.pseudo_layers}) (numLayers * directions)")
+    lin = _int("linLayerID", lin_layer_id)
+    if not 0 <= lin < r.lin_ids():
+        _bad(f"linLayerID: {lin} is outside [0, {r.lin_ids()}) for cellMode {r.cell}")
+    need = r.weight_elements() * r.esize
+    size = _int("weightSpaceSize", weight_space_size)
+    if size < need:
+        _bad(f"weightSpaceSize: {size} is less than the {need} bytes of the weight space")
+    for d, name in ((m_desc, "mDesc"), (b_desc, "bDesc")):
+        if d is not None and (type(d) is not TensorDescriptor or not d.alive):
+            _bad(f"{name}: not a live tensor descriptor")
+    base = device_ptr(weight_space, "weightSpace", need) if need else 0
+    regs, _ = r.pseudo_layer_regions(pl)
+    out = []
+    for kind, d in (("m", m_desc), ("b", b_desc)):
+        e = regs.get((kind, lin))
+        if e is None:
+            if d is not None:
+                d._assign(r.dtype, (), ())
+            out.append(0)
+            continue
+        off, dims = e
+        if d is not None:
+            d._assign(r.dtype, dims, (dims[1] * dims[2], dims[2], 1))
+        out.append(base + off * r.esize)
+    return tuple(out)
+
+
+@api
+def build_rnn_dynamic(handle, rnn_desc, mini_batch):
+    """cudnnBuildRNNDynamic: prepares PERSIST_DYNAMIC kernels in cuDNN. pydnn has no PERSIST_DYNAMIC
+    algorithm: for that algo NOT_SUPPORTED; for the others nothing needs building (SUCCESS, nothing done).
+    BAD_PARAM: miniBatch not positive."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    mb = _int("miniBatch", mini_batch)
+    if mb < 1:
+        _bad(f"miniBatch: {mb} must be positive")
+    if r.algo == E.PYDNN_RNN_ALGO_PERSIST_DYNAMIC:
+        _ns("rnnDesc: algo PYDNN_RNN_ALGO_PERSIST_DYNAMIC is not implemented in pydnn (STANDARD is)")
+
+
+# ----------------------------------------------------------------------------- call validation
+
+class _Call:
+    __slots__ = ("r", "x", "g", "tag")
+
+
+def _state_desc(d, name, dims, dtype, required=True):
+    if d is None:
+        if required:
+            _bad(f"{name}: NULL descriptor")
+        return None
+    if type(d) is not TensorDescriptor or not d.alive:
+        _bad(f"{name}: not a live tensor descriptor")
+    if not d.is_set:
+        _bad(f"{name}: descriptor was never set")
+    if d.dtype != dtype:
+        _bad(f"{name}: data type {d.dtype} differs from the RNN descriptor's dataType {dtype}")
+    if tuple(d.dims) != tuple(dims):
+        _bad(f"{name}: dims {tuple(d.dims)} must be (numLayers * directions, batch, size) = {tuple(dims)}")
+    want = (dims[1] * dims[2], dims[2], 1)
+    if tuple(d.strides) != want:
+        _bad(f"{name}: strides {tuple(d.strides)} must be the packed {want}")
+    return d
+
+
+def _validate(r, x_desc, y_desc, h_desc, c_desc, xname="xDesc", yname="yDesc"):
+    x = _x_for(r, x_desc, xname)
+    if y_desc is not None:
+        y = set_data(y_desc, yname)
+        if y.dtype != r.dtype:
+            _bad(f"{yname}: data type {y.dtype} differs from the RNN descriptor's dataType {r.dtype}")
+        if (y.layout, y.max_seq, y.batch, y.lengths) != (x.layout, x.max_seq, x.batch, x.lengths):
+            _bad(f"{yname}: layout, maxSeqLength, batchSize and seqLengthArray must equal {xname}'s")
+        if y.vector != r.dirs * r.out:
+            _bad(f"{yname}: vectorSize {y.vector} must be directions * {'projSize' if r.proj else 'hiddenSize'}"
+                 f" = {r.dirs * r.out}")
+    _state_desc(h_desc, "hDesc", (r.pseudo_layers, x.batch, r.out), r.dtype)
+    _state_desc(c_desc, "cDesc", (r.pseudo_layers, x.batch, r.hidden), r.dtype, required=r.cell == LSTM)
+    return x
+
+
+def _gpu_support(r, training):
+    if r.algo != E.PYDNN_RNN_ALGO_STANDARD:
+        _ns(f"rnnDesc: algo {r.algo} is not implemented in pydnn (PYDNN_RNN_ALGO_STANDARD is; PERSIST_STATIC and "
+            "PERSIST_DYNAMIC are not)")
+    if r.dtype not in GPU_DTYPES:
+        _ns(f"rnnDesc: dataType {r.dtype} has no GPU path (float, half, bfloat16; pydnn's matmul has no double "
+            "kernel)")
+    if training and r.dropout is not None and r.dropout.dropout > 0 and r.layers > 1:
+        _ns("dropoutDesc: dropout between layers (probability > 0) is not implemented in pydnn's RNN yet")
+
+
+def _ptr(buf, name, nbytes, align):
+    p = device_ptr(buf, name, nbytes)
+    if p % align:
+        _bad(f"{name}: {p:#x} is not {align}-byte aligned", E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER)
+    return p
+
+
+def _opt(buf, name, nbytes, align):
+    if buf is None or (type(buf) is int and buf == 0):
+        return 0
+    return _ptr(buf, name, nbytes, align)
+
+
+def _space(buf, size, need, name, size_name):
+    n = _int(size_name, size)
+    if n < need:
+        _bad(f"{size_name}: {n} is less than the {need} bytes this call needs")
+    return _ptr(buf, name, need, ALIGN) if need else 0
+
+
+def _lens(buf, x):
+    p = _opt(buf, "devSeqLengths", 4 * x.batch, 4)
+    if not p:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "devSeqLengths: NULL pointer (the int32 device "
+                         "copy of the lengths is required)")
+    if CHECKED:
+        import ctypes
+
+        from ..._cuda import driver
+        host = (ctypes.c_int32 * x.batch)()
+        driver.memcpy_dtoh(ctypes.addressof(host), p, 4 * x.batch)
+        for i, (a, b) in enumerate(zip(host, x.lengths)):
+            if a != b:
+                _bad(f"devSeqLengths[{i}]: {a} differs from the descriptor's seqLengthArray[{i}] {b}"
+                     + (f" (outside [1, {x.max_seq}])" if not 1 <= a <= x.max_seq else ""))
+    return p
+
+
+def _launcher(handle, tag):
+    key = ("rnn.launcher", tag)
+    lau = handle.prepared.get(key)
+    if lau is None:
+        lau = handle.remember(key, K.Launcher(handle, tag))
+    return lau
+
+
+def _gemm(handle, r, m, n, k, a, b, c, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None):
+    matmul.gemm(handle, r.dtype, m, n, k, a, b, c, 1.0, beta, trans_a=trans_a, trans_b=trans_b, lda=lda, ldb=ldb,
+                ldc=ldc)
+
+
+# ----------------------------------------------------------------------------- forward
+
+@api
+def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, y, h_desc, hx, hy, c_desc, cx, cy,
+                weight_space_size, weight_space, work_space_size, work_space, reserve_space_size, reserve_space):
+    """cudnnRNNForward: y (and hy, cy: each NULL-able, as hx and cx) from x. INFERENCE needs no reserve
+    space; TRAINING fills it for the backward calls. devSeqLengths: the lengths as int32 in device memory
+    (read by the kernels; compared with xDesc's in PYDNN_CHECKED=1 mode). Outputs past each sequence's
+    length are yDesc's padding fill (unpacked layouts; untouched without a fill). hy / cy: each sequence's
+    state after its own last step. BAD_PARAM: descriptors that disagree (data type, vector sizes, lengths,
+    hDesc / cDesc dims (layers * dirs, batch, size) packed), spaces smaller than asked, fwdMode;
+    NOT_SUPPORTED: algorithms other than STANDARD, double data, dropout between layers in training."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    mode = enum_arg("fwdMode", fwd_mode, FWD_MODES, "pydnnForwardMode_t")
+    training = mode == E.PYDNN_FWD_MODE_TRAINING
+    xd = _validate(r, x_desc, y_desc, h_desc, c_desc)
+    _gpu_support(r, training)
+    g = _geometry(r, xd)
+    es = g.es
+    lens = _lens(dev_seq_lengths, xd)
+    xp = _ptr(x, "x", xd.span_bytes(), es)
+    yp = _ptr(y, "y", set_data(y_desc, "yDesc").span_bytes(), es)
+    hbytes, cbytes = g.L * g.D * g.B * g.P * es, g.L * g.D * g.B * g.H * es
+    hxp, hyp = _opt(hx, "hx", hbytes, es), _opt(hy, "hy", hbytes, es)
+    lstm = r.cell == LSTM
+    cxp = _opt(cx, "cx", cbytes, es) if lstm else 0
+    cyp = _opt(cy, "cy", cbytes, es) if lstm else 0
+    wp = _space(weight_space, weight_space_size, r.weight_elements() * es, "weightSpace", "weightSpaceSize")
+    wsp = _space(work_space, work_space_size, g.workspace_size(training), "workSpace", "workSpaceSize")
+    rsp = _space(reserve_space, reserve_space_size, g.reserve_size(training), "reserveSpace", "reserveSpaceSize")
+    _run_forward(handle, r, g, training, lens, xp, yp, set_data(y_desc, "yDesc").fill, hxp, hyp, cxp, cyp, wp, wsp,
+                 rsp)
+
+
+def _pack(lau, g, lens, src, dst, vec, layout, mode, fill=0.0):
+    p = lau.reset()
+    p.lens, p.aux_in, p.aux = lens, src, dst
+    p.seq, p.batch, p.vec, p.layout, p.mode, p.fill = g.T, g.B, vec, layout, mode, fill
+    lau.launch("pack", 0, blocks=g.N)
+
+
+def _state_index(g, d, t):
+    """(index of h_prev, index of h_out) of time t in direction d."""
+    return (t, t + 1) if d == 0 else (t + 1, t)
+
+
+def _run_forward(handle, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp, wsp, rsp):
+    lau = _launcher(handle, TAG[r.dtype])
+    es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
+    ws = g.ws_train if training else g.ws_inf
+    rs = g.rs
+    _pack(lau, g, lens, xp, wsp + ws["xin"], g.I, g.x.layout, 0)
+    inp, inp_w = wsp + ws["xin"], g.I
+    for layer in range(g.L):
+        ly = rsp + rs[("ly", layer)] if training else wsp + ws["ly"] + (layer % 2) * N * D * P * es
+        for d in range(D):
+            pl = layer * D + d
+            w_in, w_rec = g.weight(wp, pl, "m", 0), g.weight(wp, pl, "m", g.G)
+            w_proj = g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0
+            b_in, b_rec = g.weight(wp, pl, "b", 0), g.weight(wp, pl, "b", g.G)
+            xpd = wsp + ws["xp"] + d * N * GH * es
+            if w_in:
+                _gemm(handle, r, N, GH, inp_w, inp, w_in, xpd, trans_b=True)
+            if training:
+                hs0, hs_step = rsp + rs[("hs", pl)], B * P * es
+                s0, s_step = (rsp + rs[("s32", pl)] if g.s32 else 0), B * H * 4
+                hs_at = lambda i, hs0=hs0, st=hs_step: hs0 + i * st  # noqa: E731
+                s_at = lambda i, s0=s0, st=s_step: s0 + i * st if s0 else 0  # noqa: E731
+            else:
+                hs0 = wsp + ws["hs"] + d * 2 * B * P * es
+                s0 = wsp + ws["s32"] + d * 2 * B * H * 4 if g.s32 else 0
+                hs_at = lambda i, hs0=hs0: hs0 + (i % 2) * B * P * es  # noqa: E731
+                s_at = lambda i, s0=s0: s0 + (i % 2) * B * H * 4 if s0 else 0  # noqa: E731
+            first = 0 if d == 0 else T
+            p = lau.reset()
+            p.h_prev = hxp + pl * B * P * es if hxp else 0
+            p.aux_in = cxp + pl * B * H * es if cxp else 0
+            p.h_out, p.s_out = hs_at(first), s_at(first)
+            p.batch, p.out, p.hidden, p.mode = B, P, H, r.cell
+            lau.launch("state_init", B * max(P, H))
+            clip = r.clip()
+            for s in range(T):
+                t = s if d == 0 else T - 1 - s
+                ip, io = _state_index(g, d, t)
+                _gemm(handle, r, B, GH, P, hs_at(ip), w_rec, wsp + ws["hp"], trans_b=True)
+                if r.proj:
+                    m_t = rsp + rs[("m", pl)] + t * B * H * es if training else wsp + ws["m"]
+                p = lau.reset()
+                if w_in:
+                    p.xp, p.ld_xp, p.gs_xp = xpd + t * B * GH * es, GH, H
+                else:  # SKIP_INPUT: the input itself (inputSize == hiddenSize) enters every gate
+                    p.xp, p.ld_xp, p.gs_xp = inp + t * B * inp_w * es, inp_w, 0
+                p.hp, p.bw, p.br = wsp + ws["hp"], b_in, b_rec
+                p.h_prev, p.h_out = hs_at(ip), (m_t if r.proj else hs_at(io))
+                p.s_prev, p.s_out = s_at(ip), s_at(io)
+                p.y, p.ld_y = (0 if r.proj else ly + (t * B * D * P + d * P) * es), D * P
+                p.act = rsp + rs[("act", pl)] + t * B * g.GA * H * 4 if training else 0
+                p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                if clip:
+                    p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+                lau.launch("fwd_cell", B * H, cell=r.cell)
+                if r.proj:
+                    _gemm(handle, r, B, P, H, m_t, w_proj, wsp + ws["hn"], trans_b=True)
+                    p = lau.reset()
+                    p.aux_in, p.h_prev, p.h_out = wsp + ws["hn"], hs_at(ip), hs_at(io)
+                    p.y, p.ld_y = ly + (t * B * D * P + d * P) * es, D * P
+                    p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                    lau.launch("proj_commit", B * P)
+            last = T if d == 0 else 0
+            if hyp or cyp:
+                p = lau.reset()
+                p.h_prev, p.s_prev = hs_at(last), s_at(last)
+                p.aux = hyp + pl * B * P * es if hyp else 0
+                p.dxa = cyp + pl * B * H * es if cyp else 0
+                p.batch, p.out, p.hidden = B, P, H
+                lau.launch("state_out", B * max(P, H))
+        inp, inp_w = ly, D * P
+    _pack(lau, g, lens, inp, yp, D * P, g.x.layout, 2 if fill is None else 1, 0.0 if fill is None else fill)
+
+
+# ----------------------------------------------------------------------------- backward
+
+@api
+def rnn_backward_data_v8(handle, rnn_desc, dev_seq_lengths, y_desc, y, dy, x_desc, dx, h_desc, hx, dhy, dhx, c_desc,
+                         cx, dcy, dcx, weight_space_size, weight_space, work_space_size, work_space,
+                         reserve_space_size, reserve_space):
+    """cudnnRNNBackwardData_v8: dx, dhx, dcx (each of dhy, dhx, dcy, dcx NULL-able: NULL inputs are zeros)
+    from dy after a TRAINING forward with the same arguments, whose reserve space it reads and extends
+    (the pre-activation gradients BackwardWeights needs). dx past each sequence's length is 0 (unpacked
+    layouts). y and hx, cx are not read (the reserve space holds what is needed). Statuses as RNNForward."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    xd = _validate(r, x_desc, y_desc, h_desc, c_desc)
+    _gpu_support(r, True)
+    g = _geometry(r, xd)
+    es = g.es
+    lens = _lens(dev_seq_lengths, xd)
+    yd = set_data(y_desc, "yDesc")
+    dyp = _ptr(dy, "dy", yd.span_bytes(), es)
+    dxp = _ptr(dx, "dx", xd.span_bytes(), es)
+    hbytes, cbytes = g.L * g.D * g.B * g.P * es, g.L * g.D * g.B * g.H * es
+    dhyp, dhxp = _opt(dhy, "dhy", hbytes, es), _opt(dhx, "dhx", hbytes, es)
+    lstm = r.cell == LSTM
+    dcyp = _opt(dcy, "dcy", cbytes, es) if lstm else 0
+    dcxp = _opt(dcx, "dcx", cbytes, es) if lstm else 0
+    wp = _space(weight_space, weight_space_size, r.weight_elements() * es, "weightSpace", "weightSpaceSize")
+    wsp = _space(work_space, work_space_size, g.workspace_size(True), "workSpace", "workSpaceSize")
+    rsp = _space(reserve_space, reserve_space_size, g.reserve_size(True), "reserveSpace", "reserveSpaceSize")
+    _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
+
+
+def _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
+    lau = _launcher(handle, TAG[r.dtype])
+    es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
+    ws, rs = g.ws_train, g.rs
+    dly = [wsp + ws["dly"], wsp + ws["dly"] + N * g.dw * es]
+    cur = 0
+    _pack(lau, g, lens, dyp, dly[cur], D * P, g.x.layout, 0)
+    gh, ghrec, gc = wsp + ws["gh"], wsp + ws["ghrec"], wsp + ws["gc"]
+    clip = r.clip()
+    for layer in range(g.L - 1, -1, -1):
+        in_w = r.layer_input(layer)
+        nxt = dly[1 - cur]
+        for d in range(D):
+            pl = layer * D + d
+            w_in, w_rec = g.weight(wp, pl, "m", 0), g.weight(wp, pl, "m", g.G)
+            w_proj = g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0
+            hs0 = rsp + rs[("hs", pl)]
+            s0 = rsp + rs[("s32", pl)] if g.s32 else 0
+            s_at = lambda i, s0=s0: s0 + i * B * H * 4 if s0 else 0  # noqa: E731
+            dxa0 = rsp + rs[("dxa", pl)]
+            dha0 = rsp + rs[("dha", pl)] if r.cell == GRU else 0
+            p = lau.reset()
+            p.dy = dhyp + pl * B * P * es if dhyp else 0
+            p.dm = dcyp + pl * B * H * es if dcyp else 0
+            p.gh, p.aux, p.gc = gh, ghrec, gc
+            p.batch, p.out, p.hidden = B, P, H
+            lau.launch("bwd_state_init", B * max(P, H))
+            for s in range(T):
+                t = T - 1 - s if d == 0 else s
+                ip, io = _state_index(g, d, t)
+                dy_t = dly[cur] + (t * B * D * P + d * P) * es
+                if r.proj:
+                    dh_t = rsp + rs[("dhall", pl)] + t * B * P * es
+                    p = lau.reset()
+                    p.gh, p.ghrec, p.dy, p.ld_y, p.aux = gh, ghrec, dy_t, D * P, dh_t
+                    p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                    lau.launch("bwd_proj_pre", B * P)
+                    _gemm(handle, r, B, H, P, dh_t, w_proj, wsp + ws["dm"])
+                p = lau.reset()
+                p.dm = wsp + ws["dm"] if r.proj else 0
+                p.dy, p.ld_y = (0 if r.proj else dy_t), D * P
+                p.act = rsp + rs[("act", pl)] + t * B * g.GA * H * 4
+                p.s_prev, p.s_out = s_at(ip), s_at(io)
+                p.dxa = dxa0 + t * B * GH * es
+                p.dha = dha0 + t * B * GH * es if dha0 else 0
+                p.gh, p.ghrec, p.gc = gh, ghrec, gc
+                p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                if clip:
+                    p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+                lau.launch("bwd_cell", B * H, cell=r.cell)
+                _gemm(handle, r, B, P, GH, (dha0 or dxa0) + t * B * GH * es, w_rec, ghrec)
+            if dhxp or dcxp:
+                p = lau.reset()
+                p.aux = dhxp + pl * B * P * es if dhxp else 0
+                p.dxa = dcxp + pl * B * H * es if dcxp else 0
+                p.gh, p.ghrec, p.gc = gh, ghrec, gc
+                p.batch, p.out, p.hidden = B, P, H
+                lau.launch("bwd_state_out", B * max(P, H))
+            if w_in:
+                _gemm(handle, r, N, in_w, GH, dxa0, w_in, nxt, beta=0.0 if d == 0 else 1.0)
+            else:
+                p = lau.reset()
+                p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux = nxt, dxa0, N, H, g.G, in_w
+                p.mode = 0 if d == 0 else K.MODE_ADD
+                lau.launch("skip_dx", N * H)
+        cur = 1 - cur
+    _pack(lau, g, lens, dly[cur], dxp, g.I, g.x.layout, 1, 0.0)
+
+
+@api
+def rnn_backward_weights_v8(handle, rnn_desc, add_grad, dev_seq_lengths, x_desc, x, h_desc, hx, y_desc, y,
+                            weight_space_size, dweight_space, work_space_size, work_space, reserve_space_size,
+                            reserve_space):
+    """cudnnRNNBackwardWeights_v8: weight and bias gradients after RNNBackwardData_v8 (same arguments, its
+    reserve space), added to dweightSpace (WGRAD_MODE_ADD, as cuDNN) or written (WGRAD_MODE_SET), in the
+    weight space's layout. hx, y are not read (the reserve space holds the states and layer outputs);
+    x is. Statuses as RNNForward; BAD_PARAM: addGrad."""
+    check_handle(handle)
+    r = set_rnn(rnn_desc)
+    mode = enum_arg("addGrad", add_grad, WGRAD_MODES, "pydnnWgradMode_t")
+    xd = _validate(r, x_desc, y_desc, h_desc, None)
+    _gpu_support(r, True)
+    g = _geometry(r, xd)
+    es = g.es
+    lens = _lens(dev_seq_lengths, xd)
+    xp = _ptr(x, "x", xd.span_bytes(), es)
+    dwp = _space(dweight_space, weight_space_size, r.weight_elements() * es, "dweightSpace", "weightSpaceSize")
+    wsp = _space(work_space, work_space_size, g.workspace_size(True), "workSpace", "workSpaceSize")
+    rsp = _space(reserve_space, reserve_space_size, g.reserve_size(True), "reserveSpace", "reserveSpaceSize")
+    _run_backward_weights(handle, r, g, mode == E.PYDNN_WGRAD_MODE_ADD, lens, xp, dwp, wsp, rsp)
+
+
+def _run_backward_weights(handle, r, g, add, lens, xp, dwp, wsp, rsp):
+    lau = _launcher(handle, TAG[r.dtype])
+    es, B, N, H, P, D, GH = g.es, g.B, g.N, g.H, g.P, g.D, g.GH
+    ws, rs = g.ws_train, g.rs
+    beta = 1.0 if add else 0.0
+    _pack(lau, g, lens, xp, wsp + ws["xin"], g.I, g.x.layout, 0)
+    for layer in range(g.L):
+        inp = wsp + ws["xin"] if layer == 0 else rsp + rs[("ly", layer - 1)]
+        in_w = r.layer_input(layer)
+        for d in range(D):
+            pl = layer * D + d
+            dxa0 = rsp + rs[("dxa", pl)]
+            dha0 = rsp + rs[("dha", pl)] if r.cell == GRU else dxa0
+            dw_in, dw_rec = g.weight(dwp, pl, "m", 0), g.weight(dwp, pl, "m", g.G)
+            if dw_in:
+                _gemm(handle, r, GH, in_w, N, dxa0, inp, dw_in, beta=beta, trans_a=True)
+            hprev = rsp + rs[("hs", pl)] + (0 if d == 0 else B * P * es)
+            _gemm(handle, r, GH, P, N, dha0, hprev, dw_rec, beta=beta, trans_a=True)
+            if r.proj:
+                _gemm(handle, r, P, H, N, rsp + rs[("dhall", pl)], rsp + rs[("m", pl)],
+                      g.weight(dwp, pl, "m", PROJ_ID), beta=beta, trans_a=True)
+            for kind_src, lin in ((dxa0, 0), (dha0, g.G)):
+                db = g.weight(dwp, pl, "b", lin)
+                if db:
+                    p = lau.reset()
+                    p.aux, p.aux_in, p.rows, p.cols, p.ld_aux = db, kind_src, N, GH, GH
+                    p.mode = K.MODE_ADD if add else 0
+                    lau.launch("bias_grad", GH)
