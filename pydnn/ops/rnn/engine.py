@@ -239,7 +239,7 @@ def _state_desc(d, name, dims, dtype, required=True):
     return d
 
 
-def _validate(r, x_desc, y_desc, h_desc, c_desc, xname="xDesc", yname="yDesc"):
+def _validate(r, x_desc, y_desc, h_desc, c_desc, xname="xDesc", yname="yDesc", check_c=True):
     x = _x_for(r, x_desc, xname)
     if y_desc is not None:
         y = set_data(y_desc, yname)
@@ -251,7 +251,8 @@ def _validate(r, x_desc, y_desc, h_desc, c_desc, xname="xDesc", yname="yDesc"):
             _bad(f"{yname}: vectorSize {y.vector} must be directions * {'projSize' if r.proj else 'hiddenSize'}"
                  f" = {r.dirs * r.out}")
     _state_desc(h_desc, "hDesc", (r.pseudo_layers, x.batch, r.out), r.dtype)
-    _state_desc(c_desc, "cDesc", (r.pseudo_layers, x.batch, r.hidden), r.dtype, required=r.cell == LSTM)
+    if check_c:
+        _state_desc(c_desc, "cDesc", (r.pseudo_layers, x.batch, r.hidden), r.dtype, required=r.cell == LSTM)
     return x
 
 
@@ -549,7 +550,7 @@ def rnn_backward_weights_v8(handle, rnn_desc, add_grad, dev_seq_lengths, x_desc,
     check_handle(handle)
     r = set_rnn(rnn_desc)
     mode = enum_arg("addGrad", add_grad, WGRAD_MODES, "pydnnWgradMode_t")
-    xd = _validate(r, x_desc, y_desc, h_desc, None)
+    xd = _validate(r, x_desc, y_desc, h_desc, None, check_c=False)
     _gpu_support(r, True)
     g = _geometry(r, xd)
     es = g.es

@@ -1,0 +1,314 @@
+"""A CPU emulation of the device for pydnn/ops/rnn/engine.py: device memory is one numpy byte array
+(pointers are byte addresses into it), pydnn.ops.matmul.gemm is its documented formula in numpy, and each
+ptx/rnn.cu kernel is re-stated in numpy from its CUDA source. It runs the engine's real Python (buffer
+layout, pointer arithmetic, launch order) so that its index math is checked without a GPU."""
+import numpy as np
+
+from pydnn import enums as E
+from pydnn.handle import Handle
+from pydnn.ops import matmul
+from pydnn.ops.rnn import kernels as K
+
+BASE = 1 << 20
+GUARD = 4096
+NP = {E.PYDNN_DATA_FLOAT: np.float32, E.PYDNN_DATA_HALF: np.float16}
+
+
+class Device:
+    def __init__(self, nbytes=1 << 26):
+        self.mem = np.zeros(nbytes, np.uint8)
+        self.top = GUARD
+        self.guards = []
+
+    def alloc(self, nbytes):
+        ptr = BASE + self.top
+        n = -(-max(int(nbytes), 1) // 256) * 256
+        self.mem[self.top:self.top + n] = 0xFF  # poison: NaN in every float type
+        self.top += n
+        self.guards.append((self.top, GUARD))
+        self.mem[self.top:self.top + GUARD] = 0xA5  # guard band: must stay untouched
+        self.top += GUARD
+        assert self.top < len(self.mem)
+        return ptr
+
+    def view(self, ptr, n, dt):
+        off = ptr - BASE
+        dt = np.dtype(dt)
+        assert off >= 0 and off % dt.itemsize == 0, (ptr, dt)
+        return self.mem[off:off + n * dt.itemsize].view(dt)
+
+    def put(self, arr):
+        arr = np.ascontiguousarray(arr)
+        p = self.alloc(arr.nbytes)
+        self.view(p, arr.size, arr.dtype)[:] = arr.ravel()
+        return p
+
+    def write(self, ptr, arr):
+        arr = np.ascontiguousarray(arr)
+        self.view(ptr, arr.size, arr.dtype)[:] = arr.ravel()
+
+    def read(self, ptr, n, dt):
+        return self.view(ptr, n, dt).copy()
+
+    def sync(self):
+        pass
+
+    def guards_intact(self):
+        return all(np.all(self.mem[o:o + n] == 0xA5) for o, n in self.guards)
+
+
+def fake_handle():
+    h = Handle.__new__(Handle)
+    h.alive, h.prepared, h.arch, h.sm_count, h._funcs = True, {}, "sm_90", 132, {}
+    h.stream, h.cu_stream, h.ctx, h.device = 0, 0, None, 0
+    return h
+
+
+def install(monkeypatch, dev, dtype):
+    dt = NP[dtype]
+
+    def gemm(handle, dtype_, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, lda=None,
+             ldb=None, ldc=None, **_):
+        lda = lda or (m if trans_a else k)
+        ldb = ldb or (k if trans_b else n)
+        ldc = ldc or n
+        A = dev.view(a, ((k - 1) * lda + m) if trans_a else ((m - 1) * lda + k), dt).astype(np.float64)
+        Bm = dev.view(b, ((n - 1) * ldb + k) if trans_b else ((k - 1) * ldb + n), dt).astype(np.float64)
+        opA = np.stack([A[i::lda][:k] for i in range(m)]) if trans_a else np.stack([A[i * lda:i * lda + k] for i in range(m)])
+        if trans_b:
+            opB = np.stack([Bm[j * ldb:j * ldb + k] for j in range(n)]).T
+        else:
+            opB = np.stack([Bm[kk * ldb:kk * ldb + n] for kk in range(k)])
+        C = dev.view(c, (m - 1) * ldc + n, dt)
+        res = alpha * (opA.astype(np.float32) @ opB.astype(np.float32)).astype(np.float64)
+        for i in range(m):
+            row = C[i * ldc:i * ldc + n]
+            row[:] = (res[i] + (beta * row.astype(np.float64) if beta else 0.0)).astype(dt)
+
+    monkeypatch.setattr(matmul, "gemm", gemm)
+
+    def launch(self, name, threads, cell=None, blocks=None):
+        KERNELS[name](dev, self.p, dt, cell)
+
+    monkeypatch.setattr(K.Launcher, "launch", launch)
+
+
+# ----------------------------------------------------------------------------- kernels, from ptx/rnn.cu
+
+def _sig(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _f32(dev, ptr, n):
+    return dev.view(ptr, n, np.float32)
+
+
+def fwd_cell(dev, p, dt, cell):
+    B, H, P = p.batch, p.hidden, p.out
+    G = 4 if cell == 2 else (3 if cell == 3 else 1)
+    proj = cell == 2 and P != H
+    lens = dev.view(p.lens, B, np.int32)
+    act_rows = p.t < lens
+    xa, ha = [], []
+    for g in range(G):
+        X = np.stack([dev.view(p.xp + (b * p.ld_xp + g * p.gs_xp) * dt().itemsize, H, dt) for b in range(B)]).astype(np.float32)
+        Hp = dev.view(p.hp, B * G * H, dt).reshape(B, G, H)[:, g].astype(np.float32)
+        if p.bw:
+            X = X + dev.view(p.bw, G * H, dt)[g * H:(g + 1) * H].astype(np.float32)
+        if p.br:
+            Hp = Hp + dev.view(p.br, G * H, dt)[g * H:(g + 1) * H].astype(np.float32)
+        xa.append(X)
+        ha.append(Hp)
+    a = act_rows[:, None]
+    hout = dev.view(p.h_out, B * H, dt).reshape(B, H)
+    y = [dev.view(p.y + b * p.ld_y * dt().itemsize, H, dt) for b in range(B)] if p.y else None
+    act = _f32(dev, p.act, B * (4 if cell >= 2 else 1) * H).reshape(B, -1, H) if p.act else None
+    if cell == 2:
+        cp = _f32(dev, p.s_prev, B * H).reshape(B, H).copy()
+        i, f, g, o = _sig(xa[0] + ha[0]), _sig(xa[1] + ha[1]), np.tanh(xa[2] + ha[2]), _sig(xa[3] + ha[3])
+        c = f * cp + i * g
+        if p.clip:
+            c = np.minimum(np.maximum(c, p.lclip), p.rclip)
+        m = o * np.tanh(c)
+        _f32(dev, p.s_out, B * H).reshape(B, H)[:] = np.where(a, c, cp)
+        if proj:
+            hout[:] = np.where(a, m, 0).astype(dt)
+        else:
+            hprev = dev.view(p.h_prev, B * H, dt).reshape(B, H).copy()
+            hout[:] = np.where(a, m.astype(dt), hprev)
+        newh = m
+        if act is not None:
+            for k, v in enumerate((i, f, g, o)):
+                act[:, k][act_rows] = v[act_rows]
+    elif cell == 3:
+        hp32 = _f32(dev, p.s_prev, B * H).reshape(B, H).copy()
+        r, z = _sig(xa[0] + ha[0]), _sig(xa[1] + ha[1])
+        n = np.tanh(xa[2] + r * ha[2])
+        h = (1 - z) * n + z * hp32
+        _f32(dev, p.s_out, B * H).reshape(B, H)[:] = np.where(a, h, hp32)
+        hprev = dev.view(p.h_prev, B * H, dt).reshape(B, H).copy()
+        hout[:] = np.where(a, h.astype(dt), hprev)
+        newh = h
+        if act is not None:
+            for k, v in enumerate((r, z, n, ha[2])):
+                act[:, k][act_rows] = v[act_rows]
+    else:
+        s = xa[0] + ha[0]
+        h = np.maximum(s, 0) if cell == 0 else np.tanh(s)
+        hprev = dev.view(p.h_prev, B * H, dt).reshape(B, H).copy()
+        hout[:] = np.where(a, h.astype(dt), hprev)
+        newh = h
+        if act is not None:
+            act[:, 0][act_rows] = h[act_rows]
+    if y is not None and not proj:
+        for b in range(B):
+            y[b][:] = newh[b].astype(dt) if act_rows[b] else 0
+
+
+def proj_commit(dev, p, dt, cell):
+    B, P = p.batch, p.out
+    lens = dev.view(p.lens, B, np.int32)
+    src = dev.view(p.aux_in, B * P, dt).reshape(B, P).copy()
+    hp = dev.view(p.h_prev, B * P, dt).reshape(B, P).copy()
+    a = (p.t < lens)[:, None]
+    dev.view(p.h_out, B * P, dt).reshape(B, P)[:] = np.where(a, src, hp)
+    if p.y:
+        for b in range(B):
+            dev.view(p.y + b * p.ld_y * dt().itemsize, P, dt)[:] = src[b] if a[b, 0] else 0
+
+
+def state_init(dev, p, dt, cell):
+    B, P, H = p.batch, p.out, p.hidden
+    dev.view(p.h_out, B * P, dt)[:] = dev.view(p.h_prev, B * P, dt) if p.h_prev else 0
+    if p.s_out:
+        src = p.aux_in if p.mode == 2 else p.h_prev
+        _f32(dev, p.s_out, B * H)[:] = dev.view(src, B * H, dt).astype(np.float32) if src else 0
+
+
+def state_out(dev, p, dt, cell):
+    B, P, H = p.batch, p.out, p.hidden
+    if p.aux:
+        dev.view(p.aux, B * P, dt)[:] = dev.view(p.h_prev, B * P, dt)
+    if p.dxa:
+        dev.view(p.dxa, B * H, dt)[:] = _f32(dev, p.s_prev, B * H).astype(dt)
+
+
+def pack(dev, p, dt, cell):
+    T, B, V = p.seq, p.batch, p.vec
+    lens = dev.view(p.lens, B, np.int32)
+    for t in range(T):
+        for b in range(B):
+            valid = t < lens[b]
+            if p.layout == 0:
+                urow = t * B + b
+            elif p.layout == 2:
+                urow = b * T + t
+            else:
+                urow = sum(min(int(lens[k]), t) + (1 if (k < b and lens[k] > t) else 0) for k in range(B))
+            irow = t * B + b
+            if p.mode == 0:
+                dev.view(p.aux + irow * V * dt().itemsize, V, dt)[:] = (
+                    dev.view(p.aux_in + urow * V * dt().itemsize, V, dt) if valid else 0)
+            elif valid:
+                dev.view(p.aux + urow * V * dt().itemsize, V, dt)[:] = dev.view(p.aux_in + irow * V * dt().itemsize, V, dt)
+            elif p.layout != 1 and p.mode == 1:
+                dev.view(p.aux + urow * V * dt().itemsize, V, dt)[:] = p.fill
+
+
+def bwd_cell(dev, p, dt, cell):
+    B, H, P = p.batch, p.hidden, p.out
+    G = 4 if cell == 2 else (3 if cell == 3 else 1)
+    proj = cell == 2 and P != H
+    lens = dev.view(p.lens, B, np.int32)
+    act_rows = p.t < lens
+    a = act_rows[:, None]
+    gh = _f32(dev, p.gh, B * P).reshape(B, P)
+    ghrec = dev.view(p.ghrec, B * P, dt).reshape(B, P).astype(np.float32)
+    dxa = dev.view(p.dxa, B * G * H, dt).reshape(B, G, H)
+    dha = dev.view(p.dha, B * G * H, dt).reshape(B, G, H) if p.dha else None
+    if proj:
+        dh = dev.view(p.dm, B * H, dt).reshape(B, H).astype(np.float32)
+    else:
+        dh = gh + ghrec
+        if p.dy:
+            dh = dh + np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, H, dt) for b in range(B)]).astype(np.float32)
+    act = _f32(dev, p.act, B * (4 if cell >= 2 else 1) * H).reshape(B, -1, H)
+    if cell == 2:
+        i, f, g, o = (act[:, k] for k in range(4))
+        c = _f32(dev, p.s_out, B * H).reshape(B, H)
+        cp = _f32(dev, p.s_prev, B * H).reshape(B, H)
+        tc = np.tanh(c)
+        gc = _f32(dev, p.gc, B * H).reshape(B, H)
+        dc = gc + dh * o * (1 - tc * tc)
+        if p.clip:
+            dc = np.where((p.lclip < c) & (c < p.rclip), dc, 0)
+        d = [dc * g * i * (1 - i), dc * cp * f * (1 - f), dc * i * (1 - g * g), dh * tc * o * (1 - o)]
+        dr = d
+        gc[:] = np.where(a, dc * f, gc)
+        newgh = np.zeros_like(dh)
+    elif cell == 3:
+        r, z, n, han = (act[:, k] for k in range(4))
+        hp = _f32(dev, p.s_prev, B * H).reshape(B, H)
+        dn = dh * (1 - z) * (1 - n * n)
+        d = [dn * han * r * (1 - r), dh * (hp - n) * z * (1 - z), dn]
+        dr = [d[0], d[1], dn * r]
+        newgh = dh * z
+    else:
+        h = act[:, 0]
+        d = [dh * ((h > 0) if cell == 0 else (1 - h * h))]
+        dr = d
+        newgh = np.zeros_like(dh)
+    if not proj:
+        gh[:] = np.where(a, newgh, gh + ghrec)
+    for k in range(G):
+        dxa[:, k] = np.where(a, d[k], 0).astype(dt)
+        if dha is not None:
+            dha[:, k] = np.where(a, dr[k], 0).astype(dt)
+
+
+def bwd_proj_pre(dev, p, dt, cell):
+    B, P = p.batch, p.out
+    lens = dev.view(p.lens, B, np.int32)
+    a = (p.t < lens)[:, None]
+    gh = _f32(dev, p.gh, B * P).reshape(B, P)
+    g = gh + dev.view(p.ghrec, B * P, dt).reshape(B, P).astype(np.float32)
+    dy = np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, P, dt) for b in range(B)]).astype(np.float32) if p.dy else 0
+    dev.view(p.aux, B * P, dt).reshape(B, P)[:] = np.where(a, g + dy, 0).astype(dt)
+    gh[:] = np.where(a, 0, g)
+
+
+def bwd_state_init(dev, p, dt, cell):
+    B, P, H = p.batch, p.out, p.hidden
+    _f32(dev, p.gh, B * P)[:] = dev.view(p.dy, B * P, dt).astype(np.float32) if p.dy else 0
+    dev.view(p.aux, B * P, dt)[:] = 0
+    if p.gc:
+        _f32(dev, p.gc, B * H)[:] = dev.view(p.dm, B * H, dt).astype(np.float32) if p.dm else 0
+
+
+def bwd_state_out(dev, p, dt, cell):
+    B, P, H = p.batch, p.out, p.hidden
+    if p.aux:
+        dev.view(p.aux, B * P, dt)[:] = (_f32(dev, p.gh, B * P) + dev.view(p.ghrec, B * P, dt).astype(np.float32)).astype(dt)
+    if p.dxa:
+        dev.view(p.dxa, B * H, dt)[:] = _f32(dev, p.gc, B * H).astype(dt)
+
+
+def skip_dx(dev, p, dt, cell):
+    R, H, G = p.rows, p.hidden, p.cols
+    src = dev.view(p.aux_in, R * G * H, dt).reshape(R, G, H).astype(np.float32).sum(1)
+    for r in range(R):
+        row = dev.view(p.aux + r * p.ld_aux * dt().itemsize, H, dt)
+        row[:] = (src[r] + (row.astype(np.float32) if p.mode & K.MODE_ADD else 0)).astype(dt)
+
+
+def bias_grad(dev, p, dt, cell):
+    R, C, ld = p.rows, p.cols, p.ld_aux
+    src = dev.view(p.aux_in, (R - 1) * ld + C, dt)
+    s = np.stack([src[r * ld:r * ld + C] for r in range(R)]).astype(np.float32).sum(0)
+    out = dev.view(p.aux, C, dt)
+    out[:] = (s + (out.astype(np.float32) if p.mode & K.MODE_ADD else 0)).astype(dt)
+
+
+KERNELS = {"fwd_cell": fwd_cell, "proj_commit": proj_commit, "state_init": state_init, "state_out": state_out,
+           "pack": pack, "bwd_cell": bwd_cell, "bwd_proj_pre": bwd_proj_pre, "bwd_state_init": bwd_state_init,
+           "bwd_state_out": bwd_state_out, "skip_dx": skip_dx, "bias_grad": bias_grad}

@@ -1,0 +1,37 @@
+"""The RNN engine's Python (pydnn/ops/rnn/engine.py: buffer layout, pointer arithmetic, the order of GEMMs
+and kernels) run on a CPU emulation of the device (rnn_emulator.py: matmul's formula and each ptx/rnn.cu
+kernel re-stated in numpy), against the float64 reference: forward (training and inference), backward
+data, backward weights (ADD). The same harness runs on the GPU in test_rnn_gpu.py."""
+import os
+import sys
+
+import pytest
+
+from pydnn import enums as E
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rnn_emulator  # noqa: E402
+from rnn_harness import Case, run_case  # noqa: E402
+
+CASES = {
+    "lstm": Case(),
+    "lstm-bi-2layer-nostate": Case(layers=2, dirs=2, states=False, lengths=(4, 2, 3), fill=-3.0),
+    "lstm-proj-clip": Case(proj=5, clip=(-0.4, 0.5), layers=2, lengths=(4, 1, 3)),
+    "lstm-proj-bi": Case(proj=3, dirs=2, layout=E.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, fill=2.0),
+    "gru-bi-packed": Case(cell=E.PYDNN_GRU, dirs=2, layers=2, layout=E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
+                          lengths=(4, 4, 2)),
+    "gru-skip-rec-bias": Case(cell=E.PYDNN_GRU, skip=True, bias_mode=E.PYDNN_RNN_SINGLE_REC_BIAS, dirs=2),
+    "relu-nobias": Case(cell=E.PYDNN_RNN_RELU, bias_mode=E.PYDNN_RNN_NO_BIAS, layers=2),
+    "tanh-inp-bias-batch-major": Case(cell=E.PYDNN_RNN_TANH, bias_mode=E.PYDNN_RNN_SINGLE_INP_BIAS,
+                                      layout=E.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, lengths=(1, 4, 2)),
+    "lstm-skip-bi": Case(skip=True, dirs=2, layers=2),
+    "lstm-half": Case(dtype=E.PYDNN_DATA_HALF, dirs=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_engine_on_emulated_device(name, monkeypatch):
+    c = CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    run_case(rnn_emulator.fake_handle(), dev, c)
