@@ -69,6 +69,12 @@ def install(monkeypatch, dev, dtype):
 
     def gemm(handle, dtype_, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, lda=None,
              ldb=None, ldc=None, **_):
+        # the real plan (validation, tile choice: pure Python) and launch's overlap checks
+        plan = real_plan(handle, dtype_, m, n, k, trans_a, trans_b, lda, ldb, ldc)
+        es = plan.esize
+        for x, span, nm in ((a, plan.span_a, "a"), (b, plan.span_b, "b")):
+            matmul._no_overlap(c, plan.span_c * es, x, span * es, nm)
+            assert x % es == 0
         lda = lda or (m if trans_a else k)
         ldb = ldb or (k if trans_b else n)
         ldc = ldc or n
@@ -85,6 +91,7 @@ def install(monkeypatch, dev, dtype):
             row = C[i * ldc:i * ldc + n]
             row[:] = (res[i] + (beta * row.astype(np.float64) if beta else 0.0)).astype(dt)
 
+    real_plan = matmul.gemm_plan
     monkeypatch.setattr(matmul, "gemm", gemm)
 
     def launch(self, name, threads, cell=None, blocks=None):
