@@ -24,12 +24,13 @@ f32 [T*B, GA*H] (GA = 4 for LSTM and GRU: i f g o / r z n (R_n h + b_Rn); 1 for 
 import os
 
 from ... import enums as E
+from ..._cuda import driver
 from ...buffers import device_ptr
 from ...handle import check_handle
 from ...status import PydnnError, api
 from ...tensor import TensorDescriptor, _int
 from .. import matmul
-from ..common import TAG, enum_arg
+from ..common import TAG, cdiv, element_aligned, enum_arg
 from . import kernels as K
 from .descriptors import GRU, LSTM, PROJ_ID, _bad, _ns, set_data, set_rnn
 
@@ -313,9 +314,93 @@ def _launcher(handle, tag):
     return lau
 
 
-def _gemm(handle, r, m, n, k, a, b, c, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None):
-    matmul.gemm(handle, r.dtype, m, n, k, a, b, c, 1.0, beta, trans_a=trans_a, trans_b=trans_b, lda=lda, ldb=ldb,
-                ldc=ldc)
+# Each call's launches (kernel, grid, block, a params struct of its own) are recorded in the handle, keyed
+# by the problem (the descriptors' contents) and every pointer and scalar of the call; the same call again
+# replays them: one cuLaunchKernel each and no Python per step (a 2-layer LSTM of 256 steps is about a
+# thousand launches). RECORD = False launches without recording (each call rebuilds its launches).
+RECORD = True
+
+
+def _gemm_params(plan, a, b, c, beta):
+    """The launch GemmPlan.launch (pydnn/ops/matmul.py) would make for these int pointers, with a params
+    struct of its own (the plan's is shared by every launch of the plan): its checks, its kernel choice."""
+    es = plan.esize
+    c = element_aligned(c, "c", es)
+    if plan.k:
+        a, b = element_aligned(a, "a", es), element_aligned(b, "b", es)
+        matmul._no_overlap(c, plan.span_c * es, a, plan.span_a * es, "a")
+        matmul._no_overlap(c, plan.span_c * es, b, plan.span_b * es, "b")
+    else:
+        a = b = 0
+    flags = matmul.FLAG_BETA if beta != 0.0 else 0
+    if plan.pair_ok and c % (2 * es) == 0:
+        flags |= matmul.FLAG_PAIR
+    rec = plan.fast if (plan.vec_ok and (a | b) & 15 == 0) else plan.general
+    p = matmul.MatmulParams.from_buffer_copy(rec.params)
+    p.a, p.b, p.c, p.bias = a, b, c, 0
+    p.alpha, p.beta, p.flags = 1.0, beta, flags
+    return rec, p
+
+
+def _launch(handle, f, grid, block, smem, args, meta):
+    """One launch on the handle's stream (meta: ("rnn", kernel, cell) or ("gemm", trans_a, trans_b, m, n,
+    k) for the tests' CPU emulation, which replaces this function)."""
+    driver.launch_args(f, grid, block, smem, handle.cu_stream, args)
+
+
+class _Exec:
+    """Launches one call's kernels and GEMMs (recording them when `record`)."""
+
+    def __init__(self, handle, r, record):
+        self.handle, self.dtype = handle, r.dtype
+        self.lau = _launcher(handle, TAG[r.dtype])
+        self.items = [] if record else None
+
+    def reset(self):
+        return self.lau.reset()
+
+    def launch(self, name, threads, cell=None, blocks=None):
+        lau = self.lau
+        f = self.handle.function(K.unit_name(lau.tag), K.expr(name, lau.tag, cell))
+        grid = (blocks if blocks is not None else max(1, cdiv(threads, K.THREADS)), 1, 1)
+        args = lau.args if self.items is None else driver.kernel_args(K.RnnParams.from_buffer_copy(lau.p))
+        self._go(f, grid, (K.THREADS, 1, 1), 0, args, ("rnn", name, cell))
+
+    def gemm(self, m, n, k, a, b, c, beta=0.0, trans_a=False, trans_b=False):
+        plan = matmul.cached_plan(self.handle, self.dtype, m, n, k, trans_a, trans_b)
+        if plan.empty:
+            return
+        rec, params = _gemm_params(plan, a, b, c, beta)
+        self._go(rec.function(self.handle), rec.grid, rec.block, rec.smem, driver.kernel_args(params),
+                 ("gemm", trans_a, trans_b, m, n, k))
+
+    def _go(self, f, grid, block, smem, args, meta):
+        if self.items is not None:
+            self.items.append((f, grid, block, smem, args, meta))
+        _launch(self.handle, f, grid, block, smem, args, meta)
+
+
+def _rnn_key(r):
+    return (r.algo, r.cell, r.bias_mode, r.dir_mode, r.input_mode, r.dtype, r.math_prec, r.math_type, r.input_size,
+            r.hidden, r.proj_size, r.layers, r.clip_mode, r.clip_nan, r.lclip, r.rclip)
+
+
+def _run(handle, r, g, fn, *args):
+    """fn(exec, r, g, *args), or the replay of its recorded launches for the same problem and arguments."""
+    key = None
+    if RECORD:
+        x = g.x
+        key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
+               args)
+        items = handle.prepared.get(key)
+        if items is not None:
+            for f, grid, block, smem, a, meta in items:
+                _launch(handle, f, grid, block, smem, a, meta)
+            return
+    ex = _Exec(handle, r, key is not None)
+    fn(ex, r, g, *args)
+    if key is not None:
+        handle.remember(key, ex.items)
 
 
 # ----------------------------------------------------------------------------- forward
@@ -349,8 +434,8 @@ def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, 
     wp = _space(weight_space, weight_space_size, r.weight_elements() * es, "weightSpace", "weightSpaceSize")
     wsp = _space(work_space, work_space_size, g.workspace_size(training), "workSpace", "workSpaceSize")
     rsp = _space(reserve_space, reserve_space_size, g.reserve_size(training), "reserveSpace", "reserveSpaceSize")
-    _run_forward(handle, r, g, training, lens, xp, yp, set_data(y_desc, "yDesc").fill, hxp, hyp, cxp, cyp, wp, wsp,
-                 rsp)
+    _run(handle, r, g, _run_forward, training, lens, xp, yp, set_data(y_desc, "yDesc").fill, hxp, hyp, cxp, cyp, wp,
+         wsp, rsp)
 
 
 def _pack(lau, g, lens, src, dst, vec, layout, mode, fill=0.0):
@@ -365,8 +450,7 @@ def _state_index(g, d, t):
     return (t, t + 1) if d == 0 else (t + 1, t)
 
 
-def _run_forward(handle, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp, wsp, rsp):
-    lau = _launcher(handle, TAG[r.dtype])
+def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp, wsp, rsp):
     es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
     ws = g.ws_train if training else g.ws_inf
     rs = g.rs
@@ -381,7 +465,7 @@ def _run_forward(handle, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp,
             b_in, b_rec = g.weight(wp, pl, "b", 0), g.weight(wp, pl, "b", g.G)
             xpd = wsp + ws["xp"] + d * N * GH * es
             if w_in:
-                _gemm(handle, r, N, GH, inp_w, inp, w_in, xpd, trans_b=True)
+                lau.gemm(N, GH, inp_w, inp, w_in, xpd, trans_b=True)
             if training:
                 hs0, hs_step = rsp + rs[("hs", pl)], B * P * es
                 s0, s_step = (rsp + rs[("s32", pl)] if g.s32 else 0), B * H * 4
@@ -403,7 +487,7 @@ def _run_forward(handle, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp,
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ip, io = _state_index(g, d, t)
-                _gemm(handle, r, B, GH, P, hs_at(ip), w_rec, wsp + ws["hp"], trans_b=True)
+                lau.gemm(B, GH, P, hs_at(ip), w_rec, wsp + ws["hp"], trans_b=True)
                 if r.proj:
                     m_t = rsp + rs[("m", pl)] + t * B * H * es if training else wsp + ws["m"]
                 p = lau.reset()
@@ -421,7 +505,7 @@ def _run_forward(handle, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp,
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
                 lau.launch("fwd_cell", B * H, cell=r.cell)
                 if r.proj:
-                    _gemm(handle, r, B, P, H, m_t, w_proj, wsp + ws["hn"], trans_b=True)
+                    lau.gemm(B, P, H, m_t, w_proj, wsp + ws["hn"], trans_b=True)
                     p = lau.reset()
                     p.aux_in, p.h_prev, p.h_out = wsp + ws["hn"], hs_at(ip), hs_at(io)
                     p.y, p.ld_y = ly + (t * B * D * P + d * P) * es, D * P
@@ -467,11 +551,10 @@ def rnn_backward_data_v8(handle, rnn_desc, dev_seq_lengths, y_desc, y, dy, x_des
     wp = _space(weight_space, weight_space_size, r.weight_elements() * es, "weightSpace", "weightSpaceSize")
     wsp = _space(work_space, work_space_size, g.workspace_size(True), "workSpace", "workSpaceSize")
     rsp = _space(reserve_space, reserve_space_size, g.reserve_size(True), "reserveSpace", "reserveSpaceSize")
-    _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
+    _run(handle, r, g, _run_backward_data, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
 
 
-def _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
-    lau = _launcher(handle, TAG[r.dtype])
+def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
     es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
     ws, rs = g.ws_train, g.rs
     dly = [wsp + ws["dly"], wsp + ws["dly"] + N * g.dw * es]
@@ -507,7 +590,7 @@ def _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp,
                     p.gh, p.ghrec, p.dy, p.ld_y, p.aux = gh, ghrec, dy_t, D * P, dh_t
                     p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
                     lau.launch("bwd_proj_pre", B * P)
-                    _gemm(handle, r, B, H, P, dh_t, w_proj, wsp + ws["dm"])
+                    lau.gemm(B, H, P, dh_t, w_proj, wsp + ws["dm"])
                 p = lau.reset()
                 p.dm = wsp + ws["dm"] if r.proj else 0
                 p.dy, p.ld_y = (0 if r.proj else dy_t), D * P
@@ -520,7 +603,7 @@ def _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp,
                 if clip:
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
                 lau.launch("bwd_cell", B * H, cell=r.cell)
-                _gemm(handle, r, B, P, GH, (dha0 or dxa0) + t * B * GH * es, w_rec, ghrec)
+                lau.gemm(B, P, GH, (dha0 or dxa0) + t * B * GH * es, w_rec, ghrec)
             if dhxp or dcxp:
                 p = lau.reset()
                 p.aux = dhxp + pl * B * P * es if dhxp else 0
@@ -529,7 +612,7 @@ def _run_backward_data(handle, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp,
                 p.batch, p.out, p.hidden = B, P, H
                 lau.launch("bwd_state_out", B * max(P, H))
             if w_in:
-                _gemm(handle, r, N, in_w, GH, dxa0, w_in, nxt, beta=0.0 if d == 0 else 1.0)
+                lau.gemm(N, in_w, GH, dxa0, w_in, nxt, beta=0.0 if d == 0 else 1.0)
             else:
                 p = lau.reset()
                 p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux = nxt, dxa0, N, H, g.G, in_w
@@ -559,11 +642,10 @@ def rnn_backward_weights_v8(handle, rnn_desc, add_grad, dev_seq_lengths, x_desc,
     dwp = _space(dweight_space, weight_space_size, r.weight_elements() * es, "dweightSpace", "weightSpaceSize")
     wsp = _space(work_space, work_space_size, g.workspace_size(True), "workSpace", "workSpaceSize")
     rsp = _space(reserve_space, reserve_space_size, g.reserve_size(True), "reserveSpace", "reserveSpaceSize")
-    _run_backward_weights(handle, r, g, mode == E.PYDNN_WGRAD_MODE_ADD, lens, xp, dwp, wsp, rsp)
+    _run(handle, r, g, _run_backward_weights, mode == E.PYDNN_WGRAD_MODE_ADD, lens, xp, dwp, wsp, rsp)
 
 
-def _run_backward_weights(handle, r, g, add, lens, xp, dwp, wsp, rsp):
-    lau = _launcher(handle, TAG[r.dtype])
+def _run_backward_weights(lau, r, g, add, lens, xp, dwp, wsp, rsp):
     es, B, N, H, P, D, GH = g.es, g.B, g.N, g.H, g.P, g.D, g.GH
     ws, rs = g.ws_train, g.rs
     beta = 1.0 if add else 0.0
@@ -577,11 +659,11 @@ def _run_backward_weights(handle, r, g, add, lens, xp, dwp, wsp, rsp):
             dha0 = rsp + rs[("dha", pl)] if r.cell == GRU else dxa0
             dw_in, dw_rec = g.weight(dwp, pl, "m", 0), g.weight(dwp, pl, "m", g.G)
             if dw_in:
-                _gemm(handle, r, GH, in_w, N, dxa0, inp, dw_in, beta=beta, trans_a=True)
+                lau.gemm(GH, in_w, N, dxa0, inp, dw_in, beta=beta, trans_a=True)
             hprev = rsp + rs[("hs", pl)] + (0 if d == 0 else B * P * es)
-            _gemm(handle, r, GH, P, N, dha0, hprev, dw_rec, beta=beta, trans_a=True)
+            lau.gemm(GH, P, N, dha0, hprev, dw_rec, beta=beta, trans_a=True)
             if r.proj:
-                _gemm(handle, r, P, H, N, rsp + rs[("dhall", pl)], rsp + rs[("m", pl)],
+                lau.gemm(P, H, N, rsp + rs[("dhall", pl)], rsp + rs[("m", pl)],
                       g.weight(dwp, pl, "m", PROJ_ID), beta=beta, trans_a=True)
             for kind_src, lin in ((dxa0, 0), (dha0, g.G)):
                 db = g.weight(dwp, pl, "b", lin)

@@ -4,7 +4,6 @@ import ctypes
 from ..._build.manifest import KernelUnit
 from ..._build.params import kernel_params
 from ..._cuda import driver
-from ..common import cdiv
 
 THREADS = 256
 CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
@@ -41,7 +40,7 @@ def kernel_units():
 
 
 class Launcher:
-    """One params struct (patched per launch) and the loaded functions of one data type."""
+    """One params struct of one data type, patched per launch (pydnn/ops/rnn/engine.py's _Exec launches)."""
 
     def __init__(self, handle, tag):
         self.handle, self.tag = handle, tag
@@ -51,10 +50,3 @@ class Launcher:
     def reset(self):
         ctypes.memset(ctypes.addressof(self.p), 0, ctypes.sizeof(self.p))
         return self.p
-
-    def launch(self, name, threads, cell=None, blocks=None):
-        """Launch `name` over `threads` threads (or `blocks` blocks of THREADS) with the current params."""
-        h = self.handle
-        f = h.function(unit_name(self.tag), expr(name, self.tag, cell))
-        grid = (blocks if blocks is not None else max(1, cdiv(threads, THREADS)), 1, 1)
-        driver.launch_args(f, grid, (THREADS, 1, 1), 0, h.cu_stream, self.args)

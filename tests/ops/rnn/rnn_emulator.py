@@ -6,7 +6,6 @@ import numpy as np
 
 from pydnn import enums as E
 from pydnn.handle import Handle
-from pydnn.ops import matmul
 from pydnn.ops.rnn import kernels as K
 
 BASE = 1 << 20
@@ -64,40 +63,43 @@ def fake_handle():
     return h
 
 
+def emu_gemm(dev, dt, m, n, k, a, b, c, alpha, beta, trans_a, trans_b, lda, ldb, ldc):
+    """pydnn.ops.matmul's documented formula (products of dt values summed in float32, C rounded to dt)."""
+    A = dev.view(a, ((k - 1) * lda + m) if trans_a else ((m - 1) * lda + k), dt).astype(np.float32)
+    Bm = dev.view(b, ((n - 1) * ldb + k) if trans_b else ((k - 1) * ldb + n), dt).astype(np.float32)
+    opA = np.stack([A[i::lda][:k] for i in range(m)]) if trans_a else np.stack([A[i * lda:i * lda + k] for i in range(m)])
+    opB = np.stack([Bm[j * ldb:j * ldb + k] for j in range(n)]).T if trans_b else np.stack([Bm[q * ldb:q * ldb + n] for q in range(k)])
+    C = dev.view(c, (m - 1) * ldc + n, dt)
+    res = alpha * (opA @ opB).astype(np.float64)
+    for i in range(m):
+        row = C[i * ldc:i * ldc + n]
+        row[:] = (res[i] + (beta * row.astype(np.float64) if beta else 0.0)).astype(dt)
+
+
 def install(monkeypatch, dev, dtype):
+    """Route the engine's launches (engine._launch) to the numpy kernels and GEMM; Handle.function returns a
+    token (no module is loaded). The engine's own GEMM launch records (_gemm_params: the real plan, its
+    checks and its params struct) are what the emulated GEMM reads."""
+    from pydnn.ops.rnn import engine
+
     dt = NP[dtype]
+    monkeypatch.setattr(Handle, "function", lambda self, unit, expr, smem=0: (unit, expr))
+    calls = []
 
-    def gemm(handle, dtype_, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, lda=None,
-             ldb=None, ldc=None, **_):
-        # the real plan (validation, tile choice: pure Python) and launch's overlap checks
-        plan = real_plan(handle, dtype_, m, n, k, trans_a, trans_b, lda, ldb, ldc)
-        es = plan.esize
-        for x, span, nm in ((a, plan.span_a, "a"), (b, plan.span_b, "b")):
-            matmul._no_overlap(c, plan.span_c * es, x, span * es, nm)
-            assert x % es == 0
-        lda = lda or (m if trans_a else k)
-        ldb = ldb or (k if trans_b else n)
-        ldc = ldc or n
-        A = dev.view(a, ((k - 1) * lda + m) if trans_a else ((m - 1) * lda + k), dt).astype(np.float64)
-        Bm = dev.view(b, ((n - 1) * ldb + k) if trans_b else ((k - 1) * ldb + n), dt).astype(np.float64)
-        opA = np.stack([A[i::lda][:k] for i in range(m)]) if trans_a else np.stack([A[i * lda:i * lda + k] for i in range(m)])
-        if trans_b:
-            opB = np.stack([Bm[j * ldb:j * ldb + k] for j in range(n)]).T
+    def launch(handle, f, grid, block, smem, args, meta):
+        p = args[2]
+        calls.append(meta)
+        if meta[0] == "rnn":
+            KERNELS[meta[1]](dev, p, dt, meta[2])
         else:
-            opB = np.stack([Bm[kk * ldb:kk * ldb + n] for kk in range(k)])
-        C = dev.view(c, (m - 1) * ldc + n, dt)
-        res = alpha * (opA.astype(np.float32) @ opB.astype(np.float32)).astype(np.float64)
-        for i in range(m):
-            row = C[i * ldc:i * ldc + n]
-            row[:] = (res[i] + (beta * row.astype(np.float64) if beta else 0.0)).astype(dt)
+            _, ta, tb, m, n, k = meta
+            assert (p.m, p.n, p.k) == (m, n, k)
+            from pydnn.ops.matmul import FLAG_BETA
+            emu_gemm(dev, dt, p.m, p.n, p.k, p.a, p.b, p.c, p.alpha, p.beta if p.flags & FLAG_BETA else 0.0, ta, tb,
+                     p.lda, p.ldb, p.ldc)
 
-    real_plan = matmul.gemm_plan
-    monkeypatch.setattr(matmul, "gemm", gemm)
-
-    def launch(self, name, threads, cell=None, blocks=None):
-        KERNELS[name](dev, self.p, dt, cell)
-
-    monkeypatch.setattr(K.Launcher, "launch", launch)
+    monkeypatch.setattr(engine, "_launch", launch)
+    return calls
 
 
 # ----------------------------------------------------------------------------- kernels, from ptx/rnn.cu

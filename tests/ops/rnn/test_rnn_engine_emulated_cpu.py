@@ -33,5 +33,25 @@ CASES = {
 def test_engine_on_emulated_device(name, monkeypatch):
     c = CASES[name]
     dev = rnn_emulator.Device()
+    calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    # four recorded calls (forward inference, forward training, backward data, backward weights); the
+    # training forward ran twice, the second time as a replay of the first's launches
+    recorded = {k[1]: v for k, v in h.prepared.items() if k[0] == "rnn.call"}
+    assert sorted(recorded) == ["_run_backward_data", "_run_backward_weights", "_run_forward"]
+    assert len([k for k in h.prepared if k[0] == "rnn.call"]) == 4
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward" and k[4][0]]
+    n = len(fwd[0])
+    assert any(calls[i:i + n] == calls[i + n:i + 2 * n] for i in range(len(calls) - 2 * n + 1))
+
+
+def test_engine_without_recording(monkeypatch):
+    from pydnn.ops.rnn import engine
+    monkeypatch.setattr(engine, "RECORD", False)
+    c = CASES["lstm-proj-clip"]
+    dev = rnn_emulator.Device()
     rnn_emulator.install(monkeypatch, dev, c.dtype)
-    run_case(rnn_emulator.fake_handle(), dev, c)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    assert not [k for k in h.prepared if k[0] == "rnn.call"]
