@@ -15,7 +15,9 @@
 //   bwd_proj_pre<T>        projection: the total dh of a step into aux (time t's row block of dh_all)
 //   bwd_state_out<T>       aux (dhx) <- gh + ghrec; dy slot unused; dm slot unused; (dcx) <- gc
 //   skip_dx<T>             SKIP_INPUT: aux[row, j] (+)= sum_g aux_in[row, g * hidden + j]
-//   bias_grad<T>           aux[col] (+)= sum_row aux_in[row * ld_aux + col] (f32 sums, a thread a column)
+//   bias_partial<T>        bias gradients, first pass: the column sums of aux_in [rows, ld_aux] over gridDim.y
+//                          chunks of `vec` rows, in f32, into s_out[chunk * cols + col]
+//   bias_final<T>          aux[col] (+)= the `seq` partial sums of column col, in chunk order (deterministic)
 // All state and gate math is in float (double for T = double).
 #include "common/types.cuh"
 #include "rnn_params.h"
@@ -305,14 +307,24 @@ __global__ void __launch_bounds__(kThreads) skip_dx(const RnnParams p) {
   st<T>(p.aux, r * p.ld_aux + j, s);
 }
 
-// aux [cols] (+)= column sums of aux_in [rows, ld_aux]; a thread per column, rows in order (deterministic)
 template <class T>
-__global__ void __launch_bounds__(kThreads) bias_grad(const RnnParams p) {
+__global__ void __launch_bounds__(kThreads) bias_partial(const RnnParams p) {
+  typedef typename Acc<T>::type A;
+  const i64 col = gid();
+  if (col >= p.cols) return;
+  const i64 r0 = (i64)blockIdx.y * p.vec, r1 = min(p.rows, r0 + p.vec);
+  A s = (A)0;
+  for (i64 r = r0; r < r1; ++r) s += ld<T>(p.aux_in, r * p.ld_aux + col);
+  p.s_out[(i64)blockIdx.y * p.cols + col] = (float)s;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) bias_final(const RnnParams p) {
   typedef typename Acc<T>::type A;
   const i64 col = gid();
   if (col >= p.cols) return;
   A s = (A)0;
-  for (i64 r = 0; r < p.rows; ++r) s += ld<T>(p.aux_in, r * p.ld_aux + col);
+  for (int c = 0; c < p.seq; ++c) s += (A)p.s_prev[(i64)c * p.cols + col];
   if (p.mode & PYDNN_RNN_MODE_ADD) s += ld<T>(p.aux, col);
   st<T>(p.aux, col, s);
 }

@@ -15,7 +15,7 @@ Workspace (regions 256-byte aligned): x gathered [T*B, inputSize]; the input pro
 the recurrent projection [B, G*H]; the projected h [B, out]; inference only: two layer outputs [T*B,
 dirs*out], two states per direction (dtype [B, out] and f32 [B, H]), m [B, H]; training only (the backward
 calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], f32 dh [B, out], its recurrent share
-[B, out], f32 dc [B, H], dm [B, H].
+[B, out], f32 dc [B, H], dm [B, H], the bias gradients' f32 partial sums [BIAS_CHUNKS, G*H].
 Reserve space (training), per pseudo-layer: states dtype [T+1, B, out] and f32 [T+1, B, H], the gate values
 f32 [T*B, GA*H] (GA = 4 for LSTM and GRU: i f g o / r z n (R_n h + b_Rn); 1 for RNN: h), m [T*B, H]
 (projection), then written by BackwardData: input pre-activation gradients [T*B, G*H], recurrent ones (GRU)
@@ -91,6 +91,7 @@ class Geometry:
                 w.add("ghrec", B * P * es)
                 w.add("gc", B * H * 4)
                 w.add("dm", B * H * es if r.proj else 0)
+                w.add("bpart", K.BIAS_CHUNKS * self.GH * 4)
             if training:
                 self.ws_train = w
             else:
@@ -359,10 +360,10 @@ class _Exec:
     def reset(self):
         return self.lau.reset()
 
-    def launch(self, name, threads, cell=None, blocks=None):
+    def launch(self, name, threads, cell=None, blocks=None, grid_y=1):
         lau = self.lau
         f = self.handle.function(K.unit_name(lau.tag), K.expr(name, lau.tag, cell))
-        grid = (blocks if blocks is not None else max(1, cdiv(threads, K.THREADS)), 1, 1)
+        grid = (blocks if blocks is not None else max(1, cdiv(threads, K.THREADS)), grid_y, 1)
         args = lau.args if self.items is None else driver.kernel_args(K.RnnParams.from_buffer_copy(lau.p))
         self._go(f, grid, (K.THREADS, 1, 1), 0, args, ("rnn", name, cell))
 
@@ -667,8 +668,12 @@ def _run_backward_weights(lau, r, g, add, lens, xp, dwp, wsp, rsp):
                       g.weight(dwp, pl, "m", PROJ_ID), beta=beta, trans_a=True)
             for kind_src, lin in ((dxa0, 0), (dha0, g.G)):
                 db = g.weight(dwp, pl, "b", lin)
-                if db:
+                if db:  # column sums of the pre-activation gradients: row chunks, then the chunks in order
+                    chunk = cdiv(N, K.BIAS_CHUNKS)
                     p = lau.reset()
-                    p.aux, p.aux_in, p.rows, p.cols, p.ld_aux = db, kind_src, N, GH, GH
+                    p.aux_in, p.s_out, p.rows, p.cols, p.ld_aux, p.vec = kind_src, wsp + ws["bpart"], N, GH, GH, chunk
+                    lau.launch("bias_partial", GH, grid_y=cdiv(N, chunk))
+                    p = lau.reset()
+                    p.aux, p.s_prev, p.cols, p.seq = db, wsp + ws["bpart"], GH, cdiv(N, chunk)
                     p.mode = K.MODE_ADD if add else 0
-                    lau.launch("bias_grad", GH)
+                    lau.launch("bias_final", GH)

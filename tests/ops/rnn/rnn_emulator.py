@@ -310,14 +310,21 @@ def skip_dx(dev, p, dt, cell):
         row[:] = (src[r] + (row.astype(np.float32) if p.mode & K.MODE_ADD else 0)).astype(dt)
 
 
-def bias_grad(dev, p, dt, cell):
-    R, C, ld = p.rows, p.cols, p.ld_aux
+def bias_partial(dev, p, dt, cell, chunks=None):
+    R, C, ld, ch = p.rows, p.cols, p.ld_aux, p.vec
     src = dev.view(p.aux_in, (R - 1) * ld + C, dt)
-    s = np.stack([src[r * ld:r * ld + C] for r in range(R)]).astype(np.float32).sum(0)
+    rows = np.stack([src[r * ld:r * ld + C] for r in range(R)]).astype(np.float32)
+    for y in range(-(-R // ch)):
+        _f32(dev, p.s_out + y * C * 4, C)[:] = rows[y * ch:(y + 1) * ch].sum(0)
+
+
+def bias_final(dev, p, dt, cell):
+    C = p.cols
+    s = _f32(dev, p.s_prev, p.seq * C).reshape(p.seq, C).sum(0)
     out = dev.view(p.aux, C, dt)
     out[:] = (s + (out.astype(np.float32) if p.mode & K.MODE_ADD else 0)).astype(dt)
 
 
-KERNELS = {"fwd_cell": fwd_cell, "proj_commit": proj_commit, "state_init": state_init, "state_out": state_out,
+KERNELS = {"bias_partial": bias_partial, "bias_final": bias_final, "fwd_cell": fwd_cell, "proj_commit": proj_commit, "state_init": state_init, "state_out": state_out,
            "pack": pack, "bwd_cell": bwd_cell, "bwd_proj_pre": bwd_proj_pre, "bwd_state_init": bwd_state_init,
-           "bwd_state_out": bwd_state_out, "skip_dx": skip_dx, "bias_grad": bias_grad}
+           "bwd_state_out": bwd_state_out, "skip_dx": skip_dx}

@@ -5,6 +5,7 @@ too (so a part the layout misses shows up as NaN), and x / dy padding positions 
 
 The device is an object with alloc(nbytes) -> poisoned address, write(ptr, array), read(ptr, n, dtype),
 sync(): tests/ops/rnn/rnn_emulator.py's CPU emulation or GpuDevice below."""
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,7 +87,10 @@ def _close(got, ref, dtype, what):
     assert not np.isnan(got).any(), f"{what}: NaN (an element left unwritten or a poisoned input read)"
     scale = max(1.0, float(np.abs(ref).max()) if ref.size else 1.0)
     err = np.abs(got - ref)
-    bad = err > atol * scale + rtol * np.abs(ref)
+    bound = atol * scale + rtol * np.abs(ref)
+    bad = err > bound
+    if os.environ.get("PYDNN_RNN_TEST_VERBOSE"):
+        print(f"{what}: worst err / bound {float((err / bound).max()):.3f}")
     assert not bad.any(), f"{what}: {bad.sum()} of {bad.size} off, max err {err.max():.3g} (scale {scale:.3g})"
 
 
