@@ -6,7 +6,7 @@
 #ifndef PYDNN_RNN_PARAMS_H
 #define PYDNN_RNN_PARAMS_H
 
-#define PYDNN_RNN_MODE_ADD 1   /* skip_dx / bias_grad: add to the output instead of writing it */
+#define PYDNN_RNN_MODE_ADD 1   /* skip_dx / bias_final: add to the output instead of writing it */
 
 typedef struct {
   const void *xp;      /* input projection of time t: row b at xp + b * ld_xp, gate g at + g * gs_xp (dtype) */
