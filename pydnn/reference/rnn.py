@@ -74,9 +74,10 @@ def _step(cell, w, xt, h, c, relu, clip):
 
 
 def rnn_forward(cell, x, lengths, weights, layers, dirs, hidden, proj=0, hx=None, cx=None, clip=None,
-                padding_fill=0.0, keep=False):
+                padding_fill=0.0, keep=False, masks=None):
     """(y, hy, cy) in float64 (cy None for cells other than LSTM); keep=True adds the saved values the
-    backward needs as a fourth result."""
+    backward needs as a fourth result. masks: dropout between layers, one [T, B, dirs * outSize] array of
+    multipliers (0 or 1 / (1 - p)) per layer but the last, applied to its output before the next layer."""
     x = np.asarray(x, np.float64)
     T, B, _ = x.shape
     lengths = np.asarray(lengths)
@@ -104,21 +105,22 @@ def rnn_forward(cell, x, lengths, weights, layers, dirs, hidden, proj=0, hx=None
                 ly[t, :, d * out:(d + 1) * out] = np.where(act, hn, 0.0)
             hy[pl], cy[pl] = h, c
             saved.append(steps)
-        inp = ly
+        inp = ly if masks is None or layer == layers - 1 else ly * masks[layer]
     y = np.where((np.arange(T)[:, None] < lengths[None, :])[:, :, None], inp, padding_fill)
     res = (y, hy, cy if cell == LSTM else None)
     return res + (saved,) if keep else res
 
 
 def rnn_backward(cell, x, lengths, weights, layers, dirs, hidden, dy, dhy=None, dcy=None, proj=0, hx=None, cx=None,
-                 clip=None):
+                 clip=None, masks=None):
     """(dx, dhx, dcx, dweights): gradients of sum(y * dy) + sum(hy * dhy) + sum(cy * dcy) (padding positions
     of dy ignored). dweights has the structure of `weights` (None where a part is absent)."""
     x = np.asarray(x, np.float64)
     T, B, _ = x.shape
     lengths = np.asarray(lengths)
     out = proj if proj else hidden
-    _, _, _, saved = rnn_forward(cell, x, lengths, weights, layers, dirs, hidden, proj, hx, cx, clip, keep=True)
+    _, _, _, saved = rnn_forward(cell, x, lengths, weights, layers, dirs, hidden, proj, hx, cx, clip, keep=True,
+                                 masks=masks)
     valid = (np.arange(T)[:, None] < lengths[None, :])[:, :, None]
     dly = np.where(valid, np.asarray(dy, np.float64), 0.0)
     dhx = np.zeros((layers * dirs, B, out))
@@ -183,7 +185,7 @@ def rnn_backward(cell, x, lengths, weights, layers, dirs, hidden, dy, dhy=None, 
                     dinp[t] += np.einsum("gbh,ghi->bi", dxa, w["W"])
             dhx[pl], dcx[pl] = dh, dc
             dws[pl] = dw
-        dly = dinp
+        dly = dinp if masks is None or layer == 0 else dinp * masks[layer - 1]
     return dly, dhx, (dcx if cell == LSTM else None), dws
 
 

@@ -19,7 +19,9 @@ calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], f32 dh [B,
 Reserve space (training), per pseudo-layer: states dtype [T+1, B, out] and f32 [T+1, B, H], the gate values
 f32 [T*B, GA*H] (GA = 4 for LSTM and GRU: i f g o / r z n (R_n h + b_Rn); 1 for RNN: h), m [T*B, H]
 (projection), then written by BackwardData: input pre-activation gradients [T*B, G*H], recurrent ones (GRU)
-[T*B, G*H], dh [T*B, out] (projection); per layer: the layer output [T*B, dirs*out].
+[T*B, G*H], dh [T*B, out] (projection); per layer: the layer output [T*B, dirs*out], and with dropout
+between layers (training, probability > 0, every layer but the last) the dropped output (the next layer's
+input) and DropoutForward's mask bits (ceil(T*B*dirs*out / 8) bytes, its reserve-space layout).
 """
 import os
 
@@ -72,6 +74,9 @@ class Geometry:
         self.GH = self.G * self.H
         self.GA = 4 if r.cell in (LSTM, GRU) else 1
         self.s32 = r.cell in (LSTM, GRU)
+        # dropout between layers (training): each layer's output but the last, through DropoutForward
+        self.drop = r.dropout is not None and r.dropout.dropout > 0 and r.layers > 1
+        self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         for training in (False, True):
             w = _Regions()
@@ -108,6 +113,9 @@ class Geometry:
             rs.add(("dhall", pl), N * P * es if r.proj else 0)
         for layer in range(self.L):
             rs.add(("ly", layer), N * D * P * es)
+            if self.drop and layer < self.L - 1:
+                rs.add(("lyd", layer), N * D * P * es)
+                rs.add(("mask", layer), self.mask_bytes)
         self.rs = rs
 
     def workspace_size(self, training):
@@ -265,8 +273,6 @@ def _gpu_support(r, training):
     if r.dtype not in GPU_DTYPES:
         _ns(f"rnnDesc: dataType {r.dtype} has no GPU path (float, half, bfloat16; pydnn's matmul has no double "
             "kernel)")
-    if training and r.dropout is not None and r.dropout.dropout > 0 and r.layers > 1:
-        _ns("dropoutDesc: dropout between layers (probability > 0) is not implemented in pydnn's RNN yet")
 
 
 def _ptr(buf, name, nbytes, align):
@@ -345,7 +351,11 @@ def _gemm_params(plan, a, b, c, beta):
 
 def _launch(handle, f, grid, block, smem, args, meta):
     """One launch on the handle's stream (meta: ("rnn", kernel, cell) or ("gemm", trans_a, trans_b, m, n,
-    k) for the tests' CPU emulation, which replaces this function)."""
+    k) for the tests' CPU emulation, which replaces this function), or ("call", fn, args): a call of another
+    family's API (dropout between layers), made again on every replay."""
+    if meta[0] == "call":
+        meta[1](*meta[2])
+        return
     driver.launch_args(f, grid, block, smem, handle.cu_stream, args)
 
 
@@ -375,15 +385,35 @@ class _Exec:
         self._go(rec.function(self.handle), rec.grid, rec.block, rec.smem, driver.kernel_args(params),
                  ("gemm", trans_a, trans_b, m, n, k))
 
+    def call(self, fn, *args):
+        self._go(None, None, None, 0, None, ("call", fn, args))
+
     def _go(self, f, grid, block, smem, args, meta):
         if self.items is not None:
             self.items.append((f, grid, block, smem, args, meta))
         _launch(self.handle, f, grid, block, smem, args, meta)
 
 
+def _flat_desc(handle, dtype, rows, cols):
+    """A [rows, cols] packed tensor descriptor (kept in the handle: the dropout plans are keyed by it)."""
+    key = ("rnn.flat", dtype, rows, cols)
+    d = handle.prepared.get(key)
+    if d is None:
+        d = TensorDescriptor()
+        d._assign(dtype, (rows, cols), (cols, 1))
+        handle.remember(key, d)
+    return d
+
+
+def _dropout():
+    from ..dropout import dropout_backward, dropout_forward
+    return dropout_forward, dropout_backward
+
+
 def _rnn_key(r):
     return (r.algo, r.cell, r.bias_mode, r.dir_mode, r.input_mode, r.dtype, r.math_prec, r.math_type, r.input_size,
-            r.hidden, r.proj_size, r.layers, r.clip_mode, r.clip_nan, r.lclip, r.rclip)
+            r.hidden, r.proj_size, r.layers, r.clip_mode, r.clip_nan, r.lclip, r.rclip, id(r.dropout),
+            r.dropout is not None and r.dropout.dropout > 0)
 
 
 def _run(handle, r, g, fn, *args):
@@ -415,7 +445,9 @@ def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, 
     length are yDesc's padding fill (unpacked layouts; untouched without a fill). hy / cy: each sequence's
     state after its own last step. BAD_PARAM: descriptors that disagree (data type, vector sizes, lengths,
     hDesc / cDesc dims (layers * dirs, batch, size) packed), spaces smaller than asked, fwdMode;
-    NOT_SUPPORTED: algorithms other than STANDARD, double data, dropout between layers in training."""
+    NOT_SUPPORTED: algorithms other than STANDARD, double data. Dropout between layers (training only): the
+    dropout descriptor's DropoutForward on each layer's output but the last (a new mask per call, from the
+    descriptor's states), its mask kept in the reserve space for the backward calls."""
     check_handle(handle)
     r = set_rnn(rnn_desc)
     mode = enum_arg("fwdMode", fwd_mode, FWD_MODES, "pydnnForwardMode_t")
@@ -520,6 +552,11 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
                 p.dxa = cyp + pl * B * H * es if cyp else 0
                 p.batch, p.out, p.hidden = B, P, H
                 lau.launch("state_out", B * max(P, H))
+        if training and g.drop and layer < g.L - 1:
+            td = _flat_desc(lau.handle, r.dtype, N, D * P)
+            lyd = rsp + rs[("lyd", layer)]
+            lau.call(_dropout()[0], lau.handle, r.dropout, td, ly, td, lyd, rsp + rs[("mask", layer)], g.mask_bytes)
+            ly = lyd
         inp, inp_w = ly, D * P
     _pack(lau, g, lens, inp, yp, D * P, g.x.layout, 2 if fill is None else 1, 0.0 if fill is None else fill)
 
@@ -619,6 +656,10 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
                 p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux = nxt, dxa0, N, H, g.G, in_w
                 p.mode = 0 if d == 0 else K.MODE_ADD
                 lau.launch("skip_dx", N * H)
+        if g.drop and layer > 0:  # through the dropout on the previous layer's output
+            td = _flat_desc(lau.handle, r.dtype, N, in_w)
+            lau.call(_dropout()[1], lau.handle, r.dropout, td, nxt, td, nxt, rsp + rs[("mask", layer - 1)],
+                     g.mask_bytes)
         cur = 1 - cur
     _pack(lau, g, lens, dly[cur], dxp, g.I, g.x.layout, 1, 0.0)
 
@@ -652,7 +693,7 @@ def _run_backward_weights(lau, r, g, add, lens, xp, dwp, wsp, rsp):
     beta = 1.0 if add else 0.0
     _pack(lau, g, lens, xp, wsp + ws["xin"], g.I, g.x.layout, 0)
     for layer in range(g.L):
-        inp = wsp + ws["xin"] if layer == 0 else rsp + rs[("ly", layer - 1)]
+        inp = wsp + ws["xin"] if layer == 0 else rsp + rs[("lyd" if g.drop else "ly", layer - 1)]
         in_w = r.layer_input(layer)
         for d in range(D):
             pl = layer * D + d

@@ -52,8 +52,19 @@ class Device:
     def sync(self):
         pass
 
+    def dropout_desc(self, handle, p):
+        return dropout_descriptor(self, p)
+
     def guards_intact(self):
         return all(np.all(self.mem[o:o + n] == 0xA5) for o, n in self.guards)
+
+
+def dropout_descriptor(dev, p):
+    """A set dropout descriptor without the GPU (its states are never read by the emulation)."""
+    from pydnn.ops.dropout import DropoutDescriptor
+    d = DropoutDescriptor()
+    d.is_set, d.dropout, d.states, d.state_size = True, p, dev.alloc(32), 32
+    return d
 
 
 def fake_handle():
@@ -86,9 +97,26 @@ def install(monkeypatch, dev, dtype):
     monkeypatch.setattr(Handle, "function", lambda self, unit, expr, smem=0: (unit, expr))
     calls = []
 
+    rng = np.random.default_rng(99)
+
     def launch(handle, f, grid, block, smem, args, meta):
+        calls.append(meta[:2] if meta[0] == "call" else meta)
+        if meta[0] == "call":  # DropoutForward / Backward on a [rows, cols] tensor, pydnn's mask-bit layout
+            fn, (h, dd, td, xin, _, yout, mask, _) = meta[1], meta[2]
+            n = td.count
+            scale = 1.0 / (1.0 - dd.dropout)
+            src = dev.view(xin, n, dt).astype(np.float32)
+            bits = dev.view(mask, (n + 7) // 8, np.uint8)
+            if fn.__name__ == "dropout_forward":
+                keep = rng.uniform(size=n) >= dd.dropout
+                packed = np.zeros((n + 7) // 8 * 8, np.uint8)
+                packed[:n] = keep
+                bits[:] = np.packbits(packed.reshape(-1, 8)[:, ::-1], axis=1).ravel()
+            else:
+                keep = np.unpackbits(bits.reshape(-1, 1), axis=1)[:, ::-1].ravel()[:n].astype(bool)
+            dev.view(yout, n, dt)[:] = np.where(keep, src * scale, 0).astype(dt)
+            return
         p = args[2]
-        calls.append(meta)
         if meta[0] == "rnn":
             KERNELS[meta[1]](dev, p, dt, meta[2])
         else:

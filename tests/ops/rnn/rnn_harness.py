@@ -39,6 +39,7 @@ class Case:
     clip: tuple = None
     fill: float = None
     states: bool = True      # hx / cx / dhy / dcy given (else NULL)
+    dropout: float = 0.0     # dropout between layers (training)
     extra: dict = field(default_factory=dict)
 
 
@@ -67,6 +68,12 @@ class GpuDevice:
 
     def sync(self):
         self.driver.synchronize()
+
+    def dropout_desc(self, handle, p):
+        d = pydnn.create_dropout_descriptor()
+        size = pydnn.dropout_get_states_size(handle)
+        pydnn.set_dropout_descriptor(d, handle, p, self.alloc(size), size, 1234)
+        return d
 
 
 def _store(dev, ptr, values, dtype):
@@ -105,11 +112,12 @@ def run_case(handle, dev, c, check_backward=True):
     out = c.proj or H
     proj_size = c.proj or H
     r = pydnn.create_rnn_descriptor()
+    drop = dev.dropout_desc(handle, c.dropout) if c.dropout else None
     pydnn.set_rnn_descriptor_v8(r, E.PYDNN_RNN_ALGO_STANDARD, c.cell, c.bias_mode,
                                 E.PYDNN_BIDIRECTIONAL if D == 2 else E.PYDNN_UNIDIRECTIONAL,
                                 E.PYDNN_SKIP_INPUT if c.skip else E.PYDNN_LINEAR_INPUT, dt, E.PYDNN_DATA_FLOAT
                                 if dt != E.PYDNN_DATA_DOUBLE else dt, E.PYDNN_DEFAULT_MATH, I, H, proj_size, L,
-                                None, E.PYDNN_RNN_PADDED_IO_ENABLED)
+                                drop, E.PYDNN_RNN_PADDED_IO_ENABLED)
     if c.clip:
         pydnn.rnn_set_clip_v9(r, E.PYDNN_RNN_CLIP_MINMAX, E.PYDNN_NOT_PROPAGATE_NAN, c.clip[0], c.clip[1])
     xd, yd = pydnn.create_rnn_data_descriptor(), pydnn.create_rnn_data_descriptor()
@@ -195,6 +203,11 @@ def run_case(handle, dev, c, check_backward=True):
         y_user = _load(dev, yp, (ysz // (D * out), D * out), dt)
         y = R.from_layout(y_user.reshape(R.to_layout(np.zeros((T, B, D * out)), lens, c.layout).shape), lens,
                           c.layout, T, fill=np.nan)
+        masks = None
+        if c.dropout and mode == E.PYDNN_FWD_MODE_TRAINING:  # the masks this forward drew, from the reserve
+            masks = _masks(dev, r, xd, rsp, c.dropout, T, B, D * out)
+            ref_y, ref_hy, ref_cy = R.rnn_forward(c.cell, x_pad, lens, ws, L, D, H, c.proj, hx, cx, c.clip,
+                                                  masks=masks)
         _close(np.where(valid, y, 0), np.where(valid, ref_y, 0), dt, f"y (mode {mode})")
         if c.layout != E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED:
             pad = _padding_values(y_user, lens, c.layout, T, D * out)
@@ -223,7 +236,8 @@ def run_case(handle, dev, c, check_backward=True):
     dxp, dhxp, dcxp = dev.alloc(x_user.size * es), dev.alloc(hbytes), dev.alloc(cbytes)
     pydnn.rnn_backward_data_v8(handle, r, dlens, yd, yp, dyp, xd, dxp, hd, hxp, dhyp, dhxp, cd, cxp, dcyp,
                                dcxp if lstm else 0, wsize, w, wss, wsp, rss, rsp)
-    rdx, rdhx, rdcx, rdw = R.rnn_backward(c.cell, x_pad, lens, ws, L, D, H, dy_pad, dhy, dcy, c.proj, hx, cx, c.clip)
+    rdx, rdhx, rdcx, rdw = R.rnn_backward(c.cell, x_pad, lens, ws, L, D, H, dy_pad, dhy, dcy, c.proj, hx, cx, c.clip,
+                                          masks)
     dx_user = _load(dev, dxp, x_user.shape, dt)
     dx = R.from_layout(dx_user, lens, c.layout, T, fill=0.0)
     _close(np.where(valid, dx, 0), np.where(valid, rdx, 0), dt, "dx")
@@ -246,6 +260,21 @@ def run_case(handle, dev, c, check_backward=True):
                f"dweights pseudo-layer {pl} {key}[{k}]")
     if hasattr(dev, "guards_intact"):
         assert dev.guards_intact(), "a kernel wrote past a buffer"
+
+
+def _masks(dev, r, xd, rsp, p, T, B, W):
+    """Each layer boundary's dropout multipliers [T, B, W] (0 or 1 / (1 - p)), decoded from the mask bits
+    in the reserve space (bit i & 7 of byte i >> 3 for element i of the [T * B, W] layer output)."""
+    from pydnn.ops.rnn import engine
+    g = engine.Geometry(r, xd)
+    n = T * B * W
+    out = []
+    for layer in range(r.layers - 1):
+        bits = dev.read(rsp + g.rs[("mask", layer)], (n + 7) // 8, np.uint8)
+        keep = np.unpackbits(bits.reshape(-1, 1), axis=1)[:, ::-1].ravel()[:n].astype(bool)
+        assert 0 < keep.mean() < 1 or n < 16
+        out.append(np.where(keep, 1.0 / (1.0 - p), 0.0).reshape(T, B, W))
+    return out
 
 
 def _padding_values(user, lens, layout, T, V):

@@ -296,9 +296,17 @@ def test_gru_forward_needs_no_cdesc_and_backward_checks():
            1 << 22, f.wsize, 1 << 23, f.ws, 1 << 24, f.rs - 1, 1 << 25)
 
 
-def test_dropout_between_layers_is_not_supported_in_training():
+def test_dropout_between_layers_takes_reserve_space_in_training_only():
     from pydnn.ops.dropout import DropoutDescriptor
-    dd = DropoutDescriptor()
+    dd = DropoutDescriptor()  # a set dropout descriptor stands in (pydnn's setter needs the GPU)
     dd.is_set, dd.dropout = True, 0.5
-    f = _Fwd(drop=dd)
-    raises(NS, ["dropoutDesc"], pydnn.rnn_forward, *f.args().values())
+    h = fake_handle()
+    x = data(5, (3, 2))
+    plain, drop = rnn(I=5, H=8, L=3, dirs=2), rnn(I=5, H=8, L=3, dirs=2, drop=dd)
+    for mode in (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING):
+        a = pydnn.get_rnn_temp_space_sizes(h, plain, mode, x)
+        b = pydnn.get_rnn_temp_space_sizes(h, drop, mode, x)
+        if mode == E.PYDNN_FWD_MODE_INFERENCE:
+            assert a == b
+        else:  # two layer boundaries: the dropped output (6 rows of 16, fp32) and its mask bits, 256-aligned
+            assert b[0] == a[0] and b[1] == a[1] + 2 * (512 + 256)  # 384 bytes and 12 bytes, 256-aligned

@@ -26,6 +26,8 @@ CASES = {
                                       layout=E.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, lengths=(1, 4, 2)),
     "lstm-skip-bi": Case(skip=True, dirs=2, layers=2),
     "lstm-half": Case(dtype=E.PYDNN_DATA_HALF, dirs=2),
+    "gru-dropout-3layer-bi": Case(cell=E.PYDNN_GRU, layers=3, dirs=2, dropout=0.4),
+    "lstm-proj-dropout-packed": Case(proj=5, layers=2, dropout=0.3, layout=E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, lengths=(4, 3, 1)),
 }
 
 

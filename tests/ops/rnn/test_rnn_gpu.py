@@ -35,6 +35,8 @@ CASES = {
                                       layout=BATCH_MAJOR, lengths=(1, 4, 2)),
     "lstm-skip-bi": Case(skip=True, dirs=2, layers=2),
     "lstm-half": Case(dtype=F16, dirs=2),
+    "gru-dropout-3layer-bi": Case(cell=E.PYDNN_GRU, layers=3, dirs=2, dropout=0.4),
+    "lstm-proj-dropout-packed": Case(proj=5, layers=2, dropout=0.3, layout=PACKED, lengths=(4, 3, 1)),
     "lstm-bf16": Case(dtype=BF16, dirs=2, layers=2),
     "gru-half-packed": Case(cell=E.PYDNN_GRU, dtype=F16, layout=PACKED, lengths=(6, 5, 5, 2), T=6),
     # sizes that take the tensor-core matmul's aligned path (multiples of 8) and more steps

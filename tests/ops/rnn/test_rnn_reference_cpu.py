@@ -15,11 +15,12 @@ CASES = [  # cell, layers, dirs, proj, skip, bias (w, r), clip
     (R.GRU, 2, 2, 0, False, (True, True), None),
     (R.GRU, 1, 1, 0, True, (False, True), None),
     (R.LSTM, 1, 1, 0, True, (True, False), None),
+    (R.GRU, 3, 2, 0, False, (True, True), "dropout"),
 ]
 
 
-def _loss(cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip, dy, dhy, dcy):
-    y, hy, cy = R.rnn_forward(cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip)
+def _loss(cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip, dy, dhy, dcy, masks=None):
+    y, hy, cy = R.rnn_forward(cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip, masks=masks)
     T = x.shape[0]
     valid = (np.arange(T)[:, None] < np.asarray(lengths)[None, :])[:, :, None]
     s = np.sum(np.where(valid, y, 0.0) * dy) + np.sum(hy * dhy)
@@ -30,6 +31,10 @@ def _loss(cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip, dy, dhy, dc
 def test_backward_matches_finite_differences(case):
     cell, layers, dirs, proj, skip, (bw, br), clip = case
     rng = np.random.default_rng(7)
+    masks = None
+    if clip == "dropout":  # dropout between layers: fixed masks of 0 and 1 / (1 - p)
+        clip = None
+        masks = [np.where(rng.uniform(size=(4, 3, dirs * (proj or 4))) < 0.3, 0.0, 1 / 0.7) for _ in range(layers - 1)]
     T, B, H = 4, 3, 4
     I = H if skip else 5
     out = proj or H
@@ -41,8 +46,9 @@ def test_backward_matches_finite_differences(case):
     dy = rng.standard_normal((T, B, dirs * out))
     dhy = rng.standard_normal(hx.shape)
     dcy = rng.standard_normal(cx.shape)
-    args = (cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip, dy, dhy, dcy)
-    dx, dhx, dcx, dws = R.rnn_backward(cell, x, lengths, ws, layers, dirs, H, dy, dhy, dcy, proj, hx, cx, clip)
+    args = (cell, x, lengths, ws, layers, dirs, H, proj, hx, cx, clip, dy, dhy, dcy, masks)
+    dx, dhx, dcx, dws = R.rnn_backward(cell, x, lengths, ws, layers, dirs, H, dy, dhy, dcy, proj, hx, cx, clip,
+                                       masks)
     eps = 1e-6
 
     def fd(arr, idx):
