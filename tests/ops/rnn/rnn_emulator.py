@@ -2,25 +2,32 @@
 (pointers are byte addresses into it), pydnn.ops.matmul.gemm is its documented formula in numpy, and each
 ptx/rnn.cu kernel is re-stated in numpy from its CUDA source. It runs the engine's real Python (buffer
 layout, pointer arithmetic, launch order) so that its index math is checked without a GPU."""
+import ctypes
+
 import numpy as np
 
 from pydnn import enums as E
+from pydnn.reference import dtypes as rd
 from pydnn.handle import Handle
 from pydnn.ops.rnn import kernels as K
 
-BASE = 1 << 20
 GUARD = 4096
-NP = {E.PYDNN_DATA_FLOAT: np.float32, E.PYDNN_DATA_HALF: np.float16}
+NP = {E.PYDNN_DATA_FLOAT: np.float32, E.PYDNN_DATA_HALF: np.float16, E.PYDNN_DATA_BFLOAT16: np.uint16}
 
 
 class Device:
     def __init__(self, nbytes=1 << 26):
-        self.mem = np.zeros(nbytes, np.uint8)
+        # addresses are real host addresses of self.mem (4 KiB aligned), so that kernels compiled for the
+        # host (test_rnn_kernels_host_cpu.py) can run on it directly
+        self.raw = np.zeros(nbytes + 8192, np.uint8)
+        addr = self.raw.ctypes.data
+        self.base = -(-addr // 4096) * 4096
+        self.mem = self.raw[self.base - addr:self.base - addr + nbytes]
         self.top = GUARD
         self.guards = []
 
     def alloc(self, nbytes):
-        ptr = BASE + self.top
+        ptr = self.base + self.top
         n = -(-max(int(nbytes), 1) // 256) * 256
         self.mem[self.top:self.top + n] = 0xFF  # poison: NaN in every float type
         self.top += n
@@ -31,7 +38,7 @@ class Device:
         return ptr
 
     def view(self, ptr, n, dt):
-        off = ptr - BASE
+        off = ptr - self.base
         dt = np.dtype(dt)
         assert off >= 0 and off % dt.itemsize == 0, (ptr, dt)
         return self.mem[off:off + n * dt.itemsize].view(dt)
@@ -74,22 +81,36 @@ def fake_handle():
     return h
 
 
+def _f(v, dt):
+    """Stored values (bf16 as uint16 bits) as float32."""
+    if dt == np.uint16:
+        return (v.astype(np.uint32) << 16).view(np.float32)
+    return v.astype(np.float32)
+
+
+def _s(v, dt):
+    """float values rounded to the storage type (bf16: nearest even, as the GPU)."""
+    if dt == np.uint16:
+        return rd.to_storage(np.asarray(v, np.float64).astype(np.float32).astype(np.float64), E.PYDNN_DATA_BFLOAT16)
+    return np.asarray(v).astype(dt)
+
+
 def emu_gemm(dev, dt, m, n, k, a, b, c, alpha, beta, trans_a, trans_b, lda, ldb, ldc):
     """pydnn.ops.matmul's documented formula (products of dt values summed in float32, C rounded to dt)."""
-    A = dev.view(a, ((k - 1) * lda + m) if trans_a else ((m - 1) * lda + k), dt).astype(np.float32)
-    Bm = dev.view(b, ((n - 1) * ldb + k) if trans_b else ((k - 1) * ldb + n), dt).astype(np.float32)
+    A = _f(dev.view(a, ((k - 1) * lda + m) if trans_a else ((m - 1) * lda + k), dt), dt)
+    Bm = _f(dev.view(b, ((n - 1) * ldb + k) if trans_b else ((k - 1) * ldb + n), dt), dt)
     opA = np.stack([A[i::lda][:k] for i in range(m)]) if trans_a else np.stack([A[i * lda:i * lda + k] for i in range(m)])
     opB = np.stack([Bm[j * ldb:j * ldb + k] for j in range(n)]).T if trans_b else np.stack([Bm[q * ldb:q * ldb + n] for q in range(k)])
     C = dev.view(c, (m - 1) * ldc + n, dt)
     res = alpha * (opA @ opB).astype(np.float64)
     for i in range(m):
         row = C[i * ldc:i * ldc + n]
-        row[:] = (res[i] + (beta * row.astype(np.float64) if beta else 0.0)).astype(dt)
+        row[:] = _s(res[i] + (beta * _f(row, dt).astype(np.float64) if beta else 0.0), dt)
 
 
-def install(monkeypatch, dev, dtype):
-    """Route the engine's launches (engine._launch) to the numpy kernels and GEMM; Handle.function returns a
-    token (no module is loaded). The engine's own GEMM launch records (_gemm_params: the real plan, its
+def install(monkeypatch, dev, dtype, host_lib=None):
+    """Route the engine's launches (engine._launch) to the numpy kernels (or, with host_lib, to ptx/rnn.cu
+    itself compiled for the host) and the numpy GEMM; Handle.function returns a token (no module is loaded). The engine's own GEMM launch records (_gemm_params: the real plan, its
     checks and its params struct) are what the emulated GEMM reads."""
     from pydnn.ops.rnn import engine
 
@@ -105,7 +126,7 @@ def install(monkeypatch, dev, dtype):
             fn, (h, dd, td, xin, _, yout, mask, _) = meta[1], meta[2]
             n = td.count
             scale = 1.0 / (1.0 - dd.dropout)
-            src = dev.view(xin, n, dt).astype(np.float32)
+            src = _f(dev.view(xin, n, dt), dt)
             bits = dev.view(mask, (n + 7) // 8, np.uint8)
             if fn.__name__ == "dropout_forward":
                 keep = rng.uniform(size=n) >= dd.dropout
@@ -114,10 +135,15 @@ def install(monkeypatch, dev, dtype):
                 bits[:] = np.packbits(packed.reshape(-1, 8)[:, ::-1], axis=1).ravel()
             else:
                 keep = np.unpackbits(bits.reshape(-1, 1), axis=1)[:, ::-1].ravel()[:n].astype(bool)
-            dev.view(yout, n, dt)[:] = np.where(keep, src * scale, 0).astype(dt)
+            dev.view(yout, n, dt)[:] = _s(np.where(keep, src * scale, 0), dt)
             return
         p = args[2]
-        if meta[0] == "rnn":
+        if meta[0] == "rnn" and host_lib is not None:
+            tag = {np.float32: "f32", np.float16: "f16", np.uint16: "bf16"}[dt]
+            rc = getattr(host_lib, f"rnn_host_{tag}")(meta[1].encode(), meta[2] or 0, ctypes.byref(p), grid[0],
+                                                       grid[1])
+            assert rc == 0, meta
+        elif meta[0] == "rnn":
             KERNELS[meta[1]](dev, p, dt, meta[2])
         else:
             _, ta, tb, m, n, k = meta
