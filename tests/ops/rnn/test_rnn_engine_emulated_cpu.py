@@ -57,3 +57,41 @@ def test_engine_without_recording(monkeypatch):
     h = rnn_emulator.fake_handle()
     run_case(h, dev, c)
     assert not [k for k in h.prepared if k[0] == "rnn.call"]
+
+
+def test_checked_mode_compares_the_device_lengths(monkeypatch):
+    """PYDNN_CHECKED=1: devSeqLengths is read back and must equal the descriptor's lengths."""
+    import ctypes
+
+    import numpy as np
+
+    import pydnn
+    from pydnn._cuda import driver
+    from pydnn.ops.rnn import engine
+    from pydnn.status import PydnnError
+
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, E.PYDNN_DATA_FLOAT)
+    monkeypatch.setattr(engine, "CHECKED", True)
+    monkeypatch.setattr(driver, "memcpy_dtoh", lambda dst, src, n: ctypes.memmove(dst, src, n))  # host addresses
+    h = rnn_emulator.fake_handle()
+    r = pydnn.create_rnn_descriptor()
+    pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_GRU, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_FLOAT,
+                                E.PYDNN_DATA_FLOAT, 0, 4, 4, 4, 1, None, 1)
+    x, y = pydnn.create_rnn_data_descriptor(), pydnn.create_rnn_data_descriptor()
+    pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_FLOAT, 0, 3, 2, 4, [3, 2], None)
+    pydnn.set_rnn_data_descriptor(y, E.PYDNN_DATA_FLOAT, 0, 3, 2, 4, [3, 2], None)
+    hd = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(hd, E.PYDNN_DATA_FLOAT, 3, [1, 2, 4], [8, 4, 1])
+    wsize = pydnn.get_rnn_weight_space_size(h, r)
+    ws, rs = pydnn.get_rnn_temp_space_sizes(h, r, 0, x)
+    args = [dev.alloc(24 * 4), y, dev.alloc(24 * 4), hd, 0, 0, None, 0, 0, wsize, dev.alloc(wsize), ws, dev.alloc(ws),
+            0, 0]
+    lens = dev.alloc(8)
+    for bad, word in (([3, 5], "devSeqLengths[1]: 5 differs"), ([0, 2], "outside [1, 3]")):
+        dev.write(lens, np.array(bad, np.int32))
+        with pytest.raises(PydnnError) as e:
+            pydnn.rnn_forward(h, r, 0, lens, x, *args)
+        assert e.value.status == E.PYDNN_STATUS_BAD_PARAM and word in str(e.value)
+    dev.write(lens, np.array([3, 2], np.int32))
+    pydnn.rnn_forward(h, r, 0, lens, x, *args)
