@@ -10,7 +10,8 @@
 //   pack<T>                mode 0: internal [seq, batch, vec] (aux) <- user layout (aux_in), padding rows 0;
 //                          mode 1: user layout (aux) <- internal (aux_in), padding rows = fill; mode 2: the
 //                          same, padding rows untouched
-//   bwd_state_init<T>      gh <- dy slot (dhy, NULL: 0) as f32; ghrec <- 0; gc <- dm slot (dcy, NULL: 0)
+//   bwd_state_init<T>      gh <- dy slot (dhy, NULL: 0) as f32; ghrec (aux, every split) <- 0; gc <- dm slot
+//                          (dcy, NULL: 0)
 //   bwd_cell<T, CELL>      pre-activation gradients of one step (dxa, dha), f32 dc and carried dh
 //   bwd_proj_pre<T>        projection: the total dh of a step into aux (time t's row block of dh_all)
 //   bwd_state_out<T>       aux (dhx) <- gh + ghrec; dy slot unused; dm slot unused; (dcx) <- gc
@@ -41,6 +42,14 @@ __device__ __forceinline__ double tnh(double v) { return tanh(v); }
 
 constexpr int kThreads = 256;
 
+// The recurrent GEMMs may split K into nsplit batches whose partial sums lie split_stride elements apart
+// (more blocks for the small M = batch GEMMs): every reader adds them up in float.
+template <class T> __device__ __forceinline__ typename Acc<T>::type ld_split(const RnnParams& p, const void* q, i64 i) {
+  typename Acc<T>::type s = ld<T>(q, i);
+  for (int z = 1; z < p.nsplit; ++z) s += ld<T>(q, (i64)z * p.split_stride + i);
+  return s;
+}
+
 __device__ __forceinline__ i64 gid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
 template <class T, int CELL>
@@ -57,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p) {
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     xa[g] = ld<T>(p.xp, (i64)b * p.ld_xp + (i64)g * p.gs_xp + j);
-    ha[g] = ld<T>(p.hp, (i64)b * G * H + (i64)g * H + j);
+    ha[g] = ld_split<T>(p, p.hp, (i64)b * G * H + (i64)g * H + j);
     if (p.bw) xa[g] += ld<T>(p.bw, (i64)g * H + j);
     if (p.br) ha[g] += ld<T>(p.br, (i64)g * H + j);
   }
@@ -192,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p) {
   const bool proj = CELL == 2 && p.out != H;
   const i64 ho = (i64)b * p.out + j;  // (b, j) in [batch, out] (out == hidden without a projection)
   if (!active) {
-    if (!proj) p.gh[ho] += (float)ld<T>(p.ghrec, ho);
+    if (!proj) p.gh[ho] += (float)ld_split<T>(p, p.ghrec, ho);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       st<T>(p.dxa, (i64)b * G * H + (i64)g * H + j, (A)0);
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p) {
   if (proj) {
     dh = ld<T>(p.dm, (i64)b * H + j);
   } else {
-    dh = (A)p.gh[ho] + ld<T>(p.ghrec, ho);
+    dh = (A)p.gh[ho] + ld_split<T>(p, p.ghrec, ho);
     if (p.dy) dh += ld<T>(p.dy, (i64)b * p.ld_y + j);
   }
   const float* act = p.act + (i64)b * (CELL >= 2 ? 4 : 1) * H + j;
@@ -254,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) bwd_proj_pre(const RnnParams p) {
   const i64 idx = gid();
   if (idx >= (i64)p.batch * p.out) return;
   const int b = (int)(idx / p.out), k = (int)(idx % p.out);
-  const A g = (A)p.gh[idx] + ld<T>(p.ghrec, idx);
+  const A g = (A)p.gh[idx] + ld_split<T>(p, p.ghrec, idx);
   if (p.t < p.lens[b]) {
     const A d = g + (p.dy ? ld<T>(p.dy, (i64)b * p.ld_y + k) : (A)0);
     st<T>(p.aux, idx, d);
@@ -276,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) bwd_state_init(const RnnParams p) {
   const i64 o = (i64)b * p.out + k;
   if (k < p.out) {
     p.gh[o] = p.dy ? (float)ld<T>(p.dy, o) : 0.0f;
-    st<T>(p.aux, o, (A)0);
+    for (int z = 0; z < (p.nsplit > 1 ? p.nsplit : 1); ++z) st<T>(p.aux, (i64)z * p.split_stride + o, (A)0);
   }
   if (k < p.hidden && p.gc) p.gc[(i64)b * p.hidden + k] = p.dm ? (float)ld<T>(p.dm, (i64)b * p.hidden + k) : 0.0f;
 }
@@ -290,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) bwd_state_out(const RnnParams p) {
   if (idx >= (i64)p.batch * w) return;
   const int b = (int)(idx / w), k = (int)(idx % w);
   const i64 o = (i64)b * p.out + k;
-  if (k < p.out && p.aux) st<T>(p.aux, o, (A)p.gh[o] + ld<T>(p.ghrec, o));
+  if (k < p.out && p.aux) st<T>(p.aux, o, (A)p.gh[o] + ld_split<T>(p, p.ghrec, o));
   if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, (A)p.gc[(i64)b * p.hidden + k]);
 }
 

@@ -30,9 +30,11 @@ typedef struct {
   void *aux;           /* per kernel (see rnn.cu) */
   const void *aux_in;  /* per kernel (see rnn.cu) */
   long long ld_xp, gs_xp, ld_y, rows, ld_aux;
+  long long split_stride; /* elements between the split-K partial sums of hp (forward) / ghrec (backward) */
   float lclip, rclip, fill;
   int clip;            /* LSTM cell clipping on */
   int t, batch, hidden, out, seq, vec, layout, cols, mode;
+  int nsplit;          /* split-K partial sums in hp / ghrec to add (0 or 1: one) */
 } RnnParams;
 
 #endif

@@ -62,10 +62,30 @@ class _Regions:
         return self.off[name]
 
 
-class Geometry:
-    """The sizes of one problem (an RNN descriptor and an x descriptor) and its space layouts."""
+# Split-K of the per-step recurrent GEMMs (M = batch rows only): when even the smallest (64 x 64) tiles
+# leave SMs idle, K is cut into up to 8 batched slices (each >= 256 long, 16-byte aligned) whose partial
+# sums the cell kernels add. The backward's [B, out] = [B, G*H] x [G*H, out] GEMM is the main case (B 64,
+# out 1024: 16 tiles for 132 SMs). SPLIT_K = False turns it off (for measurements).
+SPLIT_K = True
+SPLIT_MAX = 8
+SPLIT_MIN_K = 256  # the shortest K slice
 
-    def __init__(self, r, x):
+
+def split_k(m, n, k, sm_count):
+    if not SPLIT_K or not sm_count:
+        return 1
+    blocks = cdiv(m, 64) * cdiv(n, 64)
+    s = 1
+    while s < SPLIT_MAX and 2 * s * blocks <= sm_count and k % (16 * s) == 0 and k // (2 * s) >= SPLIT_MIN_K:
+        s *= 2
+    return s
+
+
+class Geometry:
+    """The sizes of one problem (an RNN descriptor and an x descriptor) and its space layouts (sm_count:
+    the device's, for the split-K choice; the workspace size depends on it, the reserve space's does not)."""
+
+    def __init__(self, r, x, sm_count=0):
         self.r, self.x = r, x
         self.T, self.B, self.I = x.max_seq, x.batch, x.vector
         self.N = self.T * self.B
@@ -77,12 +97,14 @@ class Geometry:
         # dropout between layers (training): each layer's output but the last, through DropoutForward
         self.drop = r.dropout is not None and r.dropout.dropout > 0 and r.layers > 1
         self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
+        self.split_f = split_k(self.B, self.G * r.hidden, r.out, sm_count)
+        self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         for training in (False, True):
             w = _Regions()
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
-            w.add("hp", B * GH * es)
+            w.add("hp", self.split_f * B * GH * es)
             w.add("hn", B * P * es if r.proj else 0)
             if not training:
                 w.add("ly", 2 * N * D * P * es)
@@ -93,7 +115,7 @@ class Geometry:
                 self.dw = max(D * P, self.I)
                 w.add("dly", 2 * N * self.dw * es)
                 w.add("gh", B * P * 4)
-                w.add("ghrec", B * P * es)
+                w.add("ghrec", self.split_b * B * P * es)
                 w.add("gc", B * H * 4)
                 w.add("dm", B * H * es if r.proj else 0)
                 w.add("bpart", K.BIAS_CHUNKS * self.GH * 4)
@@ -131,8 +153,8 @@ class Geometry:
         return 0 if e is None else w + e[0] * self.es
 
 
-def _geometry(r, x):
-    return Geometry(r, x)
+def _geometry(r, x, handle):
+    return Geometry(r, x, handle.sm_count)
 
 
 # ----------------------------------------------------------------------------- size queries
@@ -162,7 +184,7 @@ def get_rnn_temp_space_sizes(handle, rnn_desc, fwd_mode, x_desc):
     check_handle(handle)
     r = set_rnn(rnn_desc)
     mode = enum_arg("fwdMode", fwd_mode, FWD_MODES, "pydnnForwardMode_t")
-    g = _geometry(r, _x_for(r, x_desc))
+    g = _geometry(r, _x_for(r, x_desc), handle)
     training = mode == E.PYDNN_FWD_MODE_TRAINING
     return g.workspace_size(training), g.reserve_size(training)
 
@@ -377,8 +399,10 @@ class _Exec:
         args = lau.args if self.items is None else driver.kernel_args(K.RnnParams.from_buffer_copy(lau.p))
         self._go(f, grid, (K.THREADS, 1, 1), 0, args, ("rnn", name, cell))
 
-    def gemm(self, m, n, k, a, b, c, beta=0.0, trans_a=False, trans_b=False):
-        plan = matmul.cached_plan(self.handle, self.dtype, m, n, k, trans_a, trans_b)
+    def gemm(self, m, n, k, a, b, c, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None, batch=1, stride_a=0,
+             stride_b=0, stride_c=0):
+        plan = matmul.cached_plan(self.handle, self.dtype, m, n, k, trans_a, trans_b, lda, ldb, None, batch, stride_a,
+                                  stride_b, stride_c)
         if plan.empty:
             return
         rec, params = _gemm_params(plan, a, b, c, beta)
@@ -454,7 +478,7 @@ def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, 
     training = mode == E.PYDNN_FWD_MODE_TRAINING
     xd = _validate(r, x_desc, y_desc, h_desc, c_desc)
     _gpu_support(r, training)
-    g = _geometry(r, xd)
+    g = _geometry(r, xd, handle)
     es = g.es
     lens = _lens(dev_seq_lengths, xd)
     xp = _ptr(x, "x", xd.span_bytes(), es)
@@ -520,7 +544,9 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ip, io = _state_index(g, d, t)
-                lau.gemm(B, GH, P, hs_at(ip), w_rec, wsp + ws["hp"], trans_b=True)
+                sf = g.split_f  # K = out in sf slices: partial sums sf * [B, G*H] apart
+                lau.gemm(B, GH, P // sf, hs_at(ip), w_rec, wsp + ws["hp"], trans_b=True, lda=P, ldb=P, batch=sf,
+                         stride_a=P // sf, stride_b=P // sf, stride_c=B * GH)
                 if r.proj:
                     m_t = rsp + rs[("m", pl)] + t * B * H * es if training else wsp + ws["m"]
                 p = lau.reset()
@@ -529,6 +555,7 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
                 else:  # SKIP_INPUT: the input itself (inputSize == hiddenSize) enters every gate
                     p.xp, p.ld_xp, p.gs_xp = inp + t * B * inp_w * es, inp_w, 0
                 p.hp, p.bw, p.br = wsp + ws["hp"], b_in, b_rec
+                p.nsplit, p.split_stride = g.split_f, B * GH
                 p.h_prev, p.h_out = hs_at(ip), (m_t if r.proj else hs_at(io))
                 p.s_prev, p.s_out = s_at(ip), s_at(io)
                 p.y, p.ld_y = (0 if r.proj else ly + (t * B * D * P + d * P) * es), D * P
@@ -575,7 +602,7 @@ def rnn_backward_data_v8(handle, rnn_desc, dev_seq_lengths, y_desc, y, dy, x_des
     r = set_rnn(rnn_desc)
     xd = _validate(r, x_desc, y_desc, h_desc, c_desc)
     _gpu_support(r, True)
-    g = _geometry(r, xd)
+    g = _geometry(r, xd, handle)
     es = g.es
     lens = _lens(dev_seq_lengths, xd)
     yd = set_data(y_desc, "yDesc")
@@ -599,6 +626,7 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
     cur = 0
     _pack(lau, g, lens, dyp, dly[cur], D * P, g.x.layout, 0)
     gh, ghrec, gc = wsp + ws["gh"], wsp + ws["ghrec"], wsp + ws["gc"]
+    sb = g.split_b
     clip = r.clip()
     for layer in range(g.L - 1, -1, -1):
         in_w = r.layer_input(layer)
@@ -617,6 +645,7 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
             p.dm = dcyp + pl * B * H * es if dcyp else 0
             p.gh, p.aux, p.gc = gh, ghrec, gc
             p.batch, p.out, p.hidden = B, P, H
+            p.nsplit, p.split_stride = sb, B * P
             lau.launch("bwd_state_init", B * max(P, H))
             for s in range(T):
                 t = T - 1 - s if d == 0 else s
@@ -626,6 +655,7 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
                     dh_t = rsp + rs[("dhall", pl)] + t * B * P * es
                     p = lau.reset()
                     p.gh, p.ghrec, p.dy, p.ld_y, p.aux = gh, ghrec, dy_t, D * P, dh_t
+                    p.nsplit, p.split_stride = sb, B * P
                     p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
                     lau.launch("bwd_proj_pre", B * P)
                     lau.gemm(B, H, P, dh_t, w_proj, wsp + ws["dm"])
@@ -637,16 +667,20 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
                 p.dxa = dxa0 + t * B * GH * es
                 p.dha = dha0 + t * B * GH * es if dha0 else 0
                 p.gh, p.ghrec, p.gc = gh, ghrec, gc
+                p.nsplit, p.split_stride = sb, B * P
                 p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
                 if clip:
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
                 lau.launch("bwd_cell", B * H, cell=r.cell)
-                lau.gemm(B, P, GH, (dha0 or dxa0) + t * B * GH * es, w_rec, ghrec)
+                # K = G*H in sb slices: partial sums sb * [B, out] apart
+                lau.gemm(B, P, GH // sb, (dha0 or dxa0) + t * B * GH * es, w_rec, ghrec, lda=GH, ldb=P, batch=sb,
+                         stride_a=GH // sb, stride_b=(GH // sb) * P, stride_c=B * P)
             if dhxp or dcxp:
                 p = lau.reset()
                 p.aux = dhxp + pl * B * P * es if dhxp else 0
                 p.dxa = dcxp + pl * B * H * es if dcxp else 0
                 p.gh, p.ghrec, p.gc = gh, ghrec, gc
+                p.nsplit, p.split_stride = sb, B * P
                 p.batch, p.out, p.hidden = B, P, H
                 lau.launch("bwd_state_out", B * max(P, H))
             if w_in:
@@ -677,7 +711,7 @@ def rnn_backward_weights_v8(handle, rnn_desc, add_grad, dev_seq_lengths, x_desc,
     mode = enum_arg("addGrad", add_grad, WGRAD_MODES, "pydnnWgradMode_t")
     xd = _validate(r, x_desc, y_desc, h_desc, None, check_c=False)
     _gpu_support(r, True)
-    g = _geometry(r, xd)
+    g = _geometry(r, xd, handle)
     es = g.es
     lens = _lens(dev_seq_lengths, xd)
     xp = _ptr(x, "x", xd.span_bytes(), es)

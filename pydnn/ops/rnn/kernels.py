@@ -18,9 +18,10 @@ class RnnParams(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in (
         "xp", "hp", "bw", "br", "h_prev", "h_out", "s_prev", "s_out", "y", "act", "lens", "dy", "dxa", "dha",
         "gh", "ghrec", "gc", "dm", "aux", "aux_in")] + [
-        (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "rows", "ld_aux")] + [
+        (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "rows", "ld_aux", "split_stride")] + [
         (n, ctypes.c_float) for n in ("lclip", "rclip", "fill")] + [
-        (n, ctypes.c_int) for n in ("clip", "t", "batch", "hidden", "out", "seq", "vec", "layout", "cols", "mode")]
+        (n, ctypes.c_int) for n in ("clip", "t", "batch", "hidden", "out", "seq", "vec", "layout", "cols", "mode",
+                                    "nsplit")]
 
 
 def expr(name, tag, cell=None):

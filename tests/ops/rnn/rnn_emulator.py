@@ -149,8 +149,11 @@ def install(monkeypatch, dev, dtype, host_lib=None):
             _, ta, tb, m, n, k = meta
             assert (p.m, p.n, p.k) == (m, n, k)
             from pydnn.ops.matmul import FLAG_BETA
-            emu_gemm(dev, dt, p.m, p.n, p.k, p.a, p.b, p.c, p.alpha, p.beta if p.flags & FLAG_BETA else 0.0, ta, tb,
-                     p.lda, p.ldb, p.ldc)
+            es = np.dtype(dt).itemsize
+            for z in range(p.batch):
+                emu_gemm(dev, dt, p.m, p.n, p.k, p.a + z * p.stride_a * es, p.b + z * p.stride_b * es,
+                         p.c + z * p.stride_c * es, p.alpha, p.beta if p.flags & FLAG_BETA else 0.0, ta, tb,
+                         p.lda, p.ldb, p.ldc)
 
     monkeypatch.setattr(engine, "_launch", launch)
     return calls
@@ -166,6 +169,12 @@ def _f32(dev, ptr, n):
     return dev.view(ptr, n, np.float32)
 
 
+def _split(dev, p, ptr, n, dt):
+    """The sum of the nsplit partial results (split_stride elements apart) as float32."""
+    es = np.dtype(dt).itemsize
+    return sum(dev.view(ptr + z * p.split_stride * es, n, dt).astype(np.float32) for z in range(max(p.nsplit, 1)))
+
+
 def fwd_cell(dev, p, dt, cell):
     B, H, P = p.batch, p.hidden, p.out
     G = 4 if cell == 2 else (3 if cell == 3 else 1)
@@ -175,7 +184,7 @@ def fwd_cell(dev, p, dt, cell):
     xa, ha = [], []
     for g in range(G):
         X = np.stack([dev.view(p.xp + (b * p.ld_xp + g * p.gs_xp) * dt().itemsize, H, dt) for b in range(B)]).astype(np.float32)
-        Hp = dev.view(p.hp, B * G * H, dt).reshape(B, G, H)[:, g].astype(np.float32)
+        Hp = _split(dev, p, p.hp, B * G * H, dt).reshape(B, G, H)[:, g]
         if p.bw:
             X = X + dev.view(p.bw, G * H, dt)[g * H:(g + 1) * H].astype(np.float32)
         if p.br:
@@ -286,7 +295,7 @@ def bwd_cell(dev, p, dt, cell):
     act_rows = p.t < lens
     a = act_rows[:, None]
     gh = _f32(dev, p.gh, B * P).reshape(B, P)
-    ghrec = dev.view(p.ghrec, B * P, dt).reshape(B, P).astype(np.float32)
+    ghrec = _split(dev, p, p.ghrec, B * P, dt).reshape(B, P)
     dxa = dev.view(p.dxa, B * G * H, dt).reshape(B, G, H)
     dha = dev.view(p.dha, B * G * H, dt).reshape(B, G, H) if p.dha else None
     if proj:
@@ -334,7 +343,7 @@ def bwd_proj_pre(dev, p, dt, cell):
     lens = dev.view(p.lens, B, np.int32)
     a = (p.t < lens)[:, None]
     gh = _f32(dev, p.gh, B * P).reshape(B, P)
-    g = gh + dev.view(p.ghrec, B * P, dt).reshape(B, P).astype(np.float32)
+    g = gh + _split(dev, p, p.ghrec, B * P, dt).reshape(B, P)
     dy = np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, P, dt) for b in range(B)]).astype(np.float32) if p.dy else 0
     dev.view(p.aux, B * P, dt).reshape(B, P)[:] = np.where(a, g + dy, 0).astype(dt)
     gh[:] = np.where(a, 0, g)
@@ -343,7 +352,8 @@ def bwd_proj_pre(dev, p, dt, cell):
 def bwd_state_init(dev, p, dt, cell):
     B, P, H = p.batch, p.out, p.hidden
     _f32(dev, p.gh, B * P)[:] = dev.view(p.dy, B * P, dt).astype(np.float32) if p.dy else 0
-    dev.view(p.aux, B * P, dt)[:] = 0
+    for z in range(max(p.nsplit, 1)):
+        dev.view(p.aux + z * p.split_stride * np.dtype(dt).itemsize, B * P, dt)[:] = 0
     if p.gc:
         _f32(dev, p.gc, B * H)[:] = dev.view(p.dm, B * H, dt).astype(np.float32) if p.dm else 0
 
@@ -351,7 +361,7 @@ def bwd_state_init(dev, p, dt, cell):
 def bwd_state_out(dev, p, dt, cell):
     B, P, H = p.batch, p.out, p.hidden
     if p.aux:
-        dev.view(p.aux, B * P, dt)[:] = (_f32(dev, p.gh, B * P) + dev.view(p.ghrec, B * P, dt).astype(np.float32)).astype(dt)
+        dev.view(p.aux, B * P, dt)[:] = (_f32(dev, p.gh, B * P) + _split(dev, p, p.ghrec, B * P, dt)).astype(dt)
     if p.dxa:
         dev.view(p.dxa, B * H, dt)[:] = _f32(dev, p.gc, B * H).astype(dt)
 

@@ -62,3 +62,24 @@ def test_rnn_cu_on_the_host(name, host_lib, monkeypatch):
     dev = rnn_emulator.Device()
     rnn_emulator.install(monkeypatch, dev, c.dtype, host_lib=host_lib)
     run_case(rnn_emulator.fake_handle(), dev, c)
+
+
+SPLIT_CASES = {  # K slices of 16 elements (SPLIT_MIN_K lowered): splits of 2 to 8 in both directions' GEMMs
+    "lstm-proj-bi": Case(hidden=64, input_size=8, proj=32, dirs=2, layers=2, lengths=(4, 2, 3)),
+    "gru-half": Case(cell=E.PYDNN_GRU, dtype=E.PYDNN_DATA_HALF, hidden=32, input_size=16, dirs=2),
+    "tanh-bf16": Case(cell=E.PYDNN_RNN_TANH, dtype=E.PYDNN_DATA_BFLOAT16, hidden=64, input_size=8, layers=2),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_rnn_cu_on_the_host_with_split_k(name, host_lib, monkeypatch):
+    from pydnn.ops.rnn import engine
+    monkeypatch.setattr(engine, "SPLIT_MIN_K", 16)
+    c = SPLIT_CASES[name]
+    r_out = c.proj or c.hidden
+    g = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(c.cell, 1) * c.hidden
+    assert engine.split_k(3, g, r_out, 132) > 1 and engine.split_k(3, r_out, g, 132) > 1
+    dev = rnn_emulator.Device()
+    calls = rnn_emulator.install(monkeypatch, dev, c.dtype, host_lib=host_lib)
+    run_case(rnn_emulator.fake_handle(), dev, c)
+    assert any(m[0] == "gemm" for m in calls)
