@@ -4,7 +4,10 @@ STANDARD algorithm:
   per layer and direction: one GEMM for the input projection of every step (pydnn.ops.matmul: [T*B, in] x
   [in, G*H]), then per step the recurrent GEMM ([B, out] x [out, G*H]) and one fused cell kernel
   (ptx/rnn.cu fwd_cell: gates, f32 state, h, the layer output; rows past their sequence's length carry
-  the state). The LSTM projection is one more GEMM per step and a commit kernel.
+  the state). The LSTM projection is one more GEMM per step and a commit kernel. Backward data walks the
+  steps in reverse with the mirror-image kernels (bwd_cell: pre-activation gradients, f32 dc and carried
+  dh) and the recurrent GEMM [B, G*H] x [G*H, out]; dx of each layer is one GEMM; backward weights are one
+  GEMM per matrix over all steps and two deterministic column-sum passes per bias.
 
 Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
 scattered to) the user's layout by one kernel. States are kept per time index: h_prev of time t is state
@@ -12,10 +15,10 @@ index t (forward direction) or t + 1 (reverse), its output t + 1 (forward) or t 
 (forward) / T (reverse) holds hx. The f32 state holds c (LSTM) or h (GRU).
 
 Workspace (regions 256-byte aligned): x gathered [T*B, inputSize]; the input projections [dirs][T*B, G*H];
-the recurrent projection [B, G*H]; the projected h [B, out]; inference only: two layer outputs [T*B,
+the recurrent projection [split_f][B, G*H] (split-K partial sums, see split_k); the projected h [B, out]; inference only: two layer outputs [T*B,
 dirs*out], two states per direction (dtype [B, out] and f32 [B, H]), m [B, H]; training only (the backward
 calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], f32 dh [B, out], its recurrent share
-[B, out], f32 dc [B, H], dm [B, H], the bias gradients' f32 partial sums [BIAS_CHUNKS, G*H].
+[split_b][B, out], f32 dc [B, H], dm [B, H], the bias gradients' f32 partial sums [BIAS_CHUNKS, G*H].
 Reserve space (training), per pseudo-layer: states dtype [T+1, B, out] and f32 [T+1, B, H], the gate values
 f32 [T*B, GA*H] (GA = 4 for LSTM and GRU: i f g o / r z n (R_n h + b_Rn); 1 for RNN: h), m [T*B, H]
 (projection), then written by BackwardData: input pre-activation gradients [T*B, G*H], recurrent ones (GRU)
