@@ -1,6 +1,7 @@
-"""The RNN family on the GPU (NOT YET RUN ON A GPU when written: the engine's Python was checked on the
-CPU emulation in test_rnn_engine_emulated_cpu.py, the kernels compile on the CPU; this file is the first
-real run).
+"""The RNN family on the GPU (NOT YET RUN ON A GPU when written: the engine's Python and ptx/rnn.cu's own
+source were checked on the CPU (test_rnn_engine_emulated_cpu.py, test_rnn_kernels_host_cpu.py: the
+kernels compiled with g++ on an emulated device), and every kernel compiles with NVRTC for sm_80 / sm_90;
+this file is the first real run).
 
 1. rnn_harness.run_case on the device: every output poisoned, weights written through GetRNNWeightParams
    into a poisoned weight space, x / dy padding positions NaN; RNNForward (INFERENCE and TRAINING),
@@ -99,10 +100,12 @@ TORCH_CASES = [  # cell, I, H, layers, bidirectional, proj, dtype name, lengths
 @pytest.mark.parametrize("case", TORCH_CASES)
 def test_pytorch_state_dict_copies_in(case, handle):
     torch = pytest.importorskip("torch")
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
         _pytorch_case(torch, case, handle)
     finally:
         pydnn.set_stream(handle, 0)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
 
 
 def _pytorch_case(torch, case, handle):
