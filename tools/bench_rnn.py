@@ -146,7 +146,7 @@ def main():
             f = flops * mult
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
                   f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}" if what == "fwd" else ""))
-        del s
+        s = None  # free the buffers before the next case
         torch.cuda.empty_cache()
 
 

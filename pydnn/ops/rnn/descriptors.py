@@ -77,7 +77,8 @@ class RNNDescriptor:
 
     def __init__(self):
         self.is_set, self.alive, self.version = False, True, 0
-        self.clip_mode, self.clip_nan, self.lclip, self.rclip = E.PYDNN_RNN_CLIP_NONE, E.PYDNN_NOT_PROPAGATE_NAN, 0.0, 0.0
+        self.clip_mode, self.clip_nan = E.PYDNN_RNN_CLIP_NONE, E.PYDNN_NOT_PROPAGATE_NAN
+        self.lclip = self.rclip = 0.0
 
     # derived geometry
     @property

@@ -15,8 +15,8 @@ index t (forward direction) or t + 1 (reverse), its output t + 1 (forward) or t 
 (forward) / T (reverse) holds hx. The f32 state holds c (LSTM) or h (GRU).
 
 Workspace (regions 256-byte aligned): x gathered [T*B, inputSize]; the input projections [dirs][T*B, G*H];
-the recurrent projection [split_f][B, G*H] (split-K partial sums, see split_k); the projected h [B, out]; inference only: two layer outputs [T*B,
-dirs*out], two states per direction (dtype [B, out] and f32 [B, H]), m [B, H]; training only (the backward
+the recurrent projection [split_f][B, G*H] (split-K partial sums, see split_k); the projected h [B, out];
+inference only: two layer outputs [T*B, dirs*out], two states per direction (dtype [B, out] and f32 [B, H]), m [B, H]; training only (the backward
 calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], f32 dh [B, out], its recurrent share
 [split_b][B, out], f32 dc [B, H], dm [B, H], the bias gradients' f32 partial sums [BIAS_CHUNKS, G*H].
 Reserve space (training), per pseudo-layer: states dtype [T+1, B, out] and f32 [T+1, B, H], the gate values
@@ -638,7 +638,6 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
             pl = layer * D + d
             w_in, w_rec = g.weight(wp, pl, "m", 0), g.weight(wp, pl, "m", g.G)
             w_proj = g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0
-            hs0 = rsp + rs[("hs", pl)]
             s0 = rsp + rs[("s32", pl)] if g.s32 else 0
             s_at = lambda i, s0=s0: s0 + i * B * H * 4 if s0 else 0  # noqa: E731
             dxa0 = rsp + rs[("dxa", pl)]

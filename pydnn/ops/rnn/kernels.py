@@ -9,8 +9,8 @@ THREADS = 256
 BIAS_CHUNKS = 32  # row chunks of the bias gradient's first pass (bias_partial)
 CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
 MODE_ADD = 1  # PYDNN_RNN_MODE_ADD
-PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_state_init", "bwd_state_out", "skip_dx", "bias_partial",
-         "bias_final")
+PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_state_init", "bwd_state_out", "skip_dx",
+         "bias_partial", "bias_final")
 
 
 @kernel_params("rnn_params.h", "RnnParams")

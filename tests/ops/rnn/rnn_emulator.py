@@ -123,7 +123,7 @@ def install(monkeypatch, dev, dtype, host_lib=None):
     def launch(handle, f, grid, block, smem, args, meta):
         calls.append(meta[:2] if meta[0] == "call" else meta)
         if meta[0] == "call":  # DropoutForward / Backward on a [rows, cols] tensor, pydnn's mask-bit layout
-            fn, (h, dd, td, xin, _, yout, mask, _) = meta[1], meta[2]
+            fn, (_, dd, td, xin, _, yout, mask, _) = meta[1], meta[2]
             n = td.count
             scale = 1.0 / (1.0 - dd.dropout)
             src = _f(dev.view(xin, n, dt), dt)

@@ -3,7 +3,6 @@ on the CPU; a kernel runs once per (block, thread) in order) and driven by the e
 emulated device (rnn_emulator.py: numpy GEMM, real host addresses), against the float64 reference: the
 kernels' index math and arithmetic are checked without a GPU, for float, half and bfloat16."""
 import ctypes
-import os
 import shutil
 import subprocess
 import sys
