@@ -1,7 +1,8 @@
 // RNN cells of cuDNN's RNN API (pydnn/ops/rnn/): the element-wise work of one time step, around the GEMMs
 // that pydnn's matmul does (the input projection of every step at once, the recurrent projection per step).
 //
-//   fwd_cell<T, CELL>      gates of one step from xp (+ bw) and hp (+ br): f32 state out, h out (and y);
+//   fwd_cell<T, CELL>      (gridDim.y = 2: both directions of a bidirectional layer, see RnnDir2)
+//                          gates of one step from xp (+ bw) and hp (+ br): f32 state out, h out (and y);
 //                          rows past their length carry the state and write 0 to y; saves the gate values
 //                          (act) for the backward.   CELL: 0 RNN_RELU, 1 RNN_TANH, 2 LSTM, 3 GRU (cuDNN's)
 //   proj_commit<T>         LSTM projection: h = aux_in (the projected m) on active rows, else h_prev; y
@@ -52,9 +53,27 @@ template <class T> __device__ __forceinline__ typename Acc<T>::type ld_split(con
 
 __device__ __forceinline__ i64 gid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
+// The parameters of this block's direction: the launch's own (blockIdx.y = 0), or the reverse direction's
+// (blockIdx.y = 1: pointers moved by dir2's byte offsets, time dir2.t), see RnnDir2.
+template <class P> __device__ __forceinline__ void shift(P*& ptr, long long by) {
+  if (ptr) ptr = (P*)((const char*)ptr + by);
+}
+__device__ __forceinline__ RnnParams direction(const RnnParams& p0) {
+  RnnParams p = p0;
+  if (blockIdx.y == 0) return p;
+  const RnnDir2& d = p0.dir2;
+  shift(p.xp, d.xp); shift(p.hp, d.hp); shift(p.bw, d.bw); shift(p.br, d.br);
+  shift(p.h_prev, d.h_prev); shift(p.h_out, d.h_out); shift(p.s_prev, d.s_prev); shift(p.s_out, d.s_out);
+  shift(p.y, d.y); shift(p.act, d.act); shift(p.dy, d.dy); shift(p.dxa, d.dxa); shift(p.dha, d.dha);
+  shift(p.gh, d.gh); shift(p.ghrec, d.ghrec); shift(p.gc, d.gc);
+  p.t = d.t;
+  return p;
+}
+
 template <class T, int CELL>
-__global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p) {
+__global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
   typedef typename Acc<T>::type A;
+  const RnnParams p = direction(p0);
   const i64 idx = gid();
   const int H = p.hidden;
   if (idx >= (i64)p.batch * H) return;
@@ -190,8 +209,9 @@ __global__ void __launch_bounds__(kThreads) pack(const RnnParams p) {
 }
 
 template <class T, int CELL>
-__global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p) {
+__global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
   typedef typename Acc<T>::type A;
+  const RnnParams p = direction(p0);
   const i64 idx = gid();
   const int H = p.hidden;
   if (idx >= (i64)p.batch * H) return;

@@ -8,6 +8,13 @@
 
 #define PYDNN_RNN_MODE_ADD 1   /* skip_dx / bias_final: add to the output instead of writing it */
 
+/* The reverse direction of a bidirectional layer in the same launch (fwd_cell, bwd_cell with gridDim.y = 2):
+ * blocks with blockIdx.y = 1 add these byte offsets to the pointers (NULL ones stay NULL) and use time t. */
+typedef struct {
+  long long xp, hp, bw, br, h_prev, h_out, s_prev, s_out, y, act, dy, dxa, dha, gh, ghrec, gc;
+  int t, pad;
+} RnnDir2;
+
 typedef struct {
   const void *xp;      /* input projection of time t: row b at xp + b * ld_xp, gate g at + g * gs_xp (dtype) */
   const void *hp;      /* recurrent projection [batch, G * hidden] (dtype) */
@@ -35,6 +42,7 @@ typedef struct {
   int clip;            /* LSTM cell clipping on */
   int t, batch, hidden, out, seq, vec, layout, cols, mode;
   int nsplit;          /* split-K partial sums in hp / ghrec to add (0 or 1: one) */
+  RnnDir2 dir2;
 } RnnParams;
 
 #endif

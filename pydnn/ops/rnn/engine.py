@@ -4,7 +4,9 @@ STANDARD algorithm:
   per layer and direction: one GEMM for the input projection of every step (pydnn.ops.matmul: [T*B, in] x
   [in, G*H]), then per step the recurrent GEMM ([B, out] x [out, G*H]) and one fused cell kernel
   (ptx/rnn.cu fwd_cell: gates, f32 state, h, the layer output; rows past their sequence's length carry
-  the state). The LSTM projection is one more GEMM per step and a commit kernel. Backward data walks the
+  the state). The LSTM projection is one more GEMM per step and a commit kernel. The two directions of a
+  bidirectional layer (without a projection) step together: one GEMM batched over them and one cell launch
+  (gridDim.y = 2). Backward data walks the
   steps in reverse with the mirror-image kernels (bwd_cell: pre-activation gradients, f32 dc and carried
   dh) and the recurrent GEMM [B, G*H] x [G*H, out]; dx of each layer is one GEMM; backward weights are one
   GEMM per matrix over all steps and two deterministic column-sum passes per bias.
@@ -17,8 +19,8 @@ index t (forward direction) or t + 1 (reverse), its output t + 1 (forward) or t 
 Workspace (regions 256-byte aligned): x gathered [T*B, inputSize]; the input projections [dirs][T*B, G*H];
 the recurrent projection [split_f][B, G*H] (split-K partial sums, see split_k); the projected h [B, out];
 inference only: two layer outputs [T*B, dirs*out], two states per direction (dtype [B, out] and f32 [B, H]), m [B, H]; training only (the backward
-calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], f32 dh [B, out], its recurrent share
-[split_b][B, out], f32 dc [B, H], dm [B, H], the bias gradients' f32 partial sums [BIAS_CHUNKS, G*H].
+calls' scratch): two layer gradients [T*B, max(dirs*out, inputSize)], per direction f32 dh [B, out], its
+recurrent share [split_b][B, out] and f32 dc [B, H], dm [B, H], the bias gradients' f32 partial sums [BIAS_CHUNKS, G*H].
 Reserve space (training), per pseudo-layer: states dtype [T+1, B, out] and f32 [T+1, B, H], the gate values
 f32 [T*B, GA*H] (GA = 4 for LSTM and GRU: i f g o / r z n (R_n h + b_Rn); 1 for RNN: h), m [T*B, H]
 (projection), then written by BackwardData: input pre-activation gradients [T*B, G*H], recurrent ones (GRU)
@@ -72,6 +74,9 @@ class _Regions:
 SPLIT_K = True
 SPLIT_MAX = 8
 SPLIT_MIN_K = 256  # the shortest K slice
+# DIR_BATCH: the two directions of a bidirectional layer step together (see _fwd_steps_both); False: one
+# after the other (for measurements)
+DIR_BATCH = True
 
 
 def split_k(m, n, k, sm_count):
@@ -100,14 +105,16 @@ class Geometry:
         # dropout between layers (training): each layer's output but the last, through DropoutForward
         self.drop = r.dropout is not None and r.dropout.dropout > 0 and r.layers > 1
         self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
-        self.split_f = split_k(self.B, self.G * r.hidden, r.out, sm_count)
+        # both directions of a bidirectional layer step together (not with a projection)
+        self.dir_batch = DIR_BATCH and r.dirs == 2 and not r.proj
+        self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count)
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         for training in (False, True):
             w = _Regions()
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
-            w.add("hp", self.split_f * B * GH * es)
+            w.add("hp", max(self.split_f, D if self.dir_batch else 1) * B * GH * es)
             w.add("hn", B * P * es if r.proj else 0)
             if not training:
                 w.add("ly", 2 * N * D * P * es)
@@ -117,9 +124,9 @@ class Geometry:
             else:
                 self.dw = max(D * P, self.I)
                 w.add("dly", 2 * N * self.dw * es)
-                w.add("gh", B * P * 4)
-                w.add("ghrec", self.split_b * B * P * es)
-                w.add("gc", B * H * 4)
+                w.add("gh", D * B * P * 4)
+                w.add("ghrec", D * self.split_b * B * P * es)
+                w.add("gc", D * B * H * 4)
                 w.add("dm", B * H * es if r.proj else 0)
                 w.add("bpart", K.BIAS_CHUNKS * self.GH * 4)
             if training:
@@ -403,9 +410,11 @@ class _Exec:
         self._go(f, grid, (K.THREADS, 1, 1), 0, args, ("rnn", name, cell))
 
     def gemm(self, m, n, k, a, b, c, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None, batch=1, stride_a=0,
-             stride_b=0, stride_c=0):
-        plan = matmul.cached_plan(self.handle, self.dtype, m, n, k, trans_a, trans_b, lda, ldb, None, batch, stride_a,
-                                  stride_b, stride_c)
+             stride_b=0, stride_c=0, cached=True):
+        """cached=False: a plan of its own, not kept in the handle (the batched-direction GEMMs: a new stride
+        at every step; the recorded launch keeps what the replays need)."""
+        plan = (matmul.cached_plan if cached else matmul.gemm_plan)(
+            self.handle, self.dtype, m, n, k, trans_a, trans_b, lda, ldb, None, batch, stride_a, stride_b, stride_c)
         if plan.empty:
             return
         rec, params = _gemm_params(plan, a, b, c, beta)
@@ -510,76 +519,142 @@ def _state_index(g, d, t):
     return (t, t + 1) if d == 0 else (t + 1, t)
 
 
+class _Dir:
+    """One direction of one layer in a call: its weights and where its states live."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _dir2(p, ptrs0, ptrs1, t1):
+    """Fill p.dir2 so that blocks with blockIdx.y = 1 see ptrs1 (the reverse direction) at time t1."""
+    for name, a in ptrs0.items():
+        b = ptrs1[name]
+        if (a == 0) != (b == 0):
+            raise AssertionError(f"rnn: {name} is NULL in one direction only")
+        setattr(p.dir2, name, b - a if a else 0)
+    p.dir2.t = t1
+
+
+def _fwd_cell_ptrs(g, dr, t, ly, training):
+    """The pointer fields of fwd_cell for direction dr at time t (without a projection)."""
+    es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
+    ip, io = _state_index(g, dr.d, t)
+    if dr.w_in:
+        xp = dr.xpd + t * B * GH * es
+    else:
+        xp = dr.inp + t * B * dr.inp_w * es
+    return dict(xp=xp, hp=dr.hp, bw=dr.b_in, br=dr.b_rec, h_prev=dr.hs_at(ip), h_out=dr.hs_at(io),
+                s_prev=dr.s_at(ip), s_out=dr.s_at(io), y=ly + (t * B * D * P + dr.d * P) * es,
+                act=dr.act0 + t * B * g.GA * H * 4 if training else 0)
+
+
+def _fwd_steps(lau, r, g, dr, ly, training, lens, wsp, rsp, ws, clip):
+    """The recurrence of one direction: per step the recurrent GEMM (split-K), the cell kernel, and with a
+    projection its GEMM and the commit kernel."""
+    es, T, B, H, P, D, GH = g.es, g.T, g.B, g.H, g.P, g.D, g.GH
+    rs = g.rs
+    for s in range(T):
+        t = s if dr.d == 0 else T - 1 - s
+        ip, io = _state_index(g, dr.d, t)
+        sf = g.split_f  # K = out in sf slices: partial sums sf * [B, G*H] apart
+        lau.gemm(B, GH, P // sf, dr.hs_at(ip), dr.w_rec, dr.hp, trans_b=True, lda=P, ldb=P, batch=sf,
+                 stride_a=P // sf, stride_b=P // sf, stride_c=B * GH)
+        p = lau.reset()
+        for name, v in _fwd_cell_ptrs(g, dr, t, ly, training).items():
+            setattr(p, name, v)
+        p.ld_xp, p.gs_xp = (GH, H) if dr.w_in else (dr.inp_w, 0)  # SKIP_INPUT: x itself enters every gate
+        p.nsplit, p.split_stride, p.ld_y = sf, B * GH, D * P
+        if r.proj:
+            m_t = rsp + rs[("m", dr.pl)] + t * B * H * es if training else wsp + ws["m"]
+            p.h_out, p.y = m_t, 0
+        p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+        if clip:
+            p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+        lau.launch("fwd_cell", B * H, cell=r.cell)
+        if r.proj:
+            lau.gemm(B, P, H, m_t, dr.w_proj, wsp + ws["hn"], trans_b=True)
+            p = lau.reset()
+            p.aux_in, p.h_prev, p.h_out = wsp + ws["hn"], dr.hs_at(ip), dr.hs_at(io)
+            p.y, p.ld_y = ly + (t * B * D * P + dr.d * P) * es, D * P
+            p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+            lau.launch("proj_commit", B * P)
+
+
+def _fwd_steps_both(lau, r, g, dirs, ly, training, lens, hp, clip):
+    """Both directions of a bidirectional layer (no projection) step by step together: one GEMM batched over
+    the directions (their states and weights a fixed distance apart at each step) and one cell launch
+    whose second row of blocks is the reverse direction (RnnDir2)."""
+    es, T, B, H, P, D, GH = g.es, g.T, g.B, g.H, g.P, g.D, g.GH
+    f, b = dirs
+    f.hp, b.hp = hp, hp + B * GH * es
+    for s in range(T):
+        t0, t1 = s, T - 1 - s
+        a0, a1 = f.hs_at(_state_index(g, 0, t0)[0]), b.hs_at(_state_index(g, 1, t1)[0])
+        lau.gemm(B, GH, P, a0, f.w_rec, hp, trans_b=True, lda=P, ldb=P, batch=2, stride_a=(a1 - a0) // es,
+                 stride_b=(b.w_rec - f.w_rec) // es, stride_c=B * GH, cached=False)
+        p = lau.reset()
+        ptrs0, ptrs1 = _fwd_cell_ptrs(g, f, t0, ly, training), _fwd_cell_ptrs(g, b, t1, ly, training)
+        for name, v in ptrs0.items():
+            setattr(p, name, v)
+        _dir2(p, ptrs0, ptrs1, t1)
+        p.ld_xp, p.gs_xp = (GH, H) if f.w_in else (f.inp_w, 0)
+        p.nsplit, p.split_stride, p.ld_y = 1, 0, D * P
+        p.lens, p.t, p.batch, p.hidden, p.out = lens, t0, B, H, P
+        if clip:
+            p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+        lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=2)
+
+
 def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp, wsp, rsp):
     es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
     ws = g.ws_train if training else g.ws_inf
     rs = g.rs
+    clip = r.clip()
     _pack(lau, g, lens, xp, wsp + ws["xin"], g.I, g.x.layout, 0)
     inp, inp_w = wsp + ws["xin"], g.I
     for layer in range(g.L):
         ly = rsp + rs[("ly", layer)] if training else wsp + ws["ly"] + (layer % 2) * N * D * P * es
+        dirs = []
         for d in range(D):
             pl = layer * D + d
-            w_in, w_rec = g.weight(wp, pl, "m", 0), g.weight(wp, pl, "m", g.G)
-            w_proj = g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0
-            b_in, b_rec = g.weight(wp, pl, "b", 0), g.weight(wp, pl, "b", g.G)
-            xpd = wsp + ws["xp"] + d * N * GH * es
-            if w_in:
-                lau.gemm(N, GH, inp_w, inp, w_in, xpd, trans_b=True)
+            dr = _Dir(d=d, pl=pl, inp=inp, inp_w=inp_w, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
+                      w_proj=g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0, b_in=g.weight(wp, pl, "b", 0),
+                      b_rec=g.weight(wp, pl, "b", g.G), xpd=wsp + ws["xp"] + d * N * GH * es,
+                      act0=rsp + rs[("act", pl)] if training else 0)
+            if dr.w_in:
+                lau.gemm(N, GH, inp_w, inp, dr.w_in, dr.xpd, trans_b=True)
             if training:
                 hs0, hs_step = rsp + rs[("hs", pl)], B * P * es
                 s0, s_step = (rsp + rs[("s32", pl)] if g.s32 else 0), B * H * 4
-                hs_at = lambda i, hs0=hs0, st=hs_step: hs0 + i * st  # noqa: E731
-                s_at = lambda i, s0=s0, st=s_step: s0 + i * st if s0 else 0  # noqa: E731
+                dr.hs_at = lambda i, hs0=hs0, st=hs_step: hs0 + i * st  # noqa: E731
+                dr.s_at = lambda i, s0=s0, st=s_step: s0 + i * st if s0 else 0  # noqa: E731
             else:
                 hs0 = wsp + ws["hs"] + d * 2 * B * P * es
                 s0 = wsp + ws["s32"] + d * 2 * B * H * 4 if g.s32 else 0
-                hs_at = lambda i, hs0=hs0: hs0 + (i % 2) * B * P * es  # noqa: E731
-                s_at = lambda i, s0=s0: s0 + (i % 2) * B * H * 4 if s0 else 0  # noqa: E731
+                dr.hs_at = lambda i, hs0=hs0: hs0 + (i % 2) * B * P * es  # noqa: E731
+                dr.s_at = lambda i, s0=s0: s0 + (i % 2) * B * H * 4 if s0 else 0  # noqa: E731
             first = 0 if d == 0 else T
             p = lau.reset()
             p.h_prev = hxp + pl * B * P * es if hxp else 0
             p.aux_in = cxp + pl * B * H * es if cxp else 0
-            p.h_out, p.s_out = hs_at(first), s_at(first)
+            p.h_out, p.s_out = dr.hs_at(first), dr.s_at(first)
             p.batch, p.out, p.hidden, p.mode = B, P, H, r.cell
             lau.launch("state_init", B * max(P, H))
-            clip = r.clip()
-            for s in range(T):
-                t = s if d == 0 else T - 1 - s
-                ip, io = _state_index(g, d, t)
-                sf = g.split_f  # K = out in sf slices: partial sums sf * [B, G*H] apart
-                lau.gemm(B, GH, P // sf, hs_at(ip), w_rec, wsp + ws["hp"], trans_b=True, lda=P, ldb=P, batch=sf,
-                         stride_a=P // sf, stride_b=P // sf, stride_c=B * GH)
-                if r.proj:
-                    m_t = rsp + rs[("m", pl)] + t * B * H * es if training else wsp + ws["m"]
-                p = lau.reset()
-                if w_in:
-                    p.xp, p.ld_xp, p.gs_xp = xpd + t * B * GH * es, GH, H
-                else:  # SKIP_INPUT: the input itself (inputSize == hiddenSize) enters every gate
-                    p.xp, p.ld_xp, p.gs_xp = inp + t * B * inp_w * es, inp_w, 0
-                p.hp, p.bw, p.br = wsp + ws["hp"], b_in, b_rec
-                p.nsplit, p.split_stride = g.split_f, B * GH
-                p.h_prev, p.h_out = hs_at(ip), (m_t if r.proj else hs_at(io))
-                p.s_prev, p.s_out = s_at(ip), s_at(io)
-                p.y, p.ld_y = (0 if r.proj else ly + (t * B * D * P + d * P) * es), D * P
-                p.act = rsp + rs[("act", pl)] + t * B * g.GA * H * 4 if training else 0
-                p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
-                if clip:
-                    p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
-                lau.launch("fwd_cell", B * H, cell=r.cell)
-                if r.proj:
-                    lau.gemm(B, P, H, m_t, w_proj, wsp + ws["hn"], trans_b=True)
-                    p = lau.reset()
-                    p.aux_in, p.h_prev, p.h_out = wsp + ws["hn"], hs_at(ip), hs_at(io)
-                    p.y, p.ld_y = ly + (t * B * D * P + d * P) * es, D * P
-                    p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
-                    lau.launch("proj_commit", B * P)
-            last = T if d == 0 else 0
+            dirs.append(dr)
+        if g.dir_batch:
+            _fwd_steps_both(lau, r, g, dirs, ly, training, lens, wsp + ws["hp"], clip)
+        else:
+            for dr in dirs:
+                dr.hp = wsp + ws["hp"]
+                _fwd_steps(lau, r, g, dr, ly, training, lens, wsp, rsp, ws, clip)
+        for dr in dirs:
+            last = T if dr.d == 0 else 0
             if hyp or cyp:
                 p = lau.reset()
-                p.h_prev, p.s_prev = hs_at(last), s_at(last)
-                p.aux = hyp + pl * B * P * es if hyp else 0
-                p.dxa = cyp + pl * B * H * es if cyp else 0
+                p.h_prev, p.s_prev = dr.hs_at(last), dr.s_at(last)
+                p.aux = hyp + dr.pl * B * P * es if hyp else 0
+                p.dxa = cyp + dr.pl * B * H * es if cyp else 0
                 p.batch, p.out, p.hidden = B, P, H
                 lau.launch("state_out", B * max(P, H))
         if training and g.drop and layer < g.L - 1:
@@ -622,75 +697,107 @@ def rnn_backward_data_v8(handle, rnn_desc, dev_seq_lengths, y_desc, y, dy, x_des
     _run(handle, r, g, _run_backward_data, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
 
 
+def _bwd_cell_ptrs(g, dr, t, dly):
+    """The pointer fields of bwd_cell for direction dr at time t (without a projection)."""
+    es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
+    ip, io = _state_index(g, dr.d, t)
+    return dict(dy=dly + (t * B * D * P + dr.d * P) * es, act=dr.act0 + t * B * g.GA * H * 4,
+                s_prev=dr.s_at(ip), s_out=dr.s_at(io), dxa=dr.dxa0 + t * B * GH * es,
+                dha=dr.dha0 + t * B * GH * es if dr.dha0 else 0, gh=dr.gh, ghrec=dr.ghrec, gc=dr.gc)
+
+
+def _bwd_rec_gemm(lau, g, dr, t, w_rec):
+    """ghrec = the step's recurrent pre-activation gradients x R: K = G*H in split_b slices, partial sums
+    split_b * [B, out] apart."""
+    es, B, P, GH, sb = g.es, g.B, g.P, g.GH, g.split_b
+    lau.gemm(B, P, GH // sb, (dr.dha0 or dr.dxa0) + t * B * GH * es, w_rec, dr.ghrec, lda=GH, ldb=P, batch=sb,
+             stride_a=GH // sb, stride_b=(GH // sb) * P, stride_c=B * P)
+
+
 def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
     es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
     ws, rs = g.ws_train, g.rs
     dly = [wsp + ws["dly"], wsp + ws["dly"] + N * g.dw * es]
     cur = 0
     _pack(lau, g, lens, dyp, dly[cur], D * P, g.x.layout, 0)
-    gh, ghrec, gc = wsp + ws["gh"], wsp + ws["ghrec"], wsp + ws["gc"]
     sb = g.split_b
     clip = r.clip()
     for layer in range(g.L - 1, -1, -1):
         in_w = r.layer_input(layer)
         nxt = dly[1 - cur]
-        for d in range(D):
+        dirs = []
+        for d in range(D):  # each direction's carried gradients have buffers of their own
             pl = layer * D + d
-            w_in, w_rec = g.weight(wp, pl, "m", 0), g.weight(wp, pl, "m", g.G)
-            w_proj = g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0
             s0 = rsp + rs[("s32", pl)] if g.s32 else 0
-            s_at = lambda i, s0=s0: s0 + i * B * H * 4 if s0 else 0  # noqa: E731
-            dxa0 = rsp + rs[("dxa", pl)]
-            dha0 = rsp + rs[("dha", pl)] if r.cell == GRU else 0
+            dr = _Dir(d=d, pl=pl, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
+                      w_proj=g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0,
+                      s_at=lambda i, s0=s0: s0 + i * B * H * 4 if s0 else 0, act0=rsp + rs[("act", pl)],
+                      dxa0=rsp + rs[("dxa", pl)], dha0=rsp + rs[("dha", pl)] if r.cell == GRU else 0,
+                      gh=wsp + ws["gh"] + d * B * P * 4, ghrec=wsp + ws["ghrec"] + d * sb * B * P * es,
+                      gc=wsp + ws["gc"] + d * B * H * 4)
             p = lau.reset()
             p.dy = dhyp + pl * B * P * es if dhyp else 0
             p.dm = dcyp + pl * B * H * es if dcyp else 0
-            p.gh, p.aux, p.gc = gh, ghrec, gc
+            p.gh, p.aux, p.gc = dr.gh, dr.ghrec, dr.gc
             p.batch, p.out, p.hidden = B, P, H
             p.nsplit, p.split_stride = sb, B * P
             lau.launch("bwd_state_init", B * max(P, H))
+            dirs.append(dr)
+        if g.dir_batch:  # both directions' cells in one launch (RnnDir2), each its own recurrent GEMM
+            f, b = dirs
             for s in range(T):
-                t = T - 1 - s if d == 0 else s
-                ip, io = _state_index(g, d, t)
-                dy_t = dly[cur] + (t * B * D * P + d * P) * es
-                if r.proj:
-                    dh_t = rsp + rs[("dhall", pl)] + t * B * P * es
-                    p = lau.reset()
-                    p.gh, p.ghrec, p.dy, p.ld_y, p.aux = gh, ghrec, dy_t, D * P, dh_t
-                    p.nsplit, p.split_stride = sb, B * P
-                    p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
-                    lau.launch("bwd_proj_pre", B * P)
-                    lau.gemm(B, H, P, dh_t, w_proj, wsp + ws["dm"])
+                t0, t1 = T - 1 - s, s
                 p = lau.reset()
-                p.dm = wsp + ws["dm"] if r.proj else 0
-                p.dy, p.ld_y = (0 if r.proj else dy_t), D * P
-                p.act = rsp + rs[("act", pl)] + t * B * g.GA * H * 4
-                p.s_prev, p.s_out = s_at(ip), s_at(io)
-                p.dxa = dxa0 + t * B * GH * es
-                p.dha = dha0 + t * B * GH * es if dha0 else 0
-                p.gh, p.ghrec, p.gc = gh, ghrec, gc
-                p.nsplit, p.split_stride = sb, B * P
-                p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                ptrs0, ptrs1 = _bwd_cell_ptrs(g, f, t0, dly[cur]), _bwd_cell_ptrs(g, b, t1, dly[cur])
+                for name, v in ptrs0.items():
+                    setattr(p, name, v)
+                _dir2(p, ptrs0, ptrs1, t1)
+                p.ld_y, p.nsplit, p.split_stride = D * P, sb, B * P
+                p.lens, p.t, p.batch, p.hidden, p.out = lens, t0, B, H, P
                 if clip:
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
-                lau.launch("bwd_cell", B * H, cell=r.cell)
-                # K = G*H in sb slices: partial sums sb * [B, out] apart
-                lau.gemm(B, P, GH // sb, (dha0 or dxa0) + t * B * GH * es, w_rec, ghrec, lda=GH, ldb=P, batch=sb,
-                         stride_a=GH // sb, stride_b=(GH // sb) * P, stride_c=B * P)
+                lau.launch("bwd_cell", B * H, cell=r.cell, grid_y=2)
+                _bwd_rec_gemm(lau, g, f, t0, f.w_rec)
+                _bwd_rec_gemm(lau, g, b, t1, b.w_rec)
+        else:
+            for dr in dirs:
+                for s in range(T):
+                    t = T - 1 - s if dr.d == 0 else s
+                    ptrs = _bwd_cell_ptrs(g, dr, t, dly[cur])
+                    if r.proj:
+                        dh_t = rsp + rs[("dhall", dr.pl)] + t * B * P * es
+                        p = lau.reset()
+                        p.gh, p.ghrec, p.dy, p.ld_y, p.aux = dr.gh, dr.ghrec, ptrs["dy"], D * P, dh_t
+                        p.nsplit, p.split_stride = sb, B * P
+                        p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                        lau.launch("bwd_proj_pre", B * P)
+                        lau.gemm(B, H, P, dh_t, dr.w_proj, wsp + ws["dm"])
+                    p = lau.reset()
+                    for name, v in ptrs.items():
+                        setattr(p, name, v)
+                    if r.proj:
+                        p.dm, p.dy = wsp + ws["dm"], 0
+                    p.ld_y, p.nsplit, p.split_stride = D * P, sb, B * P
+                    p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
+                    if clip:
+                        p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+                    lau.launch("bwd_cell", B * H, cell=r.cell)
+                    _bwd_rec_gemm(lau, g, dr, t, dr.w_rec)
+        for dr in dirs:
             if dhxp or dcxp:
                 p = lau.reset()
-                p.aux = dhxp + pl * B * P * es if dhxp else 0
-                p.dxa = dcxp + pl * B * H * es if dcxp else 0
-                p.gh, p.ghrec, p.gc = gh, ghrec, gc
+                p.aux = dhxp + dr.pl * B * P * es if dhxp else 0
+                p.dxa = dcxp + dr.pl * B * H * es if dcxp else 0
+                p.gh, p.ghrec, p.gc = dr.gh, dr.ghrec, dr.gc
                 p.nsplit, p.split_stride = sb, B * P
                 p.batch, p.out, p.hidden = B, P, H
                 lau.launch("bwd_state_out", B * max(P, H))
-            if w_in:
-                lau.gemm(N, in_w, GH, dxa0, w_in, nxt, beta=0.0 if d == 0 else 1.0)
+            if dr.w_in:
+                lau.gemm(N, in_w, GH, dr.dxa0, dr.w_in, nxt, beta=0.0 if dr.d == 0 else 1.0)
             else:
                 p = lau.reset()
-                p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux = nxt, dxa0, N, H, g.G, in_w
-                p.mode = 0 if d == 0 else K.MODE_ADD
+                p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux = nxt, dr.dxa0, N, H, g.G, in_w
+                p.mode = 0 if dr.d == 0 else K.MODE_ADD
                 lau.launch("skip_dx", N * H)
         if g.drop and layer > 0:  # through the dropout on the previous layer's output
             td = _flat_desc(lau.handle, r.dtype, N, in_w)

@@ -13,6 +13,15 @@ PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_
          "bias_partial", "bias_final")
 
 
+DIR2 = ("xp", "hp", "bw", "br", "h_prev", "h_out", "s_prev", "s_out", "y", "act", "dy", "dxa", "dha", "gh", "ghrec",
+        "gc")
+
+
+@kernel_params("rnn_params.h", "RnnDir2")
+class RnnDir2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_longlong) for n in DIR2] + [("t", ctypes.c_int), ("pad", ctypes.c_int)]
+
+
 @kernel_params("rnn_params.h", "RnnParams")
 class RnnParams(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in (
@@ -21,7 +30,7 @@ class RnnParams(ctypes.Structure):
         (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "rows", "ld_aux", "split_stride")] + [
         (n, ctypes.c_float) for n in ("lclip", "rclip", "fill")] + [
         (n, ctypes.c_int) for n in ("clip", "t", "batch", "hidden", "out", "seq", "vec", "layout", "cols", "mode",
-                                    "nsplit")]
+                                    "nsplit")] + [("dir2", RnnDir2)]
 
 
 def expr(name, tag, cell=None):

@@ -145,6 +145,13 @@ def install(monkeypatch, dev, dtype, host_lib=None):
             assert rc == 0, meta
         elif meta[0] == "rnn":
             KERNELS[meta[1]](dev, p, dt, meta[2])
+            if grid[1] == 2:  # the reverse direction's blocks (RnnDir2), as ptx/rnn.cu's direction()
+                q = K.RnnParams.from_buffer_copy(p)
+                for name in K.DIR2:
+                    if getattr(q, name):
+                        setattr(q, name, getattr(q, name) + getattr(p.dir2, name))
+                q.t = p.dir2.t
+                KERNELS[meta[1]](dev, q, dt, meta[2])
         else:
             _, ta, tb, m, n, k = meta
             assert (p.m, p.n, p.k) == (m, n, k)

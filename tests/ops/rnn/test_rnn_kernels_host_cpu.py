@@ -82,3 +82,14 @@ def test_rnn_cu_on_the_host_with_split_k(name, host_lib, monkeypatch):
     calls = rnn_emulator.install(monkeypatch, dev, c.dtype, host_lib=host_lib)
     run_case(rnn_emulator.fake_handle(), dev, c)
     assert any(m[0] == "gemm" for m in calls)
+
+
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "lstm-skip-bi", "lstm-bf16-bi-2layer"])
+def test_rnn_cu_on_the_host_directions_one_after_the_other(name, host_lib, monkeypatch):
+    """DIR_BATCH off: the bidirectional layers' directions in separate launches (the other path)."""
+    from pydnn.ops.rnn import engine
+    monkeypatch.setattr(engine, "DIR_BATCH", False)
+    c = HOST_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype, host_lib=host_lib)
+    run_case(rnn_emulator.fake_handle(), dev, c)
