@@ -325,6 +325,11 @@ typedef enum {
 } pydnnMultiHeadAttnWeightKind_t;
 
 typedef enum {
+    PYDNN_RNN_CLIP_NONE = 0,
+    PYDNN_RNN_CLIP_MINMAX = 1
+} pydnnRNNClipMode_t;
+
+typedef enum {
     PYDNN_WGRAD_MODE_ADD = 0,
     PYDNN_WGRAD_MODE_SET = 1
 } pydnnWgradMode_t;
@@ -396,6 +401,8 @@ typedef struct pydnnConvolutionStruct *pydnnConvolutionDescriptor_t;
 typedef struct pydnnAttentionStruct *pydnnAttentionDescriptor_t;
 typedef struct pydnnAttnStruct *pydnnAttnDescriptor_t;
 typedef struct pydnnSeqDataStruct *pydnnSeqDataDescriptor_t;
+typedef struct pydnnRNNStruct *pydnnRNNDescriptor_t;
+typedef struct pydnnRNNDataStruct *pydnnRNNDataDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
@@ -748,6 +755,42 @@ pydnnStatus_t pydnnMultiHeadAttnForward(pydnnHandle_t handle, const pydnnAttnDes
 pydnnStatus_t pydnnMultiHeadAttnBackwardData(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, const int loWinIdx[], const int hiWinIdx[], const void *devSeqLengthsDQDO, const void *devSeqLengthsDKDV, const pydnnSeqDataDescriptor_t doDesc, const void *dout, const pydnnSeqDataDescriptor_t dqDesc, void *dqueries, const void *queries, const pydnnSeqDataDescriptor_t dkDesc, void *dkeys, const void *keys, const pydnnSeqDataDescriptor_t dvDesc, void *dvalues, const void *values, size_t weightSizeInBytes, const void *weights, size_t workSpaceSizeInBytes, void *workSpace, size_t reserveSpaceSizeInBytes, void *reserveSpace);
 /* Weight and bias gradients (after pydnnMultiHeadAttnBackwardData), added (ADD) or written (SET). */
 pydnnStatus_t pydnnMultiHeadAttnBackwardWeights(pydnnHandle_t handle, const pydnnAttnDescriptor_t attnDesc, pydnnWgradMode_t addGrad, const pydnnSeqDataDescriptor_t qDesc, const void *queries, const pydnnSeqDataDescriptor_t kDesc, const void *keys, const pydnnSeqDataDescriptor_t vDesc, const void *values, const pydnnSeqDataDescriptor_t doDesc, const void *dout, size_t weightSizeInBytes, const void *weights, void *dweights, size_t workSpaceSizeInBytes, void *workSpace, size_t reserveSpaceSizeInBytes, void *reserveSpace);
+
+/* ---- RNN, LSTM and GRU (cuDNN 9's RNN API: the _v8 functions) ---- */
+/* A new RNN descriptor, unset until pydnnSetRNNDescriptor_v8. */
+pydnnStatus_t pydnnCreateRNNDescriptor(pydnnRNNDescriptor_t *rnnDesc);
+/* Release an RNN descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyRNNDescriptor(pydnnRNNDescriptor_t rnnDesc);
+/* Algorithm, cell, bias / direction / input modes, types, sizes (projSize = hiddenSize: no projection), dropout (NULL: none), PYDNN_RNN_PADDED_IO_*. */
+pydnnStatus_t pydnnSetRNNDescriptor_v8(pydnnRNNDescriptor_t rnnDesc, pydnnRNNAlgo_t algo, pydnnRNNMode_t cellMode, pydnnRNNBiasMode_t biasMode, pydnnDirectionMode_t dirMode, pydnnRNNInputMode_t inputMode, pydnnDataType_t dataType, pydnnDataType_t mathPrec, pydnnMathType_t mathType, int inputSize, int hiddenSize, int projSize, int numLayers, pydnnDropoutDescriptor_t dropoutDesc, unsigned auxFlags);
+/* The RNN descriptor's settings. */
+pydnnStatus_t pydnnGetRNNDescriptor_v8(pydnnRNNDescriptor_t rnnDesc, pydnnRNNAlgo_t *algo, pydnnRNNMode_t *cellMode, pydnnRNNBiasMode_t *biasMode, pydnnDirectionMode_t *dirMode, pydnnRNNInputMode_t *inputMode, pydnnDataType_t *dataType, pydnnDataType_t *mathPrec, pydnnMathType_t *mathType, int *inputSize, int *hiddenSize, int *projSize, int *numLayers, pydnnDropoutDescriptor_t *dropoutDesc, unsigned *auxFlags);
+/* LSTM cell clipping to [lclip, rclip] (CLIP_MINMAX) or none. */
+pydnnStatus_t pydnnRNNSetClip_v9(pydnnRNNDescriptor_t rnnDesc, pydnnRNNClipMode_t clipMode, pydnnNanPropagation_t clipNanOpt, double lclip, double rclip);
+/* The LSTM clipping settings. */
+pydnnStatus_t pydnnRNNGetClip_v9(pydnnRNNDescriptor_t rnnDesc, pydnnRNNClipMode_t *clipMode, pydnnNanPropagation_t *clipNanOpt, double *lclip, double *rclip);
+/* Nothing to build for STANDARD; PERSIST_DYNAMIC: NOT_SUPPORTED. */
+pydnnStatus_t pydnnBuildRNNDynamic(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, int miniBatch);
+/* Workspace and reserve-space bytes (training sizes also serve the backward calls). */
+pydnnStatus_t pydnnGetRNNTempSpaceSizes(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, pydnnForwardMode_t fwdMode, pydnnRNNDataDescriptor_t xDesc, size_t *workSpaceSize, size_t *reserveSpaceSize);
+/* Bytes of the weight space. */
+pydnnStatus_t pydnnGetRNNWeightSpaceSize(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, size_t *weightSpaceSize);
+/* Matrix and bias of (pseudoLayer, linLayerID): descriptors (1, rows, cols) / (1, rows, 1) and addresses, NULL where absent. */
+pydnnStatus_t pydnnGetRNNWeightParams(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, int pseudoLayer, size_t weightSpaceSize, const void *weightSpace, int linLayerID, pydnnTensorDescriptor_t mDesc, void **mAddr, pydnnTensorDescriptor_t bDesc, void **bAddr);
+/* A new RNN data descriptor. */
+pydnnStatus_t pydnnCreateRNNDataDescriptor(pydnnRNNDataDescriptor_t *rnnDataDesc);
+/* Release an RNN data descriptor (NULL: nothing to do). */
+pydnnStatus_t pydnnDestroyRNNDataDescriptor(pydnnRNNDataDescriptor_t rnnDataDesc);
+/* Layout, sizes, batchSize lengths in [1, maxSeqLength] (packed: not increasing), fill (NULL: none). */
+pydnnStatus_t pydnnSetRNNDataDescriptor(pydnnRNNDataDescriptor_t rnnDataDesc, pydnnDataType_t dataType, pydnnRNNDataLayout_t layout, int maxSeqLength, int batchSize, int vectorSize, const int seqLengthArray[], void *paddingFill);
+/* The RNN data descriptor's settings (paddingFill NULL: not returned). */
+pydnnStatus_t pydnnGetRNNDataDescriptor(pydnnRNNDataDescriptor_t rnnDataDesc, pydnnDataType_t *dataType, pydnnRNNDataLayout_t *layout, int *maxSeqLength, int *batchSize, int *vectorSize, int arrayLengthRequested, int seqLengthArray[], void *paddingFill);
+/* y, hy, cy from x, hx, cx (each state NULL-able); devSeqLengths: int32 device array. */
+pydnnStatus_t pydnnRNNForward(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, pydnnForwardMode_t fwdMode, const void *devSeqLengths, pydnnRNNDataDescriptor_t xDesc, const void *x, pydnnRNNDataDescriptor_t yDesc, void *y, pydnnTensorDescriptor_t hDesc, const void *hx, void *hy, pydnnTensorDescriptor_t cDesc, const void *cx, void *cy, size_t weightSpaceSize, const void *weightSpace, size_t workSpaceSize, void *workSpace, size_t reserveSpaceSize, void *reserveSpace);
+/* dx, dhx, dcx from dy, dhy, dcy after a training forward. */
+pydnnStatus_t pydnnRNNBackwardData_v8(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, const void *devSeqLengths, pydnnRNNDataDescriptor_t yDesc, const void *y, const void *dy, pydnnRNNDataDescriptor_t xDesc, void *dx, pydnnTensorDescriptor_t hDesc, const void *hx, const void *dhy, void *dhx, pydnnTensorDescriptor_t cDesc, const void *cx, const void *dcy, void *dcx, size_t weightSpaceSize, const void *weightSpace, size_t workSpaceSize, void *workSpace, size_t reserveSpaceSize, void *reserveSpace);
+/* Weight gradients added (ADD) to / written (SET) into dweightSpace, after pydnnRNNBackwardData_v8. */
+pydnnStatus_t pydnnRNNBackwardWeights_v8(pydnnHandle_t handle, pydnnRNNDescriptor_t rnnDesc, pydnnWgradMode_t addGrad, const void *devSeqLengths, pydnnRNNDataDescriptor_t xDesc, const void *x, pydnnTensorDescriptor_t hDesc, const void *hx, pydnnRNNDataDescriptor_t yDesc, const void *y, size_t weightSpaceSize, void *dweightSpace, size_t workSpaceSize, void *workSpace, size_t reserveSpaceSize, void *reserveSpace);
 
 #ifdef __cplusplus
 }

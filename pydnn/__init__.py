@@ -38,3 +38,5 @@ from .ops.convolution import *  # noqa: F401,F403
 from .ops.attention import *  # noqa: F401,F403
 from .ops.mha import *  # noqa: F401,F403
 from ._cuda.memory import DeviceArray
+# ---- RNN family (pydnn/ops/rnn/) ----
+from .ops.rnn import *  # noqa: F401,F403,E402

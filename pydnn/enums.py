@@ -304,6 +304,11 @@ ENUMS = {
         "PYDNN_MH_ATTN_O_BIASES": 7,
     },
     # cudnn_adv.h
+    "pydnnRNNClipMode_t": {
+        "PYDNN_RNN_CLIP_NONE": 0,
+        "PYDNN_RNN_CLIP_MINMAX": 1,
+    },
+    # cudnn_adv.h
     "pydnnWgradMode_t": {
         "PYDNN_WGRAD_MODE_ADD": 0,
         "PYDNN_WGRAD_MODE_SET": 1,

@@ -24,6 +24,7 @@ FAMILIES = (
     "pydnn.ops.attention_wgmma_bwd",
     "pydnn.ops.matmul",
     "pydnn.ops.mha",
+    "pydnn.ops.rnn",
 )
 
 # NVRTC options for every unit (the arch and include path are added by the compiler wrapper).

@@ -147,6 +147,8 @@ class Marshal:
                     requested = a  # the capacity of a struct_out array (requestedAlgoCount)
                 if name.startswith("nbDims") or name.startswith("arrayLength"):
                     count = a  # the length of the array arguments that follow (cuDNN's convolution: arrayLength)
+                    if self.c_name == "pydnnGetRNNDataDescriptor":
+                        cap = 2**31 - 1  # sequence lengths, not dims
                 elif name.endswith("ArraySize") or name.endswith("SizeRequested"):
                     count, cap = a, 2**31 - 1  # seqLengthArraySize / seqLengthSizeRequested: not a dim count
                 if name == "dataType":

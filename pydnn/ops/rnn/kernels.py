@@ -1,0 +1,64 @@
+"""The RNN family's kernels (ptx/rnn.cu): the params mirror, the manifest units and one launcher."""
+import ctypes
+
+from ..._build.manifest import KernelUnit
+from ..._build.params import kernel_params
+from ..._cuda import driver
+
+THREADS = 256
+BIAS_CHUNKS = 32  # row chunks of the bias gradient's first pass (bias_partial)
+CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
+MODE_ADD = 1  # PYDNN_RNN_MODE_ADD
+PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_state_init", "bwd_state_out", "skip_dx",
+         "bias_partial", "bias_final")
+
+
+DIR2 = ("xp", "hp", "bw", "br", "h_prev", "h_out", "s_prev", "s_out", "y", "act", "dy", "dxa", "dha", "gh", "ghrec",
+        "gc")
+
+
+@kernel_params("rnn_params.h", "RnnDir2")
+class RnnDir2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_longlong) for n in DIR2] + [("t", ctypes.c_int), ("pad", ctypes.c_int)]
+
+
+@kernel_params("rnn_params.h", "RnnParams")
+class RnnParams(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in (
+        "xp", "hp", "bw", "br", "h_prev", "h_out", "s_prev", "s_out", "y", "act", "lens", "dy", "dxa", "dha",
+        "gh", "ghrec", "gc", "dm", "aux", "aux_in")] + [
+        (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "rows", "ld_aux", "split_stride")] + [
+        (n, ctypes.c_float) for n in ("lclip", "rclip", "fill")] + [
+        (n, ctypes.c_int) for n in ("clip", "t", "batch", "hidden", "out", "seq", "vec", "layout", "cols", "mode",
+                                    "nsplit")] + [("dir2", RnnDir2)]
+
+
+def expr(name, tag, cell=None):
+    t = CTYPE[tag]
+    return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
+
+
+def unit_name(tag):
+    return f"rnn.{tag}"
+
+
+def kernel_units():
+    units = []
+    for tag in ("f32", "f16", "bf16", "f64"):
+        exprs = [expr(k, tag, c) for k in ("fwd_cell", "bwd_cell") for c in range(4)]
+        exprs += [expr(k, tag) for k in PLAIN]
+        units.append(KernelUnit(unit_name(tag), "rnn.cu", tuple(exprs)))
+    return units
+
+
+class Launcher:
+    """One params struct of one data type, patched per launch (pydnn/ops/rnn/engine.py's _Exec launches)."""
+
+    def __init__(self, handle, tag):
+        self.handle, self.tag = handle, tag
+        self.p = RnnParams()
+        self.args = driver.kernel_args(self.p)
+
+    def reset(self):
+        ctypes.memset(ctypes.addressof(self.p), 0, ctypes.sizeof(self.p))
+        return self.p

@@ -1,0 +1,32 @@
+"""Every ptx/rnn.cu instantiation compiles with NVRTC for sm_80 and sm_90 (no GPU needed), and the unit list
+is what the engine launches."""
+import pytest
+
+from pydnn.ops.rnn import kernels as K
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_rnn_units_compile(arch, tmp_path, monkeypatch):
+    build = pytest.importorskip("pydnn._build.build")
+    try:
+        build.nvrtc.version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    units = K.kernel_units()
+    assert {u.name for u in units} == {"rnn.f32", "rnn.f16", "rnn.bf16", "rnn.f64"}
+    for u in units:
+        cubin, lowered = build.compile_unit(u, arch)
+        assert cubin[:4] == b"\x7fELF"
+        assert set(lowered) == set(u.exprs)
+        for cell in range(4):
+            assert K.expr("fwd_cell", u.name.split(".")[1], cell) in lowered
+            assert K.expr("bwd_cell", u.name.split(".")[1], cell) in lowered
+        for name in K.PLAIN:
+            assert K.expr(name, u.name.split(".")[1]) in lowered
+
+
+def test_units_are_in_the_manifest():
+    from pydnn._build import manifest
+    names = {u.name for u in manifest.all_units()}
+    assert {"rnn.f32", "rnn.f16", "rnn.bf16", "rnn.f64"} <= names

@@ -1,0 +1,156 @@
+"""RNNs (cuDNN's RNN API, pydnn/ops/rnn/) vs PyTorch nn.LSTM / nn.GRU (cuDNN underneath), side by side in
+one run, on issue 16's shapes. NOT YET RUN: written without a GPU; the lead runs it.
+
+Each case: the same weights (PyTorch's parameters copied into pydnn's weight space through
+GetRNNWeightParams), sequence-major input (T, B, I) with every sequence full length, hx / cx given.
+Timed (device events on the current stream, warm-up, median; bench.time_ms):
+  fwd    training forward: pydnn RNNForward(TRAINING) vs torch module(x) with parameters requiring grad
+  fwd+bwd  pydnn RNNForward(TRAINING) + RNNBackwardData_v8 + RNNBackwardWeights_v8(ADD) vs torch forward +
+         autograd backward of sum(y * dy)
+FLOPs (the GEMMs only): forward 2 * T * B * sum over pseudo-layers of G * H * (in + out) (+ 2 * T * B * P * H
+for a projection); forward+backward 3x that. TFLOP/s = flops / time; ratio = torch time / pydnn time (> 1:
+pydnn faster). Also prints the largest |y_pydnn - y_torch| / max |y_torch| as a sanity check.
+
+Usage: python tools/bench_rnn.py [--quick] [--no-split] [--no-record] [--no-dir-batch]
+  --quick: T = 32 instead of the issue's lengths; --no-split: the recurrent GEMMs without split-K
+  (pydnn.ops.rnn.engine.SPLIT_K); --no-record: every call rebuilds its launches (engine.RECORD), to see the
+  host cost that recording removes; --no-dir-batch: a bidirectional layer's directions one after the other
+  (engine.DIR_BATCH).
+"""
+import os
+import sys
+
+import torch
+
+import pydnn
+from pydnn import enums as E
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench import time_ms  # noqa: E402
+
+# name, cell, dtype, T, B, H (input = H), layers, bidirectional
+CASES = [
+    ("lstm fp16 2L", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False),
+    ("gru fp16 2L", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False),
+    ("lstm fp16 2L bi", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, True),
+    ("lstm fp16 small-h", E.PYDNN_LSTM, "float16", 512, 32, 256, 1, False),
+    ("lstm fp32 2L", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False),
+]
+G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}
+
+
+def _flops(cell, T, B, H, layers, dirs):
+    f = 0
+    for layer in range(layers):
+        inp = H if layer == 0 else H * dirs
+        f += dirs * 2 * T * B * G[cell] * H * (inp + H)
+    return f
+
+
+def _setup(h, cell, tdt, T, B, H, layers, bi):
+    dt = E.PYDNN_DATA_HALF if tdt == torch.float16 else E.PYDNN_DATA_FLOAT
+    dirs = 2 if bi else 1
+    mod = (torch.nn.LSTM if cell == E.PYDNN_LSTM else torch.nn.GRU)(H, H, num_layers=layers, bidirectional=bi,
+                                                                      device="cuda", dtype=tdt)
+    r = pydnn.create_rnn_descriptor()
+    pydnn.set_rnn_descriptor_v8(r, E.PYDNN_RNN_ALGO_STANDARD, cell, E.PYDNN_RNN_DOUBLE_BIAS,
+                                E.PYDNN_BIDIRECTIONAL if bi else E.PYDNN_UNIDIRECTIONAL, E.PYDNN_LINEAR_INPUT, dt,
+                                E.PYDNN_DATA_FLOAT, E.PYDNN_TENSOR_OP_MATH, H, H, H, layers, None,
+                                E.PYDNN_RNN_PADDED_IO_ENABLED)
+    wsize = pydnn.get_rnn_weight_space_size(h, r)
+    w = torch.empty(wsize // torch.tensor([], dtype=tdt).element_size(), dtype=tdt, device="cuda")
+    g = G[cell]
+    for layer in range(layers):
+        for d in range(dirs):
+            sfx = f"l{layer}" + ("_reverse" if d else "")
+            pl = layer * dirs + d
+            for lin in range(2 * g):
+                k = lin % g
+                wt = getattr(mod, f"weight_{'ih' if lin < g else 'hh'}_{sfx}")[k * H:(k + 1) * H]
+                bt = getattr(mod, f"bias_{'ih' if lin < g else 'hh'}_{sfx}")[k * H:(k + 1) * H]
+                ma, ba = pydnn.get_rnn_weight_params(h, r, pl, wsize, w, lin, None, None)
+                es = w.element_size()
+                w[(ma - w.data_ptr()) // es:][:wt.numel()].copy_(wt.detach().reshape(-1))
+                w[(ba - w.data_ptr()) // es:][:bt.numel()].copy_(bt.detach())
+    xd, yd = pydnn.create_rnn_data_descriptor(), pydnn.create_rnn_data_descriptor()
+    lens = [T] * B
+    pydnn.set_rnn_data_descriptor(xd, dt, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, H, lens, None)
+    pydnn.set_rnn_data_descriptor(yd, dt, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, dirs * H, lens, None)
+    hd = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(hd, dt, 3, [layers * dirs, B, H], [B * H, H, 1])
+    wss, rss = pydnn.get_rnn_temp_space_sizes(h, r, E.PYDNN_FWD_MODE_TRAINING, xd)
+    return dict(mod=mod, r=r, w=w, wsize=wsize, xd=xd, yd=yd, hd=hd, wss=wss, rss=rss, dirs=dirs,
+                ws=torch.empty(wss, dtype=torch.uint8, device="cuda"),
+                rs=torch.empty(rss, dtype=torch.uint8, device="cuda"),
+                lens=torch.tensor(lens, dtype=torch.int32, device="cuda"))
+
+
+def main():
+    quick = "--quick" in sys.argv
+    from pydnn.ops.rnn import engine
+    engine.SPLIT_K = "--no-split" not in sys.argv
+    engine.RECORD = "--no-record" not in sys.argv
+    engine.DIR_BATCH = "--no-dir-batch" not in sys.argv
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+          f"split-K {engine.SPLIT_K}, record {engine.RECORD}, direction batching {engine.DIR_BATCH}")
+    print(f"{'case':22s} {'what':8s} {'pydnn ms':>9s} {'torch ms':>9s} {'pydnn TF/s':>10s} {'torch TF/s':>10s} "
+          f"{'ratio':>6s}")
+    for name, cell, tname, T, B, H, layers, bi in CASES:
+        if quick:
+            T = 32
+        tdt = getattr(torch, tname)
+        s = _setup(h, cell, tdt, T, B, H, layers, bi)
+        dirs, lstm = s["dirs"], cell == E.PYDNN_LSTM
+        x = torch.randn(T, B, H, device="cuda", dtype=tdt)
+        hx = torch.randn(layers * dirs, B, H, device="cuda", dtype=tdt) * 0.5
+        cx = torch.randn_like(hx) * 0.5
+        y = torch.empty(T, B, dirs * H, device="cuda", dtype=tdt)
+        hy, cy = torch.empty_like(hx), torch.empty_like(cx)
+        dy = torch.randn_like(y)
+        dx, dhx, dcx = torch.empty_like(x), torch.empty_like(hx), torch.empty_like(cx)
+        dw = torch.zeros_like(s["w"])
+        r, w, wsize, xd, yd, hd = s["r"], s["w"], s["wsize"], s["xd"], s["yd"], s["hd"]
+
+        def p_fwd():
+            pydnn.rnn_forward(h, r, E.PYDNN_FWD_MODE_TRAINING, s["lens"], xd, x, yd, y, hd, hx, hy, hd,
+                              cx if lstm else 0, cy if lstm else 0, wsize, w, s["wss"], s["ws"], s["rss"], s["rs"])
+
+        def p_all():
+            p_fwd()
+            pydnn.rnn_backward_data_v8(h, r, s["lens"], yd, y, dy, xd, dx, hd, hx, 0, dhx, hd, cx if lstm else 0, 0,
+                                       dcx if lstm else 0, wsize, w, s["wss"], s["ws"], s["rss"], s["rs"])
+            pydnn.rnn_backward_weights_v8(h, r, E.PYDNN_WGRAD_MODE_ADD, s["lens"], xd, x, hd, hx, yd, y, wsize, dw,
+                                          s["wss"], s["ws"], s["rss"], s["rs"])
+
+        mod = s["mod"]
+        h0 = (hx, cx) if lstm else hx
+
+        def t_fwd():
+            return mod(x, h0)[0]
+
+        def t_all():
+            out = mod(x, h0)[0]
+            out.backward(dy)
+
+        with torch.no_grad():
+            p_fwd()
+            ref = mod(x, h0)[0]
+        torch.cuda.synchronize()
+        diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+        flops = _flops(cell, T, B, H, layers, dirs)
+        for what, pf, tf, mult in (("fwd", p_fwd, t_fwd, 1), ("fwd+bwd", p_all, t_all, 3)):
+            pm = time_ms(pf, reps=5, warmup=2)
+            tm = time_ms(tf, reps=5, warmup=2)
+            f = flops * mult
+            print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
+                  f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}" if what == "fwd" else ""))
+        s = None  # free the buffers before the next case
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
