@@ -56,6 +56,8 @@ from ..buffers import CHECKED, device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import check_tensor, _int
+from . import attention_wgmma as W
+from . import attention_wgmma_bwd as _wgb
 from .common import TAG, cdiv, enum_arg, output_tensor, same_shape, scalar
 
 __all__ = ["AttentionDescriptor", "create_attention_descriptor", "set_attention_descriptor",
@@ -504,7 +506,6 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     fpre, _ = _func(handle, "bwd_pre", pr)
     drop = a.dropout != 0
     # dK / dV (and the atomic dQ share) on wgmma where it runs (attention_wgmma_bwd.usable), else mma.sync
-    from . import attention_wgmma_bwd as _wgb  # (here: this function is the only user)
     wg = _wgb.usable(handle, pr.d, pr.tag, a.dropout)
     if not wg:
         fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
@@ -532,7 +533,6 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
 def _wgmma_forward(handle, a, pr, p):
     """The Hopper forward (pydnn/ops/attention_wgmma.py) when it takes the call: an sm_90 device, no
     dropout, attention_wgmma.ENABLED. Returns whether it launched."""
-    from . import attention_wgmma as W
     if not W.usable(handle, pr.d, a.dropout):
         return False
     W.launch(handle, pr.tag, pr.d, (a.heads_q, pr.b), pr.sq, p)

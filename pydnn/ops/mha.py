@@ -50,11 +50,16 @@ Workspace / reserve sizes come from the descriptor's maxima (pydnnGetMultiHeadAt
 import numpy as np
 
 from .. import enums as E
+from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import DTYPES, TensorDescriptor, _int, _live as _live_tensor
+from . import attention as FA
+from . import matmul
 from .common import enum_arg, scalar
+from . import tensor_ops
+from .dropout import DropoutDescriptor
 
 __all__ = ["AttnDescriptor", "SeqDataDescriptor", "create_attn_descriptor", "set_attn_descriptor",
            "get_attn_descriptor", "destroy_attn_descriptor", "create_seq_data_descriptor",
@@ -210,7 +215,6 @@ def create_attn_descriptor():
 def _dropout_desc(d, name):
     if d is None or (type(d) is int and d == 0):
         return None
-    from .dropout import DropoutDescriptor
     if type(d) is not DropoutDescriptor or not d.alive:
         _bad(f"{name}: not a live dropout descriptor")
     if not d.is_set:
@@ -672,7 +676,6 @@ def _gpu_support(c, need_dropout):
     for n, v in (("qProjSize", a.q_proj), ("kProjSize", a.k_proj), ("vProjSize", a.v_proj)):
         if v == 0:
             _ns(f"attnDesc: {n} 0 (no projection) is not supported on the GPU (only projected Q, K, V)")
-    from . import attention as FA
     if a.q_proj not in FA.HEAD_DIMS:
         _ns(f"attnDesc: qProjSize {a.q_proj}; the fused attention kernel takes head dims {FA.HEAD_DIMS}")
     if a.v_proj != a.q_proj:
@@ -726,10 +729,6 @@ def _lens_ptr(buf, name, n):
 # ----------------------------------------------------------------------------- GPU pieces
 
 def _matmul():
-    try:
-        from . import matmul
-    except ImportError as e:
-        _ns(f"the projections need pydnn.ops.matmul, which this pydnn lacks ({e})")
     return matmul
 
 
@@ -754,7 +753,6 @@ def _tdesc(dt, dims, strides):
 
 
 def _fa_desc(c, mask, p, seed):
-    from . import attention as FA
     fa = FA.AttentionDescriptor()
     FA.set_attention_descriptor(fa, c.a.heads, c.a.heads, c.a.q_proj, c.a.sm_scaler, mask, p, seed)
     return fa
@@ -780,7 +778,6 @@ def _projection(mm, handle, c, x, d, w, bias, out, width):
 
 def _fill_padding(handle, c, out, o, step=None):
     """paddingFill into every output vector past its sequence's length (step: only that time-step)."""
-    from .tensor_ops import set_tensor
     st, sb, sm = o.row_stride(TIME), o.row_stride(BATCH), o.row_stride(BEAM)
     for b in range(o.b):
         for m in range(o.m):
@@ -788,7 +785,7 @@ def _fill_padding(handle, c, out, o, step=None):
             first, count = (n, o.t - n) if step is None else (step, 1 if step >= n else 0)
             if count > 0:
                 row = b * sb + m * sm + first * st
-                set_tensor(handle, _rows_desc(o.dtype, count, st, o.vect), out + row * o.vect * c.item, o.fill)
+                tensor_ops.set_tensor(handle, _rows_desc(o.dtype, count, st, o.vect), out + row * o.vect * c.item, o.fill)
 
 
 # ----------------------------------------------------------------------------- the calls
@@ -839,8 +836,6 @@ def multi_head_attn_forward(handle, attn_desc, curr_idx, lo_win_idx, hi_win_idx,
 
 
 def _run_forward(handle, c, idx, ptrs, res, wp, reg, lq, lk, mask, kv_seq, p, seed, training):
-    from . import attention as FA
-    from .tensor_ops import add_tensor
     mm, a, item = _matmul(), c.a, c.item
     regions = {k: wp + off for k, (off, _, _) in weight_regions(a)[0].items()}
     D, H, dt = a.q_proj, a.heads, a.dtype
@@ -878,11 +873,10 @@ def _run_forward(handle, c, idx, ptrs, res, wp, reg, lq, lk, mask, kv_seq, p, se
     for g in out_gemms:
         g(handle)
     if a.o_proj == 0 and training:
-        from .._cuda import driver
         driver.memcpy_dtod_async(ptrs["out"], ao, _seq_bytes(c.o, item), handle.cu_stream)
     if res:
         for r0, count, stride in o_rows:
-            add_tensor(handle, 1.0, _rows_desc(dt, count, stride, a.q_size), res + r0 * a.q_size * item, 1.0,
+            tensor_ops.add_tensor(handle, 1.0, _rows_desc(dt, count, stride, a.q_size), res + r0 * a.q_size * item, 1.0,
                        _rows_desc(dt, count, stride, a.o_size), ptrs["out"] + r0 * a.o_size * item)
     if c.o.fill is not None:
         _fill_padding(handle, c, ptrs["out"], c.o, None if idx < 0 else idx)
@@ -930,7 +924,6 @@ def multi_head_attn_backward_data(handle, attn_desc, lo_win_idx, hi_win_idx, dev
 
 
 def _run_backward_data(handle, c, ptrs, wp, ws, rs, lq, lk, mask, p, seed):
-    from . import attention as FA
     mm, a, item = _matmul(), c.a, c.item
     regions = {k: wp + off for k, (off, _, _) in weight_regions(a)[0].items()}
     reg = {k: rs + v for k, v in c.sizes.reserve_off.items()}
@@ -991,7 +984,6 @@ def multi_head_attn_backward_weights(handle, attn_desc, add_grad, q_desc, querie
 
 
 def _run_backward_weights(handle, c, mode, qp, kp, vp, dp, dwp, ws, rs):
-    from .tensor_ops import set_tensor
     mm, a, item = _matmul(), c.a, c.item
     dregions = {k: dwp + off for k, (off, _, _) in weight_regions(a)[0].items()}
     reg = {k: rs + v for k, v in c.sizes.reserve_off.items()}
@@ -1013,14 +1005,14 @@ def _run_backward_weights(handle, c, mode, qp, kp, vp, dp, dwp, ws, rs):
         if OB in dregions:  # sum of dout over the rows inside the sequences only (the mask below)
             gemms.append(_Gemm(mm, handle, dt, 1, a.o_proj, nq, mask, dp, dregions[OB], lda=nq, ldb=a.o_proj,
                                ldc=a.o_proj, beta=beta))
-    set_tensor(handle, _rows_desc(dt, max(nq, c.k.rows), 1, 1), ws, 1.0)
-    set_tensor(handle, _rows_desc(dt, nq, 1, 1), mask, 1.0)
+    tensor_ops.set_tensor(handle, _rows_desc(dt, max(nq, c.k.rows), 1, 1), ws, 1.0)
+    tensor_ops.set_tensor(handle, _rows_desc(dt, nq, 1, 1), mask, 1.0)
     o = c.q
     st, sb, sm = o.row_stride(TIME), o.row_stride(BATCH), o.row_stride(BEAM)
     for b in range(o.b):
         for m in range(o.m):
             ln = o.lengths[b * o.m + m]
             if ln < o.t:
-                set_tensor(handle, _rows_desc(dt, o.t - ln, st, 1), mask + (b * sb + m * sm + ln * st) * item, 0.0)
+                tensor_ops.set_tensor(handle, _rows_desc(dt, o.t - ln, st, 1), mask + (b * sb + m * sm + ln * st) * item, 0.0)
     for g in gemms:
         g(handle)
