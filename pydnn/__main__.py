@@ -63,6 +63,13 @@ def cmd_config(args):
     return 0
 
 
+def cmd_tuning(args):
+    import pydnn  # noqa: F401 - the families' modules, whose planners read the switches
+    from . import tuning
+    print(tuning.describe())
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pydnn", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -75,8 +82,9 @@ def main(argv=None):
     c = sub.add_parser("config", help="flags a C compiler needs to build against libpydnn")
     c.add_argument("--cflags", action="store_true")
     c.add_argument("--libs", action="store_true")
+    sub.add_parser("tuning", help="every planner switch (pydnn.tuning): value, default and what it does")
     args = p.parse_args(argv)
-    return {"info": cmd_info, "build": cmd_build, "config": cmd_config}[args.cmd](args)
+    return {"info": cmd_info, "build": cmd_build, "config": cmd_config, "tuning": cmd_tuning}[args.cmd](args)
 
 
 if __name__ == "__main__":

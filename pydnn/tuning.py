@@ -7,7 +7,7 @@ tools/ chose (the reasons are beside each switch and, in full, in tools/PERF.md)
 * tests and code: `pydnn.tuning.conv.USE_WGM = False`, pytest's `monkeypatch.setattr(tuning.conv,
   "USE_WGM", False)`, or `with pydnn.tuning.override({"conv.USE_WGM": False}): ...`;
 * the environment, read once at import (for benchmarks): `PYDNN_TUNING="conv.USE_WGM=False;
-  conv_gemm.COL_LIMIT=1<<20"` (values are Python literals; `;` or `,` between settings);
+  conv_gemm.COL_LIMIT=1048576"` (values are Python literals; `;` or `,` between settings);
 * `python -m pydnn tuning` lists every switch with its value and what it does.
 
 This module imports nothing else of pydnn: every layer may read it.
@@ -64,7 +64,7 @@ FAMILIES = {}
 
 def _split(name):
     family, _, switch = name.partition(".")
-    if family not in FAMILIES or not switch:
+    if family not in FAMILIES or switch not in FAMILIES[family].names():
         raise KeyError(f"unknown tuning switch {name!r} (families: {', '.join(FAMILIES)})")
     return FAMILIES[family], switch
 
