@@ -38,3 +38,5 @@ from .ops.convolution import *  # noqa: F401,F403
 from .ops.attention import *  # noqa: F401,F403
 from .ops.mha import *  # noqa: F401,F403
 from ._cuda.memory import DeviceArray
+# ---- graph API (issue 22): the public matmul, the backend API, the frontend (pydnn.graph) ----
+from .graph import matmul  # noqa: F401,E402

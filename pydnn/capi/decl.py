@@ -113,6 +113,15 @@ for _mod in map(importlib.import_module, FAMILIES):
     FUNCTIONS += getattr(_mod, "C_API", [])
     NULLABLE.update(getattr(_mod, "C_NULLABLE", {}))
 
+# ---- graph API family (issue 22, pydnn/graph/): the public matmul and cuDNN's backend API ----
+FUNCTIONS += [
+    ("Matmul (pydnn extension)", [
+        ("pydnnStatus_t pydnnMatmul(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);",
+         "C = alpha * A @ B + beta * C: 2-d or 3-d (batched; A's or B's batch 1 broadcasts), transposes through strides; FLOAT (exact), HALF, BFLOAT16 (float accumulation)."),
+    ]),
+]
+# ---- end of the graph API family ----
+
 
 # Function-like macros of the header (cuDNN 9's status arithmetic: a status is category + specific error,
 # so PYDNN_STATUS_CATEGORY(PYDNN_STATUS_BAD_PARAM_NULL_POINTER) == PYDNN_STATUS_BAD_PARAM). Header only:
