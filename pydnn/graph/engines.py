@@ -1,0 +1,258 @@
+"""Engines of the graph API (cuDNN's ENGINE global indices):
+
+  0  pydnn.nodes   every valid graph, one node at a time on pydnn's kernels: pointwise nodes as generated
+                   one-node kernels (codegen), matmul on the GEMM kernels (matmul_api), reductions through
+                   reduce_tensor; virtual tensors live in the workspace.
+  1  pydnn.fusion  runtime fusion: a graph of pointwise ops (a chain or tree over up to 16 tensors) becomes
+                   ONE generated kernel, compiled by NVRTC when the plan is built (behavior note
+                   RUNTIME_COMPILATION), cached by its source's hash.
+
+engine.support(graph) -> None or the reason it cannot run the graph (NOT_SUPPORTED's message);
+engine.build(graph, handle) -> EnginePlan (compiles what it needs; loads nothing on the GPU);
+plan.execute(handle, {uid: device pointer}, workspace) enqueues the work on the handle's stream.
+"""
+from .. import enums as E
+from .._build import loader
+from .._cuda import driver
+from ..status import PydnnError
+from . import codegen as cg
+from . import pointwise_ops as pw
+from .matmul_api import layout
+
+TAGS = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLOAT16: "bf16"}
+ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2}
+ALIGN = 256
+
+
+def _bcast_strides(t, dims):
+    return [0 if (td == 1 and d != 1) else s for td, s, d in zip(t.dims, t.strides, dims)]
+
+
+def _span(t, dtype):
+    return (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * ESIZE[dtype]
+
+
+def _compile(handle, unit):
+    """Compile (or find in the cache) a generated unit for the handle's arch: no GPU needed."""
+    try:
+        loader.load_unit(handle.arch, unit)
+    except PydnnError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an NVRTC failure of generated code is pydnn's bug: say so
+        raise PydnnError(E.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, f"compiling {unit.name}: {e}") from e
+
+
+class PwStep:
+    """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused."""
+
+    def __init__(self, handle, prog, dims, strides_list, uids):
+        cdims, cstrides = cg.collapse(dims, strides_list)
+        self.unit, self.expr = cg.kernel_unit(prog, len(cdims))
+        _compile(handle, self.unit)
+        self.params = cg.params(cdims, cstrides, [0] * len(uids))
+        self.args = driver.kernel_args(self.params)
+        self.uids = uids
+        total = self.params.total
+        self.grid = (max(1, min((total + cg.THREADS - 1) // cg.THREADS, max(handle.sm_count, 1) * 16)), 1, 1)
+        self.launches = 1
+
+    def run(self, handle, ptr):
+        p = self.params
+        for k, u in enumerate(self.uids):
+            p.ptr[k] = ptr[u]
+        f = handle.function(self.unit.name, self.expr)
+        driver.launch_args(f, self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
+
+
+class MatmulStep:
+    def __init__(self, handle, g, op, storage):
+        from ..ops import matmul as M
+
+        a, b, c = (g.tensors[op.inputs["a"]], g.tensors[op.inputs["b"]], g.tensors[op.outputs["c"]])
+        self.swap, kw = layout((storage[a.uid], a.dims, a.strides), (storage[b.uid], b.dims, b.strides),
+                               (storage[c.uid], c.dims, c.strides), ("A", "B", "C"))
+        self.plan = M.gemm_plan(handle, **kw)
+        self.uids = (a.uid, b.uid, c.uid)
+        self.launches = 0 if self.plan.empty else 1
+
+    def run(self, handle, ptr):
+        a, b, c = (ptr[u] for u in self.uids)
+        if self.swap:
+            a, b = b, a
+        self.plan.launch(handle, a, b, c, 1.0, 0.0)
+
+
+class ReduceStep:
+    def __init__(self, handle, g, op, storage, ws_offset):
+        import pydnn
+
+        x, y = g.tensors[op.inputs["x"]], g.tensors[op.outputs["y"]]
+        self.xd, self.yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(self.xd, storage[x.uid], len(x.dims), list(x.dims), list(x.strides))
+        pydnn.set_tensor_nd_descriptor(self.yd, storage[y.uid], len(y.dims), list(y.dims), list(y.strides))
+        self.rd = pydnn.create_reduce_tensor_descriptor()
+        pydnn.set_reduce_tensor_descriptor(self.rd, op.params["op"], E.PYDNN_DATA_FLOAT, E.PYDNN_NOT_PROPAGATE_NAN,
+                                           E.PYDNN_REDUCE_TENSOR_NO_INDICES, E.PYDNN_32BIT_INDICES)
+        self.ws_size = pydnn.get_reduction_workspace_size(handle, self.rd, self.xd, self.yd)
+        self.ws_offset = ws_offset
+        self.uids = (x.uid, y.uid)
+        self.launches = None  # reduce_tensor chooses (one or two kernels)
+
+    def run(self, handle, ptr):
+        import pydnn
+
+        ws = ptr["workspace"] + self.ws_offset if self.ws_size else 0
+        pydnn.reduce_tensor(handle, self.rd, 0, 0, ws, self.ws_size, 1.0, self.xd, ptr[self.uids[0]], 0.0, self.yd,
+                            ptr[self.uids[1]])
+
+
+class EnginePlan:
+    def __init__(self, steps, offsets, workspace_size):
+        self.steps, self.offsets, self.workspace_size = steps, offsets, workspace_size
+
+    @property
+    def launches(self):
+        n = [s.launches for s in self.steps]
+        return None if None in n else sum(n)
+
+    def execute(self, handle, ptrs, workspace):
+        ptr = dict(ptrs)
+        if self.offsets:
+            for uid, off in self.offsets.items():
+                ptr[uid] = workspace + off
+        ptr["workspace"] = workspace
+        for s in self.steps:
+            s.run(handle, ptr)
+
+
+def _common_support(g):
+    for t in g.tensors.values():
+        if t.by_value:
+            return f"tensor uid {t.uid} is by value (pass-by-value scalars are not supported yet)"
+        if t.dtype not in TAGS:
+            return f"tensor uid {t.uid}: data type {t.dtype} (pydnn's graph engines take FLOAT, HALF, BFLOAT16)"
+    return None
+
+
+def _storage(g):
+    """Data type each tensor is stored in: its own, except a virtual matmul output whose type differs from
+    A's (pydnn's GEMM writes C in A's type; the rounding is that of the graph's output type or finer)."""
+    st = {u: t.dtype for u, t in g.tensors.items()}
+    for op in g.ops:
+        if op.kind == "matmul":
+            c = g.tensors[op.outputs["c"]]
+            if c.virtual:
+                st[c.uid] = g.tensors[op.inputs["a"]].dtype
+    return st
+
+
+def _pw_node(op, ref):
+    return cg.PwNode(op.params["mode"], op.params["params"], op.params["alpha1"], op.params["alpha2"],
+                     x=ref(op.inputs["x"]), b=ref(op.inputs["b"]) if "b" in op.inputs else None,
+                     t=ref(op.inputs["t"]) if "t" in op.inputs else None)
+
+
+class NodeEngine:
+    index, name, behavior = 0, "pydnn.nodes", ()
+
+    def support(self, g):
+        why = _common_support(g)
+        if why:
+            return why
+        st = _storage(g)
+        for op in g.ops:
+            if op.kind == "matmul":
+                a, b, c = (g.tensors[op.inputs["a"]], g.tensors[op.inputs["b"]], g.tensors[op.outputs["c"]])
+                if op.params["comp_type"] != E.PYDNN_DATA_FLOAT:
+                    return f"matmul: compute type {op.params['comp_type']} (pydnn accumulates in FLOAT)"
+                if not (st[a.uid] == st[b.uid] == st[c.uid]):
+                    return (f"matmul: A, B and C (uids {a.uid}, {b.uid}, {c.uid}) need one data type "
+                            f"(a virtual C is stored in A's)")
+                try:
+                    layout((st[a.uid], a.dims, a.strides), (st[b.uid], b.dims, b.strides), (st[c.uid], c.dims, c.strides))
+                except PydnnError as e:
+                    return f"matmul: {e.message}"
+        return None
+
+    def build(self, g, handle):
+        st = _storage(g)
+        offsets, off = {}, 0
+        for uid in g.virtuals:
+            offsets[uid] = off
+            off += (_span(g.tensors[uid], st[uid]) + ALIGN - 1) // ALIGN * ALIGN
+        steps, red_ws = [], 0
+        for op in g.order:
+            if op.kind == "pointwise":
+                out_uid = next(iter(op.outputs.values()))
+                out = g.tensors[out_uid]
+                roles = [r for r in ("x", "b", "t") if r in op.inputs]
+                uids = [op.inputs[r] for r in roles] + [out_uid]
+                operands = [(TAGS[st[u]], "in") for u in uids[:-1]] + [(TAGS[st[out_uid]], "out")]
+                node = _pw_node(op, lambda u: ("op", uids.index(u)))
+                prog = cg.PwProgram(operands, [node], [(0, len(uids) - 1)])
+                steps.append(PwStep(handle, prog, list(out.dims),
+                                    [_bcast_strides(g.tensors[u], out.dims) for u in uids], uids))
+            elif op.kind == "matmul":
+                steps.append(MatmulStep(handle, g, op, st))
+            elif op.kind == "reduction":
+                s = ReduceStep(handle, g, op, st, off)
+                red_ws = max(red_ws, s.ws_size)
+                steps.append(s)
+        return EnginePlan(steps, offsets, off + red_ws)
+
+
+class FusionEngine:
+    index, name, behavior = 1, "pydnn.fusion", (E.PYDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION,)
+
+    def support(self, g):
+        why = _common_support(g)
+        if why:
+            return why
+        kinds = {op.kind for op in g.ops}
+        if kinds != {"pointwise"}:
+            return (f"runtime fusion takes graphs of pointwise operations (this one has "
+                    f"{', '.join(sorted(kinds - {'pointwise'}))})")
+        shape = g.tensors[g.outputs[0]].dims if g.outputs else None
+        if shape is None:
+            return "the graph writes no tensor"
+        for u in g.outputs:
+            if g.tensors[u].dims != shape:
+                return f"outputs of different shapes ({g.tensors[u].dims} and {shape}) cannot share one kernel"
+        for t in g.tensors.values():
+            if len(t.dims) != len(shape) or any(d != s and d != 1 for d, s in zip(t.dims, shape)):
+                return f"tensor uid {t.uid} dims {t.dims} do not broadcast to the output shape {shape}"
+        if len(g.inputs) + len(g.outputs) > cg.MAX_OPERANDS:
+            return f"{len(g.inputs) + len(g.outputs)} tensors (one fused kernel takes at most {cg.MAX_OPERANDS})"
+        return None
+
+    def build(self, g, handle):
+        shape = list(g.tensors[g.outputs[0]].dims)
+        uids = list(g.inputs) + list(g.outputs)
+        operands = [(TAGS[g.tensors[u].dtype], "in") for u in g.inputs] + \
+                   [(TAGS[g.tensors[u].dtype], "out") for u in g.outputs]
+        value = {}
+        nodes = []
+
+        def ref(u):
+            return ("v", value[u]) if u in value else ("op", uids.index(u))
+
+        for op in g.order:
+            nodes.append(_pw_node(op, ref))
+            value[next(iter(op.outputs.values()))] = len(nodes) - 1
+        stores = [(value[u], uids.index(u)) for u in g.outputs]
+        prog = cg.PwProgram(operands, nodes, stores)
+        step = PwStep(handle, prog, shape, [_bcast_strides(g.tensors[u], shape) for u in uids], uids)
+        return EnginePlan([step], {}, 0)
+
+
+ENGINES = (NodeEngine(), FusionEngine())
+
+
+def heuristic(g, mode):
+    """Engine indices in preference order for a heur mode: fusion first where it applies (INSTANT, A, B),
+    the node engine alone for FALLBACK. Unsupported engines are left out."""
+    order = [ENGINES[0]] if mode == E.PYDNN_HEUR_MODE_FALLBACK else [ENGINES[1], ENGINES[0]]
+    return [e.index for e in order if e.support(g) is None]
+
+
+_ = pw
