@@ -39,4 +39,7 @@ from .ops.attention import *  # noqa: F401,F403
 from .ops.mha import *  # noqa: F401,F403
 from ._cuda.memory import DeviceArray
 # ---- graph API (issue 22): the public matmul, the backend API, the frontend (pydnn.graph) ----
-from .graph import matmul  # noqa: F401,E402
+from .graph import (  # noqa: F401,E402
+    backend_create_descriptor, backend_destroy_descriptor, backend_execute, backend_finalize, backend_get_attribute,
+    backend_set_attribute, matmul,
+)
