@@ -201,6 +201,122 @@ class NodeEngine:
         return EnginePlan(steps, offsets, off + red_ws)
 
 
+class FusedMatmulStep:
+    """ONE launch: pydnn's GEMM (tile chosen as pydnn.ops.matmul chooses it) with the graph's pointwise ops
+    generated into its epilogue (codegen.matmul_source)."""
+
+    def __init__(self, handle, g, an):
+        from ..ops import matmul as M
+
+        a, b, final = an["a"], an["b"], an["final"]
+        self.swap, kw = layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides),
+                               (final.dtype, final.dims, final.strides), ("A", "B", "C"))
+        self.plan = plan = M.gemm_plan(handle, **kw)
+        tag = TAGS[a.dtype]
+        fast = M._choose_tile(plan.m, plan.n, plan.batch, handle.sm_count, handle.arch, plan.k)
+        self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
+                                           plan.trans_a, plan.trans_b)
+        _compile(handle, self.unit)
+        shape = final.dims
+        strides = []
+        for u in an["eops"]:
+            s = _bcast_strides(g.tensors[u], shape)
+            s = ([0] + s) if len(s) == 2 else s
+            if self.swap:
+                s = [s[0], s[2], s[1]]
+            strides.append(s)
+        self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
+        self.eops = an["eops"]
+        self.recs = []
+        import ctypes
+
+        for rec, expr in ((plan.fast, fe), (plan.general, ge)):
+            arr = (ctypes.c_void_p * 2)(ctypes.addressof(rec.params), ctypes.addressof(self.e))
+            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), rec.params, self.e)))
+        self.uids = (a.uid, b.uid, final.uid)
+        self.es = ESIZE[a.dtype]
+        self.launches = 1
+
+    def run(self, handle, ptr):
+        from ..ops import matmul as M
+
+        a, b, c = (ptr[u] for u in self.uids)
+        if self.swap:
+            a, b = b, a
+        plan = self.plan
+        rec, expr, args = self.recs[0] if (plan.vec_ok and (a | b) & 15 == 0) else self.recs[1]
+        p = rec.params
+        p.a, p.b, p.c, p.bias = a, b, c, 0
+        p.alpha, p.beta = 1.0, 0.0
+        p.flags = M.FLAG_PAIR if (plan.pair_ok and c % (2 * self.es) == 0) else 0
+        for k, u in enumerate(self.eops):
+            self.e.ptr[k] = ptr[u]
+        f = handle.function(self.unit.name, expr, rec.smem)
+        driver.launch_args(f, rec.grid, rec.block, rec.smem, handle.cu_stream, args)
+
+
+def _matmul_epilogue(g):
+    """How a graph of one matmul and pointwise ops fuses into one GEMM kernel, or the reason it cannot."""
+    mms = [op for op in g.ops if op.kind == "matmul"]
+    if len(mms) != 1 or any(op.kind not in ("matmul", "pointwise") for op in g.ops):
+        return "runtime fusion takes pointwise graphs, or one matmul with a pointwise epilogue"
+    mm = mms[0]
+    a, b, c = g.tensors[mm.inputs["a"]], g.tensors[mm.inputs["b"]], g.tensors[mm.outputs["c"]]
+    if a.uid not in g.inputs or b.uid not in g.inputs:
+        return "the matmul's A and B must be graph inputs (no prologue fusion yet)"
+    if not (a.dtype == b.dtype and a.dtype in (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)):
+        return "a fused matmul takes HALF or BFLOAT16 A and B (FLOAT runs on the node engine)"
+    if mm.params["comp_type"] != E.PYDNN_DATA_FLOAT:
+        return f"matmul compute type {mm.params['comp_type']} (pydnn accumulates in FLOAT)"
+    shape = c.dims
+    if len(shape) not in (2, 3):
+        return f"a fused matmul output has 2 or 3 dims, not {len(shape)}"
+    for t in g.tensors.values():
+        if t.uid in (a.uid, b.uid):
+            continue
+        if len(t.dims) != len(shape) or any(d != s and d != 1 for d, s in zip(t.dims, shape)):
+            return f"tensor uid {t.uid} dims {t.dims} do not broadcast to the matmul output's {shape}"
+    order = [op for op in g.order if op.kind == "pointwise"]
+    produced = {c.uid: None}
+    for j, op in enumerate(order):
+        produced[next(iter(op.outputs.values()))] = j
+    cands = [u for u in g.outputs if g.tensors[u].dims == shape and g.tensors[u].dtype == a.dtype]
+    final = None
+    for u in sorted(cands, key=lambda u: -1 if produced[u] is None else produced[u], reverse=True):
+        t = g.tensors[u]
+        try:
+            layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides), (t.dtype, t.dims, t.strides))
+        except PydnnError:
+            continue
+        final = t
+        break
+    if final is None:
+        return "no graph output can take the GEMM's store (A's data type, the matmul's shape, a matrix layout)"
+    ins = [u for u in g.inputs if u not in (a.uid, b.uid)]
+    if any(u in op.inputs.values() for op in order for u in (a.uid, b.uid)):
+        return "the epilogue reads the matmul's A or B"
+    outs = [u for u in g.outputs if u != final.uid]
+    eops = ins + outs
+    if len(eops) > cg.MAX_OPERANDS:
+        return f"{len(eops)} epilogue tensors (at most {cg.MAX_OPERANDS})"
+    for t in (g.tensors[u] for u in eops):
+        if t.dtype not in TAGS:
+            return f"tensor uid {t.uid}: data type {t.dtype}"
+
+    def ref(u):
+        if u == c.uid:
+            return ("acc", 0)
+        if u in produced and produced[u] is not None:
+            return ("v", produced[u])
+        return ("op", eops.index(u))
+
+    nodes = [_pw_node(op, ref) for op in order]
+    stores = [(-1 if produced[u] is None else produced[u], eops.index(u)) for u in outs]
+    operands = [(TAGS[g.tensors[u].dtype], "in") for u in ins] + [(TAGS[g.tensors[u].dtype], "out") for u in outs]
+    return dict(a=a, b=b, final=final, final_ref=ref(final.uid), eops=eops,
+                prog=cg.PwProgram(operands, nodes, stores))
+
+
 class FusionEngine:
     index, name, behavior = 1, "pydnn.fusion", (E.PYDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION,)
 
@@ -209,9 +325,12 @@ class FusionEngine:
         if why:
             return why
         kinds = {op.kind for op in g.ops}
+        if "matmul" in kinds:
+            an = _matmul_epilogue(g)
+            return an if isinstance(an, str) else None
         if kinds != {"pointwise"}:
-            return (f"runtime fusion takes graphs of pointwise operations (this one has "
-                    f"{', '.join(sorted(kinds - {'pointwise'}))})")
+            return (f"runtime fusion takes graphs of pointwise operations, or one matmul with a pointwise "
+                    f"epilogue (this one has {', '.join(sorted(kinds - {'pointwise'}))})")
         shape = g.tensors[g.outputs[0]].dims if g.outputs else None
         if shape is None:
             return "the graph writes no tensor"
@@ -226,6 +345,8 @@ class FusionEngine:
         return None
 
     def build(self, g, handle):
+        if any(op.kind == "matmul" for op in g.ops):
+            return EnginePlan([FusedMatmulStep(handle, g, _matmul_epilogue(g))], {}, 0)
         shape = list(g.tensors[g.outputs[0]].dims)
         uids = list(g.inputs) + list(g.outputs)
         operands = [(TAGS[g.tensors[u].dtype], "in") for u in g.inputs] + \

@@ -129,3 +129,29 @@ def test_same_program_same_unit_and_different_program_different_key():
     u4, _ = cg.kernel_unit(p1, 3)
     assert (u1, e1) == (u2, e2) and u3.name != u1.name and u4.name != u1.name
     assert math.isfinite(len(e1))
+
+
+def _epilogue_program():
+    """bias add, GELU, residual add; the pre-activation is also stored (a second output)."""
+    ops = [("bf16", "in"), ("f16", "in"), ("f32", "out")]
+    nodes = [cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_GELU_FWD, x=("v", 0)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("v", 1), b=("op", 1))]
+    return cg.PwProgram(ops, nodes, [(0, 2)])
+
+
+@pytest.mark.parametrize("arch, wgmma", [("sm_80", False), ("sm_90", True)])
+def test_generated_matmul_epilogue_compiles(arch, wgmma, tmp_path, monkeypatch):
+    """NVRTC compiles a GEMM with a generated epilogue: on sm_80 the 128x256 mma.sync tile, on sm_90 the
+    wgmma tile (an sm_90a unit), each with the general path beside it."""
+    from pydnn._build import build, manifest
+    from pydnn.ops import matmul as M
+
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    fast = M.WG_TILES[0] if wgmma else M.TC_TILES[0]
+    unit, fe, ge = cg.matmul_unit(_epilogue_program(), ("v", 2), "bf16", fast, M.TC_GENERAL, False, True)
+    assert manifest.unit_arch(unit, arch) == ("sm_90a" if wgmma else arch)
+    cubin, lowered = build.compile_unit(unit, arch)
+    assert cubin[:4] == b"\x7fELF" and set(lowered) == {fe, ge}
+    _, text = cg.matmul_source(_epilogue_program(), ("v", 2), "bf16", fast, M.TC_GENERAL, False, True)
+    assert "acc = v2;" in text and "e.ptr[2]" in text and ("gemm_wgmma_body" in text) == wgmma

@@ -56,7 +56,7 @@ def test_fallback_builds_node_plan():
     assert g.engine_index() == 0 and g.launches() == 8 and g.get_workspace_size() > 0
 
 
-def test_matmul_bias_gelu_runs_node_by_node_for_now():
+def test_matmul_bias_gelu_fuses_into_one_gemm():
     g = Graph(io_data_type=P.PYDNN_DATA_BFLOAT16, handle=cpu_handle())
     a = g.tensor(name="a", dim=[1, 128, 64])
     w = g.tensor(name="w", dim=[1, 64, 96])
@@ -64,9 +64,41 @@ def test_matmul_bias_gelu_runs_node_by_node_for_now():
     c = g.matmul(a, w)
     assert c.dim == [1, 128, 96]
     y = g.gelu(g.add(c, bias)).set_output(True)
-    g.build_operation_graph().create_execution_plans().build_plans()
-    assert g.engine_index() in (0, 2)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
+    assert g.engines() == [1, 0]
+    g.build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1 and g.get_workspace_size() == 0
     assert y.data_type is None  # io type at build: BFLOAT16
+    step = g._plan_obj.built.steps[0]
+    assert step.e.stride[0][1:3] == [0, 1]  # the bias: broadcast over the rows
+    blob = g.serialize()
+    g2 = Graph.deserialize(cpu_handle(), blob)
+    assert g2.engine_index() == 1 and g2._plan_obj.built.steps[0].unit.name == step.unit.name
+
+
+def test_matmul_epilogue_column_major_output_swaps_rows_and_columns():
+    """A column-major output: the GEMM computes C^T = B^T A^T, so the epilogue's (row, col) are the
+    output's (col, row): the residual's strides are swapped too."""
+    g = Graph(io_data_type=P.PYDNN_DATA_HALF, handle=cpu_handle())
+    a = g.tensor(name="a", dim=[64, 32])
+    w = g.tensor(name="w", dim=[32, 48])
+    r = g.tensor(name="r", dim=[64, 48])  # row-major residual
+    y = g.add(g.matmul(a, w), r).set_output(True).set_stride([1, 64])
+    g.build_operation_graph().create_execution_plans().build_plans()
+    step = g._plan_obj.built.steps[0]
+    assert g.engine_index() == 1 and step.swap
+    assert step.e.stride[0][:3] == [0, 1, 48]  # kernel row = output column (stride 1), kernel col = row (48)
+
+
+def test_matmul_epilogue_not_fusable_reasons():
+    g = Graph(io_data_type=P.PYDNN_DATA_FLOAT, handle=cpu_handle())
+    y = g.relu(g.matmul(g.tensor(dim=[8, 8]), g.tensor(dim=[8, 8]))).set_output(True)
+    g.build_operation_graph().create_execution_plans()
+    assert g.engines() == [0]  # float: the node engine (gemm_simt, then the ReLU)
+    from pydnn.graph.engines import ENGINES
+
+    assert "HALF or BFLOAT16" in ENGINES[1].support(g._opgraph.state)
+    assert y.uid
 
 
 def test_shape_errors():
