@@ -627,6 +627,7 @@ typedef struct pydnnConvolutionStruct *pydnnConvolutionDescriptor_t;
 typedef struct pydnnAttentionStruct *pydnnAttentionDescriptor_t;
 typedef struct pydnnAttnStruct *pydnnAttnDescriptor_t;
 typedef struct pydnnSeqDataStruct *pydnnSeqDataDescriptor_t;
+typedef struct pydnnBackendDescriptorStruct *pydnnBackendDescriptor_t;
 
 /* a CUDA stream (the same type as the CUDA runtime's cudaStream_t / the driver's CUstream) */
 #ifndef __DRIVER_TYPES_H__
@@ -983,6 +984,20 @@ pydnnStatus_t pydnnMultiHeadAttnBackwardWeights(pydnnHandle_t handle, const pydn
 /* ---- Matmul (pydnn extension) ---- */
 /* C = alpha * A @ B + beta * C: 2-d or 3-d (batched; A's or B's batch 1 broadcasts), transposes through strides; FLOAT (exact), HALF, BFLOAT16 (float accumulation). */
 pydnnStatus_t pydnnMatmul(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);
+
+/* ---- Graph API: backend descriptors, operation graphs and execution plans (cuDNN 9's backend API) ---- */
+/* A new, empty descriptor: TENSOR, POINTWISE, OPERATION_POINTWISE, MATMUL, OPERATION_MATMUL, REDUCTION, OPERATION_REDUCTION, OPERATIONGRAPH, ENGINEHEUR, ENGINE, ENGINECFG, KNOB_CHOICE, EXECUTION_PLAN, VARIANT_PACK. */
+pydnnStatus_t pydnnBackendCreateDescriptor(pydnnBackendDescriptorType_t descriptorType, pydnnBackendDescriptor_t *descriptor);
+/* Release a backend descriptor. */
+pydnnStatus_t pydnnBackendDestroyDescriptor(pydnnBackendDescriptor_t descriptor);
+/* Set elementCount elements of attributeType (host array; descriptor handles for PYDNN_TYPE_BACKEND_DESCRIPTOR); BAD_PARAM for a wrong attribute, type, count or value, or a finalized descriptor. */
+pydnnStatus_t pydnnBackendSetAttribute(pydnnBackendDescriptor_t descriptor, pydnnBackendAttributeName_t attributeName, pydnnBackendAttributeType_t attributeType, long long elementCount, const void *arrayOfElements);
+/* The attribute's element count, and its first requestedElementCount elements written to arrayOfElements (descriptors: copied into the caller's new ones). */
+pydnnStatus_t pydnnBackendGetAttribute(const pydnnBackendDescriptor_t descriptor, pydnnBackendAttributeName_t attributeName, pydnnBackendAttributeType_t attributeType, long long requestedElementCount, long long *elementCount, void *arrayOfElements);
+/* Validate and freeze a descriptor (an EXECUTION_PLAN compiles its kernels here); NOT_SUPPORTED with the reason when no engine runs the graph. */
+pydnnStatus_t pydnnBackendFinalize(pydnnBackendDescriptor_t descriptor);
+/* Run a finalized execution plan on the device pointers and workspace of a finalized variant pack, on the handle's stream. */
+pydnnStatus_t pydnnBackendExecute(pydnnHandle_t handle, pydnnBackendDescriptor_t executionPlan, pydnnBackendDescriptor_t variantPack);
 
 #ifdef __cplusplus
 }

@@ -38,9 +38,11 @@ def _objects():
 
 def _read_c_array(tn, count, addr):
     """The elements a C caller passed at host address `addr`."""
+    n = max(0, int(count))
+    if n == 0:
+        return "" if tn == "CHAR" else []
     if addr == 0:
         raise D.bad("arrayOfElements: NULL pointer", E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER)
-    n = max(0, int(count))
     if tn == "CHAR":
         return ctypes.string_at(addr, n).decode("utf-8", "replace")
     if tn in ("BACKEND_DESCRIPTOR", "HANDLE"):
