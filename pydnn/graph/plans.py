@@ -17,7 +17,7 @@ FORMAT, VERSION = "pydnn.execution_plan", 1
 class Plan:
     """A built execution plan: engine index, the graph, and the engine's plan (steps, workspace size)."""
 
-    __slots__ = ("engine", "graph", "built", "handle")
+    __slots__ = ("engine", "graph", "built", "handle", "io")
 
     def __init__(self, engine, graph, handle):
         why = ENGINES[engine].support(graph)
@@ -26,6 +26,12 @@ class Plan:
                       E.PYDNN_STATUS_NOT_SUPPORTED)
         self.engine, self.graph, self.handle = engine, graph, handle
         self.built = ENGINES[engine].build(graph, handle)
+        self.io = []  # (uid, bytes spanned, what an error calls it) of every tensor execute needs
+        for uid in graph.inputs + graph.outputs:
+            t = graph.tensors[uid]
+            es = 4 if t.dtype == E.PYDNN_DATA_FLOAT else 8 if t.dtype == E.PYDNN_DATA_DOUBLE else 2
+            self.io.append((uid, (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * es,
+                            f"variantPack: uid {uid}"))
 
     @property
     def workspace_size(self):
@@ -182,14 +188,12 @@ def execute(handle, plan_desc, pack_desc):
 def run(handle, plan, given, ws):
     from ..buffers import device_ptr
 
-    g = plan.graph
     ptrs = {}
-    for uid in g.inputs + g.outputs:
-        if uid not in given:
+    for uid, span, what in plan.io:
+        v = given.get(uid)
+        if v is None:
             raise bad(f"variantPack: no data pointer for tensor uid {uid}")
-        t = g.tensors[uid]
-        span = (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * (4 if t.dtype == E.PYDNN_DATA_FLOAT else 2)
-        ptrs[uid] = device_ptr(given[uid], f"variantPack: uid {uid}", span)
+        ptrs[uid] = device_ptr(v, what, span)
     if plan.workspace_size:
         ws = device_ptr(ws, "variantPack: workspace", plan.workspace_size)
     plan.built.execute(handle, ptrs, ws or 0)

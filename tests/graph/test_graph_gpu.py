@@ -210,3 +210,19 @@ def test_deserialized_plan_is_bitwise_identical(handle, rng):
     g.execute({x: tx.ptr, s: ts.ptr, b: tb.ptr, y: ty.ptr}, 0, handle=handle)
     g2.execute({"x": tx.ptr, "s": ts.ptr, "b": tb.ptr, "y": ty2.ptr}, 0, handle=handle)
     assert (ty.buf.to_numpy() == ty2.buf.to_numpy()).all()
+
+
+def test_matmul_epilogue_large_tile(handle, rng, monkeypatch):
+    """2048 x 2048 x 512 bf16: the chooser's big tile (gemm_wgmma's 128x256 on an sm_90 device) with the
+    generated epilogue, one launch."""
+    g, (a, w, bias, r, y) = _mm_graph(handle, BF16, 2048, 2048, 512)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1
+    ta, tw, tb, ty = (DevTensor(t.dim, BF16) for t in (a, w, bias, y))
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    count = Launches(monkeypatch)
+    g.execute({a: ta.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}, 0, handle=handle)
+    assert count.n == 1
+    c = (av[0] @ wv[0])[None] + bv
+    assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "wgmma epilogue",
+                 scale=(np.abs(av[0]) @ np.abs(wv[0]))[None] + np.abs(bv))
