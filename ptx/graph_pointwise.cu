@@ -8,13 +8,19 @@ namespace pydnn {
 namespace graph {
 
 __global__ void __launch_bounds__(256) ${name}(const GraphPwParams p) {
-  const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.total; i += step) {
-    long long off[${nops}];
-    offsets<${nops}, ${ndim}>(p, i, off);
+  typedef ${idx} idx_t;  // int where every offset and index fits, else long long
+  const idx_t total = (idx_t)p.total;
+  const idx_t step = (idx_t)gridDim.x * blockDim.x * ${elems};
+  // each thread takes ${elems} consecutive elements of the innermost dim (which ${elems} divides)
+  for (idx_t i = ((idx_t)blockIdx.x * blockDim.x + threadIdx.x) * ${elems}; i < total; i += step) {
+    idx_t off[${nops}];
+    offsets<${nops}, ${ndim}, idx_t>(p, i, off);
+#pragma unroll
+    for (int e = 0; e < ${elems}; ++e) {
 ${loads}
 ${body}
 ${stores}
+    }
   }
 }
 

@@ -31,20 +31,22 @@ __device__ __forceinline__ float swish_grad(float v, float beta) {
   return s + beta * v * s * (1.0f - s);
 }
 
-// Element offsets of NOPS operands for the linear output index i over NDIM dims (outermost first).
-template <int NOPS, int NDIM>
-__device__ __forceinline__ void offsets(const GraphPwParams& p, long long i, long long (&off)[NOPS]) {
+// Element offsets of NOPS operands for the linear output index i over NDIM dims (outermost first), in the
+// index type I (int when the launch proved every offset fits).
+template <int NOPS, int NDIM, class I>
+__device__ __forceinline__ void offsets(const GraphPwParams& p, I i, I (&off)[NOPS]) {
 #pragma unroll
   for (int k = 0; k < NOPS; ++k) off[k] = 0;
 #pragma unroll
   for (int d = NDIM - 1; d >= 0; --d) {
-    long long c = i;
+    I c = i;
     if (d > 0) {
-      c = i % p.dims[d];
-      i /= p.dims[d];
+      const I n = (I)p.dims[d];
+      c = i % n;
+      i /= n;
     }
 #pragma unroll
-    for (int k = 0; k < NOPS; ++k) off[k] += c * p.stride[k][d];
+    for (int k = 0; k < NOPS; ++k) off[k] += c * (I)p.stride[k][d];
   }
 }
 

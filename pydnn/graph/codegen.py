@@ -81,27 +81,34 @@ def expressions(prog):
     return out
 
 
-def source(prog, ndim):
-    """(kernel name, CUDA C text) of the program over `ndim` collapsed dims."""
+def source(prog, ndim, elems=1, wide=True):
+    """(kernel name, CUDA C text) of the program over `ndim` collapsed dims, `elems` consecutive innermost
+    elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math."""
     ops = prog.operands
     if not 1 <= len(ops) <= MAX_OPERANDS:
         raise ValueError(f"{len(ops)} operands (1 to {MAX_OPERANDS})")
-    loads = "\n".join(f"    const float in{k} = load<float>(static_cast<const {CTYPE[tag]}*>(p.ptr[{k}])[off[{k}]]);"
+    last = max(ndim, 1) - 1
+
+    def at(k):
+        return f"off[{k}]" if elems == 1 else f"off[{k}] + e * (idx_t)p.stride[{k}][{last}]"
+
+    loads = "\n".join(f"      const float in{k} = load<float>(static_cast<const {CTYPE[tag]}*>(p.ptr[{k}])[{at(k)}]);"
                       for k, (tag, role) in enumerate(ops) if role == "in")
-    body = "\n".join(f"    const float {name} = {expr};" for name, expr in expressions(prog))
-    stores = "\n".join(f"    static_cast<{CTYPE[ops[k][0]]}*>(p.ptr[{k}])[off[{k}]] = store<{CTYPE[ops[k][0]]}>(v{j});"
+    body = "\n".join(f"      const float {name} = {expr};" for name, expr in expressions(prog))
+    stores = "\n".join(f"      static_cast<{CTYPE[ops[k][0]]}*>(p.ptr[{k}])[{at(k)}] = store<{CTYPE[ops[k][0]]}>(v{j});"
                        for j, k in prog.stores)
-    fields = dict(nops=len(ops), ndim=max(ndim, 1), loads=loads, body=body, stores=stores)
+    fields = dict(nops=len(ops), ndim=max(ndim, 1), loads=loads, body=body, stores=stores, elems=elems,
+                  idx="long long" if wide else "int")
     digest = hashlib.sha256(repr((fields, prog.key())).encode()).hexdigest()[:16]
     fields["name"] = f"pw_{digest}"
     template = (cache.ptx_dir() / "graph_pointwise.cu").read_text()
     return fields["name"], string.Template(template).substitute(fields)
 
 
-def kernel_unit(prog, ndim):
+def kernel_unit(prog, ndim, elems=1, wide=True):
     """(KernelUnit, name expression) of the program, registered with the loader and the cache (nothing is
     compiled here: loader.load_unit / handle.function compile on a cache miss)."""
-    name, text = source(prog, ndim)
+    name, text = source(prog, ndim, elems, wide)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     expr = f"pydnn::graph::{name}"
@@ -139,6 +146,33 @@ def params(dims, strides_list, ptrs):
         total *= v
     p.total, p.ndim = total, len(dims)
     return p
+
+
+def launch_shape(dims, strides_list, sm_count):
+    """(elems a thread, wide index math?, grid) for a pointwise kernel over collapsed dims: 4 (or 2)
+    consecutive innermost elements a thread where they divide the innermost dim; 32-bit index math where
+    every index the loop reaches and every operand offset fits in an int."""
+    inner = dims[-1]
+    elems = 4 if inner % 4 == 0 else 2 if inner % 2 == 0 else 1
+    total = 1
+    for d in dims:
+        total *= d
+    blocks = max(1, min((total // elems + THREADS - 1) // THREADS, max(sm_count, 1) * 16))
+    reach = total + blocks * THREADS * elems
+    span = max(sum((d - 1) * s for d, s in zip(dims, st)) for st in strides_list) + elems
+    wide = reach >= 2**31 or span >= 2**31
+    return elems, wide, (blocks, 1, 1)
+
+
+def thread_offsets(dims, strides_list, elems):
+    """numpy emulation of the kernel's loop: offsets of the first element of each thread's run (computed by
+    offsets<>) plus e times the innermost stride, for every linear index, in order."""
+    import numpy as np
+
+    base = offsets(dims, strides_list)[:, ::elems]
+    inner = np.array([s[-1] for s in strides_list], np.int64)[:, None, None]
+    e = np.arange(elems, dtype=np.int64)[None, None, :]
+    return (base[:, :, None] + e * inner).reshape(len(strides_list), -1)
 
 
 def offsets(dims, strides_list):

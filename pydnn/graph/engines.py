@@ -47,13 +47,12 @@ class PwStep:
 
     def __init__(self, handle, prog, dims, strides_list, uids):
         cdims, cstrides = cg.collapse(dims, strides_list)
-        self.unit, self.expr = cg.kernel_unit(prog, len(cdims))
+        elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count)
+        self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide)
         _compile(handle, self.unit)
         self.params = cg.params(cdims, cstrides, [0] * len(uids))
         self.args = driver.kernel_args(self.params)
         self.uids = uids
-        total = self.params.total
-        self.grid = (max(1, min((total + cg.THREADS - 1) // cg.THREADS, max(handle.sm_count, 1) * 16)), 1, 1)
         self.launches = 1
 
     def run(self, handle, ptr):

@@ -77,6 +77,18 @@ def test_offsets_emulation_matches_broadcasting(seed):
     off = cg.offsets(cdims, cstrides)
     for (flat, want), o in zip(arrays, off):
         np.testing.assert_array_equal(flat[o], want.reshape(-1))
+    elems, wide, grid = cg.launch_shape(cdims, cstrides, 132)
+    assert cdims[-1] % elems == 0 and not wide and grid[0] >= 1
+    for (flat, want), o in zip(arrays, cg.thread_offsets(cdims, cstrides, elems)):
+        np.testing.assert_array_equal(flat[o], want.reshape(-1))
+
+
+def test_launch_shape():
+    assert cg.launch_shape([6, 4], [[4, 1]], 132)[:2] == (4, False)
+    assert cg.launch_shape([6, 6], [[6, 1]], 132)[:2] == (2, False)
+    assert cg.launch_shape([7, 5], [[5, 1]], 132)[:2] == (1, False)
+    assert cg.launch_shape([2**31], [[1]], 132)[1] is True            # the index reaches past an int
+    assert cg.launch_shape([2, 8], [[2**31, 1]], 132)[1] is True      # an offset past an int
 
 
 def test_collapse_packed_is_one_dim():
@@ -113,7 +125,7 @@ def test_generated_kernel_compiles(arch, tag, tmp_path, monkeypatch):
     from pydnn._build import build, cache
 
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
-    unit, expr = cg.kernel_unit(_all_modes_program(tag), 3)
+    unit, expr = cg.kernel_unit(_all_modes_program(tag), 3, elems=4, wide=(tag == "f32"))
     cubin, lowered = build.compile_unit(unit, arch)
     assert cubin[:4] == b"\x7fELF" and set(lowered) == {expr}
     # cached under the generated text's key: the loader finds it without compiling again
