@@ -226,3 +226,15 @@ def test_matmul_epilogue_large_tile(handle, rng, monkeypatch):
     c = (av[0] @ wv[0])[None] + bv
     assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "wgmma epilogue",
                  scale=(np.abs(av[0]) @ np.abs(wv[0]))[None] + np.abs(bv))
+
+
+def test_c_program(tmp_path):
+    """tests/c/graph_gpu.c: a fused and a node-by-node plan built and run through the C backend API, and
+    pydnnMatmul, against host math."""
+    from cprog import build_and_run
+
+    r = build_and_run("graph_gpu", tmp_path, extra=["-ldl", "-lm"])
+    print(r.stdout, r.stderr)
+    assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
+    for what in ("relu(x + b) numbers (fusion engine)", "relu(x + b) numbers (node engine)", "matmul numbers"):
+        assert any(line.startswith(f"ok {what}") for line in r.stdout.splitlines()), r.stdout + r.stderr
