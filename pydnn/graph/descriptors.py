@@ -25,7 +25,8 @@ TYPE_ENUMS = {  # attribute type -> the enum its values come from
     "REDUCTION_OPERATOR_TYPE": "pydnnReduceTensorOp_t", "CONVOLUTION_MODE": "pydnnConvolutionMode_t",
     "NUMERICAL_NOTE": "pydnnBackendNumericalNote_t", "BEHAVIOR_NOTE": "pydnnBackendBehaviorNote_t",
 }
-OPERATIONS = ("OPERATION_POINTWISE", "OPERATION_MATMUL", "OPERATION_REDUCTION")
+OPERATIONS = ("OPERATION_POINTWISE", "OPERATION_MATMUL", "OPERATION_REDUCTION", "OPERATION_CONVOLUTION_FORWARD",
+              "OPERATION_CONVOLUTION_BACKWARD_DATA", "OPERATION_CONVOLUTION_BACKWARD_FILTER")
 
 
 class Attr:
@@ -72,6 +73,18 @@ SCHEMA = {
         "OPERATION_MATMUL_DESC": Attr("BACKEND_DESCRIPTOR", kinds=("MATMUL",), **R),
         "OPERATION_MATMUL_IRREGULARLY_STRIDED_BATCH_COUNT": Attr("INT64"),
     },
+    "CONVOLUTION": {
+        "CONVOLUTION_COMP_TYPE": Attr("DATA_TYPE", **R), "CONVOLUTION_CONV_MODE": Attr("CONVOLUTION_MODE", **R),
+        "CONVOLUTION_SPATIAL_DIMS": Attr("INT64", **R), "CONVOLUTION_DILATIONS": Attr("INT64", 1, 6, **R),
+        "CONVOLUTION_FILTER_STRIDES": Attr("INT64", 1, 6, **R), "CONVOLUTION_PRE_PADDINGS": Attr("INT64", 1, 6, **R),
+        "CONVOLUTION_POST_PADDINGS": Attr("INT64", 1, 6, **R),
+    },
+    **{f"OPERATION_CONVOLUTION_{kind}": {
+        f"OPERATION_CONVOLUTION_{attr}_ALPHA": Attr(SCALAR), f"OPERATION_CONVOLUTION_{attr}_BETA": Attr(SCALAR),
+        f"OPERATION_CONVOLUTION_{attr}_CONV_DESC": Attr("BACKEND_DESCRIPTOR", kinds=("CONVOLUTION",), **R),
+        **{f"OPERATION_CONVOLUTION_{attr}_{t}": Attr("BACKEND_DESCRIPTOR", **TENSORDESC, **R) for t in tens},
+    } for kind, attr, tens in (("FORWARD", "FORWARD", ("W", "X", "Y")), ("BACKWARD_DATA", "BWD_DATA", ("W", "DX", "DY")),
+                               ("BACKWARD_FILTER", "BWD_FILTER", ("DW", "X", "DY")))},
     "REDUCTION": {"REDUCTION_OPERATOR": Attr("REDUCTION_OPERATOR_TYPE", **R),
                   "REDUCTION_COMP_TYPE": Attr("DATA_TYPE", **R)},
     "OPERATION_REDUCTION": {
@@ -435,5 +448,62 @@ def _finalize_op_reduction(d):
                                                        comp_type=rd.one("REDUCTION_COMP_TYPE")))
 
 
+def _finalize_conv(d):
+    nd = d.one("CONVOLUTION_SPATIAL_DIMS")
+    lists = {k: d.get(f"CONVOLUTION_{k}") for k in ("DILATIONS", "FILTER_STRIDES", "PRE_PADDINGS", "POST_PADDINGS")}
+    if not 1 <= nd <= 3:
+        raise bad(f"CONVOLUTION: PYDNN_ATTR_CONVOLUTION_SPATIAL_DIMS = {nd} (1 to 3)")
+    for k, v in lists.items():
+        if len(v) != nd:
+            raise bad(f"CONVOLUTION: PYDNN_ATTR_CONVOLUTION_{k} has {len(v)} entries, SPATIAL_DIMS is {nd}")
+        lo = 0 if "PADDINGS" in k else 1
+        if min(v) < lo:
+            raise bad(f"CONVOLUTION: PYDNN_ATTR_CONVOLUTION_{k} = {v} (each at least {lo})")
+    if lists["PRE_PADDINGS"] != lists["POST_PADDINGS"]:
+        raise bad("CONVOLUTION: asymmetric paddings (pre != post) are not supported", E.PYDNN_STATUS_NOT_SUPPORTED)
+    return dict(pad=list(lists["PRE_PADDINGS"]), stride=list(lists["FILTER_STRIDES"]), dil=list(lists["DILATIONS"]),
+                mode=d.one("CONVOLUTION_CONV_MODE"), comp_type=d.one("CONVOLUTION_COMP_TYPE"))
+
+
+def _conv_out(x, w, c):
+    return [1 + (i + 2 * p - ((f - 1) * dl + 1)) // s
+            for i, f, p, s, dl in zip(x[2:], w[2:], c["pad"], c["stride"], c["dil"])]
+
+
+def _finalize_op_conv(kind, attr, roles):
+    def fin(d):
+        c = d.one(f"OPERATION_CONVOLUTION_{attr}_CONV_DESC").state
+        t = {r: d.one(f"OPERATION_CONVOLUTION_{attr}_{r}").state for r in roles}
+        x = t.get("X") or t.get("DX")
+        w = t.get("W") or t.get("DW")
+        y = t.get("Y") or t.get("DY")
+        nd = len(c["pad"])
+        for nm, v in (("x", x), ("w", w), ("y", y)):
+            if len(v.dims) != nd + 2:
+                raise bad(f"OPERATION_CONVOLUTION_{kind}: {nm} has {len(v.dims)} dims, the convolution {nd} spatial + 2")
+        if x.dims[1] != w.dims[1]:
+            raise bad(f"OPERATION_CONVOLUTION_{kind}: x has {x.dims[1]} channels, w {w.dims[1]} "
+                      f"(grouped convolutions are not supported in graphs yet)")
+        want = [x.dims[0], w.dims[0]] + _conv_out(x.dims, w.dims, c)
+        if list(y.dims) != want:
+            raise bad(f"OPERATION_CONVOLUTION_{kind}: y dims {list(y.dims)}, the convolution gives {want}")
+        a = d.one(f"OPERATION_CONVOLUTION_{attr}_ALPHA", 1.0)
+        b = d.one(f"OPERATION_CONVOLUTION_{attr}_BETA", 0.0)
+        if b != 0.0:
+            raise bad(f"OPERATION_CONVOLUTION_{kind}: beta {b} (graph outputs are written, not blended)",
+                      E.PYDNN_STATUS_NOT_SUPPORTED)
+        if kind == "FORWARD":
+            return OpInfo("conv_fprop", {"x": x, "w": w}, {"y": y}, dict(c, alpha=a))
+        if kind == "BACKWARD_DATA":
+            return OpInfo("conv_dgrad", {"w": w, "dy": y}, {"dx": x}, dict(c, alpha=a))
+        return OpInfo("conv_wgrad", {"x": x, "dy": y}, {"dw": w}, dict(c, alpha=a))
+    return fin
+
+
+FINALIZERS.update(CONVOLUTION=_finalize_conv,
+                  OPERATION_CONVOLUTION_FORWARD=_finalize_op_conv("FORWARD", "FORWARD", ("W", "X", "Y")),
+                  OPERATION_CONVOLUTION_BACKWARD_DATA=_finalize_op_conv("BACKWARD_DATA", "BWD_DATA", ("W", "DX", "DY")),
+                  OPERATION_CONVOLUTION_BACKWARD_FILTER=_finalize_op_conv("BACKWARD_FILTER", "BWD_FILTER",
+                                                                          ("DW", "X", "DY")))
 FINALIZERS.update(TENSOR=_finalize_tensor, POINTWISE=_finalize_pointwise, OPERATION_POINTWISE=_finalize_op_pointwise,
                   OPERATION_MATMUL=_finalize_op_matmul, OPERATION_REDUCTION=_finalize_op_reduction)

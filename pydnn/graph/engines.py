@@ -105,6 +105,95 @@ class ReduceStep:
                             ptr[self.uids[1]])
 
 
+CONV = {  # kind: (activation-side roles, filter role, the output role, pydnn call suffix)
+    "conv_fprop": ("x", "w", "y", "forward"), "conv_dgrad": ("dy", "w", "dx", "backward_data"),
+    "conv_wgrad": ("x", "dy", "dw", "backward_filter"),
+}
+
+
+def _filter_format(t):
+    """PYDNN_TENSOR_NCHW or NHWC for a packed filter tensor [K, C, *spatial], else None."""
+    dims, st = list(t.dims), list(t.strides)
+    packed = [0] * len(dims)
+    acc = 1
+    for i in range(len(dims) - 1, -1, -1):
+        packed[i] = acc
+        acc *= dims[i]
+    if all(s == p or d == 1 for s, p, d in zip(st, packed, dims)):
+        return E.PYDNN_TENSOR_NCHW
+    order = [0] + list(range(2, len(dims))) + [1]  # K, spatial..., C
+    nhwc = [0] * len(dims)
+    acc = 1
+    for i in reversed(order):
+        nhwc[i] = acc
+        acc *= dims[i]
+    if all(s == p or d == 1 for s, p, d in zip(st, nhwc, dims)):
+        return E.PYDNN_TENSOR_NHWC
+    return None
+
+
+class ConvStep:
+    """One public pydnn convolution call (forward, backward data or backward filter), its algorithm chosen
+    by pydnn's heuristic (get_convolution_*_algorithm_v7) when the plan is built."""
+
+    def __init__(self, handle, g, op, storage, ws_offset):
+        import pydnn
+
+        self.kind = op.kind
+        tens = {r: g.tensors[u] for r, u in list(op.inputs.items()) + list(op.outputs.items())}
+        wrole = "dw" if op.kind == "conv_wgrad" else "w"
+        descs = {}
+        for r, t in tens.items():
+            if r == wrole:
+                d = pydnn.create_filter_descriptor()
+                pydnn.set_filter_nd_descriptor(d, storage[t.uid], _filter_format(t), len(t.dims), list(t.dims))
+            else:
+                d = pydnn.create_tensor_descriptor()
+                pydnn.set_tensor_nd_descriptor(d, storage[t.uid], len(t.dims), list(t.dims), list(t.strides))
+            descs[r] = d
+        cd = pydnn.create_convolution_descriptor()
+        p = op.params
+        pydnn.set_convolution_nd_descriptor(cd, len(p["pad"]), p["pad"], p["stride"], p["dil"], p["mode"],
+                                            p["comp_type"])
+        if storage[tens[wrole].uid] in (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16):
+            pydnn.set_convolution_math_type(cd, E.PYDNN_TENSOR_OP_MATH)
+        if op.kind == "conv_fprop":
+            order = (descs["x"], descs["w"], cd, descs["y"])
+            perf = pydnn.get_convolution_forward_algorithm_v7(handle, *order, 8)
+            size = pydnn.get_convolution_forward_workspace_size
+        elif op.kind == "conv_dgrad":
+            order = (descs["w"], descs["dy"], cd, descs["dx"])
+            perf = pydnn.get_convolution_backward_data_algorithm_v7(handle, *order, 8)
+            size = pydnn.get_convolution_backward_data_workspace_size
+        else:
+            order = (descs["x"], descs["dy"], cd, descs["dw"])
+            perf = pydnn.get_convolution_backward_filter_algorithm_v7(handle, *order, 8)
+            size = pydnn.get_convolution_backward_filter_workspace_size
+        ok = [r for r in perf if r.status == E.PYDNN_STATUS_SUCCESS]
+        if not ok:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{op.kind}: no pydnn convolution algorithm runs it")
+        self.algo = ok[0].algo
+        self.ws_size = size(handle, *order, self.algo)
+        self.ws_offset, self.descs, self.cd, self.alpha = ws_offset, descs, cd, float(p["alpha"])
+        self.uids = {r: t.uid for r, t in tens.items()}
+        self.launches = None  # an algorithm may take several kernels
+
+    def run(self, handle, ptr):
+        import pydnn
+
+        d, u = self.descs, self.uids
+        ws = ptr["workspace"] + self.ws_offset if self.ws_size else 0
+        if self.kind == "conv_fprop":
+            pydnn.convolution_forward(handle, self.alpha, d["x"], ptr[u["x"]], d["w"], ptr[u["w"]], self.cd, self.algo,
+                                      ws, self.ws_size, 0.0, d["y"], ptr[u["y"]])
+        elif self.kind == "conv_dgrad":
+            pydnn.convolution_backward_data(handle, self.alpha, d["w"], ptr[u["w"]], d["dy"], ptr[u["dy"]], self.cd,
+                                            self.algo, ws, self.ws_size, 0.0, d["dx"], ptr[u["dx"]])
+        else:
+            pydnn.convolution_backward_filter(handle, self.alpha, d["x"], ptr[u["x"]], d["dy"], ptr[u["dy"]], self.cd,
+                                              self.algo, ws, self.ws_size, 0.0, d["dw"], ptr[u["dw"]])
+
+
 class EnginePlan:
     def __init__(self, steps, offsets, workspace_size):
         self.steps, self.offsets, self.workspace_size = steps, offsets, workspace_size
@@ -142,6 +231,11 @@ def _storage(g):
             c = g.tensors[op.outputs["c"]]
             if c.virtual:
                 st[c.uid] = g.tensors[op.inputs["a"]].dtype
+        elif op.kind in CONV:
+            src, _, out, _ = CONV[op.kind]
+            o = g.tensors[op.outputs[out]]
+            if o.virtual:  # pydnn's convolutions write the type they read (as a virtual matmul output)
+                st[o.uid] = g.tensors[op.inputs[src]].dtype
     return st
 
 
@@ -171,6 +265,13 @@ class NodeEngine:
                     layout((st[a.uid], a.dims, a.strides), (st[b.uid], b.dims, b.strides), (st[c.uid], c.dims, c.strides))
                 except PydnnError as e:
                     return f"matmul: {e.message}"
+            elif op.kind in CONV:
+                tens = [g.tensors[u] for u in list(op.inputs.values()) + list(op.outputs.values())]
+                if len({st[t.uid] for t in tens}) != 1:
+                    return f"{op.kind}: x, w and y need one data type (a virtual output is stored in its input's)"
+                w = g.tensors[op.outputs["dw"] if op.kind == "conv_wgrad" else op.inputs["w"]]
+                if _filter_format(w) is None:
+                    return f"{op.kind}: the filter (uid {w.uid}) must be packed NCHW or NHWC, strides {w.strides}"
         return None
 
     def build(self, g, handle):
@@ -195,6 +296,10 @@ class NodeEngine:
                 steps.append(MatmulStep(handle, g, op, st))
             elif op.kind == "reduction":
                 s = ReduceStep(handle, g, op, st, off)
+                red_ws = max(red_ws, s.ws_size)
+                steps.append(s)
+            elif op.kind in CONV:
+                s = ConvStep(handle, g, op, st, off)
                 red_ws = max(red_ws, s.ws_size)
                 steps.append(s)
         return EnginePlan(steps, offsets, off + red_ws)

@@ -171,6 +171,48 @@ class Graph:
         self.nodes.append(("matmul", dict(a=a, b=b, out=out, comp=compute_data_type or self.compute)))
         return out
 
+    def _conv(self, kind, a, b, padding, stride, dilation, compute_data_type, name, dim, mode):
+        nd = len(a.dim) - 2
+        if nd < 1 or len(b.dim) != len(a.dim):
+            raise bad(f"{kind}: operands of {len(a.dim)} and {len(b.dim)} dims (N, C and 1 to 3 spatial dims)")
+        pad = list(padding) if padding is not None else [0] * nd
+        st = list(stride) if stride is not None else [1] * nd
+        dil = list(dilation) if dilation is not None else [1] * nd
+        if not len(pad) == len(st) == len(dil) == nd:
+            raise bad(f"{kind}: padding, stride and dilation need {nd} entries each")
+        out = self._out(name, dim)
+        self.nodes.append((kind, dict(a=a, b=b, out=out, pad=pad, stride=st, dil=dil, mode=mode,
+                                      comp=compute_data_type or self.compute)))
+        return out
+
+    def conv_fprop(self, image, weight, padding=None, stride=None, dilation=None, compute_data_type=None, name=None,
+                   conv_mode=E.PYDNN_CROSS_CORRELATION):
+        """y = conv(x, w): x [N, C, *spatial], w [K, C, *filter]; y's dims are computed."""
+        x, w = self._check_in(image, "image"), self._check_in(weight, "weight")
+        nd = len(x.dim) - 2
+        pad = list(padding) if padding is not None else [0] * nd
+        st = list(stride) if stride is not None else [1] * nd
+        dil = list(dilation) if dilation is not None else [1] * nd
+        if len(w.dim) != len(x.dim) or not len(pad) == len(st) == len(dil) == nd:
+            raise bad(f"conv_fprop: image {x.dim}, weight {w.dim}, padding {pad}, stride {st}, dilation {dil} disagree")
+        dim = [x.dim[0], w.dim[0]] + [1 + (i + 2 * p - ((f - 1) * d + 1)) // s
+                                      for i, f, p, s, d in zip(x.dim[2:], w.dim[2:], pad, st, dil)]
+        if min(dim) < 1:
+            raise bad(f"conv_fprop: the output would have dims {dim}")
+        return self._conv("conv_fprop", x, w, pad, st, dil, compute_data_type, name, dim, conv_mode)
+
+    def conv_dgrad(self, loss, filter, padding=None, stride=None, dilation=None, compute_data_type=None,  # noqa: A002
+                   name=None, dim=None, conv_mode=E.PYDNN_CROSS_CORRELATION):
+        """dx of y = conv(x, w) from dy (loss) and w; dx's dims: `dim` or set_dim() before building."""
+        return self._conv("conv_dgrad", self._check_in(loss, "loss"), self._check_in(filter, "filter"), padding, stride,
+                          dilation, compute_data_type, name, dim, conv_mode)
+
+    def conv_wgrad(self, image, loss, padding=None, stride=None, dilation=None, compute_data_type=None, name=None,
+                   dim=None, conv_mode=E.PYDNN_CROSS_CORRELATION):
+        """dw of y = conv(x, w) from x (image) and dy (loss); dw's dims: `dim` or set_dim() before building."""
+        return self._conv("conv_wgrad", self._check_in(image, "image"), self._check_in(loss, "loss"), padding, stride,
+                          dilation, compute_data_type, name, dim, conv_mode)
+
     def reduction(self, input, mode, dim=None, compute_data_type=None, name=None):  # noqa: A002
         x = self._check_in(input, "input")
         out = self._out(name, dim if dim is not None else [1] * len(x.dim))
@@ -185,6 +227,8 @@ class Graph:
         for kind, n in self.nodes:
             produced.add(n["out"].uid)
         for t in self.tensors:
+            if t.dim is None:
+                raise bad(f"validate: tensor {t.name!r} has no dims (set_dim)")
             if t.uid not in produced and t.virtual:
                 raise bad(f"validate: tensor {t.name!r} is virtual but no operation writes it")
             if t.is_output and t.stride is None:
@@ -254,6 +298,27 @@ class Graph:
                 S(o, E.PYDNN_ATTR_OPERATION_MATMUL_BDESC, DESC, 1, [td[n["b"].uid]])
                 S(o, E.PYDNN_ATTR_OPERATION_MATMUL_CDESC, DESC, 1, [td[n["out"].uid]])
                 S(o, E.PYDNN_ATTR_OPERATION_MATMUL_DESC, DESC, 1, [m])
+            elif kind.startswith("conv_"):
+                cv = B.backend_create_descriptor(E.PYDNN_BACKEND_CONVOLUTION_DESCRIPTOR)
+                nd = len(n["pad"])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_COMP_TYPE, E.PYDNN_TYPE_DATA_TYPE, 1, [n["comp"]])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_CONV_MODE, E.PYDNN_TYPE_CONVOLUTION_MODE, 1, [n["mode"]])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, E.PYDNN_TYPE_INT64, 1, [nd])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_DILATIONS, E.PYDNN_TYPE_INT64, nd, n["dil"])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_FILTER_STRIDES, E.PYDNN_TYPE_INT64, nd, n["stride"])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_PRE_PADDINGS, E.PYDNN_TYPE_INT64, nd, n["pad"])
+                S(cv, E.PYDNN_ATTR_CONVOLUTION_POST_PADDINGS, E.PYDNN_TYPE_INT64, nd, n["pad"])
+                B.backend_finalize(cv)
+                dtype, attr, roles = {
+                    "conv_fprop": (E.PYDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "FORWARD", ("X", "W", "Y")),
+                    "conv_dgrad": (E.PYDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, "BWD_DATA",
+                                   ("DY", "W", "DX")),
+                    "conv_wgrad": (E.PYDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, "BWD_FILTER",
+                                   ("X", "DY", "DW"))}[kind]
+                o = B.backend_create_descriptor(dtype)
+                S(o, getattr(E, f"PYDNN_ATTR_OPERATION_CONVOLUTION_{attr}_CONV_DESC"), DESC, 1, [cv])
+                for role, t in zip(roles, (n["a"], n["b"], n["out"])):
+                    S(o, getattr(E, f"PYDNN_ATTR_OPERATION_CONVOLUTION_{attr}_{role}"), DESC, 1, [td[t.uid]])
             else:
                 r = B.backend_create_descriptor(E.PYDNN_BACKEND_REDUCTION_DESCRIPTOR)
                 S(r, E.PYDNN_ATTR_REDUCTION_OPERATOR, E.PYDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, [n["mode"]])

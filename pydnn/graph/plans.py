@@ -12,6 +12,8 @@ from .engines import ENGINES, heuristic
 from .opgraph import OpGraph
 
 FORMAT, VERSION = "pydnn.execution_plan", 1
+CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("dx",)),
+              "conv_wgrad": (("x", "dy"), ("dw",))}
 
 
 class Plan:
@@ -91,6 +93,13 @@ def _check_graph(g):
         elif op.kind == "reduction":
             if set(op.inputs) != {"x"} or set(op.outputs) != {"y"}:
                 raise ValueError("reduction operands")
+        elif op.kind in CONV_ROLES:
+            ins, outs = CONV_ROLES[op.kind]
+            if set(op.inputs) != set(ins) or set(op.outputs) != set(outs):
+                raise ValueError("convolution operands")
+            nd = len(op.params["pad"])
+            if not (len(op.params["stride"]) == len(op.params["dil"]) == nd) or min(op.params["stride"]) < 1:
+                raise ValueError("convolution parameters")
         else:
             raise ValueError(f"operation kind {op.kind!r}")
         for u in list(op.inputs.values()) + list(op.outputs.values()):

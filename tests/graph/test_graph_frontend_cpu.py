@@ -148,3 +148,61 @@ def test_execute_needs_a_plan_and_known_tensors():
     _raises(BAD, "no tensor named 'q'", g.execute, {"q": 1 << 20}, 0)
     _raises(BAD, "no data pointer for tensor uid", g.execute, {x: 1 << 20}, 0)
     _raises(P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "uid", g.execute, {x: 0, s: 1, b: 2, y: 3}, 0)
+
+
+def _conv_graph(io=P.PYDNN_DATA_HALF, wdim=(32, 16, 3, 3), wstride=None, padding=(1, 1)):
+    g = Graph(io_data_type=io, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 16, 10, 10])
+    w = g.tensor(name="w", dim=list(wdim), stride=wstride)
+    b = g.tensor(name="b", dim=[1, wdim[0], 1, 1])
+    y = g.relu(g.add(g.conv_fprop(x, w, padding=list(padding)), b)).set_output(True)
+    return g, y
+
+
+def test_conv_bias_relu_runs_on_the_node_engine():
+    g, y = _conv_graph()
+    assert y.dim == [2, 32, 10, 10]
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
+    assert g.engines() == [0]
+    g.build_plans()
+    assert [type(s).__name__ for s in g._plan_obj.built.steps] == ["ConvStep", "PwStep", "PwStep"]
+    assert g.get_workspace_size() >= 2 * 32 * 10 * 10 * 2
+    g2 = Graph.deserialize(cpu_handle(), g.serialize())
+    assert [type(s).__name__ for s in g2._plan_obj.built.steps] == ["ConvStep", "PwStep", "PwStep"]
+
+
+def test_conv_nhwc_filter_and_unpacked_filter():
+    g, _ = _conv_graph(wstride=[144, 1, 48, 16])  # NHWC filter (K, R, S, C in memory)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    g, _ = _conv_graph(wstride=[300, 9, 3, 1])  # padded K stride: not a filter layout pydnn takes
+    g.build_operation_graph().create_execution_plans()
+    _raises(NS, "must be packed NCHW or NHWC", g.check_support)
+
+
+def test_conv_graph_errors():
+    g = Graph(handle=cpu_handle())
+    x = g.tensor(dim=[2, 16, 10, 10])
+    _raises(BAD, "disagree", g.conv_fprop, x, g.tensor(dim=[8, 16, 3]))
+    _raises(BAD, "would have dims", g.conv_fprop, x, g.tensor(dim=[8, 16, 11, 11]))
+    dx = g.conv_dgrad(g.tensor(dim=[2, 8, 8, 8]), g.tensor(dim=[8, 16, 3, 3]))
+    _raises(BAD, "has no dims", g.validate)
+    dx.set_dim([2, 16, 9, 9]).set_output(True)
+    _raises(BAD, "y dims [2, 8, 8, 8], the convolution gives [2, 8, 7, 7]", g.build_operation_graph)
+    g = Graph(handle=cpu_handle())
+    y = g.conv_fprop(g.tensor(dim=[2, 16, 10, 10]), g.tensor(dim=[8, 8, 3, 3]))
+    y.set_output(True)
+    _raises(BAD, "grouped convolutions are not supported", g.build_operation_graph)
+
+
+def test_conv_asymmetric_padding_not_supported():
+    from pydnn.graph import backend as B
+
+    c = B.backend_create_descriptor(P.PYDNN_BACKEND_CONVOLUTION_DESCRIPTOR)
+    I64 = P.PYDNN_TYPE_INT64
+    B.backend_set_attribute(c, P.PYDNN_ATTR_CONVOLUTION_COMP_TYPE, P.PYDNN_TYPE_DATA_TYPE, 1, [P.PYDNN_DATA_FLOAT])
+    B.backend_set_attribute(c, P.PYDNN_ATTR_CONVOLUTION_CONV_MODE, P.PYDNN_TYPE_CONVOLUTION_MODE, 1,
+                            [P.PYDNN_CROSS_CORRELATION])
+    B.backend_set_attribute(c, P.PYDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, I64, 1, [2])
+    for a, v in (("DILATIONS", [1, 1]), ("FILTER_STRIDES", [1, 1]), ("PRE_PADDINGS", [1, 1]), ("POST_PADDINGS", [1, 0])):
+        B.backend_set_attribute(c, getattr(P, "PYDNN_ATTR_CONVOLUTION_" + a), I64, 2, v)
+    _raises(NS, "asymmetric paddings", B.backend_finalize, c)

@@ -238,3 +238,50 @@ def test_c_program(tmp_path):
     assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
     for what in ("relu(x + b) numbers (fusion engine)", "relu(x + b) numbers (node engine)", "matmul numbers"):
         assert any(line.startswith(f"ok {what}") for line in r.stdout.splitlines()), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("io", [F32, F16])
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_conv_bias_relu(handle, rng, io, nhwc):
+    from pydnn.reference import convolution as rc
+
+    n, c, hw, k = 2, 16, 9, 24
+    xs = [c * hw * hw, 1, hw * c, c] if nhwc else None
+    ws = [c * 9, 1, 3 * c, c] if nhwc else None
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=[n, c, hw, hw], stride=xs)
+    w = g.tensor(name="w", dim=[k, c, 3, 3], stride=ws)
+    b = g.tensor(name="b", dim=[1, k, 1, 1])
+    y = g.relu(g.add(g.conv_fprop(x, w, padding=[1, 1], stride=[2, 2]), b)).set_output(True)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    tx, tw = DevTensor(x.dim, io, x.stride), DevTensor(w.dim, io, w.stride)
+    tb, ty = DevTensor(b.dim, io), DevTensor(y.dim, io, y.stride)
+    xv, wv, bv = tx.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    ws_buf = _ws(g)
+    g.execute({x: tx.ptr, w: tw.ptr, b: tb.ptr, y: ty.ptr}, ws_buf.ptr if ws_buf else 0, handle=handle)
+    conv = rc.forward_raw(xv, wv, [1, 1], [2, 2], [1, 1])
+    scale = rc.forward_raw(np.abs(xv), np.abs(wv), [1, 1], [2, 2], [1, 1]) + np.abs(bv)
+    assert_close(ty.download(), np.maximum(conv + bv, 0), io, "conv + bias + relu", scale=2 * scale)
+    ty.check_untouched()
+
+
+def test_conv_dgrad_wgrad(handle, rng):
+    from pydnn.reference import convolution as rc
+
+    g = Graph(io_data_type=F32, handle=handle)
+    dy = g.tensor(name="dy", dim=[2, 8, 7, 7])
+    w = g.tensor(name="w", dim=[8, 4, 3, 3])
+    x = g.tensor(name="x", dim=[2, 4, 7, 7])
+    dx = g.conv_dgrad(dy, w, padding=[1, 1], dim=[2, 4, 7, 7]).set_output(True)
+    dw = g.conv_wgrad(x, dy, padding=[1, 1], dim=[8, 4, 3, 3]).set_output(True)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    t = {v: DevTensor(v.dim, F32) for v in (dy, w, x, dx, dw)}
+    dyv, wv, xv = t[dy].random(rng), t[w].random(rng), t[x].random(rng)
+    ws_buf = _ws(g)
+    g.execute({v: d.ptr for v, d in t.items()}, ws_buf.ptr if ws_buf else 0, handle=handle)
+    want_dx = rc.backward_data_raw(wv, dyv, (7, 7), [1, 1], [1, 1], [1, 1])
+    want_dw = rc.backward_filter_raw(xv, dyv, (3, 3), [1, 1], [1, 1], [1, 1])
+    assert_close(t[dx].download(), want_dx, F32, "dgrad",
+                 scale=rc.backward_data_raw(np.abs(wv), np.abs(dyv), (7, 7), [1, 1], [1, 1], [1, 1]))
+    assert_close(t[dw].download(), want_dw, F32, "wgrad",
+                 scale=rc.backward_filter_raw(np.abs(xv), np.abs(dyv), (3, 3), [1, 1], [1, 1], [1, 1]))
