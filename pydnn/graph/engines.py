@@ -421,6 +421,117 @@ def _matmul_epilogue(g):
                 prog=cg.PwProgram(operands, nodes, stores))
 
 
+ACTS = {"RELU_FWD": "RELU", "SIGMOID_FWD": "SIGMOID", "TANH_FWD": "TANH", "ELU_FWD": "ELU", "IDENTITY": "IDENTITY"}
+
+
+def _conv_epilogue(g):
+    """How conv_fprop -> add bias [1, K, 1, ...] (-> add z) -> activation maps onto pydnn's
+    convolution_bias_activation_forward (the epilogue in the convolution kernel), or the reason it cannot."""
+    convs = [op for op in g.ops if op.kind == "conv_fprop"]
+    if len(convs) != 1 or any(op.kind not in ("conv_fprop", "pointwise") for op in g.ops):
+        return "runtime fusion takes one convolution with a bias / residual / activation epilogue"
+    conv = convs[0]
+    x, w, c = g.tensors[conv.inputs["x"]], g.tensors[conv.inputs["w"]], g.tensors[conv.outputs["y"]]
+    if x.uid not in g.inputs or w.uid not in g.inputs or x.dtype != w.dtype:
+        return "the convolution's x and w must be graph inputs of one data type"
+    if _filter_format(w) is None:
+        return f"the filter (uid {w.uid}) must be packed NCHW or NHWC"
+    if conv.params["alpha"] != 1.0:
+        return "a scaled convolution (alpha != 1)"
+    cur, bias, z, act = c.uid, None, None, None
+    for op in [o for o in g.order if o.kind == "pointwise"]:
+        if act is not None:
+            return "operations after the activation"
+        if not g.tensors[cur].virtual or cur not in op.inputs.values():
+            return "the epilogue must be one chain from the convolution's (virtual) output"
+        name = op.params["name"]
+        others = [u for r, u in op.inputs.items() if u != cur]
+        if name == "ADD" and len(others) == 1 and op.params["alpha1"] == op.params["alpha2"] == 1.0:
+            t = g.tensors[others[0]]
+            if t.virtual or t.dtype != x.dtype:
+                return f"tensor uid {t.uid}: an epilogue operand must be a graph input of x's data type"
+            if bias is None and list(t.dims) == [1, c.dims[1]] + [1] * (len(c.dims) - 2):
+                bias = t
+            elif z is None and t.dims == c.dims:
+                z = t
+            else:
+                return f"an add of tensor uid {t.uid} (dims {t.dims}) that is neither a bias nor a residual"
+        elif name in ACTS and not others and op.params["alpha1"] == 1.0:
+            pr = op.params["params"]
+            if name == "RELU_FWD" and (pr.get("lower", 0.0) != 0.0 or pr.get("slope", 0.0) != 0.0):
+                return "a ReLU with a lower clip or slope"
+            act = op
+        else:
+            return f"pointwise {name} in a convolution epilogue (bias, residual add, activation only)"
+        cur = next(iter(op.outputs.values()))
+    y = g.tensors[cur]
+    if bias is None:
+        return "a convolution epilogue needs a bias"
+    if y.virtual or g.outputs != [y.uid] or y.dtype != x.dtype or y.dims != c.dims:
+        return "the epilogue's result must be the graph's one output, of x's data type"
+    return dict(x=x, w=w, y=y, z=z, bias=bias, act=act, conv=conv)
+
+
+class ConvBiasActStep:
+    """pydnn.convolution_bias_activation_forward: the convolution with the bias, residual and activation in
+    its kernel's epilogue."""
+
+    def __init__(self, handle, g, an):
+        import pydnn
+
+        conv = an["conv"]
+        p = conv.params
+
+        def tdesc(t):
+            d = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor_nd_descriptor(d, t.dtype, len(t.dims), list(t.dims), list(t.strides))
+            return d
+
+        self.xd, self.yd, self.bd = tdesc(an["x"]), tdesc(an["y"]), tdesc(an["bias"])
+        self.zd = tdesc(an["z"]) if an["z"] is not None else self.yd
+        w = an["w"]
+        self.wd = pydnn.create_filter_descriptor()
+        pydnn.set_filter_nd_descriptor(self.wd, w.dtype, _filter_format(w), len(w.dims), list(w.dims))
+        self.cd = pydnn.create_convolution_descriptor()
+        pydnn.set_convolution_nd_descriptor(self.cd, len(p["pad"]), p["pad"], p["stride"], p["dil"], p["mode"],
+                                            p["comp_type"])
+        if w.dtype in (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16):
+            pydnn.set_convolution_math_type(self.cd, E.PYDNN_TENSOR_OP_MATH)
+        self.ad = pydnn.create_activation_descriptor()
+        act, coef, mode = an["act"], 0.0, E.PYDNN_ACTIVATION_IDENTITY
+        if act is not None:
+            name, pr = act.params["name"], act.params["params"]
+            mode = getattr(E, "PYDNN_ACTIVATION_" + ACTS[name])
+            if name == "RELU_FWD" and pr.get("upper", float("inf")) != float("inf"):
+                mode, coef = E.PYDNN_ACTIVATION_CLIPPED_RELU, pr["upper"]
+            if name == "ELU_FWD":
+                coef = pr.get("elu_alpha", 1.0)
+        pydnn.set_activation_descriptor(self.ad, mode, E.PYDNN_NOT_PROPAGATE_NAN, coef)
+        perf = pydnn.get_convolution_forward_algorithm_v7(handle, self.xd, self.wd, self.cd, self.yd, 8)
+        ok = [r.algo for r in perf if r.status == E.PYDNN_STATUS_SUCCESS]
+        if not ok:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, "conv_fprop: no pydnn convolution algorithm runs it")
+        # the implicit GEMMs: the epilogue in the one convolution kernel (other algorithms run it too)
+        prefer = [a for a in (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                              E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) if a in ok]
+        self.algo = (prefer or ok)[0]
+        self.ws_size = pydnn.get_convolution_forward_workspace_size(handle, self.xd, self.wd, self.cd, self.yd,
+                                                                    self.algo)
+        self.uids = dict(x=an["x"].uid, w=w.uid, y=an["y"].uid, bias=an["bias"].uid,
+                         z=an["z"].uid if an["z"] is not None else None)
+        self.launches = None  # the convolution plan's (one kernel, two with a split-K fold)
+
+    def run(self, handle, ptr):
+        import pydnn
+
+        u = self.uids
+        ws = ptr["workspace"] if self.ws_size else 0
+        z = ptr[u["z"]] if u["z"] is not None else ptr[u["y"]]
+        pydnn.convolution_bias_activation_forward(
+            handle, 1.0, self.xd, ptr[u["x"]], self.wd, ptr[u["w"]], self.cd, self.algo, ws, self.ws_size,
+            1.0 if u["z"] is not None else 0.0, self.zd, z, self.bd, ptr[u["bias"]], self.ad, self.yd, ptr[u["y"]])
+
+
 class FusionEngine:
     index, name, behavior = 1, "pydnn.fusion", (E.PYDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION,)
 
@@ -431,6 +542,9 @@ class FusionEngine:
         kinds = {op.kind for op in g.ops}
         if "matmul" in kinds:
             an = _matmul_epilogue(g)
+            return an if isinstance(an, str) else None
+        if "conv_fprop" in kinds:
+            an = _conv_epilogue(g)
             return an if isinstance(an, str) else None
         if kinds != {"pointwise"}:
             return (f"runtime fusion takes graphs of pointwise operations, or one matmul with a pointwise "
@@ -451,6 +565,9 @@ class FusionEngine:
     def build(self, g, handle):
         if any(op.kind == "matmul" for op in g.ops):
             return EnginePlan([FusedMatmulStep(handle, g, _matmul_epilogue(g))], {}, 0)
+        if any(op.kind == "conv_fprop" for op in g.ops):
+            step = ConvBiasActStep(handle, g, _conv_epilogue(g))
+            return EnginePlan([step], {}, step.ws_size)
         shape = list(g.tensors[g.outputs[0]].dims)
         uids = list(g.inputs) + list(g.outputs)
         operands = [(TAGS[g.tensors[u].dtype], "in") for u in g.inputs] + \

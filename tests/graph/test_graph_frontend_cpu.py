@@ -159,12 +159,37 @@ def _conv_graph(io=P.PYDNN_DATA_HALF, wdim=(32, 16, 3, 3), wstride=None, padding
     return g, y
 
 
-def test_conv_bias_relu_runs_on_the_node_engine():
+def test_conv_bias_relu_fuses_into_the_convolution_epilogue():
     g, y = _conv_graph()
     assert y.dim == [2, 32, 10, 10]
     g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
-    assert g.engines() == [0]
+    assert g.engines() == [1, 0]
     g.build_plans()
+    step = g._plan_obj.built.steps[0]
+    assert type(step).__name__ == "ConvBiasActStep" and step.uids["z"] is None
+    assert P.get_activation_descriptor(step.ad)[0] == P.PYDNN_ACTIVATION_RELU
+
+
+def test_conv_bias_residual_clipped_relu_pattern():
+    g = Graph(io_data_type=P.PYDNN_DATA_HALF, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 16, 10, 10])
+    w = g.tensor(name="w", dim=[16, 16, 3, 3])
+    b = g.tensor(name="b", dim=[1, 16, 1, 1])
+    z = g.tensor(name="z", dim=[2, 16, 10, 10])
+    g.relu(g.add(g.add(g.conv_fprop(x, w, padding=[1, 1]), b), z), upper_clip=6.0).set_output(True)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    step = g._plan_obj.built.steps[0]
+    assert g.engine_index() == 1 and step.uids["z"] == z.uid
+    assert P.get_activation_descriptor(step.ad)[::2] == (P.PYDNN_ACTIVATION_CLIPPED_RELU, 6.0)
+    g = Graph(io_data_type=P.PYDNN_DATA_HALF, handle=cpu_handle())   # no bias: not this pattern
+    y = g.relu(g.conv_fprop(g.tensor(dim=[2, 16, 10, 10]), g.tensor(dim=[16, 16, 3, 3]))).set_output(True)
+    g.build_operation_graph().create_execution_plans()
+    assert g.engines() == [0] and y.uid
+
+
+def test_conv_bias_relu_node_engine():
+    g, y = _conv_graph()
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_FALLBACK]).build_plans()
     assert [type(s).__name__ for s in g._plan_obj.built.steps] == ["ConvStep", "PwStep", "PwStep"]
     assert g.get_workspace_size() >= 2 * 32 * 10 * 10 * 2
     g2 = Graph.deserialize(cpu_handle(), g.serialize())
@@ -177,6 +202,7 @@ def test_conv_nhwc_filter_and_unpacked_filter():
     g, _ = _conv_graph(wstride=[300, 9, 3, 1])  # padded K stride: not a filter layout pydnn takes
     g.build_operation_graph().create_execution_plans()
     _raises(NS, "must be packed NCHW or NHWC", g.check_support)
+    assert g.engines() == []
 
 
 def test_conv_graph_errors():

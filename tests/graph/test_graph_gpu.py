@@ -242,7 +242,11 @@ def test_c_program(tmp_path):
 
 @pytest.mark.parametrize("io", [F32, F16])
 @pytest.mark.parametrize("nhwc", [False, True])
-def test_conv_bias_relu(handle, rng, io, nhwc):
+@pytest.mark.parametrize("mode, engine", [(P.PYDNN_HEUR_MODE_A, 1), (P.PYDNN_HEUR_MODE_FALLBACK, 0)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv_bias_relu(handle, rng, monkeypatch, io, nhwc, mode, engine, residual):
+    """relu(conv(x, w) + b) (+ z before the ReLU, clipped at 6 then): engine 1 maps it onto
+    convolution_bias_activation_forward (the epilogue in the convolution kernel), engine 0 runs the nodes."""
     from pydnn.reference import convolution as rc
 
     n, c, hw, k = 2, 16, 9, 24
@@ -252,16 +256,36 @@ def test_conv_bias_relu(handle, rng, io, nhwc):
     x = g.tensor(name="x", dim=[n, c, hw, hw], stride=xs)
     w = g.tensor(name="w", dim=[k, c, 3, 3], stride=ws)
     b = g.tensor(name="b", dim=[1, k, 1, 1])
-    y = g.relu(g.add(g.conv_fprop(x, w, padding=[1, 1], stride=[2, 2]), b)).set_output(True)
-    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    v = g.add(g.conv_fprop(x, w, padding=[1, 1], stride=[2, 2]), b)
+    z = None
+    if residual:
+        z = g.tensor(name="z", dim=[n, k, 5, 5])
+        v = g.relu(g.add(v, z), upper_clip=6.0)
+    else:
+        v = g.relu(v)
+    y = v.set_output(True)
+    g.build_operation_graph().create_execution_plans([mode]).check_support().build_plans()
+    assert g.engine_index() == engine
     tx, tw = DevTensor(x.dim, io, x.stride), DevTensor(w.dim, io, w.stride)
     tb, ty = DevTensor(b.dim, io), DevTensor(y.dim, io, y.stride)
     xv, wv, bv = tx.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
-    ws_buf = _ws(g)
-    g.execute({x: tx.ptr, w: tw.ptr, b: tb.ptr, y: ty.ptr}, ws_buf.ptr if ws_buf else 0, handle=handle)
+    bufs = {x: tx.ptr, w: tw.ptr, b: tb.ptr, y: ty.ptr}
     conv = rc.forward_raw(xv, wv, [1, 1], [2, 2], [1, 1])
     scale = rc.forward_raw(np.abs(xv), np.abs(wv), [1, 1], [2, 2], [1, 1]) + np.abs(bv)
-    assert_close(ty.download(), np.maximum(conv + bv, 0), io, "conv + bias + relu", scale=2 * scale)
+    pre = conv + bv
+    if residual:
+        tz = DevTensor(z.dim, io)
+        zv = tz.random(rng, -1, 1)
+        bufs[z] = tz.ptr
+        pre, scale = pre + zv, scale + np.abs(zv)
+    want = np.clip(pre, 0, 6) if residual else np.maximum(pre, 0)
+    ws_buf = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws_buf.ptr if ws_buf else 0, handle=handle)
+    if engine == 1:
+        assert count.n <= 2, count.n  # the convolution kernel (+ a split-K fold where its plan has one)
+        print("conv + epilogue launches:", count.n)
+    assert_close(ty.download(), want, io, f"conv epilogue engine {engine}", scale=2 * scale)
     ty.check_untouched()
 
 
