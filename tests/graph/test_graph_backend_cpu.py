@@ -335,3 +335,33 @@ def test_variant_pack_and_execute_checks():
     _raises(P.PYDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE, "expected EXECUTION_PLAN", P.backend_execute, cpu_handle(), vp, vp)
     q = P.backend_create_descriptor(P.PYDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
     _raises(NOTFIN, "not finalized", P.backend_execute, cpu_handle(), q, vp)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_attributes_never_crash(seed):
+    """Random attribute names, types, counts and values on every descriptor type: each call succeeds or
+    raises PydnnError with a BAD_PARAM / NOT_SUPPORTED status, and finalize does the same (no other
+    exception escapes)."""
+    import random
+
+    r = random.Random(seed)
+    names = list(P.ENUMS["pydnnBackendAttributeName_t"].values()) + [-1, 5000]
+    types = list(P.ENUMS["pydnnBackendAttributeType_t"].values()) + [99]
+    junk = [0, 1, -1, 2**70, 1.5, "x", None, [], cpu_handle(), tensor(99, [2, 2])]
+    kinds = [v for k, v in P.ENUMS["pydnnBackendDescriptorType_t"].items()]
+    for _ in range(300):
+        try:
+            d = P.backend_create_descriptor(r.choice(kinds))
+        except P.PydnnError as e:
+            assert e.status in (BAD, NS)
+            continue
+        for _ in range(r.randint(0, 6)):
+            n = r.randint(0, 3)
+            try:
+                P.backend_set_attribute(d, r.choice(names), r.choice(types), n, [r.choice(junk) for _ in range(n)])
+            except P.PydnnError as e:
+                assert e.status // 1000 * 1000 in (BAD, NS), e
+        try:
+            P.backend_finalize(d)
+        except P.PydnnError as e:
+            assert e.status // 1000 * 1000 in (BAD, NS), e
