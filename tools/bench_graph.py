@@ -177,7 +177,6 @@ def main():
     src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
-    del src, dst
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
     if args.quick:
         plain = bench_matmul(h, BF16, 2048, 2048, 2048, "2048^3")

@@ -16,7 +16,7 @@ from .._build import loader
 from .._cuda import driver
 from ..status import PydnnError
 from . import codegen as cg
-from . import pointwise_ops as pw
+
 from .matmul_api import layout
 
 TAGS = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLOAT16: "bf16"}
@@ -597,4 +597,3 @@ def heuristic(g, mode):
     return [e.index for e in order if e.support(g) is None]
 
 
-_ = pw

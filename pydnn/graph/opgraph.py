@@ -6,7 +6,7 @@ descriptor objects, so an execution plan serializes it to JSON and rebuilds it i
     g.order           # ops in an executable order
     g.inputs, g.outputs, g.virtuals   # uids: non-virtual tensors read only / written; virtual ones
 """
-from .. import enums as E
+
 from . import descriptors as D
 from .descriptors import bad
 
@@ -106,4 +106,3 @@ def from_descriptor(desc):
 
 D.FINALIZERS["OPERATIONGRAPH"] = from_descriptor
 D.GETTERS["OPERATIONGRAPH_ENGINE_GLOBAL_COUNT"] = lambda d: [2]  # engines.ENGINES: node-by-node, fusion
-_ = E

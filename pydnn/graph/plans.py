@@ -178,7 +178,6 @@ D.GETTERS.update(
 
 
 def execute(handle, plan_desc, pack_desc):
-    from ..buffers import device_ptr
     from ..handle import check_handle
 
     check_handle(handle)

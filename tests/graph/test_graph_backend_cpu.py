@@ -8,7 +8,6 @@ import json
 import pytest
 
 import pydnn as P
-from pydnn.graph import backend as B
 from pydnn.graph import plans
 from test_fuzz_cpu import cpu_handle
 

@@ -86,7 +86,7 @@ def test_matmul_epilogue_column_major_output_swaps_rows_and_columns():
     y = g.add(g.matmul(a, w), r).set_output(True).set_stride([1, 64])
     g.build_operation_graph().create_execution_plans().build_plans()
     step = g._plan_obj.built.steps[0]
-    assert g.engine_index() == 1 and step.swap
+    assert g.engine_index() == 1 and step.swap and y.stride == [1, 64]
     assert step.e.stride[0][:3] == [0, 1, 48]  # kernel row = output column (stride 1), kernel col = row (48)
 
 
