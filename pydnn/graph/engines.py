@@ -12,7 +12,7 @@ engine.build(graph, handle) -> EnginePlan (compiles what it needs; loads nothing
 plan.execute(handle, {uid: device pointer}, workspace) enqueues the work on the handle's stream.
 """
 from .. import enums as E
-from .._build import loader
+from .._build import cache, loader
 from .._cuda import driver
 from ..status import PydnnError
 from . import codegen as cg
@@ -32,10 +32,18 @@ def _span(t, dtype):
     return (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * ESIZE[dtype]
 
 
+_READY = set()  # (unit name, arch) compiled or found in the cache by this process
+
+
 def _compile(handle, unit):
-    """Compile (or find in the cache) a generated unit for the handle's arch: no GPU needed."""
+    """Compile (or find in the cache) a generated unit for the handle's arch: no GPU needed. A unit this
+    process already has is not read again (build_plans of a graph built before costs no disk read)."""
+    key = (unit.name, handle.arch, str(cache.cache_dir()))
+    if key in _READY:
+        return
     try:
         loader.load_unit(handle.arch, unit)
+        _READY.add(key)
     except PydnnError:
         raise
     except Exception as e:  # noqa: BLE001 - an NVRTC failure of generated code is pydnn's bug: say so
