@@ -309,3 +309,29 @@ def test_conv_dgrad_wgrad(handle, rng):
                  scale=rc.backward_data_raw(np.abs(wv), np.abs(dyv), (7, 7), [1, 1], [1, 1], [1, 1]))
     assert_close(t[dw].download(), want_dw, F32, "wgrad",
                  scale=rc.backward_filter_raw(np.abs(xv), np.abs(dyv), (3, 3), [1, 1], [1, 1], [1, 1]))
+
+
+def test_readme_example_with_torch_tensors(handle):
+    """The README's graph quick start (smaller), with torch tensors as buffers."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    x = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, 192, device="cuda", dtype=torch.bfloat16) * 0.1
+    b = torch.randn(192, device="cuda", dtype=torch.bfloat16)
+    y = torch.full((256, 192), float("nan"), device="cuda", dtype=torch.bfloat16)
+    g = Graph(io_data_type=BF16, handle=handle)
+    tx, tw = g.tensor(name="x", dim=[256, 128]), g.tensor(name="w", dim=[128, 192])
+    tb = g.tensor(name="b", dim=[1, 192])
+    g.gelu(g.add(g.matmul(tx, tw), tb)).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1
+    torch.cuda.synchronize()
+    g.execute({"x": x, "w": w, "b": b, "y": y}, workspace=0)
+    torch.cuda.synchronize()
+    want = torch.nn.functional.gelu(torch.addmm(b.float(), x.float(), w.float()))
+    assert float((y.float() - want).abs().max()) <= 0.02 * float(want.abs().max())
+    g2 = Graph.deserialize(handle, g.serialize())
+    y2 = torch.empty_like(y)
+    g2.execute({"x": x, "w": w, "b": b, "y": y2}, 0)
+    torch.cuda.synchronize()
+    assert torch.equal(y, y2)
