@@ -2,10 +2,16 @@
 
   0  pydnn.nodes   every valid graph, one node at a time on pydnn's kernels: pointwise nodes as generated
                    one-node kernels (codegen), matmul on the GEMM kernels (matmul_api), reductions through
-                   reduce_tensor; virtual tensors live in the workspace.
-  1  pydnn.fusion  runtime fusion: a graph of pointwise ops (a chain or tree over up to 16 tensors) becomes
-                   ONE generated kernel, compiled by NVRTC when the plan is built (behavior note
-                   RUNTIME_COMPILATION), cached by its source's hash.
+                   reduce_tensor, convolutions through the public convolution calls; virtual tensors live
+                   in the workspace.
+  1  pydnn.fusion  runtime fusion (behavior note RUNTIME_COMPILATION), ONE kernel per graph:
+                   - pointwise ops (a chain or tree over up to 16 tensors): a generated kernel;
+                   - one fp16 / bf16 matmul whose output feeds pointwise ops (bias, GELU, residual, extra
+                     outputs): the GEMM (the tile pydnn.ops.matmul chooses, wgmma on sm_90) instantiated
+                     with the generated epilogue;
+                   - conv_fprop -> bias add (-> residual add) -> activation: convolution_bias_activation_
+                     forward (the epilogue in the convolution kernel; no code generated).
+                   Generated kernels compile with NVRTC when the plan is built, cached by their source's hash.
 
 engine.support(graph) -> None or the reason it cannot run the graph (NOT_SUPPORTED's message);
 engine.build(graph, handle) -> EnginePlan (compiles what it needs; loads nothing on the GPU);
