@@ -121,10 +121,18 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
   }
 }
 
-// alpha * acc (+ beta * C) (+ bias) for columns col, col + 1 of one row, stored to C.
-template <class T>
+// The epilogue hook of gemm_tc / gemm_wgmma: called on each output value (after alpha, beta and bias)
+// with its batch, row and column before the store. NoEpi (the build's kernels) does nothing; the graph
+// API's generated kernels (pydnn/graph/codegen.py) pass a functor computing a pointwise epilogue (bias,
+// GELU, residual add ...) that may read further tensors at (z, row, col).
+struct NoEpi {
+  __device__ __forceinline__ void operator()(float&, long long, int, int) const {}
+};
+
+// alpha * acc (+ beta * C) (+ bias) (then epi) for columns col, col + 1 of one row, stored to C.
+template <class T, class Epi = NoEpi>
 __device__ __forceinline__ void store_pair(const MatmulParams& p, T* crow, const T* bias, int col, float v0,
-                                           float v1) {
+                                           float v1, const Epi& epi = Epi(), long long z = 0, int row = 0) {
   const bool two = col + 1 < p.n;
   v0 *= p.alpha;
   v1 *= p.alpha;
@@ -139,6 +147,8 @@ __device__ __forceinline__ void store_pair(const MatmulParams& p, T* crow, const
       v0 += load<float>(bias[col]);
       v1 += load<float>(bias[col + 1]);
     }
+    epi(v0, z, row, col);
+    epi(v1, z, row, col + 1);
     Vec<T, 2> out;
     out.v[0] = store<T>(v0);
     out.v[1] = store<T>(v1);
@@ -153,6 +163,8 @@ __device__ __forceinline__ void store_pair(const MatmulParams& p, T* crow, const
     v0 += load<float>(bias[col]);
     if (two) v1 += load<float>(bias[col + 1]);
   }
+  epi(v0, z, row, col);
+  if (two) epi(v1, z, row, col + 1);
   crow[col] = store<T>(v0);
   if (two) crow[col + 1] = store<T>(v1);
 }
@@ -364,9 +376,9 @@ __device__ __forceinline__ void mainloop_v2(const MatmulParams& p, const T* A, c
 
 // MINB: blocks per SM the register budget is capped for (65536 / (threads * MINB) registers a thread).
 // PIPE: the main loop (1 or 2, above; 2 needs VEC).
-template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, int PIPE, bool TA, bool TB,
-          bool VEC>
-__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulParams p) {
+template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int PIPE, bool TA, bool TB, bool VEC,
+          class Epi>
+__device__ __forceinline__ void gemm_tc_body(const MatmulParams& p, const Epi& epi) {
   constexpr int THREADS = WARPS_M * WARPS_N * 32;
   constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, TM = WM / 16, TN = WN / 8;
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are multiples of 16 x 16");
@@ -410,10 +422,16 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
           const int col = n0 + wn0 + j * 8 + (lane & 3) * 2;
-          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[i][j][2 * h], acc[i][j][2 * h + 1], epi, z, row);
         }
       }
   }
+}
+
+template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MINB, int PIPE, bool TA, bool TB,
+          bool VEC>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulParams p) {
+  gemm_tc_body<T, BM, BN, WARPS_M, WARPS_N, STAGES, PIPE, TA, TB, VEC>(p, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ wgmma (sm_90a)
@@ -432,8 +450,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
 // MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
 // whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).
-template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
-__global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
+template <class T, int BN, int STAGES, bool TA, bool TB, class Epi>
+__device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_wgmma needs the sm_90a target (KernelUnit archs)");
 #endif
@@ -502,10 +520,15 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + j * 8 + (lane & 3) * 2;
-        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], epi, z, row);
       }
     }
   }
+}
+
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
+__global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
+  gemm_wgmma_body<T, BN, STAGES, TA, TB>(p, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ CUDA cores

@@ -40,3 +40,8 @@ from .ops.mha import *  # noqa: F401,F403
 from ._cuda.memory import DeviceArray
 # ---- RNN family (pydnn/ops/rnn/) ----
 from .ops.rnn import *  # noqa: F401,F403,E402
+# ---- graph API (issue 22): the public matmul, the backend API, the frontend (pydnn.graph) ----
+from .graph import (  # noqa: F401,E402
+    backend_create_descriptor, backend_destroy_descriptor, backend_execute, backend_finalize, backend_get_attribute,
+    backend_set_attribute, matmul,
+)

@@ -62,6 +62,29 @@ def unit_inputs(unit):
     return memo
 
 
+def register_generated(source_name, text):
+    """A unit source that is not a file under ptx/ (the graph API's generated kernels): its text, and the
+    headers it includes from ptx/, keyed like any unit's (the key hashes the text), so generated kernels
+    share this cache. `source_name` (e.g. "graph/pw_<hash>.cu") stands for the file in keys and names."""
+    if source_name in _source_memo:
+        return
+    root = ptx_dir()
+    headers, seen = [], set()
+    stack = [(root, text)]
+    while stack:
+        folder, body = stack.pop()
+        for inc in _INCLUDE.findall(body):
+            path = (folder / inc) if (folder / inc).exists() else (root / inc)
+            rel = os.path.relpath(path.resolve(), root.resolve())
+            if rel in seen:
+                continue
+            seen.add(rel)
+            htext = path.read_text()
+            headers.append((rel, htext))
+            stack.append((path.parent, htext))
+    _source_memo[source_name] = (text, sorted(headers))
+
+
 def unit_key(unit, arch, nvrtc_version):
     text, headers = unit_inputs(unit)
     h = hashlib.sha256()

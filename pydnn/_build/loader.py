@@ -45,8 +45,9 @@ def load_unit(arch, unit):
     path = cache.entry_path(unit, target, cache.unit_key(unit, target, _nv))
     entry = cache.read_entry(path)
     if entry is None:
-        log.warning("pydnn: compiling kernel unit %s for %s (not in the cache at %s)",
-                    unit.name, arch, cache.cache_dir())
+        # the graph API's generated units (runtime fusion) compile here by design: info, not a warning
+        (log.info if unit.name.startswith("graph.") else log.warning)(
+            "pydnn: compiling kernel unit %s for %s (not in the cache at %s)", unit.name, arch, cache.cache_dir())
         from .build import compile_unit
 
         entry = compile_unit(unit, arch, _nv)

@@ -113,6 +113,30 @@ for _mod in map(importlib.import_module, FAMILIES):
     FUNCTIONS += getattr(_mod, "C_API", [])
     NULLABLE.update(getattr(_mod, "C_NULLABLE", {}))
 
+# ---- graph API family (issue 22, pydnn/graph/): the public matmul and cuDNN's backend API ----
+FUNCTIONS += [
+    ("Matmul (pydnn extension)", [
+        ("pydnnStatus_t pydnnMatmul(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);",
+         "C = alpha * A @ B + beta * C: 2-d or 3-d (batched; A's or B's batch 1 broadcasts), transposes through strides; FLOAT (exact), HALF, BFLOAT16 (float accumulation)."),
+    ]),
+    ("Graph API: backend descriptors, operation graphs and execution plans (cuDNN 9's backend API)", [
+        ("pydnnStatus_t pydnnBackendCreateDescriptor(pydnnBackendDescriptorType_t descriptorType, pydnnBackendDescriptor_t *descriptor);",
+         "A new, empty descriptor: TENSOR, POINTWISE, OPERATION_POINTWISE, MATMUL, OPERATION_MATMUL, REDUCTION, OPERATION_REDUCTION, OPERATIONGRAPH, ENGINEHEUR, ENGINE, ENGINECFG, KNOB_CHOICE, EXECUTION_PLAN, VARIANT_PACK."),
+        ("pydnnStatus_t pydnnBackendDestroyDescriptor(pydnnBackendDescriptor_t descriptor);",
+         "Release a backend descriptor."),
+        ("pydnnStatus_t pydnnBackendSetAttribute(pydnnBackendDescriptor_t descriptor, pydnnBackendAttributeName_t attributeName, pydnnBackendAttributeType_t attributeType, long long elementCount, const void *arrayOfElements);",
+         "Set elementCount elements of attributeType (host array; descriptor handles for PYDNN_TYPE_BACKEND_DESCRIPTOR); BAD_PARAM for a wrong attribute, type, count or value, or a finalized descriptor."),
+        ("pydnnStatus_t pydnnBackendGetAttribute(const pydnnBackendDescriptor_t descriptor, pydnnBackendAttributeName_t attributeName, pydnnBackendAttributeType_t attributeType, long long requestedElementCount, long long *elementCount, void *arrayOfElements);",
+         "The attribute's element count, and its first requestedElementCount elements written to arrayOfElements (descriptors: copied into the caller's new ones)."),
+        ("pydnnStatus_t pydnnBackendFinalize(pydnnBackendDescriptor_t descriptor);",
+         "Validate and freeze a descriptor (an EXECUTION_PLAN compiles its kernels here); NOT_SUPPORTED with the reason when no engine runs the graph."),
+        ("pydnnStatus_t pydnnBackendExecute(pydnnHandle_t handle, pydnnBackendDescriptor_t executionPlan, pydnnBackendDescriptor_t variantPack);",
+         "Run a finalized execution plan on the device pointers and workspace of a finalized variant pack, on the handle's stream."),
+    ]),
+]
+OPAQUE_TYPES += [("pydnnBackendDescriptor_t", "pydnnBackendDescriptorStruct")]
+# ---- end of the graph API family ----
+
 
 # Function-like macros of the header (cuDNN 9's status arithmetic: a status is category + specific error,
 # so PYDNN_STATUS_CATEGORY(PYDNN_STATUS_BAD_PARAM_NULL_POINTER) == PYDNN_STATUS_BAD_PARAM). Header only:

@@ -87,7 +87,8 @@ class Marshal:
         self.ffi = ffi
         self.ret, self.c_name, self.params = parse(proto)
         self.py_name = snake(self.c_name[len("pydnn"):])
-        self.destroys_descriptor = self.c_name.startswith("pydnnDestroy") and self.c_name.endswith("Descriptor")
+        self.destroys_descriptor = (self.c_name.startswith("pydnnDestroy") and self.c_name.endswith("Descriptor")) \
+            or self.c_name == "pydnnBackendDestroyDescriptor"
 
     def python_function(self):
         """Looked up at call time, so a family missing from this pydnn fails its own calls, not the library."""
@@ -183,7 +184,7 @@ class Marshal:
         for i in scalars:
             args[i] = self.scalar(args[i][0], args[i][1], ref)
         result = self.python_function()(*args)
-        if self.c_name.startswith("pydnnDestroy") and cargs and cargs[0] != ffi.NULL:
+        if (self.c_name.startswith("pydnnDestroy") or self.destroys_descriptor) and cargs and cargs[0] != ffi.NULL:
             _objects.pop(int(ffi.cast("uintptr_t", cargs[0])), None)
         if any(o[0] == "struct_out" for o in outs):
             # the Python function returns the records; the C face also writes how many (returned*Count)

@@ -1,5 +1,7 @@
 """Matmul (GEMM): pydnn's own tensor-core matrix multiply (kernels in ptx/matmul.cu). INTERNAL module:
-no C API; other families (the multi-head attention projections) call it from Python.
+other families (the multi-head attention projections, the graph API) call it from Python; the public
+call is pydnn.matmul / pydnnMatmul (pydnn/graph/matmul_api.py: tensor descriptors mapped onto gemm_plan),
+and the graph API's runtime fusion instantiates gemm_tc_body / gemm_wgmma_body with generated epilogues.
 
     plan = gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None,
                      batch=1, stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False)

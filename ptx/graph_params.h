@@ -1,0 +1,22 @@
+/* Parameters of the graph API's generated pointwise kernels (plain C; mirrored in pydnn/graph/codegen.py,
+ * layout checked on the CPU).
+ *
+ * The kernel walks the `total` elements of the output shape `dims` (ndim dims, outermost first, already
+ * collapsed where every operand allows); operand k (an input or an output of the fused graph) is at
+ * ptr[k] + sum_d coord[d] * stride[k][d] elements (stride 0: broadcast along d). */
+#ifndef PYDNN_GRAPH_PARAMS_H
+#define PYDNN_GRAPH_PARAMS_H
+
+#define PYDNN_GRAPH_MAX_OPERANDS 16
+#define PYDNN_GRAPH_MAX_DIMS 8
+
+typedef struct {
+  void *ptr[PYDNN_GRAPH_MAX_OPERANDS];
+  long long stride[PYDNN_GRAPH_MAX_OPERANDS][PYDNN_GRAPH_MAX_DIMS];
+  long long dims[PYDNN_GRAPH_MAX_DIMS];
+  long long total;
+  int ndim;
+  int pad_;
+} GraphPwParams;
+
+#endif

@@ -1,0 +1,54 @@
+// Device helpers of the graph API's generated pointwise kernels (ptx/graph_pointwise.cu is the template).
+// The expressions pydnn/graph/pointwise_ops.py writes call only these and CUDA's float math functions;
+// the same names exist in numpy form there, so the CPU tests evaluate the very expressions emitted here.
+#pragma once
+#include "common/types.cuh"
+#include "graph_params.h"
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+namespace pydnn {
+namespace graph {
+
+__device__ __forceinline__ float sel(float c, float a, float b) { return c != 0.0f ? a : b; }
+__device__ __forceinline__ float lt(float a, float b) { return a < b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float le(float a, float b) { return a <= b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float ge(float a, float b) { return a >= b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float eq(float a, float b) { return a == b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float nz(float a) { return a != 0.0f ? 1.0f : 0.0f; }
+__device__ __forceinline__ float land(float a, float b) { return (a != 0.0f && b != 0.0f) ? 1.0f : 0.0f; }
+__device__ __forceinline__ float lor(float a, float b) { return (a != 0.0f || b != 0.0f) ? 1.0f : 0.0f; }
+__device__ __forceinline__ float gelu_tanh_grad(float v) {
+  const float k = 0.79788456080286536f;
+  float th = tanhf(k * (v + 0.044715f * v * v * v));
+  return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v);
+}
+__device__ __forceinline__ float swish_grad(float v, float beta) {
+  float s = 1.0f / (1.0f + expf(-beta * v));
+  return s + beta * v * s * (1.0f - s);
+}
+
+// Element offsets of NOPS operands for the linear output index i over NDIM dims (outermost first), in the
+// index type I (int when the launch proved every offset fits).
+template <int NOPS, int NDIM, class I>
+__device__ __forceinline__ void offsets(const GraphPwParams& p, I i, I (&off)[NOPS]) {
+#pragma unroll
+  for (int k = 0; k < NOPS; ++k) off[k] = 0;
+#pragma unroll
+  for (int d = NDIM - 1; d >= 0; --d) {
+    I c = i;
+    if (d > 0) {
+      const I n = (I)p.dims[d];
+      c = i % n;
+      i /= n;
+    }
+#pragma unroll
+    for (int k = 0; k < NOPS; ++k) off[k] += c * (I)p.stride[k][d];
+  }
+}
+
+}  // namespace graph
+}  // namespace pydnn

@@ -1,0 +1,613 @@
+"""Engines of the graph API (cuDNN's ENGINE global indices):
+
+  0  pydnn.nodes   every valid graph, one node at a time on pydnn's kernels: pointwise nodes as generated
+                   one-node kernels (codegen), matmul on the GEMM kernels (matmul_api), reductions through
+                   reduce_tensor, convolutions through the public convolution calls; virtual tensors live
+                   in the workspace.
+  1  pydnn.fusion  runtime fusion (behavior note RUNTIME_COMPILATION), ONE kernel per graph:
+                   - pointwise ops (a chain or tree over up to 16 tensors): a generated kernel;
+                   - one fp16 / bf16 matmul whose output feeds pointwise ops (bias, GELU, residual, extra
+                     outputs): the GEMM (the tile pydnn.ops.matmul chooses, wgmma on sm_90) instantiated
+                     with the generated epilogue;
+                   - conv_fprop -> bias add (-> residual add) -> activation: convolution_bias_activation_
+                     forward (the epilogue in the convolution kernel; no code generated).
+                   Generated kernels compile with NVRTC when the plan is built, cached by their source's hash.
+
+engine.support(graph) -> None or the reason it cannot run the graph (NOT_SUPPORTED's message);
+engine.build(graph, handle) -> EnginePlan (compiles what it needs; loads nothing on the GPU);
+plan.execute(handle, {uid: device pointer}, workspace) enqueues the work on the handle's stream.
+"""
+from .. import enums as E
+from .._build import cache, loader
+from .._cuda import driver
+from ..status import PydnnError
+from . import codegen as cg
+
+from .matmul_api import layout
+
+TAGS = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLOAT16: "bf16"}
+ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2}
+ALIGN = 256
+
+
+def _bcast_strides(t, dims):
+    return [0 if (td == 1 and d != 1) else s for td, s, d in zip(t.dims, t.strides, dims)]
+
+
+def _span(t, dtype):
+    return (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * ESIZE[dtype]
+
+
+_READY = set()  # (unit name, arch) compiled or found in the cache by this process
+
+
+def _compile(handle, unit):
+    """Compile (or find in the cache) a generated unit for the handle's arch: no GPU needed. A unit this
+    process already has is not read again (build_plans of a graph built before costs no disk read)."""
+    key = (unit.name, handle.arch, str(cache.cache_dir()))
+    if key in _READY:
+        return
+    try:
+        loader.load_unit(handle.arch, unit)
+        _READY.add(key)
+    except PydnnError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an NVRTC failure of generated code is pydnn's bug: say so
+        raise PydnnError(E.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, f"compiling {unit.name}: {e}") from e
+
+
+class PwStep:
+    """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused."""
+
+    def __init__(self, handle, prog, dims, strides_list, uids):
+        cdims, cstrides = cg.collapse(dims, strides_list)
+        elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count)
+        self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide)
+        _compile(handle, self.unit)
+        self.params = cg.params(cdims, cstrides, [0] * len(uids))
+        self.args = driver.kernel_args(self.params)
+        self.uids = uids
+        self.launches = 1
+
+    def run(self, handle, ptr):
+        p = self.params
+        for k, u in enumerate(self.uids):
+            p.ptr[k] = ptr[u]
+        f = handle.function(self.unit.name, self.expr)
+        driver.launch_args(f, self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
+
+
+class MatmulStep:
+    def __init__(self, handle, g, op, storage):
+        from ..ops import matmul as M
+
+        a, b, c = (g.tensors[op.inputs["a"]], g.tensors[op.inputs["b"]], g.tensors[op.outputs["c"]])
+        self.swap, kw = layout((storage[a.uid], a.dims, a.strides), (storage[b.uid], b.dims, b.strides),
+                               (storage[c.uid], c.dims, c.strides), ("A", "B", "C"))
+        self.plan = M.gemm_plan(handle, **kw)
+        self.uids = (a.uid, b.uid, c.uid)
+        self.launches = 0 if self.plan.empty else 1
+
+    def run(self, handle, ptr):
+        a, b, c = (ptr[u] for u in self.uids)
+        if self.swap:
+            a, b = b, a
+        self.plan.launch(handle, a, b, c, 1.0, 0.0)
+
+
+class ReduceStep:
+    def __init__(self, handle, g, op, storage, ws_offset):
+        import pydnn
+
+        x, y = g.tensors[op.inputs["x"]], g.tensors[op.outputs["y"]]
+        self.xd, self.yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(self.xd, storage[x.uid], len(x.dims), list(x.dims), list(x.strides))
+        pydnn.set_tensor_nd_descriptor(self.yd, storage[y.uid], len(y.dims), list(y.dims), list(y.strides))
+        self.rd = pydnn.create_reduce_tensor_descriptor()
+        pydnn.set_reduce_tensor_descriptor(self.rd, op.params["op"], E.PYDNN_DATA_FLOAT, E.PYDNN_NOT_PROPAGATE_NAN,
+                                           E.PYDNN_REDUCE_TENSOR_NO_INDICES, E.PYDNN_32BIT_INDICES)
+        self.ws_size = pydnn.get_reduction_workspace_size(handle, self.rd, self.xd, self.yd)
+        self.ws_offset = ws_offset
+        self.uids = (x.uid, y.uid)
+        self.launches = None  # reduce_tensor chooses (one or two kernels)
+
+    def run(self, handle, ptr):
+        import pydnn
+
+        ws = ptr["workspace"] + self.ws_offset if self.ws_size else 0
+        pydnn.reduce_tensor(handle, self.rd, 0, 0, ws, self.ws_size, 1.0, self.xd, ptr[self.uids[0]], 0.0, self.yd,
+                            ptr[self.uids[1]])
+
+
+CONV = {  # kind: (activation-side roles, filter role, the output role, pydnn call suffix)
+    "conv_fprop": ("x", "w", "y", "forward"), "conv_dgrad": ("dy", "w", "dx", "backward_data"),
+    "conv_wgrad": ("x", "dy", "dw", "backward_filter"),
+}
+
+
+def _filter_format(t):
+    """PYDNN_TENSOR_NCHW or NHWC for a packed filter tensor [K, C, *spatial], else None."""
+    dims, st = list(t.dims), list(t.strides)
+    packed = [0] * len(dims)
+    acc = 1
+    for i in range(len(dims) - 1, -1, -1):
+        packed[i] = acc
+        acc *= dims[i]
+    if all(s == p or d == 1 for s, p, d in zip(st, packed, dims)):
+        return E.PYDNN_TENSOR_NCHW
+    order = [0] + list(range(2, len(dims))) + [1]  # K, spatial..., C
+    nhwc = [0] * len(dims)
+    acc = 1
+    for i in reversed(order):
+        nhwc[i] = acc
+        acc *= dims[i]
+    if all(s == p or d == 1 for s, p, d in zip(st, nhwc, dims)):
+        return E.PYDNN_TENSOR_NHWC
+    return None
+
+
+class ConvStep:
+    """One public pydnn convolution call (forward, backward data or backward filter), its algorithm chosen
+    by pydnn's heuristic (get_convolution_*_algorithm_v7) when the plan is built."""
+
+    def __init__(self, handle, g, op, storage, ws_offset):
+        import pydnn
+
+        self.kind = op.kind
+        tens = {r: g.tensors[u] for r, u in list(op.inputs.items()) + list(op.outputs.items())}
+        wrole = "dw" if op.kind == "conv_wgrad" else "w"
+        descs = {}
+        for r, t in tens.items():
+            if r == wrole:
+                d = pydnn.create_filter_descriptor()
+                pydnn.set_filter_nd_descriptor(d, storage[t.uid], _filter_format(t), len(t.dims), list(t.dims))
+            else:
+                d = pydnn.create_tensor_descriptor()
+                pydnn.set_tensor_nd_descriptor(d, storage[t.uid], len(t.dims), list(t.dims), list(t.strides))
+            descs[r] = d
+        cd = pydnn.create_convolution_descriptor()
+        p = op.params
+        pydnn.set_convolution_nd_descriptor(cd, len(p["pad"]), p["pad"], p["stride"], p["dil"], p["mode"],
+                                            p["comp_type"])
+        if storage[tens[wrole].uid] in (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16):
+            pydnn.set_convolution_math_type(cd, E.PYDNN_TENSOR_OP_MATH)
+        if op.kind == "conv_fprop":
+            order = (descs["x"], descs["w"], cd, descs["y"])
+            perf = pydnn.get_convolution_forward_algorithm_v7(handle, *order, 8)
+            size = pydnn.get_convolution_forward_workspace_size
+        elif op.kind == "conv_dgrad":
+            order = (descs["w"], descs["dy"], cd, descs["dx"])
+            perf = pydnn.get_convolution_backward_data_algorithm_v7(handle, *order, 8)
+            size = pydnn.get_convolution_backward_data_workspace_size
+        else:
+            order = (descs["x"], descs["dy"], cd, descs["dw"])
+            perf = pydnn.get_convolution_backward_filter_algorithm_v7(handle, *order, 8)
+            size = pydnn.get_convolution_backward_filter_workspace_size
+        ok = [r for r in perf if r.status == E.PYDNN_STATUS_SUCCESS]
+        if not ok:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{op.kind}: no pydnn convolution algorithm runs it")
+        self.algo = ok[0].algo
+        self.ws_size = size(handle, *order, self.algo)
+        self.ws_offset, self.descs, self.cd, self.alpha = ws_offset, descs, cd, float(p["alpha"])
+        self.uids = {r: t.uid for r, t in tens.items()}
+        self.launches = None  # an algorithm may take several kernels
+
+    def run(self, handle, ptr):
+        import pydnn
+
+        d, u = self.descs, self.uids
+        ws = ptr["workspace"] + self.ws_offset if self.ws_size else 0
+        if self.kind == "conv_fprop":
+            pydnn.convolution_forward(handle, self.alpha, d["x"], ptr[u["x"]], d["w"], ptr[u["w"]], self.cd, self.algo,
+                                      ws, self.ws_size, 0.0, d["y"], ptr[u["y"]])
+        elif self.kind == "conv_dgrad":
+            pydnn.convolution_backward_data(handle, self.alpha, d["w"], ptr[u["w"]], d["dy"], ptr[u["dy"]], self.cd,
+                                            self.algo, ws, self.ws_size, 0.0, d["dx"], ptr[u["dx"]])
+        else:
+            pydnn.convolution_backward_filter(handle, self.alpha, d["x"], ptr[u["x"]], d["dy"], ptr[u["dy"]], self.cd,
+                                              self.algo, ws, self.ws_size, 0.0, d["dw"], ptr[u["dw"]])
+
+
+class EnginePlan:
+    def __init__(self, steps, offsets, workspace_size):
+        self.steps, self.offsets, self.workspace_size = steps, offsets, workspace_size
+
+    @property
+    def launches(self):
+        n = [s.launches for s in self.steps]
+        return None if None in n else sum(n)
+
+    def execute(self, handle, ptrs, workspace):
+        ptr = dict(ptrs)
+        if self.offsets:
+            for uid, off in self.offsets.items():
+                ptr[uid] = workspace + off
+        ptr["workspace"] = workspace
+        for s in self.steps:
+            s.run(handle, ptr)
+
+
+def _common_support(g):
+    for t in g.tensors.values():
+        if t.by_value:
+            return f"tensor uid {t.uid} is by value (pass-by-value scalars are not supported yet)"
+        if t.dtype not in TAGS:
+            return f"tensor uid {t.uid}: data type {t.dtype} (pydnn's graph engines take FLOAT, HALF, BFLOAT16)"
+    return None
+
+
+def _storage(g):
+    """Data type each tensor is stored in: its own, except a virtual matmul output whose type differs from
+    A's (pydnn's GEMM writes C in A's type; the rounding is that of the graph's output type or finer)."""
+    st = {u: t.dtype for u, t in g.tensors.items()}
+    for op in g.ops:
+        if op.kind == "matmul":
+            c = g.tensors[op.outputs["c"]]
+            if c.virtual:
+                st[c.uid] = g.tensors[op.inputs["a"]].dtype
+        elif op.kind in CONV:
+            src, _, out, _ = CONV[op.kind]
+            o = g.tensors[op.outputs[out]]
+            if o.virtual:  # pydnn's convolutions write the type they read (as a virtual matmul output)
+                st[o.uid] = g.tensors[op.inputs[src]].dtype
+    return st
+
+
+def _pw_node(op, ref):
+    return cg.PwNode(op.params["mode"], op.params["params"], op.params["alpha1"], op.params["alpha2"],
+                     x=ref(op.inputs["x"]), b=ref(op.inputs["b"]) if "b" in op.inputs else None,
+                     t=ref(op.inputs["t"]) if "t" in op.inputs else None)
+
+
+class NodeEngine:
+    index, name, behavior = 0, "pydnn.nodes", ()
+
+    def support(self, g):
+        why = _common_support(g)
+        if why:
+            return why
+        st = _storage(g)
+        for op in g.ops:
+            if op.kind == "matmul":
+                a, b, c = (g.tensors[op.inputs["a"]], g.tensors[op.inputs["b"]], g.tensors[op.outputs["c"]])
+                if op.params["comp_type"] != E.PYDNN_DATA_FLOAT:
+                    return f"matmul: compute type {op.params['comp_type']} (pydnn accumulates in FLOAT)"
+                if not (st[a.uid] == st[b.uid] == st[c.uid]):
+                    return (f"matmul: A, B and C (uids {a.uid}, {b.uid}, {c.uid}) need one data type "
+                            f"(a virtual C is stored in A's)")
+                try:
+                    layout((st[a.uid], a.dims, a.strides), (st[b.uid], b.dims, b.strides), (st[c.uid], c.dims, c.strides))
+                except PydnnError as e:
+                    return f"matmul: {e.message}"
+            elif op.kind in CONV:
+                tens = [g.tensors[u] for u in list(op.inputs.values()) + list(op.outputs.values())]
+                if len({st[t.uid] for t in tens}) != 1:
+                    return f"{op.kind}: x, w and y need one data type (a virtual output is stored in its input's)"
+                w = g.tensors[op.outputs["dw"] if op.kind == "conv_wgrad" else op.inputs["w"]]
+                if _filter_format(w) is None:
+                    return f"{op.kind}: the filter (uid {w.uid}) must be packed NCHW or NHWC, strides {w.strides}"
+        return None
+
+    def build(self, g, handle):
+        st = _storage(g)
+        offsets, off = {}, 0
+        for uid in g.virtuals:
+            offsets[uid] = off
+            off += (_span(g.tensors[uid], st[uid]) + ALIGN - 1) // ALIGN * ALIGN
+        steps, red_ws = [], 0
+        for op in g.order:
+            if op.kind == "pointwise":
+                out_uid = next(iter(op.outputs.values()))
+                out = g.tensors[out_uid]
+                roles = [r for r in ("x", "b", "t") if r in op.inputs]
+                uids = [op.inputs[r] for r in roles] + [out_uid]
+                operands = [(TAGS[st[u]], "in") for u in uids[:-1]] + [(TAGS[st[out_uid]], "out")]
+                node = _pw_node(op, lambda u: ("op", uids.index(u)))
+                prog = cg.PwProgram(operands, [node], [(0, len(uids) - 1)])
+                steps.append(PwStep(handle, prog, list(out.dims),
+                                    [_bcast_strides(g.tensors[u], out.dims) for u in uids], uids))
+            elif op.kind == "matmul":
+                steps.append(MatmulStep(handle, g, op, st))
+            elif op.kind == "reduction":
+                s = ReduceStep(handle, g, op, st, off)
+                red_ws = max(red_ws, s.ws_size)
+                steps.append(s)
+            elif op.kind in CONV:
+                s = ConvStep(handle, g, op, st, off)
+                red_ws = max(red_ws, s.ws_size)
+                steps.append(s)
+        return EnginePlan(steps, offsets, off + red_ws)
+
+
+class FusedMatmulStep:
+    """ONE launch: pydnn's GEMM (tile chosen as pydnn.ops.matmul chooses it) with the graph's pointwise ops
+    generated into its epilogue (codegen.matmul_source)."""
+
+    def __init__(self, handle, g, an):
+        from ..ops import matmul as M
+
+        a, b, final = an["a"], an["b"], an["final"]
+        self.swap, kw = layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides),
+                               (final.dtype, final.dims, final.strides), ("A", "B", "C"))
+        self.plan = plan = M.gemm_plan(handle, **kw)
+        tag = TAGS[a.dtype]
+        fast = M._choose_tile(plan.m, plan.n, plan.batch, handle.sm_count, handle.arch, plan.k)
+        self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
+                                           plan.trans_a, plan.trans_b)
+        _compile(handle, self.unit)
+        shape = final.dims
+        strides = []
+        for u in an["eops"]:
+            s = _bcast_strides(g.tensors[u], shape)
+            s = ([0] + s) if len(s) == 2 else s
+            if self.swap:
+                s = [s[0], s[2], s[1]]
+            strides.append(s)
+        self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
+        self.eops = an["eops"]
+        self.recs = []
+        import ctypes
+
+        for rec, expr in ((plan.fast, fe), (plan.general, ge)):
+            arr = (ctypes.c_void_p * 2)(ctypes.addressof(rec.params), ctypes.addressof(self.e))
+            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), rec.params, self.e)))
+        self.uids = (a.uid, b.uid, final.uid)
+        self.es = ESIZE[a.dtype]
+        self.launches = 1
+
+    def run(self, handle, ptr):
+        from ..ops import matmul as M
+
+        a, b, c = (ptr[u] for u in self.uids)
+        if self.swap:
+            a, b = b, a
+        plan = self.plan
+        rec, expr, args = self.recs[0] if (plan.vec_ok and (a | b) & 15 == 0) else self.recs[1]
+        p = rec.params
+        p.a, p.b, p.c, p.bias = a, b, c, 0
+        p.alpha, p.beta = 1.0, 0.0
+        p.flags = M.FLAG_PAIR if (plan.pair_ok and c % (2 * self.es) == 0) else 0
+        for k, u in enumerate(self.eops):
+            self.e.ptr[k] = ptr[u]
+        f = handle.function(self.unit.name, expr, rec.smem)
+        driver.launch_args(f, rec.grid, rec.block, rec.smem, handle.cu_stream, args)
+
+
+def _matmul_epilogue(g):
+    """How a graph of one matmul and pointwise ops fuses into one GEMM kernel, or the reason it cannot."""
+    mms = [op for op in g.ops if op.kind == "matmul"]
+    if len(mms) != 1 or any(op.kind not in ("matmul", "pointwise") for op in g.ops):
+        return "runtime fusion takes pointwise graphs, or one matmul with a pointwise epilogue"
+    mm = mms[0]
+    a, b, c = g.tensors[mm.inputs["a"]], g.tensors[mm.inputs["b"]], g.tensors[mm.outputs["c"]]
+    if a.uid not in g.inputs or b.uid not in g.inputs:
+        return "the matmul's A and B must be graph inputs (no prologue fusion yet)"
+    if not (a.dtype == b.dtype and a.dtype in (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)):
+        return "a fused matmul takes HALF or BFLOAT16 A and B (FLOAT runs on the node engine)"
+    if mm.params["comp_type"] != E.PYDNN_DATA_FLOAT:
+        return f"matmul compute type {mm.params['comp_type']} (pydnn accumulates in FLOAT)"
+    shape = c.dims
+    if len(shape) not in (2, 3):
+        return f"a fused matmul output has 2 or 3 dims, not {len(shape)}"
+    for t in g.tensors.values():
+        if t.uid in (a.uid, b.uid):
+            continue
+        if len(t.dims) != len(shape) or any(d != s and d != 1 for d, s in zip(t.dims, shape)):
+            return f"tensor uid {t.uid} dims {t.dims} do not broadcast to the matmul output's {shape}"
+    order = [op for op in g.order if op.kind == "pointwise"]
+    produced = {c.uid: None}
+    for j, op in enumerate(order):
+        produced[next(iter(op.outputs.values()))] = j
+    cands = [u for u in g.outputs if g.tensors[u].dims == shape and g.tensors[u].dtype == a.dtype]
+    final = None
+    for u in sorted(cands, key=lambda u: -1 if produced[u] is None else produced[u], reverse=True):
+        t = g.tensors[u]
+        try:
+            layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides), (t.dtype, t.dims, t.strides))
+        except PydnnError:
+            continue
+        final = t
+        break
+    if final is None:
+        return "no graph output can take the GEMM's store (A's data type, the matmul's shape, a matrix layout)"
+    ins = [u for u in g.inputs if u not in (a.uid, b.uid)]
+    if any(u in op.inputs.values() for op in order for u in (a.uid, b.uid)):
+        return "the epilogue reads the matmul's A or B"
+    outs = [u for u in g.outputs if u != final.uid]
+    eops = ins + outs
+    if len(eops) > cg.MAX_OPERANDS:
+        return f"{len(eops)} epilogue tensors (at most {cg.MAX_OPERANDS})"
+    for t in (g.tensors[u] for u in eops):
+        if t.dtype not in TAGS:
+            return f"tensor uid {t.uid}: data type {t.dtype}"
+
+    def ref(u):
+        if u == c.uid:
+            return ("acc", 0)
+        if u in produced and produced[u] is not None:
+            return ("v", produced[u])
+        return ("op", eops.index(u))
+
+    nodes = [_pw_node(op, ref) for op in order]
+    stores = [(-1 if produced[u] is None else produced[u], eops.index(u)) for u in outs]
+    operands = [(TAGS[g.tensors[u].dtype], "in") for u in ins] + [(TAGS[g.tensors[u].dtype], "out") for u in outs]
+    return dict(a=a, b=b, final=final, final_ref=ref(final.uid), eops=eops,
+                prog=cg.PwProgram(operands, nodes, stores))
+
+
+ACTS = {"RELU_FWD": "RELU", "SIGMOID_FWD": "SIGMOID", "TANH_FWD": "TANH", "ELU_FWD": "ELU", "IDENTITY": "IDENTITY"}
+
+
+def _conv_epilogue(g):
+    """How conv_fprop -> add bias [1, K, 1, ...] (-> add z) -> activation maps onto pydnn's
+    convolution_bias_activation_forward (the epilogue in the convolution kernel), or the reason it cannot."""
+    convs = [op for op in g.ops if op.kind == "conv_fprop"]
+    if len(convs) != 1 or any(op.kind not in ("conv_fprop", "pointwise") for op in g.ops):
+        return "runtime fusion takes one convolution with a bias / residual / activation epilogue"
+    conv = convs[0]
+    x, w, c = g.tensors[conv.inputs["x"]], g.tensors[conv.inputs["w"]], g.tensors[conv.outputs["y"]]
+    if x.uid not in g.inputs or w.uid not in g.inputs or x.dtype != w.dtype:
+        return "the convolution's x and w must be graph inputs of one data type"
+    if _filter_format(w) is None:
+        return f"the filter (uid {w.uid}) must be packed NCHW or NHWC"
+    if conv.params["alpha"] != 1.0:
+        return "a scaled convolution (alpha != 1)"
+    cur, bias, z, act = c.uid, None, None, None
+    for op in [o for o in g.order if o.kind == "pointwise"]:
+        if act is not None:
+            return "operations after the activation"
+        if not g.tensors[cur].virtual or cur not in op.inputs.values():
+            return "the epilogue must be one chain from the convolution's (virtual) output"
+        name = op.params["name"]
+        others = [u for r, u in op.inputs.items() if u != cur]
+        if name == "ADD" and len(others) == 1 and op.params["alpha1"] == op.params["alpha2"] == 1.0:
+            t = g.tensors[others[0]]
+            if t.virtual or t.dtype != x.dtype:
+                return f"tensor uid {t.uid}: an epilogue operand must be a graph input of x's data type"
+            if bias is None and list(t.dims) == [1, c.dims[1]] + [1] * (len(c.dims) - 2):
+                bias = t
+            elif z is None and t.dims == c.dims:
+                z = t
+            else:
+                return f"an add of tensor uid {t.uid} (dims {t.dims}) that is neither a bias nor a residual"
+        elif name in ACTS and not others and op.params["alpha1"] == 1.0:
+            pr = op.params["params"]
+            if name == "RELU_FWD" and (pr.get("lower", 0.0) != 0.0 or pr.get("slope", 0.0) != 0.0):
+                return "a ReLU with a lower clip or slope"
+            act = op
+        else:
+            return f"pointwise {name} in a convolution epilogue (bias, residual add, activation only)"
+        cur = next(iter(op.outputs.values()))
+    y = g.tensors[cur]
+    if bias is None:
+        return "a convolution epilogue needs a bias"
+    if y.virtual or g.outputs != [y.uid] or y.dtype != x.dtype or y.dims != c.dims:
+        return "the epilogue's result must be the graph's one output, of x's data type"
+    return dict(x=x, w=w, y=y, z=z, bias=bias, act=act, conv=conv)
+
+
+class ConvBiasActStep:
+    """pydnn.convolution_bias_activation_forward: the convolution with the bias, residual and activation in
+    its kernel's epilogue."""
+
+    def __init__(self, handle, g, an):
+        import pydnn
+
+        conv = an["conv"]
+        p = conv.params
+
+        def tdesc(t):
+            d = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor_nd_descriptor(d, t.dtype, len(t.dims), list(t.dims), list(t.strides))
+            return d
+
+        self.xd, self.yd, self.bd = tdesc(an["x"]), tdesc(an["y"]), tdesc(an["bias"])
+        self.zd = tdesc(an["z"]) if an["z"] is not None else self.yd
+        w = an["w"]
+        self.wd = pydnn.create_filter_descriptor()
+        pydnn.set_filter_nd_descriptor(self.wd, w.dtype, _filter_format(w), len(w.dims), list(w.dims))
+        self.cd = pydnn.create_convolution_descriptor()
+        pydnn.set_convolution_nd_descriptor(self.cd, len(p["pad"]), p["pad"], p["stride"], p["dil"], p["mode"],
+                                            p["comp_type"])
+        if w.dtype in (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16):
+            pydnn.set_convolution_math_type(self.cd, E.PYDNN_TENSOR_OP_MATH)
+        self.ad = pydnn.create_activation_descriptor()
+        act, coef, mode = an["act"], 0.0, E.PYDNN_ACTIVATION_IDENTITY
+        if act is not None:
+            name, pr = act.params["name"], act.params["params"]
+            mode = getattr(E, "PYDNN_ACTIVATION_" + ACTS[name])
+            if name == "RELU_FWD" and pr.get("upper", float("inf")) != float("inf"):
+                mode, coef = E.PYDNN_ACTIVATION_CLIPPED_RELU, pr["upper"]
+            if name == "ELU_FWD":
+                coef = pr.get("elu_alpha", 1.0)
+        pydnn.set_activation_descriptor(self.ad, mode, E.PYDNN_NOT_PROPAGATE_NAN, coef)
+        perf = pydnn.get_convolution_forward_algorithm_v7(handle, self.xd, self.wd, self.cd, self.yd, 8)
+        ok = [r.algo for r in perf if r.status == E.PYDNN_STATUS_SUCCESS]
+        if not ok:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, "conv_fprop: no pydnn convolution algorithm runs it")
+        # the implicit GEMMs: the epilogue in the one convolution kernel (other algorithms run it too)
+        prefer = [a for a in (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                              E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) if a in ok]
+        self.algo = (prefer or ok)[0]
+        self.ws_size = pydnn.get_convolution_forward_workspace_size(handle, self.xd, self.wd, self.cd, self.yd,
+                                                                    self.algo)
+        self.uids = dict(x=an["x"].uid, w=w.uid, y=an["y"].uid, bias=an["bias"].uid,
+                         z=an["z"].uid if an["z"] is not None else None)
+        self.launches = None  # the convolution plan's (one kernel, two with a split-K fold)
+
+    def run(self, handle, ptr):
+        import pydnn
+
+        u = self.uids
+        ws = ptr["workspace"] if self.ws_size else 0
+        z = ptr[u["z"]] if u["z"] is not None else ptr[u["y"]]
+        pydnn.convolution_bias_activation_forward(
+            handle, 1.0, self.xd, ptr[u["x"]], self.wd, ptr[u["w"]], self.cd, self.algo, ws, self.ws_size,
+            1.0 if u["z"] is not None else 0.0, self.zd, z, self.bd, ptr[u["bias"]], self.ad, self.yd, ptr[u["y"]])
+
+
+class FusionEngine:
+    index, name, behavior = 1, "pydnn.fusion", (E.PYDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION,)
+
+    def support(self, g):
+        why = _common_support(g)
+        if why:
+            return why
+        kinds = {op.kind for op in g.ops}
+        if "matmul" in kinds:
+            an = _matmul_epilogue(g)
+            return an if isinstance(an, str) else None
+        if "conv_fprop" in kinds:
+            an = _conv_epilogue(g)
+            return an if isinstance(an, str) else None
+        if kinds != {"pointwise"}:
+            return (f"runtime fusion takes graphs of pointwise operations, or one matmul with a pointwise "
+                    f"epilogue (this one has {', '.join(sorted(kinds - {'pointwise'}))})")
+        shape = g.tensors[g.outputs[0]].dims if g.outputs else None
+        if shape is None:
+            return "the graph writes no tensor"
+        for u in g.outputs:
+            if g.tensors[u].dims != shape:
+                return f"outputs of different shapes ({g.tensors[u].dims} and {shape}) cannot share one kernel"
+        for t in g.tensors.values():
+            if len(t.dims) != len(shape) or any(d != s and d != 1 for d, s in zip(t.dims, shape)):
+                return f"tensor uid {t.uid} dims {t.dims} do not broadcast to the output shape {shape}"
+        if len(g.inputs) + len(g.outputs) > cg.MAX_OPERANDS:
+            return f"{len(g.inputs) + len(g.outputs)} tensors (one fused kernel takes at most {cg.MAX_OPERANDS})"
+        return None
+
+    def build(self, g, handle):
+        if any(op.kind == "matmul" for op in g.ops):
+            return EnginePlan([FusedMatmulStep(handle, g, _matmul_epilogue(g))], {}, 0)
+        if any(op.kind == "conv_fprop" for op in g.ops):
+            step = ConvBiasActStep(handle, g, _conv_epilogue(g))
+            return EnginePlan([step], {}, step.ws_size)
+        shape = list(g.tensors[g.outputs[0]].dims)
+        uids = list(g.inputs) + list(g.outputs)
+        operands = [(TAGS[g.tensors[u].dtype], "in") for u in g.inputs] + \
+                   [(TAGS[g.tensors[u].dtype], "out") for u in g.outputs]
+        value = {}
+        nodes = []
+
+        def ref(u):
+            return ("v", value[u]) if u in value else ("op", uids.index(u))
+
+        for op in g.order:
+            nodes.append(_pw_node(op, ref))
+            value[next(iter(op.outputs.values()))] = len(nodes) - 1
+        stores = [(value[u], uids.index(u)) for u in g.outputs]
+        prog = cg.PwProgram(operands, nodes, stores)
+        step = PwStep(handle, prog, shape, [_bcast_strides(g.tensors[u], shape) for u in uids], uids)
+        return EnginePlan([step], {}, 0)
+
+
+ENGINES = (NodeEngine(), FusionEngine())
+
+
+def heuristic(g, mode):
+    """Engine indices in preference order for a heur mode: fusion first where it applies (INSTANT, A, B),
+    the node engine alone for FALLBACK. Unsupported engines are left out."""
+    order = [ENGINES[0]] if mode == E.PYDNN_HEUR_MODE_FALLBACK else [ENGINES[1], ENGINES[0]]
+    return [e.index for e in order if e.support(g) is None]
+
+

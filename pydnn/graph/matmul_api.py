@@ -1,0 +1,143 @@
+"""pydnnMatmul / pydnn.matmul (pydnn extension): C = alpha * A @ B + beta * C from tensor descriptors, over
+pydnn's GEMM kernels (pydnn/ops/matmul.py). The graph's OPERATION_MATMUL runs through the same mapping.
+
+    matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C)
+
+Descriptors have 2 dims (M x K, K x N, M x N) or 3 (a batch in front). Every matrix is row- or
+column-major: one of its last two strides is 1 (transposes are strides: a K x M row-major buffer seen
+with strides (1, M) is A transposed); the other is the row pitch. C may be column-major too (the product is
+then computed as C^T = B^T A^T). A's and B's batch is C's or 1 (broadcast: one matrix for every batch).
+A, B and C have one data type: FLOAT (exact FMA, never TF32), HALF or BFLOAT16 (tensor cores, float
+accumulation). beta == 0 never reads C. C must not overlap A or B.
+
+Statuses: BAD_PARAM (naming the argument: shapes that do not chain, batch mismatch, mixed data types,
+overlapping output, scalars), NOT_SUPPORTED (other data types, more than 3 dims, a matrix with no unit
+stride), BAD_PARAM_NULL_POINTER / BAD_PARAM_MISALIGNED_POINTER for pointers.
+"""
+from .. import enums as E
+from ..handle import check_handle
+from ..ops import matmul as M
+from ..buffers import device_ptr
+from ..ops.common import element_aligned, scalar
+from ..status import PydnnError, api
+from ..tensor import check_tensor
+
+__all__ = ["matmul"]
+
+TYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
+
+
+def _bad(msg):
+    return PydnnError(E.PYDNN_STATUS_BAD_PARAM, msg)
+
+
+def _ns(msg):
+    return PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, msg)
+
+
+def _as3(name, dims, strides):
+    if len(dims) == 2:
+        return (1,) + tuple(dims), (0,) + tuple(strides)
+    if len(dims) == 3:
+        return tuple(dims), tuple(strides)
+    raise _ns(f"{name}: {len(dims)} dims; matmul takes 2 (a matrix) or 3 (a batch of matrices)")
+
+
+def _matrix(name, rows, cols, s_row, s_col):
+    """(transposed, leading dim) of a rows x cols matrix with these strides (pydnn.ops.matmul's convention:
+    not transposed = row-major with pitch ld >= cols; transposed = column-major with pitch ld >= rows)."""
+    if cols == 1 or (s_col == 1 and (rows == 1 or s_row >= cols)):
+        return False, (s_row if rows > 1 else cols)
+    if rows == 1 or (s_row == 1 and s_col >= rows):
+        return True, (s_col if cols > 1 else rows)
+    if s_col == 1 or s_row == 1:
+        raise _ns(f"{name}: strides ({s_row}, {s_col}) make the rows of the {rows} x {cols} matrix overlap")
+    raise _ns(f"{name}: strides ({s_row}, {s_col}) of the {rows} x {cols} matrix have no unit stride "
+              f"(matmul needs row- or column-major matrices)")
+
+
+def _batch_stride(name, b, stride, batch, c_name):
+    if b == batch:
+        return stride if batch > 1 else 0
+    if b == 1:
+        return 0  # broadcast
+    raise _bad(f"{name}: batch {b} is neither {c_name}'s {batch} nor 1")
+
+
+def layout(a, b, c, names=("aDesc", "bDesc", "cDesc")):
+    """The gemm problem of C = A @ B for (dtype, dims, strides) triples: (swap, gemm_plan keywords). swap:
+    the operands go to the kernel as (B, A) (C is column-major: C^T = B^T A^T). Pure: no handle, no GPU."""
+    an, bn, cn = names
+    (ta, da, sa), (tb, db, sb), (tc, dc, sc) = a, b, c
+    for nm, t in ((an, ta), (bn, tb), (cn, tc)):
+        if t not in TYPES:
+            if t in (E.PYDNN_DATA_DOUBLE, E.PYDNN_DATA_INT8, E.PYDNN_DATA_INT32, E.PYDNN_DATA_INT64,
+                     E.PYDNN_DATA_UINT8, E.PYDNN_DATA_BOOLEAN, E.PYDNN_DATA_FP8_E4M3, E.PYDNN_DATA_FP8_E5M2):
+                raise _ns(f"{nm}: data type {t} is not supported by matmul (float, half, bfloat16)")
+            raise _bad(f"{nm}: {t!r} is not a data type value")
+    if ta != tc or tb != tc:
+        raise _bad(f"{an if ta != tc else bn}: data type {ta if ta != tc else tb} differs from {cn}'s ({tc})")
+    da, sa = _as3(an, da, sa)
+    db, sb = _as3(bn, db, sb)
+    dc, sc = _as3(cn, dc, sc)
+    batch, m, n = dc
+    if da[1] != m:
+        raise _bad(f"{an}: {da[1]} rows, {cn} has {m}")
+    k = da[2]
+    if db[1] != k:
+        raise _bad(f"{bn}: {db[1]} rows, but {an} has {k} columns (A @ B needs them equal)")
+    if db[2] != n:
+        raise _bad(f"{bn}: {db[2]} columns, {cn} has {n}")
+    stride_a = _batch_stride(an, da[0], sa[0], batch, cn)
+    stride_b = _batch_stride(bn, db[0], sb[0], batch, cn)
+    trans_a, lda = _matrix(an, m, k, sa[1], sa[2])
+    trans_b, ldb = _matrix(bn, k, n, sb[1], sb[2])
+    c_trans, ldc = _matrix(cn, m, n, sc[1], sc[2])
+    stride_c = sc[0] if batch > 1 else 0
+    if c_trans:  # C^T (n x m, row-major with pitch ldc) = B^T A^T
+        kw = dict(dtype=tc, m=n, n=m, k=k, trans_a=not trans_b, trans_b=not trans_a, lda=ldb, ldb=lda, ldc=ldc,
+                  batch=batch, stride_a=stride_b, stride_b=stride_a, stride_c=stride_c)
+    else:
+        kw = dict(dtype=tc, m=m, n=n, k=k, trans_a=trans_a, trans_b=trans_b, lda=lda, ldb=ldb, ldc=ldc,
+                  batch=batch, stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
+    return c_trans, kw
+
+
+def plan_for(handle, a_desc, b_desc, c_desc, names=("aDesc", "bDesc", "cDesc")):
+    """(swap, GemmPlan) for three tensor descriptors, kept in the handle per layout."""
+    key = ("pydnn.matmul", a_desc.dtype, a_desc.dims, a_desc.strides, b_desc.dtype, b_desc.dims, b_desc.strides,
+           c_desc.dtype, c_desc.dims, c_desc.strides)
+    hit = handle.prepared.get(key)
+    if hit is None:
+        if not c_desc.non_overlapping():
+            raise _bad(f"{names[2]}: strides {c_desc.strides} make elements overlap")
+        swap, kw = layout((a_desc.dtype, a_desc.dims, a_desc.strides), (b_desc.dtype, b_desc.dims, b_desc.strides),
+                          (c_desc.dtype, c_desc.dims, c_desc.strides), names)
+        hit = (swap, M.gemm_plan(handle, **kw))
+        handle.remember(key, hit)
+    return hit
+
+
+@api
+def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C):  # noqa: N803 - cuDNN's names
+    """pydnnMatmul (extension): C = alpha * A @ B + beta * C (see the module docstring)."""
+    check_handle(handle)
+    check_tensor(a_desc, "aDesc")
+    check_tensor(b_desc, "bDesc")
+    check_tensor(c_desc, "cDesc")
+    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    swap, plan = plan_for(handle, a_desc, b_desc, c_desc)
+    if plan.empty:
+        return
+    es = plan.esize  # the pointers under cuDNN's names before the kernel's own checks (which say a, b, c)
+    C = element_aligned(device_ptr(C, "C", c_desc.span_bytes()), "C", es)
+    if plan.k:
+        A = element_aligned(device_ptr(A, "A", a_desc.span_bytes()), "A", es)
+        B = element_aligned(device_ptr(B, "B", b_desc.span_bytes()), "B", es)
+        for x, d, nm in ((A, a_desc, "A"), (B, b_desc, "B")):
+            if C < x + d.span_bytes() and x < C + c_desc.span_bytes():
+                raise _bad(f"C: its memory overlaps {nm}'s (C must be separate memory)")
+    if swap:
+        plan.launch(handle, B, A, C, al, be)
+    else:
+        plan.launch(handle, A, B, C, al, be)

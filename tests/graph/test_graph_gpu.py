@@ -1,0 +1,337 @@
+"""The graph API on the GPU against float64 numpy (pydnn.reference.graph): the 8-op pointwise chain over 3
+inputs on the fusion engine (one launch, counted) and on the node engine (8 launches), broadcasts, every
+pointwise mode through a one-node graph, matmul + bias + GELU and matmul + bias + residual, a reduction
+graph, the backend API with a variant pack, and a deserialized plan giving bitwise the same output. Outputs
+start poisoned (NaN bytes) and their gaps are checked untouched."""
+import numpy as np
+import pytest
+
+import pydnn as P
+from devtensor import DevTensor, assert_close
+from pydnn._cuda import driver
+from pydnn.graph import Graph
+from pydnn.graph import pointwise_ops as pw
+from pydnn.reference import graph as ref
+
+pytestmark = pytest.mark.gpu
+F32, F16, BF16 = P.PYDNN_DATA_FLOAT, P.PYDNN_DATA_HALF, P.PYDNN_DATA_BFLOAT16
+
+
+class Launches:
+    """Counts cuLaunchKernel calls made through pydnn's launch paths."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        for name in ("launch_args", "launch"):
+            orig = getattr(driver, name)
+
+            def counted(*a, _orig=orig, **k):
+                self.n += 1
+                return _orig(*a, **k)
+            monkeypatch.setattr(driver, name, counted)
+
+
+def _ws(g):
+    n = g.get_workspace_size()
+    return P.DeviceArray((max(n, 1),), np.uint8) if n else None
+
+
+def _chain_ref(x, s, b):
+    v = ref.pointwise("MUL", x, s)
+    v = ref.pointwise("ADD", v, b)
+    v = ref.pointwise("GELU_FWD", v)
+    v = ref.pointwise("MUL", v, x)
+    v = ref.pointwise("SUB", v, b)
+    v = ref.pointwise("RELU_FWD", v, upper=4.0)
+    v = ref.pointwise("TANH_FWD", v)
+    return ref.pointwise("ADD", v, x)
+
+
+def _chain_graph(handle, io, dims=(8, 64, 130)):
+    g = Graph(io_data_type=io, handle=handle)
+    n, c, w = dims
+    x = g.tensor(name="x", dim=[n, c, w])
+    s = g.tensor(name="s", dim=[1, c, 1])
+    b = g.tensor(name="b", dim=[1, 1, w])
+    v = g.mul(x, s)
+    v = g.add(v, b)
+    v = g.gelu(v)
+    v = g.mul(v, x)
+    v = g.sub(v, b)
+    v = g.relu(v, upper_clip=4.0)
+    v = g.tanh(v)
+    y = g.add(v, x, name="y").set_output(True)
+    return g, (x, s, b, y)
+
+
+@pytest.mark.parametrize("io", [F32, F16, BF16])
+@pytest.mark.parametrize("mode, engine, launches", [(P.PYDNN_HEUR_MODE_A, 1, 1), (P.PYDNN_HEUR_MODE_FALLBACK, 0, 8)])
+def test_chain8(handle, rng, monkeypatch, io, mode, engine, launches):
+    g, (x, s, b, y) = _chain_graph(handle, io)
+    g.build_operation_graph().create_execution_plans([mode]).check_support().build_plans()
+    assert g.engine_index() == engine
+    tx, ts, tb, ty = (DevTensor(t.dim, io) for t in (x, s, b, y))
+    xv, sv, bv = tx.random(rng, -2, 2), ts.random(rng, -2, 2), tb.random(rng, -2, 2)
+    ws = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute({x: tx.ptr, s: ts.ptr, b: tb.ptr, y: ty.ptr}, ws.ptr if ws else 0, handle=handle)
+    assert count.n == launches
+    want = _chain_ref(xv, sv, bv)
+    assert_close(ty.download(), want, io, f"chain8 engine {engine}", scale=np.abs(want) + np.abs(xv) + 1)
+    ty.check_untouched()
+
+
+def test_chain8_strided_output(handle, rng):
+    """Output with padded strides and an input stored transposed (non-packed): one kernel still."""
+    g = Graph(io_data_type=F32, handle=handle)
+    x = g.tensor(name="x", dim=[6, 10], stride=[1, 6])  # column-major
+    z = g.tensor(name="z", dim=[6, 10])
+    y = g.sigmoid(g.add(x, z)).set_output(True).set_stride([16, 1])
+    g.build_operation_graph().create_execution_plans().build_plans()
+    tx, tz, ty = DevTensor([6, 10], F32, [1, 6]), DevTensor([6, 10], F32), DevTensor([6, 10], F32, [16, 1])
+    xv, zv = tx.random(rng), tz.random(rng)
+    g.execute({x: tx.ptr, z: tz.ptr, y: ty.ptr}, 0, handle=handle)
+    assert_close(ty.download(), ref.pointwise("SIGMOID_FWD", xv + zv), F32, "strided")
+    ty.check_untouched()
+
+
+@pytest.mark.parametrize("name", sorted(pw.MODES))
+def test_every_mode_one_node(handle, rng, name):
+    mode = getattr(P, "PYDNN_POINTWISE_" + name)
+    kind = pw.MODES[name][0]
+    g = Graph(io_data_type=F32, handle=handle)
+    dims = [3, 50]
+    x = g.tensor(name="x", dim=dims)
+    b = g.tensor(name="b", dim=dims) if kind != "x" else None
+    t = g.tensor(name="t", dim=dims) if kind == "xbt" else None
+    y = g.pointwise(mode, x, b, t).set_output(True)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    tx, ty = DevTensor(dims, F32), DevTensor(dims, F32)
+    lo, hi = (0.1, 3.0) if name in ("LOG", "SQRT", "RSQRT", "POW") else (-3.0, 3.0)
+    xv = tx.random(rng, lo, hi) if not name.startswith(("CMP", "LOGICAL")) else tx.upload(rng.integers(-1, 2, dims) * 1.0)
+    bufs, bv, tv = {x: tx.ptr, y: ty.ptr}, None, None
+    if b is not None:
+        tb = DevTensor(dims, F32)
+        bv = tb.random(rng, 0.5, 2.0) if name in ("DIV", "MOD") else (
+            tb.upload(rng.integers(-1, 2, dims) * 1.0) if name.startswith(("CMP", "LOGICAL")) else tb.random(rng))
+        bufs[b] = tb.ptr
+    if t is not None:
+        tt = DevTensor(dims, F32)
+        tv = tt.upload(rng.integers(0, 2, dims) * 1.0)
+        bufs[t] = tt.ptr
+    g.execute(bufs, 0, handle=handle)
+    want = ref.pointwise(name, xv, bv, tv)
+    got = ty.download()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def _mm_graph(handle, io, m, n, k, residual=False, batch=1):
+    g = Graph(io_data_type=io, handle=handle)
+    a = g.tensor(name="a", dim=[batch, m, k])
+    w = g.tensor(name="w", dim=[1, k, n])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    v = g.add(g.matmul(a, w), bias)
+    r = None
+    if residual:
+        r = g.tensor(name="r", dim=[batch, m, n])
+        v = g.add(v, r)
+    else:
+        v = g.gelu(v)
+    y = v.set_output(True)
+    return g, (a, w, bias, r, y)
+
+
+@pytest.mark.parametrize("io", [F16, BF16, F32])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("m, n, k, batch", [(128, 96, 64, 1), (77, 130, 40, 2), (512, 512, 512, 1)])
+def test_matmul_epilogue(handle, rng, monkeypatch, io, residual, m, n, k, batch):
+    g, (a, w, bias, r, y) = _mm_graph(handle, io, m, n, k, residual, batch)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    ta, tw, tb, ty = (DevTensor(t.dim, io) for t in (a, w, bias, y))
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    bufs = {a: ta.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}
+    if residual:
+        tr = DevTensor(r.dim, io)
+        rv = tr.random(rng, -1, 1)
+        bufs[r] = tr.ptr
+    ws = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr if ws else 0, handle=handle)
+    expected_launches = g.launches()
+    assert count.n == expected_launches
+    if g.engine_index() == 1:
+        assert expected_launches == 1
+    c = np.matmul(av, wv) + bv
+    scale = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
+    want = c + rv if residual else ref.pointwise("GELU_FWD", c)
+    if residual:
+        scale = scale + np.abs(rv)
+    # the node engine stores the virtual matmul output in the io type: one more rounding of that type
+    assert_close(ty.download(), want, io, f"matmul epilogue engine {g.engine_index()}", scale=2 * scale)
+    ty.check_untouched()
+
+
+def test_reduction_graph(handle, rng):
+    g = Graph(io_data_type=F32, handle=handle)
+    x = g.tensor(name="x", dim=[4, 8, 16])
+    y = g.reduction(g.exp(x), P.PYDNN_REDUCE_TENSOR_MAX, dim=[4, 1, 16]).set_output(True)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 0
+    tx, ty = DevTensor([4, 8, 16], F32), DevTensor([4, 1, 16], F32)
+    xv = tx.random(rng)
+    ws = _ws(g)
+    g.execute({x: tx.ptr, y: ty.ptr}, ws.ptr if ws else 0, handle=handle)
+    assert_close(ty.download(), np.exp(xv).max(axis=1, keepdims=True), F32, "exp + max")
+
+
+def test_backend_api_execute(handle, rng):
+    g, (x, s, b, y) = _chain_graph(handle, F16, (2, 16, 33))
+    g.build_operation_graph().create_execution_plans().build_plans()
+    tx, ts, tb, ty = (DevTensor(t.dim, F16) for t in (x, s, b, y))
+    xv, sv, bv = tx.random(rng, -2, 2), ts.random(rng, -2, 2), tb.random(rng, -2, 2)
+    vp = P.backend_create_descriptor(P.PYDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)
+    P.backend_set_attribute(vp, P.PYDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, P.PYDNN_TYPE_INT64, 4,
+                            [x.uid, s.uid, b.uid, y.uid])
+    P.backend_set_attribute(vp, P.PYDNN_ATTR_VARIANT_PACK_DATA_POINTERS, P.PYDNN_TYPE_VOID_PTR, 4,
+                            [tx.ptr, ts.ptr, tb.ptr, ty.ptr])
+    P.backend_set_attribute(vp, P.PYDNN_ATTR_VARIANT_PACK_WORKSPACE, P.PYDNN_TYPE_VOID_PTR, 1, [0])
+    P.backend_finalize(vp)
+    P.backend_execute(handle, g._plan, vp)
+    want = _chain_ref(xv, sv, bv)
+    assert_close(ty.download(), want, F16, "backend execute", scale=np.abs(want) + np.abs(xv) + 1)
+
+
+def test_deserialized_plan_is_bitwise_identical(handle, rng):
+    g, (x, s, b, y) = _chain_graph(handle, BF16)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    g2 = Graph.deserialize(handle, g.serialize())
+    tx, ts, tb, ty, ty2 = (DevTensor(t.dim, BF16) for t in (x, s, b, y, y))
+    tx.random(rng), ts.random(rng), tb.random(rng)
+    g.execute({x: tx.ptr, s: ts.ptr, b: tb.ptr, y: ty.ptr}, 0, handle=handle)
+    g2.execute({"x": tx.ptr, "s": ts.ptr, "b": tb.ptr, "y": ty2.ptr}, 0, handle=handle)
+    assert (ty.buf.to_numpy() == ty2.buf.to_numpy()).all()
+
+
+def test_matmul_epilogue_large_tile(handle, rng, monkeypatch):
+    """2048 x 2048 x 512 bf16: the chooser's big tile (gemm_wgmma's 128x256 on an sm_90 device) with the
+    generated epilogue, one launch."""
+    g, (a, w, bias, r, y) = _mm_graph(handle, BF16, 2048, 2048, 512)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1
+    ta, tw, tb, ty = (DevTensor(t.dim, BF16) for t in (a, w, bias, y))
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    count = Launches(monkeypatch)
+    g.execute({a: ta.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}, 0, handle=handle)
+    assert count.n == 1
+    c = (av[0] @ wv[0])[None] + bv
+    assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "wgmma epilogue",
+                 scale=(np.abs(av[0]) @ np.abs(wv[0]))[None] + np.abs(bv))
+
+
+def test_c_program(tmp_path):
+    """tests/c/graph_gpu.c: a fused and a node-by-node plan built and run through the C backend API, and
+    pydnnMatmul, against host math."""
+    from cprog import build_and_run
+
+    r = build_and_run("graph_gpu", tmp_path, extra=["-ldl", "-lm"])
+    print(r.stdout, r.stderr)
+    assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
+    for what in ("relu(x + b) numbers (fusion engine)", "relu(x + b) numbers (node engine)", "matmul numbers"):
+        assert any(line.startswith(f"ok {what}") for line in r.stdout.splitlines()), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("io", [F32, F16])
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("mode, engine", [(P.PYDNN_HEUR_MODE_A, 1), (P.PYDNN_HEUR_MODE_FALLBACK, 0)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv_bias_relu(handle, rng, monkeypatch, io, nhwc, mode, engine, residual):
+    """relu(conv(x, w) + b) (+ z before the ReLU, clipped at 6 then): engine 1 maps it onto
+    convolution_bias_activation_forward (the epilogue in the convolution kernel), engine 0 runs the nodes."""
+    from pydnn.reference import convolution as rc
+
+    n, c, hw, k = 2, 16, 9, 24
+    xs = [c * hw * hw, 1, hw * c, c] if nhwc else None
+    ws = [c * 9, 1, 3 * c, c] if nhwc else None
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=[n, c, hw, hw], stride=xs)
+    w = g.tensor(name="w", dim=[k, c, 3, 3], stride=ws)
+    b = g.tensor(name="b", dim=[1, k, 1, 1])
+    v = g.add(g.conv_fprop(x, w, padding=[1, 1], stride=[2, 2]), b)
+    z = None
+    if residual:
+        z = g.tensor(name="z", dim=[n, k, 5, 5])
+        v = g.relu(g.add(v, z), upper_clip=6.0)
+    else:
+        v = g.relu(v)
+    y = v.set_output(True)
+    g.build_operation_graph().create_execution_plans([mode]).check_support().build_plans()
+    assert g.engine_index() == engine
+    tx, tw = DevTensor(x.dim, io, x.stride), DevTensor(w.dim, io, w.stride)
+    tb, ty = DevTensor(b.dim, io), DevTensor(y.dim, io, y.stride)
+    xv, wv, bv = tx.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    bufs = {x: tx.ptr, w: tw.ptr, b: tb.ptr, y: ty.ptr}
+    conv = rc.forward_raw(xv, wv, [1, 1], [2, 2], [1, 1])
+    scale = rc.forward_raw(np.abs(xv), np.abs(wv), [1, 1], [2, 2], [1, 1]) + np.abs(bv)
+    pre = conv + bv
+    if residual:
+        tz = DevTensor(z.dim, io)
+        zv = tz.random(rng, -1, 1)
+        bufs[z] = tz.ptr
+        pre, scale = pre + zv, scale + np.abs(zv)
+    want = np.clip(pre, 0, 6) if residual else np.maximum(pre, 0)
+    ws_buf = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws_buf.ptr if ws_buf else 0, handle=handle)
+    if engine == 1:
+        assert count.n <= 2, count.n  # the convolution kernel (+ a split-K fold where its plan has one)
+        print("conv + epilogue launches:", count.n)
+    assert_close(ty.download(), want, io, f"conv epilogue engine {engine}", scale=2 * scale)
+    ty.check_untouched()
+
+
+def test_conv_dgrad_wgrad(handle, rng):
+    from pydnn.reference import convolution as rc
+
+    g = Graph(io_data_type=F32, handle=handle)
+    dy = g.tensor(name="dy", dim=[2, 8, 7, 7])
+    w = g.tensor(name="w", dim=[8, 4, 3, 3])
+    x = g.tensor(name="x", dim=[2, 4, 7, 7])
+    dx = g.conv_dgrad(dy, w, padding=[1, 1], dim=[2, 4, 7, 7]).set_output(True)
+    dw = g.conv_wgrad(x, dy, padding=[1, 1], dim=[8, 4, 3, 3]).set_output(True)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    t = {v: DevTensor(v.dim, F32) for v in (dy, w, x, dx, dw)}
+    dyv, wv, xv = t[dy].random(rng), t[w].random(rng), t[x].random(rng)
+    ws_buf = _ws(g)
+    g.execute({v: d.ptr for v, d in t.items()}, ws_buf.ptr if ws_buf else 0, handle=handle)
+    want_dx = rc.backward_data_raw(wv, dyv, (7, 7), [1, 1], [1, 1], [1, 1])
+    want_dw = rc.backward_filter_raw(xv, dyv, (3, 3), [1, 1], [1, 1], [1, 1])
+    assert_close(t[dx].download(), want_dx, F32, "dgrad",
+                 scale=rc.backward_data_raw(np.abs(wv), np.abs(dyv), (7, 7), [1, 1], [1, 1], [1, 1]))
+    assert_close(t[dw].download(), want_dw, F32, "wgrad",
+                 scale=rc.backward_filter_raw(np.abs(xv), np.abs(dyv), (3, 3), [1, 1], [1, 1], [1, 1]))
+
+
+def test_readme_example_with_torch_tensors(handle):
+    """The README's graph quick start (smaller), with torch tensors as buffers."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    x = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, 192, device="cuda", dtype=torch.bfloat16) * 0.1
+    b = torch.randn(192, device="cuda", dtype=torch.bfloat16)
+    y = torch.full((256, 192), float("nan"), device="cuda", dtype=torch.bfloat16)
+    g = Graph(io_data_type=BF16, handle=handle)
+    tx, tw = g.tensor(name="x", dim=[256, 128]), g.tensor(name="w", dim=[128, 192])
+    tb = g.tensor(name="b", dim=[1, 192])
+    g.gelu(g.add(g.matmul(tx, tw), tb)).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1
+    torch.cuda.synchronize()
+    g.execute({"x": x, "w": w, "b": b, "y": y}, workspace=0)
+    torch.cuda.synchronize()
+    want = torch.nn.functional.gelu(torch.addmm(b.float(), x.float(), w.float()))
+    assert float((y.float() - want).abs().max()) <= 0.02 * float(want.abs().max())
+    g2 = Graph.deserialize(handle, g.serialize())
+    y2 = torch.empty_like(y)
+    g2.execute({"x": x, "w": w, "b": b, "y": y2}, 0)
+    torch.cuda.synchronize()
+    assert torch.equal(y, y2)

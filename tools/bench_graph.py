@@ -1,0 +1,198 @@
+"""Graph API benchmark (issue 22): pydnn vs PyTorch (cuBLAS) in one run, device events, medians of
+alternating rounds (bench.time_pair), ratios and TFLOP/s.
+
+Rows:
+  matmul      pydnn.matmul (tensor descriptors) vs torch.mm: bf16 8192^3, the 7B projections 16384 x 4096 x
+              4096 and 16384 x 11008 x 4096 (x @ W, W row-major K x N), fp32 4096^3 without TF32.
+  fused       the graph gelu(x @ W + b) (one generated kernel: GEMM + epilogue) vs the plain pydnn matmul of
+              the same shape (target: <= 1.05x its time) and vs F.gelu(torch.addmm(b, x, W)) and
+              F.gelu(x @ W + b) (target: faster than both).
+  residual    x @ W + b + r, fused, vs torch.addmm(b, x, W) + r.
+  chain8      8 pointwise ops over 3 inputs (x [N, C, W], s [1, C, 1], b [1, 1, W]) in one kernel: GB/s of
+              the bytes it must move (x read, y written) against device-to-device copy, vs torch eager.
+  build       build_plans of a fused graph: first (compiles with NVRTC, or finds the cubin on disk) and
+              again for a new Graph of the same shape (cache hit): milliseconds.
+  host        host microseconds of one Graph.execute on a built plan (10,000 calls, no sync inside).
+
+    python tools/bench_graph.py [--quick]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import pydnn
+from bench import time_ms, time_pair
+from pydnn.graph import Graph
+
+TDT = {pydnn.PYDNN_DATA_BFLOAT16: torch.bfloat16, pydnn.PYDNN_DATA_HALF: torch.float16,
+       pydnn.PYDNN_DATA_FLOAT: torch.float32}
+NAME = {pydnn.PYDNN_DATA_BFLOAT16: "bf16", pydnn.PYDNN_DATA_HALF: "fp16", pydnn.PYDNN_DATA_FLOAT: "fp32"}
+BF16 = pydnn.PYDNN_DATA_BFLOAT16
+ROWS = []
+
+
+def row(kind, case, dtype, ms_p, ms_t, torch_name, flops=None, nbytes=None, copy_gbs=None, note=""):
+    r = dict(kind=kind, case=case, dtype=dtype, ms_pydnn=ms_p, ms_torch=ms_t, ratio=ms_t / ms_p, torch=torch_name)
+    extra = ""
+    if flops:
+        r["pydnn_tflops"], r["torch_tflops"] = flops / ms_p / 1e9, flops / ms_t / 1e9
+        extra = f"pydnn {r['pydnn_tflops']:7.1f} TFLOP/s | {torch_name} {r['torch_tflops']:7.1f} TFLOP/s"
+    if nbytes:
+        g = nbytes / ms_p / 1e6
+        r["pydnn_gbs"], r["pct_copy"] = g, 100 * g / copy_gbs
+        extra = f"pydnn {g:7.0f} GB/s ({r['pct_copy']:.0f}% of copy) | {torch_name} {nbytes / ms_t / 1e6:7.0f} GB/s"
+    ROWS.append(r)
+    print(f"{kind:9s} {case:36s} {dtype:5s} {ms_p * 1e3:9.1f} us vs {ms_t * 1e3:9.1f} us  {extra}  "
+          f"torch/pydnn time {r['ratio']:.3f}x {note}", flush=True)
+
+
+def desc(t):
+    d = pydnn.create_tensor_descriptor()
+    dt = {torch.bfloat16: BF16, torch.float16: pydnn.PYDNN_DATA_HALF, torch.float32: pydnn.PYDNN_DATA_FLOAT}[t.dtype]
+    pydnn.set_tensor_nd_descriptor(d, dt, t.dim(), list(t.shape), list(t.stride()))
+    return d
+
+
+def bench_matmul(h, dtype, m, n, k, label):
+    t = TDT[dtype]
+    x = torch.randn(m, k, device="cuda").to(t)
+    w = torch.randn(k, n, device="cuda").to(t)
+    c, out = torch.empty(m, n, device="cuda", dtype=t), torch.empty(m, n, device="cuda", dtype=t)
+    dx, dw, dc = desc(x), desc(w), desc(c)
+    xp, wp, cp = x.data_ptr(), w.data_ptr(), c.data_ptr()
+    ms_p, ms_t = time_pair(lambda: pydnn.matmul(h, 1.0, dx, xp, dw, wp, 0.0, dc, cp), lambda: torch.mm(x, w, out=out))
+    torch.cuda.synchronize()
+    err = float((c.float() - out.float()).abs().max() / out.float().abs().max())
+    row("matmul", f"{label} (rel diff {err:.1e})", NAME[dtype], ms_p, ms_t, "torch.mm", flops=2.0 * m * n * k)
+    return ms_p
+
+
+def fused_graph(h, m, n, k, residual=False):
+    g = Graph(io_data_type=BF16, intermediate_data_type=pydnn.PYDNN_DATA_FLOAT, compute_data_type=pydnn.PYDNN_DATA_FLOAT,
+              handle=h)
+    x = g.tensor(name="x", dim=[1, m, k])
+    w = g.tensor(name="w", dim=[1, k, n])
+    b = g.tensor(name="b", dim=[1, 1, n])
+    v = g.add(g.matmul(x, w), b)
+    if residual:
+        v = g.add(v, g.tensor(name="r", dim=[1, m, n]))
+    else:
+        v = g.gelu(v)
+    v.set_output(True).set_name("y")
+    return g
+
+
+def bench_fused(h, m, n, k, plain_ms):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    g = fused_graph(h, m, n, k)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1, (g.engine_index(), g.launches())
+    bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}
+    run = lambda: g.execute(bufs, 0)  # noqa: E731
+    ms_p, ms_addmm = time_pair(run, lambda: F.gelu(torch.addmm(b, x, w)))
+    _, ms_plain = time_pair(run, lambda: F.gelu(x @ w + b))
+    torch.cuda.synchronize()
+    ref = F.gelu(torch.addmm(b, x, w).float())
+    err = float((y.float() - ref).abs().max() / ref.abs().max())
+    flops = 2.0 * m * n * k
+    row("fused", f"gelu(x@W+b) {m}x{n}x{k} (rel {err:.1e})", "bf16", ms_p, ms_addmm, "gelu(addmm)", flops=flops,
+        note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x (target <= 1.05)")
+    row("fused", f"gelu(x@W+b) {m}x{n}x{k}", "bf16", ms_p, ms_plain, "gelu(x@w+b)", flops=flops)
+    r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    g2 = fused_graph(h, m, n, k, residual=True)
+    g2.build_operation_graph().create_execution_plans().build_plans()
+    bufs2 = dict(bufs, r=r.data_ptr())
+    ms_p2, ms_t2 = time_pair(lambda: g2.execute(bufs2, 0), lambda: torch.addmm(b, x, w) + r)
+    row("residual", f"x@W+b+r {m}x{n}x{k} (engine {g2.engine_index()})", "bf16", ms_p2, ms_t2, "addmm+r", flops=flops)
+
+
+def bench_chain(h, copy_gbs, n=64, c=1024, w=4096):
+    g = Graph(io_data_type=BF16, handle=h)
+    x = g.tensor(name="x", dim=[n, c, w])
+    s = g.tensor(name="s", dim=[1, c, 1])
+    b = g.tensor(name="b", dim=[1, 1, w])
+    v = g.gelu(g.add(g.mul(x, s), b))
+    v = g.tanh(g.relu(g.sub(g.mul(v, x), b), upper_clip=4.0))
+    g.add(v, x).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.launches() == 1
+    tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
+    ts = torch.randn(1, c, 1, device="cuda", dtype=torch.bfloat16)
+    tb = torch.randn(1, 1, w, device="cuda", dtype=torch.bfloat16)
+    ty = torch.empty_like(tx)
+    bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
+
+    def torch_chain():
+        v = F.gelu(tx * ts + tb)
+        return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
+
+    ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain)
+    row("chain8", f"8 ops, 3 inputs, {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager", nbytes=2 * tx.numel() * 2,
+        copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+
+
+def bench_build(h, m=4096, n=4096, k=4096):
+    t0 = time.perf_counter()
+    g = fused_graph(h, m, n, k)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        g = fused_graph(h, m, n, k)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        times.append(time.perf_counter() - t0)
+    print(f"build     fused matmul+bias+gelu: first build_plans {first * 1e3:.1f} ms (compile or disk cache), "
+          f"cached {statistics.median(times) * 1e3:.2f} ms median (target <= 5 ms)", flush=True)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}
+    g.execute(bufs, 0)
+    torch.cuda.synchronize()
+    reps = 2000
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        g.execute(bufs, 0)
+    host = (time.perf_counter() - t0) / reps
+    torch.cuda.synchronize()
+    print(f"host      Graph.execute on a built plan: {host * 1e6:.1f} us per call (target <= 10 us; the GPU "
+          f"queue fills, so this includes launch back-pressure for kernels longer than the call)", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
+    args = p.parse_args()
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
+    print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
+    if args.quick:
+        plain = bench_matmul(h, BF16, 2048, 2048, 2048, "2048^3")
+        bench_fused(h, 2048, 2048, 2048, plain)
+        bench_chain(h, copy_gbs, 8, 256, 1024)
+        bench_build(h, 1024, 1024, 1024)
+        return
+    bench_matmul(h, BF16, 8192, 8192, 8192, "8192^3")
+    shapes = ((16384, 4096, 4096), (16384, 11008, 4096))
+    plain = {s: bench_matmul(h, BF16, *s, f"7B projection {s[0]}x{s[1]}x{s[2]}") for s in shapes}
+    bench_matmul(h, pydnn.PYDNN_DATA_FLOAT, 4096, 4096, 4096, "4096^3 (no TF32)")
+    for s in shapes:
+        bench_fused(h, *s, plain[s])
+    bench_chain(h, copy_gbs)
+    bench_build(h)
+
+
+if __name__ == "__main__":
+    main()
