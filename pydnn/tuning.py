@@ -279,4 +279,14 @@ activation = Switches(
                       '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
+rnn = Switches(
+    "rnn", "the RNN family's STANDARD engine (pydnn/ops/rnn/engine.py)",
+    SPLIT_K=(True, "split-K of the per-step recurrent GEMMs where even 64 x 64 tiles leave SMs idle (the backward's "
+                   "[B, out] GEMM at B 64 is 16 tiles for 132 SMs); off for measurements"),
+    DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "
+                     "after the other (for measurements)"),
+    RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "
+                  "Python per step); off: every call rebuilds its launches"),
+)
+
 apply_environment()

@@ -13,9 +13,9 @@ pydnn faster). Also prints the largest |y_pydnn - y_torch| / max |y_torch| as a 
 
 Usage: python tools/bench_rnn.py [--quick] [--no-split] [--no-record] [--no-dir-batch]
   --quick: T = 32 instead of the issue's lengths; --no-split: the recurrent GEMMs without split-K
-  (pydnn.ops.rnn.engine.SPLIT_K); --no-record: every call rebuilds its launches (engine.RECORD), to see the
+  (pydnn.tuning.rnn.SPLIT_K); --no-record: every call rebuilds its launches (tuning.rnn.RECORD), to see the
   host cost that recording removes; --no-dir-batch: a bidirectional layer's directions one after the other
-  (engine.DIR_BATCH).
+  (tuning.rnn.DIR_BATCH).
 """
 import os
 import sys
@@ -23,6 +23,7 @@ import sys
 import torch
 
 import pydnn
+from pydnn import tuning
 from pydnn import enums as E
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -88,15 +89,15 @@ def _setup(h, cell, tdt, T, B, H, layers, bi):
 def main():
     quick = "--quick" in sys.argv
     from pydnn.ops.rnn import engine
-    engine.SPLIT_K = "--no-split" not in sys.argv
-    engine.RECORD = "--no-record" not in sys.argv
-    engine.DIR_BATCH = "--no-dir-batch" not in sys.argv
+    tuning.rnn.SPLIT_K = "--no-split" not in sys.argv
+    tuning.rnn.RECORD = "--no-record" not in sys.argv
+    tuning.rnn.DIR_BATCH = "--no-dir-batch" not in sys.argv
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
-          f"split-K {engine.SPLIT_K}, record {engine.RECORD}, direction batching {engine.DIR_BATCH}")
+          f"split-K {tuning.rnn.SPLIT_K}, record {tuning.rnn.RECORD}, direction batching {tuning.rnn.DIR_BATCH}")
     print(f"{'case':22s} {'what':8s} {'pydnn ms':>9s} {'torch ms':>9s} {'pydnn TF/s':>10s} {'torch TF/s':>10s} "
           f"{'ratio':>6s}")
     for name, cell, tname, T, B, H, layers, bi in CASES:

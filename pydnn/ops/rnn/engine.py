@@ -31,6 +31,7 @@ input) and DropoutForward's mask bits (ceil(T*B*dirs*out / 8) bytes, its reserve
 import os
 
 from ... import enums as E
+from ... import tuning
 from ..._cuda import driver
 from ...buffers import device_ptr
 from ...handle import check_handle
@@ -71,16 +72,16 @@ class _Regions:
 # leave SMs idle, K is cut into up to 8 batched slices (each >= 256 long, 16-byte aligned) whose partial
 # sums the cell kernels add. The backward's [B, out] = [B, G*H] x [G*H, out] GEMM is the main case (B 64,
 # out 1024: 16 tiles for 132 SMs). SPLIT_K = False turns it off (for measurements).
-SPLIT_K = True
+# SPLIT_K: a switch, pydnn.tuning.rnn.SPLIT_K (default True)
 SPLIT_MAX = 8
 SPLIT_MIN_K = 256  # the shortest K slice
 # DIR_BATCH: the two directions of a bidirectional layer step together (see _fwd_steps_both); False: one
 # after the other (for measurements)
-DIR_BATCH = True
+# DIR_BATCH: a switch, pydnn.tuning.rnn.DIR_BATCH (default True)
 
 
 def split_k(m, n, k, sm_count):
-    if not SPLIT_K or not sm_count:
+    if not tuning.rnn.SPLIT_K or not sm_count:
         return 1
     blocks = cdiv(m, 64) * cdiv(n, 64)
     s = 1
@@ -106,7 +107,7 @@ class Geometry:
         self.drop = r.dropout is not None and r.dropout.dropout > 0 and r.layers > 1
         self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
         # both directions of a bidirectional layer step together (not with a projection)
-        self.dir_batch = DIR_BATCH and r.dirs == 2 and not r.proj
+        self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count)
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
@@ -357,7 +358,7 @@ def _launcher(handle, tag):
 # by the problem (the descriptors' contents) and every pointer and scalar of the call; the same call again
 # replays them: one cuLaunchKernel each and no Python per step (a 2-layer LSTM of 256 steps is about a
 # thousand launches). RECORD = False launches without recording (each call rebuilds its launches).
-RECORD = True
+# RECORD: a switch, pydnn.tuning.rnn.RECORD (default True)
 
 
 def _gemm_params(plan, a, b, c, beta):
@@ -455,7 +456,7 @@ def _rnn_key(r):
 def _run(handle, r, g, fn, *args):
     """fn(exec, r, g, *args), or the replay of its recorded launches for the same problem and arguments."""
     key = None
-    if RECORD:
+    if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
                args)

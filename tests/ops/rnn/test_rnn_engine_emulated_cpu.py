@@ -2,6 +2,7 @@
 and kernels) run on a CPU emulation of the device (rnn_emulator.py: matmul's formula and each ptx/rnn.cu
 kernel re-stated in numpy), against the float64 reference: forward (training and inference), backward
 data, backward weights (ADD). The same harness runs on the GPU in test_rnn_gpu.py."""
+from pydnn import tuning
 import os
 import sys
 
@@ -50,7 +51,7 @@ def test_engine_on_emulated_device(name, monkeypatch):
 
 def test_engine_without_recording(monkeypatch):
     from pydnn.ops.rnn import engine
-    monkeypatch.setattr(engine, "RECORD", False)
+    monkeypatch.setattr(tuning.rnn, "RECORD", False)
     c = CASES["lstm-proj-clip"]
     dev = rnn_emulator.Device()
     rnn_emulator.install(monkeypatch, dev, c.dtype)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pydnn import enums as E
+from pydnn import tuning
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -88,7 +89,7 @@ def test_rnn_cu_on_the_host_with_split_k(name, host_lib, monkeypatch):
 def test_rnn_cu_on_the_host_directions_one_after_the_other(name, host_lib, monkeypatch):
     """DIR_BATCH off: the bidirectional layers' directions in separate launches (the other path)."""
     from pydnn.ops.rnn import engine
-    monkeypatch.setattr(engine, "DIR_BATCH", False)
+    monkeypatch.setattr(tuning.rnn, "DIR_BATCH", False)
     c = HOST_CASES[name]
     dev = rnn_emulator.Device()
     rnn_emulator.install(monkeypatch, dev, c.dtype, host_lib=host_lib)
