@@ -60,7 +60,10 @@ def convert(model):
         t = type(mod)
         if t in pyd or isinstance(mod, _CONTAINERS):
             continue
-        if any(isinstance(mod, k) for k in SWAPS):
+        if t in SWAPS:  # only the root can still be one: children were swapped above
+            report.kept.append((name, t.__name__, f"the root module itself (construct pydnn.torch.{t.__name__} "
+                                                  "instead)"))
+        elif any(isinstance(mod, k) for k in SWAPS):
             report.kept.append((name, t.__name__, f"subclass of a supported module ({t.__mro__[1].__name__}); "
                                                    "its forward may differ"))
         elif not any(True for _ in mod.children()):
@@ -68,7 +71,4 @@ def convert(model):
         else:
             report.kept.append((name, t.__name__, "own forward: its children are converted, its functional calls "
                                                    "are PyTorch's"))
-    if SWAPS.get(type(model)) is not None:
-        report.kept.append(("", type(model).__name__, "the root module itself (construct pydnn.torch."
-                                                      f"{type(model).__name__} instead)"))
     return report

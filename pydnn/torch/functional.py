@@ -474,8 +474,6 @@ def _norm(kind, x, groups, ndims, weight, bias, eps, torch_path, what):
         b = None if bias is None else bias.float().contiguous()
         if b is not None and w is None:
             w = _ones(x, kind, groups, ndims)
-        if b is None and kind != pydnn.PYDNN_NORM_KIND_RMS:
-            b = torch.zeros_like(w if w is not None else _ones(x, kind, groups, ndims))
         y = NormFunction.apply(dense(x), w, b, kind, int(groups), int(ndims), float(eps))
         return y
 
