@@ -335,9 +335,9 @@ class BatchNormFunction(torch.autograd.Function):
             shape = (1, -1) + (1,) * (x.dim() - 2)
             dx = dy * (w * inv).view(shape).to(dy.dtype)
             axes = [0] + list(range(2, x.dim()))
-            xhat = (x.float() - a.view(shape)) * inv.view(shape)
-            dw = (dy.float() * xhat).sum(axes) if ctx.affine else None
-            db = dy.float().sum(axes) if ctx.affine else None
+            xhat = (x.to(w.dtype) - a.view(shape)) * inv.view(shape)
+            dw = (dy.to(w.dtype) * xhat).sum(axes) if ctx.affine else None
+            db = dy.to(w.dtype).sum(axes) if ctx.affine else None
             return dx, dw, db, None, None, None, None, None
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), x)
