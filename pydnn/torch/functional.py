@@ -251,7 +251,7 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activa
     activation ('relu', 'sigmoid', 'tanh', 'identity'). padding: ints or 'valid' / 'same'."""
     nsp = x.dim() - 2
     ac = C.autocast_dtype()
-    if ac is not None and x.is_cuda:  # as torch's autocast: convolutions run in the autocast dtype
+    if ac is not None and C.on_cuda(x):  # as torch's autocast: convolutions run in the autocast dtype
         x, weight, bias = C.cast(x, ac), C.cast(weight, ac), C.cast(bias, ac)
 
     def torch_path():
@@ -363,7 +363,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         _check_cuda("batch_norm", x)
         pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         for t in (running_mean, running_var, weight, bias):
-            if t is not None and (t.dtype != pdt or not t.is_contiguous() or not t.is_cuda):
+            if t is not None and (t.dtype != pdt or not t.is_contiguous() or not C.on_cuda(t)):
                 raise Unsupported(f"parameter / statistic of dtype {t.dtype} with {x.dtype} input ({pdt} needed)")
         if not training and (running_mean is None or running_var is None):
             raise Unsupported("eval mode without running statistics")
@@ -419,7 +419,9 @@ class NormFunction(torch.autograd.Function):
         xd = tdesc(x)
         nd = _norm_desc(kind, groups, ndims, eps)
         sbd, std = _norm_param_descs(xd, nd)
-        y = _empty_like(x)
+        # as PyTorch: layer / RMS norm outputs are contiguous, group norm keeps channels_last
+        y = _output_like(x, x.shape) if kind == pydnn.PYDNN_NORM_KIND_GROUP else torch.empty(
+            x.shape, dtype=x.dtype, device=x.device)
         yd = tdesc(y)
         sdims = _stat_dims(x, kind, groups, ndims)
         mean = None if kind == pydnn.PYDNN_NORM_KIND_RMS else torch.empty(sdims, dtype=torch.float32, device=x.device)
@@ -468,7 +470,7 @@ def _norm(kind, x, groups, ndims, weight, bias, eps, torch_path, what):
         if x.numel() == 0:
             raise Unsupported("empty input")
         for t in (weight, bias):
-            if t is not None and not t.is_cuda:
+            if not C.on_cuda(t):
                 raise Unsupported("parameters not on a CUDA device")
         w = None if weight is None else weight.float().contiguous()
         b = None if bias is None else bias.float().contiguous()

@@ -188,7 +188,7 @@ class MultiheadAttention(nn.MultiheadAttention):
             reason = "separate q/k/v projections, bias_k / bias_v or add_zero_attn"
         elif query.dim() != 3:
             reason = "unbatched input"
-        elif not query.is_cuda:
+        elif not C.on_cuda(query, key, value):
             reason = "tensors not on a CUDA device"
         elif self.head_dim not in (64, 128):
             reason = f"head dim {self.head_dim} (64 or 128)"
