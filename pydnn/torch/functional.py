@@ -860,7 +860,7 @@ def _attn_desc(hq, hkv, d, scale, mask, p, seed):
 def _attn_ok(t):
     """Head dim contiguous, the other strides multiples of 8 elements, pointer 16-byte aligned."""
     s = t.stride()
-    return s[3] == 1 and all(v % 8 == 0 or n == 1 for v, n in zip(s[:3], t.shape[:3])) and t.data_ptr() % 16 == 0
+    return s[3] == 1 and all(v % 8 == 0 for v in s[:3]) and t.data_ptr() % 16 == 0
 
 
 def _attn_in(t):
