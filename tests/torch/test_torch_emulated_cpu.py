@@ -787,3 +787,50 @@ def test_convert_cnn_train_step(emulated):
         opt.step(), opt_r.step()
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(model.state_dict()[k], v, atol=1e-5, rtol=1e-4, msg=k)
+
+
+# ---------------------------------------------------------------------------------- the demos' models
+def _examples():
+    import importlib
+    import os
+    import sys
+    d = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    sys.path.insert(0, os.path.abspath(d))
+    try:
+        return importlib.import_module("train_gpt"), importlib.import_module("train_cnn")
+    finally:
+        sys.path.pop(0)
+
+
+def test_demo_models_run_pydnn_end_to_end(emulated, monkeypatch):
+    """The demos' pydnn models under bf16 autocast (CUDA autocast's dtype choice emulated, CPU autocast
+    for PyTorch's own Linear): every supported op goes to pydnn, and loss and gradients match the PyTorch
+    model's within bf16 tolerance."""
+    import argparse
+    gpt, cnn = _examples()
+    monkeypatch.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+    args = argparse.Namespace(d_model=128, n_head=2, n_kv_head=1, seq=32, n_layer=2, norm="rms", dropout=0.0)
+    torch.manual_seed(5)
+    ref = gpt.GPT(args, "torch", gpt.torch_attention("default"))
+    mine = gpt.GPT(args, "pydnn", pt.scaled_dot_product_attention)
+    mine.load_state_dict(ref.state_dict())
+    x = torch.randint(0, 256, (3, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = no_fallback(lambda: F.cross_entropy(mine(x).float().view(-1, 256), x.view(-1)))
+        loss_r = F.cross_entropy(ref(x).float().view(-1, 256), x.view(-1))
+    torch.testing.assert_close(loss, loss_r, atol=2e-2, rtol=2e-2)
+    no_fallback(loss.backward)
+    loss_r.backward()
+    for (n, p), pr in zip(mine.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, pr.grad, atol=3e-2 * pr.grad.abs().max().item() + 1e-6, rtol=0, msg=n)
+    assert {"attn_fwd", "attn_bwd", "norm_fwd", "norm_bwd", "act_fwd", "act_bwd"} <= set(emulated)
+
+    torch.manual_seed(6)
+    ref, mine = cnn.build("torch"), cnn.build("pydnn")
+    mine.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = no_fallback(lambda: mine(x))
+        out_r = ref(x)
+    assert out.dtype == out_r.dtype
+    torch.testing.assert_close(out.float(), out_r.float(), atol=5e-2, rtol=5e-2)
