@@ -196,12 +196,13 @@ class MultiheadAttention(nn.MultiheadAttention):
             C.fallback(f"MultiheadAttention: {reason}")
             return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                                    average_attn_weights, is_causal)
+        self_attention = query is key and key is value
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         b, sq, e = query.shape
         h, d = self.num_heads, self.head_dim
         w, bias = self.in_proj_weight, self.in_proj_bias
-        if query is key and key is value:
+        if self_attention:
             qkv = F.linear(query, w, bias).view(b, sq, 3, h, d)
             q, k, v = qkv.unbind(2)
         else:

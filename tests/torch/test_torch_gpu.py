@@ -18,16 +18,23 @@ pytestmark = pytest.mark.gpu
 # max-norm relative error allowed, by the dtype pydnn computed in (fp32: pydnn's own fp32 sums against
 # float64; 16-bit: the output's rounding dominates)
 TOL = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+# results summed from many 16-bit products on tensor cores or through transforms (convolution's Winograd /
+# FFT / GEMM algorithms, attention's P and dS rounded to the 16-bit type): pydnn's own convolution tests
+# allow rtol x the magnitude of the summed terms, about 3 to 4 times the result's max-norm
+TOL_SUM = {torch.float64: 1e-8, torch.float32: 2e-4, torch.float16: 8e-3, torch.bfloat16: 3e-2}
 
 
 @pytest.fixture(autouse=True)
 def _setup():
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA device")
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = False  # references run in float64 anyway; keep torch's fp32 exact
     torch.backends.cuda.matmul.allow_tf32 = False
     pt.benchmark = False
     yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    pt.benchmark = False
 
 
 @contextlib.contextmanager
@@ -117,15 +124,16 @@ def test_conv(cfg, dtype):
     with pydnn_runs():
         y = mine(x)
     yr = fn(ref(xr))
-    close(y, yr, dtype, "forward")
+    tol = TOL_SUM[dtype]
+    close(y, yr, dtype, "forward", tol)
     dy = torch.randn_like(yr).to(dtype)
     with pydnn_runs():
         y.backward(dy)
     yr.backward(dy.double())
-    close(x.grad, xr.grad, dtype, "dx")
-    close(mine.weight.grad, ref.weight.grad, dtype, "dw")
+    close(x.grad, xr.grad, dtype, "dx", tol)
+    close(mine.weight.grad, ref.weight.grad, dtype, "dw", tol)
     if bias:
-        close(mine.bias.grad, ref.bias.grad, dtype, "db")
+        close(mine.bias.grad, ref.bias.grad, dtype, "db", tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -142,15 +150,16 @@ def test_conv_channels_last_tensor_cores(dtype):
     assert y.is_contiguous(memory_format=torch.channels_last)
     xr = x.detach().double().requires_grad_(True)
     yr = F.relu(ref(xr))
-    close(y, yr, dtype, "forward")
+    tol = TOL_SUM[dtype]
+    close(y, yr, dtype, "forward", tol)
     dy = torch.randn_like(yr)
     with pydnn_runs():
         y.backward(dy.to(dtype))
     yr.backward(dy)
     assert x.grad.is_contiguous(memory_format=torch.channels_last)
-    close(x.grad, xr.grad, dtype, "dx")
-    close(mine.weight.grad, ref.weight.grad, dtype, "dw")
-    close(mine.bias.grad, ref.bias.grad, dtype, "db")
+    close(x.grad, xr.grad, dtype, "dx", tol)
+    close(mine.weight.grad, ref.weight.grad, dtype, "dw", tol)
+    close(mine.bias.grad, ref.bias.grad, dtype, "db", tol)
 
 
 def test_conv_non_contiguous_input_and_benchmark():
@@ -165,7 +174,7 @@ def test_conv_non_contiguous_input_and_benchmark():
         pt.benchmark = bench
         with pydnn_runs():
             y = mine(x)
-        close(y, ref(x.double()), torch.float32, f"benchmark={bench}")
+        close(y, ref(x.double()), torch.float32, f"benchmark={bench}", TOL_SUM[torch.float32])
     pt.benchmark = False
 
 
@@ -262,12 +271,20 @@ def test_activations(case, dtype):
 def test_pooling(case, dtype, layout):
     pcls, tcls, args, kw = case
     mine, ref = pcls(*args, **kw), tcls(*args, **kw)
-    x = rand(3, 8, 17, 14, dtype=dtype)
+    x = distinct_planes(3, 8, 17, 14, dtype)
     if layout == "nhwc":
         x = x.to(memory_format=torch.channels_last)
     y = compare_module(mine, ref, x, dtype, what=pcls.__name__)
     if layout == "nhwc":
         assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def distinct_planes(n, c, h, w, dtype):
+    """Each (n, c) plane a random permutation of 0..h*w-1, over 16, minus 7: exact in bf16 (integers
+    below 256 times a power of two) and without ties, so max pooling's argmax is the same as PyTorch's."""
+    assert h * w <= 256
+    planes = torch.stack([torch.randperm(h * w, device="cuda") for _ in range(n * c)])
+    return (planes.view(n, c, h, w).to(torch.float32) / 16 - 7).to(dtype)
 
 
 def test_pooling_gradcheck_float64():
@@ -353,7 +370,7 @@ def test_sdpa(dtype, d, causal, heads):
         o.backward(do.to(dtype))
     orf.backward(do)
     for t, r, n in zip((q, k, v), refs, "qkv"):  # P and dS are rounded to the 16-bit type in the kernels
-        close(t.grad, r.grad, dtype, f"d{n}", tol=1.5 * TOL[dtype])
+        close(t.grad, r.grad, dtype, f"d{n}", tol=TOL_SUM[dtype])
 
 
 def test_sdpa_bshd_views_and_autocast():
@@ -375,7 +392,7 @@ def test_sdpa_bshd_views_and_autocast():
     with pydnn_runs():
         o.backward(do.bfloat16())
     orf.backward(do)
-    close(qkv.grad, qkvr.grad, torch.bfloat16, "dqkv", tol=1.5 * TOL[torch.bfloat16])
+    close(qkv.grad, qkvr.grad, torch.bfloat16, "dqkv", tol=TOL_SUM[torch.bfloat16])
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
@@ -392,7 +409,7 @@ def test_multihead_attention(batch_first):
             y, w = mine(x, x, x, need_weights=False)
         assert w is None
         yr, _ = ref(x, x, x, need_weights=False)
-    close(y, yr.float(), torch.bfloat16, "mha")
+    close(y, yr.float(), torch.bfloat16, "mha", tol=5e-2)  # two bf16 computations (pydnn's, PyTorch's)
     y.float().sum().backward()
     assert mine.in_proj_weight.grad is not None and torch.isfinite(mine.in_proj_weight.grad).all()
 
