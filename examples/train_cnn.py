@@ -30,7 +30,7 @@ def build(backend):
     return nn.Sequential(
         L.Conv2d(3, 64, 3, padding=1), L.BatchNorm2d(64), L.ReLU(), L.MaxPool2d(2),
         L.Conv2d(64, 128, 3, padding=1), L.BatchNorm2d(128), L.ReLU(), L.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128 * 8 * 8, 10))
+        nn.Flatten(), L.Linear(128 * 8 * 8, 10))
 
 
 def load_digits(device, seed):

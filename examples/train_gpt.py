@@ -8,7 +8,8 @@ PyTorch (SDPA on cuDNN where it takes the problem). Prints loss and tokens per s
     torchrun --nproc_per_node=2 examples/train_gpt.py   # data-parallel (NCCL), one pydnn handle per rank
 
 The global batch is split over the ranks, so a 2-GPU run sees the same batches as a 1-GPU run.
-Linear layers are PyTorch's (cuBLAS) in both runs: pydnn has no public matmul on this branch.
+Linear layers of the pydnn run are pydnn.torch.Linear: pydnn.matmul where this pydnn has the public matmul
+(the graph API's), else PyTorch's F.linear; --torch-linear keeps them on cuBLAS.
 """
 import argparse
 import glob
@@ -48,11 +49,11 @@ def corpus(max_bytes):
 
 
 class Attention(nn.Module):
-    def __init__(self, d, n_head, n_kv, attn):
+    def __init__(self, d, n_head, n_kv, attn, Linear):
         super().__init__()
         self.n_head, self.n_kv, self.hd, self.attn = n_head, n_kv, d // n_head, attn
-        self.qkv = nn.Linear(d, (n_head + 2 * n_kv) * self.hd, bias=False)
-        self.proj = nn.Linear(n_head * self.hd, d, bias=False)
+        self.qkv = Linear(d, (n_head + 2 * n_kv) * self.hd, bias=False)
+        self.proj = Linear(n_head * self.hd, d, bias=False)
 
     def forward(self, x):
         b, t, _ = x.shape
@@ -64,13 +65,13 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d, n_head, n_kv, L, norm, attn, dropout):
+    def __init__(self, d, n_head, n_kv, L, norm, attn, dropout, Linear):
         super().__init__()
         Norm = L.RMSNorm if norm == "rms" else L.LayerNorm
         self.n1, self.n2 = Norm(d), Norm(d)
-        self.attn = Attention(d, n_head, n_kv, attn)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=False), L.GELU(approximate="tanh"),
-                                 nn.Linear(4 * d, d, bias=False), L.Dropout(dropout))
+        self.attn = Attention(d, n_head, n_kv, attn, Linear)
+        self.mlp = nn.Sequential(Linear(d, 4 * d, bias=False), L.GELU(approximate="tanh"),
+                                 Linear(4 * d, d, bias=False), L.Dropout(dropout))
         self.drop = L.Dropout(dropout)
 
     def forward(self, x):
@@ -86,12 +87,13 @@ class GPT(nn.Module):
         else:
             L = nn
         d = args.d_model
+        Linear = nn.Linear if getattr(args, "torch_linear", False) else L.Linear
         self.tok = nn.Embedding(256, d)
         self.pos = nn.Embedding(args.seq, d)
-        self.blocks = nn.ModuleList(Block(d, args.n_head, args.n_kv_head, L, args.norm, attn, args.dropout)
+        self.blocks = nn.ModuleList(Block(d, args.n_head, args.n_kv_head, L, args.norm, attn, args.dropout, Linear)
                                     for _ in range(args.n_layer))
         self.norm = (L.RMSNorm if args.norm == "rms" else L.LayerNorm)(d)
-        self.head = nn.Linear(d, 256, bias=False)
+        self.head = Linear(d, 256, bias=False)
         self.head.weight = self.tok.weight  # tied
         for n, p in self.named_parameters():
             if p.dim() == 2:
@@ -234,6 +236,7 @@ def main():
     ap.add_argument("--backend", choices=["both", "pydnn", "torch"], default="both")
     ap.add_argument("--torch-sdpa", choices=["cudnn", "flash", "efficient", "default"], default="cudnn",
                     help="PyTorch's SDPA backend for the reference run (falls back if it refuses the problem)")
+    ap.add_argument("--torch-linear", action="store_true", help="the pydnn run's Linear layers on cuBLAS")
     ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")
     ap.add_argument("--plot", default="train_gpt.png", help="PNG of the loss curves (needs matplotlib)")
     ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops)")
@@ -256,7 +259,11 @@ def main():
     if hd not in (64, 128) and args.backend != "torch":
         dist.print(f"note: head dim {hd}: pydnn's fused attention takes 64 and 128; other sizes fall back")
     torch.manual_seed(args.seed)
+    import pydnn
     import pydnn.torch as pt
+    if args.backend != "torch":
+        on = hasattr(pydnn, "matmul") and not args.torch_linear
+        dist.print(f"pydnn run's Linear layers: {'pydnn.matmul' if on else 'PyTorch F.linear (cuBLAS)'}")
     init_state = GPT(args, "torch", None).state_dict()
     results = {}
     for backend in (["pydnn", "torch"] if args.backend == "both" else [args.backend]):

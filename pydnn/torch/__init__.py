@@ -25,6 +25,9 @@ from .modules import __all__ as _modules_all
 # as torch.backends.cudnn.benchmark: True makes each new convolution problem choose its algorithms with
 # pydnn's Find (timed on the GPU, persisted in the tuning cache) instead of the v7 heuristic
 benchmark = False
+# Linear / pydnn.torch.functional.linear run on pydnn.matmul when pydnn has it (the graph API's public
+# matmul; hasattr-checked at each call) and this is true; PyTorch's F.linear otherwise
+linear_on_pydnn = True
 
 
 def fallback_report():
@@ -32,5 +35,5 @@ def fallback_report():
     return dict(fallbacks.most_common())
 
 
-__all__ = ["benchmark", "convert", "ConvertReport", "fallbacks", "fallback_report", "functional", "handle_for",
+__all__ = ["benchmark", "linear_on_pydnn", "convert", "ConvertReport", "fallbacks", "fallback_report", "functional", "handle_for",
            "softmax", "log_softmax", "scaled_dot_product_attention", *_modules_all]

@@ -946,7 +946,69 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _run(pydnn_path, torch_path, "scaled_dot_product_attention")
 
 
+class LinearFunction(torch.autograd.Function):
+    """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
+    public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
+    backward dx = dy @ W, dW = dy^T @ x (dy^T a column-major view); the bias and its gradient by PyTorch."""
+
+    @staticmethod
+    def forward(ctx, x2, w, b):
+        h = C.handle_for(x2.device)
+        m, k = x2.shape
+        n = w.shape[0]
+        y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+        pydnn.matmul(h, 1.0, tdesc(x2), x2.data_ptr(), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
+                     w.data_ptr(), 0.0, tdesc(y), y.data_ptr())
+        if b is not None:
+            y.add_(b)
+        ctx.save_for_backward(x2, w)
+        ctx.has_bias = b is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w = ctx.saved_tensors
+        h = C.handle_for(x2.device)
+        dy = dy.contiguous()
+        m, n = dy.shape
+        k = x2.shape[1]
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
+            pydnn.matmul(h, 1.0, tdesc(dy), dy.data_ptr(), tdesc(w), w.data_ptr(), 0.0, tdesc(dx), dx.data_ptr())
+        if ctx.needs_input_grad[1]:
+            dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
+            pydnn.matmul(h, 1.0, C.tensor_desc(dy.dtype, (n, m), (dy.stride(1), dy.stride(0))), dy.data_ptr(),
+                         tdesc(x2), x2.data_ptr(), 0.0, tdesc(dw), dw.data_ptr())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(0)
+        return dx, dw, db
+
+
 def linear(x, weight, bias=None):
-    """PyTorch's F.linear. pydnn has no public matmul on this branch (pydnn.matmul is being added by another
-    change); when `pydnn.matmul` exists this is where it goes."""
-    return F.linear(x, weight, bias)
+    """F.linear on pydnn.matmul when this pydnn has the public matmul (the graph API's; checked with
+    hasattr) and pydnn.torch.linear_on_pydnn is true; otherwise PyTorch's F.linear (cuBLAS), which is not
+    counted as a fallback. Autocast casts as PyTorch's (linear runs in the autocast dtype)."""
+    if not hasattr(pydnn, "matmul") or not getattr(sys.modules.get("pydnn.torch"), "linear_on_pydnn", True):
+        return F.linear(x, weight, bias)
+    ac = C.autocast_dtype()
+    if ac is not None and C.on_cuda(x):
+        x, weight, bias = C.cast(x, ac), C.cast(weight, ac), C.cast(bias, ac)
+
+    def torch_path():
+        return F.linear(x, weight, bias)
+
+    def pydnn_path():
+        _check_cuda("linear", x, weight, bias)
+        if x.dtype == torch.float64:
+            raise Unsupported("float64 (pydnn.matmul: float32, float16, bfloat16)")
+        if x.dim() == 0 or x.numel() == 0 or weight.dim() != 2:
+            raise Unsupported("empty or 0-d input")
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < x2.shape[1]):
+            x2 = x2.contiguous()
+        w = weight.contiguous()
+        y = LinearFunction.apply(x2, w, bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    return _run(pydnn_path, torch_path, "linear")

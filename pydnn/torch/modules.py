@@ -162,8 +162,8 @@ class LogSoftmax(nn.LogSoftmax):
 
 
 class Linear(nn.Linear):
-    """PyTorch's Linear (F.linear, cuBLAS): pydnn has no public matmul on this branch. Kept as a drop-in so
-    convert() leaves it swapped and a later pydnn.matmul can take over here."""
+    """Linear on pydnn.matmul where this pydnn has the public matmul (hasattr(pydnn, "matmul"), the graph
+    API's) and pydnn.torch.linear_on_pydnn is true; PyTorch's F.linear (cuBLAS) otherwise."""
 
     def forward(self, x):
         return PF.linear(x, self.weight, self.bias)

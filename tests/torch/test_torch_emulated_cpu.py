@@ -834,3 +834,43 @@ def test_demo_models_run_pydnn_end_to_end(emulated, monkeypatch):
         out_r = ref(x)
     assert out.dtype == out_r.dtype
     torch.testing.assert_close(out.float(), out_r.float(), atol=5e-2, rtol=5e-2)
+
+
+# ------------------------------------------------------------------ Linear on the public pydnn.matmul
+def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C):  # noqa: N803 - the graph API's signature
+    """pydnn.matmul as the graph API (wt-graph 025edd3, pydnn/graph/matmul_api.py) declares it: C = alpha
+    A @ B + beta C, 2-d or 3-d descriptors, transposes as strides."""
+    CALLS.append("matmul")
+    a, b, c = tv(a_desc, A), tv(b_desc, B), tv(c_desc, C)
+    for t in (a, b):
+        assert 1 in t.stride()[-2:], f"matmul operands are row- or column-major, got strides {t.stride()}"
+    blend(c, a.double() @ b.double(), alpha, beta)
+
+
+_MATMUL_SIG = "(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C)"
+
+
+def test_matmul_fake_signature():
+    assert str(inspect.signature(matmul)) == _MATMUL_SIG
+    if hasattr(pydnn, "matmul"):  # once the graph API is merged: the real one must match
+        assert str(inspect.signature(pydnn.matmul)) == _MATMUL_SIG
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_on_pydnn_matmul(emulated, monkeypatch, bias):
+    monkeypatch.setattr(pydnn, "matmul", matmul, raising=False)
+    mine, ref = make(pt.Linear, nn.Linear, 12, 7, bias=bias)
+    check(mine, ref, torch.randn(3, 5, 12))
+    check(mine, ref, torch.randn(12, 5, 3).transpose(0, 2))  # non-contiguous input
+    assert emulated.count("matmul") >= 6
+    monkeypatch.setattr(pt, "linear_on_pydnn", False)
+    emulated.clear()
+    check(mine, ref, torch.randn(3, 12))
+    assert "matmul" not in emulated
+
+
+def test_linear_without_pydnn_matmul_is_torch(emulated, monkeypatch):
+    monkeypatch.delattr(pydnn, "matmul", raising=False)
+    mine, ref = make(pt.Linear, nn.Linear, 6, 4)
+    check(mine, ref, torch.randn(2, 6))
+    assert "matmul" not in emulated

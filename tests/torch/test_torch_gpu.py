@@ -414,6 +414,17 @@ def test_multihead_attention(batch_first):
     assert mine.in_proj_weight.grad is not None and torch.isfinite(mine.in_proj_weight.grad).all()
 
 
+# -------------------------------------------------------------------------------------------- linear
+@pytest.mark.skipif(not hasattr(__import__("pydnn"), "matmul"), reason="this pydnn has no public pydnn.matmul")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_on_pydnn_matmul(dtype, bias):
+    mine, ref = pair(pt.Linear, nn.Linear, (96, 40), dict(bias=bias), dtype)
+    compare_module(mine, ref, rand(3, 17, 96, dtype=dtype), dtype, what="linear")
+    mine.zero_grad(), ref.zero_grad()
+    compare_module(mine, ref, rand(96, 17, 3, dtype=dtype).transpose(0, 2), dtype, what="linear strided")
+
+
 # ----------------------------------------------------------------------- autocast, convert, CUDA graph
 def cnn():
     return nn.Sequential(
