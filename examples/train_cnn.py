@@ -7,7 +7,9 @@ PyTorch (cuDNN): loss and test accuracy per epoch, step times side by side, curv
     torchrun --nproc_per_node=2 examples/train_cnn.py  # data-parallel (NCCL), one pydnn handle per rank
 
 The model is the seed's CNN (conv 3->64, conv 64->128, 3x3 pad 1, ReLU, 2x2 max pool after each, a linear
-classifier) with batch norm after each convolution.
+classifier) with batch norm after each convolution, built from PyTorch's modules; the pydnn run converts it
+with pydnn.torch.convert(model, fuse=True) (each batch norm + ReLU one fused pydnn call; --no-fuse keeps
+them apart).
 """
 import argparse
 import os
@@ -22,15 +24,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Dist, StepTimer, gpu_idle_share, progress  # noqa: E402
 
 
-def build(backend):
+def build(backend, fuse=True):
+    """The model in PyTorch's modules; for pydnn, the same converted by pydnn.torch.convert (and, with fuse,
+    each batch norm's ReLU fused into it: BatchNormalizationForwardTrainingEx's BN_ACTIVATION)."""
+    model = _build()
     if backend == "pydnn":
-        import pydnn.torch as L
-    else:
-        L = nn
+        import pydnn.torch
+        pydnn.torch.convert(model, fuse=fuse)
+    return model
+
+
+def _build():
     return nn.Sequential(
-        L.Conv2d(3, 64, 3, padding=1), L.BatchNorm2d(64), L.ReLU(), L.MaxPool2d(2),
-        L.Conv2d(64, 128, 3, padding=1), L.BatchNorm2d(128), L.ReLU(), L.MaxPool2d(2),
-        nn.Flatten(), L.Linear(128 * 8 * 8, 10))
+        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 8 * 8, 10))
 
 
 def load_digits(device, seed):
@@ -65,7 +73,7 @@ def evaluate(model, x, y, bs=512):
 def run(backend, args, dist, data, init_state):
     xtr, ytr, xte, yte = data
     torch.manual_seed(args.seed)
-    model = build(backend).to(dist.device)
+    model = build(backend, fuse=not args.no_fuse).to(dist.device)
     model.load_state_dict(init_state)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -122,6 +130,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=["both", "pydnn", "torch"], default="both")
     ap.add_argument("--channels-last", action="store_true", help="NHWC activations and filters")
+    ap.add_argument("--no-fuse", action="store_true", help="pydnn: keep each batch norm's ReLU a separate op")
     ap.add_argument("--benchmark", action="store_true",
                     help="pydnn.torch.benchmark / torch.backends.cudnn.benchmark: pick convolutions by Find")
     ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")

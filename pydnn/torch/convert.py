@@ -23,10 +23,12 @@ class ConvertReport:
     forward code: functional calls such as F.relu or torch.matmul inside a forward are not swapped)."""
 
     def __init__(self):
-        self.converted, self.kept = [], []
+        self.converted, self.kept, self.fused = [], [], []
 
     def __str__(self):
-        lines = [f"pydnn.torch.convert: {len(self.converted)} modules swapped, {len(self.kept)} left as PyTorch"]
+        lines = [f"pydnn.torch.convert: {len(self.converted)} modules swapped, {len(self.fused)} activations "
+                 f"fused, {len(self.kept)} left as PyTorch"]
+        lines += [f"  fused {a} into {n}" for n, a in self.fused]
         lines += [f"  kept {n or '(model)'}: {c} ({r})" for n, c, r in self.kept]
         return "\n".join(lines)
 
@@ -38,15 +40,42 @@ def _swap(old, cls):
     on the model keeps working), hooks, training flag."""
     new = cls.__new__(cls)
     new.__dict__.update(old.__dict__)
-    if cls in (M.Conv1d, M.Conv2d, M.Conv3d):
+    if cls in (M.Conv1d, M.Conv2d, M.Conv3d, M.BatchNorm1d, M.BatchNorm2d):
         new.activation = None
     return new
 
 
-def convert(model):
+_CONVS = (M.Conv1d, M.Conv2d, M.Conv3d)
+_BNS = (M.BatchNorm1d, M.BatchNorm2d)
+_ACTS = {M.ReLU: "relu", M.Sigmoid: "sigmoid", M.Tanh: "tanh"}
+
+
+def _fuse(model, report):
+    """In every nn.Sequential: a Conv followed by a ReLU / Sigmoid / Tanh, or a BatchNorm followed by a
+    ReLU, takes the activation into its epilogue; the activation module becomes nn.Identity (so indices and
+    state_dict keys stay). Only inside Sequential, where nothing else can read the value in between."""
+    for name, seq in model.named_modules():
+        if type(seq) is not nn.Sequential:
+            continue
+        keys = list(seq._modules)
+        for a, b in zip(keys, keys[1:]):
+            first, second = seq._modules[a], seq._modules[b]
+            act = _ACTS.get(type(second))
+            if act is None or getattr(first, "activation", 1) is not None:
+                continue
+            if type(first) in _CONVS or (type(first) in _BNS and act == "relu"):
+                if second._forward_hooks or second._forward_pre_hooks or first._forward_hooks:
+                    continue
+                first.activation = act
+                seq._modules[b] = nn.Identity()
+                report.fused.append((f"{name}.{a}" if name else a, act))
+
+
+def convert(model, fuse=False):
     """Swap every supported module of `model` (exact PyTorch types) in place; returns a ConvertReport. The
     root cannot be replaced in place: a supported root type is reported as kept (construct
-    pydnn.torch.<Class> for a single module)."""
+    pydnn.torch.<Class> for a single module). fuse=True also fuses Conv + ReLU / Sigmoid / Tanh and
+    BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity)."""
     report = ConvertReport()
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
@@ -55,7 +84,9 @@ def convert(model):
             if cls is not None:
                 setattr(mod, cname, _swap(child, cls))
                 report.converted.append((full, type(child).__name__))
-    pyd = set(SWAPS.values())
+    if fuse:
+        _fuse(model, report)
+    pyd = set(SWAPS.values()) | {nn.Identity}
     for name, mod in model.named_modules():
         t = type(mod)
         if t in pyd or isinstance(mod, _CONTAINERS):

@@ -299,8 +299,13 @@ def _bn_view(x):
 
 
 class BatchNormFunction(torch.autograd.Function):
+    """Batch norm (SPATIAL) with an optional fused ReLU: training through
+    BatchNormalizationForwardTraining(Ex with BN_ACTIVATION) / BatchNormalizationBackward(Ex, the ReLU mask
+    from the reserve space); eval through ForwardInference (the ReLU then applied to y) and a PyTorch
+    backward (the affine map of eval mode)."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, training, factor, eps):
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, factor, eps, relu):
         h = C.handle_for(x.device)
         dims, strides = _bn_view(x)
         xd = C.tensor_desc(x.dtype, dims, strides)
@@ -312,25 +317,43 @@ class BatchNormFunction(torch.autograd.Function):
         w = weight if weight is not None else torch.ones(c, dtype=pdt, device=x.device)
         b = bias if bias is not None else torch.zeros(c, dtype=pdt, device=x.device)
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
+        rs = None
         if training:
             sm = torch.empty(c, dtype=pdt, device=x.device)
             si = torch.empty(c, dtype=pdt, device=x.device)
-            pydnn.batch_normalization_forward_training(
-                h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor,
-                ptr(running_mean), ptr(running_var), eps, sm.data_ptr(), si.data_ptr())
-            ctx.save_for_backward(x, w, sm, si)
+            if relu:
+                ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
+                nws = pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, mode, ops, xd, None, yd,
+                                                                                       pd, ad)
+                nrs = pydnn.get_batch_normalization_training_ex_reserve_space_size(h, mode, ops, ad, xd)
+                ws, wsp = C.workspace(nws, x.device)
+                rs = torch.empty(max(nrs, 1), dtype=torch.uint8, device=x.device)
+                pydnn.batch_normalization_forward_training_ex(
+                    h, mode, ops, 1.0, 0.0, xd, x.data_ptr(), None, None, yd, y.data_ptr(), pd, w.data_ptr(),
+                    b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps, sm.data_ptr(), si.data_ptr(),
+                    ad, wsp, nws, rs.data_ptr(), nrs)
+                ctx.nrs = nrs
+            else:
+                pydnn.batch_normalization_forward_training(
+                    h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor,
+                    ptr(running_mean), ptr(running_var), eps, sm.data_ptr(), si.data_ptr())
+            ctx.save_for_backward(x, w, b, sm, si, rs)
         else:
             pydnn.batch_normalization_forward_inference(
                 h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(),
                 running_mean.data_ptr(), running_var.data_ptr(), eps)
-            ctx.save_for_backward(x, w, running_mean, running_var)
-        ctx.training, ctx.eps, ctx.pd, ctx.affine = training, eps, pd, weight is not None
+            if relu:
+                y.relu_()
+            ctx.save_for_backward(x, w, running_mean, running_var, y if relu else None)
+        ctx.training, ctx.eps, ctx.pd, ctx.affine, ctx.relu = training, eps, pd, weight is not None, relu
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, w, a, b = ctx.saved_tensors
         if not ctx.training:  # eval mode: y = (x - rm) * w / sqrt(rv + eps) + bias, an affine map of x
+            x, w, a, b, y = ctx.saved_tensors
+            if y is not None:
+                dy = dy * (y > 0)
             inv = torch.rsqrt(b + ctx.eps)
             shape = (1, -1) + (1,) * (x.dim() - 2)
             dx = dy * (w * inv).view(shape).to(dy.dtype)
@@ -338,24 +361,45 @@ class BatchNormFunction(torch.autograd.Function):
             xhat = (x.to(w.dtype) - a.view(shape)) * inv.view(shape)
             dw = (dy.to(w.dtype) * xhat).sum(axes) if ctx.affine else None
             db = dy.to(w.dtype).sum(axes) if ctx.affine else None
-            return dx, dw, db, None, None, None, None, None
+            return dx, dw, db, None, None, None, None, None, None
+        x, w, b, sm, si, rs = ctx.saved_tensors
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), x)
         dx = _empty_like(x)
         dw, db = torch.empty_like(w), torch.empty_like(w)
-        pydnn.batch_normalization_backward(
-            h, pydnn.PYDNN_BATCHNORM_SPATIAL, 1.0, 0.0, 1.0, 0.0, C.tensor_desc(x.dtype, *_bn_view(x)), x.data_ptr(),
-            C.tensor_desc(dy.dtype, *_bn_view(dy)), dy.data_ptr(), C.tensor_desc(dx.dtype, *_bn_view(dx)),
-            dx.data_ptr(), ctx.pd, w.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps, a.data_ptr(), b.data_ptr())
+        mode = pydnn.PYDNN_BATCHNORM_SPATIAL
+        xd = C.tensor_desc(x.dtype, *_bn_view(x))
+        dyd = C.tensor_desc(dy.dtype, *_bn_view(dy))
+        dxd = C.tensor_desc(dx.dtype, *_bn_view(dx))
+        if ctx.relu:
+            ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
+            nws = pydnn.get_batch_normalization_backward_ex_workspace_size(h, mode, ops, xd, None, dyd, None, dxd,
+                                                                           ctx.pd, ad)
+            ws, wsp = C.workspace(nws, x.device)
+            pydnn.batch_normalization_backward_ex(
+                h, mode, ops, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), None, None, dyd, dy.data_ptr(), None, None, dxd,
+                dx.data_ptr(), ctx.pd, w.data_ptr(), b.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps,
+                sm.data_ptr(), si.data_ptr(), ad, wsp, nws, rs.data_ptr(), ctx.nrs)
+        else:
+            pydnn.batch_normalization_backward(
+                h, mode, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(), ctx.pd,
+                w.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps, sm.data_ptr(), si.data_ptr())
         if not ctx.affine:
             dw = db = None
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
-def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
-    """torch.nn.functional.batch_norm's semantics (momentum = cuDNN's exponential average factor)."""
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5,
+               activation=None):
+    """torch.nn.functional.batch_norm's semantics (momentum = cuDNN's exponential average factor);
+    activation='relu' fuses a ReLU after it (the Ex form's BN_ACTIVATION in training)."""
+    if activation not in (None, "relu"):
+        raise ValueError(f"activation: {activation!r} (batch norm fuses 'relu' only)")
+    relu = activation == "relu"
+
     def torch_path():
-        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        return F.relu(y) if relu else y
 
     def pydnn_path():
         if not 2 <= x.dim() <= 5:
@@ -374,7 +418,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         if x.numel() == 0:
             raise Unsupported("empty input")
         return BatchNormFunction.apply(dense(x), weight, bias, running_mean, running_var, bool(training),
-                                       float(momentum), float(eps))
+                                       float(momentum), float(eps), relu)
 
     return _run(pydnn_path, torch_path, "batch_norm")
 

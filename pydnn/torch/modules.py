@@ -58,6 +58,19 @@ class Conv3d(_ConvMixin, nn.Conv3d):
 
 
 class _BatchNormMixin:
+    """`activation` (a pydnn.torch extra, default None): 'relu' fused after the normalization
+    (BatchNormalizationForwardTrainingEx's BN_ACTIVATION in training)."""
+
+    def _init_activation(self, activation):
+        if activation not in (None, "relu"):
+            raise ValueError(f"activation: {activation!r} is not 'relu' (or None)")
+        self.activation = activation
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        act = getattr(self, "activation", None)
+        return s + (f", activation={act!r}" if act else "")
+
     def forward(self, x):
         self._check_input_dim(x)
         # as torch's _BatchNorm.forward
@@ -68,15 +81,20 @@ class _BatchNormMixin:
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         rm = self.running_mean if not self.training or self.track_running_stats else None
         rv = self.running_var if not self.training or self.track_running_stats else None
-        return PF.batch_norm(x, rm, rv, self.weight, self.bias, bn_training, factor, self.eps)
+        return PF.batch_norm(x, rm, rv, self.weight, self.bias, bn_training, factor, self.eps,
+                             getattr(self, "activation", None))
 
 
 class BatchNorm1d(_BatchNormMixin, nn.BatchNorm1d):
-    pass
+    def __init__(self, *args, activation=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_activation(activation)
 
 
 class BatchNorm2d(_BatchNormMixin, nn.BatchNorm2d):
-    pass
+    def __init__(self, *args, activation=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_activation(activation)
 
 
 class LayerNorm(nn.LayerNorm):

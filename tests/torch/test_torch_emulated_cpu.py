@@ -874,3 +874,101 @@ def test_linear_without_pydnn_matmul_is_torch(emulated, monkeypatch):
     mine, ref = make(pt.Linear, nn.Linear, 6, 4)
     check(mine, ref, torch.randn(2, 6))
     assert "matmul" not in emulated
+
+
+# ------------------------------------------------------------------------ batch norm + ReLU (Ex form)
+def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_ops, x_desc, z_desc, y_desc,
+                                                               bn_scale_bias_mean_var_desc, activation_desc):
+    return 96
+
+
+def get_batch_normalization_training_ex_reserve_space_size(handle, mode, bn_ops, activation_desc, x_desc):
+    return math.prod(pydnn.get_tensor_nd_descriptor(x_desc, 8)[2])
+
+
+def get_batch_normalization_backward_ex_workspace_size(handle, mode, bn_ops, x_desc, y_desc, dy_desc, dz_desc,
+                                                       dx_desc, d_bn_scale_bias_desc, activation_desc):
+    return 32
+
+
+def _bytes(p, n):
+    return torch.from_numpy(np.frombuffer((ctypes.c_char * n).from_address(p), dtype=np.uint8))
+
+
+def batch_normalization_forward_training_ex(handle, mode, bn_ops, alpha, beta, x_desc, x_data, z_desc, z_data,
+                                            y_desc, y_data, bn_scale_bias_mean_var_desc, bn_scale, bn_bias,
+                                            exponential_average_factor, result_running_mean,
+                                            result_running_variance, epsilon, result_save_mean,
+                                            result_save_inv_variance, activation_desc, workspace,
+                                            work_space_size_in_bytes, reserve_space, reserve_space_size_in_bytes):
+    CALLS.append("bn_fwd_train_ex")
+    assert bn_ops == pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION and z_desc is None and z_data is None
+    assert pydnn.get_activation_descriptor(activation_desc)[0] == pydnn.PYDNN_ACTIVATION_RELU
+    ws_check(workspace, work_space_size_in_bytes)
+    batch_normalization_forward_training(handle, mode, alpha, beta, x_desc, x_data, y_desc, y_data,
+                                         bn_scale_bias_mean_var_desc, bn_scale, bn_bias, exponential_average_factor,
+                                         result_running_mean, result_running_variance, epsilon, result_save_mean,
+                                         result_save_inv_variance)
+    y = tv(y_desc, y_data)
+    _bytes(reserve_space, reserve_space_size_in_bytes).copy_((y > 0).reshape(-1).to(torch.uint8))
+    y.copy_(F.relu(y))
+
+
+def batch_normalization_backward_ex(handle, mode, bn_ops, alpha_data_diff, beta_data_diff, alpha_param_diff,
+                                    beta_param_diff, x_desc, x_data, y_desc, y_data, dy_desc, dy_data, dz_desc,
+                                    dz_data, dx_desc, dx_data, d_bn_scale_bias_desc, bn_scale_data, bn_bias_data,
+                                    d_bn_scale_data, d_bn_bias_data, epsilon, saved_mean, saved_inv_variance,
+                                    activation_desc, work_space, work_space_size_in_bytes, reserve_space,
+                                    reserve_space_size_in_bytes):
+    CALLS.append("bn_bwd_ex")
+    ws_check(work_space, work_space_size_in_bytes)
+    dy = tv(dy_desc, dy_data)
+    mask = _bytes(reserve_space, reserve_space_size_in_bytes).reshape(dy.shape).bool()
+    g = torch.where(mask, dy, 0.0).contiguous()
+    batch_normalization_backward(handle, mode, alpha_data_diff, beta_data_diff, alpha_param_diff, beta_param_diff,
+                                 x_desc, x_data, C.tdesc(g), g.data_ptr(), dx_desc, dx_data, d_bn_scale_bias_desc,
+                                 bn_scale_data, d_bn_scale_data, d_bn_bias_data, epsilon, saved_mean,
+                                 saved_inv_variance)
+
+
+FAKES += [get_batch_normalization_forward_training_ex_workspace_size,
+          get_batch_normalization_training_ex_reserve_space_size, get_batch_normalization_backward_ex_workspace_size,
+          batch_normalization_forward_training_ex, batch_normalization_backward_ex]
+
+
+@pytest.mark.parametrize("cls,tcls,shape", [(pt.BatchNorm2d, nn.BatchNorm2d, (4, 5, 3, 3)),
+                                            (pt.BatchNorm1d, nn.BatchNorm1d, (8, 6))])
+def test_batch_norm_relu_fused(emulated, cls, tcls, shape):
+    for f in FAKES[-5:]:
+        assert inspect.signature(f) == inspect.signature(getattr(pydnn, f.__name__)), f.__name__
+    mine, ref = make(cls, tcls, shape[1])
+    mine.activation = "relu"
+    seq = nn.Sequential(ref, nn.ReLU())
+    for _ in range(2):
+        mine.zero_grad(), seq.zero_grad()
+        check(mine, seq, torch.randn(shape))
+    assert {"bn_fwd_train_ex", "bn_bwd_ex"} <= set(emulated)
+    mine.eval(), seq.eval()
+    mine.zero_grad(), seq.zero_grad()
+    check(mine, seq, torch.randn(shape))
+    with pytest.raises(ValueError):
+        cls(4, activation="gelu")
+
+
+def test_convert_fuses_activations(emulated):
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                          nn.Sigmoid(), nn.Conv2d(4, 4, 1), nn.GELU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                        nn.Sigmoid(), nn.Conv2d(4, 4, 1), nn.GELU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    ref.load_state_dict(model.state_dict())
+    keys = list(model.state_dict())
+    report = pt.convert(model, fuse=True)
+    assert report.fused == [("1", "relu"), ("3", "sigmoid")]
+    assert type(model[2]) is nn.Identity and type(model[4]) is nn.Identity and type(model[6]) is pt.GELU
+    assert model[1].activation == "relu" and model[3].activation == "sigmoid" and model[5].activation is None
+    assert list(model.state_dict()) == keys and "fused" in str(report)
+    for _ in range(2):
+        model.zero_grad(), ref.zero_grad()
+        check(model, ref, torch.randn(2, 3, 6, 6))
+    assert {"bn_fwd_train_ex", "conv_fused"} <= set(emulated)

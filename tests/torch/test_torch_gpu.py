@@ -206,6 +206,25 @@ def test_batch_norm(cls, tcls, shape, dtype):
     compare_module(mine, ref, rand(*shape, dtype=dtype), dtype, what="bn eval")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batch_norm_relu_fused(dtype, channels_last):
+    torch.manual_seed(12)
+    ref = nn.Sequential(nn.BatchNorm2d(32), nn.ReLU()).cuda().double()
+    mine = pt.BatchNorm2d(32, activation="relu").cuda()
+    mine.load_state_dict(ref[0].state_dict())
+    for step in range(2):
+        x = rand(4, 32, 9, 10, dtype=dtype)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        mine.zero_grad(), ref.zero_grad()
+        compare_module(mine, ref, x, dtype, what=f"bn+relu step {step}")
+    close(mine.running_var, ref[0].running_var, torch.float32, "running_var")
+    mine.eval(), ref.eval()
+    mine.zero_grad(), ref.zero_grad()
+    compare_module(mine, ref, rand(4, 32, 9, 10, dtype=dtype), dtype, what="bn+relu eval")
+
+
 def test_batch_norm_channels_last_and_gradcheck():
     mine, ref = pair(pt.BatchNorm2d, nn.BatchNorm2d, (16,), {}, torch.float32)
     x = rand(4, 16, 5, 6).to(memory_format=torch.channels_last)
@@ -439,8 +458,8 @@ def test_convert_cnn_under_autocast(channels_last):
     ref = cnn().cuda()
     model = cnn().cuda()
     model.load_state_dict(ref.state_dict())
-    report = pt.convert(model)
-    assert len(report.converted) == 10
+    report = pt.convert(model, fuse=True)
+    assert len(report.converted) == 10 and report.fused == [("1", "relu"), ("5", "relu")]
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model.to(memory_format=mf), ref.to(memory_format=mf)
     x = rand(8, 3, 32, 32).to(memory_format=mf)
