@@ -144,7 +144,6 @@ def get_convolution_backward_filter_workspace_size(handle, x_desc, dy_desc, conv
 def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes,
                         beta, y_desc, y):
     CALLS.append("conv_fwd")
-    assert algo == pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
     ws_check(work_space, work_space_size_in_bytes)
     blend(tv(y_desc, y), tconv(tv(x_desc, x), fv(w_desc, w), conv_desc), alpha, beta)
 
@@ -407,7 +406,8 @@ def set_dropout_descriptor(dropout_desc, handle, dropout, states, state_size_in_
     st = _DROP.setdefault(id(dropout_desc), {})
     st["p"] = dropout
     if states is not None:
-        assert state_size_in_bytes >= 64
+        assert state_size_in_bytes >= pydnn.ops.dropout.dropout_get_states_size(handle) if not isinstance(
+            handle, str) else state_size_in_bytes > 0
         st["gen"] = torch.Generator().manual_seed(seed)
 
 
@@ -415,14 +415,16 @@ def dropout_get_reserve_space_size(xdesc):
     return math.prod(pydnn.get_tensor_nd_descriptor(xdesc, 8)[2])
 
 
+_MASKS = {}  # reserve-space address -> mask (pydnn's reserve space is 1 bit per element: not written here)
+
+
 def dropout_forward(handle, dropout_desc, xdesc, x, ydesc, y, reserve_space, reserve_space_size_in_bytes):
     CALLS.append("dropout_fwd")
     st = _DROP[id(dropout_desc)]
     xt = tv(xdesc, x)
+    assert reserve_space_size_in_bytes >= (xt.numel() + 7) // 8
     keep = torch.rand(xt.shape, generator=st["gen"]) >= st["p"]
-    rs = torch.from_numpy(np.frombuffer((ctypes.c_char * reserve_space_size_in_bytes).from_address(reserve_space),
-                                        dtype=np.uint8))
-    rs.copy_(keep.reshape(-1).to(torch.uint8))
+    _MASKS[reserve_space] = keep
     tv(ydesc, y).copy_(torch.where(keep, xt.double() / (1 - st["p"]), 0.0))
 
 
@@ -430,9 +432,8 @@ def dropout_backward(handle, dropout_desc, dydesc, dy, dxdesc, dx, reserve_space
     CALLS.append("dropout_bwd")
     st = _DROP[id(dropout_desc)]
     dyt = tv(dydesc, dy)
-    rs = torch.from_numpy(np.frombuffer((ctypes.c_char * reserve_space_size_in_bytes).from_address(reserve_space),
-                                        dtype=np.uint8)).reshape(dyt.shape).bool()
-    tv(dxdesc, dx).copy_(torch.where(rs, dyt.double() / (1 - st["p"]), 0.0))
+    keep = _MASKS.pop(reserve_space)
+    tv(dxdesc, dx).copy_(torch.where(keep, dyt.double() / (1 - st["p"]), 0.0))
 
 
 def _attn(ad, q, k, v):
@@ -492,11 +493,57 @@ def test_fakes_have_the_real_signatures():
         assert inspect.signature(f) == inspect.signature(real), f.__name__
 
 
-@pytest.fixture
-def emulated(monkeypatch):
+class _NoKernels(dict):
+    """Kernel table of a CPU-only handle (as tests/test_fuzz_cpu.py's): a lookup fails before the driver."""
+
+    def get(self, key, default=None):
+        raise pydnn.PydnnError(pydnn.PYDNN_STATUS_NOT_INITIALIZED, "CPU-only test handle: no kernels")
+
+
+def cpu_handle():
+    from pydnn.handle import Handle
+    h = Handle.__new__(Handle)
+    h.ctx, h.device, h.arch, h.sm_count, h.stream, h.cu_stream, h.alive = None, 0, "sm_90", 132, 0, None, True
+    h._funcs, h.prepared = _NoKernels(), {}
+    return h
+
+
+_QUERIES = ("get_", "dropout_get_")
+
+
+def _validated(real, fake):
+    """The real pydnn function first (every argument check, plan and size computation runs, on an sm_90
+    CPU-only handle); where it reaches its kernel lookup (NOT_INITIALIZED from the CPU-only handle) the
+    fake computes the result instead. Any other PydnnError is the bridge's fault and fails the test."""
+    def call(*args, **kw):
+        try:
+            out = real(*args, **kw)
+        except pydnn.PydnnError as e:
+            if e.status != pydnn.PYDNN_STATUS_NOT_INITIALIZED or "CPU-only test handle" not in str(e):
+                raise AssertionError(f"pydnn.{real.__name__} refused the bridge's arguments: {e}") from e
+            CALLS.append("validated:" + real.__name__)
+            out = fake(*args, **kw)
+            if real.__name__ == "set_dropout_descriptor":  # the real one stopped at its init kernel
+                pydnn.restore_dropout_descriptor(*args, **kw)
+            return out
+        if real.__name__.startswith(_QUERIES):
+            return out
+        return fake(*args, **kw)  # a compute call that returned without launching (nothing to do on a GPU)
+    call.__name__ = real.__name__
+    return call
+
+
+@pytest.fixture(params=["emulated", "validated"])
+def emulated(monkeypatch, request):
+    """emulated: every pydnn call the bridge makes is a fake. validated: the real call runs first (its
+    validation and planning on a CPU-only sm_90 handle) and the fake only computes the outputs."""
+    validated = request.param == "validated"
     for f in FAKES:
-        monkeypatch.setattr(pydnn, f.__name__, f)
-    monkeypatch.setattr(C, "handle_for", lambda device: "handle")
+        real = getattr(pydnn, f.__name__)
+        timed = f.__name__.startswith("find_")  # Find times kernels (needs the driver): the fake answers
+        monkeypatch.setattr(pydnn, f.__name__, _validated(real, f) if validated and not timed else f)
+    h = cpu_handle() if validated else "handle"
+    monkeypatch.setattr(C, "handle_for", lambda device: h)
     monkeypatch.setattr(C, "on_cuda", lambda *ts: True)
     monkeypatch.setattr(C, "device_index", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -577,6 +624,17 @@ def test_conv_fused_activation_and_benchmark(emulated, act):
     check(mine, nn.Sequential(ref, {"relu": nn.ReLU(), "sigmoid": nn.Sigmoid(), "tanh": nn.Tanh()}[act]),
           torch.randn(2, 3, 6, 7))
     assert {"find_fwd", "find_bwd_data", "find_bwd_filter", "conv_fused", "act_bwd"} <= set(emulated)
+
+
+def test_validated_mode_reaches_the_real_kernels(emulated, request):
+    """In validated mode each compute call passed every real check and stopped at its kernel lookup."""
+    mine, ref = make(pt.Conv2d, nn.Conv2d, 16, 32, 3, padding=1)
+    mine.bfloat16().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 8, 8).bfloat16().to(memory_format=torch.channels_last).requires_grad_(True)
+    no_fallback(lambda: mine(x).sum().backward())
+    if request.node.callspec.params["emulated"] == "validated":
+        assert {"validated:convolution_bias_activation_forward", "validated:convolution_backward_data",
+                "validated:convolution_backward_filter", "validated:convolution_backward_bias"} <= set(emulated)
 
 
 def test_conv_plan_cache(emulated):
@@ -939,8 +997,6 @@ FAKES += [get_batch_normalization_forward_training_ex_workspace_size,
 @pytest.mark.parametrize("cls,tcls,shape", [(pt.BatchNorm2d, nn.BatchNorm2d, (4, 5, 3, 3)),
                                             (pt.BatchNorm1d, nn.BatchNorm1d, (8, 6))])
 def test_batch_norm_relu_fused(emulated, cls, tcls, shape):
-    for f in FAKES[-5:]:
-        assert inspect.signature(f) == inspect.signature(getattr(pydnn, f.__name__)), f.__name__
     mine, ref = make(cls, tcls, shape[1])
     mine.activation = "relu"
     seq = nn.Sequential(ref, nn.ReLU())
