@@ -136,6 +136,7 @@ def main():
     ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")
     ap.add_argument("--plot", default="train_cnn.png", help="PNG of the curves (needs matplotlib; '' for none)")
     ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops)")
+    ap.add_argument("--json", default="", help="write the results (per backend) to this JSON file")
     args = ap.parse_args()
 
     dist = Dist(cpu=args.cpu)
@@ -165,6 +166,12 @@ def main():
         (p, t) = results["pydnn"], results["torch"]
         dist.print(f"pydnn / PyTorch step time: {p[2] / t[2]:.3f}x (wall), accuracy difference "
                    f"{p[0]['acc'][-1] - t[0]['acc'][-1]:+.2f} points")
+    if args.json and dist.main:
+        import json
+        with open(args.json, "w") as fh:
+            json.dump({b: dict(final_accuracy=h["acc"][-1], final_train_loss=h["loss"][-1], step_ms=g,
+                               mean_step_ms=w, gpu_idle=None if i != i else i, world=dist.world, curve=h)
+                       for b, (h, g, w, i) in results.items()}, fh, indent=1)
     if args.plot and dist.main:
         try:
             import matplotlib

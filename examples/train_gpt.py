@@ -240,6 +240,7 @@ def main():
     ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")
     ap.add_argument("--plot", default="train_gpt.png", help="PNG of the loss curves (needs matplotlib)")
     ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops)")
+    ap.add_argument("--json", default="", help="write the results (per backend) to this JSON file")
     args = ap.parse_args()
     args.eval_every = min(args.eval_every, args.steps)
     args.warmup = min(args.warmup, max(1, args.steps // 10))
@@ -284,6 +285,12 @@ def main():
         p, t = results["pydnn"], results["torch"]
         dist.print(f"pydnn / PyTorch tokens/s: {p[3] / t[3]:.3f}x; final train loss difference "
                    f"{100 * (p[1] - t[1]) / t[1]:+.2f}%")
+    if args.json and dist.main:
+        import json
+        with open(args.json, "w") as fh:
+            json.dump({b: dict(final_train_loss=r[1], val_loss=r[2], tokens_per_s=r[3], step_ms=r[4],
+                               mean_step_ms=r[5], gpu_idle=None if r[6] != r[6] else r[6], world=dist.world,
+                               curve=r[0]) for b, r in results.items()}, fh, indent=1)
     if args.plot and dist.main:
         try:
             import matplotlib

@@ -538,3 +538,34 @@ def test_cuda_graph_capture_training_step():
     ref(x).square().mean().backward()
     for p, pr in zip(grads, ref.parameters()):
         close(p, pr.grad, torch.float32, "graph grads")
+
+
+def test_fp16_autocast_with_grad_scaler():
+    """Three SGD steps under fp16 autocast with torch.amp.GradScaler: the same losses as PyTorch's model."""
+    torch.manual_seed(13)
+    model, ref = cnn().cuda(), cnn().cuda()
+    ref.load_state_dict(model.state_dict())
+    pt.convert(model, fuse=True)
+    losses = {}
+    for name, m in (("pydnn", model), ("torch", ref)):
+        torch.manual_seed(14)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cuda")
+        out = []
+        for _ in range(3):
+            x, t = rand(16, 3, 16, 16), torch.randint(0, 10, (16,), device="cuda")
+            with torch.autocast("cuda", dtype=torch.float16):
+                if name == "pydnn":
+                    with pydnn_runs():
+                        logits = m(x)
+                else:
+                    logits = m(x)
+                loss = F.cross_entropy(logits, t)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            out.append(loss.item())
+        losses[name] = out
+    for a, b in zip(losses["pydnn"], losses["torch"]):
+        assert abs(a - b) <= 2e-2 * abs(b) + 1e-3, losses
