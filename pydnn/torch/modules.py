@@ -3,7 +3,6 @@ buffer names, state_dict keys, `extra_repr`, initialisation and `reset_parameter
 `forward` runs pydnn (pydnn.torch.functional), falling back to PyTorch's op (reason recorded in
 pydnn.torch.fallbacks) where pydnn does not run a configuration.
 """
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
