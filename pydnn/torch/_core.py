@@ -86,6 +86,16 @@ def handle_for(device):
 
 # ------------------------------------------------------------------------------------------- descriptors
 _MAX_CACHE = 8192
+
+
+class BoundedDict(dict):
+    """A cache that empties itself when it reaches _MAX_CACHE entries (shapes that never repeat cannot grow
+    it without bound)."""
+
+    def __setitem__(self, key, value):
+        if len(self) >= _MAX_CACHE:
+            self.clear()
+        super().__setitem__(key, value)
 _tdescs = {}
 _fdescs = {}
 

@@ -82,6 +82,9 @@ def _empty_like(x):
 # ============================================================================================ convolution
 _cdescs = {}
 _conv_plans = {}
+# workspace / reserve sizes per (call, handle, descriptors): descriptors are cached and never changed after
+# they are set, so a size asked once holds for every later call on the same ones
+_sizes = C.BoundedDict()
 
 
 class _ConvPlan:
@@ -323,9 +326,14 @@ class BatchNormFunction(torch.autograd.Function):
             si = torch.empty(c, dtype=pdt, device=x.device)
             if relu:
                 ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
-                nws = pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, mode, ops, xd, None, yd,
-                                                                                       pd, ad)
-                nrs = pydnn.get_batch_normalization_training_ex_reserve_space_size(h, mode, ops, ad, xd)
+                key = ("bn_fwd_ex", h, xd, yd, pd)
+                sizes = _sizes.get(key)
+                if sizes is None:  # the size queries plan the call: once per problem, not per step
+                    sizes = _sizes[key] = (
+                        pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, mode, ops, xd, None, yd,
+                                                                                         pd, ad),
+                        pydnn.get_batch_normalization_training_ex_reserve_space_size(h, mode, ops, ad, xd))
+                nws, nrs = sizes
                 ws, wsp = C.workspace(nws, x.device)
                 rs = torch.empty(max(nrs, 1), dtype=torch.uint8, device=x.device)
                 pydnn.batch_normalization_forward_training_ex(
@@ -373,8 +381,11 @@ class BatchNormFunction(torch.autograd.Function):
         dxd = C.tensor_desc(dx.dtype, *_bn_view(dx))
         if ctx.relu:
             ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
-            nws = pydnn.get_batch_normalization_backward_ex_workspace_size(h, mode, ops, xd, None, dyd, None, dxd,
-                                                                           ctx.pd, ad)
+            key = ("bn_bwd_ex", h, xd, dyd, dxd, ctx.pd)
+            nws = _sizes.get(key)
+            if nws is None:
+                nws = _sizes[key] = pydnn.get_batch_normalization_backward_ex_workspace_size(
+                    h, mode, ops, xd, None, dyd, None, dxd, ctx.pd, ad)
             ws, wsp = C.workspace(nws, x.device)
             pydnn.batch_normalization_backward_ex(
                 h, mode, ops, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), None, None, dyd, dy.data_ptr(), None, None, dxd,
@@ -487,7 +498,10 @@ class NormFunction(torch.autograd.Function):
         dxd = tdesc(dx)
         dw = torch.empty_like(w)
         db = torch.empty_like(w) if bias is not None else None
-        nws = pydnn.get_norm_backward_workspace_size(h, ctx.nd, xd, dyd, dxd, ctx.sbd, ctx.std)
+        key = ("norm_bwd", h, ctx.nd, xd, dyd, dxd)
+        nws = _sizes.get(key)
+        if nws is None:
+            nws = _sizes[key] = pydnn.get_norm_backward_workspace_size(h, ctx.nd, xd, dyd, dxd, ctx.sbd, ctx.std)
         ws, wsp = C.workspace(nws, x.device)
         pydnn.norm_backward(h, ctx.nd, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(),
                             ctx.sbd, w.data_ptr(), ptr(bias), dw.data_ptr(), ptr(db), ctx.std, ptr(mean),
@@ -793,7 +807,9 @@ class DropoutFunction(torch.autograd.Function):
         dd = state.get(h, x.device, p)
         y = _empty_like(x)
         xd, yd = tdesc(x), tdesc(y)
-        n = pydnn.dropout_get_reserve_space_size(xd)
+        n = _sizes.get(("dropout", xd))
+        if n is None:
+            n = _sizes[("dropout", xd)] = pydnn.dropout_get_reserve_space_size(xd)
         rs = torch.empty(max(n, 1), dtype=torch.uint8, device=x.device)
         pydnn.dropout_forward(h, dd, xd, x.data_ptr(), yd, y.data_ptr(), rs.data_ptr(), n)
         ctx.save_for_backward(rs)
@@ -923,7 +939,10 @@ class AttentionFunction(torch.autograd.Function):
         o = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty((b, hq, sq, 1), dtype=torch.float32, device=q.device)
         qd, kd, vd, od, sd = tdesc(q), tdesc(k), tdesc(v), tdesc(o), tdesc(lse)
-        n = pydnn.get_attention_forward_workspace_size(h, ad, qd, kd)
+        key = ("attn_fwd", h, ad, qd, kd)
+        n = _sizes.get(key)
+        if n is None:
+            n = _sizes[key] = pydnn.get_attention_forward_workspace_size(h, ad, qd, kd)
         ws, wsp = C.workspace(n, q.device)
         pydnn.attention_forward(h, ad, qd, q.data_ptr(), kd, k.data_ptr(), vd, v.data_ptr(), od, o.data_ptr(), sd,
                                 lse.data_ptr(), None, None, wsp, n)
@@ -942,7 +961,10 @@ class AttentionFunction(torch.autograd.Function):
         det = 1 if torch.are_deterministic_algorithms_enabled() else 0
         qd = tdesc(q)
         kd = tdesc(k)
-        n = pydnn.get_attention_backward_workspace_size(h, ctx.ad, qd, kd)
+        key = ("attn_bwd", h, ctx.ad, qd, kd)
+        n = _sizes.get(key)
+        if n is None:
+            n = _sizes[key] = pydnn.get_attention_backward_workspace_size(h, ctx.ad, qd, kd)
         ws, wsp = C.workspace(n, q.device)
         pydnn.attention_backward(h, ctx.ad, qd, q.data_ptr(), kd, k.data_ptr(), tdesc(v), v.data_ptr(), tdesc(o),
                                  o.data_ptr(), tdesc(do), do.data_ptr(), tdesc(lse), lse.data_ptr(), tdesc(dq),

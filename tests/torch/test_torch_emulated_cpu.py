@@ -548,6 +548,7 @@ def emulated(monkeypatch, request):
     monkeypatch.setattr(C, "device_index", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(PF, "_conv_plans", {})
+    monkeypatch.setattr(PF, "_sizes", C.BoundedDict())
     CALLS.clear()
     pt.benchmark = False
     yield CALLS
