@@ -1029,3 +1029,39 @@ def test_convert_fuses_activations(emulated):
         model.zero_grad(), ref.zero_grad()
         check(model, ref, torch.randn(2, 3, 6, 6))
     assert {"bn_fwd_train_ex", "conv_fused"} <= set(emulated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("act", [None, "tanh"])
+def test_conv_other_dtypes(emulated, dtype, act):
+    """float64 (the GPU gradcheck's dtype) and the 16-bit types through the real checks (validated mode)."""
+    mine, ref = make(pt.Conv2d, nn.Conv2d, 4, 6, 3, stride=2, padding=1, groups=2)
+    mine.activation = act
+    mine.to(dtype), ref.to(dtype)
+    r = nn.Sequential(ref, nn.Tanh()) if act else ref
+    tol = 1e-9 if dtype == torch.float64 else 2e-2
+    check(mine, r, torch.randn(2, 4, 6, 5).to(dtype), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64])
+def test_bn_pool_softmax_float64(emulated, dtype):
+    mine, ref = make(pt.BatchNorm2d, nn.BatchNorm2d, 3)
+    mine.double(), ref.double()
+    check(mine, ref, torch.randn(5, 3, 4, 2, dtype=dtype), atol=1e-9, rtol=1e-9)
+    check(pt.MaxPool2d(2), nn.MaxPool2d(2), torch.randn(2, 3, 6, 7, dtype=dtype))
+    check(pt.AvgPool2d(3, 2, 1), nn.AvgPool2d(3, 2, 1), torch.randn(2, 3, 6, 7, dtype=dtype))
+    check(pt.AdaptiveAvgPool2d((4, 3)), nn.AdaptiveAvgPool2d((4, 3)), torch.randn(2, 3, 6, 7, dtype=dtype))
+    check(pt.Softmax(1), nn.Softmax(1), torch.randn(3, 7, dtype=dtype))
+    check(pt.Tanh(), nn.Tanh(), torch.randn(3, 7, dtype=dtype))
+
+
+def test_functional_batch_norm_without_running_stats(emulated):
+    x = torch.randn(5, 3, 4, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    y = no_fallback(lambda: PF.batch_norm(x, None, None, w, b, True))
+    yr = F.batch_norm(x, None, None, w, b, True)
+    torch.testing.assert_close(y, yr)
+    gx, gw, gb = torch.autograd.grad(y.square().sum(), (x, w, b))
+    rx, rw, rb = torch.autograd.grad(yr.square().sum(), (x, w, b))
+    torch.testing.assert_close((gx, gw, gb), (rx, rw, rb))
