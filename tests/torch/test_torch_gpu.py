@@ -569,3 +569,39 @@ def test_fp16_autocast_with_grad_scaler():
         losses[name] = out
     for a, b in zip(losses["pydnn"], losses["torch"]):
         assert abs(a - b) <= 2e-2 * abs(b) + 1e-3, losses
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_dropout_against_the_philox_reference(causal):
+    """dropout_p > 0: the seed the bridge draws from PyTorch's generator is replayed, and pydnn's float64
+    reference (pydnn.reference.attention with the Philox keep mask) gives O, dQ, dK, dV."""
+    import numpy as np
+    from pydnn.reference import attention as R
+    import pydnn
+    torch.manual_seed(15)
+    b, hq, hkv, s, d, p = 2, 4, 2, 80, 64, 0.2
+    q, k, v = (rand(b, h, s, d, dtype=torch.bfloat16).requires_grad_(True) for h in (hq, hkv, hkv))
+    torch.manual_seed(16)
+    seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))  # what AttentionFunction.forward draws
+    torch.manual_seed(16)
+    with pydnn_runs():
+        o = pt.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True)
+    mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+    qn, kn, vn = (t.detach().double().cpu().numpy() for t in (q, k, v))
+    ro, _, so, _ = R.forward(qn, kn, vn, d ** -0.5, mask, dropout=(p, seed))
+    rtol, atol = 8e-3, 1e-4
+
+    def ok(got, want, scale, what):
+        got = got.detach().double().cpu().numpy()
+        bad = np.abs(got - want) > atol + rtol * np.maximum(np.abs(want), scale)
+        assert not bad.any(), f"{what}: {bad.sum()} of {bad.size} off"
+
+    ok(o, ro, so, "O")
+    do = rand(b, hq, s, d, dtype=torch.bfloat16)
+    with pydnn_runs():
+        o.backward(do)
+    rdq, rdk, rdv, (sdq, sdk, sdv) = R.backward(qn, kn, vn, do.double().cpu().numpy(), d ** -0.5, mask,
+                                                dropout=(p, seed))
+    ok(q.grad, rdq, sdq, "dQ")
+    ok(k.grad, rdk, sdk, "dK")
+    ok(v.grad, rdv, sdv, "dV")
