@@ -1,0 +1,199 @@
+"""Train a small CNN with batch norm on scikit-learn's handwritten digits (8x8, resized to 32x32, 3 channels)
+with bf16 autocast, on pydnn (pydnn.torch) and then the same model, initialisation and data order in plain
+PyTorch (cuDNN): loss and test accuracy per epoch, step times side by side, curves to a PNG.
+
+    python examples/train_cnn.py                       # both backends, 30 epochs
+    python examples/train_cnn.py --epochs 3            # a short run
+    torchrun --nproc_per_node=2 examples/train_cnn.py  # data-parallel (NCCL), one pydnn handle per rank
+
+The model is the seed's CNN (conv 3->64, conv 64->128, 3x3 pad 1, ReLU, 2x2 max pool after each, a linear
+classifier) with batch norm after each convolution, built from PyTorch's modules; the pydnn run converts it
+with pydnn.torch.convert(model, fuse=True) (each batch norm + ReLU one fused pydnn call; --no-fuse keeps
+them apart).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import Dist, StepTimer, gpu_idle_share, progress  # noqa: E402
+
+
+def build(backend, fuse=True):
+    """The model in PyTorch's modules; for pydnn, the same converted by pydnn.torch.convert (and, with fuse,
+    each batch norm's ReLU fused into it: BatchNormalizationForwardTrainingEx's BN_ACTIVATION)."""
+    model = _build()
+    if backend == "pydnn":
+        import pydnn.torch
+        pydnn.torch.convert(model, fuse=fuse)
+    return model
+
+
+def _build():
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 8 * 8, 10))
+
+
+def load_digits(device, seed):
+    try:
+        from sklearn.datasets import load_digits as _load
+    except ImportError:
+        sys.exit("this demo needs scikit-learn (pip install scikit-learn): its digits data set ships with it")
+    d = _load()
+    x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0          # (1797, 1, 8, 8) in [0, 1]
+    x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+    x = (x - x.mean()) / x.std()
+    y = torch.tensor(d.target, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(y), generator=g)
+    n_test = len(y) // 5
+    te, tr = perm[:n_test], perm[n_test:]
+    return x[tr].to(device), y[tr].to(device), x[te].to(device), y[te].to(device)
+
+
+def evaluate(model, x, y, bs=512):
+    model.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16):
+        for i in range(0, len(y), bs):
+            out = model(x[i:i + bs])
+            loss += F.cross_entropy(out.float(), y[i:i + bs], reduction="sum").item()
+            correct += (out.argmax(1) == y[i:i + bs]).sum().item()
+    model.train()
+    return loss / len(y), 100.0 * correct / len(y)
+
+
+def run(backend, args, dist, data, init_state):
+    xtr, ytr, xte, yte = data
+    torch.manual_seed(args.seed)
+    model = build(backend, fuse=not args.no_fuse).to(dist.device)
+    model.load_state_dict(init_state)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    ddp = dist.wrap(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+    steps_per_epoch = len(ytr) // args.batch_size
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=args.epochs * steps_per_epoch)
+    per_rank = args.batch_size // dist.world
+    g = torch.Generator(device="cpu").manual_seed(args.seed)  # the same data order for both backends
+    timer = StepTimer(dist.device)
+    hist = {"loss": [], "test_loss": [], "acc": []}
+
+    def step(xb, yb, schedule=True):
+        with torch.autocast(dist.device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(ddp(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if schedule:
+            sched.step()
+        return loss
+
+    for epoch in range(args.epochs):
+        perm = torch.randperm(len(ytr), generator=g).to(dist.device)
+        losses = []
+        for i in range(steps_per_epoch):
+            idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+            idx = idx[dist.rank * per_rank:(dist.rank + 1) * per_rank]  # this rank's share of the global batch
+            xb, yb = xtr[idx], ytr[idx]
+            if args.channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            timer.start()
+            losses.append(step(xb, yb).detach())
+            timer.stop()
+            progress(i, steps_per_epoch, f"{backend} epoch {epoch + 1}", enabled=dist.main)
+        train_loss = dist.all_mean(torch.stack(losses).mean().item())
+        test_loss, acc = evaluate(model, xte, yte)
+        hist["loss"].append(train_loss), hist["test_loss"].append(test_loss), hist["acc"].append(acc)
+        dist.print(f"{backend:5s} epoch {epoch + 1:3d}/{args.epochs}: train loss {train_loss:.4f}  "
+                   f"test loss {test_loss:.4f}  test accuracy {acc:6.2f}%")
+    gpu_ms, wall_ms = timer.results(skip=min(steps_per_epoch, len(timer.events) // 2))
+    idle = float("nan")
+    if args.profile:
+        xb, yb = xtr[:per_rank], ytr[:per_rank]
+        idle, _ = gpu_idle_share(lambda: step(xb, yb, schedule=False))
+    return hist, gpu_ms, wall_ms, idle
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--batch-size", type=int, default=256, help="global batch (split over the ranks)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, one-cycle schedule)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", choices=["both", "pydnn", "torch"], default="both")
+    ap.add_argument("--channels-last", action="store_true", help="NHWC activations and filters")
+    ap.add_argument("--no-fuse", action="store_true", help="pydnn: keep each batch norm's ReLU a separate op")
+    ap.add_argument("--benchmark", action="store_true",
+                    help="pydnn.torch.benchmark / torch.backends.cudnn.benchmark: pick convolutions by Find")
+    ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")
+    ap.add_argument("--plot", default="train_cnn.png", help="PNG of the curves (needs matplotlib; '' for none)")
+    ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops)")
+    ap.add_argument("--json", default="", help="write the results (per backend) to this JSON file")
+    args = ap.parse_args()
+
+    dist = Dist(cpu=args.cpu)
+    if args.batch_size % dist.world:
+        sys.exit(f"--batch-size {args.batch_size} is not a multiple of the {dist.world} ranks")
+    torch.backends.cudnn.benchmark = args.benchmark
+    if args.benchmark:
+        import pydnn.torch
+        pydnn.torch.benchmark = True
+    data = load_digits(dist.device, args.seed)
+    dist.print(f"digits: {len(data[1])} train / {len(data[3])} test images, 3x32x32; global batch "
+               f"{args.batch_size} over {dist.world} GPU(s); bf16 autocast")
+    torch.manual_seed(args.seed)
+    init_state = build("torch").state_dict()  # one initialisation for both backends
+    results = {}
+    for backend in (["pydnn", "torch"] if args.backend == "both" else [args.backend]):
+        results[backend] = run(backend, args, dist, data, init_state)
+    if args.backend in ("both", "pydnn"):
+        import pydnn.torch
+        if pydnn.torch.fallbacks and dist.main:
+            print("pydnn.torch fell back to PyTorch for:", pydnn.torch.fallback_report())
+    dist.print("\nbackend  final test acc  step (median)  step (mean, gaps incl.)  GPU idle")
+    for b, (hist, gpu_ms, wall_ms, idle) in results.items():
+        dist.print(f"{b:7s}  {hist['acc'][-1]:12.2f}%  {gpu_ms:15.3f} ms  {wall_ms:14.3f} ms  "
+                   f"{'%.1f%%' % (100 * idle) if idle == idle else '-':>8s}")
+    if len(results) == 2:
+        (p, t) = results["pydnn"], results["torch"]
+        dist.print(f"pydnn / PyTorch step time: {p[2] / t[2]:.3f}x (wall), accuracy difference "
+                   f"{p[0]['acc'][-1] - t[0]['acc'][-1]:+.2f} points")
+    if args.json and dist.main:
+        import json
+        with open(args.json, "w") as fh:
+            json.dump({b: dict(final_accuracy=h["acc"][-1], final_train_loss=h["loss"][-1], step_ms=g,
+                               mean_step_ms=w, gpu_idle=None if i != i else i, world=dist.world, curve=h)
+                       for b, (h, g, w, i) in results.items()}, fh, indent=1)
+    if args.plot and dist.main:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("matplotlib not installed: no plot")
+        else:
+            fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+            for b, (hist, *_rest) in results.items():
+                ep = np.arange(1, len(hist["loss"]) + 1)
+                a1.plot(ep, hist["loss"], label=f"{b} train")
+                a1.plot(ep, hist["test_loss"], "--", label=f"{b} test")
+                a2.plot(ep, hist["acc"], label=b)
+            a1.set_xlabel("epoch"), a1.set_ylabel("loss"), a1.set_yscale("log"), a1.legend()
+            a2.set_xlabel("epoch"), a2.set_ylabel("test accuracy (%)"), a2.legend()
+            fig.suptitle(f"digits CNN, bf16 autocast, batch {args.batch_size}, {dist.world} GPU(s)")
+            fig.tight_layout()
+            fig.savefig(args.plot, dpi=120)
+            print(f"curves: {args.plot}")
+    dist.close()
+
+
+if __name__ == "__main__":
+    main()

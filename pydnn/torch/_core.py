@@ -1,0 +1,232 @@
+"""The bridge's plumbing: one pydnn handle per device (its stream set to PyTorch's current stream on every
+call), tensor / filter descriptors cached by (dtype, dims, strides), workspaces from PyTorch's caching
+allocator, the fallback record, and the autocast helpers.
+
+Everything here goes through pydnn's public API (`pydnn.<function>`) only; buffers are passed as
+`tensor.data_ptr()` ints (pydnn's fast path: no __cuda_array_interface__ or DLPack parsing per call).
+"""
+import logging
+import threading
+from collections import Counter
+
+import torch
+
+import pydnn
+
+log = logging.getLogger("pydnn.torch")
+
+DTYPES = {
+    torch.float32: pydnn.PYDNN_DATA_FLOAT,
+    torch.float64: pydnn.PYDNN_DATA_DOUBLE,
+    torch.float16: pydnn.PYDNN_DATA_HALF,
+    torch.bfloat16: pydnn.PYDNN_DATA_BFLOAT16,
+}
+NOT_SUPPORTED = frozenset(v for k, v in vars(pydnn).items()
+                          if k.startswith("PYDNN_STATUS_NOT_SUPPORTED") and isinstance(v, int))
+
+# reason -> number of calls that ran PyTorch's own op instead (see fallback()); read with fallback_report()
+fallbacks = Counter()
+_warned = set()
+_lock = threading.Lock()
+
+
+class Unsupported(Exception):
+    """Raised inside the bridge when a configuration is not one pydnn runs; the module falls back."""
+
+
+def fallback(reason):
+    """Record that a call ran PyTorch's own op, and why (logged once per reason at INFO)."""
+    fallbacks[reason] += 1
+    if reason not in _warned:
+        _warned.add(reason)
+        log.info("pydnn.torch: falling back to PyTorch: %s", reason)
+
+
+def is_not_supported(err):
+    return isinstance(err, pydnn.PydnnError) and getattr(err, "status", None) in NOT_SUPPORTED
+
+
+# ----------------------------------------------------------------------------------------------- handles
+class _HandleEntry:
+    __slots__ = ("handle", "stream")
+
+    def __init__(self, handle):
+        self.handle, self.stream = handle, None
+
+
+_handles = {}
+
+
+def device_index(device):
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def handle_for(device):
+    """The pydnn handle of `device` (created on first use, on that device's primary context, which PyTorch
+    shares), its stream set to torch.cuda.current_stream(device). A tensor on a device other than the
+    current one is refused (Unsupported): pydnn launches on the current context."""
+    idx = device_index(device)
+    if torch.cuda.current_device() != idx:
+        raise Unsupported(f"tensor on cuda:{idx} while cuda:{torch.cuda.current_device()} is the current device")
+    e = _handles.get(idx)
+    if e is None:
+        with _lock:
+            e = _handles.get(idx)
+            if e is None:
+                torch.cuda.init()
+                torch.empty(1, device=f"cuda:{idx}")  # the primary context is current from here on
+                e = _HandleEntry(pydnn.create())
+                _handles[idx] = e
+    s = torch.cuda.current_stream(idx).cuda_stream
+    if e.stream != s:  # the same as setting it every call: only the changes reach pydnn
+        pydnn.set_stream(e.handle, s)
+        e.stream = s
+    return e.handle
+
+
+# ------------------------------------------------------------------------------------------- descriptors
+_MAX_CACHE = 8192
+
+
+class BoundedDict(dict):
+    """A cache that empties itself when it reaches _MAX_CACHE entries (shapes that never repeat cannot grow
+    it without bound)."""
+
+    def __setitem__(self, key, value):
+        if len(self) >= _MAX_CACHE:
+            self.clear()
+        super().__setitem__(key, value)
+_tdescs = {}
+_fdescs = {}
+
+
+def pydnn_dtype(t):
+    dt = DTYPES.get(t.dtype)
+    if dt is None:
+        raise Unsupported(f"dtype {t.dtype} (pydnn: float32, float64, float16, bfloat16)")
+    return dt
+
+
+def usable_strides(shape, strides):
+    """Strides pydnn accepts (positive): a size-1 dim's stride does not matter (1 stands in for 0); None
+    when a dim of size > 1 has stride 0 (a broadcast view), which must be materialised."""
+    out = []
+    for n, s in zip(shape, strides):
+        if s <= 0:
+            if n != 1:
+                return None
+            s = 1
+        out.append(s)
+    return tuple(out)
+
+
+def dense(t):
+    """t itself when pydnn can read it through strides, else a contiguous copy (broadcast / negative
+    strides). Non-contiguous but non-broadcast tensors (transposes, slices, channels_last) pass as they are."""
+    if usable_strides(t.shape, t.stride()) is None:
+        return t.contiguous()
+    return t
+
+
+def tensor_desc(dtype, shape, strides):
+    """A cached pydnn tensor descriptor for (dtype, dims, strides); never mutated after it is set."""
+    key = (dtype, shape, strides)
+    d = _tdescs.get(key)
+    if d is None:
+        st = usable_strides(shape, strides)
+        if st is None:
+            raise Unsupported(f"broadcast strides {strides} for dims {shape}")
+        d = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(d, DTYPES[dtype], len(shape), list(shape), list(st))
+        if len(_tdescs) >= _MAX_CACHE:
+            _tdescs.clear()
+        _tdescs[key] = d
+    return d
+
+
+def tdesc(t, shape=None, strides=None):
+    """The descriptor of tensor t (optionally viewed with other dims / strides)."""
+    if t.dtype not in DTYPES:
+        raise Unsupported(f"dtype {t.dtype} (pydnn: float32, float64, float16, bfloat16)")
+    return tensor_desc(t.dtype, tuple(t.shape) if shape is None else tuple(shape),
+                       tuple(t.stride()) if strides is None else tuple(strides))
+
+
+def filter_format(w):
+    """(format, w) for a filter: NHWC (KRSC in memory) when w is channels_last, else NCHW (made contiguous
+    when it is neither)."""
+    if w.dim() >= 4 and not w.is_contiguous():
+        mf = torch.channels_last if w.dim() == 4 else torch.channels_last_3d
+        if w.is_contiguous(memory_format=mf):
+            return pydnn.PYDNN_TENSOR_NHWC, w
+    if not w.is_contiguous():
+        w = w.contiguous()
+    return pydnn.PYDNN_TENSOR_NCHW, w
+
+
+def filter_desc(dtype, shape, fmt):
+    key = (dtype, shape, fmt)
+    d = _fdescs.get(key)
+    if d is None:
+        d = pydnn.create_filter_descriptor()
+        pydnn.set_filter_nd_descriptor(d, DTYPES[dtype], fmt, len(shape), list(shape))
+        if len(_fdescs) >= _MAX_CACHE:
+            _fdescs.clear()
+        _fdescs[key] = d
+    return d
+
+
+def same_layout(t, ref):
+    """t with ref's strides (a copy only when they differ): gradients arriving from autograd in another
+    layout than the forward's output are brought to it, so the backward's plans match the forward's."""
+    if t.stride() == ref.stride() or t.shape != ref.shape:
+        return t if t.shape == ref.shape else t.reshape(ref.shape)
+    out = torch.empty_like(ref)
+    out.copy_(t)
+    return out
+
+
+def workspace(nbytes, device):
+    """A workspace from PyTorch's caching allocator (graph-capture safe): (tensor or None, pointer or None)."""
+    if not nbytes:
+        return None, None
+    ws = torch.empty(int(nbytes), dtype=torch.uint8, device=device)
+    return ws, ws.data_ptr()
+
+
+def ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+# ---------------------------------------------------------------------------------------------- autocast
+def autocast_dtype():
+    """The CUDA autocast dtype when autocast is on, else None."""
+    if torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return None
+
+
+def cast(t, dtype):
+    if t is None or dtype is None or t.dtype == dtype or not t.is_floating_point():
+        return t
+    return t.to(dtype)
+
+
+def on_cuda(*ts):
+    return all(t is None or (t.is_cuda) for t in ts)
+
+
+def same_float_dtype(*ts):
+    dts = {t.dtype for t in ts if t is not None}
+    return len(dts) == 1 and next(iter(dts)) in DTYPES
+
+
+def to_strides(t, shape, strides):
+    """t as a tensor of `shape` with exactly `strides` (a copy only when its strides differ)."""
+    if tuple(t.shape) != tuple(shape):
+        t = t.reshape(shape)
+    if t.stride() == tuple(strides):
+        return t
+    out = torch.empty_strided(shape, strides, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out

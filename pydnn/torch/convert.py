@@ -1,0 +1,105 @@
+"""convert(model): swap a model's supported modules for pydnn.torch's in place."""
+import torch.nn as nn
+
+from . import modules as M
+
+# PyTorch class -> pydnn.torch class (exact types only: a user's subclass of nn.Conv2d may override forward)
+SWAPS = {
+    nn.Conv1d: M.Conv1d, nn.Conv2d: M.Conv2d, nn.Conv3d: M.Conv3d,
+    nn.BatchNorm1d: M.BatchNorm1d, nn.BatchNorm2d: M.BatchNorm2d,
+    nn.LayerNorm: M.LayerNorm, nn.GroupNorm: M.GroupNorm, nn.RMSNorm: M.RMSNorm,
+    nn.ReLU: M.ReLU, nn.GELU: M.GELU, nn.SiLU: M.SiLU, nn.Sigmoid: M.Sigmoid, nn.Tanh: M.Tanh,
+    nn.MaxPool2d: M.MaxPool2d, nn.AvgPool2d: M.AvgPool2d, nn.AdaptiveAvgPool2d: M.AdaptiveAvgPool2d,
+    nn.Dropout: M.Dropout, nn.Softmax: M.Softmax, nn.LogSoftmax: M.LogSoftmax,
+    nn.Linear: M.Linear, nn.MultiheadAttention: M.MultiheadAttention,
+}
+# modules whose own forward only calls their children: nothing of theirs is left as PyTorch
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+class ConvertReport:
+    """converted: [(name, PyTorch class name)]; kept: [(name, class name, reason)] for modules left as
+    PyTorch (leaf modules pydnn has no drop-in for, subclasses of supported types, and the model's own
+    forward code: functional calls such as F.relu or torch.matmul inside a forward are not swapped)."""
+
+    def __init__(self):
+        self.converted, self.kept, self.fused = [], [], []
+
+    def __str__(self):
+        lines = [f"pydnn.torch.convert: {len(self.converted)} modules swapped, {len(self.fused)} activations "
+                 f"fused, {len(self.kept)} left as PyTorch"]
+        lines += [f"  fused {a} into {n}" for n, a in self.fused]
+        lines += [f"  kept {n or '(model)'}: {c} ({r})" for n, c, r in self.kept]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _swap(old, cls):
+    """A `cls` instance sharing old's state: the same Parameter and buffer objects (so an optimizer built
+    on the model keeps working), hooks, training flag."""
+    new = cls.__new__(cls)
+    new.__dict__.update(old.__dict__)
+    if cls in (M.Conv1d, M.Conv2d, M.Conv3d, M.BatchNorm1d, M.BatchNorm2d):
+        new.activation = None
+    return new
+
+
+_CONVS = (M.Conv1d, M.Conv2d, M.Conv3d)
+_BNS = (M.BatchNorm1d, M.BatchNorm2d)
+_ACTS = {M.ReLU: "relu", M.Sigmoid: "sigmoid", M.Tanh: "tanh"}
+
+
+def _fuse(model, report):
+    """In every nn.Sequential: a Conv followed by a ReLU / Sigmoid / Tanh, or a BatchNorm followed by a
+    ReLU, takes the activation into its epilogue; the activation module becomes nn.Identity (so indices and
+    state_dict keys stay). Only inside Sequential, where nothing else can read the value in between."""
+    for name, seq in model.named_modules():
+        if type(seq) is not nn.Sequential:
+            continue
+        keys = list(seq._modules)
+        for a, b in zip(keys, keys[1:]):
+            first, second = seq._modules[a], seq._modules[b]
+            act = _ACTS.get(type(second))
+            if act is None or getattr(first, "activation", 1) is not None:
+                continue
+            if type(first) in _CONVS or (type(first) in _BNS and act == "relu"):
+                if second._forward_hooks or second._forward_pre_hooks or first._forward_hooks:
+                    continue
+                first.activation = act
+                seq._modules[b] = nn.Identity()
+                report.fused.append((f"{name}.{a}" if name else a, act))
+
+
+def convert(model, fuse=False):
+    """Swap every supported module of `model` (exact PyTorch types) in place; returns a ConvertReport. The
+    root cannot be replaced in place: a supported root type is reported as kept (construct
+    pydnn.torch.<Class> for a single module). fuse=True also fuses Conv + ReLU / Sigmoid / Tanh and
+    BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity)."""
+    report = ConvertReport()
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            cls = SWAPS.get(type(child))
+            full = f"{name}.{cname}" if name else cname
+            if cls is not None:
+                setattr(mod, cname, _swap(child, cls))
+                report.converted.append((full, type(child).__name__))
+    if fuse:
+        _fuse(model, report)
+    pyd = set(SWAPS.values()) | {nn.Identity}
+    for name, mod in model.named_modules():
+        t = type(mod)
+        if t in pyd or isinstance(mod, _CONTAINERS):
+            continue
+        if t in SWAPS:  # only the root can still be one: children were swapped above
+            report.kept.append((name, t.__name__, f"the root module itself (construct pydnn.torch.{t.__name__} "
+                                                  "instead)"))
+        elif any(isinstance(mod, k) for k in SWAPS):
+            report.kept.append((name, t.__name__, f"subclass of a supported module ({t.__mro__[1].__name__}); "
+                                                   "its forward may differ"))
+        elif not any(True for _ in mod.children()):
+            report.kept.append((name, t.__name__, "no pydnn drop-in"))
+        else:
+            report.kept.append((name, t.__name__, "own forward: its children are converted, its functional calls "
+                                                   "are PyTorch's"))
+    return report

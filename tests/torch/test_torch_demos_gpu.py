@@ -1,0 +1,68 @@
+"""The demos, short: one GPU (pydnn and PyTorch side by side) and, where the machine has two GPUs, two ranks
+under torchrun (NCCL) with the same global batch. Run by the lead on the GPU machine:
+
+    python -m pytest -q tests/torch/test_torch_demos_gpu.py
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GPT = ["examples/train_gpt.py", "--steps", "60", "--eval-every", "30", "--eval-batches", "2", "--corpus-mb", "2",
+       "--n-layer", "2", "--d-model", "256", "--n-head", "4", "--n-kv-head", "2", "--seq", "128",
+       "--batch-size", "16", "--plot", ""]
+CNN = ["examples/train_cnn.py", "--epochs", "3", "--plot", ""]
+
+
+def _run(cmd, out, nproc=1, timeout=900):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] + cmd
+    else:
+        cmd = [sys.executable] + cmd
+    p = subprocess.run(cmd + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "fell back" not in p.stdout, p.stdout[-3000:]
+    with open(out) as fh:
+        return json.load(fh), p.stdout
+
+
+def test_train_gpt_one_gpu(tmp_path):
+    res, out = _run(GPT, tmp_path / "gpt.json")
+    p, t = res["pydnn"], res["torch"]
+    assert p["final_train_loss"] < 3.5 and t["final_train_loss"] < 3.5, out  # it learns (ln 256 = 5.5 at start)
+    assert abs(p["final_train_loss"] - t["final_train_loss"]) / t["final_train_loss"] < 0.03, out
+    print(out)
+
+
+def test_train_cnn_one_gpu(tmp_path):
+    pytest.importorskip("sklearn")
+    res, out = _run(CNN, tmp_path / "cnn.json")
+    p, t = res["pydnn"], res["torch"]
+    assert p["final_accuracy"] > 85 and abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
+    print(out)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_train_gpt_two_gpus_matches_one(tmp_path):
+    one, _ = _run(GPT + ["--backend", "pydnn"], tmp_path / "one.json")
+    two, out = _run(GPT + ["--backend", "pydnn"], tmp_path / "two.json", nproc=2)
+    assert two["pydnn"]["world"] == 2
+    a, b = one["pydnn"]["final_train_loss"], two["pydnn"]["final_train_loss"]
+    assert abs(a - b) / a < 0.02, (a, b, out)  # the same global batches: the same loss within bf16 noise
+    print(out)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_train_cnn_two_gpus(tmp_path):
+    pytest.importorskip("sklearn")
+    two, out = _run(CNN + ["--backend", "pydnn"], tmp_path / "two.json", nproc=2)
+    assert two["pydnn"]["world"] == 2 and two["pydnn"]["final_accuracy"] > 85, out
