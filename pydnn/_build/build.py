@@ -53,7 +53,8 @@ def compile_unit(unit, arch, nv_version=None):
     key = cache.unit_key(unit, arch, nv_version)
     text, _ = cache.unit_inputs(unit)
     cubin, lowered, _log = nvrtc.compile_cubin(text, unit.source, unit.exprs, arch,
-                                               COMMON_OPTIONS + tuple(unit.options), [str(cache.ptx_dir())])
+                                               COMMON_OPTIONS + tuple(unit.options), [str(cache.ptx_dir())],
+                                               unit=unit.name)
     cache.write_entry(cache.entry_path(unit, arch, key), cubin, lowered)
     return cubin, lowered
 
