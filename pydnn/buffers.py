@@ -211,11 +211,17 @@ def _cupy_ptr(a, name, need_bytes):
 # (module, qualified name) -> (resolver, extent function used once per type to verify the resolver against
 # the generic protocol). Subclasses (tensor subclasses with __torch_function__, FakeTensor, ...) take the
 # generic path: their data_ptr() may mean something else.
+def _detached(t):
+    """What torch's own protocols accept: a tensor that requires grad refuses both until detached (the
+    same memory)."""
+    return t.detach() if t.requires_grad else t
+
+
 _FAST = {
-    ("torch", "Tensor"): (_torch_ptr, _torch_extent),
-    ("torch.nn.parameter", "Parameter"): (_torch_ptr, _torch_extent),
-    ("cupy", "ndarray"): (_cupy_ptr, _cupy_extent),
-    ("cupy._core.core", "ndarray"): (_cupy_ptr, _cupy_extent),
+    ("torch", "Tensor"): (_torch_ptr, _torch_extent, _detached),
+    ("torch.nn.parameter", "Parameter"): (_torch_ptr, _torch_extent, _detached),
+    ("cupy", "ndarray"): (_cupy_ptr, _cupy_extent, None),
+    ("cupy._core.core", "ndarray"): (_cupy_ptr, _cupy_extent, None),
 }
 
 # type -> resolver(obj, name, need_bytes) -> address; filled on the first object of each type
@@ -224,10 +230,12 @@ _MAX_TYPES = 256
 _undecided = {}
 
 
-def _agrees(obj, extent_fn, name):
+def _agrees(obj, extent_fn, name, probe=None):
     """Whether a fast path reads the same address and extent as the object's own protocol (checked on the
     first object of a type; a disagreement, or a fast path that fails, keeps that type on the generic path)."""
     try:
+        if probe is not None:
+            obj = probe(obj)
         fast = extent_fn(obj, name)
         slow = _generic_extent(obj, name)
     except PydnnError:
@@ -243,7 +251,7 @@ def _resolver(obj, name):
     t = type(obj)
     fast = _FAST.get((getattr(t, "__module__", None), getattr(t, "__qualname__", None)))
     if fast is not None:
-        ok = _agrees(obj, fast[1], name)
+        ok = _agrees(obj, fast[1], name, fast[2])
         if ok is None:  # no verdict from this object (a CPU tensor, one that requires grad, ...)
             n = _undecided[t] = _undecided.get(t, 0) + 1
             if n < 4:

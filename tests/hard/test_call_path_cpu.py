@@ -80,7 +80,7 @@ def _torch_like(ptr, nbytes, cuda=True, contiguous=True, cai_ptr=None):
         return {"data": (cai_ptr if cai_ptr is not None else ptr, False), "shape": (nbytes,), "typestr": "|u1",
                 "strides": None if contiguous else (1,), "version": 3}
 
-    ns = {"is_cuda": cuda, "nbytes": nbytes, "device": "cuda:0" if cuda else "cpu",
+    ns = {"is_cuda": cuda, "nbytes": nbytes, "device": "cuda:0" if cuda else "cpu", "requires_grad": False,
           "data_ptr": lambda self: ptr, "is_contiguous": lambda self: contiguous,
           "shape": (nbytes,), "stride": lambda self: (1,), "element_size": lambda self: 1,
           "__cuda_array_interface__": property(cai)}
