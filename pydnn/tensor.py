@@ -25,10 +25,25 @@ FORMATS = (E.PYDNN_TENSOR_NCHW, E.PYDNN_TENSOR_NHWC)
 MAX_DIMS = E.PYDNN_DIM_MAX
 
 
+def index_of(v):
+    """v as a Python int when it is an integer (an int, a numpy integer, anything whose __index__ answers;
+    never a bool or a float), else None. Never raises: a 4-element array has __index__ too, and refuses."""
+    if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
+        return None
+    try:
+        return v.__index__()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _int(name, v):
     if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected an integer, got {type(v).__name__}")
-    return v.__index__()
+    try:
+        return v.__index__()
+    except Exception as e:  # noqa: BLE001 - a 4-element array has __index__ too, and refuses
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{name}: expected an integer, got {type(v).__name__} ({e})") from None
 
 
 def _dtype(name, v):
