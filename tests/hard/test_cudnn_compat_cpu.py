@@ -1,0 +1,79 @@
+"""cuDNN source compatibility (CPU): include/cudnn_compat/cudnn.h is the generated one, maps every pydnn
+name, and a program written against cuDNN's API (tests/c/cudnn_compat_cpu.c) builds unchanged as C and C++
+with `python -m pydnn config --cudnn-compat --cflags --libs` and runs."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pydnn import enums
+from pydnn.capi import decl, library
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from cprog import CC, ROOT, pydnn_cli  # noqa: E402
+
+HEADER = ROOT / "include" / "cudnn_compat" / "cudnn.h"
+
+
+def test_committed_compat_header_is_generated():
+    assert HEADER.read_text() == decl.compat_header_text(), \
+        "include/cudnn_compat/cudnn.h is stale: run python tools/gen_header.py"
+
+
+def test_every_name_is_mapped():
+    text = HEADER.read_text()
+    for proto in decl.prototypes():
+        name = proto.split("(", 1)[0].split()[-1].lstrip("*")
+        assert f"#define cudnn{name[5:]} {name}\n" in text
+    for members in enums.ENUMS.values():
+        for m in members:
+            assert f"#define CUDNN_{m[6:]} {m}\n" in text
+    for t in enums.ENUMS:
+        assert f"typedef {t} cudnn{t[5:]};" in text
+    assert "#define CUDNN_MAJOR 9\n" in text
+    # nothing maps to a name pydnn.h does not declare
+    pydnn_h = (ROOT / "include" / "pydnn.h").read_text()
+    for target in re.findall(r"^#define \w+ (pydnn\w+|PYDNN_\w+)$", text, re.M):
+        assert re.search(rf"\b{target}\b", pydnn_h), target
+
+
+def test_config_flags():
+    flags = pydnn_cli("config", "--cudnn-compat", "--cflags").split()
+    assert flags == [f"-I{ROOT / 'include' / 'cudnn_compat'}", f"-I{ROOT / 'include'}"]
+
+
+def test_compat_dir_for_an_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(library, "REPO_INCLUDE", tmp_path / "no-such-include")
+    d = library.compat_include_dir()
+    assert str(d).startswith(str(tmp_path)) and (d / "cudnn.h").read_text() == decl.compat_header_text()
+
+
+def _flags():
+    return shlex.split(pydnn_cli("config", "--cudnn-compat", "--cflags", "--libs"))
+
+
+def test_cudnn_program_builds_and_runs_as_c(tmp_path):
+    if CC is None:
+        pytest.skip("no C compiler")
+    exe = tmp_path / "cudnn_compat_cpu"
+    subprocess.run([CC, "-std=c99", "-Wall", "-Werror", str(ROOT / "tests" / "c" / "cudnn_compat_cpu.c"),
+                    *_flags(), "-o", str(exe)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=300)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0 and "FAIL" not in r.stdout and r.stdout.rstrip().endswith("done"), r.stdout + r.stderr
+    assert r.stdout.count("\nok ") >= 8
+
+
+def test_cudnn_program_compiles_as_cxx(tmp_path):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    cflags = shlex.split(pydnn_cli("config", "--cudnn-compat", "--cflags"))
+    subprocess.run([cxx, "-Wall", "-Werror", "-x", "c++", "-c", str(ROOT / "tests" / "c" / "cudnn_compat_cpu.c"),
+                    *cflags, "-o", str(tmp_path / "prog.o")], check=True)
