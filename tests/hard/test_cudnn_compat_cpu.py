@@ -77,3 +77,44 @@ def test_cudnn_program_compiles_as_cxx(tmp_path):
     cflags = shlex.split(pydnn_cli("config", "--cudnn-compat", "--cflags"))
     subprocess.run([cxx, "-Wall", "-Werror", "-x", "c++", "-c", str(ROOT / "tests" / "c" / "cudnn_compat_cpu.c"),
                     *cflags, "-o", str(tmp_path / "prog.o")], check=True)
+
+
+def cuda_runtime_dirs():
+    """(include dir with cuda_runtime.h, lib dir, libcudart file name) from the NVIDIA runtime wheel on
+    sys.path (nvidia/cu13, nvidia/cuda_runtime), $CUDA_HOME or /usr/local/cuda*; None if there is none."""
+    import glob
+
+    roots = [os.path.join(p, "nvidia", sub) for p in sys.path if p for sub in ("cu13", "cuda_runtime", "cu12")]
+    homes = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", "")]
+    homes += sorted(glob.glob("/usr/local/cuda*"), reverse=True)
+    for h in homes:
+        if h:
+            roots += [h, *glob.glob(os.path.join(h, "targets", "*"))]
+    for root in roots:
+        inc = os.path.join(root, "include")
+        if not os.path.isfile(os.path.join(inc, "cuda_runtime.h")):
+            continue
+        for libdir in (os.path.join(root, "lib"), os.path.join(root, "lib64")):
+            libs = sorted(glob.glob(os.path.join(libdir, "libcudart.so*")))
+            if libs:
+                return inc, libdir, os.path.basename(libs[-1])
+    return None
+
+
+def build_runtime_program(tmp_path):
+    """Compile and link tests/c/cudnn_compat_gpu.cpp (CUDA runtime + cuDNN names) with c++; the path."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    found = cuda_runtime_dirs()
+    if cxx is None or found is None:
+        pytest.skip("no C++ compiler or no CUDA runtime headers (nvidia-cuda-runtime wheel, CUDA_HOME)")
+    inc, libdir, lib = found
+    exe = tmp_path / "cudnn_compat_gpu"
+    subprocess.run([cxx, "-Wall", "-Werror", str(ROOT / "tests" / "c" / "cudnn_compat_gpu.cpp"), f"-I{inc}",
+                    *_flags(), f"-L{libdir}", f"-l:{lib}", f"-Wl,-rpath,{libdir}", "-o", str(exe)], check=True)
+    return exe
+
+
+def test_runtime_program_builds(tmp_path):
+    """The CUDA-runtime program (cudaMalloc, cudnnFind..., workspace, CPU check) compiles and links on the CPU
+    too; tests/hard/test_cudnn_compat_gpu.py runs it."""
+    assert build_runtime_program(tmp_path).is_file()
