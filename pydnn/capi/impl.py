@@ -208,9 +208,21 @@ class Marshal:
             values = [recs if o[0] == "struct_out" else len(recs) for o in outs]
         else:
             values = [result] if len(outs) == 1 else list(result or ())
-        for (kind, base, name, ptr, count, cap, info), v in zip(outs, values):
-            if ptr is None:
-                continue
+        for out, v in zip(outs, values):
+            try:
+                if out[0] == "out" and out[6] is not None and out[3] is not None:
+                    ffi.cast(out[6], out[3])[0] = v  # a plain value (the common case), inline
+                else:
+                    self.write(out, v, values)
+            except OverflowError:  # a value C's type cannot hold (a stride past INT_MAX into an int *)
+                raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                                 f"{out[2]}: {v!r} does not fit the C type {out[1]} (the Python API returns it)") from None
+
+    def write(self, out, v, values):
+        """Write one result through the caller's pointer."""
+        ffi = self.ffi
+        kind, base, name, ptr, count, cap, info = out
+        if ptr is not None:
             if kind == "out" and info is not None:  # a plain value (the common case)
                 ffi.cast(info, ptr)[0] = v
             elif base == "fill":  # the fill value in the descriptor's data type (the first result)
@@ -222,7 +234,7 @@ class Marshal:
             elif kind == "obj_out":
                 if v is None:  # an optional descriptor that is not there (GetAttnDescriptor's dropouts)
                     ffi.cast(info, ptr)[0] = ffi.NULL
-                    continue
+                    return
                 with _lock:  # an object C already holds keeps its address (a getter's; a Create's is new)
                     addr = None if self.c_name.startswith("pydnnCreate") else next(
                         (k for k, e in _objects.items() if e[1] is v), None)

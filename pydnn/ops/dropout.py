@@ -169,7 +169,7 @@ def _probability(v):
 
 
 def _size(name, v):
-    i = index_of(v)
+    i = v if type(v) is int else index_of(v)  # a plain int without a call: this runs on every call
     if i is None or i < 0:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v!r} is not a size in bytes")
     return i

@@ -218,7 +218,7 @@ def test_c_marshalling_work_is_bounded():
         py, c = counts(lambda: get_size(tp, out))
         assert py <= 10 and c <= 9, (py, c)
         py, c = counts(lambda: set4d(tp, 0, 0, 1, 1, 1, 1))
-        assert py <= 32 and c <= 25, (py, c)
+        assert py <= 32 and c <= 26, (py, c)  # 26: the 2^62 span check (one max())
         assert pydnn.get_tensor4d_descriptor(t)[1:5] == (1, 1, 1, 1)
     finally:
         impl._objects.pop(addr, None)

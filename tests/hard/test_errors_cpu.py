@@ -236,3 +236,42 @@ def test_status_of_compile_error_reaches_a_caller():
     with pytest.raises(pydnn.PydnnError) as ei:
         status.api(compiles)()
     assert ei.value.status == pydnn.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED
+
+
+# ---------------------------------------------------------------- found by the fuzzers
+def test_a_tensor_spanning_more_than_2_62_bytes_is_refused():
+    t = pydnn.create_tensor_descriptor()
+    with pytest.raises(pydnn.PydnnError) as ei:
+        pydnn.set_tensor_nd_descriptor_ex(t, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_FLOAT, 8, [2**31 - 1] * 8)
+    assert ei.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and "more than 2^62" in ei.value.message
+    with pytest.raises(pydnn.PydnnError) as ei:  # with explicit strides too
+        pydnn.set_tensor_nd_descriptor(t, pydnn.PYDNN_DATA_FLOAT, 3, [2, 2, 2], [2**61, 2**40, 1])
+    assert ei.value.status == pydnn.PYDNN_STATUS_BAD_PARAM
+    # large but addressable tensors (more than 2^31 elements) stay legal
+    pydnn.set_tensor_nd_descriptor_ex(t, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_HALF, 4, [1, 4, 2**16, 2**16])
+    assert pydnn.get_tensor_size_in_bytes(t) == 2 * 4 * 2**32
+
+
+def test_c_getter_of_a_value_past_int_is_not_supported():
+    """GetTensor4dDescriptor of a descriptor whose stride exceeds INT_MAX: C's int * cannot hold it."""
+    import cffi
+
+    from pydnn.capi import decl, impl
+
+    ffi = cffi.FFI()
+    ffi.cdef(decl.types_block())
+    proto = next(p for p in decl.prototypes() if impl.parse(p)[1] == "pydnnGetTensor4dDescriptor")
+    m = impl.Marshal(ffi, proto)
+    t = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(t, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_HALF, 2, 4, 2**15, 2**15)
+    h = ffi.new_handle(t)
+    addr = int(ffi.cast("uintptr_t", h))
+    impl._objects[addr] = (h, t)
+    try:
+        outs = [ffi.new("int *") for _ in range(9)]
+        with pytest.raises(pydnn.PydnnError) as ei:
+            m(ffi.cast("pydnnTensorDescriptor_t", addr), *outs)
+        assert ei.value.status == pydnn.PYDNN_STATUS_NOT_SUPPORTED
+        assert ei.value.message.startswith("nStride: 4294967296 does not fit the C type int")
+    finally:
+        impl._objects.pop(addr, None)
