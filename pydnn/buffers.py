@@ -25,13 +25,11 @@ def _cai_extent(cai):
     typestr = cai.get("typestr", "|u1")
     itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
     strides = cai.get("strides")
-    if strides is None:
-        strides, acc = [], itemsize
-        for d in reversed(shape):
-            strides.append(acc)
-            acc *= d
-        strides = list(reversed(strides))
-        return _span_bytes(shape, [s // itemsize for s in strides], itemsize)
+    if strides is None:  # C-contiguous: the elements times their size (0 for an empty array)
+        n = itemsize
+        for d in shape:
+            n *= d
+        return n
     return _span_bytes(shape, [s // itemsize if itemsize else s for s in strides], itemsize)
 
 
