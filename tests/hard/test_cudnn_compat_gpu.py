@@ -3,10 +3,12 @@ unchanged against pydnn's cudnn.h and run on the GPU: the runtime's context curr
 cudnnFindConvolutionForwardAlgorithm, a workspace query, convolution + in-place ReLU checked on the CPU."""
 import os
 import subprocess
+import sys
 
 import pytest
 
-from test_cudnn_compat_cpu import build_runtime_program
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_cudnn_compat_cpu import build_runtime_program  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

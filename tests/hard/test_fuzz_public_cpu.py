@@ -10,7 +10,7 @@ when the arguments do not bind to the signature (wrong count, unknown keyword) -
 Nothing else, and no crash. The driver is replaced by one that reports NOT_INITIALIZED, so the test means
 the same on a machine with a GPU.
 
-PYDNN_FUZZ_EXAMPLES (default 40) sets the examples per function; the run's totals are printed by the last
+PYDNN_FUZZ_EXAMPLES (default 30) sets the examples per function; the run's totals are printed by the last
 test (pytest -s) and written to $PYDNN_FUZZ_REPORT when set.
 """
 import collections
@@ -30,7 +30,7 @@ from pydnn.handle import Handle
 
 PUBLIC = sorted(n for n in dir(pydnn) if getattr(getattr(pydnn, n), "__pydnn_api__", False))
 STATUSES = set(pydnn.ENUMS["pydnnStatus_t"].values()) - {pydnn.PYDNN_STATUS_SUCCESS}
-EXAMPLES = int(os.environ.get("PYDNN_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("PYDNN_FUZZ_EXAMPLES", "30"))
 STATS = collections.Counter()
 OUTCOMES = collections.Counter()
 
