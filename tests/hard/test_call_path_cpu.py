@@ -28,7 +28,7 @@ BUDGET_INT = {
     "softmax_forward 1x4": 17,
     "reduce_tensor add 4 -> 1": 15,
     "pooling_forward max 2x2": 17,
-    "batchnorm": 60,  # still validates every call (not yet behind its plan cache)
+    "batchnorm": 39,  # inference: was 60 (validated every call), now behind its plan cache
     "normalization": 40,
     "convolution": 29,  # pydnn/ops/convolution*.py: the lead's
 }
@@ -69,7 +69,7 @@ def test_cached_call_python_work_is_bounded(cpu, fam, name, setup):
     assert drv.launches > before
     assert len(names) <= _budget(fam, name), names
     for planning in ("prepare_map", "plan", "float_tensor", "check_tensor", "_resolver", "_generic_ptr"):
-        if fam not in ("batchnorm", "convolution"):  # these two still validate on every call
+        if fam != "convolution":  # still validates on every call (pydnn/ops/convolution*.py: the lead's)
             assert planning not in names, (planning, names)
 
 
@@ -234,3 +234,41 @@ def test_c_host_bench_runs_without_a_gpu(tmp_path):
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("c pydnn")]
     assert len(lines) >= 2 and all(ln.endswith(" us") for ln in lines), r.stdout
     print(r.stdout)
+
+
+def test_batchnorm_inference_cache_revalidates_changed_descriptors(cpu):
+    """The inference plan cache skips validation only for the very descriptors (and versions) it checked:
+    a reset or destroyed bnScaleBiasMeanVarDesc, a bad epsilon or a non-int mode are still refused."""
+    h, buf, drv = cpu
+    call, ints, _, _ = B._bn(h, buf)
+    call(ints)
+    call(ints)
+    x = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(x, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_FLOAT, 1, 2, 1, 1)
+    sb = pydnn.create_tensor_descriptor()
+    pydnn.derive_bn_tensor_descriptor(sb, x, pydnn.PYDNN_BATCHNORM_SPATIAL)
+    p = [buf(8)[0] for _ in range(6)]
+
+    def run(mode=pydnn.PYDNN_BATCHNORM_SPATIAL, eps=1e-5, sbd=sb):
+        pydnn.batch_normalization_forward_inference(h, mode, 1.0, 0.0, x, p[0], x, p[1], sbd, p[2], p[3], p[4], p[5],
+                                                    eps)
+
+    run()
+    run()
+    for kwargs, status in (({"eps": -1.0}, pydnn.PYDNN_STATUS_BAD_PARAM),
+                           ({"mode": 1.0}, pydnn.PYDNN_STATUS_BAD_PARAM),
+                           ({"mode": 77}, pydnn.PYDNN_STATUS_BAD_PARAM),
+                           ({"sbd": [1]}, pydnn.PYDNN_STATUS_BAD_PARAM)):
+        with pytest.raises(pydnn.PydnnError) as e:
+            run(**kwargs)
+        assert e.value.status == status, (kwargs, e.value)
+    pydnn.set_tensor4d_descriptor(sb, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_FLOAT, 1, 3, 1, 1)  # wrong C
+    with pytest.raises(pydnn.PydnnError) as e:
+        run()
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and "bnScaleBiasMeanVarDesc" in e.value.message
+    pydnn.derive_bn_tensor_descriptor(sb, x, pydnn.PYDNN_BATCHNORM_SPATIAL)
+    run()
+    pydnn.destroy_tensor_descriptor(sb)
+    with pytest.raises(pydnn.PydnnError) as e:
+        run()
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM
