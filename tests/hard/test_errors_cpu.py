@@ -15,9 +15,12 @@ PUBLIC = sorted(n for n in dir(pydnn) if getattr(getattr(pydnn, n), "__pydnn_api
 
 
 def test_every_public_function_is_wrapped():
+    """Every cuDNN-style function of the foundation's modules goes through `api` (families added later,
+    such as pydnn.graph or pydnn.torch, may export plain helpers of their own)."""
     assert len(PUBLIC) > 100
+    mine = ("pydnn.status", "pydnn.tensor", "pydnn.handle", "pydnn.version", "pydnn.ops.")
     plain = [n for n in dir(pydnn) if not n.startswith("_") and inspect.isfunction(getattr(pydnn, n))
-             and n not in PUBLIC]
+             and n not in PUBLIC and getattr(pydnn, n).__module__.startswith(mine)]
     assert sorted(plain) == ["get_error_string", "get_last_error_string"]  # they never fail
 
 
