@@ -59,7 +59,7 @@ def cmd_config(args):
     if not (args.cflags or args.libs):
         print("config: give --cflags and/or --libs", file=sys.stderr)
         return 2
-    print(library.config_flags(cflags=args.cflags, libs=args.libs))
+    print(library.config_flags(cflags=args.cflags, libs=args.libs, cudnn_compat=args.cudnn_compat))
     return 0
 
 
@@ -83,6 +83,8 @@ def main(argv=None):
     c.add_argument("--cflags", action="store_true")
     c.add_argument("--libs", action="store_true")
     sub.add_parser("tuning", help="every planner switch (pydnn.tuning): value, default and what it does")
+    c.add_argument("--cudnn-compat", action="store_true",
+                   help="with --cflags: also the folder of cudnn.h mapping cuDNN's names onto pydnn's")
     args = p.parse_args(argv)
     return {"info": cmd_info, "build": cmd_build, "config": cmd_config, "tuning": cmd_tuning}[args.cmd](args)
 

@@ -51,11 +51,38 @@ def not_supported(message, status=enums.PYDNN_STATUS_NOT_SUPPORTED):
     raise PydnnError(status, message)
 
 
+def _misuse(fn, args, kwargs):
+    """True when calling `fn` with these arguments fails at binding (wrong argument count, an unknown or
+    repeated keyword): the call never entered `fn`, so the TypeError is the caller's, not pydnn's.
+    Only reached on the error path, so its cost (a signature bind) is never paid by a successful call."""
+    import inspect
+
+    try:
+        sig = _signatures.get(fn)
+        if sig is None:
+            sig = _signatures[fn] = inspect.signature(fn)
+        sig.bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:  # no signature (never for pydnn's Python functions): not provably misuse
+        return False
+    return False
+
+
+_signatures = {}
+
+
 def api(fn):
     """Mark a public API function: record its failure as the thread's last error, prefixed with its name.
 
-    Anything other than a PydnnError escaping an API function is a pydnn bug; it still becomes a status
-    (INTERNAL_ERROR) so that a C caller gets a code and a message instead of a crash.
+    Three outcomes besides success:
+    - pydnn's own checks raise PydnnError (a status and a message naming the argument): re-raised as is;
+    - Python-level misuse of the function itself (wrong number of arguments, a misspelt keyword) raises
+      Python's own TypeError, unchanged, as calling any Python function would (the C face never does this:
+      its marshalling always passes the declared arguments);
+    - anything else escaping an API function is a pydnn bug; it still becomes a status (INTERNAL_ERROR, or
+      ALLOC_FAILED for a MemoryError), chained to the original exception, so that a C caller gets a code and
+      a message instead of a crash.
     """
     name = fn.__name__
 
@@ -66,6 +93,17 @@ def api(fn):
         except PydnnError as e:
             set_last_error(f"{name}: {e.message}")
             raise
+        except TypeError as e:
+            if _misuse(fn, args, kwargs):
+                set_last_error(f"{name}: {e}")
+                raise
+            msg = f"{name}: internal error: {type(e).__name__}: {e}"
+            set_last_error(msg)
+            raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR, msg) from e
+        except MemoryError as e:
+            msg = f"{name}: host allocation failed: {e or 'MemoryError'}"
+            set_last_error(msg)
+            raise PydnnError(enums.PYDNN_STATUS_ALLOC_FAILED, msg) from e
         except Exception as e:  # noqa: BLE001 - turned into a status on purpose
             msg = f"{name}: internal error: {type(e).__name__}: {e}"
             set_last_error(msg)

@@ -25,10 +25,25 @@ FORMATS = (E.PYDNN_TENSOR_NCHW, E.PYDNN_TENSOR_NHWC)
 MAX_DIMS = E.PYDNN_DIM_MAX
 
 
+def index_of(v):
+    """v as a Python int when it is an integer (an int, a numpy integer, anything whose __index__ answers;
+    never a bool or a float), else None. Never raises: a 4-element array has __index__ too, and refuses."""
+    if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
+        return None
+    try:
+        return v.__index__()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _int(name, v):
     if isinstance(v, (bool, float)) or not hasattr(v, "__index__"):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected an integer, got {type(v).__name__}")
-    return v.__index__()
+    try:
+        return v.__index__()
+    except Exception as e:  # noqa: BLE001 - a 4-element array has __index__ too, and refuses
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{name}: expected an integer, got {type(v).__name__} ({e})") from None
 
 
 def _dtype(name, v):
@@ -91,6 +106,9 @@ def packed_strides(dims, fmt):
     return tuple(strides)
 
 
+SPAN_LIMIT = 1 << 62  # bytes a tensor may span, and the largest stride (elements)
+
+
 class TensorDescriptor:
     """cudnnTensorDescriptor_t: data type, dims and strides (in elements)."""
 
@@ -103,8 +121,14 @@ class TensorDescriptor:
     def _assign(self, dtype, dims, strides):
         # `version` changes with every set (and destroy): launch records cached per handle are keyed by
         # it, so a changed descriptor can never reuse a stale record.
+        span = (sum((d - 1) * s for d, s in zip(dims, strides)) + 1) * DTYPES[dtype][0]
+        if span >= SPAN_LIMIT or max(strides, default=0) >= SPAN_LIMIT:
+            # no memory holds it, and kernels take 64-bit offsets: refused here rather than overflowing later
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"tensorDesc: dims {list(dims)} with strides {list(strides)} span {span} bytes, "
+                             f"more than 2^62")
         self.dtype, self.dims, self.strides, self.is_set = dtype, dims, strides, True
-        self._span = (sum((d - 1) * s for d, s in zip(dims, strides)) + 1) * DTYPES[dtype][0]
+        self._span = span
         self.version += 1
 
     @property

@@ -28,6 +28,10 @@ def get_cudart_version():
 def get_property(prop_type):
     """cudnnGetProperty: MAJOR_VERSION (0), MINOR_VERSION (1), PATCH_LEVEL (2)."""
     table = {0: _MAJOR, 1: _MINOR, 2: _PATCH}
-    if isinstance(prop_type, bool) or prop_type not in table:
+    try:
+        known = not isinstance(prop_type, bool) and prop_type in table
+    except TypeError:  # unhashable
+        known = False
+    if not known:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"type: {prop_type!r} is not a libraryPropertyType value")
     return table[prop_type]

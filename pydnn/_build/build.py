@@ -53,7 +53,8 @@ def compile_unit(unit, arch, nv_version=None):
     key = cache.unit_key(unit, arch, nv_version)
     text, _ = cache.unit_inputs(unit)
     cubin, lowered, _log = nvrtc.compile_cubin(text, unit.source, unit.exprs, arch,
-                                               COMMON_OPTIONS + tuple(unit.options), [str(cache.ptx_dir())])
+                                               COMMON_OPTIONS + tuple(unit.options), [str(cache.ptx_dir())],
+                                               unit=unit.name)
     cache.write_entry(cache.entry_path(unit, arch, key), cubin, lowered)
     return cubin, lowered
 
@@ -80,19 +81,75 @@ def build_all(archs=None, progress=True, jobs=None, units=None):
     if not todo:
         return 0, skipped
     jobs = jobs or min(len(todo), max(2, os.cpu_count() or 2))
-    t0, done = time.time(), 0
+    bar = Progress(len(todo), out) if progress else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {pool.submit(compile_unit, u, a, nv): (u, a) for u, a in todo}
-        for f in as_completed(futs):
-            f.result()  # re-raise a compile error with its NVRTC log
-            done += 1
-            if progress:
-                bar = "#" * (30 * done // len(todo))
-                print(f"\rpydnn: [{bar:<30}] {done}/{len(todo)} {time.time() - t0:5.1f}s", end="",
-                      file=out, flush=True)
-    if progress:
-        print(file=out, flush=True)
+        try:
+            for f in as_completed(futs):
+                f.result()  # re-raise a compile error with its NVRTC log
+                if bar is not None:
+                    u, a = futs[f]
+                    bar.step(f"{u.name} {a}")
+        finally:
+            if bar is not None:
+                bar.close()
     return len(todo), skipped
+
+
+class Progress:
+    """The install-time build's progress: a tqdm bar when tqdm is importable and `out` is a terminal, else a
+    rich bar likewise, else plain lines a log keeps readable (one per ~5% and the last, with elapsed time and
+    an estimate of what remains). PYDNN_PROGRESS=plain forces the lines, =none silences them."""
+
+    def __init__(self, total, out=None, style=None):
+        self.total, self.done, self.out = total, 0, out or sys.stderr
+        self.t0 = time.time()
+        self.style = style or os.environ.get("PYDNN_PROGRESS") or self._pick()
+        self._bar = self._rich = None
+        if self.style == "tqdm":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, file=self.out, unit="unit", desc="pydnn kernels", dynamic_ncols=True)
+        elif self.style == "rich":
+            from rich.progress import Progress as RichProgress
+
+            self._rich = RichProgress(transient=False)
+            self._rich.start()
+            self._bar = self._rich.add_task("pydnn kernels", total=total)
+        self._next_line = 0
+
+    def _pick(self):
+        isatty = getattr(self.out, "isatty", lambda: False)()
+        if isatty:
+            for name in ("tqdm", "rich"):
+                try:
+                    __import__(name)
+                    return name
+                except ImportError:
+                    continue
+        return "plain"
+
+    def step(self, what=""):
+        self.done += 1
+        if self.style == "tqdm":
+            self._bar.set_postfix_str(what, refresh=False)
+            self._bar.update(1)
+        elif self.style == "rich":
+            self._rich.update(self._bar, advance=1, description=f"pydnn kernels {what}")
+        elif self.style == "plain":
+            if self.done >= self._next_line or self.done == self.total:
+                self._next_line = self.done + max(1, self.total // 20)
+                el = time.time() - self.t0
+                eta = el / self.done * (self.total - self.done)
+                print(f"pydnn: compiled {self.done}/{self.total} kernel units ({100 * self.done // self.total}%) "
+                      f"in {el:.0f}s, about {eta:.0f}s left{f' (last: {what})' if what else ''}",
+                      file=self.out, flush=True)
+
+    def close(self):
+        if self.style == "tqdm":
+            self._bar.close()
+        elif self.style == "rich":
+            self._rich.stop()
 
 
 def prune(archs=None):

@@ -46,8 +46,21 @@ def available():
 
 
 def _err_name(d, err):
-    e, name = d.cuGetErrorName(err)
-    return name.decode() if e == d.CUresult.CUDA_SUCCESS else str(int(err))
+    """'CUDA_ERROR_X (the driver's description)': cuGetErrorName and cuGetErrorString's texts, or the bare
+    number for a code the driver does not know."""
+    try:
+        e, name = d.cuGetErrorName(err)
+        name = name.decode() if int(e) == 0 and name else None
+    except Exception:  # noqa: BLE001 - a code outside the bindings' enum: fall back to the number
+        name = None
+    try:
+        e, text = d.cuGetErrorString(err)
+        text = text.decode() if int(e) == 0 and text else None
+    except Exception:  # noqa: BLE001
+        text = None
+    if name is None:
+        name = f"CUresult {int(err)}"
+    return f"{name} ({text})" if text and text != name else name
 
 
 def check(result, what):

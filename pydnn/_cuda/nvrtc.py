@@ -63,8 +63,36 @@ def _check(n, result, what, prog=None):
     err = result[0]
     if err != n.nvrtcResult.NVRTC_SUCCESS:
         log = _log(n, prog) if prog is not None else ""
-        raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, f"{what}: {err}\n{log}")
+        raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, f"{what}: {_result_name(err)}\n{log}")
     return result[1] if len(result) == 2 else result[1:]
+
+
+def _result_name(err):
+    name = getattr(err, "name", None)
+    return name if name else str(err)
+
+
+DUMP_ENV = "PYDNN_DUMP_CUDA_SOURCE_ON_ERROR"
+
+
+def numbered_source(source, filename):
+    """The source with 1-based line numbers, as CuPy's CUPY_DUMP_CUDA_SOURCE_ON_ERROR shows it."""
+    lines = source.splitlines()
+    width = len(str(len(lines))) if lines else 1
+    body = "\n".join(f"{i:{width}d} {line}" for i, line in enumerate(lines, 1))
+    return f"==== {filename} ====\n{body}\n==== end of {filename} ===="
+
+
+def _dump_source(source, filename, stream=None):
+    """With PYDNN_DUMP_CUDA_SOURCE_ON_ERROR=1, print the failed unit's numbered source (read when a
+    compilation fails, so it can be set at any time)."""
+    import os
+    import sys
+
+    if os.environ.get(DUMP_ENV, "0") not in ("", "0"):
+        print(numbered_source(source, filename), file=stream or sys.stderr, flush=True)
+        return True
+    return False
 
 
 def _log(n, prog):
@@ -74,16 +102,25 @@ def _log(n, prog):
     return buf.rstrip(b"\0 ").decode(errors="replace")
 
 
-def compile_cubin(source, filename, name_exprs, arch, options, include_dirs):
-    """Compile `source` for `arch` (e.g. 'sm_90'); return (cubin bytes, {expr: lowered name}, log)."""
+def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=None):
+    """Compile `source` for `arch` (e.g. 'sm_90'); return (cubin bytes, {expr: lowered name}, log).
+
+    A failed compilation raises INTERNAL_ERROR_COMPILATION_FAILED naming the kernel unit, the file, the arch
+    and the options, followed by NVRTC's log; with PYDNN_DUMP_CUDA_SOURCE_ON_ERROR=1 the numbered source is
+    printed to stderr as well."""
     n = _nvrtc()
     prog = _check(n, n.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         for expr in name_exprs:
             _check(n, n.nvrtcAddNameExpression(prog, expr.encode()), f"nvrtcAddNameExpression({expr})")
-        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options]
-        opts += [f"--include-path={d}".encode() for d in include_dirs]
-        _check(n, n.nvrtcCompileProgram(prog, len(opts), opts), f"compiling {filename} for {arch}", prog)
+        opts = [f"--gpu-architecture={arch}"] + list(options) + [f"--include-path={d}" for d in include_dirs]
+        what = (f"NVRTC could not compile kernel unit {unit or filename} ({filename}) for {arch} "
+                f"with options {' '.join(opts)}")
+        err = n.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if err[0] != n.nvrtcResult.NVRTC_SUCCESS:
+            dumped = _dump_source(source, filename)
+            hint = "" if dumped else f" (set {DUMP_ENV}=1 to print the numbered source)"
+            _check(n, err, what + hint, prog)
         log = _log(n, prog)
         size = _check(n, n.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * size

@@ -89,6 +89,24 @@ class Marshal:
         self.py_name = snake(self.c_name[len("pydnn"):])
         self.destroys_descriptor = (self.c_name.startswith("pydnnDestroy") and self.c_name.endswith("Descriptor")) \
             or self.c_name == "pydnnBackendDestroyDescriptor"
+        self.nullable = NULLABLE.get(self.c_name, ())
+        self.destroys = self.c_name.startswith("pydnnDestroy") or self.destroys_descriptor
+        self._uintptr = ffi.typeof("uintptr_t")
+        # What every call would otherwise work out again from the argument names and types (the C face's
+        # per-call cost): per parameter, (kind, base, name, info), info holding the "in" roles
+        # (stream, requested count, dims count, array-size count, dataType) or an output's pointer ctype.
+        self.steps = []
+        for kind, base, name in self.params:
+            info = None
+            if kind == "in":
+                role = 1 if (name.startswith("nbDims") or name.startswith("arrayLength")) else (
+                    2 if (name.endswith("ArraySize") or name.endswith("SizeRequested")) else 0)
+                info = (base == "cudaStream_t", name.startswith("requested"), role, name == "dataType")
+            elif kind in ("out", "obj_out") and base not in ("fill", "void *", "cudaStream_t"):
+                info = ffi.typeof(f"{base} *")
+            self.steps.append((kind, base, name, info))
+        self.has_struct_out = any(k == "struct_out" for k, _, _ in self.params)
+        self.rnn_lengths = self.c_name == "pydnnGetRNNDataDescriptor"
 
     def python_function(self):
         """Looked up at call time, so a family missing from this pydnn fails its own calls, not the library."""
@@ -100,10 +118,10 @@ class Marshal:
 
     def obj(self, ptr, name, ctype):
         if ptr == self.ffi.NULL:
-            if name in NULLABLE.get(self.c_name, ()) or self.destroys_descriptor:
+            if name in self.nullable or self.destroys_descriptor:
                 return None  # cuDNN: destroying a NULL descriptor does nothing
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: NULL {ctype}")
-        entry = _objects.get(int(self.ffi.cast("uintptr_t", ptr)))
+        entry = _objects.get(int(self.ffi.cast(self._uintptr, ptr)))
         if entry is None:
             raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: not a live {ctype} created by pydnn")
         return entry[1]
@@ -131,30 +149,30 @@ class Marshal:
         ffi = self.ffi
         args, outs, ref, count, requested = [], [], None, None, 0
         scalars, cap, dtype_arg = [], E.PYDNN_DIM_MAX, None
-        for (kind, base, name), a in zip(self.params, cargs):
+        for (kind, base, name, info), a in zip(self.steps, cargs):
             if kind == "obj_in":
                 o = self.obj(a, name, base)
                 if base == "pydnnTensorDescriptor_t":
                     ref = o  # the last tensor descriptor is the output's
                 args.append(o)
+            elif kind == "in":
+                is_stream, is_requested, role, is_dtype = info
+                if is_requested:
+                    requested = a  # the capacity of a struct_out array (requestedAlgoCount)
+                if role == 1:
+                    count = a  # the length of the array arguments that follow (cuDNN's convolution: arrayLength)
+                    if self.rnn_lengths:
+                        cap = 2**31 - 1  # GetRNNDataDescriptor: sequence lengths, not dims
+                elif role == 2:
+                    count, cap = a, 2**31 - 1  # seqLengthArraySize / seqLengthSizeRequested: not a dim count
+                if is_dtype:
+                    dtype_arg = a
+                args.append(int(ffi.cast(self._uintptr, a)) if is_stream else a)
+            elif kind == "devptr":
+                args.append(int(ffi.cast(self._uintptr, a)))
             elif kind == "scalar":
                 scalars.append(len(args))
                 args.append((a, name))
-            elif kind == "devptr":
-                args.append(int(ffi.cast("uintptr_t", a)))
-            elif kind == "in":
-                v = int(ffi.cast("uintptr_t", a)) if base == "cudaStream_t" else a
-                if name.startswith("requested"):
-                    requested = a  # the capacity of a struct_out array (requestedAlgoCount)
-                if name.startswith("nbDims") or name.startswith("arrayLength"):
-                    count = a  # the length of the array arguments that follow (cuDNN's convolution: arrayLength)
-                    if self.c_name == "pydnnGetRNNDataDescriptor":
-                        cap = 2**31 - 1  # sequence lengths, not dims
-                elif name.endswith("ArraySize") or name.endswith("SizeRequested"):
-                    count, cap = a, 2**31 - 1  # seqLengthArraySize / seqLengthSizeRequested: not a dim count
-                if name == "dataType":
-                    dtype_arg = a
-                args.append(v)
             elif kind == "fill_in":  # NULL: no fill; else the value in dataType (SetSeqDataDescriptor)
                 if a == ffi.NULL:
                     args.append(None)
@@ -176,26 +194,42 @@ class Marshal:
                 args.append(list(ffi.unpack(ffi.cast("int *", a), n)))
             else:  # out, obj_out, arr_out: checked before the call so a NULL never leaves work half done
                 if a == ffi.NULL:
-                    if name in NULLABLE.get(self.c_name, ()):
-                        outs.append((kind, base, name, None, count, cap))  # not returned (cuDNN: optional)
+                    if name in self.nullable:
+                        outs.append((kind, base, name, None, count, cap, info))  # not returned (cuDNN: optional)
                         continue
                     raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer")
-                outs.append((kind, base, name, a, count, cap))
+                outs.append((kind, base, name, a, count, cap, info))
         for i in scalars:
             args[i] = self.scalar(args[i][0], args[i][1], ref)
         result = self.python_function()(*args)
-        if (self.c_name.startswith("pydnnDestroy") or self.destroys_descriptor) and cargs and cargs[0] != ffi.NULL:
-            _objects.pop(int(ffi.cast("uintptr_t", cargs[0])), None)
-        if any(o[0] == "struct_out" for o in outs):
+        if self.destroys and cargs and cargs[0] != ffi.NULL:
+            _objects.pop(int(ffi.cast(self._uintptr, cargs[0])), None)
+        if not outs:
+            return
+        if self.has_struct_out:
             # the Python function returns the records; the C face also writes how many (returned*Count)
             recs = list(result)[: max(0, int(requested))]
             values = [recs if o[0] == "struct_out" else len(recs) for o in outs]
         else:
             values = [result] if len(outs) == 1 else list(result or ())
-        for (kind, base, name, ptr, count, cap), v in zip(outs, values):
-            if ptr is None:
-                continue
-            if base == "fill":  # the fill value in the descriptor's data type (the first result)
+        for out, v in zip(outs, values):
+            try:
+                if out[0] == "out" and out[6] is not None and out[3] is not None:
+                    ffi.cast(out[6], out[3])[0] = v  # a plain value (the common case), inline
+                else:
+                    self.write(out, v, values)
+            except OverflowError:  # a value C's type cannot hold (a stride past INT_MAX into an int *)
+                raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                                 f"{out[2]}: {v!r} does not fit the C type {out[1]} (the Python API returns it)") from None
+
+    def write(self, out, v, values):
+        """Write one result through the caller's pointer."""
+        ffi = self.ffi
+        kind, base, name, ptr, count, cap, info = out
+        if ptr is not None:
+            if kind == "out" and info is not None:  # a plain value (the common case)
+                ffi.cast(info, ptr)[0] = v
+            elif base == "fill":  # the fill value in the descriptor's data type (the first result)
                 if v is not None:
                     dt = values[0]
                     data = (struct.pack("<f", v)[2:] if dt == E.PYDNN_DATA_BFLOAT16
@@ -203,16 +237,16 @@ class Marshal:
                     ffi.memmove(ptr, data, len(data))
             elif kind == "obj_out":
                 if v is None:  # an optional descriptor that is not there (GetAttnDescriptor's dropouts)
-                    ffi.cast(f"{base} *", ptr)[0] = ffi.NULL
-                    continue
+                    ffi.cast(info, ptr)[0] = ffi.NULL
+                    return
                 with _lock:  # an object C already holds keeps its address (a getter's; a Create's is new)
                     addr = None if self.c_name.startswith("pydnnCreate") else next(
                         (k for k, e in _objects.items() if e[1] is v), None)
                     if addr is None:
                         h = ffi.new_handle(v)
-                        addr = int(ffi.cast("uintptr_t", h))
+                        addr = int(ffi.cast(self._uintptr, h))
                         _objects[addr] = (h, v)
-                ffi.cast(f"{base} *", ptr)[0] = ffi.cast(base, addr)
+                ffi.cast(info, ptr)[0] = ffi.cast(base, addr)
             elif kind == "struct_out":
                 arr = ffi.cast(f"{base} *", ptr)
                 for i, rec in enumerate(v):
@@ -226,7 +260,7 @@ class Marshal:
                 ffi.cast("cudaStream_t *", ptr)[0] = ffi.cast("cudaStream_t", v)
             elif base == "void *":
                 ffi.cast("void **", ptr)[0] = ffi.cast("void *", v or 0)
-            else:
+            else:  # pragma: no cover - every other output has its pointer ctype in info
                 ffi.cast(f"{base} *", ptr)[0] = v
 
 

@@ -116,6 +116,20 @@ def include_dir():
     return d
 
 
+def compat_include_dir():
+    """The folder with the cuDNN compatibility cudnn.h (include/cudnn_compat in a checkout, else written
+    beside the library's pydnn.h, kept current)."""
+    if _in_checkout() and (REPO_INCLUDE / "cudnn_compat" / "cudnn.h").is_file():
+        return REPO_INCLUDE / "cudnn_compat"
+    d = library_dir() / "cudnn_compat"
+    h = d / "cudnn.h"
+    text = decl.compat_header_text()
+    if not (h.is_file() and h.read_text() == text):
+        d.mkdir(parents=True, exist_ok=True)
+        _write_atomic(h, text)
+    return d
+
+
 _path_memo = []
 
 
@@ -179,11 +193,15 @@ def build_library(verbose=False):
     return out
 
 
-def config_flags(cflags=False, libs=False):
+def config_flags(cflags=False, libs=False, cudnn_compat=False):
     """What `cc prog.c $(python -m pydnn config --cflags --libs)` needs; --libs builds the library if
-    missing or stale. libpython is a dependency of libpydnn itself (found through its own rpath)."""
+    missing or stale. libpython is a dependency of libpydnn itself (found through its own rpath).
+    cudnn_compat: --cflags also puts the folder of the cuDNN-named cudnn.h first, so that a program
+    written against cuDNN's legacy API builds unchanged."""
     parts = []
     if cflags:
+        if cudnn_compat:
+            parts.append(f"-I{compat_include_dir()}")
         parts.append(f"-I{include_dir()}")
     if libs:
         path = build_library()

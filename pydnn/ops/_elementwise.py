@@ -5,7 +5,9 @@ ordered by the output's strides (innermost last) and adjacent dims merge when ev
 across them. A fully dense problem becomes one flat dim, taken by the vectorised `map_contig` kernel;
 anything else (other strides, broadcast inputs with stride 0) runs `map_strided`.
 """
-from .._build.params import FLAG_BETA, MAX_DIMS, MapParams
+import struct
+
+from .._build.params import FLAG_BETA, MAP_INPUTS, MAX_DIMS, MapParams
 from .._cuda import driver
 
 THREADS = 256  # block of the scalar-contiguous and strided kernels (kMapThreads)
@@ -182,16 +184,35 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
     return pr
 
 
+# The per-call fields of MapParams, written with one struct.pack_into each instead of six ctypes field
+# assignments (p.in_[k] alone builds an array view per access): out, in[0..2], alpha, alpha2, beta are
+# contiguous at the start of the struct, flags sits after ndim. Offsets are taken from the ctypes mirror,
+# whose layout tests/test_params_layout.py checks against the C header.
+_PATCH = struct.Struct(f"<{1 + MAP_INPUTS}Q3d")
+_FLAGS = struct.Struct("<I")
+_FLAGS_AT = MapParams.flags.offset
+assert (MapParams.out.offset, MapParams.in_.offset, MapParams.alpha.offset, MapParams.alpha2.offset,
+        MapParams.beta.offset) == (0, 8, 8 + 8 * MAP_INPUTS, 16 + 8 * MAP_INPUTS, 24 + 8 * MAP_INPUTS)
+_pack, _pack_flags = _PATCH.pack_into, _FLAGS.pack_into
+
+
 def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
     """Patch pointers and scalars into a prepared launch and enqueue it."""
+    n = len(in_ptrs)
+    if n == 1:
+        i0 = mask = in_ptrs[0]
+        i1 = i2 = 0
+    elif n == 2:
+        i0, i1 = in_ptrs
+        i2, mask = 0, i0 | i1
+    elif n == 3:
+        i0, i1, i2 = in_ptrs
+        mask = i0 | i1 | i2
+    else:  # no input (SetTensor)
+        i0 = i1 = i2 = mask = 0
     p = pr.params
-    p.out = out_ptr
-    mask = 0
-    for k, ptr in enumerate(in_ptrs):
-        p.in_[k] = ptr
-        mask |= ptr
-    p.alpha, p.beta, p.alpha2 = alpha, beta, alpha2
-    p.flags = pr.base_flags | (FLAG_BETA if beta != 0 else 0)
+    _pack(p, 0, out_ptr, i0, i1, i2, alpha, alpha2, beta)
+    _pack_flags(p, _FLAGS_AT, pr.base_flags | FLAG_BETA if beta != 0 else pr.base_flags)
     if (mask & pr.in_masks) == 0 and (out_ptr & pr.out_mask) == 0:
         driver.launch_args(pr.vec_func, pr.vec_grid, pr.vec_block, 0, handle.cu_stream, pr.argv)
     else:
@@ -209,13 +230,27 @@ def cached(handle, key, build):
     return rec
 
 
+_PLAIN = frozenset((int, float, str, bool, type(None)))
+
+
 def desc_key(*parts):
     """A cache key from op parameters and descriptors (each with its version); None if one is not a
-    descriptor. Descriptor versions change on every set and destroy, so a key never outlives its meaning."""
+    descriptor. Descriptor versions change on every set and destroy, so a key never outlives its meaning.
+    One loop, no generator: this runs on every call of the families that use it."""
+    key = []
+    for x in parts:
+        if type(x) in _PLAIN:
+            key.append(x)
+            continue
+        try:
+            key.append((x, x.version))
+        except AttributeError:
+            if not isinstance(x, (int, float, str)):
+                return None
+            key.append(x)
     try:
-        return tuple((x, x.version) if hasattr(x, "version") else x for x in parts) if all(
-            hasattr(x, "version") or isinstance(x, (int, float, str, type(None))) for x in parts) else None
-    except TypeError:
+        return tuple(key)
+    except TypeError:  # pragma: no cover - tuple() of a list never fails; kept for the old contract
         return None
 
 

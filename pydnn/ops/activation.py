@@ -151,6 +151,9 @@ def _flags(desc):
 def _key(tag, activation_desc, descs):
     """Cache key of a launch record: the descriptors and their versions (None if any is not one)."""
     try:
+        if len(descs) == 2:  # the forward's (x, y): spelled out, this runs on every call
+            x, y = descs
+            return (tag, activation_desc, activation_desc.version, x, x.version, y, y.version)
         return (tag, activation_desc, activation_desc.version) + tuple((d, d.version) for d in descs)
     except (AttributeError, TypeError):
         return None

@@ -57,14 +57,21 @@ def scalar(name, v):
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: expected a number, got {type(v).__name__}")
-    return float(v)
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError) as e:  # a 4-element array, an int past float's range
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {type(v).__name__} is not a number ({e})") from None
 
 
 def enum_arg(name, v, allowed, type_name):
     """An enum argument: an integer among `allowed`, else BAD_PARAM naming the argument and the type."""
-    if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() not in allowed:
+    try:
+        i = None if isinstance(v, bool) or not hasattr(v, "__index__") else v.__index__()
+    except Exception:  # noqa: BLE001 - an object whose __index__ refuses (a 4-element array)
+        i = None
+    if i is None or i not in allowed:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v!r} is not a {type_name} value")
-    return v.__index__()
+    return i
 
 
 def float_tensor(desc, name, allowed=FLOAT_TYPES):

@@ -46,6 +46,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
+from ..tensor import index_of
 from ._elementwise import CTYPE, _SIZES, vec_width
 from .common import (
     FLOAT_TAGS, TAG, element_aligned, float_tensor, no_partial_alias, output_tensor, same_shape, same_type, scalar,
@@ -169,15 +170,17 @@ def _probability(v):
 
 
 def _size(name, v):
-    if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() < 0:
+    i = v if type(v) is int else index_of(v)  # a plain int without a call: this runs on every call
+    if i is None or i < 0:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v!r} is not a size in bytes")
-    return v.__index__()
+    return i
 
 
 def _seed(v):
-    if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() < 2**64:
+    i = index_of(v)
+    if i is None or not 0 <= i < 2**64:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"seed: {v!r} is not an unsigned 64-bit integer")
-    return v.__index__()
+    return i
 
 
 def _is_null(states):

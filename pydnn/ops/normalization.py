@@ -1042,8 +1042,11 @@ def plan_summary(handle, norm_desc, x_desc, backward=False):
 # ----------------------------------------------------------------------------- calls
 
 def _key(direction, nd, descs):
-    try:
-        return ("norm", direction, nd, nd.version) + tuple((d, d.version) if d is not None else None for d in descs)
+    try:  # a loop, not a generator: this runs on every call (the same tuple either way)
+        key = ["norm", direction, nd, nd.version]
+        for d in descs:
+            key.append(None if d is None else (d, d.version))
+        return tuple(key)
     except (AttributeError, TypeError):
         return None
 

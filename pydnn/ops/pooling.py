@@ -580,7 +580,12 @@ def _validate_bwd(kind, pd, y_desc, dy_desc, x_desc, dx_desc):
 
 def _key(tag, *objs):
     """The handle's cache key for a call, or None when an argument is not what a key can hold."""
-    key = ("pooling", tag) + tuple((o, getattr(o, "version", None)) for o in objs)
+    if len(objs) == 3:  # the forward's (pooling, x, y): spelled out, this runs on every call
+        p, x, y = objs
+        key = ("pooling", tag, (p, getattr(p, "version", None)), (x, getattr(x, "version", None)),
+               (y, getattr(y, "version", None)))
+    else:
+        key = ("pooling", tag) + tuple((o, getattr(o, "version", None)) for o in objs)
     try:
         hash(key)
     except TypeError:

@@ -31,6 +31,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
+from ..tensor import index_of
 from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, prod, scalar
 from ._elementwise import CTYPE, desc_key, vec_width
 
@@ -504,6 +505,7 @@ def _buffers(pl, indices, isz, workspace, wsz, A, C):  # noqa: N803
 
 
 def _size(name, v):
-    if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() < 0:
+    i = v if type(v) is int else index_of(v)  # a plain int without a call: this runs on every call
+    if i is None or i < 0:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v!r} is not a size in bytes")
-    return v.__index__()
+    return i

@@ -31,7 +31,7 @@ from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
-from ..tensor import DTYPE_NAMES, DTYPES, check_tensor
+from ..tensor import DTYPE_NAMES, DTYPES, check_tensor, index_of
 from . import _elementwise as ew
 from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, output_tensor, scalar
 
@@ -124,9 +124,8 @@ def _fill_value(t, value):
     """SetTensor's value in y's type: an int for integer types (rounded to nearest even, saturated, NaN
     -> 0, like every conversion to an integer), else a float already rounded to the type."""
     if t in INT_RANGE:
-        if not isinstance(value, (bool, float)) and hasattr(value, "__index__"):
-            v = value.__index__()
-        else:
+        v = index_of(value)
+        if v is None:
             f = scalar("valuePtr", value)
             if math.isnan(f):
                 v = 0
@@ -136,8 +135,8 @@ def _fill_value(t, value):
                 v = round(f)  # half to even
         lo, hi = INT_RANGE[t]
         return min(max(v, lo), hi)
-    if not isinstance(value, (bool, float)) and hasattr(value, "__index__"):
-        i = value.__index__()
+    i = index_of(value)
+    if i is not None:
         try:
             f = float(i)
         except OverflowError:  # beyond every float type: rounds to infinity

@@ -1,0 +1,274 @@
+"""The call path's host work, counted (not timed) so that its fast paths cannot silently go away (CPU).
+
+Each family's cheapest call runs on a handle whose kernels are placeholders and whose launches are no-ops
+(tools/bench_host.py's CPU harness): everything pydnn does on the host for a call except cuLaunchKernel.
+The Python-level function calls of one cached call are bounded per family; torch tensors (a stand-in type
+spelled like torch's: module `torch`, name `Tensor`) are resolved without __cuda_array_interface__; and
+the cached path launches exactly what the first, planned call launched."""
+import os
+import sys
+
+import pytest
+
+import pydnn
+from pydnn import buffers
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+import bench_host as B  # noqa: E402
+
+# Python function calls (sys.setprofile "call" events) of one cached call with int pointers, the test's
+# lambda (two frames: the case's and _calls') and the no-op cuLaunchKernel included: the counts measured
+# when the fast paths went in.
+BUDGET_INT = {
+    "activation_forward relu 1 elem": 13,  # was 16 before the fast paths (generator keys, field-by-field
+    "add_tensor 1 elem": 14,               # patching); the base commit's counts are in the commit message
+    "op_tensor add 1 elem": 16,
+    "scale_tensor 1 elem": 12,
+    "transform_tensor 1 elem": 14,
+    "softmax_forward 1x4": 17,
+    "reduce_tensor add 4 -> 1": 15,
+    "pooling_forward max 2x2": 17,
+    "batchnorm": 39,  # inference: was 60 (validated every call), now behind its plan cache
+    "normalization": 34,  # was 40 (a generator key)
+    "convolution": 29,  # pydnn/ops/convolution*.py: the lead's
+}
+
+
+def _budget(fam, name):
+    return BUDGET_INT.get(name, BUDGET_INT.get(fam))
+
+
+def _calls(fn):
+    names = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+@pytest.fixture
+def cpu():
+    with B.no_launch() as drv:
+        yield B.cpu_handle(), B.CpuBuffers(), drv
+
+
+@pytest.mark.parametrize("fam,name,setup", B.CASES, ids=[c[1] for c in B.CASES])
+def test_cached_call_python_work_is_bounded(cpu, fam, name, setup):
+    h, buf, drv = cpu
+    call, ints, objs, _ = setup(h, buf)
+    call(ints)  # plans
+    before = drv.launches
+    names = _calls(lambda: call(ints))
+    assert drv.launches > before
+    assert len(names) <= _budget(fam, name), names
+    for planning in ("prepare_map", "plan", "float_tensor", "check_tensor", "_resolver", "_generic_ptr"):
+        if fam != "convolution":  # still validates on every call (pydnn/ops/convolution*.py: the lead's)
+            assert planning not in names, (planning, names)
+
+
+def _torch_like(ptr, nbytes, cuda=True, contiguous=True, cai_ptr=None):
+    """An object of a type spelled like torch.Tensor (module 'torch', name 'Tensor'), with the attributes
+    the fast path reads and a __cuda_array_interface__ property as torch's (a Python-level getter)."""
+    def cai(self):
+        return {"data": (cai_ptr if cai_ptr is not None else ptr, False), "shape": (nbytes,), "typestr": "|u1",
+                "strides": None if contiguous else (1,), "version": 3}
+
+    ns = {"is_cuda": cuda, "nbytes": nbytes, "device": "cuda:0" if cuda else "cpu", "requires_grad": False,
+          "data_ptr": lambda self: ptr, "is_contiguous": lambda self: contiguous,
+          "shape": (nbytes,), "stride": lambda self: (1,), "element_size": lambda self: 1,
+          "__cuda_array_interface__": property(cai)}
+    t = type("Tensor", (), ns)
+    t.__module__, t.__qualname__ = "torch", "Tensor"
+    return t()
+
+
+def test_torch_tensors_skip_the_array_interface(cpu):
+    h, buf, drv = cpu
+    call, ints, _, _ = B._act(h, buf)
+    x, y = _torch_like(ints[0], 4), _torch_like(ints[1], 4)
+    call(ints)
+    call((x, y))  # first object of its type: the fast path is checked against the protocol once
+    names = _calls(lambda: call((x, y)))
+    assert "__cuda_array_interface__" not in names and "_cai_extent" not in names, names
+    int_names = _calls(lambda: call(ints))
+    # per buffer: device_ptr, the torch resolver and its two method calls (data_ptr, is_contiguous)
+    assert len(names) <= len(int_names) + 3 * 2, (names, int_names)
+
+
+def test_torch_fast_path_checks_size_and_device():
+    x = _torch_like(1 << 20, 64)
+    assert buffers.device_ptr(x, "x", 64) == 1 << 20
+    assert buffers._RESOLVERS[type(x)] is buffers._torch_ptr
+    with pytest.raises(pydnn.PydnnError) as e:
+        buffers.device_ptr(x, "x", 68)
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT
+    assert e.value.message == "x: buffer holds 64 bytes but the descriptor spans 68"
+    cpu_t = _torch_like(1 << 20, 64, cuda=False)
+    with pytest.raises(pydnn.PydnnError) as e:
+        buffers.device_ptr(cpu_t, "y", 4)
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and "is not CUDA memory" in e.value.message
+
+
+def test_a_fast_path_that_disagrees_is_not_used():
+    x = _torch_like(1 << 20, 64, cai_ptr=2 << 20)  # data_ptr() and the array interface differ
+    assert buffers.device_ptr(x, "x", 64) == 2 << 20  # the protocol's answer
+    assert buffers._RESOLVERS[type(x)] is buffers._generic_ptr
+
+
+def test_real_torch_cpu_tensors_are_refused():
+    torch = pytest.importorskip("torch")
+    for t in (torch.zeros(4), torch.zeros(4, requires_grad=True), torch.nn.Parameter(torch.zeros(4))):
+        with pytest.raises(pydnn.PydnnError) as e:
+            buffers.device_ptr(t, "x", 16)
+        assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and "not CUDA memory" in e.value.message
+
+
+def test_numpy_integers_are_pointers():
+    np = pytest.importorskip("numpy")
+    assert buffers.device_ptr(np.int64(4096), "x", 4) == 4096
+    assert buffers._RESOLVERS[np.int64] is buffers._integral_ptr
+    with pytest.raises(pydnn.PydnnError) as e:
+        buffers.device_ptr(np.uint64(0), "x", 4)
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER
+
+
+def test_broken_array_interfaces_are_bad_params():
+    class Broken:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    class Malformed:
+        __cuda_array_interface__ = {"shape": (4,)}  # no "data"
+
+    for obj in (Broken(), Malformed()):
+        with pytest.raises(pydnn.PydnnError) as e:
+            buffers.device_ptr(obj, "dy", 4)
+        assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and e.value.message.startswith("dy: ")
+
+
+@pytest.mark.parametrize("fam,name,setup", B.CASES, ids=[c[1] for c in B.CASES])
+def test_cached_call_launches_what_the_planned_call_did(cpu, monkeypatch, fam, name, setup):
+    from pydnn._cuda import driver
+
+    recs = []
+    monkeypatch.setattr(driver, "launch_args", lambda f, g, b, s, st, a: recs.append((f, g, b, s, bytes(a[2]))))
+    monkeypatch.setattr(driver, "launch", lambda f, g, b, s, st, p: recs.append((f, g, b, s, bytes(p))))
+    h, buf, _ = cpu
+    call, ints, objs, _ = setup(h, buf)
+    call(ints)
+    first = list(recs)
+    recs.clear()
+    call(ints)
+    assert recs == first and first
+    recs.clear()
+    call(objs)  # the same buffers as __cuda_array_interface__ objects: the same launch
+    assert recs == first
+
+
+def _marshal(c_name):
+    import cffi
+
+    from pydnn.capi import decl, impl
+
+    ffi = cffi.FFI()
+    ffi.cdef(decl.types_block())
+    proto = next(p for p in decl.prototypes() if impl.parse(p)[1] == c_name)
+    return ffi, impl, impl.Marshal(ffi, proto)
+
+
+def test_c_marshalling_work_is_bounded():
+    """The C face's per-call work (libpydnn's marshalling, run here in-process on cffi objects): argument
+    roles and pointer types are worked out once per function, not per call (base: 14 Python and 11 C-level
+    calls for GetTensorSizeInBytes, 34 and 58 for SetTensor4dDescriptor)."""
+    ffi, impl, get_size = _marshal("pydnnGetTensorSizeInBytes")
+    _, _, set4d = _marshal("pydnnSetTensor4dDescriptor")
+    t = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(t, 0, 0, 1, 2, 3, 4)
+    h = ffi.new_handle(t)
+    addr = int(ffi.cast("uintptr_t", h))
+    impl._objects[addr] = (h, t)
+    try:
+        tp = ffi.cast("pydnnTensorDescriptor_t", addr)
+        out = ffi.new("size_t *")
+        get_size(tp, out)
+        assert out[0] == 4 * 24
+
+        def counts(fn):
+            c = {"call": 0, "c_call": 0}
+
+            def prof(frame, event, arg):
+                if event in c:
+                    c[event] += 1
+
+            sys.setprofile(prof)
+            try:
+                fn()
+            finally:
+                sys.setprofile(None)
+            return c["call"], c["c_call"] - 1
+
+        py, c = counts(lambda: get_size(tp, out))
+        assert py <= 10 and c <= 9, (py, c)
+        py, c = counts(lambda: set4d(tp, 0, 0, 1, 1, 1, 1))
+        assert py <= 32 and c <= 26, (py, c)  # 26: the 2^62 span check (one max())
+        assert pydnn.get_tensor4d_descriptor(t)[1:5] == (1, 1, 1, 1)
+    finally:
+        impl._objects.pop(addr, None)
+
+
+def test_c_host_bench_runs_without_a_gpu(tmp_path):
+    """tests/c/bench_host.c (tools/bench_host.py --c) builds and times the calls that need no GPU."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from cprog import build_and_run
+
+    r = build_and_run("bench_host", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("c pydnn")]
+    assert len(lines) >= 2 and all(ln.endswith(" us") for ln in lines), r.stdout
+    print(r.stdout)
+
+
+def test_batchnorm_inference_cache_revalidates_changed_descriptors(cpu):
+    """The inference plan cache skips validation only for the very descriptors (and versions) it checked:
+    a reset or destroyed bnScaleBiasMeanVarDesc, a bad epsilon or a non-int mode are still refused."""
+    h, buf, drv = cpu
+    call, ints, _, _ = B._bn(h, buf)
+    call(ints)
+    call(ints)
+    x = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(x, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_FLOAT, 1, 2, 1, 1)
+    sb = pydnn.create_tensor_descriptor()
+    pydnn.derive_bn_tensor_descriptor(sb, x, pydnn.PYDNN_BATCHNORM_SPATIAL)
+    p = [buf(8)[0] for _ in range(6)]
+
+    def run(mode=pydnn.PYDNN_BATCHNORM_SPATIAL, eps=1e-5, sbd=sb):
+        pydnn.batch_normalization_forward_inference(h, mode, 1.0, 0.0, x, p[0], x, p[1], sbd, p[2], p[3], p[4], p[5],
+                                                    eps)
+
+    run()
+    run()
+    for kwargs, status in (({"eps": -1.0}, pydnn.PYDNN_STATUS_BAD_PARAM),
+                           ({"mode": 1.0}, pydnn.PYDNN_STATUS_BAD_PARAM),
+                           ({"mode": 77}, pydnn.PYDNN_STATUS_BAD_PARAM),
+                           ({"sbd": [1]}, pydnn.PYDNN_STATUS_BAD_PARAM)):
+        with pytest.raises(pydnn.PydnnError) as e:
+            run(**kwargs)
+        assert e.value.status == status, (kwargs, e.value)
+    pydnn.set_tensor4d_descriptor(sb, pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_DATA_FLOAT, 1, 3, 1, 1)  # wrong C
+    with pytest.raises(pydnn.PydnnError) as e:
+        run()
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and "bnScaleBiasMeanVarDesc" in e.value.message
+    pydnn.derive_bn_tensor_descriptor(sb, x, pydnn.PYDNN_BATCHNORM_SPATIAL)
+    run()
+    pydnn.destroy_tensor_descriptor(sb)
+    with pytest.raises(pydnn.PydnnError) as e:
+        run()
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM

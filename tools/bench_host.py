@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Host time of pydnn's cheapest call per family: what a framework pays per op on tiny tensors.
+
+    python tools/bench_host.py [--cpu] [--calls N] [--families activation,tensor,...] [--c]
+
+On a GPU machine (the default there): a real handle on PyTorch's stream, 1-element-ish tensors, each call
+timed with perf_counter over many calls (the GPU work is negligible and asynchronous), three ways: int
+pointers, torch tensors as buffers, and the PyTorch op doing the same where there is one. `--c` also times
+the same calls from C (tests/c/bench_host.c, built against libpydnn).
+
+`--cpu` (the default without a GPU): everything pydnn does on the host for a call except the driver's
+cuLaunchKernel, which is replaced by a no-op (a fake handle whose kernels are placeholders): descriptor
+checks, the plan cache, buffer resolution, argument packing. Buffers are int pointers or objects with
+__cuda_array_interface__ (a stand-in for a framework tensor), and each case also reports the Python-level
+function calls of one call (sys.setprofile events), the count tests/hard/test_call_path_cpu.py bounds.
+"""
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pydnn  # noqa: E402
+from pydnn.handle import Handle  # noqa: E402
+
+P = pydnn
+
+
+# ---------------------------------------------------------------- CPU stand-ins for the GPU
+class _Funcs(dict):
+    """A CPU handle's kernel table: every (unit, expr) is a placeholder CUfunction."""
+
+    def get(self, key, default=None):
+        return ("kernel", key)
+
+
+class _NoLaunchDriver:
+    """cuda.bindings.driver as far as the launch path needs it: cuLaunchKernel counts and returns success."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def cuLaunchKernel(self, *args):
+        self.launches += 1
+        return (0,)
+
+    def CUstream(self, s):
+        return s
+
+
+def cpu_handle(arch="sm_90", sm_count=132):
+    """A handle that passes every check and whose kernels are placeholders (never touches a driver)."""
+    h = Handle.__new__(Handle)
+    h.ctx, h.device, h.arch, h.sm_count, h.stream, h.cu_stream, h.alive = 0, 0, arch, sm_count, 0, 0, True
+    h._funcs, h.prepared = _Funcs(), {}
+    return h
+
+
+@contextlib.contextmanager
+def no_launch():
+    """Replace the driver's launch (and function-attribute) calls by no-ops for the block."""
+    from pydnn._cuda import driver
+
+    saved = (driver._drv, driver.function_set_max_dynamic_smem)
+    fake = _NoLaunchDriver()
+    driver._drv = fake
+    driver.function_set_max_dynamic_smem = lambda func, nbytes: None
+    try:
+        yield fake
+    finally:
+        driver._drv, driver.function_set_max_dynamic_smem = saved
+
+
+class FakeCAI:
+    """A device-array stand-in exposing only __cuda_array_interface__ (as numba / JAX / others do)."""
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1",
+                                         "strides": None, "version": 3}
+
+
+class CpuBuffers:
+    """Fake device addresses (256-byte aligned, never dereferenced) and their CAI objects."""
+
+    def __init__(self):
+        self.next = 1 << 32
+
+    def __call__(self, nbytes):
+        ptr = self.next
+        self.next += (max(nbytes, 1) + 255) // 256 * 256 + 256
+        return ptr, FakeCAI(ptr, nbytes)
+
+
+class TorchBuffers:
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def __call__(self, nbytes):
+        t = self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8, device="cuda")
+        return t.data_ptr(), t
+
+
+# ---------------------------------------------------------------- the cases: (family, name, setup)
+def _td(dims, dtype=P.PYDNN_DATA_FLOAT):
+    d = P.create_tensor_descriptor()
+    P.set_tensor_nd_descriptor_ex(d, P.PYDNN_TENSOR_NCHW, dtype, len(dims), list(dims))
+    return d
+
+
+def _act(h, buf):
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    (xp, x), (yp, y) = buf(4), buf(4)
+    return (lambda b: P.activation_forward(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
+
+
+def _add(h, buf):
+    d = _td((1, 1, 1, 1))
+    (ap, a), (cp, c) = buf(4), buf(4)
+    return (lambda b: P.add_tensor(h, 1.0, d, b[0], 1.0, d, b[1])), (ap, cp), (a, c), "add_"
+
+
+def _op(h, buf):
+    d = _td((1, 1, 1, 1))
+    op = P.create_op_tensor_descriptor()
+    P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+    (ap, a), (bp, b_), (cp, c) = buf(4), buf(4), buf(4)
+    return ((lambda b: P.op_tensor(h, op, 1.0, d, b[0], 1.0, d, b[1], 0.0, d, b[2])), (ap, bp, cp), (a, b_, c),
+            "add")
+
+
+def _scale(h, buf):
+    d = _td((1, 1, 1, 1))
+    (yp, y) = buf(4)
+    return (lambda b: P.scale_tensor(h, d, b[0], 2.0)), (yp,), (y,), "mul_"
+
+
+def _transform(h, buf):
+    d = _td((1, 1, 1, 1))
+    (xp, x), (yp, y) = buf(4), buf(4)
+    return (lambda b: P.transform_tensor(h, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "copy_"
+
+
+def _softmax(h, buf):
+    d = _td((1, 4, 1, 1))
+    (xp, x), (yp, y) = buf(16), buf(16)
+    return ((lambda b: P.softmax_forward(h, P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL, 1.0, d, b[0],
+                                         0.0, d, b[1])), (xp, yp), (x, y), "softmax")
+
+
+def _reduce(h, buf):
+    dx, dy = _td((1, 4, 1, 1)), _td((1, 1, 1, 1))
+    r = P.create_reduce_tensor_descriptor()
+    P.set_reduce_tensor_descriptor(r, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
+                                   P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
+    ws = P.get_reduction_workspace_size(h, r, dx, dy)
+    (xp, x), (yp, y), (wp, w) = buf(16), buf(4), buf(max(ws, 1))
+    return ((lambda b: P.reduce_tensor(h, r, None, 0, b[2], ws, 1.0, dx, b[0], 0.0, dy, b[1])),
+            (xp, yp, wp), (x, y, w), "sum")
+
+
+def _pool(h, buf):
+    pd = P.create_pooling_descriptor()
+    P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
+    dx, dy = _td((1, 1, 2, 2)), _td((1, 1, 1, 1))
+    (xp, x), (yp, y) = buf(16), buf(4)
+    return (lambda b: P.pooling_forward(h, pd, 1.0, dx, b[0], 0.0, dy, b[1])), (xp, yp), (x, y), "max_pool2d"
+
+
+def _bn(h, buf):
+    dx = _td((1, 2, 1, 1))
+    sb = P.create_tensor_descriptor()
+    P.derive_bn_tensor_descriptor(sb, dx, P.PYDNN_BATCHNORM_SPATIAL)
+    bufs = [buf(8) for _ in range(6)]
+    mode = P.PYDNN_BATCHNORM_SPATIAL
+    return ((lambda b: P.batch_normalization_forward_inference(h, mode, 1.0, 0.0, dx, b[0], dx, b[1], sb, b[2],
+                                                               b[3], b[4], b[5], 1e-5)),
+            tuple(p for p, _ in bufs), tuple(o for _, o in bufs), "batch_norm")
+
+
+def _norm(h, buf):
+    dx = _td((1, 4, 1, 1))
+    nd = P.create_norm_descriptor()
+    P.set_norm_descriptor(nd, P.PYDNN_NORM_KIND_LAYER, 1, 3, 1e-5, None)
+    sb, mi = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+    P.derive_norm_param_descriptors(sb, mi, dx, nd)
+    (xp, x), (yp, y), (sp, s), (bp, b_) = buf(16), buf(16), buf(16), buf(16)
+    return ((lambda b: P.norm_forward_inference(h, nd, 1.0, 0.0, dx, b[0], dx, b[1], sb, b[2], b[3])),
+            (xp, yp, sp, bp), (x, y, s, b_), "layer_norm")
+
+
+def _conv(h, buf):
+    xd, yd = _td((1, 1, 1, 1)), _td((1, 1, 1, 1))
+    wd = P.create_filter_descriptor()
+    P.set_filter4d_descriptor(wd, P.PYDNN_DATA_FLOAT, P.PYDNN_TENSOR_NCHW, 1, 1, 1, 1)
+    cd = P.create_convolution_descriptor()
+    P.set_convolution2d_descriptor(cd, 0, 0, 1, 1, 1, 1, P.PYDNN_CROSS_CORRELATION, P.PYDNN_DATA_FLOAT)
+    algo = P.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+    (xp, x), (wp, w), (yp, y) = buf(4), buf(4), buf(4)
+    return ((lambda b: P.convolution_forward(h, 1.0, xd, b[0], wd, b[1], cd, algo, None, 0, 0.0, yd, b[2])),
+            (xp, wp, yp), (x, w, y), "conv2d")
+
+
+CASES = [
+    ("activation", "activation_forward relu 1 elem", _act),
+    ("tensor", "add_tensor 1 elem", _add),
+    ("tensor", "op_tensor add 1 elem", _op),
+    ("tensor", "scale_tensor 1 elem", _scale),
+    ("tensor", "transform_tensor 1 elem", _transform),
+    ("softmax", "softmax_forward 1x4", _softmax),
+    ("reduce", "reduce_tensor add 4 -> 1", _reduce),
+    ("pooling", "pooling_forward max 2x2", _pool),
+    ("batchnorm", "batch_normalization_forward_inference 1x2", _bn),
+    ("normalization", "norm_forward_inference layer 1x4", _norm),
+    ("convolution", "convolution_forward 1x1 implicit gemm", _conv),
+]
+
+
+def time_us(fn, calls, repeats=5):
+    """Median microseconds of one call over `repeats` loops of `calls` calls."""
+    for _ in range(min(calls, 200)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def python_calls(fn):
+    """(Python function calls, C function calls) made by one call of fn (sys.setprofile events, fn's own
+    frame included)."""
+    counts = {"call": 0, "c_call": 0}
+
+    def prof(frame, event, arg):
+        if event in counts:
+            counts[event] += 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts["call"], counts["c_call"] - 1  # the setprofile(None) call itself is a c_call
+
+
+def run_cpu(families, calls):
+    rows = []
+    with no_launch() as drv:
+        h, buf = cpu_handle(), CpuBuffers()
+        for fam, name, setup in CASES:
+            if families and fam not in families:
+                continue
+            try:
+                call, ints, objs, _ = setup(h, buf)
+                call(ints)  # plan once (validation, kernel lookup); then the cached path is timed
+                before = drv.launches
+                call(ints)
+                assert drv.launches > before, "no launch reached"
+            except pydnn.PydnnError as e:
+                print(f"{fam:13s} {name:45s} skipped: {e}", flush=True)
+                continue
+            r = {"family": fam, "case": name,
+                 "int_us": time_us(lambda: call(ints), calls),
+                 "obj_us": time_us(lambda: call(objs), calls),
+                 "int_calls": python_calls(lambda: call(ints)),
+                 "obj_calls": python_calls(lambda: call(objs))}
+            rows.append(r)
+            print(f"{fam:13s} {name:45s} int {r['int_us']:6.2f} us ({r['int_calls'][0]:3d} py calls) | "
+                  f"CAI objects {r['obj_us']:6.2f} us ({r['obj_calls'][0]:3d} py calls)", flush=True)
+    return rows
+
+
+def run_gpu(families, calls):
+    import torch
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    buf = TorchBuffers()
+    rows = []
+    x1 = torch.randn(1, device="cuda")
+    torch_ops = {"relu": lambda: torch.relu(x1), "add_": lambda: x1.add_(x1), "add": lambda: torch.add(x1, x1),
+                 "mul_": lambda: x1.mul_(1.0), "copy_": lambda: x1.copy_(x1),
+                 "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum()}
+    for fam, name, setup in CASES:
+        if families and fam not in families:
+            continue
+        try:
+            call, ints, objs, tname = setup(h, buf)
+            call(ints)
+            torch.cuda.synchronize()
+        except pydnn.PydnnError as e:
+            print(f"{fam:13s} {name:45s} skipped: {e}", flush=True)
+            continue
+        r = {"family": fam, "case": name, "int_us": time_us(lambda: call(ints), calls),
+             "obj_us": time_us(lambda: call(objs), calls)}
+        torch.cuda.synchronize()
+        top = torch_ops.get(tname)
+        r["torch_us"] = time_us(top, calls) if top else float("nan")
+        torch.cuda.synchronize()
+        rows.append(r)
+        print(f"{fam:13s} {name:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
+              f"torch.{tname} {r['torch_us']:6.2f} us", flush=True)
+    pydnn.destroy(h)
+    return rows
+
+
+def run_c(calls):
+    """Build tests/c/bench_host.c against libpydnn and run it (it prints its own lines)."""
+    import shlex
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("C: no compiler, skipped")
+        return None
+    from pydnn.capi import library
+
+    flags = shlex.split(library.config_flags(cflags=True, libs=True))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "bench_host")
+        subprocess.run([cc, "-O2", os.path.join(ROOT, "tests", "c", "bench_host.c"), *flags, "-o", exe], check=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        out = subprocess.run([exe, str(calls)], capture_output=True, text=True, env=env, timeout=600)
+        print(out.stdout + out.stderr, end="", flush=True)
+        return out.stdout
+
+
+def to_markdown(rows, gpu):
+    if gpu:
+        lines = ["| family | call | int pointers µs | torch tensors µs | PyTorch op µs |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {r['family']} | {r['case']} | {r['int_us']:.2f} | {r['obj_us']:.2f} | {r['torch_us']:.2f} |"
+                  for r in rows]
+    else:
+        lines = ["| family | call (no launch) | int pointers µs | Python calls | CAI objects µs | Python calls |",
+                 "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['family']} | {r['case']} | {r['int_us']:.2f} | {r['int_calls'][0]} | {r['obj_us']:.2f} | "
+                  f"{r['obj_calls'][0]} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="host work without a GPU (launches replaced by no-ops)")
+    p.add_argument("--calls", type=int, default=20000)
+    p.add_argument("--families", default="", help="comma-separated families (default: all)")
+    p.add_argument("--c", action="store_true", help="also time the calls from C (GPU only)")
+    p.add_argument("--out", help="write the markdown table here")
+    args = p.parse_args()
+    families = {f.strip() for f in args.families.split(",") if f.strip()}
+    from pydnn._cuda import driver
+
+    gpu = not args.cpu and driver.available()
+    print(f"pydnn {pydnn.__version__}, python {sys.version.split()[0]}, "
+          f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
+    rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
+    md = to_markdown(rows, gpu)
+    if gpu and args.c:
+        c_out = run_c(args.calls)
+        if c_out:
+            md += "\nFrom C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n"
+    print("\n" + md)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(md)
+
+
+if __name__ == "__main__":
+    main()
