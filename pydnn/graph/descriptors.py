@@ -10,6 +10,7 @@ again, a required attribute missing), BAD_PARAM_NOT_FINALIZED (a descriptor give
 NOT_SUPPORTED (valid, but no engine of pydnn runs it; the reason is in the message).
 """
 import math
+import operator
 
 from .. import enums as E
 from ..status import PydnnError
@@ -163,10 +164,21 @@ def check_descriptor(desc, name="descriptor"):
     return desc
 
 
+def _index(v):
+    """v as a Python int when it is an integer (has __index__ that works), else None: a bool, a float, a
+    numpy array of several elements and the like are not indices."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        return None
+    try:
+        return operator.index(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def descriptor_type(v):
-    if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() not in D:
+    if _index(v) not in D:
         raise bad(f"descriptorType: {v!r} is not a pydnnBackendDescriptorType_t value")
-    kind = D[v.__index__()]
+    kind = D[_index(v)]
     if kind not in SCHEMA:
         raise bad(f"descriptorType: {kind} descriptors are not supported by pydnn "
                   f"(supported: {', '.join(sorted(SCHEMA))})", E.PYDNN_STATUS_NOT_SUPPORTED)
@@ -174,9 +186,9 @@ def descriptor_type(v):
 
 
 def _attr(desc, name):
-    if isinstance(name, bool) or not hasattr(name, "__index__") or name.__index__() not in A:
+    if _index(name) not in A:
         raise bad(f"attributeName: {name!r} is not a pydnnBackendAttributeName_t value")
-    an = A[name.__index__()]
+    an = A[_index(name)]
     spec = SCHEMA[desc.kind].get(an)
     if spec is None:
         raise bad(f"attributeName: PYDNN_ATTR_{an} is not an attribute of a {desc.kind} descriptor")
@@ -184,9 +196,9 @@ def _attr(desc, name):
 
 
 def _attr_type(an, spec, attr_type):
-    if isinstance(attr_type, bool) or not hasattr(attr_type, "__index__") or attr_type.__index__() not in T:
+    if _index(attr_type) not in T:
         raise bad(f"attributeType: {attr_type!r} is not a pydnnBackendAttributeType_t value")
-    tn = T[attr_type.__index__()]
+    tn = T[_index(attr_type)]
     if tn not in spec.types:
         want = " or ".join(f"PYDNN_TYPE_{t}" for t in spec.types)
         raise bad(f"attributeType: PYDNN_ATTR_{an} takes {want}, not PYDNN_TYPE_{tn}",
@@ -197,9 +209,9 @@ def _attr_type(an, spec, attr_type):
 def _value(an, tn, spec, i, v):
     where = f"arrayOfElements[{i}] (PYDNN_ATTR_{an})"
     if tn in ("INT64", "INT32"):
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
+        if _index(v) is None:
             raise bad(f"{where}: expected an integer, got {type(v).__name__}")
-        v = v.__index__()
+        v = _index(v)
         lim = 2**63 if tn == "INT64" else 2**31
         if not -lim <= v < lim:
             raise bad(f"{where}: {v} does not fit {tn}")
@@ -214,9 +226,9 @@ def _value(an, tn, spec, i, v):
         raise bad(f"{where}: expected a boolean, got {v!r}")
     if tn in TYPE_ENUMS:
         values = E.ENUMS[TYPE_ENUMS[tn]].values()
-        if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() not in values:
+        if _index(v) not in values:
             raise bad(f"{where}: {v!r} is not a {TYPE_ENUMS[tn]} value")
-        return v.__index__()
+        return _index(v)
     if tn == "BACKEND_DESCRIPTOR":
         if type(v) is not BackendDescriptor or not v.alive:
             raise bad(f"{where}: not a live backend descriptor")
@@ -252,9 +264,9 @@ def set_attribute(desc, name, attr_type, count, elements):
     if not spec.settable:
         raise bad(f"attributeName: PYDNN_ATTR_{an} is computed by pydnn (get only)")
     tn = _attr_type(an, spec, attr_type)
-    if isinstance(count, bool) or not hasattr(count, "__index__"):
+    if _index(count) is None:
         raise bad(f"elementCount: expected an integer, got {type(count).__name__}")
-    count = count.__index__()
+    count = _index(count)
     if tn == "CHAR":  # a character array: elementCount characters of `elements` (a str or bytes)
         text = _value(an, tn, spec, 0, elements)
         if not 1 <= count <= min(len(text), spec.hi):
@@ -278,7 +290,7 @@ def get_attribute(desc, name, attr_type, requested):
     check_descriptor(desc)
     an, spec = _attr(desc, name)
     tn = _attr_type(an, spec, attr_type)
-    if isinstance(requested, bool) or not hasattr(requested, "__index__") or requested.__index__() < 0:
+    if _index(requested) is None or _index(requested) < 0:
         raise bad(f"requestedElementCount: {requested!r} is not a count")
     if not spec.settable and not desc.finalized:
         raise bad(f"descriptor: PYDNN_ATTR_{an} is known once the {desc.kind} descriptor is finalized",
@@ -292,8 +304,8 @@ def get_attribute(desc, name, attr_type, requested):
     else:
         values = hit[1]
     if tn == "CHAR":  # one string: its length, and its first `requested` characters
-        return len(values[0]), values[0][: requested.__index__()]
-    return len(values), list(values[: requested.__index__()])
+        return len(values[0]), values[0][: _index(requested)]
+    return len(values), list(values[: _index(requested)])
 
 
 GETTERS = {}  # computed attribute name -> fn(desc) -> [values] (registered by the modules above)
