@@ -5,6 +5,8 @@
 #   tools/gpu_check.sh [LOGDIR]            LOGDIR defaults to $OUT, else ./gpu_logs
 #   PYDNN_SANITIZE=1 tools/gpu_check.sh    also run the activation/softmax GPU tests under memcheck
 #   PYDNN_BENCH_FAMILIES=activation,host   benchmark families (default: all)
+#   PYDNN_BENCH_SCRIPTS=rnn,graph,host_c   the families with benchmarks of their own (default: these three;
+#                                          '' for none): tools/bench_rnn.py, bench_graph.py, bench_host.py --c
 #   PYDNN_SKIP_TESTS=1 / PYDNN_SKIP_BENCH=1
 #   PYDNN_TEST_SHARDS=2                    the test suite in 2 concurrent pytest processes (logs tests.N.log)
 #
@@ -93,5 +95,16 @@ if [ "${PYDNN_SKIP_BENCH:-0}" != 1 ]; then
   python3 tools/bench.py --families "${PYDNN_BENCH_FAMILIES:-activation,tensor,softmax,reduce,pooling,batchnorm,normalization,dropout,convolution,convolution_algos,attention,matmul,mha,host}" \
     --out "$logs/bench.md" 2>&1 | tee "$logs/bench.log" | grep -v '^|' | tail -40
   cat "$logs/bench.md"
+  for b in $(echo "${PYDNN_BENCH_SCRIPTS-rnn,graph,host_c}" | tr ',' ' '); do
+    case $b in
+      rnn) cmd=(python3 tools/bench_rnn.py) ;;
+      graph) cmd=(python3 tools/bench_graph.py) ;;
+      host_c) cmd=(python3 tools/bench_host.py --c) ;;
+      *) echo "unknown benchmark script $b"; continue ;;
+    esac
+    echo "== ${cmd[*]}"
+    timeout "${PYDNN_BENCH_TIMEOUT:-300}" "${cmd[@]}" 2>&1 | tee "$logs/bench_$b.log" | tail -30
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
 fi
 exit $status
