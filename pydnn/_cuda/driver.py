@@ -140,6 +140,12 @@ def set_current(ctx):
     check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+def current():
+    """The calling thread's current context as an int address (0 when none); retains nothing."""
+    d = _driver()
+    return int(check(d.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+
+
 class pushed:
     """Context manager: make `ctx` current for a block, then restore the previous one."""
 

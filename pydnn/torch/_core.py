@@ -2,7 +2,8 @@
 call), tensor / filter descriptors cached by (dtype, dims, strides), workspaces from PyTorch's caching
 allocator, the fallback record, and the autocast helpers.
 
-Everything here goes through pydnn's public API (`pydnn.<function>`) only; buffers are passed as
+Everything here goes through pydnn's public API (`pydnn.<function>`) only (and pydnn's driver layer to make
+the handle's context current on the calling thread); buffers are passed as
 `tensor.data_ptr()` ints (pydnn's fast path: no __cuda_array_interface__ or DLPack parsing per call).
 """
 import logging
@@ -12,6 +13,7 @@ from collections import Counter
 import torch
 
 import pydnn
+from pydnn._cuda import driver  # the calling thread's context (pydnn's API has no cudaSetDevice)
 
 log = logging.getLogger("pydnn.torch")
 
@@ -55,16 +57,41 @@ class _HandleEntry:
 
 
 _handles = {}
+# Per thread: the _HandleEntry whose context this bridge last made current on the thread. pydnn launches on
+# the calling thread's current driver context, and PyTorch calls the bridge from threads of its own: autograd
+# runs CUDA backward passes on one worker thread per device, on which no context may be current yet (the
+# worker of device 0 makes no CUDA call before running the graph's nodes: a pydnn backward that comes first
+# failed with CUDA_ERROR_INVALID_CONTEXT) -- and DataLoader-style or user threads may run forwards. The
+# context is made current once per (thread, device) and then trusted: PyTorch only changes a thread's context
+# through its device switches (cudaSetDevice, to the primary context of the device it names, which is the
+# handle's), and handle_for refuses a tensor that is not on the current device. That holds from CUDA 12's
+# runtime on (cudaSetDevice makes the context current at once); under an older runtime (a PyTorch built with
+# CUDA 11) cudaSetDevice leaves the previous device's context current until the next runtime call, so there
+# the current context is compared on every call (one driver query).
+_tls = threading.local()
+_VERIFY = int((torch.version.cuda or "0").split(".")[0]) < 12
 
 
 def device_index(device):
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def _create(idx):
+    """The handle of device idx, created on its primary context (the one PyTorch uses) made current here."""
+    torch.cuda.init()
+    torch.empty(1, device=f"cuda:{idx}")  # PyTorch's context for idx exists (its primary context)
+    driver.set_current(driver.primary_context(idx))
+    h = pydnn.create()
+    if h.device != idx:  # pragma: no cover - the driver and the runtime number devices alike
+        raise RuntimeError(f"pydnn.torch: handle for cuda:{idx} was created on device {h.device}")
+    return _HandleEntry(h)
+
+
 def handle_for(device):
     """The pydnn handle of `device` (created on first use, on that device's primary context, which PyTorch
-    shares), its stream set to torch.cuda.current_stream(device). A tensor on a device other than the
-    current one is refused (Unsupported): pydnn launches on the current context."""
+    shares), its context current on the calling thread (autograd's device threads included) and its stream
+    set to torch.cuda.current_stream(device). A tensor on a device other than the current one is refused
+    (Unsupported): pydnn launches on the current context."""
     idx = device_index(device)
     if torch.cuda.current_device() != idx:
         raise Unsupported(f"tensor on cuda:{idx} while cuda:{torch.cuda.current_device()} is the current device")
@@ -73,10 +100,11 @@ def handle_for(device):
         with _lock:
             e = _handles.get(idx)
             if e is None:
-                torch.cuda.init()
-                torch.empty(1, device=f"cuda:{idx}")  # the primary context is current from here on
-                e = _HandleEntry(pydnn.create())
-                _handles[idx] = e
+                e = _handles[idx] = _create(idx)
+                _tls.entry = e  # _create made its context current on this thread
+    if getattr(_tls, "entry", None) is not e or (_VERIFY and driver.current() != int(e.handle.ctx)):
+        driver.set_current(e.handle.ctx)  # not a stream operation: allowed while a stream is captured
+        _tls.entry = e
     s = torch.cuda.current_stream(idx).cuda_stream
     if e.stream != s:  # the same as setting it every call: only the changes reach pydnn
         pydnn.set_stream(e.handle, s)

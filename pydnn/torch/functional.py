@@ -776,16 +776,18 @@ def adaptive_avg_pool2d(x, output_size):
 
 # =============================================================================================== dropout
 class DropoutState:
-    """One dropout descriptor (and its Philox states buffer) per device, for one module / call site. The
-    seed comes from PyTorch's default generator (torch.manual_seed reproduces it); pydnn advances the
-    offset on the device per forward, so CUDA graph replays draw fresh masks."""
+    """One dropout descriptor (and its Philox states buffer) per handle (so per device: one handle each), for
+    one module / call site. Keyed by the handle the descriptor was set with, not the device index: a
+    descriptor set through one handle is never used with another (a test's stand-in handle, or a handle made
+    after it, cannot pick up a descriptor whose states live elsewhere). The seed comes from PyTorch's
+    default generator (torch.manual_seed reproduces it); pydnn advances the offset on the device per
+    forward, so CUDA graph replays draw fresh masks."""
 
     def __init__(self):
-        self.per_device = {}
+        self.per_handle = {}
 
     def get(self, h, device, p):
-        idx = C.device_index(device)
-        e = self.per_device.get(idx)
+        e = self.per_handle.get(h)
         if e is None:
             d = pydnn.create_dropout_descriptor()
             n = pydnn.dropout_get_states_size(h)
@@ -793,7 +795,7 @@ class DropoutState:
             seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
             pydnn.set_dropout_descriptor(d, h, p, states.data_ptr(), n, seed)
             e = [d, states, p]
-            self.per_device[idx] = e
+            self.per_handle[h] = e
         elif e[2] != p:
             pydnn.set_dropout_descriptor(e[0], h, p, None, e[1].numel(), 0)
             e[2] = p

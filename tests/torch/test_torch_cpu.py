@@ -195,6 +195,79 @@ def test_functional_cpu_fallbacks():
     assert PF.dropout(x, 0.5, training=False) is x
 
 
+# ------------------------------------------------------------------------------------ handles and threads
+def test_handle_context_made_current_on_each_calling_thread(monkeypatch):
+    """PyTorch runs CUDA backward passes on its own per-device threads, where no driver context may be
+    current (the GPU run failed with CUDA_ERROR_INVALID_CONTEXT): handle_for makes the handle's context
+    current once per thread (and again after the thread used another device's handle), creates each handle
+    on its device's primary context, and keeps the stream logic; under a CUDA 11 runtime it compares the
+    current context on every call. Driver, runtime and pydnn.create stood in (contexts: 1000 + device)."""
+    import threading
+
+    class Handle:
+        def __init__(self, ctx, device):
+            self.ctx, self.device = ctx, device
+
+    class Stream:
+        def __init__(self, s):
+            self.cuda_stream = s
+
+    state = {"dev": 0, "stream": 7}
+    made, sets, streams = [], [], []
+    monkeypatch.setattr(C, "_handles", {})
+    monkeypatch.setattr(C, "_tls", threading.local())
+    monkeypatch.setattr(C, "_VERIFY", False)  # a CUDA 12+ runtime
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["dev"])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda idx=None: Stream(state["stream"] + idx))
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **k: real_empty(*a, **k))
+    monkeypatch.setattr(C.driver, "primary_context", lambda idx: 1000 + idx)
+    monkeypatch.setattr(C.driver, "current", lambda: state["current"])
+
+    def set_current(ctx):
+        sets.append((threading.get_ident(), ctx))
+        state["current"] = ctx
+    monkeypatch.setattr(C.driver, "set_current", set_current)
+
+    def create():
+        made.append(Handle(state["current"], state["current"] - 1000))
+        return made[-1]
+    monkeypatch.setattr(pydnn, "create", create)
+    monkeypatch.setattr(pydnn, "set_stream", lambda h, s: streams.append((h.ctx, s)))
+
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    me = threading.get_ident()
+    h0 = C.handle_for(cuda0)
+    assert h0.ctx == 1000 and sets == [(me, 1000)] and streams == [(1000, 7)]
+    for _ in range(3):  # later calls on this thread: no driver call, no set_stream while the stream holds
+        assert C.handle_for(torch.device("cuda")) is h0
+    assert sets == [(me, 1000)] and streams == [(1000, 7)]
+
+    seen = []
+    t = threading.Thread(target=lambda: seen.extend([C.handle_for(cuda0), C.handle_for(cuda0)]))
+    t.start()
+    t.join()
+    assert seen == [h0, h0] and len(made) == 1
+    assert sets[1:] == [(t.ident, 1000)]  # once on the new thread (autograd's device thread, say)
+
+    state["dev"] = 1  # torch.cuda.set_device(1): a handle of its own, on device 1's primary context
+    with pytest.raises(C.Unsupported):
+        C.handle_for(cuda0)
+    h1 = C.handle_for(cuda1)
+    assert h1 is not h0 and h1.ctx == 1001 and sets[-1] == (me, 1001) and streams[-1] == (1001, 8)
+    n = len(sets)
+    state["dev"] = 0
+    assert C.handle_for(cuda0) is h0 and sets[n:] == [(me, 1000)]  # made current again after device 1's
+    state["stream"] = 20  # another current stream: set on the handle, the context left alone
+    assert C.handle_for(cuda0) is h0 and streams[-1] == (1000, 20) and len(sets) == n + 1
+    state["current"] = 1001  # a CUDA 11 runtime's lazy cudaSetDevice(0): device 1's context still current
+    assert C.handle_for(cuda0) is h0 and len(sets) == n + 1  # CUDA 12+: trusted (no driver query)
+    monkeypatch.setattr(C, "_VERIFY", True)
+    assert C.handle_for(cuda0) is h0 and sets[-1] == (me, 1000) and len(sets) == n + 2
+    assert C.handle_for(cuda0) is h0 and len(sets) == n + 2  # compared, equal: not set again
+
+
 # ------------------------------------------------------------------------------- descriptors and plans
 def test_descriptor_cache_by_dtype_dims_strides():
     x = torch.randn(2, 3, 4, 5)

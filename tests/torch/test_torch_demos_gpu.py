@@ -18,7 +18,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GPT = ["examples/train_gpt.py", "--steps", "60", "--eval-every", "30", "--eval-batches", "2", "--corpus-mb", "2",
        "--n-layer", "2", "--d-model", "256", "--n-head", "4", "--n-kv-head", "2", "--seq", "128",
        "--batch-size", "16", "--plot", ""]
-CNN = ["examples/train_cnn.py", "--epochs", "3", "--plot", ""]
+# the demo's own length (30 epochs = 150 steps of 256 images; a few seconds of GPU time per backend on an
+# H200, ~5 ms a step): the one-cycle schedule spans the run, so a 3-epoch run is a different, unconverged
+# training (76% test accuracy for both backends on the H200 -- too short to mean anything, not a pydnn fault)
+CNN = ["examples/train_cnn.py", "--epochs", "30", "--plot", ""]
 
 
 def _run(cmd, out, nproc=1, timeout=900):
@@ -47,7 +50,10 @@ def test_train_cnn_one_gpu(tmp_path):
     pytest.importorskip("sklearn")
     res, out = _run(CNN, tmp_path / "cnn.json")
     p, t = res["pydnn"], res["torch"]
-    assert p["final_accuracy"] > 85 and abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
+    # converged: PyTorch's run of this script reaches 98.9% (CPU, --cpu --backend torch, 30 epochs); 3 points
+    # are 11 of the 359 test images
+    assert p["final_accuracy"] > 95 and t["final_accuracy"] > 95, out
+    assert abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
     print(out)
 
 
@@ -65,4 +71,4 @@ def test_train_gpt_two_gpus_matches_one(tmp_path):
 def test_train_cnn_two_gpus(tmp_path):
     pytest.importorskip("sklearn")
     two, out = _run(CNN + ["--backend", "pydnn"], tmp_path / "two.json", nproc=2)
-    assert two["pydnn"]["world"] == 2 and two["pydnn"]["final_accuracy"] > 85, out
+    assert two["pydnn"]["world"] == 2 and two["pydnn"]["final_accuracy"] > 95, out

@@ -605,3 +605,63 @@ def test_sdpa_dropout_against_the_philox_reference(causal):
     ok(q.grad, rdq, sdq, "dQ")
     ok(k.grad, rdk, sdk, "dK")
     ok(v.grad, rdv, sdv, "dV")
+
+
+# --------------------------------------------------------------------------------- threads and contexts
+def test_calls_from_threads_without_a_current_context():
+    """pydnn calls from a fresh Python thread (no driver context is current on it: asserted) and from
+    autograd's device thread (each backward below starts at a pydnn node, so no PyTorch kernel makes the
+    context current there first): the bridge makes the handle's context current on each. Before it did,
+    backward passes failed with CUDA_ERROR_INVALID_CONTEXT."""
+    import threading
+
+    from cuda.bindings import driver as cu
+
+    torch.manual_seed(12)
+    conv = pt.Conv2d(3, 8, 3, padding=1, activation="relu").cuda()
+    ref = nn.Conv2d(3, 8, 3, padding=1).cuda().double()
+    ref.load_state_dict({k: v.double() for k, v in conv.state_dict().items()})
+    x = rand(2, 3, 11, 9)
+    dy = rand(2, 8, 11, 9)
+    xr = x.double().requires_grad_(True)
+    yr = F.relu(ref(xr))
+    yr.backward(dy.double())
+    gelu_x, gelu_dy = rand(5, 33), rand(5, 33)
+    gr = gelu_x.double().requires_grad_(True)
+    F.gelu(gr).backward(gelu_dy.double())
+    torch.cuda.synchronize()
+    results = []
+
+    def work():
+        try:
+            err, ctx = cu.cuCtxGetCurrent()
+            fresh = int(err) == 0 and int(ctx) == 0
+            with pydnn_runs():
+                with torch.no_grad():
+                    y_eval = conv(x)
+                xg = x.detach().requires_grad_(True)
+                conv(xg).backward(dy)  # the conv's (fused ReLU) backward runs first on the device thread
+                ag = gelu_x.detach().requires_grad_(True)
+                pt.GELU()(ag).backward(gelu_dy)  # activation backward first
+            torch.cuda.synchronize()
+            results.append((fresh, y_eval, xg.grad, ag.grad))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            results.append(e)
+
+    for _ in range(2):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+        fresh, y_eval, dx, dgelu = r
+        assert fresh, "the thread started with a context current: the test does not test the fix"
+        close(y_eval, yr, torch.float32, "forward (no_grad, thread)", TOL_SUM[torch.float32])
+        close(dx, xr.grad, torch.float32, "dx (thread)", TOL_SUM[torch.float32])
+        close(dgelu, gr.grad, torch.float32, "gelu dx (thread)")
+    conv.weight.grad = None
+    xg = x.detach().requires_grad_(True)  # and the main thread still works after the others ran
+    with pydnn_runs():
+        conv(xg).backward(dy)
+    close(xg.grad, xr.grad, torch.float32, "dx (main thread)", TOL_SUM[torch.float32])
