@@ -60,10 +60,12 @@ def rand(*shape, dtype=torch.float32, gen=None):
     return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
 
 
-def compare_module(mine, ref, x, dtype, train=True, what=""):
-    """Forward and backward of `mine` (dtype) against `ref` (float64 copy) on x; parameter grads too."""
+def compare_module(mine, ref, x, dtype, train=True, what="", ref_nchw=False):
+    """Forward and backward of `mine` (dtype) against `ref` (float64 copy) on x; parameter grads too.
+    ref_nchw: the reference on a contiguous (NCHW) copy of x."""
     x = x.detach().requires_grad_(True)
-    xr = x.detach().double().requires_grad_(True)
+    xr = x.detach().double()
+    xr = (xr.contiguous() if ref_nchw else xr).requires_grad_(True)
     with pydnn_runs():
         y = mine(x)
     yr = ref(xr)
@@ -293,7 +295,10 @@ def test_pooling(case, dtype, layout):
     x = distinct_planes(3, 8, 17, 14, dtype)
     if layout == "nhwc":
         x = x.to(memory_format=torch.channels_last)
-    y = compare_module(mine, ref, x, dtype, what=pcls.__name__)
+    # the float64 reference runs on an NCHW copy: PyTorch's CUDA avg_pool2d backward on channels_last input
+    # with padding > 0 returns wrong gradients (pytorch/pytorch#188344, fixed after torch 2.11); pydnn's
+    # agree with the numpy reference there (tests/ops/pooling)
+    y = compare_module(mine, ref, x, dtype, what=pcls.__name__, ref_nchw=True)
     if layout == "nhwc":
         assert y.is_contiguous(memory_format=torch.channels_last)
 
@@ -452,32 +457,46 @@ def cnn():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
 
 
+def relerr(got, want):
+    got, want = got.detach().double(), want.detach().double()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-3)).item()
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_convert_cnn_under_autocast(channels_last):
+    """pydnn's bf16 autocast pipeline is about as accurate as PyTorch's (cuDNN) one: both against the same
+    model in float64. (Two bf16 pipelines through conv + BN + max pooling differ from each other by more
+    than either differs from float64 wherever a bf16 rounding breaks a max-pooling tie differently, so
+    they are not compared with each other.)"""
     torch.manual_seed(9)
     ref = cnn().cuda()
     model = cnn().cuda()
     model.load_state_dict(ref.state_dict())
+    exact = cnn().cuda().double()
+    exact.load_state_dict(ref.state_dict())
     report = pt.convert(model, fuse=True)
     assert len(report.converted) == 10 and report.fused == [("1", "relu"), ("5", "relu")]
     mf = torch.channels_last if channels_last else torch.contiguous_format
-    model.to(memory_format=mf), ref.to(memory_format=mf)
+    model.to(memory_format=mf), ref.to(memory_format=mf), exact.to(memory_format=mf)
     x = rand(8, 3, 32, 32).to(memory_format=mf)
     for train in (True, False):
-        model.train(train), ref.train(train)
+        model.train(train), ref.train(train), exact.train(train)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             with pydnn_runs():
                 y = model(x)
             yr = ref(x)
+        y64 = exact(x.double())
         assert y.dtype == yr.dtype
-        # two bf16 computations (pydnn's and cuDNN's) through two conv + BN layers: a model-level tolerance
-        close(y, yr, torch.bfloat16, f"cnn train={train}", tol=5e-2)
+        ep, ec = relerr(y, y64), relerr(yr, y64)
+        assert ep <= 2 * ec + 2e-2, f"cnn train={train}: pydnn {ep:.3g} against float64, PyTorch {ec:.3g}"
         if train:
             with pydnn_runs():
                 y.float().logsumexp(1).sum().backward()
             yr.float().logsumexp(1).sum().backward()
-            for (n, p), pr in zip(model.named_parameters(), ref.parameters()):
-                close(p.grad, pr.grad, torch.bfloat16, f"grad {n}", tol=5e-2)
+            y64.logsumexp(1).sum().backward()
+            for (n, p), pr, p64 in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
+                ep, ec = relerr(p.grad, p64.grad), relerr(pr.grad, p64.grad)
+                assert ep <= 2 * ec + 2e-2, f"grad {n}: pydnn {ep:.3g} against float64, PyTorch {ec:.3g}"
     close(model[1].running_mean, ref[1].running_mean, torch.bfloat16, "running_mean", tol=5e-2)
 
 
