@@ -457,9 +457,9 @@ def cnn():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
 
 
-def relerr(got, want):
+def relerr(got, want, floor=1e-3):
     got, want = got.detach().double(), want.detach().double()
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-3)).item()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(floor)).item()
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -494,8 +494,11 @@ def test_convert_cnn_under_autocast(channels_last):
                 y.float().logsumexp(1).sum().backward()
             yr.float().logsumexp(1).sum().backward()
             y64.logsumexp(1).sum().backward()
+            # a conv bias before a training-mode batch norm has a zero gradient (the norm removes any
+            # per-channel shift): relative to the model's largest gradient, not to its own rounding noise
+            floor = 1e-2 * max(p64.grad.abs().max().item() for p64 in exact.parameters())
             for (n, p), pr, p64 in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
-                ep, ec = relerr(p.grad, p64.grad), relerr(pr.grad, p64.grad)
+                ep, ec = relerr(p.grad, p64.grad, floor), relerr(pr.grad, p64.grad, floor)
                 assert ep <= 2 * ec + 2e-2, f"grad {n}: pydnn {ep:.3g} against float64, PyTorch {ec:.3g}"
     close(model[1].running_mean, ref[1].running_mean, torch.bfloat16, "running_mean", tol=5e-2)
 
