@@ -38,39 +38,11 @@ def ptx_dir():
 _source_memo = {}
 
 
-def unit_inputs(unit):
-    """(source text, [(header path, text)...]) for a unit; memoised per process (sources do not change)."""
-    memo = _source_memo.get(unit.source)
-    if memo is None:
-        root = ptx_dir()
-        text = (root / unit.source).read_text()
-        headers, seen = [], set()
-        stack = [((root / unit.source).parent, text)]
-        while stack:
-            folder, body = stack.pop()
-            for inc in _INCLUDE.findall(body):
-                path = (folder / inc) if (folder / inc).exists() else (root / inc)
-                rel = os.path.relpath(path.resolve(), root.resolve())
-                if rel in seen:
-                    continue
-                seen.add(rel)
-                htext = path.read_text()
-                headers.append((rel, htext))
-                stack.append((path.parent, htext))
-        memo = (text, sorted(headers))
-        _source_memo[unit.source] = memo
-    return memo
-
-
-def register_generated(source_name, text):
-    """A unit source that is not a file under ptx/ (the graph API's generated kernels): its text, and the
-    headers it includes from ptx/, keyed like any unit's (the key hashes the text), so generated kernels
-    share this cache. `source_name` (e.g. "graph/pw_<hash>.cu") stands for the file in keys and names."""
-    if source_name in _source_memo:
-        return
-    root = ptx_dir()
+def _headers(root, folder, text):
+    """[(path relative to ptx/, text)] of every header `text` includes, transitively, sorted; an include
+    resolves beside the including file, else under ptx/."""
     headers, seen = [], set()
-    stack = [(root, text)]
+    stack = [(folder, text)]
     while stack:
         folder, body = stack.pop()
         for inc in _INCLUDE.findall(body):
@@ -82,7 +54,27 @@ def register_generated(source_name, text):
             htext = path.read_text()
             headers.append((rel, htext))
             stack.append((path.parent, htext))
-    _source_memo[source_name] = (text, sorted(headers))
+    return sorted(headers)
+
+
+def unit_inputs(unit):
+    """(source text, [(header path, text)...]) for a unit; memoised per process (sources do not change)."""
+    memo = _source_memo.get(unit.source)
+    if memo is None:
+        root = ptx_dir()
+        text = (root / unit.source).read_text()
+        memo = (text, _headers(root, (root / unit.source).parent, text))
+        _source_memo[unit.source] = memo
+    return memo
+
+
+def register_generated(source_name, text):
+    """A unit source that is not a file under ptx/ (the graph API's generated kernels): its text, and the
+    headers it includes from ptx/, keyed like any unit's (the key hashes the text), so generated kernels
+    share this cache. `source_name` (e.g. "graph/pw_<hash>.cu") stands for the file in keys and names."""
+    if source_name not in _source_memo:
+        root = ptx_dir()
+        _source_memo[source_name] = (text, _headers(root, root, text))
 
 
 def unit_key(unit, arch, nvrtc_version):

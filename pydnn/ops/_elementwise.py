@@ -248,10 +248,7 @@ def desc_key(*parts):
             if not isinstance(x, (int, float, str)):
                 return None
             key.append(x)
-    try:
-        return tuple(key)
-    except TypeError:  # pragma: no cover - tuple() of a list never fails; kept for the old contract
-        return None
+    return tuple(key)
 
 
 def launch_map(handle, unit, op, ti, to, out_ptr, in_ptrs, alpha, beta, out_desc, in_descs,

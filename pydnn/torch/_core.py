@@ -124,8 +124,10 @@ class BoundedDict(dict):
         if len(self) >= _MAX_CACHE:
             self.clear()
         super().__setitem__(key, value)
-_tdescs = {}
-_fdescs = {}
+
+
+_tdescs = BoundedDict()
+_fdescs = BoundedDict()
 
 
 def pydnn_dtype(t):
@@ -166,8 +168,6 @@ def tensor_desc(dtype, shape, strides):
             raise Unsupported(f"broadcast strides {strides} for dims {shape}")
         d = pydnn.create_tensor_descriptor()
         pydnn.set_tensor_nd_descriptor(d, DTYPES[dtype], len(shape), list(shape), list(st))
-        if len(_tdescs) >= _MAX_CACHE:
-            _tdescs.clear()
         _tdescs[key] = d
     return d
 
@@ -198,8 +198,6 @@ def filter_desc(dtype, shape, fmt):
     if d is None:
         d = pydnn.create_filter_descriptor()
         pydnn.set_filter_nd_descriptor(d, DTYPES[dtype], fmt, len(shape), list(shape))
-        if len(_fdescs) >= _MAX_CACHE:
-            _fdescs.clear()
         _fdescs[key] = d
     return d
 

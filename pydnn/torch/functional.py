@@ -698,6 +698,19 @@ def _pool_out(n, k, p, s):
     return (n + 2 * p - k) // s + 1
 
 
+def _window_pool(x, mode, k, pad, st, what):
+    """The 2-d window pooling both max_pool2d and avg_pool2d run once their own options are accepted."""
+    if x.dim() != 4:
+        raise Unsupported(f"input of {x.dim()} dims (4 needed)")
+    if any(2 * p > kk for p, kk in zip(pad, k)):
+        raise Unsupported("padding larger than half the window (PyTorch raises)")
+    _check_cuda(what, x)
+    out = x.shape[:2] + tuple(_pool_out(n, kk, p, s) for n, kk, p, s in zip(x.shape[2:], k, pad, st))
+    if min(out) <= 0 or x.numel() == 0:
+        raise Unsupported("empty output")
+    return PoolFunction.apply(dense(x), mode, _pool_desc(mode, k, pad, st), tuple(out))
+
+
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     k = _ntuple(kernel_size, 2)
     st = _ntuple(stride if stride not in (None, ()) else kernel_size, 2)
@@ -713,16 +726,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
             raise Unsupported("ceil_mode=True")
         if _ntuple(dilation, 2) != (1, 1):
             raise Unsupported("dilation != 1")
-        if x.dim() != 4:
-            raise Unsupported(f"input of {x.dim()} dims (4 needed)")
-        if any(2 * p > kk for p, kk in zip(pad, k)):
-            raise Unsupported("padding larger than half the window (PyTorch raises)")
-        _check_cuda("max_pool2d", x)
-        out = x.shape[:2] + tuple(_pool_out(n, kk, p, s) for n, kk, p, s in zip(x.shape[2:], k, pad, st))
-        if min(out) <= 0 or x.numel() == 0:
-            raise Unsupported("empty output")
-        pd = _pool_desc(pydnn.PYDNN_POOLING_MAX, k, pad, st)
-        return PoolFunction.apply(dense(x), pydnn.PYDNN_POOLING_MAX, pd, tuple(out))
+        return _window_pool(x, pydnn.PYDNN_POOLING_MAX, k, pad, st, "max_pool2d")
 
     return _run(pydnn_path, torch_path, "max_pool2d")
 
@@ -741,17 +745,9 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
             raise Unsupported("ceil_mode=True")
         if divisor_override is not None:
             raise Unsupported("divisor_override")
-        if x.dim() != 4:
-            raise Unsupported(f"input of {x.dim()} dims (4 needed)")
-        if any(2 * p > kk for p, kk in zip(pad, k)):
-            raise Unsupported("padding larger than half the window (PyTorch raises)")
-        _check_cuda("avg_pool2d", x)
-        out = x.shape[:2] + tuple(_pool_out(n, kk, p, s) for n, kk, p, s in zip(x.shape[2:], k, pad, st))
-        if min(out) <= 0 or x.numel() == 0:
-            raise Unsupported("empty output")
         mode = (pydnn.PYDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING if count_include_pad
                 else pydnn.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING)
-        return PoolFunction.apply(dense(x), mode, _pool_desc(mode, k, pad, st), tuple(out))
+        return _window_pool(x, mode, k, pad, st, "avg_pool2d")
 
     return _run(pydnn_path, torch_path, "avg_pool2d")
 

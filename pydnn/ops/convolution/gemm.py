@@ -124,7 +124,6 @@ import math
 from ... import enums as E
 from ... import tuning
 from ..._build.params import kernel_params
-from ..._cuda import driver
 from ...status import PydnnError
 from .. import matmul
 from .._elementwise import CTYPE
