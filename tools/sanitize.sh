@@ -31,11 +31,12 @@ status=0
 
 # pytest's last line ("N passed, M failed ...") and the sanitizer's "ERROR SUMMARY: K errors" of one log
 count() {  # log -> "passed failed errors finished(0/1)"
+  # pytest -v prints one line per test as it ends, so a shard stopped by the budget still shows what ran
   local log=$1 p f e fin=1
-  p=$(grep -Eo '[0-9]+ passed' "$log" | tail -1 | grep -Eo '[0-9]+'); p=${p:-0}
-  f=$(grep -Eo '[0-9]+ (failed|error)' "$log" | awk '{s += $1} END {print s + 0}')
+  p=$(grep -Ec ' PASSED( |$)' "$log")
+  f=$(grep -Ec ' (FAILED|ERROR)( |$)' "$log")
   e=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | awk '{s += $3} END {print s + 0}')
-  grep -Eq '^(=+ )?[0-9]+ (passed|failed|skipped|deselected)' "$log" || fin=0
+  grep -Eq '^=+ .*[0-9]+ (passed|failed|skipped|deselected).* in [0-9.]+s' "$log" || fin=0
   grep -q 'KeyboardInterrupt' "$log" && fin=0
   echo "$p $f $e $fin"
 }
@@ -49,7 +50,7 @@ run_tool() {  # tool scope nproc pytest-args...
   local t0=$SECONDS pids=() i
   for ((i = 0; i < n; i++)); do
     PYDNN_TEST_SHARD="$i/$n" timeout -s INT "$budget" compute-sanitizer --tool "$tool" "${extra[@]}" \
-      --print-limit 50 --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -rfE "$@" \
+      --print-limit 50 --error-exitcode 9 python3 -m pytest -v -p no:cacheprovider -rfE "$@" \
       >"$logs/$tool.$i.log" 2>&1 &
     pids+=($!)
   done
@@ -62,6 +63,7 @@ run_tool() {  # tool scope nproc pytest-args...
   echo "| $tool | $scope | $n | $P | $F | $E | $U shard(s) | $((SECONDS - t0)) |" >>"$summary"
   [ "$F" = 0 ] && [ "$E" = 0 ] && [ "$U" = 0 ] || status=1
   echo "$tool: $P passed, $F failed, $E sanitizer errors, $U unfinished shard(s), $((SECONDS - t0)) s"
+  grep -h -E ' (FAILED|ERROR)( |$)' "$logs/$tool".*.log | head -30
   grep -h -B2 -A12 -E '^========= (Invalid|Race|Barrier|Error|Program hit)' "$logs/$tool".*.log | head -60
 }
 
