@@ -1,0 +1,145 @@
+"""Head dims 96 / 256 (forward and backward, the mma.sync kernels on every arch) and the split-KV decode
+forward on the GPU, against the float64 reference (pydnn/reference/attention.py) with poisoned outputs,
+the tolerances of tests/ops/attention/test_attention_gpu.py: bf16 / fp16, no mask and both causal
+alignments, MHA / GQA / MQA, variable lengths, dropout, both dQ modes; decode with several split counts
+(forced and automatic), GQA row grouping over several row blocks, causal with Sq > 1, lengths, no
+workspace (one split), its poisoned workspace from the size query, the same results as the regular
+forward, and the backward fed by the decode forward's lse."""
+import numpy as np
+import pytest
+
+import pydnn
+from devtensor import assert_close
+from pydnn import tuning
+from pydnn.ops import attention as A
+from test_attention_gpu import BF16, BR, F16, NONE, TL, Problem, _check_backward, _check_forward
+
+pytestmark = pytest.mark.gpu
+
+HD_CASES = [  # b, hq, hkv, sq, skv, d, layout
+    (2, 4, 4, 150, 150, 96, "bhsd"),     # MHA, lengths not multiples of the tiles
+    (1, 4, 2, 70, 200, 256, "bshd"),     # GQA, more keys than queries
+    (2, 4, 1, 200, 97, 96, "bshd"),      # MQA, more queries than keys (bottom-right: empty rows)
+    (1, 2, 2, 130, 130, 256, "bhsd"),    # a partial last tile of every kernel
+]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("case", HD_CASES, ids=[f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in HD_CASES])
+def test_hdim_forward_backward(handle, rng, dtype, mask, case):
+    b, hq, hkv, sq, skv, d, layout = case
+    pb = Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout)
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(1, 0))
+
+
+@pytest.mark.parametrize("mask", [NONE, BR], ids=["none", "br"])
+@pytest.mark.parametrize("d", [96, 256])
+def test_hdim_variable_lengths(handle, rng, mask, d):
+    pb = Problem(rng, 3, 4, 2, 130, 140, d, BF16, mask, "bshd", lens=([130, 37, 0], [5, 140, 64]), pad=8)
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(1, 0))
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_hdim_dropout(handle, rng, d):
+    pb = Problem(rng, 2, 4, 2, 90, 77, d, BF16, BR, "bshd", lens=([90, 45], [77, 40]), dropout=(0.2, 0xABCDEF))
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(1, 0))
+
+
+# ----------------------------------------------------------------------------- decode
+
+class DecodeProblem(Problem):
+    """A Problem whose forward passes the workspace the size query reports (poisoned: all-ones bytes,
+    NaN as floats) and, with `splits`, forces the split count."""
+
+    def __init__(self, *args, splits=None, **kw):
+        super().__init__(*args, **kw)
+        self.splits = splits
+
+    def forward(self, handle, use_ws=True):
+        with tuning.override({"attention.DECODE_SPLITS": self.splits}):
+            n = pydnn.get_attention_forward_workspace_size(handle, self.attn, self.q.desc, self.k.desc)
+            self.ws_size = n
+            ws = pydnn.DeviceArray((max(n, 16),), np.uint8)
+            ws.fill_bytes(0xFF)
+            self.o.poison()
+            self.lse.poison()
+            pydnn.attention_forward(handle, self.attn, self.q.desc, self.q.ptr, self.k.desc, self.k.ptr, self.v.desc,
+                                    self.v.ptr, self.o.desc, self.o.ptr, self.lse.desc, self.lse.ptr,
+                                    self.lens_dev[0], self.lens_dev[1], ws.ptr if use_ws else None,
+                                    n if use_ws else 0)
+            self._ws = ws  # (kept alive until the results are read)
+
+
+DEC_CASES = [  # b, hq, hkv, sq, skv, d, mask, lens (q, kv) or None, splits (None: automatic)
+    (1, 8, 2, 1, 4096, 128, NONE, None, None),        # GQA 4 per K/V head, one sequence: automatic splits
+    (1, 8, 2, 1, 4096, 128, NONE, None, 1),           # one split: O and lse straight from dec
+    (2, 8, 2, 1, 3000, 64, NONE, None, 3),
+    (2, 32, 4, 1, 2500, 96, NONE, None, 8),
+    (1, 4, 4, 1, 2049, 256, NONE, None, 5),           # MHA, a partial last tile
+    (2, 16, 1, 1, 1500, 128, NONE, None, 4),          # MQA: 16 rows, one row block
+    (1, 12, 2, 4, 2100, 128, BR, None, 6),            # causal Sq > 1: 6 x 4 = 24 rows, two row blocks
+    (2, 8, 8, 3, 1000, 96, TL, None, None),           # top-left: only the first keys are visible
+    (3, 8, 2, 2, 1800, 64, BR, ([2, 1, 0], [1800, 700, 33]), 7),  # lengths; some splits empty
+    (2, 4, 2, 16, 1024, 256, BR, None, 3),            # the longest decode query (DECODE_MAX_SQ)
+    (1, 64, 8, 1, 8192, 128, NONE, None, None),       # a larger automatic case
+]
+
+
+def _dec_id(c):
+    return f"b{c[0]}h{c[1]}/{c[2]}s{c[3]}x{c[4]}d{c[5]}m{c[6]}{'L' if c[7] else ''}sp{c[8]}"
+
+
+@pytest.mark.parametrize("case", DEC_CASES, ids=[_dec_id(c) for c in DEC_CASES])
+def test_decode_forward(handle, rng, case):
+    b, hq, hkv, sq, skv, d, mask, lens, splits = case
+    pb = DecodeProblem(rng, b, hq, hkv, sq, skv, d, BF16, mask, "bshd", lens=lens, splits=splits)
+    assert A.takes_decode(pb.attn, sq)
+    _check_forward(handle, pb)
+    pl = A.decode_plan(handle.sm_count, b, hq, hkv, sq, skv, d, mask)
+    if splits is None:
+        assert pb.ws_size == pl.ws
+    if splits not in (None, 1):
+        assert pb.ws_size > 0  # the combine ran
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_forward_f16(handle, rng, d):
+    pb = DecodeProblem(rng, 2, 8, 2, 2, 2000, d, F16, BR, "bhsd", splits=4)
+    _check_forward(handle, pb)
+
+
+def test_decode_without_workspace(handle, rng):
+    """Workspace 0 where the size query asks for more: one split, still the right answer."""
+    pb = DecodeProblem(rng, 1, 8, 2, 1, 5000, 128, BF16, NONE, "bshd")
+    pb.forward(handle, use_ws=False)
+    assert pb.ws_size > 0
+    o, lse, so, slse = pb.ref_forward()
+    assert_close(pb.o.download(), o, BF16, "O", scale=so)
+    got = pb.lse.download()[..., 0]
+    assert_close(got, lse, pydnn.PYDNN_DATA_FLOAT, "lse", scale=slse)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_decode_matches_the_regular_forward(handle, rng, d):
+    pb = DecodeProblem(rng, 2, 8, 2, 3, 1500, d, BF16, BR, "bshd", splits=5)
+    pb.forward(handle)
+    o_dec, lse_dec = pb.o.download(), pb.lse.download()
+    with tuning.override({"attention.DECODE": False}):
+        pb.o.poison()
+        Problem.forward(pb, handle)
+    o_reg, lse_reg = pb.o.download(), pb.lse.download()
+    _, _, so, slse = pb.ref_forward()
+    assert_close(o_dec, o_reg, BF16, "O decode vs regular", scale=so)
+    assert_close(lse_dec[..., 0], lse_reg[..., 0], pydnn.PYDNN_DATA_FLOAT, "lse decode vs regular", scale=slse)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_backward_after_decode_forward(handle, rng, d):
+    """The backward reads the decode forward's O and lse (the combine's log-sum-exp)."""
+    pb = DecodeProblem(rng, 1, 6, 2, 4, 700, d, BF16, BR, "bshd", splits=3)
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(1, 0))
