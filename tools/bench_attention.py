@@ -172,7 +172,16 @@ PEAK = 790.0  # measured dense bf16 TFLOP/s (H100/H200 class); the datasheet's i
 CONFIGS = [  # (hq, hkv, d)
     (32, 32, 128), (64, 8, 128), (128, 8, 128), (32, 32, 64),
 ]
+HDIM_CONFIGS = [(32, 32, 96), (32, 32, 256), (64, 8, 256)]  # run_hdim: the mma.sync kernels on every arch
 B, S = 4, 4096
+# run_decode: one query row (and 4, causal) against a long K/V cache, Llama-style GQA 32 / 8 at d 128
+# (and d 64 / 256); (batch, hq, hkv, sq, skv, d). Bytes counted: K and V read once (+ Q and O).
+DECODE_CASES = [
+    (1, 32, 8, 1, 4096, 128), (1, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 131072, 128),
+    (8, 32, 8, 1, 4096, 128), (8, 32, 8, 1, 32768, 128), (8, 32, 8, 1, 131072, 128),
+    (64, 32, 8, 1, 4096, 128), (64, 32, 8, 1, 32768, 128),
+    (1, 32, 8, 4, 32768, 128), (1, 32, 8, 1, 32768, 64), (1, 32, 8, 1, 32768, 256), (1, 32, 32, 1, 32768, 128),
+]
 
 
 def _desc(t, dtype):
@@ -181,14 +190,15 @@ def _desc(t, dtype):
     return d
 
 
-def _torch_ms(backend, q, k, v, causal, backward):
+def _torch_ms(backend, q, k, v, causal, backward, attn_mask=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
     gqa = q.shape[1] != k.shape[1]
     try:
         with sdpa_kernel(be):
             if not backward:
-                return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa))
+                return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                                                      enable_gqa=gqa))
             qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
             o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=gqa)
             g = torch.randn_like(o)
@@ -199,8 +209,68 @@ def _torch_ms(backend, q, k, v, causal, backward):
 
 
 def run(b):
+    """The sweep of issue 5 (d 64 / 128), then head dims 96 / 256 (run_hdim) and decode (run_decode)."""
+    _run_configs(b, CONFIGS)
+    run_hdim(b)
+    run_decode(b)
+
+
+def run_hdim(b):
+    """Head dims 96 and 256 (`--families attention.run_hdim` alone), against cuDNN / flash SDPA."""
+    _run_configs(b, HDIM_CONFIGS)
+
+
+def run_decode(b):
+    """Decode-shaped forward (`--families attention.run_decode`): pydnn's split-KV kernels (the default
+    plan, [1 split], and [regular fwd]: tuning.attention.DECODE off) against SDPA's cuDNN and flash backends
+    in the same run; GB/s of K / V / Q / O traffic."""
+    from pydnn.ops import attention as A
     h = b.h
-    for hq, hkv, d in CONFIGS:
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    for bb, hq, hkv, sq, skv, d in DECODE_CASES:
+        q = torch.randn(bb, hq, sq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        o = torch.empty_like(q)
+        lse = torch.empty(bb, hq, sq, 1, dtype=torch.float32, device="cuda")
+        tq, tk, tv, to = _desc(q, bf), _desc(k, bf), _desc(v, bf), _desc(o, bf)
+        tl = _desc(lse, pydnn.PYDNN_DATA_FLOAT)
+        causal = sq > 1
+        a = pydnn.create_attention_descriptor()
+        mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+        pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+        nbytes = 2 * k.numel() * 2 + 2 * q.numel() * 2
+        case = f"decode b{bb} h{hq}/{hkv} q{sq} kv{skv} d{d}{' causal' if causal else ''}"
+        # (torch's is_causal is top-left; bottom-right is what a decode step with sq > 1 means: its mask)
+        if causal:
+            i = torch.arange(sq, device="cuda")[:, None]
+            j = torch.arange(skv, device="cuda")[None, :]
+            am = j <= i + skv - sq
+            t_f = {n: _torch_ms(n, q, k, v, False, False, attn_mask=am) for n in ("cudnn", "flash")}
+        else:
+            t_f = {n: _torch_ms(n, q, k, v, False, False) for n in ("cudnn", "flash")}
+        for tag, over in (("", {}), (" [1 split]", {"attention.DECODE_SPLITS": 1}),
+                          (" [regular fwd]", {"attention.DECODE": False})):
+            with tuning.override(over):
+                n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+                ws = torch.empty(max(n, 16), dtype=torch.uint8, device="cuda")
+
+                def fwd():
+                    pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to,
+                                            o.data_ptr(), tl, lse.data_ptr(), None, None, ws.data_ptr(), n)
+                fwd()
+                ms_p = time_ms(fwd)
+                if tag == "":
+                    pl = A.decode_plan(h.sm_count, bb, hq, hkv, sq, skv, d, mask)
+                    print(f"  {case}: {pl}", flush=True)
+            for name in ("cudnn", "flash"):
+                b.row("attention", f"{case}{tag}", "bf16", nbytes, ms_p, t_f[name], f"sdpa {name}")
+        del q, k, v, o, ws
+
+
+def _run_configs(b, configs):
+    h = b.h
+    for hq, hkv, d in configs:
         q = torch.randn(B, hq, S, d, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(B, hkv, S, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, hkv, S, d, dtype=torch.bfloat16, device="cuda")
