@@ -168,7 +168,9 @@ __global__ void __launch_bounds__(kThreads, 1) fwd(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_wgmma needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && (BN == 64 || BN == 128), "fwd tile");
+  // D = 256: O is 128 registers a thread (64 rows x 256 per warpgroup), so 64-key tiles (S 32 + P 16);
+  // smem (128 + 2 x 2 x 64) x 256 x 2 + 1 KiB = 193 KiB, one CTA per SM as at D = 128.
+  static_assert(((D == 64 || D == 128) && (BN == 64 || BN == 128)) || (D == 256 && BN == 64), "fwd tile");
   static_assert(STAGES == 2 || (PIPE && STAGES == 3), "fwd stages");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];

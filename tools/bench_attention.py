@@ -333,7 +333,7 @@ def _fwd_variants(h, d):
                 out.append((f" [wgmma bn {t[0]} {'pipe' if t[1] else 'plain'} s{t[2]}]",
                             lambda t=t: W.TILE.__setitem__(d, t), lambda: W.TILE.__setitem__(d, dflt)))
         diag = W.diag_units()  # the default tile without softmax / without wgmma: floors, wrong results
-        for g, what in ((1, "no softmax"), (2, "no wgmma")):
+        for g, what in ((1, "no softmax"), (2, "no wgmma")) if (d, 1) in diag else ():
             out.append((f" [diag {what}]", lambda g=g: setattr(tuning.attention, "DIAG", diag[(d, g)]),
                         lambda: setattr(tuning.attention, "DIAG", None)))
     n0, en = A.FWD_N[d], tuning.attention.ENABLED

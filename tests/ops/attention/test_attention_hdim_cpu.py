@@ -13,6 +13,7 @@ import pydnn
 from pydnn import tuning
 from pydnn._cuda import driver
 from pydnn.ops import attention as A
+from pydnn.ops import attention_wgmma as W
 from pydnn.reference import attention as R
 from test_attention_cpu import BAD, BF16, BR, F16, F32, NOINIT, NONE, NS, TL, _attn, _bwd_args, _check, _fwd_args, _t
 from test_fuzz_cpu import cpu_handle
@@ -197,9 +198,34 @@ def test_decode_not_taken(launches, why):
     assert not any("dec" in x["f"] for x in launches)
 
 
+def test_d256_forward_on_sm90_is_wgmma(launches):
+    _run_fwd(_fwd_args(**_over(256, sq=300, skv=17)))
+    (fwd,) = launches
+    assert fwd["f"] == W._expr("bf16", 256, W.TILE[256]) and W.TILE[256][0] == 64
+    assert fwd["grid"] == (3, 4, 2) and fwd["threads"] == 256 and fwd["smem"] == W.smem_bytes(256, W.TILE[256])
+    assert W.smem_bytes(256, W.TILE[256]) == (128 + 2 * 2 * 64) * 256 * 2 + 1024 <= SMEM_LIMIT
+    launches.clear()
+    with tuning.override({"attention.ENABLED": False}):
+        _run_fwd(_fwd_args(**_over(256, sq=300, skv=17)))
+    assert _short(launches[0]["f"]).startswith("fwd<pydnn::bf16_t, 256, 32, 32, false>")
+
+
+def test_wgmma_units():
+    units = {u.name: u for u in W.kernel_units()}
+    assert sorted(units) == ["attention.wgmma.bf16", "attention.wgmma.d256.bf16", "attention.wgmma.d256.f16",
+                             "attention.wgmma.f16"]
+    for t in ("bf16", "f16"):
+        u = units[f"attention.wgmma.d256.{t}"]
+        assert u.archs == ("sm_90a",) and set(u.exprs) == {W._expr(t, 256, tile) for tile in W.TILES[256]}
+        assert len(units[f"attention.wgmma.{t}"].exprs) == 4  # D 64 / 128 as before
+    assert W.unit_name("bf16", 256) == "attention.wgmma.d256.bf16" and W.unit_name("f16", 128) == "attention.wgmma.f16"
+    assert W.usable(type("H", (), {"arch": "sm_90"})(), 256, 0.0)
+    assert not W.usable(type("H", (), {"arch": "sm_90"})(), 96, 0.0)  # D = 96: the mma.sync kernels
+
+
 @pytest.mark.parametrize("d", [96, 256])
 def test_new_head_dims_dispatch(launches, d):
-    _run_fwd(_fwd_args(**_over(d, sq=300, skv=17)))  # on sm_90 too: the wgmma kernels are 64 / 128 only
+    _run_fwd(_fwd_args(**_over(d, sq=300, skv=17)), arch="sm_80")  # (sm_90 at D = 256: wgmma, above)
     (fwd,) = launches
     tile = A.FWD_N[d]
     assert _short(fwd["f"]) == f"fwd<pydnn::bf16_t, {d}, {tile[0]}, {tile[1]}, false>"
@@ -260,7 +286,8 @@ def test_smem_fits(d):
 
 # ----------------------------------------------------------------------------- NVRTC
 
-NEW_UNITS = [u for u in A.kernel_units() if not (u.name in ("attention.bf16", "attention.f16"))]
+NEW_UNITS = ([u for u in A.kernel_units() if not (u.name in ("attention.bf16", "attention.f16"))]
+             + [u for u in W.kernel_units() if "d256" in u.name])
 # ptxas spills accepted, by kernel (bytes of spill stores): the decode kernel at D = 256 (O 128 + S + the
 # row bookkeeping on the 255-register edge)
 SPILL_OK = {"_ZN5pydnn4attn3decINS_6bf16_tELi256EEEv10AttnParams": 16,
@@ -270,6 +297,8 @@ SPILL_OK = {"_ZN5pydnn4attn3decINS_6bf16_tELi256EEEv10AttnParams": 16,
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("unit", NEW_UNITS, ids=[u.name for u in NEW_UNITS])
 def test_new_units_compile_without_spills(unit, arch):
+    if unit.archs and arch not in unit.archs:
+        pytest.skip(f"{unit.name} is built for {unit.archs} only")
     from pydnn._build import cache
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc

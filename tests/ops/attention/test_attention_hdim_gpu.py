@@ -1,10 +1,10 @@
-"""Head dims 96 / 256 (forward and backward, the mma.sync kernels on every arch) and the split-KV decode
-forward on the GPU, against the float64 reference (pydnn/reference/attention.py) with poisoned outputs,
-the tolerances of tests/ops/attention/test_attention_gpu.py: bf16 / fp16, no mask and both causal
-alignments, MHA / GQA / MQA, variable lengths, dropout, both dQ modes; decode with several split counts
-(forced and automatic), GQA row grouping over several row blocks, causal with Sq > 1, lengths, no
-workspace (one split), its poisoned workspace from the size query, the same results as the regular
-forward, and the backward fed by the decode forward's lse."""
+"""Head dims 96 / 256 (forward and backward: the mma.sync kernels, and on sm_90 the D = 256 wgmma forward)
+and the split-KV decode forward on the GPU, against the float64 reference (pydnn/reference/attention.py)
+with poisoned outputs, the tolerances of tests/ops/attention/test_attention_gpu.py: bf16 / fp16, no mask
+and both causal alignments, MHA / GQA / MQA, variable lengths, dropout, both dQ modes; decode with several
+split counts (forced and automatic), GQA row grouping over several row blocks, causal with Sq > 1,
+lengths, no workspace (one split), its poisoned workspace from the size query, the same results as the
+regular forward, and the backward fed by the decode forward's lse."""
 import numpy as np
 import pytest
 
@@ -12,7 +12,9 @@ import pydnn
 from devtensor import assert_close
 from pydnn import tuning
 from pydnn.ops import attention as A
+from pydnn.ops import attention_wgmma as W
 from test_attention_gpu import BF16, BR, F16, NONE, TL, Problem, _check_backward, _check_forward
+from test_attention_wgmma_gpu import wgmma  # noqa: F401 - the fixture (sm_90 only, mma.sync forward guarded)
 
 pytestmark = pytest.mark.gpu
 
@@ -47,6 +49,36 @@ def test_hdim_dropout(handle, rng, d):
     pb = Problem(rng, 2, 4, 2, 90, 77, d, BF16, BR, "bshd", lens=([90, 45], [77, 40]), dropout=(0.2, 0xABCDEF))
     _check_forward(handle, pb)
     _check_backward(handle, pb, rng, modes=(1, 0))
+
+
+# ----------------------------------------------------------------------------- D = 256 on wgmma (sm_90)
+
+WG256 = [  # b, hq, hkv, sq, skv, layout: several 64-key tiles, ragged lengths, more queries than keys
+    (1, 4, 2, 200, 333, "bshd"), (2, 2, 2, 130, 64, "bhsd"), (1, 2, 1, 300, 129, "bhsd")]
+
+
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("case", WG256, ids=[f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}" for c in WG256])
+def test_wgmma_d256_forward(handle, rng, wgmma, monkeypatch, mask, case):
+    """Every instantiated D = 256 wgmma variant (64-key tiles, pipelined and plain), the dispatcher kept
+    off the mma.sync forward (the wgmma fixture)."""
+    b, hq, hkv, sq, skv, layout = case
+    for tile in W.TILES[256]:
+        monkeypatch.setitem(W.TILE, 256, tile)
+        for dtype in (BF16,):
+            _check_forward(handle, Problem(rng, b, hq, hkv, sq, skv, 256, dtype, mask, layout))
+
+
+def test_wgmma_d256_variable_lengths(handle, rng, wgmma):
+    pb = Problem(rng, 3, 4, 2, 150, 190, 256, BF16, BR, "bshd", lens=([150, 37, 0], [5, 190, 64]), pad=8)
+    _check_forward(handle, pb)
+
+
+@pytest.mark.parametrize("mask", [NONE, BR], ids=["none", "br"])
+def test_mma_sync_d256_forward_on_sm90(handle, rng, monkeypatch, mask):
+    """attention.ENABLED = False: the mma.sync D = 256 forward, which an sm_90 device otherwise skips."""
+    monkeypatch.setattr(tuning.attention, "ENABLED", False)
+    _check_forward(handle, Problem(rng, 2, 4, 2, 150, 211, 256, BF16, mask, "bshd", lens=([150, 77], [211, 100])))
 
 
 # ----------------------------------------------------------------------------- decode
