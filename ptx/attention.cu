@@ -603,13 +603,16 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnParams p) {
 // ------------------------------------------------------------------ backward: dK, dV
 
 // dQ contribution of one (query tile, key block) in the atomic mode: dS (in sdS as [key][query], 64 keys)
-// times K, added to the fp32 accumulator; DC columns of the head dim from 16 * c16 (this CTA's share),
-// their 16-column pairs dealt to the warps in turn (warp w: pairs w, w + 4, ...).
+// times K, added to the fp32 accumulator; DC columns of the head dim from 16 * c16 (this CTA's share)
+// in pairs of n8 tiles (16 columns): each warp a quarter of them, consecutive (D = 64, 128, 256), or dealt
+// in turn where they do not divide by 4 (D = 96: warp w takes pairs w, w + 4, ...).
 template <class T, int D, int BM, int DC = D>
 __device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, const T* sK, int b, int h, int m0,
                                           int c16 = 0) {
   constexpr int MT = BM / 16, BN = kBwdN, PAIRS = DC / 16, NP = (PAIRS + 3) / 4;
+  constexpr bool EVEN = PAIRS % 4 == 0;
   const int warp = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, q = l & 3;
+  auto pair = [&](int t2) { return EVEN ? warp * NP + t2 : warp + 4 * t2; };
   float acc[MT][2 * NP][4];
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
@@ -625,9 +628,9 @@ __device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, con
     }
 #pragma unroll
     for (int t2 = 0; t2 < NP; ++t2) {
-      if (warp + 4 * t2 < PAIRS) {  // (warp-uniform)
+      if (EVEN || pair(t2) < PAIRS) {  // (warp-uniform)
         unsigned bb[4];
-        ld_b_kn<D>(bb, sK, kt * 16, c16 + warp + 4 * t2);
+        ld_b_kn<D>(bb, sK, kt * 16, c16 + pair(t2));
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
           mma16816<T>(acc[mi][2 * t2], a[mi], bb[0], bb[1]);
@@ -645,8 +648,8 @@ __device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, con
       if (row < p.seq_q) {
 #pragma unroll
         for (int t2 = 0; t2 < NP; ++t2) {
-          if (warp + 4 * t2 < PAIRS) {
-            float* r = base + (long long)row * D + (c16 + warp + 4 * t2) * 16 + q * 2;
+          if (EVEN || pair(t2) < PAIRS) {
+            float* r = base + (long long)row * D + (c16 + pair(t2)) * 16 + q * 2;
             red_add2(r, acc[mi][2 * t2][2 * e2], acc[mi][2 * t2][2 * e2 + 1]);
             red_add2(r + 8, acc[mi][2 * t2 + 1][2 * e2], acc[mi][2 * t2 + 1][2 * e2 + 1]);
           }
