@@ -175,3 +175,41 @@ def test_backward_after_decode_forward(handle, rng, d):
     pb = DecodeProblem(rng, 1, 6, 2, 4, 700, d, BF16, BR, "bshd", splits=3)
     _check_forward(handle, pb)
     _check_backward(handle, pb, rng, modes=(1, 0))
+
+
+def test_decode_capture_and_replay(rng):
+    """The decode forward (dec + dec_combine, partials in the caller's workspace) neither allocates nor
+    synchronizes: it captures into a CUDA graph, and replays read the inputs' current contents."""
+    from pydnn._cuda import driver
+    h = pydnn.create()
+    stream = driver.stream_create()
+    try:
+        pydnn.set_stream(h, stream)
+        pb = DecodeProblem(rng, 2, 8, 2, 2, 3000, 128, BF16, BR, "bshd")
+        n = pydnn.get_attention_forward_workspace_size(h, pb.attn, pb.q.desc, pb.k.desc)
+        assert n > 0  # more than one split: the combine is captured too
+        ws = pydnn.DeviceArray((n,), np.uint8)
+
+        def fwd():
+            pydnn.attention_forward(h, pb.attn, pb.q.desc, pb.q.ptr, pb.k.desc, pb.k.ptr, pb.v.desc, pb.v.ptr,
+                                    pb.o.desc, pb.o.ptr, pb.lse.desc, pb.lse.ptr, None, None, ws.ptr, n)
+        fwd()  # warm-up: loads the modules
+        driver.synchronize()
+        g = driver.Graph(stream)
+        with g:
+            fwd()
+        for _ in range(2):
+            for t in (pb.q, pb.k, pb.v):
+                t.random(rng, -2.0, 2.0)
+            pb.o.poison()
+            pb.lse.poison()
+            ws.fill_bytes(0xFF)
+            driver.synchronize()
+            g.launch()
+            driver.stream_synchronize(stream)
+            o, lse, so, slse = pb.ref_forward()
+            assert_close(pb.o.download(), o, BF16, "O (graph)", scale=so)
+            assert_close(pb.lse.download()[..., 0], lse, pydnn.PYDNN_DATA_FLOAT, "lse (graph)", scale=slse)
+    finally:
+        pydnn.destroy(h)
+        driver.stream_destroy(stream)
