@@ -213,3 +213,17 @@ def test_decode_capture_and_replay(rng):
     finally:
         pydnn.destroy(h)
         driver.stream_destroy(stream)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_without_stats(handle, rng, splits):
+    """statsDesc NULL: O from dec (one split) or dec_combine, the (poisoned) statistics left unwritten."""
+    pb = DecodeProblem(rng, 1, 8, 2, 1, 3000, 64, BF16, NONE, "bshd", splits=splits)
+    with tuning.override({"attention.DECODE_SPLITS": splits}):
+        n = pydnn.get_attention_forward_workspace_size(handle, pb.attn, pb.q.desc, pb.k.desc)
+        ws = pydnn.DeviceArray((max(n, 16),), np.uint8)
+        pydnn.attention_forward(handle, pb.attn, pb.q.desc, pb.q.ptr, pb.k.desc, pb.k.ptr, pb.v.desc, pb.v.ptr,
+                                pb.o.desc, pb.o.ptr, None, None, None, None, ws.ptr, n)
+    o, _, so, _ = pb.ref_forward()
+    assert_close(pb.o.download(), o, BF16, "O", scale=so)
+    assert np.isnan(pb.lse.download()).all()
