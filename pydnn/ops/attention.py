@@ -44,10 +44,11 @@ Elsewhere, and with dropout, the mma.sync ones (ptx/attention.cu): forward 128 q
 x 32 rows), K/V tiles of 64 keys (32 at D = 128) double-buffered with cp.async, mma.sync m16n8k16;
 backward: preprocess (rowsum), dK/dV per 64-key block (loops over the group's query heads and query tiles
 of 64 rows, 32 at D = 128), dQ per 64 query rows. The switches attention_wgmma.ENABLED /
-attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too. Head dims 96 and 256 run the
-mma.sync kernels on every arch (the wgmma ones are instantiated for 64 and 128): D = 96 in D = 128's
-shared-memory layout, D = 256 with 64-row forward CTAs, dK / dV split over two CTAs by halves of the head
-dim and 16-row / 16-key tiles (Tiles<D> in ptx/attention.cu has the register and smem counts).
+attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too. Head dims 96 and 256: on sm_90 the
+forward on wgmma (D = 96 as D = 128 with 32 zero columns in shared memory, D = 256 with 64-key tiles), the
+backward (and other archs, dropout) on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
+64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
+(Tiles<D> in ptx/attention.cu has the register and smem counts).
 
 Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS): a forward of at most 16 query rows without
 dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one CTA's 16 rows,

@@ -198,29 +198,33 @@ def test_decode_not_taken(launches, why):
     assert not any("dec" in x["f"] for x in launches)
 
 
-def test_d256_forward_on_sm90_is_wgmma(launches):
-    _run_fwd(_fwd_args(**_over(256, sq=300, skv=17)))
+@pytest.mark.parametrize("d", [96, 256])
+def test_new_head_dims_forward_on_sm90_is_wgmma(launches, d):
+    _run_fwd(_fwd_args(**_over(d, sq=300, skv=17)))
     (fwd,) = launches
-    assert fwd["f"] == W._expr("bf16", 256, W.TILE[256]) and W.TILE[256][0] == 64
-    assert fwd["grid"] == (3, 4, 2) and fwd["threads"] == 256 and fwd["smem"] == W.smem_bytes(256, W.TILE[256])
-    assert W.smem_bytes(256, W.TILE[256]) == (128 + 2 * 2 * 64) * 256 * 2 + 1024 <= SMEM_LIMIT
+    assert fwd["f"] == W._expr("bf16", d, W.TILE[d]) and W.TILE[d][0] == (64 if d == 256 else 128)
+    assert fwd["grid"] == (3, 4, 2) and fwd["threads"] == 256 and fwd["smem"] == W.smem_bytes(d, W.TILE[d])
+    pad = 128 if d == 96 else d  # D = 96 in D = 128's tiles
+    assert W.smem_bytes(d, W.TILE[d]) == (128 + 4 * W.TILE[d][0]) * pad * 2 + 1024 <= SMEM_LIMIT
     launches.clear()
     with tuning.override({"attention.ENABLED": False}):
-        _run_fwd(_fwd_args(**_over(256, sq=300, skv=17)))
-    assert _short(launches[0]["f"]).startswith("fwd<pydnn::bf16_t, 256, 32, 32, false>")
+        _run_fwd(_fwd_args(**_over(d, sq=300, skv=17)))
+    n, nl = A.FWD_N[d]
+    assert _short(launches[0]["f"]).startswith(f"fwd<pydnn::bf16_t, {d}, {n}, {nl}, false>")
 
 
 def test_wgmma_units():
     units = {u.name: u for u in W.kernel_units()}
     assert sorted(units) == ["attention.wgmma.bf16", "attention.wgmma.d256.bf16", "attention.wgmma.d256.f16",
-                             "attention.wgmma.f16"]
+                             "attention.wgmma.d96.bf16", "attention.wgmma.d96.f16", "attention.wgmma.f16"]
     for t in ("bf16", "f16"):
-        u = units[f"attention.wgmma.d256.{t}"]
-        assert u.archs == ("sm_90a",) and set(u.exprs) == {W._expr(t, 256, tile) for tile in W.TILES[256]}
+        for d in (96, 256):
+            u = units[f"attention.wgmma.d{d}.{t}"]
+            assert u.archs == ("sm_90a",) and set(u.exprs) == {W._expr(t, d, tile) for tile in W.TILES[d]}
         assert len(units[f"attention.wgmma.{t}"].exprs) == 4  # D 64 / 128 as before
     assert W.unit_name("bf16", 256) == "attention.wgmma.d256.bf16" and W.unit_name("f16", 128) == "attention.wgmma.f16"
-    assert W.usable(type("H", (), {"arch": "sm_90"})(), 256, 0.0)
-    assert not W.usable(type("H", (), {"arch": "sm_90"})(), 96, 0.0)  # D = 96: the mma.sync kernels
+    sm90 = type("H", (), {"arch": "sm_90"})()
+    assert W.usable(sm90, 256, 0.0) and W.usable(sm90, 96, 0.0) and not W.usable(sm90, 96, 0.1)
 
 
 @pytest.mark.parametrize("d", [96, 256])
@@ -287,7 +291,7 @@ def test_smem_fits(d):
 # ----------------------------------------------------------------------------- NVRTC
 
 NEW_UNITS = ([u for u in A.kernel_units() if not (u.name in ("attention.bf16", "attention.f16"))]
-             + [u for u in W.kernel_units() if "d256" in u.name])
+             + [u for u in W.kernel_units() if "d256" in u.name or "d96" in u.name])
 # ptxas spills accepted, by kernel (bytes of spill stores): the decode kernel at D = 256 (O 128 + S + the
 # row bookkeeping on the 255-register edge)
 SPILL_OK = {"_ZN5pydnn4attn3decINS_6bf16_tELi256EEEv10AttnParams": 16,

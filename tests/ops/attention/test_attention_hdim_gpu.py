@@ -1,4 +1,4 @@
-"""Head dims 96 / 256 (forward and backward: the mma.sync kernels, and on sm_90 the D = 256 wgmma forward)
+"""Head dims 96 / 256 (forward and backward: the mma.sync kernels, and on sm_90 the wgmma forward)
 and the split-KV decode forward on the GPU, against the float64 reference (pydnn/reference/attention.py)
 with poisoned outputs, the tolerances of tests/ops/attention/test_attention_gpu.py: bf16 / fp16, no mask
 and both causal alignments, MHA / GQA / MQA, variable lengths, dropout, both dQ modes; decode with several
@@ -51,34 +51,36 @@ def test_hdim_dropout(handle, rng, d):
     _check_backward(handle, pb, rng, modes=(1, 0))
 
 
-# ----------------------------------------------------------------------------- D = 256 on wgmma (sm_90)
+# ----------------------------------------------------------------------------- D = 96 / 256 on wgmma (sm_90)
 
-WG256 = [  # b, hq, hkv, sq, skv, layout: several 64-key tiles, ragged lengths, more queries than keys
+WG = [  # b, hq, hkv, sq, skv, layout: several key tiles, ragged lengths, more queries than keys
     (1, 4, 2, 200, 333, "bshd"), (2, 2, 2, 130, 64, "bhsd"), (1, 2, 1, 300, 129, "bhsd")]
 
 
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
-@pytest.mark.parametrize("case", WG256, ids=[f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}" for c in WG256])
-def test_wgmma_d256_forward(handle, rng, wgmma, monkeypatch, mask, case):
-    """Every instantiated D = 256 wgmma variant (64-key tiles, pipelined and plain), the dispatcher kept
-    off the mma.sync forward (the wgmma fixture)."""
+@pytest.mark.parametrize("case", WG, ids=[f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}" for c in WG])
+@pytest.mark.parametrize("d", [96, 256])
+def test_wgmma_new_head_dims_forward(handle, rng, wgmma, monkeypatch, d, mask, case):
+    """Every instantiated D = 96 (D = 128's tiles, 32 zero columns) / D = 256 (64-key tiles) wgmma variant,
+    pipelined and plain, the dispatcher kept off the mma.sync forward (the wgmma fixture)."""
     b, hq, hkv, sq, skv, layout = case
-    for tile in W.TILES[256]:
-        monkeypatch.setitem(W.TILE, 256, tile)
-        for dtype in (BF16,):
-            _check_forward(handle, Problem(rng, b, hq, hkv, sq, skv, 256, dtype, mask, layout))
+    for tile in W.TILES[d]:
+        monkeypatch.setitem(W.TILE, d, tile)
+        _check_forward(handle, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout))
 
 
-def test_wgmma_d256_variable_lengths(handle, rng, wgmma):
-    pb = Problem(rng, 3, 4, 2, 150, 190, 256, BF16, BR, "bshd", lens=([150, 37, 0], [5, 190, 64]), pad=8)
+@pytest.mark.parametrize("d", [96, 256])
+def test_wgmma_new_head_dims_variable_lengths(handle, rng, wgmma, d):
+    pb = Problem(rng, 3, 4, 2, 150, 190, d, BF16, BR, "bshd", lens=([150, 37, 0], [5, 190, 64]), pad=8)
     _check_forward(handle, pb)
 
 
 @pytest.mark.parametrize("mask", [NONE, BR], ids=["none", "br"])
-def test_mma_sync_d256_forward_on_sm90(handle, rng, monkeypatch, mask):
-    """attention.ENABLED = False: the mma.sync D = 256 forward, which an sm_90 device otherwise skips."""
+@pytest.mark.parametrize("d", [96, 256])
+def test_mma_sync_new_head_dims_forward_on_sm90(handle, rng, monkeypatch, d, mask):
+    """attention.ENABLED = False: the mma.sync D = 96 / 256 forward, which an sm_90 device otherwise skips."""
     monkeypatch.setattr(tuning.attention, "ENABLED", False)
-    _check_forward(handle, Problem(rng, 2, 4, 2, 150, 211, 256, BF16, mask, "bshd", lens=([150, 77], [211, 100])))
+    _check_forward(handle, Problem(rng, 2, 4, 2, 150, 211, d, BF16, mask, "bshd", lens=([150, 77], [211, 100])))
 
 
 # ----------------------------------------------------------------------------- decode
