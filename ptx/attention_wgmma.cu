@@ -60,9 +60,10 @@ __device__ __forceinline__ void load_tile(unsigned s, const T* g, long long ld, 
   constexpr int CH = Pad<D>::v / 8, RS = kThreads / CH, N = ROWS / RS;
   static_assert(RS % 8 == 0 && ROWS % RS == 0, "tile chunks must divide among the threads");
   const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
-  const bool cok = c < D / 8;  // (always, but at D = 96)
+  constexpr bool PADDED = Pad<D>::v != D;
+  const bool cok = !PADDED || c < D / 8;  // (a constant true but at D = 96: the other kernels' code as it was)
   const T* src = cok ? g + (long long)r0 * ld + c * 8 : g;
-  const long long step = cok ? (long long)RS * ld : 0;
+  const long long step = (long long)RS * ld;
   const unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
   if (valid >= ROWS) {
 #pragma unroll
