@@ -160,16 +160,18 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
   through TMA reduce-add; the barrier between dS^T's store and the dQ MMA is the one CTA-wide sync
   left per tile besides the tile's own.
   v5 (issue 19) head dims 96 / 256 and decode ([run_hdim] and [run_decode] rows, `--families
-      attention.run_hdim` / `attention.run_decode` alone). Forward on wgmma: D = 96 as D = 128 with 32 zero
-      columns in smem (S over the 6 real k16 steps, P V over 128 columns: 195 registers), D = 256 with
-      64-key tiles (237 registers); backward on mma.sync: D = 96 in D = 128's smem layout, D = 256 with dK
-      / dV split in head-dim halves over two CTAs (S^T and dP^T computed twice) and 16-row / 16-key tiles.
-      Decode (sq <= 16, no dropout): dec + dec_combine, the K/V length split so that a single sequence
-      gives every SM two CTAs; bytes counted are K + V (+ Q, O), against the ~3.0 TB/s copy rate.
+      attention.run_hdim` / `attention.run_decode` alone). Forward on wgmma: D = 96 as D = 128 with 32
+      zero columns in smem (S over the 6 real k16 steps, P V over 128 columns: 195 registers), D = 256
+      with 64-key tiles (237 registers). Backward: D = 96 on wgmma (D = 128's tiles, zero padding),
+      D = 256 on mma.sync with dK / dV split in head-dim halves over two CTAs (S^T and dP^T twice) and
+      16-row / 16-key tiles. Decode (sq <= 16, no dropout): dec + dec_combine, the K/V length split so
+      that a single sequence gives every SM two CTAs; bytes counted are K + V (+ Q, O), against the
+      ~3.0 TB/s copy rate.
       Prediction (before measuring): d256 forward 0.55-0.7x cuDNN (d128's wgmma reached 0.71-0.79x;
       half the keys per tile); d256 backward 0.25-0.35x (mma.sync and the doubled S / dP); d96 forward
-      0.5-0.6x (d128's wgmma rate per padded FLOP: x 0.75), backward 0.3-0.4x (mma.sync). Decode: >= 1.5 TB/s at b 1 for
-      kv >= 32k (against ~0.2 TB/s with one split: 8 CTAs), >= 0.8x the faster of cuDNN / flash.
+      0.5-0.6x (d128's wgmma rate per padded FLOP, x 0.75), backward 0.45-0.55x (d128's 0.6-0.65x, x
+      0.75). Decode: >= 1.5 TB/s at b 1 for kv >= 32k (against ~0.2 TB/s with one split: 8 CTAs),
+      >= 0.8x the faster of cuDNN / flash.
 """
 import torch
 import torch.nn.functional as F

@@ -45,8 +45,9 @@ x 32 rows), K/V tiles of 64 keys (32 at D = 128) double-buffered with cp.async, 
 backward: preprocess (rowsum), dK/dV per 64-key block (loops over the group's query heads and query tiles
 of 64 rows, 32 at D = 128), dQ per 64 query rows. The switches attention_wgmma.ENABLED /
 attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too. Head dims 96 and 256: on sm_90 the
-forward on wgmma (D = 96 as D = 128 with 32 zero columns in shared memory, D = 256 with 64-key tiles), the
-backward (and other archs, dropout) on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
+forward on wgmma (D = 96 as D = 128 with 32 zero columns in shared memory, D = 256 with 64-key tiles), and
+the D = 96 backward (D = 128's tiles, zero padding); the D = 256 backward (its dK + dV would be 256
+registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
 64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
 (Tiles<D> in ptx/attention.cu has the register and smem counts).
 

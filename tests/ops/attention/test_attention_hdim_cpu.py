@@ -14,6 +14,7 @@ from pydnn import tuning
 from pydnn._cuda import driver
 from pydnn.ops import attention as A
 from pydnn.ops import attention_wgmma as W
+from pydnn.ops import attention_wgmma_bwd as WB
 from pydnn.reference import attention as R
 from test_attention_cpu import BAD, BF16, BR, F16, F32, NOINIT, NONE, NS, TL, _attn, _bwd_args, _check, _fwd_args, _t
 from test_fuzz_cpu import cpu_handle
@@ -238,13 +239,22 @@ def test_new_head_dims_dispatch(launches, d):
     args = list(_bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1), a=_attn(4, 2, d), q=_t((2, 4, 33, d)),
                           k=_t((2, 2, 200, d)), v=_t((2, 2, 200, d)), o=_t((2, 4, 33, d)), do=_t((2, 4, 33, d)),
                           dq=_t((2, 4, 33, d)), dk=_t((2, 2, 200, d)), dv=_t((2, 2, 200, d))))
-    args[0].arch, args[0]._funcs = "sm_90", _Recorded()
+    args[0].arch, args[0]._funcs = "sm_80", _Recorded()
     pydnn.attention_backward(*args)
     names = [_short(x["f"]) for x in launches]
     assert names == [f"bwd_pre<pydnn::bf16_t, {d}>", f"bwd_dkdv<pydnn::bf16_t, {d}, true, false>",
                      f"bwd_dq_convert<pydnn::bf16_t, {d}>"]
     assert launches[1]["grid"] == (math.ceil(200 / 64) * A.DSPLIT[d], 2, 2)
     assert launches[1]["smem"] == A.smem_bytes("bwd_dkdv", d, True)
+    launches.clear()
+    args[0].arch = "sm_90"  # D = 96: the wgmma dK / dV (D = 128's tiles); D = 256 stays on mma.sync
+    pydnn.attention_backward(*args)
+    names = [_short(x["f"]) for x in launches]
+    if d == 96:
+        assert names[1] == "bwd_dkdv_wg<pydnn::bf16_t, 96, true>"
+        assert launches[1]["grid"] == (2, 2, 2) and launches[1]["smem"] == WB.smem_bytes(96) == WB.smem_bytes(128)
+    else:
+        assert names[1] == "bwd_dkdv<pydnn::bf16_t, 256, true, false>"
 
 
 def test_unit_names():
@@ -291,7 +301,7 @@ def test_smem_fits(d):
 # ----------------------------------------------------------------------------- NVRTC
 
 NEW_UNITS = ([u for u in A.kernel_units() if not (u.name in ("attention.bf16", "attention.f16"))]
-             + [u for u in W.kernel_units() if "d256" in u.name or "d96" in u.name])
+             + [u for u in W.kernel_units() + WB.kernel_units() if "d256" in u.name or "d96" in u.name])
 # ptxas spills accepted, by kernel (bytes of spill stores): the decode kernel at D = 256 (O 128 + S + the
 # row bookkeeping on the 255-register edge)
 SPILL_OK = {"_ZN5pydnn4attn3decINS_6bf16_tELi256EEEv10AttnParams": 16,

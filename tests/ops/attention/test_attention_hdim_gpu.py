@@ -1,5 +1,5 @@
 """Head dims 96 / 256 on the GPU (forward and backward: the mma.sync kernels, and on sm_90 the wgmma
-forward: D = 96 as D = 128 with 32 zero columns, D = 256 with 64-key tiles), against the float64 reference
+forward: D = 96 as D = 128 with 32 zero columns, D = 256 with 64-key tiles; the D = 96 wgmma backward), against the float64 reference
 (pydnn/reference/attention.py) with poisoned outputs and the tolerances of
 tests/ops/attention/test_attention_gpu.py: bf16 / fp16, no mask and both causal alignments, MHA / GQA /
 MQA, variable lengths, dropout, both dQ modes. (The decode forward: test_attention_decode_gpu.py.)"""
@@ -75,3 +75,13 @@ def test_mma_sync_new_head_dims_forward_on_sm90(handle, rng, monkeypatch, d, mas
     """attention.ENABLED = False: the mma.sync D = 96 / 256 forward, which an sm_90 device otherwise skips."""
     monkeypatch.setattr(tuning.attention, "ENABLED", False)
     _check_forward(handle, Problem(rng, 2, 4, 2, 150, 211, d, BF16, mask, "bshd", lens=([150, 77], [211, 100])))
+
+
+@pytest.mark.parametrize("mask", [NONE, BR], ids=["none", "br"])
+def test_mma_sync_d96_backward_on_sm90(handle, rng, monkeypatch, mask):
+    """attention_bwd.ENABLED = False: the mma.sync D = 96 backward, which an sm_90 device otherwise skips
+    (there D = 96 runs the wgmma kernels in D = 128's tiles)."""
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", False)
+    pb = Problem(rng, 2, 4, 2, 150, 211, 96, BF16, mask, "bshd", lens=([150, 77], [211, 100]))
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(1, 0))
