@@ -172,6 +172,9 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       0.5-0.6x (d128's wgmma rate per padded FLOP, x 0.75), backward 0.45-0.55x (d128's 0.6-0.65x, x
       0.75). Decode: >= 1.5 TB/s at b 1 for kv >= 32k (against ~0.2 TB/s with one split: 8 CTAs),
       >= 0.8x the faster of cuDNN / flash.
+      First GPU run (H200, mid-session, at 354bad6: before the D = 96 wgmma backward): 47 / 47 bf16
+      tests passed (decode: every split count, GQA rows, causal, lengths, capture; d96 / d256 forward and
+      backward on mma.sync; the d96 / d256 wgmma forward); not yet timed.
 """
 import torch
 import torch.nn.functional as F
