@@ -969,7 +969,7 @@ pydnnStatus_t pydnnSetAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc, i
 pydnnStatus_t pydnnGetAttentionDescriptor(const pydnnAttentionDescriptor_t attnDesc, int *numHeadsQ, int *numHeadsKV, int *headDim, double *softmaxScale, pydnnAttentionMaskMode_t *maskMode, double *dropoutProbability, unsigned long long *seed);
 /* Release a fused-attention descriptor (NULL: nothing to do). */
 pydnnStatus_t pydnnDestroyAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc);
-/* Workspace bytes pydnnAttentionForward needs (0). */
+/* Workspace bytes pydnnAttentionForward needs: 0, or for the split-KV decode forward (seqQ <= 16, no dropout) its partial results (batch * numHeadsQ * seqQ * splits * (headDim + 1) * 4); less makes fewer splits. */
 pydnnStatus_t pydnnGetAttentionForwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const pydnnTensorDescriptor_t kDesc, size_t *sizeInBytes);
 /* Workspace bytes pydnnAttentionBackward needs (batch * numHeadsQ * seqQ * 4). */
 pydnnStatus_t pydnnGetAttentionBackwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const pydnnTensorDescriptor_t kDesc, size_t *sizeInBytes);

@@ -24,6 +24,10 @@
 //                   one CTA per (64 query rows, query head, batch); 4 warps x 16 rows, K/V tiles
 //                   double-buffered: recomputes P and dP and accumulates dQ = dS K in registers.
 //   bwd_dq_convert<T, D>  ATOMIC mode: dQ = scale * the fp32 accumulator, in dQ's type and strides.
+//   dec<T, D>, dec_combine<T, D>
+//                   decode-shaped forward (a few query rows, long K/V): split-KV (FlashDecoding), the
+//                   rows of a K/V head's query-head group in one CTA; see the section at the end.
+// Head dims 64, 96, 128, 256 (Tiles<D>, Pitch<D> below).
 // DROP (fwd, bwd_dkdv, bwd_dq): dropout on the probabilities, see keep_tile. The deterministic
 // backward (dK/dV kernel without ATOMIC, then bwd_dq) sums each output element in one thread in a fixed
 // order; ATOMIC adds dQ with fp32 atomics instead of the bwd_dq pass.
@@ -40,16 +44,38 @@ namespace pydnn {
 namespace attn {
 
 constexpr int kThreads = 128;   // 4 warps in every kernel
-constexpr int kFwdM = 128;      // forward: query rows per CTA (32 per warp)
-constexpr int kFwdN = 64;       // dQ: keys per tile
+// (forward query rows per CTA, Tiles<D>::kFwdM: 128, 32 per warp; 64 at D = 256; the dQ pass's keys
+// per tile, Tiles<D>::kDqN: 64; 16 at D = 256)
 constexpr int kBwdM = 64;       // dQ: query rows per CTA
 constexpr int kBwdN = 64;       // dK/dV: keys per CTA (16 per warp)
 // Head-dim dependent tiles, chosen so that nothing spills (255 registers): dK/dV query rows per tile
 // (at D = 128 the dK + dV accumulators take 128 registers). The forward's keys per compute step (BN)
 // and per shared-memory tile (BNL) are template arguments (the host's FWD_TILES instantiates): 64 / 64
 // at D = 64, 32 / 32 at D = 128 (a 64-key step spills there; 32 / 64 and 64 / 64 measured no faster).
+//
+// Head dims 96 and 256. D = 96 rows are 12 chunks of 16 bytes, which the XOR swizzle (c ^ (r & 7)) would
+// send past the row: its tiles use a row pitch of 128 elements (Pitch<D>), the D = 128 layout with a
+// quarter of each row unused. D = 256 (counted in 32-bit registers per thread, the budget being 255;
+// ptxas -v, sm_80):
+//   forward   O of 32 rows x 256 per warp is 256 registers: 16 rows per warp (MT = 1, kFwdM 64 rows a
+//             CTA), O 128 + S 16 (32-key steps) + Q from shared memory: 251 registers, no spill; smem
+//             (64 + 4 x 32) x 256 x 2 = 96 KiB, two CTAs per SM (64-key tiles: 160 KiB, one CTA).
+//   dK / dV   dK + dV of 16 keys x 256 per warp are 256 registers: each CTA owns half the head dim of its
+//             keys' dK / dV (kDSplit = 2: 128 registers), S^T and dP^T recomputed by both halves (full
+//             D); query tiles of 16 rows (32 spilled 16-52 bytes): 250-255 registers, no spill; smem
+//             (2 x 64 + 4 x 16) x 256 x 2 + lse / dsum + dS^T = 104 KiB.
+//   dQ        dQ 16 rows x 256 = 128 registers: K / V tiles of 16 keys (32 spilled 28-96 bytes): 248-253
+//             registers; smem (2 x 64 + 4 x 16) x 256 x 2 = 96 KiB.
+// D = 96: forward 32-key steps in 64-key tiles (a 64-key step spilled 40 bytes; 32 / 64: 229 registers),
+// the rest as D = 128.
 template <int D> struct Tiles {
-  static constexpr int kKvM = D > 64 ? 32 : 64;
+  static constexpr int kKvM = D > 128 ? 16 : D > 64 ? 32 : 64;  // dK/dV: query rows per tile
+  static constexpr int kFwdM = D > 128 ? 64 : 128;   // forward query rows per CTA (MT = kFwdM / 64)
+  static constexpr int kDqN = D > 128 ? 16 : 64;     // dQ pass: keys per K/V tile
+  static constexpr int kDSplit = D > 128 ? 2 : 1;    // dK/dV: CTAs sharing one key block's head dim
+};
+template <int D> struct Pitch {
+  static constexpr int v = D == 96 ? 128 : D;  // elements per shared-memory row
 };
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -58,13 +84,14 @@ constexpr float kInf = 1.0f / 0.0f;  // +inf (a constant expression)
 // ------------------------------------------------------------------ shared-memory tiles
 
 // element offset of (row, 16-byte chunk) in a swizzled tile of rows of D elements
-template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
+template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * Pitch<D>::v + ((c ^ (r & 7)) << 3); }
 
 // Copy `rows` rows of D elements (global row stride `ld`) into a swizzled tile; rows >= `valid` are
 // zero-filled. All 128 threads take part; the caller commits the group.
 template <class T, int D, int ROWS>
 __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int valid) {
   constexpr int CH = D / 8;
+  static_assert(ROWS * CH % kThreads == 0, "load_tile: whole passes");
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < ROWS * CH / kThreads; ++i) {
@@ -152,12 +179,13 @@ __device__ __forceinline__ void c_to_a_keep(unsigned (&a)[4], const float (&c0)[
   c_to_a<T>(a, v0, v1);
 }
 
-// acc[mi][dt] (MT m16 tiles, D/8 n8 tiles) += P[mi] (16 x N, C layout in registers) * B where B is
-// stored [k][n] (N rows of D elements: V, or K for dQ = dS K). KEEP: P with dropout applied on the way
-// (keep: the tile's keep bits, see keep_tile; kscale: 1 / (1 - p)), P itself left as it is.
-template <class T, int D, int MT, int N, bool KEEP = false>
-__device__ __forceinline__ void tile_pv(float (&acc)[MT][D / 8][4], const float (&p)[MT][N / 8][4], const T* sb,
-                                        const unsigned* keep = nullptr, float kscale = 1.f) {
+// acc[mi][dt] (MT m16 tiles, DC/8 n8 tiles) += P[mi] (16 x N, C layout in registers) * B where B is
+// stored [k][n] (N rows of D elements: V, or K for dQ = dS K); DC columns from column 16 * c16 (the whole
+// head dim by default). KEEP: P with dropout applied on the way (keep: the tile's keep bits, see
+// keep_tile; kscale: 1 / (1 - p)), P itself left as it is.
+template <class T, int D, int MT, int N, bool KEEP = false, int DC = D>
+__device__ __forceinline__ void tile_pv(float (&acc)[MT][DC / 8][4], const float (&p)[MT][N / 8][4], const T* sb,
+                                        const unsigned* keep = nullptr, float kscale = 1.f, int c16 = 0) {
 #pragma unroll
   for (int kt = 0; kt < N / 16; ++kt) {
     unsigned a[MT][4];
@@ -169,9 +197,9 @@ __device__ __forceinline__ void tile_pv(float (&acc)[MT][D / 8][4], const float 
         c_to_a<T>(a[mi], p[mi][2 * kt], p[mi][2 * kt + 1]);
     }
 #pragma unroll
-    for (int dd = 0; dd < D / 16; ++dd) {
+    for (int dd = 0; dd < DC / 16; ++dd) {
       unsigned b[4];
-      ld_b_kn<D>(b, sb, kt * 16, dd);
+      ld_b_kn<D>(b, sb, kt * 16, c16 + dd);
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         mma16816<T>(acc[mi][2 * dd], a[mi], b[0], b[1]);
@@ -279,27 +307,29 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][N / 8][4], float (
     }
 }
 
-// Write `rows` x D accumulator rows (this warp's, C layout, already scaled) as T through a staging tile
-// in shared memory (this warp's rows only) with 16-byte stores; rows at or past `valid` are written as 0.
-template <class T, int D, int MT>
-__device__ __forceinline__ void store_rows(T* stage, int srow0, const float (&acc)[MT][D / 8][4], const float (&mul)[MT][2],
-                                           T* g, long long ld, int grow0, int valid, int limit) {
+// Write `rows` x DC accumulator rows (this warp's, C layout, already scaled; columns from 8 * c8) as T
+// through a staging tile in shared memory (this warp's rows only) with 16-byte stores; rows at or past
+// `valid` are written as 0.
+template <class T, int D, int MT, int DC = D>
+__device__ __forceinline__ void store_rows(T* stage, int srow0, const float (&acc)[MT][DC / 8][4], const float (&mul)[MT][2],
+                                           T* g, long long ld, int grow0, int valid, int limit, int c8 = 0) {
   const int l = threadIdx.x & 31, gq = l >> 2, q = l & 3;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
+    for (int dt = 0; dt < DC / 8; ++dt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = srow0 + mi * 16 + gq + h * 8;
         const unsigned w = pack16x2<T>(acc[mi][dt][2 * h] * mul[mi][h], acc[mi][dt][2 * h + 1] * mul[mi][h]);
-        *reinterpret_cast<unsigned*>(stage + swz<D>(r, dt) + q * 2) = w;
+        *reinterpret_cast<unsigned*>(stage + swz<D>(r, c8 + dt) + q * 2) = w;
       }
   __syncwarp();
-  constexpr int CH = D / 8, ROWS = MT * 16;
+  constexpr int CH = DC / 8, ROWS = MT * 16;
+  static_assert(ROWS * CH % 32 == 0, "store_rows: whole warp passes");
 #pragma unroll
   for (int i = 0; i < ROWS * CH / 32; ++i) {
-    const int idx = l + i * 32, r = idx / CH, c = idx % CH;
+    const int idx = l + i * 32, r = idx / CH, c = c8 + idx % CH;
     const int grow = grow0 + r;
     if (grow < limit) {
       uint4 v = *reinterpret_cast<const uint4*>(stage + swz<D>(srow0 + r, c));
@@ -315,12 +345,12 @@ __device__ __forceinline__ void store_rows(T* stage, int srow0, const float (&ac
 // (BNL / BN steps per barrier pair).
 template <class T, int D, int BN, int BNL, bool DROP>
 __global__ void __launch_bounds__(kThreads) fwd(const AttnParams p) {
-  constexpr int BM = kFwdM, MT = 2, SUB = BNL / BN;
+  constexpr int BM = Tiles<D>::kFwdM, MT = BM / 64, SUB = BNL / BN, P = Pitch<D>::v;
   constexpr bool QREG = D <= 64;  // D = 128 would need 64 more registers per thread: Q stays in smem
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + BM * D;  // [2][BNL * D]
-  T* sV = sK + 2 * BNL * D;
+  T* sK = sQ + BM * P;  // [2][BNL * P]
+  T* sV = sK + 2 * BNL * P;
 
   const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
@@ -352,14 +382,14 @@ __global__ void __launch_bounds__(kThreads) fwd(const AttnParams p) {
     for (int dt = 0; dt < D / 8; ++dt) o[mi][dt][0] = o[mi][dt][1] = o[mi][dt][2] = o[mi][dt][3] = 0.f;
   }
   unsigned qf[MT][D / 16][4];
-  const int wrow = warp * 32;  // this warp's first row in the tile
+  const int wrow = warp * MT * 16;  // this warp's first row in the tile
 
   for (int j = 0; j < ntiles; ++j) {
     const int nl0 = j * BNL;
     if (j + 1 < ntiles) {  // prefetch the next K/V tile into the other buffer
       const int nb = (j + 1) & 1;
-      load_tile<T, D, BNL>(sK + nb * BNL * D, gk + (long long)(nl0 + BNL) * ldk, ldk, sq.len_kv - nl0 - BNL);
-      load_tile<T, D, BNL>(sV + nb * BNL * D, gv + (long long)(nl0 + BNL) * ldv, ldv, sq.len_kv - nl0 - BNL);
+      load_tile<T, D, BNL>(sK + nb * BNL * P, gk + (long long)(nl0 + BNL) * ldk, ldk, sq.len_kv - nl0 - BNL);
+      load_tile<T, D, BNL>(sV + nb * BNL * P, gv + (long long)(nl0 + BNL) * ldv, ldv, sq.len_kv - nl0 - BNL);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -376,8 +406,8 @@ __global__ void __launch_bounds__(kThreads) fwd(const AttnParams p) {
     for (int sub = 0; sub < SUB; ++sub) {
       const int n0 = nl0 + sub * BN;
       if (sub > 0 && n0 >= n_end) break;  // (CTA-uniform) keys no row of this CTA sees
-      const T* k_t = sK + (j & 1) * BNL * D + sub * BN * D;  // sub * BN rows: a multiple of 8, same swizzle
-      const T* v_t = sV + (j & 1) * BNL * D + sub * BN * D;
+      const T* k_t = sK + (j & 1) * BNL * P + sub * BN * P;  // sub * BN rows: a multiple of 8, same swizzle
+      const T* v_t = sV + (j & 1) * BNL * P + sub * BN * P;
       float s[MT][BN / 8][4];
       tile_qk<T, D, MT, BN>(s, sQ, wrow, k_t, QREG ? qf : nullptr);
       if (n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > m0 + wrow + sq.offset))
@@ -492,12 +522,12 @@ __device__ __forceinline__ void row_stats(const AttnParams& p, const Seq& sq, in
 
 template <class T, int D, bool DROP>
 __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnParams p) {
-  constexpr int BM = kBwdM, BN = kFwdN, MT = 1;
+  constexpr int BM = kBwdM, BN = Tiles<D>::kDqN, MT = 1, P = Pitch<D>::v;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + BM * D;
-  T* sK = sdO + BM * D;  // [2][BN * D]
-  T* sV = sK + 2 * BN * D;
+  T* sdO = sQ + BM * P;
+  T* sK = sdO + BM * P;  // [2][BN * P]
+  T* sV = sK + 2 * BN * P;
 
   const int mb = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
@@ -532,16 +562,16 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnParams p) {
     const int n0 = j * BN;
     if (j + 1 < ntiles) {
       const int nb = (j + 1) & 1;
-      load_tile<T, D, BN>(sK + nb * BN * D, gk + (long long)(n0 + BN) * ldk, ldk, sq.len_kv - n0 - BN);
-      load_tile<T, D, BN>(sV + nb * BN * D, gv + (long long)(n0 + BN) * ldv, ldv, sq.len_kv - n0 - BN);
+      load_tile<T, D, BN>(sK + nb * BN * P, gk + (long long)(n0 + BN) * ldk, ldk, sq.len_kv - n0 - BN);
+      load_tile<T, D, BN>(sV + nb * BN * P, gv + (long long)(n0 + BN) * ldv, ldv, sq.len_kv - n0 - BN);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* k_t = sK + (j & 1) * BN * D;
-    const T* v_t = sV + (j & 1) * BN * D;
+    const T* k_t = sK + (j & 1) * BN * P;
+    const T* v_t = sV + (j & 1) * BN * P;
     float s[MT][BN / 8][4], dp[MT][BN / 8][4];
     tile_qk<T, D, MT, BN>(s, sQ, wrow, k_t, nullptr);
     if (n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > m0 + wrow + sq.offset))
@@ -573,16 +603,21 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnParams p) {
 // ------------------------------------------------------------------ backward: dK, dV
 
 // dQ contribution of one (query tile, key block) in the atomic mode: dS (in sdS as [key][query], 64 keys)
-// times K, each warp a quarter of the head dim for all BM rows, added to the fp32 accumulator.
-template <class T, int D, int BM>
-__device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, const T* sK, int b, int h, int m0) {
-  constexpr int MT = BM / 16, NT = D / 32, BN = kBwdN;
+// times K, added to the fp32 accumulator; DC columns of the head dim from 16 * c16 (this CTA's share)
+// in pairs of n8 tiles (16 columns): each warp a quarter of them, consecutive (D = 64, 128, 256), or dealt
+// in turn where they do not divide by 4 (D = 96: warp w takes pairs w, w + 4, ...).
+template <class T, int D, int BM, int DC = D>
+__device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, const T* sK, int b, int h, int m0,
+                                          int c16 = 0) {
+  constexpr int MT = BM / 16, BN = kBwdN, PAIRS = DC / 16, NP = (PAIRS + 3) / 4;
+  constexpr bool EVEN = PAIRS % 4 == 0;
   const int warp = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, q = l & 3;
-  float acc[MT][NT][4];
+  auto pair = [&](int t2) { return EVEN ? warp * NP + t2 : warp + 4 * t2; };
+  float acc[MT][2 * NP][4];
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[mi][t][0] = acc[mi][t][1] = acc[mi][t][2] = acc[mi][t][3] = 0.f;
+    for (int t = 0; t < 2 * NP; ++t) acc[mi][t][0] = acc[mi][t][1] = acc[mi][t][2] = acc[mi][t][3] = 0.f;
 #pragma unroll
   for (int kt = 0; kt < BN / 16; ++kt) {
     unsigned a[MT][4];
@@ -592,13 +627,15 @@ __device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, con
       ldsm_x4_t(a[mi], smem_addr(sdS + swz<64>(key, c)));
     }
 #pragma unroll
-    for (int t2 = 0; t2 < NT / 2; ++t2) {
-      unsigned bb[4];
-      ld_b_kn<D>(bb, sK, kt * 16, warp * (D / 64) + t2);
+    for (int t2 = 0; t2 < NP; ++t2) {
+      if (EVEN || pair(t2) < PAIRS) {  // (warp-uniform)
+        unsigned bb[4];
+        ld_b_kn<D>(bb, sK, kt * 16, c16 + pair(t2));
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        mma16816<T>(acc[mi][2 * t2], a[mi], bb[0], bb[1]);
-        mma16816<T>(acc[mi][2 * t2 + 1], a[mi], bb[2], bb[3]);
+        for (int mi = 0; mi < MT; ++mi) {
+          mma16816<T>(acc[mi][2 * t2], a[mi], bb[0], bb[1]);
+          mma16816<T>(acc[mi][2 * t2 + 1], a[mi], bb[2], bb[3]);
+        }
       }
     }
   }
@@ -609,9 +646,14 @@ __device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, con
     for (int e2 = 0; e2 < 2; ++e2) {
       const int row = m0 + mi * 16 + g + e2 * 8;
       if (row < p.seq_q) {
-        float* r = base + (long long)row * D + warp * (D / 4) + q * 2;
 #pragma unroll
-        for (int t = 0; t < NT; ++t) red_add2(r + t * 8, acc[mi][t][2 * e2], acc[mi][t][2 * e2 + 1]);
+        for (int t2 = 0; t2 < NP; ++t2) {
+          if (EVEN || pair(t2) < PAIRS) {
+            float* r = base + (long long)row * D + (c16 + pair(t2)) * 16 + q * 2;
+            red_add2(r, acc[mi][2 * t2][2 * e2], acc[mi][2 * t2][2 * e2 + 1]);
+            red_add2(r + 8, acc[mi][2 * t2 + 1][2 * e2], acc[mi][2 * t2 + 1][2 * e2 + 1]);
+          }
+        }
       }
     }
 }
@@ -620,17 +662,18 @@ __device__ __forceinline__ void dq_atomic(const AttnParams& p, const T* sdS, con
 // separate bwd_dq pass. Faster, but the float sums' order varies from run to run.
 template <class T, int D, bool ATOMIC, bool DROP>
 __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
-  constexpr int BM = Tiles<D>::kKvM, BN = kBwdN, MT = 1;
+  constexpr int BM = Tiles<D>::kKvM, BN = kBwdN, MT = 1, P = Pitch<D>::v;
+  constexpr int DS = Tiles<D>::kDSplit, DC = D / DS;  // this CTA's dK / dV columns: [half * DC, +DC)
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + BN * D;
-  T* sQ = sV + BN * D;     // [2][BM * D]
-  T* sdO = sQ + 2 * BM * D;  // [2][BM * D]
-  float* sL = reinterpret_cast<float*>(sdO + 2 * BM * D);  // [2][BM] lse as stored (natural log)
+  T* sV = sK + BN * P;
+  T* sQ = sV + BN * P;     // [2][BM * P]
+  T* sdO = sQ + 2 * BM * P;  // [2][BM * P]
+  float* sL = reinterpret_cast<float*>(sdO + 2 * BM * P);  // [2][BM] lse as stored (natural log)
   float* sD = sL + 2 * BM;                                  // [2][BM] dsum
   T* sdS = reinterpret_cast<T*>(sD + 2 * BM);               // ATOMIC: [BN][64] dS^T (swizzled rows of 64)
 
-  const int nb_ = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int nb_ = blockIdx.x / DS, half = blockIdx.x % DS, hk = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, l = threadIdx.x & 31, q = l & 3;
   const Seq sq = seq_of(p, b);
   const int n0 = nb_ * BN;
@@ -650,9 +693,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
   // stage (Q, dO, lse, dsum) of iteration `it` (query head hk * group + it / mtiles, tile mt0 + it % mtiles)
   auto stage = [&](int it, int buf) {
     const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
-    load_tile<T, D, BM>(sQ + buf * BM * D, at<T>(p.q, p, PYDNN_ATTN_T_Q, b, h) + (long long)m0 * p.stride[PYDNN_ATTN_T_Q][2],
+    load_tile<T, D, BM>(sQ + buf * BM * P, at<T>(p.q, p, PYDNN_ATTN_T_Q, b, h) + (long long)m0 * p.stride[PYDNN_ATTN_T_Q][2],
                         p.stride[PYDNN_ATTN_T_Q][2], sq.len_q - m0);
-    load_tile<T, D, BM>(sdO + buf * BM * D,
+    load_tile<T, D, BM>(sdO + buf * BM * P,
                         at<T>(p.dout, p, PYDNN_ATTN_T_DO, b, h) + (long long)m0 * p.stride[PYDNN_ATTN_T_DO][2],
                         p.stride[PYDNN_ATTN_T_DO][2], sq.len_q - m0);
     if (threadIdx.x < BM) {  // lse and dsum of the tile's rows, asynchronously too (raw: see lse2_of)
@@ -668,9 +711,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
   if (iters > 0) stage(0, 0);
   cp_async_commit();
 
-  float dk[MT][D / 8][4], dv[MT][D / 8][4];
+  float dk[MT][DC / 8][4], dv[MT][DC / 8][4];
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
+  for (int dt = 0; dt < DC / 8; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[0][dt][e] = dv[0][dt][e] = 0.f;
 
@@ -684,8 +727,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* q_t = sQ + buf * BM * D;
-    const T* do_t = sdO + buf * BM * D;
+    const T* q_t = sQ + buf * BM * P;
+    const T* do_t = sdO + buf * BM * P;
     const float* l_t = sL + buf * BM;
     const float* d_t = sD + buf * BM;
     float s[MT][BM / 8][4], dp[MT][BM / 8][4];
@@ -708,9 +751,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
     unsigned kb[MT] = {0u};
     if constexpr (DROP) {  // dV += (Z * scale * P)^T dO; dP^T passes the same mask
       keep_tile<MT, BM>(kb, p, b, hk * p.group + it / mtiles, n0 + wkey, m0, true);
-      tile_pv<T, D, MT, BM, true>(dv, s, do_t, kb, p.drop_scale);
+      tile_pv<T, D, MT, BM, true, DC>(dv, s, do_t, kb, p.drop_scale, half * DC / 16);
     } else {
-      tile_pv<T, D, MT, BM>(dv, s, do_t);               // dV += P^T dO
+      tile_pv<T, D, MT, BM, false, DC>(dv, s, do_t, nullptr, 1.f, half * DC / 16);  // dV += P^T dO
     }
     tile_qk<T, D, MT, BM>(dp, sV, wkey, do_t, nullptr);  // dP^T = V dO^T
     if constexpr (DROP) apply_keep<MT, BM>(dp, kb, p.drop_scale);
@@ -720,7 +763,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[0][nt][e] *= dp[0][nt][e] - ((e & 1) ? dd.y : dd.x);
     }
-    tile_pv<T, D, MT, BM>(dk, s, q_t);                // dK += dS^T Q
+    tile_pv<T, D, MT, BM, false, DC>(dk, s, q_t, nullptr, 1.f, half * DC / 16);  // dK += dS^T Q
     if constexpr (ATOMIC) {
       const int g = l >> 2;
 #pragma unroll
@@ -730,7 +773,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
           *reinterpret_cast<unsigned*>(sdS + swz<64>(wkey + g + hh * 8, nt) + q * 2) =
               pack16x2<T>(s[0][nt][2 * hh], s[0][nt][2 * hh + 1]);
       __syncthreads();
-      dq_atomic<T, D, BM>(p, sdS, sK, b, hk * p.group + it / mtiles, m0);
+      dq_atomic<T, D, BM, DC>(p, sdS, sK, b, hk * p.group + it / mtiles, m0, half * DC / 16);
     }
     __syncthreads();
   }
@@ -738,10 +781,211 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
   __syncthreads();
   // keys past the length (and blocks wholly past it) are written as zeros
   float mk[MT][2] = {{p.scale, p.scale}}, mv[MT][2] = {{1.f, 1.f}};
-  store_rows<T, D, MT>(sK, wkey, dk, mk, (T*)at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk), p.stride[PYDNN_ATTN_T_DK][2],
-                       n0 + wkey, sq.len_kv, p.seq_kv);
-  store_rows<T, D, MT>(sV, wkey, dv, mv, (T*)at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk), p.stride[PYDNN_ATTN_T_DV][2],
-                       n0 + wkey, sq.len_kv, p.seq_kv);
+  store_rows<T, D, MT, DC>(sK, wkey, dk, mk, (T*)at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk), p.stride[PYDNN_ATTN_T_DK][2],
+                           n0 + wkey, sq.len_kv, p.seq_kv, half * DC / 8);
+  store_rows<T, D, MT, DC>(sV, wkey, dv, mv, (T*)at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk), p.stride[PYDNN_ATTN_T_DV][2],
+                           n0 + wkey, sq.len_kv, p.seq_kv, half * DC / 8);
+}
+
+// ------------------------------------------------------------------ decode: split-KV forward
+
+// Decode-shaped forward (one to a few query rows against a long K/V; FlashDecoding): one CTA per (split
+// of the keys, K/V head x block of 16 rows, batch). A CTA's rows are (query head, query) pairs of one
+// K/V head's group, r = hh * seq_q + i (hh < group): GQA's heads share each K/V tile instead of
+// reading it once per head. 16 rows per CTA (one m16 tile; O of 16 x 256 is the 128 registers that
+// D = 256 allows). K/V tiles of kDecN = 64 keys in an STAGES-deep cp.async ring; warp w takes keys
+// [16 w, 16 w + 16) of every tile with its own online softmax state (m, l, O of the 16 rows), and the
+// four are merged at the end through shared memory (the ring, no longer needed). splits == 1: O and lse
+// are written directly; else the split's O (normalized by its own sum) and lse go to part_o / part_lse
+// and dec_combine merges them. The split's key range is [split * split_len, + split_len) clipped to the
+// keys any row of the batch entry can see. No dropout (the host sends dropout to fwd).
+constexpr int kDecN = 64;
+template <int D> struct Dec {
+  // ring depth: 3 x 64-key K + V tiles (96 KiB at D = 128, two CTAs per SM); 2 at D = 256 (128 KiB)
+  static constexpr int STAGES = D > 128 ? 2 : 3;
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
+  constexpr int P = Pitch<D>::v, BN = kDecN, ST = Dec<D>::STAGES, CH = D / 8;
+  constexpr bool QREG = D <= 128;  // Q's fragments in registers (D / 4 of them); D = 256 reads smem
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + 16 * P;        // [ST][BN * P]
+  T* sV = sK + ST * BN * P;   // [ST][BN * P]
+
+  const int sp = blockIdx.x, b = blockIdx.z;
+  const int rows = p.group * p.seq_q, rblocks = (rows + 15) / 16;
+  const int hk = blockIdx.y / rblocks, rb = blockIdx.y % rblocks;
+  const int warp = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, q = l & 3;
+  const Seq sq = seq_of(p, b);
+  const int k_begin = sp * p.split_len;
+  const int k_end = min(k_begin + p.split_len, key_end(sq, 0, sq.len_q));
+  const int ntiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
+
+  // Q: 16 gathered rows (zero past the group's rows or a query's length)
+  for (int idx = threadIdx.x; idx < 16 * CH; idx += kThreads) {
+    const int r = idx / CH, c = idx % CH, rr = rb * 16 + r;
+    const int hh = rr / p.seq_q, i = rr - hh * p.seq_q;
+    const bool ok = rr < rows && i < sq.len_q;
+    const T* src = ok ? at<T>(p.q, p, PYDNN_ATTN_T_Q, b, hk * p.group + hh) + (long long)i * p.stride[PYDNN_ATTN_T_Q][2] + c * 8
+                      : (const T*)p.q;
+    cp_async16(smem_addr(sQ + swz<D>(r, c)), src, ok);
+  }
+  const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
+  const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
+  const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
+  auto stage = [&](int j) {  // tile j into ring slot j % ST; keys at or past k_end zero-filled
+    if (j < ntiles) {
+      const int n0 = k_begin + j * BN, slot = j % ST;
+      load_tile<T, D, BN>(sK + slot * BN * P, gk + (long long)n0 * ldk, ldk, k_end - n0);
+      load_tile<T, D, BN>(sV + slot * BN * P, gv + (long long)n0 * ldv, ldv, k_end - n0);
+    }
+  };
+#pragma unroll
+  for (int j = 0; j < ST - 1; ++j) {  // group j: tile j (group 0 also Q)
+    stage(j);
+    cp_async_commit();
+  }
+
+  // the causal limit of this thread's two rows (g, g + 8): key j visible iff j <= lim
+  int lim[2];
+#pragma unroll
+  for (int hh2 = 0; hh2 < 2; ++hh2) {
+    const int rr = rb * 16 + g + hh2 * 8;
+    lim[hh2] = sq.causal ? rr % p.seq_q + sq.offset : 0x7fffffff;
+  }
+  float o[1][D / 8][4], m[1][2], lsum[1][2];
+  m[0][0] = m[0][1] = -kInf;
+  lsum[0][0] = lsum[0][1] = 0.f;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+  unsigned qf[1][D / 16][4];
+
+  for (int j = 0; j < ntiles; ++j) {
+    cp_async_wait<ST - 2>();  // ST - 1 + j groups committed: tile j's (group j) has landed
+    __syncthreads();          // ... for every thread; and every warp is done with slot (j - 1) % ST
+    stage(j + ST - 1);
+    cp_async_commit();
+    if (QREG && j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ld_a<D>(qf[0][kk], sQ, 0, kk);
+    }
+    const int slot = j % ST, n0 = k_begin + j * BN + warp * 16;
+    const T* k_t = sK + slot * BN * P + warp * 16 * P;  // 16 rows: a multiple of 8, same swizzle
+    const T* v_t = sV + slot * BN * P + warp * 16 * P;
+    float s[1][2][4];
+    tile_qk<T, D, 1, 16>(s, sQ, 0, k_t, QREG ? qf : nullptr);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + nt * 8 + q * 2 + (e & 1);
+        if (col >= k_end || col > lim[e >> 1]) s[0][nt][e] = -kInf;
+      }
+    softmax_update<1, 16, D>(s, m, lsum, o, p.scale_log2);
+    tile_pv<T, D, 1, 16>(o, s, v_t);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free: the warps' states meet there
+
+  float* sM = reinterpret_cast<float*>(sK);  // [4][16] each warp's row maxima (log2 units)
+  float* sL = sM + 64;                       // [4][16] each warp's row sums
+  float* sO = sL + 64;                       // [4][16][D] each warp's O, rescaled to the merged maximum
+#pragma unroll
+  for (int hh2 = 0; hh2 < 2; ++hh2) {
+    float t = lsum[0][hh2];
+    t += __shfl_xor_sync(0xffffffffu, t, 1);
+    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    if (q == 0) {
+      sM[warp * 16 + g + hh2 * 8] = m[0][hh2];
+      sL[warp * 16 + g + hh2 * 8] = t;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hh2 = 0; hh2 < 2; ++hh2) {
+    const int r = g + hh2 * 8;
+    const float mx = fmaxf(fmaxf(sM[r], sM[16 + r]), fmaxf(sM[32 + r], sM[48 + r]));
+    const float f = m[0][hh2] == -kInf ? 0.f : exp2_fast(m[0][hh2] - mx);  // (m finite: mx finite too)
+    float* dst = sO + (warp * 16 + r) * D + q * 2;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[0][dt][2 * hh2] * f, o[0][dt][2 * hh2 + 1] * f);
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < 16 * D / 2; idx += kThreads) {
+    const int r = idx / (D / 2), c = (idx % (D / 2)) * 2, rr = rb * 16 + r;
+    if (rr >= rows) continue;
+    const int hh = rr / p.seq_q, i = rr - hh * p.seq_q, h = hk * p.group + hh;
+    float mx = -kInf, lt = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) mx = fmaxf(mx, sM[w * 16 + r]);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) lt += sM[w * 16 + r] == -kInf ? 0.f : sL[w * 16 + r] * exp2_fast(sM[w * 16 + r] - mx);
+    const bool live = i < sq.len_q && lt > 0.f;
+    const float inv = live ? 1.f / lt : 0.f;
+    float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 v = *reinterpret_cast<const float2*>(sO + (w * 16 + r) * D + c);
+      acc.x += v.x;
+      acc.y += v.y;
+    }
+    const float lse = live ? mx * kLn2 + __logf(lt) : -kInf;
+    if (p.splits == 1) {
+      T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, b, h) + (long long)i * p.stride[PYDNN_ATTN_T_O][2];
+      *reinterpret_cast<unsigned*>(go + c) = pack16x2<T>(acc.x * inv, acc.y * inv);
+      if (c == 0 && p.lse)
+        p.lse[(long long)b * p.stride[PYDNN_ATTN_T_LSE][0] + (long long)h * p.stride[PYDNN_ATTN_T_LSE][1] +
+              (long long)i * p.stride[PYDNN_ATTN_T_LSE][2]] = lse;
+    } else if (i < sq.len_q) {
+      const long long slot = (((long long)b * p.heads_q + h) * p.seq_q + i) * p.splits + sp;
+      *reinterpret_cast<float2*>(p.part_o + slot * D + c) = make_float2(acc.x * inv, acc.y * inv);
+      if (c == 0) p.part_lse[slot] = lse;
+    }
+  }
+}
+
+// Merge the splits of dec: per query row (one warp), lse = log sum_s exp(lse_s) and
+// O = sum_s exp(lse_s - lse) O_s, the splits summed in order (deterministic); O in its type and strides,
+// lse (if wanted) as the forward's. Rows past their length, or seeing no key: O = 0, lse = -inf.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) dec_combine(const AttnParams p) {
+  const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+  const long long rows = (long long)p.batch * p.heads_q * p.seq_q;
+  if (row >= rows) return;
+  const int i = (int)(row % p.seq_q), h = (int)((row / p.seq_q) % p.heads_q), b = (int)(row / ((long long)p.seq_q * p.heads_q));
+  const int l = threadIdx.x & 31, ns = p.splits;
+  const Seq sq = seq_of(p, b);
+  const float* pl = p.part_lse + row * ns;
+  float mx = -kInf;
+  if (i < sq.len_q)
+    for (int s = l; s < ns; s += 32) mx = fmaxf(mx, pl[s]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.f;
+  if (mx > -kInf)
+    for (int s = l; s < ns; s += 32) sum += __expf(pl[s] - mx);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float lse = mx > -kInf ? mx + __logf(sum) : -kInf;
+  T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, b, h) + (long long)i * p.stride[PYDNN_ATTN_T_O][2];
+  const float* po = p.part_o + row * ns * D;
+  for (int d = l * 2; d < D; d += 64) {
+    float ax = 0.f, ay = 0.f;
+    if (mx > -kInf)
+      for (int s = 0; s < ns; ++s) {
+        const float w = __expf(pl[s] - lse);
+        const float2 v = *reinterpret_cast<const float2*>(po + (long long)s * D + d);
+        ax = fmaf(w, v.x, ax);
+        ay = fmaf(w, v.y, ay);
+      }
+    *reinterpret_cast<unsigned*>(go + d) = pack16x2<T>(ax, ay);
+  }
+  if (l == 0 && p.lse)
+    p.lse[(long long)b * p.stride[PYDNN_ATTN_T_LSE][0] + (long long)h * p.stride[PYDNN_ATTN_T_LSE][1] +
+          (long long)i * p.stride[PYDNN_ATTN_T_LSE][2]] = lse;
 }
 
 }  // namespace attn

@@ -50,6 +50,12 @@ typedef struct {
   unsigned long long seed;   /* dropout (the DROP kernels): Philox stream (seed, offset 0) */
   unsigned drop_threshold;   /* round(p * 65536): an element is dropped iff its 16-bit slice < this */
   float drop_scale;          /* 1 / (1 - p) */
+  /* split-KV decode (dec / dec_combine in attention.cu): split s of `splits` takes keys
+   * [s * split_len, (s + 1) * split_len); with splits > 1 each writes its rows' partial results, O_s
+   * normalized by its own sum (part_o, fp32 [row][split][D]) and lse_s (part_lse, [row][split], natural
+   * log, -inf when it saw nothing), rows (b, h, i) dense, and dec_combine merges them. */
+  float *part_o, *part_lse;
+  int splits, split_len;
 } AttnParams;
 
 #endif

@@ -40,6 +40,13 @@ constexpr int kThreads = 128 * kWG;
 constexpr int kBM = 64 * kWG;       // query rows per CTA
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = 1.0f / 0.0f;
+// D = 96 runs as D = 128 with the last 32 columns of Q, K, V zero in shared memory (a 96-column
+// MN-major operand is not a whole number of the 128B swizzle's 64-column slabs): S = Q K^T takes only
+// the 6 real k16 steps, O = P V computes 128 columns (the last 32 zero, never stored). Pad<D>: the
+// shared-memory / accumulator width.
+template <int D> struct Pad {
+  static constexpr int v = D == 96 ? 128 : D;
+};
 
 // Copy ROWS rows of D elements (global row stride ld) into the 128B-swizzled tile at shared address s
 // (wgmma::sw128<ROWS>: slabs of 64 columns); rows >= valid are zero filled (past a length their
@@ -47,21 +54,24 @@ constexpr float kInf = 1.0f / 0.0f;
 // Thread t copies chunk t % CH of rows t / CH + RS i: one global pointer and one shared address, each
 // advanced by a constant per pass (RS rows, a multiple of 8: the same swizzle phase); the row test only
 // on a tile that crosses `valid` (CTA-uniform).
+// D = 96: rows of Pad<D> = 128 in shared memory, chunks past the 12 real ones zero filled (no read).
 template <class T, int D, int ROWS>
 __device__ __forceinline__ void load_tile(unsigned s, const T* g, long long ld, int valid) {
-  constexpr int CH = D / 8, RS = kThreads / CH, N = ROWS / RS;
+  constexpr int CH = Pad<D>::v / 8, RS = kThreads / CH, N = ROWS / RS;
   static_assert(RS % 8 == 0 && ROWS % RS == 0, "tile chunks must divide among the threads");
   const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
-  const T* src = g + (long long)r0 * ld + c * 8;
+  constexpr bool PADDED = Pad<D>::v != D;
+  const bool cok = !PADDED || c < D / 8;  // (a constant true but at D = 96: the other kernels' code as it was)
+  const T* src = cok ? g + (long long)r0 * ld + c * 8 : g;
   const long long step = (long long)RS * ld;
   const unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
   if (valid >= ROWS) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
+    for (int i = 0; i < N; ++i) cp_async16(dst + i * RS * 128, src + i * step, cok);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const bool ok = r0 + i * RS < valid;
+      const bool ok = r0 + i * RS < valid && cok;
       cp_async16(dst + i * RS * 128, ok ? src + i * step : g, ok);
     }
   }
@@ -83,11 +93,12 @@ __device__ __forceinline__ void tile_qk(float (&s)[BN / 2], unsigned sq, unsigne
 
 // O (64 x D) += P (64 x BN, registers: pa[kt] the A fragment of keys 16 kt..) V, V at sv stored [key][d]
 // (MN-major B: a k16 step is 16 rows = 2048 bytes on, the next 64 columns of d one slab = BN rows on).
+// D = 96: the 128 padded columns (Pad).
 template <class T, int D, int BN>
-__device__ __forceinline__ void tile_pv(float (&o)[D / 2], const unsigned (&pa)[BN / 16][4], unsigned sv) {
+__device__ __forceinline__ void tile_pv(float (&o)[Pad<D>::v / 2], const unsigned (&pa)[BN / 16][4], unsigned sv) {
 #pragma unroll
   for (int kt = 0; kt < BN / 16; ++kt)
-    wgmma::MmaRS<T, D, 1>::run(o, pa[kt], wgmma::desc_sw128(sv + kt * 2048, BN * 128, 1024), 1);
+    wgmma::MmaRS<T, Pad<D>::v, 1>::run(o, pa[kt], wgmma::desc_sw128(sv + kt * 2048, BN * 128, 1024), 1);
 }
 
 // -inf where key col is not visible to query row: s[4j + 2h + e] is (row0 + 8h, col0 + 8j + 2(l%4) + e).
@@ -168,9 +179,12 @@ __global__ void __launch_bounds__(kThreads, 1) fwd(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_wgmma needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && (BN == 64 || BN == 128), "fwd tile");
+  // D = 256: O is 128 registers a thread (64 rows x 256 per warpgroup), so 64-key tiles (S 32 + P 16);
+  // smem (128 + 2 x 2 x 64) x 256 x 2 + 1 KiB = 193 KiB, one CTA per SM as at D = 128.
+  static_assert(((D == 64 || D == 96 || D == 128) && (BN == 64 || BN == 128)) || (D == 256 && BN == 64), "fwd tile");
   static_assert(STAGES == 2 || (PIPE && STAGES == 3), "fwd stages");
-  constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
+  constexpr int DP = Pad<D>::v;
+  constexpr unsigned Q_BYTES = kBM * DP * 2, KV_BYTES = BN * DP * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -213,9 +227,9 @@ __global__ void __launch_bounds__(kThreads, 1) fwd(const AttnParams p) {
     cp_async_commit();
   }
 
-  float o[D / 2];
+  float o[DP / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < DP / 2; ++i) o[i] = 0.f;
   float m[2] = {-kInf, -kInf}, lsum[2] = {0.f, 0.f};
   float s[BN / 2];
   unsigned pa[BN / 16][4];
@@ -265,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd(const AttnParams p) {
       wgmma::wait<0>();  // P_{j-1} V_{j-1} done: O may be rescaled and pa rewritten
       wgmma::fence_operands(o);
     }
-    if (DIAG != 1) rescale<D>(o, corr);
+    if (DIAG != 1) rescale<DP>(o, corr);
     pack_p<T, BN>(pa, s);
     if (!PIPE) {
       wgmma::fence();
@@ -309,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd(const AttnParams p) {
   // Stage this warp's 16 rows in its own rows of sQ, then 16-byte stores along the rows.
   const int srow = wg * 64 + warp * 16;
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int j = 0; j < D / 8; ++j)  // (D = 96: the 12 real column chunks)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = srow + (l >> 2) + hh * 8;

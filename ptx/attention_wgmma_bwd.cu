@@ -45,12 +45,19 @@ constexpr int kBN = 128;       // keys per CTA
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInf = 1.0f / 0.0f;
 
+// D = 96 runs as D = 128 with the last 32 columns of every tile zero in shared memory (a 96-column
+// MN-major operand is not a whole number of the 128B swizzle's 64-column slabs): S^T / dP^T / S / dP take
+// the 6 real k16 steps, dK / dV / dQ are computed over 128 columns and only the first 96 stored / added.
+template <int D> struct Pad {
+  static constexpr int v = D == 96 ? 128 : D;
+};
+
 // Tiles and the shared-memory layout (byte offsets from a 1024-aligned base; every tile a multiple of
 // 1024 bytes so that the swizzle atoms stay aligned). pydnn/ops/attention_wgmma_bwd.py mirrors SMEM.
 template <int D> struct Cfg {
   static constexpr int BM = D > 64 ? 64 : 128;       // query rows per tile
-  static constexpr int KV_BYTES = kBN * D * 2;        // K (or V): 128 rows, D / 64 slabs
-  static constexpr int Q_BYTES = BM * D * 2;          // one stage of Q (or dO)
+  static constexpr int KV_BYTES = kBN * Pad<D>::v * 2;  // K (or V): 128 rows, D / 64 slabs
+  static constexpr int Q_BYTES = BM * Pad<D>::v * 2;    // one stage of Q (or dO)
   static constexpr int DS_BYTES = kBN * BM * 2;       // dS^T: 128 key rows, BM / 64 slabs of queries
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + 2 * Q_BYTES,
                        OFF_DS = OFF_DO + 2 * Q_BYTES, OFF_L = OFF_DS + DS_BYTES;
@@ -65,16 +72,16 @@ using attn::seq_of;
 __device__ __forceinline__ float lse2_of(float v, bool valid) { return (valid && v > -kInf) ? v * kLog2e : kInf; }
 
 // ROWS rows of D elements (global row stride ld) into a 128B-swizzled tile at shared address s; rows at
-// or past `valid` zero-filled. All threads take part; the caller commits.
+// or past `valid` zero-filled (D = 96: the padding chunks too). All threads take part; the caller commits.
 template <class T, int D, int ROWS>
 __device__ __forceinline__ void load_sw(unsigned s, const T* g, long long ld, int valid) {
-  constexpr int CH = D / 8;
+  constexpr int CH = Pad<D>::v / 8;
   static_assert(ROWS * CH % kThreads == 0, "tile copy");
 #pragma unroll
   for (int i = 0; i < ROWS * CH / kThreads; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     const int r = idx / CH, c = idx % CH;
-    const bool ok = r < valid;
+    const bool ok = r < valid && (Pad<D>::v == D || c < D / 8);
     cp_async16(s + 2 * wgmma::sw128<ROWS>(r, c), ok ? g + (long long)r * ld + c * 8 : g, ok);
   }
 }
@@ -85,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
   static_assert(sizeof(T) == 0, "bwd_dkdv_wg needs the sm_90a target (KernelUnit archs)");
 #endif
   using C = Cfg<D>;
-  constexpr int BM = C::BM, BN = kBN;
+  constexpr int BM = C::BM, BN = kBN, DP = Pad<D>::v;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -133,9 +140,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
   if (iters > 0) stage(0, 0);
   cp_async_commit();
 
-  float dk[D / 2], dv[D / 2];
+  float dk[DP / 2], dv[DP / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < DP / 2; ++i) dk[i] = dv[i] = 0.f;
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1, h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
@@ -212,10 +219,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::MmaRS<T, DP, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
 #pragma unroll
     for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::MmaRS<T, DP, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
     wgmma::commit();
 
     if constexpr (ATOMIC) {
@@ -251,7 +258,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
         if (row < sq.len_q) {
           float* r = base + (long long)row * D + c0;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+          for (int j = 0; j < 8; ++j)  // (D = 96: warpgroup 1's columns 96.. are padding)
+            if (DP == D || c0 - 2 * q4 + 8 * j < D) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
         }
       }
     } else {
@@ -286,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
 // Cfg of bwd_dq_wg: 128 query rows (64 per warpgroup), K / V tiles of 64 keys double-buffered.
 template <int D> struct CfgDq {
   static constexpr int BM = 128, BN = 64;
-  static constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+  static constexpr int Q_BYTES = BM * Pad<D>::v * 2, KV_BYTES = BN * Pad<D>::v * 2;
   static constexpr int OFF_Q = 0, OFF_DO = Q_BYTES, OFF_K = 2 * Q_BYTES, OFF_V = OFF_K + 2 * KV_BYTES;
   static constexpr int SMEM = OFF_V + 2 * KV_BYTES + 1024;  // + alignment slack
 };
@@ -301,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, D > 64 ? 1 : 2) bwd_dq_wg(const Attn
   static_assert(sizeof(T) == 0, "bwd_dq_wg needs the sm_90a target (KernelUnit archs)");
 #endif
   using C = CfgDq<D>;
-  constexpr int BM = C::BM, BN = C::BN;
+  constexpr int BM = C::BM, BN = C::BN, DP = Pad<D>::v;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -343,9 +351,9 @@ __global__ void __launch_bounds__(kThreads, D > 64 ? 1 : 2) bwd_dq_wg(const Attn
       dsr[hh] = p.dsum[((long long)b * p.heads_q + h) * p.seq_q + row];
     }
   }
-  float dq[D / 2];
+  float dq[DP / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+  for (int i = 0; i < DP / 2; ++i) dq[i] = 0.f;
 
   for (int j = 0; j < ntiles; ++j) {
     const int n0 = j * BN, buf = j & 1;
@@ -407,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, D > 64 ? 1 : 2) bwd_dq_wg(const Attn
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks)
-      wgmma::MmaRS<T, D, 1>::run(dq, da[ks], wgmma::desc_sw128(k_s + ks * 2048, BN * 128, 1024), 1);
+      wgmma::MmaRS<T, DP, 1>::run(dq, da[ks], wgmma::desc_sw128(k_s + ks * 2048, BN * 128, 1024), 1);
     wgmma::commit();
     wgmma::wait<0>();  // K of this tile is read until here (the next prefetch overwrites it)
   }

@@ -266,6 +266,12 @@ attention = Switches(
                    'reasons: pydnn/ops/attention_wgmma.py'),
     DIAG=(None, 'benchmark only: a (unit, expr) of diag_units that launch runs instead; the reasons: '
                 'pydnn/ops/attention_wgmma.py'),
+    DECODE=(True, 'the split-KV decode forward (dec + dec_combine) for queries of at most DECODE_MAX_SQ rows '
+                  'without dropout; False: such calls take the regular forward (pydnn/ops/attention.py)'),
+    DECODE_MAX_SQ=(16, 'the longest query sequence the decode forward takes (its CTAs hold 16 rows of a K/V '
+                       "head's group: a longer one is the regular forward's shape)"),
+    DECODE_SPLITS=(None, 'None: the split count fills the SMs (pydnn/ops/attention.py decode_plan); an int '
+                         'forces it (tests, benchmarks); the workspace size query follows it'),
 )
 
 attention_bwd = Switches(

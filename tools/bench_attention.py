@@ -159,6 +159,22 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
   FA3) so that the two warpgroups' MMAs overlap each other's softmax and the dQ step; the dQ atomics
   through TMA reduce-add; the barrier between dS^T's store and the dQ MMA is the one CTA-wide sync
   left per tile besides the tile's own.
+  v5 (issue 19) head dims 96 / 256 and decode ([run_hdim] and [run_decode] rows, `--families
+      attention.run_hdim` / `attention.run_decode` alone). Forward on wgmma: D = 96 as D = 128 with 32
+      zero columns in smem (S over the 6 real k16 steps, P V over 128 columns: 195 registers), D = 256
+      with 64-key tiles (237 registers). Backward: D = 96 on wgmma (D = 128's tiles, zero padding),
+      D = 256 on mma.sync with dK / dV split in head-dim halves over two CTAs (S^T and dP^T twice) and
+      16-row / 16-key tiles. Decode (sq <= 16, no dropout): dec + dec_combine, the K/V length split so
+      that a single sequence gives every SM two CTAs; bytes counted are K + V (+ Q, O), against the
+      ~3.0 TB/s copy rate.
+      Prediction (before measuring): d256 forward 0.55-0.7x cuDNN (d128's wgmma reached 0.71-0.79x;
+      half the keys per tile); d256 backward 0.25-0.35x (mma.sync and the doubled S / dP); d96 forward
+      0.5-0.6x (d128's wgmma rate per padded FLOP, x 0.75), backward 0.45-0.55x (d128's 0.6-0.65x, x
+      0.75). Decode: >= 1.5 TB/s at b 1 for kv >= 32k (against ~0.2 TB/s with one split: 8 CTAs),
+      >= 0.8x the faster of cuDNN / flash.
+      First GPU run (H200, mid-session, at 354bad6: before the D = 96 wgmma backward): 47 / 47 bf16
+      tests passed (decode: every split count, GQA rows, causal, lengths, capture; d96 / d256 forward and
+      backward on mma.sync; the d96 / d256 wgmma forward); not yet timed.
 """
 import torch
 import torch.nn.functional as F
@@ -172,7 +188,16 @@ PEAK = 790.0  # measured dense bf16 TFLOP/s (H100/H200 class); the datasheet's i
 CONFIGS = [  # (hq, hkv, d)
     (32, 32, 128), (64, 8, 128), (128, 8, 128), (32, 32, 64),
 ]
+HDIM_CONFIGS = [(32, 32, 96), (32, 32, 256), (64, 8, 256)]  # run_hdim: the mma.sync kernels on every arch
 B, S = 4, 4096
+# run_decode: one query row (and 4, causal) against a long K/V cache, Llama-style GQA 32 / 8 at d 128
+# (and d 64 / 256); (batch, hq, hkv, sq, skv, d). Bytes counted: K and V read once (+ Q and O).
+DECODE_CASES = [
+    (1, 32, 8, 1, 4096, 128), (1, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 131072, 128),
+    (8, 32, 8, 1, 4096, 128), (8, 32, 8, 1, 32768, 128), (8, 32, 8, 1, 131072, 128),
+    (64, 32, 8, 1, 4096, 128), (64, 32, 8, 1, 32768, 128),
+    (1, 32, 8, 4, 32768, 128), (1, 32, 8, 1, 32768, 64), (1, 32, 8, 1, 32768, 256), (1, 32, 32, 1, 32768, 128),
+]
 
 
 def _desc(t, dtype):
@@ -181,14 +206,15 @@ def _desc(t, dtype):
     return d
 
 
-def _torch_ms(backend, q, k, v, causal, backward):
+def _torch_ms(backend, q, k, v, causal, backward, attn_mask=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
     gqa = q.shape[1] != k.shape[1]
     try:
         with sdpa_kernel(be):
             if not backward:
-                return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa))
+                return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                                                      enable_gqa=gqa))
             qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
             o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=gqa)
             g = torch.randn_like(o)
@@ -199,8 +225,68 @@ def _torch_ms(backend, q, k, v, causal, backward):
 
 
 def run(b):
+    """The sweep of issue 5 (d 64 / 128), then head dims 96 / 256 (run_hdim) and decode (run_decode)."""
+    _run_configs(b, CONFIGS)
+    run_hdim(b)
+    run_decode(b)
+
+
+def run_hdim(b):
+    """Head dims 96 and 256 (`--families attention.run_hdim` alone), against cuDNN / flash SDPA."""
+    _run_configs(b, HDIM_CONFIGS)
+
+
+def run_decode(b):
+    """Decode-shaped forward (`--families attention.run_decode`): pydnn's split-KV kernels (the default
+    plan, [1 split], and [regular fwd]: tuning.attention.DECODE off) against SDPA's cuDNN and flash backends
+    in the same run; GB/s of K / V / Q / O traffic."""
+    from pydnn.ops import attention as A
     h = b.h
-    for hq, hkv, d in CONFIGS:
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    for bb, hq, hkv, sq, skv, d in DECODE_CASES:
+        q = torch.randn(bb, hq, sq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        o = torch.empty_like(q)
+        lse = torch.empty(bb, hq, sq, 1, dtype=torch.float32, device="cuda")
+        tq, tk, tv, to = _desc(q, bf), _desc(k, bf), _desc(v, bf), _desc(o, bf)
+        tl = _desc(lse, pydnn.PYDNN_DATA_FLOAT)
+        causal = sq > 1
+        a = pydnn.create_attention_descriptor()
+        mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+        pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+        nbytes = 2 * k.numel() * 2 + 2 * q.numel() * 2
+        case = f"decode b{bb} h{hq}/{hkv} q{sq} kv{skv} d{d}{' causal' if causal else ''}"
+        # (torch's is_causal is top-left; bottom-right is what a decode step with sq > 1 means: its mask)
+        if causal:
+            i = torch.arange(sq, device="cuda")[:, None]
+            j = torch.arange(skv, device="cuda")[None, :]
+            am = j <= i + skv - sq
+            t_f = {n: _torch_ms(n, q, k, v, False, False, attn_mask=am) for n in ("cudnn", "flash")}
+        else:
+            t_f = {n: _torch_ms(n, q, k, v, False, False) for n in ("cudnn", "flash")}
+        for tag, over in (("", {}), (" [1 split]", {"attention.DECODE_SPLITS": 1}),
+                          (" [regular fwd]", {"attention.DECODE": False})):
+            with tuning.override(over):
+                n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+                ws = torch.empty(max(n, 16), dtype=torch.uint8, device="cuda")
+
+                def fwd():
+                    pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to,
+                                            o.data_ptr(), tl, lse.data_ptr(), None, None, ws.data_ptr(), n)
+                fwd()
+                ms_p = time_ms(fwd)
+                if tag == "":
+                    pl = A.decode_plan(h.sm_count, bb, hq, hkv, sq, skv, d, mask)
+                    print(f"  {case}: {pl}", flush=True)
+            for name in ("cudnn", "flash"):
+                b.row("attention", f"{case}{tag}", "bf16", nbytes, ms_p, t_f[name], f"sdpa {name}")
+        del q, k, v, o, ws
+
+
+def _run_configs(b, configs):
+    h = b.h
+    for hq, hkv, d in configs:
         q = torch.randn(B, hq, S, d, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(B, hkv, S, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, hkv, S, d, dtype=torch.bfloat16, device="cuda")
@@ -263,7 +349,7 @@ def _fwd_variants(h, d):
                 out.append((f" [wgmma bn {t[0]} {'pipe' if t[1] else 'plain'} s{t[2]}]",
                             lambda t=t: W.TILE.__setitem__(d, t), lambda: W.TILE.__setitem__(d, dflt)))
         diag = W.diag_units()  # the default tile without softmax / without wgmma: floors, wrong results
-        for g, what in ((1, "no softmax"), (2, "no wgmma")):
+        for g, what in ((1, "no softmax"), (2, "no wgmma")) if (d, 1) in diag else ():
             out.append((f" [diag {what}]", lambda g=g: setattr(tuning.attention, "DIAG", diag[(d, g)]),
                         lambda: setattr(tuning.attention, "DIAG", None)))
     n0, en = A.FWD_N[d], tuning.attention.ENABLED

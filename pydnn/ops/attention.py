@@ -6,7 +6,7 @@
 Tensors are 4-d descriptors (batch, heads, sequence, head dim): Q and O (B, Hq, Sq, D), K and V
 (B, Hkv, Skv, D), the statistics (B, Hq, Sq, 1) float. BHSD and BSHD (or any other order) are strides;
 the head dim must be contiguous (stride 1) and the other strides multiples of 8 elements (16 bytes), the
-pointers 16-byte aligned. bf16 and fp16 (fp32 accumulation and softmax); head dims 64 and 128.
+pointers 16-byte aligned. bf16 and fp16 (fp32 accumulation and softmax); head dims 64, 96, 128 and 256.
 
 The descriptor (pydnn extension: pydnnAttentionDescriptor_t):
     set_attention_descriptor(desc, numHeadsQ, numHeadsKV, headDim, softmaxScale, maskMode,
@@ -26,7 +26,9 @@ them to [0, S]; under PYDNN_CHECKED=1 they are copied to the host first and a le
 BAD_PARAM. Rows past their length: O = 0, lse = -inf, dQ = 0; keys past theirs: dK = dV = 0. A row that
 sees no key at all: O = 0, lse = -inf.
 
-Workspace: forward none; backward rowsum(dO * O) (4 bytes per query row, rounded up to 16) and, when
+Workspace: forward none, except the split-KV decode forward (below): its partial results, the size query's
+number (a smaller workspace makes fewer splits, none one split: nothing is allocated behind the caller's
+back); backward rowsum(dO * O) (4 bytes per query row, rounded up to 16) and, when
 deterministic = 0, an fp32 dQ accumulator (4 * D bytes per query row); the size query reports the latter.
 Backward: dQ, dK, dV (dK, dV summed over the query heads that share a K/V head, in registers: always
 deterministic). dQ: deterministic = 1 runs a separate dQ pass (recomputes S and dP; every element summed
@@ -42,13 +44,24 @@ Elsewhere, and with dropout, the mma.sync ones (ptx/attention.cu): forward 128 q
 x 32 rows), K/V tiles of 64 keys (32 at D = 128) double-buffered with cp.async, mma.sync m16n8k16;
 backward: preprocess (rowsum), dK/dV per 64-key block (loops over the group's query heads and query tiles
 of 64 rows, 32 at D = 128), dQ per 64 query rows. The switches attention_wgmma.ENABLED /
-attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too.
+attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too. Head dims 96 and 256: on sm_90 the
+forward on wgmma (D = 96 as D = 128 with 32 zero columns in shared memory, D = 256 with 64-key tiles), and
+the D = 96 backward (D = 128's tiles, zero padding); the D = 256 backward (its dK + dV would be 256
+registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
+64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
+(Tiles<D> in ptx/attention.cu has the register and smem counts).
+
+Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS): a forward of at most 16 query rows without
+dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one CTA's 16 rows,
+the keys split over `splits` CTAs (FlashDecoding; decode_plan picks the count that gives every SM a CTA
+or two), each writing its partial O and lse to the workspace, then dec_combine merges them per row.
 """
 import ctypes
 
 import numpy as np
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
@@ -79,7 +92,9 @@ C_API = [("Fused scaled dot-product attention (pydnn extension)", [
     ("pydnnStatus_t pydnnDestroyAttentionDescriptor(pydnnAttentionDescriptor_t attnDesc);",
      "Release a fused-attention descriptor (NULL: nothing to do)."),
     ("pydnnStatus_t pydnnGetAttentionForwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
-     f"const {_T} qDesc, const {_T} kDesc, size_t *sizeInBytes);", "Workspace bytes pydnnAttentionForward needs (0)."),
+     f"const {_T} qDesc, const {_T} kDesc, size_t *sizeInBytes);",
+     "Workspace bytes pydnnAttentionForward needs: 0, or for the split-KV decode forward (seqQ <= 16, no "
+     "dropout) its partial results (batch * numHeadsQ * seqQ * splits * (headDim + 1) * 4); less makes fewer splits."),
     ("pydnnStatus_t pydnnGetAttentionBackwardWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
      f"const {_T} qDesc, const {_T} kDesc, size_t *sizeInBytes);",
      "Workspace bytes pydnnAttentionBackward needs (batch * numHeadsQ * seqQ * 4)."),
@@ -99,17 +114,29 @@ C_API = [("Fused scaled dot-product attention (pydnn extension)", [
 C_OPAQUE_TYPES = [("pydnnAttentionDescriptor_t", "pydnnAttentionStruct")]
 C_NULLABLE = {"pydnnAttentionForward": ("statsDesc",)}
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 256)
+BASE_DIMS = (64, 128)   # in units attention.<tag>; 96 and 256 in their own units (unit_name)
 DTYPES = (E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
 MASKS = (E.PYDNN_ATTN_MASK_NONE, E.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT, E.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT)
 THREADS = 128
-FWD_M, DQ_N, BWD_M, BWD_N = 128, 64, 64, 64      # kFwdM, kFwdN, kBwdM, kBwdN in ptx/attention.cu
+BWD_M, BWD_N = 64, 64                              # kBwdM, kBwdN in ptx/attention.cu
+# Tiles<D> in ptx/attention.cu (the register / shared-memory arithmetic that chose them is there):
+FWD_ROWS = {64: 128, 96: 128, 128: 128, 256: 64}   # kFwdM: forward query rows per CTA
+DQ_N = {64: 64, 96: 64, 128: 64, 256: 16}          # kDqN: the dQ pass's keys per K/V tile
+DSPLIT = {64: 1, 96: 1, 128: 1, 256: 2}            # kDSplit: CTAs sharing a key block's head dim in dK/dV
+KV_M = {64: 64, 96: 32, 128: 32, 256: 16}          # kKvM: dK/dV query rows per tile
 # forward tiles (keys per compute step, keys per K/V tile in shared memory) instantiated per head dim, and
 # the one used (FWD_N; the benchmark measures each instantiated). At D = 128, 32/64 and 64/64 (which
 # spill a little) measured within -1%..+2% of 32/32 on the H200 (tools/bench_attention.py): not instantiated.
-FWD_TILES = {64: ((64, 64),), 128: ((32, 32),)}
-FWD_N = {64: (64, 64), 128: (32, 32)}
-KV_M = {64: 64, 128: 32}                           # Tiles<D>::kKvM: dK/dV query rows per tile
+# D = 96: 32-key steps in 64-key tiles (a 64-key step spilled 40 bytes); D = 256: 32 / 32 (O alone is 128
+# registers; 64-key tiles would halve the CTAs per SM).
+FWD_TILES = {64: ((64, 64),), 96: ((32, 64),), 128: ((32, 32),), 256: ((32, 32),)}
+FWD_N = {64: (64, 64), 96: (32, 64), 128: (32, 32), 256: (32, 32)}
+DEC_N = 64                                         # kDecN: decode keys per K/V tile (16 per warp)
+DEC_STAGES = {64: 3, 96: 3, 128: 3, 256: 2}        # Dec<D>::STAGES
+DEC_ROWS = 16                                      # decode rows per CTA (one m16 tile)
+DEC_MIN_TILES = 4      # a split covers at least 4 tiles (256 keys): below that the combine's traffic dominates
+DEC_MAX_SPLITS = 256
 T_Q, T_K, T_V, T_O, T_DO, T_DQ, T_DK, T_DV, T_LSE = range(9)  # PYDNN_ATTN_T_*
 MAX_GRID_YZ = 65535
 LOG2E = 1.4426950408889634
@@ -127,10 +154,29 @@ class AttnParams(ctypes.Structure):
         ("seq_q", ctypes.c_int), ("seq_kv", ctypes.c_int), ("mask", ctypes.c_int), ("flags", ctypes.c_uint),
         ("scale", ctypes.c_float), ("scale_log2", ctypes.c_float),
         ("seed", ctypes.c_ulonglong), ("drop_threshold", ctypes.c_uint), ("drop_scale", ctypes.c_float),
+        ("part_o", ctypes.c_void_p), ("part_lse", ctypes.c_void_p), ("splits", ctypes.c_int),
+        ("split_len", ctypes.c_int),
     ]
 
 
 # ----------------------------------------------------------------------------- kernel units
+
+def pitch(d):
+    """Pitch<D>: elements per shared-memory row (D = 96 is swizzled as D = 128, its last quarter unused)."""
+    return 128 if d == 96 else d
+
+
+def unit_name(kernel, d, tag, drop=False):
+    """The unit holding kernel `kernel` at head dim d: attention.<tag> (64, 128), attention.d96.<tag> and
+    attention.d256.<tag> (96 / 256 without dropout), attention.dropx.<tag> (their dropout variants),
+    attention.dec.<tag> (the decode kernels, every head dim). Smaller units compile in parallel (the
+    install's build, a test run's prebuild) and load only when used."""
+    if kernel in ("dec", "dec_combine"):
+        return f"attention.dec.{tag}"
+    if d in BASE_DIMS:
+        return f"attention.{tag}"
+    return f"attention.dropx.{tag}" if drop else f"attention.d{d}.{tag}"
+
 
 def _expr(kernel, tag, d, extra=None):
     t = "pydnn::bf16_t" if tag == "bf16" else "pydnn::half_t"
@@ -151,33 +197,44 @@ def _targs(kernel, d, drop=False, atomic=False, tile=None):
         return _b(drop)
     if kernel == "bwd_dkdv":
         return f"{_b(atomic)}, {_b(drop)}"
-    return None  # bwd_pre, bwd_dq_convert
+    return None  # bwd_pre, bwd_dq_convert, dec, dec_combine
 
 
-def _unit_exprs(tag):
+def _unit_exprs(tag, dims, drops=(False, True), plain=True):
     exprs = []
-    for d in HEAD_DIMS:
-        for drop in (False, True):
+    for d in dims:
+        for drop in drops:
             exprs += [_expr("fwd", tag, d, _targs("fwd", d, drop, tile=t)) for t in FWD_TILES[d]]
             exprs += [_expr("bwd_dq", tag, d, _targs("bwd_dq", d, drop))]
             exprs += [_expr("bwd_dkdv", tag, d, _targs("bwd_dkdv", d, drop, at)) for at in (False, True)]
-        exprs += [_expr("bwd_pre", tag, d), _expr("bwd_dq_convert", tag, d)]
+        if plain:
+            exprs += [_expr("bwd_pre", tag, d), _expr("bwd_dq_convert", tag, d)]
     return tuple(exprs)
 
 
 def kernel_units():
-    return [KernelUnit(f"attention.{t}", "attention.cu", _unit_exprs(t)) for t in ("bf16", "f16")]
+    tags = ("bf16", "f16")
+    extra = tuple(d for d in HEAD_DIMS if d not in BASE_DIMS)
+    dec = lambda t: tuple(_expr(k, t, d) for d in HEAD_DIMS for k in ("dec", "dec_combine"))  # noqa: E731
+    return ([KernelUnit(f"attention.{t}", "attention.cu", _unit_exprs(t, BASE_DIMS)) for t in tags]
+            + [KernelUnit(f"attention.d{d}.{t}", "attention.cu", _unit_exprs(t, (d,), (False,))) for d in extra
+               for t in tags]
+            + [KernelUnit(f"attention.dropx.{t}", "attention.cu", _unit_exprs(t, extra, (True,), False)) for t in tags]
+            + [KernelUnit(f"attention.dec.{t}", "attention.cu", dec(t)) for t in tags])
 
 
 def smem_bytes(kernel, d, atomic=False, tile=None):
-    """Dynamic shared memory of each kernel (the tile layout at the top of each kernel)."""
+    """Dynamic shared memory of each kernel (the tile layout at the top of each kernel; rows of pitch(d))."""
+    pt = pitch(d)
     if kernel == "fwd":
-        return (FWD_M + 4 * (tile or FWD_N[d])[1]) * d * 2
+        return (FWD_ROWS[d] + 4 * (tile or FWD_N[d])[1]) * pt * 2
     if kernel == "bwd_dq":
-        return (2 * BWD_M + 4 * DQ_N) * d * 2
+        return (2 * BWD_M + 4 * DQ_N[d]) * pt * 2
     if kernel == "bwd_dkdv":
         ds = BWD_N * 64 * 2 if atomic else 0  # the dS^T tile
-        return (2 * BWD_N + 4 * KV_M[d]) * d * 2 + 4 * KV_M[d] * 4 + ds
+        return (2 * BWD_N + 4 * KV_M[d]) * pt * 2 + 4 * KV_M[d] * 4 + ds
+    if kernel == "dec":  # Q's 16 rows, then the K and V rings (reused by the warps' merge at the end)
+        return (DEC_ROWS + 2 * DEC_STAGES[d] * DEC_N) * pt * 2
     return 0
 
 
@@ -397,6 +454,7 @@ def _params(a, pr, descs):
     p.seed = a.seed
     p.drop_threshold = drop_threshold(a.dropout)
     p.drop_scale = 1.0 / (1.0 - a.dropout)
+    p.splits = 1
     return p
 
 
@@ -406,7 +464,7 @@ def drop_threshold(prob):
 
 
 def _func(handle, kernel, pr, drop=False, atomic=False):
-    unit, expr = f"attention.{pr.tag}", _expr(kernel, pr.tag, pr.d, _targs(kernel, pr.d, drop, atomic))
+    unit, expr = unit_name(kernel, pr.d, pr.tag, drop), _expr(kernel, pr.tag, pr.d, _targs(kernel, pr.d, drop, atomic))
     smem = smem_bytes(kernel, pr.d, atomic)
     return handle.function(unit, expr, smem), smem
 
@@ -415,16 +473,89 @@ def _launch(handle, f, smem, grid, p):
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
 
 
+# ----------------------------------------------------------------------------- decode (split-KV)
+
+class DecodePlan:
+    """The split-KV decode forward of one problem: `splits` CTAs along the keys, each `split_len` keys
+    (a multiple of DEC_N), `rblocks` blocks of 16 rows per K/V head, and the workspace it needs."""
+    __slots__ = ("splits", "split_len", "rblocks", "ws", "rows")
+
+    def __repr__(self):
+        return f"DecodePlan(splits={self.splits}, split_len={self.split_len}, rblocks={self.rblocks}, ws={self.ws})"
+
+
+def decode_ws(rows, splits, d):
+    """Workspace bytes of `splits` partial results per query row: fp32 O (d per split), then lse (rounded
+    up to 16 bytes); none for one split (the kernel writes O and lse itself)."""
+    if splits <= 1:
+        return 0
+    return rows * splits * d * 4 + (rows * splits * 4 + 15) // 16 * 16
+
+
+def takes_decode(a, sq):
+    """Whether the forward of a call with sq query rows runs the decode kernels (tuning.attention.DECODE,
+    sq <= DECODE_MAX_SQ, no dropout)."""
+    t = tuning.attention
+    return bool(t.DECODE) and sq <= t.DECODE_MAX_SQ and a.dropout == 0
+
+
+def decode_plan(sm_count, b, hq, hkv, sq, skv, d, mask, ws_limit=None):
+    """The split count: enough CTAs (splits x K/V heads x row blocks x batch) to give every SM
+    `per_sm` of them (as many as fit in shared memory, at most 2: the kernel is bound by K/V bandwidth),
+    each split at least DEC_MIN_TILES tiles of keys, at most DEC_MAX_SPLITS; tuning.attention.DECODE_SPLITS
+    forces a count. The keys counted are those some row can see (causal top-left: the first sq). With
+    ws_limit (the caller's workspace size) the largest count whose partials fit that size."""
+    rows = b * hq * sq
+    rblocks = cdiv((hq // hkv) * sq, DEC_ROWS)
+    keys = min(skv, sq) if mask == E.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT else skv
+    tiles = max(1, cdiv(keys, DEC_N))
+    forced = tuning.attention.DECODE_SPLITS
+    if forced:
+        splits = max(1, min(int(forced), tiles))
+    else:
+        per_sm = max(1, min(2, (227 * 1024) // (smem_bytes("dec", d) + 1024)))
+        want = cdiv(per_sm * sm_count, b * hkv * rblocks)
+        splits = max(1, min(want, tiles // DEC_MIN_TILES, DEC_MAX_SPLITS))
+    if ws_limit is not None:
+        while splits > 1 and decode_ws(rows, splits, d) > ws_limit:
+            splits -= 1
+    pl = DecodePlan()
+    pl.split_len = cdiv(tiles, splits) * DEC_N
+    pl.splits = max(1, cdiv(keys, pl.split_len))  # no empty split at the end
+    pl.rblocks, pl.rows = rblocks, rows
+    pl.ws = decode_ws(rows, pl.splits, d)
+    return pl
+
+
+def _decode_forward(handle, a, pr, p, ws, ws_size):
+    """The decode forward (takes_decode said so): dec over (splits, K/V heads x row blocks, batch), then
+    with more than one split dec_combine, one warp per query row."""
+    pl = decode_plan(handle.sm_count, pr.b, a.heads_q, a.heads_kv, pr.sq, pr.skv, pr.d, a.mask, ws_size)
+    p.splits, p.split_len = pl.splits, pl.split_len
+    if pl.ws:
+        wp = _workspace(ws, ws_size, pl.ws)
+        p.part_o, p.part_lse = wp, wp + pl.rows * pl.splits * pr.d * 4
+    f, smem = _func(handle, "dec", pr)
+    _launch(handle, f, smem, (pl.splits, a.heads_kv * pl.rblocks, pr.b), p)
+    if pl.splits > 1:
+        fc, _ = _func(handle, "dec_combine", pr)
+        _launch(handle, fc, 0, (cdiv(pl.rows, THREADS // 32), 1, 1), p)
+
+
 # ----------------------------------------------------------------------------- calls
 
 @api
 def get_attention_forward_workspace_size(handle, attn_desc, q_desc, k_desc):
-    """pydnnGetAttentionForwardWorkspaceSize: 0 (the forward keeps everything on chip)."""
+    """pydnnGetAttentionForwardWorkspaceSize: 0, except for the decode forward (sq <= DECODE_MAX_SQ rows,
+    no dropout) split along the keys: its partial results, batch * numHeadsQ * seqQ * splits * (headDim + 1)
+    * 4 bytes (decode_plan's split count for this handle's device)."""
     check_handle(handle)
-    _set_desc(attn_desc)
-    _qkv(q_desc, "qDesc", attn_desc.heads_q, attn_desc.head_dim)
-    _qkv(k_desc, "kDesc", attn_desc.heads_kv, attn_desc.head_dim, q_desc.dtype)
-    return 0
+    a = _set_desc(attn_desc)
+    b, sq = _qkv(q_desc, "qDesc", a.heads_q, a.head_dim)
+    _, skv = _qkv(k_desc, "kDesc", a.heads_kv, a.head_dim, q_desc.dtype)
+    if a.head_dim not in HEAD_DIMS or not takes_decode(a, sq):
+        return 0
+    return decode_plan(handle.sm_count, b, a.heads_q, a.heads_kv, sq, skv, a.head_dim, a.mask).ws
 
 
 @api
@@ -466,10 +597,13 @@ def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc
     _workspace(work_space, work_space_size_in_bytes, 0)
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_LSE: stats_desc})
     p.q, p.k, p.v, p.o, p.lse, p.lens_q, p.lens_kv = qp, kp, vp, op, lp or None, lq or None, lkv or None
+    if takes_decode(a, pr.sq):
+        _decode_forward(handle, a, pr, p, work_space, _int("workSpaceSizeInBytes", work_space_size_in_bytes))
+        return
     if _wgmma_forward(handle, a, pr, p):
         return
     f, smem = _func(handle, "fwd", pr, a.dropout != 0)
-    _launch(handle, f, smem, (cdiv(pr.sq, FWD_M), a.heads_q, pr.b), p)
+    _launch(handle, f, smem, (cdiv(pr.sq, FWD_ROWS[pr.d]), a.heads_q, pr.b), p)
 
 
 @api
@@ -519,7 +653,7 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     if wg:
         _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
     else:
-        _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N), a.heads_kv, pr.b), p)
+        _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N) * DSPLIT[pr.d], a.heads_kv, pr.b), p)
     if det and wg:
         _wgb.launch_dq(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, p)
     elif det:  # dQ in its own pass: each element summed by one thread in a fixed order

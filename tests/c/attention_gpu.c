@@ -182,11 +182,11 @@ int main(void) {
   st = pydnnAttentionForward(h, a, tq, (void *)(dq_in + 2), tk, (void *)dk_in, tk, (void *)dv_in, tq, (void *)dO,
                              ts, (void *)dL, NULL, NULL, NULL, 0);
   CHECK(st == PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, "misaligned q: MISALIGNED_POINTER");
-  pydnnSetAttentionDescriptor(a, HQ, HKV, 96, scale, PYDNN_ATTN_MASK_NONE, 0.0, 0);
+  pydnnSetAttentionDescriptor(a, HQ, HKV, 80, scale, PYDNN_ATTN_MASK_NONE, 0.0, 0);
   st = pydnnAttentionForward(h, a, tq, (void *)dq_in, tk, (void *)dk_in, tk, (void *)dv_in, tq, (void *)dO, ts,
                              (void *)dL, NULL, NULL, NULL, 0);
   pydnnGetLastErrorString(msg, sizeof msg);
-  CHECK(st == PYDNN_STATUS_NOT_SUPPORTED && strstr(msg, "headDim 96") != NULL, "head dim 96: NOT_SUPPORTED");
+  CHECK(st == PYDNN_STATUS_NOT_SUPPORTED && strstr(msg, "headDim 80") != NULL, "head dim 80: NOT_SUPPORTED");
   CHECK(pydnnDestroyAttentionDescriptor(a) == PYDNN_STATUS_SUCCESS, "destroy attention descriptor");
   CHECK(pydnnDestroyAttentionDescriptor(NULL) == PYDNN_STATUS_SUCCESS, "destroy NULL");
   pydnnDestroy(h);

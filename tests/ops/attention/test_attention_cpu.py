@@ -111,7 +111,7 @@ def test_forward_valid_reaches_kernel_lookup():
 
 
 @pytest.mark.parametrize("kw,status,needle", [
-    (dict(a=_attn(4, 2, 96)), NS, "attnDesc: headDim 96 is not supported"),
+    (dict(a=_attn(4, 2, 80)), NS, "attnDesc: headDim 80 is not supported (fused attention has (64, 96, 128, 256))"),
     (dict(a=_attn(8, 2, 64)), BAD, "qDesc: dims[1] = 4 heads, the descriptor says 8"),
     (dict(a=_attn(4, 4, 64)), BAD, "kDesc: dims[1] = 2 heads, the descriptor says 4"),
     (dict(q=_t((2, 4, 33, 128))), BAD, "qDesc: dims[3] = 128, the descriptor's headDim is 64"),
@@ -209,8 +209,12 @@ def test_checked_lengths():
 
 def test_kernel_units_and_smem():
     units = A.kernel_units()
-    assert [u.name for u in units] == ["attention.bf16", "attention.f16"]
-    assert len(units[0].exprs) == 20  # (fwd, dq, dkdv x2) x dropout x head dims + pre, convert per head dim
+    assert [u.name for u in units] == ["attention.bf16", "attention.f16", "attention.d96.bf16", "attention.d96.f16",
+                                       "attention.d256.bf16", "attention.d256.f16", "attention.dropx.bf16",
+                                       "attention.dropx.f16", "attention.dec.bf16", "attention.dec.f16"]
+    # (fwd, dq, dkdv x2) x dropout x head dims + pre, convert per head dim (96 / 256: their dropout kernels
+    # in attention.dropx); decode: dec, combine per head dim
+    assert [len(u.exprs) for u in units] == [20, 20, 6, 6, 6, 6, 8, 8, 8, 8]
     assert "pydnn::attn::bwd_dkdv<pydnn::bf16_t, 128, true, false>" in units[0].exprs
     for k, extra in (("fwd", (64, 64)), ("fwd", (32, 32)), ("bwd_dq", None), ("bwd_dkdv", "false"),
                      ("bwd_dkdv", "true")):

@@ -15,10 +15,12 @@ SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per block
 
 def test_units_are_sm90a_only():
     units = W.kernel_units()
-    assert [u.name for u in units] == ["attention.wgmma_bwd.bf16", "attention.wgmma_bwd.f16"]
+    assert [u.name for u in units] == ["attention.wgmma_bwd.bf16", "attention.wgmma_bwd.f16",
+                                       "attention.wgmma_bwd.d96.bf16", "attention.wgmma_bwd.d96.f16"]
     for u in units:
         assert u.archs == ("sm_90a",) and u.source == "attention_wgmma_bwd.cu"
-        assert len(u.exprs) == 6 and len(set(u.exprs)) == 6  # {D 64, 128} x {dK/dV atomic, plain, dQ}
+    # {D 64, 128} x {dK/dV atomic, plain, dQ}; D = 96 (D = 128's tiles, zero padding) in units of its own
+    assert [len(set(u.exprs)) for u in units] == [6, 6, 3, 3]
 
 
 @pytest.mark.parametrize("d", W.HEAD_DIMS)
@@ -26,6 +28,7 @@ def test_smem_fits(d):
     assert W.smem_bytes(d) <= SMEM_LIMIT and W.dq_smem_bytes(d) <= SMEM_LIMIT
     # Cfg<D> / CfgDq<D> in ptx/attention_wgmma_bwd.cu, spelled out
     bm = 64 if d > 64 else 128
+    d = 128 if d == 96 else d  # D = 96 in D = 128's tiles
     assert W.smem_bytes(d) == 128 * d * 4 + bm * d * 8 + 128 * bm * 2 + bm * 16 + 1024
     assert W.dq_smem_bytes(d) == 128 * d * 4 + 64 * d * 8 + 1024
 

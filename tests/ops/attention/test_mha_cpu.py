@@ -332,7 +332,7 @@ def test_forward_bad_arguments(kw, status, needle):
 @pytest.mark.parametrize("make,status,needle", [
     (lambda: Setup(a=_attn(dt=F32), q=_seq(10, 3, 2, 40, dt=F32), k=_seq(12, 3, 2, 24, dt=F32),
                    v=_seq(12, 3, 2, 20, dt=F32), o=_seq(10, 3, 2, 48, dt=F32)), NS, "attnDesc: dataType 0; the GPU path"),
-    (lambda: Setup(a=_attn(proj=(96, 96, 96, 48))), NS, "attnDesc: qProjSize 96; the fused attention kernel takes"),
+    (lambda: Setup(a=_attn(proj=(80, 80, 80, 48))), NS, "attnDesc: qProjSize 80; the fused attention kernel takes"),
     (lambda: Setup(a=_attn(proj=(64, 64, 128, 48))), NS, "attnDesc: vProjSize 128 differs from qProjSize 64"),
     (lambda: Setup(a=_attn(sizes=(40, 40, 20), proj=(0, 0, 64, 48)), k=_seq(12, 3, 2, 40)), NS, "attnDesc: qProjSize 0 (no projection)"),
     (lambda: Setup(a=_attn(mode=BIAS), k=_seq(12, 3, 1, 24), v=_seq(12, 3, 1, 20)), NS,
