@@ -245,6 +245,12 @@ class _RNNMixin:
         d["_pydnn_flat"] = flat
         d["_pydnn_views"] = tuple((shape, off, int(torch.Size(shape).numel())) for _, off, shape in lay)
 
+    def __setstate__(self, state):
+        """Unpickling and deepcopy (whose Parameters are clones, no longer views of one buffer): the
+        parameters are laid out in a flat weight space of the copy's own."""
+        super().__setstate__(state)
+        self.flatten_parameters()
+
     def _pydnn_params(self):
         return [getattr(self, n) for n in weight_order(self)]
 
