@@ -737,6 +737,8 @@ def emulated(monkeypatch, request):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(PF, "_conv_plans", {})
     monkeypatch.setattr(PF, "_sizes", C.BoundedDict())
+    monkeypatch.setattr(PF, "_attn_plans", C.BoundedDict())
+    monkeypatch.setattr(PF, "_specs", C.BoundedDict())
     monkeypatch.setattr(PF, "_functional_dropout_state", PF.DropoutState())
     monkeypatch.setattr(pydnn.buffers, "CHECKED", False)
     CALLS.clear()
