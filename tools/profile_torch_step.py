@@ -363,6 +363,8 @@ def main():
             torch.cuda.empty_cache()
             with open(os.path.join(args.out, "profile_torch_step.partial.json"), "w") as fh:
                 json.dump({f"{d}/{b}": r for (d, b), r in results.items()}, fh, indent=1)
+    from pydnn.torch import _core as C
+    print(f"pydnn.torch handle_for through PyTorch's C getters: {C._fast['on']}")
     if pt.fallbacks:
         print("pydnn.torch fell back to PyTorch for:", pt.fallback_report())
     report(results, layers, os.path.join(args.out, "profile_torch_step.md"))
@@ -370,7 +372,8 @@ def main():
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "results": {f"{d}/{b}": r for (d, b), r in results.items()},
                    "cnn_layers": {b: {"layers": v[0], "step_ms": v[1]} for b, v in layers.items()},
-                   "fallbacks": dict(pt.fallbacks), "seconds": time.perf_counter() - t_start}, fh, indent=1)
+                   "fallbacks": dict(pt.fallbacks), "bridge_fast_getters": C._fast["on"],
+                   "seconds": time.perf_counter() - t_start}, fh, indent=1)
     print(f"total {time.perf_counter() - t_start:.1f} s; written {args.out}/profile_torch_step.{{md,json}}")
 
 
