@@ -304,7 +304,9 @@ def report(results, layers, md):
         p("| (sum of layers) | | " + " | ".join(f"{tot[b][0]:.3f} | {tot[b][1]:.3f}" for b in bks) + " | |")
         p("| (whole step, events) | | " + " | ".join(f"{layers[b][1]:.3f} | " for b in bks) + " | |")
         p("\nThe rest of a step (whole step minus the layers' sum) is the loss, the optimizer, zero_grad and the "
-          "gaps between layers.")
+          "gaps between layers. The first layer's backward reads ~0: its input needs no gradient, so its full "
+          "backward hook fires before its weight-gradient kernels run (they land in the rest). pydnn's fused "
+          "batch norm + ReLU shows under the batch norm (its ReLU module is an Identity, not listed).")
     text = "\n".join(out)
     print(text)
     if md:
