@@ -15,6 +15,7 @@ models, optimizers, bf16 autocast and batch sizes) and each backend:
     python tools/profile_torch_step.py                    # both demos, 30 profiled steps each
     python tools/profile_torch_step.py --quick            # ~25 s: fewer steps, a smaller GPT corpus
     python tools/profile_torch_step.py --demos cnn --steps 50 --out prof/
+    python tools/profile_torch_step.py --demos rnn        # pydnn.torch.LSTM against nn.LSTM (cuDNN)
 Results: printed, and written to OUT/profile_torch_step.{md,json} (OUT: --out, else $OUT, else .).
 """
 import argparse
@@ -113,6 +114,30 @@ def gpt_setup(backend, dev, args):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+    return model, step
+
+
+def rnn_setup(backend, dev):
+    """A 2-layer LSTM (input 256, hidden 512, sequence 64, batch 32) with a linear head, bf16 autocast, AdamW:
+    pydnn.torch.LSTM against nn.LSTM (cuDNN)."""
+    import pydnn.torch as pt
+    torch.manual_seed(0)
+    ref = nn.LSTM(256, 512, num_layers=2)
+    lstm = pt.LSTM(256, 512, num_layers=2) if backend == "pydnn" else nn.LSTM(256, 512, num_layers=2)
+    lstm.load_state_dict(ref.state_dict())
+    head = nn.Linear(512, 256)
+    model = nn.ModuleDict({"lstm": lstm, "head": head}).to(dev.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    x = torch.randn(64, 32, 256, device=dev.device)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = model["head"](model["lstm"](x)[0])
+            loss = F.mse_loss(y.float(), x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
         opt.step()
         return loss
     return model, step
@@ -316,7 +341,7 @@ def report(results, layers, md):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--demos", default="cnn,gpt", help="comma list of cnn, gpt")
+    ap.add_argument("--demos", default="cnn,gpt", help="comma list of cnn, gpt, rnn (a 2-layer LSTM step)")
     ap.add_argument("--backends", default="pydnn,torch")
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
     ap.add_argument("--warmup", type=int, default=10)
@@ -347,6 +372,8 @@ def main():
                 continue
             if demo == "cnn":
                 model, step, _ = cnn_setup(backend, dev, args.cnn_batch)
+            elif demo == "rnn":
+                model, step = rnn_setup(backend, dev)
             else:
                 model, step = gpt_setup(backend, dev, gpt_args(args.quick))
             for _ in range(args.warmup):
