@@ -510,7 +510,7 @@ class NormFunction(torch.autograd.Function):
         pydnn.norm_forward_training(h, nd, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), sbd, w.data_ptr(),
                                     ptr(bias), std, ptr(mean), inv.data_ptr())
         ctx.save_for_backward(x, w, bias, mean, inv)
-        ctx.nd, ctx.sbd, ctx.std, ctx.has_w = nd, sbd, std, weight is not None
+        ctx.nd, ctx.sbd, ctx.std, ctx.has_w, ctx.xd = nd, sbd, std, weight is not None, xd
         return y
 
     @staticmethod
@@ -518,9 +518,10 @@ class NormFunction(torch.autograd.Function):
         x, w, bias, mean, inv = ctx.saved_tensors
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), x)
-        xd, dyd = tdesc(x), tdesc(dy)
+        xd = ctx.xd  # x is the forward's: its descriptor is the forward's
+        dyd = xd if dy.stride() == x.stride() else tdesc(dy)
         dx = _empty_like(x)
-        dxd = tdesc(dx)
+        dxd = xd if dx.stride() == x.stride() else tdesc(dx)
         dw = torch.empty_like(w)
         db = torch.empty_like(w) if bias is not None else None
         key = ("norm_bwd", h, ctx.nd, xd, dyd, dxd)
@@ -1050,6 +1051,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _run(pydnn_path, torch_path, "scaled_dot_product_attention")
 
 
+_linear_descs = C.BoundedDict()  # (dtype, x shape / strides, W shape / strides) -> descriptors
+
+
 class LinearFunction(torch.autograd.Function):
     """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
     public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
@@ -1061,12 +1065,16 @@ class LinearFunction(torch.autograd.Function):
         m, k = x2.shape
         n = w.shape[0]
         y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-        pydnn.matmul(h, 1.0, tdesc(x2), x2.data_ptr(), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
-                     w.data_ptr(), 0.0, tdesc(y), y.data_ptr())
+        key = (x2.dtype, x2.shape, x2.stride(), w.shape, w.stride())
+        d = _linear_descs.get(key)
+        if d is None:  # x, W^T (a column-major view of W), y (= dy's, contiguous), W (= dW's)
+            d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
+                                      tdesc(y), tdesc(w))
+        pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
         if b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
-        ctx.has_bias = b is not None
+        ctx.has_bias, ctx.descs = b is not None, d
         return y
 
     @staticmethod
@@ -1076,14 +1084,16 @@ class LinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         m, n = dy.shape
         k = x2.shape[1]
+        xd, _, yd, wd = ctx.descs  # dy is contiguous (m, n) as y; x2, w are the forward's tensors
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
-            pydnn.matmul(h, 1.0, tdesc(dy), dy.data_ptr(), tdesc(w), w.data_ptr(), 0.0, tdesc(dx), dx.data_ptr())
+            pydnn.matmul(h, 1.0, yd, dy.data_ptr(), wd, w.data_ptr(), 0.0,
+                         xd if x2.is_contiguous() else tdesc(dx), dx.data_ptr())
         if ctx.needs_input_grad[1]:
             dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
-            pydnn.matmul(h, 1.0, C.tensor_desc(dy.dtype, (n, m), (dy.stride(1), dy.stride(0))), dy.data_ptr(),
-                         tdesc(x2), x2.data_ptr(), 0.0, tdesc(dw), dw.data_ptr())
+            pydnn.matmul(h, 1.0, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy.data_ptr(), xd, x2.data_ptr(), 0.0,
+                         wd if w.is_contiguous() else tdesc(dw), dw.data_ptr())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         return dx, dw, db
