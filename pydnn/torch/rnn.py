@@ -139,7 +139,7 @@ def _check_layout(h, pl, w, offsets, gates, proj):
 def _aligned(n, dtype, device, zero=False):
     """n elements 256-byte aligned (pydnn's RNN spaces must be; PyTorch's CUDA allocator gives 512-byte
     aligned blocks, so on the GPU this is one allocation with no offset)."""
-    es = torch.empty((), dtype=dtype).element_size()
+    es = dtype.itemsize
     pad = 256 // es
     buf = (torch.zeros if zero else torch.empty)(n + pad, dtype=dtype, device=device)
     off = (-buf.data_ptr() % 256) // es
