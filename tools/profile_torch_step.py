@@ -50,7 +50,7 @@ class Dev:
         self.device = torch.device("cuda", torch.cuda.current_device())
 
 
-def cnn_setup(backend, dev, batch):
+def cnn_setup(backend, dev, batch, channels_last=False):
     torch.manual_seed(0)
     try:
         xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
@@ -61,12 +61,14 @@ def cnn_setup(backend, dev, batch):
     init = train_cnn.build("torch").state_dict()
     model = train_cnn.build(backend).to(dev.device)
     model.load_state_dict(init)
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    model.to(memory_format=mf)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = []
     for _ in range(4):
         idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
-        batches.append((xtr[idx], ytr[idx]))
+        batches.append((xtr[idx].contiguous(memory_format=mf), ytr[idx]))
     state = {"i": 0}
 
     def step():
@@ -349,6 +351,7 @@ def main():
     ap.add_argument("--layer-steps", type=int, default=20, help="CNN per-layer timing steps (0: none)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--cnn-batch", type=int, default=256)
+    ap.add_argument("--channels-last", action="store_true", help="CNN: NHWC activations and filters (both backends)")
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
@@ -371,7 +374,7 @@ def main():
                 print(f"[{demo}/{backend}] skipped: past the {args.budget:.0f} s budget", flush=True)
                 continue
             if demo == "cnn":
-                model, step, _ = cnn_setup(backend, dev, args.cnn_batch)
+                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last)
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
