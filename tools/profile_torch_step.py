@@ -83,9 +83,9 @@ def cnn_setup(backend, dev, batch, channels_last=False):
     return model, step, batches[0][0]
 
 
-def gpt_args(quick):
+def gpt_args(quick, torch_linear=False):
     return SimpleNamespace(batch_size=64, seq=256, d_model=384, n_layer=6, n_head=6, n_kv_head=2, norm="rms",
-                           dropout=0.0, lr=1e-3, torch_linear=False, torch_sdpa="cudnn",
+                           dropout=0.0, lr=1e-3, torch_linear=torch_linear, torch_sdpa="cudnn",
                            corpus_mb=1.0 if quick else 4.0)
 
 
@@ -352,6 +352,8 @@ def main():
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--cnn-batch", type=int, default=256)
     ap.add_argument("--channels-last", action="store_true", help="CNN: NHWC activations and filters (both backends)")
+    ap.add_argument("--gpt-torch-linear", action="store_true",
+                    help="GPT, pydnn run: Linear layers on cuBLAS (separates the matmul's share of the gap)")
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
@@ -378,7 +380,7 @@ def main():
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
-                model, step = gpt_setup(backend, dev, gpt_args(args.quick))
+                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear))
             for _ in range(args.warmup):
                 step()
             torch.cuda.synchronize()
