@@ -283,8 +283,8 @@ def report(results, layers, md):
     out = []
     p = out.append
     p("# pydnn.torch training-step profile\n")
-    p(f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}; torch {torch.__version__}; bf16 autocast; the demos' models and "
-      "batch sizes.\n")
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    p(f"{dev}; torch {torch.__version__}; bf16 autocast; the demos' models and batch sizes.\n")
     p("| demo | backend | wall ms/step | GPU busy ms/step | GPU idle (of wall) | GPU idle (of GPU span) | "
       "host ms/step (step ranges) | kernels/step |")
     p("|---|---|---|---|---|---|---|---|")

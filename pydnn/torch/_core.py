@@ -96,7 +96,8 @@ def _current_stream(idx):
 def _check_fast(idx):
     """Use PyTorch's C getters when they exist and agree with the public API (now, with CUDA initialised)."""
     try:
-        _fast["on"] = (_get_device is not None and _raw_stream is not None and _get_device() == torch.cuda.current_device()
+        _fast["on"] = (_get_device is not None and _raw_stream is not None
+                       and _get_device() == torch.cuda.current_device()
                        and _raw_stream(idx) == torch.cuda.current_stream(idx).cuda_stream)
     except Exception:  # noqa: BLE001 - a PyTorch without them, or with other signatures: the public API
         _fast["on"] = False
