@@ -50,7 +50,7 @@ class Dev:
         self.device = torch.device("cuda", torch.cuda.current_device())
 
 
-def cnn_setup(backend, dev, batch, channels_last=False):
+def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
     torch.manual_seed(0)
     try:
         xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
@@ -69,6 +69,8 @@ def cnn_setup(backend, dev, batch, channels_last=False):
     for _ in range(4):
         idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
         batches.append((xtr[idx].contiguous(memory_format=mf), ytr[idx]))
+    if cuda_graph:  # the demo's --cuda-graph: forward and backward replayed as CUDA graphs
+        train_cnn.graphed(model, batches[0][0], channels_last)
     state = {"i": 0}
 
     def step():
@@ -352,6 +354,8 @@ def main():
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--cnn-batch", type=int, default=256)
     ap.add_argument("--channels-last", action="store_true", help="CNN: NHWC activations and filters (both backends)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="CNN: forward and backward as CUDA graphs (train_cnn.py --cuda-graph), both backends")
     ap.add_argument("--gpt-torch-linear", action="store_true",
                     help="GPT, pydnn run: Linear layers on cuBLAS (separates the matmul's share of the gap)")
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
@@ -376,7 +380,7 @@ def main():
                 print(f"[{demo}/{backend}] skipped: past the {args.budget:.0f} s budget", flush=True)
                 continue
             if demo == "cnn":
-                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last)
+                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last, args.cuda_graph)
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
@@ -387,7 +391,7 @@ def main():
             r = {"torch_profiler": profile_steps(step, args.steps, args.top)}
             if args.cprofile_steps:
                 r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top)
-            if demo == "cnn" and args.layer_steps:
+            if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
                 layers[backend] = layer_times(model, step, args.layer_steps)
             results[(demo, backend)] = r
             print(f"[{demo}/{backend}] {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
