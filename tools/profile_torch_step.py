@@ -345,7 +345,8 @@ def report(results, layers, md):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--demos", default="cnn,gpt", help="comma list of cnn, gpt, rnn (a 2-layer LSTM step)")
+    ap.add_argument("--demos", default="cnn,gpt",
+                    help="comma list of cnn, cnn_graph (the CNN with --cuda-graph), gpt, rnn (a 2-layer LSTM step)")
     ap.add_argument("--backends", default="pydnn,torch")
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
     ap.add_argument("--warmup", type=int, default=10)
@@ -379,8 +380,9 @@ def main():
             if args.budget and t0 - t_start > args.budget:
                 print(f"[{demo}/{backend}] skipped: past the {args.budget:.0f} s budget", flush=True)
                 continue
-            if demo == "cnn":
-                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last, args.cuda_graph)
+            if demo in ("cnn", "cnn_graph"):
+                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last,
+                                           args.cuda_graph or demo == "cnn_graph")
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
@@ -389,7 +391,7 @@ def main():
                 step()
             torch.cuda.synchronize()
             r = {"torch_profiler": profile_steps(step, args.steps, args.top)}
-            if args.cprofile_steps:
+            if args.cprofile_steps and demo != "cnn_graph":
                 r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top)
             if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
                 layers[backend] = layer_times(model, step, args.layer_steps)
