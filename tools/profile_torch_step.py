@@ -181,10 +181,14 @@ def profile_steps(step, n, top):
         _sync()
         wall_ms = (time.perf_counter() - t0) * 1e3
     steps, gpu = [], []
+    kern = {}  # GPU activity name -> [total µs, count]
     for e in prof.events():
         dt = str(getattr(e, "device_type", ""))
         if dt.endswith("CUDA"):
             gpu.append((e.time_range.start, e.time_range.end))
+            k = kern.setdefault(e.name, [0.0, 0])
+            k[0] += e.time_range.end - e.time_range.start
+            k[1] += 1
         elif e.name == "train_step":
             steps.append((e.time_range.start, e.time_range.end))
     res = {"steps": n, "wall_ms_per_step": wall_ms / n, "kernels_per_step": len(gpu) / n}
@@ -198,6 +202,8 @@ def profile_steps(step, n, top):
                    gpu_idle_share=1.0 - busy / (w1 - w0),
                    gpu_idle_share_of_gpu_span=max(0.0, 1.0 - busy / span) if span > 0 else float("nan"),
                    host_ms_per_step=sum(b - a for a, b in steps) / 1e3 / n)
+    res["top_gpu_kernels"] = [{"kernel": name, "us_per_step": round(v[0] / n, 1), "calls_per_step": round(v[1] / n, 2)}
+                              for name, v in sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]]
     rows = []
     for a in prof.key_averages():
         if a.key == "train_step" or str(getattr(a, "device_type", "")).endswith("CUDA"):
@@ -296,6 +302,12 @@ def report(results, layers, md):
           f"{fmt_pct(t.get('gpu_idle_share'))} | {fmt_pct(t.get('gpu_idle_share_of_gpu_span'))} | "
           f"{t.get('host_ms_per_step', float('nan')):.3f} | {t['kernels_per_step']:.0f} |")
     for (demo, backend), r in results.items():
+        if r["torch_profiler"].get("top_gpu_kernels"):
+            p(f"\n## {demo} / {backend}: top GPU kernels (device time per step)\n")
+            p("| kernel | µs/step | calls/step |")
+            p("|---|---|---|")
+            for row in r["torch_profiler"]["top_gpu_kernels"]:
+                p(f"| `{row['kernel'][:110]}` | {row['us_per_step']:.1f} | {row['calls_per_step']:g} |")
         p(f"\n## {demo} / {backend}: top host-side ops (torch.profiler, self CPU time per step)\n")
         p("| op | self µs/step | calls/step |")
         p("|---|---|---|")
