@@ -72,8 +72,39 @@ _tls = threading.local()
 _VERIFY = int((torch.version.cuda or "0").split(".")[0]) < 12
 
 
+# PyTorch's own C entry points for the current device and the raw cudaStream_t of the current stream (what
+# torch.cuda.current_device() and torch.cuda.current_stream(i).cuda_stream return, without the Python
+# wrappers: current_stream builds a torch.cuda.Stream object per call); checked against the public ones when
+# the first handle is made, else the public ones are used
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_fast = {"on": False}
+
+
+def _current_device():
+    if _fast["on"]:
+        return _get_device()
+    return torch.cuda.current_device()
+
+
+def _current_stream(idx):
+    if _fast["on"]:
+        return _raw_stream(idx)
+    return torch.cuda.current_stream(idx).cuda_stream
+
+
+def _check_fast(idx):
+    """Use PyTorch's C getters when they exist and agree with the public API (now, with CUDA initialised)."""
+    try:
+        _fast["on"] = (_get_device is not None and _raw_stream is not None
+                       and _get_device() == torch.cuda.current_device()
+                       and _raw_stream(idx) == torch.cuda.current_stream(idx).cuda_stream)
+    except Exception:  # noqa: BLE001 - a PyTorch without them, or with other signatures: the public API
+        _fast["on"] = False
+
+
 def device_index(device):
-    return device.index if device.index is not None else torch.cuda.current_device()
+    return device.index if device.index is not None else _current_device()
 
 
 def _create(idx):
@@ -92,9 +123,12 @@ def handle_for(device):
     shares), its context current on the calling thread (autograd's device threads included) and its stream
     set to torch.cuda.current_stream(device). A tensor on a device other than the current one is refused
     (Unsupported): pydnn launches on the current context."""
-    idx = device_index(device)
-    if torch.cuda.current_device() != idx:
-        raise Unsupported(f"tensor on cuda:{idx} while cuda:{torch.cuda.current_device()} is the current device")
+    cur = _current_device()
+    idx = device.index
+    if idx is None:
+        idx = cur
+    elif cur != idx:
+        raise Unsupported(f"tensor on cuda:{idx} while cuda:{cur} is the current device")
     e = _handles.get(idx)
     if e is None:
         with _lock:
@@ -102,10 +136,11 @@ def handle_for(device):
             if e is None:
                 e = _handles[idx] = _create(idx)
                 _tls.entry = e  # _create made its context current on this thread
+                _check_fast(idx)
     if getattr(_tls, "entry", None) is not e or (_VERIFY and driver.current() != int(e.handle.ctx)):
         driver.set_current(e.handle.ctx)  # not a stream operation: allowed while a stream is captured
         _tls.entry = e
-    s = torch.cuda.current_stream(idx).cuda_stream
+    s = _current_stream(idx)
     if e.stream != s:  # the same as setting it every call: only the changes reach pydnn
         pydnn.set_stream(e.handle, s)
         e.stream = s
@@ -153,9 +188,9 @@ def usable_strides(shape, strides):
 def dense(t):
     """t itself when pydnn can read it through strides, else a contiguous copy (broadcast / negative
     strides). Non-contiguous but non-broadcast tensors (transposes, slices, channels_last) pass as they are."""
-    if usable_strides(t.shape, t.stride()) is None:
-        return t.contiguous()
-    return t
+    if t.is_contiguous() or usable_strides(t.shape, t.stride()) is not None:
+        return t
+    return t.contiguous()
 
 
 def tensor_desc(dtype, shape, strides):

@@ -12,6 +12,7 @@ SWAPS = {
     nn.MaxPool2d: M.MaxPool2d, nn.AvgPool2d: M.AvgPool2d, nn.AdaptiveAvgPool2d: M.AdaptiveAvgPool2d,
     nn.Dropout: M.Dropout, nn.Softmax: M.Softmax, nn.LogSoftmax: M.LogSoftmax,
     nn.Linear: M.Linear, nn.MultiheadAttention: M.MultiheadAttention,
+    nn.LSTM: M.LSTM, nn.GRU: M.GRU, nn.RNN: M.RNN,
 }
 # modules whose own forward only calls their children: nothing of theirs is left as PyTorch
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -42,6 +43,8 @@ def _swap(old, cls):
     new.__dict__.update(old.__dict__)
     if cls in (M.Conv1d, M.Conv2d, M.Conv3d, M.BatchNorm1d, M.BatchNorm2d):
         new.activation = None
+    if cls in (M.LSTM, M.GRU, M.RNN):  # the same Parameters, re-laid into pydnn's flat weight space
+        new.flatten_parameters()
     return new
 
 

@@ -116,7 +116,7 @@ def _pick(perfs, what):
 
 def conv_plan(h, x, w, spec, fmt):
     """The cached plan (descriptors, output dims, forward algorithm) of one convolution problem."""
-    key = (id(h), x.dtype, tuple(x.shape), x.stride(), tuple(w.shape), fmt, spec, _benchmark())
+    key = (id(h), x.dtype, x.shape, x.stride(), w.shape, fmt, spec, _benchmark())  # Size hashes as a tuple
     pl = _conv_plans.get(key)
     if pl is not None:
         return pl
@@ -242,11 +242,46 @@ class ConvFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+_CONV_ACTS = frozenset((None, "relu", "sigmoid", "tanh", "identity"))
+
+
 def _ntuple(v, n):
     if isinstance(v, int):
         return (v,) * n
     v = tuple(int(i) for i in v)
     return v * n if len(v) == 1 else v
+
+
+_specs = C.BoundedDict()  # (nsp, stride, padding, dilation, groups, kernel dims for 'same') -> spec
+
+
+def _conv_spec(nsp, stride, padding, dilation, groups, ks):
+    """(stride, padding, dilation, groups) as tuples of nsp ints, cached by the call's own arguments (a
+    module passes the same tuples every call): the normalisation runs once per configuration."""
+    key = (nsp, stride, padding, dilation, groups, ks if isinstance(padding, str) else None)
+    try:
+        sp = _specs.get(key)
+    except TypeError:  # lists from a functional caller: not cached
+        key, sp = None, None
+    if sp is not None:
+        return sp
+    st, dil = _ntuple(stride, nsp), _ntuple(dilation, nsp)
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0,) * nsp
+        elif padding == "same":
+            tot = [d * (k - 1) for d, k in zip(dil, ks)]
+            if any(t % 2 for t in tot) or any(s != 1 for s in st):
+                raise Unsupported("padding='same' with asymmetric padding")
+            pad = tuple(t // 2 for t in tot)
+        else:
+            raise Unsupported(f"padding={padding!r}")
+    else:
+        pad = _ntuple(padding, nsp)
+    sp = (st, pad, dil, int(groups))
+    if key is not None:
+        _specs[key] = sp
+    return sp
 
 
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
@@ -267,26 +302,16 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activa
     def pydnn_path():
         if not 1 <= nsp <= 3:
             raise Unsupported(f"input of {x.dim()} dims")
-        _check_cuda("conv", x, weight, bias)
-        if activation not in (None, "relu", "sigmoid", "tanh", "identity"):
+        dt = x.dtype
+        if not (x.is_cuda and weight.is_cuda and weight.dtype is dt and dt in C.DTYPES
+                and (bias is None or (bias.is_cuda and bias.dtype is dt))):
+            _check_cuda("conv", x, weight, bias)  # the general check (and its reason)
+        if activation not in _CONV_ACTS:
             raise Unsupported(f"fused activation {activation!r}")
-        st, dil = _ntuple(stride, nsp), _ntuple(dilation, nsp)
-        if isinstance(padding, str):
-            if padding == "valid":
-                pad = (0,) * nsp
-            elif padding == "same":
-                ks = weight.shape[2:]
-                tot = [d * (k - 1) for d, k in zip(dil, ks)]
-                if any(t % 2 for t in tot) or any(s != 1 for s in st):
-                    raise Unsupported("padding='same' with asymmetric padding")
-                pad = tuple(t // 2 for t in tot)
-            else:
-                raise Unsupported(f"padding={padding!r}")
-        else:
-            pad = _ntuple(padding, nsp)
+        spec = _conv_spec(nsp, stride, padding, dilation, groups, weight.shape[2:])
         if x.numel() == 0:
             raise Unsupported("empty input")
-        return ConvFunction.apply(dense(x), weight, bias, (st, pad, dil, int(groups)), activation)
+        return ConvFunction.apply(dense(x), weight, bias, spec, activation)
 
     return _run(pydnn_path, torch_path, "conv")
 
@@ -313,7 +338,7 @@ class BatchNormFunction(torch.autograd.Function):
         dims, strides = _bn_view(x)
         xd = C.tensor_desc(x.dtype, dims, strides)
         y = _empty_like(x)
-        yd = C.tensor_desc(y.dtype, *_bn_view(y))
+        yd = xd if y.stride() == x.stride() else C.tensor_desc(y.dtype, *_bn_view(y))
         c = x.shape[1]
         pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         pd = C.tensor_desc(pdt, (1, c) + (1,) * (len(dims) - 2), (c,) + (1,) * (len(dims) - 1))
@@ -322,8 +347,7 @@ class BatchNormFunction(torch.autograd.Function):
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
         rs = None
         if training:
-            sm = torch.empty(c, dtype=pdt, device=x.device)
-            si = torch.empty(c, dtype=pdt, device=x.device)
+            sm, si = torch.empty((2, c), dtype=pdt, device=x.device).unbind(0)  # one allocation
             if relu:
                 ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
                 key = ("bn_fwd_ex", h, xd, yd, pd)
@@ -354,6 +378,7 @@ class BatchNormFunction(torch.autograd.Function):
                 y.relu_()
             ctx.save_for_backward(x, w, running_mean, running_var, y if relu else None)
         ctx.training, ctx.eps, ctx.pd, ctx.affine, ctx.relu = training, eps, pd, weight is not None, relu
+        ctx.xd = xd
         return y
 
     @staticmethod
@@ -374,11 +399,11 @@ class BatchNormFunction(torch.autograd.Function):
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), x)
         dx = _empty_like(x)
-        dw, db = torch.empty_like(w), torch.empty_like(w)
+        dw, db = torch.empty((2,) + tuple(w.shape), dtype=w.dtype, device=w.device).unbind(0)  # one allocation
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
-        xd = C.tensor_desc(x.dtype, *_bn_view(x))
-        dyd = C.tensor_desc(dy.dtype, *_bn_view(dy))
-        dxd = C.tensor_desc(dx.dtype, *_bn_view(dx))
+        xd = ctx.xd  # x is the forward's: its descriptor is the forward's
+        dyd = xd if dy.stride() == x.stride() else C.tensor_desc(dy.dtype, *_bn_view(dy))
+        dxd = xd if dx.stride() == x.stride() else C.tensor_desc(dx.dtype, *_bn_view(dx))
         if ctx.relu:
             ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
             key = ("bn_bwd_ex", h, xd, dyd, dxd, ctx.pd)
@@ -485,7 +510,7 @@ class NormFunction(torch.autograd.Function):
         pydnn.norm_forward_training(h, nd, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), sbd, w.data_ptr(),
                                     ptr(bias), std, ptr(mean), inv.data_ptr())
         ctx.save_for_backward(x, w, bias, mean, inv)
-        ctx.nd, ctx.sbd, ctx.std, ctx.has_w = nd, sbd, std, weight is not None
+        ctx.nd, ctx.sbd, ctx.std, ctx.has_w, ctx.xd = nd, sbd, std, weight is not None, xd
         return y
 
     @staticmethod
@@ -493,9 +518,10 @@ class NormFunction(torch.autograd.Function):
         x, w, bias, mean, inv = ctx.saved_tensors
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), x)
-        xd, dyd = tdesc(x), tdesc(dy)
+        xd = ctx.xd  # x is the forward's: its descriptor is the forward's
+        dyd = xd if dy.stride() == x.stride() else tdesc(dy)
         dx = _empty_like(x)
-        dxd = tdesc(dx)
+        dxd = xd if dx.stride() == x.stride() else tdesc(dx)
         dw = torch.empty_like(w)
         db = torch.empty_like(w) if bias is not None else None
         key = ("norm_bwd", h, ctx.nd, xd, dyd, dxd)
@@ -594,10 +620,11 @@ class ActivationFunction(torch.autograd.Function):
         h = C.handle_for(x.device)
         ad = activation_desc(name)
         y = _empty_like(x)
-        xd, yd = tdesc(x), tdesc(y)
+        xd = tdesc(x)
+        yd = xd if y.stride() == x.stride() else tdesc(y)
         pydnn.activation_forward(h, ad, 1.0, xd, x.data_ptr(), 0.0, yd, y.data_ptr())
         ctx.save_for_backward(x, y)
-        ctx.name = name
+        ctx.name, ctx.descs = name, (xd, yd)
         return y
 
     @staticmethod
@@ -606,7 +633,9 @@ class ActivationFunction(torch.autograd.Function):
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), y)
         dx = _empty_like(x)
-        xd, yd, dyd, dxd = tdesc(x), tdesc(y), tdesc(dy), tdesc(dx)
+        xd, yd = ctx.descs  # x and y are the forward's tensors: their descriptors are the forward's
+        dyd = yd if dy.stride() == y.stride() else tdesc(dy)
+        dxd = xd if dx.stride() == x.stride() else tdesc(dx)
         pydnn.activation_backward(h, activation_desc(ctx.name), 1.0, yd, y.data_ptr(), dyd, dy.data_ptr(), xd,
                                   x.data_ptr(), 0.0, dxd, dx.data_ptr())
         return dx, None
@@ -901,6 +930,7 @@ def log_softmax(x, dim, dtype=None):
 
 # ============================================================================================= attention
 _attn_descs = {}
+_attn_plans = C.BoundedDict()  # problem -> (attention descriptor, q k v o lse descriptors, workspace bytes)
 
 
 def _attn_desc(hq, hkv, d, scale, mask, p, seed):
@@ -918,7 +948,7 @@ def _attn_desc(hq, hkv, d, scale, mask, p, seed):
 def _attn_ok(t):
     """Head dim contiguous, the other strides multiples of 8 elements, pointer 16-byte aligned."""
     s = t.stride()
-    return s[3] == 1 and all(v % 8 == 0 for v in s[:3]) and t.data_ptr() % 16 == 0
+    return s[3] == 1 and s[0] % 8 == 0 and s[1] % 8 == 0 and s[2] % 8 == 0 and t.data_ptr() % 16 == 0
 
 
 def _attn_in(t):
@@ -930,22 +960,30 @@ class AttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, mask, p):
         h = C.handle_for(q.device)
         b, hq, sq, d = q.shape
-        hkv = k.shape[1]
-        seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) if p > 0 else 0
-        ad = _attn_desc(hq, hkv, d, scale, mask, p, seed)
         # O laid out BSHD in memory: o.transpose(1, 2).reshape(b, sq, hq * d) is then free
         o = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty((b, hq, sq, 1), dtype=torch.float32, device=q.device)
-        qd, kd, vd, od, sd = tdesc(q), tdesc(k), tdesc(v), tdesc(o), tdesc(lse)
-        key = ("attn_fwd", h, ad, qd, kd)
-        n = _sizes.get(key)
-        if n is None:
-            n = _sizes[key] = pydnn.get_attention_forward_workspace_size(h, ad, qd, kd)
+        # one lookup per call for a problem seen before (without dropout: with it, each call draws a seed)
+        pkey = (id(h), q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), scale, mask) if p == 0 else None
+        plan = _attn_plans.get(pkey) if pkey is not None else None
+        if plan is None:
+            hkv = k.shape[1]
+            seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) if p > 0 else 0
+            ad = _attn_desc(hq, hkv, d, scale, mask, p, seed)
+            qd, kd, vd, od, sd = tdesc(q), tdesc(k), tdesc(v), tdesc(o), tdesc(lse)
+            key = ("attn_fwd", h, ad, qd, kd)
+            n = _sizes.get(key)
+            if n is None:
+                n = _sizes[key] = pydnn.get_attention_forward_workspace_size(h, ad, qd, kd)
+            plan = (ad, qd, kd, vd, od, sd, n)
+            if pkey is not None:
+                _attn_plans[pkey] = plan
+        ad, qd, kd, vd, od, sd, n = plan
         ws, wsp = C.workspace(n, q.device)
         pydnn.attention_forward(h, ad, qd, q.data_ptr(), kd, k.data_ptr(), vd, v.data_ptr(), od, o.data_ptr(), sd,
                                 lse.data_ptr(), None, None, wsp, n)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.ad = ad
+        ctx.ad, ctx.descs = ad, (qd, kd, vd, od, sd)
         return o
 
     @staticmethod
@@ -957,16 +995,19 @@ class AttentionFunction(torch.autograd.Function):
         if not (_attn_ok(dq) and _attn_ok(dk) and _attn_ok(dv)):
             dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         det = 1 if torch.are_deterministic_algorithms_enabled() else 0
-        qd = tdesc(q)
-        kd = tdesc(k)
+        qd, kd, vd, od, sd = ctx.descs  # the saved tensors are the forward's: so are their descriptors
         key = ("attn_bwd", h, ctx.ad, qd, kd)
         n = _sizes.get(key)
         if n is None:
             n = _sizes[key] = pydnn.get_attention_backward_workspace_size(h, ctx.ad, qd, kd)
         ws, wsp = C.workspace(n, q.device)
-        pydnn.attention_backward(h, ctx.ad, qd, q.data_ptr(), kd, k.data_ptr(), tdesc(v), v.data_ptr(), tdesc(o),
-                                 o.data_ptr(), tdesc(do), do.data_ptr(), tdesc(lse), lse.data_ptr(), tdesc(dq),
-                                 dq.data_ptr(), tdesc(dk), dk.data_ptr(), tdesc(dv), dv.data_ptr(), None, None, det,
+        dod = od if do.stride() == o.stride() else tdesc(do)
+        dqd = qd if dq.stride() == q.stride() else tdesc(dq)
+        dkd = kd if dk.stride() == k.stride() else tdesc(dk)
+        dvd = vd if dv.stride() == v.stride() else tdesc(dv)
+        pydnn.attention_backward(h, ctx.ad, qd, q.data_ptr(), kd, k.data_ptr(), vd, v.data_ptr(), od,
+                                 o.data_ptr(), dod, do.data_ptr(), sd, lse.data_ptr(), dqd,
+                                 dq.data_ptr(), dkd, dk.data_ptr(), dvd, dv.data_ptr(), None, None, det,
                                  wsp, n)
         return dq, dk, dv, None, None, None
 
@@ -1010,6 +1051,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _run(pydnn_path, torch_path, "scaled_dot_product_attention")
 
 
+_linear_descs = C.BoundedDict()  # (dtype, x shape / strides, W shape / strides) -> descriptors
+
+
 class LinearFunction(torch.autograd.Function):
     """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
     public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
@@ -1021,12 +1065,16 @@ class LinearFunction(torch.autograd.Function):
         m, k = x2.shape
         n = w.shape[0]
         y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-        pydnn.matmul(h, 1.0, tdesc(x2), x2.data_ptr(), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
-                     w.data_ptr(), 0.0, tdesc(y), y.data_ptr())
+        key = (x2.dtype, x2.shape, x2.stride(), w.shape, w.stride())
+        d = _linear_descs.get(key)
+        if d is None:  # x, W^T (a column-major view of W), y (= dy's, contiguous), W (= dW's)
+            d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
+                                      tdesc(y), tdesc(w))
+        pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
         if b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
-        ctx.has_bias = b is not None
+        ctx.has_bias, ctx.descs = b is not None, d
         return y
 
     @staticmethod
@@ -1036,14 +1084,16 @@ class LinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         m, n = dy.shape
         k = x2.shape[1]
+        xd, _, yd, wd = ctx.descs  # dy is contiguous (m, n) as y; x2, w are the forward's tensors
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
-            pydnn.matmul(h, 1.0, tdesc(dy), dy.data_ptr(), tdesc(w), w.data_ptr(), 0.0, tdesc(dx), dx.data_ptr())
+            pydnn.matmul(h, 1.0, yd, dy.data_ptr(), wd, w.data_ptr(), 0.0,
+                         xd if x2.is_contiguous() else tdesc(dx), dx.data_ptr())
         if ctx.needs_input_grad[1]:
             dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
-            pydnn.matmul(h, 1.0, C.tensor_desc(dy.dtype, (n, m), (dy.stride(1), dy.stride(0))), dy.data_ptr(),
-                         tdesc(x2), x2.data_ptr(), 0.0, tdesc(dw), dw.data_ptr())
+            pydnn.matmul(h, 1.0, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy.data_ptr(), xd, x2.data_ptr(), 0.0,
+                         wd if w.is_contiguous() else tdesc(dw), dw.data_ptr())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         return dx, dw, db

@@ -8,10 +8,11 @@ import torch.nn.functional as F
 
 from . import _core as C
 from . import functional as PF
+from .rnn import GRU, LSTM, RNN
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm",
            "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Dropout",
-           "Linear", "MultiheadAttention", "Softmax", "LogSoftmax"]
+           "Linear", "MultiheadAttention", "Softmax", "LogSoftmax", "LSTM", "GRU", "RNN"]
 
 _FUSABLE = (None, "relu", "sigmoid", "tanh", "identity")
 

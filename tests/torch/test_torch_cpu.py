@@ -217,6 +217,8 @@ def test_handle_context_made_current_on_each_calling_thread(monkeypatch):
     monkeypatch.setattr(C, "_handles", {})
     monkeypatch.setattr(C, "_tls", threading.local())
     monkeypatch.setattr(C, "_VERIFY", False)  # a CUDA 12+ runtime
+    monkeypatch.setattr(C, "_fast", {"on": False})  # PyTorch's C getters would bypass the stand-ins below
+    monkeypatch.setattr(C, "_get_device", None)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: state["dev"])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda idx=None: Stream(state["stream"] + idx))

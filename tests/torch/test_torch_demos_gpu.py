@@ -72,3 +72,14 @@ def test_train_cnn_two_gpus(tmp_path):
     pytest.importorskip("sklearn")
     two, out = _run(CNN + ["--backend", "pydnn"], tmp_path / "two.json", nproc=2)
     assert two["pydnn"]["world"] == 2 and two["pydnn"]["final_accuracy"] > 95, out
+
+
+def test_train_cnn_cuda_graph(tmp_path):
+    """--cuda-graph: each backend's forward and backward replayed as CUDA graphs; the run converges as the
+    eager one does (the graphs' warm-up moves the batch-norm statistics three extra momentum steps)."""
+    pytest.importorskip("sklearn")
+    res, out = _run(CNN + ["--cuda-graph"], tmp_path / "cnn_graph.json")
+    p, t = res["pydnn"], res["torch"]
+    assert p["final_accuracy"] > 95 and t["final_accuracy"] > 95, out
+    assert abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
+    print(out)

@@ -24,7 +24,8 @@ from pydnn.torch import _core as C  # noqa: E402
 from pydnn.torch import functional as PF  # noqa: E402
 
 _NP = {pydnn.PYDNN_DATA_FLOAT: (np.float32, torch.float32), pydnn.PYDNN_DATA_DOUBLE: (np.float64, torch.float64),
-       pydnn.PYDNN_DATA_HALF: (np.int16, torch.float16), pydnn.PYDNN_DATA_BFLOAT16: (np.int16, torch.bfloat16)}
+       pydnn.PYDNN_DATA_HALF: (np.int16, torch.float16), pydnn.PYDNN_DATA_BFLOAT16: (np.int16, torch.bfloat16),
+       pydnn.PYDNN_DATA_INT32: (np.int32, torch.int32)}
 CALLS = []
 
 
@@ -482,6 +483,188 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
         tv(dd, p).copy_(g)
 
 
+# ---- RNN: the reference is PyTorch's own nn.LSTM / GRU / RNN in float64, its weights read from the weight
+# space at the addresses pydnn's real GetRNNWeightParams gives (so the bridge's flat layout is checked
+# against pydnn's), the forward's inputs kept per reserve space for the backward calls
+_RNN_STASH = {}
+_RNN_CELLS = {pydnn.PYDNN_LSTM: ("LSTM", 4), pydnn.PYDNN_GRU: ("GRU", 3), pydnn.PYDNN_RNN_TANH: ("tanh", 1),
+              pydnn.PYDNN_RNN_RELU: ("relu", 1)}
+
+
+def _real_rnn(name, handle, *args):
+    """A real pydnn RNN query on a CPU-only handle (the emulated mode's handle is a stand-in string)."""
+    fn = getattr(pydnn.ops.rnn, name)
+    return fn(cpu_handle() if isinstance(handle, str) else handle, *args)
+
+
+def get_rnn_weight_space_size(handle, rnn_desc):
+    return _real_rnn("get_rnn_weight_space_size", handle, rnn_desc)
+
+
+def get_rnn_temp_space_sizes(handle, rnn_desc, fwd_mode, x_desc):
+    return _real_rnn("get_rnn_temp_space_sizes", handle, rnn_desc, fwd_mode, x_desc)
+
+
+def get_rnn_weight_params(handle, rnn_desc, pseudo_layer, weight_space_size, weight_space, lin_layer_id, m_desc,
+                          b_desc):
+    return _real_rnn("get_rnn_weight_params", handle, rnn_desc, pseudo_layer, weight_space_size, weight_space,
+                     lin_layer_id, m_desc, b_desc)
+
+
+def _rnn_ref(handle, rd, wsize, w):
+    """(module, {param name: (pseudo-layer, kind, [linLayerIDs])}) of the RNN descriptor, its weights read
+    from the weight space at w."""
+    (algo, cell, bias_mode, dir_mode, input_mode, dt, mp, mt, isz, hid, proj, layers, drop,
+     aux) = pydnn.get_rnn_descriptor_v8(rd)
+    name, g = _RNN_CELLS[cell]
+    bi = dir_mode == pydnn.PYDNN_BIDIRECTIONAL
+    bias = bias_mode == pydnn.PYDNN_RNN_DOUBLE_BIAS
+    assert bias or bias_mode == pydnn.PYDNN_RNN_NO_BIAS
+    kw = dict(num_layers=layers, bidirectional=bi, bias=bias, dtype=torch.float64)
+    if name == "LSTM":
+        mod = nn.LSTM(isz, hid, proj_size=proj if proj < hid else 0, **kw)
+    elif name == "GRU":
+        mod = nn.GRU(isz, hid, **kw)
+    else:
+        mod = nn.RNN(isz, hid, nonlinearity=name, **kw)
+    md, bd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    parts = {}
+    for layer in range(layers):
+        for d in range(2 if bi else 1):
+            pl, sfx = layer * (2 if bi else 1) + d, f"l{layer}" + ("_reverse" if d else "")
+            items = [(f"weight_ih_{sfx}", "m", range(g)), (f"weight_hh_{sfx}", "m", range(g, 2 * g))]
+            if proj < hid:
+                items.append((f"weight_hr_{sfx}", "m", [8]))
+            if bias:
+                items += [(f"bias_ih_{sfx}", "b", range(g)), (f"bias_hh_{sfx}", "b", range(g, 2 * g))]
+            for pname, kind, lins in items:
+                chunks = []
+                for lin in lins:
+                    ma, ba = get_rnn_weight_params(handle, rd, pl, wsize, w, lin, md, bd)
+                    desc = md if kind == "m" else bd
+                    chunks.append(tv(desc, ma if kind == "m" else ba).reshape(-1))
+                with torch.no_grad():
+                    getattr(mod, pname).copy_(torch.cat(chunks).double().view(getattr(mod, pname).shape))
+                parts[pname] = (pl, kind, list(lins))
+    return mod, parts, dt
+
+
+def _rnn_data(desc, p):
+    """(padded [T, B, vec] view maker, lengths, layout): read / write sequence data in the descriptor's layout."""
+    dt, lay, tmax, b, vec, lens, fill = pydnn.get_rnn_data_descriptor(desc, 1 << 20)
+    if lay == pydnn.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED:
+        mem = view(p, dt, (sum(lens), vec), (vec, 1))
+    elif lay == pydnn.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED:
+        mem = view(p, dt, (b, tmax, vec), (tmax * vec, vec, 1)).transpose(0, 1)
+    else:
+        mem = view(p, dt, (tmax, b, vec), (b * vec, vec, 1))
+    return mem, list(lens), lay, tmax, b, fill
+
+
+def _rnn_read(desc, p):
+    mem, lens, lay, tmax, b, _ = _rnn_data(desc, p)
+    if lay != pydnn.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED:
+        return mem.double().clone(), lens
+    out = torch.zeros(tmax, b, mem.shape[1], dtype=torch.float64)
+    row = 0
+    for t in range(tmax):
+        for i in range(b):
+            if lens[i] > t:
+                out[t, i] = mem[row].double()
+                row += 1
+    return out, lens
+
+
+def _rnn_write(desc, p, padded, pad_value):
+    mem, lens, lay, tmax, b, _ = _rnn_data(desc, p)
+    if lay == pydnn.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED:
+        row = 0
+        for t in range(tmax):
+            for i in range(b):
+                if lens[i] > t:
+                    mem[row] = padded[t, i].to(mem.dtype)
+                    row += 1
+        return
+    valid = (torch.arange(tmax)[:, None] < torch.tensor(lens)[None, :])[:, :, None]
+    mem.copy_(torch.where(valid, padded, pad_value).to(mem.dtype))
+
+
+def _rnn_run(mod, x, lens, h0, c0):
+    packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lens), enforce_sorted=False)
+    y, st = mod(packed, (h0, c0) if c0 is not None else h0)
+    y, _ = nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])
+    return (y, st[0], st[1]) if c0 is not None else (y, st, None)
+
+
+def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, y, h_desc, hx, hy, c_desc, cx, cy,
+                weight_space_size, weight_space, work_space_size, work_space, reserve_space_size, reserve_space):
+    CALLS.append("rnn_fwd_train" if fwd_mode == pydnn.PYDNN_FWD_MODE_TRAINING else "rnn_fwd_inf")
+    mod, parts, dt = _rnn_ref(handle, rnn_desc, weight_space_size, weight_space)
+    xs, lens = _rnn_read(x_desc, x)
+    assert view(dev_seq_lengths, pydnn.PYDNN_DATA_INT32, (len(lens),), (1,)).tolist() == lens
+    hshape = pydnn.get_tensor_nd_descriptor(h_desc, 3)[2]
+    h0 = tv(h_desc, hx).double().clone() if hx else torch.zeros(hshape, dtype=torch.float64)
+    c0 = None
+    if mod.mode == "LSTM":
+        c0 = tv(c_desc, cx).double().clone() if cx else torch.zeros(pydnn.get_tensor_nd_descriptor(c_desc, 3)[2],
+                                                                     dtype=torch.float64)
+    with torch.no_grad():
+        ys, hys, cys = _rnn_run(mod, xs, lens, h0, c0)
+    fill = _rnn_data(y_desc, y)[5]
+    _rnn_write(y_desc, y, ys, 0.0 if fill is None else fill)
+    if hy:
+        tv(h_desc, hy).copy_(hys)
+    if cy:
+        tv(c_desc, cy).copy_(cys)
+    if fwd_mode == pydnn.PYDNN_FWD_MODE_TRAINING:
+        assert reserve_space and reserve_space_size > 0
+        _RNN_STASH[reserve_space] = dict(mod=mod, parts=parts, x=xs, lens=lens, h0=h0, c0=c0)
+
+
+def rnn_backward_data_v8(handle, rnn_desc, dev_seq_lengths, y_desc, y, dy, x_desc, dx, h_desc, hx, dhy, dhx, c_desc,
+                         cx, dcy, dcx, weight_space_size, weight_space, work_space_size, work_space,
+                         reserve_space_size, reserve_space):
+    CALLS.append("rnn_bwd_data")
+    ws_check(work_space, work_space_size)
+    st = _RNN_STASH[reserve_space]
+    mod = st["mod"]
+    xs, h0, c0 = (t.clone().requires_grad_(True) if t is not None else None for t in (st["x"], st["h0"], st["c0"]))
+    with torch.enable_grad():
+        ys, hys, cys = _rnn_run(mod, xs, st["lens"], h0, c0)
+        dys, _ = _rnn_read(y_desc, dy)
+        loss = (ys * dys).sum()
+        if dhy:
+            loss = loss + (hys * tv(h_desc, dhy).double()).sum()
+        if dcy:
+            loss = loss + (cys * tv(c_desc, dcy).double()).sum()
+        ins = [xs, h0] + ([c0] if c0 is not None else [])
+        params = list(mod.parameters())
+        grads = torch.autograd.grad(loss, ins + params, allow_unused=True)
+    _rnn_write(x_desc, dx, grads[0], 0.0)
+    if dhx:
+        tv(h_desc, dhx).copy_(grads[1])
+    if dcx:
+        tv(c_desc, dcx).copy_(grads[2])
+    st["grads"] = dict(zip([n for n, _ in mod.named_parameters()], grads[len(ins):]))
+
+
+def rnn_backward_weights_v8(handle, rnn_desc, add_grad, dev_seq_lengths, x_desc, x, h_desc, hx, y_desc, y,
+                            weight_space_size, dweight_space, work_space_size, work_space, reserve_space_size,
+                            reserve_space):
+    CALLS.append("rnn_bwd_weights")
+    ws_check(work_space, work_space_size)
+    assert add_grad == pydnn.PYDNN_WGRAD_MODE_ADD
+    st = _RNN_STASH.pop(reserve_space)
+    md, bd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    for pname, (pl, kind, lins) in st["parts"].items():
+        g = st["grads"][pname].reshape(len(lins), -1)
+        for i, lin in enumerate(lins):
+            ma, ba = get_rnn_weight_params(handle, rnn_desc, pl, weight_space_size, dweight_space, lin, md, bd)
+            desc, addr = (md, ma) if kind == "m" else (bd, ba)
+            t = tv(desc, addr)
+            t.copy_((t.double() + g[i].view(t.shape)).to(t.dtype))
+
+
 FAKES = [v for k, v in list(globals().items()) if callable(v) and getattr(pydnn, k, None) is not None
          and k not in ("view",) and not k.startswith("_") and inspect.isfunction(v) and v.__module__ == __name__]
 
@@ -554,6 +737,9 @@ def emulated(monkeypatch, request):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(PF, "_conv_plans", {})
     monkeypatch.setattr(PF, "_sizes", C.BoundedDict())
+    monkeypatch.setattr(PF, "_attn_plans", C.BoundedDict())
+    monkeypatch.setattr(PF, "_specs", C.BoundedDict())
+    monkeypatch.setattr(PF, "_linear_descs", C.BoundedDict())
     monkeypatch.setattr(PF, "_functional_dropout_state", PF.DropoutState())
     monkeypatch.setattr(pydnn.buffers, "CHECKED", False)
     CALLS.clear()
@@ -1078,3 +1264,173 @@ def test_functional_batch_norm_without_running_stats(emulated):
     gx, gw, gb = torch.autograd.grad(y.square().sum(), (x, w, b))
     rx, rw, rb = torch.autograd.grad(yr.square().sum(), (x, w, b))
     torch.testing.assert_close((gx, gw, gb), (rx, rw, rb))
+
+
+# ============================================================================================ RNN modules
+from pydnn.torch import rnn as PR  # noqa: E402
+
+RNN_CASES = [  # class, args, kwargs, input shape (T, B, I) or (B, T, I) with batch_first
+    (nn.LSTM, (5, 8), dict(), (6, 3, 5)),
+    (nn.LSTM, (5, 8), dict(num_layers=2, bidirectional=True), (4, 2, 5)),
+    (nn.LSTM, (5, 8), dict(num_layers=2, proj_size=3, batch_first=True), (3, 5, 5)),
+    (nn.LSTM, (4, 6), dict(bidirectional=True, proj_size=4, bias=False), (5, 2, 4)),
+    (nn.GRU, (5, 7), dict(num_layers=2, bidirectional=True, batch_first=True), (2, 4, 5)),
+    (nn.GRU, (3, 4), dict(bias=False), (5, 3, 3)),
+    (nn.RNN, (5, 6), dict(num_layers=3, nonlinearity="relu"), (4, 2, 5)),
+    (nn.RNN, (5, 6), dict(bidirectional=True), (4, 2, 5)),
+]
+
+
+@pytest.fixture
+def rnn_emulated(emulated, monkeypatch):
+    monkeypatch.setattr(PR, "_plans", C.BoundedDict())
+    monkeypatch.setattr(PR, "_rdescs", C.BoundedDict())
+    monkeypatch.setattr(PR, "_checked", set())
+    _RNN_STASH.clear()
+    yield emulated
+    _RNN_STASH.clear()
+
+
+def _rnn_pair(tcls, args, kw):
+    torch.manual_seed(0)
+    ref = tcls(*args, **kw)
+    mine = {nn.LSTM: pt.LSTM, nn.GRU: pt.GRU, nn.RNN: pt.RNN}[tcls](*args, **kw)
+    mine.load_state_dict(ref.state_dict())
+    return mine, ref
+
+
+def _rnn_check(mine, ref, inp, inp_ref, hx=None, hx_ref=None, atol=1e-5, rtol=1e-4):
+    out = no_fallback(lambda: mine(inp, hx))
+    out_ref = ref(inp_ref, hx_ref)
+    flat = lambda o: [t for t in (o[0].data if isinstance(o[0], nn.utils.rnn.PackedSequence) else o[0],  # noqa: E731
+                                   *(o[1] if isinstance(o[1], tuple) else (o[1],)))]
+    got, want = flat(out), flat(out_ref)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+    torch.manual_seed(1)
+    loss = sum((a * torch.randn(a.shape)).sum() for a in got)  # randn_like follows strides
+    torch.manual_seed(1)
+    loss_ref = sum((b * torch.randn(b.shape)).sum() for b in want)
+    no_fallback(loss.backward)
+    loss_ref.backward()
+    for (n, p), (_, pr) in zip(mine.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, pr.grad, atol=atol, rtol=rtol, msg=lambda m: f"{n}: {m}")
+    return out
+
+
+@pytest.mark.parametrize("case", RNN_CASES, ids=[str(i) for i in range(len(RNN_CASES))])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_rnn_modules(rnn_emulated, case, with_state):
+    tcls, args, kw, shape = case
+    mine, ref = _rnn_pair(tcls, args, kw)
+    torch.manual_seed(2)
+    x = torch.randn(shape).requires_grad_(True)
+    xr = x.detach().clone().requires_grad_(True)
+    hx = hx_ref = None
+    if with_state:
+        dirs, layers = (2 if ref.bidirectional else 1), ref.num_layers
+        b = shape[0] if ref.batch_first else shape[1]
+        out = ref.proj_size or ref.hidden_size if tcls is nn.LSTM else ref.hidden_size
+        h0 = torch.randn(dirs * layers, b, out).requires_grad_(True)
+        hr = h0.detach().clone().requires_grad_(True)
+        if tcls is nn.LSTM:
+            c0 = torch.randn(dirs * layers, b, ref.hidden_size).requires_grad_(True)
+            cr = c0.detach().clone().requires_grad_(True)
+            hx, hx_ref = (h0, c0), (hr, cr)
+        else:
+            hx, hx_ref = h0, hr
+    _rnn_check(mine, ref, x, xr, hx, hx_ref)
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
+    if with_state:
+        for a, b in zip(hx if isinstance(hx, tuple) else (hx,), hx_ref if isinstance(hx_ref, tuple) else (hx_ref,)):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    assert {"rnn_fwd_train", "rnn_bwd_data", "rnn_bwd_weights"} <= set(rnn_emulated)
+    assert not _RNN_STASH, "a training forward's reserve space was never consumed by the backward calls"
+    # the gradients are views of one flat dweight space, the parameters views of the flat weight space
+    flat = mine.__dict__["_pydnn_flat"]
+    base = flat.data_ptr()
+    for n, off, shape in PR.layout(mine)[0]:
+        assert getattr(mine, n).data_ptr() == base + off * flat.element_size(), n
+    # inference (no grad): RNNForward INFERENCE, same outputs
+    with torch.no_grad():
+        y = no_fallback(lambda: mine(x, hx))[0]
+        yr = ref(xr, hx_ref)[0]
+    torch.testing.assert_close(y, yr, atol=1e-5, rtol=1e-4)
+    assert "rnn_fwd_inf" in rnn_emulated
+
+
+@pytest.mark.parametrize("tcls", [nn.LSTM, nn.GRU])
+def test_rnn_packed_sequence(rnn_emulated, tcls):
+    mine, ref = _rnn_pair(tcls, (4, 6), dict(num_layers=2, bidirectional=True))
+    lengths = [3, 5, 1, 4]
+    torch.manual_seed(3)
+    xs = torch.randn(5, 4, 4)
+    x = xs.clone().requires_grad_(True)
+    xr = xs.clone().requires_grad_(True)
+    p = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    pr = nn.utils.rnn.pack_padded_sequence(xr, lengths, enforce_sorted=False)
+    h0 = torch.randn(4, 4, 6)
+    hx = (h0, torch.randn(4, 4, 6)) if tcls is nn.LSTM else h0
+    out = _rnn_check(mine, ref, p, pr, hx, hx)
+    assert isinstance(out[0], nn.utils.rnn.PackedSequence)
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
+    assert _rnn_data  # the packed layout went through the SEQ_MAJOR_PACKED descriptor
+    assert any(k[3] == pydnn.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED for k in PR._plans)
+
+
+def test_rnn_unbatched_and_autocast(rnn_emulated):
+    mine, ref = _rnn_pair(nn.GRU, (5, 8), dict(num_layers=2))
+    x = torch.randn(6, 5)
+    y, hy = no_fallback(lambda: mine(x))
+    yr, hyr = ref(x)
+    assert y.shape == yr.shape and hy.shape == hyr.shape
+    torch.testing.assert_close(y, yr, atol=1e-5, rtol=1e-4)
+    orig = C.autocast_dtype
+    C.autocast_dtype = lambda: torch.bfloat16  # emulate CUDA autocast (the CPU flag is another one)
+    try:
+        xb = torch.randn(6, 3, 5)
+        y, hy = no_fallback(lambda: mine(xb))
+        assert y.dtype == torch.bfloat16 and hy.dtype == torch.bfloat16
+        y.float().sum().backward()
+    finally:
+        C.autocast_dtype = orig
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in mine.parameters())
+    ref_b = nn.GRU(5, 8, num_layers=2).bfloat16()
+    ref_b.load_state_dict({k: v.bfloat16() for k, v in ref.state_dict().items()})
+    torch.testing.assert_close(y.double(), ref_b(xb.bfloat16())[0].double(), atol=3e-2, rtol=3e-2)
+
+
+def test_rnn_params_replaced_copy_per_call(rnn_emulated):
+    mine, ref = _rnn_pair(nn.LSTM, (5, 8), dict(num_layers=2))
+    with torch.no_grad():
+        mine.weight_hh_l1 = nn.Parameter(mine.weight_hh_l1.detach().clone())  # no longer a view
+    x = torch.randn(4, 2, 5)
+    _rnn_check(mine, ref, x, x)
+    assert mine.weight_hh_l1.grad is not None
+    mine.flatten_parameters()
+    flat = mine.__dict__["_pydnn_flat"]
+    assert mine.weight_hh_l1.data_ptr() != flat.data_ptr() and mine.weight_hh_l1.untyped_storage().data_ptr() == \
+        flat.untyped_storage().data_ptr()
+
+
+def test_rnn_validated_mode_reaches_the_real_kernels(rnn_emulated, request):
+    mine, ref = _rnn_pair(nn.LSTM, (16, 32), dict(num_layers=2, bidirectional=True, proj_size=8))
+    mine.bfloat16()
+    x = torch.randn(5, 3, 16).bfloat16().requires_grad_(True)
+    out, (hy, cy) = no_fallback(lambda: mine(x))
+    no_fallback(lambda: (out.float().sum() + hy.float().sum() + cy.float().sum()).backward())
+    if request.node.callspec.params["emulated"] == "validated":
+        assert {"validated:rnn_forward", "validated:rnn_backward_data_v8",
+                "validated:rnn_backward_weights_v8"} <= set(rnn_emulated)
+
+
+def test_rnn_convert(rnn_emulated):
+    model = nn.Sequential()
+    model.add_module("lstm", nn.LSTM(5, 8, num_layers=2))
+    params = list(model.parameters())
+    rep = pt.convert(model)
+    assert ("lstm", "LSTM") in rep.converted and type(model.lstm) is pt.LSTM
+    assert list(model.parameters()) == params  # the same Parameter objects, now views of one flat buffer
+    flat = model.lstm.__dict__["_pydnn_flat"]
+    assert all(p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for p in params)
+    no_fallback(lambda: model.lstm(torch.randn(3, 2, 5)))

@@ -1,0 +1,46 @@
+"""tools/profile_torch_step.py's own logic on the CPU: the busy-time union, the profiler / cProfile passes on
+a small step (no GPU activity: no idle share), and the report's tables."""
+import importlib.util
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("profile_torch_step",
+                                                  os.path.join(ROOT, "tools", "profile_torch_step.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_union_of_busy_intervals():
+    P = _tool()
+    assert P._union([]) == 0.0
+    assert P._union([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4.0
+    assert P._union([(3, 4), (0, 1)]) == 2.0
+    assert P._union([(0, 10), (2, 3), (4, 5)]) == 10.0
+
+
+def test_passes_and_report(tmp_path):
+    P = _tool()
+    lin = torch.nn.Linear(8, 8)
+
+    def step():
+        lin(torch.randn(4, 8)).sum().backward()
+
+    r = P.profile_steps(step, 3, 5)
+    assert r["steps"] == 3 and r["wall_ms_per_step"] > 0 and len(r["top_host_ops"]) <= 5
+    assert any("addmm" in row["op"] or "linear" in row["op"] for row in r["top_host_ops"])
+    c = P.cprofile_steps(step, 2, 4)
+    assert len(c) == 4 and all(row["calls_per_step"] > 0 for row in c)
+    layers = {"pydnn": ({"0": {"type": "Conv2d", "fwd_ms": 1.5, "bwd_ms": 2.0}}, 6.0),
+              "torch": ({"0": {"type": "Conv2d", "fwd_ms": 1.0, "bwd_ms": 2.0}}, 5.0)}
+    md = tmp_path / "p.md"
+    P.report({("cnn", "pydnn"): {"torch_profiler": r, "cprofile": c}}, layers, str(md))
+    text = md.read_text()
+    assert "| cnn | pydnn |" in text and "| 0 | Conv2d | 1.500 | 2.000 | 1.000 | 2.000 | +0.500 |" in text

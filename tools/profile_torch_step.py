@@ -1,0 +1,434 @@
+"""Where a training step of the PyTorch demos spends its time, pydnn.torch beside plain PyTorch (cuDNN).
+
+For each demo (examples/train_cnn.py's digits CNN, examples/train_gpt.py's byte-level GPT; the demos' own
+models, optimizers, bf16 autocast and batch sizes) and each backend:
+  1. N training steps under torch.profiler (CPU + CUDA activity): the wall time per step, the GPU-busy time
+     per step (the union of every kernel / copy / memset interval inside the steps' window) and the GPU-idle
+     share = 1 - busy / wall, and the top host-side costs (the profiler's CPU ops by self time per step);
+  2. N steps under cProfile: the top Python functions by own time per step (pydnn.torch's and pydnn's host
+     code shows up here, which the profiler's op list does not name);
+  3. CNN only: per-layer timing with CUDA events recorded by module hooks (forward: pre-hook to hook;
+     backward: full backward pre-hook to full backward hook), pydnn and PyTorch side by side, so the gap in
+     step time can be attributed to layers (event-to-event device time: includes GPU idle inside a layer
+     when the host is slower than the kernels).
+
+    python tools/profile_torch_step.py                    # both demos, 30 profiled steps each
+    python tools/profile_torch_step.py --quick            # ~25 s: fewer steps, a smaller GPT corpus
+    python tools/profile_torch_step.py --demos cnn --steps 50 --out prof/
+    python tools/profile_torch_step.py --demos rnn        # pydnn.torch.LSTM against nn.LSTM (cuDNN)
+Results: printed, and written to OUT/profile_torch_step.{md,json} (OUT: --out, else $OUT, else .).
+"""
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, ROOT)
+
+import train_cnn  # noqa: E402
+import train_gpt  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------ the demos
+class Dev:
+    """The piece of examples/_common.Dist the demos' helpers read (one GPU, rank 0)."""
+    world, rank, local_rank, main = 1, 0, 0, True
+
+    def __init__(self):
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+
+def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
+    torch.manual_seed(0)
+    try:
+        xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
+    except SystemExit:  # no scikit-learn here: the same shapes of random data (timing does not read values)
+        print("scikit-learn missing: random 3x32x32 images stand in for the digits", flush=True)
+        xtr = torch.randn(1438, 3, 32, 32, device=dev.device)
+        ytr = torch.randint(0, 10, (1438,), device=dev.device)
+    init = train_cnn.build("torch").state_dict()
+    model = train_cnn.build(backend).to(dev.device)
+    model.load_state_dict(init)
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    model.to(memory_format=mf)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    batches = []
+    for _ in range(4):
+        idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
+        batches.append((xtr[idx].contiguous(memory_format=mf), ytr[idx]))
+    if cuda_graph:  # the demo's --cuda-graph: forward and backward replayed as CUDA graphs
+        train_cnn.graphed(model, batches[0][0], channels_last)
+    state = {"i": 0}
+
+    def step():
+        xb, yb = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return model, step, batches[0][0]
+
+
+def gpt_args(quick, torch_linear=False):
+    return SimpleNamespace(batch_size=64, seq=256, d_model=384, n_layer=6, n_head=6, n_kv_head=2, norm="rms",
+                           dropout=0.0, lr=1e-3, torch_linear=torch_linear, torch_sdpa="cudnn",
+                           corpus_mb=1.0 if quick else 4.0)
+
+
+def gpt_setup(backend, dev, args):
+    import pydnn.torch as pt
+    data, _, _ = train_gpt.corpus(int(args.corpus_mb * 2 ** 20))
+    if backend == "pydnn":
+        attn = pt.scaled_dot_product_attention
+    else:
+        attn = train_gpt.torch_attention(train_gpt.probe_torch_attention(args, dev.device))
+    torch.manual_seed(0)
+    init = train_gpt.GPT(args, "torch", None).state_dict()
+    model = train_gpt.GPT(args, backend, attn).to(dev.device)
+    model.load_state_dict(init)
+    decay = [p for _, p in model.named_parameters() if p.dim() == 2]
+    other = [p for _, p in model.named_parameters() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), fused=True)
+    gen = torch.Generator().manual_seed(0)
+    batches = [train_gpt.batches(data, args, dev, gen) for _ in range(4)]
+    state = {"i": 0}
+
+    def step():
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float().view(-1, 256), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+    return model, step
+
+
+def rnn_setup(backend, dev):
+    """A 2-layer LSTM (input 256, hidden 512, sequence 64, batch 32) with a linear head, bf16 autocast, AdamW:
+    pydnn.torch.LSTM against nn.LSTM (cuDNN)."""
+    import pydnn.torch as pt
+    torch.manual_seed(0)
+    ref = nn.LSTM(256, 512, num_layers=2)
+    lstm = pt.LSTM(256, 512, num_layers=2) if backend == "pydnn" else nn.LSTM(256, 512, num_layers=2)
+    lstm.load_state_dict(ref.state_dict())
+    head = nn.Linear(512, 256)
+    model = nn.ModuleDict({"lstm": lstm, "head": head}).to(dev.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    x = torch.randn(64, 32, 256, device=dev.device)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = model["head"](model["lstm"](x)[0])
+            loss = F.mse_loss(y.float(), x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return model, step
+
+
+# ------------------------------------------------------------------------------------------ measurements
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _union(iv):
+    iv = sorted(iv)
+    total, cur = 0.0, None
+    for a, b in iv:
+        if cur is None or a > cur[1]:
+            if cur is not None:
+                total += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    if cur is not None:
+        total += cur[1] - cur[0]
+    return total
+
+
+def profile_steps(step, n, top):
+    """n steps under torch.profiler -> dict: wall ms / step, GPU-busy ms / step, idle share over the wall
+    window and over the GPU's own span, kernels per step, top host ops by self CPU time per step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            with record_function("train_step"):
+                step()
+        _sync()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    steps, gpu = [], []
+    kern = {}  # GPU activity name -> [total µs, count]
+    for e in prof.events():
+        dt = str(getattr(e, "device_type", ""))
+        if dt.endswith("CUDA"):
+            gpu.append((e.time_range.start, e.time_range.end))
+            k = kern.setdefault(e.name, [0.0, 0])
+            k[0] += e.time_range.end - e.time_range.start
+            k[1] += 1
+        elif e.name == "train_step":
+            steps.append((e.time_range.start, e.time_range.end))
+    res = {"steps": n, "wall_ms_per_step": wall_ms / n, "kernels_per_step": len(gpu) / n}
+    if steps and gpu:
+        w0 = min(a for a, _ in steps)
+        w1 = max(max(b for _, b in steps), max(b for _, b in gpu))
+        inside = [(max(a, w0), min(b, w1)) for a, b in gpu if b > w0 and a < w1]
+        busy = _union(inside)
+        span = max(b for _, b in gpu) - max(w0, min(a for a, _ in gpu))
+        res.update(window_ms_per_step=(w1 - w0) / 1e3 / n, gpu_busy_ms_per_step=busy / 1e3 / n,
+                   gpu_idle_share=1.0 - busy / (w1 - w0),
+                   gpu_idle_share_of_gpu_span=max(0.0, 1.0 - busy / span) if span > 0 else float("nan"),
+                   host_ms_per_step=sum(b - a for a, b in steps) / 1e3 / n)
+    res["top_gpu_kernels"] = [{"kernel": name, "us_per_step": round(v[0] / n, 1), "calls_per_step": round(v[1] / n, 2)}
+                              for name, v in sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]]
+    rows = []
+    for a in prof.key_averages():
+        if a.key == "train_step" or str(getattr(a, "device_type", "")).endswith("CUDA"):
+            continue
+        self_us = getattr(a, "self_cpu_time_total", 0.0)
+        if self_us <= 0:
+            continue
+        rows.append((self_us / n, a.count / n, a.key))
+    rows.sort(reverse=True)
+    res["top_host_ops"] = [{"op": k, "self_us_per_step": round(us, 1), "calls_per_step": round(c, 2)}
+                           for us, c, k in rows[:top]]
+    return res
+
+
+def cprofile_steps(step, n, top):
+    """n steps under cProfile: the top Python functions by own time (tottime) per step."""
+    _sync()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        step()
+    _sync()
+    pr.disable()
+    st = pstats.Stats(pr, stream=io.StringIO())
+    rows = []
+    for (fn, line, name), (cc, nc, tt, ct, _callers) in st.stats.items():
+        short = fn.replace(ROOT + os.sep, "")
+        if "site-packages" in short:
+            short = "..." + short.split("site-packages", 1)[1]
+        rows.append((tt / n * 1e6, ct / n * 1e6, nc / n, f"{short}:{line}({name})"))
+    rows.sort(reverse=True)
+    return [{"function": f, "own_us_per_step": round(t, 1), "cum_us_per_step": round(c, 1),
+             "calls_per_step": round(k, 2)} for t, c, k, f in rows[:top]]
+
+
+def layer_times(model, step, n):
+    """Per leaf module: mean forward and backward device time (CUDA events from module hooks) over n steps."""
+    names = {m: n_ for n_, m in model.named_modules() if not list(m.children()) and not isinstance(m, nn.Identity)}
+    rec = {n_: {"f": [], "b": []} for n_ in names.values()}
+    live = {}
+    hooks = []
+
+    def ev():
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    for m, name in names.items():
+        hooks.append(m.register_forward_pre_hook(lambda mod, inp, name=name: live.__setitem__((name, "f"), ev())))
+        hooks.append(m.register_forward_hook(
+            lambda mod, inp, out, name=name: rec[name]["f"].append((live.pop((name, "f")), ev()))))
+        hooks.append(m.register_full_backward_pre_hook(
+            lambda mod, gout, name=name: live.__setitem__((name, "b"), ev())))
+        hooks.append(m.register_full_backward_hook(
+            lambda mod, gin, gout, name=name: rec[name]["b"].append((live.pop((name, "b")), ev())
+                                                                    if (name, "b") in live else None)))
+    try:
+        step()  # the hooks' own first-use costs
+        for v in rec.values():
+            v["f"].clear(), v["b"].clear()
+        torch.cuda.synchronize()
+        t0 = ev()
+        for _ in range(n):
+            step()
+        t1 = ev()
+        torch.cuda.synchronize()
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for name, v in rec.items():
+        f = [a.elapsed_time(b) for a, b in v["f"]]
+        b = [x[0].elapsed_time(x[1]) for x in v["b"] if x is not None]
+        out[name] = {"type": type(dict((nm, m) for m, nm in names.items())[name]).__name__,
+                     "fwd_ms": sum(f) / n if f else 0.0, "bwd_ms": sum(b) / n if b else 0.0}
+    return out, t0.elapsed_time(t1) / n
+
+
+# ------------------------------------------------------------------------------------------ report
+def fmt_pct(x):
+    return "-" if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def report(results, layers, md):
+    out = []
+    p = out.append
+    p("# pydnn.torch training-step profile\n")
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    p(f"{dev}; torch {torch.__version__}; bf16 autocast; the demos' models and batch sizes.\n")
+    p("| demo | backend | wall ms/step | GPU busy ms/step | GPU idle (of wall) | GPU idle (of GPU span) | "
+      "host ms/step (step ranges) | kernels/step |")
+    p("|---|---|---|---|---|---|---|---|")
+    for (demo, backend), r in results.items():
+        t = r["torch_profiler"]
+        p(f"| {demo} | {backend} | {t['wall_ms_per_step']:.3f} | {t.get('gpu_busy_ms_per_step', float('nan')):.3f} | "
+          f"{fmt_pct(t.get('gpu_idle_share'))} | {fmt_pct(t.get('gpu_idle_share_of_gpu_span'))} | "
+          f"{t.get('host_ms_per_step', float('nan')):.3f} | {t['kernels_per_step']:.0f} |")
+    for (demo, backend), r in results.items():
+        if r["torch_profiler"].get("top_gpu_kernels"):
+            p(f"\n## {demo} / {backend}: top GPU kernels (device time per step)\n")
+            p("| kernel | µs/step | calls/step |")
+            p("|---|---|---|")
+            for row in r["torch_profiler"]["top_gpu_kernels"]:
+                p(f"| `{row['kernel'][:110]}` | {row['us_per_step']:.1f} | {row['calls_per_step']:g} |")
+        p(f"\n## {demo} / {backend}: top host-side ops (torch.profiler, self CPU time per step)\n")
+        p("| op | self µs/step | calls/step |")
+        p("|---|---|---|")
+        for row in r["torch_profiler"]["top_host_ops"]:
+            p(f"| `{row['op'][:70]}` | {row['self_us_per_step']:.1f} | {row['calls_per_step']:g} |")
+        if r.get("cprofile"):
+            p(f"\n## {demo} / {backend}: top Python functions (cProfile, own time per step; cProfile inflates "
+              "Python time, compare rows, not totals)\n")
+            p("| function | own µs/step | cum µs/step | calls/step |")
+            p("|---|---|---|---|")
+            for row in r["cprofile"]:
+                p(f"| `{row['function'][:90]}` | {row['own_us_per_step']:.1f} | {row['cum_us_per_step']:.1f} | "
+                  f"{row['calls_per_step']:g} |")
+    if layers:
+        p("\n## CNN per layer (CUDA events from module hooks, ms per step)\n")
+        names = list(next(iter(layers.values()))[0])
+        bks = list(layers)
+        p("| layer | type | " + " | ".join(f"{b} fwd | {b} bwd" for b in bks) + " | pydnn - torch (fwd+bwd) |")
+        p("|---|---|" + "---|---|" * len(bks) + "---|")
+        tot = {b: [0.0, 0.0] for b in bks}
+        for n in names:
+            cells = []
+            for b in bks:
+                r = layers[b][0].get(n, {"fwd_ms": 0.0, "bwd_ms": 0.0})
+                cells += [f"{r['fwd_ms']:.3f}", f"{r['bwd_ms']:.3f}"]
+                tot[b][0] += r["fwd_ms"]
+                tot[b][1] += r["bwd_ms"]
+            diff = ""
+            if "pydnn" in layers and "torch" in layers:
+                a, c = layers["pydnn"][0].get(n), layers["torch"][0].get(n)
+                if a and c:
+                    diff = f"{a['fwd_ms'] + a['bwd_ms'] - c['fwd_ms'] - c['bwd_ms']:+.3f}"
+            typ = layers[bks[0]][0][n]["type"] if n in layers[bks[0]][0] else ""
+            p(f"| {n} | {typ} | " + " | ".join(cells) + f" | {diff} |")
+        p("| (sum of layers) | | " + " | ".join(f"{tot[b][0]:.3f} | {tot[b][1]:.3f}" for b in bks) + " | |")
+        p("| (whole step, events) | | " + " | ".join(f"{layers[b][1]:.3f} | " for b in bks) + " | |")
+        p("\nThe rest of a step (whole step minus the layers' sum) is the loss, the optimizer, zero_grad and the "
+          "gaps between layers. The first layer's backward reads ~0: its input needs no gradient, so its full "
+          "backward hook fires before its weight-gradient kernels run (they land in the rest). pydnn's fused "
+          "batch norm + ReLU shows under the batch norm (its ReLU module is an Identity, not listed).")
+    text = "\n".join(out)
+    print(text)
+    if md:
+        with open(md, "w") as fh:
+            fh.write(text + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--demos", default="cnn,gpt",
+                    help="comma list of cnn, cnn_graph (the CNN with --cuda-graph), gpt, rnn (a 2-layer LSTM step)")
+    ap.add_argument("--backends", default="pydnn,torch")
+    ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--cprofile-steps", type=int, default=10, help="0: no cProfile pass")
+    ap.add_argument("--layer-steps", type=int, default=20, help="CNN per-layer timing steps (0: none)")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--cnn-batch", type=int, default=256)
+    ap.add_argument("--channels-last", action="store_true", help="CNN: NHWC activations and filters (both backends)")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="CNN: forward and backward as CUDA graphs (train_cnn.py --cuda-graph), both backends")
+    ap.add_argument("--gpt-torch-linear", action="store_true",
+                    help="GPT, pydnn run: Linear layers on cuBLAS (separates the matmul's share of the gap)")
+    ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.cprofile_steps, args.layer_steps, args.top = 8, 4, 3, 6, 10
+        args.budget = args.budget or 25.0
+    if not torch.cuda.is_available():
+        sys.exit("profile_torch_step.py needs a CUDA GPU")
+    import pydnn.torch as pt
+    os.makedirs(args.out, exist_ok=True)
+    dev = Dev()
+    results, layers = {}, {}
+    t_start = time.perf_counter()
+    for demo in args.demos.split(","):
+        for backend in args.backends.split(","):
+            t0 = time.perf_counter()
+            if args.budget and t0 - t_start > args.budget:
+                print(f"[{demo}/{backend}] skipped: past the {args.budget:.0f} s budget", flush=True)
+                continue
+            if demo in ("cnn", "cnn_graph"):
+                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last,
+                                           args.cuda_graph or demo == "cnn_graph")
+            elif demo == "rnn":
+                model, step = rnn_setup(backend, dev)
+            else:
+                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear))
+            for _ in range(args.warmup):
+                step()
+            torch.cuda.synchronize()
+            r = {"torch_profiler": profile_steps(step, args.steps, args.top)}
+            if args.cprofile_steps and demo != "cnn_graph":
+                r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top)
+            if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
+                layers[backend] = layer_times(model, step, args.layer_steps)
+            results[(demo, backend)] = r
+            print(f"[{demo}/{backend}] {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
+                  f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)",
+                  flush=True)
+            del model, step
+            torch.cuda.empty_cache()
+            with open(os.path.join(args.out, "profile_torch_step.partial.json"), "w") as fh:
+                json.dump({f"{d}/{b}": r for (d, b), r in results.items()}, fh, indent=1)
+    from pydnn.torch import _core as C
+    print(f"pydnn.torch handle_for through PyTorch's C getters: {C._fast['on']}")
+    if pt.fallbacks:
+        print("pydnn.torch fell back to PyTorch for:", pt.fallback_report())
+    report(results, layers, os.path.join(args.out, "profile_torch_step.md"))
+    with open(os.path.join(args.out, "profile_torch_step.json"), "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "results": {f"{d}/{b}": r for (d, b), r in results.items()},
+                   "cnn_layers": {b: {"layers": v[0], "step_ms": v[1]} for b, v in layers.items()},
+                   "fallbacks": dict(pt.fallbacks), "bridge_fast_getters": C._fast["on"],
+                   "seconds": time.perf_counter() - t_start}, fh, indent=1)
+    print(f"total {time.perf_counter() - t_start:.1f} s; written {args.out}/profile_torch_step.{{md,json}}")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        main()
