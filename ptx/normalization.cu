@@ -1700,8 +1700,16 @@ __device__ __forceinline__ void el_offsets(const NormParams& p, i64 e, i64* off,
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
+// The epilogue hook of gen_fwd (as ptx/matmul.cu's Epi): epi(z, s, e) maps the value of element e
+// (its index in the set, x's memory order) of set s after the activation, before the alpha / beta blend.
+// Install-time units take NoEpi; the graph API generates a functor from a pointwise chain
+// (pydnn/graph/norm_nodes.py) and instantiates gen_fwd_body with it in its own unit.
+struct NoEpi {
+  __device__ __forceinline__ float operator()(float z, i64, i64) const { return z; }
+};
+
+template <class T, class Epi>
+__device__ __forceinline__ void gen_fwd_body(const NormParams& p, const Epi& epi) {
   constexpr bool FAST = sizeof(T) == 2;
   __shared__ R3 sm[2][32];
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
@@ -1743,6 +1751,7 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
       float z = (a - mean) * inv * __ldg(p.scale + pbase + pq);
       if (p.bias) z += __ldg(p.bias + pbase + pq);
       if (p.act) z = act_f<FAST>(p.act, z, c1, c2);
+      z = epi(z, s, e);
       T* dst = yb + off[1] + eo[1];
       float out = alpha * z;
       if (blend) out += beta * load<float>(*dst);
@@ -1750,6 +1759,9 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
     }
   }
 }
+
+template <class T>
+__global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) { gen_fwd_body<T>(p, NoEpi{}); }
 
 // Parameter partials go straight to ws[0] with global atomics (cleared by `zero` first).
 template <class T>
