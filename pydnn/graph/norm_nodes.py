@@ -541,7 +541,7 @@ struct Epi_{name} {{
 }};
 
 __global__ void __launch_bounds__(256) {name}(const NormParams p, const GraphPwParams e) {{
-  pydnn::norm::gen_fwd_body<pydnn::{cg.CTYPE[tag]}>(p, Epi_{name}{{e}});
+  pydnn::norm::gen_fwd_body<{cg.CTYPE[tag]}>(p, Epi_{name}{{e}});
 }}
 
 }}  // namespace graph

@@ -1,0 +1,335 @@
+"""The graph API's normalization nodes on the CPU (a CPU-only handle: kernels compile with NVRTC, nothing
+runs): cuDNN 9's OPERATION_NORM_FORWARD / BACKWARD attribute names and enum values, descriptor validation
+(BAD_PARAM naming the attribute, NOT_SUPPORTED with the reason), the frontend's layernorm / rmsnorm /
+batchnorm / instancenorm (+ backward) shapes, engine choice (fusion of a norm + pointwise epilogue into one
+launch, the node engine otherwise), the generated norm + epilogue kernel compiled by NVRTC for sm_80 and
+sm_90, serialization with by-value constants, and the epilogue's operand strides."""
+import json
+
+import pytest
+
+import pydnn as P
+from pydnn.graph import Graph
+from pydnn.graph import backend as B
+from pydnn.graph import codegen as cg
+from pydnn.graph import norm_nodes as NN
+from test_fuzz_cpu import cpu_handle
+
+BAD, NS = P.PYDNN_STATUS_BAD_PARAM, P.PYDNN_STATUS_NOT_SUPPORTED
+F32, BF16, F16 = P.PYDNN_DATA_FLOAT, P.PYDNN_DATA_BFLOAT16, P.PYDNN_DATA_HALF
+DESC = P.PYDNN_TYPE_BACKEND_DESCRIPTOR
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "graphcache"))
+
+
+def _raises(status, needle, fn, *args, **kw):
+    with pytest.raises(P.PydnnError) as e:
+        fn(*args, **kw)
+    assert e.value.status == status, e.value
+    assert needle in str(e.value), e.value
+
+
+def test_cudnn_values():
+    """cuDNN 9's numbers (cudnn_graph.h)."""
+    assert (P.PYDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR, P.PYDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR,
+            P.PYDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR) == (29, 30, 41)
+    assert (P.PYDNN_LAYER_NORM, P.PYDNN_INSTANCE_NORM, P.PYDNN_BATCH_NORM, P.PYDNN_GROUP_NORM, P.PYDNN_RMS_NORM,
+            P.PYDNN_ADA_LAYER_NORM) == (0, 1, 2, 3, 4, 5)
+    assert (P.PYDNN_NORM_FWD_INFERENCE, P.PYDNN_NORM_FWD_TRAINING) == (0, 1)
+    assert (P.PYDNN_TYPE_NORM_MODE, P.PYDNN_TYPE_NORM_FWD_PHASE) == (27, 28)
+    assert P.PYDNN_ATTR_OPERATION_NORM_FWD_MODE == 2000 and P.PYDNN_ATTR_OPERATION_NORM_FWD_YDESC == 2013
+    assert P.PYDNN_ATTR_OPERATION_NORM_FWD_PEER_STAT_DESCS == 2014
+    assert P.PYDNN_ATTR_OPERATION_NORM_BWD_MODE == 2100 and P.PYDNN_ATTR_OPERATION_NORM_BWD_DXDESC == 2109
+    assert P.PYDNN_ATTR_OPERATION_SDPA_FWD_QDESC == 2800 and P.PYDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC == 2805
+
+
+_UID = [100]
+
+
+def _t(dims, dtype=F32, by_value=False, virtual=False):
+    d = B.backend_create_descriptor(P.PYDNN_BACKEND_TENSOR_DESCRIPTOR)
+    st, acc = [], 1
+    for v in reversed(dims):
+        st.insert(0, acc)
+        acc *= v
+    _UID[0] += 1
+    S = B.backend_set_attribute  # noqa: N806
+    S(d, P.PYDNN_ATTR_TENSOR_DATA_TYPE, P.PYDNN_TYPE_DATA_TYPE, 1, [dtype])
+    S(d, P.PYDNN_ATTR_TENSOR_DIMENSIONS, P.PYDNN_TYPE_INT64, len(dims), list(dims))
+    S(d, P.PYDNN_ATTR_TENSOR_STRIDES, P.PYDNN_TYPE_INT64, len(dims), st)
+    S(d, P.PYDNN_ATTR_TENSOR_UNIQUE_ID, P.PYDNN_TYPE_INT64, 1, [_UID[0]])
+    S(d, P.PYDNN_ATTR_TENSOR_BYTE_ALIGNMENT, P.PYDNN_TYPE_INT64, 1, [16])
+    S(d, P.PYDNN_ATTR_TENSOR_IS_VIRTUAL, P.PYDNN_TYPE_BOOLEAN, 1, [virtual])
+    S(d, P.PYDNN_ATTR_TENSOR_IS_BY_VALUE, P.PYDNN_TYPE_BOOLEAN, 1, [by_value])
+    B.backend_finalize(d)
+    return d
+
+
+def _fwd_op(mode=P.PYDNN_LAYER_NORM, phase=P.PYDNN_NORM_FWD_TRAINING, x=(4, 8, 32), scale=(1, 1, 32), stats=(4, 8, 1),
+            skip=(), extra=None):
+    o = B.backend_create_descriptor(P.PYDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR)
+    S = B.backend_set_attribute  # noqa: N806
+    S(o, P.PYDNN_ATTR_OPERATION_NORM_FWD_MODE, P.PYDNN_TYPE_NORM_MODE, 1, [mode])
+    S(o, P.PYDNN_ATTR_OPERATION_NORM_FWD_PHASE, P.PYDNN_TYPE_NORM_FWD_PHASE, 1, [phase])
+    ts = dict(XDESC=_t(x, BF16), YDESC=_t(x, BF16), SCALE_DESC=_t(scale), BIAS_DESC=_t(scale),
+              EPSILON_DESC=_t((1, 1, 1), by_value=True), MEAN_DESC=_t(stats), INV_VARIANCE_DESC=_t(stats))
+    ts.update(extra or {})
+    for k, v in ts.items():
+        if k not in skip:
+            S(o, getattr(P, "PYDNN_ATTR_OPERATION_NORM_FWD_" + k), DESC, 1, [v])
+    return o
+
+
+def test_forward_descriptor_finalizes_and_validates():
+    o = _fwd_op()
+    B.backend_finalize(o)
+    assert o.state.kind == "norm_fwd" and o.state.params["k"] == 1
+    assert set(o.state.inputs) == {"x", "scale", "bias", "epsilon"}
+    assert set(o.state.outputs) == {"y", "mean", "inv_variance"}
+    # a [1, C, H, W] scale normalizes every sample over C, H, W
+    o = _fwd_op(x=(2, 3, 4, 5), scale=(1, 3, 4, 5), stats=(2, 1, 1, 1))
+    B.backend_finalize(o)
+    assert o.state.params["k"] == 3
+    _raises(BAD, "PYDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC dims [1, 1, 16]", B.backend_finalize,
+            _fwd_op(scale=(1, 1, 16)))
+    _raises(BAD, "needs PYDNN_ATTR_OPERATION_NORM_FWD_XDESC", B.backend_finalize, _fwd_op(skip=("XDESC",)))
+    _raises(BAD, "needs PYDNN_ATTR_OPERATION_NORM_FWD_MEAN_DESC", B.backend_finalize, _fwd_op(skip=("MEAN_DESC",)))
+    _raises(BAD, "PYDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC dims [4, 1, 1]", B.backend_finalize,
+            _fwd_op(extra=dict(INV_VARIANCE_DESC=_t((4, 1, 1)))))
+    _raises(BAD, "PYDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC must be one element", B.backend_finalize,
+            _fwd_op(extra=dict(EPSILON_DESC=_t((1, 2, 1)))))
+    _raises(BAD, "inference writes no statistics", B.backend_finalize, _fwd_op(phase=P.PYDNN_NORM_FWD_INFERENCE))
+    _raises(BAD, "RMS norm has no mean", B.backend_finalize, _fwd_op(mode=P.PYDNN_RMS_NORM))
+    _raises(BAD, "YDESC dims [4, 8, 16]", B.backend_finalize, _fwd_op(extra=dict(YDESC=_t((4, 8, 16), BF16))))
+    _raises(NS, "GROUP_NORM is not supported", B.backend_finalize, _fwd_op(mode=P.PYDNN_GROUP_NORM))
+    _raises(BAD, "running statistics", B.backend_finalize,
+            _fwd_op(extra=dict(EXP_AVG_FACTOR_DESC=_t((1, 1, 1), by_value=True))))
+    # attribute type and values are checked on set
+    o = B.backend_create_descriptor(P.PYDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR)
+    _raises(BAD, "pydnnBackendNormMode_t", B.backend_set_attribute, o, P.PYDNN_ATTR_OPERATION_NORM_FWD_MODE,
+            P.PYDNN_TYPE_NORM_MODE, 1, [17])
+    _raises(BAD, "", B.backend_set_attribute, o, P.PYDNN_ATTR_OPERATION_NORM_FWD_MODE, P.PYDNN_TYPE_INT64, 1, [0])
+    _raises(BAD, "pydnnBackendNormFwdPhase_t", B.backend_set_attribute, o, P.PYDNN_ATTR_OPERATION_NORM_FWD_PHASE,
+            P.PYDNN_TYPE_NORM_FWD_PHASE, 1, [2])
+
+
+def test_batchnorm_descriptor_running_statistics():
+    x, p = (4, 6, 5, 5), (1, 6, 1, 1)
+    full = dict(EXP_AVG_FACTOR_DESC=_t((1, 1, 1, 1), by_value=True), INPUT_RUNNING_MEAN_DESC=_t(p),
+                INPUT_RUNNING_VAR_DESC=_t(p), OUTPUT_RUNNING_MEAN_DESC=_t(p), OUTPUT_RUNNING_VAR_DESC=_t(p))
+    o = _fwd_op(P.PYDNN_BATCH_NORM, x=x, scale=p, stats=p, extra=full)
+    B.backend_finalize(o)
+    assert {"momentum", "in_running_mean", "in_running_var"} <= set(o.state.inputs)
+    assert {"out_running_mean", "out_running_var"} <= set(o.state.outputs)
+    part = dict(full)
+    del part["INPUT_RUNNING_VAR_DESC"]
+    _raises(BAD, "missing in_running_var", B.backend_finalize, _fwd_op(P.PYDNN_BATCH_NORM, x=x, scale=p, stats=p,
+                                                                        extra=part))
+    _raises(BAD, "SCALE_DESC dims [1, 6, 5, 5] must be [1, 6, 1, 1]", B.backend_finalize,
+            _fwd_op(P.PYDNN_BATCH_NORM, x=x, scale=(1, 6, 5, 5), stats=p))
+    # inference reads mean / inv_variance
+    o = _fwd_op(P.PYDNN_BATCH_NORM, P.PYDNN_NORM_FWD_INFERENCE, x=x, scale=p, stats=p)
+    B.backend_finalize(o)
+    assert {"mean", "inv_variance"} <= set(o.state.inputs) and set(o.state.outputs) == {"y"}
+
+
+def test_backward_descriptor_validates():
+    def op(mode=P.PYDNN_LAYER_NORM, skip=(), extra=None):
+        o = B.backend_create_descriptor(P.PYDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR)
+        B.backend_set_attribute(o, P.PYDNN_ATTR_OPERATION_NORM_BWD_MODE, P.PYDNN_TYPE_NORM_MODE, 1, [mode])
+        ts = dict(XDESC=_t((4, 32), BF16), DYDESC=_t((4, 32), BF16), DXDESC=_t((4, 32), BF16), SCALE_DESC=_t((1, 32)),
+                  DSCALE_DESC=_t((1, 32)), DBIAS_DESC=_t((1, 32)), MEAN_DESC=_t((4, 1)), INV_VARIANCE_DESC=_t((4, 1)))
+        ts.update(extra or {})
+        for k, v in ts.items():
+            if k not in skip:
+                B.backend_set_attribute(o, getattr(P, "PYDNN_ATTR_OPERATION_NORM_BWD_" + k), DESC, 1, [v])
+        return o
+
+    o = op()
+    B.backend_finalize(o)
+    assert o.state.kind == "norm_bwd" and set(o.state.outputs) == {"dx", "dscale", "dbias"}
+    _raises(BAD, "needs PYDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC", B.backend_finalize, op(skip=("DSCALE_DESC",)))
+    _raises(BAD, "needs PYDNN_ATTR_OPERATION_NORM_BWD_MEAN_DESC", B.backend_finalize, op(skip=("MEAN_DESC",)))
+    _raises(BAD, "PYDNN_ATTR_OPERATION_NORM_BWD_DXDESC dims [4, 16]", B.backend_finalize,
+            op(extra=dict(DXDESC=_t((4, 16), BF16))))
+    _raises(BAD, "PYDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC dims [1, 16]", B.backend_finalize,
+            op(extra=dict(DSCALE_DESC=_t((1, 16)))))
+    o = op(P.PYDNN_RMS_NORM, skip=("MEAN_DESC",))
+    B.backend_finalize(o)
+    assert "mean" not in o.state.inputs
+
+
+def _ln_epilogue(io=BF16, rms=False, phase=P.PYDNN_NORM_FWD_TRAINING, dims=(4, 16, 256), eps=1e-5):
+    n, s, d = dims
+    g = Graph(io_data_type=io, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[n, s, d])
+    sc = g.tensor(name="scale", dim=[1, 1, d], data_type=F32)
+    b = g.tensor(name="bias", dim=[1, 1, d], data_type=F32)
+    if rms:
+        y, inv = g.rmsnorm(x, sc, eps, norm_forward_phase=phase)
+        stats = [inv]
+    else:
+        y, mean, inv = g.layernorm(x, sc, b, eps, norm_forward_phase=phase)
+        stats = [mean, inv]
+    for t in stats:
+        if t is not None:
+            t.set_output(True)
+    s2 = g.tensor(name="s2", dim=[1, 1, d])
+    b2 = g.tensor(name="b2", dim=[1, 1, d])
+    out = g.gelu(g.add(g.mul(y, s2), b2), name="out").set_output(True)
+    return g, (x, sc, b, s2, b2, out, y, stats)
+
+
+def test_frontend_shapes():
+    g, (x, sc, b, s2, b2, out, y, (mean, inv)) = _ln_epilogue()
+    assert y.dim == [4, 16, 256] and mean.dim == [4, 16, 1] and inv.dim == [4, 16, 1] and y.virtual
+    assert mean.data_type == F32 and out.dim == [4, 16, 256]
+    g2 = Graph(handle=cpu_handle())
+    x = g2.tensor(name="x", dim=[2, 6, 5, 5])
+    p = g2.tensor(name="p", dim=[1, 6, 1, 1])
+    y, mean, inv = g2.instancenorm(x, p, p, 1e-5)
+    assert mean.dim == [2, 6, 1, 1]
+    y, mean, inv, rm, rv = g2.batchnorm(x, p, p, 1e-5)
+    assert mean.dim == [1, 6, 1, 1] and rm is None and rv is None
+    y, _, inv = g2.layernorm(x, g2.tensor(name="q", dim=[1, 6, 5, 5]), None, 1e-5,
+                             norm_forward_phase=P.PYDNN_NORM_FWD_INFERENCE)
+    assert inv is None
+    _raises(BAD, "scale dims [1, 5, 1, 1]", g2.layernorm, x, g2.tensor(name="r", dim=[1, 5, 1, 1]), None, 1e-5)
+    _raises(BAD, "norm_forward_phase", g2.layernorm, x, g2.tensor(name="s", dim=[1, 6, 5, 5]), None, 1e-5,
+            norm_forward_phase=7)
+    _raises(BAD, "in_running_mean, in_running_var and momentum go together", g2.batchnorm, x, p, p, 1e-5,
+            in_running_mean=p)
+    dx, ds, db = g2.rmsnorm_backward(x, x, g2.tensor(name="t", dim=[1, 6, 5, 5]), g2.tensor(name="u", dim=[2, 1, 1, 1]))
+    assert dx.dim == [2, 6, 5, 5] and ds.dim == [1, 6, 5, 5] and db is None
+
+
+@pytest.mark.parametrize("io", [F32, BF16])
+@pytest.mark.parametrize("rms", [False, True])
+def test_norm_epilogue_fuses_into_one_launch(io, rms):
+    g, _ = _ln_epilogue(io, rms)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
+    assert g.engines() == [1, 0]
+    g.build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1 and g.get_workspace_size() == 0
+    step = g._plan_obj.built.steps[0]
+    assert step.unit.name.startswith("graph.norm_")
+    g.build_plans(engine=0)  # the node engine: the norm call, then three pointwise kernels
+    assert g.engine_index() == 0 and g.get_workspace_size() > 0
+
+
+def test_norm_alone_and_instance_norm_run_on_the_node_engine():
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[4, 64])
+    sc = g.tensor(name="scale", dim=[1, 64], data_type=F32)
+    y, mean, inv = g.layernorm(x, sc, sc, 1e-5)
+    for t in (y, mean, inv):
+        t.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).build_plans()
+    assert g.engine_index() == 0
+    g = Graph(io_data_type=F16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 8, 4, 4])
+    p = g.tensor(name="p", dim=[1, 8, 1, 1], data_type=F32)
+    y, mean, inv = g.instancenorm(x, p, p, 1e-5)
+    out = g.relu(y).set_output(True)
+    mean.set_output(True)
+    inv.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
+    assert g.engines() == [0]
+    g.build_plans()
+    assert out.dim == [2, 8, 4, 4]
+
+
+def test_not_supported_reasons():
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[4, 64])
+    sc = g.tensor(name="scale", dim=[1, 64])  # bf16 scale: pydnn's kernels read float32 parameters
+    y, mean, inv = g.layernorm(x, sc, None, 1e-5)
+    for t in (y, mean, inv):
+        t.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
+    _raises(NS, "scale (uid", g.check_support)
+
+
+def test_serialize_keeps_the_epsilon_constant():
+    g, _ = _ln_epilogue(eps=3e-4)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).build_plans()
+    blob = g.serialize()
+    g2 = Graph.deserialize(cpu_handle(), blob)
+    assert list(g2._consts.values()) == [3e-4] and g2.engine_index() == 1 and g2.launches() == 1
+    j = json.loads(blob)
+    j["consts"] = {"1": "x"}
+    _raises(BAD, "constants", Graph.deserialize, cpu_handle(), json.dumps(j).encode())
+
+
+def test_host_scalar():
+    import ctypes
+
+    import numpy as np
+
+    from pydnn.graph.plans import host_scalar
+
+    v = ctypes.c_float(0.125)
+    assert host_scalar(ctypes.addressof(v), F32, "eps") == 0.125
+    d = ctypes.c_double(2.5)
+    assert host_scalar(ctypes.addressof(d), P.PYDNN_DATA_DOUBLE, "eps") == 2.5
+    assert host_scalar(np.array([[1e-3]], np.float32), F32, "eps") == pytest.approx(1e-3)
+    assert host_scalar(1e-5, F32, "eps") == 1e-5
+    _raises(BAD, "one element", host_scalar, np.zeros(2), F32, "eps")
+    _raises(P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, "NULL", host_scalar, 0, F32, "eps")
+    _raises(BAD, "bool", host_scalar, True, F32, "eps")
+
+
+def test_flat_stride():
+    assert NN._flat_stride([4, 16], [16 * 256, 256]) == 256
+    assert NN._flat_stride([4, 16], [0, 0]) == 0
+    assert NN._flat_stride([4, 16], [16, 1]) == 1
+    assert NN._flat_stride([4, 16], [0, 1]) is None  # broadcast over one leading dim only: not one run
+    assert NN._flat_stride([1, 16], [999, 2]) == 2
+
+
+def test_epilogue_strides_of_operands():
+    """Per-feature, per-row, full and scalar operands: (row stride, feature stride)."""
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 3, 64])
+    sc = g.tensor(name="scale", dim=[1, 1, 64], data_type=F32)
+    y, _, _ = g.layernorm(x, sc, None, 1e-5, norm_forward_phase=P.PYDNN_NORM_FWD_INFERENCE)
+    feat, row = g.tensor(name="f", dim=[1, 1, 64]), g.tensor(name="r", dim=[2, 3, 1])
+    full, one = g.tensor(name="full", dim=[2, 3, 64]), g.tensor(name="one", dim=[1, 1, 1])
+    v = g.add(g.mul(g.mul(g.add(y, feat), row), full), one).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
+    an = NN.NormFuser().analyze(g._opgraph.state)
+    assert not isinstance(an, str), an
+    by = dict(zip(an["eops"], an["strides"]))
+    assert by[feat.uid] == [0, 1] and by[row.uid] == [1, 0] and by[full.uid] == [64, 1] and by[one.uid] == [0, 0]
+    assert v.dim == [2, 3, 64]
+    # an operand broadcast over only one of the leading dims cannot be walked per row
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 3, 64])
+    sc = g.tensor(name="scale", dim=[1, 1, 64], data_type=F32)
+    y, _, _ = g.layernorm(x, sc, None, 1e-5, norm_forward_phase=P.PYDNN_NORM_FWD_INFERENCE)
+    g.add(y, g.tensor(name="bad", dim=[1, 3, 64])).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
+    assert "does not walk rows" in NN.NormFuser().analyze(g._opgraph.state)
+    assert g.engines() == [0]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("tag", ["f32", "f16", "bf16"])
+def test_generated_norm_epilogue_compiles(arch, tag, tmp_path, monkeypatch):
+    """NVRTC compiles gen_fwd_body with a generated epilogue (bias add from a bf16 operand, GELU, a
+    residual from an f16 operand, the pre-activation stored as a float output) for each data type."""
+    from pydnn._build import build
+
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    prog = cg.PwProgram([("bf16", "in"), ("f16", "in"), ("f32", "out")],
+                        [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+                         cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0)),
+                         cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("v", 1), b=("op", 1))], [(0, 2)])
+    unit, expr = NN.epilogue_unit(prog, ("v", 2), tag)
+    cubin, lowered = build.compile_unit(unit, arch)
+    assert cubin[:4] == b"\x7fELF" and set(lowered) == {expr}
+    _, text = NN.epilogue_source(prog, ("v", 2), tag)
+    assert "return v2;" in text and "gen_fwd_body" in text and "e.ptr[2]" in text

@@ -1,0 +1,290 @@
+"""The graph API's normalization, convolution-fusion and attention nodes on the GPU against float64 numpy
+(pydnn.reference.normalization / batchnorm / graph / convolution / attention): layer / RMS norm with a
+scale + bias + GELU epilogue as ONE launch of the normalization kernel (launches counted) and on the node
+engine, layer / RMS / instance norm forward and backward nodes, batch norm training (running statistics,
+epsilon and momentum as pass-by-value tensors), inference and backward. Outputs start poisoned (NaN
+bytes)."""
+import numpy as np
+import pytest
+
+import pydnn as P
+from devtensor import DevTensor, assert_close
+from pydnn.graph import Graph
+from pydnn.reference import batchnorm as rb
+from pydnn.reference import graph as ref
+from pydnn.reference import normalization as rn
+from test_graph_gpu import Launches, _ws
+
+pytestmark = pytest.mark.gpu
+F32, F16, BF16 = P.PYDNN_DATA_FLOAT, P.PYDNN_DATA_HALF, P.PYDNN_DATA_BFLOAT16
+TRAIN, INFER = P.PYDNN_NORM_FWD_TRAINING, P.PYDNN_NORM_FWD_INFERENCE
+EPS = 1e-5
+
+
+def _stats_close(got, want, n_terms, what):
+    """float32 statistics of sets of n_terms elements: a sum of n_terms terms, relative error <= n * 2^-24."""
+    np.testing.assert_allclose(np.ravel(got), np.ravel(want), rtol=max(n_terms, 8) * 2.0**-24, atol=0, err_msg=what)
+
+
+def _norm_epilogue_graph(handle, io, rms, phase, dims):
+    n, s, d = dims
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=[n, s, d])
+    sc = g.tensor(name="scale", dim=[1, 1, d], data_type=F32)
+    b = None if rms else g.tensor(name="bias", dim=[1, 1, d], data_type=F32)
+    if rms:
+        y, inv = g.rmsnorm(x, sc, EPS, norm_forward_phase=phase)
+        mean = None
+    else:
+        y, mean, inv = g.layernorm(x, sc, b, EPS, norm_forward_phase=phase)
+    for t in (mean, inv):
+        if t is not None:
+            t.set_output(True)
+    s2 = g.tensor(name="s2", dim=[1, 1, d])
+    b2 = g.tensor(name="b2", dim=[1, 1, d])
+    out = g.gelu(g.add(g.mul(y, s2), b2), name="out").set_output(True)
+    return g, dict(x=x, scale=sc, bias=b, s2=s2, b2=b2, out=out, mean=mean, inv=inv)
+
+
+@pytest.mark.parametrize("io", [F32, BF16])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("phase", [TRAIN, INFER])
+@pytest.mark.parametrize("mode, engine", [(P.PYDNN_HEUR_MODE_A, 1), (P.PYDNN_HEUR_MODE_FALLBACK, 0)],
+                         ids=["fused", "nodes"])
+def test_norm_scale_bias_gelu(handle, rng, monkeypatch, io, rms, phase, mode, engine):
+    """gelu(norm(x) * s2 + b2): engine 1 runs it as ONE launch of the normalization kernel with the
+    generated epilogue; engine 0 runs the norm node and three pointwise nodes."""
+    dims = (3, 37, 320)
+    g, t = _norm_epilogue_graph(handle, io, rms, phase, dims)
+    g.build_operation_graph().create_execution_plans([mode]).check_support().build_plans()
+    assert g.engine_index() == engine
+    if engine == 1:
+        assert g.launches() == 1 and g.get_workspace_size() == 0
+    kind = P.PYDNN_NORM_KIND_RMS if rms else P.PYDNN_NORM_KIND_LAYER
+    dev = {k: DevTensor(v.dim, v.data_type if v.data_type is not None else (F32 if k in ("mean", "inv") else io),
+                        v.stride) for k, v in t.items() if v is not None}
+    xv = dev["x"].random(rng, -2, 3)
+    scv = dev["scale"].random(rng, 0.5, 1.5)
+    bv = dev["bias"].random(rng, -1, 1) if "bias" in dev else None
+    s2v, b2v = dev["s2"].random(rng, -1.5, 1.5), dev["b2"].random(rng, -1, 1)
+    bufs = {t[k]: dev[k].ptr for k in dev}
+    ws = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr if ws else 0, handle=handle)
+    if engine == 1:
+        assert count.n == 1, count.n
+    z = rn.pre_activation(kind, 1, 1, EPS, xv, scv, bv)
+    v = z * s2v + b2v
+    want = ref.pointwise("GELU_FWD", v)
+    terms = rn.forward_terms(kind, 1, 1, EPS, None, xv, scv, bv) * np.abs(s2v) + np.abs(b2v)
+    # engine 0 stores y in x's type before the epilogue: one more rounding of y, scaled by |s2|
+    assert_close(dev["out"].download(), want, io, f"norm epilogue engine {engine}", scale=1.2 * terms)
+    dev["out"].check_untouched()
+    mean, inv = rn.statistics(kind, 1, 1, EPS, xv)
+    if phase == TRAIN:
+        _stats_close(dev["inv"].download(), inv, dims[2], "inv_variance")
+        dev["inv"].check_untouched()
+        if not rms:
+            np.testing.assert_allclose(dev["mean"].download().ravel(), mean, rtol=0,
+                                       atol=dims[2] * 2.0**-24 * np.abs(xv).max(), err_msg="mean")
+
+
+@pytest.mark.parametrize("io", [F32, BF16])
+def test_norm_epilogue_per_row_and_extra_output(handle, rng, monkeypatch, io):
+    """An epilogue operand per row ([n, s, 1]) and a full tensor ([n, s, d]), the pre-activation stored as
+    a second output: still one launch."""
+    n, s, d = 2, 9, 256
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=[n, s, d])
+    sc = g.tensor(name="scale", dim=[1, 1, d], data_type=F32)
+    b = g.tensor(name="bias", dim=[1, 1, d], data_type=F32)
+    r = g.tensor(name="r", dim=[n, s, 1])
+    res = g.tensor(name="res", dim=[n, s, d])
+    y, _, _ = g.layernorm(x, sc, b, EPS, norm_forward_phase=INFER)
+    pre = g.add(g.mul(y, r), res, name="pre").set_output(True)
+    out = g.relu(pre, name="out").set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    tx, ts, tb = DevTensor(x.dim, io), DevTensor(sc.dim, F32), DevTensor(b.dim, F32)
+    tr, tres, tpre, tout = DevTensor(r.dim, io), DevTensor(res.dim, io), DevTensor(pre.dim, io), DevTensor(out.dim, io)
+    xv, scv, bv = tx.random(rng), ts.random(rng, 0.5, 1.5), tb.random(rng, -1, 1)
+    rv, resv = tr.random(rng, -2, 2), tres.random(rng, -1, 1)
+    count = Launches(monkeypatch)
+    g.execute({x: tx.ptr, sc: ts.ptr, b: tb.ptr, r: tr.ptr, res: tres.ptr, pre: tpre.ptr, out: tout.ptr}, 0,
+              handle=handle)
+    assert count.n == 1
+    kind = P.PYDNN_NORM_KIND_LAYER
+    z = rn.pre_activation(kind, 1, 1, EPS, xv, scv, bv)
+    terms = rn.forward_terms(kind, 1, 1, EPS, None, xv, scv, bv) * np.abs(rv) + np.abs(resv)
+    assert_close(tpre.download(), z * rv + resv, io, "pre", scale=terms)
+    assert_close(tout.download(), np.maximum(z * rv + resv, 0), io, "out", scale=terms)
+    tpre.check_untouched()
+    tout.check_untouched()
+
+
+NODE_CASES = [  # (mode name, x dims, scale dims)
+    ("LAYER", (4, 6, 5, 7), (1, 6, 5, 7)),
+    ("LAYER", (5, 3, 96), (1, 1, 96)),
+    ("RMS", (5, 3, 96), (1, 1, 96)),
+    ("INSTANCE", (3, 8, 6, 5), (1, 8, 1, 1)),
+]
+
+
+def _kind(name):
+    return getattr(P, f"PYDNN_NORM_KIND_{name}")
+
+
+@pytest.mark.parametrize("io", [F32, BF16])
+@pytest.mark.parametrize("name, xdims, sdims", NODE_CASES)
+def test_norm_nodes_forward_backward(handle, rng, io, name, xdims, sdims):
+    """Training forward (y, mean, inv_variance) then backward (dx, dscale, dbias) from the saved
+    statistics, each a graph on the node engine."""
+    rms = name == "RMS"
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=list(xdims))
+    sc = g.tensor(name="scale", dim=list(sdims), data_type=F32)
+    b = g.tensor(name="bias", dim=list(sdims), data_type=F32)
+    fn = {"LAYER": g.layernorm, "INSTANCE": g.instancenorm}.get(name)
+    if rms:
+        y, inv = g.rmsnorm(x, sc, EPS, bias=b)
+        mean = None
+    else:
+        y, mean, inv = fn(x, sc, b, EPS)
+    y.set_output(True)
+    inv.set_output(True)
+    if mean is not None:
+        mean.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    assert g.engine_index() == 0
+    tx, ts, tb, ty = DevTensor(xdims, io), DevTensor(sdims, F32), DevTensor(sdims, F32), DevTensor(xdims, io)
+    tinv = DevTensor(inv.dim, F32)
+    tmean = DevTensor(mean.dim, F32) if mean is not None else None
+    xv, scv, bv = tx.random(rng, -2, 3), ts.random(rng, 0.5, 1.5), tb.random(rng, -1, 1)
+    bufs = {x: tx.ptr, sc: ts.ptr, b: tb.ptr, y: ty.ptr, inv: tinv.ptr}
+    if mean is not None:
+        bufs[mean] = tmean.ptr
+    ws = _ws(g)
+    g.execute(bufs, ws.ptr if ws else 0)
+    kind = _kind(name)
+    nd = len(xdims) - 1 if name == "LAYER" and sdims[1] != 1 else 1
+    want, rmean, rinv = rn.forward(kind, 1, nd, EPS, None, 1.0, xv, 0.0, None, scv, bv)
+    assert_close(ty.download(), want, io, f"{name} y", scale=rn.forward_terms(kind, 1, nd, EPS, None, xv, scv, bv))
+    set_len = int(np.prod(xdims)) // rinv.size
+    _stats_close(tinv.download(), rinv, set_len, f"{name} inv_variance")
+    if mean is not None:
+        np.testing.assert_allclose(tmean.download().ravel(), rmean, rtol=0,
+                                   atol=set_len * 2.0**-24 * np.abs(xv).max(), err_msg="mean")
+    ty.check_untouched()
+
+    # backward from the saved statistics (the reference's, rounded to float32)
+    gb = Graph(io_data_type=io, handle=handle)
+    dyt = gb.tensor(name="dy", dim=list(xdims))
+    xt = gb.tensor(name="x", dim=list(xdims))
+    sct = gb.tensor(name="scale", dim=list(sdims), data_type=F32)
+    invt = gb.tensor(name="inv", dim=inv.dim, data_type=F32)
+    meant = gb.tensor(name="mean", dim=inv.dim, data_type=F32) if not rms else None
+    if rms:
+        dx, dscale, dbias = gb.rmsnorm_backward(dyt, xt, sct, invt, has_dbias=True)
+    else:
+        bw = {"LAYER": gb.layernorm_backward, "INSTANCE": gb.instancenorm_backward}[name]
+        dx, dscale, dbias = bw(dyt, xt, sct, meant, invt)
+    for o in (dx, dscale, dbias):
+        o.set_output(True)
+    gb.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tdy, tinv2 = DevTensor(xdims, io), DevTensor(inv.dim, F32)
+    dyv = tdy.random(rng, -1, 1)
+    inv32 = tinv2.upload(rinv.reshape(inv.dim))
+    bufs = {dyt: tdy.ptr, xt: tx.ptr, sct: ts.ptr, invt: tinv2.ptr}
+    mean32 = np.zeros(rinv.size)
+    if not rms:
+        tmean2 = DevTensor(inv.dim, F32)
+        mean32 = tmean2.upload(rmean.reshape(inv.dim))
+        bufs[meant] = tmean2.ptr
+    tdx, tds, tdb = DevTensor(xdims, io), DevTensor(sdims, F32), DevTensor(sdims, F32)
+    bufs.update({dx: tdx.ptr, dscale: tds.ptr, dbias: tdb.ptr})
+    ws = _ws(gb)
+    gb.execute(bufs, ws.ptr if ws else 0)
+    rdx, rds, rdb = rn.backward(kind, 1, nd, EPS, None, xv, dyv, scv, None, mean32, inv32)
+    tdx_, tds_, tdb_ = rn.backward_terms(kind, 1, nd, EPS, None, xv, dyv, scv, None, mean32, inv32)
+    assert_close(tdx.download(), rdx, io, f"{name} dx", scale=tdx_)
+    assert_close(tds.download(), rds, F32, f"{name} dscale", scale=tds_)
+    assert_close(tdb.download(), rdb, F32, f"{name} dbias", scale=tdb_)
+    tdx.check_untouched()
+
+
+@pytest.mark.parametrize("io", [F32, F16])
+def test_batchnorm_training_inference_backward(handle, rng, io):
+    """batchnorm (training, running statistics with epsilon and momentum as pass-by-value tensors given
+    as host arrays), batchnorm_inference from mean / inv_variance, batchnorm_backward."""
+    n, c, h, w = 4, 12, 7, 5
+    xd, pd = (n, c, h, w), (1, c, 1, 1)
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=list(xd))
+    sc, b = (g.tensor(name=k, dim=list(pd), data_type=F32) for k in ("scale", "bias"))
+    rm, rv = (g.tensor(name=k, dim=list(pd), data_type=F32) for k in ("rm", "rv"))
+    eps = g.tensor(name="eps", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    mom = g.tensor(name="mom", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    y, mean, inv, nrm, nrv = g.batchnorm(x, sc, b, eps, in_running_mean=rm, in_running_var=rv, momentum=mom)
+    for o in (y, mean, inv, nrm, nrv):
+        o.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tx, ty = DevTensor(xd, io), DevTensor(xd, io)
+    t = {k: DevTensor(pd, F32) for k in ("scale", "bias", "rm", "rv", "mean", "inv", "nrm", "nrv")}
+    xv = tx.random(rng, -2, 3)
+    scv, bv = t["scale"].random(rng, 0.5, 1.5), t["bias"].random(rng, -1, 1)
+    rmv, rvv = t["rm"].random(rng, -1, 1), t["rv"].random(rng, 0.5, 2)
+    e, m = 1e-3, 0.25
+    g.execute({x: tx.ptr, sc: t["scale"].ptr, b: t["bias"].ptr, rm: t["rm"].ptr, rv: t["rv"].ptr, y: ty.ptr,
+               mean: t["mean"].ptr, inv: t["inv"].ptr, nrm: t["nrm"].ptr, nrv: t["nrv"].ptr,
+               eps: np.array([e], np.float32), mom: np.array([m], np.float32)}, 0)
+    mode = P.PYDNN_BATCHNORM_SPATIAL
+    wy, wrm, wrv, wmean, winv, _ = rb.forward_training(mode, 1.0, 0.0, xv, None, scv, bv, m, rmv, rvv, e)
+    terms = (np.abs(xv) + np.abs(wmean)) * winv * np.abs(scv) + np.abs(bv)
+    assert_close(ty.download(), wy, io, "bn y", scale=terms)
+    cnt = n * h * w
+    _stats_close(t["inv"].download(), winv, cnt, "bn inv_variance")
+    np.testing.assert_allclose(t["mean"].download().ravel(), wmean.ravel(), rtol=0,
+                               atol=cnt * 2.0**-24 * np.abs(xv).max(), err_msg="bn mean")
+    # running = (1 - m) * running + m * batch statistic: the mean's error bound times m, plus roundings
+    np.testing.assert_allclose(t["nrm"].download(), wrm, rtol=4 * 2.0**-24,
+                               atol=m * cnt * 2.0**-24 * np.abs(xv).max(), err_msg="next running mean")
+    _stats_close(t["nrv"].download(), wrv, cnt, "next running var")
+    assert np.array_equal(t["rm"].download(), rmv)  # the input running statistics are not written
+    ty.check_untouched()
+
+    # inference from mean / inv_variance: one generated pointwise kernel
+    gi = Graph(io_data_type=io, handle=handle)
+    xi = gi.tensor(name="x", dim=list(xd))
+    mi, ii, si, bi = (gi.tensor(name=k, dim=list(pd), data_type=F32) for k in ("mean", "inv", "scale", "bias"))
+    yi = gi.batchnorm_inference(xi, mi, ii, si, bi).set_output(True)
+    gi.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    assert gi.launches() == 1
+    tm, tinv, tyi = DevTensor(pd, F32), DevTensor(pd, F32), DevTensor(xd, io)
+    mv, iv = tm.random(rng, -1, 1), tinv.random(rng, 0.5, 2)
+    gi.execute({xi: tx.ptr, mi: tm.ptr, ii: tinv.ptr, si: t["scale"].ptr, bi: t["bias"].ptr, yi: tyi.ptr}, 0)
+    want = (xv - mv) * iv * scv + bv
+    assert_close(tyi.download(), want, io, "bn inference", scale=(np.abs(xv) + np.abs(mv)) * iv * np.abs(scv) + np.abs(bv))
+
+    # backward from the saved statistics
+    gb = Graph(io_data_type=io, handle=handle)
+    dyt, xt = gb.tensor(name="dy", dim=list(xd)), gb.tensor(name="x", dim=list(xd))
+    st, mt, it = (gb.tensor(name=k, dim=list(pd), data_type=F32) for k in ("scale", "mean", "inv"))
+    dx, ds, db = gb.batchnorm_backward(dyt, xt, st, mt, it)
+    for o in (dx, ds, db):
+        o.set_output(True)
+    gb.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tdy, tdx, tds, tdb = DevTensor(xd, io), DevTensor(xd, io), DevTensor(pd, F32), DevTensor(pd, F32)
+    dyv = tdy.random(rng, -1, 1)
+    ms, is_ = DevTensor(pd, F32), DevTensor(pd, F32)
+    m32, i32 = ms.upload(wmean), is_.upload(winv)
+    gb.execute({dyt: tdy.ptr, xt: tx.ptr, st: t["scale"].ptr, mt: ms.ptr, it: is_.ptr, dx: tdx.ptr, ds: tds.ptr,
+                db: tdb.ptr}, 0)
+    rdx, rds, rdb, _ = rb.backward(mode, 1.0, 0.0, 1.0, 0.0, xv, dyv, None, scv, None, None, e, m32, i32)
+    xh = np.abs((xv - m32) * i32)
+    ax = (0, 2, 3)
+    dx_terms = np.abs(scv) * i32 * (np.abs(dyv) + np.abs(dyv).mean(axis=ax, keepdims=True)
+                                    + xh * (np.abs(dyv) * xh).mean(axis=ax, keepdims=True))
+    assert_close(tdx.download(), rdx, io, "bn dx", scale=dx_terms)
+    assert_close(tds.download(), rds, F32, "bn dscale", scale=(np.abs(dyv) * xh).sum(axis=(0, 2, 3), keepdims=True))
+    assert_close(tdb.download(), rdb, F32, "bn dbias", scale=np.abs(dyv).sum(axis=(0, 2, 3), keepdims=True))
+    tdx.check_untouched()
