@@ -577,13 +577,13 @@ class FusionEngine:
     index, name, behavior = 1, "pydnn.fusion", (E.PYDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION,)
 
     def support(self, g):
-        why = _common_support(g)
-        if why:
-            return why
-        for f in FUSERS:
+        for f in FUSERS:  # (a fuser checks data types and by-value tensors itself)
             an = f.analyze(g)
             if an is not None:
                 return an if isinstance(an, str) else None
+        why = _common_support(g)
+        if why:
+            return why
         kinds = {op.kind for op in g.ops}
         if kinds & set(NODE_KINDS):
             return f"no fused form of a graph with {', '.join(sorted(kinds & set(NODE_KINDS)))} in this shape"

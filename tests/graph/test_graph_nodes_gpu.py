@@ -288,3 +288,59 @@ def test_batchnorm_training_inference_backward(handle, rng, io):
     assert_close(tds.download(), rds, F32, "bn dscale", scale=(np.abs(dyv) * xh).sum(axis=(0, 2, 3), keepdims=True))
     assert_close(tdb.download(), rdb, F32, "bn dbias", scale=np.abs(dyv).sum(axis=(0, 2, 3), keepdims=True))
     tdx.check_untouched()
+
+
+@pytest.mark.parametrize("io", [F32, F16])
+@pytest.mark.parametrize("scale_kind", ["scalar", "per_channel"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv_scale_bias_relu(handle, rng, monkeypatch, io, scale_kind, residual):
+    """relu(conv(x, w) * s + b (+ z)): a pass-by-value scalar s folds into alpha1 of the convolution's
+    bias / activation epilogue (one kernel, two with a split-K fold); a per-channel s [1, K, 1, 1] runs as
+    the convolution plus one generated epilogue kernel (pydnn's convolution epilogue has no per-channel
+    scale, and folding s into the filter would change the caller's data)."""
+    from pydnn.reference import convolution as rc
+
+    n, c, hw, k = 2, 16, 9, 24
+    g = Graph(io_data_type=io, handle=handle)
+    x = g.tensor(name="x", dim=[n, c, hw, hw])
+    w = g.tensor(name="w", dim=[k, c, 3, 3])
+    b = g.tensor(name="b", dim=[1, k, 1, 1])
+    if scale_kind == "scalar":
+        s = g.tensor(name="s", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    else:
+        s = g.tensor(name="s", dim=[1, k, 1, 1])
+    v = g.add(g.mul(g.conv_fprop(x, w, padding=[1, 1]), s), b)
+    z = None
+    if residual:
+        z = g.tensor(name="z", dim=[n, k, hw, hw])
+        v = g.add(v, z)
+    y = g.relu(v).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    assert g.engine_index() == 1
+    tx, tw, tb, ty = DevTensor(x.dim, io), DevTensor(w.dim, io), DevTensor(b.dim, io), DevTensor(y.dim, io)
+    xv, wv, bv = tx.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    bufs = {x: tx.ptr, w: tw.ptr, b: tb.ptr, y: ty.ptr}
+    if scale_kind == "scalar":
+        sv = 0.75
+        bufs[s] = np.array([sv], np.float32)
+    else:
+        ts = DevTensor(s.dim, io)
+        sv = ts.random(rng, 0.5, 1.5)
+        bufs[s] = ts.ptr
+    conv = rc.forward_raw(xv, wv, [1, 1], [1, 1], [1, 1])
+    terms = rc.forward_raw(np.abs(xv), np.abs(wv), [1, 1], [1, 1], [1, 1]) * np.abs(sv) + np.abs(bv)
+    pre = conv * sv + bv
+    if residual:
+        tz = DevTensor(z.dim, io)
+        zv = tz.random(rng, -1, 1)
+        bufs[z] = tz.ptr
+        pre, terms = pre + zv, terms + np.abs(zv)
+    ws = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr if ws else 0, handle=handle)
+    if scale_kind == "scalar":
+        assert count.n <= 2, count.n  # the convolution kernel (+ a split-K fold where its plan has one)
+    print(f"conv * {scale_kind} scale + bias + relu launches:", count.n)
+    # the per-channel form stores conv(x, w) in x's type before the epilogue: one rounding, scaled by |s|
+    assert_close(ty.download(), np.maximum(pre, 0), io, f"conv {scale_kind}", scale=2 * terms)
+    ty.check_untouched()
