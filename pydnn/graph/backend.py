@@ -133,4 +133,4 @@ def backend_execute(handle, execution_plan, variant_pack):
     plans.execute(handle, execution_plan, variant_pack)
 
 
-from . import conv_fusion, norm_nodes  # noqa: E402,F401 - registers the node modules' descriptors, engines and Graph methods
+from . import conv_fusion, norm_nodes, sdpa_nodes  # noqa: E402,F401 - registers the node modules' descriptors, engines and Graph methods

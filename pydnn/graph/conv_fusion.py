@@ -108,6 +108,8 @@ def two_launch(g, conv):
     if not c.virtual:
         return "the convolution's output is a graph output (the node engine runs it)"
     pws = [o for o in g.order if o.kind == "pointwise"]
+    if len(pws) < 2:
+        return "one pointwise op after the convolution (the node engine's two kernels are the same)"
     shape = c.dims
     ins = [c.uid] + [u for u in g.inputs if u not in (x.uid, w.uid)]
     for t in g.tensors.values():
@@ -140,6 +142,8 @@ class ConvFuser:
             return None
         one = one_launch(g, conv)
         if isinstance(one, dict):
+            if not one["scales"] and conv.params["alpha"] == 1.0:
+                return None  # the engine's own mapping (engines.ConvBiasActStep), the same kernel
             return dict(one, launches=1)
         builtin = EN._conv_epilogue(g) if not any(t.by_value for t in g.tensors.values()) else "by-value tensors"
         if isinstance(builtin, dict):

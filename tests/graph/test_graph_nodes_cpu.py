@@ -333,3 +333,171 @@ def test_generated_norm_epilogue_compiles(arch, tag, tmp_path, monkeypatch):
     assert cubin[:4] == b"\x7fELF" and set(lowered) == {expr}
     _, text = NN.epilogue_source(prog, ("v", 2), tag)
     assert "return v2;" in text and "gen_fwd_body" in text and "e.ptr[2]" in text
+
+
+def test_backward_and_batchnorm_graphs_build():
+    """The GPU tests' graphs build on the CPU: layer / RMS / instance norm backward (the node engine,
+    a workspace for the dscale / dbias partials), batch norm training with running statistics (epsilon and
+    momentum pass-by-value tensors), batch norm inference (one generated pointwise kernel), backward."""
+    h = cpu_handle()
+    for mode in ("layer", "rms", "instance"):
+        g = Graph(io_data_type=BF16, handle=h)
+        xd = [3, 8, 6, 5]
+        sd = [1, 8, 1, 1] if mode == "instance" else [1, 8, 6, 5]
+        dy, x = g.tensor(name="dy", dim=xd), g.tensor(name="x", dim=xd)
+        sc = g.tensor(name="scale", dim=sd, data_type=F32)
+        st = [3, 8, 1, 1] if mode == "instance" else [3, 1, 1, 1]
+        inv, mean = g.tensor(name="inv", dim=st, data_type=F32), g.tensor(name="mean", dim=st, data_type=F32)
+        if mode == "rms":
+            outs = g.rmsnorm_backward(dy, x, sc, inv, has_dbias=True)
+        else:
+            outs = getattr(g, f"{mode}norm_backward")(dy, x, sc, mean, inv)
+        for o in outs:
+            o.set_output(True)
+        g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+        assert g.engine_index() == 0 and g.get_workspace_size() > 0, mode
+    g = Graph(io_data_type=F16, handle=h)
+    x = g.tensor(name="x", dim=[4, 12, 7, 5])
+    p = [g.tensor(name=k, dim=[1, 12, 1, 1], data_type=F32) for k in ("scale", "bias", "rm", "rv")]
+    eps = g.tensor(name="eps", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    mom = g.tensor(name="mom", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    outs = g.batchnorm(x, p[0], p[1], eps, in_running_mean=p[2], in_running_var=p[3], momentum=mom)
+    for o in outs:
+        o.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
+    assert g.engines() == [0]
+    g.build_plans()
+    blob = g.serialize()
+    assert Graph.deserialize(h, blob).engine_index() == 0
+    gi = Graph(io_data_type=F16, handle=h)
+    xi = gi.tensor(name="x", dim=[4, 12, 7, 5])
+    q = [gi.tensor(name=k, dim=[1, 12, 1, 1], data_type=F32) for k in ("mean", "inv", "scale", "bias")]
+    gi.batchnorm_inference(xi, *q).set_output(True)
+    gi.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    assert gi.launches() == 1
+    gb = Graph(io_data_type=F16, handle=h)
+    dy, xb = gb.tensor(name="dy", dim=[4, 12, 7, 5]), gb.tensor(name="x", dim=[4, 12, 7, 5])
+    q = [gb.tensor(name=k, dim=[1, 12, 1, 1], data_type=F32) for k in ("scale", "mean", "inv")]
+    for o in gb.batchnorm_backward(dy, xb, *q):
+        o.set_output(True)
+    gb.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+
+
+@pytest.mark.parametrize("scale", ["scalar", "per_channel", "device_scalar", "none"])
+def test_conv_scale_bias_relu_plans(scale):
+    """conv * s + b + z -> relu: a by-value scalar s is one convolution kernel (alpha1), a per-channel or
+    device s the convolution plus one generated epilogue kernel, no s the engine's own mapping."""
+    g = Graph(io_data_type=F16, handle=cpu_handle())
+    x, w = g.tensor(name="x", dim=[2, 16, 9, 9]), g.tensor(name="w", dim=[24, 16, 3, 3])
+    b, z = g.tensor(name="b", dim=[1, 24, 1, 1]), g.tensor(name="z", dim=[2, 24, 9, 9])
+    v = g.conv_fprop(x, w, padding=[1, 1])
+    if scale == "scalar":
+        v = g.mul(v, g.tensor(name="s", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True))
+    elif scale == "per_channel":
+        v = g.mul(v, g.tensor(name="s", dim=[1, 24, 1, 1]))
+    elif scale == "device_scalar":
+        v = g.mul(v, g.tensor(name="s", dim=[1, 1, 1, 1]))
+    g.relu(g.add(g.add(v, b), z)).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
+    assert g.engines() == ([1] if scale == "scalar" else [1, 0])
+    g.build_plans()
+    steps = [type(s).__name__ for s in g._plan_obj.built.steps]
+    assert g.engine_index() == 1
+    assert steps == (["ConvStep", "PwStep"] if scale in ("per_channel", "device_scalar") else
+                     ["ScaledConvBiasActStep"] if scale == "scalar" else ["ConvBiasActStep"])
+    if len(steps) == 2:
+        assert g.get_workspace_size() >= 2 * 24 * 81 * 2
+
+
+def test_conv_scale_after_bias_is_two_kernels():
+    g = Graph(io_data_type=F16, handle=cpu_handle())
+    x, w = g.tensor(name="x", dim=[2, 16, 9, 9]), g.tensor(name="w", dim=[24, 16, 3, 3])
+    b = g.tensor(name="b", dim=[1, 24, 1, 1])
+    s = g.tensor(name="s", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    g.relu(g.mul(g.add(g.conv_fprop(x, w, padding=[1, 1]), b), s)).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
+    # a by-value scale after the bias add: not the convolution kernel's form, and the generated epilogue
+    # reads device tensors only
+    _raises(NS, "a scale after the bias", g.check_support)
+
+
+# ----------------------------------------------------------------------------- sdpa
+
+def _sdpa_graph(io=BF16, d=64, **kw):
+    g = Graph(io_data_type=io, handle=cpu_handle())
+    q = g.tensor(name="q", dim=[2, 4, 100, d])
+    k, v = g.tensor(name="k", dim=[2, 2, 90, d]), g.tensor(name="v", dim=[2, 2, 90, d])
+    o, st = g.sdpa(q, k, v, **kw)
+    o.set_output(True)
+    if st is not None:
+        st.set_output(True)
+    return g, (q, k, v, o, st)
+
+
+def test_sdpa_builds_on_the_fused_attention():
+    g, (q, k, v, o, st) = _sdpa_graph(attn_scale=0.125, use_causal_mask=True)
+    assert o.dim == [2, 4, 100, 64] and st.dim == [2, 4, 100, 1] and st.data_type == F32
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK])
+    assert g.engines() == [0]
+    g.build_plans()
+    assert g.launches() == 1 and g.get_workspace_size() == 0
+    step = g._plan_obj.built.steps[0]
+    assert P.get_attention_descriptor(step.attn)[:5] == (4, 2, 64, 1.0, P.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT)
+    g2 = Graph.deserialize(cpu_handle(), g.serialize())
+    assert list(g2._consts.values()) == [0.125]
+    g, (_, _, _, o, st) = _sdpa_graph(is_inference=True, use_causal_mask_bottom_right=True)
+    assert st is None
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g._opgraph.state.ops[0].params["mask"] == P.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT
+
+
+def test_sdpa_backward_builds():
+    g = Graph(io_data_type=F16, handle=cpu_handle())
+    q, o, do = (g.tensor(name=n, dim=[2, 4, 100, 128]) for n in ("q", "o", "do"))
+    k, v = g.tensor(name="k", dim=[2, 1, 90, 128]), g.tensor(name="v", dim=[2, 1, 90, 128])
+    st = g.tensor(name="st", dim=[2, 4, 100, 1], data_type=F32)
+    dq, dk, dv = g.sdpa_backward(q, k, v, o, do, st, attn_scale=0.1, dropout=(0.1, 1234, 0),
+                                 use_deterministic_algorithm=True)
+    for t in (dq, dk, dv):
+        t.set_output(True)
+    assert dk.dim == [2, 1, 90, 128]
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    p = g._opgraph.state.ops[0].params
+    assert (p["dropout"], p["seed"], p["deterministic"]) == (0.1, 1234, True)
+    assert g.get_workspace_size() > 0
+
+
+def test_sdpa_validation():
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    q = g.tensor(name="q", dim=[2, 4, 100, 64])
+    k, v = g.tensor(name="k", dim=[2, 3, 90, 64]), g.tensor(name="v", dim=[2, 3, 90, 64])
+    o, st = g.sdpa(q, k, v)
+    o.set_output(True)
+    st.set_output(True)
+    _raises(BAD, "not a multiple of K's 3", g.build_operation_graph)
+    _raises(NS, "bias is not supported", g.sdpa, q, q, q, bias=q)
+    _raises(BAD, "unknown argument 'whatever'", g.sdpa, q, q, q, whatever=1)
+    _raises(NS, "offset", g.sdpa, q, q, q, dropout=(0.1, 1, 5))
+    _raises(BAD, "exclude each other", g.sdpa, q, q, q, use_causal_mask=True, use_causal_mask_bottom_right=True)
+    # head dim 96 and fp32 are valid graphs no engine of pydnn runs
+    g, _ = _sdpa_graph(d=96)
+    g.build_operation_graph().create_execution_plans()
+    _raises(NS, "head dim 96", g.check_support)
+    g, _ = _sdpa_graph(io=F32)
+    g.build_operation_graph().create_execution_plans()
+    _raises(NS, "HALF and BFLOAT16", g.check_support)
+    # the backend descriptor: the attribute named
+    o = B.backend_create_descriptor(P.PYDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR)
+    for n, dims in (("QDESC", (2, 4, 8, 64)), ("KDESC", (2, 4, 8, 64)), ("VDESC", (2, 4, 8, 32)),
+                    ("ODESC", (2, 4, 8, 64))):
+        B.backend_set_attribute(o, getattr(P, "PYDNN_ATTR_OPERATION_SDPA_FWD_" + n), DESC, 1, [_t(dims, BF16)])
+    _raises(BAD, "PYDNN_ATTR_OPERATION_SDPA_FWD_VDESC dims [2, 4, 8, 32]", B.backend_finalize, o)
+    o = B.backend_create_descriptor(P.PYDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR)
+    _raises(BAD, "MASK_MODE", lambda: (B.backend_set_attribute(
+        o, P.PYDNN_ATTR_OPERATION_SDPA_FWD_MASK_MODE, P.PYDNN_TYPE_INT64, 1, [7]), _fin_sdpa(o)))
+
+
+def _fin_sdpa(o):
+    for n in ("QDESC", "KDESC", "VDESC", "ODESC"):
+        B.backend_set_attribute(o, getattr(P, "PYDNN_ATTR_OPERATION_SDPA_FWD_" + n), DESC, 1, [_t((1, 1, 8, 64), BF16)])
+    B.backend_finalize(o)

@@ -344,3 +344,56 @@ def test_conv_scale_bias_relu(handle, rng, monkeypatch, io, scale_kind, residual
     # the per-channel form stores conv(x, w) in x's type before the epilogue: one rounding, scaled by |s|
     assert_close(ty.download(), np.maximum(pre, 0), io, f"conv {scale_kind}", scale=2 * terms)
     ty.check_untouched()
+
+
+@pytest.mark.parametrize("io", [F16, BF16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_sdpa_forward_backward(handle, rng, io, causal, d):
+    """sdpa (O and the log-sum-exp statistics, attn_scale a pass-by-value tensor given as a host array),
+    then sdpa_backward from them: pydnn's fused attention, GQA (4 query heads on 2 K/V heads), lengths
+    that are not tile multiples."""
+    from pydnn.reference import attention as R
+
+    b, hq, hkv, sq, skv = 2, 4, 2, 100, 90
+    scale = 1.0 / np.sqrt(d)
+    mask = P.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT if causal else P.PYDNN_ATTN_MASK_NONE
+    g = Graph(io_data_type=io, handle=handle)
+    q = g.tensor(name="q", dim=[b, hq, sq, d])
+    k, v = g.tensor(name="k", dim=[b, hkv, skv, d]), g.tensor(name="v", dim=[b, hkv, skv, d])
+    sc = g.tensor(name="scale", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    o, st = g.sdpa(q, k, v, attn_scale=sc, use_causal_mask=causal)
+    o.set_output(True)
+    st.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tq, tk, tv = DevTensor(q.dim, io), DevTensor(k.dim, io), DevTensor(v.dim, io)
+    to, tst = DevTensor(o.dim, io), DevTensor(st.dim, F32)
+    qv, kv, vv = tq.random(rng, -2, 2), tk.random(rng, -2, 2), tv.random(rng, -2, 2)
+    g.execute({q: tq.ptr, k: tk.ptr, v: tv.ptr, o: to.ptr, st: tst.ptr, sc: np.array([scale], np.float32)}, 0)
+    scale32 = float(np.float32(scale))
+    ro, rlse, so, slse = R.forward(qv, kv, vv, scale32, mask)
+    assert_close(to.download(), ro, io, "O", scale=so)
+    got = tst.download()[..., 0]
+    assert_close(got, rlse, F32, "stats", scale=slse)
+    to.check_untouched()
+    tst.check_untouched()
+
+    gb = Graph(io_data_type=io, handle=handle)
+    ts = {n: gb.tensor(name=n, dim=dims) for n, dims in (("q", q.dim), ("k", k.dim), ("v", k.dim), ("o", q.dim),
+                                                          ("do", q.dim))}
+    ts["stats"] = gb.tensor(name="stats", dim=st.dim, data_type=F32)
+    dq, dk, dv = gb.sdpa_backward(ts["q"], ts["k"], ts["v"], ts["o"], ts["do"], ts["stats"], attn_scale=scale32,
+                                  use_causal_mask=causal, use_deterministic_algorithm=True)
+    for t in (dq, dk, dv):
+        t.set_output(True)
+    gb.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tdo = DevTensor(q.dim, io)
+    dov = tdo.random(rng, -2, 2)
+    tdq, tdk, tdv = DevTensor(q.dim, io), DevTensor(k.dim, io), DevTensor(k.dim, io)
+    ws = _ws(gb)
+    gb.execute({ts["q"]: tq.ptr, ts["k"]: tk.ptr, ts["v"]: tv.ptr, ts["o"]: to.ptr, ts["do"]: tdo.ptr,
+                ts["stats"]: tst.ptr, dq: tdq.ptr, dk: tdk.ptr, dv: tdv.ptr}, ws.ptr if ws else 0)
+    rdq, rdk, rdv, (sdq, sdk, sdv) = R.backward(qv, kv, vv, dov, scale32, mask)
+    for t, r, s, nm in ((tdq, rdq, sdq, "dQ"), (tdk, rdk, sdk, "dK"), (tdv, rdv, sdv, "dV")):
+        assert_close(t.download(), r, io, nm, scale=s)
+        t.check_untouched()
