@@ -45,6 +45,15 @@ namespace norm {
 
 constexpr int kGenThreads = 256;
 constexpr int kCluster = 8;
+
+// The epilogue hook of fwd_rows and gen_fwd (as ptx/matmul.cu's Epi): epi(z, s, e) maps the normalized,
+// scaled and shifted value z of element e (its index in the set, x's memory order) of set s, before the
+// alpha / beta blend (gen_fwd: after the activation). Install-time units take NoEpi (the identity,
+// inlined: the same code as without the hook); the graph API generates a functor from a pointwise chain
+// (pydnn/graph/norm_nodes.py) and instantiates fwd_rows_body / gen_fwd_body with it in its own unit.
+struct NoEpi {
+  __device__ __forceinline__ float operator()(float z, long long, long long) const { return z; }
+};
 static_assert(kCluster == 8, "CLUSTER in pydnn/ops/normalization.py");
 
 template <class A, class B> struct Same { static constexpr bool value = false; };
@@ -636,8 +645,8 @@ __device__ __forceinline__ void rows_stats_one(const Frag<T, VEC> (&v)[R][ITEMS]
 // multiples of the ulp and S, Q are usually exact (tests: mean 1000, std 1). fp32 data keep the two-pass
 // statistics (ONE = false).
 // Blocks of at most 1024 / R threads (ROWS_MAX_GROUP // R on the host): R > 1 gets 128 registers and more.
-template <class T, int VEC, int ITEMS, int R, bool ONE>
-__global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
+template <class T, int VEC, int ITEMS, int R, bool ONE, class Epi>
+__device__ __forceinline__ void fwd_rows_body(const NormParams& p, const Epi& epi) {
   typedef Frag<T, VEC> F;
   constexpr bool PRE = R > 1;  // scale / bias held in registers across the R rows
   __shared__ __align__(16) float sm[2][32][ONE ? 2 * R : R];
@@ -774,7 +783,7 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
           rows_get<T, VEC>(v[r][k], a);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            a[j] = alpha * ((a[j] - mean[r]) * inv[r] * scv[j] + biv[j]);
+            a[j] = alpha * epi((a[j] - mean[r]) * inv[r] * scv[j] + biv[j], first + r, (i64)vi * VEC + j);
           }
           if (blend) {
             F old;
@@ -791,6 +800,11 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
       }
     }
   }
+}
+
+template <class T, int VEC, int ITEMS, int R, bool ONE>
+__global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
+  fwd_rows_body<T, VEC, ITEMS, R, ONE>(p, NoEpi{});
 }
 
 // fwd_persist: fwd_rows' per-row work for 16-bit layer / RMS rows in a persistent grid laid out as
@@ -1699,14 +1713,6 @@ __device__ __forceinline__ void el_offsets(const NormParams& p, i64 e, i64* off,
     e = q;
   }
 }
-
-// The epilogue hook of gen_fwd (as ptx/matmul.cu's Epi): epi(z, s, e) maps the value of element e
-// (its index in the set, x's memory order) of set s after the activation, before the alpha / beta blend.
-// Install-time units take NoEpi; the graph API generates a functor from a pointwise chain
-// (pydnn/graph/norm_nodes.py) and instantiates gen_fwd_body with it in its own unit.
-struct NoEpi {
-  __device__ __forceinline__ float operator()(float z, i64, i64) const { return z; }
-};
 
 template <class T, class Epi>
 __device__ __forceinline__ void gen_fwd_body(const NormParams& p, const Epi& epi) {

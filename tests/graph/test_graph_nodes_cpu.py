@@ -216,6 +216,8 @@ def test_norm_epilogue_fuses_into_one_launch(io, rms):
     assert g.engine_index() == 1 and g.launches() == 1 and g.get_workspace_size() == 0
     step = g._plan_obj.built.steps[0]
     assert step.unit.name.startswith("graph.norm_")
+    vec = 4 if io == F32 else 8
+    assert step.kernels == [f"rows{vec}", "gen"], step.kernels  # contiguous rows of 256: fwd_rows (+ gen)
     g.build_plans(engine=0)  # the node engine: the norm call, then three pointwise kernels
     assert g.engine_index() == 0 and g.get_workspace_size() > 0
 
@@ -328,11 +330,17 @@ def test_generated_norm_epilogue_compiles(arch, tag, tmp_path, monkeypatch):
                         [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
                          cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0)),
                          cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("v", 1), b=("op", 1))], [(0, 2)])
-    unit, expr = NN.epilogue_unit(prog, ("v", 2), tag)
+    from pydnn.ops import normalization as N
+    from pydnn.ops._elementwise import vec_width
+
+    items, r, one = N.ROWS_PICK[tag]
+    rows = (items, r, one, (vec_width(tag, tag),))
+    unit, exprs = NN.epilogue_unit(prog, ("v", 2), tag, rows)
     cubin, lowered = build.compile_unit(unit, arch)
-    assert cubin[:4] == b"\x7fELF" and set(lowered) == {expr}
-    _, text = NN.epilogue_source(prog, ("v", 2), tag)
-    assert "return v2;" in text and "gen_fwd_body" in text and "e.ptr[2]" in text
+    assert cubin[:4] == b"\x7fELF" and set(lowered) == set(exprs.values())
+    assert set(exprs) == {"gen", f"rows{vec_width(tag, tag)}"}
+    _, text, _ = NN.epilogue_source(prog, ("v", 2), tag, rows)
+    assert "return v2;" in text and "gen_fwd_body" in text and "fwd_rows_body" in text and "e.ptr[2]" in text
 
 
 def test_backward_and_batchnorm_graphs_build():

@@ -46,9 +46,9 @@ def _norm_epilogue_graph(handle, io, rms, phase, dims):
     return g, dict(x=x, scale=sc, bias=b, s2=s2, b2=b2, out=out, mean=mean, inv=inv)
 
 
-@pytest.mark.parametrize("io", [F32, BF16])
-@pytest.mark.parametrize("rms", [False, True])
-@pytest.mark.parametrize("phase", [TRAIN, INFER])
+@pytest.mark.parametrize("io", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("phase", [TRAIN, INFER], ids=["train", "infer"])
 @pytest.mark.parametrize("mode, engine", [(P.PYDNN_HEUR_MODE_A, 1), (P.PYDNN_HEUR_MODE_FALLBACK, 0)],
                          ids=["fused", "nodes"])
 def test_norm_scale_bias_gelu(handle, rng, monkeypatch, io, rms, phase, mode, engine):
@@ -89,11 +89,11 @@ def test_norm_scale_bias_gelu(handle, rng, monkeypatch, io, rms, phase, mode, en
                                        atol=dims[2] * 2.0**-24 * np.abs(xv).max(), err_msg="mean")
 
 
-@pytest.mark.parametrize("io", [F32, BF16])
+@pytest.mark.parametrize("io", [F32, BF16], ids=["f32", "bf16"])
 def test_norm_epilogue_per_row_and_extra_output(handle, rng, monkeypatch, io):
     """An epilogue operand per row ([n, s, 1]) and a full tensor ([n, s, d]), the pre-activation stored as
-    a second output: still one launch."""
-    n, s, d = 2, 9, 256
+    a second output: still one launch (rows of 250, not whole 16-byte vectors: the gen_fwd form)."""
+    n, s, d = 2, 9, 250
     g = Graph(io_data_type=io, handle=handle)
     x = g.tensor(name="x", dim=[n, s, d])
     sc = g.tensor(name="scale", dim=[1, 1, d], data_type=F32)
@@ -134,7 +134,7 @@ def _kind(name):
     return getattr(P, f"PYDNN_NORM_KIND_{name}")
 
 
-@pytest.mark.parametrize("io", [F32, BF16])
+@pytest.mark.parametrize("io", [F32, BF16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name, xdims, sdims", NODE_CASES)
 def test_norm_nodes_forward_backward(handle, rng, io, name, xdims, sdims):
     """Training forward (y, mean, inv_variance) then backward (dx, dscale, dbias) from the saved
@@ -212,7 +212,7 @@ def test_norm_nodes_forward_backward(handle, rng, io, name, xdims, sdims):
     tdx.check_untouched()
 
 
-@pytest.mark.parametrize("io", [F32, F16])
+@pytest.mark.parametrize("io", [F32, F16], ids=["f32", "f16"])
 def test_batchnorm_training_inference_backward(handle, rng, io):
     """batchnorm (training, running statistics with epsilon and momentum as pass-by-value tensors given
     as host arrays), batchnorm_inference from mean / inv_variance, batchnorm_backward."""
@@ -290,7 +290,7 @@ def test_batchnorm_training_inference_backward(handle, rng, io):
     tdx.check_untouched()
 
 
-@pytest.mark.parametrize("io", [F32, F16])
+@pytest.mark.parametrize("io", [F32, F16], ids=["f32", "f16"])
 @pytest.mark.parametrize("scale_kind", ["scalar", "per_channel"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_conv_scale_bias_relu(handle, rng, monkeypatch, io, scale_kind, residual):
@@ -346,7 +346,7 @@ def test_conv_scale_bias_relu(handle, rng, monkeypatch, io, scale_kind, residual
     ty.check_untouched()
 
 
-@pytest.mark.parametrize("io", [F16, BF16])
+@pytest.mark.parametrize("io", [F16, BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_sdpa_forward_backward(handle, rng, io, causal, d):
