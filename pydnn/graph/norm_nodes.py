@@ -461,8 +461,11 @@ class NormFuser:
         final = max(cands, key=lambda u: produced[u])
         extra_out = [u for u in outs if u != final]
         ins, seen = [], set()
+        stats = {u for r, u in nrm.outputs.items() if r != "y"}
         for op in pws:
             for u in op.inputs.values():
+                if u in stats:
+                    return f"the epilogue reads the norm's statistics (uid {u}), which the same kernel writes"
                 if u not in produced and u not in seen:
                     seen.add(u)
                     ins.append(u)

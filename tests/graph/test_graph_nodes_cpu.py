@@ -509,3 +509,15 @@ def _fin_sdpa(o):
     for n in ("QDESC", "KDESC", "VDESC", "ODESC"):
         B.backend_set_attribute(o, getattr(P, "PYDNN_ATTR_OPERATION_SDPA_FWD_" + n), DESC, 1, [_t((1, 1, 8, 64), BF16)])
     B.backend_finalize(o)
+
+
+def test_epilogue_reading_the_statistics_is_not_fused():
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[4, 64])
+    sc = g.tensor(name="scale", dim=[1, 64], data_type=F32)
+    y, mean, inv = g.layernorm(x, sc, None, 1e-5)
+    mean.set_output(True)
+    inv.set_output(True)
+    g.mul(y, inv).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
+    assert "reads the norm's statistics" in NN.NormFuser().analyze(g._opgraph.state)
