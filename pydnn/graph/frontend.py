@@ -439,6 +439,10 @@ class Graph:
         given = {self._uid_of(k): v for k, v in buffers.items()}
         for uid, v in getattr(self, "_consts", {}).items():
             given.setdefault(uid, v)
+        for uid, v in given.items():  # a Python int for a pass-by-value tensor is its value here (from C: an address)
+            t = plan.graph.tensors.get(uid)
+            if t is not None and t.by_value and type(v) is int:
+                given[uid] = float(v)
         run(handle if handle is not None else self.handle, plan, given, workspace)
 
     # ------------------------------------------------------------------ serialization

@@ -284,6 +284,18 @@ def test_host_scalar():
     _raises(BAD, "bool", host_scalar, True, F32, "eps")
 
 
+def test_python_int_for_a_by_value_tensor_is_its_value():
+    """Graph.execute takes a Python int for a pass-by-value tensor as the value (from C it is an address)."""
+    g = Graph(io_data_type=F16, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 16, 9, 9])
+    w = g.tensor(name="w", dim=[24, 16, 3, 3])
+    b = g.tensor(name="b", dim=[1, 24, 1, 1])
+    s = g.tensor(name="s", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    g.relu(g.add(g.mul(g.conv_fprop(x, w, padding=[1, 1]), s), b)).set_output(True)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    _fake_execute(g, dict(s=2))  # reaches the kernel lookup: 2 was read as 2.0, not dereferenced
+
+
 def test_flat_stride():
     assert NN._flat_stride([4, 16], [16 * 256, 256]) == 256
     assert NN._flat_stride([4, 16], [0, 0]) == 0
@@ -521,3 +533,109 @@ def test_epilogue_reading_the_statistics_is_not_fused():
     g.mul(y, inv).set_output(True)
     g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A])
     assert "reads the norm's statistics" in NN.NormFuser().analyze(g._opgraph.state)
+
+
+def _fake_execute(g, consts=None):
+    """Execute with made-up aligned device addresses on the CPU-only handle: every argument check of the
+    steps' pydnn calls passes and the first kernel lookup fails with NOT_INITIALIZED (nothing is launched)."""
+    bufs = {}
+    for i, t in enumerate(t for t in g.tensors if not t.virtual):
+        if t.name in (consts or {}):
+            bufs[t] = consts[t.name]
+        elif not t.by_value:  # (by-value constants: the graph passes its own)
+            bufs[t] = 0x100000000 + 0x1000000 * i
+    ws = 0x900000000 if g.get_workspace_size() else 0
+    _raises(P.PYDNN_STATUS_NOT_INITIALIZED, "no kernels", g.execute, bufs, ws)
+
+
+@pytest.mark.parametrize("mode, xd, sd", [("layer", [4, 6, 5, 7], [1, 6, 5, 7]), ("layer", [5, 3, 96], [1, 1, 96]),
+                                          ("rms", [5, 3, 96], [1, 1, 96]), ("instance", [3, 8, 6, 5], [1, 8, 1, 1])])
+@pytest.mark.parametrize("io", [F32, BF16])
+def test_norm_node_calls_pass_validation(mode, xd, sd, io):
+    """The node engine's norm steps hand pydnn's normalization calls descriptors and pointers they accept
+    (forward training with statistics, backward with its workspace)."""
+    g = Graph(io_data_type=io, handle=cpu_handle())
+    x = g.tensor(name="x", dim=xd)
+    sc, b = g.tensor(name="scale", dim=sd, data_type=F32), g.tensor(name="bias", dim=sd, data_type=F32)
+    if mode == "rms":
+        outs = g.rmsnorm(x, sc, 1e-5, bias=b)
+    else:
+        outs = getattr(g, f"{mode}norm")(x, sc, b, 1e-5)
+    for t in outs:
+        t.set_output(True)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    _fake_execute(g)
+    gb = Graph(io_data_type=io, handle=cpu_handle())
+    dy, xb, scb = gb.tensor(name="dy", dim=xd), gb.tensor(name="x", dim=xd), gb.tensor(name="s", dim=sd, data_type=F32)
+    inv = gb.tensor(name="inv", dim=outs[-1].dim, data_type=F32)
+    if mode == "rms":
+        douts = gb.rmsnorm_backward(dy, xb, scb, inv, has_dbias=True)
+    else:
+        mean = gb.tensor(name="mean", dim=outs[-1].dim, data_type=F32)
+        douts = getattr(gb, f"{mode}norm_backward")(dy, xb, scb, mean, inv)
+    for t in douts:
+        t.set_output(True)
+    gb.build_operation_graph().create_execution_plans().check_support().build_plans()
+    _fake_execute(gb)
+
+
+def test_batchnorm_sdpa_conv_calls_pass_validation():
+    """As above for batch norm (training with running statistics updated in place: the output running
+    tensors at the input ones' addresses, so no copy is enqueued; inference; backward), sdpa and
+    sdpa_backward, and conv * s + b -> relu with a scalar and with a per-channel s."""
+    h = cpu_handle()
+    g = Graph(io_data_type=F16, handle=h)
+    x = g.tensor(name="x", dim=[4, 12, 7, 5])
+    p = [g.tensor(name=k, dim=[1, 12, 1, 1], data_type=F32) for k in ("scale", "bias", "rm", "rv")]
+    eps = g.tensor(name="eps", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    mom = g.tensor(name="mom", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True)
+    outs = g.batchnorm(x, p[0], p[1], eps, in_running_mean=p[2], in_running_var=p[3], momentum=mom)
+    for o in outs:
+        o.set_output(True)
+    outs[3].set_name("nrm")
+    outs[4].set_name("nrv")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    _fake_execute(g, dict(eps=1e-3, mom=0.1, rm=0x700000000, nrm=0x700000000, rv=0x800000000, nrv=0x800000000))
+    gb = Graph(io_data_type=F16, handle=h)
+    dy, xb = gb.tensor(name="dy", dim=[4, 12, 7, 5]), gb.tensor(name="x", dim=[4, 12, 7, 5])
+    q = [gb.tensor(name=k, dim=[1, 12, 1, 1], data_type=F32) for k in ("scale", "mean", "inv")]
+    for o in gb.batchnorm_backward(dy, xb, *q):
+        o.set_output(True)
+    gb.build_operation_graph().create_execution_plans().check_support().build_plans()
+    _fake_execute(gb)
+    gi = Graph(io_data_type=F16, handle=h)
+    xi = gi.tensor(name="x", dim=[4, 12, 7, 5])
+    q = [gi.tensor(name=k, dim=[1, 12, 1, 1], data_type=F32) for k in ("mean", "inv", "scale", "bias")]
+    gi.batchnorm_inference(xi, *q).set_output(True)
+    gi.build_operation_graph().create_execution_plans().check_support().build_plans()
+    _fake_execute(gi)
+
+    for d in (64, 128):
+        gs, _ = _sdpa_graph(io=F16, d=d, attn_scale=0.1, use_causal_mask=True)
+        gs.build_operation_graph().create_execution_plans().check_support().build_plans()
+        _fake_execute(gs)
+    gs = Graph(io_data_type=BF16, handle=h)
+    ts = [gs.tensor(name=n, dim=[2, 4, 100, 64]) for n in ("q", "o", "do")]
+    kv = [gs.tensor(name=n, dim=[2, 2, 90, 64]) for n in ("k", "v")]
+    st = gs.tensor(name="st", dim=[2, 4, 100, 1], data_type=F32)
+    for o in gs.sdpa_backward(ts[0], kv[0], kv[1], ts[1], ts[2], st, attn_scale=0.125):
+        o.set_output(True)
+    gs.build_operation_graph().create_execution_plans().check_support().build_plans()
+    _fake_execute(gs)
+
+    for kind in ("scalar", "per_channel"):
+        gc = Graph(io_data_type=F16, handle=h)
+        x, w = gc.tensor(name="x", dim=[2, 16, 9, 9]), gc.tensor(name="w", dim=[24, 16, 3, 3])
+        b = gc.tensor(name="b", dim=[1, 24, 1, 1])
+        s = gc.tensor(name="s", dim=[1, 1, 1, 1], data_type=F32, is_pass_by_value=True) if kind == "scalar" else \
+            gc.tensor(name="s", dim=[1, 24, 1, 1])
+        gc.relu(gc.add(gc.mul(gc.conv_fprop(x, w, padding=[1, 1]), s), b)).set_output(True)
+        gc.build_operation_graph().create_execution_plans().check_support().build_plans()
+        _fake_execute(gc, dict(s=0.5) if kind == "scalar" else None)
+
+
+def test_fused_norm_call_passes_validation():
+    g, _ = _ln_epilogue(BF16)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1
+    _fake_execute(g)
