@@ -131,6 +131,3 @@ def backend_get_attribute(descriptor, attribute_name, attribute_type, requested_
 def backend_execute(handle, execution_plan, variant_pack):
     """cudnnBackendExecute: run a finalized EXECUTION_PLAN on the tensors of a finalized VARIANT_PACK."""
     plans.execute(handle, execution_plan, variant_pack)
-
-
-from . import conv_fusion, norm_nodes, sdpa_nodes  # noqa: E402,F401 - registers the node modules' descriptors, engines and Graph methods
