@@ -234,7 +234,14 @@ class EnginePlan:
 #   BY_VALUE[kind]: the input roles of that operation that may be pass-by-value (host) scalars;
 #   FUSERS: objects with analyze(g) -> None (not theirs), a reason (str) or an analysis, and
 #     build(handle, g, analysis) -> EnginePlan; tried by the fusion engine before its own patterns.
-NODE_KINDS, BY_VALUE, FUSERS = {}, {}, []
+#   OTHER_DTYPES[kind]: {input role: data types} an operation takes beyond FLOAT / HALF / BFLOAT16 (sdpa's
+#     INT32 sequence lengths).
+NODE_KINDS, BY_VALUE, FUSERS, OTHER_DTYPES = {}, {}, [], {}
+
+
+def _other_dtype_ok(g, t):
+    users = [(op, r) for op in g.ops for r, u in op.inputs.items() if u == t.uid]
+    return bool(users) and all(t.dtype in OTHER_DTYPES.get(op.kind, {}).get(r, ()) for op, r in users)
 
 
 def _byvalue_ok(g, uid):
@@ -248,7 +255,7 @@ def _common_support(g):
             if _byvalue_ok(g, t.uid):
                 continue
             return f"tensor uid {t.uid} is by value (pass-by-value scalars are not supported yet)"
-        if t.dtype not in TAGS:
+        if t.dtype not in TAGS and not _other_dtype_ok(g, t):
             return f"tensor uid {t.uid}: data type {t.dtype} (pydnn's graph engines take FLOAT, HALF, BFLOAT16)"
     return None
 

@@ -12,6 +12,7 @@ q, o, dO, dQ (B, Hq, Sq, D); k, v, dK, dV (B, Hkv, Skv, D), Hq a multiple of Hkv
 a pass-by-value scalar tensor or a number (cudnn-frontend's default: no scaling, 1.0). Masks: none,
 causal (top left: key j visible to query i when j <= i) and causal bottom right. dropout: (probability,
 seed, offset) with an int seed and offset 0 (pydnn's Philox stream, see pydnn/ops/attention.py).
+use_padding_mask with seq_len_q / seq_len_kv ((B, 1, 1, 1) INT32 device tensors): per-batch lengths.
 pydnn runs bf16 / fp16 with head dims 64 and 128, the head dim contiguous (NOT_SUPPORTED otherwise).
 Each node is one call of the fused attention kernels (forward: one launch; backward: its passes).
 """
@@ -33,6 +34,7 @@ HEAD_DIMS = (64, 128)
 _EXTRA = lambda pre: {  # noqa: E731
     pre + "SCALEDESC": Attr(_BD, **_T), pre + "MASK_MODE": Attr("INT64"),
     pre + "DROPOUT_PROBABILITY": Attr(("DOUBLE", "FLOAT")), pre + "DROPOUT_SEED": Attr("INT64"),
+    pre + "SEQ_LEN_QDESC": Attr(_BD, **_T), pre + "SEQ_LEN_KVDESC": Attr(_BD, **_T),
 }
 FWD_SCHEMA = {
     **{FWD + n: Attr(_BD, required=True, **_T) for n in ("QDESC", "KDESC", "VDESC", "ODESC")},
@@ -79,6 +81,22 @@ def _shapes(where, pre, q, k, v, o, stats, extra=()):
             raise bad(f"{where}: PYDNN_ATTR_{pre}{n} dims {list(t.dims)} must be {list(ref.dims)}")
 
 
+def _lens(d, pre, where, b):
+    """The optional per-batch sequence lengths ((B, 1, 1, 1) INT32 tensors): {role: tensor}."""
+    out = {}
+    for role, n in (("seq_len_q", "SEQ_LEN_QDESC"), ("seq_len_kv", "SEQ_LEN_KVDESC")):
+        t = d.one(pre + n)
+        if t is None:
+            continue
+        t = t.state
+        if t.dims[0] != b or any(v != 1 for v in t.dims[1:]):
+            raise bad(f"{where}: PYDNN_ATTR_{pre}{n} dims {list(t.dims)} must be [{b}, 1, 1, 1] (one length a batch)")
+        if t.dtype != E.PYDNN_DATA_INT32:
+            raise bad(f"{where}: PYDNN_ATTR_{pre}{n} data type {t.dtype} must be INT32")
+        out[role] = t
+    return out
+
+
 def _scale(d, pre, where):
     s = d.one(pre + "SCALEDESC")
     if s is None:
@@ -96,7 +114,7 @@ def _fin_fwd(d):
     st = st.state if st is not None else None
     _shapes(where, FWD, q, k, v, o, st)
     scale = _scale(d, FWD, where)
-    ins = dict(q=q, k=k, v=v, **({"attn_scale": scale} if scale is not None else {}))
+    ins = dict(q=q, k=k, v=v, **({"attn_scale": scale} if scale is not None else {}), **_lens(d, FWD, where, q.dims[0]))
     outs = dict(o=o, **({"stats": st} if st is not None else {}))
     return OpInfo("sdpa_fwd", ins, outs, _params(d, FWD, where))
 
@@ -112,6 +130,7 @@ def _fin_bwd(d):
     ins = dict(q=t["QDESC"], k=t["KDESC"], v=t["VDESC"], o=t["ODESC"], do=t["DODESC"], stats=t["STATSDESC"])
     if scale is not None:
         ins["attn_scale"] = scale
+    ins.update(_lens(d, BWD, where, t["QDESC"].dims[0]))
     p = _params(d, BWD, where)
     p["deterministic"] = bool(d.one(BWD + "DETERMINISTIC", False))
     return OpInfo("sdpa_bwd", ins, dict(dq=t["DQDESC"], dk=t["DKDESC"], dv=t["DVDESC"]), p)
@@ -133,6 +152,9 @@ def _check_json(op):
 
 PL.CHECKS.update(sdpa_fwd=_check_json, sdpa_bwd=_check_json)
 EN.BY_VALUE.update(sdpa_fwd={"attn_scale"}, sdpa_bwd={"attn_scale"})
+_INT32 = (E.PYDNN_DATA_INT32,)
+EN.OTHER_DTYPES.update(sdpa_fwd=dict(seq_len_q=_INT32, seq_len_kv=_INT32),
+                       sdpa_bwd=dict(seq_len_q=_INT32, seq_len_kv=_INT32))
 
 
 # ----------------------------------------------------------------------------- node engine
@@ -168,6 +190,8 @@ class SdpaNode:
                 return f"{name}: stats (uid {t.uid}) must be FLOAT"
             elif r == "attn_scale" and not t.by_value:
                 return f"{name}: attn_scale (uid {t.uid}) must be a pass-by-value scalar"
+            elif r in ("seq_len_q", "seq_len_kv") and (t.by_value or t.virtual):
+                return f"{name}: {r} (uid {t.uid}) must be a graph input in device memory"
         return None
 
     def step(self, handle, g, op, st, ws_offset):
@@ -216,14 +240,15 @@ class SdpaStep:
         if "attn_scale" in u:
             self._set_scale(float(ptr[u["attn_scale"]]))
         p = {r: ptr[x] for r, x in u.items() if r != "attn_scale"}
+        lq, lkv = p.get("seq_len_q"), p.get("seq_len_kv")
         if self.kind == "sdpa_fwd":
             pydnn.attention_forward(handle, self.attn, d["q"], p["q"], d["k"], p["k"], d["v"], p["v"], d["o"], p["o"],
-                                    d.get("stats"), p.get("stats", 0), None, None, None, 0)
+                                    d.get("stats"), p.get("stats", 0), lq, lkv, None, 0)
         else:
             ws = ptr["workspace"] + self.ws_offset if self.ws_size else 0
             pydnn.attention_backward(handle, self.attn, d["q"], p["q"], d["k"], p["k"], d["v"], p["v"], d["o"], p["o"],
                                      d["do"], p["do"], d["stats"], p["stats"], d["dq"], p["dq"], d["dk"], p["dk"],
-                                     d["dv"], p["dv"], None, None, self.det, ws, self.ws_size)
+                                     d["dv"], p["dv"], lq, lkv, self.det, ws, self.ws_size)
 
 
 EN.NODE_KINDS.update(sdpa_fwd=SdpaNode(), sdpa_bwd=SdpaNode())
@@ -231,7 +256,7 @@ EN.NODE_KINDS.update(sdpa_fwd=SdpaNode(), sdpa_bwd=SdpaNode())
 
 # ----------------------------------------------------------------------------- frontend
 
-_UNSUPPORTED = ("bias", "use_alibi_mask", "use_padding_mask", "seq_len_q", "seq_len_kv", "sliding_window_length",
+_UNSUPPORTED = ("bias", "use_alibi_mask", "sliding_window_length",
                 "rng_dump", "paged_attention_k_table", "paged_attention_v_table", "paged_attention_max_seq_len_kv",
                 "score_mod", "left_bound", "right_bound", "diagonal_alignment", "diagonal_band_left_bound",
                 "diagonal_band_right_bound", "sink_token", "block_mask")
@@ -273,11 +298,26 @@ def _options(what, attn_scale, use_causal_mask, use_causal_mask_bottom_right, dr
     return dict(mask=mask, dropout=p, seed=seed, scale=scale)
 
 
+def _padding(g, what, use_padding_mask, seq_len_q, seq_len_kv):
+    """{role: tensor} of the per-batch sequence lengths (cudnn-frontend: use_padding_mask with seq_len_q /
+    seq_len_kv, (B, 1, 1, 1) INT32 tensors)."""
+    if not use_padding_mask:
+        if seq_len_q is not None or seq_len_kv is not None:
+            raise bad(f"{what}: seq_len_q / seq_len_kv need use_padding_mask=True")
+        return {}
+    if seq_len_q is None and seq_len_kv is None:
+        raise bad(f"{what}: use_padding_mask needs seq_len_q and / or seq_len_kv")
+    return {r: g._check_in(t, r) for r, t in (("seq_len_q", seq_len_q), ("seq_len_kv", seq_len_kv)) if t is not None}
+
+
 def sdpa(self, q, k, v, is_inference=False, attn_scale=None, use_causal_mask=False, use_causal_mask_bottom_right=False,
-         dropout=None, generate_stats=None, compute_data_type=None, name=None, **kw):
-    """cudnn-frontend's sdpa: [O, stats] (stats None when is_inference and not generate_stats)."""
+         dropout=None, generate_stats=None, use_padding_mask=False, seq_len_q=None, seq_len_kv=None,
+         compute_data_type=None, name=None, **kw):
+    """cudnn-frontend's sdpa: [O, stats] (stats None when is_inference and not generate_stats). Rows past
+    their sequence length: O = 0, stats = -inf (pydnn's fused attention)."""
     q, k, v = (self._check_in(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     opt = _options("sdpa", attn_scale, use_causal_mask, use_causal_mask_bottom_right, dropout, kw, self)
+    lens = _padding(self, "sdpa", use_padding_mask, seq_len_q, seq_len_kv)
     if len(q.dim) != 4:
         raise bad(f"sdpa: q dims {q.dim} (batch, heads, sequence, head dim)")
     nm = name or "sdpa"
@@ -285,7 +325,7 @@ def sdpa(self, q, k, v, is_inference=False, attn_scale=None, use_causal_mask=Fal
     stats = None
     if generate_stats or (generate_stats is None and not is_inference):
         stats = self._out(f"{nm}::Stats", list(q.dim[:3]) + [1]).set_data_type(E.PYDNN_DATA_FLOAT)
-    ins = dict(q=q, k=k, v=v, attn_scale=opt["scale"])
+    ins = dict(q=q, k=k, v=v, attn_scale=opt["scale"], **lens)
     outs = dict(o=o, stats=stats)
     self.nodes.append(("sdpa_fwd", dict(ins=ins, outs_map=outs, out=o, outs=[o, stats], opt=opt)))
     return [o, stats]
@@ -293,21 +333,22 @@ def sdpa(self, q, k, v, is_inference=False, attn_scale=None, use_causal_mask=Fal
 
 def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, use_causal_mask=False,  # noqa: N803
                   use_causal_mask_bottom_right=False, dropout=None, use_deterministic_algorithm=False,
-                  compute_data_type=None, name=None, **kw):
+                  use_padding_mask=False, seq_len_q=None, seq_len_kv=None, compute_data_type=None, name=None, **kw):
     """cudnn-frontend's sdpa_backward: [dQ, dK, dV]."""
     ts = [self._check_in(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (dO, "dO"), (stats, "stats"))]
     opt = _options("sdpa_backward", attn_scale, use_causal_mask, use_causal_mask_bottom_right, dropout, kw, self)
+    lens = _padding(self, "sdpa_backward", use_padding_mask, seq_len_q, seq_len_kv)
     opt["deterministic"] = bool(use_deterministic_algorithm)
     nm = name or "sdpa_backward"
     dq, dk, dv = (self._out(f"{nm}::d{n}", list(t.dim)) for n, t in (("Q", ts[0]), ("K", ts[1]), ("V", ts[2])))
-    ins = dict(zip(("q", "k", "v", "o", "do", "stats"), ts), attn_scale=opt["scale"])
+    ins = dict(zip(("q", "k", "v", "o", "do", "stats"), ts), attn_scale=opt["scale"], **lens)
     outs = dict(dq=dq, dk=dk, dv=dv)
     self.nodes.append(("sdpa_bwd", dict(ins=ins, outs_map=outs, out=dq, outs=[dq, dk, dv], opt=opt)))
     return [dq, dk, dv]
 
 
 _ROLE_ATTR = dict(q="QDESC", k="KDESC", v="VDESC", o="ODESC", do="DODESC", stats="STATSDESC", attn_scale="SCALEDESC",
-                  dq="DQDESC", dk="DKDESC", dv="DVDESC")
+                  dq="DQDESC", dk="DKDESC", dv="DVDESC", seq_len_q="SEQ_LEN_QDESC", seq_len_kv="SEQ_LEN_KVDESC")
 
 
 def _build(kind):

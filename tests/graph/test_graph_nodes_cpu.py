@@ -496,6 +496,7 @@ def test_sdpa_validation():
     st.set_output(True)
     _raises(BAD, "not a multiple of K's 3", g.build_operation_graph)
     _raises(NS, "bias is not supported", g.sdpa, q, q, q, bias=q)
+    _raises(NS, "sliding_window_length is not supported", g.sdpa, q, q, q, sliding_window_length=64)
     _raises(BAD, "unknown argument 'whatever'", g.sdpa, q, q, q, whatever=1)
     _raises(NS, "offset", g.sdpa, q, q, q, dropout=(0.1, 1, 5))
     _raises(BAD, "exclude each other", g.sdpa, q, q, q, use_causal_mask=True, use_causal_mask_bottom_right=True)
@@ -639,3 +640,27 @@ def test_fused_norm_call_passes_validation():
     g.build_operation_graph().create_execution_plans().build_plans()
     assert g.engine_index() == 1
     _fake_execute(g)
+
+
+def test_sdpa_padding_mask():
+    g = Graph(io_data_type=BF16, handle=cpu_handle())
+    q = g.tensor(name="q", dim=[2, 4, 100, 64])
+    k, v = g.tensor(name="k", dim=[2, 2, 90, 64]), g.tensor(name="v", dim=[2, 2, 90, 64])
+    lq = g.tensor(name="lq", dim=[2, 1, 1, 1], data_type=P.PYDNN_DATA_INT32)
+    lkv = g.tensor(name="lkv", dim=[2, 1, 1, 1], data_type=P.PYDNN_DATA_INT32)
+    _raises(BAD, "need use_padding_mask=True", g.sdpa, q, k, v, seq_len_q=lq)
+    _raises(BAD, "needs seq_len_q and / or seq_len_kv", g.sdpa, q, k, v, use_padding_mask=True)
+    o, st = g.sdpa(q, k, v, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lkv)
+    o.set_output(True)
+    st.set_output(True)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert set(g._opgraph.state.ops[0].inputs) == {"q", "k", "v", "seq_len_q", "seq_len_kv"}
+    _fake_execute(g)
+    g2 = Graph(io_data_type=BF16, handle=cpu_handle())
+    q = g2.tensor(name="q", dim=[2, 4, 100, 64])
+    k, v = g2.tensor(name="k", dim=[2, 2, 90, 64]), g2.tensor(name="v", dim=[2, 2, 90, 64])
+    bad_len = g2.tensor(name="lq", dim=[2, 1, 1, 1], data_type=F32)
+    o, st = g2.sdpa(q, k, v, use_padding_mask=True, seq_len_q=bad_len)
+    o.set_output(True)
+    st.set_output(True)
+    _raises(BAD, "PYDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC data type 0 must be INT32", g2.build_operation_graph)

@@ -392,3 +392,59 @@ def test_sdpa_forward_backward(handle, rng, io, causal, d):
     for t, r, s, nm in ((tdq, rdq, sdq, "dQ"), (tdk, rdk, sdk, "dK"), (tdv, rdv, sdv, "dV")):
         assert_close(t.download(), r, io, nm, scale=s)
         t.check_untouched()
+
+
+def test_sdpa_padding_mask(handle, rng):
+    """use_padding_mask with per-batch lengths (INT32 device tensors): rows past their length O = 0 and
+    stats = -inf, keys past theirs unseen; the backward with the same lengths."""
+    from pydnn.reference import attention as R
+
+    io, b, hq, hkv, sq, skv, d = BF16, 2, 4, 2, 100, 90, 64
+    lens_q, lens_kv = [100, 37], [90, 11]
+    scale = 0.125
+    g = Graph(io_data_type=io, handle=handle)
+    q = g.tensor(name="q", dim=[b, hq, sq, d])
+    k, v = g.tensor(name="k", dim=[b, hkv, skv, d]), g.tensor(name="v", dim=[b, hkv, skv, d])
+    lq = g.tensor(name="lq", dim=[b, 1, 1, 1], data_type=P.PYDNN_DATA_INT32)
+    lkv = g.tensor(name="lkv", dim=[b, 1, 1, 1], data_type=P.PYDNN_DATA_INT32)
+    o, st = g.sdpa(q, k, v, attn_scale=scale, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lkv)
+    o.set_output(True)
+    st.set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tq, tk, tv = DevTensor(q.dim, io), DevTensor(k.dim, io), DevTensor(v.dim, io)
+    to, tst = DevTensor(o.dim, io), DevTensor(st.dim, F32)
+    qv, kv, vv = tq.random(rng, -2, 2), tk.random(rng, -2, 2), tv.random(rng, -2, 2)
+    dq_, dkv_ = P.DeviceArray((b,), np.int32), P.DeviceArray((b,), np.int32)
+    dq_.copy_from_numpy(np.array(lens_q, np.int32))
+    dkv_.copy_from_numpy(np.array(lens_kv, np.int32))
+    g.execute({q: tq.ptr, k: tk.ptr, v: tv.ptr, o: to.ptr, st: tst.ptr, lq: dq_.ptr, lkv: dkv_.ptr}, 0)
+    ro, rlse, so, slse = R.forward(qv, kv, vv, scale, P.PYDNN_ATTN_MASK_NONE, lens_q, lens_kv)
+    assert_close(to.download(), ro, io, "O", scale=so)
+    got = tst.download()[..., 0]
+    dead = np.isneginf(rlse)
+    assert dead.any() and np.isneginf(got[dead]).all(), "stats of rows past their length must be -inf"
+    assert_close(np.where(dead, 0, got), np.where(dead, 0, rlse), F32, "stats", scale=slse)
+    to.check_untouched()
+
+    gb = Graph(io_data_type=io, handle=handle)
+    ts = {n: gb.tensor(name=n, dim=dims) for n, dims in (("q", q.dim), ("k", k.dim), ("v", k.dim), ("o", q.dim),
+                                                          ("do", q.dim))}
+    ts["stats"] = gb.tensor(name="stats", dim=st.dim, data_type=F32)
+    lqb = gb.tensor(name="lq", dim=[b, 1, 1, 1], data_type=P.PYDNN_DATA_INT32)
+    lkvb = gb.tensor(name="lkv", dim=[b, 1, 1, 1], data_type=P.PYDNN_DATA_INT32)
+    dq, dk, dv = gb.sdpa_backward(ts["q"], ts["k"], ts["v"], ts["o"], ts["do"], ts["stats"], attn_scale=scale,
+                                  use_padding_mask=True, seq_len_q=lqb, seq_len_kv=lkvb)
+    for t in (dq, dk, dv):
+        t.set_output(True)
+    gb.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
+    tdo = DevTensor(q.dim, io)
+    dov = tdo.random(rng, -2, 2)
+    tdq, tdk, tdv = DevTensor(q.dim, io), DevTensor(k.dim, io), DevTensor(k.dim, io)
+    ws = _ws(gb)
+    gb.execute({ts["q"]: tq.ptr, ts["k"]: tk.ptr, ts["v"]: tv.ptr, ts["o"]: to.ptr, ts["do"]: tdo.ptr,
+                ts["stats"]: tst.ptr, lqb: dq_.ptr, lkvb: dkv_.ptr, dq: tdq.ptr, dk: tdk.ptr, dv: tdv.ptr},
+               ws.ptr if ws else 0)
+    rdq, rdk, rdv, (sdq, sdk, sdv) = R.backward(qv, kv, vv, dov, scale, P.PYDNN_ATTN_MASK_NONE, lens_q, lens_kv)
+    for t, r, s, nm in ((tdq, rdq, sdq, "dQ"), (tdk, rdk, sdk, "dK"), (tdv, rdv, sdv, "dV")):
+        assert_close(t.download(), r, io, nm, scale=s)
+        t.check_untouched()
