@@ -117,13 +117,20 @@ class Graph:
         return t
 
     def tensor_like(self, obj, name=None):
-        """A tensor with a torch / cupy / numpy-like object's dims, strides and data type."""
-        dtype = {"float32": E.PYDNN_DATA_FLOAT, "float16": E.PYDNN_DATA_HALF, "bfloat16": E.PYDNN_DATA_BFLOAT16}
+        """A tensor with a torch / cupy / numpy-like object's dims, strides and data type; a torch CPU tensor of
+        one element is a pass-by-value scalar (as in cudnn-frontend), int32 a sequence-length tensor."""
+        dtype = {"float32": E.PYDNN_DATA_FLOAT, "float16": E.PYDNN_DATA_HALF, "bfloat16": E.PYDNN_DATA_BFLOAT16,
+                 "int32": E.PYDNN_DATA_INT32}
         key = str(getattr(obj, "dtype", "")).split(".")[-1]
         if key not in dtype:
-            raise bad(f"tensor_like: data type {getattr(obj, 'dtype', None)} (float32, float16, bfloat16)")
-        return self.tensor(name=name, dim=list(obj.shape), stride=list(obj.stride()) if callable(
-            getattr(obj, "stride", None)) else None, data_type=dtype[key])
+            raise bad(f"tensor_like: data type {getattr(obj, 'dtype', None)} (float32, float16, bfloat16, int32)")
+        dims = list(obj.shape)
+        n = 1
+        for v in dims:
+            n *= v
+        by_value = str(getattr(obj, "device", "")) == "cpu" and n == 1
+        return self.tensor(name=name, dim=dims, stride=list(obj.stride()) if callable(
+            getattr(obj, "stride", None)) else None, data_type=dtype[key], is_pass_by_value=by_value)
 
     def _out(self, name, dim):
         t = Tensor(self, name or f"t{len(self.tensors)}", dim, None, None, True, self._new_uid())

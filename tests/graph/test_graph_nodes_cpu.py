@@ -664,3 +664,21 @@ def test_sdpa_padding_mask():
     o.set_output(True)
     st.set_output(True)
     _raises(BAD, "PYDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC data type 0 must be INT32", g2.build_operation_graph)
+
+
+def test_tensor_like_host_scalar_is_by_value():
+    """cudnn-frontend's convention: a one-element host tensor is a pass-by-value scalar."""
+    import numpy as np
+
+    class Cpu:  # a torch-like CPU tensor without torch
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype, self.device = shape, dtype, "cpu"
+
+        def stride(self):
+            return [1] * len(self.shape)
+
+    g = Graph(handle=cpu_handle())
+    eps = g.tensor_like(Cpu((1, 1, 1, 1), "torch.float32"))
+    assert eps.by_value and eps.data_type == F32 and eps.dim == [1, 1, 1, 1]
+    assert not g.tensor_like(np.zeros((2, 3), np.float16)).by_value
+    assert g.tensor_like(np.zeros((4, 1, 1, 1), np.int32)).data_type == P.PYDNN_DATA_INT32
