@@ -20,7 +20,7 @@ CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("
 class Plan:
     """A built execution plan: engine index, the graph, and the engine's plan (steps, workspace size)."""
 
-    __slots__ = ("engine", "graph", "built", "handle", "io")
+    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value")
 
     def __init__(self, engine, graph, handle):
         why = ENGINES[engine].support(graph)
@@ -30,10 +30,11 @@ class Plan:
         self.engine, self.graph, self.handle = engine, graph, handle
         self.built = ENGINES[engine].build(graph, handle)
         self.io = []  # (uid, bytes spanned, what an error calls it) of every tensor execute needs
+        self.by_value = []  # (uid, data type, what): the host scalars (epsilon, momentum, scales), read at execute
         for uid in graph.inputs + graph.outputs:
             t = graph.tensors[uid]
-            if t.by_value:  # a host scalar (epsilon, momentum, attention scale): its value, read at execute
-                self.io.append((uid, -1, f"variantPack: uid {uid} (by value)"))
+            if t.by_value:
+                self.by_value.append((uid, t.dtype, f"variantPack: uid {uid} (by value)"))
                 continue
             es = 4 if t.dtype == E.PYDNN_DATA_FLOAT else 8 if t.dtype == E.PYDNN_DATA_DOUBLE else 2
             self.io.append((uid, (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * es,
@@ -207,7 +208,9 @@ def run(handle, plan, given, ws):
         v = given.get(uid)
         if v is None:
             raise bad(f"variantPack: no data pointer for tensor uid {uid}")
-        ptrs[uid] = device_ptr(v, what, span) if span >= 0 else host_scalar(v, plan.graph.tensors[uid].dtype, what)
+        ptrs[uid] = device_ptr(v, what, span)
+    for uid, dtype, what in plan.by_value:
+        ptrs[uid] = host_scalar(given.get(uid), dtype, what)
     if plan.workspace_size:
         ws = device_ptr(ws, "variantPack: workspace", plan.workspace_size)
     plan.built.execute(handle, ptrs, ws or 0)
@@ -218,6 +221,8 @@ def host_scalar(v, dtype, what):
     (from C) the host address of one element of the tensor's data type."""
     import ctypes
 
+    if v is None:
+        raise bad(f"{what}: no value given for the pass-by-value tensor")
     if isinstance(v, bool):
         raise bad(f"{what}: expected a number, got a bool")
     if isinstance(v, float):
