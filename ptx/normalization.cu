@@ -51,8 +51,11 @@ constexpr int kCluster = 8;
 // alpha / beta blend (gen_fwd: after the activation). Install-time units take NoEpi (the identity,
 // inlined: the same code as without the hook); the graph API generates a functor from a pointwise chain
 // (pydnn/graph/norm_nodes.py) and instantiates fwd_rows_body / gen_fwd_body with it in its own unit.
+// fwd_rows calls epi.run(a, s, c0) on the VEC values of elements c0 .. c0 + VEC - 1 of row s at once (so a
+// generated functor reads its operands' runs of VEC elements as 16-byte vectors where it can).
 struct NoEpi {
   __device__ __forceinline__ float operator()(float z, long long, long long) const { return z; }
+  template <int V> __device__ __forceinline__ void run(float (&)[V], long long, long long) const {}
 };
 static_assert(kCluster == 8, "CLUSTER in pydnn/ops/normalization.py");
 
@@ -782,9 +785,10 @@ __device__ __forceinline__ void fwd_rows_body(const NormParams& p, const Epi& ep
           }
           rows_get<T, VEC>(v[r][k], a);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            a[j] = alpha * epi((a[j] - mean[r]) * inv[r] * scv[j] + biv[j], first + r, (i64)vi * VEC + j);
-          }
+          for (int j = 0; j < VEC; ++j) a[j] = (a[j] - mean[r]) * inv[r] * scv[j] + biv[j];
+          epi.template run<VEC>(a, first + r, (i64)vi * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] *= alpha;
           if (blend) {
             F old;
             old.load(y + vi * VEC);

@@ -511,7 +511,48 @@ class NormFuser:
 ROWS_MAX_BLOCK = 512
 
 
-def epilogue_source(prog, final, tag, rows=None):
+def col_kinds(strides):
+    """Per epilogue operand, how it walks a row's elements (baked into the fwd_rows kernel's vector form):
+    0 one value for the row (feature stride 0), 1 contiguous (stride 1: 16-byte vector loads where aligned),
+    2 any other stride."""
+    return tuple(0 if cs == 0 else 1 if cs == 1 else 2 for _, cs in strides)
+
+
+_VEC_HELPERS = """
+// A run of V elements c0 .. c0 + V - 1 of an epilogue operand's row as floats: K 0 one value for the row,
+// 1 contiguous (16-byte loads when the run starts 16-byte aligned and is whole 16-byte words), 2 strided.
+template <class T, int V, int K>
+__device__ __forceinline__ void epi_run(const void* base, long long row, long long c0, long long cs, float (&out)[V]) {
+  const T* p = static_cast<const T*>(base) + row;
+  if constexpr (K == 0) {
+    const float v = load<float>(p[0]);
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = v;
+  } else if constexpr (K == 1) {
+    const T* q = p + c0;
+    constexpr int CH = 16 / (int)sizeof(T);  // elements of a 16-byte word
+    if constexpr (V % CH == 0) {
+      if ((reinterpret_cast<unsigned long long>(q) & 15) == 0) {
+#pragma unroll
+        for (int k = 0; k < V / CH; ++k) {
+          pydnn::norm::Frag<T, CH> f;
+          f.load(q + k * CH);
+          f.get(out + k * CH);
+        }
+        return;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = load<float>(q[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = load<float>(p[(c0 + j) * cs]);
+  }
+}
+"""
+
+
+def epilogue_source(prog, final, tag, rows=None, kinds=None):
     """(name, CUDA C, {variant: kernel expression}) of the normalization kernels (ptx/normalization.cu) with
     the pointwise program as their epilogue: ("acc", 0) is the normalized (scaled, shifted) value of
     element c of row s; ("op", k) operand k of the GraphPwParams e, read at s * e.stride[k][0] + c *
@@ -532,9 +573,34 @@ def epilogue_source(prog, final, tag, rows=None):
         lines.append(f"    static_cast<{ct}*>(e.ptr[{k}])[s * e.stride[{k}][0] + c * e.stride[{k}][1]] = "
                      f"store<{ct}>({'acc_in' if j == -1 else f'v{j}'});")
     kind, i = final
-    lines.append(f"    return {'acc_in' if kind == 'acc' else f'v{i}'};")
+    result = 'acc_in' if kind == 'acc' else f'v{i}'
+    lines.append(f"    return {result};")
     body = "\n".join(lines)
-    digest = hashlib.sha256(repr((body, tag, prog.key(), final, rows)).encode()).hexdigest()[:16]
+    # the run form (fwd_rows): operand runs loaded first, then the expressions per element
+    kinds = tuple(kinds) if kinds is not None else (2,) * len(ops)
+    run = []
+    for k, (otag, role) in enumerate(ops):
+        if role == "in":
+            run.append(f"    float in{k}_[V];")
+            run.append(f"    epi_run<{cg.CTYPE[otag]}, V, {kinds[k]}>(e.ptr[{k}], s * e.stride[{k}][0], c0, "
+                       f"e.stride[{k}][1], in{k}_);")
+    run.append("#pragma unroll")
+    run.append("    for (int j = 0; j < V; ++j) {")
+    run.append("      const long long c = c0 + j;")
+    run.append("      const float acc_in = a[j];")
+    for k, (otag, role) in enumerate(ops):
+        if role == "in":
+            run.append(f"      const float in{k} = in{k}_[j];")
+    for name, expr in cg.expressions(prog):
+        run.append(f"      const float {name} = {expr};")
+    for j, k in prog.stores:
+        ct = cg.CTYPE[ops[k][0]]
+        run.append(f"      static_cast<{ct}*>(e.ptr[{k}])[s * e.stride[{k}][0] + c * e.stride[{k}][1]] = "
+                   f"store<{ct}>({'acc_in' if j == -1 else f'v{j}'});")
+    run.append(f"      a[j] = {result};")
+    run.append("    }")
+    run_body = "\n".join(run)
+    digest = hashlib.sha256(repr((body, run_body, tag, prog.key(), final, rows)).encode()).hexdigest()[:16]
     name = f"norm_{digest}"
     t = cg.CTYPE[tag]
     kernels = [("gen", f"__launch_bounds__(256) {name}_gen", f"pydnn::norm::gen_fwd_body<{t}>(p, Epi_{name}{{e}});")]
@@ -551,11 +617,15 @@ def epilogue_source(prog, final, tag, rows=None):
 
 namespace pydnn {{
 namespace graph {{
-
+{_VEC_HELPERS}
 struct Epi_{name} {{
   const GraphPwParams& e;
   __device__ __forceinline__ float operator()(float acc, long long s, long long c) const {{
 {body}
+  }}
+  template <int V>
+  __device__ __forceinline__ void run(float (&a)[V], long long s, long long c0) const {{
+{run_body}
   }}
 }};
 """
@@ -572,14 +642,14 @@ __global__ void {head}(const NormParams p, const GraphPwParams e) {{
     return name, text, {v: f"pydnn::graph::{name}_{v}" for v, _, _ in kernels}
 
 
-def epilogue_unit(prog, final, tag, rows=None):
+def epilogue_unit(prog, final, tag, rows=None, kinds=None):
     """(KernelUnit, {variant: expression}) of the fused norm kernels, registered with the loader and the
     cache as the generated pointwise and matmul units are (compiled by NVRTC on a cache miss, cached by
     content)."""
     from .._build import cache, loader
     from .._build.manifest import KernelUnit
 
-    name, text, exprs = epilogue_source(prog, final, tag, rows)
+    name, text, exprs = epilogue_source(prog, final, tag, rows, kinds)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     unit = KernelUnit(f"graph.{name}", src, tuple(exprs.values()))
@@ -623,7 +693,8 @@ class FusedNormStep:
         launches["gen"] = N._new_launch(None, p, (max(1, min(n_sets, N.MAX_GRID)), 1, 1), (N.GEN_THREADS, 1, 1))
         items, r, one = N.ROWS_PICK[tag]
         vecs = tuple(int(k[4:]) for k in launches if k.startswith("rows"))
-        self.unit, exprs = epilogue_unit(an["prog"], an["final_ref"], tag, (items, r, one, vecs) if vecs else None)
+        self.unit, exprs = epilogue_unit(an["prog"], an["final_ref"], tag, (items, r, one, vecs) if vecs else None,
+                                         col_kinds(an["strides"]))
         EN._compile(handle, self.unit)
         self.e = cg.params([1, 1], an["strides"], [0] * len(an["eops"]))
         self.alts = []  # (needs 16-byte aligned x / y, expr, launch record, kernel args), vector form first

@@ -347,12 +347,15 @@ def test_generated_norm_epilogue_compiles(arch, tag, tmp_path, monkeypatch):
 
     items, r, one = N.ROWS_PICK[tag]
     rows = (items, r, one, (vec_width(tag, tag),))
-    unit, exprs = NN.epilogue_unit(prog, ("v", 2), tag, rows)
+    kinds = (1, 0, 2)  # a contiguous bf16 run (16-byte loads where aligned), one f16 value a row, a strided output
+    unit, exprs = NN.epilogue_unit(prog, ("v", 2), tag, rows, kinds)
     cubin, lowered = build.compile_unit(unit, arch)
     assert cubin[:4] == b"\x7fELF" and set(lowered) == set(exprs.values())
     assert set(exprs) == {"gen", f"rows{vec_width(tag, tag)}"}
-    _, text, _ = NN.epilogue_source(prog, ("v", 2), tag, rows)
+    _, text, _ = NN.epilogue_source(prog, ("v", 2), tag, rows, kinds)
     assert "return v2;" in text and "gen_fwd_body" in text and "fwd_rows_body" in text and "e.ptr[2]" in text
+    assert "epi_run<bf16_t, V, 1>(e.ptr[0]" in text and "epi_run<half_t, V, 0>(e.ptr[1]" in text
+    assert NN.col_kinds([[256, 1], [1, 0], [0, 0], [512, 2]]) == (1, 0, 0, 2)
 
 
 def test_backward_and_batchnorm_graphs_build():
@@ -682,3 +685,16 @@ def test_tensor_like_host_scalar_is_by_value():
     assert eps.by_value and eps.data_type == F32 and eps.dim == [1, 1, 1, 1]
     assert not g.tensor_like(np.zeros((2, 3), np.float16)).by_value
     assert g.tensor_like(np.zeros((4, 1, 1, 1), np.int32)).data_type == P.PYDNN_DATA_INT32
+
+
+@pytest.mark.parametrize("io, d, kernels", [(BF16, 256, ["rows8", "gen"]), (F32, 250, ["gen"]), (F32, 256, ["rows4", "gen"])])
+def test_norm_epilogue_kernel_choice(io, d, kernels):
+    """fwd_rows (16-byte vectors) for rows of whole vectors, gen_fwd for the rest (and unaligned pointers)."""
+    g = Graph(io_data_type=io, handle=cpu_handle())
+    x = g.tensor(name="x", dim=[2, 9, d])
+    sc = g.tensor(name="scale", dim=[1, 1, d], data_type=F32)
+    y, _, _ = g.layernorm(x, sc, None, 1e-5, norm_forward_phase=P.PYDNN_NORM_FWD_INFERENCE)
+    g.relu(g.add(g.mul(y, g.tensor(name="r", dim=[2, 9, 1])), g.tensor(name="res", dim=[2, 9, d]))).set_output(True)
+    g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).build_plans()
+    step = g._plan_obj.built.steps[0]
+    assert step.kernels == kernels and [a[0] for a in step.alts] == [k != "gen" for k in kernels]

@@ -93,8 +93,9 @@ def test_norm_scale_bias_gelu(handle, rng, monkeypatch, io, rms, phase, mode, en
 @pytest.mark.parametrize("io", [F32, BF16], ids=["f32", "bf16"])
 def test_norm_epilogue_per_row_and_extra_output(handle, rng, monkeypatch, io):
     """An epilogue operand per row ([n, s, 1]) and a full tensor ([n, s, d]), the pre-activation stored as
-    a second output: still one launch (rows of 250, not whole 16-byte vectors: the gen_fwd form)."""
-    n, s, d = 2, 9, 250
+    a second output: still one launch (bf16 rows of 256: the fwd_rows form, its operand runs as one value a
+    row and as 16-byte vectors; f32 rows of 250, not whole 16-byte vectors: the gen_fwd form)."""
+    n, s, d = 2, 9, 256 if io == BF16 else 250
     g = Graph(io_data_type=io, handle=handle)
     x = g.tensor(name="x", dim=[n, s, d])
     sc = g.tensor(name="scale", dim=[1, 1, d], data_type=F32)
@@ -106,6 +107,7 @@ def test_norm_epilogue_per_row_and_extra_output(handle, rng, monkeypatch, io):
     out = g.relu(pre, name="out").set_output(True)
     g.build_operation_graph().create_execution_plans([P.PYDNN_HEUR_MODE_A]).check_support().build_plans()
     assert g.engine_index() == 1 and g.launches() == 1
+    assert g._plan_obj.built.steps[0].kernels == (["rows8", "gen"] if io == BF16 else ["gen"])
     tx, ts, tb = DevTensor(x.dim, io), DevTensor(sc.dim, F32), DevTensor(b.dim, F32)
     tr, tres, tpre, tout = DevTensor(r.dim, io), DevTensor(res.dim, io), DevTensor(pre.dim, io), DevTensor(out.dim, io)
     xv, scv, bv = tx.random(rng), ts.random(rng, 0.5, 1.5), tb.random(rng, -1, 1)
