@@ -586,7 +586,8 @@ def epilogue_source(prog, final, tag, rows=None, kinds=None):
                        f"e.stride[{k}][1], in{k}_);")
     run.append("#pragma unroll")
     run.append("    for (int j = 0; j < V; ++j) {")
-    run.append("      const long long c = c0 + j;")
+    if prog.stores:
+        run.append("      const long long c = c0 + j;")
     run.append("      const float acc_in = a[j];")
     for k, (otag, role) in enumerate(ops):
         if role == "in":
