@@ -288,7 +288,6 @@ class NormStep:
         self.nd = pydnn.create_norm_descriptor()
         self.eps = None
         self._set_eps(1e-5)
-        x = tens["x"]
         data = {r: _tdesc(tens[r], st[tens[r].uid]) for r in ("x", "y", "dy", "dx") if r in tens}
         self.data = data
         self.sb = _tdesc(tens["scale"], E.PYDNN_DATA_FLOAT)
@@ -300,7 +299,6 @@ class NormStep:
         if self.kind == "norm_bwd":
             self.ws_size = pydnn.get_norm_backward_workspace_size(handle, self.nd, data["x"], data["dy"], data["dx"],
                                                                   self.sb, self.stats)
-        del x
         self.launches = None  # pydnn's planner decides (one kernel forward; the backward adds a finish)
 
     def _set_eps(self, eps):
@@ -821,7 +819,7 @@ def batchnorm(self, input, scale, bias, epsilon, in_running_mean=None, in_runnin
     if any(given):
         if not all(given):
             raise bad("batchnorm: in_running_mean, in_running_var and momentum go together")
-        rm, rv = g_in(self, in_running_mean, "in_running_mean"), g_in(self, in_running_var, "in_running_var")
+        rm, rv = self._check_in(in_running_mean, "in_running_mean"), self._check_in(in_running_var, "in_running_var")
         extra = dict(in_running_mean=rm, in_running_var=rv, momentum=_eps_tensor(self, momentum, "momentum"),
                      out_running_mean=_stat(self, f"{nm}::NEXT_RUNNING_MEAN", rm.dim),
                      out_running_var=_stat(self, f"{nm}::NEXT_RUNNING_VAR", rv.dim))
@@ -829,14 +827,10 @@ def batchnorm(self, input, scale, bias, epsilon, in_running_mean=None, in_runnin
     return [o["y"], o["mean"], o["inv_variance"], o.get("out_running_mean"), o.get("out_running_var")]
 
 
-def g_in(g, t, what):
-    return g._check_in(t, what)
-
-
 def batchnorm_inference(self, input, mean, inv_variance, scale, bias, compute_data_type=None, name=None):  # noqa: A002
     """cudnn-frontend's batchnorm_inference: Y from the given mean and inv_variance."""
     x = self._check_in(input, "input")
-    extra = dict(mean=g_in(self, mean, "mean"), inv_variance=g_in(self, inv_variance, "inv_variance"))
+    extra = dict(mean=self._check_in(mean, "mean"), inv_variance=self._check_in(inv_variance, "inv_variance"))
     eps = _eps_tensor(self, 0.0, "epsilon")  # BATCH_NORM inference: epsilon is in inv_variance already
     o = _fwd(self, BATCH, INFERENCE, x, scale, bias, eps, name or "batchnorm_inference", extra)
     return o["y"]
