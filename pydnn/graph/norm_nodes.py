@@ -482,7 +482,8 @@ class NormFuser:
             bs = EN._bcast_strides(t, shape)
             rs, cs = _flat_stride(lead, bs[:len(lead)]), _flat_stride(inner, bs[len(lead):])
             if rs is None or cs is None:
-                return f"epilogue tensor uid {u} (strides {list(t.strides)}) does not walk rows and features as one run each"
+                return (f"epilogue tensor uid {u} (strides {list(t.strides)}) does not walk rows and features as one "
+                        f"run each")
             strides.append([rs, cs])
 
         def ref(u):
@@ -871,8 +872,8 @@ def instancenorm_backward(self, grad, input, scale, mean, inv_variance, compute_
     return _bwd(self, INSTANCE, grad, input, scale, mean, inv_variance, True, name)
 
 
-def batchnorm_backward(self, grad, input, scale, mean, inv_variance, peer_stats=(), compute_data_type=None,  # noqa: A002
-                       name=None):
+def batchnorm_backward(self, grad, input, scale, mean, inv_variance, peer_stats=(),  # noqa: A002
+                       compute_data_type=None, name=None):
     """cudnn-frontend's batchnorm_backward: [DX, dscale, dbias]."""
     if peer_stats:
         raise bad("batchnorm_backward: peer_stats are not supported", E.PYDNN_STATUS_NOT_SUPPORTED)
@@ -893,7 +894,8 @@ def _build_desc(kind):
         fwd = kind == "norm_fwd"
         o = B.backend_create_descriptor(E.PYDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR if fwd else
                                         E.PYDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR)
-        pre, attrs = ("PYDNN_ATTR_OPERATION_NORM_FWD_", FWD_ATTRS) if fwd else ("PYDNN_ATTR_OPERATION_NORM_BWD_", BWD_ATTRS)
+        pre, attrs = (("PYDNN_ATTR_OPERATION_NORM_FWD_", FWD_ATTRS) if fwd else
+                      ("PYDNN_ATTR_OPERATION_NORM_BWD_", BWD_ATTRS))
         S(o, getattr(E, pre + "MODE"), E.PYDNN_TYPE_NORM_MODE, 1, [n["mode"]])
         if fwd:
             S(o, E.PYDNN_ATTR_OPERATION_NORM_FWD_PHASE, E.PYDNN_TYPE_NORM_FWD_PHASE, 1, [n["phase"]])

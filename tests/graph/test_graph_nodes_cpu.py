@@ -687,7 +687,8 @@ def test_tensor_like_host_scalar_is_by_value():
     assert g.tensor_like(np.zeros((4, 1, 1, 1), np.int32)).data_type == P.PYDNN_DATA_INT32
 
 
-@pytest.mark.parametrize("io, d, kernels", [(BF16, 256, ["rows8", "gen"]), (F32, 250, ["gen"]), (F32, 256, ["rows4", "gen"])])
+@pytest.mark.parametrize("io, d, kernels", [(BF16, 256, ["rows8", "gen"]), (F32, 250, ["gen"]),
+                                            (F32, 256, ["rows4", "gen"])])
 def test_norm_epilogue_kernel_choice(io, d, kernels):
     """fwd_rows (16-byte vectors) for rows of whole vectors, gen_fwd for the rest (and unaligned pointers)."""
     g = Graph(io_data_type=io, handle=cpu_handle())

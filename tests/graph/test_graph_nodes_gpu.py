@@ -260,7 +260,8 @@ def test_batchnorm_training_inference_backward(handle, rng, io):
     mv, iv = tm.random(rng, -1, 1), tinv.random(rng, 0.5, 2)
     gi.execute({xi: tx.ptr, mi: tm.ptr, ii: tinv.ptr, si: t["scale"].ptr, bi: t["bias"].ptr, yi: tyi.ptr}, 0)
     want = (xv - mv) * iv * scv + bv
-    assert_close(tyi.download(), want, io, "bn inference", scale=(np.abs(xv) + np.abs(mv)) * iv * np.abs(scv) + np.abs(bv))
+    assert_close(tyi.download(), want, io, "bn inference",
+                 scale=(np.abs(xv) + np.abs(mv)) * iv * np.abs(scv) + np.abs(bv))
 
     # backward from the saved statistics
     gb = Graph(io_data_type=io, handle=handle)
