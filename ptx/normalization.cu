@@ -45,6 +45,18 @@ namespace norm {
 
 constexpr int kGenThreads = 256;
 constexpr int kCluster = 8;
+
+// The epilogue hook of fwd_rows and gen_fwd (as ptx/matmul.cu's Epi): epi(z, s, e) maps the normalized,
+// scaled and shifted value z of element e (its index in the set, x's memory order) of set s, before the
+// alpha / beta blend (gen_fwd: after the activation). Install-time units take NoEpi (the identity,
+// inlined: the same code as without the hook); the graph API generates a functor from a pointwise chain
+// (pydnn/graph/norm_nodes.py) and instantiates fwd_rows_body / gen_fwd_body with it in its own unit.
+// fwd_rows calls epi.run(a, s, c0) on the VEC values of elements c0 .. c0 + VEC - 1 of row s at once (so a
+// generated functor reads its operands' runs of VEC elements as 16-byte vectors where it can).
+struct NoEpi {
+  __device__ __forceinline__ float operator()(float z, long long, long long) const { return z; }
+  template <int V> __device__ __forceinline__ void run(float (&)[V], long long, long long) const {}
+};
 static_assert(kCluster == 8, "CLUSTER in pydnn/ops/normalization.py");
 
 template <class A, class B> struct Same { static constexpr bool value = false; };
@@ -636,8 +648,8 @@ __device__ __forceinline__ void rows_stats_one(const Frag<T, VEC> (&v)[R][ITEMS]
 // multiples of the ulp and S, Q are usually exact (tests: mean 1000, std 1). fp32 data keep the two-pass
 // statistics (ONE = false).
 // Blocks of at most 1024 / R threads (ROWS_MAX_GROUP // R on the host): R > 1 gets 128 registers and more.
-template <class T, int VEC, int ITEMS, int R, bool ONE>
-__global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
+template <class T, int VEC, int ITEMS, int R, bool ONE, class Epi>
+__device__ __forceinline__ void fwd_rows_body(const NormParams& p, const Epi& epi) {
   typedef Frag<T, VEC> F;
   constexpr bool PRE = R > 1;  // scale / bias held in registers across the R rows
   __shared__ __align__(16) float sm[2][32][ONE ? 2 * R : R];
@@ -773,9 +785,10 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
           }
           rows_get<T, VEC>(v[r][k], a);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            a[j] = alpha * ((a[j] - mean[r]) * inv[r] * scv[j] + biv[j]);
-          }
+          for (int j = 0; j < VEC; ++j) a[j] = (a[j] - mean[r]) * inv[r] * scv[j] + biv[j];
+          epi.template run<VEC>(a, first + r, (i64)vi * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) a[j] *= alpha;
           if (blend) {
             F old;
             old.load(y + vi * VEC);
@@ -791,6 +804,11 @@ __global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
       }
     }
   }
+}
+
+template <class T, int VEC, int ITEMS, int R, bool ONE>
+__global__ void __launch_bounds__(1024 / R) fwd_rows(const NormParams p) {
+  fwd_rows_body<T, VEC, ITEMS, R, ONE>(p, NoEpi{});
 }
 
 // fwd_persist: fwd_rows' per-row work for 16-bit layer / RMS rows in a persistent grid laid out as
@@ -1700,8 +1718,8 @@ __device__ __forceinline__ void el_offsets(const NormParams& p, i64 e, i64* off,
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
+template <class T, class Epi>
+__device__ __forceinline__ void gen_fwd_body(const NormParams& p, const Epi& epi) {
   constexpr bool FAST = sizeof(T) == 2;
   __shared__ R3 sm[2][32];
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
@@ -1743,6 +1761,7 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
       float z = (a - mean) * inv * __ldg(p.scale + pbase + pq);
       if (p.bias) z += __ldg(p.bias + pbase + pq);
       if (p.act) z = act_f<FAST>(p.act, z, c1, c2);
+      z = epi(z, s, e);
       T* dst = yb + off[1] + eo[1];
       float out = alpha * z;
       if (blend) out += beta * load<float>(*dst);
@@ -1750,6 +1769,9 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) {
     }
   }
 }
+
+template <class T>
+__global__ void __launch_bounds__(kGenThreads) gen_fwd(const NormParams p) { gen_fwd_body<T>(p, NoEpi{}); }
 
 // Parameter partials go straight to ws[0] with global atomics (cleared by `zero` first).
 template <class T>

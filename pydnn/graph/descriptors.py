@@ -25,9 +25,11 @@ TYPE_ENUMS = {  # attribute type -> the enum its values come from
     "NAN_PROPOGATION": "pydnnNanPropagation_t", "POINTWISE_MODE": "pydnnPointwiseMode_t",
     "REDUCTION_OPERATOR_TYPE": "pydnnReduceTensorOp_t", "CONVOLUTION_MODE": "pydnnConvolutionMode_t",
     "NUMERICAL_NOTE": "pydnnBackendNumericalNote_t", "BEHAVIOR_NOTE": "pydnnBackendBehaviorNote_t",
+    "NORM_MODE": "pydnnBackendNormMode_t", "NORM_FWD_PHASE": "pydnnBackendNormFwdPhase_t",
 }
-OPERATIONS = ("OPERATION_POINTWISE", "OPERATION_MATMUL", "OPERATION_REDUCTION", "OPERATION_CONVOLUTION_FORWARD",
-              "OPERATION_CONVOLUTION_BACKWARD_DATA", "OPERATION_CONVOLUTION_BACKWARD_FILTER")
+# operation descriptor types an OPERATIONGRAPH takes (a list: register_operation adds the node modules' ones)
+OPERATIONS = ["OPERATION_POINTWISE", "OPERATION_MATMUL", "OPERATION_REDUCTION", "OPERATION_CONVOLUTION_FORWARD",
+              "OPERATION_CONVOLUTION_BACKWARD_DATA", "OPERATION_CONVOLUTION_BACKWARD_FILTER"]
 
 
 class Attr:
@@ -131,6 +133,15 @@ SCHEMA = {
     },
 }
 FINALIZERS = {}  # descriptor type name -> fn(desc) -> state (registered by tensors/ops here, graphs/plans above)
+
+
+def register_operation(kind, schema, finalizer):
+    """An operation descriptor type of a node module (norm_nodes, sdpa_nodes): its attributes, its
+    finalizer (-> OpInfo), and its place among the operations an OPERATIONGRAPH takes."""
+    SCHEMA[kind] = schema
+    FINALIZERS[kind] = finalizer
+    if kind not in OPERATIONS:
+        OPERATIONS.append(kind)
 
 
 def bad(msg, status=E.PYDNN_STATUS_BAD_PARAM):

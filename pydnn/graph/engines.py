@@ -227,11 +227,35 @@ class EnginePlan:
             s.run(handle, ptr)
 
 
+# Hooks of the node modules (norm_nodes, sdpa_nodes, conv_fusion), filled when they are imported:
+#   NODE_KINDS[kind]: an object with support(g, op, storage) -> reason or None, storage(g, op, storage)
+#     (adjusts the dict of stored data types) and step(handle, g, op, storage, ws_offset) -> a step with
+#     ws_size, launches and run(handle, ptr);
+#   BY_VALUE[kind]: the input roles of that operation that may be pass-by-value (host) scalars;
+#   FUSERS: objects with analyze(g) -> None (not theirs), a reason (str) or an analysis, and
+#     build(handle, g, analysis) -> EnginePlan; tried by the fusion engine before its own patterns.
+#   OTHER_DTYPES[kind]: {input role: data types} an operation takes beyond FLOAT / HALF / BFLOAT16 (sdpa's
+#     INT32 sequence lengths).
+NODE_KINDS, BY_VALUE, FUSERS, OTHER_DTYPES = {}, {}, [], {}
+
+
+def _other_dtype_ok(g, t):
+    users = [(op, r) for op in g.ops for r, u in op.inputs.items() if u == t.uid]
+    return bool(users) and all(t.dtype in OTHER_DTYPES.get(op.kind, {}).get(r, ()) for op, r in users)
+
+
+def _byvalue_ok(g, uid):
+    users = [(op, r) for op in g.ops for r, u in op.inputs.items() if u == uid]
+    return bool(users) and all(r in BY_VALUE.get(op.kind, ()) for op, r in users)
+
+
 def _common_support(g):
     for t in g.tensors.values():
         if t.by_value:
+            if _byvalue_ok(g, t.uid):
+                continue
             return f"tensor uid {t.uid} is by value (pass-by-value scalars are not supported yet)"
-        if t.dtype not in TAGS:
+        if t.dtype not in TAGS and not _other_dtype_ok(g, t):
             return f"tensor uid {t.uid}: data type {t.dtype} (pydnn's graph engines take FLOAT, HALF, BFLOAT16)"
     return None
 
@@ -250,6 +274,8 @@ def _storage(g):
             o = g.tensors[op.outputs[out]]
             if o.virtual:  # pydnn's convolutions write the type they read (as a virtual matmul output)
                 st[o.uid] = g.tensors[op.inputs[src]].dtype
+        elif op.kind in NODE_KINDS:
+            NODE_KINDS[op.kind].storage(g, op, st)
     return st
 
 
@@ -286,6 +312,10 @@ class NodeEngine:
                 w = g.tensors[op.outputs["dw"] if op.kind == "conv_wgrad" else op.inputs["w"]]
                 if _filter_format(w) is None:
                     return f"{op.kind}: the filter (uid {w.uid}) must be packed NCHW or NHWC, strides {w.strides}"
+            elif op.kind in NODE_KINDS:
+                why = NODE_KINDS[op.kind].support(g, op, st)
+                if why:
+                    return why
         return None
 
     def build(self, g, handle):
@@ -314,6 +344,10 @@ class NodeEngine:
                 steps.append(s)
             elif op.kind in CONV:
                 s = ConvStep(handle, g, op, st, off)
+                red_ws = max(red_ws, s.ws_size)
+                steps.append(s)
+            elif op.kind in NODE_KINDS:
+                s = NODE_KINDS[op.kind].step(handle, g, op, st, off)
                 red_ws = max(red_ws, s.ws_size)
                 steps.append(s)
         return EnginePlan(steps, offsets, off + red_ws)
@@ -550,10 +584,16 @@ class FusionEngine:
     index, name, behavior = 1, "pydnn.fusion", (E.PYDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION,)
 
     def support(self, g):
+        for f in FUSERS:  # (a fuser checks data types and by-value tensors itself)
+            an = f.analyze(g)
+            if an is not None:
+                return an if isinstance(an, str) else None
         why = _common_support(g)
         if why:
             return why
         kinds = {op.kind for op in g.ops}
+        if kinds & set(NODE_KINDS):
+            return f"no fused form of a graph with {', '.join(sorted(kinds & set(NODE_KINDS)))} in this shape"
         if "matmul" in kinds:
             an = _matmul_epilogue(g)
             return an if isinstance(an, str) else None
@@ -577,6 +617,10 @@ class FusionEngine:
         return None
 
     def build(self, g, handle):
+        for f in FUSERS:
+            an = f.analyze(g)
+            if an is not None and not isinstance(an, str):
+                return f.build(handle, g, an)
         if any(op.kind == "matmul" for op in g.ops):
             return EnginePlan([FusedMatmulStep(handle, g, _matmul_epilogue(g))], {}, 0)
         if any(op.kind == "conv_fprop" for op in g.ops):

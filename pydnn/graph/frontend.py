@@ -27,6 +27,9 @@ from . import pointwise_ops as pw
 from .descriptors import bad
 
 FORMAT, VERSION = "pydnn.graph", 1
+# node kind -> fn(graph, node dict, {uid: tensor descriptor}) -> a finalized operation descriptor (the node
+# modules norm_nodes / sdpa_nodes register theirs, and their Graph methods, when imported)
+NODE_BUILDERS = {}
 ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2, E.PYDNN_DATA_DOUBLE: 8}
 
 
@@ -48,6 +51,7 @@ class Tensor:
         self.dim = list(dim) if dim is not None else None
         self.stride = list(stride) if stride is not None else None
         self.data_type, self.virtual, self.is_output = data_type, virtual, False
+        self.by_value = False
 
     def set_output(self, flag=True):
         self.is_output = bool(flag)
@@ -101,23 +105,32 @@ class Graph:
         self._uid += 1
         return self._uid - 1
 
-    def tensor(self, name=None, dim=None, stride=None, data_type=None, uid=None, is_virtual=False):
+    def tensor(self, name=None, dim=None, stride=None, data_type=None, uid=None, is_virtual=False,
+               is_pass_by_value=False):
         if dim is None:
             raise bad("tensor: dim is required")
         t = Tensor(self, name or f"t{len(self.tensors)}", dim, stride if stride is not None else packed(list(dim)),
                    data_type if data_type is not None else self.io, is_virtual,
                    uid if uid is not None else self._new_uid())
+        t.by_value = bool(is_pass_by_value)
         self.tensors.append(t)
         return t
 
     def tensor_like(self, obj, name=None):
-        """A tensor with a torch / cupy / numpy-like object's dims, strides and data type."""
-        dtype = {"float32": E.PYDNN_DATA_FLOAT, "float16": E.PYDNN_DATA_HALF, "bfloat16": E.PYDNN_DATA_BFLOAT16}
+        """A tensor with a torch / cupy / numpy-like object's dims, strides and data type; a torch CPU tensor of
+        one element is a pass-by-value scalar (as in cudnn-frontend), int32 a sequence-length tensor."""
+        dtype = {"float32": E.PYDNN_DATA_FLOAT, "float16": E.PYDNN_DATA_HALF, "bfloat16": E.PYDNN_DATA_BFLOAT16,
+                 "int32": E.PYDNN_DATA_INT32}
         key = str(getattr(obj, "dtype", "")).split(".")[-1]
         if key not in dtype:
-            raise bad(f"tensor_like: data type {getattr(obj, 'dtype', None)} (float32, float16, bfloat16)")
-        return self.tensor(name=name, dim=list(obj.shape), stride=list(obj.stride()) if callable(
-            getattr(obj, "stride", None)) else None, data_type=dtype[key])
+            raise bad(f"tensor_like: data type {getattr(obj, 'dtype', None)} (float32, float16, bfloat16, int32)")
+        dims = list(obj.shape)
+        n = 1
+        for v in dims:
+            n *= v
+        by_value = str(getattr(obj, "device", "")) == "cpu" and n == 1
+        return self.tensor(name=name, dim=dims, stride=list(obj.stride()) if callable(
+            getattr(obj, "stride", None)) else None, data_type=dtype[key], is_pass_by_value=by_value)
 
     def _out(self, name, dim):
         t = Tensor(self, name or f"t{len(self.tensors)}", dim, None, None, True, self._new_uid())
@@ -225,7 +238,9 @@ class Graph:
             raise bad("validate: the graph has no operations")
         produced = set()
         for kind, n in self.nodes:
-            produced.add(n["out"].uid)
+            for t in n.get("outs") or [n["out"]]:  # a node of several outputs lists them all in "outs"
+                if t is not None:
+                    produced.add(t.uid)
         for t in self.tensors:
             if t.dim is None:
                 raise bad(f"validate: tensor {t.name!r} has no dims (set_dim)")
@@ -254,6 +269,8 @@ class Graph:
         B.backend_set_attribute(d, E.PYDNN_ATTR_TENSOR_UNIQUE_ID, E.PYDNN_TYPE_INT64, 1, [t.uid])
         B.backend_set_attribute(d, E.PYDNN_ATTR_TENSOR_BYTE_ALIGNMENT, E.PYDNN_TYPE_INT64, 1, [16])
         B.backend_set_attribute(d, E.PYDNN_ATTR_TENSOR_IS_VIRTUAL, E.PYDNN_TYPE_BOOLEAN, 1, [t.virtual])
+        if getattr(t, "by_value", False):
+            B.backend_set_attribute(d, E.PYDNN_ATTR_TENSOR_IS_BY_VALUE, E.PYDNN_TYPE_BOOLEAN, 1, [True])
         B.backend_finalize(d)
         return d
 
@@ -319,6 +336,9 @@ class Graph:
                 S(o, getattr(E, f"PYDNN_ATTR_OPERATION_CONVOLUTION_{attr}_CONV_DESC"), DESC, 1, [cv])
                 for role, t in zip(roles, (n["a"], n["b"], n["out"])):
                     S(o, getattr(E, f"PYDNN_ATTR_OPERATION_CONVOLUTION_{attr}_{role}"), DESC, 1, [td[t.uid]])
+            elif kind in NODE_BUILDERS:
+                ops.append(NODE_BUILDERS[kind](self, n, td))
+                continue
             else:
                 r = B.backend_create_descriptor(E.PYDNN_BACKEND_REDUCTION_DESCRIPTOR)
                 S(r, E.PYDNN_ATTR_REDUCTION_OPERATOR, E.PYDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, [n["mode"]])
@@ -424,13 +444,20 @@ class Graph:
 
         plan = self._need_plan("execute")
         given = {self._uid_of(k): v for k, v in buffers.items()}
+        for uid, v in getattr(self, "_consts", {}).items():
+            given.setdefault(uid, v)
+        for uid, v in given.items():  # a Python int for a pass-by-value tensor is its value here (from C: an address)
+            t = plan.graph.tensors.get(uid)
+            if t is not None and t.by_value and type(v) is int:
+                given[uid] = float(v)
         run(handle if handle is not None else self.handle, plan, given, workspace)
 
     # ------------------------------------------------------------------ serialization
     def serialize(self):
         plan = self._need_plan("serialize")
         return json.dumps({"format": FORMAT, "version": VERSION, "plan": plan.to_json(),
-                           "names": {t.name: t.uid for t in self.tensors if not t.virtual}}).encode()
+                           "names": {t.name: t.uid for t in self.tensors if not t.virtual},
+                           "consts": {str(u): v for u, v in getattr(self, "_consts", {}).items()}}).encode()
 
     @classmethod
     def deserialize(cls, handle, blob):
@@ -454,8 +481,21 @@ class Graph:
             if t is None:
                 raise bad(f"deserialize: corrupt graph blob (tensor {name!r} uid {uid})")
             g.tensors.append(Tensor(g, name, t.dims, t.strides, t.dtype, False, uid))
+        consts = j.get("consts", {})
+        try:
+            g._consts = {int(u): float(v) for u, v in consts.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise bad("deserialize: corrupt graph blob (constants)") from None
         g._plan_obj = plan
         return g
+
+
+def set_constant(graph, tensor, value):
+    """A pass-by-value tensor whose value the graph keeps (epsilon given as a number): execute passes it
+    unless the buffers name the tensor, and serialize stores it."""
+    if not hasattr(graph, "_consts"):
+        graph._consts = {}
+    graph._consts[tensor.uid] = float(value)
 
 
 def _mk(mode_name, arity):

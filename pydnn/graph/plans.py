@@ -12,6 +12,7 @@ from .engines import ENGINES, heuristic
 from .opgraph import OpGraph
 
 FORMAT, VERSION = "pydnn.execution_plan", 1
+CHECKS = {}  # operation kind of a node module -> fn(op) raising ValueError on operands / parameters read from JSON
 CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("dx",)),
               "conv_wgrad": (("x", "dy"), ("dw",))}
 
@@ -19,7 +20,7 @@ CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("
 class Plan:
     """A built execution plan: engine index, the graph, and the engine's plan (steps, workspace size)."""
 
-    __slots__ = ("engine", "graph", "built", "handle", "io")
+    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value")
 
     def __init__(self, engine, graph, handle):
         why = ENGINES[engine].support(graph)
@@ -29,8 +30,12 @@ class Plan:
         self.engine, self.graph, self.handle = engine, graph, handle
         self.built = ENGINES[engine].build(graph, handle)
         self.io = []  # (uid, bytes spanned, what an error calls it) of every tensor execute needs
+        self.by_value = []  # (uid, data type, what): the host scalars (epsilon, momentum, scales), read at execute
         for uid in graph.inputs + graph.outputs:
             t = graph.tensors[uid]
+            if t.by_value:
+                self.by_value.append((uid, t.dtype, f"variantPack: uid {uid} (by value)"))
+                continue
             es = 4 if t.dtype == E.PYDNN_DATA_FLOAT else 8 if t.dtype == E.PYDNN_DATA_DOUBLE else 2
             self.io.append((uid, (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * es,
                             f"variantPack: uid {uid}"))
@@ -100,6 +105,8 @@ def _check_graph(g):
             nd = len(op.params["pad"])
             if not (len(op.params["stride"]) == len(op.params["dil"]) == nd) or min(op.params["stride"]) < 1:
                 raise ValueError("convolution parameters")
+        elif op.kind in CHECKS:
+            CHECKS[op.kind](op)
         else:
             raise ValueError(f"operation kind {op.kind!r}")
         for u in list(op.inputs.values()) + list(op.outputs.values()):
@@ -202,6 +209,37 @@ def run(handle, plan, given, ws):
         if v is None:
             raise bad(f"variantPack: no data pointer for tensor uid {uid}")
         ptrs[uid] = device_ptr(v, what, span)
+    for uid, dtype, what in plan.by_value:
+        ptrs[uid] = host_scalar(given.get(uid), dtype, what)
     if plan.workspace_size:
         ws = device_ptr(ws, "variantPack: workspace", plan.workspace_size)
     plan.built.execute(handle, ptrs, ws or 0)
+
+
+def host_scalar(v, dtype, what):
+    """The value of a pass-by-value tensor: a Python number, a host array / CPU tensor of one element, or
+    (from C) the host address of one element of the tensor's data type."""
+    import ctypes
+
+    if v is None:
+        raise bad(f"{what}: no value given for the pass-by-value tensor")
+    if isinstance(v, bool):
+        raise bad(f"{what}: expected a number, got a bool")
+    if isinstance(v, float):
+        return v
+    if isinstance(v, int):
+        if v == 0:
+            raise bad(f"{what}: NULL pointer", E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER)
+        ct = {E.PYDNN_DATA_DOUBLE: ctypes.c_double, E.PYDNN_DATA_FLOAT: ctypes.c_float}.get(dtype)
+        if ct is None:
+            raise bad(f"{what}: a by-value tensor of data type {dtype} (FLOAT or DOUBLE)")
+        return float(ct.from_address(v).value)
+    try:
+        import numpy as np
+
+        a = np.asarray(v, dtype=np.float64).reshape(-1)
+    except Exception:  # noqa: BLE001 - anything else is not a host scalar
+        raise bad(f"{what}: expected a host scalar (a number or a one-element host array)") from None
+    if a.size != 1:
+        raise bad(f"{what}: a by-value tensor takes one element, got {a.size}")
+    return float(a[0])
