@@ -1,0 +1,416 @@
+// PERSIST_STATIC RNN kernels (pydnn/ops/rnn/persist.py): one persistent launch per layer runs all T steps of
+// the recurrence; every block owns `units` hidden units (all G gates of them, so the cell update is local),
+// keeps its slice of the recurrent weights in shared memory for all steps, and the blocks meet at a grid
+// barrier between steps (a global counter: __syncthreads, then thread 0 __threadfence + atomicAdd; waiters
+// spin with ld.acquire.gpu). All blocks must be co-resident: the host launches at most one block per SM and
+// checks the occupancy (NOT_SUPPORTED otherwise).
+//
+//   persist_fwd<T, CELL>   forward of one layer (one or two directions: blockIdx.y picks dir[]). Per step:
+//                          the input projection's slice of time t is prefetched (cp.async) before the barrier,
+//                          h_{t-1} [batch, hidden] comes from L2 (cp.async.cg) into shared memory, the block
+//                          GEMM [batch, G*units] = h_{t-1} x W_slice^T (mma.sync m16n8k16 for 16-bit data, f32
+//                          accumulate; FFMA for float), then the cell (fwd_cell of rnn.cu, same math and
+//                          writes: h, the f32 state, y, the gate values), then the barrier.
+//   persist_bwd<T, CELL>   backward data of one layer: per step (time reversed) the block GEMM
+//                          [batch, units] = d_{prev} x W[:, units] (d_prev: the recurrent pre-activation
+//                          gradients [batch, G*hidden] of the step processed before, from L2) and the cell
+//                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
+//                          share in gh (and 0 in ghrec) for bwd_state_out.
+//   persist_reset<T>       zeroes the barrier counters of dir[0 .. gridDim.y).
+//
+// Time per step, predicted for issue 16's small case (LSTM fp16, hidden 256, batch 32: 32 blocks of 8
+// units): forward ~ barrier 1 us (atomic to L2 + the waiters' poll) + h_{t-1} 16 KiB per block from L2
+// (~0.5 us, latency bound; 0.5 MiB per step in all) + 16 k-steps of mma per warp (~0.2 us) + the cell and
+// its stores (~0.3 us) = ~2 us, so ~1.1 ms for 512 steps (cuDNN: 1.74 ms, 3.4 us per step with the input
+// GEMM). Backward: the A operand is [batch, 4 * hidden] (64 KiB per block per step), ~2.5 us per step.
+#include "common/types.cuh"
+#include "rnn_persist_params.h"
+
+namespace pydnn {
+namespace rnn {
+
+constexpr int kPThreads = 256;
+constexpr int kPWarps = kPThreads / 32;
+
+__device__ __forceinline__ float p_sigm(float v) { return 1.0f / (1.0f + __expf(-v)); }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// rows [0, rows) of `cols` elements (a multiple of 16 bytes) at src (row pitch ld elements) into shared dst
+// (row pitch `pitch` elements), 16-byte chunks spread over the block
+template <class T>
+__device__ __forceinline__ void load_rows(T* dst, int pitch, const T* src, long long ld, int rows, int cols) {
+  constexpr int E = 16 / sizeof(T);
+  const int cpr = cols / E;
+  for (int i = threadIdx.x; i < rows * cpr; i += kPThreads) {
+    const int r = i / cpr, c = (i % cpr) * E;
+    cp16(dst + (long long)r * pitch + c, src + r * ld + c);
+  }
+}
+
+// ---------------------------------------------------------------- the grid barrier
+__device__ __forceinline__ void grid_arrive(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bar, 1u);
+  }
+}
+// A block that waits ~2^26 polls (seconds: some block is not resident or died) traps: a launch error
+// instead of a hung device.
+__device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
+  if (threadIdx.x == 0) {
+    unsigned v, polls = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
+      if (++polls == (1u << 26)) __trap();
+    } while (v < target);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------- the block GEMM
+// part[ks][m][n] = sum over k in slice ks of A[m][k] * B[n][k]; A [bp][kp], B [n][kp] in shared memory (row
+// pitch `pitch`), zero past the real sizes. 16-bit: warps over (m tile, n tile, k slice), mma.m16n8k16.
+template <class T> struct Mma;
+template <> struct Mma<half_t> {
+  static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <> struct Mma<bf16_t> {
+  static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <class T>
+__device__ __forceinline__ void block_gemm(const T* A, const T* B, float* part, int bp, int n, int kp, int pitch,
+                                           int ksplit) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kp >> 4) / ksplit;
+  for (int w = warp; w < tiles * ksplit; w += kPWarps) {
+    const int tile = w % tiles, ks = w / tiles;
+    const int m0 = (tile % mt) * 16, n0 = (tile / mt) * 8;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    // ldmatrix.x4 (A 16 x 16: lane l gives row l % 16, column block l / 16) and .x2 (B 8 x 16: lane l % 16
+    // gives row l % 8, column block (l / 8) % 2)
+    const unsigned a_addr = smem_u32(A + (m0 + (lane & 15)) * pitch + ((lane >> 4) << 3)) + ks * per * 32;
+    const unsigned b_addr = smem_u32(B + (n0 + (lane & 7)) * pitch + (((lane >> 3) & 1) << 3)) + ks * per * 32;
+    for (int kk = 0; kk < per; ++kk) {
+      unsigned a[4], b[2];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr + kk * 32));
+      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                   : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr + kk * 32));
+      Mma<T>::run(c, a, b);
+    }
+    const int g = lane >> 2, q = lane & 3;
+    float* o = part + (long long)ks * bp * n;
+    o[(m0 + g) * n + n0 + 2 * q] = c[0];
+    o[(m0 + g) * n + n0 + 2 * q + 1] = c[1];
+    o[(m0 + g + 8) * n + n0 + 2 * q] = c[2];
+    o[(m0 + g + 8) * n + n0 + 2 * q + 1] = c[3];
+  }
+}
+
+// float: threads over (n column, 4 rows, k slice), FFMA over float4 shared loads (no TF32: cuDNN's fp32)
+template <>
+__device__ __forceinline__ void block_gemm<float>(const float* A, const float* B, float* part, int bp, int n, int kp,
+                                                  int pitch, int ksplit) {
+  const int items = n * (bp >> 2), per = kp / ksplit;
+  for (int q = threadIdx.x; q < items * ksplit; q += kPThreads) {
+    const int item = q % items, ks = q / items;
+    const int nn = item % n, b0 = (item / n) * 4;
+    const float* w = B + nn * pitch + ks * per;
+    const float* a = A + b0 * pitch + ks * per;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < per; k += 4) {
+      const float4 w4 = *reinterpret_cast<const float4*>(w + k);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 a4 = *reinterpret_cast<const float4*>(a + r * pitch + k);
+        acc[r] = fmaf(a4.x, w4.x, acc[r]);
+        acc[r] = fmaf(a4.y, w4.y, acc[r]);
+        acc[r] = fmaf(a4.z, w4.z, acc[r]);
+        acc[r] = fmaf(a4.w, w4.w, acc[r]);
+      }
+    }
+    float* o = part + (long long)ks * bp * n;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) o[(b0 + r) * n + nn] = acc[r];
+  }
+}
+
+__device__ __forceinline__ float part_sum(const float* part, int ksplit, int bp, int n, int b, int col) {
+  float s = part[b * n + col];
+  for (int z = 1; z < ksplit; ++z) s += part[(long long)z * bp * n + b * n + col];
+  return s;
+}
+
+template <class T> __device__ __forceinline__ float ldf(const void* p, long long i) {
+  return load<float>(static_cast<const T*>(p)[i]);
+}
+template <class T> __device__ __forceinline__ void stf(void* p, long long i, float v) {
+  static_cast<T*>(p)[i] = Store<T>::from(v);
+}
+
+__device__ __forceinline__ long long slot(const PersistParams& p, int i) { return p.pingpong ? (i & 1) : i; }
+
+template <class T>
+__global__ void persist_reset(const PersistParams p) {
+  if (threadIdx.x == 0) *(blockIdx.y ? p.dir[1].bar : p.dir[0].bar) = 0u;
+}
+
+// ---------------------------------------------------------------- forward
+// shared memory: W slice [G*units][pitch] (row g*units + u = W row g*hidden + j0 + u) at off_w; h_{t-1}
+// [bp][pitch] at off_a; part [ksplit][bp][G*units] f32 at off_part; the input projection slice [batch][G*units]
+// (dtype) at off_x; the biases bw, br [G*units] f32 at off_b; the f32 state [batch][units] at off_s; lens at
+// off_lens.
+template <class T, int CELL>
+__global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, N = G * U, j0 = blockIdx.x * U, TT = p.seq;
+  T* ws = reinterpret_cast<T*>(smem + p.off_w);
+  T* hsm = reinterpret_cast<T*>(smem + p.off_a);
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  T* xs = reinterpret_cast<T*>(smem + p.off_x);
+  float* bs = reinterpret_cast<float*>(smem + p.off_b);
+  float* st = reinterpret_cast<float*>(smem + p.off_s);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  const T* W = static_cast<const T*>(d.w);
+  const T* hs = static_cast<const T*>(d.hs);
+  const long long BH = (long long)B * H;
+
+  // once: zero the h tile (rows past batch, columns past hidden stay 0), the W slice, biases, state, lengths
+  for (int i = threadIdx.x; i < p.bp * p.pitch; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < N * p.pitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
+  __syncthreads();
+  for (int g = 0; g < G; ++g) load_rows<T>(ws + g * U * p.pitch, p.pitch, W + ((long long)g * H + j0) * H, H, U, H);
+  cp_commit();
+  for (int i = threadIdx.x; i < N; i += kPThreads) {
+    const int g = i / U, u = i % U;
+    bs[i] = d.bw ? ldf<T>(d.bw, (long long)g * H + j0 + u) : 0.f;
+    bs[N + i] = d.br ? ldf<T>(d.br, (long long)g * H + j0 + u) : 0.f;
+  }
+  const int first = d.rev ? TT : 0;
+  if (CELL >= 2)
+    for (int i = threadIdx.x; i < B * U; i += kPThreads)
+      st[i] = d.s32[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  const unsigned nblk = gridDim.x;
+
+  for (int s = 0; s < TT; ++s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    // this step's input projection slice: independent of the other blocks, fetched before the barrier
+    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
+    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+    cp_commit();
+    if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
+    load_rows<T>(hsm, p.pitch, hs + slot(p, ip) * BH, H, B, H);
+    cp_commit();
+    cp_wait_all();
+    __syncthreads();
+    block_gemm<T>(hsm, ws, part, p.bp, N, p.kp, p.pitch, p.ksplit);
+    __syncthreads();
+    T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
+    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const long long o = (long long)b * H + j;
+      T* y = static_cast<T*>(d.y) + t * p.ld_yt + b * p.ld_y + j;
+      const bool active = t < lens[b];
+      float xa[G], ha[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
+        xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
+      }
+      float* act = d.act ? d.act + ((long long)t * B + b) * GA * H + j : nullptr;
+      if (CELL == 2) {
+        const float cp = st[i];
+        const float ig = p_sigm(xa[0] + ha[0]), fg = p_sigm(xa[1] + ha[1]), gg = tanhf(xa[2] + ha[2]),
+                    og = p_sigm(xa[3] + ha[3]);
+        float c = fg * cp + ig * gg;
+        if (p.clip) c = c != c ? c : fminf(fmaxf(c, p.lclip), p.rclip);
+        const float m = og * tanhf(c);
+        if (!active) {
+          s_out[o] = cp;
+          h_out[o] = hsm[b * p.pitch + j];
+          *y = Store<T>::from(0.0f);
+          continue;
+        }
+        st[i] = c;
+        s_out[o] = c;
+        h_out[o] = Store<T>::from(m);
+        *y = Store<T>::from(m);
+        if (act) { act[0] = ig; act[H] = fg; act[2 * H] = gg; act[3 * H] = og; }
+      } else if (CELL == 3) {
+        const float hprev = st[i];
+        if (!active) {
+          s_out[o] = hprev;
+          h_out[o] = hsm[b * p.pitch + j];
+          *y = Store<T>::from(0.0f);
+          continue;
+        }
+        const float r = p_sigm(xa[0] + ha[0]), z = p_sigm(xa[1] + ha[1]);
+        const float n = tanhf(xa[2] + r * ha[2]);
+        const float h = (1.0f - z) * n + z * hprev;
+        st[i] = h;
+        s_out[o] = h;
+        h_out[o] = Store<T>::from(h);
+        *y = Store<T>::from(h);
+        if (act) { act[0] = r; act[H] = z; act[2 * H] = n; act[3 * H] = ha[2]; }
+      } else {
+        if (!active) {
+          h_out[o] = hsm[b * p.pitch + j];
+          *y = Store<T>::from(0.0f);
+          continue;
+        }
+        const float a = xa[0] + ha[0];
+        const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
+        h_out[o] = Store<T>::from(h);
+        *y = Store<T>::from(h);
+        if (act) act[0] = h;
+      }
+    }
+    grid_arrive(d.bar);
+  }
+}
+
+// ---------------------------------------------------------------- backward data
+// shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
+// [bp][pitch] at off_a; part [ksplit][bp][units] at off_part; gh [batch][units] f32 at off_s, gc at off_s2;
+// lens at off_lens.
+template <class T, int CELL>
+__global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, GH = G * H, j0 = blockIdx.x * U, TT = p.seq;
+  T* wt = reinterpret_cast<T*>(smem + p.off_w);
+  T* dsm = reinterpret_cast<T*>(smem + p.off_a);
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  float* gh = reinterpret_cast<float*>(smem + p.off_s);
+  float* gc = reinterpret_cast<float*>(smem + p.off_s2);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  const T* W = static_cast<const T*>(d.w);
+  const long long BH = (long long)B * H;
+  // the recurrence reads the recurrent pre-activation gradients (GRU: dha; else dxa, the same values)
+  const T* drec = static_cast<const T*>(d.dha ? d.dha : d.dxa);
+
+  for (int i = threadIdx.x; i < p.bp * p.pitch; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < U * p.pitch; i += kPThreads) {
+    const int u = i / p.pitch, k = i % p.pitch;
+    wt[i] = k < GH ? W[(long long)k * H + j0 + u] : Store<T>::from(0.0f);
+  }
+  for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+    const long long o = (long long)(i / U) * H + j0 + i % U;
+    gh[i] = d.gh[o];
+    gc[i] = CELL == 2 ? d.gc[o] : 0.f;
+  }
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  __syncthreads();
+  const unsigned nblk = gridDim.x;
+
+  for (int s = 0; s <= TT; ++s) {
+    const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step (t -1 or TT)
+    if (s > 0) {
+      grid_wait(d.bar, (unsigned)s * nblk);
+      const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
+      load_rows<T>(dsm, p.pitch, drec + (long long)tp * B * GH, GH, B, GH);
+      cp_commit();
+      cp_wait_all();
+      __syncthreads();
+      block_gemm<T>(dsm, wt, part, p.bp, U, p.kp, p.pitch, p.ksplit);
+      __syncthreads();
+    }
+    if (s == TT) {
+      for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+        const long long o = (long long)(i / U) * H + j0 + i % U;
+        d.gh[o] = gh[i] + part_sum(part, p.ksplit, p.bp, U, i / U, i % U);
+        if (CELL == 2) d.gc[o] = gc[i];
+        stf<T>(d.ghrec, o, 0.0f);
+      }
+      break;
+    }
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const long long o = (long long)b * H + j;
+      const float rec = s > 0 ? part_sum(part, p.ksplit, p.bp, U, b, u) : 0.f;
+      const long long xo = ((long long)t * B + b) * GH + j;
+      if (t >= lens[b]) {
+        gh[i] += rec;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          stf<T>(d.dxa, xo + (long long)g * H, 0.f);
+          if (d.dha) stf<T>(d.dha, xo + (long long)g * H, 0.f);
+        }
+        continue;
+      }
+      float dh = gh[i] + rec;
+      if (d.dy) dh += ldf<T>(d.dy, t * p.ld_yt + b * p.ld_y + j);
+      const float* act = d.act + ((long long)t * B + b) * GA * H + j;
+      float dd[G], dr[G];
+      if (CELL == 2) {
+        const float ig = act[0], fg = act[H], gg = act[2 * H], og = act[3 * H];
+        const float c = d.s32[slot(p, io) * BH + o], cp = d.s32[slot(p, ip) * BH + o];
+        const float tc = tanhf(c);
+        float dc = gc[i] + dh * og * (1.0f - tc * tc);
+        if (p.clip && !(p.lclip < c && c < p.rclip)) dc = 0.0f;
+        dd[0] = dc * gg * ig * (1.0f - ig);
+        dd[1] = dc * cp * fg * (1.0f - fg);
+        dd[2] = dc * ig * (1.0f - gg * gg);
+        dd[3] = dh * tc * og * (1.0f - og);
+        gc[i] = dc * fg;
+        gh[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; ++k) dr[k] = dd[k];
+      } else if (CELL == 3) {
+        const float r = act[0], z = act[H], n = act[2 * H], han = act[3 * H];
+        const float hp = d.s32[slot(p, ip) * BH + o];
+        const float dn = dh * (1.0f - z) * (1.0f - n * n);
+        dd[1] = dh * (hp - n) * z * (1.0f - z);
+        dd[0] = dn * han * r * (1.0f - r);
+        dd[2] = dn;
+        dr[0] = dd[0];
+        dr[1] = dd[1];
+        dr[2] = dn * r;
+        gh[i] = dh * z;
+      } else {
+        const float h = act[0];
+        dd[0] = dh * (CELL == 0 ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+        dr[0] = dd[0];
+        gh[i] = 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        stf<T>(d.dxa, xo + (long long)g * H, dd[g]);
+        if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
+      }
+    }
+    grid_arrive(d.bar);
+  }
+}
+
+}  // namespace rnn
+}  // namespace pydnn
