@@ -298,7 +298,9 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
 // ---------------------------------------------------------------- backward data
 // shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
 // [bp][pitch] at off_a; part [ksplit][bp][units] at off_part; gh [batch][units] f32 at off_s, gc at off_s2;
-// lens at off_lens.
+// lens at off_lens; at off_x the step's own inputs, fetched before the barrier: the gate values
+// [batch][GA][units] f32, the f32 states after / before the step [2][batch][units] (LSTM, GRU), dy
+// [batch][units] (dtype).
 template <class T, int CELL>
 __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -316,6 +318,9 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
   const long long BH = (long long)B * H;
   // the recurrence reads the recurrent pre-activation gradients (GRU: dha; else dxa, the same values)
   const T* drec = static_cast<const T*>(d.dha ? d.dha : d.dxa);
+  float* pf_act = reinterpret_cast<float*>(smem + p.off_x);
+  float* pf_s = pf_act + B * GA * U;
+  T* pf_dy = reinterpret_cast<T*>(pf_s + (CELL >= 2 ? 2 * B * U : 0));
 
   for (int i = threadIdx.x; i < p.bp * p.pitch; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
   for (int i = threadIdx.x; i < U * p.pitch; i += kPThreads) {
@@ -333,6 +338,16 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
 
   for (int s = 0; s <= TT; ++s) {
     const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step (t -1 or TT)
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (s < TT) {  // this step's gate values, states and dy: this block's own, fetched before the barrier
+      load_rows<float>(pf_act, U, d.act + (long long)t * B * GA * H + j0, H, B * GA, U);
+      if (CELL >= 2) {
+        load_rows<float>(pf_s, U, d.s32 + slot(p, io) * BH + j0, H, B, U);
+        load_rows<float>(pf_s + B * U, U, d.s32 + slot(p, ip) * BH + j0, H, B, U);
+      }
+      if (d.dy) load_rows<T>(pf_dy, U, static_cast<const T*>(d.dy) + t * p.ld_yt + j0, p.ld_y, B, U);
+      cp_commit();
+    }
     if (s > 0) {
       grid_wait(d.bar, (unsigned)s * nblk);
       const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
@@ -352,10 +367,12 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
       }
       break;
     }
-    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (s == 0) {
+      cp_wait_all();
+      __syncthreads();
+    }
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
       const int b = i / U, u = i % U, j = j0 + u;
-      const long long o = (long long)b * H + j;
       const float rec = s > 0 ? part_sum(part, p.ksplit, p.bp, U, b, u) : 0.f;
       const long long xo = ((long long)t * B + b) * GH + j;
       if (t >= lens[b]) {
@@ -368,12 +385,12 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
         continue;
       }
       float dh = gh[i] + rec;
-      if (d.dy) dh += ldf<T>(d.dy, t * p.ld_yt + b * p.ld_y + j);
-      const float* act = d.act + ((long long)t * B + b) * GA * H + j;
+      if (d.dy) dh += load<float>(pf_dy[i]);
+      const float* act = pf_act + b * GA * U + u;  // gate k at act[k * U]
       float dd[G], dr[G];
       if (CELL == 2) {
-        const float ig = act[0], fg = act[H], gg = act[2 * H], og = act[3 * H];
-        const float c = d.s32[slot(p, io) * BH + o], cp = d.s32[slot(p, ip) * BH + o];
+        const float ig = act[0], fg = act[U], gg = act[2 * U], og = act[3 * U];
+        const float c = pf_s[i], cp = pf_s[B * U + i];
         const float tc = tanhf(c);
         float dc = gc[i] + dh * og * (1.0f - tc * tc);
         if (p.clip && !(p.lclip < c && c < p.rclip)) dc = 0.0f;
@@ -386,8 +403,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
 #pragma unroll
         for (int k = 0; k < G; ++k) dr[k] = dd[k];
       } else if (CELL == 3) {
-        const float r = act[0], z = act[H], n = act[2 * H], han = act[3 * H];
-        const float hp = d.s32[slot(p, ip) * BH + o];
+        const float r = act[0], z = act[U], n = act[2 * U], han = act[3 * U];
+        const float hp = pf_s[B * U + i];
         const float dn = dh * (1.0f - z) * (1.0f - n * n);
         dd[1] = dh * (hp - n) * z * (1.0f - z);
         dd[0] = dn * han * r * (1.0f - r);

@@ -79,7 +79,7 @@ class Layout:
     """The block GEMM's shape and the shared memory layout of one kernel (forward or backward) for a slice of
     `units` hidden units: C [bp, n] = A [bp, kp] x B [n, kp]^T, partial sums over ksplit K slices."""
 
-    def __init__(self, bwd, G, H, B, units, es):
+    def __init__(self, bwd, G, H, B, units, es, GA=None):
         self.units = units
         n = units if bwd else G * units
         k = G * H if bwd else H
@@ -101,7 +101,7 @@ class Layout:
                 ks *= 2
         self.ksplit, self.n, self.k = ks, n, k
         regions = [("w", n * self.pitch * es), ("a", self.bp * self.pitch * es), ("part", ks * self.bp * n * 4),
-                   ("x", 0 if bwd else B * n * es), ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4),
+                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es), ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4),
                    ("s2", B * units * 4 if bwd else 0), ("lens", B * 4)]
         off = 0
         self.off = {}
@@ -136,7 +136,7 @@ class Plan:
             if H % units or H // units > sm_count:
                 continue
             fwd = Layout(False, G, H, B, units, es)
-            bwd = Layout(True, G, H, B, units, es) if training else None
+            bwd = Layout(True, G, H, B, units, es, g.GA) if training else None
             need = max(fwd.smem, bwd.smem if bwd else 0)
             if best is None:
                 best = (units, need)

@@ -151,7 +151,7 @@ def test_layouts(dt, cell, H, B):
         step = 16 if es == 2 else 4
         assert lay.kp % (step * lay.ksplit) == 0 and lay.bp % (16 if es == 2 else 4) == 0
         need = {"w": n * lay.pitch * es, "a": lay.bp * lay.pitch * es, "part": lay.ksplit * lay.bp * n * 4,
-                "x": 0 if bwd else B * n * es, "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
+                "x": B * pl.units * (4 * g.GA + (8 if G > 1 else 0) + es) if bwd else B * n * es, "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
                 "s2": B * pl.units * 4 if bwd else 0, "lens": B * 4}
         spans = sorted((lay.off[name], lay.off[name] + size) for name, size in need.items() if size)
         assert all(a % 16 == 0 for a, _ in spans)
