@@ -81,9 +81,27 @@ SPLIT_MIN_K = 256  # the shortest K slice
 # DIR_BATCH: a switch, pydnn.tuning.rnn.DIR_BATCH (default True)
 
 
-def split_k(m, n, k, sm_count):
+# float: the recurrent GEMMs run on matmul's CUDA-core kernel, whose smallest tile is 64 x 128 and whose chooser
+# takes the 128 x 128 one for these M = batch GEMMs (issue 16's fp32 LSTM: [64, 4096] x [4096, 1024]^T): counted
+# as 64 x 64 tiles, the forward's split stopped at 2, 64 blocks for 132 SMs (half the SMs idle for the GEMM that
+# is most of an fp32 step), the backward's [64, 1024] at 8 tiles x 8 = 64 blocks. So for float the blocks are
+# counted with the tile the chooser takes (matmul._choose_simt_tile at that split and K) and up to 16 slices:
+# forward split 4 (128 blocks of K 256), backward 16 (128 blocks of K 256).
+SPLIT_MAX_F32 = 16
+
+
+def split_k(m, n, k, sm_count, f32=False):
     if not tuning.rnn.SPLIT_K or not sm_count:
         return 1
+    if f32:
+        def blocks(s):
+            t = matmul._choose_simt_tile(m, n, s, sm_count, k // s)
+            return cdiv(m, t.bm) * cdiv(n, t.bn) * s
+        s = 1
+        while (s < SPLIT_MAX_F32 and blocks(2 * s) <= sm_count and k % (16 * s) == 0
+               and k // (2 * s) >= SPLIT_MIN_K):
+            s *= 2
+        return s
     blocks = cdiv(m, 64) * cdiv(n, 64)
     s = 1
     while s < SPLIT_MAX and 2 * s * blocks <= sm_count and k % (16 * s) == 0 and k // (2 * s) >= SPLIT_MIN_K:
@@ -109,8 +127,9 @@ class Geometry:
         self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
         # both directions of a bidirectional layer step together (not with a projection)
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
-        self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count)
-        self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count)
+        f32 = r.dtype == E.PYDNN_DATA_FLOAT
+        self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
+        self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
         for training in (False, True):
