@@ -16,7 +16,7 @@
 //                          gradients [batch, G*hidden] of the step processed before, from L2) and the cell
 //                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
 //                          share in gh (and 0 in ghrec) for bwd_state_out.
-//   persist_reset<T>       zeroes the barrier counters of dir[0 .. gridDim.y).
+//   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
 //
 // Time per step, predicted for issue 16's small case (LSTM fp16, hidden 256, batch 32: 32 blocks of 8
 // units): forward ~ barrier 1 us (atomic to L2 + the waiters' poll) + h_{t-1} 16 KiB per block from L2
@@ -170,9 +170,59 @@ template <class T> __device__ __forceinline__ void stf(void* p, long long i, flo
 
 __device__ __forceinline__ long long slot(const PersistParams& p, int i) { return p.pingpong ? (i & 1) : i; }
 
+// ---------------------------------------------------------------- the tagged exchange (forward)
+// With xchg, the forward needs no barrier: at step s every block publishes its units' h_t as words that
+// carry the tag s + 1 next to the value (16-bit data: a u32, the value's bits low, the tag high; float: a
+// u64, the tag in the high word) into slot s & 1 of [2][batch][hidden]; a block starting step s + 1 reads all
+// of h_t from slot s & 1 with .relaxed.gpu loads (L2), re-reading a 16-byte chunk until every word in it
+// carries the tag s + 1. Each word is single-copy atomic, so a matching tag means the value next to it is the
+// step's: no fence and no counter, one L2 round trip per step instead of three (the barrier's atomic, its
+// poll, the h load). Slot s & 1 is rewritten at step s + 2 only by a block that has read h_{s+1} of every
+// block, so every block has finished step s + 1 and with it its reads of slot s & 1. persist_reset zeroes
+// the words (tag 0 is never expected) so that no earlier launch's tags match.
+template <class T> struct Xchg {  // 16-bit data
+  static constexpr int PER = 4;   // values per 16-byte chunk
+  static constexpr int WORD = 4;  // bytes per word
+  static __device__ __forceinline__ void put(void* base, long long i, T v, unsigned tag) {
+    const unsigned w = (unsigned)v.bits | (tag << 16);
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"((unsigned*)base + i), "r"(w) : "memory");
+  }
+  // the chunk of words i .. i + 3 into dst[0 .. 3] if all carry tag
+  static __device__ __forceinline__ bool get(const void* base, long long i, unsigned tag, T* dst) {
+    unsigned a, b, c, d;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"((const unsigned*)base + i) : "memory");
+    if ((a >> 16) != tag || (b >> 16) != tag || (c >> 16) != tag || (d >> 16) != tag) return false;
+    *reinterpret_cast<uint2*>(dst) = make_uint2((a & 0xFFFFu) | (b << 16), (c & 0xFFFFu) | (d << 16));
+    return true;
+  }
+};
+template <> struct Xchg<float> {
+  static constexpr int PER = 2;
+  static constexpr int WORD = 8;
+  static __device__ __forceinline__ void put(void* base, long long i, float v, unsigned tag) {
+    const unsigned long long w = (unsigned long long)__float_as_uint(v) | ((unsigned long long)tag << 32);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"((unsigned long long*)base + i), "l"(w) : "memory");
+  }
+  static __device__ __forceinline__ bool get(const void* base, long long i, unsigned tag, float* dst) {
+    unsigned long long a, b;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n"
+                 : "=l"(a), "=l"(b) : "l"((const unsigned long long*)base + i) : "memory");
+    if ((unsigned)(a >> 32) != tag || (unsigned)(b >> 32) != tag) return false;
+    *reinterpret_cast<float2*>(dst) = make_float2(__uint_as_float((unsigned)a), __uint_as_float((unsigned)b));
+    return true;
+  }
+};
+
+// zeroes the barrier counter and the xchg words (xwords 32-bit words) of dir[blockIdx.y]
 template <class T>
 __global__ void persist_reset(const PersistParams p) {
-  if (threadIdx.x == 0) *(blockIdx.y ? p.dir[1].bar : p.dir[0].bar) = 0u;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  if (blockIdx.x == 0 && threadIdx.x == 0) *d.bar = 0u;
+  if (d.xchg)
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.xwords;
+         i += (long long)gridDim.x * blockDim.x)
+      static_cast<unsigned*>(d.xchg)[i] = 0u;
 }
 
 // ---------------------------------------------------------------- forward
@@ -223,14 +273,26 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
     for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
     cp_commit();
-    if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
-    load_rows<T>(hsm, p.pitch, hs + slot(p, ip) * BH, H, B, H);
-    cp_commit();
+    if (s > 0 && d.xchg) {  // h_{t-1} from the tagged words of step s - 1
+      const char* src = static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD;
+      const int cpr = H / Xchg<T>::PER;
+      for (int c = threadIdx.x; c < B * cpr; c += kPThreads) {
+        const int b = c / cpr, k = (c % cpr) * Xchg<T>::PER;
+        unsigned polls = 0;
+        while (!Xchg<T>::get(src, (long long)b * H + k, (unsigned)s, hsm + b * p.pitch + k))
+          if (++polls == (1u << 26)) __trap();
+      }
+    } else {
+      if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
+      load_rows<T>(hsm, p.pitch, hs + slot(p, ip) * BH, H, B, H);
+      cp_commit();
+    }
     cp_wait_all();
     __syncthreads();
     block_gemm<T>(hsm, ws, part, p.bp, N, p.kp, p.pitch, p.ksplit);
     __syncthreads();
     T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
+    void* xo = d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
     float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
       const int b = i / U, u = i % U, j = j0 + u;
@@ -254,12 +316,14 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         if (!active) {
           s_out[o] = cp;
           h_out[o] = hsm[b * p.pitch + j];
+          if (xo) Xchg<T>::put(xo, o, hsm[b * p.pitch + j], s + 1);
           *y = Store<T>::from(0.0f);
           continue;
         }
         st[i] = c;
         s_out[o] = c;
         h_out[o] = Store<T>::from(m);
+        if (xo) Xchg<T>::put(xo, o, Store<T>::from(m), s + 1);
         *y = Store<T>::from(m);
         if (act) { act[0] = ig; act[H] = fg; act[2 * H] = gg; act[3 * H] = og; }
       } else if (CELL == 3) {
@@ -267,6 +331,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         if (!active) {
           s_out[o] = hprev;
           h_out[o] = hsm[b * p.pitch + j];
+          if (xo) Xchg<T>::put(xo, o, hsm[b * p.pitch + j], s + 1);
           *y = Store<T>::from(0.0f);
           continue;
         }
@@ -276,22 +341,26 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         st[i] = h;
         s_out[o] = h;
         h_out[o] = Store<T>::from(h);
+        if (xo) Xchg<T>::put(xo, o, Store<T>::from(h), s + 1);
         *y = Store<T>::from(h);
         if (act) { act[0] = r; act[H] = z; act[2 * H] = n; act[3 * H] = ha[2]; }
       } else {
         if (!active) {
           h_out[o] = hsm[b * p.pitch + j];
+          if (xo) Xchg<T>::put(xo, o, hsm[b * p.pitch + j], s + 1);
           *y = Store<T>::from(0.0f);
           continue;
         }
         const float a = xa[0] + ha[0];
         const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
         h_out[o] = Store<T>::from(h);
+        if (xo) Xchg<T>::put(xo, o, Store<T>::from(h), s + 1);
         *y = Store<T>::from(h);
         if (act) act[0] = h;
       }
     }
-    grid_arrive(d.bar);
+    if (xo) __syncthreads();  // the shared buffers are reused next step; no barrier with the tagged exchange
+    else grid_arrive(d.bar);
   }
 }
 

@@ -24,6 +24,8 @@ typedef struct {
   float *gc;           /* backward: f32 carried dc [batch, hidden] (LSTM) */
   void *ghrec;         /* backward: written 0 [batch, hidden] (bwd_state_out adds it with nsplit 1) */
   unsigned *bar;       /* the grid barrier's counter (zeroed by persist_reset before the launch) */
+  void *xchg;          /* forward: h exchanged between the blocks as tagged words [2][batch][hidden] (instead of
+                          the barrier and hs), or NULL; see rnn_persist.cu. Zeroed by persist_reset. */
   int rev;             /* 1: the reverse direction (time runs T-1 .. 0 forward, 0 .. T-1 backward) */
   int pad;
 } PersistDir;
@@ -38,6 +40,7 @@ typedef struct {
   int batch, hidden;
   int units;           /* hidden units per block (a multiple of 8) */
   int pingpong;        /* state slots i % 2 (inference) instead of i (training: the reserve space's T + 1) */
+  int xwords;          /* persist_reset: 32-bit words of each direction's xchg to zero */
   /* the block GEMM's shape and the dynamic shared memory layout, all chosen on the host (persist.py) */
   int kp;              /* K padded (16-bit: a multiple of 16; float: of 4 * ksplit), zero filled past K */
   int pitch;           /* elements between shared rows of the two operands (kp + 8 16-bit, kp + 4 float) */

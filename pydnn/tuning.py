@@ -287,6 +287,8 @@ rnn = Switches(
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "
                   "Python per step); off: every call rebuilds its launches"),
+    PERSIST_XCHG=(True, "PERSIST_STATIC forward: the blocks exchange h as tagged words (one L2 round trip per step, "
+                        "no barrier, see ptx/rnn_persist.cu); off: the grid barrier and the h load (for measurements)"),
 )
 
 apply_environment()

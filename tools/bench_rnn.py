@@ -9,7 +9,8 @@ Timed (device events on the current stream, warm-up, median; bench.time_ms):
          autograd backward of sum(y * dy)
 FLOPs (the GEMMs only): forward 2 * T * B * sum over pseudo-layers of G * H * (in + out) (+ 2 * T * B * P * H
 for a projection); forward+backward 3x that. TFLOP/s = flops / time; ratio = torch time / pydnn time (> 1:
-pydnn faster). Also prints the largest |y_pydnn - y_torch| / max |y_torch| as a sanity check.
+pydnn faster). PERSIST_STATIC rows also time the forward with the grid barrier instead of the tagged exchange
+("fwd bar", "all bar": tuning.rnn.PERSIST_XCHG off). Also prints the largest |y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
 Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--no-split] [--no-record] [--no-dir-batch]
   --quick: only issue 16's small-hidden case (LSTM fp16 H 256, B 32, T 512), STANDARD and PERSIST_STATIC
@@ -167,13 +168,19 @@ def main():
         torch.cuda.synchronize()
         diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
         flops = _flops(cell, T, B, H, layers, dirs)
-        for what, pf, tf, mult in (("fwd", p_fwd, t_fwd, 1), ("fwd+bwd", p_all, t_all, 3)):
+        runs = [("fwd", p_fwd, t_fwd, 1, True), ("fwd+bwd", p_all, t_all, 3, True)]
+        if algo == PS:  # the forward's other exchange: the grid barrier (tuning.rnn.PERSIST_XCHG off)
+            runs += [("fwd bar", p_fwd, t_fwd, 1, False), ("all bar", p_all, t_all, 3, False)]
+        for what, pf, tf, mult, xchg in runs:
+            tuning.rnn.PERSIST_XCHG = xchg
             pm = time_ms(pf, reps=5, warmup=2)
             tm = time_ms(tf, reps=5, warmup=2)
+            tuning.rnn.PERSIST_XCHG = True
             f = flops * mult
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
                   f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}, {pm / T * 1e3:.2f} us/step" if what == "fwd"
-                                       else ""), flush=True)
+                                       else f"   {pm / T * 1e3:.2f} us/step" if what == "fwd bar" else ""),
+                  flush=True)
         s = None  # free the buffers before the next case
         torch.cuda.empty_cache()
 

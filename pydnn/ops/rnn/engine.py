@@ -135,6 +135,8 @@ class Geometry:
         for training in (False, True):
             w = _Regions()
             w.add("bar", persist.BAR_BYTES if self.persist else 0)  # PERSIST_STATIC's grid barrier counters
+            # PERSIST_STATIC's tagged h exchange [dirs][2][B, H] words (persist.py)
+            w.add("xchg", r.dirs * persist.xchg_bytes(r.dtype, self.B, r.hidden) if self.persist else 0)
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
             w.add("hp", max(self.split_f, D if self.dir_batch else 1) * B * GH * es)
@@ -483,7 +485,7 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args)
+               args, g.persist and tuning.rnn.PERSIST_XCHG)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:
@@ -671,7 +673,7 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
             dirs.append(dr)
         if g.persist:
             persist.forward_layer(lau, r, g, persist.plan(lau.handle, r, g, training), dirs, ly, training, lens,
-                                  wsp + ws["bar"], clip)
+                                  wsp + ws["bar"], clip, wsp + ws["xchg"])
         elif g.dir_batch:
             _fwd_steps_both(lau, r, g, dirs, ly, training, lens, wsp + ws["hp"], clip)
         else:

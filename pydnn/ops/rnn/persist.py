@@ -19,6 +19,7 @@ needs the backward's tile ([batch, G * hiddenSize], larger) to fit.
 import ctypes
 
 from ... import enums as E
+from ... import tuning
 from ..._build.manifest import KernelUnit
 from ..._build.params import kernel_params
 from ..._cuda import driver
@@ -35,7 +36,7 @@ DTYPES = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLO
 # the opt-in shared memory per block where the driver cannot be asked (CPU tests): by arch
 SMEM_OPTIN = {"sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376, "sm_90": 232448}
 
-_DIR = ("xp", "w", "bw", "br", "hs", "s32", "y", "act", "dy", "dxa", "dha", "gh", "gc", "ghrec", "bar")
+_DIR = ("xp", "w", "bw", "br", "hs", "s32", "y", "act", "dy", "dxa", "dha", "gh", "gc", "ghrec", "bar", "xchg")
 
 
 @kernel_params("rnn_persist_params.h", "PersistDir")
@@ -48,7 +49,7 @@ class PersistParams(ctypes.Structure):
     _fields_ = [("dir", PersistDir * 2), ("lens", ctypes.c_void_p)] + [
         (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "ld_yt")] + [
         (n, ctypes.c_float) for n in ("lclip", "rclip")] + [
-        (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "kp", "pitch", "bp",
+        (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "xwords", "kp", "pitch", "bp",
                                     "ksplit", "off_w", "off_a", "off_part", "off_x", "off_b", "off_s", "off_s2",
                                     "off_lens")]
 
@@ -204,17 +205,25 @@ def _launch(ex, name, cell, grid, smem, p):
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
-    ex._go(f, grid, (THREADS if name != "persist_reset" else 32, 1, 1), smem, driver.kernel_args(q),
+    ex._go(f, grid, (THREADS, 1, 1), smem, driver.kernel_args(q),
            ("persist", name, cell))
+
+
+def xchg_bytes(dtype, B, H):
+    """Bytes of one direction's tagged exchange words: 2 slots of [B, H] words (u64 for float, u32 else)."""
+    return 2 * B * H * (8 if dtype == E.PYDNN_DATA_FLOAT else 4)
 
 
 def _groups(pl, dirs):
     return [dirs] if pl.both else [[dr] for dr in dirs]
 
 
-def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip):
-    """The recurrence of one layer (after the input GEMMs and state_init; STANDARD's _fwd_steps)."""
+def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
+    """The recurrence of one layer (after the input GEMMs and state_init; STANDARD's _fwd_steps). xchg: the
+    workspace of the tagged exchange (used when tuning.rnn.PERSIST_XCHG and the 16-bit tags hold T)."""
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
+    xb = xchg_bytes(r.dtype, B, H)
+    tagged = tuning.rnn.PERSIST_XCHG and g.T < 65535
     for group in _groups(pl, dirs):
         p = PersistParams()
         for i, dr in enumerate(group):
@@ -225,6 +234,8 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip):
             q.y = ly + dr.d * P * es
             q.act = dr.act0 if training else 0
             q.bar, q.rev = bar + dr.d * BAR_STRIDE, dr.d
+            q.xchg = xchg + dr.d * xb if tagged else 0
+        p.xwords = xb // 4
         w0 = group[0]
         p.ld_xp, p.gs_xp = (GH, H) if w0.w_in else (w0.inp_w, 0)  # SKIP_INPUT: x itself enters every gate
         p.ld_y, p.ld_yt = D * P, B * D * P
@@ -233,7 +244,7 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip):
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         pl.fwd.fill(p)
-        _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
+        _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
         _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p)
 
 

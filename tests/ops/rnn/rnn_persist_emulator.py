@@ -49,6 +49,29 @@ def _slot(p, i):
 def persist_reset(dev, p, dt, cell, grid, smem):
     for y in range(grid[1]):
         dev.view(p.dir[y].bar, 1, np.uint32)[0] = 0
+        if p.dir[y].xchg:
+            dev.view(p.dir[y].xchg, p.xwords, np.uint32)[:] = 0
+
+
+def _xchg_words(dev, d, dt, slot, B, H):
+    """(values as dt storage [B, H], tags [B, H]) of a tagged-exchange slot (u32: value bits | tag << 16;
+    float: u64, the tag in the high word)."""
+    if np.dtype(dt).itemsize == 4:
+        w = dev.view(d.xchg + slot * B * H * 8, B * H, np.uint64).reshape(B, H)
+        return (w & 0xFFFFFFFF).astype(np.uint32).view(np.float32), (w >> 32).astype(np.int64)
+    w = dev.view(d.xchg + slot * B * H * 4, B * H, np.uint32).reshape(B, H)
+    return (w & 0xFFFF).astype(np.uint16).view(dt), (w >> 16).astype(np.int64)
+
+
+def _xchg_put(dev, d, dt, slot, B, H, j0, vals, tag):
+    """Publish vals [B, U] (dt storage) of units j0.. with tag into slot."""
+    U = vals.shape[1]
+    if np.dtype(dt).itemsize == 4:
+        w = dev.view(d.xchg + slot * B * H * 8, B * H, np.uint64).reshape(B, H)
+        w[:, j0:j0 + U] = vals.astype(np.float32).view(np.uint32).astype(np.uint64) | np.uint64(tag << 32)
+    else:
+        w = dev.view(d.xchg + slot * B * H * 4, B * H, np.uint32).reshape(B, H)
+        w[:, j0:j0 + U] = vals.view(np.uint16).astype(np.uint32) | np.uint32(tag << 16)
 
 
 def persist_fwd(dev, p, dt, cell, grid, smem):
@@ -77,7 +100,12 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
         for s in range(T):
             t = T - 1 - s if d.rev else s
             ip, io = (t + 1, t) if d.rev else (t, t + 1)
-            hprev = dev.view(d.hs + _slot(p, ip) * B * H * es, B * H, dt).reshape(B, H).copy()
+            if s > 0 and d.xchg:  # the words of step s - 1 must all carry tag s
+                hprev, tags = _xchg_words(dev, d, dt, (s - 1) & 1, B, H)
+                assert (tags == s).all(), (s, np.unique(tags))
+                hprev = hprev.copy()
+            else:
+                hprev = dev.view(d.hs + _slot(p, ip) * B * H * es, B * H, dt).reshape(B, H).copy()
             for j0, sm in blocks:
                 for g in range(G):
                     for b in range(B):
@@ -115,6 +143,8 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
                     new = np.maximum(a, 0) if cell == 0 else np.tanh(a)
                     vals = (new,)
                 h_out[:, j0:j0 + U] = np.where(active, _s(new, dt), hp_slice)
+                if d.xchg:
+                    _xchg_put(dev, d, dt, s & 1, B, H, j0, h_out[:, j0:j0 + U].copy(), s + 1)
                 for b in range(B):
                     yrow = dev.view(d.y + (t * p.ld_yt + b * p.ld_y + j0) * es, U, dt)
                     yrow[:] = _s(new[b], dt) if active[b, 0] else 0

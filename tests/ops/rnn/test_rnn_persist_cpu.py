@@ -55,7 +55,25 @@ def test_persist_engine_on_emulated_device(name, monkeypatch):
     run_case(h, dev, c)
     kinds = {m[1] for m in calls if m[0] == "persist"}
     assert kinds == {"persist_reset", "persist_fwd", "persist_bwd"}
+    fwd = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+           for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert fwd and all(q.dir[0].xchg for q in fwd)  # the tagged exchange (tuning.rnn.PERSIST_XCHG's default)
     assert not [m for m in calls if m[0] == "rnn" and m[1] in ("fwd_cell", "bwd_cell")]
+
+
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "tanh-f32-24-bi", "lstm-half-32-many-rows"])
+def test_persist_engine_with_the_barrier_forward(name, monkeypatch):
+    """tuning.rnn.PERSIST_XCHG off: the forward meets at the grid barrier and loads h from the state slots."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", False)
+    c = CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"]
+    launches = [it[4][2] for items in fwd for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert launches and not any(q.dir[0].xchg or q.dir[1].xchg for q in launches)
 
 
 def test_persist_blocks_and_directions(monkeypatch):
@@ -120,13 +138,17 @@ def test_training_needs_the_backward_tile_too():
 
 @pytest.mark.parametrize("cell", [E.PYDNN_LSTM, E.PYDNN_GRU, E.PYDNN_RNN_TANH])
 @pytest.mark.parametrize("dt", [F32, F16, BF16])
-def test_workspace_is_standard_plus_the_barrier(cell, dt):
+def test_workspace_is_standard_plus_the_barrier_and_the_exchange(cell, dt):
+    """STANDARD's workspace + the barrier counters + the tagged exchange [dirs][2][B, H] words (u32; float:
+    u64), whatever tuning.rnn.PERSIST_XCHG says (the size must not depend on a switch); the same reserve."""
     h = rnn_emulator.fake_handle()
     x = _x(dt, 16, 32, 256)
-    for mode in (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING):
-        ws_p, rs_p = pydnn.get_rnn_temp_space_sizes(h, _desc(PS, cell, dt), mode, x)
-        ws_s, rs_s = pydnn.get_rnn_temp_space_sizes(h, _desc(STD, cell, dt), mode, x)
-        assert ws_p == ws_s + persist.BAR_BYTES and rs_p == rs_s
+    for D in (1, 2):
+        xb = D * 2 * 32 * 256 * (8 if dt == F32 else 4)
+        for mode in (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING):
+            ws_p, rs_p = pydnn.get_rnn_temp_space_sizes(h, _desc(PS, cell, dt, D=D), mode, x)
+            ws_s, rs_s = pydnn.get_rnn_temp_space_sizes(h, _desc(STD, cell, dt, D=D), mode, x)
+            assert ws_p == ws_s + persist.BAR_BYTES + xb and rs_p == rs_s
 
 
 @pytest.mark.parametrize("dt", [F32, F16])

@@ -79,8 +79,12 @@ MID = {
 }
 
 
+@pytest.mark.parametrize("xchg", [True, False], ids=["tagged", "barrier"])
 @pytest.mark.parametrize("name", list(MID))
-def test_persist_skip_input_without_gemms(name, handle):
+def test_persist_skip_input_without_gemms(name, xchg, handle, monkeypatch):
+    """Both forward exchanges: the tagged words (default) and the grid barrier (tuning.rnn.PERSIST_XCHG off)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", xchg)
     run_case(handle, GpuDevice(), MID[name])
 
 
