@@ -41,6 +41,7 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 // rows [0, rows) of `cols` elements (a multiple of 16 bytes) at src (row pitch ld elements) into shared dst
 // (row pitch `pitch` elements), 16-byte chunks spread over the block
@@ -77,8 +78,10 @@ __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
 }
 
 // ---------------------------------------------------------------- the block GEMM
-// part[ks][m][n] = sum over k in slice ks of A[m][k] * B[n][k]; A [bp][kp], B [n][kp] in shared memory (row
-// pitch `pitch`), zero past the real sizes. 16-bit: warps over (m tile, n tile, k slice), mma.m16n8k16.
+// part[ks][m][n] (+)= sum over k in slice ks of A[m][k] * B[n][k] (acc: add to part, the K chunks after the
+// first); A [bp][kc] (row pitch pa), B [n][kc] (row pitch pb) in shared memory, zero past the real sizes.
+// Each part element belongs to one warp (16-bit) / thread (float) in every chunk. 16-bit: warps over (m tile,
+// n tile, k slice), mma.m16n8k16.
 template <class T> struct Mma;
 template <> struct Mma<half_t> {
   static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -98,18 +101,19 @@ template <> struct Mma<bf16_t> {
 };
 
 template <class T>
-__device__ __forceinline__ void block_gemm(const T* A, const T* B, float* part, int bp, int n, int kp, int pitch,
-                                           int ksplit) {
+__device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int pb, float* part, int bp, int n, int kc,
+                                           int ksplit, bool acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kp >> 4) / ksplit;
+  const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kc >> 4) / ksplit;
   for (int w = warp; w < tiles * ksplit; w += kPWarps) {
     const int tile = w % tiles, ks = w / tiles;
     const int m0 = (tile % mt) * 16, n0 = (tile / mt) * 8;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     // ldmatrix.x4 (A 16 x 16: lane l gives row l % 16, column block l / 16) and .x2 (B 8 x 16: lane l % 16
     // gives row l % 8, column block (l / 8) % 2)
-    const unsigned a_addr = smem_u32(A + (m0 + (lane & 15)) * pitch + ((lane >> 4) << 3)) + ks * per * 32;
-    const unsigned b_addr = smem_u32(B + (n0 + (lane & 7)) * pitch + (((lane >> 3) & 1) << 3)) + ks * per * 32;
+    const unsigned a_addr = smem_u32(A + (m0 + (lane & 15)) * pa + ((lane >> 4) << 3)) + ks * per * 32;
+    const unsigned b_addr = smem_u32(B + (n0 + (lane & 7)) * pb + (((lane >> 3) & 1) << 3)) + ks * per * 32;
+#pragma unroll 4
     for (int kk = 0; kk < per; ++kk) {
       unsigned a[4], b[2];
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -120,38 +124,45 @@ __device__ __forceinline__ void block_gemm(const T* A, const T* B, float* part, 
     }
     const int g = lane >> 2, q = lane & 3;
     float* o = part + (long long)ks * bp * n;
-    o[(m0 + g) * n + n0 + 2 * q] = c[0];
-    o[(m0 + g) * n + n0 + 2 * q + 1] = c[1];
-    o[(m0 + g + 8) * n + n0 + 2 * q] = c[2];
-    o[(m0 + g + 8) * n + n0 + 2 * q + 1] = c[3];
+    if (acc) {
+      o[(m0 + g) * n + n0 + 2 * q] += c[0];
+      o[(m0 + g) * n + n0 + 2 * q + 1] += c[1];
+      o[(m0 + g + 8) * n + n0 + 2 * q] += c[2];
+      o[(m0 + g + 8) * n + n0 + 2 * q + 1] += c[3];
+    } else {
+      o[(m0 + g) * n + n0 + 2 * q] = c[0];
+      o[(m0 + g) * n + n0 + 2 * q + 1] = c[1];
+      o[(m0 + g + 8) * n + n0 + 2 * q] = c[2];
+      o[(m0 + g + 8) * n + n0 + 2 * q + 1] = c[3];
+    }
   }
 }
 
 // float: threads over (n column, 4 rows, k slice), FFMA over float4 shared loads (no TF32: cuDNN's fp32)
 template <>
-__device__ __forceinline__ void block_gemm<float>(const float* A, const float* B, float* part, int bp, int n, int kp,
-                                                  int pitch, int ksplit) {
-  const int items = n * (bp >> 2), per = kp / ksplit;
+__device__ __forceinline__ void block_gemm<float>(const float* A, int pa, const float* B, int pb, float* part, int bp,
+                                                  int n, int kc, int ksplit, bool acc) {
+  const int items = n * (bp >> 2), per = kc / ksplit;
   for (int q = threadIdx.x; q < items * ksplit; q += kPThreads) {
     const int item = q % items, ks = q / items;
     const int nn = item % n, b0 = (item / n) * 4;
-    const float* w = B + nn * pitch + ks * per;
-    const float* a = A + b0 * pitch + ks * per;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const float* w = B + nn * pb + ks * per;
+    const float* a = A + b0 * pa + ks * per;
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < per; k += 4) {
       const float4 w4 = *reinterpret_cast<const float4*>(w + k);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float4 a4 = *reinterpret_cast<const float4*>(a + r * pitch + k);
-        acc[r] = fmaf(a4.x, w4.x, acc[r]);
-        acc[r] = fmaf(a4.y, w4.y, acc[r]);
-        acc[r] = fmaf(a4.z, w4.z, acc[r]);
-        acc[r] = fmaf(a4.w, w4.w, acc[r]);
+        const float4 a4 = *reinterpret_cast<const float4*>(a + r * pa + k);
+        sum[r] = fmaf(a4.x, w4.x, sum[r]);
+        sum[r] = fmaf(a4.y, w4.y, sum[r]);
+        sum[r] = fmaf(a4.z, w4.z, sum[r]);
+        sum[r] = fmaf(a4.w, w4.w, sum[r]);
       }
     }
     float* o = part + (long long)ks * bp * n;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) o[(b0 + r) * n + nn] = acc[r];
+    for (int r = 0; r < 4; ++r) o[(b0 + r) * n + nn] = acc ? o[(b0 + r) * n + nn] + sum[r] : sum[r];
   }
 }
 
@@ -238,9 +249,10 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
   const int B = p.batch, H = p.hidden, U = p.units, N = G * U, j0 = blockIdx.x * U, TT = p.seq;
   T* ws = reinterpret_cast<T*>(smem + p.off_w);
-  T* hsm = reinterpret_cast<T*>(smem + p.off_a);
+  T* hsm = reinterpret_cast<T*>(smem + p.off_a);  // nchunk > 1: two buffers of [bp][pitch]
   float* part = reinterpret_cast<float*>(smem + p.off_part);
   T* xs = reinterpret_cast<T*>(smem + p.off_x);
+  T* hown = reinterpret_cast<T*>(smem + p.off_h);  // h_{t-1} of this block's units [batch][units]
   float* bs = reinterpret_cast<float*>(smem + p.off_b);
   float* st = reinterpret_cast<float*>(smem + p.off_s);
   int* lens = reinterpret_cast<int*>(smem + p.off_lens);
@@ -248,11 +260,13 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   const T* hs = static_cast<const T*>(d.hs);
   const long long BH = (long long)B * H;
 
-  // once: zero the h tile (rows past batch, columns past hidden stay 0), the W slice, biases, state, lengths
-  for (int i = threadIdx.x; i < p.bp * p.pitch; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
-  for (int i = threadIdx.x; i < N * p.pitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
+  // once: zero the h buffers (rows past batch, columns past hidden stay 0), the W slice; biases, state, own
+  // h, lengths
+  const int nbuf = p.nchunk > 1 ? 2 : 1, KC = p.kp;
+  for (int i = threadIdx.x; i < nbuf * p.bp * p.pitch; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < N * p.wpitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
   __syncthreads();
-  for (int g = 0; g < G; ++g) load_rows<T>(ws + g * U * p.pitch, p.pitch, W + ((long long)g * H + j0) * H, H, U, H);
+  for (int g = 0; g < G; ++g) load_rows<T>(ws + g * U * p.wpitch, p.wpitch, W + ((long long)g * H + j0) * H, H, U, H);
   cp_commit();
   for (int i = threadIdx.x; i < N; i += kPThreads) {
     const int g = i / U, u = i % U;
@@ -263,6 +277,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   if (CELL >= 2)
     for (int i = threadIdx.x; i < B * U; i += kPThreads)
       st[i] = d.s32[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
+  for (int i = threadIdx.x; i < B * U; i += kPThreads)
+    hown[i] = hs[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
   const unsigned nblk = gridDim.x;
 
@@ -273,24 +289,39 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
     for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
     cp_commit();
-    if (s > 0 && d.xchg) {  // h_{t-1} from the tagged words of step s - 1
-      const char* src = static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD;
-      const int cpr = H / Xchg<T>::PER;
-      for (int c = threadIdx.x; c < B * cpr; c += kPThreads) {
-        const int b = c / cpr, k = (c % cpr) * Xchg<T>::PER;
-        unsigned polls = 0;
-        while (!Xchg<T>::get(src, (long long)b * H + k, (unsigned)s, hsm + b * p.pitch + k))
-          if (++polls == (1u << 26)) __trap();
-      }
-    } else {
+    // h_{t-1} [batch, hidden] chunk by chunk (K = hidden in nchunk chunks of KC, two buffers), the block GEMM
+    // accumulating over the chunks
+    const bool tagged = s > 0 && d.xchg;
+    const int kreal = p.nchunk > 1 ? KC : H;
+    const T* hsrc = hs + slot(p, ip) * BH;
+    if (!tagged) {
       if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
-      load_rows<T>(hsm, p.pitch, hs + slot(p, ip) * BH, H, B, H);
+      load_rows<T>(hsm, p.pitch, hsrc, H, B, kreal);
       cp_commit();
     }
-    cp_wait_all();
-    __syncthreads();
-    block_gemm<T>(hsm, ws, part, p.bp, N, p.kp, p.pitch, p.ksplit);
-    __syncthreads();
+    for (int c = 0; c < p.nchunk; ++c) {
+      T* buf = hsm + (c & 1) * p.bp * p.pitch;
+      if (tagged) {  // h_{t-1} from the tagged words of step s - 1
+        const char* src = static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD;
+        const int cpr = kreal / Xchg<T>::PER;
+        for (int q = threadIdx.x; q < B * cpr; q += kPThreads) {
+          const int b = q / cpr, k = (q % cpr) * Xchg<T>::PER;
+          unsigned polls = 0;
+          while (!Xchg<T>::get(src, (long long)b * H + c * KC + k, (unsigned)s, buf + b * p.pitch + k))
+            if (++polls == (1u << 26)) __trap();
+        }
+        if (c == p.nchunk - 1) cp_wait_all();  // xs
+      } else if (c + 1 < p.nchunk) {
+        load_rows<T>(hsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, hsrc + (c + 1) * KC, H, B, KC);
+        cp_commit();
+        cp_wait_1();
+      } else {
+        cp_wait_all();
+      }
+      __syncthreads();
+      block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0);
+      __syncthreads();
+    }
     T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
     void* xo = d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
     float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
@@ -315,23 +346,24 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         const float m = og * tanhf(c);
         if (!active) {
           s_out[o] = cp;
-          h_out[o] = hsm[b * p.pitch + j];
-          if (xo) Xchg<T>::put(xo, o, hsm[b * p.pitch + j], s + 1);
+          h_out[o] = hown[i];
+          if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
           *y = Store<T>::from(0.0f);
           continue;
         }
         st[i] = c;
         s_out[o] = c;
-        h_out[o] = Store<T>::from(m);
-        if (xo) Xchg<T>::put(xo, o, Store<T>::from(m), s + 1);
+        hown[i] = Store<T>::from(m);
+        h_out[o] = hown[i];
+        if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
         *y = Store<T>::from(m);
         if (act) { act[0] = ig; act[H] = fg; act[2 * H] = gg; act[3 * H] = og; }
       } else if (CELL == 3) {
         const float hprev = st[i];
         if (!active) {
           s_out[o] = hprev;
-          h_out[o] = hsm[b * p.pitch + j];
-          if (xo) Xchg<T>::put(xo, o, hsm[b * p.pitch + j], s + 1);
+          h_out[o] = hown[i];
+          if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
           *y = Store<T>::from(0.0f);
           continue;
         }
@@ -340,21 +372,23 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         const float h = (1.0f - z) * n + z * hprev;
         st[i] = h;
         s_out[o] = h;
-        h_out[o] = Store<T>::from(h);
-        if (xo) Xchg<T>::put(xo, o, Store<T>::from(h), s + 1);
+        hown[i] = Store<T>::from(h);
+        h_out[o] = hown[i];
+        if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
         *y = Store<T>::from(h);
         if (act) { act[0] = r; act[H] = z; act[2 * H] = n; act[3 * H] = ha[2]; }
       } else {
         if (!active) {
-          h_out[o] = hsm[b * p.pitch + j];
-          if (xo) Xchg<T>::put(xo, o, hsm[b * p.pitch + j], s + 1);
+          h_out[o] = hown[i];
+          if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
           *y = Store<T>::from(0.0f);
           continue;
         }
         const float a = xa[0] + ha[0];
         const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
-        h_out[o] = Store<T>::from(h);
-        if (xo) Xchg<T>::put(xo, o, Store<T>::from(h), s + 1);
+        hown[i] = Store<T>::from(h);
+        h_out[o] = hown[i];
+        if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
         *y = Store<T>::from(h);
         if (act) act[0] = h;
       }
@@ -391,9 +425,10 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
   float* pf_s = pf_act + B * GA * U;
   T* pf_dy = reinterpret_cast<T*>(pf_s + (CELL >= 2 ? 2 * B * U : 0));
 
-  for (int i = threadIdx.x; i < p.bp * p.pitch; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
-  for (int i = threadIdx.x; i < U * p.pitch; i += kPThreads) {
-    const int u = i / p.pitch, k = i % p.pitch;
+  const int nbuf = p.nchunk > 1 ? 2 : 1, KC = p.kp, kreal = p.nchunk > 1 ? KC : GH;
+  for (int i = threadIdx.x; i < nbuf * p.bp * p.pitch; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < U * p.wpitch; i += kPThreads) {
+    const int u = i / p.wpitch, k = i % p.wpitch;
     wt[i] = k < GH ? W[(long long)k * H + j0 + u] : Store<T>::from(0.0f);
   }
   for (int i = threadIdx.x; i < B * U; i += kPThreads) {
@@ -420,12 +455,22 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
     if (s > 0) {
       grid_wait(d.bar, (unsigned)s * nblk);
       const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
-      load_rows<T>(dsm, p.pitch, drec + (long long)tp * B * GH, GH, B, GH);
+      const T* dsrc = drec + (long long)tp * B * GH;
+      load_rows<T>(dsm, p.pitch, dsrc, GH, B, kreal);
       cp_commit();
-      cp_wait_all();
-      __syncthreads();
-      block_gemm<T>(dsm, wt, part, p.bp, U, p.kp, p.pitch, p.ksplit);
-      __syncthreads();
+      for (int c = 0; c < p.nchunk; ++c) {  // K = G * hidden in nchunk chunks through two buffers
+        if (c + 1 < p.nchunk) {
+          load_rows<T>(dsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, dsrc + (c + 1) * KC, GH, B, KC);
+          cp_commit();
+          cp_wait_1();
+        } else {
+          cp_wait_all();
+        }
+        __syncthreads();
+        block_gemm<T>(dsm + (c & 1) * p.bp * p.pitch, p.pitch, wt + c * KC, p.wpitch, part, p.bp, U, KC, p.ksplit,
+                      c > 0);
+        __syncthreads();
+      }
     }
     if (s == TT) {
       for (int i = threadIdx.x; i < B * U; i += kPThreads) {

@@ -42,11 +42,14 @@ typedef struct {
   int pingpong;        /* state slots i % 2 (inference) instead of i (training: the reserve space's T + 1) */
   int xwords;          /* persist_reset: 32-bit words of each direction's xchg to zero */
   /* the block GEMM's shape and the dynamic shared memory layout, all chosen on the host (persist.py) */
-  int kp;              /* K padded (16-bit: a multiple of 16; float: of 4 * ksplit), zero filled past K */
-  int pitch;           /* elements between shared rows of the two operands (kp + 8 16-bit, kp + 4 float) */
+  int kp;              /* K of one chunk (one chunk: K padded, 16-bit to a multiple of 16, float of 32; zero
+                          filled past K); nchunk chunks cover K exactly when nchunk > 1 */
+  int nchunk;          /* K chunks: the [batch, K] operand passes through 2 shared buffers a chunk at a time */
+  int pitch;           /* elements between the rows of an A buffer (kp + 8 16-bit, kp + 4 float) */
+  int wpitch;          /* elements between the rows of the weight slice (all of K resident) */
   int bp;              /* batch rows padded (16-bit: a multiple of 16; float: of 4), zero rows past batch */
   int ksplit;          /* K slices of the block GEMM (partial sums in part[ksplit][bp][n], added in order) */
-  int off_w, off_a, off_part, off_x, off_b, off_s, off_s2, off_lens;  /* byte offsets in shared memory */
+  int off_w, off_a, off_part, off_x, off_b, off_s, off_s2, off_lens, off_h;  /* byte offsets in shared memory */
 } PersistParams;
 
 #endif

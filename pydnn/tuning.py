@@ -289,6 +289,9 @@ rnn = Switches(
                   "Python per step); off: every call rebuilds its launches"),
     PERSIST_XCHG=(True, "PERSIST_STATIC forward: the blocks exchange h as tagged words (one L2 round trip per step, "
                         "no barrier, see ptx/rnn_persist.cu); off: the grid barrier and the h load (for measurements)"),
+    PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "
+                          "through shared memory in chunks only where it does not fit at once); tests set it to force "
+                          "several chunks"),
 )
 
 apply_environment()

@@ -44,6 +44,11 @@ CASES = [
     ("lstm bf16 small-h bi PS", E.PYDNN_LSTM, "bfloat16", 512, 32, 256, 1, True, PS),
     ("lstm fp32 small-h", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, STD),
     ("lstm fp32 small-h PS", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, PS),
+    ("lstm fp16 1L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 1, False, PS),
+    ("lstm fp32 1L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 1, False, PS),
+    ("lstm fp16 2L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, PS),
+    ("gru fp16 2L PS", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, PS),
+    ("lstm fp32 2L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False, PS),
     ("lstm fp32 2L", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False, STD),
 ]
 # --quick: issue 16's small-hidden case only, STANDARD and PERSIST_STATIC (each next to cuDNN)

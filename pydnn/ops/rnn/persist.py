@@ -49,9 +49,9 @@ class PersistParams(ctypes.Structure):
     _fields_ = [("dir", PersistDir * 2), ("lens", ctypes.c_void_p)] + [
         (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "ld_yt")] + [
         (n, ctypes.c_float) for n in ("lclip", "rclip")] + [
-        (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "xwords", "kp", "pitch", "bp",
-                                    "ksplit", "off_w", "off_a", "off_part", "off_x", "off_b", "off_s", "off_s2",
-                                    "off_lens")]
+        (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "xwords", "kp", "nchunk",
+                                    "pitch", "wpitch", "bp", "ksplit", "off_w", "off_a", "off_part", "off_x", "off_b",
+                                    "off_s", "off_s2", "off_lens", "off_h")]
 
 
 def expr(name, tag, cell=None):
@@ -78,32 +78,42 @@ def _up(n, m):
 
 class Layout:
     """The block GEMM's shape and the shared memory layout of one kernel (forward or backward) for a slice of
-    `units` hidden units: C [bp, n] = A [bp, kp] x B [n, kp]^T, partial sums over ksplit K slices."""
+    `units` hidden units: C [bp, n] = A [bp, K] x B [n, K]^T, partial sums over ksplit K slices. The weight
+    slice B holds all of K; A passes through one buffer (kc None: K padded in one chunk) or two buffers of kc
+    columns (kc divides K: nchunk = K / kc chunks, each loaded while the one before is multiplied)."""
 
-    def __init__(self, bwd, G, H, B, units, es, GA=None):
+    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None):
         self.units = units
         n = units if bwd else G * units
         k = G * H if bwd else H
         if es == 4:  # FFMA: threads over (column, 4 rows, K slice), float4 loads
-            self.bp = _up(B, 4)
-            self.kp = _up(k, 32)
-            self.pitch = self.kp + 4
-            items = n * (self.bp // 4)
-            ks = 1
-            while items * ks * 2 <= THREADS and ks * 2 <= 8:
-                ks *= 2
+            self.bp, pad, step = _up(B, 4), 4, 32
         else:  # mma.m16n8k16: warps over (m tile, n tile, K slice)
-            self.bp = _up(B, 16)
-            self.kp = _up(k, 16)
-            self.pitch = self.kp + 8
+            self.bp, pad, step = _up(B, 16), 8, 16
+        if kc is None:
+            self.kp, self.nchunk = _up(k, step), 1
+            self.wpitch = self.kp + pad
+        else:
+            assert k % kc == 0 and kc % step == 0 and kc < k
+            self.kp, self.nchunk = kc, k // kc
+            self.wpitch = k + pad
+        self.pitch = self.kp + pad
+        ks = 1
+        if es == 4:
+            items = n * (self.bp // 4)
+            while items * ks * 2 <= THREADS and ks * 2 <= 8 and self.kp % (4 * ks * 2) == 0:
+                ks *= 2
+        else:
             tiles = (self.bp // 16) * (n // 8)
-            ks = 1
             while tiles * ks * 2 <= WARPS and (self.kp // 16) % (ks * 2) == 0:
                 ks *= 2
         self.ksplit, self.n, self.k = ks, n, k
-        regions = [("w", n * self.pitch * es), ("a", self.bp * self.pitch * es), ("part", ks * self.bp * n * 4),
-                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es), ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4),
-                   ("s2", B * units * 4 if bwd else 0), ("lens", B * 4)]
+        nbuf = 2 if self.nchunk > 1 else 1
+        regions = [("w", n * self.wpitch * es), ("a", nbuf * self.bp * self.pitch * es),
+                   ("part", ks * self.bp * n * 4),
+                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es),
+                   ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4), ("s2", B * units * 4 if bwd else 0),
+                   ("lens", B * 4), ("h", 0 if bwd else B * units * es)]
         off = 0
         self.off = {}
         for name, nbytes in regions:
@@ -112,9 +122,21 @@ class Layout:
         self.smem = off
 
     def fill(self, p):
-        p.kp, p.pitch, p.bp, p.ksplit = self.kp, self.pitch, self.bp, self.ksplit
+        p.kp, p.nchunk, p.pitch, p.wpitch, p.bp, p.ksplit = (self.kp, self.nchunk, self.pitch, self.wpitch, self.bp,
+                                                            self.ksplit)
         for name, v in self.off.items():
             setattr(p, "off_" + name, v)
+
+
+def chunks(k, es):
+    """The chunk widths to try for a K-long operand, widest first: None (all of K at once), then the
+    divisors of K that are multiples of the k-step (16; float 32) and at least 64 (tuning.rnn.PERSIST_MAX_CHUNK
+    caps them: the tests force several chunks on small problems)."""
+    step = 32 if es == 4 else 16
+    cap = tuning.rnn.PERSIST_MAX_CHUNK
+    out = [] if cap and k > cap else [None]
+    out += [c for c in range(k - step, 63, -step) if k % c == 0 and c % step == 0 and (not cap or c <= cap)]
+    return out
 
 
 class Plan:
@@ -136,8 +158,9 @@ class Plan:
         for units in range(8, H + 1, 8):
             if H % units or H // units > sm_count:
                 continue
-            fwd = Layout(False, G, H, B, units, es)
-            bwd = Layout(True, G, H, B, units, es, g.GA) if training else None
+            fwd = _fit([Layout(False, G, H, B, units, es, g.GA, kc) for kc in chunks(H, es)], smem_optin)
+            bwd = _fit([Layout(True, G, H, B, units, es, g.GA, kc) for kc in chunks(G * H, es)],
+                       smem_optin) if training else None
             need = max(fwd.smem, bwd.smem if bwd else 0)
             if best is None:
                 best = (units, need)
@@ -155,6 +178,14 @@ class Plan:
                 f"{smem_optin}; use PYDNN_RNN_ALGO_STANDARD")
         self.blocks = H // self.units
         self.both = g.D == 2 and 2 * self.blocks <= sm_count
+
+
+def _fit(layouts, limit):
+    """The first layout (widest chunk) that fits `limit` bytes, else the smallest."""
+    for lay in layouts:
+        if lay.smem <= limit:
+            return lay
+    return min(layouts, key=lambda lay: lay.smem)
 
 
 def smem_optin(handle):
@@ -175,7 +206,7 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training)
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training, tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
         p = handle.remember(key, Plan(r, g, handle.sm_count, smem_optin(handle), training))

@@ -19,7 +19,9 @@ def _views(smem, p, dt, bwd, G):
         assert off % t.itemsize == 0 and off + n * t.itemsize <= len(smem), (off, n, t, len(smem))
         return smem[off:off + n * t.itemsize].view(t)
 
-    out = dict(w=v(p.off_w, N * p.pitch, dt).reshape(N, p.pitch), a=v(p.off_a, p.bp * p.pitch, dt).reshape(p.bp, p.pitch),
+    nbuf = 2 if p.nchunk > 1 else 1
+    out = dict(w=v(p.off_w, N * p.wpitch, dt).reshape(N, p.wpitch),
+               a=v(p.off_a, nbuf * p.bp * p.pitch, dt).reshape(nbuf, p.bp, p.pitch),
                part=v(p.off_part, p.ksplit * p.bp * N, np.float32).reshape(p.ksplit, p.bp, N),
                s=v(p.off_s, B * U, np.float32).reshape(B, U), lens=v(p.off_lens, B, np.int32))
     if bwd:
@@ -27,19 +29,30 @@ def _views(smem, p, dt, bwd, G):
     else:
         out["x"] = v(p.off_x, B * N, dt).reshape(B, N)
         out["b"] = v(p.off_b, 2 * N, np.float32)
+        out["h"] = v(p.off_h, B * U, dt).reshape(B, U)
     assert es in (2, 4)
     return out
 
 
-def _gemm(sm, p, dt, N):
-    """part[ks] = A[:, slice ks] x B[:, slice ks]^T in float32 (16-bit: K slices of whole 16-wide k-steps)."""
+def _gemm(sm, p, dt, N, full):
+    """The [B, K] operand `full` (dt storage) chunk by chunk through the A buffers (chunk c in buffer c & 1,
+    kp columns; one chunk: all of K, zero padded), part[ks] (+)= A[:, slice ks] x W[:, chunk c, slice ks]^T
+    in float32 (16-bit: K slices of whole 16-wide k-steps)."""
     es = np.dtype(dt).itemsize
-    A, Bm = _f(sm["a"][:, :p.kp], dt), _f(sm["w"][:, :p.kp], dt)
-    per = (p.kp // 16) // p.ksplit * 16 if es == 2 else p.kp // p.ksplit
-    assert per * p.ksplit == p.kp
-    for ks in range(p.ksplit):
-        k0 = ks * per
-        sm["part"][ks] = A[:, k0:k0 + per].astype(np.float32) @ Bm[:, k0:k0 + per].astype(np.float32).T
+    B, K = full.shape
+    kc = p.kp
+    assert (p.nchunk == 1 and kc >= K) or kc * p.nchunk == K
+    per = (kc // 16) // p.ksplit * 16 if es == 2 else kc // p.ksplit
+    assert per * p.ksplit == kc
+    for c in range(p.nchunk):
+        buf = sm["a"][c & 1]
+        kreal = min(kc, K)
+        buf[:B, :kreal] = full[:, c * kc:c * kc + kreal]
+        A, Bm = _f(buf[:, :kc], dt), _f(sm["w"][:, c * kc:(c + 1) * kc], dt)
+        for ks in range(p.ksplit):
+            k0 = ks * per
+            prod = A[:, k0:k0 + per].astype(np.float32) @ Bm[:, k0:k0 + per].astype(np.float32).T
+            sm["part"][ks] = prod if c == 0 else sm["part"][ks] + prod
 
 
 def _slot(p, i):
@@ -79,7 +92,7 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
     GA = 4 if cell >= 2 else 1
     B, H, U, T = p.batch, p.hidden, p.units, p.seq
     N, es = G * U, np.dtype(dt).itemsize
-    assert grid[0] * U == H and p.kp >= H and p.bp >= B
+    assert grid[0] * U == H and p.kp * p.nchunk >= H and p.bp >= B
     for y in range(grid[1]):
         d = p.dir[y]
         W = dev.view(d.w, G * H * H, dt).reshape(G * H, H)
@@ -96,6 +109,7 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
             if cell >= 2:
                 sm["s"][:] = dev.view(d.s32 + _slot(p, first) * B * H * 4, B * H, np.float32).reshape(B, H)[:, j0:j0 + U]
             sm["lens"][:] = dev.view(p.lens, B, np.int32)
+            sm["h"][:] = dev.view(d.hs + _slot(p, first) * B * H * es, B * H, dt).reshape(B, H)[:, j0:j0 + U]
             blocks.append((j0, sm))
         for s in range(T):
             t = T - 1 - s if d.rev else s
@@ -111,13 +125,12 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
                     for b in range(B):
                         row = d.xp + ((t * B + b) * p.ld_xp + g * p.gs_xp + j0) * es
                         sm["x"][b, g * U:(g + 1) * U] = dev.view(row, U, dt)
-                sm["a"][:B, :H] = hprev
-                _gemm(sm, p, dt, N)
+                _gemm(sm, p, dt, N, hprev)
                 part = sm["part"].sum(axis=0)[:B]
                 ha = [part[:, g * U:(g + 1) * U] + sm["b"][N + g * U:N + (g + 1) * U] for g in range(G)]
                 xa = [_f(sm["x"][:, g * U:(g + 1) * U], dt) + sm["b"][g * U:(g + 1) * U] for g in range(G)]
                 active = (t < sm["lens"])[:, None]
-                hp_slice = sm["a"][:B, j0:j0 + U]
+                hp_slice = sm["h"].copy()
                 h_out = dev.view(d.hs + _slot(p, io) * B * H * es, B * H, dt).reshape(B, H)
                 s_out = dev.view(d.s32 + _slot(p, io) * B * H * 4, B * H, np.float32).reshape(B, H) if cell >= 2 else None
                 act = (dev.view(d.act + t * B * GA * H * 4, B * GA * H, np.float32).reshape(B, GA, H)
@@ -143,6 +156,7 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
                     new = np.maximum(a, 0) if cell == 0 else np.tanh(a)
                     vals = (new,)
                 h_out[:, j0:j0 + U] = np.where(active, _s(new, dt), hp_slice)
+                sm["h"][:] = h_out[:, j0:j0 + U]
                 if d.xchg:
                     _xchg_put(dev, d, dt, s & 1, B, H, j0, h_out[:, j0:j0 + U].copy(), s + 1)
                 for b in range(B):
@@ -158,7 +172,7 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
     GA = 4 if cell >= 2 else 1
     B, H, U, T = p.batch, p.hidden, p.units, p.seq
     GH, es = G * H, np.dtype(dt).itemsize
-    assert grid[0] * U == H and p.kp >= GH and p.bp >= B
+    assert grid[0] * U == H and p.kp * p.nchunk >= GH and p.bp >= B
     for y in range(grid[1]):
         d = p.dir[y]
         W = dev.view(d.w, GH * H, dt).reshape(GH, H)
@@ -170,6 +184,7 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
             sm = _views(np.zeros(smem, np.uint8), p, dt, True, G)
             j0 = x * U
             sm["w"][:, :GH] = W[:, j0:j0 + U].T
+            assert not sm["w"][:, GH:].any()
             sm["s"][:] = ghg[:, j0:j0 + U]
             sm["s2"][:] = gcg[:, j0:j0 + U] if cell == 2 else 0
             sm["lens"][:] = dev.view(p.lens, B, np.int32)
@@ -180,8 +195,7 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
                 tp = t - 1 if d.rev else t + 1
                 dprev = dev.view(drec + tp * B * GH * es, B * GH, dt).reshape(B, GH).copy()
                 for j0, sm in blocks:
-                    sm["a"][:B, :GH] = dprev
-                    _gemm(sm, p, dt, U)
+                    _gemm(sm, p, dt, U, dprev)
             for j0, sm in blocks:
                 rec = sm["part"].sum(axis=0)[:B] if s > 0 else np.zeros((B, U), np.float32)
                 gh, gc = sm["s"], sm["s2"]

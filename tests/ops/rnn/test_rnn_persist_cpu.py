@@ -61,6 +61,28 @@ def test_persist_engine_on_emulated_device(name, monkeypatch):
     assert not [m for m in calls if m[0] == "rnn" and m[1] in ("fwd_cell", "bwd_cell")]
 
 
+CHUNKED = {  # tuning.rnn.PERSIST_MAX_CHUNK 64: the [batch, K] operands pass through shared memory in chunks
+    "lstm-half-128": (_c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4, 3, 1), T=4), (2, 8)),
+    "gru-f32-64-bi": (_c(cell=E.PYDNN_GRU, hidden=64, input_size=6, dirs=2, lengths=(4, 3, 4), T=4), (1, 3)),
+    "tanh-half-192": (_c(cell=E.PYDNN_RNN_TANH, dtype=F16, hidden=192, input_size=5, lengths=(3, 1, 3), T=3), (3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(CHUNKED))
+def test_persist_engine_in_chunks(name, monkeypatch):
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    c, (nf, nb) = CHUNKED[name]
+    for xchg in (True, False):
+        monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", xchg)
+        dev = rnn_emulator.Device()
+        rnn_emulator.install(monkeypatch, dev, c.dtype)
+        h = rnn_emulator.fake_handle()
+        run_case(h, dev, c)
+        plans = [v for k, v in h.prepared.items() if k[0] == "rnn.persist.plan" and k[-2]]
+        assert plans and all((p.fwd.nchunk, p.bwd.nchunk) == (nf, nb) for p in plans)
+
+
 @pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "tanh-f32-24-bi", "lstm-half-32-many-rows"])
 def test_persist_engine_with_the_barrier_forward(name, monkeypatch):
     """tuning.rnn.PERSIST_XCHG off: the forward meets at the grid barrier and loads h from the state slots."""
@@ -124,16 +146,19 @@ def test_not_supported_reasons(kw, words):
         assert "PERSIST_STATIC" in str(e.value)
 
 
-def test_training_needs_the_backward_tile_too():
-    """hidden 1024, batch 64, half: the forward fits (a 64 KiB weight slice + the [64, 1024] h tile), the
-    backward's [64, 4096] operand tile does not: inference SUCCESS, training NOT_SUPPORTED."""
+def test_large_operands_pass_in_chunks():
+    """Issue 16's main shapes (hidden 1024, batch 64): the [64, 1024] h tile (forward) and the [64, 4096] gate
+    gradient tile (backward) do not fit shared memory next to the weight slice; they pass through it in chunks
+    (two buffers) and the plan fits on an H100 / H200 (227 KiB per block), 128 blocks of 8 units."""
     h = rnn_emulator.fake_handle()
-    r, x = _desc(H=1024), _x(F16, 8, 64, 1024)
-    ws, rs = pydnn.get_rnn_temp_space_sizes(h, r, E.PYDNN_FWD_MODE_INFERENCE, x)
-    assert ws > 0 and rs == 0
-    with pytest.raises(PydnnError) as e:
-        pydnn.get_rnn_temp_space_sizes(h, r, E.PYDNN_FWD_MODE_TRAINING, x)
-    assert "forward and backward" in str(e.value)
+    for dt in (F16, F32):
+        r, x = _desc(H=1024, dt=dt), _x(dt, 8, 64, 1024)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        pl = persist.plan(h, engine.set_rnn(r), g, True)
+        assert pl.units == 8 and pl.blocks == 128
+        assert pl.bwd.nchunk > 1 and pl.bwd.kp * pl.bwd.nchunk == 4096
+        assert max(pl.fwd.smem, pl.bwd.smem) <= persist.SMEM_OPTIN["sm_90"]
+        assert (pl.fwd.nchunk > 1) == (dt == F32)
 
 
 @pytest.mark.parametrize("cell", [E.PYDNN_LSTM, E.PYDNN_GRU, E.PYDNN_RNN_TANH])
@@ -169,17 +194,20 @@ def test_layouts(dt, cell, H, B):
     for lay, bwd in ((pl.fwd, False), (pl.bwd, True)):
         G = g.G
         n, k = (pl.units, G * H) if bwd else (G * pl.units, H)
-        assert lay.n == n and lay.k == k and lay.kp >= k and lay.bp >= B and lay.pitch > lay.kp
+        assert lay.n == n and lay.k == k and lay.bp >= B and lay.pitch > lay.kp
+        assert lay.kp >= k if lay.nchunk == 1 else lay.kp * lay.nchunk == k
+        assert lay.wpitch > (lay.kp if lay.nchunk == 1 else k)
         step = 16 if es == 2 else 4
         assert lay.kp % (step * lay.ksplit) == 0 and lay.bp % (16 if es == 2 else 4) == 0
-        need = {"w": n * lay.pitch * es, "a": lay.bp * lay.pitch * es, "part": lay.ksplit * lay.bp * n * 4,
+        need = {"w": n * lay.wpitch * es, "a": (2 if lay.nchunk > 1 else 1) * lay.bp * lay.pitch * es,
+                "part": lay.ksplit * lay.bp * n * 4, "h": 0 if bwd else B * pl.units * es,
                 "x": B * pl.units * (4 * g.GA + (8 if G > 1 else 0) + es) if bwd else B * n * es, "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
                 "s2": B * pl.units * 4 if bwd else 0, "lens": B * 4}
         spans = sorted((lay.off[name], lay.off[name] + size) for name, size in need.items() if size)
         assert all(a % 16 == 0 for a, _ in spans)
         assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
         assert spans[-1][1] <= lay.smem <= persist.SMEM_OPTIN["sm_90"]
-        assert (lay.pitch * es) % 16 == 0
+        assert (lay.pitch * es) % 16 == 0 and (lay.wpitch * es) % 16 == 0
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

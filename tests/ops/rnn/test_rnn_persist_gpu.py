@@ -88,6 +88,26 @@ def test_persist_skip_input_without_gemms(name, xchg, handle, monkeypatch):
     run_case(handle, GpuDevice(), MID[name])
 
 
+# tuning.rnn.PERSIST_MAX_CHUNK 64: the [batch, K] operands through shared memory in chunks of 64 columns (two
+# buffers), as the large shapes (hidden 1024, batch 64) need; still no matmul GEMM
+MID_CHUNKED = {
+    "mid-lstm-f16-256-chunks": _c(dtype=F16, hidden=256, skip=True, lengths=(9, 4, 9, 1) * 5, T=9, weights=False),
+    "mid-gru-f32-128-bi-chunks": _c(cell=E.PYDNN_GRU, hidden=128, skip=True, dirs=2, lengths=(6, 6, 3), T=6,
+                                    weights=False),
+    "mid-tanh-bf16-192-chunks": _c(cell=E.PYDNN_RNN_TANH, dtype=BF16, hidden=192, skip=True, lengths=(5, 2, 5) * 6,
+                                   T=5, weights=False),
+}
+
+
+@pytest.mark.parametrize("xchg", [True, False], ids=["tagged", "barrier"])
+@pytest.mark.parametrize("name", list(MID_CHUNKED))
+def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", xchg)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    run_case(handle, GpuDevice(), MID_CHUNKED[name])
+
+
 def _problem(handle, dev, algo, cell, dt, T, B, I, H, D, lens):
     r = pydnn.create_rnn_descriptor()
     pydnn.set_rnn_descriptor_v8(r, algo, cell, E.PYDNN_RNN_DOUBLE_BIAS,
