@@ -12,9 +12,10 @@ dh of its units = d_prev x W[:, units]); backward weights is STANDARD's (one GEM
 The reserve space and the workspace are STANDARD's (the same layout: the backward of either algorithm reads
 what either forward wrote), plus 256 bytes of workspace for the barrier counters. NOT_SUPPORTED (with the
 reason) when: the data type is not float / half / bfloat16, there is an LSTM projection, hiddenSize is not a
-multiple of 8, or no slice width fits (the weight slice + the [batch, K] operand tile + the partial sums over
-the device's opt-in shared memory per block, with hiddenSize / units blocks <= the SM count); training also
-needs the backward's tile ([batch, G * hiddenSize], larger) to fit.
+multiple of 8, or no slice width fits (the weight slice + the [batch, K] operand's buffers + the partial sums
+over the device's opt-in shared memory per block, with hiddenSize / units blocks <= the SM count); training
+also needs the backward's (its operand is [batch, G * hiddenSize]). The operand passes through shared memory
+at once where it fits, else in K chunks through two buffers (Layout).
 """
 import ctypes
 
