@@ -198,14 +198,18 @@ template <class T> struct Xchg {  // 16-bit data
     const unsigned w = (unsigned)v.bits | (tag << 16);
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"((unsigned*)base + i), "r"(w) : "memory");
   }
-  // the chunk of words i .. i + 3 into dst[0 .. 3] if all carry tag
-  static __device__ __forceinline__ bool get(const void* base, long long i, unsigned tag, T* dst) {
-    unsigned a, b, c, d;
+  typedef uint4 R;  // the raw chunk of words i .. i + 3
+  static __device__ __forceinline__ R load(const void* base, long long i) {
+    R r;
     asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"((const unsigned*)base + i) : "memory");
-    if ((a >> 16) != tag || (b >> 16) != tag || (c >> 16) != tag || (d >> 16) != tag) return false;
-    *reinterpret_cast<uint2*>(dst) = make_uint2((a & 0xFFFFu) | (b << 16), (c & 0xFFFFu) | (d << 16));
-    return true;
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"((const unsigned*)base + i) : "memory");
+    return r;
+  }
+  static __device__ __forceinline__ bool ok(const R& r, unsigned tag) {
+    return (r.x >> 16) == tag && (r.y >> 16) == tag && (r.z >> 16) == tag && (r.w >> 16) == tag;
+  }
+  static __device__ __forceinline__ void store(const R& r, T* dst) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2((r.x & 0xFFFFu) | (r.y << 16), (r.z & 0xFFFFu) | (r.w << 16));
   }
 };
 template <> struct Xchg<float> {
@@ -215,15 +219,56 @@ template <> struct Xchg<float> {
     const unsigned long long w = (unsigned long long)__float_as_uint(v) | ((unsigned long long)tag << 32);
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"((unsigned long long*)base + i), "l"(w) : "memory");
   }
-  static __device__ __forceinline__ bool get(const void* base, long long i, unsigned tag, float* dst) {
-    unsigned long long a, b;
+  typedef ulonglong2 R;
+  static __device__ __forceinline__ R load(const void* base, long long i) {
+    R r;
     asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n"
-                 : "=l"(a), "=l"(b) : "l"((const unsigned long long*)base + i) : "memory");
-    if ((unsigned)(a >> 32) != tag || (unsigned)(b >> 32) != tag) return false;
-    *reinterpret_cast<float2*>(dst) = make_float2(__uint_as_float((unsigned)a), __uint_as_float((unsigned)b));
-    return true;
+                 : "=l"(r.x), "=l"(r.y) : "l"((const unsigned long long*)base + i) : "memory");
+    return r;
+  }
+  static __device__ __forceinline__ bool ok(const R& r, unsigned tag) {
+    return (unsigned)(r.x >> 32) == tag && (unsigned)(r.y >> 32) == tag;
+  }
+  static __device__ __forceinline__ void store(const R& r, float* dst) {
+    *reinterpret_cast<float2*>(dst) = make_float2(__uint_as_float((unsigned)r.x), __uint_as_float((unsigned)r.y));
   }
 };
+
+// rows [0, rows) x columns [col0, col0 + cols) of the tagged words at src (row pitch ld words) into dst (row
+// pitch `pitch`), once every word carries `tag`. A thread owns at most kXChunks 16-byte chunks (the host
+// allows the tagged exchange only then): each round loads all its chunks still pending at once (one L2 round
+// trip), keeps those whose tags match, and repeats for the rest.
+constexpr int kXChunks = 8;
+template <class T>
+__device__ __forceinline__ void xchg_gather(T* dst, int pitch, const void* src, long long ld, int col0, int rows,
+                                            int cols, unsigned tag) {
+  typedef Xchg<T> X;
+  const int cpr = cols / X::PER, total = rows * cpr;
+  unsigned pending = 0;
+#pragma unroll
+  for (int m = 0; m < kXChunks; ++m)
+    if (threadIdx.x + m * kPThreads < total) pending |= 1u << m;
+  unsigned rounds = 0;
+  while (pending) {
+    typename X::R v[kXChunks];
+#pragma unroll
+    for (int m = 0; m < kXChunks; ++m) {
+      if (pending >> m & 1) {
+        const int q = threadIdx.x + m * kPThreads;
+        v[m] = X::load(src, (long long)(q / cpr) * ld + col0 + (q % cpr) * X::PER);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kXChunks; ++m) {
+      if ((pending >> m & 1) && X::ok(v[m], tag)) {
+        const int q = threadIdx.x + m * kPThreads;
+        X::store(v[m], dst + (q / cpr) * pitch + (q % cpr) * X::PER);
+        pending &= ~(1u << m);
+      }
+    }
+    if (++rounds == (1u << 26)) __trap();
+  }
+}
 
 // zeroes the barrier counter and the xchg words (xwords 32-bit words) of dir[blockIdx.y]
 template <class T>
@@ -302,14 +347,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     for (int c = 0; c < p.nchunk; ++c) {
       T* buf = hsm + (c & 1) * p.bp * p.pitch;
       if (tagged) {  // h_{t-1} from the tagged words of step s - 1
-        const char* src = static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD;
-        const int cpr = kreal / Xchg<T>::PER;
-        for (int q = threadIdx.x; q < B * cpr; q += kPThreads) {
-          const int b = q / cpr, k = (q % cpr) * Xchg<T>::PER;
-          unsigned polls = 0;
-          while (!Xchg<T>::get(src, (long long)b * H + c * KC + k, (unsigned)s, buf + b * p.pitch + k))
-            if (++polls == (1u << 26)) __trap();
-        }
+        xchg_gather<T>(buf, p.pitch, static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD, H,
+                       c * KC, B, kreal, (unsigned)s);
         if (c == p.nchunk - 1) cp_wait_all();  // xs
       } else if (c + 1 < p.nchunk) {
         load_rows<T>(hsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, hsrc + (c + 1) * KC, H, B, KC);

@@ -246,6 +246,18 @@ def xchg_bytes(dtype, B, H):
     return 2 * B * H * (8 if dtype == E.PYDNN_DATA_FLOAT else 4)
 
 
+X_CHUNKS = 8  # kXChunks in ptx/rnn_persist.cu: 16-byte chunks of tagged words a thread gathers at once
+
+
+def use_xchg(r, g, pl):
+    """The forward exchanges h as tagged words when tuning.rnn.PERSIST_XCHG, the 16-bit tags hold T, and one
+    round of loads covers a chunk of the operand (at most X_CHUNKS 16-byte chunks a thread: batch 32 x hidden
+    256 in 16-bit); larger tiles take the barrier, whose cp.async copies keep every load in flight."""
+    per = 2 if r.dtype == E.PYDNN_DATA_FLOAT else 4
+    cols = pl.fwd.kp if pl.fwd.nchunk > 1 else g.H
+    return tuning.rnn.PERSIST_XCHG and g.T < 65535 and g.B * (cols // per) <= X_CHUNKS * THREADS
+
+
 def _groups(pl, dirs):
     return [dirs] if pl.both else [[dr] for dr in dirs]
 
@@ -255,7 +267,7 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
     workspace of the tagged exchange (used when tuning.rnn.PERSIST_XCHG and the 16-bit tags hold T)."""
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
     xb = xchg_bytes(r.dtype, B, H)
-    tagged = tuning.rnn.PERSIST_XCHG and g.T < 65535
+    tagged = use_xchg(r, g, pl)
     for group in _groups(pl, dirs):
         p = PersistParams()
         for i, dr in enumerate(group):
