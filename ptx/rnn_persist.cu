@@ -138,31 +138,43 @@ __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int p
   }
 }
 
-// float: threads over (n column, 4 rows, k slice), FFMA over float4 shared loads (no TF32: cuDNN's fp32)
+// float: threads over (2 columns nn and nn + n / 2, 4 rows, k slice): 8 accumulators, FFMA over float4 shared
+// loads (no TF32: cuDNN's fp32). A warp's columns are consecutive weight rows (no bank conflicts), its rows
+// mostly one broadcast A row.
 template <>
 __device__ __forceinline__ void block_gemm<float>(const float* A, int pa, const float* B, int pb, float* part, int bp,
                                                   int n, int kc, int ksplit, bool acc) {
-  const int items = n * (bp >> 2), per = kc / ksplit;
+  const int np = n >> 1, items = np * (bp >> 2), per = kc / ksplit;
   for (int q = threadIdx.x; q < items * ksplit; q += kPThreads) {
     const int item = q % items, ks = q / items;
-    const int nn = item % n, b0 = (item / n) * 4;
-    const float* w = B + nn * pb + ks * per;
+    const int n0 = item % np, b0 = (item / np) * 4;
+    const float* w0 = B + n0 * pb + ks * per;
+    const float* w1 = w0 + np * pb;
     const float* a = A + b0 * pa + ks * per;
-    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < per; k += 4) {
-      const float4 w4 = *reinterpret_cast<const float4*>(w + k);
+      const float4 u = *reinterpret_cast<const float4*>(w0 + k);
+      const float4 v = *reinterpret_cast<const float4*>(w1 + k);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float4 a4 = *reinterpret_cast<const float4*>(a + r * pa + k);
-        sum[r] = fmaf(a4.x, w4.x, sum[r]);
-        sum[r] = fmaf(a4.y, w4.y, sum[r]);
-        sum[r] = fmaf(a4.z, w4.z, sum[r]);
-        sum[r] = fmaf(a4.w, w4.w, sum[r]);
+        const float4 x = *reinterpret_cast<const float4*>(a + r * pa + k);
+        s0[r] = fmaf(x.x, u.x, s0[r]);
+        s1[r] = fmaf(x.x, v.x, s1[r]);
+        s0[r] = fmaf(x.y, u.y, s0[r]);
+        s1[r] = fmaf(x.y, v.y, s1[r]);
+        s0[r] = fmaf(x.z, u.z, s0[r]);
+        s1[r] = fmaf(x.z, v.z, s1[r]);
+        s0[r] = fmaf(x.w, u.w, s0[r]);
+        s1[r] = fmaf(x.w, v.w, s1[r]);
       }
     }
     float* o = part + (long long)ks * bp * n;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) o[(b0 + r) * n + nn] = acc ? o[(b0 + r) * n + nn] + sum[r] : sum[r];
+    for (int r = 0; r < 4; ++r) {
+      float* row = o + (b0 + r) * n;
+      row[n0] = acc ? row[n0] + s0[r] : s0[r];
+      row[n0 + np] = acc ? row[n0 + np] + s1[r] : s1[r];
+    }
   }
 }
 

@@ -100,8 +100,8 @@ class Layout:
             self.wpitch = k + pad
         self.pitch = self.kp + pad
         ks = 1
-        if es == 4:
-            items = n * (self.bp // 4)
+        if es == 4:  # 2 columns x 4 rows a thread
+            items = (n // 2) * (self.bp // 4)
             while items * ks * 2 <= THREADS and ks * 2 <= 8 and self.kp % (4 * ks * 2) == 0:
                 ks *= 2
         else:

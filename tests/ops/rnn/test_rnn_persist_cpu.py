@@ -231,3 +231,28 @@ def test_persist_units_compile_without_spills(arch, tmp_path, monkeypatch):
         assert "0 bytes spill stores, 0 bytes spill loads" in log
         assert " bytes spill stores" not in log.replace("0 bytes spill stores", "")
         assert "bytes stack frame" in log and " 0 bytes stack frame" in log
+
+
+@pytest.mark.parametrize("bwd", [False, True])
+@pytest.mark.parametrize("cell", [E.PYDNN_LSTM, E.PYDNN_GRU, E.PYDNN_RNN_TANH])
+@pytest.mark.parametrize("H,B", [(8, 3), (256, 32), (64, 17), (1024, 64), (24, 100)])
+def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
+    """block_gemm<float>'s thread mapping (ptx/rnn_persist.cu), re-stated: thread item q -> columns n0 and
+    n0 + n / 2, rows b0 .. b0 + 3, K slice ks: every (slice, row, column) of part written exactly once."""
+    import numpy as np
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(cell, 1)
+    units = 8 if H // 8 <= 132 else 16
+    for kc in persist.chunks(G * H if bwd else H, 4):
+        lay = persist.Layout(bwd, G, H, B, units, 4, 4 if G > 1 else 1, kc)
+        n, bp, ks = lay.n, lay.bp, lay.ksplit
+        np_ = n // 2
+        items = np_ * (bp // 4)
+        assert items * ks <= 256 or ks == 1
+        hits = np.zeros((ks, bp, n), int)
+        for q in range(items * ks):
+            item, k = q % items, q // items
+            n0, b0 = item % np_, (item // np_) * 4
+            hits[k, b0:b0 + 4, n0] += 1
+            hits[k, b0:b0 + 4, n0 + np_] += 1
+        assert (hits == 1).all()
+        assert (lay.kp // ks) % 4 == 0
