@@ -63,14 +63,14 @@ __device__ __forceinline__ void grid_arrive(unsigned* bar) {
     atomicAdd(bar, 1u);
   }
 }
-// A block that waits ~2^26 polls (seconds: some block is not resident or died) traps: a launch error
+// A block that waits ~2^22 polls (seconds: some block is not resident or died) traps: a launch error
 // instead of a hung device.
 __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
   if (threadIdx.x == 0) {
     unsigned v, polls = 0;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
-      if (++polls == (1u << 26)) __trap();
+      if (++polls == (1u << 22)) __trap();
     } while (v < target);
     __threadfence();
   }
@@ -278,7 +278,7 @@ __device__ __forceinline__ void xchg_gather(T* dst, int pitch, const void* src, 
         pending &= ~(1u << m);
       }
     }
-    if (++rounds == (1u << 26)) __trap();
+    if (++rounds == (1u << 22)) __trap();
   }
 }
 
