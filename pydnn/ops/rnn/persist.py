@@ -210,7 +210,13 @@ def plan(handle, r, g, training):
     key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training, tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
-        p = handle.remember(key, Plan(r, g, handle.sm_count, smem_optin(handle), training))
+        p = Plan(r, g, handle.sm_count, smem_optin(handle), training)
+        if getattr(handle, "ctx", None) is not None:  # on the device: every block resident, before any launch
+            for name, lay in (("persist_fwd", p.fwd), ("persist_bwd", p.bwd)):
+                if lay is not None:
+                    f = handle.function(unit_name(p.tag), expr(name, p.tag, r.cell), lay.smem)
+                    _check_resident(handle, f, lay.smem, p.blocks * (2 if p.both else 1))
+        handle.remember(key, p)
     return p
 
 
