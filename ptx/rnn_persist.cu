@@ -19,10 +19,17 @@
 //   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
 //
 // Time per step, predicted for issue 16's small case (LSTM fp16, hidden 256, batch 32: 32 blocks of 8
-// units): forward ~ barrier 1 us (atomic to L2 + the waiters' poll) + h_{t-1} 16 KiB per block from L2
-// (~0.5 us, latency bound; 0.5 MiB per step in all) + 16 k-steps of mma per warp (~0.2 us) + the cell and
-// its stores (~0.3 us) = ~2 us, so ~1.1 ms for 512 steps (cuDNN: 1.74 ms, 3.4 us per step with the input
-// GEMM). Backward: the A operand is [batch, 4 * hidden] (64 KiB per block per step), ~2.5 us per step.
+// units). With the barrier: the last block's atomic reaching L2 and the waiters' poll (~1 us, after a
+// __threadfence of its stores, ~0.5 us) + h_{t-1}, 16 KiB per block from L2 (~0.5-1 us, latency bound; 0.5
+// MiB per step in all) + 16 k-steps of mma per warp (~0.3 us) + the cell and its stores (~0.3 us) = ~2.5-3
+// us, 1.3-1.5 ms for 512 steps. With the tagged exchange (below): no fence, no counter; one round of loads of
+// the tagged words (32 KiB per block, 8 x 16 bytes a thread in flight at once, ~0.7 us once the producers'
+// stores have landed) + mma + cell = ~1.3-1.6 us, ~0.7-0.8 ms for 512 steps, plus the input GEMM (~30 us).
+// cuDNN: 1.74 ms, 3.4 us per step with the input GEMM. Backward (barrier): the A operand [batch, 4 * hidden]
+// is 64 KiB per block per step (2 MiB in all), ~3 us per step, ~1.5 ms. Hidden 1024 / batch 64 (128 blocks,
+// the operand in chunks, the barrier): h is 128 KiB per block per step, 16 MiB of L2 reads a step (~3 us at
+// ~5.5 TB/s) + the GEMM (2 MFLOP a block, ~0.5 us on tensor cores; float FFMA ~8-10 us) -> ~4 us per step
+// (fp16; cuDNN's STANDARD-like forward ran 17 us per step and layer there).
 #include "common/types.cuh"
 #include "rnn_persist_params.h"
 
