@@ -1,7 +1,7 @@
 // PERSIST_STATIC RNN kernels (pydnn/ops/rnn/persist.py): one persistent launch per layer runs all T steps of
 // the recurrence; every block owns `units` hidden units (all G gates of them, so the cell update is local),
 // keeps its slice of the recurrent weights in shared memory for all steps, and the blocks meet at a grid
-// barrier between steps (a global counter: __syncthreads, then thread 0 __threadfence + atomicAdd; waiters
+// barrier between steps (a global counter: __syncthreads, then thread 0 red.release.gpu.add; waiters
 // spin with ld.acquire.gpu). All blocks must be co-resident: the host launches at most one block per SM and
 // checks the occupancy (NOT_SUPPORTED otherwise).
 //
@@ -62,13 +62,12 @@ __device__ __forceinline__ void load_rows(T* dst, int pitch, const T* src, long 
   }
 }
 
-// ---------------------------------------------------------------- the grid barrier
+// ---------------------------------------------------------------- the grid barrier (a counter per direction)
+// arrive: the block's writes are ordered before thread 0's release add by the CTA barrier (cumulativity), so a
+// waiter whose acquire load sees the count sees them too (no full fence needed)
 __device__ __forceinline__ void grid_arrive(unsigned* bar) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(bar, 1u);
-  }
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(bar) : "memory");
 }
 // A block that waits ~2^22 polls (seconds: some block is not resident or died) traps: a launch error
 // instead of a hung device.
