@@ -77,8 +77,7 @@ __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
       if (++polls == (1u << 22)) __trap();
-    } while (v < target);
-    __threadfence();
+    } while (v < target);  // acquire: the arrived blocks' writes are visible to what follows the CTA barrier
   }
   __syncthreads();
 }
@@ -110,36 +109,56 @@ template <class T>
 __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int pb, float* part, int bp, int n, int kc,
                                            int ksplit, bool acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kc >> 4) / ksplit;
-  for (int w = warp; w < tiles * ksplit; w += kPWarps) {
-    const int tile = w % tiles, ks = w / tiles;
-    const int m0 = (tile % mt) * 16, n0 = (tile / mt) * 8;
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-    // ldmatrix.x4 (A 16 x 16: lane l gives row l % 16, column block l / 16) and .x2 (B 8 x 16: lane l % 16
-    // gives row l % 8, column block (l / 8) % 2)
-    const unsigned a_addr = smem_u32(A + (m0 + (lane & 15)) * pa + ((lane >> 4) << 3)) + ks * per * 32;
-    const unsigned b_addr = smem_u32(B + (n0 + (lane & 7)) * pb + (((lane >> 3) & 1) << 3)) + ks * per * 32;
-#pragma unroll 4
+  const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kc >> 4) / ksplit, total = tiles * ksplit;
+  // work items w (tile, K slice) of this warp two at a time (w and w + kPWarps): two independent mma chains
+  for (int w = warp; w < total; w += 2 * kPWarps) {
+    const bool two = w + kPWarps < total;  // warp-uniform
+    unsigned a_addr[2], b_addr[2];
+    int m0[2], n0[2], ks[2];
+#pragma unroll
+    for (int z = 0; z < 2; ++z) {
+      const int wz = two ? w + z * kPWarps : w;
+      const int tile = wz % tiles;
+      ks[z] = wz / tiles;
+      m0[z] = (tile % mt) * 16;
+      n0[z] = (tile / mt) * 8;
+      // ldmatrix.x4 (A 16 x 16: lane l gives row l % 16, column block l / 16) and .x2 (B 8 x 16: lane l % 16
+      // gives row l % 8, column block (l / 8) % 2)
+      a_addr[z] = smem_u32(A + (m0[z] + (lane & 15)) * pa + ((lane >> 4) << 3)) + ks[z] * per * 32;
+      b_addr[z] = smem_u32(B + (n0[z] + (lane & 7)) * pb + (((lane >> 3) & 1) << 3)) + ks[z] * per * 32;
+    }
+    float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 2
     for (int kk = 0; kk < per; ++kk) {
-      unsigned a[4], b[2];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr + kk * 32));
-      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                   : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr + kk * 32));
-      Mma<T>::run(c, a, b);
+#pragma unroll
+      for (int z = 0; z < 2; ++z) {
+        if (z == 1 && !two) break;
+        unsigned a[4], b[2];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[z] + kk * 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[z] + kk * 32));
+        Mma<T>::run(c[z], a, b);
+      }
     }
     const int g = lane >> 2, q = lane & 3;
-    float* o = part + (long long)ks * bp * n;
-    if (acc) {
-      o[(m0 + g) * n + n0 + 2 * q] += c[0];
-      o[(m0 + g) * n + n0 + 2 * q + 1] += c[1];
-      o[(m0 + g + 8) * n + n0 + 2 * q] += c[2];
-      o[(m0 + g + 8) * n + n0 + 2 * q + 1] += c[3];
-    } else {
-      o[(m0 + g) * n + n0 + 2 * q] = c[0];
-      o[(m0 + g) * n + n0 + 2 * q + 1] = c[1];
-      o[(m0 + g + 8) * n + n0 + 2 * q] = c[2];
-      o[(m0 + g + 8) * n + n0 + 2 * q + 1] = c[3];
+#pragma unroll
+    for (int z = 0; z < 2; ++z) {
+      if (z == 1 && !two) break;
+      float* o = part + (long long)ks[z] * bp * n;
+      float* r0 = o + (m0[z] + g) * n + n0[z] + 2 * q;
+      float* r1 = r0 + 8 * n;
+      if (acc) {
+        r0[0] += c[z][0];
+        r0[1] += c[z][1];
+        r1[0] += c[z][2];
+        r1[1] += c[z][3];
+      } else {
+        r0[0] = c[z][0];
+        r0[1] = c[z][1];
+        r1[0] = c[z][2];
+        r1[1] = c[z][3];
+      }
     }
   }
 }
@@ -316,6 +335,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   float* part = reinterpret_cast<float*>(smem + p.off_part);
   T* xs = reinterpret_cast<T*>(smem + p.off_x);
   T* hown = reinterpret_cast<T*>(smem + p.off_h);  // h_{t-1} of this block's units [batch][units]
+  float* gsm = reinterpret_cast<float*>(smem + p.off_g);  // the step's gate values [batch][units][GA]
   float* bs = reinterpret_cast<float*>(smem + p.off_b);
   float* st = reinterpret_cast<float*>(smem + p.off_s);
   int* lens = reinterpret_cast<int*>(smem + p.off_lens);
@@ -379,79 +399,62 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
       block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0);
       __syncthreads();
     }
+    // the cell, in two passes: first what the other blocks wait for (h_t: the state slot, the tagged words)
+    // and the block's own state in shared memory, then the barrier, then the rest (y, the f32 state slot, the
+    // gate values) from shared memory: the barrier's release covers only the h stores (each thread's pass 2
+    // reads only its own items' shared entries, so nothing else needs ordering)
     T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
     void* xo = d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
-    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
       const int b = i / U, u = i % U, j = j0 + u;
       const long long o = (long long)b * H + j;
-      T* y = static_cast<T*>(d.y) + t * p.ld_yt + b * p.ld_y + j;
-      const bool active = t < lens[b];
-      float xa[G], ha[G];
+      if (t < lens[b]) {
+        float xa[G], ha[G];
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
-        xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
-      }
-      float* act = d.act ? d.act + ((long long)t * B + b) * GA * H + j : nullptr;
-      if (CELL == 2) {
-        const float cp = st[i];
-        const float ig = p_sigm(xa[0] + ha[0]), fg = p_sigm(xa[1] + ha[1]), gg = tanhf(xa[2] + ha[2]),
-                    og = p_sigm(xa[3] + ha[3]);
-        float c = fg * cp + ig * gg;
-        if (p.clip) c = c != c ? c : fminf(fmaxf(c, p.lclip), p.rclip);
-        const float m = og * tanhf(c);
-        if (!active) {
-          s_out[o] = cp;
-          h_out[o] = hown[i];
-          if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
-          *y = Store<T>::from(0.0f);
-          continue;
+        for (int g = 0; g < G; ++g) {
+          ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
+          xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
         }
-        st[i] = c;
-        s_out[o] = c;
-        hown[i] = Store<T>::from(m);
-        h_out[o] = hown[i];
-        if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
-        *y = Store<T>::from(m);
-        if (act) { act[0] = ig; act[H] = fg; act[2 * H] = gg; act[3 * H] = og; }
-      } else if (CELL == 3) {
-        const float hprev = st[i];
-        if (!active) {
-          s_out[o] = hprev;
-          h_out[o] = hown[i];
-          if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
-          *y = Store<T>::from(0.0f);
-          continue;
+        float* gv = gsm + i * GA;
+        if (CELL == 2) {
+          const float ig = p_sigm(xa[0] + ha[0]), fg = p_sigm(xa[1] + ha[1]), gg = tanhf(xa[2] + ha[2]),
+                      og = p_sigm(xa[3] + ha[3]);
+          float c = fg * st[i] + ig * gg;
+          if (p.clip) c = c != c ? c : fminf(fmaxf(c, p.lclip), p.rclip);
+          st[i] = c;
+          hown[i] = Store<T>::from(og * tanhf(c));
+          gv[0] = ig; gv[1] = fg; gv[2] = gg; gv[3] = og;
+        } else if (CELL == 3) {
+          const float r = p_sigm(xa[0] + ha[0]), z = p_sigm(xa[1] + ha[1]);
+          const float n = tanhf(xa[2] + r * ha[2]);
+          const float h = (1.0f - z) * n + z * st[i];
+          st[i] = h;
+          hown[i] = Store<T>::from(h);
+          gv[0] = r; gv[1] = z; gv[2] = n; gv[3] = ha[2];
+        } else {
+          const float a = xa[0] + ha[0];
+          const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
+          hown[i] = Store<T>::from(h);
+          gv[0] = h;
         }
-        const float r = p_sigm(xa[0] + ha[0]), z = p_sigm(xa[1] + ha[1]);
-        const float n = tanhf(xa[2] + r * ha[2]);
-        const float h = (1.0f - z) * n + z * hprev;
-        st[i] = h;
-        s_out[o] = h;
-        hown[i] = Store<T>::from(h);
-        h_out[o] = hown[i];
-        if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
-        *y = Store<T>::from(h);
-        if (act) { act[0] = r; act[H] = z; act[2 * H] = n; act[3 * H] = ha[2]; }
-      } else {
-        if (!active) {
-          h_out[o] = hown[i];
-          if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
-          *y = Store<T>::from(0.0f);
-          continue;
-        }
-        const float a = xa[0] + ha[0];
-        const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
-        hown[i] = Store<T>::from(h);
-        h_out[o] = hown[i];
-        if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
-        *y = Store<T>::from(h);
-        if (act) act[0] = h;
-      }
+      }  // a row past its length carries its state: hown, st unchanged
+      h_out[o] = hown[i];
+      if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
     }
     if (xo) __syncthreads();  // the shared buffers are reused next step; no barrier with the tagged exchange
     else grid_arrive(d.bar);
+    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const bool active = t < lens[b];
+      if (CELL >= 2) s_out[(long long)b * H + j] = st[i];
+      static_cast<T*>(d.y)[t * p.ld_yt + b * p.ld_y + j] = active ? hown[i] : Store<T>::from(0.0f);
+      if (d.act && active) {
+        float* act = d.act + ((long long)t * B + b) * GA * H + j;
+#pragma unroll
+        for (int k = 0; k < GA; ++k) act[k * H] = gsm[i * GA + k];
+      }
+    }
   }
 }
 

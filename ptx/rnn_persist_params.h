@@ -49,7 +49,7 @@ typedef struct {
   int wpitch;          /* elements between the rows of the weight slice (all of K resident) */
   int bp;              /* batch rows padded (16-bit: a multiple of 16; float: of 4), zero rows past batch */
   int ksplit;          /* K slices of the block GEMM (partial sums in part[ksplit][bp][n], added in order) */
-  int off_w, off_a, off_part, off_x, off_b, off_s, off_s2, off_lens, off_h;  /* byte offsets in shared memory */
+  int off_w, off_a, off_part, off_x, off_b, off_s, off_s2, off_lens, off_h, off_g;  /* shared memory offsets */
 } PersistParams;
 
 #endif

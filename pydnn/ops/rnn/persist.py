@@ -52,7 +52,7 @@ class PersistParams(ctypes.Structure):
         (n, ctypes.c_float) for n in ("lclip", "rclip")] + [
         (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "xwords", "kp", "nchunk",
                                     "pitch", "wpitch", "bp", "ksplit", "off_w", "off_a", "off_part", "off_x", "off_b",
-                                    "off_s", "off_s2", "off_lens", "off_h")]
+                                    "off_s", "off_s2", "off_lens", "off_h", "off_g")]
 
 
 def expr(name, tag, cell=None):
@@ -114,7 +114,7 @@ class Layout:
                    ("part", ks * self.bp * n * 4),
                    ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es),
                    ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4), ("s2", B * units * 4 if bwd else 0),
-                   ("lens", B * 4), ("h", 0 if bwd else B * units * es)]
+                   ("lens", B * 4), ("h", 0 if bwd else B * units * es), ("g", 0 if bwd else B * units * GA * 4)]
         off = 0
         self.off = {}
         for name, nbytes in regions:

@@ -57,7 +57,7 @@ def test_persist_engine_on_emulated_device(name, monkeypatch):
     assert kinds == {"persist_reset", "persist_fwd", "persist_bwd"}
     fwd = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
            for it in items if it[5][:2] == ("persist", "persist_fwd")]
-    assert fwd and all(q.dir[0].xchg for q in fwd)  # the tagged exchange (tuning.rnn.PERSIST_XCHG's default)
+    assert fwd and not any(q.dir[0].xchg for q in fwd)  # the barrier (tuning.rnn.PERSIST_XCHG's default)
     assert not [m for m in calls if m[0] == "rnn" and m[1] in ("fwd_cell", "bwd_cell")]
 
 
@@ -84,10 +84,10 @@ def test_persist_engine_in_chunks(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "tanh-f32-24-bi", "lstm-half-32-many-rows"])
-def test_persist_engine_with_the_barrier_forward(name, monkeypatch):
-    """tuning.rnn.PERSIST_XCHG off: the forward meets at the grid barrier and loads h from the state slots."""
+def test_persist_engine_with_the_tagged_exchange(name, monkeypatch):
+    """tuning.rnn.PERSIST_XCHG on: the forward exchanges h as tagged words (the emulation checks every tag)."""
     from pydnn import tuning
-    monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", False)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", True)
     c = CASES[name]
     dev = rnn_emulator.Device()
     rnn_emulator.install(monkeypatch, dev, c.dtype)
@@ -95,7 +95,7 @@ def test_persist_engine_with_the_barrier_forward(name, monkeypatch):
     run_case(h, dev, c)
     fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"]
     launches = [it[4][2] for items in fwd for it in items if it[5][:2] == ("persist", "persist_fwd")]
-    assert launches and not any(q.dir[0].xchg or q.dir[1].xchg for q in launches)
+    assert launches and all(q.dir[0].xchg for q in launches)
 
 
 def test_persist_blocks_and_directions(monkeypatch):
@@ -201,6 +201,7 @@ def test_layouts(dt, cell, H, B):
         assert lay.kp % (step * lay.ksplit) == 0 and lay.bp % (16 if es == 2 else 4) == 0
         need = {"w": n * lay.wpitch * es, "a": (2 if lay.nchunk > 1 else 1) * lay.bp * lay.pitch * es,
                 "part": lay.ksplit * lay.bp * n * 4, "h": 0 if bwd else B * pl.units * es,
+                "g": 0 if bwd else B * pl.units * g.GA * 4,
                 "x": B * pl.units * (4 * g.GA + (8 if G > 1 else 0) + es) if bwd else B * n * es, "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
                 "s2": B * pl.units * 4 if bwd else 0, "lens": B * 4}
         spans = sorted((lay.off[name], lay.off[name] + size) for name, size in need.items() if size)
