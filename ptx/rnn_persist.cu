@@ -18,6 +18,8 @@
 //                          share in gh (and 0 in ghrec) for bwd_state_out.
 //   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
 //
+// Measured (H200, mid-session, before the deferred stores and the fence removal): 4.58 us a step with the
+// barrier, 5.18 with the tagged exchange (hence the barrier is the default), the backward ~5.4 us.
 // Time per step, predicted for issue 16's small case (LSTM fp16, hidden 256, batch 32: 32 blocks of 8
 // units). With the barrier: the last block's atomic reaching L2 and the waiters' poll (~1 us, after a
 // __threadfence of its stores, ~0.5 us) + h_{t-1}, 16 KiB per block from L2 (~0.5-1 us, latency bound; 0.5

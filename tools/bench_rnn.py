@@ -1,5 +1,6 @@
 """RNNs (cuDNN's RNN API, pydnn/ops/rnn/) vs PyTorch nn.LSTM / nn.GRU (cuDNN underneath), side by side in
-one run, on issue 16's shapes. NOT YET RUN: written without a GPU; the lead runs it.
+one run, on issue 16's shapes (STANDARD and PERSIST_STATIC rows; --mid ran on an H200 mid-session, the README
+has its numbers).
 
 Each case: the same weights (PyTorch's parameters copied into pydnn's weight space through
 GetRNNWeightParams), sequence-major input (T, B, I) with every sequence full length, hx / cx given.
