@@ -1,5 +1,5 @@
 """PYDNN_RNN_ALGO_PERSIST_STATIC on the GPU (ptx/rnn_persist.cu through pydnn/ops/rnn/persist.py). The MID and
-MID_CHUNKED cases (SKIP_INPUT, no matmul) passed on an H200 in the mid-session run (commit d0badbe, both
+MID_CHUNKED cases (SKIP_INPUT, no matmul) passed on an H200 in the mid-session run (HEAD at 23:00 UTC, 22fa6f7..d0badbe; both
 exchanges); the rest is written for the final run.
 
 1. rnn_harness.run_case with algo PERSIST_STATIC: every output poisoned, RNNForward (INFERENCE: the state
