@@ -54,6 +54,10 @@ CASES = {
     "lstm-f32-64": _c(hidden=64, input_size=40, lengths=(9, 8, 8, 2, 9), T=9, layers=2),
     "tanh-f32-96-bi": _c(cell=E.PYDNN_RNN_TANH, hidden=96, input_size=17, lengths=(7, 3, 5), T=7, dirs=2),
     "relu-f16-64": _c(cell=E.PYDNN_RNN_RELU, dtype=F16, hidden=64, input_size=16, lengths=(6, 6, 5), T=6),
+    # more mma work items than warps (batch 40: 3 row tiles x 4 column tiles = 12): two mma chains per warp
+    "lstm-f16-128-batch-40": _c(dtype=F16, hidden=128, input_size=24, lengths=(7, 7, 5, 1, 7) * 8, T=7),
+    "gru-bf16-64-batch-64-bi": _c(cell=E.PYDNN_GRU, dtype=BF16, hidden=64, input_size=8, lengths=(5, 3, 5, 5) * 16,
+                                  T=5, dirs=2),
 }
 
 
@@ -78,6 +82,8 @@ MID = {
                                  lengths=(6, 6, 5, 2), T=6, weights=False),
     "mid-gru-f16-8-batch-major": _c(cell=E.PYDNN_GRU, dtype=F16, skip=True, layout=BATCH_MAJOR, lengths=(4, 1, 3),
                                     fill=1.5, weights=False),
+    "mid-lstm-f16-128-batch-40": _c(dtype=F16, hidden=128, skip=True, lengths=(6, 2, 6, 6, 4) * 8, T=6,
+                                    weights=False),
 }
 
 
