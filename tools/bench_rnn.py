@@ -10,8 +10,9 @@ Timed (device events on the current stream, warm-up, median; bench.time_ms):
          autograd backward of sum(y * dy)
 FLOPs (the GEMMs only): forward 2 * T * B * sum over pseudo-layers of G * H * (in + out) (+ 2 * T * B * P * H
 for a projection); forward+backward 3x that. TFLOP/s = flops / time; ratio = torch time / pydnn time (> 1:
-pydnn faster). PERSIST_STATIC rows also time the forward with the grid barrier instead of the tagged exchange
-("fwd bar", "all bar": tuning.rnn.PERSIST_XCHG off). Also prints the largest |y_pydnn - y_torch| / max |y_torch| as a sanity check.
+pydnn faster). PERSIST_STATIC rows also time the forward's other exchange ("fwd tag", "all tag": the tagged
+words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prints the largest
+|y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
 Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--no-split] [--no-record] [--no-dir-batch]
   --quick: only issue 16's small-hidden case (LSTM fp16 H 256, B 32, T 512), STANDARD and PERSIST_STATIC
@@ -110,7 +111,6 @@ def main():
     # --mid: PERSIST_STATIC small-hidden rows with SKIP_INPUT and without BackwardWeights: no matmul kernel is
     # compiled (the mid-session GPU run's budget); pydnn's times then lack the input GEMM (cuDNN's include it)
     mid = "--mid" in sys.argv
-    from pydnn.ops.rnn import engine
     tuning.rnn.SPLIT_K = "--no-split" not in sys.argv
     tuning.rnn.RECORD = "--no-record" not in sys.argv
     tuning.rnn.DIR_BATCH = "--no-dir-batch" not in sys.argv
@@ -174,18 +174,20 @@ def main():
         torch.cuda.synchronize()
         diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
         flops = _flops(cell, T, B, H, layers, dirs)
-        runs = [("fwd", p_fwd, t_fwd, 1, True), ("fwd+bwd", p_all, t_all, 3, True)]
-        if algo == PS:  # the forward's other exchange: the grid barrier (tuning.rnn.PERSIST_XCHG off)
-            runs += [("fwd bar", p_fwd, t_fwd, 1, False), ("all bar", p_all, t_all, 3, False)]
+        default = tuning.rnn.PERSIST_XCHG
+        runs = [("fwd", p_fwd, t_fwd, 1, default), ("fwd+bwd", p_all, t_all, 3, default)]
+        if algo == PS:  # the forward's other exchange (tuning.rnn.PERSIST_XCHG flipped)
+            other = "tag" if not default else "bar"
+            runs += [(f"fwd {other}", p_fwd, t_fwd, 1, not default), (f"all {other}", p_all, t_all, 3, not default)]
         for what, pf, tf, mult, xchg in runs:
             tuning.rnn.PERSIST_XCHG = xchg
             pm = time_ms(pf, reps=5, warmup=2)
             tm = time_ms(tf, reps=5, warmup=2)
-            tuning.rnn.PERSIST_XCHG = True
+            tuning.rnn.PERSIST_XCHG = default
             f = flops * mult
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
                   f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}, {pm / T * 1e3:.2f} us/step" if what == "fwd"
-                                       else f"   {pm / T * 1e3:.2f} us/step" if what == "fwd bar" else ""),
+                                       else f"   {pm / T * 1e3:.2f} us/step" if what.startswith("fwd ") else ""),
                   flush=True)
         s = None  # free the buffers before the next case
         torch.cuda.empty_cache()

@@ -107,7 +107,8 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
                                                           if ptr else 0)
             first = T if d.rev else 0
             if cell >= 2:
-                sm["s"][:] = dev.view(d.s32 + _slot(p, first) * B * H * 4, B * H, np.float32).reshape(B, H)[:, j0:j0 + U]
+                s0 = dev.view(d.s32 + _slot(p, first) * B * H * 4, B * H, np.float32).reshape(B, H)
+                sm["s"][:] = s0[:, j0:j0 + U]
             sm["lens"][:] = dev.view(p.lens, B, np.int32)
             sm["h"][:] = dev.view(d.hs + _slot(p, first) * B * H * es, B * H, dt).reshape(B, H)[:, j0:j0 + U]
             blocks.append((j0, sm))
@@ -132,7 +133,8 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
                 active = (t < sm["lens"])[:, None]
                 hp_slice = sm["h"].copy()
                 h_out = dev.view(d.hs + _slot(p, io) * B * H * es, B * H, dt).reshape(B, H)
-                s_out = dev.view(d.s32 + _slot(p, io) * B * H * 4, B * H, np.float32).reshape(B, H) if cell >= 2 else None
+                s_out = (dev.view(d.s32 + _slot(p, io) * B * H * 4, B * H, np.float32).reshape(B, H)
+                         if cell >= 2 else None)
                 act = (dev.view(d.act + t * B * GA * H * 4, B * GA * H, np.float32).reshape(B, GA, H)
                        if d.act else None)
                 if cell == 2:

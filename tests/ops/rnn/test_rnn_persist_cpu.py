@@ -83,7 +83,8 @@ def test_persist_engine_in_chunks(name, monkeypatch):
         assert plans and all((p.fwd.nchunk, p.bwd.nchunk) == (nf, nb) for p in plans)
 
 
-@pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "tanh-f32-24-bi", "lstm-half-32-many-rows"])
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "tanh-f32-24-bi",
+                                  "lstm-half-32-many-rows"])
 def test_persist_engine_with_the_tagged_exchange(name, monkeypatch):
     """tuning.rnn.PERSIST_XCHG on: the forward exchanges h as tagged words (the emulation checks every tag)."""
     from pydnn import tuning
@@ -202,7 +203,8 @@ def test_layouts(dt, cell, H, B):
         need = {"w": n * lay.wpitch * es, "a": (2 if lay.nchunk > 1 else 1) * lay.bp * lay.pitch * es,
                 "part": lay.ksplit * lay.bp * n * 4, "h": 0 if bwd else B * pl.units * es,
                 "g": 0 if bwd else B * pl.units * g.GA * 4,
-                "x": B * pl.units * (4 * g.GA + (8 if G > 1 else 0) + es) if bwd else B * n * es, "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
+                "x": B * pl.units * (4 * g.GA + (8 if G > 1 else 0) + es) if bwd else B * n * es,
+                "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
                 "s2": B * pl.units * 4 if bwd else 0, "lens": B * 4}
         spans = sorted((lay.off[name], lay.off[name] + size) for name, size in need.items() if size)
         assert all(a % 16 == 0 for a, _ in spans)

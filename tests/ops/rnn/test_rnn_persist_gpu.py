@@ -1,6 +1,6 @@
 """PYDNN_RNN_ALGO_PERSIST_STATIC on the GPU (ptx/rnn_persist.cu through pydnn/ops/rnn/persist.py). The MID and
-MID_CHUNKED cases (SKIP_INPUT, no matmul) passed on an H200 in the mid-session run (HEAD at 23:00 UTC, 22fa6f7..d0badbe; both
-exchanges); the rest is written for the final run.
+MID_CHUNKED cases (SKIP_INPUT, no matmul) passed on an H200 in the mid-session run (HEAD at 23:00 UTC,
+22fa6f7..d0badbe; both exchanges); the rest is written for the final run.
 
 1. rnn_harness.run_case with algo PERSIST_STATIC: every output poisoned, RNNForward (INFERENCE: the state
    slots ping-pong; TRAINING: the reserve space STANDARD's backward layout), RNNBackwardData_v8,
@@ -188,7 +188,6 @@ def test_persist_matches_standard(cell, dt, D, handle):
 
 
 def test_persist_not_supported_reasons(handle):
-    dev = GpuDevice()
     r = pydnn.create_rnn_descriptor()
     pydnn.set_rnn_descriptor_v8(r, PS, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, E.PYDNN_UNIDIRECTIONAL,
                                 E.PYDNN_LINEAR_INPUT, F32, F32, E.PYDNN_DEFAULT_MATH, 64, 2048, 2048, 1, None, 1)
