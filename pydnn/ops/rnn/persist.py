@@ -25,7 +25,7 @@ from ..._build.manifest import KernelUnit
 from ..._build.params import kernel_params
 from ..._cuda import driver
 from ..common import cdiv
-from .descriptors import GRU, LSTM, _ns
+from .descriptors import LSTM, _ns
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -320,4 +320,4 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)
 
 
-__all__ = ["Plan", "Layout", "plan", "forward_layer", "backward_layer", "kernel_units", "GRU"]
+__all__ = ["Plan", "Layout", "plan", "forward_layer", "backward_layer", "kernel_units"]
