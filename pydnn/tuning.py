@@ -293,6 +293,13 @@ rnn = Switches(
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "
                   "Python per step); off: every call rebuilds its launches"),
+    PERSIST_XCHG=(False, "PERSIST_STATIC forward: the blocks exchange h as tagged words (no barrier, see "
+                         "ptx/rnn_persist.cu) where one round of loads covers the operand; off (default): the grid "
+                         "barrier and the h load (measured faster on the H200: 4.58 vs 5.18 us a step, LSTM fp16 "
+                         "hidden 256 batch 32)"),
+    PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "
+                          "through shared memory in chunks only where it does not fit at once); tests set it to force "
+                          "several chunks"),
 )
 
 apply_environment()

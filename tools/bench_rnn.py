@@ -1,5 +1,6 @@
 """RNNs (cuDNN's RNN API, pydnn/ops/rnn/) vs PyTorch nn.LSTM / nn.GRU (cuDNN underneath), side by side in
-one run, on issue 16's shapes. NOT YET RUN: written without a GPU; the lead runs it.
+one run, on issue 16's shapes (STANDARD and PERSIST_STATIC rows; --mid ran on an H200 mid-session, the README
+has its numbers).
 
 Each case: the same weights (PyTorch's parameters copied into pydnn's weight space through
 GetRNNWeightParams), sequence-major input (T, B, I) with every sequence full length, hx / cx given.
@@ -9,10 +10,14 @@ Timed (device events on the current stream, warm-up, median; bench.time_ms):
          autograd backward of sum(y * dy)
 FLOPs (the GEMMs only): forward 2 * T * B * sum over pseudo-layers of G * H * (in + out) (+ 2 * T * B * P * H
 for a projection); forward+backward 3x that. TFLOP/s = flops / time; ratio = torch time / pydnn time (> 1:
-pydnn faster). Also prints the largest |y_pydnn - y_torch| / max |y_torch| as a sanity check.
+pydnn faster). PERSIST_STATIC rows also time the forward's other exchange ("fwd tag", "all tag": the tagged
+words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prints the largest
+|y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
-Usage: python tools/bench_rnn.py [--quick] [--no-split] [--no-record] [--no-dir-batch]
-  --quick: T = 32 instead of the issue's lengths; --no-split: the recurrent GEMMs without split-K
+Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--no-split] [--no-record] [--no-dir-batch]
+  --quick: only issue 16's small-hidden case (LSTM fp16 H 256, B 32, T 512), STANDARD and PERSIST_STATIC
+  (about 10 s with the kernels compiled); --only=SUBSTR: the cases whose name contains SUBSTR (repeatable;
+  "PS": the PERSIST_STATIC rows); --no-split: the recurrent GEMMs without split-K
   (pydnn.tuning.rnn.SPLIT_K); --no-record: every call rebuilds its launches (tuning.rnn.RECORD), to see the
   host cost that recording removes; --no-dir-batch: a bidirectional layer's directions one after the other
   (tuning.rnn.DIR_BATCH).
@@ -29,14 +34,27 @@ from pydnn import enums as E
 sys.path.insert(0, os.path.dirname(__file__))
 from bench import time_ms  # noqa: E402
 
-# name, cell, dtype, T, B, H (input = H), layers, bidirectional
+STD, PS = E.PYDNN_RNN_ALGO_STANDARD, E.PYDNN_RNN_ALGO_PERSIST_STATIC
+# name, cell, dtype, T, B, H (input = H), layers, bidirectional, algo
 CASES = [
-    ("lstm fp16 2L", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False),
-    ("gru fp16 2L", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False),
-    ("lstm fp16 2L bi", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, True),
-    ("lstm fp16 small-h", E.PYDNN_LSTM, "float16", 512, 32, 256, 1, False),
-    ("lstm fp32 2L", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False),
+    ("lstm fp16 2L", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, STD),
+    ("gru fp16 2L", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, STD),
+    ("lstm fp16 2L bi", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, True, STD),
+    ("lstm fp16 small-h", E.PYDNN_LSTM, "float16", 512, 32, 256, 1, False, STD),
+    ("lstm fp16 small-h PS", E.PYDNN_LSTM, "float16", 512, 32, 256, 1, False, PS),
+    ("gru fp16 small-h PS", E.PYDNN_GRU, "float16", 512, 32, 256, 1, False, PS),
+    ("lstm bf16 small-h bi PS", E.PYDNN_LSTM, "bfloat16", 512, 32, 256, 1, True, PS),
+    ("lstm fp32 small-h", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, STD),
+    ("lstm fp32 small-h PS", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, PS),
+    ("lstm fp16 1L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 1, False, PS),
+    ("lstm fp32 1L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 1, False, PS),
+    ("lstm fp16 2L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, PS),
+    ("gru fp16 2L PS", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, PS),
+    ("lstm fp32 2L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False, PS),
+    ("lstm fp32 2L", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False, STD),
 ]
+# --quick: issue 16's small-hidden case only, STANDARD and PERSIST_STATIC (each next to cuDNN)
+QUICK = ("lstm fp16 small-h", "lstm fp16 small-h PS")
 G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}
 
 
@@ -48,14 +66,15 @@ def _flops(cell, T, B, H, layers, dirs):
     return f
 
 
-def _setup(h, cell, tdt, T, B, H, layers, bi):
-    dt = E.PYDNN_DATA_HALF if tdt == torch.float16 else E.PYDNN_DATA_FLOAT
+def _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=False):
+    dt = {torch.float16: E.PYDNN_DATA_HALF, torch.bfloat16: E.PYDNN_DATA_BFLOAT16}.get(tdt, E.PYDNN_DATA_FLOAT)
     dirs = 2 if bi else 1
     mod = (torch.nn.LSTM if cell == E.PYDNN_LSTM else torch.nn.GRU)(H, H, num_layers=layers, bidirectional=bi,
                                                                       device="cuda", dtype=tdt)
     r = pydnn.create_rnn_descriptor()
-    pydnn.set_rnn_descriptor_v8(r, E.PYDNN_RNN_ALGO_STANDARD, cell, E.PYDNN_RNN_DOUBLE_BIAS,
-                                E.PYDNN_BIDIRECTIONAL if bi else E.PYDNN_UNIDIRECTIONAL, E.PYDNN_LINEAR_INPUT, dt,
+    pydnn.set_rnn_descriptor_v8(r, algo, cell, E.PYDNN_RNN_DOUBLE_BIAS,
+                                E.PYDNN_BIDIRECTIONAL if bi else E.PYDNN_UNIDIRECTIONAL,
+                                E.PYDNN_SKIP_INPUT if skip else E.PYDNN_LINEAR_INPUT, dt,
                                 E.PYDNN_DATA_FLOAT, E.PYDNN_TENSOR_OP_MATH, H, H, H, layers, None,
                                 E.PYDNN_RNN_PADDED_IO_ENABLED)
     wsize = pydnn.get_rnn_weight_space_size(h, r)
@@ -71,7 +90,8 @@ def _setup(h, cell, tdt, T, B, H, layers, bi):
                 bt = getattr(mod, f"bias_{'ih' if lin < g else 'hh'}_{sfx}")[k * H:(k + 1) * H]
                 ma, ba = pydnn.get_rnn_weight_params(h, r, pl, wsize, w, lin, None, None)
                 es = w.element_size()
-                w[(ma - w.data_ptr()) // es:][:wt.numel()].copy_(wt.detach().reshape(-1))
+                if ma:  # (SKIP_INPUT: layer 0 has no input matrices)
+                    w[(ma - w.data_ptr()) // es:][:wt.numel()].copy_(wt.detach().reshape(-1))
                 w[(ba - w.data_ptr()) // es:][:bt.numel()].copy_(bt.detach())
     xd, yd = pydnn.create_rnn_data_descriptor(), pydnn.create_rnn_data_descriptor()
     lens = [T] * B
@@ -88,7 +108,9 @@ def _setup(h, cell, tdt, T, B, H, layers, bi):
 
 def main():
     quick = "--quick" in sys.argv
-    from pydnn.ops.rnn import engine
+    # --mid: PERSIST_STATIC small-hidden rows with SKIP_INPUT and without BackwardWeights: no matmul kernel is
+    # compiled (the mid-session GPU run's budget); pydnn's times then lack the input GEMM (cuDNN's include it)
+    mid = "--mid" in sys.argv
     tuning.rnn.SPLIT_K = "--no-split" not in sys.argv
     tuning.rnn.RECORD = "--no-record" not in sys.argv
     tuning.rnn.DIR_BATCH = "--no-dir-batch" not in sys.argv
@@ -100,11 +122,18 @@ def main():
           f"split-K {tuning.rnn.SPLIT_K}, record {tuning.rnn.RECORD}, direction batching {tuning.rnn.DIR_BATCH}")
     print(f"{'case':22s} {'what':8s} {'pydnn ms':>9s} {'torch ms':>9s} {'pydnn TF/s':>10s} {'torch TF/s':>10s} "
           f"{'ratio':>6s}")
-    for name, cell, tname, T, B, H, layers, bi in CASES:
-        if quick:
-            T = 32
+    only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]
+    for name, cell, tname, T, B, H, layers, bi, algo in CASES:
+        if (quick and name not in QUICK) or (only and not any(o in name for o in only)):
+            continue
+        if mid and (algo != PS or layers != 1):
+            continue
         tdt = getattr(torch, tname)
-        s = _setup(h, cell, tdt, T, B, H, layers, bi)
+        try:
+            s = _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=mid)
+        except pydnn.PydnnError as e:
+            print(f"{name:22s} {e}")
+            continue
         dirs, lstm = s["dirs"], cell == E.PYDNN_LSTM
         x = torch.randn(T, B, H, device="cuda", dtype=tdt)
         hx = torch.randn(layers * dirs, B, H, device="cuda", dtype=tdt) * 0.5
@@ -124,6 +153,8 @@ def main():
             p_fwd()
             pydnn.rnn_backward_data_v8(h, r, s["lens"], yd, y, dy, xd, dx, hd, hx, 0, dhx, hd, cx if lstm else 0, 0,
                                        dcx if lstm else 0, wsize, w, s["wss"], s["ws"], s["rss"], s["rs"])
+            if mid:
+                return
             pydnn.rnn_backward_weights_v8(h, r, E.PYDNN_WGRAD_MODE_ADD, s["lens"], xd, x, hd, hx, yd, y, wsize, dw,
                                           s["wss"], s["ws"], s["rss"], s["rs"])
 
@@ -143,12 +174,21 @@ def main():
         torch.cuda.synchronize()
         diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
         flops = _flops(cell, T, B, H, layers, dirs)
-        for what, pf, tf, mult in (("fwd", p_fwd, t_fwd, 1), ("fwd+bwd", p_all, t_all, 3)):
+        default = tuning.rnn.PERSIST_XCHG
+        runs = [("fwd", p_fwd, t_fwd, 1, default), ("fwd+bwd", p_all, t_all, 3, default)]
+        if algo == PS:  # the forward's other exchange (tuning.rnn.PERSIST_XCHG flipped)
+            other = "tag" if not default else "bar"
+            runs += [(f"fwd {other}", p_fwd, t_fwd, 1, not default), (f"all {other}", p_all, t_all, 3, not default)]
+        for what, pf, tf, mult, xchg in runs:
+            tuning.rnn.PERSIST_XCHG = xchg
             pm = time_ms(pf, reps=5, warmup=2)
             tm = time_ms(tf, reps=5, warmup=2)
+            tuning.rnn.PERSIST_XCHG = default
             f = flops * mult
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
-                  f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}" if what == "fwd" else ""))
+                  f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}, {pm / T * 1e3:.2f} us/step" if what == "fwd"
+                                       else f"   {pm / T * 1e3:.2f} us/step" if what.startswith("fwd ") else ""),
+                  flush=True)
         s = None  # free the buffers before the next case
         torch.cuda.empty_cache()
 

@@ -40,6 +40,7 @@ from ...tensor import TensorDescriptor, _int
 from .. import matmul
 from ..common import TAG, cdiv, element_aligned, enum_arg
 from . import kernels as K
+from . import persist
 from .descriptors import GRU, LSTM, PROJ_ID, _bad, _ns, set_data, set_rnn
 
 ALIGN = 256
@@ -80,9 +81,27 @@ SPLIT_MIN_K = 256  # the shortest K slice
 # DIR_BATCH: a switch, pydnn.tuning.rnn.DIR_BATCH (default True)
 
 
-def split_k(m, n, k, sm_count):
+# float: the recurrent GEMMs run on matmul's CUDA-core kernel, whose smallest tile is 64 x 128 and whose chooser
+# takes the 128 x 128 one for these M = batch GEMMs (issue 16's fp32 LSTM: [64, 4096] x [4096, 1024]^T): counted
+# as 64 x 64 tiles, the forward's split stopped at 2, 64 blocks for 132 SMs (half the SMs idle for the GEMM that
+# is most of an fp32 step), the backward's [64, 1024] at 8 tiles x 8 = 64 blocks. So for float the blocks are
+# counted with the tile the chooser takes (matmul._choose_simt_tile at that split and K) and up to 16 slices:
+# forward split 4 (128 blocks of K 256), backward 16 (128 blocks of K 256).
+SPLIT_MAX_F32 = 16
+
+
+def split_k(m, n, k, sm_count, f32=False):
     if not tuning.rnn.SPLIT_K or not sm_count:
         return 1
+    if f32:
+        def blocks(s):
+            t = matmul._choose_simt_tile(m, n, s, sm_count, k // s)
+            return cdiv(m, t.bm) * cdiv(n, t.bn) * s
+        s = 1
+        while (s < SPLIT_MAX_F32 and blocks(2 * s) <= sm_count and k % (16 * s) == 0
+               and k // (2 * s) >= SPLIT_MIN_K):
+            s *= 2
+        return s
     blocks = cdiv(m, 64) * cdiv(n, 64)
     s = 1
     while s < SPLIT_MAX and 2 * s * blocks <= sm_count and k % (16 * s) == 0 and k // (2 * s) >= SPLIT_MIN_K:
@@ -108,11 +127,16 @@ class Geometry:
         self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
         # both directions of a bidirectional layer step together (not with a projection)
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
-        self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count)
-        self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count)
+        f32 = r.dtype == E.PYDNN_DATA_FLOAT
+        self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
+        self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
+        self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
         for training in (False, True):
             w = _Regions()
+            w.add("bar", persist.BAR_BYTES if self.persist else 0)  # PERSIST_STATIC's grid barrier counters
+            # PERSIST_STATIC's tagged h exchange [dirs][2][B, H] words (persist.py)
+            w.add("xchg", r.dirs * persist.xchg_bytes(r.dtype, self.B, r.hidden) if self.persist else 0)
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
             w.add("hp", max(self.split_f, D if self.dir_batch else 1) * B * GH * es)
@@ -197,6 +221,8 @@ def get_rnn_temp_space_sizes(handle, rnn_desc, fwd_mode, x_desc):
     mode = enum_arg("fwdMode", fwd_mode, FWD_MODES, "pydnnForwardMode_t")
     g = _geometry(r, _x_for(r, x_desc), handle)
     training = mode == E.PYDNN_FWD_MODE_TRAINING
+    if g.persist:
+        persist.plan(handle, r, g, training)
     return g.workspace_size(training), g.reserve_size(training)
 
 
@@ -300,9 +326,9 @@ def _validate(r, x_desc, y_desc, h_desc, c_desc, xname="xDesc", yname="yDesc", c
 
 
 def _gpu_support(r, training):
-    if r.algo != E.PYDNN_RNN_ALGO_STANDARD:
-        _ns(f"rnnDesc: algo {r.algo} is not implemented in pydnn (PYDNN_RNN_ALGO_STANDARD is; PERSIST_STATIC and "
-            "PERSIST_DYNAMIC are not)")
+    if r.algo not in (E.PYDNN_RNN_ALGO_STANDARD, E.PYDNN_RNN_ALGO_PERSIST_STATIC):
+        _ns(f"rnnDesc: algo {r.algo} is not implemented in pydnn (PYDNN_RNN_ALGO_STANDARD and PERSIST_STATIC are; "
+            "PERSIST_DYNAMIC is not)")
     if r.dtype not in GPU_DTYPES:
         _ns(f"rnnDesc: dataType {r.dtype} has no GPU path (float, half, bfloat16; pydnn's matmul has no double "
             "kernel)")
@@ -459,7 +485,7 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args)
+               args, g.persist and tuning.rnn.PERSIST_XCHG)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:
@@ -492,6 +518,8 @@ def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, 
     xd = _validate(r, x_desc, y_desc, h_desc, c_desc)
     _gpu_support(r, training)
     g = _geometry(r, xd, handle)
+    if g.persist:
+        persist.plan(handle, r, g, training)
     es = g.es
     lens = _lens(dev_seq_lengths, xd)
     xp = _ptr(x, "x", xd.span_bytes(), es)
@@ -643,7 +671,10 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
             p.batch, p.out, p.hidden, p.mode = B, P, H, r.cell
             lau.launch("state_init", B * max(P, H))
             dirs.append(dr)
-        if g.dir_batch:
+        if g.persist:
+            persist.forward_layer(lau, r, g, persist.plan(lau.handle, r, g, training), dirs, ly, training, lens,
+                                  wsp + ws["bar"], clip, wsp + ws["xchg"])
+        elif g.dir_batch:
             _fwd_steps_both(lau, r, g, dirs, ly, training, lens, wsp + ws["hp"], clip)
         else:
             for dr in dirs:
@@ -682,6 +713,8 @@ def rnn_backward_data_v8(handle, rnn_desc, dev_seq_lengths, y_desc, y, dy, x_des
     xd = _validate(r, x_desc, y_desc, h_desc, c_desc)
     _gpu_support(r, True)
     g = _geometry(r, xd, handle)
+    if g.persist:
+        persist.plan(handle, r, g, True)
     es = g.es
     lens = _lens(dev_seq_lengths, xd)
     yd = set_data(y_desc, "yDesc")
@@ -744,7 +777,10 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
             p.nsplit, p.split_stride = sb, B * P
             lau.launch("bwd_state_init", B * max(P, H))
             dirs.append(dr)
-        if g.dir_batch:  # both directions' cells in one launch (RnnDir2), each its own recurrent GEMM
+        if g.persist:
+            persist.backward_layer(lau, r, g, persist.plan(lau.handle, r, g, True), dirs, dly[cur], lens,
+                                   wsp + ws["bar"], clip)
+        elif g.dir_batch:  # both directions' cells in one launch (RnnDir2), each its own recurrent GEMM
             f, b = dirs
             for s in range(T):
                 t0, t1 = T - 1 - s, s
@@ -822,6 +858,8 @@ def rnn_backward_weights_v8(handle, rnn_desc, add_grad, dev_seq_lengths, x_desc,
     xd = _validate(r, x_desc, y_desc, h_desc, None, check_c=False)
     _gpu_support(r, True)
     g = _geometry(r, xd, handle)
+    if g.persist:
+        persist.plan(handle, r, g, True)
     es = g.es
     lens = _lens(dev_seq_lengths, xd)
     xp = _ptr(x, "x", xd.span_bytes(), es)

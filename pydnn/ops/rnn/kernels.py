@@ -48,7 +48,8 @@ def kernel_units():
         exprs = [expr(k, tag, c) for k in ("fwd_cell", "bwd_cell") for c in range(4)]
         exprs += [expr(k, tag) for k in PLAIN]
         units.append(KernelUnit(unit_name(tag), "rnn.cu", tuple(exprs)))
-    return units
+    from .persist import kernel_units as persist_units  # ptx/rnn_persist.cu (PERSIST_STATIC)
+    return units + persist_units()
 
 
 class Launcher:

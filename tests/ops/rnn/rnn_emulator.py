@@ -143,6 +143,9 @@ def install(monkeypatch, dev, dtype, host_lib=None):
             rc = getattr(host_lib, f"rnn_host_{tag}")(meta[1].encode(), meta[2] or 0, ctypes.byref(p), grid[0],
                                                        grid[1])
             assert rc == 0, meta
+        elif meta[0] == "persist":  # PERSIST_STATIC: rnn_persist_emulator.py, block by block
+            from rnn_persist_emulator import PERSIST
+            PERSIST[meta[1]](dev, p, dt, meta[2], grid, smem)
         elif meta[0] == "rnn":
             KERNELS[meta[1]](dev, p, dt, meta[2])
             if grid[1] == 2:  # the reverse direction's blocks (RnnDir2), as ptx/rnn.cu's direction()

@@ -41,6 +41,8 @@ class Case:
     states: bool = True      # hx / cx / dhy / dcy given (else NULL)
     dropout: float = 0.0     # dropout between layers (training)
     extra: dict = field(default_factory=dict)
+    algo: int = E.PYDNN_RNN_ALGO_STANDARD
+    weights: bool = True     # RNNBackwardWeights_v8 too (False: no matmul GEMM at all with SKIP_INPUT, 1 layer)
 
 
 class GpuDevice:
@@ -113,7 +115,7 @@ def run_case(handle, dev, c, check_backward=True):
     proj_size = c.proj or H
     r = pydnn.create_rnn_descriptor()
     drop = dev.dropout_desc(handle, c.dropout) if c.dropout else None
-    pydnn.set_rnn_descriptor_v8(r, E.PYDNN_RNN_ALGO_STANDARD, c.cell, c.bias_mode,
+    pydnn.set_rnn_descriptor_v8(r, c.algo, c.cell, c.bias_mode,
                                 E.PYDNN_BIDIRECTIONAL if D == 2 else E.PYDNN_UNIDIRECTIONAL,
                                 E.PYDNN_SKIP_INPUT if c.skip else E.PYDNN_LINEAR_INPUT, dt, E.PYDNN_DATA_FLOAT
                                 if dt != E.PYDNN_DATA_DOUBLE else dt, E.PYDNN_DEFAULT_MATH, I, H, proj_size, L,
@@ -246,6 +248,8 @@ def run_case(handle, dev, c, check_backward=True):
     _close(_load(dev, dhxp, (L * D, B, out), dt), rdhx, dt, "dhx")
     if lstm:
         _close(_load(dev, dcxp, (L * D, B, H), dt), rdcx, dt, "dcx")
+    if not c.weights:
+        return
     # weights: ADD onto known values
     dw = dev.alloc(wsize)
     init = _store(dev, dw, rng.uniform(-1, 1, wsize // es), dt)

@@ -278,7 +278,7 @@ def test_forward_validation(over, status, words):
 
 
 def test_forward_not_supported():
-    for kw, word in ((dict(algo=E.PYDNN_RNN_ALGO_PERSIST_STATIC), "algo"), (dict(dt=F64, prec=F64), "double")):
+    for kw, word in ((dict(algo=E.PYDNN_RNN_ALGO_PERSIST_DYNAMIC), "algo"), (dict(dt=F64, prec=F64), "double")):
         f = _Fwd(**kw)
         raises(NS, [word], pydnn.rnn_forward, *f.args().values())
 

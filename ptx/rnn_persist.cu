@@ -1,0 +1,609 @@
+// PERSIST_STATIC RNN kernels (pydnn/ops/rnn/persist.py): one persistent launch per layer runs all T steps of
+// the recurrence; every block owns `units` hidden units (all G gates of them, so the cell update is local),
+// keeps its slice of the recurrent weights in shared memory for all steps, and the blocks meet at a grid
+// barrier between steps (a global counter: __syncthreads, then thread 0 red.release.gpu.add; waiters
+// spin with ld.acquire.gpu). All blocks must be co-resident: the host launches at most one block per SM and
+// checks the occupancy (NOT_SUPPORTED otherwise).
+//
+//   persist_fwd<T, CELL>   forward of one layer (one or two directions: blockIdx.y picks dir[]). Per step:
+//                          the input projection's slice of time t is prefetched (cp.async) before the barrier,
+//                          h_{t-1} [batch, hidden] comes from L2 (cp.async.cg) into shared memory, the block
+//                          GEMM [batch, G*units] = h_{t-1} x W_slice^T (mma.sync m16n8k16 for 16-bit data, f32
+//                          accumulate; FFMA for float), then the cell (fwd_cell of rnn.cu, same math and
+//                          writes: h, the f32 state, y, the gate values), then the barrier.
+//   persist_bwd<T, CELL>   backward data of one layer: per step (time reversed) the block GEMM
+//                          [batch, units] = d_{prev} x W[:, units] (d_prev: the recurrent pre-activation
+//                          gradients [batch, G*hidden] of the step processed before, from L2) and the cell
+//                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
+//                          share in gh (and 0 in ghrec) for bwd_state_out.
+//   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
+//
+// Measured (H200, mid-session, before the deferred stores and the fence removal): 4.58 us a step with the
+// barrier, 5.18 with the tagged exchange (hence the barrier is the default), the backward ~5.4 us.
+// Time per step, predicted for issue 16's small case (LSTM fp16, hidden 256, batch 32: 32 blocks of 8
+// units). With the barrier: the last block's atomic reaching L2 and the waiters' poll (~1 us, after a
+// __threadfence of its stores, ~0.5 us) + h_{t-1}, 16 KiB per block from L2 (~0.5-1 us, latency bound; 0.5
+// MiB per step in all) + 16 k-steps of mma per warp (~0.3 us) + the cell and its stores (~0.3 us) = ~2.5-3
+// us, 1.3-1.5 ms for 512 steps. With the tagged exchange (below): no fence, no counter; one round of loads of
+// the tagged words (32 KiB per block, 8 x 16 bytes a thread in flight at once, ~0.7 us once the producers'
+// stores have landed) + mma + cell = ~1.3-1.6 us, ~0.7-0.8 ms for 512 steps, plus the input GEMM (~30 us).
+// cuDNN: 1.74 ms, 3.4 us per step with the input GEMM. Backward (barrier): the A operand [batch, 4 * hidden]
+// is 64 KiB per block per step (2 MiB in all), ~3 us per step, ~1.5 ms. Hidden 1024 / batch 64 (128 blocks,
+// the operand in chunks, the barrier): h is 128 KiB per block per step, 16 MiB of L2 reads a step (~3 us at
+// ~5.5 TB/s) + the GEMM (2 MFLOP a block, ~0.5 us on tensor cores; float FFMA ~8-10 us) -> ~4 us per step
+// (fp16; cuDNN's STANDARD-like forward ran 17 us per step and layer there).
+#include "common/types.cuh"
+#include "rnn_persist_params.h"
+
+namespace pydnn {
+namespace rnn {
+
+constexpr int kPThreads = 256;
+constexpr int kPWarps = kPThreads / 32;
+
+__device__ __forceinline__ float p_sigm(float v) { return 1.0f / (1.0f + __expf(-v)); }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// rows [0, rows) of `cols` elements (a multiple of 16 bytes) at src (row pitch ld elements) into shared dst
+// (row pitch `pitch` elements), 16-byte chunks spread over the block
+template <class T>
+__device__ __forceinline__ void load_rows(T* dst, int pitch, const T* src, long long ld, int rows, int cols) {
+  constexpr int E = 16 / sizeof(T);
+  const int cpr = cols / E;
+  for (int i = threadIdx.x; i < rows * cpr; i += kPThreads) {
+    const int r = i / cpr, c = (i % cpr) * E;
+    cp16(dst + (long long)r * pitch + c, src + r * ld + c);
+  }
+}
+
+// ---------------------------------------------------------------- the grid barrier (a counter per direction)
+// arrive: the block's writes are ordered before thread 0's release add by the CTA barrier (cumulativity), so a
+// waiter whose acquire load sees the count sees them too (no full fence needed)
+__device__ __forceinline__ void grid_arrive(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(bar) : "memory");
+}
+// A block that waits ~2^22 polls (seconds: some block is not resident or died) traps: a launch error
+// instead of a hung device.
+__device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
+  if (threadIdx.x == 0) {
+    unsigned v, polls = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
+      if (++polls == (1u << 22)) __trap();
+    } while (v < target);  // acquire: the arrived blocks' writes are visible to what follows the CTA barrier
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------- the block GEMM
+// part[ks][m][n] (+)= sum over k in slice ks of A[m][k] * B[n][k] (acc: add to part, the K chunks after the
+// first); A [bp][kc] (row pitch pa), B [n][kc] (row pitch pb) in shared memory, zero past the real sizes.
+// Each part element belongs to one warp (16-bit) / thread (float) in every chunk. 16-bit: warps over (m tile,
+// n tile, k slice), mma.m16n8k16.
+template <class T> struct Mma;
+template <> struct Mma<half_t> {
+  static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <> struct Mma<bf16_t> {
+  static __device__ __forceinline__ void run(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <class T>
+__device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int pb, float* part, int bp, int n, int kc,
+                                           int ksplit, bool acc) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kc >> 4) / ksplit, total = tiles * ksplit;
+  // work items w (tile, K slice) of this warp two at a time (w and w + kPWarps): two independent mma chains
+  for (int w = warp; w < total; w += 2 * kPWarps) {
+    const bool two = w + kPWarps < total;  // warp-uniform
+    unsigned a_addr[2], b_addr[2];
+    int m0[2], n0[2], ks[2];
+#pragma unroll
+    for (int z = 0; z < 2; ++z) {
+      const int wz = two ? w + z * kPWarps : w;
+      const int tile = wz % tiles;
+      ks[z] = wz / tiles;
+      m0[z] = (tile % mt) * 16;
+      n0[z] = (tile / mt) * 8;
+      // ldmatrix.x4 (A 16 x 16: lane l gives row l % 16, column block l / 16) and .x2 (B 8 x 16: lane l % 16
+      // gives row l % 8, column block (l / 8) % 2)
+      a_addr[z] = smem_u32(A + (m0[z] + (lane & 15)) * pa + ((lane >> 4) << 3)) + ks[z] * per * 32;
+      b_addr[z] = smem_u32(B + (n0[z] + (lane & 7)) * pb + (((lane >> 3) & 1) << 3)) + ks[z] * per * 32;
+    }
+    float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 2
+    for (int kk = 0; kk < per; ++kk) {
+#pragma unroll
+      for (int z = 0; z < 2; ++z) {
+        if (z == 1 && !two) break;
+        unsigned a[4], b[2];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[z] + kk * 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[z] + kk * 32));
+        Mma<T>::run(c[z], a, b);
+      }
+    }
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int z = 0; z < 2; ++z) {
+      if (z == 1 && !two) break;
+      float* o = part + (long long)ks[z] * bp * n;
+      float* r0 = o + (m0[z] + g) * n + n0[z] + 2 * q;
+      float* r1 = r0 + 8 * n;
+      if (acc) {
+        r0[0] += c[z][0];
+        r0[1] += c[z][1];
+        r1[0] += c[z][2];
+        r1[1] += c[z][3];
+      } else {
+        r0[0] = c[z][0];
+        r0[1] = c[z][1];
+        r1[0] = c[z][2];
+        r1[1] = c[z][3];
+      }
+    }
+  }
+}
+
+// float: threads over (2 columns nn and nn + n / 2, 4 rows, k slice): 8 accumulators, FFMA over float4 shared
+// loads (no TF32: cuDNN's fp32). A warp's columns are consecutive weight rows (no bank conflicts), its rows
+// mostly one broadcast A row.
+template <>
+__device__ __forceinline__ void block_gemm<float>(const float* A, int pa, const float* B, int pb, float* part, int bp,
+                                                  int n, int kc, int ksplit, bool acc) {
+  const int np = n >> 1, items = np * (bp >> 2), per = kc / ksplit;
+  for (int q = threadIdx.x; q < items * ksplit; q += kPThreads) {
+    const int item = q % items, ks = q / items;
+    const int n0 = item % np, b0 = (item / np) * 4;
+    const float* w0 = B + n0 * pb + ks * per;
+    const float* w1 = w0 + np * pb;
+    const float* a = A + b0 * pa + ks * per;
+    float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < per; k += 4) {
+      const float4 u = *reinterpret_cast<const float4*>(w0 + k);
+      const float4 v = *reinterpret_cast<const float4*>(w1 + k);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(a + r * pa + k);
+        s0[r] = fmaf(x.x, u.x, s0[r]);
+        s1[r] = fmaf(x.x, v.x, s1[r]);
+        s0[r] = fmaf(x.y, u.y, s0[r]);
+        s1[r] = fmaf(x.y, v.y, s1[r]);
+        s0[r] = fmaf(x.z, u.z, s0[r]);
+        s1[r] = fmaf(x.z, v.z, s1[r]);
+        s0[r] = fmaf(x.w, u.w, s0[r]);
+        s1[r] = fmaf(x.w, v.w, s1[r]);
+      }
+    }
+    float* o = part + (long long)ks * bp * n;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float* row = o + (b0 + r) * n;
+      row[n0] = acc ? row[n0] + s0[r] : s0[r];
+      row[n0 + np] = acc ? row[n0 + np] + s1[r] : s1[r];
+    }
+  }
+}
+
+__device__ __forceinline__ float part_sum(const float* part, int ksplit, int bp, int n, int b, int col) {
+  float s = part[b * n + col];
+  for (int z = 1; z < ksplit; ++z) s += part[(long long)z * bp * n + b * n + col];
+  return s;
+}
+
+template <class T> __device__ __forceinline__ float ldf(const void* p, long long i) {
+  return load<float>(static_cast<const T*>(p)[i]);
+}
+template <class T> __device__ __forceinline__ void stf(void* p, long long i, float v) {
+  static_cast<T*>(p)[i] = Store<T>::from(v);
+}
+
+__device__ __forceinline__ long long slot(const PersistParams& p, int i) { return p.pingpong ? (i & 1) : i; }
+
+// ---------------------------------------------------------------- the tagged exchange (forward)
+// With xchg, the forward needs no barrier: at step s every block publishes its units' h_t as words that
+// carry the tag s + 1 next to the value (16-bit data: a u32, the value's bits low, the tag high; float: a
+// u64, the tag in the high word) into slot s & 1 of [2][batch][hidden]; a block starting step s + 1 reads all
+// of h_t from slot s & 1 with .relaxed.gpu loads (L2), re-reading a 16-byte chunk until every word in it
+// carries the tag s + 1. Each word is single-copy atomic, so a matching tag means the value next to it is the
+// step's: no fence and no counter, one L2 round trip per step instead of three (the barrier's atomic, its
+// poll, the h load). Slot s & 1 is rewritten at step s + 2 only by a block that has read h_{s+1} of every
+// block, so every block has finished step s + 1 and with it its reads of slot s & 1. persist_reset zeroes
+// the words (tag 0 is never expected) so that no earlier launch's tags match.
+template <class T> struct Xchg {  // 16-bit data
+  static constexpr int PER = 4;   // values per 16-byte chunk
+  static constexpr int WORD = 4;  // bytes per word
+  static __device__ __forceinline__ void put(void* base, long long i, T v, unsigned tag) {
+    const unsigned w = (unsigned)v.bits | (tag << 16);
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"((unsigned*)base + i), "r"(w) : "memory");
+  }
+  typedef uint4 R;  // the raw chunk of words i .. i + 3
+  static __device__ __forceinline__ R load(const void* base, long long i) {
+    R r;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"((const unsigned*)base + i) : "memory");
+    return r;
+  }
+  static __device__ __forceinline__ bool ok(const R& r, unsigned tag) {
+    return (r.x >> 16) == tag && (r.y >> 16) == tag && (r.z >> 16) == tag && (r.w >> 16) == tag;
+  }
+  static __device__ __forceinline__ void store(const R& r, T* dst) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2((r.x & 0xFFFFu) | (r.y << 16), (r.z & 0xFFFFu) | (r.w << 16));
+  }
+};
+template <> struct Xchg<float> {
+  static constexpr int PER = 2;
+  static constexpr int WORD = 8;
+  static __device__ __forceinline__ void put(void* base, long long i, float v, unsigned tag) {
+    const unsigned long long w = (unsigned long long)__float_as_uint(v) | ((unsigned long long)tag << 32);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"((unsigned long long*)base + i), "l"(w) : "memory");
+  }
+  typedef ulonglong2 R;
+  static __device__ __forceinline__ R load(const void* base, long long i) {
+    R r;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n"
+                 : "=l"(r.x), "=l"(r.y) : "l"((const unsigned long long*)base + i) : "memory");
+    return r;
+  }
+  static __device__ __forceinline__ bool ok(const R& r, unsigned tag) {
+    return (unsigned)(r.x >> 32) == tag && (unsigned)(r.y >> 32) == tag;
+  }
+  static __device__ __forceinline__ void store(const R& r, float* dst) {
+    *reinterpret_cast<float2*>(dst) = make_float2(__uint_as_float((unsigned)r.x), __uint_as_float((unsigned)r.y));
+  }
+};
+
+// rows [0, rows) x columns [col0, col0 + cols) of the tagged words at src (row pitch ld words) into dst (row
+// pitch `pitch`), once every word carries `tag`. A thread owns at most kXChunks 16-byte chunks (the host
+// allows the tagged exchange only then): each round loads all its chunks still pending at once (one L2 round
+// trip), keeps those whose tags match, and repeats for the rest.
+constexpr int kXChunks = 8;
+template <class T>
+__device__ __forceinline__ void xchg_gather(T* dst, int pitch, const void* src, long long ld, int col0, int rows,
+                                            int cols, unsigned tag) {
+  typedef Xchg<T> X;
+  const int cpr = cols / X::PER, total = rows * cpr;
+  unsigned pending = 0;
+#pragma unroll
+  for (int m = 0; m < kXChunks; ++m)
+    if (threadIdx.x + m * kPThreads < total) pending |= 1u << m;
+  unsigned rounds = 0;
+  while (pending) {
+    typename X::R v[kXChunks];
+#pragma unroll
+    for (int m = 0; m < kXChunks; ++m) {
+      if (pending >> m & 1) {
+        const int q = threadIdx.x + m * kPThreads;
+        v[m] = X::load(src, (long long)(q / cpr) * ld + col0 + (q % cpr) * X::PER);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kXChunks; ++m) {
+      if ((pending >> m & 1) && X::ok(v[m], tag)) {
+        const int q = threadIdx.x + m * kPThreads;
+        X::store(v[m], dst + (q / cpr) * pitch + (q % cpr) * X::PER);
+        pending &= ~(1u << m);
+      }
+    }
+    if (++rounds == (1u << 22)) __trap();
+  }
+}
+
+// zeroes the barrier counter and the xchg words (xwords 32-bit words) of dir[blockIdx.y]
+template <class T>
+__global__ void persist_reset(const PersistParams p) {
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  if (blockIdx.x == 0 && threadIdx.x == 0) *d.bar = 0u;
+  if (d.xchg)
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.xwords;
+         i += (long long)gridDim.x * blockDim.x)
+      static_cast<unsigned*>(d.xchg)[i] = 0u;
+}
+
+// ---------------------------------------------------------------- forward
+// shared memory: W slice [G*units][pitch] (row g*units + u = W row g*hidden + j0 + u) at off_w; h_{t-1}
+// [bp][pitch] at off_a; part [ksplit][bp][G*units] f32 at off_part; the input projection slice [batch][G*units]
+// (dtype) at off_x; the biases bw, br [G*units] f32 at off_b; the f32 state [batch][units] at off_s; lens at
+// off_lens.
+template <class T, int CELL>
+__global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, N = G * U, j0 = blockIdx.x * U, TT = p.seq;
+  T* ws = reinterpret_cast<T*>(smem + p.off_w);
+  T* hsm = reinterpret_cast<T*>(smem + p.off_a);  // nchunk > 1: two buffers of [bp][pitch]
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  T* xs = reinterpret_cast<T*>(smem + p.off_x);
+  T* hown = reinterpret_cast<T*>(smem + p.off_h);  // h_{t-1} of this block's units [batch][units]
+  float* gsm = reinterpret_cast<float*>(smem + p.off_g);  // the step's gate values [batch][units][GA]
+  float* bs = reinterpret_cast<float*>(smem + p.off_b);
+  float* st = reinterpret_cast<float*>(smem + p.off_s);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  const T* W = static_cast<const T*>(d.w);
+  const T* hs = static_cast<const T*>(d.hs);
+  const long long BH = (long long)B * H;
+
+  // once: zero the h buffers (rows past batch, columns past hidden stay 0), the W slice; biases, state, own
+  // h, lengths
+  const int nbuf = p.nchunk > 1 ? 2 : 1, KC = p.kp;
+  for (int i = threadIdx.x; i < nbuf * p.bp * p.pitch; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < N * p.wpitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
+  __syncthreads();
+  for (int g = 0; g < G; ++g) load_rows<T>(ws + g * U * p.wpitch, p.wpitch, W + ((long long)g * H + j0) * H, H, U, H);
+  cp_commit();
+  for (int i = threadIdx.x; i < N; i += kPThreads) {
+    const int g = i / U, u = i % U;
+    bs[i] = d.bw ? ldf<T>(d.bw, (long long)g * H + j0 + u) : 0.f;
+    bs[N + i] = d.br ? ldf<T>(d.br, (long long)g * H + j0 + u) : 0.f;
+  }
+  const int first = d.rev ? TT : 0;
+  if (CELL >= 2)
+    for (int i = threadIdx.x; i < B * U; i += kPThreads)
+      st[i] = d.s32[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
+  for (int i = threadIdx.x; i < B * U; i += kPThreads)
+    hown[i] = hs[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  const unsigned nblk = gridDim.x;
+
+  for (int s = 0; s < TT; ++s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    // this step's input projection slice: independent of the other blocks, fetched before the barrier
+    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
+    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+    cp_commit();
+    // h_{t-1} [batch, hidden] chunk by chunk (K = hidden in nchunk chunks of KC, two buffers), the block GEMM
+    // accumulating over the chunks
+    const bool tagged = s > 0 && d.xchg;
+    const int kreal = p.nchunk > 1 ? KC : H;
+    const T* hsrc = hs + slot(p, ip) * BH;
+    if (!tagged) {
+      if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
+      load_rows<T>(hsm, p.pitch, hsrc, H, B, kreal);
+      cp_commit();
+    }
+    for (int c = 0; c < p.nchunk; ++c) {
+      T* buf = hsm + (c & 1) * p.bp * p.pitch;
+      if (tagged) {  // h_{t-1} from the tagged words of step s - 1
+        xchg_gather<T>(buf, p.pitch, static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD, H,
+                       c * KC, B, kreal, (unsigned)s);
+        if (c == p.nchunk - 1) cp_wait_all();  // xs
+      } else if (c + 1 < p.nchunk) {
+        load_rows<T>(hsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, hsrc + (c + 1) * KC, H, B, KC);
+        cp_commit();
+        cp_wait_1();
+      } else {
+        cp_wait_all();
+      }
+      __syncthreads();
+      block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0);
+      __syncthreads();
+    }
+    // the cell, in two passes: first what the other blocks wait for (h_t: the state slot, the tagged words)
+    // and the block's own state in shared memory, then the barrier, then the rest (y, the f32 state slot, the
+    // gate values) from shared memory: the barrier's release covers only the h stores (each thread's pass 2
+    // reads only its own items' shared entries, so nothing else needs ordering)
+    T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
+    void* xo = d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const long long o = (long long)b * H + j;
+      if (t < lens[b]) {
+        float xa[G], ha[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
+          xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
+        }
+        float* gv = gsm + i * GA;
+        if (CELL == 2) {
+          const float ig = p_sigm(xa[0] + ha[0]), fg = p_sigm(xa[1] + ha[1]), gg = tanhf(xa[2] + ha[2]),
+                      og = p_sigm(xa[3] + ha[3]);
+          float c = fg * st[i] + ig * gg;
+          if (p.clip) c = c != c ? c : fminf(fmaxf(c, p.lclip), p.rclip);
+          st[i] = c;
+          hown[i] = Store<T>::from(og * tanhf(c));
+          gv[0] = ig; gv[1] = fg; gv[2] = gg; gv[3] = og;
+        } else if (CELL == 3) {
+          const float r = p_sigm(xa[0] + ha[0]), z = p_sigm(xa[1] + ha[1]);
+          const float n = tanhf(xa[2] + r * ha[2]);
+          const float h = (1.0f - z) * n + z * st[i];
+          st[i] = h;
+          hown[i] = Store<T>::from(h);
+          gv[0] = r; gv[1] = z; gv[2] = n; gv[3] = ha[2];
+        } else {
+          const float a = xa[0] + ha[0];
+          const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
+          hown[i] = Store<T>::from(h);
+          gv[0] = h;
+        }
+      }  // a row past its length carries its state: hown, st unchanged
+      h_out[o] = hown[i];
+      if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
+    }
+    if (xo) __syncthreads();  // the shared buffers are reused next step; no barrier with the tagged exchange
+    else grid_arrive(d.bar);
+    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const bool active = t < lens[b];
+      if (CELL >= 2) s_out[(long long)b * H + j] = st[i];
+      static_cast<T*>(d.y)[t * p.ld_yt + b * p.ld_y + j] = active ? hown[i] : Store<T>::from(0.0f);
+      if (d.act && active) {
+        float* act = d.act + ((long long)t * B + b) * GA * H + j;
+#pragma unroll
+        for (int k = 0; k < GA; ++k) act[k * H] = gsm[i * GA + k];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward data
+// shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
+// [bp][pitch] at off_a; part [ksplit][bp][units] at off_part; gh [batch][units] f32 at off_s, gc at off_s2;
+// lens at off_lens; at off_x the step's own inputs, fetched before the barrier: the gate values
+// [batch][GA][units] f32, the f32 states after / before the step [2][batch][units] (LSTM, GRU), dy
+// [batch][units] (dtype).
+template <class T, int CELL>
+__global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, GH = G * H, j0 = blockIdx.x * U, TT = p.seq;
+  T* wt = reinterpret_cast<T*>(smem + p.off_w);
+  T* dsm = reinterpret_cast<T*>(smem + p.off_a);
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  float* gh = reinterpret_cast<float*>(smem + p.off_s);
+  float* gc = reinterpret_cast<float*>(smem + p.off_s2);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  const T* W = static_cast<const T*>(d.w);
+  const long long BH = (long long)B * H;
+  // the recurrence reads the recurrent pre-activation gradients (GRU: dha; else dxa, the same values)
+  const T* drec = static_cast<const T*>(d.dha ? d.dha : d.dxa);
+  float* pf_act = reinterpret_cast<float*>(smem + p.off_x);
+  float* pf_s = pf_act + B * GA * U;
+  T* pf_dy = reinterpret_cast<T*>(pf_s + (CELL >= 2 ? 2 * B * U : 0));
+
+  const int nbuf = p.nchunk > 1 ? 2 : 1, KC = p.kp, kreal = p.nchunk > 1 ? KC : GH;
+  for (int i = threadIdx.x; i < nbuf * p.bp * p.pitch; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < U * p.wpitch; i += kPThreads) {
+    const int u = i / p.wpitch, k = i % p.wpitch;
+    wt[i] = k < GH ? W[(long long)k * H + j0 + u] : Store<T>::from(0.0f);
+  }
+  for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+    const long long o = (long long)(i / U) * H + j0 + i % U;
+    gh[i] = d.gh[o];
+    gc[i] = CELL == 2 ? d.gc[o] : 0.f;
+  }
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  __syncthreads();
+  const unsigned nblk = gridDim.x;
+
+  for (int s = 0; s <= TT; ++s) {
+    const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step (t -1 or TT)
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (s < TT) {  // this step's gate values, states and dy: this block's own, fetched before the barrier
+      load_rows<float>(pf_act, U, d.act + (long long)t * B * GA * H + j0, H, B * GA, U);
+      if (CELL >= 2) {
+        load_rows<float>(pf_s, U, d.s32 + slot(p, io) * BH + j0, H, B, U);
+        load_rows<float>(pf_s + B * U, U, d.s32 + slot(p, ip) * BH + j0, H, B, U);
+      }
+      if (d.dy) load_rows<T>(pf_dy, U, static_cast<const T*>(d.dy) + t * p.ld_yt + j0, p.ld_y, B, U);
+      cp_commit();
+    }
+    if (s > 0) {
+      grid_wait(d.bar, (unsigned)s * nblk);
+      const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
+      const T* dsrc = drec + (long long)tp * B * GH;
+      load_rows<T>(dsm, p.pitch, dsrc, GH, B, kreal);
+      cp_commit();
+      for (int c = 0; c < p.nchunk; ++c) {  // K = G * hidden in nchunk chunks through two buffers
+        if (c + 1 < p.nchunk) {
+          load_rows<T>(dsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, dsrc + (c + 1) * KC, GH, B, KC);
+          cp_commit();
+          cp_wait_1();
+        } else {
+          cp_wait_all();
+        }
+        __syncthreads();
+        block_gemm<T>(dsm + (c & 1) * p.bp * p.pitch, p.pitch, wt + c * KC, p.wpitch, part, p.bp, U, KC, p.ksplit,
+                      c > 0);
+        __syncthreads();
+      }
+    }
+    if (s == TT) {
+      for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+        const long long o = (long long)(i / U) * H + j0 + i % U;
+        d.gh[o] = gh[i] + part_sum(part, p.ksplit, p.bp, U, i / U, i % U);
+        if (CELL == 2) d.gc[o] = gc[i];
+        stf<T>(d.ghrec, o, 0.0f);
+      }
+      break;
+    }
+    if (s == 0) {
+      cp_wait_all();
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const float rec = s > 0 ? part_sum(part, p.ksplit, p.bp, U, b, u) : 0.f;
+      const long long xo = ((long long)t * B + b) * GH + j;
+      if (t >= lens[b]) {
+        gh[i] += rec;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          stf<T>(d.dxa, xo + (long long)g * H, 0.f);
+          if (d.dha) stf<T>(d.dha, xo + (long long)g * H, 0.f);
+        }
+        continue;
+      }
+      float dh = gh[i] + rec;
+      if (d.dy) dh += load<float>(pf_dy[i]);
+      const float* act = pf_act + b * GA * U + u;  // gate k at act[k * U]
+      float dd[G], dr[G];
+      if (CELL == 2) {
+        const float ig = act[0], fg = act[U], gg = act[2 * U], og = act[3 * U];
+        const float c = pf_s[i], cp = pf_s[B * U + i];
+        const float tc = tanhf(c);
+        float dc = gc[i] + dh * og * (1.0f - tc * tc);
+        if (p.clip && !(p.lclip < c && c < p.rclip)) dc = 0.0f;
+        dd[0] = dc * gg * ig * (1.0f - ig);
+        dd[1] = dc * cp * fg * (1.0f - fg);
+        dd[2] = dc * ig * (1.0f - gg * gg);
+        dd[3] = dh * tc * og * (1.0f - og);
+        gc[i] = dc * fg;
+        gh[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; ++k) dr[k] = dd[k];
+      } else if (CELL == 3) {
+        const float r = act[0], z = act[U], n = act[2 * U], han = act[3 * U];
+        const float hp = pf_s[B * U + i];
+        const float dn = dh * (1.0f - z) * (1.0f - n * n);
+        dd[1] = dh * (hp - n) * z * (1.0f - z);
+        dd[0] = dn * han * r * (1.0f - r);
+        dd[2] = dn;
+        dr[0] = dd[0];
+        dr[1] = dd[1];
+        dr[2] = dn * r;
+        gh[i] = dh * z;
+      } else {
+        const float h = act[0];
+        dd[0] = dh * (CELL == 0 ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+        dr[0] = dd[0];
+        gh[i] = 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        stf<T>(d.dxa, xo + (long long)g * H, dd[g]);
+        if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
+      }
+    }
+    grid_arrive(d.bar);
+  }
+}
+
+}  // namespace rnn
+}  // namespace pydnn

@@ -1,0 +1,261 @@
+"""PYDNN_RNN_ALGO_PERSIST_STATIC without a GPU: the engine's Python with the persistent kernels re-stated in
+numpy block by block (rnn_persist_emulator.py: the slice mapping, the shared memory layout the host chose,
+the K slices, the state slots, the barrier order) against the float64 reference; the plan's shared memory
+layouts; NOT_SUPPORTED with its reasons; the workspace sizes; NVRTC compilation of ptx/rnn_persist.cu for
+sm_80 and sm_90 with no spills."""
+import os
+import sys
+
+import pytest
+
+import pydnn
+from pydnn import enums as E
+from pydnn.status import PydnnError
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rnn_emulator  # noqa: E402
+from rnn_harness import Case, run_case  # noqa: E402
+
+from pydnn.ops.rnn import engine, persist  # noqa: E402
+
+PS, STD = E.PYDNN_RNN_ALGO_PERSIST_STATIC, E.PYDNN_RNN_ALGO_STANDARD
+F32, F16, BF16 = E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16
+PACKED, BATCH_MAJOR = E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, E.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED
+
+
+def _c(**kw):
+    kw.setdefault("hidden", 8)
+    return Case(algo=PS, **kw)
+
+
+CASES = {
+    "lstm": _c(),
+    "lstm-half-16": _c(dtype=F16, hidden=16, lengths=(4, 3, 4, 1)),
+    "lstm-bi-2layer-nostate": _c(layers=2, dirs=2, states=False, lengths=(4, 2, 3), fill=-3.0),
+    "lstm-clip-2layer": _c(clip=(-0.4, 0.5), layers=2, lengths=(4, 1, 3)),
+    "gru-bi-packed": _c(cell=E.PYDNN_GRU, dirs=2, layers=2, layout=PACKED, lengths=(4, 4, 2)),
+    "gru-skip-rec-bias": _c(cell=E.PYDNN_GRU, skip=True, bias_mode=E.PYDNN_RNN_SINGLE_REC_BIAS, dirs=2),
+    "relu-nobias": _c(cell=E.PYDNN_RNN_RELU, bias_mode=E.PYDNN_RNN_NO_BIAS, layers=2),
+    "tanh-inp-bias-batch-major": _c(cell=E.PYDNN_RNN_TANH, bias_mode=E.PYDNN_RNN_SINGLE_INP_BIAS,
+                                    layout=BATCH_MAJOR, lengths=(1, 4, 2)),
+    "lstm-skip-bi": _c(skip=True, dirs=2, layers=2),
+    "gru-half-dropout": _c(cell=E.PYDNN_GRU, dtype=F16, layers=2, dropout=0.3),
+    # several blocks (hidden / units), batch rows past one 16-row tile (half) / 4-row group (float)
+    "lstm-half-32-many-rows": _c(dtype=F16, hidden=32, input_size=6, lengths=(5, 5, 4, 1, 5, 3) * 3, T=5),
+    "tanh-f32-24-bi": _c(cell=E.PYDNN_RNN_TANH, hidden=24, input_size=7, lengths=(5, 3, 5, 2, 1), T=5, dirs=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_persist_engine_on_emulated_device(name, monkeypatch):
+    c = CASES[name]
+    dev = rnn_emulator.Device()
+    calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    kinds = {m[1] for m in calls if m[0] == "persist"}
+    assert kinds == {"persist_reset", "persist_fwd", "persist_bwd"}
+    fwd = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+           for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert fwd and not any(q.dir[0].xchg for q in fwd)  # the barrier (tuning.rnn.PERSIST_XCHG's default)
+    assert not [m for m in calls if m[0] == "rnn" and m[1] in ("fwd_cell", "bwd_cell")]
+
+
+CHUNKED = {  # tuning.rnn.PERSIST_MAX_CHUNK 64: the [batch, K] operands pass through shared memory in chunks
+    "lstm-half-128": (_c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4, 3, 1), T=4), (2, 8)),
+    "gru-f32-64-bi": (_c(cell=E.PYDNN_GRU, hidden=64, input_size=6, dirs=2, lengths=(4, 3, 4), T=4), (1, 3)),
+    "tanh-half-192": (_c(cell=E.PYDNN_RNN_TANH, dtype=F16, hidden=192, input_size=5, lengths=(3, 1, 3), T=3), (3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(CHUNKED))
+def test_persist_engine_in_chunks(name, monkeypatch):
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    c, (nf, nb) = CHUNKED[name]
+    for xchg in (True, False):
+        monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", xchg)
+        dev = rnn_emulator.Device()
+        rnn_emulator.install(monkeypatch, dev, c.dtype)
+        h = rnn_emulator.fake_handle()
+        run_case(h, dev, c)
+        plans = [v for k, v in h.prepared.items() if k[0] == "rnn.persist.plan" and k[-2]]
+        assert plans and all((p.fwd.nchunk, p.bwd.nchunk) == (nf, nb) for p in plans)
+
+
+@pytest.mark.parametrize("name", ["lstm-bi-2layer-nostate", "gru-bi-packed", "tanh-f32-24-bi",
+                                  "lstm-half-32-many-rows"])
+def test_persist_engine_with_the_tagged_exchange(name, monkeypatch):
+    """tuning.rnn.PERSIST_XCHG on: the forward exchanges h as tagged words (the emulation checks every tag)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XCHG", True)
+    c = CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"]
+    launches = [it[4][2] for items in fwd for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert launches and all(q.dir[0].xchg for q in launches)
+
+
+def test_persist_blocks_and_directions(monkeypatch):
+    """hidden 32 with 1 SM per 2 slices: the plan widens the slice (16 units, 2 blocks); a bidirectional
+    layer whose 2 * blocks exceed the SMs launches per direction."""
+    c = _c(hidden=32, input_size=4, dirs=2, lengths=(3, 2), T=3)
+    dev = rnn_emulator.Device()
+    calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    h.sm_count = 2
+    run_case(h, dev, c)
+    fwd = [m for m in calls if m[0] == "persist" and m[1] == "persist_fwd"]
+    assert fwd
+    plans = [v for k, v in h.prepared.items() if k[0] == "rnn.persist.plan"]
+    assert plans and all(p.units == 16 and p.blocks == 2 and not p.both for p in plans)
+
+
+def _desc(algo=PS, cell=E.PYDNN_LSTM, dt=F16, H=256, proj=None, D=1, I=None):
+    r = pydnn.create_rnn_descriptor()
+    pydnn.set_rnn_descriptor_v8(r, algo, cell, E.PYDNN_RNN_DOUBLE_BIAS,
+                                E.PYDNN_BIDIRECTIONAL if D == 2 else E.PYDNN_UNIDIRECTIONAL, E.PYDNN_LINEAR_INPUT, dt,
+                                dt if dt == E.PYDNN_DATA_DOUBLE else F32, E.PYDNN_DEFAULT_MATH, I or H, H, proj or H,
+                                1, None, 1)
+    return r
+
+
+def _x(dt, T, B, I):
+    x = pydnn.create_rnn_data_descriptor()
+    pydnn.set_rnn_data_descriptor(x, dt, 0, T, B, I, [T] * B, None)
+    return x
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(proj=128), "projection"),
+    (dict(H=100), "multiple of 8"),
+    (dict(dt=E.PYDNN_DATA_DOUBLE), "float, half and bfloat16"),
+    (dict(H=2048, dt=F32), "shared memory per block"),
+])
+def test_not_supported_reasons(kw, words):
+    h = rnn_emulator.fake_handle()
+    dt = kw.get("dt", F16)
+    r = _desc(**kw)
+    x = _x(dt, 8, 64, kw.get("H", 256))
+    for mode in (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING):
+        with pytest.raises(PydnnError) as e:
+            pydnn.get_rnn_temp_space_sizes(h, r, mode, x)
+        assert e.value.status == E.PYDNN_STATUS_NOT_SUPPORTED and words in str(e.value), str(e.value)
+        assert "PERSIST_STATIC" in str(e.value)
+
+
+def test_large_operands_pass_in_chunks():
+    """Issue 16's main shapes (hidden 1024, batch 64): the [64, 1024] h tile (forward) and the [64, 4096] gate
+    gradient tile (backward) do not fit shared memory next to the weight slice; they pass through it in chunks
+    (two buffers) and the plan fits on an H100 / H200 (227 KiB per block), 128 blocks of 8 units."""
+    h = rnn_emulator.fake_handle()
+    for dt in (F16, F32):
+        r, x = _desc(H=1024, dt=dt), _x(dt, 8, 64, 1024)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        pl = persist.plan(h, engine.set_rnn(r), g, True)
+        assert pl.units == 8 and pl.blocks == 128
+        assert pl.bwd.nchunk > 1 and pl.bwd.kp * pl.bwd.nchunk == 4096
+        assert max(pl.fwd.smem, pl.bwd.smem) <= persist.SMEM_OPTIN["sm_90"]
+        assert (pl.fwd.nchunk > 1) == (dt == F32)
+
+
+@pytest.mark.parametrize("cell", [E.PYDNN_LSTM, E.PYDNN_GRU, E.PYDNN_RNN_TANH])
+@pytest.mark.parametrize("dt", [F32, F16, BF16])
+def test_workspace_is_standard_plus_the_barrier_and_the_exchange(cell, dt):
+    """STANDARD's workspace + the barrier counters + the tagged exchange [dirs][2][B, H] words (u32; float:
+    u64), whatever tuning.rnn.PERSIST_XCHG says (the size must not depend on a switch); the same reserve."""
+    h = rnn_emulator.fake_handle()
+    x = _x(dt, 16, 32, 256)
+    for D in (1, 2):
+        xb = D * 2 * 32 * 256 * (8 if dt == F32 else 4)
+        for mode in (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING):
+            ws_p, rs_p = pydnn.get_rnn_temp_space_sizes(h, _desc(PS, cell, dt, D=D), mode, x)
+            ws_s, rs_s = pydnn.get_rnn_temp_space_sizes(h, _desc(STD, cell, dt, D=D), mode, x)
+            assert ws_p == ws_s + persist.BAR_BYTES + xb and rs_p == rs_s
+
+
+@pytest.mark.parametrize("dt", [F32, F16])
+@pytest.mark.parametrize("cell", [E.PYDNN_LSTM, E.PYDNN_GRU, E.PYDNN_RNN_RELU])
+@pytest.mark.parametrize("H,B", [(8, 3), (256, 32), (64, 17), (512, 64), (24, 100)])
+def test_layouts(dt, cell, H, B):
+    """Both kernels' shared memory regions are 16-byte aligned, disjoint and big enough; the K slices divide
+    the padded K into whole k-steps; the grid fits the SMs."""
+    r, x = _desc(PS, cell, dt, H), _x(dt, 4, B, H)
+    g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+    try:
+        pl = persist.Plan(engine.set_rnn(r), g, 132, persist.SMEM_OPTIN["sm_90"], True)
+    except PydnnError as e:
+        assert e.status == E.PYDNN_STATUS_NOT_SUPPORTED and (H, B) == (512, 64)
+        return
+    assert pl.blocks * pl.units == H and pl.blocks <= 132
+    es = g.es
+    for lay, bwd in ((pl.fwd, False), (pl.bwd, True)):
+        G = g.G
+        n, k = (pl.units, G * H) if bwd else (G * pl.units, H)
+        assert lay.n == n and lay.k == k and lay.bp >= B and lay.pitch > lay.kp
+        assert lay.kp >= k if lay.nchunk == 1 else lay.kp * lay.nchunk == k
+        assert lay.wpitch > (lay.kp if lay.nchunk == 1 else k)
+        step = 16 if es == 2 else 4
+        assert lay.kp % (step * lay.ksplit) == 0 and lay.bp % (16 if es == 2 else 4) == 0
+        need = {"w": n * lay.wpitch * es, "a": (2 if lay.nchunk > 1 else 1) * lay.bp * lay.pitch * es,
+                "part": lay.ksplit * lay.bp * n * 4, "h": 0 if bwd else B * pl.units * es,
+                "g": 0 if bwd else B * pl.units * g.GA * 4,
+                "x": B * pl.units * (4 * g.GA + (8 if G > 1 else 0) + es) if bwd else B * n * es,
+                "b": 0 if bwd else 2 * n * 4, "s": B * pl.units * 4,
+                "s2": B * pl.units * 4 if bwd else 0, "lens": B * 4}
+        spans = sorted((lay.off[name], lay.off[name] + size) for name, size in need.items() if size)
+        assert all(a % 16 == 0 for a, _ in spans)
+        assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+        assert spans[-1][1] <= lay.smem <= persist.SMEM_OPTIN["sm_90"]
+        assert (lay.pitch * es) % 16 == 0 and (lay.wpitch * es) % 16 == 0
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_persist_units_compile_without_spills(arch, tmp_path, monkeypatch):
+    build = pytest.importorskip("pydnn._build.build")
+    try:
+        build.nvrtc.version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    for u in persist.kernel_units():
+        text, _ = cache.unit_inputs(u)
+        cubin, lowered, log = build.nvrtc.compile_cubin(text, u.source, u.exprs, arch,
+                                                        COMMON_OPTIONS + ("--ptxas-options=-v",),
+                                                        [str(cache.ptx_dir())], unit=u.name)
+        assert cubin[:4] == b"\x7fELF" and set(lowered) == set(u.exprs)
+        log = log if isinstance(log, str) else log.decode()
+        assert log.count("Compiling entry") == len(u.exprs)
+        assert "0 bytes spill stores, 0 bytes spill loads" in log
+        assert " bytes spill stores" not in log.replace("0 bytes spill stores", "")
+        assert "bytes stack frame" in log and " 0 bytes stack frame" in log
+
+
+@pytest.mark.parametrize("bwd", [False, True])
+@pytest.mark.parametrize("cell", [E.PYDNN_LSTM, E.PYDNN_GRU, E.PYDNN_RNN_TANH])
+@pytest.mark.parametrize("H,B", [(8, 3), (256, 32), (64, 17), (1024, 64), (24, 100)])
+def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
+    """block_gemm<float>'s thread mapping (ptx/rnn_persist.cu), re-stated: thread item q -> columns n0 and
+    n0 + n / 2, rows b0 .. b0 + 3, K slice ks: every (slice, row, column) of part written exactly once."""
+    import numpy as np
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(cell, 1)
+    units = 8 if H // 8 <= 132 else 16
+    for kc in persist.chunks(G * H if bwd else H, 4):
+        lay = persist.Layout(bwd, G, H, B, units, 4, 4 if G > 1 else 1, kc)
+        n, bp, ks = lay.n, lay.bp, lay.ksplit
+        np_ = n // 2
+        items = np_ * (bp // 4)
+        assert items * ks <= 256 or ks == 1
+        hits = np.zeros((ks, bp, n), int)
+        for q in range(items * ks):
+            item, k = q % items, q // items
+            n0, b0 = item % np_, (item // np_) * 4
+            hits[k, b0:b0 + 4, n0] += 1
+            hits[k, b0:b0 + 4, n0 + np_] += 1
+        assert (hits == 1).all()
+        assert (lay.kp // ks) % 4 == 0
