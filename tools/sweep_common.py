@@ -1,0 +1,346 @@
+"""Shared parts of the sweep benchmarks (tools/sweep_conv.py, sweep_attention.py, sweep_memory.py).
+
+Everything here but `gpu_timer` runs without a GPU (tests/hard/test_sweeps_cpu.py): the command line,
+the time budget, result rows, summaries (geometric mean, minimum, counts below a threshold), the
+markdown table, the JSON of raw results and the PNG of ratios sorted per group.
+
+A result row is a dict with at least `group` (a direction or family: what a summary and a plot panel
+gather), `case` (the shape, as text), `dtype`, `status` and, for an OK row, `ms_pydnn`, `ms_ref` and
+`ratio` (ms_ref / ms_pydnn: above 1 pydnn is faster). Status is one of OK, NOT_SUPPORTED (pydnn or the
+reference refused the configuration), OOM (a buffer did not fit), ERROR (anything else: the message is in
+`note`); a sweep never stops on one point.
+
+Timing (gpu_timer) is tools/bench.py's time_ms: CUDA events on the current stream around back-to-back
+calls after warm-up, median of the repetitions.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+import zlib
+
+OK, NOT_SUPPORTED, OOM, ERROR = "OK", "NOT_SUPPORTED", "OOM", "ERROR"
+DEV = "cuda"  # where the sweeps allocate (tests/hard/test_sweeps_cpu.py's dry run sets "cpu")
+
+
+# ----------------------------------------------------------------------------------- command line
+def parse_args(description, full_budget_s, argv=None, extra=()):
+    """The common options; `extra`: (flag, argparse keywords) pairs of a tool's own."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a small subset (<= 45 s on one GPU)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"stop sampling new points after this many seconds (default {full_budget_s:.0f}, "
+                        "quick 30)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled grid (default 0)")
+    p.add_argument("--out", default=None, help="folder for sweep.md, sweep.json and the PNGs")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions per side (default per tool)")
+    p.add_argument("--only", default="", help="comma-separated groups (directions / families) to run")
+    for flag, kw in extra:
+        p.add_argument(flag, **kw)
+    a = p.parse_args(argv)
+    if a.budget_s is None:
+        a.budget_s = 30.0 if a.quick else full_budget_s
+    return a
+
+
+class Budget:
+    """Wall-clock budget of a sweep: points are sampled while `left() > 0`; what was not sampled is counted
+    and said in the summary."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        self.seconds = float(seconds)
+        self.clock = clock
+        self.t0 = clock()
+        self.skipped = 0       # points of the grid not sampled because the budget was spent
+        self.stopped_at = None  # elapsed seconds when the first point was skipped
+
+    def elapsed(self):
+        return self.clock() - self.t0
+
+    def left(self):
+        return self.seconds - self.elapsed()
+
+    def take(self):
+        """True when one more point may be sampled; otherwise counts it as skipped."""
+        if self.left() > 0:
+            return True
+        if self.stopped_at is None:
+            self.stopped_at = self.elapsed()
+        self.skipped += 1
+        return False
+
+    def note(self):
+        if not self.skipped:
+            return f"every point of the grid sampled in {self.elapsed():.1f} s (budget {self.seconds:.0f} s)"
+        return (f"BUDGET SPENT: {self.skipped} point(s) of the grid not sampled (budget {self.seconds:.0f} s "
+                f"spent at {self.stopped_at:.1f} s; run with a larger --budget-s to sample them)")
+
+
+# ----------------------------------------------------------------------------------- statistics
+def geomean(values):
+    v = [x for x in values if x is not None and x > 0 and math.isfinite(x)]
+    if not v:
+        return float("nan")
+    return math.exp(sum(math.log(x) for x in v) / len(v))
+
+
+def ok_rows(rows, group=None, pred=None):
+    return [r for r in rows if r.get("status") == OK and r.get("ratio") is not None
+            and math.isfinite(r["ratio"]) and (group is None or r["group"] == group)
+            and (pred is None or pred(r))]
+
+
+def summarize(rows, key="ratio", below=1.0, pred=None):
+    """{n, geomean, min, min_case, below: count under `below`, statuses: {status: count}} over the OK rows
+    (of `pred`)."""
+    sel = [r for r in rows if pred is None or pred(r)]
+    oks = [r for r in ok_rows(sel) if r.get(key) is not None and math.isfinite(r[key])]
+    statuses = {}
+    for r in sel:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    out = dict(n=len(oks), geomean=geomean([r[key] for r in oks]), statuses=statuses, below=0,
+               min=float("nan"), min_case="-")
+    if oks:
+        worst = min(oks, key=lambda r: r[key])
+        out.update(min=worst[key], min_case=f"{worst['group']} {worst['case']} {worst.get('dtype', '')}".strip(),
+                   below=sum(1 for r in oks if r[key] < below))
+    return out
+
+
+def groups_of(rows):
+    seen = []
+    for r in rows:
+        if r["group"] not in seen:
+            seen.append(r["group"])
+    return seen
+
+
+# ----------------------------------------------------------------------------------- output
+def fmt(v, spec=".3f"):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        return format(v, spec)
+    return str(v)
+
+
+def markdown_table(rows, columns):
+    """columns: [(header, key or callable(row), format spec)]."""
+    head = "| " + " | ".join(c[0] for c in columns) + " |"
+    sep = "|" + "|".join("---" if i < 3 else "---:" for i in range(len(columns))) + "|"
+    lines = [head, sep]
+    for r in rows:
+        cells = []
+        for _, k, spec in columns:
+            v = k(r) if callable(k) else r.get(k)
+            cells.append(fmt(v, spec) if spec else ("-" if v is None else str(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir, name, md, rows, meta, plots):
+    """<name>.md, <name>.json (meta + rows) and the PNGs ({file name: (title, {panel: ratios}, lines[,
+    force_builtin])})."""
+    if not out_dir:
+        return []
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    p = os.path.join(out_dir, f"{name}.md")
+    with open(p, "w") as f:
+        f.write(md)
+    written.append(p)
+    p = os.path.join(out_dir, f"{name}.json")
+    with open(p, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1, default=_json_default)
+    written.append(p)
+    for fname, (title, panels, lines, *builtin) in plots.items():
+        p = os.path.join(out_dir, fname)
+        plot_sorted(p, title, panels, lines, force_builtin=bool(builtin and builtin[0]))
+        written.append(p)
+    return written
+
+
+def write_partial(out_dir, name, rows, meta):
+    """The JSON so far (after every point): a sweep cut short by a timeout still leaves its rows."""
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = os.path.join(out_dir, f".{name}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(dict(meta=dict(meta, partial=True), rows=rows), f, default=_json_default)
+    os.replace(tmp, os.path.join(out_dir, f"{name}.partial.json"))
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+# ----------------------------------------------------------------------------------- PNG
+def plot_sorted(path, title, panels, lines=(1.0,), force_builtin=False):
+    """One panel per group: the OK ratios sorted ascending as bars on a log2 axis (1/8x .. 8x, clipped),
+    with horizontal lines at `lines` (1.0 red, others grey). matplotlib when it imports (and not
+    force_builtin); otherwise a built-in rasterizer (no text but the tick labels)."""
+    panels = {k: sorted(v) for k, v in panels.items()}
+    if not force_builtin:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except Exception:  # noqa: BLE001 - no matplotlib on the GPU machine: the built-in writer
+            plt = None
+        if plt is not None:
+            n = max(1, len(panels))
+            fig, axes = plt.subplots(n, 1, figsize=(10, 2.6 * n), squeeze=False)
+            for ax, (name, vals) in zip(axes[:, 0], panels.items()):
+                xs = range(len(vals))
+                ax.bar(xs, vals, width=1.0, color=["#c0392b" if v < 1.0 else "#2e86c1" for v in vals])
+                for y in lines:
+                    ax.axhline(y, color="red" if y == 1.0 else "grey", lw=1, ls="-" if y == 1.0 else "--")
+                ax.set_yscale("log", base=2)
+                ax.set_ylabel("pydnn speed / ref")
+                g = geomean(vals)
+                ax.set_title(f"{name}: {len(vals)} points, geomean {fmt(g, '.2f')}x, "
+                             f"min {fmt(min(vals) if vals else float('nan'), '.2f')}x", fontsize=9)
+                ax.set_xlim(-0.5, max(len(vals), 1) - 0.5)
+            fig.suptitle(title, fontsize=10)
+            fig.tight_layout()
+            fig.savefig(path, dpi=80)
+            plt.close(fig)
+            return path
+    _plot_builtin(path, panels, lines)
+    return path
+
+
+_DIGITS = {  # 3x5 glyphs, rows top to bottom
+    "0": ("111", "101", "101", "101", "111"), "1": ("010", "110", "010", "010", "111"),
+    "2": ("111", "001", "111", "100", "111"), "3": ("111", "001", "111", "001", "111"),
+    "4": ("101", "101", "111", "001", "001"), "5": ("111", "100", "111", "001", "111"),
+    "6": ("111", "100", "111", "101", "111"), "7": ("111", "001", "001", "001", "001"),
+    "8": ("111", "101", "111", "101", "111"), "9": ("111", "101", "111", "001", "111"),
+    ".": ("000", "000", "000", "000", "010"), "/": ("001", "001", "010", "100", "100"),
+    "x": ("000", "101", "010", "101", "000"),
+}
+
+
+def _plot_builtin(path, panels, lines):
+    W, PH, L, T = 900, 220, 40, 10
+    H = max(1, len(panels)) * PH
+    img = bytearray(b"\xff" * (W * H * 3))
+
+    def px(x, y, c):
+        if 0 <= x < W and 0 <= y < H:
+            i = (y * W + x) * 3
+            img[i:i + 3] = bytes(c)
+
+    def rect(x0, y0, x1, y1, c):
+        x0, x1 = max(0, x0), min(W, x1)
+        if x1 <= x0:
+            return
+        line = bytes(c) * (x1 - x0)
+        for y in range(max(0, y0), min(H, y1)):
+            row = (y * W) * 3
+            img[row + 3 * x0:row + 3 * x1] = line
+
+    def text(x, y, s, c=(0, 0, 0)):
+        for ch in s:
+            g = _DIGITS.get(ch)
+            if g:
+                for r, bits in enumerate(g):
+                    for k, b in enumerate(bits):
+                        if b == "1":
+                            rect(x + 2 * k, y + 2 * r, x + 2 * k + 2, y + 2 * r + 2, c)
+            x += 8
+
+    lo, hi = -3.0, 3.0  # log2 of 1/8x .. 8x
+    for p, (name, vals) in enumerate(panels.items()):
+        top = p * PH + T
+        ph = PH - 2 * T
+        yof = lambda r: top + int((hi - max(lo, min(hi, math.log2(r)))) / (hi - lo) * ph)  # noqa: E731
+        rect(L, top, L + 1, top + ph, (0, 0, 0))
+        for t in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
+            y = yof(t)
+            rect(L - 4, y, L, y + 1, (0, 0, 0))
+            text(2, y - 4, ("1/" + str(int(1 / t))) if t < 1 else f"{int(t)}x")
+        n = len(vals)
+        if n:
+            bw = (W - L - 10) / n
+            y1 = yof(1.0)
+            for i, v in enumerate(vals):
+                x0, x1 = L + 1 + int(i * bw), L + 1 + max(int((i + 1) * bw) - (1 if bw > 3 else 0), int(i * bw) + 1)
+                yv = yof(v) if v > 0 else top + ph
+                c = (192, 57, 43) if v < 1.0 else (46, 134, 193)
+                rect(x0, min(yv, y1), x1, max(yv, y1) + 1, c)
+        for ln in lines:
+            y = yof(ln)
+            for x in range(L, W - 10, 1 if ln == 1.0 else 4):
+                px(x, y, (255, 0, 0) if ln == 1.0 else (120, 120, 120))
+    raw = b"".join(b"\x00" + bytes(img[y * W * 3:(y + 1) * W * 3]) for y in range(H))
+
+    def chunk(tag, data):
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+    with open(path, "wb") as f:
+        f.write(png)
+
+
+# ----------------------------------------------------------------------------------- GPU side
+def gpu_timer(reps, warmup):
+    """time_ms of tools/bench.py with these repetitions (imported here: bench.py needs torch and pydnn)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench import time_ms
+
+    return lambda fn, reps=reps, warmup=warmup: time_ms(fn, reps=reps, warmup=warmup)
+
+
+def classify(exc):
+    """(status, note) of an exception raised while setting up or running a point."""
+    name = type(exc).__name__
+    msg = str(exc).splitlines()[0][:200] if str(exc) else name
+    try:
+        import pydnn
+        if isinstance(exc, pydnn.PydnnError):
+            st = getattr(exc, "status", None)
+            if isinstance(st, int) and st // 1000 == pydnn.PYDNN_STATUS_NOT_SUPPORTED // 1000:
+                return NOT_SUPPORTED, msg   # NOT_SUPPORTED and its sub-codes (3000..3999, as cuDNN 9)
+            if st in (pydnn.PYDNN_STATUS_ALLOC_FAILED, pydnn.PYDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED):
+                return OOM, msg
+            return ERROR, f"PydnnError {st}: {msg}"
+    except ImportError:
+        pass
+    if "OutOfMemory" in name or "out of memory" in msg.lower():
+        return OOM, msg
+    if isinstance(exc, NotImplementedError) or "not supported" in msg.lower() or "No available kernel" in msg:
+        return NOT_SUPPORTED, msg
+    return ERROR, f"{name}: {msg}"
+
+
+def device_meta():
+    import torch
+    import pydnn
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                cudnn=torch.backends.cudnn.version(), pydnn=getattr(pydnn, "__version__", "?"))
+
+
+def free_bytes():
+    import torch
+    if DEV != "cuda":
+        return 1 << 36
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+def close_rel(a, b, tol):
+    """max |a - b| / max(|b|, tiny) on the GPU, as float; (err, ok)."""
+    a, b = a.float(), b.float()
+    den = max(b.abs().max().item(), 1e-6)
+    err = (a - b).abs().max().item() / den
+    return err, err <= tol
