@@ -37,7 +37,8 @@ def parse_args(description, full_budget_s, argv=None, extra=()):
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled grid (default 0)")
     p.add_argument("--out", default=None, help="folder for sweep.md, sweep.json and the PNGs")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions per side (default per tool)")
-    p.add_argument("--only", default="", help="comma-separated groups (directions / families) to run")
+    p.add_argument("--only", default="", help="comma-separated parts to run (sweep_conv: issue, random, resnet50, "
+                   "resnext50, unet, fused; sweep_attention: train, decode; sweep_memory: family names)")
     for flag, kw in extra:
         p.add_argument(flag, **kw)
     a = p.parse_args(argv)
@@ -330,11 +331,16 @@ def device_meta():
                 cudnn=torch.backends.cudnn.version(), pydnn=getattr(pydnn, "__version__", "?"))
 
 
-def free_bytes():
+def free_bytes(need=0):
+    """Free device memory; when `need` is a large part of it, PyTorch's cached blocks are released first
+    (the driver counts them as used)."""
     import torch
     if DEV != "cuda":
         return 1 << 36
     free, _ = torch.cuda.mem_get_info()
+    if need > free // 4:
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
     return free
 
 
