@@ -302,6 +302,45 @@ def gpu_timer(reps, warmup):
     return lambda fn, reps=reps, warmup=warmup: time_ms(fn, reps=reps, warmup=warmup)
 
 
+def graph_ms(h, fn, calls=20, reps=10):
+    """Device milliseconds per call of `fn`, from a CUDA graph of `calls` back-to-back calls replayed `reps`
+    times between events (median): the host's per-call cost, which time_ms includes when a kernel is
+    shorter than its launch, drops out. pydnn's handle is pointed at the capture stream for the capture
+    and back at PyTorch's current stream after. Raises what the capture raises (the caller gives up on
+    graph timing then)."""
+    import statistics
+
+    import torch
+    import pydnn
+
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(main)
+    try:
+        with torch.cuda.stream(side):  # a warm call on a side stream first, as torch.cuda.graph asks
+            pydnn.set_stream(h, side.cuda_stream)
+            fn()
+        main.wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+            for _ in range(calls):
+                fn()
+    finally:
+        pydnn.set_stream(h, main.cuda_stream)
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(a.elapsed_time(b) for a, b in ev) / calls
+    del g
+    return ms
+
+
 def classify(exc):
     """(status, note) of an exception raised while setting up or running a point."""
     name = type(exc).__name__

@@ -28,7 +28,9 @@ copy bandwidth (the fewest bytes the op must move, as tools/bench.py counts them
 copy's bandwidth measured in the same run); for inputs under 1 MB the time per call minus an empty
 kernel's (launched through the driver on the same stream, timed the same way). Timing: tools/bench.py's
 time_ms (events, warm-up, median of back-to-back calls: for the smallest tensors that is the rate at which
-calls can be issued, host time included, on both sides). One point per family and dtype is checked
+calls can be issued, host time included, on both sides); under 1 MB also the device time per call from a
+CUDA graph of 20 calls (sweep_common.graph_ms), minus the empty kernel's in a graph: the launch's fixed
+cost on the GPU without the host's. One point per family and dtype is checked
 against PyTorch before timing (max error relative to the largest |value|; fp32 1e-4, fp16 4e-3, bf16
 2e-2; dropout: the kept elements against x / (1 - p) and the dropped fraction).
 Targets (issue 20): >= 1.0x on every point, >= 1.2x geomean; >= 90% of copy (geomean per family, >= 64 MB),
@@ -184,7 +186,9 @@ def pool_window(hw, mode):
 
 # ----------------------------------------------------------------------------------- GPU part
 class Ctx:
-    pass
+    """What a point needs of the run: h (handle), timer, copy_gbs, empty_ms, graph_timer, graph_empty_ms."""
+    graph_timer = None
+    graph_empty_ms = None  # None: no CUDA-graph timing (unavailable, or a capture failed earlier)
 
 
 def _tdt(dt):
@@ -515,6 +519,19 @@ def run_point(c, p, rows, checked):
         if nb < SMALL:
             row["us_over_empty"] = 1000 * (row["ms_pydnn"] - c.empty_ms)
             row["us_over_empty_ref"] = 1000 * (row["ms_ref"] - c.empty_ms)
+            if c.graph_empty_ms is not None:  # device time per call from CUDA graphs (no host time)
+                try:
+                    gp, gt = c.graph_timer(case["p"]), c.graph_timer(case["t"])
+                    row.update(us_graph=1000 * gp, us_graph_ref=1000 * gt,
+                               us_over_empty_graph=1000 * (gp - c.graph_empty_ms),
+                               us_over_empty_graph_ref=1000 * (gt - c.graph_empty_ms))
+                except Exception as e:  # noqa: BLE001 - a call that cannot be captured: this row's eager numbers
+                    c.graph_failures = getattr(c, "graph_failures", 0) + 1
+                    off = c.graph_failures >= 3
+                    if off:  # (three failed captures: graph timing off for the rest of the run)
+                        c.graph_empty_ms = None
+                    row["note"] = (row.get("note", "") + f" no graph timing{' from here' if off else ''}: "
+                                   f"{SC.classify(e)[1][:80]}").strip()
     except Exception as e:  # noqa: BLE001 - a refused or failed point is a row
         row["status"], note = SC.classify(e)
         row["note"] = (row.get("note", "") + " " + note).strip()
@@ -547,7 +564,9 @@ def family_summary(rows, fam=None):
     pred = (lambda r: True) if fam is None else (lambda r: r["group"] == fam)
     s = SC.summarize(rows, below=1.0, pred=pred)
     big = [r["pct_copy"] for r in SC.ok_rows(rows, fam) if r.get("pct_copy") is not None]
-    small = [r["us_over_empty"] for r in SC.ok_rows(rows, fam) if r.get("us_over_empty") is not None]
+    # under 1 MB: the CUDA-graph (device) time over the empty kernel's where measured, else the eager one
+    small = [r["us_over_empty_graph"] if r.get("us_over_empty_graph") is not None else r["us_over_empty"]
+             for r in SC.ok_rows(rows, fam) if r.get("us_over_empty") is not None]
     s.update(big_n=len(big), pct_copy_geomean=SC.geomean(big), pct_copy_min=min(big) if big else float("nan"),
              big_below_80=sum(1 for v in big if v < 80), small_n=len(small),
              small_us_median=sorted(small)[len(small) // 2] if small else float("nan"),
@@ -559,7 +578,11 @@ def report(rows, meta, budget_note, elapsed):
     lines = ["# Memory-bound families sweep (issue 20): pydnn vs PyTorch", "",
              f"{meta.get('device', '?')}, torch {meta.get('torch', '?')}, seed {meta.get('seed')}; copy "
              f"{meta.get('copy_gbs', float('nan')):.0f} GB/s; empty kernel {1000 * meta.get('empty_ms', float('nan')):.2f} "
-             f"us per call; {budget_note}; elapsed {elapsed:.1f} s.", "",
+             f"us per call back to back ({SC.fmt(meta.get('graph_empty_ms') and 1000 * meta['graph_empty_ms'], '.2f')} us "
+             f"in a CUDA graph); {budget_note}; elapsed {elapsed:.1f} s.", "",
+             "Under 1 MB the summary's 'us over empty' is the CUDA-graph time per call (device time, no host "
+             "cost) minus the empty kernel's in a graph, where the call could be captured; else the eager time "
+             "minus the eager empty kernel's (host time included on both).", "",
              "Ratio = PyTorch ms / pydnn ms (above 1: pydnn faster). Targets: >= 1.0x every point, >= 1.2x geomean; "
              ">= 64 MB: >= 90% of copy (geomean), none < 80%; < 1 MB: within 1.5 us of the empty kernel.", "",
              "## Summary", "",
@@ -584,6 +607,8 @@ def report(rows, meta, budget_note, elapsed):
             ("PyTorch ms", "ms_ref", ".4f"), ("ratio", "ratio", ".3f"), ("pydnn GB/s", "gbs_pydnn", ".0f"),
             ("% copy", "pct_copy", ".1f"), ("PyTorch % copy", "pct_copy_ref", ".1f"),
             ("us over empty", "us_over_empty", ".2f"), ("PyTorch us over empty", "us_over_empty_ref", ".2f"),
+            ("graph us over empty", "us_over_empty_graph", ".2f"),
+            ("PyTorch graph us over empty", "us_over_empty_graph_ref", ".2f"),
             ("note", "note", None)]
     lines += ["", "## Every point", "", SC.markdown_table(rows, cols), ""]
     return "\n".join(lines)
@@ -620,11 +645,19 @@ def main(argv=None):
     c.timer = SC.gpu_timer(reps, 2)
     empty, _mod = empty_kernel(c.h)
     c.empty_ms = time_ms(empty, reps=30)
-    print(f"sweep_memory: empty kernel {1000 * c.empty_ms:.2f} us per call (back-to-back, same stream)", flush=True)
+    c.graph_timer = lambda fn: SC.graph_ms(c.h, fn)
+    try:
+        c.graph_empty_ms = c.graph_timer(empty)
+    except Exception as e:  # noqa: BLE001 - no graph timing in this run
+        c.graph_empty_ms = None
+        print(f"sweep_memory: CUDA graph timing unavailable: {SC.classify(e)[1]}", flush=True)
+    print(f"sweep_memory: empty kernel {1000 * c.empty_ms:.2f} us per call (back-to-back, same stream), "
+          f"{SC.fmt(c.graph_empty_ms and 1000 * c.graph_empty_ms, '.2f')} us in a CUDA graph", flush=True)
     budget = SC.Budget(args.budget_s)
     only = [o for o in args.only.split(",") if o]
     pts, meta = grid(args.seed, args.quick, families=tuple(f for f in FAMILIES if not only or f in only))
-    meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, copy_gbs=c.copy_gbs, empty_ms=c.empty_ms)
+    meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, copy_gbs=c.copy_gbs, empty_ms=c.empty_ms,
+                graph_empty_ms=c.graph_empty_ms)
     rows, checked = [], {}
     for p in pts:
         if not budget.take():
