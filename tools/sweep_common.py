@@ -39,6 +39,9 @@ def parse_args(description, full_budget_s, argv=None, extra=()):
     p.add_argument("--reps", type=int, default=None, help="timed repetitions per side (default per tool)")
     p.add_argument("--only", default="", help="comma-separated parts to run (sweep_conv: issue, random, resnet50, "
                    "resnext50, unet, fused; sweep_attention: train, decode; sweep_memory: family names)")
+    p.add_argument("--render", default=None, metavar="JSON",
+                   help="no GPU: rewrite the markdown and PNGs from a JSON this tool wrote (into --out, default "
+                        "the JSON's folder; a .partial.json of a run cut short works too)")
     for flag, kw in extra:
         p.add_argument(flag, **kw)
     a = p.parse_args(argv)
@@ -175,6 +178,28 @@ def write_partial(out_dir, name, rows, meta):
     with open(tmp, "w") as f:
         json.dump(dict(meta=dict(meta, partial=True), rows=rows), f, default=_json_default)
     os.replace(tmp, os.path.join(out_dir, f"{name}.partial.json"))
+
+
+def load(path):
+    """(rows, meta) of a JSON written by write_outputs or write_partial."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = data["rows"]
+    for r in rows:  # JSON null back to NaN where a float was not finite
+        for k, v in r.items():
+            if v is None and k.startswith(("ms_", "ratio", "tflops", "pct_", "us_", "gbs")):
+                r[k] = float("nan")
+    return rows, data.get("meta", {})
+
+
+def render(args, name, report_fn, plots_fn):
+    """--render: the tool's report and plots from its saved JSON, without a GPU. Returns the rows."""
+    rows, meta = load(args.render)
+    out = args.out or os.path.dirname(os.path.abspath(args.render))
+    md = report_fn(rows, meta)
+    write_outputs(out, name, md, rows, meta, plots_fn(rows))
+    print(md.split("## Every point")[0])
+    return rows
 
 
 def _json_default(o):

@@ -453,6 +453,11 @@ def main(argv=None):
     args = SC.parse_args(__doc__, 135.0, argv, extra=[("--find", dict(
         action="store_true", help="also time Find...AlgorithmEx's fastest algorithm per point"))])
     find = args.find
+    if args.render:
+        return SC.render(args, "sweep_conv", lambda rows, meta: report(
+            [r for r in rows if r["group"] != "fused"], [r for r in rows if r["group"] == "fused"], meta,
+            meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
+            lambda rows: plots([r for r in rows if r["group"] != "fused"]))
     t0 = time.monotonic()
     import torch
     import pydnn

@@ -633,6 +633,10 @@ def plots(rows):
 
 def main(argv=None):
     args = SC.parse_args(__doc__, 140.0, argv)
+    if args.render:
+        return SC.render(args, "sweep_memory", lambda rows, meta: report(
+            rows, meta, meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
+            plots)
     t0 = time.monotonic()
     import torch
     from bench import Bench, time_ms

@@ -430,3 +430,25 @@ def test_dry_run_memory(dry):
     # the memory cap: a point too large for the free memory is an OOM row, not run
     SM.run_point(c, dict(family="act_fwd", dtype="fp32", rows=1 << 20, hidden=1 << 16, variant="relu"), rows, checked)
     assert rows[-1]["status"] == SC.OOM and "memory cap" in rows[-1]["note"]
+
+
+def test_render_from_json(tmp_path):
+    """--render rewrites each tool's markdown and PNGs from its JSON (also a partial one), without a GPU."""
+    conv = _fake_conv_rows() + [dict(group="fused", case="f", status=SC.OK, ms_plain=1.0, ms_fused=1.01,
+                                     ms_torch_fused=1.2, fused_over_plain=1.01, ratio_vs_torch=1.19)]
+    SC.write_partial(str(tmp_path / "c"), "sweep_conv", conv, dict(seed=4))
+    rows = SV.main(["--render", str(tmp_path / "c" / "sweep_conv.partial.json")])
+    assert len(rows) == len(conv)
+    md = open(tmp_path / "c" / "sweep_conv.md").read()
+    assert "1.010x" in md and "seed 4" in md and (tmp_path / "c" / "sweep_conv.png").exists()
+    mem = _fake_memory_rows()
+    SC.write_outputs(str(tmp_path / "m"), "sweep_memory", "x", mem, dict(seed=1, copy_gbs=3000.0, empty_ms=0.002,
+                                                                        elapsed_s=9.0), {})
+    SM.main(["--render", str(tmp_path / "m" / "sweep_memory.json"), "--out", str(tmp_path / "m2")])
+    md = open(tmp_path / "m2" / "sweep_memory.md").read()
+    assert "elapsed 9.0 s" in md and "| ln_bwd | " in md and (tmp_path / "m2" / "sweep_memory_ln_bwd.png").exists()
+    att = [dict(group="fwd", case="b1 s512 h32/32 d128", dtype="bf16", d=128, status=SC.OK, ms_pydnn=1.0, ms_ref=0.8,
+                ratio=0.8)]
+    SC.write_outputs(str(tmp_path / "a"), "sweep_attention", "x", att, {}, {})
+    SA.main(["--render", str(tmp_path / "a" / "sweep_attention.json")])
+    assert "| fwd d128 | 1 | 0.800 |" in open(tmp_path / "a" / "sweep_attention.md").read()
