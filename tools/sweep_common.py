@@ -162,6 +162,9 @@ def write_outputs(out_dir, name, md, rows, meta, plots):
     with open(p, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1, default=_json_default)
     written.append(p)
+    partial = os.path.join(out_dir, f"{name}.partial.json")
+    if os.path.exists(partial) and os.path.abspath(partial) != os.path.abspath(meta.get("rendered_from", "")):
+        os.remove(partial)  # the run finished: its complete JSON replaces the partial one
     for fname, (title, panels, lines, *builtin) in plots.items():
         p = os.path.join(out_dir, fname)
         plot_sorted(p, title, panels, lines, force_builtin=bool(builtin and builtin[0]))
@@ -169,10 +172,18 @@ def write_outputs(out_dir, name, md, rows, meta, plots):
     return written
 
 
-def write_partial(out_dir, name, rows, meta):
-    """The JSON so far (after every point): a sweep cut short by a timeout still leaves its rows."""
+_last_partial = {}
+
+
+def write_partial(out_dir, name, rows, meta, every_s=2.0):
+    """The JSON so far (called after every point, written at most every `every_s` seconds): a sweep cut
+    short by a timeout still leaves its rows."""
     if not out_dir:
         return
+    now = time.monotonic()
+    if now - _last_partial.get(name, -1e9) < every_s:
+        return
+    _last_partial[name] = now
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, f".{name}.json.tmp")
     with open(tmp, "w") as f:
@@ -195,6 +206,7 @@ def load(path):
 def render(args, name, report_fn, plots_fn):
     """--render: the tool's report and plots from its saved JSON, without a GPU. Returns the rows."""
     rows, meta = load(args.render)
+    meta["rendered_from"] = os.path.abspath(args.render)
     out = args.out or os.path.dirname(os.path.abspath(args.render))
     md = report_fn(rows, meta)
     write_outputs(out, name, md, rows, meta, plots_fn(rows))

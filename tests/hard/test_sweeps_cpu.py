@@ -336,7 +336,9 @@ def test_memory_summary_and_outputs(tmp_path):
     files = SC.write_outputs(str(tmp_path), "sweep_memory", md, rows, {}, plots)
     assert time.monotonic() - t0 < 30
     assert sorted(os.path.basename(f) for f in files if f.endswith(".png")) == sorted(plots)
-    SC.write_partial(str(tmp_path), "sweep_memory", rows[:3], {})
+    SC.write_partial(str(tmp_path), "sweep_memory", rows[:3], {}, every_s=0)
+    assert len(json.load(open(tmp_path / "sweep_memory.partial.json"))["rows"]) == 3
+    SC.write_partial(str(tmp_path), "sweep_memory", rows[:4], {}, every_s=60)  # too soon: not rewritten
     assert len(json.load(open(tmp_path / "sweep_memory.partial.json"))["rows"]) == 3
 
 
@@ -436,7 +438,7 @@ def test_render_from_json(tmp_path):
     """--render rewrites each tool's markdown and PNGs from its JSON (also a partial one), without a GPU."""
     conv = _fake_conv_rows() + [dict(group="fused", case="f", status=SC.OK, ms_plain=1.0, ms_fused=1.01,
                                      ms_torch_fused=1.2, fused_over_plain=1.01, ratio_vs_torch=1.19)]
-    SC.write_partial(str(tmp_path / "c"), "sweep_conv", conv, dict(seed=4))
+    SC.write_partial(str(tmp_path / "c"), "sweep_conv", conv, dict(seed=4), every_s=0)
     rows = SV.main(["--render", str(tmp_path / "c" / "sweep_conv.partial.json")])
     assert len(rows) == len(conv)
     md = open(tmp_path / "c" / "sweep_conv.md").read()
