@@ -289,6 +289,21 @@ def _find(h, t, d, buf):
     return ok[0].algo, ok[0].memory
 
 
+def _kernel(h, t, d, algo):
+    """Best effort: the kernel (template name and tile) of the plan pydnn ran, from its plan cache."""
+    try:
+        from pydnn.ops.convolution import plans as CP, problem as CPb
+        direction = {"fwd": CPb.DIR_FWD, "bwd data": CPb.DIR_BWD_DATA, "bwd filter": CPb.DIR_BWD_FILTER}[d]
+        pl = CP.get_plan(h, direction, algo, t["conv"], t["xd"], t["wd"], t["yd"])
+        expr = getattr(pl, "gemm_expr", "") or ""
+        if not expr:
+            return type(pl).__name__
+        head, _, args = expr.partition("<")
+        return f"{head.split('::')[-1]}<{args.split(', ', 1)[-1]}" if ", " in args else head.split("::")[-1]
+    except Exception:  # noqa: BLE001 - a label only
+        return None
+
+
 def case_name(pr):
     g = f" g{pr['groups']}" if pr["groups"] > 1 else ""
     st = f"/{pr['stride']}" if pr["stride"] > 1 else ""
@@ -326,6 +341,7 @@ def run_problem(h, pr, timer, checked, find, rows):
                 if not ok:
                     row["note"] = f"CHECK FAILED: max rel err {err:.3g}"
             row["ms_pydnn"] = timer(fp)
+            row["kernel"] = _kernel(h, t, d, algo)
             row["ms_ref"] = timer(ft)
             row["ratio"] = row["ms_ref"] / row["ms_pydnn"]
             row["tflops_pydnn"] = pr["flops"] / row["ms_pydnn"] / 1e9
@@ -435,7 +451,7 @@ def report(rows, fused_rows, meta, budget_note, elapsed):
                   + "; ".join(f"{d}: {c['case']} {c['err']:.2e} {'ok' if c['ok'] else 'FAILED'}"
                               for d, c in checks.items())]
     cols = [("shape", "case", None), ("direction", "group", None), ("status", "status", None),
-            ("algo", "algo", None), ("pydnn ms", "ms_pydnn", ".4f"), ("cuDNN ms", "ms_ref", ".4f"),
+            ("algo", "algo", None), ("pydnn kernel", "kernel", None), ("pydnn ms", "ms_pydnn", ".4f"), ("cuDNN ms", "ms_ref", ".4f"),
             ("ratio", "ratio", ".3f"), ("pydnn TFLOP/s", "tflops_pydnn", ".1f"), ("cuDNN TFLOP/s", "tflops_ref", ".1f")]
     if any("ms_find" in r for r in rows):
         cols.insert(6, ("pydnn Find ms", "ms_find", ".4f"))
