@@ -9,8 +9,8 @@ seeded grid of shapes, fp32 / fp16 / bf16.
 
 Families (FAMILIES; `--only` takes their names):
   rows x hidden (row-wise):  act_fwd (relu / gelu_tanh / sigmoid / tanh by point), act_bwd (relu / sigmoid),
-      op_add (OpTensor c = a + b), add_tensor (c += a, same shape or a bias row by point), reduce (sum over
-      hidden), softmax_instance (dims rows x 1 x 1 x hidden), ln_* / rms_* (layer / RMS norm: fwd_train,
+      op_add (OpTensor c = a + b), add_tensor (c += a, same shape or a bias row by point), reduce (sum / max /
+      average over hidden, by point), softmax_instance (dims rows x 1 x 1 x hidden), ln_* / rms_* (layer / RMS norm: fwd_train,
       fwd_infer, bwd), dropout_fwd / dropout_bwd (p = 0.1);
   N x C x H x W, NCHW or NHWC by point (spatial):  softmax_channel, pool_fwd / pool_bwd (max 3x3/2 pad 1 or
       average 2x2/2 by point, smaller windows for H < 3), bn_train / bn_infer / bn_bwd (batch norm, SPATIAL),
@@ -67,7 +67,8 @@ NBUF = {"act_fwd": 3, "act_bwd": 5, "op_add": 4, "add_tensor": 3, "reduce": 2, "
         "bn_infer": 3, "bn_bwd": 6, "gn_fwd_train": 3, "gn_fwd_infer": 3, "gn_bwd": 7, "in_fwd_train": 3,
         "in_fwd_infer": 3, "in_bwd": 7}
 VARIANTS = {"act_fwd": ("relu", "gelu_tanh", "sigmoid", "tanh"), "act_bwd": ("relu", "sigmoid"),
-            "add_tensor": ("same", "bias"), "pool_fwd": ("max", "avg"), "pool_bwd": ("max", "avg")}
+            "add_tensor": ("same", "bias"), "reduce": ("sum", "max", "avg"), "pool_fwd": ("max", "avg"),
+            "pool_bwd": ("max", "avg")}
 # spatial families that need more than one value per channel / instance (PyTorch refuses otherwise)
 NEEDS_SPATIAL = {"bn_train": "nhw", "bn_bwd": "nhw", "in_fwd_train": "hw", "in_fwd_infer": "hw", "in_bwd": "hw"}
 
@@ -290,15 +291,18 @@ def build(c, p):
     if fam == "reduce":
         y = torch.empty(x.shape[0], 1, dtype=tdt, device=SC.DEV)
         dx_, dy_ = desc(x, dtype=pdt), desc(y, dtype=pdt)
+        op, tfn, rfn = {"sum": (pydnn.PYDNN_REDUCE_TENSOR_ADD, lambda: x.sum(dim=1), lambda v: v.sum(dim=1)),
+                        "max": (pydnn.PYDNN_REDUCE_TENSOR_MAX, lambda: x.amax(dim=1), lambda v: v.amax(dim=1)),
+                        "avg": (pydnn.PYDNN_REDUCE_TENSOR_AVG, lambda: x.mean(dim=1), lambda v: v.mean(dim=1))}[var]
         r = pydnn.create_reduce_tensor_descriptor()
-        pydnn.set_reduce_tensor_descriptor(r, pydnn.PYDNN_REDUCE_TENSOR_ADD, pydnn.PYDNN_DATA_FLOAT,
+        pydnn.set_reduce_tensor_descriptor(r, op, pydnn.PYDNN_DATA_FLOAT,
                                            pydnn.PYDNN_NOT_PROPAGATE_NAN, pydnn.PYDNN_REDUCE_TENSOR_NO_INDICES,
                                            pydnn.PYDNN_32BIT_INDICES)
         ws_n = pydnn.get_reduction_workspace_size(h, r, dx_, dy_)
         ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=SC.DEV)
         return _case(lambda: pydnn.reduce_tensor(h, r, None, 0, ws.data_ptr(), ws_n, 1.0, dx_, x.data_ptr(), 0.0, dy_,
                                                  y.data_ptr()),
-                     lambda: x.sum(dim=1), n * es, y, lambda: x.float().sum(dim=1, keepdim=True))
+                     tfn, n * es, y, lambda: rfn(x.float()))
     if fam in ("softmax_instance", "softmax_channel"):
         if fam == "softmax_instance":
             x4 = x.view(x.shape[0], 1, 1, x.shape[1])
