@@ -35,8 +35,9 @@ def _once(fn, reps=1, warmup=0):
 
 
 def _failed(rows, checked):
+    """Rows that are neither OK nor a refusal (pydnn's NOT_SUPPORTED, PyTorch's NO_REFERENCE), and failed checks."""
     bad = [(r["group"], r["case"], r.get("dtype"), r["status"], r.get("note")) for r in rows
-           if r["status"] not in (SC.OK, SC.NOT_SUPPORTED) or "CHECK FAILED" in (r.get("note") or "")]
+           if r["status"] not in (SC.OK, SC.NOT_SUPPORTED, "NO_REFERENCE") or "CHECK FAILED" in (r.get("note") or "")]
     bad += [(k, c["case"], c["err"]) for k, c in checked.items() if not c["ok"]]
     return bad
 
@@ -73,7 +74,7 @@ def test_attention_point(h, p):
     SA.run_point(h, p, _once, checked, rows)
     assert not _failed(rows, checked)
     if p["d"] in (64, 128):
-        assert all(r["status"] == SC.OK for r in rows) and len(checked) == len(rows)
+        assert all(r["status"] in (SC.OK, "NO_REFERENCE") for r in rows) and len(checked) == len(rows)
 
 
 def _mem_points():
