@@ -231,6 +231,7 @@ def plot_sorted(path, title, panels, lines=(1.0,), force_builtin=False):
             import matplotlib
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
+            import matplotlib.ticker  # noqa: F401 - (matplotlib.ticker below)
         except Exception:  # noqa: BLE001 - no matplotlib on the GPU machine: the built-in writer
             plt = None
         if plt is not None:
@@ -238,10 +239,12 @@ def plot_sorted(path, title, panels, lines=(1.0,), force_builtin=False):
             fig, axes = plt.subplots(n, 1, figsize=(10, 2.6 * n), squeeze=False)
             for ax, (name, vals) in zip(axes[:, 0], panels.items()):
                 xs = range(len(vals))
-                ax.bar(xs, vals, width=1.0, color=["#c0392b" if v < 1.0 else "#2e86c1" for v in vals])
+                ax.bar(xs, [v - 1.0 for v in vals], bottom=1.0, width=1.0,  # from 1x to the value
+                       color=["#c0392b" if v < 1.0 else "#2e86c1" for v in vals])
                 for y in lines:
                     ax.axhline(y, color="red" if y == 1.0 else "grey", lw=1, ls="-" if y == 1.0 else "--")
                 ax.set_yscale("log", base=2)
+                ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
                 ax.set_ylabel("pydnn speed / ref")
                 g = geomean(vals)
                 ax.set_title(f"{name}: {len(vals)} points, geomean {fmt(g, '.2f')}x, "
