@@ -15,8 +15,8 @@ The grid (grid(); built without a GPU, checked by tests/hard/test_sweeps_cpu.py)
             (the redraws are counted in the JSON's meta) so that one shape cannot take the whole budget;
   * resnet50 / resnext50 (32x4d: the grouped 3x3) / unet (input 128, 64..1024 channels): every distinct
             conv layer at batch sizes 8, 32 and 128.
-Points run in that order (issue, random, then the networks at N = 32, 8, 128) until --budget-s is spent;
-the summary says how many were not sampled.
+Points run in that order (issue, random, then the network layers in a seeded shuffle) until --budget-s is
+spent; the summary says how many were not sampled.
 
 Per shape and direction pydnn runs the algorithm its Get..._v7 heuristic puts first (--find: also
 Find...AlgorithmEx's fastest, in its own column), cuDNN runs through torch.nn.functional.conv2d /
@@ -198,7 +198,8 @@ def grid(seed=0, quick=False):
         pick = lambda lst, tag, name: next(p for p in lst if p["tag"] == tag and p["name"] == name)  # noqa: E731
         probs = ([issue[0], rand[1]]
                  + [pick(nets, "resnext50", "l3 3x3 g32 512->512 @14"), pick(nets, "unet", "enc3 3x3 256->256 @32")])
-    else:
+    else:  # the network layers in a seeded shuffle: a budget that runs out leaves a sample of every network and batch
+        random.Random(seed + 1).shuffle(nets)
         probs = issue + rand + nets
     return probs, dict(random_redraws=redraws, random_count=len(rand), seed=seed)
 
