@@ -309,7 +309,7 @@ def case_name(pr):
     g = f" g{pr['groups']}" if pr["groups"] > 1 else ""
     st = f"/{pr['stride']}" if pr["stride"] > 1 else ""
     return (f"{pr['tag']} N{pr['n']} {pr['r']}x{pr['r']}{st}{g} {pr['c']}->{pr['k']} @{pr['h']}"
-            + (f" ({pr['name']})" if pr["tag"] != "random" else ""))
+            + (f" ({pr['name']})" if pr["tag"] not in ("random", "issue") else ""))
 
 
 def run_problem(h, pr, timer, checked, find, rows):
@@ -425,6 +425,12 @@ def report(rows, fused_rows, meta, budget_note, elapsed):
         s = SC.summarize(rows, below=0.7, pred=lambda r, tag=tag: r.get("tag") == tag)
         if s["n"] or s["statuses"]:
             lines.append(f"| {tag} | {s['n']} | {SC.fmt(s['geomean'])} | {SC.fmt(s['min'])} | {s['below']} |")
+    for n in BATCHES:
+        s = SC.summarize(rows, below=0.7, pred=lambda r, n=n: r.get("tag") in ("resnet50", "resnext50", "unet")
+                         and r.get("n") == n)
+        if s["n"] or s["statuses"]:
+            lines.append(f"| networks at N = {n} | {s['n']} | {SC.fmt(s['geomean'])} | {SC.fmt(s['min'])} | "
+                         f"{s['below']} |")
     issue = [r for r in rows if r.get("tag") == "issue"]
     if issue:
         lines += ["", "The issue \"Convolution\"'s layers (N = 64; target every cell >= 0.9x):", "",
