@@ -15,8 +15,10 @@ Grid (grid(); built without a GPU, checked by tests/hard/test_sweeps_cpu.py):
   * decode: one query row against a KV cache of 4k .. 128k keys, batch 1 .. 64, GQA 32/8 and 64/8 at
     d128 (no mask), against the faster of cuDNN and PyTorch's flash backend. A point whose K + V would
     take more than DECODE_MEM_FRACTION of the free memory is an OOM row (not run).
-The points run in a seeded order (shuffled within each sequence length, the shorter lengths first, the
-decode points interleaved) until --budget-s is spent; the summary counts what was not sampled.
+The points run in a seeded order (the training points shuffled, the decode points interleaved) until
+--budget-s is spent; the summary counts what was not sampled. Most of a point's time is PyTorch's first
+calls (cuDNN builds its SDPA graphs per shape: ~2 s a training point on the H200 of the mid-session run),
+so a full sweep samples part of the grid within its budget.
 
 FLOPs: forward 4 * B * Hq * Sq * Skv * d (half of it when causal), backward 2.5x the forward's (the
 convention of tools/bench_attention.py). pydnn's forward writes the log-sum-exp (training form); its
@@ -67,11 +69,8 @@ def grid(seed=0, quick=False):
                 dict(kind="decode", b=4, s=1, skv=16384, hq=32, hkv=8, d=128, causal=False),
                 dict(kind="decode", b=16, s=1, skv=65536, hq=64, hkv=8, d=128, causal=False)]
         return want, dict(seed=seed, grid_train=len(tr), grid_decode=len(de))
-    order = []
-    for s in SEQS:
-        block = [p for p in tr if p["s"] == s]
-        rng.shuffle(block)
-        order += block
+    order = list(tr)  # a seeded shuffle of every length: a budget that runs out leaves a sample of the grid
+    rng.shuffle(order)
     rng.shuffle(de)
     # interleave: one decode point after every len(tr) // len(de) training points
     step = max(1, len(order) // max(1, len(de)))
@@ -281,7 +280,7 @@ def report(rows, meta, budget_note, elapsed):
             ("pydnn ms", "ms_pydnn", ".4f"), ("ref ms", "ms_ref", ".4f"), ("ref", "ref", None),
             ("ratio", "ratio", ".3f"), ("pydnn TFLOP/s", "tflops_pydnn", ".1f"), ("ref TFLOP/s", "tflops_ref", ".1f"),
             ("cuDNN ms (decode)", "ms_cudnn", ".4f"), ("flash ms (decode)", "ms_flash", ".4f"),
-            ("pydnn KV GB/s (decode)", "gbs_pydnn", ".0f"), ("note", "note", None)]
+            ("pydnn KV GB/s (decode)", "gbs_pydnn", ".0f"), ("point s", "point_s", ".2f"), ("note", "note", None)]
     lines += ["", "## Every point", "", SC.markdown_table(rows, cols), ""]
     return "\n".join(lines)
 
@@ -307,7 +306,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    reps = args.reps or (5 if args.quick else 8)
+    reps = args.reps or 5
     timer = SC.gpu_timer(reps, 2)
     budget = SC.Budget(args.budget_s)
     pts, meta = grid(args.seed, args.quick)
@@ -320,7 +319,10 @@ def main(argv=None):
         if not budget.take():
             continue
         n0 = len(rows)
+        n_before, t_point = len(rows), time.monotonic()
         run_point(h, p, timer, checked, rows)
+        for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
+            r["point_s"] = time.monotonic() - t_point
         for r in rows[n0:]:
             print(f"attn {r['case']:36s} {r['group']:6s} {r['status']:13s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms "
                   f"ref {SC.fmt(r.get('ms_ref'), '.4f')} ms {SC.fmt(r.get('ratio'), '.2f')}x "

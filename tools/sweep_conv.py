@@ -39,7 +39,7 @@ import sweep_common as SC  # noqa: E402
 
 DIRECTIONS = ("fwd", "bwd data", "bwd filter")
 BATCHES = (8, 32, 128)
-RANDOM_COUNT = 48
+RANDOM_COUNT = 44
 MAX_FLOPS = 1.5e12       # forward FLOPs of one random shape (~2.5 ms at 600 TFLOP/s)
 MAX_BYTES = 2 << 30      # x + y + w of one random shape
 
@@ -462,6 +462,7 @@ def report(rows, fused_rows, meta, budget_note, elapsed):
             ("ratio", "ratio", ".3f"), ("pydnn TFLOP/s", "tflops_pydnn", ".1f"), ("cuDNN TFLOP/s", "tflops_ref", ".1f")]
     if any("ms_find" in r for r in rows):
         cols.insert(6, ("pydnn Find ms", "ms_find", ".4f"))
+    cols.append(("point s", "point_s", ".2f"))
     cols.append(("note", "note", None))
     lines += ["", "## Every point", "", SC.markdown_table(rows, cols), ""]
     return "\n".join(lines)
@@ -491,8 +492,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    reps = args.reps or (5 if args.quick else 6)
-    timer = SC.gpu_timer(reps, 2)
+    reps = args.reps or 5
+    timer = SC.gpu_timer(reps, 1)
     budget = SC.Budget(args.budget_s)
     probs, meta = grid(args.seed, args.quick)
     meta.update(SC.device_meta(), quick=args.quick, budget_s=args.budget_s, reps=reps, find=find)
@@ -503,7 +504,10 @@ def main(argv=None):
             continue
         if not budget.take():
             continue
+        n_before, t_point = len(rows), time.monotonic()
         run_problem(h, pr, timer, checked, find, rows)
+        for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
+            r["point_s"] = time.monotonic() - t_point
         for r in rows[-3:]:
             print(f"conv {r['case']:58s} {r['group']:10s} {r['status']:13s} "
                   f"pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  cuDNN {SC.fmt(r.get('ms_ref'), '.4f')} ms  "

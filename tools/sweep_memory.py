@@ -613,7 +613,7 @@ def report(rows, meta, budget_note, elapsed):
             ("us over empty", "us_over_empty", ".2f"), ("PyTorch us over empty", "us_over_empty_ref", ".2f"),
             ("graph us over empty", "us_over_empty_graph", ".2f"),
             ("PyTorch graph us over empty", "us_over_empty_graph_ref", ".2f"),
-            ("note", "note", None)]
+            ("point s", "point_s", ".2f"), ("note", "note", None)]
     lines += ["", "## Every point", "", SC.markdown_table(rows, cols), ""]
     return "\n".join(lines)
 
@@ -670,7 +670,10 @@ def main(argv=None):
     for p in pts:
         if not budget.take():
             continue
+        n_before, t_point = len(rows), time.monotonic()
         run_point(c, p, rows, checked)
+        for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
+            r["point_s"] = time.monotonic() - t_point
         r = rows[-1]
         print(f"mem {r['group']:16s} {r['case']:34s} {r['dtype']:4s} {r['status']:13s} pydnn "
               f"{SC.fmt(r.get('ms_pydnn'), '.4f')} ms torch {SC.fmt(r.get('ms_ref'), '.4f')} ms "
