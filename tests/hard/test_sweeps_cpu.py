@@ -454,3 +454,71 @@ def test_render_from_json(tmp_path):
     SC.write_outputs(str(tmp_path / "a"), "sweep_attention", "x", att, {}, {})
     SA.main(["--render", str(tmp_path / "a" / "sweep_attention.json")])
     assert "| fwd d128 | 1 | 0.800 |" in open(tmp_path / "a" / "sweep_attention.md").read()
+
+
+@pytest.fixture
+def dry_main(dry, monkeypatch):
+    """dry + the GPU pieces of the tools' main() faked (handle creation, PyTorch's stream, copy bandwidth,
+    the empty kernel, event timing, CUDA graphs), so that each main() runs its --quick grid end to end."""
+    import torch
+    import pydnn
+    import bench
+    h, timer = dry
+
+    class FakeBench:
+        def __init__(self, n):
+            self.h, self.copy_gbs = h, 3000.0
+
+    class FakeStream:
+        cuda_stream = 0
+
+    monkeypatch.setattr(bench, "Bench", FakeBench)
+    monkeypatch.setattr(bench, "time_ms", lambda fn, reps=1, warmup=0: timer(fn))
+    monkeypatch.setattr(bench, "time_pair", lambda a, b, **k: (timer(a), timer(b)))
+    monkeypatch.setattr(pydnn, "create", lambda: h)
+    monkeypatch.setattr(pydnn, "set_stream", lambda hh, s: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: FakeStream())
+    monkeypatch.setattr(SC, "gpu_timer", lambda reps, warmup, slow_ms=50.0: timer)
+    monkeypatch.setattr(SC, "graph_ms", lambda hh, fn, calls=20, reps=10: (fn(), 0.001)[1])
+    monkeypatch.setattr(SC, "device_meta", lambda: dict(device="CPU dry run", torch=torch.__version__, cudnn=0))
+    monkeypatch.setattr(SM, "empty_kernel", lambda hh: ((lambda: None), None))
+    return h
+
+
+def test_dry_main_memory(dry_main, tmp_path):
+    rows = SM.main(["--quick", "--budget-s", "1000", "--out", str(tmp_path)])
+    _no_errors(rows)
+    assert {r["group"] for r in rows} == set(SM.FAMILIES)
+    md = open(tmp_path / "sweep_memory.md").read()
+    assert "every point of the grid sampled" in md and "CPU dry run" in md
+    data = json.load(open(tmp_path / "sweep_memory.json"))
+    assert data["meta"]["graph_empty_ms"] == 0.001 and len(data["rows"]) == len(rows)
+    assert not (tmp_path / "sweep_memory.partial.json").exists()
+    assert all(r.get("us_over_empty_graph") is not None for r in rows if r["bytes_in"] < SM.SMALL)
+
+
+def test_dry_main_attention(dry_main, tmp_path, monkeypatch):
+    import contextlib
+    monkeypatch.setattr(SA, "_backend", lambda name: contextlib.nullcontext())
+    small = [dict(kind="train", b=2, s=64, hq=2, hkv=2, d=64, causal=False),
+             dict(kind="train", b=1, s=64, hq=2, hkv=1, d=256, causal=True),
+             dict(kind="decode", b=1, s=1, skv=128, hq=4, hkv=2, d=128, causal=False)]
+    monkeypatch.setattr(SA, "grid", lambda seed=0, quick=False: (small, dict(seed=seed)))
+    rows = SA.main(["--quick", "--budget-s", "1000", "--out", str(tmp_path)])
+    _no_errors(rows)
+    assert [r["status"] for r in rows] == [SC.OK, SC.OK, SC.NOT_SUPPORTED, SC.NOT_SUPPORTED, SC.OK]
+    assert (tmp_path / "sweep_attention.md").exists() and (tmp_path / "sweep_attention.png").exists()
+
+
+def test_dry_main_conv(dry_main, tmp_path, monkeypatch):
+    small = [SV.problem("issue", "a", 2, 16, 16, 8, 3, 1, 1, 1), SV.problem("resnext50", "g", 1, 64, 64, 8, 3, 1, 1, 32)]
+    monkeypatch.setattr(SV, "grid", lambda seed=0, quick=False: (small, dict(seed=seed)))
+    monkeypatch.setattr(SV, "QUICK_FUSED", [("f", 16, 16, 8, 3, 1, 1, 1)])
+    rows = SV.main(["--quick", "--budget-s", "1000", "--out", str(tmp_path)])
+    _no_errors(rows)
+    assert len(rows) == 6 and all(r["point_s"] >= 0 for r in rows)
+    md = open(tmp_path / "sweep_conv.md").read()
+    assert "Fused conv + bias + ReLU" in md and (tmp_path / "sweep_conv.png").exists()
+    # the budget: spent at once, nothing sampled, and the summary says so
+    rows = SV.main(["--quick", "--budget-s", "0", "--out", str(tmp_path / "b")])
+    assert rows == [] and "BUDGET SPENT: 2 point(s)" in open(tmp_path / "b" / "sweep_conv.md").read()
