@@ -27,6 +27,14 @@ against PyTorch before timing (max error relative to the largest |value|, bf16 t
 Also: fused conv + bias + ReLU (ConvolutionBiasActivationForward) against the plain forward for a few
 ResNet-50 layers at N = 32 (time_pair; target <= 1.03x).
 Targets (issue 18): geometric mean >= 0.9x cuDNN, no shape below 0.7x, the issue's layers >= 0.9x.
+
+Mid-session run (H200, torch 2.11 / cuDNN 9.19, --quick, kernels compiled on first use; ratio = cuDNN / pydnn):
+  issue 3x3 64->64 @56 N64: fwd 0.61x (fwd_wgmma<64, ...> 210 TFLOP/s vs 344), bwd data 0.69x, bwd filter 1.09x;
+  random N163 3x3 448->880 @19: fwd 1.27x, bwd data 0.21x (bwd_data_tc<128, 128>: the mma.sync kernel, 148 vs
+  706 TFLOP/s), bwd filter 0.75x; ResNeXt l3 3x3 g32 512->512 @14 N32: fwd 0.14x, bwd data 0.25x, bwd filter
+  0.02x (grouped layers run the CUDA-core implicit_gemm / Winograd today); fused conv + bias + ReLU / plain
+  1.013x (3x3 64->64 @56 N32). Spot checks: fwd 2.8e-3, bwd data 2.7e-3, bwd filter 3.9e-3 (tolerance 2e-2).
+  Three shapes took ~9 s with first-use compiles and cuDNN's benchmark-mode trials.
 """
 import math
 import os
