@@ -244,6 +244,8 @@ def plot_sorted(path, title, panels, lines=(1.0,), force_builtin=False):
                 for y in lines:
                     ax.axhline(y, color="red" if y == 1.0 else "grey", lw=1, ls="-" if y == 1.0 else "--")
                 ax.set_yscale("log", base=2)
+                if vals:  # at least 1/2x .. 2x in view, whatever the points
+                    ax.set_ylim(min(0.5, min(vals) / 1.1), max(2.0, max(vals) * 1.1))
                 ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
                 ax.set_ylabel("pydnn speed / ref")
                 g = geomean(vals)
