@@ -319,13 +319,17 @@ def main(argv=None):
     for p in pts:
         if only and p["kind"] not in only:
             continue
-        if not budget.take():
+        if not budget.take() or meta.get("context_lost"):
             continue
         n0 = len(rows)
         n_before, t_point = len(rows), time.monotonic()
         run_point(h, p, timer, checked, rows)
         for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
             r["point_s"] = time.monotonic() - t_point
+        lost = SC.sticky(rows[n_before:])
+        if lost:  # the CUDA context is unusable from here: stop sampling and say why
+            meta["context_lost"] = lost
+            print(f"CUDA context lost, sweep stopped: {lost}", flush=True)
         for r in rows[n0:]:
             print(f"attn {r['case']:36s} {r['group']:6s} {r['status']:13s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms "
                   f"ref {SC.fmt(r.get('ms_ref'), '.4f')} ms {SC.fmt(r.get('ratio'), '.2f')}x "
@@ -333,8 +337,10 @@ def main(argv=None):
         SC.write_partial(args.out, "sweep_attention", rows, meta)
     meta["checks"] = checked
     elapsed = time.monotonic() - t0
-    meta.update(elapsed_s=elapsed, budget_note=budget.note())
-    md = report(rows, meta, budget.note(), elapsed)
+    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
+                            if meta.get("context_lost") else "")
+    meta.update(elapsed_s=elapsed, budget_note=note)
+    md = report(rows, meta, note, elapsed)
     print(md.split("## Every point")[0])
     SC.write_outputs(args.out, "sweep_attention", md, rows, meta, plots(rows))
     print(f"sweep_attention: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)

@@ -431,6 +431,19 @@ def classify(exc):
     return ERROR, f"{name}: {msg}"
 
 
+_STICKY = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
+           "ILLEGAL_ADDRESS", "LAUNCH_FAILED", "MISALIGNED_ADDRESS", "illegal instruction", "ILLEGAL_INSTRUCTION")
+
+
+def sticky(rows):
+    """The note of the first row whose error leaves the CUDA context unusable (an illegal address, a launch
+    failure): every later point of the process would fail too, so a sweep stops there and says so."""
+    for r in rows:
+        if r.get("status") == ERROR and any(k in (r.get("note") or "") for k in _STICKY):
+            return f"{r['group']} {r['case']}: {r['note']}"
+    return None
+
+
 def device_meta():
     import torch
     import pydnn

@@ -510,23 +510,29 @@ def main(argv=None):
     for i, pr in enumerate(probs):
         if only and pr["tag"] not in only:
             continue
-        if not budget.take():
+        if not budget.take() or meta.get("context_lost"):
             continue
         n_before, t_point = len(rows), time.monotonic()
         run_problem(h, pr, timer, checked, find, rows)
         for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
             r["point_s"] = time.monotonic() - t_point
+        lost = SC.sticky(rows[n_before:])
+        if lost:  # the CUDA context is unusable from here: stop sampling and say why
+            meta["context_lost"] = lost
+            print(f"CUDA context lost, sweep stopped: {lost}", flush=True)
         for r in rows[-3:]:
             print(f"conv {r['case']:58s} {r['group']:10s} {r['status']:13s} "
                   f"pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  cuDNN {SC.fmt(r.get('ms_ref'), '.4f')} ms  "
                   f"{SC.fmt(r.get('ratio'), '.2f')}x {r.get('note', '')}", flush=True)
         SC.write_partial(args.out, "sweep_conv", rows, meta)
-    if not only or "fused" in only:
+    if (not only or "fused" in only) and not meta.get("context_lost"):
         run_fused(h, QUICK_FUSED if args.quick else FUSED_LAYERS, timer, time_pair, fused_rows)
     meta["checks"] = checked
     elapsed = time.monotonic() - t0
-    meta.update(elapsed_s=elapsed, budget_note=budget.note())
-    md = report(rows, fused_rows, meta, budget.note(), elapsed)
+    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
+                            if meta.get("context_lost") else "")
+    meta.update(elapsed_s=elapsed, budget_note=note)
+    md = report(rows, fused_rows, meta, note, elapsed)
     print(md.split("## Every point")[0])
     SC.write_outputs(args.out, "sweep_conv", md, rows + fused_rows, meta, plots(rows))
     print(f"sweep_conv: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)

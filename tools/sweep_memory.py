@@ -675,12 +675,16 @@ def main(argv=None):
                 graph_empty_ms=c.graph_empty_ms)
     rows, checked = [], {}
     for p in pts:
-        if not budget.take():
+        if not budget.take() or meta.get("context_lost"):
             continue
         n_before, t_point = len(rows), time.monotonic()
         run_point(c, p, rows, checked)
         for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
             r["point_s"] = time.monotonic() - t_point
+        lost = SC.sticky(rows[n_before:])
+        if lost:  # the CUDA context is unusable from here: stop sampling and say why
+            meta["context_lost"] = lost
+            print(f"CUDA context lost, sweep stopped: {lost}", flush=True)
         r = rows[-1]
         print(f"mem {r['group']:16s} {r['case']:34s} {r['dtype']:4s} {r['status']:13s} pydnn "
               f"{SC.fmt(r.get('ms_pydnn'), '.4f')} ms torch {SC.fmt(r.get('ms_ref'), '.4f')} ms "
@@ -690,8 +694,10 @@ def main(argv=None):
     meta["checks"] = {f"{k[0]} {k[1]}": v for k, v in checked.items()}
     meta["empty_ms_end"] = c.empty_ms_end
     elapsed = time.monotonic() - t0
-    meta.update(elapsed_s=elapsed, budget_note=budget.note())
-    md = report(rows, meta, budget.note(), elapsed)
+    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
+                            if meta.get("context_lost") else "")
+    meta.update(elapsed_s=elapsed, budget_note=note)
+    md = report(rows, meta, note, elapsed)
     print(md.split("## Every point")[0])
     SC.write_outputs(args.out, "sweep_memory", md, rows, meta, plots(rows))
     print(f"sweep_memory: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)

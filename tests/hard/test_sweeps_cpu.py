@@ -522,3 +522,24 @@ def test_dry_main_conv(dry_main, tmp_path, monkeypatch):
     # the budget: spent at once, nothing sampled, and the summary says so
     rows = SV.main(["--quick", "--budget-s", "0", "--out", str(tmp_path / "b")])
     assert rows == [] and "BUDGET SPENT: 2 point(s)" in open(tmp_path / "b" / "sweep_conv.md").read()
+
+
+def test_dry_main_stops_on_a_lost_context(dry_main, tmp_path, monkeypatch):
+    """An error that leaves the CUDA context unusable (illegal address) stops the sweep at that point, and
+    the summary says so; an ordinary error is a row and the sweep goes on."""
+    real = SM.build
+
+    def build(c, p):
+        if p["family"] == "op_add":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if p["family"] == "act_bwd":
+            raise ValueError("an ordinary failure")
+        return real(c, p)
+    monkeypatch.setattr(SM, "build", build)
+    rows = SM.main(["--quick", "--budget-s", "1000", "--out", str(tmp_path)])
+    fams = [r["group"] for r in rows]
+    assert fams[-1] == "op_add" and "act_bwd" in fams and "reduce" not in fams
+    assert rows[fams.index("act_bwd")]["status"] == SC.ERROR
+    md = open(tmp_path / "sweep_memory.md").read()
+    assert "CUDA CONTEXT LOST" in md and "op_add" in json.load(open(tmp_path / "sweep_memory.json"))["meta"]["context_lost"]
+    assert SC.sticky([dict(status=SC.ERROR, group="g", case="c", note="ValueError: x")]) is None
