@@ -60,12 +60,13 @@ ROW_FAMILIES = ("act_fwd", "act_bwd", "op_add", "add_tensor", "reduce", "softmax
 SPATIAL_FAMILIES = ("softmax_channel", "pool_fwd", "pool_bwd", "bn_train", "bn_infer", "bn_bwd",
                     "gn_fwd_train", "gn_fwd_infer", "gn_bwd", "in_fwd_train", "in_fwd_infer", "in_bwd")
 FAMILIES = ROW_FAMILIES + SPATIAL_FAMILIES
-# buffers of the input's size a point holds at once (pydnn's and PyTorch's outputs included): the memory cap
-NBUF = {"act_fwd": 3, "act_bwd": 5, "op_add": 4, "add_tensor": 3, "reduce": 2, "softmax_instance": 3,
-        "ln_fwd_train": 3, "ln_fwd_infer": 3, "ln_bwd": 6, "rms_fwd_train": 3, "rms_fwd_infer": 3, "rms_bwd": 7,
-        "dropout_fwd": 4, "dropout_bwd": 5, "softmax_channel": 3, "pool_fwd": 3, "pool_bwd": 6, "bn_train": 3,
-        "bn_infer": 3, "bn_bwd": 6, "gn_fwd_train": 3, "gn_fwd_infer": 3, "gn_bwd": 7, "in_fwd_train": 3,
-        "in_fwd_infer": 3, "in_bwd": 7}
+# buffers of the input's size a point holds at once (pydnn's and PyTorch's outputs, the spot check's float
+# copies and autograd's saved tensors included, roughly): the memory cap
+NBUF = {"act_fwd": 4, "act_bwd": 5, "op_add": 5, "add_tensor": 4, "reduce": 3, "softmax_instance": 4,
+        "ln_fwd_train": 4, "ln_fwd_infer": 4, "ln_bwd": 7, "rms_fwd_train": 4, "rms_fwd_infer": 4, "rms_bwd": 8,
+        "dropout_fwd": 5, "dropout_bwd": 8, "softmax_channel": 4, "pool_fwd": 4, "pool_bwd": 7, "bn_train": 4,
+        "bn_infer": 4, "bn_bwd": 7, "gn_fwd_train": 4, "gn_fwd_infer": 4, "gn_bwd": 8, "in_fwd_train": 4,
+        "in_fwd_infer": 4, "in_bwd": 8}
 VARIANTS = {"act_fwd": ("relu", "gelu_tanh", "sigmoid", "tanh"), "act_bwd": ("relu", "sigmoid"),
             "add_tensor": ("same", "bias"), "reduce": ("sum", "max", "avg"), "pool_fwd": ("max", "avg"),
             "pool_bwd": ("max", "avg")}
