@@ -9,9 +9,8 @@ torch.nn.attention.sdpa_kernel) in the same run, bf16, BHSD.
 
 Grid (grid(); built without a GPU, checked by tests/hard/test_sweeps_cpu.py):
   * training shapes: B * S = 16384 tokens, S in 512 .. 16384 (powers of two), heads Hq / Hkv 32/32, 64/8,
-    128/8, head dim 64 / 128 / 256, causal (top left) and not; forward and backward of each. pydnn has head
-    dims 64 and 128 today: the others stay in the grid as NOT_SUPPORTED rows (the refusal is pydnn's own
-    PydnnError, so they are timed as soon as pydnn takes them).
+    128/8, head dim 64 / 128 / 256, causal (top left) and not; forward and backward of each. A head dim
+    pydnn refuses stays in the grid as a NOT_SUPPORTED row (the refusal is pydnn's own PydnnError).
   * decode: one query row against a KV cache of 4k .. 128k keys, batch 1 .. 64, GQA 32/8 and 64/8 at
     d128 (no mask), against the faster of cuDNN and PyTorch's flash backend. A point whose K + V would
     take more than DECODE_MEM_FRACTION of the free memory is an OOM row (not run).
