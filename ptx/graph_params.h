@@ -3,7 +3,8 @@
  *
  * The kernel walks the `total` elements of the output shape `dims` (ndim dims, outermost first, already
  * collapsed where every operand allows); operand k (an input or an output of the fused graph) is at
- * ptr[k] + sum_d coord[d] * stride[k][d] elements (stride 0: broadcast along d). */
+ * ptr[k] + sum_d coord[d] * stride[k][d] elements (stride 0: broadcast along d). A fused matmul epilogue uses
+ * dims 0..2 as (batch, row, column) and two further ptr slots for a reduction's workspace and counters. */
 #ifndef PYDNN_GRAPH_PARAMS_H
 #define PYDNN_GRAPH_PARAMS_H
 
@@ -16,7 +17,7 @@ typedef struct {
   long long dims[PYDNN_GRAPH_MAX_DIMS];
   long long total;
   int ndim;
-  int pad_;
+  unsigned flags; /* bit k: operand k may be read / written in aligned pairs (fused matmul epilogue) */
 } GraphPwParams;
 
 #endif

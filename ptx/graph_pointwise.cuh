@@ -31,6 +31,32 @@ __device__ __forceinline__ float swish_grad(float v, float beta) {
   return s + beta * v * s * (1.0f - s);
 }
 
+// Read-only loads of graph inputs as float (ld.global.nc: the compiler may move them across the kernel's
+// stores, which it must otherwise assume alias them), single and as aligned pairs.
+__device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float ldf(const half_t* p) {
+  unsigned short b;
+  asm("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(p));
+  half_t h;
+  h.bits = b;
+  return to_float(h);
+}
+__device__ __forceinline__ float ldf(const bf16_t* p) {
+  unsigned short b;
+  asm("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(p));
+  return __uint_as_float(((unsigned)b) << 16);
+}
+__device__ __forceinline__ void ldf2(const float* p, float& a, float& b) {
+  const float2 v = __ldg(reinterpret_cast<const float2*>(p));
+  a = v.x;
+  b = v.y;
+}
+template <class T> __device__ __forceinline__ void ldf2(const T* p, float& a, float& b) {
+  unsigned w;
+  asm("ld.global.nc.b32 %0, [%1];" : "=r"(w) : "l"(p));
+  unpack16x2<T>(w, a, b);
+}
+
 // Element offsets of NOPS operands for the linear output index i over NDIM dims (outermost first), in the
 // index type I (int when the launch proved every offset fits).
 template <int NOPS, int NDIM, class I>

@@ -30,7 +30,7 @@ class GraphPwParams(ctypes.Structure):
         ("dims", ctypes.c_longlong * MAX_DIMS),
         ("total", ctypes.c_longlong),
         ("ndim", ctypes.c_int),
-        ("pad_", ctypes.c_int),
+        ("flags", ctypes.c_uint),
     ]
 
 
@@ -206,32 +206,137 @@ def _tile_body(tile, tag, ta, tb, vec):
     return (f"pydnn::matmul::gemm_wgmma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}>", 256, tile.per_sm)
 
 
-def matmul_source(prog, final, tag, fast, general, ta, tb):
+# reduction epilogue (cuDNN's reduce ops, PYDNN_REDUCE_TENSOR_*): (init, map of v, combine of a and b,
+# the result of a over n values)
+RED = {
+    "ADD": ("0.0f", "v", "a + b", "a"),
+    "MUL": ("1.0f", "v", "a * b", "a"),
+    "MIN": ("INFINITY", "v", "fminf(a, b)", "a"),
+    "MAX": ("-INFINITY", "v", "fmaxf(a, b)", "a"),
+    "AMAX": ("0.0f", "fabsf(v)", "fmaxf(a, b)", "a"),
+    "AVG": ("0.0f", "v", "a + b", "a / (float)n"),
+    "NORM1": ("0.0f", "fabsf(v)", "a + b", "a"),
+    "NORM2": ("0.0f", "v * v", "a + b", "sqrtf(a)"),
+    "MUL_NO_ZEROS": ("1.0f", "(v == 0.0f ? 1.0f : v)", "a * b", "a"),
+}
+
+
+def _epi_struct(prog, final, access, red, store_c, sname):
+    """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
+    pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
+    contiguous inputs when flags bit k says so), then the program on each of the two values."""
+    ops = prog.operands
+    fields, rows, loads = [], [], []
+    for k, (otag, role) in enumerate(ops):
+        ct = CTYPE[otag]
+        base = f"static_cast<{'const ' if role == 'in' else ''}{ct}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + " \
+               f"(long long)row * e.stride[{k}][1]"
+        kind = access[k]
+        if role == "in" and kind == "b":
+            fields.append(f"float b{k};")
+            rows.append(f"    r.b{k} = ldf({base});")
+            loads.append(f"    const float in{k}_0 = r.b{k}, in{k}_1 = r.b{k};")
+            continue
+        fields.append(f"{'const ' if role == 'in' else ''}{ct}* p{k};")
+        rows.append(f"    r.p{k} = {base};")
+        if role != "in":
+            continue
+        if kind == "c":
+            loads.append(f"    float in{k}_0, in{k}_1 = 0.0f;\n"
+                         f"    if (two && ((e.flags >> {k}) & 1u)) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
+                         f"    else {{ in{k}_0 = ldf(r.p{k} + col); if (two) in{k}_1 = ldf(r.p{k} + col + 1); }}")
+        else:
+            loads.append(f"    const long long s{k} = e.stride[{k}][2];\n"
+                         f"    const float in{k}_0 = ldf(r.p{k} + col * s{k}), "
+                         f"in{k}_1 = two ? ldf(r.p{k} + (col + 1) * s{k}) : 0.0f;")
+
+    def element(e):
+        out = [f"    {{  // column col + {e}", f"      const float acc_in = acc{e};"]
+        out += [f"      const float in{k} = in{k}_{e};" for k, (_, role) in enumerate(ops) if role == "in"]
+        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+        for j, k in prog.stores:
+            val = "acc_in" if j == -1 else f"v{j}"
+            at = f"col + {e}" if access[k] == "c" else f"(col + {e}) * e.stride[{k}][2]"
+            st = f"r.p{k}[{at}] = store<{CTYPE[ops[k][0]]}>({val});"
+            out.append(f"      {st}" if e == 0 else f"      if (two) {st}")
+        out += [f"      acc{e} = {_ref(final)};", "    }"]
+        return out
+
+    red_fns = ""
+    if red is not None:
+        init, mp, comb, done = RED[red["mode"]]
+        ky, kw = red["y"], len(ops)
+        yt = CTYPE[ops[ky][0]]
+        red_fns = f"""
+  __device__ __forceinline__ float red_init() const {{ return {init}; }}
+  __device__ __forceinline__ float red_map(float v) const {{ return {mp}; }}
+  __device__ __forceinline__ float red_comb(float a, float b) const {{ return {comb}; }}
+  __device__ __forceinline__ void red_done(long long z, int row, float a) const {{
+    const int n = p.n;
+    (void)n;
+    static_cast<{yt}*>(e.ptr[{ky}])[z * e.stride[{ky}][0] + (long long)row * e.stride[{ky}][1]] = store<{yt}>({done});
+  }}
+  __device__ __forceinline__ float* red_ws() const {{ return static_cast<float*>(e.ptr[{kw}]); }}
+  __device__ __forceinline__ unsigned* red_cnt() const {{ return static_cast<unsigned*>(e.ptr[{kw + 1}]); }}"""
+    else:
+        red_fns = """
+  __device__ __forceinline__ float red_init() const { return 0.0f; }
+  __device__ __forceinline__ float red_map(float v) const { return v; }
+  __device__ __forceinline__ float red_comb(float a, float) const { return a; }
+  __device__ __forceinline__ void red_done(long long, int, float) const {}
+  __device__ __forceinline__ float* red_ws() const { return nullptr; }
+  __device__ __forceinline__ unsigned* red_cnt() const { return nullptr; }"""
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    nl = "\n"
+    return f"""struct {sname} {{
+  static constexpr bool kActive = true, kRed = {b(red is not None)}, kStoreC = {b(store_c)};
+  const GraphPwParams& e;
+  const MatmulParams& p;
+  struct Row {{
+    {(nl + '    ').join(fields) if fields else 'int unused_;'}
+  }};
+  __device__ __forceinline__ Row row(long long z, int row) const {{
+    Row r;
+{nl.join(rows)}
+    (void)z;
+    (void)row;
+    return r;
+  }}
+  __device__ __forceinline__ void operator()(const Row& r, float& acc0, float& acc1, int col, bool two) const {{
+{nl.join(loads)}
+{nl.join(element(0))}
+{nl.join(element(1))}
+    (void)r;
+    (void)two;
+  }}{red_fns}
+}};"""
+
+
+def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True):
     """(name, CUDA C) of a GEMM whose epilogue is the pointwise program `prog`: operand refs ("acc", 0) are
     the GEMM's value at (z, row, col), ("op", k) the epilogue operand k of GraphPwParams e (read at
     z * stride[k][0] + row * stride[k][1] + col * stride[k][2]); prog.stores write further outputs there;
-    the value `final` (a ref: ("v", j) or ("acc", 0)) goes to C through the GEMM's own store; a store
-    (j, k) with j == -1 writes the accumulator itself.
+    the value `final` (a ref: ("v", j) or ("acc", 0)) goes to C through the GEMM's own store (store_c; a
+    virtual result is not stored); a store (j, k) with j == -1 writes the accumulator itself.
+    access[k]: how operand k walks the columns: "b" broadcast (stride[k][2] == 0: read once per row), "c"
+    contiguous (stride 1: read in pairs where aligned), "g" any stride (the default).
+    red: None, or dict(mode=RED key, y=operand index of the reduction's output [batch, m, 1]): `final`
+    is also reduced along each row (its workspace and counters are ptr[len(operands)] and the next).
     Two kernels: <name>_f (the fast tile) and <name>_g (the general, unaligned path)."""
     ops = prog.operands
-    lines = ["    const float acc_in = acc;"]
-    for k, (otag, role) in enumerate(ops):
-        if role == "in":
-            lines.append(f"    const float in{k} = load<float>(static_cast<const {CTYPE[otag]}*>(e.ptr[{k}])"
-                         f"[z * e.stride[{k}][0] + row * e.stride[{k}][1] + col * e.stride[{k}][2]]);")
-    for name, expr in expressions(prog):
-        lines.append(f"    const float {name} = {expr};")
-    for j, k in prog.stores:
-        val = "acc_in" if j == -1 else f"v{j}"
-        ct = CTYPE[ops[k][0]]
-        lines.append(f"    static_cast<{ct}*>(e.ptr[{k}])[z * e.stride[{k}][0] + row * e.stride[{k}][1] + "
-                     f"col * e.stride[{k}][2]] = store<{ct}>({val});")
-    lines.append(f"    acc = {_ref(final)};")
-    body = "\n".join(lines)
+    access = list(access) if access is not None else ["g"] * len(ops)
+    if len(access) != len(ops) or any(a not in "bcg" for a in access):
+        raise ValueError(f"access {access!r} for {len(ops)} operands")
+    if red is not None and (red["mode"] not in RED or not 0 <= red["y"] < len(ops)):
+        raise ValueError(f"reduction {red!r}")
+    if len(ops) + (2 if red is not None else 0) > MAX_OPERANDS:
+        raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
+    body = _epi_struct(prog, final, access, red, store_c, "EPI")
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
+    body = body.replace("struct EPI {", f"struct Epi_{name} {{")
     text = f"""// Generated by pydnn/graph/codegen.py: a GEMM (ptx/matmul.cu) with a fused pointwise epilogue.
 #include "matmul.cu"
 #include "graph_pointwise.cuh"
@@ -239,19 +344,14 @@ def matmul_source(prog, final, tag, fast, general, ta, tb):
 namespace pydnn {{
 namespace graph {{
 
-struct Epi_{name} {{
-  const GraphPwParams& e;
-  __device__ __forceinline__ void operator()(float& acc, long long z, int row, int col) const {{
 {body}
-  }}
-}};
 
 __global__ void __launch_bounds__({ft}, {fm}) {name}_f(const MatmulParams p, const GraphPwParams e) {{
-  {fb}(p, Epi_{name}{{e}});
+  {fb}(p, Epi_{name}{{e, p}});
 }}
 
 __global__ void __launch_bounds__({gt}, {gm}) {name}_g(const MatmulParams p, const GraphPwParams e) {{
-  {gb}(p, Epi_{name}{{e}});
+  {gb}(p, Epi_{name}{{e, p}});
 }}
 
 }}  // namespace graph
@@ -260,10 +360,10 @@ __global__ void __launch_bounds__({gt}, {gm}) {name}_g(const MatmulParams p, con
     return name, text
 
 
-def matmul_unit(prog, final, tag, fast, general, ta, tb):
+def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True):
     """(KernelUnit, fast expr, general expr), registered like kernel_unit's; a wgmma fast tile makes the
     unit sm_90a only (as pydnn.ops.matmul's wgmma units)."""
-    name, text = matmul_source(prog, final, tag, fast, general, ta, tb)
+    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     fe, ge = f"pydnn::graph::{name}_f", f"pydnn::graph::{name}_g"

@@ -28,6 +28,7 @@ from .matmul_api import layout
 TAGS = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLOAT16: "bf16"}
 ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2}
 ALIGN = 256
+FLAG_PAIR = 4  # PYDNN_MATMUL_FLAG_PAIR (ptx/matmul_params.h; pydnn.ops.matmul.FLAG_PAIR)
 
 
 def _bcast_strides(t, dims):
@@ -66,15 +67,18 @@ class PwStep:
         _compile(handle, self.unit)
         self.params = cg.params(cdims, cstrides, [0] * len(uids))
         self.args = driver.kernel_args(self.params)
-        self.uids = uids
+        self.uids = tuple(uids)
         self.launches = 1
+        self.fn = (None, None)  # (handle, CUfunction) of the last handle
 
     def run(self, handle, ptr):
-        p = self.params
+        pp = self.params.ptr
         for k, u in enumerate(self.uids):
-            p.ptr[k] = ptr[u]
-        f = handle.function(self.unit.name, self.expr)
-        driver.launch_args(f, self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
+            pp[k] = ptr[u]
+        fn = self.fn
+        if fn[0] is not handle:
+            fn = self.fn = (handle, handle.function(self.unit.name, self.expr))
+        driver.launch_args(fn[1], self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
 
 
 class MatmulStep:
@@ -218,13 +222,14 @@ class EnginePlan:
         return None if None in n else sum(n)
 
     def execute(self, handle, ptrs, workspace):
-        ptr = dict(ptrs)
+        """Enqueue the steps; `ptrs` ({uid: device pointer}, the caller's own dict) is completed in place
+        with the virtual tensors' and the workspace's addresses."""
         if self.offsets:
             for uid, off in self.offsets.items():
-                ptr[uid] = workspace + off
-        ptr["workspace"] = workspace
+                ptrs[uid] = workspace + off
+        ptrs["workspace"] = workspace
         for s in self.steps:
-            s.run(handle, ptr)
+            s.run(handle, ptrs)
 
 
 def _common_support(g):
@@ -321,9 +326,13 @@ class NodeEngine:
 
 class FusedMatmulStep:
     """ONE launch: pydnn's GEMM (tile chosen as pydnn.ops.matmul chooses it) with the graph's pointwise ops
-    generated into its epilogue (codegen.matmul_source)."""
+    generated into its epilogue (codegen.matmul_source). Everything but the pointers is set at build: the
+    two launch records (fast tile, general path), their argument arrays, the epilogue's access kinds; run
+    patches pointers and flags and launches (the host path counted by tests/graph/test_graph_host_cpu.py)."""
 
     def __init__(self, handle, g, an):
+        import ctypes
+
         from ..ops import matmul as M
 
         a, b, final = an["a"], an["b"], an["final"]
@@ -332,45 +341,66 @@ class FusedMatmulStep:
         self.plan = plan = M.gemm_plan(handle, **kw)
         tag = TAGS[a.dtype]
         fast = M._choose_tile(plan.m, plan.n, plan.batch, handle.sm_count, handle.arch, plan.k)
-        self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
-                                           plan.trans_a, plan.trans_b)
-        _compile(handle, self.unit)
         shape = final.dims
-        strides = []
-        for u in an["eops"]:
-            s = _bcast_strides(g.tensors[u], shape)
+        strides, access, self.pair_static = [], [], 0
+        shape3 = ([1] + list(shape)) if len(shape) == 2 else list(shape)
+        for k, u in enumerate(an["eops"]):
+            t = g.tensors[u]
+            s = _bcast_strides(t, shape)
             s = ([0] + s) if len(s) == 2 else s
+            s = [0 if d == 1 else v for d, v in zip(shape3, s)]  # a dim of one: never stepped
             if self.swap:
                 s = [s[0], s[2], s[1]]
             strides.append(s)
+            kind = "b" if s[2] == 0 and u in g.inputs else "c" if s[2] == 1 else "g"
+            access.append(kind)
+            # a contiguous input is read in pairs where every (batch, row) start is even (and the pointer
+            # 2-element aligned: checked per call)
+            if kind == "c" and u in g.inputs and s[0] % 2 == 0 and s[1] % 2 == 0:
+                self.pair_static |= 1 << k
+        self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
+                                           plan.trans_a, plan.trans_b, access)
+        _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
-        self.eops = an["eops"]
+        self.eops = tuple(an["eops"])
+        self.pair_align = [2 * ESIZE[g.tensors[u].dtype] - 1 for u in self.eops]
         self.recs = []
-        import ctypes
-
         for rec, expr in ((plan.fast, fe), (plan.general, ge)):
-            arr = (ctypes.c_void_p * 2)(ctypes.addressof(rec.params), ctypes.addressof(self.e))
-            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), rec.params, self.e)))
+            p = rec.params
+            p.bias, p.alpha, p.beta = 0, 1.0, 0.0
+            arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(self.e))
+            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), p, self.e)))
         self.uids = (a.uid, b.uid, final.uid)
         self.es = ESIZE[a.dtype]
+        self.vec_ok, self.pair_ok = plan.vec_ok, plan.pair_ok
+        self.fn = (None, None, None)  # (handle, fast CUfunction, general CUfunction) of the last handle
         self.launches = 1
 
-    def run(self, handle, ptr):
-        from ..ops import matmul as M
+    def _functions(self, handle):
+        fns = tuple(handle.function(self.unit.name, expr, rec.smem) for rec, expr, _ in self.recs)
+        self.fn = (handle,) + fns
+        return self.fn
 
-        a, b, c = (ptr[u] for u in self.uids)
+    def run(self, handle, ptr):
+        ua, ub, uc = self.uids
+        a, b, c = ptr[ua], ptr[ub], ptr[uc]
         if self.swap:
             a, b = b, a
-        plan = self.plan
-        rec, expr, args = self.recs[0] if (plan.vec_ok and (a | b) & 15 == 0) else self.recs[1]
+        fast = self.vec_ok and (a | b) & 15 == 0
+        rec, _, args = self.recs[0 if fast else 1]
         p = rec.params
-        p.a, p.b, p.c, p.bias = a, b, c, 0
-        p.alpha, p.beta = 1.0, 0.0
-        p.flags = M.FLAG_PAIR if (plan.pair_ok and c % (2 * self.es) == 0) else 0
+        p.a, p.b, p.c = a, b, c
+        p.flags = FLAG_PAIR if (self.pair_ok and c % (2 * self.es) == 0) else 0
+        e = self.e
+        flags = self.pair_static
         for k, u in enumerate(self.eops):
-            self.e.ptr[k] = ptr[u]
-        f = handle.function(self.unit.name, expr, rec.smem)
-        driver.launch_args(f, rec.grid, rec.block, rec.smem, handle.cu_stream, args)
+            v = ptr[u]
+            e.ptr[k] = v
+            if v & self.pair_align[k]:
+                flags &= ~(1 << k)
+        e.flags = flags
+        fn = self.fn if self.fn[0] is handle else self._functions(handle)
+        driver.launch_args(fn[1] if fast else fn[2], rec.grid, rec.block, rec.smem, handle.cu_stream, args)
 
 
 def _matmul_epilogue(g):

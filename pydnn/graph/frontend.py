@@ -25,6 +25,7 @@ from ..status import PydnnError
 from . import backend as B
 from . import pointwise_ops as pw
 from .descriptors import bad
+from .plans import run as _run
 
 FORMAT, VERSION = "pydnn.graph", 1
 ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2, E.PYDNN_DATA_DOUBLE: 8}
@@ -68,6 +69,8 @@ class Tensor:
 
     def set_name(self, name):
         self.name = name
+        if self.graph is not None:
+            self.graph._keys = None  # execute's key map is rebuilt
         return self
 
     def get_dim(self):
@@ -92,6 +95,7 @@ class Graph:
         self._uid = 1
         self._opgraph = self._cfgs = self._plan = None
         self._plan_obj = None
+        self._keys = None  # (plan, {Tensor / name / uid: uid}) of execute, built on its first call
         self._descs = []
 
     # ------------------------------------------------------------------ building
@@ -420,11 +424,33 @@ class Graph:
         raise bad(f"execute: {key!r} is not a tensor, a name or a uid")
 
     def execute(self, buffers, workspace=0, handle=None):
-        from .plans import run
+        """Run the built plan on {tensor, name or uid: buffer} (ints, torch tensors, anything pydnn.buffers
+        reads) with the workspace. Host work per call: a key lookup per buffer, the buffers' resolution and
+        the launches (the key map is made once per plan; tests/graph/test_graph_host_cpu.py counts it)."""
+        plan = self._plan_obj
+        if plan is None:
+            plan = self._need_plan("execute")
+        keys = self._keys
+        if keys is None or keys[0] is not plan:
+            keys = self._keys = (plan, self._key_map())
+        km = keys[1]
+        given = {}
+        for k, v in buffers.items():
+            try:
+                u = km[k] if type(k) is not bool else self._uid_of(k)
+            except (KeyError, TypeError):
+                u = self._uid_of(k)
+            given[u] = v
+        _run(handle if handle is not None else self.handle, plan, given, workspace)
 
-        plan = self._need_plan("execute")
-        given = {self._uid_of(k): v for k, v in buffers.items()}
-        run(handle if handle is not None else self.handle, plan, given, workspace)
+    def _key_map(self):
+        km = {}
+        for t in self.tensors:
+            km[t] = t.uid
+            km[t.uid] = t.uid
+            if isinstance(t.name, str):
+                km.setdefault(t.name, t.uid)
+        return km
 
     # ------------------------------------------------------------------ serialization
     def serialize(self):

@@ -166,4 +166,4 @@ def test_generated_matmul_epilogue_compiles(arch, wgmma, tmp_path, monkeypatch):
     cubin, lowered = build.compile_unit(unit, arch)
     assert cubin[:4] == b"\x7fELF" and set(lowered) == {fe, ge}
     _, text = cg.matmul_source(_epilogue_program(), ("v", 2), "bf16", fast, M.TC_GENERAL, False, True)
-    assert "acc = v2;" in text and "e.ptr[2]" in text and ("gemm_wgmma_body" in text) == wgmma
+    assert "acc0 = v2;" in text and "acc1 = v2;" in text and "e.ptr[2]" in text and ("gemm_wgmma_body" in text) == wgmma

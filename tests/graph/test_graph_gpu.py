@@ -143,7 +143,7 @@ def _mm_graph(handle, io, m, n, k, residual=False, batch=1):
 
 @pytest.mark.parametrize("io", [F16, BF16, F32])
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("m, n, k, batch", [(128, 96, 64, 1), (77, 130, 40, 2), (512, 512, 512, 1)])
+@pytest.mark.parametrize("m, n, k, batch", [(128, 96, 64, 1), (77, 130, 40, 2), (512, 512, 512, 1), (33, 131, 64, 1)])
 def test_matmul_epilogue(handle, rng, monkeypatch, io, residual, m, n, k, batch):
     g, (a, w, bias, r, y) = _mm_graph(handle, io, m, n, k, residual, batch)
     g.build_operation_graph().create_execution_plans().check_support().build_plans()
