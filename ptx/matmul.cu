@@ -132,7 +132,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
 // the previous element's store to C (the compiler must assume they alias) and each load's latency was
 // exposed: gelu(x @ W + b) bf16 16384 x 4096 x 4096 ran at 280 TFLOP/s against the plain kernel's 600
 // on the H200, with no spills (ptxas: 242 registers fused vs 200 plain, 128x256 wgmma tile, 1 block / SM).
-// kRed: the epilogue also reduces each row of its result (codegen's reduction epilogue; row_reduce_tc below).
+// kRed: the epilogue also reduces each row of its result (codegen's reduction epilogue; red_publish below).
 struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
   struct Row {};
@@ -186,47 +186,53 @@ __device__ __forceinline__ void put_pair(const MatmulParams& p, T* crow, int col
   if (two) crow[col + 1] = store<T>(v1);
 }
 
-// The reduction epilogue's cross-block step for the block's BM rows of tile (tm, tn) of batch z. `part`:
-// this thread's R row partials (rows row_of(r), combined over the 4 lanes of a quad, which hold one row's
-// columns of a warp: lanes with (lane & 3) == 0 publish them); SPLIT warps along n (wn: this warp's)
-// each hold part of a row. Each block writes its partials to the workspace (red_ws: [batch][tiles_n *
-// SPLIT][m] floats), then counts itself in red_cnt[z * tiles_m + tm]; the block that counts last combines
-// the tiles_n * SPLIT partials of each row in order (deterministic) and hands the result to red_done, then
-// resets the counter to 0 (the counters start at 0: zeroed when the plan was built, and every launch
-// leaves them so).
-template <class Epi, int BM, int SPLIT, int THREADS, int R, class RowOf>
-__device__ __forceinline__ void row_reduce_tc(const MatmulParams& p, const Epi& epi, long long z, int tm, int tn,
-                                              int wn, const float (&part)[R], RowOf row_of) {
+// The reduction epilogue's cross-block step for the block's BM rows of tile (tm, tn) of batch z. Each
+// thread holds R row partials (rows[r]; combined over the 4 lanes of a quad, which hold one row's columns
+// of a warp: lanes with (lane & 3) == 0 publish them); SPLIT warps along n (wn: this warp's) each hold
+// part of a row. Each block writes its partials to the workspace (ws: [batch][tiles_n * SPLIT][m]
+// floats), then counts itself in cnt[z * tiles_m + tm] (red_publish); the block that counts last
+// combines the tiles_n * SPLIT partials of each row in order (deterministic) and hands the result to
+// red_done, then resets the counter to 0 (red_finish; the counters start at 0: zeroed when the plan was
+// built, and every launch leaves them so).
+// red_publish is not inlined and takes plain values: inlined, the fused kernel's register demand passed
+// 255 and spilled (wgmma 128x256, bias + row MAX: 264 bytes of spill stores, 740 of loads); taking the
+// params structs by reference, out of line, copied them to a 1.4 KB stack frame per thread.
+template <int SPLIT, int R>
+__device__ __noinline__ bool red_publish(float* ws, unsigned* cnt, int m, int tiles_n, int tiles_m, long long z,
+                                         int tm, int tn, int wn, Vec<float, R> part, Vec<int, R> rows) {
   __shared__ int s_last;
-  float* ws = epi.red_ws();
-  const long long parts = (long long)p.tiles_n * SPLIT;
+  const long long parts = (long long)tiles_n * SPLIT;
   if ((threadIdx.x & 3) == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int row = row_of(r);
-      if (row < p.m) __stcg(ws + (z * parts + (long long)tn * SPLIT + wn) * p.m + row, part[r]);
-    }
+    for (int r = 0; r < R; ++r)
+      if (rows.v[r] < m) __stcg(ws + (z * parts + (long long)tn * SPLIT + wn) * m + rows.v[r], part.v[r]);
   }
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned old = atomicAdd(epi.red_cnt() + z * p.tiles_m + tm, 1u);
-    s_last = old == (unsigned)(p.tiles_n - 1);
+    const unsigned old = atomicAdd(cnt + z * tiles_m + tm, 1u);
+    s_last = old == (unsigned)(tiles_n - 1);
   }
   __syncthreads();
-  if (s_last) {
-    __threadfence();
-    const int m0 = tm * BM;
-    for (int r = threadIdx.x; r < BM; r += THREADS) {
-      const int row = m0 + r;
-      if (row >= p.m) break;
-      float a = epi.red_init();
-      for (long long t = 0; t < parts; ++t) a = epi.red_comb(a, __ldcg(ws + (z * parts + t) * p.m + row));
-      epi.red_done(z, row, a);
-    }
-    if (threadIdx.x == 0) epi.red_cnt()[z * p.tiles_m + tm] = 0u;
+  const bool last = s_last;
+  __syncthreads();  // every thread read s_last before a later tile's red_publish writes it
+  return last;
+}
+
+template <class Epi, int BM, int SPLIT, int THREADS>
+__device__ __forceinline__ void red_finish(const MatmulParams& p, const Epi& epi, long long z, int tm) {
+  __threadfence();
+  float* ws = epi.red_ws();
+  const long long parts = (long long)p.tiles_n * SPLIT;
+  const int m0 = tm * BM;
+  for (int r = threadIdx.x; r < BM; r += THREADS) {
+    const int row = m0 + r;
+    if (row >= p.m) break;
+    float a = epi.red_init();
+    for (long long t = 0; t < parts; ++t) a = epi.red_comb(a, __ldcg(ws + (z * parts + t) * p.m + row));
+    epi.red_done(z, row, a);
   }
-  __syncthreads();  // s_last is read by every thread before the next batch's reduction writes it
+  if (threadIdx.x == 0) epi.red_cnt()[z * p.tiles_m + tm] = 0u;
 }
 
 // alpha * acc (+ beta * C) (+ bias) for columns col, col + 1 of one row, stored to C.
@@ -569,7 +575,16 @@ __device__ __forceinline__ void gemm_tc_body(const MatmulParams& p, const Epi& e
           part[r] = epi.red_comb(part[r], __shfl_xor_sync(0xffffffffu, part[r], 1));
           part[r] = epi.red_comb(part[r], __shfl_xor_sync(0xffffffffu, part[r], 2));
         }
-        row_reduce_tc<Epi, BM, WARPS_N, THREADS, 2 * TM>(p, epi, z, tm, tn, wn0 / WN, part, row_of);
+        Vec<float, 2 * TM> pv;
+        Vec<int, 2 * TM> rows;
+#pragma unroll
+        for (int r = 0; r < 2 * TM; ++r) {
+          pv.v[r] = part[r];
+          rows.v[r] = row_of(r);
+        }
+        if (red_publish<WARPS_N, 2 * TM>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, wn0 / WN,
+                                         pv, rows))
+          red_finish<Epi, BM, WARPS_N, THREADS>(p, epi, z, tm);
       }
     }
   }
@@ -713,7 +728,14 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
           part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
           part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
         }
-        row_reduce_tc<Epi, BM, 1, THREADS, 2>(p, epi, z, tm, tn, 0, part, row_of);
+        Vec<float, 2> pv;
+        Vec<int, 2> rows;
+        pv.v[0] = part[0];
+        pv.v[1] = part[1];
+        rows.v[0] = row_of(0);
+        rows.v[1] = row_of(1);
+        if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
+          red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
       }
     }
   }

@@ -81,34 +81,66 @@ def expressions(prog):
     return out
 
 
-def source(prog, ndim, elems=1, wide=True):
+def source(prog, ndim, elems=1, wide=True, access=None):
     """(kernel name, CUDA C text) of the program over `ndim` collapsed dims, `elems` consecutive innermost
-    elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math."""
+    elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math. access[k]:
+    how operand k walks the innermost dim: "c" contiguous (stride 1: a vector of the run where p.flags bit 0
+    allows), "b" broadcast (stride 0: read once a run), "g" any stride (the default)."""
     ops = prog.operands
     if not 1 <= len(ops) <= MAX_OPERANDS:
         raise ValueError(f"{len(ops)} operands (1 to {MAX_OPERANDS})")
+    access = list(access) if access is not None else ["g"] * len(ops)
+    if len(access) != len(ops) or any(x not in "bcg" for x in access):
+        raise ValueError(f"access {access!r} for {len(ops)} operands")
     last = max(ndim, 1) - 1
-
-    def at(k):
-        return f"off[{k}]" if elems == 1 else f"off[{k}] + e * (idx_t)p.stride[{k}][{last}]"
-
-    loads = "\n".join(f"      const float in{k} = load<float>(static_cast<const {CTYPE[tag]}*>(p.ptr[{k}])[{at(k)}]);"
-                      for k, (tag, role) in enumerate(ops) if role == "in")
-    body = "\n".join(f"      const float {name} = {expr};" for name, expr in expressions(prog))
-    stores = "\n".join(f"      static_cast<{CTYPE[ops[k][0]]}*>(p.ptr[{k}])[{at(k)}] = store<{CTYPE[ops[k][0]]}>(v{j});"
-                       for j, k in prog.stores)
-    fields = dict(nops=len(ops), ndim=max(ndim, 1), loads=loads, body=body, stores=stores, elems=elems,
-                  idx="long long" if wide else "int")
+    loads, stores = [], []
+    for k, (tag, role) in enumerate(ops):
+        ct, kind = CTYPE[tag], access[k]
+        ptr = f"static_cast<{'const ' if role == 'in' else ''}{ct}*>(p.ptr[{k}])"
+        if role != "in":
+            continue
+        if kind == "b":
+            loads.append(f"    const float b{k} = load<float>({ptr}[off[{k}]]);")
+            continue
+        loads.append(f"    float a{k}[E];")
+        scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) a{k}[e] = load<float>({ptr}[off[{k}] + "
+                  + ("e" if kind == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + "]);")
+        if kind == "c":
+            loads.append(f"    if (vec) {{\n      const Vec<{ct}, E> w = *reinterpret_cast<const Vec<{ct}, E>*>({ptr} + off[{k}]);\n"
+                         f"#pragma unroll\n      for (int e = 0; e < E; ++e) a{k}[e] = load<float>(w.v[e]);\n"
+                         f"    }} else {{\n{scalar}\n    }}")
+        else:
+            loads.append("    {\n" + scalar + "\n    }")
+    body = [f"      const float in{k} = " + (f"b{k};" if access[k] == "b" else f"a{k}[e];")
+            for k, (_, role) in enumerate(ops) if role == "in"]
+    body += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+    for j, k in prog.stores:
+        ct = CTYPE[ops[k][0]]
+        body.append(f"      r{k}[e] = v{j};")
+        stores.append(f"    float r{k}[E];")  # declared before the loop (moved below)
+        ptr = f"static_cast<{ct}*>(p.ptr[{k}])"
+        scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) {ptr}[off[{k}] + "
+                  + ("e" if access[k] == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + f"] = store<{ct}>(r{k}[e]);")
+        if access[k] == "c":
+            stores.append(f"    if (vec) {{\n      Vec<{ct}, E> w;\n#pragma unroll\n      for (int e = 0; e < E; ++e) "
+                          f"w.v[e] = store<{ct}>(r{k}[e]);\n      *reinterpret_cast<Vec<{ct}, E>*>({ptr} + off[{k}]) = w;\n"
+                          f"    }} else {{\n{scalar}\n    }}")
+        else:
+            stores.append("    {\n" + scalar + "\n    }")
+    decls = [x for x in stores if x.startswith("    float r")]
+    stores = [x for x in stores if not x.startswith("    float r")]
+    fields = dict(nops=len(ops), ndim=max(ndim, 1), loads="\n".join(loads + decls), body="\n".join(body),
+                  stores="\n".join(stores), elems=elems, idx="long long" if wide else "int")
     digest = hashlib.sha256(repr((fields, prog.key())).encode()).hexdigest()[:16]
     fields["name"] = f"pw_{digest}"
     template = (cache.ptx_dir() / "graph_pointwise.cu").read_text()
     return fields["name"], string.Template(template).substitute(fields)
 
 
-def kernel_unit(prog, ndim, elems=1, wide=True):
+def kernel_unit(prog, ndim, elems=1, wide=True, access=None):
     """(KernelUnit, name expression) of the program, registered with the loader and the cache (nothing is
     compiled here: loader.load_unit / handle.function compile on a cache miss)."""
-    name, text = source(prog, ndim, elems, wide)
+    name, text = source(prog, ndim, elems, wide, access)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     expr = f"pydnn::graph::{name}"
@@ -148,12 +180,18 @@ def params(dims, strides_list, ptrs):
     return p
 
 
-def launch_shape(dims, strides_list, sm_count):
-    """(elems a thread, wide index math?, grid) for a pointwise kernel over collapsed dims: 4 (or 2)
-    consecutive innermost elements a thread where they divide the innermost dim; 32-bit index math where
-    every index the loop reaches and every operand offset fits in an int."""
+def launch_shape(dims, strides_list, sm_count, esizes=None):
+    """(elems a thread, wide index math?, grid) for a pointwise kernel over collapsed dims: a run of
+    consecutive innermost elements a thread, 16 bytes of the narrowest operand read contiguously (8 for
+    16-bit types; 4-byte elements where esizes is not given), halved until it divides the innermost dim;
+    32-bit index math where every index the loop reaches and every operand offset fits in an int; at most
+    16 blocks of 256 threads an SM (a grid-stride loop does the rest)."""
     inner = dims[-1]
-    elems = 4 if inner % 4 == 0 else 2 if inner % 2 == 0 else 1
+    es = esizes or [4] * len(strides_list)
+    contig = [e for st, e in zip(strides_list, es) if st[-1] == 1]
+    elems = min(8, 16 // min(contig)) if contig else 4
+    while elems > 1 and inner % elems:
+        elems //= 2
     total = 1
     for d in dims:
         total *= d
@@ -162,6 +200,17 @@ def launch_shape(dims, strides_list, sm_count):
     span = max(sum((d - 1) * s for d, s in zip(dims, st)) for st in strides_list) + elems
     wide = reach >= 2**31 or span >= 2**31
     return elems, wide, (blocks, 1, 1)
+
+
+def access_kinds(strides_list):
+    """How each operand walks the innermost collapsed dim (source's access): "c", "b" or "g"."""
+    return ["c" if st[-1] == 1 else "b" if st[-1] == 0 else "g" for st in strides_list]
+
+
+def vector_ok(dims, strides_list, elems):
+    """Whether every contiguous operand's runs start `elems`-aligned (in elements) for every index: each of
+    its outer strides (of dims longer than one) a multiple of elems. The pointers are checked per launch."""
+    return all(st[d] % elems == 0 for st in strides_list if st[-1] == 1 for d in range(len(dims) - 1) if dims[d] > 1)
 
 
 def thread_offsets(dims, strides_list, elems):
@@ -229,9 +278,13 @@ def _epi_struct(prog, final, access, red, store_c, sname):
     fields, rows, loads = [], [], []
     for k, (otag, role) in enumerate(ops):
         ct = CTYPE[otag]
-        base = f"static_cast<{'const ' if role == 'in' else ''}{ct}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + " \
-               f"(long long)row * e.stride[{k}][1]"
         kind = access[k]
+        # an upper-case kind: the operand does not move along rows (stride[k][1] == 0), so its address leaves
+        # the row out and the two rows a thread holds share its loads (the compiler merges them)
+        base = f"static_cast<{'const ' if role == 'in' else ''}{ct}*>(e.ptr[{k}]) + z * e.stride[{k}][0]"
+        if kind.islower():
+            base += f" + (long long)row * e.stride[{k}][1]"
+        kind = kind.lower()
         if role == "in" and kind == "b":
             fields.append(f"float b{k};")
             rows.append(f"    r.b{k} = ldf({base});")
@@ -256,7 +309,7 @@ def _epi_struct(prog, final, access, red, store_c, sname):
         out += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
         for j, k in prog.stores:
             val = "acc_in" if j == -1 else f"v{j}"
-            at = f"col + {e}" if access[k] == "c" else f"(col + {e}) * e.stride[{k}][2]"
+            at = f"col + {e}" if access[k].lower() == "c" else f"(col + {e}) * e.stride[{k}][2]"
             st = f"r.p{k}[{at}] = store<{CTYPE[ops[k][0]]}>({val});"
             out.append(f"      {st}" if e == 0 else f"      if (two) {st}")
         out += [f"      acc{e} = {_ref(final)};", "    }"]
@@ -319,14 +372,17 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
     the value `final` (a ref: ("v", j) or ("acc", 0)) goes to C through the GEMM's own store (store_c; a
     virtual result is not stored); a store (j, k) with j == -1 writes the accumulator itself.
     access[k]: how operand k walks the columns: "b" broadcast (stride[k][2] == 0: read once per row), "c"
-    contiguous (stride 1: read in pairs where aligned), "g" any stride (the default).
+    contiguous (stride 1: read in pairs where aligned), "g" any stride (the default); upper case: an input
+    that does not move along rows either (stride[k][1] == 0, e.g. a bias).
     red: None, or dict(mode=RED key, y=operand index of the reduction's output [batch, m, 1]): `final`
     is also reduced along each row (its workspace and counters are ptr[len(operands)] and the next).
     Two kernels: <name>_f (the fast tile) and <name>_g (the general, unaligned path)."""
     ops = prog.operands
     access = list(access) if access is not None else ["g"] * len(ops)
-    if len(access) != len(ops) or any(a not in "bcg" for a in access):
+    if len(access) != len(ops) or any(a not in "bcgBCG" for a in access):
         raise ValueError(f"access {access!r} for {len(ops)} operands")
+    if any(a.isupper() and role != "in" for a, (_, role) in zip(access, ops)):
+        raise ValueError(f"access {access!r}: an output moves along rows")
     if red is not None and (red["mode"] not in RED or not 0 <= red["y"] < len(ops)):
         raise ValueError(f"reduction {red!r}")
     if len(ops) + (2 if red is not None else 0) > MAX_OPERANDS:
