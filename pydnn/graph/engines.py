@@ -390,6 +390,7 @@ class FusedMatmulStep:
                                            plan.trans_a, plan.trans_b, access, red, self.store_c)
         _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
+        self.eops = tuple(an["eops"])
         # a row reduction: per launch, tiles_n x (warps along n) partials a row in the workspace, and one
         # counter per (batch, row tile) in memory the plan owns (zeroed here; every launch leaves them 0)
         self.red_slot, self.workspace_size, self.counters = None, 0, None
@@ -403,7 +404,6 @@ class FusedMatmulStep:
             self.counters = _zeroed_u32(handle, plan.batch * cnt)
             self.red_slot = len(self.eops)
             self.e.ptr[self.red_slot + 1] = self.counters.ptr
-        self.eops = tuple(an["eops"])
         self.pair_align = [2 * ESIZE[g.tensors[u].dtype] - 1 for u in self.eops]
         self.recs = []
         for rec, expr in ((plan.fast, fe), (plan.general, ge)):
