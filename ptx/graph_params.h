@@ -17,7 +17,9 @@ typedef struct {
   long long dims[PYDNN_GRAPH_MAX_DIMS];
   long long total;
   int ndim;
-  unsigned flags; /* bit k: operand k may be read / written in aligned pairs (fused matmul epilogue) */
+  unsigned flags; /* pointwise: bit 0 = vector runs; fused matmul epilogue: bit k = operand k in aligned pairs */
+  unsigned magic[PYDNN_GRAPH_MAX_DIMS]; /* 32-bit index math: i / dims[d] = (t + ((i - t) >> 1)) >> shift[d], */
+  int shift[PYDNN_GRAPH_MAX_DIMS];      /* t = umulhi(i, magic[d]) (shift 0: dims[d] is 1, the quotient is i) */
 } GraphPwParams;
 
 #endif

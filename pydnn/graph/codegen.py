@@ -31,6 +31,8 @@ class GraphPwParams(ctypes.Structure):
         ("total", ctypes.c_longlong),
         ("ndim", ctypes.c_int),
         ("flags", ctypes.c_uint),
+        ("magic", ctypes.c_uint * MAX_DIMS),
+        ("shift", ctypes.c_int * MAX_DIMS),
     ]
 
 
@@ -81,6 +83,11 @@ def expressions(prog):
     return out
 
 
+def _run(tag, elems):
+    """The vector helper (ptx/graph_pointwise.cuh) of a run of `elems` elements of type `tag`."""
+    return f"Run16<{CTYPE[tag]}, E>" if tag != "f32" and elems % 2 == 0 else f"Run<{CTYPE[tag]}, E>"
+
+
 def source(prog, ndim, elems=1, wide=True, access=None):
     """(kernel name, CUDA C text) of the program over `ndim` collapsed dims, `elems` consecutive innermost
     elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math. access[k]:
@@ -105,9 +112,8 @@ def source(prog, ndim, elems=1, wide=True, access=None):
         loads.append(f"    float a{k}[E];")
         scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) a{k}[e] = load<float>({ptr}[off[{k}] + "
                   + ("e" if kind == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + "]);")
-        if kind == "c":
-            loads.append(f"    if (vec) {{\n      const Vec<{ct}, E> w = *reinterpret_cast<const Vec<{ct}, E>*>({ptr} + off[{k}]);\n"
-                         f"#pragma unroll\n      for (int e = 0; e < E; ++e) a{k}[e] = load<float>(w.v[e]);\n"
+        if kind == "c" and elems > 1:
+            loads.append(f"    if (vec) {{\n      {_run(tag, elems)}::load({ptr} + off[{k}], a{k});\n"
                          f"    }} else {{\n{scalar}\n    }}")
         else:
             loads.append("    {\n" + scalar + "\n    }")
@@ -121,9 +127,8 @@ def source(prog, ndim, elems=1, wide=True, access=None):
         ptr = f"static_cast<{ct}*>(p.ptr[{k}])"
         scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) {ptr}[off[{k}] + "
                   + ("e" if access[k] == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + f"] = store<{ct}>(r{k}[e]);")
-        if access[k] == "c":
-            stores.append(f"    if (vec) {{\n      Vec<{ct}, E> w;\n#pragma unroll\n      for (int e = 0; e < E; ++e) "
-                          f"w.v[e] = store<{ct}>(r{k}[e]);\n      *reinterpret_cast<Vec<{ct}, E>*>({ptr} + off[{k}]) = w;\n"
+        if access[k] == "c" and elems > 1:
+            stores.append(f"    if (vec) {{\n      {_run(ops[k][0], elems)}::store({ptr} + off[{k}], r{k});\n"
                           f"    }} else {{\n{scalar}\n    }}")
         else:
             stores.append("    {\n" + scalar + "\n    }")
@@ -175,9 +180,32 @@ def params(dims, strides_list, ptrs):
     total = 1
     for d, v in enumerate(dims):
         p.dims[d] = v
+        p.magic[d], p.shift[d] = magic_u32(v) if v < 2**31 else (0, 0)
         total *= v
     p.total, p.ndim = total, len(dims)
     return p
+
+
+def magic_u32(d):
+    """(magic, shift) with n // d == (t + ((n - t) >> 1)) >> (shift - 1), t = (n * magic) >> 32, for every
+    32-bit n (division by an invariant integer, Granlund & Montgomery; 'round-up' form); d == 1: (0, 0)."""
+    if d < 1:
+        raise ValueError(d)
+    if d == 1:
+        return 0, 0
+    l = (d - 1).bit_length()  # noqa: E741 - ceil(log2 d)
+    return ((1 << 32) * ((1 << l) - d)) // d + 1, l
+
+
+def udiv_emulated(n, magic, shift):
+    """numpy emulation of the kernel's udiv (n: uint64 array of 32-bit values)."""
+    import numpy as np
+
+    n = np.asarray(n, np.uint64)
+    if shift == 0:
+        return n
+    t = (n * np.uint64(magic)) >> np.uint64(32)
+    return (t + ((n - t) >> np.uint64(1))) >> np.uint64(shift - 1)
 
 
 def launch_shape(dims, strides_list, sm_count, esizes=None):

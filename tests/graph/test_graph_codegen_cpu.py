@@ -101,7 +101,7 @@ def test_collapse_packed_is_one_dim():
 def test_params_layout():
     import ctypes
 
-    assert ctypes.sizeof(cg.GraphPwParams) == 16 * 8 + 16 * 8 * 8 + 8 * 8 + 8 + 8
+    assert ctypes.sizeof(cg.GraphPwParams) == 16 * 8 + 16 * 8 * 8 + 8 * 8 + 8 + 8 + 8 * 4 + 8 * 4
     p = cg.params([6, 4], [[4, 1], [0, 1]], [1 << 20, 2 << 20])
     assert p.total == 24 and p.ndim == 2 and p.stride[1][0] == 0 and p.ptr[1] == 2 << 20
 
@@ -242,8 +242,10 @@ def test_pointwise_vector_paths_compile(tmp_path, monkeypatch):
     prog = cg.PwProgram(ops, nodes, [(1, 3), (0, 4)])
     unit, expr = cg.kernel_unit(prog, 3, elems=8, wide=False, access=["c", "b", "g", "c", "g"])
     _, text = cg.source(prog, 3, 8, False, ["c", "b", "g", "c", "g"])
-    assert "Vec<bf16_t, E>" in text and "const float b1 = " in text and "p.stride[2][2]" in text
-    assert "*reinterpret_cast<Vec<bf16_t, E>*>" in text and "p.stride[4][2]" in text
+    assert "Run16<bf16_t, E>::load(" in text and "const float b1 = " in text and "p.stride[2][2]" in text
+    assert "Run16<bf16_t, E>::store(" in text and "p.stride[4][2]" in text
+    _, t1 = cg.source(prog, 3, 1, False, ["c", "b", "g", "c", "g"])
+    assert "Run" not in t1  # one element a thread: no vector path
     for arch in ("sm_80", "sm_90"):
         cubin, lowered = build.compile_unit(unit, arch)
         assert cubin[:4] == b"\x7fELF" and set(lowered) == {expr}
@@ -259,3 +261,17 @@ def test_pointwise_launch_shape_vectors():
     assert cg.access_kinds([[8, 1], [0, 0], [1, 8]]) == ["c", "b", "g"]
     assert cg.vector_ok([4, 16], [[16, 1], [0, 0]], 8) and not cg.vector_ok([4, 16], [[20, 1]], 8)
     assert cg.vector_ok([1, 16], [[3, 1]], 8)  # a dim of one is never stepped
+
+
+def test_magic_division_matches_integer_division():
+    """The 32-bit kernels' div by a dim (multiply-high and shifts, codegen.magic_u32) equals n // d for
+    the dims a kernel sees and the numerators its index reaches: edges, powers of two, random values."""
+    rng = np.random.default_rng(11)
+    ds = [1, 2, 3, 5, 7, 8, 130, 1000, 1024, 4095, 4096, 65537, 2**20 + 3, 2**30, 2**31 - 1]
+    ds += [int(v) for v in rng.integers(2, 2**31 - 1, 40)]
+    for d in ds:
+        m, s = cg.magic_u32(d)
+        n = np.concatenate([np.arange(0, 3000, dtype=np.uint64), rng.integers(0, 2**32, 4000, dtype=np.uint64),
+                            np.array([d - 1, d, d + 1, 2 * d - 1, 2 * d, 2**31 - 1, 2**32 - 1], np.uint64) % 2**32])
+        np.testing.assert_array_equal(cg.udiv_emulated(n, m, s), n // np.uint64(d), err_msg=str(d))
+        assert 0 <= m < 2**32
