@@ -125,51 +125,25 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
 // store (store_pair). The graph API's generated kernels (pydnn/graph/codegen.py) pass a functor with
 // kActive true: Row row(z, row) sets up what a row of C needs (operand row pointers, column-broadcast
 // values: once per row, the 64-bit index math out of the per-element path), and
-// operator()(row, v0, v1, col, two) turns the values of columns col, col + 1 (two: col + 1 < n) into the
-// epilogue's (bias, GELU, residual add ...), reading its operands as pairs where they are contiguous.
-// An active epilogue runs in two passes over the accumulator fragment (epi_tile): every value first
-// (all the epilogue's loads), then every store. With one pass, each element's operand load waited for
-// the previous element's store to C (the compiler must assume they alias) and each load's latency was
-// exposed: gelu(x @ W + b) bf16 16384 x 4096 x 4096 ran at 280 TFLOP/s against the plain kernel's 600
-// on the H200, with no spills (ptxas: 242 registers fused vs 200 plain, 128x256 wgmma tile, 1 block / SM).
+// pair<FAST>(row, v0, v1, col, two) turns the values of columns col, col + 1 (two: col + 1 < n) into the
+// epilogue's (bias, GELU, residual add ...), reading its operands as pairs where they are contiguous. An
+// active epilogue takes C = alpha * A B (no beta, no bias: the graph adds its own), in two passes over the
+// accumulator fragment: every value first (all the epilogue's loads), then every store; and a block whose
+// tile lies inside C with every contiguous operand pair-aligned (pairs_ok) takes the FAST instantiation:
+// no edge tests, no per-pair alignment branch, so its loads are straight-line code the compiler hoists.
+// The numbers that decided it (gelu(x @ W + b), bf16 16384 x 4096 x 4096, wgmma 128x256 tile, H200): one
+// pass with per-element edge and alignment branches ran 280 TFLOP/s against the plain kernel's 600 (2.14x
+// its time) with no spills (ptxas: 242 registers fused, 200 plain); two passes with read-only paired
+// loads, still branchy, 304 (2.07x): SASS showed each pair's loads issued just before their use, one
+// L1 / L2 latency exposed per pair (128 pairs a thread, 8 warps an SM). The FAST path removes them.
 // kRed: the epilogue also reduces each row of its result (codegen's reduction epilogue; red_publish below).
 struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
-  struct Row {};
-  __device__ __forceinline__ Row row(long long, int) const { return Row(); }
-  __device__ __forceinline__ void operator()(const Row&, float&, float&, int, bool) const {}
-  __device__ __forceinline__ float red_init() const { return 0.f; }
-  __device__ __forceinline__ float red_map(float v) const { return v; }
-  __device__ __forceinline__ float red_comb(float a, float) const { return a; }
-  __device__ __forceinline__ void red_done(long long, int, float) const {}
-  __device__ __forceinline__ float* red_ws() const { return nullptr; }
-  __device__ __forceinline__ unsigned* red_cnt() const { return nullptr; }
 };
 
-// Pass 1 of an active epilogue for columns col, col + 1 of one row: alpha * acc (+ beta * C) (+ bias),
-// then the epilogue, left in v0, v1.
-template <class T, class Epi>
-__device__ __forceinline__ void epi_pair(const MatmulParams& p, const T* crow, const T* bias, int col, float& v0,
-                                         float& v1, const Epi& epi, const typename Epi::Row& er) {
-  const bool two = col + 1 < p.n;
-  v0 *= p.alpha;
-  v1 *= p.alpha;
-  if (p.flags & PYDNN_MATMUL_FLAG_BETA) {
-    if ((p.flags & PYDNN_MATMUL_FLAG_PAIR) && two) {
-      const Vec<T, 2> old = *reinterpret_cast<const Vec<T, 2>*>(crow + col);
-      v0 += p.beta * load<float>(old.v[0]);
-      v1 += p.beta * load<float>(old.v[1]);
-    } else {
-      v0 += p.beta * load<float>(crow[col]);
-      if (two) v1 += p.beta * load<float>(crow[col + 1]);
-    }
-  }
-  if (p.flags & PYDNN_MATMUL_FLAG_BIAS) {
-    v0 += load<float>(bias[col]);
-    if (two) v1 += load<float>(bias[col + 1]);
-  }
-  epi(er, v0, v1, col, two);
-}
+template <bool B> struct BoolC {
+  static constexpr bool value = B;
+};
 
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
 template <class T>
@@ -530,62 +504,77 @@ __device__ __forceinline__ void gemm_tc_body(const MatmulParams& p, const Epi& e
         }
     } else {
       auto row_of = [&](int r) { return m0 + wm0 + (r >> 1) * 16 + (lane >> 2) + (r & 1) * 8; };
-      float part[2 * TM];
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
-          const int row = row_of(2 * i + h);
-          part[2 * i + h] = epi.red_init();
-          if (row >= p.m) continue;
-          const T* crow = C + (long long)row * p.ldc;
-          const typename Epi::Row er = epi.row(z, row);
-#pragma unroll
-          for (int j = 0; j < TN; ++j) {
-            const int col = n0 + wn0 + j * 8 + (lane & 3) * 2;
-            if (col < p.n) {
-              epi_pair<T>(p, crow, bias, col, acc[i][j][2 * h], acc[i][j][2 * h + 1], epi, er);
-              if constexpr (Epi::kRed) {
-                part[2 * i + h] = epi.red_comb(part[2 * i + h], epi.red_map(acc[i][j][2 * h]));
-                if (col + 1 < p.n) part[2 * i + h] = epi.red_comb(part[2 * i + h], epi.red_map(acc[i][j][2 * h + 1]));
-              }
-            }
-          }
-        }
-      if constexpr (Epi::kStoreC) {
+      auto tile = [&](auto fast_tag) {
+        constexpr bool FAST = decltype(fast_tag)::value;
+        float part[2 * TM];
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+          for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
             const int row = row_of(2 * i + h);
-            if (row >= p.m) continue;
-            T* crow = C + (long long)row * p.ldc;
+            part[2 * i + h] = epi.red_init();
+            if (!FAST && row >= p.m) continue;
+            const typename Epi::Row er = epi.row(z, row);
 #pragma unroll
             for (int j = 0; j < TN; ++j) {
               const int col = n0 + wn0 + j * 8 + (lane & 3) * 2;
-              if (col < p.n) put_pair<T>(p, crow, col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+              if (FAST || col < p.n) {
+                float& v0 = acc[i][j][2 * h];
+                float& v1 = acc[i][j][2 * h + 1];
+                const bool two = FAST || col + 1 < p.n;
+                v0 *= p.alpha;
+                v1 *= p.alpha;
+                epi.template pair<FAST>(er, v0, v1, col, two);
+                if constexpr (Epi::kRed) {
+                  part[2 * i + h] = epi.red_comb(part[2 * i + h], epi.red_map(v0));
+                  if (two) part[2 * i + h] = epi.red_comb(part[2 * i + h], epi.red_map(v1));
+                }
+              }
             }
           }
-      }
-      if constexpr (Epi::kRed) {
-        // the warp's columns of a row are in the 4 lanes of a quad; the other warps along n hold the rest
-        // of the block's columns: combined in the workspace like other blocks' (WARPS_N partials a row)
+        if constexpr (Epi::kStoreC) {
 #pragma unroll
-        for (int r = 0; r < 2 * TM; ++r) {
-          part[r] = epi.red_comb(part[r], __shfl_xor_sync(0xffffffffu, part[r], 1));
-          part[r] = epi.red_comb(part[r], __shfl_xor_sync(0xffffffffu, part[r], 2));
-        }
-        Vec<float, 2 * TM> pv;
-        Vec<int, 2 * TM> rows;
+          for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int r = 0; r < 2 * TM; ++r) {
-          pv.v[r] = part[r];
-          rows.v[r] = row_of(r);
+            for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+              const int row = row_of(2 * i + h);
+              if (!FAST && row >= p.m) continue;
+              T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+              for (int j = 0; j < TN; ++j) {
+                const int col = n0 + wn0 + j * 8 + (lane & 3) * 2;
+                if (FAST) {
+                  Vec<T, 2> out;
+                  out.v[0] = store<T>(acc[i][j][2 * h]);
+                  out.v[1] = store<T>(acc[i][j][2 * h + 1]);
+                  *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
+                } else if (col < p.n) {
+                  put_pair<T>(p, crow, col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                }
+              }
+            }
         }
-        if (red_publish<WARPS_N, 2 * TM>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, wn0 / WN,
-                                         pv, rows))
-          red_finish<Epi, BM, WARPS_N, THREADS>(p, epi, z, tm);
-      }
+        if constexpr (Epi::kRed) {
+          // the warp's columns of a row are in the 4 lanes of a quad; the other warps along n hold the
+          // rest of the block's columns: combined in the workspace like other blocks' (WARPS_N partials)
+          Vec<float, 2 * TM> pv;
+          Vec<int, 2 * TM> rows;
+#pragma unroll
+          for (int r = 0; r < 2 * TM; ++r) {
+            part[r] = epi.red_comb(part[r], __shfl_xor_sync(0xffffffffu, part[r], 1));
+            part[r] = epi.red_comb(part[r], __shfl_xor_sync(0xffffffffu, part[r], 2));
+            pv.v[r] = part[r];
+            rows.v[r] = row_of(r);
+          }
+          if (red_publish<WARPS_N, 2 * TM>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn,
+                                           wn0 / WN, pv, rows))
+            red_finish<Epi, BM, WARPS_N, THREADS>(p, epi, z, tm);
+        }
+      };
+      if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
+        tile(BoolC<true>());
+      else
+        tile(BoolC<false>());
     }
   }
 }
@@ -688,55 +677,73 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       }
     } else {
       auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
-      float part[2];
+      auto tile = [&](auto fast_tag) {
+        constexpr bool FAST = decltype(fast_tag)::value;
+        float part[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
-        const int row = row_of(h);
-        part[h] = epi.red_init();
-        if (row >= p.m) continue;
-        const T* crow = C + (long long)row * p.ldc;
-        const typename Epi::Row er = epi.row(z, row);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = n0 + j * 8 + (lane & 3) * 2;
-          if (col < p.n) {
-            epi_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], epi, er);
-            if constexpr (Epi::kRed) {
-              part[h] = epi.red_comb(part[h], epi.red_map(acc[4 * j + 2 * h]));
-              if (col + 1 < p.n) part[h] = epi.red_comb(part[h], epi.red_map(acc[4 * j + 2 * h + 1]));
-            }
-          }
-        }
-      }
-      if constexpr (Epi::kStoreC) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+        for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
           const int row = row_of(h);
-          if (row >= p.m) continue;
-          T* crow = C + (long long)row * p.ldc;
+          part[h] = epi.red_init();
+          if (!FAST && row >= p.m) continue;
+          const typename Epi::Row er = epi.row(z, row);
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
             const int col = n0 + j * 8 + (lane & 3) * 2;
-            if (col < p.n) put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            if (FAST || col < p.n) {
+              float& v0 = acc[4 * j + 2 * h];
+              float& v1 = acc[4 * j + 2 * h + 1];
+              const bool two = FAST || col + 1 < p.n;
+              v0 *= p.alpha;
+              v1 *= p.alpha;
+              epi.template pair<FAST>(er, v0, v1, col, two);
+              if constexpr (Epi::kRed) {
+                part[h] = epi.red_comb(part[h], epi.red_map(v0));
+                if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
+              }
+            }
           }
         }
-      }
-      if constexpr (Epi::kRed) {
-        // a row's BN columns are in the 4 lanes of a quad
+        if constexpr (Epi::kStoreC) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
-          part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
+          for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+            const int row = row_of(h);
+            if (!FAST && row >= p.m) continue;
+            T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              const int col = n0 + j * 8 + (lane & 3) * 2;
+              if (FAST) {
+                Vec<T, 2> out;
+                out.v[0] = store<T>(acc[4 * j + 2 * h]);
+                out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
+                *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
+              } else if (col < p.n) {
+                put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+              }
+            }
+          }
         }
-        Vec<float, 2> pv;
-        Vec<int, 2> rows;
-        pv.v[0] = part[0];
-        pv.v[1] = part[1];
-        rows.v[0] = row_of(0);
-        rows.v[1] = row_of(1);
-        if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
-          red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
-      }
+        if constexpr (Epi::kRed) {
+          // a row's BN columns are in the 4 lanes of a quad
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
+            part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
+          }
+          Vec<float, 2> pv;
+          Vec<int, 2> rows;
+          pv.v[0] = part[0];
+          pv.v[1] = part[1];
+          rows.v[0] = row_of(0);
+          rows.v[1] = row_of(1);
+          if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
+            red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
+        }
+      };
+      if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
+        tile(BoolC<true>());
+      else
+        tile(BoolC<false>());
     }
   }
 }

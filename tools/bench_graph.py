@@ -8,6 +8,8 @@ Rows:
               the same shape (target: <= 1.05x its time) and vs F.gelu(torch.addmm(b, x, W)) and
               F.gelu(x @ W + b) (target: faster than both).
   residual    x @ W + b + r, fused, vs torch.addmm(b, x, W) + r.
+  rowmax      max(x @ W, -1) as one fused launch (the row reduction in the GEMM epilogue) vs the plain pydnn
+              matmul and torch.mm(x, W).amax(-1).
   chain8      8 pointwise ops over 3 inputs (x [N, C, W], s [1, C, 1], b [1, 1, W]) in one kernel: GB/s of
               the bytes it must move (x read, y written) against device-to-device copy, vs torch eager.
   build       build_plans of a fused graph: first (compiles with NVRTC, or finds the cubin on disk) and
@@ -115,6 +117,30 @@ def bench_fused(h, m, n, k, plain_ms, rounds=6, residual=True):
     row("residual", f"x@W+b+r {m}x{n}x{k} (engine {g2.engine_index()})", "bf16", ms_p2, ms_t2, "addmm+r", flops=flops)
 
 
+def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
+    """matmul + row max as one fused launch (the reduction in the GEMM's epilogue, C never written) vs
+    the plain pydnn matmul of the same shape and vs torch.mm(x, w).amax(-1)."""
+    g = Graph(io_data_type=BF16, intermediate_data_type=pydnn.PYDNN_DATA_FLOAT,
+              compute_data_type=pydnn.PYDNN_DATA_FLOAT, handle=h)
+    xt = g.tensor(name="x", dim=[1, m, k])
+    wt = g.tensor(name="w", dim=[1, k, n])
+    g.reduction(g.matmul(xt, wt), pydnn.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1]).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1, (g.engine_index(), g.launches())
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, 1, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+    bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "y": y.data_ptr()}
+    ms_p, ms_t = time_pair(lambda: g.execute(bufs, ws.data_ptr()), lambda: torch.mm(x, w).amax(-1, keepdim=True),
+                           rounds=rounds)
+    torch.cuda.synchronize()
+    ref = torch.mm(x.float(), w.float()).amax(-1, keepdim=True)
+    err = float((y.float() - ref).abs().max() / ref.abs().max())
+    row("rowmax", f"max(x@W, -1) {m}x{n}x{k} (rel {err:.1e})", "bf16", ms_p, ms_t, "mm.amax", flops=2.0 * m * n * k,
+        note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x")
+
+
 def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
     g = Graph(io_data_type=BF16, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
@@ -196,6 +222,7 @@ def main():
         s = (16384, 4096, 4096)
         plain = bench_matmul(h, BF16, *s, f"7B projection {s[0]}x{s[1]}x{s[2]}")
         bench_fused(h, *s, plain, rounds=2, residual=False)
+        bench_rowmax(h, *s, plain, rounds=2)
         bench_chain(h, copy_gbs, rounds=2)
         bench_host(h)
         return
@@ -205,6 +232,7 @@ def main():
     bench_matmul(h, pydnn.PYDNN_DATA_FLOAT, 4096, 4096, 4096, "4096^3 (no TF32)")
     for s in shapes:
         bench_fused(h, *s, plain[s])
+        bench_rowmax(h, *s, plain[s])
     bench_chain(h, copy_gbs)
     bench_build(h)
 

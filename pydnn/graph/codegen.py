@@ -301,9 +301,10 @@ RED = {
 def _epi_struct(prog, final, access, red, store_c, sname):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
-    contiguous inputs when flags bit k says so), then the program on each of the two values."""
+    contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
+    for an interior tile when pairs_ok), then the program on each of the two values."""
     ops = prog.operands
-    fields, rows, loads = [], [], []
+    fields, rows, loads, pair_mask = [], [], [], 0
     for k, (otag, role) in enumerate(ops):
         ct = CTYPE[otag]
         kind = access[k]
@@ -323,13 +324,15 @@ def _epi_struct(prog, final, access, red, store_c, sname):
         if role != "in":
             continue
         if kind == "c":
+            pair_mask |= 1 << k
             loads.append(f"    float in{k}_0, in{k}_1 = 0.0f;\n"
-                         f"    if (two && ((e.flags >> {k}) & 1u)) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
+                         f"    if (FAST) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
+                         f"    else if (two && ((e.flags >> {k}) & 1u)) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
                          f"    else {{ in{k}_0 = ldf(r.p{k} + col); if (two) in{k}_1 = ldf(r.p{k} + col + 1); }}")
         else:
             loads.append(f"    const long long s{k} = e.stride[{k}][2];\n"
                          f"    const float in{k}_0 = ldf(r.p{k} + col * s{k}), "
-                         f"in{k}_1 = two ? ldf(r.p{k} + (col + 1) * s{k}) : 0.0f;")
+                         f"in{k}_1 = (FAST || two) ? ldf(r.p{k} + (col + 1) * s{k}) : 0.0f;")
 
     def element(e):
         out = [f"    {{  // column col + {e}", f"      const float acc_in = acc{e};"]
@@ -339,11 +342,10 @@ def _epi_struct(prog, final, access, red, store_c, sname):
             val = "acc_in" if j == -1 else f"v{j}"
             at = f"col + {e}" if access[k].lower() == "c" else f"(col + {e}) * e.stride[{k}][2]"
             st = f"r.p{k}[{at}] = store<{CTYPE[ops[k][0]]}>({val});"
-            out.append(f"      {st}" if e == 0 else f"      if (two) {st}")
+            out.append(f"      {st}" if e == 0 else f"      if (FAST || two) {st}")
         out += [f"      acc{e} = {_ref(final)};", "    }"]
         return out
 
-    red_fns = ""
     if red is not None:
         init, mp, comb, done = RED[red["mode"]]
         ky, kw = red["y"], len(ops)
@@ -383,7 +385,10 @@ def _epi_struct(prog, final, access, red, store_c, sname):
     (void)row;
     return r;
   }}
-  __device__ __forceinline__ void operator()(const Row& r, float& acc0, float& acc1, int col, bool two) const {{
+  // every contiguous input may be read in aligned pairs (the FAST tile path)
+  __device__ __forceinline__ bool pairs_ok() const {{ return (e.flags & {pair_mask}u) == {pair_mask}u; }}
+  template <bool FAST>
+  __device__ __forceinline__ void pair(const Row& r, float& acc0, float& acc1, int col, bool two) const {{
 {nl.join(loads)}
 {nl.join(element(0))}
 {nl.join(element(1))}

@@ -419,6 +419,11 @@ class FusedMatmulStep:
 
     def _functions(self, handle):
         fns = tuple(handle.function(self.unit.name, expr, rec.smem) for rec, expr, _ in self.recs)
+        if self.red_slot is not None:
+            # the reduction's static shared word: a tile whose ring is exactly 48 KiB (the 64x64 one) needs
+            # the opt-in too (dynamic + static past the default; the H200 refused the launch without it)
+            for f, (rec, _, _) in zip(fns, self.recs):
+                driver.function_set_max_dynamic_smem(f, rec.smem)
         self.fn = (handle,) + fns
         return self.fn
 

@@ -1,7 +1,9 @@
 """The graph API on the GPU against float64 numpy (pydnn.reference.graph): the 8-op pointwise chain over 3
 inputs on the fusion engine (one launch, counted) and on the node engine (8 launches), broadcasts, every
 pointwise mode through a one-node graph, matmul + bias + GELU and matmul + bias + residual, a reduction
-graph, the backend API with a variant pack, and a deserialized plan giving bitwise the same output. Outputs
+graph, matmul + bias + row reduction (every reduce op but the products) as ONE launch (counted), with and
+without the reduced tensor stored, on the mma.sync and the wgmma tiles, the backend API with a variant
+pack, and a deserialized plan giving bitwise the same output. Outputs
 start poisoned (NaN bytes) and their gaps are checked untouched."""
 import numpy as np
 import pytest
