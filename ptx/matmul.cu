@@ -135,7 +135,10 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
 // pass with per-element edge and alignment branches ran 280 TFLOP/s against the plain kernel's 600 (2.14x
 // its time) with no spills (ptxas: 242 registers fused, 200 plain); two passes with read-only paired
 // loads, still branchy, 304 (2.07x): SASS showed each pair's loads issued just before their use, one
-// L1 / L2 latency exposed per pair (128 pairs a thread, 8 warps an SM). The FAST path removes them.
+// L1 / L2 latency exposed per pair (128 pairs a thread, 8 warps an SM). The FAST path removes them
+// (ptxas, sm_90a, that tile: gelu with the bias read once for both rows 255 registers, no spills; bias +
+// residual 255 registers, 36 bytes of spill stores / 64 of loads, all in the epilogue; main loop SASS as
+// the plain kernel's: the same 4 HGMMA a K tile, 24 LDGSTS).
 // kRed: the epilogue also reduces each row of its result (codegen's reduction epilogue; red_publish below).
 struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
