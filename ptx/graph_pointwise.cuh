@@ -31,8 +31,74 @@ __device__ __forceinline__ float swish_grad(float v, float beta) {
   return s + beta * v * s * (1.0f - s);
 }
 
+// Read-only loads of graph inputs as float (ld.global.nc: the compiler may move them across the kernel's
+// stores, which it must otherwise assume alias them), single and as aligned pairs.
+__device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float ldf(const half_t* p) {
+  unsigned short b;
+  asm("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(p));
+  half_t h;
+  h.bits = b;
+  return to_float(h);
+}
+__device__ __forceinline__ float ldf(const bf16_t* p) {
+  unsigned short b;
+  asm("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(p));
+  return __uint_as_float(((unsigned)b) << 16);
+}
+__device__ __forceinline__ void ldf2(const float* p, float& a, float& b) {
+  const float2 v = __ldg(reinterpret_cast<const float2*>(p));
+  a = v.x;
+  b = v.y;
+}
+template <class T> __device__ __forceinline__ void ldf2(const T* p, float& a, float& b) {
+  unsigned w;
+  asm("ld.global.nc.b32 %0, [%1];" : "=r"(w) : "l"(p));
+  unpack16x2<T>(w, a, b);
+}
+
+// A run of E consecutive elements as one aligned vector, to / from float (Run); Run16 (16-bit types, E
+// even: the generator picks it) goes through 32-bit words (one shift or mask per element in, one paired conversion per two elements out) instead of a
+// widening move and a per-element conversion plus merge.
+template <class T, int E> struct Run {
+  __device__ static __forceinline__ void load(const T* p, float (&a)[E]) {
+    const Vec<T, E> w = *reinterpret_cast<const Vec<T, E>*>(p);
+#pragma unroll
+    for (int e = 0; e < E; ++e) a[e] = pydnn::load<float>(w.v[e]);
+  }
+  __device__ static __forceinline__ void store(T* p, const float (&a)[E]) {
+    Vec<T, E> w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) w.v[e] = pydnn::store<T>(a[e]);
+    *reinterpret_cast<Vec<T, E>*>(p) = w;
+  }
+};
+template <class T, int E> struct Run16 {
+  static_assert(E % 2 == 0, "pairs");
+  __device__ static __forceinline__ void load(const T* p, float (&a)[E]) {
+    const Vec<unsigned, E / 2> w = *reinterpret_cast<const Vec<unsigned, E / 2>*>(p);
+#pragma unroll
+    for (int e = 0; e < E / 2; ++e) unpack16x2<T>(w.v[e], a[2 * e], a[2 * e + 1]);
+  }
+  __device__ static __forceinline__ void store(T* p, const float (&a)[E]) {
+    Vec<unsigned, E / 2> w;
+#pragma unroll
+    for (int e = 0; e < E / 2; ++e) w.v[e] = pack16x2<T>(a[2 * e], a[2 * e + 1]);
+    *reinterpret_cast<Vec<unsigned, E / 2>*>(p) = w;
+  }
+};
+
 // Element offsets of NOPS operands for the linear output index i over NDIM dims (outermost first), in the
 // index type I (int when the launch proved every offset fits).
+// With I = int (the launch proved every index fits in 31 bits) the div / mod by each dim is a multiply-high
+// and shifts by the host's magic numbers (p.magic / p.shift, codegen.magic_u32) instead of the ~20
+// instructions of a 32-bit division by a value the compiler does not know.
+__device__ __forceinline__ unsigned udiv_magic(unsigned n, unsigned magic, int shift) {
+  if (shift == 0) return n;
+  const unsigned t = __umulhi(n, magic);
+  return (t + ((n - t) >> 1)) >> (shift - 1);
+}
+
 template <int NOPS, int NDIM, class I>
 __device__ __forceinline__ void offsets(const GraphPwParams& p, I i, I (&off)[NOPS]) {
 #pragma unroll
@@ -42,8 +108,13 @@ __device__ __forceinline__ void offsets(const GraphPwParams& p, I i, I (&off)[NO
     I c = i;
     if (d > 0) {
       const I n = (I)p.dims[d];
-      c = i % n;
-      i /= n;
+      I q;
+      if constexpr (sizeof(I) == 4)
+        q = (I)udiv_magic((unsigned)i, p.magic[d], p.shift[d]);
+      else
+        q = i / n;
+      c = i - q * n;
+      i = q;
     }
 #pragma unroll
     for (int k = 0; k < NOPS; ++k) off[k] += c * (I)p.stride[k][d];

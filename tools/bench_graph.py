@@ -8,11 +8,14 @@ Rows:
               the same shape (target: <= 1.05x its time) and vs F.gelu(torch.addmm(b, x, W)) and
               F.gelu(x @ W + b) (target: faster than both).
   residual    x @ W + b + r, fused, vs torch.addmm(b, x, W) + r.
+  rowmax      max(x @ W, -1) as one fused launch (the row reduction in the GEMM epilogue) vs the plain pydnn
+              matmul and torch.mm(x, W).amax(-1).
   chain8      8 pointwise ops over 3 inputs (x [N, C, W], s [1, C, 1], b [1, 1, W]) in one kernel: GB/s of
               the bytes it must move (x read, y written) against device-to-device copy, vs torch eager.
   build       build_plans of a fused graph: first (compiles with NVRTC, or finds the cubin on disk) and
               again for a new Graph of the same shape (cache hit): milliseconds.
-  host        host microseconds of one Graph.execute on a built plan (10,000 calls, no sync inside).
+  host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
+              between syncs, int pointers and torch tensors).
 
     python tools/bench_graph.py [--quick]
 """
@@ -85,7 +88,7 @@ def fused_graph(h, m, n, k, residual=False):
     return g
 
 
-def bench_fused(h, m, n, k, plain_ms):
+def bench_fused(h, m, n, k, plain_ms, rounds=6, residual=True):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -95,8 +98,8 @@ def bench_fused(h, m, n, k, plain_ms):
     assert g.engine_index() == 1 and g.launches() == 1, (g.engine_index(), g.launches())
     bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}
     run = lambda: g.execute(bufs, 0)  # noqa: E731
-    ms_p, ms_addmm = time_pair(run, lambda: F.gelu(torch.addmm(b, x, w)))
-    _, ms_plain = time_pair(run, lambda: F.gelu(x @ w + b))
+    ms_p, ms_addmm = time_pair(run, lambda: F.gelu(torch.addmm(b, x, w)), rounds=rounds)
+    _, ms_plain = time_pair(run, lambda: F.gelu(x @ w + b), rounds=rounds)
     torch.cuda.synchronize()
     ref = F.gelu(torch.addmm(b, x, w).float())
     err = float((y.float() - ref).abs().max() / ref.abs().max())
@@ -104,15 +107,41 @@ def bench_fused(h, m, n, k, plain_ms):
     row("fused", f"gelu(x@W+b) {m}x{n}x{k} (rel {err:.1e})", "bf16", ms_p, ms_addmm, "gelu(addmm)", flops=flops,
         note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x (target <= 1.05)")
     row("fused", f"gelu(x@W+b) {m}x{n}x{k}", "bf16", ms_p, ms_plain, "gelu(x@w+b)", flops=flops)
+    if not residual:
+        return
     r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     g2 = fused_graph(h, m, n, k, residual=True)
     g2.build_operation_graph().create_execution_plans().build_plans()
     bufs2 = dict(bufs, r=r.data_ptr())
-    ms_p2, ms_t2 = time_pair(lambda: g2.execute(bufs2, 0), lambda: torch.addmm(b, x, w) + r)
+    ms_p2, ms_t2 = time_pair(lambda: g2.execute(bufs2, 0), lambda: torch.addmm(b, x, w) + r, rounds=rounds)
     row("residual", f"x@W+b+r {m}x{n}x{k} (engine {g2.engine_index()})", "bf16", ms_p2, ms_t2, "addmm+r", flops=flops)
 
 
-def bench_chain(h, copy_gbs, n=64, c=1024, w=4096):
+def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
+    """matmul + row max as one fused launch (the reduction in the GEMM's epilogue, C never written) vs
+    the plain pydnn matmul of the same shape and vs torch.mm(x, w).amax(-1)."""
+    g = Graph(io_data_type=BF16, intermediate_data_type=pydnn.PYDNN_DATA_FLOAT,
+              compute_data_type=pydnn.PYDNN_DATA_FLOAT, handle=h)
+    xt = g.tensor(name="x", dim=[1, m, k])
+    wt = g.tensor(name="w", dim=[1, k, n])
+    g.reduction(g.matmul(xt, wt), pydnn.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1]).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1, (g.engine_index(), g.launches())
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, 1, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+    bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "y": y.data_ptr()}
+    ms_p, ms_t = time_pair(lambda: g.execute(bufs, ws.data_ptr()), lambda: torch.mm(x, w).amax(-1, keepdim=True),
+                           rounds=rounds)
+    torch.cuda.synchronize()
+    ref = torch.mm(x.float(), w.float()).amax(-1, keepdim=True)
+    err = float((y.float() - ref).abs().max() / ref.abs().max())
+    row("rowmax", f"max(x@W, -1) {m}x{n}x{k} (rel {err:.1e})", "bf16", ms_p, ms_t, "mm.amax", flops=2.0 * m * n * k,
+        note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x")
+
+
+def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
     g = Graph(io_data_type=BF16, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
     s = g.tensor(name="s", dim=[1, c, 1])
@@ -132,7 +161,7 @@ def bench_chain(h, copy_gbs, n=64, c=1024, w=4096):
         v = F.gelu(tx * ts + tb)
         return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
 
-    ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain)
+    ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
     row("chain8", f"8 ops, 3 inputs, {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager", nbytes=2 * tx.numel() * 2,
         copy_gbs=copy_gbs, note="(target >= 85% of copy)")
 
@@ -150,21 +179,32 @@ def bench_build(h, m=4096, n=4096, k=4096):
         times.append(time.perf_counter() - t0)
     print(f"build     fused matmul+bias+gelu: first build_plans {first * 1e3:.1f} ms (compile or disk cache), "
           f"cached {statistics.median(times) * 1e3:.2f} ms median (target <= 5 ms)", flush=True)
+    bench_host(h)
+
+
+def bench_host(h, m=128, n=256, k=64, reps=500):
+    """Host microseconds of one Graph.execute on a built plan: a small fused graph (its kernel much shorter
+    than the call, so the GPU queue never pushes back), `reps` calls between two syncs (fewer than the
+    launch queue holds), median of 5 such runs; int pointers and torch tensors as buffers."""
+    g = fused_graph(h, m, n, k)
+    g.build_operation_graph().create_execution_plans().build_plans()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}
-    g.execute(bufs, 0)
-    torch.cuda.synchronize()
-    reps = 2000
-    t0 = time.perf_counter()
-    for _ in range(reps):
+    for label, bufs in (("int pointers", {"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}),
+                        ("torch tensors", {"x": x, "w": w, "b": b, "y": y})):
         g.execute(bufs, 0)
-    host = (time.perf_counter() - t0) / reps
-    torch.cuda.synchronize()
-    print(f"host      Graph.execute on a built plan: {host * 1e6:.1f} us per call (target <= 10 us; the GPU "
-          f"queue fills, so this includes launch back-pressure for kernels longer than the call)", flush=True)
+        torch.cuda.synchronize()
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                g.execute(bufs, 0)
+            runs.append((time.perf_counter() - t0) / reps)
+            torch.cuda.synchronize()
+        print(f"host      Graph.execute on a built plan ({label}, fused {m}x{n}x{k}): {statistics.median(runs) * 1e6:.1f} "
+              f"us per call (target <= 10 us)", flush=True)
 
 
 def main():
@@ -178,11 +218,13 @@ def main():
     dst = torch.empty_like(src)
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
-    if args.quick:
-        plain = bench_matmul(h, BF16, 2048, 2048, 2048, "2048^3")
-        bench_fused(h, 2048, 2048, 2048, plain)
-        bench_chain(h, copy_gbs, 8, 256, 1024)
-        bench_build(h, 1024, 1024, 1024)
+    if args.quick:  # the mid-session check: one 7B projection shape, the chain, the host time
+        s = (16384, 4096, 4096)
+        plain = bench_matmul(h, BF16, *s, f"7B projection {s[0]}x{s[1]}x{s[2]}")
+        bench_fused(h, *s, plain, rounds=2, residual=False)
+        bench_rowmax(h, *s, plain, rounds=2)
+        bench_chain(h, copy_gbs, rounds=2)
+        bench_host(h)
         return
     bench_matmul(h, BF16, 8192, 8192, 8192, "8192^3")
     shapes = ((16384, 4096, 4096), (16384, 11008, 4096))
@@ -190,6 +232,7 @@ def main():
     bench_matmul(h, pydnn.PYDNN_DATA_FLOAT, 4096, 4096, 4096, "4096^3 (no TF32)")
     for s in shapes:
         bench_fused(h, *s, plain[s])
+        bench_rowmax(h, *s, plain[s])
     bench_chain(h, copy_gbs)
     bench_build(h)
 

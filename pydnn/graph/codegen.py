@@ -30,7 +30,9 @@ class GraphPwParams(ctypes.Structure):
         ("dims", ctypes.c_longlong * MAX_DIMS),
         ("total", ctypes.c_longlong),
         ("ndim", ctypes.c_int),
-        ("pad_", ctypes.c_int),
+        ("flags", ctypes.c_uint),
+        ("magic", ctypes.c_uint * MAX_DIMS),
+        ("shift", ctypes.c_int * MAX_DIMS),
     ]
 
 
@@ -81,34 +83,69 @@ def expressions(prog):
     return out
 
 
-def source(prog, ndim, elems=1, wide=True):
+def _run(tag, elems):
+    """The vector helper (ptx/graph_pointwise.cuh) of a run of `elems` elements of type `tag`."""
+    return f"Run16<{CTYPE[tag]}, E>" if tag != "f32" and elems % 2 == 0 else f"Run<{CTYPE[tag]}, E>"
+
+
+def source(prog, ndim, elems=1, wide=True, access=None):
     """(kernel name, CUDA C text) of the program over `ndim` collapsed dims, `elems` consecutive innermost
-    elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math."""
+    elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math. access[k]:
+    how operand k walks the innermost dim: "c" contiguous (stride 1: a vector of the run where p.flags bit 0
+    allows), "b" broadcast (stride 0: read once a run), "g" any stride (the default)."""
     ops = prog.operands
     if not 1 <= len(ops) <= MAX_OPERANDS:
         raise ValueError(f"{len(ops)} operands (1 to {MAX_OPERANDS})")
+    access = list(access) if access is not None else ["g"] * len(ops)
+    if len(access) != len(ops) or any(x not in "bcg" for x in access):
+        raise ValueError(f"access {access!r} for {len(ops)} operands")
     last = max(ndim, 1) - 1
-
-    def at(k):
-        return f"off[{k}]" if elems == 1 else f"off[{k}] + e * (idx_t)p.stride[{k}][{last}]"
-
-    loads = "\n".join(f"      const float in{k} = load<float>(static_cast<const {CTYPE[tag]}*>(p.ptr[{k}])[{at(k)}]);"
-                      for k, (tag, role) in enumerate(ops) if role == "in")
-    body = "\n".join(f"      const float {name} = {expr};" for name, expr in expressions(prog))
-    stores = "\n".join(f"      static_cast<{CTYPE[ops[k][0]]}*>(p.ptr[{k}])[{at(k)}] = store<{CTYPE[ops[k][0]]}>(v{j});"
-                       for j, k in prog.stores)
-    fields = dict(nops=len(ops), ndim=max(ndim, 1), loads=loads, body=body, stores=stores, elems=elems,
-                  idx="long long" if wide else "int")
+    loads, stores = [], []
+    for k, (tag, role) in enumerate(ops):
+        ct, kind = CTYPE[tag], access[k]
+        ptr = f"static_cast<{'const ' if role == 'in' else ''}{ct}*>(p.ptr[{k}])"
+        if role != "in":
+            continue
+        if kind == "b":
+            loads.append(f"    const float b{k} = load<float>({ptr}[off[{k}]]);")
+            continue
+        loads.append(f"    float a{k}[E];")
+        scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) a{k}[e] = load<float>({ptr}[off[{k}] + "
+                  + ("e" if kind == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + "]);")
+        if kind == "c" and elems > 1:
+            loads.append(f"    if (vec) {{\n      {_run(tag, elems)}::load({ptr} + off[{k}], a{k});\n"
+                         f"    }} else {{\n{scalar}\n    }}")
+        else:
+            loads.append("    {\n" + scalar + "\n    }")
+    body = [f"      const float in{k} = " + (f"b{k};" if access[k] == "b" else f"a{k}[e];")
+            for k, (_, role) in enumerate(ops) if role == "in"]
+    body += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+    for j, k in prog.stores:
+        ct = CTYPE[ops[k][0]]
+        body.append(f"      r{k}[e] = v{j};")
+        stores.append(f"    float r{k}[E];")  # declared before the loop (moved below)
+        ptr = f"static_cast<{ct}*>(p.ptr[{k}])"
+        scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) {ptr}[off[{k}] + "
+                  + ("e" if access[k] == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + f"] = store<{ct}>(r{k}[e]);")
+        if access[k] == "c" and elems > 1:
+            stores.append(f"    if (vec) {{\n      {_run(ops[k][0], elems)}::store({ptr} + off[{k}], r{k});\n"
+                          f"    }} else {{\n{scalar}\n    }}")
+        else:
+            stores.append("    {\n" + scalar + "\n    }")
+    decls = [x for x in stores if x.startswith("    float r")]
+    stores = [x for x in stores if not x.startswith("    float r")]
+    fields = dict(nops=len(ops), ndim=max(ndim, 1), loads="\n".join(loads + decls), body="\n".join(body),
+                  stores="\n".join(stores), elems=elems, idx="long long" if wide else "int")
     digest = hashlib.sha256(repr((fields, prog.key())).encode()).hexdigest()[:16]
     fields["name"] = f"pw_{digest}"
     template = (cache.ptx_dir() / "graph_pointwise.cu").read_text()
     return fields["name"], string.Template(template).substitute(fields)
 
 
-def kernel_unit(prog, ndim, elems=1, wide=True):
+def kernel_unit(prog, ndim, elems=1, wide=True, access=None):
     """(KernelUnit, name expression) of the program, registered with the loader and the cache (nothing is
     compiled here: loader.load_unit / handle.function compile on a cache miss)."""
-    name, text = source(prog, ndim, elems, wide)
+    name, text = source(prog, ndim, elems, wide, access)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     expr = f"pydnn::graph::{name}"
@@ -143,17 +180,46 @@ def params(dims, strides_list, ptrs):
     total = 1
     for d, v in enumerate(dims):
         p.dims[d] = v
+        p.magic[d], p.shift[d] = magic_u32(v) if v < 2**31 else (0, 0)
         total *= v
     p.total, p.ndim = total, len(dims)
     return p
 
 
-def launch_shape(dims, strides_list, sm_count):
-    """(elems a thread, wide index math?, grid) for a pointwise kernel over collapsed dims: 4 (or 2)
-    consecutive innermost elements a thread where they divide the innermost dim; 32-bit index math where
-    every index the loop reaches and every operand offset fits in an int."""
+def magic_u32(d):
+    """(magic, shift) with n // d == (t + ((n - t) >> 1)) >> (shift - 1), t = (n * magic) >> 32, for every
+    32-bit n (division by an invariant integer, Granlund & Montgomery; 'round-up' form); d == 1: (0, 0)."""
+    if d < 1:
+        raise ValueError(d)
+    if d == 1:
+        return 0, 0
+    l = (d - 1).bit_length()  # noqa: E741 - ceil(log2 d)
+    return ((1 << 32) * ((1 << l) - d)) // d + 1, l
+
+
+def udiv_emulated(n, magic, shift):
+    """numpy emulation of the kernel's udiv (n: uint64 array of 32-bit values)."""
+    import numpy as np
+
+    n = np.asarray(n, np.uint64)
+    if shift == 0:
+        return n
+    t = (n * np.uint64(magic)) >> np.uint64(32)
+    return (t + ((n - t) >> np.uint64(1))) >> np.uint64(shift - 1)
+
+
+def launch_shape(dims, strides_list, sm_count, esizes=None):
+    """(elems a thread, wide index math?, grid) for a pointwise kernel over collapsed dims: a run of
+    consecutive innermost elements a thread, 16 bytes of the narrowest operand read contiguously (8 for
+    16-bit types; 4-byte elements where esizes is not given), halved until it divides the innermost dim;
+    32-bit index math where every index the loop reaches and every operand offset fits in an int; at most
+    16 blocks of 256 threads an SM (a grid-stride loop does the rest)."""
     inner = dims[-1]
-    elems = 4 if inner % 4 == 0 else 2 if inner % 2 == 0 else 1
+    es = esizes or [4] * len(strides_list)
+    contig = [e for st, e in zip(strides_list, es) if st[-1] == 1]
+    elems = min(8, 16 // min(contig)) if contig else 4
+    while elems > 1 and inner % elems:
+        elems //= 2
     total = 1
     for d in dims:
         total *= d
@@ -162,6 +228,17 @@ def launch_shape(dims, strides_list, sm_count):
     span = max(sum((d - 1) * s for d, s in zip(dims, st)) for st in strides_list) + elems
     wide = reach >= 2**31 or span >= 2**31
     return elems, wide, (blocks, 1, 1)
+
+
+def access_kinds(strides_list):
+    """How each operand walks the innermost collapsed dim (source's access): "c", "b" or "g"."""
+    return ["c" if st[-1] == 1 else "b" if st[-1] == 0 else "g" for st in strides_list]
+
+
+def vector_ok(dims, strides_list, elems):
+    """Whether every contiguous operand's runs start `elems`-aligned (in elements) for every index: each of
+    its outer strides (of dims longer than one) a multiple of elems. The pointers are checked per launch."""
+    return all(st[d] % elems == 0 for st in strides_list if st[-1] == 1 for d in range(len(dims) - 1) if dims[d] > 1)
 
 
 def thread_offsets(dims, strides_list, elems):
@@ -206,32 +283,149 @@ def _tile_body(tile, tag, ta, tb, vec):
     return (f"pydnn::matmul::gemm_wgmma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}>", 256, tile.per_sm)
 
 
-def matmul_source(prog, final, tag, fast, general, ta, tb):
+# reduction epilogue (cuDNN's reduce ops, PYDNN_REDUCE_TENSOR_*): (init, map of v, combine of a and b,
+# the result of a over n values)
+RED = {
+    "ADD": ("0.0f", "v", "a + b", "a"),
+    "MUL": ("1.0f", "v", "a * b", "a"),
+    "MIN": ("INFINITY", "v", "fminf(a, b)", "a"),
+    "MAX": ("-INFINITY", "v", "fmaxf(a, b)", "a"),
+    "AMAX": ("0.0f", "fabsf(v)", "fmaxf(a, b)", "a"),
+    "AVG": ("0.0f", "v", "a + b", "a / (float)n"),
+    "NORM1": ("0.0f", "fabsf(v)", "a + b", "a"),
+    "NORM2": ("0.0f", "v * v", "a + b", "sqrtf(a)"),
+    "MUL_NO_ZEROS": ("1.0f", "(v == 0.0f ? 1.0f : v)", "a * b", "a"),
+}
+
+
+def _epi_struct(prog, final, access, red, store_c, sname):
+    """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
+    pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
+    contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
+    for an interior tile when pairs_ok), then the program on each of the two values."""
+    ops = prog.operands
+    fields, rows, loads, pair_mask = [], [], [], 0
+    for k, (otag, role) in enumerate(ops):
+        ct = CTYPE[otag]
+        kind = access[k]
+        # an upper-case kind: the operand does not move along rows (stride[k][1] == 0), so its address leaves
+        # the row out and the two rows a thread holds share its loads (the compiler merges them)
+        base = f"static_cast<{'const ' if role == 'in' else ''}{ct}*>(e.ptr[{k}]) + z * e.stride[{k}][0]"
+        if kind.islower():
+            base += f" + (long long)row * e.stride[{k}][1]"
+        kind = kind.lower()
+        if role == "in" and kind == "b":
+            fields.append(f"float b{k};")
+            rows.append(f"    r.b{k} = ldf({base});")
+            loads.append(f"    const float in{k}_0 = r.b{k}, in{k}_1 = r.b{k};")
+            continue
+        fields.append(f"{'const ' if role == 'in' else ''}{ct}* p{k};")
+        rows.append(f"    r.p{k} = {base};")
+        if role != "in":
+            continue
+        if kind == "c":
+            pair_mask |= 1 << k
+            loads.append(f"    float in{k}_0, in{k}_1 = 0.0f;\n"
+                         f"    if (FAST) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
+                         f"    else if (two && ((e.flags >> {k}) & 1u)) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
+                         f"    else {{ in{k}_0 = ldf(r.p{k} + col); if (two) in{k}_1 = ldf(r.p{k} + col + 1); }}")
+        else:
+            loads.append(f"    const long long s{k} = e.stride[{k}][2];\n"
+                         f"    const float in{k}_0 = ldf(r.p{k} + col * s{k}), "
+                         f"in{k}_1 = (FAST || two) ? ldf(r.p{k} + (col + 1) * s{k}) : 0.0f;")
+
+    def element(e):
+        out = [f"    {{  // column col + {e}", f"      const float acc_in = acc{e};"]
+        out += [f"      const float in{k} = in{k}_{e};" for k, (_, role) in enumerate(ops) if role == "in"]
+        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+        for j, k in prog.stores:
+            val = "acc_in" if j == -1 else f"v{j}"
+            at = f"col + {e}" if access[k].lower() == "c" else f"(col + {e}) * e.stride[{k}][2]"
+            st = f"r.p{k}[{at}] = store<{CTYPE[ops[k][0]]}>({val});"
+            out.append(f"      {st}" if e == 0 else f"      if (FAST || two) {st}")
+        out += [f"      acc{e} = {_ref(final)};", "    }"]
+        return out
+
+    if red is not None:
+        init, mp, comb, done = RED[red["mode"]]
+        ky, kw = red["y"], len(ops)
+        yt = CTYPE[ops[ky][0]]
+        red_fns = f"""
+  __device__ __forceinline__ float red_init() const {{ return {init}; }}
+  __device__ __forceinline__ float red_map(float v) const {{ return {mp}; }}
+  __device__ __forceinline__ float red_comb(float a, float b) const {{ return {comb}; }}
+  __device__ __forceinline__ void red_done(long long z, int row, float a) const {{
+    const int n = p.n;
+    (void)n;
+    static_cast<{yt}*>(e.ptr[{ky}])[z * e.stride[{ky}][0] + (long long)row * e.stride[{ky}][1]] = store<{yt}>({done});
+  }}
+  __device__ __forceinline__ float* red_ws() const {{ return static_cast<float*>(e.ptr[{kw}]); }}
+  __device__ __forceinline__ unsigned* red_cnt() const {{ return static_cast<unsigned*>(e.ptr[{kw + 1}]); }}"""
+    else:
+        red_fns = """
+  __device__ __forceinline__ float red_init() const { return 0.0f; }
+  __device__ __forceinline__ float red_map(float v) const { return v; }
+  __device__ __forceinline__ float red_comb(float a, float) const { return a; }
+  __device__ __forceinline__ void red_done(long long, int, float) const {}
+  __device__ __forceinline__ float* red_ws() const { return nullptr; }
+  __device__ __forceinline__ unsigned* red_cnt() const { return nullptr; }"""
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    nl = "\n"
+    return f"""struct {sname} {{
+  static constexpr bool kActive = true, kRed = {b(red is not None)}, kStoreC = {b(store_c)};
+  const GraphPwParams& e;
+  const MatmulParams& p;
+  struct Row {{
+    {(nl + '    ').join(fields) if fields else 'int unused_;'}
+  }};
+  __device__ __forceinline__ Row row(long long z, int row) const {{
+    Row r;
+{nl.join(rows)}
+    (void)z;
+    (void)row;
+    return r;
+  }}
+  // every contiguous input may be read in aligned pairs (the FAST tile path)
+  __device__ __forceinline__ bool pairs_ok() const {{ return (e.flags & {pair_mask}u) == {pair_mask}u; }}
+  template <bool FAST>
+  __device__ __forceinline__ void pair(const Row& r, float& acc0, float& acc1, int col, bool two) const {{
+{nl.join(loads)}
+{nl.join(element(0))}
+{nl.join(element(1))}
+    (void)r;
+    (void)two;
+  }}{red_fns}
+}};"""
+
+
+def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True):
     """(name, CUDA C) of a GEMM whose epilogue is the pointwise program `prog`: operand refs ("acc", 0) are
     the GEMM's value at (z, row, col), ("op", k) the epilogue operand k of GraphPwParams e (read at
     z * stride[k][0] + row * stride[k][1] + col * stride[k][2]); prog.stores write further outputs there;
-    the value `final` (a ref: ("v", j) or ("acc", 0)) goes to C through the GEMM's own store; a store
-    (j, k) with j == -1 writes the accumulator itself.
+    the value `final` (a ref: ("v", j) or ("acc", 0)) goes to C through the GEMM's own store (store_c; a
+    virtual result is not stored); a store (j, k) with j == -1 writes the accumulator itself.
+    access[k]: how operand k walks the columns: "b" broadcast (stride[k][2] == 0: read once per row), "c"
+    contiguous (stride 1: read in pairs where aligned), "g" any stride (the default); upper case: an input
+    that does not move along rows either (stride[k][1] == 0, e.g. a bias).
+    red: None, or dict(mode=RED key, y=operand index of the reduction's output [batch, m, 1]): `final`
+    is also reduced along each row (its workspace and counters are ptr[len(operands)] and the next).
     Two kernels: <name>_f (the fast tile) and <name>_g (the general, unaligned path)."""
     ops = prog.operands
-    lines = ["    const float acc_in = acc;"]
-    for k, (otag, role) in enumerate(ops):
-        if role == "in":
-            lines.append(f"    const float in{k} = load<float>(static_cast<const {CTYPE[otag]}*>(e.ptr[{k}])"
-                         f"[z * e.stride[{k}][0] + row * e.stride[{k}][1] + col * e.stride[{k}][2]]);")
-    for name, expr in expressions(prog):
-        lines.append(f"    const float {name} = {expr};")
-    for j, k in prog.stores:
-        val = "acc_in" if j == -1 else f"v{j}"
-        ct = CTYPE[ops[k][0]]
-        lines.append(f"    static_cast<{ct}*>(e.ptr[{k}])[z * e.stride[{k}][0] + row * e.stride[{k}][1] + "
-                     f"col * e.stride[{k}][2]] = store<{ct}>({val});")
-    lines.append(f"    acc = {_ref(final)};")
-    body = "\n".join(lines)
+    access = list(access) if access is not None else ["g"] * len(ops)
+    if len(access) != len(ops) or any(a not in "bcgBCG" for a in access):
+        raise ValueError(f"access {access!r} for {len(ops)} operands")
+    if any(a.isupper() and role != "in" for a, (_, role) in zip(access, ops)):
+        raise ValueError(f"access {access!r}: an output moves along rows")
+    if red is not None and (red["mode"] not in RED or not 0 <= red["y"] < len(ops)):
+        raise ValueError(f"reduction {red!r}")
+    if len(ops) + (2 if red is not None else 0) > MAX_OPERANDS:
+        raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
+    body = _epi_struct(prog, final, access, red, store_c, "EPI")
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
+    body = body.replace("struct EPI {", f"struct Epi_{name} {{")
     text = f"""// Generated by pydnn/graph/codegen.py: a GEMM (ptx/matmul.cu) with a fused pointwise epilogue.
 #include "matmul.cu"
 #include "graph_pointwise.cuh"
@@ -239,19 +433,14 @@ def matmul_source(prog, final, tag, fast, general, ta, tb):
 namespace pydnn {{
 namespace graph {{
 
-struct Epi_{name} {{
-  const GraphPwParams& e;
-  __device__ __forceinline__ void operator()(float& acc, long long z, int row, int col) const {{
 {body}
-  }}
-}};
 
 __global__ void __launch_bounds__({ft}, {fm}) {name}_f(const MatmulParams p, const GraphPwParams e) {{
-  {fb}(p, Epi_{name}{{e}});
+  {fb}(p, Epi_{name}{{e, p}});
 }}
 
 __global__ void __launch_bounds__({gt}, {gm}) {name}_g(const MatmulParams p, const GraphPwParams e) {{
-  {gb}(p, Epi_{name}{{e}});
+  {gb}(p, Epi_{name}{{e, p}});
 }}
 
 }}  // namespace graph
@@ -260,10 +449,10 @@ __global__ void __launch_bounds__({gt}, {gm}) {name}_g(const MatmulParams p, con
     return name, text
 
 
-def matmul_unit(prog, final, tag, fast, general, ta, tb):
+def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True):
     """(KernelUnit, fast expr, general expr), registered like kernel_unit's; a wgmma fast tile makes the
     unit sm_90a only (as pydnn.ops.matmul's wgmma units)."""
-    name, text = matmul_source(prog, final, tag, fast, general, ta, tb)
+    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     fe, ge = f"pydnn::graph::{name}_f", f"pydnn::graph::{name}_g"

@@ -28,6 +28,7 @@ from .matmul_api import layout
 TAGS = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLOAT16: "bf16"}
 ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2}
 ALIGN = 256
+FLAG_PAIR = 4  # PYDNN_MATMUL_FLAG_PAIR (ptx/matmul_params.h; pydnn.ops.matmul.FLAG_PAIR)
 
 
 def _bcast_strides(t, dims):
@@ -61,20 +62,38 @@ class PwStep:
 
     def __init__(self, handle, prog, dims, strides_list, uids):
         cdims, cstrides = cg.collapse(dims, strides_list)
-        elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count)
-        self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide)
+        esizes = [ESIZE[{v: k for k, v in TAGS.items()}[tag]] for tag, _ in prog.operands]
+        elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count, esizes)
+        access = cg.access_kinds(cstrides)
+        self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide, access)
         _compile(handle, self.unit)
         self.params = cg.params(cdims, cstrides, [0] * len(uids))
         self.args = driver.kernel_args(self.params)
-        self.uids = uids
+        # vector loads / stores (p.flags bit 0) where the strides allow them (checked here) and every
+        # contiguous operand's pointer is aligned to the widest run (elems of the widest type; checked per
+        # launch: one OR of the pointers against one mask, conservative for the narrower types)
+        self.vec_static = elems > 1 and cg.vector_ok(cdims, cstrides, elems)
+        contig = [k for k, a in enumerate(access) if a == "c"]
+        self.vec_mask = max([elems * esizes[k] for k in contig] or [1]) - 1
+        self.vec_ops = tuple(contig)
+        self.uids = tuple(uids)
         self.launches = 1
+        self.fn = (None, None)  # (handle, CUfunction) of the last handle
 
     def run(self, handle, ptr):
         p = self.params
+        pp = p.ptr
         for k, u in enumerate(self.uids):
-            p.ptr[k] = ptr[u]
-        f = handle.function(self.unit.name, self.expr)
-        driver.launch_args(f, self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
+            pp[k] = ptr[u]
+        if self.vec_static:
+            bits = 0
+            for k in self.vec_ops:
+                bits |= ptr[self.uids[k]]
+            p.flags = 0 if bits & self.vec_mask else 1
+        fn = self.fn
+        if fn[0] is not handle:
+            fn = self.fn = (handle, handle.function(self.unit.name, self.expr))
+        driver.launch_args(fn[1], self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
 
 
 class MatmulStep:
@@ -218,13 +237,14 @@ class EnginePlan:
         return None if None in n else sum(n)
 
     def execute(self, handle, ptrs, workspace):
-        ptr = dict(ptrs)
+        """Enqueue the steps; `ptrs` ({uid: device pointer}, the caller's own dict) is completed in place
+        with the virtual tensors' and the workspace's addresses."""
         if self.offsets:
             for uid, off in self.offsets.items():
-                ptr[uid] = workspace + off
-        ptr["workspace"] = workspace
+                ptrs[uid] = workspace + off
+        ptrs["workspace"] = workspace
         for s in self.steps:
-            s.run(handle, ptr)
+            s.run(handle, ptrs)
 
 
 # Hooks of the node modules (norm_nodes, sdpa_nodes, conv_fusion), filled when they are imported:
@@ -353,65 +373,152 @@ class NodeEngine:
         return EnginePlan(steps, offsets, off + red_ws)
 
 
+def _zeroed_u32(handle, n):
+    """A zeroed device array of n uint32 in the handle's context (allocated and cleared at build)."""
+    import numpy as np
+
+    from .._cuda.memory import DeviceArray
+
+    with driver.pushed(handle.ctx):
+        arr = DeviceArray((max(n, 1),), np.uint32)
+        arr.fill_bytes(0)
+    return arr
+
+
 class FusedMatmulStep:
     """ONE launch: pydnn's GEMM (tile chosen as pydnn.ops.matmul chooses it) with the graph's pointwise ops
-    generated into its epilogue (codegen.matmul_source)."""
+    generated into its epilogue (codegen.matmul_source). Everything but the pointers is set at build: the
+    two launch records (fast tile, general path), their argument arrays, the epilogue's access kinds; run
+    patches pointers and flags and launches (the host path counted by tests/graph/test_graph_host_cpu.py)."""
 
     def __init__(self, handle, g, an):
+        import ctypes
+
         from ..ops import matmul as M
 
         a, b, final = an["a"], an["b"], an["final"]
         self.swap, kw = layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides),
-                               (final.dtype, final.dims, final.strides), ("A", "B", "C"))
+                               (a.dtype, final.dims, final.strides), ("A", "B", "C"))
         self.plan = plan = M.gemm_plan(handle, **kw)
         tag = TAGS[a.dtype]
         fast = M._choose_tile(plan.m, plan.n, plan.batch, handle.sm_count, handle.arch, plan.k)
-        self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
-                                           plan.trans_a, plan.trans_b)
-        _compile(handle, self.unit)
         shape = final.dims
-        strides = []
-        for u in an["eops"]:
-            s = _bcast_strides(g.tensors[u], shape)
+        strides, access, self.pair_static = [], [], 0
+        shape3 = ([1] + list(shape)) if len(shape) == 2 else list(shape)
+        for k, u in enumerate(an["eops"]):
+            t = g.tensors[u]
+            s = _bcast_strides(t, shape)
             s = ([0] + s) if len(s) == 2 else s
+            s = [0 if d == 1 else v for d, v in zip(shape3, s)]  # a dim of one: never stepped
             if self.swap:
                 s = [s[0], s[2], s[1]]
             strides.append(s)
+            kind = "b" if s[2] == 0 and u in g.inputs else "c" if s[2] == 1 else "g"
+            access.append(kind.upper() if s[1] == 0 and u in g.inputs else kind)
+            # a contiguous input is read in pairs where every (batch, row) start is even (and the pointer
+            # 2-element aligned: checked per call)
+            if kind == "c" and u in g.inputs and s[0] % 2 == 0 and s[1] % 2 == 0:
+                self.pair_static |= 1 << k
+        red, self.store_c = an.get("red"), an.get("store_c", True)
+        self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
+                                           plan.trans_a, plan.trans_b, access, red, self.store_c)
+        _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
-        self.eops = an["eops"]
+        self.eops = tuple(an["eops"])
+        # a row reduction: per launch, tiles_n x (warps along n) partials a row in the workspace, and one
+        # counter per (batch, row tile) in memory the plan owns (zeroed here; every launch leaves them 0)
+        self.red_slot, self.workspace_size, self.counters = None, 0, None
+        if red is not None:
+            parts = cnt = 0
+            for rec, tile in ((plan.fast, fast), (plan.general, M.TC_GENERAL)):
+                split = tile.wn if hasattr(tile, "wm") else 1
+                parts = max(parts, rec.params.tiles_n * split)
+                cnt = max(cnt, rec.params.tiles_m)
+            self.workspace_size = plan.batch * parts * plan.m * 4
+            self.counters = _zeroed_u32(handle, plan.batch * cnt)
+            self.red_slot = len(self.eops)
+            self.e.ptr[self.red_slot + 1] = self.counters.ptr
+        self.pair_align = [2 * ESIZE[g.tensors[u].dtype] - 1 for u in self.eops]
         self.recs = []
-        import ctypes
-
         for rec, expr in ((plan.fast, fe), (plan.general, ge)):
-            arr = (ctypes.c_void_p * 2)(ctypes.addressof(rec.params), ctypes.addressof(self.e))
-            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), rec.params, self.e)))
+            p = rec.params
+            p.bias, p.alpha, p.beta = 0, 1.0, 0.0
+            arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(self.e))
+            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), p, self.e)))
         self.uids = (a.uid, b.uid, final.uid)
         self.es = ESIZE[a.dtype]
+        self.vec_ok, self.pair_ok = plan.vec_ok, plan.pair_ok
+        self.fn = (None, None, None)  # (handle, fast CUfunction, general CUfunction) of the last handle
         self.launches = 1
 
-    def run(self, handle, ptr):
-        from ..ops import matmul as M
+    def _functions(self, handle):
+        fns = tuple(handle.function(self.unit.name, expr, rec.smem) for rec, expr, _ in self.recs)
+        if self.red_slot is not None:
+            # the reduction's static shared word: a tile whose ring is exactly 48 KiB (the 64x64 one) needs
+            # the opt-in too (dynamic + static past the default; the H200 refused the launch without it)
+            for f, (rec, _, _) in zip(fns, self.recs):
+                driver.function_set_max_dynamic_smem(f, rec.smem)
+        self.fn = (handle,) + fns
+        return self.fn
 
-        a, b, c = (ptr[u] for u in self.uids)
+    def run(self, handle, ptr):
+        ua, ub, uc = self.uids
+        a, b = ptr[ua], ptr[ub]
+        c = ptr[uc] if self.store_c else 0
         if self.swap:
             a, b = b, a
-        plan = self.plan
-        rec, expr, args = self.recs[0] if (plan.vec_ok and (a | b) & 15 == 0) else self.recs[1]
+        fast = self.vec_ok and (a | b) & 15 == 0
+        rec, _, args = self.recs[0 if fast else 1]
         p = rec.params
-        p.a, p.b, p.c, p.bias = a, b, c, 0
-        p.alpha, p.beta = 1.0, 0.0
-        p.flags = M.FLAG_PAIR if (plan.pair_ok and c % (2 * self.es) == 0) else 0
+        p.a, p.b, p.c = a, b, c
+        p.flags = FLAG_PAIR if (self.pair_ok and c % (2 * self.es) == 0) else 0
+        e = self.e
+        flags = self.pair_static
         for k, u in enumerate(self.eops):
-            self.e.ptr[k] = ptr[u]
-        f = handle.function(self.unit.name, expr, rec.smem)
-        driver.launch_args(f, rec.grid, rec.block, rec.smem, handle.cu_stream, args)
+            v = ptr[u]
+            e.ptr[k] = v
+            if v & self.pair_align[k]:
+                flags &= ~(1 << k)
+        e.flags = flags
+        if self.red_slot is not None:
+            e.ptr[self.red_slot] = ptr["workspace"]
+        fn = self.fn if self.fn[0] is handle else self._functions(handle)
+        driver.launch_args(fn[1] if fast else fn[2], rec.grid, rec.block, rec.smem, handle.cu_stream, args)
+
+
+RED_NAMES = {getattr(E, "PYDNN_REDUCE_TENSOR_" + n): n for n in cg.RED}
+
+
+def _row_reduction(g, shape):
+    """The one reduction of a fusable matmul graph (None if none) as (op, its x, its y), or the reason it
+    cannot fuse: it reduces the matmul result's last dim only, in FLOAT, into a graph output no op reads."""
+    reds = [op for op in g.ops if op.kind == "reduction"]
+    if not reds:
+        return None
+    if len(reds) > 1:
+        return "at most one reduction fuses into a matmul epilogue"
+    op = reds[0]
+    x, y = g.tensors[op.inputs["x"]], g.tensors[op.outputs["y"]]
+    if op.params["op"] not in RED_NAMES:
+        return f"reduction operator {op.params['op']} (the fused epilogue takes {', '.join(cg.RED)})"
+    if op.params["comp_type"] != E.PYDNN_DATA_FLOAT:
+        return f"reduction compute type {op.params['comp_type']} (the fused epilogue reduces in FLOAT)"
+    if list(x.dims) != list(shape) or list(y.dims) != list(shape[:-1]) + [1]:
+        return (f"a fused reduction reduces the matmul result's last dim: X dims {x.dims} must be {list(shape)} "
+                f"and Y dims {y.dims} {list(shape[:-1]) + [1]}")
+    if y.virtual or y.uid not in g.outputs or any(y.uid in o.inputs.values() for o in g.ops):
+        return f"the reduction's Y (uid {y.uid}) must be a graph output that no operation reads"
+    if y.dtype not in TAGS:
+        return f"tensor uid {y.uid}: data type {y.dtype}"
+    return op, x, y
 
 
 def _matmul_epilogue(g):
-    """How a graph of one matmul and pointwise ops fuses into one GEMM kernel, or the reason it cannot."""
+    """How a graph of one matmul, pointwise ops and at most one row reduction (of the epilogue's result)
+    fuses into one GEMM kernel, or the reason it cannot."""
     mms = [op for op in g.ops if op.kind == "matmul"]
-    if len(mms) != 1 or any(op.kind not in ("matmul", "pointwise") for op in g.ops):
-        return "runtime fusion takes pointwise graphs, or one matmul with a pointwise epilogue"
+    if len(mms) != 1 or any(op.kind not in ("matmul", "pointwise", "reduction") for op in g.ops):
+        return "runtime fusion takes pointwise graphs, or one matmul with a pointwise (and row reduction) epilogue"
     mm = mms[0]
     a, b, c = g.tensors[mm.inputs["a"]], g.tensors[mm.inputs["b"]], g.tensors[mm.outputs["c"]]
     if a.uid not in g.inputs or b.uid not in g.inputs:
@@ -423,8 +530,12 @@ def _matmul_epilogue(g):
     shape = c.dims
     if len(shape) not in (2, 3):
         return f"a fused matmul output has 2 or 3 dims, not {len(shape)}"
+    red = _row_reduction(g, shape)
+    if isinstance(red, str):
+        return red
+    red_y = red[2].uid if red else None
     for t in g.tensors.values():
-        if t.uid in (a.uid, b.uid):
+        if t.uid in (a.uid, b.uid, red_y):
             continue
         if len(t.dims) != len(shape) or any(d != s and d != 1 for d, s in zip(t.dims, shape)):
             return f"tensor uid {t.uid} dims {t.dims} do not broadcast to the matmul output's {shape}"
@@ -432,25 +543,49 @@ def _matmul_epilogue(g):
     produced = {c.uid: None}
     for j, op in enumerate(order):
         produced[next(iter(op.outputs.values()))] = j
-    cands = [u for u in g.outputs if g.tensors[u].dims == shape and g.tensors[u].dtype == a.dtype]
-    final = None
-    for u in sorted(cands, key=lambda u: -1 if produced[u] is None else produced[u], reverse=True):
-        t = g.tensors[u]
+    if red:
+        # the reduced value is the GEMM's final value: stored through C when it is a graph output
+        x = red[1]
+        if x.uid not in produced:
+            return f"the reduction's X (uid {x.uid}) is not the matmul's result or computed from it"
+        if any(x.uid == u for u in g.outputs):
+            if x.dtype != a.dtype:
+                return f"the reduced tensor uid {x.uid} is a graph output of another data type than A's"
+            cands = [x.uid]
+        else:
+            cands = []
+            final = x
+    else:
+        cands = [u for u in g.outputs if g.tensors[u].dims == shape and g.tensors[u].dtype == a.dtype]
+    store_c = not (red and not cands)
+    if store_c:
+        final = None
+        for u in sorted(cands, key=lambda u: -1 if produced.get(u) is None else produced[u], reverse=True):
+            t = g.tensors[u]
+            try:
+                layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides), (t.dtype, t.dims, t.strides))
+            except PydnnError:
+                continue
+            final = t
+            break
+        if final is None:
+            return "no graph output can take the GEMM's store (A's data type, the matmul's shape, a matrix layout)"
+    else:
         try:
-            layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides), (t.dtype, t.dims, t.strides))
-        except PydnnError:
-            continue
-        final = t
-        break
-    if final is None:
-        return "no graph output can take the GEMM's store (A's data type, the matmul's shape, a matrix layout)"
+            swap, _ = layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides), (a.dtype, final.dims, final.strides))
+        except PydnnError as e:
+            return f"the reduced tensor's layout: {e.message}"
+    if red:
+        swap, _ = layout((a.dtype, a.dims, a.strides), (b.dtype, b.dims, b.strides), (a.dtype, final.dims, final.strides))
+        if swap:
+            return "a fused row reduction needs a row-major matmul result (this one is column-major)"
     ins = [u for u in g.inputs if u not in (a.uid, b.uid)]
     if any(u in op.inputs.values() for op in order for u in (a.uid, b.uid)):
         return "the epilogue reads the matmul's A or B"
-    outs = [u for u in g.outputs if u != final.uid]
-    eops = ins + outs
-    if len(eops) > cg.MAX_OPERANDS:
-        return f"{len(eops)} epilogue tensors (at most {cg.MAX_OPERANDS})"
+    outs = [u for u in g.outputs if u != final.uid and u != red_y]
+    eops = ins + outs + ([red_y] if red else [])
+    if len(eops) + (2 if red else 0) > cg.MAX_OPERANDS:
+        return f"{len(eops)} epilogue tensors (at most {cg.MAX_OPERANDS - (2 if red else 0)} with a reduction)"
     for t in (g.tensors[u] for u in eops):
         if t.dtype not in TAGS:
             return f"tensor uid {t.uid}: data type {t.dtype}"
@@ -464,8 +599,10 @@ def _matmul_epilogue(g):
 
     nodes = [_pw_node(op, ref) for op in order]
     stores = [(-1 if produced[u] is None else produced[u], eops.index(u)) for u in outs]
-    operands = [(TAGS[g.tensors[u].dtype], "in") for u in ins] + [(TAGS[g.tensors[u].dtype], "out") for u in outs]
-    return dict(a=a, b=b, final=final, final_ref=ref(final.uid), eops=eops,
+    operands = [(TAGS[g.tensors[u].dtype], "in") for u in ins] + \
+               [(TAGS[g.tensors[u].dtype], "out") for u in outs + ([red_y] if red else [])]
+    rinfo = dict(mode=RED_NAMES[red[0].params["op"]], y=eops.index(red_y)) if red else None
+    return dict(a=a, b=b, final=final, final_ref=ref(final.uid), eops=eops, red=rinfo, store_c=store_c,
                 prog=cg.PwProgram(operands, nodes, stores))
 
 
@@ -622,7 +759,8 @@ class FusionEngine:
             if an is not None and not isinstance(an, str):
                 return f.build(handle, g, an)
         if any(op.kind == "matmul" for op in g.ops):
-            return EnginePlan([FusedMatmulStep(handle, g, _matmul_epilogue(g))], {}, 0)
+            step = FusedMatmulStep(handle, g, _matmul_epilogue(g))
+            return EnginePlan([step], {}, step.workspace_size)
         if any(op.kind == "conv_fprop" for op in g.ops):
             step = ConvBiasActStep(handle, g, _conv_epilogue(g))
             return EnginePlan([step], {}, step.ws_size)

@@ -25,6 +25,7 @@ from ..status import PydnnError
 from . import backend as B
 from . import pointwise_ops as pw
 from .descriptors import bad
+from .plans import run as _run
 
 FORMAT, VERSION = "pydnn.graph", 1
 # node kind -> fn(graph, node dict, {uid: tensor descriptor}) -> a finalized operation descriptor (the node
@@ -72,6 +73,8 @@ class Tensor:
 
     def set_name(self, name):
         self.name = name
+        if self.graph is not None:
+            self.graph._keys = None  # execute's key map is rebuilt
         return self
 
     def get_dim(self):
@@ -96,6 +99,7 @@ class Graph:
         self._uid = 1
         self._opgraph = self._cfgs = self._plan = None
         self._plan_obj = None
+        self._keys = None  # (plan, {Tensor / name / uid: uid}) of execute, built on its first call
         self._descs = []
 
     # ------------------------------------------------------------------ building
@@ -440,17 +444,39 @@ class Graph:
         raise bad(f"execute: {key!r} is not a tensor, a name or a uid")
 
     def execute(self, buffers, workspace=0, handle=None):
-        from .plans import run
+        """Run the built plan on {tensor, name or uid: buffer} (ints, torch tensors, anything pydnn.buffers
+        reads) with the workspace. Host work per call: a key lookup per buffer, the buffers' resolution and
+        the launches (the key map is made once per plan; tests/graph/test_graph_host_cpu.py counts it)."""
+        plan = self._plan_obj
+        if plan is None:
+            plan = self._need_plan("execute")
+        keys = self._keys
+        if keys is None or keys[0] is not plan:
+            keys = self._keys = (plan, self._key_map())
+        km = keys[1]
+        given = {}
+        for k, v in buffers.items():
+            try:
+                u = km[k] if type(k) is not bool else self._uid_of(k)
+            except (KeyError, TypeError):
+                u = self._uid_of(k)
+            given[u] = v
+        if plan.by_value:  # pass-by-value tensors: the graph's stored constants, a Python int as its value
+            for uid, v in getattr(self, "_consts", {}).items():  # (from C an int is the value's address)
+                given.setdefault(uid, v)
+            for uid, _dtype, _what in plan.by_value:
+                if type(given.get(uid)) is int:
+                    given[uid] = float(given[uid])
+        _run(handle if handle is not None else self.handle, plan, given, workspace)
 
-        plan = self._need_plan("execute")
-        given = {self._uid_of(k): v for k, v in buffers.items()}
-        for uid, v in getattr(self, "_consts", {}).items():
-            given.setdefault(uid, v)
-        for uid, v in given.items():  # a Python int for a pass-by-value tensor is its value here (from C: an address)
-            t = plan.graph.tensors.get(uid)
-            if t is not None and t.by_value and type(v) is int:
-                given[uid] = float(v)
-        run(handle if handle is not None else self.handle, plan, given, workspace)
+    def _key_map(self):
+        km = {}
+        for t in self.tensors:
+            km[t] = t.uid
+            km[t.uid] = t.uid
+            if isinstance(t.name, str):
+                km.setdefault(t.name, t.uid)
+        return km
 
     # ------------------------------------------------------------------ serialization
     def serialize(self):

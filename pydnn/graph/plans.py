@@ -4,6 +4,7 @@ JSON form (cuDNN's EXECUTION_PLAN_JSON_REPRESENTATION): the graph, the engine in
 """
 import json
 
+from .. import buffers as _buffers
 from .. import enums as E
 from ..status import PydnnError
 from . import descriptors as D
@@ -20,7 +21,7 @@ CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("
 class Plan:
     """A built execution plan: engine index, the graph, and the engine's plan (steps, workspace size)."""
 
-    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value")
+    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value", "workspace_size")
 
     def __init__(self, engine, graph, handle):
         why = ENGINES[engine].support(graph)
@@ -29,6 +30,7 @@ class Plan:
                       E.PYDNN_STATUS_NOT_SUPPORTED)
         self.engine, self.graph, self.handle = engine, graph, handle
         self.built = ENGINES[engine].build(graph, handle)
+        self.workspace_size = self.built.workspace_size
         self.io = []  # (uid, bytes spanned, what an error calls it) of every tensor execute needs
         self.by_value = []  # (uid, data type, what): the host scalars (epsilon, momentum, scales), read at execute
         for uid in graph.inputs + graph.outputs:
@@ -39,10 +41,6 @@ class Plan:
             es = 4 if t.dtype == E.PYDNN_DATA_FLOAT else 8 if t.dtype == E.PYDNN_DATA_DOUBLE else 2
             self.io.append((uid, (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * es,
                             f"variantPack: uid {uid}"))
-
-    @property
-    def workspace_size(self):
-        return self.built.workspace_size
 
     def to_json(self):
         return json.dumps({"format": FORMAT, "version": VERSION, "engine": self.engine,
@@ -201,18 +199,22 @@ def execute(handle, plan_desc, pack_desc):
 
 
 def run(handle, plan, given, ws):
-    from ..buffers import device_ptr
-
+    """Resolve the variant pack's buffers (pydnn.buffers.device_ptr: an int is taken as is unless
+    PYDNN_CHECKED=1) and enqueue the plan. The hot path of execute: per call only the lookups, the buffer
+    resolution and the steps' launches (tests/graph/test_graph_host_cpu.py counts its Python calls)."""
     ptrs = {}
     for uid, span, what in plan.io:
         v = given.get(uid)
+        if type(v) is int and v > 0 and not _buffers.CHECKED:
+            ptrs[uid] = v
+            continue
         if v is None:
             raise bad(f"variantPack: no data pointer for tensor uid {uid}")
-        ptrs[uid] = device_ptr(v, what, span)
+        ptrs[uid] = _buffers.device_ptr(v, what, span)
     for uid, dtype, what in plan.by_value:
         ptrs[uid] = host_scalar(given.get(uid), dtype, what)
     if plan.workspace_size:
-        ws = device_ptr(ws, "variantPack: workspace", plan.workspace_size)
+        ws = _buffers.device_ptr(ws, "variantPack: workspace", plan.workspace_size)
     plan.built.execute(handle, ptrs, ws or 0)
 
 

@@ -15,10 +15,10 @@ static int last_error_has(const char *needle) {
   return strstr(msg, needle) != NULL;
 }
 
-static pydnnBackendDescriptor_t tensor(long long uid, long long n, int is_virtual) {
+static pydnnBackendDescriptor_t tensor_nc(long long uid, long long n, long long c, int is_virtual) {
   pydnnBackendDescriptor_t t;
   pydnnDataType_t dt = PYDNN_DATA_HALF;
-  long long dims[2] = {n, 8}, strides[2] = {8, 1}, align = 16;
+  long long dims[2] = {n, c}, strides[2] = {c, 1}, align = 16;
   char virt = (char)is_virtual;
   pydnnBackendCreateDescriptor(PYDNN_BACKEND_TENSOR_DESCRIPTOR, &t);
   pydnnBackendSetAttribute(t, PYDNN_ATTR_TENSOR_DATA_TYPE, PYDNN_TYPE_DATA_TYPE, 1, &dt);
@@ -28,6 +28,10 @@ static pydnnBackendDescriptor_t tensor(long long uid, long long n, int is_virtua
   pydnnBackendSetAttribute(t, PYDNN_ATTR_TENSOR_BYTE_ALIGNMENT, PYDNN_TYPE_INT64, 1, &align);
   pydnnBackendSetAttribute(t, PYDNN_ATTR_TENSOR_IS_VIRTUAL, PYDNN_TYPE_BOOLEAN, 1, &virt);
   return t;
+}
+
+static pydnnBackendDescriptor_t tensor(long long uid, long long n, int is_virtual) {
+  return tensor_nc(uid, n, 8, is_virtual);
 }
 
 int main(void) {
@@ -79,6 +83,37 @@ int main(void) {
                                  &back) == PYDNN_STATUS_BAD_PARAM, "descriptor get needs a new descriptor");
   CHECK(pydnnBackendCreateDescriptor(9999, &back) == PYDNN_STATUS_BAD_PARAM && last_error_has("descriptorType"),
         "bad descriptor type");
+
+  /* REDUCTION and OPERATION_REDUCTION (cuDNN 9's attributes and reduce-op values) */
+  pydnnBackendDescriptor_t red, rop;
+  pydnnReduceTensorOp_t rmode = (pydnnReduceTensorOp_t)99;
+  pydnnDataType_t fdt = PYDNN_DATA_FLOAT;
+  CHECK(pydnnBackendCreateDescriptor(PYDNN_BACKEND_REDUCTION_DESCRIPTOR, &red) == PYDNN_STATUS_SUCCESS, "create reduction");
+  CHECK(pydnnBackendSetAttribute(red, PYDNN_ATTR_REDUCTION_OPERATOR, PYDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &rmode) ==
+            PYDNN_STATUS_BAD_PARAM && last_error_has("is not a pydnnReduceTensorOp_t value"), "bad reduce op refused");
+  CHECK(pydnnBackendFinalize(red) == PYDNN_STATUS_BAD_PARAM && last_error_has("needs PYDNN_ATTR_REDUCTION_OPERATOR"),
+        "reduction needs its operator");
+  rmode = PYDNN_REDUCE_TENSOR_MAX;
+  CHECK(pydnnBackendSetAttribute(red, PYDNN_ATTR_REDUCTION_OPERATOR, PYDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &rmode) ==
+            PYDNN_STATUS_SUCCESS && pydnnBackendSetAttribute(red, PYDNN_ATTR_REDUCTION_COMP_TYPE, PYDNN_TYPE_DATA_TYPE,
+                                                             1, &fdt) == PYDNN_STATUS_SUCCESS &&
+            pydnnBackendFinalize(red) == PYDNN_STATUS_SUCCESS, "finalize reduction MAX");
+  pydnnReduceTensorOp_t rgot = PYDNN_REDUCE_TENSOR_ADD;
+  CHECK(pydnnBackendGetAttribute(red, PYDNN_ATTR_REDUCTION_OPERATOR, PYDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &count,
+                                 &rgot) == PYDNN_STATUS_SUCCESS && count == 1 && rgot == PYDNN_REDUCE_TENSOR_MAX &&
+            PYDNN_REDUCE_TENSOR_MAX == 3 && PYDNN_REDUCE_TENSOR_NORM2 == 7, "reduction operator read back");
+  pydnnBackendDescriptor_t rx = tensor_nc(40, 4, 8, 0), ry = tensor_nc(41, 4, 1, 0), rbad = tensor_nc(42, 3, 1, 0);
+  pydnnBackendFinalize(rx);
+  pydnnBackendFinalize(ry);
+  pydnnBackendFinalize(rbad);
+  pydnnBackendCreateDescriptor(PYDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, &rop);
+  pydnnBackendSetAttribute(rop, PYDNN_ATTR_OPERATION_REDUCTION_XDESC, PYDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rx);
+  pydnnBackendSetAttribute(rop, PYDNN_ATTR_OPERATION_REDUCTION_YDESC, PYDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rbad);
+  pydnnBackendSetAttribute(rop, PYDNN_ATTR_OPERATION_REDUCTION_DESC, PYDNN_TYPE_BACKEND_DESCRIPTOR, 1, &red);
+  CHECK(pydnnBackendFinalize(rop) == PYDNN_STATUS_BAD_PARAM && last_error_has("be 1 where reduced"),
+        "reduction Y dims checked");
+  pydnnBackendSetAttribute(rop, PYDNN_ATTR_OPERATION_REDUCTION_YDESC, PYDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ry);
+  CHECK(pydnnBackendFinalize(rop) == PYDNN_STATUS_SUCCESS, "finalize operation reduction (row max)");
 
   CHECK(pydnnMatmul(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL) != PYDNN_STATUS_SUCCESS, "matmul NULL handle");
   CHECK(pydnnBackendDestroyDescriptor(op) == PYDNN_STATUS_SUCCESS && pydnnBackendDestroyDescriptor(NULL) ==

@@ -101,7 +101,7 @@ def test_collapse_packed_is_one_dim():
 def test_params_layout():
     import ctypes
 
-    assert ctypes.sizeof(cg.GraphPwParams) == 16 * 8 + 16 * 8 * 8 + 8 * 8 + 8 + 8
+    assert ctypes.sizeof(cg.GraphPwParams) == 16 * 8 + 16 * 8 * 8 + 8 * 8 + 8 + 8 + 8 * 4 + 8 * 4
     p = cg.params([6, 4], [[4, 1], [0, 1]], [1 << 20, 2 << 20])
     assert p.total == 24 and p.ndim == 2 and p.stride[1][0] == 0 and p.ptr[1] == 2 << 20
 
@@ -166,4 +166,112 @@ def test_generated_matmul_epilogue_compiles(arch, wgmma, tmp_path, monkeypatch):
     cubin, lowered = build.compile_unit(unit, arch)
     assert cubin[:4] == b"\x7fELF" and set(lowered) == {fe, ge}
     _, text = cg.matmul_source(_epilogue_program(), ("v", 2), "bf16", fast, M.TC_GENERAL, False, True)
-    assert "acc = v2;" in text and "e.ptr[2]" in text and ("gemm_wgmma_body" in text) == wgmma
+    assert "acc0 = v2;" in text and "acc1 = v2;" in text and "e.ptr[2]" in text and ("gemm_wgmma_body" in text) == wgmma
+
+
+@pytest.mark.parametrize("arch, wgmma", [("sm_80", False), ("sm_90", True)])
+def test_generated_matmul_row_reduction_compiles(arch, wgmma, tmp_path, monkeypatch):
+    """NVRTC compiles a GEMM whose epilogue adds a bias (read once for both rows: access "C"), stores an
+    extra output, and reduces each row (every reduce op the epilogue serves), with and without the C store."""
+    from pydnn._build import build
+    from pydnn.ops import matmul as M
+
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    fast = M.WG_TILES[0] if wgmma else M.TC_TILES[0]
+    ops = [("bf16", "in"), ("f32", "in"), ("f16", "out"), ("f32", "out")]
+    nodes = [cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_MUL, x=("v", 0), b=("op", 1))]
+    prog = cg.PwProgram(ops, nodes, [(0, 2)])
+    for i, mode in enumerate(cg.RED):
+        if (i % 3 != 0) and mode not in ("MAX", "NORM2"):
+            continue  # compile time: a sample of the ops here, every op's text below
+        unit, fe, ge = cg.matmul_unit(prog, ("v", 1), "bf16", fast, M.TC_GENERAL, False, False,
+                                      access=["C", "b", "c", "g"], red=dict(mode=mode, y=3), store_c=(i % 2 == 0))
+        cubin, lowered = build.compile_unit(unit, arch)
+        assert cubin[:4] == b"\x7fELF" and set(lowered) == {fe, ge}
+    for mode, (init, mp, comb, done) in cg.RED.items():
+        _, text = cg.matmul_source(prog, ("v", 1), "bf16", fast, M.TC_GENERAL, False, False,
+                                   access=["C", "b", "c", "g"], red=dict(mode=mode, y=3), store_c=False)
+        assert f"return {init};" in text and f"return {mp};" in text and f"store<float>({done})" in text
+        assert "kRed = true, kStoreC = false" in text and "e.ptr[4]" in text and "e.ptr[5]" in text
+        # "C": no row term in the bias's address; "b": one value a row; "c": a pair load where flags allow
+        assert "r.p0 = static_cast<const bf16_t*>(e.ptr[0]) + z * e.stride[0][0];" in text
+        assert "r.b1 = ldf(" in text and "(e.flags >> 2)" not in text
+    with pytest.raises(ValueError):
+        cg.matmul_source(prog, ("v", 1), "bf16", fast, M.TC_GENERAL, False, False, access=["c", "b", "C", "g"])
+    with pytest.raises(ValueError):
+        cg.matmul_source(prog, ("v", 1), "bf16", fast, M.TC_GENERAL, False, False, red=dict(mode="SOFTMAX", y=3))
+
+
+def test_red_ops_match_reduce_reference():
+    """Each reduction op's init / map / combine / result, evaluated in numpy as the kernel evaluates it
+    (partials over column blocks combined in order), against pydnn.reference.reduce."""
+    from pydnn.reference.reduce import reduce as ref_reduce
+
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-2, 2, (6, 40))
+    x[2, 5] = 0.0
+    env = dict(fminf=np.minimum, fmaxf=np.maximum, fabsf=np.abs, sqrtf=np.sqrt, INFINITY=np.inf)
+    for mode, (init, mp, comb, done) in cg.RED.items():
+        f = lambda s: s.replace("0.0f", "0.0").replace("1.0f", "1.0").replace("(float)n", "n")  # noqa: E731
+        mp_ = f(mp).replace("(v == 0.0 ? 1.0 : v)", "np.where(v == 0.0, 1.0, v)")
+        vals = eval(mp_, dict(env, np=np), dict(v=x))  # noqa: S307
+        parts = []
+        for blk in np.split(vals, 4, axis=1):  # tiles: each reduced alone, then combined in order
+            a = np.full(x.shape[0], eval(f(init), env))  # noqa: S307
+            for col in blk.T:
+                a = eval(f(comb), env, dict(a=a, b=col))  # noqa: S307
+            parts.append(a)
+        a = np.full(x.shape[0], eval(f(init), env))  # noqa: S307
+        for pa in parts:
+            a = eval(f(comb), env, dict(a=a, b=pa))  # noqa: S307
+        got = eval(f(done), env, dict(a=a, n=x.shape[1]))  # noqa: S307
+        want, _, _ = ref_reduce(getattr(pydnn, "PYDNN_REDUCE_TENSOR_" + mode), 1.0, x, 0.0, None, [6, 1])
+        np.testing.assert_allclose(got, want[:, 0], rtol=1e-12, err_msg=mode)
+
+
+def test_pointwise_vector_paths_compile(tmp_path, monkeypatch):
+    """The pointwise kernel with every operand access kind (contiguous: a 16-byte vector or element by
+    element by p.flags; broadcast along the innermost dim: once a run; strided) for sm_80 and sm_90."""
+    from pydnn._build import build
+
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    ops = [("bf16", "in"), ("f32", "in"), ("f16", "in"), ("bf16", "out"), ("f32", "out")]
+    nodes = [cg.PwNode(pydnn.PYDNN_POINTWISE_MUL, x=("op", 0), b=("op", 1)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("v", 0), b=("op", 2))]
+    prog = cg.PwProgram(ops, nodes, [(1, 3), (0, 4)])
+    unit, expr = cg.kernel_unit(prog, 3, elems=8, wide=False, access=["c", "b", "g", "c", "g"])
+    _, text = cg.source(prog, 3, 8, False, ["c", "b", "g", "c", "g"])
+    assert "Run16<bf16_t, E>::load(" in text and "const float b1 = " in text and "p.stride[2][2]" in text
+    assert "Run16<bf16_t, E>::store(" in text and "p.stride[4][2]" in text
+    _, t1 = cg.source(prog, 3, 1, False, ["c", "b", "g", "c", "g"])
+    assert "Run" not in t1  # one element a thread: no vector path
+    for arch in ("sm_80", "sm_90"):
+        cubin, lowered = build.compile_unit(unit, arch)
+        assert cubin[:4] == b"\x7fELF" and set(lowered) == {expr}
+
+
+def test_pointwise_launch_shape_vectors():
+    # bf16: 8 elements (16 bytes) a thread; f32: 4; mixed: the narrowest type's 16 bytes
+    assert cg.launch_shape([64, 1024, 4096], [[4194304, 4096, 1], [0, 1, 0]], 132, [2, 2])[0] == 8
+    assert cg.launch_shape([64, 4096], [[4096, 1]], 132, [4])[0] == 4
+    assert cg.launch_shape([64, 4096], [[4096, 1], [4096, 1]], 132, [4, 2])[0] == 8
+    assert cg.launch_shape([64, 4100], [[4100, 1]], 132, [2])[0] == 4  # halved until it divides
+    assert cg.launch_shape([64, 4096], [[4096, 1]], 132, [2])[2][0] == min(64 * 4096 // 8 // 256, 132 * 16)
+    assert cg.access_kinds([[8, 1], [0, 0], [1, 8]]) == ["c", "b", "g"]
+    assert cg.vector_ok([4, 16], [[16, 1], [0, 0]], 8) and not cg.vector_ok([4, 16], [[20, 1]], 8)
+    assert cg.vector_ok([1, 16], [[3, 1]], 8)  # a dim of one is never stepped
+
+
+def test_magic_division_matches_integer_division():
+    """The 32-bit kernels' div by a dim (multiply-high and shifts, codegen.magic_u32) equals n // d for
+    the dims a kernel sees and the numerators its index reaches: edges, powers of two, random values."""
+    rng = np.random.default_rng(11)
+    ds = [1, 2, 3, 5, 7, 8, 130, 1000, 1024, 4095, 4096, 65537, 2**20 + 3, 2**30, 2**31 - 1]
+    ds += [int(v) for v in rng.integers(2, 2**31 - 1, 40)]
+    for d in ds:
+        m, s = cg.magic_u32(d)
+        n = np.concatenate([np.arange(0, 3000, dtype=np.uint64), rng.integers(0, 2**32, 4000, dtype=np.uint64),
+                            np.array([d - 1, d, d + 1, 2 * d - 1, 2 * d, 2**31 - 1, 2**32 - 1], np.uint64) % 2**32])
+        np.testing.assert_array_equal(cg.udiv_emulated(n, m, s), n // np.uint64(d), err_msg=str(d))
+        assert 0 <= m < 2**32

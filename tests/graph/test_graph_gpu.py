@@ -1,7 +1,9 @@
 """The graph API on the GPU against float64 numpy (pydnn.reference.graph): the 8-op pointwise chain over 3
 inputs on the fusion engine (one launch, counted) and on the node engine (8 launches), broadcasts, every
 pointwise mode through a one-node graph, matmul + bias + GELU and matmul + bias + residual, a reduction
-graph, the backend API with a variant pack, and a deserialized plan giving bitwise the same output. Outputs
+graph, matmul + bias + row reduction (every reduce op but the products) as ONE launch (counted), with and
+without the reduced tensor stored, on the mma.sync and the wgmma tiles, the backend API with a variant
+pack, and a deserialized plan giving bitwise the same output. Outputs
 start poisoned (NaN bytes) and their gaps are checked untouched."""
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from pydnn._cuda import driver
 from pydnn.graph import Graph
 from pydnn.graph import pointwise_ops as pw
 from pydnn.reference import graph as ref
+from pydnn.reference.reduce import reduce as ref_reduce
 
 pytestmark = pytest.mark.gpu
 F32, F16, BF16 = P.PYDNN_DATA_FLOAT, P.PYDNN_DATA_HALF, P.PYDNN_DATA_BFLOAT16
@@ -143,7 +146,7 @@ def _mm_graph(handle, io, m, n, k, residual=False, batch=1):
 
 @pytest.mark.parametrize("io", [F16, BF16, F32])
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("m, n, k, batch", [(128, 96, 64, 1), (77, 130, 40, 2), (512, 512, 512, 1)])
+@pytest.mark.parametrize("m, n, k, batch", [(128, 96, 64, 1), (77, 130, 40, 2), (512, 512, 512, 1), (33, 131, 64, 1)])
 def test_matmul_epilogue(handle, rng, monkeypatch, io, residual, m, n, k, batch):
     g, (a, w, bias, r, y) = _mm_graph(handle, io, m, n, k, residual, batch)
     g.build_operation_graph().create_execution_plans().check_support().build_plans()
@@ -335,3 +338,74 @@ def test_readme_example_with_torch_tensors(handle):
     g2.execute({"x": x, "w": w, "b": b, "y": y2}, 0)
     torch.cuda.synchronize()
     assert torch.equal(y, y2)
+
+
+RED_MODES = ["MAX", "MIN", "AMAX", "ADD", "AVG", "NORM1", "NORM2"]
+
+
+@pytest.mark.parametrize("mode", RED_MODES)
+@pytest.mark.parametrize("io, store_x, m, n, k, batch", [(BF16, False, 77, 300, 64, 2), (F16, True, 130, 520, 72, 1),
+                                                         (BF16, True, 33, 131, 64, 1)])
+def test_matmul_row_reduction_one_launch(handle, rng, monkeypatch, mode, io, store_x, m, n, k, batch):
+    """matmul + bias -> row reduction (over n) as ONE launch of the fused GEMM: the reduction in its
+    epilogue, partial rows combined by the last block of each row tile. With store_x the reduced tensor is
+    also a graph output (the GEMM's store); without, it is virtual and never written. Run twice: the second
+    launch finds the counters the first left at zero and gives bitwise the same rows."""
+    op = getattr(P, "PYDNN_REDUCE_TENSOR_" + mode)
+    g = Graph(io_data_type=io, intermediate_data_type=F32, compute_data_type=F32, handle=handle)
+    a = g.tensor(name="a", dim=[batch, m, k])
+    w = g.tensor(name="w", dim=[1, k, n])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    v = g.add(g.matmul(a, w), bias)
+    if store_x:
+        v.set_output(True).set_name("x")
+    y = g.reduction(v, op, dim=[batch, m, 1]).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    ta, tw, tb, ty = (DevTensor(t.dim, io) for t in (a, w, bias, y))
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    bufs = {a: ta.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}
+    if store_x:
+        tx = DevTensor(v.dim, io)
+        bufs[v] = tx.ptr
+    ws = _ws(g)
+    assert ws is not None
+    ws.fill_bytes(0xFF)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr, handle=handle)
+    assert count.n == 1
+    first = ty.download()
+    c = np.matmul(av, wv) + bv
+    cscale = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
+    want, _, rscale = ref_reduce(op, 1.0, c, 0.0, None, [batch, m, 1])
+    # rounding of the float accumulations: each reduced term carries its matmul's error (cscale)
+    term = {"ADD": cscale.sum(-1, keepdims=True), "AVG": cscale.mean(-1, keepdims=True),
+            "NORM1": cscale.sum(-1, keepdims=True)}.get(mode, cscale.max(-1, keepdims=True))
+    assert_close(first, want, io, f"matmul + {mode} row reduction", scale=np.maximum(rscale, term))
+    ty.check_untouched()
+    if store_x:
+        assert_close(tx.download(), c, io, "the reduced tensor's store", scale=2 * cscale)
+        tx.check_untouched()
+    ty.poison()
+    g.execute(bufs, ws.ptr, handle=handle)
+    np.testing.assert_array_equal(ty.download(), first)
+
+
+def test_matmul_row_max_wgmma_tile(handle, rng, monkeypatch):
+    """2048 x 2048 x 512 bf16 matmul + row MAX (the chooser's wgmma 128x256 tile on sm_90): one launch."""
+    g = Graph(io_data_type=BF16, intermediate_data_type=F32, compute_data_type=F32, handle=handle)
+    a = g.tensor(name="a", dim=[1, 2048, 512])
+    w = g.tensor(name="w", dim=[1, 512, 2048])
+    y = g.reduction(g.matmul(a, w), P.PYDNN_REDUCE_TENSOR_MAX, dim=[1, 2048, 1]).set_output(True)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    ta, tw, ty = (DevTensor(t.dim, BF16) for t in (a, w, y))
+    av, wv = ta.random(rng, -1, 1), tw.random(rng, -1, 1)
+    ws = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute({a: ta.ptr, w: tw.ptr, y: ty.ptr}, ws.ptr, handle=handle)
+    assert count.n == 1
+    c = av @ wv
+    assert_close(ty.download(), c.max(-1, keepdims=True), BF16, "wgmma + row max",
+                 scale=(np.abs(av) @ np.abs(wv)).max(-1, keepdims=True))
+    ty.check_untouched()
