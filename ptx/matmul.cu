@@ -144,10 +144,6 @@ struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
 };
 
-template <bool B> struct BoolC {
-  static constexpr bool value = B;
-};
-
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
 template <class T>
 __device__ __forceinline__ void put_pair(const MatmulParams& p, T* crow, int col, float v0, float v1) {
@@ -507,8 +503,10 @@ __device__ __forceinline__ void gemm_tc_body(const MatmulParams& p, const Epi& e
         }
     } else {
       auto row_of = [&](int r) { return m0 + wm0 + (r >> 1) * 16 + (lane >> 2) + (r & 1) * 8; };
-      auto tile = [&](auto fast_tag) {
-        constexpr bool FAST = decltype(fast_tag)::value;
+      // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
+      // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
+      // literal, so the inlined copies fold it as a template argument would
+      auto tile = [&](const bool FAST) {
         float part[2 * TM];
 #pragma unroll
         for (int i = 0; i < TM; ++i)
@@ -527,7 +525,10 @@ __device__ __forceinline__ void gemm_tc_body(const MatmulParams& p, const Epi& e
                 const bool two = FAST || col + 1 < p.n;
                 v0 *= p.alpha;
                 v1 *= p.alpha;
-                epi.template pair<FAST>(er, v0, v1, col, two);
+                if (FAST)
+                epi.template pair<true>(er, v0, v1, col, two);
+              else
+                epi.template pair<false>(er, v0, v1, col, two);
                 if constexpr (Epi::kRed) {
                   part[2 * i + h] = epi.red_comb(part[2 * i + h], epi.red_map(v0));
                   if (two) part[2 * i + h] = epi.red_comb(part[2 * i + h], epi.red_map(v1));
@@ -575,9 +576,9 @@ __device__ __forceinline__ void gemm_tc_body(const MatmulParams& p, const Epi& e
         }
       };
       if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
-        tile(BoolC<true>());
+        tile(true);
       else
-        tile(BoolC<false>());
+        tile(false);
     }
   }
 }
@@ -680,8 +681,10 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       }
     } else {
       auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
-      auto tile = [&](auto fast_tag) {
-        constexpr bool FAST = decltype(fast_tag)::value;
+      // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
+      // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
+      // literal, so the inlined copies fold it as a template argument would
+      auto tile = [&](const bool FAST) {
         float part[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
@@ -698,7 +701,10 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
               const bool two = FAST || col + 1 < p.n;
               v0 *= p.alpha;
               v1 *= p.alpha;
-              epi.template pair<FAST>(er, v0, v1, col, two);
+              if (FAST)
+                epi.template pair<true>(er, v0, v1, col, two);
+              else
+                epi.template pair<false>(er, v0, v1, col, two);
               if constexpr (Epi::kRed) {
                 part[h] = epi.red_comb(part[h], epi.red_map(v0));
                 if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
@@ -744,9 +750,9 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
         }
       };
       if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
-        tile(BoolC<true>());
+        tile(true);
       else
-        tile(BoolC<false>());
+        tile(false);
     }
   }
 }
