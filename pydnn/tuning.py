@@ -244,6 +244,9 @@ pooling = Switches(
                       'pydnn/ops/pooling.py'),
     ROWS_COLS=(False, 'fwd_rows, averages: 3 x 3 / 2 strips of full windows sum each column once '
                       '(PYDNN_POOL_FLAG_COLS); the reasons: pydnn/ops/pooling.py'),
+    WIN2=(True, 'win2_fwd / win2_bwd (ptx/pooling.cu): kh x 2 windows with stride kh x 2, no padding, tiling x, w '
+                'contiguous (NCHW): 16-byte x / dx rows per thread, each dx element written once from its own '
+                'window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
 )
 
 dropout = Switches(
