@@ -179,6 +179,9 @@ batchnorm = Switches(
     APPLY_SAVED=(True, 'The plain training forward with saved statistics (resultSaveMean / resultSaveInvVariance '
                        "given): its apply is fwd_apply_saved (infer_rows_smem's short blocks, INFER_STEPS steps, "
                        'constants from bnScale / bnBias and the saved mean /...; the reasons: pydnn/ops/batchnorm.py'),
+    PLANES=(True, 'fwd_planes / bwd_planes: the gen kernels (a block per feature) with 16-byte vectors along a '
+                  'contiguous innermost reduction dim (NCHW SPATIAL, H * W a multiple of the vector); False: the '
+                  'scalar gen kernels; the reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(
