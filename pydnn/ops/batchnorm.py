@@ -32,6 +32,10 @@ How the statistics are reduced (variance by Welford / Chan merges, see ptx/batch
         apply (one pass writing y). 16-byte accesses when the layout and the pointers allow.
   gen   anything else (NCHW SPATIAL among them): one block per feature reads its elements twice (stats,
         then outputs); no memory beyond the operands. Coalesced along the contiguous reduction dims.
+  planes  gen layouts whose innermost reduction dim is contiguous in every operand, with its size and the
+        other strides multiples of the 16-byte vector (NCHW SPATIAL with H * W % 8 == 0 for 16-bit data):
+        fwd_planes / bwd_planes, gen's block per feature and two passes with 16-byte accesses (PLANES;
+        aligned pointers, mask included, checked per call; else gen).
 The partials and constants need memory. The Ex forms use the caller's workspace
 (GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows layout, 0 for
 gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite

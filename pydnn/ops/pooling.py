@@ -36,6 +36,10 @@ multiple of VEC, and (checked per call) every pointer 16-byte aligned; else VEC 
 along the written tensor's innermost dim. The vector forward of 1-d / 2-d pooling with 32-bit offsets runs
 fwd_rows (a thread per VEC channels of 4 outputs along w, coordinates from the launch shape; ROWS_FORWARD);
 the vector max backward checks ties with one packed max of the earlier window elements (BWD_PACKED_TIES).
+Windows kh x 2 with stride kh x 2, no padding, tiling x exactly, w contiguous in every operand (the NCHW
+2x2 / 2 pools of CNNs, where channel vectors do not apply) take win2_fwd / win2_bwd (WIN2) when every pointer
+is 16-byte aligned: a thread per 16 bytes of x along w of each window row, y / dy as 8-byte vectors, each dx
+element written once from its one window (bitwise the scalar kernels' y and dx).
 """
 import ctypes
 
