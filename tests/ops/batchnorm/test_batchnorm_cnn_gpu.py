@@ -7,7 +7,6 @@ kernels) agree with the reference too."""
 import numpy as np
 import pytest
 
-import pydnn
 from pydnn import tuning
 from pydnn.ops import batchnorm as B
 from test_batchnorm_gpu import (BF16, F16, F32, F64, OPS_ACT, OPS_ADD, OPS_BN, SPATIAL, _backward, _train)
