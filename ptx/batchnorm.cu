@@ -1124,6 +1124,7 @@ template <class T> __global__ void __launch_bounds__(kThreads) infer_gen(const B
 // of red_off runs once per vector and every access moves 16 bytes (the mask: VEC bytes). One block per
 // feature, the same two passes; each step's kUnroll vectors (loads kept packed until used) are one Chan
 // batch of up to kUnroll * VEC values. A fixed order: reproducible (not bitwise the scalar gen kernels).
+constexpr int kPlanesBwdU = 2;       // bwd_planes: vectors per step of the output pass
 constexpr int kPlanesThreads = 512;  // fwd_planes: threads per block at most (1024 spills at 64 registers)
 
 template <class T, int VEC> __global__ void __launch_bounds__(kPlanesThreads, 1) fwd_planes(const BnParams p) {
@@ -1180,25 +1181,40 @@ template <class T, int VEC> __global__ void __launch_bounds__(kPlanesThreads, 1)
     A c[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[k] = s_c[k];
-    for (i64 i = t; i < nv; i += G) {
-      red_off(p, i * VEC, fo, o);
-      A xv[VEC], zv[VEC], r[VEC];
-      bool pos[VEC];
-      vload<T, VEC>(x + o[X], xv);
-      if (p.flags & PYDNN_BN_FLAG_Z) vload<T, VEC>(z + o[Z], zv);
-      else
+    // outputs: kUnroll vectors per step, their x (and z) loads all issued before the first store
+    for (i64 i0 = t; i0 < nv; i0 += (i64)G * kUnroll) {
+      i64 ou[kUnroll][PYDNN_BN_OPS];
+      Pack<T, VEC> kx[kUnroll], kz[kUnroll];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) zv[e] = A(0);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) r[e] = alpha * fwd_value(xv[e], c, zv[e], p.flags, pos[e]);
-      if (p.flags & PYDNN_BN_FLAG_BETA) {
-        A yv[VEC];
-        vload<T, VEC>(y + o[Y], yv);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) r[e] += beta * yv[e];
+      for (int u = 0; u < kUnroll; ++u) {
+        const i64 i = i0 + (i64)u * G;
+        if (i < nv) {
+          red_off(p, i * VEC, fo, ou[u]);
+          kx[u] = rload<T, VEC>(x + ou[u][X]);
+          if (p.flags & PYDNN_BN_FLAG_Z) kz[u] = rload<T, VEC>(z + ou[u][Z]);
+        }
       }
-      vstore<T, VEC>(y + o[Y], r);
-      if (p.flags & PYDNN_BN_FLAG_MASK) mstore<VEC>(p.mask + o[X], pos);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (i0 + (i64)u * G >= nv) break;
+        A xv[VEC], zv[VEC], r[VEC];
+        bool pos[VEC];
+        unpack<T, VEC>(kx[u], xv);
+        if (p.flags & PYDNN_BN_FLAG_Z) unpack<T, VEC>(kz[u], zv);
+        else
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) zv[e] = A(0);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r[e] = alpha * fwd_value(xv[e], c, zv[e], p.flags, pos[e]);
+        if (p.flags & PYDNN_BN_FLAG_BETA) {
+          A yv[VEC];
+          vload<T, VEC>(y + ou[u][Y], yv);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) r[e] += beta * yv[e];
+        }
+        vstore<T, VEC>(y + ou[u][Y], r);
+        if (p.flags & PYDNN_BN_FLAG_MASK) mstore<VEC>(p.mask + ou[u][X], pos);
+      }
     }
     __syncthreads();
   }
@@ -1268,38 +1284,53 @@ template <class T, int VEC> __global__ void __launch_bounds__(kGenThreadsBwd) bw
     A c[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[k] = s_c[k];
-    for (i64 i = t; i < nv; i += G) {
-      red_off(p, i * VEC, fo, o);
-      A xv[VEC], dv[VEC], r[VEC];
-      vload<T, VEC>(x + o[X], xv);
-      vload<T, VEC>(dy + o[DY], dv);
-      if (mask) {
-        bool m[VEC];
-        mload<VEC>(p.mask + o[X], m);
+    // outputs: kPlanesBwdU vectors per step, their x / dy / mask loads all issued before the first store
+    // (kUnroll spills at the 128-register cap of 512 threads)
+    for (i64 i0 = t; i0 < nv; i0 += (i64)G * kPlanesBwdU) {
+      i64 ou[kPlanesBwdU][PYDNN_BN_OPS];
+      Pack<T, VEC> kx[kPlanesBwdU], kd[kPlanesBwdU];
+      Pack<unsigned char, VEC> km[kPlanesBwdU];  // the mask bytes, packed until used
 #pragma unroll
-        for (int e = 0; e < VEC; ++e)
-          if (!m[e]) dv[e] = A(0);
+      for (int u = 0; u < kPlanesBwdU; ++u) {
+        const i64 i = i0 + (i64)u * G;
+        if (i < nv) {
+          red_off(p, i * VEC, fo, ou[u]);
+          kx[u] = rload<T, VEC>(x + ou[u][X]);
+          kd[u] = rload<T, VEC>(dy + ou[u][DY]);
+          if (mask) km[u] = rload<unsigned char, VEC>(p.mask + ou[u][X]);
+        }
       }
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) r[e] = bwd_value(xv[e], dv[e], c);
-      if (blend) {
-        A old[VEC];
-        vload<T, VEC>(dx + o[DX], old);
+      for (int u = 0; u < kPlanesBwdU; ++u) {
+        if (i0 + (i64)u * G >= nv) break;
+        A xv[VEC], dv[VEC], r[VEC];
+        unpack<T, VEC>(kx[u], xv);
+        unpack<T, VEC>(kd[u], dv);
+        if (mask)
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) r[e] += beta * old[e];
-      }
-      vstore<T, VEC>(dx + o[DX], r);
-      if (p.flags & PYDNN_BN_FLAG_DZ) {
-        A rz[VEC];
+          for (int e = 0; e < VEC; ++e)
+            if (!km[u].e[e]) dv[e] = A(0);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) rz[e] = alpha * dv[e];
+        for (int e = 0; e < VEC; ++e) r[e] = bwd_value(xv[e], dv[e], c);
         if (blend) {
           A old[VEC];
-          vload<T, VEC>(dz + o[DZ], old);
+          vload<T, VEC>(dx + ou[u][DX], old);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) rz[e] += beta * old[e];
+          for (int e = 0; e < VEC; ++e) r[e] += beta * old[e];
         }
-        vstore<T, VEC>(dz + o[DZ], rz);
+        vstore<T, VEC>(dx + ou[u][DX], r);
+        if (p.flags & PYDNN_BN_FLAG_DZ) {
+          A rz[VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) rz[e] = alpha * dv[e];
+          if (blend) {
+            A old[VEC];
+            vload<T, VEC>(dz + ou[u][DZ], old);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) rz[e] += beta * old[e];
+          }
+          vstore<T, VEC>(dz + ou[u][DZ], rz);
+        }
       }
     }
     __syncthreads();

@@ -127,8 +127,9 @@ copy). The bridge adds no copy or memset: y / dx from empty_like, the Ex workspa
 workspace allocation), the reserve space is the mask, one launch per call.
 v6 (this commit): fwd_planes / bwd_planes (PLANES): the same two passes and block-per-channel order, with
 16-byte vectors along the contiguous H * W run (one red_off per 8 bf16 elements, packed loads, kUnroll = 4
-vectors = 64 bytes in flight per thread, 512 threads), mask as 8-byte vectors; Chan batches of up to 32
-values. Still one block per channel (a split over N with a fixed-order combine would be the next step for
+vectors = 64 bytes in flight per thread in the statistics pass and the forward's output pass, 2 vectors of
+x and dy in backward's output pass (4 spill at the 128-register cap of its 512 threads), 512 threads), mask
+as 8-byte vectors; Chan batches of up to 32 values. Still one block per channel (a split over N with a fixed-order combine would be the next step for
 C < #SMs).
   Prediction (H200): bn 1 fwd 60-100 us (64 SMs at ~25-35 GB/s each, x re-read from L2), bwd 100-160 us;
   bn 2 fwd 20-40 us, bwd 35-60 us; each >= 2x PyTorch's time and >= 4x the gen kernels'.
