@@ -1114,5 +1114,228 @@ template <class T> __global__ void __launch_bounds__(kThreads) infer_gen(const B
   }
 }
 
+
+// ------------------------------------------------------------------ planes: gen with VEC-element vectors
+
+// fwd_fused_gen / bwd_fused_gen for layouts whose innermost reduction dim is contiguous (stride 1) in
+// every operand, its size and every other reduction / feature stride a multiple of VEC, pointers (and the
+// mask) aligned to the vector (NCHW SPATIAL: x as (N, C, H*W) planes). Item i of a feature is the VEC
+// elements from reduction index i * VEC (a vector never straddles the contiguous dim), so the division
+// of red_off runs once per vector and every access moves 16 bytes (the mask: VEC bytes). One block per
+// feature, the same two passes; each step's kUnroll vectors (loads kept packed until used) are one Chan
+// batch of up to kUnroll * VEC values. A fixed order: reproducible (not bitwise the scalar gen kernels).
+constexpr int kPlanesBwdU = 2;       // bwd_planes: vectors per step of the output pass
+constexpr int kPlanesThreads = 512;  // fwd_planes: threads per block at most (1024 spills at 64 registers)
+
+template <class T, int VEC> __global__ void __launch_bounds__(kPlanesThreads, 1) fwd_planes(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ double sm[3][kPlanesThreads];
+  __shared__ A s_c[4];
+  const T* x = (const T*)p.x;
+  const T* z = (const T*)p.z;
+  T* y = (T*)p.y;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const int t = threadIdx.x, G = blockDim.x;
+  const i64 nv = p.rows / VEC;
+  for (i64 f = blockIdx.x; f < p.feats; f += gridDim.x) {
+    i64 fo[PYDNN_BN_OPS], o[PYDNN_BN_OPS];
+    feat_off(p, f, fo);
+    double v[3] = {0, 0, 0};
+    for (i64 i0 = t; i0 < nv; i0 += (i64)G * kUnroll) {
+      Pack<T, VEC> k[kUnroll];
+      int cnt = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const i64 i = i0 + (i64)u * G;
+        if (i < nv) {
+          red_off(p, i * VEC, fo, o);
+          k[u] = rload<T, VEC>(x + o[X]);
+          cnt = u + 1;
+        }
+      }
+      double sx = 0, q = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u < cnt)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) sx += load<double>(k[u].e[e]);
+      const double n = (double)(cnt * VEC), mb = sx / n;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u < cnt)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const double d = load<double>(k[u].e[e]) - mb;
+            q += d * d;
+          }
+      merge(v[0], v[1], v[2], n, mb, q);
+    }
+    block_merge<double, 3, kPlanesThreads>(v, sm);
+    if (t == 0) {
+      A c[4];
+      fwd_finish<A>(p, f, v[0], v[1], v[2], c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+    __syncthreads();
+    A c[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = s_c[k];
+    // outputs: kUnroll vectors per step, their x (and z) loads all issued before the first store
+    for (i64 i0 = t; i0 < nv; i0 += (i64)G * kUnroll) {
+      i64 ou[kUnroll][PYDNN_BN_OPS];
+      Pack<T, VEC> kx[kUnroll], kz[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const i64 i = i0 + (i64)u * G;
+        if (i < nv) {
+          red_off(p, i * VEC, fo, ou[u]);
+          kx[u] = rload<T, VEC>(x + ou[u][X]);
+          if (p.flags & PYDNN_BN_FLAG_Z) kz[u] = rload<T, VEC>(z + ou[u][Z]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (i0 + (i64)u * G >= nv) break;
+        A xv[VEC], zv[VEC], r[VEC];
+        bool pos[VEC];
+        unpack<T, VEC>(kx[u], xv);
+        if (p.flags & PYDNN_BN_FLAG_Z) unpack<T, VEC>(kz[u], zv);
+        else
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) zv[e] = A(0);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r[e] = alpha * fwd_value(xv[e], c, zv[e], p.flags, pos[e]);
+        if (p.flags & PYDNN_BN_FLAG_BETA) {
+          A yv[VEC];
+          vload<T, VEC>(y + ou[u][Y], yv);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) r[e] += beta * yv[e];
+        }
+        vstore<T, VEC>(y + ou[u][Y], r);
+        if (p.flags & PYDNN_BN_FLAG_MASK) mstore<VEC>(p.mask + ou[u][X], pos);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <class T, int VEC> __global__ void __launch_bounds__(kGenThreadsBwd) bwd_planes(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ double sm[5][kGenThreadsBwd];
+  __shared__ A s_c[4];
+  const T* x = (const T*)p.x;
+  const T* dy = (const T*)p.dy;
+  T* dx = (T*)p.dx;
+  T* dz = (T*)p.dz;
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA, mask = p.flags & PYDNN_BN_FLAG_MASK;
+  const int t = threadIdx.x, G = blockDim.x;
+  const i64 nv = p.rows / VEC;
+  for (i64 f = blockIdx.x; f < p.feats; f += gridDim.x) {
+    i64 fo[PYDNN_BN_OPS], o[PYDNN_BN_OPS];
+    feat_off(p, f, fo);
+    double v[5] = {0, 0, 0, 0, 0};
+    for (i64 i0 = t; i0 < nv; i0 += (i64)G * kUnroll) {
+      Pack<T, VEC> kx[kUnroll], kd[kUnroll];
+      bool mk[kUnroll][VEC];
+      int cnt = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const i64 i = i0 + (i64)u * G;
+        if (i < nv) {
+          red_off(p, i * VEC, fo, o);
+          kx[u] = rload<T, VEC>(x + o[X]);
+          kd[u] = rload<T, VEC>(dy + o[DY]);
+          if (mask) mload<VEC>(p.mask + o[X], mk[u]);
+          cnt = u + 1;
+        }
+      }
+      double sx = 0, sy = 0, q = 0, cc = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u < cnt)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            sx += load<double>(kx[u].e[e]);
+            sy += (mask && !mk[u][e]) ? 0.0 : load<double>(kd[u].e[e]);
+          }
+      const double n = (double)(cnt * VEC), mx = sx / n, my = sy / n;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u < cnt)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const double a = load<double>(kx[u].e[e]) - mx;
+            const double b = ((mask && !mk[u][e]) ? 0.0 : load<double>(kd[u].e[e])) - my;
+            q += a * a;
+            cc += a * b;
+          }
+      merge2(v[0], v[1], v[2], v[3], v[4], n, mx, q, my, cc);
+    }
+    block_merge<double, 5, kGenThreadsBwd>(v, sm);
+    if (t == 0) {
+      A c[4];
+      bwd_finish<A>(p, f, v[0], v[1], v[2], v[3], v[4], c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+    __syncthreads();
+    A c[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = s_c[k];
+    // outputs: kPlanesBwdU vectors per step, their x / dy / mask loads all issued before the first store
+    // (kUnroll spills at the 128-register cap of 512 threads)
+    for (i64 i0 = t; i0 < nv; i0 += (i64)G * kPlanesBwdU) {
+      i64 ou[kPlanesBwdU][PYDNN_BN_OPS];
+      Pack<T, VEC> kx[kPlanesBwdU], kd[kPlanesBwdU];
+      Pack<unsigned char, VEC> km[kPlanesBwdU];  // the mask bytes, packed until used
+#pragma unroll
+      for (int u = 0; u < kPlanesBwdU; ++u) {
+        const i64 i = i0 + (i64)u * G;
+        if (i < nv) {
+          red_off(p, i * VEC, fo, ou[u]);
+          kx[u] = rload<T, VEC>(x + ou[u][X]);
+          kd[u] = rload<T, VEC>(dy + ou[u][DY]);
+          if (mask) km[u] = rload<unsigned char, VEC>(p.mask + ou[u][X]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kPlanesBwdU; ++u) {
+        if (i0 + (i64)u * G >= nv) break;
+        A xv[VEC], dv[VEC], r[VEC];
+        unpack<T, VEC>(kx[u], xv);
+        unpack<T, VEC>(kd[u], dv);
+        if (mask)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e)
+            if (!km[u].e[e]) dv[e] = A(0);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r[e] = bwd_value(xv[e], dv[e], c);
+        if (blend) {
+          A old[VEC];
+          vload<T, VEC>(dx + ou[u][DX], old);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) r[e] += beta * old[e];
+        }
+        vstore<T, VEC>(dx + ou[u][DX], r);
+        if (p.flags & PYDNN_BN_FLAG_DZ) {
+          A rz[VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) rz[e] = alpha * dv[e];
+          if (blend) {
+            A old[VEC];
+            vload<T, VEC>(dz + ou[u][DZ], old);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) rz[e] += beta * old[e];
+          }
+          vstore<T, VEC>(dz + ou[u][DZ], rz);
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace bn
 }  // namespace pydnn

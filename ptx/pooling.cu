@@ -594,5 +594,177 @@ __global__ void __launch_bounds__(kThreads, IS_MAX ? kBwdMaxBlocks : kBwdAvgBloc
   }
 }
 
+
+// ------------------------------------------------------------------ win2: non-overlapping 2-wide windows along w
+
+// Pooling with windows kh x 2, stride kh x 2, no padding, tiling x exactly (H = OH * kh, W = OW * 2), w
+// contiguous in every operand (NCHW-like layouts, where the channel vectors of fwd / bwd do not apply). One
+// thread per kIn = 16 / sizeof(T) consecutive x elements along w of each of the kh rows of one window row:
+// kOut = kIn / 2 outputs. x / dx rows move as 16-byte vectors, y / dy as 8-byte ones; every dx element is
+// written exactly once (its own window's gather has one window: no memset, no atomics, no tie scan over
+// other windows). Items: p.size / p.div over (n, c, 1, oh, w group), w group fastest; p.total of them.
+//   forward   y[o] = the window's max (packed max in window order, as fwd) or sum / (kh * 2) (as fwd)
+//   backward  max: dy[o] to the window's first element matching y[o] (fwd / bwd's rule), 0 to the rest;
+//             average: dy[o] * (1 / (kh * 2)) to each element. dx blended with alpha / beta as bwd does.
+template <class T> struct Win2 {
+  static constexpr int kIn = 16 / (int)sizeof(T);
+  static constexpr int kOut = kIn / 2;
+};
+
+// 8 bytes (kOut elements of T) as a Frag's two words
+template <class T, int N>
+__device__ __forceinline__ void load8(Frag<T, N>& f, const T* p) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  f.w[0] = q.x; f.w[1] = q.y;
+}
+template <class T, int N>
+__device__ __forceinline__ void store8(const Frag<T, N>& f, T* p) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(f.w[0], f.w[1]);
+}
+
+// element e of a 16-byte Frag as a one-element Frag (the words fwd<T, 1, ..> would have loaded)
+template <class T, int N>
+__device__ __forceinline__ Frag<T, 1> elem(const Frag<T, N>& f, int e) {
+  Frag<T, 1> r;
+  if constexpr (sizeof(T) == 8) {
+    r.w[0] = f.w[2 * e]; r.w[1] = f.w[2 * e + 1];
+  } else if constexpr (sizeof(T) == 4) {
+    r.w[0] = f.w[e];
+  } else {
+    r.w[0] = (f.w[e / 2] >> (16 * (e % 2))) & 0xffffu;
+  }
+  return r;
+}
+
+template <class T, bool IS_MAX>
+__global__ void __launch_bounds__(kThreads) win2_fwd(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  constexpr int kIn = Win2<T>::kIn, kOut = Win2<T>::kOut;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  T* __restrict__ y = static_cast<T*>(p.out);
+  const int kh = (int)p.win[1];
+  for (i64 item = (i64)blockIdx.x * kThreads + threadIdx.x; item < p.total; item += (i64)gridDim.x * kThreads) {
+    i64 c[PYDNN_POOL_DIMS];
+    coords<1>(p, item, c);
+    const T* xr = x + c[0] * p.xs[0] + c[1] * p.xs[1] + c[3] * kh * p.xs[3] + c[4] * kIn;
+    A r[kOut];
+    if constexpr (IS_MAX) {
+      Frag<T, 1> m[kOut];
+      const bool prop = p.flags & PYDNN_FLAG_NAN_PROP;
+      for (int i = 0; i < kh; ++i) {
+        Frag<T, kIn> v;
+        v.load(xr + i * p.xs[3]);
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            const Frag<T, 1> u = elem(v, 2 * j + s);
+            if (i == 0 && s == 0) m[j] = u;
+            else if (prop) m[j].template max_with<true>(u);
+            else m[j].template max_with<false>(u);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) r[j] = m[j].template get<A>(0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) r[j] = A(0);
+      for (int i = 0; i < kh; ++i) {
+        Frag<T, kIn> v;
+        v.load(xr + i * p.xs[3]);
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) {
+          r[j] += v.template get<A>(2 * j);
+          r[j] += v.template get<A>(2 * j + 1);
+        }
+      }
+      const A n = (A)(kh * 2);
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) r[j] /= n;
+    }
+    T* yp = y + c[0] * p.os[0] + c[1] * p.os[1] + c[3] * p.os[3] + c[4] * kOut;
+    const A alpha = (A)p.alpha, beta = (A)p.beta;
+    Frag<T, kOut> o;
+    if (p.flags & PYDNN_FLAG_BETA) {
+      load8(o, yp);
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) r[j] = alpha * r[j] + beta * o.template get<A>(j);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) r[j] = alpha * r[j];
+    }
+    convert_out<T, kOut>(o, r);
+    store8(o, yp);
+  }
+}
+
+template <class T, bool IS_MAX>
+__global__ void __launch_bounds__(kThreads) win2_bwd(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  constexpr int kIn = Win2<T>::kIn, kOut = Win2<T>::kOut;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const T* __restrict__ dy = static_cast<const T*>(p.dy);
+  const T* __restrict__ yv = static_cast<const T*>(p.y);
+  T* __restrict__ dx = static_cast<T*>(p.out);
+  const int kh = (int)p.win[1];
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  for (i64 item = (i64)blockIdx.x * kThreads + threadIdx.x; item < p.total; item += (i64)gridDim.x * kThreads) {
+    i64 c[PYDNN_POOL_DIMS];
+    coords<1>(p, item, c);
+    Frag<T, kOut> g, m;
+    load8(g, dy + c[0] * p.ps[0] + c[1] * p.ps[1] + c[3] * p.ps[3] + c[4] * kOut);
+    if constexpr (IS_MAX) load8(m, yv + c[0] * p.ys[0] + c[1] * p.ys[1] + c[3] * p.ys[3] + c[4] * kOut);
+    const i64 xo = c[0] * p.xs[0] + c[1] * p.xs[1] + c[3] * kh * p.xs[3] + c[4] * kIn;
+    const i64 oo = c[0] * p.os[0] + c[1] * p.os[1] + c[3] * kh * p.os[3] + c[4] * kIn;
+    A gv[kOut], mv[kOut];
+    bool found[kOut];
+#pragma unroll
+    for (int j = 0; j < kOut; ++j) {
+      A a = A(0);  // as bwd's acc: 0 + dy (a -0 gradient lands as +0)
+      if constexpr (IS_MAX) {
+        a += g.template get<A>(j);
+        mv[j] = m.template get<A>(j);
+      } else {
+        a += g.template get<A>(j) * (A(1) / (A)(kh * 2));
+      }
+      gv[j] = a;
+      found[j] = false;
+    }
+    for (int i = 0; i < kh; ++i) {
+      A r[kIn];
+      if constexpr (IS_MAX) {
+        Frag<T, kIn> v;
+        v.load(x + xo + i * p.xs[3]);
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            const bool mine = !found[j] && match(v.template get<A>(2 * j + s), mv[j]);
+            found[j] = found[j] || mine;
+            r[2 * j + s] = mine ? gv[j] : A(0);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) r[2 * j] = r[2 * j + 1] = gv[j];
+      }
+      T* dp = dx + oo + i * p.os[3];
+      Frag<T, kIn> o;
+      if (blend) {
+        o.load(dp);
+#pragma unroll
+        for (int e = 0; e < kIn; ++e) r[e] = alpha * r[e] + beta * o.template get<A>(e);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kIn; ++e) r[e] = alpha * r[e];
+      }
+      convert_out<T, kIn>(o, r);
+      o.store(dp);
+    }
+  }
+}
+
 }  // namespace pooling
 }  // namespace pydnn

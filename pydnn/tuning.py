@@ -179,6 +179,9 @@ batchnorm = Switches(
     APPLY_SAVED=(True, 'The plain training forward with saved statistics (resultSaveMean / resultSaveInvVariance '
                        "given): its apply is fwd_apply_saved (infer_rows_smem's short blocks, INFER_STEPS steps, "
                        'constants from bnScale / bnBias and the saved mean /...; the reasons: pydnn/ops/batchnorm.py'),
+    PLANES=(True, 'fwd_planes / bwd_planes: the gen kernels (a block per feature) with 16-byte vectors along a '
+                  'contiguous innermost reduction dim (NCHW SPATIAL, H * W a multiple of the vector); False: the '
+                  'scalar gen kernels; the reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(
@@ -244,6 +247,9 @@ pooling = Switches(
                       'pydnn/ops/pooling.py'),
     ROWS_COLS=(False, 'fwd_rows, averages: 3 x 3 / 2 strips of full windows sum each column once '
                       '(PYDNN_POOL_FLAG_COLS); the reasons: pydnn/ops/pooling.py'),
+    WIN2=(True, 'win2_fwd / win2_bwd (ptx/pooling.cu): kh x 2 windows with stride kh x 2, no padding, tiling x, w '
+                'contiguous (NCHW): 16-byte x / dx rows per thread, each dx element written once from its own '
+                'window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
 )
 
 dropout = Switches(

@@ -108,6 +108,31 @@ one-read byte counts above; ratio = PyTorch time / pydnn time.
   Not done: backward bf16 (0.76x PyTorch): bwd_stats alone runs at 41% of copy on 2 reads (x, dy) vs fp32's
       82%; the same 16-bit per-element overhead as v2's stats had, likely the same cure (fwd_stats' v3:
       packed loads, 8 rows in flight, one wave); not attempted in this session.
+
+CNN cases (`python3 tools/bench.py --families batchnorm.run_cnn`; issue 20 as issue 17's demo shows it): the
+two batch norms of examples/train_cnn.py at batch 256, bf16 NCHW, BN + ReLU through the Ex forms (as
+pydnn.torch's BatchNorm2d + ReLU calls them), training forward and backward, beside PyTorch (F.batch_norm +
+relu; aten.native_batch_norm_backward after threshold_backward) and beside the scalar gen kernels (PLANES
+off) in the same run.
+  bn 1  x 256x64x32x32   fwd x + y + mask = 33.6 + 33.6 + 16.8 MB; bwd x + dy + mask + dx = 117 MB
+  bn 2  x 256x128x16x16  fwd 16.8 + 16.8 + 8.4 MB;                bwd 58.7 MB
+  (byte floors at ~4 TB/s: bn 1 fwd 21 us, bwd 29 us; bn 2 fwd 11 us, bwd 15 us)
+Accounting of the demo's gap (H200 profile: bn 1 0.486 + 0.907 ms vs PyTorch 0.356 + 0.497; bn 2 0.456 +
+0.234 vs 0.155 + 0.152): NCHW SPATIAL is not the rows layout (the channels are not innermost), so every call
+took the gen kernels: ONE block per channel (64 / 128 blocks on 132 SMs: half the GPU idle for bn 1), 1024
+(fwd) / 512 (bwd) threads each walking the channel's N * H * W elements one 2-byte element at a time, a
+32-bit div / mod (red_off) and double-precision conversion per element, two passes (statistics, then
+outputs). Per SM ~4 loads of 2 bytes in flight per thread: ~240 GB/s overall for bn 1's forward (~6% of
+copy). The bridge adds no copy or memset: y / dx from empty_like, the Ex workspace size 0 for gen (no
+workspace allocation), the reserve space is the mask, one launch per call.
+v6 (this commit): fwd_planes / bwd_planes (PLANES): the same two passes and block-per-channel order, with
+16-byte vectors along the contiguous H * W run (one red_off per 8 bf16 elements, packed loads, kUnroll = 4
+vectors = 64 bytes in flight per thread in the statistics pass and the forward's output pass, 2 vectors of
+x and dy in backward's output pass (4 spill at the 128-register cap of its 512 threads), 512 threads), mask
+as 8-byte vectors; Chan batches of up to 32 values. Still one block per channel (a split over N with a fixed-order combine would be the next step for
+C < #SMs).
+  Prediction (H200): bn 1 fwd 60-100 us (64 SMs at ~25-35 GB/s each, x re-read from L2), bwd 100-160 us;
+  bn 2 fwd 20-40 us, bwd 35-60 us; each >= 2x PyTorch's time and >= 4x the gen kernels'.
 """
 import torch
 import torch.nn.functional as F
@@ -285,3 +310,74 @@ def run(b):
         ms_t = time_ms(lambda: F.batch_norm(xn, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
         b.row("batchnorm", "training forward NCHW (gen kernel)", dname, 2 * n, ms_p, ms_t,
               "F.batch_norm(training=True)")
+
+
+def run_cnn(b):
+    """The CNN demo's NCHW batch norms + ReLU (Ex forms), planes beside gen (PLANES off) and PyTorch."""
+    h = b.h
+    tdt, pdt = DT["bf16"]
+    S = pydnn.PYDNN_BATCHNORM_SPATIAL
+    act = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    OPS = pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
+    for name, shape in (("bn 1", (256, 64, 32, 32)), ("bn 2", (256, 128, 16, 16))):
+        x = torch.randn(shape, dtype=tdt, device="cuda")
+        y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
+        C = shape[1]
+        f32 = dict(dtype=torch.float32, device="cuda")
+        w, bias = torch.rand(C, **f32) + 0.5, torch.randn(C, **f32)
+        rm, rv = torch.zeros(C, **f32), torch.ones(C, **f32)
+        sm, si = torch.empty(C, **f32), torch.empty(C, **f32)
+        ds, db = torch.empty(C, **f32), torch.empty(C, **f32)
+        xd = _desc(x, pdt)
+        bd = pydnn.create_tensor_descriptor()
+        pydnn.derive_bn_tensor_descriptor(bd, xd, S)
+        n = x.numel() * 2
+        rn = pydnn.get_batch_normalization_training_ex_reserve_space_size(h, S, OPS, act, xd)
+        res = torch.empty(max(rn, 16), dtype=torch.uint8, device="cuda")
+        P = [t.data_ptr() for t in (w, bias, rm, rv, sm, si, ds, db)]
+
+        wf = pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, S, OPS, xd, None, xd, bd, act)
+        wb = pydnn.get_batch_normalization_backward_ex_workspace_size(h, S, OPS, xd, xd, xd, None, xd, bd, act)
+        ws = torch.empty(max(wf, wb, 16), dtype=torch.uint8, device="cuda")  # 0 for NCHW (gen / planes)
+
+        def fwd():
+            wn = wf
+            pydnn.batch_normalization_forward_training_ex(h, S, OPS, 1.0, 0.0, xd, x.data_ptr(), None, 0, xd,
+                                                          y.data_ptr(), bd, P[0], P[1], 0.1, P[2], P[3], 1e-5, P[4],
+                                                          P[5], act, ws.data_ptr(), wn,
+                                                          res.data_ptr(), rn)
+
+        def bwd():
+            wn = wb
+            pydnn.batch_normalization_backward_ex(h, S, OPS, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), xd, y.data_ptr(),
+                                                  xd, dy.data_ptr(), None, 0, xd, dx.data_ptr(), bd, P[0], P[1],
+                                                  P[6], P[7], 1e-5, P[4], P[5], act,
+                                                  ws.data_ptr(), wn, res.data_ptr(), rn)
+
+        trm, trv = rm.clone(), rv.clone()
+        tfwd = lambda: F.relu(F.batch_norm(x, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))  # noqa: E731
+        yt = tfwd()
+
+        def tbwd():
+            g = torch.ops.aten.threshold_backward(dy, yt, 0)
+            return torch.ops.aten.native_batch_norm_backward(g, x, w, rm, rv, sm, si, True, 1e-5, [True, True, True])
+
+        fb, bb = 2 * n + n // 2, 3 * n + n // 2
+        tag = "x".join(map(str, shape))
+        h.prepared.clear()
+        fwd()
+        ms_f, ms_b = time_ms(fwd), time_ms(bwd)
+        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} fwd", "bf16", fb, ms_f, time_ms(tfwd),
+              "F.batch_norm(training) + relu")
+        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} bwd", "bf16", bb, ms_b, time_ms(tbwd),
+              "threshold_backward + native_batch_norm_backward")
+        tuning.batchnorm.PLANES = False
+        h.prepared.clear()
+        try:
+            ms_f0, ms_b0 = time_ms(fwd), time_ms(bwd)
+        finally:
+            tuning.batchnorm.PLANES = True
+            h.prepared.clear()
+        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} fwd [gen: PLANES off]", "bf16", fb, ms_f0, None, "-")
+        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} bwd [gen: PLANES off]", "bf16", bb, ms_b0, None, "-")

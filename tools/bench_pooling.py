@@ -88,6 +88,29 @@ Versions (H200, copy ~4150 GB/s in the same run):
   fwd_rows does (a thread per strip of dx along w sharing its covering rows), or a block per dx tile
   computing each covering window's first maximum once into shared memory (the tie scans of ~60% of
   (element, window) pairs are most of its loads).
+
+CNN cases (`python3 tools/bench.py --families pooling.run_cnn`, issue 20 as issue 17's demo shows it): the
+two 2x2 / 2 max pools of examples/train_cnn.py at batch 256, bf16 NCHW (contiguous, as the demo's autocast
+conv outputs are), forward and backward, pydnn beside PyTorch (max_pool2d / max_pool2d_with_indices_backward
+on the same tensors) and beside pydnn's scalar kernels (WIN2 off) in the same run.
+  pool 1  x 256x64x32x32 -> y 256x64x16x16   fwd x + y = 33.6 + 8.4 MB; bwd x + y + dy + dx = 83.9 MB
+  pool 2  x 256x128x16x16 -> y 256x128x8x8   fwd 16.8 + 4.2 MB;         bwd 42.0 MB
+Accounting of the demo's gap (H200 profile: pool 1 bwd 0.580 ms vs PyTorch 0.196; pool 2 0.227 + 0.365 vs
+0.077 + 0.122): NCHW has no contiguous channels, so both directions took the scalar VEC = 1 kernels: one thread
+per 2-byte element, 5 runtime 32-bit div / mod for its coordinates, 64-bit offset products, the window /
+covering bounds per thread; backward gathered from the covering window (one here) reading x (2 B), y and dy
+(2 B each, 4 threads per element) and, after ReLU, most windows are all zeros, so most elements MATCH y and
+scan the earlier window elements (the tie check: up to 3 more loads + compares). About 8.4M threads of
+~150-250 instructions each for 84 MB: instruction-bound at ~15% of copy. The bridge adds no copy: dx comes
+from torch.empty_like (no memset), dy is made dense only when it is not (it is), one launch per call.
+v5 (this commit): win2_fwd / win2_bwd, kh x 2 windows with stride kh x 2, no padding, tiling x exactly, w
+contiguous (WIN2): a thread per 16 bytes of x along w of each of the window's rows (8 bf16 = 4 outputs),
+x / dx in 16-byte vectors, y / dy in 8-byte ones, 3 32-bit div / mod per thread (not per element), each dx
+element written once from its one window with the first-match rule applied in registers (no earlier-element
+re-loads). Bitwise the scalar kernels' y and dx (GPU test).
+  Prediction (H200, copy ~4150 GB/s): pool 1 bwd 0.025-0.035 ms (60-80% of copy; scalar ~0.13-0.2), fwd
+  0.012-0.016 ms; pool 2 bwd 0.014-0.02 ms, fwd 0.007-0.01 ms (smaller than L2 + launch tail: 50-70%);
+  >= 2x PyTorch's kernels on all four rows.
 """
 import torch
 import torch.nn.functional as F
@@ -184,3 +207,43 @@ def run(b):
     ms_t = time_ms(lambda: F.adaptive_avg_pool2d(x, 1))
     b.row("pooling", "global avg 256x2048x7x7 NHWC fwd", "bf16", (x.numel() + y.numel()) * 2, ms_p, ms_t,
           "adaptive_avg_pool2d(1)")
+
+
+def run_cnn(b):
+    """The CNN demo's NCHW 2x2 / 2 max pools (see the docstring), win2 beside the scalar kernels and PyTorch."""
+    h = b.h
+    tdt, pdt = DT["bf16"]
+    for name, shape in (("pool 1", (256, 64, 32, 32)), ("pool 2", (256, 128, 16, 16))):
+        x = torch.relu(torch.randn(shape, dtype=tdt, device="cuda"))
+        yshape = shape[:2] + (shape[2] // 2, shape[3] // 2)
+        y = torch.empty(yshape, dtype=tdt, device="cuda")
+        dy = torch.randn(yshape, dtype=tdt, device="cuda")
+        dx = torch.empty_like(x)
+        xd, yd = _desc(x, pdt), _desc(y, pdt)
+        xp, yp, dyp, dxp = x.data_ptr(), y.data_ptr(), dy.data_ptr(), dx.data_ptr()
+        pd = pydnn.create_pooling_descriptor()
+        pydnn.set_pooling2d_descriptor(pd, pydnn.PYDNN_POOLING_MAX, pydnn.PYDNN_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
+        fwd = lambda: pydnn.pooling_forward(h, pd, 1.0, xd, xp, 0.0, yd, yp)  # noqa: E731
+        bwd = lambda: pydnn.pooling_backward(h, pd, 1.0, yd, yp, yd, dyp, xd, xp, 0.0, xd, dxp)  # noqa: E731
+        _, idx = F.max_pool2d(x, 2, 2, return_indices=True)
+        fb = (x.numel() + y.numel()) * 2
+        bb = 2 * (x.numel() + y.numel()) * 2
+        tag = "x".join(map(str, shape))
+        h.prepared.clear()
+        ms_f, ms_b = time_ms(fwd), time_ms(bwd)
+        b.row("pooling", f"cnn {name} max 2x2/2 NCHW {tag} fwd", "bf16", fb, ms_f, time_ms(lambda: F.max_pool2d(x, 2, 2)),
+              "max_pool2d")
+        b.row("pooling", f"cnn {name} max 2x2/2 NCHW {tag} bwd", "bf16", bb, ms_b,
+              time_ms(lambda: torch.ops.aten.max_pool2d_with_indices_backward(dy, x, [2, 2], [2, 2], [0, 0], [1, 1],
+                                                                              False, idx)),
+              "max_pool2d_with_indices_backward")
+        tuning.pooling.WIN2 = False
+        h.prepared.clear()
+        try:
+            ms_f0, ms_b0 = time_ms(fwd), time_ms(bwd)
+        finally:
+            tuning.pooling.WIN2 = True
+            h.prepared.clear()
+        b.row("pooling", f"cnn {name} max 2x2/2 NCHW {tag} fwd [scalar: WIN2 off]", "bf16", fb, ms_f0, None, "-")
+        b.row("pooling", f"cnn {name} max 2x2/2 NCHW {tag} bwd [scalar: WIN2 off]", "bf16", bb, ms_b0, None, "-")
+

@@ -32,6 +32,10 @@ How the statistics are reduced (variance by Welford / Chan merges, see ptx/batch
         apply (one pass writing y). 16-byte accesses when the layout and the pointers allow.
   gen   anything else (NCHW SPATIAL among them): one block per feature reads its elements twice (stats,
         then outputs); no memory beyond the operands. Coalesced along the contiguous reduction dims.
+  planes  gen layouts whose innermost reduction dim is contiguous in every operand, with its size and the
+        other strides multiples of the 16-byte vector (NCHW SPATIAL with H * W % 8 == 0 for 16-bit data):
+        fwd_planes / bwd_planes, gen's block per feature and two passes with 16-byte accesses (PLANES;
+        aligned pointers, mask included, checked per call; else gen).
 The partials and constants need memory. The Ex forms use the caller's workspace
 (GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows layout, 0 for
 gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite
@@ -252,6 +256,7 @@ def kernel_units():
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
+            exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
         units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
     return units
 
@@ -482,6 +487,28 @@ def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, p
     return out
 
 
+# fwd_planes / bwd_planes (ptx/batchnorm.cu): the gen kernels (a block per feature, two passes) with
+# 16-byte vectors along the contiguous innermost reduction dim, for layouts where it has stride 1 in every
+# operand and its size and every other stride are multiples of the vector (NCHW SPATIAL with H * W % VEC
+# == 0): one red_off division per vector instead of per element, 16-byte accesses instead of 2-byte ones.
+# PLANES: a switch, pydnn.tuning.batchnorm.PLANES (default True)
+PLANES_KERNELS = ("fwd_planes", "bwd_planes")
+PLANES_THREADS = 512  # kPlanesThreads (fwd) = kGenThreadsBwd (bwd): threads per block at most
+
+
+def _planes_ok(g, vec):
+    """The gen geometry g can take the planes kernels with vec elements per access (pointers checked per
+    call)."""
+    if not tuning.batchnorm.PLANES or g.layout != "gen" or vec <= 1 or g.rsize[-1] % vec:
+        return False
+    for k in g.rstride:
+        if g.rstride[k][-1] != 1 or any(st % vec for st in g.rstride[k][:-1]):
+            return False
+        if any(st % vec for n, st in zip(g.fsize, g.fstride[k]) if n > 1):
+            return False
+    return True
+
+
 def _gen_launch(kernel, g):
     if kernel == "infer_gen":
         total = g.rows * g.feats
@@ -489,6 +516,11 @@ def _gen_launch(kernel, g):
     cap = GEN_THREADS_BWD if kernel.startswith("bwd") else GEN_THREADS
     threads = max(32, min(cap, next_pow2(g.rows)))
     return _Launch(kernel, None, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
+
+
+def _planes_launch(direction, g, vec):
+    threads = max(32, min(PLANES_THREADS, next_pow2(g.rows // vec)))
+    return _Launch(f"{direction}_planes", vec, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
 
 
 class _Plan:
@@ -549,6 +581,8 @@ def _make_plan(handle, tag, g, direction, ex):
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl
     pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
+    if _planes_ok(g, vec_width(tag, tag)):
+        pl.seqs["planes"] = [_planes_launch(direction, g, vec_width(tag, tag))]
     if g.layout != "rows":
         return pl
     if ex:  # the caller's workspace: constants, then partials
@@ -607,6 +641,8 @@ def _pick(pl, tensor_ptrs, scratch_ok):
             return pl.seqs[f"rows{v}"]
         if "rows1" in pl.seqs:
             return pl.seqs["rows1"]
+    if "planes" in pl.seqs and _aligned16(tensor_ptrs):
+        return pl.seqs["planes"]
     return pl.seqs["gen"]
 
 

@@ -36,6 +36,10 @@ multiple of VEC, and (checked per call) every pointer 16-byte aligned; else VEC 
 along the written tensor's innermost dim. The vector forward of 1-d / 2-d pooling with 32-bit offsets runs
 fwd_rows (a thread per VEC channels of 4 outputs along w, coordinates from the launch shape; ROWS_FORWARD);
 the vector max backward checks ties with one packed max of the earlier window elements (BWD_PACKED_TIES).
+Windows kh x 2 with stride kh x 2, no padding, tiling x exactly, w contiguous in every operand (the NCHW
+2x2 / 2 pools of CNNs, where channel vectors do not apply) take win2_fwd / win2_bwd (WIN2) when every pointer
+is 16-byte aligned: a thread per 16 bytes of x along w of each window row, y / dy as 8-byte vectors, each dx
+element written once from its one window (bitwise the scalar kernels' y and dx).
 """
 import ctypes
 
@@ -167,10 +171,17 @@ KERNELS = ("fwd_max", "fwd_avg", "bwd_max", "bwd_avg")
 VEC_ONLY_KERNELS = ("rows_max", "rows_avg", "bwdp_max")
 
 
+def _win2_expr(kernel, tag):
+    """win2_fwd / win2_bwd (ptx/pooling.cu) for kernel fwd_max, fwd_avg, bwd_max or bwd_avg."""
+    d, m = kernel.split("_")
+    return f"pydnn::pooling::win2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
+
+
 def kernel_units():
     return [KernelUnit(f"pooling.{t}", "pooling.cu",
                        tuple(_expr(k, t, v) for k in KERNELS for v in (vec_width(t, t), 1))
-                       + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS))
+                       + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS)
+                       + tuple(_win2_expr(k, t) for k in KERNELS))
             for t in FLOAT_TAGS]
 
 
@@ -396,6 +407,76 @@ def _rows_shape(flags, x_desc, out_desc, geometry, vec):
     return grid, (bx, by, 1)
 
 
+# win2_fwd / win2_bwd (ptx/pooling.cu): windows kh x 2 with stride kh x 2, no padding, tiling x exactly, w
+# contiguous everywhere (NCHW-like layouts, where the channel vectors do not apply): a thread per 16 bytes
+# of x along w of each of the window's kh rows, x / dx as 16-byte vectors, y / dy as 8-byte ones; backward
+# writes each dx element once from its one window (no tie scan over covering windows, no per-element
+# 5-d coordinate division). False: NCHW takes the scalar fwd / bwd (VEC 1).
+# WIN2: a switch, pydnn.tuning.pooling.WIN2 (default True)
+
+
+def _win2_items(kernel, tag, out_desc, x_desc, p_desc, y_desc, geometry):
+    """(size, total) of the win2 launch for this call (size over n, c, 1, oh, w groups), or None when it does
+    not apply. Backward: out = dx, p = dy, y = y (max) and x (max; averages pass dy in its place)."""
+    if not tuning.pooling.WIN2:
+        return None
+    ins, outs, win, pad, stride = geometry
+    if ins[0] != 1 or outs[0] != 1 or win[0] != 1 or any(pad) or win[2] != 2 or stride[2] != 2:
+        return None
+    if stride[1] != win[1] or ins[1] != outs[1] * win[1] or ins[2] != outs[2] * 2:
+        return None
+    kin = 16 // _SIZES[tag]
+    kout = kin // 2
+    if outs[2] % kout:
+        return None
+    big = [out_desc] if p_desc is not None else [out_desc, x_desc]   # x / dx: rows of kIn
+    small = [p_desc] if p_desc is not None else [out_desc]           # y / dy: rows of kOut
+    if p_desc is None:
+        big, small = [x_desc], [out_desc]
+    elif kernel == "bwd_max":
+        big, small = [out_desc, x_desc], [p_desc, y_desc]
+    else:
+        big, small = [out_desc], [p_desc]
+    for descs, q in ((big, kin), (small, kout)):
+        for d in descs:
+            dims, strides = _five(d)
+            if any(s < 0 for s in strides):
+                return None
+            if dims[4] > 1 and strides[4] != 1:
+                return None
+            if any(n > 1 and s % q for n, s in zip(dims[:4], strides[:4])):
+                return None
+    odims = _five(out_desc if p_desc is None else p_desc)[0]
+    size = (odims[0], odims[1], 1, odims[3], odims[4] // kout)
+    total = size[0] * size[1] * size[3] * size[4]
+    if total >= 2**32:
+        return None
+    return size, total
+
+
+def _win2_launch(kernel, tag, kmode, flags, out_desc, x_desc, p_desc, y_desc, geometry):
+    """The win2 _Launch for this call (kernel not yet loaded), or None."""
+    items = _win2_items(kernel, tag, out_desc, x_desc, p_desc, y_desc, geometry)
+    if items is None:
+        return None
+    size, total = items
+    lc = _Launch()
+    lc.vec, lc.expr = 16 // _SIZES[tag], _win2_expr(kernel, tag)
+    p = _params(kmode, flags, out_desc, x_desc, p_desc, y_desc, geometry, 1)
+    acc = 1
+    for k in (4, 3, 2, 1, 0):  # w groups fastest, then h, c, n
+        p.size[k], p.div[k] = size[k], acc
+        acc *= size[k]
+    p.total = total
+    p.flags |= FLAG_IDX32
+    lc.params = p
+    lc.grid = (max(1, min(-(-total // THREADS), MAX_GRID)), 1, 1)
+    lc.block = (THREADS, 1, 1)
+    lc.argv = driver.kernel_args(lc.params)
+    lc.func = None
+    return lc
+
+
 class _Plan:
     """launches[0] when every pointer is 16-byte aligned (or there is only one), else launches[-1]."""
 
@@ -471,6 +552,9 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         lc.argv = driver.kernel_args(lc.params)
         lc.func = None
         pl.launches.append(lc)
+    w2 = _win2_launch(kernel, tag, kmode, flags, out_desc, x_desc, p_desc, y_desc, geometry)
+    if w2 is not None:  # ahead of the channel-vector launch too: both need 16-byte pointers
+        pl.launches.insert(0, w2)
     pl.need = tuple(d.span_bytes() for d in descs)
     pl.unit = f"pooling.{tag}"
     pl.itemsize = _SIZES[tag]

@@ -278,6 +278,24 @@ def test_kernel_units_compile_without_spills():
             assert all(v == 0 for v in spills.values()), spills
 
 
+def test_win2_kernels_compile_for_sm80_and_sm90():
+    """win2_fwd / win2_bwd of every dtype compile with NVRTC for sm_80 and sm_90 without spills."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    for unit in P.kernel_units():
+        exprs = tuple(e for e in unit.exprs if "::win2_" in e)
+        assert len(exprs) == 4, unit.name
+        text, _ = cache.unit_inputs(unit)
+        for arch in ("sm_80", "sm_90"):
+            _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch,
+                                                  COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+            assert set(lowered) == set(exprs)
+            spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", log)]
+            assert len(spills) == 4 and not any(spills), (unit.name, arch, log)
+
+
 # ----------------------------------------------------------------------------- kernel emulation
 
 def _window(p, k, o):
@@ -358,9 +376,68 @@ def _emulate_rows(lc, mem, itemsize):
     return written
 
 
+def _emulate_win2(lc, mem, backward):
+    """win2_fwd / win2_bwd: every item (n, c, oh, w group) with the kernel's address arithmetic, x / dx rows of
+    kIn = lc.vec elements and y / dy rows of kOut = kIn / 2, each access checked for its vector alignment."""
+    p, kin = lc.params, lc.vec
+    kout, kh = kin // 2, p.win[1]
+    is_max = lc.expr.endswith(", true>")
+    prop = bool(p.flags & 2)
+    out, written = mem["out"], np.zeros(len(mem["out"]), int)
+    for item in range(p.total):
+        c = [(item // p.div[k]) % p.size[k] for k in range(5)]
+        xo = c[0] * p.xs[0] + c[1] * p.xs[1] + c[3] * kh * p.xs[3] + c[4] * kin
+        assert xo % kin == 0
+        rows = [mem["x"][xo + i * p.xs[3]:xo + i * p.xs[3] + kin] for i in range(kh)]
+        if not backward:
+            r = np.empty(kout)
+            for j in range(kout):
+                vals = [rows[i][2 * j + s] for i in range(kh) for s in range(2)]  # window order
+                if is_max:
+                    m = vals[0]
+                    for v in vals[1:]:
+                        m = np.maximum(m, v) if prop else np.fmax(m, v)
+                    r[j] = m
+                else:
+                    r[j] = sum(vals) / (kh * 2)
+            a = c[0] * p.os[0] + c[1] * p.os[1] + c[3] * p.os[3] + c[4] * kout
+            assert a % kout == 0
+            old = out[a:a + kout]
+            out[a:a + kout] = p.alpha * r + (p.beta * old if p.flags & 1 else 0)
+            written[a:a + kout] += 1
+            continue
+        ga = c[0] * p.ps[0] + c[1] * p.ps[1] + c[3] * p.ps[3] + c[4] * kout
+        assert ga % kout == 0
+        g = mem["dy"][ga:ga + kout]
+        if is_max:
+            ya = c[0] * p.ys[0] + c[1] * p.ys[1] + c[3] * p.ys[3] + c[4] * kout
+            assert ya % kout == 0
+            m = mem["y"][ya:ya + kout]
+        found = np.zeros(kout, bool)
+        oo = c[0] * p.os[0] + c[1] * p.os[1] + c[3] * kh * p.os[3] + c[4] * kin
+        assert oo % kin == 0
+        for i in range(kh):
+            r = np.zeros(kin)
+            for j in range(kout):
+                for s in range(2):
+                    if is_max:
+                        mine = not found[j] and bool(_match(rows[i][2 * j + s], m[j]))
+                        found[j] |= mine
+                        r[2 * j + s] = g[j] if mine else 0.0
+                    else:
+                        r[2 * j + s] = g[j] * (1.0 / (kh * 2))
+            a = oo + i * p.os[3]
+            old = out[a:a + kin]
+            out[a:a + kin] = p.alpha * r + (p.beta * old if p.flags & 1 else 0)
+            written[a:a + kin] += 1
+    return written
+
+
 def _emulate(lc, mem, itemsize, backward):
     """Run one launch over flat float64 buffers mem = {'out', 'x', 'dy', 'y'} (addresses in elements)."""
     p, vec = lc.params, lc.vec
+    if "::win2_" in lc.expr:
+        return _emulate_win2(lc, mem, backward)
     prop = bool(p.flags & 2)
     is_max = lc.expr.endswith(", true>") or lc.expr.endswith(", true, true>")
     assert is_max == (p.mode == 0)
@@ -438,6 +515,12 @@ def _layout(dims, layout):
         return packed_strides(dims, pydnn.PYDNN_TENSOR_NCHW)
     if layout == "nhwc":
         return packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC)
+    if layout == "gapsw":  # NCHW with gaps: rows padded by 8 elements, planes by 16, samples by 32
+        st, inner = [1], 1
+        for k, gap in zip(range(len(dims) - 1, 0, -1), (8, 16, 32)):
+            inner = inner * dims[k] + gap
+            st.append(inner)
+        return tuple(st[::-1])
     # gaps: NHWC with the channel dim padded by 3 (gaps16: by 16, vectors still fit) and the rows by one pixel
     cpad = 16 if layout == "gaps16" else 3
     st = list(packed_strides(tuple(d + (cpad if i == 1 else 1 if i >= 2 else 0) for i, d in enumerate(dims)),
@@ -576,6 +659,66 @@ def test_rows_forward_limits():
     yd = _desc((2, 64, 3, 3), BF16, _layout((2, 64, 3, 3), "nhwc"))
     rows = P.plan_summary(h, yd, xd, flags=P.FLAG_ADAPTIVE)
     assert not any("fwd_rows" in r[0] for r in rows)
+
+
+WIN2_CASES = [  # xdims, (window, padding, stride), dtype: kh x 2 windows with stride kh x 2 tiling x
+    ((2, 3, 4, 16), ((2, 2), (0, 0), (2, 2)), BF16),     # 3 channels, two w groups of 4 outputs
+    ((1, 5, 6, 8), ((3, 2), (0, 0), (3, 2)), F32),       # kh 3, odd channel count
+    ((2, 2, 2, 4), ((2, 2), (0, 0), (2, 2)), F64),       # one output per thread
+    ((1, 4, 3, 16), ((1, 2), (0, 0), (1, 2)), F16),      # kh 1
+    ((3, 2, 16), ((2,), (0,), (2,)), BF16),              # 1-d
+]
+
+
+@pytest.mark.parametrize("layout", ["nchw", "gapsw"])
+@pytest.mark.parametrize("mode,nan", [(MAX, NOPROP), (MAXD, PROP), (INC, NOPROP), (EXC, NOPROP)])
+def test_emulated_win2(mode, nan, layout, rng):
+    """win2_fwd / win2_bwd (NCHW, non-overlapping kh x 2 windows) take both directions and match the
+    reference with each element written once; blended (alpha, beta) too."""
+    for xdims, g, dt in WIN2_CASES:
+        geo = ("pool",) + g
+        if layout == "gapsw" and len(xdims) == 3:
+            continue
+        vec = _run_emulated("pool", mode, nan, dt, xdims, _ydims(xdims, geo), layout, geo, rng)
+        kin = 16 // pydnn.tensor.DTYPES[dt][0]
+        assert vec == {False: kin, True: kin}, (xdims, dt, vec)
+    xdims, g, dt = WIN2_CASES[0]
+    _run_emulated("pool", mode, nan, dt, xdims, _ydims(xdims, ("pool",) + g), "nchw", ("pool",) + g, rng,
+                  alpha=-2.0, beta=0.25)
+    # misaligned pointers: the scalar launch
+    assert _run_emulated("pool", mode, nan, dt, xdims, _ydims(xdims, ("pool",) + g), "nchw", ("pool",) + g, rng,
+                         misalign=True) == {False: 1, True: 1}
+
+
+def test_win2_limits(monkeypatch):
+    """win2 only where it applies: overlapping, padded, non-tiling, 3-x-wide windows, w groups that do not
+    divide the output row, channels-last layouts and the switch off keep the other kernels."""
+    h = cpu_handle()
+
+    def first(xdims, g, layout="nchw", dt=BF16, kmode=MAX):
+        geo = ("pool",) + g
+        yd_ = _ydims(xdims, geo)
+        xd, yd = _desc(xdims, dt, _layout(xdims, layout)), _desc(yd_, dt, _layout(yd_, layout))
+        pd = _poolnd(kmode, NOPROP, *g)
+        fwd = P.plan_summary(h, yd, xd, geometry=P._validate_fwd("pool", pd, xd, yd))[0][0]
+        bwd = P.plan_summary(h, xd, xd, yd, kmode=P.KMODE[kmode],
+                             geometry=P._validate_bwd("pool", pd, yd, yd, xd, xd))[0][0]
+        return fwd.split("<")[0].split("::")[-1], bwd.split("<")[0].split("::")[-1]
+
+    assert first((256, 64, 32, 32), ((2, 2), (0, 0), (2, 2))) == ("win2_fwd", "win2_bwd")
+    assert first((256, 128, 16, 16), ((2, 2), (0, 0), (2, 2))) == ("win2_fwd", "win2_bwd")
+    assert first((256, 128, 16, 16), ((2, 2), (0, 0), (2, 2)), kmode=INC) == ("win2_fwd", "win2_bwd")
+    assert first((2, 8, 16, 16), ((3, 3), (1, 1), (2, 2))) == ("fwd", "bwd")      # overlapping, padded
+    assert first((2, 8, 16, 16), ((2, 2), (1, 1), (2, 2))) == ("fwd", "bwd")      # padded
+    assert first((2, 8, 17, 16), ((2, 2), (0, 0), (2, 2))) == ("fwd", "bwd")      # H not tiled
+    assert first((2, 8, 16, 18), ((2, 2), (0, 0), (2, 2))) == ("fwd", "bwd")      # OW 9: not whole w groups
+    assert first((2, 8, 16, 12), ((2, 2), (0, 0), (2, 2)), dt=F32) == ("win2_fwd", "win2_bwd")  # OW 6, kOut 2
+    assert first((2, 8, 16, 12), ((2, 2), (0, 0), (2, 2))) == ("fwd", "bwd")      # OW 6, kOut 4
+    assert first((2, 8, 16, 16), ((2, 2), (0, 0), (2, 2)), layout="nhwc")[0] != "win2_fwd"
+    assert first((2, 8, 18, 18), ((3, 3), (0, 0), (3, 3))) == ("fwd", "bwd")      # 3 wide
+    assert first((2, 8, 4, 16, 16), ((1, 2, 2), (0, 0, 0), (1, 2, 2))) == ("fwd", "bwd")  # 3-d
+    monkeypatch.setattr(tuning.pooling, "WIN2", False)
+    assert first((256, 64, 32, 32), ((2, 2), (0, 0), (2, 2))) == ("fwd", "bwd")
 
 
 def test_thread_order_follows_the_written_tensor():
