@@ -23,7 +23,7 @@ _WEIGHT = {"convolution.cu": 200, "conv_wgrad_wgmma.cu": 200, "normalization.cu"
 
 
 def _cost(unit):
-    return len(unit.exprs) * _WEIGHT.get(unit.source, 15)
+    return len(getattr(unit, "exprs", ())) * _WEIGHT.get(getattr(unit, "source", ""), 15)
 
 
 def build_everything():
