@@ -39,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    units = manifest.all_units() if args.rare else manifest.install_units()
+    units = manifest.all_units(args.arch) if args.rare else manifest.install_units(args.arch)
     if args.units:
         pre = tuple(p.strip() for p in args.units.split(",") if p.strip())
         units = [u for u in units if u.name.startswith(pre)]

@@ -7,9 +7,9 @@ driver call and NVRTC call pydnn makes has the same Python signature in cuda-bin
 NVRTC that must build the cubins: a cubin from NVRTC 13 does not load on a CUDA 12 driver, while one
 from NVRTC 12.x loads on any 12.x driver of at least 12.4 (minor version compatibility).
 
-cuda_major(): the major the cubins are built for: PYDNN_CUDA_MAJOR (12 or 13) when set, else the major of
-the installed driver (libcuda's cuDriverGetVersion through ctypes: no cuInit, no GPU needed), else that
-of cuda-bindings. NVRTC of the bindings' major goes through cuda.bindings.nvrtc (pydnn/_cuda/nvrtc.py);
+cuda_major(): the major the cubins are built for: PYDNN_CUDA_MAJOR (12 or 13) when set, else that of
+cuda-bindings, unless the installed driver's (libcuda's cuDriverGetVersion through ctypes: no cuInit, no
+GPU needed) is older: a driver loads the cubins of its major and of older ones. NVRTC of the bindings' major goes through cuda.bindings.nvrtc (pydnn/_cuda/nvrtc.py);
 another major (the install-time build for CUDA 12 runs in a build environment with cuda-bindings 13, and
 CI compiles every kernel with NVRTC 12 as well) through CtypesNVRTC, the library found by path.
 """
@@ -63,10 +63,12 @@ def cuda_major():
         if env not in ("12", "13"):
             raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM, f"{MAJOR_ENV}: {env!r} must be 12 or 13")
         return int(env)
-    v = installed_driver_version()
-    if v is not None and v // 1000 in MIN_DRIVER:
-        return v // 1000
-    return bindings_major() or 13
+    b, v = bindings_major(), installed_driver_version()
+    drv = v // 1000 if v is not None and v // 1000 in MIN_DRIVER else None
+    if drv is None:
+        return b or 13
+    # a driver runs the cubins of its own major and older ones: the bindings' major unless it is newer
+    return drv if b is None else min(b, drv)
 
 
 def check_driver(version, bindings=None):

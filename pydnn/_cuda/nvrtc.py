@@ -60,16 +60,20 @@ def _nvrtc():
 
 
 _other = None   # a CtypesNVRTC when the process compiles with another major than the bindings'
+_select_lock = __import__("threading").Lock()
 
 
 def _select():
     """Once per process: None to use cuda.bindings.nvrtc, or the CtypesNVRTC of the wanted major."""
     global _other
-    if _other is None:
+    if _other is not None:
+        return _other or None
+    with _select_lock:
+        if _other is not None:
+            return _other or None
         from . import compat
 
         want, have = compat.cuda_major(), compat.bindings_major()
-        _other = False
         if want == have:
             # cuda-pathfinder may hand the bindings another major's library when several NVRTC wheels are
             # installed: then the wanted one by path, if there is one
@@ -78,6 +82,7 @@ def _select():
             except PydnnError:
                 ok = False
             if ok or compat.find_nvrtc(want) is None:
+                _other = False
                 return None
         path = compat.find_nvrtc(want)
         if path is None:
@@ -86,7 +91,7 @@ def _select():
                              f"cuda-bindings is {have}): install \"pydnn[cu{want}]\" or nvidia-cuda-nvrtc"
                              f"{'-cu12' if want == 12 else ''}")
         _other = compat.CtypesNVRTC(path)
-    return _other or None
+    return _other
 
 
 def version():
