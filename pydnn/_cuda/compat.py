@@ -148,9 +148,9 @@ class CtypesNVRTC:
         self.lib.nvrtcGetProgramLog(prog, buf)
         return buf.value.decode(errors="replace")
 
-    def compile_cubin(self, source, filename, name_exprs, arch, options, include_dirs, unit=None):
-        from . import nvrtc as _nv
-
+    def compile_cubin(self, source, filename, name_exprs, arch, options, include_dirs, unit=None, on_error=None):
+        """As nvrtc.compile_cubin; on_error(source, filename) -> a hint for the message (nvrtc.py's prints
+        the numbered source under PYDNN_DUMP_CUDA_SOURCE_ON_ERROR)."""
         prog = ctypes.c_void_p()
         self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), filename.encode(), 0,
                                                 None, None), "nvrtcCreateProgram")
@@ -161,8 +161,7 @@ class CtypesNVRTC:
             argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
             err = self.lib.nvrtcCompileProgram(prog, len(opts), argv)
             if err != 0:
-                dumped = _nv._dump_source(source, filename)
-                hint = "" if dumped else f" (set {_nv.DUMP_ENV}=1 to print the numbered source)"
+                hint = on_error(source, filename) if on_error else ""
                 self._check(err, f"NVRTC {self.path} could not compile kernel unit {unit or filename} ({filename}) "
                                  f"for {arch} with options {' '.join(opts)}{hint}", self._log(prog))
             log = self._log(prog)

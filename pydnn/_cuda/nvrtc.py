@@ -146,6 +146,12 @@ def _dump_source(source, filename, stream=None):
     return False
 
 
+def _error_hint(source, filename):
+    """After a failed compilation: the numbered source printed (PYDNN_DUMP_CUDA_SOURCE_ON_ERROR=1), or the
+    hint how to get it."""
+    return "" if _dump_source(source, filename) else f" (set {DUMP_ENV}=1 to print the numbered source)"
+
+
 def _log(n, prog):
     err, size = n.nvrtcGetProgramLogSize(prog)
     buf = b" " * size
@@ -161,7 +167,8 @@ def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, uni
     printed to stderr as well."""
     other = _select()
     if other is not None:
-        return other.compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=unit)
+        return other.compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=unit,
+                                   on_error=_error_hint)
     n = _nvrtc()
     prog = _check(n, n.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
