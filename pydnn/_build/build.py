@@ -102,7 +102,8 @@ def build_all(archs=None, progress=True, jobs=None, units=None, everything=None,
     out = sys.stderr
     if progress:
         print(f"pydnn: {len(todo)} kernel units to compile for {','.join(archs)} "
-              f"({skipped} already cached) into {cache.cache_dir()}", file=out, flush=True)
+              f"({skipped} already cached; NVRTC {'.'.join(map(str, nv))}) into {cache.cache_dir()}", file=out,
+              flush=True)
     if not todo:
         return 0, skipped
     todo.sort(key=lambda t: -_cost(t[0]))   # longest first: the parallel build ends on small units
