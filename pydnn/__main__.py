@@ -42,7 +42,7 @@ def cmd_build(args):
     from pydnn._build import build
 
     archs = [a for spec in (args.arch or []) for a in spec.split(",") if a]
-    compiled, skipped = build.build_all(archs=archs or None, progress=True)
+    compiled, skipped = build.build_all(archs=archs or None, progress=True, everything=args.all or None)
     print(f"compiled {compiled} kernel units, {skipped} already cached")
     if args.prune:
         print(f"pruned {build.prune(archs or None)} stale cache entries")
@@ -74,9 +74,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pydnn", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="versions, devices, kernel cache and C library locations")
-    b = sub.add_parser("build", help="compile every kernel for the target archs (and the C library)")
+    b = sub.add_parser("build", help="compile the kernels for the target archs (and the C library)")
     b.add_argument("--arch", action="append", help="e.g. sm_90 or 8.0,9.0 (default: PYDNN_CUDA_ARCHS, "
                    "else the GPUs present, else sm_80,sm_90)")
+    b.add_argument("--all", action="store_true", help="also the rare variants that otherwise compile on first "
+                   "use (pydnn/_build/rare.py; PYDNN_BUILD_ALL=1 does the same)")
     b.add_argument("--no-lib", action="store_true", help="skip building libpydnn")
     b.add_argument("--prune", action="store_true", help="delete cached cubins of other sources or archs")
     c = sub.add_parser("config", help="flags a C compiler needs to build against libpydnn")

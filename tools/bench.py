@@ -2,6 +2,8 @@
 """pydnn vs PyTorch (cuDNN / its own kernels) side by side, on one GPU, in one run.
 
     python tools/bench.py [--families activation,tensor,softmax,reduce,host] [--elements 64M] [--out FILE]
+                          [--plot]   (PNG charts per family next to FILE, and FILE's rows as <stem>.json:
+                                      tools/bench_plot.py)
 
 Families after the foundation live in tools/bench_<family>.py, each with `run(b)` taking this Bench
 (b.h: a pydnn handle on PyTorch's stream; b.row(...) for bandwidth-bound cases, b.row_flops(...) for
@@ -333,6 +335,8 @@ def main():
     p.add_argument("--families", default="activation,tensor,softmax,reduce,host")
     p.add_argument("--elements", default="64M", help="elements per tensor (K/M/G suffixes)")
     p.add_argument("--out", help="write the markdown table here")
+    p.add_argument("--plot", action="store_true", help="PNG charts per family (pydnn / PyTorch speed, %% of the "
+                   "hardware limit) next to --out (else in the current folder), and the rows as JSON")
     args = p.parse_args()
     mult = {"K": 2**10, "M": 2**20, "G": 2**30}
     e = args.elements.upper()
@@ -350,6 +354,16 @@ def main():
         with open(args.out, "w") as f:
             f.write(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
                     f"cuDNN {torch.backends.cudnn.version()}, pydnn {pydnn.__version__}\n\n" + md)
+    if args.plot:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_plot
+
+        out_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
+        stem = os.path.splitext(os.path.basename(args.out))[0] if args.out else "bench"
+        device = torch.cuda.get_device_name()
+        bench_plot.save_rows(os.path.join(out_dir, stem + ".json"), b.rows, b.copy_gbs, device)
+        for path in bench_plot.plot(b.rows, b.copy_gbs, out_dir, stem, device):
+            print(f"chart: {path}")
 
 
 if __name__ == "__main__":

@@ -145,9 +145,8 @@ def main():
     del src, dst
     print(f"sweep: copy {copy:.0f} GB/s, {h.sm_count} SMs, {n} elements", flush=True)
 
-    loader._unit("activation.f32")  # the table of units exists
     units = _units()
-    loader._units.update(units)
+    loader.register_units(units.values())
     variants = cache.ptx_dir() / VARIANTS
     variants.write_text(VARIANTS_SRC)
     try:

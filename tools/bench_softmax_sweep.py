@@ -52,8 +52,7 @@ def main():
     del src, dst
     print(f"sweep: copy {copy:.0f} GB/s, {h.sm_count} SMs", flush=True)
     vs = variants(h.sm_count)
-    loader._unit("softmax.f32")  # the table of units exists
-    loader._units["softmax.sweep"] = KernelUnit("softmax.sweep", "softmax.cu", tuple(sorted({v[2] for v in vs})))
+    loader.register_units([KernelUnit("softmax.sweep", "softmax.cu", tuple(sorted({v[2] for v in vs})))])
     for dname in ("bf16", "fp32"):
         tdt, pdt = DT[dname]
         x = torch.randn(ROWS, COLS, 1, 1, dtype=tdt, device="cuda")

@@ -26,7 +26,9 @@ fi
 
 echo "== install (offline, editable; compiles every kernel and libpydnn)" | tee "$logs/install.log"
 t0=$(date +%s)
-python3 -m pip install --no-index --no-deps --no-build-isolation -v -e . >>"$logs/install.log" 2>&1 \
+# every unit, the first-use ones too (pydnn/_build/rare.py): in parallel here rather than one at a time
+# inside the tests
+PYDNN_BUILD_ALL=${PYDNN_BUILD_ALL:-1} python3 -m pip install --no-index --no-deps --no-build-isolation -v -e . >>"$logs/install.log" 2>&1 \
   || { echo "install failed"; tail -40 "$logs/install.log"; exit 1; }
 grep -E "^pydnn:|compiled|C library" "$logs/install.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -4
 echo "install took $(( $(date +%s) - t0 )) s"

@@ -24,9 +24,7 @@ if [ -n "${PYDNN_PREBUILD:-}" ]; then
   python3 - "$PYDNN_PREBUILD" <<'PY' || exit 1
 import sys
 from pydnn._build import build, manifest
-prefixes = tuple(sys.argv[1].split(","))
-units = [u for u in manifest.all_units() if u.name.startswith(prefixes)]
-build.build_all(units=units)
+build.build_all(prefixes=tuple(sys.argv[1].split(",")))   # every unit of those names, first-use ones too
 PY
 fi
 if [ $# -gt 0 ]; then

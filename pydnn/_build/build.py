@@ -10,9 +10,25 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from .._cuda import nvrtc
 from . import cache
-from .manifest import COMMON_OPTIONS, all_units, unit_arch
+from .manifest import all_units, common_options, install_units, unit_arch
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
+BUILD_ALL_ENV = "PYDNN_BUILD_ALL"
+# Rough SASS kilobytes per instantiation of each source on sm_90 (tools/build_stats.py; compile time follows
+# the code size, about 20 CPU-seconds per MB): the build starts the costliest units first, so that the
+# last one to finish is a small one and no core idles through a long tail.
+_WEIGHT = {"convolution.cu": 200, "conv_wgrad_wgmma.cu": 200, "normalization.cu": 150, "matmul.cu": 100,
+           "attention.cu": 70, "attention_wgmma.cu": 70, "attention_wgmma_bwd.cu": 70, "reduce.cu": 55,
+           "pooling.cu": 35, "softmax.cu": 30}
+
+
+def _cost(unit):
+    return len(getattr(unit, "exprs", ())) * _WEIGHT.get(getattr(unit, "source", ""), 15)
+
+
+def build_everything():
+    """PYDNN_BUILD_ALL=1: the install (and `python -m pydnn build`) compiles the first-use units too."""
+    return os.environ.get(BUILD_ALL_ENV, "0") not in ("", "0")
 
 
 def _norm_arch(a):
@@ -53,20 +69,29 @@ def compile_unit(unit, arch, nv_version=None):
     key = cache.unit_key(unit, arch, nv_version)
     text, _ = cache.unit_inputs(unit)
     cubin, lowered, _log = nvrtc.compile_cubin(text, unit.source, unit.exprs, arch,
-                                               COMMON_OPTIONS + tuple(unit.options), [str(cache.ptx_dir())],
+                                               common_options() + tuple(unit.options), [str(cache.ptx_dir())],
                                                unit=unit.name)
     cache.write_entry(cache.entry_path(unit, arch, key), cubin, lowered)
     return cubin, lowered
 
 
-def build_all(archs=None, progress=True, jobs=None, units=None):
-    """Compile every unit for every target arch that the cache lacks. Returns (compiled, skipped)."""
+def build_all(archs=None, progress=True, jobs=None, units=None, everything=None, prefixes=None):
+    """Compile the units of every target arch that the cache lacks: those the install builds
+    (manifest.install_units; with `everything`, default PYDNN_BUILD_ALL, every unit, the first-use ones
+    too), or the given `units` (KernelUnits, used as they are on every arch), or the units whose names
+    start with one of `prefixes`. Returns (compiled, skipped)."""
     archs = target_archs(archs)
     nv = nvrtc.version()
-    units = all_units() if units is None else units
+    everything = build_everything() if everything is None else everything
     todo, skipped = [], 0
     for arch in archs:
-        for u in units:
+        if units is not None:
+            arch_units = units
+        else:
+            arch_units = all_units(arch) if everything or prefixes else install_units(arch)
+            if prefixes:
+                arch_units = [u for u in arch_units if u.name.startswith(tuple(prefixes))]
+        for u in arch_units:
             target = unit_arch(u, arch)
             if target is None:
                 continue  # an arch-specific unit (sm_90a) on another arch: not built, not counted
@@ -77,9 +102,11 @@ def build_all(archs=None, progress=True, jobs=None, units=None):
     out = sys.stderr
     if progress:
         print(f"pydnn: {len(todo)} kernel units to compile for {','.join(archs)} "
-              f"({skipped} already cached) into {cache.cache_dir()}", file=out, flush=True)
+              f"({skipped} already cached; NVRTC {'.'.join(map(str, nv))}) into {cache.cache_dir()}", file=out,
+              flush=True)
     if not todo:
         return 0, skipped
+    todo.sort(key=lambda t: -_cost(t[0]))   # longest first: the parallel build ends on small units
     jobs = jobs or min(len(todo), max(2, os.cpu_count() or 2))
     bar = Progress(len(todo), out) if progress else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -155,6 +182,6 @@ class Progress:
 def prune(archs=None):
     """Remove cached cubins that no current unit and arch maps to; returns how many."""
     nv = nvrtc.version()
-    keep = [cache.entry_path(u, t, cache.unit_key(u, t, nv)) for a in target_archs(archs) for u in all_units()
+    keep = [cache.entry_path(u, t, cache.unit_key(u, t, nv)) for a in target_archs(archs) for u in all_units(a)
             for t in [unit_arch(u, a)] if t is not None]
     return cache.prune(keep)

@@ -14,7 +14,7 @@ import struct
 import tempfile
 from pathlib import Path
 
-from .manifest import COMMON_OPTIONS
+from .manifest import common_options
 
 FORMAT = b"PYDNNCB1"
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
@@ -81,7 +81,7 @@ def unit_key(unit, arch, nvrtc_version):
     text, headers = unit_inputs(unit)
     h = hashlib.sha256()
     for part in (FORMAT, unit.source, text, *[f"{p}\n{t}" for p, t in headers], "\n".join(unit.exprs),
-                 " ".join(COMMON_OPTIONS + tuple(unit.options)), f"nvrtc{nvrtc_version}", arch):
+                 " ".join(common_options() + tuple(unit.options)), f"nvrtc{nvrtc_version}", arch):
         data = part if isinstance(part, bytes) else part.encode()
         h.update(struct.pack("<Q", len(data)))
         h.update(data)

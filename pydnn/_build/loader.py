@@ -1,7 +1,9 @@
 """Run-time kernel loading: the cubin for (unit, arch) from the cache, loaded once per context.
 
-A unit missing from the cache (an arch the install did not build, or a cleared cache) is compiled here,
-once, with one log line; importing pydnn never compiles.
+A unit missing from the cache (an arch the install did not build, a rare variant the install leaves to
+first use: pydnn/_build/rare.py, or a cleared cache) is compiled here, once, with one log line; importing
+pydnn never compiles. Planners name a kernel by its family unit and expression; on each arch the loader
+finds the unit that holds the expression after the install / first-use split (KernelUnit.home).
 """
 import threading
 
@@ -12,25 +14,42 @@ from .manifest import unit_arch, unit_by_name
 
 _lock = threading.Lock()
 _modules = {}  # (context address, unit name) -> (CUmodule, {expr: lowered})
-_units = None
+_units = {}     # arch number -> {unit name: KernelUnit} (the split of that arch)
+_homes = {}     # arch number -> {(family unit name, expr): unit name} for the expressions split off
+_extra = {}     # units registered from outside the build (register_units), every arch
 _nv = None
 
 
-def _unit(name):
-    global _units
-    if _units is None:
-        _units = unit_by_name()
-    return _units[name]
+def _tables(arch):
+    from .rare import arch_number
+
+    n = arch_number(arch)
+    units = _units.get(n)
+    if units is None:
+        units = unit_by_name(arch)
+        for name, u in _extra.items():
+            units.setdefault(name, u)
+        _homes[n] = {(u.home, e): u.name for u in units.values() if u.home for e in u.exprs}
+        _units[n] = units
+    return units, _homes[n]
+
+
+def _unit(name, arch=None):
+    return _tables(arch)[0][name]
+
+
+def resolve(arch, unit_name, expr):
+    """The name of the unit that holds `expr` of the family unit `unit_name` on `arch`."""
+    return _tables(arch)[1].get((unit_name, expr), unit_name)
 
 
 def register_units(units):
     """Make the loader know `units` that are outside the build (benchmark candidates and diagnostics):
     compile on first use finds units by name here; a no-op for units it already knows."""
-    global _units
-    if _units is None:
-        _units = unit_by_name()
     for u in units:
-        _units.setdefault(u.name, u)
+        _extra.setdefault(u.name, u)
+        for table in _units.values():
+            table.setdefault(u.name, u)
 
 
 def load_unit(arch, unit):
@@ -46,8 +65,10 @@ def load_unit(arch, unit):
     entry = cache.read_entry(path)
     if entry is None:
         # the graph API's generated units (runtime fusion) compile here by design: info, not a warning
+        why = ("first use: not built at install" if not unit.install
+               else f"not in the cache at {cache.cache_dir()}")
         (log.info if unit.name.startswith("graph.") else log.warning)(
-            "pydnn: compiling kernel unit %s for %s (not in the cache at %s)", unit.name, arch, cache.cache_dir())
+            "pydnn: compiling kernel unit %s for %s (%s)", unit.name, arch, why)
         from .build import compile_unit
 
         entry = compile_unit(unit, arch, _nv)
@@ -55,11 +76,12 @@ def load_unit(arch, unit):
 
 
 def get_function(ctx, arch, unit_name, expr):
-    key = (int(ctx), unit_name)
     with _lock:
+        unit_name = resolve(arch, unit_name, expr)
+        key = (int(ctx), unit_name)
         mod = _modules.get(key)
         if mod is None:
-            unit = _unit(unit_name)
+            unit = _unit(unit_name, arch)
             cubin, lowered = load_unit(arch, unit)
             with driver.pushed(ctx):  # load into the handle's context, whatever is current
                 mod = (driver.module_load(cubin), lowered)

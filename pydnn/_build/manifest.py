@@ -27,8 +27,20 @@ FAMILIES = (
     "pydnn.ops.rnn",
 )
 
-# NVRTC options for every unit (the arch and include path are added by the compiler wrapper).
-COMMON_OPTIONS = ("-std=c++17", "-lineinfo", "--ptxas-options=--warn-on-spills")
+# NVRTC options for every unit (the arch and include path are added by the compiler wrapper). No
+# -lineinfo by default: it embeds the PTX text and line tables in every cubin (about 60% of its bytes);
+# PYDNN_LINEINFO=1 adds it (source lines in compute-sanitizer and profiler reports; keyed separately).
+COMMON_OPTIONS = ("-std=c++17", "--ptxas-options=--warn-on-spills")
+LINEINFO_ENV = "PYDNN_LINEINFO"
+
+
+def common_options():
+    """COMMON_OPTIONS, plus -lineinfo when PYDNN_LINEINFO=1 (read at each call: the cache key follows it)."""
+    import os
+
+    if os.environ.get(LINEINFO_ENV, "0") not in ("", "0"):
+        return COMMON_OPTIONS[:1] + ("-lineinfo",) + COMMON_OPTIONS[1:]
+    return COMMON_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,11 @@ class KernelUnit:
     # setmaxnreg) is used when the target arch is its base ("sm_90"); other archs skip the unit (not
     # built, not loadable): see unit_arch.
     archs: tuple = field(default=())
+    # False: rare variants (pydnn/_build/rare.py) not compiled at install but on first use (one log line),
+    # into the same cache; `home` is then the family unit whose expressions these are (the name planners
+    # and handle.function use: the loader finds an expression's unit through it).
+    install: bool = field(default=True)
+    home: str = field(default="")
 
 
 def unit_arch(unit, arch):
@@ -54,10 +71,27 @@ def unit_arch(unit, arch):
     return None
 
 
-def all_units():
+def install_units(arch=None):
+    """The units the install-time build compiles for `arch` (KernelUnit.install); the rest compile on first
+    use. arch None: the split of the rules that hold on every arch."""
+    return [u for u in all_units(arch) if u.install]
+
+
+def family_units():
+    """Every family's units as the families declare them (before the install / first-use split)."""
     units = []
     for mod in FAMILIES:
         units.extend(importlib.import_module(mod).kernel_units())
+    return units
+
+
+def all_units(arch=None):
+    """Every unit the cache can hold for `arch`: each family unit whose expressions include rare variants
+    on that arch (pydnn/_build/rare.py) split into the unit of the rest, under its own name, compiled at
+    install, and `<name>.rare<i>` units, compiled on first use. arch None: the rules of every arch only."""
+    from .rare import split
+
+    units = split(family_units(), arch)
     names = [u.name for u in units]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -65,5 +99,5 @@ def all_units():
     return units
 
 
-def unit_by_name():
-    return {u.name: u for u in all_units()}
+def unit_by_name(arch=None):
+    return {u.name: u for u in all_units(arch)}

@@ -30,8 +30,13 @@ def _driver():
                 if err != d.CUresult.CUDA_SUCCESS:
                     _init_error = f"cuInit failed: {_err_name(d, err)}"
                 else:
-                    _drv = d
-                    return d
+                    from .compat import check_driver  # CUDA 12.4+; pydnn[cu12] on a CUDA 12 driver
+
+                    err, version = d.cuDriverGetVersion()
+                    _init_error = check_driver(int(version)) if int(err) == 0 else None
+                    if _init_error is None:
+                        _drv = d
+                        return d
             except (ImportError, RuntimeError, OSError) as e:
                 _init_error = f"no usable CUDA driver ({e})"
         raise PydnnError(enums.PYDNN_STATUS_NOT_INITIALIZED, _init_error)

@@ -1,5 +1,11 @@
 """NVRTC: compile one CUDA C translation unit to a cubin for one arch, with template instantiations
-requested by name expression (their mangled names come back for cuModuleGetFunction)."""
+requested by name expression (their mangled names come back for cuModuleGetFunction).
+
+One NVRTC per process, of the CUDA major the cubins are for (compat.cuda_major(): PYDNN_CUDA_MAJOR, else
+the driver's, else cuda-bindings'): cuda.bindings.nvrtc when the bindings have that major, else the
+library of that major found by path (compat.CtypesNVRTC; the install-time build for CUDA 12 in a build
+environment with cuda-bindings 13). version() is in every cache key, so cubins of one major never load
+for another."""
 from .. import enums
 from ..status import PydnnError
 
@@ -20,9 +26,12 @@ def _preload_from_sys_path():
     import os
     import sys
 
+    from . import compat
+
+    major = compat.bindings_major() or 13
     for root in sys.path:
-        for rel in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
-            lib = os.path.join(root or ".", rel, "libnvrtc.so.13")
+        for rel in compat.NVRTC_DIRS.get(major, ()):
+            lib = os.path.join(root or ".", rel, f"libnvrtc.so.{major}")
             if os.path.isfile(lib):
                 try:
                     for builtins in sorted(glob.glob(os.path.join(os.path.dirname(lib), "libnvrtc-builtins.so.*"))):
@@ -50,8 +59,50 @@ def _nvrtc():
     return nvrtc
 
 
+_other = None   # a CtypesNVRTC when the process compiles with another major than the bindings'
+_select_lock = __import__("threading").Lock()
+
+
+def _select():
+    """Once per process: None to use cuda.bindings.nvrtc, or the CtypesNVRTC of the wanted major."""
+    global _other
+    if _other is not None:
+        return _other or None
+    with _select_lock:
+        if _other is not None:
+            return _other or None
+        from . import compat
+
+        want, have = compat.cuda_major(), compat.bindings_major()
+        if want == have:
+            # cuda-pathfinder may hand the bindings another major's library when several NVRTC wheels are
+            # installed: then the wanted one by path, if there is one
+            try:
+                ok = _bindings_version()[0] == want
+            except PydnnError:
+                ok = False
+            if ok or compat.find_nvrtc(want) is None:
+                _other = False
+                return None
+        path = compat.find_nvrtc(want)
+        if path is None:
+            raise PydnnError(enums.PYDNN_STATUS_NOT_INITIALIZED,
+                             f"NVRTC {want} not found (CUDA {want} wanted: {compat.MAJOR_ENV} or the driver; "
+                             f"cuda-bindings is {have}): install \"pydnn[cu{want}]\" or nvidia-cuda-nvrtc"
+                             f"{'-cu12' if want == 12 else ''}")
+        _other = compat.CtypesNVRTC(path)
+    return _other
+
+
 def version():
     """(major, minor) of the NVRTC library in use."""
+    other = _select()
+    if other is not None:
+        return other.version()
+    return _bindings_version()
+
+
+def _bindings_version():
     n = _nvrtc()
     err, major, minor = n.nvrtcVersion()
     if err != n.nvrtcResult.NVRTC_SUCCESS:
@@ -95,6 +146,12 @@ def _dump_source(source, filename, stream=None):
     return False
 
 
+def _error_hint(source, filename):
+    """After a failed compilation: the numbered source printed (PYDNN_DUMP_CUDA_SOURCE_ON_ERROR=1), or the
+    hint how to get it."""
+    return "" if _dump_source(source, filename) else f" (set {DUMP_ENV}=1 to print the numbered source)"
+
+
 def _log(n, prog):
     err, size = n.nvrtcGetProgramLogSize(prog)
     buf = b" " * size
@@ -108,6 +165,10 @@ def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, uni
     A failed compilation raises INTERNAL_ERROR_COMPILATION_FAILED naming the kernel unit, the file, the arch
     and the options, followed by NVRTC's log; with PYDNN_DUMP_CUDA_SOURCE_ON_ERROR=1 the numbered source is
     printed to stderr as well."""
+    other = _select()
+    if other is not None:
+        return other.compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=unit,
+                                   on_error=_error_hint)
     n = _nvrtc()
     prog = _check(n, n.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
     try:

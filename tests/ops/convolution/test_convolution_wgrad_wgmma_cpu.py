@@ -168,7 +168,7 @@ def test_misaligned_x_refused():
 
 def test_units():
     """One unit per 16-bit type, every TILES entry, sm_90a only, listed by the convolution family."""
-    units = {u.name: u for u in manifest.all_units() if u.name.startswith("convolution.wgrad.")}
+    units = {u.name: u for u in manifest.family_units() if u.name.startswith("convolution.wgrad.")}
     assert set(units) == {"convolution.wgrad.f16", "convolution.wgrad.bf16"}
     for tag, u in ((t, units[f"convolution.wgrad.{t}"]) for t in ("f16", "bf16")):
         assert u.source == "conv_wgrad_wgmma.cu" and u.archs == ("sm_90a",)

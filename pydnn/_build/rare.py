@@ -1,0 +1,150 @@
+"""Which kernel instantiations the install-time build leaves to first use.
+
+`pip install` compiles the instantiations that the planners choose for the data types of deep learning
+(float, half, bfloat16) with the default tuning switches. The rest compile on first use, once per arch,
+with one log line (`pydnn: compiling kernel unit <unit>.rare for sm_90 ...`), into the same cache; after
+that they load like any other. `python -m pydnn build --all` (or PYDNN_BUILD_ALL=1 during the install)
+compiles them up front.
+
+Each rule names the family units it looks at (a regular expression matched against the whole unit name)
+and the instantiations (a regular expression searched in the name expression) with the reason. A family
+unit with rare instantiations is split into two units: the rest under its own name, and `<name>.rare`
+(install=False, home=<name>); the loader finds an expression's unit through `home`, so planners and
+handle.function keep naming the family's unit. tests/kernels/test_rare_cpu.py checks that every rule
+still matches something and that the split loses no instantiation.
+"""
+import re
+from collections import namedtuple
+from dataclasses import replace
+
+# below: the rule applies only to device archs whose number is below it (90: Ampere and Ada, where the
+# planners never choose what it names, e.g. thread-block-cluster kernels); 0 = every arch
+Rule = namedtuple("Rule", "units exprs why below", defaults=(0,))
+
+_INT = r"(signed char|unsigned char|int|pydnn::i64)"
+
+RULES = (
+    # --- data types outside deep learning's: double, and the integer types of TransformTensor / SetTensor
+    Rule(r"[a-z_]+\.f64|tensor_ops\.transform\.f64", r"",
+         "double data: every family's double instantiations (numerics checks, not training or inference)"),
+    Rule(r"tensor_ops\.(i8|u8|i32|i64)|tensor_ops\.transform\.(i8|u8|i32|i64)", r"",
+         "integer tensors: SetTensor on them and TransformTensor from them"),
+    Rule(r"tensor_ops\.transform\.(f32|f16|bf16)", r"<[^<>]*, (double|" + _INT[1:-1] + r"), ",
+         "TransformTensor from a float type to double or an integer type (quantization paths are rare "
+         "enough to pay one compile)"),
+    # --- instantiations only a forced tiling or a non-default tuning switch runs (benchmarks, tests)
+    Rule(r"convolution\.wgmma\.(f16|bf16)", r"fwd_wgmma<[^,]+, (64, 4, 2|128, 4, 1)(, 0, 1)?>$",
+         "fwd_wgmma's plain copy loop (tensor_core.WGM_VARIANTS): only tuning.conv.TC_FORCE runs it"),
+    Rule(r"convolution\.wgrad\.(f16|bf16)", r"wgrad_tc_wgmma<[^,]+, (128, 128, 4, 1, 1|64, 128, 4, 2, 1)>$",
+         "wgrad_tc_wgmma's V 1 copy loop (wgrad_wgmma.VARIANTS): only a forced tiling runs it"),
+    Rule(r"normalization\.(f32|f16|bf16)", r"::fwd_persist<",
+         "fwd_persist: tuning.norm.FWD_PERSIST is off by default"),
+    Rule(r"normalization\.(f32|f16|bf16)", r"::finish<32, 8>$",
+         "finish<32, 8>: only tuning.norm.FINISH = (32, 8) runs it (the default is (32, 32))"),
+    # --- modes and layouts that a planner chooses, but that deep-learning models rarely ask for
+    Rule(r"activation\.(f32|f16|bf16)", r"::act::(ClippedRelu|Elu|Identity)(Bwd)?<",
+         "CLIPPED_RELU, ELU and IDENTITY activations"),
+    Rule(r"activation\.(f32|f16|bf16)", r"map_strided<|map_contig<[^<>]*<[a-z]+>, 1>$",
+         "activations of non-dense tensors (map_strided) or of pointers not 16-byte aligned (the scalar "
+         "map_contig); dense aligned tensors take the vector kernel"),
+    Rule(r"tensor_ops\.(f32|f16|bf16)", r"::tensor::Op(Min|Max|Sqrt|Not),",
+         "OpTensor's MIN, MAX, SQRT and NOT"),
+    Rule(r"reduce\.(f32|f16|bf16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
+         "ReduceTensor's MUL, NORM1 and MUL_NO_ZEROS, and the indices of MIN / MAX / AMAX"),
+    Rule(r"softmax\.(f32|f16|bf16)", r"_(fwd|bwd)<[^<>]*, 0>$",
+         "softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG)"),
+    Rule(r"matmul\.(f16|bf16)\.tt", r"",
+         "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
+    Rule(r"matmul\.wgmma\.(f16|bf16)|matmul\.f32", r", true, true>$",
+         "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
+    Rule(r"matmul\.(f16|bf16)\.(nn|nt|tn)", r"::gemm_tc<[^<>]*, false>$",
+         "gemm_tc's element-by-element copies for operands not 16-byte aligned"),
+    Rule(r"attention\.(f16|bf16)", r"::(fwd<[^<>]*|bwd_dq<[^<>]*|bwd_dkdv<[^<>]*, (true|false)), true>$",
+         "the mma.sync attention kernels with dropout on P (attention dropout is off in most models)"),
+    Rule(r"normalization\.(f32|f16|bf16)", r"_cluster<|::bwd_ring_cl<|::gn_(fwd|bwd|reg_cl)<",
+         "thread-block-cluster norm kernels (fwd / bwd / bwd_staged _cluster, bwd_ring_cl, gn_fwd, gn_bwd, "
+         "gn_reg_cl): the planners take them on sm_90 and later only", below=90),
+    Rule(r"normalization\.(f32|f16|bf16)", r"::gn_reg_cl<[^<>]*, 4, (true|false)>$",
+         "gn_reg_cl with clusters of 4: only tuning.norm.GN_REG_PICK's non-default CL = 4 runs it"),
+    Rule(r"normalization\.(f32|f16|bf16)", r"::(fwd|bwd)<[^<>]*, 1, |::gen_(fwd|bwd)<",
+         "norm kernels for pointers not 16-byte aligned (vector width 1) and the general-layout gen_fwd / "
+         "gen_bwd"),
+    Rule(r"(softmax|pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
+         r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
+         "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),
+    Rule(r"(softmax|batchnorm|reduce)\.(f32|f16|bf16)", r"::gen_|_gen<",
+         "the general-layout fallbacks (softmax gen_fwd / gen_bwd, batchnorm *_gen, reduce rows_gen): "
+         "layouts the row / column kernels do not take"),
+)
+
+
+def arch_number(arch):
+    """'sm_90a' -> 90; None or anything else -> None."""
+    m = re.fullmatch(r"(?:sm|compute)_(\d+)[a-z]?", str(arch or ""))
+    return int(m.group(1)) if m else None
+
+
+def _compiled(arch=None):
+    """The rules that apply to `arch` (None: the rules of every arch only), compiled."""
+    n = arch_number(arch)
+    return [(re.compile(r.units), re.compile(r.exprs)) for r in RULES
+            if not r.below or (n is not None and n < r.below)]
+
+
+def is_rare(unit_name, expr, arch=None, _rules=None):
+    for u, e in _compiled(arch) if _rules is None else _rules:
+        if u.fullmatch(unit_name) and e.search(expr):
+            return True
+    return False
+
+
+CHUNK = 4   # rare instantiations per first-use unit at most: a first use compiles a few kernels
+
+
+_ARG = re.compile(r"[^<>,\s][^<>,]*(?:<[^<>]*>)?")
+
+
+def group_key(expr):
+    """What a first-use unit gathers: the expressions whose non-numeric template arguments are the same
+    (one op's or one conversion's layout and vector-width variants: map_contig / map_strided / transpose
+    of Relu<true> on half, the tilings of one kernel of one type)."""
+    body = expr[expr.find("<") + 1:expr.rfind(">")] if "<" in expr else ""
+    args = [a.strip() for a in _ARG.findall(body)]
+    return tuple(sorted(a for a in args if not re.fullmatch(r"-?\d+|true|false", a)))
+
+
+def split(units, arch=None):
+    """Each unit with rare instantiations on `arch` (None: rare on every arch) as the rest, under its own
+    name, and `<name>.rare<i>` units of at most CHUNK rare instantiations each, grouped by group_key; a
+    unit whose instantiations are all rare keeps no install part. Units already marked (install=False)
+    are left as they are."""
+    rules = _compiled(arch)
+    out = []
+    for u in units:
+        if not u.install:
+            out.append(u)
+            continue
+        rare = tuple(e for e in u.exprs if is_rare(u.name, e, _rules=rules))
+        if not rare:
+            out.append(u)
+            continue
+        keep = tuple(e for e in u.exprs if e not in rare)
+        if keep:
+            out.append(replace(u, exprs=keep))
+        groups = {}
+        for e in rare:
+            groups.setdefault(group_key(e), []).append(e)
+        chunks = [g[i:i + CHUNK] for g in groups.values() for i in range(0, len(g), CHUNK)]
+        for i, chunk in enumerate(chunks):
+            out.append(replace(u, name=f"{u.name}.rare{i}", exprs=tuple(chunk), install=False, home=u.name))
+    return out
+
+
+def unmatched_rules(units):
+    """The rules that match no instantiation of `units` (stale after a family changed its names)."""
+    bad = []
+    for r in RULES:  # (whatever arch the rule is for)
+        u, e = re.compile(r.units), re.compile(r.exprs)
+        if not any(u.fullmatch(x.name) and e.search(y) for x in units for y in x.exprs):
+            bad.append(r)
+    return bad

@@ -1,0 +1,122 @@
+"""The install / first-use split of the kernel units (pydnn/_build/rare.py), on the CPU: the rules still
+match, the split loses and duplicates nothing on any arch, the loader finds every family expression's unit,
+the install builds the install part only, and a first-use unit compiles once with one log line."""
+import logging
+
+import pytest
+
+from pydnn._build import build, cache, loader, manifest, rare
+
+ARCHS = (None, "sm_80", "sm_86", "sm_90")
+
+
+def test_every_rule_matches_something():
+    assert rare.unmatched_rules(manifest.family_units()) == []
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_keeps_every_instantiation_once(arch):
+    family = {(u.name, e) for u in manifest.family_units() for e in u.exprs}
+    units = manifest.all_units(arch)
+    split = [(u.home or u.name, e) for u in units for e in u.exprs]
+    assert len(split) == len(set(split)), "an instantiation is in two units"
+    assert set(split) == family
+    for u in units:
+        assert u.install == (not u.home)
+        if u.home:
+            assert u.name.startswith(u.home + ".rare")
+            assert all(rare.is_rare(u.home, e, arch) for e in u.exprs)
+            assert 1 <= len(u.exprs) <= rare.CHUNK
+        else:
+            assert not any(rare.is_rare(u.name, e, arch) for e in u.exprs)
+
+
+@pytest.mark.parametrize("arch", ARCHS[1:])
+def test_loader_resolves_every_family_expression(arch):
+    table = manifest.unit_by_name(arch)
+    for u in manifest.family_units():
+        if manifest.unit_arch(u, arch) is None:
+            continue
+        for e in u.exprs:
+            name = loader.resolve(arch, u.name, e)
+            assert e in table[name].exprs, (u.name, e, name)
+            assert loader._unit(name, arch) == table[name]
+
+
+def test_rules_by_arch():
+    cl = "pydnn::norm::bwd_staged_cluster<pydnn::half_t, 8, 2, true>"
+    assert rare.is_rare("normalization.f16", cl, "sm_80") and rare.is_rare("normalization.f16", cl, "sm_86")
+    assert not rare.is_rare("normalization.f16", cl, "sm_90") and not rare.is_rare("normalization.f16", cl, None)
+    assert rare.is_rare("activation.f64", "pydnn::map_contig<double, double, pydnn::act::Relu<false>, 1>")
+    assert not rare.is_rare("activation.f16", "pydnn::map_contig<pydnn::half_t, pydnn::half_t, pydnn::act::Relu<true>, 8, 128, 1, 1>")
+    # (forced-only) the plain-loop fwd_wgmma variants, not the lean tiles the model picks
+    assert rare.is_rare("convolution.wgmma.bf16", "pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1>")
+    assert not rare.is_rare("convolution.wgmma.bf16", "pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1, 1>")
+    assert rare.arch_number("sm_90a") == 90 and rare.arch_number(None) is None
+
+
+def test_group_key_gathers_one_ops_variants():
+    k = rare.group_key
+    relu = [k("pydnn::map_contig<double, double, pydnn::act::Relu<false>, 2, 128, 4, 1>"),
+            k("pydnn::map_contig<double, double, pydnn::act::Relu<false>, 1>"),
+            k("pydnn::map_strided<double, double, pydnn::act::Relu<false>>")]
+    assert relu[0] == relu[1] == relu[2]
+    assert relu[0] != k("pydnn::map_strided<double, double, pydnn::act::Elu<false>>")
+
+
+def test_install_builds_the_install_part_and_all_builds_everything(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(build.BUILD_ALL_ENV, raising=False)
+    done = []
+    monkeypatch.setattr(build, "compile_unit", lambda u, a, nv=None: done.append((u.name, a)))
+    build.build_all(archs=["sm_80", "sm_90"], progress=False)
+    want = {(u.name, a) for a in ("sm_80", "sm_90") for u in manifest.install_units(a)
+            if manifest.unit_arch(u, a) is not None}
+    assert set(done) == want and len(done) == len(want)
+    assert not any(".rare" in n for n, _ in done)
+    # the costliest units go first (the parallel build ends on small ones)
+    costs = [build._cost(manifest.unit_by_name(a)[n]) for n, a in done]
+    assert costs[0] == max(costs)
+    done.clear()
+    monkeypatch.setenv(build.BUILD_ALL_ENV, "1")
+    build.build_all(archs=["sm_90"], progress=False)
+    assert {n for n, _ in done} == {u.name for u in manifest.all_units("sm_90")}
+    done.clear()
+    build.build_all(archs=["sm_90"], progress=False, prefixes=("tensor_ops.i32",))
+    assert sorted(n for n, _ in done) == ["tensor_ops.i32.rare0"]
+
+
+def test_first_use_unit_compiles_once_with_a_log_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("pydnn")
+    handler = Keep(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        name = loader.resolve("sm_90", "tensor_ops.i32", "pydnn::map_strided<int, int, pydnn::tensor::Set>")
+        assert name == "tensor_ops.i32.rare0"
+        u = loader._unit(name, "sm_90")
+        cubin, lowered = loader.load_unit("sm_90", u)
+        assert cubin[:4] == b"\x7fELF" and set(lowered) == set(u.exprs)
+        assert records == ["pydnn: compiling kernel unit tensor_ops.i32.rare0 for sm_90 (first use: not built at install)"]
+        loader.load_unit("sm_90", u)
+        assert len(records) == 1, records
+        nv = build.nvrtc.version()
+        assert cache.read_entry(cache.entry_path(u, "sm_90", cache.unit_key(u, "sm_90", nv))) is not None
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_lineinfo_is_opt_in(monkeypatch):
+    monkeypatch.delenv(manifest.LINEINFO_ENV, raising=False)
+    assert "-lineinfo" not in manifest.common_options()
+    u = manifest.install_units("sm_90")[0]
+    k = cache.unit_key(u, "sm_90", (13, 0))
+    monkeypatch.setenv(manifest.LINEINFO_ENV, "1")
+    assert "-lineinfo" in manifest.common_options()
+    assert cache.unit_key(u, "sm_90", (13, 0)) != k

@@ -1,0 +1,101 @@
+"""Measure the kernel build: NVRTC CPU seconds (user + sys) and wall per unit, and cubin bytes per unit and
+per arch, from what the build writes. The machine this runs on may be shared, so CPU seconds are the figure
+to compare; the compile runs in this process, one unit at a time.
+
+    python tools/build_stats.py --arch sm_90 [--sample 4] [--units conv,matmul] [--options=-lineinfo]
+        [--all] [--json out.json]
+
+--sample N times every N-th unit of each source (at least one per source) and extrapolates each source's
+time by its units' name-expression counts; --all (the default without --sample) times every unit. Sizes
+come from compiling too (what the build would write). --cached reads sizes from the existing cache instead
+of compiling (no timing). --rare includes the first-use units (KernelUnit.install=False).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pydnn._build import cache, manifest  # noqa: E402
+from pydnn._cuda import nvrtc  # noqa: E402
+
+
+def cpu_now():
+    t = os.times()
+    return t.user + t.system
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--sample", type=int, default=0)
+    ap.add_argument("--units", default="", help="comma-separated unit-name prefixes")
+    ap.add_argument("--options", default=None, help="replace manifest.COMMON_OPTIONS (space separated)")
+    ap.add_argument("--cached", action="store_true", help="sizes of the existing cache entries, no compiling")
+    ap.add_argument("--rare", action="store_true", help="also the first-use (install=False) units")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    units = manifest.all_units(args.arch) if args.rare else manifest.install_units(args.arch)
+    if args.units:
+        pre = tuple(p.strip() for p in args.units.split(",") if p.strip())
+        units = [u for u in units if u.name.startswith(pre)]
+    units = [u for u in units if manifest.unit_arch(u, args.arch) is not None]
+    by_src = defaultdict(list)
+    for u in units:
+        by_src[u.source].append(u)
+    if args.sample:
+        chosen = [u for us in by_src.values() for i, u in enumerate(us) if i % args.sample == 0]
+    else:
+        chosen = units
+    opts = manifest.common_options() if args.options is None else tuple(args.options.split())
+    nv = nvrtc.version()
+    rows = []
+    for u in chosen:
+        target = manifest.unit_arch(u, args.arch)
+        if args.cached:
+            entry = cache.read_entry(cache.entry_path(u, target, cache.unit_key(u, target, nv)))
+            if entry is None:
+                print(f"{u.name}: not cached", file=sys.stderr)
+                continue
+            rows.append(dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=None, wall=None,
+                             bytes=len(entry[0])))
+            continue
+        text, _ = cache.unit_inputs(u)
+        c0, w0 = cpu_now(), time.time()
+        cubin, _lowered, _log = nvrtc.compile_cubin(text, u.source, u.exprs, target, opts + tuple(u.options),
+                                                    [str(cache.ptx_dir())], unit=u.name)
+        cpu, wall = cpu_now() - c0, time.time() - w0
+        rows.append(dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=cpu, wall=wall, bytes=len(cubin)))
+        print(f"{u.name:40s} {len(u.exprs):4d} exprs  cpu {cpu:6.1f}s  wall {wall:6.1f}s  "
+              f"{len(cubin) / 1e6:6.2f} MB", flush=True)
+
+    # per source: measured units, extrapolated to all units of the source by name-expression counts
+    total_cpu = total_bytes = 0.0
+    print(f"\n{'source':28s} units  cpu(s, est)   MB(est)")
+    summary = {}
+    for src, us in sorted(by_src.items()):
+        got = [r for r in rows if r["source"] == src]
+        if not got:
+            continue
+        e_all = sum(len(u.exprs) for u in us)
+        e_got = sum(r["exprs"] for r in got)
+        scale = e_all / e_got if e_got else 1.0
+        cpu = sum(r["cpu"] or 0 for r in got) * scale
+        mb = sum(r["bytes"] for r in got) * scale / 1e6
+        total_cpu += cpu
+        total_bytes += mb
+        summary[src] = dict(units=len(us), cpu=cpu, mb=mb)
+        print(f"{src:28s} {len(us):5d}  {cpu:9.0f}   {mb:8.1f}")
+    print(f"{'total ' + args.arch:28s} {len(units):5d}  {total_cpu:9.0f}   {total_bytes:8.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(arch=args.arch, nvrtc=nv, options=list(opts), rows=rows, summary=summary,
+                           total_cpu=total_cpu, total_mb=total_bytes), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
