@@ -469,6 +469,106 @@ __global__ void __launch_bounds__(256) bias_grad(const ConvAuxParams p) {
 }
 
 
+// ---------------------------------------------------------------- grouped tensor-core convolutions
+//
+// A grouped convolution on the tensor-core kernels (ops/convolution/grouped.py): P consecutive groups are
+// packed into one "supergroup" of P * C/g input and P * K/g output channels whose filter is block-diagonal
+// (filter_group_pack writes it dense, zeros off the diagonal, into the workspace), so narrow groups (K/g =
+// 4..32) still fill the kernels' 64-wide channel tiles. The *_grouped kernels run one supergroup per grid.z
+// (backward filter: grid.z = split * supergroups + supergroup): group_view moves the operands' bases to the
+// supergroup's channels; cg / kg / gm / gn / gk are the supergroup's. Backward filter writes the dense
+// supergroup dw as fp32 partials; fold_group_diag keeps the diagonal blocks (the real groups' filters).
+template <int DIR, class T>
+__device__ __forceinline__ ConvParams group_view(const ConvParams& p) {
+  ConvParams q = p;
+  const long long g = blockIdx.z % p.groups;
+  const T* a = static_cast<const T*>(p.x);
+  const T* b = static_cast<const T*>(p.w);
+  if (DIR == kFwd) {  // x channels g * cg, filter rows g * kg, y (bias, z) channels g * kg
+    q.x = a + g * p.cg * p.xs[1];
+    q.w = b + g * p.kg * p.ws[0];
+    q.out = static_cast<T*>(p.out) + g * p.kg * p.ys[1];
+    if (p.bias != nullptr) q.bias = static_cast<const T*>(p.bias) + g * p.kg * p.bias_stride;
+    if (p.z != nullptr) q.z = static_cast<const T*>(p.z) + g * p.kg * p.zs[1];
+  } else if (DIR == kBwdData) {  // dy channels g * kg, filter rows g * kg, dx channels g * cg
+    q.x = a + g * p.kg * p.ys[1];
+    q.w = b + g * p.kg * p.ws[0];
+    q.out = static_cast<T*>(p.out) + g * p.cg * p.xs[1];
+  } else {  // dy channels g * kg (A), x channels g * cg (B); the partials by grid.z in the epilogue
+    q.x = a + g * p.kg * p.ys[1];
+    q.w = b + g * p.cg * p.xs[1];
+  }
+  return q;
+}
+
+// filter_group_pack: the block-diagonal supergroup filter, dense [K][taps][P * cg] (c innermost) from w
+// (any strides: in_stride = (k, c, t, r, s)). kg, cg: the real groups' channels; channels = P; taps, filt.
+// One thread per packed element; zero where the column's group is not the row's.
+template <class T>
+__global__ void __launch_bounds__(256) filter_group_pack(const ConvAuxParams p) {
+  const int P = p.channels;
+  const long long cg2 = (long long)P * p.cg;
+  const long long total = (long long)p.groups * p.kg * p.taps * cg2;
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int c2 = (int)(i % cg2);
+  const int tap = (int)(i / cg2 % p.taps);
+  const int k = (int)(i / (cg2 * p.taps));
+  const int j = (k / p.kg) % P;  // the row's slot in its supergroup
+  T v;
+  v.bits = 0;
+  if (c2 / p.cg == j) {
+    int q = tap;
+    const int s = q % p.filt[2];
+    q /= p.filt[2];
+    const int r = q % p.filt[1];
+    const int t = q / p.filt[1];
+    const T* w = static_cast<const T*>(p.in);
+    v = w[(long long)k * p.in_stride[0] + (long long)(c2 % p.cg) * p.in_stride[1] + (long long)t * p.in_stride[2] +
+          (long long)r * p.in_stride[3] + (long long)s * p.in_stride[4]];
+  }
+  static_cast<T*>(p.out)[i] = v;
+}
+
+// fold_group_diag: dw = alpha * (sum over splits, in order, of the supergroup partials' diagonal blocks) +
+// beta * dw. Partials [split][supergroup][P * kg][taps][P * cg] (wgrad_*_grouped, columns (t, r, s, c));
+// groups, kg, cg: the real ones; channels = P; out_stride: dw's strides (k, c, t, r, s); FLAG_FLIP.
+template <class T>
+__global__ void __launch_bounds__(256) fold_group_diag(const ConvAuxParams p) {
+  const int P = p.channels;
+  const long long per_group = (long long)p.kg * p.cg * p.taps;  // dw elements of one group: (m, tap, c)
+  const long long total = per_group * p.groups;
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int g = (int)(i / per_group);
+  long long r = i % per_group;
+  const int c = (int)(r % p.cg);
+  r /= p.cg;
+  const int tap = (int)(r % p.taps);
+  const int m = (int)(r / p.taps);
+  const int sg = g / P, j = g % P, sgroups = p.groups / P;
+  const long long cg2 = (long long)P * p.cg, gn = cg2 * p.taps, per_sg = (long long)P * p.kg * gn;
+  const long long col = (long long)tap * cg2 + (long long)j * p.cg + c;
+  const float* part = static_cast<const float*>(p.in) + (long long)sg * per_sg + ((long long)j * p.kg + m) * gn + col;
+  float s = 0.f;
+  for (int sl = 0; sl < p.splits; ++sl) s += part[(long long)sl * sgroups * per_sg];
+  int q = tap, td[3];
+  td[2] = q % p.filt[2];
+  q /= p.filt[2];
+  td[1] = q % p.filt[1];
+  td[0] = q / p.filt[1];
+  long long off = (long long)(g * p.kg + m) * p.out_stride[0] + (long long)c * p.out_stride[1];
+#pragma unroll
+  for (int d = 0; d < 3; ++d) {
+    const int t = (p.flags & PYDNN_CONV_FLAG_FLIP) ? p.filt[d] - 1 - td[d] : td[d];
+    off += (long long)t * p.out_stride[2 + d];
+  }
+  T* out = static_cast<T*>(p.out);
+  float v = (float)p.alpha * s;
+  if (p.flags & PYDNN_FLAG_BETA) v += (float)p.beta * load<float>(out[off]);
+  out[off] = store<T>(v);
+}
+
 // ---------------------------------------------------------------- tensor cores (IMPLICIT_PRECOMP_GEMM)
 
 // Forward on tensor cores for half / bfloat16, NHWC-like x (channel stride 1, other strides multiples
@@ -802,7 +902,7 @@ __device__ __forceinline__ void fwd_staged_epilogue(const ConvParams& p, const E
 }
 
 template <class T, int BM, int BN>
-__global__ void __launch_bounds__(kTcThreads, 2) fwd_tc(const ConvParams p) {
+__device__ __forceinline__ void fwd_tc_body(const ConvParams& p) {
   typedef TcShape<BM, BN> Sh;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   T* smem = reinterpret_cast<T*>(tc_smem);  // stage s: A at s * STAGE, B right after A's BM rows
@@ -883,6 +983,18 @@ __global__ void __launch_bounds__(kTcThreads, 2) fwd_tc(const ConvParams p) {
   fwd_epilogue<T, BM, BN, kTcThreads>(p, eng, tc_smem, m0, n0, wm, wn);
 }
 
+template <class T, int BM, int BN>
+__global__ void __launch_bounds__(kTcThreads, 2) fwd_tc(const ConvParams p) {
+  fwd_tc_body<T, BM, BN>(p);
+}
+
+// grouped: grid.z = the (super)group, its operands' bases moved by group_view
+template <class T, int BM, int BN>
+__global__ void __launch_bounds__(kTcThreads, 2) fwd_tc_grouped(const ConvParams p) {
+  const ConvParams q = group_view<kFwd, T>(p);
+  fwd_tc_body<T, BM, BN>(q);
+}
+
 // Backward data on tensor cores (BWD_DATA_ALGO_1): dx = sum over taps and output channels of dy * w, as
 // an implicit GEMM with M = N * D * H * W (dx positions), N = C, K = (t, r, s, k) with the output
 // channel k innermost. Needs NHWC-like dy (channel stride 1, other strides multiples of 8), an NHWC
@@ -936,7 +1048,7 @@ __device__ __forceinline__ void bwd_data_tc_epilogue(const ConvParams& p, const 
 }
 
 template <class T, int BM, int BN>
-__global__ void __launch_bounds__(kTcThreads, 2) bwd_data_tc(const ConvParams p) {
+__device__ __forceinline__ void bwd_data_tc_body(const ConvParams& p) {
   typedef TcShape<BM, BN> Sh;
   typedef TcKnShape<BM, BN> Kn;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -1019,6 +1131,17 @@ __global__ void __launch_bounds__(kTcThreads, 2) bwd_data_tc(const ConvParams p)
   bwd_data_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
 }
 
+template <class T, int BM, int BN>
+__global__ void __launch_bounds__(kTcThreads, 2) bwd_data_tc(const ConvParams p) {
+  bwd_data_tc_body<T, BM, BN>(p);
+}
+
+template <class T, int BM, int BN>
+__global__ void __launch_bounds__(kTcThreads, 2) bwd_data_tc_grouped(const ConvParams p) {
+  const ConvParams q = group_view<kBwdData, T>(p);
+  bwd_data_tc_body<T, BM, BN>(q);
+}
+
 // ---------------------------------------------------------------- pipelined tensor-core kernels
 
 // Forward (IMPLICIT_PRECOMP_GEMM) and stride-1 backward data (BWD_DATA_ALGO_1) on the pipelined main
@@ -1085,8 +1208,8 @@ __device__ __forceinline__ void tap_row(const ConvParams& p, int m, int chunk, i
 
 // grid (ceil(M / BM), ceil(N / BN)), WARPS_M * WARPS_N warps; dynamic shared memory kPipeStages * STAGE.
 // MINB: blocks per SM the register cap is set for; DB: fragments double-buffered (mma_pipe.cuh).
-template <int DIR, class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB, bool DB>
-__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pipe_tc(const ConvParams p) {
+template <int DIR, class T, int BM, int BN, int WARPS_M, int WARPS_N, bool DB>
+__device__ __forceinline__ void implicit_gemm_pipe_tc_body(const ConvParams& p) {
   typedef PipeShape<BM, BN, WARPS_M, WARPS_N> Sh;
   static_assert(DIR == kFwd || DIR == kBwdData, "forward or backward data");
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -1190,6 +1313,17 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
     fwd_epilogue<T, BM, BN, Sh::THREADS>(p, eng, tc_smem, m0, n0, wm, wn);
   else
     bwd_data_tc_epilogue<T>(p, eng, m0 + wm, n0 + wn);
+}
+
+template <int DIR, class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB, bool DB>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pipe_tc(const ConvParams p) {
+  implicit_gemm_pipe_tc_body<DIR, T, BM, BN, WARPS_M, WARPS_N, DB>(p);
+}
+
+template <int DIR, class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB, bool DB>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pipe_tc_grouped(const ConvParams p) {
+  const ConvParams q = group_view<DIR, T>(p);
+  implicit_gemm_pipe_tc_body<DIR, T, BM, BN, WARPS_M, WARPS_N, DB>(q);
 }
 
 // ---------------------------------------------------------------- wgmma forward (sm_90a)
@@ -1668,14 +1802,14 @@ template <int BM, int BN, int WARPS_M, int WARPS_N> struct WgPipeShape {
   static_assert(BK % A_RS == 0 && BK % B_RS == 0 && A_RS % 8 == 0 && B_RS % 8 == 0, "one swizzle per thread");
 };
 
-template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB>
-__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) wgrad_pipe_tc(const ConvParams p) {
+template <class T, int BM, int BN, int WARPS_M, int WARPS_N>
+__device__ __forceinline__ void wgrad_pipe_tc_body(const ConvParams& p, int split) {
   typedef WgPipeShape<BM, BN, WARPS_M, WARPS_N> Sh;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   T* smem = reinterpret_cast<T*>(tc_smem);
   const int t = threadIdx.x, warp = t >> 5;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-  const int kbeg = blockIdx.z * p.k_per_split;
+  const int kbeg = split * p.k_per_split;
   const int kend = min(p.gk, kbeg + p.k_per_split);
   const T* dy = static_cast<const T*>(p.x);
   const T* x = static_cast<const T*>(p.w);
@@ -1756,6 +1890,17 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) wgrad_pipe_tc(con
   mma::pipelined_mainloop<T, kPipeStages, Sh::STAGE, false>(smem, ktiles, fill, frags, eng.acc);
   mma::cp_async_wait<0>();
   wgrad_epilogue(p, eng, m0 + wm, n0 + wn);
+}
+
+template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) wgrad_pipe_tc(const ConvParams p) {
+  wgrad_pipe_tc_body<T, BM, BN, WARPS_M, WARPS_N>(p, blockIdx.z);
+}
+
+template <class T, int BM, int BN, int WARPS_M, int WARPS_N, int MINB>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) wgrad_pipe_tc_grouped(const ConvParams p) {
+  const ConvParams q = group_view<kBwdFilter, T>(p);
+  wgrad_pipe_tc_body<T, BM, BN, WARPS_M, WARPS_N>(q, blockIdx.z / p.groups);
 }
 
 }  // namespace conv

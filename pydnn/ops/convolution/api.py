@@ -6,11 +6,12 @@ A call validates its arguments, takes its plan from the handle's cache (plans.ge
 descriptor set by the planner that plans.plan_for picks) and runs it (plans.run_plan); nothing here
 chooses kernels. The algorithms and where they live:
 
-    forward          IMPLICIT_GEMM (implicit.py), IMPLICIT_PRECOMP_GEMM (tensor_core.py), GEMM (gemm.py),
-                     WINOGRAD_NONFUSED (winograd.py), FFT (fft.py)
-    backward data    ALGO_0 (implicit.py), ALGO_1 (tensor_core.py, else gemm.py), WINOGRAD_NONFUSED, FFT
-    backward filter  ALGO_0 (implicit.py), ALGO_1 (wgrad_wgmma.py, else tensor_core.py, else implicit.py),
-                     ALGO_3 (gemm.py), WINOGRAD_NONFUSED, FFT
+    forward          IMPLICIT_GEMM (implicit.py), IMPLICIT_PRECOMP_GEMM (grouped.py for groups > 1, else
+                     tensor_core.py), GEMM (gemm.py), WINOGRAD_NONFUSED (winograd.py), FFT (fft.py)
+    backward data    ALGO_0 (implicit.py), ALGO_1 (grouped.py, else tensor_core.py, else gemm.py),
+                     WINOGRAD_NONFUSED, FFT
+    backward filter  ALGO_0 (implicit.py), ALGO_1 (grouped.py, else wgrad_wgmma.py, else tensor_core.py, else
+                     implicit.py), ALGO_3 (gemm.py), WINOGRAD_NONFUSED, FFT
 The rest answer NOT_SUPPORTED with the reason.
 """
 from ... import enums as E
@@ -24,7 +25,7 @@ from ..activation import ActivationDescriptor
 from ..common import TAG, element_aligned, float_tensor, scalar
 from . import algorithms as _algos
 from . import find as _find
-from . import fft, gemm, implicit, tensor_core, wgrad_wgmma, winograd  # noqa: F401 - each registers its planners
+from . import fft, gemm, grouped, implicit, tensor_core, wgrad_wgmma, winograd  # noqa: F401 - each registers its planners
 from .algorithms import *  # noqa: F401,F403 - algorithm queries and Find...Ex
 from .find import *  # noqa: F401,F403 - Find without Ex (buffers of its own)
 from .implicit import bias_grad_expr

@@ -1,5 +1,6 @@
 """The tensor-core implicit GEMMs of ptx/convolution.cu, for half and bfloat16 NHWC data (C % 8 == 0, one
-group; the operand rules are problem.tc_refusal):
+group; the operand rules are problem.tc_refusal; grouped problems run the *_grouped wrappers of these
+kernels through grouped.py):
 
     forward          IMPLICIT_PRECOMP_GEMM  on sm_90 fwd_wgmma (Hopper wgmma) where channels % 64 == 0 and a
                                             block has >= WGM_MIN_KTILES K tiles, else implicit_gemm_pipe_tc

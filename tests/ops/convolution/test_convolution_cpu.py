@@ -905,8 +905,14 @@ def test_tensor_core_refusals():
          "multiples of 8 (C 12, K 8)"),
         ((tdesc((2, 16, 8, 8), BF16, NCHW),) + ok[1:] + (c,), "channels innermost (NHWC)"),
         ((ok[0], fdesc((8, 16, 3, 3), BF16, NCHW), ok[2], c), "filter in NHWC format"),
-        ((ok[0], fdesc((8, 8, 3, 3), BF16, NHWC), ok[2], cdesc((1, 1), (1, 1), (1, 1), groups=2)), "groupCount 1"),
+        # depthwise (C/g 1): outside the grouped tensor-core path (grouped.py), the dense kernels' reason
+        ((ok[0], fdesc((16, 1, 3, 3), BF16, NHWC), tdesc((2, 16, 8, 8), BF16, NHWC),
+          cdesc((1, 1), (1, 1), (1, 1), groups=16)), "groupCount 1"),
     ]
+    # groups 2 (C/g 8, K/g 4): the grouped path packs both groups into one supergroup (the filter packed
+    # into the workspace)
+    assert pydnn.get_convolution_forward_workspace_size(h, ok[0], fdesc((8, 8, 3, 3), BF16, NHWC),
+                                                        cdesc((1, 1), (1, 1), (1, 1), groups=2), ok[2], pre) > 0
     for (x, w, y, conv), needle in bad:
         _check(pydnn.get_convolution_forward_workspace_size, (h, x, w, conv, y, pre), NS, needle)
     bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1

@@ -1,0 +1,102 @@
+"""Grouped convolution benchmark (issue 18): ResNeXt-50 32x4d's grouped 3x3 layers, bf16 NHWC, forward /
+backward data / backward filter, pydnn (the algorithm Get..._v7 ranks first, the plan's kernel named)
+beside cuDNN through PyTorch (cudnn.benchmark on), in the same run.
+
+    python3 tools/bench_conv_grouped.py              # N = 32, the 7 layers (about 20 s with compiles)
+    python3 tools/bench_conv_grouped.py --n 8 --n 128
+
+Predicted (ops/convolution/grouped.py's docstring, before any device run) for N32 512->512 @14:
+forward 0.020-0.025 ms, backward data 0.020-0.025 ms, backward filter 0.030-0.035 ms (cuDNN measured on
+an H200 at 0.076 / 0.040 / 0.025; pydnn before this path 0.529 / 0.163 / 1.111).
+"""
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pydnn  # noqa: E402
+from bench import desc, time_ms  # noqa: E402
+
+LAYERS = [  # C = K, H = W, stride (ResNeXt-50 32x4d's grouped 3x3 convolutions, groups 32)
+    (128, 56, 1), (256, 28, 1), (512, 14, 1), (1024, 7, 1), (256, 56, 2), (512, 28, 2), (1024, 14, 2)]
+GROUPS = 32
+
+
+def _kernel(h, direction, algo, conv, xd, wd, yd):
+    from pydnn.ops.convolution import plans as CP
+    pl = CP.new_plan(h, direction, algo, conv, xd, wd, yd)
+    e = getattr(pl, "gemm_expr", None) or type(pl).__name__
+    return e.split("<")[0].split("::")[-1]
+
+
+def layer(h, n, c, hw, stride):
+    x = torch.randn(n, c, hw, hw, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    w = (torch.randn(c, c // GROUPS, 3, 3, device="cuda", dtype=torch.bfloat16) * 0.1).to(
+        memory_format=torch.channels_last)
+    y = torch.nn.functional.conv2d(x, w, stride=stride, padding=1, groups=GROUPS).contiguous(
+        memory_format=torch.channels_last)
+    dy = torch.randn_like(y)
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    dt = pydnn.PYDNN_DATA_BFLOAT16
+    xd, yd = desc(x, dtype=dt), desc(y, dtype=dt)
+    wd = pydnn.create_filter_descriptor()
+    pydnn.set_filter4d_descriptor(wd, dt, pydnn.PYDNN_TENSOR_NHWC, *w.shape)
+    conv = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(conv, 1, 1, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
+                                       pydnn.PYDNN_DATA_FLOAT)
+    pydnn.set_convolution_group_count(conv, GROUPS)
+    fa = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
+    da = pydnn.get_convolution_backward_data_algorithm_v7(h, wd, yd, conv, xd, 1)[0].algo
+    wa = pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, conv, wd, 1)[0].algo
+    need = max(pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, fa),
+               pydnn.get_convolution_backward_data_workspace_size(h, wd, yd, conv, xd, da),
+               pydnn.get_convolution_backward_filter_workspace_size(h, xd, yd, conv, wd, wa))
+    ws = torch.empty(max(need, 1), dtype=torch.uint8, device="cuda")
+    wsp = ws.data_ptr()
+    xp, wp, yp, dyp, dxp, dwp = (t.data_ptr() for t in (x, w, y, dy, dx, dw))
+    args = ([stride] * 2, [1, 1], [1, 1], False, [0, 0], GROUPS)
+    rows = [
+        ("fwd", fa, 0, lambda: pydnn.convolution_forward(h, 1.0, xd, xp, wd, wp, conv, fa, wsp, need, 0.0, yd, yp),
+         lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=1, groups=GROUPS)),
+        ("bwd data", da, 1, lambda: pydnn.convolution_backward_data(h, 1.0, wd, wp, yd, dyp, conv, da, wsp, need, 0.0,
+                                                                    xd, dxp),
+         lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *args, [True, False, False])),
+        ("bwd filter", wa, 2, lambda: pydnn.convolution_backward_filter(h, 1.0, xd, xp, yd, dyp, conv, wa, wsp, need,
+                                                                        0.0, wd, dwp),
+         lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *args, [False, True, False])),
+    ]
+    out = []
+    for what, algo, d, fp, ft in rows:
+        ms_p, ms_t = time_ms(fp, reps=20, warmup=3), time_ms(ft, reps=20, warmup=3)
+        out.append((what, algo, _kernel(h, d, algo, conv, xd, wd, yd), ms_p, ms_t))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, action="append")
+    a = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    print(f"device: {torch.cuda.get_device_name()}  cuDNN {torch.backends.cudnn.version()}")
+    print(f"{'layer':34s} {'dir':10s} {'algo':>4s} {'kernel':34s} {'pydnn ms':>9s} {'cudnn ms':>9s} {'ratio':>6s}")
+    ratios = []
+    for n in a.n or [32]:
+        for c, hw, stride in LAYERS:
+            name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "")
+            for what, algo, kern, ms_p, ms_t in layer(h, n, c, hw, stride):
+                r = ms_t / ms_p
+                ratios.append(r)
+                print(f"{name:34s} {what:10s} {int(algo):4d} {kern:34s} {ms_p:9.4f} {ms_t:9.4f} {r:6.2f}x")
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    print(f"geomean {geo:.3f}x cuDNN, min {min(ratios):.3f}x over {len(ratios)} rows")
+
+
+if __name__ == "__main__":
+    main()
