@@ -318,11 +318,17 @@ def test_forward_and_backward(handle, rng, name):
 
 
 def test_inference_matches_training(handle, rng):
-    """Inference (all steps) writes the same output as training; one step writes only that step's rows."""
+    """Inference (all steps) writes the same output as training (same kernels); one step writes only that
+    step's rows, within the output projection's rounding of training's: a single query row takes the
+    decode attention kernel (split keys, its own order of sums), so its bf16 heads may differ from the
+    training kernel's by a rounding, which the projection turns into an error relative to the magnitude of
+    its summed terms (scale), as _check_forward measures it."""
     c = Case(rng, **CASES["bf16-d64-o2o-bmtv-lens-bias"])
     c.setup(handle, rng)
     c.forward(training=True)
     train = c.o.dev.download()
+    s = M._Sizes(c.a, c.q.dev.dims[0], c.q.dev.dims[1], c.q.dev.dims[2], c.k.dev.dims[2], c.k.dev.dims[1])
+    _, mag = _out_ref(c.region(c.rs, s.reserve_off["ao"], c.q, c.h * c.d), c.weights)
     c.o.dev.poison()
     c.forward(training=False)
     assert_close(c.o.dev.download(), train, c.dtype, "inference vs training (same kernels)")
@@ -331,7 +337,7 @@ def test_inference_matches_training(handle, rng):
     got = c.o.dev.download()
     assert np.isnan(np.delete(got, 5, axis=2)).all()  # other steps untouched (still poison)
     valid = c.lq > 5
-    assert_close(got[:, :, 5][valid], train[:, :, 5][valid], c.dtype, "step 5 vs training")
+    assert_close(got[:, :, 5][valid], train[:, :, 5][valid], c.dtype, "step 5 vs training", scale=mag[:, :, 5][valid])
 
 
 def test_inference_one_step_window(handle, rng):
