@@ -289,4 +289,10 @@ rnn = Switches(
                   "Python per step); off: every call rebuilds its launches"),
 )
 
+callpath = Switches(
+    "callpath", "host work per call (pydnn/ops/_replay.py, pydnn/ops/mha.py's plans, libpydnn's C fast path)",
+    MHA_PLANS=(True, "the legacy multi-head attention calls keep a recorded plan per descriptor set and replay it "
+                     "(pointers patched); off: every call validates, plans and launches in full (for measurements)"),
+)
+
 apply_environment()

@@ -209,6 +209,60 @@ def _conv(h, buf):
             (xp, wp, yp), (x, w, y), "conv2d")
 
 
+def _mha_setup(h, buf, batch=8, seq=512, emb=1024, heads=16, causal=True):
+    """The legacy MHA layer (BERT-large-like, bf16): forward (inference, training), backward data, weights."""
+    T_, B_, M_, V_ = (P.PYDNN_SEQDATA_TIME_DIM, P.PYDNN_SEQDATA_BATCH_DIM, P.PYDNN_SEQDATA_BEAM_DIM,
+                      P.PYDNN_SEQDATA_VECT_DIM)
+    bf16 = P.PYDNN_DATA_BFLOAT16
+    d = P.create_seq_data_descriptor()
+    dims = [0] * 4
+    dims[T_], dims[B_], dims[M_], dims[V_] = seq, batch, 1, emb
+    P.set_seq_data_descriptor(d, bf16, 4, dims, [B_, M_, T_, V_], batch, [seq] * batch, None)
+    a = P.create_attn_descriptor()
+    P.set_attn_descriptor(a, P.PYDNN_ATTN_QUERYMAP_ONE_TO_ONE | P.PYDNN_ATTN_ENABLE_PROJ_BIASES, heads,
+                          (emb // heads) ** -0.5, bf16, P.PYDNN_DATA_FLOAT, P.PYDNN_TENSOR_OP_MATH, None, None, emb,
+                          emb, emb, emb // heads, emb // heads, emb // heads, emb, seq, seq, batch, 1)
+    wsize, wssize, rssize = P.get_multi_head_attn_buffers(h, a)
+    nb = batch * seq * emb * 2
+    names = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+    b = {n: buf(nb) for n in names}
+    b.update(w=buf(wsize), dw=buf(wsize), ws=buf(wssize), rs=buf(rssize), lens=buf(4 * batch))
+    lo = [0] * seq
+    hi = [t + 1 for t in range(seq)] if causal else [seq] * seq
+    return a, d, b, (wsize, wssize, rssize), lo, hi
+
+
+def _mha(kind):
+    def setup(h, buf):
+        a, d, b, (wsize, wssize, rssize), lo, hi = _mha_setup(h, buf)
+        keys = {"forward inference": ("q", "k", "v", "o", "lens", "w", "ws"),
+                "forward training": ("q", "k", "v", "o", "lens", "w", "ws", "rs"),
+                "backward data": ("do", "dq", "q", "dk", "k", "dv", "v", "lens", "w", "ws", "rs"),
+                "backward weights": ("q", "k", "v", "do", "w", "dw", "ws", "rs")}[kind]
+        ints = tuple(b[k][0] for k in keys)
+        objs = tuple(b[k][1] for k in keys)
+
+        def call(x):
+            p = dict(zip(keys, x))
+            if kind.startswith("forward"):
+                train = kind.endswith("training")
+                P.multi_head_attn_forward(h, a, -1, lo, hi, p["lens"], p["lens"], d, p["q"], None, d, p["k"], d,
+                                          p["v"], d, p["o"], wsize, p["w"], wssize, p["ws"], rssize if train else 0,
+                                          p["rs"] if train else None)
+            elif kind == "backward data":
+                P.multi_head_attn_backward_data(h, a, lo, hi, p["lens"], p["lens"], d, p["do"], d, p["dq"], p["q"], d,
+                                                p["dk"], p["k"], d, p["dv"], p["v"], wsize, p["w"], wssize, p["ws"],
+                                                rssize, p["rs"])
+            else:
+                P.multi_head_attn_backward_weights(h, a, P.PYDNN_WGRAD_MODE_SET, d, p["q"], d, p["k"], d, p["v"], d,
+                                                   p["do"], wsize, p["w"], p["dw"], wssize, p["ws"], rssize, p["rs"])
+        return call, ints, objs, None
+    return setup
+
+
+MHA_CASES = [("mha", f"multi_head_attn {k} b8 s512 e1024 h16 causal", _mha(k))
+             for k in ("forward inference", "forward training", "backward data", "backward weights")]
+
 CASES = [
     ("activation", "activation_forward relu 1 elem", _act),
     ("tensor", "add_tensor 1 elem", _add),
@@ -311,7 +365,56 @@ def run_gpu(families, calls):
         rows.append(r)
         print(f"{fam:13s} {name:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
               f"torch.{tname} {r['torch_us']:6.2f} us", flush=True)
+    # the floor: the same launch record enqueued directly (cuda.bindings' cuLaunchKernel and the driver)
+    if not families or "activation" in families:
+        call, ints, objs, _ = _act(h, buf)
+        call(ints)
+        rec = next(r for r in h.prepared.values() if hasattr(r, "vec_func"))
+        from pydnn._cuda import driver
+
+        la, stream = driver.launch_args, h.cu_stream
+        us = time_us(lambda: la(rec.vec_func, rec.vec_grid, rec.vec_block, 0, stream, rec.argv), calls)
+        torch.cuda.synchronize()
+        print(f"{'launch':13s} {'driver.launch_args alone (cuLaunchKernel)':45s} {us:6.2f} us", flush=True)
+        rows.append({"family": "launch", "case": "driver.launch_args alone", "int_us": us, "obj_us": float("nan"),
+                     "torch_us": float("nan")})
     pydnn.destroy(h)
+    return rows
+
+
+def run_mha(calls, gpu):
+    """The legacy MHA layer's host time per call: plans on and off (tuning.callpath.MHA_PLANS). On the GPU
+    with real launches (kernels compiled on first use), else with launches replaced by no-ops."""
+    from pydnn import tuning
+
+    rows = []
+    ctx = contextlib.nullcontext() if gpu else no_launch()
+    with ctx:
+        if gpu:
+            import torch
+
+            h = pydnn.create()
+            pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+            buf = TorchBuffers()
+        else:
+            h, buf = cpu_handle(), CpuBuffers()
+        for fam, name, setup in MHA_CASES:
+            call, ints, objs, _ = setup(h, buf)
+            r = {"family": fam, "case": name}
+            for on in (False, True):
+                tuning.callpath.MHA_PLANS = on
+                call(ints)
+                r["plans" if on else "full"] = time_us(lambda: call(ints), calls, 3)
+                r["calls_plans" if on else "calls_full"] = python_calls(lambda: call(ints))[0]
+                if gpu:
+                    torch.cuda.synchronize()
+            tuning.callpath.reset()
+            rows.append(r)
+            print(f"{fam:13s} {name:52s} full {r['full']:8.1f} us ({r['calls_full']} py calls) | plan "
+                  f"{r['plans']:7.1f} us ({r['calls_plans']} py calls)", flush=True)
+        if gpu:
+            torch.cuda.synchronize()
+            pydnn.destroy(h)
     return rows
 
 
@@ -358,7 +461,16 @@ def main():
     p.add_argument("--families", default="", help="comma-separated families (default: all)")
     p.add_argument("--c", action="store_true", help="also time the calls from C (GPU only)")
     p.add_argument("--out", help="write the markdown table here")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: activation and tensor families, the launch floor, C, MHA host time "
+                        "(launches stubbed unless --mha-gpu)")
+    p.add_argument("--mha", action="store_true", help="also the legacy MHA layer (plans on / off)")
+    p.add_argument("--mha-gpu", action="store_true", help="MHA with real launches (compiles matmul / attention)")
     args = p.parse_args()
+    if args.quick:
+        args.families = args.families or "activation,tensor"
+        args.calls = min(args.calls, 5000)
+        args.c = args.mha = True
     families = {f.strip() for f in args.families.split(",") if f.strip()}
     from pydnn._cuda import driver
 
@@ -367,6 +479,13 @@ def main():
           f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
     rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
     md = to_markdown(rows, gpu)
+    if args.mha:
+        mrows = run_mha(max(20, args.calls // 100), gpu and args.mha_gpu)
+        md += ("\nLegacy MHA layer, host time per call (" + ("real launches" if gpu and args.mha_gpu else
+                                                          "launches stubbed") + "):\n\n"
+               "| call | full µs | Python calls | plan µs | Python calls |\n|---|---:|---:|---:|---:|\n")
+        md += "".join(f"| {r['case']} | {r['full']:.1f} | {r['calls_full']} | {r['plans']:.1f} | {r['calls_plans']} |\n"
+                      for r in mrows)
     if gpu and args.c:
         c_out = run_c(args.calls)
         if c_out:

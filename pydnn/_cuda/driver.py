@@ -228,6 +228,8 @@ def memcpy_dtoh(dst_host_ptr, src, nbytes):
 
 
 def memcpy_dtod_async(dst, src, nbytes, stream=0):
+    if _recorders and _recorded(("c", int(dst), int(src), int(nbytes))):
+        return
     d = _driver()
     check(d.cuMemcpyDtoDAsync(d.CUdeviceptr(dst), d.CUdeviceptr(src), nbytes, d.CUstream(stream)),
           "cuMemcpyDtoDAsync")
@@ -283,8 +285,47 @@ def kernel_args(params):
     return (arr, ctypes.addressof(arr), params)
 
 
+# ---------------------------------------------------------------- recording (pydnn/ops/_replay.py)
+# While a thread records, its launches and device-to-device copies are appended to its list instead of being
+# enqueued (a dry run that a family turns into a replayable plan). Other threads launch as usual. The hot
+# path pays one global read (_recorders == 0).
+_recorders = 0
+_rec_local = threading.local()
+
+
+def _recorded(item):
+    items = getattr(_rec_local, "items", None)
+    if items is None:
+        return False
+    items.append(item)
+    return True
+
+
+class recording:
+    """with recording() as items: the launches / copies this thread makes are listed, not enqueued. Items:
+    ("k", func, grid, block, smem, params bytes) and ("c", dst, src, nbytes)."""
+
+    def __enter__(self):
+        global _recorders
+        if getattr(_rec_local, "items", None) is not None:
+            raise RuntimeError("recording() does not nest")
+        self.items = _rec_local.items = []
+        with _lock:
+            _recorders += 1
+        return self.items
+
+    def __exit__(self, *exc):
+        global _recorders
+        _rec_local.items = None
+        with _lock:
+            _recorders -= 1
+        return False
+
+
 def launch_args(func, grid, block, smem, stream, args):
     """Enqueue `func` with arguments prepared by kernel_args (the hot path: nothing built per call)."""
+    if _recorders and _recorded(("k", func, tuple(grid), tuple(block), smem, bytes(args[2]))):
+        return
     err = _drv.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
                               stream, args[1], 0)[0]
     if err != 0:
@@ -298,6 +339,8 @@ def launch(func, grid, block, smem, stream, params):
     pydnn/_build/params.py). The driver copies it at launch, so it may be reused right after.
     No synchronization, no allocation.
     """
+    if _recorders and _recorded(("k", func, tuple(grid), tuple(block), smem, bytes(params))):
+        return
     d = _drv
     argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
     err = d.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
