@@ -98,8 +98,9 @@ def test_torch_tensors_skip_the_array_interface(cpu):
     names = _calls(lambda: call((x, y)))
     assert "__cuda_array_interface__" not in names and "_cai_extent" not in names, names
     int_names = _calls(lambda: call(ints))
-    # per buffer: device_ptr, the torch resolver and its two method calls (data_ptr, is_contiguous)
-    assert len(names) <= len(int_names) + 3 * 2, (names, int_names)
+    # per buffer: device_ptr, the torch resolver and its two method calls (data_ptr, is_contiguous; Python
+    # functions in this stand-in, C methods of a real tensor); an int pointer is taken inline (no call)
+    assert len(names) <= len(int_names) + 4 * 2, (names, int_names)
 
 
 def test_torch_fast_path_checks_size_and_device():
