@@ -335,7 +335,30 @@ def run_cpu(families, calls):
     return rows
 
 
-def run_gpu(families, calls):
+def check_gpu(h):
+    """The launch paths give the right answer: activation_forward on torch tensors (aligned and not, the vector
+    and the scalar kernel) against torch.relu, exactly."""
+    import torch
+
+    x = torch.randn(4099, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    d = _td((1, 1, 1, 4096))
+    ok = True
+    for rep in range(3):
+        for off in (0, 1, 3):
+            xs, ys = x[off:off + 4096], y[off:off + 4096]
+            P.activation_forward(h, a, 1.0, d, xs, 0.0, d, ys)
+            ok &= bool(torch.equal(ys, torch.relu(xs)))
+        x.normal_()
+    torch.cuda.synchronize()
+    print(f"check activation_forward (torch tensors, offsets 0 / 1 / 3) against torch.relu: {'ok' if ok else 'MISMATCH'}",
+          flush=True)
+    return ok
+
+
+def run_gpu(families, calls, label=""):
     import torch
 
     h = pydnn.create()
@@ -356,14 +379,14 @@ def run_gpu(families, calls):
         except pydnn.PydnnError as e:
             print(f"{fam:13s} {name:45s} skipped: {e}", flush=True)
             continue
-        r = {"family": fam, "case": name, "int_us": time_us(lambda: call(ints), calls),
+        r = {"family": fam, "case": name + label, "int_us": time_us(lambda: call(ints), calls),
              "obj_us": time_us(lambda: call(objs), calls)}
         torch.cuda.synchronize()
         top = torch_ops.get(tname)
         r["torch_us"] = time_us(top, calls) if top else float("nan")
         torch.cuda.synchronize()
         rows.append(r)
-        print(f"{fam:13s} {name:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
+        print(f"{fam:13s} {name + label:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
               f"torch.{tname} {r['torch_us']:6.2f} us", flush=True)
     # the floor: the same launch record enqueued directly (cuda.bindings' cuLaunchKernel and the driver)
     if not families or "activation" in families:
@@ -378,6 +401,7 @@ def run_gpu(families, calls):
         print(f"{'launch':13s} {'driver.launch_args alone (cuLaunchKernel)':45s} {us:6.2f} us", flush=True)
         rows.append({"family": "launch", "case": "driver.launch_args alone", "int_us": us, "obj_us": float("nan"),
                      "torch_us": float("nan")})
+        check_gpu(h)
     pydnn.destroy(h)
     return rows
 
@@ -477,8 +501,20 @@ def main():
     gpu = not args.cpu and driver.available()
     print(f"pydnn {pydnn.__version__}, python {sys.version.split()[0]}, "
           f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
-    rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
+    if gpu and args.quick:  # the compiled launch (tuning.callpath.C_LAUNCH) off, then on: fresh handles
+        from pydnn import tuning
+
+        tuning.callpath.C_LAUNCH = False
+        rows = run_gpu(families, args.calls, " [C_LAUNCH off]")
+        tuning.callpath.C_LAUNCH = True
+        rows += run_gpu(families, args.calls)
+    else:
+        rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
     md = to_markdown(rows, gpu)
+    if gpu and args.c:
+        c_out = run_c(args.calls)
+        if c_out:
+            md += "\nFrom C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n"
     if args.mha:
         mrows = run_mha(max(20, args.calls // 100), gpu and args.mha_gpu)
         md += ("\nLegacy MHA layer, host time per call (" + ("real launches" if gpu and args.mha_gpu else
@@ -486,10 +522,6 @@ def main():
                "| call | full µs | Python calls | plan µs | Python calls |\n|---|---:|---:|---:|---:|\n")
         md += "".join(f"| {r['case']} | {r['full']:.1f} | {r['calls_full']} | {r['plans']:.1f} | {r['calls_plans']} |\n"
                       for r in mrows)
-    if gpu and args.c:
-        c_out = run_c(args.calls)
-        if c_out:
-            md += "\nFrom C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n"
     print("\n" + md)
     if args.out:
         with open(args.out, "w") as f:

@@ -211,3 +211,37 @@ def test_checked_mode_never_installs(env, monkeypatch):
     for _ in range(3):
         assert lib.pydnnScaleTensor(h, t, _ptr(ffi, 0), one) == 0
     assert lib._pydnn_fast_hits() == h0 and len(launches) == 3
+
+
+def test_a_fast_call_runs_no_python(env):
+    """The regression guard of the C face's hot path (counts, not time): a repeated ActivationForward makes
+    no Python-level call at all (sys.setprofile sees only the foreign call itself)."""
+    ffi, lib, h, launches = env
+    t = _tensor(ffi, lib, (1, 1, 1, 1))
+    a = ffi.new("pydnnActivationDescriptor_t *")
+    lib.pydnnCreateActivationDescriptor(a)
+    lib.pydnnSetActivationDescriptor(a[0], pydnn.PYDNN_ACTIVATION_RELU, 0, 0.0)
+    one, zero = ffi.new("float *", 1.0), ffi.new("float *", 0.0)
+    x, y = _ptr(ffi, 0), _ptr(ffi, 256)
+    fn = lib.pydnnActivationForward
+    fn(h, a[0], one, t, x, zero, t, y)
+    events = []
+
+    def prof(frame, event, arg):
+        events.append((event, frame.f_code.co_name))
+
+    sys.setprofile(prof)
+    try:
+        st = fn(h, a[0], one, t, x, zero, t, y)
+    finally:
+        sys.setprofile(None)
+    assert st == 0
+    assert [e for e in events if e[0] == "call"] == [], events
+    sys.setprofile(prof)
+    events.clear()
+    try:  # the slow path, for contrast: the marshalling and the Python function run
+        lib._pydnn_fast_bump()
+        fn(h, a[0], one, t, x, zero, t, y)
+    finally:
+        sys.setprofile(None)
+    assert any(e == ("call", "activation_forward") for e in events), events
