@@ -401,6 +401,15 @@ def run_gpu(families, calls, label=""):
         print(f"{'launch':13s} {'driver.launch_args alone (cuLaunchKernel)':45s} {us:6.2f} us", flush=True)
         rows.append({"family": "launch", "case": "driver.launch_args alone", "int_us": us, "obj_us": float("nan"),
                      "torch_us": float("nan")})
+        if getattr(rec, "crec", None):  # the compiled patch + launch (pydnn/_build/fastcall.py) alone
+            from pydnn.ops import _elementwise as ew
+
+            fl, c, s, y0, x0 = ew._fast_launch, rec.crec, h.stream, ints[1], ints[0]
+            us = time_us(lambda: fl(c, s, y0, x0, 0, 0, 1.0, 1.0, 0.0, 1), calls)
+            torch.cuda.synchronize()
+            print(f"{'launch':13s} {'fastcall pydnn_map_launch alone':45s} {us:6.2f} us", flush=True)
+            rows.append({"family": "launch", "case": "fastcall pydnn_map_launch alone", "int_us": us,
+                         "obj_us": float("nan"), "torch_us": float("nan")})
         check_gpu(h)
     pydnn.destroy(h)
     return rows
