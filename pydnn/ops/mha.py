@@ -830,6 +830,10 @@ def _read_windows(arr, n):
         return arr[:n] if len(arr) > n else arr
     if type(arr) is tuple:
         return list(arr[:n])
+    tolist = getattr(arr, "tolist", None)  # a numpy array: its first n entries as Python ints
+    if tolist is not None and getattr(arr, "ndim", 0) == 1 and getattr(arr.dtype, "kind", "") in "iu":
+        vals = arr[:n].tolist()
+        return vals if len(vals) == n else None
     return None
 
 

@@ -421,3 +421,34 @@ def test_mha_plan_keeps_errors_and_follows_changes(cpu):
     fwd()  # the descriptor's new version: a new plan
     assert len(h.prepared) > n
     tuning.callpath.reset()
+
+
+def test_mha_plan_takes_numpy_windows(cpu):
+    """Window arrays given as numpy arrays are compared with the plan's (a plan is kept and used)."""
+    np = pytest.importorskip("numpy")
+    h, buf, drv = cpu
+    a, d, b, (wsize, wssize, rssize), lo, hi = B._mha_setup(h, buf, batch=2, seq=64, emb=256, heads=4)
+    lo_np, hi_np = np.array(lo, dtype=np.int32), np.array(hi, dtype=np.int32)
+
+    def fwd(hi_arr):
+        pydnn.multi_head_attn_forward(h, a, -1, lo_np, hi_arr, b["lens"][0], b["lens"][0], d, b["q"][0], None, d,
+                                      b["k"][0], d, b["v"][0], d, b["o"][0], wsize, b["w"][0], wssize, b["ws"][0],
+                                      0, None)
+
+    fwd(hi_np)
+    names = _calls(lambda: fwd(hi_np))
+    assert not set(_FULL) & set(names), names
+    hi2 = hi_np.copy()
+    hi2[5] = 64  # no longer causal: not what the plan saw, so the full path (which refuses it) runs
+    with pytest.raises(pydnn.PydnnError) as e:
+        fwd(hi2)
+    from pydnn import tuning
+
+    tuning.callpath.MHA_PLANS = False
+    try:
+        with pytest.raises(pydnn.PydnnError) as want:
+            fwd(hi2)
+    finally:
+        tuning.callpath.reset()
+    assert e.value.status == pydnn.PYDNN_STATUS_NOT_SUPPORTED and "hiWinIdx" in e.value.message
+    assert (e.value.status, e.value.message) == (want.value.status, want.value.message)
