@@ -32,11 +32,32 @@ FAKE_CUDA = r"""
 #include <string.h>
 typedef unsigned long long u64;
 static int ok(void) { return 0; }
+/* what the last launches were given (tests/hard/test_fastcall_cpu.py reads them with fake_launches) */
+typedef struct { u64 func, stream, smem; unsigned dims[6]; unsigned char params[64]; } rec_t;
+static rec_t recs[4096];
+static unsigned long nrecs;
+int fake_launches(rec_t *out, unsigned long cap) {
+  unsigned long n = nrecs < cap ? nrecs : cap;
+  memcpy(out, recs, n * sizeof(rec_t));
+  nrecs = 0;
+  return (int)n;
+}
 static int launch(void *f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned s,
-                  void *st, void **p, void **x) { return 0; }
+                  void *st, void **p, void **x) {
+  if (nrecs < 4096) {
+    rec_t *r = &recs[nrecs++];
+    unsigned dims[6] = {a, b, c, d, e, g};
+    r->func = (u64)f; r->stream = (u64)st; r->smem = s;
+    memcpy(r->dims, dims, sizeof dims);
+    memcpy(r->params, p[0], 64);
+  }
+  return 0;
+}
+static int copy(u64 dst, u64 src, size_t n, void *st) { return 0; }
 static int version(int *v) { *v = 13000; return 0; }
 int cuLaunchKernel(void *f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned s,
-                   void *st, void **p, void **x) { return 0; }
+                   void *st, void **p, void **x) { return launch(f, a, b, c, d, e, g, s, st, p, x); }
+int cuMemcpyDtoDAsync_v2(u64 dst, u64 src, size_t n, void *st) { return copy(dst, src, n, st); }
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 int cuInit(unsigned f) { return 0; }
 int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, u64 flags, int *status) {
@@ -44,6 +65,7 @@ int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, u64 flags, int *st
   if (!strcmp(sym, "cuLaunchKernel")) { *pfn = (void *)launch; return 0; }
   if (!strcmp(sym, "cuDriverGetVersion")) { *pfn = (void *)version; return 0; }
   if (!strcmp(sym, "cuInit")) { *pfn = (void *)ok; return 0; }
+  if (!strcmp(sym, "cuMemcpyDtoDAsync")) { *pfn = (void *)copy; return 0; }
   *pfn = 0;
   if (status) *status = 1;
   return 500;
@@ -57,7 +79,10 @@ def fake_libcuda_dir():
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    d = os.path.join(tempfile.gettempdir(), f"pydnn-fake-cuda-{os.getuid()}")
+    import hashlib
+
+    tag = hashlib.sha256(FAKE_CUDA.encode()).hexdigest()[:10]
+    d = os.path.join(tempfile.gettempdir(), f"pydnn-fake-cuda-{os.getuid()}-{tag}")
     lib = os.path.join(d, "libcuda.so.1")
     if not os.path.exists(lib):
         os.makedirs(d, exist_ok=True)

@@ -322,10 +322,51 @@ class recording:
         return False
 
 
+# pydnn/_build/fastcall.py's compiled cuLaunchKernel (int arguments; cuda.bindings' wrapper costs about
+# 2 us per launch on the H200's host), installed by a handle's creation; used while _drv is the module it was
+# installed under (a test's stand-in driver turns it off). _addr caches the addresses of CUfunction / CUstream
+# objects (int() of one is slow); a placeholder kernel (a CPU handle's) has none and takes cuda.bindings.
+_fast = None
+_fast_drv = None
+_addr = {}
+
+
+def set_fast_launch(fn):
+    global _fast, _fast_drv
+    _fast_drv = _driver() if fn is not None else None
+    _fast = fn
+
+
+def _address(obj):
+    try:
+        v = int(obj)
+    except (TypeError, ValueError):
+        v = -1
+    if len(_addr) >= 4096:
+        _addr.clear()
+    try:
+        _addr[obj] = v
+    except TypeError:  # unhashable: never cached
+        pass
+    return v
+
+
 def launch_args(func, grid, block, smem, stream, args):
     """Enqueue `func` with arguments prepared by kernel_args (the hot path: nothing built per call)."""
     if _recorders and _recorded(("k", func, tuple(grid), tuple(block), smem, bytes(args[2]))):
         return
+    if _fast is not None and _drv is _fast_drv:
+        f = _addr.get(func)
+        if f is None:
+            f = _address(func)
+        s = _addr.get(stream)
+        if s is None:
+            s = _address(stream)
+        if f >= 0 and s >= 0:
+            err = _fast(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, s, args[1])
+            if err:
+                check((_drv.CUresult(err),), "cuLaunchKernel")
+            return
     err = _drv.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
                               stream, args[1], 0)[0]
     if err != 0:

@@ -22,6 +22,8 @@ raised before).
 import ctypes
 import struct
 
+from .. import tuning
+from .._build import fastcall
 from .._cuda import driver
 from ..buffers import device_ptr
 from ..status import PydnnError
@@ -62,12 +64,12 @@ def overlapping(ptrs, needs):
 class Plan:
     """A call's launches with the positions of their pointer words; launch(handle, ptrs) replays them."""
 
-    __slots__ = ("items", "patches", "sig", "last", "needs", "aligns", "tags", "extra")
+    __slots__ = ("items", "patches", "sig", "last", "needs", "aligns", "tags", "extra", "citems")
 
     def __init__(self, items, patches, sig, ptrs, needs, aligns):
         self.items, self.patches, self.sig = items, patches, sig
         self.last, self.needs, self.aligns = tuple(ptrs), tuple(needs), tuple(aligns)
-        self.tags, self.extra = (), None
+        self.tags, self.extra, self.citems = (), None, None
 
     def repatch(self, ptrs):
         deltas = [p - t for p, t in zip(ptrs, self.tags)]
@@ -75,8 +77,25 @@ class Plan:
             for off, i, w in words:
                 _WORD.pack_into(buf, off, w + deltas[i])
         self.last = tuple(ptrs)
+        c = self.citems
+        if c:  # the C array holds copies' addresses by value (launches point at the patched params)
+            arr = c[2]
+            for k, it in enumerate(self.items):
+                if it[0] == "c":
+                    arr[k].dst, arr[k].src, arr[k].nbytes = _COPY.unpack_from(it[1], 0)
 
     def launch(self, handle):
+        c = self.citems
+        if c is None:
+            c = self.citems = _citems(self.items)
+        if c and driver.launch_args is _LAUNCH_ARGS and driver.memcpy_dtod_async is _COPY_ASYNC \
+                and not driver._recorders:
+            err, i = fastcall.items_launcher()(c[0], c[1], handle.stream)
+            if err:
+                d = driver._driver()
+                what = "cuLaunchKernel" if self.items[i][0] == "k" else "cuMemcpyDtoDAsync"
+                driver.check((d.CUresult(err),), what)
+            return
         stream = handle.cu_stream
         la, cp = driver.launch_args, driver.memcpy_dtod_async
         for it in self.items:
@@ -84,6 +103,32 @@ class Plan:
                 la(it[1], it[2], it[3], it[4], stream, it[5])
             else:
                 cp(*_COPY.unpack_from(it[1], 0), stream)
+
+
+_LAUNCH_ARGS, _COPY_ASYNC = driver.launch_args, driver.memcpy_dtod_async
+
+
+def _citems(items):
+    """(address, count, the array) of the items as fastcall's C array, or () when the compiled launch is not
+    to be had (tuning.callpath.C_LAUNCH off, no helper, kernels that are not driver functions). The params
+    buffers are the items' own (patched in place), so the array stays valid across repatches."""
+    if not tuning.callpath.C_LAUNCH:
+        return ()
+    try:
+        funcs = [int(it[1]) if it[0] == "k" else 0 for it in items]
+    except (TypeError, ValueError):
+        return ()
+    if fastcall.items_launcher() is None:
+        return ()
+    arr = (fastcall.Item * max(1, len(items)))()
+    for a, it, f in zip(arr, items, funcs):
+        if it[0] == "k":
+            a.kind, a.func, a.argv, a.smem = 0, f, it[5][1], it[4]
+            a.grid[:], a.block[:] = list(it[2]), list(it[3])
+        else:
+            a.kind = 1
+            a.dst, a.src, a.nbytes = _COPY.unpack_from(it[1], 0)
+    return (ctypes.addressof(arr), len(items), arr)
 
 
 def _as_buffers(items):

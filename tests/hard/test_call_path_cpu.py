@@ -31,8 +31,8 @@ BUDGET_INT = {
     "softmax_forward 1x4": 7,  # was 17
     "reduce_tensor add 4 -> 1": 9,  # was 15
     "pooling_forward max 2x2": 7,  # was 17
-    "batchnorm": 39,  # inference: was 60 (validated every call), now behind its plan cache
-    "normalization": 34,  # was 40 (a generator key)
+    "batchnorm": 17,  # inference: was 60 (validated every call), 39 behind its plan cache, 17 with int
+    "normalization": 13,  # pointers, scalars and the handle inline; norm was 40 (a generator key), then 34
     "convolution": 29,  # pydnn/ops/convolution*.py: the lead's
 }
 
