@@ -71,7 +71,7 @@ def stream_value(stream, name="streamId"):
             return v
     try:
         return int(stream)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an __int__ / __index__ that refuses
         raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM,
                          f"{name}: {type(stream).__name__} is not a CUDA stream") from None
 
