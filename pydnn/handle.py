@@ -1,7 +1,7 @@
 """The handle: the device and context a caller works on, the stream calls go to, and the kernels loaded
 there (cudnnCreate / cudnnDestroy / cudnnSetStream / cudnnGetStream)."""
 from . import enums
-from ._build import loader
+from ._build import fastcall, loader
 from ._cuda import driver
 from .status import PydnnError, api
 
@@ -21,6 +21,7 @@ class Handle:
         self._funcs = {}
         self.prepared = {}  # launch records keyed by (op, descriptors, their versions): see remember()
         self.alive = True
+        fastcall.install()  # the compiled launch (built on first use; cuda.bindings' otherwise)
 
     def function(self, unit, expr, smem=0):
         """The CUfunction for a kernel instantiation on this handle's context (loaded on first use). smem: the
@@ -70,7 +71,7 @@ def stream_value(stream, name="streamId"):
             return v
     try:
         return int(stream)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an __int__ / __index__ that refuses
         raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM,
                          f"{name}: {type(stream).__name__} is not a CUDA stream") from None
 

@@ -308,4 +308,13 @@ rnn = Switches(
                           "several chunks"),
 )
 
+callpath = Switches(
+    "callpath", "host work per call (pydnn/ops/_replay.py, pydnn/ops/mha.py's plans, libpydnn's C fast path)",
+    MHA_PLANS=(True, "the legacy multi-head attention calls keep a recorded plan per descriptor set and replay it "
+                     "(pointers patched); off: every call validates, plans and launches in full (for measurements)"),
+    C_LAUNCH=(True, "element-wise launches (run_map) patch and launch in one compiled call (pydnn/_build/fastcall.py) "
+                    "where a C compiler and cffi are present; off: struct.pack_into + cuda.bindings (read when a launch "
+                    "record is first used)"),
+)
+
 apply_environment()

@@ -26,6 +26,15 @@ def config_flags():
     return shlex.split(pydnn_cli("config", "--cflags", "--libs"))
 
 
+def library_path():
+    """libpydnn as the C programs get it (`python -m pydnn config --libs`), for tests that load it into their
+    own process: the same build (its key holds the import path, so a build from this process's path would
+    rebuild the library the C programs use, and back)."""
+    flags = config_flags()
+    libdir = next(f[2:] for f in flags if f.startswith("-L"))
+    return Path(libdir) / "libpydnn.so"
+
+
 def build_and_run(name, tmp_path, extra=(), pythonpath=None):
     if CC is None:
         pytest.skip("no C compiler")

@@ -209,6 +209,60 @@ def _conv(h, buf):
             (xp, wp, yp), (x, w, y), "conv2d")
 
 
+def _mha_setup(h, buf, batch=8, seq=512, emb=1024, heads=16, causal=True):
+    """The legacy MHA layer (BERT-large-like, bf16): forward (inference, training), backward data, weights."""
+    T_, B_, M_, V_ = (P.PYDNN_SEQDATA_TIME_DIM, P.PYDNN_SEQDATA_BATCH_DIM, P.PYDNN_SEQDATA_BEAM_DIM,
+                      P.PYDNN_SEQDATA_VECT_DIM)
+    bf16 = P.PYDNN_DATA_BFLOAT16
+    d = P.create_seq_data_descriptor()
+    dims = [0] * 4
+    dims[T_], dims[B_], dims[M_], dims[V_] = seq, batch, 1, emb
+    P.set_seq_data_descriptor(d, bf16, 4, dims, [B_, M_, T_, V_], batch, [seq] * batch, None)
+    a = P.create_attn_descriptor()
+    P.set_attn_descriptor(a, P.PYDNN_ATTN_QUERYMAP_ONE_TO_ONE | P.PYDNN_ATTN_ENABLE_PROJ_BIASES, heads,
+                          (emb // heads) ** -0.5, bf16, P.PYDNN_DATA_FLOAT, P.PYDNN_TENSOR_OP_MATH, None, None, emb,
+                          emb, emb, emb // heads, emb // heads, emb // heads, emb, seq, seq, batch, 1)
+    wsize, wssize, rssize = P.get_multi_head_attn_buffers(h, a)
+    nb = batch * seq * emb * 2
+    names = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+    b = {n: buf(nb) for n in names}
+    b.update(w=buf(wsize), dw=buf(wsize), ws=buf(wssize), rs=buf(rssize), lens=buf(4 * batch))
+    lo = [0] * seq
+    hi = [t + 1 for t in range(seq)] if causal else [seq] * seq
+    return a, d, b, (wsize, wssize, rssize), lo, hi
+
+
+def _mha(kind):
+    def setup(h, buf):
+        a, d, b, (wsize, wssize, rssize), lo, hi = _mha_setup(h, buf)
+        keys = {"forward inference": ("q", "k", "v", "o", "lens", "w", "ws"),
+                "forward training": ("q", "k", "v", "o", "lens", "w", "ws", "rs"),
+                "backward data": ("do", "dq", "q", "dk", "k", "dv", "v", "lens", "w", "ws", "rs"),
+                "backward weights": ("q", "k", "v", "do", "w", "dw", "ws", "rs")}[kind]
+        ints = tuple(b[k][0] for k in keys)
+        objs = tuple(b[k][1] for k in keys)
+
+        def call(x):
+            p = dict(zip(keys, x))
+            if kind.startswith("forward"):
+                train = kind.endswith("training")
+                P.multi_head_attn_forward(h, a, -1, lo, hi, p["lens"], p["lens"], d, p["q"], None, d, p["k"], d,
+                                          p["v"], d, p["o"], wsize, p["w"], wssize, p["ws"], rssize if train else 0,
+                                          p["rs"] if train else None)
+            elif kind == "backward data":
+                P.multi_head_attn_backward_data(h, a, lo, hi, p["lens"], p["lens"], d, p["do"], d, p["dq"], p["q"], d,
+                                                p["dk"], p["k"], d, p["dv"], p["v"], wsize, p["w"], wssize, p["ws"],
+                                                rssize, p["rs"])
+            else:
+                P.multi_head_attn_backward_weights(h, a, P.PYDNN_WGRAD_MODE_SET, d, p["q"], d, p["k"], d, p["v"], d,
+                                                   p["do"], wsize, p["w"], p["dw"], wssize, p["ws"], rssize, p["rs"])
+        return call, ints, objs, None
+    return setup
+
+
+MHA_CASES = [("mha", f"multi_head_attn {k} b8 s512 e1024 h16 causal", _mha(k))
+             for k in ("forward inference", "forward training", "backward data", "backward weights")]
+
 CASES = [
     ("activation", "activation_forward relu 1 elem", _act),
     ("tensor", "add_tensor 1 elem", _add),
@@ -281,7 +335,30 @@ def run_cpu(families, calls):
     return rows
 
 
-def run_gpu(families, calls):
+def check_gpu(h):
+    """The launch paths give the right answer: activation_forward on torch tensors (aligned and not, the vector
+    and the scalar kernel) against torch.relu, exactly."""
+    import torch
+
+    x = torch.randn(4099, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    d = _td((1, 1, 1, 4096))
+    ok = True
+    for rep in range(3):
+        for off in (0, 1, 3):
+            xs, ys = x[off:off + 4096], y[off:off + 4096]
+            P.activation_forward(h, a, 1.0, d, xs, 0.0, d, ys)
+            ok &= bool(torch.equal(ys, torch.relu(xs)))
+        x.normal_()
+    torch.cuda.synchronize()
+    print(f"check activation_forward (torch tensors, offsets 0 / 1 / 3) against torch.relu: {'ok' if ok else 'MISMATCH'}",
+          flush=True)
+    return ok
+
+
+def run_gpu(families, calls, label=""):
     import torch
 
     h = pydnn.create()
@@ -302,16 +379,75 @@ def run_gpu(families, calls):
         except pydnn.PydnnError as e:
             print(f"{fam:13s} {name:45s} skipped: {e}", flush=True)
             continue
-        r = {"family": fam, "case": name, "int_us": time_us(lambda: call(ints), calls),
+        r = {"family": fam, "case": name + label, "int_us": time_us(lambda: call(ints), calls),
              "obj_us": time_us(lambda: call(objs), calls)}
         torch.cuda.synchronize()
         top = torch_ops.get(tname)
         r["torch_us"] = time_us(top, calls) if top else float("nan")
         torch.cuda.synchronize()
         rows.append(r)
-        print(f"{fam:13s} {name:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
+        print(f"{fam:13s} {name + label:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
               f"torch.{tname} {r['torch_us']:6.2f} us", flush=True)
+    # the floor: the same launch record enqueued directly (cuda.bindings' cuLaunchKernel and the driver)
+    if not families or "activation" in families:
+        call, ints, objs, _ = _act(h, buf)
+        call(ints)
+        rec = next(r for r in h.prepared.values() if hasattr(r, "vec_func"))
+        from pydnn._cuda import driver
+
+        la, stream = driver.launch_args, h.cu_stream
+        us = time_us(lambda: la(rec.vec_func, rec.vec_grid, rec.vec_block, 0, stream, rec.argv), calls)
+        torch.cuda.synchronize()
+        print(f"{'launch':13s} {'driver.launch_args alone (cuLaunchKernel)':45s} {us:6.2f} us", flush=True)
+        rows.append({"family": "launch", "case": "driver.launch_args alone", "int_us": us, "obj_us": float("nan"),
+                     "torch_us": float("nan")})
+        if getattr(rec, "crec", None):  # the compiled patch + launch (pydnn/_build/fastcall.py) alone
+            from pydnn.ops import _elementwise as ew
+
+            fl, c, s, y0, x0 = ew._fast_launch, rec.crec, h.stream, ints[1], ints[0]
+            us = time_us(lambda: fl(c, s, y0, x0, 0, 0, 1.0, 1.0, 0.0, 1), calls)
+            torch.cuda.synchronize()
+            print(f"{'launch':13s} {'fastcall pydnn_map_launch alone':45s} {us:6.2f} us", flush=True)
+            rows.append({"family": "launch", "case": "fastcall pydnn_map_launch alone", "int_us": us,
+                         "obj_us": float("nan"), "torch_us": float("nan")})
+        check_gpu(h)
     pydnn.destroy(h)
+    return rows
+
+
+def run_mha(calls, gpu):
+    """The legacy MHA layer's host time per call: plans on and off (tuning.callpath.MHA_PLANS). On the GPU
+    with real launches (kernels compiled on first use), else with launches replaced by no-ops."""
+    from pydnn import tuning
+
+    rows = []
+    ctx = contextlib.nullcontext() if gpu else no_launch()
+    with ctx:
+        if gpu:
+            import torch
+
+            h = pydnn.create()
+            pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+            buf = TorchBuffers()
+        else:
+            h, buf = cpu_handle(), CpuBuffers()
+        for fam, name, setup in MHA_CASES:
+            call, ints, objs, _ = setup(h, buf)
+            r = {"family": fam, "case": name}
+            for on in (False, True):
+                tuning.callpath.MHA_PLANS = on
+                call(ints)
+                r["plans" if on else "full"] = time_us(lambda: call(ints), calls, 3)
+                r["calls_plans" if on else "calls_full"] = python_calls(lambda: call(ints))[0]
+                if gpu:
+                    torch.cuda.synchronize()
+            tuning.callpath.reset()
+            rows.append(r)
+            print(f"{fam:13s} {name:52s} full {r['full']:8.1f} us ({r['calls_full']} py calls) | plan "
+                  f"{r['plans']:7.1f} us ({r['calls_plans']} py calls)", flush=True)
+        if gpu:
+            torch.cuda.synchronize()
+            pydnn.destroy(h)
     return rows
 
 
@@ -358,19 +494,43 @@ def main():
     p.add_argument("--families", default="", help="comma-separated families (default: all)")
     p.add_argument("--c", action="store_true", help="also time the calls from C (GPU only)")
     p.add_argument("--out", help="write the markdown table here")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: activation and tensor families, the launch floor, C, MHA host time "
+                        "(launches stubbed unless --mha-gpu)")
+    p.add_argument("--mha", action="store_true", help="also the legacy MHA layer (plans on / off)")
+    p.add_argument("--mha-gpu", action="store_true", help="MHA with real launches (compiles matmul / attention)")
     args = p.parse_args()
+    if args.quick:
+        args.families = args.families or "activation,tensor"
+        args.calls = min(args.calls, 5000)
+        args.c = args.mha = True
     families = {f.strip() for f in args.families.split(",") if f.strip()}
     from pydnn._cuda import driver
 
     gpu = not args.cpu and driver.available()
     print(f"pydnn {pydnn.__version__}, python {sys.version.split()[0]}, "
           f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
-    rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
+    if gpu and args.quick:  # the compiled launch (tuning.callpath.C_LAUNCH) off, then on: fresh handles
+        from pydnn import tuning
+
+        tuning.callpath.C_LAUNCH = False
+        rows = run_gpu(families, args.calls, " [C_LAUNCH off]")
+        tuning.callpath.C_LAUNCH = True
+        rows += run_gpu(families, args.calls)
+    else:
+        rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
     md = to_markdown(rows, gpu)
     if gpu and args.c:
         c_out = run_c(args.calls)
         if c_out:
             md += "\nFrom C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n"
+    if args.mha:
+        mrows = run_mha(max(20, args.calls // 100), gpu and args.mha_gpu)
+        md += ("\nLegacy MHA layer, host time per call (" + ("real launches" if gpu and args.mha_gpu else
+                                                          "launches stubbed") + "):\n\n"
+               "| call | full µs | Python calls | plan µs | Python calls |\n|---|---:|---:|---:|---:|\n")
+        md += "".join(f"| {r['case']} | {r['full']:.1f} | {r['calls_full']} | {r['plans']:.1f} | {r['calls_plans']} |\n"
+                      for r in mrows)
     print("\n" + md)
     if args.out:
         with open(args.out, "w") as f:

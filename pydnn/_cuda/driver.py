@@ -233,6 +233,8 @@ def memcpy_dtoh(dst_host_ptr, src, nbytes):
 
 
 def memcpy_dtod_async(dst, src, nbytes, stream=0):
+    if _recorders and _recorded(("c", int(dst), int(src), int(nbytes))):
+        return
     d = _driver()
     check(d.cuMemcpyDtoDAsync(d.CUdeviceptr(dst), d.CUdeviceptr(src), nbytes, d.CUstream(stream)),
           "cuMemcpyDtoDAsync")
@@ -288,8 +290,88 @@ def kernel_args(params):
     return (arr, ctypes.addressof(arr), params)
 
 
+# ---------------------------------------------------------------- recording (pydnn/ops/_replay.py)
+# While a thread records, its launches and device-to-device copies are appended to its list instead of being
+# enqueued (a dry run that a family turns into a replayable plan). Other threads launch as usual. The hot
+# path pays one global read (_recorders == 0).
+_recorders = 0
+_rec_local = threading.local()
+
+
+def _recorded(item):
+    items = getattr(_rec_local, "items", None)
+    if items is None:
+        return False
+    items.append(item)
+    return True
+
+
+class recording:
+    """with recording() as items: the launches / copies this thread makes are listed, not enqueued. Items:
+    ("k", func, grid, block, smem, params bytes) and ("c", dst, src, nbytes)."""
+
+    def __enter__(self):
+        global _recorders
+        if getattr(_rec_local, "items", None) is not None:
+            raise RuntimeError("recording() does not nest")
+        self.items = _rec_local.items = []
+        with _lock:
+            _recorders += 1
+        return self.items
+
+    def __exit__(self, *exc):
+        global _recorders
+        _rec_local.items = None
+        with _lock:
+            _recorders -= 1
+        return False
+
+
+# pydnn/_build/fastcall.py's compiled cuLaunchKernel (int arguments; cuda.bindings' wrapper costs about
+# 2 us per launch on the H200's host), installed by a handle's creation; used while _drv is the module it was
+# installed under (a test's stand-in driver turns it off). _addr caches the addresses of CUfunction / CUstream
+# objects (int() of one is slow); a placeholder kernel (a CPU handle's) has none and takes cuda.bindings.
+_fast = None
+_fast_drv = None
+_addr = {}
+
+
+def set_fast_launch(fn):
+    global _fast, _fast_drv
+    _fast_drv = _driver() if fn is not None else None
+    _fast = fn
+
+
+def _address(obj):
+    try:
+        v = int(obj)
+    except (TypeError, ValueError):
+        v = -1
+    if len(_addr) >= 4096:
+        _addr.clear()
+    try:
+        _addr[obj] = v
+    except TypeError:  # unhashable: never cached
+        pass
+    return v
+
+
 def launch_args(func, grid, block, smem, stream, args):
     """Enqueue `func` with arguments prepared by kernel_args (the hot path: nothing built per call)."""
+    if _recorders and _recorded(("k", func, tuple(grid), tuple(block), smem, bytes(args[2]))):
+        return
+    if _fast is not None and _drv is _fast_drv:
+        f = _addr.get(func)
+        if f is None:
+            f = _address(func)
+        s = _addr.get(stream)
+        if s is None:
+            s = _address(stream)
+        if f >= 0 and s >= 0:
+            err = _fast(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, s, args[1])
+            if err:
+                check((_drv.CUresult(err),), "cuLaunchKernel")
+            return
     err = _drv.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
                               stream, args[1], 0)[0]
     if err != 0:
@@ -303,6 +385,8 @@ def launch(func, grid, block, smem, stream, params):
     pydnn/_build/params.py). The driver copies it at launch, so it may be reused right after.
     No synchronization, no allocation.
     """
+    if _recorders and _recorded(("k", func, tuple(grid), tuple(block), smem, bytes(params))):
+        return
     d = _drv
     argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
     err = d.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,

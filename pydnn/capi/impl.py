@@ -205,7 +205,7 @@ class Marshal:
         if self.destroys and cargs and cargs[0] != ffi.NULL:
             _objects.pop(int(ffi.cast(self._uintptr, cargs[0])), None)
         if not outs:
-            return
+            return args  # the Python arguments (libpydnn's C fast path keys its records by them)
         if self.has_struct_out:
             # the Python function returns the records; the C face also writes how many (returned*Count)
             recs = list(result)[: max(0, int(requested))]
@@ -272,8 +272,13 @@ def _on_error(c_name):
     return onerror
 
 
-def register(ffi):
-    """Define every C function of decl.py with `ffi.def_extern` (called by libpydnn's init code)."""
+def register(ffi, lib=None):
+    """Define every C function of decl.py with `ffi.def_extern` (called by libpydnn's init code with its
+    ffi and lib). With lib, the functions of capi/fastpath.py are defined under their slow names (libpydnn's
+    C wrappers call them when their record table has no answer) and every other call bumps the records'
+    epoch on entry and exit (it may change a descriptor or the handle's stream)."""
+    from . import fastpath
+
     error_strings = {}
 
     def export(name, fn, error):
@@ -285,7 +290,28 @@ def register(ffi):
             continue
         m = Marshal(ffi, proto)
 
-        def call(*cargs, _m=m):
+        if lib is not None and c_name in fastpath.FAST:
+            def call(*cargs, _m=m, _epoch=lib._pydnn_fast_epoch):
+                e0 = _epoch()
+                try:
+                    args = _m(*cargs)
+                except PydnnError as e:
+                    set_last_error(f"{_m.c_name}: {e.message}")
+                    return e.status
+                except Exception as e:  # noqa: BLE001 - a C caller gets a status, never a Python exception
+                    set_last_error(f"{_m.c_name}: internal error: {type(e).__name__}: {e}")
+                    return E.PYDNN_STATUS_INTERNAL_ERROR
+                try:
+                    fastpath.install(ffi, lib, _m.c_name, cargs, args, e0)
+                except Exception:  # noqa: BLE001 - no record: later calls take this slow path again
+                    pass
+                return E.PYDNN_STATUS_SUCCESS
+
+            export(fastpath.slow_name(c_name), call, E.PYDNN_STATUS_INTERNAL_ERROR)
+            continue
+
+        def call(*cargs, _m=m, _bump=lib._pydnn_fast_bump if lib is not None else (lambda: None)):
+            _bump()
             try:
                 _m(*cargs)
                 return E.PYDNN_STATUS_SUCCESS
@@ -295,6 +321,8 @@ def register(ffi):
             except Exception as e:  # noqa: BLE001 - a C caller gets a status, never a Python exception
                 set_last_error(f"{_m.c_name}: internal error: {type(e).__name__}: {e}")
                 return E.PYDNN_STATUS_INTERNAL_ERROR
+            finally:
+                _bump()
 
         export(c_name, call, E.PYDNN_STATUS_INTERNAL_ERROR)
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .._build.cache import cache_dir
-from . import decl
+from . import decl, fastpath
 
 PKG_PARENT = Path(__file__).resolve().parent.parent.parent  # the folder holding the pydnn package
 REPO_INCLUDE = PKG_PARENT / "include"
@@ -69,7 +69,7 @@ if lib._pydnn_pythonpath_changed():
     else:
         os.environ["PYTHONPATH"] = ffi.string(caller).decode(errors="surrogateescape")
 from pydnn.capi import impl
-impl.register(ffi)
+impl.register(ffi, lib)
 """
 
 
@@ -158,6 +158,7 @@ def _key():
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for part in (header_text(), (here / "impl.py").read_text(), (here / "library.py").read_text(),
+                 (here / "fastpath.py").read_text(),
                  repr(_import_path()), sys.version, cffi.__version__):
         h.update(part.encode())
     return h.hexdigest()
@@ -174,10 +175,13 @@ def build_library(verbose=False):
     library_dir().mkdir(parents=True, exist_ok=True)
     paths = _import_path()
     ffib = cffi.FFI()
-    ffib.cdef(decl.types_block() + "\n" + _ENV_CDEF)
-    ffib.embedding_api("\n".join(decl.prototypes()))
+    ffib.cdef(decl.types_block() + "\n" + _ENV_CDEF + "\n" + fastpath.CDEF)
+    embedded = fastpath.embedding_prototypes(decl.prototypes())
+    ffib.embedding_api("\n".join(embedded))
     libdir = sysconfig.get_config_var("LIBDIR") or ""  # libpython's folder, found at run time via rpath
-    ffib.set_source("_pydnn_capi", header_text() + _ENV_C.replace("@PATH@", _c_string(os.pathsep.join(paths))),
+    slow_decls = "\n".join(p for p in embedded if fastpath.SLOW_PREFIX in p)  # defined by cffi, after this source
+    ffib.set_source("_pydnn_capi", header_text() + _ENV_C.replace("@PATH@", _c_string(os.pathsep.join(paths)))
+                    + slow_decls + "\n" + fastpath.C_SOURCE, libraries=["dl"],
                     extra_link_args=[f"-Wl,-rpath,{libdir}"] if libdir else [])
     ffib.embedding_init_code(_INIT.format(paths=paths))
     tmp = tempfile.mkdtemp(dir=library_dir(), prefix=".build-")

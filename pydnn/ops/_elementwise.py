@@ -5,8 +5,11 @@ ordered by the output's strides (innermost last) and adjacent dims merge when ev
 across them. A fully dense problem becomes one flat dim, taken by the vectorised `map_contig` kernel;
 anything else (other strides, broadcast inputs with stride 0) runs `map_strided`.
 """
+import ctypes
 import struct
 
+from .. import tuning
+from .._build import fastcall
 from .._build.params import FLAG_BETA, MAP_INPUTS, MAX_DIMS, MapParams
 from .._cuda import driver
 
@@ -128,7 +131,10 @@ class Prepared:
     planning and validation (the Python host cost of a small call)."""
 
     __slots__ = ("params", "argv", "block", "vec_block", "vec_func", "vec_grid", "scalar_func", "scalar_grid",
-                 "in_masks", "out_mask", "base_flags", "need", "ninputs")
+                 "in_masks", "out_mask", "base_flags", "need", "ninputs", "crec", "crec_obj")
+
+    def __init__(self):
+        self.crec = None  # the compiled launch's record address (pydnn/_build/fastcall.py); 0: none; None: not made
 
 
 def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0, transpose=False,
@@ -194,10 +200,39 @@ _FLAGS_AT = MapParams.flags.offset
 assert (MapParams.out.offset, MapParams.in_.offset, MapParams.alpha.offset, MapParams.alpha2.offset,
         MapParams.beta.offset) == (0, 8, 8 + 8 * MAP_INPUTS, 16 + 8 * MAP_INPUTS, 24 + 8 * MAP_INPUTS)
 _pack, _pack_flags = _PATCH.pack_into, _FLAGS.pack_into
+_LAUNCH_ARGS = driver.launch_args
+
+
+_fast_launch = None  # fastcall's pydnn_map_launch, set by _crec before any record uses it
+
+
+def _crec(pr):
+    """Make the launch record's C twin for fastcall's compiled launch (0 when there is none)."""
+    global _fast_launch
+    rec = fastcall.record(pr) if tuning.callpath.C_LAUNCH else None  # None for a CPU handle's placeholders
+    if rec is not None:
+        _fast_launch = _fast_launch or fastcall.launcher()
+        if _fast_launch is None:
+            rec = None
+    pr.crec_obj = rec
+    pr.crec = ctypes.addressof(rec) if rec is not None else 0
+    return pr.crec
 
 
 def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
-    """Patch pointers and scalars into a prepared launch and enqueue it."""
+    """Patch pointers and scalars into a prepared launch and enqueue it (one compiled call where the
+    launch helper is available and the driver's launch is not replaced or recording)."""
+    c = pr.crec
+    if c is None:
+        c = _crec(pr)
+    if c and driver.launch_args is _LAUNCH_ARGS and not driver._recorders:
+        n = len(in_ptrs)
+        err = _fast_launch(c, handle.stream, out_ptr, in_ptrs[0] if n else 0, in_ptrs[1] if n > 1 else 0,
+                              in_ptrs[2] if n > 2 else 0, alpha, alpha2, beta, n)
+        if err:
+            d = driver._driver()
+            driver.check((d.CUresult(err),), "cuLaunchKernel")
+        return
     n = len(in_ptrs)
     if n == 1:
         i0 = mask = in_ptrs[0]

@@ -62,7 +62,8 @@ from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
 from ..buffers import device_ptr
-from ..handle import check_handle
+from .. import buffers as _buffers
+from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import TensorDescriptor, _int, check_tensor, packed_strides
 from . import activation as _act
@@ -605,10 +606,12 @@ def _make_plan(handle, tag, g, direction, ex):
     return pl
 
 
+_KEYED = (TensorDescriptor, _act.ActivationDescriptor)
+
+
 def _key(*items):
-    try:
-        return tuple((d, d.version) if isinstance(d, (TensorDescriptor, _act.ActivationDescriptor)) else d
-                     for d in items)
+    try:  # a list, not a generator: no Python frame per item (inlined by Python 3.12)
+        return tuple([(d, d.version) if isinstance(d, _KEYED) else d for d in items])
     except TypeError:
         return None
 
@@ -805,7 +808,8 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
                                           bn_scale, bn_bias, estimated_mean, estimated_variance, epsilon):
     """cudnnBatchNormalizationForwardInference. x and y may be the same buffer. Statuses as forward
     training (estimated mean and variance are required)."""
-    check_handle(handle)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
     # The plan cache is consulted first, keyed by every descriptor the validation reads (bnScaleBiasMeanVarDesc
     # too) and their versions: a hit means they passed it unchanged, so only epsilon is checked again.
     key = _key("bn_infer", mode, x_desc, y_desc, bn_scale_bias_mean_var_desc) if type(mode) is int else None
@@ -823,18 +827,24 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
         pl = cached(handle, key, lambda: _make_plan(
             handle, tag, _geometry(mode, x_desc.dims, {OP_X: x_desc.strides, OP_Y: y_desc.strides},
                                    vec_width(tag, tag)), "infer", False))
-    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    al = alpha if type(alpha) is float else scalar("alpha", alpha)
+    be = beta if type(beta) is float else scalar("beta", beta)
     asz = pl.asize
     pbytes = pl.geom.feats * asz
-    xp = _ptr(x, "x", x_desc.span_bytes(), isz)
-    yp = _ptr(y, "y", y_desc.span_bytes(), isz)
-    no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
+    checked = _buffers.CHECKED
+    xs, ys = x_desc.span_bytes(), y_desc.span_bytes()
+    xp = x if type(x) is int and x > 0 and not checked and x % isz == 0 else _ptr(x, "x", xs, isz)
+    yp = y if type(y) is int and y > 0 and not checked and y % isz == 0 else _ptr(y, "y", ys, isz)
+    if yp < xp + xs and xp < yp + ys:  # overlapping: only the very same elements may be shared
+        no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
     p = pl.params
     _zero_ptrs(p)
     p.x, p.y = xp, yp
-    p.scale, p.bias = _ptr(bn_scale, "bnScale", pbytes, asz), _ptr(bn_bias, "bnBias", pbytes, asz)
-    p.mean = _ptr(estimated_mean, "estimatedMean", pbytes, asz)
-    p.var = _ptr(estimated_variance, "estimatedVariance", pbytes, asz)
+    ptrs = []
+    for b, n in ((bn_scale, "bnScale"), (bn_bias, "bnBias"), (estimated_mean, "estimatedMean"),
+                 (estimated_variance, "estimatedVariance")):
+        ptrs.append(b if type(b) is int and b > 0 and not checked and b % asz == 0 else _ptr(b, n, pbytes, asz))
+    p.scale, p.bias, p.mean, p.var = ptrs
     p.alpha, p.beta, p.eps = al, be, eps
     p.flags = pl.flags | (FLAG_BETA if be != 0 else 0)
     _run(handle, pl, _pick(pl, (xp, yp), True))

@@ -49,12 +49,13 @@ Workspace / reserve sizes come from the descriptor's maxima (pydnnGetMultiHeadAt
 """
 import numpy as np
 
-from .. import enums as E
+from .. import buffers as _buffers, enums as E, tuning
 from .._cuda import driver
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError, api
 from ..tensor import DTYPES, TensorDescriptor, _int, _live as _live_tensor
+from . import _replay
 from . import attention as FA
 from . import matmul
 from .common import enum_arg, scalar
@@ -788,6 +789,108 @@ def _fill_padding(handle, c, out, o, step=None):
                 tensor_ops.set_tensor(handle, _rows_desc(o.dtype, count, st, o.vect), out + row * o.vect * c.item, o.fill)
 
 
+
+# ----------------------------------------------------------------------------- plans (pydnn/ops/_replay.py)
+# Everything a call decides from its descriptors, sizes and windows (validation, the weight regions and
+# workspace offsets, the GEMM plans, the fused kernel's descriptors, masks and kernels) is decided once per
+# (attnDesc and the sequence descriptors at their versions, the attention dropout descriptors' versions,
+# currIdx, which optional buffers are given, the size arguments) and kept as a recorded plan on the handle;
+# a repeated call checks its buffers and windows against the plan and launches it (pointers patched only
+# when they changed). tuning.callpath.MHA_PLANS = False (or PYDNN_CHECKED=1) runs every call in full.
+
+_PLAIN_KEY = frozenset((int, bool, type(None)))
+
+
+def _plan_key(kind, attn_desc, descs, scalars):
+    if not tuning.callpath.MHA_PLANS or _buffers.CHECKED:
+        return None
+    try:
+        a = attn_desc
+        key = [kind, a, a.version, a.attn_drop, a.post_drop]
+        for dd in (a.attn_drop, a.post_drop):
+            key.append(None if dd is None else dd.version)
+        for d in descs:
+            key.append(d)
+            key.append(d.version)
+    except AttributeError:
+        return None
+    for v in scalars:
+        if type(v) not in _PLAIN_KEY:
+            return None
+        key.append(v)
+    return tuple(key)
+
+
+def _read_windows(arr, n):
+    """A window array's first n entries as a list for comparing with a plan's (None: not comparable)."""
+    read = getattr(arr, "read", None)
+    if read is not None:
+        return read(n)
+    if type(arr) is list:
+        return arr[:n] if len(arr) > n else arr
+    if type(arr) is tuple:
+        return list(arr[:n])
+    tolist = getattr(arr, "tolist", None)  # a numpy array: its first n entries as Python ints
+    if tolist is not None and getattr(arr, "ndim", 0) == 1 and getattr(arr.dtype, "kind", "") in "iu":
+        vals = arr[:n].tolist()
+        return vals if len(vals) == n else None
+    return None
+
+
+def _planned(handle, key, args, windows, full, bases):
+    """Launch the call's plan if it has one that fits, else run it in full (making its plan)."""
+    if key is None:
+        return full(*args)
+    plan = handle.prepared.get(key)
+    if plan is not None:
+        idx, names, n = plan.extra[0], plan.extra[1], plan.extra[2]
+        ok = True
+        if windows is not None:
+            for arr, want in zip(windows, plan.extra[3]):
+                got = _read_windows(arr, n)
+                if got is None or got != want:
+                    ok = False
+                    break
+        if ok:
+            ptrs = _replay.resolve([args[i] for i in idx], names, plan.needs, plan.aligns)
+            if ptrs is not None:
+                if tuple(ptrs) == plan.last:
+                    plan.launch(handle)
+                    return None
+                if _replay.signature(ptrs) == plan.sig and not _replay.overlapping(ptrs, plan.needs):
+                    plan.repatch(ptrs)
+                    plan.launch(handle)
+                    return None
+    try:
+        spec, n = bases(args)
+    except PydnnError:
+        spec = None
+    if spec is None:
+        return full(*args)
+    idx = [b[0] for b in spec]
+    names, needs, aligns = [b[1] for b in spec], [b[2] for b in spec], [b[3] for b in spec]
+    ptrs = _replay.resolve([args[i] for i in idx], names, needs, aligns)
+    if ptrs is None or _replay.overlapping(ptrs, needs):
+        return full(*args)
+
+    def run(ps):
+        a2 = list(args)
+        for i, p in zip(idx, ps):
+            a2[i] = p
+        full(*a2)
+
+    real, plan = _replay.record(run, ptrs)
+    if plan is not None:
+        wins = None if windows is None else tuple(_read_windows(w, n) for w in windows)
+        if windows is None or all(w is not None for w in wins):
+            plan.needs, plan.aligns = tuple(needs), tuple(aligns)
+            plan.extra = (tuple(idx), tuple(names), n, tuple(list(w) for w in wins) if wins else None)
+            handle.remember(key, plan)
+        plan.launch(handle)
+    else:
+        _replay.launch_items(handle, real)
+    return None
+
 # ----------------------------------------------------------------------------- the calls
 
 @api
@@ -801,6 +904,38 @@ def multi_head_attn_forward(handle, attn_desc, curr_idx, lo_win_idx, hi_win_idx,
     BAD_PARAM_NULL_POINTER, BAD_PARAM_MISALIGNED_POINTER (buffers not 16-byte aligned, lengths not 4),
     NOT_SUPPORTED (see the module docstring)."""
     check_handle(handle)
+    args = (handle, attn_desc, curr_idx, lo_win_idx, hi_win_idx, dev_seq_lengths_qo, dev_seq_lengths_kv, q_desc,
+            queries, residuals, k_desc, keys, v_desc, values, o_desc, out, weight_size_in_bytes, weights,
+            work_space_size_in_bytes, work_space, reserve_space_size_in_bytes, reserve_space)
+    key = _plan_key("fwd", attn_desc, (q_desc, k_desc, v_desc, o_desc),
+                    (curr_idx, _opt_ptr(residuals), _opt_ptr(reserve_space), weight_size_in_bytes,
+                     work_space_size_in_bytes, reserve_space_size_in_bytes))
+    _planned(handle, key, args, (lo_win_idx, hi_win_idx), _forward_full, _forward_bases)
+
+
+def _forward_bases(args):
+    """[(argument index, name, bytes needed, alignment)] of the forward's device buffers that it reads."""
+    (handle, attn_desc, curr_idx, _, _, _, _, q_desc, _, residuals, k_desc, _, v_desc, _, o_desc, _, _, _, _, _, _,
+     reserve_space) = args
+    a = _set_attn(attn_desc)
+    c = _validate(a, q_desc, k_desc, v_desc, o_desc)
+    s, item = c.sizes, c.item
+    out = [(8, "queries", _seq_bytes(c.q, item), 16), (11, "keys", _seq_bytes(c.k, item), 16),
+           (13, "values", _seq_bytes(c.v, item), 16), (15, "out", _seq_bytes(c.o, item), 16)]
+    if not _opt_ptr(residuals):
+        out.append((9, "residuals", _seq_bytes(c.q, item), 16))
+    out += [(5, "devSeqLengthsQO", 4 * c.q.b * c.q.m, 4), (6, "devSeqLengthsKV", 4 * c.k.b * c.k.m, 4),
+            (17, "weights", weight_regions(a)[1], 16)]
+    if _opt_ptr(reserve_space):
+        out.append((19, "workSpace", s.ws_fwd, 16))
+    else:
+        out.append((21, "reserveSpace", s.reserve, 16))
+    return [b for b in out if b[2] > 0], a.qo_max
+
+
+def _forward_full(handle, attn_desc, curr_idx, lo_win_idx, hi_win_idx, dev_seq_lengths_qo, dev_seq_lengths_kv,
+                  q_desc, queries, residuals, k_desc, keys, v_desc, values, o_desc, out, weight_size_in_bytes,
+                  weights, work_space_size_in_bytes, work_space, reserve_space_size_in_bytes, reserve_space):
     a = _set_attn(attn_desc)
     c = _validate(a, q_desc, k_desc, v_desc, o_desc)
     idx = _int("currIdx", curr_idx)
@@ -906,6 +1041,36 @@ def multi_head_attn_backward_data(handle, attn_desc, lo_win_idx, hi_win_idx, dev
     with the same descriptors, windows and buffers. Statuses as the forward, plus BAD_PARAM_NULL_POINTER for
     a NULL reserveSpace."""
     check_handle(handle)
+    args = (handle, attn_desc, lo_win_idx, hi_win_idx, dev_seq_lengths_dqdo, dev_seq_lengths_dkdv, do_desc, dout,
+            dq_desc, dqueries, queries, dk_desc, dkeys, keys, dv_desc, dvalues, values, weight_size_in_bytes,
+            weights, work_space_size_in_bytes, work_space, reserve_space_size_in_bytes, reserve_space)
+    key = _plan_key("bwd_data", attn_desc, (do_desc, dq_desc, dk_desc, dv_desc),
+                    (_opt_ptr(reserve_space), weight_size_in_bytes, work_space_size_in_bytes,
+                     reserve_space_size_in_bytes))
+    _planned(handle, key, args, (lo_win_idx, hi_win_idx), _backward_data_full, _backward_data_bases)
+
+
+def _backward_data_bases(args):
+    (handle, attn_desc, _, _, _, _, do_desc, _, dq_desc, _, _, dk_desc, _, _, dv_desc, _, _, _, _, _, _, _,
+     reserve_space) = args
+    a = _set_attn(attn_desc)
+    c = _validate(a, dq_desc, dk_desc, dv_desc, do_desc, ("dqDesc", "dkDesc", "dvDesc", "doDesc"))
+    s, item = c.sizes, c.item
+    if _opt_ptr(reserve_space):
+        return None, 0  # an error the full path reports
+    out = [(7, "dout", _seq_bytes(c.o, item), 16), (9, "dqueries", _seq_bytes(c.q, item), 16),
+           (10, "queries", _seq_bytes(c.q, item), 16), (12, "dkeys", _seq_bytes(c.k, item), 16),
+           (13, "keys", _seq_bytes(c.k, item), 16), (15, "dvalues", _seq_bytes(c.v, item), 16),
+           (16, "values", _seq_bytes(c.v, item), 16), (4, "devSeqLengthsDQDO", 4 * c.q.b * c.q.m, 4),
+           (5, "devSeqLengthsDKDV", 4 * c.k.b * c.k.m, 4), (18, "weights", weight_regions(a)[1], 16),
+           (20, "workSpace", s.ws_bwd, 16), (22, "reserveSpace", s.reserve, 16)]
+    return [b for b in out if b[2] > 0], a.qo_max
+
+
+def _backward_data_full(handle, attn_desc, lo_win_idx, hi_win_idx, dev_seq_lengths_dqdo, dev_seq_lengths_dkdv,
+                        do_desc, dout, dq_desc, dqueries, queries, dk_desc, dkeys, keys, dv_desc, dvalues, values,
+                        weight_size_in_bytes, weights, work_space_size_in_bytes, work_space,
+                        reserve_space_size_in_bytes, reserve_space):
     a = _set_attn(attn_desc)
     c = _validate(a, dq_desc, dk_desc, dv_desc, do_desc, ("dqDesc", "dkDesc", "dvDesc", "doDesc"))
     lo, hi = _windows(c, lo_win_idx, hi_win_idx, -1)
@@ -965,6 +1130,33 @@ def multi_head_attn_backward_weights(handle, attn_desc, add_grad, q_desc, querie
     dweights (PYDNN_WGRAD_MODE_ADD) or written (SET), after pydnnMultiHeadAttnBackwardData. Statuses as the
     backward data call, plus BAD_PARAM for addGrad."""
     check_handle(handle)
+    args = (handle, attn_desc, add_grad, q_desc, queries, k_desc, keys, v_desc, values, do_desc, dout,
+            weight_size_in_bytes, weights, dweights, work_space_size_in_bytes, work_space,
+            reserve_space_size_in_bytes, reserve_space)
+    key = _plan_key("bwd_weights", attn_desc, (q_desc, k_desc, v_desc, do_desc),
+                    (add_grad, _opt_ptr(reserve_space), weight_size_in_bytes, work_space_size_in_bytes,
+                     reserve_space_size_in_bytes))
+    _planned(handle, key, args, None, _backward_weights_full, _backward_weights_bases)
+
+
+def _backward_weights_bases(args):
+    (handle, attn_desc, _, q_desc, _, k_desc, _, v_desc, _, do_desc, _, _, _, _, _, _, _, reserve_space) = args
+    a = _set_attn(attn_desc)
+    c = _validate(a, q_desc, k_desc, v_desc, do_desc, ("qDesc", "kDesc", "vDesc", "doDesc"))
+    s, item = c.sizes, c.item
+    if _opt_ptr(reserve_space):
+        return None, 0
+    wtotal = weight_regions(a)[1]
+    out = [(4, "queries", _seq_bytes(c.q, item), 16), (6, "keys", _seq_bytes(c.k, item), 16),
+           (8, "values", _seq_bytes(c.v, item), 16), (10, "dout", _seq_bytes(c.o, item), 16),
+           (12, "weights", wtotal, 16), (13, "dweights", wtotal, 16), (15, "workSpace", s.ws_wgt, 16),
+           (17, "reserveSpace", s.reserve, 16)]
+    return [b for b in out if b[2] > 0], 0
+
+
+def _backward_weights_full(handle, attn_desc, add_grad, q_desc, queries, k_desc, keys, v_desc, values, do_desc,
+                           dout, weight_size_in_bytes, weights, dweights, work_space_size_in_bytes, work_space,
+                           reserve_space_size_in_bytes, reserve_space):
     a = _set_attn(attn_desc)
     mode = enum_arg("addGrad", add_grad, (E.PYDNN_WGRAD_MODE_ADD, E.PYDNN_WGRAD_MODE_SET), "pydnnWgradMode_t")
     c = _validate(a, q_desc, k_desc, v_desc, do_desc, ("qDesc", "kDesc", "vDesc", "doDesc"))

@@ -62,7 +62,8 @@ from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, MAX_DIMS, kernel_params
 from .._cuda import driver
 from ..buffers import device_ptr
-from ..handle import check_handle
+from .. import buffers as _buffers
+from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import TensorDescriptor, _int, check_tensor, packed_strides
 from . import activation as _activation
@@ -1099,7 +1100,13 @@ def _ptr(buf, name, need, align):
 def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stats=False):
     """Patch the call's pointers and scalars into each launch of the chosen alternative, and launch."""
     alts = pl.alternatives
-    alt = alts[0] if len(alts) == 1 or not pl.vec_first or all(q % 16 == 0 for q in data_ptrs) else alts[-1]
+    if len(alts) == 1 or not pl.vec_first:
+        alt = alts[0]
+    else:
+        m = 0
+        for q in data_ptrs:  # a loop, not all(<generator>): no Python frame per pointer
+            m |= q
+        alt = alts[0] if m % 16 == 0 else alts[-1]
     for lc in alt:
         p = lc.params
         for name, v in fields.items():
@@ -1113,7 +1120,8 @@ def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stat
 
 def _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd,
              training):
-    check_handle(handle)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
     direction = 1 if training else 0
     named = [(x_desc, "xDesc"), (y_desc, "yDesc")]
     key = _key(direction, norm_desc, (x_desc, y_desc, None, sb_desc, st_desc))
@@ -1122,18 +1130,24 @@ def _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, sb_desc, scal
         pl = _get_plan(handle, direction, norm_desc, x_desc, y_desc, None, sb_desc, st_desc, named, ("yDesc",), training)
         _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training)
         _load(handle, pl, key)
-    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    al = alpha if type(alpha) is float else scalar("alpha", alpha)
+    be = beta if type(beta) is float else scalar("beta", beta)
     ptrs = _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training)
     _run(handle, pl, ptrs[:2], ptrs[2], al, be, stats=training)
 
 
 def _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training):
+    # int pointers that need no check past positive and aligned are taken inline (the hot path); anything
+    # else goes through _ptr / _opt_ptr, in the same order, so the same error is raised first
     n = pl.itemsize
-    xp = _ptr(x, "x", x_desc.span_bytes(), n)
-    yp = _ptr(y, "y", y_desc.span_bytes(), n)
-    no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
-    sp = _ptr(scale, "scale", sb_desc.span_bytes(), 4)
-    bp = _opt_ptr(bias, "bias", sb_desc.span_bytes())
+    ok = not _buffers.CHECKED
+    xs, ys, sbs = x_desc.span_bytes(), y_desc.span_bytes(), sb_desc.span_bytes()
+    xp = x if ok and type(x) is int and x > 0 and x % n == 0 else _ptr(x, "x", xs, n)
+    yp = y if ok and type(y) is int and y > 0 and y % n == 0 else _ptr(y, "y", ys, n)
+    if yp < xp + xs and xp < yp + ys:  # overlapping: only the very same elements may be shared
+        no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
+    sp = scale if ok and type(scale) is int and scale > 0 and scale % 4 == 0 else _ptr(scale, "scale", sbs, 4)
+    bp = bias if ok and type(bias) is int and bias > 0 and bias % 4 == 0 else _opt_ptr(bias, "bias", sbs)
     fields = {"out": yp, "x": xp, "scale": sp, "bias": bp, "mean": 0, "invstd": 0, "dy": 0}
     if training:
         fields["invstd"] = _ptr(invstd, "resultInvStd", st_desc.span_bytes(), 4)

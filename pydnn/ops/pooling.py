@@ -49,7 +49,8 @@ from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
 from .._cuda import driver
 from ..buffers import device_ptr
-from ..handle import check_handle
+from .. import buffers as _buffers
+from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import _int, check_tensor
 from ._elementwise import CTYPE, _SIZES, vec_width
@@ -693,8 +694,10 @@ def _prepare(handle, key, build, buffers):
 
 def _run(handle, pl, ptrs, names, alpha, beta):
     """ptrs: (out, x[, dy, y]) already resolved."""
+    isz = pl.itemsize
     for q, n in zip(ptrs, names):
-        element_aligned(q, n, pl.itemsize)
+        if q % isz:
+            element_aligned(q, n, isz)
     lc = pl.launches[0] if len(pl.launches) == 1 or all((q & 15) == 0 for q in ptrs) else pl.launches[-1]
     p = lc.params
     p.out, p.x = ptrs[0], ptrs[1]
@@ -756,8 +759,22 @@ def pooling_forward(handle, pooling_desc, alpha, x_desc, x, beta, y_desc, y):
     count not the pooling's + 2, a window larger than the padded input, y dims not the pooled dims, data
     types that differ, overlapping y, alpha / beta not numbers), BAD_PARAM_NULL_POINTER,
     BAD_PARAM_MISALIGNED_POINTER, NOT_SUPPORTED (data types other than float, double, half, bfloat16)."""
-    check_handle(handle)
-    key = _key("fwd", pooling_desc, x_desc, y_desc)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
+    try:  # _key's, inline (the hot path): a cached call goes straight to _run
+        key = ("pooling", "fwd", (pooling_desc, pooling_desc.version), (x_desc, x_desc.version),
+               (y_desc, y_desc.version))
+        pl = handle.prepared.get(key)
+    except (AttributeError, TypeError):
+        key, pl = _key("fwd", pooling_desc, x_desc, y_desc), None
+    if pl is not None:
+        al = alpha if type(alpha) is float else scalar("alpha", alpha)
+        be = beta if type(beta) is float else scalar("beta", beta)
+        checked = _buffers.CHECKED
+        yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", pl.need[0])
+        xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", pl.need[1])
+        _run(handle, pl, (yp, xp), ("y", "x"), al, be)
+        return
     pd = pooling_desc if key is not None and key in handle.prepared else _set_desc(pooling_desc)
     _forward(handle, "pool", key, pd.mode, pd.nan_opt, pd, alpha, x_desc, x, beta, y_desc, y)
 

@@ -29,7 +29,7 @@ from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, FLAG_NAN_PROP, MAX_DIMS, kernel_params
 from .._cuda import driver
 from ..buffers import device_ptr
-from ..handle import check_handle
+from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import index_of
 from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, prod, scalar
@@ -460,12 +460,22 @@ def reduce_tensor(handle, reduce_tensor_desc, indices, indices_size_in_bytes, wo
     asks for them. Statuses: BAD_PARAM (descriptors, dims, sizes: indicesSizeInBytes or
     workspaceSizeInBytes too small; BAD_PARAM_NULL_POINTER / BAD_PARAM_MISALIGNED_POINTER for buffers),
     NOT_SUPPORTED (type pairs, compute type, indices for other ops or wider than 32 bits)."""
-    check_handle(handle)
-    key = desc_key("reduce", reduce_tensor_desc, a_desc, c_desc)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
+    try:  # desc_key's, inline (the hot path)
+        key = ("reduce", (reduce_tensor_desc, reduce_tensor_desc.version), (a_desc, a_desc.version),
+               (c_desc, c_desc.version))
+    except AttributeError:
+        key = desc_key("reduce", reduce_tensor_desc, a_desc, c_desc)
     pl = handle.prepared.get(key) if key is not None else None
-    al, be = scalar("alpha", alpha), scalar("beta", beta)
-    isz = _size("indicesSizeInBytes", indices_size_in_bytes)
-    wsz = _size("workspaceSizeInBytes", workspace_size_in_bytes)
+    al = alpha if type(alpha) is float else scalar("alpha", alpha)
+    be = beta if type(beta) is float else scalar("beta", beta)
+    isz = indices_size_in_bytes
+    if type(isz) is not int or isz < 0:
+        isz = _size("indicesSizeInBytes", isz)
+    wsz = workspace_size_in_bytes
+    if type(wsz) is not int or wsz < 0:
+        wsz = _size("workspaceSizeInBytes", wsz)
     if pl is None:  # validate sizes and buffers before any kernel is loaded
         _buffers(_get_plan(handle, reduce_tensor_desc, a_desc, c_desc, with_functions=False), indices, isz,
                  workspace, wsz, A, C)

@@ -29,7 +29,8 @@ from .._build.manifest import KernelUnit
 from .._build.params import FLAG_NAN_PROP, MapParams
 from .._cuda import driver
 from ..buffers import device_ptr
-from ..handle import check_handle
+from .. import buffers as _buffers
+from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import DTYPE_NAMES, DTYPES, check_tensor, index_of
 from . import _elementwise as ew
@@ -175,7 +176,8 @@ def set_tensor(handle, y_desc, y, value):
 @api
 def scale_tensor(handle, y_desc, y, alpha):
     """cudnnScaleTensor: y = alpha * y. Float types. BAD_PARAM, BAD_PARAM_NULL_POINTER, NOT_SUPPORTED."""
-    check_handle(handle)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
 
     def build():
         float_tensor(y_desc, "yDesc")
@@ -184,9 +186,15 @@ def scale_tensor(handle, y_desc, y, alpha):
         t = TAG[y_desc.dtype]
         return ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, y_desc, (y_desc,))
 
-    al = scalar("alpha", alpha)
-    rec = ew.cached(handle, ew.desc_key("scale", y_desc), build)
-    yp = device_ptr(y, "y", rec.need[0])
+    al = alpha if type(alpha) is float else scalar("alpha", alpha)
+    try:
+        key = ("scale", (y_desc, y_desc.version))
+    except AttributeError:
+        key = ew.desc_key("scale", y_desc)
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        rec = ew.cached(handle, key, build)
+    yp = y if type(y) is int and y > 0 and not _buffers.CHECKED else device_ptr(y, "y", rec.need[0])
     ew.run_map(handle, rec, yp, (yp,), al, 0.0)
 
 
@@ -194,7 +202,8 @@ def scale_tensor(handle, y_desc, y, alpha):
 def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN's names
     """cudnnAddTensor: C = alpha * A + beta * C; A has C's data type and broadcasts where its dims are 1
     (a bias 1xCx1x1 onto NxCxHxW). Float types. BAD_PARAM, BAD_PARAM_NULL_POINTER, NOT_SUPPORTED."""
-    check_handle(handle)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
 
     def build():
         float_tensor(a_desc, "aDesc")
@@ -210,9 +219,19 @@ def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN
         t = TAG[c_desc.dtype]
         return ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, c_desc, (a_desc,))
 
-    al, be = scalar("alpha", alpha), scalar("beta", beta)
-    rec = ew.cached(handle, ew.desc_key("add", a_desc, c_desc), build)
-    ew.run_map(handle, rec, device_ptr(C, "C", rec.need[0]), (device_ptr(A, "A", rec.need[1]),), al, be)
+    al = alpha if type(alpha) is float else scalar("alpha", alpha)
+    be = beta if type(beta) is float else scalar("beta", beta)
+    try:
+        key = ("add", (a_desc, a_desc.version), (c_desc, c_desc.version))
+    except AttributeError:
+        key = ew.desc_key("add", a_desc, c_desc)
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        rec = ew.cached(handle, key, build)
+    checked = _buffers.CHECKED
+    cp = C if type(C) is int and C > 0 and not checked else device_ptr(C, "C", rec.need[0])
+    ap = A if type(A) is int and A > 0 and not checked else device_ptr(A, "A", rec.need[1])
+    ew.run_map(handle, rec, cp, (ap,), al, be)
 
 
 # ------------------------------------------------------------------------------ OpTensor
@@ -276,7 +295,8 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
     + beta * C for SQRT and NOT (1 - x), which ignore B and bDesc (None allowed). A and B have C's dims or 1
     where they broadcast. A, B and C of one float type; C may be the same buffer as A or B (same layout).
     BAD_PARAM, BAD_PARAM_NULL_POINTER, NOT_SUPPORTED (other type combinations, compute type mismatch)."""
-    check_handle(handle)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
     unary = getattr(op_tensor_desc, "op", None) in UNARY
 
     def build():
@@ -311,12 +331,25 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
         return ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
                               flags=flags)
 
-    a1, a2, be = scalar("alpha1", alpha1), scalar("alpha2", alpha2), scalar("beta", beta)
-    key = ew.desc_key("op", op_tensor_desc, a_desc, c_desc, None if unary else b_desc)
-    rec = ew.cached(handle, key, build)
-    ap = device_ptr(A, "A", rec.need[1])
-    ptrs = (ap,) if unary else (ap, device_ptr(B, "B", rec.need[2]))
-    ew.run_map(handle, rec, device_ptr(C, "C", rec.need[0]), ptrs, a1, be, alpha2=a2)
+    a1 = alpha1 if type(alpha1) is float else scalar("alpha1", alpha1)
+    a2 = alpha2 if type(alpha2) is float else scalar("alpha2", alpha2)
+    be = beta if type(beta) is float else scalar("beta", beta)
+    try:
+        key = ("op", (op_tensor_desc, op_tensor_desc.version), (a_desc, a_desc.version), (c_desc, c_desc.version),
+               None if unary else (b_desc, b_desc.version))
+    except AttributeError:
+        key = ew.desc_key("op", op_tensor_desc, a_desc, c_desc, None if unary else b_desc)
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        rec = ew.cached(handle, key, build)
+    checked = _buffers.CHECKED
+    ap = A if type(A) is int and A > 0 and not checked else device_ptr(A, "A", rec.need[1])
+    if unary:
+        ptrs = (ap,)
+    else:
+        ptrs = (ap, B if type(B) is int and B > 0 and not checked else device_ptr(B, "B", rec.need[2]))
+    cp = C if type(C) is int and C > 0 and not checked else device_ptr(C, "C", rec.need[0])
+    ew.run_map(handle, rec, cp, ptrs, a1, be, alpha2=a2)
 
 
 # ------------------------------------------------------------------------------ TransformTensor
@@ -364,8 +397,10 @@ def _prepare_transform(handle, op, ti, to, x_desc, y_desc):
 def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
     """cudnnTransformTensor: y = alpha * x + beta * y, x and y of the same dims with any strides (NCHW <->
     NHWC and arbitrary) and any two of the eight data types. BAD_PARAM, BAD_PARAM_NULL_POINTER."""
-    check_handle(handle)
-    al, be = scalar("alpha", alpha), scalar("beta", beta)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
+    al = alpha if type(alpha) is float else scalar("alpha", alpha)
+    be = beta if type(beta) is float else scalar("beta", beta)
     copy = al == 1.0 and be == 0.0 and getattr(x_desc, "dtype", None) == getattr(y_desc, "dtype", 0)
 
     def build():
@@ -380,5 +415,14 @@ def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
         ti, to = TAG[x_desc.dtype], TAG[y_desc.dtype]
         return _prepare_transform(handle, COPY if copy else SCALED, ti, to, x_desc, y_desc)
 
-    rec = ew.cached(handle, ew.desc_key("transform", copy, x_desc, y_desc), build)
-    ew.run_map(handle, rec, device_ptr(y, "y", rec.need[0]), (device_ptr(x, "x", rec.need[1]),), al, be)
+    try:
+        key = ("transform", copy, (x_desc, x_desc.version), (y_desc, y_desc.version))
+    except AttributeError:
+        key = ew.desc_key("transform", copy, x_desc, y_desc)
+    rec = handle.prepared.get(key) if key is not None else None
+    if rec is None:
+        rec = ew.cached(handle, key, build)
+    checked = _buffers.CHECKED
+    yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", rec.need[0])
+    xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", rec.need[1])
+    ew.run_map(handle, rec, yp, (xp,), al, be)

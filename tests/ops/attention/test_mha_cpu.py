@@ -714,6 +714,9 @@ def _install_fakes(monkeypatch, arena):
 
     mm = types.SimpleNamespace(gemm_plan=plan, cached_plan=plan)  # (mha plans through cached_plan)
     monkeypatch.setattr(M, "_matmul", lambda: mm)
+    # the numpy stand-ins compute instead of launching: nothing for a recorded plan (pydnn/ops/_replay.py) to
+    # record, so every call runs in full here (the plans are checked by tests/hard/test_call_path_cpu.py)
+    monkeypatch.setattr(pydnn.tuning.callpath, "MHA_PLANS", False)
 
     def t(desc, ptr):
         return arena.view(ptr, np.float16 if desc.dtype == F16 else np.float32, desc.dims, desc.strides)

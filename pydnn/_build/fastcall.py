@@ -1,0 +1,277 @@
+"""A compiled launch path (a small CPython extension, built on first use): element-wise launch records
+(pydnn/ops/_elementwise.py's run_map) and replayed plans (pydnn/ops/_replay.py).
+
+run_map's per-call work - writing the pointers, scalars and flags into the record's params struct, picking
+the vector or the scalar kernel by alignment, and cuLaunchKernel - is one C call: map_launch(record, stream,
+out, in0, in1, in2, alpha, alpha2, beta, n); a replayed plan's launches and copies are one call too
+(launch_items). The driver's own entry points are dlsym'ed from the libcuda cuda.bindings loaded. On the
+H200 cuda.bindings' cuLaunchKernel alone measured 4.2 us per launch from Python (bench_host.py's launch row),
+about half of it its wrapper.
+
+Compiled with the C compiler Python was built with (no cffi: the GPU machines have none by default) into
+the cache (<cache>/lib/<python tag>/), keyed by the source, on first use (one log line, about a second);
+without a compiler, Python headers or libcuda, or with tuning.callpath.C_LAUNCH off, launches go through
+driver.launch_args as before. Launches made while driver.launch_args is replaced (tests) or while a plan
+is being recorded take the Python path too (the callers check).
+"""
+import ctypes
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+
+from .._cuda import driver
+from .cache import cache_dir
+
+SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t params, argv, vec_func, scalar_func;
+    uint32_t vec_grid[3], vec_block[3], scalar_grid[3], scalar_block[3];
+    uint64_t in_masks, out_mask;
+    uint32_t base_flags, flag_beta, flags_off, map_inputs;
+} pydnn_map_rec_t;
+
+/* one recorded launch (kind 0) or device-to-device copy (kind 1) of a replayed plan (pydnn/ops/_replay.py) */
+typedef struct {
+    uint64_t kind, func, argv, smem;
+    uint32_t grid[3], block[3];
+    uint64_t dst, src, nbytes;
+} pydnn_item_t;
+
+typedef int (*pydnn_launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              void *, void **, void **);
+typedef int (*pydnn_copy_t)(uint64_t, uint64_t, size_t, void *);
+static pydnn_launch_t cu_launch;
+static pydnn_copy_t cu_copy;
+
+static PyObject *fc_init(PyObject *self, PyObject *unused) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib) {
+        cu_launch = (pydnn_launch_t)dlsym(lib, "cuLaunchKernel");
+        cu_copy = (pydnn_copy_t)dlsym(lib, "cuMemcpyDtoDAsync_v2");
+    }
+    return PyBool_FromLong(cu_launch != NULL);
+}
+
+static int u64(PyObject *o, uint64_t *v) {
+    unsigned long long x = PyLong_AsUnsignedLongLong(o);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *v = x;
+    return 0;
+}
+
+/* map_launch(rec, stream, out, in0, in1, in2, alpha, alpha2, beta, n) -> the driver's status: run_map's
+   patch (out, in[map_inputs], alpha, alpha2, beta at the start of the params struct; flags at flags_off),
+   vector / scalar choice by alignment, and cuLaunchKernel. */
+static PyObject *fc_map_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "map_launch takes 10 arguments");
+        return NULL;
+    }
+    uint64_t rec, stream, o, ins[3];
+    if (u64(args[0], &rec) || u64(args[1], &stream) || u64(args[2], &o) || u64(args[3], &ins[0]) ||
+        u64(args[4], &ins[1]) || u64(args[5], &ins[2]))
+        return NULL;
+    double alpha = PyFloat_AsDouble(args[6]), alpha2 = PyFloat_AsDouble(args[7]), beta = PyFloat_AsDouble(args[8]);
+    long n = PyLong_AsLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    const pydnn_map_rec_t *r = (const pydnn_map_rec_t *)(uintptr_t)rec;
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t mask = n == 0 ? 0 : n == 1 ? ins[0] : n == 2 ? (ins[0] | ins[1]) : (ins[0] | ins[1] | ins[2]);
+    memcpy(p, &o, 8);
+    for (unsigned k = 0; k < r->map_inputs && k < 3; k++) memcpy(p + 8 + 8 * k, &ins[k], 8);
+    size_t sc = 8 + 8 * (size_t)r->map_inputs;
+    memcpy(p + sc, &alpha, 8);
+    memcpy(p + sc + 8, &alpha2, 8);
+    memcpy(p + sc + 16, &beta, 8);
+    uint32_t flags = r->base_flags | (beta != 0.0 ? r->flag_beta : 0);
+    memcpy(p + r->flags_off, &flags, 4);
+    int vec = (mask & r->in_masks) == 0 && (o & r->out_mask) == 0;
+    const uint32_t *g = vec ? r->vec_grid : r->scalar_grid, *b = vec ? r->vec_block : r->scalar_block;
+    int err = cu_launch((void *)(uintptr_t)(vec ? r->vec_func : r->scalar_func), g[0], g[1], g[2], b[0], b[1],
+                        b[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+    return PyLong_FromLong(err);
+}
+
+/* launch_items(items, count, stream) -> (status, index of the failing item or -1) */
+static PyObject *fc_launch_items(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "launch_items takes 3 arguments");
+        return NULL;
+    }
+    uint64_t items, count, stream;
+    if (u64(args[0], &items) || u64(args[1], &count) || u64(args[2], &stream)) return NULL;
+    const pydnn_item_t *it = (const pydnn_item_t *)(uintptr_t)items;
+    for (uint64_t i = 0; i < count; i++) {
+        int err;
+        if (it[i].kind == 0)
+            err = cu_launch((void *)(uintptr_t)it[i].func, it[i].grid[0], it[i].grid[1], it[i].grid[2], it[i].block[0],
+                            it[i].block[1], it[i].block[2], (unsigned)it[i].smem, (void *)(uintptr_t)stream,
+                            (void **)(uintptr_t)it[i].argv, NULL);
+        else
+            err = cu_copy ? cu_copy(it[i].dst, it[i].src, (size_t)it[i].nbytes, (void *)(uintptr_t)stream) : 1;
+        if (err) return Py_BuildValue("(iK)", err, (unsigned long long)i);
+    }
+    return Py_BuildValue("(iL)", 0, -1LL);
+}
+
+/* launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv) -> the driver's status (driver.launch_args) */
+static PyObject *fc_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "launch takes 10 arguments");
+        return NULL;
+    }
+    uint64_t v[10];
+    for (int i = 0; i < 10; i++)
+        if (u64(args[i], &v[i])) return NULL;
+    int err = cu_launch((void *)(uintptr_t)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3], (unsigned)v[4],
+                        (unsigned)v[5], (unsigned)v[6], (unsigned)v[7], (void *)(uintptr_t)v[8],
+                        (void **)(uintptr_t)v[9], NULL);
+    return PyLong_FromLong(err);
+}
+
+static PyMethodDef methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
+    {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
+    {"map_launch", (PyCFunction)(void (*)(void))fc_map_launch, METH_FASTCALL, "run_map's patch and launch"},
+    {"launch_items", (PyCFunction)(void (*)(void))fc_launch_items, METH_FASTCALL, "a plan's launches"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "@NAME@", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_@NAME@(void) { return PyModule_Create(&module); }
+"""
+
+
+class MapRec(ctypes.Structure):
+    _fields_ = [("params", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("vec_func", ctypes.c_uint64),
+                ("scalar_func", ctypes.c_uint64), ("vec_grid", ctypes.c_uint32 * 3),
+                ("vec_block", ctypes.c_uint32 * 3), ("scalar_grid", ctypes.c_uint32 * 3),
+                ("scalar_block", ctypes.c_uint32 * 3), ("in_masks", ctypes.c_uint64), ("out_mask", ctypes.c_uint64),
+                ("base_flags", ctypes.c_uint32), ("flag_beta", ctypes.c_uint32), ("flags_off", ctypes.c_uint32),
+                ("map_inputs", ctypes.c_uint32)]
+
+
+class Item(ctypes.Structure):
+    """pydnn_item_t: one launch (kind 0) or device-to-device copy (kind 1) of a replayed plan."""
+    _fields_ = [("kind", ctypes.c_uint64), ("func", ctypes.c_uint64), ("argv", ctypes.c_uint64),
+                ("smem", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
+                ("dst", ctypes.c_uint64), ("src", ctypes.c_uint64), ("nbytes", ctypes.c_uint64)]
+
+
+_lock = threading.Lock()
+_state = {}  # "lib": the loaded module's lib, or None once loading failed
+
+
+def _module_path():
+    tag = hashlib.sha256(SOURCE.encode()).hexdigest()[:12]
+    return cache_dir() / "lib" / sys.implementation.cache_tag / f"_pydnn_fastcall_{tag}"
+
+
+def _build(path, name):
+    """Compile the extension with the C compiler Python was built with (or cc / gcc): no cffi needed."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    cc = (sysconfig.get_config_var("CC") or "").split()[:1]
+    cc = cc[0] if cc and shutil.which(cc[0]) else (shutil.which("cc") or shutil.which("gcc"))
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, src = tempfile.mkstemp(dir=path.parent, prefix=".fastcall-", suffix=".c")
+    with os.fdopen(fd, "w") as f:
+        f.write(SOURCE.replace("@NAME@", name))
+    out = str(path) + ".tmp" + str(os.getpid())
+    try:
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", src, "-o", out,
+                        "-ldl"], check=True, capture_output=True, timeout=300)
+        os.replace(out, path)
+    finally:
+        for f in (src, out):
+            if os.path.exists(f):
+                os.unlink(f)
+
+
+def _load():
+    import logging
+    import sysconfig
+
+    base = _module_path()
+    name = base.name
+    path = base.with_name(name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    if not path.is_file():
+        logging.getLogger("pydnn").info("pydnn: compiling the launch helper %s", path.name)
+        _build(path, name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod if mod.init() else None
+
+
+def launcher():
+    """The helper's map_launch, or None when it cannot be had here (no C compiler, no libcuda)."""
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                try:
+                    lib = _load()
+                except Exception:  # noqa: BLE001 - any failure: the Python launch path
+                    lib = None
+                _state["lib"] = lib
+    lib = _state["lib"]
+    return None if lib is None else lib.map_launch
+
+
+def install():
+    """Route driver.launch_args through the helper's launch (tuning.callpath.C_LAUNCH; a handle's creation
+    calls this). Returns whether it is installed."""
+    from .. import tuning
+
+    if not tuning.callpath.C_LAUNCH or launcher() is None:
+        driver.set_fast_launch(None)
+        return False
+    driver.set_fast_launch(_state["lib"].launch)
+    return True
+
+
+def items_launcher():
+    """The module's launch_items (a replayed plan's launches in one call), or None."""
+    launcher()
+    lib = _state["lib"]
+    return None if lib is None else lib.launch_items
+
+
+def record(pr):
+    """The C record of a Prepared launch (kept alive by the Prepared), or None when its kernels are not
+    driver functions (a CPU handle's placeholders)."""
+    from .params import FLAG_BETA, MAP_INPUTS, MapParams
+
+    try:
+        vf, sf = int(pr.vec_func), int(pr.scalar_func)
+    except (TypeError, ValueError):
+        return None
+    r = MapRec()
+    r.params, r.argv = ctypes.addressof(pr.params), pr.argv[1]
+    r.vec_func, r.scalar_func = vf, sf
+    r.vec_grid[:], r.vec_block[:] = list(pr.vec_grid), list(pr.vec_block)
+    r.scalar_grid[:], r.scalar_block[:] = list(pr.scalar_grid), list(pr.block)
+    r.in_masks, r.out_mask = pr.in_masks, pr.out_mask
+    r.base_flags, r.flag_beta, r.flags_off, r.map_inputs = pr.base_flags, FLAG_BETA, MapParams.flags.offset, MAP_INPUTS
+    return r
+
+
+def driver_launch_untouched():
+    return driver.launch_args is _LAUNCH_ARGS and not driver._recorders
+
+
+_LAUNCH_ARGS = driver.launch_args
