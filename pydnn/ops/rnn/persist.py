@@ -229,8 +229,8 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training, tuning.rnn.PERSIST_MAX_CHUNK,
-           tuning.rnn.PERSIST_CLUSTER)
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, tuning.rnn.PERSIST_CLUSTER, training,
+           tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
         p = Plan(r, g, handle.sm_count, smem_optin(handle), training, getattr(handle, "arch", None))
