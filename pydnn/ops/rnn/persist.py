@@ -9,6 +9,13 @@ SM count; the kernel uses all 256 threads and most of the shared memory), checke
 occupancy query before the first launch. Backward data runs the same way over reversed time (block x: the
 dh of its units = d_prev x W[:, units]); backward weights is STANDARD's (one GEMM per matrix over all steps).
 
+tuning.rnn.PERSIST_CLUSTER (off by default until measured; sm_90): where the weights and two whole copies of h
+fit a thread-block cluster's shared memory (cluster_options: 16 blocks, non-portable, else 8; the driver's
+cuOccupancyMaxActiveClusters must allow one, _cluster_ok), the forward runs as one cluster per direction
+(persist_fwd_c16 / _c8): the blocks broadcast their new h slices into each other's shared memory and meet at
+the hardware cluster barrier instead of the global counter (see ptx/rnn_persist.cu). Otherwise the grid
+kernel. The backward data stays the grid kernel (it reads what either forward wrote).
+
 The reserve space and the workspace are STANDARD's (the same layout: the backward of either algorithm reads
 what either forward wrote), plus 256 bytes of workspace for the barrier counters. NOT_SUPPORTED (with the
 reason) when: the data type is not float / half / bfloat16, there is an LSTM projection, hiddenSize is not a

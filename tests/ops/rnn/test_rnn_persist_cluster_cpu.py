@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import rnn_emulator  # noqa: E402
 from rnn_harness import Case, run_case  # noqa: E402
 
-from pydnn.ops.rnn import engine, persist  # noqa: E402
+from pydnn.ops.rnn import persist  # noqa: E402
 
 PS = E.PYDNN_RNN_ALGO_PERSIST_STATIC
 F32, F16, BF16 = E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16
