@@ -606,6 +606,157 @@ __device__ __forceinline__ void fwd_cl_body(const PersistParams& p) {
   }
 }
 
+// persist_bwd_cl<T, CELL, CL>: tuning.rnn.PERSIST_CLUSTER_BWD, backward data in one cluster per direction, the
+// same exchange: block x's W^T slice [units][pitch] (persist_bwd's layout), two A buffers [bp][pitch] of K =
+// G * hidden (one chunk); the step's recurrent pre-activation gradients of the block's units (the values
+// persist_bwd stores to dha / dxa, 0 for rows past their length) are staged at off_h as [batch][G][units] and
+// broadcast into buffer (s + 1) & 1 of every block at columns g * hidden + j0 + u; the next step's GEMM reads
+// buffer s & 1 instead of d_prev from L2. The pass after the last step (s == T) needs no barrier after it (no
+// block writes into another's shared memory after step T - 1's barrier).
+template <class T, int CELL, int CL>
+__device__ __forceinline__ void bwd_cl_body(const PersistParams& p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, GH = G * H, j0 = blockIdx.x * U, TT = p.seq;
+  T* wt = reinterpret_cast<T*>(smem + p.off_w);
+  T* dsm = reinterpret_cast<T*>(smem + p.off_a);
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  float* gh = reinterpret_cast<float*>(smem + p.off_s);
+  float* gc = reinterpret_cast<float*>(smem + p.off_s2);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  T* stage = reinterpret_cast<T*>(smem + p.off_h);  // [batch][G][units]
+  const T* W = static_cast<const T*>(d.w);
+  const long long BH = (long long)B * H;
+  float* pf_act = reinterpret_cast<float*>(smem + p.off_x);
+  float* pf_s = pf_act + B * GA * U;
+  T* pf_dy = reinterpret_cast<T*>(pf_s + (CELL >= 2 ? 2 * B * U : 0));
+  const int abuf = p.bp * p.pitch;
+
+  for (int i = threadIdx.x; i < 2 * abuf; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < U * p.wpitch; i += kPThreads) {
+    const int u = i / p.wpitch, k = i % p.wpitch;
+    wt[i] = k < GH ? W[(long long)k * H + j0 + u] : Store<T>::from(0.0f);
+  }
+  for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+    const long long o = (long long)(i / U) * H + j0 + i % U;
+    gh[i] = d.gh[o];
+    gc[i] = CELL == 2 ? d.gc[o] : 0.f;
+  }
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  cl_arrive();  // every block's buffers zeroed before any peer's remote stores
+  cl_wait();
+
+  constexpr int E = 16 / (int)sizeof(T);
+  const int cpr = U / E, nput = B * G * cpr * CL;
+  for (int s = 0; s <= TT; ++s) {
+    const int t = d.rev ? s : TT - 1 - s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (s < TT) {
+      load_rows<float>(pf_act, U, d.act + (long long)t * B * GA * H + j0, H, B * GA, U);
+      if (CELL >= 2) {
+        load_rows<float>(pf_s, U, d.s32 + slot(p, io) * BH + j0, H, B, U);
+        load_rows<float>(pf_s + B * U, U, d.s32 + slot(p, ip) * BH + j0, H, B, U);
+      }
+      if (d.dy) load_rows<T>(pf_dy, U, static_cast<const T*>(d.dy) + t * p.ld_yt + j0, p.ld_y, B, U);
+      cp_commit();
+    }
+    cp_wait_all();
+    __syncthreads();
+    if (s > 0) {
+      block_gemm<T>(dsm + (s & 1) * abuf, p.pitch, wt, p.wpitch, part, p.bp, U, p.kp, p.ksplit, false);
+      __syncthreads();
+    }
+    if (s == TT) {
+      for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+        const long long o = (long long)(i / U) * H + j0 + i % U;
+        d.gh[o] = gh[i] + part_sum(part, p.ksplit, p.bp, U, i / U, i % U);
+        if (CELL == 2) d.gc[o] = gc[i];
+        stf<T>(d.ghrec, o, 0.0f);
+      }
+      break;
+    }
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const float rec = s > 0 ? part_sum(part, p.ksplit, p.bp, U, b, u) : 0.f;
+      const long long xo = ((long long)t * B + b) * GH + j;
+      T* sg = stage + b * G * U + u;  // gate g at sg[g * U]
+      if (t >= lens[b]) {
+        gh[i] += rec;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          stf<T>(d.dxa, xo + (long long)g * H, 0.f);
+          if (d.dha) stf<T>(d.dha, xo + (long long)g * H, 0.f);
+          sg[g * U] = Store<T>::from(0.0f);
+        }
+        continue;
+      }
+      float dh = gh[i] + rec;
+      if (d.dy) dh += load<float>(pf_dy[i]);
+      const float* act = pf_act + b * GA * U + u;
+      float dd[G], dr[G];
+      if (CELL == 2) {
+        const float ig = act[0], fg = act[U], gg = act[2 * U], og = act[3 * U];
+        const float c = pf_s[i], cp = pf_s[B * U + i];
+        const float tc = tanhf(c);
+        float dc = gc[i] + dh * og * (1.0f - tc * tc);
+        if (p.clip && !(p.lclip < c && c < p.rclip)) dc = 0.0f;
+        dd[0] = dc * gg * ig * (1.0f - ig);
+        dd[1] = dc * cp * fg * (1.0f - fg);
+        dd[2] = dc * ig * (1.0f - gg * gg);
+        dd[3] = dh * tc * og * (1.0f - og);
+        gc[i] = dc * fg;
+        gh[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; ++k) dr[k] = dd[k];
+      } else if (CELL == 3) {
+        const float r = act[0], z = act[U], n = act[2 * U], han = act[3 * U];
+        const float hp = pf_s[B * U + i];
+        const float dn = dh * (1.0f - z) * (1.0f - n * n);
+        dd[1] = dh * (hp - n) * z * (1.0f - z);
+        dd[0] = dn * han * r * (1.0f - r);
+        dd[2] = dn;
+        dr[0] = dd[0];
+        dr[1] = dd[1];
+        dr[2] = dn * r;
+        gh[i] = dh * z;
+      } else {
+        const float h = act[0];
+        dd[0] = dh * (CELL == 0 ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+        dr[0] = dd[0];
+        gh[i] = 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        stf<T>(d.dxa, xo + (long long)g * H, dd[g]);
+        if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
+        sg[g * U] = Store<T>::from(dr[g]);
+      }
+    }
+    __syncthreads();
+    // the staged [batch][G][units] into buffer (s + 1) & 1 of every block: item q -> rank q % CL, chunk q / CL
+    // (row b, gate g, units k .. k + E -> columns g * hidden + j0 + k)
+    const unsigned nxt = smem_u32(dsm + ((s + 1) & 1) * abuf);
+    for (int q = threadIdx.x; q < nput; q += kPThreads) {
+      const int c = q / CL, bg = c / cpr, k = (c % cpr) * E, b = bg / G, g = bg % G;
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + bg * U + k);
+      st_peer16(nxt + (unsigned)((b * p.pitch + g * H + j0 + k) * (int)sizeof(T)), (unsigned)(q % CL), v);
+    }
+    cl_arrive();
+    cl_wait();
+  }
+}
+
+template <class T, int CELL>
+__global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kPThreads, 1) persist_bwd_c8(const PersistParams p) {
+  bwd_cl_body<T, CELL, 8>(p);
+}
+template <class T, int CELL>
+__global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(kPThreads, 1) persist_bwd_c16(const PersistParams p) {
+  bwd_cl_body<T, CELL, 16>(p);
+}
+
 template <class T, int CELL>
 __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kPThreads, 1) persist_fwd_c8(const PersistParams p) {
   fwd_cl_body<T, CELL, 8>(p);
@@ -619,6 +770,10 @@ template <class T, int CELL>
 __global__ void persist_fwd_c8(const PersistParams) { __trap(); }  // the host picks it only on sm_90
 template <class T, int CELL>
 __global__ void persist_fwd_c16(const PersistParams) { __trap(); }
+template <class T, int CELL>
+__global__ void persist_bwd_c8(const PersistParams) { __trap(); }
+template <class T, int CELL>
+__global__ void persist_bwd_c16(const PersistParams) { __trap(); }
 #endif
 
 // ---------------------------------------------------------------- backward data

@@ -307,6 +307,10 @@ rnn = Switches(
                             "(no global counter, no h load from L2; ptx/rnn_persist.cu persist_fwd_cl). Predicted "
                             "~1-1.5 us a step (LSTM fp16 hidden 256 batch 32) against the grid barrier's 4.58; off "
                             "by default until a GPU run proves it correct and faster"),
+    PERSIST_CLUSTER_BWD=(False, "PERSIST_STATIC backward data on sm_90, the same cluster exchange (persist_bwd_cl: "
+                                "each block broadcasts its units' recurrent pre-activation gradients instead of the "
+                                "next step reading [batch, G * hidden] from L2) where two copies of that operand "
+                                "fit; off by default until a GPU run proves it correct and faster"),
 )
 
 apply_environment()

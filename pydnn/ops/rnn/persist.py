@@ -14,7 +14,8 @@ fit a thread-block cluster's shared memory (cluster_options: 16 blocks, non-port
 cuOccupancyMaxActiveClusters must allow one, _cluster_ok), the forward runs as one cluster per direction
 (persist_fwd_c16 / _c8): the blocks broadcast their new h slices into each other's shared memory and meet at
 the hardware cluster barrier instead of the global counter (see ptx/rnn_persist.cu). Otherwise the grid
-kernel. The backward data stays the grid kernel (it reads what either forward wrote).
+kernel. tuning.rnn.PERSIST_CLUSTER_BWD: the same for backward data (persist_bwd_c16 / _c8: the recurrent
+pre-activation gradients broadcast instead of read from L2), where its two [batch, G * hidden] buffers fit.
 
 The reserve space and the workspace are STANDARD's (the same layout: the backward of either algorithm reads
 what either forward wrote), plus 256 bytes of workspace for the barrier counters. NOT_SUPPORTED (with the
@@ -63,7 +64,7 @@ class PersistParams(ctypes.Structure):
 
 
 CLUSTERS = (16, 8)  # the cluster sizes persist_fwd_cl is built for, tried in this order (16: non-portable)
-CL_KERNELS = tuple(f"persist_fwd_c{c}" for c in sorted(CLUSTERS))
+CL_KERNELS = tuple(f"persist_{k}_c{c}" for k in ("fwd", "bwd") for c in sorted(CLUSTERS))
 
 
 def expr(name, tag, cell=None):
@@ -125,7 +126,8 @@ class Layout:
                    ("part", ks * self.bp * n * 4),
                    ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es),
                    ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4), ("s2", B * units * 4 if bwd else 0),
-                   ("lens", B * 4), ("h", 0 if bwd else B * units * es), ("g", 0 if bwd else B * units * GA * 4)]
+                   ("lens", B * 4), ("h", (B * G * units * es if cluster else 0) if bwd else B * units * es),
+                   ("g", 0 if bwd else B * units * GA * 4)]
         off = 0
         self.off = {}
         for name, nbytes in regions:
@@ -192,19 +194,23 @@ class Plan:
         self.both = g.D == 2 and 2 * self.blocks <= sm_count
         self.cl_options = cluster_options(H, B, G, es, g.GA, smem_optin, arch)
         self.cl, self.cl_fwd = self.cl_options[0] if self.cl_options else (0, None)
+        self.clb_options = cluster_options(H, B, G, es, g.GA, smem_optin, arch, bwd=True) if training else []
+        self.clb, self.cl_bwd = self.clb_options[0] if self.clb_options else (0, None)
 
 
-def cluster_options(H, B, G, es, GA, limit, arch):
-    """[(CL, forward Layout)] for persist_fwd_cl, in the order tried (tuning.rnn.PERSIST_CLUSTER on, sm_90 or
-    later): a cluster of CL blocks of hidden / CL units (a multiple of 8) whose weight slice, two whole copies
-    of h (one chunk) and the rest fit `limit` bytes. Empty: the grid kernel."""
-    if not tuning.rnn.PERSIST_CLUSTER or not arch or int(arch[3:].rstrip("a")) < 90:
+def cluster_options(H, B, G, es, GA, limit, arch, bwd=False):
+    """[(CL, Layout)] for persist_fwd_cl (bwd: persist_bwd_cl), in the order tried (tuning.rnn.PERSIST_CLUSTER,
+    for the backward PERSIST_CLUSTER_BWD, on; sm_90 or later): a cluster of CL blocks of hidden / CL units (a
+    multiple of 8) whose weight slice, two whole copies of the [batch, K] operand (one chunk: K = hidden, the
+    backward G * hidden) and the rest fit `limit` bytes. Empty: the grid kernel."""
+    on = tuning.rnn.PERSIST_CLUSTER_BWD if bwd else tuning.rnn.PERSIST_CLUSTER
+    if not on or not arch or int(arch[3:].rstrip("a")) < 90:
         return []
     out = []
     for cl in CLUSTERS:
         if H % (8 * cl):
             continue
-        lay = Layout(False, G, H, B, H // cl, es, GA, None, cluster=True)
+        lay = Layout(bwd, G, H, B, H // cl, es, GA, None, cluster=True)
         if lay.smem <= limit:
             out.append((cl, lay))
     return out
@@ -236,14 +242,17 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, tuning.rnn.PERSIST_CLUSTER, training,
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D,
+           (tuning.rnn.PERSIST_CLUSTER, tuning.rnn.PERSIST_CLUSTER_BWD), training,
            tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
         p = Plan(r, g, handle.sm_count, smem_optin(handle), training, getattr(handle, "arch", None))
-        if p.cl and getattr(handle, "ctx", None) is not None:  # the first cluster size the driver can launch
-            p.cl, p.cl_fwd = next(((cl, lay) for cl, lay in p.cl_options if _cluster_ok(handle, p.tag, r.cell, cl,
-                                                                                       lay.smem, g.D)), (0, None))
+        if getattr(handle, "ctx", None) is not None:  # the first cluster size the driver can launch
+            p.cl, p.cl_fwd = next(((cl, lay) for cl, lay in p.cl_options
+                                   if _cluster_ok(handle, p.tag, "fwd", r.cell, cl, lay.smem, g.D)), (0, None))
+            p.clb, p.cl_bwd = next(((cl, lay) for cl, lay in p.clb_options
+                                    if _cluster_ok(handle, p.tag, "bwd", r.cell, cl, lay.smem, g.D)), (0, None))
         if getattr(handle, "ctx", None) is not None:  # on the device: every block resident, before any launch
             for name, lay in (("persist_fwd", p.fwd), ("persist_bwd", p.bwd)):
                 if lay is not None:
@@ -269,12 +278,12 @@ def _check_resident(handle, f, smem, blocks):
     handle.remember(key, True)
 
 
-def _cluster_ok(handle, tag, cell, cl, smem, dirs):
-    """Whether persist_fwd_c<cl> can run here: its function opted in to the non-portable cluster size (16), and
+def _cluster_ok(handle, tag, kind, cell, cl, smem, dirs):
+    """Whether persist_<kind>_c<cl> can run here: its function opted in to the non-portable cluster size (16), and
     the driver's cuOccupancyMaxActiveClusters for a grid of (cl, dirs) at this shared memory is at least 1 (the
     directions' clusters need not be co-resident: they never wait for each other)."""
     d = driver._driver()
-    f = handle.function(unit_name(tag), expr(f"persist_fwd_c{cl}", tag, cell), smem)
+    f = handle.function(unit_name(tag), expr(f"persist_{kind}_c{cl}", tag, cell), smem)
     try:
         if cl > 8:
             attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
@@ -364,7 +373,7 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
     """Backward data's recurrence of one layer (after bwd_state_init; STANDARD's step loops). Leaves the dhx
     share in gh and 0 in ghrec[0] (bwd_state_out adds them)."""
     es, B, H, P, D = g.es, g.B, g.H, g.P, g.D
-    for group in _groups(pl, dirs):
+    for group in ([dirs] if pl.clb else _groups(pl, dirs)):
         p = PersistParams()
         for i, dr in enumerate(group):
             q = p.dir[i]
@@ -377,6 +386,11 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         p.lens, p.seq, p.batch, p.hidden, p.units = lens, g.T, B, H, pl.units
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+        if pl.clb:  # one cluster per direction (persist_bwd_cl): no counter to reset
+            p.units = H // pl.clb
+            pl.cl_bwd.fill(p)
+            _launch(ex, f"persist_bwd_c{pl.clb}", r.cell, (pl.clb, len(group), 1), pl.cl_bwd.smem, p)
+            continue
         pl.bwd.fill(p)
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)

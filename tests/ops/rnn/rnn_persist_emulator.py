@@ -31,6 +31,8 @@ def _views(smem, p, dt, bwd, G, cluster=False):
                s=v(p.off_s, B * U, np.float32).reshape(B, U), lens=v(p.off_lens, B, np.int32))
     if bwd:
         out["s2"] = v(p.off_s2, B * U, np.float32).reshape(B, U)
+        if cluster:  # persist_bwd_cl's staging of the broadcast values [batch][G][units]
+            out["stage"] = v(p.off_h, B * G * U, dt).reshape(B, G, U)
     else:
         out["x"] = v(p.off_x, B * N, dt).reshape(B, N)
         out["b"] = v(p.off_b, 2 * N, np.float32)
@@ -202,12 +204,14 @@ def persist_fwd(dev, p, dt, cell, grid, smem, cl=0):
                         dst["a"][(s + 1) & 1][:B, j0:j0 + U] = src["h"]
 
 
-def persist_bwd(dev, p, dt, cell, grid, smem):
+def persist_bwd(dev, p, dt, cell, grid, smem, cl=0):
     G = 4 if cell == 2 else (3 if cell == 3 else 1)
     GA = 4 if cell >= 2 else 1
     B, H, U, T = p.batch, p.hidden, p.units, p.seq
     GH, es = G * H, np.dtype(dt).itemsize
     assert grid[0] * U == H and p.kp * p.nchunk >= GH and p.bp >= B
+    if cl:
+        assert grid[0] == cl and (U * es) % 16 == 0 and (p.pitch * es) % 16 == 0 and smem <= 232448
     for y in range(grid[1]):
         d = p.dir[y]
         W = dev.view(d.w, GH * H, dt).reshape(GH, H)
@@ -216,7 +220,7 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
         drec = d.dha or d.dxa
         blocks = []
         for x in range(grid[0]):
-            sm = _views(np.zeros(smem, np.uint8), p, dt, True, G)
+            sm = _views(np.zeros(smem, np.uint8), p, dt, True, G, cluster=bool(cl))
             j0 = x * U
             sm["w"][:, :GH] = W[:, j0:j0 + U].T
             assert not sm["w"][:, GH:].any()
@@ -230,7 +234,12 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
                 tp = t - 1 if d.rev else t + 1
                 dprev = dev.view(drec + tp * B * GH * es, B * GH, dt).reshape(B, GH).copy()
                 for j0, sm in blocks:
-                    _gemm(sm, p, dt, U, dprev)
+                    if cl:  # the broadcast copy equals what the grid kernel would read; nothing past batch / K
+                        a = sm["a"][s & 1]
+                        assert (a[:B, :GH] == dprev).all() and not a[B:].any() and not a[:, GH:].any(), s
+                        _gemm_buf(sm, p, dt, s & 1, GH)
+                    else:
+                        _gemm(sm, p, dt, U, dprev)
             for j0, sm in blocks:
                 rec = sm["part"].sum(axis=0)[:B] if s > 0 else np.zeros((B, U), np.float32)
                 gh, gc = sm["s"], sm["s2"]
@@ -277,7 +286,15 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
                         if ptr:
                             out = dev.view(ptr + t * B * GH * es, B * GH, dt).reshape(B, GH)
                             out[:, g * H + j0:g * H + j0 + U] = np.where(active, _s(vals[g], dt), 0)
+                    if cl:
+                        sm["stage"][:, g] = np.where(active, _s(dr[g], dt), _s(np.zeros_like(dr[g]), dt))
+            if cl and s < T:  # each block's staged values into buffer (s + 1) & 1 of every block
+                for j0, src in blocks:
+                    for _, dst in blocks:
+                        for g in range(G):
+                            dst["a"][(s + 1) & 1][:B, g * H + j0:g * H + j0 + U] = src["stage"][:, g]
 
 
 PERSIST = {"persist_reset": persist_reset, "persist_fwd": persist_fwd, "persist_bwd": persist_bwd,
-           "persist_fwd_c8": lambda *a: persist_fwd(*a, cl=8), "persist_fwd_c16": lambda *a: persist_fwd(*a, cl=16)}
+           "persist_fwd_c8": lambda *a: persist_fwd(*a, cl=8), "persist_fwd_c16": lambda *a: persist_fwd(*a, cl=16),
+           "persist_bwd_c8": lambda *a: persist_bwd(*a, cl=8), "persist_bwd_c16": lambda *a: persist_bwd(*a, cl=16)}

@@ -45,17 +45,22 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("bwd", [False, True], ids=["fwd", "fwd-bwd"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_cluster_forward_on_emulated_device(name, monkeypatch):
+def test_cluster_forward_on_emulated_device(name, bwd, monkeypatch):
+    """PERSIST_CLUSTER (the forward) and with bwd PERSIST_CLUSTER_BWD too (backward data in clusters)."""
     c, cl = CASES[name]
     monkeypatch.setattr(tuning.rnn, "PERSIST_CLUSTER", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_CLUSTER_BWD", bwd)
     dev = rnn_emulator.Device()
     calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
     h = rnn_emulator.fake_handle()
     run_case(h, dev, c)
     kinds = {m[1] for m in calls if m[0] == "persist"}
-    # the forward in clusters only; the backward data stays the grid kernel (with its counter's reset)
-    assert kinds == {f"persist_fwd_c{cl}", "persist_reset", "persist_bwd"}, kinds
+    if bwd:  # no counter, no reset
+        assert kinds == {f"persist_fwd_c{cl}", f"persist_bwd_c{cl}"}, kinds
+    else:  # the backward data stays the grid kernel (with its counter's reset)
+        assert kinds == {f"persist_fwd_c{cl}", "persist_reset", "persist_bwd"}, kinds
     fwd = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward" for it in items
            if it[5][:2] == ("persist", f"persist_fwd_c{cl}")]
     assert fwd and all(it[1] == (cl, c.dirs, 1) and it[4][2].units == c.hidden // cl for it in fwd)
@@ -107,6 +112,26 @@ def test_cluster_options(cell, dt, H, B, want, monkeypatch):
     assert persist.cluster_options(H, B, G, es, 4, persist.SMEM_OPTIN["sm_90"], "sm_90") == []
 
 
+@pytest.mark.parametrize("cell,dt,H,B,want", [
+    (E.PYDNN_LSTM, F16, 256, 32, 16),   # W^T 33 KiB + 2 x [32][1032] fp16 (129 KiB)
+    (E.PYDNN_LSTM, F32, 256, 32, 0),    # 2 x [32][1028] f32 = 257 KiB: the grid kernel
+    (E.PYDNN_GRU, BF16, 128, 40, 16),
+    (E.PYDNN_RNN_TANH, F32, 64, 8, 8),
+])
+def test_backward_cluster_options(cell, dt, H, B, want, monkeypatch):
+    monkeypatch.setattr(tuning.rnn, "PERSIST_CLUSTER_BWD", True)
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(cell, 1)
+    es = {F32: 4, F16: 2, BF16: 2}[dt]
+    opts = persist.cluster_options(H, B, G, es, 4 if G > 1 else 1, persist.SMEM_OPTIN["sm_90"], "sm_90", bwd=True)
+    assert (opts[0][0] if opts else 0) == want
+    for cl, lay in opts:
+        assert lay.kp == G * H and lay.nchunk == 1 and lay.n == H // cl
+        a_next = min(o for o in lay.off.values() if o > lay.off["a"])
+        assert a_next - lay.off["a"] >= 2 * lay.bp * lay.pitch * es
+        h_next = min([o for o in lay.off.values() if o > lay.off["h"]] + [lay.smem])
+        assert h_next - lay.off["h"] >= B * G * lay.units * es
+
+
 def test_broadcast_mapping_covers_every_peer_once():
     """persist_fwd_cl's broadcast loop, re-stated: item q -> rank q % CL, chunk q / CL (row b, columns
     j0 + k .. + E): every (rank, row, 16-byte chunk of the slice) exactly once, within the row's slice."""
@@ -121,3 +146,17 @@ def test_broadcast_mapping_covers_every_peer_once():
                 b, k = c // cpr, (c % cpr) * E_
                 hits[q % cl, b, k:k + E_] += 1
             assert (hits == 1).all()
+            # persist_bwd_cl: item q -> rank q % CL, chunk q / CL = (row b, gate g, units k .. k + E)
+            for G in (1, 3, 4):
+                H = U * cl
+                hits = np.zeros((cl, B, G * H), int)
+                j0 = 0
+                for q in range(B * G * cpr * cl):
+                    c = q // cl
+                    bg, k = c // cpr, (c % cpr) * E_
+                    b, g = bg // G, bg % G
+                    hits[q % cl, b, g * H + j0 + k:g * H + j0 + k + E_] += 1
+                want = np.zeros((cl, B, G * H), int)
+                for g in range(G):
+                    want[:, :, g * H + j0:g * H + j0 + U] = 1
+                assert (hits == want).all()

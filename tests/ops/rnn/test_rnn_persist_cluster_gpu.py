@@ -10,6 +10,8 @@ when written (no device for this branch): written for the lead's final run.
    cluster size), so a driver refusal (cuOccupancyMaxActiveClusters, the non-portable size 16) fails loudly
    instead of silently timing the grid kernel.
 2. The cluster forward against STANDARD on the same weights and inputs (test_rnn_persist_gpu's comparison).
+2b. The same two with tuning.rnn.PERSIST_CLUSTER_BWD on too (backward data in clusters; kept in tests of their
+   own so that a backward failure does not hide the forward's result).
 3. Clusters of 8 forced (persist.CLUSTERS monkeypatched) where 16 would be chosen; a shape whose weights do not
    fit a cluster (LSTM fp16 hidden 512) falls back to the grid kernel and stays correct."""
 import os
@@ -34,9 +36,12 @@ def _c(**kw):
     return Case(algo=PS, **kw)
 
 
-def _cluster_sizes(handle):
-    """The cluster size of every PERSIST_STATIC plan made with the switch on (0: the grid kernel)."""
-    return [v.cl for k, v in handle.prepared.items() if k and k[0] == "rnn.persist.plan" and k[7]]
+def _cluster_sizes(handle, bwd=False):
+    """The cluster size of every PERSIST_STATIC plan made with the switch on (0: the grid kernel); bwd: the
+    backward's, of the training plans made with PERSIST_CLUSTER_BWD on."""
+    if bwd:
+        return [v.clb for k, v in handle.prepared.items() if k and k[0] == "rnn.persist.plan" and k[7][1] and k[8]]
+    return [v.cl for k, v in handle.prepared.items() if k and k[0] == "rnn.persist.plan" and k[7][0]]
 
 
 @pytest.fixture
@@ -84,6 +89,18 @@ def test_cluster_forward_against_float64_reference(name, handle, cluster_on):
     assert sizes and all(s == cl for s in sizes), f"cluster sizes {sizes}, expected {cl} (0: the grid kernel)"
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_cluster_backward_against_float64_reference(name, handle, cluster_on, monkeypatch):
+    """PERSIST_CLUSTER_BWD on too: backward data in clusters (every case's operand fits, at the same size)."""
+    _need_sm90(handle)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_CLUSTER_BWD", True)
+    c, cl = CASES[name]
+    run_case(handle, GpuDevice(), c)
+    sizes, bsizes = _cluster_sizes(handle), _cluster_sizes(handle, bwd=True)
+    assert sizes and all(s == cl for s in sizes), f"forward cluster sizes {sizes}, expected {cl}"
+    assert bsizes and all(s == cl for s in bsizes), f"backward cluster sizes {bsizes}, expected {cl}"
+
+
 @pytest.mark.parametrize("name", ["lstm-f16-256", "gru-bf16-128-bi-packed", "lstm-f32-256"])
 def test_clusters_of_8_forced(name, handle, cluster_on, monkeypatch):
     _need_sm90(handle)
@@ -111,3 +128,13 @@ def test_cluster_forward_matches_standard(cell, dt, D, handle, cluster_on):
     test_persist_matches_standard(cell, dt, D, handle)
     sizes = _cluster_sizes(handle)
     assert sizes and all(s == 16 for s in sizes), sizes
+
+
+@pytest.mark.parametrize("cell,dt,D", [(E.PYDNN_LSTM, F16, 1), (E.PYDNN_GRU, BF16, 2), (E.PYDNN_RNN_TANH, F16, 1)])
+def test_cluster_backward_matches_standard(cell, dt, D, handle, cluster_on, monkeypatch):
+    _need_sm90(handle)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_CLUSTER_BWD", True)
+    from test_rnn_persist_gpu import test_persist_matches_standard
+    test_persist_matches_standard(cell, dt, D, handle)
+    bsizes = _cluster_sizes(handle, bwd=True)
+    assert bsizes and all(s == 16 for s in bsizes), bsizes
