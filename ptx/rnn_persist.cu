@@ -17,6 +17,10 @@
 //                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
 //                          share in gh (and 0 in ghrec) for bwd_state_out.
 //   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
+//   persist_fwd_c8 / _c16, persist_bwd_c8 / _c16 <T, CELL>   (sm_90; tuning.rnn.PERSIST_CLUSTER / _BWD) the same
+//                          forward / backward data in one thread-block cluster of 8 / 16 blocks per direction:
+//                          the [batch, K] operand broadcast into every block's shared memory (DSMEM) and the
+//                          hardware cluster barrier instead of the counter and the L2 round trips (below).
 //
 // Measured (H200, mid-session, before the deferred stores and the fence removal): 4.58 us a step with the
 // barrier, 5.18 with the tagged exchange (hence the barrier is the default), the backward ~5.4 us.

@@ -1,7 +1,8 @@
 """PERSIST_STATIC's cluster forward (tuning.rnn.PERSIST_CLUSTER, ptx/rnn_persist.cu persist_fwd_c8 / _c16)
 without a GPU: the engine with the kernel re-stated in numpy (rnn_persist_emulator.py: one cluster of CL
 blocks per direction, each block's GEMM reading only its own shared memory's h buffer s & 1, each block's
-new h slice broadcast into buffer (s + 1) & 1 of every block) against the float64 reference; the planner's
+new h slice broadcast into buffer (s + 1) & 1 of every block; with PERSIST_CLUSTER_BWD the backward data the
+same way, the staged recurrent gradients broadcast) against the float64 reference; the planner's
 choice (cluster size 16, else 8, else the grid kernel; off by default, never before sm_90); the layouts.
 NVRTC compilation of the kernels (sm_80 stubs, sm_90 without spills) is test_rnn_persist_cpu.py's
 test_persist_units_compile_without_spills (the units hold persist_fwd_c8 / _c16)."""
