@@ -617,6 +617,9 @@ __device__ __forceinline__ void fwd_cl_body(const PersistParams& p) {
 // broadcast into buffer (s + 1) & 1 of every block at columns g * hidden + j0 + u; the next step's GEMM reads
 // buffer s & 1 instead of d_prev from L2. The pass after the last step (s == T) needs no barrier after it (no
 // block writes into another's shared memory after step T - 1's barrier).
+// Predicted per step (LSTM fp16, hidden 256, batch 32, CL 16): the GEMM [32 x 16] x K 1024 (~0.4 us) + the cell
+// (~0.2 us) + the broadcast (4 KiB a block to each of 16 blocks, 16 16-byte remote stores a thread, ~0.4-0.6 us)
+// + the barrier (~0.2-0.3 us) = ~1.2-1.5 us a step against the grid kernel's ~5.4 us.
 template <class T, int CELL, int CL>
 __device__ __forceinline__ void bwd_cl_body(const PersistParams& p) {
   extern __shared__ __align__(16) unsigned char smem[];
