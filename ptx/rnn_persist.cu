@@ -534,6 +534,15 @@ __device__ __forceinline__ void fwd_cl_body(const PersistParams& p) {
   for (int i = threadIdx.x; i < B * U; i += kPThreads)
     hown[i] = hs[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  // the input projection slice of step s into xs (cp.async): step 0's here, step s + 1's right after step s's
+  // cell (its last reader), so that its L2 latency hides behind the broadcast, the stores and the barrier
+  auto fetch_x = [&](int s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
+    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+    cp_commit();
+  };
+  if (TT > 0) fetch_x(0);
   cl_arrive();  // every block's buffers zeroed before any peer's remote stores
   cl_wait();
 
@@ -542,9 +551,6 @@ __device__ __forceinline__ void fwd_cl_body(const PersistParams& p) {
   for (int s = 0; s < TT; ++s) {
     const int t = d.rev ? TT - 1 - s : s;
     const int io = d.rev ? t : t + 1;
-    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
-    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
-    cp_commit();
     cp_wait_all();
     __syncthreads();
     block_gemm<T>(hsm + (s & 1) * abuf, p.pitch, ws, p.wpitch, part, p.bp, N, p.kp, p.ksplit, false);
@@ -585,6 +591,7 @@ __device__ __forceinline__ void fwd_cl_body(const PersistParams& p) {
       h_out[(long long)b * H + j0 + u] = hown[i];
     }
     __syncthreads();
+    if (s + 1 < TT) fetch_x(s + 1);  // xs is read by this step's cell only
     // the new h slice into buffer (s + 1) & 1 of every block: item q -> rank q % CL, 16-byte chunk q / CL
     // (row b, columns j0 + k .. + E)
     const unsigned nxt = smem_u32(hsm + ((s + 1) & 1) * abuf);
@@ -652,6 +659,20 @@ __device__ __forceinline__ void bwd_cl_body(const PersistParams& p) {
     gc[i] = CELL == 2 ? d.gc[o] : 0.f;
   }
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  // step s's own inputs (gate values, states, dy) into pf_* (cp.async): step 0's here, step s + 1's right after
+  // step s's cell (their last reader), hidden behind the broadcast and the barrier
+  auto fetch = [&](int s) {
+    const int t = d.rev ? s : TT - 1 - s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    load_rows<float>(pf_act, U, d.act + (long long)t * B * GA * H + j0, H, B * GA, U);
+    if (CELL >= 2) {
+      load_rows<float>(pf_s, U, d.s32 + slot(p, io) * BH + j0, H, B, U);
+      load_rows<float>(pf_s + B * U, U, d.s32 + slot(p, ip) * BH + j0, H, B, U);
+    }
+    if (d.dy) load_rows<T>(pf_dy, U, static_cast<const T*>(d.dy) + t * p.ld_yt + j0, p.ld_y, B, U);
+    cp_commit();
+  };
+  if (TT > 0) fetch(0);
   cl_arrive();  // every block's buffers zeroed before any peer's remote stores
   cl_wait();
 
@@ -659,16 +680,6 @@ __device__ __forceinline__ void bwd_cl_body(const PersistParams& p) {
   const int cpr = U / E, nput = B * G * cpr * CL;
   for (int s = 0; s <= TT; ++s) {
     const int t = d.rev ? s : TT - 1 - s;
-    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
-    if (s < TT) {
-      load_rows<float>(pf_act, U, d.act + (long long)t * B * GA * H + j0, H, B * GA, U);
-      if (CELL >= 2) {
-        load_rows<float>(pf_s, U, d.s32 + slot(p, io) * BH + j0, H, B, U);
-        load_rows<float>(pf_s + B * U, U, d.s32 + slot(p, ip) * BH + j0, H, B, U);
-      }
-      if (d.dy) load_rows<T>(pf_dy, U, static_cast<const T*>(d.dy) + t * p.ld_yt + j0, p.ld_y, B, U);
-      cp_commit();
-    }
     cp_wait_all();
     __syncthreads();
     if (s > 0) {
@@ -742,6 +753,7 @@ __device__ __forceinline__ void bwd_cl_body(const PersistParams& p) {
       }
     }
     __syncthreads();
+    if (s + 1 < TT) fetch(s + 1);  // pf_* are read by this step's cell only
     // the staged [batch][G][units] into buffer (s + 1) & 1 of every block: item q -> rank q % CL, chunk q / CL
     // (row b, gate g, units k .. k + E -> columns g * hidden + j0 + k)
     const unsigned nxt = smem_u32(dsm + ((s + 1) & 1) * abuf);
