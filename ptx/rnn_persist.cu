@@ -17,6 +17,10 @@
 //                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
 //                          share in gh (and 0 in ghrec) for bwd_state_out.
 //   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
+//   persist_fwd_c8 / _c16, persist_bwd_c8 / _c16 <T, CELL>   (sm_90; tuning.rnn.PERSIST_CLUSTER / _BWD) the same
+//                          forward / backward data in one thread-block cluster of 8 / 16 blocks per direction:
+//                          the [batch, K] operand broadcast into every block's shared memory (DSMEM) and the
+//                          hardware cluster barrier instead of the counter and the L2 round trips (below).
 //
 // Measured (H200, mid-session, before the deferred stores and the fence removal): 4.58 us a step with the
 // barrier, 5.18 with the tagged exchange (hence the barrier is the default), the backward ~5.4 us.
@@ -459,6 +463,337 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     }
   }
 }
+
+// ---------------------------------------------------------------- forward in one thread-block cluster (sm_90)
+// persist_fwd_cl<T, CELL, CL>: tuning.rnn.PERSIST_CLUSTER. One cluster of CL blocks (8, or 16 with the
+// non-portable cluster size the host opts the function in to) per direction: grid (CL, directions), cluster
+// dims (CL, 1, 1), so block x (== %cluster_ctarank) owns units [x * units, + units) with units = hidden / CL,
+// all G gates of them and their weight slice (the grid kernel's layout). Shared memory as persist_fwd with
+// two A buffers of [bp][pitch] (all of K = hidden, one chunk): at step s the block GEMM reads buffer s & 1
+// and every block writes its new h slice (rows < batch, columns j0 .. j0 + units) into buffer (s + 1) & 1 of
+// every block of the cluster, its own included (st.shared::cluster, 16 bytes a store), then arrives at the
+// hardware cluster barrier (release), stores y / the f32 state / the gate values, and waits (acquire). No
+// counter, no poll, no L2 round trip for h; the barrier cannot deadlock (the hardware schedules a cluster's
+// blocks together and every block arrives once a step). Buffer (s + 1) & 1 was last read by step s - 1's GEMM,
+// which every block finished before arriving at step s - 1's barrier: one barrier a step suffices. A cluster
+// barrier after the setup orders every block's zeroing of its buffers before any peer's first remote store,
+// and the last step's barrier keeps every block alive until no peer writes into its shared memory.
+// h still goes to the state slots in global memory (hy, the backward, hs of the next layer read them).
+// Predicted per step (LSTM fp16, hidden 256, batch 32, CL 16: 16 units, the GEMM [32 x 64] x K 256 per block):
+// the GEMM ~0.3-0.4 us (16 k-steps, 2 tiles a warp) + the cell ~0.2 us + the broadcast (1024 16-byte remote
+// stores a block, 4 a thread) ~0.2 us + the cluster barrier ~0.2-0.3 us = ~1-1.5 us a step, 0.5-0.75 ms for
+// 512 steps against cuDNN's 1.68 ms (the grid barrier: 4.58 us a step, 2.34 ms).
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+// 16 bytes to the shared address `a` (this block's layout) in block `rank` of the cluster
+__device__ __forceinline__ void st_peer16(unsigned a, unsigned rank, const uint4& v) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(r), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+template <class T, int CELL, int CL>
+__device__ __forceinline__ void fwd_cl_body(const PersistParams& p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, N = G * U, j0 = blockIdx.x * U, TT = p.seq;
+  T* ws = reinterpret_cast<T*>(smem + p.off_w);
+  T* hsm = reinterpret_cast<T*>(smem + p.off_a);  // two buffers of [bp][pitch]
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  T* xs = reinterpret_cast<T*>(smem + p.off_x);
+  T* hown = reinterpret_cast<T*>(smem + p.off_h);
+  float* gsm = reinterpret_cast<float*>(smem + p.off_g);
+  float* bs = reinterpret_cast<float*>(smem + p.off_b);
+  float* st = reinterpret_cast<float*>(smem + p.off_s);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  const T* W = static_cast<const T*>(d.w);
+  const T* hs = static_cast<const T*>(d.hs);
+  const long long BH = (long long)B * H;
+  const int abuf = p.bp * p.pitch;
+
+  for (int i = threadIdx.x; i < 2 * abuf; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < N * p.wpitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
+  __syncthreads();
+  for (int g = 0; g < G; ++g) load_rows<T>(ws + g * U * p.wpitch, p.wpitch, W + ((long long)g * H + j0) * H, H, U, H);
+  const int first = d.rev ? TT : 0;
+  load_rows<T>(hsm, p.pitch, hs + slot(p, first) * BH, H, B, H);  // h_{first}, all of it, into buffer 0
+  cp_commit();
+  for (int i = threadIdx.x; i < N; i += kPThreads) {
+    const int g = i / U, u = i % U;
+    bs[i] = d.bw ? ldf<T>(d.bw, (long long)g * H + j0 + u) : 0.f;
+    bs[N + i] = d.br ? ldf<T>(d.br, (long long)g * H + j0 + u) : 0.f;
+  }
+  if (CELL >= 2)
+    for (int i = threadIdx.x; i < B * U; i += kPThreads)
+      st[i] = d.s32[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
+  for (int i = threadIdx.x; i < B * U; i += kPThreads)
+    hown[i] = hs[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  // the input projection slice of step s into xs (cp.async): step 0's here, step s + 1's right after step s's
+  // cell (its last reader), so that its L2 latency hides behind the broadcast, the stores and the barrier
+  auto fetch_x = [&](int s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
+    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+    cp_commit();
+  };
+  if (TT > 0) fetch_x(0);
+  cl_arrive();  // every block's buffers zeroed before any peer's remote stores
+  cl_wait();
+
+  constexpr int E = 16 / (int)sizeof(T);
+  const int cpr = U / E, nput = B * cpr * CL;
+  for (int s = 0; s < TT; ++s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const int io = d.rev ? t : t + 1;
+    cp_wait_all();
+    __syncthreads();
+    block_gemm<T>(hsm + (s & 1) * abuf, p.pitch, ws, p.wpitch, part, p.bp, N, p.kp, p.ksplit, false);
+    __syncthreads();
+    T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U;
+      if (t < lens[b]) {
+        float xa[G], ha[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
+          xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
+        }
+        float* gv = gsm + i * GA;
+        if (CELL == 2) {
+          const float ig = p_sigm(xa[0] + ha[0]), fg = p_sigm(xa[1] + ha[1]), gg = tanhf(xa[2] + ha[2]),
+                      og = p_sigm(xa[3] + ha[3]);
+          float c = fg * st[i] + ig * gg;
+          if (p.clip) c = c != c ? c : fminf(fmaxf(c, p.lclip), p.rclip);
+          st[i] = c;
+          hown[i] = Store<T>::from(og * tanhf(c));
+          gv[0] = ig; gv[1] = fg; gv[2] = gg; gv[3] = og;
+        } else if (CELL == 3) {
+          const float r = p_sigm(xa[0] + ha[0]), z = p_sigm(xa[1] + ha[1]);
+          const float n = tanhf(xa[2] + r * ha[2]);
+          const float h = (1.0f - z) * n + z * st[i];
+          st[i] = h;
+          hown[i] = Store<T>::from(h);
+          gv[0] = r; gv[1] = z; gv[2] = n; gv[3] = ha[2];
+        } else {
+          const float a = xa[0] + ha[0];
+          const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
+          hown[i] = Store<T>::from(h);
+          gv[0] = h;
+        }
+      }  // a row past its length carries its state: hown, st unchanged
+      h_out[(long long)b * H + j0 + u] = hown[i];
+    }
+    __syncthreads();
+    if (s + 1 < TT) fetch_x(s + 1);  // xs is read by this step's cell only
+    // the new h slice into buffer (s + 1) & 1 of every block: item q -> rank q % CL, 16-byte chunk q / CL
+    // (row b, columns j0 + k .. + E)
+    const unsigned nxt = smem_u32(hsm + ((s + 1) & 1) * abuf);
+    for (int q = threadIdx.x; q < nput; q += kPThreads) {
+      const int c = q / CL, b = c / cpr, k = (c % cpr) * E;
+      const uint4 v = *reinterpret_cast<const uint4*>(hown + b * U + k);
+      st_peer16(nxt + (unsigned)((b * p.pitch + j0 + k) * (int)sizeof(T)), (unsigned)(q % CL), v);
+    }
+    cl_arrive();
+    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const bool active = t < lens[b];
+      if (CELL >= 2) s_out[(long long)b * H + j] = st[i];
+      static_cast<T*>(d.y)[t * p.ld_yt + b * p.ld_y + j] = active ? hown[i] : Store<T>::from(0.0f);
+      if (d.act && active) {
+        float* act = d.act + ((long long)t * B + b) * GA * H + j;
+#pragma unroll
+        for (int k = 0; k < GA; ++k) act[k * H] = gsm[i * GA + k];
+      }
+    }
+    cl_wait();
+  }
+}
+
+// persist_bwd_cl<T, CELL, CL>: tuning.rnn.PERSIST_CLUSTER_BWD, backward data in one cluster per direction, the
+// same exchange: block x's W^T slice [units][pitch] (persist_bwd's layout), two A buffers [bp][pitch] of K =
+// G * hidden (one chunk); the step's recurrent pre-activation gradients of the block's units (the values
+// persist_bwd stores to dha / dxa, 0 for rows past their length) are staged at off_h as [batch][G][units] and
+// broadcast into buffer (s + 1) & 1 of every block at columns g * hidden + j0 + u; the next step's GEMM reads
+// buffer s & 1 instead of d_prev from L2. The pass after the last step (s == T) needs no barrier after it (no
+// block writes into another's shared memory after step T - 1's barrier).
+// Predicted per step (LSTM fp16, hidden 256, batch 32, CL 16): the GEMM [32 x 16] x K 1024 (~0.4 us) + the cell
+// (~0.2 us) + the broadcast (4 KiB a block to each of 16 blocks, 16 16-byte remote stores a thread, ~0.4-0.6 us)
+// + the barrier (~0.2-0.3 us) = ~1.2-1.5 us a step against the grid kernel's ~5.4 us.
+template <class T, int CELL, int CL>
+__device__ __forceinline__ void bwd_cl_body(const PersistParams& p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, U = p.units, GH = G * H, j0 = blockIdx.x * U, TT = p.seq;
+  T* wt = reinterpret_cast<T*>(smem + p.off_w);
+  T* dsm = reinterpret_cast<T*>(smem + p.off_a);
+  float* part = reinterpret_cast<float*>(smem + p.off_part);
+  float* gh = reinterpret_cast<float*>(smem + p.off_s);
+  float* gc = reinterpret_cast<float*>(smem + p.off_s2);
+  int* lens = reinterpret_cast<int*>(smem + p.off_lens);
+  T* stage = reinterpret_cast<T*>(smem + p.off_h);  // [batch][G][units]
+  const T* W = static_cast<const T*>(d.w);
+  const long long BH = (long long)B * H;
+  float* pf_act = reinterpret_cast<float*>(smem + p.off_x);
+  float* pf_s = pf_act + B * GA * U;
+  T* pf_dy = reinterpret_cast<T*>(pf_s + (CELL >= 2 ? 2 * B * U : 0));
+  const int abuf = p.bp * p.pitch;
+
+  for (int i = threadIdx.x; i < 2 * abuf; i += kPThreads) dsm[i] = Store<T>::from(0.0f);
+  for (int i = threadIdx.x; i < U * p.wpitch; i += kPThreads) {
+    const int u = i / p.wpitch, k = i % p.wpitch;
+    wt[i] = k < GH ? W[(long long)k * H + j0 + u] : Store<T>::from(0.0f);
+  }
+  for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+    const long long o = (long long)(i / U) * H + j0 + i % U;
+    gh[i] = d.gh[o];
+    gc[i] = CELL == 2 ? d.gc[o] : 0.f;
+  }
+  for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
+  // step s's own inputs (gate values, states, dy) into pf_* (cp.async): step 0's here, step s + 1's right after
+  // step s's cell (their last reader), hidden behind the broadcast and the barrier
+  auto fetch = [&](int s) {
+    const int t = d.rev ? s : TT - 1 - s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    load_rows<float>(pf_act, U, d.act + (long long)t * B * GA * H + j0, H, B * GA, U);
+    if (CELL >= 2) {
+      load_rows<float>(pf_s, U, d.s32 + slot(p, io) * BH + j0, H, B, U);
+      load_rows<float>(pf_s + B * U, U, d.s32 + slot(p, ip) * BH + j0, H, B, U);
+    }
+    if (d.dy) load_rows<T>(pf_dy, U, static_cast<const T*>(d.dy) + t * p.ld_yt + j0, p.ld_y, B, U);
+    cp_commit();
+  };
+  if (TT > 0) fetch(0);
+  cl_arrive();  // every block's buffers zeroed before any peer's remote stores
+  cl_wait();
+
+  constexpr int E = 16 / (int)sizeof(T);
+  const int cpr = U / E, nput = B * G * cpr * CL;
+  for (int s = 0; s <= TT; ++s) {
+    const int t = d.rev ? s : TT - 1 - s;
+    cp_wait_all();
+    __syncthreads();
+    if (s > 0) {
+      block_gemm<T>(dsm + (s & 1) * abuf, p.pitch, wt, p.wpitch, part, p.bp, U, p.kp, p.ksplit, false);
+      __syncthreads();
+    }
+    if (s == TT) {
+      for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+        const long long o = (long long)(i / U) * H + j0 + i % U;
+        d.gh[o] = gh[i] + part_sum(part, p.ksplit, p.bp, U, i / U, i % U);
+        if (CELL == 2) d.gc[o] = gc[i];
+        stf<T>(d.ghrec, o, 0.0f);
+      }
+      break;
+    }
+    for (int i = threadIdx.x; i < B * U; i += kPThreads) {
+      const int b = i / U, u = i % U, j = j0 + u;
+      const float rec = s > 0 ? part_sum(part, p.ksplit, p.bp, U, b, u) : 0.f;
+      const long long xo = ((long long)t * B + b) * GH + j;
+      T* sg = stage + b * G * U + u;  // gate g at sg[g * U]
+      if (t >= lens[b]) {
+        gh[i] += rec;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          stf<T>(d.dxa, xo + (long long)g * H, 0.f);
+          if (d.dha) stf<T>(d.dha, xo + (long long)g * H, 0.f);
+          sg[g * U] = Store<T>::from(0.0f);
+        }
+        continue;
+      }
+      float dh = gh[i] + rec;
+      if (d.dy) dh += load<float>(pf_dy[i]);
+      const float* act = pf_act + b * GA * U + u;
+      float dd[G], dr[G];
+      if (CELL == 2) {
+        const float ig = act[0], fg = act[U], gg = act[2 * U], og = act[3 * U];
+        const float c = pf_s[i], cp = pf_s[B * U + i];
+        const float tc = tanhf(c);
+        float dc = gc[i] + dh * og * (1.0f - tc * tc);
+        if (p.clip && !(p.lclip < c && c < p.rclip)) dc = 0.0f;
+        dd[0] = dc * gg * ig * (1.0f - ig);
+        dd[1] = dc * cp * fg * (1.0f - fg);
+        dd[2] = dc * ig * (1.0f - gg * gg);
+        dd[3] = dh * tc * og * (1.0f - og);
+        gc[i] = dc * fg;
+        gh[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; ++k) dr[k] = dd[k];
+      } else if (CELL == 3) {
+        const float r = act[0], z = act[U], n = act[2 * U], han = act[3 * U];
+        const float hp = pf_s[B * U + i];
+        const float dn = dh * (1.0f - z) * (1.0f - n * n);
+        dd[1] = dh * (hp - n) * z * (1.0f - z);
+        dd[0] = dn * han * r * (1.0f - r);
+        dd[2] = dn;
+        dr[0] = dd[0];
+        dr[1] = dd[1];
+        dr[2] = dn * r;
+        gh[i] = dh * z;
+      } else {
+        const float h = act[0];
+        dd[0] = dh * (CELL == 0 ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+        dr[0] = dd[0];
+        gh[i] = 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        stf<T>(d.dxa, xo + (long long)g * H, dd[g]);
+        if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
+        sg[g * U] = Store<T>::from(dr[g]);
+      }
+    }
+    __syncthreads();
+    if (s + 1 < TT) fetch(s + 1);  // pf_* are read by this step's cell only
+    // the staged [batch][G][units] into buffer (s + 1) & 1 of every block: item q -> rank q % CL, chunk q / CL
+    // (row b, gate g, units k .. k + E -> columns g * hidden + j0 + k)
+    const unsigned nxt = smem_u32(dsm + ((s + 1) & 1) * abuf);
+    for (int q = threadIdx.x; q < nput; q += kPThreads) {
+      const int c = q / CL, bg = c / cpr, k = (c % cpr) * E, b = bg / G, g = bg % G;
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + bg * U + k);
+      st_peer16(nxt + (unsigned)((b * p.pitch + g * H + j0 + k) * (int)sizeof(T)), (unsigned)(q % CL), v);
+    }
+    cl_arrive();
+    cl_wait();
+  }
+}
+
+template <class T, int CELL>
+__global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kPThreads, 1) persist_bwd_c8(const PersistParams p) {
+  bwd_cl_body<T, CELL, 8>(p);
+}
+template <class T, int CELL>
+__global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(kPThreads, 1) persist_bwd_c16(const PersistParams p) {
+  bwd_cl_body<T, CELL, 16>(p);
+}
+
+template <class T, int CELL>
+__global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kPThreads, 1) persist_fwd_c8(const PersistParams p) {
+  fwd_cl_body<T, CELL, 8>(p);
+}
+template <class T, int CELL>
+__global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(kPThreads, 1) persist_fwd_c16(const PersistParams p) {
+  fwd_cl_body<T, CELL, 16>(p);
+}
+#else
+template <class T, int CELL>
+__global__ void persist_fwd_c8(const PersistParams) { __trap(); }  // the host picks it only on sm_90
+template <class T, int CELL>
+__global__ void persist_fwd_c16(const PersistParams) { __trap(); }
+template <class T, int CELL>
+__global__ void persist_bwd_c8(const PersistParams) { __trap(); }
+template <class T, int CELL>
+__global__ void persist_bwd_c16(const PersistParams) { __trap(); }
+#endif
 
 // ---------------------------------------------------------------- backward data
 // shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
