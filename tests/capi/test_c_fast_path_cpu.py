@@ -23,6 +23,7 @@ isolated = pytest.mark.skipif(not ISOLATED, reason="runs in its own process (tes
 @pytest.mark.skipif(ISOLATED, reason="this is the isolated process")
 def test_in_its_own_process():
     env = dict(os.environ, PYDNN_TEST_C_FAST_ISOLATED="1")
+    env.pop("PYDNN_TEST_SHARD", None)  # the child runs the whole file, not a shard's share of it
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], capture_output=True,
                        text=True, env=env, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
