@@ -306,17 +306,6 @@ rnn = Switches(
     PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "
                           "through shared memory in chunks only where it does not fit at once); tests set it to force "
                           "several chunks"),
-    PERSIST_CLUSTER=(False, "PERSIST_STATIC forward on sm_90: where the recurrent weights and two copies of h fit the "
-                            "shared memory of one thread-block cluster (16 blocks, non-portable, else 8), one cluster "
-                            "per direction runs the layer: each block broadcasts its new h slice into every peer's "
-                            "shared memory (st.shared::cluster) and the blocks meet at the hardware cluster barrier "
-                            "(no global counter, no h load from L2; ptx/rnn_persist.cu persist_fwd_cl). Predicted "
-                            "~1-1.5 us a step (LSTM fp16 hidden 256 batch 32) against the grid barrier's 4.58; off "
-                            "by default until a GPU run proves it correct and faster"),
-    PERSIST_CLUSTER_BWD=(False, "PERSIST_STATIC backward data on sm_90, the same cluster exchange (persist_bwd_cl: "
-                                "each block broadcasts its units' recurrent pre-activation gradients instead of the "
-                                "next step reading [batch, G * hidden] from L2) where two copies of that operand "
-                                "fit; off by default until a GPU run proves it correct and faster"),
 )
 
 callpath = Switches(

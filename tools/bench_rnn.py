@@ -11,10 +11,7 @@ Timed (device events on the current stream, warm-up, median; bench.time_ms):
 FLOPs (the GEMMs only): forward 2 * T * B * sum over pseudo-layers of G * H * (in + out) (+ 2 * T * B * P * H
 for a projection); forward+backward 3x that. TFLOP/s = flops / time; ratio = torch time / pydnn time (> 1:
 pydnn faster). PERSIST_STATIC rows also time the forward's other exchange ("fwd tag", "all tag": the tagged
-words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier) and the forward in one thread-block
-cluster ("fwd cl", "all cl": tuning.rnn.PERSIST_CLUSTER on, sm_90; the cluster size and y's max rel diff
-printed, 0 if the planner fell back to the grid kernel) and "all clb" (the backward data in clusters too,
-tuning.rnn.PERSIST_CLUSTER_BWD). Also prints the largest
+words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prints the largest
 |y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
 Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--no-split] [--no-record] [--no-dir-batch]
@@ -177,43 +174,21 @@ def main():
         torch.cuda.synchronize()
         diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
         flops = _flops(cell, T, B, H, layers, dirs)
-        default, cl_default = tuning.rnn.PERSIST_XCHG, (tuning.rnn.PERSIST_CLUSTER, tuning.rnn.PERSIST_CLUSTER_BWD)
-        runs = [("fwd", p_fwd, t_fwd, 1, default, cl_default), ("fwd+bwd", p_all, t_all, 3, default, cl_default)]
+        default = tuning.rnn.PERSIST_XCHG
+        runs = [("fwd", p_fwd, t_fwd, 1, default), ("fwd+bwd", p_all, t_all, 3, default)]
         if algo == PS:  # the forward's other exchange (tuning.rnn.PERSIST_XCHG flipped)
             other = "tag" if not default else "bar"
-            runs += [(f"fwd {other}", p_fwd, t_fwd, 1, not default, (False, False)),
-                     (f"all {other}", p_all, t_all, 3, not default, (False, False))]
-            # the forward in one thread-block cluster (tuning.rnn.PERSIST_CLUSTER flipped on; off by default
-            # until measured): predicted ~1-1.5 us a step at LSTM fp16 H 256 B 32 (ptx/rnn_persist.cu)
-            # "all clb": the backward data in clusters too (tuning.rnn.PERSIST_CLUSTER_BWD)
-            if cl_default != (True, True):
-                runs += [("fwd cl", p_fwd, t_fwd, 1, default, (True, False)),
-                         ("all cl", p_all, t_all, 3, default, (True, False)),
-                         ("all clb", p_all, t_all, 3, default, (True, True))]
-        for what, pf, tf, mult, xchg, cl in runs:
-            tuning.rnn.PERSIST_XCHG, (tuning.rnn.PERSIST_CLUSTER, tuning.rnn.PERSIST_CLUSTER_BWD) = xchg, cl
-            note = ""
-            if what == "fwd cl":  # which kernel ran (the cluster size, 0: the grid kernel) and its y
-                with torch.no_grad():
-                    y.fill_(float("nan"))
-                    p_fwd()
-                torch.cuda.synchronize()
-                dcl = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
-                size = [v.cl for k, v in getattr(h, "prepared", {}).items()
-                        if k and k[0] == "rnn.persist.plan" and k[7][0]]
-                note = f"   cluster {size[-1] if size else '?'}, max rel diff y {dcl:.2e}"
+            runs += [(f"fwd {other}", p_fwd, t_fwd, 1, not default), (f"all {other}", p_all, t_all, 3, not default)]
+        for what, pf, tf, mult, xchg in runs:
+            tuning.rnn.PERSIST_XCHG = xchg
             pm = time_ms(pf, reps=5, warmup=2)
             tm = time_ms(tf, reps=5, warmup=2)
-            if what == "all clb":  # the plan the timed calls made
-                size = [v.clb for k, v in getattr(h, "prepared", {}).items()
-                        if k and k[0] == "rnn.persist.plan" and k[7][1] and k[8]]
-                note = f"   backward cluster {size[-1] if size else '?'}"
-            tuning.rnn.PERSIST_XCHG, (tuning.rnn.PERSIST_CLUSTER, tuning.rnn.PERSIST_CLUSTER_BWD) = default, cl_default
+            tuning.rnn.PERSIST_XCHG = default
             f = flops * mult
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
                   f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}, {pm / T * 1e3:.2f} us/step" if what == "fwd"
-                                       else f"   {pm / T * 1e3:.2f} us/step" if what.startswith("fwd ") else "")
-                  + note, flush=True)
+                                       else f"   {pm / T * 1e3:.2f} us/step" if what.startswith("fwd ") else ""),
+                  flush=True)
         s = None  # free the buffers before the next case
         torch.cuda.empty_cache()
 

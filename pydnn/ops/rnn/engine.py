@@ -485,8 +485,7 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args,
-               g.persist and (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_CLUSTER, tuning.rnn.PERSIST_CLUSTER_BWD))
+               args, g.persist and tuning.rnn.PERSIST_XCHG)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:

@@ -9,14 +9,6 @@ SM count; the kernel uses all 256 threads and most of the shared memory), checke
 occupancy query before the first launch. Backward data runs the same way over reversed time (block x: the
 dh of its units = d_prev x W[:, units]); backward weights is STANDARD's (one GEMM per matrix over all steps).
 
-tuning.rnn.PERSIST_CLUSTER (off by default until measured; sm_90): where the weights and two whole copies of h
-fit a thread-block cluster's shared memory (cluster_options: 16 blocks, non-portable, else 8; the driver's
-cuOccupancyMaxActiveClusters must allow one, _cluster_ok), the forward runs as one cluster per direction
-(persist_fwd_c16 / _c8): the blocks broadcast their new h slices into each other's shared memory and meet at
-the hardware cluster barrier instead of the global counter (see ptx/rnn_persist.cu). Otherwise the grid
-kernel. tuning.rnn.PERSIST_CLUSTER_BWD: the same for backward data (persist_bwd_c16 / _c8: the recurrent
-pre-activation gradients broadcast instead of read from L2), where its two [batch, G * hidden] buffers fit.
-
 The reserve space and the workspace are STANDARD's (the same layout: the backward of either algorithm reads
 what either forward wrote), plus 256 bytes of workspace for the barrier counters. NOT_SUPPORTED (with the
 reason) when: the data type is not float / half / bfloat16, there is an LSTM projection, hiddenSize is not a
@@ -63,10 +55,6 @@ class PersistParams(ctypes.Structure):
                                     "off_s", "off_s2", "off_lens", "off_h", "off_g")]
 
 
-CLUSTERS = (16, 8)  # the cluster sizes persist_fwd_cl is built for, tried in this order (16: non-portable)
-CL_KERNELS = tuple(f"persist_{k}_c{c}" for k in ("fwd", "bwd") for c in sorted(CLUSTERS))
-
-
 def expr(name, tag, cell=None):
     t = CTYPE[tag]
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
@@ -79,7 +67,7 @@ def unit_name(tag):
 def kernel_units():
     units = []
     for tag in TAGS:
-        exprs = [expr(k, tag, c) for k in ("persist_fwd", "persist_bwd") + CL_KERNELS for c in range(4)]
+        exprs = [expr(k, tag, c) for k in ("persist_fwd", "persist_bwd") for c in range(4)]
         exprs.append(expr("persist_reset", tag))
         units.append(KernelUnit(unit_name(tag), "rnn_persist.cu", tuple(exprs)))
     return units
@@ -95,7 +83,7 @@ class Layout:
     slice B holds all of K; A passes through one buffer (kc None: K padded in one chunk) or two buffers of kc
     columns (kc divides K: nchunk = K / kc chunks, each loaded while the one before is multiplied)."""
 
-    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None, cluster=False):
+    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None):
         self.units = units
         n = units if bwd else G * units
         k = G * H if bwd else H
@@ -121,13 +109,12 @@ class Layout:
             while tiles * ks * 2 <= WARPS and (self.kp // 16) % (ks * 2) == 0:
                 ks *= 2
         self.ksplit, self.n, self.k = ks, n, k
-        nbuf = 2 if self.nchunk > 1 or cluster else 1  # cluster: h of steps s and s + 1 (persist_fwd_cl)
+        nbuf = 2 if self.nchunk > 1 else 1
         regions = [("w", n * self.wpitch * es), ("a", nbuf * self.bp * self.pitch * es),
                    ("part", ks * self.bp * n * 4),
                    ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es),
                    ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4), ("s2", B * units * 4 if bwd else 0),
-                   ("lens", B * 4), ("h", (B * G * units * es if cluster else 0) if bwd else B * units * es),
-                   ("g", 0 if bwd else B * units * GA * 4)]
+                   ("lens", B * 4), ("h", 0 if bwd else B * units * es), ("g", 0 if bwd else B * units * GA * 4)]
         off = 0
         self.off = {}
         for name, nbytes in regions:
@@ -156,7 +143,7 @@ def chunks(k, es):
 class Plan:
     """The slice width and both kernels' layouts for one problem, or NOT_SUPPORTED with the reason."""
 
-    def __init__(self, r, g, sm_count, smem_optin, training, arch=None):
+    def __init__(self, r, g, sm_count, smem_optin, training):
         if r.dtype not in DTYPES:
             _ns(f"rnnDesc: algo PYDNN_RNN_ALGO_PERSIST_STATIC supports dataType float, half and bfloat16, not "
                 f"{r.dtype}")
@@ -192,28 +179,6 @@ class Plan:
                 f"{smem_optin}; use PYDNN_RNN_ALGO_STANDARD")
         self.blocks = H // self.units
         self.both = g.D == 2 and 2 * self.blocks <= sm_count
-        self.cl_options = cluster_options(H, B, G, es, g.GA, smem_optin, arch)
-        self.cl, self.cl_fwd = self.cl_options[0] if self.cl_options else (0, None)
-        self.clb_options = cluster_options(H, B, G, es, g.GA, smem_optin, arch, bwd=True) if training else []
-        self.clb, self.cl_bwd = self.clb_options[0] if self.clb_options else (0, None)
-
-
-def cluster_options(H, B, G, es, GA, limit, arch, bwd=False):
-    """[(CL, Layout)] for persist_fwd_cl (bwd: persist_bwd_cl), in the order tried (tuning.rnn.PERSIST_CLUSTER,
-    for the backward PERSIST_CLUSTER_BWD, on; sm_90 or later): a cluster of CL blocks of hidden / CL units (a
-    multiple of 8) whose weight slice, two whole copies of the [batch, K] operand (one chunk: K = hidden, the
-    backward G * hidden) and the rest fit `limit` bytes. Empty: the grid kernel."""
-    on = tuning.rnn.PERSIST_CLUSTER_BWD if bwd else tuning.rnn.PERSIST_CLUSTER
-    if not on or not arch or int(arch[3:].rstrip("a")) < 90:
-        return []
-    out = []
-    for cl in CLUSTERS:
-        if H % (8 * cl):
-            continue
-        lay = Layout(bwd, G, H, B, H // cl, es, GA, None, cluster=True)
-        if lay.smem <= limit:
-            out.append((cl, lay))
-    return out
 
 
 def _fit(layouts, limit):
@@ -242,17 +207,10 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D,
-           (tuning.rnn.PERSIST_CLUSTER, tuning.rnn.PERSIST_CLUSTER_BWD), training,
-           tuning.rnn.PERSIST_MAX_CHUNK)
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training, tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
-        p = Plan(r, g, handle.sm_count, smem_optin(handle), training, getattr(handle, "arch", None))
-        if getattr(handle, "ctx", None) is not None:  # the first cluster size the driver can launch
-            p.cl, p.cl_fwd = next(((cl, lay) for cl, lay in p.cl_options
-                                   if _cluster_ok(handle, p.tag, "fwd", r.cell, cl, lay.smem, g.D)), (0, None))
-            p.clb, p.cl_bwd = next(((cl, lay) for cl, lay in p.clb_options
-                                    if _cluster_ok(handle, p.tag, "bwd", r.cell, cl, lay.smem, g.D)), (0, None))
+        p = Plan(r, g, handle.sm_count, smem_optin(handle), training)
         if getattr(handle, "ctx", None) is not None:  # on the device: every block resident, before any launch
             for name, lay in (("persist_fwd", p.fwd), ("persist_bwd", p.bwd)):
                 if lay is not None:
@@ -278,35 +236,11 @@ def _check_resident(handle, f, smem, blocks):
     handle.remember(key, True)
 
 
-def _cluster_ok(handle, tag, kind, cell, cl, smem, dirs):
-    """Whether persist_<kind>_c<cl> can run here: its function opted in to the non-portable cluster size (16), and
-    the driver's cuOccupancyMaxActiveClusters for a grid of (cl, dirs) at this shared memory is at least 1 (the
-    directions' clusters need not be co-resident: they never wait for each other)."""
-    d = driver._driver()
-    f = handle.function(unit_name(tag), expr(f"persist_{kind}_c{cl}", tag, cell), smem)
-    try:
-        if cl > 8:
-            attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-            driver.check(d.cuFuncSetAttribute(f, attr, 1), "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
-        cfg = d.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = cl, dirs, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = THREADS, 1, 1
-        cfg.sharedMemBytes = smem
-        at = d.CUlaunchAttribute()
-        at.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cl, 1, 1
-        cfg.attrs, cfg.numAttrs = [at], 1
-        n = driver.check(d.cuOccupancyMaxActiveClusters(f, cfg), "cuOccupancyMaxActiveClusters")
-    except Exception:  # noqa: BLE001 - the driver refuses this size: the next one (or the grid kernel)
-        return False
-    return int(n) >= 1
-
-
 def _launch(ex, name, cell, grid, smem, p):
     handle = ex.handle
     tag = ex.lau.tag
     f = handle.function(unit_name(tag), expr(name, tag, cell), smem)
-    if name not in ("persist_reset",) + CL_KERNELS:
+    if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
     ex._go(f, grid, (THREADS, 1, 1), smem, driver.kernel_args(q),
@@ -339,8 +273,8 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
     workspace of the tagged exchange (used when tuning.rnn.PERSIST_XCHG and the 16-bit tags hold T)."""
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
     xb = xchg_bytes(r.dtype, B, H)
-    tagged = use_xchg(r, g, pl) and not pl.cl
-    for group in ([dirs] if pl.cl else _groups(pl, dirs)):
+    tagged = use_xchg(r, g, pl)
+    for group in _groups(pl, dirs):
         p = PersistParams()
         for i, dr in enumerate(group):
             q = p.dir[i]
@@ -359,11 +293,6 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         p.pingpong = 0 if training else 1
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
-        if pl.cl:  # one cluster per direction (persist_fwd_cl): no counter to reset
-            p.units = H // pl.cl
-            pl.cl_fwd.fill(p)
-            _launch(ex, f"persist_fwd_c{pl.cl}", r.cell, (pl.cl, len(group), 1), pl.cl_fwd.smem, p)
-            continue
         pl.fwd.fill(p)
         _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
         _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p)
@@ -373,7 +302,7 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
     """Backward data's recurrence of one layer (after bwd_state_init; STANDARD's step loops). Leaves the dhx
     share in gh and 0 in ghrec[0] (bwd_state_out adds them)."""
     es, B, H, P, D = g.es, g.B, g.H, g.P, g.D
-    for group in ([dirs] if pl.clb else _groups(pl, dirs)):
+    for group in _groups(pl, dirs):
         p = PersistParams()
         for i, dr in enumerate(group):
             q = p.dir[i]
@@ -386,11 +315,6 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         p.lens, p.seq, p.batch, p.hidden, p.units = lens, g.T, B, H, pl.units
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
-        if pl.clb:  # one cluster per direction (persist_bwd_cl): no counter to reset
-            p.units = H // pl.clb
-            pl.cl_bwd.fill(p)
-            _launch(ex, f"persist_bwd_c{pl.clb}", r.cell, (pl.clb, len(group), 1), pl.cl_bwd.smem, p)
-            continue
         pl.bwd.fill(p)
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)

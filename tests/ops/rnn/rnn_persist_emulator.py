@@ -3,17 +3,13 @@ and step by step, with each block's shared memory one byte array laid out at the
 (PersistParams.off_*: overlapping regions would corrupt the results), the slice mapping (block x owns
 hidden units [x * units, + units), row g * units + u of its weight slice = W row g * hidden + j0 + u), the
 block GEMM's K slices and their partial sums, the state slots (ping-pong in inference) and the barrier
-(every block finishes step s before any starts step s + 1, which is what the counter barrier guarantees).
-persist_fwd_c8 / _c16 (tuning.rnn.PERSIST_CLUSTER): one cluster of CL blocks per direction, each with two A
-buffers; the GEMM of step s reads buffer s & 1 of the block's own shared memory (never global memory), and
-after every block's cell each block's new h slice lands in rows < batch, columns j0 .. j0 + units of buffer
-(s + 1) & 1 of every block of the cluster (the DSMEM broadcast, then the cluster barrier)."""
+(every block finishes step s before any starts step s + 1, which is what the counter barrier guarantees)."""
 import numpy as np
 
 from rnn_emulator import _f, _s, _sig
 
 
-def _views(smem, p, dt, bwd, G, cluster=False):
+def _views(smem, p, dt, bwd, G):
     B, U = p.batch, p.units
     N = U if bwd else G * U
     es = np.dtype(dt).itemsize
@@ -23,16 +19,13 @@ def _views(smem, p, dt, bwd, G, cluster=False):
         assert off % t.itemsize == 0 and off + n * t.itemsize <= len(smem), (off, n, t, len(smem))
         return smem[off:off + n * t.itemsize].view(t)
 
-    nbuf = 2 if p.nchunk > 1 or cluster else 1
-    assert not cluster or p.nchunk == 1
+    nbuf = 2 if p.nchunk > 1 else 1
     out = dict(w=v(p.off_w, N * p.wpitch, dt).reshape(N, p.wpitch),
                a=v(p.off_a, nbuf * p.bp * p.pitch, dt).reshape(nbuf, p.bp, p.pitch),
                part=v(p.off_part, p.ksplit * p.bp * N, np.float32).reshape(p.ksplit, p.bp, N),
                s=v(p.off_s, B * U, np.float32).reshape(B, U), lens=v(p.off_lens, B, np.int32))
     if bwd:
         out["s2"] = v(p.off_s2, B * U, np.float32).reshape(B, U)
-        if cluster:  # persist_bwd_cl's staging of the broadcast values [batch][G][units]
-            out["stage"] = v(p.off_h, B * G * U, dt).reshape(B, G, U)
     else:
         out["x"] = v(p.off_x, B * N, dt).reshape(B, N)
         out["b"] = v(p.off_b, 2 * N, np.float32)
@@ -60,19 +53,6 @@ def _gemm(sm, p, dt, N, full):
             k0 = ks * per
             prod = A[:, k0:k0 + per].astype(np.float32) @ Bm[:, k0:k0 + per].astype(np.float32).T
             sm["part"][ks] = prod if c == 0 else sm["part"][ks] + prod
-
-
-def _gemm_buf(sm, p, dt, buf, K):
-    """persist_fwd_cl's block GEMM: part[ks] = A buffer `buf` (shared memory, all of K) x W^T by K slices."""
-    es = np.dtype(dt).itemsize
-    kc = p.kp
-    assert p.nchunk == 1 and kc == K  # the cluster kernel's K is hidden exactly (a multiple of 64)
-    per = (kc // 16) // p.ksplit * 16 if es == 2 else kc // p.ksplit
-    assert per * p.ksplit == kc
-    A, Bm = _f(sm["a"][buf][:, :kc], dt), _f(sm["w"][:, :kc], dt)
-    for ks in range(p.ksplit):
-        k0 = ks * per
-        sm["part"][ks] = A[:, k0:k0 + per].astype(np.float32) @ Bm[:, k0:k0 + per].astype(np.float32).T
 
 
 def _slot(p, i):
@@ -107,21 +87,18 @@ def _xchg_put(dev, d, dt, slot, B, H, j0, vals, tag):
         w[:, j0:j0 + U] = vals.view(np.uint16).astype(np.uint32) | np.uint32(tag << 16)
 
 
-def persist_fwd(dev, p, dt, cell, grid, smem, cl=0):
+def persist_fwd(dev, p, dt, cell, grid, smem):
     G = 4 if cell == 2 else (3 if cell == 3 else 1)
     GA = 4 if cell >= 2 else 1
     B, H, U, T = p.batch, p.hidden, p.units, p.seq
     N, es = G * U, np.dtype(dt).itemsize
     assert grid[0] * U == H and p.kp * p.nchunk >= H and p.bp >= B
-    if cl:  # one cluster per direction; 16-byte broadcast chunks; smem within the opt-in limit
-        assert grid[0] == cl and U % 8 == 0 and (U * es) % 16 == 0 and (p.pitch * es) % 16 == 0
-        assert p.off_a % 16 == 0 and smem <= 232448 and not any(q.xchg for q in p.dir[:grid[1]])
     for y in range(grid[1]):
         d = p.dir[y]
         W = dev.view(d.w, G * H * H, dt).reshape(G * H, H)
         blocks = []
         for x in range(grid[0]):
-            sm = _views(np.zeros(smem, np.uint8), p, dt, False, G, cluster=bool(cl))
+            sm = _views(np.zeros(smem, np.uint8), p, dt, False, G)
             j0 = x * U
             for g in range(G):
                 sm["w"][g * U:(g + 1) * U, :H] = W[g * H + j0:g * H + j0 + U]
@@ -134,8 +111,6 @@ def persist_fwd(dev, p, dt, cell, grid, smem, cl=0):
                 sm["s"][:] = s0[:, j0:j0 + U]
             sm["lens"][:] = dev.view(p.lens, B, np.int32)
             sm["h"][:] = dev.view(d.hs + _slot(p, first) * B * H * es, B * H, dt).reshape(B, H)[:, j0:j0 + U]
-            if cl:  # h_{first}, all of it, into buffer 0
-                sm["a"][0][:B, :H] = dev.view(d.hs + _slot(p, first) * B * H * es, B * H, dt).reshape(B, H)
             blocks.append((j0, sm))
         for s in range(T):
             t = T - 1 - s if d.rev else s
@@ -151,13 +126,7 @@ def persist_fwd(dev, p, dt, cell, grid, smem, cl=0):
                     for b in range(B):
                         row = d.xp + ((t * B + b) * p.ld_xp + g * p.gs_xp + j0) * es
                         sm["x"][b, g * U:(g + 1) * U] = dev.view(row, U, dt)
-                if cl:
-                    a = sm["a"][s & 1]
-                    # the DSMEM copy of h_{t-1} equals the state slot; nothing was written past batch / hidden
-                    assert (a[:B, :H] == hprev).all() and not a[B:].any() and not a[:, H:].any(), s
-                    _gemm_buf(sm, p, dt, s & 1, H)
-                else:
-                    _gemm(sm, p, dt, N, hprev)
+                _gemm(sm, p, dt, N, hprev)
                 part = sm["part"].sum(axis=0)[:B]
                 ha = [part[:, g * U:(g + 1) * U] + sm["b"][N + g * U:N + (g + 1) * U] for g in range(G)]
                 xa = [_f(sm["x"][:, g * U:(g + 1) * U], dt) + sm["b"][g * U:(g + 1) * U] for g in range(G)]
@@ -198,20 +167,14 @@ def persist_fwd(dev, p, dt, cell, grid, smem, cl=0):
                     if act is not None and active[b, 0]:
                         for k, v in enumerate(vals):
                             act[b, k, j0:j0 + U] = v[b]
-            if cl:  # after every block's cell: each block's h slice into buffer (s + 1) & 1 of every block
-                for j0, src in blocks:
-                    for _, dst in blocks:
-                        dst["a"][(s + 1) & 1][:B, j0:j0 + U] = src["h"]
 
 
-def persist_bwd(dev, p, dt, cell, grid, smem, cl=0):
+def persist_bwd(dev, p, dt, cell, grid, smem):
     G = 4 if cell == 2 else (3 if cell == 3 else 1)
     GA = 4 if cell >= 2 else 1
     B, H, U, T = p.batch, p.hidden, p.units, p.seq
     GH, es = G * H, np.dtype(dt).itemsize
     assert grid[0] * U == H and p.kp * p.nchunk >= GH and p.bp >= B
-    if cl:
-        assert grid[0] == cl and (U * es) % 16 == 0 and (p.pitch * es) % 16 == 0 and smem <= 232448
     for y in range(grid[1]):
         d = p.dir[y]
         W = dev.view(d.w, GH * H, dt).reshape(GH, H)
@@ -220,7 +183,7 @@ def persist_bwd(dev, p, dt, cell, grid, smem, cl=0):
         drec = d.dha or d.dxa
         blocks = []
         for x in range(grid[0]):
-            sm = _views(np.zeros(smem, np.uint8), p, dt, True, G, cluster=bool(cl))
+            sm = _views(np.zeros(smem, np.uint8), p, dt, True, G)
             j0 = x * U
             sm["w"][:, :GH] = W[:, j0:j0 + U].T
             assert not sm["w"][:, GH:].any()
@@ -234,12 +197,7 @@ def persist_bwd(dev, p, dt, cell, grid, smem, cl=0):
                 tp = t - 1 if d.rev else t + 1
                 dprev = dev.view(drec + tp * B * GH * es, B * GH, dt).reshape(B, GH).copy()
                 for j0, sm in blocks:
-                    if cl:  # the broadcast copy equals what the grid kernel would read; nothing past batch / K
-                        a = sm["a"][s & 1]
-                        assert (a[:B, :GH] == dprev).all() and not a[B:].any() and not a[:, GH:].any(), s
-                        _gemm_buf(sm, p, dt, s & 1, GH)
-                    else:
-                        _gemm(sm, p, dt, U, dprev)
+                    _gemm(sm, p, dt, U, dprev)
             for j0, sm in blocks:
                 rec = sm["part"].sum(axis=0)[:B] if s > 0 else np.zeros((B, U), np.float32)
                 gh, gc = sm["s"], sm["s2"]
@@ -286,15 +244,6 @@ def persist_bwd(dev, p, dt, cell, grid, smem, cl=0):
                         if ptr:
                             out = dev.view(ptr + t * B * GH * es, B * GH, dt).reshape(B, GH)
                             out[:, g * H + j0:g * H + j0 + U] = np.where(active, _s(vals[g], dt), 0)
-                    if cl:
-                        sm["stage"][:, g] = np.where(active, _s(dr[g], dt), _s(np.zeros_like(dr[g]), dt))
-            if cl and s < T:  # each block's staged values into buffer (s + 1) & 1 of every block
-                for j0, src in blocks:
-                    for _, dst in blocks:
-                        for g in range(G):
-                            dst["a"][(s + 1) & 1][:B, g * H + j0:g * H + j0 + U] = src["stage"][:, g]
 
 
-PERSIST = {"persist_reset": persist_reset, "persist_fwd": persist_fwd, "persist_bwd": persist_bwd,
-           "persist_fwd_c8": lambda *a: persist_fwd(*a, cl=8), "persist_fwd_c16": lambda *a: persist_fwd(*a, cl=16),
-           "persist_bwd_c8": lambda *a: persist_bwd(*a, cl=8), "persist_bwd_c16": lambda *a: persist_bwd(*a, cl=16)}
+PERSIST = {"persist_reset": persist_reset, "persist_fwd": persist_fwd, "persist_bwd": persist_bwd}
