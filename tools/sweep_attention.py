@@ -194,9 +194,15 @@ def run_point(h, p, timer, checked, rows):
             pydnn.set_attention_descriptor(a, p["hq"], p["hkv"], p["d"], p["d"] ** -0.5, mask, 0.0, 0)
             if d in ("fwd", "decode"):
                 train = d == "fwd"
+                # the forward's workspace as the size query reports it (the decode forward's split partials;
+                # with none it runs unsplit: the H200 sweep of 2026-11-27 passed none and timed batch 1 / 4
+                # decode unsplit)
+                ws_n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+                ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=SC.DEV)
                 fp = (lambda: pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to,
                                                       o.data_ptr(), tl if train else None,
-                                                      lse.data_ptr() if train else 0, None, None, None, 0))
+                                                      lse.data_ptr() if train else 0, None, None, ws.data_ptr(),
+                                                      ws_n))
                 out, ref_fn = o, (lambda: _torch_out("cudnn", q, k, v, p["causal"], None))
             else:
                 ws_n = pydnn.get_attention_backward_workspace_size(h, a, tq, tk)
