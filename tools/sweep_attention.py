@@ -279,11 +279,7 @@ def report(rows, meta, budget_note, elapsed):
         other = sum(v for k, v in s["statuses"].items() if k not in (SC.OK, SC.NOT_SUPPORTED))
         lines.append(f"| {name} | {s['n']} | {SC.fmt(s['geomean'])} | {SC.fmt(s['min'])} | {s['min_case']} | "
                      f"{s['below']} | {ns} | {other} |")
-    checks = meta.get("checks", {})
-    if checks:
-        lines += ["", "Correctness spot checks (pydnn vs PyTorch, max error / max |ref|, tolerance 2e-2): "
-                  + "; ".join(f"{d}: {c['case']} {c['err']:.2e} {'ok' if c['ok'] else 'FAILED'}"
-                              for d, c in checks.items())]
+    lines += SC.checks_lines(meta.get("checks", {}))
     cols = [("shape", "case", None), ("direction", "group", None), ("status", "status", None),
             ("pydnn ms", "ms_pydnn", ".4f"), ("ref ms", "ms_ref", ".4f"), ("ref", "ref", None),
             ("ratio", "ratio", ".3f"), ("pydnn TFLOP/s", "tflops_pydnn", ".1f"), ("ref TFLOP/s", "tflops_ref", ".1f"),
@@ -341,15 +337,8 @@ def main(argv=None):
                   f"{SC.fmt(r.get('tflops_pydnn'), '.0f')} TFLOP/s {r.get('note', '')[:100]}", flush=True)
         SC.write_partial(args.out, "sweep_attention", rows, meta)
     meta["checks"] = checked
-    elapsed = time.monotonic() - t0
-    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
-                            if meta.get("context_lost") else "")
-    meta.update(elapsed_s=elapsed, budget_note=note)
-    md = report(rows, meta, note, elapsed)
-    print(md.split("## Every point")[0])
-    SC.write_outputs(args.out, "sweep_attention", md, rows, meta, plots(rows))
-    print(f"sweep_attention: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)
-    return rows
+    return SC.finish(args.out, "sweep_attention", rows, meta, budget, t0,
+                     lambda note, elapsed: report(rows, meta, note, elapsed), plots)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,29 @@ def markdown_table(rows, columns):
     return "\n".join(lines)
 
 
+def checks_lines(checks):
+    """The report's line of correctness spot checks ({direction: {case, err, ok}}), or none."""
+    if not checks:
+        return []
+    return ["", "Correctness spot checks (pydnn vs PyTorch, max error / max |ref|, tolerance 2e-2): "
+            + "; ".join(f"{d}: {c['case']} {c['err']:.2e} {'ok' if c['ok'] else 'FAILED'}" for d, c in checks.items())]
+
+
+def finish(out_dir, name, rows, meta, budget, t0, render, plots, written_rows=None):
+    """A sweep's end: the budget note (and where a lost CUDA context stopped it) into meta, the report
+    render(note, elapsed) printed up to its table of every point, the outputs written (written_rows, default
+    rows), one closing line. Returns rows."""
+    elapsed = time.monotonic() - t0
+    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
+                            if meta.get("context_lost") else "")
+    meta.update(elapsed_s=elapsed, budget_note=note)
+    md = render(note, elapsed)
+    print(md.split("## Every point")[0])
+    write_outputs(out_dir, name, md, rows if written_rows is None else written_rows, meta, plots(rows))
+    print(f"{name}: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)
+    return rows
+
+
 def write_outputs(out_dir, name, md, rows, meta, plots):
     """<name>.md, <name>.json (meta + rows) and the PNGs ({file name: (title, {panel: ratios}, lines[,
     force_builtin])})."""

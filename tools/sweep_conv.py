@@ -463,11 +463,7 @@ def report(rows, fused_rows, meta, budget_note, elapsed):
                 continue
             lines.append(f"| {r['case']} | {r['ms_plain']:.4f} | {r['ms_fused']:.4f} | {r['fused_over_plain']:.3f}x | "
                          f"{r['ms_torch_fused']:.4f} | {r['ratio_vs_torch']:.2f}x |")
-    checks = meta.get("checks", {})
-    if checks:
-        lines += ["", "Correctness spot checks (pydnn vs PyTorch, max error / max |ref|, tolerance 2e-2): "
-                  + "; ".join(f"{d}: {c['case']} {c['err']:.2e} {'ok' if c['ok'] else 'FAILED'}"
-                              for d, c in checks.items())]
+    lines += SC.checks_lines(meta.get("checks", {}))
     cols = [("shape", "case", None), ("direction", "group", None), ("status", "status", None),
             ("algo", "algo", None), ("pydnn kernel", "kernel", None), ("pydnn ms", "ms_pydnn", ".4f"), ("cuDNN ms", "ms_ref", ".4f"),
             ("ratio", "ratio", ".3f"), ("pydnn TFLOP/s", "tflops_pydnn", ".1f"), ("cuDNN TFLOP/s", "tflops_ref", ".1f")]
@@ -531,15 +527,9 @@ def main(argv=None):
     if (not only or "fused" in only) and not meta.get("context_lost"):
         run_fused(h, QUICK_FUSED if args.quick else FUSED_LAYERS, timer, time_pair, fused_rows)
     meta["checks"] = checked
-    elapsed = time.monotonic() - t0
-    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
-                            if meta.get("context_lost") else "")
-    meta.update(elapsed_s=elapsed, budget_note=note)
-    md = report(rows, fused_rows, meta, note, elapsed)
-    print(md.split("## Every point")[0])
-    SC.write_outputs(args.out, "sweep_conv", md, rows + fused_rows, meta, plots(rows))
-    print(f"sweep_conv: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)
-    return rows
+    return SC.finish(args.out, "sweep_conv", rows, meta, budget, t0,
+                     lambda note, elapsed: report(rows, fused_rows, meta, note, elapsed), plots,
+                     written_rows=rows + fused_rows)
 
 
 if __name__ == "__main__":

@@ -692,15 +692,8 @@ def main(argv=None):
     c.empty_ms_end = time_ms(empty, reps=30) if empty is not None else None
     meta["checks"] = {f"{k[0]} {k[1]}": v for k, v in checked.items()}
     meta["empty_ms_end"] = c.empty_ms_end
-    elapsed = time.monotonic() - t0
-    note = budget.note() + (f"; CUDA CONTEXT LOST, the sweep stopped at: {meta['context_lost']}"
-                            if meta.get("context_lost") else "")
-    meta.update(elapsed_s=elapsed, budget_note=note)
-    md = report(rows, meta, note, elapsed)
-    print(md.split("## Every point")[0])
-    SC.write_outputs(args.out, "sweep_memory", md, rows, meta, plots(rows))
-    print(f"sweep_memory: {len(rows)} rows, elapsed {elapsed:.1f} s", flush=True)
-    return rows
+    return SC.finish(args.out, "sweep_memory", rows, meta, budget, t0,
+                     lambda note, elapsed: report(rows, meta, note, elapsed), plots)
 
 
 if __name__ == "__main__":
