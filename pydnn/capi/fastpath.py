@@ -20,7 +20,8 @@ FAST = {"pydnnActivationForward": 1, "pydnnActivationBackward": 2, "pydnnAddTens
 
 SLOW_PREFIX = "_pydnnSlow_"
 
-CDEF = """
+# the record, declared once for cffi (CDEF) and the C side (C_SOURCE)
+REC_STRUCT = """
 typedef struct {
     int op;
     void *keys[6];
@@ -32,7 +33,9 @@ typedef struct {
     double alpha2;
     unsigned char params[1024];
 } pydnn_fast_rec_t;
-int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch);
+"""
+
+CDEF = REC_STRUCT + """int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch);
 unsigned long long _pydnn_fast_epoch(void);
 void _pydnn_fast_bump(void);
 unsigned long long _pydnn_fast_hits(void);
@@ -44,19 +47,7 @@ C_SOURCE = r"""
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
-
-typedef struct {
-    int op;
-    void *keys[6];
-    int scalar_double, ninputs, copy_flag;
-    void *vec_func, *scalar_func, *stream;
-    unsigned int vec_grid[3], vec_block[3], scalar_grid[3], scalar_block[3];
-    unsigned long long in_masks, out_mask;
-    unsigned int base_flags, flag_beta, flags_off, nbytes, map_inputs;
-    double alpha2;
-    unsigned char params[1024];
-} pydnn_fast_rec_t;
-
+""" + REC_STRUCT + r"""
 typedef int (*pydnn_launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               void *, void **, void **);
 #define PYDNN_FAST_SLOTS 256
