@@ -184,6 +184,11 @@ def profile_steps(step, n, top):
     kern = {}  # GPU activity name -> [total µs, count]
     for e in prof.events():
         dt = str(getattr(e, "device_type", ""))
+        # record_function ranges ("train_step", "Optimizer.step#AdamW.step") are mirrored on the GPU timeline
+        # as user annotations spanning the whole step: counted as busy, they made the idle share ~0 (torch 2.11)
+        if dt.endswith("CUDA") and (getattr(e, "is_user_annotation", False) or e.name == "train_step"
+                                    or "#" in e.name):
+            continue
         if dt.endswith("CUDA"):
             gpu.append((e.time_range.start, e.time_range.end))
             k = kern.setdefault(e.name, [0.0, 0])
