@@ -207,6 +207,10 @@ norm = Switches(
                                     'the reasons: pydnn/ops/normalization.py'),
     BWD_RING_WARPSTAT=(True, "bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per "
                              'thread, when G >= 32; the reasons: pydnn/ops/normalization.py'),
+    ROWX=(True, 'Layer / RMS rows of any length (`fwd_rowx`): 16-byte vectors in the row\'s aligned frame (edge '
+                'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
+                'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
+                'pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
                       'pydnn/ops/normalization.py'),
     GN_FWD=(True, 'Group norm with channels innermost (`gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 '

@@ -156,6 +156,19 @@ BWD_RING_MAX_BLOCK = 256
 # FWD_PERSIST: a switch, pydnn.tuning.norm.FWD_PERSIST (default False)
 FWD_PERSIST_CONFIGS = {2: ((4, 2, 4),), 4: ()}
 FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
+# Layer / RMS rows of any length (`fwd_rowx`, ptx/normalization_rowx.cuh): the contiguous rows without
+# activation that fwd_rows does not take (a length that is not a multiple of the 16-byte vector, or rows of
+# more than 4 vectors per thread of a 1024-thread block), read with 16-byte vectors in the row's aligned
+# frame (row r starts (r * stride) mod VEC elements past a 16-byte boundary; the edge vectors' other
+# elements masked, their stores element by element), the parameters read at the shifted positions. G
+# threads per row, ITEMS vectors per thread: the smallest of ROWX_ITEMS whose G is at most ROWX_MAX_GROUP.
+# Rows of whole vectors fewer than the SMs keep the 8-block cluster kernel (sm_90), which spreads a row
+# over 8 SMs.
+# Why: such rows took the scalar register-tile kernel (one 1024-thread block per row of 2-byte loads),
+# the 8-block cluster kernel or gen, at 0.39-0.80x PyTorch in the issue-20 sweep (H200).
+# ROWX: a switch, pydnn.tuning.norm.ROWX (default True)
+ROWX_ITEMS = (4, 8)
+ROWX_MAX_GROUP = 1024              # fwd_rowx's __launch_bounds__(1024)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -270,6 +283,10 @@ def _rows_expr(tag, vec, items, rows, one):
     return f"pydnn::norm::fwd_rows<{CTYPE[tag]}, {vec}, {items}, {rows}, {'true' if one else 'false'}>"
 
 
+def _rowx_expr(tag, vec, items):
+    return f"pydnn::norm::fwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
+
+
 def _bwd_ring_expr(tag, vec, items, depth, cl=1):
     if cl > 1:
         return f"pydnn::norm::bwd_ring_cl<{CTYPE[tag]}, {vec}, {items}, {depth}, {cl}>"
@@ -314,6 +331,7 @@ def _unit_exprs(tag):
     exprs += [_rows_expr(tag, v, *c) for c in ROWS_CONFIGS[_SIZES[tag]]]
     exprs += [_persist_expr(tag, v, *c) for c in FWD_PERSIST_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_rows_expr(tag, v, *c) for c in BWD_ROWS_CONFIGS[_SIZES[tag]]]
+    exprs += [_rowx_expr(tag, v, i) for i in ROWX_ITEMS]
     exprs += [_bwd_ring_expr(tag, v, *c) for c in BWD_RING_CONFIGS[_SIZES[tag]]]
     exprs += [_gn_expr(tag, v), _gn_expr(tag, v, backward=True)]
     exprs += [_gn_expr(tag, v, one=True)] if _SIZES[tag] == 2 else []  # (GN_ONE: 16-bit only)
@@ -717,6 +735,45 @@ def _rows_alt(handle, nd, tag, geo, vec):
                              f"grid={grid}" + (f" pf={p.pf}" if p.pf else ""))]
 
 
+def _rowx_layout(nd, geo, vec):
+    """Contiguous layer / RMS rows without activation (any length) whose x and y row strides agree mod vec
+    (every operand's row then starts at the same offset from a 16-byte boundary)."""
+    sets, els, n_sets, length, nparams = geo
+    if nd.kind not in LAYERLIKE or nd.act_id or len(sets) != 1 or sets[0][2] != 0 or vec < 4:
+        return False
+    if not (len(els) == 1 and all(s == 1 for s in els[0][1]) and els[0][2] == 1 and nparams == length):
+        return False
+    st = sets[0][1]
+    return all(s >= 0 for s in st[:3]) and st[0] % vec == st[1] % vec == st[2] % vec
+
+
+def _rowx_alt(handle, nd, tag, geo, vec):
+    """fwd_rowx for contiguous layer / RMS rows without activation of any length, or None."""
+    sets, els, n_sets, length, nparams = geo
+    if not _rowx_layout(nd, geo, vec) or length >= 2**31 - 64:
+        return None
+    whole = sets[0][1][0] % vec == 0 and length % vec == 0
+    if whole and n_sets < handle.sm_count and _arch_num(handle) >= 90:
+        return None  # fewer long rows than SMs: the cluster kernel spreads each over 8 SMs
+    nsv = length // vec if whole else cdiv(length + vec - 1, vec)
+    for items in ROWX_ITEMS:
+        g = next_pow2(max(1, cdiv(nsv, items)))
+        if g <= ROWX_MAX_GROUP:
+            break
+    else:
+        return None
+    block = max(g, MIN_BLOCK)
+    grid = cdiv(n_sets, block // g)
+    if grid > MAX_GRID:
+        return None
+    p = _base_params(nd, sets, els, n_sets, length, nparams, False)
+    p.group = g
+    if "fwd_rows" in tuning.norm.STREAM:
+        p.flags |= FLAG_STREAM
+    return [_new_launch(_rowx_expr(tag, vec, items), p, (grid, 1, 1), (block, 1, 1),
+                        desc=f"fwd_rowx vec={vec} G={g} block={block} items={items} grid={grid}")]
+
+
 def _pf_blocks(kernel, block_bytes, grid):
     """NormParams.pf for `kernel`: PF_BYTES[kernel] of x ahead, in blocks that read block_bytes each (0: off, or
     nothing that far ahead in this grid)."""
@@ -865,6 +922,7 @@ def _gn_bwd_alt(handle, nd, tag, geo, vec):
 def _fwd_alt(handle, nd, tag, geo, vec):
     if vec > 1:
         r = _first_alt(((tuning.norm.GN_REG, _gn_reg_alt), (tuning.norm.GN_FWD, _gn_alt), (tuning.norm.FWD_PERSIST, _persist_alt), (tuning.norm.ROWS_FWD, _rows_alt),
+                        (tuning.norm.ROWX, _rowx_alt),
                         (tuning.norm.STAGED_FWD, _fwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
             return r
@@ -985,6 +1043,15 @@ def _gen_alt(handle, nd, tag, geo, backward):
     return [zero, main, _finish_launch(nd, geo, 1)], 2 * nparams * 4
 
 
+def _rowx_only_ok(nd, geo, vec, backward):
+    """Rows whose vector launch only the rowx kernels serve (their length is not a multiple of vec)."""
+    return not backward and tuning.norm.ROWX and _rowx_layout(nd, geo, vec)
+
+
+def _rowx_bwd_only(handle, nd, tag, geo, vec):
+    return None
+
+
 def _configs(handle, nd, tag, geo, backward):
     """(alternatives, vec_first, workspace bytes). Fast kernels when the layout is two-level and the set
     fits: the vector launch (when the strides allow 16-byte accesses) first, then the scalar one; gen
@@ -994,11 +1061,15 @@ def _configs(handle, nd, tag, geo, backward):
     alts, ws = [], 0
     two = _inner(els, length) is not None and length < 2**31
     vector = two and _vector_ok(sets, els, length, vec_width(tag, tag))
+    # rows of any length: the rowx kernels' vector launch (only theirs: the others need whole vectors per row)
+    rowx = two and not vector and _rowx_only_ok(nd, geo, vec_width(tag, tag), backward)
     got_vector = False
-    for v in ((vec_width(tag, tag), 1) if vector else (1,)) if two else ():
+    for v in ((vec_width(tag, tag), 1) if vector or rowx else (1,)) if two else ():
         if backward:
-            r = _bwd_alt(handle, nd, tag, geo, v)
+            r = _bwd_alt(handle, nd, tag, geo, v) if not (rowx and v > 1) else _rowx_bwd_only(handle, nd, tag, geo, v)
             a, w = r if r is not None else (None, 0)
+        elif rowx and v > 1:
+            a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0
         else:
             a, w = _fwd_alt(handle, nd, tag, geo, v), 0
         if a is None:

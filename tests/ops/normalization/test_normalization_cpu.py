@@ -404,6 +404,7 @@ def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", True)
     monkeypatch.setattr(tuning.norm, "ROWS_FWD", False)
+    monkeypatch.setattr(tuning.norm, "ROWX", False)
     monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
     monkeypatch.setattr(tuning.norm, "GN_FWD", False)
     monkeypatch.setattr(tuning.norm, "GN_REG", False)
@@ -516,6 +517,37 @@ def _emulate_rows(p, lc, operand):
                     addr.append(first * stride + r * stride + vi * vec + j)
                     pars.append(vi * vec + j)
                     sets.append(np.full(len(vi), row))
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
+def _emulate_rowx(p, lc, operand):
+    """fwd_rowx: block b, group sub -> row b * (block / G) + sub; the row's aligned frame: a = (row * x's
+    stride) mod vec (every operand's stride agrees mod vec), vectors vi = lane + k * G < ceil((a + len) /
+    vec) at row * stride - a + vi * vec (16-byte aligned), element e at position vi * vec + e - a, kept
+    when in [0, len); parameters 1:1 with the position, statistics at row * stats stride."""
+    vec, items = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:3])
+    G, L = p.group, p.len
+    assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
+    assert lc.block[0] % G == 0 and G & (G - 1) == 0 and G <= lc.block[0] <= N.ROWX_MAX_GROUP
+    spb = lc.block[0] // G
+    assert lc.grid[0] * spb >= p.sets > (lc.grid[0] - 1) * spb
+    stride = p.set_stride[operand if operand < 2 else 2][0]
+    assert all(p.set_stride[k][0] % vec == p.set_stride[0][0] % vec for k in range(3))
+    vi_all = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
+    addr, sets, pars, stats = [], [], [], []
+    for row in range(p.sets):
+        a = (row * p.set_stride[0][0]) % vec
+        nsv = (a + L + vec - 1) // vec
+        vi = vi_all[vi_all < nsv]
+        start = row * stride - a
+        assert start % vec == 0, "an aligned vector"
+        stats.append(row * p.set_stride[3][0])
+        for e in range(vec):
+            j = vi * vec + e - a
+            keep = (j >= 0) & (j < L)
+            addr.append(start + vi[keep] * vec + e)
+            pars.append(j[keep])
+            sets.append(np.full(int(keep.sum()), row))
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
@@ -654,6 +686,9 @@ LAYOUTS = [  # kind, groups, normalized dims, dims, strides of x / out / dy (Non
     (LAYER, 0, 1, (37, 48), (56, 1), (64, 1)),           # fwd_rows: padded rows, x and y strides differ
     (RMS, 0, 2, (3, 11, 4, 128), None, None),            # fwd_rows: merged set dims, 512-element rows
     (LAYER, 0, 1, (5, 37), (41, 1), (37, 1)),            # padded rows, odd length
+    (LAYER, 0, 1, (9, 37), None, None),                  # fwd_rowx: odd length, several rows per block
+    (RMS, 0, 1, (6, 100), (103, 1), (103, 1)),           # fwd_rowx: stride 103, every row offset
+    (LAYER, 0, 1, (2, 27723), None, None),               # fwd_rowx: 8 vectors per thread (fp32)
     (LAYER, 0, 2, (3, 5, 8), (60, 12, 1), None),         # padded trailing dims: two levels
     (LAYER, 0, 2, (3, 5, 8), (40, 1, 5), None),          # transposed trailing dims
     (RMS, 0, 1, (4, 3, 64), None, "nhwc"),
@@ -754,6 +789,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
+                elif kname == "fwd_rowx":
+                    addr, sset, spar, stats = _emulate_rowx(p, lc, operand)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
                 elif kname in ("gn_reg", "gn_reg_cl"):

@@ -1,0 +1,207 @@
+// Layer / RMS norm rows of any length (`rowx`; included by normalization.cu after bwd_rows, whose helpers
+// it uses: Frag, load_once, store_out, rows_get, rows_sum).
+//
+// fwd_rows and bwd_rows need rows whose length is a multiple of the 16-byte vector (every row then starts
+// 16-byte aligned) and fwd_rows rows of at most 4 vectors per thread of a 1024-thread block. The rowx
+// kernels read any contiguous row with 16-byte vectors in the row's ALIGNED FRAME: row r starts a = (r *
+// row stride) mod VEC elements past a 16-byte boundary (x's base is 16-byte aligned: the host's vector
+// alternative), so the row is covered by nsv = ceil((a + len) / VEC) aligned vectors, vector vi holding the
+// positions j = vi * VEC + e - a (e < VEC); positions outside [0, len) belong to the neighbouring rows (or
+// to the padding of the allocation's last 16-byte granule) and are masked: never counted, never written
+// (the edge vectors are stored element by element, so that the blocks writing the neighbouring rows are
+// never overwritten). The parameters are read at the shifted positions: j0 = vi * VEC - a is the
+// vector's first position, and since VEC is a multiple of 4, s = j0 & 3 is the same for every vector of
+// the row: per 4 positions two aligned float4 loads from base j0 - s and the 4 floats at offset s (a
+// switch on s around compile-time copies; s == 0 loads one float4 per 4 positions, as fwd_rows does). x, y (and dy, dx) must
+// share the row alignment (row strides equal mod VEC: host check).
+namespace rowx {
+
+template <int S>
+__device__ __forceinline__ void take4(const float (&f)[8], float* out) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = f[e + S];
+}
+
+// out[e] = p[j0 + e] for e < 4, 0 <= j0 + e < len, else 0; j0 & 3 = s (pvec: p is 16-byte aligned: two
+// aligned float4 loads, one when s == 0, and the 4 floats at offset s).
+__device__ __forceinline__ void params4(const float* p, int j0, int len, bool pvec, float* out) {
+  if (pvec) {
+    const int s = j0 & 3, base = j0 - s;
+    float f[8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int q = base + 4 * i;
+      float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // (q < len: the float4 holding position len - 1 ends inside the allocation's 16-byte granule)
+      if (q >= 0 && q < len && (i == 0 || s != 0)) t = __ldg(reinterpret_cast<const float4*>(p + q));
+      f[4 * i] = t.x; f[4 * i + 1] = t.y; f[4 * i + 2] = t.z; f[4 * i + 3] = t.w;
+    }
+    switch (s) {
+      case 0: take4<0>(f, out); break;
+      case 1: take4<1>(f, out); break;
+      case 2: take4<2>(f, out); break;
+      default: take4<3>(f, out); break;
+    }
+    if (j0 < 0 || j0 + 4 > len)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (j0 + e < 0 || j0 + e >= len) out[e] = 0.0f;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = j0 + e;
+      out[e] = (j >= 0 && j < len) ? __ldg(p + j) : 0.0f;
+    }
+  }
+}
+
+// The elements e in [lo, hi) of f stored at p (the others belong to another row).
+template <class T, int VEC>
+__device__ __forceinline__ void store_part(const Frag<T, VEC>& f, T* p, int lo, int hi) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    if (e < lo || e >= hi) continue;
+    if constexpr (sizeof(T) == 4) reinterpret_cast<unsigned*>(p)[e] = f.w[e];
+    else reinterpret_cast<unsigned short*>(p)[e] = (unsigned short)(f.w[e / 2] >> (16 * (e & 1)));
+  }
+}
+
+}  // namespace rowx
+
+// Forward (rowx): G threads per row (blockDim / G rows per block, one-shot blocks), ITEMS aligned vectors
+// per thread in registers (G * ITEMS >= nsv for every row; host). Statistics as fwd_rows: 16-bit layer
+// norm one-pass shifted by the row's first element (fwd_rows' ONE, its error bound), fp32 two passes from
+// registers, RMS the mean of squares. y = alpha * ((x - mean) * invstd * scale + bias) + beta * y.
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  constexpr bool ONE = sizeof(T) == 2;
+  __shared__ __align__(16) float sm[2][32][2];
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const i64 row = (i64)blockIdx.x * (int)(blockDim.x / G) + sub;
+  const bool live = row < p.sets;  // dead groups take the barriers too
+  const int L = (int)p.len;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool stats = p.flags & PYDNN_NORM_FLAG_STATS, has_bias = p.bias != nullptr;
+  const bool stream = p.flags & PYDNN_NORM_FLAG_STREAM;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float inv_len = 1.0f / (float)L;
+  const bool pvec = ((reinterpret_cast<unsigned long long>(p.scale) |
+                      reinterpret_cast<unsigned long long>(p.bias)) & 15) == 0;
+  const i64 xo = live ? row * p.set_stride[0][0] : 0, yo = live ? row * p.set_stride[1][0] : 0;
+  const int a = (int)(xo % VEC);  // (y's the same: host)
+  const int nsv = live ? (a + L + VEC - 1) / VEC : 0;
+  const T* x = (const T*)p.x + (xo - a);
+  T* y = (T*)p.out + (yo - a);
+
+  F v[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + k * G;
+    v[k].zero();
+    if (vi < nsv) load_once<T, VEC>(v[k], x + vi * VEC);
+  }
+  // statistics over the row's positions only (edge vectors masked)
+  float mean = 0.0f, var = 0.0f;
+  bool done = false;
+  if constexpr (ONE) {
+   if (!rms) {
+    done = true;
+    const float c = live ? to_float(x[a]) : 0.0f;
+    float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+      if (vi >= nsv) continue;
+      float f[VEC];
+      rows_get<T, VEC>(v[k], f);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float d = (e >= lo && e < hi) ? f[e] - c : 0.0f;
+        sq[0] += d;
+        sq[1] = fmaf(d, d, sq[1]);
+      }
+    }
+    rows_sum<2>(sq, G, sm[0]);
+    const float ms = sq[0] * inv_len;
+    mean = c + ms;
+    var = fmaxf(fmaf(-ms, ms, sq[1] * inv_len), 0.0f);
+   }
+  }
+  if (!done) {
+    float s1[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+      if (vi >= nsv) continue;
+      float f[VEC];
+      rows_get<T, VEC>(v[k], f);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float q = (e >= lo && e < hi) ? f[e] : 0.0f;
+        s1[0] = rms ? fmaf(q, q, s1[0]) : s1[0] + q;
+      }
+    }
+    rows_sum<1>(s1, G, reinterpret_cast<float(*)[1]>(sm[0]));
+    if (rms) {
+      var = s1[0] * inv_len;
+    } else {
+      mean = s1[0] / (float)L;  // (one rounding, as fwd_rows: a constant row's variance is 0)
+      float s2[1] = {0.0f};
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int vi = lane + k * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+        if (vi >= nsv) continue;
+        float f[VEC];
+        rows_get<T, VEC>(v[k], f);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float d = (e >= lo && e < hi) ? f[e] - mean : 0.0f;
+          s2[0] = fmaf(d, d, s2[0]);
+        }
+      }
+      rows_sum<1>(s2, G, reinterpret_cast<float(*)[1]>(sm[1]));
+      var = s2[0] * inv_len;
+    }
+  }
+  const float inv = rsqrtf(var + eps);
+  if (stats && live && lane == 0) {
+    const i64 so = row * p.set_stride[3][0];
+    if (p.mean) p.mean[so] = mean;
+    if (p.invstd) p.invstd[so] = inv;
+  }
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + k * G;
+    if (vi >= nsv) continue;
+    const int j0 = vi * VEC - a;
+    float f[VEC];
+    rows_get<T, VEC>(v[k], f);
+#pragma unroll
+    for (int h = 0; h < VEC; h += 4) {  // 4 positions at a time (few shifted parameters live: no spills)
+      float w[4];
+      rowx::params4(p.scale, j0 + h, L, pvec, w);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f[h + e] = (f[h + e] - mean) * inv * w[e];
+      if (has_bias) {
+        rowx::params4(p.bias, j0 + h, L, pvec, w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[h + e] += w[e];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) f[e] *= alpha;
+    if (blend) {
+      F old;
+      old.load(y + vi * VEC);
+      float b[VEC];
+      old.get(b);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) f[e] += beta * b[e];
+    }
+    F o;
+    o.set(f);
+    if (j0 >= 0 && j0 + VEC <= L) store_out<T, VEC>(o, y + vi * VEC, stream);
+    else rowx::store_part<T, VEC>(o, y + vi * VEC, -j0, L - j0);
+  }
+}
