@@ -295,6 +295,13 @@ activation = Switches(
                       '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
+tensor_ops = Switches(
+    "tensor_ops", 'tensor ops (pydnn/ops/tensor_ops.py)',
+    BROADCAST_ROWS=(True, 'AddTensor / OpTensor with an input broadcast as one row over the output\'s rows (a bias '
+                          '1 x H onto R x H): map_rows (the row loaded once per thread for ROWS rows, 16-byte '
+                          'vectors) instead of map_strided; the reasons: pydnn/ops/tensor_ops.py'),
+)
+
 rnn = Switches(
     "rnn", "the RNN family's STANDARD engine (pydnn/ops/rnn/engine.py)",
     SPLIT_K=(True, "split-K of the per-step recurrent GEMMs where even 64 x 64 tiles leave SMs idle (the backward's "
