@@ -1657,8 +1657,6 @@ template <class T, int VEC, int ITEMS, bool PREG>
 __global__ void bwd_staged_cluster(const NormParams) { __trap(); }
 #endif
 
-#include "normalization_rowx.cuh"  // fwd_rowx / bwd_rowx: layer / RMS rows of any length
-
 // ------------------------------------------------------------------ finish (backward parameters)
 
 // dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q]; dbias likewise from

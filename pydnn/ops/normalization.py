@@ -55,6 +55,7 @@ threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x
 (NormParams.pf; fwd_rows has the same option, off).
 """
 import ctypes
+import math
 
 from .. import enums as E
 from .. import tuning
@@ -169,6 +170,15 @@ FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
 # ROWX: a switch, pydnn.tuning.norm.ROWX (default True)
 ROWX_ITEMS = (4, 8)
 ROWX_MAX_GROUP = 1024              # fwd_rowx's __launch_bounds__(1024)
+# The backward of the rows whose length is not a multiple of the vector (`bwd_rowx`; whole-vector rows keep
+# bwd_ring / bwd_rows / the staged and register-tile kernels): blocks of one alignment class (rows whose
+# offset from a 16-byte boundary is the same, so that each thread keeps the same positions in every row),
+# ROWX_BWD_ITEMS vectors of x and dy per thread in registers, the dscale / dbias partials in the threads'
+# own shared-memory slots (block * ITEMS * 2 * VEC floats), a persistent grid evened out per class, rows of
+# at most ROWX_BWD_MAX_BLOCK * ITEMS vectors (16K 16-bit / 8K fp32 elements; longer ones: gen).
+ROWX_BWD_ITEMS = 4
+ROWX_BWD_MAX_BLOCK = 512           # bwd_rowx's __launch_bounds__(512)
+ROWX_BWD_REGS = 128
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -287,6 +297,14 @@ def _rowx_expr(tag, vec, items):
     return f"pydnn::norm::fwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
 
 
+def _finish_rowx_expr(shape):
+    return f"pydnn::norm::finish_rowx<{shape[0]}, {shape[1]}>"
+
+
+def _rowx_bwd_expr(tag, vec, items):
+    return f"pydnn::norm::bwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
+
+
 def _bwd_ring_expr(tag, vec, items, depth, cl=1):
     if cl > 1:
         return f"pydnn::norm::bwd_ring_cl<{CTYPE[tag]}, {vec}, {items}, {depth}, {cl}>"
@@ -331,7 +349,6 @@ def _unit_exprs(tag):
     exprs += [_rows_expr(tag, v, *c) for c in ROWS_CONFIGS[_SIZES[tag]]]
     exprs += [_persist_expr(tag, v, *c) for c in FWD_PERSIST_CONFIGS[_SIZES[tag]]]
     exprs += [_bwd_rows_expr(tag, v, *c) for c in BWD_ROWS_CONFIGS[_SIZES[tag]]]
-    exprs += [_rowx_expr(tag, v, i) for i in ROWX_ITEMS]
     exprs += [_bwd_ring_expr(tag, v, *c) for c in BWD_RING_CONFIGS[_SIZES[tag]]]
     exprs += [_gn_expr(tag, v), _gn_expr(tag, v, backward=True)]
     exprs += [_gn_expr(tag, v, one=True)] if _SIZES[tag] == 2 else []  # (GN_ONE: 16-bit only)
@@ -347,8 +364,17 @@ def _unit_exprs(tag):
     return tuple(exprs)
 
 
+def _rowx_unit_exprs(tag):
+    v = vec_width(tag, tag)
+    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS)] +
+                 [_finish_rowx_expr(FINISH_SHAPES[-1])])
+
+
 def kernel_units():
-    return [KernelUnit(f"normalization.{t}", "normalization.cu", _unit_exprs(t)) for t in TAGS]
+    # normalization.rowx.<t>: the rowx kernels in a unit of their own (see ptx/normalization_rowx.cu; their
+    # launches name it: _Launch.unit)
+    return [KernelUnit(f"normalization.{t}", "normalization.cu", _unit_exprs(t)) for t in TAGS] + \
+        [KernelUnit(f"normalization.rowx.{t}", "normalization_rowx.cu", _rowx_unit_exprs(t)) for t in TAGS]
 
 
 # ----------------------------------------------------------------------------- the descriptor
@@ -555,7 +581,7 @@ def _fill(p, sets, els, n_sets, length, nparams):
 
 
 class _Launch:
-    __slots__ = ("expr", "params", "argv", "grid", "block", "smem", "func", "desc")
+    __slots__ = ("expr", "params", "argv", "grid", "block", "smem", "func", "desc", "unit")
 
 
 class _Plan:
@@ -568,7 +594,7 @@ class _Plan:
 def _new_launch(expr, params, grid, block, smem=0, desc=""):
     lc = _Launch()
     lc.expr, lc.params, lc.grid, lc.block, lc.smem, lc.desc = expr, params, grid, block, smem, desc
-    lc.func = None
+    lc.func = lc.unit = None  # unit: None for the plan's (the family's) unit
     return lc
 
 
@@ -770,8 +796,10 @@ def _rowx_alt(handle, nd, tag, geo, vec):
     p.group = g
     if "fwd_rows" in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
-    return [_new_launch(_rowx_expr(tag, vec, items), p, (grid, 1, 1), (block, 1, 1),
-                        desc=f"fwd_rowx vec={vec} G={g} block={block} items={items} grid={grid}")]
+    lc = _new_launch(_rowx_expr(tag, vec, items), p, (grid, 1, 1), (block, 1, 1),
+                     desc=f"fwd_rowx vec={vec} G={g} block={block} items={items} grid={grid}")
+    lc.unit = f"normalization.rowx.{tag}"
+    return [lc]
 
 
 def _pf_blocks(kernel, block_bytes, grid):
@@ -1045,11 +1073,42 @@ def _gen_alt(handle, nd, tag, geo, backward):
 
 def _rowx_only_ok(nd, geo, vec, backward):
     """Rows whose vector launch only the rowx kernels serve (their length is not a multiple of vec)."""
-    return not backward and tuning.norm.ROWX and _rowx_layout(nd, geo, vec)
+    return tuning.norm.ROWX and _rowx_layout(nd, geo, vec)
 
 
 def _rowx_bwd_only(handle, nd, tag, geo, vec):
-    return None
+    """([bwd_rowx, finish], workspace bytes) for contiguous layer / RMS rows without activation of any
+    length (the backward's vector launch when the rows are not whole vectors), or None."""
+    sets, els, n_sets, length, nparams = geo
+    if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec) or length >= 2**31 - 64:
+        return None
+    sx = sets[0][1][0]
+    nsv = length // vec if sx % vec == 0 and length % vec == 0 else cdiv(length + vec - 1, vec)
+    items = ROWX_BWD_ITEMS
+    g = next_pow2(max(1, cdiv(nsv, items)))
+    if g > ROWX_BWD_MAX_BLOCK:
+        return None
+    block = max(g, MIN_BLOCK)
+    spb = block // g
+    smem = block * items * 2 * vec * 4  # the dscale / dbias partials, per thread
+    if smem > SMEM_BLOCK_MAX:
+        return None
+    period = vec // math.gcd(sx % vec, vec)  # rows per alignment class cycle (gcd(0, vec) = vec: 1)
+    bpsm = _resident(block, smem, ROWX_BWD_REGS)
+    want = max(1, cdiv(cdiv(n_sets, period), spb))  # blocks per class
+    cap = min(max(1, handle.sm_count * bpsm // period), MAX_GRID // period)
+    per = cdiv(want, cdiv(want, cap))
+    grid, slots = per * period, per * period * spb
+    p = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    p.group, p.pf = g, period
+    bwd = _new_launch(_rowx_bwd_expr(tag, vec, items), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}")
+    fin = _finish_launch(nd, geo, slots)
+    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])  # (finish's copy in the rowx unit: one unit to load)
+    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    bwd.unit = fin.unit = f"normalization.rowx.{tag}"
+    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    return [bwd, fin], slots * 2 * nparams * 4
 
 
 def _configs(handle, nd, tag, geo, backward):
@@ -1139,13 +1198,19 @@ def _get_plan(handle, direction, nd, x, out, dy, sb, st, named, out_names, need_
     return pl
 
 
+def _load_alt(handle, pl, alt):
+    for lc in alt:
+        if lc.func is None:
+            lc.func = handle.function(lc.unit or pl.unit, lc.expr)
+            if lc.smem > 32 * 1024:  # (static shared memory counts towards the 48 KiB default too)
+                driver.function_set_max_dynamic_smem(lc.func, lc.smem)
+
+
 def _load(handle, pl, key):
-    for alt in pl.alternatives:
-        for lc in alt:
-            if lc.func is None:
-                lc.func = handle.function(pl.unit, lc.expr)
-                if lc.smem > 32 * 1024:  # (static shared memory counts towards the 48 KiB default too)
-                    driver.function_set_max_dynamic_smem(lc.func, lc.smem)
+    """The first alternative's kernels now; a later one's (the scalar launch for pointers that are not
+    16-byte aligned) when a call first picks it (_run): a plan whose vector kernels sit in their own unit
+    (rowx) does not load, or compile, the family's unit for a launch that aligned calls never make."""
+    _load_alt(handle, pl, pl.alternatives[0])
     if key is not None:
         handle.remember(key, pl)
 
@@ -1178,6 +1243,8 @@ def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stat
         for q in data_ptrs:  # a loop, not all(<generator>): no Python frame per pointer
             m |= q
         alt = alts[0] if m % 16 == 0 else alts[-1]
+        if alt[-1].func is None:
+            _load_alt(handle, pl, alt)
     for lc in alt:
         p = lc.params
         for name, v in fields.items():

@@ -60,6 +60,7 @@ MIN_TRANSPOSE_EXTENT = 16
 # BROADCAST_ROWS: a switch, pydnn.tuning.tensor_ops.BROADCAST_ROWS (default True)
 ROWS_THREADS, ROWS_ROWS = 128, 4
 ROWS_OPS = ("pydnn::tensor::Scaled", "pydnn::tensor::OpAdd", "pydnn::tensor::OpMul")
+ROWS_TAGS = ("f32", "f16", "bf16")  # (double keeps map_strided: its instantiations are first-use ones)
 
 
 def transpose_exprs(op, ti, to):
@@ -78,7 +79,7 @@ def rows_expr(op, t):
 def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
     """Route a prepared map whose problem is rows with a broadcast row to map_rows (16-byte aligned
     pointers; map_strided stays the launch for the others). Returns pr."""
-    if not tuning.tensor_ops.BROADCAST_ROWS or op not in ROWS_OPS:
+    if not tuning.tensor_ops.BROADCAST_ROWS or op not in ROWS_OPS or t not in ROWS_TAGS:
         return pr
     ndim, sizes, strides, dense = ew.plan(c_desc.dims, c_desc.strides, tuple((d.dims, d.strides) for d in in_descs))
     vec = ew.vec_width(t, t)
@@ -95,7 +96,7 @@ def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
     grid = -(-hv // tc) * -(-sizes[0] // (ROWS_THREADS // tc * ROWS_ROWS))
     if grid > 2**31 - 1 or hv >= 2**31:
         return pr
-    pr.vec_func = handle.function(unit, rows_expr(op, t))
+    pr.vec_func = handle.function(f"tensor_ops.rows.{t}", rows_expr(op, t))
     pr.vec_grid, pr.vec_block = (grid, 1, 1), (ROWS_THREADS, 1, 1)
     pr.in_masks = pr.out_mask = 15
     pr.crec = None
@@ -112,8 +113,10 @@ def kernel_units():
         if t in FLOAT_TAGS:
             for op in (SCALED, *OPS.values()):
                 exprs += ew.map_exprs(op, t)
-            exprs += [rows_expr(op, t) for op in ROWS_OPS]
         units.append(KernelUnit(f"tensor_ops.{t}", "tensor_ops.cu", tuple(exprs)))
+        if t in ROWS_TAGS:  # map_rows: a unit of its own (ptx/tensor_ops_rows.cu)
+            units.append(KernelUnit(f"tensor_ops.rows.{t}", "tensor_ops_rows.cu",
+                                    tuple(rows_expr(op, t) for op in ROWS_OPS)))
     for ti in ALL_TAGS:
         exprs = []
         for to in ALL_TAGS:

@@ -551,6 +551,49 @@ def _emulate_rowx(p, lc, operand):
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
+def _emulate_bwd_rowx(p, lc, operand, pl):
+    """bwd_rowx: block b takes alignment class c = b mod P (P = p.pf, the period of (row * stride) mod vec),
+    its group sub the class's rows c + P * t, t = (b / P) * spb + sub + i * (grid / P) * spb; a = (c *
+    stride) mod vec for all of them (checked: the same for every row of the class, so a thread keeps the
+    same positions), the aligned frame of fwd_rowx; the group's slot b * spb + sub owns every position
+    once (the partials' ownership), the workspace holds grid * spb slots."""
+    vec, items = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:3])
+    G, L, P = p.group, p.len, p.pf
+    assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
+    assert G & (G - 1) == 0 and lc.block[0] == max(G, N.MIN_BLOCK) <= N.ROWX_BWD_MAX_BLOCK
+    assert lc.grid[0] % P == 0 and lc.smem == lc.block[0] * items * 2 * vec * 4
+    spb, m = lc.block[0] // G, lc.grid[0] // P
+    assert pl.workspace >= lc.grid[0] * spb * 2 * p.nparams * 4
+    assert [a[-1].desc for a in pl.alternatives if a[0] is lc] == [f"finish slots={lc.grid[0] * spb}"]
+    sx = p.set_stride[0][0]
+    assert all(p.set_stride[k][0] % vec == sx % vec for k in range(3))
+    stride = p.set_stride[operand][0]
+    vi_all = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
+    addr, sets, pars, stats = [], [], [], []
+    for b in range(lc.grid[0]):
+        cls, bi = b % P, b // P
+        a = (cls * sx) % vec
+        nsv = (a + L + vec - 1) // vec
+        vi = vi_all[vi_all < nsv]
+        own = (vi[:, None] * vec + np.arange(vec) - a).ravel()
+        assert sorted(own[(own >= 0) & (own < L)].tolist()) == list(range(L))  # the slot: every position once
+        nrows = (p.sets - cls + P - 1) // P if cls < p.sets else 0
+        for sub in range(spb):
+            t = bi * spb + sub
+            while t < nrows:
+                row = cls + P * t
+                assert (row * sx) % vec == a
+                stats.append(row * p.set_stride[3][0])
+                for e in range(vec):
+                    j = vi * vec + e - a
+                    keep = (j >= 0) & (j < L)
+                    addr.append(row * stride - a + vi[keep] * vec + e)
+                    pars.append(j[keep])
+                    sets.append(np.full(int(keep.sum()), row))
+                t += m * spb
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
 def _emulate_bwd_rows(p, lc, operand, pl):
     """bwd_rows: block b, group sub walks rows b * spb + sub + t * step (step = grid * spb) while the
     block's base row b * spb + t' * DEPTH * step is in range (rows past the end dead); the thread's
@@ -782,7 +825,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
         for lc in alt:
             p = lc.params
             kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
-            if kname in ("finish", "zero"):
+            if kname in ("finish", "finish_rowx", "zero"):
                 continue
             for operand, desc in ((0, x), (1, y)) + (((2, y),) if backward else ()):
                 if kname.startswith("gen"):
@@ -791,6 +834,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
                 elif kname == "fwd_rowx":
                     addr, sset, spar, stats = _emulate_rowx(p, lc, operand)
+                elif kname == "bwd_rowx":
+                    addr, sset, spar, stats = _emulate_bwd_rowx(p, lc, operand, pl)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
                 elif kname in ("gn_reg", "gn_reg_cl"):
@@ -812,8 +857,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                 assert (want_set.ravel()[which] == sset).all(), f"{lc.desc}: set"
                 assert (want_par.ravel()[which] == spar).all(), f"{lc.desc}: parameter"
                 assert sorted(stats) == sorted(st_addr.tolist()), f"{lc.desc}: stats"
-            if kname.startswith("bwd") and not kname.startswith("gen"):
-                _check_partial_modes(lc, pl)
+            if kname.startswith("bwd") and not kname.startswith("gen") and kname != "bwd_rowx":
+                _check_partial_modes(lc, pl)  # (bwd_rowx: its slot ownership is checked in its emulation)
 
 
 def _check_partial_modes(lc, pl):
@@ -980,3 +1025,27 @@ def test_l2_prefetch_distance(monkeypatch):
         assert launch(_nd(GROUP, 32), gn).params.pf == gn_pf, nbytes
         assert launch(_nd(GROUP, 32), gn_sm).params.pf == gn_sm_pf, nbytes
         assert launch(_nd(LAYER), _desc((3, 4096), BF16)).params.pf == short_pf, nbytes  # (3 blocks)
+
+
+@pytest.mark.parametrize("dims,strides,dtype", [((300, 37), None, BF16), ((41, 1001), None, F32),
+                                                ((70, 100), (103, 1), BF16), ((9, 4231), None, F16)])
+def test_rowx_walks_with_few_sms(dims, strides, dtype):
+    """fwd_rowx / bwd_rowx on a 1-SM handle (bwd_rowx's groups then walk many rows of their class): every
+    element once, at its row's address, with its parameter (the emulations above)."""
+    h = cpu_handle()
+    h.sm_count = 1
+    nd = _nd(RMS if dims[1] % 2 else LAYER)
+    x = _desc(dims, dtype, strides) if strides else _desc(dims, dtype)
+    for backward in (False, True):
+        pl = N._plan(h, nd, x, x, x if backward else None, _params(x, nd)[1], backward)
+        lc = pl.alternatives[0][0]
+        assert lc.expr.split("<")[0].endswith("bwd_rowx" if backward else "fwd_rowx"), lc.desc
+        if backward:
+            assert lc.grid[0] == lc.params.pf  # one block per alignment class: its groups walk every row
+        for operand in ((0, 1, 2) if backward else (0, 1)):
+            emu = _emulate_bwd_rowx(lc.params, lc, operand, pl) if backward else _emulate_rowx(lc.params, lc, operand)
+            addr, sset, spar, _ = emu
+            st = strides[0] if strides else dims[1]
+            want_addr = (np.arange(dims[0])[:, None] * st + np.arange(dims[1])[None, :]).ravel()
+            assert sorted(addr.tolist()) == sorted(want_addr.tolist())
+            assert ((addr - sset * st) == spar).all()

@@ -84,11 +84,37 @@ def test_rowx_off_and_unaligned_parameters(handle, rng, monkeypatch, dtype):
                                          bv.astype(np.float64).reshape(sbd.dims)))
 
 
+BWD_CASES = [  # kind, dims, layout, whether bwd_rowx serves it by element size
+    (LAYER, (7, 37), "nchw", {4: True, 2: True}),
+    (RMS, (9, 1001), "nchw", {4: True, 2: True}),
+    (LAYER, (5, 6830), "nchw", {4: True, 2: True}),     # 16-bit: period 4; fp32: period 2
+    (RMS, (4, 4231), "nchw", {4: True, 2: True}),
+    (LAYER, (6, 100), (103, 1), {4: True, 2: True}),    # stride 103: period 4 / 8
+    (LAYER, (3, 12345), "nchw", {4: False, 2: True}),   # fp32: beyond 512 x 4 vectors (another kernel)
+    (LAYER, (64, 4096), "nchw", {4: False, 2: False}),  # whole vectors: the existing kernels
+]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", [0, 2, 4])
-def test_rowx_shapes_backward(handle, rng, case, dtype):
-    """The backward of the same odd rows (whatever kernel the planner gives them)."""
-    kind, dims, layout, _ = ROWX_CASES[case]
+@pytest.mark.parametrize("case", range(len(BWD_CASES)))
+def test_rowx_backward(handle, rng, case, dtype):
+    kind, dims, layout, uses = BWD_CASES[case]
+    x = _tensor(dims, layout, dtype)
+    alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+    assert alts[0][0].startswith("bwd_rowx") == uses[4 if dtype == F32 else 2], alts
     _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
     _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
                     dbias=False)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rowx_backward_walks_many_rows(handle, rng, monkeypatch, dtype):
+    """A 1-SM plan: one block per alignment class, its groups walking every row of the class (the dscale /
+    dbias partials summed over many rows in the shared-memory slots)."""
+    monkeypatch.setattr(handle, "sm_count", 1)
+    for kind, dims in ((LAYER, (300, 37)), (RMS, (70, 1001))):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_rowx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))

@@ -1,5 +1,7 @@
-// Layer / RMS norm rows of any length (`rowx`; included by normalization.cu after bwd_rows, whose helpers
-// it uses: Frag, load_once, store_out, rows_get, rows_sum).
+// Layer / RMS norm rows of any length (`rowx`), a unit of its own (normalization.rowx.<t>, home
+// normalization.<t>: the planner names the family's unit): normalization.cu is included for its helpers
+// (Frag, load_once, store_out, rows_get, rows_sum; templates, nothing instantiated here but what the unit's
+// name expressions ask for), so that adding these kernels neither changes nor recompiles the family's unit.
 //
 // fwd_rows and bwd_rows need rows whose length is a multiple of the 16-byte vector (every row then starts
 // 16-byte aligned) and fwd_rows rows of at most 4 vectors per thread of a 1024-thread block. The rowx
@@ -14,6 +16,10 @@
 // the row: per 4 positions two aligned float4 loads from base j0 - s and the 4 floats at offset s (a
 // switch on s around compile-time copies; s == 0 loads one float4 per 4 positions, as fwd_rows does). x, y (and dy, dx) must
 // share the row alignment (row strides equal mod VEC: host check).
+#include "normalization.cu"
+
+namespace pydnn {
+namespace norm {
 namespace rowx {
 
 template <int S>
@@ -205,3 +211,187 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
     else rowx::store_part<T, VEC>(o, y + vi * VEC, -j0, L - j0);
   }
 }
+
+// Backward (rowx): dx of every row, and the dscale / dbias partials of each group over its rows in the
+// group's workspace slot (finish sums the slots). The partials must stay with one thread per position
+// over all the group's rows, so a block only takes rows of ONE alignment class: the row offset
+// (r * stride) mod VEC repeats with period P = p.pf (VEC / gcd(stride mod VEC, VEC); 1 for whole-vector
+// rows), block b takes class c = b mod P (a = (c * stride) mod VEC for all its rows), and its groups walk
+// the class's rows c + P * t, t = (b / P) * spb + sub + i * (gridDim / P) * spb. The partials sit in
+// shared memory, in each thread's own float4 slots ([k][VEC / 2 float4s][G] per group: consecutive lanes on
+// consecutive 16 bytes, no bank conflicts, no barrier), x / dy of the row in registers, scale read at the
+// shifted positions as the forward does. Per row: xhat = (x - mean) * invstd, g = dy * scale, one
+// reduction of (sum g, sum g * xhat), dx = alpha * invstd * (g - sum g / n - xhat * sum (g xhat) / n)
+// (RMS: no sum g term) + beta * dx. The block's loop is uniform (rows past the class's end are dead).
+// __launch_bounds__(512): 128 registers (ITEMS 4 vectors of x and dy: 32).
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  constexpr int Q = VEC / 4;  // float4s per vector of partials (each of dscale, dbias)
+  extern __shared__ __align__(16) float4 acc4[];
+  __shared__ __align__(16) float sm[2][32][2];
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int spb = (int)(blockDim.x / G);
+  const int P = p.pf, cls = (int)(blockIdx.x % (unsigned)P), bi = (int)(blockIdx.x / (unsigned)P);
+  const int m = (int)(gridDim.x / (unsigned)P);
+  const i64 R = p.sets;
+  const int L = (int)p.len;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float inv_len = 1.0f / (float)L;
+  const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], so = p.set_stride[1][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
+  const int a = (int)(((i64)cls * sx) % VEC);
+  const int nsv = (a + L + VEC - 1) / VEC;
+  const i64 nrows = cls < R ? (R - cls + P - 1) / P : 0;  // rows of the class
+  const i64 step = (i64)m * spb;
+  float4* acc = acc4 + (i64)sub * ITEMS * 2 * Q * G;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+    for (int q = 0; q < 2 * Q; ++q) acc[(k * 2 * Q + q) * G + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  int it = 0;
+  for (i64 base = (i64)bi * spb; base < nrows; base += step) {
+    const i64 t = base + sub;
+    const bool live = t < nrows;
+    const i64 row = live ? cls + (i64)P * t : 0;
+    const T* x = (const T*)p.x + (row * sx - a);
+    const T* dy = (const T*)p.dy + (row * sd - a);
+    T* o = (T*)p.out + (row * so - a);
+    F bx[ITEMS], bd[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G;
+      bx[k].zero();
+      bd[k].zero();
+      if (live && vi < nsv) {
+        load_once<T, VEC>(bx[k], x + vi * VEC);
+        load_once<T, VEC>(bd[k], dy + vi * VEC);
+      }
+    }
+    const float mean = (live && !rms) ? p.mean[row * ss] : 0.0f, inv = live ? p.invstd[row * ss] : 0.0f;
+    float r[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G, j0 = vi * VEC - a;
+      if (!live || vi >= nsv) continue;
+      float xa[VEC], d[VEC];
+      rows_get<T, VEC>(bx[k], xa);
+      rows_get<T, VEC>(bd[k], d);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        if (j0 + e < 0 || j0 + e >= L) xa[e] = mean, d[e] = 0.0f;  // (other rows' elements: nothing)
+#pragma unroll
+      for (int h = 0; h < Q; ++h) {
+        float w[4];
+        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
+        float4 as = acc[(k * 2 * Q + h) * G + lane], ab = acc[(k * 2 * Q + Q + h) * G + lane];
+        float* ps = reinterpret_cast<float*>(&as);
+        float* pb = reinterpret_cast<float*>(&ab);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float xh = (xa[4 * h + e] - mean) * inv, dd = d[4 * h + e], g = dd * w[e];
+          r[0] += g;
+          r[1] = fmaf(g, xh, r[1]);
+          ps[e] = fmaf(dd, xh, ps[e]);
+          pb[e] += dd;
+        }
+        acc[(k * 2 * Q + h) * G + lane] = as;
+        acc[(k * 2 * Q + Q + h) * G + lane] = ab;
+      }
+    }
+    rows_sum<2>(r, G, sm[it & 1]);
+    ++it;
+    const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
+    if (!live) continue;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + k * G, j0 = vi * VEC - a;
+      if (vi >= nsv) continue;
+      float xa[VEC], d[VEC];
+      rows_get<T, VEC>(bx[k], xa);
+      rows_get<T, VEC>(bd[k], d);
+#pragma unroll
+      for (int h = 0; h < Q; ++h) {
+        float w[4];
+        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * h + e;
+          xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
+        }
+      }
+      if (blend) {
+        F old;
+        old.load(o + vi * VEC);
+        old.get(d);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
+      }
+      F out;
+      out.set(xa);
+      if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
+      else rowx::store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+    }
+  }
+  // the group's partials -> its slot (every position of the row: the class's frame covers each once)
+  const i64 np = p.nparams;
+  float* ws_s = p.ws + ((i64)blockIdx.x * spb + sub) * 2 * np;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + k * G, j0 = vi * VEC - a;
+    if (vi >= nsv) continue;
+#pragma unroll
+    for (int h = 0; h < Q; ++h) {
+      const float4 as = acc[(k * 2 * Q + h) * G + lane], ab = acc[(k * 2 * Q + Q + h) * G + lane];
+      const float* ps = reinterpret_cast<const float*>(&as);
+      const float* pb = reinterpret_cast<const float*>(&ab);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + 4 * h + e;
+        if (j >= 0 && j < L) {
+          ws_s[j] = ps[e];
+          ws_s[np + j] = pb[e];
+        }
+      }
+    }
+  }
+}
+
+// finish for bwd_rowx's slots (a copy of normalization.cu's finish, so that the rowx backward loads from this
+// unit alone): dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q], dbias likewise.
+template <int FX, int FY>
+__global__ void __launch_bounds__(FX * FY) finish_rowx(const NormParams p) {
+  __shared__ float part[2][FY][FX + 1];
+  const i64 np = p.nparams;
+  const bool blend = p.flags & PYDNN_NORM_FLAG_BETA2;
+  const float alpha = (float)p.alpha2, beta = (float)p.beta2;
+  for (i64 q0 = (i64)blockIdx.x * FX; q0 < np; q0 += (i64)gridDim.x * FX) {
+    const i64 q = q0 + threadIdx.x;
+    float s = 0.0f, b = 0.0f;
+    if (q < np)
+#pragma unroll 4
+      for (i64 sl = threadIdx.y; sl < p.slots; sl += FY) {
+        s += p.ws[sl * 2 * np + q];
+        b += p.ws[sl * 2 * np + np + q];
+      }
+    part[0][threadIdx.y][threadIdx.x] = s;
+    part[1][threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y < 2 && q < np) {
+      float t = 0.0f;
+      for (int y = 0; y < FY; ++y) t += part[threadIdx.y][y][threadIdx.x];
+      float* dst = threadIdx.y == 0 ? p.dscale : p.dbias;
+      if (dst) {
+        float r = alpha * t;
+        if (blend) r += beta * dst[q];
+        dst[q] = r;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace norm
+}  // namespace pydnn
