@@ -72,19 +72,42 @@ __device__ __forceinline__ void store_part(const Frag<T, VEC>& f, T* p, int lo, 
   }
 }
 
+// CL > 1: v (the block's totals, the same in every thread) summed over the cluster's blocks in rank order
+// (every block ends with the same bits). slot: R floats of this block's shared memory, not written again
+// until every block has passed the next cluster barrier (callers alternate two slots, and end with a
+// cluster barrier before exit: no block leaves while another reads its slot).
+template <int CL, int R>
+__device__ __forceinline__ void cl_sum(float (&v)[R], float* slot) {
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) slot[r] = v[r];
+  cluster_sync();
+  float t[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) t[r] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < CL; ++q)
+#pragma unroll
+    for (int r = 0; r < R; ++r) t[r] += ld_dsmem(slot + r, q);
+#pragma unroll
+  for (int r = 0; r < R; ++r) v[r] = t[r];
+}
+
 }  // namespace rowx
 
 // Forward (rowx): G threads per row (blockDim / G rows per block, one-shot blocks), ITEMS aligned vectors
 // per thread in registers (G * ITEMS >= nsv for every row; host). Statistics as fwd_rows: 16-bit layer
 // norm one-pass shifted by the row's first element (fwd_rows' ONE, its error bound), fp32 two passes from
 // registers, RMS the mean of squares. y = alpha * ((x - mean) * invstd * scale + bias) + beta * y.
-template <class T, int VEC, int ITEMS>
-__global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
+template <class T, int VEC, int ITEMS, int CL>
+__device__ __forceinline__ void fwd_rowx_body(const NormParams& p) {
   typedef Frag<T, VEC> F;
   constexpr bool ONE = sizeof(T) == 2;
   __shared__ __align__(16) float sm[2][32][2];
+  __shared__ float csl[2][2];  // (CL > 1: the cluster sums' slots)
   const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
-  const i64 row = (i64)blockIdx.x * (int)(blockDim.x / G) + sub;
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;  // CL > 1: G = blockDim, one row per cluster
+  const i64 row = CL > 1 ? (i64)(blockIdx.x / CL) : (i64)blockIdx.x * (int)(blockDim.x / G) + sub;
   const bool live = row < p.sets;  // dead groups take the barriers too
   const int L = (int)p.len;
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
@@ -103,7 +126,7 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
   F v[ITEMS];
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int vi = lane + k * G;
+    const int vi = lane + (k * CL + rank) * G;
     v[k].zero();
     if (vi < nsv) load_once<T, VEC>(v[k], x + vi * VEC);
   }
@@ -117,7 +140,7 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
     float sq[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int vi = lane + k * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+      const int vi = lane + (k * CL + rank) * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
       if (vi >= nsv) continue;
       float f[VEC];
       rows_get<T, VEC>(v[k], f);
@@ -129,6 +152,7 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
       }
     }
     rows_sum<2>(sq, G, sm[0]);
+    if constexpr (CL > 1) rowx::cl_sum<CL, 2>(sq, csl[0]);
     const float ms = sq[0] * inv_len;
     mean = c + ms;
     var = fmaxf(fmaf(-ms, ms, sq[1] * inv_len), 0.0f);
@@ -138,7 +162,7 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
     float s1[1] = {0.0f};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int vi = lane + k * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+      const int vi = lane + (k * CL + rank) * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
       if (vi >= nsv) continue;
       float f[VEC];
       rows_get<T, VEC>(v[k], f);
@@ -149,6 +173,7 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
       }
     }
     rows_sum<1>(s1, G, reinterpret_cast<float(*)[1]>(sm[0]));
+    if constexpr (CL > 1) rowx::cl_sum<CL, 1>(s1, csl[0]);
     if (rms) {
       var = s1[0] * inv_len;
     } else {
@@ -156,7 +181,7 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
       float s2[1] = {0.0f};
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        const int vi = lane + k * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+        const int vi = lane + (k * CL + rank) * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
         if (vi >= nsv) continue;
         float f[VEC];
         rows_get<T, VEC>(v[k], f);
@@ -167,18 +192,20 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
         }
       }
       rows_sum<1>(s2, G, reinterpret_cast<float(*)[1]>(sm[1]));
+      if constexpr (CL > 1) rowx::cl_sum<CL, 1>(s2, csl[1]);
       var = s2[0] * inv_len;
     }
   }
+  if constexpr (CL > 1) cluster_sync();  // (no block leaves while another reads its slots)
   const float inv = rsqrtf(var + eps);
-  if (stats && live && lane == 0) {
+  if (stats && live && lane == 0 && rank == 0) {
     const i64 so = row * p.set_stride[3][0];
     if (p.mean) p.mean[so] = mean;
     if (p.invstd) p.invstd[so] = inv;
   }
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int vi = lane + k * G;
+    const int vi = lane + (k * CL + rank) * G;
     if (vi >= nsv) continue;
     const int j0 = vi * VEC - a;
     float f[VEC];
@@ -212,6 +239,21 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
   }
 }
 
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) { fwd_rowx_body<T, VEC, ITEMS, 1>(p); }
+
+// fwd_rowx_cl: one row per cluster of CL blocks (sm_90; rows beyond one block's 1024 x ITEMS vectors): rank r
+// holds the vectors lane + (k * CL + r) * blockDim, the statistics summed over the cluster (cl_sum).
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(1024) fwd_rowx_cl(const NormParams p) {
+  fwd_rowx_body<T, VEC, ITEMS, CL>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void fwd_rowx_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
+#endif
+
 // Backward (rowx): dx of every row, and the dscale / dbias partials of each group over its rows in the
 // group's workspace slot (finish sums the slots). The partials must stay with one thread per position
 // over all the group's rows, so a block only takes rows of ONE alignment class: the row offset
@@ -224,16 +266,19 @@ __global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) {
 // reduction of (sum g, sum g * xhat), dx = alpha * invstd * (g - sum g / n - xhat * sum (g xhat) / n)
 // (RMS: no sum g term) + beta * dx. The block's loop is uniform (rows past the class's end are dead).
 // __launch_bounds__(512): 128 registers (ITEMS 4 vectors of x and dy: 32).
-template <class T, int VEC, int ITEMS>
-__global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
+template <class T, int VEC, int ITEMS, int CL>
+__device__ __forceinline__ void bwd_rowx_body(const NormParams& p) {
   typedef Frag<T, VEC> F;
   constexpr int Q = VEC / 4;  // float4s per vector of partials (each of dscale, dbias)
   extern __shared__ __align__(16) float4 acc4[];
   __shared__ __align__(16) float sm[2][32][2];
+  __shared__ float csl[2][2];  // (CL > 1: the cluster sums' slots)
   const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
-  const int spb = (int)(blockDim.x / G);
-  const int P = p.pf, cls = (int)(blockIdx.x % (unsigned)P), bi = (int)(blockIdx.x / (unsigned)P);
-  const int m = (int)(gridDim.x / (unsigned)P);
+  const int spb = (int)(blockDim.x / G);  // (CL > 1: G = blockDim, spb 1)
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;
+  const unsigned unit = blockIdx.x / CL, units = gridDim.x / CL;  // blocks (CL 1) or clusters
+  const int P = p.pf, cls = (int)(unit % (unsigned)P), bi = (int)(unit / (unsigned)P);
+  const int m = (int)(units / (unsigned)P);
   const i64 R = p.sets;
   const int L = (int)p.len;
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
@@ -262,7 +307,7 @@ __global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
     F bx[ITEMS], bd[ITEMS];
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int vi = lane + k * G;
+      const int vi = lane + (k * CL + rank) * G;
       bx[k].zero();
       bd[k].zero();
       if (live && vi < nsv) {
@@ -274,7 +319,7 @@ __global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
     float r[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int vi = lane + k * G, j0 = vi * VEC - a;
+      const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
       if (!live || vi >= nsv) continue;
       float xa[VEC], d[VEC];
       rows_get<T, VEC>(bx[k], xa);
@@ -302,12 +347,13 @@ __global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
       }
     }
     rows_sum<2>(r, G, sm[it & 1]);
+    if constexpr (CL > 1) rowx::cl_sum<CL, 2>(r, csl[it & 1]);
     ++it;
     const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
     if (!live) continue;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int vi = lane + k * G, j0 = vi * VEC - a;
+      const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
       if (vi >= nsv) continue;
       float xa[VEC], d[VEC];
       rows_get<T, VEC>(bx[k], xa);
@@ -335,12 +381,14 @@ __global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
       else rowx::store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
     }
   }
-  // the group's partials -> its slot (every position of the row: the class's frame covers each once)
+  if constexpr (CL > 1) cluster_sync();  // (no block leaves while another reads its slots)
+  // the group's partials -> its slot (every position of the row: the class's frame covers each once; CL > 1:
+  // one slot per cluster, each block writing its own positions)
   const i64 np = p.nparams;
-  float* ws_s = p.ws + ((i64)blockIdx.x * spb + sub) * 2 * np;
+  float* ws_s = p.ws + ((i64)unit * spb + sub) * 2 * np;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int vi = lane + k * G, j0 = vi * VEC - a;
+    const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
     if (vi >= nsv) continue;
 #pragma unroll
     for (int h = 0; h < Q; ++h) {
@@ -358,6 +406,22 @@ __global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) {
     }
   }
 }
+
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) { bwd_rowx_body<T, VEC, ITEMS, 1>(p); }
+
+// bwd_rowx_cl: the rows of a class walked by clusters of CL blocks (sm_90; rows beyond one block's 512 x
+// ITEMS vectors): rank r holds the vectors lane + (k * CL + r) * blockDim (x, dy and their partials), the
+// row sums over the cluster (cl_sum), one workspace slot per cluster.
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(512) bwd_rowx_cl(const NormParams p) {
+  bwd_rowx_body<T, VEC, ITEMS, CL>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void bwd_rowx_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
+#endif
 
 // finish for bwd_rowx's slots (a copy of normalization.cu's finish, so that the rowx backward loads from this
 // unit alone): dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q], dbias likewise.

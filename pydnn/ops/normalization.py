@@ -179,6 +179,12 @@ ROWX_MAX_GROUP = 1024              # fwd_rowx's __launch_bounds__(1024)
 ROWX_BWD_ITEMS = 4
 ROWX_BWD_MAX_BLOCK = 512           # bwd_rowx's __launch_bounds__(512)
 ROWX_BWD_REGS = 128
+# Rows beyond one block (sm_90): fwd_rowx_cl, a cluster of ROWX_FWD_CL 1024-thread blocks of ROWX_ITEMS[-1]
+# vectors per thread per row (fp32 rows up to 64K); bwd_rowx_cl, clusters of the smallest CL of ROWX_BWD_CL
+# whose blocks hold the row (up to 64K elements); the statistics / row sums added over the cluster through
+# distributed shared memory, one workspace slot per cluster.
+ROWX_FWD_CL = 2
+ROWX_BWD_CL = (2, 4, 8)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -293,7 +299,9 @@ def _rows_expr(tag, vec, items, rows, one):
     return f"pydnn::norm::fwd_rows<{CTYPE[tag]}, {vec}, {items}, {rows}, {'true' if one else 'false'}>"
 
 
-def _rowx_expr(tag, vec, items):
+def _rowx_expr(tag, vec, items, cl=1):
+    if cl > 1:
+        return f"pydnn::norm::fwd_rowx_cl<{CTYPE[tag]}, {vec}, {items}, {cl}>"
     return f"pydnn::norm::fwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
 
 
@@ -301,7 +309,9 @@ def _finish_rowx_expr(shape):
     return f"pydnn::norm::finish_rowx<{shape[0]}, {shape[1]}>"
 
 
-def _rowx_bwd_expr(tag, vec, items):
+def _rowx_bwd_expr(tag, vec, items, cl=1):
+    if cl > 1:
+        return f"pydnn::norm::bwd_rowx_cl<{CTYPE[tag]}, {vec}, {items}, {cl}>"
     return f"pydnn::norm::bwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
 
 
@@ -366,7 +376,8 @@ def _unit_exprs(tag):
 
 def _rowx_unit_exprs(tag):
     v = vec_width(tag, tag)
-    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS)] +
+    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
+                 [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
                  [_finish_rowx_expr(FINISH_SHAPES[-1])])
 
 
@@ -782,22 +793,27 @@ def _rowx_alt(handle, nd, tag, geo, vec):
     if whole and n_sets < handle.sm_count and _arch_num(handle) >= 90:
         return None  # fewer long rows than SMs: the cluster kernel spreads each over 8 SMs
     nsv = length // vec if whole else cdiv(length + vec - 1, vec)
+    cl = 1
     for items in ROWX_ITEMS:
         g = next_pow2(max(1, cdiv(nsv, items)))
         if g <= ROWX_MAX_GROUP:
             break
     else:
-        return None
+        items, cl = ROWX_ITEMS[-1], ROWX_FWD_CL
+        g = max(MIN_BLOCK, next_pow2(max(1, cdiv(nsv, items * cl))))
+        if g > ROWX_MAX_GROUP or _arch_num(handle) < 90:
+            return None
     block = max(g, MIN_BLOCK)
-    grid = cdiv(n_sets, block // g)
+    grid = cdiv(n_sets, block // g) * cl
     if grid > MAX_GRID:
         return None
     p = _base_params(nd, sets, els, n_sets, length, nparams, False)
     p.group = g
     if "fwd_rows" in tuning.norm.STREAM:
         p.flags |= FLAG_STREAM
-    lc = _new_launch(_rowx_expr(tag, vec, items), p, (grid, 1, 1), (block, 1, 1),
-                     desc=f"fwd_rowx vec={vec} G={g} block={block} items={items} grid={grid}")
+    lc = _new_launch(_rowx_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1),
+                     desc=f"fwd_rowx vec={vec} G={g} block={block} items={items} grid={grid}"
+                          + (f" cl={cl}" if cl > 1 else ""))
     lc.unit = f"normalization.rowx.{tag}"
     return [lc]
 
@@ -1084,10 +1100,15 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
         return None
     sx = sets[0][1][0]
     nsv = length // vec if sx % vec == 0 and length % vec == 0 else cdiv(length + vec - 1, vec)
-    items = ROWX_BWD_ITEMS
+    items, cl = ROWX_BWD_ITEMS, 1
     g = next_pow2(max(1, cdiv(nsv, items)))
     if g > ROWX_BWD_MAX_BLOCK:
-        return None
+        if _arch_num(handle) < 90:
+            return None
+        cl = next((c for c in ROWX_BWD_CL if cdiv(nsv, items * c) <= ROWX_BWD_MAX_BLOCK), 0)
+        if not cl:
+            return None
+        g = max(MIN_BLOCK, next_pow2(cdiv(nsv, items * cl)))
     block = max(g, MIN_BLOCK)
     spb = block // g
     smem = block * items * 2 * vec * 4  # the dscale / dbias partials, per thread
@@ -1095,14 +1116,15 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
         return None
     period = vec // math.gcd(sx % vec, vec)  # rows per alignment class cycle (gcd(0, vec) = vec: 1)
     bpsm = _resident(block, smem, ROWX_BWD_REGS)
-    want = max(1, cdiv(cdiv(n_sets, period), spb))  # blocks per class
-    cap = min(max(1, handle.sm_count * bpsm // period), MAX_GRID // period)
+    want = max(1, cdiv(cdiv(n_sets, period), spb))  # blocks (clusters) per class
+    cap = min(max(1, handle.sm_count * bpsm // (period * cl)), MAX_GRID // (period * cl))
     per = cdiv(want, cdiv(want, cap))
-    grid, slots = per * period, per * period * spb
+    grid, slots = per * period * cl, per * period * spb
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.group, p.pf = g, period
-    bwd = _new_launch(_rowx_bwd_expr(tag, vec, items), p, (grid, 1, 1), (block, 1, 1), smem,
-                      desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}")
+    bwd = _new_launch(_rowx_bwd_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}"
+                           + (f" cl={cl}" if cl > 1 else ""))
     fin = _finish_launch(nd, geo, slots)
     fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])  # (finish's copy in the rowx unit: one unit to load)
     fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)

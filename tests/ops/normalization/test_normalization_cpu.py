@@ -525,15 +525,21 @@ def _emulate_rowx(p, lc, operand):
     stride) mod vec (every operand's stride agrees mod vec), vectors vi = lane + k * G < ceil((a + len) /
     vec) at row * stride - a + vi * vec (16-byte aligned), element e at position vi * vec + e - a, kept
     when in [0, len); parameters 1:1 with the position, statistics at row * stats stride."""
-    vec, items = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:3])
+    args = [int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:]]
+    vec, items, cl = args[0], args[1], (args[2] if "fwd_rowx_cl" in lc.expr else 1)
     G, L = p.group, p.len
     assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
     assert lc.block[0] % G == 0 and G & (G - 1) == 0 and G <= lc.block[0] <= N.ROWX_MAX_GROUP
     spb = lc.block[0] // G
-    assert lc.grid[0] * spb >= p.sets > (lc.grid[0] - 1) * spb
+    if cl > 1:  # fwd_rowx_cl: one row per cluster of cl blocks, rank r holding vectors lane + (k * cl + r) * G
+        assert spb == 1 and lc.grid[0] == p.sets * cl
+    else:
+        assert lc.grid[0] * spb >= p.sets > (lc.grid[0] - 1) * spb
     stride = p.set_stride[operand if operand < 2 else 2][0]
     assert all(p.set_stride[k][0] % vec == p.set_stride[0][0] % vec for k in range(3))
-    vi_all = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
+    vi_all = np.concatenate([(np.arange(G)[:, None] + (np.arange(items)[None, :] * cl + r) * G).ravel()
+                             for r in range(cl)])  # (the cluster's blocks together)
+    assert sorted(vi_all.tolist()) == list(range(G * items * cl))
     addr, sets, pars, stats = [], [], [], []
     for row in range(p.sets):
         a = (row * p.set_stride[0][0]) % vec
@@ -557,20 +563,24 @@ def _emulate_bwd_rowx(p, lc, operand, pl):
     stride) mod vec for all of them (checked: the same for every row of the class, so a thread keeps the
     same positions), the aligned frame of fwd_rowx; the group's slot b * spb + sub owns every position
     once (the partials' ownership), the workspace holds grid * spb slots."""
-    vec, items = (int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:3])
+    args = [int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:]]
+    vec, items, cl = args[0], args[1], (args[2] if "bwd_rowx_cl" in lc.expr else 1)
     G, L, P = p.group, p.len, p.pf
     assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
     assert G & (G - 1) == 0 and lc.block[0] == max(G, N.MIN_BLOCK) <= N.ROWX_BWD_MAX_BLOCK
-    assert lc.grid[0] % P == 0 and lc.smem == lc.block[0] * items * 2 * vec * 4
-    spb, m = lc.block[0] // G, lc.grid[0] // P
-    assert pl.workspace >= lc.grid[0] * spb * 2 * p.nparams * 4
-    assert [a[-1].desc for a in pl.alternatives if a[0] is lc] == [f"finish slots={lc.grid[0] * spb}"]
+    units = lc.grid[0] // cl  # blocks, or clusters of cl blocks (one group each: G = block)
+    assert lc.grid[0] % cl == 0 and units % P == 0 and lc.smem == lc.block[0] * items * 2 * vec * 4
+    assert cl == 1 or G == lc.block[0]
+    spb, m = lc.block[0] // G, units // P
+    assert pl.workspace >= units * spb * 2 * p.nparams * 4
+    assert [a[-1].desc for a in pl.alternatives if a[0] is lc] == [f"finish slots={units * spb}"]
     sx = p.set_stride[0][0]
     assert all(p.set_stride[k][0] % vec == sx % vec for k in range(3))
     stride = p.set_stride[operand][0]
-    vi_all = (np.arange(G)[:, None] + np.arange(items)[None, :] * G).ravel()
+    vi_all = np.concatenate([(np.arange(G)[:, None] + (np.arange(items)[None, :] * cl + r) * G).ravel()
+                             for r in range(cl)])  # (a cluster's blocks together)
     addr, sets, pars, stats = [], [], [], []
-    for b in range(lc.grid[0]):
+    for b in range(units):
         cls, bi = b % P, b // P
         a = (cls * sx) % vec
         nsv = (a + L + vec - 1) // vec
@@ -832,9 +842,9 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
-                elif kname == "fwd_rowx":
+                elif kname in ("fwd_rowx", "fwd_rowx_cl"):
                     addr, sset, spar, stats = _emulate_rowx(p, lc, operand)
-                elif kname == "bwd_rowx":
+                elif kname in ("bwd_rowx", "bwd_rowx_cl"):
                     addr, sset, spar, stats = _emulate_bwd_rowx(p, lc, operand, pl)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
@@ -857,7 +867,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                 assert (want_set.ravel()[which] == sset).all(), f"{lc.desc}: set"
                 assert (want_par.ravel()[which] == spar).all(), f"{lc.desc}: parameter"
                 assert sorted(stats) == sorted(st_addr.tolist()), f"{lc.desc}: stats"
-            if kname.startswith("bwd") and not kname.startswith("gen") and kname != "bwd_rowx":
+            if kname.startswith("bwd") and not kname.startswith("gen") and not kname.startswith("bwd_rowx"):
                 _check_partial_modes(lc, pl)  # (bwd_rowx: its slot ownership is checked in its emulation)
 
 
@@ -1028,7 +1038,9 @@ def test_l2_prefetch_distance(monkeypatch):
 
 
 @pytest.mark.parametrize("dims,strides,dtype", [((300, 37), None, BF16), ((41, 1001), None, F32),
-                                                ((70, 100), (103, 1), BF16), ((9, 4231), None, F16)])
+                                                ((70, 100), (103, 1), BF16), ((9, 4231), None, F16),
+                                                ((5, 12345), None, F32), ((3, 40275), None, F32),
+                                                ((2, 30693), None, F16), ((1, 64254), None, BF16)])
 def test_rowx_walks_with_few_sms(dims, strides, dtype):
     """fwd_rowx / bwd_rowx on a 1-SM handle (bwd_rowx's groups then walk many rows of their class): every
     element once, at its row's address, with its parameter (the emulations above)."""
@@ -1039,9 +1051,9 @@ def test_rowx_walks_with_few_sms(dims, strides, dtype):
     for backward in (False, True):
         pl = N._plan(h, nd, x, x, x if backward else None, _params(x, nd)[1], backward)
         lc = pl.alternatives[0][0]
-        assert lc.expr.split("<")[0].endswith("bwd_rowx" if backward else "fwd_rowx"), lc.desc
-        if backward:
-            assert lc.grid[0] == lc.params.pf  # one block per alignment class: its groups walk every row
+        assert "bwd_rowx" in lc.expr if backward else "fwd_rowx" in lc.expr, lc.desc
+        if backward:  # one block (cluster) per alignment class: its groups walk every row
+            assert lc.grid[0] == lc.params.pf * (int(lc.expr.split(",")[3].rstrip(">")) if "_cl<" in lc.expr else 1)
         for operand in ((0, 1, 2) if backward else (0, 1)):
             emu = _emulate_bwd_rowx(lc.params, lc, operand, pl) if backward else _emulate_rowx(lc.params, lc, operand)
             addr, sset, spar, _ = emu

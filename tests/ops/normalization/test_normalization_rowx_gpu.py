@@ -24,10 +24,10 @@ ROWX_CASES = [  # kind, dims, layout; the planner's rowx ITEMS by element size (
     (RMS, (4, 4231), "nchw", {4: 4, 2: 4}),
     (LAYER, (6, 100), (103, 1), {4: 4, 2: 4}),         # padded rows, stride 103: every row offset
     (LAYER, (3, 27723), "nchw", {4: 8, 2: 4}),         # fp32: 8 vectors per thread
-    (RMS, (2, 38005), "nchw", {4: None, 2: 8}),        # 16-bit: 8 per thread; fp32: beyond rowx (gen)
+    (RMS, (2, 38005), "nchw", {4: 8, 2: 8}),           # 16-bit: 8 per thread; fp32: a cluster of 2 (sm_90)
     (LAYER, (3, 39856), "nchw", {4: None, 2: 8}),      # a multiple of 8 beyond fwd_rows' blocks
-    (RMS, (1, 65536), "nchw", {4: None, 2: 8}),        # the largest 16-bit row
-    (LAYER, (2, 64254), "nchw", {4: None, 2: 8}),
+    (RMS, (1, 65536), "nchw", {4: None, 2: 8}),        # the largest 16-bit row (fp32: whole vectors, few rows)
+    (LAYER, (2, 64254), "nchw", {4: 8, 2: 8}),          # fp32: a cluster of 2
 ]
 
 
@@ -90,7 +90,9 @@ BWD_CASES = [  # kind, dims, layout, whether bwd_rowx serves it by element size
     (LAYER, (5, 6830), "nchw", {4: True, 2: True}),     # 16-bit: period 4; fp32: period 2
     (RMS, (4, 4231), "nchw", {4: True, 2: True}),
     (LAYER, (6, 100), (103, 1), {4: True, 2: True}),    # stride 103: period 4 / 8
-    (LAYER, (3, 12345), "nchw", {4: False, 2: True}),   # fp32: beyond 512 x 4 vectors (another kernel)
+    (LAYER, (3, 12345), "nchw", {4: True, 2: True}),    # fp32: beyond 512 x 4 vectors: clusters of 2
+    (LAYER, (2, 30693), "nchw", {4: True, 2: True}),    # clusters of 2 (16-bit) / 4 (fp32)
+    (RMS, (1, 64254), "nchw", {4: True, 2: True}),      # clusters of 4 (16-bit) / 8 (fp32)
     (LAYER, (64, 4096), "nchw", {4: False, 2: False}),  # whole vectors: the existing kernels
 ]
 
