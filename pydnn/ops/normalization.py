@@ -605,7 +605,7 @@ class _Plan:
 def _new_launch(expr, params, grid, block, smem=0, desc=""):
     lc = _Launch()
     lc.expr, lc.params, lc.grid, lc.block, lc.smem, lc.desc = expr, params, grid, block, smem, desc
-    lc.func = lc.unit = None  # unit: None for the plan's (the family's) unit
+    lc.func = lc.unit = None  # unit None: the plan's (normalization.<dtype>)
     return lc
 
 
@@ -1220,19 +1220,17 @@ def _get_plan(handle, direction, nd, x, out, dy, sb, st, named, out_names, need_
     return pl
 
 
-def _load_alt(handle, pl, alt):
-    for lc in alt:
-        if lc.func is None:
-            lc.func = handle.function(lc.unit or pl.unit, lc.expr)
-            if lc.smem > 32 * 1024:  # (static shared memory counts towards the 48 KiB default too)
-                driver.function_set_max_dynamic_smem(lc.func, lc.smem)
-
-
-def _load(handle, pl, key):
-    """The first alternative's kernels now; a later one's (the scalar launch for pointers that are not
-    16-byte aligned) when a call first picks it (_run): a plan whose vector kernels sit in their own unit
-    (rowx) does not load, or compile, the family's unit for a launch that aligned calls never make."""
-    _load_alt(handle, pl, pl.alternatives[0])
+def _load(handle, pl, key, alts=None):
+    """Load the launches' kernels (`alts`: those alternatives; default: every one, but only the first of a
+    split-kernel plan, whose other alternative, for unaligned pointers, _run loads when it first takes it)."""
+    if alts is None:
+        alts = pl.alternatives[:1] if pl.alternatives[0][0].unit is not None else pl.alternatives
+    for alt in alts:
+        for lc in alt:
+            if lc.func is None:
+                lc.func = handle.function(lc.unit or pl.unit, lc.expr)
+                if lc.smem > 32 * 1024:  # (static shared memory counts towards the 48 KiB default too)
+                    driver.function_set_max_dynamic_smem(lc.func, lc.smem)
     if key is not None:
         handle.remember(key, pl)
 
@@ -1264,9 +1262,12 @@ def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stat
         m = 0
         for q in data_ptrs:  # a loop, not all(<generator>): no Python frame per pointer
             m |= q
-        alt = alts[0] if m % 16 == 0 else alts[-1]
-        if alt[-1].func is None:
-            _load_alt(handle, pl, alt)
+        if m % 16 == 0:
+            alt = alts[0]
+        else:
+            alt = alts[-1]
+            if alt[0].func is None:  # (a split-kernel plan's fallback: loaded on first use)
+                _load(handle, pl, None, (alt,))
     for lc in alt:
         p = lc.params
         for name, v in fields.items():
