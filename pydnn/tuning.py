@@ -211,6 +211,8 @@ norm = Switches(
                 'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
                 'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
                 'pydnn/ops/normalization.py'),
+    ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
+                            'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
                       'pydnn/ops/normalization.py'),
     GN_FWD=(True, 'Group norm with channels innermost (`gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 '

@@ -185,6 +185,13 @@ ROWX_BWD_REGS = 128
 # distributed shared memory, one workspace slot per cluster.
 ROWX_FWD_CL = 2
 ROWX_BWD_CL = (2, 4, 8)
+# ROWX_BWD_CL_BLOCK: bwd_rowx_cl's blocks are at most this many threads when a cluster of ROWX_BWD_CL holds
+# the row so (else up to ROWX_BWD_MAX_BLOCK). Why 256: the H200 mid-session run (tools/bench_rows.py,
+# 2026-11-28) had LN fp16 2402 x 34823 at 0.62x PyTorch (573 GB/s) on clusters of 4 blocks of 512 threads:
+# one block per SM (127 registers, 128 KiB of partials), each cluster walking its rows with one row's loads
+# in flight and none during the reduction / cluster barrier / stores; blocks of 256 in clusters of 8 put two
+# blocks (two rows' phases) on each SM. Not yet measured: 512 is the previous choice.
+# ROWX_BWD_CL_BLOCK: a switch, pydnn.tuning.norm.ROWX_BWD_CL_BLOCK (default 256)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -1105,7 +1112,9 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
     if g > ROWX_BWD_MAX_BLOCK:
         if _arch_num(handle) < 90:
             return None
-        cl = next((c for c in ROWX_BWD_CL if cdiv(nsv, items * c) <= ROWX_BWD_MAX_BLOCK), 0)
+        cap = tuning.norm.ROWX_BWD_CL_BLOCK  # (the largest cluster block that keeps 2 blocks per SM)
+        cl = next((c for c in ROWX_BWD_CL if cdiv(nsv, items * c) <= cap), 0) or \
+            next((c for c in ROWX_BWD_CL if cdiv(nsv, items * c) <= ROWX_BWD_MAX_BLOCK), 0)
         if not cl:
             return None
         g = max(MIN_BLOCK, next_pow2(cdiv(nsv, items * cl)))

@@ -1061,3 +1061,25 @@ def test_rowx_walks_with_few_sms(dims, strides, dtype):
             want_addr = (np.arange(dims[0])[:, None] * st + np.arange(dims[1])[None, :]).ravel()
             assert sorted(addr.tolist()) == sorted(want_addr.tolist())
             assert ((addr - sset * st) == spar).all()
+
+
+@pytest.mark.parametrize("cap", [256, 512])
+def test_rowx_backward_cluster_block_cap(cap, monkeypatch):
+    """ROWX_BWD_CL_BLOCK: bwd_rowx_cl's blocks at most `cap` threads when a cluster of 2 / 4 / 8 so holds the
+    row, else up to 512; every element once (the emulation)."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_CL_BLOCK", cap)
+    h = cpu_handle()
+    for dims, dtype in (((3, 34823), F16), ((2, 12345), F32), ((1, 64254), F32)):
+        x = _desc(dims, dtype)
+        nd = _nd(LAYER)
+        pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
+        lc = pl.alternatives[0][0]
+        assert "bwd_rowx_cl<" in lc.expr, lc.desc
+        vec = 8 if dtype == F16 else 4
+        nsv = -(-(dims[1] + vec - 1) // vec)
+        fits = [c for c in N.ROWX_BWD_CL if -(-nsv // (N.ROWX_BWD_ITEMS * c)) <= cap]
+        want = fits[0] if fits else next(c for c in N.ROWX_BWD_CL if -(-nsv // (N.ROWX_BWD_ITEMS * c)) <= 512)
+        assert f" cl={want}" in lc.desc and lc.block[0] <= (cap if fits else 512), lc.desc
+        for operand in (0, 1, 2):
+            addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
+            assert sorted(addr.tolist()) == list(range(dims[0] * dims[1]))

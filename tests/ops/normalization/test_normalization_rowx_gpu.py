@@ -25,8 +25,9 @@ ROWX_CASES = [  # kind, dims, layout; the planner's rowx ITEMS by element size (
     (LAYER, (6, 100), (103, 1), {4: 4, 2: 4}),         # padded rows, stride 103: every row offset
     (LAYER, (3, 27723), "nchw", {4: 8, 2: 4}),         # fp32: 8 vectors per thread
     (RMS, (2, 38005), "nchw", {4: 8, 2: 8}),           # 16-bit: 8 per thread; fp32: a cluster of 2 (sm_90)
-    (LAYER, (3, 39856), "nchw", {4: None, 2: 8}),      # a multiple of 8 beyond fwd_rows' blocks
-    (RMS, (1, 65536), "nchw", {4: None, 2: 8}),        # the largest 16-bit row (fp32: whole vectors, few rows)
+    (LAYER, (3, 39856), "nchw", {4: None, 2: None}),   # whole vectors, fewer rows than SMs: the 8-block cluster
+    (RMS, (1, 65536), "nchw", {4: None, 2: None}),     # the largest row, whole vectors, one row: the same
+    (LAYER, (140, 39856), "nchw", {4: 8, 2: 8}),       # whole vectors beyond fwd_rows' blocks, many rows
     (LAYER, (2, 64254), "nchw", {4: 8, 2: 8}),          # fp32: a cluster of 2
 ]
 
@@ -90,9 +91,9 @@ BWD_CASES = [  # kind, dims, layout, whether bwd_rowx serves it by element size
     (LAYER, (5, 6830), "nchw", {4: True, 2: True}),     # 16-bit: period 4; fp32: period 2
     (RMS, (4, 4231), "nchw", {4: True, 2: True}),
     (LAYER, (6, 100), (103, 1), {4: True, 2: True}),    # stride 103: period 4 / 8
-    (LAYER, (3, 12345), "nchw", {4: True, 2: True}),    # fp32: beyond 512 x 4 vectors: clusters of 2
-    (LAYER, (2, 30693), "nchw", {4: True, 2: True}),    # clusters of 2 (16-bit) / 4 (fp32)
-    (RMS, (1, 64254), "nchw", {4: True, 2: True}),      # clusters of 4 (16-bit) / 8 (fp32)
+    (LAYER, (3, 12345), "nchw", {4: True, 2: True}),    # fp32: beyond 512 x 4 vectors: clusters of 4 x 256
+    (LAYER, (2, 30693), "nchw", {4: True, 2: True}),    # clusters of 4 (16-bit) / 8 (fp32) blocks of 256
+    (RMS, (1, 64254), "nchw", {4: True, 2: True}),      # clusters of 8: blocks of 256 (16-bit) / 512 (fp32)
     (LAYER, (64, 4096), "nchw", {4: False, 2: False}),  # whole vectors: the existing kernels
 ]
 
@@ -120,3 +121,15 @@ def test_rowx_backward_walks_many_rows(handle, rng, monkeypatch, dtype):
         assert alts[0][0].startswith("bwd_rowx"), alts
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rowx_backward_cluster_blocks(handle, rng, monkeypatch, dtype):
+    """bwd_rowx_cl with ROWX_BWD_CL_BLOCK 512 (smaller clusters of larger blocks) as well as the default."""
+    for cap in (512, 256):
+        monkeypatch.setattr(tuning.norm, "ROWX_BWD_CL_BLOCK", cap)
+        for kind, dims in ((LAYER, (5, 12345)), (RMS, (3, 30693))):
+            x = _tensor(dims, "nchw", dtype)
+            alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+            assert alts[0][0].startswith("bwd_rowx") and " cl=" in alts[0][0], alts
+            _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
