@@ -144,9 +144,13 @@ __device__ __forceinline__ void fwd_rowx_body(const NormParams& p) {
       if (vi >= nsv) continue;
       float f[VEC];
       rows_get<T, VEC>(v[k], f);
+      if (lo > 0 || hi < VEC)  // an edge vector: the other rows' elements count nothing
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (e < lo || e >= hi) f[e] = c;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const float d = (e >= lo && e < hi) ? f[e] - c : 0.0f;
+        const float d = f[e] - c;
         sq[0] += d;
         sq[1] = fmaf(d, d, sq[1]);
       }
@@ -166,9 +170,13 @@ __device__ __forceinline__ void fwd_rowx_body(const NormParams& p) {
       if (vi >= nsv) continue;
       float f[VEC];
       rows_get<T, VEC>(v[k], f);
+      if (lo > 0 || hi < VEC)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (e < lo || e >= hi) f[e] = 0.0f;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const float q = (e >= lo && e < hi) ? f[e] : 0.0f;
+        const float q = f[e];
         s1[0] = rms ? fmaf(q, q, s1[0]) : s1[0] + q;
       }
     }
@@ -185,9 +193,13 @@ __device__ __forceinline__ void fwd_rowx_body(const NormParams& p) {
         if (vi >= nsv) continue;
         float f[VEC];
         rows_get<T, VEC>(v[k], f);
+        if (lo > 0 || hi < VEC)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e)
+            if (e < lo || e >= hi) f[e] = mean;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float d = (e >= lo && e < hi) ? f[e] - mean : 0.0f;
+          const float d = f[e] - mean;
           s2[0] = fmaf(d, d, s2[0]);
         }
       }
@@ -324,9 +336,10 @@ __device__ __forceinline__ void bwd_rowx_body(const NormParams& p) {
       float xa[VEC], d[VEC];
       rows_get<T, VEC>(bx[k], xa);
       rows_get<T, VEC>(bd[k], d);
+      if (j0 < 0 || j0 + VEC > L)  // an edge vector: the other rows' elements add nothing
 #pragma unroll
-      for (int e = 0; e < VEC; ++e)
-        if (j0 + e < 0 || j0 + e >= L) xa[e] = mean, d[e] = 0.0f;  // (other rows' elements: nothing)
+        for (int e = 0; e < VEC; ++e)
+          if (j0 + e < 0 || j0 + e >= L) xa[e] = mean, d[e] = 0.0f;
 #pragma unroll
       for (int h = 0; h < Q; ++h) {
         float w[4];
