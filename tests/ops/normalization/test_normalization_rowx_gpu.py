@@ -128,7 +128,7 @@ def test_rowx_backward_cluster_blocks(handle, rng, monkeypatch, dtype):
     """bwd_rowx_cl with ROWX_BWD_CL_BLOCK 512 (smaller clusters of larger blocks) as well as the default."""
     for cap in (512, 256):
         monkeypatch.setattr(tuning.norm, "ROWX_BWD_CL_BLOCK", cap)
-        for kind, dims in ((LAYER, (5, 12345)), (RMS, (3, 30693))):
+        for kind, dims in ((LAYER, (5, 20001)), (RMS, (3, 30693))):  # (beyond one 512 x 4 block in both sizes)
             x = _tensor(dims, "nchw", dtype)
             alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
             assert alts[0][0].startswith("bwd_rowx") and " cl=" in alts[0][0], alts
