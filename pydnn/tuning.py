@@ -207,6 +207,12 @@ norm = Switches(
                                     'the reasons: pydnn/ops/normalization.py'),
     BWD_RING_WARPSTAT=(True, "bwd_ring: a row's mean / invstd copied into the ring once per warp, not once per "
                              'thread, when G >= 32; the reasons: pydnn/ops/normalization.py'),
+    ROWX=(True, 'Layer / RMS rows of any length (`fwd_rowx`): 16-byte vectors in the row\'s aligned frame (edge '
+                'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
+                'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
+                'pydnn/ops/normalization.py'),
+    ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
+                            'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
                       'pydnn/ops/normalization.py'),
     GN_FWD=(True, 'Group norm with channels innermost (`gn_fwd` / `gn_bwd`; NHWC / channels_last): a cluster of 8 '
@@ -289,6 +295,13 @@ activation = Switches(
     "activation", 'activations (pydnn/ops/activation.py)',
     PLAIN_ACCESS=((), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream '
                       '(evict-first); the reasons: pydnn/ops/activation.py'),
+)
+
+tensor_ops = Switches(
+    "tensor_ops", 'tensor ops (pydnn/ops/tensor_ops.py)',
+    BROADCAST_ROWS=(True, 'AddTensor / OpTensor with an input broadcast as one row over the output\'s rows (a bias '
+                          '1 x H onto R x H): map_rows (the row loaded once per thread for ROWS rows, 16-byte '
+                          'vectors) instead of map_strided; the reasons: pydnn/ops/tensor_ops.py'),
 )
 
 rnn = Switches(

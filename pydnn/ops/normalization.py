@@ -55,6 +55,7 @@ threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x
 (NormParams.pf; fwd_rows has the same option, off).
 """
 import ctypes
+import math
 
 from .. import enums as E
 from .. import tuning
@@ -156,6 +157,41 @@ BWD_RING_MAX_BLOCK = 256
 # FWD_PERSIST: a switch, pydnn.tuning.norm.FWD_PERSIST (default False)
 FWD_PERSIST_CONFIGS = {2: ((4, 2, 4),), 4: ()}
 FWD_PERSIST_PICK = {"f16": (4, 2, 4), "bf16": (4, 2, 4)}
+# Layer / RMS rows of any length (`fwd_rowx`, ptx/normalization_rowx.cuh): the contiguous rows without
+# activation that fwd_rows does not take (a length that is not a multiple of the 16-byte vector, or rows of
+# more than 4 vectors per thread of a 1024-thread block), read with 16-byte vectors in the row's aligned
+# frame (row r starts (r * stride) mod VEC elements past a 16-byte boundary; the edge vectors' other
+# elements masked, their stores element by element), the parameters read at the shifted positions. G
+# threads per row, ITEMS vectors per thread: the smallest of ROWX_ITEMS whose G is at most ROWX_MAX_GROUP.
+# Rows of whole vectors fewer than the SMs keep the 8-block cluster kernel (sm_90), which spreads a row
+# over 8 SMs.
+# Why: such rows took the scalar register-tile kernel (one 1024-thread block per row of 2-byte loads),
+# the 8-block cluster kernel or gen, at 0.39-0.80x PyTorch in the issue-20 sweep (H200).
+# ROWX: a switch, pydnn.tuning.norm.ROWX (default True)
+ROWX_ITEMS = (4, 8)
+ROWX_MAX_GROUP = 1024              # fwd_rowx's __launch_bounds__(1024)
+# The backward of the rows whose length is not a multiple of the vector (`bwd_rowx`; whole-vector rows keep
+# bwd_ring / bwd_rows / the staged and register-tile kernels): blocks of one alignment class (rows whose
+# offset from a 16-byte boundary is the same, so that each thread keeps the same positions in every row),
+# ROWX_BWD_ITEMS vectors of x and dy per thread in registers, the dscale / dbias partials in the threads'
+# own shared-memory slots (block * ITEMS * 2 * VEC floats), a persistent grid evened out per class, rows of
+# at most ROWX_BWD_MAX_BLOCK * ITEMS vectors (16K 16-bit / 8K fp32 elements; longer ones: gen).
+ROWX_BWD_ITEMS = 4
+ROWX_BWD_MAX_BLOCK = 512           # bwd_rowx's __launch_bounds__(512)
+ROWX_BWD_REGS = 128
+# Rows beyond one block (sm_90): fwd_rowx_cl, a cluster of ROWX_FWD_CL 1024-thread blocks of ROWX_ITEMS[-1]
+# vectors per thread per row (fp32 rows up to 64K); bwd_rowx_cl, clusters of the smallest CL of ROWX_BWD_CL
+# whose blocks hold the row (up to 64K elements); the statistics / row sums added over the cluster through
+# distributed shared memory, one workspace slot per cluster.
+ROWX_FWD_CL = 2
+ROWX_BWD_CL = (2, 4, 8)
+# ROWX_BWD_CL_BLOCK: bwd_rowx_cl's blocks are at most this many threads when a cluster of ROWX_BWD_CL holds
+# the row so (else up to ROWX_BWD_MAX_BLOCK). Why 256: the H200 mid-session run (tools/bench_rows.py,
+# 2026-11-28) had LN fp16 2402 x 34823 at 0.62x PyTorch (573 GB/s) on clusters of 4 blocks of 512 threads:
+# one block per SM (127 registers, 128 KiB of partials), each cluster walking its rows with one row's loads
+# in flight and none during the reduction / cluster barrier / stores; blocks of 256 in clusters of 8 put two
+# blocks (two rows' phases) on each SM. Not yet measured: 512 is the previous choice.
+# ROWX_BWD_CL_BLOCK: a switch, pydnn.tuning.norm.ROWX_BWD_CL_BLOCK (default 256)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -270,6 +306,22 @@ def _rows_expr(tag, vec, items, rows, one):
     return f"pydnn::norm::fwd_rows<{CTYPE[tag]}, {vec}, {items}, {rows}, {'true' if one else 'false'}>"
 
 
+def _rowx_expr(tag, vec, items, cl=1):
+    if cl > 1:
+        return f"pydnn::norm::fwd_rowx_cl<{CTYPE[tag]}, {vec}, {items}, {cl}>"
+    return f"pydnn::norm::fwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
+
+
+def _finish_rowx_expr(shape):
+    return f"pydnn::norm::finish_rowx<{shape[0]}, {shape[1]}>"
+
+
+def _rowx_bwd_expr(tag, vec, items, cl=1):
+    if cl > 1:
+        return f"pydnn::norm::bwd_rowx_cl<{CTYPE[tag]}, {vec}, {items}, {cl}>"
+    return f"pydnn::norm::bwd_rowx<{CTYPE[tag]}, {vec}, {items}>"
+
+
 def _bwd_ring_expr(tag, vec, items, depth, cl=1):
     if cl > 1:
         return f"pydnn::norm::bwd_ring_cl<{CTYPE[tag]}, {vec}, {items}, {depth}, {cl}>"
@@ -329,8 +381,18 @@ def _unit_exprs(tag):
     return tuple(exprs)
 
 
+def _rowx_unit_exprs(tag):
+    v = vec_width(tag, tag)
+    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
+                 [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
+                 [_finish_rowx_expr(FINISH_SHAPES[-1])])
+
+
 def kernel_units():
-    return [KernelUnit(f"normalization.{t}", "normalization.cu", _unit_exprs(t)) for t in TAGS]
+    # normalization.rowx.<t>: the rowx kernels in a unit of their own (see ptx/normalization_rowx.cu; their
+    # launches name it: _Launch.unit)
+    return [KernelUnit(f"normalization.{t}", "normalization.cu", _unit_exprs(t)) for t in TAGS] + \
+        [KernelUnit(f"normalization.rowx.{t}", "normalization_rowx.cu", _rowx_unit_exprs(t)) for t in TAGS]
 
 
 # ----------------------------------------------------------------------------- the descriptor
@@ -537,7 +599,7 @@ def _fill(p, sets, els, n_sets, length, nparams):
 
 
 class _Launch:
-    __slots__ = ("expr", "params", "argv", "grid", "block", "smem", "func", "desc")
+    __slots__ = ("expr", "params", "argv", "grid", "block", "smem", "func", "desc", "unit")
 
 
 class _Plan:
@@ -550,7 +612,7 @@ class _Plan:
 def _new_launch(expr, params, grid, block, smem=0, desc=""):
     lc = _Launch()
     lc.expr, lc.params, lc.grid, lc.block, lc.smem, lc.desc = expr, params, grid, block, smem, desc
-    lc.func = None
+    lc.func = lc.unit = None  # unit None: the plan's (normalization.<dtype>)
     return lc
 
 
@@ -717,6 +779,52 @@ def _rows_alt(handle, nd, tag, geo, vec):
                              f"grid={grid}" + (f" pf={p.pf}" if p.pf else ""))]
 
 
+def _rowx_layout(nd, geo, vec):
+    """Contiguous layer / RMS rows without activation (any length) whose x and y row strides agree mod vec
+    (every operand's row then starts at the same offset from a 16-byte boundary)."""
+    sets, els, n_sets, length, nparams = geo
+    if nd.kind not in LAYERLIKE or nd.act_id or len(sets) != 1 or sets[0][2] != 0 or vec < 4:
+        return False
+    if not (len(els) == 1 and all(s == 1 for s in els[0][1]) and els[0][2] == 1 and nparams == length):
+        return False
+    st = sets[0][1]
+    return all(s >= 0 for s in st[:3]) and st[0] % vec == st[1] % vec == st[2] % vec
+
+
+def _rowx_alt(handle, nd, tag, geo, vec):
+    """fwd_rowx for contiguous layer / RMS rows without activation of any length, or None."""
+    sets, els, n_sets, length, nparams = geo
+    if not _rowx_layout(nd, geo, vec) or length >= 2**31 - 64:
+        return None
+    whole = sets[0][1][0] % vec == 0 and length % vec == 0
+    if whole and n_sets < handle.sm_count and _arch_num(handle) >= 90:
+        return None  # fewer long rows than SMs: the cluster kernel spreads each over 8 SMs
+    nsv = length // vec if whole else cdiv(length + vec - 1, vec)
+    cl = 1
+    for items in ROWX_ITEMS:
+        g = next_pow2(max(1, cdiv(nsv, items)))
+        if g <= ROWX_MAX_GROUP:
+            break
+    else:
+        items, cl = ROWX_ITEMS[-1], ROWX_FWD_CL
+        g = max(MIN_BLOCK, next_pow2(max(1, cdiv(nsv, items * cl))))
+        if g > ROWX_MAX_GROUP or _arch_num(handle) < 90:
+            return None
+    block = max(g, MIN_BLOCK)
+    grid = cdiv(n_sets, block // g) * cl
+    if grid > MAX_GRID:
+        return None
+    p = _base_params(nd, sets, els, n_sets, length, nparams, False)
+    p.group = g
+    if "fwd_rows" in tuning.norm.STREAM:
+        p.flags |= FLAG_STREAM
+    lc = _new_launch(_rowx_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1),
+                     desc=f"fwd_rowx vec={vec} G={g} block={block} items={items} grid={grid}"
+                          + (f" cl={cl}" if cl > 1 else ""))
+    lc.unit = f"normalization.rowx.{tag}"
+    return [lc]
+
+
 def _pf_blocks(kernel, block_bytes, grid):
     """NormParams.pf for `kernel`: PF_BYTES[kernel] of x ahead, in blocks that read block_bytes each (0: off, or
     nothing that far ahead in this grid)."""
@@ -865,6 +973,7 @@ def _gn_bwd_alt(handle, nd, tag, geo, vec):
 def _fwd_alt(handle, nd, tag, geo, vec):
     if vec > 1:
         r = _first_alt(((tuning.norm.GN_REG, _gn_reg_alt), (tuning.norm.GN_FWD, _gn_alt), (tuning.norm.FWD_PERSIST, _persist_alt), (tuning.norm.ROWS_FWD, _rows_alt),
+                        (tuning.norm.ROWX, _rowx_alt),
                         (tuning.norm.STAGED_FWD, _fwd_staged_alt)), handle, nd, tag, geo, vec)
         if r is not None:
             return r
@@ -985,6 +1094,54 @@ def _gen_alt(handle, nd, tag, geo, backward):
     return [zero, main, _finish_launch(nd, geo, 1)], 2 * nparams * 4
 
 
+def _rowx_only_ok(nd, geo, vec, backward):
+    """Rows whose vector launch only the rowx kernels serve (their length is not a multiple of vec)."""
+    return tuning.norm.ROWX and _rowx_layout(nd, geo, vec)
+
+
+def _rowx_bwd_only(handle, nd, tag, geo, vec):
+    """([bwd_rowx, finish], workspace bytes) for contiguous layer / RMS rows without activation of any
+    length (the backward's vector launch when the rows are not whole vectors), or None."""
+    sets, els, n_sets, length, nparams = geo
+    if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec) or length >= 2**31 - 64:
+        return None
+    sx = sets[0][1][0]
+    nsv = length // vec if sx % vec == 0 and length % vec == 0 else cdiv(length + vec - 1, vec)
+    items, cl = ROWX_BWD_ITEMS, 1
+    g = next_pow2(max(1, cdiv(nsv, items)))
+    if g > ROWX_BWD_MAX_BLOCK:
+        if _arch_num(handle) < 90:
+            return None
+        cap = tuning.norm.ROWX_BWD_CL_BLOCK  # (the largest cluster block that keeps 2 blocks per SM)
+        cl = next((c for c in ROWX_BWD_CL if cdiv(nsv, items * c) <= cap), 0) or \
+            next((c for c in ROWX_BWD_CL if cdiv(nsv, items * c) <= ROWX_BWD_MAX_BLOCK), 0)
+        if not cl:
+            return None
+        g = max(MIN_BLOCK, next_pow2(cdiv(nsv, items * cl)))
+    block = max(g, MIN_BLOCK)
+    spb = block // g
+    smem = block * items * 2 * vec * 4  # the dscale / dbias partials, per thread
+    if smem > SMEM_BLOCK_MAX:
+        return None
+    period = vec // math.gcd(sx % vec, vec)  # rows per alignment class cycle (gcd(0, vec) = vec: 1)
+    bpsm = _resident(block, smem, ROWX_BWD_REGS)
+    want = max(1, cdiv(cdiv(n_sets, period), spb))  # blocks (clusters) per class
+    cap = min(max(1, handle.sm_count * bpsm // (period * cl)), MAX_GRID // (period * cl))
+    per = cdiv(want, cdiv(want, cap))
+    grid, slots = per * period * cl, per * period * spb
+    p = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    p.group, p.pf = g, period
+    bwd = _new_launch(_rowx_bwd_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1), smem,
+                      desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}"
+                           + (f" cl={cl}" if cl > 1 else ""))
+    fin = _finish_launch(nd, geo, slots)
+    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])  # (finish's copy in the rowx unit: one unit to load)
+    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    bwd.unit = fin.unit = f"normalization.rowx.{tag}"
+    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    return [bwd, fin], slots * 2 * nparams * 4
+
+
 def _configs(handle, nd, tag, geo, backward):
     """(alternatives, vec_first, workspace bytes). Fast kernels when the layout is two-level and the set
     fits: the vector launch (when the strides allow 16-byte accesses) first, then the scalar one; gen
@@ -994,11 +1151,15 @@ def _configs(handle, nd, tag, geo, backward):
     alts, ws = [], 0
     two = _inner(els, length) is not None and length < 2**31
     vector = two and _vector_ok(sets, els, length, vec_width(tag, tag))
+    # rows of any length: the rowx kernels' vector launch (only theirs: the others need whole vectors per row)
+    rowx = two and not vector and _rowx_only_ok(nd, geo, vec_width(tag, tag), backward)
     got_vector = False
-    for v in ((vec_width(tag, tag), 1) if vector else (1,)) if two else ():
+    for v in ((vec_width(tag, tag), 1) if vector or rowx else (1,)) if two else ():
         if backward:
-            r = _bwd_alt(handle, nd, tag, geo, v)
+            r = _bwd_alt(handle, nd, tag, geo, v) if not (rowx and v > 1) else _rowx_bwd_only(handle, nd, tag, geo, v)
             a, w = r if r is not None else (None, 0)
+        elif rowx and v > 1:
+            a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0
         else:
             a, w = _fwd_alt(handle, nd, tag, geo, v), 0
         if a is None:
@@ -1068,11 +1229,15 @@ def _get_plan(handle, direction, nd, x, out, dy, sb, st, named, out_names, need_
     return pl
 
 
-def _load(handle, pl, key):
-    for alt in pl.alternatives:
+def _load(handle, pl, key, alts=None):
+    """Load the launches' kernels (`alts`: those alternatives; default: every one, but only the first of a
+    split-kernel plan, whose other alternative, for unaligned pointers, _run loads when it first takes it)."""
+    if alts is None:
+        alts = pl.alternatives[:1] if pl.alternatives[0][0].unit is not None else pl.alternatives
+    for alt in alts:
         for lc in alt:
             if lc.func is None:
-                lc.func = handle.function(pl.unit, lc.expr)
+                lc.func = handle.function(lc.unit or pl.unit, lc.expr)
                 if lc.smem > 32 * 1024:  # (static shared memory counts towards the 48 KiB default too)
                     driver.function_set_max_dynamic_smem(lc.func, lc.smem)
     if key is not None:
@@ -1106,7 +1271,12 @@ def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stat
         m = 0
         for q in data_ptrs:  # a loop, not all(<generator>): no Python frame per pointer
             m |= q
-        alt = alts[0] if m % 16 == 0 else alts[-1]
+        if m % 16 == 0:
+            alt = alts[0]
+        else:
+            alt = alts[-1]
+            if alt[0].func is None:  # (a split-kernel plan's fallback: loaded on first use)
+                _load(handle, pl, None, (alt,))
     for lc in alt:
         p = lc.params
         for name, v in fields.items():

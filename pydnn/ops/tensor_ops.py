@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import FLAG_NAN_PROP, MapParams
 from .._cuda import driver
@@ -51,6 +52,15 @@ MAX_GRID_YZ = 65535  # grid.y / grid.z limit
 # The tiled transpose serves dense dims of at least this many elements on both sides; with fewer (NHWC
 # with 3 channels, say) most of a tile would idle and the generic strided map does better.
 MIN_TRANSPOSE_EXTENT = 16
+# Rows with a broadcast row (map_rows in ptx/tensor_ops.cu; AddTensor's bias 1 x H onto R x H, OpTensor with
+# such an input): blocks of ROWS_THREADS threads as tr x tc (tc covering the row's vectors), ROWS rows per
+# thread, the broadcast row's vector loaded once for them, 16-byte vectors, streaming loads / stores of the
+# other operands. Why: map_strided (offsets from coordinates per element, the bias re-read per element)
+# ran at 0.42-0.46x PyTorch on bf16 / fp16 bias adds in the issue-20 sweep (H200).
+# BROADCAST_ROWS: a switch, pydnn.tuning.tensor_ops.BROADCAST_ROWS (default True)
+ROWS_THREADS, ROWS_ROWS = 128, 4
+ROWS_OPS = ("pydnn::tensor::Scaled", "pydnn::tensor::OpAdd", "pydnn::tensor::OpMul")
+ROWS_TAGS = ("f32", "f16", "bf16")  # (double keeps map_strided: its instantiations are first-use ones)
 
 
 def transpose_exprs(op, ti, to):
@@ -58,6 +68,39 @@ def transpose_exprs(op, ti, to):
     ci, co = ew.CTYPE[ti], ew.CTYPE[to]
     return (f"pydnn::tensor::transpose<{ci}, {co}, {op}, true>",
             f"pydnn::tensor::transpose<{ci}, {co}, {op}, false>")
+
+
+def rows_expr(op, t):
+    """map_rows for op on type t (16-byte vectors)."""
+    return (f"pydnn::tensor::map_rows<{ew.CTYPE[t]}, {ew.CTYPE[t]}, {op}, {ew.vec_width(t, t)}, {ROWS_THREADS}, "
+            f"{ROWS_ROWS}>")
+
+
+def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
+    """Route a prepared map whose problem is rows with a broadcast row to map_rows (16-byte aligned
+    pointers; map_strided stays the launch for the others). Returns pr."""
+    if not tuning.tensor_ops.BROADCAST_ROWS or op not in ROWS_OPS or t not in ROWS_TAGS:
+        return pr
+    ndim, sizes, strides, dense = ew.plan(c_desc.dims, c_desc.strides, tuple((d.dims, d.strides) for d in in_descs))
+    vec = ew.vec_width(t, t)
+    if dense or ndim != 2 or sizes[1] % vec:
+        return pr
+    if any(st[1] != 1 or st[0] < 0 or st[0] % vec for st in strides) or strides[0][0] == 0:
+        return pr
+    if not any(st[0] == 0 for st in strides[1:]):
+        return pr
+    hv = sizes[1] // vec
+    tc = 1
+    while tc < hv and tc < ROWS_THREADS:
+        tc *= 2
+    grid = -(-hv // tc) * -(-sizes[0] // (ROWS_THREADS // tc * ROWS_ROWS))
+    if grid > 2**31 - 1 or hv >= 2**31:
+        return pr
+    pr.vec_func = handle.function(f"tensor_ops.rows.{t}", rows_expr(op, t))
+    pr.vec_grid, pr.vec_block = (grid, 1, 1), (ROWS_THREADS, 1, 1)
+    pr.in_masks = pr.out_mask = 15
+    pr.crec = None
+    return pr
 
 
 def kernel_units():
@@ -71,6 +114,9 @@ def kernel_units():
             for op in (SCALED, *OPS.values()):
                 exprs += ew.map_exprs(op, t)
         units.append(KernelUnit(f"tensor_ops.{t}", "tensor_ops.cu", tuple(exprs)))
+        if t in ROWS_TAGS:  # map_rows: a unit of its own (ptx/tensor_ops_rows.cu)
+            units.append(KernelUnit(f"tensor_ops.rows.{t}", "tensor_ops_rows.cu",
+                                    tuple(rows_expr(op, t) for op in ROWS_OPS)))
     for ti in ALL_TAGS:
         exprs = []
         for to in ALL_TAGS:
@@ -217,7 +263,8 @@ def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN
         device_ptr(A, "A", a_desc.span_bytes())
         device_ptr(C, "C", c_desc.span_bytes())
         t = TAG[c_desc.dtype]
-        return ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, c_desc, (a_desc,))
+        pr = ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, c_desc, (a_desc,))
+        return _broadcast_rows(handle, f"tensor_ops.{t}", SCALED, t, pr, c_desc, (a_desc,))
 
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
     be = beta if type(beta) is float else scalar("beta", beta)
@@ -328,8 +375,9 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
         device_ptr(C, "C", c_desc.span_bytes())
         t = TAG[c_desc.dtype]
         flags = FLAG_NAN_PROP if d.nan_opt == E.PYDNN_PROPAGATE_NAN else 0
-        return ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
-                              flags=flags)
+        pr = ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
+                            flags=flags)
+        return _broadcast_rows(handle, f"tensor_ops.{t}", OPS[d.op], t, pr, c_desc, tuple(x for x, _ in ins))
 
     a1 = alpha1 if type(alpha1) is float else scalar("alpha1", alpha1)
     a2 = alpha2 if type(alpha2) is float else scalar("alpha2", alpha2)

@@ -404,6 +404,7 @@ def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", True)
     monkeypatch.setattr(tuning.norm, "ROWS_FWD", False)
+    monkeypatch.setattr(tuning.norm, "ROWX", False)
     monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
     monkeypatch.setattr(tuning.norm, "GN_FWD", False)
     monkeypatch.setattr(tuning.norm, "GN_REG", False)
@@ -516,6 +517,90 @@ def _emulate_rows(p, lc, operand):
                     addr.append(first * stride + r * stride + vi * vec + j)
                     pars.append(vi * vec + j)
                     sets.append(np.full(len(vi), row))
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
+def _emulate_rowx(p, lc, operand):
+    """fwd_rowx: block b, group sub -> row b * (block / G) + sub; the row's aligned frame: a = (row * x's
+    stride) mod vec (every operand's stride agrees mod vec), vectors vi = lane + k * G < ceil((a + len) /
+    vec) at row * stride - a + vi * vec (16-byte aligned), element e at position vi * vec + e - a, kept
+    when in [0, len); parameters 1:1 with the position, statistics at row * stats stride."""
+    args = [int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:]]
+    vec, items, cl = args[0], args[1], (args[2] if "fwd_rowx_cl" in lc.expr else 1)
+    G, L = p.group, p.len
+    assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
+    assert lc.block[0] % G == 0 and G & (G - 1) == 0 and G <= lc.block[0] <= N.ROWX_MAX_GROUP
+    spb = lc.block[0] // G
+    if cl > 1:  # fwd_rowx_cl: one row per cluster of cl blocks, rank r holding vectors lane + (k * cl + r) * G
+        assert spb == 1 and lc.grid[0] == p.sets * cl
+    else:
+        assert lc.grid[0] * spb >= p.sets > (lc.grid[0] - 1) * spb
+    stride = p.set_stride[operand if operand < 2 else 2][0]
+    assert all(p.set_stride[k][0] % vec == p.set_stride[0][0] % vec for k in range(3))
+    vi_all = np.concatenate([(np.arange(G)[:, None] + (np.arange(items)[None, :] * cl + r) * G).ravel()
+                             for r in range(cl)])  # (the cluster's blocks together)
+    assert sorted(vi_all.tolist()) == list(range(G * items * cl))
+    addr, sets, pars, stats = [], [], [], []
+    for row in range(p.sets):
+        a = (row * p.set_stride[0][0]) % vec
+        nsv = (a + L + vec - 1) // vec
+        vi = vi_all[vi_all < nsv]
+        start = row * stride - a
+        assert start % vec == 0, "an aligned vector"
+        stats.append(row * p.set_stride[3][0])
+        for e in range(vec):
+            j = vi * vec + e - a
+            keep = (j >= 0) & (j < L)
+            addr.append(start + vi[keep] * vec + e)
+            pars.append(j[keep])
+            sets.append(np.full(int(keep.sum()), row))
+    return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
+
+
+def _emulate_bwd_rowx(p, lc, operand, pl):
+    """bwd_rowx: block b takes alignment class c = b mod P (P = p.pf, the period of (row * stride) mod vec),
+    its group sub the class's rows c + P * t, t = (b / P) * spb + sub + i * (grid / P) * spb; a = (c *
+    stride) mod vec for all of them (checked: the same for every row of the class, so a thread keeps the
+    same positions), the aligned frame of fwd_rowx; the group's slot b * spb + sub owns every position
+    once (the partials' ownership), the workspace holds grid * spb slots."""
+    args = [int(a) for a in lc.expr.split("<")[1].rstrip(">").split(",")[1:]]
+    vec, items, cl = args[0], args[1], (args[2] if "bwd_rowx_cl" in lc.expr else 1)
+    G, L, P = p.group, p.len, p.pf
+    assert p.set_ndim == 1 and p.el_ndim == 1 and p.el_pstride[0] == 1 and p.set_pstride[0] == 0
+    assert G & (G - 1) == 0 and lc.block[0] == max(G, N.MIN_BLOCK) <= N.ROWX_BWD_MAX_BLOCK
+    units = lc.grid[0] // cl  # blocks, or clusters of cl blocks (one group each: G = block)
+    assert lc.grid[0] % cl == 0 and units % P == 0 and lc.smem == lc.block[0] * items * 2 * vec * 4
+    assert cl == 1 or G == lc.block[0]
+    spb, m = lc.block[0] // G, units // P
+    assert pl.workspace >= units * spb * 2 * p.nparams * 4
+    assert [a[-1].desc for a in pl.alternatives if a[0] is lc] == [f"finish slots={units * spb}"]
+    sx = p.set_stride[0][0]
+    assert all(p.set_stride[k][0] % vec == sx % vec for k in range(3))
+    stride = p.set_stride[operand][0]
+    vi_all = np.concatenate([(np.arange(G)[:, None] + (np.arange(items)[None, :] * cl + r) * G).ravel()
+                             for r in range(cl)])  # (a cluster's blocks together)
+    addr, sets, pars, stats = [], [], [], []
+    for b in range(units):
+        cls, bi = b % P, b // P
+        a = (cls * sx) % vec
+        nsv = (a + L + vec - 1) // vec
+        vi = vi_all[vi_all < nsv]
+        own = (vi[:, None] * vec + np.arange(vec) - a).ravel()
+        assert sorted(own[(own >= 0) & (own < L)].tolist()) == list(range(L))  # the slot: every position once
+        nrows = (p.sets - cls + P - 1) // P if cls < p.sets else 0
+        for sub in range(spb):
+            t = bi * spb + sub
+            while t < nrows:
+                row = cls + P * t
+                assert (row * sx) % vec == a
+                stats.append(row * p.set_stride[3][0])
+                for e in range(vec):
+                    j = vi * vec + e - a
+                    keep = (j >= 0) & (j < L)
+                    addr.append(row * stride - a + vi[keep] * vec + e)
+                    pars.append(j[keep])
+                    sets.append(np.full(int(keep.sum()), row))
+                t += m * spb
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
@@ -654,6 +739,9 @@ LAYOUTS = [  # kind, groups, normalized dims, dims, strides of x / out / dy (Non
     (LAYER, 0, 1, (37, 48), (56, 1), (64, 1)),           # fwd_rows: padded rows, x and y strides differ
     (RMS, 0, 2, (3, 11, 4, 128), None, None),            # fwd_rows: merged set dims, 512-element rows
     (LAYER, 0, 1, (5, 37), (41, 1), (37, 1)),            # padded rows, odd length
+    (LAYER, 0, 1, (9, 37), None, None),                  # fwd_rowx: odd length, several rows per block
+    (RMS, 0, 1, (6, 100), (103, 1), (103, 1)),           # fwd_rowx: stride 103, every row offset
+    (LAYER, 0, 1, (2, 27723), None, None),               # fwd_rowx: 8 vectors per thread (fp32)
     (LAYER, 0, 2, (3, 5, 8), (60, 12, 1), None),         # padded trailing dims: two levels
     (LAYER, 0, 2, (3, 5, 8), (40, 1, 5), None),          # transposed trailing dims
     (RMS, 0, 1, (4, 3, 64), None, "nhwc"),
@@ -747,13 +835,17 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
         for lc in alt:
             p = lc.params
             kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
-            if kname in ("finish", "zero"):
+            if kname in ("finish", "finish_rowx", "zero"):
                 continue
             for operand, desc in ((0, x), (1, y)) + (((2, y),) if backward else ()):
                 if kname.startswith("gen"):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
+                elif kname in ("fwd_rowx", "fwd_rowx_cl"):
+                    addr, sset, spar, stats = _emulate_rowx(p, lc, operand)
+                elif kname in ("bwd_rowx", "bwd_rowx_cl"):
+                    addr, sset, spar, stats = _emulate_bwd_rowx(p, lc, operand, pl)
                 elif kname in ("gn_fwd", "gn_bwd"):
                     addr, sset, spar, stats = _emulate_gn(p, lc, operand, pl)
                 elif kname in ("gn_reg", "gn_reg_cl"):
@@ -775,8 +867,8 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
                 assert (want_set.ravel()[which] == sset).all(), f"{lc.desc}: set"
                 assert (want_par.ravel()[which] == spar).all(), f"{lc.desc}: parameter"
                 assert sorted(stats) == sorted(st_addr.tolist()), f"{lc.desc}: stats"
-            if kname.startswith("bwd") and not kname.startswith("gen"):
-                _check_partial_modes(lc, pl)
+            if kname.startswith("bwd") and not kname.startswith("gen") and not kname.startswith("bwd_rowx"):
+                _check_partial_modes(lc, pl)  # (bwd_rowx: its slot ownership is checked in its emulation)
 
 
 def _check_partial_modes(lc, pl):
@@ -943,3 +1035,51 @@ def test_l2_prefetch_distance(monkeypatch):
         assert launch(_nd(GROUP, 32), gn).params.pf == gn_pf, nbytes
         assert launch(_nd(GROUP, 32), gn_sm).params.pf == gn_sm_pf, nbytes
         assert launch(_nd(LAYER), _desc((3, 4096), BF16)).params.pf == short_pf, nbytes  # (3 blocks)
+
+
+@pytest.mark.parametrize("dims,strides,dtype", [((300, 37), None, BF16), ((41, 1001), None, F32),
+                                                ((70, 100), (103, 1), BF16), ((9, 4231), None, F16),
+                                                ((5, 12345), None, F32), ((3, 40275), None, F32),
+                                                ((2, 30693), None, F16), ((1, 64254), None, BF16)])
+def test_rowx_walks_with_few_sms(dims, strides, dtype):
+    """fwd_rowx / bwd_rowx on a 1-SM handle (bwd_rowx's groups then walk many rows of their class): every
+    element once, at its row's address, with its parameter (the emulations above)."""
+    h = cpu_handle()
+    h.sm_count = 1
+    nd = _nd(RMS if dims[1] % 2 else LAYER)
+    x = _desc(dims, dtype, strides) if strides else _desc(dims, dtype)
+    for backward in (False, True):
+        pl = N._plan(h, nd, x, x, x if backward else None, _params(x, nd)[1], backward)
+        lc = pl.alternatives[0][0]
+        assert "bwd_rowx" in lc.expr if backward else "fwd_rowx" in lc.expr, lc.desc
+        if backward:  # one block (cluster) per alignment class: its groups walk every row
+            assert lc.grid[0] == lc.params.pf * (int(lc.expr.split(",")[3].rstrip(">")) if "_cl<" in lc.expr else 1)
+        for operand in ((0, 1, 2) if backward else (0, 1)):
+            emu = _emulate_bwd_rowx(lc.params, lc, operand, pl) if backward else _emulate_rowx(lc.params, lc, operand)
+            addr, sset, spar, _ = emu
+            st = strides[0] if strides else dims[1]
+            want_addr = (np.arange(dims[0])[:, None] * st + np.arange(dims[1])[None, :]).ravel()
+            assert sorted(addr.tolist()) == sorted(want_addr.tolist())
+            assert ((addr - sset * st) == spar).all()
+
+
+@pytest.mark.parametrize("cap", [256, 512])
+def test_rowx_backward_cluster_block_cap(cap, monkeypatch):
+    """ROWX_BWD_CL_BLOCK: bwd_rowx_cl's blocks at most `cap` threads when a cluster of 2 / 4 / 8 so holds the
+    row, else up to 512; every element once (the emulation)."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_CL_BLOCK", cap)
+    h = cpu_handle()
+    for dims, dtype in (((3, 34823), F16), ((2, 12345), F32), ((1, 64254), F32)):
+        x = _desc(dims, dtype)
+        nd = _nd(LAYER)
+        pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
+        lc = pl.alternatives[0][0]
+        assert "bwd_rowx_cl<" in lc.expr, lc.desc
+        vec = 8 if dtype == F16 else 4
+        nsv = -(-(dims[1] + vec - 1) // vec)
+        fits = [c for c in N.ROWX_BWD_CL if -(-nsv // (N.ROWX_BWD_ITEMS * c)) <= cap]
+        want = fits[0] if fits else next(c for c in N.ROWX_BWD_CL if -(-nsv // (N.ROWX_BWD_ITEMS * c)) <= 512)
+        assert f" cl={want}" in lc.desc and lc.block[0] <= (cap if fits else 512), lc.desc
+        for operand in (0, 1, 2):
+            addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
+            assert sorted(addr.tolist()) == list(range(dims[0] * dims[1]))

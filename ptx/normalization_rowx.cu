@@ -1,0 +1,474 @@
+// Layer / RMS norm rows of any length (`rowx`), a unit of its own (normalization.rowx.<t>, home
+// normalization.<t>: the planner names the family's unit): normalization.cu is included for its helpers
+// (Frag, load_once, store_out, rows_get, rows_sum; templates, nothing instantiated here but what the unit's
+// name expressions ask for), so that adding these kernels neither changes nor recompiles the family's unit.
+//
+// fwd_rows and bwd_rows need rows whose length is a multiple of the 16-byte vector (every row then starts
+// 16-byte aligned) and fwd_rows rows of at most 4 vectors per thread of a 1024-thread block. The rowx
+// kernels read any contiguous row with 16-byte vectors in the row's ALIGNED FRAME: row r starts a = (r *
+// row stride) mod VEC elements past a 16-byte boundary (x's base is 16-byte aligned: the host's vector
+// alternative), so the row is covered by nsv = ceil((a + len) / VEC) aligned vectors, vector vi holding the
+// positions j = vi * VEC + e - a (e < VEC); positions outside [0, len) belong to the neighbouring rows (or
+// to the padding of the allocation's last 16-byte granule) and are masked: never counted, never written
+// (the edge vectors are stored element by element, so that the blocks writing the neighbouring rows are
+// never overwritten). The parameters are read at the shifted positions: j0 = vi * VEC - a is the
+// vector's first position, and since VEC is a multiple of 4, s = j0 & 3 is the same for every vector of
+// the row: per 4 positions two aligned float4 loads from base j0 - s and the 4 floats at offset s (a
+// switch on s around compile-time copies; s == 0 loads one float4 per 4 positions, as fwd_rows does). x, y (and dy, dx) must
+// share the row alignment (row strides equal mod VEC: host check).
+#include "normalization.cu"
+
+namespace pydnn {
+namespace norm {
+namespace rowx {
+
+template <int S>
+__device__ __forceinline__ void take4(const float (&f)[8], float* out) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = f[e + S];
+}
+
+// out[e] = p[j0 + e] for e < 4, 0 <= j0 + e < len, else 0; j0 & 3 = s (pvec: p is 16-byte aligned: two
+// aligned float4 loads, one when s == 0, and the 4 floats at offset s).
+__device__ __forceinline__ void params4(const float* p, int j0, int len, bool pvec, float* out) {
+  if (pvec) {
+    const int s = j0 & 3, base = j0 - s;
+    float f[8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int q = base + 4 * i;
+      float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // (q < len: the float4 holding position len - 1 ends inside the allocation's 16-byte granule)
+      if (q >= 0 && q < len && (i == 0 || s != 0)) t = __ldg(reinterpret_cast<const float4*>(p + q));
+      f[4 * i] = t.x; f[4 * i + 1] = t.y; f[4 * i + 2] = t.z; f[4 * i + 3] = t.w;
+    }
+    switch (s) {
+      case 0: take4<0>(f, out); break;
+      case 1: take4<1>(f, out); break;
+      case 2: take4<2>(f, out); break;
+      default: take4<3>(f, out); break;
+    }
+    if (j0 < 0 || j0 + 4 > len)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (j0 + e < 0 || j0 + e >= len) out[e] = 0.0f;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = j0 + e;
+      out[e] = (j >= 0 && j < len) ? __ldg(p + j) : 0.0f;
+    }
+  }
+}
+
+// The elements e in [lo, hi) of f stored at p (the others belong to another row).
+template <class T, int VEC>
+__device__ __forceinline__ void store_part(const Frag<T, VEC>& f, T* p, int lo, int hi) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    if (e < lo || e >= hi) continue;
+    if constexpr (sizeof(T) == 4) reinterpret_cast<unsigned*>(p)[e] = f.w[e];
+    else reinterpret_cast<unsigned short*>(p)[e] = (unsigned short)(f.w[e / 2] >> (16 * (e & 1)));
+  }
+}
+
+// CL > 1: v (the block's totals, the same in every thread) summed over the cluster's blocks in rank order
+// (every block ends with the same bits). slot: R floats of this block's shared memory, not written again
+// until every block has passed the next cluster barrier (callers alternate two slots, and end with a
+// cluster barrier before exit: no block leaves while another reads its slot).
+template <int CL, int R>
+__device__ __forceinline__ void cl_sum(float (&v)[R], float* slot) {
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) slot[r] = v[r];
+  cluster_sync();
+  float t[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) t[r] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < CL; ++q)
+#pragma unroll
+    for (int r = 0; r < R; ++r) t[r] += ld_dsmem(slot + r, q);
+#pragma unroll
+  for (int r = 0; r < R; ++r) v[r] = t[r];
+}
+
+}  // namespace rowx
+
+// Forward (rowx): G threads per row (blockDim / G rows per block, one-shot blocks), ITEMS aligned vectors
+// per thread in registers (G * ITEMS >= nsv for every row; host). Statistics as fwd_rows: 16-bit layer
+// norm one-pass shifted by the row's first element (fwd_rows' ONE, its error bound), fp32 two passes from
+// registers, RMS the mean of squares. y = alpha * ((x - mean) * invstd * scale + bias) + beta * y.
+template <class T, int VEC, int ITEMS, int CL>
+__device__ __forceinline__ void fwd_rowx_body(const NormParams& p) {
+  typedef Frag<T, VEC> F;
+  constexpr bool ONE = sizeof(T) == 2;
+  __shared__ __align__(16) float sm[2][32][2];
+  __shared__ float csl[2][2];  // (CL > 1: the cluster sums' slots)
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;  // CL > 1: G = blockDim, one row per cluster
+  const i64 row = CL > 1 ? (i64)(blockIdx.x / CL) : (i64)blockIdx.x * (int)(blockDim.x / G) + sub;
+  const bool live = row < p.sets;  // dead groups take the barriers too
+  const int L = (int)p.len;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const bool stats = p.flags & PYDNN_NORM_FLAG_STATS, has_bias = p.bias != nullptr;
+  const bool stream = p.flags & PYDNN_NORM_FLAG_STREAM;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, eps = (float)p.eps;
+  const float inv_len = 1.0f / (float)L;
+  const bool pvec = ((reinterpret_cast<unsigned long long>(p.scale) |
+                      reinterpret_cast<unsigned long long>(p.bias)) & 15) == 0;
+  const i64 xo = live ? row * p.set_stride[0][0] : 0, yo = live ? row * p.set_stride[1][0] : 0;
+  const int a = (int)(xo % VEC);  // (y's the same: host)
+  const int nsv = live ? (a + L + VEC - 1) / VEC : 0;
+  const T* x = (const T*)p.x + (xo - a);
+  T* y = (T*)p.out + (yo - a);
+
+  F v[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + (k * CL + rank) * G;
+    v[k].zero();
+    if (vi < nsv) load_once<T, VEC>(v[k], x + vi * VEC);
+  }
+  // statistics over the row's positions only (edge vectors masked)
+  float mean = 0.0f, var = 0.0f;
+  bool done = false;
+  if constexpr (ONE) {
+   if (!rms) {
+    done = true;
+    const float c = live ? to_float(x[a]) : 0.0f;
+    float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + (k * CL + rank) * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+      if (vi >= nsv) continue;
+      float f[VEC];
+      rows_get<T, VEC>(v[k], f);
+      if (lo > 0 || hi < VEC)  // an edge vector: the other rows' elements count nothing
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (e < lo || e >= hi) f[e] = c;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float d = f[e] - c;
+        sq[0] += d;
+        sq[1] = fmaf(d, d, sq[1]);
+      }
+    }
+    rows_sum<2>(sq, G, sm[0]);
+    if constexpr (CL > 1) rowx::cl_sum<CL, 2>(sq, csl[0]);
+    const float ms = sq[0] * inv_len;
+    mean = c + ms;
+    var = fmaxf(fmaf(-ms, ms, sq[1] * inv_len), 0.0f);
+   }
+  }
+  if (!done) {
+    float s1[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + (k * CL + rank) * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+      if (vi >= nsv) continue;
+      float f[VEC];
+      rows_get<T, VEC>(v[k], f);
+      if (lo > 0 || hi < VEC)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (e < lo || e >= hi) f[e] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float q = f[e];
+        s1[0] = rms ? fmaf(q, q, s1[0]) : s1[0] + q;
+      }
+    }
+    rows_sum<1>(s1, G, reinterpret_cast<float(*)[1]>(sm[0]));
+    if constexpr (CL > 1) rowx::cl_sum<CL, 1>(s1, csl[0]);
+    if (rms) {
+      var = s1[0] * inv_len;
+    } else {
+      mean = s1[0] / (float)L;  // (one rounding, as fwd_rows: a constant row's variance is 0)
+      float s2[1] = {0.0f};
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int vi = lane + (k * CL + rank) * G, lo = a - vi * VEC, hi = L + a - vi * VEC;
+        if (vi >= nsv) continue;
+        float f[VEC];
+        rows_get<T, VEC>(v[k], f);
+        if (lo > 0 || hi < VEC)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e)
+            if (e < lo || e >= hi) f[e] = mean;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float d = f[e] - mean;
+          s2[0] = fmaf(d, d, s2[0]);
+        }
+      }
+      rows_sum<1>(s2, G, reinterpret_cast<float(*)[1]>(sm[1]));
+      if constexpr (CL > 1) rowx::cl_sum<CL, 1>(s2, csl[1]);
+      var = s2[0] * inv_len;
+    }
+  }
+  if constexpr (CL > 1) cluster_sync();  // (no block leaves while another reads its slots)
+  const float inv = rsqrtf(var + eps);
+  if (stats && live && lane == 0 && rank == 0) {
+    const i64 so = row * p.set_stride[3][0];
+    if (p.mean) p.mean[so] = mean;
+    if (p.invstd) p.invstd[so] = inv;
+  }
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + (k * CL + rank) * G;
+    if (vi >= nsv) continue;
+    const int j0 = vi * VEC - a;
+    float f[VEC];
+    rows_get<T, VEC>(v[k], f);
+#pragma unroll
+    for (int h = 0; h < VEC; h += 4) {  // 4 positions at a time (few shifted parameters live: no spills)
+      float w[4];
+      rowx::params4(p.scale, j0 + h, L, pvec, w);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f[h + e] = (f[h + e] - mean) * inv * w[e];
+      if (has_bias) {
+        rowx::params4(p.bias, j0 + h, L, pvec, w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[h + e] += w[e];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) f[e] *= alpha;
+    if (blend) {
+      F old;
+      old.load(y + vi * VEC);
+      float b[VEC];
+      old.get(b);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) f[e] += beta * b[e];
+    }
+    F o;
+    o.set(f);
+    if (j0 >= 0 && j0 + VEC <= L) store_out<T, VEC>(o, y + vi * VEC, stream);
+    else rowx::store_part<T, VEC>(o, y + vi * VEC, -j0, L - j0);
+  }
+}
+
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(1024) fwd_rowx(const NormParams p) { fwd_rowx_body<T, VEC, ITEMS, 1>(p); }
+
+// fwd_rowx_cl: one row per cluster of CL blocks (sm_90; rows beyond one block's 1024 x ITEMS vectors): rank r
+// holds the vectors lane + (k * CL + r) * blockDim, the statistics summed over the cluster (cl_sum).
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(1024) fwd_rowx_cl(const NormParams p) {
+  fwd_rowx_body<T, VEC, ITEMS, CL>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void fwd_rowx_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
+#endif
+
+// Backward (rowx): dx of every row, and the dscale / dbias partials of each group over its rows in the
+// group's workspace slot (finish sums the slots). The partials must stay with one thread per position
+// over all the group's rows, so a block only takes rows of ONE alignment class: the row offset
+// (r * stride) mod VEC repeats with period P = p.pf (VEC / gcd(stride mod VEC, VEC); 1 for whole-vector
+// rows), block b takes class c = b mod P (a = (c * stride) mod VEC for all its rows), and its groups walk
+// the class's rows c + P * t, t = (b / P) * spb + sub + i * (gridDim / P) * spb. The partials sit in
+// shared memory, in each thread's own float4 slots ([k][VEC / 2 float4s][G] per group: consecutive lanes on
+// consecutive 16 bytes, no bank conflicts, no barrier), x / dy of the row in registers, scale read at the
+// shifted positions as the forward does. Per row: xhat = (x - mean) * invstd, g = dy * scale, one
+// reduction of (sum g, sum g * xhat), dx = alpha * invstd * (g - sum g / n - xhat * sum (g xhat) / n)
+// (RMS: no sum g term) + beta * dx. The block's loop is uniform (rows past the class's end are dead).
+// __launch_bounds__(512): 128 registers (ITEMS 4 vectors of x and dy: 32).
+template <class T, int VEC, int ITEMS, int CL>
+__device__ __forceinline__ void bwd_rowx_body(const NormParams& p) {
+  typedef Frag<T, VEC> F;
+  constexpr int Q = VEC / 4;  // float4s per vector of partials (each of dscale, dbias)
+  extern __shared__ __align__(16) float4 acc4[];
+  __shared__ __align__(16) float sm[2][32][2];
+  __shared__ float csl[2][2];  // (CL > 1: the cluster sums' slots)
+  const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
+  const int spb = (int)(blockDim.x / G);  // (CL > 1: G = blockDim, spb 1)
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;
+  const unsigned unit = blockIdx.x / CL, units = gridDim.x / CL;  // blocks (CL 1) or clusters
+  const int P = p.pf, cls = (int)(unit % (unsigned)P), bi = (int)(unit / (unsigned)P);
+  const int m = (int)(units / (unsigned)P);
+  const i64 R = p.sets;
+  const int L = (int)p.len;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const float inv_len = 1.0f / (float)L;
+  const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], so = p.set_stride[1][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
+  const int a = (int)(((i64)cls * sx) % VEC);
+  const int nsv = (a + L + VEC - 1) / VEC;
+  const i64 nrows = cls < R ? (R - cls + P - 1) / P : 0;  // rows of the class
+  const i64 step = (i64)m * spb;
+  float4* acc = acc4 + (i64)sub * ITEMS * 2 * Q * G;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+    for (int q = 0; q < 2 * Q; ++q) acc[(k * 2 * Q + q) * G + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  int it = 0;
+  for (i64 base = (i64)bi * spb; base < nrows; base += step) {
+    const i64 t = base + sub;
+    const bool live = t < nrows;
+    const i64 row = live ? cls + (i64)P * t : 0;
+    const T* x = (const T*)p.x + (row * sx - a);
+    const T* dy = (const T*)p.dy + (row * sd - a);
+    T* o = (T*)p.out + (row * so - a);
+    F bx[ITEMS], bd[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + (k * CL + rank) * G;
+      bx[k].zero();
+      bd[k].zero();
+      if (live && vi < nsv) {
+        load_once<T, VEC>(bx[k], x + vi * VEC);
+        load_once<T, VEC>(bd[k], dy + vi * VEC);
+      }
+    }
+    const float mean = (live && !rms) ? p.mean[row * ss] : 0.0f, inv = live ? p.invstd[row * ss] : 0.0f;
+    float r[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
+      if (!live || vi >= nsv) continue;
+      float xa[VEC], d[VEC];
+      rows_get<T, VEC>(bx[k], xa);
+      rows_get<T, VEC>(bd[k], d);
+      if (j0 < 0 || j0 + VEC > L)  // an edge vector: the other rows' elements add nothing
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (j0 + e < 0 || j0 + e >= L) xa[e] = mean, d[e] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < Q; ++h) {
+        float w[4];
+        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
+        float4 as = acc[(k * 2 * Q + h) * G + lane], ab = acc[(k * 2 * Q + Q + h) * G + lane];
+        float* ps = reinterpret_cast<float*>(&as);
+        float* pb = reinterpret_cast<float*>(&ab);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float xh = (xa[4 * h + e] - mean) * inv, dd = d[4 * h + e], g = dd * w[e];
+          r[0] += g;
+          r[1] = fmaf(g, xh, r[1]);
+          ps[e] = fmaf(dd, xh, ps[e]);
+          pb[e] += dd;
+        }
+        acc[(k * 2 * Q + h) * G + lane] = as;
+        acc[(k * 2 * Q + Q + h) * G + lane] = ab;
+      }
+    }
+    rows_sum<2>(r, G, sm[it & 1]);
+    if constexpr (CL > 1) rowx::cl_sum<CL, 2>(r, csl[it & 1]);
+    ++it;
+    const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
+    if (!live) continue;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
+      if (vi >= nsv) continue;
+      float xa[VEC], d[VEC];
+      rows_get<T, VEC>(bx[k], xa);
+      rows_get<T, VEC>(bd[k], d);
+#pragma unroll
+      for (int h = 0; h < Q; ++h) {
+        float w[4];
+        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * h + e;
+          xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
+        }
+      }
+      if (blend) {
+        F old;
+        old.load(o + vi * VEC);
+        old.get(d);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
+      }
+      F out;
+      out.set(xa);
+      if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
+      else rowx::store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+    }
+  }
+  if constexpr (CL > 1) cluster_sync();  // (no block leaves while another reads its slots)
+  // the group's partials -> its slot (every position of the row: the class's frame covers each once; CL > 1:
+  // one slot per cluster, each block writing its own positions)
+  const i64 np = p.nparams;
+  float* ws_s = p.ws + ((i64)unit * spb + sub) * 2 * np;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
+    if (vi >= nsv) continue;
+#pragma unroll
+    for (int h = 0; h < Q; ++h) {
+      const float4 as = acc[(k * 2 * Q + h) * G + lane], ab = acc[(k * 2 * Q + Q + h) * G + lane];
+      const float* ps = reinterpret_cast<const float*>(&as);
+      const float* pb = reinterpret_cast<const float*>(&ab);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + 4 * h + e;
+        if (j >= 0 && j < L) {
+          ws_s[j] = ps[e];
+          ws_s[np + j] = pb[e];
+        }
+      }
+    }
+  }
+}
+
+template <class T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(512) bwd_rowx(const NormParams p) { bwd_rowx_body<T, VEC, ITEMS, 1>(p); }
+
+// bwd_rowx_cl: the rows of a class walked by clusters of CL blocks (sm_90; rows beyond one block's 512 x
+// ITEMS vectors): rank r holds the vectors lane + (k * CL + r) * blockDim (x, dy and their partials), the
+// row sums over the cluster (cl_sum), one workspace slot per cluster.
+#if __CUDA_ARCH__ >= 900
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(512) bwd_rowx_cl(const NormParams p) {
+  bwd_rowx_body<T, VEC, ITEMS, CL>(p);
+}
+#else
+template <class T, int VEC, int ITEMS, int CL>
+__global__ void bwd_rowx_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
+#endif
+
+// finish for bwd_rowx's slots (a copy of normalization.cu's finish, so that the rowx backward loads from this
+// unit alone): dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q], dbias likewise.
+template <int FX, int FY>
+__global__ void __launch_bounds__(FX * FY) finish_rowx(const NormParams p) {
+  __shared__ float part[2][FY][FX + 1];
+  const i64 np = p.nparams;
+  const bool blend = p.flags & PYDNN_NORM_FLAG_BETA2;
+  const float alpha = (float)p.alpha2, beta = (float)p.beta2;
+  for (i64 q0 = (i64)blockIdx.x * FX; q0 < np; q0 += (i64)gridDim.x * FX) {
+    const i64 q = q0 + threadIdx.x;
+    float s = 0.0f, b = 0.0f;
+    if (q < np)
+#pragma unroll 4
+      for (i64 sl = threadIdx.y; sl < p.slots; sl += FY) {
+        s += p.ws[sl * 2 * np + q];
+        b += p.ws[sl * 2 * np + np + q];
+      }
+    part[0][threadIdx.y][threadIdx.x] = s;
+    part[1][threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y < 2 && q < np) {
+      float t = 0.0f;
+      for (int y = 0; y < FY; ++y) t += part[threadIdx.y][y][threadIdx.x];
+      float* dst = threadIdx.y == 0 ? p.dscale : p.dbias;
+      if (dst) {
+        float r = alpha * t;
+        if (blend) r += beta * dst[q];
+        dst[q] = r;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace norm
+}  // namespace pydnn

@@ -1,0 +1,135 @@
+"""Layer / RMS norm rows of any length (fwd_rowx, issue 20) on the GPU against the float64 reference: odd
+lengths (rows starting at every offset from a 16-byte boundary), lengths that fwd_rows' blocks do not hold
+(up to 65536), padded rows with a stride that is not a multiple of the vector (the padding must stay
+poisoned: the edge vectors are stored element by element), several rows per block, blending, no bias,
+in place, rows far from zero (the one-pass statistics' shift), and the plan each shape gets."""
+import numpy as np
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn.ops import normalization as N
+from test_normalization_gpu import _backward_check, _forward_check, _nd, _tensor
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+LAYER, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
+DTYPES = [F32, F16, BF16]
+
+ROWX_CASES = [  # kind, dims, layout; the planner's rowx ITEMS by element size (None: another kernel)
+    (LAYER, (7, 37), "nchw", {4: 4, 2: 4}),            # odd and short: 4 rows per 128-thread block
+    (RMS, (9, 1001), "nchw", {4: 4, 2: 4}),
+    (LAYER, (5, 6830), "nchw", {4: 4, 2: 4}),          # 6830 = 8k + 6
+    (RMS, (4, 4231), "nchw", {4: 4, 2: 4}),
+    (LAYER, (6, 100), (103, 1), {4: 4, 2: 4}),         # padded rows, stride 103: every row offset
+    (LAYER, (3, 27723), "nchw", {4: 8, 2: 4}),         # fp32: 8 vectors per thread
+    (RMS, (2, 38005), "nchw", {4: 8, 2: 8}),           # 16-bit: 8 per thread; fp32: a cluster of 2 (sm_90)
+    (LAYER, (3, 39856), "nchw", {4: None, 2: None}),   # whole vectors, fewer rows than SMs: the 8-block cluster
+    (RMS, (1, 65536), "nchw", {4: None, 2: None}),     # the largest row, whole vectors, one row: the same
+    (LAYER, (140, 39856), "nchw", {4: 8, 2: 8}),       # whole vectors beyond fwd_rows' blocks, many rows
+    (LAYER, (2, 64254), "nchw", {4: 8, 2: 8}),          # fp32: a cluster of 2
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(ROWX_CASES)))
+def test_rowx_forward(handle, rng, case, dtype):
+    kind, dims, layout, items = ROWX_CASES[case]
+    x = _tensor(dims, layout, dtype)
+    alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc)
+    want_items = items[4 if dtype == F32 else 2]
+    if want_items is None:
+        assert not alts[0][0].startswith("fwd_rowx"), alts
+    else:
+        assert alts[0][0].startswith("fwd_rowx") and f"items={want_items}" in alts[0][0], alts
+    _forward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
+    _forward_check(handle, rng, kind, 0, 1, dims, layout, dtype, bias=False, alpha=0.75, beta=-0.5)
+    if dims[1] < 10000:
+        _forward_check(handle, rng, kind, 0, 1, dims, layout, dtype, inplace=True)
+        for center in ((1000.0, 1.0), (-50.0, 0.25)):
+            _forward_check(handle, rng, kind, 0, 1, dims, layout, dtype, center=center)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rowx_off_and_unaligned_parameters(handle, rng, monkeypatch, dtype):
+    """ROWX off: the previous kernels, same results; scale / bias not 16-byte aligned: the kernel's scalar
+    parameter loads."""
+    kind, dims, layout = LAYER, (5, 6830), "nchw"
+    monkeypatch.setattr(tuning.norm, "ROWX", False)
+    x = _tensor(dims, layout, dtype)
+    assert not N.plan_summary(handle, _nd(kind, 0, 1), x.desc)[0][0][0].startswith("fwd_rowx")
+    _forward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
+    monkeypatch.setattr(tuning.norm, "ROWX", True)
+    # parameters one float past a 16-byte boundary
+    nd = _nd(kind, 0, 1)
+    xt, yt = _tensor(dims, layout, dtype), _tensor(dims, layout, dtype)
+    xv = xt.random(rng)
+    sbd, std = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.derive_norm_param_descriptors(sbd, std, xt.desc, nd)
+    n = dims[1]
+    sv = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    bv = rng.uniform(-1, 1, n).astype(np.float32)
+    buf = pydnn.DeviceArray((2 * n + 8,), np.float32)
+    host = np.full(2 * n + 8, np.nan, np.float32)
+    host[1:1 + n], host[n + 5:2 * n + 5] = sv, bv
+    buf.copy_from_numpy(host)
+    pydnn.norm_forward_inference(handle, nd, 1.0, 0.0, xt.desc, xt.ptr, yt.desc, yt.ptr, sbd, buf.ptr + 4,
+                                 buf.ptr + 4 * (n + 5))
+    from devtensor import assert_close
+    from pydnn.reference import normalization as ref
+    want = ref.forward(kind, 0, 1, 1e-5, None, 1.0, xv, 0.0, None, sv.astype(np.float64).reshape(sbd.dims),
+                       bv.astype(np.float64).reshape(sbd.dims))[0]
+    assert_close(yt.download(), want, dtype, "unaligned parameters",
+                 scale=ref.forward_terms(kind, 0, 1, 1e-5, None, xv, sv.astype(np.float64).reshape(sbd.dims),
+                                         bv.astype(np.float64).reshape(sbd.dims)))
+
+
+BWD_CASES = [  # kind, dims, layout, whether bwd_rowx serves it by element size
+    (LAYER, (7, 37), "nchw", {4: True, 2: True}),
+    (RMS, (9, 1001), "nchw", {4: True, 2: True}),
+    (LAYER, (5, 6830), "nchw", {4: True, 2: True}),     # 16-bit: period 4; fp32: period 2
+    (RMS, (4, 4231), "nchw", {4: True, 2: True}),
+    (LAYER, (6, 100), (103, 1), {4: True, 2: True}),    # stride 103: period 4 / 8
+    (LAYER, (3, 12345), "nchw", {4: True, 2: True}),    # fp32: beyond 512 x 4 vectors: clusters of 4 x 256
+    (LAYER, (2, 30693), "nchw", {4: True, 2: True}),    # clusters of 4 (16-bit) / 8 (fp32) blocks of 256
+    (RMS, (1, 64254), "nchw", {4: True, 2: True}),      # clusters of 8: blocks of 256 (16-bit) / 512 (fp32)
+    (LAYER, (64, 4096), "nchw", {4: False, 2: False}),  # whole vectors: the existing kernels
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(BWD_CASES)))
+def test_rowx_backward(handle, rng, case, dtype):
+    kind, dims, layout, uses = BWD_CASES[case]
+    x = _tensor(dims, layout, dtype)
+    alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+    assert alts[0][0].startswith("bwd_rowx") == uses[4 if dtype == F32 else 2], alts
+    _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
+    _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                    dbias=False)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rowx_backward_walks_many_rows(handle, rng, monkeypatch, dtype):
+    """A 1-SM plan: one block per alignment class, its groups walking every row of the class (the dscale /
+    dbias partials summed over many rows in the shared-memory slots)."""
+    monkeypatch.setattr(handle, "sm_count", 1)
+    for kind, dims in ((LAYER, (300, 37)), (RMS, (70, 1001))):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_rowx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rowx_backward_cluster_blocks(handle, rng, monkeypatch, dtype):
+    """bwd_rowx_cl with ROWX_BWD_CL_BLOCK 512 (smaller clusters of larger blocks) as well as the default."""
+    for cap in (512, 256):
+        monkeypatch.setattr(tuning.norm, "ROWX_BWD_CL_BLOCK", cap)
+        for kind, dims in ((LAYER, (5, 20001)), (RMS, (3, 30693))):  # (beyond one 512 x 4 block in both sizes)
+            x = _tensor(dims, "nchw", dtype)
+            alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+            assert alts[0][0].startswith("bwd_rowx") and " cl=" in alts[0][0], alts
+            _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
