@@ -290,6 +290,7 @@ def _summary(nd, x, backward=False):
 
 
 def test_kernel_choice_for_the_benchmarks(monkeypatch):
+    monkeypatch.setattr(tuning.norm, "GS", False)  # (the split kernels: test_gs_*)
     ln = _desc((16384, 4096), BF16)
     # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
     alts, ws = _summary(_nd(LAYER), ln)
@@ -402,6 +403,7 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
 
 def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
+    monkeypatch.setattr(tuning.norm, "GS", False)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", True)
     monkeypatch.setattr(tuning.norm, "ROWS_FWD", False)
     monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
@@ -415,7 +417,8 @@ def test_staged_forward_choice(monkeypatch):
     assert N._staged_expr("bf16", 8, False) in N._unit_exprs("bf16")
 
 
-def test_kernel_choice_falls_back_to_gen():
+def test_kernel_choice_falls_back_to_gen(monkeypatch):
+    monkeypatch.setattr(tuning.norm, "GS", False)
     alts, ws = _summary(_nd(LAYER), _desc((2, 300000), BF16), backward=True)  # beyond a cluster's registers
     assert alts == [["zero", "gen", "finish slots=1"]] and ws == 2 * 300000 * 4
     alts, _ = _summary(_nd(GROUP, 2), _desc((2, 4, 3, 5), F32, (1, 2, 40, 8)))  # three-level layout
@@ -630,6 +633,96 @@ def _emulate_gn_reg(p, lc, operand):
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
+def _emulate_gs(p, lc, operand):
+    """The split kernels (ptx/normalization_gs.cuh) on packed tensors (address = flat index): gsp_fwd walks each
+    set's head scalars, 16-byte vectors and tail scalars over the CL * block threads of its unit; gsc_fwd a
+    slab's rows per thread (channel vector t % NCV, rows rank * R + t // NCV + k * R * CL); gsp_bpart a warp
+    per plane chunk; gsc_bpart a block per (n, row chunk), channel-vector blocks in turn; gs_bapply the flat
+    tensor. Returns (addresses, sets, parameters, statistics touched (each (n, g) once))."""
+    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+    vec = int(lc.expr.split(",")[1].strip().rstrip(">"))
+    Nn, C, S, G = (int(p.set_size[i]) for i in range(4))
+    cg, L = C // G, C // G * S
+    nhwc = bool(p.flags & N.GS_FLAG_NHWC)
+    cl = 8 if kname.endswith("_cl") else 1
+    block = lc.block[0]
+    flat = []
+    if kname.startswith("gsp_fwd"):
+        assert lc.grid[0] == Nn * G * cl and lc.smem == 8 * cg
+        NT = cl * block
+        for s_ in range(Nn * G):
+            base = s_ * L
+            h = min((vec - base % vec) % vec, L)
+            nv = (L - h) // vec
+            t0 = h + nv * vec
+            for tid in range(NT):
+                flat += [base + i for i in range(tid, h, NT)] + [base + i for i in range(t0 + tid, L, NT)]
+                for j in range(tid, nv, NT):
+                    flat += [base + h + j * vec + e for e in range(vec)]
+    elif kname.startswith("gsc_fwd"):
+        W = int(p.el_size[0])
+        NS, ncv = C // W, W // vec
+        R = block // ncv
+        assert lc.grid[0] == Nn * NS * cl and C % W == 0 and W % cg == 0 and W % vec == 0 and C % vec == 0
+        assert lc.smem == 4 * (2 * R * ncv * vec + 3 * (W // cg) + 2 * W)
+        for b in range(lc.grid[0]):
+            u, rank = divmod(b, cl)
+            n, w0 = u // NS, (u % NS) * W
+            for t in range(block):
+                cv, rr = t % ncv, t // ncv
+                if rr >= R:
+                    continue
+                for r in range(rank * R + rr, S, R * cl):
+                    flat += [n * S * C + r * C + w0 + cv * vec + e for e in range(vec)]
+    elif kname == "gsp_bpart":
+        K, CH = int(p.el_size[1]), int(p.el_size[3])
+        assert lc.grid[0] * (block // 32) >= Nn * C * K and CH * K >= S and CH * (K - 1) < S
+        for unit in range(Nn * C * K):
+            pl, k = divmod(unit, K)
+            start, end = pl * S + k * CH, min(pl * S + k * CH + CH, (pl + 1) * S)
+            a0 = min(end, -(-start // vec) * vec)
+            nv = (end - a0) // vec
+            t0 = a0 + nv * vec
+            for lane in range(32):
+                flat += list(range(start + lane, a0, 32)) + list(range(t0 + lane, end, 32))
+                for j in range(lane, nv, 32):
+                    flat += [a0 + j * vec + e for e in range(vec)]
+    elif kname == "gsc_bpart":
+        K, RC = int(p.el_size[1]), int(p.el_size[3])
+        ncv = C // vec
+        ncvb = min(ncv, block)
+        R = block // ncvb
+        assert lc.grid[0] == Nn * K and RC * K >= S and C % vec == 0 and lc.smem == 8 * R * ncvb * vec
+        for b in range(lc.grid[0]):
+            n, k = divmod(b, K)
+            rs, re = k * RC, min(k * RC + RC, S)
+            for cvb in range(0, ncv, ncvb):
+                for t in range(block):
+                    rr, cv = t // ncvb, cvb + t % ncvb
+                    if rr >= R or cv >= ncv:
+                        continue
+                    for r in range(rs + rr, re, R):
+                        flat += [n * S * C + r * C + cv * vec + e for e in range(vec)]
+    elif kname == "gs_bapply":
+        total = Nn * C * S
+        nv = total // vec
+        nthreads = lc.grid[0] * block
+        assert nthreads >= min(nv, 1) and block >= total - nv * vec
+        flat = list(range(nv * vec)) + list(range(nv * vec, total))
+    else:
+        raise AssertionError(kname)
+    flat = np.array(flat, np.int64)
+    if nhwc:
+        n, rem = np.divmod(flat, S * C)
+        c = rem % C
+    else:
+        n, rem = np.divmod(flat, C * S)
+        c = rem // S
+    stats = sorted({int(a) * int(p.set_stride[3][0]) + int(b) * int(p.set_stride[3][1])
+                    for a in range(Nn) for b in range(G)})
+    return flat, n * G + c // cg, c, stats
+
+
 def _emulate_gen(p, operand):
     e = np.arange(p.len)
     off = np.zeros(p.len, np.int64)
@@ -694,12 +787,18 @@ def _layout_desc(dims, layout, dtype):
                          [f"forward persist {i}" for i in range(max(len(c) for c in N.FWD_PERSIST_CONFIGS.values()))] +
                          [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))] +
                          [f"backward ring {i}" for i in range(max(len(c) for c in N.BWD_RING_CONFIGS.values()))] +
-                         [f"forward gn reg {cl} {gc} {si}" for cl, gc, si in ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))])
+                         [f"forward gn reg {cl} {gc} {si}" for cl, gc, si in ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))] +
+                         ["forward gs", "forward gs cl1", "backward gs"])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
-    (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too."""
+    (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too; "... gs": the
+    split kernels for every set size (GS_MIN_BYTES 1; cl1: one block per unit)."""
     backward = direction.startswith("backward")
+    gs = direction.endswith(("gs", "gs cl1"))
+    monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1 if gs else tuning.norm.GS_MIN_BYTES)
+    if direction.endswith("cl1"):
+        monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", direction == "forward staged")
     monkeypatch.setattr(tuning.norm, "BWD_ROWS", direction != "backward staged")
     monkeypatch.setattr(tuning.norm, "GN_FWD", direction != "forward staged")
@@ -707,6 +806,9 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     monkeypatch.setattr(tuning.norm, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
     monkeypatch.setattr(tuning.norm, "FWD_PERSIST", direction == "forward" or direction.startswith("forward persist"))
     monkeypatch.setattr(tuning.norm, "GN_REG", direction == "forward" or direction.startswith("forward gn reg"))
+    if gs:
+        for name in ("GN_FWD", "GN_BWD", "GN_REG"):
+            monkeypatch.setattr(tuning.norm, name, False)
     if direction.startswith("forward gn reg"):
         monkeypatch.setattr(tuning.norm, "GN_REG_PICK", tuple(int(a) for a in direction.split()[-3:]))
     if direction.startswith("forward persist"):
@@ -747,10 +849,14 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
         for lc in alt:
             p = lc.params
             kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
-            if kname in ("finish", "zero"):
+            if kname in ("finish", "zero", "gs_bred", "gs_bset"):
                 continue
             for operand, desc in ((0, x), (1, y)) + (((2, y),) if backward else ()):
-                if kname.startswith("gen"):
+                if kname.endswith("_bpart") and operand == 1:
+                    continue  # (reads x and dy only)
+                if kname.startswith("gs"):
+                    addr, sset, spar, stats = _emulate_gs(p, lc, operand)
+                elif kname.startswith("gen"):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
