@@ -196,6 +196,25 @@ __device__ __forceinline__ float4* gs_table(const NormParams& p) {
   return reinterpret_cast<float4*>((a + 15ull) & ~15ull);
 }
 
+// gsp_fwd's output of vector w (elements h + w * VEC ..) of its set, x's values in f; reverse order over w
+// (the most recently read lines first)
+template <class T, int VEC>
+__device__ __forceinline__ void gsp_apply(Frag<T, VEC>& f, T* yv, i64 w, i64 h, i64 S, i64 cg, bool nhwc, float K,
+                                          const float* ta, const float* tb, float alpha, float beta, bool blend) {
+  float a[VEC];
+  f.get(a);
+  const i64 i0 = h + w * VEC;
+  i64 q, r;
+  if (nhwc) { q = i0 % cg; r = 0; } else { q = i0 / S; r = i0 - q * S; }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    a[e] = (a[e] - K) * ta[q] + tb[q];
+    if (nhwc) { if (++q == cg) q = 0; }
+    else if (++r == S) { r = 0; ++q; }
+  }
+  gs_stv<T, VEC>(yv + w * VEC, f, a, alpha, beta, blend);
+}
+
 // ------------------------------------------------------------------ gsp_fwd: contiguous sets
 
 template <class T, int VEC, int CL>
@@ -279,22 +298,19 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
     gs_st(y, i, (gs_ld(x, i) - K) * ta[q] + tb[q], alpha, beta, blend);
   }
   T* yv = y + h;
-  for (i64 u = tid; u < nv; u += NT) {
-    const i64 w = nv - 1 - u;  // reverse order: the most recently read lines first
-    Frag<T, VEC> f;
-    f.load(xv + w * VEC);
-    float a[VEC];
-    f.get(a);
-    const i64 i0 = h + w * VEC;
-    i64 q, r;
-    if (nhwc) { q = i0 % cg; r = 0; } else { q = i0 / S; r = i0 - q * S; }
+  i64 u = tid;
+  for (; u + NT < nv; u += 2 * NT) {  // two vectors in flight per thread
+    Frag<T, VEC> f[2];
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      a[e] = (a[e] - K) * ta[q] + tb[q];
-      if (nhwc) { if (++q == cg) q = 0; }
-      else if (++r == S) { r = 0; ++q; }
-    }
-    gs_stv<T, VEC>(yv + w * VEC, f, a, alpha, beta, blend);
+    for (int k = 0; k < 2; ++k) f[k].load(xv + (nv - 1 - (u + k * NT)) * VEC);
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      gsp_apply<T, VEC>(f[k], yv, nv - 1 - (u + k * NT), h, S, cg, nhwc, K, ta, tb, alpha, beta, blend);
+  }
+  if (u < nv) {
+    Frag<T, VEC> f;
+    f.load(xv + (nv - 1 - u) * VEC);
+    gsp_apply<T, VEC>(f, yv, nv - 1 - u, h, S, cg, nhwc, K, ta, tb, alpha, beta, blend);
   }
 }
 
@@ -403,20 +419,32 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   if (!act) return;
   const float alpha = (float)p.alpha, beta = (float)p.beta;
   const bool blend = p.flags & PYDNN_FLAG_BETA;
-  float A[VEC], B[VEC];
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) { A[e] = ta[cv * VEC + e]; B[e] = tb[cv * VEC + e]; }
+  const float* A = ta + cv * VEC;  // (read from shared memory at each use: registers go to loads in flight)
+  const float* B = tb + cv * VEC;
   // reverse row order: the most recently read lines first
   const i64 steps = S > r0 ? (S - 1 - r0) / RT + 1 : 0;
-  for (i64 k = steps - 1; k >= 0; --k) {
-    const i64 r = r0 + k * RT;
+  i64 k = steps - 1;
+  for (; k >= 1; k -= 2) {  // two rows in flight per thread
+    Frag<T, VEC> f[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) f[j].load(x + (r0 + (k - j) * RT) * C + cv * VEC);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float a[VEC];
+      f[j].get(a);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) a[e] = (a[e] - K[e]) * A[e] + B[e];
+      gs_stv<T, VEC>(y + (r0 + (k - j) * RT) * C + cv * VEC, f[j], a, alpha, beta, blend);
+    }
+  }
+  if (k == 0) {
     Frag<T, VEC> f;
-    f.load(x + r * C + cv * VEC);
+    f.load(x + r0 * C + cv * VEC);
     float a[VEC];
     f.get(a);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) a[e] = (a[e] - K[e]) * A[e] + B[e];
-    gs_stv<T, VEC>(y + r * C + cv * VEC, f, a, alpha, beta, blend);
+    gs_stv<T, VEC>(y + r0 * C + cv * VEC, f, a, alpha, beta, blend);
   }
 }
 
@@ -651,7 +679,38 @@ __global__ void __launch_bounds__(kGsBpThreads) gs_bset(const NormParams p) {
   }
 }
 
-// gs_bapply: dx over the flat packed tensor, ITEMS vectors per thread (a grid-stride walk).
+// dx of vector v (elements v * VEC ..), x and dy in fx, fd: dx = k1 dy - q (x - mean) - r from the table
+template <class T, int VEC>
+__device__ __forceinline__ void gs_bapply_vec(Frag<T, VEC>& fx, Frag<T, VEC>& fd, T* dx, const float4* tab, i64 v,
+                                              i64 S, i64 C, bool nhwc, float alpha, float beta, bool blend) {
+  float ax[VEC], ad[VEC];
+  fx.get(ax); fd.get(ad);
+  const i64 i0 = v * VEC;
+  // (n * C + c) of element i: NCHW i / S; NHWC (i / (S C)) C + i % C
+  i64 row, r;
+  if (nhwc) { const i64 q = i0 / C; r = i0 - q * C; row = (q / S) * C + r; }
+  else { row = i0 / S; r = i0 - row * S; }
+  float4 t = tab[row];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    ad[e] = t.x * ad[e] - t.z * (ax[e] - t.y) - t.w;
+    if (e + 1 < VEC) {
+      bool next;
+      if (nhwc) {
+        ++row;
+        if (++r == C) { r = 0; row = ((i0 + e + 1) / (S * C)) * C; }
+        next = true;
+      } else {
+        next = ++r == S;
+        if (next) { r = 0; ++row; }
+      }
+      if (next) t = tab[row];
+    }
+  }
+  gs_stv<T, VEC>(dx + v * VEC, fx, ad, alpha, beta, blend);
+}
+
+// gs_bapply: dx over the flat packed tensor, a grid-stride walk two vectors at a time.
 template <class T, int VEC>
 __global__ void __launch_bounds__(kGsBpThreads) gs_bapply(const NormParams p) {
   const i64 N = p.set_size[0], C = p.set_size[1], S = p.set_size[2];
@@ -664,35 +723,17 @@ __global__ void __launch_bounds__(kGsBpThreads) gs_bapply(const NormParams p) {
   const float alpha = (float)p.alpha, beta = (float)p.beta;
   const bool blend = p.flags & PYDNN_FLAG_BETA;
   const i64 step = (i64)gridDim.x * blockDim.x;
-  for (i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += step) {
-    Frag<T, VEC> fx, fd;
-    fx.load(x + v * VEC);
-    fd.load(dy + v * VEC);
-    float ax[VEC], ad[VEC];
-    fx.get(ax); fd.get(ad);
-    const i64 i0 = v * VEC;
-    // (n * C + c) of element i: NCHW i / S; NHWC (i / (S C)) C + i % C
-    i64 row, r;
-    if (nhwc) { const i64 q = i0 / C; r = i0 - q * C; row = (q / S) * C + r; }
-    else { row = i0 / S; r = i0 - row * S; }
-    float4 t = tab[row];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      ad[e] = t.x * ad[e] - t.z * (ax[e] - t.y) - t.w;
-      if (e + 1 < VEC) {
-        bool next;
-        if (nhwc) {
-          ++row;
-          if (++r == C) { r = 0; row = ((i0 + e + 1) / (S * C)) * C; }
-          next = true;
-        } else {
-          next = ++r == S;
-          if (next) { r = 0; ++row; }
-        }
-        if (next) t = tab[row];
-      }
+  for (i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += 2 * step) {  // two vectors in flight
+    Frag<T, VEC> fx[2], fd[2];
+    const bool two = v + step < nv;
+    fx[0].load(x + v * VEC);
+    fd[0].load(dy + v * VEC);
+    if (two) {
+      fx[1].load(x + (v + step) * VEC);
+      fd[1].load(dy + (v + step) * VEC);
     }
-    gs_stv<T, VEC>(dx + v * VEC, fx, ad, alpha, beta, blend);
+    gs_bapply_vec<T, VEC>(fx[0], fd[0], dx, tab, v, S, C, nhwc, alpha, beta, blend);
+    if (two) gs_bapply_vec<T, VEC>(fx[1], fd[1], dx, tab, v + step, S, C, nhwc, alpha, beta, blend);
   }
   // the tail (total % VEC elements): the first threads of block 0
   if (blockIdx.x == 0 && threadIdx.x < total - nv * VEC) {

@@ -1004,7 +1004,7 @@ def _gs_bwd_alt(handle, nd, tag, x, dx, dy, stats):
         _new_launch("pydnn::norm_gs::gs_bred", p, (max(1, min(cdiv(NC, GS_BP_THREADS), 65535)), 1, 1),
                     (GS_BP_THREADS, 1, 1), desc="gs_bred"),
         _new_launch("pydnn::norm_gs::gs_bset", p, (nsb + cdiv(C, 32), 1, 1), (GS_BP_THREADS, 1, 1), desc="gs_bset"),
-        _new_launch(f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>", p, (max(1, min(cdiv(nv, GS_BP_THREADS), MAX_GRID)), 1, 1),
+        _new_launch(f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>", p, (max(1, min(cdiv(nv, 2 * GS_BP_THREADS), MAX_GRID)), 1, 1),
                     (GS_BP_THREADS, 1, 1), desc=f"gs_bapply vec={v}"),
     ]
     return launches, ws

@@ -706,8 +706,8 @@ def _emulate_gs(p, lc, operand):
     elif kname == "gs_bapply":
         total = Nn * C * S
         nv = total // vec
-        nthreads = lc.grid[0] * block
-        assert nthreads >= min(nv, 1) and block >= total - nv * vec
+        nthreads = lc.grid[0] * block  # (a grid-stride walk: every vector visited once for any grid)
+        assert nthreads >= 1 and block >= total - nv * vec
         flat = list(range(nv * vec)) + list(range(nv * vec, total))
     else:
         raise AssertionError(kname)
