@@ -349,7 +349,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
     s1[e] = 0.0f; s2[e] = 0.0f;
   }
   if (act) {
-    constexpr int UN = VEC >= 8 ? 2 : 4;  // (loads in flight per thread; 8-wide: 24 accumulator registers)
+    constexpr int UN = VEC >= 8 ? 2 : VEC >= 4 ? 4 : 8;  // (loads in flight per thread; 8-wide: 24 accumulators)
     i64 r = r0;
     for (; r + (UN - 1) * RT < S; r += UN * RT) {
       Frag<T, VEC> f[UN];
@@ -408,7 +408,9 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
     const i64 ch = w0 + c;
     const float a = inv * p.scale[ch];
     ta[c] = a;
-    tb[c] = (p.bias ? p.bias[ch] : 0.0f) - m1 * a;  // y = (x - K) a + tb
+    tb[c] = (p.bias ? p.bias[ch] : 0.0f) - m1 * a;  // fp32: y = (x - K) a + tb
+    if constexpr (sizeof(T) == 2) tb[c] -= gk[q] * a;  // 16-bit: y = x a + tb (K folded in: the registers go to
+                                                       // loads in flight; the rounding of x a is far below y's)
     if ((p.flags & PYDNN_NORM_FLAG_STATS) && rank == 0 && c == q * (int)cg) {
       const i64 si = n * p.set_stride[3][0] + (w0 / cg + q) * p.set_stride[3][1];
       if (p.mean) p.mean[si] = mean;
@@ -423,28 +425,29 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   const float* B = tb + cv * VEC;
   // reverse row order: the most recently read lines first
   const i64 steps = S > r0 ? (S - 1 - r0) / RT + 1 : 0;
+  constexpr int U2 = VEC >= 4 ? 2 : 4;  // rows in flight per thread
   i64 k = steps - 1;
-  for (; k >= 1; k -= 2) {  // two rows in flight per thread
-    Frag<T, VEC> f[2];
+  for (; k >= U2 - 1; k -= U2) {
+    Frag<T, VEC> f[U2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) f[j].load(x + (r0 + (k - j) * RT) * C + cv * VEC);
+    for (int j = 0; j < U2; ++j) f[j].load(x + (r0 + (k - j) * RT) * C + cv * VEC);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < U2; ++j) {
       float a[VEC];
       f[j].get(a);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) a[e] = (a[e] - K[e]) * A[e] + B[e];
+      for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - K[e]) * A[e] + B[e];
       gs_stv<T, VEC>(y + (r0 + (k - j) * RT) * C + cv * VEC, f[j], a, alpha, beta, blend);
     }
   }
-  if (k == 0) {
+  for (; k >= 0; --k) {
     Frag<T, VEC> f;
-    f.load(x + r0 * C + cv * VEC);
+    f.load(x + (r0 + k * RT) * C + cv * VEC);
     float a[VEC];
     f.get(a);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) a[e] = (a[e] - K[e]) * A[e] + B[e];
-    gs_stv<T, VEC>(y + r0 * C + cv * VEC, f, a, alpha, beta, blend);
+    for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - K[e]) * A[e] + B[e];
+    gs_stv<T, VEC>(y + (r0 + k * RT) * C + cv * VEC, f, a, alpha, beta, blend);
   }
 }
 
@@ -553,15 +556,16 @@ __global__ void __launch_bounds__(kGsBpThreads) gsc_bpart(const NormParams p) {
     }
     if (act) {
       i64 r = rs + rr;
-      for (; r + 3 * R < re; r += 4 * R) {
-        Frag<T, VEC> fx[4], fd[4];
+      constexpr int UB = VEC >= 8 ? 4 : 8;  // rows in flight per thread (narrow vectors: more of them)
+      for (; r + (UB - 1) * R < re; r += UB * R) {
+        Frag<T, VEC> fx[UB], fd[UB];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < UB; ++u) {
           fx[u].load(x + (r + u * R) * C + cv * VEC);
           fd[u].load(dy + (r + u * R) * C + cv * VEC);
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < UB; ++u) {
           float ax[VEC], ad[VEC];
           fx[u].get(ax); fd[u].get(ad);
 #pragma unroll

@@ -1252,8 +1252,12 @@ def _get_plan(handle, direction, nd, x, out, dy, sb, st, named, out_names, need_
     return pl
 
 
-def _load(handle, pl, key):
-    for alt in pl.alternatives:
+def _load(handle, pl, key, alts=None):
+    """Load the launches' kernels (`alts`: those alternatives; default: every one, but only the first of a
+    split-kernel plan, whose other alternative, for unaligned pointers, _run loads when it first takes it)."""
+    if alts is None:
+        alts = pl.alternatives[:1] if pl.alternatives[0][0].unit is not None else pl.alternatives
+    for alt in alts:
         for lc in alt:
             if lc.func is None:
                 lc.func = handle.function(lc.unit or pl.unit, lc.expr)
@@ -1290,7 +1294,12 @@ def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stat
         m = 0
         for q in data_ptrs:  # a loop, not all(<generator>): no Python frame per pointer
             m |= q
-        alt = alts[0] if m % 16 == 0 else alts[-1]
+        if m % 16 == 0:
+            alt = alts[0]
+        else:
+            alt = alts[-1]
+            if alt[0].func is None:  # (a split-kernel plan's fallback: loaded on first use)
+                _load(handle, pl, None, (alt,))
     for lc in alt:
         p = lc.params
         for name, v in fields.items():
