@@ -9,6 +9,7 @@ import pytest
 import pydnn
 from pydnn import tuning
 from pydnn.ops import normalization as N
+from devtensor import assert_close
 from test_normalization_gpu import _backward_check, _forward_check, _nd, _tensor
 
 pytestmark = pytest.mark.gpu
@@ -116,3 +117,35 @@ def test_gs_deterministic(handle, rng, monkeypatch):
         got.append((dx.download().copy(), ds.download().copy(), db.download().copy()))
     for a, b in zip(*got):
         assert np.array_equal(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_gs_unaligned_pointers(handle, rng, dtype):
+    """x / y one element past a 16-byte boundary: a split-kernel plan runs its other alternative (the
+    register-tile or gen kernels, loaded on first use); then aligned again: the split kernel."""
+    import numpy as np
+    from devtensor import DevTensor
+    from pydnn.reference import normalization as ref
+    dims = (2, 31, 45, 47)
+    nd = _nd(GROUP, 1, 1)
+    total = int(np.prod(dims))
+    item = 4 if dtype == F32 else 2
+    xs, ys = DevTensor((total + 1,), dtype), DevTensor((total + 1,), dtype)
+    flat = xs.random(rng, -3, 3)
+    view = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(view, dtype, 4, dims, (31 * 45 * 47, 45 * 47, 47, 1))
+    assert N.plan_summary(handle, nd, view)[0][0][0].startswith("gsp_fwd")
+    sbd, std = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.derive_norm_param_descriptors(sbd, std, view, nd)
+    scale, bias = DevTensor(sbd.dims, F32), DevTensor(sbd.dims, F32)
+    sv, bv = scale.random(rng, 0.5, 1.5), bias.random(rng, -1, 1)
+    mean, inv = DevTensor(std.dims, F32), DevTensor(std.dims, F32)
+    for off in (1, 0):
+        ys.poison()
+        xv = flat[off:off + total].reshape(dims)
+        pydnn.norm_forward_training(handle, nd, 1.0, 0.0, view, xs.ptr + off * item, view, ys.ptr + off * item, sbd,
+                                    scale.ptr, bias.ptr, std, mean.ptr, inv.ptr)
+        want = ref.forward(GROUP, 1, 1, 1e-5, None, 1.0, xv, 0.0, None, sv, bv)[0]
+        got = ys.download()
+        assert_close(got[off:off + total].reshape(dims), want, dtype, f"gs unaligned y off={off}",
+                     scale=ref.forward_terms(GROUP, 1, 1, 1e-5, None, xv, sv, bv))
