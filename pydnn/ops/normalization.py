@@ -52,7 +52,11 @@ each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_b
 blocks per sample and GC groups, the tiles held in shared memory between the statistics and the output; see
 GN_*); its forward takes `gn_reg_cl` first when a block's share fits (half of it in registers, half in the
 threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of the block PF_BYTES ahead
-(NormParams.pf; fwd_rows has the same option, off).
+(NormParams.pf; fwd_rows has the same option, off). Group / instance norm on packed NCHW or packed NHWC
+without activation, sets of GS_MIN_BYTES or more, where those NHWC tile kernels do not serve: the split
+kernels (`gs_*`, unit normalization_gs.<dtype>, ptx/normalization_gs.cu; see GS_*): a one-kernel forward (a
+block or a cluster of 8 per set or NHWC channel slab, two passes over x) and a backward of per-(n, c, chunk)
+partials in the workspace, their sums, a table of dx's coefficients, and dx over the flat tensor.
 """
 import ctypes
 

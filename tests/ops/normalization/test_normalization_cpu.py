@@ -1049,3 +1049,37 @@ def test_l2_prefetch_distance(monkeypatch):
         assert launch(_nd(GROUP, 32), gn).params.pf == gn_pf, nbytes
         assert launch(_nd(GROUP, 32), gn_sm).params.pf == gn_sm_pf, nbytes
         assert launch(_nd(LAYER), _desc((3, 4096), BF16)).params.pf == short_pf, nbytes  # (3 blocks)
+
+
+def test_gs_choice():
+    """The split kernels (gs_*) for group / instance norm where the tile kernels did not serve (the sweep's
+    slowest shapes), their launch shapes and workspace; not for small sets, activations, other layouts."""
+    h = cpu_handle()
+    nchw = _desc((14, 23, 151, 151), F16)
+    alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw)
+    assert alts[0] == ["gsp_fwd vec=8 cl=8 block=512 sets=14"] and ws == 0  # 14 sets: clusters of 8
+    assert alts[-1] == ["gen"]  # unaligned pointers
+    alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw, backward=True)
+    # 322 planes of 22801 elements: 12 chunks each (a warp per chunk), partials + totals + table + 16 B
+    assert alts[0] == ["gsp_bpart vec=8 K=12 chunk=1904", "gs_bred", "gs_bset", "gs_bapply vec=8"]
+    U, NC = 14 * 23 * 12, 14 * 23
+    assert ws >= 4 * (2 * U + 2 * NC + 4 * NC) + 16
+    nhwc = _desc((73, 42, 156, 156), F16, packed_strides((73, 42, 156, 156), NHWC))
+    alts, _ = N.plan_summary(h, _nd(INSTANCE), nhwc)
+    assert alts[0] == ["gsc_fwd vec=2 cl=8 block=512 W=42 units=73"]  # C 42: 2-element channel vectors
+    alts, _ = N.plan_summary(h, _nd(INSTANCE), nhwc, backward=True)
+    assert alts[0][0].startswith("gsc_bpart vec=2 ") and alts[0][3] == "gs_bapply vec=8"
+    many = _desc((6, 688, 158, 158), F16)
+    assert N.plan_summary(h, _nd(INSTANCE), many)[0][0] == ["gsp_fwd vec=8 cl=1 block=512 sets=4128"]
+    # not: small sets, a fused activation, a layout that is neither packed NCHW nor packed NHWC
+    assert not N.plan_summary(h, _nd(INSTANCE), _desc((9, 10, 4, 4), F32))[0][0][0].startswith("gs")
+    relu = _nd(GROUP, 1, act=_act(pydnn.PYDNN_ACTIVATION_RELU))
+    assert not N.plan_summary(h, relu, nchw)[0][0][0].startswith("gs")
+    padded = _desc((2, 8, 40, 40), F32, (8 * 40 * 41, 40 * 41, 41, 1))
+    assert not N.plan_summary(h, _nd(GROUP, 2), padded)[0][0][0].startswith("gs")
+    # the NHWC tile kernels keep their shapes (x read once)
+    gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
+    assert N.plan_summary(h, _nd(GROUP, 32), gn)[0][0][0].startswith("gn_reg")
+    # before sm_90: one block per unit (no clusters)
+    h.arch = "sm_80"
+    assert N.plan_summary(h, _nd(GROUP, 1), nchw)[0][0] == ["gsp_fwd vec=8 cl=1 block=512 sets=14"]
