@@ -1083,3 +1083,42 @@ def test_gs_choice():
     # before sm_90: one block per unit (no clusters)
     h.arch = "sm_80"
     assert N.plan_summary(h, _nd(GROUP, 1), nchw)[0][0] == ["gsp_fwd vec=8 cl=1 block=512 sets=14"]
+
+
+def test_gs_math_matches_the_reference():
+    """The split kernels' algebra in float64 (ptx/normalization_gs.cu): forward from shifted sums (K = the set's
+    first element) as y = (x - K) a + bias - (mean - K) a; backward from per-(n, c) A = sum dy, B = invstd sum
+    dy (x - mean), c1 = sum scale A / len, c2 = sum scale B / len, dx = k1 dy - q (x - mean) - r with k1 =
+    invstd scale, q = invstd^2 c2, r = invstd c1, dscale = sum_n B, dbias = sum_n A."""
+    from pydnn.reference import normalization as ref
+    rng = np.random.default_rng(5)
+    N_, C, H, W, G = 3, 12, 5, 7, 4
+    cg, S = C // G, H * W
+    x = rng.normal(3.0, 2.0, (N_, C, H, W))
+    dy = rng.normal(0.0, 1.0, (N_, C, H, W))
+    scale, bias = rng.uniform(0.5, 1.5, (1, C, 1, 1)), rng.uniform(-1, 1, (1, C, 1, 1))
+    eps = 1e-5
+    xs = x.reshape(N_, G, cg * S)
+    K = xs[:, :, :1]
+    d = xs - K
+    s1, s2 = d.sum(axis=2), (d * d).sum(axis=2)
+    m1 = s1 / (cg * S)
+    var = s2 / (cg * S) - m1 * m1
+    mean, inv = K[:, :, 0] + m1, 1.0 / np.sqrt(var + eps)
+    a = inv[:, :, None] * scale.reshape(G, cg)[None]                       # (N, G, cg)
+    tb = bias.reshape(G, cg)[None] - m1[:, :, None] * a
+    y = (d.reshape(N_, G, cg, S) * a[..., None] + tb[..., None]).reshape(x.shape)
+    wy, wm, wi = ref.forward(GROUP, G, 1, eps, None, 1.0, x, 0.0, None, scale, bias)
+    assert np.allclose(y, wy, atol=1e-12) and np.allclose(mean.ravel(), wm) and np.allclose(inv.ravel(), wi)
+    mg, ig = np.repeat(mean, cg, axis=1), np.repeat(inv, cg, axis=1)        # (N, C)
+    xc, dc = x.reshape(N_, C, S), dy.reshape(N_, C, S)
+    A = dc.sum(axis=2)
+    B = ig * (dc * (xc - mg[..., None])).sum(axis=2)
+    sc = scale.reshape(C)
+    c1 = (sc * A).reshape(N_, G, cg).sum(axis=2) / (cg * S)
+    c2 = (sc * B).reshape(N_, G, cg).sum(axis=2) / (cg * S)
+    k1, q, r = ig * sc, ig * ig * np.repeat(c2, cg, axis=1), ig * np.repeat(c1, cg, axis=1)
+    dx = k1[..., None] * dc - q[..., None] * (xc - mg[..., None]) - r[..., None]
+    wdx, wds, wdb = ref.backward(GROUP, G, 1, eps, None, x, dy, scale, bias, mean.ravel(), inv.ravel())
+    assert np.allclose(dx.reshape(x.shape), wdx, atol=1e-12)
+    assert np.allclose(B.sum(axis=0), np.ravel(wds)) and np.allclose(A.sum(axis=0), np.ravel(wdb))
