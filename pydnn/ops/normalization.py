@@ -881,7 +881,8 @@ def _gs_exprs(tag):
     v = vec_width(tag, tag)
     ex = [_gs_fwd_expr(tag, v, "gsp", 1), _gs_fwd_expr(tag, v, "gsp", 8)]
     for w in (v, 2, 1):
-        ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8), f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
+        ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8),
+               f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
     return ex + [f"pydnn::norm_gs::gsp_bpart<{CTYPE[tag]}, {v}>", f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>",
                  "pydnn::norm_gs::gs_bred", "pydnn::norm_gs::gs_bset"]
 
@@ -1008,8 +1009,9 @@ def _gs_bwd_alt(handle, nd, tag, x, dx, dy, stats):
         _new_launch("pydnn::norm_gs::gs_bred", p, (max(1, min(cdiv(NC, GS_BP_THREADS), 65535)), 1, 1),
                     (GS_BP_THREADS, 1, 1), desc="gs_bred"),
         _new_launch("pydnn::norm_gs::gs_bset", p, (nsb + cdiv(C, 32), 1, 1), (GS_BP_THREADS, 1, 1), desc="gs_bset"),
-        _new_launch(f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>", p, (max(1, min(cdiv(nv, 2 * GS_BP_THREADS), MAX_GRID)), 1, 1),
-                    (GS_BP_THREADS, 1, 1), desc=f"gs_bapply vec={v}"),
+        _new_launch(f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>", p,
+                    (max(1, min(cdiv(nv, 2 * GS_BP_THREADS), MAX_GRID)), 1, 1), (GS_BP_THREADS, 1, 1),
+                    desc=f"gs_bapply vec={v}"),
     ]
     return launches, ws
 
