@@ -349,7 +349,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
     s1[e] = 0.0f; s2[e] = 0.0f;
   }
   if (act) {
-    constexpr int UN = VEC >= 8 ? 2 : VEC >= 4 ? 4 : 8;  // (loads in flight per thread; 8-wide: 24 accumulators)
+    constexpr int UN = VEC >= 8 ? 2 : VEC >= 4 ? 4 : 8;  // rows in flight per thread
     i64 r = r0;
     for (; r + (UN - 1) * RT < S; r += UN * RT) {
       Frag<T, VEC> f[UN];
@@ -425,7 +425,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   const float* B = tb + cv * VEC;
   // reverse row order: the most recently read lines first
   const i64 steps = S > r0 ? (S - 1 - r0) / RT + 1 : 0;
-  constexpr int U2 = VEC >= 4 ? 2 : 4;  // rows in flight per thread
+  constexpr int U2 = VEC * sizeof(T) >= 16 ? 2 : 4;  // rows in flight per thread
   i64 k = steps - 1;
   for (; k >= U2 - 1; k -= U2) {
     Frag<T, VEC> f[U2];

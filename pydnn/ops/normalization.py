@@ -868,6 +868,7 @@ GS_BP_THREADS = 256               # kGsBpThreads
 GS_CLUSTER_UNITS_PER_SM = 2       # gsp_fwd / gsc_fwd: clusters of 8 when units < this x SMs
 GS_SLAB_BYTES = 256               # gsc_fwd: the narrowest channel slab (bytes of a row) that units may take
 GS_SMEM_MAX = 160 * 1024
+GS_FWD_CVEC = 4                   # gsc_fwd: channel vectors of at most 4 elements (8 in 16-bit spilled at 64 registers)
 GS_BP_WARPS_PER_SM = 64           # gsp_bpart: chunks (warps) per SM wanted
 GS_BP_MIN_CHUNK = 2048            # gsp_bpart: elements per chunk at least (planes shorter: one chunk)
 GS_BC_BLOCKS_PER_SM = 4           # gsc_bpart: blocks per SM wanted
@@ -880,15 +881,17 @@ def _gs_fwd_expr(tag, vec, kind, cl):
 def _gs_exprs(tag):
     v = vec_width(tag, tag)
     ex = [_gs_fwd_expr(tag, v, "gsp", 1), _gs_fwd_expr(tag, v, "gsp", 8)]
+    for w in (min(v, GS_FWD_CVEC), 2, 1):
+        ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8)]
     for w in (v, 2, 1):
-        ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8),
-               f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
+        ex += [f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
     return ex + [f"pydnn::norm_gs::gsp_bpart<{CTYPE[tag]}, {v}>", f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>",
                  "pydnn::norm_gs::gs_bred", "pydnn::norm_gs::gs_bset"]
 
 
 def _gs_cvec(C, v):
-    """The channel-vector width of gsc_fwd / gsc_bpart: 16 bytes when C allows, else 2 elements, else 1."""
+    """The channel-vector width of gsc_fwd / gsc_bpart: v (at most 16 bytes) when C allows, else 2 elements,
+    else 1."""
     return v if C % v == 0 else 2 if C % 2 == 0 else 1
 
 
@@ -945,7 +948,7 @@ def _gs_fwd_alt(handle, nd, tag, x, out, stats):
             return None
         return [_new_launch(_gs_fwd_expr(tag, v, "gsp", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
                             desc=f"gsp_fwd vec={v} cl={cl} block={block} sets={units}")]
-    vec = _gs_cvec(C, v)
+    vec = _gs_cvec(C, min(v, GS_FWD_CVEC))
     slabs = [gc * cg for gc in range(1, G + 1) if G % gc == 0 and (gc * cg) % vec == 0 and gc * cg // vec <= GS_THREADS]
     if not slabs:
         return None
