@@ -27,7 +27,7 @@ GS_CASES = [  # kind, groups, dims, layout
     (GROUP, 2, (3, 178, 9, 11), "nhwc"),       # gsc: C 178 (2-element vectors), cg 89
     (INSTANCE, 0, (4, 42, 13, 17), "nhwc"),    # gsc: 2-element vectors (fp32 and 16-bit)
     (INSTANCE, 0, (2, 7, 20, 20), "nhwc"),     # gsc: 1-element vectors
-    (GROUP, 8, (2, 64, 24, 24), "nhwc"),       # gsc: 16-byte vectors, cg 8
+    (GROUP, 8, (2, 64, 24, 24), "nhwc"),       # gsc: 4-element vectors (gsc_bpart: 16-byte), cg 8
     (GROUP, 4, (1, 2048, 5, 5), "nhwc"),       # gsc: a 512-channel slab per unit
     (INSTANCE, 0, (2, 42, 60, 61), "nhwc"),    # backward: several row chunks per sample
 ]
