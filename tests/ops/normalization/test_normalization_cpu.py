@@ -1122,3 +1122,175 @@ def test_gs_math_matches_the_reference():
     wdx, wds, wdb = ref.backward(GROUP, G, 1, eps, None, x, dy, scale, bias, mean.ravel(), inv.ravel())
     assert np.allclose(dx.reshape(x.shape), wdx, atol=1e-12)
     assert np.allclose(B.sum(axis=0), np.ravel(wds)) and np.allclose(A.sum(axis=0), np.ravel(wdb))
+
+
+def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
+    """The split kernels' index math line by line in float64 on flat packed arrays (one Python thread loop per
+    CUDA thread, shared memory as arrays): y / dx as the kernel writes it, the statistics it writes, and the
+    workspace it fills."""
+    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+    vec = int(lc.expr.split(",")[1].strip().rstrip(">")) if "<" in lc.expr else 1
+    Nn, C, S, G = (int(p.set_size[i]) for i in range(4))
+    cg = C // G
+    nhwc = bool(p.flags & N.GS_FLAG_NHWC)
+    cl = 8 if kname.endswith("_cl") else 1
+    B = lc.block[0]
+    ss0, ss1 = int(p.set_stride[3][0]), int(p.set_stride[3][1])
+    out = {}
+    if kname.startswith("gsp_fwd"):
+        L = cg * S
+        y = np.full(xf.shape, np.nan)
+        for s in range(Nn * G):
+            n, g = divmod(s, G)
+            base = s * L
+            K = xf[base]
+            d = xf[base:base + L] - K
+            m1 = d.sum() / L
+            var = max((d * d).sum() / L - m1 * m1, 0.0)
+            mu, iv = K + m1, 1 / np.sqrt(var + p.eps)
+            mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1] = mu, iv
+            i = np.arange(L)
+            q = i % cg if nhwc else i // S
+            a = iv * scale[g * cg + q]
+            y[base:base + L] = d * a + bias[g * cg + q] - m1 * a
+        out["y"] = y
+    elif kname.startswith("gsc_fwd"):
+        W = int(p.el_size[0])
+        NS, ncv = C // W, W // vec
+        R = B // ncv
+        ngs = W // cg
+        y = np.full(xf.shape, np.nan)
+        for u in range(Nn * NS):
+            n, w0 = divmod(u, NS)
+            w0 *= W
+            xb = n * S * C + w0
+            gk = np.array([xf[xb + q * cg] for q in range(ngs)])
+            red = np.zeros((2, cl, R, ncv * vec))
+            for rank in range(cl):
+                for t in range(B):
+                    cv, rr = t % ncv, t // ncv
+                    if rr >= R:
+                        continue
+                    for e in range(vec):
+                        c = cv * vec + e
+                        K = xf[xb + (c // cg) * cg]
+                        rows = np.arange(rank * R + rr, S, R * cl)
+                        dd = xf[xb + rows * C + c] - K
+                        red[0, rank, rr, c] = dd.sum()
+                        red[1, rank, rr, c] = (dd * dd).sum()
+            grp = np.zeros((2, ngs))
+            for q in range(ngs):
+                grp[:, q] = red[:, :, :, q * cg:(q + 1) * cg].sum(axis=(1, 2, 3))
+            for c in range(W):
+                q = c // cg
+                m1 = grp[0, q] / (cg * S)
+                var = max(grp[1, q] / (cg * S) - m1 * m1, 0.0)
+                mu, iv = gk[q] + m1, 1 / np.sqrt(var + p.eps)
+                if c == q * cg:
+                    mean[n * ss0 + (w0 // cg + q) * ss1], inv[n * ss0 + (w0 // cg + q) * ss1] = mu, iv
+                a = iv * scale[w0 + c]
+                rows = np.arange(S)
+                y[xb + rows * C + c] = (xf[xb + rows * C + c] - gk[q]) * a + bias[w0 + c] - m1 * a
+        out["y"] = y
+    elif kname in ("gsp_bpart", "gsc_bpart"):
+        K, CH = int(p.el_size[1]), int(p.el_size[3])
+        U = Nn * C * K
+        for n in range(Nn):
+            for c in range(C):
+                g = c // cg
+                mu, iv = mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1]
+                for k in range(K):
+                    if kname == "gsp_bpart":
+                        pl = n * C + c
+                        lo, hi = pl * S + k * CH, min(pl * S + k * CH + CH, (pl + 1) * S)
+                        idx = np.arange(lo, hi)
+                        unit = pl * K + k
+                    else:
+                        rows = np.arange(k * CH, min(k * CH + CH, S))
+                        idx = n * S * C + rows * C + c
+                        unit = (n * K + k) * C + c
+                    ws[unit] = dyf[idx].sum()
+                    ws[U + unit] = iv * (dyf[idx] * (xf[idx] - mu)).sum()
+    elif kname == "gs_bred":
+        K = int(p.el_size[1])
+        U, NC = Nn * C * K, Nn * C
+        for t in range(NC):
+            n, c = divmod(t, C)
+            ii = [(n * K + k) * C + c if nhwc else t * K + k for k in range(K)]
+            ws[2 * U + t] = sum(ws[i] for i in ii)
+            ws[2 * U + NC + t] = sum(ws[U + i] for i in ii)
+    elif kname == "gs_bset":
+        K = int(p.el_size[1])
+        U, NC = Nn * C * K, Nn * C
+        tab0 = -(-int(p.el_size[4]) // 4) * 4  # (the kernel aligns the address; ws here starts aligned)
+        tot = ws[2 * U:2 * U + 2 * NC]
+        for s in range(Nn * G):
+            n, g = divmod(s, G)
+            cs = np.arange(g * cg, g * cg + cg)
+            a = (scale[cs] * tot[n * C + cs]).sum()
+            b = (scale[cs] * tot[NC + n * C + cs]).sum()
+            mu, iv = mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1]
+            c1, c2 = a / (cg * S), b / (cg * S)
+            for c in cs:
+                ws[tab0 + 4 * (n * C + c):tab0 + 4 * (n * C + c) + 4] = (iv * scale[c], mu, iv * iv * c2, iv * c1)
+        out["dscale"] = tot[NC:].reshape(Nn, C).sum(axis=0)
+        out["dbias"] = tot[:NC].reshape(Nn, C).sum(axis=0)
+    elif kname == "gs_bapply":
+        tab0 = -(-int(p.el_size[4]) // 4) * 4
+        i = np.arange(xf.size)
+        row = (i // (S * C)) * C + i % C if nhwc else i // S
+        t = ws[tab0:tab0 + 4 * Nn * C].reshape(-1, 4)[row]
+        out["dx"] = t[:, 0] * dyf - t[:, 2] * (xf - t[:, 1]) - t[:, 3]
+    else:
+        raise AssertionError(kname)
+    return out
+
+
+@pytest.mark.parametrize("case", [(GROUP, 2, (3, 8, 5, 7), None), (INSTANCE, 0, (2, 6, 9, 5), None),
+                                  (GROUP, 1, (2, 5, 6, 7), "nhwc"), (GROUP, 2, (2, 12, 5, 7), "nhwc"),
+                                  (INSTANCE, 0, (3, 6, 4, 9), "nhwc"), (GROUP, 4, (2, 16, 3, 3), "nhwc")])
+@pytest.mark.parametrize("cl1", [False, True])
+def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
+    """Every gs launch of the plan replayed in float64 with the kernels' own index math (_gs_run_numpy): y, the
+    statistics, dx, dscale and dbias equal the reference's."""
+    from pydnn.reference import normalization as ref
+    monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1)
+    for name in ("GN_FWD", "GN_BWD", "GN_REG"):
+        monkeypatch.setattr(tuning.norm, name, False)
+    if cl1:
+        monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
+    kind, groups, dims, layout = case
+    rng = np.random.default_rng(7)
+    nd = _nd(kind, groups)
+    xd = _layout_desc(dims, layout, F32)
+    sb, st = _params(xd, nd)
+    G = dims[1] if kind == INSTANCE else groups
+    x = rng.normal(2.0, 1.5, dims)
+    dy = rng.normal(0.0, 1.0, dims)
+    scale, bias = rng.uniform(0.5, 1.5, dims[1]), rng.uniform(-1, 1, dims[1])
+    perm = (0, 2, 3, 1) if layout == "nhwc" else (0, 1, 2, 3)
+    xf, dyf = x.transpose(perm).ravel(), dy.transpose(perm).ravel()
+
+    def unflat(a):
+        shape = tuple(dims[i] for i in perm)
+        return a.reshape(shape).transpose(np.argsort(perm))
+
+    h = cpu_handle()
+    pl = N._plan(h, nd, xd, xd, None, st, False)
+    lc = pl.alternatives[0][0]
+    assert len(pl.alternatives[0]) == 1 and lc.desc.startswith(("gsp_fwd", "gsc_fwd"))
+    assert (" cl=1 " in lc.desc) == cl1, lc.desc
+    mean, inv = np.full(dims[0] * G, np.nan), np.full(dims[0] * G, np.nan)
+    y = _gs_run_numpy(lc, lc.params, xf, None, scale, bias, mean, inv, None, False)["y"]
+    sc4, bi4 = scale.reshape(1, -1, 1, 1), bias.reshape(1, -1, 1, 1)
+    wy, wm, wi = ref.forward(kind, groups, 1, 1e-5, None, 1.0, x, 0.0, None, sc4, bi4)
+    assert np.allclose(unflat(y), wy, atol=1e-10) and np.allclose(mean, wm) and np.allclose(inv, wi)
+    pl = N._plan(h, nd, xd, xd, xd, st, True)
+    assert [lc.desc.split()[0] for lc in pl.alternatives[0]][1:] == ["gs_bred", "gs_bset", "gs_bapply"]
+    ws = np.full(pl.workspace // 4, np.nan)
+    outs = {}
+    for lc in pl.alternatives[0]:
+        outs.update(_gs_run_numpy(lc, lc.params, xf, dyf, scale, bias, wm, wi, ws, True))
+    wdx, wds, wdb = ref.backward(kind, groups, 1, 1e-5, None, x, dy, sc4, bi4, wm, wi)
+    assert np.allclose(unflat(outs["dx"]), wdx, atol=1e-10)
+    assert np.allclose(outs["dscale"], np.ravel(wds)) and np.allclose(outs["dbias"], np.ravel(wdb))
