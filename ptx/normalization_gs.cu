@@ -43,6 +43,7 @@ struct __align__(16) U4 { unsigned x, y, z, w; };
 // VEC consecutive elements of T as 32-bit words: one access of sizeof(T) * VEC bytes.
 template <class T, int VEC> struct Frag {
   static constexpr int BYTES = (int)sizeof(T) * VEC;
+  static_assert(BYTES == 16 || BYTES == 8 || BYTES == 4 || BYTES == 2, "one access of 2, 4, 8 or 16 bytes");
   static constexpr int WORDS = BYTES < 4 ? 1 : BYTES / 4;
   unsigned w[WORDS];
 
@@ -54,6 +55,9 @@ template <class T, int VEC> struct Frag {
     if constexpr (BYTES == 16) {
       const U4 q = *reinterpret_cast<const U4*>(p);
       w[0] = q.x; w[1] = q.y; w[2] = q.z; w[3] = q.w;
+    } else if constexpr (BYTES == 8) {  // (not in normalization.cu's Frag: gsc's 4 x 16-bit and 2 x fp32 vectors)
+      const uint2 q = *reinterpret_cast<const uint2*>(p);
+      w[0] = q.x; w[1] = q.y;
     } else if constexpr (BYTES == 4) {
       w[0] = *reinterpret_cast<const unsigned*>(p);
     } else {
@@ -65,6 +69,10 @@ template <class T, int VEC> struct Frag {
       U4 q;
       q.x = w[0]; q.y = w[1]; q.z = w[2]; q.w = w[3];
       *reinterpret_cast<U4*>(p) = q;
+    } else if constexpr (BYTES == 8) {
+      uint2 q;
+      q.x = w[0]; q.y = w[1];
+      *reinterpret_cast<uint2*>(p) = q;
     } else if constexpr (BYTES == 4) {
       *reinterpret_cast<unsigned*>(p) = w[0];
     } else {
@@ -178,7 +186,6 @@ __device__ __forceinline__ void gs_stv(T* y, Frag<T, VEC>& f, float (&v)[VEC], f
 }
 
 // mean and invstd of a set from shifted sums (s1 = sum d, s2 = sum d^2, d = x - K) over len elements
-// (m1 = mean - K: y = (x - K) a + bias - m1 a, exact in x - K near K, no cancellation at large means)
 __device__ __forceinline__ void gs_stats(float s1, float s2, float K, i64 len, double eps, float& mean, float& inv,
                                          float& m1f) {
   const double m1 = (double)s1 / (double)len;
@@ -199,7 +206,7 @@ __device__ __forceinline__ float4* gs_table(const NormParams& p) {
 // gsp_fwd's output of vector w (elements h + w * VEC ..) of its set, x's values in f; reverse order over w
 // (the most recently read lines first)
 template <class T, int VEC>
-__device__ __forceinline__ void gsp_apply(Frag<T, VEC>& f, T* yv, i64 w, i64 h, i64 S, i64 cg, bool nhwc, float K,
+__device__ __forceinline__ void gsp_apply(Frag<T, VEC>& f, T* yv, i64 w, i64 h, i64 S, i64 cg, bool nhwc, float M,
                                           const float* ta, const float* tb, float alpha, float beta, bool blend) {
   float a[VEC];
   f.get(a);
@@ -208,7 +215,7 @@ __device__ __forceinline__ void gsp_apply(Frag<T, VEC>& f, T* yv, i64 w, i64 h, 
   if (nhwc) { q = i0 % cg; r = 0; } else { q = i0 / S; r = i0 - q * S; }
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
-    a[e] = (a[e] - K) * ta[q] + tb[q];
+    a[e] = (a[e] - M) * ta[q] + tb[q];
     if (nhwc) { if (++q == cg) q = 0; }
     else if (++r == S) { r = 0; ++q; }
   }
@@ -283,7 +290,7 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
     const i64 c = g * cg + q;
     const float a = inv * p.scale[c];
     ta[q] = a;
-    tb[q] = (p.bias ? p.bias[c] : 0.0f) - m1 * a;  // y = (x - K) a + tb
+    tb[q] = p.bias ? p.bias[c] : 0.0f;  // y = (x - mean) a + bias
   }
   __syncthreads();
   const float alpha = (float)p.alpha, beta = (float)p.beta;
@@ -291,11 +298,11 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
   // element i of the set -> its channel q (NCHW: i / S; NHWC, G == 1: i % C)
   for (i64 i = tid; i < h; i += NT) {
     const i64 q = nhwc ? i % cg : i / S;
-    gs_st(y, i, (gs_ld(x, i) - K) * ta[q] + tb[q], alpha, beta, blend);
+    gs_st(y, i, (gs_ld(x, i) - mean) * ta[q] + tb[q], alpha, beta, blend);
   }
   for (i64 i = t0 + tid; i < L; i += NT) {
     const i64 q = nhwc ? i % cg : i / S;
-    gs_st(y, i, (gs_ld(x, i) - K) * ta[q] + tb[q], alpha, beta, blend);
+    gs_st(y, i, (gs_ld(x, i) - mean) * ta[q] + tb[q], alpha, beta, blend);
   }
   T* yv = y + h;
   i64 u = tid;
@@ -305,12 +312,12 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
     for (int k = 0; k < 2; ++k) f[k].load(xv + (nv - 1 - (u + k * NT)) * VEC);
 #pragma unroll
     for (int k = 0; k < 2; ++k)
-      gsp_apply<T, VEC>(f[k], yv, nv - 1 - (u + k * NT), h, S, cg, nhwc, K, ta, tb, alpha, beta, blend);
+      gsp_apply<T, VEC>(f[k], yv, nv - 1 - (u + k * NT), h, S, cg, nhwc, mean, ta, tb, alpha, beta, blend);
   }
   if (u < nv) {
     Frag<T, VEC> f;
     f.load(xv + (nv - 1 - u) * VEC);
-    gsp_apply<T, VEC>(f, yv, nv - 1 - u, h, S, cg, nhwc, K, ta, tb, alpha, beta, blend);
+    gsp_apply<T, VEC>(f, yv, nv - 1 - u, h, S, cg, nhwc, mean, ta, tb, alpha, beta, blend);
   }
 }
 
@@ -401,6 +408,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   }
   __syncthreads();
   const i64 L = cg * S;
+  float* tm = red;  // [W] (red is free from here: W <= R * NCV * VEC)
   for (int c = threadIdx.x; c < (int)W; c += blockDim.x) {
     const int q = c / (int)cg;
     float mean, inv, m1;
@@ -408,9 +416,10 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
     const i64 ch = w0 + c;
     const float a = inv * p.scale[ch];
     ta[c] = a;
-    tb[c] = (p.bias ? p.bias[ch] : 0.0f) - m1 * a;  // fp32: y = (x - K) a + tb
-    if constexpr (sizeof(T) == 2) tb[c] -= gk[q] * a;  // 16-bit: y = x a + tb (K folded in: the registers go to
-                                                       // loads in flight; the rounding of x a is far below y's)
+    tb[c] = p.bias ? p.bias[ch] : 0.0f;  // fp32: y = (x - mean) a + bias (the mean per channel in tm)
+    tm[c] = mean;
+    if constexpr (sizeof(T) == 2) tb[c] -= mean * a;  // 16-bit: y = x a + (bias - mean a): fewer registers, and
+                                                      // the rounding of x a is far below y's
     if ((p.flags & PYDNN_NORM_FLAG_STATS) && rank == 0 && c == q * (int)cg) {
       const i64 si = n * p.set_stride[3][0] + (w0 / cg + q) * p.set_stride[3][1];
       if (p.mean) p.mean[si] = mean;
@@ -423,6 +432,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   const bool blend = p.flags & PYDNN_FLAG_BETA;
   const float* A = ta + cv * VEC;  // (read from shared memory at each use: registers go to loads in flight)
   const float* B = tb + cv * VEC;
+  const float* Mc = tm + cv * VEC;
   // reverse row order: the most recently read lines first
   const i64 steps = S > r0 ? (S - 1 - r0) / RT + 1 : 0;
   constexpr int U2 = VEC * sizeof(T) >= 16 ? 2 : 4;  // rows in flight per thread
@@ -436,7 +446,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
       float a[VEC];
       f[j].get(a);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - K[e]) * A[e] + B[e];
+      for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - Mc[e]) * A[e] + B[e];
       gs_stv<T, VEC>(y + (r0 + (k - j) * RT) * C + cv * VEC, f[j], a, alpha, beta, blend);
     }
   }
@@ -446,7 +456,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
     float a[VEC];
     f.get(a);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - K[e]) * A[e] + B[e];
+    for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - Mc[e]) * A[e] + B[e];
     gs_stv<T, VEC>(y + (r0 + k * RT) * C + cv * VEC, f, a, alpha, beta, blend);
   }
 }

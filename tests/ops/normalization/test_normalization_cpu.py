@@ -1087,7 +1087,7 @@ def test_gs_choice():
 
 def test_gs_math_matches_the_reference():
     """The split kernels' algebra in float64 (ptx/normalization_gs.cu): forward from shifted sums (K = the set's
-    first element) as y = (x - K) a + bias - (mean - K) a; backward from per-(n, c) A = sum dy, B = invstd sum
+    first element), y = (x - mean) a + bias; backward from per-(n, c) A = sum dy, B = invstd sum
     dy (x - mean), c1 = sum scale A / len, c2 = sum scale B / len, dx = k1 dy - q (x - mean) - r with k1 =
     invstd scale, q = invstd^2 c2, r = invstd c1, dscale = sum_n B, dbias = sum_n A."""
     from pydnn.reference import normalization as ref
@@ -1106,8 +1106,8 @@ def test_gs_math_matches_the_reference():
     var = s2 / (cg * S) - m1 * m1
     mean, inv = K[:, :, 0] + m1, 1.0 / np.sqrt(var + eps)
     a = inv[:, :, None] * scale.reshape(G, cg)[None]                       # (N, G, cg)
-    tb = bias.reshape(G, cg)[None] - m1[:, :, None] * a
-    y = (d.reshape(N_, G, cg, S) * a[..., None] + tb[..., None]).reshape(x.shape)
+    xm = (xs - mean[:, :, None]).reshape(N_, G, cg, S)
+    y = (xm * a[..., None] + bias.reshape(G, cg)[None, :, :, None]).reshape(x.shape)
     wy, wm, wi = ref.forward(GROUP, G, 1, eps, None, 1.0, x, 0.0, None, scale, bias)
     assert np.allclose(y, wy, atol=1e-12) and np.allclose(mean.ravel(), wm) and np.allclose(inv.ravel(), wi)
     mg, ig = np.repeat(mean, cg, axis=1), np.repeat(inv, cg, axis=1)        # (N, C)
@@ -1152,7 +1152,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
             i = np.arange(L)
             q = i % cg if nhwc else i // S
             a = iv * scale[g * cg + q]
-            y[base:base + L] = d * a + bias[g * cg + q] - m1 * a
+            y[base:base + L] = (xf[base:base + L] - mu) * a + bias[g * cg + q]
         out["y"] = y
     elif kname.startswith("gsc_fwd"):
         W = int(p.el_size[0])
@@ -1190,7 +1190,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
                     mean[n * ss0 + (w0 // cg + q) * ss1], inv[n * ss0 + (w0 // cg + q) * ss1] = mu, iv
                 a = iv * scale[w0 + c]
                 rows = np.arange(S)
-                y[xb + rows * C + c] = (xf[xb + rows * C + c] - gk[q]) * a + bias[w0 + c] - m1 * a
+                y[xb + rows * C + c] = (xf[xb + rows * C + c] - mu) * a + bias[w0 + c]
         out["y"] = y
     elif kname in ("gsp_bpart", "gsc_bpart"):
         K, CH = int(p.el_size[1]), int(p.el_size[3])
