@@ -236,6 +236,11 @@ norm = Switches(
                                                   'into L2 (prefetch.global.L2) the x that block b + pf will read, '
                                                   'pf = PF_BYTES[kernel] / the bytes of x one block reads (at least '
                                                   '1; 0 bytes: off); the reasons: pydnn/ops/normalization.py'),
+    GS=(True, 'Group / instance norm split kernels (gsp_fwd / gsc_fwd, gsp_bpart / gsc_bpart + gs_bred + gs_bset + '
+              'gs_bapply) for packed NCHW / NHWC without activation when a set holds GS_MIN_BYTES or more; the '
+              'reasons: pydnn/ops/normalization.py'),
+    GS_MIN_BYTES=(2048, 'gs_*: the split kernels serve sets of at least this many bytes of x (smaller sets keep '
+                            'the register-tile kernels); the reasons: pydnn/ops/normalization.py'),
 )
 
 pooling = Switches(

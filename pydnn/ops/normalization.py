@@ -52,7 +52,11 @@ each group's channels contiguous at every position (NHWC) takes `gn_fwd` / `gn_b
 blocks per sample and GC groups, the tiles held in shared memory between the statistics and the output; see
 GN_*); its forward takes `gn_reg_cl` first when a block's share fits (half of it in registers, half in the
 threads' own shared-memory slots; see GN_REG*), each block pulling into L2 the x of the block PF_BYTES ahead
-(NormParams.pf; fwd_rows has the same option, off).
+(NormParams.pf; fwd_rows has the same option, off). Group / instance norm on packed NCHW or packed NHWC
+without activation, sets of GS_MIN_BYTES or more, where those NHWC tile kernels do not serve: the split
+kernels (`gs_*`, unit normalization_gs.<dtype>, ptx/normalization_gs.cu; see GS_*): a one-kernel forward (a
+block or a cluster of 8 per set or NHWC channel slab, two passes over x) and a backward of per-(n, c, chunk)
+partials in the workspace, their sums, a table of dx's coefficients, and dx over the flat tensor.
 """
 import ctypes
 import math
@@ -390,9 +394,10 @@ def _rowx_unit_exprs(tag):
 
 def kernel_units():
     # normalization.rowx.<t>: the rowx kernels in a unit of their own (see ptx/normalization_rowx.cu; their
-    # launches name it: _Launch.unit)
+    # launches name it: _Launch.unit); normalization_gs.<t>: the group / instance norm split kernels
     return [KernelUnit(f"normalization.{t}", "normalization.cu", _unit_exprs(t)) for t in TAGS] + \
-        [KernelUnit(f"normalization.rowx.{t}", "normalization_rowx.cu", _rowx_unit_exprs(t)) for t in TAGS]
+        [KernelUnit(f"normalization.rowx.{t}", "normalization_rowx.cu", _rowx_unit_exprs(t)) for t in TAGS] + \
+        [KernelUnit(f"normalization_gs.{t}", "normalization_gs.cu", tuple(_gs_exprs(t))) for t in TAGS]
 
 
 # ----------------------------------------------------------------------------- the descriptor
@@ -955,6 +960,187 @@ def _gn_reg_alt(handle, nd, tag, geo, vec):
                              + (f" pf={p.pf}" if p.pf else ""))]
 
 
+# Group / instance norm split kernels (`gs_*`, ptx/normalization_gs.cuh): packed NCHW or packed NHWC x / y (dy /
+# dx), no activation. Why: the register-tile kernels give one block (or one cluster of 8) per set, need 16-byte
+# runs (odd H * W or C fell to scalar loads or gen, one block walking a whole set three times) and cap the set
+# at 8 x 1024 threads' registers; the sweep (tools/sweep_memory.py, H200) had group / instance norm at 0.01x
+# PyTorch on large odd planes. Forward: gsp_fwd (sets that are one contiguous run: NCHW, NHWC with G == 1) and
+# gsc_fwd (NHWC: a unit is one sample's slab of W channels = whole groups, all positions), one block per unit
+# or, with fewer than GS_CLUSTER_UNITS_PER_SM units per SM (sm_90), a cluster of 8 blocks per unit; two passes
+# over x (the second in reverse, from L2 where it can), no workspace. Backward: gsp_bpart / gsc_bpart write per
+# (n, c, chunk) partial sums to the workspace, gs_bred adds the chunks, gs_bset makes per (n, c) the table of
+# dx's coefficients and dscale / dbias, gs_bapply writes dx over the flat tensor: x and dy read twice.
+GS_FLAG_NHWC = 512
+GS_THREADS = 512                  # kGsThreads
+GS_BP_THREADS = 256               # kGsBpThreads
+GS_CLUSTER_UNITS_PER_SM = 2       # gsp_fwd / gsc_fwd: clusters of 8 when units < this x SMs
+GS_SLAB_BYTES = 256               # gsc_fwd: the narrowest channel slab (bytes of a row) that units may take
+GS_SMEM_MAX = 160 * 1024
+GS_FWD_CVEC = 4                   # gsc_fwd: channel vectors of at most 4 elements (8 in 16-bit spilled at 64 registers)
+GS_BP_WARPS_PER_SM = 64           # gsp_bpart: chunks (warps) per SM wanted
+GS_BP_MIN_CHUNK = 2048            # gsp_bpart: elements per chunk at least (planes shorter: one chunk)
+GS_BC_BLOCKS_PER_SM = 4           # gsc_bpart: blocks per SM wanted
+
+
+def _gs_fwd_expr(tag, vec, kind, cl):
+    return f"pydnn::norm_gs::{kind}_fwd{'_cl' if cl > 1 else ''}<{CTYPE[tag]}, {vec}>"
+
+
+def _gs_exprs(tag):
+    v = vec_width(tag, tag)
+    ex = [_gs_fwd_expr(tag, v, "gsp", 1), _gs_fwd_expr(tag, v, "gsp", 8)]
+    for w in (min(v, GS_FWD_CVEC), 2, 1):
+        ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8)]
+    for w in (v, 2, 1):
+        ex += [f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
+    return ex + [f"pydnn::norm_gs::gsp_bpart<{CTYPE[tag]}, {v}>", f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>",
+                 "pydnn::norm_gs::gs_bred", "pydnn::norm_gs::gs_bset"]
+
+
+def _gs_cvec(C, v):
+    """The channel-vector width of gsc_fwd / gsc_bpart: v (at most 16 bytes) when C allows, else 2 elements,
+    else 1."""
+    return v if C % v == 0 else 2 if C % 2 == 0 else 1
+
+
+def _packed_as(desc, fmt):
+    want = packed_strides(desc.dims, fmt)
+    return all(a == b for a, b, d in zip(desc.strides, want, desc.dims) if d > 1)
+
+
+def _gs_layout(nd, x, others):
+    """(nhwc, N, C, S) when x and the others are all packed NCHW or all packed NHWC, else None."""
+    if nd.kind not in (E.PYDNN_NORM_KIND_GROUP, E.PYDNN_NORM_KIND_INSTANCE) or nd.act_id or len(x.dims) < 3:
+        return None
+    descs = [x] + [d for d in others if d is not None]
+    for fmt in (E.PYDNN_TENSOR_NCHW, E.PYDNN_TENSOR_NHWC):
+        if all(_packed_as(d, fmt) for d in descs):
+            return fmt == E.PYDNN_TENSOR_NHWC, x.dims[0], x.dims[1], prod(x.dims[2:])
+    return None
+
+
+def _gs_params(nd, N, C, S, G, nhwc, stats_strides):
+    p = NormParams()
+    p.sets, p.len, p.nparams = N * G, C // G * S, C
+    p.eps = nd.epsilon
+    p.set_size[0], p.set_size[1], p.set_size[2], p.set_size[3] = N, C, S, G
+    p.set_stride[3][0], p.set_stride[3][1] = stats_strides
+    p.flags = GS_FLAG_NHWC if nhwc else 0
+    return p
+
+
+def _gs_stats_strides(nd, x, stats):
+    st = stats.strides if stats is not None else packed_strides(_shapes(nd, x)[1], E.PYDNN_TENSOR_NCHW)
+    return st[0], st[1]
+
+
+def _gs_fwd_alt(handle, nd, tag, x, out, stats):
+    """[gsp_fwd / gsc_fwd launch] or None."""
+    lay = _gs_layout(nd, x, (out,))
+    if lay is None:
+        return None
+    nhwc, N, C, S = lay
+    G = _groups(nd, x)
+    cg, es, v = C // G, _SIZES[tag], vec_width(tag, tag)
+    if cg * S * es < tuning.norm.GS_MIN_BYTES or N * C * S >= 2**62:
+        return None
+    sm90 = _arch_num(handle) >= 90
+    p = _gs_params(nd, N, C, S, G, nhwc, _gs_stats_strides(nd, x, stats))
+    if not nhwc or G == 1:
+        units = N * G
+        cl = CLUSTER if sm90 and units < GS_CLUSTER_UNITS_PER_SM * handle.sm_count else 1
+        nvec = cdiv(cg * S, v)
+        block = min(GS_THREADS, max(128, next_pow2(cdiv(nvec, cl * 8))))
+        smem = 8 * cg
+        if smem > GS_SMEM_MAX or units * cl > MAX_GRID:
+            return None
+        return [_new_launch(_gs_fwd_expr(tag, v, "gsp", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
+                            desc=f"gsp_fwd vec={v} cl={cl} block={block} sets={units}")]
+    vec = _gs_cvec(C, min(v, GS_FWD_CVEC))
+    slabs = [gc * cg for gc in range(1, G + 1) if G % gc == 0 and (gc * cg) % vec == 0 and gc * cg // vec <= GS_THREADS]
+    if not slabs:
+        return None
+    wide = [w for w in slabs if w * es >= GS_SLAB_BYTES]
+    W = min(wide) if wide else max(slabs)
+    units = N * (C // W)
+    cl = CLUSTER if sm90 and units < GS_CLUSTER_UNITS_PER_SM * handle.sm_count else 1
+    ncv = W // vec
+    rows = max(1, GS_THREADS // ncv)
+    block = cdiv(rows * ncv, 32) * 32
+    smem = 4 * (2 * rows * ncv * vec + 3 * (W // cg) + 2 * W)
+    if smem > GS_SMEM_MAX or units * cl > MAX_GRID:
+        return None
+    p.el_size[0] = W
+    return [_new_launch(_gs_fwd_expr(tag, vec, "gsc", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
+                        desc=f"gsc_fwd vec={vec} cl={cl} block={block} W={W} units={units}")]
+
+
+def _gs_bwd_alt(handle, nd, tag, x, dx, dy, stats):
+    """([gs*_bpart, gs_bred, gs_bset, gs_bapply], workspace bytes) or None."""
+    lay = _gs_layout(nd, x, (dx, dy))
+    if lay is None:
+        return None
+    nhwc, N, C, S = lay
+    G = _groups(nd, x)
+    cg, es, v = C // G, _SIZES[tag], vec_width(tag, tag)
+    if cg * S * es < tuning.norm.GS_MIN_BYTES or N * C * S >= 2**62:
+        return None
+    p = _gs_params(nd, N, C, S, G, nhwc, _gs_stats_strides(nd, x, stats))
+    sm = handle.sm_count
+    if not nhwc:
+        planes = N * C
+        k = max(1, min(cdiv(S, GS_BP_MIN_CHUNK), cdiv(GS_BP_WARPS_PER_SM * sm, planes)))
+        ch = cdiv(cdiv(S, k), v) * v
+        k = cdiv(S, ch)
+        wpb = GS_BP_THREADS // 32
+        grid = cdiv(planes * k, wpb)
+        part = (f"pydnn::norm_gs::gsp_bpart<{CTYPE[tag]}, {v}>", grid, 0, f"gsp_bpart vec={v} K={k} chunk={ch}")
+    else:
+        vec = _gs_cvec(C, v)
+        ncv = C // vec
+        ncvb = min(ncv, GS_BP_THREADS)
+        rows = GS_BP_THREADS // ncvb
+        k = max(1, min(cdiv(GS_BC_BLOCKS_PER_SM * sm, N), cdiv(S, 4 * rows)))
+        ch = cdiv(S, k)
+        k = cdiv(S, ch)
+        grid = N * k
+        smem = 4 * 2 * rows * ncvb * vec
+        part = (f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {vec}>", grid, smem, f"gsc_bpart vec={vec} K={k} rows={ch}")
+    if grid > MAX_GRID:
+        return None
+    U, NC = N * C * k, N * C
+    tab = 2 * U + 2 * NC
+    ws = 4 * (tab + 4 * NC) + 16  # (gs_table: the table 16-byte aligned from there)
+    p.el_size[1], p.el_size[3], p.el_size[4] = k, ch, tab
+    nsb = cdiv(N * G, GS_BP_THREADS // 32)
+    p.el_size[2] = nsb
+    nv = N * C * S // v
+    launches = [
+        _new_launch(part[0], p, (part[1], 1, 1), (GS_BP_THREADS, 1, 1), part[2], desc=part[3]),
+        _new_launch("pydnn::norm_gs::gs_bred", p, (max(1, min(cdiv(NC, GS_BP_THREADS), 65535)), 1, 1),
+                    (GS_BP_THREADS, 1, 1), desc="gs_bred"),
+        _new_launch("pydnn::norm_gs::gs_bset", p, (nsb + cdiv(C, 32), 1, 1), (GS_BP_THREADS, 1, 1), desc="gs_bset"),
+        _new_launch(f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>", p,
+                    (max(1, min(cdiv(nv, 2 * GS_BP_THREADS), MAX_GRID)), 1, 1), (GS_BP_THREADS, 1, 1),
+                    desc=f"gs_bapply vec={v}"),
+    ]
+    return launches, ws
+
+
+def _gs_plan(handle, nd, tag, x, out, dy, stats, backward):
+    if not tuning.norm.GS:
+        return None
+    if backward:
+        r = _gs_bwd_alt(handle, nd, tag, x, out, dy, stats)
+    else:
+        r = _gs_fwd_alt(handle, nd, tag, x, out, stats)
+        r = None if r is None else (r, 0)
+    if r is not None:
+        for lc in r[0]:
+            lc.unit = f"normalization_gs.{tag}"
+    return r
+
+
 def _first_alt(tries, *args):
     """The first of the (switched on, planner) pairs whose planner accepts the problem, or None. The
     switches are read at each call: tests and benchmarks flip them."""
@@ -1180,6 +1366,13 @@ def _plan(handle, nd, x, out, dy, stats, backward):
     geo = _geometry(nd, x, out, dy, stats)
     pl = _Plan()
     pl.alternatives, pl.vec_first, pl.workspace = _configs(handle, nd, tag, geo, backward)
+    # the split kernels where the NHWC tile kernels (gn_reg / gn_fwd / gn_bwd: x read once) do not serve
+    gs = None if pl.alternatives[0][0].expr.startswith("pydnn::norm::gn_") else \
+        _gs_plan(handle, nd, tag, x, out, dy, stats, backward)
+    if gs is not None:  # (16-byte aligned pointers; else the last alternative, which serves any alignment)
+        pl.alternatives = [gs[0], pl.alternatives[-1]]
+        pl.vec_first = True
+        pl.workspace = max(pl.workspace, cdiv(gs[1], WS_ALIGN) * WS_ALIGN)
     pl.unit = f"normalization.{tag}"
     pl.itemsize = _SIZES[tag]
     pl.rms = nd.kind == E.PYDNN_NORM_KIND_RMS

@@ -290,6 +290,7 @@ def _summary(nd, x, backward=False):
 
 
 def test_kernel_choice_for_the_benchmarks(monkeypatch):
+    monkeypatch.setattr(tuning.norm, "GS", False)  # (the split kernels: test_gs_*)
     ln = _desc((16384, 4096), BF16)
     # forward: fwd_rows (v3), 128 threads per row, one row per block; the scalar launch for unaligned pointers
     alts, ws = _summary(_nd(LAYER), ln)
@@ -402,6 +403,7 @@ def test_kernel_choice_for_the_benchmarks(monkeypatch):
 
 def test_staged_forward_choice(monkeypatch):
     """The staged forward (measured slower, off by default) still plans: persistent, evened-out grids."""
+    monkeypatch.setattr(tuning.norm, "GS", False)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", True)
     monkeypatch.setattr(tuning.norm, "ROWS_FWD", False)
     monkeypatch.setattr(tuning.norm, "ROWX", False)
@@ -416,7 +418,8 @@ def test_staged_forward_choice(monkeypatch):
     assert N._staged_expr("bf16", 8, False) in N._unit_exprs("bf16")
 
 
-def test_kernel_choice_falls_back_to_gen():
+def test_kernel_choice_falls_back_to_gen(monkeypatch):
+    monkeypatch.setattr(tuning.norm, "GS", False)
     alts, ws = _summary(_nd(LAYER), _desc((2, 300000), BF16), backward=True)  # beyond a cluster's registers
     assert alts == [["zero", "gen", "finish slots=1"]] and ws == 2 * 300000 * 4
     alts, _ = _summary(_nd(GROUP, 2), _desc((2, 4, 3, 5), F32, (1, 2, 40, 8)))  # three-level layout
@@ -715,6 +718,96 @@ def _emulate_gn_reg(p, lc, operand):
     return np.concatenate(addr), np.concatenate(sets), np.concatenate(pars), stats
 
 
+def _emulate_gs(p, lc, operand):
+    """The split kernels (ptx/normalization_gs.cuh) on packed tensors (address = flat index): gsp_fwd walks each
+    set's head scalars, 16-byte vectors and tail scalars over the CL * block threads of its unit; gsc_fwd a
+    slab's rows per thread (channel vector t % NCV, rows rank * R + t // NCV + k * R * CL); gsp_bpart a warp
+    per plane chunk; gsc_bpart a block per (n, row chunk), channel-vector blocks in turn; gs_bapply the flat
+    tensor. Returns (addresses, sets, parameters, statistics touched (each (n, g) once))."""
+    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+    vec = int(lc.expr.split(",")[1].strip().rstrip(">"))
+    Nn, C, S, G = (int(p.set_size[i]) for i in range(4))
+    cg, L = C // G, C // G * S
+    nhwc = bool(p.flags & N.GS_FLAG_NHWC)
+    cl = 8 if kname.endswith("_cl") else 1
+    block = lc.block[0]
+    flat = []
+    if kname.startswith("gsp_fwd"):
+        assert lc.grid[0] == Nn * G * cl and lc.smem == 8 * cg
+        NT = cl * block
+        for s_ in range(Nn * G):
+            base = s_ * L
+            h = min((vec - base % vec) % vec, L)
+            nv = (L - h) // vec
+            t0 = h + nv * vec
+            for tid in range(NT):
+                flat += [base + i for i in range(tid, h, NT)] + [base + i for i in range(t0 + tid, L, NT)]
+                for j in range(tid, nv, NT):
+                    flat += [base + h + j * vec + e for e in range(vec)]
+    elif kname.startswith("gsc_fwd"):
+        W = int(p.el_size[0])
+        NS, ncv = C // W, W // vec
+        R = block // ncv
+        assert lc.grid[0] == Nn * NS * cl and C % W == 0 and W % cg == 0 and W % vec == 0 and C % vec == 0
+        assert lc.smem == 4 * (2 * R * ncv * vec + 3 * (W // cg) + 2 * W)
+        for b in range(lc.grid[0]):
+            u, rank = divmod(b, cl)
+            n, w0 = u // NS, (u % NS) * W
+            for t in range(block):
+                cv, rr = t % ncv, t // ncv
+                if rr >= R:
+                    continue
+                for r in range(rank * R + rr, S, R * cl):
+                    flat += [n * S * C + r * C + w0 + cv * vec + e for e in range(vec)]
+    elif kname == "gsp_bpart":
+        K, CH = int(p.el_size[1]), int(p.el_size[3])
+        assert lc.grid[0] * (block // 32) >= Nn * C * K and CH * K >= S and CH * (K - 1) < S
+        for unit in range(Nn * C * K):
+            pl, k = divmod(unit, K)
+            start, end = pl * S + k * CH, min(pl * S + k * CH + CH, (pl + 1) * S)
+            a0 = min(end, -(-start // vec) * vec)
+            nv = (end - a0) // vec
+            t0 = a0 + nv * vec
+            for lane in range(32):
+                flat += list(range(start + lane, a0, 32)) + list(range(t0 + lane, end, 32))
+                for j in range(lane, nv, 32):
+                    flat += [a0 + j * vec + e for e in range(vec)]
+    elif kname == "gsc_bpart":
+        K, RC = int(p.el_size[1]), int(p.el_size[3])
+        ncv = C // vec
+        ncvb = min(ncv, block)
+        R = block // ncvb
+        assert lc.grid[0] == Nn * K and RC * K >= S and C % vec == 0 and lc.smem == 8 * R * ncvb * vec
+        for b in range(lc.grid[0]):
+            n, k = divmod(b, K)
+            rs, re = k * RC, min(k * RC + RC, S)
+            for cvb in range(0, ncv, ncvb):
+                for t in range(block):
+                    rr, cv = t // ncvb, cvb + t % ncvb
+                    if rr >= R or cv >= ncv:
+                        continue
+                    for r in range(rs + rr, re, R):
+                        flat += [n * S * C + r * C + cv * vec + e for e in range(vec)]
+    elif kname == "gs_bapply":
+        total = Nn * C * S
+        nv = total // vec
+        nthreads = lc.grid[0] * block  # (a grid-stride walk: every vector visited once for any grid)
+        assert nthreads >= 1 and block >= total - nv * vec
+        flat = list(range(nv * vec)) + list(range(nv * vec, total))
+    else:
+        raise AssertionError(kname)
+    flat = np.array(flat, np.int64)
+    if nhwc:
+        n, rem = np.divmod(flat, S * C)
+        c = rem % C
+    else:
+        n, rem = np.divmod(flat, C * S)
+        c = rem // S
+    stats = sorted({int(a) * int(p.set_stride[3][0]) + int(b) * int(p.set_stride[3][1])
+                    for a in range(Nn) for b in range(G)})
+    return flat, n * G + c // cg, c, stats
+
+
 def _emulate_gen(p, operand):
     e = np.arange(p.len)
     off = np.zeros(p.len, np.int64)
@@ -782,12 +875,18 @@ def _layout_desc(dims, layout, dtype):
                          [f"forward persist {i}" for i in range(max(len(c) for c in N.FWD_PERSIST_CONFIGS.values()))] +
                          [f"backward rows {i}" for i in range(max(len(c) for c in N.BWD_ROWS_CONFIGS.values()))] +
                          [f"backward ring {i}" for i in range(max(len(c) for c in N.BWD_RING_CONFIGS.values()))] +
-                         [f"forward gn reg {cl} {gc} {si}" for cl, gc, si in ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))])
+                         [f"forward gn reg {cl} {gc} {si}" for cl, gc, si in ((8, 4, 8), (8, 2, 8), (4, 4, 8), (4, 2, 8))] +
+                         ["forward gs", "forward gs cl1", "backward gs"])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     """Every plan's launches replayed on the CPU; "forward rows i": the i-th compiled fwd_rows config
-    (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too."""
+    (ROWS_CONFIGS) instead of the default, so that each one the GPU tests run is checked here too; "... gs": the
+    split kernels for every set size (GS_MIN_BYTES 1; cl1: one block per unit)."""
     backward = direction.startswith("backward")
+    gs = direction.endswith(("gs", "gs cl1"))
+    monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1 if gs else tuning.norm.GS_MIN_BYTES)
+    if direction.endswith("cl1"):
+        monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", direction == "forward staged")
     monkeypatch.setattr(tuning.norm, "BWD_ROWS", direction != "backward staged")
     monkeypatch.setattr(tuning.norm, "GN_FWD", direction != "forward staged")
@@ -795,6 +894,9 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     monkeypatch.setattr(tuning.norm, "BWD_RING", direction in ("backward", "forward") or direction.startswith("backward ring"))
     monkeypatch.setattr(tuning.norm, "FWD_PERSIST", direction == "forward" or direction.startswith("forward persist"))
     monkeypatch.setattr(tuning.norm, "GN_REG", direction == "forward" or direction.startswith("forward gn reg"))
+    if gs:
+        for name in ("GN_FWD", "GN_BWD", "GN_REG"):
+            monkeypatch.setattr(tuning.norm, name, False)
     if direction.startswith("forward gn reg"):
         monkeypatch.setattr(tuning.norm, "GN_REG_PICK", tuple(int(a) for a in direction.split()[-3:]))
     if direction.startswith("forward persist"):
@@ -835,10 +937,14 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
         for lc in alt:
             p = lc.params
             kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
-            if kname in ("finish", "finish_rowx", "zero"):
+            if kname in ("finish", "finish_rowx", "zero", "gs_bred", "gs_bset"):
                 continue
             for operand, desc in ((0, x), (1, y)) + (((2, y),) if backward else ()):
-                if kname.startswith("gen"):
+                if kname.endswith("_bpart") and operand == 1:
+                    continue  # (reads x and dy only)
+                if kname.startswith("gs"):
+                    addr, sset, spar, stats = _emulate_gs(p, lc, operand)
+                elif kname.startswith("gen"):
                     addr, sset, spar, stats = _emulate_gen(p, operand)
                 elif kname == "fwd_rows":
                     addr, sset, spar, stats = _emulate_rows(p, lc, operand)
@@ -1083,3 +1189,248 @@ def test_rowx_backward_cluster_block_cap(cap, monkeypatch):
         for operand in (0, 1, 2):
             addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
             assert sorted(addr.tolist()) == list(range(dims[0] * dims[1]))
+
+
+def test_gs_choice():
+    """The split kernels (gs_*) for group / instance norm where the tile kernels did not serve (the sweep's
+    slowest shapes), their launch shapes and workspace; not for small sets, activations, other layouts."""
+    h = cpu_handle()
+    nchw = _desc((14, 23, 151, 151), F16)
+    alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw)
+    assert alts[0] == ["gsp_fwd vec=8 cl=8 block=512 sets=14"] and ws == 0  # 14 sets: clusters of 8
+    assert alts[-1] == ["gen"]  # unaligned pointers
+    alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw, backward=True)
+    # 322 planes of 22801 elements: 12 chunks each (a warp per chunk), partials + totals + table + 16 B
+    assert alts[0] == ["gsp_bpart vec=8 K=12 chunk=1904", "gs_bred", "gs_bset", "gs_bapply vec=8"]
+    U, NC = 14 * 23 * 12, 14 * 23
+    assert ws >= 4 * (2 * U + 2 * NC + 4 * NC) + 16
+    nhwc = _desc((73, 42, 156, 156), F16, packed_strides((73, 42, 156, 156), NHWC))
+    alts, _ = N.plan_summary(h, _nd(INSTANCE), nhwc)
+    assert alts[0] == ["gsc_fwd vec=2 cl=8 block=512 W=42 units=73"]  # C 42: 2-element channel vectors
+    alts, _ = N.plan_summary(h, _nd(INSTANCE), nhwc, backward=True)
+    assert alts[0][0].startswith("gsc_bpart vec=2 ") and alts[0][3] == "gs_bapply vec=8"
+    many = _desc((6, 688, 158, 158), F16)
+    assert N.plan_summary(h, _nd(INSTANCE), many)[0][0] == ["gsp_fwd vec=8 cl=1 block=512 sets=4128"]
+    # not: small sets, a fused activation, a layout that is neither packed NCHW nor packed NHWC
+    assert not N.plan_summary(h, _nd(INSTANCE), _desc((9, 10, 4, 4), F32))[0][0][0].startswith("gs")
+    relu = _nd(GROUP, 1, act=_act(pydnn.PYDNN_ACTIVATION_RELU))
+    assert not N.plan_summary(h, relu, nchw)[0][0][0].startswith("gs")
+    padded = _desc((2, 8, 40, 40), F32, (8 * 40 * 41, 40 * 41, 41, 1))
+    assert not N.plan_summary(h, _nd(GROUP, 2), padded)[0][0][0].startswith("gs")
+    # the NHWC tile kernels keep their shapes (x read once)
+    gn = _desc((32, 512, 64, 64), BF16, packed_strides((32, 512, 64, 64), NHWC))
+    assert N.plan_summary(h, _nd(GROUP, 32), gn)[0][0][0].startswith("gn_reg")
+    # before sm_90: one block per unit (no clusters)
+    h.arch = "sm_80"
+    assert N.plan_summary(h, _nd(GROUP, 1), nchw)[0][0] == ["gsp_fwd vec=8 cl=1 block=512 sets=14"]
+
+
+def test_gs_math_matches_the_reference():
+    """The split kernels' algebra in float64 (ptx/normalization_gs.cu): forward from shifted sums (K = the set's
+    first element), y = (x - mean) a + bias; backward from per-(n, c) A = sum dy, B = invstd sum
+    dy (x - mean), c1 = sum scale A / len, c2 = sum scale B / len, dx = k1 dy - q (x - mean) - r with k1 =
+    invstd scale, q = invstd^2 c2, r = invstd c1, dscale = sum_n B, dbias = sum_n A."""
+    from pydnn.reference import normalization as ref
+    rng = np.random.default_rng(5)
+    N_, C, H, W, G = 3, 12, 5, 7, 4
+    cg, S = C // G, H * W
+    x = rng.normal(3.0, 2.0, (N_, C, H, W))
+    dy = rng.normal(0.0, 1.0, (N_, C, H, W))
+    scale, bias = rng.uniform(0.5, 1.5, (1, C, 1, 1)), rng.uniform(-1, 1, (1, C, 1, 1))
+    eps = 1e-5
+    xs = x.reshape(N_, G, cg * S)
+    K = xs[:, :, :1]
+    d = xs - K
+    s1, s2 = d.sum(axis=2), (d * d).sum(axis=2)
+    m1 = s1 / (cg * S)
+    var = s2 / (cg * S) - m1 * m1
+    mean, inv = K[:, :, 0] + m1, 1.0 / np.sqrt(var + eps)
+    a = inv[:, :, None] * scale.reshape(G, cg)[None]                       # (N, G, cg)
+    xm = (xs - mean[:, :, None]).reshape(N_, G, cg, S)
+    y = (xm * a[..., None] + bias.reshape(G, cg)[None, :, :, None]).reshape(x.shape)
+    wy, wm, wi = ref.forward(GROUP, G, 1, eps, None, 1.0, x, 0.0, None, scale, bias)
+    assert np.allclose(y, wy, atol=1e-12) and np.allclose(mean.ravel(), wm) and np.allclose(inv.ravel(), wi)
+    mg, ig = np.repeat(mean, cg, axis=1), np.repeat(inv, cg, axis=1)        # (N, C)
+    xc, dc = x.reshape(N_, C, S), dy.reshape(N_, C, S)
+    A = dc.sum(axis=2)
+    B = ig * (dc * (xc - mg[..., None])).sum(axis=2)
+    sc = scale.reshape(C)
+    c1 = (sc * A).reshape(N_, G, cg).sum(axis=2) / (cg * S)
+    c2 = (sc * B).reshape(N_, G, cg).sum(axis=2) / (cg * S)
+    k1, q, r = ig * sc, ig * ig * np.repeat(c2, cg, axis=1), ig * np.repeat(c1, cg, axis=1)
+    dx = k1[..., None] * dc - q[..., None] * (xc - mg[..., None]) - r[..., None]
+    wdx, wds, wdb = ref.backward(GROUP, G, 1, eps, None, x, dy, scale, bias, mean.ravel(), inv.ravel())
+    assert np.allclose(dx.reshape(x.shape), wdx, atol=1e-12)
+    assert np.allclose(B.sum(axis=0), np.ravel(wds)) and np.allclose(A.sum(axis=0), np.ravel(wdb))
+
+
+def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
+    """The split kernels' index math line by line in float64 on flat packed arrays (one Python thread loop per
+    CUDA thread, shared memory as arrays): y / dx as the kernel writes it, the statistics it writes, and the
+    workspace it fills."""
+    kname = lc.expr.split("<")[0].rsplit("::", 1)[-1]
+    vec = int(lc.expr.split(",")[1].strip().rstrip(">")) if "<" in lc.expr else 1
+    Nn, C, S, G = (int(p.set_size[i]) for i in range(4))
+    cg = C // G
+    nhwc = bool(p.flags & N.GS_FLAG_NHWC)
+    cl = 8 if kname.endswith("_cl") else 1
+    B = lc.block[0]
+    ss0, ss1 = int(p.set_stride[3][0]), int(p.set_stride[3][1])
+    out = {}
+    if kname.startswith("gsp_fwd"):
+        L = cg * S
+        y = np.full(xf.shape, np.nan)
+        for s in range(Nn * G):
+            n, g = divmod(s, G)
+            base = s * L
+            K = xf[base]
+            d = xf[base:base + L] - K
+            m1 = d.sum() / L
+            var = max((d * d).sum() / L - m1 * m1, 0.0)
+            mu, iv = K + m1, 1 / np.sqrt(var + p.eps)
+            mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1] = mu, iv
+            i = np.arange(L)
+            q = i % cg if nhwc else i // S
+            a = iv * scale[g * cg + q]
+            y[base:base + L] = (xf[base:base + L] - mu) * a + bias[g * cg + q]
+        out["y"] = y
+    elif kname.startswith("gsc_fwd"):
+        W = int(p.el_size[0])
+        NS, ncv = C // W, W // vec
+        R = B // ncv
+        ngs = W // cg
+        y = np.full(xf.shape, np.nan)
+        for u in range(Nn * NS):
+            n, w0 = divmod(u, NS)
+            w0 *= W
+            xb = n * S * C + w0
+            gk = np.array([xf[xb + q * cg] for q in range(ngs)])
+            red = np.zeros((2, cl, R, ncv * vec))
+            for rank in range(cl):
+                for t in range(B):
+                    cv, rr = t % ncv, t // ncv
+                    if rr >= R:
+                        continue
+                    for e in range(vec):
+                        c = cv * vec + e
+                        K = xf[xb + (c // cg) * cg]
+                        rows = np.arange(rank * R + rr, S, R * cl)
+                        dd = xf[xb + rows * C + c] - K
+                        red[0, rank, rr, c] = dd.sum()
+                        red[1, rank, rr, c] = (dd * dd).sum()
+            grp = np.zeros((2, ngs))
+            for q in range(ngs):
+                grp[:, q] = red[:, :, :, q * cg:(q + 1) * cg].sum(axis=(1, 2, 3))
+            for c in range(W):
+                q = c // cg
+                m1 = grp[0, q] / (cg * S)
+                var = max(grp[1, q] / (cg * S) - m1 * m1, 0.0)
+                mu, iv = gk[q] + m1, 1 / np.sqrt(var + p.eps)
+                if c == q * cg:
+                    mean[n * ss0 + (w0 // cg + q) * ss1], inv[n * ss0 + (w0 // cg + q) * ss1] = mu, iv
+                a = iv * scale[w0 + c]
+                rows = np.arange(S)
+                y[xb + rows * C + c] = (xf[xb + rows * C + c] - mu) * a + bias[w0 + c]
+        out["y"] = y
+    elif kname in ("gsp_bpart", "gsc_bpart"):
+        K, CH = int(p.el_size[1]), int(p.el_size[3])
+        U = Nn * C * K
+        for n in range(Nn):
+            for c in range(C):
+                g = c // cg
+                mu, iv = mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1]
+                for k in range(K):
+                    if kname == "gsp_bpart":
+                        pl = n * C + c
+                        lo, hi = pl * S + k * CH, min(pl * S + k * CH + CH, (pl + 1) * S)
+                        idx = np.arange(lo, hi)
+                        unit = pl * K + k
+                    else:
+                        rows = np.arange(k * CH, min(k * CH + CH, S))
+                        idx = n * S * C + rows * C + c
+                        unit = (n * K + k) * C + c
+                    ws[unit] = dyf[idx].sum()
+                    ws[U + unit] = iv * (dyf[idx] * (xf[idx] - mu)).sum()
+    elif kname == "gs_bred":
+        K = int(p.el_size[1])
+        U, NC = Nn * C * K, Nn * C
+        for t in range(NC):
+            n, c = divmod(t, C)
+            ii = [(n * K + k) * C + c if nhwc else t * K + k for k in range(K)]
+            ws[2 * U + t] = sum(ws[i] for i in ii)
+            ws[2 * U + NC + t] = sum(ws[U + i] for i in ii)
+    elif kname == "gs_bset":
+        K = int(p.el_size[1])
+        U, NC = Nn * C * K, Nn * C
+        tab0 = -(-int(p.el_size[4]) // 4) * 4  # (the kernel aligns the address; ws here starts aligned)
+        tot = ws[2 * U:2 * U + 2 * NC]
+        for s in range(Nn * G):
+            n, g = divmod(s, G)
+            cs = np.arange(g * cg, g * cg + cg)
+            a = (scale[cs] * tot[n * C + cs]).sum()
+            b = (scale[cs] * tot[NC + n * C + cs]).sum()
+            mu, iv = mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1]
+            c1, c2 = a / (cg * S), b / (cg * S)
+            for c in cs:
+                ws[tab0 + 4 * (n * C + c):tab0 + 4 * (n * C + c) + 4] = (iv * scale[c], mu, iv * iv * c2, iv * c1)
+        out["dscale"] = tot[NC:].reshape(Nn, C).sum(axis=0)
+        out["dbias"] = tot[:NC].reshape(Nn, C).sum(axis=0)
+    elif kname == "gs_bapply":
+        tab0 = -(-int(p.el_size[4]) // 4) * 4
+        i = np.arange(xf.size)
+        row = (i // (S * C)) * C + i % C if nhwc else i // S
+        t = ws[tab0:tab0 + 4 * Nn * C].reshape(-1, 4)[row]
+        out["dx"] = t[:, 0] * dyf - t[:, 2] * (xf - t[:, 1]) - t[:, 3]
+    else:
+        raise AssertionError(kname)
+    return out
+
+
+@pytest.mark.parametrize("case", [(GROUP, 2, (3, 8, 5, 7), None), (INSTANCE, 0, (2, 6, 9, 5), None),
+                                  (GROUP, 1, (2, 5, 6, 7), "nhwc"), (GROUP, 2, (2, 12, 5, 7), "nhwc"),
+                                  (INSTANCE, 0, (3, 6, 4, 9), "nhwc"), (GROUP, 4, (2, 16, 3, 3), "nhwc")])
+@pytest.mark.parametrize("cl1", [False, True])
+def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
+    """Every gs launch of the plan replayed in float64 with the kernels' own index math (_gs_run_numpy): y, the
+    statistics, dx, dscale and dbias equal the reference's."""
+    from pydnn.reference import normalization as ref
+    monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1)
+    for name in ("GN_FWD", "GN_BWD", "GN_REG"):
+        monkeypatch.setattr(tuning.norm, name, False)
+    if cl1:
+        monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
+    kind, groups, dims, layout = case
+    rng = np.random.default_rng(7)
+    nd = _nd(kind, groups)
+    xd = _layout_desc(dims, layout, F32)
+    sb, st = _params(xd, nd)
+    G = dims[1] if kind == INSTANCE else groups
+    x = rng.normal(2.0, 1.5, dims)
+    dy = rng.normal(0.0, 1.0, dims)
+    scale, bias = rng.uniform(0.5, 1.5, dims[1]), rng.uniform(-1, 1, dims[1])
+    perm = (0, 2, 3, 1) if layout == "nhwc" else (0, 1, 2, 3)
+    xf, dyf = x.transpose(perm).ravel(), dy.transpose(perm).ravel()
+
+    def unflat(a):
+        shape = tuple(dims[i] for i in perm)
+        return a.reshape(shape).transpose(np.argsort(perm))
+
+    h = cpu_handle()
+    pl = N._plan(h, nd, xd, xd, None, st, False)
+    lc = pl.alternatives[0][0]
+    assert len(pl.alternatives[0]) == 1 and lc.desc.startswith(("gsp_fwd", "gsc_fwd"))
+    assert (" cl=1 " in lc.desc) == cl1, lc.desc
+    mean, inv = np.full(dims[0] * G, np.nan), np.full(dims[0] * G, np.nan)
+    y = _gs_run_numpy(lc, lc.params, xf, None, scale, bias, mean, inv, None, False)["y"]
+    sc4, bi4 = scale.reshape(1, -1, 1, 1), bias.reshape(1, -1, 1, 1)
+    wy, wm, wi = ref.forward(kind, groups, 1, 1e-5, None, 1.0, x, 0.0, None, sc4, bi4)
+    assert np.allclose(unflat(y), wy, atol=1e-10) and np.allclose(mean, wm) and np.allclose(inv, wi)
+    pl = N._plan(h, nd, xd, xd, xd, st, True)
+    assert [lc.desc.split()[0] for lc in pl.alternatives[0]][1:] == ["gs_bred", "gs_bset", "gs_bapply"]
+    ws = np.full(pl.workspace // 4, np.nan)
+    outs = {}
+    for lc in pl.alternatives[0]:
+        outs.update(_gs_run_numpy(lc, lc.params, xf, dyf, scale, bias, wm, wi, ws, True))
+    wdx, wds, wdb = ref.backward(kind, groups, 1, 1e-5, None, x, dy, sc4, bi4, wm, wi)
+    assert np.allclose(unflat(outs["dx"]), wdx, atol=1e-10)
+    assert np.allclose(outs["dscale"], np.ravel(wds)) and np.allclose(outs["dbias"], np.ravel(wdb))
