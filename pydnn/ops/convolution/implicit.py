@@ -28,15 +28,10 @@ def implicit_expr(tag, direction):
     return f"pydnn::conv::implicit_gemm<{direction}, {CTYPE[tag]}>"
 
 
-def bias_grad_expr(tag):
-    """conv::bias_grad: ConvolutionBackwardBias's per-channel fixed-order tree sum."""
-    return f"pydnn::conv::bias_grad<{CTYPE[tag]}>"
-
-
 for _t in FLOAT_TAGS:
     add_kernels(f"convolution.{_t}", "convolution.cu",
                 [implicit_expr(_t, d) for d in (DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER)]
-                + [fold_expr(_t), bias_grad_expr(_t)])
+                + [fold_expr(_t)])  # the bias gradient: bias.py (conv_bias.cu)
 
 def _gemm_shape(pb, direction):
     """(M, N, K, reduction digit sizes, channel-innermost?, A k-fast?, B k-fast?) of a direction."""
