@@ -308,6 +308,15 @@ rnn = Switches(
                           "several chunks"),
 )
 
+torch = Switches(
+    "torch", "pydnn.torch's choices between pydnn calls (pydnn/torch/functional.py)",
+    CONV_NHWC_BWD=(True, "a 2-d NCHW half / bfloat16 convolution (groups 1) whose input and output channels are "
+                         "multiples of 64 runs its backward data and backward filter on NHWC copies of dy, x and "
+                         "the filter (pydnn.transform_tensor there and back), where the tensor-core kernels "
+                         "(wgmma on sm_90) serve it, instead of the NCHW algorithms (Winograd / im2col GEMM); "
+                         "the CNN demo's second convolution"),
+)
+
 callpath = Switches(
     "callpath", "host work per call (pydnn/ops/_replay.py, pydnn/ops/mha.py's plans, libpydnn's C fast path)",
     MHA_PLANS=(True, "the legacy multi-head attention calls keep a recorded plan per descriptor set and replay it "

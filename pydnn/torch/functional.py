@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 
 from . import _core as C
 from ._core import Unsupported, dense, fallback, ptr, tdesc
@@ -89,7 +90,7 @@ _sizes = C.BoundedDict()
 
 class _ConvPlan:
     __slots__ = ("xd", "wd", "cd", "yd", "bd", "y_shape", "fwd", "fwd_ws", "bwd_data", "bwd_data_ws",
-                 "bwd_filter", "bwd_filter_ws", "fused_ok")
+                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc")
 
 
 def _conv_desc(spec, dtype):
@@ -138,6 +139,7 @@ def conv_plan(h, x, w, spec, fmt):
     pl.fwd_ws = pydnn.get_convolution_forward_workspace_size(h, pl.xd, pl.wd, pl.cd, pl.yd, pl.fwd)
     pl.bwd_data = pl.bwd_filter = None
     pl.fused_ok = True
+    pl.nhwc = None  # the backward's NHWC plan (_nhwc_plan), False where it does not apply
     if len(_conv_plans) >= 4096:
         _conv_plans.clear()
     _conv_plans[key] = pl
@@ -158,6 +160,60 @@ def _bwd_algos(h, pl, dyd):
         pl.bwd_filter_ws = pydnn.get_convolution_backward_filter_workspace_size(h, pl.xd, dyd, pl.cd, pl.wd, a_f)
         pl.bwd_data, pl.bwd_filter = a_d, a_f
     return pl
+
+
+_NHWC_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _nhwc_applies(x, w, fmt, spec):
+    """Whether the backward of this NCHW convolution runs on NHWC copies (pydnn.tuning.torch.CONV_NHWC_BWD): 2-d,
+    groups 1, half / bfloat16, NCHW-packed x and filter, input and output channels multiples of 64 (where the
+    NHWC tensor-core backward kernels serve it; the NCHW backward data / filter take Winograd and im2col GEMMs)."""
+    return (tuning.torch.CONV_NHWC_BWD and x.dim() == 4 and x.dtype in _NHWC_DTYPES and spec[3] == 1
+            and fmt == pydnn.PYDNN_TENSOR_NCHW and x.is_contiguous() and w.is_contiguous()
+            and x.shape[1] % 64 == 0 and w.shape[0] % 64 == 0)
+
+
+def _nhwc_plan(h, pl, x, w, spec):
+    """The NHWC twin of an NCHW plan (its descriptors and backward algorithms), made once per plan."""
+    if pl.nhwc is None:
+        xh = torch.empty_like(x, memory_format=torch.channels_last)
+        wh = torch.empty_like(w, memory_format=torch.channels_last)
+        try:
+            ph = conv_plan(h, xh, wh, spec, pydnn.PYDNN_TENSOR_NHWC)
+            _bwd_algos(h, ph, ph.yd)
+        except Unsupported:
+            ph = False
+        pl.nhwc = ph
+    return pl.nhwc
+
+
+def _transform(h, src, dst):
+    """dst = src (same dims, any two layouts) through pydnn.transform_tensor; returns dst."""
+    pydnn.transform_tensor(h, 1.0, tdesc(src), src.data_ptr(), 0.0, tdesc(dst), dst.data_ptr())
+    return dst
+
+
+def _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w):
+    """Backward data and filter of an NCHW convolution run on NHWC copies (ph: _nhwc_plan): dy, x (for the
+    filter gradient) and the filter (for the data gradient) transposed to NHWC, the results back to NCHW."""
+    dyh = _transform(h, dy, torch.empty_like(dy, memory_format=torch.channels_last))
+    dx = dw = None
+    if need_x:
+        wh = _transform(h, w, torch.empty_like(w, memory_format=torch.channels_last))
+        dxh = torch.empty_like(x, memory_format=torch.channels_last)
+        ws, wsp = C.workspace(ph.bwd_data_ws, x.device)
+        pydnn.convolution_backward_data(h, 1.0, ph.wd, wh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd, ph.bwd_data,
+                                        wsp, ph.bwd_data_ws, 0.0, ph.xd, dxh.data_ptr())
+        dx = _transform(h, dxh, torch.empty_like(x))
+    if need_w:
+        xh = _transform(h, x, torch.empty_like(x, memory_format=torch.channels_last))
+        dwh = torch.empty_like(w, memory_format=torch.channels_last)
+        ws, wsp = C.workspace(ph.bwd_filter_ws, x.device)
+        pydnn.convolution_backward_filter(h, 1.0, ph.xd, xh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd,
+                                          ph.bwd_filter, wsp, ph.bwd_filter_ws, 0.0, ph.wd, dwh.data_ptr())
+        dw = _transform(h, dwh, torch.empty_like(w))
+    return dx, dw
 
 
 class ConvFunction(torch.autograd.Function):
@@ -226,6 +282,11 @@ class ConvFunction(torch.autograd.Function):
                 dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
                 False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
             return dx, dw, db, None, None
+        ph = _nhwc_plan(h, pl, x, w, ctx.spec) if (need_x or need_w) and _nhwc_applies(x, w, ctx.fmt, ctx.spec) \
+            else False
+        if ph:
+            dx, dw = _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w)
+            need_x = need_w = False  # done
         if need_x:
             dx = _empty_like(x)
             ws, wsp = C.workspace(pl.bwd_data_ws, x.device)

@@ -1,0 +1,100 @@
+"""pydnn.torch's NHWC backward for NCHW convolutions (pydnn.tuning.torch.CONV_NHWC_BWD), on the CPU against
+emulated pydnn calls (the harness of test_torch_emulated_cpu.py, with pydnn.transform_tensor emulated too):
+which convolutions take it, that it transposes dy / x / the filter to NHWC and the gradients back (and
+nothing else), that the NHWC calls get NHWC descriptors, and that gradients match PyTorch's with the switch
+on and off."""
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import pydnn  # noqa: E402
+import pydnn.torch as pt  # noqa: E402
+from pydnn import tuning  # noqa: E402
+from test_torch_emulated_cpu import CALLS, _validated, blend, check, emulated, make, tv  # noqa: E402,F401
+
+SEEN = []  # (call, layout of its tensors: "nhwc" / "nchw")
+
+
+def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
+    CALLS.append("transform")
+    blend(tv(y_desc, y), tv(x_desc, x).double(), alpha, beta)
+
+
+def _layout(desc):
+    _, _, dims, strides = pydnn.get_tensor_nd_descriptor(desc, 8)
+    return "nhwc" if strides[1] == 1 and dims[1] > 1 else "nchw"
+
+
+@pytest.fixture
+def nhwc(emulated, monkeypatch, request):
+    """The emulated harness plus transform_tensor, and the data / filter gradients' layouts recorded."""
+    validated = any("validated" in k for k in request.node.callspec.id.split("-"))
+    real = pydnn.transform_tensor
+    monkeypatch.setattr(pydnn, "transform_tensor", _validated(real, transform_tensor) if validated
+                        else transform_tensor)
+    for name, dy_at in (("convolution_backward_data", 4), ("convolution_backward_filter", 4)):
+        inner = getattr(pydnn, name)
+
+        def rec(*args, _inner=inner, _name=name, _at=dy_at):
+            SEEN.append((_name, _layout(args[_at])))
+            return _inner(*args)
+        monkeypatch.setattr(pydnn, name, rec)
+    SEEN.clear()
+    monkeypatch.setattr(tuning.torch, "CONV_NHWC_BWD", True)
+    yield CALLS
+
+
+def _run(cin, cout, dtype, x_grad=True, groups=1, tol=3e-2):
+    mine, ref = make(pt.Conv2d, nn.Conv2d, cin, cout, 3, padding=1, groups=groups)
+    mine.to(dtype), ref.to(dtype)
+    x = torch.randn(2, cin, 5, 6).to(dtype)
+    if x_grad:
+        return check(mine, ref, x, atol=tol, rtol=tol)
+    y = mine(x)
+    yr = ref(x)
+    dy = torch.randn_like(yr)
+    y.backward(dy), yr.backward(dy)
+    for p, pr in zip(mine.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, pr.grad, atol=tol, rtol=tol)
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_nhwc_backward_taken_and_correct(nhwc, dtype):
+    _run(64, 128, dtype)
+    assert nhwc.count("transform") == 5  # dy, w in; dx out; x in; dw out
+    assert SEEN == [("convolution_backward_data", "nhwc"), ("convolution_backward_filter", "nhwc")]
+
+
+def test_nhwc_backward_without_input_gradient(nhwc):
+    _run(64, 64, torch.bfloat16, x_grad=False)
+    assert nhwc.count("transform") == 3  # dy, x in; dw out
+    assert SEEN == [("convolution_backward_filter", "nhwc")]
+
+
+def test_switch_off_keeps_nchw(nhwc, monkeypatch):
+    monkeypatch.setattr(tuning.torch, "CONV_NHWC_BWD", False)
+    _run(64, 128, torch.bfloat16)
+    assert "transform" not in nhwc
+    assert SEEN == [("convolution_backward_data", "nchw"), ("convolution_backward_filter", "nchw")]
+
+
+@pytest.mark.parametrize("cin,cout,dtype,groups", [(3, 64, torch.bfloat16, 1),     # the stem: C = 3
+                                                   (64, 96, torch.bfloat16, 1),    # K not a multiple of 64
+                                                   (64, 128, torch.float32, 1),    # not a 16-bit type
+                                                   (128, 128, torch.bfloat16, 2)])  # groups
+def test_other_convolutions_keep_nchw(nhwc, cin, cout, dtype, groups):
+    _run(cin, cout, dtype, groups=groups, tol=3e-2 if dtype != torch.float32 else 1e-4)
+    assert "transform" not in nhwc
+    assert all(layout == "nchw" for _, layout in SEEN)
+
+
+def test_channels_last_input_unchanged(nhwc):
+    """A channels_last input already runs NHWC: no transposes are added."""
+    mine, ref = make(pt.Conv2d, nn.Conv2d, 64, 64, 3, padding=1)
+    mine.to(torch.bfloat16).to(memory_format=torch.channels_last)
+    ref.to(torch.bfloat16).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 64, 5, 6).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    check(mine, ref, x, atol=3e-2, rtol=3e-2)
+    assert "transform" not in nhwc
