@@ -42,7 +42,7 @@ def _grads(cin, cout, n, hw, dtype, nhwc, x_grad=True, seed=0):
     return (x.grad if x_grad else None), mine.weight.grad, mine.bias.grad
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "half"])
 @pytest.mark.parametrize("cin,cout,n,hw", [(64, 128, 32, 16), (64, 64, 4, 9), (128, 64, 2, 7)])
 def test_nhwc_backward_matches_torch(dtype, cin, cout, n, hw):
     on = _grads(cin, cout, n, hw, dtype, True)
