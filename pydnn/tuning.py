@@ -310,6 +310,10 @@ rnn = Switches(
 
 torch = Switches(
     "torch", "pydnn.torch's choices between pydnn calls (pydnn/torch/functional.py)",
+    CONV_NHWC_FWD=(True, "the forward of such a convolution (see CONV_NHWC_BWD) on NHWC copies of x and the filter, "
+                         "its output transposed back to NCHW: the direct NHWC tensor-core forward (fwd_wgmma on sm_90) "
+                         "instead of the NCHW im2col GEMM (75 MB of columns at the CNN demo's second convolution); "
+                         "the copies are kept for the backward, which then runs NHWC too"),
     CONV_NHWC_BWD=(True, "a 2-d NCHW half / bfloat16 convolution (groups 1) whose input and output channels are "
                          "multiples of 64 runs its backward data and backward filter on NHWC copies of dy, x and "
                          "the filter (pydnn.transform_tensor there and back), where the tensor-core kernels "

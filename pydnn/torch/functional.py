@@ -166,10 +166,11 @@ _NHWC_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _nhwc_applies(x, w, fmt, spec):
-    """Whether the backward of this NCHW convolution runs on NHWC copies (pydnn.tuning.torch.CONV_NHWC_BWD): 2-d,
+    """Whether this NCHW convolution may run on NHWC copies (pydnn.tuning.torch.CONV_NHWC_FWD / _BWD): 2-d,
     groups 1, half / bfloat16, NCHW-packed x and filter, input and output channels multiples of 64 (where the
-    NHWC tensor-core backward kernels serve it; the NCHW backward data / filter take Winograd and im2col GEMMs)."""
-    return (tuning.torch.CONV_NHWC_BWD and x.dim() == 4 and x.dtype in _NHWC_DTYPES and spec[3] == 1
+    NHWC tensor-core kernels serve it directly; NCHW takes an im2col GEMM forward, Winograd backward data and an
+    im2col GEMM backward filter)."""
+    return (x.dim() == 4 and x.dtype in _NHWC_DTYPES and spec[3] == 1
             and fmt == pydnn.PYDNN_TENSOR_NCHW and x.is_contiguous() and w.is_contiguous()
             and x.shape[1] % 64 == 0 and w.shape[0] % 64 == 0)
 
@@ -194,26 +195,57 @@ def _transform(h, src, dst):
     return dst
 
 
-def _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w):
+def _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w, copies=False):
     """Backward data and filter of an NCHW convolution run on NHWC copies (ph: _nhwc_plan): dy, x (for the
-    filter gradient) and the filter (for the data gradient) transposed to NHWC, the results back to NCHW."""
-    dyh = _transform(h, dy, torch.empty_like(dy, memory_format=torch.channels_last))
+    filter gradient) and the filter (for the data gradient) transposed to NHWC (x and w already are the
+    forward's NHWC copies when `copies`), the gradients back to NCHW."""
+    cl = torch.channels_last
+    dyh = _transform(h, dy, torch.empty_like(dy, memory_format=cl))
     dx = dw = None
     if need_x:
-        wh = _transform(h, w, torch.empty_like(w, memory_format=torch.channels_last))
-        dxh = torch.empty_like(x, memory_format=torch.channels_last)
+        wh = w if copies else _transform(h, w, torch.empty_like(w, memory_format=cl))
+        dxh = torch.empty_like(x, memory_format=cl)
         ws, wsp = C.workspace(ph.bwd_data_ws, x.device)
         pydnn.convolution_backward_data(h, 1.0, ph.wd, wh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd, ph.bwd_data,
                                         wsp, ph.bwd_data_ws, 0.0, ph.xd, dxh.data_ptr())
-        dx = _transform(h, dxh, torch.empty_like(x))
+        dx = _transform(h, dxh, torch.empty(x.shape, dtype=x.dtype, device=x.device))
     if need_w:
-        xh = _transform(h, x, torch.empty_like(x, memory_format=torch.channels_last))
-        dwh = torch.empty_like(w, memory_format=torch.channels_last)
+        xh = x if copies else _transform(h, x, torch.empty_like(x, memory_format=cl))
+        dwh = torch.empty_like(w, memory_format=cl)
         ws, wsp = C.workspace(ph.bwd_filter_ws, x.device)
         pydnn.convolution_backward_filter(h, 1.0, ph.xd, xh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd,
                                           ph.bwd_filter, wsp, ph.bwd_filter_ws, 0.0, ph.wd, dwh.data_ptr())
-        dw = _transform(h, dwh, torch.empty_like(w))
+        dw = _transform(h, dwh, torch.empty(w.shape, dtype=w.dtype, device=w.device))
     return dx, dw
+
+
+def _conv_forward(h, pl, x, w, b, act):
+    """y = act(conv(x, w) + b) on plan pl: ConvolutionBiasActivationForward when there is a bias or an
+    activation (unfused, with PyTorch's bias add and activation, where pydnn refuses the fused epilogue)."""
+    y = _output_like(x, pl.y_shape)
+    ws, wsp = C.workspace(pl.fwd_ws, x.device)
+    epilogue = b is not None or act is not None
+    if epilogue and pl.fused_ok:
+        bias = b if b is not None else torch.zeros(w.shape[0], dtype=x.dtype, device=x.device)
+        try:
+            pydnn.convolution_bias_activation_forward(
+                h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp, pl.fwd_ws, 0.0,
+                pl.yd, y.data_ptr(), pl.bd, bias.data_ptr(), activation_desc(act or "identity"), pl.yd,
+                y.data_ptr())
+            return y
+        except pydnn.PydnnError as e:
+            if not C.is_not_supported(e):
+                raise
+            pl.fused_ok = False
+            fallback(f"conv: fused bias/activation epilogue: {e} (unfused pydnn convolution, then torch's "
+                     "bias add and activation)")
+    pydnn.convolution_forward(h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp,
+                              pl.fwd_ws, 0.0, pl.yd, y.data_ptr())
+    if b is not None:
+        y.add_(b.view((1, -1) + (1,) * (x.dim() - 2)))
+    if act is not None:
+        y = _TORCH_ACT[act](y)
+    return y
 
 
 class ConvFunction(torch.autograd.Function):
@@ -226,32 +258,20 @@ class ConvFunction(torch.autograd.Function):
         h = C.handle_for(x.device)
         fmt, w = C.filter_format(w)
         pl = conv_plan(h, x, w, spec, fmt)
-        y = _output_like(x, pl.y_shape)
-        ws, wsp = C.workspace(pl.fwd_ws, x.device)
-        epilogue = b is not None or act is not None
-        done = False
-        if epilogue and pl.fused_ok:
-            bias = b if b is not None else torch.zeros(w.shape[0], dtype=x.dtype, device=x.device)
-            try:
-                pydnn.convolution_bias_activation_forward(
-                    h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp, pl.fwd_ws, 0.0,
-                    pl.yd, y.data_ptr(), pl.bd, bias.data_ptr(), activation_desc(act or "identity"), pl.yd,
-                    y.data_ptr())
-                done = True
-            except pydnn.PydnnError as e:
-                if not C.is_not_supported(e):
-                    raise
-                pl.fused_ok = False
-                fallback(f"conv: fused bias/activation epilogue: {e} (unfused pydnn convolution, then torch's "
-                         "bias add and activation)")
-        if not done:
-            pydnn.convolution_forward(h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp,
-                                      pl.fwd_ws, 0.0, pl.yd, y.data_ptr())
-            if b is not None:
-                y.add_(b.view((1, -1) + (1,) * (x.dim() - 2)))
-            if act is not None:
-                y = _TORCH_ACT[act](y)
-        ctx.save_for_backward(x, w, y if act is not None else None)
+        ph = (_nhwc_plan(h, pl, x, w, spec) if tuning.torch.CONV_NHWC_FWD and _nhwc_applies(x, w, fmt, spec)
+              else False)
+        if ph and (ph.fused_ok or (b is None and act is None)):
+            # NHWC copies in, the NHWC convolution, the output back to NCHW; the copies serve the backward too
+            cl = torch.channels_last
+            xh = _transform(h, x, torch.empty_like(x, memory_format=cl))
+            wh = _transform(h, w, torch.empty_like(w, memory_format=cl))
+            y = _transform(h, _conv_forward(h, ph, xh, wh, b, act), _output_like(x, pl.y_shape))
+            ctx.save_for_backward(xh, wh, y if act is not None else None)
+            ctx.nhwc = True
+        else:
+            y = _conv_forward(h, pl, x, w, b, act)
+            ctx.save_for_backward(x, w, y if act is not None else None)
+            ctx.nhwc = False
         ctx.pl, ctx.fmt, ctx.spec, ctx.act, ctx.has_bias = pl, fmt, spec, act, b is not None
         ctx.y_shape, ctx.y_stride = tuple(y.shape), y.stride()
         return y
@@ -273,20 +293,24 @@ class ConvFunction(torch.autograd.Function):
             dy = g
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dx = dw = db = None
-        try:
-            _bwd_algos(h, pl, dyd)
-        except Unsupported as e:
-            fallback(f"conv backward: {e} (aten.convolution_backward)")
-            stride, padding, dilation, groups = ctx.spec
-            dx, dw, db = torch.ops.aten.convolution_backward(
-                dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
-                False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
-            return dx, dw, db, None, None
-        ph = _nhwc_plan(h, pl, x, w, ctx.spec) if (need_x or need_w) and _nhwc_applies(x, w, ctx.fmt, ctx.spec) \
-            else False
-        if ph:
-            dx, dw = _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w)
-            need_x = need_w = False  # done
+        if ctx.nhwc:  # x and w are the forward's NHWC copies; pl.nhwc has the backward algorithms
+            dx, dw = _conv_backward_nhwc(h, pl.nhwc, x, w, dy, need_x, need_w, copies=True)
+            need_x = need_w = False
+        else:
+            try:
+                _bwd_algos(h, pl, dyd)
+            except Unsupported as e:
+                fallback(f"conv backward: {e} (aten.convolution_backward)")
+                stride, padding, dilation, groups = ctx.spec
+                dx, dw, db = torch.ops.aten.convolution_backward(
+                    dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
+                    False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
+                return dx, dw, db, None, None
+            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and _nhwc_applies(x, w, ctx.fmt, ctx.spec):
+                ph = _nhwc_plan(h, pl, x, w, ctx.spec)
+                if ph:
+                    dx, dw = _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w)
+                    need_x = need_w = False
         if need_x:
             dx = _empty_like(x)
             ws, wsp = C.workspace(pl.bwd_data_ws, x.device)

@@ -1,8 +1,8 @@
-"""pydnn.torch's NHWC backward for NCHW convolutions (pydnn.tuning.torch.CONV_NHWC_BWD), on the CPU against
-emulated pydnn calls (the harness of test_torch_emulated_cpu.py, with pydnn.transform_tensor emulated too):
-which convolutions take it, that it transposes dy / x / the filter to NHWC and the gradients back (and
-nothing else), that the NHWC calls get NHWC descriptors, and that gradients match PyTorch's with the switch
-on and off."""
+"""pydnn.torch's NHWC forward and backward for NCHW convolutions (pydnn.tuning.torch.CONV_NHWC_FWD / _BWD), on
+the CPU against emulated pydnn calls (the harness of test_torch_emulated_cpu.py, with pydnn.transform_tensor
+emulated too): which convolutions take them, that they transpose x / the filter / dy to NHWC and the results
+back (and nothing else), that the convolution calls get NHWC descriptors, and that outputs and gradients match
+PyTorch's with the switches on and off."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -33,7 +33,8 @@ def nhwc(emulated, monkeypatch, request):
     real = pydnn.transform_tensor
     monkeypatch.setattr(pydnn, "transform_tensor", _validated(real, transform_tensor) if validated
                         else transform_tensor)
-    for name, dy_at in (("convolution_backward_data", 4), ("convolution_backward_filter", 4)):
+    for name, dy_at in (("convolution_bias_activation_forward", 2), ("convolution_forward", 2),
+                        ("convolution_backward_data", 4), ("convolution_backward_filter", 4)):
         inner = getattr(pydnn, name)
 
         def rec(*args, _inner=inner, _name=name, _at=dy_at):
@@ -42,7 +43,11 @@ def nhwc(emulated, monkeypatch, request):
         monkeypatch.setattr(pydnn, name, rec)
     SEEN.clear()
     monkeypatch.setattr(tuning.torch, "CONV_NHWC_BWD", True)
+    monkeypatch.setattr(tuning.torch, "CONV_NHWC_FWD", True)
     yield CALLS
+
+
+FWD = ("convolution_bias_activation_forward", "nhwc")
 
 
 def _run(cin, cout, dtype, x_grad=True, groups=1, tol=3e-2):
@@ -61,23 +66,54 @@ def _run(cin, cout, dtype, x_grad=True, groups=1, tol=3e-2):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_nhwc_backward_taken_and_correct(nhwc, dtype):
+def test_nhwc_forward_and_backward(nhwc, dtype):
     _run(64, 128, dtype)
+    assert nhwc.count("transform") == 6  # forward: x, w in, y out; backward: dy in, dx and dw out
+    assert SEEN == [FWD, ("convolution_backward_data", "nhwc"), ("convolution_backward_filter", "nhwc")]
+
+
+def test_nhwc_without_input_gradient(nhwc):
+    _run(64, 64, torch.bfloat16, x_grad=False)
+    assert nhwc.count("transform") == 5  # forward: x, w in, y out; backward: dy in, dw out
+    assert SEEN == [FWD, ("convolution_backward_filter", "nhwc")]
+
+
+def test_nhwc_backward_only(nhwc, monkeypatch):
+    monkeypatch.setattr(tuning.torch, "CONV_NHWC_FWD", False)
+    _run(64, 128, torch.bfloat16)
     assert nhwc.count("transform") == 5  # dy, w in; dx out; x in; dw out
-    assert SEEN == [("convolution_backward_data", "nhwc"), ("convolution_backward_filter", "nhwc")]
+    assert SEEN == [("convolution_bias_activation_forward", "nchw"), ("convolution_backward_data", "nhwc"),
+                    ("convolution_backward_filter", "nhwc")]
 
 
-def test_nhwc_backward_without_input_gradient(nhwc):
+def test_nhwc_backward_only_without_input_gradient(nhwc, monkeypatch):
+    monkeypatch.setattr(tuning.torch, "CONV_NHWC_FWD", False)
     _run(64, 64, torch.bfloat16, x_grad=False)
     assert nhwc.count("transform") == 3  # dy, x in; dw out
-    assert SEEN == [("convolution_backward_filter", "nhwc")]
+    assert SEEN == [("convolution_bias_activation_forward", "nchw"), ("convolution_backward_filter", "nhwc")]
 
 
-def test_switch_off_keeps_nchw(nhwc, monkeypatch):
+def test_nhwc_forward_without_bias_or_with_activation(nhwc):
+    """The unfused forward (no bias, no activation) and the fused ReLU both run NHWC."""
+    mine, ref = make(pt.Conv2d, nn.Conv2d, 64, 64, 3, padding=1, bias=False)
+    mine.to(torch.bfloat16), ref.to(torch.bfloat16)
+    check(mine, ref, torch.randn(2, 64, 5, 6).to(torch.bfloat16), atol=3e-2, rtol=3e-2)
+    assert SEEN[0] == ("convolution_forward", "nhwc")
+    SEEN.clear()
+    mine, ref = make(pt.Conv2d, nn.Conv2d, 64, 64, 3, padding=1)
+    mine.activation = "relu"
+    mine.to(torch.bfloat16), ref.to(torch.bfloat16)
+    check(mine, nn.Sequential(ref, nn.ReLU()), torch.randn(2, 64, 5, 6).to(torch.bfloat16), atol=3e-2, rtol=3e-2)
+    assert SEEN[0] == FWD
+
+
+def test_switches_off_keep_nchw(nhwc, monkeypatch):
     monkeypatch.setattr(tuning.torch, "CONV_NHWC_BWD", False)
+    monkeypatch.setattr(tuning.torch, "CONV_NHWC_FWD", False)
     _run(64, 128, torch.bfloat16)
     assert "transform" not in nhwc
-    assert SEEN == [("convolution_backward_data", "nchw"), ("convolution_backward_filter", "nchw")]
+    assert SEEN == [("convolution_bias_activation_forward", "nchw"), ("convolution_backward_data", "nchw"),
+                    ("convolution_backward_filter", "nchw")]
 
 
 @pytest.mark.parametrize("cin,cout,dtype,groups", [(3, 64, torch.bfloat16, 1),     # the stem: C = 3

@@ -1,7 +1,8 @@
-"""pydnn.torch's NHWC backward for NCHW 16-bit convolutions (pydnn.tuning.torch.CONV_NHWC_BWD) on the GPU:
-data, filter and bias gradients against PyTorch in float64 on the same rounded inputs, with the switch on
-(the NHWC copies and pydnn.transform_tensor there and back) and off (the NCHW algorithms), the CNN demo's
-second convolution among the shapes; the two paths' gradients agree with each other too."""
+"""pydnn.torch's NHWC forward / backward for NCHW 16-bit convolutions (pydnn.tuning.torch.CONV_NHWC_FWD / _BWD)
+on the GPU: the output and the data, filter and bias gradients against PyTorch in float64 on the same rounded
+inputs, with the switches on (the NHWC copies and pydnn.transform_tensor there and back), the backward only,
+and off (the NCHW algorithms), the CNN demo's second convolution among the shapes; the paths agree with each
+other too."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,7 +15,7 @@ from test_torch_gpu import TOL_SUM, close, pydnn_runs  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def _grads(cin, cout, n, hw, dtype, nhwc, x_grad=True, seed=0):
+def _grads(cin, cout, n, hw, dtype, nhwc, x_grad=True, seed=0, fwd=None):
     g = torch.Generator(device="cuda").manual_seed(seed)
     torch.manual_seed(seed)
     ref = nn.Conv2d(cin, cout, 3, padding=1).double().cuda()
@@ -24,17 +25,21 @@ def _grads(cin, cout, n, hw, dtype, nhwc, x_grad=True, seed=0):
     ref.load_state_dict({k: v.to(dtype).double() for k, v in mine.state_dict().items()})  # the rounded values
     x = torch.randn(n, cin, hw, hw, device="cuda", generator=g).to(dtype).requires_grad_(x_grad)
     xr = x.detach().double().requires_grad_(x_grad)
-    saved = tuning.torch.CONV_NHWC_BWD
+    saved = tuning.torch.CONV_NHWC_BWD, tuning.torch.CONV_NHWC_FWD
     tuning.torch.CONV_NHWC_BWD = nhwc
+    tuning.torch.CONV_NHWC_FWD = nhwc if fwd is None else fwd
     try:
         with pydnn_runs():
             y = mine(x)
             dy = torch.randn(y.shape, device="cuda", generator=g).to(dtype)
             y.backward(dy)
     finally:
-        tuning.torch.CONV_NHWC_BWD = saved
-    ref(xr).backward(dy.double())
-    what = f"conv {cin}->{cout} {n}x{hw}x{hw} nhwc={nhwc}"
+        tuning.torch.CONV_NHWC_BWD, tuning.torch.CONV_NHWC_FWD = saved
+    yr = ref(xr)
+    yr.backward(dy.double())
+    what = f"conv {cin}->{cout} {n}x{hw}x{hw} nhwc={nhwc} fwd={fwd}"
+    assert y.is_contiguous()
+    close(y, yr, dtype, f"{what} y", tol=TOL_SUM[dtype])
     if x_grad:
         close(x.grad, xr.grad, dtype, f"{what} dx", tol=TOL_SUM[dtype])
     close(mine.weight.grad, ref.weight.grad, dtype, f"{what} dw", tol=TOL_SUM[dtype])
@@ -46,13 +51,16 @@ def _grads(cin, cout, n, hw, dtype, nhwc, x_grad=True, seed=0):
 @pytest.mark.parametrize("cin,cout,n,hw", [(64, 128, 32, 16), (64, 64, 4, 9), (128, 64, 2, 7)])
 def test_nhwc_backward_matches_torch(dtype, cin, cout, n, hw):
     on = _grads(cin, cout, n, hw, dtype, True)
+    bwd_only = _grads(cin, cout, n, hw, dtype, True, fwd=False)
     off = _grads(cin, cout, n, hw, dtype, False)
-    for a, b, name in zip(on, off, ("dx", "dw", "db")):
-        close(a, b, dtype, f"NHWC against NCHW backward {name}", tol=TOL_SUM[dtype])
+    for a, b, c, name in zip(on, bwd_only, off, ("dx", "dw", "db")):
+        close(a, c, dtype, f"NHWC against NCHW backward {name}", tol=TOL_SUM[dtype])
+        close(b, c, dtype, f"NHWC backward only against NCHW {name}", tol=TOL_SUM[dtype])
 
 
 def test_nhwc_backward_without_input_gradient():
     _grads(64, 128, 8, 16, torch.bfloat16, True, x_grad=False)
+    _grads(64, 128, 8, 16, torch.bfloat16, True, x_grad=False, fwd=False)
 
 
 def test_demo_shape_under_autocast():

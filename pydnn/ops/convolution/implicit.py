@@ -28,10 +28,17 @@ def implicit_expr(tag, direction):
     return f"pydnn::conv::implicit_gemm<{direction}, {CTYPE[tag]}>"
 
 
+def bias_grad_expr(tag):
+    """conv::bias_grad: the former ConvolutionBackwardBias kernel (one block per channel, an index
+    decomposition per element); the call now runs bias.py's row kernel. Still instantiated so this unit
+    stays as it was (its cache entries and the other branches' edits to it); to be dropped with the kernel."""
+    return f"pydnn::conv::bias_grad<{CTYPE[tag]}>"
+
+
 for _t in FLOAT_TAGS:
     add_kernels(f"convolution.{_t}", "convolution.cu",
                 [implicit_expr(_t, d) for d in (DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER)]
-                + [fold_expr(_t)])  # the bias gradient: bias.py (conv_bias.cu)
+                + [fold_expr(_t), bias_grad_expr(_t)])
 
 def _gemm_shape(pb, direction):
     """(M, N, K, reduction digit sizes, channel-innermost?, A k-fast?, B k-fast?) of a direction."""
