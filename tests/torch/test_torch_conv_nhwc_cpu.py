@@ -11,14 +11,9 @@ nn = torch.nn
 import pydnn  # noqa: E402
 import pydnn.torch as pt  # noqa: E402
 from pydnn import tuning  # noqa: E402
-from test_torch_emulated_cpu import CALLS, _validated, blend, check, emulated, make, tv  # noqa: E402,F401
+from test_torch_emulated_cpu import CALLS, check, emulated, make  # noqa: E402,F401
 
 SEEN = []  # (call, layout of its tensors: "nhwc" / "nchw")
-
-
-def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
-    CALLS.append("transform")
-    blend(tv(y_desc, y), tv(x_desc, x).double(), alpha, beta)
 
 
 def _layout(desc):
@@ -27,12 +22,8 @@ def _layout(desc):
 
 
 @pytest.fixture
-def nhwc(emulated, monkeypatch, request):
-    """The emulated harness plus transform_tensor, and the data / filter gradients' layouts recorded."""
-    validated = any("validated" in k for k in request.node.callspec.id.split("-"))
-    real = pydnn.transform_tensor
-    monkeypatch.setattr(pydnn, "transform_tensor", _validated(real, transform_tensor) if validated
-                        else transform_tensor)
+def nhwc(emulated, monkeypatch):
+    """The emulated harness (transform_tensor emulated there too), the convolution calls' layouts recorded."""
     for name, dy_at in (("convolution_bias_activation_forward", 2), ("convolution_forward", 2),
                         ("convolution_backward_data", 4), ("convolution_backward_filter", 4)):
         inner = getattr(pydnn, name)
