@@ -1,7 +1,7 @@
-"""The CNN demo's (examples/train_cnn.py) convolution backward pieces at its shapes (batch 256, bf16, NCHW),
-pydnn.torch beside PyTorch (cuDNN), with CUDA events; small enough to compile and run in ~30 s on a cold
-kernel cache (it never runs a convolution forward, so ptx/convolution.cu's large CUDA-core / mma.sync unit is
-not needed):
+"""The CNN demo's (examples/train_cnn.py) convolution pieces at its shapes (batch 256, bf16, NCHW), pydnn.torch
+beside PyTorch (cuDNN), with CUDA events; small enough to compile and run in ~30 s on a cold kernel cache (up
+to its last row it needs only the wgmma, wgrad, transform and conv_bias units, not ptx/convolution.cu's large
+CUDA-core / mma.sync unit; the NCHW rows come last, rows are saved as they are measured):
 
   bias   ConvolutionBackwardBias (pydnn, ptx/conv_bias.cu) against dy.sum((0, 2, 3)) (PyTorch) on the two
          convolutions' dy: (256, 64, 32, 32) and (256, 128, 16, 16)
