@@ -47,6 +47,41 @@ def timed(fn, reps):
     return ms[len(ms) // 2]
 
 
+def linear_rows(h, dt, dev, g, args, report, res):
+    """The demo's classifier forward, y (256 x 10) = x (256 x 8192) @ W^T: pydnn.matmul (the bridge's Linear; few
+    output tiles, K walked by 4 blocks), F.linear (cuBLAS), and the same product as a 1x1 convolution's
+    backward filter (dw (256, 10) = sum over 8192 'pixels' of dy (256 channels) x (10 channels); its algorithms
+    split that reduction into fp32 partials and fold them in order), each supported algorithm."""
+    import torch.nn.functional as F
+    m, k, n = 256, 8192, 10
+    x2 = torch.randn(m, k, device=dev, generator=g).to(dt)
+    w = (torch.randn(n, k, device=dev, generator=g) * 0.01).to(dt)
+    y = torch.empty(m, n, dtype=dt, device=dev)
+    xd, wtd, yd = C.tdesc(x2), C.tensor_desc(dt, (k, n), (1, k)), C.tdesc(y)
+    report("linear fwd pydnn.matmul", timed(lambda: pydnn.matmul(h, 1.0, xd, x2.data_ptr(), wtd, w.data_ptr(), 0.0,
+                                                                 yd, y.data_ptr()), args.reps))
+    report("linear fwd torch F.linear (cuBLAS)", timed(lambda: F.linear(x2, w), args.reps))
+    want = F.linear(x2.double(), w.double())
+    cx = C.tensor_desc(dt, (1, n, k, 1), (n * k, k, 1, 1))
+    cdy = C.tensor_desc(dt, (1, m, k, 1), (m * k, k, 1, 1))
+    cw = C.filter_desc(dt, (m, n, 1, 1), pydnn.PYDNN_TENSOR_NCHW)
+    cd = PF._conv_desc(((1, 1), (0, 0), (1, 1), 1), dt)
+    perfs = pydnn.get_convolution_backward_filter_algorithm_v7(h, cx, cdy, cd, cw, 8)
+    res["linear_wgrad_ranking"] = [(p.algo, p.status) for p in perfs]
+    for p in perfs:
+        if p.status != pydnn.PYDNN_STATUS_SUCCESS:
+            continue
+        nws = pydnn.get_convolution_backward_filter_workspace_size(h, cx, cdy, cd, cw, p.algo)
+        ws = torch.empty(max(nws, 1), dtype=torch.uint8, device=dev)
+
+        def run(a=p.algo, nws=nws, ws=ws):
+            pydnn.convolution_backward_filter(h, 1.0, cx, w.data_ptr(), cdy, x2.data_ptr(), cd, a, ws.data_ptr(), nws,
+                                              0.0, cw, y.data_ptr())
+        report(f"linear fwd as convolution_backward_filter algo {p.algo}", timed(run, args.reps))
+        err = ((y.double() - want).abs().max() / want.abs().max()).item()
+        print(f"  algo {p.algo}: max-norm relative difference to float64 {err:.2e}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=30)
@@ -175,6 +210,7 @@ def main():
 
         report("conv2 NCHW backward data (pydnn's NCHW algorithm)", timed(nchw_data, args.reps))
         report("conv2 NCHW backward filter (pydnn's NCHW algorithm)", timed(nchw_filter, args.reps))
+    linear_rows(h, dt, dev, g, args, report, res)
     res["seconds"] = time.perf_counter() - t0
     save()
     print(f"{res['device']}; {res['seconds']:.1f} s; written {args.out}/bench_cnn_layers.json")
