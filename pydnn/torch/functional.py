@@ -1139,6 +1139,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 _linear_descs = C.BoundedDict()  # (dtype, x shape / strides, W shape / strides) -> descriptors
 
 
+_splitk_plans = C.BoundedDict()
+
+
+def _linear_splitk(h, x2, w):
+    """(descriptors, algorithm, workspace bytes) of y = x2 W^T as a 1x1 convolution's backward filter, or None
+    where it does not apply (tuning.torch.LINEAR_FWD_SPLITK): dw (M, N, 1, 1) = y, summed over K 'pixels' of
+    dy = x2 seen as (1, M, K, 1) (M channels) and x = W seen as (1, N, K, 1) (N channels); both contiguous."""
+    m, k = x2.shape
+    n = w.shape[0]
+    key = (id(h), x2.dtype, m, n, k, x2.stride(), w.stride())
+    sk = _splitk_plans.get(key)
+    if sk is None:
+        sk = False
+        if (x2.dtype in _NHWC_DTYPES and x2.is_contiguous() and w.is_contiguous() and max(m, n) <= 512
+                and k >= 8 * max(m, n) and n * k < 2 ** 31 and m * k < 2 ** 31):
+            dt = x2.dtype
+            cx = C.tensor_desc(dt, (1, n, k, 1), (n * k, k, 1, 1))
+            cdy = C.tensor_desc(dt, (1, m, k, 1), (m * k, k, 1, 1))
+            cw = C.filter_desc(dt, (m, n, 1, 1), pydnn.PYDNN_TENSOR_NCHW)
+            cd = _conv_desc(((1, 1), (0, 0), (1, 1), 1), dt)
+            try:
+                algo = _pick(pydnn.get_convolution_backward_filter_algorithm_v7(h, cx, cdy, cd, cw, 8), "split-K")
+                nws = pydnn.get_convolution_backward_filter_workspace_size(h, cx, cdy, cd, cw, algo)
+                sk = (cx, cdy, cd, cw, algo, nws)
+            except Unsupported:
+                sk = False
+        _splitk_plans[key] = sk
+    return sk
+
+
 class LinearFunction(torch.autograd.Function):
     """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
     public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
@@ -1155,7 +1185,14 @@ class LinearFunction(torch.autograd.Function):
         if d is None:  # x, W^T (a column-major view of W), y (= dy's, contiguous), W (= dW's)
             d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
                                       tdesc(y), tdesc(w))
-        pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
+        sk = _linear_splitk(h, x2, w) if tuning.torch.LINEAR_FWD_SPLITK else None
+        if sk:
+            cx, cdy, cd, cw, algo, nws = sk
+            ws, wsp = C.workspace(nws, x2.device)
+            pydnn.convolution_backward_filter(h, 1.0, cx, w.data_ptr(), cdy, x2.data_ptr(), cd, algo, wsp, nws, 0.0,
+                                              cw, y.data_ptr())
+        else:
+            pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
         if b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
