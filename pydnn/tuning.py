@@ -314,7 +314,7 @@ torch = Switches(
                          "its output transposed back to NCHW: the direct NHWC tensor-core forward (fwd_wgmma on sm_90) "
                          "instead of the NCHW im2col GEMM (75 MB of columns at the CNN demo's second convolution); "
                          "the copies are kept for the backward, which then runs NHWC too"),
-    LINEAR_FWD_SPLITK=(False, "Linear's forward y = x W^T with few output tiles and a long K (M, N <= 512, K >= 8 * max(M, N), "
+    LINEAR_FWD_SPLITK=(True, "Linear's forward y = x W^T with few output tiles and a long K (M, N <= 512, K >= 8 * max(M, N), "
                              "16-bit) as the backward filter of a 1x1 convolution (pydnn.convolution_backward_filter: "
                              "the K reduction split over blocks into fp32 partials, folded in order), instead of "
                              "pydnn.matmul, which walks K with one block per output tile (4 blocks at the CNN demo's "

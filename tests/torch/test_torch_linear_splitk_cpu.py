@@ -1,7 +1,7 @@
 """pydnn.torch's Linear forward as a 1x1 convolution's backward filter (pydnn.tuning.torch.LINEAR_FWD_SPLITK),
 on the CPU against emulated pydnn calls (test_torch_emulated_cpu.py's harness): which shapes take it, that the
-descriptors it builds compute y = x W^T (outputs and gradients against PyTorch), and that it is off by
-default and the backward stays on pydnn.matmul."""
+descriptors it builds compute y = x W^T (outputs and gradients against PyTorch), that the switch turns it
+off, and that the backward stays on pydnn.matmul."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,8 +49,8 @@ def test_other_shapes_stay_on_matmul(splitk, k, n, m, dtype):
     assert "conv_bwd_filter" not in splitk
 
 
-def test_off_by_default(emulated):
-    assert tuning.torch.LINEAR_FWD_SPLITK is False
+def test_switch_off_keeps_matmul(emulated, monkeypatch):
+    monkeypatch.setattr(tuning.torch, "LINEAR_FWD_SPLITK", False)
     mine, ref = make(pt.Linear, nn.Linear, 1024, 10)
     mine.to(torch.bfloat16), ref.to(torch.bfloat16)
     check(mine, ref, torch.randn(16, 1024).to(torch.bfloat16), atol=3e-2, rtol=3e-2)
