@@ -1186,6 +1186,8 @@ class LinearFunction(torch.autograd.Function):
             d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
                                       tdesc(y), tdesc(w))
         sk = _linear_splitk(h, x2, w) if tuning.torch.LINEAR_FWD_SPLITK else None
+        if sk and (x2.data_ptr() | w.data_ptr()) % 16:  # a view off 16-byte alignment: matmul's general path
+            sk = None
         if sk:
             cx, cdy, cd, cw, algo, nws = sk
             ws, wsp = C.workspace(nws, x2.device)

@@ -55,3 +55,13 @@ def test_switch_off_keeps_matmul(emulated, monkeypatch):
     mine.to(torch.bfloat16), ref.to(torch.bfloat16)
     check(mine, ref, torch.randn(16, 1024).to(torch.bfloat16), atol=3e-2, rtol=3e-2)
     assert "conv_bwd_filter" not in emulated
+
+
+def test_unaligned_view_stays_on_matmul(splitk):
+    """x a view one element into its storage (not 16-byte aligned): pydnn.matmul (its general path) runs it."""
+    mine, ref = make(pt.Linear, nn.Linear, 1024, 10)
+    mine.to(torch.bfloat16), ref.to(torch.bfloat16)
+    base = torch.randn(16 * 1024 + 1).to(torch.bfloat16)
+    x = base[1:].view(16, 1024)
+    check(mine, ref, x, atol=3e-2, rtol=3e-2)
+    assert _fwd_calls(splitk)[0] == "matmul"
