@@ -251,7 +251,10 @@ def _conv_forward(h, pl, x, w, b, act):
 class ConvFunction(torch.autograd.Function):
     """y = act(conv(x, w) + b): forward through ConvolutionBiasActivationForward when there is a bias or an
     activation (ConvolutionForward otherwise); backward: the activation's derivative from y, then
-    ConvolutionBackwardData / Filter / Bias."""
+    ConvolutionBackwardData / Filter / Bias. NCHW 16-bit 2-d convolutions with channel counts that are
+    multiples of 64 (_nhwc_applies) run on NHWC copies made with pydnn.transform_tensor (tuning.torch.
+    CONV_NHWC_FWD / CONV_NHWC_BWD): the tensor-core kernels read NHWC directly; the output and the gradients
+    come back in the caller's NCHW layout."""
 
     @staticmethod
     def forward(ctx, x, w, b, spec, act):
@@ -1172,7 +1175,10 @@ def _linear_splitk(h, x2, w):
 class LinearFunction(torch.autograd.Function):
     """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
     public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
-    backward dx = dy @ W, dW = dy^T @ x (dy^T a column-major view); the bias and its gradient by PyTorch."""
+    backward dx = dy @ W, dW = dy^T @ x (dy^T a column-major view); the bias and its gradient by PyTorch. A
+    forward with few output tiles and a long K runs as a 1x1 convolution's backward filter instead
+    (_linear_splitk, tuning.torch.LINEAR_FWD_SPLITK): its algorithms split K over blocks (fp32 partials,
+    folded in order), where pydnn.matmul walks K with one block per output tile."""
 
     @staticmethod
     def forward(ctx, x2, w, b):
