@@ -326,6 +326,24 @@ rnn = Switches(
                           "several chunks"),
 )
 
+torch = Switches(
+    "torch", "pydnn.torch's choices between pydnn calls (pydnn/torch/functional.py)",
+    CONV_NHWC_FWD=(True, "the forward of such a convolution (see CONV_NHWC_BWD) on NHWC copies of x and the filter, "
+                         "its output transposed back to NCHW: the direct NHWC tensor-core forward (fwd_wgmma on sm_90) "
+                         "instead of the NCHW im2col GEMM (75 MB of columns at the CNN demo's second convolution); "
+                         "the copies are kept for the backward, which then runs NHWC too"),
+    LINEAR_FWD_SPLITK=(True, "Linear's forward y = x W^T with few output tiles and a long K (M, N <= 512, K >= 8 * max(M, N), "
+                             "16-bit) as the backward filter of a 1x1 convolution (pydnn.convolution_backward_filter: "
+                             "the K reduction split over blocks into fp32 partials, folded in order), instead of "
+                             "pydnn.matmul, which walks K with one block per output tile (4 blocks at the CNN demo's "
+                             "classifier, 256 x 10 over K = 8192)"),
+    CONV_NHWC_BWD=(True, "a 2-d NCHW half / bfloat16 convolution (groups 1) whose input and output channels are "
+                         "multiples of 64 runs its backward data and backward filter on NHWC copies of dy, x and "
+                         "the filter (pydnn.transform_tensor there and back), where the tensor-core kernels "
+                         "(wgmma on sm_90) serve it, instead of the NCHW algorithms (Winograd / im2col GEMM); "
+                         "the CNN demo's second convolution"),
+)
+
 callpath = Switches(
     "callpath", "host work per call (pydnn/ops/_replay.py, pydnn/ops/mha.py's plans, libpydnn's C fast path)",
     MHA_PLANS=(True, "the legacy multi-head attention calls keep a recorded plan per descriptor set and replay it "

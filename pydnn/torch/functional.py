@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import pydnn
+from pydnn import tuning
 
 from . import _core as C
 from ._core import Unsupported, dense, fallback, ptr, tdesc
@@ -89,7 +90,7 @@ _sizes = C.BoundedDict()
 
 class _ConvPlan:
     __slots__ = ("xd", "wd", "cd", "yd", "bd", "y_shape", "fwd", "fwd_ws", "bwd_data", "bwd_data_ws",
-                 "bwd_filter", "bwd_filter_ws", "fused_ok")
+                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc")
 
 
 def _conv_desc(spec, dtype):
@@ -138,6 +139,7 @@ def conv_plan(h, x, w, spec, fmt):
     pl.fwd_ws = pydnn.get_convolution_forward_workspace_size(h, pl.xd, pl.wd, pl.cd, pl.yd, pl.fwd)
     pl.bwd_data = pl.bwd_filter = None
     pl.fused_ok = True
+    pl.nhwc = None  # the backward's NHWC plan (_nhwc_plan), False where it does not apply
     if len(_conv_plans) >= 4096:
         _conv_plans.clear()
     _conv_plans[key] = pl
@@ -160,42 +162,119 @@ def _bwd_algos(h, pl, dyd):
     return pl
 
 
+_NHWC_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _nhwc_applies(x, w, fmt, spec):
+    """Whether this NCHW convolution may run on NHWC copies (pydnn.tuning.torch.CONV_NHWC_FWD / _BWD): 2-d,
+    groups 1, half / bfloat16, NCHW-packed x and filter, input and output channels multiples of 64 (where the
+    NHWC tensor-core kernels serve it directly; NCHW takes an im2col GEMM forward, Winograd backward data and an
+    im2col GEMM backward filter)."""
+    return (x.dim() == 4 and x.dtype in _NHWC_DTYPES and spec[3] == 1
+            and fmt == pydnn.PYDNN_TENSOR_NCHW and x.is_contiguous() and w.is_contiguous()
+            and x.shape[1] % 64 == 0 and w.shape[0] % 64 == 0)
+
+
+def _nhwc_plan(h, pl, x, w, spec):
+    """The NHWC twin of an NCHW plan (its descriptors and backward algorithms), made once per plan."""
+    if pl.nhwc is None:
+        xh = torch.empty_like(x, memory_format=torch.channels_last)
+        wh = torch.empty_like(w, memory_format=torch.channels_last)
+        try:
+            ph = conv_plan(h, xh, wh, spec, pydnn.PYDNN_TENSOR_NHWC)
+            _bwd_algos(h, ph, ph.yd)
+        except Unsupported:
+            ph = False
+        pl.nhwc = ph
+    return pl.nhwc
+
+
+def _transform(h, src, dst):
+    """dst = src (same dims, any two layouts) through pydnn.transform_tensor; returns dst."""
+    pydnn.transform_tensor(h, 1.0, tdesc(src), src.data_ptr(), 0.0, tdesc(dst), dst.data_ptr())
+    return dst
+
+
+def _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w, copies=False):
+    """Backward data and filter of an NCHW convolution run on NHWC copies (ph: _nhwc_plan): dy, x (for the
+    filter gradient) and the filter (for the data gradient) transposed to NHWC (x and w already are the
+    forward's NHWC copies when `copies`), the gradients back to NCHW."""
+    cl = torch.channels_last
+    dyh = _transform(h, dy, torch.empty_like(dy, memory_format=cl))
+    dx = dw = None
+    if need_x:
+        wh = w if copies else _transform(h, w, torch.empty_like(w, memory_format=cl))
+        dxh = torch.empty_like(x, memory_format=cl)
+        ws, wsp = C.workspace(ph.bwd_data_ws, x.device)
+        pydnn.convolution_backward_data(h, 1.0, ph.wd, wh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd, ph.bwd_data,
+                                        wsp, ph.bwd_data_ws, 0.0, ph.xd, dxh.data_ptr())
+        dx = _transform(h, dxh, torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    if need_w:
+        xh = x if copies else _transform(h, x, torch.empty_like(x, memory_format=cl))
+        dwh = torch.empty_like(w, memory_format=cl)
+        ws, wsp = C.workspace(ph.bwd_filter_ws, x.device)
+        pydnn.convolution_backward_filter(h, 1.0, ph.xd, xh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd,
+                                          ph.bwd_filter, wsp, ph.bwd_filter_ws, 0.0, ph.wd, dwh.data_ptr())
+        dw = _transform(h, dwh, torch.empty(w.shape, dtype=w.dtype, device=w.device))
+    return dx, dw
+
+
+def _conv_forward(h, pl, x, w, b, act):
+    """y = act(conv(x, w) + b) on plan pl: ConvolutionBiasActivationForward when there is a bias or an
+    activation (unfused, with PyTorch's bias add and activation, where pydnn refuses the fused epilogue)."""
+    y = _output_like(x, pl.y_shape)
+    ws, wsp = C.workspace(pl.fwd_ws, x.device)
+    epilogue = b is not None or act is not None
+    if epilogue and pl.fused_ok:
+        bias = b if b is not None else torch.zeros(w.shape[0], dtype=x.dtype, device=x.device)
+        try:
+            pydnn.convolution_bias_activation_forward(
+                h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp, pl.fwd_ws, 0.0,
+                pl.yd, y.data_ptr(), pl.bd, bias.data_ptr(), activation_desc(act or "identity"), pl.yd,
+                y.data_ptr())
+            return y
+        except pydnn.PydnnError as e:
+            if not C.is_not_supported(e):
+                raise
+            pl.fused_ok = False
+            fallback(f"conv: fused bias/activation epilogue: {e} (unfused pydnn convolution, then torch's "
+                     "bias add and activation)")
+    pydnn.convolution_forward(h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp,
+                              pl.fwd_ws, 0.0, pl.yd, y.data_ptr())
+    if b is not None:
+        y.add_(b.view((1, -1) + (1,) * (x.dim() - 2)))
+    if act is not None:
+        y = _TORCH_ACT[act](y)
+    return y
+
+
 class ConvFunction(torch.autograd.Function):
     """y = act(conv(x, w) + b): forward through ConvolutionBiasActivationForward when there is a bias or an
     activation (ConvolutionForward otherwise); backward: the activation's derivative from y, then
-    ConvolutionBackwardData / Filter / Bias."""
+    ConvolutionBackwardData / Filter / Bias. NCHW 16-bit 2-d convolutions with channel counts that are
+    multiples of 64 (_nhwc_applies) run on NHWC copies made with pydnn.transform_tensor (tuning.torch.
+    CONV_NHWC_FWD / CONV_NHWC_BWD): the tensor-core kernels read NHWC directly; the output and the gradients
+    come back in the caller's NCHW layout."""
 
     @staticmethod
     def forward(ctx, x, w, b, spec, act):
         h = C.handle_for(x.device)
         fmt, w = C.filter_format(w)
         pl = conv_plan(h, x, w, spec, fmt)
-        y = _output_like(x, pl.y_shape)
-        ws, wsp = C.workspace(pl.fwd_ws, x.device)
-        epilogue = b is not None or act is not None
-        done = False
-        if epilogue and pl.fused_ok:
-            bias = b if b is not None else torch.zeros(w.shape[0], dtype=x.dtype, device=x.device)
-            try:
-                pydnn.convolution_bias_activation_forward(
-                    h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp, pl.fwd_ws, 0.0,
-                    pl.yd, y.data_ptr(), pl.bd, bias.data_ptr(), activation_desc(act or "identity"), pl.yd,
-                    y.data_ptr())
-                done = True
-            except pydnn.PydnnError as e:
-                if not C.is_not_supported(e):
-                    raise
-                pl.fused_ok = False
-                fallback(f"conv: fused bias/activation epilogue: {e} (unfused pydnn convolution, then torch's "
-                         "bias add and activation)")
-        if not done:
-            pydnn.convolution_forward(h, 1.0, pl.xd, x.data_ptr(), pl.wd, w.data_ptr(), pl.cd, pl.fwd, wsp,
-                                      pl.fwd_ws, 0.0, pl.yd, y.data_ptr())
-            if b is not None:
-                y.add_(b.view((1, -1) + (1,) * (x.dim() - 2)))
-            if act is not None:
-                y = _TORCH_ACT[act](y)
-        ctx.save_for_backward(x, w, y if act is not None else None)
+        ph = (_nhwc_plan(h, pl, x, w, spec) if tuning.torch.CONV_NHWC_FWD and _nhwc_applies(x, w, fmt, spec)
+              else False)
+        if ph and (ph.fused_ok or (b is None and act is None)):
+            # NHWC copies in, the NHWC convolution, the output back to NCHW; the copies serve the backward too
+            cl = torch.channels_last
+            xh = _transform(h, x, torch.empty_like(x, memory_format=cl))
+            wh = _transform(h, w, torch.empty_like(w, memory_format=cl))
+            y = _transform(h, _conv_forward(h, ph, xh, wh, b, act), _output_like(x, pl.y_shape))
+            ctx.save_for_backward(xh, wh, y if act is not None else None)
+            ctx.nhwc = True
+        else:
+            y = _conv_forward(h, pl, x, w, b, act)
+            ctx.save_for_backward(x, w, y if act is not None else None)
+            ctx.nhwc = False
         ctx.pl, ctx.fmt, ctx.spec, ctx.act, ctx.has_bias = pl, fmt, spec, act, b is not None
         ctx.y_shape, ctx.y_stride = tuple(y.shape), y.stride()
         return y
@@ -217,15 +296,24 @@ class ConvFunction(torch.autograd.Function):
             dy = g
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dx = dw = db = None
-        try:
-            _bwd_algos(h, pl, dyd)
-        except Unsupported as e:
-            fallback(f"conv backward: {e} (aten.convolution_backward)")
-            stride, padding, dilation, groups = ctx.spec
-            dx, dw, db = torch.ops.aten.convolution_backward(
-                dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
-                False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
-            return dx, dw, db, None, None
+        if ctx.nhwc:  # x and w are the forward's NHWC copies; pl.nhwc has the backward algorithms
+            dx, dw = _conv_backward_nhwc(h, pl.nhwc, x, w, dy, need_x, need_w, copies=True)
+            need_x = need_w = False
+        else:
+            try:
+                _bwd_algos(h, pl, dyd)
+            except Unsupported as e:
+                fallback(f"conv backward: {e} (aten.convolution_backward)")
+                stride, padding, dilation, groups = ctx.spec
+                dx, dw, db = torch.ops.aten.convolution_backward(
+                    dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
+                    False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
+                return dx, dw, db, None, None
+            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and _nhwc_applies(x, w, ctx.fmt, ctx.spec):
+                ph = _nhwc_plan(h, pl, x, w, ctx.spec)
+                if ph:
+                    dx, dw = _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w)
+                    need_x = need_w = False
         if need_x:
             dx = _empty_like(x)
             ws, wsp = C.workspace(pl.bwd_data_ws, x.device)
@@ -1054,10 +1142,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 _linear_descs = C.BoundedDict()  # (dtype, x shape / strides, W shape / strides) -> descriptors
 
 
+_splitk_plans = C.BoundedDict()
+
+
+def _linear_splitk(h, x2, w):
+    """(descriptors, algorithm, workspace bytes) of y = x2 W^T as a 1x1 convolution's backward filter, or None
+    where it does not apply (tuning.torch.LINEAR_FWD_SPLITK): dw (M, N, 1, 1) = y, summed over K 'pixels' of
+    dy = x2 seen as (1, M, K, 1) (M channels) and x = W seen as (1, N, K, 1) (N channels); both contiguous."""
+    m, k = x2.shape
+    n = w.shape[0]
+    key = (id(h), x2.dtype, m, n, k, x2.stride(), w.stride())
+    sk = _splitk_plans.get(key)
+    if sk is None:
+        sk = False
+        if (x2.dtype in _NHWC_DTYPES and x2.is_contiguous() and w.is_contiguous() and max(m, n) <= 512
+                and k >= 8 * max(m, n) and n * k < 2 ** 31 and m * k < 2 ** 31):
+            dt = x2.dtype
+            cx = C.tensor_desc(dt, (1, n, k, 1), (n * k, k, 1, 1))
+            cdy = C.tensor_desc(dt, (1, m, k, 1), (m * k, k, 1, 1))
+            cw = C.filter_desc(dt, (m, n, 1, 1), pydnn.PYDNN_TENSOR_NCHW)
+            cd = _conv_desc(((1, 1), (0, 0), (1, 1), 1), dt)
+            try:
+                algo = _pick(pydnn.get_convolution_backward_filter_algorithm_v7(h, cx, cdy, cd, cw, 8), "split-K")
+                nws = pydnn.get_convolution_backward_filter_workspace_size(h, cx, cdy, cd, cw, algo)
+                sk = (cx, cdy, cd, cw, algo, nws)
+            except Unsupported:
+                sk = False
+        _splitk_plans[key] = sk
+    return sk
+
+
 class LinearFunction(torch.autograd.Function):
     """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
     public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
-    backward dx = dy @ W, dW = dy^T @ x (dy^T a column-major view); the bias and its gradient by PyTorch."""
+    backward dx = dy @ W, dW = dy^T @ x (dy^T a column-major view); the bias and its gradient by PyTorch. A
+    forward with few output tiles and a long K runs as a 1x1 convolution's backward filter instead
+    (_linear_splitk, tuning.torch.LINEAR_FWD_SPLITK): its algorithms split K over blocks (fp32 partials,
+    folded in order), where pydnn.matmul walks K with one block per output tile."""
 
     @staticmethod
     def forward(ctx, x2, w, b):
@@ -1070,7 +1191,16 @@ class LinearFunction(torch.autograd.Function):
         if d is None:  # x, W^T (a column-major view of W), y (= dy's, contiguous), W (= dW's)
             d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
                                       tdesc(y), tdesc(w))
-        pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
+        sk = _linear_splitk(h, x2, w) if tuning.torch.LINEAR_FWD_SPLITK else None
+        if sk and (x2.data_ptr() | w.data_ptr()) % 16:  # a view off 16-byte alignment: matmul's general path
+            sk = None
+        if sk:
+            cx, cdy, cd, cw, algo, nws = sk
+            ws, wsp = C.workspace(nws, x2.device)
+            pydnn.convolution_backward_filter(h, 1.0, cx, w.data_ptr(), cdy, x2.data_ptr(), cd, algo, wsp, nws, 0.0,
+                                              cw, y.data_ptr())
+        else:
+            pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
         if b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)

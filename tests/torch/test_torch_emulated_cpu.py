@@ -185,6 +185,11 @@ def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc
     blend(dwt, r, alpha, beta)
 
 
+def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
+    CALLS.append("transform")
+    blend(tv(y_desc, y), tv(x_desc, x).double(), alpha, beta)
+
+
 def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
     CALLS.append("conv_bwd_bias")
     d = tv(dy_desc, dy).double()
@@ -740,6 +745,7 @@ def emulated(monkeypatch, request):
     monkeypatch.setattr(PF, "_attn_plans", C.BoundedDict())
     monkeypatch.setattr(PF, "_specs", C.BoundedDict())
     monkeypatch.setattr(PF, "_linear_descs", C.BoundedDict())
+    monkeypatch.setattr(PF, "_splitk_plans", C.BoundedDict())
     monkeypatch.setattr(PF, "_functional_dropout_state", PF.DropoutState())
     monkeypatch.setattr(pydnn.buffers, "CHECKED", False)
     CALLS.clear()

@@ -28,7 +28,7 @@ from . import find as _find
 from . import fft, gemm, grouped, implicit, tensor_core, wgrad_wgmma, winograd  # noqa: F401 - each registers its planners
 from .algorithms import *  # noqa: F401,F403 - algorithm queries and Find...Ex
 from .find import *  # noqa: F401,F403 - Find without Ex (buffers of its own)
-from .implicit import bias_grad_expr
+from . import bias as _bias
 from .plans import check_workspace, get_plan, new_plan, run_plan
 from .problem import (ACT, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_BIAS, FLAG_Z, NS,
                       ConvAuxParams, create_convolution_descriptor, destroy_convolution_descriptor,
@@ -148,10 +148,31 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
         p.flags, p.act, p.coef = saved
 
 
+def _bias_launch(handle, dy_desc, db_desc, it, dyp):
+    """(function, ConvAuxParams with the shape filled in, grid) of a backward bias: the reduced dims (n, d, h,
+    w) merged where the strides allow (an NCHW dy: rows of D*H*W elements), 16-byte loads where they fit."""
+    nd = len(dy_desc.dims)
+    tag = TAG[dy_desc.dtype]
+    dims5 = (dy_desc.dims[0], dy_desc.dims[1]) + (1,) * (5 - nd) + tuple(dy_desc.dims[2:])
+    st5 = strides5(dy_desc.strides)
+    sizes, strides = _bias.merge_reduced((dims5[0],) + dims5[2:], (st5[0],) + tuple(st5[2:]))
+    v = _bias.vector_width(it, sizes, strides, st5[1], dyp)
+    func = handle.function(_bias.UNIT.format(tag), _bias.bias_expr(tag, v))
+    p = ConvAuxParams()
+    p.channels = dims5[1]
+    p.count = dims5[0] * dims5[2] * dims5[3] * dims5[4]
+    for i, n in enumerate(sizes):
+        p.inner[i] = n
+    p.in_stride[0], p.in_stride[1], p.in_stride[2], p.in_stride[3], p.in_stride[4] = (
+        strides[0], st5[1], strides[1], strides[2], strides[3])
+    p.out_stride[1] = db_desc.strides[1]
+    return func, p, (min(dims5[1], 65535 * 4), 1, 1)
+
+
 @api
 def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
     """cudnnConvolutionBackwardBias: db = alpha * sum of dy over every dim but C + beta * db; db is
-    (1, C, 1, ...). Deterministic (a fixed-order tree sum per channel)."""
+    (1, C, 1, ...). Deterministic (a fixed-order sum per channel: ptx/conv_bias.cu, planned in bias.py)."""
     check_handle(handle)
     float_tensor(dy_desc, "dyDesc")
     nd = len(dy_desc.dims)
@@ -165,21 +186,14 @@ def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
     it = DTYPES[dy_desc.dtype][0]
     dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
     dbp = element_aligned(device_ptr(db, "db", db_desc.span_bytes()), "db", it)
-    tag = TAG[dy_desc.dtype]
-    func = handle.function(f"convolution.{tag}", bias_grad_expr(tag))
-    dims5 = (dy_desc.dims[0], dy_desc.dims[1]) + (1,) * (5 - nd) + tuple(dy_desc.dims[2:])
-    p = ConvAuxParams()
+    key = ("conv_bias", dy_desc, dy_desc.version, db_desc, db_desc.version, dyp % 16 == 0)
+    rec = handle.prepared.get(key)
+    if rec is None:  # the launch's shape-dependent part, once per descriptor pair (and pointer alignment)
+        rec = handle.remember(key, _bias_launch(handle, dy_desc, db_desc, it, dyp))
+    func, p, grid = rec
     p.out, p.in_, p.alpha, p.beta = dbp, dyp, al, be
     p.flags = FLAG_BETA if be != 0 else 0
-    p.channels = dims5[1]
-    p.count = dims5[0] * dims5[2] * dims5[3] * dims5[4]
-    for i, v in enumerate((dims5[0], dims5[2], dims5[3], dims5[4])):
-        p.inner[i] = v
-    for i, s in enumerate(strides5(dy_desc.strides)):
-        p.in_stride[i] = s
-    p.out_stride[1] = db_desc.strides[1]
-    grid = (min(dims5[1], 65535 * 4), 1, 1)
-    driver.launch(func, grid, (256, 1, 1), 0, handle.cu_stream, p)
+    driver.launch(func, grid, (_bias.THREADS, 1, 1), 0, handle.cu_stream, p)
 
 
 # ----------------------------------------------------------------------------- workspace sizes

@@ -29,7 +29,9 @@ def implicit_expr(tag, direction):
 
 
 def bias_grad_expr(tag):
-    """conv::bias_grad: ConvolutionBackwardBias's per-channel fixed-order tree sum."""
+    """conv::bias_grad: the former ConvolutionBackwardBias kernel (one block per channel, an index
+    decomposition per element); the call now runs bias.py's row kernel. Still instantiated so this unit
+    stays as it was (its cache entries and the other branches' edits to it); to be dropped with the kernel."""
     return f"pydnn::conv::bias_grad<{CTYPE[tag]}>"
 
 
