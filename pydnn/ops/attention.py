@@ -548,11 +548,11 @@ _best = {}
 
 def best_splits(units, tiles, slots, rows_per_unit=DEC_ROWS):
     """The cheapest split count by split_cost (ties: the fewer splits) for `units` CTAs' worth of rows over
-    `tiles` K/V tiles each: at most tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, and enough for ~4 waves."""
+    `tiles` K/V tiles each: at most tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, and 16 or enough for ~4 waves."""
     key = (units, tiles, slots, rows_per_unit, tuning.attention.DECODE_TAIL_SAT)
     s = _best.get(key)
     if s is None:
-        top = max(1, min(tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, cdiv(4 * slots, units)))
+        top = max(1, min(tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, max(16, cdiv(4 * slots, units))))
         s = min(range(1, top + 1), key=lambda n: (split_cost(units, n, tiles, slots, rows_per_unit), n))
         if len(_best) > 4096:
             _best.clear()

@@ -1,0 +1,232 @@
+"""The split-KV decode forward's host side on the CPU: decode_plan's split count (the wave model of
+split_cost: no few-CTA tail wave on the decode sweep's shapes, every split non-empty, the workspace
+limit, forced counts capped), and the per-handle record of repeated decode calls (_dec_replay): its
+launches are byte for byte those of the full path on a fresh handle - other pointers, other tuning, a
+re-set descriptor, statistics on / off - it falls back to the full path (and its errors) on anything it
+does not check itself, and it costs a handful of Python calls. Launches are caught at driver.launch_args
+(tools/bench_host.py's CPU handle: placeholder kernels, no driver)."""
+import ctypes
+import os
+import sys
+
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn.ops import attention as A
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tools"))
+import bench_host as B  # noqa: E402
+
+BF16 = pydnn.PYDNN_DATA_BFLOAT16
+NONE, TL, BR = (pydnn.PYDNN_ATTN_MASK_NONE, pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT,
+                pydnn.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT)
+MIS = pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
+
+# the decode sweep (tools/sweep_attention.py): batch x KV length x GQA at d 128
+SWEEP = [(b, kv, hq) for kv in (4096, 16384, 65536, 131072) for b in (1, 4, 16, 64) for hq in (32, 64)]
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def _check_plan(pl, keys):
+    assert 1 <= pl.splits <= A.DEC_MAX_SPLITS
+    assert pl.split_len % A.DEC_N == 0
+    assert (pl.splits - 1) * pl.split_len < keys <= pl.splits * pl.split_len  # no empty split, all keys
+
+
+@pytest.mark.parametrize("sms", [132, 114, 78])
+@pytest.mark.parametrize("b,kv,hq", SWEEP, ids=[f"b{b}kv{kv}h{hq}" for b, kv, hq in SWEEP])
+def test_sweep_plans_fill_whole_waves(b, kv, hq, sms):
+    """Two CTAs per SM (slots); the CTAs of a plan fill their last wave to >= 90% (132 SMs, the H100 /
+    H200; on other counts, where whole waves of these shapes may not exist, the modelled time is within
+    4/3 of the tiles spread evenly) or the plan is at most
+    one wave and, where the keys allow (>= DEC_MIN_TILES tiles a split), at least half of the slots: the
+    shapes that ran 0.58-0.86x of cuDNN had 288 CTAs on 264 places (b4) or 384 (b16)."""
+    slots = 2 * sms
+    pl = A.decode_plan(sms, b, hq, 8, 1, kv, 128, NONE)
+    _check_plan(pl, kv)
+    ctas = b * 8 * pl.rblocks * pl.splits
+    waves, tail = divmod(ctas, slots)
+    if waves == 0:
+        assert ctas >= min(slots // 2, b * 8 * (kv // A.DEC_N // A.DEC_MIN_TILES)), (pl, ctas)
+    elif sms == 132:
+        assert tail == 0 or tail >= 0.9 * slots, (pl, ctas, slots)
+    else:  # the model's time at most 4/3 of the K/V tiles spread evenly over the slots
+        units, tiles = b * 8 * pl.rblocks, kv // A.DEC_N
+        assert units * tiles / slots >= 0.75 * A.split_cost(units, pl.splits, tiles, slots, hq // 8), (pl, ctas)
+    assert pl.ws == A.decode_ws(b * hq, pl.splits, 128)
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,skv,mask", [
+    (1, 32, 8, 1, 1, NONE), (1, 32, 8, 1, 65, NONE), (1, 8, 8, 1, 4097, NONE), (3, 64, 8, 1, 131071, NONE),
+    (2, 12, 2, 4, 2100, BR), (2, 8, 8, 3, 100000, TL), (7, 40, 5, 1, 33333, NONE), (1, 1, 1, 16, 70000, BR),
+    (200, 32, 8, 1, 4096, NONE), (1, 128, 1, 1, 50000, NONE),
+])
+def test_plan_invariants(b, hq, hkv, sq, skv, mask):
+    for sms in (132, 108, 16):
+        pl = A.decode_plan(sms, b, hq, hkv, sq, skv, 128, mask)
+        keys = min(skv, sq) if mask == TL else skv
+        _check_plan(pl, keys)
+        assert pl.rblocks == -(-(hq // hkv) * sq // A.DEC_ROWS)
+        # a workspace one byte short of the plan's: fewer splits, which fit
+        if pl.splits > 1:
+            sm = A.decode_plan(sms, b, hq, hkv, sq, skv, 128, mask, pl.ws - 1)
+            assert sm.splits < pl.splits and sm.ws <= pl.ws - 1
+            _check_plan(sm, keys)
+        assert A.decode_plan(sms, b, hq, hkv, sq, skv, 128, mask, 0).splits == 1
+
+
+def test_forced_splits_capped():
+    with tuning.override({"attention.DECODE_SPLITS": 100000}):
+        pl = A.decode_plan(132, 1, 8, 2, 1, 1 << 20, 128, NONE)
+    assert pl.splits == A.DEC_MAX_SPLITS  # dec_combine's shared memory holds DEC_MAX_SPLITS lse values
+    with tuning.override({"attention.DECODE_SPLITS": 7}):
+        pl = A.decode_plan(132, 1, 8, 2, 1, 200, 128, NONE)
+    assert pl.splits == 4  # 200 keys are 4 tiles: no empty split
+
+
+def test_split_cost_model():
+    # a tail of a few CTAs costs a whole wave; a wave one CTA short costs nothing extra
+    assert A.split_cost(32, 9, 2048, 264) > 1.6 * A.split_cost(32, 8, 2048, 264)
+    assert A.best_splits(32, 2048, 264) == 8
+    assert A.best_splits(8, 2048, 264) == 33
+    assert A.best_splits(512, 2048, 264) == 1
+    with tuning.override({"attention.DECODE_TAIL_SAT": 0.5}):  # a partial wave of >= half the slots is full speed
+        assert A.split_cost(32, 5, 2048, 264) == pytest.approx(160 / 264 * (410 + 2 + 0.5))
+        assert A.split_cost(32, 2, 2048, 264) == pytest.approx(0.5 * (1024 + 2 + 0.5))
+
+
+# ----------------------------------------------------------------------------- the record
+
+def _t(dims, layout="bhsd"):
+    d = pydnn.create_tensor_descriptor()
+    b, h, s, e = dims
+    strides = (h * s * e, s * e, e, 1) if layout == "bhsd" else (s * h * e, e, h * e, 1)
+    pydnn.set_tensor_nd_descriptor(d, BF16, 4, dims, strides)
+    return d
+
+
+class Call:
+    """One decode problem's descriptors and fake addresses; call() returns the launches it made."""
+
+    def __init__(self, b=2, hq=32, hkv=8, sq=1, skv=5000, d=128, mask=NONE, stats=True):
+        self.a = pydnn.create_attention_descriptor()
+        pydnn.set_attention_descriptor(self.a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+        self.tq, self.tk = _t((b, hq, sq, d), "bshd"), _t((b, hkv, skv, d))
+        self.tl = None
+        if stats:
+            self.tl = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor_nd_descriptor(self.tl, pydnn.PYDNN_DATA_FLOAT, 4, (b, hq, sq, 1), (hq * sq, sq, 1, 1))
+        self.ptrs = dict(q=1 << 36, k=2 << 36, v=3 << 36, o=4 << 36, stats=5 << 36 if stats else 0, ws=6 << 36)
+
+    def ws_size(self, h):
+        return pydnn.get_attention_forward_workspace_size(h, self.a, self.tq, self.tk)
+
+    def __call__(self, h, ws_size=None, **over):
+        p = dict(self.ptrs, **over)
+        n = self.ws_size(h) if ws_size is None else ws_size
+        got = []
+        saved = A.driver.launch_args
+        A.driver.launch_args = lambda f, grid, block, smem, st, argv: got.append(
+            (f, tuple(grid), tuple(block), smem, bytes(argv[2])))
+        try:
+            pydnn.attention_forward(h, self.a, self.tq, p["q"], self.tk, p["k"], self.tk, p["v"], self.tq, p["o"],
+                                    self.tl, p["stats"], None, None, p["ws"], n)
+        finally:
+            A.driver.launch_args = saved
+        return got
+
+
+@pytest.fixture
+def cpu():
+    with B.no_launch():
+        yield B.cpu_handle
+
+
+def _fields(raw):
+    p = A.AttnParams.from_buffer_copy(raw)
+    return {n: getattr(p, n) for n, _ in A.AttnParams._fields_ if n != "stride"}
+
+
+def test_replay_equals_the_full_path(cpu):
+    c, h = Call(), cpu()
+    first = c(h)
+    assert len(first) == 2  # dec + dec_combine (b2 x 8 K/V heads: several splits)
+    assert any(k[0] == "attention.dec" for k in h.prepared if type(k) is tuple)
+    assert c(h) == first  # the record, same pointers: the same bytes
+    other = dict(q=(1 << 36) + 4096, k=(7 << 36), v=(8 << 36) + 16, o=(9 << 36), stats=(10 << 36) + 4,
+                 ws=(11 << 36) + 256)
+    got = c(h, **other)
+    want = c(cpu(), **other)  # a fresh handle: the full path
+    assert got == want
+    f = _fields(want[0][4])
+    assert (f["q"], f["k"], f["v"], f["o"], f["lse"], f["part_o"]) == (
+        other["q"], other["k"], other["v"], other["o"], other["stats"], other["ws"])
+    assert f["part_lse"] == other["ws"] + 2 * 32 * f["splits"] * 128 * 4
+
+
+def test_replay_follows_tuning_descriptors_and_workspace(cpu):
+    c, h = Call(b=1, skv=70000), cpu()
+    base = c(h)
+    with tuning.override({"attention.DECODE_SPLITS": 3}):
+        got = c(h)
+        assert got == c(cpu()) and got != base and got[0][1][0] == 3
+    assert c(h) == base
+    pydnn.set_attention_descriptor(c.a, 32, 8, 128, 0.3, BR, 0.0, 0)  # re-set: a new version
+    got = c(h)
+    f = _fields(got[0][4])
+    assert got == c(cpu()) and f["scale"] == pytest.approx(0.3) and f["mask"] == BR
+    small = c.ws_size(h) // 2  # a smaller workspace: fewer splits, its own record
+    got = c(h, ws_size=small)
+    assert got == c(cpu(), ws_size=small) and got[0][1][0] < base[0][1][0]
+    got = c(h, ws_size=0, ws=0)  # none: one split, dec alone, no workspace pointer needed
+    assert len(got) == 1 and got[0][1][0] == 1 and got == c(cpu(), ws_size=0, ws=0)
+
+
+def test_replay_without_stats_and_one_split(cpu):
+    c, h = Call(b=64, hq=64, skv=4096, stats=False), cpu()
+    first = c(h)
+    assert len(first) == 1 and _fields(first[0][4])["lse"] is None and _fields(first[0][4])["splits"] == 1
+    assert c(h, o=(4 << 36) + 64) == c(cpu(), o=(4 << 36) + 64)
+
+
+@pytest.mark.parametrize("name,value", [("q", (1 << 36) + 8), ("o", (4 << 36) + 2), ("stats", (5 << 36) + 2),
+                                        ("ws", (6 << 36) + 8)])
+def test_replay_refuses_what_the_full_path_refuses(cpu, name, value):
+    c, h = Call(b=1, skv=9000), cpu()
+    c(h)
+    with pytest.raises(pydnn.PydnnError) as e:
+        c(h, **{name: value})
+    assert e.value.status == MIS and ("workSpace" if name == "ws" else name) in str(e.value)
+    with pytest.raises(pydnn.PydnnError) as e:
+        c(h, **{name: 0 if name != "stats" else None})
+    assert e.value.status in (pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, pydnn.PYDNN_STATUS_BAD_PARAM)
+
+
+def test_lengths_take_the_full_path(cpu):
+    c, h = Call(b=2, skv=3000), cpu()
+    c(h)
+    got = []
+    saved = A.driver.launch_args
+    A.driver.launch_args = lambda *a: got.append(bytes(a[5][2]))
+    try:
+        pydnn.attention_forward(h, c.a, c.tq, c.ptrs["q"], c.tk, c.ptrs["k"], c.tk, c.ptrs["v"], c.tq, c.ptrs["o"],
+                                c.tl, c.ptrs["stats"], None, 12 << 36, c.ptrs["ws"], c.ws_size(h))
+    finally:
+        A.driver.launch_args = saved
+    assert _fields(got[0])["lens_kv"] == 12 << 36
+    assert _fields(c(h)[0][4])["lens_kv"] is None  # the record kept no lengths
+
+
+def test_replay_is_a_few_python_calls(cpu):
+    c, h = Call(), cpu()
+    h_args = (h, c.a, c.tq, c.ptrs["q"], c.tk, c.ptrs["k"], c.tk, c.ptrs["v"], c.tq, c.ptrs["o"], c.tl,
+              c.ptrs["stats"], None, None, c.ptrs["ws"], c.ws_size(h))
+    pydnn.attention_forward(*h_args)
+    calls, _ = B.python_calls(lambda: pydnn.attention_forward(*h_args))
+    assert calls <= 12, calls  # the full path made ~80
+
+
+def test_params_struct_unchanged():
+    assert ctypes.sizeof(A.AttnParams) == ctypes.sizeof(A.AttnParams())
