@@ -984,7 +984,10 @@ __global__ void __launch_bounds__(kThreads) dec_combine(const AttnParams p) {
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float lse = mx > -kInf ? mx + __logf(sum) : -kInf;
     const float* po = p.part_o + row * ns * D;
-    for (int c = l; c < C4; c += 32) {
+#pragma unroll
+    for (int cc = 0; cc < (C4 + 31) / 32; ++cc) {
+      const int c = l + 32 * cc;
+      if (c >= C4) break;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
       if (mx > -kInf) {
         int s = warp;

@@ -364,3 +364,89 @@ def _fwd_variants(h, d):
                 A.FWD_N[d] = n0
             out.append((f" [mma.sync {n[0]}/{n[1]}]", setup, undo))
     return out
+
+
+# ----------------------------------------------------------------------------- decode split calibration
+# (b, kv, split counts to time) at GQA 32/8, d 128, bf16: the split model's inputs (pydnn/ops/attention.py
+# split_cost: whole waves of 2 CTAs per SM, a partial last wave), measured around the planner's pick
+SPLIT_CASES = [
+    (1, 131072, (16, 24, 32, 33, 48, 64, 66)),
+    (4, 65536, (4, 5, 6, 8, 9, 12, 16)),
+    (16, 65536, (1, 2, 3, 4)),
+    (4, 16384, (4, 8, 9, 16)),
+    (64, 16384, (1, 2)),
+]
+
+
+def decode_splits(out=None):
+    """`python3 tools/bench_attention.py --decode-splits [--out FILE]`: pydnn's decode forward at forced
+    split counts (tuning.attention.DECODE_SPLITS) against the planner's pick, in TB/s of K + V, with the
+    CTA count and the waves on this device (2 CTAs per SM); then the host-bound floor (a one-split call
+    and a split one on a small cache: back-to-back calls, so the per-call host cost) beside SDPA's."""
+    from pydnn.ops import attention as A
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    name = torch.cuda.get_device_name()
+    lines = [f"# decode split calibration, {name}, {h.sm_count} SMs", "",
+             "| case | splits | CTAs | waves | ms | K+V TB/s | planner's |", "|---|---:|---:|---:|---:|---:|---|"]
+
+    def setup(bb, skv, hq=32, hkv=8, d=128):
+        q = torch.randn(bb, hq, 1, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        o = torch.empty_like(q)
+        a = pydnn.create_attention_descriptor()
+        pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, pydnn.PYDNN_ATTN_MASK_NONE, 0.0, 0)
+        tq, tk = _desc(q, bf), _desc(k, bf)
+
+        def call_for(n, ws):
+            return lambda: pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tk, v.data_ptr(), tq,
+                                                   o.data_ptr(), None, 0, None, None, ws.data_ptr(), n)
+        return q, k, v, a, tq, tk, call_for
+
+    for bb, skv, counts in SPLIT_CASES:
+        q, k, v, a, tq, tk, call_for = setup(bb, skv)
+        pick = A.decode_plan(h.sm_count, bb, 32, 8, 1, skv, 128, pydnn.PYDNN_ATTN_MASK_NONE).splits
+        for s in sorted(set(counts) | {pick}):
+            with tuning.override({"attention.DECODE_SPLITS": s}):
+                n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+                ws = torch.empty(max(n, 16), dtype=torch.uint8, device="cuda")
+                fn = call_for(n, ws)
+                fn()
+                ms = time_ms(fn, reps=10, warmup=2)
+            ctas = bb * 8 * s
+            tbs = 2 * k.numel() * 2 / ms / 1e9
+            row = (f"| b{bb} kv{skv} | {s} | {ctas} | {ctas / (2 * h.sm_count):.2f} | {ms:.4f} | {tbs:.2f} | "
+                   f"{'<- pick' if s == pick else ''} |")
+            print(row, flush=True)
+            lines.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    lines += ["", "| host-bound floor | ms per call |", "|---|---:|"]
+    for bb, skv in ((1, 256), (1, 4096)):
+        q, k, v, a, tq, tk, call_for = setup(bb, skv)
+        n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+        ws = torch.empty(max(n, 16), dtype=torch.uint8, device="cuda")
+        fn = call_for(n, ws)
+        fn()
+        rows = [(f"pydnn b{bb} kv{skv} ({'1 launch' if n == 0 else 'dec + combine'})", time_ms(fn, reps=10))]
+        for be in ("cudnn", "flash"):
+            rows.append((f"sdpa {be} b{bb} kv{skv}", _torch_ms(be, q, k, v, False, False)))
+        for label, ms in rows:
+            row = f"| {label} | {'-' if ms is None else f'{ms:.4f}'} |"
+            print(row, flush=True)
+            lines.append(row)
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under tools/bench.py)")
+    ap.add_argument("--decode-splits", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.decode_splits:
+        decode_splits(args.out)

@@ -51,10 +51,13 @@ registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D =
 64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
 (Tiles<D> in ptx/attention.cu has the register and smem counts).
 
-Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS): a forward of at most 16 query rows without
-dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one CTA's 16 rows,
-the keys split over `splits` CTAs (FlashDecoding; decode_plan picks the count that gives every SM a CTA
-or two), each writing its partial O and lse to the workspace, then dec_combine merges them per row.
+Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS, DECODE_TAIL_SAT): a forward of at most 16
+query rows without dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one
+CTA's 16 rows, so each K/V tile is read once for the group, the keys split over `splits` CTAs (FlashDecoding;
+decode_plan / split_cost pick the count whose CTAs fill whole waves of two per SM: a last wave of a few CTAs
+costs as much as a full one), each writing its partial O and lse to the workspace, then dec_combine merges
+them (one CTA per query row). A repeated decode call with the same descriptors, workspace size and switches
+runs from a record kept on the handle (_dec_replay: pointer checks, the params patched, the launches).
 """
 import ctypes
 
