@@ -574,10 +574,12 @@ def _dec_key(attn_desc, q_desc, k_desc, v_desc, o_desc, stats_desc, ws_size):
     """The handle's cache key of a decode forward call (everything its plan depends on but the pointers),
     or None (an argument a key cannot hold: the full path then raises what it should)."""
     t = tuning.attention
+    if type(ws_size) is not int:
+        return None
     try:
         return ("attention.dec", attn_desc, attn_desc.version, q_desc, q_desc.version, k_desc, k_desc.version,
                 v_desc, v_desc.version, o_desc, o_desc.version, stats_desc,
-                None if stats_desc is None else stats_desc.version, ws_size if type(ws_size) is int else None,
+                None if stats_desc is None else stats_desc.version, ws_size,
                 t.DECODE, t.DECODE_MAX_SQ, t.DECODE_SPLITS, t.DECODE_TAIL_SAT)
     except AttributeError:
         return None

@@ -230,3 +230,20 @@ def test_replay_is_a_few_python_calls(cpu):
 
 def test_params_struct_unchanged():
     assert ctypes.sizeof(A.AttnParams) == ctypes.sizeof(A.AttnParams())
+
+
+def test_replay_after_destroy_and_odd_sizes(cpu):
+    """A destroyed descriptor (its version moves) misses the record: the full path's BAD_PARAM; a workspace
+    size that is not a Python int (numpy's) is never recorded, and each such call is planned afresh."""
+    import numpy as np
+
+    c, h = Call(b=1, skv=9000), cpu()
+    first = c(h)
+    n = c.ws_size(h)
+    before = len(h.prepared)
+    assert c(h, ws_size=np.int64(n)) == first and len(h.prepared) == before
+    assert c(h, ws_size=np.int64(0), ws=0)[0][1][0] == 1  # not the int-size record's splits
+    pydnn.destroy_tensor_descriptor(c.tq)
+    with pytest.raises(pydnn.PydnnError) as e:
+        c(h)
+    assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM and "qDesc" in str(e.value)
