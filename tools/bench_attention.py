@@ -175,6 +175,20 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       First GPU run (H200, mid-session, at 354bad6: before the D = 96 wgmma backward): 47 / 47 bf16
       tests passed (decode: every split count, GQA rows, causal, lengths, capture; d96 / d256 forward and
       backward on mma.sync; the d96 / d256 wgmma forward); not yet timed.
+  v6 (issue 19, branch decode) decode at small batch. The H200 decode sweep of 2026-11-28 (s26a) had
+      14 of 32 points below 0.8x the faster of cuDNN / flash, all at batch 1..16: (a) the split count
+      asked for two CTAs an SM rounded up, so b4 made 9 x 32 = 288 CTAs on 264 places and b16 3 x 128 =
+      384: a second wave of a few CTAs as long as the first (0.65-0.70x at b4, ~3.0 TB/s); now
+      split_cost counts whole waves and best_splits picks 8 / 2 / 33 (256 / 256 / 264 CTAs); (b)
+      dec_combine summed the splits one after another in one warp per row (a load round trip per split:
+      ~33 at b1); now one CTA per row, four warps over the splits, four 16-byte loads in flight a lane;
+      (c) a call cost ~80 Python calls (~39 us on the 2-core CPU stub, tools/bench_host_cpu.py), above the
+      GPU time of the b1 / b4 kv 4k-16k points (the sweep's back-to-back timing shows host time there:
+      cuDNN's own floor was ~35 us); now a repeated call replays a record kept on the handle (9 Python
+      calls, ~5 us on the stub, plus the launches). `--decode-splits` times forced split counts around
+      the pick and the host-bound floor.
+      Prediction (before measuring): every decode point >= 0.9x; b4 / b16 at 4.2-4.5 TB/s of K + V
+      (b64 ran 4.4-4.6); b1 / b4 at kv 4k-16k at 15-25 us, i.e. 1.3-2x cuDNN's host-bound 35 us.
 """
 import torch
 import torch.nn.functional as F
