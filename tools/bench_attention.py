@@ -458,7 +458,8 @@ def decode_splits(out=None):
 
 if __name__ == "__main__":
     import argparse
-    ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under tools/bench.py)")
+    ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
+                                             "tools/bench.py)")
     ap.add_argument("--decode-splits", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()

@@ -537,8 +537,9 @@ def split_cost(units, splits, tiles, slots, rows_per_unit=DEC_ROWS):
     x `splits` CTAs over `slots` resident CTA places. The kernel streams K/V: a full wave of CTAs shares the
     bandwidth; a last partial wave of r CTAs runs no faster per CTA until r is well below the slots (a
     CTA's own bytes in flight then bound it; tuning.attention.DECODE_TAIL_SAT, 1.0 by default: a whole wave;
-    measured at batch 4, where 288 CTAs on 264 places ran 0.65x of cuDNN). Each split adds DEC_SPLIT_OVH tiles plus the combine's traffic (its rows' fp32 partials written
-    and read: 8 * D bytes a row against a tile's 256 * D)."""
+    measured at batch 4, where 288 CTAs on 264 places ran 0.65x of cuDNN). Each split adds DEC_SPLIT_OVH
+    tiles plus the combine's traffic (its rows' fp32 partials written and read: 8 * D bytes a row against
+    a tile's 256 * D)."""
     ctas = units * splits
     full, tail = divmod(ctas, slots)
     waves = full + (max(tail, tuning.attention.DECODE_TAIL_SAT * slots) / slots if tail else 0)
