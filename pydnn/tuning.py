@@ -278,9 +278,9 @@ attention = Switches(
                        "head's group: a longer one is the regular forward's shape)"),
     DECODE_SPLITS=(None, 'None: the split count fills the SMs (pydnn/ops/attention.py decode_plan); an int '
                          'forces it (tests, benchmarks); the workspace size query follows it'),
-    DECODE_TAIL_SAT=(1.0, "decode_plan's model of a last partial wave of r CTAs: it costs max(r, this x slots) / "
-                          'slots of a full one (1.0: a whole wave; lower trusts a few CTAs to stream faster each). '
-                          'The reasons: pydnn/ops/attention.py split_cost'),
+    DECODE_IMBALANCE=(0.1, "decode_plan's model: the extra cost, in chunks of one split, of a wave that puts two "
+                           'CTAs on some SMs and one on others (measured ~10% on the H200); the reasons: '
+                           'pydnn/ops/attention.py split_cost'),
 )
 
 attention_bwd = Switches(

@@ -51,11 +51,11 @@ registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D =
 64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
 (Tiles<D> in ptx/attention.cu has the register and smem counts).
 
-Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS, DECODE_TAIL_SAT): a forward of at most 16
+Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS, DECODE_IMBALANCE): a forward of at most 16
 query rows without dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one
 CTA's 16 rows, so each K/V tile is read once for the group, the keys split over `splits` CTAs (FlashDecoding;
-decode_plan / split_cost pick the count whose CTAs fill whole waves of two per SM: a last wave of a few CTAs
-costs as much as a full one), each writing its partial O and lse to the workspace, then dec_combine merges
+decode_plan / split_cost pick the count whose CTAs fill whole layers of one or two per SM: a CTA streams at
+~1/132 of the DRAM rate, and a last wave of a few CTAs costs as much as a full one), each writing its partial O and lse to the workspace, then dec_combine merges
 them (one CTA per query row). A repeated decode call with the same descriptors, workspace size and switches
 runs from a record kept on the handle (_dec_replay: pointer checks, the params patched, the launches).
 """
@@ -517,7 +517,7 @@ def decode_plan(sm_count, b, hq, hkv, sq, skv, d, mask, ws_limit=None):
         splits = max(1, min(int(forced), tiles, DEC_MAX_SPLITS))
     else:
         per_sm = max(1, min(2, (227 * 1024) // (smem_bytes("dec", d) + 1024)))
-        splits = best_splits(b * hkv * rblocks, tiles, per_sm * sm_count, min(DEC_ROWS, (hq // hkv) * sq))
+        splits = best_splits(b * hkv * rblocks, tiles, sm_count, per_sm, min(DEC_ROWS, (hq // hkv) * sq))
     if ws_limit is not None:
         while splits > 1 and decode_ws(rows, splits, d) > ws_limit:
             splits -= 1
@@ -532,32 +532,41 @@ def decode_plan(sm_count, b, hq, hkv, sq, skv, d, mask, ws_limit=None):
 DEC_SPLIT_OVH = 2.0    # a split's fixed cost in K/V tiles (pipeline fill, the warps' merge, its partials)
 
 
-def split_cost(units, splits, tiles, slots, rows_per_unit=DEC_ROWS):
-    """Modelled time, in one CTA's K/V tiles at full occupancy, of `units` (batch x K/V heads x row blocks)
-    x `splits` CTAs over `slots` resident CTA places. The kernel streams K/V: a full wave of CTAs shares the
-    bandwidth; a last partial wave of r CTAs runs no faster per CTA until r is well below the slots (a
-    CTA's own bytes in flight then bound it; tuning.attention.DECODE_TAIL_SAT, 1.0 by default: a whole wave;
-    measured at batch 4, where 288 CTAs on 264 places ran 0.65x of cuDNN). Each split adds DEC_SPLIT_OVH
-    tiles plus the combine's traffic (its rows' fp32 partials written and read: 8 * D bytes a row against
-    a tile's 256 * D)."""
+def split_cost(units, splits, tiles, sms, per_sm=2, rows_per_unit=DEC_ROWS):
+    """Modelled time, in K/V tiles of one CTA running alone on an SM, of `units` (batch x K/V heads x row
+    blocks) x `splits` CTAs on `sms` SMs holding `per_sm` CTAs each. Fitted to the H200's forced-split
+    timings (tools/bench_attention.py --decode-splits, mid-session run of branch decode): one CTA (its
+    two 32 KiB tiles in flight) streams at ~1/132 of the DRAM rate, so CTAs up to one per SM run at that
+    cap, more share the bandwidth (time x CTAs / SMs), a wave past the resident slots waits for a whole
+    CTA (a tail of r CTAs costs max(1, r / SMs) chunks: 288 CTAs on 264 places ran 1.37x the time of
+    128), and a wave that puts two CTAs on some SMs and one on others costs
+    tuning.attention.DECODE_IMBALANCE of a chunk more (160-192 CTAs measured ~10% over 128 or 256).
+    A chunk is the split's tiles plus DEC_SPLIT_OVH plus the combine's traffic (its rows' fp32 partials
+    written and read: 8 * D bytes a row against a tile's 256 * D)."""
+    slots = sms * per_sm
     ctas = units * splits
-    full, tail = divmod(ctas, slots)
-    waves = full + (max(tail, tuning.attention.DECODE_TAIL_SAT * slots) / slots if tail else 0)
-    comb = 0.0 if splits == 1 else rows_per_unit * 8 / 256.0
-    return waves * (cdiv(tiles, splits) + DEC_SPLIT_OVH + comb)
+    waves, tail = divmod(ctas, slots)
+    w = cdiv(tiles, splits) + DEC_SPLIT_OVH + (0.0 if splits == 1 else rows_per_unit * 8 / 256.0)
+    layers = waves * per_sm + (max(1.0, tail / sms) if tail else 0.0)
+    pen = tuning.attention.DECODE_IMBALANCE * w if tail > sms and tail % sms else 0.0
+    return w * layers + pen
 
 
 _best = {}
 
 
-def best_splits(units, tiles, slots, rows_per_unit=DEC_ROWS):
-    """The cheapest split count by split_cost (ties: the fewer splits) for `units` CTAs' worth of rows over
-    `tiles` K/V tiles each: at most tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, and 16 or enough for ~4 waves."""
-    key = (units, tiles, slots, rows_per_unit, tuning.attention.DECODE_TAIL_SAT)
+def best_splits(units, tiles, sms, per_sm=2, rows_per_unit=DEC_ROWS):
+    """The split count by split_cost for `units` CTAs' worth of rows over `tiles` K/V tiles each: the
+    fewest splits within 3% of the cheapest (fewer partials to combine, one split none; the model is no
+    closer than that: at b64 kv16k it put 1024 CTAs 0.4% ahead of 512, measured 0.6% behind), at
+    most tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, and 16 or enough for ~4 waves."""
+    key = (units, tiles, sms, per_sm, rows_per_unit, tuning.attention.DECODE_IMBALANCE)
     s = _best.get(key)
     if s is None:
-        top = max(1, min(tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, max(16, cdiv(4 * slots, units))))
-        s = min(range(1, top + 1), key=lambda n: (split_cost(units, n, tiles, slots, rows_per_unit), n))
+        top = max(1, min(tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, max(16, cdiv(4 * sms * per_sm, units))))
+        cost = {n: split_cost(units, n, tiles, sms, per_sm, rows_per_unit) for n in range(1, top + 1)}
+        low = min(cost.values())
+        s = min(n for n, c in cost.items() if c <= 1.03 * low)
         if len(_best) > 4096:
             _best.clear()
         _best[key] = s
@@ -581,7 +590,7 @@ def _dec_key(attn_desc, q_desc, k_desc, v_desc, o_desc, stats_desc, ws_size):
         return ("attention.dec", attn_desc, attn_desc.version, q_desc, q_desc.version, k_desc, k_desc.version,
                 v_desc, v_desc.version, o_desc, o_desc.version, stats_desc,
                 None if stats_desc is None else stats_desc.version, ws_size,
-                t.DECODE, t.DECODE_MAX_SQ, t.DECODE_SPLITS, t.DECODE_TAIL_SAT)
+                t.DECODE, t.DECODE_MAX_SQ, t.DECODE_SPLITS, t.DECODE_IMBALANCE)
     except AttributeError:
         return None
 

@@ -24,7 +24,7 @@ AUTO = [  # b, hq, hkv, sq, skv, d, mask, dtype
     (3, 64, 8, 1, 1, 128, NONE, BF16),         # one key: one split
     (1, 32, 8, 1, 63, 128, NONE, F16),         # less than a tile
     (2, 64, 8, 1, 12345, 64, NONE, BF16),
-    (1, 32, 8, 1, 20001, 256, NONE, BF16),
+    (1, 8, 2, 1, 20001, 256, NONE, BF16),       # (D = 256: one CTA an SM)
     (5, 40, 8, 1, 3001, 96, NONE, BF16),       # GQA 5
     (2, 32, 8, 3, 9999, 128, BR, BF16),        # three rows, causal bottom-right: 12 rows a CTA
     (1, 16, 2, 2, 7000, 128, TL, BF16),        # top-left: two keys visible, one split
