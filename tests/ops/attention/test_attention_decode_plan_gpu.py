@@ -96,10 +96,19 @@ def test_combine_past_65535_rows(handle, rng):
     _check_forward(handle, pb)
 
 
-def test_repeated_calls_through_the_record(handle, rng):
+def test_repeated_calls_through_the_record(rng):
     """A second call with the same descriptors runs from the handle's record: with other buffers (new
     Q / K / V / O / stats / workspace) it reads and writes those; a re-set descriptor (another scale) and
-    another forced split count make new records; all against the reference."""
+    another forced split count make new records; all against the reference. (A handle of its own: the
+    session's may clear its records when full.)"""
+    handle = pydnn.create()
+    try:
+        _repeated_calls(handle, rng)
+    finally:
+        pydnn.destroy(handle)
+
+
+def _repeated_calls(handle, rng):
     pb = DecodeProblem(rng, 1, 64, 8, 1, 9000, 128, BF16, NONE, "bshd")
     _check_forward(handle, pb)
     keys = [k for k in handle.prepared if type(k) is tuple and k and k[0] == "attention.dec" and k[1] is pb.attn]
