@@ -189,6 +189,24 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       the pick and the host-bound floor.
       Prediction (before measuring): every decode point >= 0.9x; b4 / b16 at 4.2-4.5 TB/s of K + V
       (b64 ran 4.4-4.6); b1 / b4 at kv 4k-16k at 15-25 us, i.e. 1.3-2x cuDNN's host-bound 35 us.
+      Mid-session run (H200, at 6003af5: whole waves of 2 CTAs an SM): decode sweep geomean 0.995 (was
+      0.805), min 0.854, none below 0.8x (was 14), 5 below 0.9x: b4 kv16k-128k 0.85-0.86 on one of the
+      two head counts each (the same grid on the other ran 0.96-0.98: 3.4-3.9 against 4.3-4.4 TB/s), b16
+      / b4 kv4096 h64 0.89; b1 kv4096 1.6-1.85x (13.5-16 us against cuDNN's 25 us: host-bound both).
+      Host floor (back-to-back calls): pydnn 10.5 us one launch, 12.6 us dec + combine; SDPA cuDNN
+      17.6-24.7 us, flash 28 us. --decode-splits (ms, K + V TB/s):
+        b1 kv131072:  16 splits (128 CTAs) 0.1296 4.14 | 24 (192) 0.1377 | 32 (256) 0.1305 | 33 (264) 0.1310
+                      | 48 (384) 0.1500 | 64 (512) 0.1358
+        b4 kv65536:   4 (128) 0.2454 4.38 | 5 (160) 0.2683 | 6 (192) 0.2657 | 8 (256) 0.2469 | 9 (288) 0.3355
+                      | 12 (384) 0.2808 | 16 (512) 0.2492
+        b16 kv65536:  1 (128) 0.9295 4.62 | 2 (256) 0.9472 | 3 (384) 1.0771 | 4 (512) 0.9426
+        b4 kv16384:   4 (128) 0.0697 3.85 | 8 (256) 0.0710 | 9 (288) 0.0962 | 16 (512) 0.0748
+        b64 kv16384:  1 (512) 0.9350 4.59 | 2 (1024) 0.9409
+      So one CTA an SM already streams at the full rate (its two 32 KiB tiles in flight: ~1/132 of DRAM),
+      a tail past the resident slots costs a whole chunk, and 2-vs-1 CTAs per SM ~10%: split_cost was
+      refitted to this (the model's costs within 6% of these timings, 12% at 12 splits) and picks the
+      fewest splits within 3%: 128 CTAs for b1 (16 splits), b4 (4), b16 (none: no combine kernel), 512
+      for b64. Not yet timed on a GPU (the final run): expected b4 / b16 at the calibration's 4.4-4.6 TB/s.
 """
 import torch
 import torch.nn.functional as F
