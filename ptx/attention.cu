@@ -947,45 +947,95 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   }
 }
 
-// Merge the splits of dec: per query row (one warp), lse = log sum_s exp(lse_s) and
-// O = sum_s exp(lse_s - lse) O_s, the splits summed in order (deterministic); O in its type and strides,
+// Merge the splits of dec: one CTA per query row (blockIdx.y * gridDim.x + blockIdx.x), lse = log sum_s exp(lse_s)
+// and O = sum_s exp(lse_s - lse) O_s. The row's split lse values go to shared memory first (one pass, all
+// threads); every warp then finds max and sum over them (the same order in every warp: identical lse),
+// warp w sums the splits w, w + 4, ... of its lane's float4 columns, four loads in flight per lane, and the
+// four warps' sums meet in shared memory, added in warp order (deterministic). O in its type and strides,
 // lse (if wanted) as the forward's. Rows past their length, or seeing no key: O = 0, lse = -inf.
+// (One warp per row with the splits summed one after another left a load's latency per split exposed:
+// ~33 round trips at batch 1.)
+constexpr int kDecMaxSplits = 256;  // DEC_MAX_SPLITS in pydnn/ops/attention.py
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) dec_combine(const AttnParams p) {
-  const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+  constexpr int C4 = D / 4;  // float4 columns of a row
+  __shared__ float sW[kDecMaxSplits];
+  __shared__ __align__(16) float4 sAcc[4][C4];
   const long long rows = (long long)p.batch * p.heads_q * p.seq_q;
+  const long long row = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+  const int warp = threadIdx.x >> 5, l = threadIdx.x & 31, ns = p.splits;
   if (row >= rows) return;
-  const int i = (int)(row % p.seq_q), h = (int)((row / p.seq_q) % p.heads_q), b = (int)(row / ((long long)p.seq_q * p.heads_q));
-  const int l = threadIdx.x & 31, ns = p.splits;
-  const Seq sq = seq_of(p, b);
-  const float* pl = p.part_lse + row * ns;
-  float mx = -kInf;
-  if (i < sq.len_q)
-    for (int s = l; s < ns; s += 32) mx = fmaxf(mx, pl[s]);
+  {
+    const int i = (int)(row % p.seq_q), h = (int)((row / p.seq_q) % p.heads_q);
+    const int b = (int)(row / ((long long)p.seq_q * p.heads_q));
+    const Seq sq = seq_of(p, b);
+    const bool valid = i < sq.len_q;  // partials of rows past their length were never written
+    const float* pl = p.part_lse + row * ns;
+    for (int s = threadIdx.x; s < ns; s += kThreads) sW[s] = valid ? pl[s] : -kInf;
+    __syncthreads();
+    float mx = -kInf;
+    for (int s = l; s < ns; s += 32) mx = fmaxf(mx, sW[s]);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.f;
-  if (mx > -kInf)
-    for (int s = l; s < ns; s += 32) sum += __expf(pl[s] - mx);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float lse = mx > -kInf ? mx + __logf(sum) : -kInf;
-  T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, b, h) + (long long)i * p.stride[PYDNN_ATTN_T_O][2];
-  const float* po = p.part_o + row * ns * D;
-  for (int d = l * 2; d < D; d += 64) {
-    float ax = 0.f, ay = 0.f;
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
     if (mx > -kInf)
-      for (int s = 0; s < ns; ++s) {
-        const float w = __expf(pl[s] - lse);
-        const float2 v = *reinterpret_cast<const float2*>(po + (long long)s * D + d);
-        ax = fmaf(w, v.x, ax);
-        ay = fmaf(w, v.y, ay);
+      for (int s = l; s < ns; s += 32) sum += __expf(sW[s] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float lse = mx > -kInf ? mx + __logf(sum) : -kInf;
+    const float* po = p.part_o + row * ns * D;
+#pragma unroll
+    for (int cc = 0; cc < (C4 + 31) / 32; ++cc) {
+      const int c = l + 32 * cc;
+      if (c >= C4) break;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (mx > -kInf) {
+        int s = warp;
+        for (; s + 12 < ns; s += 16) {  // four splits at a time: their loads in flight together
+          float4 v[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(po + (long long)(s + 4 * u) * D + c * 4);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float w = __expf(sW[s + 4 * u] - lse);
+            acc.x = fmaf(w, v[u].x, acc.x);
+            acc.y = fmaf(w, v[u].y, acc.y);
+            acc.z = fmaf(w, v[u].z, acc.z);
+            acc.w = fmaf(w, v[u].w, acc.w);
+          }
+        }
+        for (; s < ns; s += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(po + (long long)s * D + c * 4);
+          const float w = __expf(sW[s] - lse);
+          acc.x = fmaf(w, v.x, acc.x);
+          acc.y = fmaf(w, v.y, acc.y);
+          acc.z = fmaf(w, v.z, acc.z);
+          acc.w = fmaf(w, v.w, acc.w);
+        }
       }
-    *reinterpret_cast<unsigned*>(go + d) = pack16x2<T>(ax, ay);
+      sAcc[warp][c] = acc;
+    }
+    __syncthreads();
+    T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, b, h) + (long long)i * p.stride[PYDNN_ATTN_T_O][2];
+    for (int c = threadIdx.x; c < C4; c += kThreads) {
+      float4 a = sAcc[0][c];
+#pragma unroll
+      for (int w = 1; w < 4; ++w) {
+        const float4 v = sAcc[w][c];
+        a.x += v.x;
+        a.y += v.y;
+        a.z += v.z;
+        a.w += v.w;
+      }
+      uint2 u;
+      u.x = pack16x2<T>(a.x, a.y);
+      u.y = pack16x2<T>(a.z, a.w);
+      *reinterpret_cast<uint2*>(go + c * 4) = u;
+    }
+    if (threadIdx.x == 0 && p.lse)
+      p.lse[(long long)b * p.stride[PYDNN_ATTN_T_LSE][0] + (long long)h * p.stride[PYDNN_ATTN_T_LSE][1] +
+            (long long)i * p.stride[PYDNN_ATTN_T_LSE][2]] = lse;
   }
-  if (l == 0 && p.lse)
-    p.lse[(long long)b * p.stride[PYDNN_ATTN_T_LSE][0] + (long long)h * p.stride[PYDNN_ATTN_T_LSE][1] +
-          (long long)i * p.stride[PYDNN_ATTN_T_LSE][2]] = lse;
 }
 
 }  // namespace attn

@@ -289,6 +289,9 @@ attention = Switches(
                        "head's group: a longer one is the regular forward's shape)"),
     DECODE_SPLITS=(None, 'None: the split count fills the SMs (pydnn/ops/attention.py decode_plan); an int '
                          'forces it (tests, benchmarks); the workspace size query follows it'),
+    DECODE_IMBALANCE=(0.1, "decode_plan's model: the extra cost, in chunks of one split, of a wave that puts two "
+                           'CTAs on some SMs and one on others (measured ~10% on the H200); the reasons: '
+                           'pydnn/ops/attention.py split_cost'),
 )
 
 attention_bwd = Switches(

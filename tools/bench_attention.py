@@ -175,6 +175,38 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       First GPU run (H200, mid-session, at 354bad6: before the D = 96 wgmma backward): 47 / 47 bf16
       tests passed (decode: every split count, GQA rows, causal, lengths, capture; d96 / d256 forward and
       backward on mma.sync; the d96 / d256 wgmma forward); not yet timed.
+  v6 (issue 19, branch decode) decode at small batch. The H200 decode sweep of 2026-11-28 (s26a) had
+      14 of 32 points below 0.8x the faster of cuDNN / flash, all at batch 1..16: (a) the split count
+      asked for two CTAs an SM rounded up, so b4 made 9 x 32 = 288 CTAs on 264 places and b16 3 x 128 =
+      384: a second wave of a few CTAs as long as the first (0.65-0.70x at b4, ~3.0 TB/s); now
+      split_cost counts whole waves and best_splits picks 8 / 2 / 33 (256 / 256 / 264 CTAs); (b)
+      dec_combine summed the splits one after another in one warp per row (a load round trip per split:
+      ~33 at b1); now one CTA per row, four warps over the splits, four 16-byte loads in flight a lane;
+      (c) a call cost ~80 Python calls (~39 us on the 2-core CPU stub, tools/bench_host_cpu.py), above the
+      GPU time of the b1 / b4 kv 4k-16k points (the sweep's back-to-back timing shows host time there:
+      cuDNN's own floor was ~35 us); now a repeated call replays a record kept on the handle (9 Python
+      calls, ~5 us on the stub, plus the launches). `--decode-splits` times forced split counts around
+      the pick and the host-bound floor.
+      Prediction (before measuring): every decode point >= 0.9x; b4 / b16 at 4.2-4.5 TB/s of K + V
+      (b64 ran 4.4-4.6); b1 / b4 at kv 4k-16k at 15-25 us, i.e. 1.3-2x cuDNN's host-bound 35 us.
+      Mid-session run (H200, at 6003af5: whole waves of 2 CTAs an SM): decode sweep geomean 0.995 (was
+      0.805), min 0.854, none below 0.8x (was 14), 5 below 0.9x: b4 kv16k-128k 0.85-0.86 on one of the
+      two head counts each (the same grid on the other ran 0.96-0.98: 3.4-3.9 against 4.3-4.4 TB/s), b16
+      / b4 kv4096 h64 0.89; b1 kv4096 1.6-1.85x (13.5-16 us against cuDNN's 25 us: host-bound both).
+      Host floor (back-to-back calls): pydnn 10.5 us one launch, 12.6 us dec + combine; SDPA cuDNN
+      17.6-24.7 us, flash 28 us. --decode-splits (ms, K + V TB/s):
+        b1 kv131072:  16 splits (128 CTAs) 0.1296 4.14 | 24 (192) 0.1377 | 32 (256) 0.1305 | 33 (264) 0.1310
+                      | 48 (384) 0.1500 | 64 (512) 0.1358
+        b4 kv65536:   4 (128) 0.2454 4.38 | 5 (160) 0.2683 | 6 (192) 0.2657 | 8 (256) 0.2469 | 9 (288) 0.3355
+                      | 12 (384) 0.2808 | 16 (512) 0.2492
+        b16 kv65536:  1 (128) 0.9295 4.62 | 2 (256) 0.9472 | 3 (384) 1.0771 | 4 (512) 0.9426
+        b4 kv16384:   4 (128) 0.0697 3.85 | 8 (256) 0.0710 | 9 (288) 0.0962 | 16 (512) 0.0748
+        b64 kv16384:  1 (512) 0.9350 4.59 | 2 (1024) 0.9409
+      So one CTA an SM already streams at the full rate (its two 32 KiB tiles in flight: ~1/132 of DRAM),
+      a tail past the resident slots costs a whole chunk, and 2-vs-1 CTAs per SM ~10%: split_cost was
+      refitted to this (the model's costs within 6% of these timings, 12% at 12 splits) and picks the
+      fewest splits within 3%: 128 CTAs for b1 (16 splits), b4 (4), b16 (none: no combine kernel), 512
+      for b64. Not yet timed on a GPU (the final run): expected b4 / b16 at the calibration's 4.4-4.6 TB/s.
 """
 import torch
 import torch.nn.functional as F
@@ -364,3 +396,90 @@ def _fwd_variants(h, d):
                 A.FWD_N[d] = n0
             out.append((f" [mma.sync {n[0]}/{n[1]}]", setup, undo))
     return out
+
+
+# ----------------------------------------------------------------------------- decode split calibration
+# (b, kv, split counts to time) at GQA 32/8, d 128, bf16: the split model's inputs (pydnn/ops/attention.py
+# split_cost: whole waves of 2 CTAs per SM, a partial last wave), measured around the planner's pick
+SPLIT_CASES = [
+    (1, 131072, (16, 24, 32, 33, 48, 64, 66)),
+    (4, 65536, (4, 5, 6, 8, 9, 12, 16)),
+    (16, 65536, (1, 2, 3, 4)),
+    (4, 16384, (4, 8, 9, 16)),
+    (64, 16384, (1, 2)),
+]
+
+
+def decode_splits(out=None):
+    """`python3 tools/bench_attention.py --decode-splits [--out FILE]`: pydnn's decode forward at forced
+    split counts (tuning.attention.DECODE_SPLITS) against the planner's pick, in TB/s of K + V, with the
+    CTA count and the waves on this device (2 CTAs per SM); then the host-bound floor (a one-split call
+    and a split one on a small cache: back-to-back calls, so the per-call host cost) beside SDPA's."""
+    from pydnn.ops import attention as A
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    name = torch.cuda.get_device_name()
+    lines = [f"# decode split calibration, {name}, {h.sm_count} SMs", "",
+             "| case | splits | CTAs | waves | ms | K+V TB/s | planner's |", "|---|---:|---:|---:|---:|---:|---|"]
+
+    def setup(bb, skv, hq=32, hkv=8, d=128):
+        q = torch.randn(bb, hq, 1, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        o = torch.empty_like(q)
+        a = pydnn.create_attention_descriptor()
+        pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, pydnn.PYDNN_ATTN_MASK_NONE, 0.0, 0)
+        tq, tk = _desc(q, bf), _desc(k, bf)
+
+        def call_for(n, ws):
+            return lambda: pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tk, v.data_ptr(), tq,
+                                                   o.data_ptr(), None, 0, None, None, ws.data_ptr(), n)
+        return q, k, v, a, tq, tk, call_for
+
+    for bb, skv, counts in SPLIT_CASES:
+        q, k, v, a, tq, tk, call_for = setup(bb, skv)
+        pick = A.decode_plan(h.sm_count, bb, 32, 8, 1, skv, 128, pydnn.PYDNN_ATTN_MASK_NONE).splits
+        for s in sorted(set(counts) | {pick}):
+            with tuning.override({"attention.DECODE_SPLITS": s}):
+                n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+                ws = torch.empty(max(n, 16), dtype=torch.uint8, device="cuda")
+                fn = call_for(n, ws)
+                fn()
+                ms = time_ms(fn, reps=10, warmup=2)
+            ctas = bb * 8 * s
+            tbs = 2 * k.numel() * 2 / ms / 1e9
+            row = (f"| b{bb} kv{skv} | {s} | {ctas} | {ctas / (2 * h.sm_count):.2f} | {ms:.4f} | {tbs:.2f} | "
+                   f"{'<- pick' if s == pick else ''} |")
+            print(row, flush=True)
+            lines.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    lines += ["", "| host-bound floor | ms per call |", "|---|---:|"]
+    for bb, skv in ((1, 256), (1, 4096)):
+        q, k, v, a, tq, tk, call_for = setup(bb, skv)
+        n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+        ws = torch.empty(max(n, 16), dtype=torch.uint8, device="cuda")
+        fn = call_for(n, ws)
+        fn()
+        rows = [(f"pydnn b{bb} kv{skv} ({'1 launch' if n == 0 else 'dec + combine'})", time_ms(fn, reps=10))]
+        for be in ("cudnn", "flash"):
+            rows.append((f"sdpa {be} b{bb} kv{skv}", _torch_ms(be, q, k, v, False, False)))
+        for label, ms in rows:
+            row = f"| {label} | {'-' if ms is None else f'{ms:.4f}'} |"
+            print(row, flush=True)
+            lines.append(row)
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
+                                             "tools/bench.py)")
+    ap.add_argument("--decode-splits", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.decode_splits:
+        decode_splits(args.out)

@@ -51,10 +51,13 @@ registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D =
 64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
 (Tiles<D> in ptx/attention.cu has the register and smem counts).
 
-Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS): a forward of at most 16 query rows without
-dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one CTA's 16 rows,
-the keys split over `splits` CTAs (FlashDecoding; decode_plan picks the count that gives every SM a CTA
-or two), each writing its partial O and lse to the workspace, then dec_combine merges them per row.
+Decode (tuning.attention.DECODE, DECODE_MAX_SQ, DECODE_SPLITS, DECODE_IMBALANCE): a forward of at most 16
+query rows without dropout runs ptx/attention.cu's dec: the query rows of each K/V head's group (GQA) in one
+CTA's 16 rows, so each K/V tile is read once for the group, the keys split over `splits` CTAs (FlashDecoding;
+decode_plan / split_cost pick the count whose CTAs fill whole layers of one or two per SM: a CTA streams at
+~1/132 of the DRAM rate, and a last wave of a few CTAs costs as much as a full one), each writing its partial O and lse to the workspace, then dec_combine merges
+them (one CTA per query row). A repeated decode call with the same descriptors, workspace size and switches
+runs from a record kept on the handle (_dec_replay: pointer checks, the params patched, the launches).
 """
 import ctypes
 
@@ -65,8 +68,9 @@ from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
+from .. import buffers as _buffers
 from ..buffers import CHECKED, device_ptr
-from ..handle import check_handle
+from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import check_tensor, _int
 from . import attention_wgmma as W
@@ -500,22 +504,20 @@ def takes_decode(a, sq):
 
 
 def decode_plan(sm_count, b, hq, hkv, sq, skv, d, mask, ws_limit=None):
-    """The split count: enough CTAs (splits x K/V heads x row blocks x batch) to give every SM
-    `per_sm` of them (as many as fit in shared memory, at most 2: the kernel is bound by K/V bandwidth),
-    each split at least DEC_MIN_TILES tiles of keys, at most DEC_MAX_SPLITS; tuning.attention.DECODE_SPLITS
-    forces a count. The keys counted are those some row can see (causal top-left: the first sq). With
-    ws_limit (the caller's workspace size) the largest count whose partials fit that size."""
+    """The split count (split_cost's cheapest over the candidates, each split at least DEC_MIN_TILES tiles of
+    keys, at most DEC_MAX_SPLITS); tuning.attention.DECODE_SPLITS forces a count. The keys counted are
+    those some row can see (causal top-left: the first sq). With ws_limit (the caller's workspace size) the
+    largest count whose partials fit that size."""
     rows = b * hq * sq
     rblocks = cdiv((hq // hkv) * sq, DEC_ROWS)
     keys = min(skv, sq) if mask == E.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT else skv
     tiles = max(1, cdiv(keys, DEC_N))
     forced = tuning.attention.DECODE_SPLITS
     if forced:
-        splits = max(1, min(int(forced), tiles))
+        splits = max(1, min(int(forced), tiles, DEC_MAX_SPLITS))
     else:
         per_sm = max(1, min(2, (227 * 1024) // (smem_bytes("dec", d) + 1024)))
-        want = cdiv(per_sm * sm_count, b * hkv * rblocks)
-        splits = max(1, min(want, tiles // DEC_MIN_TILES, DEC_MAX_SPLITS))
+        splits = best_splits(b * hkv * rblocks, tiles, sm_count, per_sm, min(DEC_ROWS, (hq // hkv) * sq))
     if ws_limit is not None:
         while splits > 1 and decode_ws(rows, splits, d) > ws_limit:
             splits -= 1
@@ -527,19 +529,118 @@ def decode_plan(sm_count, b, hq, hkv, sq, skv, d, mask, ws_limit=None):
     return pl
 
 
-def _decode_forward(handle, a, pr, p, ws, ws_size):
+DEC_SPLIT_OVH = 2.0    # a split's fixed cost in K/V tiles (pipeline fill, the warps' merge, its partials)
+
+
+def split_cost(units, splits, tiles, sms, per_sm=2, rows_per_unit=DEC_ROWS):
+    """Modelled time, in K/V tiles of one CTA running alone on an SM, of `units` (batch x K/V heads x row
+    blocks) x `splits` CTAs on `sms` SMs holding `per_sm` CTAs each. Fitted to the H200's forced-split
+    timings (tools/bench_attention.py --decode-splits, mid-session run of branch decode): one CTA (its
+    two 32 KiB tiles in flight) streams at ~1/132 of the DRAM rate, so CTAs up to one per SM run at that
+    cap, more share the bandwidth (time x CTAs / SMs), a wave past the resident slots waits for a whole
+    CTA (a tail of r CTAs costs max(1, r / SMs) chunks: 288 CTAs on 264 places ran 1.37x the time of
+    128), and a wave that puts two CTAs on some SMs and one on others costs
+    tuning.attention.DECODE_IMBALANCE of a chunk more (160-192 CTAs measured ~10% over 128 or 256).
+    A chunk is the split's tiles plus DEC_SPLIT_OVH plus the combine's traffic (its rows' fp32 partials
+    written and read: 8 * D bytes a row against a tile's 256 * D)."""
+    slots = sms * per_sm
+    ctas = units * splits
+    waves, tail = divmod(ctas, slots)
+    w = cdiv(tiles, splits) + DEC_SPLIT_OVH + (0.0 if splits == 1 else rows_per_unit * 8 / 256.0)
+    layers = waves * per_sm + (max(1.0, tail / sms) if tail else 0.0)
+    pen = tuning.attention.DECODE_IMBALANCE * w if tail > sms and tail % sms else 0.0
+    return w * layers + pen
+
+
+_best = {}
+
+
+def best_splits(units, tiles, sms, per_sm=2, rows_per_unit=DEC_ROWS):
+    """The split count by split_cost for `units` CTAs' worth of rows over `tiles` K/V tiles each: the
+    fewest splits within 3% of the cheapest (fewer partials to combine, one split none; the model is no
+    closer than that: at b64 kv16k it put 1024 CTAs 0.4% ahead of 512, measured 0.6% behind), at
+    most tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, and 16 or enough for ~4 waves."""
+    key = (units, tiles, sms, per_sm, rows_per_unit, tuning.attention.DECODE_IMBALANCE)
+    s = _best.get(key)
+    if s is None:
+        top = max(1, min(tiles // DEC_MIN_TILES, DEC_MAX_SPLITS, max(16, cdiv(4 * sms * per_sm, units))))
+        cost = {n: split_cost(units, n, tiles, sms, per_sm, rows_per_unit) for n in range(1, top + 1)}
+        low = min(cost.values())
+        s = min(n for n, c in cost.items() if c <= 1.03 * low)
+        if len(_best) > 4096:
+            _best.clear()
+        _best[key] = s
+    return s
+
+
+class _DecRec:
+    """A decode forward's launches kept per handle (key: _dec_key) for repeated calls: the params struct
+    with everything but the pointers filled, its argument array, the launches, the workspace bytes needed
+    and the partial lse's offset in it."""
+    __slots__ = ("p", "argv", "launches", "ws", "lse_off", "stats")
+
+
+def _dec_key(attn_desc, q_desc, k_desc, v_desc, o_desc, stats_desc, ws_size):
+    """The handle's cache key of a decode forward call (everything its plan depends on but the pointers),
+    or None (an argument a key cannot hold: the full path then raises what it should)."""
+    t = tuning.attention
+    if type(ws_size) is not int:
+        return None
+    try:
+        return ("attention.dec", attn_desc, attn_desc.version, q_desc, q_desc.version, k_desc, k_desc.version,
+                v_desc, v_desc.version, o_desc, o_desc.version, stats_desc,
+                None if stats_desc is None else stats_desc.version, ws_size,
+                t.DECODE, t.DECODE_MAX_SQ, t.DECODE_SPLITS, t.DECODE_IMBALANCE)
+    except AttributeError:
+        return None
+
+
+def _dec_replay(handle, rec, q, k, v, o, stats, ws):
+    """A repeated decode forward from its record: int pointers only, non-NULL and aligned as the full path
+    checks them (16 bytes; stats 4), else False (the full path runs and raises where it should)."""
+    for x in (q, k, v, o):
+        if type(x) is not int or x <= 0 or x & 15:
+            return False
+    if rec.stats and (type(stats) is not int or stats <= 0 or stats & 3):
+        return False
+    p = rec.p
+    if rec.ws:
+        if type(ws) is not int or ws <= 0 or ws & 15:
+            return False
+        p.part_o, p.part_lse = ws, ws + rec.lse_off
+    p.q, p.k, p.v, p.o = q, k, v, o
+    p.lse = stats if rec.stats else None
+    st, argv = handle.cu_stream, rec.argv
+    for f, grid, smem in rec.launches:
+        driver.launch_args(f, grid, _BLOCK, smem, st, argv)
+    return True
+
+
+_BLOCK = (THREADS, 1, 1)
+
+
+def _decode_forward(handle, a, pr, p, ws, ws_size, key=None):
     """The decode forward (takes_decode said so): dec over (splits, K/V heads x row blocks, batch), then
-    with more than one split dec_combine, one warp per query row."""
+    with more than one split dec_combine, one CTA per query row. With a key, the launches are kept on the
+    handle for _dec_replay."""
     pl = decode_plan(handle.sm_count, pr.b, a.heads_q, a.heads_kv, pr.sq, pr.skv, pr.d, a.mask, ws_size)
     p.splits, p.split_len = pl.splits, pl.split_len
+    lse_off = pl.rows * pl.splits * pr.d * 4
     if pl.ws:
         wp = _workspace(ws, ws_size, pl.ws)
-        p.part_o, p.part_lse = wp, wp + pl.rows * pl.splits * pr.d * 4
+        p.part_o, p.part_lse = wp, wp + lse_off
     f, smem = _func(handle, "dec", pr)
-    _launch(handle, f, smem, (pl.splits, a.heads_kv * pl.rblocks, pr.b), p)
+    launches = [(f, (pl.splits, a.heads_kv * pl.rblocks, pr.b), smem)]
     if pl.splits > 1:
         fc, _ = _func(handle, "dec_combine", pr)
-        _launch(handle, fc, 0, (cdiv(pl.rows, THREADS // 32), 1, 1), p)
+        launches.append((fc, (min(pl.rows, MAX_GRID_YZ), cdiv(pl.rows, MAX_GRID_YZ), 1), 0))
+    rec = _DecRec()
+    rec.p, rec.argv, rec.launches = p, driver.kernel_args(p), launches
+    rec.ws, rec.lse_off, rec.stats = pl.ws, lse_off, bool(p.lse)
+    for f, grid, smem in launches:
+        driver.launch_args(f, grid, _BLOCK, smem, handle.cu_stream, rec.argv)
+    if key is not None:
+        handle.remember(key, rec)
 
 
 # ----------------------------------------------------------------------------- calls
@@ -580,6 +681,15 @@ def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc
     NOT_SUPPORTED (head dim not 64 / 128, types other than half / bfloat16, a head dim that is not
     contiguous, strides not multiples of 8 elements). Kernel: on sm_90 without dropout the wgmma one
     (pydnn/ops/attention_wgmma.py, switch attention_wgmma.ENABLED), else mma.sync (ptx/attention.cu)."""
+    key = None
+    if (type(handle) is Handle and handle.alive and not _buffers.CHECKED
+            and (seq_lens_q is None or (type(seq_lens_q) is int and seq_lens_q == 0))
+            and (seq_lens_kv is None or (type(seq_lens_kv) is int and seq_lens_kv == 0))):
+        # a repeated decode call: its record (one lookup, pointer checks, the launches); ~80 Python calls less
+        key = _dec_key(attn_desc, q_desc, k_desc, v_desc, o_desc, stats_desc, work_space_size_in_bytes)
+        rec = handle.prepared.get(key) if key is not None else None
+        if rec is not None and _dec_replay(handle, rec, q, k, v, o, stats, work_space):
+            return
     check_handle(handle)
     a = attn_desc
     pr = _validate(a, q_desc, k_desc, v_desc, o_desc, "oDesc", stats_desc, False)
@@ -598,7 +708,8 @@ def attention_forward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_desc
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_LSE: stats_desc})
     p.q, p.k, p.v, p.o, p.lse, p.lens_q, p.lens_kv = qp, kp, vp, op, lp or None, lq or None, lkv or None
     if takes_decode(a, pr.sq):
-        _decode_forward(handle, a, pr, p, work_space, _int("workSpaceSizeInBytes", work_space_size_in_bytes))
+        _decode_forward(handle, a, pr, p, work_space, _int("workSpaceSizeInBytes", work_space_size_in_bytes),
+                        key if lq == 0 and lkv == 0 else None)
         return
     if _wgmma_forward(handle, a, pr, p):
         return
