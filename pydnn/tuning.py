@@ -182,6 +182,12 @@ batchnorm = Switches(
     PLANES=(True, 'fwd_planes / bwd_planes: the gen kernels (a block per feature) with 16-byte vectors along a '
                   'contiguous innermost reduction dim (NCHW SPATIAL, H * W a multiple of the vector); False: the '
                   'scalar gen kernels; the reasons: pydnn/ops/batchnorm.py'),
+    NCHW_SPLIT=(True, 'packed NCHW / NCDHW SPATIAL through the nc kernels (stats split over items of a channel, '
+                      'final, a flat 16-byte apply; inference a flat apply); False: gen / planes (a block per '
+                      'channel); the reasons: pydnn/ops/batchnorm.py'),
+    NC_GEN_ROWS=(0, 'training / backward keep gen / planes when C >= SMs and N * H * W <= this (a block per '
+                    'channel with short blocks); 0: the nc kernels for every packed NCHW shape they fit; '
+                    'the reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(
