@@ -256,6 +256,9 @@ pooling = Switches(
     WIN2=(True, 'win2_fwd / win2_bwd (ptx/pooling.cu): kh x 2 windows with stride kh x 2, no padding, tiling x, w '
                 'contiguous (NCHW): 16-byte x / dx rows per thread, each dx element written once from its own '
                 'window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
+    P2=(True, 'p2_fwd / p2_bwd (ptx/pooling.cu): 2-d pooling on the scalar path writing along w (NCHW), windows '
+              '<= 3 x 3 forward, <= 2 covering windows per dim backward: a thread per element, four 32-bit '
+              'divisions and an unrolled window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
 )
 
 dropout = Switches(

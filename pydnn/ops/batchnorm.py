@@ -604,9 +604,9 @@ def _nc_layout(handle, g, tag, direction, ex):
     total = n * c * hw
     head = 0
     if not ex:
-        if need > total * isz or cbytes > HEAD_SMEM:
+        head = cdiv(cdiv(cbytes, isz), 16) * 16  # a multiple of every vector width: the apply starts on a vector
+        if need > total * isz or cbytes > HEAD_SMEM or head > total:
             return None
-        head = min(total, cdiv(cdiv(cbytes, isz), 16) * 16)  # a multiple of every vector width
     return n, c, hw, items, cbytes, poff, need, head
 
 

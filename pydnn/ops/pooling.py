@@ -178,11 +178,18 @@ def _win2_expr(kernel, tag):
     return f"pydnn::pooling::win2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
 
 
+def _p2_expr(kernel, tag):
+    """p2_fwd / p2_bwd (ptx/pooling.cu) for kernel fwd_max, fwd_avg, bwd_max or bwd_avg."""
+    d, m = kernel.split("_")
+    return f"pydnn::pooling::p2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
+
+
 def kernel_units():
     return [KernelUnit(f"pooling.{t}", "pooling.cu",
                        tuple(_expr(k, t, v) for k in KERNELS for v in (vec_width(t, t), 1))
                        + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS)
-                       + tuple(_win2_expr(k, t) for k in KERNELS))
+                       + tuple(_win2_expr(k, t) for k in KERNELS)
+                       + tuple(_p2_expr(k, t) for k in KERNELS))
             for t in FLOAT_TAGS]
 
 
@@ -478,6 +485,37 @@ def _win2_launch(kernel, tag, kmode, flags, out_desc, x_desc, p_desc, y_desc, ge
     return lc
 
 
+# p2_fwd / p2_bwd (ptx/pooling.cu): 2-d (or 1-d) non-adaptive pooling on the scalar (VEC = 1) path whose
+# written tensor is contiguous along w (NCHW-like), every span below 2^31 elements, forward windows of at
+# most 3 x 3, backward at most 2 covering windows per dim (ceil(window / stride) <= 2: 3x3/2, 2x2/2, 2x2/1):
+# a thread per element, coordinates by four 32-bit divisions, the window unrolled with its loads together.
+# Why: the scalar fwd / bwd (5-d coordinates, a 3-d window walk) ran NCHW max backward 3x3/2 at 0.20x
+# PyTorch (fp32 101x38x50x50) and NCHW average forward 2x2/2 at 0.65x (fp32 18x468x75x75; H200,
+# tools/sweep_memory.py). Same values and order as fwd / bwd (max: the first matching element).
+# P2: a switch, pydnn.tuning.pooling.P2 (default True)
+P2_WIN, P2_COV = 3, 2  # kP2Win, kP2Cov
+
+
+def _p2_ok(kernel, flags, descs, geometry):
+    if not tuning.pooling.P2 or flags & FLAG_ADAPTIVE:
+        return False
+    ins, outs, win, pad, stride = geometry
+    if ins[0] != 1 or outs[0] != 1 or win[0] != 1:
+        return False
+    if kernel.startswith("fwd"):
+        if win[1] > P2_WIN or win[2] > P2_WIN:
+            return False
+    elif any(-(-win[k] // stride[k]) > P2_COV for k in (1, 2)):
+        return False
+    dims, strides = _five(descs[0])
+    if dims[4] > 1 and strides[4] != 1:
+        return False
+    for d in descs:
+        if d.span_bytes() // d.itemsize >= 2**31 or any(s < 0 for s in d.strides):
+            return False
+    return True
+
+
 class _Plan:
     """launches[0] when every pointer is 16-byte aligned (or there is only one), else launches[-1]."""
 
@@ -541,6 +579,8 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         lc.grid = (max(1, min(-(-lc.params.total // THREADS), MAX_GRID)), 1, 1)
         lc.block = (THREADS, 1, 1)
         rows = _rows_shape(flags, x_desc, out_desc, geometry, v) if p_desc is None else None
+        if v == 1 and rows is None and lc.params.total < 2**31 and _p2_ok(kernel, flags, descs, geometry):
+            lc.expr = _p2_expr(kernel, tag)
         if kernel == "bwd_max" and v > 1 and tuning.pooling.BWD_PACKED_TIES:
             lc.expr = _expr("bwdp_max", tag, v)
         if rows is not None:
