@@ -4,8 +4,8 @@ measures them (its build() and run_point(): the same pydnn and PyTorch calls, sp
 against PyTorch in one run; with --before, each point again with a tuning switch changed (the path it
 replaced), so before / after come from the same device and run.
 
-    python3 tools/bench_bnpool.py [--points default|worst|all] [--before batchnorm.NCHW_SPLIT=False]
-                                  [--budget-s 20] [--out DIR] [--only bn_train,bn_infer,...]
+    python3 tools/bench_bnpool.py [--points default|worst|demo|"p1;p2"] [--before batchnorm.NCHW_SPLIT=False]
+                                  [--before-points N] [--budget-s 20] [--out DIR] [--only bn_train,...]
 
 Points: the worst of the H200 sweep of 2026-11-28 (notes s26a) and the CNN demo's shapes. A point is
 "family layout NxCxHxW [variant] dtype" (the sweep's case names).
@@ -18,17 +18,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WORST = [
-    "bn_train NCHW 243x555x81x81 fp16", "bn_train NCHW 187x3x81x81 fp16", "bn_train NCHW 43x58x111x111 fp16",
+WORST = [  # the first five: one per family, the worst of each (with --before-points 5)
+    "bn_train NCHW 243x555x81x81 fp16", "bn_infer NCHW 17x1329x147x147 bf16", "bn_bwd NCHW 5x1481x23x23 fp32",
+    "pool_bwd NCHW 101x38x50x50 max fp32", "pool_fwd NCHW 18x468x75x75 avg fp32",
+    "bn_train NCHW 187x3x81x81 fp16", "bn_train NCHW 43x58x111x111 fp16",
     "bn_train NCHW 167x599x25x25 bf16", "bn_train NCHW 49x1977x72x72 fp32", "bn_train NCHW 6x348x14x14 fp32",
     "bn_train NCHW 2x127x17x17 fp16", "bn_train NCHW 21x413x9x9 fp16", "bn_train NCHW 209x29x2x2 fp32",
-    "bn_infer NCHW 17x1329x147x147 bf16", "bn_infer NCHW 125x105x122x122 bf16", "bn_infer NCHW 169x422x30x30 fp16",
+    "bn_infer NCHW 125x105x122x122 bf16", "bn_infer NCHW 169x422x30x30 fp16",
     "bn_infer NCHW 2x211x171x171 fp32", "bn_infer NCHW 28x1121x5x5 fp16",
-    "bn_bwd NCHW 5x1481x23x23 fp32", "bn_bwd NCHW 30x309x125x125 fp32", "bn_bwd NCHW 110x251x115x115 fp16",
+    "bn_bwd NCHW 30x309x125x125 fp32", "bn_bwd NCHW 110x251x115x115 fp16",
     "bn_bwd NCHW 152x6x26x26 bf16", "bn_bwd NCHW 4x664x2x2 bf16", "bn_bwd NCHW 77x76x76x76 fp16",
-    "pool_bwd NCHW 101x38x50x50 max fp32", "pool_bwd NCHW 2x168x55x55 max fp16",
-    "pool_bwd NCHW 151x279x11x11 avg fp16", "pool_fwd NCHW 18x468x75x75 avg fp32",
-    "pool_fwd NCHW 62x981x40x40 max bf16",
+    "pool_bwd NCHW 2x168x55x55 max fp16", "pool_bwd NCHW 151x279x11x11 avg fp16",
+    "pool_fwd NCHW 62x981x40x40 max bf16", "pool_fwd NCHW 146x228x195x195 max bf16",
 ]
 DEMO = ["bn_train NCHW 256x64x32x32 bf16", "bn_bwd NCHW 256x64x32x32 bf16", "bn_train NCHW 256x128x16x16 bf16",
         "bn_bwd NCHW 256x128x16x16 bf16", "pool_fwd NCHW 256x64x32x32 avg bf16", "pool_bwd NCHW 256x64x32x32 avg bf16"]
@@ -67,6 +68,7 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated families to keep")
     ap.add_argument("--before", action="append", default=[],
                     help="family.SWITCH=value: also time each point with it (repeatable; all applied together)")
+    ap.add_argument("--before-points", type=int, default=None, help="only the first N points also run --before")
     ap.add_argument("--budget-s", type=float, default=60.0, help="stop starting points after this many seconds")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--out", default=None)
@@ -92,11 +94,12 @@ def main(argv=None):
     meta = dict(SC.device_meta(), copy_gbs=c.copy_gbs, before=args.before)
     print(f"bench_bnpool: {meta.get('device', '?')}  copy {c.copy_gbs:.0f} GB/s", flush=True)
     rows = []
-    for p in pts:
+    for i, p in enumerate(pts):
         if time.monotonic() - t0 > args.budget_s:
             print(f"budget spent: {p['family']} {M.case_name(p)} {p['dtype']} and later not run", flush=True)
             break
-        for tag in (["after"] + (["before"] if args.before else [])):
+        before = args.before and (args.before_points is None or i < args.before_points)
+        for tag in (["after"] + (["before"] if before else [])):
             undo = []
             try:
                 if tag == "before":
