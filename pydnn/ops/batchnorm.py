@@ -772,15 +772,17 @@ def _run(handle, pl, seq):
         driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, pl.argv)
 
 
-def _pick(pl, tensor_ptrs, scratch_ok):
+def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     """The launch sequence for this call: rows (vector when every pointer is 16-byte aligned) when the
-    plan has it and the scratch is usable, else gen."""
+    plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
+    constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen)."""
     if scratch_ok:
         v = vec_width(pl.tag, pl.tag)
-        if f"nc{v}" in pl.seqs and _aligned16(tensor_ptrs):
-            return pl.seqs[f"nc{v}"]
-        if "nc1" in pl.seqs:
-            return pl.seqs["nc1"]
+        if base % 16 == 0:
+            if f"nc{v}" in pl.seqs and _aligned16(tensor_ptrs):
+                return pl.seqs[f"nc{v}"]
+            if "nc1" in pl.seqs:
+                return pl.seqs["nc1"]
         if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
             return pl.seqs[f"rows{v}"]
         if "rows1" in pl.seqs:
@@ -867,7 +869,7 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     else:
         scratch_ok = be == 0 and not _overlap(xp, x_desc.span_bytes(), yp, y_desc.span_bytes())
         base = yp
-    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok)
+    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok, base)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.y, p.z, p.mask, p.scale, p.bias = xp, yp, zp or None, mp or None, sp, bp
@@ -1057,7 +1059,7 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
         scratch_ok = (bd == 0 and not _overlap(dxp, span, xp, x_desc.span_bytes())
                       and not _overlap(dxp, span, dyp, dy_desc.span_bytes()))
         base = dxp
-    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok)
+    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp

@@ -20,11 +20,11 @@ pytestmark = pytest.mark.gpu
 F32, F64, F16, BF16 = G.F32, G.F64, G.F16, G.BF16
 SPATIAL = G.SPATIAL
 OPS_BN, OPS_ACT, OPS_ADD = G.OPS_BN, G.OPS_ACT, G.OPS_ADD
-NAMES = {F32: "f32", F64: "f64", F16: "f16", BF16: "bf16"}
+NAMES = {F32: "fp32", F64: "fp64", F16: "fp16", BF16: "bf16"}
 
 
 def _dt(*dtypes):
-    """parametrize("dtype", ...) with readable ids (-k 'not f64')."""
+    """parametrize("dtype", ...) with readable ids (-k "not fp64")."""
     return pytest.mark.parametrize("dtype", dtypes, ids=[NAMES[d] for d in dtypes])
 
 SHAPES = [
@@ -145,9 +145,25 @@ class _Shifted:
         return rd.from_storage(np.array(flat[1:]).reshape(self.dims), self.dtype)
 
 
+@pytest.fixture
+def launched(monkeypatch):
+    """The (kernel, vec) sequences batch norm launches, call by call."""
+    seqs = []
+    run = B._run
+
+    def record(handle, pl, seq):
+        seqs.append([(lc.kernel, lc.vec) for lc in seq])
+        return run(handle, pl, seq)
+
+    monkeypatch.setattr(B, "_run", record)
+    return seqs
+
+
 @_dt(F32, F16, BF16)
 @pytest.mark.parametrize("dims", [(4, 16, 5, 7), (2, 3, 181, 181)])
-def test_nc_misaligned(handle, dims, dtype, rng):
+def test_nc_misaligned(handle, dims, dtype, rng, launched):
+    """x (and dy) one element off the 16-byte vector: the VEC = 1 nc kernels (y / dx, the scratch, aligned;
+    inference with y off too)."""
     x = _Shifted(dims, dtype, rng.uniform(-3, 3, dims).astype(np.float32))
     xv = x.values
     bd, pdims, pt = G._params(x, SPATIAL)
@@ -159,20 +175,24 @@ def test_nc_misaligned(handle, dims, dtype, rng):
     want = ref.forward_inference(1.0, 0.0, xv, None, sc.values, bi.values, m.values, v.values, 1e-3)
     assert_close(y.download(), want, dtype, "y (inference)",
                  scale=G._y_scale(xv, m.values, 1 / np.sqrt(v.values + 1e-3), sc.values, bi.values))
+    assert launched[-1] == [("nc_apply", 1)]
     sm, si = DevTensor(pdims, pt), DevTensor(pdims, pt)
-    y = _Shifted(dims, dtype)
+    y = G._t(dims, "nchw", dtype)
     pydnn.batch_normalization_forward_training(handle, SPATIAL, 1.0, 0.0, x.desc, x.ptr, y.desc, y.ptr, bd, sc.ptr,
                                                bi.ptr, 0.1, 0, 0, 1e-5, sm.ptr, si.ptr)
+    assert [k for k, _ in launched[-1]] == ["nc_stats", "fwd_final", "nc_apply"] and launched[-1][0][1] == 1
     want_y, _, _, mean, invstd, _ = ref.forward_training(SPATIAL, 1.0, 0.0, xv, None, sc.values, bi.values, 0.1, None,
                                                          None, 1e-5)
     assert_close(y.download(), want_y, dtype, "y", scale=G._y_scale(xv, mean, invstd, sc.values, bi.values))
     assert_close(sm.download(), mean, G.PTOL[dtype], "saved mean", scale=G._stat_scale(SPATIAL, xv))
     assert_close(si.download(), invstd, G.PTOL[dtype], "saved inverse std")
     dy = _Shifted(dims, dtype, rng.uniform(-3, 3, dims).astype(np.float32))
-    dx = _Shifted(dims, dtype)
+    dx = G._t(dims, "nchw", dtype)
     ds, db = DevTensor(pdims, pt), DevTensor(pdims, pt)
     pydnn.batch_normalization_backward(handle, SPATIAL, 1.0, 0.0, 1.0, 0.0, x.desc, x.ptr, dy.desc, dy.ptr, dx.desc,
                                        dx.ptr, bd, sc.ptr, ds.ptr, db.ptr, 1e-5, 0, 0)
+    assert [k for k, _ in launched[-1]] == ["nc_stats", "bwd_final", "nc_apply", "nc_head"]
+    assert launched[-1][0][1] == 1
     want_dx, want_ds, want_db, _ = ref.backward(SPATIAL, 1.0, 0.0, 1.0, 0.0, xv, dy.values, None, sc.values, None,
                                                 None, 1e-5, None, None)
     ax = (0, 2, 3)
@@ -185,6 +205,12 @@ def test_nc_misaligned(handle, dims, dtype, rng):
     assert_close(dx.download(), want_dx, dtype, "dx", scale=dx_scale)
     assert_close(ds.download(), want_ds, G.PTOL[dtype], "dscale", scale=np.abs(dyv * xhat).sum(axis=ax, keepdims=True))
     assert_close(db.download(), want_db, G.PTOL[dtype], "dbias", scale=np.abs(dyv).sum(axis=ax, keepdims=True))
+    # y off the vector too: the scratch (float constants and partials in y) would be off it as well: gen
+    y2 = _Shifted(dims, dtype)
+    pydnn.batch_normalization_forward_training(handle, SPATIAL, 1.0, 0.0, x.desc, x.ptr, y2.desc, y2.ptr, bd, sc.ptr,
+                                               bi.ptr, 0.1, 0, 0, 1e-5, sm.ptr, si.ptr)
+    assert launched[-1][0][0] == "fwd_fused_gen"
+    assert_close(y2.download(), want_y, dtype, "y (gen)", scale=G._y_scale(xv, mean, invstd, sc.values, bi.values))
 
 
 def test_nc_reproducible(handle, rng):

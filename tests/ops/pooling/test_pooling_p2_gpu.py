@@ -20,7 +20,6 @@ pytestmark = pytest.mark.gpu
 F32, F64, F16, BF16 = G.F32, G.F64, G.F16, G.BF16
 MAX, INC, EXC, MAXD = G.MAX, G.INC, G.EXC, G.MAXD
 NOPROP, PROP = G.NOPROP, G.PROP
-NAMES = {F32: "f32", F64: "f64", F16: "f16", BF16: "bf16"}
 
 CASES = [  # xdims, layout, window, padding, stride
     ((2, 3, 7, 8), "nchw", (3, 3), (1, 1), (2, 2)),     # the sweep's max pool, odd H
@@ -46,7 +45,7 @@ def _took_p2(handle, pd, x, y, mode):
     return "::p2_fwd<" in f and "::p2_bwd<" in b
 
 
-@pytest.mark.parametrize("dtype", [F32, F16, BF16, F64], ids=["f32", "f16", "bf16", "f64"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16, F64], ids=["fp32", "fp16", "bf16", "fp64"])
 @pytest.mark.parametrize("mode", [MAX, MAXD, INC, EXC])
 def test_p2_against_reference(handle, rng, mode, dtype):
     nan = PROP if mode == MAXD else NOPROP
@@ -97,7 +96,7 @@ def test_p2_nan_rules(handle, rng, nan):
     assert_close(dx.download(), ref.backward(MAX, nan, 1.0, dyv, xv, 0.0, None, geo), F32, "nan bwd")
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16, F32, F64], ids=["bf16", "f16", "f32", "f64"])
+@pytest.mark.parametrize("dtype", [BF16, F16, F32, F64], ids=["bf16", "fp16", "fp32", "fp64"])
 @pytest.mark.parametrize("nan", [NOPROP, PROP])
 @pytest.mark.parametrize("mode", [MAX, INC, EXC])
 def test_p2_matches_scalar_kernels_bitwise(handle, rng, dtype, nan, mode, monkeypatch):
