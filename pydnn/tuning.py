@@ -188,6 +188,9 @@ batchnorm = Switches(
     NC_GEN_ROWS=(0, 'training / backward keep gen / planes when C >= SMs and N * H * W <= this (a block per '
                     'channel with short blocks); 0: the nc kernels for every packed NCHW shape they fit; '
                     'the reasons: pydnn/ops/batchnorm.py'),
+    GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
+                     'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
+                     'pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(

@@ -33,7 +33,9 @@ WORST = [  # the first five: one per family, the worst of each (with --before-po
 ]
 DEMO = ["bn_train NCHW 256x64x32x32 bf16", "bn_bwd NCHW 256x64x32x32 bf16", "bn_train NCHW 256x128x16x16 bf16",
         "bn_bwd NCHW 256x128x16x16 bf16", "pool_fwd NCHW 256x64x32x32 avg bf16", "pool_bwd NCHW 256x64x32x32 avg bf16"]
-SETS = {"worst": WORST, "demo": DEMO, "default": WORST + DEMO}
+TINY = ["bn_train NHWC 7x35x5x5 bf16", "bn_train NHWC 36x33x2x2 fp16", "bn_train NCHW 209x29x2x2 fp32",
+        "bn_bwd NHWC 18x5x9x9 fp16", "bn_bwd NHWC 12x11x14x14 fp16", "bn_bwd NCHW 4x664x2x2 bf16"]
+SETS = {"worst": WORST, "demo": DEMO, "tiny": TINY, "default": WORST + DEMO}
 
 
 def parse_point(spec):
@@ -69,14 +71,19 @@ def main(argv=None):
     ap.add_argument("--before", action="append", default=[],
                     help="family.SWITCH=value: also time each point with it (repeatable; all applied together)")
     ap.add_argument("--before-points", type=int, default=None, help="only the first N points also run --before")
+    ap.add_argument("--tiny-before", action="append", default=[],
+                    help="family.SWITCH=value: first the tiny set (TINY), each point also with this")
     ap.add_argument("--budget-s", type=float, default=60.0, help="stop starting points after this many seconds")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     specs = SETS.get(args.points) or [s.strip() for s in args.points.split(";") if s.strip()]
     only = [o for o in args.only.split(",") if o]
-    pts = [parse_point(s) for s in specs]
-    pts = [p for p in pts if not only or p["family"] in only]
+    pts = [(parse_point(s), args.before, args.before_points is None or i < args.before_points)
+           for i, s in enumerate(specs)]
+    if args.tiny_before:
+        pts = [(parse_point(s), args.tiny_before, True) for s in TINY] + pts
+    pts = [t for t in pts if not only or t[0]["family"] in only]
 
     t0 = time.monotonic()
     import torch
@@ -94,16 +101,15 @@ def main(argv=None):
     meta = dict(SC.device_meta(), copy_gbs=c.copy_gbs, before=args.before)
     print(f"bench_bnpool: {meta.get('device', '?')}  copy {c.copy_gbs:.0f} GB/s", flush=True)
     rows = []
-    for i, p in enumerate(pts):
+    for p, befores, with_before in pts:
         if time.monotonic() - t0 > args.budget_s:
             print(f"budget spent: {p['family']} {M.case_name(p)} {p['dtype']} and later not run", flush=True)
             break
-        before = args.before and (args.before_points is None or i < args.before_points)
-        for tag in (["after"] + (["before"] if before else [])):
+        for tag in (["after"] + (["before"] if befores and with_before else [])):
             undo = []
             try:
                 if tag == "before":
-                    undo = [_set_switch(a) for a in args.before]
+                    undo = [_set_switch(a) for a in befores]
                 c.h.prepared.clear()
                 got = []
                 M.run_point(c, p, got, {})

@@ -772,10 +772,21 @@ def _run(handle, pl, seq):
         driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, pl.argv)
 
 
+# Tiny training / backward calls (rows * feats <= GEN_TINY elements, rows <= GEN_TINY_ROWS) take the single
+# gen launch (a block per feature, both passes) instead of the rows / nc sequences (3-4 launches): for them
+# the launches and their host work are the time (NHWC bf16 7x35x5x5 training 0.67x PyTorch, fp16 18x5x9x9
+# backward 0.61x with the rows path; H200, tools/sweep_memory.py). 0: off.
+# GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 32768)
+GEN_TINY_ROWS = 4096
+
+
 def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     """The launch sequence for this call: rows (vector when every pointer is 16-byte aligned) when the
     plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
-    constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen)."""
+    constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen). Tiny calls: gen."""
+    g = pl.geom
+    if g.rows <= GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
+        return pl.seqs["gen"]
     if scratch_ok:
         v = vec_width(pl.tag, pl.tag)
         if base % 16 == 0:

@@ -20,6 +20,7 @@ DTYPES = [F32, F16, BF16, F64]
 def _planes_not_nc(monkeypatch):
     """Packed NCHW takes the nc kernels by default (test_batchnorm_nc_gpu.py): these tests are the planes'."""
     monkeypatch.setattr(tuning.batchnorm, "NCHW_SPLIT", False)
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
 
 
 def _gapped(dims):

@@ -22,6 +22,13 @@ PER_ACT, SPATIAL, PERSIST = (pydnn.PYDNN_BATCHNORM_PER_ACTIVATION, pydnn.PYDNN_B
 OPS_BN, OPS_ACT, OPS_ADD = (pydnn.PYDNN_BATCHNORM_OPS_BN, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION,
                             pydnn.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
 DTYPES = [F32, F16, BF16, F64]
+
+
+@pytest.fixture(autouse=True)
+def _no_gen_tiny(monkeypatch):
+    """These small shapes test the rows / nc / planes paths: tiny calls would take gen (GEN_TINY; its own
+    test is test_batchnorm_nc_gpu.py::test_gen_tiny)."""
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
 PTOL = {F64: F64, F32: F32, F16: F32, BF16: F32}  # tolerance of the parameter-typed outputs
 
 CASES = [  # dims, layout, mode

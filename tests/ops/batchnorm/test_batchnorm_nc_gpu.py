@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from devtensor import DevTensor, POISON, assert_close
 from pydnn.ops import batchnorm as B
 from pydnn.reference import batchnorm as ref
@@ -26,6 +27,12 @@ NAMES = {F32: "fp32", F64: "fp64", F16: "fp16", BF16: "bf16"}
 def _dt(*dtypes):
     """parametrize("dtype", ...) with readable ids (-k "not fp64")."""
     return pytest.mark.parametrize("dtype", dtypes, ids=[NAMES[d] for d in dtypes])
+
+@pytest.fixture(autouse=True)
+def _no_gen_tiny(monkeypatch):
+    """Small shapes here test the nc kernels: tiny calls would take gen (GEN_TINY, tested in test_gen_tiny)."""
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+
 
 SHAPES = [
     (4, 16, 5, 7),      # H * W = 35: planes straddle the vectors
@@ -232,3 +239,19 @@ def test_nc_reproducible(handle, rng):
         out.append([t.buf.to_numpy() for t in (y, sm, si, dx, ds, db)])
     for a, b in zip(*out):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("dims,layout", [((7, 35, 5, 5), "nhwc"), ((18, 5, 9, 9), "nhwc"), ((2, 127, 11, 11), "nchw"),
+                                         ((36, 33, 2, 2), "nhwc")])
+@_dt(F32, BF16)
+def test_gen_tiny(handle, dims, layout, dtype, rng, launched, monkeypatch):
+    """GEN_TINY: tiny training / backward calls (Ex too) take the single gen launch."""
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 32768)
+    t = G._train(handle, SPATIAL, dims, layout, dtype, rng)
+    assert launched[-1] == [("fwd_fused_gen", None)]
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
+    assert launched[-1] == [("bwd_fused_gen", None)]
+    t = G._train(handle, SPATIAL, dims, layout, dtype, rng, ex_ops=OPS_ACT)
+    assert launched[-1] == [("fwd_fused_gen", None)]
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ex_ops=OPS_ACT)
+    assert launched[-1] == [("bwd_fused_gen", None)]
