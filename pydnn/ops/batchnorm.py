@@ -36,9 +36,14 @@ How the statistics are reduced (variance by Welford / Chan merges, see ptx/batch
         other strides multiples of the 16-byte vector (NCHW SPATIAL with H * W % 8 == 0 for 16-bit data):
         fwd_planes / bwd_planes, gen's block per feature and two passes with 16-byte accesses (PLANES;
         aligned pointers, mask included, checked per call; else gen).
+  nc    packed NCHW / NCDHW SPATIAL (any H * W): nc_stats splits each channel into items (planes x
+        elements) over the whole GPU, fwd_final / bwd_final merge them per channel, nc_apply writes the
+        outputs flat in 16-byte vectors (each lane's channel from its plane), nc_head the elements whose
+        bytes held the constants (non-Ex); inference is nc_apply alone (NCHW_SPLIT; see _nc_layout).
+  Tiny training / backward calls take gen's single launch (GEN_TINY).
 The partials and constants need memory. The Ex forms use the caller's workspace
-(GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows layout, 0 for
-gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite
+(GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows and nc layouts,
+0 for gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite
 (y forward, dx backward): the partials anywhere after the constants, the constants in the first bytes.
 Stream order makes this safe: stats writes partials, final reads them and writes the constants, apply
 writes every row after those holding the constants, and one last single-block `head` launch copies every

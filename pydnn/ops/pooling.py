@@ -39,7 +39,9 @@ the vector max backward checks ties with one packed max of the earlier window el
 Windows kh x 2 with stride kh x 2, no padding, tiling x exactly, w contiguous in every operand (the NCHW
 2x2 / 2 pools of CNNs, where channel vectors do not apply) take win2_fwd / win2_bwd (WIN2) when every pointer
 is 16-byte aligned: a thread per 16 bytes of x along w of each window row, y / dy as 8-byte vectors, each dx
-element written once from its one window (bitwise the scalar kernels' y and dx).
+element written once from its one window (bitwise the scalar kernels' y and dx). Other 2-d / 1-d pools of
+NCHW-like layouts on the scalar path take p2_fwd / p2_bwd (P2: a thread per element, the window unrolled;
+forward windows <= 3 x 3, backward <= 2 covering windows per dim; bitwise the scalar kernels' values).
 """
 import ctypes
 
