@@ -769,10 +769,11 @@ __global__ void __launch_bounds__(kThreads) win2_bwd(const PoolParams p) {
 
 // ------------------------------------------------------------------ p2: 2-d pooling, one element per thread
 //
-// 2-d non-adaptive pooling of layouts that take the scalar (VEC = 1) kernels and write along w (NCHW-like),
-// every offset below 2^31 elements (the host checks): one thread per written element, its coordinates from
-// the flat index by four 32-bit divisions (w, h, c, n), the window fixed-size and unrolled instead of fwd /
-// bwd's 5-d coordinates, 3-d window walk and batched scan.
+// 2-d non-adaptive pooling of layouts that take the scalar (VEC = 1) kernels, written along w (NCHW-like) or
+// along c (CLAST: channels-last with channels that take no vectors), every offset below 2^31 elements (the
+// host checks): one thread per written element, its coordinates from the flat index by four 32-bit
+// divisions, the window fixed-size and unrolled instead of fwd / bwd's 5-d coordinates, 3-d window walk and
+// batched scan.
 //   p2_fwd  windows of at most 3 x 3 (host): the in-bounds elements loaded together (predicated 3 x 3), then
 //           reduced in window order (max: the packed max with the NaN rule, as fwd; average: the sum in
 //           window order over the count, as fwd).
@@ -783,17 +784,29 @@ __global__ void __launch_bounds__(kThreads) win2_bwd(const PoolParams p) {
 constexpr int kP2Win = 3;  // p2_fwd: window per dim at most
 constexpr int kP2Cov = 2;  // p2_bwd: covering windows per dim at most
 
+// CLAST false: w fastest, then h, c, n (NCHW-like: threads along w); true: c fastest, then w, h, n
+// (channels-last layouts whose channels take no vectors: threads along c).
+template <bool CLAST>
 __device__ __forceinline__ void p2_coords(const PoolParams& p, unsigned item, int& n, int& c, int& h, int& w) {
   const unsigned W = (unsigned)p.size[4], H = (unsigned)p.size[3], C = (unsigned)p.size[1];
-  const unsigned row = item / W;
-  w = (int)(item - row * W);
-  const unsigned nc = row / H;
-  h = (int)(row - nc * H);
-  n = (int)(nc / C);
-  c = (int)(nc - (unsigned)n * C);
+  if constexpr (CLAST) {
+    const unsigned q = item / C;
+    c = (int)(item - q * C);
+    const unsigned r = q / W;
+    w = (int)(q - r * W);
+    n = (int)(r / H);
+    h = (int)(r - (unsigned)n * H);
+  } else {
+    const unsigned row = item / W;
+    w = (int)(item - row * W);
+    const unsigned nc = row / H;
+    h = (int)(row - nc * H);
+    n = (int)(nc / C);
+    c = (int)(nc - (unsigned)n * C);
+  }
 }
 
-template <class T, bool IS_MAX>
+template <class T, bool IS_MAX, bool CLAST = false>
 __global__ void __launch_bounds__(kThreads) p2_fwd(const PoolParams p) {
   typedef typename AccOf<T>::type A;
   const T* __restrict__ x = static_cast<const T*>(p.x);
@@ -802,7 +815,7 @@ __global__ void __launch_bounds__(kThreads) p2_fwd(const PoolParams p) {
   const int xs3 = (int)p.xs[3], xs4 = (int)p.xs[4];
   for (unsigned item = blockIdx.x * kThreads + threadIdx.x; item < total; item += gridDim.x * kThreads) {
     int n, c, oh, ow, hlo, hhi, wlo, whi;
-    p2_coords(p, item, n, c, oh, ow);
+    p2_coords<CLAST>(p, item, n, c, oh, ow);
     window(p, 1, oh, hlo, hhi);
     window(p, 2, ow, wlo, whi);
     const T* first = x + (int)(n * p.xs[0] + c * p.xs[1]) + hlo * xs3 + wlo * xs4;
@@ -840,7 +853,7 @@ __global__ void __launch_bounds__(kThreads) p2_fwd(const PoolParams p) {
   }
 }
 
-template <class T, bool IS_MAX>
+template <class T, bool IS_MAX, bool CLAST = false>
 __global__ void __launch_bounds__(kThreads) p2_bwd(const PoolParams p) {
   typedef typename AccOf<T>::type A;
   const T* __restrict__ x = static_cast<const T*>(p.x);
@@ -851,7 +864,7 @@ __global__ void __launch_bounds__(kThreads) p2_bwd(const PoolParams p) {
   const int xs3 = (int)p.xs[3], xs4 = (int)p.xs[4];
   for (unsigned item = blockIdx.x * kThreads + threadIdx.x; item < total; item += gridDim.x * kThreads) {
     int n, c, h, w, ohlo, ohhi, owlo, owhi;
-    p2_coords(p, item, n, c, h, w);
+    p2_coords<CLAST>(p, item, n, c, h, w);
     covering(p, 1, h, ohlo, ohhi);
     covering(p, 2, w, owlo, owhi);
     const int xnc = (int)(n * p.xs[0] + c * p.xs[1]);

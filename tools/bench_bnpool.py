@@ -18,9 +18,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WORST = [  # the first five: one per family, the worst of each (with --before-points 5)
+WORST = [  # the first six: the worst of each family, NHWC pooling (with --before-points 6)
     "bn_train NCHW 243x555x81x81 fp16", "bn_infer NCHW 17x1329x147x147 bf16", "bn_bwd NCHW 5x1481x23x23 fp32",
     "pool_bwd NCHW 101x38x50x50 max fp32", "pool_fwd NCHW 18x468x75x75 avg fp32",
+    "pool_bwd NHWC 39x66x53x53 avg bf16",
     "bn_train NCHW 187x3x81x81 fp16", "bn_train NCHW 43x58x111x111 fp16",
     "bn_train NCHW 167x599x25x25 bf16", "bn_train NCHW 49x1977x72x72 fp32", "bn_train NCHW 6x348x14x14 fp32",
     "bn_train NCHW 2x127x17x17 fp16", "bn_train NCHW 21x413x9x9 fp16", "bn_train NCHW 209x29x2x2 fp32",
@@ -30,6 +31,8 @@ WORST = [  # the first five: one per family, the worst of each (with --before-po
     "bn_bwd NCHW 152x6x26x26 bf16", "bn_bwd NCHW 4x664x2x2 bf16", "bn_bwd NCHW 77x76x76x76 fp16",
     "pool_bwd NCHW 2x168x55x55 max fp16", "pool_bwd NCHW 151x279x11x11 avg fp16",
     "pool_fwd NCHW 62x981x40x40 max bf16", "pool_fwd NCHW 146x228x195x195 max bf16",
+    "pool_bwd NHWC 10x933x103x103 avg fp32", "pool_bwd NHWC 54x277x163x163 avg fp16",
+    "pool_fwd NHWC 62x1100x13x13 max bf16",
 ]
 DEMO = ["bn_train NCHW 256x64x32x32 bf16", "bn_bwd NCHW 256x64x32x32 bf16", "bn_train NCHW 256x128x16x16 bf16",
         "bn_bwd NCHW 256x128x16x16 bf16", "pool_fwd NCHW 256x64x32x32 avg bf16", "pool_bwd NCHW 256x64x32x32 avg bf16"]

@@ -180,10 +180,10 @@ def _win2_expr(kernel, tag):
     return f"pydnn::pooling::win2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
 
 
-def _p2_expr(kernel, tag):
-    """p2_fwd / p2_bwd (ptx/pooling.cu) for kernel fwd_max, fwd_avg, bwd_max or bwd_avg."""
+def _p2_expr(kernel, tag, clast=False):
+    """p2_fwd / p2_bwd (ptx/pooling.cu) for kernel fwd_max, fwd_avg, bwd_max or bwd_avg; clast: threads along c."""
     d, m = kernel.split("_")
-    return f"pydnn::pooling::p2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
+    return f"pydnn::pooling::p2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}{', true' if clast else ''}>"
 
 
 def kernel_units():
@@ -191,7 +191,7 @@ def kernel_units():
                        tuple(_expr(k, t, v) for k in KERNELS for v in (vec_width(t, t), 1))
                        + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS)
                        + tuple(_win2_expr(k, t) for k in KERNELS)
-                       + tuple(_p2_expr(k, t) for k in KERNELS))
+                       + tuple(_p2_expr(k, t, cl) for k in KERNELS for cl in (False, True)))
             for t in FLOAT_TAGS]
 
 
@@ -495,27 +495,34 @@ def _win2_launch(kernel, tag, kmode, flags, out_desc, x_desc, p_desc, y_desc, ge
 # PyTorch (fp32 101x38x50x50) and NCHW average forward 2x2/2 at 0.65x (fp32 18x468x75x75; H200,
 # tools/sweep_memory.py). Same values and order as fwd / bwd (max: the first matching element).
 # P2: a switch, pydnn.tuning.pooling.P2 (default True)
+# The same with threads along c (p2_*<T, MAX, true>) for channels-last layouts whose channels take no vectors
+# (C not a multiple of the vector): NHWC average backward ran at 0.74-0.78x PyTorch on the scalar bwd (fp32
+# 10x933x103x103, bf16 39x66x53x53; H200, tools/sweep_memory.py).
+# P2_CLAST: a switch, pydnn.tuning.pooling.P2_CLAST (default True)
 P2_WIN, P2_COV = 3, 2  # kP2Win, kP2Cov
 
 
 def _p2_ok(kernel, flags, descs, geometry):
+    """None (not p2), False (p2, threads along w) or True (p2 CLAST, threads along c)."""
     if not tuning.pooling.P2 or flags & FLAG_ADAPTIVE:
-        return False
+        return None
     ins, outs, win, pad, stride = geometry
     if ins[0] != 1 or outs[0] != 1 or win[0] != 1:
-        return False
+        return None
     if kernel.startswith("fwd"):
         if win[1] > P2_WIN or win[2] > P2_WIN:
-            return False
+            return None
     elif any(-(-win[k] // stride[k]) > P2_COV for k in (1, 2)):
-        return False
-    dims, strides = _five(descs[0])
-    if dims[4] > 1 and strides[4] != 1:
-        return False
+        return None
     for d in descs:
         if d.span_bytes() // d.itemsize >= 2**31 or any(s < 0 for s in d.strides):
-            return False
-    return True
+            return None
+    dims, strides = _five(descs[0])
+    if dims[4] > 1 and strides[4] == 1:
+        return False
+    if dims[1] > 1 and strides[1] == 1:
+        return True if tuning.pooling.P2_CLAST else None
+    return False if dims[4] == 1 else None
 
 
 class _Plan:
@@ -581,8 +588,9 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         lc.grid = (max(1, min(-(-lc.params.total // THREADS), MAX_GRID)), 1, 1)
         lc.block = (THREADS, 1, 1)
         rows = _rows_shape(flags, x_desc, out_desc, geometry, v) if p_desc is None else None
-        if v == 1 and rows is None and lc.params.total < 2**31 and _p2_ok(kernel, flags, descs, geometry):
-            lc.expr = _p2_expr(kernel, tag)
+        p2 = _p2_ok(kernel, flags, descs, geometry) if v == 1 and rows is None and lc.params.total < 2**31 else None
+        if p2 is not None:
+            lc.expr = _p2_expr(kernel, tag, p2)
         if kernel == "bwd_max" and v > 1 and tuning.pooling.BWD_PACKED_TIES:
             lc.expr = _expr("bwdp_max", tag, v)
         if rows is not None:

@@ -1,5 +1,6 @@
 """Pooling's p2 kernels on the GPU (p2_fwd / p2_bwd: 2-d / 1-d non-adaptive pooling of NCHW-like layouts on
-the scalar path, a thread per element) against the float64 reference with poisoned outputs: every mode x
+the scalar path, a thread per element; along w for NCHW-like layouts, along c for channels-last ones whose
+channels take no vectors) against the float64 reference with poisoned outputs: every mode x
 dtype, plain and blended, max 3x3/2 pad 1, average 2x2/2 on odd sizes, 2x2/1 (two covering windows per
 dim), 3x3/3, 1-d, gapped NCHW, ReLU-like inputs (windows of tied zeros), NaN under both options; that the
 planner took them; and that they store the bits of the scalar fwd / bwd (P2 off)."""
@@ -30,11 +31,15 @@ CASES = [  # xdims, layout, window, padding, stride
     ((2, 3, 19), "nchw", (3,), (1,), (2,)),             # 1-d
     ((2, 6, 8, 16), "gapsw", (3, 3), (1, 1), (2, 2)),   # NCHW with gaps
     ((2, 19, 50, 50), "nchw", (3, 3), (1, 1), (2, 2)),  # a sweep plane size
+    ((2, 5, 9, 9), "nhwc", (3, 3), (1, 1), (2, 2)),     # channels-last, C off the vector: threads along c
+    ((3, 7, 11, 11), "nhwc", (2, 2), (0, 0), (2, 2)),
+    ((2, 16, 7, 8), "gaps", (3, 3), (1, 1), (2, 2)),    # padded channels: no vectors
 ]
 
 
 def _t(dims, layout, dtype):
-    return W._t(dims, layout, dtype)
+    """nchw / gapsw (NCHW with gaps) as test_pooling_cnn_gpu, nhwc / gaps (padded channels) as test_pooling_gpu."""
+    return (G._t if layout in ("nhwc", "gaps") else W._t)(dims, layout, dtype)
 
 
 def _took_p2(handle, pd, x, y, mode):
@@ -102,8 +107,10 @@ def test_p2_nan_rules(handle, rng, nan):
 def test_p2_matches_scalar_kernels_bitwise(handle, rng, dtype, nan, mode, monkeypatch):
     """p2 stores the bits of the scalar fwd / bwd (same window order, same arithmetic; NaN positions
     compared, not payloads): ties, NaN, +-0, 3x3/2 pad 1 and 2x2/2 on odd sizes."""
-    for xdims, win, pad, stride in (((2, 8, 15, 17), (3, 3), (1, 1), (2, 2)), ((2, 8, 11, 11), (2, 2), (0, 0), (2, 2))):
-        x = _t(xdims, "nchw", dtype)
+    for xdims, layout, win, pad, stride in (((2, 8, 15, 17), "nchw", (3, 3), (1, 1), (2, 2)),
+                                            ((2, 8, 11, 11), "nchw", (2, 2), (0, 0), (2, 2)),
+                                            ((2, 5, 13, 11), "nhwc", (3, 3), (1, 1), (2, 2))):
+        x = _t(xdims, layout, dtype)
         v = rng.integers(-2, 3, xdims).astype(np.float64) * rng.choice([1.0, 0.5], xdims)
         v[v == 0] = rng.choice([0.0, -0.0], int((v == 0).sum()))
         if mode == MAX:
@@ -111,13 +118,13 @@ def test_p2_matches_scalar_kernels_bitwise(handle, rng, dtype, nan, mode, monkey
         x.upload(v)
         pd = G._pool_desc(mode, nan, list(win), list(pad), list(stride))
         ydims = tuple(pydnn.get_pooling_nd_forward_output_dim(pd, x.desc, 4))
-        dy = _t(ydims, "nchw", dtype)
+        dy = _t(ydims, layout, dtype)
         dy.random(rng)
         outs = []
         for on in (True, False):
             monkeypatch.setattr(tuning.pooling, "P2", on)
             handle.prepared.clear()  # no cached plan of the other setting
-            y, dx = _t(ydims, "nchw", dtype), _t(xdims, "nchw", dtype)
+            y, dx = _t(ydims, layout, dtype), _t(xdims, layout, dtype)
             assert _took_p2(handle, pd, x, y, mode) == on
             pydnn.pooling_forward(handle, pd, 1.0, x.desc, x.ptr, 0.0, y.desc, y.ptr)
             pydnn.pooling_backward(handle, pd, 1.0, y.desc, y.ptr, dy.desc, dy.ptr, x.desc, x.ptr, 0.0, dx.desc,
