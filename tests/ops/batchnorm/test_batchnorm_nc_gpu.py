@@ -28,6 +28,7 @@ def _dt(*dtypes):
     """parametrize("dtype", ...) with readable ids (-k "not fp64")."""
     return pytest.mark.parametrize("dtype", dtypes, ids=[NAMES[d] for d in dtypes])
 
+
 @pytest.fixture(autouse=True)
 def _no_gen_tiny(monkeypatch):
     """Small shapes here test the nc kernels: tiny calls would take gen (GEN_TINY, tested in test_gen_tiny)."""
@@ -69,7 +70,7 @@ def test_nc_training_alpha_and_big_plane(handle, dtype, rng):
 
 @_dt(*G.DTYPES)
 @pytest.mark.parametrize("dims", [(3, 300, 2, 3), (5, 64, 7, 9), (2, 3, 181, 181)])
-def test_nc_forward_without_saved(handle, dims, dtype, rng):
+def test_nc_forward_without_saved(handle, dims, dtype, rng, launched):
     """No saved statistics: stats, final, apply past the head, then nc_head over the elements whose bytes
     held the constants (non-Ex); running statistics updated."""
     x = G._t(dims, "nchw", dtype)
@@ -81,6 +82,7 @@ def test_nc_forward_without_saved(handle, dims, dtype, rng):
     for alpha in (1.0, -0.75):
         pydnn.batch_normalization_forward_training(handle, SPATIAL, alpha, 0.0, x.desc, x.ptr, y.desc, y.ptr, bd,
                                                    sc.ptr, bi.ptr, 0.25, rm.ptr, rv.ptr, 1e-4, 0, 0)
+        assert [k for k, _ in launched[-1]] == ["nc_stats", "fwd_final", "nc_apply", "nc_head"]
         want_y, nrm, nrv, mean, invstd, _ = ref.forward_training(SPATIAL, alpha, 0.0, xv, None, sc.values, bi.values,
                                                                  0.25, rm.values, rv.values, 1e-4)
         assert_close(y.download(), want_y, dtype, "y", scale=abs(alpha) * G._y_scale(xv, mean, invstd, sc.values,
