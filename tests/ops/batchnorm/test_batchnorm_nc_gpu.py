@@ -55,12 +55,16 @@ def _nc_plan_taken(handle, direction, dims, dtype, ex=False):
 
 @_dt(*G.DTYPES)
 @pytest.mark.parametrize("dims", SHAPES)
-def test_nc_training_and_backward(handle, dims, dtype, rng):
+def test_nc_training_and_backward(handle, dims, dtype, rng, launched):
     assert _nc_plan_taken(handle, "fwd", dims, dtype) and _nc_plan_taken(handle, "bwd", dims, dtype)
     t = G._train(handle, SPATIAL, dims, "nchw", dtype, rng)
     G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
     G._backward(handle, t, dtype, SPATIAL, rng, saved=False)
     G._backward(handle, t, dtype, SPATIAL, rng, ad=1.5, ap=0.5, bp=0.5)  # dscale / dbias blended
+    vec = {F32: 4, F64: 2, F16: 8, BF16: 8}[dtype]
+    assert launched[0] == [("nc_stats", vec), ("fwd_final", None), ("nc_apply", vec)]  # saved: no head
+    for seq in launched[1:]:
+        assert seq == [("nc_stats", vec), ("bwd_final", None), ("nc_apply", vec), ("nc_head", None)]
 
 
 @_dt(F32, BF16)
