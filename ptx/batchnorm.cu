@@ -1404,6 +1404,8 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
 #pragma unroll
     for (int u = 0; u < kNcU; ++u) {
       lo[u] = hi[u] = 0;
+      xr[u].raw = typename Raw<sizeof(T) * VEC>::type{};  // +0 in every lane a slot does not load
+      dr[u].raw = typename Raw<sizeof(T) * VEC>::type{};
       const unsigned w = w0 + u * kNcThreads;
       if (w < nslots) {
         const unsigned g = w / wp, q = w - g * wp;
@@ -1416,8 +1418,6 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
           if (BWD) dr[u] = rload<T, VEC>(dy + a);
           if (msk) mr[u].raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p.mask + a);
         } else {
-          xr[u].raw = typename Raw<sizeof(T) * VEC>::type{};
-          dr[u].raw = typename Raw<sizeof(T) * VEC>::type{};
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             mr[u].e[e] = 1;
@@ -1590,8 +1590,11 @@ template <class T, int VEC, int MODE> __global__ void __launch_bounds__(kNcThrea
   nc_body<T, VEC, MODE>(p, (const A*)p.consts, vb + threadIdx.x, ve, kNcThreads);
 }
 
-// One block: the elements [0, row_end) (they overlap the constants' bytes), constants to shared memory first.
-template <class T, int MODE> __global__ void __launch_bounds__(kThreads) nc_head(const BnParams p) {
+// One block: the elements [0, row_end) (they overlap the constants' bytes; row_end a multiple of 16, so of
+// VEC), constants to shared memory first, then VEC-element vectors, kNcU per thread in flight (one round of
+// loads for up to kNcHeadThreads * kNcU vectors: 2048 channels' head in fp32 or 16-bit).
+constexpr int kNcHeadThreads = 512;
+template <class T, int VEC, int MODE> __global__ void __launch_bounds__(kNcHeadThreads) nc_head(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
   const A* cs = (const A*)p.consts;
@@ -1599,7 +1602,7 @@ template <class T, int MODE> __global__ void __launch_bounds__(kThreads) nc_head
   const i64 nch = min(p.feats, planes);  // channels 0 .. nch - 1 are all the head touches
   for (i64 i = threadIdx.x; i < nch * 4; i += blockDim.x) s_c[i] = cs[i];
   __syncthreads();
-  nc_body<T, 1, MODE, 1>(p, s_c, threadIdx.x, p.row_end, blockDim.x);
+  nc_body<T, VEC, MODE>(p, s_c, threadIdx.x, p.row_end / VEC, blockDim.x);
 }
 
 }  // namespace bn

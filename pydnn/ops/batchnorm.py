@@ -552,6 +552,10 @@ NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3}  # kNcInfer, kNcFwd,
 NC_ITEM_MIN, NC_ITEM_MAX = 4096, 32768  # elements per stats block
 NC_BLOCKS_PER_SM = 4
 NC_APPLY_STEPS = 2  # kNcU-vector steps per thread of an apply block
+# nc_head: kNcHeadThreads threads, the call's vector width, kNcU vectors in flight per thread (one round of
+# loads). Why: one element per thread per step (256 threads) took ~30 us for 1481 fp32 channels' head
+# (bn_bwd NCHW 5x1481x23x23 at 0.47x PyTorch, H200, tools/bench_bnpool.py).
+NC_HEAD_THREADS = 512
 
 
 def _nc_exprs(t):
@@ -559,7 +563,7 @@ def _nc_exprs(t):
     for v in (vec_width(t, t), 1):
         out += [_expr("nc_stats", t, v, b) for b in ("false", "true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
-    out += [_expr("nc_head", t, None, NC_MODES[m]) for m in ("fwd", "bwd")]
+    out += [_expr("nc_head", t, v, NC_MODES[m]) for v in (vec_width(t, t), 1) for m in ("fwd", "bwd")]
     out += [_expr(k, t, None, "true") for k in ("fwd_final", "bwd_final")]
     return out
 
@@ -647,7 +651,7 @@ def _nc_seqs(pl, handle, g, direction, ex):
                         {"chunks": nper}, "true")
         seq = [stats, final, _nc_apply_launch(handle, direction, v, head, total)]
         if head:
-            seq.append(_Launch("nc_head", None, (1, 1, 1), (THREADS, 1, 1), {"row_begin": 0, "row_end": head},
+            seq.append(_Launch("nc_head", v, (1, 1, 1), (NC_HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": head},
                                NC_MODES[direction]))
         pl.seqs[f"nc{v}"] = seq
         if direction == "fwd":

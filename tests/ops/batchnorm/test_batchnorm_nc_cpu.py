@@ -58,6 +58,7 @@ def test_nc_plans(direction, monkeypatch):
         cbytes = c * 4 * (8 if dtype == F64 else 4)
         want_head = -(-(-(-cbytes // ISZ[dtype])) // 16) * 16
         assert head[4] == {"row_begin": 0, "row_end": want_head} and head[2] == (1, 1, 1)
+        assert head[1] == v and head[3] == (512, 1, 1) and want_head % 16 == 0
         assert apply[4]["row_begin"] == want_head and apply[4]["row_end"] == total
         if direction == "fwd":  # the saved-statistics apply: every element, no head
             assert [lc[0] for lc in sq[f"nc{v}s"]] == ["nc_stats", "fwd_final", "nc_apply"]
@@ -107,7 +108,7 @@ def test_nc_compile_for_sm80_and_sm90():
 
     for unit in B.kernel_units():
         exprs = tuple(e for e in unit.exprs if "::nc_" in e or ", true>" in e)
-        assert len(exprs) == 16, (unit.name, exprs)
+        assert len(exprs) == 18, (unit.name, exprs)
         text, _ = cache.unit_inputs(unit)
         for arch in ("sm_80", "sm_90"):
             _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch,
