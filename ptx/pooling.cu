@@ -779,7 +779,8 @@ __global__ void __launch_bounds__(kThreads) win2_bwd(const PoolParams p) {
 //           window order over the count, as fwd).
 //   p2_bwd  at most 2 covering windows per dim (ceil(window / stride) <= 2, host): their y / dy loaded
 //           together, visited in (oh, ow) order; max: the element takes dy[o] when it is the FIRST element
-//           of window o (window order) that matches y[o], as bwd (earlier elements read only on a match).
+//           of window o (window order) that matches y[o], as bwd (earlier elements read only on a match,
+//           all at once for windows of at most 3 x 3).
 // Item layout: p.size = the written tensor's (n, c, 1, h, w); total = their product.
 constexpr int kP2Win = 3;  // p2_fwd: window per dim at most
 constexpr int kP2Cov = 2;  // p2_bwd: covering windows per dim at most
@@ -896,14 +897,35 @@ __global__ void __launch_bounds__(kThreads) p2_bwd(const PoolParams p) {
           const A mv = m[k].template get<A>(0);
           if (!match(xe, mv)) continue;
           bool mine = true;  // unless an earlier element of the window (window order) matches too
-          for (int hh = hlo; hh <= h && mine; ++hh) {
-            const int wend = hh < h ? whi : w;
-            for (int ww = wlo; ww < wend; ++ww) {
-              Frag<T, 1> e;
-              e.load(x + xnc + hh * xs3 + ww * xs4);
-              if (match(e.template get<A>(0), mv)) {
-                mine = false;
-                break;
+          if (hhi - hlo <= kP2Win && whi - wlo <= kP2Win) {  // the earlier elements' loads all in flight
+            Frag<T, 1> ev[kP2Win * kP2Win];
+#pragma unroll
+            for (int a = 0; a < kP2Win; ++a)
+#pragma unroll
+              for (int b = 0; b < kP2Win; ++b) {
+                const int hh = hlo + a, ww = wlo + b;
+                if (hh < hhi && ww < whi && (hh < h || (hh == h && ww < w)))
+                  ev[a * kP2Win + b].load(x + xnc + hh * xs3 + ww * xs4);
+              }
+#pragma unroll
+            for (int a = 0; a < kP2Win; ++a)
+#pragma unroll
+              for (int b = 0; b < kP2Win; ++b) {
+                const int hh = hlo + a, ww = wlo + b;
+                if (hh < hhi && ww < whi && (hh < h || (hh == h && ww < w)) &&
+                    match(ev[a * kP2Win + b].template get<A>(0), mv))
+                  mine = false;
+              }
+          } else {
+            for (int hh = hlo; hh <= h && mine; ++hh) {
+              const int wend = hh < h ? whi : w;
+              for (int ww = wlo; ww < wend; ++ww) {
+                Frag<T, 1> e;
+                e.load(x + xnc + hh * xs3 + ww * xs4);
+                if (match(e.template get<A>(0), mv)) {
+                  mine = false;
+                  break;
+                }
               }
             }
           }
