@@ -185,9 +185,9 @@ batchnorm = Switches(
     NCHW_SPLIT=(True, 'packed NCHW / NCDHW SPATIAL through the nc kernels (stats split over items of a channel, '
                       'final, a flat 16-byte apply; inference a flat apply); False: gen / planes (a block per '
                       'channel); the reasons: pydnn/ops/batchnorm.py'),
-    NC_GEN_ROWS=(0, 'training / backward keep gen / planes when C >= SMs and N * H * W <= this (a block per '
-                    'channel with short blocks); 0: the nc kernels for every packed NCHW shape they fit; '
-                    'the reasons: pydnn/ops/batchnorm.py'),
+    NC_GEN_ROWS=(2048, 'the training forward keeps gen / planes (one launch, a block per channel) when N * H * W '
+                       '<= this; 0: the nc kernels for every packed NCHW shape they fit; the reasons: '
+                       'pydnn/ops/batchnorm.py'),
     GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),

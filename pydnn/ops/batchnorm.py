@@ -543,9 +543,12 @@ def _planes_launch(direction, g, vec):
 # Why: the gen / planes kernels (a block per channel) ran NCHW fp16 243x555x81x81 training at 0.33x PyTorch,
 # fp32 5x1481x23x23 backward at 0.20x, bf16 17x1329x147x147 inference at 0.17x (H200, tools/sweep_memory.py).
 # gen / planes are kept where the non-Ex scratch does not fit (tiny tensors, or constants beyond the head's
-# shared memory), and (NC_GEN_ROWS > 0) where C >= SMs and N * H * W <= NC_GEN_ROWS.
+# shared memory), and for the training forward where N * H * W <= NC_GEN_ROWS: one launch of short blocks
+# beat nc's three there (fp32 6x348x14x14 planes 22.5 us against nc 33.8 us, fp16 2x127x17x17 gen 20 us
+# against 33 us, fp16 21x413x9x9 36 against 33; H200). Not for backward: gen's backward ran fp32
+# 5x1481x23x23 (2645 rows) at 147 us against nc's 61 us.
 # NCHW_SPLIT: a switch, pydnn.tuning.batchnorm.NCHW_SPLIT (default True)
-# NC_GEN_ROWS: a switch, pydnn.tuning.batchnorm.NC_GEN_ROWS (default 0)
+# NC_GEN_ROWS: a switch, pydnn.tuning.batchnorm.NC_GEN_ROWS (default 2048)
 NC_THREADS = 256  # kNcThreads
 NC_U = 4          # kNcU
 NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3}  # kNcInfer, kNcFwd, kNcBwd, kNcFwdSaved
@@ -602,7 +605,7 @@ def _nc_layout(handle, g, tag, direction, ex):
     if nc is None or direction == "infer":
         return None
     n, c, hw = nc
-    if c >= handle.sm_count and n * hw <= tuning.batchnorm.NC_GEN_ROWS:
+    if direction == "fwd" and n * hw <= tuning.batchnorm.NC_GEN_ROWS:
         return None
     _, cslot, pslot = _slots(tag, direction)
     isz = _SIZES[tag]

@@ -35,6 +35,7 @@ def _summary(h, direction, d, ex=False):
 @pytest.mark.parametrize("direction", ["fwd", "bwd", "infer"])
 def test_nc_plans(direction, monkeypatch):
     h = cpu_handle()
+    monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 0)  # small N * H * W too (the rule: below)
     for dims, dtype in (((243, 555, 81, 81), F16), ((5, 1481, 23, 23), F32), ((187, 3, 81, 81), F16),
                         ((2, 127, 17, 17), BF16), ((3, 5, 4, 6, 7), F64), ((1, 4, 181, 181), F32)):
         d = _nchw(dims, dtype)
@@ -80,16 +81,18 @@ def test_nc_plans(direction, monkeypatch):
         tiny = _nchw((1, 300, 2, 2), F16)  # 1200 elements: 2400 bytes hold less than 300 channels' constants
         assert not any(k.startswith("nc") for k in _summary(h, direction, tiny)[1])
         assert "nc8" in _summary(h, direction, tiny, ex=True)[1]
-        monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 4096)
-        assert not any(k.startswith("nc") for k in _summary(h, direction, _nchw((21, 413, 9, 9), F16))[1])
-        assert "nc8" in _summary(h, direction, _nchw((21, 3, 9, 9), F16))[1]
+        monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 2048)  # the default: forward of N * H * W <= 2048
+        assert ("nc8" in _summary(h, direction, _nchw((21, 413, 9, 9), F16))[1]) == (direction == "bwd")
+        assert ("nc8" in _summary(h, direction, _nchw((21, 3, 9, 9), F16))[1]) == (direction == "bwd")
+        assert "nc8" in _summary(h, direction, _nchw((26, 3, 9, 9), F16))[1]  # 2106 rows
         monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 0)
     monkeypatch.setattr(tuning.batchnorm, "NCHW_SPLIT", False)
     assert not any(k.startswith("nc") for k in _summary(h, direction, _nchw((243, 555, 81, 81), F16))[1])
 
 
-def test_nc_workspace_queries_match_plans():
+def test_nc_workspace_queries_match_plans(monkeypatch):
     h = cpu_handle()
+    monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 0)
     for dims, dtype in (((7, 5, 9, 11), F16), ((2, 300, 3, 3), F32), ((4, 6, 2, 3, 5), F64)):
         d = _nchw(dims, dtype)
         bd = pydnn.create_tensor_descriptor()

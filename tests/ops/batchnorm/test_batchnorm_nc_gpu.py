@@ -31,8 +31,10 @@ def _dt(*dtypes):
 
 @pytest.fixture(autouse=True)
 def _no_gen_tiny(monkeypatch):
-    """Small shapes here test the nc kernels: tiny calls would take gen (GEN_TINY, tested in test_gen_tiny)."""
+    """Small shapes here test the nc kernels: tiny calls would take gen (GEN_TINY, tested in test_gen_tiny),
+    small forwards gen / planes (NC_GEN_ROWS)."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+    monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 0)
 
 
 SHAPES = [
