@@ -269,7 +269,7 @@ def test_inference(handle, dims, layout, mode, dtype, rng):
 def test_large_reduction_with_large_mean(handle, layout, rng):
     """256 x 224 x 224 values per channel (the per-channel count of 256x64x224x224) around a mean of
     100: Welford / Chan merges keep the variance (~1) exact to float32; E[x^2] - E[x]^2 would lose ~4
-    digits. NHWC takes the rows kernels (12.8M rows, the grid's y limit), NCHW the gen kernel."""
+    digits. NHWC takes the rows kernels (12.8M rows, the grid's y limit), NCHW the nc kernels."""
     dims = (256, 2, 224, 224)
     x = _t(dims, layout, F32)
     xv = x.upload(100.0 + rng.standard_normal(dims).astype(np.float32))
