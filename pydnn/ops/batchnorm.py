@@ -808,7 +808,7 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
                 return pl.seqs["nc1"]
         if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
             return pl.seqs[f"rows{v}"]
-        if "rows1" in pl.seqs:
+        if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
     if "planes" in pl.seqs and _aligned16(tensor_ptrs):
         return pl.seqs["planes"]
