@@ -197,6 +197,17 @@ template <class A> __device__ __forceinline__ A fwd_value(A x, const A* c, A z, 
   return v;
 }
 
+// Elements behind partial c of a feature: row chunks (chunk_rows rows each, the last shorter), or with NC
+// the nc kernels' items (nc_g planes x nc_l elements, the last of each shorter; see nc_stats).
+template <bool NC> __device__ __forceinline__ double part_count(const BnParams& p, i64 c) {
+  if constexpr (NC) {
+    const i64 ng = c / p.nc_k, k = c - ng * p.nc_k;
+    return (double)(min(p.nc_g, p.nc_n - ng * p.nc_g) * min(p.nc_l, p.nc_hw - k * p.nc_l));
+  } else {
+    return (double)min(p.chunk_rows, p.rows - c * p.chunk_rows);
+  }
+}
+
 // ------------------------------------------------------------------ row kernels
 
 // Per-thread statistics over the rows [r0, r1) of VEC features at f0 (x only: forward), U rows in flight
@@ -284,7 +295,8 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
 }
 
 // Per feature: merge the chunks' partials (chunk order, double), then finish. Block kFinalX x kFinalY.
-template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p) {
+template <class A, bool NC = false>
+__global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p) {
   __shared__ double s_n[kFinalY][kFinalX], s_m[kFinalY][kFinalX], s_m2[kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const i64 f = (i64)blockIdx.x * kFinalX + tx;
@@ -306,7 +318,7 @@ template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_fina
       for (int u = 0; u < kFinalU; ++u) {
         const i64 c = c0 + (i64)u * kFinalY;
         if (c < p.chunks)
-          merge(n, m, m2, (double)min(p.chunk_rows, p.rows - c * p.chunk_rows), (double)q[u][0], (double)q[u][1]);
+          merge(n, m, m2, part_count<NC>(p, c), (double)q[u][0], (double)q[u][1]);
       }
     }
   }
@@ -611,7 +623,8 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
   }
 }
 
-template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p) {
+template <class A, bool NC = false>
+__global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p) {
   __shared__ double s[5][kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const i64 f = (i64)blockIdx.x * kFinalX + tx;
@@ -633,7 +646,7 @@ template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_fina
       for (int u = 0; u < kFinalU; ++u) {
         const i64 c = c0 + (i64)u * kFinalY;
         if (c < p.chunks)
-          merge2(n, mx, m2, my, cc, (double)min(p.chunk_rows, p.rows - c * p.chunk_rows), (double)q[u][0],
+          merge2(n, mx, m2, my, cc, part_count<NC>(p, c), (double)q[u][0],
                  (double)q[u][1], (double)q[u][2], (double)q[u][3]);
       }
     }
@@ -1335,6 +1348,261 @@ template <class T, int VEC> __global__ void __launch_bounds__(kGenThreadsBwd) bw
     }
     __syncthreads();
   }
+}
+
+
+// ------------------------------------------------------------------ nc: packed NCHW SPATIAL, split
+//
+// x (and y, z, dy, dx, dz, the mask) packed NCHW (or NCDHW): element (n, c, s) at (n * C + c) * HW + s,
+// any HW. The gen / planes kernels give each channel one block, so few channels or large planes leave
+// most SMs idle and every block streams alone; here every pass spreads over the whole GPU:
+//   nc_stats   one block per item: nc_g planes x nc_l elements of one channel (items j-major: block
+//              j * C + c, so neighbouring blocks read neighbouring memory). Each plane segment is walked in
+//              VEC-aligned slots (a slot is a VEC-aligned vector of addresses; slots partly outside the
+//              segment load their lanes one by one), kNcU slots in flight per thread, each step one Chan
+//              batch; the block's fixed tree; one partial (mean, M2 [, mean dy, co-moment]) per item, at
+//              (j * C + c), the layout fwd_final / bwd_final<A, true> merge (part_count<true>).
+//   nc_apply   flat over the elements [row_begin, row_end): VEC-element vectors (the last one partial),
+//              each lane's channel from its plane ((i / HW) % C, a lane past the plane's end moves on),
+//              constants per channel: MODE kNcInfer (estimated statistics, infer_rows' expressions),
+//              kNcFwd (the 4 constants fwd_final wrote), kNcFwdSaved (scale * saved invstd, bias, saved
+//              mean: no head), kNcBwd (bwd_final's 4 constants). Training passes take their blocks last
+//              first (the end of x is what the stats pass left in L2).
+//   nc_head    one block, the elements [0, row_end) whose bytes held the constants (non-Ex calls keep
+//              constants and partials in y / dx, as the row kernels do): constants to shared memory first.
+constexpr int kNcThreads = 256;  // nc_stats / nc_apply: threads per block
+constexpr int kNcU = 4;          // vectors (slots) in flight per thread
+enum { kNcInfer = 0, kNcFwd = 1, kNcBwd = 2, kNcFwdSaved = 3 };
+
+__device__ __forceinline__ i64 nc_div(i64 a, i64 b, bool i32) {
+  return i32 ? (i64)((unsigned)a / (unsigned)b) : a / b;
+}
+
+template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThreads) nc_stats(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  typedef Pack<unsigned char, VEC> M;
+  constexpr int NV = BWD ? 5 : 3;
+  __shared__ A sm[NV][kNcThreads];
+  const i64 C = p.feats, HW = p.nc_hw;
+  const i64 item = blockIdx.x, j = item / C, c = item - j * C;
+  const i64 ng = j / p.nc_k, k = j - ng * p.nc_k;
+  const i64 n0 = ng * p.nc_g, gcount = min(p.nc_g, p.nc_n - n0);
+  const i64 s0 = k * p.nc_l, len = min(p.nc_l, HW - s0);
+  const unsigned wp = VEC == 1 ? (unsigned)len : (unsigned)((len + 2 * VEC - 2) / VEC);  // slots per plane
+  const unsigned nslots = (unsigned)gcount * wp;  // an item is at most a few NC_ITEM_MAX elements
+  const T* x = (const T*)p.x;
+  const T* dy = (const T*)p.dy;
+  const bool msk = BWD && (p.flags & PYDNN_BN_FLAG_MASK);
+  A v[NV];
+#pragma unroll
+  for (int q = 0; q < NV; ++q) v[q] = A(0);
+  for (unsigned w0 = threadIdx.x; w0 < nslots; w0 += kNcThreads * kNcU) {
+    P xr[kNcU], dr[kNcU];  // raw, converted where used; lanes outside [lo, hi) hold +0
+    M mr[kNcU];
+    int lo[kNcU], hi[kNcU];
+#pragma unroll
+    for (int u = 0; u < kNcU; ++u) {
+      lo[u] = hi[u] = 0;
+      xr[u].raw = typename Raw<sizeof(T) * VEC>::type{};  // +0 in every lane a slot does not load
+      dr[u].raw = typename Raw<sizeof(T) * VEC>::type{};
+      const unsigned w = w0 + u * kNcThreads;
+      if (w < nslots) {
+        const unsigned g = w / wp, q = w - g * wp;
+        const i64 base = ((n0 + g) * C + c) * HW + s0, end = base + len;
+        const i64 a = (base / VEC) * VEC + (i64)q * VEC;
+        lo[u] = (int)max((i64)0, min((i64)VEC, base - a));
+        hi[u] = (int)max((i64)0, min((i64)VEC, end - a));
+        if (lo[u] == 0 && hi[u] == VEC) {
+          xr[u] = rload<T, VEC>(x + a);
+          if (BWD) dr[u] = rload<T, VEC>(dy + a);
+          if (msk) mr[u].raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p.mask + a);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            mr[u].e[e] = 1;
+            if (e >= lo[u] && e < hi[u]) {
+              xr[u].e[e] = x[a + e];
+              if (BWD) dr[u].e[e] = dy[a + e];
+              if (msk) mr[u].e[e] = p.mask[a + e];
+            }
+          }
+        }
+      }
+    }
+    A cnt = 0, sx = 0, sy = 0;
+#pragma unroll
+    for (int u = 0; u < kNcU; ++u) {
+      cnt += (A)(hi[u] > lo[u] ? hi[u] - lo[u] : 0);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        sx += load<A>(xr[u].e[e]);  // lanes outside hold 0
+        if (BWD) sy += (msk && !mr[u].e[e]) ? A(0) : load<A>(dr[u].e[e]);
+      }
+    }
+    if (cnt > A(0)) {
+      const A mx = sx / cnt, my = BWD ? sy / cnt : A(0);
+      A q = 0, cc = 0;
+#pragma unroll
+      for (int u = 0; u < kNcU; ++u)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (e >= lo[u] && e < hi[u]) {
+            const A d = load<A>(xr[u].e[e]) - mx;
+            q += d * d;
+            if (BWD) cc += d * (((msk && !mr[u].e[e]) ? A(0) : load<A>(dr[u].e[e])) - my);
+          }
+      if constexpr (BWD) merge2(v[0], v[1], v[2], v[3], v[4], cnt, mx, q, my, cc);
+      else merge(v[0], v[1], v[2], cnt, mx, q);
+    }
+  }
+  block_merge<A, NV, kNcThreads>(v, sm);
+  if (threadIdx.x == 0) {
+    A* part = (A*)p.partial + item * (BWD ? 4 : 2);
+    part[0] = v[1];
+    part[1] = v[2];
+    if (BWD) {
+      part[2] = v[3];
+      part[3] = v[4];
+    }
+  }
+}
+
+// The 4 constants of channel ch for MODE (cs: fwd_final / bwd_final's constants, global or shared).
+template <int MODE, class A> __device__ __forceinline__ void nc_consts(const BnParams& p, const A* cs, i64 ch, A* k) {
+  if constexpr (MODE == kNcInfer) {
+    const A s = ((const A*)p.scale)[ch] / m_sqrt(((const A*)p.var)[ch] + (A)p.eps);
+    k[0] = (A)p.alpha * s;
+    k[1] = (A)p.alpha * (((const A*)p.bias)[ch] - ((const A*)p.mean)[ch] * s);
+    k[2] = k[3] = A(0);
+  } else if constexpr (MODE == kNcFwdSaved) {
+    k[0] = ((const A*)p.scale)[ch] * ((const A*)p.save_invvar)[ch];
+    k[1] = ((const A*)p.bias)[ch];
+    k[2] = ((const A*)p.save_mean)[ch];
+    k[3] = A(0);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) k[q] = cs[ch * 4 + q];
+  }
+}
+
+// Vectors w = w0, w0 + step, ... < w1 (elements w * VEC .. + VEC, those below p.row_end), kNcU in flight
+// (raw, converted where used). The last, partial vector of the range: VEC = 1 lanes by its owner.
+template <class T, int VEC, int MODE, int U = kNcU>
+__device__ __forceinline__ void nc_body(const BnParams& p, const typename AccOf<T>::type* cs, i64 w0, i64 w1,
+                                        i64 step) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  typedef Pack<unsigned char, VEC> M;
+  constexpr bool BWD = MODE == kNcBwd, INFER = MODE == kNcInfer;
+  const unsigned flags = p.flags;
+  const bool i32 = flags & PYDNN_BN_FLAG_IDX32;
+  const bool blend = flags & PYDNN_BN_FLAG_BETA;
+  const bool zin = !BWD && !INFER && (flags & PYDNN_BN_FLAG_Z);
+  const bool msk = !INFER && (flags & PYDNN_BN_FLAG_MASK);
+  const bool wdz = BWD && (flags & PYDNN_BN_FLAG_DZ);
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const i64 C = p.feats, HW = p.nc_hw, total = p.row_end;
+  const T* x = (const T*)p.x;
+  const T* in2 = (const T*)(BWD ? p.dy : p.z);  // dy (backward) or z (forward)
+  T* out = (T*)(BWD ? p.dx : p.y);
+  T* dz = (T*)p.dz;
+  const i64 wfull = total / VEC, wend = min(w1, wfull);
+  if constexpr (VEC > 1) {
+    if (w1 > wfull && wfull >= w0 && (wfull - w0) % step == 0)  // the partial vector is this thread's
+      nc_body<T, 1, MODE, 1>(p, cs, wfull * VEC, total, 1);
+  }
+  i64 cur = -1;
+  A kc[4] = {A(0), A(0), A(0), A(0)};
+  for (i64 w = w0; w < wend; w += step * U) {
+    P xr[U], sr[U];
+    M mr[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const i64 i0 = (w + u * step) * VEC;
+      if (w + u * step < wend) {
+        xr[u] = rload<T, VEC>(x + i0);
+        if (BWD || zin) sr[u] = rload<T, VEC>(in2 + i0);
+        if (BWD && msk) mr[u].raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p.mask + i0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const i64 wu = w + u * step;
+      if (wu >= wend) break;
+      const i64 i0 = wu * VEC;
+      const i64 plane = nc_div(i0, HW, i32);
+      i64 r = i0 - plane * HW;
+      i64 ch = plane - nc_div(plane, C, i32) * C;
+      if (ch != cur) {
+        nc_consts<MODE, A>(p, cs, ch, kc);
+        cur = ch;
+      }
+      A kk[4] = {kc[0], kc[1], kc[2], kc[3]};
+      A o[VEC], o2[VEC];
+      bool pos[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (VEC > 1 && r == HW) {  // the next plane: the next channel
+          r = 0;
+          ch = ch + 1 == C ? 0 : ch + 1;
+          nc_consts<MODE, A>(p, cs, ch, kk);
+        }
+        ++r;
+        const A xa = load<A>(xr[u].e[e]);
+        if constexpr (INFER) {
+          o[e] = xa * kk[0] + kk[1];
+        } else if constexpr (BWD) {
+          const A d = (msk && !mr[u].e[e]) ? A(0) : load<A>(sr[u].e[e]);
+          o[e] = bwd_value(xa, d, kk);
+          o2[e] = alpha * d;
+        } else {
+          o[e] = alpha * fwd_value(xa, kk, zin ? load<A>(sr[u].e[e]) : A(0), flags, pos[e]);
+        }
+      }
+      if (blend) {
+        A ya[VEC];
+        vload<T, VEC>(out + i0, ya);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] += beta * ya[e];
+      }
+      vstore<T, VEC>(out + i0, o);
+      if (!BWD && !INFER && msk) mstore<VEC>(p.mask + i0, pos);
+      if (wdz) {
+        if (blend) {
+          A za[VEC];
+          vload<T, VEC>(dz + i0, za);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) o2[e] += beta * za[e];
+        }
+        vstore<T, VEC>(dz + i0, o2);
+      }
+    }
+  }
+}
+
+// Blocks of chunk_rows vectors over [row_begin, row_end) (row_begin a multiple of VEC).
+template <class T, int VEC, int MODE> __global__ void __launch_bounds__(kNcThreads) nc_apply(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  const i64 blk = MODE == kNcInfer ? (i64)blockIdx.x : (i64)(gridDim.x - 1 - blockIdx.x);
+  const i64 vb = p.row_begin / VEC + blk * p.chunk_rows;
+  const i64 ve = min((p.row_end + VEC - 1) / VEC, vb + p.chunk_rows);
+  nc_body<T, VEC, MODE>(p, (const A*)p.consts, vb + threadIdx.x, ve, kNcThreads);
+}
+
+// One block: the elements [0, row_end) (they overlap the constants' bytes; row_end a multiple of 16, so of
+// VEC), constants to shared memory first, then VEC-element vectors, kNcU per thread in flight (one round of
+// loads for up to kNcHeadThreads * kNcU vectors: 2048 channels' head in fp32 or 16-bit).
+constexpr int kNcHeadThreads = 512;
+template <class T, int VEC, int MODE> __global__ void __launch_bounds__(kNcHeadThreads) nc_head(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
+  const A* cs = (const A*)p.consts;
+  const i64 planes = (p.row_end + p.nc_hw - 1) / p.nc_hw;
+  const i64 nch = min(p.feats, planes);  // channels 0 .. nch - 1 are all the head touches
+  for (i64 i = threadIdx.x; i < nch * 4; i += blockDim.x) s_c[i] = cs[i];
+  __syncthreads();
+  nc_body<T, VEC, MODE>(p, s_c, threadIdx.x, p.row_end / VEC, blockDim.x);
 }
 
 }  // namespace bn

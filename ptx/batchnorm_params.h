@@ -60,6 +60,10 @@ typedef struct {
   long long fstride[PYDNN_BN_OPS][PYDNN_BN_MAX_FDIMS];
   long long rsize[PYDNN_BN_MAX_RDIMS];
   long long rstride[PYDNN_BN_OPS][PYDNN_BN_MAX_RDIMS];
+  /* nc kernels (packed NCHW SPATIAL, feats = C): nc_n samples of nc_hw elements per channel plane; a stats
+   * item (partial) covers nc_g planes x nc_l elements of one channel (nc_k items per plane row); chunks =
+   * items per channel; row_begin / row_end: the apply's element range, chunk_rows its vectors per block */
+  long long nc_n, nc_hw, nc_g, nc_k, nc_l;
 } BnParams;
 
 #endif

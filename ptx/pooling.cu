@@ -766,5 +766,180 @@ __global__ void __launch_bounds__(kThreads) win2_bwd(const PoolParams p) {
   }
 }
 
+
+// ------------------------------------------------------------------ p2: 2-d pooling, one element per thread
+//
+// 2-d non-adaptive pooling of layouts that take the scalar (VEC = 1) kernels, written along w (NCHW-like) or
+// along c (CLAST: channels-last with channels that take no vectors), every offset below 2^31 elements (the
+// host checks): one thread per written element, its coordinates from the flat index by four 32-bit
+// divisions, the window fixed-size and unrolled instead of fwd / bwd's 5-d coordinates, 3-d window walk and
+// batched scan.
+//   p2_fwd  windows of at most 3 x 3 (host): the in-bounds elements loaded together (predicated 3 x 3), then
+//           reduced in window order (max: the packed max with the NaN rule, as fwd; average: the sum in
+//           window order over the count, as fwd).
+//   p2_bwd  at most 2 covering windows per dim (ceil(window / stride) <= 2, host): their y / dy loaded
+//           together, visited in (oh, ow) order; max: the element takes dy[o] when it is the FIRST element
+//           of window o (window order) that matches y[o], as bwd (earlier elements read only on a match,
+//           all at once for windows of at most 3 x 3).
+// Item layout: p.size = the written tensor's (n, c, 1, h, w); total = their product.
+constexpr int kP2Win = 3;  // p2_fwd: window per dim at most
+constexpr int kP2Cov = 2;  // p2_bwd: covering windows per dim at most
+
+// CLAST false: w fastest, then h, c, n (NCHW-like: threads along w); true: c fastest, then w, h, n
+// (channels-last layouts whose channels take no vectors: threads along c).
+template <bool CLAST>
+__device__ __forceinline__ void p2_coords(const PoolParams& p, unsigned item, int& n, int& c, int& h, int& w) {
+  const unsigned W = (unsigned)p.size[4], H = (unsigned)p.size[3], C = (unsigned)p.size[1];
+  if constexpr (CLAST) {
+    const unsigned q = item / C;
+    c = (int)(item - q * C);
+    const unsigned r = q / W;
+    w = (int)(q - r * W);
+    n = (int)(r / H);
+    h = (int)(r - (unsigned)n * H);
+  } else {
+    const unsigned row = item / W;
+    w = (int)(item - row * W);
+    const unsigned nc = row / H;
+    h = (int)(row - nc * H);
+    n = (int)(nc / C);
+    c = (int)(nc - (unsigned)n * C);
+  }
+}
+
+template <class T, bool IS_MAX, bool CLAST = false>
+__global__ void __launch_bounds__(kThreads) p2_fwd(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  T* __restrict__ y = static_cast<T*>(p.out);
+  const unsigned total = (unsigned)p.total;
+  const int xs3 = (int)p.xs[3], xs4 = (int)p.xs[4];
+  for (unsigned item = blockIdx.x * kThreads + threadIdx.x; item < total; item += gridDim.x * kThreads) {
+    int n, c, oh, ow, hlo, hhi, wlo, whi;
+    p2_coords<CLAST>(p, item, n, c, oh, ow);
+    window(p, 1, oh, hlo, hhi);
+    window(p, 2, ow, wlo, whi);
+    const T* first = x + (int)(n * p.xs[0] + c * p.xs[1]) + hlo * xs3 + wlo * xs4;
+    Frag<T, 1> v[kP2Win * kP2Win];
+#pragma unroll
+    for (int i = 0; i < kP2Win; ++i)
+#pragma unroll
+      for (int j = 0; j < kP2Win; ++j)
+        if (hlo + i < hhi && wlo + j < whi) v[i * kP2Win + j].load(first + i * xs3 + j * xs4);
+    A r[1];
+    if constexpr (IS_MAX) {
+      Frag<T, 1> m = v[0];  // the window's first element (windows are never empty)
+      const bool prop = p.flags & PYDNN_FLAG_NAN_PROP;
+#pragma unroll
+      for (int k = 1; k < kP2Win * kP2Win; ++k) {
+        const int i = k / kP2Win, j = k % kP2Win;
+        if (hlo + i < hhi && wlo + j < whi) {
+          if (prop) m.template max_with<true>(v[k]);
+          else m.template max_with<false>(v[k]);
+        }
+      }
+      r[0] = m.template get<A>(0);
+    } else {
+      A s = A(0);
+#pragma unroll
+      for (int k = 0; k < kP2Win * kP2Win; ++k) {
+        const int i = k / kP2Win, j = k % kP2Win;
+        if (hlo + i < hhi && wlo + j < whi) s += v[k].template get<A>(0);
+      }
+      const A cnt = p.mode == PYDNN_POOL_MODE_AVG_INCLUDE ? (A)p.win[1] * (A)p.win[2]
+                                                           : (A)((hhi - hlo) * (whi - wlo));
+      r[0] = s / cnt;
+    }
+    store_blend<T, 1>(y + (int)(n * p.os[0] + c * p.os[1] + oh * p.os[3] + ow * p.os[4]), r, p);
+  }
+}
+
+template <class T, bool IS_MAX, bool CLAST = false>
+__global__ void __launch_bounds__(kThreads) p2_bwd(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const T* __restrict__ dy = static_cast<const T*>(p.dy);
+  const T* __restrict__ yv = static_cast<const T*>(p.y);
+  T* __restrict__ dx = static_cast<T*>(p.out);
+  const unsigned total = (unsigned)p.total;
+  const int xs3 = (int)p.xs[3], xs4 = (int)p.xs[4];
+  for (unsigned item = blockIdx.x * kThreads + threadIdx.x; item < total; item += gridDim.x * kThreads) {
+    int n, c, h, w, ohlo, ohhi, owlo, owhi;
+    p2_coords<CLAST>(p, item, n, c, h, w);
+    covering(p, 1, h, ohlo, ohhi);
+    covering(p, 2, w, owlo, owhi);
+    const int xnc = (int)(n * p.xs[0] + c * p.xs[1]);
+    const T* gb = dy + (int)(n * p.ps[0] + c * p.ps[1]);
+    const T* yb = yv + (int)(n * p.ys[0] + c * p.ys[1]);
+    Frag<T, 1> g[kP2Cov * kP2Cov], m[IS_MAX ? kP2Cov * kP2Cov : 1], xf;
+    if constexpr (IS_MAX) xf.load(x + xnc + h * xs3 + w * xs4);
+#pragma unroll
+    for (int i = 0; i < kP2Cov; ++i)
+#pragma unroll
+      for (int j = 0; j < kP2Cov; ++j)
+        if (ohlo + i <= ohhi && owlo + j <= owhi) {
+          const int oh = ohlo + i, ow = owlo + j;
+          g[i * kP2Cov + j].load(gb + oh * (int)p.ps[3] + ow * (int)p.ps[4]);
+          if constexpr (IS_MAX) m[i * kP2Cov + j].load(yb + oh * (int)p.ys[3] + ow * (int)p.ys[4]);
+        }
+    A acc = A(0);
+    const A xe = IS_MAX ? xf.template get<A>(0) : A(0);
+#pragma unroll
+    for (int i = 0; i < kP2Cov; ++i)
+#pragma unroll
+      for (int j = 0; j < kP2Cov; ++j) {
+        if (!(ohlo + i <= ohhi && owlo + j <= owhi)) continue;
+        const int oh = ohlo + i, ow = owlo + j, k = i * kP2Cov + j;
+        int hlo, hhi, wlo, whi;
+        window(p, 1, oh, hlo, hhi);
+        window(p, 2, ow, wlo, whi);
+        if constexpr (IS_MAX) {
+          const A mv = m[k].template get<A>(0);
+          if (!match(xe, mv)) continue;
+          bool mine = true;  // unless an earlier element of the window (window order) matches too
+          if (hhi - hlo <= kP2Win && whi - wlo <= kP2Win) {  // the earlier elements' loads all in flight
+            Frag<T, 1> ev[kP2Win * kP2Win];
+#pragma unroll
+            for (int a = 0; a < kP2Win; ++a)
+#pragma unroll
+              for (int b = 0; b < kP2Win; ++b) {
+                const int hh = hlo + a, ww = wlo + b;
+                if (hh < hhi && ww < whi && (hh < h || (hh == h && ww < w)))
+                  ev[a * kP2Win + b].load(x + xnc + hh * xs3 + ww * xs4);
+              }
+#pragma unroll
+            for (int a = 0; a < kP2Win; ++a)
+#pragma unroll
+              for (int b = 0; b < kP2Win; ++b) {
+                const int hh = hlo + a, ww = wlo + b;
+                if (hh < hhi && ww < whi && (hh < h || (hh == h && ww < w)) &&
+                    match(ev[a * kP2Win + b].template get<A>(0), mv))
+                  mine = false;
+              }
+          } else {
+            for (int hh = hlo; hh <= h && mine; ++hh) {
+              const int wend = hh < h ? whi : w;
+              for (int ww = wlo; ww < wend; ++ww) {
+                Frag<T, 1> e;
+                e.load(x + xnc + hh * xs3 + ww * xs4);
+                if (match(e.template get<A>(0), mv)) {
+                  mine = false;
+                  break;
+                }
+              }
+            }
+          }
+          if (mine) acc += g[k].template get<A>(0);
+        } else {
+          const A cnt = p.mode == PYDNN_POOL_MODE_AVG_INCLUDE ? (A)p.win[1] * (A)p.win[2]
+                                                               : (A)((hhi - hlo) * (whi - wlo));
+          acc += g[k].template get<A>(0) * (A(1) / cnt);
+        }
+      }
+    A r[1] = {acc};
+    store_blend<T, 1>(dx + (int)(n * p.os[0] + c * p.os[1] + h * p.os[3] + w * p.os[4]), r, p);
+  }
+}
+
 }  // namespace pooling
 }  // namespace pydnn

@@ -182,6 +182,15 @@ batchnorm = Switches(
     PLANES=(True, 'fwd_planes / bwd_planes: the gen kernels (a block per feature) with 16-byte vectors along a '
                   'contiguous innermost reduction dim (NCHW SPATIAL, H * W a multiple of the vector); False: the '
                   'scalar gen kernels; the reasons: pydnn/ops/batchnorm.py'),
+    NCHW_SPLIT=(True, 'packed NCHW / NCDHW SPATIAL through the nc kernels (stats split over items of a channel, '
+                      'final, a flat 16-byte apply; inference a flat apply); False: gen / planes (a block per '
+                      'channel); the reasons: pydnn/ops/batchnorm.py'),
+    NC_GEN_ROWS=(2048, 'the training forward keeps gen / planes (one launch, a block per channel) when N * H * W '
+                       '<= this; 0: the nc kernels for every packed NCHW shape they fit; the reasons: '
+                       'pydnn/ops/batchnorm.py'),
+    GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
+                     'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
+                     'pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(
@@ -261,6 +270,11 @@ pooling = Switches(
     WIN2=(True, 'win2_fwd / win2_bwd (ptx/pooling.cu): kh x 2 windows with stride kh x 2, no padding, tiling x, w '
                 'contiguous (NCHW): 16-byte x / dx rows per thread, each dx element written once from its own '
                 'window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
+    P2=(True, 'p2_fwd / p2_bwd (ptx/pooling.cu): 2-d pooling on the scalar path writing along w (NCHW), windows '
+              '<= 3 x 3 forward, <= 2 covering windows per dim backward: a thread per element, four 32-bit '
+              'divisions and an unrolled window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
+    P2_CLAST=(True, 'p2 with threads along c for channels-last layouts whose channels take no vectors (C not a '
+                    'multiple of the vector); False: the scalar fwd / bwd there; the reasons: pydnn/ops/pooling.py'),
 )
 
 dropout = Switches(

@@ -300,7 +300,7 @@ def run(b):
                                                                   P[0], P[6], P[7], 1e-5, 0, 0))
         b.row("batchnorm", "backward, recomputed stats", dname, 3 * n, ms_p, None, "-")
         _breakdown(b, h, "bn_bwd", dname, n)
-        # the gen path for comparison: NCHW (a block per channel)
+        # NCHW for comparison (the nc kernels; NCHW_SPLIT off: a block per channel)
         xn = x.contiguous()
         yn = torch.empty_like(xn)
         xnd = _desc(xn, pdt)
@@ -308,12 +308,12 @@ def run(b):
                                                                           yn.data_ptr(), bd, P[0], P[1], 0.1, P[2],
                                                                           P[3], 1e-5, P[4], P[5]))
         ms_t = time_ms(lambda: F.batch_norm(xn, trm, trv, w, bias, training=True, momentum=0.1, eps=1e-5))
-        b.row("batchnorm", "training forward NCHW (gen kernel)", dname, 2 * n, ms_p, ms_t,
+        b.row("batchnorm", "training forward NCHW (nc kernels)", dname, 2 * n, ms_p, ms_t,
               "F.batch_norm(training=True)")
 
 
 def run_cnn(b):
-    """The CNN demo's NCHW batch norms + ReLU (Ex forms), planes beside gen (PLANES off) and PyTorch."""
+    """The CNN demo's NCHW batch norms + ReLU (Ex forms): nc, planes (NCHW_SPLIT off) and PyTorch."""
     h = b.h
     tdt, pdt = DT["bf16"]
     S = pydnn.PYDNN_BATCHNORM_SPATIAL
@@ -339,7 +339,7 @@ def run_cnn(b):
 
         wf = pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, S, OPS, xd, None, xd, bd, act)
         wb = pydnn.get_batch_normalization_backward_ex_workspace_size(h, S, OPS, xd, xd, xd, None, xd, bd, act)
-        ws = torch.empty(max(wf, wb, 16), dtype=torch.uint8, device="cuda")  # 0 for NCHW (gen / planes)
+        ws = torch.empty(max(wf, wb, 16), dtype=torch.uint8, device="cuda")  # nc: constants and partials
 
         def fwd():
             wn = wf
@@ -372,12 +372,14 @@ def run_cnn(b):
               "F.batch_norm(training) + relu")
         b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} bwd", "bf16", bb, ms_b, time_ms(tbwd),
               "threshold_backward + native_batch_norm_backward")
-        tuning.batchnorm.PLANES = False
+        tuning.batchnorm.NCHW_SPLIT = False
         h.prepared.clear()
         try:
             ms_f0, ms_b0 = time_ms(fwd), time_ms(bwd)
         finally:
-            tuning.batchnorm.PLANES = True
+            tuning.batchnorm.NCHW_SPLIT = True
             h.prepared.clear()
-        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} fwd [gen: PLANES off]", "bf16", fb, ms_f0, None, "-")
-        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} bwd [gen: PLANES off]", "bf16", bb, ms_b0, None, "-")
+        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} fwd [planes: NCHW_SPLIT off]", "bf16", fb, ms_f0, None,
+              "-")
+        b.row("batchnorm", f"cnn {name} BN+ReLU Ex NCHW {tag} bwd [planes: NCHW_SPLIT off]", "bf16", bb, ms_b0, None,
+              "-")

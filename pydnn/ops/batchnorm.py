@@ -36,9 +36,14 @@ How the statistics are reduced (variance by Welford / Chan merges, see ptx/batch
         other strides multiples of the 16-byte vector (NCHW SPATIAL with H * W % 8 == 0 for 16-bit data):
         fwd_planes / bwd_planes, gen's block per feature and two passes with 16-byte accesses (PLANES;
         aligned pointers, mask included, checked per call; else gen).
+  nc    packed NCHW / NCDHW SPATIAL (any H * W): nc_stats splits each channel into items (planes x
+        elements) over the whole GPU, fwd_final / bwd_final merge them per channel, nc_apply writes the
+        outputs flat in 16-byte vectors (each lane's channel from its plane), nc_head the elements whose
+        bytes held the constants (non-Ex); inference is nc_apply alone (NCHW_SPLIT; see _nc_layout).
+  Tiny training / backward calls take gen's single launch (GEN_TINY).
 The partials and constants need memory. The Ex forms use the caller's workspace
-(GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows layout, 0 for
-gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite
+(GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows and nc layouts,
+0 for gen). The non-Ex forms have no workspace, so they keep them in the output they are about to overwrite
 (y forward, dx backward): the partials anywhere after the constants, the constants in the first bytes.
 Stream order makes this safe: stats writes partials, final reads them and writes the constants, apply
 writes every row after those holding the constants, and one last single-block `head` launch copies every
@@ -208,6 +213,8 @@ class BnParams(ctypes.Structure):
         ("ld", ctypes.c_longlong * OPS),
         ("fsize", ctypes.c_longlong * MAX_FDIMS), ("fstride", (ctypes.c_longlong * MAX_FDIMS) * OPS),
         ("rsize", ctypes.c_longlong * MAX_RDIMS), ("rstride", (ctypes.c_longlong * MAX_RDIMS) * OPS),
+        ("nc_n", ctypes.c_longlong), ("nc_hw", ctypes.c_longlong), ("nc_g", ctypes.c_longlong),
+        ("nc_k", ctypes.c_longlong), ("nc_l", ctypes.c_longlong),
     ]
 
 
@@ -219,7 +226,7 @@ def _acc(tag):
 
 def _expr(kernel, tag, vec=None, u=None):
     if kernel in ("fwd_final", "bwd_final"):
-        return f"pydnn::bn::{kernel}<{_acc(tag)}>"
+        return f"pydnn::bn::{kernel}<{_acc(tag)}>" if u is None else f"pydnn::bn::{kernel}<{_acc(tag)}, {u}>"
     if vec is None:
         return f"pydnn::bn::{kernel}<{CTYPE[tag]}>" if u is None else f"pydnn::bn::{kernel}<{CTYPE[tag]}, {u}>"
     if u is not None:
@@ -258,6 +265,7 @@ def kernel_units():
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
             exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
+        exprs += _nc_exprs(t)
         units.append(KernelUnit(f"batchnorm.{t}", "batchnorm.cu", tuple(exprs)))
     return units
 
@@ -524,6 +532,139 @@ def _planes_launch(direction, g, vec):
     return _Launch(f"{direction}_planes", vec, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
 
 
+# nc kernels (ptx/batchnorm.cu): packed NCHW / NCDHW SPATIAL (x and every other operand with the packed
+# NCHW strides, H * W > 1, any H * W) spread over the whole GPU instead of a block per channel:
+#   training / backward: nc_stats (items of nc_g planes x nc_l elements of one channel: about
+#   NC_BLOCKS_PER_SM blocks per SM of NC_ITEM_MIN .. NC_ITEM_MAX elements each; one partial per item),
+#   fwd_final / bwd_final<A, true> (per channel, the items in order), nc_apply (flat over the elements,
+#   16-byte vectors, the channel per lane), and for non-Ex calls nc_head (the elements whose bytes held the
+#   constants, as the rows layout's head). The plain forward with saved statistics takes nc_apply
+#   kNcFwdSaved over every element instead (no head). Inference: nc_apply kNcInfer alone.
+# Why: the gen / planes kernels (a block per channel) ran NCHW fp16 243x555x81x81 training at 0.33x PyTorch,
+# fp32 5x1481x23x23 backward at 0.20x, bf16 17x1329x147x147 inference at 0.17x (H200, tools/sweep_memory.py).
+# gen / planes are kept where the non-Ex scratch does not fit (tiny tensors, or constants beyond the head's
+# shared memory), and for the training forward where N * H * W <= NC_GEN_ROWS: one launch of short blocks
+# beat nc's three there (fp32 6x348x14x14 planes 22.5 us against nc 33.8 us, fp16 2x127x17x17 gen 20 us
+# against 33 us, fp16 21x413x9x9 36 against 33; H200). Not for backward: gen's backward ran fp32
+# 5x1481x23x23 (2645 rows) at 147 us against nc's 61 us.
+# NCHW_SPLIT: a switch, pydnn.tuning.batchnorm.NCHW_SPLIT (default True)
+# NC_GEN_ROWS: a switch, pydnn.tuning.batchnorm.NC_GEN_ROWS (default 2048)
+NC_THREADS = 256  # kNcThreads
+NC_U = 4          # kNcU
+NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3}  # kNcInfer, kNcFwd, kNcBwd, kNcFwdSaved
+NC_ITEM_MIN, NC_ITEM_MAX = 4096, 32768  # elements per stats block
+NC_BLOCKS_PER_SM = 4
+NC_APPLY_STEPS = 2  # kNcU-vector steps per thread of an apply block
+# nc_head: kNcHeadThreads threads, the call's vector width, kNcU vectors in flight per thread (one round of
+# loads). Why: one element per thread per step (256 threads) took ~30 us for 1481 fp32 channels' head
+# (bn_bwd NCHW 5x1481x23x23 at 0.47x PyTorch, H200, tools/bench_bnpool.py).
+NC_HEAD_THREADS = 512
+
+
+def _nc_exprs(t):
+    out = []
+    for v in (vec_width(t, t), 1):
+        out += [_expr("nc_stats", t, v, b) for b in ("false", "true")]
+        out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
+    out += [_expr("nc_head", t, v, NC_MODES[m]) for v in (vec_width(t, t), 1) for m in ("fwd", "bwd")]
+    out += [_expr(k, t, None, "true") for k in ("fwd_final", "bwd_final")]
+    return out
+
+
+def _nc(g):
+    """(N, C, HW) when the gen geometry g is packed NCHW / NCDHW in every operand, else None."""
+    if not tuning.batchnorm.NCHW_SPLIT or g.layout != "gen" or len(g.fsize) != 1 or len(g.rsize) not in (1, 2):
+        return None
+    c = g.fsize[0]
+    n, hw = g.rsize if len(g.rsize) == 2 else (1, g.rsize[0])
+    if hw < 2 or c < 2:
+        return None
+    want = [c * hw, 1] if len(g.rsize) == 2 else [1]
+    for k in g.rstride:
+        if list(g.fstride[k]) != [hw] or list(g.rstride[k]) != want:
+            return None
+    return n, c, hw
+
+
+def _nc_items(handle, n, c, hw, vec):
+    """(g, k, l, items per channel) of nc_stats: items of g planes x l elements (k per plane)."""
+    e = min(NC_ITEM_MAX, max(NC_ITEM_MIN, (n * c * hw) // (handle.sm_count * NC_BLOCKS_PER_SM)))
+    if hw >= e:
+        k = cdiv(hw, e)
+        ln = cdiv(cdiv(hw, k), vec) * vec
+        return 1, cdiv(hw, ln), ln, n * cdiv(hw, ln)
+    g = max(1, min(n, e // hw))
+    return g, 1, hw, cdiv(n, g)
+
+
+def _nc_layout(handle, g, tag, direction, ex):
+    """None (not the nc path) or (n, c, hw, items, cbytes, poff, need, head): the scratch (workspace for Ex,
+    else y / dx) holds cbytes of constants, then from poff the partials; need: its bytes; head: the
+    elements nc_head writes (non-Ex)."""
+    nc = _nc(g)
+    if nc is None or direction == "infer":
+        return None
+    n, c, hw = nc
+    if direction == "fwd" and n * hw <= tuning.batchnorm.NC_GEN_ROWS:
+        return None
+    _, cslot, pslot = _slots(tag, direction)
+    isz = _SIZES[tag]
+    items = _nc_items(handle, n, c, hw, vec_width(tag, tag))
+    cbytes = c * cslot
+    poff = cdiv(cbytes, PART_ALIGN) * PART_ALIGN
+    need = poff + items[3] * c * pslot
+    total = n * c * hw
+    head = 0
+    if not ex:
+        head = cdiv(cdiv(cbytes, isz), 16) * 16  # a multiple of every vector width: the apply starts on a vector
+        if need > total * isz or cbytes > HEAD_SMEM or head > total:
+            return None
+    return n, c, hw, items, cbytes, poff, need, head
+
+
+def _nc_apply_launch(handle, mode, vec, begin, total):
+    """Blocks of chunk vectors: NC_APPLY_STEPS steps per thread, shorter (down to one vector per thread)
+    where that leaves fewer than NC_BLOCKS_PER_SM blocks per SM."""
+    nv = cdiv(total, vec) - begin // vec
+    chunk = min(NC_THREADS * NC_U * NC_APPLY_STEPS, cdiv(cdiv(nv, handle.sm_count * NC_BLOCKS_PER_SM), NC_THREADS) * NC_THREADS)
+    chunk = max(chunk, NC_THREADS, cdiv(nv, 2**31 - 1))
+    return _Launch("nc_apply", vec, (max(1, cdiv(nv, chunk)), 1, 1), (NC_THREADS, 1, 1),
+                   {"chunk_rows": chunk, "row_begin": begin, "row_end": total}, NC_MODES[mode])
+
+
+def _nc_params(p, n, hw, items=(1, 1, 1, 1)):
+    p.nc_n, p.nc_hw = n, hw
+    p.nc_g, p.nc_k, p.nc_l, _ = items
+
+
+def _nc_seqs(pl, handle, g, direction, ex):
+    """nc{v} (and nc{v}s, the forward with saved statistics) for v = the vector width and 1; False when the
+    call shape does not take the nc kernels."""
+    lay = _nc_layout(handle, g, pl.tag, direction, ex)
+    if lay is None:
+        return False
+    n, c, hw, items, cbytes, poff, need, head = lay
+    _nc_params(pl.params, n, hw, items)
+    total = n * c * hw
+    nper = items[3]
+    for v in (vec_width(pl.tag, pl.tag), 1):
+        stats = _Launch("nc_stats", v, (nper * c, 1, 1), (NC_THREADS, 1, 1), {"chunks": nper},
+                        "true" if direction == "bwd" else "false")
+        final = _Launch(f"{direction}_final", None, (cdiv(c, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,),
+                        {"chunks": nper}, "true")
+        seq = [stats, final, _nc_apply_launch(handle, direction, v, head, total)]
+        if head:
+            seq.append(_Launch("nc_head", v, (1, 1, 1), (NC_HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": head},
+                               NC_MODES[direction]))
+        pl.seqs[f"nc{v}"] = seq
+        if direction == "fwd":
+            pl.seqs[f"nc{v}s"] = [stats, final, _nc_apply_launch(handle, "fwd_saved", v, 0, total)]
+    pl.scratch = (poff, None, None)
+    if ex:
+        pl.ws_need = need
+    return True
+
+
 class _Plan:
     """Launch sequences of one call shape. `seqs`: name -> [launch, ...]; the call picks one by its
     pointers and scalars (vector or scalar row kernels; the scratch path or gen)."""
@@ -572,6 +713,13 @@ def _make_plan(handle, tag, g, direction, ex):
     pl.flags = FLAG_IDX32 if g.rows * g.feats < 2**32 else 0
     vecs = ([vec_width(tag, tag)] if g.vec_ok else []) + [1]
     if direction == "infer":
+        nc = _nc(g)
+        if nc is not None:
+            _nc_params(pl.params, nc[0], nc[2])
+            total = nc[0] * nc[1] * nc[2]
+            for v in (vec_width(tag, tag), 1):
+                pl.seqs[f"nc{v}"] = [_nc_apply_launch(handle, "infer", v, 0, total)]
+            return pl
         if g.layout == "rows":
             for v in vecs:
                 if tuning.batchnorm.INFER_SMEM and v > 1:  # the shared set-up (infer_rows_smem is built for vector widths)
@@ -585,6 +733,7 @@ def _make_plan(handle, tag, g, direction, ex):
     if _planes_ok(g, vec_width(tag, tag)):
         pl.seqs["planes"] = [_planes_launch(direction, g, vec_width(tag, tag))]
     if g.layout != "rows":
+        _nc_seqs(pl, handle, g, direction, ex)
         return pl
     if ex:  # the caller's workspace: constants, then partials
         pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
@@ -635,14 +784,31 @@ def _run(handle, pl, seq):
         driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, pl.argv)
 
 
-def _pick(pl, tensor_ptrs, scratch_ok):
+# Tiny training / backward calls (rows * feats <= GEN_TINY elements, rows <= GEN_TINY_ROWS) take the single
+# gen launch (a block per feature, both passes) instead of the rows / nc sequences (3-4 launches): for them
+# the launches and their host work are the time (NHWC bf16 7x35x5x5 training 0.67x PyTorch, fp16 18x5x9x9
+# backward 0.61x with the rows path; H200, tools/sweep_memory.py). 0: off.
+# GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 32768)
+GEN_TINY_ROWS = 4096
+
+
+def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     """The launch sequence for this call: rows (vector when every pointer is 16-byte aligned) when the
-    plan has it and the scratch is usable, else gen."""
+    plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
+    constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen). Tiny calls: gen."""
+    g = pl.geom
+    if g.rows <= GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
+        return pl.seqs["gen"]
     if scratch_ok:
         v = vec_width(pl.tag, pl.tag)
+        if base % 16 == 0:
+            if f"nc{v}" in pl.seqs and _aligned16(tensor_ptrs):
+                return pl.seqs[f"nc{v}"]
+            if "nc1" in pl.seqs:
+                return pl.seqs["nc1"]
         if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
             return pl.seqs[f"rows{v}"]
-        if "rows1" in pl.seqs:
+        if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
     if "planes" in pl.seqs and _aligned16(tensor_ptrs):
         return pl.seqs["planes"]
@@ -726,7 +892,7 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     else:
         scratch_ok = be == 0 and not _overlap(xp, x_desc.span_bytes(), yp, y_desc.span_bytes())
         base = yp
-    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok)
+    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok, base)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.y, p.z, p.mask, p.scale, p.bias = xp, yp, zp or None, mp or None, sp, bp
@@ -785,7 +951,8 @@ def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_
     tag = TAG[x_desc.dtype]
     g = _geometry(mode, x_desc.dims, operands, vec_width(tag, tag))
     if g.layout != "rows":
-        return 0
+        lay = _nc_layout(handle, g, tag, "fwd", True)
+        return 0 if lay is None else lay[6]
     return _workspace_layout(handle, g, tag, "fwd", vec_width(tag, tag) if g.vec_ok else 1)[0]
 
 
@@ -915,7 +1082,7 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
         scratch_ok = (bd == 0 and not _overlap(dxp, span, xp, x_desc.span_bytes())
                       and not _overlap(dxp, span, dyp, dy_desc.span_bytes()))
         base = dxp
-    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok)
+    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp
@@ -971,7 +1138,8 @@ def get_batch_normalization_backward_ex_workspace_size(handle, mode, bn_ops, x_d
     tag = TAG[x_desc.dtype]
     g = _geometry(mode, x_desc.dims, operands, vec_width(tag, tag))
     if g.layout != "rows":
-        return 0
+        lay = _nc_layout(handle, g, tag, "bwd", True)
+        return 0 if lay is None else lay[6]
     return _workspace_layout(handle, g, tag, "bwd", vec_width(tag, tag) if g.vec_ok else 1)[0]
 
 

@@ -39,7 +39,9 @@ the vector max backward checks ties with one packed max of the earlier window el
 Windows kh x 2 with stride kh x 2, no padding, tiling x exactly, w contiguous in every operand (the NCHW
 2x2 / 2 pools of CNNs, where channel vectors do not apply) take win2_fwd / win2_bwd (WIN2) when every pointer
 is 16-byte aligned: a thread per 16 bytes of x along w of each window row, y / dy as 8-byte vectors, each dx
-element written once from its one window (bitwise the scalar kernels' y and dx).
+element written once from its one window (bitwise the scalar kernels' y and dx). Other 2-d / 1-d pools of
+NCHW-like layouts on the scalar path take p2_fwd / p2_bwd (P2: a thread per element, the window unrolled;
+forward windows <= 3 x 3, backward <= 2 covering windows per dim; bitwise the scalar kernels' values).
 """
 import ctypes
 
@@ -178,11 +180,18 @@ def _win2_expr(kernel, tag):
     return f"pydnn::pooling::win2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
 
 
+def _p2_expr(kernel, tag, clast=False):
+    """p2_fwd / p2_bwd (ptx/pooling.cu) for kernel fwd_max, fwd_avg, bwd_max or bwd_avg; clast: threads along c."""
+    d, m = kernel.split("_")
+    return f"pydnn::pooling::p2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}{', true' if clast else ''}>"
+
+
 def kernel_units():
     return [KernelUnit(f"pooling.{t}", "pooling.cu",
                        tuple(_expr(k, t, v) for k in KERNELS for v in (vec_width(t, t), 1))
                        + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS)
-                       + tuple(_win2_expr(k, t) for k in KERNELS))
+                       + tuple(_win2_expr(k, t) for k in KERNELS)
+                       + tuple(_p2_expr(k, t, cl) for k in KERNELS for cl in (False, True)))
             for t in FLOAT_TAGS]
 
 
@@ -478,6 +487,44 @@ def _win2_launch(kernel, tag, kmode, flags, out_desc, x_desc, p_desc, y_desc, ge
     return lc
 
 
+# p2_fwd / p2_bwd (ptx/pooling.cu): 2-d (or 1-d) non-adaptive pooling on the scalar (VEC = 1) path whose
+# written tensor is contiguous along w (NCHW-like), every span below 2^31 elements, forward windows of at
+# most 3 x 3, backward at most 2 covering windows per dim (ceil(window / stride) <= 2: 3x3/2, 2x2/2, 2x2/1):
+# a thread per element, coordinates by four 32-bit divisions, the window unrolled with its loads together.
+# Why: the scalar fwd / bwd (5-d coordinates, a 3-d window walk) ran NCHW max backward 3x3/2 at 0.20x
+# PyTorch (fp32 101x38x50x50) and NCHW average forward 2x2/2 at 0.65x (fp32 18x468x75x75; H200,
+# tools/sweep_memory.py). Same values and order as fwd / bwd (max: the first matching element).
+# P2: a switch, pydnn.tuning.pooling.P2 (default True)
+# The same with threads along c (p2_*<T, MAX, true>) for channels-last layouts whose channels take no vectors
+# (C not a multiple of the vector): NHWC average backward ran at 0.74-0.78x PyTorch on the scalar bwd (fp32
+# 10x933x103x103, bf16 39x66x53x53; H200, tools/sweep_memory.py).
+# P2_CLAST: a switch, pydnn.tuning.pooling.P2_CLAST (default True)
+P2_WIN, P2_COV = 3, 2  # kP2Win, kP2Cov
+
+
+def _p2_ok(kernel, flags, descs, geometry):
+    """None (not p2), False (p2, threads along w) or True (p2 CLAST, threads along c)."""
+    if not tuning.pooling.P2 or flags & FLAG_ADAPTIVE:
+        return None
+    ins, outs, win, pad, stride = geometry
+    if ins[0] != 1 or outs[0] != 1 or win[0] != 1:
+        return None
+    if kernel.startswith("fwd"):
+        if win[1] > P2_WIN or win[2] > P2_WIN:
+            return None
+    elif any(-(-win[k] // stride[k]) > P2_COV for k in (1, 2)):
+        return None
+    for d in descs:
+        if d.span_bytes() // d.itemsize >= 2**31 or any(s < 0 for s in d.strides):
+            return None
+    dims, strides = _five(descs[0])
+    if dims[4] > 1 and strides[4] == 1:
+        return False
+    if dims[1] > 1 and strides[1] == 1:
+        return True if tuning.pooling.P2_CLAST else None
+    return False if dims[4] == 1 else None
+
+
 class _Plan:
     """launches[0] when every pointer is 16-byte aligned (or there is only one), else launches[-1]."""
 
@@ -541,6 +588,9 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         lc.grid = (max(1, min(-(-lc.params.total // THREADS), MAX_GRID)), 1, 1)
         lc.block = (THREADS, 1, 1)
         rows = _rows_shape(flags, x_desc, out_desc, geometry, v) if p_desc is None else None
+        p2 = _p2_ok(kernel, flags, descs, geometry) if v == 1 and rows is None and lc.params.total < 2**31 else None
+        if p2 is not None:
+            lc.expr = _p2_expr(kernel, tag, p2)
         if kernel == "bwd_max" and v > 1 and tuning.pooling.BWD_PACKED_TIES:
             lc.expr = _expr("bwdp_max", tag, v)
         if rows is not None:

@@ -16,6 +16,13 @@ pytestmark = pytest.mark.gpu
 DTYPES = [F32, F16, BF16, F64]
 
 
+@pytest.fixture(autouse=True)
+def _planes_not_nc(monkeypatch):
+    """Packed NCHW takes the nc kernels by default (test_batchnorm_nc_gpu.py): these tests are the planes'."""
+    monkeypatch.setattr(tuning.batchnorm, "NCHW_SPLIT", False)
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+
+
 def _gapped(dims):
     """NCHW with rows padded by 8 elements, planes by 16, samples by 32 (every stride a multiple of 8)."""
     st, inner = [1], 1

@@ -259,11 +259,21 @@ def test_layouts_and_workspace():
     relu = _relu()
     assert ws_ex == pydnn.get_batch_normalization_forward_training_ex_workspace_size(
         h, SPATIAL, OPS_ACT, nhwc, None, nhwc, _bn(nhwc), relu)
-    # NCHW spatial: a block per channel (gen); per-activation on NCHW: rows of C*H*W
+    # NCHW spatial: the gen geometry (the nc kernels, whose Ex workspace holds constants and partials; a block
+    # per channel with NCHW_SPLIT off); per-activation on NCHW: rows of C*H*W
     nchw = _desc((8, 16, 10, 10), F32)
     assert B.plan_summary(h, "fwd", SPATIAL, nchw, nchw)[0] == "gen"
     assert pydnn.get_batch_normalization_forward_training_ex_workspace_size(
-        h, SPATIAL, OPS_BN, nchw, None, nchw, _bn(nchw), None) == 0
+        h, SPATIAL, OPS_BN, nchw, None, nchw, _bn(nchw), None) == 0  # 800 rows: the forward keeps gen (NC_GEN_ROWS)
+    try:
+        tuning.batchnorm.NC_GEN_ROWS = 0
+        assert pydnn.get_batch_normalization_forward_training_ex_workspace_size(
+            h, SPATIAL, OPS_BN, nchw, None, nchw, _bn(nchw), None) == 256 + 16 * 8  # one item per channel
+        tuning.batchnorm.NCHW_SPLIT = False
+        assert pydnn.get_batch_normalization_forward_training_ex_workspace_size(
+            h, SPATIAL, OPS_BN, nchw, None, nchw, _bn(nchw), None) == 0
+    finally:
+        tuning.batchnorm.reset()
     layout, seqs, _ = B.plan_summary(h, "fwd", PER_ACT, nchw, nchw)
     assert layout == "rows" and seqs["rows4"][0][1] == 4
     assert B.plan_summary(h, "fwd", PER_ACT, _nhwc((8, 16, 10, 10)), _nhwc((8, 16, 10, 10)))[0] == "gen"

@@ -22,6 +22,13 @@ PER_ACT, SPATIAL, PERSIST = (pydnn.PYDNN_BATCHNORM_PER_ACTIVATION, pydnn.PYDNN_B
 OPS_BN, OPS_ACT, OPS_ADD = (pydnn.PYDNN_BATCHNORM_OPS_BN, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION,
                             pydnn.PYDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
 DTYPES = [F32, F16, BF16, F64]
+
+
+@pytest.fixture(autouse=True)
+def _no_gen_tiny(monkeypatch):
+    """These small shapes test the rows / nc / planes paths: tiny calls would take gen (GEN_TINY; its own
+    test is test_batchnorm_nc_gpu.py::test_gen_tiny)."""
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
 PTOL = {F64: F64, F32: F32, F16: F32, BF16: F32}  # tolerance of the parameter-typed outputs
 
 CASES = [  # dims, layout, mode
@@ -262,7 +269,7 @@ def test_inference(handle, dims, layout, mode, dtype, rng):
 def test_large_reduction_with_large_mean(handle, layout, rng):
     """256 x 224 x 224 values per channel (the per-channel count of 256x64x224x224) around a mean of
     100: Welford / Chan merges keep the variance (~1) exact to float32; E[x^2] - E[x]^2 would lose ~4
-    digits. NHWC takes the rows kernels (12.8M rows, the grid's y limit), NCHW the gen kernel."""
+    digits. NHWC takes the rows kernels (12.8M rows, the grid's y limit), NCHW the nc kernels."""
     dims = (256, 2, 224, 224)
     x = _t(dims, layout, F32)
     xv = x.upload(100.0 + rng.standard_normal(dims).astype(np.float32))

@@ -128,6 +128,7 @@ def test_win2_matches_scalar_kernels_bitwise(handle, rng, dtype, nan, mode, monk
     dy = _t(ydims, "nchw", dtype)
     dy.random(rng)
     outs = []
+    monkeypatch.setattr(tuning.pooling, "P2", False)  # WIN2 off: the scalar fwd / bwd (P2: test_pooling_p2_gpu.py)
     for on in (True, False):
         monkeypatch.setattr(tuning.pooling, "WIN2", on)
         handle.prepared.clear()  # no cached plan of the other setting

@@ -438,6 +438,9 @@ def _emulate(lc, mem, itemsize, backward):
     p, vec = lc.params, lc.vec
     if "::win2_" in lc.expr:
         return _emulate_win2(lc, mem, backward)
+    if "::p2_" in lc.expr:  # the scalar launches of 2-d pools (test_pooling_p2_cpu.py)
+        from test_pooling_p2_cpu import _emulate_p2
+        return _emulate_p2(lc, mem, backward)
     prop = bool(p.flags & 2)
     is_max = lc.expr.endswith(", true>") or lc.expr.endswith(", true, true>")
     assert is_max == (p.mode == 0)
@@ -638,7 +641,8 @@ def test_emulated_rows_forward(mode, nan, layout, rng, monkeypatch):
         xd = _desc(xdims, dt, _layout(xdims, layout))
         yd = _desc(_ydims(xdims, geo), dt, _layout(_ydims(xdims, geo), layout))
         rows = P.plan_summary(h, yd, xd, geometry=P._validate_fwd("pool", _poolnd(mode, nan, *g), xd, yd))
-        assert rows[0][0].startswith("pydnn::pooling::fwd_rows<") and rows[-1][0].startswith("pydnn::pooling::fwd<")
+        assert rows[0][0].startswith("pydnn::pooling::fwd_rows<")
+        assert rows[-1][0].startswith(("pydnn::pooling::fwd<", "pydnn::pooling::p2_fwd<"))  # the unaligned launch
         _run_emulated("pool", mode, nan, dt, xdims, _ydims(xdims, geo), layout, geo, rng)
     xdims, g = (1, 8, 7, 5), ((3, 3), (0, 1), (2, 2))
     _run_emulated("pool", mode, nan, F32, xdims, _ydims(xdims, ("pool",) + g), "nhwc", ("pool",) + g, rng,
@@ -694,6 +698,7 @@ def test_win2_limits(monkeypatch):
     """win2 only where it applies: overlapping, padded, non-tiling, 3-x-wide windows, w groups that do not
     divide the output row, channels-last layouts and the switch off keep the other kernels."""
     h = cpu_handle()
+    monkeypatch.setattr(tuning.pooling, "P2", False)  # the scalar fwd / bwd where win2 does not apply (P2: test_pooling_p2_cpu.py)
 
     def first(xdims, g, layout="nchw", dt=BF16, kmode=MAX):
         geo = ("pool",) + g
