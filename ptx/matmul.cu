@@ -56,6 +56,17 @@ __device__ __forceinline__ void tile_coords(const MatmulParams& p, int& tm, int&
   tn = r / rows;
 }
 
+// The (tm, tn) tile of tile index `id` within a batch: tile_coords' raster for any id.
+__device__ __forceinline__ void tile_coords_of(const MatmulParams& p, int id, int& tm, int& tn) {
+  const int per_group = p.group_m * p.tiles_n;
+  const int g = id / per_group;
+  const int first = g * p.group_m;
+  const int rows = min(p.tiles_m - first, p.group_m);
+  const int r = id - g * per_group;
+  tm = first + r % rows;
+  tn = r / rows;
+}
+
 // 16 bytes global -> shared of which the first `bytes` (16 or 0) are read and the rest zero filled.
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
@@ -349,7 +360,11 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
 template <class T, int BM, int BN, int THREADS, bool TA, bool TB, bool WG = false> struct StageCopier {
   Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA, WG> ca;
   Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB, WG> cb;
+  StageCopier() = default;
   __device__ __forceinline__ StageCopier(const MatmulParams& p, const T* A, const T* B, int m0, int n0) {
+    init(p, A, B, m0, n0);
+  }
+  __device__ __forceinline__ void init(const MatmulParams& p, const T* A, const T* B, int m0, int n0) {
     if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
     if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
   }
@@ -605,40 +620,58 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
 // MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
 // whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).
-template <class T, int BN, int STAGES, bool TA, bool TB, class Epi>
+template <class T, int BN, int STAGES, bool TA, bool TB, bool PERSIST = false, int LEAD = STAGES - 2, class Epi>
 __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_wgmma needs the sm_90a target (KernelUnit archs)");
 #endif
-  constexpr int BM = 128, THREADS = 256, A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, D = STAGES - 2;
+  constexpr int BM = 128, THREADS = 256, A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, D = LEAD;
   constexpr int SLAB = 64 * kBK * (int)sizeof(T);  // bytes of 64 rows of 128 bytes (one slab / 64 M rows)
   static_assert(STAGES >= 3 && (BN == 128 || BN == 256), "gemm_wgmma tile");
+  static_assert(LEAD == STAGES - 2 || LEAD == STAGES - 1, "gemm_wgmma: LEAD K tiles in flight");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma's swizzle atoms need 1024-byte aligned addresses (the launch adds 1 KiB of slack).
   const unsigned raw = smem_u32(smem_raw);
   T* smem = reinterpret_cast<T*>(smem_raw + (((raw + 1023u) & ~1023u) - raw));
   const unsigned sbase = smem_u32(smem);
 
-  int tm, tn;
-  tile_coords(p, tm, tn);
-  const int m0 = tm * BM, n0 = tn * BN;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int ktiles = (p.k + kBK - 1) / kBK;
 
-  for (long long z = blockIdx.z; z < p.batch; z += gridDim.z) {
-    const T* A = reinterpret_cast<const T*>(p.a) + z * p.stride_a;
-    const T* B = reinterpret_cast<const T*>(p.b) + z * p.stride_b;
-    float acc[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-
-    StageCopier<T, BM, BN, THREADS, TA, TB, true> cp(p, A, B, m0, n0);
-    auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
+  // Work items: item = z * per_batch + tile id (tile_coords_of's raster). One block per tile (PERSIST
+  // false): the grid's x is the tile, z loops with stride gridDim.z. PERSIST: a grid of at most a wave of
+  // blocks, block b taking items b, b + gridDim.x, ...; the first D K tiles of the next item are copied
+  // into the free ring before this item's epilogue, so their load latency hides behind it.
+  const long long per_batch = (long long)p.tiles_m * p.tiles_n;
+  const long long items = per_batch * p.batch;
+  long long item = PERSIST ? (long long)blockIdx.x : (long long)blockIdx.z * per_batch + blockIdx.x;
+  const long long step = PERSIST ? (long long)gridDim.x : (long long)gridDim.z * per_batch;
+  StageCopier<T, BM, BN, THREADS, TA, TB, true> cp;
+  auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
+  // Point the copier at item `it`'s tile and copy its first D K tiles (one commit group each).
+  auto prologue = [&](long long it) {
+    const long long zz = it / per_batch;
+    int tm, tn;
+    tile_coords_of(p, (int)(it - zz * per_batch), tm, tn);
+    cp.init(p, reinterpret_cast<const T*>(p.a) + zz * p.stride_a, reinterpret_cast<const T*>(p.b) + zz * p.stride_b,
+            tm * BM, tn * BN);
 #pragma unroll
     for (int s = 0; s < D; ++s) {
       if (s < ktiles) load_stage(s, s);
       cp_async_commit();
     }
+  };
+  if (item < items) prologue(item);
+
+  for (; item < items; item += step) {
+    const long long z = item / per_batch;
+    int tm, tn;
+    tile_coords_of(p, (int)(item - z * per_batch), tm, tn);
+    const int m0 = tm * BM, n0 = tn * BN;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
     for (int kt = 0; kt < ktiles; ++kt) {
       cp_async_wait<D - 1>();       // tile kt has landed (for this thread) ...
       wgmma::fence_proxy_async();   // ... and is visible to the async proxy ...
@@ -656,14 +689,17 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       }
       wgmma::commit();
       wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done
+      // LEAD = STAGES - 1: a second barrier (every warpgroup is done with tile kt - 1) frees its stage
+      if constexpr (LEAD == STAGES - 1) __syncthreads();
       const int next = kt + D;
-      if (next < ktiles) load_stage(next % STAGES, next);  // the stage of tile kt - 2
+      if (next < ktiles) load_stage(next % STAGES, next);  // the stage of tile kt - 2 (LEAD STAGES - 1: kt - 1)
       cp_async_commit();
     }
     wgmma::wait<0>();
     wgmma::fence_operands(acc);
-    cp_async_wait<0>();  // the next batch's prologue reuses the ring: nothing may still be landing ...
+    cp_async_wait<0>();  // the next item's prologue reuses the ring: nothing may still be landing ...
     __syncthreads();     // ... or being read
+    if (item + step < items) prologue(item + step);
 
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
@@ -760,6 +796,12 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
 template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
 __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
   gemm_wgmma_body<T, BN, STAGES, TA, TB>(p, NoEpi());
+}
+
+// The persistent form (a grid of at most one wave of blocks walking the tiles; see gemm_wgmma_body).
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB, int LEAD = STAGES - 2>
+__global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
+  gemm_wgmma_body<T, BN, STAGES, TA, TB, true, LEAD>(p, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ CUDA cores
@@ -869,16 +911,6 @@ __device__ __forceinline__ void simt_store4(const MatmulParams& p, float* crow, 
   }
 }
 
-// The (tm, tn) tile of tile index `id` within a batch: tile_coords' raster for any id.
-__device__ __forceinline__ void tile_coords_of(const MatmulParams& p, int id, int& tm, int& tn) {
-  const int per_group = p.group_m * p.tiles_n;
-  const int g = id / per_group;
-  const int first = g * p.group_m;
-  const int rows = min(p.tiles_m - first, p.group_m);
-  const int r = id - g * per_group;
-  tm = first + r % rows;
-  tn = r / rows;
-}
 
 // MINB: blocks per SM the registers are capped for. BK: K elements per shared tile (8 or 16).
 // Persistent: work items are (batch z, tile) pairs, item = z * tiles + tile; the grid is one wave of blocks

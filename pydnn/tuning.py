@@ -264,6 +264,9 @@ matmul = Switches(
     "matmul", 'matmul (pydnn/ops/matmul.py)',
     USE_WGMMA=(True, 'sm_90: the wgmma GEMM (gemm_wgmma) where its conditions hold (K >= WG_MIN_K ...), else the '
                      'mma.sync tiles; the reasons: pydnn/ops/matmul.py'),
+    WG_PERSIST=(True, 'sm_90: the 128x256 wgmma tile runs persistent (gemm_wgmma_p: one wave of blocks, the '
+                      "next tile's first K tiles copied during an epilogue), for plain and fused (graph) GEMMs; "
+                      'False: one block per tile (gemm_wgmma); the reasons: pydnn/ops/matmul.py'),
 )
 
 attention = Switches(

@@ -132,20 +132,28 @@ class WgTile:
     wgmma's 128B-swizzled layout (+1 KiB to align them to 1024 bytes); `eff` as TcTile's (relative to
     the 128x256 mma.sync tile)."""
 
-    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma"):
+    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma", persist=False, lead=None):
         self.bm, self.bn, self.stages, self.eff = 128, bn, stages, eff
         self.per_sm, self.threads = per_sm, 256
         self.unit = unit
+        self.persist = persist  # gemm_wgmma_p: a grid of at most one wave of blocks walking the tiles
+        # K tiles copied ahead: stages - 2 (one barrier a K tile) or stages - 1 (two; persistent only)
+        self.lead = stages - 2 if lead is None else lead
+        if self.lead != stages - 2 and not (persist and self.lead == stages - 1):
+            raise ValueError(f"lead {lead}: stages - 2, or stages - 1 with persist")
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024
 
     def expr(self, tag, ta, tb, vec=True):
         if not vec:
             raise ValueError("gemm_wgmma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
-        return f"pydnn::matmul::gemm_wgmma<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}>"
+        kern = "gemm_wgmma_p" if self.persist else "gemm_wgmma"
+        lead = f", {self.lead}" if self.lead != self.stages - 2 else ""
+        return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}{lead}>"
 
     def __repr__(self):
-        return f"WgTile(128x{self.bn}, wgmma, stages {self.stages}, {self.per_sm} block(s)/SM)"
+        extra = (", persistent" if self.persist else "") + (f", lead {self.lead}" if self.lead != self.stages - 2 else "")
+        return f"WgTile(128x{self.bn}, wgmma, stages {self.stages}, {self.per_sm} block(s)/SM{extra})"
 
 
 # The wgmma tiles (units matmul.wgmma.f16 / .bf16, sm_90a only), measured on the H200 (bf16, same run,
@@ -159,7 +167,12 @@ class WgTile:
 # measured faster). WG_CANDIDATES: measured before they replace a WG_TILES entry (compiled through
 # wgmma_extra_units by the tests and the benchmark, not by the build).
 WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
-WG_CANDIDATES = ()  # e.g. WgTile(..., unit="matmul.wgcand")
+# The persistent form of WG_TILES[0] (gemm_wgmma_p, units matmul.wgmmap.f16 / .bf16): the same tile and ring,
+# one wave of blocks walking the tiles in the same raster, the next tile's first K tiles copied during
+# this tile's epilogue. The chooser takes it in place of WG_TILES[0] when tuning.matmul.WG_PERSIST is set.
+WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True)
+# WG_CANDIDATES: the persistent 128x256 tile with 3 K tiles copied ahead (two barriers a K tile).
+WG_CANDIDATES = (WgTile(256, 4, 1.6, unit="matmul.wgcand", persist=True, lead=3),)
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
@@ -240,7 +253,7 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
-    return units + wgmma_units()
+    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap")
 
 
 def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
@@ -275,7 +288,10 @@ def _choose_tile(m, n, batch, sm_count, arch=None, k=0):
     work of a full SM of that tile at its efficiency. The wgmma tiles take part on sm_90 (USE_WGMMA)
     when they fill 3/4 of a wave and K >= WG_MIN_K (lone blocks with a short K loop are latency bound)."""
     best, best_cost = None, None
-    tiles = TC_TILES + (WG_TILES if tuning.matmul.USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
+    wg = WG_TILES
+    if tuning.matmul.WG_PERSIST:
+        wg = tuple(WG_PERSIST_TILE if t is WG_TILES[0] else t for t in wg)
+    tiles = TC_TILES + (wg if tuning.matmul.USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
     for t in tiles:
         blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
         slots = t.per_sm * sm_count
@@ -417,11 +433,13 @@ def _params(plan, tiles_m, tiles_n):
     return p
 
 
-def _tc_launch(plan, tag, tile, vec):
+def _tc_launch(plan, tag, tile, vec, sm_count=1):
     tm, tn = cdiv(plan.m, tile.bm), cdiv(plan.n, tile.bn)
     if tm * tn > INT_MAX:
         raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
     grid = (tm * tn, 1, min(plan.batch, MAX_GRID_Z))
+    if getattr(tile, "persist", False):  # one wave of blocks at most, walking (batch, tile) items
+        grid = (min(tm * tn * plan.batch, tile.per_sm * max(sm_count, 1)), 1, 1)
     unit = f"{tile.unit}.{tag}" if tile.unit and vec else _unit_name(tag, plan.trans_a, plan.trans_b)
     return _Launch(unit, tile.expr(tag, plan.trans_a, plan.trans_b, vec),
                    grid, (tile.threads, 1, 1), tile.smem, _params(plan, tm, tn))
@@ -480,7 +498,8 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     # cp.async moves 16-byte chunks: every row (and batch) start of A and B must be 16-byte aligned.
     pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
                                                                      pl.stride_b % 8 == 0))
-    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True)
+    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
+                         handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
 

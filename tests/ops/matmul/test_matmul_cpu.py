@@ -154,18 +154,70 @@ def test_wgmma_choice_only_on_sm90(monkeypatch):
     for m, n, k in ((1024, 1024, 1024), (4096, 4096, M.WG_MIN_K - 8), (512, 512, 4096)):
         assert "gemm_wgmma" not in M.gemm_plan(h, BF16, m, n, k).describe()[0], (m, n, k)
     assert plan.describe()[2] == (256, 1, 1) and plan.describe()[3] == t.smem
-    assert plan.fast.unit == "matmul.wgmma.bf16"
+    assert plan.fast.unit == ("matmul.wgmmap.bf16" if tuning.matmul.WG_PERSIST else "matmul.wgmma.bf16")
     assert plan.general.expr == M.TC_GENERAL.expr("bf16", False, True, False)  # unaligned: gemm_tc
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", False)
     assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 4096, 4096, 4096).describe()[0]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_wgmma_persistent_plan(monkeypatch, batch):
+    """WG_PERSIST: the 128x256 wgmma tile runs as gemm_wgmma_p on a grid of at most one wave of blocks (its
+    own unit, sm_90a); off: gemm_wgmma with one block per tile. The 128x128 tile is never persistent."""
+    h = cpu_handle()
+    monkeypatch.setattr(h, "arch", "sm_90")
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    sms = h.sm_count
+    kw = dict(batch=batch, stride_a=4096 * 4096, stride_b=4096 * 4096, stride_c=4096 * 4096) if batch > 1 else {}
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", True)
+    plan = M.gemm_plan(h, BF16, 4096, 4096, 4096, **kw)
+    items = 32 * 16 * batch
+    assert plan.describe()[0] == M.WG_PERSIST_TILE.expr("bf16", False, False)
+    assert "gemm_wgmma_p<" in plan.describe()[0] and plan.fast.unit == "matmul.wgmmap.bf16"
+    assert plan.describe()[1] == (min(items, sms), 1, 1) and plan.describe()[3] == M.WG_TILES[0].smem
+    p = plan.fast.params
+    assert (p.tiles_m, p.tiles_n, p.group_m) == (32, 16, 8)
+    assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", False)
+    plan = M.gemm_plan(h, BF16, 4096, 4096, 4096, **kw)
+    assert plan.describe()[0] == M.WG_TILES[0].expr("bf16", False, False) and plan.fast.unit == "matmul.wgmma.bf16"
+    assert plan.describe()[1] == (32 * 16, 1, batch)
+
+
+def _tile_coords_of(tiles_m, tiles_n, group_m, tid):
+    per_group = group_m * tiles_n
+    g = tid // per_group
+    first = g * group_m
+    rows = min(tiles_m - first, group_m)
+    r = tid - g * per_group
+    return first + r % rows, r // rows
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, batch, grid", [(32, 16, 1, 132), (5, 3, 4, 132), (128, 16, 1, 132),
+                                                           (3, 7, 2, 5), (9, 1, 1, 4)])
+def test_wgmma_persistent_items_cover_each_tile_once(tiles_m, tiles_n, batch, grid):
+    """gemm_wgmma_body's item walk (block b: items b, b + grid, ...; item = z * per_batch + tile id through
+    tile_coords_of's raster), replayed: every (z, tm, tn) exactly once; the first wave in the same order as
+    the one-block-per-tile grid's blocks 0.. (its L2 raster)."""
+    group_m = min(8, tiles_m)
+    per_batch = tiles_m * tiles_n
+    items = per_batch * batch
+    g = min(grid, items)
+    walks = [[(it // per_batch,) + _tile_coords_of(tiles_m, tiles_n, group_m, it % per_batch)
+              for it in range(b, items, g)] for b in range(g)]
+    seen = [t for w in walks for t in w]
+    assert sorted(seen) == [(z, tm, tn) for z in range(batch) for tm in range(tiles_m) for tn in range(tiles_n)]
+    # the first wave: block b's first tile is the one-block-per-tile grid's block b (same raster)
+    assert [w[0] for w in walks] == [(b // per_batch,) + _tile_coords_of(tiles_m, tiles_n, group_m, b % per_batch)
+                                     for b in range(g)]
 
 
 def test_wgmma_units_are_sm90a_only():
     from pydnn._build import loader, manifest
 
     units = {u.name: u for u in M.kernel_units()}
-    for tag in ("f16", "bf16"):
-        u = units[f"matmul.wgmma.{tag}"]
+    for tag, name in [(t, f"matmul.{kind}.{t}") for t in ("f16", "bf16") for kind in ("wgmma", "wgmmap")]:
+        u = units[name]
         assert u.archs == ("sm_90a",)
         assert manifest.unit_arch(u, "sm_90") == "sm_90a"
         assert manifest.unit_arch(u, "sm_90a") == "sm_90a"
@@ -174,7 +226,7 @@ def test_wgmma_units_are_sm90a_only():
             with pytest.raises(KeyError, match="not built for"):
                 loader.load_unit(arch, u)
     for name, u in units.items():
-        if not name.startswith("matmul.wgmma."):
+        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.")):
             assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
     with pytest.raises(ValueError):
         M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
@@ -225,7 +277,7 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 11
+    assert len(units) == 13
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -237,11 +289,13 @@ def test_every_expr_is_in_a_unit():
     for tag in ("f16", "bf16"):
         assert units[f"matmul.wgmma.{tag}"] == {t.expr(tag, ta, tb) for t in M.WG_TILES for ta in (False, True)
                                                 for tb in (False, True)}
+        assert units[f"matmul.wgmmap.{tag}"] == {M.WG_PERSIST_TILE.expr(tag, ta, tb) for ta in (False, True)
+                                                 for tb in (False, True)}
 
 
 def test_smem_fits():
     """Every tile's shared memory fits an sm_80 / sm_90 block (227 KiB opt-in), per_sm of them an SM."""
-    for t in M.TC_TILES + M.WG_TILES:
+    for t in M.TC_TILES + M.WG_TILES + (M.WG_PERSIST_TILE,):
         assert t.smem * t.per_sm <= 227 * 1024, (t.bm, t.bn)
 
 
@@ -298,7 +352,7 @@ def test_units_compile(arch):
     nv = build.nvrtc.version()
     for u in units:
         target = unit_arch(u, arch)
-        if u.name.startswith("matmul.wgmma."):  # sm_90a only: built as such on sm_90, absent elsewhere
+        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.")):  # sm_90a only: built as such on sm_90, absent elsewhere
             assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
             if target is None:
                 continue

@@ -257,7 +257,7 @@ def test_matches_torch_bf16(handle, rng):
 WG_SHAPES = [(1, 1, 1, 1), (7, 5, 3, 1), (64, 64, 16, 1), (33, 17, 65, 1), (130, 72, 200, 1)]
 
 
-WG_ALL = M.WG_TILES + M.WG_CANDIDATES
+WG_ALL = M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES
 
 
 @pytest.mark.parametrize("tile", range(len(WG_ALL)))
@@ -276,6 +276,13 @@ def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
            (48, 72, 40, 3)]
     for m, n, k, batch in WG_SHAPES + big:
         _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+    if t.persist:
+        # a grid of 2 blocks: each walks several tiles (edges, ragged K, batches), copying the next tile's
+        # first K tiles before each epilogue
+        monkeypatch.setattr(handle, "sm_count", 2)
+        for m, n, k, batch in [(3 * t.bm + 5, 2 * t.bn + 8, 1000, 1), (2 * t.bm + 37, t.bn + 91, 203, 3),
+                               (48, 72, 40, 5), (t.bm, t.bn, 64, 3)]:
+            _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
 
 
 @pytest.mark.parametrize("shape, tile", [((2088, 2304), 0), ((10240, 384), 1)])
@@ -287,7 +294,8 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     pb = Problem(rng, BF16, m, n, M.WG_MIN_K + 24, *trans, bias=True)
     plan = pb.plan(handle)
     if handle.arch == M.WG_ARCH and tuning.matmul.USE_WGMMA:
-        assert plan.describe()[0] == M.WG_TILES[tile].expr("bf16", *trans)
+        want = M.WG_PERSIST_TILE if tile == 0 and tuning.matmul.WG_PERSIST else M.WG_TILES[tile]
+        assert plan.describe()[0] == want.expr("bf16", *trans)
     else:
         assert "gemm_wgmma" not in plan.describe()[0]
     pb.run(handle, rng, plan=plan)
