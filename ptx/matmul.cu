@@ -704,6 +704,26 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
     if constexpr (!Epi::kActive) {
+      // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+      // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+      // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+      if (m0 + BM <= p.m && n0 + BN <= p.n &&
+          (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
+              PYDNN_MATMUL_FLAG_PAIR) {
+        const float alpha = p.alpha;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            Vec<T, 2> out;
+            out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+            out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+            *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;

@@ -258,7 +258,7 @@ def prebuild_ab(h, shapes):
             g = _fused_forced(h, shapes[0], tile)
         tuning.matmul.reset()
         for build in (lambda: _rowmax_graph(h, *shapes[0]), lambda: _chain_graph(h)[0],
-                      lambda: fused_graph(h, 128, 256, 64)):
+                      lambda: fused_graph(h, *shapes[0], residual=True)):
             g = build()
             g.build_operation_graph().create_execution_plans().build_plans()
     finally:
@@ -310,6 +310,13 @@ def bench_ab(h, copy_gbs):
             row("matmul", f"{m}x{n}x{k} [{label}] (rel {err:.1e})", "bf16", ms_p, ms_t, "torch.mm",
                 flops=2.0 * m * n * k)
             plain[(shape, label)] = ms_p
+            if label == "persistent":  # the raster's group of tile rows (a launch parameter)
+                for gm in (4, 16):
+                    plan.fast.params.group_m = min(gm, plan.fast.params.tiles_m)
+                    ms_p, ms_t = time_pair(lambda: plan.launch(h, xp, wp, cp), lambda: torch.mm(x, w, out=out),
+                                           rounds=3)
+                    row("matmul", f"{m}x{n}x{k} [{label}, group_m {gm}]", "bf16", ms_p, ms_t, "torch.mm",
+                        flops=2.0 * m * n * k)
         del x, w, c, out
     m, n, k = s
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -332,7 +339,6 @@ def bench_ab(h, copy_gbs):
     del x, w, b, y, ref
     bench_rowmax(h, *s, plain[(s, "persistent")], rounds=2)
     bench_chain(h, copy_gbs, rounds=2)
-    bench_host(h)
 
 
 def main():

@@ -141,19 +141,20 @@ def test_each_tile(handle, rng, monkeypatch, dtype, trans, tile):
     pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
 
 
-def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch):
+def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=True):
     """One problem on the tile `t` (forced through _choose_tile): leading dims rounded up to 8 (the fast
-    path), a bias, the plan's kernel checked, then run plain and with alpha / beta."""
+    path), a bias, the plan's kernel checked, then run plain and with alpha / beta. bias=False: no bias and
+    beta 0 (the wgmma kernels' straight-line store of interior tiles), with alpha 1 and -1.25."""
     ta, tb = trans
     up = lambda v: -(-v // 8) * 8  # noqa: E731
     ra, lda = (k, up(m)) if ta else (m, up(k))
     rb, ldb = (n, up(k)) if tb else (k, up(n))
-    pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
+    pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=bias,
                  pad8=True)
     plan = pb.plan(handle)
     assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
     pb.run(handle, rng, plan=plan)
-    pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+    pb.run(handle, rng, alpha=-1.25, beta=0.5 if bias else 0.0, plan=plan)
 
 
 @pytest.mark.parametrize("tile", range(len(M.CANDIDATE_TILES)))
@@ -276,6 +277,9 @@ def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
            (48, 72, 40, 3)]
     for m, n, k, batch in WG_SHAPES + big:
         _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+    # no bias, beta 0: interior tiles take the straight-line store (edge tiles beside them do not)
+    for m, n, k, batch in [(2 * t.bm, 2 * t.bn, 200, 2), (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1)]:
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=False)
     if t.persist:
         # a grid of 2 blocks: each walks several tiles (edges, ragged K, batches), copying the next tile's
         # first K tiles before each epilogue
@@ -283,6 +287,7 @@ def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
         for m, n, k, batch in [(3 * t.bm + 5, 2 * t.bn + 8, 1000, 1), (2 * t.bm + 37, t.bn + 91, 203, 3),
                                (48, 72, 40, 5), (t.bm, t.bn, 64, 3)]:
             _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+        _check_forced_tile(handle, rng, dtype, trans, t, 3 * t.bm + 5, 2 * t.bn + 8, 300, 2, bias=False)
 
 
 @pytest.mark.parametrize("shape, tile", [((2088, 2304), 0), ((10240, 384), 1)])
