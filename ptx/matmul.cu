@@ -20,7 +20,8 @@
 // plain loads. Partial tiles (m, n, k edges) are zero filled, so no garbage (or NaN) reaches an mma.
 //
 // gemm_wgmma (half, bfloat16; sm_90a units only): Hopper warpgroup MMA straight from shared memory
-// (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below.
+// (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below. gemm_wgmma_p: the
+// same, persistent (one wave of blocks walking the tiles).
 //
 // gemm_simt (float): CUDA-core FMA, BM x BN block tiles of 32 x 64 warp tiles, 8 x 8 outputs per thread,
 // both operands K-major in shared memory, fragments double-buffered in registers, the next K tile
@@ -617,10 +618,19 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // used (every warpgroup finished reading that stage before the barrier: it waited for that group in
 // iteration kt - 1). So STAGES - 2 copies and one or two MMA groups are in flight. (Issuing that copy
 // before the wait, since the stage is already free, measured no faster on the H200: tools/bench_matmul.py.)
-// The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
+// The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each);
+// an interior tile without beta or bias stores straight-line.
 // MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
 // whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).
-template <class T, int BN, int STAGES, bool TA, bool TB, bool PERSIST = false, int LEAD = STAGES - 2, class Epi>
+// PERSIST (gemm_wgmma_p): one block a tile leaves the SM's tensor cores idle through each tile's
+// epilogue and through the next block's first loads (1 block an SM: the 197 KB ring); a grid of at most one
+// wave of blocks walking the (batch, tile) items in the same raster instead copies the next item's first
+// LEAD K tiles into the free ring right after the main loop, so their latency hides behind the epilogue.
+// LEAD = STAGES - 1 (a candidate): one more K tile in flight, freed by a second barrier a K tile.
+// RUNON (a candidate): the ring runs on from item to item (the K loop's last LEAD copy slots fetch the
+// next item's first K tiles, as gemm_simt does), so they land before the epilogue even starts.
+template <class T, int BN, int STAGES, bool TA, bool TB, bool PERSIST = false, int LEAD = STAGES - 2,
+          bool RUNON = false, class Epi>
 __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_wgmma needs the sm_90a target (KernelUnit archs)");
@@ -662,8 +672,12 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     }
   };
   if (item < items) prologue(item);
+  int g0 = 0;  // the ring slot of this item's K tile 0 (RUNON: the ring runs on from item to item)
 
   for (; item < items; item += step) {
+    const long long nitem = item + step;
+    // RUNON: the last LEAD copy slots of this item's K loop fetch the next item's first K tiles
+    const bool run_on = RUNON && PERSIST && nitem < items && ktiles >= D;
     const long long z = item / per_batch;
     int tm, tn;
     tile_coords_of(p, (int)(item - z * per_batch), tm, tn);
@@ -676,7 +690,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       cp_async_wait<D - 1>();       // tile kt has landed (for this thread) ...
       wgmma::fence_proxy_async();   // ... and is visible to the async proxy ...
       __syncthreads();              // ... for every thread's chunks
-      const unsigned sa = sbase + (kt % STAGES) * STAGE_ELEMS * (int)sizeof(T), sb = sa + A_ELEMS * (int)sizeof(T);
+      const unsigned sa = sbase + ((g0 + kt) % STAGES) * STAGE_ELEMS * (int)sizeof(T), sb = sa + A_ELEMS * (int)sizeof(T);
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -692,14 +706,28 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       // LEAD = STAGES - 1: a second barrier (every warpgroup is done with tile kt - 1) frees its stage
       if constexpr (LEAD == STAGES - 1) __syncthreads();
       const int next = kt + D;
-      if (next < ktiles) load_stage(next % STAGES, next);  // the stage of tile kt - 2 (LEAD STAGES - 1: kt - 1)
+      if (next < ktiles) {
+        load_stage((g0 + next) % STAGES, next);  // the stage of tile kt - 2 (LEAD STAGES - 1: kt - 1)
+      } else if (run_on) {
+        if (next == ktiles) {
+          const long long zz = nitem / per_batch;
+          int ntm, ntn;
+          tile_coords_of(p, (int)(nitem - zz * per_batch), ntm, ntn);
+          cp.init(p, reinterpret_cast<const T*>(p.a) + zz * p.stride_a,
+                  reinterpret_cast<const T*>(p.b) + zz * p.stride_b, ntm * BM, ntn * BN);
+        }
+        load_stage((g0 + next) % STAGES, next - ktiles);
+      }
       cp_async_commit();
     }
     wgmma::wait<0>();
     wgmma::fence_operands(acc);
-    cp_async_wait<0>();  // the next item's prologue reuses the ring: nothing may still be landing ...
-    __syncthreads();     // ... or being read
-    if (item + step < items) prologue(item + step);
+    if (!run_on) {
+      cp_async_wait<0>();  // the next item's prologue reuses the ring: nothing may still be landing ...
+      __syncthreads();     // ... or being read
+      if (nitem < items) prologue(nitem);
+    }
+    g0 = run_on ? (g0 + ktiles) % STAGES : 0;
 
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
@@ -819,9 +847,9 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
 }
 
 // The persistent form (a grid of at most one wave of blocks walking the tiles; see gemm_wgmma_body).
-template <class T, int BN, int STAGES, int MINB, bool TA, bool TB, int LEAD = STAGES - 2>
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB, int LEAD = STAGES - 2, bool RUNON = false>
 __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
-  gemm_wgmma_body<T, BN, STAGES, TA, TB, true, LEAD>(p, NoEpi());
+  gemm_wgmma_body<T, BN, STAGES, TA, TB, true, LEAD, RUNON>(p, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ CUDA cores

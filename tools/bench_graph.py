@@ -270,7 +270,7 @@ def prebuild_ab(h, shapes):
     finally:
         engines._compile = orig
         tuning.matmul.reset()
-    names = {"matmul.wgbench.bf16", "matmul.wgmmap.bf16", "matmul.wgcand.bf16"}
+    names = {"matmul.wgbench.bf16", "matmul.wgmmap.bf16"} | {f"{t.unit}.bf16" for t in M.WG_CANDIDATES}
     units += [loader._unit(nm, h.arch) for nm in sorted(names)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(16) as ex:

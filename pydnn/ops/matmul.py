@@ -27,7 +27,8 @@ Kernels: half / bfloat16 on tensor cores (mma.sync m16n8k16, cp.async multi-stag
 fragments double-buffered in registers), one of three block tiles chosen per problem (128x256 / 128x128 /
 64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least 3/4 of a
 wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swizzled shared tiles,
-ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES); operands whose pointer,
+ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES; the 128x256 tile runs
+persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST: WG_PERSIST_TILE); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
 loading element by element). float runs on
 CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, persistent blocks, any
@@ -132,7 +133,7 @@ class WgTile:
     wgmma's 128B-swizzled layout (+1 KiB to align them to 1024 bytes); `eff` as TcTile's (relative to
     the 128x256 mma.sync tile)."""
 
-    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma", persist=False, lead=None):
+    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma", persist=False, lead=None, runon=False):
         self.bm, self.bn, self.stages, self.eff = 128, bn, stages, eff
         self.per_sm, self.threads = per_sm, 256
         self.unit = unit
@@ -141,6 +142,9 @@ class WgTile:
         self.lead = stages - 2 if lead is None else lead
         if self.lead != stages - 2 and not (persist and self.lead == stages - 1):
             raise ValueError(f"lead {lead}: stages - 2, or stages - 1 with persist")
+        self.runon = runon  # the K loop runs on into the next tile (persistent only)
+        if runon and not persist:
+            raise ValueError("runon needs persist")
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024
 
     def expr(self, tag, ta, tb, vec=True):
@@ -148,11 +152,13 @@ class WgTile:
             raise ValueError("gemm_wgmma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
         kern = "gemm_wgmma_p" if self.persist else "gemm_wgmma"
-        lead = f", {self.lead}" if self.lead != self.stages - 2 else ""
+        lead = f", {self.lead}" if self.lead != self.stages - 2 or self.runon else ""
+        lead += ", true" if self.runon else ""
         return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}{lead}>"
 
     def __repr__(self):
         extra = (", persistent" if self.persist else "") + (f", lead {self.lead}" if self.lead != self.stages - 2 else "")
+        extra += ", run-on" if self.runon else ""
         return f"WgTile(128x{self.bn}, wgmma, stages {self.stages}, {self.per_sm} block(s)/SM{extra})"
 
 
@@ -172,7 +178,8 @@ WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
 # this tile's epilogue. The chooser takes it in place of WG_TILES[0] when tuning.matmul.WG_PERSIST is set.
 WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True)
 # WG_CANDIDATES: the persistent 128x256 tile with 3 K tiles copied ahead (two barriers a K tile).
-WG_CANDIDATES = (WgTile(256, 4, 1.6, unit="matmul.wgcand", persist=True, lead=3),)
+WG_CANDIDATES = (WgTile(256, 4, 1.6, unit="matmul.wgcand", persist=True, lead=3),
+                 WgTile(256, 4, 1.6, unit="matmul.wgcand2", persist=True, runon=True))
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
@@ -266,8 +273,10 @@ def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
 
 
 def wgmma_extra_units():
-    """The WG_CANDIDATES units, registered with the loader (tests and benchmarks; outside the build)."""
-    loader.register_units(wgmma_units(WG_CANDIDATES, "matmul.wgcand"))
+    """The WG_CANDIDATES units (one per candidate unit name and type, so that they compile in parallel),
+    registered with the loader (tests and benchmarks; outside the build)."""
+    for name in dict.fromkeys(t.unit for t in WG_CANDIDATES):
+        loader.register_units(wgmma_units(tuple(t for t in WG_CANDIDATES if t.unit == name), name))
 
 
 def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
