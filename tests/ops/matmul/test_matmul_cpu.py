@@ -642,3 +642,86 @@ def test_simt_tiles_do_not_spill():
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
     assert len(frames) == len(unit.exprs) == 4 * len(M.SIMT_TILES)
     assert all(int(a) == 0 and int(b) == 0 for a, b in frames), frames
+
+
+def _wgmma_ring_schedule(stages, lead, runon, ktiles, nitems):
+    """gemm_wgmma_body's ring, replayed for one block walking `nitems` items (PERSIST): every copy, commit,
+    wait and barrier in program order. A K tile is read only after the commit group that copied it is
+    complete (cp.async.wait_group at the top of its iteration) and holds that tile; a stage is overwritten
+    only after every warpgroup is done reading it: a warpgroup's wgmma.wait<1> in iteration G finishes its
+    reads of G - 1, which all warpgroups have done after the next barrier (the top of G + 1; with LEAD =
+    STAGES - 1 the second barrier right after that wait); wgmma.wait<0> at an item's end, likewise."""
+    D = lead
+    slot = [None] * stages            # (item, kt, group) of the tile copied there
+    reads = {}                        # slot -> global iteration of its last read, until done for all
+    groups = []                       # commit groups: list of (slot, item, kt) copies
+    pending = []                      # copies of the open group
+    own_done = -1                     # reads of global iterations <= own_done: done in this warpgroup
+
+    def copy(s, item, kt):
+        assert s not in reads, f"stage {s} overwritten (item {item} K tile {kt}) before every read of it ended"
+        slot[s] = (item, kt, len(groups))
+        pending.append(s)
+
+    def commit():
+        groups.append(list(pending))
+        pending.clear()
+
+    def barrier():
+        for s, g in list(reads.items()):
+            if g <= own_done:
+                del reads[s]
+
+    def prologue(item):
+        for s in range(D):
+            if s < ktiles:
+                copy(s, item, s)
+            commit()
+
+    G = 0  # global K iteration
+    prologue(0)
+    g0 = 0
+    for item in range(nitems):
+        run_on = runon and item + 1 < nitems and ktiles >= D
+        for kt in range(ktiles):
+            done_groups = len(groups) - (D - 1)  # cp.async.wait_group D - 1
+            barrier()
+            s = (g0 + kt) % stages
+            it, k, grp = slot[s]
+            assert (it, k) == (item, kt), f"item {item} K tile {kt} read stage {s} holding item {it} tile {k}"
+            assert grp < done_groups, f"item {item} K tile {kt} read before its copy group completed"
+            reads[s] = G
+            own_done = G - 1  # wgmma.wait<1>
+            if lead == stages - 1:
+                barrier()
+            nxt = kt + D
+            if nxt < ktiles:
+                copy((g0 + nxt) % stages, item, nxt)
+            elif run_on:
+                copy((g0 + nxt) % stages, item + 1, nxt - ktiles)
+            commit()
+            G += 1
+        own_done = G - 1  # wgmma.wait<0>
+        if not run_on:
+            barrier()  # cp.async.wait_group 0 and __syncthreads
+            assert not reads
+            if item + 1 < nitems:
+                prologue(item + 1)
+        g0 = (g0 + ktiles) % stages if run_on else 0
+
+
+@pytest.mark.parametrize("lead, runon", [(2, False), (3, False), (2, True), (3, True)])
+@pytest.mark.parametrize("ktiles", [1, 2, 3, 4, 5, 9, 64])
+def test_wgmma_ring_schedule(lead, runon, ktiles):
+    """The persistent ring (gemm_wgmma_p and its candidates: LEAD 2 or 3 of 4 stages, run-on or not) for
+    one and several items: no K tile read before it lands or from the wrong stage, no stage overwritten
+    while a warpgroup may still read it."""
+    for nitems in (1, 2, 5):
+        _wgmma_ring_schedule(4, lead, runon, ktiles, nitems)
+
+
+def test_wgmma_ring_schedule_catches_a_short_ring():
+    """The replay fails a wrong schedule: 3 K tiles copied ahead in a ring of 3 stages (the copy of K tile
+    kt + 3 goes to the stage tile kt is being read from)."""
+    with pytest.raises(AssertionError):
+        _wgmma_ring_schedule(3, 3, False, 9, 2)
