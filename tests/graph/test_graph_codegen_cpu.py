@@ -306,3 +306,16 @@ def test_fused_gelu_on_persistent_wgmma_does_not_spill():
     props = {f: (int(a), int(b)) for f, a, b in re.findall(
         r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
     assert props.get(lowered[fe]) == (0, 0), log
+    # bias + residual (two pair loads a column pair): with the next tile's copier live through the epilogue
+    # it spilled 264 bytes; set up again after it, 4 (the one-block kernel before the persistent form: 36)
+    nodes = [cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("v", 0), b=("op", 1))]
+    prog = cg.PwProgram([("bf16", "in"), ("bf16", "in")], nodes, [])
+    name, text = cg.matmul_source(prog, ("v", 1), "bf16", M.WG_PERSIST_TILE, M.TC_GENERAL, False, False,
+                                  access=["C", "c"])
+    fe = f"pydnn::graph::{name}_f"
+    _, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                          COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert lowered[fe] in props and props[lowered[fe]][1] <= 64, log
