@@ -17,7 +17,12 @@ Rows:
   host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
               between syncs, int pointers and torch tensors).
 
-    python tools/bench_graph.py [--quick]
+    python tools/bench_graph.py [--quick [--ab]]
+
+--quick --ab (the graph branch's mid-session run, ~40 s with its compiles): the 128x256 wgmma tile one block a
+tile, persistent (tuning.matmul.WG_PERSIST) and each WG_CANDIDATES entry, plain on 16384x4096x4096 and 8192^3
+(the persistent one also with the raster's group_m at 4 and 16) and fused gelu(x@W+b), each against torch in
+alternating rounds; then the rowmax and chain rows. Every unit it needs is compiled first in parallel threads.
 """
 import argparse
 import statistics
