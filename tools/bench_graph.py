@@ -259,6 +259,8 @@ def prebuild_ab(h, shapes):
 
     M.wgmma_extra_units()
     loader.register_units([KernelUnit("matmul.wgbench.bf16", "matmul.cu", (M.WG_TILES[0].expr("bf16", False, False),),
+                                      archs=(M.WG_ARCH + "a",)),
+                           KernelUnit("matmul.wgbench2.bf16", "matmul.cu", (M.WG_TILES[1].expr("bf16", True, False),),
                                       archs=(M.WG_ARCH + "a",))])
     units = []
     orig = engines._compile
@@ -275,7 +277,8 @@ def prebuild_ab(h, shapes):
     finally:
         engines._compile = orig
         tuning.matmul.reset()
-    names = {"matmul.wgbench.bf16", "matmul.wgmmap.bf16"} | {f"{t.unit}.bf16" for t in M.WG_CANDIDATES}
+    names = {"matmul.wgbench.bf16", "matmul.wgbench2.bf16", "matmul.wgmmap.bf16", "matmul.bf16.tn"} | \
+        {f"{t.unit}.bf16" for t in M.WG_CANDIDATES}
     units += [loader._unit(nm, h.arch) for nm in sorted(names)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(16) as ex:
@@ -295,6 +298,35 @@ def _fused_forced(h, shape, tile):
     finally:
         M._choose_tile = orig
     return g
+
+
+def bench_wgrad_shapes(h, tiles=True):
+    """The GPT demo's Linear weight gradients dW = dY^T X (A transposed: [K][M] row-major, K = 16384 tokens,
+    small M x N): the chooser's kernel and, forced, the wgmma tiles, against torch.mm(dy.t(), x)."""
+    from pydnn.ops import matmul as M
+
+    for m, n, k in ((384, 1152, 16384), (1536, 384, 16384)):
+        a = torch.randn(k, m, device="cuda").to(torch.bfloat16)   # dY: [tokens][m], used transposed
+        b = torch.randn(k, n, device="cuda").to(torch.bfloat16)   # X: [tokens][n]
+        c, out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16), torch.empty(m, n, device="cuda",
+                                                                                      dtype=torch.bfloat16)
+        wg128 = M.WgTile(128, 3, 1.3, per_sm=2, unit="matmul.wgbench2")  # WG_TILES[1] from a one-kernel unit
+        variants = [("chooser", None)] + ([(f"{t}", t) for t in (wg128, M.WG_PERSIST_TILE)] if tiles else [])
+        for label, tile in variants:
+            orig = M._choose_tile
+            if tile is not None:
+                M._choose_tile = lambda *x, _t=tile: _t
+            try:
+                plan = M.gemm_plan(h, BF16, m, n, k, trans_a=True)
+            finally:
+                M._choose_tile = orig
+            ap, bp, cp = a.data_ptr(), b.data_ptr(), c.data_ptr()
+            ms_p, ms_t = time_pair(lambda: plan.launch(h, ap, bp, cp), lambda: torch.mm(a.t(), b, out=out), rounds=3)
+            torch.cuda.synchronize()
+            err = float((c.float() - out.float()).abs().max() / out.float().abs().max())
+            row("wgrad", f"{m}x{n}x{k} tn [{label}] (rel {err:.1e})", "bf16", ms_p, ms_t, "torch.mm",
+                flops=2.0 * m * n * k, note=plan.describe()[0].split("<")[0].split("::")[-1])
+        del a, b, c, out
 
 
 def bench_ab(h, copy_gbs):
@@ -348,6 +380,7 @@ def bench_ab(h, copy_gbs):
             flops=2.0 * m * n * k, note=f"| fused/plain same tile {ms_p / plain[(s, label)]:.3f}x, "
                                         f"/plain one-block {ms_p / plain[(s, 'one block a tile')]:.3f}x")
     del x, w, b, y, ref
+    bench_wgrad_shapes(h)
     bench_rowmax(h, *s, plain[(s, "persistent")], rounds=2)
     bench_chain(h, copy_gbs, rounds=2)
 
