@@ -364,17 +364,20 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
 template <class T, int BM, int BN, int THREADS, bool TA, bool TB, bool WG = false> struct StageCopier {
   Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA, WG> ca;
   Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB, WG> cb;
+  int kdim;  // the K extent copied (p.k; a split-K item's own range)
   StageCopier() = default;
   __device__ __forceinline__ StageCopier(const MatmulParams& p, const T* A, const T* B, int m0, int n0) {
     init(p, A, B, m0, n0);
   }
-  __device__ __forceinline__ void init(const MatmulParams& p, const T* A, const T* B, int m0, int n0) {
-    if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
-    if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
+  // A and B point at K index 0 of the range; k: its length (p.k but for split-K)
+  __device__ __forceinline__ void init(const MatmulParams& p, const T* A, const T* B, int m0, int n0, int k = -1) {
+    kdim = k < 0 ? p.k : k;
+    if (TA) ca.init(A, p.lda, 0, kdim, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, kdim);
+    if (TB) cb.init(B, p.ldb, n0, p.n, 0, kdim); else cb.init(B, p.ldb, 0, kdim, n0, p.n);
   }
   __device__ __forceinline__ void copy(const MatmulParams& p, T* sa, int a_elems, int kt) {
-    ca.copy(sa, p.lda, p.k - kt * kBK);
-    cb.copy(sa + a_elems, p.ldb, p.k - kt * kBK);
+    ca.copy(sa, p.lda, kdim - kt * kBK);
+    cb.copy(sa + a_elems, p.ldb, kdim - kt * kBK);
   }
   __device__ __forceinline__ void skip(const MatmulParams& p, int tiles) {
     ca.skip(p.lda, tiles);
@@ -637,7 +640,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // RUNON (a candidate): the ring runs on from item to item (the K loop's last LEAD copy slots fetch the
 // next item's first K tiles, as gemm_simt does), so they land before the epilogue even starts.
 template <class T, int BN, int STAGES, bool TA, bool TB, bool PERSIST = false, int LEAD = STAGES - 2,
-          bool RUNON = false, class Epi>
+          bool RUNON = false, bool SPLIT = false, class Epi>
 __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_wgmma needs the sm_90a target (KernelUnit archs)");
@@ -646,6 +649,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
   constexpr int SLAB = 64 * kBK * (int)sizeof(T);  // bytes of 64 rows of 128 bytes (one slab / 64 M rows)
   static_assert(STAGES >= 3 && (BN == 128 || BN == 256), "gemm_wgmma tile");
   static_assert(LEAD == STAGES - 2 || LEAD == STAGES - 1, "gemm_wgmma: LEAD K tiles in flight");
+  static_assert(!SPLIT || (PERSIST && !RUNON && !Epi::kActive), "split-K: the plain persistent kernel");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma's swizzle atoms need 1024-byte aligned addresses (the launch adds 1 KiB of slack).
   const unsigned raw = smem_u32(smem_raw);
@@ -653,7 +657,6 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
   const unsigned sbase = smem_u32(smem);
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int ktiles = (p.k + kBK - 1) / kBK;
 
   // Work items: item = z * per_batch + tile id (tile_coords_of's raster). One block per tile (PERSIST
   // false): the grid's x is the tile, z loops with stride gridDim.z. PERSIST: a grid of at most a wave of
@@ -665,13 +668,30 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
   const long long step = PERSIST ? (long long)gridDim.x : (long long)gridDim.z * per_batch;
   StageCopier<T, BM, BN, THREADS, TA, TB, true> cp;
   auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
+  // Point the copier at the operands of batch zz's tile (mm0, nn0); returns the K tiles of the item. SPLIT:
+  // zz is the split, whose K range starts k_split * zz (batch 1: no batch strides).
+  auto setup = [&](long long zz, int mm0, int nn0) {
+    const T* A = reinterpret_cast<const T*>(p.a);
+    const T* B = reinterpret_cast<const T*>(p.b);
+    int klen = p.k;
+    if constexpr (SPLIT) {
+      const int k0 = (int)zz * p.k_split;
+      klen = min(p.k_split, p.k - k0);
+      A += TA ? (long long)k0 * p.lda : (long long)k0;
+      B += TB ? (long long)k0 : (long long)k0 * p.ldb;
+    } else {
+      A += zz * p.stride_a;
+      B += zz * p.stride_b;
+    }
+    cp.init(p, A, B, mm0, nn0, klen);
+    return (klen + kBK - 1) / kBK;
+  };
   // Point the copier at item `it`'s tile and copy its first D K tiles (one commit group each).
   auto prologue = [&](long long it) {
     const long long zz = it / per_batch;
     int tm, tn;
     tile_coords_of(p, (int)(it - zz * per_batch), tm, tn);
-    cp.init(p, reinterpret_cast<const T*>(p.a) + zz * p.stride_a, reinterpret_cast<const T*>(p.b) + zz * p.stride_b,
-            tm * BM, tn * BN);
+    const int ktiles = setup(zz, tm * BM, tn * BN);
 #pragma unroll
     for (int s = 0; s < D; ++s) {
       if (s < ktiles) load_stage(s, s);
@@ -683,8 +703,6 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
 
   for (; item < items; item += step) {
     const long long nitem = item + step;
-    // RUNON: the last LEAD copy slots of this item's K loop fetch the next item's first K tiles
-    const bool run_on = RUNON && PERSIST && nitem < items && ktiles >= D;
     const long long z = item / per_batch;
     int tm, tn;
     tile_coords_of(p, (int)(item - z * per_batch), tm, tn);
@@ -692,9 +710,10 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     // The copier set up again past the K tiles already copied (by the prologue or the previous item's
     // run-on slots), so that none of its registers is live through the previous item's epilogue (the
     // fused bias + residual epilogue spilled 264 bytes with them live, 36 without; ptxas sm_90a).
-    cp.init(p, reinterpret_cast<const T*>(p.a) + z * p.stride_a, reinterpret_cast<const T*>(p.b) + z * p.stride_b,
-            m0, n0);
+    const int ktiles = setup(z, m0, n0);
     cp.skip(p, min(D, ktiles));
+    // RUNON: the last LEAD copy slots of this item's K loop fetch the next item's first K tiles
+    const bool run_on = RUNON && PERSIST && nitem < items && ktiles >= D;
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -726,8 +745,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
           const long long zz = nitem / per_batch;
           int ntm, ntn;
           tile_coords_of(p, (int)(nitem - zz * per_batch), ntm, ntn);
-          cp.init(p, reinterpret_cast<const T*>(p.a) + zz * p.stride_a,
-                  reinterpret_cast<const T*>(p.b) + zz * p.stride_b, ntm * BM, ntn * BN);
+          setup(zz, ntm * BM, ntn * BN);  // (not SPLIT: every item has the same K tiles)
         }
         load_stage((g0 + next) % STAGES, next - ktiles);
       }
@@ -742,6 +760,25 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     }
     g0 = run_on ? (g0 + ktiles) % STAGES : 0;
 
+    if constexpr (SPLIT) {
+      // the split's fp32 partial (no alpha), row pitch ldc (even: float2 stores), stride_c per split
+      float* W = reinterpret_cast<float*>(p.c) + z * p.stride_c;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+        if (row >= p.m) continue;
+        float* wrow = W + (long long)row * p.ldc;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = n0 + j * 8 + (lane & 3) * 2;
+          if (col + 1 < p.n)
+            *reinterpret_cast<float2*>(wrow + col) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          else if (col < p.n)
+            wrow[col] = acc[4 * j + 2 * h];
+        }
+      }
+      continue;
+    }
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
     if constexpr (!Epi::kActive) {
@@ -857,6 +894,41 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
 template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
 __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
   gemm_wgmma_body<T, BN, STAGES, TA, TB>(p, NoEpi());
+}
+
+// Split-K (the persistent 128 x BN kernel): the K range cut into batch splits of k_split elements, each
+// (split, tile) item's fp32 partial written to the workspace at c (no alpha, beta or bias); then
+// splitk_reduce. For problems whose tiles fill too few SMs with a long K (a Linear layer's weight
+// gradient: M x N = 384 x 1152, K = 16384 tokens makes 15 tiles of 128 x 256 for 132 SMs).
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
+__global__ void __launch_bounds__(256, MINB) gemm_wgmma_s(MatmulParams p) {
+  gemm_wgmma_body<T, BN, STAGES, TA, TB, true, STAGES - 2, false, true>(p, NoEpi());
+}
+
+// C = alpha * (sum of the batch partials at a, in split order: deterministic) + beta * C + bias, a column
+// pair a thread (grid-stride): a = the float partials (row pitch lda, even; stride_a apart), the rest as
+// the GEMM's own params.
+template <class T>
+__global__ void __launch_bounds__(256) splitk_reduce(MatmulParams p) {
+  const float* W = reinterpret_cast<const float*>(p.a);
+  const int pairs = (p.n + 1) / 2;
+  const long long total = (long long)p.m * pairs;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int row = (int)(i / pairs), col = (int)(i - (long long)row * pairs) * 2;
+    const float* w = W + (long long)row * p.lda + col;
+    float v0 = 0.f, v1 = 0.f;
+    if (col + 1 < p.n) {
+      for (int s = 0; s < p.batch; ++s) {
+        const float2 t = *reinterpret_cast<const float2*>(w + s * p.stride_a);
+        v0 += t.x;
+        v1 += t.y;
+      }
+    } else {
+      for (int s = 0; s < p.batch; ++s) v0 += w[s * p.stride_a];
+    }
+    store_pair<T>(p, reinterpret_cast<T*>(p.c) + (long long)row * p.ldc, reinterpret_cast<const T*>(p.bias), col,
+                  v0, v1);
+  }
 }
 
 // The persistent form (a grid of at most one wave of blocks walking the tiles; see gemm_wgmma_body).

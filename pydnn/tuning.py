@@ -267,6 +267,9 @@ matmul = Switches(
     WG_PERSIST=(True, 'sm_90: the 128x256 wgmma tile runs persistent (gemm_wgmma_p: one wave of blocks, the '
                       "next tile's first K tiles copied during an epilogue), for plain and fused (graph) GEMMs; "
                       'False: one block per tile (gemm_wgmma); the reasons: pydnn/ops/matmul.py'),
+    SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
+                   '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
+                   'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
 )
 
 attention = Switches(

@@ -277,7 +277,8 @@ def prebuild_ab(h, shapes):
     finally:
         engines._compile = orig
         tuning.matmul.reset()
-    names = {"matmul.wgbench.bf16", "matmul.wgbench2.bf16", "matmul.wgmmap.bf16", "matmul.bf16.tn"} | \
+    names = {"matmul.wgbench.bf16", "matmul.wgbench2.bf16", "matmul.wgmmap.bf16", "matmul.bf16.tn",
+             "matmul.wgmmas.bf16"} | \
         {f"{t.unit}.bf16" for t in M.WG_CANDIDATES}
     units += [loader._unit(nm, h.arch) for nm in sorted(names)]
     t0 = time.perf_counter()
@@ -311,15 +312,18 @@ def bench_wgrad_shapes(h, tiles=True):
         c, out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16), torch.empty(m, n, device="cuda",
                                                                                       dtype=torch.bfloat16)
         wg128 = M.WgTile(128, 3, 1.3, per_sm=2, unit="matmul.wgbench2")  # WG_TILES[1] from a one-kernel unit
-        variants = [("chooser", None)] + ([(f"{t}", t) for t in (wg128, M.WG_PERSIST_TILE)] if tiles else [])
+        variants = [("chooser", None), ("split-K", "split")] + \
+            ([(f"{t}", t) for t in (wg128, M.WG_PERSIST_TILE)] if tiles else [])
         for label, tile in variants:
             orig = M._choose_tile
-            if tile is not None:
+            if tile is not None and tile != "split":
                 M._choose_tile = lambda *x, _t=tile: _t
             try:
-                plan = M.gemm_plan(h, BF16, m, n, k, trans_a=True)
+                plan = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=tile == "split")
             finally:
                 M._choose_tile = orig
+            if tile == "split":
+                label += f" {plan.split}"
             ap, bp, cp = a.data_ptr(), b.data_ptr(), c.data_ptr()
             ms_p, ms_t = time_pair(lambda: plan.launch(h, ap, bp, cp), lambda: torch.mm(a.t(), b, out=out), rounds=3)
             torch.cuda.synchronize()

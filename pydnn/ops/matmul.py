@@ -89,6 +89,7 @@ class MatmulParams(ctypes.Structure):
         ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
         ("m", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int), ("batch", ctypes.c_int),
         ("tiles_m", ctypes.c_int), ("tiles_n", ctypes.c_int), ("group_m", ctypes.c_int), ("flags", ctypes.c_uint),
+        ("k_split", ctypes.c_int),
     ]
 
 
@@ -133,7 +134,8 @@ class WgTile:
     wgmma's 128B-swizzled layout (+1 KiB to align them to 1024 bytes); `eff` as TcTile's (relative to
     the 128x256 mma.sync tile)."""
 
-    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma", persist=False, lead=None, runon=False):
+    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma", persist=False, lead=None, runon=False,
+                 split=False):
         self.bm, self.bn, self.stages, self.eff = 128, bn, stages, eff
         self.per_sm, self.threads = per_sm, 256
         self.unit = unit
@@ -145,13 +147,18 @@ class WgTile:
         self.runon = runon  # the K loop runs on into the next tile (persistent only)
         if runon and not persist:
             raise ValueError("runon needs persist")
+        self.split = split  # gemm_wgmma_s: split-K partials (persistent, default lead)
+        if split and (not persist or runon or self.lead != stages - 2):
+            raise ValueError("split needs persist, no runon, the default lead")
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024
 
     def expr(self, tag, ta, tb, vec=True):
         if not vec:
             raise ValueError("gemm_wgmma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
-        kern = "gemm_wgmma_p" if self.persist else "gemm_wgmma"
+        kern = "gemm_wgmma_s" if self.split else "gemm_wgmma_p" if self.persist else "gemm_wgmma"
+        if self.split:
+            return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}>"
         lead = f", {self.lead}" if self.lead != self.stages - 2 or self.runon else ""
         lead += ", true" if self.runon else ""
         return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}{lead}>"
@@ -177,6 +184,15 @@ WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
 # one wave of blocks walking the tiles in the same raster, the next tile's first K tiles copied during
 # this tile's epilogue. The chooser takes it in place of WG_TILES[0] when tuning.matmul.WG_PERSIST is set.
 WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True)
+# Split-K (units matmul.wgmmas.f16 / .bf16, with splitk_reduce): gemm_plan(split_k=True) on sm_90 cuts K into
+# S splits when the 128x256 tiles fill less than 3/4 of a wave and K is long (a Linear layer's weight
+# gradient dW = dY^T X: M x N = 384 x 1152, K = 16384 tokens is 15 tiles for 132 SMs; the lead's profile of
+# the GPT demo, H200: 215 us a call on the 64x64 mma.sync tile). Each (split, tile) item writes its fp32
+# partial to a workspace the plan owns (S x m x n floats, allocated at its first launch on a handle);
+# splitk_reduce sums the S partials in split order (deterministic) and applies alpha, beta and the bias.
+WG_SPLIT_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmas", persist=True, split=True)
+SPLIT_MIN_KTILES = 8   # K tiles (of 64) a split walks at least
+SPLIT_MAX = 16
 # WG_CANDIDATES: the persistent 128x256 tile with 3 K tiles copied ahead (two barriers a K tile).
 WG_CANDIDATES = (WgTile(256, 4, 1.6, unit="matmul.wgcand", persist=True, lead=3),
                  WgTile(256, 4, 1.6, unit="matmul.wgcand2", persist=True, runon=True))
@@ -260,7 +276,37 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
-    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap")
+    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units()
+
+
+def _reduce_expr(tag):
+    return f"pydnn::matmul::splitk_reduce<{CTYPE[tag]}>"
+
+
+def split_units():
+    """The split-K units (sm_90a): gemm_wgmma_s for every transposition and splitk_reduce, per type."""
+    return [KernelUnit(f"matmul.wgmmas.{tag}", "matmul.cu",
+                       tuple(WG_SPLIT_TILE.expr(tag, tn[0] == "t", tn[1] == "t") for tn in TRANS) + (_reduce_expr(tag),),
+                       archs=(WG_ARCH + "a",))
+            for tag in ("f16", "bf16")]
+
+
+def _split_k(m, n, k, batch, sm_count, arch):
+    """(splits, K elements a split) of a split-K plan, or None: sm_90 with USE_WGMMA and SPLIT_K, batch 1,
+    the 128x256 tiles filling less than 3/4 of a wave, and at least 2 splits of SPLIT_MIN_KTILES K tiles.
+    The splits fill the SMs (at most SPLIT_MAX), every split but the last walks the same K tiles."""
+    if not (tuning.matmul.SPLIT_K and tuning.matmul.USE_WGMMA and arch == WG_ARCH and batch == 1 and m and n):
+        return None
+    tiles = cdiv(m, 128) * cdiv(n, 256)
+    sms = max(sm_count, 1)
+    if 4 * tiles >= 3 * sms:
+        return None
+    kt = cdiv(k, BK)
+    s = min(sms // tiles, kt // SPLIT_MIN_KTILES, SPLIT_MAX)
+    if s < 2:
+        return None
+    chunk = cdiv(kt, s)
+    return cdiv(kt, chunk), chunk * BK
 
 
 def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
@@ -388,7 +434,7 @@ class GemmPlan:
 
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
-                 "empty", "vec_ok", "pair_ok", "fast", "general")
+                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "reduce", "ws_bytes", "_ws")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
@@ -422,10 +468,30 @@ class GemmPlan:
         if self.pair_ok and c % (2 * es) == 0:
             flags |= FLAG_PAIR
         rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
+        if self.split and rec is self.fast:
+            ws = self._workspace(handle)
+            p = rec.params
+            p.a, p.b, p.c, p.bias, p.alpha, p.beta, p.flags = a, b, ws, 0, 1.0, 0.0, 0
+            driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
+            rec = self.reduce
+            a = ws
         p = rec.params
         p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
         p.alpha, p.beta, p.flags = alpha, beta, flags
         driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
+
+    def _workspace(self, handle):
+        """The split-K partials' device memory for this handle's context: allocated at the plan's first
+        launch there and kept by the plan (ws_bytes)."""
+        ws = self._ws
+        if ws is None or ws[0] != handle.ctx:
+            from .._cuda.memory import DeviceArray
+            import numpy as np
+
+            with driver.pushed(handle.ctx):
+                arr = DeviceArray((self.ws_bytes,), np.uint8)
+            ws = self._ws = (handle.ctx, arr)
+        return ws[1].ptr
 
 
 def _no_overlap(c, c_bytes, x, x_bytes, name):
@@ -465,9 +531,11 @@ def _simt_launch(plan, sm_count):
 
 
 def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None, batch=1,
-              stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False):
+              stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False, split_k=False):
     """Validate a GEMM problem and choose its kernels (see the module docstring). Raises PydnnError
-    naming the argument; touches no GPU memory."""
+    naming the argument; touches no GPU memory. split_k: the plan may cut K into splits (WG_SPLIT_TILE;
+    two launches, a workspace the plan allocates at its first launch); only for callers that launch through
+    plan.launch (not those that take plan.fast's record, like the RNN engine)."""
     check_handle(handle)
     pl = GemmPlan()
     pl.dtype = _dtype(dtype)
@@ -496,7 +564,8 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
-    pl.fast = pl.general = None
+    pl.fast = pl.general = pl.reduce = pl._ws = None
+    pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False
     if pl.empty:
         return pl
@@ -507,10 +576,34 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     # cp.async moves 16-byte chunks: every row (and batch) start of A and B must be 16-byte aligned.
     pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
                                                                      pl.stride_b % 8 == 0))
-    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
-                         handle.sm_count)
+    sp = _split_k(m, n, k, pl.batch, handle.sm_count, handle.arch) if split_k and pl.vec_ok else None
+    if sp is not None:
+        _split_launches(pl, tag, sp, handle.sm_count)
+    else:
+        pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
+                             handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
+
+
+def _split_launches(pl, tag, sp, sm_count):
+    """The split-K launches of plan pl: gemm_wgmma_s (batch = the splits, C = the fp32 partials at row pitch
+    ldw, n rounded up to even) and splitk_reduce into C."""
+    s, ks = sp
+    t = WG_SPLIT_TILE
+    tm, tn = cdiv(pl.m, t.bm), cdiv(pl.n, t.bn)
+    ldw = pl.n + (pl.n & 1)
+    p = _params(pl, tm, tn)
+    p.batch, p.k_split, p.ldc, p.stride_c, p.stride_a, p.stride_b = s, ks, ldw, pl.m * ldw, 0, 0
+    unit = f"{t.unit}.{tag}"
+    pl.fast = _Launch(unit, t.expr(tag, pl.trans_a, pl.trans_b), (min(tm * tn * s, t.per_sm * max(sm_count, 1)), 1, 1),
+                      (t.threads, 1, 1), t.smem, p)
+    r = _params(pl, tm, tn)
+    r.batch, r.lda, r.stride_a = s, ldw, pl.m * ldw
+    pairs = pl.m * ((pl.n + 1) // 2)
+    pl.reduce = _Launch(unit, _reduce_expr(tag), (max(1, min(cdiv(pairs, 256), 8 * max(sm_count, 1))), 1, 1),
+                        (256, 1, 1), 0, r)
+    pl.split, pl.ws_bytes = sp, s * pl.m * ldw * 4
 
 
 def gemm(handle, dtype, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None,

@@ -216,7 +216,7 @@ def test_wgmma_units_are_sm90a_only():
     from pydnn._build import loader, manifest
 
     units = {u.name: u for u in M.kernel_units()}
-    for tag, name in [(t, f"matmul.{kind}.{t}") for t in ("f16", "bf16") for kind in ("wgmma", "wgmmap")]:
+    for tag, name in [(t, f"matmul.{kind}.{t}") for t in ("f16", "bf16") for kind in ("wgmma", "wgmmap", "wgmmas")]:
         u = units[name]
         assert u.archs == ("sm_90a",)
         assert manifest.unit_arch(u, "sm_90") == "sm_90a"
@@ -226,7 +226,7 @@ def test_wgmma_units_are_sm90a_only():
             with pytest.raises(KeyError, match="not built for"):
                 loader.load_unit(arch, u)
     for name, u in units.items():
-        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.")):
+        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.")):
             assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
     with pytest.raises(ValueError):
         M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
@@ -277,7 +277,7 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 13
+    assert len(units) == 15
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -352,7 +352,7 @@ def test_units_compile(arch):
     nv = build.nvrtc.version()
     for u in units:
         target = unit_arch(u, arch)
-        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.")):  # sm_90a only: built as such on sm_90, absent elsewhere
+        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.")):  # sm_90a only: built as such on sm_90, absent elsewhere
             assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
             if target is None:
                 continue
@@ -725,3 +725,75 @@ def test_wgmma_ring_schedule_catches_a_short_ring():
     kt + 3 goes to the stage tile kt is being read from)."""
     with pytest.raises(AssertionError):
         _wgmma_ring_schedule(3, 3, False, 9, 2)
+
+
+# ----------------------------------------------------------------------------- split-K
+
+def test_split_k_plan(monkeypatch):
+    """gemm_plan(split_k=True) on sm_90 cuts a long K into splits when the 128x256 tiles fill less than 3/4
+    of a wave: the GPT demo's weight gradients (the lead's profile) get gemm_wgmma_s (batch = the splits,
+    C = the fp32 partials) and splitk_reduce; never without split_k, off sm_90, with SPLIT_K off, batched,
+    with a short K, or for a problem that fills the SMs."""
+    h = cpu_handle()
+    monkeypatch.setattr(h, "arch", "sm_90")
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", True)
+    pl = M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True)
+    assert pl.split == (8, 2048) and pl.describe()[0] == M.WG_SPLIT_TILE.expr("bf16", True, False)
+    assert "gemm_wgmma_s<" in pl.describe()[0] and pl.fast.unit == "matmul.wgmmas.bf16"
+    assert pl.reduce.expr == "pydnn::matmul::splitk_reduce<pydnn::bf16_t>" and pl.reduce.unit == pl.fast.unit
+    p = pl.fast.params
+    assert (p.batch, p.k_split, p.k, p.ldc, p.stride_c, p.tiles_m, p.tiles_n) == (8, 2048, 16384, 1152,
+                                                                                   384 * 1152, 3, 5)
+    assert pl.describe()[1] == (min(15 * 8, h.sm_count), 1, 1) and pl.ws_bytes == 8 * 384 * 1152 * 4
+    r = pl.reduce.params
+    assert (r.batch, r.lda, r.stride_a, r.m, r.n, r.ldc) == (8, 1152, 384 * 1152, 384, 1152, 1152)
+    pl = M.gemm_plan(h, BF16, 1536, 384, 16384, trans_a=True, split_k=True)
+    assert pl.split == (5, 3328)  # 256 K tiles in splits of 52: the last one 48
+    odd = M.gemm_plan(h, BF16, 130, 77, 5000, trans_b=True, lda=5000, ldb=5000, split_k=True)
+    assert odd.split is not None and odd.fast.params.ldc == 78 and odd.ws_bytes == odd.split[0] * 130 * 78 * 4
+    assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True).split is None  # split_k not asked
+    for kw in (dict(m=4096, n=4096, k=4096), dict(m=384, n=1152, k=512), dict(m=384, n=1152, k=16384, batch=2,
+                                                                            stride_a=384 * 16384,
+                                                                            stride_b=1152 * 16384,
+                                                                            stride_c=384 * 1152),
+               dict(m=384, n=1152, k=16384, lda=16388)):
+        assert M.gemm_plan(h, BF16, trans_a=False, split_k=True, **kw).split is None, kw
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", False)
+    assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True).split is None
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", True)
+    monkeypatch.setattr(h, "arch", "sm_80")
+    assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True).split is None
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m, n, k", [(70, 50, 1000), (33, 20, 640), (9, 7, 64 * 9 + 5)])
+def test_split_k_emulation(ta, tb, m, n, k):
+    """gemm_wgmma_s's operand offsets replayed in numpy: split z reads K range [z k_split, min((z + 1)
+    k_split, k)) at A + (ta ? k0 lda : k0), B + (tb ? k0 : k0 ldb) over the flat operands (leading dims
+    padded); the partials summed in split order as splitk_reduce does equal A @ B."""
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
+    lda, ldb = (m + 3 if ta else k + 5), (k + 2 if tb else n + 4)
+    A = np.zeros((k if ta else m) * lda)
+    B = np.zeros((n if tb else k) * ldb)
+    for i in range(m):
+        for q in range(k):
+            A[q * lda + i if ta else i * lda + q] = a[i, q]
+    for q in range(k):
+        for j in range(n):
+            B[j * ldb + q if tb else q * ldb + j] = b[q, j]
+    kt = -(-k // 64)
+    for s in (2, 3, 5):
+        chunk = -(-kt // s)
+        splits, ks = -(-kt // chunk), chunk * 64
+        total = np.zeros((m, n))
+        for z in range(splits):
+            k0 = z * ks
+            klen = min(ks, k - k0)
+            assert klen > 0
+            ao, bo = (k0 * lda if ta else k0), (k0 if tb else k0 * ldb)
+            opa = np.array([[A[ao + q * lda + i] if ta else A[ao + i * lda + q] for q in range(klen)] for i in range(m)])
+            opb = np.array([[B[bo + j * ldb + q] if tb else B[bo + q * ldb + j] for j in range(n)] for q in range(klen)])
+            total = total + opa @ opb
+        np.testing.assert_allclose(total, a @ b, rtol=1e-12, atol=1e-9)

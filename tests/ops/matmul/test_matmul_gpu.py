@@ -353,3 +353,42 @@ def test_simt_batches_side_by_side(handle, rng, trans):
     pb = Problem(rng, F32, m, n, k, ta, tb, lda, ldb, batch * n + 3, batch, ra * lda, rb * ldb, n)
     pb.run(handle, rng)
     pb.run(handle, rng, alpha=0.5, beta=1.5)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_split_k(handle, rng, dtype, trans):
+    """Split-K (sm_90, gemm_plan(split_k=True): gemm_wgmma_s + splitk_reduce): partial tiles on the m / n
+    edges, an odd n (the workspace's row pitch rounded up), a ragged last split and a ragged last K tile,
+    with bias, alpha and beta; the GEMM's launches repeated give bitwise the same C (the partials summed in
+    split order)."""
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"split-K runs on {M.WG_ARCH} only (this device is {handle.arch})")
+    ta, tb = trans
+    up = lambda v: -(-v // 8) * 8  # noqa: E731
+    for m, n, k in [(130, 77, 5000), (384, 1152, 16384), (257, 300, 64 * 20 + 24)]:
+        ra, lda = (k, up(m)) if ta else (m, up(k))
+        rb, ldb = (n, up(k)) if tb else (k, up(n))
+        pb = Problem(rng, dtype, m, n, k, ta, tb, lda=lda, ldb=ldb, ldc=up(n), bias=True, pad8=True)
+        plan = M.gemm_plan(handle, dtype, m, n, k, split_k=True, **pb.kw())
+        assert plan.split is not None and plan.describe()[0] == M.WG_SPLIT_TILE.expr(M.TAG[dtype], ta, tb)
+        pb.run(handle, rng, plan=plan)
+        first = pb.c.download()
+        pb.run(handle, rng, plan=plan)
+        np.testing.assert_array_equal(pb.c.download(), first)
+        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+
+
+def test_split_k_through_pydnn_matmul(handle, rng):
+    """pydnn.matmul (the public call, which allows split-K) on a weight-gradient shape: dW = dY^T X with dY
+    stored [K][M] (A column-major through its strides), against float64; C's gaps untouched."""
+    from devtensor import DevTensor
+
+    m, n, k = 384, 640, 8192
+    a = DevTensor((m, k), BF16, strides=(1, m))
+    b = DevTensor((k, n), BF16)
+    c = DevTensor((m, n), BF16, strides=(n + 8, 1))
+    av, bv = a.random(rng, -1, 1), b.random(rng, -1, 1)
+    pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr)
+    assert_close(c.download(), av @ bv, BF16, "pydnn.matmul split-K", scale=np.abs(av) @ np.abs(bv))
+    c.check_untouched()
