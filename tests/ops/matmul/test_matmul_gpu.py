@@ -366,13 +366,15 @@ def test_split_k(handle, rng, dtype, trans):
         pytest.skip(f"split-K runs on {M.WG_ARCH} only (this device is {handle.arch})")
     ta, tb = trans
     up = lambda v: -(-v // 8) * 8  # noqa: E731
-    for m, n, k in [(130, 77, 5000), (384, 1152, 16384), (257, 300, 64 * 20 + 24)]:
+    for m, n, k in [(130, 77, 5000), (257, 300, 64 * 20 + 24), (384, 1152, 8192)]:
         ra, lda = (k, up(m)) if ta else (m, up(k))
         rb, ldb = (n, up(k)) if tb else (k, up(n))
         pb = Problem(rng, dtype, m, n, k, ta, tb, lda=lda, ldb=ldb, ldc=up(n), bias=True, pad8=True)
         plan = M.gemm_plan(handle, dtype, m, n, k, split_k=True, **pb.kw())
         assert plan.split is not None and plan.describe()[0] == M.WG_SPLIT_TILE.expr(M.TAG[dtype], ta, tb)
         pb.run(handle, rng, plan=plan)
+        if m * n * k > 10**8:
+            continue  # the weight-gradient-like shape once (its float64 reference costs seconds)
         first = pb.c.download()
         pb.run(handle, rng, plan=plan)
         np.testing.assert_array_equal(pb.c.download(), first)
