@@ -181,9 +181,13 @@ class WgTile:
 # wgmma_extra_units by the tests and the benchmark, not by the build).
 WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
 # The persistent form of WG_TILES[0] (gemm_wgmma_p, units matmul.wgmmap.f16 / .bf16): the same tile and ring,
-# one wave of blocks walking the tiles in the same raster, the next tile's first K tiles copied during
-# this tile's epilogue. The chooser takes it in place of WG_TILES[0] when tuning.matmul.WG_PERSIST is set.
-WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True)
+# one wave of blocks walking the tiles in the same raster, the K loop running on into the next tile (its
+# last copy slots fetch the next tile's first K tiles, so they land before the epilogue starts). The chooser
+# takes it in place of WG_TILES[0] when tuning.matmul.WG_PERSIST is set. Measured (H200, tools/bench_graph.py
+# --quick --ab, ratios to torch.mm in alternating rounds; torch itself drifted 777 -> 672 TFLOP/s over the
+# run): 16384x4096x4096 0.884x (one block a tile 0.825x), 8192^3 0.925x (0.830x); without run-on (the
+# next tile's copies issued after the main loop) 0.805x / 0.852x, with 3 K tiles ahead 0.812x / 0.838x.
+WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True, runon=True)
 # Split-K (units matmul.wgmmas.f16 / .bf16, with splitk_reduce): gemm_plan(split_k=True) on sm_90 cuts K into
 # S splits when the 128x256 tiles fill less than 3/4 of a wave and K is long (a Linear layer's weight
 # gradient dW = dY^T X: M x N = 384 x 1152, K = 16384 tokens is 15 tiles for 132 SMs; the lead's profile of
@@ -193,9 +197,10 @@ WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True)
 WG_SPLIT_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmas", persist=True, split=True)
 SPLIT_MIN_KTILES = 8   # K tiles (of 64) a split walks at least
 SPLIT_MAX = 16
-# WG_CANDIDATES: the persistent 128x256 tile with 3 K tiles copied ahead (two barriers a K tile).
-WG_CANDIDATES = (WgTile(256, 4, 1.6, unit="matmul.wgcand", persist=True, lead=3),
-                 WgTile(256, 4, 1.6, unit="matmul.wgcand2", persist=True, runon=True))
+# WG_CANDIDATES: none now. Measured and not kept (tools/notes/matmul.md, v5): the persistent tile without
+# run-on (the next tile's first K tiles copied after the main loop, during the epilogue) and with 3 K tiles
+# copied ahead (a second barrier a K tile): both no faster than one block a tile.
+WG_CANDIDATES = ()
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)

@@ -298,7 +298,7 @@ def test_fused_gelu_on_persistent_wgmma_does_not_spill():
 
     name, text = cg.matmul_source(_bias_gelu_program(), ("v", 1), "bf16", M.WG_PERSIST_TILE, M.TC_GENERAL, False,
                                   False, access=["C"])
-    assert "gemm_wgmma_body<pydnn::bf16_t, 256, 4, false, false, true>" in text
+    assert "gemm_wgmma_body<pydnn::bf16_t, 256, 4, false, false, true, 2, true>" in text  # persistent, run-on
     fe = f"pydnn::graph::{name}_f"
     _, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
                                           COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
