@@ -203,6 +203,11 @@ SPLIT_MAX = 16
 WG_CANDIDATES = ()
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
+# The persistent run-on tile hides a short K loop's fill (the next tile's first K tiles land during this
+# one's last ones), so it takes K >= WG_MIN_K_PERSIST: the GPT demo's small model (d384) runs its
+# x W^T / dY W with K = 384 on the mma.sync 128x256 tile (the lead's profile, H200: 72-78 us a call).
+# Not measured at these K yet (tools/bench_graph.py --ab has no row): a switch-free constant to revisit.
+WG_MIN_K_PERSIST = 256
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
 
 
@@ -351,7 +356,8 @@ def _choose_tile(m, n, batch, sm_count, arch=None, k=0):
     wg = WG_TILES
     if tuning.matmul.WG_PERSIST:
         wg = tuple(WG_PERSIST_TILE if t is WG_TILES[0] else t for t in wg)
-    tiles = TC_TILES + (wg if tuning.matmul.USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
+    min_k = {t: WG_MIN_K_PERSIST if t.persist else WG_MIN_K for t in wg}
+    tiles = TC_TILES + (tuple(t for t in wg if k >= min_k[t]) if tuning.matmul.USE_WGMMA and arch == WG_ARCH else ())
     for t in tiles:
         blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
         slots = t.per_sm * sm_count
