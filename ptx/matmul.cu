@@ -698,10 +698,13 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       cp_async_commit();
     }
   };
-  if (item < items) prologue(item);
+  if (PERSIST && item < items) prologue(item);
   int g0 = 0;  // the ring slot of this item's K tile 0 (RUNON: the ring runs on from item to item)
 
   for (; item < items; item += step) {
+    // one block a tile: each (batch) item's first K tiles copied here (not during the previous epilogue:
+    // the copier's registers live through a fused epilogue spilled it, bias + residual 172 bytes)
+    if constexpr (!PERSIST) prologue(item);
     const long long nitem = item + step;
     const long long z = item / per_batch;
     int tm, tn;
@@ -756,7 +759,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     if (!run_on) {
       cp_async_wait<0>();  // the next item's prologue reuses the ring: nothing may still be landing ...
       __syncthreads();     // ... or being read
-      if (nitem < items) prologue(nitem);
+      if (PERSIST && nitem < items) prologue(nitem);
     }
     g0 = run_on ? (g0 + ktiles) % STAGES : 0;
 
