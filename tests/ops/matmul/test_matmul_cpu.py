@@ -812,3 +812,31 @@ def test_split_k_emulation(ta, tb, m, n, k):
             opb = np.array([[B[bo + j * ldb + q] if tb else B[bo + q * ldb + j] for j in range(n)] for q in range(klen)])
             total = total + opa @ opb
         np.testing.assert_allclose(total, a @ b, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("m, n, splits", [(5, 7, 3), (4, 8, 2), (1, 1, 4), (3, 130, 5)])
+def test_splitk_reduce_emulation(m, n, splits):
+    """splitk_reduce's loop replayed: thread i takes row i / pairs, columns 2 (i % pairs) and the next where it
+    exists, reads split s's partial at row * ldw + col + s * m * ldw (ldw: n rounded up to even, so the pair
+    load is 8-byte aligned) and sums the splits in order; every element of C once, the sum equals numpy's."""
+    rng = np.random.default_rng(3)
+    ldw = n + (n & 1)
+    parts = rng.normal(size=(splits, m, ldw))
+    flat = parts.reshape(-1)
+    pairs = (n + 1) // 2
+    out = np.full((m, n), np.nan)
+    for i in range(m * pairs):
+        row, col = i // pairs, (i % pairs) * 2
+        base = row * ldw + col
+        assert base % 2 == 0
+        v0 = v1 = 0.0
+        for s in range(splits):
+            v0 += flat[base + s * m * ldw]
+            if col + 1 < n:
+                v1 += flat[base + s * m * ldw + 1]
+        assert np.isnan(out[row, col])
+        out[row, col] = v0
+        if col + 1 < n:
+            assert np.isnan(out[row, col + 1])
+            out[row, col + 1] = v1
+    np.testing.assert_allclose(out, parts.sum(0)[:, :n], rtol=1e-12)
