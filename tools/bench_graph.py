@@ -22,7 +22,9 @@ Rows:
 --quick --ab (the graph branch's mid-session run, ~40 s with its compiles): the 128x256 wgmma tile one block a
 tile, persistent (tuning.matmul.WG_PERSIST) and each WG_CANDIDATES entry, plain on 16384x4096x4096 and 8192^3
 (the persistent one also with the raster's group_m at 4 and 16) and fused gelu(x@W+b), each against torch in
-alternating rounds; then the rowmax and chain rows. Every unit it needs is compiled first in parallel threads.
+alternating rounds; the GPT demo's weight gradients (384x1152x16384, 1536x384x16384, A transposed: the
+chooser, split-K, the wgmma tiles forced); then the rowmax and chain rows. Every unit it needs is compiled
+first in parallel threads.
 """
 import argparse
 import statistics
