@@ -20,7 +20,8 @@
 // plain loads. Partial tiles (m, n, k edges) are zero filled, so no garbage (or NaN) reaches an mma.
 //
 // gemm_wgmma (half, bfloat16; sm_90a units only): Hopper warpgroup MMA straight from shared memory
-// (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below.
+// (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below. gemm_wgmma_p: the
+// same, persistent (one wave of blocks walking the tiles).
 //
 // gemm_simt (float): CUDA-core FMA, BM x BN block tiles of 32 x 64 warp tiles, 8 x 8 outputs per thread,
 // both operands K-major in shared memory, fragments double-buffered in registers, the next K tile
@@ -47,6 +48,17 @@ using mma::smem_u32;
 // so that blocks running together share A rows and B columns in L2.
 __device__ __forceinline__ void tile_coords(const MatmulParams& p, int& tm, int& tn) {
   const int id = blockIdx.x;
+  const int per_group = p.group_m * p.tiles_n;
+  const int g = id / per_group;
+  const int first = g * p.group_m;
+  const int rows = min(p.tiles_m - first, p.group_m);
+  const int r = id - g * per_group;
+  tm = first + r % rows;
+  tn = r / rows;
+}
+
+// The (tm, tn) tile of tile index `id` within a batch: tile_coords' raster for any id.
+__device__ __forceinline__ void tile_coords_of(const MatmulParams& p, int id, int& tm, int& tn) {
   const int per_group = p.group_m * p.tiles_n;
   const int g = id / per_group;
   const int first = g * p.group_m;
@@ -342,6 +354,9 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
     }
     g += KROWS ? kBK * ld : kBK;
   }
+
+  // Step past `tiles` K tiles without copying them (a copier set up again for tiles already copied).
+  __device__ __forceinline__ void skip(long long ld, int tiles) { g += (KROWS ? kBK * ld : kBK) * tiles; }
 };
 
 // The A and B Copiers of one K stage (the [rows][kBK] or [kBK][cols] tile each operand's transposition
@@ -349,13 +364,24 @@ template <class T, int ROWS, int COLS, int THREADS, bool KROWS, bool WG = false>
 template <class T, int BM, int BN, int THREADS, bool TA, bool TB, bool WG = false> struct StageCopier {
   Copier<T, TA ? kBK : BM, TA ? BM : kBK, THREADS, TA, WG> ca;
   Copier<T, TB ? BN : kBK, TB ? kBK : BN, THREADS, !TB, WG> cb;
+  int kdim;  // the K extent copied (p.k; a split-K item's own range)
+  StageCopier() = default;
   __device__ __forceinline__ StageCopier(const MatmulParams& p, const T* A, const T* B, int m0, int n0) {
-    if (TA) ca.init(A, p.lda, 0, p.k, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, p.k);
-    if (TB) cb.init(B, p.ldb, n0, p.n, 0, p.k); else cb.init(B, p.ldb, 0, p.k, n0, p.n);
+    init(p, A, B, m0, n0);
+  }
+  // A and B point at K index 0 of the range; k: its length (p.k but for split-K)
+  __device__ __forceinline__ void init(const MatmulParams& p, const T* A, const T* B, int m0, int n0, int k = -1) {
+    kdim = k < 0 ? p.k : k;
+    if (TA) ca.init(A, p.lda, 0, kdim, m0, p.m); else ca.init(A, p.lda, m0, p.m, 0, kdim);
+    if (TB) cb.init(B, p.ldb, n0, p.n, 0, kdim); else cb.init(B, p.ldb, 0, kdim, n0, p.n);
   }
   __device__ __forceinline__ void copy(const MatmulParams& p, T* sa, int a_elems, int kt) {
-    ca.copy(sa, p.lda, p.k - kt * kBK);
-    cb.copy(sa + a_elems, p.ldb, p.k - kt * kBK);
+    ca.copy(sa, p.lda, kdim - kt * kBK);
+    cb.copy(sa + a_elems, p.ldb, kdim - kt * kBK);
+  }
+  __device__ __forceinline__ void skip(const MatmulParams& p, int tiles) {
+    ca.skip(p.lda, tiles);
+    cb.skip(p.ldb, tiles);
   }
 };
 
@@ -602,48 +628,104 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // used (every warpgroup finished reading that stage before the barrier: it waited for that group in
 // iteration kt - 1). So STAGES - 2 copies and one or two MMA groups are in flight. (Issuing that copy
 // before the wait, since the stage is already free, measured no faster on the H200: tools/bench_matmul.py.)
-// The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each).
+// The epilogue is gemm_tc's, from the wgmma accumulator fragment (warps stacked along M, 16 rows each);
+// an interior tile without beta or bias stores straight-line.
 // MINB: blocks per SM the registers are capped for (2: 128 registers a thread, for 128 x 128 tiles
 // whose ring fits twice in shared memory, so one block's barrier and copies overlap the other's MMAs).
-template <class T, int BN, int STAGES, bool TA, bool TB, class Epi>
+// PERSIST (gemm_wgmma_p): one block a tile leaves the SM's tensor cores idle through each tile's
+// epilogue and through the next block's first loads (1 block an SM: the 197 KB ring); a grid of at most one
+// wave of blocks walking the (batch, tile) items in the same raster instead copies the next item's first
+// LEAD K tiles into the free ring right after the main loop, so their latency hides behind the epilogue.
+// LEAD = STAGES - 1 (a candidate): one more K tile in flight, freed by a second barrier a K tile.
+// RUNON (a candidate): the ring runs on from item to item (the K loop's last LEAD copy slots fetch the
+// next item's first K tiles, as gemm_simt does), so they land before the epilogue even starts.
+template <class T, int BN, int STAGES, bool TA, bool TB, bool PERSIST = false, int LEAD = STAGES - 2,
+          bool RUNON = false, bool SPLIT = false, class Epi>
 __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_wgmma needs the sm_90a target (KernelUnit archs)");
 #endif
-  constexpr int BM = 128, THREADS = 256, A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, D = STAGES - 2;
+  constexpr int BM = 128, THREADS = 256, A_ELEMS = BM * kBK, STAGE_ELEMS = (BM + BN) * kBK, D = LEAD;
   constexpr int SLAB = 64 * kBK * (int)sizeof(T);  // bytes of 64 rows of 128 bytes (one slab / 64 M rows)
   static_assert(STAGES >= 3 && (BN == 128 || BN == 256), "gemm_wgmma tile");
+  static_assert(LEAD == STAGES - 2 || LEAD == STAGES - 1, "gemm_wgmma: LEAD K tiles in flight");
+  static_assert(!SPLIT || (PERSIST && !RUNON && !Epi::kActive), "split-K: the plain persistent kernel");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma's swizzle atoms need 1024-byte aligned addresses (the launch adds 1 KiB of slack).
   const unsigned raw = smem_u32(smem_raw);
   T* smem = reinterpret_cast<T*>(smem_raw + (((raw + 1023u) & ~1023u) - raw));
   const unsigned sbase = smem_u32(smem);
 
-  int tm, tn;
-  tile_coords(p, tm, tn);
-  const int m0 = tm * BM, n0 = tn * BN;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int ktiles = (p.k + kBK - 1) / kBK;
 
-  for (long long z = blockIdx.z; z < p.batch; z += gridDim.z) {
-    const T* A = reinterpret_cast<const T*>(p.a) + z * p.stride_a;
-    const T* B = reinterpret_cast<const T*>(p.b) + z * p.stride_b;
-    float acc[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-
-    StageCopier<T, BM, BN, THREADS, TA, TB, true> cp(p, A, B, m0, n0);
-    auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
+  // Work items: item = z * per_batch + tile id (tile_coords_of's raster). One block per tile (PERSIST
+  // false): the grid's x is the tile, z loops with stride gridDim.z. PERSIST: a grid of at most a wave of
+  // blocks, block b taking items b, b + gridDim.x, ...; the first D K tiles of the next item are copied
+  // into the free ring before this item's epilogue, so their load latency hides behind it.
+  const long long per_batch = (long long)p.tiles_m * p.tiles_n;
+  const long long items = per_batch * p.batch;
+  long long item = PERSIST ? (long long)blockIdx.x : (long long)blockIdx.z * per_batch + blockIdx.x;
+  const long long step = PERSIST ? (long long)gridDim.x : (long long)gridDim.z * per_batch;
+  StageCopier<T, BM, BN, THREADS, TA, TB, true> cp;
+  auto load_stage = [&](int stage, int kt) { cp.copy(p, smem + stage * STAGE_ELEMS, A_ELEMS, kt); };
+  // Point the copier at the operands of batch zz's tile (mm0, nn0); returns the K tiles of the item. SPLIT:
+  // zz is the split, whose K range starts k_split * zz (batch 1: no batch strides).
+  auto setup = [&](long long zz, int mm0, int nn0) {
+    const T* A = reinterpret_cast<const T*>(p.a);
+    const T* B = reinterpret_cast<const T*>(p.b);
+    int klen = p.k;
+    if constexpr (SPLIT) {
+      const int k0 = (int)zz * p.k_split;
+      klen = min(p.k_split, p.k - k0);
+      A += TA ? (long long)k0 * p.lda : (long long)k0;
+      B += TB ? (long long)k0 : (long long)k0 * p.ldb;
+    } else {
+      A += zz * p.stride_a;
+      B += zz * p.stride_b;
+    }
+    cp.init(p, A, B, mm0, nn0, klen);
+    return (klen + kBK - 1) / kBK;
+  };
+  // Point the copier at item `it`'s tile and copy its first D K tiles (one commit group each).
+  auto prologue = [&](long long it) {
+    const long long zz = it / per_batch;
+    int tm, tn;
+    tile_coords_of(p, (int)(it - zz * per_batch), tm, tn);
+    const int ktiles = setup(zz, tm * BM, tn * BN);
 #pragma unroll
     for (int s = 0; s < D; ++s) {
       if (s < ktiles) load_stage(s, s);
       cp_async_commit();
     }
+  };
+  if (PERSIST && item < items) prologue(item);
+  int g0 = 0;  // the ring slot of this item's K tile 0 (RUNON: the ring runs on from item to item)
+
+  for (; item < items; item += step) {
+    // one block a tile: each (batch) item's first K tiles copied here (not during the previous epilogue:
+    // the copier's registers live through a fused epilogue spilled it, bias + residual 172 bytes)
+    if constexpr (!PERSIST) prologue(item);
+    const long long nitem = item + step;
+    const long long z = item / per_batch;
+    int tm, tn;
+    tile_coords_of(p, (int)(item - z * per_batch), tm, tn);
+    const int m0 = tm * BM, n0 = tn * BN;
+    // The copier set up again past the K tiles already copied (by the prologue or the previous item's
+    // run-on slots), so that none of its registers is live through the previous item's epilogue (the
+    // fused bias + residual epilogue spilled 264 bytes with them live, 36 without; ptxas sm_90a).
+    const int ktiles = setup(z, m0, n0);
+    cp.skip(p, min(D, ktiles));
+    // RUNON: the last LEAD copy slots of this item's K loop fetch the next item's first K tiles
+    const bool run_on = RUNON && PERSIST && nitem < items && ktiles >= D;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
     for (int kt = 0; kt < ktiles; ++kt) {
       cp_async_wait<D - 1>();       // tile kt has landed (for this thread) ...
       wgmma::fence_proxy_async();   // ... and is visible to the async proxy ...
       __syncthreads();              // ... for every thread's chunks
-      const unsigned sa = sbase + (kt % STAGES) * STAGE_ELEMS * (int)sizeof(T), sb = sa + A_ELEMS * (int)sizeof(T);
+      const unsigned sa = sbase + ((g0 + kt) % STAGES) * STAGE_ELEMS * (int)sizeof(T), sb = sa + A_ELEMS * (int)sizeof(T);
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -656,18 +738,73 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       }
       wgmma::commit();
       wgmma::wait<1>();  // this warpgroup's tile kt - 1 group is done
+      // LEAD = STAGES - 1: a second barrier (every warpgroup is done with tile kt - 1) frees its stage
+      if constexpr (LEAD == STAGES - 1) __syncthreads();
       const int next = kt + D;
-      if (next < ktiles) load_stage(next % STAGES, next);  // the stage of tile kt - 2
+      if (next < ktiles) {
+        load_stage((g0 + next) % STAGES, next);  // the stage of tile kt - 2 (LEAD STAGES - 1: kt - 1)
+      } else if (run_on) {
+        if (next == ktiles) {
+          const long long zz = nitem / per_batch;
+          int ntm, ntn;
+          tile_coords_of(p, (int)(nitem - zz * per_batch), ntm, ntn);
+          setup(zz, ntm * BM, ntn * BN);  // (not SPLIT: every item has the same K tiles)
+        }
+        load_stage((g0 + next) % STAGES, next - ktiles);
+      }
       cp_async_commit();
     }
     wgmma::wait<0>();
     wgmma::fence_operands(acc);
-    cp_async_wait<0>();  // the next batch's prologue reuses the ring: nothing may still be landing ...
-    __syncthreads();     // ... or being read
+    if (!run_on) {
+      cp_async_wait<0>();  // the next item's prologue reuses the ring: nothing may still be landing ...
+      __syncthreads();     // ... or being read
+      if (PERSIST && nitem < items) prologue(nitem);
+    }
+    g0 = run_on ? (g0 + ktiles) % STAGES : 0;
 
+    if constexpr (SPLIT) {
+      // the split's fp32 partial (no alpha), row pitch ldc (even: float2 stores), stride_c per split
+      float* W = reinterpret_cast<float*>(p.c) + z * p.stride_c;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+        if (row >= p.m) continue;
+        float* wrow = W + (long long)row * p.ldc;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = n0 + j * 8 + (lane & 3) * 2;
+          if (col + 1 < p.n)
+            *reinterpret_cast<float2*>(wrow + col) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          else if (col < p.n)
+            wrow[col] = acc[4 * j + 2 * h];
+        }
+      }
+      continue;
+    }
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
     if constexpr (!Epi::kActive) {
+      // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+      // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+      // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+      if (m0 + BM <= p.m && n0 + BN <= p.n &&
+          (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
+              PYDNN_MATMUL_FLAG_PAIR) {
+        const float alpha = p.alpha;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            Vec<T, 2> out;
+            out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+            out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+            *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
@@ -760,6 +897,47 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
 template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
 __global__ void __launch_bounds__(256, MINB) gemm_wgmma(MatmulParams p) {
   gemm_wgmma_body<T, BN, STAGES, TA, TB>(p, NoEpi());
+}
+
+// Split-K (the persistent 128 x BN kernel): the K range cut into batch splits of k_split elements, each
+// (split, tile) item's fp32 partial written to the workspace at c (no alpha, beta or bias); then
+// splitk_reduce. For problems whose tiles fill too few SMs with a long K (a Linear layer's weight
+// gradient: M x N = 384 x 1152, K = 16384 tokens makes 15 tiles of 128 x 256 for 132 SMs).
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB>
+__global__ void __launch_bounds__(256, MINB) gemm_wgmma_s(MatmulParams p) {
+  gemm_wgmma_body<T, BN, STAGES, TA, TB, true, STAGES - 2, false, true>(p, NoEpi());
+}
+
+// C = alpha * (sum of the batch partials at a, in split order: deterministic) + beta * C + bias, a column
+// pair a thread (grid-stride): a = the float partials (row pitch lda, even; stride_a apart), the rest as
+// the GEMM's own params.
+template <class T>
+__global__ void __launch_bounds__(256) splitk_reduce(MatmulParams p) {
+  const float* W = reinterpret_cast<const float*>(p.a);
+  const int pairs = (p.n + 1) / 2;
+  const long long total = (long long)p.m * pairs;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int row = (int)(i / pairs), col = (int)(i - (long long)row * pairs) * 2;
+    const float* w = W + (long long)row * p.lda + col;
+    float v0 = 0.f, v1 = 0.f;
+    if (col + 1 < p.n) {
+      for (int s = 0; s < p.batch; ++s) {
+        const float2 t = *reinterpret_cast<const float2*>(w + s * p.stride_a);
+        v0 += t.x;
+        v1 += t.y;
+      }
+    } else {
+      for (int s = 0; s < p.batch; ++s) v0 += w[s * p.stride_a];
+    }
+    store_pair<T>(p, reinterpret_cast<T*>(p.c) + (long long)row * p.ldc, reinterpret_cast<const T*>(p.bias), col,
+                  v0, v1);
+  }
+}
+
+// The persistent form (a grid of at most one wave of blocks walking the tiles; see gemm_wgmma_body).
+template <class T, int BN, int STAGES, int MINB, bool TA, bool TB, int LEAD = STAGES - 2, bool RUNON = false>
+__global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
+  gemm_wgmma_body<T, BN, STAGES, TA, TB, true, LEAD, RUNON>(p, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ CUDA cores
@@ -869,16 +1047,6 @@ __device__ __forceinline__ void simt_store4(const MatmulParams& p, float* crow, 
   }
 }
 
-// The (tm, tn) tile of tile index `id` within a batch: tile_coords' raster for any id.
-__device__ __forceinline__ void tile_coords_of(const MatmulParams& p, int id, int& tm, int& tn) {
-  const int per_group = p.group_m * p.tiles_n;
-  const int g = id / per_group;
-  const int first = g * p.group_m;
-  const int rows = min(p.tiles_m - first, p.group_m);
-  const int r = id - g * per_group;
-  tm = first + r % rows;
-  tn = r / rows;
-}
 
 // MINB: blocks per SM the registers are capped for. BK: K elements per shared tile (8 or 16).
 // Persistent: work items are (batch z, tile) pairs, item = z * tiles + tile; the grid is one wave of blocks

@@ -26,6 +26,9 @@ typedef struct {
   int tiles_m, tiles_n; /* block tiles along m and n */
   int group_m;          /* tile raster: groups of group_m tile rows walked column by column (L2 reuse) */
   unsigned flags;       /* PYDNN_MATMUL_FLAG_* */
+  int k_split;          /* split-K (gemm_wgmma_s): K elements per split, the splits along batch (z < batch:
+                           K range [z*k_split, min((z+1)*k_split, k))); their fp32 partials go to c (float,
+                           row pitch ldc, stride_c apart) and splitk_reduce sums them in order. 0: none */
 } MatmulParams;
 
 #endif

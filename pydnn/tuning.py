@@ -289,6 +289,12 @@ matmul = Switches(
     "matmul", 'matmul (pydnn/ops/matmul.py)',
     USE_WGMMA=(True, 'sm_90: the wgmma GEMM (gemm_wgmma) where its conditions hold (K >= WG_MIN_K ...), else the '
                      'mma.sync tiles; the reasons: pydnn/ops/matmul.py'),
+    WG_PERSIST=(True, 'sm_90: the 128x256 wgmma tile runs persistent (gemm_wgmma_p: one wave of blocks, the '
+                      "K loop running on into the next tile's first K tiles), for plain and fused (graph) GEMMs; "
+                      'False: one block per tile (gemm_wgmma); the reasons: pydnn/ops/matmul.py'),
+    SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
+                   '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
+                   'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
 )
 
 attention = Switches(

@@ -17,7 +17,14 @@ Rows:
   host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
               between syncs, int pointers and torch tensors).
 
-    python tools/bench_graph.py [--quick]
+    python tools/bench_graph.py [--quick [--ab]]
+
+--quick --ab (the graph branch's mid-session run, ~40 s with its compiles): the 128x256 wgmma tile one block a
+tile, persistent (tuning.matmul.WG_PERSIST) and each WG_CANDIDATES entry, plain on 16384x4096x4096 and 8192^3
+(the persistent one also with the raster's group_m at 4 and 16) and fused gelu(x@W+b), each against torch in
+alternating rounds; the GPT demo's weight gradients (384x1152x16384, 1536x384x16384, A transposed: the
+chooser, split-K, the wgmma tiles forced); then the rowmax and chain rows. Every unit it needs is compiled
+first in parallel threads.
 """
 import argparse
 import statistics
@@ -117,14 +124,19 @@ def bench_fused(h, m, n, k, plain_ms, rounds=6, residual=True):
     row("residual", f"x@W+b+r {m}x{n}x{k} (engine {g2.engine_index()})", "bf16", ms_p2, ms_t2, "addmm+r", flops=flops)
 
 
-def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
-    """matmul + row max as one fused launch (the reduction in the GEMM's epilogue, C never written) vs
-    the plain pydnn matmul of the same shape and vs torch.mm(x, w).amax(-1)."""
+def _rowmax_graph(h, m, n, k):
     g = Graph(io_data_type=BF16, intermediate_data_type=pydnn.PYDNN_DATA_FLOAT,
               compute_data_type=pydnn.PYDNN_DATA_FLOAT, handle=h)
     xt = g.tensor(name="x", dim=[1, m, k])
     wt = g.tensor(name="w", dim=[1, k, n])
     g.reduction(g.matmul(xt, wt), pydnn.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1]).set_output(True).set_name("y")
+    return g
+
+
+def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
+    """matmul + row max as one fused launch (the reduction in the GEMM's epilogue, C never written) vs
+    the plain pydnn matmul of the same shape and vs torch.mm(x, w).amax(-1)."""
+    g = _rowmax_graph(h, m, n, k)
     g.build_operation_graph().create_execution_plans().build_plans()
     assert g.engine_index() == 1 and g.launches() == 1, (g.engine_index(), g.launches())
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -141,7 +153,7 @@ def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
         note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x")
 
 
-def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
+def _chain_graph(h, n=64, c=1024, w=4096):
     g = Graph(io_data_type=BF16, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
     s = g.tensor(name="s", dim=[1, c, 1])
@@ -149,6 +161,11 @@ def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
     v = g.gelu(g.add(g.mul(x, s), b))
     v = g.tanh(g.relu(g.sub(g.mul(v, x), b), upper_clip=4.0))
     g.add(v, x).set_output(True).set_name("y")
+    return g, None
+
+
+def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
+    g, _ = _chain_graph(h, n, c, w)
     g.build_operation_graph().create_execution_plans().build_plans()
     assert g.launches() == 1
     tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
@@ -207,9 +224,177 @@ def bench_host(h, m=128, n=256, k=64, reps=500):
               f"us per call (target <= 10 us)", flush=True)
 
 
+def _forced_plan(h, dtype, m, n, k, tile):
+    """pydnn.ops.matmul's plan with `tile` forced (None: the chooser's)."""
+    from pydnn.ops import matmul as M
+
+    orig = M._choose_tile
+    if tile is not None:
+        M._choose_tile = lambda *a: tile
+    try:
+        return M.gemm_plan(h, dtype, m, n, k)
+    finally:
+        M._choose_tile = orig
+
+
+def _variants():
+    """(label, tile, WG_PERSIST) of the wgmma 128x256 forms compared by --ab."""
+    from pydnn.ops import matmul as M
+
+    # the one-block-a-tile form from a unit of its nn kernel alone (compile time: matmul.wgmma.bf16 has 8)
+    one = M.WgTile(256, 4, 1.6, unit="matmul.wgbench")
+    return [("one block a tile", one, False), ("persistent", M.WG_PERSIST_TILE, True)] + \
+        [(f"cand {t}", t, True) for t in M.WG_CANDIDATES]
+
+
+def prebuild_ab(h, shapes):
+    """Compile every unit --ab uses in parallel threads first (NVRTC releases the GIL): the wgmma units and
+    the fused graphs' generated units (collected by building each graph once with the compile deferred)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn import tuning
+    from pydnn._build import loader
+    from pydnn.graph import engines
+    from pydnn.ops import matmul as M
+
+    from pydnn._build.manifest import KernelUnit
+
+    M.wgmma_extra_units()
+    loader.register_units([KernelUnit("matmul.wgbench.bf16", "matmul.cu", (M.WG_TILES[0].expr("bf16", False, False),),
+                                      archs=(M.WG_ARCH + "a",)),
+                           KernelUnit("matmul.wgbench2.bf16", "matmul.cu", (M.WG_TILES[1].expr("bf16", True, False),),
+                                      archs=(M.WG_ARCH + "a",))])
+    units = []
+    orig = engines._compile
+    engines._compile = lambda handle, unit: units.append(unit)
+    try:
+        for _, tile, persist in _variants():
+            tuning.matmul.WG_PERSIST = persist
+            g = _fused_forced(h, shapes[0], tile)
+        tuning.matmul.reset()
+        for build in (lambda: _rowmax_graph(h, *shapes[0]), lambda: _chain_graph(h)[0],
+                      lambda: fused_graph(h, *shapes[0], residual=True)):
+            g = build()
+            g.build_operation_graph().create_execution_plans().build_plans()
+    finally:
+        engines._compile = orig
+        tuning.matmul.reset()
+    names = {"matmul.wgbench.bf16", "matmul.wgbench2.bf16", "matmul.wgmmap.bf16", "matmul.bf16.tn",
+             "matmul.wgmmas.bf16"} | \
+        {f"{t.unit}.bf16" for t in M.WG_CANDIDATES}
+    units += [loader._unit(nm, h.arch) for nm in sorted(names)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), units))
+    print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+    del g
+
+
+def _fused_forced(h, shape, tile):
+    from pydnn.ops import matmul as M
+
+    orig = M._choose_tile
+    M._choose_tile = lambda *a: tile
+    try:
+        g = fused_graph(h, *shape)
+        g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    finally:
+        M._choose_tile = orig
+    return g
+
+
+def bench_wgrad_shapes(h, tiles=True):
+    """The GPT demo's Linear weight gradients dW = dY^T X (A transposed: [K][M] row-major, K = 16384 tokens,
+    small M x N): the chooser's kernel and, forced, the wgmma tiles, against torch.mm(dy.t(), x)."""
+    from pydnn.ops import matmul as M
+
+    for m, n, k in ((384, 1152, 16384), (1536, 384, 16384)):
+        a = torch.randn(k, m, device="cuda").to(torch.bfloat16)   # dY: [tokens][m], used transposed
+        b = torch.randn(k, n, device="cuda").to(torch.bfloat16)   # X: [tokens][n]
+        c, out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16), torch.empty(m, n, device="cuda",
+                                                                                      dtype=torch.bfloat16)
+        wg128 = M.WgTile(128, 3, 1.3, per_sm=2, unit="matmul.wgbench2")  # WG_TILES[1] from a one-kernel unit
+        variants = [("chooser", None), ("split-K", "split")] + \
+            ([(f"{t}", t) for t in (wg128, M.WG_PERSIST_TILE)] if tiles else [])
+        for label, tile in variants:
+            orig = M._choose_tile
+            if tile is not None and tile != "split":
+                M._choose_tile = lambda *x, _t=tile: _t
+            try:
+                plan = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=tile == "split")
+            finally:
+                M._choose_tile = orig
+            if tile == "split":
+                label += f" {plan.split}"
+            ap, bp, cp = a.data_ptr(), b.data_ptr(), c.data_ptr()
+            ms_p, ms_t = time_pair(lambda: plan.launch(h, ap, bp, cp), lambda: torch.mm(a.t(), b, out=out), rounds=3)
+            torch.cuda.synchronize()
+            err = float((c.float() - out.float()).abs().max() / out.float().abs().max())
+            row("wgrad", f"{m}x{n}x{k} tn [{label}] (rel {err:.1e})", "bf16", ms_p, ms_t, "torch.mm",
+                flops=2.0 * m * n * k, note=plan.describe()[0].split("<")[0].split("::")[-1])
+        del a, b, c, out
+
+
+def bench_ab(h, copy_gbs):
+    """The mid-session comparison (branch graph): the 128x256 wgmma tile one block a tile, persistent, and
+    the WG_CANDIDATES, plain (16384x4096x4096 and 8192^3) and fused gelu(x@W+b), each against torch in
+    alternating rounds; then the rowmax, chain and host rows at the defaults."""
+    from pydnn import tuning
+
+    s = (16384, 4096, 4096)
+    prebuild_ab(h, [s])
+    plain = {}
+    for shape in (s, (8192, 8192, 8192)):
+        m, n, k = shape
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        w = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+        c, out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16), torch.empty(m, n, device="cuda",
+                                                                                      dtype=torch.bfloat16)
+        for label, tile, _ in _variants():
+            plan = _forced_plan(h, BF16, m, n, k, tile)
+            xp, wp, cp = x.data_ptr(), w.data_ptr(), c.data_ptr()
+            ms_p, ms_t = time_pair(lambda: plan.launch(h, xp, wp, cp), lambda: torch.mm(x, w, out=out), rounds=3)
+            torch.cuda.synchronize()
+            err = float((c.float() - out.float()).abs().max() / out.float().abs().max())
+            row("matmul", f"{m}x{n}x{k} [{label}] (rel {err:.1e})", "bf16", ms_p, ms_t, "torch.mm",
+                flops=2.0 * m * n * k)
+            plain[(shape, label)] = ms_p
+            if label == "persistent":  # the raster's group of tile rows (a launch parameter)
+                for gm in (4, 16):
+                    plan.fast.params.group_m = min(gm, plan.fast.params.tiles_m)
+                    ms_p, ms_t = time_pair(lambda: plan.launch(h, xp, wp, cp), lambda: torch.mm(x, w, out=out),
+                                           rounds=3)
+                    row("matmul", f"{m}x{n}x{k} [{label}, group_m {gm}]", "bf16", ms_p, ms_t, "torch.mm",
+                        flops=2.0 * m * n * k)
+        del x, w, c, out
+    m, n, k = s
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    bufs = {"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}
+    ref = F.gelu(torch.addmm(b, x, w).float())
+    for label, tile, persist in _variants():
+        tuning.matmul.WG_PERSIST = persist
+        g = _fused_forced(h, s, tile)
+        tuning.matmul.reset()
+        assert g.launches() == 1
+        ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), lambda: F.gelu(torch.addmm(b, x, w)), rounds=3)
+        torch.cuda.synchronize()
+        err = float((y.float() - ref).abs().max() / ref.abs().max())
+        row("fused", f"gelu(x@W+b) {m}x{n}x{k} [{label}] (rel {err:.1e})", "bf16", ms_p, ms_t, "gelu(addmm)",
+            flops=2.0 * m * n * k, note=f"| fused/plain same tile {ms_p / plain[(s, label)]:.3f}x, "
+                                        f"/plain one-block {ms_p / plain[(s, 'one block a tile')]:.3f}x")
+    del x, w, b, y, ref
+    bench_wgrad_shapes(h)
+    bench_rowmax(h, *s, plain[(s, "persistent")], rounds=2)
+    bench_chain(h, copy_gbs, rounds=2)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
+    p.add_argument("--ab", action="store_true", help="with --quick: the wgmma forms compared (bench_ab)")
     args = p.parse_args()
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
@@ -218,6 +403,9 @@ def main():
     dst = torch.empty_like(src)
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
+    if args.quick and args.ab:
+        bench_ab(h, copy_gbs)
+        return
     if args.quick:  # the mid-session check: one 7B projection shape, the chain, the host time
         s = (16384, 4096, 4096)
         plain = bench_matmul(h, BF16, *s, f"7B projection {s[0]}x{s[1]}x{s[2]}")

@@ -295,6 +295,7 @@ def run(b):
         # (the mma.sync CANDIDATE_TILES rows, measured in v1 and v2, are no longer run: device time)
         _f32(b)
         _general(b)
+        _split_k(b)
         _wgmma(b)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
@@ -351,12 +352,34 @@ def _general(b):
                 2.0 * m * n * k, ms_p, ms_t, "torch.mm", PEAK_16)
 
 
+def _split_k(b):
+    """Split-K (sm_90, gemm_plan(split_k=True)) on the GPT demo's weight gradients (A transposed, K = 16384
+    tokens) against the chooser's kernel without it and torch.mm."""
+    if b.h.arch != M.WG_ARCH:
+        return
+    for m, n, k in ((384, 1152, 16384), (1536, 384, 16384), (768, 768, 32768)):
+        for split in (False, True):
+            a, bb, c = _operands(BF16, m, n, k, True, False)
+            plan = M.gemm_plan(b.h, BF16, m, n, k, trans_a=True, split_k=split)
+            ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
+            ms_p = time_ms(lambda: plan.launch(b.h, ap, bp, cp))
+            out = torch.empty_like(c)
+            tfn = _torch_fn(a, bb, True, False, out)
+            ms_t = time_ms(tfn)
+            plan.launch(b.h, ap, bp, cp)
+            tfn()
+            torch.cuda.synchronize()
+            label = f"wgrad {m}x{n}x{k} tn [{'split ' + str(plan.split) if plan.split else 'no split'}]"
+            b.row_flops("matmul", f"{label} (max rel diff {_err(c, out):.1e})", "bf16", 2.0 * m * n * k, ms_p, ms_t,
+                        "torch.mm", PEAK_16)
+
+
 def _wgmma(b):
     """gemm_wgmma (sm_90 only), each tile forced; last, so that a fault cannot cost the rows above."""
     if b.h.arch != M.WG_ARCH:
         return
     M.wgmma_extra_units()
-    for t in M.WG_TILES + M.WG_CANDIDATES:
+    for t in M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES:
         for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
             tn = ("t" if ta else "n") + ("t" if tb else "n")
             _case(b, BF16, f"4096^3 {tn} [wgmma {t}]", 4096, 4096, 4096, ta, tb, tile=t)

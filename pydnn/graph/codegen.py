@@ -280,7 +280,11 @@ def _tile_body(tile, tag, ta, tb, vec):
         pipe = tile.pipe if vec else 1
         return (f"pydnn::matmul::gemm_tc_body<{t}, {tile.bm}, {tile.bn}, {tile.wm}, {tile.wn}, {tile.stages}, "
                 f"{pipe}, {b(ta)}, {b(tb)}, {b(vec)}>", tile.threads, tile.per_sm)
-    return (f"pydnn::matmul::gemm_wgmma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}>", 256, tile.per_sm)
+    persist = ", true" if getattr(tile, "persist", False) else ""
+    if getattr(tile, "persist", False) and (tile.lead != tile.stages - 2 or tile.runon):
+        persist += f", {tile.lead}" + (", true" if tile.runon else "")
+    return (f"pydnn::matmul::gemm_wgmma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}{persist}>", 256,
+            tile.per_sm)
 
 
 # reduction epilogue (cuDNN's reduce ops, PYDNN_REDUCE_TENSOR_*): (init, map of v, combine of a and b,

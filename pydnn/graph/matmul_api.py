@@ -113,7 +113,7 @@ def plan_for(handle, a_desc, b_desc, c_desc, names=("aDesc", "bDesc", "cDesc")):
             raise _bad(f"{names[2]}: strides {c_desc.strides} make elements overlap")
         swap, kw = layout((a_desc.dtype, a_desc.dims, a_desc.strides), (b_desc.dtype, b_desc.dims, b_desc.strides),
                           (c_desc.dtype, c_desc.dims, c_desc.strides), names)
-        hit = (swap, M.gemm_plan(handle, **kw))
+        hit = (swap, M.gemm_plan(handle, split_k=True, **kw))  # launched through plan.launch: split-K allowed
         handle.remember(key, hit)
     return hit
 

@@ -27,7 +27,8 @@ Kernels: half / bfloat16 on tensor cores (mma.sync m16n8k16, cp.async multi-stag
 fragments double-buffered in registers), one of three block tiles chosen per problem (128x256 / 128x128 /
 64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least 3/4 of a
 wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swizzled shared tiles,
-ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES); operands whose pointer,
+ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES; the 128x256 tile runs
+persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST: WG_PERSIST_TILE); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
 loading element by element). float runs on
 CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, persistent blocks, any
@@ -88,6 +89,7 @@ class MatmulParams(ctypes.Structure):
         ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
         ("m", ctypes.c_int), ("n", ctypes.c_int), ("k", ctypes.c_int), ("batch", ctypes.c_int),
         ("tiles_m", ctypes.c_int), ("tiles_n", ctypes.c_int), ("group_m", ctypes.c_int), ("flags", ctypes.c_uint),
+        ("k_split", ctypes.c_int),
     ]
 
 
@@ -132,20 +134,39 @@ class WgTile:
     wgmma's 128B-swizzled layout (+1 KiB to align them to 1024 bytes); `eff` as TcTile's (relative to
     the 128x256 mma.sync tile)."""
 
-    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma"):
+    def __init__(self, bn, stages, eff, per_sm=1, unit="matmul.wgmma", persist=False, lead=None, runon=False,
+                 split=False):
         self.bm, self.bn, self.stages, self.eff = 128, bn, stages, eff
         self.per_sm, self.threads = per_sm, 256
         self.unit = unit
+        self.persist = persist  # gemm_wgmma_p: a grid of at most one wave of blocks walking the tiles
+        # K tiles copied ahead: stages - 2 (one barrier a K tile) or stages - 1 (two; persistent only)
+        self.lead = stages - 2 if lead is None else lead
+        if self.lead != stages - 2 and not (persist and self.lead == stages - 1):
+            raise ValueError(f"lead {lead}: stages - 2, or stages - 1 with persist")
+        self.runon = runon  # the K loop runs on into the next tile (persistent only)
+        if runon and not persist:
+            raise ValueError("runon needs persist")
+        self.split = split  # gemm_wgmma_s: split-K partials (persistent, default lead)
+        if split and (not persist or runon or self.lead != stages - 2):
+            raise ValueError("split needs persist, no runon, the default lead")
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024
 
     def expr(self, tag, ta, tb, vec=True):
         if not vec:
             raise ValueError("gemm_wgmma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
-        return f"pydnn::matmul::gemm_wgmma<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}>"
+        kern = "gemm_wgmma_s" if self.split else "gemm_wgmma_p" if self.persist else "gemm_wgmma"
+        if self.split:
+            return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}>"
+        lead = f", {self.lead}" if self.lead != self.stages - 2 or self.runon else ""
+        lead += ", true" if self.runon else ""
+        return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {self.per_sm}, {b(ta)}, {b(tb)}{lead}>"
 
     def __repr__(self):
-        return f"WgTile(128x{self.bn}, wgmma, stages {self.stages}, {self.per_sm} block(s)/SM)"
+        extra = (", persistent" if self.persist else "") + (f", lead {self.lead}" if self.lead != self.stages - 2 else "")
+        extra += ", run-on" if self.runon else ""
+        return f"WgTile(128x{self.bn}, wgmma, stages {self.stages}, {self.per_sm} block(s)/SM{extra})"
 
 
 # The wgmma tiles (units matmul.wgmma.f16 / .bf16, sm_90a only), measured on the H200 (bf16, same run,
@@ -159,9 +180,34 @@ class WgTile:
 # measured faster). WG_CANDIDATES: measured before they replace a WG_TILES entry (compiled through
 # wgmma_extra_units by the tests and the benchmark, not by the build).
 WG_TILES = (WgTile(256, 4, 1.6), WgTile(128, 3, 1.3, per_sm=2))
-WG_CANDIDATES = ()  # e.g. WgTile(..., unit="matmul.wgcand")
+# The persistent form of WG_TILES[0] (gemm_wgmma_p, units matmul.wgmmap.f16 / .bf16): the same tile and ring,
+# one wave of blocks walking the tiles in the same raster, the K loop running on into the next tile (its
+# last copy slots fetch the next tile's first K tiles, so they land before the epilogue starts). The chooser
+# takes it in place of WG_TILES[0] when tuning.matmul.WG_PERSIST is set. Measured (H200, tools/bench_graph.py
+# --quick --ab, ratios to torch.mm in alternating rounds; torch itself drifted 777 -> 672 TFLOP/s over the
+# run): 16384x4096x4096 0.884x (one block a tile 0.825x), 8192^3 0.925x (0.830x); without run-on (the
+# next tile's copies issued after the main loop) 0.805x / 0.852x, with 3 K tiles ahead 0.812x / 0.838x.
+WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True, runon=True)
+# Split-K (units matmul.wgmmas.f16 / .bf16, with splitk_reduce): gemm_plan(split_k=True) on sm_90 cuts K into
+# S splits when the 128x256 tiles fill less than 3/4 of a wave and K is long (a Linear layer's weight
+# gradient dW = dY^T X: M x N = 384 x 1152, K = 16384 tokens is 15 tiles for 132 SMs; the lead's profile of
+# the GPT demo, H200: 215 us a call on the 64x64 mma.sync tile). Each (split, tile) item writes its fp32
+# partial to a workspace the plan owns (S x m x n floats, allocated at its first launch on a handle);
+# splitk_reduce sums the S partials in split order (deterministic) and applies alpha, beta and the bias.
+WG_SPLIT_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmas", persist=True, split=True)
+SPLIT_MIN_KTILES = 8   # K tiles (of 64) a split walks at least
+SPLIT_MAX = 16
+# WG_CANDIDATES: none now. Measured and not kept (tools/notes/matmul.md, v5): the persistent tile without
+# run-on (the next tile's first K tiles copied after the main loop, during the epilogue) and with 3 K tiles
+# copied ahead (a second barrier a K tile): both no faster than one block a tile.
+WG_CANDIDATES = ()
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
+# The persistent run-on tile hides a short K loop's fill (the next tile's first K tiles land during this
+# one's last ones), so it takes K >= WG_MIN_K_PERSIST: the GPT demo's small model (d384) runs its
+# x W^T / dY W with K = 384 on the mma.sync 128x256 tile (the lead's profile, H200: 72-78 us a call).
+# Not measured at these K yet (tools/bench_graph.py --ab has no row): a switch-free constant to revisit.
+WG_MIN_K_PERSIST = 256
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
 
 
@@ -240,7 +286,37 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
-    return units + wgmma_units()
+    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units()
+
+
+def _reduce_expr(tag):
+    return f"pydnn::matmul::splitk_reduce<{CTYPE[tag]}>"
+
+
+def split_units():
+    """The split-K units (sm_90a): gemm_wgmma_s for every transposition and splitk_reduce, per type."""
+    return [KernelUnit(f"matmul.wgmmas.{tag}", "matmul.cu",
+                       tuple(WG_SPLIT_TILE.expr(tag, tn[0] == "t", tn[1] == "t") for tn in TRANS) + (_reduce_expr(tag),),
+                       archs=(WG_ARCH + "a",))
+            for tag in ("f16", "bf16")]
+
+
+def _split_k(m, n, k, batch, sm_count, arch):
+    """(splits, K elements a split) of a split-K plan, or None: sm_90 with USE_WGMMA and SPLIT_K, batch 1,
+    the 128x256 tiles filling less than 3/4 of a wave, and at least 2 splits of SPLIT_MIN_KTILES K tiles.
+    The splits fill the SMs (at most SPLIT_MAX), every split but the last walks the same K tiles."""
+    if not (tuning.matmul.SPLIT_K and tuning.matmul.USE_WGMMA and arch == WG_ARCH and batch == 1 and m and n):
+        return None
+    tiles = cdiv(m, 128) * cdiv(n, 256)
+    sms = max(sm_count, 1)
+    if 4 * tiles >= 3 * sms:
+        return None
+    kt = cdiv(k, BK)
+    s = min(sms // tiles, kt // SPLIT_MIN_KTILES, SPLIT_MAX)
+    if s < 2:
+        return None
+    chunk = cdiv(kt, s)
+    return cdiv(kt, chunk), chunk * BK
 
 
 def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
@@ -253,8 +329,10 @@ def wgmma_units(tiles=WG_TILES, name="matmul.wgmma"):
 
 
 def wgmma_extra_units():
-    """The WG_CANDIDATES units, registered with the loader (tests and benchmarks; outside the build)."""
-    loader.register_units(wgmma_units(WG_CANDIDATES, "matmul.wgcand"))
+    """The WG_CANDIDATES units (one per candidate unit name and type, so that they compile in parallel),
+    registered with the loader (tests and benchmarks; outside the build)."""
+    for name in dict.fromkeys(t.unit for t in WG_CANDIDATES):
+        loader.register_units(wgmma_units(tuple(t for t in WG_CANDIDATES if t.unit == name), name))
 
 
 def extra_units(name, tiles, tags=("f16", "bf16"), trans=TRANS):
@@ -275,7 +353,11 @@ def _choose_tile(m, n, batch, sm_count, arch=None, k=0):
     work of a full SM of that tile at its efficiency. The wgmma tiles take part on sm_90 (USE_WGMMA)
     when they fill 3/4 of a wave and K >= WG_MIN_K (lone blocks with a short K loop are latency bound)."""
     best, best_cost = None, None
-    tiles = TC_TILES + (WG_TILES if tuning.matmul.USE_WGMMA and arch == WG_ARCH and k >= WG_MIN_K else ())
+    wg = WG_TILES
+    if tuning.matmul.WG_PERSIST:
+        wg = tuple(WG_PERSIST_TILE if t is WG_TILES[0] else t for t in wg)
+    min_k = {t: WG_MIN_K_PERSIST if t.persist else WG_MIN_K for t in wg}
+    tiles = TC_TILES + (tuple(t for t in wg if k >= min_k[t]) if tuning.matmul.USE_WGMMA and arch == WG_ARCH else ())
     for t in tiles:
         blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
         slots = t.per_sm * sm_count
@@ -363,7 +445,7 @@ class GemmPlan:
 
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
-                 "empty", "vec_ok", "pair_ok", "fast", "general")
+                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "reduce", "ws_bytes", "_ws")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
@@ -397,10 +479,30 @@ class GemmPlan:
         if self.pair_ok and c % (2 * es) == 0:
             flags |= FLAG_PAIR
         rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
+        if self.split and rec is self.fast:
+            ws = self._workspace(handle)
+            p = rec.params
+            p.a, p.b, p.c, p.bias, p.alpha, p.beta, p.flags = a, b, ws, 0, 1.0, 0.0, 0
+            driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
+            rec = self.reduce
+            a = ws
         p = rec.params
         p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
         p.alpha, p.beta, p.flags = alpha, beta, flags
         driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
+
+    def _workspace(self, handle):
+        """The split-K partials' device memory for this handle's context: allocated at the plan's first
+        launch there and kept by the plan (ws_bytes)."""
+        ws = self._ws
+        if ws is None or ws[0] != handle.ctx:
+            from .._cuda.memory import DeviceArray
+            import numpy as np
+
+            with driver.pushed(handle.ctx):
+                arr = DeviceArray((self.ws_bytes,), np.uint8)
+            ws = self._ws = (handle.ctx, arr)
+        return ws[1].ptr
 
 
 def _no_overlap(c, c_bytes, x, x_bytes, name):
@@ -417,11 +519,13 @@ def _params(plan, tiles_m, tiles_n):
     return p
 
 
-def _tc_launch(plan, tag, tile, vec):
+def _tc_launch(plan, tag, tile, vec, sm_count=1):
     tm, tn = cdiv(plan.m, tile.bm), cdiv(plan.n, tile.bn)
     if tm * tn > INT_MAX:
         raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
     grid = (tm * tn, 1, min(plan.batch, MAX_GRID_Z))
+    if getattr(tile, "persist", False):  # one wave of blocks at most, walking (batch, tile) items
+        grid = (min(tm * tn * plan.batch, tile.per_sm * max(sm_count, 1)), 1, 1)
     unit = f"{tile.unit}.{tag}" if tile.unit and vec else _unit_name(tag, plan.trans_a, plan.trans_b)
     return _Launch(unit, tile.expr(tag, plan.trans_a, plan.trans_b, vec),
                    grid, (tile.threads, 1, 1), tile.smem, _params(plan, tm, tn))
@@ -438,9 +542,11 @@ def _simt_launch(plan, sm_count):
 
 
 def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None, batch=1,
-              stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False):
+              stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False, split_k=False):
     """Validate a GEMM problem and choose its kernels (see the module docstring). Raises PydnnError
-    naming the argument; touches no GPU memory."""
+    naming the argument; touches no GPU memory. split_k: the plan may cut K into splits (WG_SPLIT_TILE;
+    two launches, a workspace the plan allocates at its first launch); only for callers that launch through
+    plan.launch (not those that take plan.fast's record, like the RNN engine)."""
     check_handle(handle)
     pl = GemmPlan()
     pl.dtype = _dtype(dtype)
@@ -469,7 +575,8 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
-    pl.fast = pl.general = None
+    pl.fast = pl.general = pl.reduce = pl._ws = None
+    pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False
     if pl.empty:
         return pl
@@ -480,9 +587,34 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     # cp.async moves 16-byte chunks: every row (and batch) start of A and B must be 16-byte aligned.
     pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
                                                                      pl.stride_b % 8 == 0))
-    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True)
+    sp = _split_k(m, n, k, pl.batch, handle.sm_count, handle.arch) if split_k and pl.vec_ok else None
+    if sp is not None:
+        _split_launches(pl, tag, sp, handle.sm_count)
+    else:
+        pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
+                             handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
+
+
+def _split_launches(pl, tag, sp, sm_count):
+    """The split-K launches of plan pl: gemm_wgmma_s (batch = the splits, C = the fp32 partials at row pitch
+    ldw, n rounded up to even) and splitk_reduce into C."""
+    s, ks = sp
+    t = WG_SPLIT_TILE
+    tm, tn = cdiv(pl.m, t.bm), cdiv(pl.n, t.bn)
+    ldw = pl.n + (pl.n & 1)
+    p = _params(pl, tm, tn)
+    p.batch, p.k_split, p.ldc, p.stride_c, p.stride_a, p.stride_b = s, ks, ldw, pl.m * ldw, 0, 0
+    unit = f"{t.unit}.{tag}"
+    pl.fast = _Launch(unit, t.expr(tag, pl.trans_a, pl.trans_b), (min(tm * tn * s, t.per_sm * max(sm_count, 1)), 1, 1),
+                      (t.threads, 1, 1), t.smem, p)
+    r = _params(pl, tm, tn)
+    r.batch, r.lda, r.stride_a = s, ldw, pl.m * ldw
+    pairs = pl.m * ((pl.n + 1) // 2)
+    pl.reduce = _Launch(unit, _reduce_expr(tag), (max(1, min(cdiv(pairs, 256), 8 * max(sm_count, 1))), 1, 1),
+                        (256, 1, 1), 0, r)
+    pl.split, pl.ws_bytes = sp, s * pl.m * ldw * 4
 
 
 def gemm(handle, dtype, m, n, k, a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, lda=None, ldb=None,

@@ -275,3 +275,47 @@ def test_magic_division_matches_integer_division():
                             np.array([d - 1, d, d + 1, 2 * d - 1, 2 * d, 2**31 - 1, 2**32 - 1], np.uint64) % 2**32])
         np.testing.assert_array_equal(cg.udiv_emulated(n, m, s), n // np.uint64(d), err_msg=str(d))
         assert 0 <= m < 2**32
+
+
+def _bias_gelu_program():
+    """gelu(acc + bias): tools/bench_graph.py's fused graph as the engine generates it (bias access "C")."""
+    nodes = [cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))]
+    return cg.PwProgram([("bf16", "in")], nodes, [])
+
+
+def test_fused_gelu_on_persistent_wgmma_does_not_spill():
+    """The fused gelu(x @ W + b) on the persistent 128x256 wgmma tile (gemm_wgmma_body<..., true>, the
+    chooser's tile with tuning.matmul.WG_PERSIST): NVRTC compiles it for sm_90a and ptxas reports no spill
+    in the fast kernel (a spill in the epilogue ran the fused kernel at 2x the plain one's time before the
+    FAST path: ptx/matmul.cu at NoEpi)."""
+    import re
+
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+    from pydnn.ops import matmul as M
+
+    name, text = cg.matmul_source(_bias_gelu_program(), ("v", 1), "bf16", M.WG_PERSIST_TILE, M.TC_GENERAL, False,
+                                  False, access=["C"])
+    assert "gemm_wgmma_body<pydnn::bf16_t, 256, 4, false, false, true, 2, true>" in text  # persistent, run-on
+    fe = f"pydnn::graph::{name}_f"
+    _, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                          COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    # "Function properties for NAME" and, on the next line (after a "ptxas ." prefix), its frame and spills
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert props.get(lowered[fe]) == (0, 0), log
+    # bias + residual (two pair loads a column pair): with the next tile's copier live through the epilogue
+    # it spilled 264 bytes; set up again after it, 4 (the one-block kernel before the persistent form: 36)
+    nodes = [cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+             cg.PwNode(pydnn.PYDNN_POINTWISE_ADD, x=("v", 0), b=("op", 1))]
+    prog = cg.PwProgram([("bf16", "in"), ("bf16", "in")], nodes, [])
+    name, text = cg.matmul_source(prog, ("v", 1), "bf16", M.WG_PERSIST_TILE, M.TC_GENERAL, False, False,
+                                  access=["C", "c"])
+    fe = f"pydnn::graph::{name}_f"
+    _, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                          COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert lowered[fe] in props and props[lowered[fe]][1] <= 64, log

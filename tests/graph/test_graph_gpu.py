@@ -409,3 +409,55 @@ def test_matmul_row_max_wgmma_tile(handle, rng, monkeypatch):
     assert_close(ty.download(), c.max(-1, keepdims=True), BF16, "wgmma + row max",
                  scale=(np.abs(av) @ np.abs(wv)).max(-1, keepdims=True))
     ty.check_untouched()
+
+
+@pytest.mark.parametrize("kind, m, n, k, batch", [("gelu", 2048, 1024, 512, 1), ("residual", 600, 700, 520, 2),
+                                                  ("rowmax", 700, 600, 512, 2)])
+def test_fused_epilogue_persistent_blocks_walk_tiles(handle, rng, monkeypatch, kind, m, n, k, batch):
+    """The fused GEMM on the persistent wgmma tile (sm_90, tuning.matmul.WG_PERSIST) with a grid of 2 blocks
+    (handle.sm_count patched to 2): each block walks many tiles (partial ones on the m / n edges, batches),
+    copying the next tile's first K tiles before each epilogue; bias + GELU, bias + residual, and a row MAX
+    (its per-row-tile counters reached by one block several times). One launch, against float64."""
+    from pydnn import tuning
+    from pydnn.ops import matmul as M
+
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"the wgmma tiles run on {M.WG_ARCH} only")
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", True)
+    monkeypatch.setattr(handle, "sm_count", 2)
+    assert M._choose_tile(m, n, batch, 2, M.WG_ARCH, k) is M.WG_PERSIST_TILE
+    if kind == "rowmax":
+        g = Graph(io_data_type=BF16, intermediate_data_type=F32, compute_data_type=F32, handle=handle)
+        a = g.tensor(name="a", dim=[batch, m, k])
+        w = g.tensor(name="w", dim=[1, k, n])
+        y = g.reduction(g.matmul(a, w), P.PYDNN_REDUCE_TENSOR_MAX, dim=[batch, m, 1]).set_output(True)
+        bias = r = None
+    else:
+        g, (a, w, bias, r, y) = _mm_graph(handle, BF16, m, n, k, kind == "residual", batch)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    ta, tw, ty = (DevTensor(t.dim, BF16) for t in (a, w, y))
+    av, wv = ta.random(rng, -1, 1), tw.random(rng, -1, 1)
+    bufs = {a: ta.ptr, w: tw.ptr, y: ty.ptr}
+    c, scale = np.matmul(av, wv), np.matmul(np.abs(av), np.abs(wv))
+    if bias is not None:
+        tb = DevTensor(bias.dim, BF16)
+        bv = tb.random(rng, -1, 1)
+        bufs[bias] = tb.ptr
+        c, scale = c + bv, scale + np.abs(bv)
+    if r is not None:
+        tr = DevTensor(r.dim, BF16)
+        rv = tr.random(rng, -1, 1)
+        bufs[r] = tr.ptr
+        c, scale = c + rv, scale + np.abs(rv)
+    ws = _ws(g)
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr if ws else 0, handle=handle)
+    assert count.n == 1
+    if kind == "rowmax":
+        want, scale = c.max(-1, keepdims=True), scale.max(-1, keepdims=True)
+    else:
+        want = ref.pointwise("GELU_FWD", c) if kind == "gelu" else c
+        scale = 2 * scale
+    assert_close(ty.download(), want, BF16, f"persistent fused {kind}", scale=scale)
+    ty.check_untouched()

@@ -151,21 +151,88 @@ def test_wgmma_choice_only_on_sm90(monkeypatch):
     assert isinstance(t, M.WgTile) and plan.describe()[0] == t.expr("bf16", False, True)
     assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]  # tests/ops/matmul/test_matmul_gpu.py
     # too few blocks for a wave, or a short K: gemm_tc
-    for m, n, k in ((1024, 1024, 1024), (4096, 4096, M.WG_MIN_K - 8), (512, 512, 4096)):
+    short = M.WG_MIN_K_PERSIST if tuning.matmul.WG_PERSIST else M.WG_MIN_K
+    for m, n, k in ((1024, 1024, 1024), (4096, 4096, short - 8), (512, 512, 4096)):
         assert "gemm_wgmma" not in M.gemm_plan(h, BF16, m, n, k).describe()[0], (m, n, k)
     assert plan.describe()[2] == (256, 1, 1) and plan.describe()[3] == t.smem
-    assert plan.fast.unit == "matmul.wgmma.bf16"
+    assert plan.fast.unit == ("matmul.wgmmap.bf16" if tuning.matmul.WG_PERSIST else "matmul.wgmma.bf16")
     assert plan.general.expr == M.TC_GENERAL.expr("bf16", False, True, False)  # unaligned: gemm_tc
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", False)
     assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 4096, 4096, 4096).describe()[0]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_wgmma_persistent_plan(monkeypatch, batch):
+    """WG_PERSIST: the 128x256 wgmma tile runs as gemm_wgmma_p on a grid of at most one wave of blocks (its
+    own unit, sm_90a); off: gemm_wgmma with one block per tile. The 128x128 tile is never persistent."""
+    h = cpu_handle()
+    monkeypatch.setattr(h, "arch", "sm_90")
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    sms = h.sm_count
+    kw = dict(batch=batch, stride_a=4096 * 4096, stride_b=4096 * 4096, stride_c=4096 * 4096) if batch > 1 else {}
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", True)
+    plan = M.gemm_plan(h, BF16, 4096, 4096, 4096, **kw)
+    items = 32 * 16 * batch
+    assert plan.describe()[0] == M.WG_PERSIST_TILE.expr("bf16", False, False)
+    assert "gemm_wgmma_p<" in plan.describe()[0] and plan.fast.unit == "matmul.wgmmap.bf16"
+    assert plan.describe()[1] == (min(items, sms), 1, 1) and plan.describe()[3] == M.WG_TILES[0].smem
+    p = plan.fast.params
+    assert (p.tiles_m, p.tiles_n, p.group_m) == (32, 16, 8)
+    assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", False)
+    plan = M.gemm_plan(h, BF16, 4096, 4096, 4096, **kw)
+    assert plan.describe()[0] == M.WG_TILES[0].expr("bf16", False, False) and plan.fast.unit == "matmul.wgmma.bf16"
+    assert plan.describe()[1] == (32 * 16, 1, batch)
+
+
+def _tile_coords_of(tiles_m, tiles_n, group_m, tid):
+    per_group = group_m * tiles_n
+    g = tid // per_group
+    first = g * group_m
+    rows = min(tiles_m - first, group_m)
+    r = tid - g * per_group
+    return first + r % rows, r // rows
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, batch, grid", [(32, 16, 1, 132), (5, 3, 4, 132), (128, 16, 1, 132),
+                                                           (3, 7, 2, 5), (9, 1, 1, 4)])
+def test_wgmma_persistent_items_cover_each_tile_once(tiles_m, tiles_n, batch, grid):
+    """gemm_wgmma_body's item walk (block b: items b, b + grid, ...; item = z * per_batch + tile id through
+    tile_coords_of's raster), replayed: every (z, tm, tn) exactly once; the first wave in the same order as
+    the one-block-per-tile grid's blocks 0.. (its L2 raster)."""
+    group_m = min(8, tiles_m)
+    per_batch = tiles_m * tiles_n
+    items = per_batch * batch
+    g = min(grid, items)
+    walks = [[(it // per_batch,) + _tile_coords_of(tiles_m, tiles_n, group_m, it % per_batch)
+              for it in range(b, items, g)] for b in range(g)]
+    seen = [t for w in walks for t in w]
+    assert sorted(seen) == [(z, tm, tn) for z in range(batch) for tm in range(tiles_m) for tn in range(tiles_n)]
+    # the first wave: block b's first tile is the one-block-per-tile grid's block b (same raster)
+    assert [w[0] for w in walks] == [(b // per_batch,) + _tile_coords_of(tiles_m, tiles_n, group_m, b % per_batch)
+                                     for b in range(g)]
+
+
+def test_wgmma_short_k(monkeypatch):
+    """The persistent run-on tile takes K >= WG_MIN_K_PERSIST (the GPT demo's d384 projections, K = 384); the
+    one-block-a-tile forms keep WG_MIN_K."""
+    h = cpu_handle()
+    monkeypatch.setattr(h, "arch", "sm_90")
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", True)
+    assert M.gemm_plan(h, BF16, 16384, 1152, 384, trans_b=True).describe()[0] == M.WG_PERSIST_TILE.expr("bf16", False,
+                                                                                                        True)
+    assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 16384, 1152, M.WG_MIN_K_PERSIST - 8).describe()[0]
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST", False)
+    assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 16384, 1152, 384, trans_b=True).describe()[0]
 
 
 def test_wgmma_units_are_sm90a_only():
     from pydnn._build import loader, manifest
 
     units = {u.name: u for u in M.kernel_units()}
-    for tag in ("f16", "bf16"):
-        u = units[f"matmul.wgmma.{tag}"]
+    for tag, name in [(t, f"matmul.{kind}.{t}") for t in ("f16", "bf16") for kind in ("wgmma", "wgmmap", "wgmmas")]:
+        u = units[name]
         assert u.archs == ("sm_90a",)
         assert manifest.unit_arch(u, "sm_90") == "sm_90a"
         assert manifest.unit_arch(u, "sm_90a") == "sm_90a"
@@ -174,7 +241,7 @@ def test_wgmma_units_are_sm90a_only():
             with pytest.raises(KeyError, match="not built for"):
                 loader.load_unit(arch, u)
     for name, u in units.items():
-        if not name.startswith("matmul.wgmma."):
+        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.")):
             assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
     with pytest.raises(ValueError):
         M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
@@ -225,7 +292,7 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 11
+    assert len(units) == 15
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -237,11 +304,13 @@ def test_every_expr_is_in_a_unit():
     for tag in ("f16", "bf16"):
         assert units[f"matmul.wgmma.{tag}"] == {t.expr(tag, ta, tb) for t in M.WG_TILES for ta in (False, True)
                                                 for tb in (False, True)}
+        assert units[f"matmul.wgmmap.{tag}"] == {M.WG_PERSIST_TILE.expr(tag, ta, tb) for ta in (False, True)
+                                                 for tb in (False, True)}
 
 
 def test_smem_fits():
     """Every tile's shared memory fits an sm_80 / sm_90 block (227 KiB opt-in), per_sm of them an SM."""
-    for t in M.TC_TILES + M.WG_TILES:
+    for t in M.TC_TILES + M.WG_TILES + (M.WG_PERSIST_TILE,):
         assert t.smem * t.per_sm <= 227 * 1024, (t.bm, t.bn)
 
 
@@ -298,7 +367,7 @@ def test_units_compile(arch):
     nv = build.nvrtc.version()
     for u in units:
         target = unit_arch(u, arch)
-        if u.name.startswith("matmul.wgmma."):  # sm_90a only: built as such on sm_90, absent elsewhere
+        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.")):  # sm_90a only: built as such on sm_90, absent elsewhere
             assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
             if target is None:
                 continue
@@ -588,3 +657,186 @@ def test_simt_tiles_do_not_spill():
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
     assert len(frames) == len(unit.exprs) == 4 * len(M.SIMT_TILES)
     assert all(int(a) == 0 and int(b) == 0 for a, b in frames), frames
+
+
+def _wgmma_ring_schedule(stages, lead, runon, ktiles, nitems):
+    """gemm_wgmma_body's ring, replayed for one block walking `nitems` items (PERSIST): every copy, commit,
+    wait and barrier in program order. A K tile is read only after the commit group that copied it is
+    complete (cp.async.wait_group at the top of its iteration) and holds that tile; a stage is overwritten
+    only after every warpgroup is done reading it: a warpgroup's wgmma.wait<1> in iteration G finishes its
+    reads of G - 1, which all warpgroups have done after the next barrier (the top of G + 1; with LEAD =
+    STAGES - 1 the second barrier right after that wait); wgmma.wait<0> at an item's end, likewise."""
+    D = lead
+    slot = [None] * stages            # (item, kt, group) of the tile copied there
+    reads = {}                        # slot -> global iteration of its last read, until done for all
+    groups = []                       # commit groups: list of (slot, item, kt) copies
+    pending = []                      # copies of the open group
+    own_done = -1                     # reads of global iterations <= own_done: done in this warpgroup
+
+    def copy(s, item, kt):
+        assert s not in reads, f"stage {s} overwritten (item {item} K tile {kt}) before every read of it ended"
+        slot[s] = (item, kt, len(groups))
+        pending.append(s)
+
+    def commit():
+        groups.append(list(pending))
+        pending.clear()
+
+    def barrier():
+        for s, g in list(reads.items()):
+            if g <= own_done:
+                del reads[s]
+
+    def prologue(item):
+        for s in range(D):
+            if s < ktiles:
+                copy(s, item, s)
+            commit()
+
+    G = 0  # global K iteration
+    prologue(0)
+    g0 = 0
+    for item in range(nitems):
+        run_on = runon and item + 1 < nitems and ktiles >= D
+        for kt in range(ktiles):
+            done_groups = len(groups) - (D - 1)  # cp.async.wait_group D - 1
+            barrier()
+            s = (g0 + kt) % stages
+            it, k, grp = slot[s]
+            assert (it, k) == (item, kt), f"item {item} K tile {kt} read stage {s} holding item {it} tile {k}"
+            assert grp < done_groups, f"item {item} K tile {kt} read before its copy group completed"
+            reads[s] = G
+            own_done = G - 1  # wgmma.wait<1>
+            if lead == stages - 1:
+                barrier()
+            nxt = kt + D
+            if nxt < ktiles:
+                copy((g0 + nxt) % stages, item, nxt)
+            elif run_on:
+                copy((g0 + nxt) % stages, item + 1, nxt - ktiles)
+            commit()
+            G += 1
+        own_done = G - 1  # wgmma.wait<0>
+        if not run_on:
+            barrier()  # cp.async.wait_group 0 and __syncthreads
+            assert not reads
+            if item + 1 < nitems:
+                prologue(item + 1)
+        g0 = (g0 + ktiles) % stages if run_on else 0
+
+
+@pytest.mark.parametrize("lead, runon", [(2, False), (3, False), (2, True), (3, True)])
+@pytest.mark.parametrize("ktiles", [1, 2, 3, 4, 5, 9, 64])
+def test_wgmma_ring_schedule(lead, runon, ktiles):
+    """The persistent ring (gemm_wgmma_p and its candidates: LEAD 2 or 3 of 4 stages, run-on or not) for
+    one and several items: no K tile read before it lands or from the wrong stage, no stage overwritten
+    while a warpgroup may still read it."""
+    for nitems in (1, 2, 5):
+        _wgmma_ring_schedule(4, lead, runon, ktiles, nitems)
+
+
+def test_wgmma_ring_schedule_catches_a_short_ring():
+    """The replay fails a wrong schedule: 3 K tiles copied ahead in a ring of 3 stages (the copy of K tile
+    kt + 3 goes to the stage tile kt is being read from)."""
+    with pytest.raises(AssertionError):
+        _wgmma_ring_schedule(3, 3, False, 9, 2)
+
+
+# ----------------------------------------------------------------------------- split-K
+
+def test_split_k_plan(monkeypatch):
+    """gemm_plan(split_k=True) on sm_90 cuts a long K into splits when the 128x256 tiles fill less than 3/4
+    of a wave: the GPT demo's weight gradients (the lead's profile) get gemm_wgmma_s (batch = the splits,
+    C = the fp32 partials) and splitk_reduce; never without split_k, off sm_90, with SPLIT_K off, batched,
+    with a short K, or for a problem that fills the SMs."""
+    h = cpu_handle()
+    monkeypatch.setattr(h, "arch", "sm_90")
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", True)
+    pl = M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True)
+    assert pl.split == (8, 2048) and pl.describe()[0] == M.WG_SPLIT_TILE.expr("bf16", True, False)
+    assert "gemm_wgmma_s<" in pl.describe()[0] and pl.fast.unit == "matmul.wgmmas.bf16"
+    assert pl.reduce.expr == "pydnn::matmul::splitk_reduce<pydnn::bf16_t>" and pl.reduce.unit == pl.fast.unit
+    p = pl.fast.params
+    assert (p.batch, p.k_split, p.k, p.ldc, p.stride_c, p.tiles_m, p.tiles_n) == (8, 2048, 16384, 1152,
+                                                                                   384 * 1152, 3, 5)
+    assert pl.describe()[1] == (min(15 * 8, h.sm_count), 1, 1) and pl.ws_bytes == 8 * 384 * 1152 * 4
+    r = pl.reduce.params
+    assert (r.batch, r.lda, r.stride_a, r.m, r.n, r.ldc) == (8, 1152, 384 * 1152, 384, 1152, 1152)
+    pl = M.gemm_plan(h, BF16, 1536, 384, 16384, trans_a=True, split_k=True)
+    assert pl.split == (5, 3328)  # 256 K tiles in splits of 52: the last one 48
+    odd = M.gemm_plan(h, BF16, 130, 77, 5000, trans_b=True, lda=5000, ldb=5000, split_k=True)
+    assert odd.split is not None and odd.fast.params.ldc == 78 and odd.ws_bytes == odd.split[0] * 130 * 78 * 4
+    assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True).split is None  # split_k not asked
+    for kw in (dict(m=4096, n=4096, k=4096), dict(m=384, n=1152, k=512), dict(m=384, n=1152, k=16384, batch=2,
+                                                                            stride_a=384 * 16384,
+                                                                            stride_b=1152 * 16384,
+                                                                            stride_c=384 * 1152),
+               dict(m=384, n=1152, k=16384, lda=16388)):
+        assert M.gemm_plan(h, BF16, trans_a=False, split_k=True, **kw).split is None, kw
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", False)
+    assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True).split is None
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", True)
+    monkeypatch.setattr(h, "arch", "sm_80")
+    assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True).split is None
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m, n, k", [(70, 50, 1000), (33, 20, 640), (9, 7, 64 * 9 + 5)])
+def test_split_k_emulation(ta, tb, m, n, k):
+    """gemm_wgmma_s's operand offsets replayed in numpy: split z reads K range [z k_split, min((z + 1)
+    k_split, k)) at A + (ta ? k0 lda : k0), B + (tb ? k0 : k0 ldb) over the flat operands (leading dims
+    padded); the partials summed in split order as splitk_reduce does equal A @ B."""
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
+    lda, ldb = (m + 3 if ta else k + 5), (k + 2 if tb else n + 4)
+    A = np.zeros((k if ta else m) * lda)
+    B = np.zeros((n if tb else k) * ldb)
+    for i in range(m):
+        for q in range(k):
+            A[q * lda + i if ta else i * lda + q] = a[i, q]
+    for q in range(k):
+        for j in range(n):
+            B[j * ldb + q if tb else q * ldb + j] = b[q, j]
+    kt = -(-k // 64)
+    for s in (2, 3, 5):
+        chunk = -(-kt // s)
+        splits, ks = -(-kt // chunk), chunk * 64
+        total = np.zeros((m, n))
+        for z in range(splits):
+            k0 = z * ks
+            klen = min(ks, k - k0)
+            assert klen > 0
+            ao, bo = (k0 * lda if ta else k0), (k0 if tb else k0 * ldb)
+            opa = np.array([[A[ao + q * lda + i] if ta else A[ao + i * lda + q] for q in range(klen)] for i in range(m)])
+            opb = np.array([[B[bo + j * ldb + q] if tb else B[bo + q * ldb + j] for j in range(n)] for q in range(klen)])
+            total = total + opa @ opb
+        np.testing.assert_allclose(total, a @ b, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("m, n, splits", [(5, 7, 3), (4, 8, 2), (1, 1, 4), (3, 130, 5)])
+def test_splitk_reduce_emulation(m, n, splits):
+    """splitk_reduce's loop replayed: thread i takes row i / pairs, columns 2 (i % pairs) and the next where it
+    exists, reads split s's partial at row * ldw + col + s * m * ldw (ldw: n rounded up to even, so the pair
+    load is 8-byte aligned) and sums the splits in order; every element of C once, the sum equals numpy's."""
+    rng = np.random.default_rng(3)
+    ldw = n + (n & 1)
+    parts = rng.normal(size=(splits, m, ldw))
+    flat = parts.reshape(-1)
+    pairs = (n + 1) // 2
+    out = np.full((m, n), np.nan)
+    for i in range(m * pairs):
+        row, col = i // pairs, (i % pairs) * 2
+        base = row * ldw + col
+        assert base % 2 == 0
+        v0 = v1 = 0.0
+        for s in range(splits):
+            v0 += flat[base + s * m * ldw]
+            if col + 1 < n:
+                v1 += flat[base + s * m * ldw + 1]
+        assert np.isnan(out[row, col])
+        out[row, col] = v0
+        if col + 1 < n:
+            assert np.isnan(out[row, col + 1])
+            out[row, col + 1] = v1
+    np.testing.assert_allclose(out, parts.sum(0)[:, :n], rtol=1e-12)

@@ -141,19 +141,20 @@ def test_each_tile(handle, rng, monkeypatch, dtype, trans, tile):
     pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
 
 
-def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch):
+def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=True):
     """One problem on the tile `t` (forced through _choose_tile): leading dims rounded up to 8 (the fast
-    path), a bias, the plan's kernel checked, then run plain and with alpha / beta."""
+    path), a bias, the plan's kernel checked, then run plain and with alpha / beta. bias=False: no bias and
+    beta 0 (the wgmma kernels' straight-line store of interior tiles), with alpha 1 and -1.25."""
     ta, tb = trans
     up = lambda v: -(-v // 8) * 8  # noqa: E731
     ra, lda = (k, up(m)) if ta else (m, up(k))
     rb, ldb = (n, up(k)) if tb else (k, up(n))
-    pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=True,
+    pb = Problem(rng, dtype, m, n, k, *trans, batch=batch, sa=ra * lda, sb=rb * ldb, sc=m * up(n), bias=bias,
                  pad8=True)
     plan = pb.plan(handle)
     assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
     pb.run(handle, rng, plan=plan)
-    pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+    pb.run(handle, rng, alpha=-1.25, beta=0.5 if bias else 0.0, plan=plan)
 
 
 @pytest.mark.parametrize("tile", range(len(M.CANDIDATE_TILES)))
@@ -257,7 +258,7 @@ def test_matches_torch_bf16(handle, rng):
 WG_SHAPES = [(1, 1, 1, 1), (7, 5, 3, 1), (64, 64, 16, 1), (33, 17, 65, 1), (130, 72, 200, 1)]
 
 
-WG_ALL = M.WG_TILES + M.WG_CANDIDATES
+WG_ALL = M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES
 
 
 @pytest.mark.parametrize("tile", range(len(WG_ALL)))
@@ -276,6 +277,17 @@ def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
            (48, 72, 40, 3)]
     for m, n, k, batch in WG_SHAPES + big:
         _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+    # no bias, beta 0: interior tiles take the straight-line store (edge tiles beside them do not)
+    for m, n, k, batch in [(2 * t.bm, 2 * t.bn, 200, 2), (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1)]:
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=False)
+    if t.persist:
+        # a grid of 2 blocks: each walks several tiles (edges, ragged K, batches), copying the next tile's
+        # first K tiles before each epilogue
+        monkeypatch.setattr(handle, "sm_count", 2)
+        for m, n, k, batch in [(3 * t.bm + 5, 2 * t.bn + 8, 1000, 1), (2 * t.bm + 37, t.bn + 91, 203, 3),
+                               (48, 72, 40, 5), (t.bm, t.bn, 64, 3)]:
+            _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+        _check_forced_tile(handle, rng, dtype, trans, t, 3 * t.bm + 5, 2 * t.bn + 8, 300, 2, bias=False)
 
 
 @pytest.mark.parametrize("shape, tile", [((2088, 2304), 0), ((10240, 384), 1)])
@@ -287,7 +299,8 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     pb = Problem(rng, BF16, m, n, M.WG_MIN_K + 24, *trans, bias=True)
     plan = pb.plan(handle)
     if handle.arch == M.WG_ARCH and tuning.matmul.USE_WGMMA:
-        assert plan.describe()[0] == M.WG_TILES[tile].expr("bf16", *trans)
+        want = M.WG_PERSIST_TILE if tile == 0 and tuning.matmul.WG_PERSIST else M.WG_TILES[tile]
+        assert plan.describe()[0] == want.expr("bf16", *trans)
     else:
         assert "gemm_wgmma" not in plan.describe()[0]
     pb.run(handle, rng, plan=plan)
@@ -340,3 +353,44 @@ def test_simt_batches_side_by_side(handle, rng, trans):
     pb = Problem(rng, F32, m, n, k, ta, tb, lda, ldb, batch * n + 3, batch, ra * lda, rb * ldb, n)
     pb.run(handle, rng)
     pb.run(handle, rng, alpha=0.5, beta=1.5)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_split_k(handle, rng, dtype, trans):
+    """Split-K (sm_90, gemm_plan(split_k=True): gemm_wgmma_s + splitk_reduce): partial tiles on the m / n
+    edges, an odd n (the workspace's row pitch rounded up), a ragged last split and a ragged last K tile,
+    with bias, alpha and beta; the GEMM's launches repeated give bitwise the same C (the partials summed in
+    split order)."""
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"split-K runs on {M.WG_ARCH} only (this device is {handle.arch})")
+    ta, tb = trans
+    up = lambda v: -(-v // 8) * 8  # noqa: E731
+    for m, n, k in [(130, 77, 5000), (257, 300, 64 * 20 + 24), (384, 1152, 8192)]:
+        ra, lda = (k, up(m)) if ta else (m, up(k))
+        rb, ldb = (n, up(k)) if tb else (k, up(n))
+        pb = Problem(rng, dtype, m, n, k, ta, tb, lda=lda, ldb=ldb, ldc=up(n), bias=True, pad8=True)
+        plan = M.gemm_plan(handle, dtype, m, n, k, split_k=True, **pb.kw())
+        assert plan.split is not None and plan.describe()[0] == M.WG_SPLIT_TILE.expr(M.TAG[dtype], ta, tb)
+        pb.run(handle, rng, plan=plan)
+        if m * n * k > 10**8:
+            continue  # the weight-gradient-like shape once (its float64 reference costs seconds)
+        first = pb.c.download()
+        pb.run(handle, rng, plan=plan)
+        np.testing.assert_array_equal(pb.c.download(), first)
+        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+
+
+def test_split_k_through_pydnn_matmul(handle, rng):
+    """pydnn.matmul (the public call, which allows split-K) on a weight-gradient shape: dW = dY^T X with dY
+    stored [K][M] (A column-major through its strides), against float64; C's gaps untouched."""
+    from devtensor import DevTensor
+
+    m, n, k = 384, 640, 8192
+    a = DevTensor((m, k), BF16, strides=(1, m))
+    b = DevTensor((k, n), BF16)
+    c = DevTensor((m, n), BF16, strides=(n + 8, 1))
+    av, bv = a.random(rng, -1, 1), b.random(rng, -1, 1)
+    pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr)
+    assert_close(c.download(), av @ bv, BF16, "pydnn.matmul split-K", scale=np.abs(av) @ np.abs(bv))
+    c.check_untouched()
