@@ -126,6 +126,9 @@ conv = Switches(
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),
+    DGRAD_PHASES=(True, "backward data with a stride > 1 on tensor cores as stride-1 phase sub-problems "
+                        "(pydnn/ops/convolution/dgrad_phases.py: no tap gathered that the stride zeroes); "
+                        "off: the stride-s bwd_data_tc, which visits every tap for every dx position"),
     WG_PIPE=(True, "the backward filter's model picks wgrad_pipe_tc where it applies (else wgrad_tc)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),

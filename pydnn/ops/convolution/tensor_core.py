@@ -8,7 +8,10 @@ kernels through grouped.py):
                                             where C % 64 == 0, else fwd_tc; tiles from the models below
     backward data    ALGO_1                 the same kernels on dy (K % 8 too); on sm_90 with stride 1 the
                                             forward of dy on fwd_wgmma reading the filter as [k][c] tiles
-                                            (_plan_bwd_wgmma); elsewhere the explicit GEMM (gemm.py) serves
+                                            (_plan_bwd_wgmma); with a stride > 1 these stride-1 plans run
+                                            on the stride's phases (dgrad_phases.py; tuning.conv.DGRAD_PHASES
+                                            off: bwd_data_tc's stride-s gather); elsewhere the explicit GEMM
+                                            (gemm.py) serves
     backward filter  ALGO_1                 wgrad_pipe_tc or wgrad_tc, (tile, split) by a model, split-K
                                             partials added by conv::fold in a fixed order (one split writes
                                             dw directly); on sm_90 wgrad_wgmma.py is tried first
