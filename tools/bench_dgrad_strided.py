@@ -44,6 +44,12 @@ VARIANTS = [("wgm128x64", (128, 64, 4, 2, 1)), ("wgm128x128", (128, 128, 4, 1, 1
             ("pipe128x64", (128, 64, 4, 1, 3, 0))]
 
 
+def short(expr):
+    """'pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1, 1, 1>' -> 'fwd_wgmma<128, 4, 1, 1, 1>'."""
+    head, _, args = expr.partition("<")
+    return f"{head.split('::')[-1]}<{args.split(', ', 1)[-1]}" if ", " in args else head.split("::")[-1]
+
+
 def _time_plan(h, t, algo, timer):
     """ms of a fresh plan of the current switches (new_plan: the handle's plan cache is not consulted)."""
     import torch
@@ -52,6 +58,32 @@ def _time_plan(h, t, algo, timer):
     ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
     args = (t["dy"].data_ptr(), t["w"].data_ptr(), t["dx"].data_ptr(), ws.data_ptr() if pl.workspace else 0)
     return timer(lambda: CP.run_plan(h, pl, *args, 1.0, 0.0))
+
+
+def report(rows, dev, versions, elapsed):
+    """The markdown table (and per-phase lines) of the rows."""
+    import sweep_common as SC
+    lines = [f"# Strided backward data, bf16 NHWC, {dev} ({versions})", "",
+             "| " + " | ".join(["shape", "pydnn ms", "stride-s kernel ms", "cuDNN ms", "cuDNN / pydnn", "TFLOP/s",
+                                 "check", "kernels"] + [f"{v} ms" for v, _ in VARIANTS]) + " |",
+             "|---|---:|---:|---:|---:|---:|---|---|" + "---:|" * len(VARIANTS)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} | | | | | | |")
+            continue
+        so = f"{r['ms_stride_s']:.4f}" if "ms_stride_s" in r else "-"
+        lines.append(f"| {r['case']} | {r['ms_phases']:.4f} | {so} | {r['ms_cudnn']:.4f} | {r['ratio']:.2f} | "
+                     f"{r['tflops']:.0f} | {r['check_err']:.1e} {'ok' if r['check_ok'] else 'FAIL'} | "
+                     f"{', '.join(r.get('phases', [r.get('kernel') or '?']))} |"
+                     + "".join(f" {r[f'ms_{v}']:.4f} |" if r.get(f"ms_{v}") else " - |" for v, _ in VARIANTS))
+    ok = [r["ratio"] for r in rows if "ratio" in r]
+    if ok:
+        lines += ["", f"geomean cuDNN / phases: {SC.geomean(ok):.3f} over {len(ok)} shapes; "
+                      f"elapsed {elapsed:.1f} s"]
+    for r in rows:
+        if r.get("phase_ms"):
+            lines.append(f"- {r['case']}: " + "; ".join(f"taps {'x'.join(map(str, f[1:]))} {k} {ms:.4f} ms" for f, k, ms in r["phase_ms"]))
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -93,8 +125,15 @@ def main(argv=None):
             from pydnn.ops.convolution import plans as CP
             pl = CP.get_plan(h, 1, algo, t["conv"], t["xd"], t["wd"], t["yd"])
             if hasattr(pl, "subs"):
-                row["phases"] = [sp.gemm_expr.split("::")[-1] for sp, _, _, _ in pl.subs] + (
+                row["phases"] = [short(sp.gemm_expr) for sp, _, _, _ in pl.subs] + (
                     ["fill"] if pl.fill is not None else [])
+                # each phase alone (its taps, its kernel, ms), to see where the time goes
+                dyp, wp, dxp, it = t["dy"].data_ptr(), t["w"].data_ptr(), t["dx"].data_ptr(), pl.itemsize
+                wsp = ws.data_ptr() if ws_n else 0
+                row["phase_ms"] = [
+                    (list(spb.filt3), short(sp.gemm_expr),
+                     timer(lambda sp=sp, a=dxo, b=wo: CP.run_plan(h, sp, dyp, wp + b * it, dxp + a * it, wsp, 1.0, 0.0)))
+                    for sp, dxo, wo, spb in pl.subs]
             out.fill_(float("nan"))
             fp()
             ref = ft()
@@ -120,25 +159,7 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
-    lines = [f"# Strided backward data, bf16 NHWC, {dev} (torch {torch.__version__}, cuDNN "
-             f"{torch.backends.cudnn.version()})", "",
-             "| " + " | ".join(["shape", "pydnn ms", "stride-s kernel ms", "cuDNN ms", "cuDNN / pydnn", "TFLOP/s",
-                                 "check", "kernels"] + [f"{v} ms" for v, _ in VARIANTS]) + " |",
-             "|---|---:|---:|---:|---:|---:|---|---|" + "---:|" * len(VARIANTS)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['case']} | error: {r['error']} | | | | | | |")
-            continue
-        so = f"{r['ms_stride_s']:.4f}" if "ms_stride_s" in r else "-"
-        lines.append(f"| {r['case']} | {r['ms_phases']:.4f} | {so} | {r['ms_cudnn']:.4f} | {r['ratio']:.2f} | "
-                     f"{r['tflops']:.0f} | {r['check_err']:.1e} {'ok' if r['check_ok'] else 'FAIL'} | "
-                     f"{', '.join(r.get('phases', [r.get('kernel') or '?']))} |"
-                     + "".join(f" {r[f'ms_{v}']:.4f} |" if r.get(f"ms_{v}") else " - |" for v, _ in VARIANTS))
-    ok = [r["ratio"] for r in rows if "ratio" in r]
-    if ok:
-        lines += ["", f"geomean cuDNN / phases: {SC.geomean(ok):.3f} over {len(ok)} shapes; "
-                      f"elapsed {time.time() - t0:.1f} s"]
-    md = "\n".join(lines)
+    md = report(rows, dev, f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}", time.time() - t0)
     print(md)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "dgrad_strided.md"), "w") as f:
