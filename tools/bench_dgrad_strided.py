@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# (tag, name, N, C, K, H, R, stride, pad, run the stride-s kernel too)
+# (tag, name, N, C, K, H, R, stride, pad, run the stride-s kernel too[, groups])
 SHAPES = [
     ("resnet50", "l3 3x3/2 256->256 @28", 128, 256, 256, 28, 3, 2, 1, True),
     ("resnet50", "l2 3x3/2 128->128 @56", 32, 128, 128, 56, 3, 2, 1, True),
@@ -29,10 +29,11 @@ SHAPES = [
     ("random", "3x3/2 248->112 @67", 21, 248, 112, 67, 3, 2, 1, True),
     ("random", "3x3/2 104->104 @13", 104, 104, 104, 13, 3, 2, 1, True),
     ("random", "7x7/2 320->64 @14", 108, 320, 64, 14, 7, 2, 3, True),
+    ("resnext50", "l3 3x3/2 g32 512->512 @28", 32, 512, 512, 28, 3, 2, 1, True, 32),
     ("random", "7x7/2 152->672 @103", 11, 152, 672, 103, 7, 2, 3, False),
     ("random", "5x5/2 8->216 @73", 213, 8, 216, 73, 5, 2, 2, False),
 ]
-QUICK = SHAPES[:6]
+QUICK = SHAPES[:6] + SHAPES[8:9]
 # stride-1 shapes of the sweep whose dy channels (K) are not multiples of 64 (bwd_data_tc today), for the
 # forced-tiling variants below
 STRIDE1 = [
@@ -112,8 +113,8 @@ def main(argv=None):
     global VARIANTS
     VARIANTS = VARIANTS if args.variants else []
     shapes = (SHAPES if args.shapes == "all" else QUICK) + (STRIDE1 if args.stride1 else [])
-    for tag, name, n, c, k, hw, r, s, p, old in shapes:
-        pr = SW.problem(tag, name, n, c, k, hw, r, s, p, 1)
+    for tag, name, n, c, k, hw, r, s, p, old, *g in shapes:
+        pr = SW.problem(tag, name, n, c, k, hw, r, s, p, g[0] if g else 1)
         row = dict(case=f"{tag} N{n} {name}", flops=pr["flops"])
         try:
             t = SW._setup(h, pr)

@@ -16,7 +16,8 @@ CONVOLUTION mode the effective filter is w flipped; the sub-filter is then the m
 R - 1 - r0 - t * (n - 1) .. R - 1 - r0 step t, read flipped by the kernel (FLAG_FLIP over the n taps),
 which is the same set in the order the phase wants. The phase problems are planned by the family's
 stride-1 backward data (plans.planner: fwd_wgmma on sm_90 where it applies, implicit_gemm_pipe_tc,
-bwd_data_tc), so no kernel multiplies a zero that the stride put there: the stride-s kernel gathered
+bwd_data_tc; grouped problems grouped.py's packed supergroups on implicit_gemm_pipe_tc_grouped or
+bwd_data_tc_grouped), so no kernel multiplies a zero that the stride put there: the stride-s kernel gathered
 every tap for every dx position and kept 1 / s^d of them (3x3 stride 2: 1 tap of 4 useful on average,
 measured 0.04-0.3x cuDNN on the H200), the phases do exactly the convolution's work.
 
@@ -37,8 +38,10 @@ from ..._build.params import FLAG_BETA, kernel_params
 from ..._cuda import driver
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
+from ...status import PydnnError
+from . import grouped
 from .plans import LAUNCH_MS, StepPlan, add_kernels, planner, register, run_plan
-from .problem import DIR_BWD_DATA, TC_TAGS, tc_refusal
+from .problem import DIR_BWD_DATA, NS, TC_TAGS, tc_refusal
 
 MAX_STRIDE = 64           # dgrad_phase_fill's residue masks are 64 bits
 FILL_GBPS = 2000.0        # the model's rate for dgrad_phase_fill (bytes read + written / time; a ranking)
@@ -128,7 +131,8 @@ def sub_problem(pb, ph):
 
 def phase_refusal(pb):
     """Why the phase split does not serve a problem (None when it does): it serves the tensor-core
-    backward data with a stride > 1."""
+    backward data with a stride > 1, one group (tc_refusal) or grouped where the grouped tensor-core path
+    (grouped.py: packed supergroups) serves the phases."""
     if not tuning.conv.DGRAD_PHASES:
         return "tuning.conv.DGRAD_PHASES is off"
     if all(st == 1 for st in pb.stride3):
@@ -137,6 +141,8 @@ def phase_refusal(pb):
         return f"stride {tuple(pb.stride3)} > {MAX_STRIDE}"
     if pb.in3[1] > 65535:
         return f"dx height {pb.in3[1]} > 65535 (the fill's grid)"
+    if pb.groups != 1:
+        return None if grouped.applies(pb, DIR_BWD_DATA) else "groups: the grouped tensor-core path refuses"
     return tc_refusal(pb, DIR_BWD_DATA)
 
 
@@ -217,10 +223,12 @@ def _fill_params(pb, phs):
     return f, elems
 
 
-@register(DIR_BWD_DATA, ALGO_1, order=-1)
+@register(DIR_BWD_DATA, ALGO_1, order=-2)   # before grouped.py's planner (-1), which serves strided groups too
 def plan_phases(handle, pb, direction, algo):
     """The phase plan of a strided tensor-core backward data, or None (the next candidate: the stride-s
-    kernels, or the refusal's reason from them) where phase_refusal says no."""
+    kernels, or the refusal's reason from them) where phase_refusal says no or a phase cannot be planned.
+    One group: each phase on tensor_core.py's stride-1 plans; grouped: on grouped.py's (each phase packs
+    its sub-filter into the workspace, one phase after the other)."""
     if phase_refusal(pb) is not None:
         return None
     phs = phases(pb)
@@ -230,7 +238,14 @@ def plan_phases(handle, pb, direction, algo):
         if any(d.empty for d in ph):
             continue
         spb, dx_off, w_off = sub_problem(pb, ph)
-        sp = stride1(handle, spb, algo)
+        try:
+            sp = stride1(handle, spb, algo)
+        except PydnnError as e:
+            if e.status != NS:
+                raise
+            return None   # (a phase the stride-1 kernels refuse: the whole problem takes the stride-s ones)
+        if pb.groups != 1 and not isinstance(sp, grouped.GroupedPlan):
+            return None
         sp.problem = spb
         subs.append((sp, dx_off, w_off, spb))
     fill, elems = _fill_params(pb, phs)

@@ -3,7 +3,8 @@ CPU: the per-dim phase arithmetic against a literal enumeration of which taps re
 every phase plan's real parameter structs run through the kernels' address arithmetic (the emulator of
 test_convolution_cpu.py) at the plan's dx / filter offsets, plus dgrad_phase_fill's masks, giving the
 float64 reference on odd shapes with stride 2 and 3, padding, dilation, 1-d / 2-d / 3-d, both modes,
-NHWC and padded-NHWC dx (every dx element written exactly once); the routing (which problems take the
+NHWC and padded-NHWC dx, grouped (filter_group_pack's copy of each phase's sub-filter emulated too; every
+dx element written exactly once); the routing (which problems take the
 phases, the kernels the phases get on sm_90 / sm_80, the switch that turns them off, v7's ranking, the
 workspace query), and the fill's parameter layout."""
 import itertools
@@ -13,7 +14,8 @@ import pytest
 
 import pydnn
 from pydnn import tuning
-from pydnn.ops.convolution import algorithms as CA, dgrad_phases as D, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.ops.convolution import (algorithms as CA, dgrad_phases as D, grouped as G, plans as CP, problem as CPb,
+                                   tensor_core as CT)
 from pydnn.reference import convolution as ref
 from pydnn.tensor import packed_strides
 from test_convolution_cpu import _gather_tensor, _scatter, cdesc, emulate, fdesc, tdesc
@@ -63,6 +65,13 @@ PHASE_CASES = [  # xdims, k, filt, pad, stride, dil, dx layout
 ]
 
 
+GROUPED_CASES = [  # xdims, k, filt, pad, stride, dil, dx layout, groups
+    ((2, 64, 9, 10), 64, (3, 3), (1, 1), (2, 2), (1, 1), "nhwc", 4),      # P = 4 supergroups of 16 + 16
+    ((1, 32, 7, 6), 64, (3, 3), (1, 1), (2, 1), (1, 1), "nhwc", 4),       # K/g 16, C/g 8; stride (2, 1)
+    ((2, 32, 8, 9), 32, (1, 1), (0, 0), (2, 2), (1, 1), "nhwc", 2),       # 1x1/2 grouped: one phase + the fill
+]
+
+
 def _dx_strides(xd, layout):
     if layout == "pad8":  # channels innermost with 8 spare channels after each position
         s, acc = [0] * len(xd), xd[1] + 8
@@ -75,10 +84,10 @@ def _dx_strides(xd, layout):
     return packed_strides(tuple(xd), NHWC)
 
 
-def _phase_problem(case, mode, dtype=BF16):
+def _phase_problem(case, mode, dtype=BF16, groups=1):
     xd, k, filt, pad, st, dil, layout = case
-    c = cdesc(pad, st, dil, mode)
-    wd = (k, xd[1]) + filt
+    c = cdesc(pad, st, dil, mode, groups=groups)
+    wd = (k, xd[1] // groups) + filt
     yd = (xd[0], k) + ref.out_dims(xd[2:], filt, pad, st, dil)
     xs, ys = _dx_strides(xd, layout), packed_strides(yd, NHWC)
     return c, xd, wd, yd, xs, ys, tdesc(xd, dtype, strides=xs), tdesc(yd, dtype, strides=ys), fdesc(wd, dtype, fmt=NHWC)
@@ -90,7 +99,9 @@ def _emulate_phases(pl, dybuf, wbuf, size):
     (-> 0.0). Returns the dx buffer (NaN where nothing wrote) after checking no element is written twice."""
     out = np.full(size, np.nan)
     for sp, dx_off, w_off, _ in pl.subs:
-        if type(sp) is CP.Plan and "fwd_wgmma<" in sp.gemm_expr:  # the forward of dy, B read from w (BKN)
+        if isinstance(sp, G.GroupedPlan):  # filter_group_pack's copy of the sub-filter, then the supergroups
+            got = emulate(sp.sub, CPb.DIR_BWD_DATA, dybuf, _group_pack_emulated(sp.pack, wbuf[w_off:]), size - dx_off)
+        elif type(sp) is CP.Plan and "fwd_wgmma<" in sp.gemm_expr:  # the forward of dy, B read from w (BKN)
             got = emulate(sp, CPb.DIR_FWD, dybuf, wbuf[w_off:], size - dx_off)
         else:
             assert type(sp) is CP.Plan, type(sp)
@@ -105,6 +116,21 @@ def _emulate_phases(pl, dybuf, wbuf, size):
         for off in written:
             assert np.isnan(out[off]), "the fill writes an element a phase wrote"
             out[off] = 0.0
+    return out
+
+
+def _group_pack_emulated(f, wbuf):
+    """filter_group_pack from its ConvAuxParams (in through in_stride), as the kernel indexes."""
+    P_, cg2, taps = f.channels, f.channels * f.cg, f.taps
+    out = np.zeros(f.groups * f.kg * taps * cg2)
+    st = [int(v) for v in f.in_stride]
+    for i in range(out.size):
+        c2, tap, k = i % cg2, i // cg2 % taps, i // (cg2 * taps)
+        if c2 // f.cg == (k // f.kg) % P_:
+            q = tap
+            s_, q = q % f.filt[2], q // f.filt[2]
+            r, t = q % f.filt[1], q // f.filt[1]
+            out[i] = wbuf[k * st[0] + (c2 % f.cg) * st[1] + t * st[2] + r * st[3] + s_ * st[4]]
     return out
 
 
@@ -157,6 +183,29 @@ def test_phase_plan_emulated(case, mode, arch, rng):
     assert not np.isnan(dx).any(), "dx elements no launch writes"
     np.testing.assert_allclose(dx, ref.backward_data_raw(w, dy, xd[2:], case[3], case[4], case[5], 1, mode == XCORR),
                                rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES)
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_grouped_phase_plan_emulated(case, mode, arch, rng):
+    """Grouped strided backward data: each phase a grouped.py plan (its sub-filter packed into supergroups
+    by filter_group_pack at the phase's filter offset, then the grouped stride-1 kernel over grid.z), the
+    fill for the phases without taps; together the float64 reference, every dx element once."""
+    groups = case[7]
+    c, xd, wd, yd, xs, ys, xdsc, ydsc, wdsc = _phase_problem(case[:7], mode, groups=groups)
+    h = cpu_handle()
+    h.arch, h.sm_count = arch, 132 if arch == "sm_90" else 108
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BD1, c, xdsc, wdsc, ydsc)
+    assert isinstance(pl, D.PhasePlan) and all(isinstance(sp, G.GroupedPlan) for sp, _, _, _ in pl.subs)
+    assert pl.workspace == max(sp.workspace for sp, _, _, _ in pl.subs) > 0
+    w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
+    size = sum((d - 1) * s for d, s in zip(xd, xs)) + 1
+    got = _emulate_phases(pl, _scatter(dy, ys, int(np.prod(yd))), _scatter(w, wdsc.strides, int(np.prod(wd))), size)
+    dx = _gather_tensor(got, xd, xs)
+    assert not np.isnan(dx).any()
+    np.testing.assert_allclose(dx, ref.backward_data_raw(w, dy, xd[2:], case[3], case[4], case[5], groups,
+                                                         mode == XCORR), rtol=1e-10, atol=1e-10)
 
 
 def test_phase_plan_on_wgmma_emulated(rng):

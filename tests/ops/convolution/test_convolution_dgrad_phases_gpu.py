@@ -2,7 +2,7 @@
 on the GPU against the float64 reference: stride 2 and 3, odd sizes, padding (also past the filter),
 dilation with the stride (common and coprime factors), 1x1 / 2 (the fill of the phases no tap reaches,
 with beta 0 and beta != 0), a filter smaller than the stride, 1-d / 3-d, NHWC and padded-NHWC dx, K and C
-with channel tails, both modes, fp16 and bf16; dx poisoned for beta 0 (every element written) and checked
+with channel tails, grouped (each phase on grouped.py's packed supergroups), both modes, fp16 and bf16; dx poisoned for beta 0 (every element written) and checked
 untouched around it; bitwise reproducible. Also Find...Ex on a strided problem."""
 import numpy as np
 import pytest
@@ -27,6 +27,8 @@ PHASE_CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter form
     ((3, 136, 11, 9), 256, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NHWC),    # C 136: 2 N tiles + a tail
     ((2, 72, 15, 13), 192, (5, 5), (2, 2), (2, 2), (1, 1), 1, "nhwc", NHWC),    # 5x5/2, K 192
     ((2, 40, 9, 9), 112, (3, 3), (0, 0), (2, 2), (1, 1), 1, "nhwc", NHWC),      # no padding, K 112 (not % 64)
+    ((2, 64, 9, 10), 64, (3, 3), (1, 1), (2, 2), (1, 1), 4, "nhwc", NHWC),      # grouped: packed supergroups
+    ((2, 32, 8, 9), 32, (1, 1), (0, 0), (2, 2), (1, 1), 2, "nhwc", NHWC),       # grouped 1x1/2 + the fill
 ]
 MODES = BWD_DATA_MODES + ((XCORR, 0.5, -1.0),)
 
