@@ -361,7 +361,8 @@ def _tcp_tiling(handle, gm, gn):
 def _tc_choice(handle, pb, direction, gm, gn, rc):
     """The tiling of a tensor-core plan: a WGM_TILES entry (fwd_wgmma, forward and stride-1 backward data
     on sm_90, by _wgm_tiling) or a TCP_TILES entry (the pipelined kernel) where they apply and the
-    reduction's channels fill their 64-deep K tiles (rc % 64 == 0), else fwd_tc / bwd_data_tc's (BM, BN).
+    reduction's channels fill their 64-deep K tiles (rc % 64 == 0; backward data: to at least
+    tuning.conv.BWD_TAIL_FILL, _k_tiles_fill), else fwd_tc / bwd_data_tc's (BM, BN).
     A forced tiling (tuning.conv.TC_FORCE) is obeyed where its kernel applies."""
     pipe_ok = _tcp_refusal(pb, direction) is None
     forced = tuning.conv.TC_FORCE.get(direction)
@@ -374,11 +375,20 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
         forced = None
     if forced is not None and (len(forced) == 2 or pipe_ok):
         return tuple(forced)
-    if forced is None and pipe_ok and rc % TCP_BK == 0:
-        if tuning.conv.USE_WGM and wgm_ok and prod(pb.filt3) * (rc // TCP_BK) >= WGM_MIN_KTILES:
+    if forced is None and pipe_ok and _k_tiles_fill(direction, rc):
+        if tuning.conv.USE_WGM and wgm_ok and prod(pb.filt3) * cdiv(rc, TCP_BK) >= WGM_MIN_KTILES:
             return _wgm_tiling(handle, gm, gn)
         return _tcp_tiling(handle, gm, gn)
     return _tc_tiling(handle, gm, gn)
+
+
+def _k_tiles_fill(direction, rc):
+    """Whether the 64-deep K tiles of the pipelined / wgmma kernels take a reduction of rc channels per
+    tap: multiples of 64, or (backward data) where real channels fill at least tuning.conv.BWD_TAIL_FILL
+    of the tiles' depth (the rest zero-filled: the kernels' channel tails), which still beats bwd_data_tc."""
+    if rc % TCP_BK == 0:
+        return True
+    return direction == DIR_BWD_DATA and rc / (cdiv(rc, TCP_BK) * TCP_BK) >= tuning.conv.BWD_TAIL_FILL
 
 
 def _wgm_tiling(handle, gm, gn):

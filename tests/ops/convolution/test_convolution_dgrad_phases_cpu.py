@@ -287,8 +287,9 @@ def test_one_by_one_stride_two_fill():
     f = pl.fill
     assert [int(v) for v in f.empty] == [0, 0b10, 0b10] and [int(v) for v in f.stride] == [1, 2, 2]
     assert (f.batch, f.channels) == (32, 256) and pl.fill_elems == 32 * 256 * (56 * 56 - 28 * 28)
-    # NHWC dx: 16 bytes a thread, rows of W x C / 8 threads, one block row per h, blocks over n x d
-    assert pl.fill_vec and pl.fill_expr == D.fill_expr("bf16", 1) and pl.fill_grid == (56 * 32 // 256, 56, 32) and pl.fill.chunks == 32
+    # NHWC dx: 16 bytes a thread, rows of W x C / 8 threads, one block row per h, ~16 blocks an SM over n x d
+    assert pl.fill_vec and pl.fill_expr == D.fill_expr("bf16", 1) and pl.fill.chunks == 32
+    assert pl.fill_grid == (56 * 32 // 256, 56, -(-16 * 132 // (7 * 56)))
 
 
 def test_fill_params_layout_registered():
@@ -299,3 +300,21 @@ def test_fill_params_layout_registered():
     names = {u.name: u for u in CP.kernel_units("conv_dgrad.")}
     assert set(names) == {"conv_dgrad.f16", "conv_dgrad.bf16"}
     assert names["conv_dgrad.bf16"].exprs == (D.fill_expr("bf16", 1), D.fill_expr("bf16", 0))
+
+
+@pytest.mark.parametrize("mode", [XCORR, CONV])
+def test_fill_grid_walks_several_rows_a_thread(mode, rng):
+    """A fill grid with fewer z blocks than n x d rows (one SM's worth: each thread walks every row): the
+    emulated fill still covers exactly the tapless phases."""
+    case = ((3, 16, 9, 10), 8, (1, 1), (0, 0), (2, 2), (1, 1), "nhwc")
+    c, xd, wd, yd, xs, ys, xdsc, ydsc, wdsc = _phase_problem(case, mode)
+    h = cpu_handle()
+    h.sm_count = 1
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BD1, c, xdsc, wdsc, ydsc)
+    assert pl.fill_grid[2] < 3   # (z blocks 0 walks rows 0 and 2)
+    w, dy = rng.standard_normal(wd), rng.standard_normal(yd)
+    got = _emulate_phases(pl, _scatter(dy, ys, int(np.prod(yd))), _scatter(w, wdsc.strides, int(np.prod(wd))),
+                          int(np.prod(xd)))
+    np.testing.assert_allclose(_gather_tensor(got, xd, xs),
+                               ref.backward_data_raw(w, dy, xd[2:], (0, 0), (2, 2), (1, 1), 1, mode == XCORR),
+                               rtol=1e-10, atol=1e-10)
