@@ -62,6 +62,7 @@ PHASE_CASES = [  # xdims, k, filt, pad, stride, dil, dx layout
     ((1, 8, 5, 6, 7), 16, (2, 3, 3), (1, 1, 0), (2, 2, 3), (1, 1, 1), "nhwc"),   # 3-d
     ((1, 8, 6, 7), 8, (1, 2), (1, 0), (3, 3), (1, 1), "nhwc"),        # filter smaller than the stride
     ((3, 24, 5, 7), 72, (3, 3), (1, 1), (2, 2), (1, 1), "nhwc"),      # C 24 > K tiles, K 72 (a channel tail)
+    ((2, 16, 7, 9), 8, (1, 1), (0, 0), (2, 2), (1, 1), "nchw"),       # NCHW dx (dy NHWC): the one-channel fill
 ]
 
 
@@ -81,7 +82,7 @@ def _dx_strides(xd, layout):
             acc *= xd[i]
         s[0] = acc
         return tuple(s)
-    return packed_strides(tuple(xd), NHWC)
+    return packed_strides(tuple(xd), pydnn.PYDNN_TENSOR_NCHW if layout == "nchw" else NHWC)
 
 
 def _phase_problem(case, mode, dtype=BF16, groups=1):

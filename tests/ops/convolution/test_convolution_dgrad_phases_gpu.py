@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import pydnn
+from devtensor import DevTensor
 from pydnn import tuning
+from pydnn.tensor import packed_strides
 from pydnn.ops.convolution import dgrad_phases as D, plans as CP, problem as CPb
-from test_convolution_gpu import (BWD_D1, BWD_DATA_MODES, BF16, F16, NHWC, XCORR, _backward_data_tc_run, _tc_problem,
+from test_convolution_gpu import (BWD_D1, BWD_DATA_MODES, BF16, F16, NCHW, NHWC, XCORR, _backward_data_tc_run, _tc_problem,
                                   _workspace, check_backward_data)
 
 pytestmark = pytest.mark.gpu
@@ -69,6 +71,27 @@ def test_phase_backward_data_forced_tilings(handle, rng, monkeypatch, case):
             _backward_data_tc_run(handle, pb, alpha, beta)
 
         check_backward_data(rng, make, BF16, run, f"phase backward data tiling {tiling}", BWD_DATA_MODES)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_phase_backward_data_nchw_dx(handle, rng, dtype):
+    """dx in NCHW (dy NHWC, as the tensor-core kernels read it): the phases write dx through its strides
+    one channel at a time and the fill takes its one-channel variant (no 16-byte chunks along c)."""
+    case = ((2, 16, 7, 9), 8, (1, 1), (0, 0), (2, 2), (1, 1), 1, "nhwc", NHWC)
+    planned = {}
+
+    def make(mode):
+        pb = _tc_problem(case, dtype, mode)
+        pb.x = DevTensor(case[0], dtype, packed_strides(case[0], NCHW))
+        pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert isinstance(pl, D.PhasePlan) and pl.fill is not None and not pl.fill_vec
+        planned["workspace"] = pl.workspace
+        return pb
+
+    def run(pb, alpha, beta):
+        assert _backward_data_tc_run(handle, pb, alpha, beta) == planned["workspace"]
+
+    check_backward_data(rng, make, dtype, run, "phase backward data, NCHW dx", MODES, reproducible=True)
 
 
 def test_phase_backward_data_swapped_filter(handle, rng, monkeypatch):
