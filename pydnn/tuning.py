@@ -126,6 +126,14 @@ conv = Switches(
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),
+    DGRAD_PHASES=(True, "backward data with a stride > 1 on tensor cores as stride-1 phase sub-problems "
+                        "(pydnn/ops/convolution/dgrad_phases.py: no tap gathered that the stride zeroes); "
+                        "off: the stride-s bwd_data_tc, which visits every tap for every dx position"),
+    BWD_TAIL_FILL=(0.5, "backward data: the model takes the pipelined / wgmma kernels for a dy channel count K "
+                        "that is not a multiple of 64 where K / (64 * ceil(K / 64)) is at least this (the "
+                        "rest of the last K tile zero-filled); above 1: never (bwd_data_tc). H200, forced "
+                        "fwd_wgmma against bwd_data_tc: K 112 (3x3/2 phases) 0.114 vs 0.158 ms, K 880 (3x3) "
+                        "0.97-1.45 vs 2.80 ms, K 752 (1x1) 0.19-0.21 vs 0.34 ms"),
     WG_PIPE=(True, "the backward filter's model picks wgrad_pipe_tc where it applies (else wgrad_tc)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),

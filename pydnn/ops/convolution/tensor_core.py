@@ -8,7 +8,10 @@ kernels through grouped.py):
                                             where C % 64 == 0, else fwd_tc; tiles from the models below
     backward data    ALGO_1                 the same kernels on dy (K % 8 too); on sm_90 with stride 1 the
                                             forward of dy on fwd_wgmma reading the filter as [k][c] tiles
-                                            (_plan_bwd_wgmma); elsewhere the explicit GEMM (gemm.py) serves
+                                            (_plan_bwd_wgmma); with a stride > 1 these stride-1 plans run
+                                            on the stride's phases (dgrad_phases.py; tuning.conv.DGRAD_PHASES
+                                            off: bwd_data_tc's stride-s gather); elsewhere the explicit GEMM
+                                            (gemm.py) serves
     backward filter  ALGO_1                 wgrad_pipe_tc or wgrad_tc, (tile, split) by a model, split-K
                                             partials added by conv::fold in a fixed order (one split writes
                                             dw directly); on sm_90 wgrad_wgmma.py is tried first
@@ -358,7 +361,8 @@ def _tcp_tiling(handle, gm, gn):
 def _tc_choice(handle, pb, direction, gm, gn, rc):
     """The tiling of a tensor-core plan: a WGM_TILES entry (fwd_wgmma, forward and stride-1 backward data
     on sm_90, by _wgm_tiling) or a TCP_TILES entry (the pipelined kernel) where they apply and the
-    reduction's channels fill their 64-deep K tiles (rc % 64 == 0), else fwd_tc / bwd_data_tc's (BM, BN).
+    reduction's channels fill their 64-deep K tiles (rc % 64 == 0; backward data: to at least
+    tuning.conv.BWD_TAIL_FILL, _k_tiles_fill), else fwd_tc / bwd_data_tc's (BM, BN).
     A forced tiling (tuning.conv.TC_FORCE) is obeyed where its kernel applies."""
     pipe_ok = _tcp_refusal(pb, direction) is None
     forced = tuning.conv.TC_FORCE.get(direction)
@@ -371,11 +375,20 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
         forced = None
     if forced is not None and (len(forced) == 2 or pipe_ok):
         return tuple(forced)
-    if forced is None and pipe_ok and rc % TCP_BK == 0:
-        if tuning.conv.USE_WGM and wgm_ok and prod(pb.filt3) * (rc // TCP_BK) >= WGM_MIN_KTILES:
+    if forced is None and pipe_ok and _k_tiles_fill(direction, rc):
+        if tuning.conv.USE_WGM and wgm_ok and prod(pb.filt3) * cdiv(rc, TCP_BK) >= WGM_MIN_KTILES:
             return _wgm_tiling(handle, gm, gn)
         return _tcp_tiling(handle, gm, gn)
     return _tc_tiling(handle, gm, gn)
+
+
+def _k_tiles_fill(direction, rc):
+    """Whether the 64-deep K tiles of the pipelined / wgmma kernels take a reduction of rc channels per
+    tap: multiples of 64, or (backward data) where real channels fill at least tuning.conv.BWD_TAIL_FILL
+    of the tiles' depth (the rest zero-filled: the kernels' channel tails), which still beats bwd_data_tc."""
+    if rc % TCP_BK == 0:
+        return True
+    return direction == DIR_BWD_DATA and rc / (cdiv(rc, TCP_BK) * TCP_BK) >= tuning.conv.BWD_TAIL_FILL
 
 
 def _wgm_tiling(handle, gm, gn):

@@ -557,8 +557,11 @@ TC_EMU = [  # xdims, k, filt, pad, stride, dil
 
 @pytest.mark.parametrize("case", TC_EMU)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
-def test_tensor_core_bwd_data_plan_emulated(case, mode, rng):
-    """The backward-data tensor-core plan (output channel innermost in the reduction) gives the reference."""
+def test_tensor_core_bwd_data_plan_emulated(case, mode, rng, monkeypatch):
+    """The backward-data tensor-core plan (output channel innermost in the reduction) gives the reference
+    (strided ones: the stride-s bwd_data_tc, with the phase split off; the phases are emulated in
+    test_convolution_dgrad_phases_cpu.py)."""
+    monkeypatch.setattr(tuning.conv, "DGRAD_PHASES", False)
     xd, k, filt, pad, st, dil = case
     k = 8 * -(-k // 8)
     c = cdesc(pad, st, dil, mode)
@@ -666,7 +669,11 @@ def test_bwd_data_wgmma_choice(monkeypatch):
         assert pd.sub.gemm_grid == pf.gemm_grid and pd.sub.smem == pf.smem
     x, w = tdesc((8, 64, 28, 28), BF16, NHWC), fdesc((64, 64, 3, 3), BF16, NHWC)
     y2 = tdesc((8, 64, 14, 14), BF16, NHWC)
-    assert "bwd_data_tc" in CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, cdesc((1, 1), (2, 2), (1, 1)), x, w, y2).gemm_expr
+    c2 = cdesc((1, 1), (2, 2), (1, 1))  # stride 2: the phases (dgrad_phases.py), or the stride-s bwd_data_tc
+    assert type(CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c2, x, w, y2)).__name__ == "PhasePlan"
+    monkeypatch.setattr(tuning.conv, "DGRAD_PHASES", False)
+    assert "bwd_data_tc" in CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c2, x, w, y2).gemm_expr
+    monkeypatch.setattr(tuning.conv, "DGRAD_PHASES", True)
     monkeypatch.setattr(tuning.conv, "USE_WGM", False)
     assert "implicit_gemm_pipe_tc<1," in CP.new_plan(h, CPb.DIR_BWD_DATA, bd1, c, x, w, x).gemm_expr
     monkeypatch.setattr(tuning.conv, "USE_WGM", True)
@@ -703,7 +710,8 @@ def test_tensor_core_smem_and_tiles(monkeypatch):
 def test_tensor_core_pipelined_plans(monkeypatch):
     """Forward and stride-1 backward data whose reduction channels are multiples of 64 get the pipelined
     kernel (implicit_gemm_pipe_tc: WARPS_M x WARPS_N warps, 3 stages of (BM + BN) x 64); a forced pipelined
-    tile is obeyed where the kernel applies; strided backward data keeps bwd_data_tc."""
+    tile is obeyed where the kernel applies; strided backward data runs it on its stride-1 phases (or
+    bwd_data_tc with the phases off)."""
     h = cpu_handle()
     monkeypatch.setattr(tuning.conv, "USE_WGM", False)  # the forward model's fwd_wgmma on sm_90: test_wgmma_forward_plans
     c = cdesc((1, 1), (1, 1), (1, 1))
@@ -725,6 +733,10 @@ def test_tensor_core_pipelined_plans(monkeypatch):
         monkeypatch.delitem(tuning.conv.TC_FORCE, direction)
     c2 = cdesc((1, 1), (2, 2), (1, 1))
     y2 = tdesc((64, 64, 28, 28), BF16, NHWC)
+    pl = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c2, x, w, y2)
+    # strided: stride-1 phases (dgrad_phases.py) on the pipelined kernel, or with them off bwd_data_tc
+    assert all(f"implicit_gemm_pipe_tc<{CPb.DIR_BWD_DATA}," in sp.gemm_expr for sp, _, _, _ in pl.subs)
+    monkeypatch.setattr(tuning.conv, "DGRAD_PHASES", False)
     pl = CP.new_plan(h, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, c2, x, w, y2)
     assert "bwd_data_tc" in pl.gemm_expr and pl.threads == 256
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pydnn
-from pydnn.ops.convolution import grouped as G, plans as P, problem as Pb
+from pydnn.ops.convolution import dgrad_phases as D, grouped as G, plans as P, problem as Pb
 from pydnn.reference import convolution as ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
@@ -46,15 +46,17 @@ def test_resnext_layers_pick_the_grouped_tensor_core_plans(arch, sms, c, hw, str
         assert top.algo == algo and top.status == pydnn.PYDNN_STATUS_SUCCESS
         assert top.determinism == pydnn.PYDNN_DETERMINISTIC
         pl = P.new_plan(h, d, algo, conv, x, w, y)
+        if d == Pb.DIR_BWD_DATA and stride > 1:  # the stride's phases, each a grouped plan (dgrad_phases.py)
+            assert type(pl) is D.PhasePlan and len(pl.subs) == 4 and pl.fill is None
+            assert pl.workspace == max(sp.workspace for sp, _, _, _ in pl.subs)
+            pl = pl.subs[-1][0]
         assert type(pl) is G.GroupedPlan
         cg = c // 32
         assert pl.P == min(16, 64 // cg) and pl.spb.cg == pl.P * cg and pl.spb.groups == 32 // pl.P
         g = pl.sub.gemm_grid
         assert g[2] == pl.spb.groups * (pl.splits if d == Pb.DIR_BWD_FILTER else 1)
-        if d == Pb.DIR_FWD or (d == Pb.DIR_BWD_DATA and stride == 1):
+        if d in (Pb.DIR_FWD, Pb.DIR_BWD_DATA):   # (backward data with stride 2: each phase at stride 1)
             assert "implicit_gemm_pipe_tc_grouped" in pl.gemm_expr   # 64 packed channels: the 64-deep pipe
-        elif d == Pb.DIR_BWD_DATA:
-            assert "bwd_data_tc_grouped" in pl.gemm_expr
         else:
             assert "wgrad_pipe_tc_grouped" in pl.gemm_expr
         assert pl.workspace > 0 and pl.workspace % 256 == 0
@@ -253,9 +255,13 @@ def test_gpu_cases_plan_the_grouped_path():
                     conv, x, w, y = descriptors(p)
                     for d, algo in ((Pb.DIR_FWD, FWD_PRE), (Pb.DIR_BWD_DATA, BWD_D1), (Pb.DIR_BWD_FILTER, BWD_F1)):
                         pl = P.new_plan(h, d, algo, conv, x, w, y)
-                        assert type(pl) is G.GroupedPlan, (xd, k, groups, d)
-                        assert pl.workspace > 0 and pl.deterministic
-                        seen.add(pl.gemm_expr.split("<")[0].split("::")[-1] + str(pl.cfg))
+                        # strided backward data: the stride's phases (dgrad_phases.py), each a grouped plan
+                        subs = [sp for sp, _, _, _ in pl.subs] if type(pl) is D.PhasePlan else [pl]
+                        assert type(pl) is not D.PhasePlan or (d == Pb.DIR_BWD_DATA and max(st) > 1)
+                        for sp in subs:
+                            assert type(sp) is G.GroupedPlan, (xd, k, groups, d)
+                            assert sp.workspace > 0 and sp.deterministic
+                            seen.add(sp.gemm_expr.split("<")[0].split("::")[-1] + str(sp.cfg))
     # the cases cover every kernel family of the unit (both pipe directions, both tc directions, both wgrads
     # where their rules send them)
     names = {s.split("(")[0] for s in seen}
