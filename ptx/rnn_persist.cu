@@ -39,6 +39,8 @@ namespace pydnn {
 namespace rnn {
 
 constexpr int kPThreads = 256;
+constexpr int kBarWords = 256;  // a direction's barrier words: the counter, then one flag per block (BAR_STRIDE)
+constexpr int kFlagOff = 32;    // the flags' first word (their own 128-byte lines; at most kBarWords - 32 blocks)
 constexpr int kPWarps = kPThreads / 32;
 
 __device__ __forceinline__ float p_sigm(float v) { return 1.0f / (1.0f + __expf(-v)); }
@@ -84,6 +86,40 @@ __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
   __syncthreads();
 }
 
+// The flag barrier (PV_FLAGS, forward): block x publishes the end of its step s as flags[x] = s + 1 (a release
+// store after the CTA barrier: its h stores are ordered before it, as for the counter's red.release); a block
+// starting step s polls every flag with warp 0 (lane l reads flags l, l + 32, ...: one coalesced acquire load
+// of up to 128 bytes per round) until all are >= s, then the CTA barrier. No read-modify-write on one
+// address (32 same-address atomics serialize in the L2 slice); the flags of a direction follow its counter
+// (bar + kFlagOff ..), zeroed by persist_reset.
+__device__ __forceinline__ void flag_arrive(unsigned* flags, unsigned value) {
+  __syncthreads();
+  if (threadIdx.x == 0)
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + blockIdx.x), "r"(value) : "memory");
+}
+__device__ __forceinline__ void flag_wait(const unsigned* flags, unsigned nblk, unsigned target) {
+  if (threadIdx.x < 32) {
+    unsigned polls = 0;
+    for (;;) {
+      bool ok = true;
+      for (unsigned i = threadIdx.x; i < nblk; i += 32) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flags + i) : "memory");
+        ok = ok && v >= target;
+      }
+      if (__all_sync(0xffffffffu, ok)) break;
+      if (++polls == (1u << 22)) __trap();
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ long long stamp_clock() {
+  long long c;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c) :: "memory");
+  return c;
+}
+
 // ---------------------------------------------------------------- the block GEMM
 // part[ks][m][n] (+)= sum over k in slice ks of A[m][k] * B[n][k] (acc: add to part, the K chunks after the
 // first); A [bp][kc] (row pitch pa), B [n][kc] (row pitch pb) in shared memory, zero past the real sizes.
@@ -107,9 +143,11 @@ template <> struct Mma<bf16_t> {
   }
 };
 
+// chain2: a warp with a single work item splits its k steps over two accumulators (even / odd), halving the
+// dependent mma chain (the two are added before the store); the float version ignores it.
 template <class T>
 __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int pb, float* part, int bp, int n, int kc,
-                                           int ksplit, bool acc) {
+                                           int ksplit, bool acc, bool chain2 = false) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kc >> 4) / ksplit, total = tiles * ksplit;
   // work items w (tile, K slice) of this warp two at a time (w and w + kPWarps): two independent mma chains
@@ -130,17 +168,44 @@ __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int p
       b_addr[z] = smem_u32(B + (n0[z] + (lane & 7)) * pb + (((lane >> 3) & 1) << 3)) + ks[z] * per * 32;
     }
     float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 2
-    for (int kk = 0; kk < per; ++kk) {
-#pragma unroll
-      for (int z = 0; z < 2; ++z) {
-        if (z == 1 && !two) break;
+    if (!two && chain2) {  // one item: k steps kk (even) into c[0], kk + 1 (odd) into c[1]
+      int kk = 0;
+      for (; kk + 1 < per; kk += 2) {
+        unsigned a[4], b[2], a1[4], b1[2];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[0] + kk * 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[0] + kk * 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a1[0]), "=r"(a1[1]), "=r"(a1[2]), "=r"(a1[3]) : "r"(a_addr[0] + kk * 32 + 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(b1[0]), "=r"(b1[1]) : "r"(b_addr[0] + kk * 32 + 32));
+        Mma<T>::run(c[0], a, b);
+        Mma<T>::run(c[1], a1, b1);
+      }
+      if (kk < per) {
         unsigned a[4], b[2];
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[z] + kk * 32));
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[0] + kk * 32));
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[z] + kk * 32));
-        Mma<T>::run(c[z], a, b);
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[0] + kk * 32));
+        Mma<T>::run(c[0], a, b);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[0][e] += c[1][e];
+    } else {
+#pragma unroll 2
+      for (int kk = 0; kk < per; ++kk) {
+#pragma unroll
+        for (int z = 0; z < 2; ++z) {
+          if (z == 1 && !two) break;
+          unsigned a[4], b[2];
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[z] + kk * 32));
+          asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                       : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[z] + kk * 32));
+          Mma<T>::run(c[z], a, b);
+        }
       }
     }
     const int g = lane >> 2, q = lane & 3;
@@ -170,7 +235,7 @@ __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int p
 // mostly one broadcast A row.
 template <>
 __device__ __forceinline__ void block_gemm<float>(const float* A, int pa, const float* B, int pb, float* part, int bp,
-                                                  int n, int kc, int ksplit, bool acc) {
+                                                  int n, int kc, int ksplit, bool acc, bool) {
   const int np = n >> 1, items = np * (bp >> 2), per = kc / ksplit;
   for (int q = threadIdx.x; q < items * ksplit; q += kPThreads) {
     const int item = q % items, ks = q / items;
@@ -313,7 +378,8 @@ __device__ __forceinline__ void xchg_gather(T* dst, int pitch, const void* src, 
 template <class T>
 __global__ void persist_reset(const PersistParams p) {
   const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
-  if (blockIdx.x == 0 && threadIdx.x == 0) *d.bar = 0u;
+  if (blockIdx.x == 0)  // the counter and the flags (PV_FLAGS) after it: kBarWords words
+    for (int i = threadIdx.x; i < kBarWords; i += blockDim.x) d.bar[i] = 0u;
   if (d.xchg)
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.xwords;
          i += (long long)gridDim.x * blockDim.x)
@@ -366,10 +432,15 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     hown[i] = hs[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
   const unsigned nblk = gridDim.x;
+  const bool flags = (p.variant & PV_FLAGS) != 0, chain2 = (p.variant & PV_CHAIN2) != 0;
+  // phase stamps (p.stamps, block 0, thread 0): 0 step start, 1 barrier passed, 2 h in shared memory, 3 GEMM
+  // done, 4 cell pass 1 done (before the arrival), 5 pass 2 done
+  unsigned long long* stp = (p.stamps && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ? p.stamps : nullptr;
 
   for (int s = 0; s < TT; ++s) {
     const int t = d.rev ? TT - 1 - s : s;
     const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (stp) stp[s * 8 + 0] = stamp_clock();
     // this step's input projection slice: independent of the other blocks, fetched before the barrier
     const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
     for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
@@ -380,7 +451,11 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     const int kreal = p.nchunk > 1 ? KC : H;
     const T* hsrc = hs + slot(p, ip) * BH;
     if (!tagged) {
-      if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
+      if (s > 0) {
+        if (flags) flag_wait(d.bar + kFlagOff, nblk, (unsigned)s);
+        else grid_wait(d.bar, (unsigned)s * nblk);
+      }
+      if (stp) stp[s * 8 + 1] = stamp_clock();
       load_rows<T>(hsm, p.pitch, hsrc, H, B, kreal);
       cp_commit();
     }
@@ -398,9 +473,11 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         cp_wait_all();
       }
       __syncthreads();
-      block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0);
+      if (stp && c == 0) stp[s * 8 + 2] = stamp_clock();
+      block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0, chain2);
       __syncthreads();
     }
+    if (stp) stp[s * 8 + 3] = stamp_clock();
     // the cell, in two passes: first what the other blocks wait for (h_t: the state slot, the tagged words)
     // and the block's own state in shared memory, then the barrier, then the rest (y, the f32 state slot, the
     // gate values) from shared memory: the barrier's release covers only the h stores (each thread's pass 2
@@ -443,7 +520,9 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
       h_out[o] = hown[i];
       if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
     }
+    if (stp) stp[s * 8 + 4] = stamp_clock();
     if (xo) __syncthreads();  // the shared buffers are reused next step; no barrier with the tagged exchange
+    else if (flags) flag_arrive(d.bar + kFlagOff, (unsigned)s + 1);
     else grid_arrive(d.bar);
     float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
@@ -457,6 +536,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         for (int k = 0; k < GA; ++k) act[k * H] = gsm[i * GA + k];
       }
     }
+    if (stp) stp[s * 8 + 5] = stamp_clock();
   }
 }
 

@@ -295,6 +295,10 @@ rnn = Switches(
     "rnn", "the RNN family's STANDARD engine (pydnn/ops/rnn/engine.py)",
     SPLIT_K=(True, "split-K of the per-step recurrent GEMMs where even 64 x 64 tiles leave SMs idle (the backward's "
                    "[B, out] GEMM at B 64 is 16 tiles for 132 SMs); off for measurements"),
+    SPLIT_F32_TIME=(True, "float recurrent GEMMs: the split-K with the least estimated step time (tiles at their full "
+                          "size, so a 128-row tile at batch 64 counts double; issue 16's fp32 LSTM: forward 8 slices "
+                          "of 64 x 128 tiles, backward 32); off: the most slices whose blocks fit the SMs (4 / 16 "
+                          "slices of 128 x 128 tiles, half their rows past the batch)"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "
@@ -303,6 +307,13 @@ rnn = Switches(
                          "ptx/rnn_persist.cu) where one round of loads covers the operand; off (default): the grid "
                          "barrier and the h load (measured faster on the H200: 4.58 vs 5.18 us a step, LSTM fp16 "
                          "hidden 256 batch 32)"),
+    PERSIST_FLAGS=(False, "PERSIST_STATIC forward: the blocks meet through one flag per block (a release store of the "
+                          "step, polled by the waiters' warp 0 with one coalesced acquire load) instead of the counter "
+                          "barrier (32 same-address atomics a step at hidden 256); off: the counter"),
+    PERSIST_CHAIN2=(False, "PERSIST_STATIC 16-bit: a warp whose block GEMM has one tile runs two accumulator chains (even "
+                           "and odd k steps), halving the dependent mma chain of a step (16 -> 8 at hidden 256)"),
+    PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
+                      "256: 32 blocks); more units, fewer blocks at the barrier and more work each"),
     PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "
                           "through shared memory in chunks only where it does not fit at once); tests set it to force "
                           "several chunks"),

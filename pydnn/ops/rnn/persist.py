@@ -29,7 +29,9 @@ from .descriptors import LSTM, _ns
 
 THREADS = 256
 WARPS = THREADS // 32
-BAR_STRIDE = 128  # bytes between the directions' barrier counters
+BAR_STRIDE = 1024  # bytes between the directions' barrier words (kBarWords: the counter, then the flags)
+FLAG_OFF = 32      # kFlagOff: the first flag word (PV_FLAGS: one per block)
+MAX_FLAG_BLOCKS = BAR_STRIDE // 4 - FLAG_OFF
 BAR_BYTES = 2 * BAR_STRIDE
 TAGS = ("f32", "f16", "bf16")
 CTYPE = {"f32": "float", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
@@ -52,7 +54,12 @@ class PersistParams(ctypes.Structure):
         (n, ctypes.c_float) for n in ("lclip", "rclip")] + [
         (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "xwords", "kp", "nchunk",
                                     "pitch", "wpitch", "bp", "ksplit", "off_w", "off_a", "off_part", "off_x", "off_b",
-                                    "off_s", "off_s2", "off_lens", "off_h", "off_g")]
+                                    "off_s", "off_s2", "off_lens", "off_h", "off_g", "variant", "pad2")] + [
+        ("stamps", ctypes.c_void_p)]
+
+
+PV_FLAGS, PV_CHAIN2 = 1, 2  # PersistParams.variant bits (rnn_persist_params.h)
+STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
 def expr(name, tag, cell=None):
@@ -156,9 +163,12 @@ class Plan:
                 "of 8 hidden units need")
         self.tag = DTYPES[r.dtype]
         best = None
-        for units in range(8, H + 1, 8):
-            if H % units or H // units > sm_count:
-                continue
+        # tuning.rnn.PERSIST_UNITS: at least that many units a block where a slice that wide exists (fewer blocks
+        # at the barrier), else the fewest as without it
+        order = [u for u in range(8, H + 1, 8) if H % u == 0 and H // u <= sm_count]
+        want = tuning.rnn.PERSIST_UNITS
+        order = [u for u in order if u >= want] + [u for u in order if u < want]
+        for units in order:
             fwd = _fit([Layout(False, G, H, B, units, es, g.GA, kc) for kc in chunks(H, es)], smem_optin)
             bwd = _fit([Layout(True, G, H, B, units, es, g.GA, kc) for kc in chunks(G * H, es)],
                        smem_optin) if training else None
@@ -207,7 +217,8 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training, tuning.rnn.PERSIST_MAX_CHUNK)
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, tuning.rnn.PERSIST_UNITS, training,
+           tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
         p = Plan(r, g, handle.sm_count, smem_optin(handle), training)
@@ -264,6 +275,27 @@ def use_xchg(r, g, pl):
     return tuning.rnn.PERSIST_XCHG and g.T < 65535 and g.B * (cols // per) <= X_CHUNKS * THREADS
 
 
+# tools/bench_rnn.py --stamps: a device buffer of [T][STAMPS] u64 for block 0's phase clocks (0: none)
+stamps_buffer = 0
+
+
+def variant(pl, tagged):
+    """PersistParams.variant of a forward launch from the tuning switches (PERSIST_FLAGS: not with the tagged
+    exchange, at most MAX_FLAG_BLOCKS blocks)."""
+    v = 0
+    if tuning.rnn.PERSIST_FLAGS and not tagged and pl.blocks <= MAX_FLAG_BLOCKS:
+        v |= PV_FLAGS
+    if tuning.rnn.PERSIST_CHAIN2:
+        v |= PV_CHAIN2
+    return v
+
+
+def record_key():
+    """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
+    return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
+            stamps_buffer)
+
+
 def _groups(pl, dirs):
     return [dirs] if pl.both else [[dr] for dr in dirs]
 
@@ -294,6 +326,8 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         pl.fwd.fill(p)
+        p.variant = variant(pl, tagged)
+        p.stamps = stamps_buffer
         _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
         _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p)
 

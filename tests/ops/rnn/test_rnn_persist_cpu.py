@@ -259,3 +259,53 @@ def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
             hits[k, b0:b0 + 4, n0 + np_] += 1
         assert (hits == 1).all()
         assert (lay.kp // ks) % 4 == 0
+
+
+@pytest.mark.parametrize("sets,bits,units", [
+    ({}, 0, 8),
+    ({"PERSIST_FLAGS": True}, persist.PV_FLAGS, 8),
+    ({"PERSIST_CHAIN2": True}, persist.PV_CHAIN2, 8),
+    ({"PERSIST_UNITS": 16}, 0, 16),
+    ({"PERSIST_FLAGS": True, "PERSIST_CHAIN2": True, "PERSIST_UNITS": 12}, persist.PV_FLAGS | persist.PV_CHAIN2, 16),
+    ({"PERSIST_FLAGS": True, "PERSIST_XCHG": True}, 0, 8),  # flags only where the counter barrier would run
+])
+def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
+    """The forward's tuning switches (PERSIST_FLAGS, PERSIST_CHAIN2, PERSIST_UNITS) become the launches'
+    variant bits and slice width; the emulated run still matches the reference; each setting records its own
+    launches (engine._run's key has persist.record_key())."""
+    from pydnn import tuning
+    for k, v in sets.items():
+        monkeypatch.setattr(tuning.rnn, k, v)
+    c = _c(dtype=F16, hidden=32, input_size=6, lengths=(5, 5, 4, 1, 5, 3), T=5)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"]
+    assert fwd and all(k[-3] == persist.record_key() for k in h.prepared if k[0] == "rnn.call")
+    launches = [it for items in fwd for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert launches and all(it[4][2].variant == bits and it[4][2].units == units and not it[4][2].stamps
+                            for it in launches)
+    assert all(it[1][0] == 32 // units for it in launches)
+    bwd = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"
+           for it in items if it[5][:2] == ("persist", "persist_bwd")]
+    assert bwd and all(it[4][2].variant == 0 and it[4][2].units == units for it in bwd)
+
+
+def test_units_switch_falls_back_and_flags_fit_the_barrier_words():
+    """PERSIST_UNITS wider than hidden falls back to the default choice (the fewest units); the flags (one word a block after kFlagOff in a
+    direction's BAR_STRIDE bytes) cover every block the plan can launch on a 132-SM device."""
+    from pydnn import tuning
+    h = rnn_emulator.fake_handle()
+    with tuning.override({"rnn.PERSIST_UNITS": 64}):
+        r, x = _desc(H=32, dt=F16), _x(F16, 4, 8, 32)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        assert persist.plan(h, engine.set_rnn(r), g, True).units == 8
+    with tuning.override({"rnn.PERSIST_UNITS": 20}):
+        r, x = _desc(H=48, dt=F16), _x(F16, 4, 8, 48)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        assert persist.plan(h, engine.set_rnn(r), g, True).units == 24
+    assert persist.MAX_FLAG_BLOCKS >= 132 and persist.BAR_BYTES == 2 * persist.BAR_STRIDE
+    src = open(os.path.join(os.path.dirname(persist.__file__), "..", "..", "..", "ptx", "rnn_persist.cu")).read()
+    assert f"constexpr int kBarWords = {persist.BAR_STRIDE // 4};" in src
+    assert f"constexpr int kFlagOff = {persist.FLAG_OFF};" in src

@@ -116,6 +116,26 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
     run_case(handle, GpuDevice(), MID_CHUNKED[name])
 
 
+# the forward's variants (tuning.rnn switches): PERSIST_FLAGS (one flag per block instead of the counter),
+# PERSIST_CHAIN2 (two accumulator chains in a warp with one mma tile; an odd count of k steps a warp at hidden 8
+# and 32), PERSIST_UNITS (16 units a block: half the blocks; hidden 8 keeps 8), all three; chunked operands too
+VARIANTS = {"flags": dict(PERSIST_FLAGS=True), "chain2": dict(PERSIST_CHAIN2=True), "units16": dict(PERSIST_UNITS=16),
+            "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16)}
+VARIANT_CASES = ("mid-lstm-f16-256", "mid-gru-bf16-128-bi", "mid-lstm-f32-64-bi-clip", "mid-relu-f16-32-packed",
+                 "mid-gru-f16-8-batch-major", "mid-lstm-f16-128-batch-40")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("name", VARIANT_CASES + ("mid-lstm-f16-256-chunks",))
+def test_persist_forward_variants(name, variant, handle, monkeypatch):
+    from pydnn import tuning
+    for k, v in VARIANTS[variant].items():
+        monkeypatch.setattr(tuning.rnn, k, v)
+    if name in MID_CHUNKED:
+        monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    run_case(handle, GpuDevice(), MID[name] if name in MID else MID_CHUNKED[name])
+
+
 def _problem(handle, dev, algo, cell, dt, T, B, I, H, D, lens):
     r = pydnn.create_rnn_descriptor()
     pydnn.set_rnn_descriptor_v8(r, algo, cell, E.PYDNN_RNN_DOUBLE_BIAS,
