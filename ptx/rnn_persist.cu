@@ -433,6 +433,16 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
   const unsigned nblk = gridDim.x;
   const bool flags = (p.variant & PV_FLAGS) != 0, chain2 = (p.variant & PV_CHAIN2) != 0;
+  // PV_XS_AHEAD (one chunk, the barrier; the host doubles the x region): the input projection slice of step
+  // s + 1 is fetched during step s, right after h_{t-1}'s copies are issued, into the other of two buffers, so
+  // that no step waits for it (it may come from DRAM, the h loads from L2)
+  const bool ahead = (p.variant & PV_XS_AHEAD) != 0 && p.nchunk == 1 && !d.xchg;
+  if (ahead) {
+    const int t0 = d.rev ? TT - 1 : 0;
+    const T* xt = static_cast<const T*>(d.xp) + (long long)t0 * B * p.ld_xp + j0;
+    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+    cp_commit();
+  }
   // phase stamps (p.stamps, block 0, thread 0): 0 step start, 1 barrier passed, 2 h in shared memory, 3 GEMM
   // done, 4 cell pass 1 done (before the arrival), 5 pass 2 done
   unsigned long long* stp = (p.stamps && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ? p.stamps : nullptr;
@@ -441,10 +451,12 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     const int t = d.rev ? TT - 1 - s : s;
     const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
     if (stp) stp[s * 8 + 0] = stamp_clock();
-    // this step's input projection slice: independent of the other blocks, fetched before the barrier
-    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
-    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
-    cp_commit();
+    T* const xsb = ahead ? xs + (s & 1) * B * N : xs;  // this step's input projection slice
+    if (!ahead) {  // independent of the other blocks, fetched before the barrier
+      const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
+      for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+      cp_commit();
+    }
     // h_{t-1} [batch, hidden] chunk by chunk (K = hidden in nchunk chunks of KC, two buffers), the block GEMM
     // accumulating over the chunks
     const bool tagged = s > 0 && d.xchg;
@@ -459,6 +471,13 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
       load_rows<T>(hsm, p.pitch, hsrc, H, B, kreal);
       cp_commit();
     }
+    const bool next_x = ahead && s + 1 < TT;  // a group committed after h's: waited for one step later
+    if (next_x) {  // buffer (s + 1) & 1 was last read by step s - 1's cell, which every thread has left
+      const int tn = d.rev ? t - 1 : t + 1;
+      const T* xt = static_cast<const T*>(d.xp) + (long long)tn * B * p.ld_xp + j0;
+      for (int g = 0; g < G; ++g) load_rows<T>(xs + ((s + 1) & 1) * B * N + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+      cp_commit();
+    }
     for (int c = 0; c < p.nchunk; ++c) {
       T* buf = hsm + (c & 1) * p.bp * p.pitch;
       if (tagged) {  // h_{t-1} from the tagged words of step s - 1
@@ -469,6 +488,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         load_rows<T>(hsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, hsrc + (c + 1) * KC, H, B, KC);
         cp_commit();
         cp_wait_1();
+      } else if (next_x) {
+        cp_wait_1();  // h_{t-1} and this step's x slice (committed a step ago), not the next step's
       } else {
         cp_wait_all();
       }
@@ -492,7 +513,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
-          xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
+          xa[g] = load<float>(xsb[b * N + g * U + u]) + bs[g * U + u];
         }
         float* gv = gsm + i * GA;
         if (CELL == 2) {

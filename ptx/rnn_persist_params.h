@@ -53,7 +53,8 @@ typedef struct {
   int variant;         /* forward, bits (tuning.rnn switches): PV_FLAGS the blocks meet through one flag per block
                           (a release store of the step; the waiters' warp 0 polls them all with acquire loads)
                           instead of the counter; PV_CHAIN2 the block GEMM of a warp with one tile runs two
-                          accumulator chains (even / odd k steps) */
+                          accumulator chains (even / odd k steps); PV_XS_AHEAD the input projection slice of the
+                          next step fetched during this one (two x buffers: one chunk, the barrier) */
   int pad2;
   unsigned long long *stamps;  /* forward, NULL or [seq][8] u64: block 0's clock64 at the phases of every step
                                   (tools/bench_rnn.py --stamps; see rnn_persist.cu) */
@@ -61,5 +62,6 @@ typedef struct {
 
 #define PV_FLAGS 1
 #define PV_CHAIN2 2
+#define PV_XS_AHEAD 4
 
 #endif

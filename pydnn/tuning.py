@@ -312,6 +312,9 @@ rnn = Switches(
                           "barrier (32 same-address atomics a step at hidden 256); off: the counter"),
     PERSIST_CHAIN2=(False, "PERSIST_STATIC 16-bit: a warp whose block GEMM has one tile runs two accumulator chains (even "
                            "and odd k steps), halving the dependent mma chain of a step (16 -> 8 at hidden 256)"),
+    PERSIST_XS_AHEAD=(False, "PERSIST_STATIC forward (one chunk, the barrier): the input projection slice of step s + 1 "
+                             "fetched during step s into a second buffer (it may come from DRAM while h comes from "
+                             "L2); off: fetched at the top of its own step, just before the barrier"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each"),
     PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "

@@ -58,7 +58,7 @@ class PersistParams(ctypes.Structure):
         ("stamps", ctypes.c_void_p)]
 
 
-PV_FLAGS, PV_CHAIN2 = 1, 2  # PersistParams.variant bits (rnn_persist_params.h)
+PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD = 1, 2, 4  # PersistParams.variant bits (rnn_persist_params.h)
 STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
@@ -90,8 +90,10 @@ class Layout:
     slice B holds all of K; A passes through one buffer (kc None: K padded in one chunk) or two buffers of kc
     columns (kc divides K: nchunk = K / kc chunks, each loaded while the one before is multiplied)."""
 
-    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None):
+    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None, ahead=False):
         self.units = units
+        # forward in one chunk with tuning.rnn.PERSIST_XS_AHEAD: two input projection buffers (PV_XS_AHEAD)
+        self.ahead = ahead and not bwd and kc is None
         n = units if bwd else G * units
         k = G * H if bwd else H
         if es == 4:  # FFMA: threads over (column, 4 rows, K slice), float4 loads
@@ -119,7 +121,8 @@ class Layout:
         nbuf = 2 if self.nchunk > 1 else 1
         regions = [("w", n * self.wpitch * es), ("a", nbuf * self.bp * self.pitch * es),
                    ("part", ks * self.bp * n * 4),
-                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es),
+                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd
+                    else B * n * es * (2 if self.ahead else 1)),
                    ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4), ("s2", B * units * 4 if bwd else 0),
                    ("lens", B * 4), ("h", 0 if bwd else B * units * es), ("g", 0 if bwd else B * units * GA * 4)]
         off = 0
@@ -169,7 +172,8 @@ class Plan:
         want = tuning.rnn.PERSIST_UNITS
         order = [u for u in order if u >= want] + [u for u in order if u < want]
         for units in order:
-            fwd = _fit([Layout(False, G, H, B, units, es, g.GA, kc) for kc in chunks(H, es)], smem_optin)
+            fwd = _fit([Layout(False, G, H, B, units, es, g.GA, kc, tuning.rnn.PERSIST_XS_AHEAD)
+                        for kc in chunks(H, es)], smem_optin)
             bwd = _fit([Layout(True, G, H, B, units, es, g.GA, kc) for kc in chunks(G * H, es)],
                        smem_optin) if training else None
             need = max(fwd.smem, bwd.smem if bwd else 0)
@@ -217,7 +221,8 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, tuning.rnn.PERSIST_UNITS, training,
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, tuning.rnn.PERSIST_UNITS,
+           tuning.rnn.PERSIST_XS_AHEAD, training,
            tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
@@ -287,13 +292,15 @@ def variant(pl, tagged):
         v |= PV_FLAGS
     if tuning.rnn.PERSIST_CHAIN2:
         v |= PV_CHAIN2
+    if pl.fwd.ahead and not tagged:
+        v |= PV_XS_AHEAD
     return v
 
 
 def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
-            stamps_buffer)
+            tuning.rnn.PERSIST_XS_AHEAD, stamps_buffer)
 
 
 def _groups(pl, dirs):

@@ -266,12 +266,16 @@ def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
     ({"PERSIST_FLAGS": True}, persist.PV_FLAGS, 8),
     ({"PERSIST_CHAIN2": True}, persist.PV_CHAIN2, 8),
     ({"PERSIST_UNITS": 16}, 0, 16),
-    ({"PERSIST_FLAGS": True, "PERSIST_CHAIN2": True, "PERSIST_UNITS": 12}, persist.PV_FLAGS | persist.PV_CHAIN2, 16),
-    ({"PERSIST_FLAGS": True, "PERSIST_XCHG": True}, 0, 8),  # flags only where the counter barrier would run
+    ({"PERSIST_XS_AHEAD": True}, persist.PV_XS_AHEAD, 8),
+    ({"PERSIST_FLAGS": True, "PERSIST_CHAIN2": True, "PERSIST_UNITS": 12, "PERSIST_XS_AHEAD": True},
+     persist.PV_FLAGS | persist.PV_CHAIN2 | persist.PV_XS_AHEAD, 16),
+    # flags and the x buffers only where the counter barrier would run
+    ({"PERSIST_FLAGS": True, "PERSIST_XS_AHEAD": True, "PERSIST_XCHG": True}, 0, 8),
 ])
 def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
-    """The forward's tuning switches (PERSIST_FLAGS, PERSIST_CHAIN2, PERSIST_UNITS) become the launches'
-    variant bits and slice width; the emulated run still matches the reference; each setting records its own
+    """The forward's tuning switches (PERSIST_FLAGS, PERSIST_CHAIN2, PERSIST_UNITS, PERSIST_XS_AHEAD) become the
+    launches' variant bits and slice width; the emulated run still matches the reference (with the x slice of
+    step s read from buffer s & 1 of the doubled region under PV_XS_AHEAD); each setting records its own
     launches (engine._run's key has persist.record_key())."""
     from pydnn import tuning
     for k, v in sets.items():
@@ -309,3 +313,19 @@ def test_units_switch_falls_back_and_flags_fit_the_barrier_words():
     src = open(os.path.join(os.path.dirname(persist.__file__), "..", "..", "..", "ptx", "rnn_persist.cu")).read()
     assert f"constexpr int kBarWords = {persist.BAR_STRIDE // 4};" in src
     assert f"constexpr int kFlagOff = {persist.FLAG_OFF};" in src
+
+
+def test_x_buffers_only_in_one_chunk(monkeypatch):
+    """PERSIST_XS_AHEAD with the operand in chunks (PERSIST_MAX_CHUNK 64 at hidden 128): no PV_XS_AHEAD, the x
+    region single, the emulated run matches the reference."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XS_AHEAD", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    c = _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    launches = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert launches and all(q.nchunk == 2 and q.variant == 0 for q in launches)
