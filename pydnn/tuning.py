@@ -299,6 +299,8 @@ rnn = Switches(
                           "size, so a 128-row tile at batch 64 counts double; issue 16's fp32 LSTM: forward 8 slices "
                           "of 64 x 128 tiles, backward 32); off: the most slices whose blocks fit the SMs (4 / 16 "
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
+    SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
+                      "(0: split_k's choice); for measurements"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "

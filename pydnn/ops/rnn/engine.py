@@ -162,6 +162,9 @@ class Geometry:
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
+        force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
+        if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
+            self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC

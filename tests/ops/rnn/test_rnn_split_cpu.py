@@ -63,3 +63,27 @@ def test_float_split_16_on_the_emulated_device(monkeypatch, by_time):
     calls = rnn_emulator.install(monkeypatch, dev, E.PYDNN_DATA_FLOAT)
     run_case(rnn_emulator.fake_handle(), dev, c)
     assert any(m[0] == "gemm" for m in calls)
+
+
+def test_forced_float_forward_split(monkeypatch):
+    """tuning.rnn.SPLIT_F32_FWD (measurements) sets the float forward's split where it divides K in 16s; the
+    backward's stays split_k's; half keeps its own."""
+    from pydnn.ops.rnn.descriptors import set_data, set_rnn
+    import pydnn
+
+    def geom(dt, H=1024, B=64):
+        r = pydnn.create_rnn_descriptor()
+        pydnn.set_rnn_descriptor_v8(r, E.PYDNN_RNN_ALGO_STANDARD, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS,
+                                    E.PYDNN_UNIDIRECTIONAL, E.PYDNN_LINEAR_INPUT, dt, E.PYDNN_DATA_FLOAT,
+                                    E.PYDNN_DEFAULT_MATH, H, H, H, 1, None, 1)
+        x = pydnn.create_rnn_data_descriptor()
+        pydnn.set_rnn_data_descriptor(x, dt, 0, 4, B, H, [4] * B, None)
+        return engine.Geometry(set_rnn(r), set_data(x, "x"), 132)
+
+    g = geom(E.PYDNN_DATA_FLOAT)
+    assert (g.split_f, g.split_b) == (8, 32)
+    monkeypatch.setattr(tuning.rnn, "SPLIT_F32_FWD", 16)
+    g = geom(E.PYDNN_DATA_FLOAT)
+    assert (g.split_f, g.split_b) == (16, 32)
+    assert geom(E.PYDNN_DATA_FLOAT, H=128).split_f != 16  # 128 is not 16 * 16
+    assert geom(E.PYDNN_DATA_HALF).split_f == 2
