@@ -54,7 +54,8 @@ typedef struct {
                           (a release store of the step; the waiters' warp 0 polls them all with acquire loads)
                           instead of the counter; PV_CHAIN2 the block GEMM of a warp with one tile runs two
                           accumulator chains (even / odd k steps); PV_XS_AHEAD the input projection slice of the
-                          next step fetched during this one (two x buffers: one chunk, the barrier) */
+                          next step fetched during this one (two x buffers: one chunk, the barrier); PV_FAST_MATH
+                          (16-bit data) tanh and sigmoid of the cell on tanh.approx.f32 */
   int pad2;
   unsigned long long *stamps;  /* forward, NULL or [seq][8] u64: block 0's clock64 at the phases of every step
                                   (tools/bench_rnn.py --stamps; see rnn_persist.cu) */
@@ -63,5 +64,6 @@ typedef struct {
 #define PV_FLAGS 1
 #define PV_CHAIN2 2
 #define PV_XS_AHEAD 4
+#define PV_FAST_MATH 8
 
 #endif

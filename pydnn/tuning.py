@@ -317,6 +317,9 @@ rnn = Switches(
     PERSIST_XS_AHEAD=(False, "PERSIST_STATIC forward (one chunk, the barrier): the input projection slice of step s + 1 "
                              "fetched during step s into a second buffer (it may come from DRAM while h comes from "
                              "L2); off: fetched at the top of its own step, just before the barrier"),
+    PERSIST_FAST_MATH=(False, "PERSIST_STATIC forward, half / bfloat16: the cell's tanh and sigmoid on the hardware's "
+                              "tanh.approx.f32 (~2^-11 relative, about half an fp16 ulp) instead of tanhf and 1 / (1 + "
+                              "exp): a shorter dependent chain in the step's critical path; float keeps the exact ones"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each"),
     PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "

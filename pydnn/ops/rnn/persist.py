@@ -58,7 +58,7 @@ class PersistParams(ctypes.Structure):
         ("stamps", ctypes.c_void_p)]
 
 
-PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD = 1, 2, 4  # PersistParams.variant bits (rnn_persist_params.h)
+PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH = 1, 2, 4, 8  # PersistParams.variant bits (rnn_persist_params.h)
 STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
@@ -294,13 +294,15 @@ def variant(pl, tagged):
         v |= PV_CHAIN2
     if pl.fwd.ahead and not tagged:
         v |= PV_XS_AHEAD
+    if tuning.rnn.PERSIST_FAST_MATH and pl.tag != "f32":
+        v |= PV_FAST_MATH
     return v
 
 
 def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
-            tuning.rnn.PERSIST_XS_AHEAD, stamps_buffer)
+            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, stamps_buffer)
 
 
 def _groups(pl, dirs):

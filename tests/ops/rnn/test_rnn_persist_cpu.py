@@ -267,6 +267,7 @@ def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
     ({"PERSIST_CHAIN2": True}, persist.PV_CHAIN2, 8),
     ({"PERSIST_UNITS": 16}, 0, 16),
     ({"PERSIST_XS_AHEAD": True}, persist.PV_XS_AHEAD, 8),
+    ({"PERSIST_FAST_MATH": True}, persist.PV_FAST_MATH, 8),
     ({"PERSIST_FLAGS": True, "PERSIST_CHAIN2": True, "PERSIST_UNITS": 12, "PERSIST_XS_AHEAD": True},
      persist.PV_FLAGS | persist.PV_CHAIN2 | persist.PV_XS_AHEAD, 16),
     # flags and the x buffers only where the counter barrier would run
@@ -313,6 +314,16 @@ def test_units_switch_falls_back_and_flags_fit_the_barrier_words():
     src = open(os.path.join(os.path.dirname(persist.__file__), "..", "..", "..", "ptx", "rnn_persist.cu")).read()
     assert f"constexpr int kBarWords = {persist.BAR_STRIDE // 4};" in src
     assert f"constexpr int kFlagOff = {persist.FLAG_OFF};" in src
+
+
+def test_fast_math_only_for_16_bit_data(monkeypatch):
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_FAST_MATH", True)
+    h = rnn_emulator.fake_handle()
+    for dt, bit in ((F16, persist.PV_FAST_MATH), (BF16, persist.PV_FAST_MATH), (F32, 0)):
+        r, x = _desc(H=64, dt=dt), _x(dt, 4, 8, 64)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        assert persist.variant(persist.plan(h, engine.set_rnn(r), g, True), False) == bit
 
 
 def test_x_buffers_only_in_one_chunk(monkeypatch):
