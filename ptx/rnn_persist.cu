@@ -16,7 +16,14 @@
 //                          gradients [batch, G*hidden] of the step processed before, from L2) and the cell
 //                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
 //                          share in gh (and 0 in ghrec) for bwd_state_out.
-//   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
+//   persist_reset<T>       zeroes the barrier words (counter and flags) and the tagged-exchange words of
+//                          dir[0 .. gridDim.y).
+//
+// PersistParams.variant (tuning.rnn switches, off by default until measured): PV_FLAGS one flag per block
+// instead of the counter (forward and backward), PV_CHAIN2 two mma accumulator chains in a warp with one tile
+// (forward and backward), PV_XS_AHEAD the next step's input projection slice fetched a step ahead (forward),
+// PV_FAST_MATH tanh.approx.f32 in the 16-bit forward cell. PersistParams.stamps: block 0's clock64 at the
+// phases of every forward step (tools/bench_rnn.py --stamps).
 //
 // Measured (H200, mid-session, before the deferred stores and the fence removal): 4.58 us a step with the
 // barrier, 5.18 with the tagged exchange (hence the barrier is the default), the backward ~5.4 us.
@@ -97,7 +104,7 @@ __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
   __syncthreads();
 }
 
-// The flag barrier (PV_FLAGS, forward): block x publishes the end of its step s as flags[x] = s + 1 (a release
+// The flag barrier (PV_FLAGS, forward and backward): block x publishes the end of its step s as flags[x] = s + 1 (a release
 // store after the CTA barrier: its h stores are ordered before it, as for the counter's red.release); a block
 // starting step s polls every flag with warp 0 (lane l reads flags l, l + 32, ...: one coalesced acquire load
 // of up to 128 bytes per round) until all are >= s, then the CTA barrier. No read-modify-write on one
@@ -614,6 +621,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
   __syncthreads();
   const unsigned nblk = gridDim.x;
+  // the forward's PV_FLAGS (the flag barrier) and PV_CHAIN2 (two mma chains) apply here too
+  const bool flags = (p.variant & PV_FLAGS) != 0, chain2 = (p.variant & PV_CHAIN2) != 0;
 
   for (int s = 0; s <= TT; ++s) {
     const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step (t -1 or TT)
@@ -628,7 +637,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
       cp_commit();
     }
     if (s > 0) {
-      grid_wait(d.bar, (unsigned)s * nblk);
+      if (flags) flag_wait(d.bar + kFlagOff, nblk, (unsigned)s);
+      else grid_wait(d.bar, (unsigned)s * nblk);
       const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
       const T* dsrc = drec + (long long)tp * B * GH;
       load_rows<T>(dsm, p.pitch, dsrc, GH, B, kreal);
@@ -643,7 +653,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
         }
         __syncthreads();
         block_gemm<T>(dsm + (c & 1) * p.bp * p.pitch, p.pitch, wt + c * KC, p.wpitch, part, p.bp, U, KC, p.ksplit,
-                      c > 0);
+                      c > 0, chain2);
         __syncthreads();
       }
     }
@@ -714,7 +724,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
         if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
       }
     }
-    grid_arrive(d.bar);
+    if (flags) flag_arrive(d.bar + kFlagOff, (unsigned)s + 1);
+    else grid_arrive(d.bar);
   }
 }
 

@@ -50,7 +50,7 @@ typedef struct {
   int bp;              /* batch rows padded (16-bit: a multiple of 16; float: of 4), zero rows past batch */
   int ksplit;          /* K slices of the block GEMM (partial sums in part[ksplit][bp][n], added in order) */
   int off_w, off_a, off_part, off_x, off_b, off_s, off_s2, off_lens, off_h, off_g;  /* shared memory offsets */
-  int variant;         /* forward, bits (tuning.rnn switches): PV_FLAGS the blocks meet through one flag per block
+  int variant;         /* bits (the backward: PV_FLAGS and PV_CHAIN2 only) (tuning.rnn switches): PV_FLAGS the blocks meet through one flag per block
                           (a release store of the step; the waiters' warp 0 polls them all with acquire loads)
                           instead of the counter; PV_CHAIN2 the block GEMM of a warp with one tile runs two
                           accumulator chains (even / odd k steps); PV_XS_AHEAD the input projection slice of the

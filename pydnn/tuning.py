@@ -309,11 +309,11 @@ rnn = Switches(
                          "ptx/rnn_persist.cu) where one round of loads covers the operand; off (default): the grid "
                          "barrier and the h load (measured faster on the H200: 4.58 vs 5.18 us a step, LSTM fp16 "
                          "hidden 256 batch 32)"),
-    PERSIST_FLAGS=(False, "PERSIST_STATIC forward: the blocks meet through one flag per block (a release store of the "
-                          "step, polled by the waiters' warp 0 with one coalesced acquire load) instead of the counter "
+    PERSIST_FLAGS=(False, "PERSIST_STATIC forward and backward: the blocks meet through one flag per block (a release "
+                          "store of the step, polled by the waiters' warp 0 with one coalesced acquire load) instead of the counter "
                           "barrier (32 same-address atomics a step at hidden 256); off: the counter"),
-    PERSIST_CHAIN2=(False, "PERSIST_STATIC 16-bit: a warp whose block GEMM has one tile runs two accumulator chains (even "
-                           "and odd k steps), halving the dependent mma chain of a step (16 -> 8 at hidden 256)"),
+    PERSIST_CHAIN2=(False, "PERSIST_STATIC 16-bit, forward and backward: a warp whose block GEMM has one tile runs two "
+                           "accumulator chains (even and odd k steps), halving the dependent mma chain of a step (16 -> 8 at hidden 256)"),
     PERSIST_XS_AHEAD=(False, "PERSIST_STATIC forward (one chunk, the barrier): the input projection slice of step s + 1 "
                              "fetched during step s into a second buffer (it may come from DRAM while h comes from "
                              "L2); off: fetched at the top of its own step, just before the barrier"),

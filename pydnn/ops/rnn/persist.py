@@ -359,6 +359,7 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         pl.bwd.fill(p)
+        p.variant = variant(pl, False) & (PV_FLAGS | PV_CHAIN2)  # the barrier and the mma chains only
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)
 

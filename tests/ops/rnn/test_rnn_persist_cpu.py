@@ -294,7 +294,10 @@ def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
     assert all(it[1][0] == 32 // units for it in launches)
     bwd = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"
            for it in items if it[5][:2] == ("persist", "persist_bwd")]
-    assert bwd and all(it[4][2].variant == 0 and it[4][2].units == units for it in bwd)
+    # the backward's share: the flag barrier (also where the forward exchanges tagged words) and the chains
+    want = (persist.PV_FLAGS if sets.get("PERSIST_FLAGS") else 0) | (persist.PV_CHAIN2 if sets.get("PERSIST_CHAIN2")
+                                                                     else 0)
+    assert bwd and all(it[4][2].variant == want and it[4][2].units == units for it in bwd)
 
 
 def test_units_switch_falls_back_and_flags_fit_the_barrier_words():

@@ -116,7 +116,8 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
     run_case(handle, GpuDevice(), MID_CHUNKED[name])
 
 
-# the forward's variants (tuning.rnn switches): PERSIST_FLAGS (one flag per block instead of the counter),
+# the forward's variants (tuning.rnn switches; run_case runs the backward data too, which takes PERSIST_FLAGS
+# and PERSIST_CHAIN2 as well): PERSIST_FLAGS (one flag per block instead of the counter),
 # PERSIST_CHAIN2 (two accumulator chains in a warp with one mma tile; an odd count of k steps a warp at hidden 8
 # and 32), PERSIST_UNITS (16 units a block: half the blocks; hidden 8 keeps 8), PERSIST_XS_AHEAD (the next
 # step's x slice fetched during this one), PERSIST_FAST_MATH (tanh.approx.f32 in the 16-bit cells; float
