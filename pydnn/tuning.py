@@ -310,18 +310,22 @@ rnn = Switches(
                          "barrier and the h load (measured faster on the H200: 4.58 vs 5.18 us a step, LSTM fp16 "
                          "hidden 256 batch 32)"),
     PERSIST_FLAGS=(False, "PERSIST_STATIC forward and backward: the blocks meet through one flag per block (a release "
-                          "store of the step, polled by the waiters' warp 0 with one coalesced acquire load) instead of the counter "
-                          "barrier (32 same-address atomics a step at hidden 256); off: the counter"),
-    PERSIST_CHAIN2=(False, "PERSIST_STATIC 16-bit, forward and backward: a warp whose block GEMM has one tile runs two "
-                           "accumulator chains (even and odd k steps), halving the dependent mma chain of a step (16 -> 8 at hidden 256)"),
-    PERSIST_XS_AHEAD=(False, "PERSIST_STATIC forward (one chunk, the barrier): the input projection slice of step s + 1 "
-                             "fetched during step s into a second buffer (it may come from DRAM while h comes from "
-                             "L2); off: fetched at the top of its own step, just before the barrier"),
-    PERSIST_FAST_MATH=(False, "PERSIST_STATIC forward, half / bfloat16: the cell's tanh and sigmoid on the hardware's "
-                              "tanh.approx.f32 (~2^-11 relative, about half an fp16 ulp) instead of tanhf and 1 / (1 + "
-                              "exp): a shorter dependent chain in the step's critical path; float keeps the exact ones"),
+                          "store of the step, polled by warp 0 with one coalesced acquire load) instead of the counter "
+                          "(red.release); measured slower on the H200 (5.18 vs 5.11 us a step, LSTM fp16 hidden 256 "
+                          "batch 32): off"),
+    PERSIST_CHAIN2=(True, "PERSIST_STATIC 16-bit, forward and backward: a warp whose block GEMM has one tile runs two "
+                          "accumulator chains (even and odd k steps); measured on the H200: 5.11 -> 4.82 us a step (the "
+                          "GEMM phase 2550 -> 2031 cycles), forward + backward 5.37 -> 5.10 ms"),
+    PERSIST_XS_AHEAD=(True, "PERSIST_STATIC forward (one chunk, the barrier): the input projection slice of step s + 1 "
+                            "fetched during step s into a second buffer; measured 5.11 -> 4.87 us a step (off: fetched "
+                            "just before the barrier, the step's wait for it showed in the barrier phase)"),
+    PERSIST_FAST_MATH=(True, "PERSIST_STATIC forward, half / bfloat16: the cell's tanh and sigmoid on the hardware's "
+                             "tanh.approx.f32 (~2^-11 relative, about half an fp16 ulp; y within 5e-4 of the exact "
+                             "math's); measured 5.11 -> 4.90 us a step (cell phase 1579 -> 1175 cycles); float keeps "
+                             "tanhf and 1 / (1 + exp)"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
-                      "256: 32 blocks); more units, fewer blocks at the barrier and more work each"),
+                      "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
+                      "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),
     PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "
                           "through shared memory in chunks only where it does not fit at once); tests set it to force "
                           "several chunks"),

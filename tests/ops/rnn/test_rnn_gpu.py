@@ -122,7 +122,8 @@ def test_pytorch_fp32_batch_64_split_k(by_time, handle, monkeypatch):
         assert engine.split_k(64, 4096, 1024, sm, True) == 8 and engine.split_k(64, 1024, 4096, sm, True) == 32
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
-        _pytorch_case(torch, (E.PYDNN_LSTM, 256, 1024, 1, False, 0, "float32", (5,) * 40 + (4, 3, 1) * 8), handle)
+        _pytorch_case(torch, (E.PYDNN_LSTM, 256, 1024, 1, False, 0, "float32", (5,) * 40 + (4,) * 8 + (3,) * 8 + (1,) * 8),
+                      handle)  # lengths in decreasing order (pack_padded_sequence's enforce_sorted)
     finally:
         pydnn.set_stream(handle, 0)
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags

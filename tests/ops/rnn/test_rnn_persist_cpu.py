@@ -279,6 +279,8 @@ def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
     step s read from buffer s & 1 of the doubled region under PV_XS_AHEAD); each setting records its own
     launches (engine._run's key has persist.record_key())."""
     from pydnn import tuning
+    for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH"):  # all off unless set
+        monkeypatch.setattr(tuning.rnn, k, False)
     for k, v in sets.items():
         monkeypatch.setattr(tuning.rnn, k, v)
     c = _c(dtype=F16, hidden=32, input_size=6, lengths=(5, 5, 4, 1, 5, 3), T=5)
@@ -326,7 +328,21 @@ def test_fast_math_only_for_16_bit_data(monkeypatch):
     for dt, bit in ((F16, persist.PV_FAST_MATH), (BF16, persist.PV_FAST_MATH), (F32, 0)):
         r, x = _desc(H=64, dt=dt), _x(dt, 4, 8, 64)
         g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
-        assert persist.variant(persist.plan(h, engine.set_rnn(r), g, True), False) == bit
+        assert persist.variant(persist.plan(h, engine.set_rnn(r), g, True), False) & persist.PV_FAST_MATH == bit
+
+
+def test_defaults_are_the_measured_ones():
+    """The H200 mid-session run (2026-11-28) kept PERSIST_CHAIN2, PERSIST_XS_AHEAD and PERSIST_FAST_MATH and
+    not PERSIST_FLAGS: a default 16-bit forward launch carries those three bits, a float one the first two."""
+    from pydnn import tuning
+    h = rnn_emulator.fake_handle()
+    for dt, bits in ((F16, persist.PV_CHAIN2 | persist.PV_XS_AHEAD | persist.PV_FAST_MATH),
+                     (F32, persist.PV_CHAIN2 | persist.PV_XS_AHEAD)):
+        r, x = _desc(H=256, dt=dt), _x(dt, 4, 32, 256)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        pl = persist.plan(h, engine.set_rnn(r), g, True)
+        assert persist.variant(pl, False) == bits and pl.fwd.ahead
+    assert not tuning.rnn.PERSIST_FLAGS and not tuning.rnn.PERSIST_XCHG
 
 
 def test_x_buffers_only_in_one_chunk(monkeypatch):
@@ -342,4 +358,4 @@ def test_x_buffers_only_in_one_chunk(monkeypatch):
     run_case(h, dev, c)
     launches = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
                 for it in items if it[5][:2] == ("persist", "persist_fwd")]
-    assert launches and all(q.nchunk == 2 and q.variant == 0 for q in launches)
+    assert launches and all(q.nchunk == 2 and not q.variant & persist.PV_XS_AHEAD for q in launches)
