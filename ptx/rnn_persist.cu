@@ -409,7 +409,9 @@ __global__ void persist_reset(const PersistParams p) {
 // [bp][pitch] at off_a; part [ksplit][bp][G*units] f32 at off_part; the input projection slice [batch][G*units]
 // (dtype) at off_x; the biases bw, br [G*units] f32 at off_b; the f32 state [batch][units] at off_s; lens at
 // off_lens.
-template <class T, int CELL>
+// LEAN = 1 (tuning.rnn.PERSIST_LEAN; the host picks it for one chunk and the barrier): the same kernel with the
+// tagged exchange and the chunk loop compiled out (a smaller step body: see tools/PERF.md on the code size)
+template <class T, int CELL, int LEAN = 0>
 __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
@@ -431,7 +433,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
 
   // once: zero the h buffers (rows past batch, columns past hidden stay 0), the W slice; biases, state, own
   // h, lengths
-  const int nbuf = p.nchunk > 1 ? 2 : 1, KC = p.kp;
+  const int nch = LEAN ? 1 : p.nchunk;  // K chunks (LEAN: the host guarantees one)
+  const int nbuf = nch > 1 ? 2 : 1, KC = p.kp;
   for (int i = threadIdx.x; i < nbuf * p.bp * p.pitch; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
   for (int i = threadIdx.x; i < N * p.wpitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
   __syncthreads();
@@ -455,7 +458,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   // PV_XS_AHEAD (one chunk, the barrier; the host doubles the x region): the input projection slice of step
   // s + 1 is fetched during step s, right after h_{t-1}'s copies are issued, into the other of two buffers, so
   // that no step waits for it (it may come from DRAM, the h loads from L2)
-  const bool ahead = (p.variant & PV_XS_AHEAD) != 0 && p.nchunk == 1 && !d.xchg;
+  const bool ahead = (p.variant & PV_XS_AHEAD) != 0 && nch == 1 && (LEAN || !d.xchg);
   if (ahead) {
     const int t0 = d.rev ? TT - 1 : 0;
     const T* xt = static_cast<const T*>(d.xp) + (long long)t0 * B * p.ld_xp + j0;
@@ -478,8 +481,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     }
     // h_{t-1} [batch, hidden] chunk by chunk (K = hidden in nchunk chunks of KC, two buffers), the block GEMM
     // accumulating over the chunks
-    const bool tagged = s > 0 && d.xchg;
-    const int kreal = p.nchunk > 1 ? KC : H;
+    const bool tagged = !LEAN && s > 0 && d.xchg;
+    const int kreal = nch > 1 ? KC : H;
     const T* hsrc = hs + slot(p, ip) * BH;
     if (!tagged) {
       if (s > 0) {
@@ -497,13 +500,13 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
       for (int g = 0; g < G; ++g) load_rows<T>(xs + ((s + 1) & 1) * B * N + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
       cp_commit();
     }
-    for (int c = 0; c < p.nchunk; ++c) {
+    for (int c = 0; c < nch; ++c) {
       T* buf = hsm + (c & 1) * p.bp * p.pitch;
       if (tagged) {  // h_{t-1} from the tagged words of step s - 1
         xchg_gather<T>(buf, p.pitch, static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD, H,
                        c * KC, B, kreal, (unsigned)s);
-        if (c == p.nchunk - 1) cp_wait_all();  // xs
-      } else if (c + 1 < p.nchunk) {
+        if (c == nch - 1) cp_wait_all();  // xs
+      } else if (c + 1 < nch) {
         load_rows<T>(hsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, hsrc + (c + 1) * KC, H, B, KC);
         cp_commit();
         cp_wait_1();
@@ -523,7 +526,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     // gate values) from shared memory: the barrier's release covers only the h stores (each thread's pass 2
     // reads only its own items' shared entries, so nothing else needs ordering)
     T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
-    void* xo = d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
+    void* xo = !LEAN && d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
       const int b = i / U, u = i % U, j = j0 + u;
       const long long o = (long long)b * H + j;

@@ -323,6 +323,10 @@ rnn = Switches(
                              "tanh.approx.f32 (~2^-11 relative, about half an fp16 ulp; y within 5e-4 of the exact "
                              "math's); measured 5.11 -> 4.90 us a step (cell phase 1579 -> 1175 cycles); float keeps "
                              "tanhf and 1 / (1 + exp)"),
+    PERSIST_LEAN=(False, "PERSIST_STATIC forward with one K chunk and the barrier: persist_fwd's LEAN instance, the "
+                         "tagged exchange and the chunk loop compiled out (a smaller step body; the stamps showed the "
+                         "step's own work at 3-4x its instruction count, instruction-cache misses a suspect); not yet "
+                         "measured: off"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
                       "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),

@@ -62,8 +62,11 @@ PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH = 1, 2, 4, 8  # PersistParams.var
 STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
-def expr(name, tag, cell=None):
+def expr(name, tag, cell=None, lean=0):
+    """lean: persist_fwd's LEAN = 1 instance (no tagged exchange, one chunk: tuning.rnn.PERSIST_LEAN)."""
     t = CTYPE[tag]
+    if lean:
+        return f"pydnn::rnn::{name}<{t}, {cell}, 1>"
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
 
 
@@ -75,6 +78,7 @@ def kernel_units():
     units = []
     for tag in TAGS:
         exprs = [expr(k, tag, c) for k in ("persist_fwd", "persist_bwd") for c in range(4)]
+        exprs += [expr("persist_fwd", tag, c, 1) for c in range(4)]
         exprs.append(expr("persist_reset", tag))
         units.append(KernelUnit(unit_name(tag), "rnn_persist.cu", tuple(exprs)))
     return units
@@ -252,15 +256,15 @@ def _check_resident(handle, f, smem, blocks):
     handle.remember(key, True)
 
 
-def _launch(ex, name, cell, grid, smem, p):
+def _launch(ex, name, cell, grid, smem, p, lean=0):
     handle = ex.handle
     tag = ex.lau.tag
-    f = handle.function(unit_name(tag), expr(name, tag, cell), smem)
+    f = handle.function(unit_name(tag), expr(name, tag, cell, lean), smem)
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
     ex._go(f, grid, (THREADS, 1, 1), smem, driver.kernel_args(q),
-           ("persist", name, cell))
+           ("persist", name, cell, lean))
 
 
 def xchg_bytes(dtype, B, H):
@@ -302,7 +306,7 @@ def variant(pl, tagged):
 def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
-            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, stamps_buffer)
+            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, stamps_buffer)
 
 
 def _groups(pl, dirs):
@@ -338,7 +342,8 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         p.variant = variant(pl, tagged)
         p.stamps = stamps_buffer
         _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
-        _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p)
+        lean = 1 if tuning.rnn.PERSIST_LEAN and pl.fwd.nchunk == 1 and not tagged else 0
+        _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p, lean)
 
 
 def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):

@@ -268,6 +268,8 @@ def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
     ({"PERSIST_UNITS": 16}, 0, 16),
     ({"PERSIST_XS_AHEAD": True}, persist.PV_XS_AHEAD, 8),
     ({"PERSIST_FAST_MATH": True}, persist.PV_FAST_MATH, 8),
+    ({"PERSIST_LEAN": True}, 0, 8),
+    ({"PERSIST_LEAN": True, "PERSIST_XCHG": True}, 0, 8),  # the tagged exchange: the general instance
     ({"PERSIST_FLAGS": True, "PERSIST_CHAIN2": True, "PERSIST_UNITS": 12, "PERSIST_XS_AHEAD": True},
      persist.PV_FLAGS | persist.PV_CHAIN2 | persist.PV_XS_AHEAD, 16),
     # flags and the x buffers only where the counter barrier would run
@@ -279,7 +281,7 @@ def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
     step s read from buffer s & 1 of the doubled region under PV_XS_AHEAD); each setting records its own
     launches (engine._run's key has persist.record_key())."""
     from pydnn import tuning
-    for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH"):  # all off unless set
+    for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH", "PERSIST_LEAN"):  # off
         monkeypatch.setattr(tuning.rnn, k, False)
     for k, v in sets.items():
         monkeypatch.setattr(tuning.rnn, k, v)
@@ -293,6 +295,8 @@ def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
     launches = [it for items in fwd for it in items if it[5][:2] == ("persist", "persist_fwd")]
     assert launches and all(it[4][2].variant == bits and it[4][2].units == units and not it[4][2].stamps
                             for it in launches)
+    lean = 1 if sets.get("PERSIST_LEAN") and not sets.get("PERSIST_XCHG") else 0
+    assert all(it[5][3] == lean for it in launches)  # persist_fwd's LEAN instance
     assert all(it[1][0] == 32 // units for it in launches)
     bwd = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"
            for it in items if it[5][:2] == ("persist", "persist_bwd")]
@@ -343,6 +347,23 @@ def test_defaults_are_the_measured_ones():
         pl = persist.plan(h, engine.set_rnn(r), g, True)
         assert persist.variant(pl, False) == bits and pl.fwd.ahead
     assert not tuning.rnn.PERSIST_FLAGS and not tuning.rnn.PERSIST_XCHG
+
+
+def test_lean_kernel_is_built_and_only_for_one_chunk(monkeypatch):
+    """persist_fwd<T, CELL, 1> is in every unit; with PERSIST_MAX_CHUNK forcing chunks the general one runs."""
+    from pydnn import tuning
+    for u in persist.kernel_units():
+        assert sum(e.count(",") == 2 and e.endswith(", 1>") for e in u.exprs) == 4
+    monkeypatch.setattr(tuning.rnn, "PERSIST_LEAN", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    c = _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    metas = [it[5] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+             for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert metas and all(m[3] == 0 for m in metas)
 
 
 def test_x_buffers_only_in_one_chunk(monkeypatch):
