@@ -16,7 +16,14 @@
 //                          gradients [batch, G*hidden] of the step processed before, from L2) and the cell
 //                          backward (bwd_cell of rnn.cu); a last pass after the final step leaves the dhx
 //                          share in gh (and 0 in ghrec) for bwd_state_out.
-//   persist_reset<T>       zeroes the barrier counters and the tagged-exchange words of dir[0 .. gridDim.y).
+//   persist_reset<T>       zeroes the barrier words (counter and flags) and the tagged-exchange words of
+//                          dir[0 .. gridDim.y).
+//
+// PersistParams.variant (tuning.rnn switches, off by default until measured): PV_FLAGS one flag per block
+// instead of the counter (forward and backward), PV_CHAIN2 two mma accumulator chains in a warp with one tile
+// (forward and backward), PV_XS_AHEAD the next step's input projection slice fetched a step ahead (forward),
+// PV_FAST_MATH tanh.approx.f32 in the 16-bit forward cell. PersistParams.stamps: block 0's clock64 at the
+// phases of every forward step (tools/bench_rnn.py --stamps).
 //
 // Measured (H200, mid-session, before the deferred stores and the fence removal): 4.58 us a step with the
 // barrier, 5.18 with the tagged exchange (hence the barrier is the default), the backward ~5.4 us.
@@ -39,9 +46,22 @@ namespace pydnn {
 namespace rnn {
 
 constexpr int kPThreads = 256;
+constexpr int kBarWords = 256;  // a direction's barrier words: the counter, then one flag per block (BAR_STRIDE)
+constexpr int kFlagOff = 32;    // the flags' first word (their own 128-byte lines; at most kBarWords - 32 blocks)
 constexpr int kPWarps = kPThreads / 32;
 
 __device__ __forceinline__ float p_sigm(float v) { return 1.0f / (1.0f + __expf(-v)); }
+// PV_FAST_MATH (16-bit data only; the host sets it): the hardware's tanh.approx.f32 (one MUFU op, ~2^-11
+// relative error, about a half-ulp of fp16) for tanh and, as 0.5 + 0.5 tanh(v / 2), the sigmoid
+__device__ __forceinline__ float tanh_fast(float v) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(v));
+  return y;
+}
+__device__ __forceinline__ float g_sigm(float v, bool fast) {
+  return fast ? fmaf(0.5f, tanh_fast(0.5f * v), 0.5f) : p_sigm(v);
+}
+__device__ __forceinline__ float g_tanh(float v, bool fast) { return fast ? tanh_fast(v) : tanhf(v); }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -84,6 +104,40 @@ __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
   __syncthreads();
 }
 
+// The flag barrier (PV_FLAGS, forward and backward): block x publishes the end of its step s as flags[x] = s + 1 (a release
+// store after the CTA barrier: its h stores are ordered before it, as for the counter's red.release); a block
+// starting step s polls every flag with warp 0 (lane l reads flags l, l + 32, ...: one coalesced acquire load
+// of up to 128 bytes per round) until all are >= s, then the CTA barrier. No read-modify-write on one
+// address (32 same-address atomics serialize in the L2 slice); the flags of a direction follow its counter
+// (bar + kFlagOff ..), zeroed by persist_reset.
+__device__ __forceinline__ void flag_arrive(unsigned* flags, unsigned value) {
+  __syncthreads();
+  if (threadIdx.x == 0)
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + blockIdx.x), "r"(value) : "memory");
+}
+__device__ __forceinline__ void flag_wait(const unsigned* flags, unsigned nblk, unsigned target) {
+  if (threadIdx.x < 32) {
+    unsigned polls = 0;
+    for (;;) {
+      bool ok = true;
+      for (unsigned i = threadIdx.x; i < nblk; i += 32) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flags + i) : "memory");
+        ok = ok && v >= target;
+      }
+      if (__all_sync(0xffffffffu, ok)) break;
+      if (++polls == (1u << 22)) __trap();
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ long long stamp_clock() {
+  long long c;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c) :: "memory");
+  return c;
+}
+
 // ---------------------------------------------------------------- the block GEMM
 // part[ks][m][n] (+)= sum over k in slice ks of A[m][k] * B[n][k] (acc: add to part, the K chunks after the
 // first); A [bp][kc] (row pitch pa), B [n][kc] (row pitch pb) in shared memory, zero past the real sizes.
@@ -107,9 +161,11 @@ template <> struct Mma<bf16_t> {
   }
 };
 
+// chain2: a warp with a single work item splits its k steps over two accumulators (even / odd), halving the
+// dependent mma chain (the two are added before the store); the float version ignores it.
 template <class T>
 __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int pb, float* part, int bp, int n, int kc,
-                                           int ksplit, bool acc) {
+                                           int ksplit, bool acc, bool chain2 = false) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int mt = bp >> 4, tiles = mt * (n >> 3), per = (kc >> 4) / ksplit, total = tiles * ksplit;
   // work items w (tile, K slice) of this warp two at a time (w and w + kPWarps): two independent mma chains
@@ -130,17 +186,44 @@ __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int p
       b_addr[z] = smem_u32(B + (n0[z] + (lane & 7)) * pb + (((lane >> 3) & 1) << 3)) + ks[z] * per * 32;
     }
     float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 2
-    for (int kk = 0; kk < per; ++kk) {
-#pragma unroll
-      for (int z = 0; z < 2; ++z) {
-        if (z == 1 && !two) break;
+    if (!two && chain2) {  // one item: k steps kk (even) into c[0], kk + 1 (odd) into c[1]
+      int kk = 0;
+      for (; kk + 1 < per; kk += 2) {
+        unsigned a[4], b[2], a1[4], b1[2];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[0] + kk * 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[0] + kk * 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a1[0]), "=r"(a1[1]), "=r"(a1[2]), "=r"(a1[3]) : "r"(a_addr[0] + kk * 32 + 32));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                     : "=r"(b1[0]), "=r"(b1[1]) : "r"(b_addr[0] + kk * 32 + 32));
+        Mma<T>::run(c[0], a, b);
+        Mma<T>::run(c[1], a1, b1);
+      }
+      if (kk < per) {
         unsigned a[4], b[2];
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[z] + kk * 32));
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[0] + kk * 32));
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[z] + kk * 32));
-        Mma<T>::run(c[z], a, b);
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[0] + kk * 32));
+        Mma<T>::run(c[0], a, b);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[0][e] += c[1][e];
+    } else {
+#pragma unroll 2
+      for (int kk = 0; kk < per; ++kk) {
+#pragma unroll
+        for (int z = 0; z < 2; ++z) {
+          if (z == 1 && !two) break;
+          unsigned a[4], b[2];
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_addr[z] + kk * 32));
+          asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                       : "=r"(b[0]), "=r"(b[1]) : "r"(b_addr[z] + kk * 32));
+          Mma<T>::run(c[z], a, b);
+        }
       }
     }
     const int g = lane >> 2, q = lane & 3;
@@ -170,7 +253,7 @@ __device__ __forceinline__ void block_gemm(const T* A, int pa, const T* B, int p
 // mostly one broadcast A row.
 template <>
 __device__ __forceinline__ void block_gemm<float>(const float* A, int pa, const float* B, int pb, float* part, int bp,
-                                                  int n, int kc, int ksplit, bool acc) {
+                                                  int n, int kc, int ksplit, bool acc, bool) {
   const int np = n >> 1, items = np * (bp >> 2), per = kc / ksplit;
   for (int q = threadIdx.x; q < items * ksplit; q += kPThreads) {
     const int item = q % items, ks = q / items;
@@ -313,7 +396,8 @@ __device__ __forceinline__ void xchg_gather(T* dst, int pitch, const void* src, 
 template <class T>
 __global__ void persist_reset(const PersistParams p) {
   const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
-  if (blockIdx.x == 0 && threadIdx.x == 0) *d.bar = 0u;
+  if (blockIdx.x == 0)  // the counter and the flags (PV_FLAGS) after it: kBarWords words
+    for (int i = threadIdx.x; i < kBarWords; i += blockDim.x) d.bar[i] = 0u;
   if (d.xchg)
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.xwords;
          i += (long long)gridDim.x * blockDim.x)
@@ -325,7 +409,9 @@ __global__ void persist_reset(const PersistParams p) {
 // [bp][pitch] at off_a; part [ksplit][bp][G*units] f32 at off_part; the input projection slice [batch][G*units]
 // (dtype) at off_x; the biases bw, br [G*units] f32 at off_b; the f32 state [batch][units] at off_s; lens at
 // off_lens.
-template <class T, int CELL>
+// LEAN = 1 (tuning.rnn.PERSIST_LEAN; the host picks it for one chunk and the barrier): the same kernel with the
+// tagged exchange and the chunk loop compiled out (a smaller step body: see tools/PERF.md on the code size)
+template <class T, int CELL, int LEAN = 0>
 __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
@@ -347,7 +433,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
 
   // once: zero the h buffers (rows past batch, columns past hidden stay 0), the W slice; biases, state, own
   // h, lengths
-  const int nbuf = p.nchunk > 1 ? 2 : 1, KC = p.kp;
+  const int nch = LEAN ? 1 : p.nchunk;  // K chunks (LEAN: the host guarantees one)
+  const int nbuf = nch > 1 ? 2 : 1, KC = p.kp;
   for (int i = threadIdx.x; i < nbuf * p.bp * p.pitch; i += kPThreads) hsm[i] = Store<T>::from(0.0f);
   for (int i = threadIdx.x; i < N * p.wpitch; i += kPThreads) ws[i] = Store<T>::from(0.0f);
   __syncthreads();
@@ -366,47 +453,80 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
     hown[i] = hs[slot(p, first) * BH + (long long)(i / U) * H + j0 + i % U];
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
   const unsigned nblk = gridDim.x;
+  const bool flags = (p.variant & PV_FLAGS) != 0, chain2 = (p.variant & PV_CHAIN2) != 0;
+  const bool fast = sizeof(T) == 2 && (p.variant & PV_FAST_MATH) != 0;
+  // PV_XS_AHEAD (one chunk, the barrier; the host doubles the x region): the input projection slice of step
+  // s + 1 is fetched during step s, right after h_{t-1}'s copies are issued, into the other of two buffers, so
+  // that no step waits for it (it may come from DRAM, the h loads from L2)
+  const bool ahead = (p.variant & PV_XS_AHEAD) != 0 && nch == 1 && (LEAN || !d.xchg);
+  if (ahead) {
+    const int t0 = d.rev ? TT - 1 : 0;
+    const T* xt = static_cast<const T*>(d.xp) + (long long)t0 * B * p.ld_xp + j0;
+    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+    cp_commit();
+  }
+  // phase stamps (p.stamps, block 0, thread 0): 0 step start, 1 barrier passed, 2 h in shared memory, 3 GEMM
+  // done, 4 cell pass 1 done (before the arrival), 5 pass 2 done
+  unsigned long long* stp = (p.stamps && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ? p.stamps : nullptr;
 
   for (int s = 0; s < TT; ++s) {
     const int t = d.rev ? TT - 1 - s : s;
     const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
-    // this step's input projection slice: independent of the other blocks, fetched before the barrier
-    const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
-    for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
-    cp_commit();
+    if (stp) stp[s * 8 + 0] = stamp_clock();
+    T* const xsb = ahead ? xs + (s & 1) * B * N : xs;  // this step's input projection slice
+    if (!ahead) {  // independent of the other blocks, fetched before the barrier
+      const T* xt = static_cast<const T*>(d.xp) + (long long)t * B * p.ld_xp + j0;
+      for (int g = 0; g < G; ++g) load_rows<T>(xs + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+      cp_commit();
+    }
     // h_{t-1} [batch, hidden] chunk by chunk (K = hidden in nchunk chunks of KC, two buffers), the block GEMM
     // accumulating over the chunks
-    const bool tagged = s > 0 && d.xchg;
-    const int kreal = p.nchunk > 1 ? KC : H;
+    const bool tagged = !LEAN && s > 0 && d.xchg;
+    const int kreal = nch > 1 ? KC : H;
     const T* hsrc = hs + slot(p, ip) * BH;
     if (!tagged) {
-      if (s > 0) grid_wait(d.bar, (unsigned)s * nblk);
+      if (s > 0) {
+        if (flags) flag_wait(d.bar + kFlagOff, nblk, (unsigned)s);
+        else grid_wait(d.bar, (unsigned)s * nblk);
+      }
+      if (stp) stp[s * 8 + 1] = stamp_clock();
       load_rows<T>(hsm, p.pitch, hsrc, H, B, kreal);
       cp_commit();
     }
-    for (int c = 0; c < p.nchunk; ++c) {
+    const bool next_x = ahead && s + 1 < TT;  // a group committed after h's: waited for one step later
+    if (next_x) {  // buffer (s + 1) & 1 was last read by step s - 1's cell, which every thread has left
+      const int tn = d.rev ? t - 1 : t + 1;
+      const T* xt = static_cast<const T*>(d.xp) + (long long)tn * B * p.ld_xp + j0;
+      for (int g = 0; g < G; ++g) load_rows<T>(xs + ((s + 1) & 1) * B * N + g * U, N, xt + g * p.gs_xp, p.ld_xp, B, U);
+      cp_commit();
+    }
+    for (int c = 0; c < nch; ++c) {
       T* buf = hsm + (c & 1) * p.bp * p.pitch;
       if (tagged) {  // h_{t-1} from the tagged words of step s - 1
         xchg_gather<T>(buf, p.pitch, static_cast<const char*>(d.xchg) + ((s - 1) & 1) * BH * Xchg<T>::WORD, H,
                        c * KC, B, kreal, (unsigned)s);
-        if (c == p.nchunk - 1) cp_wait_all();  // xs
-      } else if (c + 1 < p.nchunk) {
+        if (c == nch - 1) cp_wait_all();  // xs
+      } else if (c + 1 < nch) {
         load_rows<T>(hsm + ((c + 1) & 1) * p.bp * p.pitch, p.pitch, hsrc + (c + 1) * KC, H, B, KC);
         cp_commit();
         cp_wait_1();
+      } else if (next_x) {
+        cp_wait_1();  // h_{t-1} and this step's x slice (committed a step ago), not the next step's
       } else {
         cp_wait_all();
       }
       __syncthreads();
-      block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0);
+      if (stp && c == 0) stp[s * 8 + 2] = stamp_clock();
+      block_gemm<T>(buf, p.pitch, ws + c * KC, p.wpitch, part, p.bp, N, KC, p.ksplit, c > 0, chain2);
       __syncthreads();
     }
+    if (stp) stp[s * 8 + 3] = stamp_clock();
     // the cell, in two passes: first what the other blocks wait for (h_t: the state slot, the tagged words)
     // and the block's own state in shared memory, then the barrier, then the rest (y, the f32 state slot, the
     // gate values) from shared memory: the barrier's release covers only the h stores (each thread's pass 2
     // reads only its own items' shared entries, so nothing else needs ordering)
     T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
-    void* xo = d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
+    void* xo = !LEAN && d.xchg ? static_cast<char*>(d.xchg) + (s & 1) * BH * Xchg<T>::WORD : nullptr;
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
       const int b = i / U, u = i % U, j = j0 + u;
       const long long o = (long long)b * H + j;
@@ -415,27 +535,27 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           ha[g] = part_sum(part, p.ksplit, p.bp, N, b, g * U + u) + bs[N + g * U + u];
-          xa[g] = load<float>(xs[b * N + g * U + u]) + bs[g * U + u];
+          xa[g] = load<float>(xsb[b * N + g * U + u]) + bs[g * U + u];
         }
         float* gv = gsm + i * GA;
         if (CELL == 2) {
-          const float ig = p_sigm(xa[0] + ha[0]), fg = p_sigm(xa[1] + ha[1]), gg = tanhf(xa[2] + ha[2]),
-                      og = p_sigm(xa[3] + ha[3]);
+          const float ig = g_sigm(xa[0] + ha[0], fast), fg = g_sigm(xa[1] + ha[1], fast),
+                      gg = g_tanh(xa[2] + ha[2], fast), og = g_sigm(xa[3] + ha[3], fast);
           float c = fg * st[i] + ig * gg;
           if (p.clip) c = c != c ? c : fminf(fmaxf(c, p.lclip), p.rclip);
           st[i] = c;
-          hown[i] = Store<T>::from(og * tanhf(c));
+          hown[i] = Store<T>::from(og * g_tanh(c, fast));
           gv[0] = ig; gv[1] = fg; gv[2] = gg; gv[3] = og;
         } else if (CELL == 3) {
-          const float r = p_sigm(xa[0] + ha[0]), z = p_sigm(xa[1] + ha[1]);
-          const float n = tanhf(xa[2] + r * ha[2]);
+          const float r = g_sigm(xa[0] + ha[0], fast), z = g_sigm(xa[1] + ha[1], fast);
+          const float n = g_tanh(xa[2] + r * ha[2], fast);
           const float h = (1.0f - z) * n + z * st[i];
           st[i] = h;
           hown[i] = Store<T>::from(h);
           gv[0] = r; gv[1] = z; gv[2] = n; gv[3] = ha[2];
         } else {
           const float a = xa[0] + ha[0];
-          const float h = CELL == 0 ? fmaxf(a, 0.0f) : tanhf(a);
+          const float h = CELL == 0 ? fmaxf(a, 0.0f) : g_tanh(a, fast);
           hown[i] = Store<T>::from(h);
           gv[0] = h;
         }
@@ -443,7 +563,9 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
       h_out[o] = hown[i];
       if (xo) Xchg<T>::put(xo, o, hown[i], s + 1);
     }
+    if (stp) stp[s * 8 + 4] = stamp_clock();
     if (xo) __syncthreads();  // the shared buffers are reused next step; no barrier with the tagged exchange
+    else if (flags) flag_arrive(d.bar + kFlagOff, (unsigned)s + 1);
     else grid_arrive(d.bar);
     float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
     for (int i = threadIdx.x; i < B * U; i += kPThreads) {
@@ -457,6 +579,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
         for (int k = 0; k < GA; ++k) act[k * H] = gsm[i * GA + k];
       }
     }
+    if (stp) stp[s * 8 + 5] = stamp_clock();
   }
 }
 
@@ -501,6 +624,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
   for (int i = threadIdx.x; i < B; i += kPThreads) lens[i] = p.lens[i];
   __syncthreads();
   const unsigned nblk = gridDim.x;
+  // the forward's PV_FLAGS (the flag barrier) and PV_CHAIN2 (two mma chains) apply here too
+  const bool flags = (p.variant & PV_FLAGS) != 0, chain2 = (p.variant & PV_CHAIN2) != 0;
 
   for (int s = 0; s <= TT; ++s) {
     const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step (t -1 or TT)
@@ -515,7 +640,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
       cp_commit();
     }
     if (s > 0) {
-      grid_wait(d.bar, (unsigned)s * nblk);
+      if (flags) flag_wait(d.bar + kFlagOff, nblk, (unsigned)s);
+      else grid_wait(d.bar, (unsigned)s * nblk);
       const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
       const T* dsrc = drec + (long long)tp * B * GH;
       load_rows<T>(dsm, p.pitch, dsrc, GH, B, kreal);
@@ -530,7 +656,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
         }
         __syncthreads();
         block_gemm<T>(dsm + (c & 1) * p.bp * p.pitch, p.pitch, wt + c * KC, p.wpitch, part, p.bp, U, KC, p.ksplit,
-                      c > 0);
+                      c > 0, chain2);
         __syncthreads();
       }
     }
@@ -601,7 +727,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_bwd(const PersistParams 
         if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
       }
     }
-    grid_arrive(d.bar);
+    if (flags) flag_arrive(d.bar + kFlagOff, (unsigned)s + 1);
+    else grid_arrive(d.bar);
   }
 }
 

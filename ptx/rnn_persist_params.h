@@ -50,6 +50,20 @@ typedef struct {
   int bp;              /* batch rows padded (16-bit: a multiple of 16; float: of 4), zero rows past batch */
   int ksplit;          /* K slices of the block GEMM (partial sums in part[ksplit][bp][n], added in order) */
   int off_w, off_a, off_part, off_x, off_b, off_s, off_s2, off_lens, off_h, off_g;  /* shared memory offsets */
+  int variant;         /* bits (the backward: PV_FLAGS and PV_CHAIN2 only) (tuning.rnn switches): PV_FLAGS the blocks meet through one flag per block
+                          (a release store of the step; the waiters' warp 0 polls them all with acquire loads)
+                          instead of the counter; PV_CHAIN2 the block GEMM of a warp with one tile runs two
+                          accumulator chains (even / odd k steps); PV_XS_AHEAD the input projection slice of the
+                          next step fetched during this one (two x buffers: one chunk, the barrier); PV_FAST_MATH
+                          (16-bit data) tanh and sigmoid of the cell on tanh.approx.f32 */
+  int pad2;
+  unsigned long long *stamps;  /* forward, NULL or [seq][8] u64: block 0's clock64 at the phases of every step
+                                  (tools/bench_rnn.py --stamps; see rnn_persist.cu) */
 } PersistParams;
+
+#define PV_FLAGS 1
+#define PV_CHAIN2 2
+#define PV_XS_AHEAD 4
+#define PV_FAST_MATH 8
 
 #endif

@@ -344,6 +344,12 @@ rnn = Switches(
     "rnn", "the RNN family's STANDARD engine (pydnn/ops/rnn/engine.py)",
     SPLIT_K=(True, "split-K of the per-step recurrent GEMMs where even 64 x 64 tiles leave SMs idle (the backward's "
                    "[B, out] GEMM at B 64 is 16 tiles for 132 SMs); off for measurements"),
+    SPLIT_F32_TIME=(True, "float recurrent GEMMs: the split-K with the least estimated step time (tiles at their full "
+                          "size, so a 128-row tile at batch 64 counts double; issue 16's fp32 LSTM: forward 8 slices "
+                          "of 64 x 128 tiles, backward 32); off: the most slices whose blocks fit the SMs (4 / 16 "
+                          "slices of 128 x 128 tiles, half their rows past the batch)"),
+    SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
+                      "(0: split_k's choice); for measurements"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "
@@ -352,6 +358,27 @@ rnn = Switches(
                          "ptx/rnn_persist.cu) where one round of loads covers the operand; off (default): the grid "
                          "barrier and the h load (measured faster on the H200: 4.58 vs 5.18 us a step, LSTM fp16 "
                          "hidden 256 batch 32)"),
+    PERSIST_FLAGS=(False, "PERSIST_STATIC forward and backward: the blocks meet through one flag per block (a release "
+                          "store of the step, polled by warp 0 with one coalesced acquire load) instead of the counter "
+                          "(red.release); measured slower on the H200 (5.18 vs 5.11 us a step, LSTM fp16 hidden 256 "
+                          "batch 32): off"),
+    PERSIST_CHAIN2=(True, "PERSIST_STATIC 16-bit, forward and backward: a warp whose block GEMM has one tile runs two "
+                          "accumulator chains (even and odd k steps); measured on the H200: 5.11 -> 4.82 us a step (the "
+                          "GEMM phase 2550 -> 2031 cycles), forward + backward 5.37 -> 5.10 ms"),
+    PERSIST_XS_AHEAD=(True, "PERSIST_STATIC forward (one chunk, the barrier): the input projection slice of step s + 1 "
+                            "fetched during step s into a second buffer; measured 5.11 -> 4.87 us a step (off: fetched "
+                            "just before the barrier, the step's wait for it showed in the barrier phase)"),
+    PERSIST_FAST_MATH=(True, "PERSIST_STATIC forward, half / bfloat16: the cell's tanh and sigmoid on the hardware's "
+                             "tanh.approx.f32 (~2^-11 relative, about half an fp16 ulp; y within 5e-4 of the exact "
+                             "math's); measured 5.11 -> 4.90 us a step (cell phase 1579 -> 1175 cycles); float keeps "
+                             "tanhf and 1 / (1 + exp)"),
+    PERSIST_LEAN=(False, "PERSIST_STATIC forward with one K chunk and the barrier: persist_fwd's LEAN instance, the "
+                         "tagged exchange and the chunk loop compiled out (a smaller step body; the stamps showed the "
+                         "step's own work at 3-4x its instruction count, instruction-cache misses a suspect); not yet "
+                         "measured: off"),
+    PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
+                      "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
+                      "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),
     PERSIST_MAX_CHUNK=(0, "PERSIST_STATIC: the widest K chunk of the [batch, K] operand (0: no cap; the operand passes "
                           "through shared memory in chunks only where it does not fit at once); tests set it to force "
                           "several chunks"),

@@ -14,7 +14,17 @@ pydnn faster). PERSIST_STATIC rows also time the forward's other exchange ("fwd 
 words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prints the largest
 |y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
-Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--no-split] [--no-record] [--no-dir-batch]
+A/B in one run: --ab=rnn.SWITCH=VALUE (repeatable; VALUE a Python literal) adds rows "fwd SWITCH=VALUE" /
+"all SWITCH=VALUE" timed with that tuning switch set (the workspace is sized for every setting). --stamps
+(PERSIST_STATIC rows): one more forward per setting with block 0's clock64 stamped at the phases of every step
+(persist.stamps_buffer), printed as the mean cycles a step spends in each: wait (the barrier), h (h_{t-1}
+into shared memory), gemm, cell (pass 1: gates, h out), arrive+p2 (the arrival and pass 2's stores), loop.
+
+Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--case=NAME] [--no-split] [--no-record] [--no-dir-batch]
+       [--ab=rnn.SWITCH=VALUE[+rnn.SWITCH=VALUE] ...] [--stamps]
+  --case=NAME: that case exactly (repeatable, with --only too); --ab settings of PERSIST_* switches apply to
+  the PERSIST_STATIC rows only, the others to the rest; each "fwd SETTING" row also prints its own y's
+  largest relative difference from the default setting's (NaN: some of y not written)
   --quick: only issue 16's small-hidden case (LSTM fp16 H 256, B 32, T 512), STANDARD and PERSIST_STATIC
   (about 10 s with the kernels compiled); --only=SUBSTR: the cases whose name contains SUBSTR (repeatable;
   "PS": the PERSIST_STATIC rows); --no-split: the recurrent GEMMs without split-K
@@ -22,6 +32,7 @@ Usage: python tools/bench_rnn.py [--quick] [--only=SUBSTR] [--no-split] [--no-re
   host cost that recording removes; --no-dir-batch: a bidirectional layer's directions one after the other
   (tuning.rnn.DIR_BATCH).
 """
+import ast
 import os
 import sys
 
@@ -30,6 +41,7 @@ import torch
 import pydnn
 from pydnn import tuning
 from pydnn import enums as E
+from pydnn.ops.rnn import persist
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench import time_ms  # noqa: E402
@@ -123,9 +135,24 @@ def main():
     print(f"{'case':22s} {'what':8s} {'pydnn ms':>9s} {'torch ms':>9s} {'pydnn TF/s':>10s} {'torch TF/s':>10s} "
           f"{'ratio':>6s}")
     only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]
+    ab = []  # (label, {switch: value})
+    for a in sys.argv:
+        if a.startswith("--ab="):  # rnn.SWITCH=VALUE[+rnn.SWITCH=VALUE ...]
+            sets = {}
+            for one in a[5:].split("+"):
+                name, val = one.split("=", 1)
+                fam, sw = name.split(".", 1)
+                assert fam == "rnn", a
+                sets[sw] = ast.literal_eval(val)
+            ab.append(("+".join(f"{k}={v}" for k, v in sets.items()), sets))
+    exact = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--case=")]
+    stamps = "--stamps" in sys.argv
     for name, cell, tname, T, B, H, layers, bi, algo in CASES:
-        if (quick and name not in QUICK) or (only and not any(o in name for o in only)):
+        if (quick and name not in QUICK) or ((only or exact) and not any(o in name for o in only)
+                                             and name not in exact):
             continue
+        # the settings that concern this case: PERSIST_* switches on PERSIST_STATIC rows, the others elsewhere
+        ab_case = [(lab, sets) for lab, sets in ab if all(k.startswith("PERSIST") == (algo == PS) for k in sets)]
         if mid and (algo != PS or layers != 1):
             continue
         tdt = getattr(torch, tname)
@@ -144,6 +171,16 @@ def main():
         dx, dhx, dcx = torch.empty_like(x), torch.empty_like(hx), torch.empty_like(cx)
         dw = torch.zeros_like(s["w"])
         r, w, wsize, xd, yd, hd = s["r"], s["w"], s["wsize"], s["xd"], s["yd"], s["hd"]
+        for _, sets in ab_case:  # the workspace / reserve space for every setting
+            with tuning.override({f"rnn.{k}": v for k, v in sets.items()}):
+                try:
+                    wss, rss = pydnn.get_rnn_temp_space_sizes(h, r, E.PYDNN_FWD_MODE_TRAINING, xd)
+                except pydnn.PydnnError:
+                    continue
+            if wss > s["wss"]:
+                s["wss"], s["ws"] = wss, torch.empty(wss, dtype=torch.uint8, device="cuda")
+            if rss > s["rss"]:
+                s["rss"], s["rs"] = rss, torch.empty(rss, dtype=torch.uint8, device="cuda")
 
         def p_fwd():
             pydnn.rnn_forward(h, r, E.PYDNN_FWD_MODE_TRAINING, s["lens"], xd, x, yd, y, hd, hx, hy, hd,
@@ -173,22 +210,55 @@ def main():
             ref = mod(x, h0)[0]
         torch.cuda.synchronize()
         diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+        y0 = y.float().clone()  # the default setting's y: each other setting's is compared with it
         flops = _flops(cell, T, B, H, layers, dirs)
         default = tuning.rnn.PERSIST_XCHG
         runs = [("fwd", p_fwd, t_fwd, 1, default), ("fwd+bwd", p_all, t_all, 3, default)]
         if algo == PS:  # the forward's other exchange (tuning.rnn.PERSIST_XCHG flipped)
             other = "tag" if not default else "bar"
             runs += [(f"fwd {other}", p_fwd, t_fwd, 1, not default), (f"all {other}", p_all, t_all, 3, not default)]
-        for what, pf, tf, mult, xchg in runs:
-            tuning.rnn.PERSIST_XCHG = xchg
-            pm = time_ms(pf, reps=5, warmup=2)
+        runs = [(what, pf, tf, mult, {"PERSIST_XCHG": xchg}) for what, pf, tf, mult, xchg in runs]
+        for label, sets in ab_case:
+            runs += [(f"fwd {label}", p_fwd, t_fwd, 1, sets), (f"all {label}", p_all, t_all, 3, sets)]
+        for what, pf, tf, mult, sets in runs:
+            check = ""
+            with tuning.override({f"rnn.{k}": v for k, v in sets.items()}):
+                try:
+                    if what.startswith("fwd "):  # the setting's own y against the default setting's
+                        y.fill_(float("nan"))
+                        p_fwd()
+                        torch.cuda.synchronize()
+                        dd = float((y.float() - y0).abs().max() / y0.abs().max())
+                        check = f", max rel diff y from the default's {dd:.2e}"
+                    pm = time_ms(pf, reps=5, warmup=2)
+                except pydnn.PydnnError as e:
+                    print(f"{name:22s} {what:8s} {e}")
+                    continue
             tm = time_ms(tf, reps=5, warmup=2)
-            tuning.rnn.PERSIST_XCHG = default
             f = flops * mult
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
                   f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}, {pm / T * 1e3:.2f} us/step" if what == "fwd"
-                                       else f"   {pm / T * 1e3:.2f} us/step" if what.startswith("fwd ") else ""),
+                                       else f"   {pm / T * 1e3:.2f} us/step{check}" if what.startswith("fwd ")
+                                       else ""),
                   flush=True)
+        if stamps and algo == PS:
+            buf = torch.zeros(T * persist.STAMPS, dtype=torch.int64, device="cuda")
+            for label, sets in [("default", {})] + ab_case:
+                with tuning.override({f"rnn.{k}": v for k, v in sets.items()}):
+                    buf.zero_()
+                    persist.stamps_buffer = buf.data_ptr()
+                    try:
+                        p_fwd()
+                    finally:
+                        persist.stamps_buffer = 0
+                    torch.cuda.synchronize()
+                st = buf.view(T, persist.STAMPS).cpu().double()
+                ph = ["wait", "h", "gemm", "cell", "arrive+p2"]
+                d = [(st[1:T - 1, k + 1] - st[1:T - 1, k]).mean().item() for k in range(5)]
+                loop = (st[2:T, 0] - st[1:T - 1, 5]).mean().item()
+                step = (st[2:T, 0] - st[1:T - 1, 0]).mean().item()
+                print(f"{name:22s} stamps {label:18s} cycles/step {step:7.0f}: "
+                      + ", ".join(f"{n} {v:.0f}" for n, v in zip(ph, d)) + f", loop {loop:.0f}", flush=True)
         s = None  # free the buffers before the next case
         torch.cuda.empty_cache()
 

@@ -85,14 +85,47 @@ SPLIT_MIN_K = 256  # the shortest K slice
 # takes the 128 x 128 one for these M = batch GEMMs (issue 16's fp32 LSTM: [64, 4096] x [4096, 1024]^T): counted
 # as 64 x 64 tiles, the forward's split stopped at 2, 64 blocks for 132 SMs (half the SMs idle for the GEMM that
 # is most of an fp32 step), the backward's [64, 1024] at 8 tiles x 8 = 64 blocks. So for float the blocks are
-# counted with the tile the chooser takes (matmul._choose_simt_tile at that split and K) and up to 16 slices:
-# forward split 4 (128 blocks of K 256), backward 16 (128 blocks of K 256).
+# counted with the tile the chooser takes (matmul._choose_simt_tile at that split and K).
+# tuning.rnn.SPLIT_F32_TIME (default): the split with the least estimated step time (_f32_split_cost): the
+# busiest SM's tiles at their full size (a 128-row tile at batch 64 computes 64 rows for nothing), a per-tile
+# prologue / epilogue, and the partial sums the cell kernel reads back. Issue 16's fp32 LSTM: forward 8 slices
+# (K 128) on 64 x 128 tiles, 2 per SM and no row wasted, against 4 slices of 128 x 128 tiles (half their rows
+# past the batch: twice the FMA work per SM); backward 32 slices (64 x 128) against 16 (128 x 128).
+# Off: up to 16 slices while the blocks fill the SMs (forward 4, backward 16), K slices >= SPLIT_MIN_K.
+# SPLIT_F32_TIME: a switch, pydnn.tuning.rnn.SPLIT_F32_TIME (default True)
 SPLIT_MAX_F32 = 16
+SPLIT_MAX_F32_TIME = 32
+SPLIT_MIN_K_F32_TIME = 128
+F32_TILE_OVERHEAD_K = 32  # a tile's prologue and epilogue, as K steps of its FMA work
+F32_PART_COST = 25        # one partial sum written by the GEMM and read by the cell, in FMAs of one SM's time
+
+
+def _f32_split_cost(m, n, k, s, sm_count):
+    """Estimated time of the float recurrent GEMM at s K slices plus the cell's reads of its partial sums, in
+    FMAs of the busiest SM: its tiles (cdiv(items, SMs)) each bm x bn x (k / s + overhead) at the tile's
+    efficiency, slower where its resident warps are fewer than 8 (a lone 4-warp block), plus s * m * n / SMs
+    partial sums at F32_PART_COST each."""
+    kk = k // s
+    t = matmul._choose_simt_tile(m, n, s, sm_count, kk)
+    items = cdiv(m, t.bm) * cdiv(n, t.bn) * s
+    per_sm = cdiv(items, sm_count)
+    rate = min(1.0, min(per_sm, t.per_sm) * t.wm * t.wn / 8.0)
+    eff = t.eff_short if kk <= matmul.SHORT_K else t.eff
+    return per_sm * t.bm * t.bn * (kk + F32_TILE_OVERHEAD_K) / (eff * rate) + F32_PART_COST * s * m * n / sm_count
 
 
 def split_k(m, n, k, sm_count, f32=False):
     if not tuning.rnn.SPLIT_K or not sm_count:
         return 1
+    if f32 and tuning.rnn.SPLIT_F32_TIME:
+        best, best_cost = 1, _f32_split_cost(m, n, k, 1, sm_count)
+        s = 2
+        while s <= SPLIT_MAX_F32_TIME and k % (16 * s) == 0 and k // s >= SPLIT_MIN_K_F32_TIME:
+            c = _f32_split_cost(m, n, k, s, sm_count)
+            if c < best_cost:
+                best, best_cost = s, c
+            s *= 2
+        return best
     if f32:
         def blocks(s):
             t = matmul._choose_simt_tile(m, n, s, sm_count, k // s)
@@ -129,6 +162,9 @@ class Geometry:
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
+        force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
+        if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
+            self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
@@ -485,7 +521,7 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args, g.persist and tuning.rnn.PERSIST_XCHG)
+               args, g.persist and persist.record_key(), g.split_f, g.split_b)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:

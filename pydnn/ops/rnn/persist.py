@@ -29,7 +29,9 @@ from .descriptors import LSTM, _ns
 
 THREADS = 256
 WARPS = THREADS // 32
-BAR_STRIDE = 128  # bytes between the directions' barrier counters
+BAR_STRIDE = 1024  # bytes between the directions' barrier words (kBarWords: the counter, then the flags)
+FLAG_OFF = 32      # kFlagOff: the first flag word (PV_FLAGS: one per block)
+MAX_FLAG_BLOCKS = BAR_STRIDE // 4 - FLAG_OFF
 BAR_BYTES = 2 * BAR_STRIDE
 TAGS = ("f32", "f16", "bf16")
 CTYPE = {"f32": "float", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
@@ -52,11 +54,19 @@ class PersistParams(ctypes.Structure):
         (n, ctypes.c_float) for n in ("lclip", "rclip")] + [
         (n, ctypes.c_int) for n in ("clip", "seq", "batch", "hidden", "units", "pingpong", "xwords", "kp", "nchunk",
                                     "pitch", "wpitch", "bp", "ksplit", "off_w", "off_a", "off_part", "off_x", "off_b",
-                                    "off_s", "off_s2", "off_lens", "off_h", "off_g")]
+                                    "off_s", "off_s2", "off_lens", "off_h", "off_g", "variant", "pad2")] + [
+        ("stamps", ctypes.c_void_p)]
 
 
-def expr(name, tag, cell=None):
+PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH = 1, 2, 4, 8  # PersistParams.variant bits (rnn_persist_params.h)
+STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
+
+
+def expr(name, tag, cell=None, lean=0):
+    """lean: persist_fwd's LEAN = 1 instance (no tagged exchange, one chunk: tuning.rnn.PERSIST_LEAN)."""
     t = CTYPE[tag]
+    if lean:
+        return f"pydnn::rnn::{name}<{t}, {cell}, 1>"
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
 
 
@@ -68,6 +78,7 @@ def kernel_units():
     units = []
     for tag in TAGS:
         exprs = [expr(k, tag, c) for k in ("persist_fwd", "persist_bwd") for c in range(4)]
+        exprs += [expr("persist_fwd", tag, c, 1) for c in range(4)]
         exprs.append(expr("persist_reset", tag))
         units.append(KernelUnit(unit_name(tag), "rnn_persist.cu", tuple(exprs)))
     return units
@@ -83,8 +94,10 @@ class Layout:
     slice B holds all of K; A passes through one buffer (kc None: K padded in one chunk) or two buffers of kc
     columns (kc divides K: nchunk = K / kc chunks, each loaded while the one before is multiplied)."""
 
-    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None):
+    def __init__(self, bwd, G, H, B, units, es, GA=1, kc=None, ahead=False):
         self.units = units
+        # forward in one chunk with tuning.rnn.PERSIST_XS_AHEAD: two input projection buffers (PV_XS_AHEAD)
+        self.ahead = ahead and not bwd and kc is None
         n = units if bwd else G * units
         k = G * H if bwd else H
         if es == 4:  # FFMA: threads over (column, 4 rows, K slice), float4 loads
@@ -112,7 +125,8 @@ class Layout:
         nbuf = 2 if self.nchunk > 1 else 1
         regions = [("w", n * self.wpitch * es), ("a", nbuf * self.bp * self.pitch * es),
                    ("part", ks * self.bp * n * 4),
-                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd else B * n * es),
+                   ("x", B * units * (4 * GA + (8 if G > 1 else 0) + es) if bwd
+                    else B * n * es * (2 if self.ahead else 1)),
                    ("b", 0 if bwd else 2 * n * 4), ("s", B * units * 4), ("s2", B * units * 4 if bwd else 0),
                    ("lens", B * 4), ("h", 0 if bwd else B * units * es), ("g", 0 if bwd else B * units * GA * 4)]
         off = 0
@@ -156,10 +170,14 @@ class Plan:
                 "of 8 hidden units need")
         self.tag = DTYPES[r.dtype]
         best = None
-        for units in range(8, H + 1, 8):
-            if H % units or H // units > sm_count:
-                continue
-            fwd = _fit([Layout(False, G, H, B, units, es, g.GA, kc) for kc in chunks(H, es)], smem_optin)
+        # tuning.rnn.PERSIST_UNITS: at least that many units a block where a slice that wide exists (fewer blocks
+        # at the barrier), else the fewest as without it
+        order = [u for u in range(8, H + 1, 8) if H % u == 0 and H // u <= sm_count]
+        want = tuning.rnn.PERSIST_UNITS
+        order = [u for u in order if u >= want] + [u for u in order if u < want]
+        for units in order:
+            fwd = _fit([Layout(False, G, H, B, units, es, g.GA, kc, tuning.rnn.PERSIST_XS_AHEAD)
+                        for kc in chunks(H, es)], smem_optin)
             bwd = _fit([Layout(True, G, H, B, units, es, g.GA, kc) for kc in chunks(G * H, es)],
                        smem_optin) if training else None
             need = max(fwd.smem, bwd.smem if bwd else 0)
@@ -207,7 +225,9 @@ def smem_optin(handle):
 
 def plan(handle, r, g, training):
     """The Plan for this handle's device (cached on the handle by the problem's sizes)."""
-    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, training, tuning.rnn.PERSIST_MAX_CHUNK)
+    key = ("rnn.persist.plan", r.dtype, r.cell, r.proj, g.H, g.B, g.D, tuning.rnn.PERSIST_UNITS,
+           tuning.rnn.PERSIST_XS_AHEAD, training,
+           tuning.rnn.PERSIST_MAX_CHUNK)
     p = handle.prepared.get(key)
     if p is None:
         p = Plan(r, g, handle.sm_count, smem_optin(handle), training)
@@ -236,15 +256,15 @@ def _check_resident(handle, f, smem, blocks):
     handle.remember(key, True)
 
 
-def _launch(ex, name, cell, grid, smem, p):
+def _launch(ex, name, cell, grid, smem, p, lean=0):
     handle = ex.handle
     tag = ex.lau.tag
-    f = handle.function(unit_name(tag), expr(name, tag, cell), smem)
+    f = handle.function(unit_name(tag), expr(name, tag, cell, lean), smem)
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
     ex._go(f, grid, (THREADS, 1, 1), smem, driver.kernel_args(q),
-           ("persist", name, cell))
+           ("persist", name, cell, lean))
 
 
 def xchg_bytes(dtype, B, H):
@@ -262,6 +282,31 @@ def use_xchg(r, g, pl):
     per = 2 if r.dtype == E.PYDNN_DATA_FLOAT else 4
     cols = pl.fwd.kp if pl.fwd.nchunk > 1 else g.H
     return tuning.rnn.PERSIST_XCHG and g.T < 65535 and g.B * (cols // per) <= X_CHUNKS * THREADS
+
+
+# tools/bench_rnn.py --stamps: a device buffer of [T][STAMPS] u64 for block 0's phase clocks (0: none)
+stamps_buffer = 0
+
+
+def variant(pl, tagged):
+    """PersistParams.variant of a forward launch from the tuning switches (PERSIST_FLAGS: not with the tagged
+    exchange, at most MAX_FLAG_BLOCKS blocks)."""
+    v = 0
+    if tuning.rnn.PERSIST_FLAGS and not tagged and pl.blocks <= MAX_FLAG_BLOCKS:
+        v |= PV_FLAGS
+    if tuning.rnn.PERSIST_CHAIN2:
+        v |= PV_CHAIN2
+    if pl.fwd.ahead and not tagged:
+        v |= PV_XS_AHEAD
+    if tuning.rnn.PERSIST_FAST_MATH and pl.tag != "f32":
+        v |= PV_FAST_MATH
+    return v
+
+
+def record_key():
+    """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
+    return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
+            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, stamps_buffer)
 
 
 def _groups(pl, dirs):
@@ -294,8 +339,11 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         pl.fwd.fill(p)
+        p.variant = variant(pl, tagged)
+        p.stamps = stamps_buffer
         _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
-        _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p)
+        lean = 1 if tuning.rnn.PERSIST_LEAN and pl.fwd.nchunk == 1 and not tagged else 0
+        _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p, lean)
 
 
 def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
@@ -316,6 +364,7 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         if clip:
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         pl.bwd.fill(p)
+        p.variant = variant(pl, False) & (PV_FLAGS | PV_CHAIN2)  # the barrier and the mma chains only
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)
 

@@ -9,6 +9,10 @@ import numpy as np
 from rnn_emulator import _f, _s, _sig
 
 
+def _ahead(p):
+    return bool(p.variant & 4) and p.nchunk == 1  # PV_XS_AHEAD (the host sets it only with the barrier)
+
+
 def _views(smem, p, dt, bwd, G):
     B, U = p.batch, p.units
     N = U if bwd else G * U
@@ -27,7 +31,8 @@ def _views(smem, p, dt, bwd, G):
     if bwd:
         out["s2"] = v(p.off_s2, B * U, np.float32).reshape(B, U)
     else:
-        out["x"] = v(p.off_x, B * N, dt).reshape(B, N)
+        nx = 2 if _ahead(p) else 1  # PV_XS_AHEAD: step s's input projection slice in buffer s & 1
+        out["x"] = v(p.off_x, nx * B * N, dt).reshape(nx, B, N)
         out["b"] = v(p.off_b, 2 * N, np.float32)
         out["h"] = v(p.off_h, B * U, dt).reshape(B, U)
     assert es in (2, 4)
@@ -122,14 +127,15 @@ def persist_fwd(dev, p, dt, cell, grid, smem):
             else:
                 hprev = dev.view(d.hs + _slot(p, ip) * B * H * es, B * H, dt).reshape(B, H).copy()
             for j0, sm in blocks:
+                xs = sm["x"][s & 1 if _ahead(p) else 0]
                 for g in range(G):
                     for b in range(B):
                         row = d.xp + ((t * B + b) * p.ld_xp + g * p.gs_xp + j0) * es
-                        sm["x"][b, g * U:(g + 1) * U] = dev.view(row, U, dt)
+                        xs[b, g * U:(g + 1) * U] = dev.view(row, U, dt)
                 _gemm(sm, p, dt, N, hprev)
                 part = sm["part"].sum(axis=0)[:B]
                 ha = [part[:, g * U:(g + 1) * U] + sm["b"][N + g * U:N + (g + 1) * U] for g in range(G)]
-                xa = [_f(sm["x"][:, g * U:(g + 1) * U], dt) + sm["b"][g * U:(g + 1) * U] for g in range(G)]
+                xa = [_f(xs[:, g * U:(g + 1) * U], dt) + sm["b"][g * U:(g + 1) * U] for g in range(G)]
                 active = (t < sm["lens"])[:, None]
                 hp_slice = sm["h"].copy()
                 h_out = dev.view(d.hs + _slot(p, io) * B * H * es, B * H, dt).reshape(B, H)

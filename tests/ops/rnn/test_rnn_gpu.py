@@ -108,6 +108,27 @@ def test_pytorch_state_dict_copies_in(case, handle):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
 
 
+# issue 16's fp32 shape (batch 64, hidden 1024): the recurrent GEMMs split K 8 ways forward and 32 ways
+# backward on 64 x 128 tiles (tuning.rnn.SPLIT_F32_TIME, engine.split_k), 4 / 16 ways on 128 x 128 tiles with it
+# off; both against PyTorch's outputs and every gradient
+@pytest.mark.parametrize("by_time", [True, False], ids=["split-by-time", "split-fill"])
+def test_pytorch_fp32_batch_64_split_k(by_time, handle, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from pydnn import tuning
+    from pydnn.ops.rnn import engine
+    monkeypatch.setattr(tuning.rnn, "SPLIT_F32_TIME", by_time)
+    sm = handle.sm_count
+    if by_time and sm >= 128:
+        assert engine.split_k(64, 4096, 1024, sm, True) == 8 and engine.split_k(64, 1024, 4096, sm, True) == 32
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        _pytorch_case(torch, (E.PYDNN_LSTM, 256, 1024, 1, False, 0, "float32", (5,) * 40 + (4,) * 8 + (3,) * 8 + (1,) * 8),
+                      handle)  # lengths in decreasing order (pack_padded_sequence's enforce_sorted)
+    finally:
+        pydnn.set_stream(handle, 0)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
 def _pytorch_case(torch, case, handle):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -259,3 +259,124 @@ def test_float_block_gemm_covers_each_output_once(bwd, cell, H, B):
             hits[k, b0:b0 + 4, n0 + np_] += 1
         assert (hits == 1).all()
         assert (lay.kp // ks) % 4 == 0
+
+
+@pytest.mark.parametrize("sets,bits,units", [
+    ({}, 0, 8),
+    ({"PERSIST_FLAGS": True}, persist.PV_FLAGS, 8),
+    ({"PERSIST_CHAIN2": True}, persist.PV_CHAIN2, 8),
+    ({"PERSIST_UNITS": 16}, 0, 16),
+    ({"PERSIST_XS_AHEAD": True}, persist.PV_XS_AHEAD, 8),
+    ({"PERSIST_FAST_MATH": True}, persist.PV_FAST_MATH, 8),
+    ({"PERSIST_LEAN": True}, 0, 8),
+    ({"PERSIST_LEAN": True, "PERSIST_XCHG": True}, 0, 8),  # the tagged exchange: the general instance
+    ({"PERSIST_FLAGS": True, "PERSIST_CHAIN2": True, "PERSIST_UNITS": 12, "PERSIST_XS_AHEAD": True},
+     persist.PV_FLAGS | persist.PV_CHAIN2 | persist.PV_XS_AHEAD, 16),
+    # flags and the x buffers only where the counter barrier would run
+    ({"PERSIST_FLAGS": True, "PERSIST_XS_AHEAD": True, "PERSIST_XCHG": True}, 0, 8),
+])
+def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
+    """The forward's tuning switches (PERSIST_FLAGS, PERSIST_CHAIN2, PERSIST_UNITS, PERSIST_XS_AHEAD) become the
+    launches' variant bits and slice width; the emulated run still matches the reference (with the x slice of
+    step s read from buffer s & 1 of the doubled region under PV_XS_AHEAD); each setting records its own
+    launches (engine._run's key has persist.record_key())."""
+    from pydnn import tuning
+    for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH", "PERSIST_LEAN"):  # off
+        monkeypatch.setattr(tuning.rnn, k, False)
+    for k, v in sets.items():
+        monkeypatch.setattr(tuning.rnn, k, v)
+    c = _c(dtype=F16, hidden=32, input_size=6, lengths=(5, 5, 4, 1, 5, 3), T=5)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"]
+    assert fwd and all(k[-3] == persist.record_key() for k in h.prepared if k[0] == "rnn.call")
+    launches = [it for items in fwd for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert launches and all(it[4][2].variant == bits and it[4][2].units == units and not it[4][2].stamps
+                            for it in launches)
+    lean = 1 if sets.get("PERSIST_LEAN") and not sets.get("PERSIST_XCHG") else 0
+    assert all(it[5][3] == lean for it in launches)  # persist_fwd's LEAN instance
+    assert all(it[1][0] == 32 // units for it in launches)
+    bwd = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"
+           for it in items if it[5][:2] == ("persist", "persist_bwd")]
+    # the backward's share: the flag barrier (also where the forward exchanges tagged words) and the chains
+    want = (persist.PV_FLAGS if sets.get("PERSIST_FLAGS") else 0) | (persist.PV_CHAIN2 if sets.get("PERSIST_CHAIN2")
+                                                                     else 0)
+    assert bwd and all(it[4][2].variant == want and it[4][2].units == units for it in bwd)
+
+
+def test_units_switch_falls_back_and_flags_fit_the_barrier_words():
+    """PERSIST_UNITS wider than hidden falls back to the default choice (the fewest units); the flags (one word a block after kFlagOff in a
+    direction's BAR_STRIDE bytes) cover every block the plan can launch on a 132-SM device."""
+    from pydnn import tuning
+    h = rnn_emulator.fake_handle()
+    with tuning.override({"rnn.PERSIST_UNITS": 64}):
+        r, x = _desc(H=32, dt=F16), _x(F16, 4, 8, 32)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        assert persist.plan(h, engine.set_rnn(r), g, True).units == 8
+    with tuning.override({"rnn.PERSIST_UNITS": 20}):
+        r, x = _desc(H=48, dt=F16), _x(F16, 4, 8, 48)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        assert persist.plan(h, engine.set_rnn(r), g, True).units == 24
+    assert persist.MAX_FLAG_BLOCKS >= 132 and persist.BAR_BYTES == 2 * persist.BAR_STRIDE
+    src = open(os.path.join(os.path.dirname(persist.__file__), "..", "..", "..", "ptx", "rnn_persist.cu")).read()
+    assert f"constexpr int kBarWords = {persist.BAR_STRIDE // 4};" in src
+    assert f"constexpr int kFlagOff = {persist.FLAG_OFF};" in src
+
+
+def test_fast_math_only_for_16_bit_data(monkeypatch):
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_FAST_MATH", True)
+    h = rnn_emulator.fake_handle()
+    for dt, bit in ((F16, persist.PV_FAST_MATH), (BF16, persist.PV_FAST_MATH), (F32, 0)):
+        r, x = _desc(H=64, dt=dt), _x(dt, 4, 8, 64)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        assert persist.variant(persist.plan(h, engine.set_rnn(r), g, True), False) & persist.PV_FAST_MATH == bit
+
+
+def test_defaults_are_the_measured_ones():
+    """The H200 mid-session run (2026-11-28) kept PERSIST_CHAIN2, PERSIST_XS_AHEAD and PERSIST_FAST_MATH and
+    not PERSIST_FLAGS: a default 16-bit forward launch carries those three bits, a float one the first two."""
+    from pydnn import tuning
+    h = rnn_emulator.fake_handle()
+    for dt, bits in ((F16, persist.PV_CHAIN2 | persist.PV_XS_AHEAD | persist.PV_FAST_MATH),
+                     (F32, persist.PV_CHAIN2 | persist.PV_XS_AHEAD)):
+        r, x = _desc(H=256, dt=dt), _x(dt, 4, 32, 256)
+        g = engine.Geometry(engine.set_rnn(r), engine.set_data(x, "x"), 132)
+        pl = persist.plan(h, engine.set_rnn(r), g, True)
+        assert persist.variant(pl, False) == bits and pl.fwd.ahead
+    assert not tuning.rnn.PERSIST_FLAGS and not tuning.rnn.PERSIST_XCHG
+
+
+def test_lean_kernel_is_built_and_only_for_one_chunk(monkeypatch):
+    """persist_fwd<T, CELL, 1> is in every unit; with PERSIST_MAX_CHUNK forcing chunks the general one runs."""
+    from pydnn import tuning
+    for u in persist.kernel_units():
+        assert sum(e.count(",") == 2 and e.endswith(", 1>") for e in u.exprs) == 4
+    monkeypatch.setattr(tuning.rnn, "PERSIST_LEAN", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    c = _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    metas = [it[5] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+             for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert metas and all(m[3] == 0 for m in metas)
+
+
+def test_x_buffers_only_in_one_chunk(monkeypatch):
+    """PERSIST_XS_AHEAD with the operand in chunks (PERSIST_MAX_CHUNK 64 at hidden 128): no PV_XS_AHEAD, the x
+    region single, the emulated run matches the reference."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_XS_AHEAD", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    c = _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    launches = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd")]
+    assert launches and all(q.nchunk == 2 and not q.variant & persist.PV_XS_AHEAD for q in launches)

@@ -116,6 +116,33 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
     run_case(handle, GpuDevice(), MID_CHUNKED[name])
 
 
+# the forward's variants (tuning.rnn switches; run_case runs the backward data too, which takes PERSIST_FLAGS
+# and PERSIST_CHAIN2 as well): PERSIST_FLAGS (one flag per block instead of the counter),
+# PERSIST_CHAIN2 (two accumulator chains in a warp with one mma tile; an odd count of k steps a warp at hidden 8
+# and 32), PERSIST_UNITS (16 units a block: half the blocks; hidden 8 keeps 8), PERSIST_XS_AHEAD (the next
+# step's x slice fetched during this one), PERSIST_FAST_MATH (tanh.approx.f32 in the 16-bit cells; float
+# cases keep the exact math), PERSIST_LEAN (persist_fwd's instance without the tagged exchange and the chunk
+# loop; the chunked case keeps the general one), all six; chunked operands too (no x buffers there); the data
+# type's tolerances. The defaults (CHAIN2, XS_AHEAD, FAST_MATH on) run under every other test.
+VARIANTS = {"flags": dict(PERSIST_FLAGS=True), "chain2": dict(PERSIST_CHAIN2=True), "units16": dict(PERSIST_UNITS=16),
+            "ahead": dict(PERSIST_XS_AHEAD=True), "fast": dict(PERSIST_FAST_MATH=True), "lean": dict(PERSIST_LEAN=True),
+            "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16, PERSIST_XS_AHEAD=True,
+                        PERSIST_FAST_MATH=True, PERSIST_LEAN=True)}
+VARIANT_CASES = ("mid-lstm-f16-256", "mid-gru-bf16-128-bi", "mid-lstm-f32-64-bi-clip", "mid-relu-f16-32-packed",
+                 "mid-gru-f16-8-batch-major", "mid-lstm-f16-128-batch-40")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("name", VARIANT_CASES + ("mid-lstm-f16-256-chunks",))
+def test_persist_forward_variants(name, variant, handle, monkeypatch):
+    from pydnn import tuning
+    for k, v in VARIANTS[variant].items():
+        monkeypatch.setattr(tuning.rnn, k, v)
+    if name in MID_CHUNKED:
+        monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
+    run_case(handle, GpuDevice(), MID[name] if name in MID else MID_CHUNKED[name])
+
+
 def _problem(handle, dev, algo, cell, dt, T, B, I, H, D, lens):
     r = pydnn.create_rnn_descriptor()
     pydnn.set_rnn_descriptor_v8(r, algo, cell, E.PYDNN_RNN_DOUBLE_BIAS,
