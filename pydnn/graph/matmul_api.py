@@ -1,7 +1,12 @@
 """pydnnMatmul / pydnn.matmul (pydnn extension): C = alpha * A @ B + beta * C from tensor descriptors, over
 pydnn's GEMM kernels (pydnn/ops/matmul.py). The graph's OPERATION_MATMUL runs through the same mapping.
 
-    matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C)
+    matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C, workspace=0, workspace_size=0)
+    get_matmul_workspace_size(handle, aDesc, bDesc, cDesc) -> bytes
+
+A workspace of get_matmul_workspace_size bytes (0 for most problems) lets a problem with few output tiles
+and a long K (a Linear layer's weight gradient) split K over the SMs, the fp32 partials summed in a fixed
+order (deterministic); without it the same result comes from one whole-K launch. No call allocates.
 
 Descriptors have 2 dims (M x K, K x N, M x N) or 3 (a batch in front). Every matrix is row- or
 column-major: one of its last two strides is 1 (transposes are strides: a K x M row-major buffer seen
@@ -22,7 +27,7 @@ from ..ops.common import element_aligned, scalar
 from ..status import PydnnError, api
 from ..tensor import check_tensor
 
-__all__ = ["matmul"]
+__all__ = ["matmul", "get_matmul_workspace_size"]
 
 TYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
 
@@ -119,8 +124,19 @@ def plan_for(handle, a_desc, b_desc, c_desc, names=("aDesc", "bDesc", "cDesc")):
 
 
 @api
-def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C):  # noqa: N803 - cuDNN's names
-    """pydnnMatmul (extension): C = alpha * A @ B + beta * C (see the module docstring)."""
+def get_matmul_workspace_size(handle, a_desc, b_desc, c_desc):
+    """pydnnGetMatmulWorkspaceSize (extension): the workspace bytes that let matmul split K (0: none used)."""
+    check_handle(handle)
+    check_tensor(a_desc, "aDesc")
+    check_tensor(b_desc, "bDesc")
+    check_tensor(c_desc, "cDesc")
+    return plan_for(handle, a_desc, b_desc, c_desc)[1].ws_bytes
+
+
+@api
+def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace=0, workspace_size=0):  # noqa: N803
+    """pydnnMatmul (extension): C = alpha * A @ B + beta * C (see the module docstring); workspace /
+    workspace_size: optional, get_matmul_workspace_size bytes (split K)."""
     check_handle(handle)
     check_tensor(a_desc, "aDesc")
     check_tensor(b_desc, "bDesc")
@@ -137,7 +153,11 @@ def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C):  # noqa: N803 
         for x, d, nm in ((A, a_desc, "A"), (B, b_desc, "B")):
             if C < x + d.span_bytes() and x < C + c_desc.span_bytes():
                 raise _bad(f"C: its memory overlaps {nm}'s (C must be separate memory)")
-    if swap:
-        plan.launch(handle, B, A, C, al, be)
+    if workspace_size and plan.ws_bytes:
+        workspace = device_ptr(workspace, "workspace", workspace_size)
     else:
-        plan.launch(handle, A, B, C, al, be)
+        workspace = workspace_size = 0
+    if swap:
+        plan.launch(handle, B, A, C, al, be, 0, workspace, workspace_size)
+    else:
+        plan.launch(handle, A, B, C, al, be, 0, workspace, workspace_size)

@@ -192,7 +192,8 @@ WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True, runon=
 # S splits when the 128x256 tiles fill less than 3/4 of a wave and K is long (a Linear layer's weight
 # gradient dW = dY^T X: M x N = 384 x 1152, K = 16384 tokens is 15 tiles for 132 SMs; the lead's profile of
 # the GPT demo, H200: 215 us a call on the 64x64 mma.sync tile). Each (split, tile) item writes its fp32
-# partial to a workspace the plan owns (S x m x n floats, allocated at its first launch on a handle);
+# partial to the caller's workspace (ws_bytes = S x m x n floats: get_matmul_workspace_size; without one the
+# plan runs its whole-K tile, so no call allocates);
 # splitk_reduce sums the S partials in split order (deterministic) and applies alpha, beta and the bias.
 WG_SPLIT_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmas", persist=True, split=True)
 SPLIT_MIN_KTILES = 8   # K tiles (of 64) a split walks at least
@@ -445,7 +446,7 @@ class GemmPlan:
 
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
-                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "reduce", "ws_bytes", "_ws")
+                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
@@ -453,8 +454,10 @@ class GemmPlan:
             return None
         return self.fast.expr, self.fast.grid, self.fast.block, self.fast.smem
 
-    def launch(self, handle, a, b, c, alpha=1.0, beta=0.0, bias=0):
-        """C = alpha * op(A) op(B) + beta * C (+ bias) on the handle's stream (see the module docstring)."""
+    def launch(self, handle, a, b, c, alpha=1.0, beta=0.0, bias=0, workspace=0, workspace_size=0):
+        """C = alpha * op(A) op(B) + beta * C (+ bias) on the handle's stream (see the module docstring).
+        A split-K plan (ws_bytes > 0) runs split when the caller's workspace holds ws_bytes (16-byte
+        aligned), else as one launch of its whole-K tile: no call allocates (CUDA-graph capture)."""
         check_handle(handle)
         alpha = scalar("alpha", alpha)
         beta = scalar("beta", beta)
@@ -479,30 +482,20 @@ class GemmPlan:
         if self.pair_ok and c % (2 * es) == 0:
             flags |= FLAG_PAIR
         rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
-        if self.split and rec is self.fast:
-            ws = self._workspace(handle)
-            p = rec.params
-            p.a, p.b, p.c, p.bias, p.alpha, p.beta, p.flags = a, b, ws, 0, 1.0, 0.0, 0
-            driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
-            rec = self.reduce
-            a = ws
+        if self.split and rec is self.fast and workspace and workspace_size >= self.ws_bytes:
+            ws = device_ptr(workspace, "workspace", self.ws_bytes)
+            if ws % 16 == 0:
+                p = self.split_fast.params
+                p.a, p.b, p.c, p.bias, p.alpha, p.beta, p.flags = a, b, ws, 0, 1.0, 0.0, 0
+                sf = self.split_fast
+                driver.launch_args(sf.function(handle), sf.grid, sf.block, sf.smem, handle.cu_stream, sf.args)
+                rec = self.reduce
+                a = ws
         p = rec.params
         p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
         p.alpha, p.beta, p.flags = alpha, beta, flags
         driver.launch_args(rec.function(handle), rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
 
-    def _workspace(self, handle):
-        """The split-K partials' device memory for this handle's context: allocated at the plan's first
-        launch there and kept by the plan (ws_bytes)."""
-        ws = self._ws
-        if ws is None or ws[0] != handle.ctx:
-            from .._cuda.memory import DeviceArray
-            import numpy as np
-
-            with driver.pushed(handle.ctx):
-                arr = DeviceArray((self.ws_bytes,), np.uint8)
-            ws = self._ws = (handle.ctx, arr)
-        return ws[1].ptr
 
 
 def _no_overlap(c, c_bytes, x, x_bytes, name):
@@ -545,8 +538,8 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
               stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False, split_k=False):
     """Validate a GEMM problem and choose its kernels (see the module docstring). Raises PydnnError
     naming the argument; touches no GPU memory. split_k: the plan may cut K into splits (WG_SPLIT_TILE;
-    two launches, a workspace the plan allocates at its first launch); only for callers that launch through
-    plan.launch (not those that take plan.fast's record, like the RNN engine)."""
+    two launches through the caller's workspace of ws_bytes, passed to plan.launch; without it, or for callers
+    that take plan.fast's record like the RNN engine, the whole-K launch plan.fast)."""
     check_handle(handle)
     pl = GemmPlan()
     pl.dtype = _dtype(dtype)
@@ -575,7 +568,7 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
-    pl.fast = pl.general = pl.reduce = pl._ws = None
+    pl.fast = pl.general = pl.reduce = pl.split_fast = None
     pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False
     if pl.empty:
@@ -588,11 +581,12 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.vec_ok = all(v % 8 == 0 for v in (pl.lda, pl.ldb)) and (one or (pl.stride_a % 8 == 0 and
                                                                      pl.stride_b % 8 == 0))
     sp = _split_k(m, n, k, pl.batch, handle.sm_count, handle.arch) if split_k and pl.vec_ok else None
+    # fast: the whole-K launch, also what a split-K plan runs without a workspace (and what the RNN engine
+    # launches itself from the record)
+    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
+                         handle.sm_count)
     if sp is not None:
         _split_launches(pl, tag, sp, handle.sm_count)
-    else:
-        pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
-                             handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
 
@@ -607,7 +601,7 @@ def _split_launches(pl, tag, sp, sm_count):
     p = _params(pl, tm, tn)
     p.batch, p.k_split, p.ldc, p.stride_c, p.stride_a, p.stride_b = s, ks, ldw, pl.m * ldw, 0, 0
     unit = f"{t.unit}.{tag}"
-    pl.fast = _Launch(unit, t.expr(tag, pl.trans_a, pl.trans_b), (min(tm * tn * s, t.per_sm * max(sm_count, 1)), 1, 1),
+    pl.split_fast = _Launch(unit, t.expr(tag, pl.trans_a, pl.trans_b), (min(tm * tn * s, t.per_sm * max(sm_count, 1)), 1, 1),
                       (t.threads, 1, 1), t.smem, p)
     r = _params(pl, tm, tn)
     r.batch, r.lda, r.stride_a = s, ldw, pl.m * ldw

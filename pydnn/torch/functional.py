@@ -1139,7 +1139,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _run(pydnn_path, torch_path, "scaled_dot_product_attention")
 
 
-_linear_descs = C.BoundedDict()  # (dtype, x shape / strides, W shape / strides) -> descriptors
+_linear_descs = C.BoundedDict()
+
+
+def _matmul(h, ad, a, bd, b, cd, c):
+    """c = a @ b on pydnn.matmul with the workspace it asks for (split K: a weight gradient's long K over the
+    SMs), taken from PyTorch's caching allocator (capture safe)."""
+    nws = pydnn.get_matmul_workspace_size(h, ad, bd, cd)
+    ws, wsp = C.workspace(nws, c.device)
+    pydnn.matmul(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr(), workspace=wsp or 0,
+                 workspace_size=nws)
+    return ws  # (dtype, x shape / strides, W shape / strides) -> descriptors
 
 
 _splitk_plans = C.BoundedDict()
@@ -1200,7 +1210,7 @@ class LinearFunction(torch.autograd.Function):
             pydnn.convolution_backward_filter(h, 1.0, cx, w.data_ptr(), cdy, x2.data_ptr(), cd, algo, wsp, nws, 0.0,
                                               cw, y.data_ptr())
         else:
-            pydnn.matmul(h, 1.0, d[0], x2.data_ptr(), d[1], w.data_ptr(), 0.0, d[2], y.data_ptr())
+            _matmul(h, d[0], x2, d[1], w, d[2], y)
         if b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
@@ -1218,12 +1228,10 @@ class LinearFunction(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
-            pydnn.matmul(h, 1.0, yd, dy.data_ptr(), wd, w.data_ptr(), 0.0,
-                         xd if x2.is_contiguous() else tdesc(dx), dx.data_ptr())
+            _matmul(h, yd, dy, wd, w, xd if x2.is_contiguous() else tdesc(dx), dx)
         if ctx.needs_input_grad[1]:
             dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
-            pydnn.matmul(h, 1.0, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy.data_ptr(), xd, x2.data_ptr(), 0.0,
-                         wd if w.is_contiguous() else tdesc(dw), dw.data_ptr())
+            _matmul(h, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy, xd, x2, wd if w.is_contiguous() else tdesc(dw), dw)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         return dx, dw, db

@@ -754,19 +754,23 @@ def test_split_k_plan(monkeypatch):
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
     monkeypatch.setattr(tuning.matmul, "SPLIT_K", True)
     pl = M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True)
-    assert pl.split == (8, 2048) and pl.describe()[0] == M.WG_SPLIT_TILE.expr("bf16", True, False)
-    assert "gemm_wgmma_s<" in pl.describe()[0] and pl.fast.unit == "matmul.wgmmas.bf16"
-    assert pl.reduce.expr == "pydnn::matmul::splitk_reduce<pydnn::bf16_t>" and pl.reduce.unit == pl.fast.unit
-    p = pl.fast.params
+    assert pl.split == (8, 2048) and pl.split_fast.expr == M.WG_SPLIT_TILE.expr("bf16", True, False)
+    assert "gemm_wgmma_s<" in pl.split_fast.expr and pl.split_fast.unit == "matmul.wgmmas.bf16"
+    assert pl.reduce.expr == "pydnn::matmul::splitk_reduce<pydnn::bf16_t>" and pl.reduce.unit == pl.split_fast.unit
+    # without the caller's workspace the plan runs the whole-K launch the chooser takes (plan.fast: also
+    # what the RNN engine launches from the record)
+    whole = M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True)
+    assert pl.describe() == whole.describe() and "gemm_wgmma_s<" not in pl.describe()[0]
+    p = pl.split_fast.params
     assert (p.batch, p.k_split, p.k, p.ldc, p.stride_c, p.tiles_m, p.tiles_n) == (8, 2048, 16384, 1152,
                                                                                    384 * 1152, 3, 5)
-    assert pl.describe()[1] == (min(15 * 8, h.sm_count), 1, 1) and pl.ws_bytes == 8 * 384 * 1152 * 4
+    assert pl.split_fast.grid == (min(15 * 8, h.sm_count), 1, 1) and pl.ws_bytes == 8 * 384 * 1152 * 4
     r = pl.reduce.params
     assert (r.batch, r.lda, r.stride_a, r.m, r.n, r.ldc) == (8, 1152, 384 * 1152, 384, 1152, 1152)
     pl = M.gemm_plan(h, BF16, 1536, 384, 16384, trans_a=True, split_k=True)
     assert pl.split == (5, 3328)  # 256 K tiles in splits of 52: the last one 48
     odd = M.gemm_plan(h, BF16, 130, 77, 5000, trans_b=True, lda=5000, ldb=5000, split_k=True)
-    assert odd.split is not None and odd.fast.params.ldc == 78 and odd.ws_bytes == odd.split[0] * 130 * 78 * 4
+    assert odd.split is not None and odd.split_fast.params.ldc == 78 and odd.ws_bytes == odd.split[0] * 130 * 78 * 4
     assert M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True).split is None  # split_k not asked
     for kw in (dict(m=4096, n=4096, k=4096), dict(m=384, n=1152, k=512), dict(m=384, n=1152, k=16384, batch=2,
                                                                             stride_a=384 * 16384,
@@ -840,3 +844,32 @@ def test_splitk_reduce_emulation(m, n, splits):
             assert np.isnan(out[row, col + 1])
             out[row, col + 1] = v1
     np.testing.assert_allclose(out, parts.sum(0)[:, :n], rtol=1e-12)
+
+
+def test_split_k_launch_uses_the_callers_workspace_only(monkeypatch):
+    """A split-K plan launches gemm_wgmma_s into the caller's workspace and splitk_reduce from it only when the
+    workspace holds ws_bytes (16-byte aligned); otherwise (none, too small, misaligned) its whole-K launch,
+    plan.fast. No launch allocates device memory (CUDA-graph capture; the brief's rule)."""
+    from pydnn._cuda import driver, memory
+
+    h = cpu_handle()
+    monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "SPLIT_K", True)
+    monkeypatch.setattr(M._Launch, "function", lambda self, handle: self.expr)
+    got = []
+    monkeypatch.setattr(driver, "launch_args", lambda f, g, b, s, st, a: got.append((f, a[2].c, a[2].a)))
+
+    def no_alloc(*a, **k):
+        raise AssertionError("a launch allocated device memory")
+    monkeypatch.setattr(memory, "DeviceArray", no_alloc)
+    pl = M.gemm_plan(h, BF16, 384, 1152, 16384, trans_a=True, split_k=True)
+    assert pl.split is not None and pl.ws_bytes > 0
+    a, b, c, ws = 1 << 32, 2 << 32, 3 << 32, 4 << 32
+    for w, size in ((0, 0), (ws, pl.ws_bytes - 1), (ws + 8, pl.ws_bytes)):
+        got.clear()
+        pl.launch(h, a, b, c, 1.0, 0.0, 0, w, size)
+        assert [g[0] for g in got] == [pl.fast.expr] and got[0][1] == c, (w, size)
+    got.clear()
+    pl.launch(h, a, b, c, 1.0, 0.0, 0, ws, pl.ws_bytes)
+    assert [g[0] for g in got] == [pl.split_fast.expr, pl.reduce.expr]
+    assert got[0][1] == ws and got[1][2] == ws and got[1][1] == c

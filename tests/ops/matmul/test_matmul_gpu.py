@@ -88,7 +88,7 @@ class Problem:
     def plan(self, handle):
         return M.gemm_plan(handle, self.dtype, self.m, self.n, self.k, **self.kw())
 
-    def run(self, handle, rng, alpha=1.0, beta=0.0, plan=None):
+    def run(self, handle, rng, alpha=1.0, beta=0.0, plan=None, workspace=0, workspace_size=0):
         """Launch (C poisoned for beta == 0, random otherwise) and check against the reference."""
         self.c.buf.fill_bytes(POISON)
         self.c.values[:] = np.nan
@@ -97,7 +97,7 @@ class Problem:
         c0 = self.c.values.copy()
         plan = plan or self.plan(handle)
         bptr = self.bias.ptr if self.bias is not None else 0
-        plan.launch(handle, self.a.ptr, self.b.ptr, self.c.ptr, alpha, beta, bptr)
+        plan.launch(handle, self.a.ptr, self.b.ptr, self.c.ptr, alpha, beta, bptr, workspace, workspace_size)
         self.check(c0, alpha, beta)
 
     def check(self, c0, alpha, beta, what=""):
@@ -371,14 +371,18 @@ def test_split_k(handle, rng, dtype, trans):
         rb, ldb = (n, up(k)) if tb else (k, up(n))
         pb = Problem(rng, dtype, m, n, k, ta, tb, lda=lda, ldb=ldb, ldc=up(n), bias=True, pad8=True)
         plan = M.gemm_plan(handle, dtype, m, n, k, split_k=True, **pb.kw())
-        assert plan.split is not None and plan.describe()[0] == M.WG_SPLIT_TILE.expr(M.TAG[dtype], ta, tb)
-        pb.run(handle, rng, plan=plan)
+        assert plan.split is not None and plan.split_fast.expr == M.WG_SPLIT_TILE.expr(M.TAG[dtype], ta, tb)
+        ws = pydnn.DeviceArray((plan.ws_bytes,), np.uint8)
+        pb.run(handle, rng, plan=plan, workspace=ws.ptr, workspace_size=plan.ws_bytes)
         if m * n * k > 10**8:
             continue  # the weight-gradient-like shape once (its float64 reference costs seconds)
         first = pb.c.download()
-        pb.run(handle, rng, plan=plan)
+        pb.run(handle, rng, plan=plan, workspace=ws.ptr, workspace_size=plan.ws_bytes)
         np.testing.assert_array_equal(pb.c.download(), first)
-        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan)
+        pb.run(handle, rng, alpha=-1.25, beta=0.5, plan=plan, workspace=ws.ptr, workspace_size=plan.ws_bytes)
+        # without a workspace (or one too small) the same plan runs its whole-K launch
+        pb.run(handle, rng, alpha=0.75, beta=0.25, plan=plan, workspace=ws.ptr, workspace_size=plan.ws_bytes - 1)
+        pb.run(handle, rng, plan=plan)
 
 
 def test_split_k_through_pydnn_matmul(handle, rng):
@@ -391,6 +395,14 @@ def test_split_k_through_pydnn_matmul(handle, rng):
     b = DevTensor((k, n), BF16)
     c = DevTensor((m, n), BF16, strides=(n + 8, 1))
     av, bv = a.random(rng, -1, 1), b.random(rng, -1, 1)
-    pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr)
+    size = pydnn.get_matmul_workspace_size(handle, a.desc, b.desc, c.desc)
+    if handle.arch == M.WG_ARCH:
+        assert size > 0
+    ws = pydnn.DeviceArray((max(size, 1),), np.uint8)
+    pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr, workspace=ws.ptr,
+                 workspace_size=size)
     assert_close(c.download(), av @ bv, BF16, "pydnn.matmul split-K", scale=np.abs(av) @ np.abs(bv))
+    c.check_untouched()
+    pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr)  # no workspace: whole K
+    assert_close(c.download(), av @ bv, BF16, "pydnn.matmul whole K", scale=np.abs(av) @ np.abs(bv))
     c.check_untouched()
