@@ -327,7 +327,10 @@ def bench_wgrad_shapes(h, tiles=True):
             if tile == "split":
                 label += f" {plan.split}"
             ap, bp, cp = a.data_ptr(), b.data_ptr(), c.data_ptr()
-            ms_p, ms_t = time_pair(lambda: plan.launch(h, ap, bp, cp), lambda: torch.mm(a.t(), b, out=out), rounds=3)
+            ws = torch.empty(max(plan.ws_bytes, 1), dtype=torch.uint8, device="cuda")  # split-K: the caller's
+            wp, wn = ws.data_ptr(), plan.ws_bytes
+            ms_p, ms_t = time_pair(lambda: plan.launch(h, ap, bp, cp, 1.0, 0.0, 0, wp, wn),
+                                   lambda: torch.mm(a.t(), b, out=out), rounds=3)
             torch.cuda.synchronize()
             err = float((c.float() - out.float()).abs().max() / out.float().abs().max())
             row("wgrad", f"{m}x{n}x{k} tn [{label}] (rel {err:.1e})", "bf16", ms_p, ms_t, "torch.mm",

@@ -362,11 +362,13 @@ def _split_k(b):
             a, bb, c = _operands(BF16, m, n, k, True, False)
             plan = M.gemm_plan(b.h, BF16, m, n, k, trans_a=True, split_k=split)
             ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
-            ms_p = time_ms(lambda: plan.launch(b.h, ap, bp, cp))
+            ws = torch.empty(max(plan.ws_bytes, 1), dtype=torch.uint8, device="cuda")  # split-K: the caller's
+            wp, wn = ws.data_ptr(), plan.ws_bytes
+            ms_p = time_ms(lambda: plan.launch(b.h, ap, bp, cp, 1.0, 0.0, 0, wp, wn))
             out = torch.empty_like(c)
             tfn = _torch_fn(a, bb, True, False, out)
             ms_t = time_ms(tfn)
-            plan.launch(b.h, ap, bp, cp)
+            plan.launch(b.h, ap, bp, cp, 1.0, 0.0, 0, wp, wn)
             tfn()
             torch.cuda.synchronize()
             label = f"wgrad {m}x{n}x{k} tn [{'split ' + str(plan.split) if plan.split else 'no split'}]"
