@@ -152,11 +152,20 @@ def _error_hint(source, filename):
     return "" if _dump_source(source, filename) else f" (set {DUMP_ENV}=1 to print the numbered source)"
 
 
+def _out_buffer(size):
+    """A writable buffer of `size` bytes for NVRTC to fill (nvrtcGetProgramLog / nvrtcGetCUBIN write
+    through the char* they are handed). Never a bytes object: bytes are immutable and shared, and
+    `b" " * 1` is CPython's one cached b" " (every 1-byte slice or read of 0x20 in the process returns
+    it): an empty log (size 1, just the NUL) written into it turned every later b" " into b"\\x00"
+    (in pickle streams too, e.g. torch.load read a tensor's dimension 32 as 0)."""
+    return bytearray(int(size))
+
+
 def _log(n, prog):
     err, size = n.nvrtcGetProgramLogSize(prog)
-    buf = b" " * size
+    buf = _out_buffer(size)
     n.nvrtcGetProgramLog(prog, buf)
-    return buf.rstrip(b"\0 ").decode(errors="replace")
+    return bytes(buf).rstrip(b"\0 ").decode(errors="replace")
 
 
 def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=None):
@@ -184,8 +193,9 @@ def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, uni
             _check(n, err, what + hint, prog)
         log = _log(n, prog)
         size = _check(n, n.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _check(n, n.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        buf = _out_buffer(size)
+        _check(n, n.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+        cubin = bytes(buf)
         lowered = {}
         for expr in name_exprs:
             name = _check(n, n.nvrtcGetLoweredName(prog, expr.encode()), f"nvrtcGetLoweredName({expr})")

@@ -5,6 +5,7 @@ Each family's cheapest call runs on a handle whose kernels are placeholders and 
 The Python-level function calls of one cached call are bounded per family; torch tensors (a stand-in type
 spelled like torch's: module `torch`, name `Tensor`) are resolved without __cuda_array_interface__; and
 the cached path launches exactly what the first, planned call launched."""
+import gc
 import os
 import sys
 
@@ -43,17 +44,25 @@ def _budget(fam, name):
 
 
 def _calls(fn):
+    """The Python calls fn makes. The cyclic collector is run before and kept off during the count: a
+    collection triggered inside the window runs the finalizers (__del__, weakref callbacks) of whatever
+    earlier code left in reference cycles, and their calls would be counted as fn's."""
     names = []
 
     def prof(frame, event, arg):
         if event == "call":
             names.append(frame.f_code.co_name)
 
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
     sys.setprofile(prof)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        if was:
+            gc.enable()
     return names
 
 
@@ -85,6 +94,30 @@ def test_cached_call_python_work_is_bounded(cpu, fam, name, setup):
     for planning in ("prepare_map", "plan", "float_tensor", "check_tensor", "_resolver", "_generic_ptr"):
         if fam != "convolution":  # still validates on every call (pydnn/ops/convolution*.py: the lead's)
             assert planning not in names, (planning, names)
+
+
+def test_count_leaves_out_finalizers_of_earlier_garbage():
+    """Garbage in reference cycles with a Python __del__ (what an earlier test of a long session may leave)
+    is not counted as the call's work, even when the collector would fire inside the window."""
+    class Res:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            self.release()
+
+        def release(self):
+            pass
+
+    old = gc.get_threshold()
+    try:
+        for th in (1, 2, 3, 5, 8):
+            Res(), Res()
+            gc.set_threshold(th)
+            names = _calls(lambda: [[i] for i in range(50)])
+            assert "__del__" not in names and "release" not in names, (th, names)
+    finally:
+        gc.set_threshold(*old)
 
 
 def _torch_like(ptr, nbytes, cuda=True, contiguous=True, cai_ptr=None):
