@@ -1035,7 +1035,9 @@ def _gs_stats_strides(nd, x, stats):
 
 
 def _gs_fwd_alt(handle, nd, tag, x, out, stats):
-    """[gsp_fwd / gsc_fwd launch] or None."""
+    """[gsp_fwd / gsc_fwd launch] or None (float data: only with tuning.norm.GS_FWD_F32, see there)."""
+    if tag == "f32" and not tuning.norm.GS_FWD_F32:
+        return None
     lay = _gs_layout(nd, x, (out,))
     if lay is None:
         return None

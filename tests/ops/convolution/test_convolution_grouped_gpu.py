@@ -33,7 +33,16 @@ IDS = [f"c{c[0][1]}k{c[1]}g{c[6]}" + ("s2" if 2 in c[4] else "") + ("nchwf" if c
 
 
 def _grouped_plan(handle, pb, direction, algo):
+    """The grouped plan; strided backward data runs as the stride's phases (dgrad_phases.py), each phase a
+    grouped plan."""
+    from pydnn.ops.convolution import dgrad_phases as D
+
     pl = CP.new_plan(handle, direction, algo, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    if type(pl) is D.PhasePlan:
+        assert direction == CPb.DIR_BWD_DATA and max(pb.conv.stride) > 1, type(pl).__name__
+        for sp, _, _, _ in pl.subs:
+            assert type(sp) is CG.GroupedPlan, f"{direction} phase: {type(sp).__name__}"
+        return pl
     assert type(pl) is CG.GroupedPlan, f"{direction}: {type(pl).__name__}"
     return pl
 

@@ -885,6 +885,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     backward = direction.startswith("backward")
     gs = direction.endswith(("gs", "gs cl1"))
     monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1 if gs else tuning.norm.GS_MIN_BYTES)
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", gs)  # (the float forward's split kernels: off by default)
     if direction.endswith("cl1"):
         monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", direction == "forward staged")
@@ -1191,10 +1192,15 @@ def test_rowx_backward_cluster_block_cap(cap, monkeypatch):
             assert sorted(addr.tolist()) == list(range(dims[0] * dims[1]))
 
 
-def test_gs_choice():
+def test_gs_choice(monkeypatch):
     """The split kernels (gs_*) for group / instance norm where the tile kernels did not serve (the sweep's
-    slowest shapes), their launch shapes and workspace; not for small sets, activations, other layouts."""
+    slowest shapes), their launch shapes and workspace; not for small sets, activations, other layouts; a
+    float forward only with tuning.norm.GS_FWD_F32 (off by default)."""
     h = cpu_handle()
+    f32 = _desc((14, 23, 151, 151), F32)
+    assert not N.plan_summary(h, _nd(GROUP, 1), f32)[0][0][0].startswith("gs")
+    assert N.plan_summary(h, _nd(GROUP, 1), f32, backward=True)[0][0][0].startswith("gsp_bpart")
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", True)
     nchw = _desc((14, 23, 151, 151), F16)
     alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw)
     assert alts[0] == ["gsp_fwd vec=8 cl=8 block=512 sets=14"] and ws == 0  # 14 sets: clusters of 8
@@ -1395,6 +1401,7 @@ def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     statistics, dx, dscale and dbias equal the reference's."""
     from pydnn.reference import normalization as ref
     monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1)
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", True)
     for name in ("GN_FWD", "GN_BWD", "GN_REG"):
         monkeypatch.setattr(tuning.norm, name, False)
     if cl1:

@@ -36,13 +36,29 @@ GS_CASES = [  # kind, groups, dims, layout
 def _gs_on(monkeypatch, cl1):
     monkeypatch.setattr(tuning.norm, "GS", True)
     monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1)
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", True)
     for name in ("GN_FWD", "GN_BWD", "GN_REG"):  # (they would take some NHWC shapes first)
         monkeypatch.setattr(tuning.norm, name, False)
     if cl1:
         monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+# The float forward of the split kernels is off by default (tuning.norm.GS_FWD_F32): on the H200 (2026-11-28)
+# one element in ~200k missed the fp32 tolerance in both of these cases. Kept running, as a known failure,
+# until the cause is found; the default planner sends float forwards to the tile kernels
+# (test_gs_fwd_f32_default_is_the_tile_kernels).
+FWD_DTYPES = [pytest.param(F32, marks=pytest.mark.xfail(reason="known: split-kernel float forward accuracy "
+                                                               "(tuning.norm.GS_FWD_F32 is off)")), F16, BF16]
+
+
+def test_gs_fwd_f32_default_is_the_tile_kernels(handle):
+    for kind, groups, dims, layout in GS_CASES:
+        x = _tensor(dims, layout, F32)
+        desc = N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0]
+        assert not desc.startswith(("gsp_fwd", "gsc_fwd")), desc
+
+
+@pytest.mark.parametrize("dtype", FWD_DTYPES)
 @pytest.mark.parametrize("cl1", [False, True], ids=["fill", "block"])
 def test_gs_forward(handle, rng, monkeypatch, cl1, dtype):
     _gs_on(monkeypatch, cl1)

@@ -132,7 +132,11 @@ def test_nan_rules(handle, rng, nan, layout, rows_min, monkeypatch):
     _fwd(handle, pd, geo, MAX, nan, x, y, xv, 1.0, 0.0, None, "nan fwd")
     dyv = dy.random(rng)
     pydnn.pooling_backward(handle, pd, 1.0, y.desc, y.ptr, dy.desc, dy.ptr, x.desc, x.ptr, 0.0, dx.desc, dx.ptr)
-    assert_close(dx.download(), ref.backward(MAX, nan, 1.0, dyv, xv, 0.0, None, geo), F32, "nan bwd")
+    # an element several windows chose sums their dy in float (in the kernel's order): the error model is the
+    # magnitude of those terms, as in test_pooling (a cancelling sum missed rtol by itself on the H200 run of
+    # 2026-11-28 once the p2 kernel summed in another order)
+    assert_close(dx.download(), ref.backward(MAX, nan, 1.0, dyv, xv, 0.0, None, geo), F32, "nan bwd",
+                 scale=_bwd_scale(MAX, nan, 1.0, dyv, xv, 0.0, None, geo))
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
