@@ -319,6 +319,14 @@ activation = Switches(
                       '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
+softmax = Switches(
+    "softmax", 'softmax (pydnn/ops/softmax.py)',
+    SPLIT=(True, 'sm_90: the forward of few long contiguous rows (rows * SPLIT_CL blocks within the SMs) over a '
+                 'cluster of blocks (row_split_fwd, max and sum through distributed shared memory) instead of one '
+                 'block a row; the reasons: pydnn/ops/softmax.py (SPLIT_CL)'),
+    SPLIT_MIN_LEN=(8192, 'row_split_fwd: rows of at least this many elements'),
+)
+
 tensor_ops = Switches(
     "tensor_ops", 'tensor ops (pydnn/ops/tensor_ops.py)',
     BROADCAST_ROWS=(True, 'AddTensor / OpTensor with an input broadcast as one row over the output\'s rows (a bias '
