@@ -337,11 +337,23 @@ activation = Switches(
                       '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
+softmax = Switches(
+    "softmax", 'softmax (pydnn/ops/softmax.py)',
+    SPLIT=(True, 'sm_90: the forward of few long contiguous rows (rows * SPLIT_CL blocks within the SMs) over a '
+                 'cluster of blocks (row_split_fwd, max and sum through distributed shared memory) instead of one '
+                 'block a row; the reasons: pydnn/ops/softmax.py (SPLIT_CL)'),
+    SPLIT_MIN_LEN=(8192, 'row_split_fwd: rows of at least this many elements'),
+)
+
 tensor_ops = Switches(
     "tensor_ops", 'tensor ops (pydnn/ops/tensor_ops.py)',
     BROADCAST_ROWS=(True, 'AddTensor / OpTensor with an input broadcast as one row over the output\'s rows (a bias '
                           '1 x H onto R x H): map_rows (the row loaded once per thread for ROWS rows, 16-byte '
                           'vectors) instead of map_strided; the reasons: pydnn/ops/tensor_ops.py'),
+    PLAIN_BYTES=(40 << 20, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
+                           'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
+                           'evict-first streaming: they fit in L2 (50 MB on the H100 / H200); 0: always stream; '
+                           'the reasons: pydnn/ops/tensor_ops.py'),
 )
 
 rnn = Switches(

@@ -137,10 +137,22 @@ class Prepared:
         self.crec = None  # the compiled launch's record address (pydnn/_build/fastcall.py); 0: none; None: not made
 
 
+def plain_fits(out_desc, in_descs, limit):
+    """Whether a dense map's operands (output and inputs, their byte spans summed) fit in `limit` bytes:
+    such a map keeps the plain cache policy (map_contig HINT 0, see prepare_map's plain_unit)."""
+    total = out_desc.span_bytes()
+    for d in in_descs:
+        total += d.span_bytes()
+    return total <= limit
+
+
 def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0, coef2=0.0, transpose=False,
-                hint=None, elems=None):
+                hint=None, elems=None, plain_unit=None):
     """transpose=True: the unit also instantiates transpose_expr(op, ti, to), used when the problem is a
-    batched 2-D transpose (NCHW <-> NHWC and the like). hint, elems: as in map_exprs."""
+    batched 2-D transpose (NCHW <-> NHWC and the like). hint, elems: as in map_exprs. plain_unit: a unit
+    holding map_contig with HINT 0 (contig_expr(op, ti, to, hint=0, elems=elems)); a dense problem takes it
+    instead of the streaming (evict-first) instantiation (the caller decides when: operands that fit in L2,
+    where a warm cache serves the next call or the next kernel)."""
     ndim, sizes, strides, dense = plan(out_desc.dims, out_desc.strides,
                                        tuple((d.dims, d.strides) for d in in_descs))
     order = transpose_order(ndim, strides) if (transpose and not dense) else None
@@ -176,7 +188,11 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
         pr.in_masks = pr.out_mask = 0
     elif dense:
         vec, threads, unroll = contig_geometry(ti, to, elems)
-        pr.vec_func = handle.function(unit, vec_e)
+        eff_hint = CONTIG_HINT if hint is None else hint
+        if plain_unit is not None and eff_hint != 0:
+            pr.vec_func = handle.function(plain_unit, contig_expr(op, ti, to, hint=0, elems=elems))
+        else:
+            pr.vec_func = handle.function(unit, vec_e)
         pr.vec_grid = (max(1, -(-(n // vec) // (threads * unroll))), 1, 1)  # one tile per block
         pr.vec_block = (threads, 1, 1)
         pr.scalar_func = handle.function(unit, scal_e)

@@ -33,6 +33,7 @@ row's unaligned head and tail are done element by element; col: every pointer 16
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, MAX_DIMS, kernel_params
 from .._cuda import driver
@@ -72,6 +73,16 @@ COL_THREADS = 256                   # kColThreads
 GEN_THREADS = 256                   # kGenThreads
 UNROLL = 4                          # kUnroll
 MAX_GRID = 2**31 - 1                # the kernels loop over row groups past the grid
+# Few long contiguous rows, forward (sm_90): row_split_fwd (ptx/softmax_split.cu, units softmax.split.<t>),
+# one row over a cluster of SPLIT_CL blocks of up to 1024 threads holding SPLIT_ITEMS vectors each, the max
+# and sum exchanged through distributed shared memory. Why: row_fwd / row_loop_fwd put a row in one block
+# (one SM): the issue-20 sweep (H200) had 1 x 65536 fp32 at 0.75x PyTorch, 1 x 16384 bf16 at 0.78x. Taken
+# (tuning.softmax.SPLIT) for the vector launch of float / half / bfloat16 rows of at least SPLIT_MIN_LEN
+# elements when rows * SPLIT_CL blocks fit on the SMs and the row's vectors fit the cluster.
+SPLIT_CL = 8
+SPLIT_ITEMS = 4
+SPLIT_MIN_BLOCK = 128
+SPLIT_TAGS = ("f32", "f16", "bf16")
 
 
 @kernel_params("softmax_params.h", "SoftmaxParams")
@@ -121,6 +132,8 @@ def _expr(kernel, tag, vec=1, items=0, kind=0):
         return f"pydnn::softmax::{kernel}<{t}, {vec}, {kind}>"
     if kernel in ("row_loop_fwd", "row_loop_bwd", "col_loop_fwd", "col_loop_bwd"):
         return f"pydnn::softmax::{kernel}<{t}, {vec}>"
+    if kernel == "row_split_fwd":
+        return f"pydnn::softmax::row_split_fwd<{t}, {vec}, {SPLIT_ITEMS}, {kind}, {SPLIT_CL}>"
     return f"pydnn::softmax::{kernel}<{t}>"  # gen_fwd, gen_bwd
 
 
@@ -149,7 +162,22 @@ def _unit_exprs(tag):
 
 
 def kernel_units():
-    return [KernelUnit(f"softmax.{t}", "softmax.cu", _unit_exprs(t)) for t in FLOAT_TAGS]
+    units = [KernelUnit(f"softmax.{t}", "softmax.cu", _unit_exprs(t)) for t in FLOAT_TAGS]
+    for t in SPLIT_TAGS:  # row_split_fwd: thread-block clusters, sm_90 only (see SPLIT_CL)
+        units.append(KernelUnit(f"softmax.split.{t}", "softmax_split.cu",
+                                tuple(_expr("row_split_fwd", t, vec_width(t, t), kind=k) for k in _fwd_kinds(t)),
+                                archs=("sm_90",)))
+    return units
+
+
+def split_group(handle, backward, tag, rows, length, vec):
+    """row_split_fwd's threads per block for these rows, or None when it does not apply (see SPLIT_CL)."""
+    if (backward or not tuning.softmax.SPLIT or handle.arch != "sm_90" or tag not in SPLIT_TAGS or vec == 1
+            or length < tuning.softmax.SPLIT_MIN_LEN or rows * SPLIT_CL > handle.sm_count):
+        return None
+    nvec = length // vec
+    b = max(SPLIT_MIN_BLOCK, next_pow2(cdiv(cdiv(nvec, SPLIT_CL), SPLIT_ITEMS)))
+    return b if b <= ROW_MAX_GROUP else None
 
 
 # ----------------------------------------------------------------------------- planning
@@ -187,7 +215,7 @@ def _digits(step, sizes):
 class _Launch:
     """One kernel launch of a planned problem: pointers and scalars are patched into `params` per call."""
 
-    __slots__ = ("kernel", "expr", "vec", "params", "argv", "grid", "block", "func")
+    __slots__ = ("kernel", "expr", "vec", "params", "argv", "grid", "block", "func", "unit")
 
     def describe(self):
         p = self.params
@@ -260,7 +288,7 @@ def _configs(handle, backward, kind, mode, descs):
         lc = _Launch()
         lc.kernel, lc.vec, lc.params, lc.grid, lc.block, lc.expr = kernel, v, p, (max(1, min(grid, MAX_GRID)), 1, 1), \
             block, expr
-        lc.func = None
+        lc.func = lc.unit = None
         return lc
 
     def gen_launch():
@@ -283,6 +311,13 @@ def _configs(handle, backward, kind, mode, descs):
         p = _params(kind, rows, length, rsz, rst, esz, est, nops)
         p.group = g
         return launch(f"row_{d}", v, p, cdiv(rows, block // g), (block, 1, 1), _expr(f"row_{d}", tag, v, items, kind))
+
+    def split_launch(v, b):
+        p = _params(kind, rows, length, rsz, rst, esz, est, nops)
+        p.group = b
+        lc = launch("row_split_fwd", v, p, rows * SPLIT_CL, (b, 1, 1), _expr("row_split_fwd", tag, v, kind=kind))
+        lc.unit = f"softmax.split.{tag}"
+        return lc
 
     def loop_launch(v):
         p = _params(kind, rows, length, rsz, rst, esz, est, nops)
@@ -315,7 +350,8 @@ def _configs(handle, backward, kind, mode, descs):
             items = row_items(tag, vec, backward)
             if _wide(tag, vec, backward, kind) and length <= F32_WIDE_MAX_LEN:
                 items = F32_WIDE_ITEMS
-            launches.append(row_launch(vec, items) or loop_launch(vec))
+            sb = split_group(handle, backward, tag, rows, length, vec)
+            launches.append(split_launch(vec, sb) if sb else (row_launch(vec, items) or loop_launch(vec)))
         launches.append(row_launch(1, row_items(tag, 1, backward)) or gen_launch())
         return "row", launches, "congruent"
     if len(esz) == 1 and rsz and all(s[-1] == 1 for s in rst) and length < 2**31:
@@ -405,7 +441,7 @@ def _get_plan(handle, backward, algo, mode, named, out_name, order, buffers):
             element_aligned(device_ptr(buf, bname, desc.span_bytes()), bname, desc.itemsize)
         pl = _plan(handle, backward, algo, mode, descs)
         for lc in pl.launches:
-            lc.func = handle.function(pl.unit, lc.expr)
+            lc.func = handle.function(lc.unit or pl.unit, lc.expr)
         if key is not None:
             handle.remember(key, pl)
     return pl

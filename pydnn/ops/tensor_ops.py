@@ -61,6 +61,15 @@ MIN_TRANSPOSE_EXTENT = 16
 ROWS_THREADS, ROWS_ROWS = 128, 4
 ROWS_OPS = ("pydnn::tensor::Scaled", "pydnn::tensor::OpAdd", "pydnn::tensor::OpMul")
 ROWS_TAGS = ("f32", "f16", "bf16")  # (double keeps map_strided: its instantiations are first-use ones)
+# Dense (same-shape) ScaleTensor / AddTensor / OpTensor whose operands together fit in
+# tuning.tensor_ops.PLAIN_BYTES take map_contig with the plain cache policy (HINT 0, unit
+# tensor_ops.plain.<t>) instead of the evict-first streaming one. Why: the issue-20 sweep (H200, warm
+# cache as every benchmark and the next kernel of a model see it) had OpTensor ADD 82918 x 64 bf16 (3 x
+# 10.6 MB) at 0.74x PyTorch and 13423 x 160 fp32 (3 x 8.6 MB) at 0.85x: PyTorch's 6.2-6.5 us is above
+# DRAM bandwidth (its operands stay in the 50 MB L2), while evict-first lines are the first to go. For
+# operands larger than L2 streaming measured +0.3-0.8% (tools/PERF.md, Element-wise), so it stays there.
+PLAIN_TAGS = ROWS_TAGS
+PLAIN_OPS = (SCALED, *OPS.values())
 
 
 def transpose_exprs(op, ti, to):
@@ -74,6 +83,14 @@ def rows_expr(op, t):
     """map_rows for op on type t (16-byte vectors)."""
     return (f"pydnn::tensor::map_rows<{ew.CTYPE[t]}, {ew.CTYPE[t]}, {op}, {ew.vec_width(t, t)}, {ROWS_THREADS}, "
             f"{ROWS_ROWS}>")
+
+
+def plain_unit(t, c_desc, in_descs):
+    """The unit of the plain-cache map_contig for a dense map of type t whose operands fit in
+    tuning.tensor_ops.PLAIN_BYTES, else None (prepare_map's plain_unit)."""
+    if t not in PLAIN_TAGS or not ew.plain_fits(c_desc, in_descs, tuning.tensor_ops.PLAIN_BYTES):
+        return None
+    return f"tensor_ops.plain.{t}"
 
 
 def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
@@ -117,6 +134,9 @@ def kernel_units():
         if t in ROWS_TAGS:  # map_rows: a unit of its own (ptx/tensor_ops_rows.cu)
             units.append(KernelUnit(f"tensor_ops.rows.{t}", "tensor_ops_rows.cu",
                                     tuple(rows_expr(op, t) for op in ROWS_OPS)))
+        if t in PLAIN_TAGS:  # map_contig with the plain cache policy (see PLAIN_TAGS): a unit of its own
+            units.append(KernelUnit(f"tensor_ops.plain.{t}", "tensor_ops.cu",
+                                    tuple(ew.contig_expr(op, t, hint=0) for op in PLAIN_OPS)))
     for ti in ALL_TAGS:
         exprs = []
         for to in ALL_TAGS:
@@ -230,7 +250,8 @@ def scale_tensor(handle, y_desc, y, alpha):
         output_tensor(y_desc, "yDesc")
         device_ptr(y, "y", y_desc.span_bytes())
         t = TAG[y_desc.dtype]
-        return ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, y_desc, (y_desc,))
+        return ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, y_desc, (y_desc,),
+                              plain_unit=plain_unit(t, y_desc, (y_desc,)))
 
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
     try:
@@ -263,7 +284,8 @@ def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN
         device_ptr(A, "A", a_desc.span_bytes())
         device_ptr(C, "C", c_desc.span_bytes())
         t = TAG[c_desc.dtype]
-        pr = ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, c_desc, (a_desc,))
+        pr = ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, c_desc, (a_desc,),
+                            plain_unit=plain_unit(t, c_desc, (a_desc,)))
         return _broadcast_rows(handle, f"tensor_ops.{t}", SCALED, t, pr, c_desc, (a_desc,))
 
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
@@ -376,7 +398,7 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
         t = TAG[c_desc.dtype]
         flags = FLAG_NAN_PROP if d.nan_opt == E.PYDNN_PROPAGATE_NAN else 0
         pr = ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
-                            flags=flags)
+                            flags=flags, plain_unit=plain_unit(t, c_desc, tuple(x for x, _ in ins)))
         return _broadcast_rows(handle, f"tensor_ops.{t}", OPS[d.op], t, pr, c_desc, tuple(x for x, _ in ins))
 
     a1 = alpha1 if type(alpha1) is float else scalar("alpha1", alpha1)

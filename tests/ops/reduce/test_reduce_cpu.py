@@ -249,7 +249,9 @@ class _WalkN:
 
 
 def _walk(p, walker, base, u, hi, step, vec, index, addr0, visits):
-    """The unrolled loop of walk_row / walk_cols: visits.append((element offset, index, lane e))."""
+    """The unrolled loop of walk_row / walk_cols: visits.append((element offset, index, lane e)). walk_row
+    loads its last (< U) units together before adding them; the visits, their order and offsets are the
+    same as one at a time (the second loop here)."""
     while u + (U - 1) * step < hi:
         offs = []
         for _ in range(U):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pydnn
+from pydnn import tuning
 from pydnn.ops import softmax as S
 from pydnn.reference import softmax as ref
 from pydnn.tensor import packed_strides
@@ -158,7 +159,7 @@ def test_hot_kernels_do_not_spill():
     from pydnn._cuda import nvrtc
 
     for unit in S.kernel_units():
-        if unit.name not in ("softmax.bf16", "softmax.f32"):
+        if unit.name not in ("softmax.bf16", "softmax.f32", "softmax.split.bf16", "softmax.split.f32"):
             continue
         text, _ = cache.unit_inputs(unit)
         _, lowered, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
@@ -191,7 +192,7 @@ def test_kernel_unit_names_cover_every_plan():
                         descs = [d, d, d] if backward else [d, d]
                         pl = S._plan(h, backward, algo, mode, descs)
                         for lc in pl.launches:
-                            assert lc.expr in units[pl.unit], lc.expr
+                            assert lc.expr in units[lc.unit or pl.unit], lc.expr
 
 
 # ----------------------------------------------------------------------------- kernel choice
@@ -210,7 +211,10 @@ def test_kernel_choice():
     assert _summary((16384, 4096, 1, 1), F32) == ("row", [("row_fwd", 4, 128, 16384), ("row_fwd", 1, 256, 16384)])
     assert _summary((16384, 4096, 1, 1), F32, algo=LOG)[1][0] == ("row_fwd", 4, 128, 16384)
     assert _summary((16384, 4096, 1, 1), F32, algo=FAST)[1][0] == ("row_fwd", 4, 256, 16384)
-    assert _summary((16, 8193, 1, 1), F32)[1][0] == ("row_fwd", 4, 1024, 16)  # 4 fragments past 8192
+    with tuning.override({"softmax.SPLIT": False}):  # (16 rows: the cluster kernel by default, below)
+        assert _summary((16, 8193, 1, 1), F32)[1][0] == ("row_fwd", 4, 1024, 16)  # 4 fragments past 8192
+    assert _summary((16, 8193, 1, 1), F32)[1][0] == ("row_split_fwd", 4, 128, 16 * S.SPLIT_CL)
+    assert _summary((17, 8193, 1, 1), F32)[1][0] == ("row_fwd", 4, 1024, 17)
     assert _summary((16384, 4096, 1, 1), F32, backward=True)[1][0] == ("row_bwd", 4, 256, 16384)
     assert _summary((16384, 4096), BF16, mode=INSTANCE)[1][0] == ("row_fwd", 8, 128, 16384)
     assert _summary((16384, 4096, 1, 1), BF16, backward=True)[1][0] == ("row_bwd", 8, 128, 16384)
@@ -221,8 +225,11 @@ def test_kernel_choice():
     assert _summary((2, 37, 3, 5), strides=packed_strides((2, 37, 3, 5), pydnn.PYDNN_TENSOR_NHWC))[0] == "row"
     assert _summary((2, 37, 3, 5), mode=INSTANCE)[0] == "row"
     # rows too long for registers
-    assert [k for k, *_ in _summary((2, 20000), F32)[1]] == ["row_loop_fwd", "gen_fwd"]
-    assert [k for k, *_ in _summary((2, 20000), BF16)[1]] == ["row_fwd", "gen_fwd"]
+    with tuning.override({"softmax.SPLIT": False}):
+        assert [k for k, *_ in _summary((2, 20000), F32)[1]] == ["row_loop_fwd", "gen_fwd"]
+        assert [k for k, *_ in _summary((2, 20000), BF16)[1]] == ["row_fwd", "gen_fwd"]
+    assert [k for k, *_ in _summary((2, 20000), F32)[1]] == ["row_split_fwd", "gen_fwd"]  # few long rows
+    assert [k for k, *_ in _summary((2, 20000), BF16)[1]] == ["row_split_fwd", "gen_fwd"]
     assert [k for k, *_ in _summary((2, 40000), BF16, backward=True)[1]] == ["row_loop_bwd", "gen_bwd"]
     # CHANNEL on NCHW: channels strided, spatial contiguous
     assert _summary((2, 37, 3, 5)) == ("col", [("col_fwd", 1, (16, 16), 2)])
@@ -319,7 +326,31 @@ def _emulate(lc, nops, addrs):
     element is visited once, vector accesses are aligned, and (row kernels) fit the group's registers."""
     p, vec = lc.params, lc.vec
     rows = {}
-    if lc.kernel.startswith("row"):
+    if lc.kernel == "row_split_fwd":  # a row per cluster of SPLIT_CL blocks, chunk `rank` of the vectors each
+        B, CL, IT = lc.block[0], S.SPLIT_CL, S.SPLIT_ITEMS
+        assert B & (B - 1) == 0 and 128 <= B <= 1024 and lc.grid[0] == p.rows * CL and vec > 1
+        for row in range(p.rows):
+            off = _row_offsets(p, row, nops)
+            head, nvec, tail = _split(addrs[1] + off[1], p.len, vec)
+            chunk = -(-nvec // CL)
+            assert chunk <= IT * B, "the chunk does not fit the block's registers"
+            seen = []
+            for rank in range(CL):
+                lo, hi = rank * chunk, min(nvec, rank * chunk + chunk)
+                for t in range(B):
+                    for k in range(IT):
+                        i = lo + t + k * B
+                        if i < hi:
+                            for q in range(nops):
+                                assert (addrs[q] + off[q] + head + i * vec) % vec == 0, "misaligned vector"
+                            seen += [head + i * vec + e for e in range(vec)]
+                    if rank == 0:
+                        xi = _extra(head, nvec, tail, t, vec)
+                        if xi >= 0:
+                            seen.append(xi)
+            assert sorted(seen) == list(range(p.len))
+            rows[row] = [[off[k] + e for k in range(nops)] for e in range(p.len)]
+    elif lc.kernel.startswith("row"):
         G, block = p.group, lc.block[0]
         per_block = block // G
         items = _row_items(lc) if lc.kernel in ("row_fwd", "row_bwd") else None
@@ -486,6 +517,7 @@ EMU_CASES = [  # dims, in strides (None: packed NCHW), out strides ("same": as t
     ((2, 5, 3), (1, 2, 10), "same", (0, 0, 0)),          # N innermost
     ((3, "long"), None, "same", (0, 0, 0)),              # rows past the registers: row_loop
     ((2, "long"), None, "same", (1, 0, 0)),              # the same, unaligned: gen
+    ((2, "long"), None, "same", (3, 3, 3)),              # few long rows (row_split_fwd), heads and tails
     ((2, 20000), None, "same", (0, 0, 0)),               # registers for 16-bit data, row_loop for the others
 ]
 
@@ -515,17 +547,19 @@ def test_emulated_kernels(case, dtype, mode):
 def test_emulation_reaches_every_kernel():
     rng = np.random.default_rng(0)
     seen = set()
-    for dims, sin, sout, mis in EMU_CASES:
-        for dtype in (F32, BF16):
-            for mode in (INSTANCE, CHANNEL):
-                for backward in (False, True):
-                    d = _dims(dims, dtype)
-                    s_in = _nhwc(d) if sin == "nhwc" else sin
-                    s_out = s_in if sout == "same" else sout
-                    _, _, k = _run_emulated(d, dtype, s_in, s_out, mode, ACCURATE, backward, mis, rng)
-                    seen.add(k)
+    for split in (True, False):  # the long rows take row_split_fwd by default, row_loop_fwd without it
+        with tuning.override({"softmax.SPLIT": split}):
+            for dims, sin, sout, mis in EMU_CASES:
+                for dtype in (F32, BF16):
+                    for mode in (INSTANCE, CHANNEL):
+                        for backward in (False, True):
+                            d = _dims(dims, dtype)
+                            s_in = _nhwc(d) if sin == "nhwc" else sin
+                            s_out = s_in if sout == "same" else sout
+                            _, _, k = _run_emulated(d, dtype, s_in, s_out, mode, ACCURATE, backward, mis, rng)
+                            seen.add(k)
     assert seen == {"row_fwd", "row_bwd", "row_loop_fwd", "row_loop_bwd", "col_fwd", "col_bwd", "col_loop_fwd",
-                    "col_loop_bwd", "gen_fwd", "gen_bwd"}, seen
+                    "col_loop_bwd", "gen_fwd", "gen_bwd", "row_split_fwd"}, seen
 
 
 @pytest.mark.parametrize("block", [128, 256, 512, 1024])

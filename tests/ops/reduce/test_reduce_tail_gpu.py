@@ -1,0 +1,46 @@
+"""walk_row's batched tail (ptx/reduce.cu) on the GPU against the float64 reference: rows_vec problems whose
+lanes end with every tail count 0..3 (reduce_tail_cases.CASES; the CPU test checks the counts), for sums,
+AVG, NORM2, products and MAX / MIN with indices over ties (the first index must win, so the order of a
+lane's tail matters), aligned and unaligned A, poisoned C and indices (beta 0 never reads C)."""
+import numpy as np
+import pytest
+
+import pydnn
+from devtensor import DevTensor
+from pydnn.ops.reduce import plan_summary
+from reduce_tail_cases import CASES
+from test_reduce_gpu import INDEXED, NAMES, Shifted, _check, _rdesc, _values
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+ADD, MUL, MIN, MAX, AVG, NORM2 = (pydnn.PYDNN_REDUCE_TENSOR_ADD, pydnn.PYDNN_REDUCE_TENSOR_MUL,
+                                  pydnn.PYDNN_REDUCE_TENSOR_MIN, pydnn.PYDNN_REDUCE_TENSOR_MAX,
+                                  pydnn.PYDNN_REDUCE_TENSOR_AVG, pydnn.PYDNN_REDUCE_TENSOR_NORM2)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0].split(" (")[0].replace(" ", "_"))
+@pytest.mark.parametrize("pair", [(F32, F32), (BF16, BF16), (F16, F32)], ids=lambda p: f"{NAMES[p[0]]}-{NAMES[p[1]]}")
+def test_rows_vec_tails(handle, rng, case, pair):
+    name, dims, cdims = case
+    ta, tc = pair
+    for shift in (0, 1):
+        a = Shifted(dims, ta, None, shift)
+        for op in (AVG, ADD, NORM2, MUL, MAX, MIN):
+            av = a.upload(_values(rng, dims, op, ta))
+            c = DevTensor(cdims, tc)
+            if shift == 0:
+                kinds = [k[0] for k in plan_summary(handle, _rdesc(op, op in INDEXED), a.desc, c.desc)]
+                assert kinds[0] == "rows_vec", (name, op, kinds)
+            _check(handle, op, a.desc, a.ptr, av, c, tc, f"{name} op {op} shift {shift}")
+
+
+def test_sweep_avg_rows(handle, rng):
+    """Rows of the sweep's AVG 53513 x 2824 float32 point (8192 of them, 92 MB: the same plan per row), C
+    poisoned."""
+    dims, cdims = (8192, 2824), (8192, 1)
+    a = DevTensor(dims, F32)
+    av = a.random(rng)
+    c = DevTensor(cdims, F32)
+    _check(handle, AVG, a.desc, a.ptr, av, c, F32, "avg 8192 x 2824")
+    assert np.isfinite(c.download()).all()

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Named points of tools/sweep_memory.py (its build() and run_point(): the same calls, the same timing),
+each run with the planner's defaults and, where a tuning switch turns the newer path off, without it:
+
+    python3 tools/bench_memory_points.py [--reps N] [--points NAME,...]
+
+The default points are the issue-20 misses of the 2026-11-28 H200 sweep (/work/notes/s26a/mem.log) that the
+`rowsb` branch addressed: OpTensor ADD with operands inside L2 (tuning.tensor_ops.PLAIN_BYTES: the plain
+cache policy, against 0 = always streaming), ADD beyond L2 (no switch applies: the default twice), reduce AVG
+/ SUM over rows of 2824 fp32 (walk_row's batched tail: no switch, the kernel itself changed), softmax of
+few long rows (tuning.softmax.SPLIT: the cluster kernel, against one block a row). About 20 s on an H100 /
+H200 with the default reps.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+POINTS = {  # name: (sweep point, {switch: value turning the new path off} or None)
+    "add_82918x64_bf16": (dict(family="op_add", dtype="bf16", rows=82918, hidden=64), {"tensor_ops.PLAIN_BYTES": 0}),
+    "add_13423x160_fp32": (dict(family="op_add", dtype="fp32", rows=13423, hidden=160),
+                           {"tensor_ops.PLAIN_BYTES": 0}),
+    "add_22923x256_fp16": (dict(family="op_add", dtype="fp16", rows=22923, hidden=256),
+                           {"tensor_ops.PLAIN_BYTES": 0}),
+    "add_7167x8272_fp16": (dict(family="op_add", dtype="fp16", rows=7167, hidden=8272), None),
+    "reduce_avg_53513x2824_fp32": (dict(family="reduce", dtype="fp32", variant="avg", rows=53513, hidden=2824), None),
+    "reduce_sum_53513x2824_fp32": (dict(family="reduce", dtype="fp32", variant="sum", rows=53513, hidden=2824), None),
+    "softmax_1x65536_fp32": (dict(family="softmax_instance", dtype="fp32", rows=1, hidden=65536),
+                             {"softmax.SPLIT": False}),
+    "softmax_1x16384_bf16": (dict(family="softmax_instance", dtype="bf16", rows=1, hidden=16384),
+                             {"softmax.SPLIT": False}),
+    "softmax_8x32768_fp16": (dict(family="softmax_instance", dtype="fp16", rows=8, hidden=32768),
+                             {"softmax.SPLIT": False}),
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--points", default="", help="comma-separated names (default: all of POINTS)")
+    args = ap.parse_args(argv)
+    import torch
+    import sweep_common as SC
+    import sweep_memory as M
+    from bench import Bench
+    from pydnn import tuning
+
+    torch.manual_seed(0)
+    b = Bench(64 << 20)
+    c = M.Ctx()
+    c.h, c.copy_gbs = b.h, b.copy_gbs
+    c.timer = SC.gpu_timer(args.reps, 2)
+    c.empty_ms = None
+    names = [n for n in args.points.split(",") if n] or list(POINTS)
+    print(f"device copy {c.copy_gbs:.0f} GB/s; ratio = PyTorch ms / pydnn ms")
+    for name in names:
+        p, off = POINTS[name]
+        for label, settings in (("default", {}), ("off", off)):
+            if settings is None:
+                continue
+            rows = []
+            with tuning.override(settings):
+                M.run_point(c, dict(p), rows, {})
+            r = rows[-1]
+            print(f"{name:28s} {label:7s} {r['status']:6s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  torch "
+                  f"{SC.fmt(r.get('ms_ref'), '.4f')} ms  {SC.fmt(r.get('ratio'), '.3f')}x  "
+                  f"{SC.fmt(r.get('gbs_pydnn'), '.0f')} GB/s  check {SC.fmt(r.get('check_err'), '.2e')} "
+                  f"{r.get('note', '')[:80]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
