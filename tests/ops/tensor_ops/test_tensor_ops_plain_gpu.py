@@ -20,6 +20,13 @@ OPS = [pydnn.PYDNN_OP_TENSOR_ADD, pydnn.PYDNN_OP_TENSOR_MUL, pydnn.PYDNN_OP_TENS
 SHAPES = [(82918, 64), (1001, 77), (3, 5, 7), (2049,)]
 
 
+def _fits(*descs):
+    """The operands' byte spans within PLAIN_BYTES (the plain unit's rule; (82918, 64) float is 40.5 MiB with
+    two operands, 60.7 with three: the streaming unit -- the H200 run of 2026-11-28 failed the float cases
+    that expected the plain one there)."""
+    return sum(d.span_bytes() for d in descs) <= tuning.tensor_ops.PLAIN_BYTES
+
+
 def _rec(handle, key):
     rec = handle.prepared.get(key)
     assert rec is not None
@@ -41,8 +48,9 @@ def test_op_tensor_dense(handle, rng, dtype, plain):
                 pydnn.op_tensor(handle, d, a1, a.desc, a.ptr, a2, b.desc, b.ptr, 0.0, c.desc, c.ptr)  # C poisoned
                 rec = _rec(handle, ("op", (d, d.version), (a.desc, a.desc.version), (c.desc, c.desc.version),
                                     (b.desc, b.desc.version)))
-                unit = f"tensor_ops.plain.{t}" if plain else f"tensor_ops.{t}"
-                assert rec.vec_func == handle.function(unit, ew.contig_expr(T.OPS[op], t, hint=0 if plain else None))
+                p = plain and _fits(a.desc, b.desc, c.desc)
+                unit = f"tensor_ops.plain.{t}" if p else f"tensor_ops.{t}"
+                assert rec.vec_func == handle.function(unit, ew.contig_expr(T.OPS[op], t, hint=0 if p else None))
                 scale = np.abs(a1 * av) + np.abs(a2 * bv)
                 assert_close(c.download(), ref.op_tensor(op, a1, av, a2, bv, 0.0, None), dtype, f"op {op} {dims}",
                              scale=scale)
@@ -65,8 +73,9 @@ def test_add_and_scale_dense(handle, rng, dtype, plain):
             alpha = float(rng.uniform(-2, 2))
             pydnn.add_tensor(handle, alpha, a.desc, a.ptr, 0.0, c.desc, c.ptr)  # C poisoned
             rec = _rec(handle, ("add", (a.desc, a.desc.version), (c.desc, c.desc.version)))
-            unit = f"tensor_ops.plain.{t}" if plain else f"tensor_ops.{t}"
-            assert rec.vec_func == handle.function(unit, ew.contig_expr(T.SCALED, t, hint=0 if plain else None))
+            p = plain and _fits(a.desc, c.desc)
+            unit = f"tensor_ops.plain.{t}" if p else f"tensor_ops.{t}"
+            assert rec.vec_func == handle.function(unit, ew.contig_expr(T.SCALED, t, hint=0 if p else None))
             assert_close(c.download(), alpha * av, dtype, f"add beta 0 {dims}", scale=np.abs(alpha * av))
             c.check_untouched()
             c0 = c.random(rng)
