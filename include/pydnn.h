@@ -1114,6 +1114,10 @@ pydnnStatus_t pydnnRNNBackwardWeights_v8(pydnnHandle_t handle, pydnnRNNDescripto
 /* ---- Matmul (pydnn extension) ---- */
 /* C = alpha * A @ B + beta * C: 2-d or 3-d (batched; A's or B's batch 1 broadcasts), transposes through strides; FLOAT (exact), HALF, BFLOAT16 (float accumulation). */
 pydnnStatus_t pydnnMatmul(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);
+/* The workspace bytes MatmulEx uses to split K over the SMs (few output tiles, a long K: a weight gradient); 0: none. */
+pydnnStatus_t pydnnGetMatmulExWorkspaceSize(pydnnHandle_t handle, const pydnnTensorDescriptor_t aDesc, const pydnnTensorDescriptor_t bDesc, const pydnnTensorDescriptor_t cDesc, size_t *sizeInBytes);
+/* Matmul with a workspace: with GetMatmulExWorkspaceSize bytes K is split (fp32 partials summed in a fixed order); with less, one whole-K launch. */
+pydnnStatus_t pydnnMatmulEx(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C, void *workSpace, size_t workSpaceSizeInBytes);
 
 /* ---- Graph API: backend descriptors, operation graphs and execution plans (cuDNN 9's backend API) ---- */
 /* A new, empty descriptor: TENSOR, POINTWISE, OPERATION_POINTWISE, MATMUL, OPERATION_MATMUL, REDUCTION, OPERATION_REDUCTION, OPERATIONGRAPH, ENGINEHEUR, ENGINE, ENGINECFG, KNOB_CHOICE, EXECUTION_PLAN, VARIANT_PACK. */

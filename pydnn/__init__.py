@@ -43,5 +43,5 @@ from .ops.rnn import *  # noqa: F401,F403,E402
 # ---- graph API (issue 22): the public matmul, the backend API, the frontend (pydnn.graph) ----
 from .graph import (  # noqa: F401,E402
     backend_create_descriptor, backend_destroy_descriptor, backend_execute, backend_finalize, backend_get_attribute,
-    backend_set_attribute, get_matmul_workspace_size, matmul,
+    backend_set_attribute, get_matmul_ex_workspace_size, matmul, matmul_ex,
 )

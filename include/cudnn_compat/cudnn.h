@@ -787,6 +787,8 @@ typedef pydnnConvolutionBwdFilterAlgoPerf_t cudnnConvolutionBwdFilterAlgoPerf_t;
 #define cudnnRNNBackwardData_v8 pydnnRNNBackwardData_v8
 #define cudnnRNNBackwardWeights_v8 pydnnRNNBackwardWeights_v8
 #define cudnnMatmul pydnnMatmul
+#define cudnnGetMatmulExWorkspaceSize pydnnGetMatmulExWorkspaceSize
+#define cudnnMatmulEx pydnnMatmulEx
 #define cudnnBackendCreateDescriptor pydnnBackendCreateDescriptor
 #define cudnnBackendDestroyDescriptor pydnnBackendDestroyDescriptor
 #define cudnnBackendSetAttribute pydnnBackendSetAttribute

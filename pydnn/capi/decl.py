@@ -118,6 +118,10 @@ FUNCTIONS += [
     ("Matmul (pydnn extension)", [
         ("pydnnStatus_t pydnnMatmul(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C);",
          "C = alpha * A @ B + beta * C: 2-d or 3-d (batched; A's or B's batch 1 broadcasts), transposes through strides; FLOAT (exact), HALF, BFLOAT16 (float accumulation)."),
+        ("pydnnStatus_t pydnnGetMatmulExWorkspaceSize(pydnnHandle_t handle, const pydnnTensorDescriptor_t aDesc, const pydnnTensorDescriptor_t bDesc, const pydnnTensorDescriptor_t cDesc, size_t *sizeInBytes);",
+         "The workspace bytes MatmulEx uses to split K over the SMs (few output tiles, a long K: a weight gradient); 0: none."),
+        ("pydnnStatus_t pydnnMatmulEx(pydnnHandle_t handle, const void *alpha, const pydnnTensorDescriptor_t aDesc, const void *A, const pydnnTensorDescriptor_t bDesc, const void *B, const void *beta, const pydnnTensorDescriptor_t cDesc, void *C, void *workSpace, size_t workSpaceSizeInBytes);",
+         "Matmul with a workspace: with GetMatmulExWorkspaceSize bytes K is split (fp32 partials summed in a fixed order); with less, one whole-K launch."),
     ]),
     ("Graph API: backend descriptors, operation graphs and execution plans (cuDNN 9's backend API)", [
         ("pydnnStatus_t pydnnBackendCreateDescriptor(pydnnBackendDescriptorType_t descriptorType, pydnnBackendDescriptor_t *descriptor);",

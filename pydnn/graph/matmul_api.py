@@ -1,12 +1,14 @@
 """pydnnMatmul / pydnn.matmul (pydnn extension): C = alpha * A @ B + beta * C from tensor descriptors, over
 pydnn's GEMM kernels (pydnn/ops/matmul.py). The graph's OPERATION_MATMUL runs through the same mapping.
 
-    matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C, workspace=0, workspace_size=0)
-    get_matmul_workspace_size(handle, aDesc, bDesc, cDesc) -> bytes
+    matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C)
+    matmul_ex(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C, workSpace, workSpaceSizeInBytes)
+    get_matmul_ex_workspace_size(handle, aDesc, bDesc, cDesc) -> bytes
 
-A workspace of get_matmul_workspace_size bytes (0 for most problems) lets a problem with few output tiles
-and a long K (a Linear layer's weight gradient) split K over the SMs, the fp32 partials summed in a fixed
-order (deterministic); without it the same result comes from one whole-K launch. No call allocates.
+MatmulEx with a workspace of GetMatmulExWorkspaceSize bytes (0 for most problems) lets a problem with few
+output tiles and a long K (a Linear layer's weight gradient) split K over the SMs, the fp32 partials summed in
+a fixed order (deterministic); with less (or Matmul) the same result comes from one whole-K launch. No call
+allocates.
 
 Descriptors have 2 dims (M x K, K x N, M x N) or 3 (a batch in front). Every matrix is row- or
 column-major: one of its last two strides is 1 (transposes are strides: a K x M row-major buffer seen
@@ -27,7 +29,7 @@ from ..ops.common import element_aligned, scalar
 from ..status import PydnnError, api
 from ..tensor import check_tensor
 
-__all__ = ["matmul", "get_matmul_workspace_size"]
+__all__ = ["matmul", "matmul_ex", "get_matmul_ex_workspace_size"]
 
 TYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
 
@@ -124,8 +126,9 @@ def plan_for(handle, a_desc, b_desc, c_desc, names=("aDesc", "bDesc", "cDesc")):
 
 
 @api
-def get_matmul_workspace_size(handle, a_desc, b_desc, c_desc):
-    """pydnnGetMatmulWorkspaceSize (extension): the workspace bytes that let matmul split K (0: none used)."""
+def get_matmul_ex_workspace_size(handle, a_desc, b_desc, c_desc):
+    """pydnnGetMatmulExWorkspaceSize (extension): the workspace bytes that let matmul_ex split K (0: none
+    used)."""
     check_handle(handle)
     check_tensor(a_desc, "aDesc")
     check_tensor(b_desc, "bDesc")
@@ -134,9 +137,18 @@ def get_matmul_workspace_size(handle, a_desc, b_desc, c_desc):
 
 
 @api
-def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace=0, workspace_size=0):  # noqa: N803
-    """pydnnMatmul (extension): C = alpha * A @ B + beta * C (see the module docstring); workspace /
-    workspace_size: optional, get_matmul_workspace_size bytes (split K)."""
+def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C):  # noqa: N803 - cuDNN's names
+    """pydnnMatmul (extension): C = alpha * A @ B + beta * C (see the module docstring)."""
+    _matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, 0, 0)
+
+
+@api
+def matmul_ex(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, work_space, work_space_size_in_bytes):  # noqa: N803
+    """pydnnMatmulEx (extension): matmul with a workspace (get_matmul_ex_workspace_size bytes: split K)."""
+    _matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, work_space, work_space_size_in_bytes)
+
+
+def _matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace, workspace_size):  # noqa: N803
     check_handle(handle)
     check_tensor(a_desc, "aDesc")
     check_tensor(b_desc, "bDesc")
@@ -153,8 +165,9 @@ def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace=0, wo
         for x, d, nm in ((A, a_desc, "A"), (B, b_desc, "B")):
             if C < x + d.span_bytes() and x < C + c_desc.span_bytes():
                 raise _bad(f"C: its memory overlaps {nm}'s (C must be separate memory)")
+    workspace_size = M._size("workSpaceSizeInBytes", workspace_size, 0, 2**62) if workspace_size else 0
     if workspace_size and plan.ws_bytes:
-        workspace = device_ptr(workspace, "workspace", workspace_size)
+        workspace = device_ptr(workspace, "workSpace", workspace_size)
     else:
         workspace = workspace_size = 0
     if swap:

@@ -192,7 +192,7 @@ WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True, runon=
 # S splits when the 128x256 tiles fill less than 3/4 of a wave and K is long (a Linear layer's weight
 # gradient dW = dY^T X: M x N = 384 x 1152, K = 16384 tokens is 15 tiles for 132 SMs; the lead's profile of
 # the GPT demo, H200: 215 us a call on the 64x64 mma.sync tile). Each (split, tile) item writes its fp32
-# partial to the caller's workspace (ws_bytes = S x m x n floats: get_matmul_workspace_size; without one the
+# partial to the caller's workspace (ws_bytes = S x m x n floats: get_matmul_ex_workspace_size; without one the
 # plan runs its whole-K tile, so no call allocates);
 # splitk_reduce sums the S partials in split order (deterministic) and applies alpha, beta and the bias.
 WG_SPLIT_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmas", persist=True, split=True)

@@ -1145,10 +1145,12 @@ _linear_descs = C.BoundedDict()
 def _matmul(h, ad, a, bd, b, cd, c):
     """c = a @ b on pydnn.matmul with the workspace it asks for (split K: a weight gradient's long K over the
     SMs), taken from PyTorch's caching allocator (capture safe)."""
-    nws = pydnn.get_matmul_workspace_size(h, ad, bd, cd)
+    nws = pydnn.get_matmul_ex_workspace_size(h, ad, bd, cd)
+    if not nws:
+        pydnn.matmul(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr())
+        return None
     ws, wsp = C.workspace(nws, c.device)
-    pydnn.matmul(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr(), workspace=wsp or 0,
-                 workspace_size=nws)
+    pydnn.matmul_ex(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr(), wsp, nws)
     return ws  # (dtype, x shape / strides, W shape / strides) -> descriptors
 
 

@@ -1096,9 +1096,9 @@ def test_demo_models_run_pydnn_end_to_end(emulated, monkeypatch):
 
 
 # ------------------------------------------------------------------ Linear on the public pydnn.matmul
-def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace=0, workspace_size=0):  # noqa: N803
+def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C):  # noqa: N803 - the graph API's signature
     """pydnn.matmul as the graph API (pydnn/graph/matmul_api.py) declares it: C = alpha A @ B + beta C, 2-d or
-    3-d descriptors, transposes as strides; the workspace (split K) changes only how the GPU sums."""
+    3-d descriptors, transposes as strides."""
     CALLS.append("matmul")
     a, b, c = tv(a_desc, A), tv(b_desc, B), tv(c_desc, C)
     for t in (a, b):
@@ -1106,27 +1106,28 @@ def matmul(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace=0, wo
     blend(c, a.double() @ b.double(), alpha, beta)
 
 
-_MATMUL_SIG = "(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C, workspace=0, workspace_size=0)"
+_MATMUL_SIG = "(handle, alpha, a_desc, A, b_desc, B, beta, c_desc, C)"
 
 
-def get_matmul_workspace_size(handle, a_desc, b_desc, c_desc):
-    """The split-K workspace a GPU plan may ask for; the emulation sums in float64 and needs none."""
-    CALLS.append("get_matmul_workspace_size")
+def get_matmul_ex_workspace_size(handle, a_desc, b_desc, c_desc):
+    """The split-K workspace a GPU plan may ask for; the emulation sums in float64 and needs none (so the
+    bridge calls matmul, not matmul_ex)."""
+    CALLS.append("get_matmul_ex_workspace_size")
     return 0
 # defined after FAKES was collected: added by hand (as the batch-norm Ex fakes below) once pydnn has the
 # public matmul (merged with the graph API): without it, pt.Linear in the converted models / demos reached the
 # real pydnn.matmul with the emulated handle ("not a live handle") or the CPU-only one ("no kernels")
 if hasattr(pydnn, "matmul"):
     FAKES.append(matmul)
-    FAKES.append(get_matmul_workspace_size)
+    FAKES.append(get_matmul_ex_workspace_size)
 
 
 def test_matmul_fake_signature():
     assert str(inspect.signature(matmul)) == _MATMUL_SIG
     if hasattr(pydnn, "matmul"):  # once the graph API is merged: the real one must match
         assert str(inspect.signature(pydnn.matmul)) == _MATMUL_SIG
-        assert str(inspect.signature(pydnn.get_matmul_workspace_size)) == str(
-            inspect.signature(get_matmul_workspace_size))
+        assert str(inspect.signature(pydnn.get_matmul_ex_workspace_size)) == str(
+            inspect.signature(get_matmul_ex_workspace_size))
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -395,12 +395,11 @@ def test_split_k_through_pydnn_matmul(handle, rng):
     b = DevTensor((k, n), BF16)
     c = DevTensor((m, n), BF16, strides=(n + 8, 1))
     av, bv = a.random(rng, -1, 1), b.random(rng, -1, 1)
-    size = pydnn.get_matmul_workspace_size(handle, a.desc, b.desc, c.desc)
+    size = pydnn.get_matmul_ex_workspace_size(handle, a.desc, b.desc, c.desc)
     if handle.arch == M.WG_ARCH:
         assert size > 0
     ws = pydnn.DeviceArray((max(size, 1),), np.uint8)
-    pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr, workspace=ws.ptr,
-                 workspace_size=size)
+    pydnn.matmul_ex(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr, ws.ptr, size)
     assert_close(c.download(), av @ bv, BF16, "pydnn.matmul split-K", scale=np.abs(av) @ np.abs(bv))
     c.check_untouched()
     pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr)  # no workspace: whole K
