@@ -71,5 +71,38 @@ dev = torch.cuda.get_device_name(0)
 with open(os.path.join(out, "ddp_speedup.md"), "w") as fh:
     fh.write(f"Data-parallel speed-up on {torch.cuda.device_count()} x {dev} (same global batch; GPT: global "
              f"tokens/s of the median step; CNN: median step time)\n\n{text}\n")
+# One figure per demo: the training loss of the 1-GPU and the 2-GPU run (same global batch) on one axis, and
+# the throughput of each, so the README can show that the curves match and what the second GPU buys.
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+for demo in demos if plt else ():
+    runs = {}
+    for b in backends:
+        for n in (1, 2):
+            p = os.path.join(out, f"{demo}_{b}_{n}.json")
+            if os.path.exists(p):
+                with open(p) as fh:
+                    runs[(b, n)] = json.load(fh)[b]
+    if not runs:
+        continue
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for (b, n), r in sorted(runs.items()):
+        c = r["curve"]
+        x = c.get("step") or list(range(1, len(c["loss"]) + 1))
+        ax.plot(x, c["loss"], label=f"{b}, {n} GPU{'s' if n > 1 else ''}")
+    ax.set_xlabel("step" if demo == "gpt" else "epoch"); ax.set_ylabel("training loss"); ax.legend()
+    ax.set_title(f"{demo}: loss, same global batch")
+    labels = [f"{b}\n{n} GPU{'s' if n > 1 else ''}" for (b, n) in sorted(runs)]
+    if demo == "gpt":
+        vals = [runs[k]["tokens_per_s"] / 1e6 for k in sorted(runs)]; bx.set_ylabel("M tokens/s")
+    else:
+        vals = [1e3 / runs[k]["step_ms"] for k in sorted(runs)]; bx.set_ylabel("steps/s")
+    bx.bar(labels, vals, color="tab:blue"); bx.set_title(f"{demo}: throughput on {dev}")
+    fig.tight_layout(); fig.savefig(os.path.join(out, f"ddp_{demo}.png"), dpi=110); plt.close(fig)
+    print(f"plot: {os.path.join(out, f'ddp_{demo}.png')}")
 PY
 exit $status
