@@ -75,6 +75,15 @@ def compile_unit(unit, arch, nv_version=None):
     return cubin, lowered
 
 
+def _usable_cpus():
+    """The CPUs this process may run on (a container's or taskset's limit), not the host's count: one NVRTC
+    thread a usable CPU."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
 def build_all(archs=None, progress=True, jobs=None, units=None, everything=None, prefixes=None):
     """Compile the units of every target arch that the cache lacks: those the install builds
     (manifest.install_units; with `everything`, default PYDNN_BUILD_ALL, every unit, the first-use ones
@@ -107,7 +116,7 @@ def build_all(archs=None, progress=True, jobs=None, units=None, everything=None,
     if not todo:
         return 0, skipped
     todo.sort(key=lambda t: -_cost(t[0]))   # longest first: the parallel build ends on small units
-    jobs = jobs or min(len(todo), max(2, os.cpu_count() or 2))
+    jobs = jobs or min(len(todo), max(2, _usable_cpus()))
     bar = Progress(len(todo), out) if progress else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {pool.submit(compile_unit, u, a, nv): (u, a) for u, a in todo}
