@@ -315,6 +315,8 @@ attention = Switches(
                    'reasons: pydnn/ops/attention_wgmma.py'),
     DIAG=(None, 'benchmark only: a (unit, expr) of diag_units that launch runs instead; the reasons: '
                 'pydnn/ops/attention_wgmma.py'),
+    WS=(True, 'sm_90, d 128: the warp-specialized forward (FA3-style producer / consumer warpgroups, '
+              'ping-pong; pydnn/ops/attention_ws.py); False: the older wgmma forward (A/B)'),
     DECODE=(True, 'the split-KV decode forward (dec + dec_combine) for queries of at most DECODE_MAX_SQ rows '
                   'without dropout; False: such calls take the regular forward (pydnn/ops/attention.py)'),
     DECODE_MAX_SQ=(16, 'the longest query sequence the decode forward takes (its CTAs hold 16 rows of a K/V '

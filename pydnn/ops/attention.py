@@ -74,6 +74,7 @@ from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import check_tensor, _int
 from . import attention_wgmma as W
+from . import attention_ws as WS
 from . import attention_wgmma_bwd as _wgb
 from .common import TAG, cdiv, enum_arg, output_tensor, same_shape, scalar
 
@@ -159,7 +160,7 @@ class AttnParams(ctypes.Structure):
         ("scale", ctypes.c_float), ("scale_log2", ctypes.c_float),
         ("seed", ctypes.c_ulonglong), ("drop_threshold", ctypes.c_uint), ("drop_scale", ctypes.c_float),
         ("part_o", ctypes.c_void_p), ("part_lse", ctypes.c_void_p), ("splits", ctypes.c_int),
-        ("split_len", ctypes.c_int),
+        ("split_len", ctypes.c_int), ("sched_heads", ctypes.c_int), ("sched_pad", ctypes.c_int),
     ]
 
 
@@ -776,8 +777,12 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
 
 
 def _wgmma_forward(handle, a, pr, p):
-    """The Hopper forward (pydnn/ops/attention_wgmma.py) when it takes the call: an sm_90 device, no
-    dropout, attention_wgmma.ENABLED. Returns whether it launched."""
+    """The Hopper forward when it takes the call (an sm_90 device, no dropout, tuning.attention.ENABLED):
+    the warp-specialized one (pydnn/ops/attention_ws.py; d 128, tuning.attention.WS), else the older
+    wgmma one (pydnn/ops/attention_wgmma.py). Returns whether it launched."""
+    if WS.usable(handle, pr.d, a.dropout):
+        WS.launch(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, pr.skv, a.heads_q // a.heads_kv, p)
+        return True
     if not W.usable(handle, pr.d, a.dropout):
         return False
     W.launch(handle, pr.tag, pr.d, (a.heads_q, pr.b), pr.sq, p)

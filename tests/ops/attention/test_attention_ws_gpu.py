@@ -1,0 +1,118 @@
+"""The warp-specialized Hopper attention forward, ptx/attention_ws.cu (pydnn/ops/attention_ws.py), forced
+on against the float64 reference: bf16 / fp16, d 128 (the planner's) and d 64 (instantiated, forced here),
+MHA / GQA / MQA, no mask and both causal alignments, BHSD and BSHD, lengths that are not multiples of the
+128-row / 128-key tiles, more queries than keys (rows and whole 128-row units that see nothing), variable
+lengths with padded strides, a NULL statsDesc; the persistent scheduler with more work units than SMs
+(several rounds of the snake order, the K / V ring and the Q buffer reused across units) and with small
+scheduling sections (sched_heads 1 and 3: a partial last section). Outputs poisoned first and the stride
+gaps checked untouched. Every call is checked to have launched this kernel and nothing else.
+Skipped on devices other than sm_90."""
+import pytest
+
+from pydnn import tuning
+from pydnn.ops import attention as A
+from pydnn.ops import attention_wgmma as W
+from pydnn.ops import attention_ws as WS
+from test_attention_gpu import BF16, BR, F16, NONE, TL, Problem, _check_forward, check_forward_without_stats
+
+pytestmark = pytest.mark.gpu
+MASKS = [NONE, TL, BR]
+MASK_IDS = ["none", "tl", "br"]
+
+
+@pytest.fixture
+def ws(handle, monkeypatch):
+    """The warp-specialized path on (d 64 too); the older kernels made to fail if the dispatcher falls
+    back to them; a count of this kernel's launches."""
+    if handle.arch != WS.ARCH:
+        pytest.skip(f"the warp-specialized forward runs on {WS.ARCH} only (device: {handle.arch})")
+    monkeypatch.setattr(tuning.attention, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention, "WS", True)
+    monkeypatch.setattr(WS, "HEAD_DIMS", (64, 128))
+    real_f, real_ws = A._func, WS.launch
+    launches = []
+
+    def guard(h, kernel, *args, **kw):
+        assert kernel != "fwd", "attention_forward fell back to the mma.sync kernel"
+        return real_f(h, kernel, *args, **kw)
+
+    def no_old(*args, **kw):
+        raise AssertionError("attention_forward fell back to the older wgmma kernel")
+
+    def counted(*args, **kw):
+        launches.append(args)
+        return real_ws(*args, **kw)
+
+    monkeypatch.setattr(A, "_func", guard)
+    monkeypatch.setattr(W, "launch", no_old)
+    monkeypatch.setattr(WS, "launch", counted)
+    return launches
+
+
+CASES = [  # b, hq, hkv, sq, skv, d, layout
+    (2, 4, 4, 150, 150, 128, "bhsd"),    # MHA, lengths not multiples of the tiles
+    (1, 4, 2, 70, 200, 128, "bshd"),     # GQA, more keys than queries
+    (2, 4, 1, 200, 97, 128, "bshd"),     # MQA, more queries than keys (bottom-right: empty rows)
+    (1, 2, 1, 333, 517, 128, "bshd"),    # GQA, 5 key tiles, ragged both ways
+    (1, 4, 2, 520, 130, 128, "bhsd"),    # more queries than keys: whole units that see nothing
+    (1, 2, 2, 1, 1, 128, "bshd"),        # one query, one key
+    (1, 2, 1, 77, 1024, 128, "bhsd"),    # 8 whole key tiles
+    (2, 3, 3, 300, 700, 64, "bhsd"),     # d 64, 6 key tiles
+]
+IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward(handle, rng, ws, dtype, mask, case):
+    b, hq, hkv, sq, skv, d, layout = case
+    _check_forward(handle, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout))
+    assert len(ws) == 1
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_variable_lengths(handle, rng, ws, mask, d):
+    # padded rows in the strides (pad 8 elements) so the gaps are checked untouched too; a batch with no
+    # queries, one with 5 keys, lengths crossing the 128 tiles
+    pb = Problem(rng, 4, 4, 2, 300, 290, d, BF16, mask, "bshd", lens=([300, 37, 0, 200], [5, 290, 64, 129]), pad=8)
+    _check_forward(handle, pb)
+    assert len(ws) == 1
+
+
+def test_forward_without_stats(handle, rng, ws):
+    check_forward_without_stats(handle, Problem(rng, 1, 2, 2, 200, 200, 128, BF16, TL))
+    assert len(ws) == 1
+
+
+@pytest.mark.parametrize("share", [None, 1e-9, 3], ids=["default", "hs1", "hs3"])
+@pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
+def test_persistent_schedule(handle, rng, ws, monkeypatch, share, mask):
+    """More 128-row units than SMs (b 2 x 20 heads x 8 row blocks = 320 > 132): several snake rounds, the
+    rings and the Q buffer reused across units; sections of 1 and of 3 (batch, head) pairs (20 x 2 = 40
+    pairs: a last section of 1) besides the default."""
+    b, hq, hkv, sq, skv = 2, 20, 4, 1000, 900
+    if share == 3:  # an L2 share that makes exactly 3 heads a section
+        per = 2 * skv * 128 * 2 / (hq // hkv)
+        monkeypatch.setattr(WS, "L2_SHARE", 3.5 * per / WS.l2_bytes(handle))
+        assert WS.sched_heads(WS.l2_bytes(handle), skv, 128, hq // hkv) == 3
+    elif share is not None:
+        monkeypatch.setattr(WS, "L2_SHARE", share)
+        assert WS.sched_heads(WS.l2_bytes(handle), skv, 128, hq // hkv) == 1
+    pb = Problem(rng, b, hq, hkv, sq, skv, 128, BF16, mask, "bshd", lens=([1000, 611], [900, 900]))
+    _check_forward(handle, pb)
+    assert len(ws) == 1 and WS.grid_size(handle, b, hq, sq) == min(handle.sm_count, b * hq * 8)
+
+
+def test_old_wgmma_kernel_by_switch(handle, rng, monkeypatch):
+    """tuning.attention.WS = False: d 128 takes the older wgmma kernel again (the A/B switch)."""
+    if handle.arch != WS.ARCH:
+        pytest.skip(f"sm_90 only (device: {handle.arch})")
+    monkeypatch.setattr(tuning.attention, "WS", False)
+    calls = []
+    real = W.launch
+    monkeypatch.setattr(W, "launch", lambda *a, **k: (calls.append(a), real(*a, **k))[1])
+    monkeypatch.setattr(WS, "launch", lambda *a, **k: (_ for _ in ()).throw(AssertionError("WS launched")))
+    _check_forward(handle, Problem(rng, 1, 4, 2, 333, 517, 128, BF16, BR, "bshd"))
+    assert len(calls) == 1
