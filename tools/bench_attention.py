@@ -474,12 +474,91 @@ def decode_splits(out=None):
             f.write("\n".join(lines) + "\n")
 
 
+# ----------------------------------------------------------------------------- forward A/B (issue 19)
+# B * S = 16384 tokens (the issue's sweep), d 128, bf16, BHSD: (S, hq, hkv)
+AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
+
+
+def fwd_ab(out=None, shapes=None, check=True):
+    """`python3 tools/bench_attention.py --fwd-ab [--out FILE]`: the d 128 forward, the warp-specialized
+    kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older wgmma one ("old")
+    and SDPA's cuDNN backend in the same run, causal and not; TFLOP/s and the ratios to cuDNN, then the
+    geometric means. check: the new kernel's O against the old one's (max |diff|, both bf16)."""
+    import math
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    name = torch.cuda.get_device_name()
+    lines = [f"# attention forward d128 A/B, {name}, bf16, B*S = 16384", "",
+             "| case | cuDNN TF/s | old TF/s | new TF/s | old/cuDNN | new/cuDNN | new/old | max abs(new - old) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios = {"old": [], "new": []}
+    d = 128
+    for s, hq, hkv in shapes or AB_SHAPES:
+        bb = 16384 // s
+        q = torch.randn(bb, hq, s, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, s, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bb, hkv, s, d, dtype=torch.bfloat16, device="cuda")
+        o = torch.empty_like(q)
+        lse = torch.empty(bb, hq, s, 1, dtype=torch.float32, device="cuda")
+        tq, tk, tv, to = _desc(q, bf), _desc(k, bf), _desc(v, bf), _desc(o, bf)
+        tl = _desc(lse, pydnn.PYDNN_DATA_FLOAT)
+        for causal in (False, True):
+            a = pydnn.create_attention_descriptor()
+            mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+            pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+
+            def fwd():
+                pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
+                                        tl, lse.data_ptr(), None, None, None, 0)
+            flops = 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
+            t_c = _torch_ms("cudnn", q, k, v, causal, False)
+            ms, outs = {}, {}
+            for tag, ws in (("old", False), ("new", True)):
+                with tuning.override({"attention.WS": ws}):
+                    o.fill_(float("nan"))
+                    fwd()
+                    torch.cuda.synchronize()
+                    outs[tag] = o.clone() if check else None
+                    ms[tag] = time_ms(fwd)
+            diff = (outs["new"].float() - outs["old"].float()).abs().max().item() if check else float("nan")
+            tf = {k_: flops / m / 1e9 for k_, m in ms.items()}
+            tc = flops / t_c / 1e9 if t_c else float("nan")
+            for k_ in ratios:
+                if t_c:
+                    ratios[k_].append(t_c / ms[k_])
+            case = f"b{bb} s{s} h{hq}/{hkv}{' causal' if causal else ''}"
+            r_old = t_c / ms["old"] if t_c else float("nan")
+            r_new = t_c / ms["new"] if t_c else float("nan")
+            row = (f"| {case} | {tc:.0f} | {tf['old']:.0f} | {tf['new']:.0f} | {r_old:.3f} | {r_new:.3f} | "
+                   f"{ms['old'] / ms['new']:.3f} | {diff:.4g} |")
+            print(row, flush=True)
+            lines.append(row)
+            del outs
+        del q, k, v, o, lse
+        torch.cuda.empty_cache()
+    for k_, r in ratios.items():
+        if r:
+            g = math.exp(sum(math.log(x) for x in r) / len(r))
+            line = f"{k_}: geomean {g:.3f}x cuDNN, min {min(r):.3f}, over {len(r)} points"
+            print(line, flush=True)
+            lines += ["", line]
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
                                              "tools/bench.py)")
     ap.add_argument("--decode-splits", action="store_true")
+    ap.add_argument("--fwd-ab", action="store_true", help="the d 128 forward: warp-specialized vs older wgmma vs cuDNN")
+    ap.add_argument("--seqs", help="--fwd-ab: comma-separated sequence lengths (default 1024,4096,8192)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:
         decode_splits(args.out)
+    if args.fwd_ab:
+        seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
+        fwd_ab(args.out, [x for x in AB_SHAPES if seqs is None or x[0] in seqs])
