@@ -106,7 +106,9 @@ template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0)
   return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
 }
 
-template <class T, int D, int BN, int STAGES>
+// PP: ping-pong between the consumer warpgroups (false: each issues its wgmmas when its data is there;
+// benchmark-only, tools/bench_attention.py --fwd-ab's [new no pingpong] rows).
+template <class T, int D, int BN, int STAGES, bool PP = true>
 __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -192,7 +194,7 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
   attn::setmaxnreg_inc<kConsRegs>();
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
-  if (cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
+  if (PP && cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
   const unsigned aQw = aQ + cw * 64 * 128;  // this warpgroup's rows of Q (slab 0)
   unsigned kc = 0, tc = 0;
   for (int r = 0; r < rounds; ++r) {
@@ -232,11 +234,11 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
       const unsigned sc = kc % STAGES;
       mbar_wait(kfull(sc), (kc / STAGES) & 1);
       wgmma::fence_proxy_async();  // the producer's cp.async writes (generic proxy) seen by wgmma
-      bar_sync(my_turn, 256);
+      if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
       attn_wg::tile_qk<T, D, BN>(s, aQw, kbuf(sc));
       wgmma::commit();
-      bar_arrive(other_turn, 256);
+      if (PP) bar_arrive(other_turn, 256);
       wgmma::wait<0>();
       wgmma::fence_operands(s);
       __syncwarp();
@@ -253,13 +255,13 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
       mbar_wait(kfull(sc), (c / STAGES) & 1);
       mbar_wait(vfull(sp), (cp / STAGES) & 1);
       wgmma::fence_proxy_async();
-      bar_sync(my_turn, 256);
+      if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
       attn_wg::tile_qk<T, D, BN>(s, aQw, kbuf(sc));
       wgmma::commit();
       attn_wg::tile_pv<T, D, BN>(o, pa, vbuf(sp));
       wgmma::commit();
-      bar_arrive(other_turn, 256);
+      if (PP) bar_arrive(other_turn, 256);
       wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
       wgmma::fence_operands(s);
       __syncwarp();
@@ -279,11 +281,11 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
       const unsigned c = kc + nt - 1, sc = c % STAGES;
       mbar_wait(vfull(sc), (c / STAGES) & 1);
       wgmma::fence_proxy_async();
-      bar_sync(my_turn, 256);
+      if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
       attn_wg::tile_pv<T, D, BN>(o, pa, vbuf(sc));
       wgmma::commit();
-      bar_arrive(other_turn, 256);
+      if (PP) bar_arrive(other_turn, 256);
       wgmma::wait<0>();
       wgmma::fence_operands(o);
       __syncwarp();

@@ -480,19 +480,25 @@ AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), 
 
 
 def fwd_ab(out=None, shapes=None, check=True):
-    """`python3 tools/bench_attention.py --fwd-ab [--out FILE]`: the d 128 forward, the warp-specialized
-    kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older wgmma one ("old")
-    and SDPA's cuDNN backend in the same run, causal and not; TFLOP/s and the ratios to cuDNN, then the
-    geometric means. check: the new kernel's O against the old one's (max |diff|, both bf16)."""
+    """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
+    warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
+    wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
+    new one: [nopp] without the consumers' ping-pong (WS.PINGPONG), [1sec] the scheduler's units in one
+    section (WS.L2_SHARE huge: longest-first over every head, no L2 grouping). TFLOP/s, the ratios to
+    cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|)."""
     import math
+    from pydnn.ops import attention_ws as WS
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     bf = pydnn.PYDNN_DATA_BFLOAT16
     name = torch.cuda.get_device_name()
+    variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True),
+                ("nopp", True, "PINGPONG", False), ("1sec", True, "L2_SHARE", 1e9))
     lines = [f"# attention forward d128 A/B, {name}, bf16, B*S = 16384", "",
-             "| case | cuDNN TF/s | old TF/s | new TF/s | old/cuDNN | new/cuDNN | new/old | max abs(new - old) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    ratios = {"old": [], "new": []}
+             "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
+             + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new - old) |",
+             "|---|" + "---:|" * (2 * len(variants) + 2)]
+    ratios = {v[0]: [] for v in variants}
     d = 128
     for s, hq, hkv in shapes or AB_SHAPES:
         bb = 16384 // s
@@ -514,35 +520,40 @@ def fwd_ab(out=None, shapes=None, check=True):
             flops = 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
             t_c = _torch_ms("cudnn", q, k, v, causal, False)
             ms, outs = {}, {}
-            for tag, ws in (("old", False), ("new", True)):
-                with tuning.override({"attention.WS": ws}):
-                    o.fill_(float("nan"))
-                    fwd()
-                    torch.cuda.synchronize()
-                    outs[tag] = o.clone() if check else None
-                    ms[tag] = time_ms(fwd)
+            for tag, ws, attr, val in variants:
+                keep = getattr(WS, attr)
+                setattr(WS, attr, val)
+                try:
+                    with tuning.override({"attention.WS": ws}):
+                        if tag in ("old", "new") and check:
+                            o.fill_(float("nan"))
+                            fwd()
+                            torch.cuda.synchronize()
+                            outs[tag] = o.clone()
+                        ms[tag] = time_ms(fwd)
+                finally:
+                    setattr(WS, attr, keep)
             diff = (outs["new"].float() - outs["old"].float()).abs().max().item() if check else float("nan")
-            tf = {k_: flops / m / 1e9 for k_, m in ms.items()}
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:
                     ratios[k_].append(t_c / ms[k_])
             case = f"b{bb} s{s} h{hq}/{hkv}{' causal' if causal else ''}"
-            r_old = t_c / ms["old"] if t_c else float("nan")
-            r_new = t_c / ms["new"] if t_c else float("nan")
-            row = (f"| {case} | {tc:.0f} | {tf['old']:.0f} | {tf['new']:.0f} | {r_old:.3f} | {r_new:.3f} | "
-                   f"{ms['old'] / ms['new']:.3f} | {diff:.4g} |")
+            tfs = " | ".join(f"{flops / ms[x[0]] / 1e9:.0f}" for x in variants)
+            rs = " | ".join(f"{t_c / ms[x[0]]:.3f}" if t_c else "-" for x in variants)
+            row = f"| {case} | {tc:.0f} | {tfs} | {rs} | {diff:.4g} |"
             print(row, flush=True)
             lines.append(row)
             del outs
         del q, k, v, o, lse
         torch.cuda.empty_cache()
+    lines.append("")
     for k_, r in ratios.items():
         if r:
             g = math.exp(sum(math.log(x) for x in r) / len(r))
             line = f"{k_}: geomean {g:.3f}x cuDNN, min {min(r):.3f}, over {len(r)} points"
             print(line, flush=True)
-            lines += ["", line]
+            lines.append(line)
     if out:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -26,8 +26,13 @@ L2_SHARE = 0.5          # the share of L2 a section's K / V may fill
 _L2 = {}
 
 
-def _expr(tag, d):
-    return f"pydnn::attn_ws::fwd_ws<{CTYPE[tag]}, {d}, {BN}, {STAGES[d]}>"
+# PINGPONG: a benchmark knob (tools/bench_attention.py --fwd-ab), not a tuning switch: False launches the
+# d 128 bf16 variant whose consumer warpgroups do not take turns (the one other instantiation)
+PINGPONG = True
+
+
+def _expr(tag, d, pp=True):
+    return f"pydnn::attn_ws::fwd_ws<{CTYPE[tag]}, {d}, {BN}, {STAGES[d]}, {'true' if pp else 'false'}>"
 
 
 def unit_name(tag):
@@ -35,7 +40,8 @@ def unit_name(tag):
 
 
 def kernel_units():
-    return [KernelUnit(unit_name(tag), "attention_ws.cu", tuple(_expr(tag, d) for d in INSTANTIATED),
+    return [KernelUnit(unit_name(tag), "attention_ws.cu",
+                       tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ()),
                        archs=(ARCH + "a",)) for tag in ("bf16", "f16")]
 
 
@@ -79,6 +85,6 @@ def grid_size(handle, b, hq, sq):
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
     smem = smem_bytes(d)
-    f = handle.function(unit_name(tag), _expr(tag, d), smem)
+    f = handle.function(unit_name(tag), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
     p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group)
     driver.launch(f, (grid_size(handle, b, hq, sq), 1, 1), (THREADS, 1, 1), smem, handle.cu_stream, p)

@@ -116,3 +116,12 @@ def test_old_wgmma_kernel_by_switch(handle, rng, monkeypatch):
     monkeypatch.setattr(WS, "launch", lambda *a, **k: (_ for _ in ()).throw(AssertionError("WS launched")))
     _check_forward(handle, Problem(rng, 1, 4, 2, 333, 517, 128, BF16, BR, "bshd"))
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("mask", [NONE, BR], ids=["none", "br"])
+def test_without_pingpong(handle, rng, ws, monkeypatch, mask):
+    """The benchmark's variant without the consumers' turns (WS.PINGPONG = False, d 128 bf16)."""
+    monkeypatch.setattr(WS, "PINGPONG", False)
+    pb = Problem(rng, 2, 4, 2, 250, 390, 128, BF16, mask, "bshd", lens=([250, 100], [390, 200]))
+    _check_forward(handle, pb)
+    assert len(ws) == 1
