@@ -479,13 +479,14 @@ def decode_splits(out=None):
 AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
 
 
-def fwd_ab(out=None, shapes=None, check=True):
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
     new one: [nopp] without the consumers' ping-pong (WS.PINGPONG), [1sec] the scheduler's units in one
     section (WS.L2_SHARE huge: longest-first over every head, no L2 grouping). TFLOP/s, the ratios to
-    cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|)."""
+    cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
+    d 64 (`--d64`): the instantiated d 64 variant (forced on through WS.HEAD_DIMS), old / new only."""
     import math
     from pydnn.ops import attention_ws as WS
     h = pydnn.create()
@@ -493,13 +494,14 @@ def fwd_ab(out=None, shapes=None, check=True):
     bf = pydnn.PYDNN_DATA_BFLOAT16
     name = torch.cuda.get_device_name()
     variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True),
-                ("nopp", True, "PINGPONG", False), ("1sec", True, "L2_SHARE", 1e9))
-    lines = [f"# attention forward d128 A/B, {name}, bf16, B*S = 16384", "",
+                ("nopp", True, "PINGPONG", False), ("1sec", True, "L2_SHARE", 1e9))[:4 if diag else 2]
+    lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
              + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new - old) |",
              "|---|" + "---:|" * (2 * len(variants) + 2)]
     ratios = {v[0]: [] for v in variants}
-    d = 128
+    dims = WS.HEAD_DIMS
+    WS.HEAD_DIMS = tuple(sorted(set(dims) | {d}))
     for s, hq, hkv in shapes or AB_SHAPES:
         bb = 16384 // s
         q = torch.randn(bb, hq, s, d, dtype=torch.bfloat16, device="cuda")
@@ -551,9 +553,10 @@ def fwd_ab(out=None, shapes=None, check=True):
     for k_, r in ratios.items():
         if r:
             g = math.exp(sum(math.log(x) for x in r) / len(r))
-            line = f"{k_}: geomean {g:.3f}x cuDNN, min {min(r):.3f}, over {len(r)} points"
+            line = f"d{d} {k_}: geomean {g:.3f}x cuDNN, min {min(r):.3f}, over {len(r)} points"
             print(line, flush=True)
             lines.append(line)
+    WS.HEAD_DIMS = dims
     if out:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -566,10 +569,15 @@ if __name__ == "__main__":
     ap.add_argument("--decode-splits", action="store_true")
     ap.add_argument("--fwd-ab", action="store_true", help="the d 128 forward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--seqs", help="--fwd-ab: comma-separated sequence lengths (default 1024,4096,8192)")
+    ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:
         decode_splits(args.out)
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
-        fwd_ab(args.out, [x for x in AB_SHAPES if seqs is None or x[0] in seqs])
+        shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
+        fwd_ab(args.out, shapes)
+        if args.d64:
+            fwd_ab(args.out and args.out.replace(".md", "_d64.md"), [x for x in shapes if x[1] == x[2]], d=64,
+                   diag=False)
