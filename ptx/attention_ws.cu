@@ -84,17 +84,21 @@ __device__ __forceinline__ int unit_at(int r) {
 // loop (fully unrolled, its 16 precomputed addresses spilled 808 bytes out of the producer's registers).
 template <class T, int D, int ROWS, int NT>
 __device__ __forceinline__ void copy_tile(unsigned s, const T* g, long long ld, int valid, int tid) {
-  constexpr int CH = D / 8, RS = NT / CH, N = ROWS / RS;
-  static_assert(RS % 8 == 0 && ROWS % RS == 0, "tile chunks must divide among the threads");
-  const int r0 = tid / CH, c = tid % CH;
+  // a thread copies chunks c and (D = 256) c + 16 of rows r0 + RS i: 16 threads a row at most, so RS is
+  // a multiple of 8 and every pass is in the same swizzle phase (addresses advance by constants)
+  constexpr int CH = D / 8, TPR = CH < 16 ? CH : 16, PER = CH / TPR, RS = NT / TPR, N = ROWS / RS;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0 && PER <= 2, "tile chunks must divide among the threads");
+  const int r0 = tid / TPR, c = tid % TPR;
   const T* src = g + (long long)r0 * ld + c * 8;
   const long long step = (long long)RS * ld;
   unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
+  constexpr unsigned HALF = (ROWS * 64 * 2) * 2;  // chunk c + 16: two 64-column slabs on
   int row = r0;
 #pragma unroll 4
   for (int i = 0; i < N; ++i) {
     const bool ok = row < valid;
     attn::cp_async16(dst, ok ? src : g, ok);
+    if (PER == 2) attn::cp_async16(dst + HALF, ok ? src + 128 : g, ok);
     src += step;
     dst += RS * 128;
     row += RS;
@@ -113,7 +117,8 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && BN == 128 && STAGES >= 2, "fwd_ws tile");
+  // D = 256: O is 128 registers a thread, so 64-key tiles (S 32 + P 16), smem (128 + 4 x 64) x 512 B.
+  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);

@@ -486,7 +486,8 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
     new one: [nopp] without the consumers' ping-pong (WS.PINGPONG), [1sec] the scheduler's units in one
     section (WS.L2_SHARE huge: longest-first over every head, no L2 grouping). TFLOP/s, the ratios to
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
-    d 64 (`--d64`): the instantiated d 64 variant (forced on through WS.HEAD_DIMS), old / new only."""
+    d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
+    only."""
     import math
     from pydnn.ops import attention_ws as WS
     h = pydnn.create()
@@ -570,6 +571,7 @@ if __name__ == "__main__":
     ap.add_argument("--fwd-ab", action="store_true", help="the d 128 forward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--seqs", help="--fwd-ab: comma-separated sequence lengths (default 1024,4096,8192)")
     ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
+    ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:
@@ -578,6 +580,7 @@ if __name__ == "__main__":
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
         shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
         fwd_ab(args.out, shapes)
-        if args.d64:
-            fwd_ab(args.out and args.out.replace(".md", "_d64.md"), [x for x in shapes if x[1] == x[2]], d=64,
-                   diag=False)
+        for d, on in ((64, args.d64), (256, args.d256)):
+            if on:
+                fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
+                       diag=False)

@@ -16,11 +16,11 @@ from .._build.manifest import KernelUnit
 from .._cuda import driver
 
 ARCH = "sm_90"
-HEAD_DIMS = (128,)      # the ones the planner sends here; d 64 is instantiated too (tests, the benchmark)
-INSTANTIATED = (64, 128)
+HEAD_DIMS = (128,)      # the ones the planner sends here; d 64 / 256 are instantiated too (tests, the benchmark)
+INSTANTIATED = (64, 128)  # attention.ws.<tag>; d 256 in its own unit (attention.ws.d256.<tag>, built in parallel)
 THREADS, BM = 384, 128  # kThreadsWS, kBM in ptx/attention_ws.cu
-BN = 128
-STAGES = {64: 2, 128: 2}  # K and V buffers each (FA3's count at d 128: 160 KiB of tiles)
+BN = {64: 128, 128: 128, 256: 64}  # keys a tile (d 256: O takes 128 registers a thread, as the old kernel's)
+STAGES = {64: 2, 128: 2, 256: 2}  # K and V buffers each (FA3's count at d 128: 160 KiB of tiles)
 CTYPE = {"bf16": "pydnn::bf16_t", "f16": "pydnn::half_t"}
 L2_SHARE = 0.5          # the share of L2 a section's K / V may fill
 _L2 = {}
@@ -32,23 +32,26 @@ PINGPONG = True
 
 
 def _expr(tag, d, pp=True):
-    return f"pydnn::attn_ws::fwd_ws<{CTYPE[tag]}, {d}, {BN}, {STAGES[d]}, {'true' if pp else 'false'}>"
+    return f"pydnn::attn_ws::fwd_ws<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, {'true' if pp else 'false'}>"
 
 
-def unit_name(tag):
-    return f"attention.ws.{tag}"
+def unit_name(tag, d=128):
+    return f"attention.ws.d256.{tag}" if d == 256 else f"attention.ws.{tag}"
 
 
 def kernel_units():
-    return [KernelUnit(unit_name(tag), "attention_ws.cu",
-                       tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ()),
-                       archs=(ARCH + "a",)) for tag in ("bf16", "f16")]
+    out = []
+    for tag in ("bf16", "f16"):
+        exprs = tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ())
+        out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
+        out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256),), archs=(ARCH + "a",)))
+    return out
 
 
 def smem_bytes(d):
     """Q (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2, 8 bytes each),
-    +1 KiB to align the swizzle atoms (d 128: 197680 bytes)."""
-    return (BM + 2 * STAGES[d] * BN) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712)."""
+    return (BM + 2 * STAGES[d] * BN[d]) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
 
 
 def usable(handle, head_dim, dropout):
@@ -85,6 +88,6 @@ def grid_size(handle, b, hq, sq):
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
     smem = smem_bytes(d)
-    f = handle.function(unit_name(tag), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
     p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group)
     driver.launch(f, (grid_size(handle, b, hq, sq), 1, 1), (THREADS, 1, 1), smem, handle.cu_stream, p)

@@ -22,16 +22,51 @@ SMEM_LIMIT = 227 * 1024
 
 def test_units():
     units = {u.name: u for u in WS.kernel_units()}
-    assert sorted(units) == ["attention.ws.bf16", "attention.ws.f16"]
+    assert sorted(units) == ["attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.f16"]
     for t in ("bf16", "f16"):
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
         assert u.exprs[:2] == tuple(WS._expr(t, d) for d in WS.INSTANTIATED)
         assert u.exprs[2:] == ((WS._expr(t, 128, False),) if t == "bf16" else ())
+        assert units[f"attention.ws.d256.{t}"].exprs == (WS._expr(t, 256),)
+        assert WS._expr(t, 256).endswith(", 256, 64, 2, true>")
     assert {u.name for u in WS.kernel_units()} <= {u.name for u in W.kernel_units()}  # registered via W
-    for d in WS.INSTANTIATED:
+    for d in WS.INSTANTIATED + (256,):
         assert WS.smem_bytes(d) <= SMEM_LIMIT
-    assert WS.smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 10 * 8 + 1024
+    assert WS.smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 10 * 8 + 1024 == 164944
+    assert WS.smem_bytes(256) == (128 + 4 * 64) * 256 * 2 + 10 * 8 + 1024 == 197712
+
+
+def sw128(rows, r, ch):
+    """wgmma.cuh sw128<ROWS>: element offset of 16-byte chunk ch of row r in the 128B-swizzled tile."""
+    return (ch >> 3) * (rows * 64) + r * 64 + (((ch & 7) ^ (r & 7)) << 3)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_copy_tile_mapping(d, rows):
+    """attention_ws.cu copy_tile's thread -> (row, chunk) map and its constant address steps, emulated:
+    every 16-byte chunk of the tile written once, at sw128's place, from its row and column."""
+    nt, ch = 128, d // 8
+    tpr = min(ch, 16)
+    per, rs = ch // tpr, nt // tpr
+    n = rows // rs
+    seen = {}
+    for tid in range(nt):
+        r0, c = divmod(tid, tpr)
+        dst = 2 * sw128(rows, r0, c)           # bytes
+        src = r0 * d + c * 8                   # elements of a dense [rows][d] source
+        for i in range(n):
+            for k in range(per):
+                byte = dst + k * (rows * 64 * 2) * 2
+                el = src + k * 128
+                row, col = divmod(el, d)
+                assert byte == 2 * sw128(rows, row, col // 8), (tid, i, k)
+                assert byte not in seen
+                seen[byte] = (row, col)
+            src += rs * d
+            dst += rs * 128
+    assert len(seen) == rows * ch
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])

@@ -1,5 +1,6 @@
 """The warp-specialized Hopper attention forward, ptx/attention_ws.cu (pydnn/ops/attention_ws.py), forced
-on against the float64 reference: bf16 / fp16, d 128 (the planner's) and d 64 (instantiated, forced here),
+on against the float64 reference: bf16 / fp16, d 128 (the planner's), d 64 and d 256 (instantiated,
+forced here),
 MHA / GQA / MQA, no mask and both causal alignments, BHSD and BSHD, lengths that are not multiples of the
 128-row / 128-key tiles, more queries than keys (rows and whole 128-row units that see nothing), variable
 lengths with padded strides, a NULL statsDesc; the persistent scheduler with more work units than SMs
@@ -28,7 +29,7 @@ def ws(handle, monkeypatch):
         pytest.skip(f"the warp-specialized forward runs on {WS.ARCH} only (device: {handle.arch})")
     monkeypatch.setattr(tuning.attention, "ENABLED", True)
     monkeypatch.setattr(tuning.attention, "WS", True)
-    monkeypatch.setattr(WS, "HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(WS, "HEAD_DIMS", (64, 128, 256))
     real_f, real_ws = A._func, WS.launch
     launches = []
 
@@ -58,6 +59,8 @@ CASES = [  # b, hq, hkv, sq, skv, d, layout
     (1, 2, 2, 1, 1, 128, "bshd"),        # one query, one key
     (1, 2, 1, 77, 1024, 128, "bhsd"),    # 8 whole key tiles
     (2, 3, 3, 300, 700, 64, "bhsd"),     # d 64, 6 key tiles
+    (1, 4, 2, 200, 333, 256, "bshd"),    # d 256 (64-key tiles), GQA, 6 key tiles, ragged
+    (2, 2, 2, 130, 64, 256, "bhsd"),     # d 256, one whole key tile, two row blocks
 ]
 IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 
