@@ -344,3 +344,28 @@ def test_units_compile_without_spills(unit):
     spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
     assert len(spills) == len(unit.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
     assert log.count("Used 168 registers") == len(unit.exprs), log
+
+
+# ----------------------------------------------------------------------------- the GPU tests' dispatch
+
+def _gpu_cases():
+    import test_attention_ws_gpu as G
+    return G.CASES
+
+
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("case", _gpu_cases(), ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}")
+def test_gpu_cases_take_this_kernel(launches, monkeypatch, mask, case):
+    """Each case of test_attention_ws_gpu.py, with its fixture's switches, reaches fwd_ws (one launch,
+    the grid of its units) on a recorded sm_90 handle: what that test asserts, checked here first."""
+    monkeypatch.setattr(tuning.attention, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention, "WS", True)
+    monkeypatch.setattr(tuning.attention, "DECODE", False)
+    monkeypatch.setattr(WS, "HEAD_DIMS", (64, 128, 256))
+    b, hq, hkv, sq, skv, d, layout = case
+    _run_fwd(_fwd_args(a=_attn(hq, hkv, d, mask=mask), q=_t((b, hq, sq, d), layout=layout),
+                       k=_t((b, hkv, skv, d), layout=layout), v=_t((b, hkv, skv, d), layout=layout),
+                       o=_t((b, hq, sq, d), layout=layout), st=_t((b, hq, sq, 1), F32)))
+    (f,) = launches
+    assert f["f"] == WS._expr("bf16", d) and f["threads"] == 384 and f["smem"] == WS.smem_bytes(d)
+    assert f["grid"] == (min(132, b * hq * -(-sq // 128)), 1, 1)

@@ -29,6 +29,7 @@ def ws(handle, monkeypatch):
         pytest.skip(f"the warp-specialized forward runs on {WS.ARCH} only (device: {handle.arch})")
     monkeypatch.setattr(tuning.attention, "ENABLED", True)
     monkeypatch.setattr(tuning.attention, "WS", True)
+    monkeypatch.setattr(tuning.attention, "DECODE", False)  # (one query row would take the decode kernels)
     monkeypatch.setattr(WS, "HEAD_DIMS", (64, 128, 256))
     real_f, real_ws = A._func, WS.launch
     launches = []
