@@ -25,6 +25,7 @@
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
+#include "common/attn_tma.cuh"
 #include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "common/attn_wg.cuh"
@@ -112,8 +113,17 @@ template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0)
 
 // PP: ping-pong between the consumer warpgroups (false: each issues its wgmmas when its data is there;
 // benchmark-only, tools/bench_attention.py --fwd-ab's [new no pingpong] rows).
-template <class T, int D, int BN, int STAGES, bool PP = true>
-__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
+// The TMA variant's tensor maps: Q, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64
+// columns (one 128B-swizzled slab) x the tile's rows (Q 128, K / V BN).
+struct TmaMaps {
+  attn::TmaMap q, k, v;
+};
+
+// TMA: the producer's copies are one thread's cp.async.bulk.tensor loads completing on the full
+// barriers' transaction counts (host: only without per-batch key lengths, since a box past len_kv but
+// inside seq_kv would bring in rows that are not zero); else the producer warpgroup's cp.async.
+template <class T, int D, int BN, int STAGES, bool PP, bool TMA>
+__device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
 #endif
@@ -136,12 +146,12 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
   auto vbuf = [&](unsigned s) { return aV + s * KV_BYTES; };
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(kfull(s), kProducer);
-      mbar_init(vfull(s), kProducer);
+      mbar_init(kfull(s), TMA ? 1 : kProducer);
+      mbar_init(vfull(s), TMA ? 1 : kProducer);
       mbar_init(kempty(s), kConsumerWarps);
       mbar_init(vempty(s), kConsumerWarps);
     }
-    mbar_init(qfull, kProducer);
+    mbar_init(qfull, TMA ? 1 : kProducer);
     mbar_init(qempty, kConsumerWarps);
   }
   __syncthreads();
@@ -154,6 +164,7 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     attn::setmaxnreg_dec<kProdRegs>();
     const int tid = threadIdx.x;
+    if (TMA && tid != 0) return;  // one thread issues the loads
     unsigned kc = 0, tc = 0;  // K / V tiles and Q tiles copied so far (ring positions and phases)
     for (int r = 0; r < rounds; ++r) {
       const int u = unit_at(r);
@@ -172,26 +183,47 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
         if (j < nt) {
           const unsigned c = kc + j, s = c % STAGES;
           mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
-          copy_tile<T, D, BN, kProducer>(kbuf(s), gk + (long long)j * BN * ldk, ldk, sq.len_kv - j * BN, tid);
-          mbar_arrive_cp_async(kfull(s));
+          if (TMA) {
+            attn::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              attn::tma_load_4d(kbuf(s) + sl * BN * 128, &tm->k, sl * 64, j * BN, hk, w.b, kfull(s));
+          } else {
+            copy_tile<T, D, BN, kProducer>(kbuf(s), gk + (long long)j * BN * ldk, ldk, sq.len_kv - j * BN, tid);
+            mbar_arrive_cp_async(kfull(s));
+          }
         }
         if (j == 0) {  // Q after K_0: K_0 is not held up by the previous unit's epilogue
           mbar_wait(qempty, (tc & 1) ^ 1);
-          copy_tile<T, D, kBM, kProducer>(aQ, gq, ldq, sq.len_q - m0, tid);
-          mbar_arrive_cp_async(qfull);
+          if (TMA) {
+            attn::mbar_arrive_expect_tx(qfull, Q_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              attn::tma_load_4d(aQ + sl * kBM * 128, &tm->q, sl * 64, m0, w.h, w.b, qfull);
+          } else {
+            copy_tile<T, D, kBM, kProducer>(aQ, gq, ldq, sq.len_q - m0, tid);
+            mbar_arrive_cp_async(qfull);
+          }
         }
         if (j > 0) {
           const unsigned c = kc + j - 1, s = c % STAGES;
           mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
-          copy_tile<T, D, BN, kProducer>(vbuf(s), gv + (long long)(j - 1) * BN * ldv, ldv,
-                                                  sq.len_kv - (j - 1) * BN, tid);
-          mbar_arrive_cp_async(vfull(s));
+          if (TMA) {
+            attn::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              attn::tma_load_4d(vbuf(s) + sl * BN * 128, &tm->v, sl * 64, (j - 1) * BN, hk, w.b, vfull(s));
+          } else {
+            copy_tile<T, D, BN, kProducer>(vbuf(s), gv + (long long)(j - 1) * BN * ldv, ldv,
+                                           sq.len_kv - (j - 1) * BN, tid);
+            mbar_arrive_cp_async(vfull(s));
+          }
         }
       }
       kc += nt;
       ++tc;
     }
-    cp_async_wait<0>();
+    if (!TMA) cp_async_wait<0>();
     return;
   }
 
@@ -336,9 +368,20 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
         *reinterpret_cast<uint4*>(go + (long long)grow * ldo + cc * 8) = v;
       }
     }
+    wgmma::fence_proxy_async();  // these generic-proxy accesses to sQ before the next Q's copy (TMA: async proxy)
     __syncwarp();
     if (l == 0) mbar_arrive(qempty);  // this warp's rows of sQ may take the next unit's Q
   }
+}
+
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
+  fwd_ws_body<T, D, BN, STAGES, PP, false>(p, nullptr);
+}
+
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
+  fwd_ws_body<T, D, BN, STAGES, PP, true>(p, &tm);
 }
 
 }  // namespace attn_ws

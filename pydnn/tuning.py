@@ -317,6 +317,8 @@ attention = Switches(
                 'pydnn/ops/attention_wgmma.py'),
     WS=(True, 'sm_90, d 128: the warp-specialized forward (FA3-style producer / consumer warpgroups, '
               'ping-pong; pydnn/ops/attention_ws.py); False: the older wgmma forward (A/B)'),
+    WS_TMA=(False, 'the warp-specialized forward loads Q / K / V with TMA (tensor maps encoded per call) where it '
+                   'can (d 128, no per-batch key lengths); False: its producer warpgroup copies with cp.async'),
     DECODE=(True, 'the split-KV decode forward (dec + dec_combine) for queries of at most DECODE_MAX_SQ rows '
                   'without dropout; False: such calls take the regular forward (pydnn/ops/attention.py)'),
     DECODE_MAX_SQ=(16, 'the longest query sequence the decode forward takes (its CTAs hold 16 rows of a K/V '

@@ -483,7 +483,8 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
-    new one: [nopp] without the consumers' ping-pong (WS.PINGPONG), [1sec] the scheduler's units in one
+    new one: [tma] its loads by TMA (tuning.attention.WS_TMA), [nopp] without the consumers' ping-pong
+    (WS.PINGPONG), [1sec] the scheduler's units in one
     section (WS.L2_SHARE huge: longest-first over every head, no L2 grouping). TFLOP/s, the ratios to
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
     d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
@@ -495,10 +496,11 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
     bf = pydnn.PYDNN_DATA_BFLOAT16
     name = torch.cuda.get_device_name()
     variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True),
-                ("nopp", True, "PINGPONG", False), ("1sec", True, "L2_SHARE", 1e9))[:4 if diag else 2]
+                ("tma", "tma", "PINGPONG", True), ("nopp", True, "PINGPONG", False),
+                ("1sec", True, "L2_SHARE", 1e9))[:5 if diag else 2]
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
-             + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new - old) |",
+             + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
              "|---|" + "---:|" * (2 * len(variants) + 2)]
     ratios = {v[0]: [] for v in variants}
     dims = WS.HEAD_DIMS
@@ -523,12 +525,13 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
             flops = 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
             t_c = _torch_ms("cudnn", q, k, v, causal, False)
             ms, outs = {}, {}
+            WS.LAST_TMA = False
             for tag, ws, attr, val in variants:
                 keep = getattr(WS, attr)
                 setattr(WS, attr, val)
                 try:
-                    with tuning.override({"attention.WS": ws}):
-                        if tag in ("old", "new") and check:
+                    with tuning.override({"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}):
+                        if tag in ("old", "new", "tma") and check:
                             o.fill_(float("nan"))
                             fwd()
                             torch.cuda.synchronize()
@@ -536,12 +539,15 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
                         ms[tag] = time_ms(fwd)
                 finally:
                     setattr(WS, attr, keep)
-            diff = (outs["new"].float() - outs["old"].float()).abs().max().item() if check else float("nan")
+            diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
+                if check else float("nan")
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:
                     ratios[k_].append(t_c / ms[k_])
             case = f"b{bb} s{s} h{hq}/{hkv}{' causal' if causal else ''}"
+            if "tma" in ms and not WS.LAST_TMA:
+                case += " (tma refused: cp.async)"
             tfs = " | ".join(f"{flops / ms[x[0]] / 1e9:.0f}" for x in variants)
             rs = " | ".join(f"{t_c / ms[x[0]]:.3f}" if t_c else "-" for x in variants)
             row = f"| {case} | {tc:.0f} | {tfs} | {rs} | {diff:.4g} |"

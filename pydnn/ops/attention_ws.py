@@ -11,6 +11,8 @@ softmax of tile j under P_{j-1} V_{j-1} (intra-warpgroup overlap), taking turns 
 (ping-pong on named barriers). Work units of 128 query rows go round the CTAs in snake order, longest
 causal row blocks first within sections of sched_heads (batch, head) pairs whose K / V fit in L2.
 """
+import ctypes
+
 from .. import tuning
 from .._build.manifest import KernelUnit
 from .._cuda import driver
@@ -31,8 +33,9 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True):
-    return f"pydnn::attn_ws::fwd_ws<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, {'true' if pp else 'false'}>"
+def _expr(tag, d, pp=True, tma=False):
+    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, "
+            f"{'true' if pp else 'false'}>")
 
 
 def unit_name(tag, d=128):
@@ -42,7 +45,8 @@ def unit_name(tag, d=128):
 def kernel_units():
     out = []
     for tag in ("bf16", "f16"):
-        exprs = tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ())
+        exprs = (tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ())
+                 + (_expr(tag, 128, tma=True),))
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
         out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256),), archs=(ARCH + "a",)))
     return out
@@ -85,9 +89,74 @@ def grid_size(handle, b, hq, sq):
     return max(1, min(units, handle.sm_count))
 
 
+TMA_DIMS = (128,)        # the head dims with a TMA instantiation (fwd_ws_tma)
+_TMA_DTYPE = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
+
+
+class TmaMaps(ctypes.Structure):
+    """attention_ws.cu TmaMaps: the encoded Q, K, V tensor maps (128 bytes each)."""
+    _fields_ = [("raw", ctypes.c_ubyte * 384)]
+
+
+def _encode(drv, tag, ptr, dims, strides, rows):
+    """One 4-d tiled tensor map: dims (d, seq, heads, batch), strides (seq, head, batch) in elements,
+    boxes of 64 columns x rows, 128B swizzle, out-of-bounds zero. Returns its 128 bytes."""
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tm = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, _TMA_DTYPE[tag]), 4, int(ptr), [u64(x) for x in dims],
+        [u64(2 * x) for x in strides], [u32(64), u32(rows), u32(1), u32(1)], [u32(1)] * 4,
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
+    return ctypes.string_at(tm.getPtr(), 128)
+
+
+def tma_maps(tag, d, p):
+    """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]."""
+    import cuda.bindings.driver as drv
+    b, hq, hkv = p.batch, p.heads_q, p.heads_kv
+    st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
+    q = _encode(drv, tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
+    k = _encode(drv, tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
+    v = _encode(drv, tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
+    m = TmaMaps()
+    ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
+    return m
+
+
+LAST_TMA = False  # (tests: set when a launch went the TMA way)
+
+
+def takes_tma(d, p):
+    """tuning.attention.WS_TMA, a TMA instantiation for d, no per-batch key lengths (a box past len_kv
+    inside seq_kv would bring in rows that are not zero: P = 0 against whatever they hold), and no
+    launch recorder listening (a record keeps the params' bytes to patch pointers in; the tensor maps
+    hold pointers of their own)."""
+    return tuning.attention.WS_TMA and d in TMA_DIMS and not p.lens_kv and driver._recorders == 0
+
+
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
     smem = smem_bytes(d)
-    f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
     p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group)
-    driver.launch(f, (grid_size(handle, b, hq, sq), 1, 1), (THREADS, 1, 1), smem, handle.cu_stream, p)
+    grid = (grid_size(handle, b, hq, sq), 1, 1)
+    if takes_tma(d, p):
+        try:
+            maps = tma_maps(tag, d, p)
+        except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
+            maps = None
+        if maps is not None:
+            global LAST_TMA
+            LAST_TMA = True
+            f = handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem)
+            argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
+            drv = driver._driver()
+            err = drv.cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
+                                     ctypes.addressof(argv), 0)[0]
+            if err != 0:
+                driver.check((err,), "cuLaunchKernel")
+            return
+    f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

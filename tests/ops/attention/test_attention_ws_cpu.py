@@ -27,7 +27,8 @@ def test_units():
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
         assert u.exprs[:2] == tuple(WS._expr(t, d) for d in WS.INSTANTIATED)
-        assert u.exprs[2:] == ((WS._expr(t, 128, False),) if t == "bf16" else ())
+        assert u.exprs[2:] == ((WS._expr(t, 128, False),) if t == "bf16" else ()) + (WS._expr(t, 128, tma=True),)
+        assert WS._expr(t, 128, tma=True).startswith("pydnn::attn_ws::fwd_ws_tma<")
         assert units[f"attention.ws.d256.{t}"].exprs == (WS._expr(t, 256),)
         assert WS._expr(t, 256).endswith(", 256, 64, 2, true>")
     assert {u.name for u in WS.kernel_units()} <= {u.name for u in W.kernel_units()}  # registered via W
@@ -369,3 +370,17 @@ def test_gpu_cases_take_this_kernel(launches, monkeypatch, mask, case):
     (f,) = launches
     assert f["f"] == WS._expr("bf16", d) and f["threads"] == 384 and f["smem"] == WS.smem_bytes(d)
     assert f["grid"] == (min(132, b * hq * -(-sq // 128)), 1, 1)
+
+
+def test_tma_not_taken_without_the_switch_or_with_key_lengths(launches, monkeypatch):
+    """WS_TMA off (the default), or per-batch key lengths: the cp.async producer (fwd_ws). With the
+    switch on and no lengths the call would encode tensor maps, which needs the driver: not here."""
+    kw = dict(a=_attn(4, 2, 128), q=_t((2, 4, 300, 128)), k=_t((2, 2, 517, 128)), v=_t((2, 2, 517, 128)),
+              o=_t((2, 4, 300, 128)), st=_t((2, 4, 300, 1), F32))
+    _run_fwd(_fwd_args(**kw))
+    assert launches[-1]["f"] == WS._expr("bf16", 128)
+    p = A.AttnParams()
+    p.lens_kv = 1 << 30
+    monkeypatch.setattr(tuning.attention, "WS_TMA", True)
+    assert not WS.takes_tma(128, p) and not WS.takes_tma(64, A.AttnParams())
+    assert WS.takes_tma(128, A.AttnParams())

@@ -129,3 +129,25 @@ def test_without_pingpong(handle, rng, ws, monkeypatch, mask):
     pb = Problem(rng, 2, 4, 2, 250, 390, 128, BF16, mask, "bshd", lens=([250, 100], [390, 200]))
     _check_forward(handle, pb)
     assert len(ws) == 1
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[4], CASES[6]],
+                         ids=["mha150", "gqa70x200", "gqa333x517", "q520k130", "k1024"])
+def test_tma(handle, rng, ws, monkeypatch, mask, case):
+    """WS_TMA: Q / K / V by cp.async.bulk.tensor from per-call tensor maps (BHSD and BSHD strides, boxes
+    past the lengths zero filled by the TMA unit), the fwd_ws_tma launch checked to have happened."""
+    monkeypatch.setattr(tuning.attention, "WS_TMA", True)
+    b, hq, hkv, sq, skv, d, layout = case
+    pb = Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout)
+    monkeypatch.setattr(WS, "LAST_TMA", False)
+    _check_forward(handle, pb)
+    assert len(ws) == 1 and WS.LAST_TMA, "the tensor maps were refused: the cp.async producer ran"
+
+
+def test_tma_falls_back_with_key_lengths(handle, rng, ws, monkeypatch):
+    """Per-batch key lengths: the cp.async producer even with WS_TMA (rows past len_kv must be zeros)."""
+    monkeypatch.setattr(tuning.attention, "WS_TMA", True)
+    monkeypatch.setattr(WS, "tma_maps", lambda *a: (_ for _ in ()).throw(AssertionError("TMA with lengths")))
+    pb = Problem(rng, 2, 4, 2, 300, 290, 128, BF16, BR, "bshd", lens=([300, 37], [5, 290]), pad=8)
+    _check_forward(handle, pb)
