@@ -238,15 +238,16 @@ def _desc(t, dtype):
     return d
 
 
-def _torch_ms(backend, q, k, v, causal, backward, attn_mask=None):
+def _torch_ms(backend, q, k, v, causal, backward, attn_mask=None, reps=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
     gqa = q.shape[1] != k.shape[1]
     try:
         with sdpa_kernel(be):
             if not backward:
-                return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                                                      enable_gqa=gqa))
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,  # noqa: E731
+                                                            enable_gqa=gqa)
+                return time_ms(fn, reps=reps, warmup=2) if reps else time_ms(fn)
             qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
             o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=gqa)
             g = torch.randn_like(o)
@@ -479,7 +480,7 @@ def decode_splits(out=None):
 AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
 
 
-def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
@@ -523,7 +524,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
                 pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
                                         tl, lse.data_ptr(), None, None, None, 0)
             flops = 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
-            t_c = _torch_ms("cudnn", q, k, v, causal, False)
+            t_c = _torch_ms("cudnn", q, k, v, causal, False, reps=reps)
             ms, outs = {}, {}
             WS.LAST_TMA = False
             for tag, ws, attr, val in variants:
@@ -536,7 +537,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True):
                             fwd()
                             torch.cuda.synchronize()
                             outs[tag] = o.clone()
-                        ms[tag] = time_ms(fwd)
+                        ms[tag] = time_ms(fwd, reps=reps, warmup=2) if reps else time_ms(fwd)
                 finally:
                     setattr(WS, attr, keep)
             diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
@@ -578,6 +579,7 @@ if __name__ == "__main__":
     ap.add_argument("--seqs", help="--fwd-ab: comma-separated sequence lengths (default 1024,4096,8192)")
     ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
+    ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:
@@ -585,8 +587,8 @@ if __name__ == "__main__":
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
         shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
-        fwd_ab(args.out, shapes)
+        fwd_ab(args.out, shapes, reps=args.reps)
         for d, on in ((64, args.d64), (256, args.d256)):
             if on:
                 fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
-                       diag=False)
+                       diag=False, reps=args.reps)
