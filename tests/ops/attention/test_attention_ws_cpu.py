@@ -112,6 +112,13 @@ def test_sched_heads():
     assert WS.sched_heads(l2, 8192, 128, 1) == 6
     assert WS.sched_heads(l2, 8192, 128, 8) == 50
     assert WS.sched_heads(l2, 1 << 24, 128, 1) == 1
+    # with the row blocks and the grid: whole pairs of snake rounds, 2 x 132 / gcd(nmb, 264) pairs a
+    # multiple: 33 at 8 / 16 / 64 row blocks (rounded down from 50 / 200; up from 25, half again at most)
+    assert WS.sched_heads(l2, 1024, 128, 1, 8, 132) == 33
+    assert WS.sched_heads(l2, 2048, 128, 8, 16, 132) == 198
+    assert WS.sched_heads(l2, 2048, 128, 1, 16, 132) == 33
+    assert WS.sched_heads(l2, 8192, 128, 1, 64, 132) == 6  # (33 > 1.5 x 6: the L2 bound wins)
+    assert WS.sched_heads(l2, 300, 128, 5, 5, 132) % 264 == 0
 
 
 # ----------------------------------------------------------------------------- the scheduler
@@ -134,6 +141,17 @@ def units_of_cta(bid, grid, total):
         if u < total:
             out.append(u)
     return out
+
+
+@pytest.mark.parametrize("b,hq,nmb,grp,bound", [(1, 64, 64, 8, 1.003), (16, 32, 8, 1, 1.025), (16, 64, 8, 1, 1.03),
+                                               (8, 64, 16, 1, 1.002), (4, 32, 32, 8, 1.007), (2, 32, 64, 1, 1.011)])
+def test_launch_schedule_balance(b, hq, nmb, grp, bound):
+    """The launch's sections (sched_heads with the row blocks and the grid) on the issue's sweep shapes
+    (B * S = 16384, causal, 132 CTAs): the busiest CTA within `bound` of the mean (emulated)."""
+    nheads, total, grid = b * hq, nmb * b * hq, 132
+    hs = max(1, min(WS.sched_heads(50 << 20, nmb * 128, 128, grp, nmb, grid), nheads))
+    work = [sum(unit_of(u, nmb, nheads, hs, hq)[0] + 1 for u in units_of_cta(bid, grid, total)) for bid in range(grid)]
+    assert max(work) / (sum(work) / grid) < bound
 
 
 @pytest.mark.parametrize("b,hq,nmb,hs,grid", [(2, 20, 8, 1, 132), (2, 20, 8, 3, 132), (1, 3, 5, 7, 4),
