@@ -480,13 +480,14 @@ def decode_splits(out=None):
 AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
 
 
-def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None):
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
-    new one: [tma] its loads by TMA (tuning.attention.WS_TMA), [nopp] without the consumers' ping-pong
-    (WS.PINGPONG), [1sec] the scheduler's units in one
-    section (WS.L2_SHARE huge: longest-first over every head, no L2 grouping). TFLOP/s, the ratios to
+    new one: "new" its cp.async producer, [tma] its loads by TMA (tuning.attention.WS_TMA, the default),
+    [1sec] (TMA) the scheduler's units in one section (WS.L2_SHARE huge: longest-first over every head, no
+    L2 grouping), [nopp] without the consumers' ping-pong (WS.PINGPONG). nvar: the first nvar of these
+    (default all five at d 128, old / new / tma elsewhere). TFLOP/s, the ratios to
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
     d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
     only."""
@@ -496,9 +497,9 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None):
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     bf = pydnn.PYDNN_DATA_BFLOAT16
     name = torch.cuda.get_device_name()
-    variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True),
-                ("tma", "tma", "PINGPONG", True), ("nopp", True, "PINGPONG", False),
-                ("1sec", True, "L2_SHARE", 1e9))[:5 if diag else 2]
+    # (row tag, WS switch ("tma": WS and WS_TMA), WS module attribute, its value for the row)
+    variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
+                ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False))[:nvar or (5 if diag else 3)]
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
              + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
@@ -580,6 +581,7 @@ if __name__ == "__main__":
     ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
+    ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:
@@ -587,7 +589,7 @@ if __name__ == "__main__":
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
         shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
-        fwd_ab(args.out, shapes, reps=args.reps)
+        fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar)
         for d, on in ((64, args.d64), (256, args.d256)):
             if on:
                 fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,

@@ -35,11 +35,11 @@ deterministic). dQ: deterministic = 1 runs a separate dQ pass (recomputes S and 
 by one thread in a fixed order: bit-identical results run to run); deterministic = 0 adds each K/V
 block's dQ share with fp32 atomics into the accumulator (faster; the order of the float sums varies).
 
-Kernels. On sm_90 (Hopper) without dropout, wgmma ones. The d 128 forward is ptx/attention_ws.cu
-(pydnn/ops/attention_ws.py; tuning.attention.WS): FlashAttention-3's warp specialization, a producer
-warpgroup filling mbarrier-guarded K / V rings, two consumer warpgroups taking turns at the tensor cores
-(ping-pong), a persistent grid with the longest causal row blocks first. The other head dims' forward
-(and d 128 with WS off) is ptx/attention_wgmma.cu (128 query
+Kernels. On sm_90 (Hopper) without dropout, wgmma ones. The d 64 / 128 / 256 forward is
+ptx/attention_ws.cu (pydnn/ops/attention_ws.py; tuning.attention.WS, WS_TMA): FlashAttention-3's warp
+specialization, a producer warpgroup filling mbarrier-guarded K / V rings (TMA where it can), two
+consumer warpgroups taking turns at the tensor cores (ping-pong), a persistent grid with the longest
+causal row blocks first. The d 96 forward (and the others with WS off) is ptx/attention_wgmma.cu (128 query
 rows per CTA = two warpgroups x 64, 128-key K/V tiles double-buffered with cp.async in 128B-swizzled
 shared memory, S by wgmma from shared memory, P kept in registers as the A operand of P V; see
 pydnn/ops/attention_wgmma.py) and the backward's dK/dV (+ the atomic dQ share) and deterministic dQ

@@ -1,11 +1,14 @@
 """Fused attention forward on Hopper, warp specialized as FlashAttention-3 builds it (ptx/attention_ws.cu;
-units attention.ws.bf16 / .f16, compiled for sm_90a only). pydnn/ops/attention.py's attention_forward
+units attention.ws.<tag> (d 64, 128) and attention.ws.d256.<tag>, compiled for sm_90a only).
+pydnn/ops/attention.py's attention_forward
 validates the call and builds the params; `usable` says whether this path takes it (an sm_90 device, a
 head dim of HEAD_DIMS, no dropout, tuning.attention.WS) ahead of the older wgmma forward
 (pydnn/ops/attention_wgmma.py, which WS = False selects for A/B) and `launch`es it.
 
 Kernel shape: 384 threads, one persistent CTA per SM: a producer warpgroup (32 registers) copies Q and
-the K / V tiles into STAGES-deep rings with cp.async, completion signalled on mbarriers; two consumer
+the K / V tiles into STAGES-deep rings, by TMA (one thread, tensor maps encoded per call: WS_TMA, the
+default; not with per-batch key lengths) or by cp.async (the whole warpgroup), completion signalled on
+mbarriers; two consumer
 warpgroups (232 registers) of 64 query rows each run S = Q K^T / softmax / O += P V on wgmma, the
 softmax of tile j under P_{j-1} V_{j-1} (intra-warpgroup overlap), taking turns at the tensor cores
 (ping-pong on named barriers). Work units of 128 query rows go round the CTAs in snake order, longest
@@ -19,7 +22,10 @@ from .._build.manifest import KernelUnit
 from .._cuda import driver
 
 ARCH = "sm_90"
-HEAD_DIMS = (128,)      # the ones the planner sends here; d 64 / 256 are instantiated too (tests, the benchmark)
+# The head dims the planner sends here. Mid-session run (H200, 2026-11-28, bench_attention --fwd-ab, B*S =
+# 16384, against the old wgmma forward in the same run): d 64 geomean 0.826x cuDNN (old 0.694), d 128 0.863x
+# (old 0.691; TMA 0.893x), d 256 0.829x (old 0.703), better on every point.
+HEAD_DIMS = (64, 128, 256)
 INSTANTIATED = (64, 128)  # attention.ws.<tag>; d 256 in its own unit (attention.ws.d256.<tag>, built in parallel)
 THREADS, BM = 384, 128  # kThreadsWS, kBM in ptx/attention_ws.cu
 BN = {64: 128, 128: 128, 256: 64}  # keys a tile (d 256: O takes 128 registers a thread, as the old kernel's)
@@ -47,9 +53,10 @@ def kernel_units():
     out = []
     for tag in ("bf16", "f16"):
         exprs = (tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ())
-                 + (_expr(tag, 128, tma=True),))
+                 + tuple(_expr(tag, d, tma=True) for d in INSTANTIATED))
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
-        out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256),), archs=(ARCH + "a",)))
+        out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
+                              archs=(ARCH + "a",)))
     return out
 
 
@@ -100,7 +107,7 @@ def grid_size(handle, b, hq, sq):
     return max(1, min(units, handle.sm_count))
 
 
-TMA_DIMS = (128,)        # the head dims with a TMA instantiation (fwd_ws_tma)
+TMA_DIMS = (64, 128, 256)  # the head dims with a TMA instantiation (fwd_ws_tma)
 _TMA_DTYPE = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
 
 

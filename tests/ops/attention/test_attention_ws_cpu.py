@@ -27,9 +27,10 @@ def test_units():
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
         assert u.exprs[:2] == tuple(WS._expr(t, d) for d in WS.INSTANTIATED)
-        assert u.exprs[2:] == ((WS._expr(t, 128, False),) if t == "bf16" else ()) + (WS._expr(t, 128, tma=True),)
+        assert u.exprs[2:] == (((WS._expr(t, 128, False),) if t == "bf16" else ())
+                               + (WS._expr(t, 64, tma=True), WS._expr(t, 128, tma=True)))
         assert WS._expr(t, 128, tma=True).startswith("pydnn::attn_ws::fwd_ws_tma<")
-        assert units[f"attention.ws.d256.{t}"].exprs == (WS._expr(t, 256),)
+        assert units[f"attention.ws.d256.{t}"].exprs == (WS._expr(t, 256), WS._expr(t, 256, tma=True))
         assert WS._expr(t, 256).endswith(", 256, 64, 2, true>")
     assert {u.name for u in WS.kernel_units()} <= {u.name for u in W.kernel_units()}  # registered via W
     for d in WS.INSTANTIATED + (256,):
@@ -90,9 +91,17 @@ def test_dispatch_grid_is_persistent(launches):
     assert f["grid"] == (132, 1, 1)
 
 
-@pytest.mark.parametrize("why", ["ws_off", "d64", "dropout", "sm_80", "disabled"])
+@pytest.mark.parametrize("d", [64, 256])
+def test_dispatch_d64_d256(launches, d):
+    _run_fwd(_fwd_args(a=_attn(4, 2, d), q=_t((2, 4, 300, d)), k=_t((2, 2, 517, d)), v=_t((2, 2, 517, d)),
+                       o=_t((2, 4, 300, d)), st=_t((2, 4, 300, 1), F32)))
+    (f,) = launches  # (the TMA try needs the driver: on the CPU the cp.async variant)
+    assert f["f"] == WS._expr("bf16", d) and f["grid"] == (2 * 4 * 3, 1, 1) and f["smem"] == WS.smem_bytes(d)
+
+
+@pytest.mark.parametrize("why", ["ws_off", "d96", "dropout", "sm_80", "disabled"])
 def test_dispatch_elsewhere(launches, monkeypatch, why):
-    d = 64 if why == "d64" else 128
+    d = 96 if why == "d96" else 128
     a = _attn(4, 2, d, p=0.1, seed=3) if why == "dropout" else _attn(4, 2, d)
     if why == "ws_off":
         monkeypatch.setattr(tuning.attention, "WS", False)
@@ -102,7 +111,7 @@ def test_dispatch_elsewhere(launches, monkeypatch, why):
                        st=_t((2, 4, 300, 1), F32)), arch="sm_80" if why == "sm_80" else "sm_90")
     (f,) = launches
     assert "attn_ws" not in f["f"]
-    if why in ("ws_off", "d64"):
+    if why in ("ws_off", "d96"):
         assert f["f"] == W._expr("bf16", d, W.TILE[d])
 
 
@@ -391,14 +400,17 @@ def test_gpu_cases_take_this_kernel(launches, monkeypatch, mask, case):
 
 
 def test_tma_not_taken_without_the_switch_or_with_key_lengths(launches, monkeypatch):
-    """WS_TMA off (the default), or per-batch key lengths: the cp.async producer (fwd_ws). With the
-    switch on and no lengths the call would encode tensor maps, which needs the driver: not here."""
+    """WS_TMA off, or per-batch key lengths: the cp.async producer (fwd_ws). With the switch on (the
+    default) and no lengths the call encodes tensor maps, which needs the driver: on the CPU the encode
+    fails and the launch falls back to fwd_ws, which is what is recorded here."""
     kw = dict(a=_attn(4, 2, 128), q=_t((2, 4, 300, 128)), k=_t((2, 2, 517, 128)), v=_t((2, 2, 517, 128)),
               o=_t((2, 4, 300, 128)), st=_t((2, 4, 300, 1), F32))
     _run_fwd(_fwd_args(**kw))
     assert launches[-1]["f"] == WS._expr("bf16", 128)
+    assert tuning.attention.WS_TMA
     p = A.AttnParams()
     p.lens_kv = 1 << 30
-    monkeypatch.setattr(tuning.attention, "WS_TMA", True)
-    assert not WS.takes_tma(128, p) and not WS.takes_tma(64, A.AttnParams())
-    assert WS.takes_tma(128, A.AttnParams())
+    assert not WS.takes_tma(128, p) and not WS.takes_tma(96, A.AttnParams())
+    assert all(WS.takes_tma(d, A.AttnParams()) for d in (64, 128, 256))
+    monkeypatch.setattr(tuning.attention, "WS_TMA", False)
+    assert not WS.takes_tma(128, A.AttnParams())

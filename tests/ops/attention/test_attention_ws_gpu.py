@@ -29,6 +29,7 @@ def ws(handle, monkeypatch):
         pytest.skip(f"the warp-specialized forward runs on {WS.ARCH} only (device: {handle.arch})")
     monkeypatch.setattr(tuning.attention, "ENABLED", True)
     monkeypatch.setattr(tuning.attention, "WS", True)
+    monkeypatch.setattr(tuning.attention, "WS_TMA", False)  # the cp.async producer here; TMA: test_tma below
     monkeypatch.setattr(tuning.attention, "DECODE", False)  # (one query row would take the decode kernels)
     monkeypatch.setattr(WS, "HEAD_DIMS", (64, 128, 256))
     real_f, real_ws = A._func, WS.launch
@@ -131,15 +132,16 @@ def test_without_pingpong(handle, rng, ws, monkeypatch, mask):
     assert len(ws) == 1
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
-@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[4], CASES[6]],
-                         ids=["mha150", "gqa70x200", "gqa333x517", "q520k130", "k1024"])
-def test_tma(handle, rng, ws, monkeypatch, mask, case):
-    """WS_TMA: Q / K / V by cp.async.bulk.tensor from per-call tensor maps (BHSD and BSHD strides, boxes
-    past the lengths zero filled by the TMA unit), the fwd_ws_tma launch checked to have happened."""
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_tma(handle, rng, ws, monkeypatch, dtype, mask, case):
+    """WS_TMA (the default): Q / K / V by cp.async.bulk.tensor from per-call tensor maps (BHSD and BSHD
+    strides, boxes past the lengths zero filled by the TMA unit; d 64 / 128 / 256), the fwd_ws_tma launch
+    checked to have happened."""
     monkeypatch.setattr(tuning.attention, "WS_TMA", True)
     b, hq, hkv, sq, skv, d, layout = case
-    pb = Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout)
+    pb = Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout)
     monkeypatch.setattr(WS, "LAST_TMA", False)
     _check_forward(handle, pb)
     assert len(ws) == 1 and WS.LAST_TMA, "the tensor maps were refused: the cp.async producer ran"
@@ -151,3 +153,13 @@ def test_tma_falls_back_with_key_lengths(handle, rng, ws, monkeypatch):
     monkeypatch.setattr(WS, "tma_maps", lambda *a: (_ for _ in ()).throw(AssertionError("TMA with lengths")))
     pb = Problem(rng, 2, 4, 2, 300, 290, 128, BF16, BR, "bshd", lens=([300, 37], [5, 290]), pad=8)
     _check_forward(handle, pb)
+
+
+@pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
+def test_persistent_schedule_tma(handle, rng, ws, monkeypatch, mask):
+    """test_persistent_schedule's 200 units on 132 CTAs with the TMA producer (no key lengths)."""
+    monkeypatch.setattr(tuning.attention, "WS_TMA", True)
+    monkeypatch.setattr(WS, "LAST_TMA", False)
+    pb = Problem(rng, 2, 20, 4, 520, 300, 128, BF16, mask, "bshd", lens=([520, 311], None))
+    _check_forward(handle, pb)
+    assert len(ws) == 1 and WS.LAST_TMA
