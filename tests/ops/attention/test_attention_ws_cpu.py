@@ -28,7 +28,8 @@ def test_units():
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
         assert u.exprs[:2] == tuple(WS._expr(t, d) for d in WS.INSTANTIATED)
         assert u.exprs[2:] == (((WS._expr(t, 128, False),) if t == "bf16" else ())
-                               + (WS._expr(t, 64, tma=True), WS._expr(t, 128, tma=True)))
+                               + (WS._expr(t, 64, tma=True), WS._expr(t, 128, tma=True))
+                               + ((WS._expr(t, 128, tma=True, stages=3),) if t == "bf16" else ()))
         assert WS._expr(t, 128, tma=True).startswith("pydnn::attn_ws::fwd_ws_tma<")
         assert units[f"attention.ws.d256.{t}"].exprs == (WS._expr(t, 256), WS._expr(t, 256, tma=True))
         assert WS._expr(t, 256).endswith(", 256, 64, 2, true>")
@@ -37,6 +38,12 @@ def test_units():
         assert WS.smem_bytes(d) <= SMEM_LIMIT
     assert WS.smem_bytes(128) == (128 + 4 * 128) * 128 * 2 + 10 * 8 + 1024 == 164944
     assert WS.smem_bytes(256) == (128 + 4 * 64) * 256 * 2 + 10 * 8 + 1024 == 197712
+    stages = WS.STAGES
+    try:
+        WS.STAGES = WS.STAGES3
+        assert WS.smem_bytes(128) == (128 + 6 * 128) * 128 * 2 + 14 * 8 + 1024 == 230512 <= 232448
+    finally:
+        WS.STAGES = stages
 
 
 def sw128(rows, r, ch):
