@@ -270,7 +270,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     {  // tile 0: S only (peeled: a wgmma issued under a branch inside the loop made ptxas serialize them)
       const unsigned sc = kc % STAGES;
       mbar_wait(kfull(sc), (kc / STAGES) & 1);
-      wgmma::fence_proxy_async();  // the producer's cp.async writes (generic proxy) seen by wgmma
+      if (!TMA) wgmma::fence_proxy_async();  // the producer's cp.async writes (generic proxy) seen by wgmma
       if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
       attn_wg::tile_qk<T, D, BN>(s, aQw, kbuf(sc));
@@ -291,7 +291,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const unsigned c = kc + j, sc = c % STAGES, cp = c - 1, sp = cp % STAGES;
       mbar_wait(kfull(sc), (c / STAGES) & 1);
       mbar_wait(vfull(sp), (cp / STAGES) & 1);
-      wgmma::fence_proxy_async();
+      if (!TMA) wgmma::fence_proxy_async();
       if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
       attn_wg::tile_qk<T, D, BN>(s, aQw, kbuf(sc));
@@ -317,7 +317,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     {  // the last tile's P V
       const unsigned c = kc + nt - 1, sc = c % STAGES;
       mbar_wait(vfull(sc), (c / STAGES) & 1);
-      wgmma::fence_proxy_async();
+      if (!TMA) wgmma::fence_proxy_async();
       if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
       attn_wg::tile_pv<T, D, BN>(o, pa, vbuf(sc));
