@@ -485,9 +485,9 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
     new one: "new" its cp.async producer, [tma] its loads by TMA (tuning.attention.WS_TMA, the default),
-    [s3] (TMA, bf16) 3-deep K / V rings (WS.STAGES3), [1sec] (TMA) the scheduler's units in one section (WS.L2_SHARE huge: longest-first over every head, no
+    [1sec] (TMA) the scheduler's units in one section (WS.L2_SHARE huge: longest-first over every head, no
     L2 grouping), [nopp] without the consumers' ping-pong (WS.PINGPONG). nvar: the first nvar of these
-    (default all six at d 128, old / new / tma elsewhere). TFLOP/s, the ratios to
+    (default all five at d 128, old / new / tma elsewhere). TFLOP/s, the ratios to
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
     d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
     only."""
@@ -499,8 +499,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     name = torch.cuda.get_device_name()
     # (row tag, WS switch ("tma": WS and WS_TMA), WS module attribute, its value for the row)
     variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
-                ("s3", "tma", "STAGES", WS.STAGES3), ("1sec", "tma", "L2_SHARE", 1e9),
-                ("nopp", True, "PINGPONG", False))[:nvar or (6 if diag else 3)]
+                ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False))[:nvar or (5 if diag else 3)]
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
              + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
@@ -582,7 +581,7 @@ if __name__ == "__main__":
     ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
-    ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma s3 1sec nopp)")
+    ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:

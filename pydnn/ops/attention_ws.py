@@ -45,8 +45,9 @@ def _expr(tag, d, pp=True, tma=False, stages=None):
             f"{'true' if pp else 'false'}>")
 
 
-# STAGES3: the benchmark's [s3] variant (tools/bench_attention.py --fwd-ab): 3-deep K / V rings at d 128
-# (230512 bytes of shared memory, within the 232448 an SM's block may opt in to), bf16 with TMA
+# 3-deep K / V rings at d 128 (230512 bytes of shared memory, within the 232448 a block may opt in to)
+# measured no faster with TMA (mid-session run 2, H200: geomean 0.857x cuDNN against 0.877x with 2, -6%..+3%
+# a point): not instantiated; STAGES3 is kept for a later producer whose balance may differ.
 STAGES3 = {64: 2, 128: 3, 256: 2}
 
 
@@ -58,8 +59,7 @@ def kernel_units():
     out = []
     for tag in ("bf16", "f16"):
         exprs = (tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ())
-                 + tuple(_expr(tag, d, tma=True) for d in INSTANTIATED)
-                 + ((_expr(tag, 128, tma=True, stages=3),) if tag == "bf16" else ()))
+                 + tuple(_expr(tag, d, tma=True) for d in INSTANTIATED))
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
         out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
                               archs=(ARCH + "a",)))

@@ -164,13 +164,3 @@ def test_persistent_schedule_tma(handle, rng, ws, monkeypatch, mask):
     _check_forward(handle, pb)
     assert len(ws) == 1 and WS.LAST_TMA
 
-
-@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
-def test_three_stages_tma(handle, rng, ws, monkeypatch, mask):
-    """The benchmark's 3-stage d 128 TMA variant (WS.STAGES3, bf16): rings of three, 230512 bytes of smem."""
-    monkeypatch.setattr(tuning.attention, "WS_TMA", True)
-    monkeypatch.setattr(WS, "STAGES", WS.STAGES3)
-    monkeypatch.setattr(WS, "LAST_TMA", False)
-    pb = Problem(rng, 2, 20, 4, 520, 700, 128, BF16, mask, "bshd", lens=([520, 311], None))
-    _check_forward(handle, pb)
-    assert len(ws) == 1 and WS.LAST_TMA
