@@ -207,6 +207,11 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       refitted to this (the model's costs within 6% of these timings, 12% at 12 splits) and picks the
       fewest splits within 3%: 128 CTAs for b1 (16 splits), b4 (4), b16 (none: no combine kernel), 512
       for b64. Not yet timed on a GPU (the final run): expected b4 / b16 at the calibration's 4.4-4.6 TB/s.
+  v7 (issue 19, branch attn) the forward warp specialized as FlashAttention-3 (ptx/attention_ws.cu,
+      pydnn/ops/attention_ws.py; d 64 / 128 / 256): TMA producer warpgroup, mbarrier K / V rings, two
+      ping-pong consumer warpgroups, persistent snake-ordered grid. `--fwd-ab` times it against the old
+      kernel and cuDNN; the design, predictions and both mid-session runs are in tools/PERF.md ("attn").
+      H200: d128 geomean 0.877-0.893x cuDNN (old 0.69x), d64 0.83x, d256 0.84x.
 """
 import torch
 import torch.nn.functional as F
