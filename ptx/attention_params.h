@@ -56,6 +56,10 @@ typedef struct {
    * log, -inf when it saw nothing), rows (b, h, i) dense, and dec_combine merges them. */
   float *part_o, *part_lse;
   int splits, split_len;
+  /* the warp-specialized forward (fwd_ws in attention_ws.cu): work units go round in sections of
+   * sched_heads (batch, head) pairs whose K / V fit in L2 together (host: pydnn/ops/attention_ws.py);
+   * other kernels ignore it */
+  int sched_heads, sched_pad;
 } AttnParams;
 
 #endif

@@ -315,6 +315,11 @@ attention = Switches(
                    'reasons: pydnn/ops/attention_wgmma.py'),
     DIAG=(None, 'benchmark only: a (unit, expr) of diag_units that launch runs instead; the reasons: '
                 'pydnn/ops/attention_wgmma.py'),
+    WS=(True, 'sm_90, d 64 / 128 / 256: the warp-specialized forward (FA3-style producer / consumer '
+              'warpgroups, ping-pong; pydnn/ops/attention_ws.py); False: the older wgmma forward (A/B)'),
+    WS_TMA=(True, 'the warp-specialized forward loads Q / K / V with TMA (tensor maps encoded per call) where it '
+                  'can (no per-batch key lengths, no launch recorder); False: its producer warpgroup copies with '
+                  'cp.async (mid-session H200 run, d 128: TMA geomean 0.893x cuDNN against 0.863x)'),
     DECODE=(True, 'the split-KV decode forward (dec + dec_combine) for queries of at most DECODE_MAX_SQ rows '
                   'without dropout; False: such calls take the regular forward (pydnn/ops/attention.py)'),
     DECODE_MAX_SQ=(16, 'the longest query sequence the decode forward takes (its CTAs hold 16 rows of a K/V '

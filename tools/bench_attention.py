@@ -207,6 +207,11 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       refitted to this (the model's costs within 6% of these timings, 12% at 12 splits) and picks the
       fewest splits within 3%: 128 CTAs for b1 (16 splits), b4 (4), b16 (none: no combine kernel), 512
       for b64. Not yet timed on a GPU (the final run): expected b4 / b16 at the calibration's 4.4-4.6 TB/s.
+  v7 (issue 19, branch attn) the forward warp specialized as FlashAttention-3 (ptx/attention_ws.cu,
+      pydnn/ops/attention_ws.py; d 64 / 128 / 256): TMA producer warpgroup, mbarrier K / V rings, two
+      ping-pong consumer warpgroups, persistent snake-ordered grid. `--fwd-ab` times it against the old
+      kernel and cuDNN; the design, predictions and both mid-session runs are in tools/PERF.md ("attn").
+      H200: d128 geomean 0.877-0.893x cuDNN (old 0.69x), d64 0.83x, d256 0.84x.
 """
 import torch
 import torch.nn.functional as F
@@ -238,15 +243,16 @@ def _desc(t, dtype):
     return d
 
 
-def _torch_ms(backend, q, k, v, causal, backward, attn_mask=None):
+def _torch_ms(backend, q, k, v, causal, backward, attn_mask=None, reps=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
     gqa = q.shape[1] != k.shape[1]
     try:
         with sdpa_kernel(be):
             if not backward:
-                return time_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                                                      enable_gqa=gqa))
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,  # noqa: E731
+                                                            enable_gqa=gqa)
+                return time_ms(fn, reps=reps, warmup=2) if reps else time_ms(fn)
             qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
             o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=gqa)
             g = torch.randn_like(o)
@@ -474,12 +480,122 @@ def decode_splits(out=None):
             f.write("\n".join(lines) + "\n")
 
 
+# ----------------------------------------------------------------------------- forward A/B (issue 19)
+# B * S = 16384 tokens (the issue's sweep), d 128, bf16, BHSD: (S, hq, hkv)
+AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
+
+
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None):
+    """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
+    warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
+    wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
+    new one: "new" its cp.async producer, [tma] its loads by TMA (tuning.attention.WS_TMA, the default),
+    [1sec] (TMA) the scheduler's units in one section (WS.L2_SHARE huge: longest-first over every head, no
+    L2 grouping), [nopp] without the consumers' ping-pong (WS.PINGPONG). nvar: the first nvar of these
+    (default all five at d 128, old / new / tma elsewhere). TFLOP/s, the ratios to
+    cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
+    d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
+    only."""
+    import math
+    from pydnn.ops import attention_ws as WS
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    name = torch.cuda.get_device_name()
+    # (row tag, WS switch ("tma": WS and WS_TMA), WS module attribute, its value for the row)
+    variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
+                ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False))[:nvar or (5 if diag else 3)]
+    lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
+             "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
+             + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
+             "|---|" + "---:|" * (2 * len(variants) + 2)]
+    ratios = {v[0]: [] for v in variants}
+    dims = WS.HEAD_DIMS
+    WS.HEAD_DIMS = tuple(sorted(set(dims) | {d}))
+    for s, hq, hkv in shapes or AB_SHAPES:
+        bb = 16384 // s
+        q = torch.randn(bb, hq, s, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, s, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bb, hkv, s, d, dtype=torch.bfloat16, device="cuda")
+        o = torch.empty_like(q)
+        lse = torch.empty(bb, hq, s, 1, dtype=torch.float32, device="cuda")
+        tq, tk, tv, to = _desc(q, bf), _desc(k, bf), _desc(v, bf), _desc(o, bf)
+        tl = _desc(lse, pydnn.PYDNN_DATA_FLOAT)
+        for causal in (False, True):
+            a = pydnn.create_attention_descriptor()
+            mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+            pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+
+            def fwd():
+                pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
+                                        tl, lse.data_ptr(), None, None, None, 0)
+            flops = 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
+            t_c = _torch_ms("cudnn", q, k, v, causal, False, reps=reps)
+            ms, outs = {}, {}
+            WS.LAST_TMA = False
+            for tag, ws, attr, val in variants:
+                keep = getattr(WS, attr)
+                setattr(WS, attr, val)
+                try:
+                    with tuning.override({"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}):
+                        if tag in ("old", "new", "tma") and check:
+                            o.fill_(float("nan"))
+                            fwd()
+                            torch.cuda.synchronize()
+                            outs[tag] = o.clone()
+                        ms[tag] = time_ms(fwd, reps=reps, warmup=2) if reps else time_ms(fwd)
+                finally:
+                    setattr(WS, attr, keep)
+            diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
+                if check else float("nan")
+            tc = flops / t_c / 1e9 if t_c else float("nan")
+            for k_ in ratios:
+                if t_c:
+                    ratios[k_].append(t_c / ms[k_])
+            case = f"b{bb} s{s} h{hq}/{hkv}{' causal' if causal else ''}"
+            if "tma" in ms and not WS.LAST_TMA:
+                case += " (tma refused: cp.async)"
+            tfs = " | ".join(f"{flops / ms[x[0]] / 1e9:.0f}" for x in variants)
+            rs = " | ".join(f"{t_c / ms[x[0]]:.3f}" if t_c else "-" for x in variants)
+            row = f"| {case} | {tc:.0f} | {tfs} | {rs} | {diff:.4g} |"
+            print(row, flush=True)
+            lines.append(row)
+            del outs
+        del q, k, v, o, lse
+        torch.cuda.empty_cache()
+    lines.append("")
+    for k_, r in ratios.items():
+        if r:
+            g = math.exp(sum(math.log(x) for x in r) / len(r))
+            line = f"d{d} {k_}: geomean {g:.3f}x cuDNN, min {min(r):.3f}, over {len(r)} points"
+            print(line, flush=True)
+            lines.append(line)
+    WS.HEAD_DIMS = dims
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
                                              "tools/bench.py)")
     ap.add_argument("--decode-splits", action="store_true")
+    ap.add_argument("--fwd-ab", action="store_true", help="the d 128 forward: warp-specialized vs older wgmma vs cuDNN")
+    ap.add_argument("--seqs", help="--fwd-ab: comma-separated sequence lengths (default 1024,4096,8192)")
+    ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
+    ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
+    ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
+    ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.decode_splits:
         decode_splits(args.out)
+    if args.fwd_ab:
+        seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
+        shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
+        fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar)
+        for d, on in ((64, args.d64), (256, args.d256)):
+            if on:
+                fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
+                       diag=False, reps=args.reps)

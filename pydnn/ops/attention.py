@@ -35,7 +35,11 @@ deterministic). dQ: deterministic = 1 runs a separate dQ pass (recomputes S and 
 by one thread in a fixed order: bit-identical results run to run); deterministic = 0 adds each K/V
 block's dQ share with fp32 atomics into the accumulator (faster; the order of the float sums varies).
 
-Kernels. On sm_90 (Hopper) without dropout, wgmma ones: the forward ptx/attention_wgmma.cu (128 query
+Kernels. On sm_90 (Hopper) without dropout, wgmma ones. The d 64 / 128 / 256 forward is
+ptx/attention_ws.cu (pydnn/ops/attention_ws.py; tuning.attention.WS, WS_TMA): FlashAttention-3's warp
+specialization, a producer warpgroup filling mbarrier-guarded K / V rings (TMA where it can), two
+consumer warpgroups taking turns at the tensor cores (ping-pong), a persistent grid with the longest
+causal row blocks first. The d 96 forward (and the others with WS off) is ptx/attention_wgmma.cu (128 query
 rows per CTA = two warpgroups x 64, 128-key K/V tiles double-buffered with cp.async in 128B-swizzled
 shared memory, S by wgmma from shared memory, P kept in registers as the A operand of P V; see
 pydnn/ops/attention_wgmma.py) and the backward's dK/dV (+ the atomic dQ share) and deterministic dQ
@@ -74,6 +78,7 @@ from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import check_tensor, _int
 from . import attention_wgmma as W
+from . import attention_ws as WS
 from . import attention_wgmma_bwd as _wgb
 from .common import TAG, cdiv, enum_arg, output_tensor, same_shape, scalar
 
@@ -159,7 +164,7 @@ class AttnParams(ctypes.Structure):
         ("scale", ctypes.c_float), ("scale_log2", ctypes.c_float),
         ("seed", ctypes.c_ulonglong), ("drop_threshold", ctypes.c_uint), ("drop_scale", ctypes.c_float),
         ("part_o", ctypes.c_void_p), ("part_lse", ctypes.c_void_p), ("splits", ctypes.c_int),
-        ("split_len", ctypes.c_int),
+        ("split_len", ctypes.c_int), ("sched_heads", ctypes.c_int), ("sched_pad", ctypes.c_int),
     ]
 
 
@@ -776,8 +781,12 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
 
 
 def _wgmma_forward(handle, a, pr, p):
-    """The Hopper forward (pydnn/ops/attention_wgmma.py) when it takes the call: an sm_90 device, no
-    dropout, attention_wgmma.ENABLED. Returns whether it launched."""
+    """The Hopper forward when it takes the call (an sm_90 device, no dropout, tuning.attention.ENABLED):
+    the warp-specialized one (pydnn/ops/attention_ws.py; d 128, tuning.attention.WS), else the older
+    wgmma one (pydnn/ops/attention_wgmma.py). Returns whether it launched."""
+    if WS.usable(handle, pr.d, a.dropout):
+        WS.launch(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, pr.skv, a.heads_q // a.heads_kv, p)
+        return True
     if not W.usable(handle, pr.d, a.dropout):
         return False
     W.launch(handle, pr.tag, pr.d, (a.heads_q, pr.b), pr.sq, p)

@@ -44,10 +44,13 @@ def unit_name(tag, d):
 
 
 def kernel_units():
+    """These units, and the warp-specialized forward's (pydnn/ops/attention_ws.py: registered here, the
+    manifest lists this module)."""
+    from . import attention_ws
     groups = ((64, 128), (96,), (256,))
     return [KernelUnit(unit_name(tag, g[0]), "attention_wgmma.cu",
                        tuple(_expr(tag, d, t) for d in g for t in TILES[d]), archs=(ARCH + "a",))
-            for g in groups for tag in ("bf16", "f16")]
+            for g in groups for tag in ("bf16", "f16")] + attention_ws.kernel_units()
 
 
 def diag_units():

@@ -47,6 +47,8 @@ class Problem:
         self.lens_dev = [None, None]
         if lens is not None:
             for i, arr in enumerate(lens):
+                if arr is None:  # (lengths for one side only)
+                    continue
                 a = pydnn.DeviceArray((b,), np.int32)
                 a.copy_from_numpy(np.asarray(arr, np.int32))
                 self.lens_dev[i] = a

@@ -205,7 +205,8 @@ def test_decode_not_taken(launches, why):
 
 
 @pytest.mark.parametrize("d", [96, 256])
-def test_new_head_dims_forward_on_sm90_is_wgmma(launches, d):
+def test_new_head_dims_forward_on_sm90_is_wgmma(launches, monkeypatch, d):
+    monkeypatch.setattr(tuning.attention, "WS", False)  # (d 256: the warp-specialized one otherwise, test_attention_ws_cpu)
     _run_fwd(_fwd_args(**_over(d, sq=300, skv=17)))
     (fwd,) = launches
     assert fwd["f"] == W._expr("bf16", d, W.TILE[d]) and W.TILE[d][0] == (64 if d == 256 else 128)
@@ -222,7 +223,9 @@ def test_new_head_dims_forward_on_sm90_is_wgmma(launches, d):
 def test_wgmma_units():
     units = {u.name: u for u in W.kernel_units()}
     assert sorted(units) == ["attention.wgmma.bf16", "attention.wgmma.d256.bf16", "attention.wgmma.d256.f16",
-                             "attention.wgmma.d96.bf16", "attention.wgmma.d96.f16", "attention.wgmma.f16"]
+                             "attention.wgmma.d96.bf16", "attention.wgmma.d96.f16", "attention.wgmma.f16",
+                             "attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
+                             "attention.ws.f16"]  # (ws: test_attention_ws_cpu.py)
     for t in ("bf16", "f16"):
         for d in (96, 256):
             u = units[f"attention.wgmma.d{d}.{t}"]

@@ -5,6 +5,7 @@ loop, its buffers and its last P V), more queries than keys (rows that see nothi
 a NULL statsDesc, every instantiated variant; outputs poisoned first and the stride gaps checked
 untouched. The mma.sync forward keeps a few cases of its own here (attention_wgmma.ENABLED = False),
 since on an sm_90 device the dispatcher otherwise sends every call without dropout to wgmma.
+tuning.attention.WS is off here (d 128 would take the warp-specialized forward: test_attention_ws_gpu.py).
 Skipped on devices other than sm_90 (the units exist for sm_90a only)."""
 import pytest
 
@@ -24,6 +25,7 @@ def wgmma(handle, monkeypatch):
     if handle.arch != W.ARCH:
         pytest.skip(f"the wgmma forward runs on {W.ARCH} only (device: {handle.arch})")
     monkeypatch.setattr(tuning.attention, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention, "WS", False)  # d 128: this kernel, not the warp-specialized one
     real = A._func
 
     def guard(h, kernel, *args, **kw):

@@ -1,0 +1,388 @@
+// Fused attention forward on Hopper, warp specialized as FlashAttention-3 builds it (sm_90a units only;
+// the host side is pydnn/ops/attention_ws.py, the problem attention_params.h's).
+//
+//   fwd_ws<T, D, BN, STAGES>: 384 threads, one CTA per SM, persistent.
+//     warpgroup 0, the producer (setmaxnreg down to 32 registers): copies each work unit's Q tile (128
+//       rows) and its K / V tiles of BN keys into rings of STAGES buffers (wgmma's 128B-swizzled layout,
+//       rows past a length zero filled) with cp.async; each copy's completion arrives on the buffer's
+//       "full" mbarrier (cp.async.mbarrier.arrive.noinc: one arrival per producer thread when its own
+//       copies have landed), and a buffer is refilled after its "empty" mbarrier saw every consumer warp
+//       release it. Order: K_0, Q, then K_j, V_{j-1} ..., V_last (what the consumers need first).
+//       (cp.async rather than TMA: no tensor map to encode on the host, every stride and the per-batch
+//       lengths as the other kernels take them; TMA is the next step, see tools/PERF.md "attn".)
+//     warpgroups 1 and 2, the consumers (setmaxnreg up to 232): 64 query rows each of the unit's 128;
+//       per key tile j, FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued as
+//       two wgmma groups, wait for S_j only, softmax of tile j while P_{j-1} V_{j-1} runs, then rescale O.
+//       Ping-pong between the two: a warpgroup issues its wgmmas only on its turn (named barrier 1 + its
+//       index, bar.sync over the 256 consumer threads) and hands the turn over (bar.arrive on the other's)
+//       right after issuing, so one warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
+//     Work units (128 query rows of one (batch, head)) go round the CTAs in a snake order (round r:
+//       CTA i takes unit r * G + i, odd rounds G - 1 - i), units ordered by sections of sched_heads
+//       (batch, head) pairs (their K / V fit in L2 together: host), within a section the longest
+//       (causal) row blocks first, heads fastest.
+//     Epilogue: 1 / l, lse, O staged in the warpgroup's own 64 Q rows (free once its last S is done) for
+//       16-byte stores; then the Q buffer is released for the next unit's copy.
+#include "common/types.cuh"
+#include "common/attn_mma.cuh"
+#include "common/attn_pipe.cuh"
+#include "common/attn_tma.cuh"
+#include "common/attn_problem.cuh"
+#include "common/wgmma.cuh"
+#include "common/attn_wg.cuh"
+#include "attention_params.h"
+
+namespace pydnn {
+namespace attn_ws {
+
+using attn::at;
+using attn::bar_arrive;
+using attn::bar_sync;
+using attn::cp_async_wait;
+using attn::mbar_arrive;
+using attn::mbar_arrive_cp_async;
+using attn::mbar_init;
+using attn::mbar_wait;
+using attn::Seq;
+using attn::seq_of;
+using attn::smem_addr;
+using attn_wg::kBM;
+using attn_wg::kInf;
+using attn_wg::kLn2;
+
+constexpr int kThreadsWS = 384;  // warpgroup 0 the producer, 1 and 2 the consumers
+constexpr int kProducer = 128;
+// 32 x 128 + 232 x 256 = 63488 <= 168 x 384 = 64512, what the launch gave (an inc past the CTA's pool
+// hangs). FA3's 24 / 240 left the producer's loop state 20 bytes of spills; 232 is enough for the
+// consumers (ptxas: no spills either side).
+constexpr int kProdRegs = 32, kConsRegs = 232;
+constexpr int kBarTurn = 1;  // named barriers 1, 2: consumer warpgroup 0's / 1's turn to issue wgmmas
+constexpr int kBarWG = 3;    // named barriers 3, 4: consumer warpgroup 0's / 1's own (128 threads)
+constexpr int kConsumerWarps = 8;
+
+// Work unit u -> (row block, batch, head): sections of hs (batch, head) pairs, row blocks descending
+// within a section, heads fastest.
+struct Unit {
+  int mb, b, h;
+};
+__device__ __forceinline__ Unit unit_of(const AttnParams& p, int u, int nmb, int nheads, int hs) {
+  const int per = nmb * hs, sec = u / per, r = u - sec * per;
+  const int nh = min(hs, nheads - sec * hs);
+  Unit w;
+  w.mb = nmb - 1 - r / nh;
+  const int hh = sec * hs + r % nh;
+  w.b = hh / p.heads_q;
+  w.h = hh - w.b * p.heads_q;
+  return w;
+}
+
+// The unit a CTA takes in round r (snake order; >= total: none).
+__device__ __forceinline__ int unit_at(int r) {
+  return r * (int)gridDim.x + ((r & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
+}
+
+// The producer's copy of ROWS rows of D elements (global row stride ld) into the 128B-swizzled tile at
+// shared address s, rows >= valid zero filled: attn_wg::load_tile's arithmetic over NT threads, as a
+// loop (fully unrolled, its 16 precomputed addresses spilled 808 bytes out of the producer's registers).
+template <class T, int D, int ROWS, int NT>
+__device__ __forceinline__ void copy_tile(unsigned s, const T* g, long long ld, int valid, int tid) {
+  // a thread copies chunks c and (D = 256) c + 16 of rows r0 + RS i: 16 threads a row at most, so RS is
+  // a multiple of 8 and every pass is in the same swizzle phase (addresses advance by constants)
+  constexpr int CH = D / 8, TPR = CH < 16 ? CH : 16, PER = CH / TPR, RS = NT / TPR, N = ROWS / RS;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0 && PER <= 2, "tile chunks must divide among the threads");
+  const int r0 = tid / TPR, c = tid % TPR;
+  const T* src = g + (long long)r0 * ld + c * 8;
+  const long long step = (long long)RS * ld;
+  unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
+  constexpr unsigned HALF = (ROWS * 64 * 2) * 2;  // chunk c + 16: two 64-column slabs on
+  int row = r0;
+#pragma unroll 4
+  for (int i = 0; i < N; ++i) {
+    const bool ok = row < valid;
+    attn::cp_async16(dst, ok ? src : g, ok);
+    if (PER == 2) attn::cp_async16(dst + HALF, ok ? src + 128 : g, ok);
+    src += step;
+    dst += RS * 128;
+    row += RS;
+  }
+}
+
+// Key tiles of a unit (0: its rows are past the length or see no key; O = 0, lse = -inf).
+template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0) {
+  return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
+}
+
+// PP: ping-pong between the consumer warpgroups (false: each issues its wgmmas when its data is there;
+// benchmark-only, tools/bench_attention.py --fwd-ab's [new no pingpong] rows).
+// The TMA variant's tensor maps: Q, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64
+// columns (one 128B-swizzled slab) x the tile's rows (Q 128, K / V BN).
+struct TmaMaps {
+  attn::TmaMap q, k, v;
+};
+
+// TMA: the producer's copies are one thread's cp.async.bulk.tensor loads completing on the full
+// barriers' transaction counts (host: only without per-batch key lengths, since a box past len_kv but
+// inside seq_kv would bring in rows that are not zero); else the producer warpgroup's cp.async.
+template <class T, int D, int BN, int STAGES, bool PP, bool TMA>
+__device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
+#endif
+  // D = 256: O is 128 registers a thread, so 64-key tiles (S 32 + P 16), smem (128 + 4 x 64) x 512 B.
+  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
+  constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  T* sQ = reinterpret_cast<T*>(smem);
+  const unsigned aQ = smem_addr(smem), aK = aQ + Q_BYTES, aV = aK + STAGES * KV_BYTES;
+  // mbarriers after the tiles: K full [STAGES], K empty, V full, V empty, Q full, Q empty
+  const unsigned aBar = aV + STAGES * KV_BYTES;
+  const unsigned qfull = aBar + 32u * STAGES, qempty = qfull + 8u;
+  auto kfull = [&](unsigned s) { return aBar + 8u * s; };
+  auto kempty = [&](unsigned s) { return aBar + 8u * (STAGES + s); };
+  auto vfull = [&](unsigned s) { return aBar + 8u * (2 * STAGES + s); };
+  auto vempty = [&](unsigned s) { return aBar + 8u * (3 * STAGES + s); };
+  auto kbuf = [&](unsigned s) { return aK + s * KV_BYTES; };
+  auto vbuf = [&](unsigned s) { return aV + s * KV_BYTES; };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(kfull(s), TMA ? 1 : kProducer);
+      mbar_init(vfull(s), TMA ? 1 : kProducer);
+      mbar_init(kempty(s), kConsumerWarps);
+      mbar_init(vempty(s), kConsumerWarps);
+    }
+    mbar_init(qfull, TMA ? 1 : kProducer);
+    mbar_init(qempty, kConsumerWarps);
+  }
+  __syncthreads();
+
+  const int nmb = (p.seq_q + kBM - 1) / kBM, nheads = p.batch * p.heads_q, total = nmb * nheads;
+  const int hs = max(1, min(p.sched_heads, nheads));
+  const int rounds = (total + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int wg = threadIdx.x >> 7;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    attn::setmaxnreg_dec<kProdRegs>();
+    const int tid = threadIdx.x;
+    if (TMA && tid != 0) return;  // one thread issues the loads
+    unsigned kc = 0, tc = 0;  // K / V tiles and Q tiles copied so far (ring positions and phases)
+    for (int r = 0; r < rounds; ++r) {
+      const int u = unit_at(r);
+      if (u >= total) continue;
+      const Unit w = unit_of(p, u, nmb, nheads, hs);
+      const Seq sq = seq_of(p, w.b);
+      const int m0 = w.mb * kBM, nt = tiles_of<BN>(sq, m0);
+      if (nt == 0) continue;
+      const int hk = w.h / p.group;
+      const long long ldq = p.stride[PYDNN_ATTN_T_Q][2];
+      const T* gq = at<T>(p.q, p, PYDNN_ATTN_T_Q, w.b, w.h) + (long long)m0 * ldq;
+      const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, w.b, hk);
+      const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, w.b, hk);
+      const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
+      for (int j = 0; j <= nt; ++j) {
+        if (j < nt) {
+          const unsigned c = kc + j, s = c % STAGES;
+          mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
+          if (TMA) {
+            attn::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              attn::tma_load_4d(kbuf(s) + sl * BN * 128, &tm->k, sl * 64, j * BN, hk, w.b, kfull(s));
+          } else {
+            copy_tile<T, D, BN, kProducer>(kbuf(s), gk + (long long)j * BN * ldk, ldk, sq.len_kv - j * BN, tid);
+            mbar_arrive_cp_async(kfull(s));
+          }
+        }
+        if (j == 0) {  // Q after K_0: K_0 is not held up by the previous unit's epilogue
+          mbar_wait(qempty, (tc & 1) ^ 1);
+          if (TMA) {
+            attn::mbar_arrive_expect_tx(qfull, Q_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              attn::tma_load_4d(aQ + sl * kBM * 128, &tm->q, sl * 64, m0, w.h, w.b, qfull);
+          } else {
+            copy_tile<T, D, kBM, kProducer>(aQ, gq, ldq, sq.len_q - m0, tid);
+            mbar_arrive_cp_async(qfull);
+          }
+        }
+        if (j > 0) {
+          const unsigned c = kc + j - 1, s = c % STAGES;
+          mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
+          if (TMA) {
+            attn::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              attn::tma_load_4d(vbuf(s) + sl * BN * 128, &tm->v, sl * 64, (j - 1) * BN, hk, w.b, vfull(s));
+          } else {
+            copy_tile<T, D, BN, kProducer>(vbuf(s), gv + (long long)(j - 1) * BN * ldv, ldv,
+                                           sq.len_kv - (j - 1) * BN, tid);
+            mbar_arrive_cp_async(vfull(s));
+          }
+        }
+      }
+      kc += nt;
+      ++tc;
+    }
+    if (!TMA) cp_async_wait<0>();
+    return;
+  }
+
+  // -------------------------------------------------------------------------------------- consumers
+  attn::setmaxnreg_inc<kConsRegs>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
+  if (PP && cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
+  const unsigned aQw = aQ + cw * 64 * 128;  // this warpgroup's rows of Q (slab 0)
+  unsigned kc = 0, tc = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const int u = unit_at(r);
+    if (u >= total) continue;
+    const Unit w = unit_of(p, u, nmb, nheads, hs);
+    const Seq sq = seq_of(p, w.b);
+    const int m0 = w.mb * kBM, nt = tiles_of<BN>(sq, m0);
+    const int wrow0 = m0 + cw * 64, row0 = wrow0 + warp * 16 + (l >> 2);
+    T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, w.b, w.h);
+    const long long ldo = p.stride[PYDNN_ATTN_T_O][2];
+    float* glse = p.lse ? p.lse + (long long)w.b * p.stride[PYDNN_ATTN_T_LSE][0] +
+                              (long long)w.h * p.stride[PYDNN_ATTN_T_LSE][1] : nullptr;
+    const long long ldl = p.stride[PYDNN_ATTN_T_LSE][2];
+    if (nt == 0) {  // nothing visible (no Q copied: the producer may be filling sQ for a later unit)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = row0 + hh * 8;
+        if (row < p.seq_q) {
+          if (glse && (l & 3) == 0) glse[(long long)row * ldl] = -kInf;
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<unsigned*>(go + (long long)row * ldo + 8 * j + 2 * (l & 3)) = 0u;
+        }
+      }
+      continue;
+    }
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m[2] = {-kInf, -kInf}, lsum[2] = {0.f, 0.f};
+    float s[BN / 2];
+    unsigned pa[BN / 16][4];
+    mbar_wait(qfull, tc & 1);
+    {  // tile 0: S only (peeled: a wgmma issued under a branch inside the loop made ptxas serialize them)
+      const unsigned sc = kc % STAGES;
+      mbar_wait(kfull(sc), (kc / STAGES) & 1);
+      if (!TMA) wgmma::fence_proxy_async();  // the producer's cp.async writes (generic proxy) seen by wgmma
+      if (PP) bar_sync(my_turn, 256);
+      wgmma::fence();
+      attn_wg::tile_qk<T, D, BN>(s, aQw, kbuf(sc));
+      wgmma::commit();
+      if (PP) bar_arrive(other_turn, 256);
+      wgmma::wait<0>();
+      wgmma::fence_operands(s);
+      __syncwarp();
+      if (l == 0) mbar_arrive(kempty(sc));
+      if (BN > sq.len_kv || (sq.causal && BN - 1 > wrow0 + sq.offset))  // (warpgroup-uniform)
+        attn_wg::mask_tile<BN>(s, row0, 0, sq.len_kv, sq.causal, sq.offset);
+      float corr[2];
+      attn_wg::softmax_tile<BN>(s, m, lsum, corr, p.scale_log2);
+      attn_wg::pack_p<T, BN>(pa, s);
+    }
+    for (int j = 1; j < nt; ++j) {
+      const int n0 = j * BN;
+      const unsigned c = kc + j, sc = c % STAGES, cp = c - 1, sp = cp % STAGES;
+      mbar_wait(kfull(sc), (c / STAGES) & 1);
+      mbar_wait(vfull(sp), (cp / STAGES) & 1);
+      if (!TMA) wgmma::fence_proxy_async();
+      if (PP) bar_sync(my_turn, 256);
+      wgmma::fence();
+      attn_wg::tile_qk<T, D, BN>(s, aQw, kbuf(sc));
+      wgmma::commit();
+      attn_wg::tile_pv<T, D, BN>(o, pa, vbuf(sp));
+      wgmma::commit();
+      if (PP) bar_arrive(other_turn, 256);
+      wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+      wgmma::fence_operands(s);
+      __syncwarp();
+      if (l == 0) mbar_arrive(kempty(sc));
+      if (n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset))  // (warpgroup-uniform)
+        attn_wg::mask_tile<BN>(s, row0, n0, sq.len_kv, sq.causal, sq.offset);
+      float corr[2];
+      attn_wg::softmax_tile<BN>(s, m, lsum, corr, p.scale_log2);
+      wgmma::wait<0>();  // P_{j-1} V_{j-1} done: O may be rescaled, pa rewritten, V_{j-1} released
+      wgmma::fence_operands(o);
+      __syncwarp();
+      if (l == 0) mbar_arrive(vempty(sp));
+      attn_wg::rescale<D>(o, corr);
+      attn_wg::pack_p<T, BN>(pa, s);
+    }
+    {  // the last tile's P V
+      const unsigned c = kc + nt - 1, sc = c % STAGES;
+      mbar_wait(vfull(sc), (c / STAGES) & 1);
+      if (!TMA) wgmma::fence_proxy_async();
+      if (PP) bar_sync(my_turn, 256);
+      wgmma::fence();
+      attn_wg::tile_pv<T, D, BN>(o, pa, vbuf(sc));
+      wgmma::commit();
+      if (PP) bar_arrive(other_turn, 256);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+      __syncwarp();
+      if (l == 0) mbar_arrive(vempty(sc));
+    }
+    kc += nt;
+    ++tc;
+
+    // epilogue: full row sums, 1 / l, lse; rows past the length or with nothing visible -> O = 0, lse = -inf
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float t = lsum[hh];
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      const int row = row0 + hh * 8;
+      const bool live = row < sq.len_q && t > 0.f;
+      inv[hh] = live ? 1.f / t : 0.f;
+      if (glse && (l & 3) == 0 && row < p.seq_q) glse[(long long)row * ldl] = live ? m[hh] * kLn2 + __logf(t) : -kInf;
+    }
+    // Stage this warp's 16 rows in its own rows of sQ, then 16-byte stores along the rows. The
+    // warpgroup's S wgmmas are the only readers of its 64 rows; every warp's wait for them is behind it
+    // once the warpgroup meets here (named barrier 3 + its index, once a unit).
+    bar_sync(kBarWG + cw, 128);
+    const int srow = cw * 64 + warp * 16;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int rr = srow + (l >> 2) + hh * 8;
+        *reinterpret_cast<unsigned*>(sQ + wgmma::sw128<kBM>(rr, j) + (l & 3) * 2) =
+            pack16x2<T>(o[4 * j + 2 * hh] * inv[hh], o[4 * j + 2 * hh + 1] * inv[hh]);
+      }
+    __syncwarp();
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int i = 0; i < 16 * CH / 32; ++i) {
+      const int idx = l + i * 32, rr = idx / CH, cc = idx % CH;
+      const int grow = m0 + srow + rr;
+      if (grow < p.seq_q) {
+        uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128<kBM>(srow + rr, cc));
+        if (grow >= sq.len_q) v = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(go + (long long)grow * ldo + cc * 8) = v;
+      }
+    }
+    wgmma::fence_proxy_async();  // these generic-proxy accesses to sQ before the next Q's copy (TMA: async proxy)
+    __syncwarp();
+    if (l == 0) mbar_arrive(qempty);  // this warp's rows of sQ may take the next unit's Q
+  }
+}
+
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
+  fwd_ws_body<T, D, BN, STAGES, PP, false>(p, nullptr);
+}
+
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
+  fwd_ws_body<T, D, BN, STAGES, PP, true>(p, &tm);
+}
+
+}  // namespace attn_ws
+}  // namespace pydnn

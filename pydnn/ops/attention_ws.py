@@ -1,0 +1,186 @@
+"""Fused attention forward on Hopper, warp specialized as FlashAttention-3 builds it (ptx/attention_ws.cu;
+units attention.ws.<tag> (d 64, 128) and attention.ws.d256.<tag>, compiled for sm_90a only).
+pydnn/ops/attention.py's attention_forward
+validates the call and builds the params; `usable` says whether this path takes it (an sm_90 device, a
+head dim of HEAD_DIMS, no dropout, tuning.attention.WS) ahead of the older wgmma forward
+(pydnn/ops/attention_wgmma.py, which WS = False selects for A/B) and `launch`es it.
+
+Kernel shape: 384 threads, one persistent CTA per SM: a producer warpgroup (32 registers) copies Q and
+the K / V tiles into STAGES-deep rings, by TMA (one thread, tensor maps encoded per call: WS_TMA, the
+default; not with per-batch key lengths) or by cp.async (the whole warpgroup), completion signalled on
+mbarriers; two consumer
+warpgroups (232 registers) of 64 query rows each run S = Q K^T / softmax / O += P V on wgmma, the
+softmax of tile j under P_{j-1} V_{j-1} (intra-warpgroup overlap), taking turns at the tensor cores
+(ping-pong on named barriers). Work units of 128 query rows go round the CTAs in snake order, longest
+causal row blocks first within sections of sched_heads (batch, head) pairs whose K / V fit in L2.
+"""
+import ctypes
+import math
+
+from .. import tuning
+from .._build.manifest import KernelUnit
+from .._cuda import driver
+
+ARCH = "sm_90"
+# The head dims the planner sends here. Mid-session run (H200, 2026-11-28, bench_attention --fwd-ab, B*S =
+# 16384, against the old wgmma forward in the same run): d 64 geomean 0.826x cuDNN (old 0.694), d 128 0.863x
+# (old 0.691; TMA 0.893x), d 256 0.829x (old 0.703), better on every point.
+HEAD_DIMS = (64, 128, 256)
+INSTANTIATED = (64, 128)  # attention.ws.<tag>; d 256 in its own unit (attention.ws.d256.<tag>, built in parallel)
+THREADS, BM = 384, 128  # kThreadsWS, kBM in ptx/attention_ws.cu
+BN = {64: 128, 128: 128, 256: 64}  # keys a tile (d 256: O takes 128 registers a thread, as the old kernel's)
+STAGES = {64: 2, 128: 2, 256: 2}  # K and V buffers each (FA3's count at d 128: 160 KiB of tiles)
+CTYPE = {"bf16": "pydnn::bf16_t", "f16": "pydnn::half_t"}
+L2_SHARE = 0.5          # the share of L2 a section's K / V may fill
+_L2 = {}
+
+
+# PINGPONG: a benchmark knob (tools/bench_attention.py --fwd-ab), not a tuning switch: False launches the
+# d 128 bf16 variant whose consumer warpgroups do not take turns (the one other instantiation)
+PINGPONG = True
+
+
+def _expr(tag, d, pp=True, tma=False, stages=None):
+    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {BN[d]}, {stages or STAGES[d]}, "
+            f"{'true' if pp else 'false'}>")
+
+
+# 3-deep K / V rings at d 128 (230512 bytes of shared memory, within the 232448 a block may opt in to)
+# measured no faster with TMA (mid-session run 2, H200: geomean 0.857x cuDNN against 0.877x with 2, -6%..+3%
+# a point): not instantiated; STAGES3 is kept for a later producer whose balance may differ.
+STAGES3 = {64: 2, 128: 3, 256: 2}
+
+
+def unit_name(tag, d=128):
+    return f"attention.ws.d256.{tag}" if d == 256 else f"attention.ws.{tag}"
+
+
+def kernel_units():
+    out = []
+    for tag in ("bf16", "f16"):
+        exprs = (tuple(_expr(tag, d) for d in INSTANTIATED) + ((_expr(tag, 128, False),) if tag == "bf16" else ())
+                 + tuple(_expr(tag, d, tma=True) for d in INSTANTIATED))
+        out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
+        out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
+                              archs=(ARCH + "a",)))
+    return out
+
+
+def smem_bytes(d):
+    """Q (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2, 8 bytes each),
+    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712)."""
+    return (BM + 2 * STAGES[d] * BN[d]) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+
+
+def usable(handle, head_dim, dropout):
+    return (tuning.attention.WS and tuning.attention.ENABLED and handle.arch == ARCH
+            and head_dim in HEAD_DIMS and dropout == 0)
+
+
+L2_DEFAULT = 50 << 20   # the H100's / H200's L2, where the driver cannot be asked (CPU-only test handles)
+
+
+def l2_bytes(handle):
+    n = _L2.get(handle.device)
+    if n is None:
+        try:
+            n = int(driver.device_attribute(handle.device, "CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"))
+        except Exception:  # noqa: BLE001 - no driver (the CPU test handles): the Hopper value
+            return L2_DEFAULT
+        _L2[handle.device] = n
+    return n
+
+
+def sched_heads(l2, skv, d, group, nmb=None, grid=None):
+    """(batch, head) pairs per scheduling section: as many as keep their K and V (group query heads
+    share one K / V head) within L2_SHARE of L2, at least one. With the row blocks nmb and the CTAs
+    grid: rounded down to a multiple of 2 grid / gcd(nmb, 2 grid) where that fits, so that a section is
+    whole pairs of snake rounds (a forward round and a reversed one: the causal costs of a pair add up
+    evenly; emulated, b16 s1024 h32 causal: the busiest CTA 11.7% over the mean -> 2.4%)."""
+    per_head = 2 * skv * d * 2 / max(1, group)
+    hs = max(1, int(L2_SHARE * l2 // max(1.0, per_head)))
+    if nmb and grid:
+        m = 2 * grid // math.gcd(nmb, 2 * grid)
+        if m <= hs:
+            hs = hs // m * m
+        elif 2 * m <= 3 * hs:  # up to half again the L2 share (b8 s2048 h64: 25 -> 33, 7.5% -> 0.2%)
+            hs = m
+    return hs
+
+
+def grid_size(handle, b, hq, sq):
+    units = b * hq * ((sq + BM - 1) // BM)
+    return max(1, min(units, handle.sm_count))
+
+
+TMA_DIMS = (64, 128, 256)  # the head dims with a TMA instantiation (fwd_ws_tma)
+_TMA_DTYPE = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
+
+
+class TmaMaps(ctypes.Structure):
+    """attention_ws.cu TmaMaps: the encoded Q, K, V tensor maps (128 bytes each)."""
+    _fields_ = [("raw", ctypes.c_ubyte * 384)]
+
+
+def _encode(drv, tag, ptr, dims, strides, rows):
+    """One 4-d tiled tensor map: dims (d, seq, heads, batch), strides (seq, head, batch) in elements,
+    boxes of 64 columns x rows, 128B swizzle, out-of-bounds zero. Returns its 128 bytes."""
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tm = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, _TMA_DTYPE[tag]), 4, int(ptr), [u64(x) for x in dims],
+        [u64(2 * x) for x in strides], [u32(64), u32(rows), u32(1), u32(1)], [u32(1)] * 4,
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
+    return ctypes.string_at(tm.getPtr(), 128)
+
+
+def tma_maps(tag, d, p):
+    """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]."""
+    import cuda.bindings.driver as drv
+    b, hq, hkv = p.batch, p.heads_q, p.heads_kv
+    st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
+    q = _encode(drv, tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
+    k = _encode(drv, tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
+    v = _encode(drv, tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
+    m = TmaMaps()
+    ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
+    return m
+
+
+LAST_TMA = False  # (tests: set when a launch went the TMA way)
+
+
+def takes_tma(d, p):
+    """tuning.attention.WS_TMA, a TMA instantiation for d, no per-batch key lengths (a box past len_kv
+    inside seq_kv would bring in rows that are not zero: P = 0 against whatever they hold), and no
+    launch recorder listening (a record keeps the params' bytes to patch pointers in; the tensor maps
+    hold pointers of their own)."""
+    return tuning.attention.WS_TMA and d in TMA_DIMS and not p.lens_kv and driver._recorders == 0
+
+
+def launch(handle, tag, d, b, hq, sq, skv, group, p):
+    """One forward launch (params p built and checked by attention_forward)."""
+    smem = smem_bytes(d)
+    grid = (grid_size(handle, b, hq, sq), 1, 1)
+    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
+    if takes_tma(d, p):
+        try:
+            maps = tma_maps(tag, d, p)
+        except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
+            maps = None
+        if maps is not None:
+            global LAST_TMA
+            LAST_TMA = True
+            f = handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem)
+            argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
+            drv = driver._driver()
+            err = drv.cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
+                                     ctypes.addressof(argv), 0)[0]
+            if err != 0:
+                driver.check((err,), "cuLaunchKernel")
+            return
+    f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
