@@ -223,8 +223,35 @@ def profile_steps(step, n, top):
     return res
 
 
-def cprofile_steps(step, n, top):
-    """n steps under cProfile: the top Python functions by own time (tottime) per step."""
+def _bucket(fn, name):
+    """Who owns a cProfile entry's own time: the bridge (pydnn/torch), a pydnn op family (pydnn/ops/<x>),
+    pydnn's launch / build / driver layer, the rest of pydnn, PyTorch's Python, PyTorch's C functions called
+    from Python (tensor allocation, casts, ...), or other Python / C."""
+    f = fn.replace("\\", "/")
+    if "/pydnn/torch/" in f:
+        return "pydnn.torch (the bridge)"
+    if "/pydnn/ops/" in f:
+        return "pydnn.ops." + f.split("/pydnn/ops/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    if "/pydnn/graph/" in f:
+        return "pydnn.graph"
+    if "/pydnn/_cuda/" in f or "/pydnn/_build/" in f or "cuda/bindings" in f or "cuda.bindings" in name:
+        return "pydnn launch / driver"
+    if "/pydnn/" in f:
+        return "pydnn (other: api wrapper, descriptors, buffers)"
+    if "/torch/" in f:
+        return "torch (Python)"
+    if fn == "~":
+        if "torch" in name or "Tensor" in name or "Engine" in name:
+            return "torch (C, called from Python)"
+        return "builtins"
+    return "other Python"
+
+
+def cprofile_steps(step, n, top, details=None):
+    """n steps under cProfile: the top Python functions by own time (tottime) per step. With a dict as
+    `details`, also fills details["buckets"] (own time per owner, _bucket) and details["api"] (every public
+    pydnn function the step called: its cumulative time and calls per step, from the entries that the
+    pydnn.status api wrapper calls)."""
     _sync()
     pr = cProfile.Profile()
     pr.enable()
@@ -234,14 +261,45 @@ def cprofile_steps(step, n, top):
     pr.disable()
     st = pstats.Stats(pr, stream=io.StringIO())
     rows = []
-    for (fn, line, name), (cc, nc, tt, ct, _callers) in st.stats.items():
+    buckets, api = {}, []
+    for (fn, line, name), (cc, nc, tt, ct, callers) in st.stats.items():
         short = fn.replace(ROOT + os.sep, "")
         if "site-packages" in short:
             short = "..." + short.split("site-packages", 1)[1]
         rows.append((tt / n * 1e6, ct / n * 1e6, nc / n, f"{short}:{line}({name})"))
+        b = _bucket(fn, name)
+        buckets[b] = buckets.get(b, 0.0) + tt / n * 1e6
+        # a public function's body: called by status.api's wrapper (every pydnn.<function> goes through it)
+        if any(c[0].replace("\\", "/").endswith("pydnn/status.py") and c[2] == "wrapper" for c in callers):
+            api.append({"function": name, "cum_us_per_step": round(ct / n * 1e6, 1), "calls_per_step": round(nc / n, 2),
+                        "us_per_call": round(ct / max(nc, 1) * 1e6, 1), "where": f"{short}:{line}"})
     rows.sort(reverse=True)
+    if details is not None:
+        details["buckets"] = {k: round(v, 1) for k, v in sorted(buckets.items(), key=lambda kv: -kv[1])}
+        details["api"] = sorted(api, key=lambda r: -r["cum_us_per_step"])
     return [{"function": f, "own_us_per_step": round(t, 1), "cum_us_per_step": round(c, 1),
              "calls_per_step": round(k, 2)} for t, c, k, f in rows[:top]]
+
+
+def timed_steps(step, n):
+    """n steps without any profiler, as the demos time them (examples/_common.StepTimer: CUDA events around
+    each step, no sync inside the loop): median step ms (events) and mean ms per step from the first step's
+    start event to the last one's end event (gaps between steps included)."""
+    ev = []
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a = torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b = torch.cuda.Event(enable_timing=True)
+        b.record()
+        ev.append((a, b))
+    host_ms = (time.perf_counter() - t0) * 1e3 / n  # the host's own pace (it may run ahead of the GPU)
+    _sync()
+    ms = sorted(a.elapsed_time(b) for a, b in ev)
+    return {"steps": n, "median_ms": ms[len(ms) // 2], "mean_ms": ev[0][0].elapsed_time(ev[-1][1]) / n,
+            "host_ms_per_step": host_ms}
 
 
 def layer_times(model, step, n):
@@ -306,6 +364,39 @@ def report(results, layers, md):
         p(f"| {demo} | {backend} | {t['wall_ms_per_step']:.3f} | {t.get('gpu_busy_ms_per_step', float('nan')):.3f} | "
           f"{fmt_pct(t.get('gpu_idle_share'))} | {fmt_pct(t.get('gpu_idle_share_of_gpu_span'))} | "
           f"{t.get('host_ms_per_step', float('nan')):.3f} | {t['kernels_per_step']:.0f} |")
+    timed = [(k, r["timed"]) for k, r in results.items() if r.get("timed")]
+    if timed:
+        p("\n## Step time without a profiler (CUDA events around each step, as the demos time it)\n")
+        p("| demo | backend | median ms/step | mean ms/step (gaps incl.) | host ms/step (enqueue pace) | "
+          "pydnn / torch (median) |")
+        p("|---|---|---|---|---|---|")
+        for (demo, backend), t in timed:
+            ref = results.get((demo, "torch"), {}).get("timed")
+            ratio = f"{t['median_ms'] / ref['median_ms']:.3f}x" if ref and backend != "torch" else ""
+            p(f"| {demo} | {backend} | {t['median_ms']:.3f} | {t['mean_ms']:.3f} | {t['host_ms_per_step']:.3f} | "
+              f"{ratio} |")
+    demos = list(dict.fromkeys(d for d, _ in results))
+    for demo in demos:
+        bk = [(b, results[(d, b)]["cprofile_details"]) for d, b in results
+              if d == demo and results[(d, b)].get("cprofile_details")]
+        if not bk:
+            continue
+        p(f"\n## {demo}: host Python time by owner (cProfile own time, µs per step; cProfile inflates Python "
+          "time, compare rows)\n")
+        p("| owner | " + " | ".join(b for b, _ in bk) + " |")
+        p("|---|" + "---|" * len(bk))
+        owners = list(dict.fromkeys(o for _, d in bk for o in d["buckets"]))
+        for o in owners:
+            p(f"| {o} | " + " | ".join(f"{d['buckets'].get(o, 0.0):.1f}" for _, d in bk) + " |")
+        p("| (total) | " + " | ".join(f"{sum(d['buckets'].values()):.1f}" for _, d in bk) + " |")
+        for b, d in bk:
+            if d.get("api"):
+                p(f"\n## {demo} / {b}: pydnn API calls per step (cProfile cumulative time)\n")
+                p("| function | cum µs/step | calls/step | µs/call | body |")
+                p("|---|---|---|---|---|")
+                for row in d["api"]:
+                    p(f"| `{row['function']}` | {row['cum_us_per_step']:.1f} | {row['calls_per_step']:g} | "
+                      f"{row['us_per_call']:.1f} | `{row['where'][:60]}` |")
     for (demo, backend), r in results.items():
         if r["torch_profiler"].get("top_gpu_kernels"):
             p(f"\n## {demo} / {backend}: top GPU kernels (device time per step)\n")
@@ -367,6 +458,8 @@ def main():
     ap.add_argument("--backends", default="pydnn,torch")
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--timed-steps", type=int, default=30,
+                    help="steps timed without a profiler (CUDA events, as the demos), before the profiled ones")
     ap.add_argument("--cprofile-steps", type=int, default=10, help="0: no cProfile pass")
     ap.add_argument("--layer-steps", type=int, default=20, help="CNN per-layer timing steps (0: none)")
     ap.add_argument("--top", type=int, default=15)
@@ -383,6 +476,7 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.steps, args.warmup, args.cprofile_steps, args.layer_steps, args.top = 8, 4, 3, 6, 10
+        args.timed_steps = min(args.timed_steps, 15)
         args.budget = args.budget or 25.0
     if not torch.cuda.is_available():
         sys.exit("profile_torch_step.py needs a CUDA GPU")
@@ -407,13 +501,20 @@ def main():
             for _ in range(args.warmup):
                 step()
             torch.cuda.synchronize()
-            r = {"torch_profiler": profile_steps(step, args.steps, args.top)}
+            r = {}
+            if args.timed_steps:
+                r["timed"] = timed_steps(step, args.timed_steps)
+            r["torch_profiler"] = profile_steps(step, args.steps, args.top)
             if args.cprofile_steps and demo != "cnn_graph":
-                r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top)
+                r["cprofile_details"] = {}
+                r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top, r["cprofile_details"])
             if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
                 layers[backend] = layer_times(model, step, args.layer_steps)
             results[(demo, backend)] = r
-            print(f"[{demo}/{backend}] {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
+            tm = r.get("timed")
+            print(f"[{demo}/{backend}] " + (f"step {tm['median_ms']:.3f} ms median (events, no profiler), host "
+                                            f"{tm['host_ms_per_step']:.3f} ms/step; " if tm else "")
+                  + f"profiled {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
                   f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)",
                   flush=True)
             del model, step

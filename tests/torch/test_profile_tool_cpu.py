@@ -44,3 +44,36 @@ def test_passes_and_report(tmp_path):
     P.report({("cnn", "pydnn"): {"torch_profiler": r, "cprofile": c}}, layers, str(md))
     text = md.read_text()
     assert "| cnn | pydnn |" in text and "| 0 | Conv2d | 1.500 | 2.000 | 1.000 | 2.000 | +0.500 |" in text
+
+
+def test_cprofile_details_name_the_owners_and_the_pydnn_api(tmp_path):
+    """The per-owner buckets and the pydnn API table: a step that makes pydnn API calls (descriptor set-up,
+    which runs on the CPU) and a PyTorch op."""
+    import pydnn
+    P = _tool()
+    lin = torch.nn.Linear(8, 8)
+
+    def step():
+        d = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(d, pydnn.PYDNN_DATA_FLOAT, 4, [1, 2, 3, 4], [24, 12, 4, 1])
+        lin(torch.randn(4, 8)).sum().backward()
+
+    det = {}
+    P.cprofile_steps(step, 2, 4, det)
+    names = {r["function"]: r for r in det["api"]}
+    assert {"create_tensor_descriptor", "set_tensor_nd_descriptor"} <= set(names)
+    assert names["set_tensor_nd_descriptor"]["calls_per_step"] == 1.0
+    assert "torch (Python)" in det["buckets"] or "torch (C, called from Python)" in det["buckets"]
+    assert P._bucket("/x/pydnn/torch/functional.py", "forward") == "pydnn.torch (the bridge)"
+    assert P._bucket("/x/pydnn/ops/convolution/api.py", "f") == "pydnn.ops.convolution"
+    assert P._bucket("/x/pydnn/ops/batchnorm.py", "f") == "pydnn.ops.batchnorm"
+    assert P._bucket("/x/pydnn/_cuda/driver.py", "launch") == "pydnn launch / driver"
+    r = P.profile_steps(step, 2, 3)
+    timed = {"steps": 3, "median_ms": 2.0, "mean_ms": 2.5, "host_ms_per_step": 1.5}
+    res = {("cnn", "pydnn"): {"torch_profiler": r, "cprofile": [], "cprofile_details": det, "timed": timed},
+           ("cnn", "torch"): {"torch_profiler": r, "timed": dict(timed, median_ms=1.0)}}
+    md = tmp_path / "p.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "| cnn | pydnn | 2.000 | 2.500 | 1.500 | 2.000x |" in text
+    assert "`set_tensor_nd_descriptor` |" in text and "| pydnn.torch (the bridge) |" not in text
