@@ -147,6 +147,27 @@ def rnn_setup(backend, dev):
     return model, step
 
 
+# The kernel units a CNN-demo step loads (bf16 autocast, NCHW, batch 256, this tree's default planners): found
+# by replaying the step's pydnn calls on a stub handle (every kernel lookup recorded). --prebuild compiles them
+# in parallel before the first step instead of one at a time on first use (a fresh machine: ~30 s, most of it
+# convolution.bf16); a unit this list misses still compiles on first use.
+CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
+             "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16", "pooling.bf16",
+             "tensor_ops.transform.bf16")
+
+
+def prebuild(names):
+    """Compile the named kernel units (those this GPU's arch builds) that the cache lacks, in parallel."""
+    from pydnn._build import build, manifest
+    t0 = time.perf_counter()
+    by_name = manifest.unit_by_name()
+    units = [by_name[n] for n in names if n in by_name]
+    missing = [n for n in names if n not in by_name]
+    compiled, cached = build.build_all(units=units, progress=False)
+    print(f"prebuild: {compiled} kernel units compiled, {cached} cached in {time.perf_counter() - t0:.1f} s"
+          + (f" (not in this tree's manifest: {missing})" if missing else ""), flush=True)
+
+
 # ------------------------------------------------------------------------------------------ measurements
 def _sync():
     if torch.cuda.is_available():
@@ -472,6 +493,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
+    ap.add_argument("--prebuild", action="store_true",
+                    help="first compile the CNN demo's kernel units in parallel (CNN_UNITS; a fresh machine)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.quick:
@@ -482,6 +505,8 @@ def main():
         sys.exit("profile_torch_step.py needs a CUDA GPU")
     import pydnn.torch as pt
     os.makedirs(args.out, exist_ok=True)
+    if args.prebuild:
+        prebuild(CNN_UNITS)
     dev = Dev()
     results, layers = {}, {}
     t_start = time.perf_counter()
@@ -521,6 +546,8 @@ def main():
             torch.cuda.empty_cache()
             with open(os.path.join(args.out, "profile_torch_step.partial.json"), "w") as fh:
                 json.dump({f"{d}/{b}": r for (d, b), r in results.items()}, fh, indent=1)
+            with contextlib.redirect_stdout(io.StringIO()):  # the tables so far (a run cut short keeps them)
+                report(results, layers, os.path.join(args.out, "profile_torch_step.partial.md"))
     from pydnn.torch import _core as C
     print(f"pydnn.torch handle_for through PyTorch's C getters: {C._fast['on']}")
     if pt.fallbacks:

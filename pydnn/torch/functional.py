@@ -1145,7 +1145,10 @@ _linear_descs = C.BoundedDict()
 def _matmul(h, ad, a, bd, b, cd, c):
     """c = a @ b on pydnn.matmul with the workspace it asks for (split K: a weight gradient's long K over the
     SMs), taken from PyTorch's caching allocator (capture safe)."""
-    nws = pydnn.get_matmul_ex_workspace_size(h, ad, bd, cd)
+    key = ("matmul_ex", h, ad, bd, cd)  # cached descriptors: the size asked once holds (as _sizes' others)
+    nws = _sizes.get(key)
+    if nws is None:
+        nws = _sizes[key] = pydnn.get_matmul_ex_workspace_size(h, ad, bd, cd)
     if not nws:
         pydnn.matmul(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr())
         return None
