@@ -85,10 +85,18 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
     return model, step, batches[0][0]
 
 
-def gpt_args(quick, torch_linear=False):
-    return SimpleNamespace(batch_size=64, seq=256, d_model=384, n_layer=6, n_head=6, n_kv_head=2, norm="rms",
-                           dropout=0.0, lr=1e-3, torch_linear=torch_linear, torch_sdpa="cudnn",
-                           corpus_mb=1.0 if quick else 4.0)
+def gpt_args(quick, torch_linear=False, size="small", layers=0):
+    """small: 6 x d384, 64 x 256 tokens (host-bound; the demo's first default); demo: train_gpt.py's default
+    (12 x d768, 12:4 heads, 64 x 1024 tokens); layers > 0 overrides the layer count (a shorter demo-size step)."""
+    if size == "demo":
+        a = SimpleNamespace(batch_size=64, seq=1024, d_model=768, n_layer=12, n_head=12, n_kv_head=4)
+    else:
+        a = SimpleNamespace(batch_size=64, seq=256, d_model=384, n_layer=6, n_head=6, n_kv_head=2)
+    if layers:
+        a.n_layer = layers
+    a.__dict__.update(norm="rms", dropout=0.0, lr=1e-3, torch_linear=torch_linear, torch_sdpa="cudnn",
+                      corpus_mb=1.0 if quick else 4.0)
+    return a
 
 
 def gpt_setup(backend, dev, args):
@@ -189,6 +197,33 @@ def _union(iv):
     return total
 
 
+# GPU kernel name -> the op family it belongs to (pydnn's and PyTorch's / cuDNN's / cuBLAS's names), first match
+_KFAM = (("optimizer (AdamW)", ("multi_tensor_apply", "fused_adam", "adamw")),
+         ("attention", ("attention", "attn", "fmha", "flash", "sdpa", "cudnn_generated_fort_native_sdpa")),
+         ("conv bias gradient", ("bias_grad",)),
+         ("convolution", ("conv::", "conv_wgrad", "conv_gemm", "conv_wino", "convolve", "convolution", "dgrad", "wgrad",
+                          "fprop", "implicit_gemm", "implicitgemm", "xmma_fprop", "im2col", "cutlass__5x_cudnn")),
+         ("matmul", ("matmul", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk", "nvjet", "ampere_bf16", "sm80_xmma")),
+         ("batch norm", ("bn::", "batch_norm", "batchnorm", "bn_fw", "bn_bw")),
+         ("layer / RMS norm", ("norm",)),
+         ("pooling", ("pool",)),
+         ("layout copies (NCHW <-> NHWC)", ("transpose", "nchwtonhwc", "nhwctonchw", "map_strided", "transform")),
+         ("loss (log_softmax / nll)", ("softmax", "nll_loss", "cross_entropy")),
+         ("embedding", ("embedding", "indexing_backward", "index_select", "gather", "scatter")),
+         ("activation", ("act_", "gelu", "relu", "silu", "threshold", "activation")),
+         ("reductions (sum)", ("reduce_kernel", "reduce")),
+         ("fill / copy / dtype cast", ("fill", "copy", "memset", "memcpy")),
+         ("element-wise (add, mul, cast)", ("elementwise", "vectorized", "unrolled", "binary", "add", "mul")))
+
+
+def kernel_family(name):
+    low = name.lower()
+    for fam, keys in _KFAM:
+        if any(k in low for k in keys):
+            return fam
+    return "other"
+
+
 def profile_steps(step, n, top):
     """n steps under torch.profiler -> dict: wall ms / step, GPU-busy ms / step, idle share over the wall
     window and over the GPU's own span, kernels per step, top host ops by self CPU time per step."""
@@ -228,6 +263,13 @@ def profile_steps(step, n, top):
                    gpu_idle_share=1.0 - busy / (w1 - w0),
                    gpu_idle_share_of_gpu_span=max(0.0, 1.0 - busy / span) if span > 0 else float("nan"),
                    host_ms_per_step=sum(b - a for a, b in steps) / 1e3 / n)
+    fams = {}
+    for name, v in kern.items():
+        f = fams.setdefault(kernel_family(name), [0.0, 0])
+        f[0] += v[0]
+        f[1] += v[1]
+    res["gpu_by_family"] = {k: {"us_per_step": round(v[0] / n, 1), "kernels_per_step": round(v[1] / n, 2)}
+                            for k, v in sorted(fams.items(), key=lambda kv: -kv[1][0])}
     res["top_gpu_kernels"] = [{"kernel": name, "us_per_step": round(v[0] / n, 1), "calls_per_step": round(v[1] / n, 2)}
                               for name, v in sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]]
     rows = []
@@ -398,6 +440,23 @@ def report(results, layers, md):
               f"{ratio} |")
     demos = list(dict.fromkeys(d for d, _ in results))
     for demo in demos:
+        bk = [(b, results[(d, b)]["torch_profiler"].get("gpu_by_family")) for d, b in results
+              if d == demo and results[(d, b)]["torch_profiler"].get("gpu_by_family")]
+        if not bk:
+            continue
+        p(f"\n## {demo}: GPU time by op family (µs per step, kernels per step; the kernels' own time, overlaps "
+          "counted twice)\n")
+        p("| op family | " + " | ".join(b for b, _ in bk) + (" | pydnn - torch |" if len(bk) == 2 else " |"))
+        p("|---|" + "---|" * len(bk) + ("---|" if len(bk) == 2 else ""))
+        fams = list(dict.fromkeys(f for _, d in bk for f in d))
+        for f in fams:
+            cells = [d.get(f, {"us_per_step": 0.0, "kernels_per_step": 0}) for _, d in bk]
+            diff = f" {cells[0]['us_per_step'] - cells[1]['us_per_step']:+.1f} |" if len(bk) == 2 else ""
+            p(f"| {f} | " + " | ".join(f"{c['us_per_step']:.1f} ({c['kernels_per_step']:g})" for c in cells) + " |"
+              + diff)
+        tot = [sum(v["us_per_step"] for v in d.values()) for _, d in bk]
+        p("| (sum) | " + " | ".join(f"{t:.1f}" for t in tot) + " |" + (f" {tot[0] - tot[1]:+.1f} |" if len(bk) == 2 else ""))
+    for demo in demos:
         bk = [(b, results[(d, b)]["cprofile_details"]) for d, b in results
               if d == demo and results[(d, b)].get("cprofile_details")]
         if not bk:
@@ -490,6 +549,9 @@ def main():
                     help="CNN: forward and backward as CUDA graphs (train_cnn.py --cuda-graph), both backends")
     ap.add_argument("--gpt-torch-linear", action="store_true",
                     help="GPT, pydnn run: Linear layers on cuBLAS (separates the matmul's share of the gap)")
+    ap.add_argument("--gpt-size", choices=["small", "demo"], default="small",
+                    help="GPT: small (6 x d384, 64 x 256 tokens) or the demo's default (12 x d768, 64 x 1024)")
+    ap.add_argument("--gpt-layers", type=int, default=0, help="GPT: this many layers instead (0: the size's)")
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
@@ -522,7 +584,8 @@ def main():
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
-                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear))
+                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear, args.gpt_size,
+                                                               args.gpt_layers))
             for _ in range(args.warmup):
                 step()
             torch.cuda.synchronize()

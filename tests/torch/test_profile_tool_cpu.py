@@ -77,3 +77,33 @@ def test_cprofile_details_name_the_owners_and_the_pydnn_api(tmp_path):
     text = md.read_text()
     assert "| cnn | pydnn | 2.000 | 2.500 | 1.500 | 2.000x |" in text
     assert "`set_tensor_nd_descriptor` |" in text and "| pydnn.torch (the bridge) |" not in text
+
+
+def test_kernel_families_and_their_table(tmp_path):
+    P = _tool()
+    fam = P.kernel_family
+    assert fam("void pydnn::conv::bias_grad_rows<pydnn::bf16_t, 8>(ConvAuxParams)") == "conv bias gradient"
+    assert fam("void pydnn::bn::nc_stats<pydnn::bf16_t, 8, true>(BnParams)") == "batch norm"
+    assert fam("void at::native::batch_norm_backward_kernel<c10::BFloat16, float, float, int>") == "batch norm"
+    assert fam("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>") == "layout copies (NCHW <-> NHWC)"
+    assert fam("void pydnn::tensor::transpose<pydnn::bf16_t, pydnn::bf16_t, Copy, false>") == \
+        "layout copies (NCHW <-> NHWC)"
+    assert fam("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "convolution"
+    assert fam("void pydnn::matmul::gemm_tc<pydnn::bf16_t, 64, 64>(MatmulParams)") == "matmul"
+    assert fam("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NTN") == "matmul"
+    assert fam("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimizer (AdamW)"
+    assert fam("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert fam("void pydnn::act_fwd<pydnn::bf16_t, pydnn::GeluTanh, 8>") == "activation"
+    assert fam("void at::native::(anonymous namespace)::max_pool_backward_nchw<c10::BFloat16>") == "pooling"
+    assert fam("something new") == "other"
+    mk = {"steps": 1, "wall_ms_per_step": 1.0, "kernels_per_step": 2, "top_gpu_kernels": [], "top_host_ops": []}
+    res = {("cnn", "pydnn"): {"torch_profiler": dict(mk, gpu_by_family={
+               "batch norm": {"us_per_step": 100.0, "kernels_per_step": 4}})},
+           ("cnn", "torch"): {"torch_profiler": dict(mk, gpu_by_family={
+               "batch norm": {"us_per_step": 250.0, "kernels_per_step": 6},
+               "pooling": {"us_per_step": 50.0, "kernels_per_step": 2}})}}
+    md = tmp_path / "f.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "| batch norm | 100.0 (4) | 250.0 (6) | -150.0 |" in text
+    assert "| pooling | 0.0 (0) | 50.0 (2) | -50.0 |" in text and "| (sum) | 100.0 | 300.0 | -200.0 |" in text
