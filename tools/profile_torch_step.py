@@ -603,8 +603,8 @@ def main():
             print(f"[{demo}/{backend}] " + (f"step {tm['median_ms']:.3f} ms median (events, no profiler), host "
                                             f"{tm['host_ms_per_step']:.3f} ms/step; " if tm else "")
                   + f"profiled {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
-                  f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)",
-                  flush=True)
+                  f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)"
+                  + (f"; pydnn.torch fell back for {pt.fallback_report()}" if pt.fallbacks else ""), flush=True)
             del model, step
             torch.cuda.empty_cache()
             with open(os.path.join(args.out, "profile_torch_step.partial.json"), "w") as fh:

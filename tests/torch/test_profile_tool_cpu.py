@@ -107,3 +107,25 @@ def test_kernel_families_and_their_table(tmp_path):
     text = md.read_text()
     assert "| batch norm | 100.0 (4) | 250.0 (6) | -150.0 |" in text
     assert "| pooling | 0.0 (0) | 50.0 (2) | -50.0 |" in text and "| (sum) | 100.0 | 300.0 | -200.0 |" in text
+
+
+def test_timed_steps_with_stand_in_events(monkeypatch):
+    """The timed pass's bookkeeping (CUDA events stood in for by wall-clock stamps on the CPU)."""
+    import time as _time
+    P = _tool()
+
+    class Ev:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = _time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+    monkeypatch.setattr(P, "_sync", lambda: None)
+    r = P.timed_steps(lambda: _time.sleep(0.002), 5)
+    assert r["steps"] == 5 and 1.5 < r["median_ms"] < 50 and r["mean_ms"] >= r["median_ms"] * 0.9
+    assert r["host_ms_per_step"] >= 1.5
