@@ -111,7 +111,8 @@ def main():
     for _ in range(2):  # the second step's calls: plans and descriptors already made, as in training
         rec.clear()
         step()
-    print(f"{args.demo}, batch {bsz}: {len(rec)} pydnn compute calls a step; fallbacks: {pt.fallback_report() or 'none'}")
+    print(f"{args.demo}, batch {bsz}: {len(rec)} pydnn compute calls a step; "
+          f"fallbacks: {pt.fallback_report() or 'none'}")
     lines = ["| # | call | µs (CPU) | Python calls | kernels (first call) |", "|---|---|---:|---:|---|"]
     total = 0.0
     for i, (real, a, k) in enumerate(rec):

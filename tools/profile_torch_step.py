@@ -203,7 +203,8 @@ _KFAM = (("optimizer (AdamW)", ("multi_tensor_apply", "fused_adam", "adamw")),
          ("conv bias gradient", ("bias_grad",)),
          ("convolution", ("conv::", "conv_wgrad", "conv_gemm", "conv_wino", "convolve", "convolution", "dgrad", "wgrad",
                           "fprop", "implicit_gemm", "implicitgemm", "xmma_fprop", "im2col", "cutlass__5x_cudnn")),
-         ("matmul", ("matmul", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk", "nvjet", "ampere_bf16", "sm80_xmma")),
+         ("matmul", ("matmul", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk", "nvjet", "ampere_bf16",
+                     "sm80_xmma")),
          ("batch norm", ("bn::", "batch_norm", "batchnorm", "bn_fw", "bn_bw")),
          ("layer / RMS norm", ("norm",)),
          ("pooling", ("pool",)),
@@ -455,7 +456,8 @@ def report(results, layers, md):
             p(f"| {f} | " + " | ".join(f"{c['us_per_step']:.1f} ({c['kernels_per_step']:g})" for c in cells) + " |"
               + diff)
         tot = [sum(v["us_per_step"] for v in d.values()) for _, d in bk]
-        p("| (sum) | " + " | ".join(f"{t:.1f}" for t in tot) + " |" + (f" {tot[0] - tot[1]:+.1f} |" if len(bk) == 2 else ""))
+        p("| (sum) | " + " | ".join(f"{t:.1f}" for t in tot) + " |"
+          + (f" {tot[0] - tot[1]:+.1f} |" if len(bk) == 2 else ""))
     for demo in demos:
         bk = [(b, results[(d, b)]["cprofile_details"]) for d, b in results
               if d == demo and results[(d, b)].get("cprofile_details")]
