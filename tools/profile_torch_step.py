@@ -432,13 +432,14 @@ def report(results, layers, md):
     if timed:
         p("\n## Step time without a profiler (CUDA events around each step, as the demos time it)\n")
         p("| demo | backend | median ms/step | mean ms/step (gaps incl.) | host ms/step (enqueue pace) | "
-          "pydnn / torch (median) |")
-        p("|---|---|---|---|---|---|")
+          "pydnn / torch (median) | loss after the run |")
+        p("|---|---|---|---|---|---|---|")
         for (demo, backend), t in timed:
             ref = results.get((demo, "torch"), {}).get("timed")
             ratio = f"{t['median_ms'] / ref['median_ms']:.3f}x" if ref and backend != "torch" else ""
+            loss = results[(demo, backend)].get("final_loss")
             p(f"| {demo} | {backend} | {t['median_ms']:.3f} | {t['mean_ms']:.3f} | {t['host_ms_per_step']:.3f} | "
-              f"{ratio} |")
+              f"{ratio} | {'' if loss is None else f'{loss:.4f}'} |")
     demos = list(dict.fromkeys(d for d, _ in results))
     for demo in demos:
         bk = [(b, results[(d, b)]["torch_profiler"].get("gpu_by_family")) for d, b in results
@@ -600,10 +601,14 @@ def main():
                 r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top, r["cprofile_details"])
             if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
                 layers[backend] = layer_times(model, step, args.layer_steps)
+            # both backends ran the same steps from the same initialisation on the same batches: the loss of
+            # one more step is a check of the whole pydnn step against PyTorch's (bf16: close, not equal)
+            r["final_loss"] = float(step())
             results[(demo, backend)] = r
             tm = r.get("timed")
-            print(f"[{demo}/{backend}] " + (f"step {tm['median_ms']:.3f} ms median (events, no profiler), host "
-                                            f"{tm['host_ms_per_step']:.3f} ms/step; " if tm else "")
+            print(f"[{demo}/{backend}] loss {r['final_loss']:.4f}; "
+                  + (f"step {tm['median_ms']:.3f} ms median (events, no profiler), host "
+                     f"{tm['host_ms_per_step']:.3f} ms/step; " if tm else "")
                   + f"profiled {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
                   f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)"
                   + (f"; pydnn.torch fell back for {pt.fallback_report()}" if pt.fallbacks else ""), flush=True)

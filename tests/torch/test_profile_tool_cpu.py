@@ -75,7 +75,7 @@ def test_cprofile_details_name_the_owners_and_the_pydnn_api(tmp_path):
     md = tmp_path / "p.md"
     P.report(res, {}, str(md))
     text = md.read_text()
-    assert "| cnn | pydnn | 2.000 | 2.500 | 1.500 | 2.000x |" in text
+    assert "| cnn | pydnn | 2.000 | 2.500 | 1.500 | 2.000x |  |" in text
     assert "`set_tensor_nd_descriptor` |" in text and "| pydnn.torch (the bridge) |" not in text
 
 
