@@ -162,6 +162,9 @@ def rnn_setup(backend, dev):
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
              "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16", "pooling.bf16",
              "tensor_ops.transform.bf16")
+# The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
+GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
+             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32")
 
 
 def prebuild(names):
@@ -559,7 +562,7 @@ def main():
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
     ap.add_argument("--prebuild", action="store_true",
-                    help="first compile the CNN demo's kernel units in parallel (CNN_UNITS; a fresh machine)")
+                    help="first compile the demos' kernel units in parallel (CNN_UNITS, GPT_UNITS; a fresh machine)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.quick:
@@ -571,7 +574,9 @@ def main():
     import pydnn.torch as pt
     os.makedirs(args.out, exist_ok=True)
     if args.prebuild:
-        prebuild(CNN_UNITS)
+        demos = args.demos.split(",")
+        prebuild((CNN_UNITS if any(d.startswith("cnn") for d in demos) else ())
+                 + (GPT_UNITS if "gpt" in demos else ()))
     dev = Dev()
     results, layers = {}, {}
     t_start = time.perf_counter()
