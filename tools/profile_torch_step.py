@@ -50,7 +50,7 @@ class Dev:
         self.device = torch.device("cuda", torch.cuda.current_device())
 
 
-def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
+def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False, fuse=True):
     torch.manual_seed(0)
     try:
         xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
@@ -59,7 +59,7 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
         xtr = torch.randn(1438, 3, 32, 32, device=dev.device)
         ytr = torch.randint(0, 10, (1438,), device=dev.device)
     init = train_cnn.build("torch").state_dict()
-    model = train_cnn.build(backend).to(dev.device)
+    model = train_cnn.build(backend, fuse=fuse).to(dev.device)
     model.load_state_dict(init)
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model.to(memory_format=mf)
@@ -161,7 +161,8 @@ def rnn_setup(backend, dev):
 # convolution.bf16); a unit this list misses still compiles on first use.
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
              "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16", "pooling.bf16",
-             "tensor_ops.transform.bf16")
+             "tensor_ops.transform.bf16",
+             "matmul.wgmmas.bf16")  # the classifier's forward with torch.LINEAR_FWD_SPLITK=False (split-K matmul_ex)
 # The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
 GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
              "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32")
@@ -559,6 +560,9 @@ def main():
                     help="GPT: small (6 x d384, 64 x 256 tokens) or the demo's default (12 x d768, 64 x 1024)")
     ap.add_argument("--gpt-layers", type=int, default=0, help="GPT: this many layers instead (0: the size's)")
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
+    ap.add_argument("--ab", action="append", default=[],
+                    help="also run the pydnn backend with these PYDNN_TUNING settings ('torch.LINEAR_FWD_SPLITK="
+                         "False'), or 'nofuse' (convert without fused activations); repeatable")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
     ap.add_argument("--prebuild", action="store_true",
@@ -572,6 +576,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("profile_torch_step.py needs a CUDA GPU")
     import pydnn.torch as pt
+    from pydnn import tuning
     os.makedirs(args.out, exist_ok=True)
     if args.prebuild:
         demos = args.demos.split(",")
@@ -581,14 +586,19 @@ def main():
     results, layers = {}, {}
     t_start = time.perf_counter()
     for demo in args.demos.split(","):
-        for backend in args.backends.split(","):
+        for label in args.backends.split(",") + [f"pydnn[{v}]" for v in args.ab]:
+            # "pydnn[<variant>]": the pydnn backend again with PYDNN_TUNING-style settings applied, or with
+            # 'nofuse' the model converted without fused activations (train_cnn.py --no-fuse)
+            backend, variant = (label.split("[", 1)[0], label.split("[", 1)[1][:-1]) if "[" in label else (label, "")
             t0 = time.perf_counter()
             if args.budget and t0 - t_start > args.budget:
-                print(f"[{demo}/{backend}] skipped: past the {args.budget:.0f} s budget", flush=True)
+                print(f"[{demo}/{label}] skipped: past the {args.budget:.0f} s budget", flush=True)
                 continue
+            if variant and variant != "nofuse":
+                tuning.apply_environment(variant)
             if demo in ("cnn", "cnn_graph"):
                 model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last,
-                                           args.cuda_graph or demo == "cnn_graph")
+                                           args.cuda_graph or demo == "cnn_graph", fuse=variant != "nofuse")
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
@@ -601,17 +611,21 @@ def main():
             if args.timed_steps:
                 r["timed"] = timed_steps(step, args.timed_steps)
             r["torch_profiler"] = profile_steps(step, args.steps, args.top)
-            if args.cprofile_steps and demo != "cnn_graph":
+            if args.cprofile_steps and demo != "cnn_graph" and not variant:
                 r["cprofile_details"] = {}
                 r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top, r["cprofile_details"])
-            if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
+            # (graph replays run no module hooks; the variants: the step time and the profile only)
+            if demo == "cnn" and args.layer_steps and not args.cuda_graph and not variant:
                 layers[backend] = layer_times(model, step, args.layer_steps)
             # both backends ran the same steps from the same initialisation on the same batches: the loss of
             # one more step is a check of the whole pydnn step against PyTorch's (bf16: close, not equal)
             r["final_loss"] = float(step())
-            results[(demo, backend)] = r
+            results[(demo, label)] = r
+            if variant:
+                tuning.reset()
+                tuning.apply_environment()  # back to the defaults and PYDNN_TUNING's settings
             tm = r.get("timed")
-            print(f"[{demo}/{backend}] loss {r['final_loss']:.4f}; "
+            print(f"[{demo}/{label}] loss {r['final_loss']:.4f}; "
                   + (f"step {tm['median_ms']:.3f} ms median (events, no profiler), host "
                      f"{tm['host_ms_per_step']:.3f} ms/step; " if tm else "")
                   + f"profiled {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "

@@ -129,3 +129,17 @@ def test_timed_steps_with_stand_in_events(monkeypatch):
     r = P.timed_steps(lambda: _time.sleep(0.002), 5)
     assert r["steps"] == 5 and 1.5 < r["median_ms"] < 50 and r["mean_ms"] >= r["median_ms"] * 0.9
     assert r["host_ms_per_step"] >= 1.5
+
+
+def test_ab_variants_in_the_step_table(tmp_path):
+    P = _tool()
+    mk = {"steps": 1, "wall_ms_per_step": 1.0, "kernels_per_step": 2, "top_gpu_kernels": [], "top_host_ops": []}
+    t = {"steps": 3, "median_ms": 2.0, "mean_ms": 2.0, "host_ms_per_step": 2.0}
+    res = {("cnn", "pydnn"): {"torch_profiler": mk, "timed": t, "final_loss": 0.5},
+           ("cnn", "torch"): {"torch_profiler": mk, "timed": dict(t, median_ms=4.0), "final_loss": 0.5},
+           ("cnn", "pydnn[nofuse]"): {"torch_profiler": mk, "timed": dict(t, median_ms=3.0), "final_loss": 0.5}}
+    md = tmp_path / "ab.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "| cnn | pydnn[nofuse] | 3.000 | 2.000 | 2.000 | 0.750x | 0.5000 |" in text
+    assert "| cnn | pydnn | 2.000 | 2.000 | 2.000 | 0.500x | 0.5000 |" in text
