@@ -162,7 +162,7 @@ def rnn_setup(backend, dev):
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
              "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16", "pooling.bf16",
              "tensor_ops.transform.bf16",
-             "matmul.wgmmas.bf16")  # the classifier's forward with torch.LINEAR_FWD_SPLITK=False (split-K matmul_ex)
+             "matmul.wgmmas.bf16")  # the classifier's forward (split-K matmul_ex; torch.LINEAR_FWD_SPLITK off)
 # The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
 GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
              "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32")
