@@ -411,11 +411,14 @@ torch = Switches(
                          "its output transposed back to NCHW: the direct NHWC tensor-core forward (fwd_wgmma on sm_90) "
                          "instead of the NCHW im2col GEMM (75 MB of columns at the CNN demo's second convolution); "
                          "the copies are kept for the backward, which then runs NHWC too"),
-    LINEAR_FWD_SPLITK=(True, "Linear's forward y = x W^T with few output tiles and a long K (M, N <= 512, K >= 8 * max(M, N), "
-                             "16-bit) as the backward filter of a 1x1 convolution (pydnn.convolution_backward_filter: "
-                             "the K reduction split over blocks into fp32 partials, folded in order), instead of "
-                             "pydnn.matmul, which walks K with one block per output tile (4 blocks at the CNN demo's "
-                             "classifier, 256 x 10 over K = 8192)"),
+    LINEAR_FWD_SPLITK=(False, "Linear's forward y = x W^T with few output tiles and a long K (M, N <= 512, K >= 8 * "
+                              "max(M, N), 16-bit) as the backward filter of a 1x1 convolution (pydnn.convolution_"
+                              "backward_filter: the K reduction split over blocks into fp32 partials, folded in order) "
+                              "instead of pydnn.matmul_ex. Off since pydnn.matmul splits K itself (gemm_wgmma_s + "
+                              "splitk_reduce through the workspace the bridge asks for): at the CNN demo's classifier "
+                              "(256 x 10 over K = 8192, H200, mid-session profile) the 1x1-conv path took ~49 us of "
+                              "GPU time (implicit_gemm<2> 45.7 + fold 2.8), matmul_ex ~17; the step's GPU time 0.886 -> "
+                              "0.854 ms. Before matmul's split-K (session 26): 114 us on pydnn.matmul"),
     CONV_NHWC_BWD=(True, "a 2-d NCHW half / bfloat16 convolution (groups 1) whose input and output channels are "
                          "multiples of 64 runs its backward data and backward filter on NHWC copies of dy, x and "
                          "the filter (pydnn.transform_tensor there and back), where the tensor-core kernels "

@@ -50,7 +50,7 @@ class Dev:
         self.device = torch.device("cuda", torch.cuda.current_device())
 
 
-def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
+def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False, fuse=True):
     torch.manual_seed(0)
     try:
         xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
@@ -59,7 +59,7 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
         xtr = torch.randn(1438, 3, 32, 32, device=dev.device)
         ytr = torch.randint(0, 10, (1438,), device=dev.device)
     init = train_cnn.build("torch").state_dict()
-    model = train_cnn.build(backend).to(dev.device)
+    model = train_cnn.build(backend, fuse=fuse).to(dev.device)
     model.load_state_dict(init)
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model.to(memory_format=mf)
@@ -85,10 +85,18 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False):
     return model, step, batches[0][0]
 
 
-def gpt_args(quick, torch_linear=False):
-    return SimpleNamespace(batch_size=64, seq=256, d_model=384, n_layer=6, n_head=6, n_kv_head=2, norm="rms",
-                           dropout=0.0, lr=1e-3, torch_linear=torch_linear, torch_sdpa="cudnn",
-                           corpus_mb=1.0 if quick else 4.0)
+def gpt_args(quick, torch_linear=False, size="small", layers=0):
+    """small: 6 x d384, 64 x 256 tokens (host-bound; the demo's first default); demo: train_gpt.py's default
+    (12 x d768, 12:4 heads, 64 x 1024 tokens); layers > 0 overrides the layer count (a shorter demo-size step)."""
+    if size == "demo":
+        a = SimpleNamespace(batch_size=64, seq=1024, d_model=768, n_layer=12, n_head=12, n_kv_head=4)
+    else:
+        a = SimpleNamespace(batch_size=64, seq=256, d_model=384, n_layer=6, n_head=6, n_kv_head=2)
+    if layers:
+        a.n_layer = layers
+    a.__dict__.update(norm="rms", dropout=0.0, lr=1e-3, torch_linear=torch_linear, torch_sdpa="cudnn",
+                      corpus_mb=1.0 if quick else 4.0)
+    return a
 
 
 def gpt_setup(backend, dev, args):
@@ -147,6 +155,31 @@ def rnn_setup(backend, dev):
     return model, step
 
 
+# The kernel units a CNN-demo step loads (bf16 autocast, NCHW, batch 256, this tree's default planners): found
+# by replaying the step's pydnn calls on a stub handle (every kernel lookup recorded). --prebuild compiles them
+# in parallel before the first step instead of one at a time on first use (a fresh machine: ~30 s, most of it
+# convolution.bf16); a unit this list misses still compiles on first use.
+CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
+             "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16", "pooling.bf16",
+             "tensor_ops.transform.bf16",
+             "matmul.wgmmas.bf16")  # the classifier's forward (split-K matmul_ex; torch.LINEAR_FWD_SPLITK off)
+# The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
+GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
+             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32")
+
+
+def prebuild(names):
+    """Compile the named kernel units (those this GPU's arch builds) that the cache lacks, in parallel."""
+    from pydnn._build import build, manifest
+    t0 = time.perf_counter()
+    by_name = manifest.unit_by_name()
+    units = [by_name[n] for n in names if n in by_name]
+    missing = [n for n in names if n not in by_name]
+    compiled, cached = build.build_all(units=units, progress=False)
+    print(f"prebuild: {compiled} kernel units compiled, {cached} cached in {time.perf_counter() - t0:.1f} s"
+          + (f" (not in this tree's manifest: {missing})" if missing else ""), flush=True)
+
+
 # ------------------------------------------------------------------------------------------ measurements
 def _sync():
     if torch.cuda.is_available():
@@ -166,6 +199,34 @@ def _union(iv):
     if cur is not None:
         total += cur[1] - cur[0]
     return total
+
+
+# GPU kernel name -> the op family it belongs to (pydnn's and PyTorch's / cuDNN's / cuBLAS's names), first match
+_KFAM = (("optimizer (AdamW)", ("multi_tensor_apply", "fused_adam", "adamw")),
+         ("attention", ("attention", "attn", "fmha", "flash", "sdpa", "cudnn_generated_fort_native_sdpa")),
+         ("conv bias gradient", ("bias_grad",)),
+         ("convolution", ("conv::", "conv_wgrad", "conv_gemm", "conv_wino", "convolve", "convolution", "dgrad", "wgrad",
+                          "fprop", "implicit_gemm", "implicitgemm", "xmma_fprop", "im2col", "cutlass__5x_cudnn")),
+         ("matmul", ("matmul", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk", "nvjet", "ampere_bf16",
+                     "sm80_xmma")),
+         ("batch norm", ("bn::", "batch_norm", "batchnorm", "bn_fw", "bn_bw")),
+         ("layer / RMS norm", ("norm",)),
+         ("pooling", ("pool",)),
+         ("layout copies (NCHW <-> NHWC)", ("transpose", "nchwtonhwc", "nhwctonchw", "map_strided", "transform")),
+         ("loss (log_softmax / nll)", ("softmax", "nll_loss", "cross_entropy")),
+         ("embedding", ("embedding", "indexing_backward", "index_select", "gather", "scatter")),
+         ("activation", ("act_", "gelu", "relu", "silu", "threshold", "activation")),
+         ("reductions (sum)", ("reduce_kernel", "reduce")),
+         ("fill / copy / dtype cast", ("fill", "copy", "memset", "memcpy")),
+         ("element-wise (add, mul, cast)", ("elementwise", "vectorized", "unrolled", "binary", "add", "mul")))
+
+
+def kernel_family(name):
+    low = name.lower()
+    for fam, keys in _KFAM:
+        if any(k in low for k in keys):
+            return fam
+    return "other"
 
 
 def profile_steps(step, n, top):
@@ -207,6 +268,13 @@ def profile_steps(step, n, top):
                    gpu_idle_share=1.0 - busy / (w1 - w0),
                    gpu_idle_share_of_gpu_span=max(0.0, 1.0 - busy / span) if span > 0 else float("nan"),
                    host_ms_per_step=sum(b - a for a, b in steps) / 1e3 / n)
+    fams = {}
+    for name, v in kern.items():
+        f = fams.setdefault(kernel_family(name), [0.0, 0])
+        f[0] += v[0]
+        f[1] += v[1]
+    res["gpu_by_family"] = {k: {"us_per_step": round(v[0] / n, 1), "kernels_per_step": round(v[1] / n, 2)}
+                            for k, v in sorted(fams.items(), key=lambda kv: -kv[1][0])}
     res["top_gpu_kernels"] = [{"kernel": name, "us_per_step": round(v[0] / n, 1), "calls_per_step": round(v[1] / n, 2)}
                               for name, v in sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]]
     rows = []
@@ -223,8 +291,35 @@ def profile_steps(step, n, top):
     return res
 
 
-def cprofile_steps(step, n, top):
-    """n steps under cProfile: the top Python functions by own time (tottime) per step."""
+def _bucket(fn, name):
+    """Who owns a cProfile entry's own time: the bridge (pydnn/torch), a pydnn op family (pydnn/ops/<x>),
+    pydnn's launch / build / driver layer, the rest of pydnn, PyTorch's Python, PyTorch's C functions called
+    from Python (tensor allocation, casts, ...), or other Python / C."""
+    f = fn.replace("\\", "/")
+    if "/pydnn/torch/" in f:
+        return "pydnn.torch (the bridge)"
+    if "/pydnn/ops/" in f:
+        return "pydnn.ops." + f.split("/pydnn/ops/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    if "/pydnn/graph/" in f:
+        return "pydnn.graph"
+    if "/pydnn/_cuda/" in f or "/pydnn/_build/" in f or "cuda/bindings" in f or "cuda.bindings" in name:
+        return "pydnn launch / driver"
+    if "/pydnn/" in f:
+        return "pydnn (other: api wrapper, descriptors, buffers)"
+    if "/torch/" in f:
+        return "torch (Python)"
+    if fn == "~":
+        if "torch" in name or "Tensor" in name or "Engine" in name:
+            return "torch (C, called from Python)"
+        return "builtins"
+    return "other Python"
+
+
+def cprofile_steps(step, n, top, details=None):
+    """n steps under cProfile: the top Python functions by own time (tottime) per step. With a dict as
+    `details`, also fills details["buckets"] (own time per owner, _bucket) and details["api"] (every public
+    pydnn function the step called: its cumulative time and calls per step, from the entries that the
+    pydnn.status api wrapper calls)."""
     _sync()
     pr = cProfile.Profile()
     pr.enable()
@@ -234,14 +329,45 @@ def cprofile_steps(step, n, top):
     pr.disable()
     st = pstats.Stats(pr, stream=io.StringIO())
     rows = []
-    for (fn, line, name), (cc, nc, tt, ct, _callers) in st.stats.items():
+    buckets, api = {}, []
+    for (fn, line, name), (cc, nc, tt, ct, callers) in st.stats.items():
         short = fn.replace(ROOT + os.sep, "")
         if "site-packages" in short:
             short = "..." + short.split("site-packages", 1)[1]
         rows.append((tt / n * 1e6, ct / n * 1e6, nc / n, f"{short}:{line}({name})"))
+        b = _bucket(fn, name)
+        buckets[b] = buckets.get(b, 0.0) + tt / n * 1e6
+        # a public function's body: called by status.api's wrapper (every pydnn.<function> goes through it)
+        if any(c[0].replace("\\", "/").endswith("pydnn/status.py") and c[2] == "wrapper" for c in callers):
+            api.append({"function": name, "cum_us_per_step": round(ct / n * 1e6, 1), "calls_per_step": round(nc / n, 2),
+                        "us_per_call": round(ct / max(nc, 1) * 1e6, 1), "where": f"{short}:{line}"})
     rows.sort(reverse=True)
+    if details is not None:
+        details["buckets"] = {k: round(v, 1) for k, v in sorted(buckets.items(), key=lambda kv: -kv[1])}
+        details["api"] = sorted(api, key=lambda r: -r["cum_us_per_step"])
     return [{"function": f, "own_us_per_step": round(t, 1), "cum_us_per_step": round(c, 1),
              "calls_per_step": round(k, 2)} for t, c, k, f in rows[:top]]
+
+
+def timed_steps(step, n):
+    """n steps without any profiler, as the demos time them (examples/_common.StepTimer: CUDA events around
+    each step, no sync inside the loop): median step ms (events) and mean ms per step from the first step's
+    start event to the last one's end event (gaps between steps included)."""
+    ev = []
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a = torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b = torch.cuda.Event(enable_timing=True)
+        b.record()
+        ev.append((a, b))
+    host_ms = (time.perf_counter() - t0) * 1e3 / n  # the host's own pace (it may run ahead of the GPU)
+    _sync()
+    ms = sorted(a.elapsed_time(b) for a, b in ev)
+    return {"steps": n, "median_ms": ms[len(ms) // 2], "mean_ms": ev[0][0].elapsed_time(ev[-1][1]) / n,
+            "host_ms_per_step": host_ms}
 
 
 def layer_times(model, step, n):
@@ -306,6 +432,58 @@ def report(results, layers, md):
         p(f"| {demo} | {backend} | {t['wall_ms_per_step']:.3f} | {t.get('gpu_busy_ms_per_step', float('nan')):.3f} | "
           f"{fmt_pct(t.get('gpu_idle_share'))} | {fmt_pct(t.get('gpu_idle_share_of_gpu_span'))} | "
           f"{t.get('host_ms_per_step', float('nan')):.3f} | {t['kernels_per_step']:.0f} |")
+    timed = [(k, r["timed"]) for k, r in results.items() if r.get("timed")]
+    if timed:
+        p("\n## Step time without a profiler (CUDA events around each step, as the demos time it)\n")
+        p("| demo | backend | median ms/step | mean ms/step (gaps incl.) | host ms/step (enqueue pace) | "
+          "pydnn / torch (median) | loss after the run |")
+        p("|---|---|---|---|---|---|---|")
+        for (demo, backend), t in timed:
+            ref = results.get((demo, "torch"), {}).get("timed")
+            ratio = f"{t['median_ms'] / ref['median_ms']:.3f}x" if ref and backend != "torch" else ""
+            loss = results[(demo, backend)].get("final_loss")
+            p(f"| {demo} | {backend} | {t['median_ms']:.3f} | {t['mean_ms']:.3f} | {t['host_ms_per_step']:.3f} | "
+              f"{ratio} | {'' if loss is None else f'{loss:.4f}'} |")
+    demos = list(dict.fromkeys(d for d, _ in results))
+    for demo in demos:
+        bk = [(b, results[(d, b)]["torch_profiler"].get("gpu_by_family")) for d, b in results
+              if d == demo and results[(d, b)]["torch_profiler"].get("gpu_by_family")]
+        if not bk:
+            continue
+        p(f"\n## {demo}: GPU time by op family (µs per step, kernels per step; the kernels' own time, overlaps "
+          "counted twice)\n")
+        p("| op family | " + " | ".join(b for b, _ in bk) + (" | pydnn - torch |" if len(bk) == 2 else " |"))
+        p("|---|" + "---|" * len(bk) + ("---|" if len(bk) == 2 else ""))
+        fams = list(dict.fromkeys(f for _, d in bk for f in d))
+        for f in fams:
+            cells = [d.get(f, {"us_per_step": 0.0, "kernels_per_step": 0}) for _, d in bk]
+            diff = f" {cells[0]['us_per_step'] - cells[1]['us_per_step']:+.1f} |" if len(bk) == 2 else ""
+            p(f"| {f} | " + " | ".join(f"{c['us_per_step']:.1f} ({c['kernels_per_step']:g})" for c in cells) + " |"
+              + diff)
+        tot = [sum(v["us_per_step"] for v in d.values()) for _, d in bk]
+        p("| (sum) | " + " | ".join(f"{t:.1f}" for t in tot) + " |"
+          + (f" {tot[0] - tot[1]:+.1f} |" if len(bk) == 2 else ""))
+    for demo in demos:
+        bk = [(b, results[(d, b)]["cprofile_details"]) for d, b in results
+              if d == demo and results[(d, b)].get("cprofile_details")]
+        if not bk:
+            continue
+        p(f"\n## {demo}: host Python time by owner (cProfile own time, µs per step; cProfile inflates Python "
+          "time, compare rows)\n")
+        p("| owner | " + " | ".join(b for b, _ in bk) + " |")
+        p("|---|" + "---|" * len(bk))
+        owners = list(dict.fromkeys(o for _, d in bk for o in d["buckets"]))
+        for o in owners:
+            p(f"| {o} | " + " | ".join(f"{d['buckets'].get(o, 0.0):.1f}" for _, d in bk) + " |")
+        p("| (total) | " + " | ".join(f"{sum(d['buckets'].values()):.1f}" for _, d in bk) + " |")
+        for b, d in bk:
+            if d.get("api"):
+                p(f"\n## {demo} / {b}: pydnn API calls per step (cProfile cumulative time)\n")
+                p("| function | cum µs/step | calls/step | µs/call | body |")
+                p("|---|---|---|---|---|")
+                for row in d["api"]:
+                    p(f"| `{row['function']}` | {row['cum_us_per_step']:.1f} | {row['calls_per_step']:g} | "
+                      f"{row['us_per_call']:.1f} | `{row['where'][:60]}` |")
     for (demo, backend), r in results.items():
         if r["torch_profiler"].get("top_gpu_kernels"):
             p(f"\n## {demo} / {backend}: top GPU kernels (device time per step)\n")
@@ -367,6 +545,8 @@ def main():
     ap.add_argument("--backends", default="pydnn,torch")
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--timed-steps", type=int, default=30,
+                    help="steps timed without a profiler (CUDA events, as the demos), before the profiled ones")
     ap.add_argument("--cprofile-steps", type=int, default=10, help="0: no cProfile pass")
     ap.add_argument("--layer-steps", type=int, default=20, help="CNN per-layer timing steps (0: none)")
     ap.add_argument("--top", type=int, default=15)
@@ -376,50 +556,87 @@ def main():
                     help="CNN: forward and backward as CUDA graphs (train_cnn.py --cuda-graph), both backends")
     ap.add_argument("--gpt-torch-linear", action="store_true",
                     help="GPT, pydnn run: Linear layers on cuBLAS (separates the matmul's share of the gap)")
+    ap.add_argument("--gpt-size", choices=["small", "demo"], default="small",
+                    help="GPT: small (6 x d384, 64 x 256 tokens) or the demo's default (12 x d768, 64 x 1024)")
+    ap.add_argument("--gpt-layers", type=int, default=0, help="GPT: this many layers instead (0: the size's)")
     ap.add_argument("--quick", action="store_true", help="about 25 s: few steps, a 1 MiB GPT corpus")
+    ap.add_argument("--ab", action="append", default=[],
+                    help="also run the pydnn backend with these PYDNN_TUNING settings ('torch.LINEAR_FWD_SPLITK="
+                         "False'), or 'nofuse' (convert without fused activations); repeatable")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
+    ap.add_argument("--prebuild", action="store_true",
+                    help="first compile the demos' kernel units in parallel (CNN_UNITS, GPT_UNITS; a fresh machine)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.quick:
         args.steps, args.warmup, args.cprofile_steps, args.layer_steps, args.top = 8, 4, 3, 6, 10
+        args.timed_steps = min(args.timed_steps, 15)
         args.budget = args.budget or 25.0
     if not torch.cuda.is_available():
         sys.exit("profile_torch_step.py needs a CUDA GPU")
     import pydnn.torch as pt
+    from pydnn import tuning
     os.makedirs(args.out, exist_ok=True)
+    if args.prebuild:
+        demos = args.demos.split(",")
+        prebuild((CNN_UNITS if any(d.startswith("cnn") for d in demos) else ())
+                 + (GPT_UNITS if "gpt" in demos else ()))
     dev = Dev()
     results, layers = {}, {}
     t_start = time.perf_counter()
     for demo in args.demos.split(","):
-        for backend in args.backends.split(","):
+        for label in args.backends.split(",") + [f"pydnn[{v}]" for v in args.ab]:
+            # "pydnn[<variant>]": the pydnn backend again with PYDNN_TUNING-style settings applied, or with
+            # 'nofuse' the model converted without fused activations (train_cnn.py --no-fuse)
+            backend, variant = (label.split("[", 1)[0], label.split("[", 1)[1][:-1]) if "[" in label else (label, "")
             t0 = time.perf_counter()
             if args.budget and t0 - t_start > args.budget:
-                print(f"[{demo}/{backend}] skipped: past the {args.budget:.0f} s budget", flush=True)
+                print(f"[{demo}/{label}] skipped: past the {args.budget:.0f} s budget", flush=True)
                 continue
+            if variant and variant != "nofuse":
+                tuning.apply_environment(variant)
             if demo in ("cnn", "cnn_graph"):
                 model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last,
-                                           args.cuda_graph or demo == "cnn_graph")
+                                           args.cuda_graph or demo == "cnn_graph", fuse=variant != "nofuse")
             elif demo == "rnn":
                 model, step = rnn_setup(backend, dev)
             else:
-                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear))
+                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear, args.gpt_size,
+                                                               args.gpt_layers))
             for _ in range(args.warmup):
                 step()
             torch.cuda.synchronize()
-            r = {"torch_profiler": profile_steps(step, args.steps, args.top)}
-            if args.cprofile_steps and demo != "cnn_graph":
-                r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top)
-            if demo == "cnn" and args.layer_steps and not args.cuda_graph:  # graph replays run no module hooks
+            r = {}
+            if args.timed_steps:
+                r["timed"] = timed_steps(step, args.timed_steps)
+            r["torch_profiler"] = profile_steps(step, args.steps, args.top)
+            if args.cprofile_steps and demo != "cnn_graph" and not variant:
+                r["cprofile_details"] = {}
+                r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top, r["cprofile_details"])
+            # (graph replays run no module hooks; the variants: the step time and the profile only)
+            if demo == "cnn" and args.layer_steps and not args.cuda_graph and not variant:
                 layers[backend] = layer_times(model, step, args.layer_steps)
-            results[(demo, backend)] = r
-            print(f"[{demo}/{backend}] {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
-                  f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)",
-                  flush=True)
+            # both backends ran the same steps from the same initialisation on the same batches: the loss of
+            # one more step is a check of the whole pydnn step against PyTorch's (bf16: close, not equal)
+            r["final_loss"] = float(step())
+            results[(demo, label)] = r
+            if variant:
+                tuning.reset()
+                tuning.apply_environment()  # back to the defaults and PYDNN_TUNING's settings
+            tm = r.get("timed")
+            print(f"[{demo}/{label}] loss {r['final_loss']:.4f}; "
+                  + (f"step {tm['median_ms']:.3f} ms median (events, no profiler), host "
+                     f"{tm['host_ms_per_step']:.3f} ms/step; " if tm else "")
+                  + f"profiled {r['torch_profiler']['wall_ms_per_step']:.3f} ms/step, GPU idle "
+                  f"{fmt_pct(r['torch_profiler'].get('gpu_idle_share'))} ({time.perf_counter() - t0:.1f} s)"
+                  + (f"; pydnn.torch fell back for {pt.fallback_report()}" if pt.fallbacks else ""), flush=True)
             del model, step
             torch.cuda.empty_cache()
             with open(os.path.join(args.out, "profile_torch_step.partial.json"), "w") as fh:
                 json.dump({f"{d}/{b}": r for (d, b), r in results.items()}, fh, indent=1)
+            with contextlib.redirect_stdout(io.StringIO()):  # the tables so far (a run cut short keeps them)
+                report(results, layers, os.path.join(args.out, "profile_torch_step.partial.md"))
     from pydnn.torch import _core as C
     print(f"pydnn.torch handle_for through PyTorch's C getters: {C._fast['on']}")
     if pt.fallbacks:

@@ -90,7 +90,7 @@ _sizes = C.BoundedDict()
 
 class _ConvPlan:
     __slots__ = ("xd", "wd", "cd", "yd", "bd", "y_shape", "fwd", "fwd_ws", "bwd_data", "bwd_data_ws",
-                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc")
+                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc", "wtd")
 
 
 def _conv_desc(spec, dtype):
@@ -140,6 +140,7 @@ def conv_plan(h, x, w, spec, fmt):
     pl.bwd_data = pl.bwd_filter = None
     pl.fused_ok = True
     pl.nhwc = None  # the backward's NHWC plan (_nhwc_plan), False where it does not apply
+    pl.wtd = None  # the filter seen as a tensor (its layout's strides): the NHWC path's transforms (_nhwc_plan)
     if len(_conv_plans) >= 4096:
         _conv_plans.clear()
     _conv_plans[key] = pl
@@ -183,39 +184,46 @@ def _nhwc_plan(h, pl, x, w, spec):
         try:
             ph = conv_plan(h, xh, wh, spec, pydnn.PYDNN_TENSOR_NHWC)
             _bwd_algos(h, ph, ph.yd)
+            # the transforms' descriptors, made once: x, y and the filter as tensors in either layout (the
+            # plans' xd / yd are those of x and y; wtd the filter's)
+            pl.wtd, ph.wtd = tdesc(w), tdesc(wh)
         except Unsupported:
             ph = False
         pl.nhwc = ph
     return pl.nhwc
 
 
-def _transform(h, src, dst):
-    """dst = src (same dims, any two layouts) through pydnn.transform_tensor; returns dst."""
-    pydnn.transform_tensor(h, 1.0, tdesc(src), src.data_ptr(), 0.0, tdesc(dst), dst.data_ptr())
+def _transform(h, src, dst, sd=None, dd=None):
+    """dst = src (same dims, any two layouts) through pydnn.transform_tensor; returns dst. sd / dd: the
+    descriptors of src / dst where the caller has them (a plan's), else looked up."""
+    pydnn.transform_tensor(h, 1.0, tdesc(src) if sd is None else sd, src.data_ptr(), 0.0,
+                           tdesc(dst) if dd is None else dd, dst.data_ptr())
     return dst
 
 
-def _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w, copies=False):
-    """Backward data and filter of an NCHW convolution run on NHWC copies (ph: _nhwc_plan): dy, x (for the
-    filter gradient) and the filter (for the data gradient) transposed to NHWC (x and w already are the
-    forward's NHWC copies when `copies`), the gradients back to NCHW."""
+def _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w, copies=False):
+    """Backward data and filter of an NCHW convolution (plan pl) run on NHWC copies (ph = pl.nhwc, its
+    _nhwc_plan): dy (NCHW packed, pl.yd), x (for the filter gradient) and the filter (for the data gradient)
+    transposed to NHWC (x and w already are the forward's NHWC copies when `copies`), the gradients back to
+    NCHW. Every transform takes the plans' descriptors (no per-call lookups)."""
+    ph = pl.nhwc
     cl = torch.channels_last
-    dyh = _transform(h, dy, torch.empty_like(dy, memory_format=cl))
+    dyh = _transform(h, dy, torch.empty_like(dy, memory_format=cl), pl.yd, ph.yd)
     dx = dw = None
     if need_x:
-        wh = w if copies else _transform(h, w, torch.empty_like(w, memory_format=cl))
+        wh = w if copies else _transform(h, w, torch.empty_like(w, memory_format=cl), pl.wtd, ph.wtd)
         dxh = torch.empty_like(x, memory_format=cl)
         ws, wsp = C.workspace(ph.bwd_data_ws, x.device)
         pydnn.convolution_backward_data(h, 1.0, ph.wd, wh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd, ph.bwd_data,
                                         wsp, ph.bwd_data_ws, 0.0, ph.xd, dxh.data_ptr())
-        dx = _transform(h, dxh, torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        dx = _transform(h, dxh, torch.empty(x.shape, dtype=x.dtype, device=x.device), ph.xd, pl.xd)
     if need_w:
-        xh = x if copies else _transform(h, x, torch.empty_like(x, memory_format=cl))
+        xh = x if copies else _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, ph.xd)
         dwh = torch.empty_like(w, memory_format=cl)
         ws, wsp = C.workspace(ph.bwd_filter_ws, x.device)
         pydnn.convolution_backward_filter(h, 1.0, ph.xd, xh.data_ptr(), ph.yd, dyh.data_ptr(), ph.cd,
                                           ph.bwd_filter, wsp, ph.bwd_filter_ws, 0.0, ph.wd, dwh.data_ptr())
-        dw = _transform(h, dwh, torch.empty(w.shape, dtype=w.dtype, device=w.device))
+        dw = _transform(h, dwh, torch.empty(w.shape, dtype=w.dtype, device=w.device), ph.wtd, pl.wtd)
     return dx, dw
 
 
@@ -266,9 +274,9 @@ class ConvFunction(torch.autograd.Function):
         if ph and (ph.fused_ok or (b is None and act is None)):
             # NHWC copies in, the NHWC convolution, the output back to NCHW; the copies serve the backward too
             cl = torch.channels_last
-            xh = _transform(h, x, torch.empty_like(x, memory_format=cl))
-            wh = _transform(h, w, torch.empty_like(w, memory_format=cl))
-            y = _transform(h, _conv_forward(h, ph, xh, wh, b, act), _output_like(x, pl.y_shape))
+            xh = _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, ph.xd)
+            wh = _transform(h, w, torch.empty_like(w, memory_format=cl), pl.wtd, ph.wtd)
+            y = _transform(h, _conv_forward(h, ph, xh, wh, b, act), _output_like(x, pl.y_shape), ph.yd, pl.yd)
             ctx.save_for_backward(xh, wh, y if act is not None else None)
             ctx.nhwc = True
         else:
@@ -297,7 +305,7 @@ class ConvFunction(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dx = dw = db = None
         if ctx.nhwc:  # x and w are the forward's NHWC copies; pl.nhwc has the backward algorithms
-            dx, dw = _conv_backward_nhwc(h, pl.nhwc, x, w, dy, need_x, need_w, copies=True)
+            dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w, copies=True)
             need_x = need_w = False
         else:
             try:
@@ -312,7 +320,7 @@ class ConvFunction(torch.autograd.Function):
             if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and _nhwc_applies(x, w, ctx.fmt, ctx.spec):
                 ph = _nhwc_plan(h, pl, x, w, ctx.spec)
                 if ph:
-                    dx, dw = _conv_backward_nhwc(h, ph, x, w, dy, need_x, need_w)
+                    dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w)
                     need_x = need_w = False
         if need_x:
             dx = _empty_like(x)
@@ -435,7 +443,10 @@ class BatchNormFunction(torch.autograd.Function):
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
         rs = None
         if training:
-            sm, si = torch.empty((2, c), dtype=pdt, device=x.device).unbind(0)  # one allocation
+            # saved mean and inverse std in one allocation, passed as two pointers (no per-call views)
+            st = torch.empty((2, c), dtype=pdt, device=x.device)
+            smp = st.data_ptr()
+            sip = smp + c * st.element_size()
             if relu:
                 ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
                 key = ("bn_fwd_ex", h, xd, yd, pd)
@@ -450,14 +461,14 @@ class BatchNormFunction(torch.autograd.Function):
                 rs = torch.empty(max(nrs, 1), dtype=torch.uint8, device=x.device)
                 pydnn.batch_normalization_forward_training_ex(
                     h, mode, ops, 1.0, 0.0, xd, x.data_ptr(), None, None, yd, y.data_ptr(), pd, w.data_ptr(),
-                    b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps, sm.data_ptr(), si.data_ptr(),
+                    b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps, smp, sip,
                     ad, wsp, nws, rs.data_ptr(), nrs)
                 ctx.nrs = nrs
             else:
                 pydnn.batch_normalization_forward_training(
                     h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor,
-                    ptr(running_mean), ptr(running_var), eps, sm.data_ptr(), si.data_ptr())
-            ctx.save_for_backward(x, w, b, sm, si, rs)
+                    ptr(running_mean), ptr(running_var), eps, smp, sip)
+            ctx.save_for_backward(x, w, b, st, rs)
         else:
             pydnn.batch_normalization_forward_inference(
                 h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(),
@@ -483,7 +494,9 @@ class BatchNormFunction(torch.autograd.Function):
             dw = (dy.to(w.dtype) * xhat).sum(axes) if ctx.affine else None
             db = dy.to(w.dtype).sum(axes) if ctx.affine else None
             return dx, dw, db, None, None, None, None, None, None
-        x, w, b, sm, si, rs = ctx.saved_tensors
+        x, w, b, st, rs = ctx.saved_tensors
+        smp = st.data_ptr()
+        sip = smp + st.shape[1] * st.element_size()
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), x)
         dx = _empty_like(x)
@@ -503,11 +516,11 @@ class BatchNormFunction(torch.autograd.Function):
             pydnn.batch_normalization_backward_ex(
                 h, mode, ops, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), None, None, dyd, dy.data_ptr(), None, None, dxd,
                 dx.data_ptr(), ctx.pd, w.data_ptr(), b.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps,
-                sm.data_ptr(), si.data_ptr(), ad, wsp, nws, rs.data_ptr(), ctx.nrs)
+                smp, sip, ad, wsp, nws, rs.data_ptr(), ctx.nrs)
         else:
             pydnn.batch_normalization_backward(
                 h, mode, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(), ctx.pd,
-                w.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps, sm.data_ptr(), si.data_ptr())
+                w.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps, smp, sip)
         if not ctx.affine:
             dw = db = None
         return dx, dw, db, None, None, None, None, None, None
@@ -792,7 +805,7 @@ class PoolFunction(torch.autograd.Function):
         else:
             pydnn.pooling_forward(h, pd, 1.0, xd, x.data_ptr(), 0.0, yd, y.data_ptr())
         ctx.save_for_backward(x, y)
-        ctx.mode, ctx.pd = mode, pd
+        ctx.mode, ctx.pd, ctx.descs = mode, pd, (xd, yd)
         return y
 
     @staticmethod
@@ -801,7 +814,9 @@ class PoolFunction(torch.autograd.Function):
         h = C.handle_for(x.device)
         dy = C.same_layout(dense(dy), y)
         dx = _empty_like(x)
-        xd, yd, dyd, dxd = tdesc(x), tdesc(y), tdesc(dy), tdesc(dx)
+        xd, yd = ctx.descs  # x and y are the forward's tensors: their descriptors are the forward's
+        dyd = yd if dy.stride() == y.stride() else tdesc(dy)
+        dxd = xd if dx.stride() == x.stride() else tdesc(dx)
         if ctx.pd is None:
             pydnn.adaptive_pooling_backward(h, ctx.mode, pydnn.PYDNN_PROPAGATE_NAN, 1.0, yd, y.data_ptr(), dyd,
                                             dy.data_ptr(), xd, x.data_ptr(), 0.0, dxd, dx.data_ptr())
@@ -1145,7 +1160,10 @@ _linear_descs = C.BoundedDict()
 def _matmul(h, ad, a, bd, b, cd, c):
     """c = a @ b on pydnn.matmul with the workspace it asks for (split K: a weight gradient's long K over the
     SMs), taken from PyTorch's caching allocator (capture safe)."""
-    nws = pydnn.get_matmul_ex_workspace_size(h, ad, bd, cd)
+    key = ("matmul_ex", h, ad, bd, cd)  # cached descriptors: the size asked once holds (as _sizes' others)
+    nws = _sizes.get(key)
+    if nws is None:
+        nws = _sizes[key] = pydnn.get_matmul_ex_workspace_size(h, ad, bd, cd)
     if not nws:
         pydnn.matmul(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr())
         return None

@@ -44,3 +44,102 @@ def test_passes_and_report(tmp_path):
     P.report({("cnn", "pydnn"): {"torch_profiler": r, "cprofile": c}}, layers, str(md))
     text = md.read_text()
     assert "| cnn | pydnn |" in text and "| 0 | Conv2d | 1.500 | 2.000 | 1.000 | 2.000 | +0.500 |" in text
+
+
+def test_cprofile_details_name_the_owners_and_the_pydnn_api(tmp_path):
+    """The per-owner buckets and the pydnn API table: a step that makes pydnn API calls (descriptor set-up,
+    which runs on the CPU) and a PyTorch op."""
+    import pydnn
+    P = _tool()
+    lin = torch.nn.Linear(8, 8)
+
+    def step():
+        d = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(d, pydnn.PYDNN_DATA_FLOAT, 4, [1, 2, 3, 4], [24, 12, 4, 1])
+        lin(torch.randn(4, 8)).sum().backward()
+
+    det = {}
+    P.cprofile_steps(step, 2, 4, det)
+    names = {r["function"]: r for r in det["api"]}
+    assert {"create_tensor_descriptor", "set_tensor_nd_descriptor"} <= set(names)
+    assert names["set_tensor_nd_descriptor"]["calls_per_step"] == 1.0
+    assert "torch (Python)" in det["buckets"] or "torch (C, called from Python)" in det["buckets"]
+    assert P._bucket("/x/pydnn/torch/functional.py", "forward") == "pydnn.torch (the bridge)"
+    assert P._bucket("/x/pydnn/ops/convolution/api.py", "f") == "pydnn.ops.convolution"
+    assert P._bucket("/x/pydnn/ops/batchnorm.py", "f") == "pydnn.ops.batchnorm"
+    assert P._bucket("/x/pydnn/_cuda/driver.py", "launch") == "pydnn launch / driver"
+    r = P.profile_steps(step, 2, 3)
+    timed = {"steps": 3, "median_ms": 2.0, "mean_ms": 2.5, "host_ms_per_step": 1.5}
+    res = {("cnn", "pydnn"): {"torch_profiler": r, "cprofile": [], "cprofile_details": det, "timed": timed},
+           ("cnn", "torch"): {"torch_profiler": r, "timed": dict(timed, median_ms=1.0)}}
+    md = tmp_path / "p.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "| cnn | pydnn | 2.000 | 2.500 | 1.500 | 2.000x |  |" in text
+    assert "`set_tensor_nd_descriptor` |" in text and "| pydnn.torch (the bridge) |" not in text
+
+
+def test_kernel_families_and_their_table(tmp_path):
+    P = _tool()
+    fam = P.kernel_family
+    assert fam("void pydnn::conv::bias_grad_rows<pydnn::bf16_t, 8>(ConvAuxParams)") == "conv bias gradient"
+    assert fam("void pydnn::bn::nc_stats<pydnn::bf16_t, 8, true>(BnParams)") == "batch norm"
+    assert fam("void at::native::batch_norm_backward_kernel<c10::BFloat16, float, float, int>") == "batch norm"
+    assert fam("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>") == "layout copies (NCHW <-> NHWC)"
+    assert fam("void pydnn::tensor::transpose<pydnn::bf16_t, pydnn::bf16_t, Copy, false>") == \
+        "layout copies (NCHW <-> NHWC)"
+    assert fam("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "convolution"
+    assert fam("void pydnn::matmul::gemm_tc<pydnn::bf16_t, 64, 64>(MatmulParams)") == "matmul"
+    assert fam("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NTN") == "matmul"
+    assert fam("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimizer (AdamW)"
+    assert fam("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert fam("void pydnn::act_fwd<pydnn::bf16_t, pydnn::GeluTanh, 8>") == "activation"
+    assert fam("void at::native::(anonymous namespace)::max_pool_backward_nchw<c10::BFloat16>") == "pooling"
+    assert fam("something new") == "other"
+    mk = {"steps": 1, "wall_ms_per_step": 1.0, "kernels_per_step": 2, "top_gpu_kernels": [], "top_host_ops": []}
+    res = {("cnn", "pydnn"): {"torch_profiler": dict(mk, gpu_by_family={
+               "batch norm": {"us_per_step": 100.0, "kernels_per_step": 4}})},
+           ("cnn", "torch"): {"torch_profiler": dict(mk, gpu_by_family={
+               "batch norm": {"us_per_step": 250.0, "kernels_per_step": 6},
+               "pooling": {"us_per_step": 50.0, "kernels_per_step": 2}})}}
+    md = tmp_path / "f.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "| batch norm | 100.0 (4) | 250.0 (6) | -150.0 |" in text
+    assert "| pooling | 0.0 (0) | 50.0 (2) | -50.0 |" in text and "| (sum) | 100.0 | 300.0 | -200.0 |" in text
+
+
+def test_timed_steps_with_stand_in_events(monkeypatch):
+    """The timed pass's bookkeeping (CUDA events stood in for by wall-clock stamps on the CPU)."""
+    import time as _time
+    P = _tool()
+
+    class Ev:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = _time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+    monkeypatch.setattr(P, "_sync", lambda: None)
+    r = P.timed_steps(lambda: _time.sleep(0.002), 5)
+    assert r["steps"] == 5 and 1.5 < r["median_ms"] < 50 and r["mean_ms"] >= r["median_ms"] * 0.9
+    assert r["host_ms_per_step"] >= 1.5
+
+
+def test_ab_variants_in_the_step_table(tmp_path):
+    P = _tool()
+    mk = {"steps": 1, "wall_ms_per_step": 1.0, "kernels_per_step": 2, "top_gpu_kernels": [], "top_host_ops": []}
+    t = {"steps": 3, "median_ms": 2.0, "mean_ms": 2.0, "host_ms_per_step": 2.0}
+    res = {("cnn", "pydnn"): {"torch_profiler": mk, "timed": t, "final_loss": 0.5},
+           ("cnn", "torch"): {"torch_profiler": mk, "timed": dict(t, median_ms=4.0), "final_loss": 0.5},
+           ("cnn", "pydnn[nofuse]"): {"torch_profiler": mk, "timed": dict(t, median_ms=3.0), "final_loss": 0.5}}
+    md = tmp_path / "ab.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "| cnn | pydnn[nofuse] | 3.000 | 2.000 | 2.000 | 0.750x | 0.5000 |" in text
+    assert "| cnn | pydnn | 2.000 | 2.000 | 2.000 | 0.500x | 0.5000 |" in text

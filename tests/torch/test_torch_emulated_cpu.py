@@ -1150,6 +1150,27 @@ def test_linear_on_pydnn_matmul(emulated, monkeypatch, bias):
     assert "matmul" not in emulated
 
 
+def test_linear_asks_the_matmul_workspace_once_per_problem(emulated, monkeypatch):
+    """The split-K workspace size of a (handle, descriptors) problem is asked once (descriptors are cached and
+    never changed), not at every forward / backward: a second step of the same shapes asks nothing."""
+    asked = []
+    query = pydnn.get_matmul_ex_workspace_size  # the fake (emulated) or the real query (validated)
+
+    def counted(*a):
+        asked.append(a[1:])
+        return query(*a)
+    monkeypatch.setattr(pydnn, "get_matmul_ex_workspace_size", counted)
+    mine, ref = make(pt.Linear, nn.Linear, 12, 7)
+    x = torch.randn(5, 12)
+    check(mine, ref, x)
+    assert len(asked) >= 2  # dx and dW (and the forward, where it runs on pydnn.matmul)
+    asked.clear(), emulated.clear()
+    check(mine, ref, x)
+    assert emulated.count("matmul") >= 2 and not asked
+    check(mine, ref, torch.randn(6, 12))  # another M: other descriptors, asked again
+    assert asked
+
+
 def test_linear_without_pydnn_matmul_is_torch(emulated, monkeypatch):
     monkeypatch.delattr(pydnn, "matmul", raising=False)
     mine, ref = make(pt.Linear, nn.Linear, 6, 4)
