@@ -583,6 +583,318 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   }
 }
 
+// ---------------------------------------------------------------- forward, fragments in registers (PERSIST_REG)
+// persist_fwd_r<T, CELL, KR> (16-bit data, 8 units a block, one K chunk, the barrier; tuning.rnn.PERSIST_REG, the
+// host checks the shape: persist.reg_shape): the general kernel's phases cost 3-4x their instruction count
+// (tools/PERF.md, "rnnp"), so this one keeps nothing of the step in shared memory but a 16 KiB reduction:
+//  - warps over (m tile mt = warp / ksplit, K slice ks = warp % ksplit): a warp computes every gate (n tile g
+//    = gate g: 8 units, one tile) of its 16 rows over ksw = hidden / 16 / ksplit k steps: G independent mma
+//    chains of ksw (4 chains of 4 for LSTM hidden 256 batch 32);
+//  - its weight fragments stay in registers for all steps (G x ksw x 2 words, loaded once);
+//  - h_{t-1} goes from L2 straight into the A fragments: K is read in a permuted order inside every 32-column
+//    block (the sum over k does not care, as long as A and B agree): thread (g = lane / 4, q = lane % 4) of a
+//    warp needs, for k steps 2i and 2i + 1 of row r, a0 / a2 of both = columns {2q, 2q + 1, 2q + 8, 2q + 9} of
+//    each logical 16-column step; logical column c of step parity p sits at physical column
+//    8 * ((c & 7) >> 1) + 4 * p + 2 * (c >> 3) + (c & 1), so that the thread's four words are the 16 bytes at
+//    physical column 32 * i + 8q: one 16-byte load a row and k-step pair; the weights' b0 / b1 of step
+//    parity p are the 8 bytes at 32 * i + 8q + 4p (tests/ops/rnn/test_rnn_persist_cpu.py checks the map);
+//  - the K slices' partial sums meet in shared memory: thread (lane) of the ksplit warps of an m tile holds
+//    the 4 combos c = 2 * rh + e (row mt * 16 + g + 8 rh, unit 2q + e) of every gate; combo c belongs to warp
+//    ks = c % ksplit, the others store theirs (a float4 of the gates), the owner adds them in ks order;
+//  - the cell, the state, its own h, the biases, the lengths and the next step's input projection (loaded a
+//    step ahead) live in the owner's registers; the index math is done once before the step loop.
+// With PersistDir.xchg (tuning.rnn.PERSIST_REG_XCHG) the blocks exchange h as persist_fwd's tagged words (no
+// barrier): the A loads become two 16-byte loads of tagged words a row and k-step pair, repeated until the tags
+// match. Shared memory: red [2 step parities][8 warps][4 combos][32 lanes] float4 (32 KiB).
+// KR: k steps a warp at most (weight fragments: G x KR x 2 registers): 4 or 8 (the host takes 4 where it suffices)
+
+__device__ __forceinline__ uint4 ld_relaxed_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+  return r;
+}
+__device__ __forceinline__ unsigned u4_at(const uint4& v, int i) {  // i a compile-time constant after unrolling
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+__device__ __forceinline__ float f4_at(const float4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+template <class T> __device__ __forceinline__ float bits_f(unsigned short b) {
+  T v;
+  v.bits = b;
+  return to_float(v);
+}
+
+template <class T, int CELL, int KR>
+__global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, TT = p.seq, j0 = blockIdx.x * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, q = lane & 3;
+  const int ksplit = p.ksplit, mt = warp / ksplit, ks = warp % ksplit;  // the only divisions
+  const int ksw = (H >> 4) / ksplit;  // this warp's k steps (even, <= KR)
+  const int kcol0 = ks * ksw * 16;
+  float4* const red0 = reinterpret_cast<float4*>(smem);
+  const T* W = static_cast<const T*>(d.w);
+  const T* hs = static_cast<const T*>(d.hs);
+  // tuning.rnn.PERSIST_REG_XCHG: the tagged words, no barrier (KR 4 only: KR 8 would spill, the host keeps the
+  // barrier there)
+  const bool tagged = KR <= 4 && d.xchg != nullptr;
+  const unsigned short* xp = static_cast<const unsigned short*>(d.xp);
+  const long long BH = (long long)B * H;
+  const bool fast = (p.variant & PV_FAST_MATH) != 0;
+  const unsigned nblk = gridDim.x;
+
+  // the weight fragments, once: gate g's tile (W rows g * H + j0 + 0..7), k step kk
+  unsigned bf[G][KR][2];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int kk = 0; kk < KR; ++kk) {
+      bf[g][kk][0] = bf[g][kk][1] = 0u;
+      if (kk < ksw) {
+        const uint2 v = *reinterpret_cast<const uint2*>(
+            W + ((long long)g * H + j0 + gq) * H + kcol0 + (kk >> 1) * 32 + 8 * q + 4 * (kk & 1));
+        bf[g][kk][0] = v.x;
+        bf[g][kk][1] = v.y;
+      }
+    }
+  // the A rows of this thread (h_{t-1} row r0, r0 + 8; past the batch: zero fragments, nothing loaded)
+  const int r0 = mt * 16 + gq;
+  const bool rv0 = r0 < B, rv1 = r0 + 8 < B;
+  const long long aoff0 = (long long)r0 * H + kcol0 + 8 * q, aoff1 = aoff0 + 8LL * H;
+  // the combos c = 2 * rh + e this thread computes: row r0 + 8 rh, unit 2q + e, owner warp ks = c % ksplit
+  bool mine[4], other[4];
+  int len[4];
+  long long off[4];  // b * H + j of the combo
+  float st[4], xb[2][G], hb[2][G];
+  unsigned short hown[4], xc[4][G], xn[4][G];
+  const int first = d.rev ? TT : 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int b = r0 + 8 * (c >> 1), u = 2 * q + (c & 1);
+    const bool valid = b < B;
+    mine[c] = valid && (c % ksplit) == ks;
+    other[c] = valid && (c % ksplit) != ks;
+    off[c] = (long long)b * H + j0 + u;
+    len[c] = 0;
+    st[c] = 0.f;
+    hown[c] = 0;
+    if (mine[c]) {
+      len[c] = p.lens[b];
+      if (CELL >= 2) st[c] = d.s32[slot(p, first) * BH + off[c]];
+      hown[c] = reinterpret_cast<const unsigned short*>(hs)[slot(p, first) * BH + off[c]];
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const long long k = (long long)g * H + j0 + 2 * q + e;
+      xb[e][g] = d.bw ? ldf<T>(d.bw, k) : 0.f;
+      hb[e][g] = d.br ? ldf<T>(d.br, k) : 0.f;
+    }
+  // the input projection of one step for the combos this thread computes (row b of time t at xp + (t * B + b)
+  // * ld_xp, gate g at + g * gs_xp): xrow[c] = b * ld_xp + j; the first step's now, each next one a step ahead
+  long long xrow[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) xrow[c] = (long long)(r0 + 8 * (c >> 1)) * p.ld_xp + j0 + 2 * q + (c & 1);
+  const long long xstep = (long long)B * p.ld_xp;
+  {
+    const unsigned short* xt = xp + (long long)(d.rev ? TT - 1 : 0) * xstep;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        xn[c][g] = 0;
+        xc[c][g] = mine[c] ? __ldg(xt + xrow[c] + g * p.gs_xp) : (unsigned short)0;
+      }
+  }
+  unsigned long long* stp = (p.stamps && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ? p.stamps : nullptr;
+
+  for (int s = 0; s < TT; ++s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (stp) stp[s * 8 + 0] = stamp_clock();
+    if (s > 0 && !tagged) grid_wait(d.bar, (unsigned)s * nblk);
+    if (stp) stp[s * 8 + 1] = stamp_clock();
+    uint4 a[2][KR / 2];
+#pragma unroll
+    for (int i = 0; i < KR / 2; ++i) a[0][i] = a[1][i] = make_uint4(0u, 0u, 0u, 0u);
+    if (tagged && s > 0) {
+      // h_{t-1} from the tagged words of step s - 1 (value bits low, tag s high): two 16-byte loads a row and
+      // k-step pair, all pending ones issued before any is checked, until every word carries the tag s
+      const unsigned* src = static_cast<const unsigned*>(d.xchg) + ((s - 1) & 1) * BH;
+      unsigned pend = 0, rounds = 0;
+#pragma unroll
+      for (int i = 0; i < KR / 2; ++i)
+        if (2 * i < ksw) pend |= (rv0 ? 1u << i : 0u) | (rv1 ? 1u << (i + 4) : 0u);
+      while (pend) {
+        const unsigned cur = pend;
+        uint4 v[2][KR / 2][2];
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int i = 0; i < KR / 2; ++i)
+            if (cur >> (rh * 4 + i) & 1) {
+              const unsigned* w = src + (rh ? aoff1 : aoff0) + 32 * i;
+              v[rh][i][0] = ld_relaxed_v4(w);
+              v[rh][i][1] = ld_relaxed_v4(w + 4);
+            }
+        const unsigned tg = (unsigned)s;
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int i = 0; i < KR / 2; ++i)
+            if (cur >> (rh * 4 + i) & 1) {
+              const uint4 l = v[rh][i][0], h = v[rh][i][1];
+              if ((l.x >> 16) == tg && (l.y >> 16) == tg && (l.z >> 16) == tg && (l.w >> 16) == tg &&
+                  (h.x >> 16) == tg && (h.y >> 16) == tg && (h.z >> 16) == tg && (h.w >> 16) == tg) {
+                a[rh][i] = make_uint4((l.x & 0xFFFFu) | (l.y << 16), (l.z & 0xFFFFu) | (l.w << 16),
+                                      (h.x & 0xFFFFu) | (h.y << 16), (h.z & 0xFFFFu) | (h.w << 16));
+                pend &= ~(1u << (rh * 4 + i));
+              }
+            }
+        if (++rounds == (1u << 22)) __trap();
+      }
+    } else {
+      // h_{t-1}: one 16-byte L2 load a row and k-step pair
+      const T* hsrc = hs + slot(p, ip) * BH;
+#pragma unroll
+      for (int i = 0; i < KR / 2; ++i) {
+        if (2 * i < ksw) {
+          if (rv0) a[0][i] = ld_relaxed_v4(hsrc + aoff0 + 32 * i);
+          if (rv1) a[1][i] = ld_relaxed_v4(hsrc + aoff1 + 32 * i);
+        }
+      }
+    }
+    // the next step's input projection (read-only in this kernel), a step ahead
+    if (s + 1 < TT) {
+      const unsigned short* xt = xp + (long long)(d.rev ? t - 1 : t + 1) * xstep;
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (mine[c]) xn[c][g] = __ldg(xt + xrow[c] + g * p.gs_xp);
+    }
+    if (stp) stp[s * 8 + 2] = stamp_clock();
+    float acc[G][4];
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KR; ++kk) {
+      if (kk < ksw) {
+        const int i = kk >> 1, w = 2 * (kk & 1);
+        const unsigned af[4] = {u4_at(a[0][i], w), u4_at(a[1][i], w), u4_at(a[0][i], w + 1), u4_at(a[1][i], w + 1)};
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const unsigned bb[2] = {bf[g][kk][0], bf[g][kk][1]};
+          Mma<T>::run(acc[g], af, bb);
+        }
+      }
+    }
+    // acc[g][c]: gate g of combo c (c0 / c1: row g, units 2q, 2q + 1; c2 / c3: row g + 8)
+    float ha[4][G];
+    // red: two buffers (step parity) so that one CTA barrier a step orders them, with or without the grid's
+    float4* const red = red0 + (s & 1) * (kPWarps * 4 * 32);
+    if (ksplit > 1) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (other[c])
+          red[(warp * 4 + c) * 32 + lane] = make_float4(acc[0][c], G > 1 ? acc[G > 1 ? 1 : 0][c] : 0.f,
+                                                        G > 2 ? acc[G > 2 ? 2 : 0][c] : 0.f,
+                                                        G > 3 ? acc[G > 3 ? 3 : 0][c] : 0.f);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) ha[c][g] = 0.f;
+      if (mine[c]) {
+        for (int k2 = 0; k2 < ksplit; ++k2) {  // in K slice order
+          if (k2 == ks) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) ha[c][g] += acc[g][c];
+          } else {
+            const float4 v = red[((mt * ksplit + k2) * 4 + c) * 32 + lane];
+#pragma unroll
+            for (int g = 0; g < G; ++g) ha[c][g] += f4_at(v, g);
+          }
+        }
+      }
+    }
+    if (stp) stp[s * 8 + 3] = stamp_clock();
+    // the cell, pass 1: h_t out (what the other blocks wait for)
+    T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
+    float gv[4][GA];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int k = 0; k < GA; ++k) gv[c][k] = 0.f;
+      if (!mine[c]) continue;
+      const int e = c & 1;
+      if (t < len[c]) {
+        float xa[G], hh[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          xa[g] = bits_f<T>(xc[c][g]) + xb[e][g];
+          hh[g] = ha[c][g] + hb[e][g];
+        }
+        if (CELL == 2) {
+          const float ig = g_sigm(xa[0] + hh[0], fast), fg = g_sigm(xa[1] + hh[1], fast),
+                      gg = g_tanh(xa[2] + hh[2], fast), og = g_sigm(xa[3] + hh[3], fast);
+          float cc = fg * st[c] + ig * gg;
+          if (p.clip) cc = cc != cc ? cc : fminf(fmaxf(cc, p.lclip), p.rclip);
+          st[c] = cc;
+          hown[c] = Store<T>::from(og * g_tanh(cc, fast)).bits;
+          gv[c][0] = ig; gv[c][1] = fg; gv[c][2] = gg; gv[c][3] = og;
+        } else if (CELL == 3) {
+          const float r = g_sigm(xa[0] + hh[0], fast), z = g_sigm(xa[1] + hh[1], fast);
+          const float n = g_tanh(xa[2] + r * hh[2], fast);
+          const float h = (1.0f - z) * n + z * st[c];
+          st[c] = h;
+          hown[c] = Store<T>::from(h).bits;
+          gv[c][0] = r; gv[c][1] = z; gv[c][2] = n; gv[c][GA - 1] = hh[2];
+        } else {
+          const float av = xa[0] + hh[0];
+          const float h = CELL == 0 ? fmaxf(av, 0.0f) : g_tanh(av, fast);
+          hown[c] = Store<T>::from(h).bits;
+          gv[c][0] = h;
+        }
+      }  // a row past its length carries its state
+      reinterpret_cast<unsigned short*>(h_out)[off[c]] = hown[c];
+      if (tagged) {
+        T hv;
+        hv.bits = hown[c];
+        Xchg<T>::put(static_cast<char*>(d.xchg) + (s & 1) * BH * 4, off[c], hv, (unsigned)s + 1);
+      }
+    }
+    if (stp) stp[s * 8 + 4] = stamp_clock();
+    if (!tagged) grid_arrive(d.bar);
+    // pass 2: y, the f32 state slot, the gate values
+    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (!mine[c]) continue;
+      const bool active = t < len[c];
+      const int b = r0 + 8 * (c >> 1), j = j0 + 2 * q + (c & 1);
+      if (CELL >= 2) s_out[off[c]] = st[c];
+      reinterpret_cast<unsigned short*>(d.y)[t * p.ld_yt + b * p.ld_y + j] = active ? hown[c] : (unsigned short)0;
+      if (d.act && active) {
+        float* act = d.act + ((long long)t * B + b) * GA * H + j;
+#pragma unroll
+        for (int k = 0; k < GA; ++k) act[k * H] = gv[c][k];
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) xc[c][g] = xn[c][g];
+    }
+    if (stp) stp[s * 8 + 5] = stamp_clock();
+  }
+}
+
 // ---------------------------------------------------------------- backward data
 // shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
 // [bp][pitch] at off_a; part [ksplit][bp][units] at off_part; gh [batch][units] f32 at off_s, gc at off_s2;

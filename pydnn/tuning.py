@@ -392,6 +392,14 @@ rnn = Switches(
                          "tagged exchange and the chunk loop compiled out (a smaller step body; the stamps showed the "
                          "step's own work at 3-4x its instruction count, instruction-cache misses a suspect); not yet "
                          "measured: off"),
+    PERSIST_REG=(True, "PERSIST_STATIC forward, half / bfloat16, 8 units a block (persist.reg_shape): persist_fwd_r, the "
+                       "weight fragments in registers, h_{t-1} from L2 straight into the mma fragments (a permuted "
+                       "K order), warps over (m tile, K slice) with every gate of a row in one thread, the cell "
+                       "state and the next step's x in registers; predicted ~2x the step of the shared-memory "
+                       "kernel (LSTM fp16 hidden 256 batch 32); off: persist_fwd"),
+    PERSIST_REG_XCHG=(False, "PERSIST_STATIC forward on persist_fwd_r (PERSIST_REG, at most 4 k steps a warp): the "
+                             "blocks exchange h as tagged words (persist_fwd's format) read straight into the mma "
+                             "fragments, no grid barrier; not yet measured: off"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
                       "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),

@@ -70,6 +70,11 @@ def expr(name, tag, cell=None, lean=0):
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
 
 
+def expr_r(tag, cell, kr):
+    """persist_fwd_r<T, CELL, KR>: KR the k steps a warp holds at most (REG_KR)."""
+    return f"pydnn::rnn::persist_fwd_r<{CTYPE[tag]}, {cell}, {kr}>"
+
+
 def unit_name(tag):
     return f"rnn_persist.{tag}"
 
@@ -79,6 +84,8 @@ def kernel_units():
     for tag in TAGS:
         exprs = [expr(k, tag, c) for k in ("persist_fwd", "persist_bwd") for c in range(4)]
         exprs += [expr("persist_fwd", tag, c, 1) for c in range(4)]
+        if tag != "f32":  # persist_fwd_r: 16-bit only (mma fragments in registers), KR 4 and 8
+            exprs += [expr_r(tag, c, kr) for c in range(4) for kr in REG_KR]
         exprs.append(expr("persist_reset", tag))
         units.append(KernelUnit(unit_name(tag), "rnn_persist.cu", tuple(exprs)))
     return units
@@ -257,9 +264,11 @@ def _check_resident(handle, f, smem, blocks):
 
 
 def _launch(ex, name, cell, grid, smem, p, lean=0):
+    """lean: persist_fwd's LEAN instance, or persist_fwd_r's KR."""
     handle = ex.handle
     tag = ex.lau.tag
-    f = handle.function(unit_name(tag), expr(name, tag, cell, lean), smem)
+    f = handle.function(unit_name(tag), expr_r(tag, cell, lean) if name == "persist_fwd_r" else
+                        expr(name, tag, cell, lean), smem)
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
@@ -306,7 +315,45 @@ def variant(pl, tagged):
 def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
-            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, stamps_buffer)
+            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, tuning.rnn.PERSIST_REG,
+            tuning.rnn.PERSIST_REG_XCHG, stamps_buffer)
+
+
+REG_KR = (4, 8)  # persist_fwd_r's KR instances: k steps a warp at most (its weight fragments in registers)
+REG_K = REG_KR[-1]
+REG_SMEM = 2 * WARPS * 4 * 32 * 16  # persist_fwd_r's shared memory: the K slices' partial sums, 2 step parities
+
+
+def reg_shape(tag, B, H, units):
+    """persist_fwd_r's (m tiles, K slices) for this shape, or None where it does not apply: 16-bit data, 8 units
+    a block, hidden a multiple of 32; the m tiles (16 rows each, rounded up to 1, 2, 4 or 8: batch <= 128)
+    times the K slices fill the 8 warps where hidden allows (each slice whole k-step pairs: hidden a multiple
+    of 32 x slices; fewer slices leave warps idle), at most REG_K k steps a warp (the weight fragments held in
+    registers: hidden <= 128 x slices)."""
+    if tag == "f32" or units != 8 or H % 32 or B > 128:
+        return None
+    mt = 1
+    while mt * 16 < B:
+        mt *= 2
+    ks = WARPS // mt
+    while ks > 1 and H % (32 * ks):
+        ks //= 2
+    if H // 16 // ks > REG_K:
+        return None
+    return mt, ks
+
+
+def reg_kr(H, ksplit):
+    """The KR instance of persist_fwd_r for this shape: the fewest k steps a warp that hold its slice."""
+    return next(kr for kr in REG_KR if H // 16 // ksplit <= kr)
+
+
+def use_reg(pl, g, tagged):
+    """The forward takes persist_fwd_r (tuning.rnn.PERSIST_REG) where reg_shape allows, with the barrier, and
+    where the general kernel would take the operand in one chunk (PERSIST_MAX_CHUNK forcing chunks keeps it)."""
+    if not tuning.rnn.PERSIST_REG or tagged or pl.fwd.nchunk != 1:
+        return None
+    return reg_shape(pl.tag, g.B, g.H, pl.units)
 
 
 def _groups(pl, dirs):
@@ -319,6 +366,9 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
     xb = xchg_bytes(r.dtype, B, H)
     tagged = use_xchg(r, g, pl)
+    reg = use_reg(pl, g, tagged)
+    # persist_fwd_r's own tagged exchange (tuning.rnn.PERSIST_REG_XCHG; KR 4 only, the 16-bit tags hold T)
+    xtag = tagged or bool(reg and tuning.rnn.PERSIST_REG_XCHG and g.T < 65535 and reg_kr(H, reg[1]) == 4)
     for group in _groups(pl, dirs):
         p = PersistParams()
         for i, dr in enumerate(group):
@@ -329,7 +379,7 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
             q.y = ly + dr.d * P * es
             q.act = dr.act0 if training else 0
             q.bar, q.rev = bar + dr.d * BAR_STRIDE, dr.d
-            q.xchg = xchg + dr.d * xb if tagged else 0
+            q.xchg = xchg + dr.d * xb if xtag else 0
         p.xwords = xb // 4
         w0 = group[0]
         p.ld_xp, p.gs_xp = (GH, H) if w0.w_in else (w0.inp_w, 0)  # SKIP_INPUT: x itself enters every gate
@@ -341,7 +391,12 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         pl.fwd.fill(p)
         p.variant = variant(pl, tagged)
         p.stamps = stamps_buffer
-        _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
+        _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if xtag else 1, len(group), 1), 0, p)
+        if reg:  # persist_fwd_r reads batch, hidden, ksplit, bp and the pointers; no shared memory layout
+            p.bp, p.ksplit = 16 * reg[0], reg[1]
+            p.variant &= PV_FAST_MATH
+            _launch(ex, "persist_fwd_r", r.cell, (pl.blocks, len(group), 1), REG_SMEM, p, reg_kr(g.H, reg[1]))
+            continue
         lean = 1 if tuning.rnn.PERSIST_LEAN and pl.fwd.nchunk == 1 and not tagged else 0
         _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p, lean)
 
@@ -369,4 +424,4 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)
 
 
-__all__ = ["Plan", "Layout", "plan", "forward_layer", "backward_layer", "kernel_units"]
+__all__ = ["Plan", "Layout", "plan", "forward_layer", "backward_layer", "kernel_units", "reg_shape"]
