@@ -59,6 +59,8 @@ CASES = [
     ("lstm fp32 small-h", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, STD),
     ("lstm fp32 small-h PS", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, PS),
     ("lstm fp16 1L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 1, False, PS),
+    # persist_fwd_r's 8-k-step instance (KR 8: batch 16, hidden 1024, 128 blocks); not an issue 16 target
+    ("lstm fp16 1L b16 PS", E.PYDNN_LSTM, "float16", 256, 16, 1024, 1, False, PS),
     ("lstm fp32 1L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 1, False, PS),
     ("lstm fp16 2L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, PS),
     ("gru fp16 2L PS", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, PS),
