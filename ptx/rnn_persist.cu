@@ -645,7 +645,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
   const bool tagged = KR <= 4 && d.xchg != nullptr;
   const unsigned short* xp = static_cast<const unsigned short*>(d.xp);
   const long long BH = (long long)B * H;
-  const bool fast = (p.variant & PV_FAST_MATH) != 0;
+  const bool fast = (p.variant & PV_FAST_MATH) != 0, sleep = (p.variant & PV_SLEEP) != 0;
   const unsigned nblk = gridDim.x;
 
   // the weight fragments, once: gate g's tile (W rows g * H + j0 + 0..7), k step kk
@@ -759,6 +759,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
               }
             }
         if (++rounds == (1u << 22)) __trap();
+        if (pend && sleep) __nanosleep(64);  // PV_SLEEP: less L2 traffic from the spinning blocks
       }
     } else {
       // h_{t-1}: one 16-byte L2 load a row and k-step pair

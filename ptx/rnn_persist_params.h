@@ -65,5 +65,6 @@ typedef struct {
 #define PV_CHAIN2 2
 #define PV_XS_AHEAD 4
 #define PV_FAST_MATH 8
+#define PV_SLEEP 16  /* persist_fwd_r's tagged gather: __nanosleep between rounds (PERSIST_REG_SLEEP) */
 
 #endif

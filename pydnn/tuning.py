@@ -400,6 +400,8 @@ rnn = Switches(
     PERSIST_REG_XCHG=(False, "PERSIST_STATIC forward on persist_fwd_r (PERSIST_REG, at most 4 k steps a warp): the "
                              "blocks exchange h as tagged words (persist_fwd's format) read straight into the mma "
                              "fragments, no grid barrier; not yet measured: off"),
+    PERSIST_REG_SLEEP=(False, "with PERSIST_REG_XCHG: a __nanosleep(64) between the tagged gather's rounds (less L2 "
+                              "traffic from 8192 spinning threads); not yet measured: off"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
                       "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),

@@ -58,7 +58,7 @@ class PersistParams(ctypes.Structure):
         ("stamps", ctypes.c_void_p)]
 
 
-PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH = 1, 2, 4, 8  # PersistParams.variant bits (rnn_persist_params.h)
+PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH, PV_SLEEP = 1, 2, 4, 8, 16  # PersistParams.variant bits (rnn_persist_params.h)
 STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
@@ -316,7 +316,7 @@ def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
             tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, tuning.rnn.PERSIST_REG,
-            tuning.rnn.PERSIST_REG_XCHG, stamps_buffer)
+            tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, stamps_buffer)
 
 
 REG_KR = (4, 8)  # persist_fwd_r's KR instances: k steps a warp at most (its weight fragments in registers)
@@ -395,6 +395,8 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         if reg:  # persist_fwd_r reads batch, hidden, ksplit, bp and the pointers; no shared memory layout
             p.bp, p.ksplit = 16 * reg[0], reg[1]
             p.variant &= PV_FAST_MATH
+            if xtag and tuning.rnn.PERSIST_REG_SLEEP:
+                p.variant |= PV_SLEEP
             _launch(ex, "persist_fwd_r", r.cell, (pl.blocks, len(group), 1), REG_SMEM, p, reg_kr(g.H, reg[1]))
             continue
         lean = 1 if tuning.rnn.PERSIST_LEAN and pl.fwd.nchunk == 1 and not tagged else 0

@@ -522,6 +522,7 @@ def test_reg_tagged_exchange_on_emulated_device(name, monkeypatch):
     from pydnn import tuning
     monkeypatch.setattr(tuning.rnn, "PERSIST_REG", True)
     monkeypatch.setattr(tuning.rnn, "PERSIST_REG_XCHG", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_SLEEP", True)
     c = REG_CASES[name]
     dev = rnn_emulator.Device()
     rnn_emulator.install(monkeypatch, dev, c.dtype)
@@ -534,5 +535,6 @@ def test_reg_tagged_exchange_on_emulated_device(name, monkeypatch):
         q = it[4][2]
         tagged = it[5][3] == 4
         assert all(bool(q.dir[i].xchg) == tagged for i in range(it[1][1]))
+        assert q.variant == persist.PV_FAST_MATH | (persist.PV_SLEEP if tagged else 0)
     resets = [it for it in items if it[5][:2] == ("persist", "persist_reset")]
     assert resets and all((it[1][0] > 1) == (launches[0][5][3] == 4) for it in resets)

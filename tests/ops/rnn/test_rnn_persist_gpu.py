@@ -131,7 +131,7 @@ VARIANTS = {"general": dict(PERSIST_REG=False), "flags": dict(PERSIST_FLAGS=True
             "chain2": dict(PERSIST_CHAIN2=True, PERSIST_REG=False), "units16": dict(PERSIST_UNITS=16),
             "ahead": dict(PERSIST_XS_AHEAD=True, PERSIST_REG=False), "fast": dict(PERSIST_FAST_MATH=True),
             "exact": dict(PERSIST_FAST_MATH=False), "lean": dict(PERSIST_LEAN=True, PERSIST_REG=False),
-            "regx": dict(PERSIST_REG_XCHG=True),
+            "regx": dict(PERSIST_REG_XCHG=True), "regxs": dict(PERSIST_REG_XCHG=True, PERSIST_REG_SLEEP=True),
             "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16, PERSIST_XS_AHEAD=True,
                         PERSIST_FAST_MATH=True, PERSIST_LEAN=True)}
 VARIANT_CASES = ("mid-lstm-f16-256", "mid-gru-bf16-128-bi", "mid-lstm-f32-64-bi-clip", "mid-relu-f16-32-packed",
