@@ -896,6 +896,198 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
   }
 }
 
+// ---------------------------------------------------------------- backward data, fragments in registers
+// persist_bwd_r<T, CELL> (tuning.rnn.PERSIST_BWD_REG; 16-bit data, 8 units a block, persist.bwd_reg_shape):
+// persist_fwd_r's scheme for the backward's block GEMM [batch, 8] = d_prev [batch, G * hidden] x W[:, units]:
+// warps over (m tile, K slice), ksw <= kBwdK k steps a warp in 4 accumulator chains (kk % 4, added in order), the
+// W^T fragments in registers (loaded once, 2-byte reads down W's columns), d_prev from L2 straight into the A
+// fragments (the permuted K order of persist_fwd_r); combo c of a lane (row r0 + 8 (c >> 1), unit 2q + (c & 1))
+// owned by warp ks = c % ksplit, which holds dh / dc carried in registers and fetches its step's gate values,
+// states and dy before the barrier. Shared memory: red [2 step parities][8 warps][4 combos][32 lanes] f32.
+constexpr int kBwdK = 16;
+
+template <class T, int CELL>
+__global__ void __launch_bounds__(kPThreads, 1) persist_bwd_r(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, GH = G * H, TT = p.seq, j0 = blockIdx.x * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, q = lane & 3;
+  const int ksplit = p.ksplit, mt = warp / ksplit, ks = warp % ksplit;
+  const int ksw = (GH >> 4) / ksplit;  // even, <= kBwdK
+  const int kcol0 = ks * ksw * 16;
+  float* const red0 = reinterpret_cast<float*>(smem);
+  const unsigned short* W = static_cast<const unsigned short*>(d.w);
+  const unsigned short* drec = static_cast<const unsigned short*>(d.dha ? d.dha : d.dxa);
+  const long long BH = (long long)B * H;
+  const unsigned nblk = gridDim.x;
+
+  // W^T fragments: n = unit j0 + gq, k = the physical rows kcol0 + 32 (kk >> 1) + 8q + 4 (kk & 1) + 0..3
+  unsigned bf[kBwdK][2];
+#pragma unroll
+  for (int kk = 0; kk < kBwdK; ++kk) {
+    bf[kk][0] = bf[kk][1] = 0u;
+    if (kk < ksw) {
+      const long long k0 = kcol0 + (kk >> 1) * 32 + 8 * q + 4 * (kk & 1);
+      const unsigned short* w = W + k0 * H + j0 + gq;
+      bf[kk][0] = (unsigned)w[0] | ((unsigned)w[H] << 16);
+      bf[kk][1] = (unsigned)w[2 * H] | ((unsigned)w[3 * H] << 16);
+    }
+  }
+  const int r0 = mt * 16 + gq;
+  const bool rv0 = r0 < B, rv1 = r0 + 8 < B;
+  const long long aoff0 = (long long)r0 * GH + kcol0 + 8 * q, aoff1 = aoff0 + 8LL * GH;
+  bool mine[4], other[4];
+  int len[4], bb[4], jj[4];
+  float gh[4], gc[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    bb[c] = r0 + 8 * (c >> 1);
+    jj[c] = j0 + 2 * q + (c & 1);
+    const bool valid = bb[c] < B;
+    mine[c] = valid && (c % ksplit) == ks;
+    other[c] = valid && (c % ksplit) != ks;
+    len[c] = 0;
+    gh[c] = gc[c] = 0.f;
+    if (mine[c]) {
+      const long long o = (long long)bb[c] * H + jj[c];
+      len[c] = p.lens[bb[c]];
+      gh[c] = d.gh[o];
+      gc[c] = CELL == 2 ? d.gc[o] : 0.f;
+    }
+  }
+
+  for (int s = 0; s <= TT; ++s) {
+    const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    // this step's own inputs (written before the launch): gate values, states, dy
+    float av[4][GA], sc[4], sp[4], dyv[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int k = 0; k < GA; ++k) av[c][k] = 0.f;
+      sc[c] = sp[c] = dyv[c] = 0.f;
+      if (s < TT && mine[c] && t < len[c]) {
+        const float* act = d.act + ((long long)t * B + bb[c]) * GA * H + jj[c];
+#pragma unroll
+        for (int k = 0; k < GA; ++k) av[c][k] = act[k * H];
+        const long long o = (long long)bb[c] * H + jj[c];
+        if (CELL == 2) sc[c] = d.s32[slot(p, io) * BH + o];
+        if (CELL >= 2) sp[c] = d.s32[slot(p, ip) * BH + o];
+        if (d.dy) dyv[c] = bits_f<T>(static_cast<const unsigned short*>(d.dy)[t * p.ld_yt + bb[c] * p.ld_y + jj[c]]);
+      }
+    }
+    float rec[4] = {0.f, 0.f, 0.f, 0.f};
+    if (s > 0) {
+      grid_wait(d.bar, (unsigned)s * nblk);
+      const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
+      const unsigned short* dsrc = drec + (long long)tp * B * GH;
+      uint4 a[2][kBwdK / 2];
+#pragma unroll
+      for (int i = 0; i < kBwdK / 2; ++i) {
+        a[0][i] = a[1][i] = make_uint4(0u, 0u, 0u, 0u);
+        if (2 * i < ksw) {
+          if (rv0) a[0][i] = ld_relaxed_v4(dsrc + aoff0 + 32 * i);
+          if (rv1) a[1][i] = ld_relaxed_v4(dsrc + aoff1 + 32 * i);
+        }
+      }
+      float acc[4][4];
+#pragma unroll
+      for (int z = 0; z < 4; ++z) acc[z][0] = acc[z][1] = acc[z][2] = acc[z][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBwdK; ++kk) {
+        if (kk < ksw) {
+          const int i = kk >> 1, w = 2 * (kk & 1);
+          const unsigned af[4] = {u4_at(a[0][i], w), u4_at(a[1][i], w), u4_at(a[0][i], w + 1),
+                                  u4_at(a[1][i], w + 1)};
+          const unsigned bq[2] = {bf[kk][0], bf[kk][1]};
+          Mma<T>::run(acc[kk & 3], af, bq);
+        }
+      }
+      float part[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) part[c] = ((acc[0][c] + acc[1][c]) + acc[2][c]) + acc[3][c];
+      float* const red = red0 + (s & 1) * (kPWarps * 4 * 32);
+      if (ksplit > 1) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (other[c]) red[(warp * 4 + c) * 32 + lane] = part[c];
+        __syncthreads();
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (mine[c])
+          for (int k2 = 0; k2 < ksplit; ++k2)
+            rec[c] += k2 == ks ? part[c] : red[((mt * ksplit + k2) * 4 + c) * 32 + lane];
+    }
+    if (s == TT) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (!mine[c]) continue;
+        const long long o = (long long)bb[c] * H + jj[c];
+        d.gh[o] = gh[c] + rec[c];
+        if (CELL == 2) d.gc[o] = gc[c];
+        stf<T>(d.ghrec, o, 0.0f);
+      }
+      break;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (!mine[c]) continue;
+      const long long xo = ((long long)t * B + bb[c]) * GH + jj[c];
+      if (t >= len[c]) {
+        gh[c] += rec[c];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          stf<T>(d.dxa, xo + (long long)g * H, 0.f);
+          if (d.dha) stf<T>(d.dha, xo + (long long)g * H, 0.f);
+        }
+        continue;
+      }
+      const float dh = gh[c] + rec[c] + dyv[c];
+      float dd[G], dr[G];
+      if (CELL == 2) {
+        const float ig = av[c][0], fg = av[c][1], gg = av[c][2], og = av[c][GA - 1];
+        const float cc = sc[c], cp = sp[c];
+        const float tc = tanhf(cc);
+        float dc = gc[c] + dh * og * (1.0f - tc * tc);
+        if (p.clip && !(p.lclip < cc && cc < p.rclip)) dc = 0.0f;
+        dd[0] = dc * gg * ig * (1.0f - ig);
+        dd[G > 1 ? 1 : 0] = dc * cp * fg * (1.0f - fg);
+        dd[G > 2 ? 2 : 0] = dc * ig * (1.0f - gg * gg);
+        dd[G - 1] = dh * tc * og * (1.0f - og);
+        gc[c] = dc * fg;
+        gh[c] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; ++k) dr[k] = dd[k];
+      } else if (CELL == 3) {
+        const float r = av[c][0], z = av[c][1], n = av[c][2], han = av[c][GA - 1];
+        const float hp = sp[c];
+        const float dn = dh * (1.0f - z) * (1.0f - n * n);
+        dd[G > 1 ? 1 : 0] = dh * (hp - n) * z * (1.0f - z);
+        dd[0] = dn * han * r * (1.0f - r);
+        dd[G > 2 ? 2 : 0] = dn;
+        dr[0] = dd[0];
+        dr[G > 1 ? 1 : 0] = dd[G > 1 ? 1 : 0];
+        dr[G > 2 ? 2 : 0] = dn * r;
+        gh[c] = dh * z;
+      } else {
+        const float h = av[c][0];
+        dd[0] = dh * (CELL == 0 ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+        dr[0] = dd[0];
+        gh[c] = 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        stf<T>(d.dxa, xo + (long long)g * H, dd[g]);
+        if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
+      }
+    }
+    grid_arrive(d.bar);
+  }
+}
+
 // ---------------------------------------------------------------- backward data
 // shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
 // [bp][pitch] at off_a; part [ksplit][bp][units] at off_part; gh [batch][units] f32 at off_s, gc at off_s2;

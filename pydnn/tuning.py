@@ -402,6 +402,9 @@ rnn = Switches(
                              "fragments, no grid barrier; not yet measured: off"),
     PERSIST_REG_SLEEP=(False, "with PERSIST_REG_XCHG: a __nanosleep(64) between the tagged gather's rounds (less L2 "
                               "traffic from 8192 spinning threads); not yet measured: off"),
+    PERSIST_BWD_REG=(False, "PERSIST_STATIC backward data, half / bfloat16, 8 units a block (persist.bwd_reg_shape): "
+                            "persist_bwd_r, persist_fwd_r's scheme (W^T fragments in registers, d_prev from L2 into "
+                            "the mma fragments, dh / dc carried in registers); not yet measured: off"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
                       "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),

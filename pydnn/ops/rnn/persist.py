@@ -75,8 +75,9 @@ def expr_r(tag, cell, kr):
     return f"pydnn::rnn::persist_fwd_r<{CTYPE[tag]}, {cell}, {kr}>"
 
 
-def unit_name(tag):
-    return f"rnn_persist.{tag}"
+def unit_name(tag, reg=False):
+    """reg: the unit of persist_fwd_r / persist_bwd_r."""
+    return f"rnn_persist_r.{tag}" if reg else f"rnn_persist.{tag}"
 
 
 def kernel_units():
@@ -84,10 +85,13 @@ def kernel_units():
     for tag in TAGS:
         exprs = [expr(k, tag, c) for k in ("persist_fwd", "persist_bwd") for c in range(4)]
         exprs += [expr("persist_fwd", tag, c, 1) for c in range(4)]
-        if tag != "f32":  # persist_fwd_r: 16-bit only (mma fragments in registers), KR 4 and 8
-            exprs += [expr_r(tag, c, kr) for c in range(4) for kr in REG_KR]
         exprs.append(expr("persist_reset", tag))
         units.append(KernelUnit(unit_name(tag), "rnn_persist.cu", tuple(exprs)))
+        if tag != "f32":  # persist_fwd_r (KR 4 and 8) and persist_bwd_r: 16-bit only (mma fragments in
+            # registers); a unit of their own, compiled in parallel with the general one
+            exprs = [expr_r(tag, c, kr) for c in range(4) for kr in REG_KR]
+            exprs += [expr("persist_bwd_r", tag, c) for c in range(4)]
+            units.append(KernelUnit(unit_name(tag, True), "rnn_persist.cu", tuple(exprs)))
     return units
 
 
@@ -267,7 +271,8 @@ def _launch(ex, name, cell, grid, smem, p, lean=0):
     """lean: persist_fwd's LEAN instance, or persist_fwd_r's KR."""
     handle = ex.handle
     tag = ex.lau.tag
-    f = handle.function(unit_name(tag), expr_r(tag, cell, lean) if name == "persist_fwd_r" else
+    reg = name in ("persist_fwd_r", "persist_bwd_r")
+    f = handle.function(unit_name(tag, reg), expr_r(tag, cell, lean) if name == "persist_fwd_r" else
                         expr(name, tag, cell, lean), smem)
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
@@ -316,7 +321,7 @@ def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
             tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, tuning.rnn.PERSIST_REG,
-            tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, stamps_buffer)
+            tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, tuning.rnn.PERSIST_BWD_REG, stamps_buffer)
 
 
 REG_KR = (4, 8)  # persist_fwd_r's KR instances: k steps a warp at most (its weight fragments in registers)
@@ -339,6 +344,26 @@ def reg_shape(tag, B, H, units):
     while ks > 1 and H % (32 * ks):
         ks //= 2
     if H // 16 // ks > REG_K:
+        return None
+    return mt, ks
+
+
+BWD_REG_K = 16  # kBwdK in ptx/rnn_persist.cu: k steps a warp at most in persist_bwd_r
+BWD_REG_SMEM = 2 * WARPS * 4 * 32 * 4  # persist_bwd_r's partial sums (f32 a combo), 2 step parities
+
+
+def bwd_reg_shape(tag, B, H, G, units):
+    """persist_bwd_r's (m tiles, K slices) over K = G * hidden, or None: as reg_shape, at most BWD_REG_K k steps
+    a warp."""
+    if tag == "f32" or units != 8 or H % 32 or B > 128:
+        return None
+    mt = 1
+    while mt * 16 < B:
+        mt *= 2
+    ks = WARPS // mt
+    while ks > 1 and (G * H) % (32 * ks):
+        ks //= 2
+    if G * H // 16 // ks > BWD_REG_K:
         return None
     return mt, ks
 
@@ -423,6 +448,11 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         pl.bwd.fill(p)
         p.variant = variant(pl, False) & (PV_FLAGS | PV_CHAIN2)  # the barrier and the mma chains only
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
+        breg = bwd_reg_shape(pl.tag, B, H, g.G, pl.units) if tuning.rnn.PERSIST_BWD_REG else None
+        if breg:  # persist_bwd_r: the counter barrier, no variant bits
+            p.bp, p.ksplit, p.variant = 16 * breg[0], breg[1], 0
+            _launch(ex, "persist_bwd_r", r.cell, (pl.blocks, len(group), 1), BWD_REG_SMEM, p)
+            continue
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)
 
 

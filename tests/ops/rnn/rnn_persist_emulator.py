@@ -333,5 +333,19 @@ def persist_fwd_r(dev, p, dt, cell, grid, smem):
                 dev.view(d.s32 + _slot(p, io) * B * H * 4, B * H, np.float32).reshape(B, H)[:] = st
 
 
+def persist_bwd_r(dev, p, dt, cell, grid, smem):
+    """persist_bwd_r (tuning.rnn.PERSIST_BWD_REG): its shape constraints, then persist_bwd's numbers (the block
+    GEMM over all of K at once; the host's general layout still sits in p's offsets, K slices left out)."""
+    import ctypes
+    G = 4 if cell == 2 else (3 if cell == 3 else 1)
+    B, H = p.batch, p.hidden
+    mt, ks = p.bp // 16, p.ksplit
+    assert np.dtype(dt).itemsize == 2 and p.units == 8 and grid[0] * 8 == H and smem >= 8 * 4 * 32 * 4 * 2
+    assert mt * 16 >= B and mt * ks <= 8 and (G * H) % (32 * ks) == 0 and G * H // 16 // ks <= 16
+    q = type(p).from_buffer_copy(p)
+    q.bp, q.ksplit = -(-B // 16) * 16, 1
+    persist_bwd(dev, q, dt, cell, grid, 1 << 23)
+
+
 PERSIST = {"persist_reset": persist_reset, "persist_fwd": persist_fwd, "persist_bwd": persist_bwd,
-           "persist_fwd_r": persist_fwd_r}
+           "persist_fwd_r": persist_fwd_r, "persist_bwd_r": persist_bwd_r}

@@ -357,7 +357,7 @@ def test_lean_kernel_is_built_and_only_for_one_chunk(monkeypatch):
     """persist_fwd<T, CELL, 1> is in every unit; with PERSIST_MAX_CHUNK forcing chunks the general one runs."""
     from pydnn import tuning
     for u in persist.kernel_units():
-        assert sum(e.count(",") == 2 and e.endswith(", 1>") for e in u.exprs) == 4
+        assert sum(e.count(",") == 2 and e.endswith(", 1>") for e in u.exprs) == (0 if "_r." in u.name else 4)
     monkeypatch.setattr(tuning.rnn, "PERSIST_LEAN", True)
     monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
     c = _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4)
@@ -507,9 +507,14 @@ def test_reg_off_and_where_it_does_not_apply(monkeypatch):
 
 
 def test_reg_kernel_is_built_for_16_bit_units():
+    names = [u.name for u in persist.kernel_units()]
+    assert names == ["rnn_persist.f32", "rnn_persist.f16", "rnn_persist_r.f16", "rnn_persist.bf16",
+                     "rnn_persist_r.bf16"]
     for u in persist.kernel_units():
         regs = [e for e in u.exprs if "persist_fwd_r<" in e]
-        assert len(regs) == (0 if u.name.endswith("f32") else 8)
+        assert len(regs) == (8 if "_r." in u.name else 0)
+        assert sum("persist_bwd_r<" in e for e in u.exprs) == (4 if "_r." in u.name else 0)
+        assert len(u.exprs) == (12 if "_r." in u.name else 13)
         assert all(e.endswith((", 4>", ", 8>")) for e in regs)
     assert persist.reg_kr(256, 4) == 4 and persist.reg_kr(256, 2) == 8 and persist.reg_kr(32, 1) == 4
 
@@ -538,3 +543,34 @@ def test_reg_tagged_exchange_on_emulated_device(name, monkeypatch):
         assert q.variant == persist.PV_FAST_MATH | (persist.PV_SLEEP if tagged else 0)
     resets = [it for it in items if it[5][:2] == ("persist", "persist_reset")]
     assert resets and all((it[1][0] > 1) == (launches[0][5][3] == 4) for it in resets)
+
+
+def test_bwd_reg_shape():
+    assert persist.bwd_reg_shape("f16", 32, 256, 4, 8) == (2, 4)    # issue 16's small case: K 1024, 16 k steps
+    assert persist.bwd_reg_shape("f16", 32, 256, 3, 8) == (2, 4)    # GRU: 12 k steps
+    assert persist.bwd_reg_shape("f16", 64, 256, 4, 8) is None      # 32 k steps a warp
+    assert persist.bwd_reg_shape("bf16", 16, 512, 4, 8) == (1, 8)
+    assert persist.bwd_reg_shape("f16", 18, 32, 1, 8) == (2, 1)
+    assert persist.bwd_reg_shape("f32", 32, 256, 4, 8) is None
+    assert persist.bwd_reg_shape("f16", 32, 256, 4, 16) is None
+
+
+@pytest.mark.parametrize("name", list(REG_CASES))
+def test_bwd_reg_on_emulated_device(name, monkeypatch):
+    """PERSIST_BWD_REG on: backward data launches persist_bwd_r with bwd_reg_shape's (bp, ksplit) where it applies
+    (else persist_bwd); run_case matches the float64 reference."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_BWD_REG", True)
+    c = REG_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(c.cell, 1)
+    sh = persist.bwd_reg_shape("f16", len(c.lengths), c.hidden, G, 8)
+    items = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"
+             for it in items if it[5][0] == "persist" and it[5][1] in ("persist_bwd", "persist_bwd_r")]
+    assert items and all(it[5][1] == ("persist_bwd_r" if sh else "persist_bwd") for it in items)
+    if sh:
+        assert all(it[4][2].bp == 16 * sh[0] and it[4][2].ksplit == sh[1] and it[3] == persist.BWD_REG_SMEM
+                   for it in items)

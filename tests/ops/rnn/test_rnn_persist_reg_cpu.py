@@ -145,3 +145,63 @@ def test_reg_threads_match_the_recurrence(cell, B, H, shape):
     for t in range(T):
         h, st = _step_threads(cell, G, B, H, ksplit, 16 * mt, W, h, xs_all[t], bw, br, st, h, lens, t)
         np.testing.assert_allclose(h, ref[t], rtol=1e-9, atol=1e-9)
+
+
+def _bwd_rec_threads(B, H, G, ksplit, dprev, W):
+    """persist_bwd_r's block GEMM and reduction, thread by thread: rec [B, H] = dprev [B, G H] x W [G H, H] as
+    the owners of the combos hold it."""
+    GH = G * H
+    ksw = (GH >> 4) // ksplit
+    rec = np.full((B, H), np.nan)
+    for bx in range(H // 8):
+        j0 = bx * 8
+        parts, red = {}, {}
+        for warp in range(8):
+            mt, ks = warp // ksplit, warp % ksplit
+            kcol0 = ks * ksw * 16
+            acc = [np.zeros((32, 4)) for _ in range(4)]
+            for kk in range(ksw):
+                i, w = kk >> 1, 2 * (kk & 1)
+                afr, bfr = [], []
+                for lane in range(32):
+                    gq, q = lane >> 2, lane & 3
+                    r0 = mt * 16 + gq
+                    rows = []
+                    for rh in range(2):
+                        r = r0 + 8 * rh
+                        off = r * GH + kcol0 + 8 * q + 32 * i
+                        v = dprev.reshape(-1)[off:off + 8] if r < B else np.zeros(8)
+                        rows.append([v[2 * k:2 * k + 2] for k in range(4)])
+                    afr.append([rows[0][w], rows[1][w], rows[0][w + 1], rows[1][w + 1]])
+                    k0 = kcol0 + (kk >> 1) * 32 + 8 * q + 4 * (kk & 1)
+                    col = W.reshape(-1)[k0 * H + j0 + gq::H][:4]  # w[0], w[H], w[2H], w[3H]
+                    bfr.append([col[0:2], col[2:4]])
+                _mma(afr, bfr, acc[kk & 3])
+            parts[warp] = ((acc[0] + acc[1]) + acc[2]) + acc[3]
+            for lane in range(32):
+                r0 = mt * 16 + (lane >> 2)
+                for c in range(4):
+                    if r0 + 8 * (c >> 1) < B and c % ksplit != ks and ksplit > 1:
+                        red[(warp * 4 + c) * 32 + lane] = parts[warp][lane][c]
+        for warp in range(8):
+            mt, ks = warp // ksplit, warp % ksplit
+            for lane in range(32):
+                gq, q = lane >> 2, lane & 3
+                for c in range(4):
+                    b, j = mt * 16 + gq + 8 * (c >> 1), j0 + 2 * q + (c & 1)
+                    if b < B and c % ksplit == ks:
+                        assert np.isnan(rec[b, j])  # one owner
+                        rec[b, j] = sum(parts[warp][lane][c] if k2 == ks
+                                        else red[((mt * ksplit + k2) * 4 + c) * 32 + lane] for k2 in range(ksplit))
+    return rec
+
+
+@pytest.mark.parametrize("B,H,G,shape", [(20, 64, 4, (2, 4)), (7, 64, 3, (1, 2)), (40, 32, 4, (4, 2)),
+                                         (5, 32, 1, (1, 1))])
+def test_bwd_reg_threads_match_the_product(B, H, G, shape):
+    from pydnn.ops.rnn import persist
+    assert persist.bwd_reg_shape("f16", B, H, G, 8) == shape
+    rng = np.random.default_rng(B * H + G)
+    dprev, W = rng.standard_normal((B, G * H)), rng.standard_normal((G * H, H))
+    rec = _bwd_rec_threads(B, H, G, shape[1], dprev, W)
+    np.testing.assert_allclose(rec, dprev @ W, rtol=1e-9, atol=1e-9)
