@@ -351,6 +351,10 @@ def test_defaults_are_the_measured_ones():
         pl = persist.plan(h, engine.set_rnn(r), g, True)
         assert persist.variant(pl, False) == bits and pl.fwd.ahead
     assert not tuning.rnn.PERSIST_FLAGS and not tuning.rnn.PERSIST_XCHG
+    # the rnnp mid-session run (H200): persist_fwd_r and the LEAN instance on, the register kernel's tagged
+    # exchange and its sleep off
+    assert tuning.rnn.PERSIST_REG and tuning.rnn.PERSIST_LEAN
+    assert not tuning.rnn.PERSIST_REG_XCHG and not tuning.rnn.PERSIST_REG_SLEEP
 
 
 def test_lean_kernel_is_built_and_only_for_one_chunk(monkeypatch):
