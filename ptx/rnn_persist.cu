@@ -626,7 +626,7 @@ template <class T> __device__ __forceinline__ float bits_f(unsigned short b) {
   return to_float(v);
 }
 
-template <class T, int CELL, int KR>
+template <class T, int CELL, int KR, int ONE = 0>
 __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
@@ -645,7 +645,10 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
   const bool tagged = KR <= 4 && d.xchg != nullptr;
   const unsigned short* xp = static_cast<const unsigned short*>(d.xp);
   const long long BH = (long long)B * H;
-  const bool fast = (p.variant & PV_FAST_MATH) != 0, sleep = (p.variant & PV_SLEEP) != 0;
+  // ONE (tuning.rnn.PERSIST_REG_ONE; the host: ksplit >= 4 and fast math): one combo a thread (c = ks), fast
+  // math compiled in, the exact math and the other combos' code out (a smaller step body)
+  constexpr int NC = ONE ? 1 : 4;  // combo slots a thread
+  const bool fast = ONE || (p.variant & PV_FAST_MATH) != 0, sleep = (p.variant & PV_SLEEP) != 0;
   const unsigned nblk = gridDim.x;
 
   // the weight fragments, once: gate g's tile (W rows g * H + j0 + 0..7), k step kk
@@ -667,46 +670,52 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
   const bool rv0 = r0 < B, rv1 = r0 + 8 < B;
   const long long aoff0 = (long long)r0 * H + kcol0 + 8 * q, aoff1 = aoff0 + 8LL * H;
   // the combos c = 2 * rh + e this thread computes: row r0 + 8 rh, unit 2q + e, owner warp ks = c % ksplit
-  bool mine[4], other[4];
-  int len[4];
-  long long off[4];  // b * H + j of the combo
-  float st[4], xb[2][G], hb[2][G];
-  unsigned short hown[4], xc[4][G], xn[4][G];
+  // slot ci holds combo c = ONE ? ks : ci (below: cm)
+  bool mine[NC], other[4];
+  int len[NC];
+  long long off[NC];  // b * H + j of the combo
+  float st[NC], xb[2][G], hb[2][G];
+  unsigned short hown[NC], xc[NC][G], xn[NC][G];
   const int first = d.rev ? TT : 0;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < 4; ++c) other[c] = r0 + 8 * (c >> 1) < B && (c % ksplit) != ks;
+#pragma unroll
+  for (int ci = 0; ci < NC; ++ci) {
+    const int c = ONE ? ks : ci;
     const int b = r0 + 8 * (c >> 1), u = 2 * q + (c & 1);
-    const bool valid = b < B;
-    mine[c] = valid && (c % ksplit) == ks;
-    other[c] = valid && (c % ksplit) != ks;
-    off[c] = (long long)b * H + j0 + u;
-    len[c] = 0;
-    st[c] = 0.f;
-    hown[c] = 0;
-    if (mine[c]) {
-      len[c] = p.lens[b];
-      if (CELL >= 2) st[c] = d.s32[slot(p, first) * BH + off[c]];
-      hown[c] = reinterpret_cast<const unsigned short*>(hs)[slot(p, first) * BH + off[c]];
+    const bool valid = b < B && c < 4;
+    mine[ci] = valid && (c % ksplit) == ks;
+    off[ci] = (long long)b * H + j0 + u;
+    len[ci] = 0;
+    st[ci] = 0.f;
+    hown[ci] = 0;
+    if (mine[ci]) {
+      len[ci] = p.lens[b];
+      if (CELL >= 2) st[ci] = d.s32[slot(p, first) * BH + off[ci]];
+      hown[ci] = reinterpret_cast<const unsigned short*>(hs)[slot(p, first) * BH + off[ci]];
     }
   }
 #pragma unroll
-  for (int e = 0; e < 2; ++e)
+  for (int e = 0; e < (ONE ? 1 : 2); ++e)
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const long long k = (long long)g * H + j0 + 2 * q + e;
+      const long long k = (long long)g * H + j0 + 2 * q + (ONE ? (ks & 1) : e);
       xb[e][g] = d.bw ? ldf<T>(d.bw, k) : 0.f;
       hb[e][g] = d.br ? ldf<T>(d.br, k) : 0.f;
     }
   // the input projection of one step for the combos this thread computes (row b of time t at xp + (t * B + b)
   // * ld_xp, gate g at + g * gs_xp): xrow[c] = b * ld_xp + j; the first step's now, each next one a step ahead
-  long long xrow[4];
+  long long xrow[NC];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) xrow[c] = (long long)(r0 + 8 * (c >> 1)) * p.ld_xp + j0 + 2 * q + (c & 1);
+  for (int ci = 0; ci < NC; ++ci) {
+    const int c = ONE ? ks : ci;
+    xrow[ci] = (long long)(r0 + 8 * (c >> 1)) * p.ld_xp + j0 + 2 * q + (c & 1);
+  }
   const long long xstep = (long long)B * p.ld_xp;
   {
     const unsigned short* xt = xp + (long long)(d.rev ? TT - 1 : 0) * xstep;
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
+    for (int c = 0; c < NC; ++c)
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         xn[c][g] = 0;
@@ -776,7 +785,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
     if (s + 1 < TT) {
       const unsigned short* xt = xp + (long long)(d.rev ? t - 1 : t + 1) * xstep;
 #pragma unroll
-      for (int c = 0; c < 4; ++c)
+      for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int g = 0; g < G; ++g)
           if (mine[c]) xn[c][g] = __ldg(xt + xrow[c] + g * p.gs_xp);
@@ -798,7 +807,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
       }
     }
     // acc[g][c]: gate g of combo c (c0 / c1: row g, units 2q, 2q + 1; c2 / c3: row g + 8)
-    float ha[4][G];
+    float ha[NC][G];
     // red: two buffers (step parity) so that one CTA barrier a step orders them, with or without the grid's
     float4* const red = red0 + (s & 1) * (kPWarps * 4 * 32);
     if (ksplit > 1) {
@@ -811,18 +820,21 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
       __syncthreads();
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int ci = 0; ci < NC; ++ci) {
+      const int c = ONE ? ks : ci;
 #pragma unroll
-      for (int g = 0; g < G; ++g) ha[c][g] = 0.f;
-      if (mine[c]) {
+      for (int g = 0; g < G; ++g) ha[ci][g] = 0.f;
+      if (mine[ci]) {
         for (int k2 = 0; k2 < ksplit; ++k2) {  // in K slice order
           if (k2 == ks) {
 #pragma unroll
-            for (int g = 0; g < G; ++g) ha[c][g] += acc[g][c];
+            for (int g = 0; g < G; ++g)
+              ha[ci][g] += ONE ? (c == 0 ? acc[g][0] : c == 1 ? acc[g][1] : c == 2 ? acc[g][2] : acc[g][3])
+                               : acc[g][ci];
           } else {
             const float4 v = red[((mt * ksplit + k2) * 4 + c) * 32 + lane];
 #pragma unroll
-            for (int g = 0; g < G; ++g) ha[c][g] += f4_at(v, g);
+            for (int g = 0; g < G; ++g) ha[ci][g] += f4_at(v, g);
           }
         }
       }
@@ -830,13 +842,13 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
     if (stp) stp[s * 8 + 3] = stamp_clock();
     // the cell, pass 1: h_t out (what the other blocks wait for)
     T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
-    float gv[4][GA];
+    float gv[NC][GA];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < NC; ++c) {
 #pragma unroll
       for (int k = 0; k < GA; ++k) gv[c][k] = 0.f;
       if (!mine[c]) continue;
-      const int e = c & 1;
+      const int e = ONE ? 0 : (c & 1);  // the bias slot (ONE: its one unit's)
       if (t < len[c]) {
         float xa[G], hh[G];
 #pragma unroll
@@ -878,10 +890,11 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
     // pass 2: y, the f32 state slot, the gate values
     float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < NC; ++c) {
       if (!mine[c]) continue;
       const bool active = t < len[c];
-      const int b = r0 + 8 * (c >> 1), j = j0 + 2 * q + (c & 1);
+      const int cm = ONE ? ks : c;
+      const int b = r0 + 8 * (cm >> 1), j = j0 + 2 * q + (cm & 1);
       if (CELL >= 2) s_out[off[c]] = st[c];
       reinterpret_cast<unsigned short*>(d.y)[t * p.ld_yt + b * p.ld_y + j] = active ? hown[c] : (unsigned short)0;
       if (d.act && active) {

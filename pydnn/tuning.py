@@ -406,6 +406,9 @@ rnn = Switches(
                              "arrive 1168 cycles): off"),
     PERSIST_REG_SLEEP=(False, "with PERSIST_REG_XCHG: a __nanosleep(64) between the tagged gather's rounds; measured "
                               "slower on the H200: 3.00 vs 2.86 us a step: off"),
+    PERSIST_REG_ONE=(False, "persist_fwd_r with 4 or 8 K slices (one combo a thread: LSTM H 256 B 32) and fast math: "
+                            "its ONE instance, the other combos' code and the exact math compiled out (a smaller "
+                            "step body; PERSIST_LEAN's measurement says code size costs); not yet measured: off"),
     PERSIST_BWD_REG=(False, "PERSIST_STATIC backward data, half / bfloat16, 8 units a block (persist.bwd_reg_shape): "
                             "persist_bwd_r, persist_fwd_r's scheme (W^T fragments in registers, d_prev from L2 into "
                             "the mma fragments, dh / dc carried in registers); not yet measured: off"),

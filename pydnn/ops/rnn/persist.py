@@ -70,9 +70,10 @@ def expr(name, tag, cell=None, lean=0):
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
 
 
-def expr_r(tag, cell, kr):
-    """persist_fwd_r<T, CELL, KR>: KR the k steps a warp holds at most (REG_KR)."""
-    return f"pydnn::rnn::persist_fwd_r<{CTYPE[tag]}, {cell}, {kr}>"
+def expr_r(tag, cell, kr, one=0):
+    """persist_fwd_r<T, CELL, KR[, 1]>: KR the k steps a warp holds at most (REG_KR); one: the ONE instance (one
+    combo a thread, fast math compiled in: tuning.rnn.PERSIST_REG_ONE)."""
+    return f"pydnn::rnn::persist_fwd_r<{CTYPE[tag]}, {cell}, {kr}" + (", 1>" if one else ">")
 
 
 def unit_name(tag, reg=False):
@@ -90,6 +91,7 @@ def kernel_units():
         if tag != "f32":  # persist_fwd_r (KR 4 and 8) and persist_bwd_r: 16-bit only (mma fragments in
             # registers); a unit of their own, compiled in parallel with the general one
             exprs = [expr_r(tag, c, kr) for c in range(4) for kr in REG_KR]
+            exprs += [expr_r(tag, c, 4, 1) for c in range(4)]
             exprs += [expr("persist_bwd_r", tag, c) for c in range(4)]
             units.append(KernelUnit(unit_name(tag, True), "rnn_persist.cu", tuple(exprs)))
     return units
@@ -267,18 +269,18 @@ def _check_resident(handle, f, smem, blocks):
     handle.remember(key, True)
 
 
-def _launch(ex, name, cell, grid, smem, p, lean=0):
-    """lean: persist_fwd's LEAN instance, or persist_fwd_r's KR."""
+def _launch(ex, name, cell, grid, smem, p, lean=0, one=0):
+    """lean: persist_fwd's LEAN instance, or persist_fwd_r's KR (one: its ONE instance)."""
     handle = ex.handle
     tag = ex.lau.tag
     reg = name in ("persist_fwd_r", "persist_bwd_r")
-    f = handle.function(unit_name(tag, reg), expr_r(tag, cell, lean) if name == "persist_fwd_r" else
+    f = handle.function(unit_name(tag, reg), expr_r(tag, cell, lean, one) if name == "persist_fwd_r" else
                         expr(name, tag, cell, lean), smem)
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
     ex._go(f, grid, (THREADS, 1, 1), smem, driver.kernel_args(q),
-           ("persist", name, cell, lean))
+           ("persist", name, cell, lean) + ((one,) if name == "persist_fwd_r" else ()))
 
 
 def xchg_bytes(dtype, B, H):
@@ -321,7 +323,8 @@ def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
             tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, tuning.rnn.PERSIST_REG,
-            tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, tuning.rnn.PERSIST_BWD_REG, stamps_buffer)
+            tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, tuning.rnn.PERSIST_BWD_REG,
+            tuning.rnn.PERSIST_REG_ONE, stamps_buffer)
 
 
 REG_KR = (4, 8)  # persist_fwd_r's KR instances: k steps a warp at most (its weight fragments in registers)
@@ -422,7 +425,10 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
             p.variant &= PV_FAST_MATH
             if xtag and tuning.rnn.PERSIST_REG_SLEEP:
                 p.variant |= PV_SLEEP
-            _launch(ex, "persist_fwd_r", r.cell, (pl.blocks, len(group), 1), REG_SMEM, p, reg_kr(g.H, reg[1]))
+            kr = reg_kr(g.H, reg[1])
+            # ONE (tuning.rnn.PERSIST_REG_ONE): one combo a thread (4 or 8 K slices), fast math, KR 4
+            one = int(bool(tuning.rnn.PERSIST_REG_ONE and reg[1] >= 4 and kr == 4 and p.variant & PV_FAST_MATH))
+            _launch(ex, "persist_fwd_r", r.cell, (pl.blocks, len(group), 1), REG_SMEM, p, kr, one)
             continue
         lean = 1 if tuning.rnn.PERSIST_LEAN and pl.fwd.nchunk == 1 and not tagged else 0
         _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p, lean)

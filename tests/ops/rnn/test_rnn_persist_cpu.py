@@ -516,10 +516,11 @@ def test_reg_kernel_is_built_for_16_bit_units():
                      "rnn_persist_r.bf16"]
     for u in persist.kernel_units():
         regs = [e for e in u.exprs if "persist_fwd_r<" in e]
-        assert len(regs) == (8 if "_r." in u.name else 0)
+        assert len(regs) == (12 if "_r." in u.name else 0)
+        assert sum(e.endswith(", 4, 1>") for e in regs) == (4 if "_r." in u.name else 0)
         assert sum("persist_bwd_r<" in e for e in u.exprs) == (4 if "_r." in u.name else 0)
-        assert len(u.exprs) == (12 if "_r." in u.name else 13)
-        assert all(e.endswith((", 4>", ", 8>")) for e in regs)
+        assert len(u.exprs) == (16 if "_r." in u.name else 13)
+        assert all(e.endswith((", 4>", ", 8>", ", 4, 1>")) for e in regs)
     assert persist.reg_kr(256, 4) == 4 and persist.reg_kr(256, 2) == 8 and persist.reg_kr(32, 1) == 4
 
 
@@ -578,3 +579,21 @@ def test_bwd_reg_on_emulated_device(name, monkeypatch):
     if sh:
         assert all(it[4][2].bp == 16 * sh[0] and it[4][2].ksplit == sh[1] and it[3] == persist.BWD_REG_SMEM
                    for it in items)
+
+
+@pytest.mark.parametrize("name", list(REG_CASES))
+def test_reg_one_instance_where_it_applies(name, monkeypatch):
+    """PERSIST_REG_ONE on: persist_fwd_r's ONE instance for 4 or 8 K slices with KR 4 and fast math, else the
+    generic one; the emulated run matches the reference."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_ONE", True)
+    c = REG_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    mt, ks = persist.reg_shape("f16", len(c.lengths), c.hidden, 8)
+    kr = persist.reg_kr(c.hidden, ks)
+    launches = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
+    assert launches and all(it[5][3:] == (kr, int(ks >= 4 and kr == 4)) for it in launches)

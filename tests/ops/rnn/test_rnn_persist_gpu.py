@@ -127,13 +127,14 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
 # persist_fwd_r for 16-bit data at 8 units a block, see reg_shape) runs under every default 16-bit test; "general"
 # and the general kernel's own switches turn it off, "exact" runs persist_fwd_r with tanhf / expf, "regx" its
 # tagged exchange (PERSIST_REG_XCHG, where at most 4 k steps a warp), "bwdreg" the backward's persist_bwd_r
-# (PERSIST_BWD_REG, off by default; where persist.bwd_reg_shape allows).
+# (PERSIST_BWD_REG, off by default; where persist.bwd_reg_shape allows), "regone" persist_fwd_r's ONE instance
+# (PERSIST_REG_ONE: one combo a thread, at 4 or 8 K slices and KR 4).
 VARIANTS = {"general": dict(PERSIST_REG=False), "flags": dict(PERSIST_FLAGS=True, PERSIST_REG=False),
             "chain2": dict(PERSIST_CHAIN2=True, PERSIST_REG=False), "units16": dict(PERSIST_UNITS=16),
             "ahead": dict(PERSIST_XS_AHEAD=True, PERSIST_REG=False), "fast": dict(PERSIST_FAST_MATH=True),
             "exact": dict(PERSIST_FAST_MATH=False), "lean": dict(PERSIST_LEAN=True, PERSIST_REG=False),
             "regx": dict(PERSIST_REG_XCHG=True), "regxs": dict(PERSIST_REG_XCHG=True, PERSIST_REG_SLEEP=True),
-            "bwdreg": dict(PERSIST_BWD_REG=True),
+            "bwdreg": dict(PERSIST_BWD_REG=True), "regone": dict(PERSIST_REG_ONE=True),
             "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16, PERSIST_XS_AHEAD=True,
                         PERSIST_FAST_MATH=True, PERSIST_LEAN=True)}
 VARIANT_CASES = ("mid-lstm-f16-256", "mid-gru-bf16-128-bi", "mid-lstm-f32-64-bi-clip", "mid-relu-f16-32-packed",
@@ -251,10 +252,12 @@ MID_REG = {
 }
 
 
-@pytest.mark.parametrize("reg,xchg,bwd", [(True, False, False), (True, True, False), (False, False, False),
-                                          (True, False, True)], ids=["reg", "reg-xchg", "general", "reg-bwd"])
+@pytest.mark.parametrize("reg,xchg,bwd,one", [(True, False, False, False), (True, True, False, False),
+                                              (False, False, False, False), (True, False, True, False),
+                                              (True, False, False, True)],
+                         ids=["reg", "reg-xchg", "general", "reg-bwd", "reg-one"])
 @pytest.mark.parametrize("name", list(MID_REG))
-def test_persist_reg_shapes(name, reg, xchg, bwd, handle, monkeypatch):
+def test_persist_reg_shapes(name, reg, xchg, bwd, one, handle, monkeypatch):
     """reg-xchg: persist_fwd_r's tagged exchange where KR is 4 (batch 32 hidden 256, batch 16 hidden 512, hidden
     32), the barrier elsewhere."""
     from pydnn import tuning
@@ -262,6 +265,7 @@ def test_persist_reg_shapes(name, reg, xchg, bwd, handle, monkeypatch):
     monkeypatch.setattr(tuning.rnn, "PERSIST_REG", reg)
     monkeypatch.setattr(tuning.rnn, "PERSIST_REG_XCHG", xchg)
     monkeypatch.setattr(tuning.rnn, "PERSIST_BWD_REG", bwd)  # persist_bwd_r where bwd_reg_shape allows
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_ONE", one)  # the ONE instance where 4 or 8 K slices, KR 4
     c = MID_REG[name]
     assert persist.reg_shape({F16: "f16", BF16: "bf16"}[c.dtype], len(c.lengths), c.hidden, 8)
     run_case(handle, GpuDevice(), c)
