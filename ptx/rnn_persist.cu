@@ -614,6 +614,13 @@ __device__ __forceinline__ uint4 ld_relaxed_v4(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
   return r;
 }
+// PV_CG: a weak L2 load (L1 bypassed, as persist_fwd's cp.async.cg); after the barrier's acquire and CTA barrier
+__device__ __forceinline__ uint4 ld_cg_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+  return r;
+}
 __device__ __forceinline__ unsigned u4_at(const uint4& v, int i) {  // i a compile-time constant after unrolling
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
@@ -649,6 +656,7 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
   // math compiled in, the exact math and the other combos' code out (a smaller step body)
   constexpr int NC = ONE ? 1 : 4;  // combo slots a thread
   const bool fast = ONE || (p.variant & PV_FAST_MATH) != 0, sleep = (p.variant & PV_SLEEP) != 0;
+  const bool cg = (p.variant & PV_CG) != 0;
   const unsigned nblk = gridDim.x;
 
   // the weight fragments, once: gate g's tile (W rows g * H + j0 + 0..7), k step kk
@@ -776,8 +784,8 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParam
 #pragma unroll
       for (int i = 0; i < KR / 2; ++i) {
         if (2 * i < ksw) {
-          if (rv0) a[0][i] = ld_relaxed_v4(hsrc + aoff0 + 32 * i);
-          if (rv1) a[1][i] = ld_relaxed_v4(hsrc + aoff1 + 32 * i);
+          if (rv0) a[0][i] = cg ? ld_cg_v4(hsrc + aoff0 + 32 * i) : ld_relaxed_v4(hsrc + aoff0 + 32 * i);
+          if (rv1) a[1][i] = cg ? ld_cg_v4(hsrc + aoff1 + 32 * i) : ld_relaxed_v4(hsrc + aoff1 + 32 * i);
         }
       }
     }

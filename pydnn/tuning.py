@@ -409,6 +409,9 @@ rnn = Switches(
     PERSIST_REG_ONE=(False, "persist_fwd_r with 4 or 8 K slices (one combo a thread: LSTM H 256 B 32) and fast math: "
                             "its ONE instance, the other combos' code and the exact math compiled out (a smaller "
                             "step body; PERSIST_LEAN's measurement says code size costs); not yet measured: off"),
+    PERSIST_REG_CG=(False, "persist_fwd_r with the barrier: h_{t-1} through weak ld.global.cg loads (L1 bypassed, "
+                           "as persist_fwd's cp.async.cg) instead of ld.relaxed.gpu (the stamps: ~560 cycles between "
+                           "the barrier and the loads' issue); not yet measured: off"),
     PERSIST_BWD_REG=(False, "PERSIST_STATIC backward data, half / bfloat16, 8 units a block (persist.bwd_reg_shape): "
                             "persist_bwd_r, persist_fwd_r's scheme (W^T fragments in registers, d_prev from L2 into "
                             "the mma fragments, dh / dc carried in registers); not yet measured: off"),

@@ -58,7 +58,7 @@ class PersistParams(ctypes.Structure):
         ("stamps", ctypes.c_void_p)]
 
 
-PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH, PV_SLEEP = 1, 2, 4, 8, 16  # PersistParams.variant bits (rnn_persist_params.h)
+PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH, PV_SLEEP, PV_CG = 1, 2, 4, 8, 16, 32  # PersistParams.variant bits
 STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
@@ -324,7 +324,7 @@ def record_key():
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
             tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, tuning.rnn.PERSIST_REG,
             tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, tuning.rnn.PERSIST_BWD_REG,
-            tuning.rnn.PERSIST_REG_ONE, stamps_buffer)
+            tuning.rnn.PERSIST_REG_ONE, tuning.rnn.PERSIST_REG_CG, stamps_buffer)
 
 
 REG_KR = (4, 8)  # persist_fwd_r's KR instances: k steps a warp at most (its weight fragments in registers)
@@ -425,6 +425,8 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
             p.variant &= PV_FAST_MATH
             if xtag and tuning.rnn.PERSIST_REG_SLEEP:
                 p.variant |= PV_SLEEP
+            if tuning.rnn.PERSIST_REG_CG:
+                p.variant |= PV_CG
             kr = reg_kr(g.H, reg[1])
             # ONE (tuning.rnn.PERSIST_REG_ONE): one combo a thread (4 or 8 K slices), fast math, KR 4
             one = int(bool(tuning.rnn.PERSIST_REG_ONE and reg[1] >= 4 and kr == 4 and p.variant & PV_FAST_MATH))

@@ -597,3 +597,17 @@ def test_reg_one_instance_where_it_applies(name, monkeypatch):
     launches = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
                 for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
     assert launches and all(it[5][3:] == (kr, int(ks >= 4 and kr == 4)) for it in launches)
+
+
+def test_reg_cg_bit(monkeypatch):
+    """PERSIST_REG_CG on: persist_fwd_r's launches carry PV_CG (next to the fast-math bit); the run matches."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_CG", True)
+    c = REG_CASES["lstm-half-32-many-rows"]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    launches = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
+    assert launches and all(it[4][2].variant == persist.PV_FAST_MATH | persist.PV_CG for it in launches)

@@ -128,13 +128,14 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
 # and the general kernel's own switches turn it off, "exact" runs persist_fwd_r with tanhf / expf, "regx" its
 # tagged exchange (PERSIST_REG_XCHG, where at most 4 k steps a warp), "bwdreg" the backward's persist_bwd_r
 # (PERSIST_BWD_REG, off by default; where persist.bwd_reg_shape allows), "regone" persist_fwd_r's ONE instance
-# (PERSIST_REG_ONE: one combo a thread, at 4 or 8 K slices and KR 4).
+# (PERSIST_REG_ONE: one combo a thread, at 4 or 8 K slices and KR 4), "regcg" its h loads as ld.global.cg.
 VARIANTS = {"general": dict(PERSIST_REG=False), "flags": dict(PERSIST_FLAGS=True, PERSIST_REG=False),
             "chain2": dict(PERSIST_CHAIN2=True, PERSIST_REG=False), "units16": dict(PERSIST_UNITS=16),
             "ahead": dict(PERSIST_XS_AHEAD=True, PERSIST_REG=False), "fast": dict(PERSIST_FAST_MATH=True),
             "exact": dict(PERSIST_FAST_MATH=False), "lean": dict(PERSIST_LEAN=True, PERSIST_REG=False),
             "regx": dict(PERSIST_REG_XCHG=True), "regxs": dict(PERSIST_REG_XCHG=True, PERSIST_REG_SLEEP=True),
             "bwdreg": dict(PERSIST_BWD_REG=True), "regone": dict(PERSIST_REG_ONE=True),
+            "regcg": dict(PERSIST_REG_CG=True),
             "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16, PERSIST_XS_AHEAD=True,
                         PERSIST_FAST_MATH=True, PERSIST_LEAN=True)}
 VARIANT_CASES = ("mid-lstm-f16-256", "mid-gru-bf16-128-bi", "mid-lstm-f32-64-bi-clip", "mid-relu-f16-32-packed",
