@@ -456,7 +456,10 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         pl.bwd.fill(p)
         p.variant = variant(pl, False) & (PV_FLAGS | PV_CHAIN2)  # the barrier and the mma chains only
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
-        breg = bwd_reg_shape(pl.tag, B, H, g.G, pl.units) if tuning.rnn.PERSIST_BWD_REG else None
+        # persist_bwd_r where the general kernel would take the operand in one chunk (PERSIST_MAX_CHUNK forcing
+        # chunks keeps the general one)
+        breg = (bwd_reg_shape(pl.tag, B, H, g.G, pl.units) if tuning.rnn.PERSIST_BWD_REG and pl.bwd.nchunk == 1
+                else None)
         if breg:  # persist_bwd_r: the counter barrier, no variant bits
             p.bp, p.ksplit, p.variant = 16 * breg[0], breg[1], 0
             _launch(ex, "persist_bwd_r", r.cell, (pl.blocks, len(group), 1), BWD_REG_SMEM, p)

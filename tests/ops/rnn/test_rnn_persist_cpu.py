@@ -57,7 +57,10 @@ def test_persist_engine_on_emulated_device(name, monkeypatch):
     kinds = {m[1] for m in calls if m[0] == "persist"}
     tag = {F32: "f32", F16: "f16", BF16: "bf16"}[c.dtype]
     reg = persist.reg_shape(tag, len(c.lengths), c.hidden, 8)  # tuning.rnn.PERSIST_REG's default: on
-    assert kinds == {"persist_reset", "persist_fwd_r" if reg else "persist_fwd", "persist_bwd"}
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(c.cell, 1)
+    breg = persist.bwd_reg_shape(tag, len(c.lengths), c.hidden, G, 8)  # PERSIST_BWD_REG's default: on
+    assert kinds == {"persist_reset", "persist_fwd_r" if reg else "persist_fwd",
+                     "persist_bwd_r" if breg else "persist_bwd"}
     fwd = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
            for it in items if it[5][:2] in (("persist", "persist_fwd"), ("persist", "persist_fwd_r"))]
     assert fwd and not any(q.dir[0].xchg for q in fwd)  # the barrier (tuning.rnn.PERSIST_XCHG's default)
@@ -285,7 +288,7 @@ def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
     launches (engine._run's key has persist.record_key())."""
     from pydnn import tuning
     for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH", "PERSIST_LEAN",
-              "PERSIST_REG"):  # off (PERSIST_REG: the general kernel, whose variant bits these are)
+              "PERSIST_REG", "PERSIST_BWD_REG"):  # off (PERSIST_REG / _BWD_REG: the general kernels)
         monkeypatch.setattr(tuning.rnn, k, False)
     for k, v in sets.items():
         monkeypatch.setattr(tuning.rnn, k, v)
@@ -355,6 +358,8 @@ def test_defaults_are_the_measured_ones():
     # exchange and its sleep off
     assert tuning.rnn.PERSIST_REG and tuning.rnn.PERSIST_LEAN
     assert not tuning.rnn.PERSIST_REG_XCHG and not tuning.rnn.PERSIST_REG_SLEEP
+    # run 2: the ONE instance and persist_bwd_r on, the cg loads off
+    assert tuning.rnn.PERSIST_REG_ONE and tuning.rnn.PERSIST_BWD_REG and not tuning.rnn.PERSIST_REG_CG
 
 
 def test_lean_kernel_is_built_and_only_for_one_chunk(monkeypatch):

@@ -128,13 +128,18 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
 # and the general kernel's own switches turn it off, "exact" runs persist_fwd_r with tanhf / expf, "regx" its
 # tagged exchange (PERSIST_REG_XCHG, where at most 4 k steps a warp), "bwdreg" the backward's persist_bwd_r
 # (PERSIST_BWD_REG, off by default; where persist.bwd_reg_shape allows), "regone" persist_fwd_r's ONE instance
-# (PERSIST_REG_ONE: one combo a thread, at 4 or 8 K slices and KR 4), "regcg" its h loads as ld.global.cg.
-VARIANTS = {"general": dict(PERSIST_REG=False), "flags": dict(PERSIST_FLAGS=True, PERSIST_REG=False),
-            "chain2": dict(PERSIST_CHAIN2=True, PERSIST_REG=False), "units16": dict(PERSIST_UNITS=16),
+# (PERSIST_REG_ONE: one combo a thread, at 4 or 8 K slices and KR 4; on by default since mid-session run 2,
+# "regmany" the generic instance there), "regcg" its h loads as ld.global.cg. "general", "flags" and "chain2" turn
+# persist_bwd_r (PERSIST_BWD_REG, on by default) off as well.
+VARIANTS = {"general": dict(PERSIST_REG=False, PERSIST_BWD_REG=False),
+            "flags": dict(PERSIST_FLAGS=True, PERSIST_REG=False, PERSIST_BWD_REG=False),
+            "chain2": dict(PERSIST_CHAIN2=True, PERSIST_REG=False, PERSIST_BWD_REG=False),
+            "units16": dict(PERSIST_UNITS=16),
             "ahead": dict(PERSIST_XS_AHEAD=True, PERSIST_REG=False), "fast": dict(PERSIST_FAST_MATH=True),
             "exact": dict(PERSIST_FAST_MATH=False), "lean": dict(PERSIST_LEAN=True, PERSIST_REG=False),
             "regx": dict(PERSIST_REG_XCHG=True), "regxs": dict(PERSIST_REG_XCHG=True, PERSIST_REG_SLEEP=True),
             "bwdreg": dict(PERSIST_BWD_REG=True), "regone": dict(PERSIST_REG_ONE=True),
+            "regmany": dict(PERSIST_REG_ONE=False),
             "regcg": dict(PERSIST_REG_CG=True),
             "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16, PERSIST_XS_AHEAD=True,
                         PERSIST_FAST_MATH=True, PERSIST_LEAN=True)}
@@ -255,8 +260,8 @@ MID_REG = {
 
 @pytest.mark.parametrize("reg,xchg,bwd,one", [(True, False, False, False), (True, True, False, False),
                                               (False, False, False, False), (True, False, True, False),
-                                              (True, False, False, True)],
-                         ids=["reg", "reg-xchg", "general", "reg-bwd", "reg-one"])
+                                              (True, False, False, True), (True, False, True, True)],
+                         ids=["reg", "reg-xchg", "general", "reg-bwd", "reg-one", "defaults"])
 @pytest.mark.parametrize("name", list(MID_REG))
 def test_persist_reg_shapes(name, reg, xchg, bwd, one, handle, monkeypatch):
     """reg-xchg: persist_fwd_r's tagged exchange where KR is 4 (batch 32 hidden 256, batch 16 hidden 512, hidden
