@@ -583,6 +583,534 @@ __global__ void __launch_bounds__(kPThreads, 1) persist_fwd(const PersistParams 
   }
 }
 
+// ---------------------------------------------------------------- forward, fragments in registers (PERSIST_REG)
+// persist_fwd_r<T, CELL, KR> (16-bit data, 8 units a block, one K chunk, the barrier; tuning.rnn.PERSIST_REG, the
+// host checks the shape: persist.reg_shape): the general kernel's phases cost 3-4x their instruction count
+// (tools/PERF.md, "rnnp"), so this one keeps nothing of the step in shared memory but a 16 KiB reduction:
+//  - warps over (m tile mt = warp / ksplit, K slice ks = warp % ksplit): a warp computes every gate (n tile g
+//    = gate g: 8 units, one tile) of its 16 rows over ksw = hidden / 16 / ksplit k steps: G independent mma
+//    chains of ksw (4 chains of 4 for LSTM hidden 256 batch 32);
+//  - its weight fragments stay in registers for all steps (G x ksw x 2 words, loaded once);
+//  - h_{t-1} goes from L2 straight into the A fragments: K is read in a permuted order inside every 32-column
+//    block (the sum over k does not care, as long as A and B agree): thread (g = lane / 4, q = lane % 4) of a
+//    warp needs, for k steps 2i and 2i + 1 of row r, a0 / a2 of both = columns {2q, 2q + 1, 2q + 8, 2q + 9} of
+//    each logical 16-column step; logical column c of step parity p sits at physical column
+//    8 * ((c & 7) >> 1) + 4 * p + 2 * (c >> 3) + (c & 1), so that the thread's four words are the 16 bytes at
+//    physical column 32 * i + 8q: one 16-byte load a row and k-step pair; the weights' b0 / b1 of step
+//    parity p are the 8 bytes at 32 * i + 8q + 4p (tests/ops/rnn/test_rnn_persist_cpu.py checks the map);
+//  - the K slices' partial sums meet in shared memory: thread (lane) of the ksplit warps of an m tile holds
+//    the 4 combos c = 2 * rh + e (row mt * 16 + g + 8 rh, unit 2q + e) of every gate; combo c belongs to warp
+//    ks = c % ksplit, the others store theirs (a float4 of the gates), the owner adds them in ks order;
+//  - the cell, the state, its own h, the biases, the lengths and the next step's input projection (loaded a
+//    step ahead) live in the owner's registers; the index math is done once before the step loop.
+// With PersistDir.xchg (tuning.rnn.PERSIST_REG_XCHG) the blocks exchange h as persist_fwd's tagged words (no
+// barrier): the A loads become two 16-byte loads of tagged words a row and k-step pair, repeated until the tags
+// match. Shared memory: red [2 step parities][8 warps][4 combos][32 lanes] float4 (32 KiB).
+// Measured (H200, LSTM fp16 hidden 256 batch 32, tools/PERF.md "rnnp"): 2.66 us a step with ONE (2.87 without)
+// against persist_fwd's 4.02-4.36; persist_bwd_r took forward + backward data from 4.08 to 3.01 ms.
+// KR: k steps a warp at most (weight fragments: G x KR x 2 registers): 4 or 8 (the host takes 4 where it suffices)
+
+__device__ __forceinline__ uint4 ld_relaxed_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+  return r;
+}
+// PV_CG: a weak L2 load (L1 bypassed, as persist_fwd's cp.async.cg); after the barrier's acquire and CTA barrier
+__device__ __forceinline__ uint4 ld_cg_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+  return r;
+}
+__device__ __forceinline__ unsigned u4_at(const uint4& v, int i) {  // i a compile-time constant after unrolling
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+__device__ __forceinline__ float f4_at(const float4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+template <class T> __device__ __forceinline__ float bits_f(unsigned short b) {
+  T v;
+  v.bits = b;
+  return to_float(v);
+}
+
+template <class T, int CELL, int KR, int ONE = 0>
+__global__ void __launch_bounds__(kPThreads, 1) persist_fwd_r(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, TT = p.seq, j0 = blockIdx.x * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, q = lane & 3;
+  const int ksplit = p.ksplit, mt = warp / ksplit, ks = warp % ksplit;  // the only divisions
+  const int ksw = (H >> 4) / ksplit;  // this warp's k steps (even, <= KR)
+  const int kcol0 = ks * ksw * 16;
+  float4* const red0 = reinterpret_cast<float4*>(smem);
+  const T* W = static_cast<const T*>(d.w);
+  const T* hs = static_cast<const T*>(d.hs);
+  // tuning.rnn.PERSIST_REG_XCHG: the tagged words, no barrier (KR 4 only: KR 8 would spill, the host keeps the
+  // barrier there)
+  const bool tagged = KR <= 4 && d.xchg != nullptr;
+  const unsigned short* xp = static_cast<const unsigned short*>(d.xp);
+  const long long BH = (long long)B * H;
+  // ONE (tuning.rnn.PERSIST_REG_ONE; the host: ksplit >= 4 and fast math): one combo a thread (c = ks), fast
+  // math compiled in, the exact math and the other combos' code out (a smaller step body)
+  constexpr int NC = ONE ? 1 : 4;  // combo slots a thread
+  const bool fast = ONE || (p.variant & PV_FAST_MATH) != 0, sleep = (p.variant & PV_SLEEP) != 0;
+  const bool cg = (p.variant & PV_CG) != 0;
+  const unsigned nblk = gridDim.x;
+
+  // the weight fragments, once: gate g's tile (W rows g * H + j0 + 0..7), k step kk
+  unsigned bf[G][KR][2];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int kk = 0; kk < KR; ++kk) {
+      bf[g][kk][0] = bf[g][kk][1] = 0u;
+      if (kk < ksw) {
+        const uint2 v = *reinterpret_cast<const uint2*>(
+            W + ((long long)g * H + j0 + gq) * H + kcol0 + (kk >> 1) * 32 + 8 * q + 4 * (kk & 1));
+        bf[g][kk][0] = v.x;
+        bf[g][kk][1] = v.y;
+      }
+    }
+  // the A rows of this thread (h_{t-1} row r0, r0 + 8; past the batch: zero fragments, nothing loaded)
+  const int r0 = mt * 16 + gq;
+  const bool rv0 = r0 < B, rv1 = r0 + 8 < B;
+  const long long aoff0 = (long long)r0 * H + kcol0 + 8 * q, aoff1 = aoff0 + 8LL * H;
+  // the combos c = 2 * rh + e this thread computes: row r0 + 8 rh, unit 2q + e, owner warp ks = c % ksplit
+  // slot ci holds combo c = ONE ? ks : ci (below: cm)
+  bool mine[NC], other[4];
+  int len[NC];
+  long long off[NC];  // b * H + j of the combo
+  float st[NC], xb[2][G], hb[2][G];
+  unsigned short hown[NC], xc[NC][G], xn[NC][G];
+  const int first = d.rev ? TT : 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) other[c] = r0 + 8 * (c >> 1) < B && (c % ksplit) != ks;
+#pragma unroll
+  for (int ci = 0; ci < NC; ++ci) {
+    const int c = ONE ? ks : ci;
+    const int b = r0 + 8 * (c >> 1), u = 2 * q + (c & 1);
+    const bool valid = b < B && c < 4;
+    mine[ci] = valid && (c % ksplit) == ks;
+    off[ci] = (long long)b * H + j0 + u;
+    len[ci] = 0;
+    st[ci] = 0.f;
+    hown[ci] = 0;
+    if (mine[ci]) {
+      len[ci] = p.lens[b];
+      if (CELL >= 2) st[ci] = d.s32[slot(p, first) * BH + off[ci]];
+      hown[ci] = reinterpret_cast<const unsigned short*>(hs)[slot(p, first) * BH + off[ci]];
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < (ONE ? 1 : 2); ++e)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const long long k = (long long)g * H + j0 + 2 * q + (ONE ? (ks & 1) : e);
+      xb[e][g] = d.bw ? ldf<T>(d.bw, k) : 0.f;
+      hb[e][g] = d.br ? ldf<T>(d.br, k) : 0.f;
+    }
+  // the input projection of one step for the combos this thread computes (row b of time t at xp + (t * B + b)
+  // * ld_xp, gate g at + g * gs_xp): xrow[c] = b * ld_xp + j; the first step's now, each next one a step ahead
+  long long xrow[NC];
+#pragma unroll
+  for (int ci = 0; ci < NC; ++ci) {
+    const int c = ONE ? ks : ci;
+    xrow[ci] = (long long)(r0 + 8 * (c >> 1)) * p.ld_xp + j0 + 2 * q + (c & 1);
+  }
+  const long long xstep = (long long)B * p.ld_xp;
+  {
+    const unsigned short* xt = xp + (long long)(d.rev ? TT - 1 : 0) * xstep;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        xn[c][g] = 0;
+        xc[c][g] = mine[c] ? __ldg(xt + xrow[c] + g * p.gs_xp) : (unsigned short)0;
+      }
+  }
+  unsigned long long* stp = (p.stamps && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ? p.stamps : nullptr;
+
+  for (int s = 0; s < TT; ++s) {
+    const int t = d.rev ? TT - 1 - s : s;
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    if (stp) stp[s * 8 + 0] = stamp_clock();
+    if (s > 0 && !tagged) grid_wait(d.bar, (unsigned)s * nblk);
+    if (stp) stp[s * 8 + 1] = stamp_clock();
+    uint4 a[2][KR / 2];
+#pragma unroll
+    for (int i = 0; i < KR / 2; ++i) a[0][i] = a[1][i] = make_uint4(0u, 0u, 0u, 0u);
+    if (tagged && s > 0) {
+      // h_{t-1} from the tagged words of step s - 1 (value bits low, tag s high): two 16-byte loads a row and
+      // k-step pair, all pending ones issued before any is checked, until every word carries the tag s
+      const unsigned* src = static_cast<const unsigned*>(d.xchg) + ((s - 1) & 1) * BH;
+      unsigned pend = 0, rounds = 0;
+#pragma unroll
+      for (int i = 0; i < KR / 2; ++i)
+        if (2 * i < ksw) pend |= (rv0 ? 1u << i : 0u) | (rv1 ? 1u << (i + 4) : 0u);
+      while (pend) {
+        const unsigned cur = pend;
+        uint4 v[2][KR / 2][2];
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int i = 0; i < KR / 2; ++i)
+            if (cur >> (rh * 4 + i) & 1) {
+              const unsigned* w = src + (rh ? aoff1 : aoff0) + 32 * i;
+              v[rh][i][0] = ld_relaxed_v4(w);
+              v[rh][i][1] = ld_relaxed_v4(w + 4);
+            }
+        const unsigned tg = (unsigned)s;
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int i = 0; i < KR / 2; ++i)
+            if (cur >> (rh * 4 + i) & 1) {
+              const uint4 l = v[rh][i][0], h = v[rh][i][1];
+              if ((l.x >> 16) == tg && (l.y >> 16) == tg && (l.z >> 16) == tg && (l.w >> 16) == tg &&
+                  (h.x >> 16) == tg && (h.y >> 16) == tg && (h.z >> 16) == tg && (h.w >> 16) == tg) {
+                a[rh][i] = make_uint4((l.x & 0xFFFFu) | (l.y << 16), (l.z & 0xFFFFu) | (l.w << 16),
+                                      (h.x & 0xFFFFu) | (h.y << 16), (h.z & 0xFFFFu) | (h.w << 16));
+                pend &= ~(1u << (rh * 4 + i));
+              }
+            }
+        if (++rounds == (1u << 22)) __trap();
+        if (pend && sleep) __nanosleep(64);  // PV_SLEEP: less L2 traffic from the spinning blocks
+      }
+    } else {
+      // h_{t-1}: one 16-byte L2 load a row and k-step pair
+      const T* hsrc = hs + slot(p, ip) * BH;
+#pragma unroll
+      for (int i = 0; i < KR / 2; ++i) {
+        if (2 * i < ksw) {
+          if (rv0) a[0][i] = cg ? ld_cg_v4(hsrc + aoff0 + 32 * i) : ld_relaxed_v4(hsrc + aoff0 + 32 * i);
+          if (rv1) a[1][i] = cg ? ld_cg_v4(hsrc + aoff1 + 32 * i) : ld_relaxed_v4(hsrc + aoff1 + 32 * i);
+        }
+      }
+    }
+    // the next step's input projection (read-only in this kernel), a step ahead
+    if (s + 1 < TT) {
+      const unsigned short* xt = xp + (long long)(d.rev ? t - 1 : t + 1) * xstep;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (mine[c]) xn[c][g] = __ldg(xt + xrow[c] + g * p.gs_xp);
+    }
+    if (stp) stp[s * 8 + 2] = stamp_clock();
+    float acc[G][4];
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KR; ++kk) {
+      if (kk < ksw) {
+        const int i = kk >> 1, w = 2 * (kk & 1);
+        const unsigned af[4] = {u4_at(a[0][i], w), u4_at(a[1][i], w), u4_at(a[0][i], w + 1), u4_at(a[1][i], w + 1)};
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const unsigned bb[2] = {bf[g][kk][0], bf[g][kk][1]};
+          Mma<T>::run(acc[g], af, bb);
+        }
+      }
+    }
+    // acc[g][c]: gate g of combo c (c0 / c1: row g, units 2q, 2q + 1; c2 / c3: row g + 8)
+    float ha[NC][G];
+    // red: two buffers (step parity) so that one CTA barrier a step orders them, with or without the grid's
+    float4* const red = red0 + (s & 1) * (kPWarps * 4 * 32);
+    if (ksplit > 1) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (other[c])
+          red[(warp * 4 + c) * 32 + lane] = make_float4(acc[0][c], G > 1 ? acc[G > 1 ? 1 : 0][c] : 0.f,
+                                                        G > 2 ? acc[G > 2 ? 2 : 0][c] : 0.f,
+                                                        G > 3 ? acc[G > 3 ? 3 : 0][c] : 0.f);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int ci = 0; ci < NC; ++ci) {
+      const int c = ONE ? ks : ci;
+#pragma unroll
+      for (int g = 0; g < G; ++g) ha[ci][g] = 0.f;
+      if (mine[ci]) {
+        for (int k2 = 0; k2 < ksplit; ++k2) {  // in K slice order
+          if (k2 == ks) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+              ha[ci][g] += ONE ? (c == 0 ? acc[g][0] : c == 1 ? acc[g][1] : c == 2 ? acc[g][2] : acc[g][3])
+                               : acc[g][ci];
+          } else {
+            const float4 v = red[((mt * ksplit + k2) * 4 + c) * 32 + lane];
+#pragma unroll
+            for (int g = 0; g < G; ++g) ha[ci][g] += f4_at(v, g);
+          }
+        }
+      }
+    }
+    if (stp) stp[s * 8 + 3] = stamp_clock();
+    // the cell, pass 1: h_t out (what the other blocks wait for)
+    T* h_out = const_cast<T*>(hs) + slot(p, io) * BH;
+    float gv[NC][GA];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+#pragma unroll
+      for (int k = 0; k < GA; ++k) gv[c][k] = 0.f;
+      if (!mine[c]) continue;
+      const int e = ONE ? 0 : (c & 1);  // the bias slot (ONE: its one unit's)
+      if (t < len[c]) {
+        float xa[G], hh[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          xa[g] = bits_f<T>(xc[c][g]) + xb[e][g];
+          hh[g] = ha[c][g] + hb[e][g];
+        }
+        if (CELL == 2) {
+          const float ig = g_sigm(xa[0] + hh[0], fast), fg = g_sigm(xa[1] + hh[1], fast),
+                      gg = g_tanh(xa[2] + hh[2], fast), og = g_sigm(xa[3] + hh[3], fast);
+          float cc = fg * st[c] + ig * gg;
+          if (p.clip) cc = cc != cc ? cc : fminf(fmaxf(cc, p.lclip), p.rclip);
+          st[c] = cc;
+          hown[c] = Store<T>::from(og * g_tanh(cc, fast)).bits;
+          gv[c][0] = ig; gv[c][1] = fg; gv[c][2] = gg; gv[c][3] = og;
+        } else if (CELL == 3) {
+          const float r = g_sigm(xa[0] + hh[0], fast), z = g_sigm(xa[1] + hh[1], fast);
+          const float n = g_tanh(xa[2] + r * hh[2], fast);
+          const float h = (1.0f - z) * n + z * st[c];
+          st[c] = h;
+          hown[c] = Store<T>::from(h).bits;
+          gv[c][0] = r; gv[c][1] = z; gv[c][2] = n; gv[c][GA - 1] = hh[2];
+        } else {
+          const float av = xa[0] + hh[0];
+          const float h = CELL == 0 ? fmaxf(av, 0.0f) : g_tanh(av, fast);
+          hown[c] = Store<T>::from(h).bits;
+          gv[c][0] = h;
+        }
+      }  // a row past its length carries its state
+      reinterpret_cast<unsigned short*>(h_out)[off[c]] = hown[c];
+      if (tagged) {
+        T hv;
+        hv.bits = hown[c];
+        Xchg<T>::put(static_cast<char*>(d.xchg) + (s & 1) * BH * 4, off[c], hv, (unsigned)s + 1);
+      }
+    }
+    if (stp) stp[s * 8 + 4] = stamp_clock();
+    if (!tagged) grid_arrive(d.bar);
+    // pass 2: y, the f32 state slot, the gate values
+    float* s_out = CELL >= 2 ? d.s32 + slot(p, io) * BH : nullptr;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (!mine[c]) continue;
+      const bool active = t < len[c];
+      const int cm = ONE ? ks : c;
+      const int b = r0 + 8 * (cm >> 1), j = j0 + 2 * q + (cm & 1);
+      if (CELL >= 2) s_out[off[c]] = st[c];
+      reinterpret_cast<unsigned short*>(d.y)[t * p.ld_yt + b * p.ld_y + j] = active ? hown[c] : (unsigned short)0;
+      if (d.act && active) {
+        float* act = d.act + ((long long)t * B + b) * GA * H + j;
+#pragma unroll
+        for (int k = 0; k < GA; ++k) act[k * H] = gv[c][k];
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) xc[c][g] = xn[c][g];
+    }
+    if (stp) stp[s * 8 + 5] = stamp_clock();
+  }
+}
+
+// ---------------------------------------------------------------- backward data, fragments in registers
+// persist_bwd_r<T, CELL> (tuning.rnn.PERSIST_BWD_REG; 16-bit data, 8 units a block, persist.bwd_reg_shape):
+// persist_fwd_r's scheme for the backward's block GEMM [batch, 8] = d_prev [batch, G * hidden] x W[:, units]:
+// warps over (m tile, K slice), ksw <= kBwdK k steps a warp in 4 accumulator chains (kk % 4, added in order), the
+// W^T fragments in registers (loaded once, 2-byte reads down W's columns), d_prev from L2 straight into the A
+// fragments (the permuted K order of persist_fwd_r); combo c of a lane (row r0 + 8 (c >> 1), unit 2q + (c & 1))
+// owned by warp ks = c % ksplit, which holds dh / dc carried in registers and fetches its step's gate values,
+// states and dy before the barrier. Shared memory: red [2 step parities][8 warps][4 combos][32 lanes] f32.
+constexpr int kBwdK = 16;
+
+template <class T, int CELL>
+__global__ void __launch_bounds__(kPThreads, 1) persist_bwd_r(const PersistParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
+  constexpr int GA = CELL >= 2 ? 4 : 1;
+  const PersistDir d = blockIdx.y ? p.dir[1] : p.dir[0];
+  const int B = p.batch, H = p.hidden, GH = G * H, TT = p.seq, j0 = blockIdx.x * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, q = lane & 3;
+  const int ksplit = p.ksplit, mt = warp / ksplit, ks = warp % ksplit;
+  const int ksw = (GH >> 4) / ksplit;  // even, <= kBwdK
+  const int kcol0 = ks * ksw * 16;
+  float* const red0 = reinterpret_cast<float*>(smem);
+  const unsigned short* W = static_cast<const unsigned short*>(d.w);
+  const unsigned short* drec = static_cast<const unsigned short*>(d.dha ? d.dha : d.dxa);
+  const long long BH = (long long)B * H;
+  const unsigned nblk = gridDim.x;
+
+  // W^T fragments: n = unit j0 + gq, k = the physical rows kcol0 + 32 (kk >> 1) + 8q + 4 (kk & 1) + 0..3
+  unsigned bf[kBwdK][2];
+#pragma unroll
+  for (int kk = 0; kk < kBwdK; ++kk) {
+    bf[kk][0] = bf[kk][1] = 0u;
+    if (kk < ksw) {
+      const long long k0 = kcol0 + (kk >> 1) * 32 + 8 * q + 4 * (kk & 1);
+      const unsigned short* w = W + k0 * H + j0 + gq;
+      bf[kk][0] = (unsigned)w[0] | ((unsigned)w[H] << 16);
+      bf[kk][1] = (unsigned)w[2 * H] | ((unsigned)w[3 * H] << 16);
+    }
+  }
+  const int r0 = mt * 16 + gq;
+  const bool rv0 = r0 < B, rv1 = r0 + 8 < B;
+  const long long aoff0 = (long long)r0 * GH + kcol0 + 8 * q, aoff1 = aoff0 + 8LL * GH;
+  bool mine[4], other[4];
+  int len[4], bb[4], jj[4];
+  float gh[4], gc[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    bb[c] = r0 + 8 * (c >> 1);
+    jj[c] = j0 + 2 * q + (c & 1);
+    const bool valid = bb[c] < B;
+    mine[c] = valid && (c % ksplit) == ks;
+    other[c] = valid && (c % ksplit) != ks;
+    len[c] = 0;
+    gh[c] = gc[c] = 0.f;
+    if (mine[c]) {
+      const long long o = (long long)bb[c] * H + jj[c];
+      len[c] = p.lens[bb[c]];
+      gh[c] = d.gh[o];
+      gc[c] = CELL == 2 ? d.gc[o] : 0.f;
+    }
+  }
+
+  for (int s = 0; s <= TT; ++s) {
+    const int t = d.rev ? s : TT - 1 - s;  // s == TT: the pass after the last step
+    const int ip = d.rev ? t + 1 : t, io = d.rev ? t : t + 1;
+    // this step's own inputs (written before the launch): gate values, states, dy
+    float av[4][GA], sc[4], sp[4], dyv[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int k = 0; k < GA; ++k) av[c][k] = 0.f;
+      sc[c] = sp[c] = dyv[c] = 0.f;
+      if (s < TT && mine[c] && t < len[c]) {
+        const float* act = d.act + ((long long)t * B + bb[c]) * GA * H + jj[c];
+#pragma unroll
+        for (int k = 0; k < GA; ++k) av[c][k] = act[k * H];
+        const long long o = (long long)bb[c] * H + jj[c];
+        if (CELL == 2) sc[c] = d.s32[slot(p, io) * BH + o];
+        if (CELL >= 2) sp[c] = d.s32[slot(p, ip) * BH + o];
+        if (d.dy) dyv[c] = bits_f<T>(static_cast<const unsigned short*>(d.dy)[t * p.ld_yt + bb[c] * p.ld_y + jj[c]]);
+      }
+    }
+    float rec[4] = {0.f, 0.f, 0.f, 0.f};
+    if (s > 0) {
+      grid_wait(d.bar, (unsigned)s * nblk);
+      const int tp = d.rev ? t - 1 : t + 1;  // the step processed before
+      const unsigned short* dsrc = drec + (long long)tp * B * GH;
+      uint4 a[2][kBwdK / 2];
+#pragma unroll
+      for (int i = 0; i < kBwdK / 2; ++i) {
+        a[0][i] = a[1][i] = make_uint4(0u, 0u, 0u, 0u);
+        if (2 * i < ksw) {
+          if (rv0) a[0][i] = ld_relaxed_v4(dsrc + aoff0 + 32 * i);
+          if (rv1) a[1][i] = ld_relaxed_v4(dsrc + aoff1 + 32 * i);
+        }
+      }
+      float acc[4][4];
+#pragma unroll
+      for (int z = 0; z < 4; ++z) acc[z][0] = acc[z][1] = acc[z][2] = acc[z][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBwdK; ++kk) {
+        if (kk < ksw) {
+          const int i = kk >> 1, w = 2 * (kk & 1);
+          const unsigned af[4] = {u4_at(a[0][i], w), u4_at(a[1][i], w), u4_at(a[0][i], w + 1),
+                                  u4_at(a[1][i], w + 1)};
+          const unsigned bq[2] = {bf[kk][0], bf[kk][1]};
+          Mma<T>::run(acc[kk & 3], af, bq);
+        }
+      }
+      float part[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) part[c] = ((acc[0][c] + acc[1][c]) + acc[2][c]) + acc[3][c];
+      float* const red = red0 + (s & 1) * (kPWarps * 4 * 32);
+      if (ksplit > 1) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (other[c]) red[(warp * 4 + c) * 32 + lane] = part[c];
+        __syncthreads();
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (mine[c])
+          for (int k2 = 0; k2 < ksplit; ++k2)
+            rec[c] += k2 == ks ? part[c] : red[((mt * ksplit + k2) * 4 + c) * 32 + lane];
+    }
+    if (s == TT) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (!mine[c]) continue;
+        const long long o = (long long)bb[c] * H + jj[c];
+        d.gh[o] = gh[c] + rec[c];
+        if (CELL == 2) d.gc[o] = gc[c];
+        stf<T>(d.ghrec, o, 0.0f);
+      }
+      break;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (!mine[c]) continue;
+      const long long xo = ((long long)t * B + bb[c]) * GH + jj[c];
+      if (t >= len[c]) {
+        gh[c] += rec[c];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          stf<T>(d.dxa, xo + (long long)g * H, 0.f);
+          if (d.dha) stf<T>(d.dha, xo + (long long)g * H, 0.f);
+        }
+        continue;
+      }
+      const float dh = gh[c] + rec[c] + dyv[c];
+      float dd[G], dr[G];
+      if (CELL == 2) {
+        const float ig = av[c][0], fg = av[c][1], gg = av[c][2], og = av[c][GA - 1];
+        const float cc = sc[c], cp = sp[c];
+        const float tc = tanhf(cc);
+        float dc = gc[c] + dh * og * (1.0f - tc * tc);
+        if (p.clip && !(p.lclip < cc && cc < p.rclip)) dc = 0.0f;
+        dd[0] = dc * gg * ig * (1.0f - ig);
+        dd[G > 1 ? 1 : 0] = dc * cp * fg * (1.0f - fg);
+        dd[G > 2 ? 2 : 0] = dc * ig * (1.0f - gg * gg);
+        dd[G - 1] = dh * tc * og * (1.0f - og);
+        gc[c] = dc * fg;
+        gh[c] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; ++k) dr[k] = dd[k];
+      } else if (CELL == 3) {
+        const float r = av[c][0], z = av[c][1], n = av[c][2], han = av[c][GA - 1];
+        const float hp = sp[c];
+        const float dn = dh * (1.0f - z) * (1.0f - n * n);
+        dd[G > 1 ? 1 : 0] = dh * (hp - n) * z * (1.0f - z);
+        dd[0] = dn * han * r * (1.0f - r);
+        dd[G > 2 ? 2 : 0] = dn;
+        dr[0] = dd[0];
+        dr[G > 1 ? 1 : 0] = dd[G > 1 ? 1 : 0];
+        dr[G > 2 ? 2 : 0] = dn * r;
+        gh[c] = dh * z;
+      } else {
+        const float h = av[c][0];
+        dd[0] = dh * (CELL == 0 ? (h > 0.0f ? 1.0f : 0.0f) : 1.0f - h * h);
+        dr[0] = dd[0];
+        gh[c] = 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        stf<T>(d.dxa, xo + (long long)g * H, dd[g]);
+        if (d.dha) stf<T>(d.dha, xo + (long long)g * H, dr[g]);
+      }
+    }
+    grid_arrive(d.bar);
+  }
+}
+
 // ---------------------------------------------------------------- backward data
 // shared memory: W^T slice [units][pitch] (row u, column k = W[k][j0 + u], k < G*hidden) at off_w; d_prev
 // [bp][pitch] at off_a; part [ksplit][bp][units] at off_part; gh [batch][units] f32 at off_s, gc at off_s2;

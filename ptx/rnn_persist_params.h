@@ -65,5 +65,7 @@ typedef struct {
 #define PV_CHAIN2 2
 #define PV_XS_AHEAD 4
 #define PV_FAST_MATH 8
+#define PV_SLEEP 16  /* persist_fwd_r's tagged gather: __nanosleep between rounds (PERSIST_REG_SLEEP) */
+#define PV_CG 32     /* persist_fwd_r with the barrier: h_{t-1} through ld.global.cg instead of ld.relaxed.gpu (PERSIST_REG_CG) */
 
 #endif

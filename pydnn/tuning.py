@@ -393,10 +393,37 @@ rnn = Switches(
                              "tanh.approx.f32 (~2^-11 relative, about half an fp16 ulp; y within 5e-4 of the exact "
                              "math's); measured 5.11 -> 4.90 us a step (cell phase 1579 -> 1175 cycles); float keeps "
                              "tanhf and 1 / (1 + exp)"),
-    PERSIST_LEAN=(False, "PERSIST_STATIC forward with one K chunk and the barrier: persist_fwd's LEAN instance, the "
-                         "tagged exchange and the chunk loop compiled out (a smaller step body; the stamps showed the "
-                         "step's own work at 3-4x its instruction count, instruction-cache misses a suspect); not yet "
-                         "measured: off"),
+    PERSIST_LEAN=(True, "PERSIST_STATIC forward with one K chunk and the barrier: persist_fwd's LEAN instance, the "
+                        "tagged exchange and the chunk loop compiled out (a smaller step body); measured on the H200 "
+                        "(2026-11-28 rnnp, the general kernel, 16-bit): LSTM H 256 B 32 4.36 -> 4.01 us a step, GRU "
+                        "3.90 -> 3.70, bf16 bidirectional 4.59 -> 4.23, LSTM H 1024 B 16 5.81 -> 5.55: on"),
+    PERSIST_REG=(True, "PERSIST_STATIC forward, half / bfloat16, 8 units a block (persist.reg_shape): persist_fwd_r, the "
+                       "weight fragments in registers, h_{t-1} from L2 straight into the mma fragments (a permuted "
+                       "K order), warps over (m tile, K slice) with every gate of a row in one thread, the cell "
+                       "state and the next step's x in registers; measured on the H200 (SKIP_INPUT, us a step "
+                       "against persist_fwd's): LSTM fp16 H 256 B 32 2.76 vs 4.36 (forward 1.414 ms, cuDNN 1.684 "
+                       "with its input GEMM), GRU 2.66 vs 3.90, LSTM bf16 bidirectional 2.84 vs 4.59, LSTM fp16 "
+                       "H 1024 B 16 3.39 vs 5.81; off: persist_fwd"),
+    PERSIST_REG_XCHG=(False, "PERSIST_STATIC forward on persist_fwd_r (PERSIST_REG, at most 4 k steps a warp): the "
+                             "blocks exchange h as tagged words (persist_fwd's format) read straight into the mma "
+                             "fragments, no grid barrier; measured slower on the H200: 2.86 vs 2.76 us a step (LSTM "
+                             "fp16 H 256 B 32; the gather's wait replaces the barrier's: h 1957 vs wait 566 + "
+                             "arrive 1168 cycles): off"),
+    PERSIST_REG_SLEEP=(False, "with PERSIST_REG_XCHG: a __nanosleep(64) between the tagged gather's rounds; measured "
+                              "slower on the H200: 3.00 vs 2.86 us a step: off"),
+    PERSIST_REG_ONE=(True, "persist_fwd_r with 4 or 8 K slices (one combo a thread: LSTM H 256 B 32) and fast math: "
+                           "its ONE instance, the other combos' code and the exact math compiled out (18 KB of SASS "
+                           "against 46); measured on the H200 (mid-session run 2): LSTM fp16 H 256 B 32 2.87 -> 2.66 "
+                           "us a step (forward 1.361 ms, cuDNN 1.682), GRU 2.78 -> 2.58, LSTM bf16 bi 2.96 -> 2.75: on"),
+    PERSIST_REG_CG=(False, "persist_fwd_r with the barrier: h_{t-1} through weak ld.global.cg loads (L1 bypassed) "
+                           "instead of ld.relaxed.gpu; measured on the H200: no difference (2.88 vs 2.87 us a step): "
+                           "off"),
+    PERSIST_BWD_REG=(True, "PERSIST_STATIC backward data, half / bfloat16, 8 units a block, one chunk "
+                           "(persist.bwd_reg_shape): persist_bwd_r, persist_fwd_r's scheme (W^T fragments in "
+                           "registers, d_prev from L2 into the mma fragments, dh / dc carried in registers); "
+                           "measured on the H200 (--mid: forward + backward data): LSTM fp16 H 256 B 32 4.083 -> "
+                           "3.119 ms (cuDNN 4.651 with its weight gradients), GRU 3.802 -> 3.111, LSTM bf16 bi "
+                           "4.269 -> 3.268: on"),
     PERSIST_UNITS=(0, "PERSIST_STATIC: at least this many hidden units a block (0: the fewest that fit, 8 at hidden "
                       "256: 32 blocks); more units, fewer blocks at the barrier and more work each (measured: 16 "
                       "units 6.28, 32 units 9.38 us a step against 8 units' 5.11)"),

@@ -59,6 +59,8 @@ CASES = [
     ("lstm fp32 small-h", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, STD),
     ("lstm fp32 small-h PS", E.PYDNN_LSTM, "float32", 512, 32, 256, 1, False, PS),
     ("lstm fp16 1L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 1, False, PS),
+    # persist_fwd_r's 8-k-step instance (KR 8: batch 16, hidden 1024, 128 blocks); not an issue 16 target
+    ("lstm fp16 1L b16 PS", E.PYDNN_LSTM, "float16", 256, 16, 1024, 1, False, PS),
     ("lstm fp32 1L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 1, False, PS),
     ("lstm fp16 2L PS", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, PS),
     ("gru fp16 2L PS", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, PS),
@@ -121,7 +123,8 @@ def _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=False):
 def main():
     quick = "--quick" in sys.argv
     # --mid: PERSIST_STATIC small-hidden rows with SKIP_INPUT and without BackwardWeights: no matmul kernel is
-    # compiled (the mid-session GPU run's budget); pydnn's times then lack the input GEMM (cuDNN's include it)
+    # compiled (the mid-session GPU run's budget); pydnn's times then lack the input GEMM (cuDNN's include it):
+    # the forward rows also print "est", pydnn's time plus torch.mm's for the input GEMM's shape, and its ratio
     mid = "--mid" in sys.argv
     tuning.rnn.SPLIT_K = "--no-split" not in sys.argv
     tuning.rnn.RECORD = "--no-record" not in sys.argv
@@ -220,6 +223,13 @@ def main():
         runs = [(what, pf, tf, mult, {"PERSIST_XCHG": xchg}) for what, pf, tf, mult, xchg in runs]
         for label, sets in ab_case:
             runs += [(f"fwd {label}", p_fwd, t_fwd, 1, sets), (f"all {label}", p_all, t_all, 3, sets)]
+        gemm_ms = None
+        if mid:  # SKIP_INPUT leaves the input GEMM out of pydnn's time: torch.mm of its shape stands in for it
+            xi = x.reshape(T * B, H)
+            wi = torch.randn(G[cell] * H * dirs, H, device="cuda", dtype=tdt)
+            gemm_ms = time_ms(lambda: torch.mm(xi, wi.t()), reps=5, warmup=2)
+            print(f"{name:22s} --mid: the input GEMM [{T * B}, {H}] x [{H}, {G[cell] * H * dirs}] (torch.mm) "
+                  f"{gemm_ms:.3f} ms, added to pydnn's forward times as 'est'", flush=True)
         for what, pf, tf, mult, sets in runs:
             check = ""
             with tuning.override({f"rnn.{k}": v for k, v in sets.items()}):
@@ -239,7 +249,9 @@ def main():
             print(f"{name:22s} {what:8s} {pm:9.3f} {tm:9.3f} {f / pm / 1e9:10.1f} {f / tm / 1e9:10.1f} "
                   f"{tm / pm:6.2f}" + (f"   max rel diff y {diff:.2e}, {pm / T * 1e3:.2f} us/step" if what == "fwd"
                                        else f"   {pm / T * 1e3:.2f} us/step{check}" if what.startswith("fwd ")
-                                       else ""),
+                                       else "")
+                  + (f", est {pm + gemm_ms:.3f} ms ratio {tm / (pm + gemm_ms):.2f}"
+                     if gemm_ms is not None and (what == "fwd" or what.startswith("fwd ")) else ""),
                   flush=True)
         if stamps and algo == PS:
             buf = torch.zeros(T * persist.STAMPS, dtype=torch.int64, device="cuda")

@@ -58,7 +58,7 @@ class PersistParams(ctypes.Structure):
         ("stamps", ctypes.c_void_p)]
 
 
-PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH = 1, 2, 4, 8  # PersistParams.variant bits (rnn_persist_params.h)
+PV_FLAGS, PV_CHAIN2, PV_XS_AHEAD, PV_FAST_MATH, PV_SLEEP, PV_CG = 1, 2, 4, 8, 16, 32  # PersistParams.variant bits
 STAMPS = 8  # u64 phase stamps per step (PersistParams.stamps)
 
 
@@ -70,8 +70,15 @@ def expr(name, tag, cell=None, lean=0):
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
 
 
-def unit_name(tag):
-    return f"rnn_persist.{tag}"
+def expr_r(tag, cell, kr, one=0):
+    """persist_fwd_r<T, CELL, KR[, 1]>: KR the k steps a warp holds at most (REG_KR); one: the ONE instance (one
+    combo a thread, fast math compiled in: tuning.rnn.PERSIST_REG_ONE)."""
+    return f"pydnn::rnn::persist_fwd_r<{CTYPE[tag]}, {cell}, {kr}" + (", 1>" if one else ">")
+
+
+def unit_name(tag, reg=False):
+    """reg: the unit of persist_fwd_r / persist_bwd_r."""
+    return f"rnn_persist_r.{tag}" if reg else f"rnn_persist.{tag}"
 
 
 def kernel_units():
@@ -81,6 +88,12 @@ def kernel_units():
         exprs += [expr("persist_fwd", tag, c, 1) for c in range(4)]
         exprs.append(expr("persist_reset", tag))
         units.append(KernelUnit(unit_name(tag), "rnn_persist.cu", tuple(exprs)))
+        if tag != "f32":  # persist_fwd_r (KR 4 and 8) and persist_bwd_r: 16-bit only (mma fragments in
+            # registers); a unit of their own, compiled in parallel with the general one
+            exprs = [expr_r(tag, c, kr) for c in range(4) for kr in REG_KR]
+            exprs += [expr_r(tag, c, 4, 1) for c in range(4)]
+            exprs += [expr("persist_bwd_r", tag, c) for c in range(4)]
+            units.append(KernelUnit(unit_name(tag, True), "rnn_persist.cu", tuple(exprs)))
     return units
 
 
@@ -256,15 +269,18 @@ def _check_resident(handle, f, smem, blocks):
     handle.remember(key, True)
 
 
-def _launch(ex, name, cell, grid, smem, p, lean=0):
+def _launch(ex, name, cell, grid, smem, p, lean=0, one=0):
+    """lean: persist_fwd's LEAN instance, or persist_fwd_r's KR (one: its ONE instance)."""
     handle = ex.handle
     tag = ex.lau.tag
-    f = handle.function(unit_name(tag), expr(name, tag, cell, lean), smem)
+    reg = name in ("persist_fwd_r", "persist_bwd_r")
+    f = handle.function(unit_name(tag, reg), expr_r(tag, cell, lean, one) if name == "persist_fwd_r" else
+                        expr(name, tag, cell, lean), smem)
     if name != "persist_reset":
         _check_resident(handle, f, smem, grid[0] * grid[1])
     q = PersistParams.from_buffer_copy(p)
     ex._go(f, grid, (THREADS, 1, 1), smem, driver.kernel_args(q),
-           ("persist", name, cell, lean))
+           ("persist", name, cell, lean) + ((one,) if name == "persist_fwd_r" else ()))
 
 
 def xchg_bytes(dtype, B, H):
@@ -306,7 +322,66 @@ def variant(pl, tagged):
 def record_key():
     """What of the switches and hooks a recorded PERSIST_STATIC call depends on (engine._run's key)."""
     return (tuning.rnn.PERSIST_XCHG, tuning.rnn.PERSIST_UNITS, tuning.rnn.PERSIST_FLAGS, tuning.rnn.PERSIST_CHAIN2,
-            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, stamps_buffer)
+            tuning.rnn.PERSIST_XS_AHEAD, tuning.rnn.PERSIST_FAST_MATH, tuning.rnn.PERSIST_LEAN, tuning.rnn.PERSIST_REG,
+            tuning.rnn.PERSIST_REG_XCHG, tuning.rnn.PERSIST_REG_SLEEP, tuning.rnn.PERSIST_BWD_REG,
+            tuning.rnn.PERSIST_REG_ONE, tuning.rnn.PERSIST_REG_CG, stamps_buffer)
+
+
+REG_KR = (4, 8)  # persist_fwd_r's KR instances: k steps a warp at most (its weight fragments in registers)
+REG_K = REG_KR[-1]
+REG_SMEM = 2 * WARPS * 4 * 32 * 16  # persist_fwd_r's shared memory: the K slices' partial sums, 2 step parities
+
+
+def reg_shape(tag, B, H, units):
+    """persist_fwd_r's (m tiles, K slices) for this shape, or None where it does not apply: 16-bit data, 8 units
+    a block, hidden a multiple of 32; the m tiles (16 rows each, rounded up to 1, 2, 4 or 8: batch <= 128)
+    times the K slices fill the 8 warps where hidden allows (each slice whole k-step pairs: hidden a multiple
+    of 32 x slices; fewer slices leave warps idle), at most REG_K k steps a warp (the weight fragments held in
+    registers: hidden <= 128 x slices)."""
+    if tag == "f32" or units != 8 or H % 32 or B > 128:
+        return None
+    mt = 1
+    while mt * 16 < B:
+        mt *= 2
+    ks = WARPS // mt
+    while ks > 1 and H % (32 * ks):
+        ks //= 2
+    if H // 16 // ks > REG_K:
+        return None
+    return mt, ks
+
+
+BWD_REG_K = 16  # kBwdK in ptx/rnn_persist.cu: k steps a warp at most in persist_bwd_r
+BWD_REG_SMEM = 2 * WARPS * 4 * 32 * 4  # persist_bwd_r's partial sums (f32 a combo), 2 step parities
+
+
+def bwd_reg_shape(tag, B, H, G, units):
+    """persist_bwd_r's (m tiles, K slices) over K = G * hidden, or None: as reg_shape, at most BWD_REG_K k steps
+    a warp."""
+    if tag == "f32" or units != 8 or H % 32 or B > 128:
+        return None
+    mt = 1
+    while mt * 16 < B:
+        mt *= 2
+    ks = WARPS // mt
+    while ks > 1 and (G * H) % (32 * ks):
+        ks //= 2
+    if G * H // 16 // ks > BWD_REG_K:
+        return None
+    return mt, ks
+
+
+def reg_kr(H, ksplit):
+    """The KR instance of persist_fwd_r for this shape: the fewest k steps a warp that hold its slice."""
+    return next(kr for kr in REG_KR if H // 16 // ksplit <= kr)
+
+
+def use_reg(pl, g, tagged):
+    """The forward takes persist_fwd_r (tuning.rnn.PERSIST_REG) where reg_shape allows, with the barrier, and
+    where the general kernel would take the operand in one chunk (PERSIST_MAX_CHUNK forcing chunks keeps it)."""
+    if not tuning.rnn.PERSIST_REG or tagged or pl.fwd.nchunk != 1:
+        return None
+    return reg_shape(pl.tag, g.B, g.H, pl.units)
 
 
 def _groups(pl, dirs):
@@ -319,6 +394,9 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
     xb = xchg_bytes(r.dtype, B, H)
     tagged = use_xchg(r, g, pl)
+    reg = use_reg(pl, g, tagged)
+    # persist_fwd_r's own tagged exchange (tuning.rnn.PERSIST_REG_XCHG; KR 4 only, the 16-bit tags hold T)
+    xtag = tagged or bool(reg and tuning.rnn.PERSIST_REG_XCHG and g.T < 65535 and reg_kr(H, reg[1]) == 4)
     for group in _groups(pl, dirs):
         p = PersistParams()
         for i, dr in enumerate(group):
@@ -329,7 +407,7 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
             q.y = ly + dr.d * P * es
             q.act = dr.act0 if training else 0
             q.bar, q.rev = bar + dr.d * BAR_STRIDE, dr.d
-            q.xchg = xchg + dr.d * xb if tagged else 0
+            q.xchg = xchg + dr.d * xb if xtag else 0
         p.xwords = xb // 4
         w0 = group[0]
         p.ld_xp, p.gs_xp = (GH, H) if w0.w_in else (w0.inp_w, 0)  # SKIP_INPUT: x itself enters every gate
@@ -341,7 +419,19 @@ def forward_layer(ex, r, g, pl, dirs, ly, training, lens, bar, clip, xchg):
         pl.fwd.fill(p)
         p.variant = variant(pl, tagged)
         p.stamps = stamps_buffer
-        _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if tagged else 1, len(group), 1), 0, p)
+        _launch(ex, "persist_reset", None, (min(64, cdiv(xb // 4, THREADS)) if xtag else 1, len(group), 1), 0, p)
+        if reg:  # persist_fwd_r reads batch, hidden, ksplit, bp and the pointers; no shared memory layout
+            p.bp, p.ksplit = 16 * reg[0], reg[1]
+            p.variant &= PV_FAST_MATH
+            if xtag and tuning.rnn.PERSIST_REG_SLEEP:
+                p.variant |= PV_SLEEP
+            if tuning.rnn.PERSIST_REG_CG:
+                p.variant |= PV_CG
+            kr = reg_kr(g.H, reg[1])
+            # ONE (tuning.rnn.PERSIST_REG_ONE): one combo a thread (4 or 8 K slices), fast math, KR 4
+            one = int(bool(tuning.rnn.PERSIST_REG_ONE and reg[1] >= 4 and kr == 4 and p.variant & PV_FAST_MATH))
+            _launch(ex, "persist_fwd_r", r.cell, (pl.blocks, len(group), 1), REG_SMEM, p, kr, one)
+            continue
         lean = 1 if tuning.rnn.PERSIST_LEAN and pl.fwd.nchunk == 1 and not tagged else 0
         _launch(ex, "persist_fwd", r.cell, (pl.blocks, len(group), 1), pl.fwd.smem, p, lean)
 
@@ -366,7 +456,15 @@ def backward_layer(ex, r, g, pl, dirs, dly, lens, bar, clip):
         pl.bwd.fill(p)
         p.variant = variant(pl, False) & (PV_FLAGS | PV_CHAIN2)  # the barrier and the mma chains only
         _launch(ex, "persist_reset", None, (1, len(group), 1), 0, p)
+        # persist_bwd_r where the general kernel would take the operand in one chunk (PERSIST_MAX_CHUNK forcing
+        # chunks keeps the general one)
+        breg = (bwd_reg_shape(pl.tag, B, H, g.G, pl.units) if tuning.rnn.PERSIST_BWD_REG and pl.bwd.nchunk == 1
+                else None)
+        if breg:  # persist_bwd_r: the counter barrier, no variant bits
+            p.bp, p.ksplit, p.variant = 16 * breg[0], breg[1], 0
+            _launch(ex, "persist_bwd_r", r.cell, (pl.blocks, len(group), 1), BWD_REG_SMEM, p)
+            continue
         _launch(ex, "persist_bwd", r.cell, (pl.blocks, len(group), 1), pl.bwd.smem, p)
 
 
-__all__ = ["Plan", "Layout", "plan", "forward_layer", "backward_layer", "kernel_units"]
+__all__ = ["Plan", "Layout", "plan", "forward_layer", "backward_layer", "kernel_units", "reg_shape"]

@@ -252,4 +252,100 @@ def persist_bwd(dev, p, dt, cell, grid, smem):
                             out[:, g * H + j0:g * H + j0 + U] = np.where(active, _s(vals[g], dt), 0)
 
 
-PERSIST = {"persist_reset": persist_reset, "persist_fwd": persist_fwd, "persist_bwd": persist_bwd}
+def persist_fwd_r(dev, p, dt, cell, grid, smem):
+    """persist_fwd_r (tuning.rnn.PERSIST_REG): 8 units a block, warps over (m tile mt = warp / ksplit, K slice
+    ks = warp % ksplit), each warp's slice of K ([ks * ksw * 16, + ksw * 16) physical columns; the permuted order
+    inside a 32-column block does not change the set) multiplied in float32, the slices' partial sums added in
+    ks order by the combo's owner, then the cell as persist_fwd's (register state: the same values)."""
+    G = 4 if cell == 2 else (3 if cell == 3 else 1)
+    B, H, U, T, ks_n = p.batch, p.hidden, 8, p.seq, p.ksplit
+    N, es = G * U, np.dtype(dt).itemsize
+    assert es == 2 and grid[0] * U == H and p.units == U and smem >= 8 * 4 * 32 * 16
+    mt_n = p.bp // 16
+    assert mt_n * 16 >= B and mt_n * ks_n <= 8 and H % (32 * ks_n) == 0 and H // 16 // ks_n <= 8
+    ksw = H // 16 // ks_n
+    for y in range(grid[1]):
+        d = p.dir[y]
+        W = _f(dev.view(d.w, G * H * H, dt).reshape(G * H, H), dt)
+        bw = _f(dev.view(d.bw, G * H, dt), dt) if d.bw else np.zeros(G * H, np.float32)
+        br = _f(dev.view(d.br, G * H, dt), dt) if d.br else np.zeros(G * H, np.float32)
+        first = T if d.rev else 0
+        lens = dev.view(p.lens, B, np.int32).copy()
+        st = (dev.view(d.s32 + _slot(p, first) * B * H * 4, B * H, np.float32).reshape(B, H).copy() if cell >= 2
+              else None)
+        hown = dev.view(d.hs + _slot(p, first) * B * H * es, B * H, dt).reshape(B, H).copy()
+        cols = [np.concatenate([np.arange(g * H + x * U, g * H + x * U + U) for g in range(G)])
+                for x in range(grid[0])]
+        for s in range(T):
+            t = T - 1 - s if d.rev else s
+            ip, io = (t + 1, t) if d.rev else (t, t + 1)
+            if s > 0 and d.xchg:  # PERSIST_REG_XCHG: the words of step s - 1 must all carry tag s
+                assert ksw <= 4  # KR 4 only
+                hw, tags = _xchg_words(dev, d, dt, (s - 1) & 1, B, H)
+                assert (tags == s).all(), (s, np.unique(tags))
+                hprev = _f(hw.copy(), dt).astype(np.float32)
+            else:
+                hprev = _f(dev.view(d.hs + _slot(p, ip) * B * H * es, B * H, dt).reshape(B, H), dt).astype(np.float32)
+            x = np.stack([_f(dev.view(d.xp + ((t * B + b) * p.ld_xp) * es, p.ld_xp, dt), dt) for b in range(B)])
+            h_out = dev.view(d.hs + _slot(p, io) * B * H * es, B * H, dt).reshape(B, H)
+            active = (t < lens)[:, None]
+            new_h = hown.copy()
+            for xb in range(grid[0]):
+                j0 = xb * U
+                Wb = W[cols[xb]]  # [G * 8, H]: row g * 8 + u
+                part = np.zeros((B, N), np.float32)
+                for k2 in range(ks_n):  # the owner's order
+                    k0 = k2 * ksw * 16
+                    part = part + hprev[:, k0:k0 + ksw * 16] @ Wb[:, k0:k0 + ksw * 16].T
+                ha = [part[:, g * U:(g + 1) * U] + br[g * H + j0:g * H + j0 + U] for g in range(G)]
+                xa = [x[:, g * p.gs_xp + j0:g * p.gs_xp + j0 + U] + bw[g * H + j0:g * H + j0 + U] for g in range(G)]
+                sl = slice(j0, j0 + U)
+                if cell == 2:
+                    i, f, gg, o = _sig(xa[0] + ha[0]), _sig(xa[1] + ha[1]), np.tanh(xa[2] + ha[2]), _sig(xa[3] + ha[3])
+                    c = f * st[:, sl] + i * gg
+                    if p.clip:
+                        c = np.minimum(np.maximum(c, p.lclip), p.rclip)
+                    new, vals = o * np.tanh(c), (i, f, gg, o)
+                    st[:, sl] = np.where(active, c, st[:, sl])
+                elif cell == 3:
+                    r, z = _sig(xa[0] + ha[0]), _sig(xa[1] + ha[1])
+                    n = np.tanh(xa[2] + r * ha[2])
+                    new, vals = (1 - z) * n + z * st[:, sl], (r, z, n, ha[2])
+                    st[:, sl] = np.where(active, new, st[:, sl])
+                else:
+                    a = xa[0] + ha[0]
+                    new = np.maximum(a, 0) if cell == 0 else np.tanh(a)
+                    vals = (new,)
+                new_h[:, sl] = np.where(active, _s(new, dt), hown[:, sl])
+                act = (dev.view(d.act + t * B * len(vals) * H * 4, B * len(vals) * H, np.float32)
+                       .reshape(B, len(vals), H) if d.act else None)
+                for b in range(B):
+                    yrow = dev.view(d.y + (t * p.ld_yt + b * p.ld_y + j0) * es, U, dt)
+                    yrow[:] = new_h[b, sl] if active[b, 0] else 0
+                    if act is not None and active[b, 0]:
+                        for k, v in enumerate(vals):
+                            act[b, k, sl] = v[b]
+            hown = new_h
+            h_out[:] = hown
+            if d.xchg:
+                _xchg_put(dev, d, dt, s & 1, B, H, 0, hown.copy(), s + 1)
+            if cell >= 2:
+                dev.view(d.s32 + _slot(p, io) * B * H * 4, B * H, np.float32).reshape(B, H)[:] = st
+
+
+def persist_bwd_r(dev, p, dt, cell, grid, smem):
+    """persist_bwd_r (tuning.rnn.PERSIST_BWD_REG): its shape constraints, then persist_bwd's numbers (the block
+    GEMM over all of K at once; the host's general layout still sits in p's offsets, K slices left out)."""
+    import ctypes
+    G = 4 if cell == 2 else (3 if cell == 3 else 1)
+    B, H = p.batch, p.hidden
+    mt, ks = p.bp // 16, p.ksplit
+    assert np.dtype(dt).itemsize == 2 and p.units == 8 and grid[0] * 8 == H and smem >= 8 * 4 * 32 * 4 * 2
+    assert mt * 16 >= B and mt * ks <= 8 and (G * H) % (32 * ks) == 0 and G * H // 16 // ks <= 16
+    q = type(p).from_buffer_copy(p)
+    q.bp, q.ksplit = -(-B // 16) * 16, 1
+    persist_bwd(dev, q, dt, cell, grid, 1 << 23)
+
+
+PERSIST = {"persist_reset": persist_reset, "persist_fwd": persist_fwd, "persist_bwd": persist_bwd,
+           "persist_fwd_r": persist_fwd_r, "persist_bwd_r": persist_bwd_r}

@@ -6,6 +6,7 @@ sm_80 and sm_90 with no spills."""
 import os
 import sys
 
+import numpy as np
 import pytest
 
 import pydnn
@@ -54,9 +55,14 @@ def test_persist_engine_on_emulated_device(name, monkeypatch):
     h = rnn_emulator.fake_handle()
     run_case(h, dev, c)
     kinds = {m[1] for m in calls if m[0] == "persist"}
-    assert kinds == {"persist_reset", "persist_fwd", "persist_bwd"}
+    tag = {F32: "f32", F16: "f16", BF16: "bf16"}[c.dtype]
+    reg = persist.reg_shape(tag, len(c.lengths), c.hidden, 8)  # tuning.rnn.PERSIST_REG's default: on
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(c.cell, 1)
+    breg = persist.bwd_reg_shape(tag, len(c.lengths), c.hidden, G, 8)  # PERSIST_BWD_REG's default: on
+    assert kinds == {"persist_reset", "persist_fwd_r" if reg else "persist_fwd",
+                     "persist_bwd_r" if breg else "persist_bwd"}
     fwd = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
-           for it in items if it[5][:2] == ("persist", "persist_fwd")]
+           for it in items if it[5][:2] in (("persist", "persist_fwd"), ("persist", "persist_fwd_r"))]
     assert fwd and not any(q.dir[0].xchg for q in fwd)  # the barrier (tuning.rnn.PERSIST_XCHG's default)
     assert not [m for m in calls if m[0] == "rnn" and m[1] in ("fwd_cell", "bwd_cell")]
 
@@ -281,7 +287,8 @@ def test_forward_variants_reach_the_kernel(sets, bits, units, monkeypatch):
     step s read from buffer s & 1 of the doubled region under PV_XS_AHEAD); each setting records its own
     launches (engine._run's key has persist.record_key())."""
     from pydnn import tuning
-    for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH", "PERSIST_LEAN"):  # off
+    for k in ("PERSIST_FLAGS", "PERSIST_CHAIN2", "PERSIST_XS_AHEAD", "PERSIST_FAST_MATH", "PERSIST_LEAN",
+              "PERSIST_REG", "PERSIST_BWD_REG"):  # off (PERSIST_REG / _BWD_REG: the general kernels)
         monkeypatch.setattr(tuning.rnn, k, False)
     for k, v in sets.items():
         monkeypatch.setattr(tuning.rnn, k, v)
@@ -347,13 +354,19 @@ def test_defaults_are_the_measured_ones():
         pl = persist.plan(h, engine.set_rnn(r), g, True)
         assert persist.variant(pl, False) == bits and pl.fwd.ahead
     assert not tuning.rnn.PERSIST_FLAGS and not tuning.rnn.PERSIST_XCHG
+    # the rnnp mid-session run (H200): persist_fwd_r and the LEAN instance on, the register kernel's tagged
+    # exchange and its sleep off
+    assert tuning.rnn.PERSIST_REG and tuning.rnn.PERSIST_LEAN
+    assert not tuning.rnn.PERSIST_REG_XCHG and not tuning.rnn.PERSIST_REG_SLEEP
+    # run 2: the ONE instance and persist_bwd_r on, the cg loads off
+    assert tuning.rnn.PERSIST_REG_ONE and tuning.rnn.PERSIST_BWD_REG and not tuning.rnn.PERSIST_REG_CG
 
 
 def test_lean_kernel_is_built_and_only_for_one_chunk(monkeypatch):
     """persist_fwd<T, CELL, 1> is in every unit; with PERSIST_MAX_CHUNK forcing chunks the general one runs."""
     from pydnn import tuning
     for u in persist.kernel_units():
-        assert sum(e.count(",") == 2 and e.endswith(", 1>") for e in u.exprs) == 4
+        assert sum(e.count(",") == 2 and e.endswith(", 1>") for e in u.exprs) == (0 if "_r." in u.name else 4)
     monkeypatch.setattr(tuning.rnn, "PERSIST_LEAN", True)
     monkeypatch.setattr(tuning.rnn, "PERSIST_MAX_CHUNK", 64)
     c = _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4)
@@ -380,3 +393,226 @@ def test_x_buffers_only_in_one_chunk(monkeypatch):
     launches = [it[4][2] for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
                 for it in items if it[5][:2] == ("persist", "persist_fwd")]
     assert launches and all(q.nchunk == 2 and not q.variant & persist.PV_XS_AHEAD for q in launches)
+
+
+# ---------------------------------------------------------------- persist_fwd_r (tuning.rnn.PERSIST_REG)
+def _mma_ref(a, b):
+    """mma.m16n8k16's fragments (PTX ISA, row.col): a [4 regs][32 lanes] of 2 halves, b [2][32], as the
+    [16, 16] A and [8, 16] B (B[n][k]) they stand for; lane = 4 g + q."""
+    A, Bm = np.zeros((16, 16)), np.zeros((8, 16))
+    for lane in range(32):
+        g, q = lane >> 2, lane & 3
+        for e in range(2):
+            A[g, 2 * q + e], A[g + 8, 2 * q + e] = a[0][lane][e], a[1][lane][e]
+            A[g, 2 * q + 8 + e], A[g + 8, 2 * q + 8 + e] = a[2][lane][e], a[3][lane][e]
+            Bm[g, 2 * q + e], Bm[g, 2 * q + 8 + e] = b[0][lane][e], b[1][lane][e]
+    return A @ Bm.T
+
+
+@pytest.mark.parametrize("ksw,kcol0", [(2, 0), (4, 64), (8, 128)])
+def test_reg_fragments_cover_k_once(ksw, kcol0):
+    """persist_fwd_r's loads: thread (g, q) takes the 16 bytes at physical column kcol0 + 32 i + 8 q of rows g
+    and g + 8 (words 2p / 2p + 1: a0 / a2 resp. a1 / a3 of k step 2i + p) and the 8 bytes at kcol0 + 32 i + 8q
+    + 4p of weight row g (b0, b1); the mma products over the warp's ksw k steps must equal the plain product
+    over its K slice [kcol0, kcol0 + 16 ksw)."""
+    rng = np.random.default_rng(ksw)
+    K = kcol0 + 16 * ksw
+    A, W = rng.standard_normal((16, K)), rng.standard_normal((8, K))
+    out = np.zeros((16, 8))
+    for kk in range(ksw):
+        i, p = kk >> 1, kk & 1
+        a = [[None] * 32 for _ in range(4)]
+        b = [[None] * 32 for _ in range(2)]
+        for lane in range(32):
+            g, q = lane >> 2, lane & 3
+            c0 = kcol0 + 32 * i + 8 * q
+            rows = [A[g, c0:c0 + 8], A[g + 8, c0:c0 + 8]]  # the two 16-byte loads: 4 words of 2 halves
+            words = [[r[2 * w:2 * w + 2] for w in range(4)] for r in rows]
+            a[0][lane], a[1][lane] = words[0][2 * p], words[1][2 * p]
+            a[2][lane], a[3][lane] = words[0][2 * p + 1], words[1][2 * p + 1]
+            wb = W[g, c0 + 4 * p:c0 + 4 * p + 4]
+            b[0][lane], b[1][lane] = wb[0:2], wb[2:4]
+        out += _mma_ref(a, b)
+    np.testing.assert_allclose(out, A[:, kcol0:] @ W[:, kcol0:].T, rtol=1e-12, atol=1e-12)
+
+
+def test_reg_shape():
+    """(m tiles, K slices): m tiles x slices <= 8 warps, each slice whole 32-column blocks and <= 8 k steps."""
+    assert persist.reg_shape("f16", 32, 256, 8) == (2, 4)   # issue 16's small case: 4 k steps a warp
+    assert persist.reg_shape("bf16", 64, 256, 8) == (4, 2)
+    assert persist.reg_shape("f16", 16, 256, 8) == (1, 8)
+    assert persist.reg_shape("f16", 40, 128, 8) == (4, 2)   # 3 row tiles rounded up to 4
+    assert persist.reg_shape("f16", 18, 32, 8) == (2, 1)    # one 32-column block: one slice, 2 warps busy
+    assert persist.reg_shape("f16", 128, 128, 8) == (8, 1)
+    assert persist.reg_shape("f16", 128, 256, 8) is None    # 16 k steps a warp
+    assert persist.reg_shape("f16", 32, 1024, 8) is None    # 16 k steps a warp at 4 slices
+    assert persist.reg_shape("f16", 32, 512, 8) == (2, 4)
+    assert persist.reg_shape("f16", 129, 256, 8) is None
+    assert persist.reg_shape("f16", 32, 8, 8) is None       # hidden not a multiple of 32
+    assert persist.reg_shape("f32", 32, 256, 8) is None
+    assert persist.reg_shape("f16", 32, 256, 16) is None
+    for tag in ("f16", "bf16"):
+        for B in range(1, 129, 7):
+            for H in range(32, 1025, 32):
+                sh = persist.reg_shape(tag, B, H, 8)
+                if sh:
+                    mt, ks = sh
+                    assert mt * 16 >= B and mt * ks <= persist.WARPS and H % (32 * ks) == 0
+                    assert H // 16 // ks <= persist.REG_K
+
+
+# persist_fwd_r's shapes: slices 1 / 2 / 4, row tiles 1 / 2 / 4, idle warps, past-batch rows (half only: the
+# emulator's bfloat16 runs miss the reference for STANDARD as well; the GPU tests cover bfloat16)
+REG_CASES = {
+    "lstm-half-32-many-rows": CASES["lstm-half-32-many-rows"],
+    "lstm-half-128-batch-40-clip": _c(dtype=F16, hidden=128, input_size=6, lengths=(3, 3, 2, 1, 3) * 8, T=3,
+                                      clip=(-0.3, 0.4)),
+    "gru-half-64-bi-skip": _c(cell=E.PYDNN_GRU, dtype=F16, hidden=64, skip=True, dirs=2, lengths=(4, 2, 4, 1), T=4),
+    "tanh-half-256-2layer": _c(cell=E.PYDNN_RNN_TANH, dtype=F16, hidden=256, input_size=5, layers=2,
+                               lengths=(2, 1, 2), T=2, bias_mode=E.PYDNN_RNN_SINGLE_INP_BIAS),
+    "relu-half-32-nostate-packed": _c(cell=E.PYDNN_RNN_RELU, dtype=F16, hidden=32, input_size=4, states=False,
+                                      layout=PACKED, lengths=(4, 4, 3, 1), T=4),
+}
+
+
+@pytest.mark.parametrize("name", list(REG_CASES))
+def test_reg_forward_on_emulated_device(name, monkeypatch):
+    """PERSIST_REG on (the default): the forward launches persist_fwd_r with reg_shape's (bp, ksplit), 16 KiB of
+    shared memory and only the fast-math bit; the emulated run (rnn_persist_emulator.persist_fwd_r) matches the
+    float64 reference through run_case (forward, backward data, weights)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG", True)
+    c = REG_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    launches = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
+    tag = {F16: "f16", BF16: "bf16"}[c.dtype]
+    mt, ks = persist.reg_shape(tag, len(c.lengths), c.hidden, 8)
+    kr = 4 if c.hidden // 16 // ks <= 4 else 8
+    assert launches and all(it[4][2].bp == 16 * mt and it[4][2].ksplit == ks and it[3] == persist.REG_SMEM
+                            and it[4][2].variant == persist.PV_FAST_MATH and it[5][3] == kr
+                            and not it[4][2].dir[0].xchg for it in launches)
+    assert not [it for k, items in h.prepared.items() if k[0] == "rnn.call" for it in items
+                if it[5][:2] == ("persist", "persist_fwd")]
+
+
+def test_reg_off_and_where_it_does_not_apply(monkeypatch):
+    """PERSIST_REG off, float data, the tagged exchange or forced chunks: persist_fwd runs."""
+    from pydnn import tuning
+    for sets, c in (({"PERSIST_REG": False}, REG_CASES["lstm-half-32-many-rows"]),
+                    ({}, CASES["tanh-f32-24-bi"]),
+                    ({"PERSIST_XCHG": True}, REG_CASES["lstm-half-32-many-rows"]),
+                    ({"PERSIST_MAX_CHUNK": 64}, _c(dtype=F16, hidden=128, input_size=6, lengths=(4, 2, 4), T=4))):
+        with tuning.override({f"rnn.{k}": v for k, v in sets.items()}):
+            dev = rnn_emulator.Device()
+            calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
+            h = rnn_emulator.fake_handle()
+            run_case(h, dev, c)
+            kinds = {m[1] for m in calls if m[0] == "persist"}
+            assert "persist_fwd" in kinds and "persist_fwd_r" not in kinds, sets
+
+
+def test_reg_kernel_is_built_for_16_bit_units():
+    names = [u.name for u in persist.kernel_units()]
+    assert names == ["rnn_persist.f32", "rnn_persist.f16", "rnn_persist_r.f16", "rnn_persist.bf16",
+                     "rnn_persist_r.bf16"]
+    for u in persist.kernel_units():
+        regs = [e for e in u.exprs if "persist_fwd_r<" in e]
+        assert len(regs) == (12 if "_r." in u.name else 0)
+        assert sum(e.endswith(", 4, 1>") for e in regs) == (4 if "_r." in u.name else 0)
+        assert sum("persist_bwd_r<" in e for e in u.exprs) == (4 if "_r." in u.name else 0)
+        assert len(u.exprs) == (16 if "_r." in u.name else 13)
+        assert all(e.endswith((", 4>", ", 8>", ", 4, 1>")) for e in regs)
+    assert persist.reg_kr(256, 4) == 4 and persist.reg_kr(256, 2) == 8 and persist.reg_kr(32, 1) == 4
+
+
+@pytest.mark.parametrize("name", ["lstm-half-32-many-rows", "lstm-half-128-batch-40-clip", "gru-half-64-bi-skip",
+                                  "tanh-half-256-2layer"])
+def test_reg_tagged_exchange_on_emulated_device(name, monkeypatch):
+    """PERSIST_REG_XCHG on: persist_fwd_r's KR 4 launches get the tagged words (zeroed by persist_reset's wider
+    grid; the emulation checks every tag of every step), a KR 8 launch keeps the barrier."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_XCHG", True)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_SLEEP", True)
+    c = REG_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    items = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward" for it in items]
+    launches = [it for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
+    assert launches
+    for it in launches:
+        q = it[4][2]
+        tagged = it[5][3] == 4
+        assert all(bool(q.dir[i].xchg) == tagged for i in range(it[1][1]))
+        assert q.variant == persist.PV_FAST_MATH | (persist.PV_SLEEP if tagged else 0)
+    resets = [it for it in items if it[5][:2] == ("persist", "persist_reset")]
+    assert resets and all((it[1][0] > 1) == (launches[0][5][3] == 4) for it in resets)
+
+
+def test_bwd_reg_shape():
+    assert persist.bwd_reg_shape("f16", 32, 256, 4, 8) == (2, 4)    # issue 16's small case: K 1024, 16 k steps
+    assert persist.bwd_reg_shape("f16", 32, 256, 3, 8) == (2, 4)    # GRU: 12 k steps
+    assert persist.bwd_reg_shape("f16", 64, 256, 4, 8) is None      # 32 k steps a warp
+    assert persist.bwd_reg_shape("bf16", 16, 512, 4, 8) == (1, 8)
+    assert persist.bwd_reg_shape("f16", 18, 32, 1, 8) == (2, 1)
+    assert persist.bwd_reg_shape("f32", 32, 256, 4, 8) is None
+    assert persist.bwd_reg_shape("f16", 32, 256, 4, 16) is None
+
+
+@pytest.mark.parametrize("name", list(REG_CASES))
+def test_bwd_reg_on_emulated_device(name, monkeypatch):
+    """PERSIST_BWD_REG on: backward data launches persist_bwd_r with bwd_reg_shape's (bp, ksplit) where it applies
+    (else persist_bwd); run_case matches the float64 reference."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_BWD_REG", True)
+    c = REG_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(c.cell, 1)
+    sh = persist.bwd_reg_shape("f16", len(c.lengths), c.hidden, G, 8)
+    items = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"
+             for it in items if it[5][0] == "persist" and it[5][1] in ("persist_bwd", "persist_bwd_r")]
+    assert items and all(it[5][1] == ("persist_bwd_r" if sh else "persist_bwd") for it in items)
+    if sh:
+        assert all(it[4][2].bp == 16 * sh[0] and it[4][2].ksplit == sh[1] and it[3] == persist.BWD_REG_SMEM
+                   for it in items)
+
+
+@pytest.mark.parametrize("name", list(REG_CASES))
+def test_reg_one_instance_where_it_applies(name, monkeypatch):
+    """PERSIST_REG_ONE on: persist_fwd_r's ONE instance for 4 or 8 K slices with KR 4 and fast math, else the
+    generic one; the emulated run matches the reference."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_ONE", True)
+    c = REG_CASES[name]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    mt, ks = persist.reg_shape("f16", len(c.lengths), c.hidden, 8)
+    kr = persist.reg_kr(c.hidden, ks)
+    launches = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
+    assert launches and all(it[5][3:] == (kr, int(ks >= 4 and kr == 4)) for it in launches)
+
+
+def test_reg_cg_bit(monkeypatch):
+    """PERSIST_REG_CG on: persist_fwd_r's launches carry PV_CG (next to the fast-math bit); the run matches."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_CG", True)
+    c = REG_CASES["lstm-half-32-many-rows"]
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    launches = [it for k, items in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"
+                for it in items if it[5][:2] == ("persist", "persist_fwd_r")]
+    assert launches and all(it[4][2].variant == persist.PV_FAST_MATH | persist.PV_CG for it in launches)

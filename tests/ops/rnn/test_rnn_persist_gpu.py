@@ -123,9 +123,24 @@ def test_persist_skip_input_in_chunks(name, xchg, handle, monkeypatch):
 # step's x slice fetched during this one), PERSIST_FAST_MATH (tanh.approx.f32 in the 16-bit cells; float
 # cases keep the exact math), PERSIST_LEAN (persist_fwd's instance without the tagged exchange and the chunk
 # loop; the chunked case keeps the general one), all six; chunked operands too (no x buffers there); the data
-# type's tolerances. The defaults (CHAIN2, XS_AHEAD, FAST_MATH on) run under every other test.
-VARIANTS = {"flags": dict(PERSIST_FLAGS=True), "chain2": dict(PERSIST_CHAIN2=True), "units16": dict(PERSIST_UNITS=16),
-            "ahead": dict(PERSIST_XS_AHEAD=True), "fast": dict(PERSIST_FAST_MATH=True), "lean": dict(PERSIST_LEAN=True),
+# type's tolerances. The defaults (CHAIN2, XS_AHEAD, FAST_MATH on) run under every other test. PERSIST_REG (on:
+# persist_fwd_r for 16-bit data at 8 units a block, see reg_shape) runs under every default 16-bit test; "general"
+# and the general kernel's own switches turn it off, "exact" runs persist_fwd_r with tanhf / expf, "regx" its
+# tagged exchange (PERSIST_REG_XCHG, where at most 4 k steps a warp), "bwdreg" the backward's persist_bwd_r
+# (PERSIST_BWD_REG, off by default; where persist.bwd_reg_shape allows), "regone" persist_fwd_r's ONE instance
+# (PERSIST_REG_ONE: one combo a thread, at 4 or 8 K slices and KR 4; on by default since mid-session run 2,
+# "regmany" the generic instance there), "regcg" its h loads as ld.global.cg. "general", "flags" and "chain2" turn
+# persist_bwd_r (PERSIST_BWD_REG, on by default) off as well.
+VARIANTS = {"general": dict(PERSIST_REG=False, PERSIST_BWD_REG=False),
+            "flags": dict(PERSIST_FLAGS=True, PERSIST_REG=False, PERSIST_BWD_REG=False),
+            "chain2": dict(PERSIST_CHAIN2=True, PERSIST_REG=False, PERSIST_BWD_REG=False),
+            "units16": dict(PERSIST_UNITS=16),
+            "ahead": dict(PERSIST_XS_AHEAD=True, PERSIST_REG=False), "fast": dict(PERSIST_FAST_MATH=True),
+            "exact": dict(PERSIST_FAST_MATH=False), "lean": dict(PERSIST_LEAN=True, PERSIST_REG=False),
+            "regx": dict(PERSIST_REG_XCHG=True), "regxs": dict(PERSIST_REG_XCHG=True, PERSIST_REG_SLEEP=True),
+            "bwdreg": dict(PERSIST_BWD_REG=True), "regone": dict(PERSIST_REG_ONE=True),
+            "regmany": dict(PERSIST_REG_ONE=False),
+            "regcg": dict(PERSIST_REG_CG=True),
             "all": dict(PERSIST_FLAGS=True, PERSIST_CHAIN2=True, PERSIST_UNITS=16, PERSIST_XS_AHEAD=True,
                         PERSIST_FAST_MATH=True, PERSIST_LEAN=True)}
 VARIANT_CASES = ("mid-lstm-f16-256", "mid-gru-bf16-128-bi", "mid-lstm-f32-64-bi-clip", "mid-relu-f16-32-packed",
@@ -223,3 +238,40 @@ def test_persist_not_supported_reasons(handle):
     with pytest.raises(PydnnError) as e:
         pydnn.get_rnn_temp_space_sizes(handle, r, E.PYDNN_FWD_MODE_INFERENCE, xd)
     assert e.value.status == E.PYDNN_STATUS_NOT_SUPPORTED and "shared memory" in str(e.value)
+
+
+# persist_fwd_r (tuning.rnn.PERSIST_REG, the default for 16-bit data where persist.reg_shape allows) on shapes
+# the cases above leave out: 2 row tiles x 4 K slices at issue 16's small shape (batch 32, hidden 256), 4 x 2
+# (batch 64: two combos a thread), 1 x 8 (batch 16, hidden 512 and 1024: 8 k steps a warp, 128 blocks), one
+# slice (hidden 32: 4 combos a thread, one warp busy); SKIP_INPUT, no matmul
+MID_REG = {
+    "reg-lstm-f16-256-batch-32": _c(dtype=F16, hidden=256, skip=True, lengths=(10,) * 29 + (7, 3, 1), T=10,
+                                    weights=False),
+    "reg-lstm-bf16-256-batch-64-bi": _c(dtype=BF16, hidden=256, skip=True, dirs=2, lengths=(6, 5, 6, 2) * 16, T=6,
+                                        weights=False),
+    "reg-gru-f16-512-batch-16": _c(cell=E.PYDNN_GRU, dtype=F16, hidden=512, skip=True, lengths=(5, 5, 4, 1) * 4,
+                                        T=5, weights=False),
+    "reg-lstm-f16-1024-batch-16-clip": _c(dtype=F16, hidden=1024, skip=True, lengths=(4, 3) * 8, T=4,
+                                          clip=(-0.5, 0.6), weights=False),
+    "reg-tanh-bf16-32-batch-7-nostate": _c(cell=E.PYDNN_RNN_TANH, dtype=BF16, hidden=32, skip=True, states=False,
+                                           lengths=(5, 1, 5, 4, 2, 5, 3), T=5, weights=False),
+}
+
+
+@pytest.mark.parametrize("reg,xchg,bwd,one", [(True, False, False, False), (True, True, False, False),
+                                              (False, False, False, False), (True, False, True, False),
+                                              (True, False, False, True), (True, False, True, True)],
+                         ids=["reg", "reg-xchg", "general", "reg-bwd", "reg-one", "defaults"])
+@pytest.mark.parametrize("name", list(MID_REG))
+def test_persist_reg_shapes(name, reg, xchg, bwd, one, handle, monkeypatch):
+    """reg-xchg: persist_fwd_r's tagged exchange where KR is 4 (batch 32 hidden 256, batch 16 hidden 512, hidden
+    32), the barrier elsewhere."""
+    from pydnn import tuning
+    from pydnn.ops.rnn import persist
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG", reg)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_XCHG", xchg)
+    monkeypatch.setattr(tuning.rnn, "PERSIST_BWD_REG", bwd)  # persist_bwd_r where bwd_reg_shape allows
+    monkeypatch.setattr(tuning.rnn, "PERSIST_REG_ONE", one)  # the ONE instance where 4 or 8 K slices, KR 4
+    c = MID_REG[name]
+    assert persist.reg_shape({F16: "f16", BF16: "bf16"}[c.dtype], len(c.lengths), c.hidden, 8)
+    run_case(handle, GpuDevice(), c)
