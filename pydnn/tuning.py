@@ -258,10 +258,10 @@ norm = Switches(
               'reasons: pydnn/ops/normalization.py'),
     GS_MIN_BYTES=(2048, 'gs_*: the split kernels serve sets of at least this many bytes of x (smaller sets keep '
                             'the register-tile kernels); the reasons: pydnn/ops/normalization.py'),
-    GS_FWD_F32=(False, 'gs_*: float data forward on the split kernels too. Off: in the H200 run of 2026-11-28 their '
-                       'float y missed the fp32 tolerance (one element in ~200k, relative error ~1.5e-4 where the '
-                       'scale parameter was small; 16-bit and every backward passed), so float forwards keep the '
-                       'tile kernels until the cause is found'),
+    GS_FWD_F32=(True, 'gs_*: float data forward on the split kernels too (their mean from the unshifted sum of x: '
+                      'the shifted one put an error ~ eps * |first element| into it, y missed the fp32 tolerance '
+                      'near a small mean in the H200 run of 2026-11-28; see gs_stats in ptx/normalization_gs.cu); '
+                      'False: float forwards keep the tile kernels'),
 )
 
 pooling = Switches(

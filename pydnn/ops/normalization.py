@@ -1069,7 +1069,8 @@ def _gs_fwd_alt(handle, nd, tag, x, out, stats):
     ncv = W // vec
     rows = max(1, GS_THREADS // ncv)
     block = cdiv(rows * ncv, 32) * 32
-    smem = 4 * (2 * rows * ncv * vec + 3 * (W // cg) + 2 * W)
+    ns = 3 if tag == "f32" else 2  # the kernel's sums per channel (float: sum x as well, see gs_stats in the .cu)
+    smem = 4 * (ns * rows * ncv * vec + (ns + 1) * (W // cg) + 2 * W)
     if smem > GS_SMEM_MAX or units * cl > MAX_GRID:
         return None
     p.el_size[0] = W

@@ -749,7 +749,9 @@ def _emulate_gs(p, lc, operand):
         NS, ncv = C // W, W // vec
         R = block // ncv
         assert lc.grid[0] == Nn * NS * cl and C % W == 0 and W % cg == 0 and W % vec == 0 and C % vec == 0
-        assert lc.smem == 4 * (2 * R * ncv * vec + 3 * (W // cg) + 2 * W)
+        ns = 3 if "<float," in lc.expr else 2  # sums a channel (float: sum x as well)
+        # red[ns][R * NCV * VEC], grp[ns][W / cg], gk[W / cg], ta[W] (float: each channel's K in pass 1), tb[W]
+        assert lc.smem == 4 * (ns * R * ncv * vec + (ns + 1) * (W // cg) + 2 * W)
         for b in range(lc.grid[0]):
             u, rank = divmod(b, cl)
             n, w0 = u // NS, (u % NS) * W
@@ -885,7 +887,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     backward = direction.startswith("backward")
     gs = direction.endswith(("gs", "gs cl1"))
     monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1 if gs else tuning.norm.GS_MIN_BYTES)
-    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", gs)  # (the float forward's split kernels: off by default)
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", gs)  # (the float forward's split kernels)
     if direction.endswith("cl1"):
         monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", direction == "forward staged")
@@ -1195,11 +1197,17 @@ def test_rowx_backward_cluster_block_cap(cap, monkeypatch):
 def test_gs_choice(monkeypatch):
     """The split kernels (gs_*) for group / instance norm where the tile kernels did not serve (the sweep's
     slowest shapes), their launch shapes and workspace; not for small sets, activations, other layouts; a
-    float forward only with tuning.norm.GS_FWD_F32 (off by default)."""
+    float forward only with tuning.norm.GS_FWD_F32 (on by default)."""
     h = cpu_handle()
     f32 = _desc((14, 23, 151, 151), F32)
-    assert not N.plan_summary(h, _nd(GROUP, 1), f32)[0][0][0].startswith("gs")
+    assert tuning.norm.GS_FWD_F32
+    assert N.plan_summary(h, _nd(GROUP, 1), f32)[0][0] == ["gsp_fwd vec=4 cl=8 block=512 sets=14"]
     assert N.plan_summary(h, _nd(GROUP, 1), f32, backward=True)[0][0][0].startswith("gsp_bpart")
+    f32c = _desc((73, 42, 156, 156), F32, packed_strides((73, 42, 156, 156), NHWC))
+    # (float: 3 sums a channel in shared memory; the launch is the same as 16-bit's)
+    assert N.plan_summary(h, _nd(INSTANCE), f32c)[0][0] == ["gsc_fwd vec=2 cl=8 block=512 W=42 units=73"]
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", False)
+    assert not N.plan_summary(h, _nd(GROUP, 1), f32)[0][0][0].startswith("gs")
     monkeypatch.setattr(tuning.norm, "GS_FWD_F32", True)
     nchw = _desc((14, 23, 151, 151), F16)
     alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw)
@@ -1283,6 +1291,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
     B = lc.block[0]
     ss0, ss1 = int(p.set_stride[3][0]), int(p.set_stride[3][1])
     out = {}
+    x0 = "<float," in lc.expr  # float data: the mean from the unshifted sum of x (gs_stats in the .cu)
     if kname.startswith("gsp_fwd"):
         L = cg * S
         y = np.full(xf.shape, np.nan)
@@ -1293,7 +1302,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
             d = xf[base:base + L] - K
             m1 = d.sum() / L
             var = max((d * d).sum() / L - m1 * m1, 0.0)
-            mu, iv = K + m1, 1 / np.sqrt(var + p.eps)
+            mu, iv = (xf[base:base + L].sum() / L if x0 else K + m1), 1 / np.sqrt(var + p.eps)
             mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1] = mu, iv
             i = np.arange(L)
             q = i % cg if nhwc else i // S
@@ -1311,7 +1320,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
             w0 *= W
             xb = n * S * C + w0
             gk = np.array([xf[xb + q * cg] for q in range(ngs)])
-            red = np.zeros((2, cl, R, ncv * vec))
+            red = np.zeros((3, cl, R, ncv * vec))
             for rank in range(cl):
                 for t in range(B):
                     cv, rr = t % ncv, t // ncv
@@ -1324,14 +1333,15 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
                         dd = xf[xb + rows * C + c] - K
                         red[0, rank, rr, c] = dd.sum()
                         red[1, rank, rr, c] = (dd * dd).sum()
-            grp = np.zeros((2, ngs))
+                        red[2, rank, rr, c] = xf[xb + rows * C + c].sum()
+            grp = np.zeros((3, ngs))
             for q in range(ngs):
                 grp[:, q] = red[:, :, :, q * cg:(q + 1) * cg].sum(axis=(1, 2, 3))
             for c in range(W):
                 q = c // cg
                 m1 = grp[0, q] / (cg * S)
                 var = max(grp[1, q] / (cg * S) - m1 * m1, 0.0)
-                mu, iv = gk[q] + m1, 1 / np.sqrt(var + p.eps)
+                mu, iv = (grp[2, q] / (cg * S) if x0 else gk[q] + m1), 1 / np.sqrt(var + p.eps)
                 if c == q * cg:
                     mean[n * ss0 + (w0 // cg + q) * ss1], inv[n * ss0 + (w0 // cg + q) * ss1] = mu, iv
                 a = iv * scale[w0 + c]
