@@ -350,6 +350,9 @@ tensor_ops = Switches(
     BROADCAST_ROWS=(True, 'AddTensor / OpTensor with an input broadcast as one row over the output\'s rows (a bias '
                           '1 x H onto R x H): map_rows (the row loaded once per thread for ROWS rows, 16-byte '
                           'vectors) instead of map_strided; the reasons: pydnn/ops/tensor_ops.py'),
+    BROADCAST_ROWS_SCALAR=(True, 'map_rows with 1-element accesses for rows whose length or strides are not a '
+                                 'multiple of the 16-byte vector (else map_strided: bias 8659 x 50083 fp32 at '
+                                 '0.49x PyTorch, H200); the reasons: pydnn/ops/tensor_ops.py'),
     PLAIN_BYTES=(40 << 20, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
                            'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
                            'evict-first streaming: they fit in L2 (50 MB on the H100 / H200); 0: always stream; '
