@@ -196,6 +196,9 @@ batchnorm = Switches(
     NC_GEN_ROWS=(2048, 'the training forward keeps gen / planes (one launch, a block per channel) when N * H * W '
                        '<= this; 0: the nc kernels for every packed NCHW shape they fit; the reasons: '
                        'pydnn/ops/batchnorm.py'),
+    ROWS_MID=(True, 'row kernels (NHWC SPATIAL) at a narrower vector (8- / 4-byte accesses) when the channel count '
+                    'or a row stride is not a multiple of the 16-byte vector but of that one (else 1-element '
+                    'accesses); the reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),
