@@ -231,6 +231,9 @@ norm = Switches(
                 'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
                 'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
                 'pydnn/ops/normalization.py'),
+    ROWX_BWD_LONG=(False, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with '
+                          'the 8-block cluster kernel: bwd_rowx / bwd_rowx_cl instead (rows they serve not at all '
+                          'take bwd_rowx regardless, not gen); the reasons: pydnn/ops/normalization.py'),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "

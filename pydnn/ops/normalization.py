@@ -1331,6 +1331,20 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
     return [bwd, fin], slots * 2 * nparams * 4
 
 
+# Whole-vector layer / RMS rows that the whole-vector backward kernels serve only with the 8-block cluster
+# register-tile kernel, or not at all: bwd_rowx / bwd_rowx_cl (rows up to 64K elements) instead. Not at all:
+# the planner fell to gen (one block a row, scalar: RMS fp32 1 x 56616 at 0.42x PyTorch, 220 us for 226 KB;
+# H200, tools/sweep_memory.py), so the rowx kernels serve those always. The cluster kernel's rows (LN fp32
+# 3673 x 8552 at 0.57x): only with tuning.norm.ROWX_BWD_LONG (default off until measured).
+def _rowx_bwd_long(handle, nd, geo, vec, r):
+    """Whether the whole-vector rows' backward should take bwd_rowx instead of `r` (_bwd_alt's answer)."""
+    if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec):
+        return False
+    if r is None:
+        return True
+    return tuning.norm.ROWX_BWD_LONG and "cluster=8" in r[0][0].desc
+
+
 def _configs(handle, nd, tag, geo, backward):
     """(alternatives, vec_first, workspace bytes). Fast kernels when the layout is two-level and the set
     fits: the vector launch (when the strides allow 16-byte accesses) first, then the scalar one; gen
@@ -1346,6 +1360,8 @@ def _configs(handle, nd, tag, geo, backward):
     for v in ((vec_width(tag, tag), 1) if vector or rowx else (1,)) if two else ():
         if backward:
             r = _bwd_alt(handle, nd, tag, geo, v) if not (rowx and v > 1) else _rowx_bwd_only(handle, nd, tag, geo, v)
+            if v > 1 and not rowx and _rowx_bwd_long(handle, nd, geo, v, r):
+                r = _rowx_bwd_only(handle, nd, tag, geo, v) or r
             a, w = r if r is not None else (None, 0)
         elif rowx and v > 1:
             a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0

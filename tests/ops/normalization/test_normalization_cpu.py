@@ -1451,3 +1451,29 @@ def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     wdx, wds, wdb = ref.backward(kind, groups, 1, 1e-5, None, x, dy, sc4, bi4, wm, wi)
     assert np.allclose(unflat(outs["dx"]), wdx, atol=1e-10)
     assert np.allclose(outs["dscale"], np.ravel(wds)) and np.allclose(outs["dbias"], np.ravel(wdb))
+
+
+@pytest.mark.parametrize("long_rows", [False, True])
+@pytest.mark.parametrize("dims,dtype", [((1, 56616), F32), ((2, 40000), F32), ((33, 8552), F32), ((5, 32768), BF16),
+                                        ((3, 56616), F16)])
+def test_rowx_backward_whole_vector_rows(dims, dtype, long_rows, monkeypatch):
+    """Whole-vector rows on bwd_rowx (period 1, no edge vectors): the rows no whole-vector backward kernel
+    serves (gen before) always, the 8-block cluster kernel's rows with ROWX_BWD_LONG; every element once at
+    its row's address with its parameter (the emulation), the workspace query the plan's."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_LONG", long_rows)
+    h = cpu_handle()
+    nd = _nd(RMS if dims[0] % 2 else LAYER)
+    x = _desc(dims, dtype)
+    pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
+    lc = pl.alternatives[0][0]
+    assert "gen" not in lc.expr
+    if not ("bwd_rowx" in lc.expr):
+        assert not long_rows and "cluster=8" in lc.desc, lc.desc
+        return
+    assert lc.params.pf == 1, lc.desc  # (period 1: whole vectors from a 16-byte boundary)
+    for operand in (0, 1, 2):
+        addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
+        want = (np.arange(dims[0])[:, None] * dims[1] + np.arange(dims[1])[None, :]).ravel()
+        assert sorted(addr.tolist()) == want.tolist()
+        assert ((addr - sset * dims[1]) == spar).all()
+    assert pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, *_params(x, nd)) == pl.workspace
