@@ -365,6 +365,13 @@ tensor_ops = Switches(
                            'the reasons: pydnn/ops/tensor_ops.py'),
 )
 
+reduce = Switches(
+    "reduce", 'ReduceTensor (pydnn/ops/reduce.py)',
+    ROW_ROUNDS=(2, "rows_vec: a row's group G is the power of two that leaves each thread about ROW_ROUNDS rounds "
+                   "of kUnroll vector loads (G = next_pow2(units / (ROW_ROUNDS * kUnroll)), at most a block); the "
+                   'reasons: pydnn/ops/reduce.py'),
+)
+
 rnn = Switches(
     "rnn", "the RNN family's STANDARD engine (pydnn/ops/rnn/engine.py)",
     SPLIT_K=(True, "split-K of the per-step recurrent GEMMs where even 64 x 64 tiles leave SMs idle (the backward's "
