@@ -46,13 +46,26 @@ def _gs_on(monkeypatch, cl1):
 FWD_DTYPES = DTYPES  # (float too: its mean from the unshifted sum of x, see gs_stats in ptx/normalization_gs.cu)
 
 
-def test_gs_fwd_f32_default_is_the_split_kernels(handle):
-    """tuning.norm.GS_FWD_F32 (on): float forwards of these shapes take gsp_fwd / gsc_fwd by default."""
+def test_gs_fwd_f32_default_is_the_split_kernels(handle, monkeypatch):
+    """tuning.norm.GS_FWD_F32 (on): float forwards take gsp_fwd / gsc_fwd by default wherever a set holds
+    GS_MIN_BYTES (smaller sets keep the tile kernels; NHWC shapes the gn_* kernels take keep them: the
+    H200 mid-session run of 2026-11-28 had (4, 42, 13, 17) / (2, 7, 20, 20) NHWC instance sets of 884 / 1600
+    bytes on fwd, as designed); off: none does."""
     assert tuning.norm.GS_FWD_F32
+    gs = 0
     for kind, groups, dims, layout in GS_CASES:
         x = _tensor(dims, layout, F32)
         desc = N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0]
-        assert desc.startswith(("gsp_fwd", "gsc_fwd")), desc
+        G = dims[1] if kind == INSTANCE else groups
+        big = dims[1] // G * dims[2] * dims[3] * 4 >= tuning.norm.GS_MIN_BYTES
+        if big and not desc.startswith("gn_"):
+            assert desc.startswith(("gsp_fwd", "gsc_fwd")), desc
+            gs += 1
+    assert gs >= 8
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", False)
+    for kind, groups, dims, layout in GS_CASES:
+        x = _tensor(dims, layout, F32)
+        assert not N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0].startswith(("gsp_fwd", "gsc_fwd"))
 
 
 def _far_shift_sets(rng, kind, groups, dims):
