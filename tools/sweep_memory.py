@@ -3,7 +3,7 @@
 seeded grid of shapes, fp32 / fp16 / bf16.
 
     python3 tools/sweep_memory.py [--quick] [--budget-s S] [--seed 0] [--out DIR] [--reps N] [--only FAMS]
-        [--points 'family [layout] shape [variant] dtype;...']
+        [--points 'family [layout] shape [variant] dtype;...'] [--torch-stats]
 
 --budget-s defaults to 140 s (30 s with --quick) so that the full sweep ends in about 150 s on an H100 / H200
 (the elapsed time is printed at the end, and the summary says whether points were left unsampled).
@@ -218,6 +218,7 @@ class Ctx:
     """What a point needs of the run: h (handle), timer, copy_gbs, empty_ms, graph_timer, graph_empty_ms."""
     graph_timer = None
     graph_empty_ms = None  # None: no CUDA-graph timing (unavailable, or a capture failed earlier)
+    torch_stats = False    # --torch-stats: norm backward points take their saved statistics from PyTorch
 
 
 def _tdt(dt):
@@ -446,7 +447,13 @@ def build(c, p):
         dy, dx = torch.randn_like(x), torch.empty_like(x)
         dw, db = torch.empty(nparam, **f32), torch.empty(nparam, **f32)
         dbp = db.data_ptr() if bias is not None else 0
-        fwd_train()
+        if c.torch_stats:  # (--torch-stats: the saved statistics from PyTorch, no pydnn forward kernel needed)
+            xs = x.float().reshape(nstat, -1)
+            var = (xs * xs).mean(dim=1) if kind_name == "rms" else xs.var(dim=1, unbiased=False)
+            mean.copy_(xs.mean(dim=1))
+            inv.copy_(torch.rsqrt(var + 1e-5))
+        else:
+            fwd_train()
         ws_n = pydnn.get_norm_backward_workspace_size(h, nd, xd, xd, xd, sb, st)
         ws = torch.empty(max(1, ws_n), dtype=torch.uint8, device=SC.DEV)
         if kind_name == "ln":
@@ -671,7 +678,9 @@ def main(argv=None):
     args = SC.parse_args(__doc__, 140.0, argv, extra=[("--points", dict(
         default="", help="';'-separated points to run instead of the grid, as the log names them: 'family "
                          "[layout] shape [variant] dtype' (e.g. 'gn_fwd_infer NCHW 3x103x99x99 fp32;rms_bwd 1x56616 "
-                         "fp32')"))])
+                         "fp32')")), ("--torch-stats", dict(
+        action="store_true", help="layer / RMS / group / instance backward points take the saved mean / "
+                                  "inverse std from PyTorch instead of pydnn's forward (no forward kernel compiled)"))])
     if args.render:
         return SC.render(args, "sweep_memory", lambda rows, meta: report(
             rows, meta, meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
@@ -684,6 +693,7 @@ def main(argv=None):
     b = Bench(64 << 20)  # pydnn handle on PyTorch's stream, and the copy bandwidth (256 MiB each way)
     c = Ctx()
     c.h, c.copy_gbs = b.h, b.copy_gbs
+    c.torch_stats = args.torch_stats
     reps = args.reps or (10 if args.quick else 12)
     c.timer = SC.gpu_timer(reps, 2)
     c.graph_timer = lambda fn: SC.graph_ms(c.h, fn)
