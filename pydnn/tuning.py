@@ -234,6 +234,9 @@ norm = Switches(
     ROWX_BWD_LONG=(False, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with '
                           'the 8-block cluster kernel: bwd_rowx / bwd_rowx_cl instead (rows they serve not at all '
                           'take bwd_rowx regardless, not gen); the reasons: pydnn/ops/normalization.py'),
+    ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
+                      'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish); '
+                      'the reasons: pydnn/ops/normalization.py'),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "

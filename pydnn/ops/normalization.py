@@ -1314,7 +1314,9 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
         return None
     period = vec // math.gcd(sx % vec, vec)  # rows per alignment class cycle (gcd(0, vec) = vec: 1)
     bpsm = _resident(block, smem, ROWX_BWD_REGS)
-    want = max(1, cdiv(cdiv(n_sets, period), spb))  # blocks (clusters) per class
+    # blocks (clusters) per class: each group at least ROWX_BWD_ROWS rows of its class (fewer dscale / dbias
+    # slots for finish to read: a block per row wrote 8 bytes a parameter per row, 4x a bf16 row's bytes)
+    want = max(1, cdiv(cdiv(n_sets, period), spb * max(1, tuning.norm.ROWX_BWD_ROWS)))
     cap = min(max(1, handle.sm_count * bpsm // (period * cl)), MAX_GRID // (period * cl))
     per = cdiv(want, cdiv(want, cap))
     grid, slots = per * period * cl, per * period * spb

@@ -1477,3 +1477,25 @@ def test_rowx_backward_whole_vector_rows(dims, dtype, long_rows, monkeypatch):
         assert sorted(addr.tolist()) == want.tolist()
         assert ((addr - sset * dims[1]) == spar).all()
     assert pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, *_params(x, nd)) == pl.workspace
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("dims,dtype", [((417, 2770), BF16), ((21, 1439), F32), ((300, 37), F16)])
+def test_rowx_backward_rows_per_group(dims, dtype, k, monkeypatch):
+    """ROWX_BWD_ROWS: bwd_rowx's grid with each group walking at least k rows of its class (fewer finish
+    slots); every element once at its row's address with its parameter, the workspace query the plan's."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_ROWS", k)
+    h = cpu_handle()
+    nd = _nd(LAYER)
+    x = _desc(dims, dtype)
+    pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
+    lc = pl.alternatives[0][0]
+    assert "bwd_rowx" in lc.expr, lc.desc
+    period, spb = lc.params.pf, lc.block[0] // lc.params.group
+    assert lc.grid[0] <= period * max(1, -(-(-(-dims[0] // period)) // (spb * k))), lc.desc
+    for operand in (0, 1, 2):
+        addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
+        want = (np.arange(dims[0])[:, None] * dims[1] + np.arange(dims[1])[None, :]).ravel()
+        assert sorted(addr.tolist()) == want.tolist()
+        assert ((addr - sset * dims[1]) == spar).all()
+    assert pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, *_params(x, nd)) == pl.workspace

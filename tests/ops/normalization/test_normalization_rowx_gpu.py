@@ -151,3 +151,16 @@ def test_rowx_backward_whole_vector_long_rows(handle, rng, monkeypatch, long_row
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
                         dbias=False)
+
+
+@pytest.mark.parametrize("k", [4, 8])
+def test_rowx_backward_rows_per_group(handle, rng, monkeypatch, k):
+    """ROWX_BWD_ROWS: groups walking at least k rows of their class (the dscale / dbias partials summed over
+    more rows per slot, fewer slots for finish)."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_ROWS", k)
+    for kind, dims, dtype in ((LAYER, (417, 2770), BF16), (LAYER, (21, 1439), F32), (RMS, (300, 37), F16)):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_rowx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
