@@ -294,6 +294,8 @@ pooling = Switches(
     P2=(True, 'p2_fwd / p2_bwd (ptx/pooling.cu): 2-d pooling on the scalar path writing along w (NCHW), windows '
               '<= 3 x 3 forward, <= 2 covering windows per dim backward: a thread per element, four 32-bit '
               'divisions and an unrolled window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
+    P2_BWD=(True, 'p2_bwd for the backward where P2 allows it (False: the backward takes the scalar bwd, the '
+                  'forward keeps p2_fwd); the reasons: pydnn/ops/pooling.py'),
     P2_CLAST=(True, 'p2 with threads along c for channels-last layouts whose channels take no vectors (C not a '
                     'multiple of the vector); False: the scalar fwd / bwd there; the reasons: pydnn/ops/pooling.py'),
 )
