@@ -199,6 +199,9 @@ batchnorm = Switches(
     ROWS_MID=(True, 'row kernels (NHWC SPATIAL) at a narrower vector (8- / 4-byte accesses) when the channel count '
                     'or a row stride is not a multiple of the 16-byte vector but of that one (else 1-element '
                     'accesses); the reasons: pydnn/ops/batchnorm.py'),
+    ROWS_FLAT=(True, 'NHWC rows whose channel count is not a multiple of the 16-byte vector: the statistics on the '
+                     'row kernels, the apply on nc_apply with flat 16-byte vectors (each lane its own channel); the '
+                     'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),

@@ -767,6 +767,7 @@ def _make_plan(handle, tag, g, direction, ex):
         pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
         pl.scratch = (poff, chunk, chunks)
         _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0)
+        _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0, 0)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -780,7 +781,42 @@ def _make_plan(handle, tag, g, direction, ex):
     head_rows = cdiv(cbytes, g.feats * pl.isize)
     pl.scratch = (poff, chunk, chunks)
     _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows)
+    _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows)
     return pl
+
+
+# Packed NHWC rows whose channel count is not a multiple of the 16-byte vector (odd C: the row kernels take
+# 1-element accesses): the statistics on the row kernels (at the narrower vector when ROWS_MID gives one),
+# the apply pass on nc_apply with nc_hw = 1 (flat 16-byte vectors over the rows, each lane's channel = its
+# flat index mod C, the constants per lane from L1; nc_head for the elements whose bytes held the constants).
+# Why: bn_bwd NHWC 105x405x82x82 bf16 ran 0.64x PyTorch, 195x93x38x38 bf16 0.53x, 39x1315x23x23 fp32 0.59x,
+# bn_train NHWC 187x50x14x14 fp32 0.60x on 1-element rows kernels (H200, tools/sweep_memory.py); the apply is
+# 3 of the backward's 5 passes over the bytes. Not for inference (nc_apply's inference constants are per
+# lane there: a division and a square root per element).
+# ROWS_FLAT: a switch, pydnn.tuning.batchnorm.ROWS_FLAT (default True)
+def _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows):
+    """flat{v}: stats + final of the rows sequence at vecs[0], then nc_apply (and nc_head) at the full vector
+    width v over the flat elements; flat{v}s, the forward with saved statistics (no head)."""
+    v = vec_width(pl.tag, pl.tag)
+    if (not tuning.batchnorm.ROWS_FLAT or g.vec_ok or v == 1 or g.layout != "rows"
+            or any(ld != g.feats for ld in g.ld.values())):
+        return
+    total = g.rows * g.feats
+    pl.params.nc_n, pl.params.nc_hw = g.rows, 1
+    head = cdiv(cbytes, 16) * 16 // pl.isize if cbytes else 0  # (whole 16-byte vectors over the constants)
+    if head > total:  # (cbytes <= HEAD_SMEM: the rows path's check covers nc_head's shared constants)
+        return
+    rows = pl.seqs.get(f"rows{vecs[0]}")
+    if rows is None:
+        return
+    stats, final = rows[0], rows[1]
+    seq = [stats, final, _nc_apply_launch(handle, direction, v, head, total)]
+    if head:
+        seq.append(_Launch("nc_head", v, (1, 1, 1), (NC_HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": head},
+                           NC_MODES[direction]))
+    pl.seqs[f"flat{v}"] = seq
+    if direction == "fwd":
+        pl.seqs[f"flat{v}s"] = [stats, final, _nc_apply_launch(handle, "fwd_saved", v, 0, total)]
 
 
 _KEYED = (TensorDescriptor, _act.ActivationDescriptor)
@@ -836,6 +872,8 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
                 return pl.seqs["nc1"]
         if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
             return pl.seqs[f"rows{v}"]
+        if f"flat{v}" in pl.seqs and base % 16 == 0 and _aligned16(tensor_ptrs):
+            return pl.seqs[f"flat{v}"]
         vm = pl.vmid
         if vm and base % pl.asize == 0 and all(q % (vm * pl.isize) == 0 for q in tensor_ptrs if q):
             return pl.seqs[f"rows{vm}"]

@@ -31,6 +31,7 @@ def _nhwc(dims, dtype):
 @pytest.mark.parametrize("direction", ["fwd", "bwd", "infer"])
 def test_mid_plans_and_pick(dims, dtype, w, direction, monkeypatch):
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)  # (small shapes: the rows path, not gen)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)  # (the mid-width rows alone; flat: below)
     h = cpu_handle()
     d = _nhwc(dims, dtype)
     tag = B.TAG[dtype]
@@ -72,3 +73,50 @@ def test_ex_workspace_matches_the_plan(mid, monkeypatch):
             others.update({k: d.strides for k in ((B.OP_DY, B.OP_DX) if direction == "bwd" else (B.OP_Y,))})
             pl = B._make_plan(h, tag, B._geometry(SPATIAL, dims, others, B.vec_width(tag, tag)), direction, True)
             assert got == pl.ws_need, (dims, direction, got, pl.ws_need)
+
+
+@pytest.mark.parametrize("dims,dtype", [((2, 477, 13, 13), F32), ((105, 405, 8, 8), BF16), ((6, 14, 25, 25), F32),
+                                        ((37, 12, 14, 14), F16), ((3, 37, 5, 7), F16)])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("ex", [False, True])
+def test_flat_apply_plans(dims, dtype, direction, ex, monkeypatch):
+    """ROWS_FLAT: NHWC rows whose C is not a multiple of the 16-byte vector get flat{v} (the rows sequence's
+    stats and final at its widest width, then nc_apply over the flat elements with nc_hw 1, nc_head over the
+    16-byte-rounded constants' bytes in non-Ex calls), picked on 16-byte aligned pointers and scratch; the
+    switch off: none."""
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+    h = cpu_handle()
+    d = _nhwc(dims, dtype)
+    tag = B.TAG[dtype]
+    ops = {B.OP_X: d.strides}
+    ops.update({k: d.strides for k in ((B.OP_DY, B.OP_DX) if direction == "bwd" else (B.OP_Y,))})
+    g = B._geometry(SPATIAL, dims, ops, B.vec_width(tag, tag))
+    pl = B._make_plan(h, tag, g, direction, ex)
+    v = B.vec_width(tag, tag)
+    seq = pl.seqs[f"flat{v}"]
+    first = f"rows{pl.vmid}" if pl.vmid else "rows1"
+    assert seq[0] is pl.seqs[first][0] and seq[1] is pl.seqs[first][1]
+    total = dims[0] * dims[1] * dims[2] * dims[3]
+    ap = seq[2]
+    assert ap.kernel == "nc_apply" and ap.vec == v and ap.fields["row_end"] == total
+    assert pl.params.nc_hw == 1
+    begin = ap.fields["row_begin"]
+    assert begin % v == 0
+    if ex:
+        assert begin == 0 and len(seq) == 3
+    else:
+        cbytes = dims[1] * 4 * 4
+        assert begin * SIZE[dtype] >= cbytes and begin * SIZE[dtype] < cbytes + 16
+        assert seq[3].kernel == "nc_head" and seq[3].fields == {"row_begin": 0, "row_end": begin}
+    # every flat vector of [begin, total) in exactly one nc_apply block (chunk_rows vectors a block)
+    ch, nb = ap.fields["chunk_rows"], ap.grid[0]
+    vb = [begin // v + b * ch for b in range(nb)]
+    assert vb[0] == begin // v and vb[-1] < -(-total // v) <= vb[-1] + ch
+    base = 1 << 20
+    assert B._pick(pl, (base, 2 * base), True, base) is seq
+    assert B._pick(pl, (base + SIZE[dtype], 2 * base), True, base) is not seq  # (one element off)
+    if direction == "fwd":
+        assert pl.seqs[f"flat{v}s"][2].fields == {"chunk_rows": pl.seqs[f"flat{v}s"][2].fields["chunk_rows"],
+                                                  "row_begin": 0, "row_end": total}
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)
+    assert f"flat{v}" not in B._make_plan(h, tag, g, direction, ex).seqs
