@@ -270,6 +270,9 @@ norm = Switches(
               'reasons: pydnn/ops/normalization.py'),
     GS_MIN_BYTES=(2048, 'gs_*: the split kernels serve sets of at least this many bytes of x (smaller sets keep '
                             'the register-tile kernels); the reasons: pydnn/ops/normalization.py'),
+    GS_FLAT=(True, 'gsf_fwd: NHWC group / instance forward whose C takes no full channel vector walked in '
+                   'super-rows of lcm(C, vector) elements with 16-byte loads (else gsc_fwd with 1- / 2-element '
+                   'vectors); the reasons: pydnn/ops/normalization.py'),
     GS_FWD_F32=(True, 'gs_*: float data forward on the split kernels too (their mean from the unshifted sum of x: '
                       'the shifted one put an error ~ eps * |first element| into it, y missed the fp32 tolerance '
                       'near a small mean in the H200 run of 2026-11-28; see gs_stats in ptx/normalization_gs.cu); '

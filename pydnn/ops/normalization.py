@@ -991,6 +991,8 @@ def _gs_exprs(tag):
     ex = [_gs_fwd_expr(tag, v, "gsp", 1), _gs_fwd_expr(tag, v, "gsp", 8)]
     for w in (min(v, GS_FWD_CVEC), 2, 1):
         ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8)]
+    if tag == "f32":
+        ex += [_gs_fwd_expr(tag, v, "gsf", 1), _gs_fwd_expr(tag, v, "gsf", 8)]
     for w in (v, 2, 1):
         ex += [f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
     return ex + [f"pydnn::norm_gs::gsp_bpart<{CTYPE[tag]}, {v}>", f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>",
@@ -1059,6 +1061,11 @@ def _gs_fwd_alt(handle, nd, tag, x, out, stats):
         return [_new_launch(_gs_fwd_expr(tag, v, "gsp", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
                             desc=f"gsp_fwd vec={v} cl={cl} block={block} sets={units}")]
     vec = _gs_cvec(C, min(v, GS_FWD_CVEC))
+    if vec < min(v, GS_FWD_CVEC) and tuning.norm.GS_FLAT and tag == "f32":  # (16-bit: gsf_fwd<., 8> spills
+        # 20 / 52 bytes, gsf_fwd_cl 36 / 100 at 64 registers, sm_90; not measured: gsc_fwd keeps them)
+        flat = _gsf_launch(handle, tag, p, N, C, S, G, v, sm90)
+        if flat is not None:
+            return [flat]
     slabs = [gc * cg for gc in range(1, G + 1) if G % gc == 0 and (gc * cg) % vec == 0 and gc * cg // vec <= GS_THREADS]
     if not slabs:
         return None
@@ -1076,6 +1083,30 @@ def _gs_fwd_alt(handle, nd, tag, x, out, stats):
     p.el_size[0] = W
     return [_new_launch(_gs_fwd_expr(tag, vec, "gsc", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
                         desc=f"gsc_fwd vec={vec} cl={cl} block={block} W={W} units={units}")]
+
+
+# gsf_fwd (gsc_fwd_body<..., FLAT>): NHWC whose C takes no full channel vector (odd C: gsc_fwd's 1- or 2-element
+# loads): a unit is one sample walked in super-rows of P = lcm(C, v) elements (KR = P / C rows; S a multiple
+# of KR), each thread a fixed position of v elements (their channels j mod C), 16-byte loads. Why: in_fwd_train
+# NHWC 38x495x212x212 fp32 ran at 30.7% of copy on gsc_fwd's 1-element loads (1.69x PyTorch; H200 mid-session
+# run, 2026-11-28). GS_FLAT: a switch, pydnn.tuning.norm.GS_FLAT.
+def _gsf_launch(handle, tag, p, N, C, S, G, v, sm90):
+    g = math.gcd(C, v)
+    P, KR = C * v // g, v // g
+    slots = P // v
+    if slots > GS_THREADS or S % KR:
+        return None
+    rows = max(1, GS_THREADS // slots)
+    block = cdiv(rows * slots, 32) * 32
+    ns = 3 if tag == "f32" else 2
+    smem = 4 * (ns * rows * slots * v + (ns + 1) * G + 2 * C)
+    units = N
+    cl = CLUSTER if sm90 and units < GS_CLUSTER_UNITS_PER_SM * handle.sm_count else 1
+    if smem > GS_SMEM_MAX or units * cl > MAX_GRID:
+        return None
+    p.el_size[0] = P
+    return _new_launch(_gs_fwd_expr(tag, v, "gsf", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
+                       desc=f"gsf_fwd vec={v} cl={cl} block={block} P={P} units={units}")
 
 
 def _gs_bwd_alt(handle, nd, tag, x, dx, dy, stats):

@@ -744,6 +744,21 @@ def _emulate_gs(p, lc, operand):
                 flat += [base + i for i in range(tid, h, NT)] + [base + i for i in range(t0 + tid, L, NT)]
                 for j in range(tid, nv, NT):
                     flat += [base + h + j * vec + e for e in range(vec)]
+    elif kname.startswith("gsf_fwd"):  # a sample per unit, super-rows of P = lcm(C, vec) elements
+        P = int(p.el_size[0])
+        ncv, KR = P // vec, P // C
+        R = block // ncv
+        SR = S // KR
+        assert S % KR == 0 and P % vec == 0 and P % C == 0 and lc.grid[0] == Nn * cl
+        assert lc.smem == 4 * (3 * R * ncv * vec + 4 * G + 2 * C)  # (float only: 3 sums a position)
+        for b in range(lc.grid[0]):
+            n, rank = divmod(b, cl)
+            for t in range(block):
+                cv, rr = t % ncv, t // ncv
+                if rr >= R:
+                    continue
+                for r in range(rank * R + rr, SR, R * cl):
+                    flat += [n * S * C + r * P + cv * vec + e for e in range(vec)]
     elif kname.startswith("gsc_fwd"):
         W = int(p.el_size[0])
         NS, ncv = C // W, W // vec
@@ -1204,8 +1219,12 @@ def test_gs_choice(monkeypatch):
     assert N.plan_summary(h, _nd(GROUP, 1), f32)[0][0] == ["gsp_fwd vec=4 cl=8 block=512 sets=14"]
     assert N.plan_summary(h, _nd(GROUP, 1), f32, backward=True)[0][0][0].startswith("gsp_bpart")
     f32c = _desc((73, 42, 156, 156), F32, packed_strides((73, 42, 156, 156), NHWC))
-    # (float: 3 sums a channel in shared memory; the launch is the same as 16-bit's)
+    # float, C = 42 (no 4-element channel vectors): gsf_fwd's super-rows of lcm(42, 4) = 84 elements (2 rows);
+    # GS_FLAT off: gsc_fwd with 2-element vectors, as 16-bit takes
+    assert N.plan_summary(h, _nd(INSTANCE), f32c)[0][0] == ["gsf_fwd vec=4 cl=8 block=512 P=84 units=73"]
+    monkeypatch.setattr(tuning.norm, "GS_FLAT", False)
     assert N.plan_summary(h, _nd(INSTANCE), f32c)[0][0] == ["gsc_fwd vec=2 cl=8 block=512 W=42 units=73"]
+    monkeypatch.setattr(tuning.norm, "GS_FLAT", True)
     monkeypatch.setattr(tuning.norm, "GS_FWD_F32", False)
     assert not N.plan_summary(h, _nd(GROUP, 1), f32)[0][0][0].startswith("gs")
     monkeypatch.setattr(tuning.norm, "GS_FWD_F32", True)
@@ -1309,6 +1328,33 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
             a = iv * scale[g * cg + q]
             y[base:base + L] = (xf[base:base + L] - mu) * a + bias[g * cg + q]
         out["y"] = y
+    elif kname.startswith("gsf_fwd"):  # super-rows of P elements, position j of one is channel j % C
+        P = int(p.el_size[0])
+        ncv, KR = P // vec, P // C
+        R = B // ncv
+        y = np.full(xf.shape, np.nan)
+        for n in range(Nn):
+            xb = n * S * C
+            # the kernel's sums: per position over its super-rows (ranks x R rows), then per group over its
+            # channels' KR positions
+            red = np.zeros((3, P))
+            for j in range(P):
+                ch = j % C
+                K = xf[xb + (ch // cg) * cg]
+                vals = xf[xb + np.arange(S // KR) * P + j]
+                red[:, j] = ((vals - K).sum(), ((vals - K) ** 2).sum(), vals.sum())
+            for q in range(G):
+                js = [j for j in range(P) if (j % C) // cg == q]
+                s1, s2, s0 = red[:, js].sum(axis=1)
+                L = cg * S
+                m1 = s1 / L
+                var = max(s2 / L - m1 * m1, 0.0)
+                mu, iv = (s0 / L if x0 else xf[xb + q * cg] + m1), 1 / np.sqrt(var + p.eps)
+                mean[n * ss0 + q * ss1], inv[n * ss0 + q * ss1] = mu, iv
+                for c in range(q * cg, (q + 1) * cg):
+                    rows = np.arange(S)
+                    y[xb + rows * C + c] = (xf[xb + rows * C + c] - mu) * (iv * scale[c]) + bias[c]
+        out["y"] = y
     elif kname.startswith("gsc_fwd"):
         W = int(p.el_size[0])
         NS, ncv = C // W, W // vec
@@ -1404,7 +1450,8 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
 
 @pytest.mark.parametrize("case", [(GROUP, 2, (3, 8, 5, 7), None), (INSTANCE, 0, (2, 6, 9, 5), None),
                                   (GROUP, 1, (2, 5, 6, 7), "nhwc"), (GROUP, 2, (2, 12, 5, 7), "nhwc"),
-                                  (INSTANCE, 0, (3, 6, 4, 9), "nhwc"), (GROUP, 4, (2, 16, 3, 3), "nhwc")])
+                                  (INSTANCE, 0, (3, 6, 4, 9), "nhwc"), (GROUP, 4, (2, 16, 3, 3), "nhwc"),
+                                  (INSTANCE, 0, (2, 7, 4, 4), "nhwc"), (GROUP, 3, (2, 9, 2, 6), "nhwc")])
 @pytest.mark.parametrize("cl1", [False, True])
 def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     """Every gs launch of the plan replayed in float64 with the kernels' own index math (_gs_run_numpy): y, the
@@ -1435,7 +1482,7 @@ def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     h = cpu_handle()
     pl = N._plan(h, nd, xd, xd, None, st, False)
     lc = pl.alternatives[0][0]
-    assert len(pl.alternatives[0]) == 1 and lc.desc.startswith(("gsp_fwd", "gsc_fwd"))
+    assert len(pl.alternatives[0]) == 1 and lc.desc.startswith(("gsp_fwd", "gsc_fwd", "gsf_fwd"))
     assert (" cl=1 " in lc.desc) == cl1, lc.desc
     mean, inv = np.full(dims[0] * G, np.nan), np.full(dims[0] * G, np.nan)
     y = _gs_run_numpy(lc, lc.params, xf, None, scale, bias, mean, inv, None, False)["y"]
@@ -1499,3 +1546,25 @@ def test_rowx_backward_rows_per_group(dims, dtype, k, monkeypatch):
         assert sorted(addr.tolist()) == want.tolist()
         assert ((addr - sset * dims[1]) == spar).all()
     assert pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, *_params(x, nd)) == pl.workspace
+
+
+@pytest.mark.parametrize("cl1", [False, True])
+@pytest.mark.parametrize("kind,groups,dims", [(INSTANCE, 0, (2, 7, 4, 4)), (GROUP, 3, (2, 9, 2, 6)),
+                                              (INSTANCE, 0, (3, 42, 6, 5)), (INSTANCE, 0, (2, 495, 4, 4)),
+                                              (GROUP, 5, (3, 25, 4, 3))])
+def test_gsf_visits_every_element_once(kind, groups, dims, cl1, monkeypatch):
+    """gsf_fwd (NHWC float, C without 4-element channel vectors): the super-row walk reads every element of
+    x once per pass, at its own address (the emulation of the launch's blocks, threads and super-rows)."""
+    monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1)
+    for name in ("GN_FWD", "GN_BWD", "GN_REG"):
+        monkeypatch.setattr(tuning.norm, name, False)
+    if cl1:
+        monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
+    h = cpu_handle()
+    x = _desc(dims, F32, packed_strides(dims, NHWC))
+    nd = _nd(kind, groups) if kind == GROUP else _nd(kind)
+    pl = N._plan(h, nd, x, x, None, _params(x, nd)[1], False)
+    lc = pl.alternatives[0][0]
+    assert lc.desc.startswith("gsf_fwd") and (" cl=1 " in lc.desc) == cl1, lc.desc
+    addr = _emulate_gs(lc.params, lc, 0)[0]
+    assert sorted(np.asarray(addr).tolist()) == list(range(int(np.prod(dims))))

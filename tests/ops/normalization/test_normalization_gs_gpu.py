@@ -1,6 +1,7 @@
 """Group / instance norm split kernels (gs_*, ptx/normalization_gs.cu) on the GPU against the float64
-reference: gsp_fwd (contiguous sets: NCHW, NHWC with one group) and gsc_fwd (NHWC slabs; 16-byte, 2-element
-and 1-element channel vectors), one block per unit and clusters of 8, odd planes (unaligned set starts), big
+reference: gsp_fwd (contiguous sets: NCHW, NHWC with one group), gsc_fwd (NHWC slabs; 16-byte, 2-element
+and 1-element channel vectors) and gsf_fwd (float NHWC whose C takes no 4-element vectors: super-rows of
+lcm(C, 4) elements; (2, 7, 20, 20) and (2, 42, 60, 61) in float), one block per unit and clusters of 8, odd planes (unaligned set starts), big
 planes walked many times, x of mean 1000 (the shifted one-pass statistics), no bias + alpha / beta blending,
 in place; the backward's four launches (plane chunks and NHWC row chunks, several chunks per plane / sample),
 blended dx / dscale / dbias, no dbias. Outputs are poisoned first (DevTensor)."""
@@ -59,13 +60,13 @@ def test_gs_fwd_f32_default_is_the_split_kernels(handle, monkeypatch):
         G = dims[1] if kind == INSTANCE else groups
         big = dims[1] // G * dims[2] * dims[3] * 4 >= tuning.norm.GS_MIN_BYTES
         if big and not desc.startswith("gn_"):
-            assert desc.startswith(("gsp_fwd", "gsc_fwd")), desc
+            assert desc.startswith(("gsp_fwd", "gsc_fwd", "gsf_fwd")), desc
             gs += 1
     assert gs >= 8
     monkeypatch.setattr(tuning.norm, "GS_FWD_F32", False)
     for kind, groups, dims, layout in GS_CASES:
         x = _tensor(dims, layout, F32)
-        assert not N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0].startswith(("gsp_fwd", "gsc_fwd"))
+        assert not N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0].startswith(("gsp_fwd", "gsc_fwd", "gsf_fwd"))
 
 
 def _far_shift_sets(rng, kind, groups, dims):
@@ -107,7 +108,7 @@ def test_gs_fwd_f32_far_shift(handle, rng, monkeypatch, cl1):
         nd = _nd(kind, groups, 1)
         x, y = _tensor(dims, layout, F32), _tensor(dims, layout, F32)
         desc = N.plan_summary(handle, nd, x.desc)[0][0][0]
-        assert desc.startswith(("gsp_fwd", "gsc_fwd")), desc
+        assert desc.startswith(("gsp_fwd", "gsc_fwd", "gsf_fwd")), desc
         xv = x.upload(_far_shift_sets(rng, kind, groups, dims))
         sbd, std = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
         pydnn.derive_norm_param_descriptors(sbd, std, x.desc, nd)
@@ -135,7 +136,7 @@ def test_gs_forward(handle, rng, monkeypatch, cl1, dtype):
     for kind, groups, dims, layout in GS_CASES:
         x = _tensor(dims, layout, dtype)
         desc = N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0]
-        assert desc.startswith(("gsp_fwd", "gsc_fwd")), desc
+        assert desc.startswith(("gsp_fwd", "gsc_fwd", "gsf_fwd")), desc
         if cl1:
             assert " cl=1 " in desc, desc
         _forward_check(handle, rng, kind, groups, 1, dims, layout, dtype)
@@ -237,3 +238,24 @@ def test_gs_unaligned_pointers(handle, rng, dtype):
         got = ys.download()
         assert_close(got[off:off + total].reshape(dims), want, dtype, f"gs unaligned y off={off}",
                      scale=ref.forward_terms(GROUP, 1, 1, 1e-5, None, xv, sv, bv))
+
+
+@pytest.mark.parametrize("cl1", [False, True], ids=["fill", "block"])
+def test_gsf_forward(handle, rng, monkeypatch, cl1):
+    """gsf_fwd on odd and 2-mod-4 channel counts (instance and group), blending, in place, a large mean; and
+    GS_FLAT off giving gsc_fwd on the same shapes."""
+    _gs_on(monkeypatch, cl1)
+    cases = [(INSTANCE, 0, (2, 7, 20, 20)), (INSTANCE, 0, (3, 495, 8, 8)), (GROUP, 3, (2, 33, 10, 10)),
+             (INSTANCE, 0, (2, 42, 60, 61)), (GROUP, 5, (4, 25, 12, 12))]
+    for kind, groups, dims in cases:
+        x = _tensor(dims, "nhwc", F32)
+        desc = N.plan_summary(handle, _nd(kind, groups, 1), x.desc)[0][0][0]
+        assert desc.startswith("gsf_fwd"), desc
+        _forward_check(handle, rng, kind, groups, 1, dims, "nhwc", F32)
+        _forward_check(handle, rng, kind, groups, 1, dims, "nhwc", F32, bias=False, alpha=0.75, beta=-0.5)
+        _forward_check(handle, rng, kind, groups, 1, dims, "nhwc", F32, inplace=True)
+        _forward_check(handle, rng, kind, groups, 1, dims, "nhwc", F32, center=(1000.0, 1.0))
+    monkeypatch.setattr(tuning.norm, "GS_FLAT", False)
+    x = _tensor((2, 7, 20, 20), "nhwc", F32)
+    assert N.plan_summary(handle, _nd(INSTANCE, 0, 1), x.desc)[0][0][0].startswith("gsc_fwd")
+    _forward_check(handle, rng, INSTANCE, 0, 1, (2, 7, 20, 20), "nhwc", F32)
