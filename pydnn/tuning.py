@@ -196,12 +196,14 @@ batchnorm = Switches(
     NC_GEN_ROWS=(2048, 'the training forward keeps gen / planes (one launch, a block per channel) when N * H * W '
                        '<= this; 0: the nc kernels for every packed NCHW shape they fit; the reasons: '
                        'pydnn/ops/batchnorm.py'),
-    ROWS_MID=(True, 'row kernels (NHWC SPATIAL) at a narrower vector (8- / 4-byte accesses) when the channel count '
-                    'or a row stride is not a multiple of the 16-byte vector but of that one (else 1-element '
-                    'accesses); the reasons: pydnn/ops/batchnorm.py'),
-    ROWS_FLAT=(True, 'NHWC rows whose channel count is not a multiple of the 16-byte vector: the statistics on the '
-                     'row kernels, the apply on nc_apply with flat 16-byte vectors (each lane its own channel); the '
-                     'reasons: pydnn/ops/batchnorm.py'),
+    ROWS_MID=(False, 'row kernels (NHWC SPATIAL) at a narrower vector (8- / 4-byte accesses) when the channel '
+                     'count or a row stride is not a multiple of the 16-byte vector but of that one (else 1-element '
+                     'accesses); GPU-tested, not yet timed on its own, so off; the reasons: pydnn/ops/batchnorm.py'),
+    ROWS_FLAT=(False, 'NHWC rows whose channel count is not a multiple of the 16-byte vector: the statistics on the '
+                      'row kernels, the apply on nc_apply with flat 16-byte vectors (each lane its own channel). '
+                      'Off: slower on the H200 (bn_bwd NHWC 105x405x82x82 bf16 5.01 ms against 1.89 on the '
+                      'scalar rows, 39x1315x23x23 fp32 0.372 against 0.276 ms); the reasons: '
+                      'pydnn/ops/batchnorm.py'),
     GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),
@@ -234,9 +236,11 @@ norm = Switches(
                 'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
                 'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
                 'pydnn/ops/normalization.py'),
-    ROWX_BWD_LONG=(False, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with '
-                          'the 8-block cluster kernel: bwd_rowx / bwd_rowx_cl instead (rows they serve not at all '
-                          'take bwd_rowx regardless, not gen); the reasons: pydnn/ops/normalization.py'),
+    ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
+                         '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
+                         'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '
+                         'serve not at all take bwd_rowx regardless, not gen); the reasons: '
+                         'pydnn/ops/normalization.py'),
     ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
                       'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish); '
                       'the reasons: pydnn/ops/normalization.py'),

@@ -439,7 +439,8 @@ def _geometry(mode, dims, operands, vec):
 # (NHWC with C = 50 fp32, C = 12 fp16): the row kernels at that width (8- or 4-byte accesses) instead of
 # 1-element ones. Why: the scalar row kernels ran bn_train NHWC 187x50x14x14 fp32 at 0.60x PyTorch and
 # bn_bwd NHWC 37x12x146x146 fp16 at 0.57x, 6x14x25x25 fp32 at 0.60x (H200, tools/sweep_memory.py).
-# ROWS_MID: a switch, pydnn.tuning.batchnorm.ROWS_MID (default True)
+# GPU-tested (tests/ops/batchnorm/test_batchnorm_mid_gpu.py, H200), not timed on its own: off until measured.
+# ROWS_MID: a switch, pydnn.tuning.batchnorm.ROWS_MID (default False)
 def _mid_widths(vec):
     """The narrower vector widths the row kernels are built for below the full width `vec`, widest first."""
     return tuple(w for w in (4, 2) if w < vec)
@@ -793,7 +794,12 @@ def _make_plan(handle, tag, g, direction, ex):
 # bn_train NHWC 187x50x14x14 fp32 0.60x on 1-element rows kernels (H200, tools/sweep_memory.py); the apply is
 # 3 of the backward's 5 passes over the bytes. Not for inference (nc_apply's inference constants are per
 # lane there: a division and a square root per element).
-# ROWS_FLAT: a switch, pydnn.tuning.batchnorm.ROWS_FLAT (default True)
+# Measured (H200 mid-session run, 2026-11-28): slower, so off. bn_bwd NHWC 105x405x82x82 bf16 5.01 ms flat
+# against 1.89 ms on the scalar rows (0.24x / 0.65x PyTorch), 39x1315x23x23 fp32 0.372 against 0.276 ms,
+# 2x477x13x13 fp32 55.5 against 36.5 us, bn_train 187x50x14x14 fp32 53.1 against 37.8 us: each lane loads
+# its channel's 4 constants (8 lanes a vector in 16-bit), which costs more than the 16-byte data accesses
+# save. A per-thread fixed-channel walk (gsf_fwd's super-rows) would keep the constants in registers.
+# ROWS_FLAT: a switch, pydnn.tuning.batchnorm.ROWS_FLAT (default False)
 def _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows):
     """flat{v}: stats + final of the rows sequence at vecs[0], then nc_apply (and nc_head) at the full vector
     width v over the flat elements; flat{v}s, the forward with saved statistics (no head)."""

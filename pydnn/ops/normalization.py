@@ -1366,16 +1366,23 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
 
 # Whole-vector layer / RMS rows that the whole-vector backward kernels serve only with the 8-block cluster
 # register-tile kernel, or not at all: bwd_rowx / bwd_rowx_cl (rows up to 64K elements) instead. Not at all:
-# the planner fell to gen (one block a row, scalar: RMS fp32 1 x 56616 at 0.42x PyTorch, 220 us for 226 KB;
-# H200, tools/sweep_memory.py), so the rowx kernels serve those always. The cluster kernel's rows (LN fp32
-# 3673 x 8552 at 0.57x): only with tuning.norm.ROWX_BWD_LONG (default off until measured).
-def _rowx_bwd_long(handle, nd, geo, vec, r):
+# the planner fell to gen (one block a row, scalar: RMS fp32 1 x 56616 at 0.42x PyTorch, 220 us for 226 KB);
+# bwd_rowx_cl: 29.0 us, 4.04x (H200 mid-session run, tools/sweep_memory.py). The cluster kernel's rows
+# (ROWX_BWD_LONG): to bwd_rowx when it holds the row in one block (no cluster) and the rows are at least the
+# SMs: RMS fp32 5315 x 8192 0.403 ms (0.73x) -> 0.224 ms (1.31x); not where bwd_rowx needs a cluster itself:
+# LN fp32 3673 x 8552 0.403 -> 0.421 ms on bwd_rowx_cl (4 blocks), and fewer rows than SMs keep the cluster
+# kernel, which spreads each over 8 SMs (same run).
+def _rowx_bwd_long(handle, nd, tag, geo, vec, r):
     """Whether the whole-vector rows' backward should take bwd_rowx instead of `r` (_bwd_alt's answer)."""
     if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec):
         return False
     if r is None:
         return True
-    return tuning.norm.ROWX_BWD_LONG and "cluster=8" in r[0][0].desc
+    if not (tuning.norm.ROWX_BWD_LONG and tag == "f32" and "cluster=8" in r[0][0].desc
+            and geo[2] >= handle.sm_count):  # (float: the measured case; 16-bit rows not measured)
+        return False
+    nsv = geo[3] // vec
+    return next_pow2(max(1, cdiv(nsv, ROWX_BWD_ITEMS))) <= ROWX_BWD_MAX_BLOCK  # (one block holds the row)
 
 
 def _configs(handle, nd, tag, geo, backward):
@@ -1393,7 +1400,7 @@ def _configs(handle, nd, tag, geo, backward):
     for v in ((vec_width(tag, tag), 1) if vector or rowx else (1,)) if two else ():
         if backward:
             r = _bwd_alt(handle, nd, tag, geo, v) if not (rowx and v > 1) else _rowx_bwd_only(handle, nd, tag, geo, v)
-            if v > 1 and not rowx and _rowx_bwd_long(handle, nd, geo, v, r):
+            if v > 1 and not rowx and _rowx_bwd_long(handle, nd, tag, geo, v, r):
                 r = _rowx_bwd_only(handle, nd, tag, geo, v) or r
             a, w = r if r is not None else (None, 0)
         elif rowx and v > 1:

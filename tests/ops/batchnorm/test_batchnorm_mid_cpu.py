@@ -32,6 +32,7 @@ def _nhwc(dims, dtype):
 def test_mid_plans_and_pick(dims, dtype, w, direction, monkeypatch):
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)  # (small shapes: the rows path, not gen)
     monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)  # (the mid-width rows alone; flat: below)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", True)
     h = cpu_handle()
     d = _nhwc(dims, dtype)
     tag = B.TAG[dtype]
@@ -85,6 +86,8 @@ def test_flat_apply_plans(dims, dtype, direction, ex, monkeypatch):
     16-byte-rounded constants' bytes in non-Ex calls), picked on 16-byte aligned pointers and scratch; the
     switch off: none."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", True)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", True)
     h = cpu_handle()
     d = _nhwc(dims, dtype)
     tag = B.TAG[dtype]

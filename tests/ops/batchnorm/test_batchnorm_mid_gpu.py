@@ -46,6 +46,7 @@ def _plan_has(handle, dims, dtype, w, direction):
 @pytest.mark.parametrize("case", range(len(MID_CASES)))
 def test_rows_mid(handle, rng, monkeypatch, case):
     monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)  # (the rows<w> apply too; flat: below)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", True)
     dims, dtype, w = MID_CASES[case]
     for direction in ("fwd", "bwd", "infer"):
         assert _plan_has(handle, dims, dtype, w, direction), (dims, dtype, direction)
@@ -80,11 +81,13 @@ def _picks_flat(handle, dims, dtype, direction):
 
 
 @pytest.mark.parametrize("case", range(len(FLAT_CASES)))
-def test_rows_flat_apply(handle, rng, case):
+def test_rows_flat_apply(handle, rng, monkeypatch, case):
     """ROWS_FLAT: NHWC with C not a multiple of the 16-byte vector (odd C, and C = 50 with its 2-element
     statistics): the row kernels' statistics, nc_apply with nc_hw 1 over the flat elements, nc_head over the
     constants' bytes (non-Ex); training (blended too), Ex with the ReLU mask, backward with saved and
     recomputed statistics, blended dx / dscale / dbias."""
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", True)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", True)
     dims, dtype = FLAT_CASES[case]
     for direction in ("fwd", "bwd"):
         assert _picks_flat(handle, dims, dtype, direction), (dims, dtype, direction)

@@ -1502,11 +1502,14 @@ def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
 
 @pytest.mark.parametrize("long_rows", [False, True])
 @pytest.mark.parametrize("dims,dtype", [((1, 56616), F32), ((2, 40000), F32), ((33, 8552), F32), ((5, 32768), BF16),
-                                        ((3, 56616), F16)])
+                                        ((3, 56616), F16), ((200, 8192), F32), ((5315, 6144), F32),
+                                        ((200, 8192), BF16)])
 def test_rowx_backward_whole_vector_rows(dims, dtype, long_rows, monkeypatch):
     """Whole-vector rows on bwd_rowx (period 1, no edge vectors): the rows no whole-vector backward kernel
-    serves (gen before) always, the 8-block cluster kernel's rows with ROWX_BWD_LONG; every element once at
-    its row's address with its parameter (the emulation), the workspace query the plan's."""
+    serves (gen before) always; with ROWX_BWD_LONG the 8-block cluster kernel's float rows that one bwd_rowx
+    block holds when they are at least the SMs (not 33 x 8552: fewer rows, and a cluster of bwd_rowx blocks);
+    every element once at its row's address with its parameter (the emulation), the workspace query the
+    plan's."""
     monkeypatch.setattr(tuning.norm, "ROWX_BWD_LONG", long_rows)
     h = cpu_handle()
     nd = _nd(RMS if dims[0] % 2 else LAYER)
@@ -1514,9 +1517,11 @@ def test_rowx_backward_whole_vector_rows(dims, dtype, long_rows, monkeypatch):
     pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
     lc = pl.alternatives[0][0]
     assert "gen" not in lc.expr
+    moved = long_rows and dtype == F32 and dims[0] >= h.sm_count and dims[1] <= 8192
     if not ("bwd_rowx" in lc.expr):
-        assert not long_rows and "cluster=8" in lc.desc, lc.desc
+        assert not moved and "cluster=8" in lc.desc, lc.desc
         return
+    assert moved or dims[1] > 32768 or "cluster" not in lc.desc, lc.desc
     assert lc.params.pf == 1, lc.desc  # (period 1: whole vectors from a 16-byte boundary)
     for operand in (0, 1, 2):
         addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
