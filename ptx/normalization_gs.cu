@@ -185,13 +185,35 @@ __device__ __forceinline__ void gs_stv(T* y, Frag<T, VEC>& f, float (&v)[VEC], f
   f.store(y);
 }
 
-// mean and invstd of a set from shifted sums (s1 = sum d, s2 = sum d^2, d = x - K) over len elements
+// One element into the forward's sums: v[0] += x - K, v[1] += (x - K)^2, and (NS == 3) v[2] += x.
+template <int NS>
+__device__ __forceinline__ void gs_acc(float (&v)[NS], float a, float K) {
+  const float d = a - K;
+  v[0] += d;
+  v[1] += d * d;
+  if constexpr (NS == 3) v[2] += a;
+}
+
+// mean and invstd of a set from shifted sums (s1 = sum d, s2 = sum d^2, d = x - K) over len elements; with
+// `s0` (float data: s0 = sum x, unshifted) the mean is s0 / len instead of K + s1 / len.
+//
+// Why the float forward sums x a third time: the shift K (the set's first element) keeps the variance free of
+// cancellation when the mean is large, but it makes the partials of s1 grow as n * |mean - K|, so the float
+// rounding of s1 puts an error ~ eps * |K| (times the summation's growth) into the mean. y = (x - mean) a + b
+// then misses the fp32 tolerance where x is close to a small mean: the reference's error model counts
+// (|x| + |mean|) * invstd * |scale| (pydnn/reference/normalization.py forward_terms), and |K| can be 3 where
+// |x| + |mean| is 1e-3. That was the H200 failure of 2026-11-28 (NCHW 3 x 103 x 19 x 21, one group, y off by
+// 1.4e-7 at x ~ 1e-3: a numpy emulation of gsp_fwd's summation order on that shape gives mean errors up to
+// 1.6e-7 shifted, 2.8e-9 from s0; tests/kernels/test_gs_stats_emulation.py). Unshifted partials are a random
+// walk (|mean| * n plus sqrt(n) * sigma), so s0's error stays ~ eps * (|mean| + sigma / sqrt(n)): inside the
+// model. 16-bit data keeps the two sums (its tolerance is 2^-8 relative; the shifted mean's error is far
+// below it) and its registers.
 __device__ __forceinline__ void gs_stats(float s1, float s2, float K, i64 len, double eps, float& mean, float& inv,
-                                         float& m1f) {
+                                         float& m1f, const float* s0 = nullptr) {
   const double m1 = (double)s1 / (double)len;
   double var = (double)s2 / (double)len - m1 * m1;
   if (var < 0.0) var = 0.0;
-  mean = (float)((double)K + m1);
+  mean = s0 ? (float)((double)*s0 / (double)len) : (float)((double)K + m1);
   inv = (float)(1.0 / sqrt(var + eps));
   m1f = (float)m1;
 }
@@ -227,8 +249,8 @@ __device__ __forceinline__ void gsp_apply(Frag<T, VEC>& f, T* yv, i64 w, i64 h, 
 template <class T, int VEC, int CL>
 __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
   extern __shared__ __align__(16) float gs_dyn[];  // a[cg], b[cg]
-  __shared__ float red[64];
-  __shared__ float slot[2];
+  __shared__ float red[96];
+  __shared__ float slot[3];
   const i64 C = p.set_size[1], S = p.set_size[2], G = p.set_size[3];
   const i64 cg = C / G, L = cg * S;
   const bool nhwc = p.flags & GS_FLAG_NHWC;
@@ -242,9 +264,13 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
   const i64 h = min((i64)((VEC - base % VEC) % VEC), L);
   const i64 nv = (L - h) / VEC, t0 = h + nv * VEC;
   const float K = gs_ld(x, 0);
-  float v[2] = {0.0f, 0.0f};
-  for (i64 i = tid; i < h; i += NT) { const float d = gs_ld(x, i) - K; v[0] += d; v[1] += d * d; }
-  for (i64 i = t0 + tid; i < L; i += NT) { const float d = gs_ld(x, i) - K; v[0] += d; v[1] += d * d; }
+  constexpr bool X0 = sizeof(T) == 4;  // float: s0 = sum x as well (the mean's accuracy: see gs_stats)
+  constexpr int NSUM = X0 ? 3 : 2;
+  float v[NSUM];
+#pragma unroll
+  for (int k = 0; k < NSUM; ++k) v[k] = 0.0f;
+  for (i64 i = tid; i < h; i += NT) gs_acc<NSUM>(v, gs_ld(x, i), K);
+  for (i64 i = t0 + tid; i < L; i += NT) gs_acc<NSUM>(v, gs_ld(x, i), K);
   const T* xv = x + h;
   i64 j = tid;
   for (; j + 3 * NT < nv; j += 4 * NT) {
@@ -256,7 +282,7 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
       float a[VEC];
       f[u].get(a);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) { const float d = a[e] - K; v[0] += d; v[1] += d * d; }
+      for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(v, a[e], K);
     }
   }
   for (; j < nv; j += NT) {
@@ -265,20 +291,27 @@ __device__ __forceinline__ void gsp_fwd_body(const NormParams& p) {
     float a[VEC];
     f.get(a);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) { const float d = a[e] - K; v[0] += d; v[1] += d * d; }
+    for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(v, a[e], K);
   }
-  gs_block_sum<2>(v, red);
+  gs_block_sum<NSUM>(v, red);
   if constexpr (CL > 1) {
-    if (threadIdx.x == 0) { slot[0] = v[0]; slot[1] = v[1]; }
-    cluster_sync();
-    float a0 = 0.0f, a1 = 0.0f;
+    if (threadIdx.x == 0)
 #pragma unroll
-    for (int k = 0; k < CL; ++k) { a0 += ld_dsmem(&slot[0], k); a1 += ld_dsmem(&slot[1], k); }
-    v[0] = a0; v[1] = a1;
+      for (int i = 0; i < NSUM; ++i) slot[i] = v[i];
+    cluster_sync();
+    float a[NSUM];
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CL; ++k)
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) a[i] += ld_dsmem(&slot[i], k);
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) v[i] = a[i];
     cluster_sync();  // (no block leaves while another reads its slot)
   }
   float mean, inv, m1;
-  gs_stats(v[0], v[1], K, L, p.eps, mean, inv, m1);
+  gs_stats(v[0], v[1], K, L, p.eps, mean, inv, m1, X0 ? &v[NSUM - 1] : nullptr);
   if ((p.flags & PYDNN_NORM_FLAG_STATS) && rank == 0 && threadIdx.x == 0) {
     const i64 si = n * p.set_stride[3][0] + g * p.set_stride[3][1];
     if (p.mean) p.mean[si] = mean;
@@ -330,7 +363,9 @@ __global__ void __launch_bounds__(kGsThreads, 2) gsp_fwd(const NormParams p) { g
 // channel vector t % NCV of rows t / NCV, t / NCV + R, ... (R = blockDim.x / NCV rows per step).
 template <class T, int VEC, int CL>
 __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
-  extern __shared__ __align__(16) float gs_dyn[];  // red[2][R * NCV * VEC], grp[2][W / cg], gk[W / cg], ta[W], tb[W]
+  extern __shared__ __align__(16) float gs_dyn[];  // red[NSUM][R * NCV * VEC], grp[NSUM][W / cg], gk[W / cg], ta[W], tb[W]
+  constexpr bool X0 = sizeof(T) == 4;  // float: s0 = sum x as well (the mean's accuracy: see gs_stats)
+  constexpr int NSUM = X0 ? 3 : 2;
   const i64 C = p.set_size[1], S = p.set_size[2], G = p.set_size[3];
   const i64 cg = C / G, W = p.el_size[0], NS = C / W;
   const int NCV = (int)(W / VEC), R = (int)blockDim.x / NCV, ngs = (int)(W / cg);
@@ -342,18 +377,27 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   const int cv = (int)threadIdx.x % NCV, rr = (int)threadIdx.x / NCV;
   const bool act = rr < R;
   const i64 RT = (i64)R * CL, r0 = (i64)rank * R + rr;
-  float* red = gs_dyn;                         // [2][R][NCV * VEC]
-  float* grp = red + 2 * R * NCV * VEC;        // [2][ngs]
-  float* gk = grp + 2 * ngs;                   // [ngs]: each group's shift K (its element at position 0)
+  float* red = gs_dyn;                         // [NSUM][R][NCV * VEC]
+  float* grp = red + NSUM * R * NCV * VEC;       // [NSUM][ngs]
+  float* gk = grp + NSUM * ngs;                  // [ngs]: each group's shift K (its element at position 0)
   float* ta = gk + ngs;                        // [W]
   float* tb = ta + W;
   for (int q = threadIdx.x; q < ngs; q += blockDim.x) gk[q] = gs_ld(x, (i64)q * cg);  // (read before any y)
-  float K[VEC], s1[VEC], s2[VEC];
+  // each channel's shift K: the group's first element (position 0). Float (3 sums a channel): read from
+  // shared memory at each use (ta, free until after pass 1), the registers go to loads in flight (in
+  // registers, gsc_fwd_cl<float, 4> spilled 24 bytes; 16-bit keeps K in registers as before).
+  float K[X0 ? 1 : VEC], sv[VEC][NSUM];
+  if constexpr (X0) {
+    for (int c = threadIdx.x; c < (int)W; c += blockDim.x) ta[c] = gs_ld(x, (c / cg) * cg);
+    __syncthreads();
+  }
+  const float* Ks = X0 ? ta + cv * VEC : K;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     const int q = cv * VEC + e;
-    K[e] = gs_ld(x, (q / cg) * cg);  // the group's first element (position 0)
-    s1[e] = 0.0f; s2[e] = 0.0f;
+    if constexpr (!X0) K[e] = gs_ld(x, (q / cg) * cg);
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) sv[e][i] = 0.0f;
   }
   if (act) {
     constexpr int UN = VEC >= 8 ? 2 : VEC >= 4 ? 4 : 8;  // rows in flight per thread
@@ -367,7 +411,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
         float a[VEC];
         f[k].get(a);
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) { const float d = a[e] - K[e]; s1[e] += d; s2[e] += d * d; }
+        for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(sv[e], a[e], Ks[e]);
       }
     }
     for (; r < S; r += RT) {
@@ -376,35 +420,45 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
       float a[VEC];
       f.get(a);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) { const float d = a[e] - K[e]; s1[e] += d; s2[e] += d * d; }
+      for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(sv[e], a[e], Ks[e]);
     }
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      red[(rr * NCV + cv) * VEC + e] = s1[e];
-      red[R * NCV * VEC + (rr * NCV + cv) * VEC + e] = s2[e];
-    }
+    for (int e = 0; e < VEC; ++e)
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) red[i * R * NCV * VEC + (rr * NCV + cv) * VEC + e] = sv[e][i];
   }
   __syncthreads();
   // per group of the slab: its channels, each over the R rows, in order
   for (int q = threadIdx.x; q < ngs; q += blockDim.x) {
-    float a0 = 0.0f, a1 = 0.0f;
+    float a[NSUM];
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
     for (int c = q * (int)cg; c < (q + 1) * (int)cg; ++c)
-      for (int k = 0; k < R; ++k) { a0 += red[k * NCV * VEC + c]; a1 += red[R * NCV * VEC + k * NCV * VEC + c]; }
-    grp[q] = a0;
-    grp[ngs + q] = a1;
+      for (int k = 0; k < R; ++k)
+#pragma unroll
+        for (int i = 0; i < NSUM; ++i) a[i] += red[i * R * NCV * VEC + k * NCV * VEC + c];
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) grp[i * ngs + q] = a[i];
   }
   if constexpr (CL > 1) {
     cluster_sync();
-    // every block sums the cluster's group partials in rank order, into its ta / tb (free until below)
+    // every block sums the cluster's group partials in rank order, into its red (free: our threads are past
+    // the loop above; NSUM * ngs <= NSUM * W <= NSUM * R * NCV * VEC)
     for (int q = threadIdx.x; q < ngs; q += blockDim.x) {
-      float a0 = 0.0f, a1 = 0.0f;
+      float a[NSUM];
 #pragma unroll
-      for (int k = 0; k < CL; ++k) { a0 += ld_dsmem(&grp[q], k); a1 += ld_dsmem(&grp[ngs + q], k); }
-      ta[q] = a0;
-      tb[q] = a1;
+      for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < CL; ++k)
+#pragma unroll
+        for (int i = 0; i < NSUM; ++i) a[i] += ld_dsmem(&grp[i * ngs + q], k);
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) red[i * ngs + q] = a[i];
     }
     cluster_sync();
-    for (int q = threadIdx.x; q < ngs; q += blockDim.x) { grp[q] = ta[q]; grp[ngs + q] = tb[q]; }
+    for (int q = threadIdx.x; q < ngs; q += blockDim.x)
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) grp[i * ngs + q] = red[i * ngs + q];
   }
   __syncthreads();
   const i64 L = cg * S;
@@ -412,7 +466,7 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   for (int c = threadIdx.x; c < (int)W; c += blockDim.x) {
     const int q = c / (int)cg;
     float mean, inv, m1;
-    gs_stats(grp[q], grp[ngs + q], gk[q], L, p.eps, mean, inv, m1);
+    gs_stats(grp[q], grp[ngs + q], gk[q], L, p.eps, mean, inv, m1, X0 ? &grp[2 * ngs + q] : nullptr);
     const i64 ch = w0 + c;
     const float a = inv * p.scale[ch];
     ta[c] = a;
@@ -461,8 +515,183 @@ __device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   }
 }
 
+// FLAT (gsf_fwd): the unit is one sample's whole (S x C) block walked in super-rows of P = lcm(C, VEC)
+// elements (KR = P / C rows, S % KR == 0, the host's checks): position j of a super-row is channel j % C, so
+// a thread's VEC positions keep their channels in every super-row and its loads are 16-byte vectors for any
+// C (gsc_fwd's channel vectors shrink to 1 element for odd C). W = P, the tables per channel (C of them).
+// gsc_fwd_body's code with the FLAT walk (a copy, so that gsc_fwd's register allocation stays as measured).
+template <class T, int VEC, int CL>
+__device__ __forceinline__ void gsf_fwd_body(const NormParams& p) {
+  constexpr bool FLAT = true;
+  extern __shared__ __align__(16) float gs_dyn[];  // red[NSUM][R * NCV * VEC], grp[NSUM][W / cg], gk[W / cg], ta[W], tb[W]
+  constexpr bool X0 = sizeof(T) == 4;  // float: s0 = sum x as well (the mean's accuracy: see gs_stats)
+  constexpr int NSUM = X0 ? 3 : 2;
+  const i64 C = p.set_size[1], S = p.set_size[2], G = p.set_size[3];
+  const i64 cg = C / G, W = p.el_size[0], NS = FLAT ? 1 : C / W;
+  const i64 RS = FLAT ? W : C;                         // elements from one row (super-row) to the next
+  const i64 SR = FLAT ? S / (W / C) : S;               // rows (super-rows) of the unit
+  const int NCH = (int)(FLAT ? C : W);                 // channels of the unit (its tables' length)
+  const int NCV = (int)(W / VEC), R = (int)blockDim.x / NCV, ngs = (int)(NCH / cg);
+  const i64 u = (i64)blockIdx.x / CL;
+  const unsigned rank = CL > 1 ? cluster_rank() : 0u;
+  const i64 n = u / NS, w0 = (u - n * NS) * W;
+  const T* x = static_cast<const T*>(p.x) + n * S * C + w0;
+  T* y = static_cast<T*>(p.out) + n * S * C + w0;
+  const int cv = (int)threadIdx.x % NCV, rr = (int)threadIdx.x / NCV;
+  const bool act = rr < R;
+  const i64 RT = (i64)R * CL, r0 = (i64)rank * R + rr;
+  float* red = gs_dyn;                         // [NSUM][R][NCV * VEC]
+  float* grp = red + NSUM * R * NCV * VEC;       // [NSUM][ngs]
+  float* gk = grp + NSUM * ngs;                  // [ngs]: each group's shift K (its element at position 0)
+  float* ta = gk + ngs;                        // [NCH]
+  float* tb = ta + NCH;
+  for (int q = threadIdx.x; q < ngs; q += blockDim.x) gk[q] = gs_ld(x, (i64)q * cg);  // (read before any y)
+  int ce[FLAT ? VEC : 1];  // FLAT: the channels of this thread's positions (j mod C)
+  if constexpr (FLAT)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) ce[e] = (int)((cv * VEC + e) % C);
+  // each channel's shift K: the group's first element (position 0). Float (3 sums a channel): read from
+  // shared memory at each use (ta, free until after pass 1), the registers go to loads in flight (in
+  // registers, gsc_fwd_cl<float, 4> spilled 24 bytes; 16-bit keeps K in registers as before).
+  float K[X0 ? 1 : VEC], sv[VEC][NSUM];
+  if constexpr (X0) {
+    for (int c = threadIdx.x; c < NCH; c += blockDim.x) ta[c] = gs_ld(x, (c / cg) * cg);
+    __syncthreads();
+  }
+  float Kf[FLAT && X0 ? VEC : 1];  // (FLAT float: the positions' channels are not contiguous: K in registers)
+  const float* Ks = FLAT && X0 ? Kf : X0 ? ta + cv * VEC : K;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const int q = FLAT ? ce[FLAT ? e : 0] : cv * VEC + e;
+    if constexpr (!X0) K[e] = gs_ld(x, (q / cg) * cg);
+    if constexpr (FLAT && X0) Kf[e] = ta[q];
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) sv[e][i] = 0.0f;
+  }
+  if (act) {
+    constexpr int UN = VEC >= 8 ? 2 : VEC >= 4 ? 4 : 8;  // rows in flight per thread
+    i64 r = r0;
+    for (; r + (UN - 1) * RT < SR; r += UN * RT) {
+      Frag<T, VEC> f[UN];
+#pragma unroll
+      for (int k = 0; k < UN; ++k) f[k].load(x + (r + k * RT) * RS + cv * VEC);
+#pragma unroll
+      for (int k = 0; k < UN; ++k) {
+        float a[VEC];
+        f[k].get(a);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(sv[e], a[e], Ks[e]);
+      }
+    }
+    for (; r < SR; r += RT) {
+      Frag<T, VEC> f;
+      f.load(x + r * RS + cv * VEC);
+      float a[VEC];
+      f.get(a);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(sv[e], a[e], Ks[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) red[i * R * NCV * VEC + (rr * NCV + cv) * VEC + e] = sv[e][i];
+  }
+  __syncthreads();
+  // per group of the slab: its channels, each over the R rows, in order
+  for (int q = threadIdx.x; q < ngs; q += blockDim.x) {
+    float a[NSUM];
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
+    for (int c = q * (int)cg; c < (q + 1) * (int)cg; ++c)
+      for (int j = c; j < NCV * VEC; j += (FLAT ? NCH : NCV * VEC))  // (FLAT: the channel's KR positions)
+        for (int k = 0; k < R; ++k)
+#pragma unroll
+          for (int i = 0; i < NSUM; ++i) a[i] += red[i * R * NCV * VEC + k * NCV * VEC + j];
+#pragma unroll
+    for (int i = 0; i < NSUM; ++i) grp[i * ngs + q] = a[i];
+  }
+  if constexpr (CL > 1) {
+    cluster_sync();
+    // every block sums the cluster's group partials in rank order, into its red (free: our threads are past
+    // the loop above; NSUM * ngs <= NSUM * W <= NSUM * R * NCV * VEC)
+    for (int q = threadIdx.x; q < ngs; q += blockDim.x) {
+      float a[NSUM];
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < CL; ++k)
+#pragma unroll
+        for (int i = 0; i < NSUM; ++i) a[i] += ld_dsmem(&grp[i * ngs + q], k);
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) red[i * ngs + q] = a[i];
+    }
+    cluster_sync();
+    for (int q = threadIdx.x; q < ngs; q += blockDim.x)
+#pragma unroll
+      for (int i = 0; i < NSUM; ++i) grp[i * ngs + q] = red[i * ngs + q];
+  }
+  __syncthreads();
+  const i64 L = cg * S;
+  float* tm = red;  // [NCH] (red is free from here: NCH <= W <= R * NCV * VEC)
+  for (int c = threadIdx.x; c < NCH; c += blockDim.x) {
+    const int q = c / (int)cg;
+    float mean, inv, m1;
+    gs_stats(grp[q], grp[ngs + q], gk[q], L, p.eps, mean, inv, m1, X0 ? &grp[2 * ngs + q] : nullptr);
+    const i64 ch = w0 + c;
+    const float a = inv * p.scale[ch];
+    ta[c] = a;
+    tb[c] = p.bias ? p.bias[ch] : 0.0f;  // fp32: y = (x - mean) a + bias (the mean per channel in tm)
+    tm[c] = mean;
+    if constexpr (sizeof(T) == 2) tb[c] -= mean * a;  // 16-bit: y = x a + (bias - mean a): fewer registers, and
+                                                      // the rounding of x a is far below y's
+    if ((p.flags & PYDNN_NORM_FLAG_STATS) && rank == 0 && c == q * (int)cg) {
+      const i64 si = n * p.set_stride[3][0] + (w0 / cg + q) * p.set_stride[3][1];
+      if (p.mean) p.mean[si] = mean;
+      if (p.invstd) p.invstd[si] = inv;
+    }
+  }
+  __syncthreads();
+  if (!act) return;
+  const float alpha = (float)p.alpha, beta = (float)p.beta;
+  const bool blend = p.flags & PYDNN_FLAG_BETA;
+  const float* A = ta + (FLAT ? 0 : cv * VEC);  // (read from shared memory at each use: registers go to loads
+  const float* B = tb + (FLAT ? 0 : cv * VEC);  // in flight; FLAT: at the positions' channels)
+  const float* Mc = tm + (FLAT ? 0 : cv * VEC);
+#define GS_CI(e) (FLAT ? ce[FLAT ? (e) : 0] : (e))
+  // reverse row order: the most recently read lines first
+  const i64 steps = SR > r0 ? (SR - 1 - r0) / RT + 1 : 0;
+  constexpr int U2 = VEC * sizeof(T) >= 16 ? 2 : 4;  // rows in flight per thread
+  i64 k = steps - 1;
+  for (; k >= U2 - 1; k -= U2) {
+    Frag<T, VEC> f[U2];
+#pragma unroll
+    for (int j = 0; j < U2; ++j) f[j].load(x + (r0 + (k - j) * RT) * RS + cv * VEC);
+#pragma unroll
+    for (int j = 0; j < U2; ++j) {
+      float a[VEC];
+      f[j].get(a);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - Mc[GS_CI(e)]) * A[GS_CI(e)] + B[GS_CI(e)];
+      gs_stv<T, VEC>(y + (r0 + (k - j) * RT) * RS + cv * VEC, f[j], a, alpha, beta, blend);
+    }
+  }
+  for (; k >= 0; --k) {
+    Frag<T, VEC> f;
+    f.load(x + (r0 + k * RT) * RS + cv * VEC);
+    float a[VEC];
+    f.get(a);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - Mc[GS_CI(e)]) * A[GS_CI(e)] + B[GS_CI(e)];
+    gs_stv<T, VEC>(y + (r0 + k * RT) * RS + cv * VEC, f, a, alpha, beta, blend);
+  }
+}
+
+#undef GS_CI
+
 template <class T, int VEC>
 __global__ void __launch_bounds__(kGsThreads, 2) gsc_fwd(const NormParams p) { gsc_fwd_body<T, VEC, 1>(p); }
+template <class T, int VEC>
+__global__ void __launch_bounds__(kGsThreads, 2) gsf_fwd(const NormParams p) { gsf_fwd_body<T, VEC, 1>(p); }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <class T, int VEC>
@@ -473,11 +702,17 @@ template <class T, int VEC>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kGsThreads, 2) gsc_fwd_cl(const NormParams p) {
   gsc_fwd_body<T, VEC, kCluster>(p);
 }
+template <class T, int VEC>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kGsThreads, 2) gsf_fwd_cl(const NormParams p) {
+  gsf_fwd_body<T, VEC, kCluster>(p);
+}
 #else
 template <class T, int VEC>
 __global__ void gsp_fwd_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
 template <class T, int VEC>
 __global__ void gsc_fwd_cl(const NormParams) { __trap(); }
+template <class T, int VEC>
+__global__ void gsf_fwd_cl(const NormParams) { __trap(); }
 #endif
 
 // ------------------------------------------------------------------ backward

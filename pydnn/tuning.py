@@ -196,6 +196,14 @@ batchnorm = Switches(
     NC_GEN_ROWS=(2048, 'the training forward keeps gen / planes (one launch, a block per channel) when N * H * W '
                        '<= this; 0: the nc kernels for every packed NCHW shape they fit; the reasons: '
                        'pydnn/ops/batchnorm.py'),
+    ROWS_MID=(False, 'row kernels (NHWC SPATIAL) at a narrower vector (8- / 4-byte accesses) when the channel '
+                     'count or a row stride is not a multiple of the 16-byte vector but of that one (else 1-element '
+                     'accesses); GPU-tested, not yet timed on its own, so off; the reasons: pydnn/ops/batchnorm.py'),
+    ROWS_FLAT=(False, 'NHWC rows whose channel count is not a multiple of the 16-byte vector: the statistics on the '
+                      'row kernels, the apply on nc_apply with flat 16-byte vectors (each lane its own channel). '
+                      'Off: slower on the H200 (bn_bwd NHWC 105x405x82x82 bf16 5.01 ms against 1.89 on the '
+                      'scalar rows, 39x1315x23x23 fp32 0.372 against 0.276 ms); the reasons: '
+                      'pydnn/ops/batchnorm.py'),
     GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),
@@ -228,6 +236,14 @@ norm = Switches(
                 'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
                 'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
                 'pydnn/ops/normalization.py'),
+    ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
+                         '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
+                         'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '
+                         'serve not at all take bwd_rowx regardless, not gen); the reasons: '
+                         'pydnn/ops/normalization.py'),
+    ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
+                      'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish; '
+                      '8 gave LN bf16 417 x 2770 34.3 us against 35.1, H200); the reasons: pydnn/ops/normalization.py'),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
@@ -258,10 +274,15 @@ norm = Switches(
               'reasons: pydnn/ops/normalization.py'),
     GS_MIN_BYTES=(2048, 'gs_*: the split kernels serve sets of at least this many bytes of x (smaller sets keep '
                             'the register-tile kernels); the reasons: pydnn/ops/normalization.py'),
-    GS_FWD_F32=(False, 'gs_*: float data forward on the split kernels too. Off: in the H200 run of 2026-11-28 their '
-                       'float y missed the fp32 tolerance (one element in ~200k, relative error ~1.5e-4 where the '
-                       'scale parameter was small; 16-bit and every backward passed), so float forwards keep the '
-                       'tile kernels until the cause is found'),
+    GS_FLAT=(True, 'gsf_fwd: NHWC float group / instance forward whose C takes no 4-element channel vector walked '
+                   'in super-rows of lcm(C, 4) elements with 16-byte loads (else gsc_fwd with 1- / 2-element '
+                   'vectors): in_fwd_train NHWC 38x495x212x212 fp32 3.43 ms against 5.29 (H200); the reasons: '
+                   'pydnn/ops/normalization.py'),
+    GS_FWD_F32=(True, 'gs_*: float data forward on the split kernels too (their mean from the unshifted sum of x: '
+                      'the shifted one put an error ~ eps * |first element| into it, y missed the fp32 tolerance '
+                      'near a small mean in the H200 run of 2026-11-28; see gs_stats in ptx/normalization_gs.cu); '
+                      'gn_fwd_infer NCHW 3x103x99x99 fp32 0.09x -> 10.9x PyTorch, in_fwd_infer NHWC 144x1660x50x50 '
+                      '0.64x -> 3.5x (H200); False: float forwards keep the tile kernels'),
 )
 
 pooling = Switches(
@@ -285,6 +306,9 @@ pooling = Switches(
     P2=(True, 'p2_fwd / p2_bwd (ptx/pooling.cu): 2-d pooling on the scalar path writing along w (NCHW), windows '
               '<= 3 x 3 forward, <= 2 covering windows per dim backward: a thread per element, four 32-bit '
               'divisions and an unrolled window; False: the scalar fwd / bwd; the reasons: pydnn/ops/pooling.py'),
+    P2_BWD=(True, 'p2_bwd for the backward where P2 allows it (False: the backward takes the scalar bwd, the '
+                  'forward keeps p2_fwd; max 3x3/2 101x38x50x50 fp32 0.475 ms on p2_bwd, 0.602 without, H200); '
+                  'the reasons: pydnn/ops/pooling.py'),
     P2_CLAST=(True, 'p2 with threads along c for channels-last layouts whose channels take no vectors (C not a '
                     'multiple of the vector); False: the scalar fwd / bwd there; the reasons: pydnn/ops/pooling.py'),
 )
@@ -355,10 +379,20 @@ tensor_ops = Switches(
     BROADCAST_ROWS=(True, 'AddTensor / OpTensor with an input broadcast as one row over the output\'s rows (a bias '
                           '1 x H onto R x H): map_rows (the row loaded once per thread for ROWS rows, 16-byte '
                           'vectors) instead of map_strided; the reasons: pydnn/ops/tensor_ops.py'),
+    BROADCAST_ROWS_SCALAR=(True, 'map_rows with 1-element accesses for rows whose length or strides are not a '
+                                 'multiple of the 16-byte vector (else map_strided: bias 8659 x 50083 fp32 at '
+                                 '0.49x PyTorch, 1.02x with it, H200); the reasons: pydnn/ops/tensor_ops.py'),
     PLAIN_BYTES=(40 << 20, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
                            'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
                            'evict-first streaming: they fit in L2 (50 MB on the H100 / H200); 0: always stream; '
                            'the reasons: pydnn/ops/tensor_ops.py'),
+)
+
+reduce = Switches(
+    "reduce", 'ReduceTensor (pydnn/ops/reduce.py)',
+    ROW_ROUNDS=(2, "rows_vec: a row's group G is the power of two that leaves each thread about ROW_ROUNDS rounds "
+                   "of kUnroll vector loads (G = next_pow2(units / (ROW_ROUNDS * kUnroll)), at most a block); 1 "
+                   'ran AVG 53513 x 2824 fp32 at 0.300 ms against 0.219 (H200); the reasons: pydnn/ops/reduce.py'),
 )
 
 rnn = Switches(

@@ -3,6 +3,7 @@
 seeded grid of shapes, fp32 / fp16 / bf16.
 
     python3 tools/sweep_memory.py [--quick] [--budget-s S] [--seed 0] [--out DIR] [--reps N] [--only FAMS]
+        [--points 'family [layout] shape [variant] dtype;...'] [--torch-stats]
 
 --budget-s defaults to 140 s (30 s with --quick) so that the full sweep ends in about 150 s on an H100 / H200
 (the elapsed time is printed at the end, and the summary says whether points were left unsampled).
@@ -170,6 +171,32 @@ def grid(seed=0, quick=False, points_per=POINTS_PER, families=FAMILIES):
     return order, dict(seed=seed, points_per=points_per, quick=quick)
 
 
+def parse_point(spec):
+    """A point from its log line's words, 'family [NCHW|NHWC] RxH|NxCxHxW [variant] dtype' (e.g. 'gn_fwd_infer
+    NCHW 3x103x99x99 fp32', 'reduce 53513x2824 avg fp32'): --points re-runs chosen points of a sweep."""
+    words = spec.split()
+    fam, dt = words[0], words[-1]
+    if fam not in FAMILIES or dt not in DTYPES:
+        raise ValueError(f"--points: {spec!r}: want 'family [layout] shape [variant] dtype'")
+    p = dict(family=fam, dtype=dt)
+    for w in words[1:-1]:
+        if w in ("NCHW", "NHWC"):
+            p["layout"] = w
+        elif "x" in w and all(v.isdigit() for v in w.split("x")):
+            dims = [int(v) for v in w.split("x")]
+            if fam in ROW_FAMILIES:
+                p.update(rows=dims[0], hidden=dims[1])
+            else:
+                p.update(n=dims[0], c=dims[1], hw=dims[2])
+        else:
+            p["variant"] = w
+    if fam in SPATIAL_FAMILIES:
+        p.setdefault("layout", "NCHW")
+    if VARIANTS.get(fam) and p.get("variant") not in VARIANTS[fam]:
+        raise ValueError(f"--points: {spec!r}: {fam} takes a variant of {VARIANTS[fam]}")
+    return p
+
+
 def case_name(p):
     v = f" {p['variant']}" if p.get("variant") else ""
     if "rows" in p:
@@ -191,6 +218,7 @@ class Ctx:
     """What a point needs of the run: h (handle), timer, copy_gbs, empty_ms, graph_timer, graph_empty_ms."""
     graph_timer = None
     graph_empty_ms = None  # None: no CUDA-graph timing (unavailable, or a capture failed earlier)
+    torch_stats = False    # --torch-stats: norm backward points take their saved statistics from PyTorch
 
 
 def _tdt(dt):
@@ -419,7 +447,13 @@ def build(c, p):
         dy, dx = torch.randn_like(x), torch.empty_like(x)
         dw, db = torch.empty(nparam, **f32), torch.empty(nparam, **f32)
         dbp = db.data_ptr() if bias is not None else 0
-        fwd_train()
+        if c.torch_stats:  # (--torch-stats: the saved statistics from PyTorch, no pydnn forward kernel needed)
+            xs = x.float().reshape(nstat, -1)
+            var = (xs * xs).mean(dim=1) if kind_name == "rms" else xs.var(dim=1, unbiased=False)
+            mean.copy_(xs.mean(dim=1))
+            inv.copy_(torch.rsqrt(var + 1e-5))
+        else:
+            fwd_train()
         ws_n = pydnn.get_norm_backward_workspace_size(h, nd, xd, xd, xd, sb, st)
         ws = torch.empty(max(1, ws_n), dtype=torch.uint8, device=SC.DEV)
         if kind_name == "ln":
@@ -641,7 +675,12 @@ def plots(rows):
 
 
 def main(argv=None):
-    args = SC.parse_args(__doc__, 140.0, argv)
+    args = SC.parse_args(__doc__, 140.0, argv, extra=[("--points", dict(
+        default="", help="';'-separated points to run instead of the grid, as the log names them: 'family "
+                         "[layout] shape [variant] dtype' (e.g. 'gn_fwd_infer NCHW 3x103x99x99 fp32;rms_bwd 1x56616 "
+                         "fp32')")), ("--torch-stats", dict(
+        action="store_true", help="layer / RMS / group / instance backward points take the saved mean / "
+                                  "inverse std from PyTorch instead of pydnn's forward (no forward kernel compiled)"))])
     if args.render:
         return SC.render(args, "sweep_memory", lambda rows, meta: report(
             rows, meta, meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
@@ -654,6 +693,7 @@ def main(argv=None):
     b = Bench(64 << 20)  # pydnn handle on PyTorch's stream, and the copy bandwidth (256 MiB each way)
     c = Ctx()
     c.h, c.copy_gbs = b.h, b.copy_gbs
+    c.torch_stats = args.torch_stats
     reps = args.reps or (10 if args.quick else 12)
     c.timer = SC.gpu_timer(reps, 2)
     c.graph_timer = lambda fn: SC.graph_ms(c.h, fn)
@@ -674,6 +714,9 @@ def main(argv=None):
     budget = SC.Budget(args.budget_s)
     only = [o for o in args.only.split(",") if o]
     pts, meta = grid(args.seed, args.quick, families=tuple(f for f in FAMILIES if not only or f in only))
+    if args.points:
+        pts = [parse_point(q) for q in args.points.split(";") if q.strip()]
+        meta["points"] = args.points
     meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, copy_gbs=c.copy_gbs, empty_ms=c.empty_ms,
                 graph_empty_ms=c.graph_empty_ms)
     rows, checked = [], {}
@@ -691,7 +734,10 @@ def main(argv=None):
         r = rows[-1]
         print(f"mem {r['group']:16s} {r['case']:34s} {r['dtype']:4s} {r['status']:13s} pydnn "
               f"{SC.fmt(r.get('ms_pydnn'), '.4f')} ms torch {SC.fmt(r.get('ms_ref'), '.4f')} ms "
-              f"{SC.fmt(r.get('ratio'), '.2f')}x {r.get('note', '')[:100]}", flush=True)
+              f"{SC.fmt(r.get('ratio'), '.2f')}x"
+              + (f" {r['pct_copy']:.1f}% copy (torch {r['pct_copy_ref']:.1f}%)" if r.get("pct_copy") is not None else "")
+              + (f" +{r['us_over_empty_graph']:.2f} us graph" if r.get("us_over_empty_graph") is not None else "")
+              + f" {r.get('note', '')[:100]}", flush=True)
         SC.write_partial(args.out, "sweep_memory", rows, meta)
     c.empty_ms_end = time_ms(empty, reps=30) if empty is not None else None
     meta["checks"] = {f"{k[0]} {k[1]}": v for k, v in checked.items()}

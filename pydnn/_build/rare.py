@@ -72,6 +72,10 @@ RULES = (
     Rule(r"(softmax|pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
          r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
          "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),
+    Rule(r"batchnorm\.(f32|f16|bf16)",
+         r"::(fwd_stats|fwd_apply|bwd_stats|bwd_apply|infer_rows)<(float, 2|pydnn::(half_t|bf16_t), (2|4))>$",
+         "batchnorm's row kernels at a narrower vector (tuning.batchnorm.ROWS_MID): NHWC channel counts that are "
+         "not a multiple of the 16-byte vector but of an 8- or 4-byte one"),
     Rule(r"(softmax|batchnorm|reduce)\.(f32|f16|bf16)", r"::gen_|_gen<",
          "the general-layout fallbacks (softmax gen_fwd / gen_bwd, batchnorm *_gen, reduce rows_gen): "
          "layouts the row / column kernels do not take"),

@@ -256,7 +256,8 @@ ONE_KERNELS = ("fwd_head", "bwd_head", "fwd_fused_gen", "bwd_fused_gen", "infer_
 def kernel_units():
     units = []
     for t in FLOAT_TAGS:
-        exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (vec_width(t, t), 1)] + [_expr(k, t) for k in ONE_KERNELS]
+        exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (vec_width(t, t), *_mid_widths(vec_width(t, t)), 1)]
+        exprs += [_expr(k, t) for k in ONE_KERNELS]
         if _SIZES[t] == 2:
             exprs += [_expr(k, t, vec_width(t, t), UNROLL16) for k in FAST16_KERNELS]
             exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
@@ -389,7 +390,7 @@ def _reserve_need(ops, x_desc):
 
 class _Geom:
     """The problem as rows x feats (layout "rows") or as feature and reduction dims ("gen")."""
-    __slots__ = ("layout", "rows", "feats", "ld", "vec_ok", "fsize", "fstride", "rsize", "rstride")
+    __slots__ = ("layout", "rows", "feats", "ld", "vec_ok", "vmid", "fsize", "fstride", "rsize", "rstride")
 
 
 def _geometry(mode, dims, operands, vec):
@@ -426,9 +427,32 @@ def _geometry(mode, dims, operands, vec):
         g.layout = "rows"
         g.ld = {k: (rst[k][0] if rsz else g.feats) for k in keys}
         g.vec_ok = vec > 1 and g.feats % vec == 0 and all(v % vec == 0 for v in g.ld.values())
+        # (ROWS_MID: the widest narrower vector that the features and row strides allow)
+        g.vmid = None if g.vec_ok else next((w for w in _mid_widths(vec) if g.feats % w == 0
+                                             and all(v % w == 0 for v in g.ld.values())), None)
     else:
-        g.layout, g.ld, g.vec_ok = "gen", {k: 0 for k in keys}, False
+        g.layout, g.ld, g.vec_ok, g.vmid = "gen", {k: 0 for k in keys}, False, None
     return g
+
+
+# Rows whose feature count (or a row stride) is not a multiple of the 16-byte vector but of a narrower one
+# (NHWC with C = 50 fp32, C = 12 fp16): the row kernels at that width (8- or 4-byte accesses) instead of
+# 1-element ones. Why: the scalar row kernels ran bn_train NHWC 187x50x14x14 fp32 at 0.60x PyTorch and
+# bn_bwd NHWC 37x12x146x146 fp16 at 0.57x, 6x14x25x25 fp32 at 0.60x (H200, tools/sweep_memory.py).
+# GPU-tested (tests/ops/batchnorm/test_batchnorm_mid_gpu.py, H200), not timed on its own: off until measured.
+# ROWS_MID: a switch, pydnn.tuning.batchnorm.ROWS_MID (default False)
+def _mid_widths(vec):
+    """The narrower vector widths the row kernels are built for below the full width `vec`, widest first."""
+    return tuple(w for w in (4, 2) if w < vec)
+
+
+def _first_vec(g, tag):
+    """The widest row-kernel width of this geometry (the plan's, and its workspace size's, chunking)."""
+    if g.vec_ok:
+        return vec_width(tag, tag)
+    if g.vmid and tuning.batchnorm.ROWS_MID:
+        return g.vmid
+    return 1
 
 
 def _fill_geom(p, g):
@@ -668,7 +692,8 @@ def _nc_seqs(pl, handle, g, direction, ex):
 class _Plan:
     """Launch sequences of one call shape. `seqs`: name -> [launch, ...]; the call picks one by its
     pointers and scalars (vector or scalar row kernels; the scratch path or gen)."""
-    __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags")
+    __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags",
+                 "vmid")
 
 
 def _slots(tag, direction):
@@ -688,7 +713,8 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
         pl.seqs[f"rows{v}"] = seq
         if direction == "fwd" and _fast16(pl.tag, v):
             pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
-        if direction == "fwd" and v > 1:  # the plain forward with saved statistics: stats, final, apply_saved
+        if direction == "fwd" and v == vec_width(pl.tag, pl.tag):  # the plain forward with saved statistics: stats,
+            # final, apply_saved (built for the full width)
             pl.seqs[f"rows{v}s"] = seq[:2] + [_apply_launch("fwd_apply_saved", g, v, 0, g.rows, steps=tuning.batchnorm.INFER_STEPS)]
 
 
@@ -711,7 +737,9 @@ def _make_plan(handle, tag, g, direction, ex):
     pl.argv = driver.kernel_args(pl.params)
     pl.seqs, pl.ws_need, pl.scratch = {}, 0, None
     pl.flags = FLAG_IDX32 if g.rows * g.feats < 2**32 else 0
-    vecs = ([vec_width(tag, tag)] if g.vec_ok else []) + [1]
+    v0 = _first_vec(g, tag) if g.layout == "rows" else 1
+    vecs = ([v0] if v0 > 1 else []) + [1]
+    pl.vmid = v0 if 1 < v0 < vec_width(tag, tag) else None
     if direction == "infer":
         nc = _nc(g)
         if nc is not None:
@@ -722,7 +750,8 @@ def _make_plan(handle, tag, g, direction, ex):
             return pl
         if g.layout == "rows":
             for v in vecs:
-                if tuning.batchnorm.INFER_SMEM and v > 1:  # the shared set-up (infer_rows_smem is built for vector widths)
+                if tuning.batchnorm.INFER_SMEM and v == vec_width(tag, tag):  # the shared set-up (infer_rows_smem is
+                    # built for the full vector width)
                     pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows_smem", g, v, 0, g.rows, steps=tuning.batchnorm.INFER_STEPS)]
                 else:
                     pl.seqs[f"rows{v}"] = [_apply_launch("infer_rows", g, v, 0, g.rows)]
@@ -739,6 +768,7 @@ def _make_plan(handle, tag, g, direction, ex):
         pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
         pl.scratch = (poff, chunk, chunks)
         _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0)
+        _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0, 0)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -752,7 +782,47 @@ def _make_plan(handle, tag, g, direction, ex):
     head_rows = cdiv(cbytes, g.feats * pl.isize)
     pl.scratch = (poff, chunk, chunks)
     _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows)
+    _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows)
     return pl
+
+
+# Packed NHWC rows whose channel count is not a multiple of the 16-byte vector (odd C: the row kernels take
+# 1-element accesses): the statistics on the row kernels (at the narrower vector when ROWS_MID gives one),
+# the apply pass on nc_apply with nc_hw = 1 (flat 16-byte vectors over the rows, each lane's channel = its
+# flat index mod C, the constants per lane from L1; nc_head for the elements whose bytes held the constants).
+# Why: bn_bwd NHWC 105x405x82x82 bf16 ran 0.64x PyTorch, 195x93x38x38 bf16 0.53x, 39x1315x23x23 fp32 0.59x,
+# bn_train NHWC 187x50x14x14 fp32 0.60x on 1-element rows kernels (H200, tools/sweep_memory.py); the apply is
+# 3 of the backward's 5 passes over the bytes. Not for inference (nc_apply's inference constants are per
+# lane there: a division and a square root per element).
+# Measured (H200 mid-session run, 2026-11-28): slower, so off. bn_bwd NHWC 105x405x82x82 bf16 5.01 ms flat
+# against 1.89 ms on the scalar rows (0.24x / 0.65x PyTorch), 39x1315x23x23 fp32 0.372 against 0.276 ms,
+# 2x477x13x13 fp32 55.5 against 36.5 us, bn_train 187x50x14x14 fp32 53.1 against 37.8 us: each lane loads
+# its channel's 4 constants (8 lanes a vector in 16-bit), which costs more than the 16-byte data accesses
+# save. A per-thread fixed-channel walk (gsf_fwd's super-rows) would keep the constants in registers.
+# ROWS_FLAT: a switch, pydnn.tuning.batchnorm.ROWS_FLAT (default False)
+def _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows):
+    """flat{v}: stats + final of the rows sequence at vecs[0], then nc_apply (and nc_head) at the full vector
+    width v over the flat elements; flat{v}s, the forward with saved statistics (no head)."""
+    v = vec_width(pl.tag, pl.tag)
+    if (not tuning.batchnorm.ROWS_FLAT or g.vec_ok or v == 1 or g.layout != "rows"
+            or any(ld != g.feats for ld in g.ld.values())):
+        return
+    total = g.rows * g.feats
+    pl.params.nc_n, pl.params.nc_hw = g.rows, 1
+    head = cdiv(cbytes, 16) * 16 // pl.isize if cbytes else 0  # (whole 16-byte vectors over the constants)
+    if head > total:  # (cbytes <= HEAD_SMEM: the rows path's check covers nc_head's shared constants)
+        return
+    rows = pl.seqs.get(f"rows{vecs[0]}")
+    if rows is None:
+        return
+    stats, final = rows[0], rows[1]
+    seq = [stats, final, _nc_apply_launch(handle, direction, v, head, total)]
+    if head:
+        seq.append(_Launch("nc_head", v, (1, 1, 1), (NC_HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": head},
+                           NC_MODES[direction]))
+    pl.seqs[f"flat{v}"] = seq
+    if direction == "fwd":
+        pl.seqs[f"flat{v}s"] = [stats, final, _nc_apply_launch(handle, "fwd_saved", v, 0, total)]
 
 
 _KEYED = (TensorDescriptor, _act.ActivationDescriptor)
@@ -808,6 +878,11 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
                 return pl.seqs["nc1"]
         if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
             return pl.seqs[f"rows{v}"]
+        if f"flat{v}" in pl.seqs and base % 16 == 0 and _aligned16(tensor_ptrs):
+            return pl.seqs[f"flat{v}"]
+        vm = pl.vmid
+        if vm and base % pl.asize == 0 and all(q % (vm * pl.isize) == 0 for q in tensor_ptrs if q):
+            return pl.seqs[f"rows{vm}"]
         if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
     if "planes" in pl.seqs and _aligned16(tensor_ptrs):
@@ -953,7 +1028,7 @@ def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_
     if g.layout != "rows":
         lay = _nc_layout(handle, g, tag, "fwd", True)
         return 0 if lay is None else lay[6]
-    return _workspace_layout(handle, g, tag, "fwd", vec_width(tag, tag) if g.vec_ok else 1)[0]
+    return _workspace_layout(handle, g, tag, "fwd", _first_vec(g, tag))[0]
 
 
 @api
@@ -1140,7 +1215,7 @@ def get_batch_normalization_backward_ex_workspace_size(handle, mode, bn_ops, x_d
     if g.layout != "rows":
         lay = _nc_layout(handle, g, tag, "bwd", True)
         return 0 if lay is None else lay[6]
-    return _workspace_layout(handle, g, tag, "bwd", vec_width(tag, tag) if g.vec_ok else 1)[0]
+    return _workspace_layout(handle, g, tag, "bwd", _first_vec(g, tag))[0]
 
 
 def plan_summary(handle, direction, mode, x_desc, *others, ex=False):

@@ -991,6 +991,8 @@ def _gs_exprs(tag):
     ex = [_gs_fwd_expr(tag, v, "gsp", 1), _gs_fwd_expr(tag, v, "gsp", 8)]
     for w in (min(v, GS_FWD_CVEC), 2, 1):
         ex += [_gs_fwd_expr(tag, w, "gsc", 1), _gs_fwd_expr(tag, w, "gsc", 8)]
+    if tag == "f32":
+        ex += [_gs_fwd_expr(tag, v, "gsf", 1), _gs_fwd_expr(tag, v, "gsf", 8)]
     for w in (v, 2, 1):
         ex += [f"pydnn::norm_gs::gsc_bpart<{CTYPE[tag]}, {w}>"]
     return ex + [f"pydnn::norm_gs::gsp_bpart<{CTYPE[tag]}, {v}>", f"pydnn::norm_gs::gs_bapply<{CTYPE[tag]}, {v}>",
@@ -1059,6 +1061,11 @@ def _gs_fwd_alt(handle, nd, tag, x, out, stats):
         return [_new_launch(_gs_fwd_expr(tag, v, "gsp", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
                             desc=f"gsp_fwd vec={v} cl={cl} block={block} sets={units}")]
     vec = _gs_cvec(C, min(v, GS_FWD_CVEC))
+    if vec < min(v, GS_FWD_CVEC) and tuning.norm.GS_FLAT and tag == "f32":  # (16-bit: gsf_fwd<., 8> spills
+        # 20 / 52 bytes, gsf_fwd_cl 36 / 100 at 64 registers, sm_90; not measured: gsc_fwd keeps them)
+        flat = _gsf_launch(handle, tag, p, N, C, S, G, v, sm90)
+        if flat is not None:
+            return [flat]
     slabs = [gc * cg for gc in range(1, G + 1) if G % gc == 0 and (gc * cg) % vec == 0 and gc * cg // vec <= GS_THREADS]
     if not slabs:
         return None
@@ -1069,12 +1076,37 @@ def _gs_fwd_alt(handle, nd, tag, x, out, stats):
     ncv = W // vec
     rows = max(1, GS_THREADS // ncv)
     block = cdiv(rows * ncv, 32) * 32
-    smem = 4 * (2 * rows * ncv * vec + 3 * (W // cg) + 2 * W)
+    ns = 3 if tag == "f32" else 2  # the kernel's sums per channel (float: sum x as well, see gs_stats in the .cu)
+    smem = 4 * (ns * rows * ncv * vec + (ns + 1) * (W // cg) + 2 * W)
     if smem > GS_SMEM_MAX or units * cl > MAX_GRID:
         return None
     p.el_size[0] = W
     return [_new_launch(_gs_fwd_expr(tag, vec, "gsc", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
                         desc=f"gsc_fwd vec={vec} cl={cl} block={block} W={W} units={units}")]
+
+
+# gsf_fwd (gsc_fwd_body<..., FLAT>): NHWC whose C takes no full channel vector (odd C: gsc_fwd's 1- or 2-element
+# loads): a unit is one sample walked in super-rows of P = lcm(C, v) elements (KR = P / C rows; S a multiple
+# of KR), each thread a fixed position of v elements (their channels j mod C), 16-byte loads. Why: in_fwd_train
+# NHWC 38x495x212x212 fp32 ran at 30.7% of copy on gsc_fwd's 1-element loads (1.69x PyTorch; H200 mid-session
+# run, 2026-11-28). GS_FLAT: a switch, pydnn.tuning.norm.GS_FLAT.
+def _gsf_launch(handle, tag, p, N, C, S, G, v, sm90):
+    g = math.gcd(C, v)
+    P, KR = C * v // g, v // g
+    slots = P // v
+    if slots > GS_THREADS or S % KR:
+        return None
+    rows = max(1, GS_THREADS // slots)
+    block = cdiv(rows * slots, 32) * 32
+    ns = 3 if tag == "f32" else 2
+    smem = 4 * (ns * rows * slots * v + (ns + 1) * G + 2 * C)
+    units = N
+    cl = CLUSTER if sm90 and units < GS_CLUSTER_UNITS_PER_SM * handle.sm_count else 1
+    if smem > GS_SMEM_MAX or units * cl > MAX_GRID:
+        return None
+    p.el_size[0] = P
+    return _new_launch(_gs_fwd_expr(tag, v, "gsf", cl), p, (units * cl, 1, 1), (block, 1, 1), smem,
+                       desc=f"gsf_fwd vec={v} cl={cl} block={block} P={P} units={units}")
 
 
 def _gs_bwd_alt(handle, nd, tag, x, dx, dy, stats):
@@ -1313,7 +1345,9 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
         return None
     period = vec // math.gcd(sx % vec, vec)  # rows per alignment class cycle (gcd(0, vec) = vec: 1)
     bpsm = _resident(block, smem, ROWX_BWD_REGS)
-    want = max(1, cdiv(cdiv(n_sets, period), spb))  # blocks (clusters) per class
+    # blocks (clusters) per class: each group at least ROWX_BWD_ROWS rows of its class (fewer dscale / dbias
+    # slots for finish to read: a block per row wrote 8 bytes a parameter per row, 4x a bf16 row's bytes)
+    want = max(1, cdiv(cdiv(n_sets, period), spb * max(1, tuning.norm.ROWX_BWD_ROWS)))
     cap = min(max(1, handle.sm_count * bpsm // (period * cl)), MAX_GRID // (period * cl))
     per = cdiv(want, cdiv(want, cap))
     grid, slots = per * period * cl, per * period * spb
@@ -1328,6 +1362,27 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
     bwd.unit = fin.unit = f"normalization.rowx.{tag}"
     fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
     return [bwd, fin], slots * 2 * nparams * 4
+
+
+# Whole-vector layer / RMS rows that the whole-vector backward kernels serve only with the 8-block cluster
+# register-tile kernel, or not at all: bwd_rowx / bwd_rowx_cl (rows up to 64K elements) instead. Not at all:
+# the planner fell to gen (one block a row, scalar: RMS fp32 1 x 56616 at 0.42x PyTorch, 220 us for 226 KB);
+# bwd_rowx_cl: 29.0 us, 4.04x (H200 mid-session run, tools/sweep_memory.py). The cluster kernel's rows
+# (ROWX_BWD_LONG): to bwd_rowx when it holds the row in one block (no cluster) and the rows are at least the
+# SMs: RMS fp32 5315 x 8192 0.403 ms (0.73x) -> 0.224 ms (1.31x); not where bwd_rowx needs a cluster itself:
+# LN fp32 3673 x 8552 0.403 -> 0.421 ms on bwd_rowx_cl (4 blocks), and fewer rows than SMs keep the cluster
+# kernel, which spreads each over 8 SMs (same run).
+def _rowx_bwd_long(handle, nd, tag, geo, vec, r):
+    """Whether the whole-vector rows' backward should take bwd_rowx instead of `r` (_bwd_alt's answer)."""
+    if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec):
+        return False
+    if r is None:
+        return True
+    if not (tuning.norm.ROWX_BWD_LONG and tag == "f32" and "cluster=8" in r[0][0].desc
+            and geo[2] >= handle.sm_count):  # (float: the measured case; 16-bit rows not measured)
+        return False
+    nsv = geo[3] // vec
+    return next_pow2(max(1, cdiv(nsv, ROWX_BWD_ITEMS))) <= ROWX_BWD_MAX_BLOCK  # (one block holds the row)
 
 
 def _configs(handle, nd, tag, geo, backward):
@@ -1345,6 +1400,8 @@ def _configs(handle, nd, tag, geo, backward):
     for v in ((vec_width(tag, tag), 1) if vector or rowx else (1,)) if two else ():
         if backward:
             r = _bwd_alt(handle, nd, tag, geo, v) if not (rowx and v > 1) else _rowx_bwd_only(handle, nd, tag, geo, v)
+            if v > 1 and not rowx and _rowx_bwd_long(handle, nd, tag, geo, v, r):
+                r = _rowx_bwd_only(handle, nd, tag, geo, v) or r
             a, w = r if r is not None else (None, 0)
         elif rowx and v > 1:
             a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0

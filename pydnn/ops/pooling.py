@@ -504,7 +504,7 @@ P2_WIN, P2_COV = 3, 2  # kP2Win, kP2Cov
 
 def _p2_ok(kernel, flags, descs, geometry):
     """None (not p2), False (p2, threads along w) or True (p2 CLAST, threads along c)."""
-    if not tuning.pooling.P2 or flags & FLAG_ADAPTIVE:
+    if not tuning.pooling.P2 or flags & FLAG_ADAPTIVE or (kernel.startswith("bwd") and not tuning.pooling.P2_BWD):
         return None
     ins, outs, win, pad, stride = geometry
     if ins[0] != 1 or outs[0] != 1 or win[0] != 1:

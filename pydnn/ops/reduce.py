@@ -25,6 +25,7 @@ orders, no atomics). Kernel choice, launch shapes and workspace: see _configs.
 import ctypes
 
 from .. import enums as E
+from .. import tuning
 from .._build.manifest import KernelUnit
 from .._build.params import FLAG_BETA, FLAG_NAN_PROP, MAX_DIMS, kernel_params
 from .._cuda import driver
@@ -320,8 +321,8 @@ def _configs(handle, d, a_desc, c_desc):
         lc.expr = (_expr("rows_vec", ta, op, want_idx) if kind == "rows_vec" else _expr("rows_gen", ta))
         return lc
 
-    def row_group(units):
-        return min(BLOCK, next_pow2(-(-units // (2 * UNROLL)))) if units > 0 else 1
+    def row_group(units):  # (ROW_ROUNDS rounds of UNROLL loads per thread; see tuning.reduce.ROW_ROUNDS)
+        return min(BLOCK, next_pow2(-(-units // (tuning.reduce.ROW_ROUNDS * UNROLL)))) if units > 0 else 1
 
     def cols_launch(v):
         lc = _Launch()

@@ -59,6 +59,13 @@ MIN_TRANSPOSE_EXTENT = 16
 # ran at 0.42-0.46x PyTorch on bf16 / fp16 bias adds in the issue-20 sweep (H200).
 # BROADCAST_ROWS: a switch, pydnn.tuning.tensor_ops.BROADCAST_ROWS (default True)
 ROWS_THREADS, ROWS_ROWS = 128, 4
+# Rows whose length (or a row stride) is not a multiple of the vector: map_rows with 1-element accesses
+# (still coalesced along the row, the broadcast element loaded once per thread for its rows, no per-element
+# index division) in blocks of ROWS1_THREADS, ROWS1_ROWS rows per thread (more loads in flight for the
+# narrow accesses). Why: map_strided ran AddTensor bias 8659 x 50083 fp32 at 0.49x PyTorch (33% of copy;
+# H200, tools/sweep_memory.py).
+# BROADCAST_ROWS_SCALAR: a switch, pydnn.tuning.tensor_ops.BROADCAST_ROWS_SCALAR (default True)
+ROWS1_THREADS, ROWS1_ROWS = 256, 8
 ROWS_OPS = ("pydnn::tensor::Scaled", "pydnn::tensor::OpAdd", "pydnn::tensor::OpMul")
 ROWS_TAGS = ("f32", "f16", "bf16")  # (double keeps map_strided: its instantiations are first-use ones)
 # Dense (same-shape) ScaleTensor / AddTensor / OpTensor whose operands together fit in
@@ -79,10 +86,17 @@ def transpose_exprs(op, ti, to):
             f"pydnn::tensor::transpose<{ci}, {co}, {op}, false>")
 
 
-def rows_expr(op, t):
-    """map_rows for op on type t (16-byte vectors)."""
+def rows_expr(op, t, vec=None):
+    """map_rows for op on type t: 16-byte vectors, or (vec 1) the scalar variant."""
+    if vec == 1:
+        return f"pydnn::tensor::map_rows<{ew.CTYPE[t]}, {ew.CTYPE[t]}, {op}, 1, {ROWS1_THREADS}, {ROWS1_ROWS}>"
     return (f"pydnn::tensor::map_rows<{ew.CTYPE[t]}, {ew.CTYPE[t]}, {op}, {ew.vec_width(t, t)}, {ROWS_THREADS}, "
             f"{ROWS_ROWS}>")
+
+
+def rows_shape(vec):
+    """(threads, rows per thread) of map_rows at this vector width."""
+    return (ROWS1_THREADS, ROWS1_ROWS) if vec == 1 else (ROWS_THREADS, ROWS_ROWS)
 
 
 def plain_unit(t, c_desc, in_descs):
@@ -100,22 +114,27 @@ def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
         return pr
     ndim, sizes, strides, dense = ew.plan(c_desc.dims, c_desc.strides, tuple((d.dims, d.strides) for d in in_descs))
     vec = ew.vec_width(t, t)
-    if dense or ndim != 2 or sizes[1] % vec:
+    if dense or ndim != 2:
         return pr
-    if any(st[1] != 1 or st[0] < 0 or st[0] % vec for st in strides) or strides[0][0] == 0:
+    if any(st[1] != 1 or st[0] < 0 for st in strides) or strides[0][0] == 0:
         return pr
     if not any(st[0] == 0 for st in strides[1:]):
         return pr
+    if sizes[1] % vec or any(st[0] % vec for st in strides):
+        if not tuning.tensor_ops.BROADCAST_ROWS_SCALAR:
+            return pr
+        vec = 1  # (the scalar variant: any row length and strides; its pointers need no alignment)
+    threads, rows = rows_shape(vec)
     hv = sizes[1] // vec
     tc = 1
-    while tc < hv and tc < ROWS_THREADS:
+    while tc < hv and tc < threads:
         tc *= 2
-    grid = -(-hv // tc) * -(-sizes[0] // (ROWS_THREADS // tc * ROWS_ROWS))
+    grid = -(-hv // tc) * -(-sizes[0] // (threads // tc * rows))
     if grid > 2**31 - 1 or hv >= 2**31:
         return pr
-    pr.vec_func = handle.function(f"tensor_ops.rows.{t}", rows_expr(op, t))
-    pr.vec_grid, pr.vec_block = (grid, 1, 1), (ROWS_THREADS, 1, 1)
-    pr.in_masks = pr.out_mask = 15
+    pr.vec_func = handle.function(f"tensor_ops.rows.{t}", rows_expr(op, t, vec))
+    pr.vec_grid, pr.vec_block = (grid, 1, 1), (threads, 1, 1)
+    pr.in_masks = pr.out_mask = 15 if vec > 1 else 0
     pr.crec = None
     return pr
 
@@ -133,7 +152,7 @@ def kernel_units():
         units.append(KernelUnit(f"tensor_ops.{t}", "tensor_ops.cu", tuple(exprs)))
         if t in ROWS_TAGS:  # map_rows: a unit of its own (ptx/tensor_ops_rows.cu)
             units.append(KernelUnit(f"tensor_ops.rows.{t}", "tensor_ops_rows.cu",
-                                    tuple(rows_expr(op, t) for op in ROWS_OPS)))
+                                    tuple(rows_expr(op, t, v) for op in ROWS_OPS for v in (None, 1))))
         if t in PLAIN_TAGS:  # map_contig with the plain cache policy (see PLAIN_TAGS): a unit of its own
             units.append(KernelUnit(f"tensor_ops.plain.{t}", "tensor_ops.cu",
                                     tuple(ew.contig_expr(op, t, hint=0) for op in PLAIN_OPS)))

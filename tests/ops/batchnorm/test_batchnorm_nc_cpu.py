@@ -224,7 +224,11 @@ def test_emulated_nc_stats(dims, dtype, sms, rng):
 
 
 @pytest.mark.parametrize("total_dims,vec,begin", [((3, 5, 3), 8, 0), ((2, 3, 7), 4, 16), ((4, 2, 1 * 2), 8, 0),
-                                                  ((5, 3, 13), 2, 4), ((1, 7, 9), 8, 32)])
+                                                  ((5, 3, 13), 2, 4), ((1, 7, 9), 8, 32),
+                                                  # HW = 1: batchnorm's flat apply of NHWC rows (ROWS_FLAT),
+                                                  # rows x C with the channel = i % C, C odd
+                                                  ((169, 477, 1), 4, 1908), ((13, 93, 1), 8, 64),
+                                                  ((7, 75, 1), 8, 0), ((3, 50, 1), 4, 200)])
 def test_emulated_nc_apply_channels(total_dims, vec, begin):
     """nc_apply's vectors (and the last, partial one in VEC = 1 lanes) cover [begin, total) once, each lane
     with its channel (i / HW) % C, as the kernel derives it (the vector's first lane, then the plane steps)."""

@@ -744,12 +744,29 @@ def _emulate_gs(p, lc, operand):
                 flat += [base + i for i in range(tid, h, NT)] + [base + i for i in range(t0 + tid, L, NT)]
                 for j in range(tid, nv, NT):
                     flat += [base + h + j * vec + e for e in range(vec)]
+    elif kname.startswith("gsf_fwd"):  # a sample per unit, super-rows of P = lcm(C, vec) elements
+        P = int(p.el_size[0])
+        ncv, KR = P // vec, P // C
+        R = block // ncv
+        SR = S // KR
+        assert S % KR == 0 and P % vec == 0 and P % C == 0 and lc.grid[0] == Nn * cl
+        assert lc.smem == 4 * (3 * R * ncv * vec + 4 * G + 2 * C)  # (float only: 3 sums a position)
+        for b in range(lc.grid[0]):
+            n, rank = divmod(b, cl)
+            for t in range(block):
+                cv, rr = t % ncv, t // ncv
+                if rr >= R:
+                    continue
+                for r in range(rank * R + rr, SR, R * cl):
+                    flat += [n * S * C + r * P + cv * vec + e for e in range(vec)]
     elif kname.startswith("gsc_fwd"):
         W = int(p.el_size[0])
         NS, ncv = C // W, W // vec
         R = block // ncv
         assert lc.grid[0] == Nn * NS * cl and C % W == 0 and W % cg == 0 and W % vec == 0 and C % vec == 0
-        assert lc.smem == 4 * (2 * R * ncv * vec + 3 * (W // cg) + 2 * W)
+        ns = 3 if "<float," in lc.expr else 2  # sums a channel (float: sum x as well)
+        # red[ns][R * NCV * VEC], grp[ns][W / cg], gk[W / cg], ta[W] (float: each channel's K in pass 1), tb[W]
+        assert lc.smem == 4 * (ns * R * ncv * vec + (ns + 1) * (W // cg) + 2 * W)
         for b in range(lc.grid[0]):
             u, rank = divmod(b, cl)
             n, w0 = u // NS, (u % NS) * W
@@ -885,7 +902,7 @@ def test_kernels_visit_every_element_once(case, direction, dtype, monkeypatch):
     backward = direction.startswith("backward")
     gs = direction.endswith(("gs", "gs cl1"))
     monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1 if gs else tuning.norm.GS_MIN_BYTES)
-    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", gs)  # (the float forward's split kernels: off by default)
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", gs)  # (the float forward's split kernels)
     if direction.endswith("cl1"):
         monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
     monkeypatch.setattr(tuning.norm, "STAGED_FWD", direction == "forward staged")
@@ -1195,11 +1212,21 @@ def test_rowx_backward_cluster_block_cap(cap, monkeypatch):
 def test_gs_choice(monkeypatch):
     """The split kernels (gs_*) for group / instance norm where the tile kernels did not serve (the sweep's
     slowest shapes), their launch shapes and workspace; not for small sets, activations, other layouts; a
-    float forward only with tuning.norm.GS_FWD_F32 (off by default)."""
+    float forward only with tuning.norm.GS_FWD_F32 (on by default)."""
     h = cpu_handle()
     f32 = _desc((14, 23, 151, 151), F32)
-    assert not N.plan_summary(h, _nd(GROUP, 1), f32)[0][0][0].startswith("gs")
+    assert tuning.norm.GS_FWD_F32
+    assert N.plan_summary(h, _nd(GROUP, 1), f32)[0][0] == ["gsp_fwd vec=4 cl=8 block=512 sets=14"]
     assert N.plan_summary(h, _nd(GROUP, 1), f32, backward=True)[0][0][0].startswith("gsp_bpart")
+    f32c = _desc((73, 42, 156, 156), F32, packed_strides((73, 42, 156, 156), NHWC))
+    # float, C = 42 (no 4-element channel vectors): gsf_fwd's super-rows of lcm(42, 4) = 84 elements (2 rows);
+    # GS_FLAT off: gsc_fwd with 2-element vectors, as 16-bit takes
+    assert N.plan_summary(h, _nd(INSTANCE), f32c)[0][0] == ["gsf_fwd vec=4 cl=8 block=512 P=84 units=73"]
+    monkeypatch.setattr(tuning.norm, "GS_FLAT", False)
+    assert N.plan_summary(h, _nd(INSTANCE), f32c)[0][0] == ["gsc_fwd vec=2 cl=8 block=512 W=42 units=73"]
+    monkeypatch.setattr(tuning.norm, "GS_FLAT", True)
+    monkeypatch.setattr(tuning.norm, "GS_FWD_F32", False)
+    assert not N.plan_summary(h, _nd(GROUP, 1), f32)[0][0][0].startswith("gs")
     monkeypatch.setattr(tuning.norm, "GS_FWD_F32", True)
     nchw = _desc((14, 23, 151, 151), F16)
     alts, ws = N.plan_summary(h, _nd(GROUP, 1), nchw)
@@ -1283,6 +1310,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
     B = lc.block[0]
     ss0, ss1 = int(p.set_stride[3][0]), int(p.set_stride[3][1])
     out = {}
+    x0 = "<float," in lc.expr  # float data: the mean from the unshifted sum of x (gs_stats in the .cu)
     if kname.startswith("gsp_fwd"):
         L = cg * S
         y = np.full(xf.shape, np.nan)
@@ -1293,12 +1321,39 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
             d = xf[base:base + L] - K
             m1 = d.sum() / L
             var = max((d * d).sum() / L - m1 * m1, 0.0)
-            mu, iv = K + m1, 1 / np.sqrt(var + p.eps)
+            mu, iv = (xf[base:base + L].sum() / L if x0 else K + m1), 1 / np.sqrt(var + p.eps)
             mean[n * ss0 + g * ss1], inv[n * ss0 + g * ss1] = mu, iv
             i = np.arange(L)
             q = i % cg if nhwc else i // S
             a = iv * scale[g * cg + q]
             y[base:base + L] = (xf[base:base + L] - mu) * a + bias[g * cg + q]
+        out["y"] = y
+    elif kname.startswith("gsf_fwd"):  # super-rows of P elements, position j of one is channel j % C
+        P = int(p.el_size[0])
+        ncv, KR = P // vec, P // C
+        R = B // ncv
+        y = np.full(xf.shape, np.nan)
+        for n in range(Nn):
+            xb = n * S * C
+            # the kernel's sums: per position over its super-rows (ranks x R rows), then per group over its
+            # channels' KR positions
+            red = np.zeros((3, P))
+            for j in range(P):
+                ch = j % C
+                K = xf[xb + (ch // cg) * cg]
+                vals = xf[xb + np.arange(S // KR) * P + j]
+                red[:, j] = ((vals - K).sum(), ((vals - K) ** 2).sum(), vals.sum())
+            for q in range(G):
+                js = [j for j in range(P) if (j % C) // cg == q]
+                s1, s2, s0 = red[:, js].sum(axis=1)
+                L = cg * S
+                m1 = s1 / L
+                var = max(s2 / L - m1 * m1, 0.0)
+                mu, iv = (s0 / L if x0 else xf[xb + q * cg] + m1), 1 / np.sqrt(var + p.eps)
+                mean[n * ss0 + q * ss1], inv[n * ss0 + q * ss1] = mu, iv
+                for c in range(q * cg, (q + 1) * cg):
+                    rows = np.arange(S)
+                    y[xb + rows * C + c] = (xf[xb + rows * C + c] - mu) * (iv * scale[c]) + bias[c]
         out["y"] = y
     elif kname.startswith("gsc_fwd"):
         W = int(p.el_size[0])
@@ -1311,7 +1366,7 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
             w0 *= W
             xb = n * S * C + w0
             gk = np.array([xf[xb + q * cg] for q in range(ngs)])
-            red = np.zeros((2, cl, R, ncv * vec))
+            red = np.zeros((3, cl, R, ncv * vec))
             for rank in range(cl):
                 for t in range(B):
                     cv, rr = t % ncv, t // ncv
@@ -1324,14 +1379,15 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
                         dd = xf[xb + rows * C + c] - K
                         red[0, rank, rr, c] = dd.sum()
                         red[1, rank, rr, c] = (dd * dd).sum()
-            grp = np.zeros((2, ngs))
+                        red[2, rank, rr, c] = xf[xb + rows * C + c].sum()
+            grp = np.zeros((3, ngs))
             for q in range(ngs):
                 grp[:, q] = red[:, :, :, q * cg:(q + 1) * cg].sum(axis=(1, 2, 3))
             for c in range(W):
                 q = c // cg
                 m1 = grp[0, q] / (cg * S)
                 var = max(grp[1, q] / (cg * S) - m1 * m1, 0.0)
-                mu, iv = gk[q] + m1, 1 / np.sqrt(var + p.eps)
+                mu, iv = (grp[2, q] / (cg * S) if x0 else gk[q] + m1), 1 / np.sqrt(var + p.eps)
                 if c == q * cg:
                     mean[n * ss0 + (w0 // cg + q) * ss1], inv[n * ss0 + (w0 // cg + q) * ss1] = mu, iv
                 a = iv * scale[w0 + c]
@@ -1394,7 +1450,8 @@ def _gs_run_numpy(lc, p, xf, dyf, scale, bias, mean, inv, ws, backward):
 
 @pytest.mark.parametrize("case", [(GROUP, 2, (3, 8, 5, 7), None), (INSTANCE, 0, (2, 6, 9, 5), None),
                                   (GROUP, 1, (2, 5, 6, 7), "nhwc"), (GROUP, 2, (2, 12, 5, 7), "nhwc"),
-                                  (INSTANCE, 0, (3, 6, 4, 9), "nhwc"), (GROUP, 4, (2, 16, 3, 3), "nhwc")])
+                                  (INSTANCE, 0, (3, 6, 4, 9), "nhwc"), (GROUP, 4, (2, 16, 3, 3), "nhwc"),
+                                  (INSTANCE, 0, (2, 7, 4, 4), "nhwc"), (GROUP, 3, (2, 9, 2, 6), "nhwc")])
 @pytest.mark.parametrize("cl1", [False, True])
 def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     """Every gs launch of the plan replayed in float64 with the kernels' own index math (_gs_run_numpy): y, the
@@ -1425,7 +1482,7 @@ def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     h = cpu_handle()
     pl = N._plan(h, nd, xd, xd, None, st, False)
     lc = pl.alternatives[0][0]
-    assert len(pl.alternatives[0]) == 1 and lc.desc.startswith(("gsp_fwd", "gsc_fwd"))
+    assert len(pl.alternatives[0]) == 1 and lc.desc.startswith(("gsp_fwd", "gsc_fwd", "gsf_fwd"))
     assert (" cl=1 " in lc.desc) == cl1, lc.desc
     mean, inv = np.full(dims[0] * G, np.nan), np.full(dims[0] * G, np.nan)
     y = _gs_run_numpy(lc, lc.params, xf, None, scale, bias, mean, inv, None, False)["y"]
@@ -1441,3 +1498,78 @@ def test_gs_kernels_emulated_match_the_reference(case, cl1, monkeypatch):
     wdx, wds, wdb = ref.backward(kind, groups, 1, 1e-5, None, x, dy, sc4, bi4, wm, wi)
     assert np.allclose(unflat(outs["dx"]), wdx, atol=1e-10)
     assert np.allclose(outs["dscale"], np.ravel(wds)) and np.allclose(outs["dbias"], np.ravel(wdb))
+
+
+@pytest.mark.parametrize("long_rows", [False, True])
+@pytest.mark.parametrize("dims,dtype", [((1, 56616), F32), ((2, 40000), F32), ((33, 8552), F32), ((5, 32768), BF16),
+                                        ((3, 56616), F16), ((200, 8192), F32), ((5315, 6144), F32),
+                                        ((200, 8192), BF16)])
+def test_rowx_backward_whole_vector_rows(dims, dtype, long_rows, monkeypatch):
+    """Whole-vector rows on bwd_rowx (period 1, no edge vectors): the rows no whole-vector backward kernel
+    serves (gen before) always; with ROWX_BWD_LONG the 8-block cluster kernel's float rows that one bwd_rowx
+    block holds when they are at least the SMs (not 33 x 8552: fewer rows, and a cluster of bwd_rowx blocks);
+    every element once at its row's address with its parameter (the emulation), the workspace query the
+    plan's."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_LONG", long_rows)
+    h = cpu_handle()
+    nd = _nd(RMS if dims[0] % 2 else LAYER)
+    x = _desc(dims, dtype)
+    pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
+    lc = pl.alternatives[0][0]
+    assert "gen" not in lc.expr
+    moved = long_rows and dtype == F32 and dims[0] >= h.sm_count and dims[1] <= 8192
+    if not ("bwd_rowx" in lc.expr):
+        assert not moved and "cluster=8" in lc.desc, lc.desc
+        return
+    assert moved or dims[1] > 32768 or "cluster" not in lc.desc, lc.desc
+    assert lc.params.pf == 1, lc.desc  # (period 1: whole vectors from a 16-byte boundary)
+    for operand in (0, 1, 2):
+        addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
+        want = (np.arange(dims[0])[:, None] * dims[1] + np.arange(dims[1])[None, :]).ravel()
+        assert sorted(addr.tolist()) == want.tolist()
+        assert ((addr - sset * dims[1]) == spar).all()
+    assert pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, *_params(x, nd)) == pl.workspace
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("dims,dtype", [((417, 2770), BF16), ((21, 1439), F32), ((300, 37), F16)])
+def test_rowx_backward_rows_per_group(dims, dtype, k, monkeypatch):
+    """ROWX_BWD_ROWS: bwd_rowx's grid with each group walking at least k rows of its class (fewer finish
+    slots); every element once at its row's address with its parameter, the workspace query the plan's."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_ROWS", k)
+    h = cpu_handle()
+    nd = _nd(LAYER)
+    x = _desc(dims, dtype)
+    pl = N._plan(h, nd, x, x, x, _params(x, nd)[1], True)
+    lc = pl.alternatives[0][0]
+    assert "bwd_rowx" in lc.expr, lc.desc
+    period, spb = lc.params.pf, lc.block[0] // lc.params.group
+    assert lc.grid[0] <= period * max(1, -(-(-(-dims[0] // period)) // (spb * k))), lc.desc
+    for operand in (0, 1, 2):
+        addr, sset, spar, _ = _emulate_bwd_rowx(lc.params, lc, operand, pl)
+        want = (np.arange(dims[0])[:, None] * dims[1] + np.arange(dims[1])[None, :]).ravel()
+        assert sorted(addr.tolist()) == want.tolist()
+        assert ((addr - sset * dims[1]) == spar).all()
+    assert pydnn.get_norm_backward_workspace_size(h, nd, x, x, x, *_params(x, nd)) == pl.workspace
+
+
+@pytest.mark.parametrize("cl1", [False, True])
+@pytest.mark.parametrize("kind,groups,dims", [(INSTANCE, 0, (2, 7, 4, 4)), (GROUP, 3, (2, 9, 2, 6)),
+                                              (INSTANCE, 0, (3, 42, 6, 5)), (INSTANCE, 0, (2, 495, 4, 4)),
+                                              (GROUP, 5, (3, 25, 4, 3))])
+def test_gsf_visits_every_element_once(kind, groups, dims, cl1, monkeypatch):
+    """gsf_fwd (NHWC float, C without 4-element channel vectors): the super-row walk reads every element of
+    x once per pass, at its own address (the emulation of the launch's blocks, threads and super-rows)."""
+    monkeypatch.setattr(tuning.norm, "GS_MIN_BYTES", 1)
+    for name in ("GN_FWD", "GN_BWD", "GN_REG"):
+        monkeypatch.setattr(tuning.norm, name, False)
+    if cl1:
+        monkeypatch.setattr(N, "GS_CLUSTER_UNITS_PER_SM", 0)
+    h = cpu_handle()
+    x = _desc(dims, F32, packed_strides(dims, NHWC))
+    nd = _nd(kind, groups) if kind == GROUP else _nd(kind)
+    pl = N._plan(h, nd, x, x, None, _params(x, nd)[1], False)
+    lc = pl.alternatives[0][0]
+    assert lc.desc.startswith("gsf_fwd") and (" cl=1 " in lc.desc) == cl1, lc.desc
+    addr = _emulate_gs(lc.params, lc, 0)[0]
+    assert sorted(np.asarray(addr).tolist()) == list(range(int(np.prod(dims))))

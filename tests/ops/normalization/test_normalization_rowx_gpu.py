@@ -133,3 +133,36 @@ def test_rowx_backward_cluster_blocks(handle, rng, monkeypatch, dtype):
             alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
             assert alts[0][0].startswith("bwd_rowx") and " cl=" in alts[0][0], alts
             _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
+
+
+@pytest.mark.parametrize("long_rows", [False, True], ids=["default", "ROWX_BWD_LONG"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rowx_backward_whole_vector_long_rows(handle, rng, monkeypatch, long_rows, dtype):
+    """Whole-vector rows the whole-vector backward kernels do not serve (fp32 1 x 56616, 2 x 40000: gen
+    before, 220 us on the H200): bwd_rowx_cl; with ROWX_BWD_LONG the 8-block cluster kernel's float rows that
+    one bwd_rowx block holds, at least as many as the SMs (fp32 200 x 8192); 33 x 8552 and 5 x 32768 keep
+    the cluster kernel."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_LONG", long_rows)
+    for kind, dims in ((RMS, (1, 56616)), (LAYER, (2, 40000)), (LAYER, (33, 8552)), (RMS, (5, 32768)),
+                       (RMS, (max(200, handle.sm_count), 8192))):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert "gen" not in alts[0], alts
+        if (dtype == F32 and dims[1] > 32768) or (long_rows and dtype == F32 and dims[1] == 8192):
+            assert alts[0][0].startswith("bwd_rowx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                        dbias=False)
+
+
+@pytest.mark.parametrize("k", [4, 8])
+def test_rowx_backward_rows_per_group(handle, rng, monkeypatch, k):
+    """ROWX_BWD_ROWS: groups walking at least k rows of their class (the dscale / dbias partials summed over
+    more rows per slot, fewer slots for finish)."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_ROWS", k)
+    for kind, dims, dtype in ((LAYER, (417, 2770), BF16), (LAYER, (21, 1439), F32), (RMS, (300, 37), F16)):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_rowx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))

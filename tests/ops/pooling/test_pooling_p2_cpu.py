@@ -51,6 +51,9 @@ def test_p2_plans(monkeypatch):
     assert f[-1] == "p2_fwd" and b[-1] == "p2_bwd" and "p2_fwd" not in f[:-1] and "p2_bwd" not in b[:-1]
     monkeypatch.setattr(tuning.pooling, "P2_CLAST", False)
     assert _kernels((2, 5, 9, 9), ((3, 3), (1, 1), (2, 2)), layout="nhwc") == (["fwd"], ["bwd"])
+    monkeypatch.setattr(tuning.pooling, "P2_BWD", False)  # the backward only
+    assert _kernels((101, 38, 50, 50), ((3, 3), (1, 1), (2, 2))) == (["p2_fwd"], ["bwd"])
+    monkeypatch.setattr(tuning.pooling, "P2_BWD", True)
     monkeypatch.setattr(tuning.pooling, "P2", False)
     assert _kernels((101, 38, 50, 50), ((3, 3), (1, 1), (2, 2))) == (["fwd"], ["bwd"])
 

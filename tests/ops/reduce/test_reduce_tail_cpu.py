@@ -54,3 +54,17 @@ def test_batched_tail_visits_each_unit_once_in_order():
         for G in (1, 2, 4, 8, 32, 128, 256):
             for lane in range(min(G, units + 1)):
                 assert _lane_visits(units, G, lane) == list(range(lane, units, G))
+
+
+def test_row_rounds_sets_the_group(monkeypatch):
+    """tuning.reduce.ROW_ROUNDS: the sweep's AVG 53513 x 2824 float32 rows (706 vectors) get G 128 at 2
+    rounds (5.5 vectors per thread: two memory round trips), 256 at 1 (2.8: one); the group is capped at a
+    block; every lane's tail stays within 0..3."""
+    from pydnn import tuning
+    h = cpu_handle()
+    for rounds, want in ((2, 128), (1, 256), (3, 64)):
+        monkeypatch.setattr(tuning.reduce, "ROW_ROUNDS", rounds)
+        pl = R._plan(h, _rdesc(pydnn.PYDNN_REDUCE_TENSOR_AVG), _desc((53513, 2824)), _desc((53513, 1)))
+        lc = pl.launches[0]
+        assert lc.kind == "rows_vec" and lc.params.group == want, (rounds, lc.params.group)
+        assert tails(lc.params.units, lc.params.group) <= {0, 1, 2, 3}

@@ -44,3 +44,18 @@ def test_sweep_avg_rows(handle, rng):
     c = DevTensor(cdims, F32)
     _check(handle, AVG, a.desc, a.ptr, av, c, F32, "avg 8192 x 2824")
     assert np.isfinite(c.download()).all()
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_row_rounds(handle, rng, monkeypatch, rounds):
+    """tuning.reduce.ROW_ROUNDS (the group per row: rounds of kUnroll vector loads per thread): the tails and
+    sweep rows with each setting, C poisoned, aligned and unaligned A."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.reduce, "ROW_ROUNDS", rounds)
+    cases = [((517, 2824), F32, AVG), ((33, 16384), F16, MAX), ((5, 65536), BF16, ADD), ((97, 1001), F32, NORM2)]
+    for dims, ta, op in cases:
+        for shift in (0, 1):
+            a = Shifted(dims, ta, None, shift)
+            av = a.upload(_values(rng, dims, op, ta))
+            c = DevTensor((dims[0], 1), ta)
+            _check(handle, op, a.desc, a.ptr, av, c, ta, f"rounds {rounds} {dims} op {op} shift {shift}")

@@ -27,11 +27,17 @@ ROW_CASES = [
     ((3, 4096), (1, 4096), None),          # several column tiles, fewer rows than ROWS
     ((130, 24), (1, 24), (32, 1)),         # padded output rows
     ((2, 5, 96), (1, 1, 96), None),        # 3-d, leading dims merged
+    # rows that are not a multiple of the vector: the scalar map_rows (BROADCAST_ROWS_SCALAR)
+    ((9, 50083), (1, 50083), None),        # the sweep's bias 8659 x 50083, fewer rows: 196 column tiles
+    ((33, 75), (1, 75), None),             # 2 rows per 256-thread block row
+    ((5, 13), (1, 13), (15, 1)),           # padded odd rows
+    ((3, 1, 7), (1, 1, 7), None),          # 3-d, very short rows
 ]
 
 
-def _uses_rows(handle, rec_dims, dtype):
-    """Whether add_tensor's record for these descriptors launches map_rows on aligned pointers."""
+def _uses_rows(handle, rec_dims, dtype, vec=None):
+    """Whether add_tensor's record for these descriptors launches map_rows (vec 1: the scalar variant) on
+    aligned pointers."""
     cdims, adims, strides = rec_dims
     c, a = DevTensor(cdims, dtype, strides), DevTensor(adims, dtype)
     T.add_tensor(handle, 1.0, a.desc, a.ptr, 0.0, c.desc, c.ptr)
@@ -41,16 +47,17 @@ def _uses_rows(handle, rec_dims, dtype):
     if TAGS[dtype] not in T.ROWS_TAGS:  # (double: no rows unit, map_strided serves)
         return False
     return rec.vec_func == handle.function(f"tensor_ops.rows.{TAGS[dtype]}",
-                                                               T.rows_expr(T.SCALED, TAGS[dtype]))
+                                           T.rows_expr(T.SCALED, TAGS[dtype], vec))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_add_tensor_bias_rows(handle, rng, dtype):
     for cdims, adims, strides in ROW_CASES:
         vec = ew.vec_width(TAGS[dtype], TAGS[dtype])
-        expect = (cdims[-1] % vec == 0 and (strides is None or strides[0] % vec == 0)
-                  and TAGS[dtype] in T.ROWS_TAGS)
-        assert _uses_rows(handle, (cdims, adims, strides), dtype) == expect, (cdims, dtype)
+        vector = cdims[-1] % vec == 0 and (strides is None or strides[0] % vec == 0)
+        rows = TAGS[dtype] in T.ROWS_TAGS
+        assert _uses_rows(handle, (cdims, adims, strides), dtype) == (vector and rows), (cdims, dtype)
+        assert _uses_rows(handle, (cdims, adims, strides), dtype, 1) == (not vector and rows), (cdims, dtype)
         a, c = DevTensor(adims, dtype), DevTensor(cdims, dtype, strides)
         av = a.random(rng)
         c.poison()
@@ -116,3 +123,15 @@ def test_bias_rows_off_and_unaligned(handle, rng, monkeypatch, dtype):
     want = bv[1:1 + n].reshape(cdims) + av
     assert_close(got[1:1 + n].reshape(cdims), want, dtype, "unaligned C", scale=np.abs(bv[1:1 + n].reshape(cdims)) + np.abs(av))
     assert got[0] == bv[0] and (got[1 + n:] == bv[1 + n:]).all()
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_bias_rows_scalar_off(handle, rng, monkeypatch, dtype):
+    """BROADCAST_ROWS_SCALAR off: odd rows take map_strided again, same results."""
+    cdims, adims = (33, 75), (1, 75)
+    monkeypatch.setattr(tuning.tensor_ops, "BROADCAST_ROWS_SCALAR", False)
+    assert not _uses_rows(handle, (cdims, adims, None), dtype, 1)
+    a, c = DevTensor(adims, dtype), DevTensor(cdims, dtype)
+    av, c0 = a.random(rng), c.random(rng)
+    pydnn.add_tensor(handle, 1.0, a.desc, a.ptr, 1.0, c.desc, c.ptr)
+    assert_close(c.download(), av + c0, dtype, "scalar switch off", scale=np.abs(av) + np.abs(c0))
