@@ -57,16 +57,17 @@ template <class T> __device__ __forceinline__ void ldf2(const T* p, float& a, fl
   unpack16x2<T>(w, a, b);
 }
 
-// A run of E consecutive elements as one aligned vector, to / from float (Run); Run16 (16-bit types, E
+// A run of E consecutive elements as one aligned vector, to / from float (Run; `a` points at E floats of a
+// register array, indexed by constants once the callers' loops unroll); Run16 (16-bit types, E
 // even: the generator picks it) goes through 32-bit words (one shift or mask per element in, one paired conversion per two elements out) instead of a
 // widening move and a per-element conversion plus merge.
 template <class T, int E> struct Run {
-  __device__ static __forceinline__ void load(const T* p, float (&a)[E]) {
+  __device__ static __forceinline__ void load(const T* p, float* a) {
     const Vec<T, E> w = *reinterpret_cast<const Vec<T, E>*>(p);
 #pragma unroll
     for (int e = 0; e < E; ++e) a[e] = pydnn::load<float>(w.v[e]);
   }
-  __device__ static __forceinline__ void store(T* p, const float (&a)[E]) {
+  __device__ static __forceinline__ void store(T* p, const float* a) {
     Vec<T, E> w;
 #pragma unroll
     for (int e = 0; e < E; ++e) w.v[e] = pydnn::store<T>(a[e]);
@@ -75,12 +76,12 @@ template <class T, int E> struct Run {
 };
 template <class T, int E> struct Run16 {
   static_assert(E % 2 == 0, "pairs");
-  __device__ static __forceinline__ void load(const T* p, float (&a)[E]) {
+  __device__ static __forceinline__ void load(const T* p, float* a) {
     const Vec<unsigned, E / 2> w = *reinterpret_cast<const Vec<unsigned, E / 2>*>(p);
 #pragma unroll
     for (int e = 0; e < E / 2; ++e) unpack16x2<T>(w.v[e], a[2 * e], a[2 * e + 1]);
   }
-  __device__ static __forceinline__ void store(T* p, const float (&a)[E]) {
+  __device__ static __forceinline__ void store(T* p, const float* a) {
     Vec<unsigned, E / 2> w;
 #pragma unroll
     for (int e = 0; e < E / 2; ++e) w.v[e] = pack16x2<T>(a[2 * e], a[2 * e + 1]);

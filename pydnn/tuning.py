@@ -418,6 +418,21 @@ torch = Switches(
                          "the CNN demo's second convolution"),
 )
 
+graph = Switches(
+    "graph", "the graph API's generated pointwise kernels (pydnn/graph/codegen.py, engines.PwStep)",
+    PW_SPLIT=(True, "the vector and element-by-element forms of a generated pointwise kernel as two loops (the "
+                    "kernel picks one by its alignment flag) instead of one loop testing the flag, where the compiler "
+                    "predicates both forms' loads into the body (~30 issue slots an 8-element run of the 8-op chain)"),
+    PW_RUNS=(1, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
+                "fewer where 32 x run x this does not divide the innermost dim): more loads in flight, one index "
+                "walk for all"),
+    PW_GRID=(0, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
+                "occupancy of the kernel, asked at the first launch on a handle); n > 0: at most n an SM (16: the "
+                "generator's first form, 2.67 waves of the 8-op chain's 6 resident blocks)"),
+    PW_MIN_BLOCKS=(0, "__launch_bounds__(256, n) of a generated pointwise kernel (0: none): caps its registers at "
+                      "65536 / (256 n)"),
+)
+
 callpath = Switches(
     "callpath", "host work per call (pydnn/ops/_replay.py, pydnn/ops/mha.py's plans, libpydnn's C fast path)",
     MHA_PLANS=(True, "the legacy multi-head attention calls keep a recorded plan per descriptor set and replay it "

@@ -17,7 +17,12 @@ Rows:
   host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
               between syncs, int pointers and torch tensors).
 
-    python tools/bench_graph.py [--quick [--ab]]
+    python tools/bench_graph.py [--quick [--ab]] [--chain]
+
+--chain (~30 s): the 8-op chain's generated kernel in each form of pydnn.tuning.graph (CHAIN_FORMS: the
+first form, the split loops, one wave of resident blocks, 2 / 4 runs a thread, launch bounds), with s and
+b broadcast (x and y moved) and with s and b full-size (four tensors moved), against torch eager and the copy
+bandwidth of the same run.
 
 --quick --ab (the graph branch's mid-session run, ~40 s with its compiles): the 128x256 wgmma tile one block a
 tile, persistent (tuning.matmul.WG_PERSIST) and each WG_CANDIDATES entry, plain on 16384x4096x4096 and 8192^3
@@ -153,11 +158,13 @@ def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
         note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x")
 
 
-def _chain_graph(h, n=64, c=1024, w=4096):
+def _chain_graph(h, n=64, c=1024, w=4096, full=False):
+    """The 8-op chain y = tanh(clip(gelu(x * s + b) * x - b, 0, 4)) + x; s [1, C, 1] and b [1, 1, W]
+    (broadcast: the bytes moved are x and y), or (full) s and b of x's shape (four full tensors moved)."""
     g = Graph(io_data_type=BF16, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
-    s = g.tensor(name="s", dim=[1, c, 1])
-    b = g.tensor(name="b", dim=[1, 1, w])
+    s = g.tensor(name="s", dim=[n, c, w] if full else [1, c, 1])
+    b = g.tensor(name="b", dim=[n, c, w] if full else [1, 1, w])
     v = g.gelu(g.add(g.mul(x, s), b))
     v = g.tanh(g.relu(g.sub(g.mul(v, x), b), upper_clip=4.0))
     g.add(v, x).set_output(True).set_name("y")
@@ -181,6 +188,74 @@ def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
     ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
     row("chain8", f"8 ops, 3 inputs, {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager", nbytes=2 * tx.numel() * 2,
         copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+
+
+# --chain: the pointwise kernel's forms (pydnn.tuning.graph), label -> switches; "first form" is the
+# generator before the split (one loop testing the vector flag, 16 blocks an SM)
+CHAIN_FORMS = [
+    ("first form", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split, one wave", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=0, PW_MIN_BLOCKS=0)),
+    ("split, one wave, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=0)),
+    ("split, one wave, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=0, PW_MIN_BLOCKS=0)),
+    ("split, 16/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split, 16/SM, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split, one wave, 2 runs, minb 4", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=4)),
+]
+
+
+def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
+    """Each CHAIN_FORMS form of the 8-op chain, broadcast s / b and full-size s / b, against torch eager in
+    alternating rounds; GB/s of the bytes each must move against the copy measured in this run. Every
+    kernel is compiled first, in parallel threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn import tuning
+    from pydnn._build import loader
+    from pydnn.graph import engines
+
+    graphs, units = {}, []
+    orig = engines._compile
+    engines._compile = lambda handle, unit: units.append(unit)
+    try:
+        for full in (False, True):
+            for label, sw in CHAIN_FORMS:
+                with tuning.override({f"graph.{k}": v for k, v in sw.items()}):
+                    g, _ = _chain_graph(h, n, c, w, full)
+                    g.build_operation_graph().create_execution_plans().build_plans()
+                graphs[(full, label)] = g
+    finally:
+        engines._compile = orig
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), units))
+    print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+    for full in (False, True):
+        tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
+        shp = (n, c, w)
+        ts = torch.randn(*(shp if full else (1, c, 1)), device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(*(shp if full else (1, 1, w)), device="cuda", dtype=torch.bfloat16)
+        ty = torch.empty_like(tx)
+        bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
+        nbytes = (4 if full else 2) * tx.numel() * 2
+        want = torch.tanh((F.gelu(tx.float() * ts.float() + tb.float()) * tx.float() - tb.float()).clamp(0, 4)) \
+            + tx.float()
+
+        def torch_chain():
+            v = F.gelu(tx * ts + tb)
+            return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
+
+        what = "s, b full" if full else "s, b broadcast"
+        for label, _ in CHAIN_FORMS:
+            g = graphs[(full, label)]
+            st = g._plan_obj.built.steps[0]
+            ty.fill_(float("nan"))
+            ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
+            torch.cuda.synchronize()
+            err = float(((ty.float() - want).abs() / (want.abs() + tx.float().abs() + 1)).max())
+            row("chain8", f"{what} [{label}] grid {st.grid[0]} (err {err:.1e})", "bf16", ms_p, ms_t, "torch eager",
+                nbytes=nbytes, copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+        del tx, ts, tb, ty, want
 
 
 def bench_build(h, m=4096, n=4096, k=4096):
@@ -398,6 +473,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     p.add_argument("--ab", action="store_true", help="with --quick: the wgmma forms compared (bench_ab)")
+    p.add_argument("--chain", action="store_true", help="the 8-op chain's kernel forms only (bench_chain_forms)")
     args = p.parse_args()
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
@@ -406,6 +482,9 @@ def main():
     dst = torch.empty_like(src)
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
+    if args.chain:
+        bench_chain_forms(h, copy_gbs)
+        return
     if args.quick and args.ab:
         bench_ab(h, copy_gbs)
         return

@@ -84,6 +84,49 @@ def test_chain8(handle, rng, monkeypatch, io, mode, engine, launches):
     ty.check_untouched()
 
 
+FORMS = [dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16), dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=0),
+         dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0), dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16),
+         dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=1, PW_MIN_BLOCKS=2)]
+
+
+@pytest.mark.parametrize("form", range(len(FORMS)))
+@pytest.mark.parametrize("io, xpad", [(BF16, 0), (F16, 4), (F32, 0), (BF16, 2)],
+                         ids=["bf16", "f16-pad4", "f32", "bf16-pad2"])
+def test_chain8_kernel_forms(handle, rng, monkeypatch, form, io, xpad):
+    """The chain in each form of the generated kernel (pydnn.tuning.graph: one loop or split loops, 1 / 2 /
+    4 runs a thread, one wave or a fixed grid of several iterations a thread, launch bounds), one launch,
+    against float64; x with rows padded by xpad elements takes the element-by-element loop (its runs are
+    not 16-byte aligned); the form with a grid of 1 block an SM runs on a handle that claims one SM, so the
+    block's threads loop."""
+    from pydnn import tuning
+
+    for k, v in FORMS[form].items():
+        monkeypatch.setattr(tuning.graph, k, v)
+    if FORMS[form]["PW_GRID"] == 1:  # one block in all: its threads take 3 iterations each
+        monkeypatch.setattr(handle, "sm_count", 1)
+    dims = (3, 8, 1024)
+    g, (x, s, b, y) = _chain_graph(handle, io, dims)
+    n, c, w = dims
+    if xpad:
+        x.set_stride([c * (w + xpad), w + xpad, 1])
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1
+    step = g._plan_obj.built.steps[0]
+    assert step.runs == FORMS[form]["PW_RUNS"]
+    tx = DevTensor(dims, io, x.stride) if xpad else DevTensor(dims, io)
+    ts, tb, ty = (DevTensor(t.dim, io) for t in (s, b, y))
+    xv, sv, bv = tx.random(rng, -2, 2), ts.random(rng, -2, 2), tb.random(rng, -2, 2)
+    count = Launches(monkeypatch)
+    g.execute({x: tx.ptr, s: ts.ptr, b: tb.ptr, y: ty.ptr}, 0, handle=handle)
+    assert count.n == 1
+    assert step.vec_static == (xpad == 0)
+    if FORMS[form]["PW_GRID"] == 1:
+        assert step.grid == (1, 1, 1)
+    want = _chain_ref(xv, sv, bv)
+    assert_close(ty.download(), want, io, f"chain8 form {FORMS[form]}", scale=np.abs(want) + np.abs(xv) + 1)
+    ty.check_untouched()
+
+
 def test_chain8_strided_output(handle, rng):
     """Output with padded strides and an input stored transposed (non-packed): one kernel still."""
     g = Graph(io_data_type=F32, handle=handle)

@@ -1,0 +1,122 @@
+"""The generated pointwise kernel's forms (pydnn.tuning.graph: split loops, runs a thread, grid, launch
+bounds) on the CPU: the numpy emulation of the kernel's loop visits every element once with numpy's
+broadcast offsets, the run count and launch shape rules, the engine's choice per switch, and NVRTC compiles
+the 8-op chain in every form for sm_80 and sm_90 without spills."""
+import re
+
+import numpy as np
+import pytest
+
+import pydnn as P
+from pydnn import tuning
+from pydnn.graph import Graph
+from pydnn.graph import codegen as cg
+from test_fuzz_cpu import cpu_handle
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pwformscache"))
+
+
+@pytest.mark.parametrize("dims, strides, elems, runs, threads", [
+    ([64, 512], [[512, 1], [0, 1], [1, 0]], 8, 2, 64),        # two runs, several iterations a thread
+    ([3, 4, 1024], [[4096, 1024, 1], [0, 1, 0], [0, 0, 1]], 8, 4, 32),
+    ([3, 4, 1024], [[4096, 1024, 1], [0, 1, 0], [0, 0, 1]], 4, 8, 96),
+    ([5, 256], [[256, 1], [1, 5]], 8, 1, 7 * 32),              # one run: the first form's order
+    ([2, 7, 256], [[1792, 256, 1], [0, 0, 1]], 2, 4, 256),     # more threads than runs
+])
+def test_kernel_loop_visits_every_element_once(dims, strides, elems, runs, threads):
+    assert dims[-1] % (32 * elems * runs) == 0 or runs == 1
+    idx, off = cg.kernel_visits(dims, strides, elems, runs, threads)
+    assert np.array_equal(np.sort(idx), np.arange(int(np.prod(dims))))
+    want = cg.offsets(dims, strides)
+    for k in range(len(strides)):
+        np.testing.assert_array_equal(off[k], want[k][idx])
+
+
+def test_kernel_loop_one_run_matches_thread_offsets():
+    dims, strides = [6, 64], [[64, 1], [0, 1]]
+    idx, off = cg.kernel_visits(dims, strides, 4, 1, 1 << 20)  # one iteration: thread order is index order
+    assert np.array_equal(idx, np.arange(6 * 64))
+    np.testing.assert_array_equal(off, cg.thread_offsets(dims, strides, 4))
+
+
+def test_run_count():
+    assert cg.run_count([64, 4096], 8, 4) == 4
+    assert cg.run_count([64, 4096], 8, 16) == 16 and cg.run_count([64, 4096], 8, 32) == 16
+    assert cg.run_count([64, 512], 8, 4) == 2       # 32 * 8 * 4 = 1024 does not divide 512
+    assert cg.run_count([64, 130], 2, 4) == 1
+    assert cg.run_count([64, 4096], 8, 3) == 2      # powers of two only
+    assert cg.run_count([64, 4096], 8, 1) == 1
+
+
+def test_launch_shape_runs_and_grid():
+    dims, st = [64, 1024, 4096], [[4194304, 4096, 1], [0, 1, 0]]
+    e, wide, grid = cg.launch_shape(dims, st, 132, [2, 2], runs=4, per_sm=16)
+    assert e == 8 and not wide and grid[0] == 132 * 16
+    assert cg.launch_shape(dims, st, 132, [2, 2], runs=4, per_sm=6)[2][0] == 132 * 6
+    assert cg.launch_shape([8, 1024], [[1024, 1]], 132, [2], runs=4)[2][0] == 1   # 8192 elements: one block
+    assert cg.launch_shape([2**30, 4], [[4, 1]], 132, [4], runs=1)[1] is True
+
+
+def _chain(h, dims):
+    n, c, w = dims
+    g = Graph(io_data_type=P.PYDNN_DATA_BFLOAT16, handle=h)
+    x = g.tensor(name="x", dim=[n, c, w])
+    s = g.tensor(name="s", dim=[1, c, 1])
+    b = g.tensor(name="b", dim=[1, 1, w])
+    v = g.gelu(g.add(g.mul(x, s), b))
+    v = g.tanh(g.relu(g.sub(g.mul(v, x), b), upper_clip=4.0))
+    g.add(v, x).set_output(True).set_name("y")
+    return g
+
+
+def _step(monkeypatch, dims, **sw):
+    for k, v in sw.items():
+        monkeypatch.setattr(tuning.graph, k, v)
+    g = _chain(cpu_handle(), dims)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    return g._plan_obj.built.steps[0]
+
+
+def test_engine_follows_switches(monkeypatch):
+    from pydnn._build import cache
+
+    st = _step(monkeypatch, (4, 16, 1024), PW_RUNS=4, PW_GRID=16, PW_SPLIT=True, PW_MIN_BLOCKS=0)
+    text = cache._source_memo[st.unit.source][0]
+    assert st.runs == 4 and "constexpr int R = 4;" in text and st.grid == (8, 1, 1)  # 65536 / (8 * 4 * 256)
+    assert "_loop<1>(p);" in text and "_loop<0>(p);" in text and "__launch_bounds__(256)" in text
+    st1 = _step(monkeypatch, (4, 16, 1024), PW_RUNS=1, PW_GRID=16, PW_SPLIT=False, PW_MIN_BLOCKS=3)
+    t1 = cache._source_memo[st1.unit.source][0]
+    assert st1.runs == 1 and "_loop<2>(p);" in t1 and "_loop<1>" not in t1 and "__launch_bounds__(256, 3)" in t1
+    assert st1.unit.name != st.unit.name
+    st2 = _step(monkeypatch, (4, 16, 96), PW_RUNS=4)       # 32 * 8 * 2 does not divide 96: one run
+    assert st2.runs == 1
+    st3 = _step(monkeypatch, (64, 1024, 4096), PW_RUNS=2, PW_GRID=0)
+    assert st3.per_sm == 0 and st3.work_blocks == 64 * 1024 * 4096 // (8 * 2 * 256)
+
+
+PROPS = re.compile(r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores"
+                   r"[^\n]*\n[^\n]*?Used (\d+) registers")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_chain_forms_compile_without_spills(arch, monkeypatch):
+    """NVRTC compiles the 8-op chain (bf16, the benchmark's broadcasts) in each form; ptxas reports no
+    spill, and the split forms stay within the registers of one wave of at least 4 blocks of 256."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    for split, runs, minb in ((False, 1, 0), (True, 1, 0), (True, 2, 0), (True, 4, 0), (True, 2, 4)):
+        st = _step(monkeypatch, (2, 8, 4096), PW_SPLIT=split, PW_RUNS=runs, PW_MIN_BLOCKS=minb)
+        assert st.runs == runs
+        text = cache._source_memo[st.unit.source][0]
+        _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), arch,
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+        props = {f: (int(a), int(b), int(r)) for f, a, b, r in PROPS.findall(log)}
+        frame, spill, regs = props[lowered[st.expr]]
+        assert (frame, spill) == (0, 0), log
+        assert regs <= 64, (split, runs, minb, log)
