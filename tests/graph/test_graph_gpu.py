@@ -274,6 +274,54 @@ def test_matmul_epilogue_large_tile(handle, rng, monkeypatch):
                  scale=(np.abs(av[0]) @ np.abs(wv[0]))[None] + np.abs(bv))
 
 
+@pytest.mark.parametrize("m, n, k, on_b, red", [(128, 96, 64, False, False), (77, 130, 40, True, False),
+                                                (256, 256, 128, False, True), (512, 512, 256, True, False)],
+                         ids=["a_only", "ab_odd", "a_rowmax", "ab_512"])
+def test_matmul_prologue(handle, rng, monkeypatch, m, n, k, on_b, red):
+    """gelu(relu(x * s) @ w' + bias), w' = tanh(w) + h when on_b (a prologue on B too), optionally with a
+    row max of the result: the fusion engine runs one pointwise kernel per computed operand (into the
+    workspace, rounded to bf16 as the GEMM reads it) and the fused GEMM; launches counted."""
+    from pydnn.reference import dtypes as rd
+
+    g = Graph(io_data_type=BF16, intermediate_data_type=F32, handle=handle)
+    x = g.tensor(name="x", dim=[1, m, k])
+    s = g.tensor(name="s", dim=[1, 1, k])
+    w = g.tensor(name="w", dim=[1, k, n])
+    h = g.tensor(name="h", dim=[1, 1, 1])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    a = g.relu(g.mul(x, s))
+    b = g.add(g.tanh(w), h) if on_b else w
+    v = g.gelu(g.add(g.matmul(a, b), bias))
+    if red:
+        y = g.reduction(v, P.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1]).set_output(True).set_name("y")
+    else:
+        y = v.set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 2 + on_b
+    tx, ts, tw, th, tb, ty = (DevTensor(t.dim, BF16) for t in (x, s, w, h, bias, y))
+    xv, sv, wv = tx.random(rng, -1, 1), ts.random(rng, -1, 1), tw.random(rng, -1, 1)
+    hv, bv = th.random(rng, -0.5, 0.5), tb.random(rng, -1, 1)
+    ws = _ws(g)
+    assert ws is not None
+    ws.fill_bytes(0xFF)
+    bufs = {x: tx.ptr, s: ts.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}
+    if on_b:
+        bufs[h] = th.ptr
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr, handle=handle)
+    assert count.n == 2 + on_b
+    av = rd.from_storage(rd.to_storage(np.maximum(xv * sv, 0.0), BF16), BF16)       # stored as the GEMM reads it
+    bw = rd.from_storage(rd.to_storage(np.tanh(wv) + hv, BF16), BF16) if on_b else wv
+    c = np.matmul(av, bw) + bv
+    want = ref.pointwise("GELU_FWD", c)
+    scale = np.matmul(np.abs(av), np.abs(bw)) + np.abs(bv)
+    if red:
+        want, scale = want.max(axis=-1, keepdims=True), scale.max(axis=-1, keepdims=True)
+    # the operands may round the other way at a tie of the device's and numpy's float math: 2x the scale
+    assert_close(ty.download(), want, BF16, f"prologue {m}x{n}x{k} on_b {on_b} red {red}", scale=2 * scale)
+    ty.check_untouched()
+
+
 def test_c_program(tmp_path):
     """tests/c/graph_gpu.c: a fused and a node-by-node plan built and run through the C backend API, and
     pydnnMatmul, against host math."""
