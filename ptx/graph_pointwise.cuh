@@ -26,6 +26,25 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
   float th = tanhf(k * (v + 0.044715f * v * v * v));
   return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v);
 }
+// tanhf of a value the generator proved lies in [0, 9] (or is NaN): a RELU_FWD with lower clip >= 0, slope 0
+// and upper clip <= 9 feeding TANH_FWD (codegen.expressions). The steps of CUDA 13's tanhf (its SASS for
+// sm_90: 1 - 2 / (2^(2x log2 e) + 1) with MUFU.EX2 / MUFU.RCP from 0.6 up, the odd polynomial below) with
+// the two that cannot change such a value left out: the saturation to 1 from |x| >= 9.0109 and the copy
+// of x's sign (a FSETP, a FSEL and a LOP3 an element: ~6% of the 8-op chain's instructions). Bitwise
+// tanhf's result on [-0, 9] (tests/graph/test_graph_gpu.py sweeps it).
+__device__ __forceinline__ float tanh_nonneg(float x) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * 2.8853900432586669922f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+  const float big = fmaf(r, -2.0f, 1.0f);
+  const float x2 = x * x;
+  float q = fmaf(x2, __int_as_float(0x3c80f082), -0.052303962409496307373f);
+  q = fmaf(x2, q, 0.1331529766321182251f);
+  q = fmaf(x2, q, -0.33332768082618713379f);
+  q = fmaf(x2, q, 0.0f);
+  const float small = fmaf(x, q, x);
+  return x >= 0.6f ? big : small;
+}
 __device__ __forceinline__ float swish_grad(float v, float beta) {
   float s = 1.0f / (1.0f + expf(-beta * v));
   return s + beta * v * s * (1.0f - s);

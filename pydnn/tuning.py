@@ -431,6 +431,8 @@ graph = Switches(
                 "generator's first form, 2.67 waves of the 8-op chain's 6 resident blocks)"),
     PW_MIN_BLOCKS=(0, "__launch_bounds__(256, n) of a generated pointwise kernel (0: none): caps its registers at "
                       "65536 / (256 n)"),
+    PW_RANGE=(True, "TANH_FWD of a value a RELU_FWD clips into [0, 9] (slope 0) as tanh_nonneg: tanhf's bits there "
+                    "without its saturation and sign steps (3 instructions an element less); off: tanhf"),
 )
 
 callpath = Switches(

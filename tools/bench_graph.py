@@ -201,7 +201,10 @@ CHAIN_FORMS = [
     ("split, 16/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=16, PW_MIN_BLOCKS=0)),
     ("split, 16/SM, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0)),
     ("split, one wave, 2 runs, minb 4", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=4)),
+    ("split, one wave, 2 runs, tanhf", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=0, PW_RANGE=False)),
+    ("first form, tanhf", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_RANGE=False)),
 ]
+CHAIN_FULL_FORMS = ("first form, tanhf", "split, one wave", "split, one wave, 2 runs", "split, one wave, 4 runs")
 
 
 def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
@@ -220,6 +223,8 @@ def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
     try:
         for full in (False, True):
             for label, sw in CHAIN_FORMS:
+                if full and label not in CHAIN_FULL_FORMS:
+                    continue
                 with tuning.override({f"graph.{k}": v for k, v in sw.items()}):
                     g, _ = _chain_graph(h, n, c, w, full)
                     g.build_operation_graph().create_execution_plans().build_plans()
@@ -247,6 +252,8 @@ def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
 
         what = "s, b full" if full else "s, b broadcast"
         for label, _ in CHAIN_FORMS:
+            if (full, label) not in graphs:
+                continue
             g = graphs[(full, label)]
             st = g._plan_obj.built.steps[0]
             ty.fill_(float("nan"))

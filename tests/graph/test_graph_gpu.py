@@ -127,6 +127,33 @@ def test_chain8_kernel_forms(handle, rng, monkeypatch, form, io, xpad):
     ty.check_untouched()
 
 
+def test_tanh_nonneg_is_tanhf_bitwise(handle):
+    """tanh(relu(x, upper 9)) (generated with tanh_nonneg: the range is proven) against tanh(x) (tanhf) on
+    float32 x in [-0, 9]: every float in [0.55, 0.65] (the branch point 0.6) and in [8.9, 9], 2^22 more
+    spread over [0, 9], zeros and denormals; the two outputs bitwise the same."""
+    def between(lo, hi):
+        a, b = np.array([lo, hi], np.float32).view(np.int32)
+        return np.arange(a, b + 1, dtype=np.int32).view(np.float32)
+
+    xs = np.concatenate([between(0.55, 0.65), between(8.9, 9.0), np.linspace(0, 9, 1 << 22, dtype=np.float32),
+                         np.array([0.0, -0.0, 1e-45, 1e-40, 1.17e-38, 1e-30, 1e-4], np.float32)])
+    outs = []
+    for ranged in (True, False):
+        g = Graph(io_data_type=F32, handle=handle)
+        x = g.tensor(name="x", dim=[1, xs.size])
+        y = g.tanh(g.relu(x, upper_clip=9.0) if ranged else x, name="y").set_output(True)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        assert g.engine_index() == 1
+        text = __import__("pydnn._build.cache", fromlist=["x"])._source_memo[g._plan_obj.built.steps[0].unit.source][0]
+        assert ("tanh_nonneg(" in text) == ranged
+        tx, ty = DevTensor(x.dim, F32), DevTensor(y.dim, F32)
+        tx.upload(xs.astype(np.float64)[None])
+        g.execute({x: tx.ptr, y: ty.ptr}, 0, handle=handle)
+        outs.append(ty.buf.to_numpy().view(np.uint32).copy())
+    bad = np.nonzero(outs[0] != outs[1])[0]
+    assert bad.size == 0, [(float(xs[i]), hex(outs[0][i]), hex(outs[1][i])) for i in bad[:8]]
+
+
 def test_chain8_strided_output(handle, rng):
     """Output with padded strides and an input stored transposed (non-packed): one kernel still."""
     g = Graph(io_data_type=F32, handle=handle)

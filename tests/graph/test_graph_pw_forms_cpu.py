@@ -120,3 +120,41 @@ def test_chain_forms_compile_without_spills(arch, monkeypatch):
         frame, spill, regs = props[lowered[st.expr]]
         assert (frame, spill) == (0, 0), log
         assert regs <= 64, (split, runs, minb, log)
+
+
+@pytest.mark.parametrize("params, alpha, on, want", [
+    (dict(upper=4.0), 1.0, True, True),
+    (dict(upper=9.0, lower=0.5), 1.0, True, True),
+    (dict(upper=9.5), 1.0, True, False),              # past the range tanh_nonneg matches tanhf on
+    (dict(), 1.0, True, False),                       # no upper clip
+    (dict(upper=4.0, lower=-1.0), 1.0, True, False),  # may be negative
+    (dict(upper=4.0, slope=0.1), 1.0, True, False),   # leaky: below the lower clip
+    (dict(upper=4.0), 2.0, True, False),              # tanh's own alpha1 scales the value
+    (dict(upper=4.0), 1.0, False, False),             # tuning.graph.PW_RANGE off
+])
+def test_tanh_of_a_clipped_value_uses_tanh_nonneg(monkeypatch, params, alpha, on, want):
+    monkeypatch.setattr(tuning.graph, "PW_RANGE", on)
+    nodes = [cg.PwNode(P.PYDNN_POINTWISE_RELU_FWD, params, x=("op", 0)),
+             cg.PwNode(P.PYDNN_POINTWISE_TANH_FWD, alpha1=alpha, x=("v", 0))]
+    prog = cg.PwProgram([("f32", "in"), ("f32", "out")], nodes, [(1, 1)])
+    (_, relu), (_, tanh) = cg.expressions(prog)
+    assert ("tanh_nonneg(" in tanh) == want and ("tanhf(" in tanh) == (not want)
+    # numpy evaluation of the emitted expressions (the CPU tests' emulation) against the reference formula
+    from pydnn.graph import pointwise_ops as pw
+
+    env = pw.numpy_namespace(np)
+    x = np.linspace(-3, 12, 301, dtype=np.float32)
+    v0 = eval(pw.to_numpy_source(relu.replace("in0", "x")), env, dict(x=x))  # noqa: S307
+    v1 = eval(pw.to_numpy_source(tanh.replace("v0", "v")), env, dict(v=v0))  # noqa: S307
+    lo, hi = params.get("lower", 0.0), params.get("upper", np.inf)
+    r = np.where(x < lo, lo + params.get("slope", 0.0) * (x - lo), np.minimum(x, hi))
+    np.testing.assert_allclose(v1, np.tanh(np.float32(alpha) * r.astype(np.float32)), rtol=1e-6)
+
+
+def test_chain_kernel_uses_tanh_nonneg_and_fewer_instructions(monkeypatch):
+    """The benchmark's chain (relu clipped at 4 -> tanh) is generated with tanh_nonneg; ptxas compiles it."""
+    from pydnn._build import cache
+
+    st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2)
+    text = cache._source_memo[st.unit.source][0]
+    assert "tanh_nonneg(" in text and "tanhf(" not in text and "erff(" in text
