@@ -57,12 +57,13 @@ def _compile(handle, unit):
         raise PydnnError(E.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, f"compiling {unit.name}: {e}") from e
 
 
-def _resident_blocks(fn, threads):
+def _resident_blocks(handle, fn, threads):
     """Blocks of `threads` a generated kernel keeps resident on one SM (the driver's occupancy; 0 where the
     driver cannot say)."""
     try:
         d = driver._driver()
-        err, n = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, 0)
+        with driver.pushed(handle.ctx):
+            err, n = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, 0)
         return int(n) if int(err) == 0 else 0
     except Exception:  # noqa: BLE001 - an occupancy query is advice: fall back to the static grid
         return 0
@@ -108,7 +109,7 @@ class PwStep:
             key = ("graph.pw occupancy", self.unit.name)
             n = handle.prepared.get(key)
             if n is None:
-                n = handle.remember(key, _resident_blocks(fn, cg.THREADS))
+                n = handle.remember(key, _resident_blocks(handle, fn, cg.THREADS))
             if n > 0:
                 self.grid = (max(1, min(self.work_blocks, n * handle.sm_count)), 1, 1)
         self.fn = (handle, fn)

@@ -158,3 +158,35 @@ def test_chain_kernel_uses_tanh_nonneg_and_fewer_instructions(monkeypatch):
     st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2)
     text = cache._source_memo[st.unit.source][0]
     assert "tanh_nonneg(" in text and "tanhf(" not in text and "erff(" in text
+
+
+def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
+    """PW_GRID 0: the first launch on a handle asks the driver how many blocks stay resident an SM and
+    launches that many an SM (never more than the work); a driver that cannot say leaves the 16-an-SM cap."""
+    import contextlib
+
+    from pydnn._cuda import driver
+    from pydnn.graph import engines as EN
+
+    class FakeDriver:
+        def __init__(self, n, err=0):
+            self.n, self.err, self.calls = n, err, 0
+
+        def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, threads, smem):  # noqa: N802
+            assert fn == "fn" and threads == 256 and smem == 0
+            self.calls += 1
+            return self.err, self.n
+
+    grids = []
+    monkeypatch.setattr(driver, "pushed", lambda ctx: contextlib.nullcontext())
+    monkeypatch.setattr(driver, "launch_args", lambda fn, grid, *a: grids.append(grid))
+    for n, err, dims, want in ((6, 0, (64, 1024, 4096), 6 * 132), (6, 0, (4, 16, 1024), 32), (0, 1, (64, 1024, 4096), 16 * 132)):
+        fake = FakeDriver(n, err)
+        monkeypatch.setattr(driver, "_driver", lambda fake=fake: fake)
+        st = _step(monkeypatch, dims, PW_RUNS=1, PW_GRID=0)
+        h = cpu_handle()
+        monkeypatch.setattr(type(h), "function", lambda self, unit, expr, smem=0: "fn")
+        ptr = {u: 1 << 20 for u in st.uids}
+        st.run(h, ptr)
+        st.run(h, ptr)
+        assert grids[-1] == grids[-2] == (want, 1, 1) and fake.calls == 1
