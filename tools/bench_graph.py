@@ -12,12 +12,14 @@ Rows:
               matmul and torch.mm(x, W).amax(-1).
   chain8      8 pointwise ops over 3 inputs (x [N, C, W], s [1, C, 1], b [1, 1, W]) in one kernel: GB/s of
               the bytes it must move (x read, y written) against device-to-device copy, vs torch eager.
+  norm        gelu(layernorm(x)) [16384, 4096] bf16 as one fused launch vs the plain layernorm graph and torch
+              (--norm alone: ~10 s).
   build       build_plans of a fused graph: first (compiles with NVRTC, or finds the cubin on disk) and
               again for a new Graph of the same shape (cache hit): milliseconds.
   host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
               between syncs, int pointers and torch tensors).
 
-    python tools/bench_graph.py [--quick [--ab]] [--chain]
+    python tools/bench_graph.py [--quick [--ab]] [--chain] [--norm]
 
 --chain (~30 s): the 8-op chain's generated kernel in each form of pydnn.tuning.graph (CHAIN_FORMS: the
 first form, the split loops, one wave of resident blocks, 2 / 4 runs a thread, launch bounds), with s and
@@ -265,6 +267,45 @@ def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
         del tx, ts, tb, ty, want
 
 
+def _norm_graph(h, rows, d, gelu):
+    g = Graph(io_data_type=BF16, handle=h)
+    x = g.tensor(name="x", dim=[rows, 1, d])
+    sc = g.tensor(name="scale", dim=[1, 1, d], data_type=pydnn.PYDNN_DATA_FLOAT)
+    b = g.tensor(name="bias", dim=[1, 1, d], data_type=pydnn.PYDNN_DATA_FLOAT)
+    y, _, _ = g.layernorm(x, sc, b, 1e-5, norm_forward_phase=pydnn.PYDNN_NORM_FWD_INFERENCE)
+    (g.gelu(y) if gelu else y).set_output(True).set_name("y")
+    return g
+
+
+def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
+    """gelu(layernorm(x) * scale + bias) as one graph (the GELU in the normalization kernel's epilogue: one
+    launch) against the plain layer norm graph of the same shape (the issue's one-launch case should cost
+    about the same) and torch F.gelu(F.layer_norm(...)); GB/s of x read and y written."""
+    gs = {}
+    for gelu in (True, False):
+        g = _norm_graph(h, rows, d, gelu)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        assert not gelu or (g.engine_index() == 1 and g.launches() == 1), (g.engine_index(), g.launches())
+        gs[gelu] = g  # the plain one: the node engine's layer norm call
+    x = torch.randn(rows, 1, d, device="cuda", dtype=torch.bfloat16)
+    sc = torch.rand(d, device="cuda") + 0.5
+    b = torch.randn(d, device="cuda")
+    y = torch.empty_like(x)
+    bufs = {"x": x.data_ptr(), "scale": sc.data_ptr(), "bias": b.data_ptr(), "y": y.data_ptr()}
+    scb, bb = sc.to(torch.bfloat16), b.to(torch.bfloat16)
+    nbytes = 2 * x.numel() * 2
+    ms_f, ms_t = time_pair(lambda: gs[True].execute(bufs, 0), lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)),
+                           rounds=rounds)
+    torch.cuda.synchronize()
+    ref = F.gelu(F.layer_norm(x.float(), (d,), sc, b, 1e-5))
+    err = float((y.float() - ref).abs().max())
+    ms_n, _ = time_pair(lambda: gs[False].execute(bufs, 0), lambda: F.layer_norm(x, (d,), scb, bb, 1e-5), rounds=rounds)
+    row("norm", f"gelu(layernorm) {rows}x{d} (abs err {err:.1e})", "bf16", ms_f, ms_t, "gelu(layer_norm)",
+        nbytes=nbytes, copy_gbs=copy_gbs, note=f"| fused / plain layernorm graph time {ms_f / ms_n:.3f}x")
+    row("norm", f"layernorm {rows}x{d} (plain)", "bf16", ms_n, ms_t, "gelu(layer_norm)", nbytes=nbytes,
+        copy_gbs=copy_gbs)
+
+
 def bench_build(h, m=4096, n=4096, k=4096):
     t0 = time.perf_counter()
     g = fused_graph(h, m, n, k)
@@ -481,6 +522,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     p.add_argument("--ab", action="store_true", help="with --quick: the wgmma forms compared (bench_ab)")
     p.add_argument("--chain", action="store_true", help="the 8-op chain's kernel forms only (bench_chain_forms)")
+    p.add_argument("--norm", action="store_true", help="layernorm + GELU fused vs plain only (bench_norm_gelu)")
     args = p.parse_args()
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
@@ -489,8 +531,11 @@ def main():
     dst = torch.empty_like(src)
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
-    if args.chain:
-        bench_chain_forms(h, copy_gbs)
+    if args.chain or args.norm:
+        if args.chain:
+            bench_chain_forms(h, copy_gbs)
+        if args.norm:
+            bench_norm_gelu(h, copy_gbs)
         return
     if args.quick and args.ab:
         bench_ab(h, copy_gbs)
@@ -511,6 +556,7 @@ def main():
         bench_fused(h, *s, plain[s])
         bench_rowmax(h, *s, plain[s])
     bench_chain(h, copy_gbs)
+    bench_norm_gelu(h, copy_gbs)
     bench_build(h)
 
 
