@@ -45,6 +45,26 @@ __device__ __forceinline__ float tanh_nonneg(float x) {
   const float small = fmaf(x, q, x);
   return x >= 0.6f ? big : small;
 }
+// GELU (erf form) by the activation family's 16-bit approximation (ptx/activation.cu: phi_fast_parts /
+// gelu_fast, copied: that file is a kernel unit, not a header): <= 7.9e-6 relative error, >= 30x below a
+// 16-bit output's rounding, ~15 instructions with 2 MUFU where 0.5 x (1 + erff(x / sqrt 2)) takes ~25.
+// Emitted only with tuning.graph.PW_GELU_FAST (off: GELU_FWD's rule in the graph is erff's accuracy) and
+// where every output of the kernel is 16-bit (codegen.expressions).
+__device__ __forceinline__ float gelu_fast(float x) {
+  float t, e;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(fabsf(x), 0.35355339059327373f, 1.0f)));
+  float q = -2.649681568e-01f;
+  q = fmaf(q, t, 1.058929324e+00f);
+  q = fmaf(q, t, -1.399595976e+00f);
+  q = fmaf(q, t, 4.629840851e-01f);
+  q = fmaf(q, t, -3.489094973e-02f);
+  q = fmaf(q, t, 5.615798235e-01f);
+  q = fmaf(q, t, 1.441725373e+00f);
+  q = fmaf(q, t, -2.825764418e+00f);
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(x * x, -0.72134752044448170f, q)));
+  const float u = fminf(fabsf(x), 1e30f) * t;
+  return fmaf(-u, e, fmaxf(x, 0.0f));
+}
 __device__ __forceinline__ float swish_grad(float v, float beta) {
   float s = 1.0f / (1.0f + expf(-beta * v));
   return s + beta * v * s * (1.0f - s);

@@ -433,6 +433,9 @@ graph = Switches(
                       "65536 / (256 n)"),
     PW_RANGE=(True, "TANH_FWD of a value a RELU_FWD clips into [0, 9] (slope 0) as tanh_nonneg: tanhf's bits there "
                     "without its saturation and sign steps (3 instructions an element less); off: tanhf"),
+    PW_GELU_FAST=(False, "GELU_FWD in a generated pointwise kernel whose outputs are all 16-bit by the activation "
+                         "family's 16-bit approximation (gelu_fast: <= 7.9e-6 relative, ~10 instructions an element "
+                         "less than erff's form); off (the default): erff's accuracy, GELU_FWD's rule in the graph"),
 )
 
 callpath = Switches(

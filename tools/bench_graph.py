@@ -205,8 +205,10 @@ CHAIN_FORMS = [
     ("split, one wave, 2 runs, minb 4", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=4)),
     ("split, one wave, 2 runs, tanhf", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=0, PW_RANGE=False)),
     ("first form, tanhf", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_RANGE=False)),
+    ("4 runs, gelu_fast (not the rule)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=0, PW_MIN_BLOCKS=0, PW_GELU_FAST=True)),
 ]
-CHAIN_FULL_FORMS = ("first form, tanhf", "split, one wave", "split, one wave, 2 runs", "split, one wave, 4 runs")
+CHAIN_FULL_FORMS = ("first form, tanhf", "split, one wave", "split, one wave, 2 runs", "split, one wave, 4 runs",
+                    "4 runs, gelu_fast (not the rule)")
 
 
 def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):

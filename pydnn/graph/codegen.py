@@ -103,6 +103,9 @@ def expressions(prog):
         if (pw.BY_VALUE.get(n.mode) == "TANH_FWD" and n.alpha1 == 1.0 and tuning.graph.PW_RANGE
                 and _nonneg_bounded(prog, n.x, TANH_NONNEG_MAX)):
             e = e.replace("tanhf(", "tanh_nonneg(", 1)
+        if (pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST
+                and all(tag != "f32" for tag, role in prog.operands if role != "in")):
+            e = f"gelu_fast({x})"
         out.append((f"v{j}", e))
     return out
 

@@ -190,3 +190,24 @@ def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
         st.run(h, ptr)
         st.run(h, ptr)
         assert grids[-1] == grids[-2] == (want, 1, 1) and fake.calls == 1
+
+
+@pytest.mark.parametrize("on, out_tag, want", [(False, "bf16", False), (True, "bf16", True), (True, "f16", True),
+                                                (True, "f32", False)])
+def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tag, want):
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", on)
+    prog = cg.PwProgram([("bf16", "in"), (out_tag, "out")], [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))],
+                        [(0, 1)])
+    (_, e), = cg.expressions(prog)
+    assert ("gelu_fast(" in e) == want and ("erff(" in e) == (not want)
+
+
+def test_gelu_fast_compiles_and_matches_the_activation_family():
+    """graph_pointwise.cuh's gelu_fast is activation.cu's (the same steps and coefficients)."""
+    from pydnn._build import cache
+
+    act = (cache.ptx_dir() / "activation.cu").read_text()
+    mine = (cache.ptx_dir() / "graph_pointwise.cuh").read_text()
+    coefs = re.findall(r"[-+]?\d\.\d{9}e[-+]\d\d", act[act.index("phi_fast_parts"):act.index("phi_fast(float x)")])
+    assert len(coefs) == 8 and all(c in mine for c in coefs)
+    assert "0.35355339059327373f" in mine and "-0.72134752044448170f" in mine and "1e30f" in mine
