@@ -244,17 +244,60 @@ def test_matmul_epilogue(handle, rng, monkeypatch, io, residual, m, n, k, batch)
     ty.check_untouched()
 
 
-def test_reduction_graph(handle, rng):
+@pytest.mark.parametrize("mode", [P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK], ids=["fusion", "nodes"])
+def test_reduction_graph(handle, rng, monkeypatch, mode):
+    """exp then a max over the middle dim: the fusion engine's generated kernel + reduce_tensor
+    (pydnn/graph/reduce_tail.py), or node by node."""
     g = Graph(io_data_type=F32, handle=handle)
     x = g.tensor(name="x", dim=[4, 8, 16])
     y = g.reduction(g.exp(x), P.PYDNN_REDUCE_TENSOR_MAX, dim=[4, 1, 16]).set_output(True)
-    g.build_operation_graph().create_execution_plans().check_support().build_plans()
-    assert g.engine_index() == 0
+    g.build_operation_graph().create_execution_plans([mode]).check_support().build_plans()
+    assert g.engine_index() == (1 if mode == P.PYDNN_HEUR_MODE_A else 0)
     tx, ty = DevTensor([4, 8, 16], F32), DevTensor([4, 1, 16], F32)
     xv = tx.random(rng)
     ws = _ws(g)
+    if ws:
+        ws.fill_bytes(0xFF)
+    count = Launches(monkeypatch)
     g.execute({x: tx.ptr, y: ty.ptr}, ws.ptr if ws else 0, handle=handle)
+    assert count.n >= 2
     assert_close(ty.download(), np.exp(xv).max(axis=1, keepdims=True), F32, "exp + max")
+    ty.check_untouched()
+
+
+@pytest.mark.parametrize("op, m, n, k", [(P.PYDNN_REDUCE_TENSOR_ADD, 128, 96, 64), (P.PYDNN_REDUCE_TENSOR_MAX, 77, 130, 40)],
+                         ids=["colsum", "colmax_odd"])
+def test_matmul_column_reduction(handle, rng, monkeypatch, op, m, n, k):
+    """gelu(x @ w + bias) reduced over its rows (a column reduction): the fused GEMM stores the bf16 result
+    in the workspace, reduce_tensor reduces it (reduce_tail.py); the rounding to bf16 before the reduction
+    is in the reference."""
+    from pydnn.reference import dtypes as rd
+
+    g = Graph(io_data_type=BF16, intermediate_data_type=F32, handle=handle)
+    a, w = g.tensor(name="a", dim=[1, m, k]), g.tensor(name="w", dim=[1, k, n])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    v = g.gelu(g.add(g.matmul(a, w), bias))
+    y = g.reduction(v, op, dim=[1, 1, n]).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1
+    names = [type(s).__name__ for s in g._plan_obj.built.steps]
+    assert names == ["FusedMatmulStep", "ReduceStep"]
+    ta, tw, tb, ty = (DevTensor(t.dim, BF16) for t in (a, w, bias, y))
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    ws = _ws(g)
+    ws.fill_bytes(0xFF)
+    count = Launches(monkeypatch)
+    g.execute({a: ta.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}, ws.ptr, handle=handle)
+    assert count.n >= 2
+    c = ref.pointwise("GELU_FWD", np.matmul(av, wv) + bv)
+    cs = rd.from_storage(rd.to_storage(c, BF16), BF16)  # stored by the GEMM as bf16
+    term = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
+    if op == P.PYDNN_REDUCE_TENSOR_ADD:
+        want, scale = cs.sum(axis=1, keepdims=True), 2 * term.sum(axis=1, keepdims=True)
+    else:
+        want, scale = cs.max(axis=1, keepdims=True), 2 * term.max(axis=1, keepdims=True)
+    assert_close(ty.download(), want, BF16, f"column reduction {op}", scale=scale)
+    ty.check_untouched()
 
 
 def test_backend_api_execute(handle, rng):
