@@ -296,12 +296,15 @@ def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
     bufs = {"x": x.data_ptr(), "scale": sc.data_ptr(), "bias": b.data_ptr(), "y": y.data_ptr()}
     scb, bb = sc.to(torch.bfloat16), b.to(torch.bfloat16)
     nbytes = 2 * x.numel() * 2
-    ms_f, ms_t = time_pair(lambda: gs[True].execute(bufs, 0), lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)),
-                           rounds=rounds)
+    ws = {k: torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8) for k, g in gs.items()}
+    wsp = {k: (w.data_ptr() if gs[k].get_workspace_size() else 0) for k, w in ws.items()}
+    ms_f, ms_t = time_pair(lambda: gs[True].execute(bufs, wsp[True]),
+                           lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)), rounds=rounds)
     torch.cuda.synchronize()
     ref = F.gelu(F.layer_norm(x.float(), (d,), sc, b, 1e-5))
     err = float((y.float() - ref).abs().max())
-    ms_n, _ = time_pair(lambda: gs[False].execute(bufs, 0), lambda: F.layer_norm(x, (d,), scb, bb, 1e-5), rounds=rounds)
+    ms_n, _ = time_pair(lambda: gs[False].execute(bufs, wsp[False]), lambda: F.layer_norm(x, (d,), scb, bb, 1e-5),
+                        rounds=rounds)
     row("norm", f"gelu(layernorm) {rows}x{d} (abs err {err:.1e})", "bf16", ms_f, ms_t, "gelu(layer_norm)",
         nbytes=nbytes, copy_gbs=copy_gbs, note=f"| fused / plain layernorm graph time {ms_f / ms_n:.3f}x")
     row("norm", f"layernorm {rows}x{d} (plain)", "bf16", ms_n, ms_t, "gelu(layer_norm)", nbytes=nbytes,
