@@ -423,12 +423,14 @@ graph = Switches(
     PW_SPLIT=(True, "the vector and element-by-element forms of a generated pointwise kernel as two loops (the "
                     "kernel picks one by its alignment flag) instead of one loop testing the flag, where the compiler "
                     "predicates both forms' loads into the body (~30 issue slots an 8-element run of the 8-op chain)"),
-    PW_RUNS=(1, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
+    PW_RUNS=(4, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
                 "fewer where 32 x run x this does not divide the innermost dim): more loads in flight, one index "
-                "walk for all"),
-    PW_GRID=(0, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
-                "occupancy of the kernel, asked at the first launch on a handle); n > 0: at most n an SM (16: the "
-                "generator's first form, 2.67 waves of the 8-op chain's 6 resident blocks)"),
+                "walk for all (H200, the 8-op chain with s, b broadcast, 16 an SM: 1 run 524, 2 runs 497, 4 runs "
+                "481 us)"),
+    PW_GRID=(16, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
+                "occupancy of the kernel, asked at the first launch on a handle), -k: k such waves; n > 0: at most "
+                "n an SM (16: the generator's first form; H200, the 8-op chain, 4 runs: one wave 532, 16 an SM "
+                "481 us)"),
     PW_MIN_BLOCKS=(0, "__launch_bounds__(256, n) of a generated pointwise kernel (0: none): caps its registers at "
                       "65536 / (256 n)"),
     PW_RANGE=(True, "TANH_FWD of a value a RELU_FWD clips into [0, 9] (slope 0) as tanh_nonneg: tanhf's bits there "

@@ -195,20 +195,23 @@ def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
 # --chain: the pointwise kernel's forms (pydnn.tuning.graph), label -> switches; "first form" is the
 # generator before the split (one loop testing the vector flag, 16 blocks an SM)
 CHAIN_FORMS = [
-    ("first form", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
-    ("split", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
-    ("split, one wave", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=0, PW_MIN_BLOCKS=0)),
-    ("split, one wave, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=0)),
-    ("split, one wave, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=0, PW_MIN_BLOCKS=0)),
-    ("split, 16/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("first form", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_RANGE=False)),
     ("split, 16/SM, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0)),
-    ("split, one wave, 2 runs, minb 4", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=4)),
-    ("split, one wave, 2 runs, tanhf", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0, PW_MIN_BLOCKS=0, PW_RANGE=False)),
-    ("first form, tanhf", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_RANGE=False)),
-    ("4 runs, gelu_fast (not the rule)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=0, PW_MIN_BLOCKS=0, PW_GELU_FAST=True)),
+    ("split, 2 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-2, PW_MIN_BLOCKS=0)),
+    ("split, 4 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-4, PW_MIN_BLOCKS=0)),
+    ("split, 8 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-8, PW_MIN_BLOCKS=0)),
+    ("split, 32/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=32, PW_MIN_BLOCKS=0)),
+    ("split, 16/SM, 8 runs", dict(PW_SPLIT=True, PW_RUNS=8, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split, 16/SM, 1 run", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("16/SM, 4 runs, gelu_fast (not the rule)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0,
+                                                     PW_GELU_FAST=True)),
 ]
-CHAIN_FULL_FORMS = ("first form, tanhf", "split, one wave", "split, one wave, 2 runs", "split, one wave, 4 runs",
-                    "4 runs, gelu_fast (not the rule)")
+CHAIN_FULL_FORMS = ("first form", "split, 16/SM, 4 runs", "split, 4 waves, 4 runs", "split, 16/SM, 1 run",
+                    "16/SM, 4 runs, gelu_fast (not the rule)")
+# the first mid-session run (H200, copy 4166 GB/s, us; s, b broadcast / full): first form with tanhf 589.2 /
+# 587.7, with tanh_nonneg 554.8 / -, split 524.0 / -, one wave 548.8 / 562.0, one wave 2 runs 553.9 / 552.6,
+# one wave 4 runs 531.7 / 553.0, 16/SM 2 runs 497.0 / -, 16/SM 4 runs 480.6 / -, gelu_fast one wave 4 runs
+# 446.6 / 512.1 (tools/PERF.md, "Graph: the 8-op pointwise chain")
 
 
 def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
@@ -284,10 +287,13 @@ def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
     """gelu(layernorm(x) * scale + bias) as one graph (the GELU in the normalization kernel's epilogue: one
     launch) against the plain layer norm graph of the same shape (the issue's one-launch case should cost
     about the same) and torch F.gelu(F.layer_norm(...)); GB/s of x read and y written."""
+    from pydnn import tuning
+
     gs = {}
-    for gelu in (True, False):
-        g = _norm_graph(h, rows, d, gelu)
-        g.build_operation_graph().create_execution_plans().build_plans()
+    for gelu in (True, False, "fast"):
+        with tuning.override({"graph.PW_GELU_FAST": gelu == "fast"}):
+            g = _norm_graph(h, rows, d, bool(gelu))
+            g.build_operation_graph().create_execution_plans().build_plans()
         assert not gelu or (g.engine_index() == 1 and g.launches() == 1), (g.engine_index(), g.launches())
         gs[gelu] = g  # the plain one: the node engine's layer norm call
     x = torch.randn(rows, 1, d, device="cuda", dtype=torch.bfloat16)
@@ -310,6 +316,12 @@ def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
         nbytes=nbytes, copy_gbs=copy_gbs, note=f"| fused / plain layernorm graph time {ms_f / ms_n:.3f}x")
     row("norm", f"layernorm {rows}x{d} (plain, node engine)", "bf16", ms_n, ms_tn, "layer_norm", nbytes=nbytes,
         copy_gbs=copy_gbs)
+    ms_q, ms_t = time_pair(lambda: gs["fast"].execute(bufs, wsp["fast"]),
+                           lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)), rounds=rounds)
+    torch.cuda.synchronize()
+    err = float((y.float() - ref).abs().max())
+    row("norm", f"gelu(layernorm) gelu_fast (not the rule) (abs err {err:.1e})", "bf16", ms_q, ms_t,
+        "gelu(layer_norm)", nbytes=nbytes, copy_gbs=copy_gbs, note=f"| / plain layernorm graph time {ms_q / ms_n:.3f}x")
 
 
 def bench_build(h, m=4096, n=4096, k=4096):

@@ -256,13 +256,13 @@ def udiv_emulated(n, magic, shift):
     return (t + ((n - t) >> np.uint64(1))) >> np.uint64(shift - 1)
 
 
-def launch_shape(dims, strides_list, sm_count, esizes=None, runs=1, per_sm=16):
+def launch_shape(dims, strides_list, sm_count, esizes=None, runs=1, per_sm=16, reach_per_sm=16):
     """(elems a thread's run, wide index math?, grid) for a pointwise kernel over collapsed dims: a run of
     consecutive innermost elements, 16 bytes of the narrowest operand read contiguously (8 for 16-bit
     types; 4-byte elements where esizes is not given), halved until it divides the innermost dim; `runs`
     runs a thread per iteration (run_count's); 32-bit index math where every index the loop reaches and
     every operand offset fits in an int; at most per_sm blocks of 256 threads an SM (a grid-stride loop
-    does the rest; the index bound assumes the 16 an SM that PwStep never exceeds)."""
+    does the rest; the index bound holds for grids up to max(16, per_sm, reach_per_sm) blocks an SM)."""
     inner = dims[-1]
     es = esizes or [4] * len(strides_list)
     contig = [e for st, e in zip(strides_list, es) if st[-1] == 1]
@@ -274,7 +274,7 @@ def launch_shape(dims, strides_list, sm_count, esizes=None, runs=1, per_sm=16):
         total *= d
     per = elems * runs
     blocks = max(1, min((total // per + THREADS - 1) // THREADS, max(sm_count, 1) * per_sm))
-    most = max(1, min((total // per + THREADS - 1) // THREADS, max(sm_count, 1) * 16))
+    most = max(1, min((total // per + THREADS - 1) // THREADS, max(sm_count, 1) * max(16, per_sm, reach_per_sm)))
     reach = total + most * THREADS * per
     span = max(sum((d - 1) * s for d, s in zip(dims, st)) for st in strides_list) + per * 32
     wide = reach >= 2**31 or span >= 2**31

@@ -83,8 +83,9 @@ class PwStep:
         elems = cg.launch_shape(cdims, cstrides, handle.sm_count, esizes)[0]
         self.runs = cg.run_count(cdims, elems, max(1, int(sw.PW_RUNS)))
         self.per_sm = int(sw.PW_GRID)
+        self.waves = max(1, -self.per_sm)  # PW_GRID <= 0: waves of the resident blocks (at most 8 an SM each)
         elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count, esizes, self.runs,
-                                                 self.per_sm if self.per_sm > 0 else 16)
+                                                 self.per_sm if self.per_sm > 0 else 16, 8 * self.waves)
         self.work_blocks = max(1, -(-cg.prod(cdims) // (elems * self.runs * cg.THREADS)))
         access = cg.access_kinds(cstrides)
         self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide, access, self.runs, bool(sw.PW_SPLIT),
@@ -105,13 +106,13 @@ class PwStep:
 
     def _resolve(self, handle):
         fn = handle.function(self.unit.name, self.expr)
-        if self.per_sm <= 0:  # one wave: the blocks resident at once (occupancy of this kernel), never more than the work
+        if self.per_sm <= 0:  # waves of the blocks resident at once (occupancy of this kernel), never more than the work
             key = ("graph.pw occupancy", self.unit.name)
             n = handle.prepared.get(key)
             if n is None:
                 n = handle.remember(key, _resident_blocks(handle, fn, cg.THREADS))
             if n > 0:
-                self.grid = (max(1, min(self.work_blocks, n * handle.sm_count)), 1, 1)
+                self.grid = (max(1, min(self.work_blocks, self.waves * min(n, 8) * handle.sm_count)), 1, 1)
         self.fn = (handle, fn)
         return self.fn
 

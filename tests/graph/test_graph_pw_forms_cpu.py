@@ -161,8 +161,9 @@ def test_chain_kernel_uses_tanh_nonneg_and_fewer_instructions(monkeypatch):
 
 
 def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
-    """PW_GRID 0: the first launch on a handle asks the driver how many blocks stay resident an SM and
-    launches that many an SM (never more than the work); a driver that cannot say leaves the 16-an-SM cap."""
+    """PW_GRID 0 / -k: the first launch on a handle asks the driver how many blocks stay resident an SM and
+    launches 1 / k times that many an SM (never more than the work); a driver that cannot say leaves the
+    16-an-SM cap."""
     import contextlib
 
     from pydnn._cuda import driver
@@ -180,10 +181,12 @@ def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
     grids = []
     monkeypatch.setattr(driver, "pushed", lambda ctx: contextlib.nullcontext())
     monkeypatch.setattr(driver, "launch_args", lambda fn, grid, *a: grids.append(grid))
-    for n, err, dims, want in ((6, 0, (64, 1024, 4096), 6 * 132), (6, 0, (4, 16, 1024), 32), (0, 1, (64, 1024, 4096), 16 * 132)):
+    for n, err, grid, dims, want in ((6, 0, 0, (64, 1024, 4096), 6 * 132), (6, 0, 0, (4, 16, 1024), 32),
+                                     (0, 1, 0, (64, 1024, 4096), 16 * 132), (4, 0, -4, (64, 1024, 4096), 16 * 132),
+                                     (12, 0, -3, (64, 1024, 4096), 24 * 132)):  # at most 8 resident blocks a wave
         fake = FakeDriver(n, err)
         monkeypatch.setattr(driver, "_driver", lambda fake=fake: fake)
-        st = _step(monkeypatch, dims, PW_RUNS=1, PW_GRID=0)
+        st = _step(monkeypatch, dims, PW_RUNS=1, PW_GRID=grid)
         h = cpu_handle()
         monkeypatch.setattr(type(h), "function", lambda self, unit, expr, smem=0: "fn")
         ptr = {u: 1 << 20 for u in st.uids}
