@@ -174,22 +174,26 @@ def _chain_graph(h, n=64, c=1024, w=4096, full=False):
 
 
 def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
-    g, _ = _chain_graph(h, n, c, w)
-    g.build_operation_graph().create_execution_plans().build_plans()
-    assert g.launches() == 1
-    tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
-    ts = torch.randn(1, c, 1, device="cuda", dtype=torch.bfloat16)
-    tb = torch.randn(1, 1, w, device="cuda", dtype=torch.bfloat16)
-    ty = torch.empty_like(tx)
-    bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
+    """The chain at the defaults, s and b broadcast (x and y moved) and full-size (four tensors moved)."""
+    for full in (False, True):
+        g, _ = _chain_graph(h, n, c, w, full)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        assert g.launches() == 1
+        tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
+        ts = torch.randn(*((n, c, w) if full else (1, c, 1)), device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(*((n, c, w) if full else (1, 1, w)), device="cuda", dtype=torch.bfloat16)
+        ty = torch.empty_like(tx)
+        bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
 
-    def torch_chain():
-        v = F.gelu(tx * ts + tb)
-        return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
+        def torch_chain():
+            v = F.gelu(tx * ts + tb)
+            return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
 
-    ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
-    row("chain8", f"8 ops, 3 inputs, {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager", nbytes=2 * tx.numel() * 2,
-        copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+        ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
+        what = "s, b full" if full else "s, b broadcast"
+        row("chain8", f"8 ops, 3 inputs ({what}), {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager",
+            nbytes=(4 if full else 2) * tx.numel() * 2, copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+        del tx, ts, tb, ty
 
 
 # --chain: the pointwise kernel's forms (pydnn.tuning.graph), label -> switches; "first form" is the
