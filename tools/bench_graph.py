@@ -10,10 +10,12 @@ Rows:
   residual    x @ W + b + r, fused, vs torch.addmm(b, x, W) + r.
   rowmax      max(x @ W, -1) as one fused launch (the row reduction in the GEMM epilogue) vs the plain pydnn
               matmul and torch.mm(x, W).amax(-1).
-  chain8      8 pointwise ops over 3 inputs (x [N, C, W], s [1, C, 1], b [1, 1, W]) in one kernel: GB/s of
-              the bytes it must move (x read, y written) against device-to-device copy, vs torch eager.
+  chain8      8 pointwise ops over 3 inputs in one kernel, y = tanh(clip(gelu(x * s + b) * x - b, 0, 4)) + x,
+              x [N, C, W]; s [1, C, 1], b [1, 1, W] (broadcast: x read and y written are the bytes moved) and
+              s, b [N, C, W] (four full tensors moved): GB/s of those bytes against device-to-device copy,
+              vs torch eager.
   norm        gelu(layernorm(x)) [16384, 4096] bf16 as one fused launch vs the plain layernorm graph and torch
-              (--norm alone: ~10 s).
+              (--norm alone: ~10 s, ~40 s with its first compiles).
   build       build_plans of a fused graph: first (compiles with NVRTC, or finds the cubin on disk) and
               again for a new Graph of the same shape (cache hit): milliseconds.
   host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
