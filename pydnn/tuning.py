@@ -425,8 +425,8 @@ graph = Switches(
                     "predicates both forms' loads into the body (~30 issue slots an 8-element run of the 8-op chain)"),
     PW_RUNS=(4, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
                 "fewer where 32 x run x this does not divide the innermost dim): more loads in flight, one index "
-                "walk for all (H200, the 8-op chain with s, b broadcast, 16 an SM: 1 run 524, 2 runs 497, 4 runs "
-                "481 us)"),
+                "walk for all (H200, the 8-op chain with s, b broadcast, 16 an SM: 1 run 522-524, 2 runs 497, 4 "
+                "runs 478-481, 8 runs 625 us: 104 registers)"),
     PW_GRID=(16, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
                 "occupancy of the kernel, asked at the first launch on a handle), -k: k such waves; n > 0: at most "
                 "n an SM (16: the generator's first form; H200, the 8-op chain, 4 runs: one wave 532, 16 an SM "
