@@ -26,6 +26,45 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
   float th = tanhf(k * (v + 0.044715f * v * v * v));
   return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v);
 }
+// tanhf of a value the generator proved lies in [0, 9] (or is NaN): a RELU_FWD with lower clip >= 0, slope 0
+// and upper clip <= 9 feeding TANH_FWD (codegen.expressions). The steps of CUDA 13's tanhf (its SASS for
+// sm_90: 1 - 2 / (2^(2x log2 e) + 1) with MUFU.EX2 / MUFU.RCP from 0.6 up, the odd polynomial below) with
+// the two that cannot change such a value left out: the saturation to 1 from |x| >= 9.0109 and the copy
+// of x's sign (a FSETP, a FSEL and a LOP3 an element: ~6% of the 8-op chain's instructions). Bitwise
+// tanhf's result on [-0, 9] (tests/graph/test_graph_gpu.py sweeps it).
+__device__ __forceinline__ float tanh_nonneg(float x) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * 2.8853900432586669922f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+  const float big = fmaf(r, -2.0f, 1.0f);
+  const float x2 = x * x;
+  float q = fmaf(x2, __int_as_float(0x3c80f082), -0.052303962409496307373f);
+  q = fmaf(x2, q, 0.1331529766321182251f);
+  q = fmaf(x2, q, -0.33332768082618713379f);
+  q = fmaf(x2, q, 0.0f);
+  const float small = fmaf(x, q, x);
+  return x >= 0.6f ? big : small;
+}
+// GELU (erf form) by the activation family's 16-bit approximation (ptx/activation.cu: phi_fast_parts /
+// gelu_fast, copied: that file is a kernel unit, not a header): <= 7.9e-6 relative error, >= 30x below a
+// 16-bit output's rounding, ~15 instructions with 2 MUFU where 0.5 x (1 + erff(x / sqrt 2)) takes ~25.
+// Emitted only with tuning.graph.PW_GELU_FAST (off: GELU_FWD's rule in the graph is erff's accuracy) and
+// where every output of the kernel is 16-bit (codegen.expressions).
+__device__ __forceinline__ float gelu_fast(float x) {
+  float t, e;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(fabsf(x), 0.35355339059327373f, 1.0f)));
+  float q = -2.649681568e-01f;
+  q = fmaf(q, t, 1.058929324e+00f);
+  q = fmaf(q, t, -1.399595976e+00f);
+  q = fmaf(q, t, 4.629840851e-01f);
+  q = fmaf(q, t, -3.489094973e-02f);
+  q = fmaf(q, t, 5.615798235e-01f);
+  q = fmaf(q, t, 1.441725373e+00f);
+  q = fmaf(q, t, -2.825764418e+00f);
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(x * x, -0.72134752044448170f, q)));
+  const float u = fminf(fabsf(x), 1e30f) * t;
+  return fmaf(-u, e, fmaxf(x, 0.0f));
+}
 __device__ __forceinline__ float swish_grad(float v, float beta) {
   float s = 1.0f / (1.0f + expf(-beta * v));
   return s + beta * v * s * (1.0f - s);
@@ -57,16 +96,17 @@ template <class T> __device__ __forceinline__ void ldf2(const T* p, float& a, fl
   unpack16x2<T>(w, a, b);
 }
 
-// A run of E consecutive elements as one aligned vector, to / from float (Run); Run16 (16-bit types, E
+// A run of E consecutive elements as one aligned vector, to / from float (Run; `a` points at E floats of a
+// register array, indexed by constants once the callers' loops unroll); Run16 (16-bit types, E
 // even: the generator picks it) goes through 32-bit words (one shift or mask per element in, one paired conversion per two elements out) instead of a
 // widening move and a per-element conversion plus merge.
 template <class T, int E> struct Run {
-  __device__ static __forceinline__ void load(const T* p, float (&a)[E]) {
+  __device__ static __forceinline__ void load(const T* p, float* a) {
     const Vec<T, E> w = *reinterpret_cast<const Vec<T, E>*>(p);
 #pragma unroll
     for (int e = 0; e < E; ++e) a[e] = pydnn::load<float>(w.v[e]);
   }
-  __device__ static __forceinline__ void store(T* p, const float (&a)[E]) {
+  __device__ static __forceinline__ void store(T* p, const float* a) {
     Vec<T, E> w;
 #pragma unroll
     for (int e = 0; e < E; ++e) w.v[e] = pydnn::store<T>(a[e]);
@@ -75,12 +115,12 @@ template <class T, int E> struct Run {
 };
 template <class T, int E> struct Run16 {
   static_assert(E % 2 == 0, "pairs");
-  __device__ static __forceinline__ void load(const T* p, float (&a)[E]) {
+  __device__ static __forceinline__ void load(const T* p, float* a) {
     const Vec<unsigned, E / 2> w = *reinterpret_cast<const Vec<unsigned, E / 2>*>(p);
 #pragma unroll
     for (int e = 0; e < E / 2; ++e) unpack16x2<T>(w.v[e], a[2 * e], a[2 * e + 1]);
   }
-  __device__ static __forceinline__ void store(T* p, const float (&a)[E]) {
+  __device__ static __forceinline__ void store(T* p, const float* a) {
     Vec<unsigned, E / 2> w;
 #pragma unroll
     for (int e = 0; e < E / 2; ++e) w.v[e] = pack16x2<T>(a[2 * e], a[2 * e + 1]);

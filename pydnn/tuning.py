@@ -487,6 +487,28 @@ torch = Switches(
                          "the CNN demo's second convolution"),
 )
 
+graph = Switches(
+    "graph", "the graph API's generated pointwise kernels (pydnn/graph/codegen.py, engines.PwStep)",
+    PW_SPLIT=(True, "the vector and element-by-element forms of a generated pointwise kernel as two loops (the "
+                    "kernel picks one by its alignment flag) instead of one loop testing the flag, where the compiler "
+                    "predicates both forms' loads into the body (~30 issue slots an 8-element run of the 8-op chain)"),
+    PW_RUNS=(4, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
+                "fewer where 32 x run x this does not divide the innermost dim): more loads in flight, one index "
+                "walk for all (H200, the 8-op chain with s, b broadcast, 16 an SM: 1 run 522-524, 2 runs 497, 4 "
+                "runs 478-481, 8 runs 625 us: 104 registers)"),
+    PW_GRID=(16, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
+                "occupancy of the kernel, asked at the first launch on a handle), -k: k such waves; n > 0: at most "
+                "n an SM (16: the generator's first form; H200, the 8-op chain, 4 runs: one wave 532, 16 an SM "
+                "481 us)"),
+    PW_MIN_BLOCKS=(0, "__launch_bounds__(256, n) of a generated pointwise kernel (0: none): caps its registers at "
+                      "65536 / (256 n)"),
+    PW_RANGE=(True, "TANH_FWD of a value a RELU_FWD clips into [0, 9] (slope 0) as tanh_nonneg: tanhf's bits there "
+                    "without its saturation and sign steps (3 instructions an element less); off: tanhf"),
+    PW_GELU_FAST=(False, "GELU_FWD in a generated pointwise kernel whose outputs are all 16-bit by the activation "
+                         "family's 16-bit approximation (gelu_fast: <= 7.9e-6 relative, ~10 instructions an element "
+                         "less than erff's form); off (the default): erff's accuracy, GELU_FWD's rule in the graph"),
+)
+
 callpath = Switches(
     "callpath", "host work per call (pydnn/ops/_replay.py, pydnn/ops/mha.py's plans, libpydnn's C fast path)",
     MHA_PLANS=(True, "the legacy multi-head attention calls keep a recorded plan per descriptor set and replay it "

@@ -10,14 +10,23 @@ Rows:
   residual    x @ W + b + r, fused, vs torch.addmm(b, x, W) + r.
   rowmax      max(x @ W, -1) as one fused launch (the row reduction in the GEMM epilogue) vs the plain pydnn
               matmul and torch.mm(x, W).amax(-1).
-  chain8      8 pointwise ops over 3 inputs (x [N, C, W], s [1, C, 1], b [1, 1, W]) in one kernel: GB/s of
-              the bytes it must move (x read, y written) against device-to-device copy, vs torch eager.
+  chain8      8 pointwise ops over 3 inputs in one kernel, y = tanh(clip(gelu(x * s + b) * x - b, 0, 4)) + x,
+              x [N, C, W]; s [1, C, 1], b [1, 1, W] (broadcast: x read and y written are the bytes moved) and
+              s, b [N, C, W] (four full tensors moved): GB/s of those bytes against device-to-device copy,
+              vs torch eager.
+  norm        gelu(layernorm(x)) [16384, 4096] bf16 as one fused launch vs the plain layernorm graph and torch
+              (--norm alone: ~10 s, ~40 s with its first compiles).
   build       build_plans of a fused graph: first (compiles with NVRTC, or finds the cubin on disk) and
               again for a new Graph of the same shape (cache hit): milliseconds.
   host        host microseconds of one Graph.execute on a built plan (a small fused graph, 500 calls
               between syncs, int pointers and torch tensors).
 
-    python tools/bench_graph.py [--quick [--ab]]
+    python tools/bench_graph.py [--quick [--ab]] [--chain] [--norm]
+
+--chain (~30 s): the 8-op chain's generated kernel in each form of pydnn.tuning.graph (CHAIN_FORMS: the
+first form, the split loops, one wave of resident blocks, 2 / 4 runs a thread, launch bounds), with s and
+b broadcast (x and y moved) and with s and b full-size (four tensors moved), against torch eager and the copy
+bandwidth of the same run.
 
 --quick --ab (the graph branch's mid-session run, ~40 s with its compiles): the 128x256 wgmma tile one block a
 tile, persistent (tuning.matmul.WG_PERSIST) and each WG_CANDIDATES entry, plain on 16384x4096x4096 and 8192^3
@@ -153,11 +162,13 @@ def bench_rowmax(h, m, n, k, plain_ms, rounds=6):
         note=f"| fused/plain pydnn matmul time {ms_p / plain_ms:.3f}x")
 
 
-def _chain_graph(h, n=64, c=1024, w=4096):
+def _chain_graph(h, n=64, c=1024, w=4096, full=False):
+    """The 8-op chain y = tanh(clip(gelu(x * s + b) * x - b, 0, 4)) + x; s [1, C, 1] and b [1, 1, W]
+    (broadcast: the bytes moved are x and y), or (full) s and b of x's shape (four full tensors moved)."""
     g = Graph(io_data_type=BF16, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
-    s = g.tensor(name="s", dim=[1, c, 1])
-    b = g.tensor(name="b", dim=[1, 1, w])
+    s = g.tensor(name="s", dim=[n, c, w] if full else [1, c, 1])
+    b = g.tensor(name="b", dim=[n, c, w] if full else [1, 1, w])
     v = g.gelu(g.add(g.mul(x, s), b))
     v = g.tanh(g.relu(g.sub(g.mul(v, x), b), upper_clip=4.0))
     g.add(v, x).set_output(True).set_name("y")
@@ -165,22 +176,158 @@ def _chain_graph(h, n=64, c=1024, w=4096):
 
 
 def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
-    g, _ = _chain_graph(h, n, c, w)
-    g.build_operation_graph().create_execution_plans().build_plans()
-    assert g.launches() == 1
-    tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
-    ts = torch.randn(1, c, 1, device="cuda", dtype=torch.bfloat16)
-    tb = torch.randn(1, 1, w, device="cuda", dtype=torch.bfloat16)
-    ty = torch.empty_like(tx)
-    bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
+    """The chain at the defaults, s and b broadcast (x and y moved) and full-size (four tensors moved)."""
+    for full in (False, True):
+        g, _ = _chain_graph(h, n, c, w, full)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        assert g.launches() == 1
+        tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
+        ts = torch.randn(*((n, c, w) if full else (1, c, 1)), device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(*((n, c, w) if full else (1, 1, w)), device="cuda", dtype=torch.bfloat16)
+        ty = torch.empty_like(tx)
+        bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
 
-    def torch_chain():
-        v = F.gelu(tx * ts + tb)
-        return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
+        def torch_chain():
+            v = F.gelu(tx * ts + tb)
+            return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
 
-    ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
-    row("chain8", f"8 ops, 3 inputs, {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager", nbytes=2 * tx.numel() * 2,
-        copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+        ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
+        what = "s, b full" if full else "s, b broadcast"
+        row("chain8", f"8 ops, 3 inputs ({what}), {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager",
+            nbytes=(4 if full else 2) * tx.numel() * 2, copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+        del tx, ts, tb, ty
+
+
+# --chain: the pointwise kernel's forms (pydnn.tuning.graph), label -> switches; "first form" is the
+# generator before the split (one loop testing the vector flag, 16 blocks an SM)
+CHAIN_FORMS = [
+    ("first form", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_RANGE=False)),
+    ("split, 16/SM, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split, 2 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-2, PW_MIN_BLOCKS=0)),
+    ("split, 4 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-4, PW_MIN_BLOCKS=0)),
+    ("split, 8 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-8, PW_MIN_BLOCKS=0)),
+    ("split, 32/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=32, PW_MIN_BLOCKS=0)),
+    ("split, 16/SM, 8 runs", dict(PW_SPLIT=True, PW_RUNS=8, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("split, 16/SM, 1 run", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
+    ("16/SM, 4 runs, gelu_fast (not the rule)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0,
+                                                     PW_GELU_FAST=True)),
+]
+CHAIN_FULL_FORMS = ("first form", "split, 16/SM, 4 runs", "split, 4 waves, 4 runs", "split, 16/SM, 1 run",
+                    "16/SM, 4 runs, gelu_fast (not the rule)")
+# the first mid-session run (H200, copy 4166 GB/s, us; s, b broadcast / full): first form with tanhf 589.2 /
+# 587.7, with tanh_nonneg 554.8 / -, split 524.0 / -, one wave 548.8 / 562.0, one wave 2 runs 553.9 / 552.6,
+# one wave 4 runs 531.7 / 553.0, 16/SM 2 runs 497.0 / -, 16/SM 4 runs 480.6 / -, gelu_fast one wave 4 runs
+# 446.6 / 512.1 (tools/PERF.md, "Graph: the 8-op pointwise chain")
+
+
+def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
+    """Each CHAIN_FORMS form of the 8-op chain, broadcast s / b and full-size s / b, against torch eager in
+    alternating rounds; GB/s of the bytes each must move against the copy measured in this run. Every
+    kernel is compiled first, in parallel threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn import tuning
+    from pydnn._build import loader
+    from pydnn.graph import engines
+
+    graphs, units = {}, []
+    orig = engines._compile
+    engines._compile = lambda handle, unit: units.append(unit)
+    try:
+        for full in (False, True):
+            for label, sw in CHAIN_FORMS:
+                if full and label not in CHAIN_FULL_FORMS:
+                    continue
+                with tuning.override({f"graph.{k}": v for k, v in sw.items()}):
+                    g, _ = _chain_graph(h, n, c, w, full)
+                    g.build_operation_graph().create_execution_plans().build_plans()
+                graphs[(full, label)] = g
+    finally:
+        engines._compile = orig
+    units = list({u.name: u for u in units}.values())  # forms differing in the grid only share a unit
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), units))
+    print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+    for full in (False, True):
+        tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
+        shp = (n, c, w)
+        ts = torch.randn(*(shp if full else (1, c, 1)), device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(*(shp if full else (1, 1, w)), device="cuda", dtype=torch.bfloat16)
+        ty = torch.empty_like(tx)
+        bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
+        nbytes = (4 if full else 2) * tx.numel() * 2
+        want = torch.tanh((F.gelu(tx.float() * ts.float() + tb.float()) * tx.float() - tb.float()).clamp(0, 4)) \
+            + tx.float()
+
+        def torch_chain():
+            v = F.gelu(tx * ts + tb)
+            return torch.tanh((v * tx - tb).clamp(0, 4)) + tx
+
+        what = "s, b full" if full else "s, b broadcast"
+        for label, _ in CHAIN_FORMS:
+            if (full, label) not in graphs:
+                continue
+            g = graphs[(full, label)]
+            st = g._plan_obj.built.steps[0]
+            ty.fill_(float("nan"))
+            ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
+            torch.cuda.synchronize()
+            err = float(((ty.float() - want).abs() / (want.abs() + tx.float().abs() + 1)).max())
+            row("chain8", f"{what} [{label}] grid {st.grid[0]} (err {err:.1e})", "bf16", ms_p, ms_t, "torch eager",
+                nbytes=nbytes, copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+        del tx, ts, tb, ty, want
+
+
+def _norm_graph(h, rows, d, gelu):
+    g = Graph(io_data_type=BF16, handle=h)
+    x = g.tensor(name="x", dim=[rows, 1, d])
+    sc = g.tensor(name="scale", dim=[1, 1, d], data_type=pydnn.PYDNN_DATA_FLOAT)
+    b = g.tensor(name="bias", dim=[1, 1, d], data_type=pydnn.PYDNN_DATA_FLOAT)
+    y, _, _ = g.layernorm(x, sc, b, 1e-5, norm_forward_phase=pydnn.PYDNN_NORM_FWD_INFERENCE)
+    (g.gelu(y) if gelu else y).set_output(True).set_name("y")
+    return g
+
+
+def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
+    """gelu(layernorm(x) * scale + bias) as one graph (the GELU in the normalization kernel's epilogue: one
+    launch) against the plain layer norm graph of the same shape (the issue's one-launch case should cost
+    about the same) and torch F.gelu(F.layer_norm(...)); GB/s of x read and y written."""
+    from pydnn import tuning
+
+    gs = {}
+    for gelu in (True, False, "fast"):
+        with tuning.override({"graph.PW_GELU_FAST": gelu == "fast"}):
+            g = _norm_graph(h, rows, d, bool(gelu))
+            g.build_operation_graph().create_execution_plans().build_plans()
+        assert not gelu or (g.engine_index() == 1 and g.launches() == 1), (g.engine_index(), g.launches())
+        gs[gelu] = g  # the plain one: the node engine's layer norm call
+    x = torch.randn(rows, 1, d, device="cuda", dtype=torch.bfloat16)
+    sc = torch.rand(d, device="cuda") + 0.5
+    b = torch.randn(d, device="cuda")
+    y = torch.empty_like(x)
+    bufs = {"x": x.data_ptr(), "scale": sc.data_ptr(), "bias": b.data_ptr(), "y": y.data_ptr()}
+    scb, bb = sc.to(torch.bfloat16), b.to(torch.bfloat16)
+    nbytes = 2 * x.numel() * 2
+    ws = {k: torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8) for k, g in gs.items()}
+    wsp = {k: (w.data_ptr() if gs[k].get_workspace_size() else 0) for k, w in ws.items()}
+    ms_f, ms_t = time_pair(lambda: gs[True].execute(bufs, wsp[True]),
+                           lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)), rounds=rounds)
+    torch.cuda.synchronize()
+    ref = F.gelu(F.layer_norm(x.float(), (d,), sc, b, 1e-5))
+    err = float((y.float() - ref).abs().max())
+    ms_n, ms_tn = time_pair(lambda: gs[False].execute(bufs, wsp[False]), lambda: F.layer_norm(x, (d,), scb, bb, 1e-5),
+                        rounds=rounds)
+    row("norm", f"gelu(layernorm) {rows}x{d} (abs err {err:.1e})", "bf16", ms_f, ms_t, "gelu(layer_norm)",
+        nbytes=nbytes, copy_gbs=copy_gbs, note=f"| fused / plain layernorm graph time {ms_f / ms_n:.3f}x")
+    row("norm", f"layernorm {rows}x{d} (plain, node engine)", "bf16", ms_n, ms_tn, "layer_norm", nbytes=nbytes,
+        copy_gbs=copy_gbs)
+    ms_q, ms_t = time_pair(lambda: gs["fast"].execute(bufs, wsp["fast"]),
+                           lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)), rounds=rounds)
+    torch.cuda.synchronize()
+    err = float((y.float() - ref).abs().max())
+    row("norm", f"gelu(layernorm) gelu_fast (not the rule) (abs err {err:.1e})", "bf16", ms_q, ms_t,
+        "gelu(layer_norm)", nbytes=nbytes, copy_gbs=copy_gbs, note=f"| / plain layernorm graph time {ms_q / ms_n:.3f}x")
 
 
 def bench_build(h, m=4096, n=4096, k=4096):
@@ -398,6 +545,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     p.add_argument("--ab", action="store_true", help="with --quick: the wgmma forms compared (bench_ab)")
+    p.add_argument("--chain", action="store_true", help="the 8-op chain's kernel forms only (bench_chain_forms)")
+    p.add_argument("--norm", action="store_true", help="layernorm + GELU fused vs plain only (bench_norm_gelu)")
     args = p.parse_args()
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
@@ -406,6 +555,12 @@ def main():
     dst = torch.empty_like(src)
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
+    if args.chain or args.norm:
+        if args.chain:
+            bench_chain_forms(h, copy_gbs)
+        if args.norm:
+            bench_norm_gelu(h, copy_gbs)
+        return
     if args.quick and args.ab:
         bench_ab(h, copy_gbs)
         return
@@ -425,6 +580,7 @@ def main():
         bench_fused(h, *s, plain[s])
         bench_rowmax(h, *s, plain[s])
     bench_chain(h, copy_gbs)
+    bench_norm_gelu(h, copy_gbs)
     bench_build(h)
 
 

@@ -15,6 +15,7 @@ import string
 from .._build import cache, loader
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
+from .. import tuning
 from . import pointwise_ops as pw
 
 MAX_OPERANDS, MAX_DIMS = 16, 8  # PYDNN_GRAPH_MAX_OPERANDS / _DIMS in ptx/graph_params.h
@@ -65,8 +66,27 @@ def _ref(r):
     return {"op": f"in{i}", "v": f"v{i}", "acc": "acc_in"}[kind]
 
 
+TANH_NONNEG_MAX = 9.0  # tanh_nonneg (ptx/graph_pointwise.cuh) is tanhf's result on [-0, 9]
+
+
+def _nonneg_bounded(prog, ref, limit):
+    """Whether value `ref` is proven to lie in [0, limit] or be NaN: a RELU_FWD node with slope 0, lower clip
+    >= 0 and upper clip <= limit (x < lower gives lower + 0 * (x - lower): NaN only for x = -inf)."""
+    import math
+
+    if ref is None or ref[0] != "v":
+        return False
+    n = prog.nodes[ref[1]]
+    if pw.BY_VALUE.get(n.mode) != "RELU_FWD":
+        return False
+    p = dict(pw.DEFAULT_PARAMS)
+    p.update({k: v for k, v in n.params.items() if v is not None})
+    return p["slope"] == 0.0 and p["lower"] >= 0.0 and math.isfinite(p["upper"]) and p["upper"] <= limit
+
+
 def expressions(prog):
-    """The statements of the kernel body: [(value name, expression)], one per node."""
+    """The statements of the kernel body: [(value name, expression)], one per node. TANH_FWD of a value
+    _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less)."""
     out = []
     for j, n in enumerate(prog.nodes):
         x = _ref(n.x)
@@ -79,7 +99,14 @@ def expressions(prog):
                 b = f"{pw.literal(n.alpha2)} * {b}"
         if n.t is not None:
             t = _ref(n.t)
-        out.append((f"v{j}", pw.expression(n.mode, n.params, x, b, t)))
+        e = pw.expression(n.mode, n.params, x, b, t)
+        if (pw.BY_VALUE.get(n.mode) == "TANH_FWD" and n.alpha1 == 1.0 and tuning.graph.PW_RANGE
+                and _nonneg_bounded(prog, n.x, TANH_NONNEG_MAX)):
+            e = e.replace("tanhf(", "tanh_nonneg(", 1)
+        if (pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST
+                and all(tag != "f32" for tag, role in prog.operands if role != "in")):
+            e = f"gelu_fast({x})"
+        out.append((f"v{j}", e))
     return out
 
 
@@ -88,18 +115,31 @@ def _run(tag, elems):
     return f"Run16<{CTYPE[tag]}, E>" if tag != "f32" and elems % 2 == 0 else f"Run<{CTYPE[tag]}, E>"
 
 
-def source(prog, ndim, elems=1, wide=True, access=None):
+def source(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_blocks=0):
     """(kernel name, CUDA C text) of the program over `ndim` collapsed dims, `elems` consecutive innermost
-    elements a thread (elems divides the innermost dim), 64-bit (wide) or 32-bit index math. access[k]:
-    how operand k walks the innermost dim: "c" contiguous (stride 1: a vector of the run where p.flags bit 0
-    allows), "b" broadcast (stride 0: read once a run), "g" any stride (the default)."""
+    elements a run (elems divides the innermost dim), `runs` runs a thread per iteration, 32 * elems apart
+    (32 * elems * runs must divide the innermost dim: run_count picks it), 64-bit (wide) or 32-bit index
+    math. access[k]: how operand k walks the innermost dim: "c" contiguous (stride 1: a vector of the run
+    where p.flags bit 0 allows), "b" broadcast (stride 0: read once an iteration), "g" any stride (the
+    default). split: the vector and element-by-element forms as two loops (the kernel picks one by p.flags)
+    instead of one loop testing p.flags; min_blocks > 0: __launch_bounds__(256, min_blocks)."""
     ops = prog.operands
     if not 1 <= len(ops) <= MAX_OPERANDS:
         raise ValueError(f"{len(ops)} operands (1 to {MAX_OPERANDS})")
     access = list(access) if access is not None else ["g"] * len(ops)
     if len(access) != len(ops) or any(x not in "bcg" for x in access):
         raise ValueError(f"access {access!r} for {len(ops)} operands")
+    if runs < 1 or (runs > 1 and elems < 1):
+        raise ValueError(f"runs {runs}")
     last = max(ndim, 1) - 1
+    span = 32 * elems  # elements between a lane's runs
+
+    def at(k, e):  # element offset of operand k's element e of the iteration (e = r * E + j, as C text)
+        if access[k] == "c":
+            return f"off[{k}] + r * {span} + j" if e is None else f"off[{k}] + {e}"
+        return f"off[{k}] + (idx_t)(r * {span} + j) * (idx_t)p.stride[{k}][{last}]"
+
+    loops = "#pragma unroll\n      for (int r = 0; r < R; ++r)\n#pragma unroll\n        for (int j = 0; j < E; ++j)"
     loads, stores = [], []
     for k, (tag, role) in enumerate(ops):
         ct, kind = CTYPE[tag], access[k]
@@ -109,43 +149,51 @@ def source(prog, ndim, elems=1, wide=True, access=None):
         if kind == "b":
             loads.append(f"    const float b{k} = load<float>({ptr}[off[{k}]]);")
             continue
-        loads.append(f"    float a{k}[E];")
-        scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) a{k}[e] = load<float>({ptr}[off[{k}] + "
-                  + ("e" if kind == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + "]);")
+        loads.append(f"    float a{k}[E * R];")
+        scalar = f"{loops} a{k}[r * E + j] = load<float>({ptr}[{at(k, None)}]);"
         if kind == "c" and elems > 1:
-            loads.append(f"    if (vec) {{\n      {_run(tag, elems)}::load({ptr} + off[{k}], a{k});\n"
-                         f"    }} else {{\n{scalar}\n    }}")
+            loads.append(f"    if (vec) {{\n#pragma unroll\n      for (int r = 0; r < R; ++r) "
+                         f"{_run(tag, elems)}::load({ptr} + off[{k}] + r * {span}, a{k} + r * E);\n"
+                         f"    }} else {{\n      {scalar}\n    }}")
         else:
-            loads.append("    {\n" + scalar + "\n    }")
+            loads.append("    {\n      " + scalar + "\n    }")
     body = [f"      const float in{k} = " + (f"b{k};" if access[k] == "b" else f"a{k}[e];")
             for k, (_, role) in enumerate(ops) if role == "in"]
     body += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+    decls = []
     for j, k in prog.stores:
         ct = CTYPE[ops[k][0]]
         body.append(f"      r{k}[e] = v{j};")
-        stores.append(f"    float r{k}[E];")  # declared before the loop (moved below)
+        decls.append(f"    float r{k}[E * R];")
         ptr = f"static_cast<{ct}*>(p.ptr[{k}])"
-        scalar = (f"#pragma unroll\n      for (int e = 0; e < E; ++e) {ptr}[off[{k}] + "
-                  + ("e" if access[k] == "c" else f"e * (idx_t)p.stride[{k}][{last}]") + f"] = store<{ct}>(r{k}[e]);")
+        scalar = f"{loops} {ptr}[{at(k, None)}] = store<{ct}>(r{k}[r * E + j]);"
         if access[k] == "c" and elems > 1:
-            stores.append(f"    if (vec) {{\n      {_run(ops[k][0], elems)}::store({ptr} + off[{k}], r{k});\n"
-                          f"    }} else {{\n{scalar}\n    }}")
+            stores.append(f"    if (vec) {{\n#pragma unroll\n      for (int r = 0; r < R; ++r) "
+                          f"{_run(ops[k][0], elems)}::store({ptr} + off[{k}] + r * {span}, r{k} + r * E);\n"
+                          f"    }} else {{\n      {scalar}\n    }}")
         else:
-            stores.append("    {\n" + scalar + "\n    }")
-    decls = [x for x in stores if x.startswith("    float r")]
-    stores = [x for x in stores if not x.startswith("    float r")]
+            stores.append("    {\n      " + scalar + "\n    }")
+    has_vec = elems > 1 and "c" in access
+    if not has_vec:
+        dispatch = "  NAME_loop<0>(p);"
+    elif split:
+        dispatch = "  if (p.flags & 1u)\n    NAME_loop<1>(p);\n  else\n    NAME_loop<0>(p);"
+    else:
+        dispatch = "  NAME_loop<2>(p);"
     fields = dict(nops=len(ops), ndim=max(ndim, 1), loads="\n".join(loads + decls), body="\n".join(body),
-                  stores="\n".join(stores), elems=elems, idx="long long" if wide else "int")
+                  stores="\n".join(stores), elems=elems, runs=runs, idx="long long" if wide else "int",
+                  min_blocks=f", {min_blocks}" if min_blocks else "", dispatch=dispatch)
     digest = hashlib.sha256(repr((fields, prog.key())).encode()).hexdigest()[:16]
     fields["name"] = f"pw_{digest}"
+    fields["dispatch"] = dispatch.replace("NAME", fields["name"])
     template = (cache.ptx_dir() / "graph_pointwise.cu").read_text()
     return fields["name"], string.Template(template).substitute(fields)
 
 
-def kernel_unit(prog, ndim, elems=1, wide=True, access=None):
+def kernel_unit(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_blocks=0):
     """(KernelUnit, name expression) of the program, registered with the loader and the cache (nothing is
-    compiled here: loader.load_unit / handle.function compile on a cache miss)."""
-    name, text = source(prog, ndim, elems, wide, access)
+    compiled here: loader.load_unit / handle.function compile on a cache miss); arguments as source's."""
+    name, text = source(prog, ndim, elems, wide, access, runs, split, min_blocks)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     expr = f"pydnn::graph::{name}"
@@ -208,12 +256,13 @@ def udiv_emulated(n, magic, shift):
     return (t + ((n - t) >> np.uint64(1))) >> np.uint64(shift - 1)
 
 
-def launch_shape(dims, strides_list, sm_count, esizes=None):
-    """(elems a thread, wide index math?, grid) for a pointwise kernel over collapsed dims: a run of
-    consecutive innermost elements a thread, 16 bytes of the narrowest operand read contiguously (8 for
-    16-bit types; 4-byte elements where esizes is not given), halved until it divides the innermost dim;
-    32-bit index math where every index the loop reaches and every operand offset fits in an int; at most
-    16 blocks of 256 threads an SM (a grid-stride loop does the rest)."""
+def launch_shape(dims, strides_list, sm_count, esizes=None, runs=1, per_sm=16, reach_per_sm=16):
+    """(elems a thread's run, wide index math?, grid) for a pointwise kernel over collapsed dims: a run of
+    consecutive innermost elements, 16 bytes of the narrowest operand read contiguously (8 for 16-bit
+    types; 4-byte elements where esizes is not given), halved until it divides the innermost dim; `runs`
+    runs a thread per iteration (run_count's); 32-bit index math where every index the loop reaches and
+    every operand offset fits in an int; at most per_sm blocks of 256 threads an SM (a grid-stride loop
+    does the rest; the index bound holds for grids up to max(16, per_sm, reach_per_sm) blocks an SM)."""
     inner = dims[-1]
     es = esizes or [4] * len(strides_list)
     contig = [e for st, e in zip(strides_list, es) if st[-1] == 1]
@@ -223,11 +272,30 @@ def launch_shape(dims, strides_list, sm_count, esizes=None):
     total = 1
     for d in dims:
         total *= d
-    blocks = max(1, min((total // elems + THREADS - 1) // THREADS, max(sm_count, 1) * 16))
-    reach = total + blocks * THREADS * elems
-    span = max(sum((d - 1) * s for d, s in zip(dims, st)) for st in strides_list) + elems
+    per = elems * runs
+    blocks = max(1, min((total // per + THREADS - 1) // THREADS, max(sm_count, 1) * per_sm))
+    most = max(1, min((total // per + THREADS - 1) // THREADS, max(sm_count, 1) * max(16, per_sm, reach_per_sm)))
+    reach = total + most * THREADS * per
+    span = max(sum((d - 1) * s for d, s in zip(dims, st)) for st in strides_list) + per * 32
     wide = reach >= 2**31 or span >= 2**31
     return elems, wide, (blocks, 1, 1)
+
+
+def prod(dims):
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def run_count(dims, elems, want):
+    """Runs a thread per iteration (source's runs): the largest power of two up to `want` with 32 * elems *
+    runs dividing the innermost dim (a lane's runs stay in one row and a warp's iteration never straddles
+    the end), 1 where none does."""
+    r = 1
+    while r * 2 <= want and dims[-1] % (32 * elems * r * 2) == 0:
+        r *= 2
+    return r
 
 
 def access_kinds(strides_list):
@@ -250,6 +318,35 @@ def thread_offsets(dims, strides_list, elems):
     inner = np.array([s[-1] for s in strides_list], np.int64)[:, None, None]
     e = np.arange(elems, dtype=np.int64)[None, None, :]
     return (base[:, :, None] + e * inner).reshape(len(strides_list), -1)
+
+
+def kernel_visits(dims, strides_list, elems, runs, threads):
+    """numpy emulation of the kernel's loop with `threads` threads (grid x 256): (linear index, [operand
+    offset...]) of every element each thread reaches, in the order the threads take them: lane l of the warp
+    at thread t - l starts at (t - l) * E * R + l * E, run r of an iteration r * 32 * E after it, the
+    operands' offsets of a run from offsets<> at its first run plus (r * 32 * E + j) * the innermost
+    stride. Tests check every index comes exactly once with numpy's broadcast offsets."""
+    import numpy as np
+
+    total = int(np.prod(dims))
+    per = elems * runs
+    base = offsets(dims, strides_list)
+    inner = np.array([s[-1] for s in strides_list], np.int64)[:, None]
+    t = np.arange(threads, dtype=np.int64)
+    lane = t % 32
+    starts = []
+    i = (t - lane) * per + lane * elems
+    while True:
+        live = i < total
+        if not live.any():
+            break
+        starts.append(i[live])
+        i = i + threads * per
+    first = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+    step = (np.arange(runs, dtype=np.int64)[:, None] * 32 * elems + np.arange(elems, dtype=np.int64)[None, :]).ravel()
+    idx = (first[:, None] + step[None, :]).ravel()
+    off = (base[:, first][:, :, None] + step[None, None, :] * inner[:, :, None]).reshape(len(strides_list), -1)
+    return idx, off
 
 
 def offsets(dims, strides_list):

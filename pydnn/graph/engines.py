@@ -57,15 +57,39 @@ def _compile(handle, unit):
         raise PydnnError(E.PYDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, f"compiling {unit.name}: {e}") from e
 
 
+def _resident_blocks(handle, fn, threads):
+    """Blocks of `threads` a generated kernel keeps resident on one SM (the driver's occupancy; 0 where the
+    driver cannot say)."""
+    try:
+        d = driver._driver()
+        with driver.pushed(handle.ctx):
+            err, n = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, 0)
+        return int(n) if int(err) == 0 else 0
+    except Exception:  # noqa: BLE001 - an occupancy query is advice: fall back to the static grid
+        return 0
+
+
 class PwStep:
-    """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused."""
+    """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused.
+    Its form follows pydnn.tuning.graph (read when the plan is built): PW_SPLIT, PW_RUNS, PW_GRID,
+    PW_MIN_BLOCKS."""
 
     def __init__(self, handle, prog, dims, strides_list, uids):
+        from .. import tuning
+
+        sw = tuning.graph
         cdims, cstrides = cg.collapse(dims, strides_list)
         esizes = [ESIZE[{v: k for k, v in TAGS.items()}[tag]] for tag, _ in prog.operands]
-        elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count, esizes)
+        elems = cg.launch_shape(cdims, cstrides, handle.sm_count, esizes)[0]
+        self.runs = cg.run_count(cdims, elems, max(1, int(sw.PW_RUNS)))
+        self.per_sm = int(sw.PW_GRID)
+        self.waves = max(1, -self.per_sm)  # PW_GRID <= 0: waves of the resident blocks (at most 8 an SM each)
+        elems, wide, self.grid = cg.launch_shape(cdims, cstrides, handle.sm_count, esizes, self.runs,
+                                                 self.per_sm if self.per_sm > 0 else 16, 8 * self.waves)
+        self.work_blocks = max(1, -(-cg.prod(cdims) // (elems * self.runs * cg.THREADS)))
         access = cg.access_kinds(cstrides)
-        self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide, access)
+        self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide, access, self.runs, bool(sw.PW_SPLIT),
+                                              int(sw.PW_MIN_BLOCKS))
         _compile(handle, self.unit)
         self.params = cg.params(cdims, cstrides, [0] * len(uids))
         self.args = driver.kernel_args(self.params)
@@ -80,6 +104,18 @@ class PwStep:
         self.launches = 1
         self.fn = (None, None)  # (handle, CUfunction) of the last handle
 
+    def _resolve(self, handle):
+        fn = handle.function(self.unit.name, self.expr)
+        if self.per_sm <= 0:  # waves of the blocks resident at once (occupancy of this kernel), never more than the work
+            key = ("graph.pw occupancy", self.unit.name)
+            n = handle.prepared.get(key)
+            if n is None:
+                n = handle.remember(key, _resident_blocks(handle, fn, cg.THREADS))
+            if n > 0:
+                self.grid = (max(1, min(self.work_blocks, self.waves * min(n, 8) * handle.sm_count)), 1, 1)
+        self.fn = (handle, fn)
+        return self.fn
+
     def run(self, handle, ptr):
         p = self.params
         pp = p.ptr
@@ -92,7 +128,7 @@ class PwStep:
             p.flags = 0 if bits & self.vec_mask else 1
         fn = self.fn
         if fn[0] is not handle:
-            fn = self.fn = (handle, handle.function(self.unit.name, self.expr))
+            fn = self._resolve(handle)
         driver.launch_args(fn[1], self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
 
 

@@ -84,6 +84,76 @@ def test_chain8(handle, rng, monkeypatch, io, mode, engine, launches):
     ty.check_untouched()
 
 
+FORMS = [dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16), dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=0),
+         dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=0), dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16),
+         dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=1, PW_MIN_BLOCKS=2)]
+
+
+@pytest.mark.parametrize("form", range(len(FORMS)))
+@pytest.mark.parametrize("io, xpad", [(BF16, 0), (F16, 4), (F32, 0), (BF16, 2)],
+                         ids=["bf16", "f16-pad4", "f32", "bf16-pad2"])
+def test_chain8_kernel_forms(handle, rng, monkeypatch, form, io, xpad):
+    """The chain in each form of the generated kernel (pydnn.tuning.graph: one loop or split loops, 1 / 2 /
+    4 runs a thread, one wave or a fixed grid of several iterations a thread, launch bounds), one launch,
+    against float64; x with rows padded by xpad elements takes the element-by-element loop (its runs are
+    not 16-byte aligned); the form with a grid of 1 block an SM runs on a handle that claims one SM, so the
+    block's threads loop."""
+    from pydnn import tuning
+
+    for k, v in FORMS[form].items():
+        monkeypatch.setattr(tuning.graph, k, v)
+    if FORMS[form]["PW_GRID"] == 1:  # one block in all: its threads take 3 iterations each
+        monkeypatch.setattr(handle, "sm_count", 1)
+    dims = (3, 8, 1024)
+    g, (x, s, b, y) = _chain_graph(handle, io, dims)
+    n, c, w = dims
+    if xpad:
+        x.set_stride([c * (w + xpad), w + xpad, 1])
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1
+    step = g._plan_obj.built.steps[0]
+    assert step.runs == FORMS[form]["PW_RUNS"]
+    tx = DevTensor(dims, io, x.stride) if xpad else DevTensor(dims, io)
+    ts, tb, ty = (DevTensor(t.dim, io) for t in (s, b, y))
+    xv, sv, bv = tx.random(rng, -2, 2), ts.random(rng, -2, 2), tb.random(rng, -2, 2)
+    count = Launches(monkeypatch)
+    g.execute({x: tx.ptr, s: ts.ptr, b: tb.ptr, y: ty.ptr}, 0, handle=handle)
+    assert count.n == 1
+    assert step.vec_static == (xpad == 0)
+    if FORMS[form]["PW_GRID"] == 1:
+        assert step.grid == (1, 1, 1)
+    want = _chain_ref(xv, sv, bv)
+    assert_close(ty.download(), want, io, f"chain8 form {FORMS[form]}", scale=np.abs(want) + np.abs(xv) + 1)
+    ty.check_untouched()
+
+
+def test_tanh_nonneg_is_tanhf_bitwise(handle):
+    """tanh(relu(x, upper 9)) (generated with tanh_nonneg: the range is proven) against tanh(x) (tanhf) on
+    float32 x in [-0, 9]: every float in [0.55, 0.65] (the branch point 0.6) and in [8.9, 9], 2^22 more
+    spread over [0, 9], zeros and denormals; the two outputs bitwise the same."""
+    def between(lo, hi):
+        a, b = np.array([lo, hi], np.float32).view(np.int32)
+        return np.arange(a, b + 1, dtype=np.int32).view(np.float32)
+
+    xs = np.concatenate([between(0.55, 0.65), between(8.9, 9.0), np.linspace(0, 9, 1 << 22, dtype=np.float32),
+                         np.array([0.0, -0.0, 1e-45, 1e-40, 1.17e-38, 1e-30, 1e-4], np.float32)])
+    outs = []
+    for ranged in (True, False):
+        g = Graph(io_data_type=F32, handle=handle)
+        x = g.tensor(name="x", dim=[1, xs.size])
+        y = g.tanh(g.relu(x, upper_clip=9.0) if ranged else x, name="y").set_output(True)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        assert g.engine_index() == 1
+        text = __import__("pydnn._build.cache", fromlist=["x"])._source_memo[g._plan_obj.built.steps[0].unit.source][0]
+        assert ("tanh_nonneg(" in text) == ranged
+        tx, ty = DevTensor(x.dim, F32), DevTensor(y.dim, F32)
+        tx.upload(xs.astype(np.float64)[None])
+        g.execute({x: tx.ptr, y: ty.ptr}, 0, handle=handle)
+        outs.append(ty.buf.to_numpy().view(np.uint32).copy())
+    bad = np.nonzero(outs[0] != outs[1])[0]
+    assert bad.size == 0, [(float(xs[i]), hex(outs[0][i]), hex(outs[1][i])) for i in bad[:8]]
+
+
 def test_chain8_strided_output(handle, rng):
     """Output with padded strides and an input stored transposed (non-packed): one kernel still."""
     g = Graph(io_data_type=F32, handle=handle)
@@ -174,17 +244,60 @@ def test_matmul_epilogue(handle, rng, monkeypatch, io, residual, m, n, k, batch)
     ty.check_untouched()
 
 
-def test_reduction_graph(handle, rng):
+@pytest.mark.parametrize("mode", [P.PYDNN_HEUR_MODE_A, P.PYDNN_HEUR_MODE_FALLBACK], ids=["fusion", "nodes"])
+def test_reduction_graph(handle, rng, monkeypatch, mode):
+    """exp then a max over the middle dim: the fusion engine's generated kernel + reduce_tensor
+    (pydnn/graph/reduce_tail.py), or node by node."""
     g = Graph(io_data_type=F32, handle=handle)
     x = g.tensor(name="x", dim=[4, 8, 16])
     y = g.reduction(g.exp(x), P.PYDNN_REDUCE_TENSOR_MAX, dim=[4, 1, 16]).set_output(True)
-    g.build_operation_graph().create_execution_plans().check_support().build_plans()
-    assert g.engine_index() == 0
+    g.build_operation_graph().create_execution_plans([mode]).check_support().build_plans()
+    assert g.engine_index() == (1 if mode == P.PYDNN_HEUR_MODE_A else 0)
     tx, ty = DevTensor([4, 8, 16], F32), DevTensor([4, 1, 16], F32)
     xv = tx.random(rng)
     ws = _ws(g)
+    if ws:
+        ws.fill_bytes(0xFF)
+    count = Launches(monkeypatch)
     g.execute({x: tx.ptr, y: ty.ptr}, ws.ptr if ws else 0, handle=handle)
+    assert count.n >= 2
     assert_close(ty.download(), np.exp(xv).max(axis=1, keepdims=True), F32, "exp + max")
+    ty.check_untouched()
+
+
+@pytest.mark.parametrize("op, m, n, k", [(P.PYDNN_REDUCE_TENSOR_ADD, 128, 96, 64), (P.PYDNN_REDUCE_TENSOR_MAX, 77, 130, 40)],
+                         ids=["colsum", "colmax_odd"])
+def test_matmul_column_reduction(handle, rng, monkeypatch, op, m, n, k):
+    """gelu(x @ w + bias) reduced over its rows (a column reduction): the fused GEMM stores the bf16 result
+    in the workspace, reduce_tensor reduces it (reduce_tail.py); the rounding to bf16 before the reduction
+    is in the reference."""
+    from pydnn.reference import dtypes as rd
+
+    g = Graph(io_data_type=BF16, intermediate_data_type=F32, handle=handle)
+    a, w = g.tensor(name="a", dim=[1, m, k]), g.tensor(name="w", dim=[1, k, n])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    v = g.gelu(g.add(g.matmul(a, w), bias))
+    y = g.reduction(v, op, dim=[1, 1, n]).set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1
+    names = [type(s).__name__ for s in g._plan_obj.built.steps]
+    assert names == ["FusedMatmulStep", "ReduceStep"]
+    ta, tw, tb, ty = (DevTensor(t.dim, BF16) for t in (a, w, bias, y))
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb.random(rng, -1, 1)
+    ws = _ws(g)
+    ws.fill_bytes(0xFF)
+    count = Launches(monkeypatch)
+    g.execute({a: ta.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}, ws.ptr, handle=handle)
+    assert count.n >= 2
+    c = ref.pointwise("GELU_FWD", np.matmul(av, wv) + bv)
+    cs = rd.from_storage(rd.to_storage(c, BF16), BF16)  # stored by the GEMM as bf16
+    term = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
+    if op == P.PYDNN_REDUCE_TENSOR_ADD:
+        want, scale = cs.sum(axis=1, keepdims=True), 2 * term.sum(axis=1, keepdims=True)
+    else:
+        want, scale = cs.max(axis=1, keepdims=True), 2 * term.max(axis=1, keepdims=True)
+    assert_close(ty.download(), want, BF16, f"column reduction {op}", scale=scale)
+    ty.check_untouched()
 
 
 def test_backend_api_execute(handle, rng):
@@ -229,6 +342,54 @@ def test_matmul_epilogue_large_tile(handle, rng, monkeypatch):
     c = (av[0] @ wv[0])[None] + bv
     assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "wgmma epilogue",
                  scale=(np.abs(av[0]) @ np.abs(wv[0]))[None] + np.abs(bv))
+
+
+@pytest.mark.parametrize("m, n, k, on_b, red", [(128, 96, 64, False, False), (77, 130, 40, True, False),
+                                                (256, 256, 128, False, True), (512, 512, 256, True, False)],
+                         ids=["a_only", "ab_odd", "a_rowmax", "ab_512"])
+def test_matmul_prologue(handle, rng, monkeypatch, m, n, k, on_b, red):
+    """gelu(relu(x * s) @ w' + bias), w' = tanh(w) + h when on_b (a prologue on B too), optionally with a
+    row max of the result: the fusion engine runs one pointwise kernel per computed operand (into the
+    workspace, rounded to bf16 as the GEMM reads it) and the fused GEMM; launches counted."""
+    from pydnn.reference import dtypes as rd
+
+    g = Graph(io_data_type=BF16, intermediate_data_type=F32, handle=handle)
+    x = g.tensor(name="x", dim=[1, m, k])
+    s = g.tensor(name="s", dim=[1, 1, k])
+    w = g.tensor(name="w", dim=[1, k, n])
+    h = g.tensor(name="h", dim=[1, 1, 1])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    a = g.relu(g.mul(x, s))
+    b = g.add(g.tanh(w), h) if on_b else w
+    v = g.gelu(g.add(g.matmul(a, b), bias))
+    if red:
+        y = g.reduction(v, P.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1]).set_output(True).set_name("y")
+    else:
+        y = v.set_output(True).set_name("y")
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 2 + on_b
+    tx, ts, tw, th, tb, ty = (DevTensor(t.dim, BF16) for t in (x, s, w, h, bias, y))
+    xv, sv, wv = tx.random(rng, -1, 1), ts.random(rng, -1, 1), tw.random(rng, -1, 1)
+    hv, bv = th.random(rng, -0.5, 0.5), tb.random(rng, -1, 1)
+    ws = _ws(g)
+    assert ws is not None
+    ws.fill_bytes(0xFF)
+    bufs = {x: tx.ptr, s: ts.ptr, w: tw.ptr, bias: tb.ptr, y: ty.ptr}
+    if on_b:
+        bufs[h] = th.ptr
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr, handle=handle)
+    assert count.n == 2 + on_b
+    av = rd.from_storage(rd.to_storage(np.maximum(xv * sv, 0.0), BF16), BF16)       # stored as the GEMM reads it
+    bw = rd.from_storage(rd.to_storage(np.tanh(wv) + hv, BF16), BF16) if on_b else wv
+    c = np.matmul(av, bw) + bv
+    want = ref.pointwise("GELU_FWD", c)
+    scale = np.matmul(np.abs(av), np.abs(bw)) + np.abs(bv)
+    if red:
+        want, scale = want.max(axis=-1, keepdims=True), scale.max(axis=-1, keepdims=True)
+    # the operands may round the other way at a tie of the device's and numpy's float math: 2x the scale
+    assert_close(ty.download(), want, BF16, f"prologue {m}x{n}x{k} on_b {on_b} red {red}", scale=2 * scale)
+    ty.check_untouched()
 
 
 def test_c_program(tmp_path):

@@ -1,0 +1,216 @@
+"""The generated pointwise kernel's forms (pydnn.tuning.graph: split loops, runs a thread, grid, launch
+bounds) on the CPU: the numpy emulation of the kernel's loop visits every element once with numpy's
+broadcast offsets, the run count and launch shape rules, the engine's choice per switch, and NVRTC compiles
+the 8-op chain in every form for sm_80 and sm_90 without spills."""
+import re
+
+import numpy as np
+import pytest
+
+import pydnn as P
+from pydnn import tuning
+from pydnn.graph import Graph
+from pydnn.graph import codegen as cg
+from test_fuzz_cpu import cpu_handle
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pwformscache"))
+
+
+@pytest.mark.parametrize("dims, strides, elems, runs, threads", [
+    ([64, 512], [[512, 1], [0, 1], [1, 0]], 8, 2, 64),        # two runs, several iterations a thread
+    ([3, 4, 1024], [[4096, 1024, 1], [0, 1, 0], [0, 0, 1]], 8, 4, 32),
+    ([3, 4, 1024], [[4096, 1024, 1], [0, 1, 0], [0, 0, 1]], 4, 8, 96),
+    ([5, 256], [[256, 1], [1, 5]], 8, 1, 7 * 32),              # one run: the first form's order
+    ([2, 7, 256], [[1792, 256, 1], [0, 0, 1]], 2, 4, 256),     # more threads than runs
+])
+def test_kernel_loop_visits_every_element_once(dims, strides, elems, runs, threads):
+    assert dims[-1] % (32 * elems * runs) == 0 or runs == 1
+    idx, off = cg.kernel_visits(dims, strides, elems, runs, threads)
+    assert np.array_equal(np.sort(idx), np.arange(int(np.prod(dims))))
+    want = cg.offsets(dims, strides)
+    for k in range(len(strides)):
+        np.testing.assert_array_equal(off[k], want[k][idx])
+
+
+def test_kernel_loop_one_run_matches_thread_offsets():
+    dims, strides = [6, 64], [[64, 1], [0, 1]]
+    idx, off = cg.kernel_visits(dims, strides, 4, 1, 1 << 20)  # one iteration: thread order is index order
+    assert np.array_equal(idx, np.arange(6 * 64))
+    np.testing.assert_array_equal(off, cg.thread_offsets(dims, strides, 4))
+
+
+def test_run_count():
+    assert cg.run_count([64, 4096], 8, 4) == 4
+    assert cg.run_count([64, 4096], 8, 16) == 16 and cg.run_count([64, 4096], 8, 32) == 16
+    assert cg.run_count([64, 512], 8, 4) == 2       # 32 * 8 * 4 = 1024 does not divide 512
+    assert cg.run_count([64, 130], 2, 4) == 1
+    assert cg.run_count([64, 4096], 8, 3) == 2      # powers of two only
+    assert cg.run_count([64, 4096], 8, 1) == 1
+
+
+def test_launch_shape_runs_and_grid():
+    dims, st = [64, 1024, 4096], [[4194304, 4096, 1], [0, 1, 0]]
+    e, wide, grid = cg.launch_shape(dims, st, 132, [2, 2], runs=4, per_sm=16)
+    assert e == 8 and not wide and grid[0] == 132 * 16
+    assert cg.launch_shape(dims, st, 132, [2, 2], runs=4, per_sm=6)[2][0] == 132 * 6
+    assert cg.launch_shape([8, 1024], [[1024, 1]], 132, [2], runs=4)[2][0] == 1   # 8192 elements: one block
+    assert cg.launch_shape([2**30, 4], [[4, 1]], 132, [4], runs=1)[1] is True
+
+
+def _chain(h, dims):
+    n, c, w = dims
+    g = Graph(io_data_type=P.PYDNN_DATA_BFLOAT16, handle=h)
+    x = g.tensor(name="x", dim=[n, c, w])
+    s = g.tensor(name="s", dim=[1, c, 1])
+    b = g.tensor(name="b", dim=[1, 1, w])
+    v = g.gelu(g.add(g.mul(x, s), b))
+    v = g.tanh(g.relu(g.sub(g.mul(v, x), b), upper_clip=4.0))
+    g.add(v, x).set_output(True).set_name("y")
+    return g
+
+
+def _step(monkeypatch, dims, **sw):
+    for k, v in sw.items():
+        monkeypatch.setattr(tuning.graph, k, v)
+    g = _chain(cpu_handle(), dims)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    return g._plan_obj.built.steps[0]
+
+
+def test_engine_follows_switches(monkeypatch):
+    from pydnn._build import cache
+
+    st = _step(monkeypatch, (4, 16, 1024), PW_RUNS=4, PW_GRID=16, PW_SPLIT=True, PW_MIN_BLOCKS=0)
+    text = cache._source_memo[st.unit.source][0]
+    assert st.runs == 4 and "constexpr int R = 4;" in text and st.grid == (8, 1, 1)  # 65536 / (8 * 4 * 256)
+    assert "_loop<1>(p);" in text and "_loop<0>(p);" in text and "__launch_bounds__(256)" in text
+    st1 = _step(monkeypatch, (4, 16, 1024), PW_RUNS=1, PW_GRID=16, PW_SPLIT=False, PW_MIN_BLOCKS=3)
+    t1 = cache._source_memo[st1.unit.source][0]
+    assert st1.runs == 1 and "_loop<2>(p);" in t1 and "_loop<1>" not in t1 and "__launch_bounds__(256, 3)" in t1
+    assert st1.unit.name != st.unit.name
+    st2 = _step(monkeypatch, (4, 16, 96), PW_RUNS=4)       # 32 * 8 * 2 does not divide 96: one run
+    assert st2.runs == 1
+    st3 = _step(monkeypatch, (64, 1024, 4096), PW_RUNS=2, PW_GRID=0)
+    assert st3.per_sm == 0 and st3.work_blocks == 64 * 1024 * 4096 // (8 * 2 * 256)
+
+
+PROPS = re.compile(r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores"
+                   r"[^\n]*\n[^\n]*?Used (\d+) registers")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_chain_forms_compile_without_spills(arch, monkeypatch):
+    """NVRTC compiles the 8-op chain (bf16, the benchmark's broadcasts) in each form; ptxas reports no
+    spill, and the split forms stay within the registers of one wave of at least 4 blocks of 256."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    for split, runs, minb in ((False, 1, 0), (True, 1, 0), (True, 2, 0), (True, 4, 0), (True, 2, 4)):
+        st = _step(monkeypatch, (2, 8, 4096), PW_SPLIT=split, PW_RUNS=runs, PW_MIN_BLOCKS=minb)
+        assert st.runs == runs
+        text = cache._source_memo[st.unit.source][0]
+        _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), arch,
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+        props = {f: (int(a), int(b), int(r)) for f, a, b, r in PROPS.findall(log)}
+        frame, spill, regs = props[lowered[st.expr]]
+        assert (frame, spill) == (0, 0), log
+        assert regs <= 64, (split, runs, minb, log)
+
+
+@pytest.mark.parametrize("params, alpha, on, want", [
+    (dict(upper=4.0), 1.0, True, True),
+    (dict(upper=9.0, lower=0.5), 1.0, True, True),
+    (dict(upper=9.5), 1.0, True, False),              # past the range tanh_nonneg matches tanhf on
+    (dict(), 1.0, True, False),                       # no upper clip
+    (dict(upper=4.0, lower=-1.0), 1.0, True, False),  # may be negative
+    (dict(upper=4.0, slope=0.1), 1.0, True, False),   # leaky: below the lower clip
+    (dict(upper=4.0), 2.0, True, False),              # tanh's own alpha1 scales the value
+    (dict(upper=4.0), 1.0, False, False),             # tuning.graph.PW_RANGE off
+])
+def test_tanh_of_a_clipped_value_uses_tanh_nonneg(monkeypatch, params, alpha, on, want):
+    monkeypatch.setattr(tuning.graph, "PW_RANGE", on)
+    nodes = [cg.PwNode(P.PYDNN_POINTWISE_RELU_FWD, params, x=("op", 0)),
+             cg.PwNode(P.PYDNN_POINTWISE_TANH_FWD, alpha1=alpha, x=("v", 0))]
+    prog = cg.PwProgram([("f32", "in"), ("f32", "out")], nodes, [(1, 1)])
+    (_, relu), (_, tanh) = cg.expressions(prog)
+    assert ("tanh_nonneg(" in tanh) == want and ("tanhf(" in tanh) == (not want)
+    # numpy evaluation of the emitted expressions (the CPU tests' emulation) against the reference formula
+    from pydnn.graph import pointwise_ops as pw
+
+    env = pw.numpy_namespace(np)
+    x = np.linspace(-3, 12, 301, dtype=np.float32)
+    v0 = eval(pw.to_numpy_source(relu.replace("in0", "x")), env, dict(x=x))  # noqa: S307
+    v1 = eval(pw.to_numpy_source(tanh.replace("v0", "v")), env, dict(v=v0))  # noqa: S307
+    lo, hi = params.get("lower", 0.0), params.get("upper", np.inf)
+    r = np.where(x < lo, lo + params.get("slope", 0.0) * (x - lo), np.minimum(x, hi))
+    np.testing.assert_allclose(v1, np.tanh(np.float32(alpha) * r.astype(np.float32)), rtol=1e-6)
+
+
+def test_chain_kernel_uses_tanh_nonneg_and_fewer_instructions(monkeypatch):
+    """The benchmark's chain (relu clipped at 4 -> tanh) is generated with tanh_nonneg; ptxas compiles it."""
+    from pydnn._build import cache
+
+    st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2)
+    text = cache._source_memo[st.unit.source][0]
+    assert "tanh_nonneg(" in text and "tanhf(" not in text and "erff(" in text
+
+
+def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
+    """PW_GRID 0 / -k: the first launch on a handle asks the driver how many blocks stay resident an SM and
+    launches 1 / k times that many an SM (never more than the work); a driver that cannot say leaves the
+    16-an-SM cap."""
+    import contextlib
+
+    from pydnn._cuda import driver
+    from pydnn.graph import engines as EN
+
+    class FakeDriver:
+        def __init__(self, n, err=0):
+            self.n, self.err, self.calls = n, err, 0
+
+        def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, threads, smem):  # noqa: N802
+            assert fn == "fn" and threads == 256 and smem == 0
+            self.calls += 1
+            return self.err, self.n
+
+    grids = []
+    monkeypatch.setattr(driver, "pushed", lambda ctx: contextlib.nullcontext())
+    monkeypatch.setattr(driver, "launch_args", lambda fn, grid, *a: grids.append(grid))
+    for n, err, grid, dims, want in ((6, 0, 0, (64, 1024, 4096), 6 * 132), (6, 0, 0, (4, 16, 1024), 32),
+                                     (0, 1, 0, (64, 1024, 4096), 16 * 132), (4, 0, -4, (64, 1024, 4096), 16 * 132),
+                                     (12, 0, -3, (64, 1024, 4096), 24 * 132)):  # at most 8 resident blocks a wave
+        fake = FakeDriver(n, err)
+        monkeypatch.setattr(driver, "_driver", lambda fake=fake: fake)
+        st = _step(monkeypatch, dims, PW_RUNS=1, PW_GRID=grid)
+        h = cpu_handle()
+        monkeypatch.setattr(type(h), "function", lambda self, unit, expr, smem=0: "fn")
+        ptr = {u: 1 << 20 for u in st.uids}
+        st.run(h, ptr)
+        st.run(h, ptr)
+        assert grids[-1] == grids[-2] == (want, 1, 1) and fake.calls == 1
+
+
+@pytest.mark.parametrize("on, out_tag, want", [(False, "bf16", False), (True, "bf16", True), (True, "f16", True),
+                                                (True, "f32", False)])
+def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tag, want):
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", on)
+    prog = cg.PwProgram([("bf16", "in"), (out_tag, "out")], [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))],
+                        [(0, 1)])
+    (_, e), = cg.expressions(prog)
+    assert ("gelu_fast(" in e) == want and ("erff(" in e) == (not want)
+
+
+def test_gelu_fast_compiles_and_matches_the_activation_family():
+    """graph_pointwise.cuh's gelu_fast is activation.cu's (the same steps and coefficients)."""
+    from pydnn._build import cache
+
+    act = (cache.ptx_dir() / "activation.cu").read_text()
+    mine = (cache.ptx_dir() / "graph_pointwise.cuh").read_text()
+    coefs = re.findall(r"[-+]?\d\.\d{9}e[-+]\d\d", act[act.index("phi_fast_parts"):act.index("phi_fast(float x)")])
+    assert len(coefs) == 8 and all(c in mine for c in coefs)
+    assert "0.35355339059327373f" in mine and "-0.72134752044448170f" in mine and "1e30f" in mine
