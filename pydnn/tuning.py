@@ -366,6 +366,12 @@ rnn = Switches(
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
     SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
                       "(0: split_k's choice); for measurements"),
+    WAVEFRONT=(False, "multi-layer unidirectional forward (no projection, LINEAR_INPUT, no dropout) as the layer "
+                      "wavefront: layer l runs step t at wave t + l * WAVE_CHUNK, one batched recurrent GEMM and one "
+                      "cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's _fwd_wavefront); off: "
+                      "layer after layer"),
+    WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
+                    "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "

@@ -18,8 +18,10 @@ from pydnn.tensor import DTYPES
 
 POISON = 0xFF
 # (rtol, atol relative to the largest reference magnitude) per data type: the recurrence rounds h to the
-# data type every step, and the 16-bit GEMMs round their outputs
-TOL = {E.PYDNN_DATA_FLOAT: (2e-4, 2e-5), E.PYDNN_DATA_HALF: (2e-2, 4e-3), E.PYDNN_DATA_BFLOAT16: (6e-2, 2.5e-2)}
+# data type every step, and the 16-bit GEMMs round their outputs. double: 100x pydnn/reference/dtypes.py's
+# (1e-12, 1e-14) for the recurrence (every step's error carried on) and the GEMMs' different summation order
+TOL = {E.PYDNN_DATA_FLOAT: (2e-4, 2e-5), E.PYDNN_DATA_HALF: (2e-2, 4e-3), E.PYDNN_DATA_BFLOAT16: (6e-2, 2.5e-2),
+       E.PYDNN_DATA_DOUBLE: (1e-10, 1e-12)}
 
 
 @dataclass

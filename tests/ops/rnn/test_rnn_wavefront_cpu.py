@@ -1,0 +1,135 @@
+"""The layer wavefront (pydnn/ops/rnn/engine.py's _fwd_wavefront, tuning.rnn.WAVEFRONT) on the CPU: its schedule
+respects the dependences, the planner takes it only where it applies, and the engine's real Python with it runs on
+the emulated device (numpy kernels, and ptx/rnn.cu itself compiled for the host) against the float64 reference:
+forward in both modes, and the backward calls on the reserve space it filled. Both orders are run."""
+import os
+import sys
+
+import pytest
+
+import pydnn
+from pydnn import enums as E
+from pydnn import tuning
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rnn_emulator  # noqa: E402
+from rnn_harness import Case, run_case  # noqa: E402
+
+PACKED, BATCH_MAJOR = E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, E.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED
+WAVE_CASES = {  # (case, chunk)
+    "lstm-3layer-c2": (Case(layers=3, T=7, lengths=(7, 5, 2)), 2),
+    "lstm-2layer-c1-nostate": (Case(layers=2, states=False, lengths=(4, 2, 3), fill=-3.0), 1),
+    "gru-2layer-packed-c3": (Case(cell=E.PYDNN_GRU, layers=2, layout=PACKED, T=8, lengths=(8, 6, 3)), 3),
+    "relu-3layer-nobias-c16": (Case(cell=E.PYDNN_RNN_RELU, bias_mode=E.PYDNN_RNN_NO_BIAS, layers=3), 16),
+    "tanh-4layer-inp-bias-batch-major-c2": (Case(cell=E.PYDNN_RNN_TANH, bias_mode=E.PYDNN_RNN_SINGLE_INP_BIAS,
+                                                 layers=4, layout=BATCH_MAJOR, lengths=(1, 4, 2)), 2),
+    "lstm-clip-half-c2": (Case(dtype=E.PYDNN_DATA_HALF, layers=2, clip=(-0.4, 0.5), T=6, lengths=(6, 6, 1)), 2),
+    "gru-double-3layer-c1": (Case(dtype=E.PYDNN_DATA_DOUBLE, cell=E.PYDNN_GRU, layers=3, T=5, lengths=(5, 3, 5)), 1),
+    "lstm-input-eq-hidden-c2": (Case(layers=3, input_size=8, T=6, lengths=(6, 4, 6)), 2),  # one GEMM run
+    "tanh-10layer-c1": (Case(cell=E.PYDNN_RNN_TANH, layers=10, T=12, lengths=(12, 9), hidden=4, input_size=3), 1),
+}
+
+
+def _wave(monkeypatch, on, chunk=16):
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", on)
+    monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", chunk)
+
+
+def test_schedule_respects_the_dependences():
+    from pydnn.ops.rnn.engine import wave_schedule
+    for T, L, C in ((7, 3, 2), (5, 4, 1), (4, 2, 16), (12, 10, 1), (9, 3, 4)):
+        at = {}
+        for w, act in wave_schedule(T, L, C):
+            assert [l for l, _, _ in act] == sorted({l for l, _, _ in act})
+            for l, t, starts in act:
+                assert (l, t) not in at
+                at[(l, t)] = w
+                assert starts == (t % C == 0)
+        assert set(at) == {(l, t) for l in range(L) for t in range(T)}
+        for (l, t), w in at.items():
+            if t:
+                assert at[(l, t - 1)] < w
+            if l:  # the chunk input GEMM of layer l at its chunk start reads layer l - 1's whole chunk
+                c0 = t - t % C
+                assert all(at[(l - 1, s)] < at[(l, c0)] for s in range(c0, min(c0 + C, T)))
+
+
+def test_planner_takes_the_wavefront_only_where_it_applies(monkeypatch):
+    from pydnn.ops.rnn import engine
+    _wave(monkeypatch, True)
+    dev = rnn_emulator.Device()
+    r = pydnn.create_rnn_descriptor()
+
+    def setr(dirs=E.PYDNN_UNIDIRECTIONAL, layers=2, proj=8, mode=E.PYDNN_LINEAR_INPUT, drop=None, I=8):
+        pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, dirs, mode, E.PYDNN_DATA_FLOAT,
+                                    E.PYDNN_DATA_FLOAT, 0, I, 8, proj, layers, drop, 1)
+        return engine.wavefront_ok(r)
+
+    assert setr()
+    assert not setr(dirs=E.PYDNN_BIDIRECTIONAL)
+    assert not setr(layers=1)
+    assert not setr(proj=4)
+    assert not setr(mode=E.PYDNN_SKIP_INPUT)
+    assert not setr(drop=rnn_emulator.dropout_descriptor(dev, 0.2))
+    assert setr(drop=rnn_emulator.dropout_descriptor(dev, 0.0))
+    _wave(monkeypatch, False)
+    assert not setr()
+
+
+@pytest.mark.parametrize("name", list(WAVE_CASES))
+@pytest.mark.parametrize("on", [True, False], ids=["wave", "layers"])
+def test_wavefront_on_emulated_device(name, on, monkeypatch):
+    c, chunk = WAVE_CASES[name]
+    _wave(monkeypatch, on, chunk)
+    dev = rnn_emulator.Device()
+    calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"]
+    cells = [m for m in (it[5] for it in fwd[0]) if m[:2] == ("rnn", "fwd_cell")]
+    if on:  # one cell launch per wave (groups of MAXY layers)
+        from pydnn.ops.rnn import kernels as K
+        C = min(chunk, c.T)
+        waves = c.T + (c.layers - 1) * C
+        assert waves <= len(cells) <= waves * -(-c.layers // K.MAXY)
+        if C < c.T:  # (a chunk of all T steps: the layers one after the other)
+            assert len(cells) < c.T * c.layers
+            assert any(it[1][1] > 1 for it in fwd[0] if it[5][:2] == ("rnn", "fwd_cell"))
+    else:
+        assert len(cells) == c.T * c.layers
+    assert calls
+
+
+@pytest.fixture(scope="module")
+def host_lib(tmp_path_factory):
+    import test_rnn_kernels_host_cpu as hk
+    return hk.host_lib.__wrapped__(tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", ["lstm-3layer-c2", "gru-2layer-packed-c3", "gru-double-3layer-c1", "tanh-10layer-c1",
+                                  "lstm-clip-half-c2"])
+def test_wavefront_rnn_cu_on_the_host(name, host_lib, monkeypatch):
+    """ptx/rnn.cu's fwd_cell with gridDim.y = the wave's layers (RnnDir2 entries 1 .. 7) run for real."""
+    c, chunk = WAVE_CASES[name]
+    _wave(monkeypatch, True, chunk)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype, host_lib=host_lib)
+    run_case(rnn_emulator.fake_handle(), dev, c)
+
+
+def test_wavefront_workspace(monkeypatch):
+    """Inference keeps every layer's states and the chunk buffers; the reserve space is the same either way."""
+    from pydnn.ops.rnn import engine
+    r = pydnn.create_rnn_descriptor()
+    pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_HALF,
+                                E.PYDNN_DATA_FLOAT, 0, 64, 64, 64, 3, None, 1)
+    x = pydnn.create_rnn_data_descriptor()
+    pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_HALF, 0, 40, 8, 64, [40] * 8, None)
+    _wave(monkeypatch, False)
+    g0 = engine.Geometry(r, x, 132)
+    _wave(monkeypatch, True, 16)
+    g1 = engine.Geometry(r, x, 132)
+    assert g1.wave and not g0.wave
+    assert g1.reserve_size(True) == g0.reserve_size(True)
+    assert g1.ws_inf.size > g0.ws_inf.size
+    assert g1.ws_inf.off["xpw"] is not None and g1.ws_train.off["xpw"] is not None
