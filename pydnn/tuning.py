@@ -370,6 +370,9 @@ rnn = Switches(
                       "wavefront: layer l runs step t at wave t + l * WAVE_CHUNK, one batched recurrent GEMM and one "
                       "cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's _fwd_wavefront); off: "
                       "layer after layer"),
+    WAVE_SPLIT=(False, "the wavefront's waves with several layers: each layer's recurrent GEMM on its own with the "
+                       "layer order's split-K (one GEMM launch per layer); off: one GEMM batched over the layers, "
+                       "K whole"),
     WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
                     "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "

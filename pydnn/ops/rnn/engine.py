@@ -182,7 +182,8 @@ class Geometry:
             w.add("xchg", r.dirs * persist.xchg_bytes(r.dtype, self.B, r.hidden) if self.persist else 0)
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
-            w.add("hp", max(self.split_f, D if self.dir_batch else 1, self.L if self.wave else 1) * B * GH * es)
+            w.add("hp", max(self.split_f, D if self.dir_batch else 1,
+                            self.L * (self.split_f if tuning.rnn.WAVE_SPLIT else 1) if self.wave else 1) * B * GH * es)
             # the wavefront's input projections of layers >= 1, one chunk of steps each
             w.add("xpw", (self.L - 1) * min(self.wave_chunk, self.T) * B * GH * es if self.wave else 0)
             w.add("hn", B * P * es if r.proj else 0)
@@ -543,7 +544,8 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args, g.persist and persist.record_key(), g.split_f, g.split_b, g.wave and g.wave_chunk)
+               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT), g.persist and persist.record_key(), g.split_f,
+               g.split_b)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:
@@ -799,7 +801,8 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 # output of steps [t, t + C), which the lag of C steps has finished; one chunk buffer per layer suffices (the
 # stream orders the next chunk's GEMM after this chunk's cells). Layer 0 projects all its steps at once, as
 # the layer-by-layer order does. Waves with one active layer keep the split-K recurrent GEMM; waves with
-# several run each layer's GEMM whole (the layers fill the SMs instead).
+# several run each layer's GEMM whole (the layers fill the SMs instead), or with tuning.rnn.WAVE_SPLIT one
+# split-K GEMM per layer (more launches, the blocks of each as many as the layer order's).
 # WAVEFRONT: a switch, pydnn.tuning.rnn.WAVEFRONT; WAVE_CHUNK: pydnn.tuning.rnn.WAVE_CHUNK
 
 
@@ -867,16 +870,18 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                 lau.gemm(rows * B, GH, dr.inp_w, dr.inp + t * B * dr.inp_w * es, dr.w_in, dr.xpc, trans_b=True)
         for y0 in range(0, len(act), K.MAXY):
             grp = act[y0:y0 + K.MAXY]
-            sf = g.split_f if len(grp) == 1 else 1
+            # split-K where one layer runs alone, or (WAVE_SPLIT) in every wave, each layer its own GEMM
+            sf = g.split_f if len(grp) == 1 or tuning.rnn.WAVE_SPLIT else 1
             for j, (l, t, _) in enumerate(grp):
-                layers[l].hp = hp + j * B * GH * es
+                layers[l].hp = hp + j * sf * B * GH * es
             addrs = [(layers[l].hs_at(t), layers[l].w_rec, layers[l].hp) for l, t, _ in grp]
-            for i0, n, st in _runs(addrs):
-                a, b, c = addrs[i0]
-                if sf > 1:
+            if sf > 1:
+                for a, b, c in addrs:
                     lau.gemm(B, GH, P // sf, a, b, c, trans_b=True, lda=P, ldb=P, batch=sf, stride_a=P // sf,
                              stride_b=P // sf, stride_c=B * GH)
-                else:
+            else:
+                for i0, n, st in _runs(addrs):
+                    a, b, c = addrs[i0]
                     lau.gemm(B, GH, P, a, b, c, trans_b=True, lda=P, ldb=P, batch=n, stride_a=st[0] // es,
                              stride_b=st[1] // es, stride_c=st[2] // es)
             p = lau.reset()

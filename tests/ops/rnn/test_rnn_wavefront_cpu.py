@@ -100,6 +100,31 @@ def test_wavefront_on_emulated_device(name, on, monkeypatch):
     assert calls
 
 
+SPLIT_CASES = {  # 16-bit (split_k by block count), K = out of 32 / 64: SPLIT_MIN_K 16 splits it 2 to 4 ways
+    "lstm-half-64-3layer-c2": (Case(dtype=E.PYDNN_DATA_HALF, hidden=64, input_size=8, layers=3, T=6,
+                                    lengths=(6, 4, 6)), 2),
+    "gru-half-32-2layer-c1": (Case(cell=E.PYDNN_GRU, dtype=E.PYDNN_DATA_HALF, hidden=32, input_size=16, layers=2), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_wavefront_split_each_layer(name, monkeypatch):
+    """WAVE_SPLIT: each layer's recurrent GEMM with split-K (SPLIT_MIN_K lowered so that it splits) in every
+    wave, their partial sums read by one cell launch."""
+    from pydnn.ops.rnn import engine
+    monkeypatch.setattr(engine, "SPLIT_MIN_K", 16)
+    monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", True)
+    c, chunk = SPLIT_CASES[name]
+    _wave(monkeypatch, True, chunk)
+    dev = rnn_emulator.Device()
+    calls = rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"][0]
+    assert any(it[4][2].nsplit > 1 for it in fwd if it[5][:2] == ("rnn", "fwd_cell") and it[1][1] > 1)
+    assert calls
+
+
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory):
     import test_rnn_kernels_host_cpu as hk

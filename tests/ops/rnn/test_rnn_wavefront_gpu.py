@@ -50,3 +50,16 @@ def test_wavefront_lstm_half_matches_pytorch(chunk, handle, monkeypatch):
     monkeypatch.setattr(tuning.rnn, "WAVEFRONT", True)
     monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", chunk)
     _pytorch_case(torch, (E.PYDNN_LSTM, 128, 128, 3, False, 0, "float16", (40,) * 12 + (33, 20, 7, 1)), handle)
+
+
+@pytest.mark.parametrize("name", ["half-lstm-64-3layer-c4", "double-lstm-3layer-c2"])
+def test_wavefront_split_each_layer(name, handle, monkeypatch):
+    """WAVE_SPLIT: every wave's layers each with a split-K recurrent GEMM (SPLIT_MIN_K lowered: K = 64 / 8 in
+    slices of 16 / ... where they divide), the cell launch adding each layer's partial sums."""
+    from pydnn.ops.rnn import engine
+    c, chunk = CASES[name]
+    monkeypatch.setattr(engine, "SPLIT_MIN_K", 16)
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", True)
+    monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", True)
+    monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", chunk)
+    run_case(handle, GpuDevice(), c)
