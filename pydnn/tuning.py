@@ -373,6 +373,8 @@ rnn = Switches(
     WAVE_SPLIT=(False, "the wavefront's waves with several layers: each layer's recurrent GEMM on its own with the "
                        "layer order's split-K (one GEMM launch per layer); off: one GEMM batched over the layers, "
                        "K whole"),
+    WAVE_BWD=(True, "with WAVEFRONT, RNNBackwardData_v8 as the layer wavefront too (the top layer first; a layer's dy "
+                    "from the layer above's dx GEMM chunk by chunk); off: the forward only"),
     WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
                     "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "

@@ -173,6 +173,9 @@ class Geometry:
         if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
             self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
+        # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
+        # the next wave's cell launch, which has one nsplit for all its layers)
+        self.wave_split_b = self.split_b if tuning.rnn.WAVE_SPLIT else 1
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
         for training in (False, True):
@@ -196,9 +199,11 @@ class Geometry:
             else:
                 self.dw = max(D * P, self.I)
                 w.add("dly", 2 * N * self.dw * es)
-                w.add("gh", D * B * P * ss)
-                w.add("ghrec", D * self.split_b * B * P * es)
-                w.add("gc", D * B * H * ss)
+                # per direction, or per layer for the backward wavefront (its GEMMs split-K only with WAVE_SPLIT)
+                SL = max(D, self.L if self.wave else 1)
+                w.add("gh", SL * B * P * ss)
+                w.add("ghrec", max(D * self.split_b, self.L * self.wave_split_b if self.wave else 1) * B * P * es)
+                w.add("gc", SL * B * H * ss)
                 w.add("dm", B * H * es if r.proj else 0)
                 w.add("bpart", K.BIAS_CHUNKS * self.GH * ss)
             if training:
@@ -544,7 +549,7 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT), g.persist and persist.record_key(), g.split_f,
+               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD), g.persist and persist.record_key(), g.split_f,
                g.split_b)
         items = handle.prepared.get(key)
         if items is not None:
@@ -900,6 +905,84 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
     return layers[-1].ly
 
 
+def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
+    """RNNBackwardData_v8 of the layers as a wavefront (the forward's, mirrored): the top layer first, layer
+    L - 1 - u running its step s (time T - 1 - s) at wave s + u * C. A layer's output gradient dy (the layer
+    above's dx) is produced chunk by chunk: when layer l starts a chunk of C steps, one GEMM of the chunk's rows
+    of layer l + 1's input pre-activation gradients (finished C waves ago) by its input weights. Per wave one
+    bwd_cell launch for the active layers (RnnDir2) and one recurrent GEMM batched over them (runs of equal
+    strides; WAVE_SPLIT: each layer's own, split-K). Two dy buffers alternate between the layers (layer l + 2
+    overwrites a row of layer l's dy only after layer l read it: C waves later at least). Returns the index of
+    the dly buffer that holds layer 0's dx."""
+    es, T, B, N, H, P, GH, L = g.es, g.T, g.B, g.N, g.H, g.P, g.GH, g.L
+    C = min(g.wave_chunk, T)
+    ws, rs = g.ws_train, g.rs
+    sb = g.wave_split_b
+    clip = r.clip()
+    layers = []
+    for layer in range(L):
+        pl = layer
+        s0 = rsp + rs[("s32", pl)] if g.s32 else 0
+        dr = _Dir(d=0, pl=pl, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
+                  s_at=lambda i, s0=s0: s0 + i * B * H * g.ss if s0 else 0, act0=rsp + rs[("act", pl)],
+                  dxa0=rsp + rs[("dxa", pl)], dha0=rsp + rs[("dha", pl)] if r.cell == GRU else 0,
+                  gh=wsp + ws["gh"] + layer * B * P * g.ss, ghrec=wsp + ws["ghrec"] + layer * sb * B * P * es,
+                  gc=wsp + ws["gc"] + layer * B * H * g.ss, dy=dly[(L - 1 - layer) % 2])
+        p = lau.reset()
+        p.dy = dhyp + pl * B * P * es if dhyp else 0
+        p.dm = dcyp + pl * B * H * es if dcyp else 0
+        p.gh, p.aux, p.gc = dr.gh, dr.ghrec, dr.gc
+        p.batch, p.out, p.hidden = B, P, H
+        p.nsplit, p.split_stride = sb, B * P
+        lau.launch("bwd_state_init", B * max(P, H))
+        layers.append(dr)
+    for _, act in wave_schedule(T, L, C):
+        grp_all = [(L - 1 - u, T - 1 - s, st) for u, s, st in act]
+        for l, t, starts in grp_all:  # layer l + 1's dx of this chunk: layer l's dy rows [t - C + 1, t]
+            if l < L - 1 and starts:
+                up, r0 = layers[l + 1], max(0, t - C + 1)
+                rows = t - r0 + 1
+                lau.gemm(rows * B, P, GH, up.dxa0 + r0 * B * GH * es, up.w_in, layers[l].dy + r0 * B * P * es)
+        for y0 in range(0, len(grp_all), K.MAXY):
+            grp = grp_all[y0:y0 + K.MAXY]
+            p = lau.reset()
+            ptrs = [_bwd_cell_ptrs(g, layers[l], t, layers[l].dy) for l, t, _ in grp]
+            for name, v in ptrs[0].items():
+                setattr(p, name, v)
+            for j in range(1, len(grp)):
+                _dir2(p, ptrs[0], ptrs[j], grp[j][1], y=j)
+            p.ld_y, p.nsplit, p.split_stride = P, sb, B * P
+            p.lens, p.t, p.batch, p.hidden, p.out = lens, grp[0][1], B, H, P
+            if clip:
+                p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+            lau.launch("bwd_cell", B * H, cell=r.cell, grid_y=len(grp))
+            # ghrec of each layer for its next step: [B, G*H] x R [G*H, out]
+            addrs = [((layers[l].dha0 or layers[l].dxa0) + t * B * GH * es, layers[l].w_rec, layers[l].ghrec)
+                     for l, t, _ in grp]
+            if sb > 1:
+                for a, b, c in addrs:
+                    lau.gemm(B, P, GH // sb, a, b, c, lda=GH, ldb=P, batch=sb, stride_a=GH // sb,
+                             stride_b=(GH // sb) * P, stride_c=B * P)
+            else:
+                for i0, n, st in _runs(addrs):
+                    a, b, c = addrs[i0]
+                    lau.gemm(B, P, GH, a, b, c, lda=GH, ldb=P, batch=n, stride_a=st[0] // es, stride_b=st[1] // es,
+                             stride_c=st[2] // es)
+    for dr in layers:
+        if dhxp or dcxp:
+            p = lau.reset()
+            p.aux = dhxp + dr.pl * B * P * es if dhxp else 0
+            p.dxa = dcxp + dr.pl * B * H * es if dcxp else 0
+            p.gh, p.ghrec, p.gc = dr.gh, dr.ghrec, dr.gc
+            p.nsplit, p.split_stride = sb, B * P
+            p.batch, p.out, p.hidden = B, P, H
+            lau.launch("bwd_state_out", B * max(P, H))
+    # layer 0's dx (the call's dx, width inputSize) into the dy buffer layer 0 did not use
+    out = L % 2
+    lau.gemm(N, g.I, GH, layers[0].dxa0, layers[0].w_in, dly[out])
+    return out
+
+
 # ----------------------------------------------------------------------------- backward
 
 @api
@@ -956,6 +1039,10 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
     dly = [wsp + ws["dly"], wsp + ws["dly"] + N * g.dw * es]
     cur = 0
     _pack(lau, g, lens, dyp, dly[cur], D * P, g.x.layout, 0)
+    if g.wave and tuning.rnn.WAVE_BWD:
+        cur = _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
+        _pack(lau, g, lens, dly[cur], dxp, g.I, g.x.layout, 1, 0.0)
+        return
     sb = g.split_b
     clip = r.clip()
     for layer in range(g.L - 1, -1, -1):

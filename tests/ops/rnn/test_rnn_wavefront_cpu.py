@@ -92,9 +92,13 @@ def test_wavefront_on_emulated_device(name, on, monkeypatch):
         C = min(chunk, c.T)
         waves = c.T + (c.layers - 1) * C
         assert waves <= len(cells) <= waves * -(-c.layers // K.MAXY)
+        bwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"][0]
+        bcells = [it for it in bwd if it[5][:2] == ("rnn", "bwd_cell")]
+        assert waves <= len(bcells) <= waves * -(-c.layers // K.MAXY)
         if C < c.T:  # (a chunk of all T steps: the layers one after the other)
             assert len(cells) < c.T * c.layers
             assert any(it[1][1] > 1 for it in fwd[0] if it[5][:2] == ("rnn", "fwd_cell"))
+            assert any(it[1][1] > 1 for it in bcells)
     else:
         assert len(cells) == c.T * c.layers
     assert calls
@@ -123,6 +127,20 @@ def test_wavefront_split_each_layer(name, monkeypatch):
     fwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_forward"][0]
     assert any(it[4][2].nsplit > 1 for it in fwd if it[5][:2] == ("rnn", "fwd_cell") and it[1][1] > 1)
     assert calls
+
+
+@pytest.mark.parametrize("name", ["lstm-3layer-c2", "gru-2layer-packed-c3"])
+def test_wavefront_forward_only(name, monkeypatch):
+    """WAVE_BWD off: the wavefront's forward, the layer order's backward on its reserve space."""
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", False)
+    c, chunk = WAVE_CASES[name]
+    _wave(monkeypatch, True, chunk)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    bwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"][0]
+    assert len([it for it in bwd if it[5][:2] == ("rnn", "bwd_cell")]) == c.T * c.layers
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The layer wavefront (tuning.rnn.WAVEFRONT, pydnn/ops/rnn/engine.py's _fwd_wavefront) on the GPU: the same
 cases in both orders (wavefront and layer after layer) against the float64 reference through rnn_harness.run_case
-(poisoned outputs; forward in both modes, then both backward calls on the reserve space the forward filled),
+(poisoned outputs; forward in both modes, then both backward calls on the reserve space the forward filled;
+RNNBackwardData_v8 as the wavefront too, tuning.rnn.WAVE_BWD, and without it),
 in double (ptx/gemm_f64.cu), half and float; plus a PyTorch nn.LSTM (cuDNN) comparison of the wavefront's
 forward at a multi-wave shape. NOT YET RUN ON A GPU when written (CPU: test_rnn_wavefront_cpu.py)."""
 import os
@@ -32,11 +33,12 @@ CASES = {  # (case, chunk)
 }
 
 
-@pytest.mark.parametrize("on", [True, False], ids=["wave", "layers"])
+@pytest.mark.parametrize("on", [True, "fwd", False], ids=["wave", "wave-fwd-only", "layers"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_wavefront_against_float64_reference(name, on, handle, monkeypatch):
     c, chunk = CASES[name]
-    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", on)
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", bool(on))
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", on is True)
     monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", chunk)
     run_case(handle, GpuDevice(), c)
 
