@@ -14,7 +14,7 @@ from ..._build.manifest import KernelUnit
 from ..._build.params import kernel_params
 from ...status import PydnnError
 
-UNIT = "gemm_f64"
+UNIT = "gemm.f64"  # (double: a first-use unit, pydnn/_build/rare.py)
 BM = BN = 64
 THREADS = 256
 FLAG_BETA, FLAG_BIAS = 1, 2  # PYDNN_GEMM_F64_FLAG_*: matmul's PYDNN_MATMUL_FLAG_BETA / _BIAS values
