@@ -1,8 +1,9 @@
 // RNN cells of cuDNN's RNN API (pydnn/ops/rnn/): the element-wise work of one time step, around the GEMMs
 // that pydnn's matmul does (the input projection of every step at once, the recurrent projection per step).
 //
-//   fwd_cell<T, CELL>      (gridDim.y = 2: both directions of a bidirectional layer, see RnnDir2)
-//                          gates of one step from xp (+ bw) and hp (+ br): f32 state out, h out (and y);
+//   fwd_cell<T, CELL>      (gridDim.y = n: both directions of a bidirectional layer, or the layers of one wave of
+//                          the layer wavefront, see RnnDir2)
+//                          gates of one step from xp (+ bw) and hp (+ br): state out, h out (and y);
 //                          rows past their length carry the state and write 0 to y; saves the gate values
 //                          (act) for the backward.   CELL: 0 RNN_RELU, 1 RNN_TANH, 2 LSTM, 3 GRU (cuDNN's)
 //   proj_commit<T>         LSTM projection: h = aux_in (the projected m) on active rows, else h_prev; y
@@ -11,14 +12,14 @@
 //   pack<T>                mode 0: internal [seq, batch, vec] (aux) <- user layout (aux_in), padding rows 0;
 //                          mode 1: user layout (aux) <- internal (aux_in), padding rows = fill; mode 2: the
 //                          same, padding rows untouched
-//   bwd_state_init<T>      gh <- dy slot (dhy, NULL: 0) as f32; ghrec (aux, every split) <- 0; gc <- dm slot
+//   bwd_state_init<T>      gh <- dy slot (dhy, NULL: 0) as S; ghrec (aux, every split) <- 0; gc <- dm slot
 //                          (dcy, NULL: 0)
-//   bwd_cell<T, CELL>      pre-activation gradients of one step (dxa, dha), f32 dc and carried dh
+//   bwd_cell<T, CELL>      pre-activation gradients of one step (dxa, dha), dc and carried dh (S)
 //   bwd_proj_pre<T>        projection: the total dh of a step into aux (time t's row block of dh_all)
 //   bwd_state_out<T>       aux (dhx) <- gh + ghrec; dy slot unused; dm slot unused; (dcx) <- gc
 //   skip_dx<T>             SKIP_INPUT: aux[row, j] (+)= sum_g aux_in[row, g * hidden + j]
 //   bias_partial<T>        bias gradients, first pass: the column sums of aux_in [rows, ld_aux] over gridDim.y
-//                          chunks of `vec` rows, in f32, into s_out[chunk * cols + col]
+//                          chunks of `vec` rows, in S, into s_out[chunk * cols + col]
 //   bias_final<T>          aux[col] (+)= the `seq` partial sums of column col, in chunk order (deterministic)
 // All state and gate math is in float (double for T = double), and the state buffers (RnnParams' "state" ones: c / h,
 // the saved gates, the carried gradients, the bias partial sums) hold that type S = Acc<T>::type.

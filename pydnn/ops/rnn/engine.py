@@ -11,6 +11,14 @@ STANDARD algorithm:
   dh) and the recurrent GEMM [B, G*H] x [G*H, out]; dx of each layer is one GEMM; backward weights are one
   GEMM per matrix over all steps and two deterministic column-sum passes per bias.
 
+double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py: pydnn's matmul has no double),
+the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
+the state type: float, double for double; Geometry.ss).
+
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection, LINEAR_INPUT, no
+dropout): the forward and RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by
+WAVE_CHUNK steps (see _fwd_wavefront / _bwd_wavefront).
+
 Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
 scattered to) the user's layout by one kernel. States are kept per time index: h_prev of time t is state
 index t (forward direction) or t + 1 (reverse), its output t + 1 (forward) or t (reverse); index 0
