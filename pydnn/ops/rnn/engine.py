@@ -945,7 +945,8 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
         lau.launch("bwd_state_init", B * max(P, H))
         layers.append(dr)
     for _, act in wave_schedule(T, L, C):
-        grp_all = [(L - 1 - u, T - 1 - s, st) for u, s, st in act]
+        # in layer order (ascending addresses: the recurrent GEMMs batch over runs of positive strides)
+        grp_all = sorted((L - 1 - u, T - 1 - s, st) for u, s, st in act)
         for l, t, starts in grp_all:  # layer l + 1's dx of this chunk: layer l's dy rows [t - C + 1, t]
             if l < L - 1 and starts:
                 up, r0 = layers[l + 1], max(0, t - C + 1)

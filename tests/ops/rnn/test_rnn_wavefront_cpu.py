@@ -129,6 +129,23 @@ def test_wavefront_split_each_layer(name, monkeypatch):
     assert calls
 
 
+def test_wavefront_gemms_batch_over_layers(monkeypatch):
+    """inputSize == hiddenSize: every pseudo-layer's weights a fixed distance apart, so each wave with several
+    layers runs ONE recurrent GEMM batched over them, forward and backward."""
+    c, chunk = WAVE_CASES["lstm-input-eq-hidden-c2"]
+    _wave(monkeypatch, True, chunk)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    for fn in ("_run_forward", "_run_backward_data"):
+        items = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == fn][0]
+        cells = [it[1][1] for it in items if it[5][0] == "rnn" and it[5][1] in ("fwd_cell", "bwd_cell")]
+        gemms = [it[4][2].batch for it in items if it[5][0] == "gemm" and (it[4][2].m, it[4][2].k) in
+                 ((3, 8), (3, 32))]  # the recurrent GEMMs: M = batch 3, K = out (forward) / G * H (backward)
+        assert len(gemms) == len(cells) and sorted(gemms) == sorted(cells), fn
+
+
 @pytest.mark.parametrize("name", ["lstm-3layer-c2", "gru-2layer-packed-c3"])
 def test_wavefront_forward_only(name, monkeypatch):
     """WAVE_BWD off: the wavefront's forward, the layer order's backward on its reserve space."""
