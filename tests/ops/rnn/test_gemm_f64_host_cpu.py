@@ -38,8 +38,8 @@ def lib(tmp_path_factory):
     return lib
 
 
-CASES = [(70, 130, 37, 1, 0.0, False), (5, 3, 200, 3, 0.5, True), (129, 64, 16, 2, 0.0, True), (64, 64, 0, 1, 0.0, True),
-         (1, 65, 17, 1, -1.0, False)]
+CASES = [(70, 130, 37, 1, 0.0, False), (5, 3, 200, 3, 0.5, True), (129, 64, 16, 2, 0.0, True),
+         (64, 64, 0, 1, 0.0, True), (1, 65, 17, 1, -1.0, False)]
 
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
@@ -82,8 +82,8 @@ def test_gemm_f64_kernel_on_the_host(ta, tb, lib):
 def test_plan_validation():
     from pydnn.ops.rnn import gemm_f64
     from pydnn.status import PydnnError
-    for kw, word in ((dict(m=0), "m"), (dict(lda=3), "lda"), (dict(ldc=2), "ldc"), (dict(batch=2, stride_c=5), "stride_c"),
-                     (dict(stride_a=-1), "stride_a")):
+    for kw, word in ((dict(m=0), "m"), (dict(lda=3), "lda"), (dict(ldc=2), "ldc"),
+                     (dict(batch=2, stride_c=5), "stride_c"), (dict(stride_a=-1), "stride_a")):
         args = dict(m=4, n=4, k=4)
         args.update(kw)
         with pytest.raises(PydnnError) as e:
