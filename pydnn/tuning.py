@@ -370,9 +370,10 @@ rnn = Switches(
                       "wavefront: layer l runs step t at wave t + l * WAVE_CHUNK, one batched recurrent GEMM and one "
                       "cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's _fwd_wavefront); off: "
                       "layer after layer"),
-    WAVE_SPLIT=(False, "the wavefront's waves with several layers: each layer's recurrent GEMM on its own with the "
-                       "layer order's split-K (one GEMM launch per layer); off: one GEMM batched over the layers, "
-                       "K whole"),
+    WAVE_SPLIT=(None, "the wavefront's waves with several layers: True: each layer's recurrent GEMM on its own with "
+                      "the layer order's split-K (one GEMM launch per layer); False: one GEMM batched over the layers, "
+                      "K whole; None (auto): split where the batched GEMM's tiles fill at most half the SMs and K >= "
+                      "2048 (engine.Geometry.wave_split; the backward decides once per call)"),
     WAVE_BWD=(True, "with WAVEFRONT, RNNBackwardData_v8 as the layer wavefront too (the top layer first; a layer's dy "
                     "from the layer above's dx GEMM chunk by chunk); off: the forward only"),
     WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "

@@ -85,6 +85,7 @@ class _Regions:
 # SPLIT_K: a switch, pydnn.tuning.rnn.SPLIT_K (default True)
 SPLIT_MAX = 8
 SPLIT_MIN_K = 256  # the shortest K slice
+WAVE_SPLIT_MIN_K = 2048  # the wavefront's auto split (Geometry.wave_split): only recurrent GEMMs with K this long
 # DIR_BATCH: the two directions of a bidirectional layer step together (see _fwd_steps_both); False: one
 # after the other (for measurements)
 # DIR_BATCH: a switch, pydnn.tuning.rnn.DIR_BATCH (default True)
@@ -183,7 +184,9 @@ class Geometry:
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
         # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
         # the next wave's cell launch, which has one nsplit for all its layers)
-        self.wave_split_b = self.split_b if tuning.rnn.WAVE_SPLIT else 1
+        self.sm_count = sm_count
+        self.wave_split_b = self.split_b if self.wave and self.wave_split(self.B, r.out, self.G * r.hidden,
+                                                                           self.split_b, self.wave_max()) else 1
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
         for training in (False, True):
@@ -194,7 +197,8 @@ class Geometry:
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
             w.add("hp", max(self.split_f, D if self.dir_batch else 1,
-                            self.L * (self.split_f if tuning.rnn.WAVE_SPLIT else 1) if self.wave else 1) * B * GH * es)
+                            self.L * (self.split_f if tuning.rnn.WAVE_SPLIT is not False else 1) if self.wave else 1)
+                  * B * GH * es)
             # the wavefront's input projections of layers >= 1, one chunk of steps each
             w.add("xpw", (self.L - 1) * min(self.wave_chunk, self.T) * B * GH * es if self.wave else 0)
             w.add("hn", B * P * es if r.proj else 0)
@@ -234,6 +238,23 @@ class Geometry:
                 rs.add(("lyd", layer), N * D * P * es)
                 rs.add(("mask", layer), self.mask_bytes)
         self.rs = rs
+
+    def wave_max(self):
+        """The most layers a wave of the wavefront runs at once."""
+        return min(self.L, cdiv(self.T, min(self.wave_chunk, self.T)))
+
+    def wave_split(self, m, n, k, split, layers):
+        """Whether a wave's `layers` recurrent GEMMs ([m, k] x [k, n]) run one per layer with `split` K slices
+        (tuning.rnn.WAVE_SPLIT True) instead of one batched over the layers with K whole (False). None (auto):
+        split where the batched GEMM's 64 x 64 tiles fill at most half the SMs and K is long (>= WAVE_SPLIT_MIN_K:
+        a block's K loop is the step's latency; issue 16's backward [64, 4096] x [4096, 1024]: 32 tiles for 2
+        layers, K 4096), else batched (the launches saved matter more: small batches)."""
+        mode = tuning.rnn.WAVE_SPLIT
+        if split <= 1 or mode is False:
+            return False
+        if mode is True:
+            return True
+        return layers * cdiv(m, 64) * cdiv(n, 64) * 2 <= max(self.sm_count, 1) and k >= WAVE_SPLIT_MIN_K
 
     def workspace_size(self, training):
         return (self.ws_train if training else self.ws_inf).size
@@ -816,7 +837,8 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 # the layer-by-layer order does. Waves with one active layer keep the split-K recurrent GEMM; waves with
 # several run each layer's GEMM whole (the layers fill the SMs instead), or with tuning.rnn.WAVE_SPLIT one
 # split-K GEMM per layer (more launches, the blocks of each as many as the layer order's).
-# WAVEFRONT: a switch, pydnn.tuning.rnn.WAVEFRONT; WAVE_CHUNK: pydnn.tuning.rnn.WAVE_CHUNK
+# WAVEFRONT: a switch, pydnn.tuning.rnn.WAVEFRONT; WAVE_CHUNK: pydnn.tuning.rnn.WAVE_CHUNK; WAVE_SPLIT (None: auto,
+# Geometry.wave_split); WAVE_BWD
 
 
 def wavefront_ok(r):
@@ -884,7 +906,7 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
         for y0 in range(0, len(act), K.MAXY):
             grp = act[y0:y0 + K.MAXY]
             # split-K where one layer runs alone, or (WAVE_SPLIT) in every wave, each layer its own GEMM
-            sf = g.split_f if len(grp) == 1 or tuning.rnn.WAVE_SPLIT else 1
+            sf = g.split_f if len(grp) == 1 or g.wave_split(B, GH, P, g.split_f, len(grp)) else 1
             for j, (l, t, _) in enumerate(grp):
                 layers[l].hp = hp + j * sf * B * GH * es
             addrs = [(layers[l].hs_at(t), layers[l].w_rec, layers[l].hp) for l, t, _ in grp]
