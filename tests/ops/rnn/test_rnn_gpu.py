@@ -259,13 +259,17 @@ DOUBLE_TORCH_CASES = [  # cell, I, H, layers, bidirectional, proj, lengths
 ]
 
 
+@pytest.mark.parametrize("wave", [False, True], ids=["layers", "wave"])
 @pytest.mark.parametrize("case", DOUBLE_TORCH_CASES)
-def test_pytorch_double_cpu_state_dict_copies_in(case, handle):
+def test_pytorch_double_cpu_state_dict_copies_in(case, wave, handle, monkeypatch):
     """A float64 PyTorch module on the CPU (no cuDNN: PyTorch's own math), its parameters copied in through
     GetRNNWeightParams: pydnn's double path on the GPU gives its outputs, final states and every gradient
     (rnn_harness.pytorch_double_case; its CPU twin runs the emulated device)."""
     torch = pytest.importorskip("torch")
+    from pydnn import tuning
     from rnn_harness import pytorch_double_case
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", wave)  # (the unidirectional stacks without a projection)
+    monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", 2)
     pytorch_double_case(torch, case, handle, GpuDevice())
 
 
