@@ -15,8 +15,7 @@ double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py:
 the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
 the state type: float, double for double; Geometry.ss).
 
-The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection, LINEAR_INPUT, no
-dropout): the forward and RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection, no dropout): the forward and RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by
 WAVE_CHUNK steps (see _fwd_wavefront / _bwd_wavefront).
 
 Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
@@ -824,7 +823,7 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 
 
 # ----------------------------------------------------------------------------- the layer wavefront
-# Multi-layer unidirectional STANDARD forward (no projection, LINEAR_INPUT, no dropout): layer l's step t needs
+# Multi-layer unidirectional STANDARD forward (no projection, no dropout): layer l's step t needs
 # only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a lag of C
 # steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
 # over the active layers (where their states, weights and outputs are a fixed distance apart: the reserve space's
@@ -844,8 +843,7 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 def wavefront_ok(r):
     """Whether the forward runs as the layer wavefront (tuning.rnn.WAVEFRONT and a problem it covers)."""
     return bool(tuning.rnn.WAVEFRONT and r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1
-                and not r.proj and r.input_mode == E.PYDNN_LINEAR_INPUT
-                and (r.dropout is None or r.dropout.dropout == 0))
+                and not r.proj and (r.dropout is None or r.dropout.dropout == 0))
 
 
 def wave_schedule(T, L, C):
@@ -889,7 +887,9 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
         inp, inp_w = (inp0, inp0_w) if layer == 0 else (layers[-1].ly, P)
         (dr,) = _layer_dirs(lau, r, g, layer, inp, inp_w, training, wp, wsp, rsp, hxp, cxp, in_gemm=layer == 0)
         dr.ly = _layer_out(g, training, layer, wsp, rsp)
-        if layer == 0:
+        if layer == 0 and not dr.w_in:  # SKIP_INPUT: x itself enters every gate
+            dr.xp_at = lambda t, x=inp0, w=inp0_w: x + t * B * w * es  # noqa: E731
+        elif layer == 0:
             dr.xp_at = lambda t, x=dr.xpd: x + t * B * GH * es  # noqa: E731
         else:
             xc = wsp + ws["xpw"] + (layer - 1) * C * B * GH * es
@@ -919,18 +919,22 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                     a, b, c = addrs[i0]
                     lau.gemm(B, GH, P, a, b, c, trans_b=True, lda=P, ldb=P, batch=n, stride_a=st[0] // es,
                              stride_b=st[1] // es, stride_c=st[2] // es)
-            p = lau.reset()
-            ptrs = [_fwd_cell_ptrs(g, layers[l], t, layers[l].ly, training) for l, t, _ in grp]
-            for name, v in ptrs[0].items():
-                setattr(p, name, v)
-            for j in range(1, len(grp)):
-                _dir2(p, ptrs[0], ptrs[j], grp[j][1], y=j)
-            p.ld_xp, p.gs_xp = GH, H
-            p.nsplit, p.split_stride, p.ld_y = sf, B * GH, P
-            p.lens, p.t, p.batch, p.hidden, p.out = lens, grp[0][1], B, H, P
-            if clip:
-                p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
-            lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=len(grp))
+            # one cell launch for the group (SKIP_INPUT: layer 0, which reads x with another pitch, one of its own)
+            for seg in ([grp[:1], grp[1:]] if grp[0][0] == 0 and not layers[0].w_in else [grp]):
+                if not seg:
+                    continue
+                p = lau.reset()
+                ptrs = [_fwd_cell_ptrs(g, layers[l], t, layers[l].ly, training) for l, t, _ in seg]
+                for name, v in ptrs[0].items():
+                    setattr(p, name, v)
+                for j in range(1, len(seg)):
+                    _dir2(p, ptrs[0], ptrs[j], seg[j][1], y=j)
+                p.ld_xp, p.gs_xp = (GH, H) if layers[seg[0][0]].w_in else (inp0_w, 0)
+                p.nsplit, p.split_stride, p.ld_y = sf, B * GH, P
+                p.lens, p.t, p.batch, p.hidden, p.out = lens, seg[0][1], B, H, P
+                if clip:
+                    p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+                lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=len(seg))
     _state_out(lau, g, layers, hyp, cyp)
     return layers[-1].ly
 
@@ -1010,7 +1014,12 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
             lau.launch("bwd_state_out", B * max(P, H))
     # layer 0's dx (the call's dx, width inputSize) into the dy buffer layer 0 did not use
     out = L % 2
-    lau.gemm(N, g.I, GH, layers[0].dxa0, layers[0].w_in, dly[out])
+    if layers[0].w_in:
+        lau.gemm(N, g.I, GH, layers[0].dxa0, layers[0].w_in, dly[out])
+    else:  # SKIP_INPUT: the sum of the gates' pre-activation gradients
+        p = lau.reset()
+        p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux, p.mode = dly[out], layers[0].dxa0, N, H, g.G, g.I, 0
+        lau.launch("skip_dx", N * H)
     return out
 
 

@@ -27,6 +27,9 @@ WAVE_CASES = {  # (case, chunk)
     "gru-double-3layer-c1": (Case(dtype=E.PYDNN_DATA_DOUBLE, cell=E.PYDNN_GRU, layers=3, T=5, lengths=(5, 3, 5)), 1),
     "lstm-input-eq-hidden-c2": (Case(layers=3, input_size=8, T=6, lengths=(6, 4, 6)), 2),  # one GEMM run
     "tanh-10layer-c1": (Case(cell=E.PYDNN_RNN_TANH, layers=10, T=12, lengths=(12, 9), hidden=4, input_size=3), 1),
+    "lstm-skip-3layer-c2": (Case(skip=True, layers=3, T=6, lengths=(6, 3, 5)), 2),
+    "gru-skip-double-2layer-c1": (Case(cell=E.PYDNN_GRU, dtype=E.PYDNN_DATA_DOUBLE, skip=True, layers=2,
+                                       bias_mode=E.PYDNN_RNN_SINGLE_REC_BIAS), 1),
 }
 
 
@@ -69,7 +72,7 @@ def test_planner_takes_the_wavefront_only_where_it_applies(monkeypatch):
     assert not setr(dirs=E.PYDNN_BIDIRECTIONAL)
     assert not setr(layers=1)
     assert not setr(proj=4)
-    assert not setr(mode=E.PYDNN_SKIP_INPUT)
+    assert setr(mode=E.PYDNN_SKIP_INPUT)  # (layer 0's cells in a launch of their own)
     assert not setr(drop=rnn_emulator.dropout_descriptor(dev, 0.2))
     assert setr(drop=rnn_emulator.dropout_descriptor(dev, 0.0))
     _wave(monkeypatch, False)
@@ -91,13 +94,14 @@ def test_wavefront_on_emulated_device(name, on, monkeypatch):
         from pydnn.ops.rnn import kernels as K
         C = min(chunk, c.T)
         waves = c.T + (c.layers - 1) * C
-        assert waves <= len(cells) <= waves * -(-c.layers // K.MAXY)
+        # (SKIP_INPUT: layer 0's cells in a launch of their own)
+        assert waves <= len(cells) <= waves * (-(-c.layers // K.MAXY) + c.skip)
         bwd = [v for k, v in h.prepared.items() if k[0] == "rnn.call" and k[1] == "_run_backward_data"][0]
         bcells = [it for it in bwd if it[5][:2] == ("rnn", "bwd_cell")]
         assert waves <= len(bcells) <= waves * -(-c.layers // K.MAXY)
         if C < c.T:  # (a chunk of all T steps: the layers one after the other)
-            assert len(cells) < c.T * c.layers
-            assert any(it[1][1] > 1 for it in fwd[0] if it[5][:2] == ("rnn", "fwd_cell"))
+            assert len(cells) < c.T * c.layers or c.skip
+            assert any(it[1][1] > 1 for it in fwd[0] if it[5][:2] == ("rnn", "fwd_cell")) or c.layers == 2 and c.skip
             assert any(it[1][1] > 1 for it in bcells)
     else:
         assert len(cells) == c.T * c.layers
@@ -167,7 +171,7 @@ def host_lib(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["lstm-3layer-c2", "gru-2layer-packed-c3", "gru-double-3layer-c1", "tanh-10layer-c1",
-                                  "lstm-clip-half-c2"])
+                                  "lstm-clip-half-c2", "lstm-skip-3layer-c2", "gru-skip-double-2layer-c1"])
 def test_wavefront_rnn_cu_on_the_host(name, host_lib, monkeypatch):
     """ptx/rnn.cu's fwd_cell with gridDim.y = the wave's layers (RnnDir2 entries 1 .. 7) run for real."""
     c, chunk = WAVE_CASES[name]
