@@ -366,10 +366,11 @@ rnn = Switches(
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
     SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
                       "(0: split_k's choice); for measurements"),
-    WAVEFRONT=(False, "multi-layer unidirectional forward (no projection, LINEAR_INPUT, no dropout) as the layer "
-                      "wavefront: layer l runs step t at wave t + l * WAVE_CHUNK, one batched recurrent GEMM and one "
-                      "cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's _fwd_wavefront); off: "
-                      "layer after layer"),
+    WAVEFRONT=(False, "multi-layer unidirectional stacks (no projection, no dropout): forward and backward data as "
+                      "the layer wavefront, layer l running step t at wave t + l * WAVE_CHUNK, one batched recurrent "
+                      "GEMM and one cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's "
+                      "_fwd_wavefront / _bwd_wavefront); False: layer after layer; None (auto): the wavefront where "
+                      "a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds"),
     WAVE_SPLIT=(None, "the wavefront's waves with several layers: True: each layer's recurrent GEMM on its own with "
                       "the layer order's split-K (one GEMM launch per layer); False: one GEMM batched over the layers, "
                       "K whole; None (auto): split where the batched GEMM's tiles fill at most half the SMs and K >= "

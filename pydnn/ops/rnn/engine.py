@@ -84,6 +84,7 @@ class _Regions:
 # SPLIT_K: a switch, pydnn.tuning.rnn.SPLIT_K (default True)
 SPLIT_MAX = 8
 SPLIT_MIN_K = 256  # the shortest K slice
+WAVE_AUTO_MACS = 1 << 25  # tuning.rnn.WAVEFRONT None (auto): the largest step (B * G*H * out MACs) it takes
 WAVE_SPLIT_MIN_K = 2048  # the wavefront's auto split (Geometry.wave_split): only recurrent GEMMs with K this long
 # DIR_BATCH: the two directions of a bidirectional layer step together (see _fwd_steps_both); False: one
 # after the other (for measurements)
@@ -173,7 +174,7 @@ class Geometry:
         # both directions of a bidirectional layer step together (not with a projection)
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
         # the layer wavefront (forward, see _fwd_wavefront): layer l runs step t at wave t + l * wave_chunk
-        self.wave = wavefront_ok(r)
+        self.wave = wavefront_ok(r, self.B)
         self.wave_chunk = max(1, int(tuning.rnn.WAVE_CHUNK))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
@@ -840,10 +841,17 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 # Geometry.wave_split); WAVE_BWD
 
 
-def wavefront_ok(r):
-    """Whether the forward runs as the layer wavefront (tuning.rnn.WAVEFRONT and a problem it covers)."""
-    return bool(tuning.rnn.WAVEFRONT and r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1
-                and not r.proj and (r.dropout is None or r.dropout.dropout == 0))
+def wavefront_ok(r, batch=None):
+    """Whether the calls run as the layer wavefront: tuning.rnn.WAVEFRONT True and a problem it covers; None
+    (auto): also only where a layer's step is small (batch * G * hidden * out multiply-adds at most
+    WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the step's time)."""
+    mode = tuning.rnn.WAVEFRONT
+    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1 and not r.proj
+                             and (r.dropout is None or r.dropout.dropout == 0)):
+        return False
+    if mode is None:
+        return batch is not None and batch * r.gates * r.hidden * r.out <= WAVE_AUTO_MACS
+    return bool(mode)
 
 
 def wave_schedule(T, L, C):

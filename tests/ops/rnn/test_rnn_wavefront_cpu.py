@@ -224,3 +224,17 @@ def test_auto_split_decisions(monkeypatch):
     assert geo(8, 256, 4).wave_split_b == geo(8, 256, 4).split_b > 1
     monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", False)
     assert geo(64, 1024, 2).wave_split_b == 1
+
+
+def test_auto_wavefront_takes_small_steps(monkeypatch):
+    """WAVEFRONT None (auto): the wavefront where a layer's step is at most WAVE_AUTO_MACS multiply-adds."""
+    from pydnn.ops.rnn import engine
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", None)
+    r = pydnn.create_rnn_descriptor()
+    pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_HALF,
+                                E.PYDNN_DATA_FLOAT, 0, 256, 256, 256, 4, None, 1)
+    small = 8 * 4 * 256 * 256
+    assert small <= engine.WAVE_AUTO_MACS
+    assert engine.wavefront_ok(r, 8) and not engine.wavefront_ok(r)
+    big = engine.WAVE_AUTO_MACS // (4 * 256 * 256) + 1
+    assert not engine.wavefront_ok(r, big)
