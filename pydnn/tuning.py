@@ -366,7 +366,7 @@ rnn = Switches(
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
     SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
                       "(0: split_k's choice); for measurements"),
-    WAVEFRONT=(False, "multi-layer unidirectional stacks (no projection, no dropout): forward and backward data as "
+    WAVEFRONT=(False, "multi-layer unidirectional stacks (no projection): forward and backward data as "
                       "the layer wavefront, layer l running step t at wave t + l * WAVE_CHUNK, one batched recurrent "
                       "GEMM and one cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's "
                       "_fwd_wavefront / _bwd_wavefront); False: layer after layer; None (auto): the wavefront where "

@@ -15,7 +15,7 @@ double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py:
 the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
 the state type: float, double for double; Geometry.ss).
 
-The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection, no dropout): the forward and RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection): the forward and RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by
 WAVE_CHUNK steps (see _fwd_wavefront / _bwd_wavefront).
 
 Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
@@ -174,7 +174,8 @@ class Geometry:
         # both directions of a bidirectional layer step together (not with a projection)
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
         # the layer wavefront (forward, see _fwd_wavefront): layer l runs step t at wave t + l * wave_chunk
-        self.wave = wavefront_ok(r, self.B)
+        # (dropout between layers: per chunk of rows, whose mask bytes must start on a byte: B * out % 8 == 0)
+        self.wave = wavefront_ok(r, self.B) and (not self.drop or self.B * r.out % 8 == 0)
         self.wave_chunk = max(1, int(tuning.rnn.WAVE_CHUNK))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
@@ -824,8 +825,9 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 
 
 # ----------------------------------------------------------------------------- the layer wavefront
-# Multi-layer unidirectional STANDARD forward (no projection, no dropout): layer l's step t needs
-# only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a lag of C
+# Multi-layer unidirectional STANDARD stacks (no projection; dropout between layers per chunk of rows): layer l's
+# step t needs only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a
+# lag of C
 # steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
 # over the active layers (where their states, weights and outputs are a fixed distance apart: the reserve space's
 # per-pseudo-layer regions are, layer 0's input weights can break the weights' stride: then runs of layers) and
@@ -846,8 +848,7 @@ def wavefront_ok(r, batch=None):
     (auto): also only where a layer's step is small (batch * G * hidden * out multiply-adds at most
     WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the step's time)."""
     mode = tuning.rnn.WAVEFRONT
-    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1 and not r.proj
-                             and (r.dropout is None or r.dropout.dropout == 0)):
+    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1 and not r.proj):
         return False
     if mode is None:
         return batch is not None and batch * r.gates * r.hidden * r.out <= WAVE_AUTO_MACS
@@ -890,11 +891,14 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
     es, T, B, H, P, GH, L = g.es, g.T, g.B, g.H, g.P, g.GH, g.L
     C = min(g.wave_chunk, T)
     ws = g.ws_train if training else g.ws_inf
+    drop = training and g.drop
     layers = []
     for layer in range(L):
-        inp, inp_w = (inp0, inp0_w) if layer == 0 else (layers[-1].ly, P)
+        inp, inp_w = (inp0, inp0_w) if layer == 0 else (layers[-1].lyd if drop else layers[-1].ly, P)
         (dr,) = _layer_dirs(lau, r, g, layer, inp, inp_w, training, wp, wsp, rsp, hxp, cxp, in_gemm=layer == 0)
         dr.ly = _layer_out(g, training, layer, wsp, rsp)
+        if drop and layer < L - 1:  # DropoutForward per chunk of rows: ly -> lyd, the mask bits of those rows
+            dr.lyd, dr.mask = rsp + g.rs[("lyd", layer)], rsp + g.rs[("mask", layer)]
         if layer == 0 and not dr.w_in:  # SKIP_INPUT: x itself enters every gate
             dr.xp_at = lambda t, x=inp0, w=inp0_w: x + t * B * w * es  # noqa: E731
         elif layer == 0:
@@ -910,6 +914,11 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
             if l and starts:
                 dr = layers[l]
                 rows = min(C, T - t)
+                if drop:  # (its own DropoutForward: a new offset of the stream, mask bits at element t * B * P)
+                    src, n0, n = layers[l - 1], t * B * P, rows * B * P
+                    td = _flat_desc(lau.handle, r.dtype, rows * B, P)
+                    lau.call(_dropout()[0], lau.handle, r.dropout, td, src.ly + n0 * es, td, src.lyd + n0 * es,
+                             src.mask + n0 // 8, cdiv(n, 8))
                 lau.gemm(rows * B, GH, dr.inp_w, dr.inp + t * B * dr.inp_w * es, dr.w_in, dr.xpc, trans_b=True)
         for y0 in range(0, len(act), K.MAXY):
             grp = act[y0:y0 + K.MAXY]
@@ -986,6 +995,12 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
                 up, r0 = layers[l + 1], max(0, t - C + 1)
                 rows = t - r0 + 1
                 lau.gemm(rows * B, P, GH, up.dxa0 + r0 * B * GH * es, up.w_in, layers[l].dy + r0 * B * P * es)
+                if g.drop:  # through the dropout on layer l's output, those rows' mask bits
+                    n0, n = r0 * B * P, rows * B * P
+                    td = _flat_desc(lau.handle, r.dtype, rows * B, P)
+                    d = layers[l].dy + n0 * es
+                    lau.call(_dropout()[1], lau.handle, r.dropout, td, d, td, d, rsp + rs[("mask", l)] + n0 // 8,
+                             cdiv(n, 8))
         for y0 in range(0, len(grp_all), K.MAXY):
             grp = grp_all[y0:y0 + K.MAXY]
             p = lau.reset()

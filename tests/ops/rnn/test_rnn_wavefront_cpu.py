@@ -28,6 +28,8 @@ WAVE_CASES = {  # (case, chunk)
     "lstm-input-eq-hidden-c2": (Case(layers=3, input_size=8, T=6, lengths=(6, 4, 6)), 2),  # one GEMM run
     "tanh-10layer-c1": (Case(cell=E.PYDNN_RNN_TANH, layers=10, T=12, lengths=(12, 9), hidden=4, input_size=3), 1),
     "lstm-skip-3layer-c2": (Case(skip=True, layers=3, T=6, lengths=(6, 3, 5)), 2),
+    "gru-dropout-3layer-c2": (Case(cell=E.PYDNN_GRU, layers=3, dropout=0.4, T=7, lengths=(7, 5, 2)), 2),
+    "lstm-dropout-packed-c3": (Case(layers=2, dropout=0.3, layout=PACKED, T=8, lengths=(8, 6, 3)), 3),
     "gru-skip-double-2layer-c1": (Case(cell=E.PYDNN_GRU, dtype=E.PYDNN_DATA_DOUBLE, skip=True, layers=2,
                                        bias_mode=E.PYDNN_RNN_SINGLE_REC_BIAS), 1),
 }
@@ -73,7 +75,7 @@ def test_planner_takes_the_wavefront_only_where_it_applies(monkeypatch):
     assert not setr(layers=1)
     assert not setr(proj=4)
     assert setr(mode=E.PYDNN_SKIP_INPUT)  # (layer 0's cells in a launch of their own)
-    assert not setr(drop=rnn_emulator.dropout_descriptor(dev, 0.2))
+    assert setr(drop=rnn_emulator.dropout_descriptor(dev, 0.2))  # (per chunk of rows)
     assert setr(drop=rnn_emulator.dropout_descriptor(dev, 0.0))
     _wave(monkeypatch, False)
     assert not setr()
@@ -171,7 +173,8 @@ def host_lib(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["lstm-3layer-c2", "gru-2layer-packed-c3", "gru-double-3layer-c1", "tanh-10layer-c1",
-                                  "lstm-clip-half-c2", "lstm-skip-3layer-c2", "gru-skip-double-2layer-c1"])
+                                  "lstm-clip-half-c2", "lstm-skip-3layer-c2", "gru-skip-double-2layer-c1",
+                                  "gru-dropout-3layer-c2"])
 def test_wavefront_rnn_cu_on_the_host(name, host_lib, monkeypatch):
     """ptx/rnn.cu's fwd_cell with gridDim.y = the wave's layers (RnnDir2 entries 1 .. 7) run for real."""
     c, chunk = WAVE_CASES[name]
@@ -238,3 +241,18 @@ def test_auto_wavefront_takes_small_steps(monkeypatch):
     assert engine.wavefront_ok(r, 8) and not engine.wavefront_ok(r)
     big = engine.WAVE_AUTO_MACS // (4 * 256 * 256) + 1
     assert not engine.wavefront_ok(r, big)
+
+
+def test_dropout_wavefront_needs_byte_aligned_chunks(monkeypatch):
+    """Dropout between layers in the wavefront: each chunk's mask bits start on a byte (B * out % 8 == 0), else
+    the layer order."""
+    from pydnn.ops.rnn import engine
+    _wave(monkeypatch, True, 2)
+    dev = rnn_emulator.Device()
+    r = pydnn.create_rnn_descriptor()
+    x = pydnn.create_rnn_data_descriptor()
+    for B, H, ok in ((3, 8, True), (3, 5, False), (8, 5, True)):
+        pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_GRU, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_FLOAT,
+                                    E.PYDNN_DATA_FLOAT, 0, 4, H, H, 2, rnn_emulator.dropout_descriptor(dev, 0.5), 1)
+        pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_FLOAT, 0, 5, B, 4, [5] * B, None)
+        assert engine.Geometry(r, x, 132).wave == ok, (B, H)

@@ -29,6 +29,8 @@ CASES = {  # (case, chunk)
     "half-lstm-64-3layer-c4": (Case(dtype=F16, hidden=64, input_size=32, layers=3, T=12,
                                     lengths=(12, 9, 12, 3, 7, 12, 1, 5)), 4),
     "double-lstm-skip-3layer-c2": (Case(dtype=F64, skip=True, layers=3, T=6, lengths=(6, 3, 5)), 2),
+    "double-gru-dropout-3layer-c2": (Case(dtype=F64, cell=E.PYDNN_GRU, layers=3, dropout=0.4, T=7,
+                                          lengths=(7, 5, 2)), 2),
     "float-gru-96-2layer-c2": (Case(dtype=F32, cell=E.PYDNN_GRU, hidden=96, input_size=96, layers=2, T=9,
                                     lengths=(9, 8, 8, 2)), 2),
 }
