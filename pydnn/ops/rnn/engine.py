@@ -85,7 +85,7 @@ class _Regions:
 SPLIT_MAX = 8
 SPLIT_MIN_K = 256  # the shortest K slice
 WAVE_AUTO_MACS = 1 << 25  # tuning.rnn.WAVEFRONT None (auto): the largest step (B * G*H * out MACs) it takes
-WAVE_SPLIT_MIN_K = 2048  # the wavefront's auto split (Geometry.wave_split): only recurrent GEMMs with K this long
+WAVE_SPLIT_K0 = 512  # the wavefront's auto split (Geometry.wave_split): a GEMM launch's fixed cost as K elements
 # DIR_BATCH: the two directions of a bidirectional layer step together (see _fwd_steps_both); False: one
 # after the other (for measurements)
 # DIR_BATCH: a switch, pydnn.tuning.rnn.DIR_BATCH (default True)
@@ -246,16 +246,20 @@ class Geometry:
 
     def wave_split(self, m, n, k, split, layers):
         """Whether a wave's `layers` recurrent GEMMs ([m, k] x [k, n]) run one per layer with `split` K slices
-        (tuning.rnn.WAVE_SPLIT True) instead of one batched over the layers with K whole (False). None (auto):
-        split where the batched GEMM's 64 x 64 tiles fill at most half the SMs and K is long (>= WAVE_SPLIT_MIN_K:
-        a block's K loop is the step's latency; issue 16's backward [64, 4096] x [4096, 1024]: 32 tiles for 2
-        layers, K 4096), else batched (the launches saved matter more: small batches)."""
+        (tuning.rnn.WAVE_SPLIT True) instead of one batched over the layers with K whole (False). None (auto): a
+        wave's time as a GEMM launch's fixed cost plus the K loop of its blocks (the step's latency at these small
+        M): batched, one launch and a K loop of k; split, `layers` launches one after the other, each a loop of k /
+        split. Split where k (1 - layers / split) > WAVE_SPLIT_K0 (layers - 1): the K loop it saves outweighs the
+        launches it adds. Measured on the H200 (mid-session run, forward + backward, ms): LSTM fp16 2L B 64 H 1024
+        backward (k 4096, split 4, 2 layers) split 10.1 / batched 19.5; GRU fp16 2L B 16 H 512 backward (k 1536,
+        split 4) split 6.4 / batched 8.8; LSTM fp16 4L B 8 H 256 backward (k 1024, split 4, 4 layers) split 9.3 /
+        batched 7.5; the forwards (split 2, 2 layers) batched: 7.35 / 8.75 and 4.26 / 5.35."""
         mode = tuning.rnn.WAVE_SPLIT
         if split <= 1 or mode is False:
             return False
         if mode is True:
             return True
-        return layers * cdiv(m, 64) * cdiv(n, 64) * 2 <= max(self.sm_count, 1) and k >= WAVE_SPLIT_MIN_K
+        return layers < split and k * (1 - layers / split) > WAVE_SPLIT_K0 * (layers - 1)
 
     def workspace_size(self, training):
         return (self.ws_train if training else self.ws_inf).size

@@ -203,16 +203,16 @@ def test_wavefront_workspace(monkeypatch):
 
 
 def test_auto_split_decisions(monkeypatch):
-    """WAVE_SPLIT None (auto): issue 16's 2-layer LSTM fp16 (B 64, H 1024) splits the backward's recurrent GEMMs
-    (K 4096, 2 x 16 tiles for 132 SMs) but batches the forward's (K 1024); a 4-layer B 8 H 256 stack batches
-    both (short K: the launches saved matter more); True / False force it."""
+    """WAVE_SPLIT None (auto, Geometry.wave_split): issue 16's 2-layer LSTM fp16 (B 64, H 1024) splits the
+    backward's recurrent GEMMs (K 4096) but batches the forward's (split 2 for 2 layers); a 4-layer B 8 H 256
+    stack batches both (4 layers, split 4: no K loop saved); True / False force it."""
     from pydnn.ops.rnn import engine
     _wave(monkeypatch, True, 16)
     monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", None)
 
-    def geo(B, H, L):
+    def geo(B, H, L, cell=E.PYDNN_LSTM):
         r = pydnn.create_rnn_descriptor()
-        pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_HALF,
+        pydnn.set_rnn_descriptor_v8(r, 0, cell, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_HALF,
                                     E.PYDNN_DATA_FLOAT, 0, H, H, H, L, None, 1)
         x = pydnn.create_rnn_data_descriptor()
         pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_HALF, 0, 256, B, H, [256] * B, None)
@@ -223,6 +223,8 @@ def test_auto_split_decisions(monkeypatch):
     assert not g.wave_split(64, 4096, 1024, max(g.split_f, 2), 2)
     g = geo(8, 256, 4)
     assert g.wave_split_b == 1 and not g.wave_split(8, 1024, 256, 2, 4)
+    g = geo(16, 512, 2, E.PYDNN_GRU)  # backward K 1536 in 4 slices: split (measured 6.4 against 8.8 ms)
+    assert g.split_b == 4 and g.wave_split_b == 4
     monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", True)
     assert geo(8, 256, 4).wave_split_b == geo(8, 256, 4).split_b > 1
     monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", False)
