@@ -15,8 +15,9 @@ double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py:
 the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
 the state type: float, double for double; Geometry.ss).
 
-The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection): the forward and RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by
-WAVE_CHUNK steps (see _fwd_wavefront / _bwd_wavefront).
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection): the forward and
+RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by WAVE_CHUNK steps (see _fwd_wavefront /
+_bwd_wavefront).
 
 Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
 scattered to) the user's layout by one kernel. States are kept per time index: h_prev of time t is state
@@ -251,7 +252,7 @@ class Geometry:
         M): batched, one launch and a K loop of k; split, `layers` launches one after the other, each a loop of k /
         split. Split where k (1 - layers / split) > WAVE_SPLIT_K0 (layers - 1): the K loop it saves outweighs the
         launches it adds. Measured on the H200 (mid-session run, forward + backward, ms): LSTM fp16 2L B 64 H 1024
-        backward (k 4096, split 4, 2 layers) split 10.1 / batched 19.5; GRU fp16 2L B 16 H 512 backward (k 1536,
+        backward (k 4096, split 8, 2 layers) split 10.1 / batched 19.5; GRU fp16 2L B 16 H 512 backward (k 1536,
         split 4) split 6.4 / batched 8.8; LSTM fp16 4L B 8 H 256 backward (k 1024, split 4, 4 layers) split 9.3 /
         batched 7.5; the forwards (split 2, 2 layers) batched: 7.35 / 8.75 and 4.26 / 5.35."""
         mode = tuning.rnn.WAVE_SPLIT
