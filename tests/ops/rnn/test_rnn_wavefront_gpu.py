@@ -3,7 +3,8 @@ cases in both orders (wavefront and layer after layer) against the float64 refer
 (poisoned outputs; forward in both modes, then both backward calls on the reserve space the forward filled;
 RNNBackwardData_v8 as the wavefront too, tuning.rnn.WAVE_BWD, and without it),
 in double (ptx/gemm_f64.cu), half and float; plus a PyTorch nn.LSTM (cuDNN) comparison of the wavefront's
-forward at a multi-wave shape. NOT YET RUN ON A GPU when written (CPU: test_rnn_wavefront_cpu.py)."""
+forward at a multi-wave shape. First run: the mid-session H200 run of 2026-11-28 (all passed; CPU twin:
+test_rnn_wavefront_cpu.py)."""
 import os
 import sys
 
