@@ -178,6 +178,12 @@ class Geometry:
         # (dropout between layers: per chunk of rows, whose mask bytes must start on a byte: B * out % 8 == 0)
         self.wave = wavefront_ok(r, self.B) and (not self.drop or self.B * r.out % 8 == 0)
         self.wave_chunk = max(1, int(tuning.rnn.WAVE_CHUNK))
+        # RNNBackwardData_v8 as the wavefront too: WAVE_BWD True, or None (auto) where a layer's step is small
+        # (the chunked dx GEMMs cost more than the launches saved on large steps: mid-session H200, LSTM fp32 2L
+        # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94)
+        wb = tuning.rnn.WAVE_BWD
+        self.wave_bwd = self.wave and (wb is True or (wb is None and self.B * r.gates * r.hidden * r.out
+                                                      <= WAVE_AUTO_MACS))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
         force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
@@ -187,7 +193,7 @@ class Geometry:
         # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
         # the next wave's cell launch, which has one nsplit for all its layers)
         self.sm_count = sm_count
-        self.wave_split_b = self.split_b if self.wave and self.wave_split(self.B, r.out, self.G * r.hidden,
+        self.wave_split_b = self.split_b if self.wave_bwd and self.wave_split(self.B, r.out, self.G * r.hidden,
                                                                            self.split_b, self.wave_max()) else 1
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
@@ -1107,7 +1113,7 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
     dly = [wsp + ws["dly"], wsp + ws["dly"] + N * g.dw * es]
     cur = 0
     _pack(lau, g, lens, dyp, dly[cur], D * P, g.x.layout, 0)
-    if g.wave and tuning.rnn.WAVE_BWD:
+    if g.wave_bwd:
         cur = _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
         _pack(lau, g, lens, dly[cur], dxp, g.I, g.x.layout, 1, 0.0)
         return

@@ -209,6 +209,7 @@ def test_auto_split_decisions(monkeypatch):
     from pydnn.ops.rnn import engine
     _wave(monkeypatch, True, 16)
     monkeypatch.setattr(tuning.rnn, "WAVE_SPLIT", None)
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", True)
 
     def geo(B, H, L, cell=E.PYDNN_LSTM):
         r = pydnn.create_rnn_descriptor()
@@ -258,3 +259,27 @@ def test_dropout_wavefront_needs_byte_aligned_chunks(monkeypatch):
                                     E.PYDNN_DATA_FLOAT, 0, 4, H, H, 2, rnn_emulator.dropout_descriptor(dev, 0.5), 1)
         pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_FLOAT, 0, 5, B, 4, [5] * B, None)
         assert engine.Geometry(r, x, 132).wave == ok, (B, H)
+
+
+def test_auto_backward_wavefront_takes_small_steps(monkeypatch):
+    """WAVE_BWD None (auto): the backward wavefront where a layer's step is at most WAVE_AUTO_MACS multiply-adds
+    (issue 16's B 64 H 1024 shapes keep the layer order's backward); True / False force it."""
+    from pydnn.ops.rnn import engine
+    _wave(monkeypatch, True, 16)
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", None)
+    r = pydnn.create_rnn_descriptor()
+    x = pydnn.create_rnn_data_descriptor()
+
+    def geo(B, H):
+        pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_FLOAT,
+                                    E.PYDNN_DATA_FLOAT, 0, H, H, H, 2, None, 1)
+        pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_FLOAT, 0, 64, B, H, [64] * B, None)
+        return engine.Geometry(r, x, 132)
+
+    big, small = geo(64, 1024), geo(8, 256)
+    assert big.wave and not big.wave_bwd and big.wave_split_b == 1
+    assert small.wave and small.wave_bwd
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", True)
+    assert geo(64, 1024).wave_bwd
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", False)
+    assert not geo(8, 256).wave_bwd
