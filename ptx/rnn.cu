@@ -1,8 +1,9 @@
 // RNN cells of cuDNN's RNN API (pydnn/ops/rnn/): the element-wise work of one time step, around the GEMMs
 // that pydnn's matmul does (the input projection of every step at once, the recurrent projection per step).
 //
-//   fwd_cell<T, CELL>      (gridDim.y = 2: both directions of a bidirectional layer, see RnnDir2)
-//                          gates of one step from xp (+ bw) and hp (+ br): f32 state out, h out (and y);
+//   fwd_cell<T, CELL>      (gridDim.y = n: both directions of a bidirectional layer, or the layers of one wave of
+//                          the layer wavefront, see RnnDir2)
+//                          gates of one step from xp (+ bw) and hp (+ br): state out, h out (and y);
 //                          rows past their length carry the state and write 0 to y; saves the gate values
 //                          (act) for the backward.   CELL: 0 RNN_RELU, 1 RNN_TANH, 2 LSTM, 3 GRU (cuDNN's)
 //   proj_commit<T>         LSTM projection: h = aux_in (the projected m) on active rows, else h_prev; y
@@ -11,16 +12,17 @@
 //   pack<T>                mode 0: internal [seq, batch, vec] (aux) <- user layout (aux_in), padding rows 0;
 //                          mode 1: user layout (aux) <- internal (aux_in), padding rows = fill; mode 2: the
 //                          same, padding rows untouched
-//   bwd_state_init<T>      gh <- dy slot (dhy, NULL: 0) as f32; ghrec (aux, every split) <- 0; gc <- dm slot
+//   bwd_state_init<T>      gh <- dy slot (dhy, NULL: 0) as S; ghrec (aux, every split) <- 0; gc <- dm slot
 //                          (dcy, NULL: 0)
-//   bwd_cell<T, CELL>      pre-activation gradients of one step (dxa, dha), f32 dc and carried dh
+//   bwd_cell<T, CELL>      pre-activation gradients of one step (dxa, dha), dc and carried dh (S)
 //   bwd_proj_pre<T>        projection: the total dh of a step into aux (time t's row block of dh_all)
 //   bwd_state_out<T>       aux (dhx) <- gh + ghrec; dy slot unused; dm slot unused; (dcx) <- gc
 //   skip_dx<T>             SKIP_INPUT: aux[row, j] (+)= sum_g aux_in[row, g * hidden + j]
 //   bias_partial<T>        bias gradients, first pass: the column sums of aux_in [rows, ld_aux] over gridDim.y
-//                          chunks of `vec` rows, in f32, into s_out[chunk * cols + col]
+//                          chunks of `vec` rows, in S, into s_out[chunk * cols + col]
 //   bias_final<T>          aux[col] (+)= the `seq` partial sums of column col, in chunk order (deterministic)
-// All state and gate math is in float (double for T = double).
+// All state and gate math is in float (double for T = double), and the state buffers (RnnParams' "state" ones: c / h,
+// the saved gates, the carried gradients, the bias partial sums) hold that type S = Acc<T>::type.
 #include "common/types.cuh"
 #include "rnn_params.h"
 
@@ -29,6 +31,13 @@ namespace rnn {
 
 template <class T> struct Acc { typedef float type; };
 template <> struct Acc<double> { typedef double type; };
+// a state buffer of RnnParams (void * in the params) as S = Acc<T>::type
+template <class T> __device__ __forceinline__ typename Acc<T>::type* sv(void* q) {
+  return static_cast<typename Acc<T>::type*>(q);
+}
+template <class T> __device__ __forceinline__ const typename Acc<T>::type* sv(const void* q) {
+  return static_cast<const typename Acc<T>::type*>(q);
+}
 
 template <class T> __device__ __forceinline__ typename Acc<T>::type ld(const void* p, i64 i) {
   return load<typename Acc<T>::type>(static_cast<const T*>(p)[i]);
@@ -61,7 +70,7 @@ template <class P> __device__ __forceinline__ void shift(P*& ptr, long long by) 
 __device__ __forceinline__ RnnParams direction(const RnnParams& p0) {
   RnnParams p = p0;
   if (blockIdx.y == 0) return p;
-  const RnnDir2& d = p0.dir2;
+  const RnnDir2& d = p0.dir2[blockIdx.y - 1];
   shift(p.xp, d.xp); shift(p.hp, d.hp); shift(p.bw, d.bw); shift(p.br, d.br);
   shift(p.h_prev, d.h_prev); shift(p.h_out, d.h_out); shift(p.s_prev, d.s_prev); shift(p.s_out, d.s_out);
   shift(p.y, d.y); shift(p.act, d.act); shift(p.dy, d.dy); shift(p.dxa, d.dxa); shift(p.dha, d.dha);
@@ -89,28 +98,30 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
     if (p.bw) xa[g] += ld<T>(p.bw, (i64)g * H + j);
     if (p.br) ha[g] += ld<T>(p.br, (i64)g * H + j);
   }
-  float* act = p.act ? p.act + (i64)b * (CELL >= 2 ? 4 : 1) * H + j : nullptr;
+  A* act = p.act ? sv<T>(p.act) + (i64)b * (CELL >= 2 ? 4 : 1) * H + j : nullptr;
+  A* s_out = sv<T>(p.s_out);
+  const A* s_prev = sv<T>(p.s_prev);
   if (CELL == 2) {
-    const A cp = p.s_prev[(i64)b * H + j];
+    const A cp = s_prev[(i64)b * H + j];
     const A i = sigm(xa[0] + ha[0]), f = sigm(xa[1] + ha[1]), g = tnh(xa[2] + ha[2]), o = sigm(xa[3] + ha[3]);
     A c = f * cp + i * g;
     if (p.clip) c = c != c ? c : fmin(fmax(c, (A)p.lclip), (A)p.rclip);
     const A m = o * tnh(c);
     if (!active) {
-      p.s_out[(i64)b * H + j] = (float)cp;
+      s_out[(i64)b * H + j] = cp;
       if (proj) st<T>(p.h_out, (i64)b * H + j, (A)0);
       else st<T>(p.h_out, (i64)b * H + j, ld<T>(p.h_prev, (i64)b * H + j));
       if (p.y && !proj) st<T>(p.y, (i64)b * p.ld_y + j, (A)0);
       return;
     }
-    p.s_out[(i64)b * H + j] = (float)c;
+    s_out[(i64)b * H + j] = c;
     st<T>(p.h_out, (i64)b * H + j, m);
     if (p.y && !proj) st<T>(p.y, (i64)b * p.ld_y + j, m);
-    if (act) { act[0] = (float)i; act[H] = (float)f; act[2 * H] = (float)g; act[3 * H] = (float)o; }
+    if (act) { act[0] = i; act[H] = f; act[2 * H] = g; act[3 * H] = o; }
   } else if (CELL == 3) {
-    const A hprev = p.s_prev[(i64)b * H + j];
+    const A hprev = s_prev[(i64)b * H + j];
     if (!active) {
-      p.s_out[(i64)b * H + j] = (float)hprev;
+      s_out[(i64)b * H + j] = hprev;
       st<T>(p.h_out, (i64)b * H + j, ld<T>(p.h_prev, (i64)b * H + j));
       if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, (A)0);
       return;
@@ -118,10 +129,10 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
     const A r = sigm(xa[0] + ha[0]), z = sigm(xa[1] + ha[1]);
     const A n = tnh(xa[2] + r * ha[2]);
     const A h = ((A)1 - z) * n + z * hprev;
-    p.s_out[(i64)b * H + j] = (float)h;
+    s_out[(i64)b * H + j] = h;
     st<T>(p.h_out, (i64)b * H + j, h);
     if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, h);
-    if (act) { act[0] = (float)r; act[H] = (float)z; act[2 * H] = (float)n; act[3 * H] = (float)ha[2]; }
+    if (act) { act[0] = r; act[H] = z; act[2 * H] = n; act[3 * H] = ha[2]; }
   } else {
     if (!active) {
       st<T>(p.h_out, (i64)b * H + j, ld<T>(p.h_prev, (i64)b * H + j));
@@ -132,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
     const A h = CELL == 0 ? fmax(a, (A)0) : tnh(a);
     st<T>(p.h_out, (i64)b * H + j, h);
     if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, h);
-    if (act) act[0] = (float)h;
+    if (act) act[0] = h;
   }
 }
 
@@ -160,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) state_init(const RnnParams p) {
   if (k < p.out) st<T>(p.h_out, (i64)b * p.out + k, p.h_prev ? ld<T>(p.h_prev, (i64)b * p.out + k) : (A)0);
   if (k < p.hidden && p.s_out) {
     const void* src = p.mode == 2 ? p.aux_in : p.h_prev;
-    p.s_out[(i64)b * p.hidden + k] = src ? (float)ld<T>(src, (i64)b * p.hidden + k) : 0.0f;
+    sv<T>(p.s_out)[(i64)b * p.hidden + k] = src ? ld<T>(src, (i64)b * p.hidden + k) : (A)0;
   }
 }
 
@@ -172,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) state_out(const RnnParams p) {
   if (idx >= (i64)p.batch * w) return;
   const int b = (int)(idx / w), k = (int)(idx % w);
   if (k < p.out && p.aux) static_cast<T*>(p.aux)[(i64)b * p.out + k] = static_cast<const T*>(p.h_prev)[(i64)b * p.out + k];
-  if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, (typename Acc<T>::type)p.s_prev[(i64)b * p.hidden + k]);
+  if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, sv<T>(p.s_prev)[(i64)b * p.hidden + k]);
 }
 
 // One block per internal row (t, b) = blockIdx.x; threads over the vec elements.
@@ -220,8 +231,11 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
   constexpr int G = CELL == 2 ? 4 : (CELL == 3 ? 3 : 1);
   const bool proj = CELL == 2 && p.out != H;
   const i64 ho = (i64)b * p.out + j;  // (b, j) in [batch, out] (out == hidden without a projection)
+  A* gh = sv<T>(p.gh);
+  A* gc = sv<T>(p.gc);
+  const A* s_prev = sv<T>(p.s_prev);
   if (!active) {
-    if (!proj) p.gh[ho] += (float)ld_split<T>(p, p.ghrec, ho);
+    if (!proj) gh[ho] += ld_split<T>(p, p.ghrec, ho);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       st<T>(p.dxa, (i64)b * G * H + (i64)g * H + j, (A)0);
@@ -233,28 +247,28 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
   if (proj) {
     dh = ld<T>(p.dm, (i64)b * H + j);
   } else {
-    dh = (A)p.gh[ho] + ld_split<T>(p, p.ghrec, ho);
+    dh = gh[ho] + ld_split<T>(p, p.ghrec, ho);
     if (p.dy) dh += ld<T>(p.dy, (i64)b * p.ld_y + j);
   }
-  const float* act = p.act + (i64)b * (CELL >= 2 ? 4 : 1) * H + j;
+  const A* act = sv<T>(p.act) + (i64)b * (CELL >= 2 ? 4 : 1) * H + j;
   A d[G], dr[G];
   if (CELL == 2) {
     const A i = act[0], f = act[H], g = act[2 * H], o = act[3 * H];
-    const A c = p.s_out[(i64)b * H + j], cp = p.s_prev[(i64)b * H + j];
+    const A c = sv<T>(p.s_out)[(i64)b * H + j], cp = s_prev[(i64)b * H + j];
     const A tc = tnh(c);
-    A dc = (A)p.gc[(i64)b * H + j] + dh * o * ((A)1 - tc * tc);
+    A dc = gc[(i64)b * H + j] + dh * o * ((A)1 - tc * tc);
     if (p.clip && !((A)p.lclip < c && c < (A)p.rclip)) dc = (A)0;
     d[0] = dc * g * i * ((A)1 - i);
     d[1] = dc * cp * f * ((A)1 - f);
     d[2] = dc * i * ((A)1 - g * g);
     d[3] = dh * tc * o * ((A)1 - o);
-    p.gc[(i64)b * H + j] = (float)(dc * f);
-    if (!proj) p.gh[ho] = 0.0f;
+    gc[(i64)b * H + j] = dc * f;
+    if (!proj) gh[ho] = (A)0;
 #pragma unroll
     for (int k = 0; k < G; ++k) dr[k] = d[k];
   } else if (CELL == 3) {
     const A r = act[0], z = act[H], n = act[2 * H], han = act[3 * H];
-    const A hp = p.s_prev[(i64)b * H + j];
+    const A hp = s_prev[(i64)b * H + j];
     const A dn = dh * ((A)1 - z) * ((A)1 - n * n);
     d[1] = dh * (hp - n) * z * ((A)1 - z);
     d[0] = dn * han * r * ((A)1 - r);
@@ -262,12 +276,12 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
     dr[0] = d[0];
     dr[1] = d[1];
     dr[2] = dn * r;
-    p.gh[ho] = (float)(dh * z);
+    gh[ho] = dh * z;
   } else {
     const A h = act[0];
     d[0] = dh * (CELL == 0 ? (h > (A)0 ? (A)1 : (A)0) : (A)1 - h * h);
     dr[0] = d[0];
-    p.gh[ho] = 0.0f;
+    gh[ho] = (A)0;
   }
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -283,14 +297,15 @@ __global__ void __launch_bounds__(kThreads) bwd_proj_pre(const RnnParams p) {
   const i64 idx = gid();
   if (idx >= (i64)p.batch * p.out) return;
   const int b = (int)(idx / p.out), k = (int)(idx % p.out);
-  const A g = (A)p.gh[idx] + ld_split<T>(p, p.ghrec, idx);
+  A* gh = sv<T>(p.gh);
+  const A g = gh[idx] + ld_split<T>(p, p.ghrec, idx);
   if (p.t < p.lens[b]) {
     const A d = g + (p.dy ? ld<T>(p.dy, (i64)b * p.ld_y + k) : (A)0);
     st<T>(p.aux, idx, d);
-    p.gh[idx] = 0.0f;
+    gh[idx] = (A)0;
   } else {
     st<T>(p.aux, idx, (A)0);
-    p.gh[idx] = (float)g;
+    gh[idx] = g;
   }
 }
 
@@ -304,10 +319,10 @@ __global__ void __launch_bounds__(kThreads) bwd_state_init(const RnnParams p) {
   const int b = (int)(idx / w), k = (int)(idx % w);
   const i64 o = (i64)b * p.out + k;
   if (k < p.out) {
-    p.gh[o] = p.dy ? (float)ld<T>(p.dy, o) : 0.0f;
+    sv<T>(p.gh)[o] = p.dy ? ld<T>(p.dy, o) : (A)0;
     for (int z = 0; z < (p.nsplit > 1 ? p.nsplit : 1); ++z) st<T>(p.aux, (i64)z * p.split_stride + o, (A)0);
   }
-  if (k < p.hidden && p.gc) p.gc[(i64)b * p.hidden + k] = p.dm ? (float)ld<T>(p.dm, (i64)b * p.hidden + k) : 0.0f;
+  if (k < p.hidden && p.gc) sv<T>(p.gc)[(i64)b * p.hidden + k] = p.dm ? ld<T>(p.dm, (i64)b * p.hidden + k) : (A)0;
 }
 
 // aux (dhx) [batch, out] <- gh + ghrec; dxa slot reused as dcx [batch, hidden] <- gc. Either output NULL.
@@ -319,8 +334,8 @@ __global__ void __launch_bounds__(kThreads) bwd_state_out(const RnnParams p) {
   if (idx >= (i64)p.batch * w) return;
   const int b = (int)(idx / w), k = (int)(idx % w);
   const i64 o = (i64)b * p.out + k;
-  if (k < p.out && p.aux) st<T>(p.aux, o, (A)p.gh[o] + ld_split<T>(p, p.ghrec, o));
-  if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, (A)p.gc[(i64)b * p.hidden + k]);
+  if (k < p.out && p.aux) st<T>(p.aux, o, sv<T>(p.gh)[o] + ld_split<T>(p, p.ghrec, o));
+  if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, sv<T>(p.gc)[(i64)b * p.hidden + k]);
 }
 
 // aux [rows, ld_aux] (+)= sum over cols gates of aux_in [rows, cols * hidden]; threads rows * hidden
@@ -344,7 +359,7 @@ __global__ void __launch_bounds__(kThreads) bias_partial(const RnnParams p) {
   const i64 r0 = (i64)blockIdx.y * p.vec, r1 = min(p.rows, r0 + p.vec);
   A s = (A)0;
   for (i64 r = r0; r < r1; ++r) s += ld<T>(p.aux_in, r * p.ld_aux + col);
-  p.s_out[(i64)blockIdx.y * p.cols + col] = (float)s;
+  sv<T>(p.s_out)[(i64)blockIdx.y * p.cols + col] = s;
 }
 
 template <class T>
@@ -353,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) bias_final(const RnnParams p) {
   const i64 col = gid();
   if (col >= p.cols) return;
   A s = (A)0;
-  for (int c = 0; c < p.seq; ++c) s += (A)p.s_prev[(i64)c * p.cols + col];
+  for (int c = 0; c < p.seq; ++c) s += sv<T>(p.s_prev)[(i64)c * p.cols + col];
   if (p.mode & PYDNN_RNN_MODE_ADD) s += ld<T>(p.aux, col);
   st<T>(p.aux, col, s);
 }

@@ -1,15 +1,19 @@
 /* RNN kernel parameters (plain C; mirrored in pydnn/ops/rnn/kernels.py, layout checked on the CPU).
  *
  * One struct for every kernel of ptx/rnn.cu; each kernel reads the fields its comment in rnn.cu names.
- * Rows are batch entries b < batch; "dtype" buffers hold the RNN's data type, "f32" ones float. Leading
- * dims are in elements. Sequence b is active at time t iff t < lens[b] (device copy of the lengths). */
+ * Rows are batch entries b < batch; "dtype" buffers hold the RNN's data type, "state" ones its state type S:
+ * float for float / half / bfloat16, double for double (ptx/rnn.cu's Acc<T>). Leading dims are in elements.
+ * Sequence b is active at time t iff t < lens[b] (device copy of the lengths). */
 #ifndef PYDNN_RNN_PARAMS_H
 #define PYDNN_RNN_PARAMS_H
 
 #define PYDNN_RNN_MODE_ADD 1   /* skip_dx / bias_final: add to the output instead of writing it */
+#define PYDNN_RNN_MAXY 8       /* the most rows of blocks (gridDim.y) of fwd_cell / bwd_cell: RnnParams.dir2 */
 
-/* The reverse direction of a bidirectional layer in the same launch (fwd_cell, bwd_cell with gridDim.y = 2):
- * blocks with blockIdx.y = 1 add these byte offsets to the pointers (NULL ones stay NULL) and use time t. */
+/* Other problems of the same kind in the same launch (fwd_cell, bwd_cell with gridDim.y = n <= PYDNN_RNN_MAXY):
+ * the reverse direction of a bidirectional layer (gridDim.y = 2), or the layers of one wave of the layer
+ * wavefront (pydnn/ops/rnn/wavefront.py). Blocks with blockIdx.y = y >= 1 add dir2[y - 1]'s byte offsets to
+ * the pointers (NULL ones stay NULL) and use its time t. */
 typedef struct {
   long long xp, hp, bw, br, h_prev, h_out, s_prev, s_out, y, act, dy, dxa, dha, gh, ghrec, gc;
   int t, pad;
@@ -22,27 +26,27 @@ typedef struct {
   const void *br;      /* recurrent biases [G * hidden] or NULL (dtype) */
   const void *h_prev;  /* h before the step [batch, out] (dtype) */
   void *h_out;         /* h after the step [batch, out], or m [batch, hidden] with a projection (dtype) */
-  const float *s_prev; /* f32 state before the step [batch, hidden]: c (LSTM), h (GRU) */
-  float *s_out;        /* f32 state after the step */
+  const void *s_prev;  /* state (S) before the step [batch, hidden]: c (LSTM), h (GRU) */
+  void *s_out;         /* state (S) after the step */
   void *y;             /* layer output of time t, row b at y + b * ld_y (dtype); NULL: not written */
-  float *act;          /* saved gate values [batch, GA * hidden] of time t (training), or NULL */
+  void *act;           /* saved gate values (S) [batch, GA * hidden] of time t (training), or NULL */
   const int *lens;     /* sequence lengths [batch] */
   const void *dy;      /* backward: gradient of the layer output of time t (row pitch ld_y), or NULL */
   void *dxa;           /* backward: input pre-activation gradients of time t [batch, G * hidden] */
   void *dha;           /* backward: recurrent pre-activation gradients (GRU; else NULL) */
-  float *gh;           /* backward: f32 gradient of h carried between steps [batch, out] */
+  void *gh;            /* backward: gradient of h (S) carried between steps [batch, out] */
   const void *ghrec;   /* backward: the recurrent GEMM's share of it [batch, out] (dtype) */
-  float *gc;           /* backward: f32 gradient of c [batch, hidden] */
+  void *gc;            /* backward: gradient of c (S) [batch, hidden] */
   const void *dm;      /* backward with a projection: gradient of m [batch, hidden] (dtype) */
   void *aux;           /* per kernel (see rnn.cu) */
   const void *aux_in;  /* per kernel (see rnn.cu) */
   long long ld_xp, gs_xp, ld_y, rows, ld_aux;
   long long split_stride; /* elements between the split-K partial sums of hp (forward) / ghrec (backward) */
-  float lclip, rclip, fill;
+  double lclip, rclip, fill;  /* double: exact for double data, rounded by the float path as before */
   int clip;            /* LSTM cell clipping on */
   int t, batch, hidden, out, seq, vec, layout, cols, mode;
   int nsplit;          /* split-K partial sums in hp / ghrec to add (0 or 1: one) */
-  RnnDir2 dir2;
+  RnnDir2 dir2[PYDNN_RNN_MAXY - 1];
 } RnnParams;
 
 #endif

@@ -405,6 +405,25 @@ rnn = Switches(
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
     SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
                       "(0: split_k's choice); for measurements"),
+    WAVEFRONT=(True, "multi-layer unidirectional stacks (no projection): forward and backward data as "
+                      "the layer wavefront, layer l running step t at wave t + l * WAVE_CHUNK, one batched recurrent "
+                      "GEMM and one cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's "
+                      "_fwd_wavefront / _bwd_wavefront); False: layer after layer; None (auto): the wavefront where "
+                      "a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds. Measured on the H200 (training "
+                      "forward / forward + backward, ms, wavefront against layer order): LSTM fp16 2L B 64 H 1024 "
+                      "7.35 / 17.4 against 10.06 / 20.4; LSTM fp16 4L B 8 H 256 3.99 / 11.5 against 10.8 / 21.9; "
+                      "GRU fp16 2L B 16 H 512 4.26 / 13.0 against 6.32 / 13.4"),
+    WAVE_SPLIT=(None, "the wavefront's waves with several layers: True: each layer's recurrent GEMM on its own with "
+                      "the layer order's split-K (one GEMM launch per layer); False: one GEMM batched over the layers, "
+                      "K whole; None (auto): split where the K loop it saves outweighs the launches it adds "
+                      "(engine.Geometry.wave_split, with the measurements; the backward decides once per call)"),
+    WAVE_BWD=(None, "with WAVEFRONT, RNNBackwardData_v8 as the layer wavefront too (the top layer first; a layer's dy "
+                    "from the layer above's dx GEMM chunk by chunk); False: the forward only; None (auto): where a "
+                    "layer's step is at most engine.WAVE_AUTO_MACS multiply-adds (measured on the H200: LSTM fp32 2L "
+                    "B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer, the chunked dx "
+                    "GEMMs filling half the SMs; fp16 10.05 / 9.94; LSTM fp16 4L B 8 H 256 7.5 / 11.3)"),
+    WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
+                    "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "
                      "after the other (for measurements)"),
     RECORD=(True, "each call's launches are recorded on the handle and replayed when the same call repeats (no "

@@ -14,6 +14,9 @@ pydnn faster). PERSIST_STATIC rows also time the forward's other exchange ("fwd 
 words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prints the largest
 |y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
+The layer wavefront (multi-layer unidirectional forward): --ab=rnn.WAVEFRONT=True (and rnn.WAVE_CHUNK=N) against
+the default order, e.g. `--case="lstm fp16 2L" --case="lstm fp16 4L small-b" --ab=rnn.WAVEFRONT=True`.
+
 A/B in one run: --ab=rnn.SWITCH=VALUE (repeatable; VALUE a Python literal) adds rows "fwd SWITCH=VALUE" /
 "all SWITCH=VALUE" timed with that tuning switch set (the workspace is sized for every setting). --stamps
 (PERSIST_STATIC rows): one more forward per setting with block 0's clock64 stamped at the phases of every step
@@ -66,6 +69,9 @@ CASES = [
     ("gru fp16 2L PS", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, PS),
     ("lstm fp32 2L PS", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False, PS),
     ("lstm fp32 2L", E.PYDNN_LSTM, "float32", 256, 64, 1024, 2, False, STD),
+    # small batches, several layers: launches and latency dominate (the layer wavefront's case, tuning.rnn.WAVEFRONT)
+    ("lstm fp16 4L small-b", E.PYDNN_LSTM, "float16", 256, 8, 256, 4, False, STD),
+    ("gru fp16 2L small-b", E.PYDNN_GRU, "float16", 256, 16, 512, 2, False, STD),
 ]
 # --quick: issue 16's small-hidden case only, STANDARD and PERSIST_STATIC (each next to cuDNN)
 QUICK = ("lstm fp16 small-h", "lstm fp16 small-h PS")

@@ -4,6 +4,7 @@
     engine.py        size queries, GetRNNWeightParams, BuildRNNDynamic, RNNForward, RNNBackwardData_v8,
                      RNNBackwardWeights_v8 (the STANDARD algorithm on pydnn's matmul + ptx/rnn.cu)
     kernels.py       the kernel units of ptx/rnn.cu and their launcher
+    gemm_f64.py      a double GEMM (ptx/gemm_f64.cu) for the double path: matmul's formula and params names
     persist.py       PERSIST_STATIC: one persistent kernel per layer (ptx/rnn_persist.cu), its plan and launches
 The float64 reference is pydnn/reference/rnn.py.
 """

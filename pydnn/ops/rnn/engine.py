@@ -11,6 +11,14 @@ STANDARD algorithm:
   dh) and the recurrent GEMM [B, G*H] x [G*H, out]; dx of each layer is one GEMM; backward weights are one
   GEMM per matrix over all steps and two deterministic column-sum passes per bias.
 
+double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py: pydnn's matmul has no double),
+the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
+the state type: float, double for double; Geometry.ss).
+
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection): the forward and
+RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by WAVE_CHUNK steps (see _fwd_wavefront /
+_bwd_wavefront).
+
 Internally data is sequence-major and padded ([T, B, width], padding rows 0); x is gathered from (and y
 scattered to) the user's layout by one kernel. States are kept per time index: h_prev of time t is state
 index t (forward direction) or t + 1 (reverse), its output t + 1 (forward) or t (reverse); index 0
@@ -39,6 +47,7 @@ from ...status import PydnnError, api
 from ...tensor import TensorDescriptor, _int
 from .. import matmul
 from ..common import TAG, cdiv, element_aligned, enum_arg
+from . import gemm_f64
 from . import kernels as K
 from . import persist
 from .descriptors import GRU, LSTM, PROJ_ID, _bad, _ns, set_data, set_rnn
@@ -47,7 +56,7 @@ ALIGN = 256
 CHECKED = os.environ.get("PYDNN_CHECKED", "0") == "1"
 FWD_MODES = (E.PYDNN_FWD_MODE_INFERENCE, E.PYDNN_FWD_MODE_TRAINING)
 WGRAD_MODES = (E.PYDNN_WGRAD_MODE_ADD, E.PYDNN_WGRAD_MODE_SET)
-GPU_DTYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16)
+GPU_DTYPES = (E.PYDNN_DATA_FLOAT, E.PYDNN_DATA_HALF, E.PYDNN_DATA_BFLOAT16, E.PYDNN_DATA_DOUBLE)
 
 
 def _up(n):
@@ -76,6 +85,8 @@ class _Regions:
 # SPLIT_K: a switch, pydnn.tuning.rnn.SPLIT_K (default True)
 SPLIT_MAX = 8
 SPLIT_MIN_K = 256  # the shortest K slice
+WAVE_AUTO_MACS = 1 << 25  # tuning.rnn.WAVEFRONT None (auto): the largest step (B * G*H * out MACs) it takes
+WAVE_SPLIT_K0 = 512  # the wavefront's auto split (Geometry.wave_split): a GEMM launch's fixed cost as K elements
 # DIR_BATCH: the two directions of a bidirectional layer step together (see _fwd_steps_both); False: one
 # after the other (for measurements)
 # DIR_BATCH: a switch, pydnn.tuning.rnn.DIR_BATCH (default True)
@@ -152,6 +163,9 @@ class Geometry:
         self.N = self.T * self.B
         self.G, self.H, self.P, self.D, self.L = r.gates, r.hidden, r.out, r.dirs, r.layers
         self.es = r.esize
+        # the state type's size (c / h, saved gates, carried gradients, bias partial sums): ptx/rnn.cu's
+        # Acc<T>, float for float / half / bfloat16, double for double
+        self.ss = ss = 8 if r.dtype == E.PYDNN_DATA_DOUBLE else 4
         self.GH = self.G * self.H
         self.GA = 4 if r.cell in (LSTM, GRU) else 1
         self.s32 = r.cell in (LSTM, GRU)
@@ -160,12 +174,27 @@ class Geometry:
         self.mask_bytes = (self.N * r.dirs * r.out + 7) // 8
         # both directions of a bidirectional layer step together (not with a projection)
         self.dir_batch = tuning.rnn.DIR_BATCH and r.dirs == 2 and not r.proj
+        # the layer wavefront (forward, see _fwd_wavefront): layer l runs step t at wave t + l * wave_chunk
+        # (dropout between layers: per chunk of rows, whose mask bytes must start on a byte: B * out % 8 == 0)
+        self.wave = wavefront_ok(r, self.B) and (not self.drop or self.B * r.out % 8 == 0)
+        self.wave_chunk = max(1, int(tuning.rnn.WAVE_CHUNK))
+        # RNNBackwardData_v8 as the wavefront too: WAVE_BWD True, or None (auto) where a layer's step is small
+        # (the chunked dx GEMMs cost more than the launches saved on large steps: mid-session H200, LSTM fp32 2L
+        # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94)
+        wb = tuning.rnn.WAVE_BWD
+        self.wave_bwd = self.wave and (wb is True or (wb is None and self.B * r.gates * r.hidden * r.out
+                                                      <= WAVE_AUTO_MACS))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
         force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
         if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
             self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
+        # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
+        # the next wave's cell launch, which has one nsplit for all its layers)
+        self.sm_count = sm_count
+        self.wave_split_b = self.split_b if self.wave_bwd and self.wave_split(self.B, r.out, self.G * r.hidden,
+                                                                           self.split_b, self.wave_max()) else 1
         es, N, B, H, P, D, GH = self.es, self.N, self.B, self.H, self.P, self.D, self.GH
         self.persist = r.algo == E.PYDNN_RNN_ALGO_PERSIST_STATIC
         for training in (False, True):
@@ -175,21 +204,28 @@ class Geometry:
             w.add("xchg", r.dirs * persist.xchg_bytes(r.dtype, self.B, r.hidden) if self.persist else 0)
             w.add("xin", N * self.I * es)
             w.add("xp", D * N * GH * es)
-            w.add("hp", max(self.split_f, D if self.dir_batch else 1) * B * GH * es)
+            w.add("hp", max(self.split_f, D if self.dir_batch else 1,
+                            self.L * (self.split_f if tuning.rnn.WAVE_SPLIT is not False else 1) if self.wave else 1)
+                  * B * GH * es)
+            # the wavefront's input projections of layers >= 1, one chunk of steps each
+            w.add("xpw", (self.L - 1) * min(self.wave_chunk, self.T) * B * GH * es if self.wave else 0)
             w.add("hn", B * P * es if r.proj else 0)
             if not training:
                 w.add("ly", 2 * N * D * P * es)
-                w.add("hs", D * 2 * B * P * es)
-                w.add("s32", D * 2 * B * H * 4 if self.s32 else 0)
+                SL = self.L if self.wave else D  # the wavefront: every layer's states live at once
+                w.add("hs", SL * 2 * B * P * es)
+                w.add("s32", SL * 2 * B * H * ss if self.s32 else 0)
                 w.add("m", B * H * es if r.proj else 0)
             else:
                 self.dw = max(D * P, self.I)
                 w.add("dly", 2 * N * self.dw * es)
-                w.add("gh", D * B * P * 4)
-                w.add("ghrec", D * self.split_b * B * P * es)
-                w.add("gc", D * B * H * 4)
+                # per direction, or per layer for the backward wavefront (its GEMMs split-K only with WAVE_SPLIT)
+                SL = max(D, self.L if self.wave else 1)
+                w.add("gh", SL * B * P * ss)
+                w.add("ghrec", max(D * self.split_b, self.L * self.wave_split_b if self.wave else 1) * B * P * es)
+                w.add("gc", SL * B * H * ss)
                 w.add("dm", B * H * es if r.proj else 0)
-                w.add("bpart", K.BIAS_CHUNKS * self.GH * 4)
+                w.add("bpart", K.BIAS_CHUNKS * self.GH * ss)
             if training:
                 self.ws_train = w
             else:
@@ -198,8 +234,8 @@ class Geometry:
         T = self.T
         for pl in range(r.pseudo_layers):
             rs.add(("hs", pl), (T + 1) * B * P * es)
-            rs.add(("s32", pl), (T + 1) * B * H * 4 if self.s32 else 0)
-            rs.add(("act", pl), N * self.GA * H * 4)
+            rs.add(("s32", pl), (T + 1) * B * H * ss if self.s32 else 0)
+            rs.add(("act", pl), N * self.GA * H * ss)
             rs.add(("m", pl), N * H * es if r.proj else 0)
             rs.add(("dxa", pl), N * GH * es)
             rs.add(("dha", pl), N * GH * es if r.cell == GRU else 0)
@@ -210,6 +246,27 @@ class Geometry:
                 rs.add(("lyd", layer), N * D * P * es)
                 rs.add(("mask", layer), self.mask_bytes)
         self.rs = rs
+
+    def wave_max(self):
+        """The most layers a wave of the wavefront runs at once."""
+        return min(self.L, cdiv(self.T, min(self.wave_chunk, self.T)))
+
+    def wave_split(self, m, n, k, split, layers):
+        """Whether a wave's `layers` recurrent GEMMs ([m, k] x [k, n]) run one per layer with `split` K slices
+        (tuning.rnn.WAVE_SPLIT True) instead of one batched over the layers with K whole (False). None (auto): a
+        wave's time as a GEMM launch's fixed cost plus the K loop of its blocks (the step's latency at these small
+        M): batched, one launch and a K loop of k; split, `layers` launches one after the other, each a loop of k /
+        split. Split where k (1 - layers / split) > WAVE_SPLIT_K0 (layers - 1): the K loop it saves outweighs the
+        launches it adds. Measured on the H200 (mid-session run, forward + backward, ms): LSTM fp16 2L B 64 H 1024
+        backward (k 4096, split 8, 2 layers) split 10.1 / batched 19.5; GRU fp16 2L B 16 H 512 backward (k 1536,
+        split 4) split 6.4 / batched 8.8; LSTM fp16 4L B 8 H 256 backward (k 1024, split 4, 4 layers) split 9.3 /
+        batched 7.5; the forwards (split 2, 2 layers) batched: 7.35 / 8.75 and 4.26 / 5.35."""
+        mode = tuning.rnn.WAVE_SPLIT
+        if split <= 1 or mode is False:
+            return False
+        if mode is True:
+            return True
+        return layers < split and k * (1 - layers / split) > WAVE_SPLIT_K0 * (layers - 1)
 
     def workspace_size(self, training):
         return (self.ws_train if training else self.ws_inf).size
@@ -366,8 +423,10 @@ def _gpu_support(r, training):
         _ns(f"rnnDesc: algo {r.algo} is not implemented in pydnn (PYDNN_RNN_ALGO_STANDARD and PERSIST_STATIC are; "
             "PERSIST_DYNAMIC is not)")
     if r.dtype not in GPU_DTYPES:
-        _ns(f"rnnDesc: dataType {r.dtype} has no GPU path (float, half, bfloat16; pydnn's matmul has no double "
-            "kernel)")
+        _ns(f"rnnDesc: dataType {r.dtype} has no GPU path (float, half, bfloat16, double)")
+    if r.dtype == E.PYDNN_DATA_DOUBLE and r.algo != E.PYDNN_RNN_ALGO_STANDARD:
+        _ns(f"rnnDesc: dataType PYDNN_DATA_DOUBLE runs on the plain path only (algo PYDNN_RNN_ALGO_STANDARD), "
+            f"not algo {r.algo}")
 
 
 def _ptr(buf, name, nbytes, align):
@@ -476,6 +535,16 @@ class _Exec:
              stride_b=0, stride_c=0, cached=True):
         """cached=False: a plan of its own, not kept in the handle (the batched-direction GEMMs: a new stride
         at every step; the recorded launch keeps what the replays need)."""
+        if self.dtype == E.PYDNN_DATA_DOUBLE:  # pydnn's matmul has no double: ptx/gemm_f64.cu
+            key = ("rnn.gemm_f64", m, n, k, trans_a, trans_b, lda, ldb, batch, stride_a, stride_b, stride_c)
+            pl = self.handle.prepared.get(key) if cached else None
+            if pl is None:
+                pl = gemm_f64.Plan(m, n, k, trans_a, trans_b, lda, ldb, None, batch, stride_a, stride_b, stride_c)
+                if cached:
+                    self.handle.remember(key, pl)
+            self._go(pl.function(self.handle), pl.grid, pl.block, 0, driver.kernel_args(pl.params(a, b, c, 1.0, beta)),
+                     ("gemm", trans_a, trans_b, m, n, k))
+            return
         plan = (matmul.cached_plan if cached else matmul.gemm_plan)(
             self.handle, self.dtype, m, n, k, trans_a, trans_b, lda, ldb, None, batch, stride_a, stride_b, stride_c)
         if plan.empty:
@@ -521,7 +590,8 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args, g.persist and persist.record_key(), g.split_f, g.split_b)
+               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD),
+               g.persist and persist.record_key(), g.split_f, g.split_b)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:
@@ -544,7 +614,7 @@ def rnn_forward(handle, rnn_desc, fwd_mode, dev_seq_lengths, x_desc, x, y_desc, 
     length are yDesc's padding fill (unpacked layouts; untouched without a fill). hy / cy: each sequence's
     state after its own last step. BAD_PARAM: descriptors that disagree (data type, vector sizes, lengths,
     hDesc / cDesc dims (layers * dirs, batch, size) packed), spaces smaller than asked, fwdMode;
-    NOT_SUPPORTED: algorithms other than STANDARD, double data. Dropout between layers (training only): the
+    NOT_SUPPORTED: algorithms other than STANDARD and PERSIST_STATIC, double data with PERSIST_STATIC. Dropout between layers (training only): the
     dropout descriptor's DropoutForward on each layer's output but the last (a new mask per call, from the
     descriptor's states), its mask kept in the reserve space for the backward calls."""
     check_handle(handle)
@@ -591,27 +661,31 @@ class _Dir:
         self.__dict__.update(kw)
 
 
-def _dir2(p, ptrs0, ptrs1, t1):
-    """Fill p.dir2 so that blocks with blockIdx.y = 1 see ptrs1 (the reverse direction) at time t1."""
+def _dir2(p, ptrs0, ptrs1, t1, y=1):
+    """Fill p.dir2[y - 1] so that blocks with blockIdx.y = y see ptrs1 (the reverse direction, or another layer
+    of a wave) at time t1."""
+    d2 = p.dir2[y - 1]
     for name, a in ptrs0.items():
         b = ptrs1[name]
         if (a == 0) != (b == 0):
             raise AssertionError(f"rnn: {name} is NULL in one direction only")
-        setattr(p.dir2, name, b - a if a else 0)
-    p.dir2.t = t1
+        setattr(d2, name, b - a if a else 0)
+    d2.t = t1
 
 
 def _fwd_cell_ptrs(g, dr, t, ly, training):
     """The pointer fields of fwd_cell for direction dr at time t (without a projection)."""
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
     ip, io = _state_index(g, dr.d, t)
-    if dr.w_in:
+    if hasattr(dr, "xp_at"):  # the wavefront: layers >= 1 read their chunk buffer
+        xp = dr.xp_at(t)
+    elif dr.w_in:
         xp = dr.xpd + t * B * GH * es
     else:
         xp = dr.inp + t * B * dr.inp_w * es
     return dict(xp=xp, hp=dr.hp, bw=dr.b_in, br=dr.b_rec, h_prev=dr.hs_at(ip), h_out=dr.hs_at(io),
                 s_prev=dr.s_at(ip), s_out=dr.s_at(io), y=ly + (t * B * D * P + dr.d * P) * es,
-                act=dr.act0 + t * B * g.GA * H * 4 if training else 0)
+                act=dr.act0 + t * B * g.GA * H * g.ss if training else 0)
 
 
 def _fwd_steps(lau, r, g, dr, ly, training, lens, wsp, rsp, ws, clip):
@@ -671,42 +745,77 @@ def _fwd_steps_both(lau, r, g, dirs, ly, training, lens, hp, clip):
         lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=2)
 
 
-def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp, wsp, rsp):
+def _layer_dirs(lau, r, g, layer, inp, inp_w, training, wp, wsp, rsp, hxp, cxp, in_gemm=True):
+    """The directions of one layer: weights, state addresses, the input projection GEMM of every step (unless
+    in_gemm is False: the wavefront's layers >= 1 project chunk by chunk) and state_init."""
     es, T, B, N, H, P, D, GH = g.es, g.T, g.B, g.N, g.H, g.P, g.D, g.GH
+    ws = g.ws_train if training else g.ws_inf
+    rs = g.rs
+    dirs = []
+    for d in range(D):
+        pl = layer * D + d
+        dr = _Dir(d=d, pl=pl, inp=inp, inp_w=inp_w, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
+                  w_proj=g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0, b_in=g.weight(wp, pl, "b", 0),
+                  b_rec=g.weight(wp, pl, "b", g.G), xpd=wsp + ws["xp"] + d * N * GH * es,
+                  act0=rsp + rs[("act", pl)] if training else 0)
+        if dr.w_in and in_gemm:
+            lau.gemm(N, GH, inp_w, inp, dr.w_in, dr.xpd, trans_b=True)
+        if training:
+            hs0, hs_step = rsp + rs[("hs", pl)], B * P * es
+            s0, s_step = (rsp + rs[("s32", pl)] if g.s32 else 0), B * H * g.ss
+            dr.hs_at = lambda i, hs0=hs0, st=hs_step: hs0 + i * st  # noqa: E731
+            dr.s_at = lambda i, s0=s0, st=s_step: s0 + i * st if s0 else 0  # noqa: E731
+        else:
+            k = pl if g.wave else d  # the wavefront keeps every layer's two states at once
+            hs0 = wsp + ws["hs"] + k * 2 * B * P * es
+            s0 = wsp + ws["s32"] + k * 2 * B * H * g.ss if g.s32 else 0
+            dr.hs_at = lambda i, hs0=hs0: hs0 + (i % 2) * B * P * es  # noqa: E731
+            dr.s_at = lambda i, s0=s0: s0 + (i % 2) * B * H * g.ss if s0 else 0  # noqa: E731
+        first = 0 if d == 0 else T
+        p = lau.reset()
+        p.h_prev = hxp + pl * B * P * es if hxp else 0
+        p.aux_in = cxp + pl * B * H * es if cxp else 0
+        p.h_out, p.s_out = dr.hs_at(first), dr.s_at(first)
+        p.batch, p.out, p.hidden, p.mode = B, P, H, r.cell
+        lau.launch("state_init", B * max(P, H))
+        dirs.append(dr)
+    return dirs
+
+
+def _state_out(lau, g, dirs, hyp, cyp):
+    es, T, B, H, P = g.es, g.T, g.B, g.H, g.P
+    for dr in dirs:
+        last = T if dr.d == 0 else 0
+        if hyp or cyp:
+            p = lau.reset()
+            p.h_prev, p.s_prev = dr.hs_at(last), dr.s_at(last)
+            p.aux = hyp + dr.pl * B * P * es if hyp else 0
+            p.dxa = cyp + dr.pl * B * H * es if cyp else 0
+            p.batch, p.out, p.hidden = B, P, H
+            lau.launch("state_out", B * max(P, H))
+
+
+def _layer_out(g, training, layer, wsp, rsp):
+    """Layer `layer`'s output [T*B, dirs*out]: in the reserve space (training), else one of two workspace
+    buffers by the layer's parity."""
+    if training:
+        return rsp + g.rs[("ly", layer)]
+    return wsp + g.ws_inf["ly"] + (layer % 2) * g.N * g.D * g.P * g.es
+
+
+def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp, wsp, rsp):
+    es, N, D, P = g.es, g.N, g.D, g.P
     ws = g.ws_train if training else g.ws_inf
     rs = g.rs
     clip = r.clip()
     _pack(lau, g, lens, xp, wsp + ws["xin"], g.I, g.x.layout, 0)
     inp, inp_w = wsp + ws["xin"], g.I
-    for layer in range(g.L):
-        ly = rsp + rs[("ly", layer)] if training else wsp + ws["ly"] + (layer % 2) * N * D * P * es
-        dirs = []
-        for d in range(D):
-            pl = layer * D + d
-            dr = _Dir(d=d, pl=pl, inp=inp, inp_w=inp_w, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
-                      w_proj=g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0, b_in=g.weight(wp, pl, "b", 0),
-                      b_rec=g.weight(wp, pl, "b", g.G), xpd=wsp + ws["xp"] + d * N * GH * es,
-                      act0=rsp + rs[("act", pl)] if training else 0)
-            if dr.w_in:
-                lau.gemm(N, GH, inp_w, inp, dr.w_in, dr.xpd, trans_b=True)
-            if training:
-                hs0, hs_step = rsp + rs[("hs", pl)], B * P * es
-                s0, s_step = (rsp + rs[("s32", pl)] if g.s32 else 0), B * H * 4
-                dr.hs_at = lambda i, hs0=hs0, st=hs_step: hs0 + i * st  # noqa: E731
-                dr.s_at = lambda i, s0=s0, st=s_step: s0 + i * st if s0 else 0  # noqa: E731
-            else:
-                hs0 = wsp + ws["hs"] + d * 2 * B * P * es
-                s0 = wsp + ws["s32"] + d * 2 * B * H * 4 if g.s32 else 0
-                dr.hs_at = lambda i, hs0=hs0: hs0 + (i % 2) * B * P * es  # noqa: E731
-                dr.s_at = lambda i, s0=s0: s0 + (i % 2) * B * H * 4 if s0 else 0  # noqa: E731
-            first = 0 if d == 0 else T
-            p = lau.reset()
-            p.h_prev = hxp + pl * B * P * es if hxp else 0
-            p.aux_in = cxp + pl * B * H * es if cxp else 0
-            p.h_out, p.s_out = dr.hs_at(first), dr.s_at(first)
-            p.batch, p.out, p.hidden, p.mode = B, P, H, r.cell
-            lau.launch("state_init", B * max(P, H))
-            dirs.append(dr)
+    if g.wave:
+        inp = _fwd_wavefront(lau, r, g, training, lens, inp, inp_w, hxp, hyp, cxp, cyp, wp, wsp, rsp, clip)
+        inp_w = D * P
+    for layer in range(0 if not g.wave else g.L, g.L):
+        ly = _layer_out(g, training, layer, wsp, rsp)
+        dirs = _layer_dirs(lau, r, g, layer, inp, inp_w, training, wp, wsp, rsp, hxp, cxp)
         if g.persist:
             persist.forward_layer(lau, r, g, persist.plan(lau.handle, r, g, training), dirs, ly, training, lens,
                                   wsp + ws["bar"], clip, wsp + ws["xchg"])
@@ -716,15 +825,7 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
             for dr in dirs:
                 dr.hp = wsp + ws["hp"]
                 _fwd_steps(lau, r, g, dr, ly, training, lens, wsp, rsp, ws, clip)
-        for dr in dirs:
-            last = T if dr.d == 0 else 0
-            if hyp or cyp:
-                p = lau.reset()
-                p.h_prev, p.s_prev = dr.hs_at(last), dr.s_at(last)
-                p.aux = hyp + dr.pl * B * P * es if hyp else 0
-                p.dxa = cyp + dr.pl * B * H * es if cyp else 0
-                p.batch, p.out, p.hidden = B, P, H
-                lau.launch("state_out", B * max(P, H))
+        _state_out(lau, g, dirs, hyp, cyp)
         if training and g.drop and layer < g.L - 1:
             td = _flat_desc(lau.handle, r.dtype, N, D * P)
             lyd = rsp + rs[("lyd", layer)]
@@ -732,6 +833,228 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
             ly = lyd
         inp, inp_w = ly, D * P
     _pack(lau, g, lens, inp, yp, D * P, g.x.layout, 2 if fill is None else 1, 0.0 if fill is None else fill)
+
+
+# ----------------------------------------------------------------------------- the layer wavefront
+# Multi-layer unidirectional STANDARD stacks (no projection; dropout between layers per chunk of rows): layer l's
+# step t needs only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a
+# lag of C
+# steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
+# over the active layers (where their states, weights and outputs are a fixed distance apart: the reserve space's
+# per-pseudo-layer regions are, layer 0's input weights can break the weights' stride: then runs of layers) and
+# ONE cell launch (fwd_cell, gridDim.y = the active layers, RnnDir2 offsets per layer), instead of one of each
+# per layer and step: T + (L - 1) C waves of 2 launches against L T steps of 2. A layer l >= 1 projects its
+# input chunk by chunk: when its step t starts a chunk (t % C == 0), one GEMM of C * B rows reads layer l - 1's
+# output of steps [t, t + C), which the lag of C steps has finished; one chunk buffer per layer suffices (the
+# stream orders the next chunk's GEMM after this chunk's cells). Layer 0 projects all its steps at once, as
+# the layer-by-layer order does. Waves with one active layer keep the split-K recurrent GEMM; waves with
+# several run each layer's GEMM whole (the layers fill the SMs instead), or with tuning.rnn.WAVE_SPLIT one
+# split-K GEMM per layer (more launches, the blocks of each as many as the layer order's).
+# WAVEFRONT: a switch, pydnn.tuning.rnn.WAVEFRONT; WAVE_CHUNK: pydnn.tuning.rnn.WAVE_CHUNK; WAVE_SPLIT (None: auto,
+# Geometry.wave_split); WAVE_BWD
+
+
+def wavefront_ok(r, batch=None):
+    """Whether the calls run as the layer wavefront: tuning.rnn.WAVEFRONT True and a problem it covers; None
+    (auto): also only where a layer's step is small (batch * G * hidden * out multiply-adds at most
+    WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the step's time)."""
+    mode = tuning.rnn.WAVEFRONT
+    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1 and not r.proj):
+        return False
+    if mode is None:
+        return batch is not None and batch * r.gates * r.hidden * r.out <= WAVE_AUTO_MACS
+    return bool(mode)
+
+
+def wave_schedule(T, L, C):
+    """[(wave, [(layer, t, starts_chunk), ...])]: the active layers of every wave, in layer order."""
+    out = []
+    for w in range(T + (L - 1) * C):
+        act = [(l, w - l * C, (w - l * C) % C == 0) for l in range(L) if 0 <= w - l * C < T]
+        out.append((w, act))
+    return out
+
+
+def _runs(addrs):
+    """Split [(a, b, c), ...] (one per active layer) into runs whose consecutive differences are equal and
+    positive: [(first index, count, (stride_a, stride_b, stride_c) in bytes)]."""
+    runs, i, n = [], 0, len(addrs)
+    while i < n:
+        j = i + 1
+        st = None
+        if j < n:
+            st = tuple(addrs[j][k] - addrs[i][k] for k in range(3))
+            if min(st) <= 0:
+                st = None
+        if st is None:
+            runs.append((i, 1, (0, 0, 0)))
+            i += 1
+            continue
+        while j + 1 < n and tuple(addrs[j + 1][k] - addrs[j][k] for k in range(3)) == st:
+            j += 1
+        runs.append((i, j - i + 1, st))
+        i = j + 1
+    return runs
+
+
+def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, wp, wsp, rsp, clip):
+    """Every layer's forward as the wavefront (see above); returns the last layer's output."""
+    es, T, B, H, P, GH, L = g.es, g.T, g.B, g.H, g.P, g.GH, g.L
+    C = min(g.wave_chunk, T)
+    ws = g.ws_train if training else g.ws_inf
+    drop = training and g.drop
+    layers = []
+    for layer in range(L):
+        inp, inp_w = (inp0, inp0_w) if layer == 0 else (layers[-1].lyd if drop else layers[-1].ly, P)
+        (dr,) = _layer_dirs(lau, r, g, layer, inp, inp_w, training, wp, wsp, rsp, hxp, cxp, in_gemm=layer == 0)
+        dr.ly = _layer_out(g, training, layer, wsp, rsp)
+        if drop and layer < L - 1:  # DropoutForward per chunk of rows: ly -> lyd, the mask bits of those rows
+            dr.lyd, dr.mask = rsp + g.rs[("lyd", layer)], rsp + g.rs[("mask", layer)]
+        if layer == 0 and not dr.w_in:  # SKIP_INPUT: x itself enters every gate
+            dr.xp_at = lambda t, x=inp0, w=inp0_w: x + t * B * w * es  # noqa: E731
+        elif layer == 0:
+            dr.xp_at = lambda t, x=dr.xpd: x + t * B * GH * es  # noqa: E731
+        else:
+            xc = wsp + ws["xpw"] + (layer - 1) * C * B * GH * es
+            dr.xpc = xc
+            dr.xp_at = lambda t, x=xc: x + (t % C) * B * GH * es  # noqa: E731
+        layers.append(dr)
+    hp = wsp + ws["hp"]
+    for _, act in wave_schedule(T, L, C):
+        for l, t, starts in act:  # the input projection of a chunk of steps (layers >= 1)
+            if l and starts:
+                dr = layers[l]
+                rows = min(C, T - t)
+                if drop:  # (its own DropoutForward: a new offset of the stream, mask bits at element t * B * P)
+                    src, n0, n = layers[l - 1], t * B * P, rows * B * P
+                    td = _flat_desc(lau.handle, r.dtype, rows * B, P)
+                    lau.call(_dropout()[0], lau.handle, r.dropout, td, src.ly + n0 * es, td, src.lyd + n0 * es,
+                             src.mask + n0 // 8, cdiv(n, 8))
+                lau.gemm(rows * B, GH, dr.inp_w, dr.inp + t * B * dr.inp_w * es, dr.w_in, dr.xpc, trans_b=True)
+        for y0 in range(0, len(act), K.MAXY):
+            grp = act[y0:y0 + K.MAXY]
+            # split-K where one layer runs alone, or (WAVE_SPLIT) in every wave, each layer its own GEMM
+            sf = g.split_f if len(grp) == 1 or g.wave_split(B, GH, P, g.split_f, len(grp)) else 1
+            for j, (l, t, _) in enumerate(grp):
+                layers[l].hp = hp + j * sf * B * GH * es
+            addrs = [(layers[l].hs_at(t), layers[l].w_rec, layers[l].hp) for l, t, _ in grp]
+            if sf > 1:
+                for a, b, c in addrs:
+                    lau.gemm(B, GH, P // sf, a, b, c, trans_b=True, lda=P, ldb=P, batch=sf, stride_a=P // sf,
+                             stride_b=P // sf, stride_c=B * GH)
+            else:
+                for i0, n, st in _runs(addrs):
+                    a, b, c = addrs[i0]
+                    lau.gemm(B, GH, P, a, b, c, trans_b=True, lda=P, ldb=P, batch=n, stride_a=st[0] // es,
+                             stride_b=st[1] // es, stride_c=st[2] // es)
+            # one cell launch for the group (SKIP_INPUT: layer 0, which reads x with another pitch, one of its own)
+            for seg in ([grp[:1], grp[1:]] if grp[0][0] == 0 and not layers[0].w_in else [grp]):
+                if not seg:
+                    continue
+                p = lau.reset()
+                ptrs = [_fwd_cell_ptrs(g, layers[l], t, layers[l].ly, training) for l, t, _ in seg]
+                for name, v in ptrs[0].items():
+                    setattr(p, name, v)
+                for j in range(1, len(seg)):
+                    _dir2(p, ptrs[0], ptrs[j], seg[j][1], y=j)
+                p.ld_xp, p.gs_xp = (GH, H) if layers[seg[0][0]].w_in else (inp0_w, 0)
+                p.nsplit, p.split_stride, p.ld_y = sf, B * GH, P
+                p.lens, p.t, p.batch, p.hidden, p.out = lens, seg[0][1], B, H, P
+                if clip:
+                    p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+                lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=len(seg))
+    _state_out(lau, g, layers, hyp, cyp)
+    return layers[-1].ly
+
+
+def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
+    """RNNBackwardData_v8 of the layers as a wavefront (the forward's, mirrored): the top layer first, layer
+    L - 1 - u running its step s (time T - 1 - s) at wave s + u * C. A layer's output gradient dy (the layer
+    above's dx) is produced chunk by chunk: when layer l starts a chunk of C steps, one GEMM of the chunk's rows
+    of layer l + 1's input pre-activation gradients (finished C waves ago) by its input weights. Per wave one
+    bwd_cell launch for the active layers (RnnDir2) and one recurrent GEMM batched over them (runs of equal
+    strides; WAVE_SPLIT: each layer's own, split-K). Two dy buffers alternate between the layers (layer l + 2
+    overwrites a row of layer l's dy only after layer l read it: C waves later at least). Returns the index of
+    the dly buffer that holds layer 0's dx."""
+    es, T, B, N, H, P, GH, L = g.es, g.T, g.B, g.N, g.H, g.P, g.GH, g.L
+    C = min(g.wave_chunk, T)
+    ws, rs = g.ws_train, g.rs
+    sb = g.wave_split_b
+    clip = r.clip()
+    layers = []
+    for layer in range(L):
+        pl = layer
+        s0 = rsp + rs[("s32", pl)] if g.s32 else 0
+        dr = _Dir(d=0, pl=pl, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
+                  s_at=lambda i, s0=s0: s0 + i * B * H * g.ss if s0 else 0, act0=rsp + rs[("act", pl)],
+                  dxa0=rsp + rs[("dxa", pl)], dha0=rsp + rs[("dha", pl)] if r.cell == GRU else 0,
+                  gh=wsp + ws["gh"] + layer * B * P * g.ss, ghrec=wsp + ws["ghrec"] + layer * sb * B * P * es,
+                  gc=wsp + ws["gc"] + layer * B * H * g.ss, dy=dly[(L - 1 - layer) % 2])
+        p = lau.reset()
+        p.dy = dhyp + pl * B * P * es if dhyp else 0
+        p.dm = dcyp + pl * B * H * es if dcyp else 0
+        p.gh, p.aux, p.gc = dr.gh, dr.ghrec, dr.gc
+        p.batch, p.out, p.hidden = B, P, H
+        p.nsplit, p.split_stride = sb, B * P
+        lau.launch("bwd_state_init", B * max(P, H))
+        layers.append(dr)
+    for _, act in wave_schedule(T, L, C):
+        # in layer order (ascending addresses: the recurrent GEMMs batch over runs of positive strides)
+        grp_all = sorted((L - 1 - u, T - 1 - s, st) for u, s, st in act)
+        for l, t, starts in grp_all:  # layer l + 1's dx of this chunk: layer l's dy rows [t - C + 1, t]
+            if l < L - 1 and starts:
+                up, r0 = layers[l + 1], max(0, t - C + 1)
+                rows = t - r0 + 1
+                lau.gemm(rows * B, P, GH, up.dxa0 + r0 * B * GH * es, up.w_in, layers[l].dy + r0 * B * P * es)
+                if g.drop:  # through the dropout on layer l's output, those rows' mask bits
+                    n0, n = r0 * B * P, rows * B * P
+                    td = _flat_desc(lau.handle, r.dtype, rows * B, P)
+                    d = layers[l].dy + n0 * es
+                    lau.call(_dropout()[1], lau.handle, r.dropout, td, d, td, d, rsp + rs[("mask", l)] + n0 // 8,
+                             cdiv(n, 8))
+        for y0 in range(0, len(grp_all), K.MAXY):
+            grp = grp_all[y0:y0 + K.MAXY]
+            p = lau.reset()
+            ptrs = [_bwd_cell_ptrs(g, layers[l], t, layers[l].dy) for l, t, _ in grp]
+            for name, v in ptrs[0].items():
+                setattr(p, name, v)
+            for j in range(1, len(grp)):
+                _dir2(p, ptrs[0], ptrs[j], grp[j][1], y=j)
+            p.ld_y, p.nsplit, p.split_stride = P, sb, B * P
+            p.lens, p.t, p.batch, p.hidden, p.out = lens, grp[0][1], B, H, P
+            if clip:
+                p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
+            lau.launch("bwd_cell", B * H, cell=r.cell, grid_y=len(grp))
+            # ghrec of each layer for its next step: [B, G*H] x R [G*H, out]
+            addrs = [((layers[l].dha0 or layers[l].dxa0) + t * B * GH * es, layers[l].w_rec, layers[l].ghrec)
+                     for l, t, _ in grp]
+            if sb > 1:
+                for a, b, c in addrs:
+                    lau.gemm(B, P, GH // sb, a, b, c, lda=GH, ldb=P, batch=sb, stride_a=GH // sb,
+                             stride_b=(GH // sb) * P, stride_c=B * P)
+            else:
+                for i0, n, st in _runs(addrs):
+                    a, b, c = addrs[i0]
+                    lau.gemm(B, P, GH, a, b, c, lda=GH, ldb=P, batch=n, stride_a=st[0] // es, stride_b=st[1] // es,
+                             stride_c=st[2] // es)
+    for dr in layers:
+        if dhxp or dcxp:
+            p = lau.reset()
+            p.aux = dhxp + dr.pl * B * P * es if dhxp else 0
+            p.dxa = dcxp + dr.pl * B * H * es if dcxp else 0
+            p.gh, p.ghrec, p.gc = dr.gh, dr.ghrec, dr.gc
+            p.nsplit, p.split_stride = sb, B * P
+            p.batch, p.out, p.hidden = B, P, H
+            lau.launch("bwd_state_out", B * max(P, H))
+    # layer 0's dx (the call's dx, width inputSize) into the dy buffer layer 0 did not use
+    out = L % 2
+    if layers[0].w_in:
+        lau.gemm(N, g.I, GH, layers[0].dxa0, layers[0].w_in, dly[out])
+    else:  # SKIP_INPUT: the sum of the gates' pre-activation gradients
+        p = lau.reset()
+        p.aux, p.aux_in, p.rows, p.hidden, p.cols, p.ld_aux, p.mode = dly[out], layers[0].dxa0, N, H, g.G, g.I, 0
+        lau.launch("skip_dx", N * H)
+    return out
 
 
 # ----------------------------------------------------------------------------- backward
@@ -771,7 +1094,7 @@ def _bwd_cell_ptrs(g, dr, t, dly):
     """The pointer fields of bwd_cell for direction dr at time t (without a projection)."""
     es, B, H, P, D, GH = g.es, g.B, g.H, g.P, g.D, g.GH
     ip, io = _state_index(g, dr.d, t)
-    return dict(dy=dly + (t * B * D * P + dr.d * P) * es, act=dr.act0 + t * B * g.GA * H * 4,
+    return dict(dy=dly + (t * B * D * P + dr.d * P) * es, act=dr.act0 + t * B * g.GA * H * g.ss,
                 s_prev=dr.s_at(ip), s_out=dr.s_at(io), dxa=dr.dxa0 + t * B * GH * es,
                 dha=dr.dha0 + t * B * GH * es if dr.dha0 else 0, gh=dr.gh, ghrec=dr.ghrec, gc=dr.gc)
 
@@ -790,6 +1113,10 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
     dly = [wsp + ws["dly"], wsp + ws["dly"] + N * g.dw * es]
     cur = 0
     _pack(lau, g, lens, dyp, dly[cur], D * P, g.x.layout, 0)
+    if g.wave_bwd:
+        cur = _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp)
+        _pack(lau, g, lens, dly[cur], dxp, g.I, g.x.layout, 1, 0.0)
+        return
     sb = g.split_b
     clip = r.clip()
     for layer in range(g.L - 1, -1, -1):
@@ -801,10 +1128,10 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
             s0 = rsp + rs[("s32", pl)] if g.s32 else 0
             dr = _Dir(d=d, pl=pl, w_in=g.weight(wp, pl, "m", 0), w_rec=g.weight(wp, pl, "m", g.G),
                       w_proj=g.weight(wp, pl, "m", PROJ_ID) if r.proj else 0,
-                      s_at=lambda i, s0=s0: s0 + i * B * H * 4 if s0 else 0, act0=rsp + rs[("act", pl)],
+                      s_at=lambda i, s0=s0: s0 + i * B * H * g.ss if s0 else 0, act0=rsp + rs[("act", pl)],
                       dxa0=rsp + rs[("dxa", pl)], dha0=rsp + rs[("dha", pl)] if r.cell == GRU else 0,
-                      gh=wsp + ws["gh"] + d * B * P * 4, ghrec=wsp + ws["ghrec"] + d * sb * B * P * es,
-                      gc=wsp + ws["gc"] + d * B * H * 4)
+                      gh=wsp + ws["gh"] + d * B * P * g.ss, ghrec=wsp + ws["ghrec"] + d * sb * B * P * es,
+                      gc=wsp + ws["gc"] + d * B * H * g.ss)
             p = lau.reset()
             p.dy = dhyp + pl * B * P * es if dhyp else 0
             p.dm = dcyp + pl * B * H * es if dcyp else 0

@@ -9,6 +9,7 @@ THREADS = 256
 BIAS_CHUNKS = 32  # row chunks of the bias gradient's first pass (bias_partial)
 CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
 MODE_ADD = 1  # PYDNN_RNN_MODE_ADD
+MAXY = 8  # PYDNN_RNN_MAXY: the most rows of blocks of fwd_cell / bwd_cell (RnnParams.dir2: MAXY - 1 entries)
 PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_state_init", "bwd_state_out", "skip_dx",
          "bias_partial", "bias_final")
 
@@ -28,9 +29,9 @@ class RnnParams(ctypes.Structure):
         "xp", "hp", "bw", "br", "h_prev", "h_out", "s_prev", "s_out", "y", "act", "lens", "dy", "dxa", "dha",
         "gh", "ghrec", "gc", "dm", "aux", "aux_in")] + [
         (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "rows", "ld_aux", "split_stride")] + [
-        (n, ctypes.c_float) for n in ("lclip", "rclip", "fill")] + [
+        (n, ctypes.c_double) for n in ("lclip", "rclip", "fill")] + [
         (n, ctypes.c_int) for n in ("clip", "t", "batch", "hidden", "out", "seq", "vec", "layout", "cols", "mode",
-                                    "nsplit")] + [("dir2", RnnDir2)]
+                                    "nsplit")] + [("dir2", RnnDir2 * (MAXY - 1))]
 
 
 def expr(name, tag, cell=None):
@@ -48,8 +49,9 @@ def kernel_units():
         exprs = [expr(k, tag, c) for k in ("fwd_cell", "bwd_cell") for c in range(4)]
         exprs += [expr(k, tag) for k in PLAIN]
         units.append(KernelUnit(unit_name(tag), "rnn.cu", tuple(exprs)))
+    from .gemm_f64 import kernel_units as gemm_f64_units  # ptx/gemm_f64.cu (the double path's GEMMs)
     from .persist import kernel_units as persist_units  # ptx/rnn_persist.cu (PERSIST_STATIC)
-    return units + persist_units()
+    return units + gemm_f64_units() + persist_units()
 
 
 class Launcher:

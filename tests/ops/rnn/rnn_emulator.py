@@ -12,7 +12,8 @@ from pydnn.handle import Handle
 from pydnn.ops.rnn import kernels as K
 
 GUARD = 4096
-NP = {E.PYDNN_DATA_FLOAT: np.float32, E.PYDNN_DATA_HALF: np.float16, E.PYDNN_DATA_BFLOAT16: np.uint16}
+NP = {E.PYDNN_DATA_FLOAT: np.float32, E.PYDNN_DATA_HALF: np.float16, E.PYDNN_DATA_BFLOAT16: np.uint16,
+      E.PYDNN_DATA_DOUBLE: np.float64}
 
 
 class Device:
@@ -81,11 +82,16 @@ def fake_handle():
     return h
 
 
+def _acc(dt):
+    """ptx/rnn.cu's Acc<T> (the math and state type): float, double for double."""
+    return np.float64 if dt == np.float64 else np.float32
+
+
 def _f(v, dt):
-    """Stored values (bf16 as uint16 bits) as float32."""
+    """Stored values (bf16 as uint16 bits) as float32 (double as double)."""
     if dt == np.uint16:
         return (v.astype(np.uint32) << 16).view(np.float32)
-    return v.astype(np.float32)
+    return v.astype(_acc(dt))
 
 
 def _s(v, dt):
@@ -139,7 +145,7 @@ def install(monkeypatch, dev, dtype, host_lib=None):
             return
         p = args[2]
         if meta[0] == "rnn" and host_lib is not None:
-            tag = {np.float32: "f32", np.float16: "f16", np.uint16: "bf16"}[dt]
+            tag = {np.float32: "f32", np.float16: "f16", np.uint16: "bf16", np.float64: "f64"}[dt]
             rc = getattr(host_lib, f"rnn_host_{tag}")(meta[1].encode(), meta[2] or 0, ctypes.byref(p), grid[0],
                                                        grid[1])
             assert rc == 0, meta
@@ -148,12 +154,14 @@ def install(monkeypatch, dev, dtype, host_lib=None):
             PERSIST[meta[1]](dev, p, dt, meta[2], grid, smem)
         elif meta[0] == "rnn":
             KERNELS[meta[1]](dev, p, dt, meta[2])
-            if grid[1] == 2:  # the reverse direction's blocks (RnnDir2), as ptx/rnn.cu's direction()
+            for y in range(1, grid[1]):  # the other rows of blocks (RnnDir2), as ptx/rnn.cu's direction()
+                if meta[1] in ("bias_partial",):
+                    break
                 q = K.RnnParams.from_buffer_copy(p)
                 for name in K.DIR2:
                     if getattr(q, name):
-                        setattr(q, name, getattr(q, name) + getattr(p.dir2, name))
-                q.t = p.dir2.t
+                        setattr(q, name, getattr(q, name) + getattr(p.dir2[y - 1], name))
+                q.t = p.dir2[y - 1].t
                 KERNELS[meta[1]](dev, q, dt, meta[2])
         else:
             _, ta, tb, m, n, k = meta
@@ -175,14 +183,15 @@ def _sig(v):
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def _f32(dev, ptr, n):
-    return dev.view(ptr, n, np.float32)
+def _st(dev, ptr, n, dt):
+    """A state buffer (RnnParams' void * ones): float, double for double."""
+    return dev.view(ptr, n, _acc(dt))
 
 
 def _split(dev, p, ptr, n, dt):
     """The sum of the nsplit partial results (split_stride elements apart) as float32."""
     es = np.dtype(dt).itemsize
-    return sum(dev.view(ptr + z * p.split_stride * es, n, dt).astype(np.float32) for z in range(max(p.nsplit, 1)))
+    return sum(dev.view(ptr + z * p.split_stride * es, n, dt).astype(_acc(dt)) for z in range(max(p.nsplit, 1)))
 
 
 def fwd_cell(dev, p, dt, cell):
@@ -193,26 +202,26 @@ def fwd_cell(dev, p, dt, cell):
     act_rows = p.t < lens
     xa, ha = [], []
     for g in range(G):
-        X = np.stack([dev.view(p.xp + (b * p.ld_xp + g * p.gs_xp) * dt().itemsize, H, dt) for b in range(B)]).astype(np.float32)
+        X = np.stack([dev.view(p.xp + (b * p.ld_xp + g * p.gs_xp) * dt().itemsize, H, dt) for b in range(B)]).astype(_acc(dt))
         Hp = _split(dev, p, p.hp, B * G * H, dt).reshape(B, G, H)[:, g]
         if p.bw:
-            X = X + dev.view(p.bw, G * H, dt)[g * H:(g + 1) * H].astype(np.float32)
+            X = X + dev.view(p.bw, G * H, dt)[g * H:(g + 1) * H].astype(_acc(dt))
         if p.br:
-            Hp = Hp + dev.view(p.br, G * H, dt)[g * H:(g + 1) * H].astype(np.float32)
+            Hp = Hp + dev.view(p.br, G * H, dt)[g * H:(g + 1) * H].astype(_acc(dt))
         xa.append(X)
         ha.append(Hp)
     a = act_rows[:, None]
     hout = dev.view(p.h_out, B * H, dt).reshape(B, H)
     y = [dev.view(p.y + b * p.ld_y * dt().itemsize, H, dt) for b in range(B)] if p.y else None
-    act = _f32(dev, p.act, B * (4 if cell >= 2 else 1) * H).reshape(B, -1, H) if p.act else None
+    act = _st(dev, p.act, B * (4 if cell >= 2 else 1) * H, dt).reshape(B, -1, H) if p.act else None
     if cell == 2:
-        cp = _f32(dev, p.s_prev, B * H).reshape(B, H).copy()
+        cp = _st(dev, p.s_prev, B * H, dt).reshape(B, H).copy()
         i, f, g, o = _sig(xa[0] + ha[0]), _sig(xa[1] + ha[1]), np.tanh(xa[2] + ha[2]), _sig(xa[3] + ha[3])
         c = f * cp + i * g
         if p.clip:
             c = np.minimum(np.maximum(c, p.lclip), p.rclip)
         m = o * np.tanh(c)
-        _f32(dev, p.s_out, B * H).reshape(B, H)[:] = np.where(a, c, cp)
+        _st(dev, p.s_out, B * H, dt).reshape(B, H)[:] = np.where(a, c, cp)
         if proj:
             hout[:] = np.where(a, m, 0).astype(dt)
         else:
@@ -223,11 +232,11 @@ def fwd_cell(dev, p, dt, cell):
             for k, v in enumerate((i, f, g, o)):
                 act[:, k][act_rows] = v[act_rows]
     elif cell == 3:
-        hp32 = _f32(dev, p.s_prev, B * H).reshape(B, H).copy()
+        hp32 = _st(dev, p.s_prev, B * H, dt).reshape(B, H).copy()
         r, z = _sig(xa[0] + ha[0]), _sig(xa[1] + ha[1])
         n = np.tanh(xa[2] + r * ha[2])
         h = (1 - z) * n + z * hp32
-        _f32(dev, p.s_out, B * H).reshape(B, H)[:] = np.where(a, h, hp32)
+        _st(dev, p.s_out, B * H, dt).reshape(B, H)[:] = np.where(a, h, hp32)
         hprev = dev.view(p.h_prev, B * H, dt).reshape(B, H).copy()
         hout[:] = np.where(a, h.astype(dt), hprev)
         newh = h
@@ -264,7 +273,7 @@ def state_init(dev, p, dt, cell):
     dev.view(p.h_out, B * P, dt)[:] = dev.view(p.h_prev, B * P, dt) if p.h_prev else 0
     if p.s_out:
         src = p.aux_in if p.mode == 2 else p.h_prev
-        _f32(dev, p.s_out, B * H)[:] = dev.view(src, B * H, dt).astype(np.float32) if src else 0
+        _st(dev, p.s_out, B * H, dt)[:] = dev.view(src, B * H, dt).astype(_acc(dt)) if src else 0
 
 
 def state_out(dev, p, dt, cell):
@@ -272,7 +281,7 @@ def state_out(dev, p, dt, cell):
     if p.aux:
         dev.view(p.aux, B * P, dt)[:] = dev.view(p.h_prev, B * P, dt)
     if p.dxa:
-        dev.view(p.dxa, B * H, dt)[:] = _f32(dev, p.s_prev, B * H).astype(dt)
+        dev.view(p.dxa, B * H, dt)[:] = _st(dev, p.s_prev, B * H, dt).astype(dt)
 
 
 def pack(dev, p, dt, cell):
@@ -304,23 +313,23 @@ def bwd_cell(dev, p, dt, cell):
     lens = dev.view(p.lens, B, np.int32)
     act_rows = p.t < lens
     a = act_rows[:, None]
-    gh = _f32(dev, p.gh, B * P).reshape(B, P)
+    gh = _st(dev, p.gh, B * P, dt).reshape(B, P)
     ghrec = _split(dev, p, p.ghrec, B * P, dt).reshape(B, P)
     dxa = dev.view(p.dxa, B * G * H, dt).reshape(B, G, H)
     dha = dev.view(p.dha, B * G * H, dt).reshape(B, G, H) if p.dha else None
     if proj:
-        dh = dev.view(p.dm, B * H, dt).reshape(B, H).astype(np.float32)
+        dh = dev.view(p.dm, B * H, dt).reshape(B, H).astype(_acc(dt))
     else:
         dh = gh + ghrec
         if p.dy:
-            dh = dh + np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, H, dt) for b in range(B)]).astype(np.float32)
-    act = _f32(dev, p.act, B * (4 if cell >= 2 else 1) * H).reshape(B, -1, H)
+            dh = dh + np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, H, dt) for b in range(B)]).astype(_acc(dt))
+    act = _st(dev, p.act, B * (4 if cell >= 2 else 1) * H, dt).reshape(B, -1, H)
     if cell == 2:
         i, f, g, o = (act[:, k] for k in range(4))
-        c = _f32(dev, p.s_out, B * H).reshape(B, H)
-        cp = _f32(dev, p.s_prev, B * H).reshape(B, H)
+        c = _st(dev, p.s_out, B * H, dt).reshape(B, H)
+        cp = _st(dev, p.s_prev, B * H, dt).reshape(B, H)
         tc = np.tanh(c)
-        gc = _f32(dev, p.gc, B * H).reshape(B, H)
+        gc = _st(dev, p.gc, B * H, dt).reshape(B, H)
         dc = gc + dh * o * (1 - tc * tc)
         if p.clip:
             dc = np.where((p.lclip < c) & (c < p.rclip), dc, 0)
@@ -330,7 +339,7 @@ def bwd_cell(dev, p, dt, cell):
         newgh = np.zeros_like(dh)
     elif cell == 3:
         r, z, n, han = (act[:, k] for k in range(4))
-        hp = _f32(dev, p.s_prev, B * H).reshape(B, H)
+        hp = _st(dev, p.s_prev, B * H, dt).reshape(B, H)
         dn = dh * (1 - z) * (1 - n * n)
         d = [dn * han * r * (1 - r), dh * (hp - n) * z * (1 - z), dn]
         dr = [d[0], d[1], dn * r]
@@ -352,51 +361,51 @@ def bwd_proj_pre(dev, p, dt, cell):
     B, P = p.batch, p.out
     lens = dev.view(p.lens, B, np.int32)
     a = (p.t < lens)[:, None]
-    gh = _f32(dev, p.gh, B * P).reshape(B, P)
+    gh = _st(dev, p.gh, B * P, dt).reshape(B, P)
     g = gh + _split(dev, p, p.ghrec, B * P, dt).reshape(B, P)
-    dy = np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, P, dt) for b in range(B)]).astype(np.float32) if p.dy else 0
+    dy = np.stack([dev.view(p.dy + b * p.ld_y * dt().itemsize, P, dt) for b in range(B)]).astype(_acc(dt)) if p.dy else 0
     dev.view(p.aux, B * P, dt).reshape(B, P)[:] = np.where(a, g + dy, 0).astype(dt)
     gh[:] = np.where(a, 0, g)
 
 
 def bwd_state_init(dev, p, dt, cell):
     B, P, H = p.batch, p.out, p.hidden
-    _f32(dev, p.gh, B * P)[:] = dev.view(p.dy, B * P, dt).astype(np.float32) if p.dy else 0
+    _st(dev, p.gh, B * P, dt)[:] = dev.view(p.dy, B * P, dt).astype(_acc(dt)) if p.dy else 0
     for z in range(max(p.nsplit, 1)):
         dev.view(p.aux + z * p.split_stride * np.dtype(dt).itemsize, B * P, dt)[:] = 0
     if p.gc:
-        _f32(dev, p.gc, B * H)[:] = dev.view(p.dm, B * H, dt).astype(np.float32) if p.dm else 0
+        _st(dev, p.gc, B * H, dt)[:] = dev.view(p.dm, B * H, dt).astype(_acc(dt)) if p.dm else 0
 
 
 def bwd_state_out(dev, p, dt, cell):
     B, P, H = p.batch, p.out, p.hidden
     if p.aux:
-        dev.view(p.aux, B * P, dt)[:] = (_f32(dev, p.gh, B * P) + _split(dev, p, p.ghrec, B * P, dt)).astype(dt)
+        dev.view(p.aux, B * P, dt)[:] = (_st(dev, p.gh, B * P, dt) + _split(dev, p, p.ghrec, B * P, dt)).astype(dt)
     if p.dxa:
-        dev.view(p.dxa, B * H, dt)[:] = _f32(dev, p.gc, B * H).astype(dt)
+        dev.view(p.dxa, B * H, dt)[:] = _st(dev, p.gc, B * H, dt).astype(dt)
 
 
 def skip_dx(dev, p, dt, cell):
     R, H, G = p.rows, p.hidden, p.cols
-    src = dev.view(p.aux_in, R * G * H, dt).reshape(R, G, H).astype(np.float32).sum(1)
+    src = dev.view(p.aux_in, R * G * H, dt).reshape(R, G, H).astype(_acc(dt)).sum(1)
     for r in range(R):
         row = dev.view(p.aux + r * p.ld_aux * dt().itemsize, H, dt)
-        row[:] = (src[r] + (row.astype(np.float32) if p.mode & K.MODE_ADD else 0)).astype(dt)
+        row[:] = (src[r] + (row.astype(_acc(dt)) if p.mode & K.MODE_ADD else 0)).astype(dt)
 
 
 def bias_partial(dev, p, dt, cell, chunks=None):
     R, C, ld, ch = p.rows, p.cols, p.ld_aux, p.vec
     src = dev.view(p.aux_in, (R - 1) * ld + C, dt)
-    rows = np.stack([src[r * ld:r * ld + C] for r in range(R)]).astype(np.float32)
+    rows = np.stack([src[r * ld:r * ld + C] for r in range(R)]).astype(_acc(dt))
     for y in range(-(-R // ch)):
-        _f32(dev, p.s_out + y * C * 4, C)[:] = rows[y * ch:(y + 1) * ch].sum(0)
+        _st(dev, p.s_out + y * C * np.dtype(_acc(dt)).itemsize, C, dt)[:] = rows[y * ch:(y + 1) * ch].sum(0)
 
 
 def bias_final(dev, p, dt, cell):
     C = p.cols
-    s = _f32(dev, p.s_prev, p.seq * C).reshape(p.seq, C).sum(0)
+    s = _st(dev, p.s_prev, p.seq * C, dt).reshape(p.seq, C).sum(0)
     out = dev.view(p.aux, C, dt)
-    out[:] = (s + (out.astype(np.float32) if p.mode & K.MODE_ADD else 0)).astype(dt)
+    out[:] = (s + (out.astype(_acc(dt)) if p.mode & K.MODE_ADD else 0)).astype(dt)
 
 
 KERNELS = {"bias_partial": bias_partial, "bias_final": bias_final, "fwd_cell": fwd_cell, "proj_commit": proj_commit, "state_init": state_init, "state_out": state_out,

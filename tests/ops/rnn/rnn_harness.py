@@ -18,8 +18,10 @@ from pydnn.tensor import DTYPES
 
 POISON = 0xFF
 # (rtol, atol relative to the largest reference magnitude) per data type: the recurrence rounds h to the
-# data type every step, and the 16-bit GEMMs round their outputs
-TOL = {E.PYDNN_DATA_FLOAT: (2e-4, 2e-5), E.PYDNN_DATA_HALF: (2e-2, 4e-3), E.PYDNN_DATA_BFLOAT16: (6e-2, 2.5e-2)}
+# data type every step, and the 16-bit GEMMs round their outputs. double: 100x pydnn/reference/dtypes.py's
+# (1e-12, 1e-14) for the recurrence (every step's error carried on) and the GEMMs' different summation order
+TOL = {E.PYDNN_DATA_FLOAT: (2e-4, 2e-5), E.PYDNN_DATA_HALF: (2e-2, 4e-3), E.PYDNN_DATA_BFLOAT16: (6e-2, 2.5e-2),
+       E.PYDNN_DATA_DOUBLE: (1e-10, 1e-12)}
 
 
 @dataclass
@@ -290,3 +292,120 @@ def _padding_values(user, lens, layout, T, V):
     pad = ~(np.arange(T)[:, None] < np.asarray(lens)[None, :])
     return a[pad]
 
+
+
+def torch_parts(mod, cell, L, dirs):
+    """{(pseudo-layer, linLayerID, 'm' | 'b'): torch tensor (a view of the module's parameter)}."""
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(cell, 1)
+    parts = {}
+    for layer in range(L):
+        for d in range(dirs):
+            sfx = f"l{layer}" + ("_reverse" if d else "")
+            pl = layer * dirs + d
+            w_ih, w_hh = getattr(mod, f"weight_ih_{sfx}"), getattr(mod, f"weight_hh_{sfx}")
+            b_ih, b_hh = getattr(mod, f"bias_ih_{sfx}"), getattr(mod, f"bias_hh_{sfx}")
+            H = w_ih.shape[0] // G
+            for k in range(G):
+                parts[(pl, k, "m")] = w_ih[k * H:(k + 1) * H]
+                parts[(pl, G + k, "m")] = w_hh[k * H:(k + 1) * H]
+                parts[(pl, k, "b")] = b_ih[k * H:(k + 1) * H]
+                parts[(pl, G + k, "b")] = b_hh[k * H:(k + 1) * H]
+            if hasattr(mod, f"weight_hr_{sfx}"):
+                parts[(pl, 8, "m")] = getattr(mod, f"weight_hr_{sfx}")
+    return parts
+
+
+def pytorch_double_case(torch, case, handle, dev):
+    """A float64 PyTorch module on the CPU copied in through GetRNNWeightParams (into a poisoned weight space):
+    pydnn's double path gives its y, hy, cy (training forward) and dx, dhx, dcx, every weight gradient (ADD onto
+    zeros) within (1e-10, 1e-12) / (1e-9, 1e-11). case: (cell, I, H, layers, bidirectional, proj, lengths)."""
+    F64 = E.PYDNN_DATA_DOUBLE  # noqa: N806
+    cell, I, H, L, bi, proj, lengths = case
+    dirs, out = (2 if bi else 1), proj or H
+    torch.manual_seed(0)
+    kw = dict(num_layers=L, bidirectional=bi, bias=True, dtype=torch.float64)
+    if cell == E.PYDNN_LSTM:
+        mod = torch.nn.LSTM(I, H, proj_size=proj, **kw)
+    elif cell == E.PYDNN_GRU:
+        mod = torch.nn.GRU(I, H, **kw)
+    else:
+        mod = torch.nn.RNN(I, H, nonlinearity="tanh", **kw)
+    T, B = max(lengths), len(lengths)
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    r = pydnn.create_rnn_descriptor()
+    pydnn.set_rnn_descriptor_v8(r, E.PYDNN_RNN_ALGO_STANDARD, cell, E.PYDNN_RNN_DOUBLE_BIAS,
+                                E.PYDNN_BIDIRECTIONAL if bi else E.PYDNN_UNIDIRECTIONAL, E.PYDNN_LINEAR_INPUT, F64, F64,
+                                E.PYDNN_DEFAULT_MATH, I, H, out, L, None, E.PYDNN_RNN_PADDED_IO_ENABLED)
+    wsize = pydnn.get_rnn_weight_space_size(handle, r)
+    w = dev.alloc(wsize)  # poisoned: a part the copy misses reads NaN
+    parts = torch_parts(mod, cell, L, dirs)
+    md, bd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    offs = {}
+    for (pl, lin, kind), tensor in parts.items():
+        ma, ba = pydnn.get_rnn_weight_params(handle, r, pl, wsize, w, lin, md, bd)
+        addr = ma if kind == "m" else ba
+        assert addr, (pl, lin, kind)
+        dev.write(addr, tensor.detach().numpy())
+        offs[(pl, lin, kind)] = (addr - w) // 8
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    hx = torch.randn(L * dirs, B, out, dtype=torch.float64) * 0.5
+    cx = torch.randn(L * dirs, B, H, dtype=torch.float64) * 0.5
+    xr, hr, cr = (t.clone().requires_grad_(True) for t in (x, hx, cx))
+    lstm = cell == E.PYDNN_LSTM
+    ty, th = mod(torch.nn.utils.rnn.pack_padded_sequence(xr, lens), (hr, cr) if lstm else hr)
+    ty, _ = torch.nn.utils.rnn.pad_packed_sequence(ty, total_length=T)
+    th_h = th[0] if lstm else th
+    xd, yd = pydnn.create_rnn_data_descriptor(), pydnn.create_rnn_data_descriptor()
+    pydnn.set_rnn_data_descriptor(xd, F64, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, I, list(lengths), None)
+    pydnn.set_rnn_data_descriptor(yd, F64, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, dirs * out,
+                                  list(lengths), 0.0)
+    hd, cd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(hd, F64, 3, [L * dirs, B, out], [B * out, out, 1])
+    pydnn.set_tensor_nd_descriptor(cd, F64, 3, [L * dirs, B, H], [B * H, H, 1])
+    wss, rss = pydnn.get_rnn_temp_space_sizes(handle, r, E.PYDNN_FWD_MODE_TRAINING, xd)
+    ws, rs = dev.alloc(wss), dev.alloc(rss)
+
+    def put(t):
+        p = dev.alloc(t.numel() * 8)
+        dev.write(p, t.detach().numpy())
+        return p
+
+    def get(p, shape):
+        return torch.from_numpy(dev.read(p, int(np.prod(shape)), np.float64).reshape(shape))
+
+    dl = dev.alloc(4 * B)
+    dev.write(dl, np.array(lengths, np.int32))
+    xp, hxp, cxp = put(x), put(hx), put(cx)
+    yp, hyp, cyp = dev.alloc(T * B * dirs * out * 8), dev.alloc(hx.numel() * 8), dev.alloc(cx.numel() * 8)
+    pydnn.rnn_forward(handle, r, E.PYDNN_FWD_MODE_TRAINING, dl, xd, xp, yd, yp, hd, hxp, hyp, cd,
+                      cxp if lstm else 0, cyp if lstm else 0, wsize, w, wss, ws, rss, rs)
+    tol = dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(get(yp, ty.shape), ty.detach(), **tol)
+    torch.testing.assert_close(get(hyp, hx.shape), th_h.detach(), **tol)
+    if lstm:
+        torch.testing.assert_close(get(cyp, cx.shape), th[1].detach(), **tol)
+    valid = (torch.arange(T)[:, None] < lens[None, :])[:, :, None]
+    dy = torch.where(valid, torch.randn_like(ty), torch.zeros_like(ty))
+    dhy, dcy = torch.randn_like(hx), torch.randn_like(cx)
+    ((ty * dy).sum() + (th_h * dhy).sum() + ((th[1] * dcy).sum() if lstm else 0)).backward()
+    dyp, dhyp, dcyp = put(dy), put(dhy), put(dcy)
+    dxp, dhxp, dcxp = dev.alloc(x.numel() * 8), dev.alloc(hx.numel() * 8), dev.alloc(cx.numel() * 8)
+    pydnn.rnn_backward_data_v8(handle, r, dl, yd, yp, dyp, xd, dxp, hd, hxp, dhyp, dhxp, cd, cxp if lstm else 0,
+                               dcyp if lstm else 0, dcxp if lstm else 0, wsize, w, wss, ws, rss, rs)
+    dw = dev.alloc(wsize)
+    dev.write(dw, np.zeros(wsize // 8))
+    pydnn.rnn_backward_weights_v8(handle, r, E.PYDNN_WGRAD_MODE_ADD, dl, xd, xp, hd, hxp, yd, yp, wsize, dw, wss, ws,
+                                  rss, rs)
+    g = dict(rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(torch.where(valid, get(dxp, x.shape), 0), torch.where(valid, xr.grad, 0), **g)
+    torch.testing.assert_close(get(dhxp, hx.shape), hr.grad, **g)
+    if lstm:
+        torch.testing.assert_close(get(dcxp, cx.shape), cr.grad, **g)
+    got = get(dw, (wsize // 8,))
+    G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}.get(cell, 1)
+    for (pl, lin, kind), tensor in parts.items():
+        base = tensor._base if tensor._base is not None else tensor
+        tg = base.grad if lin == 8 else base.grad[(lin % G) * H:(lin % G + 1) * H]
+        o = offs[(pl, lin, kind)]
+        torch.testing.assert_close(got[o:o + tensor.numel()].view(tensor.shape), tg, **g,
+                                   msg=lambda m: f"pseudo-layer {pl} linLayerID {lin} {kind}: {m}")

@@ -278,9 +278,16 @@ def test_forward_validation(over, status, words):
 
 
 def test_forward_not_supported():
-    for kw, word in ((dict(algo=E.PYDNN_RNN_ALGO_PERSIST_DYNAMIC), "algo"), (dict(dt=F64, prec=F64), "double")):
+    for kw, word in ((dict(algo=E.PYDNN_RNN_ALGO_PERSIST_DYNAMIC), "algo"),):
         f = _Fwd(**kw)
         raises(NS, [word], pydnn.rnn_forward, *f.args().values())
+    # double runs on the plain path only (STANDARD; PERSIST_STATIC's kernels have no double instance): the size
+    # query says so already; STANDARD double sizes its spaces (double state: 8-byte elements)
+    r = rnn(I=5, H=8, L=2, dirs=2, algo=E.PYDNN_RNN_ALGO_PERSIST_STATIC, dt=F64, prec=F64)
+    raises(NS, ["PERSIST_STATIC"], pydnn.get_rnn_temp_space_sizes, fake_handle(), r, E.PYDNN_FWD_MODE_TRAINING,
+           data(5, dt=F64))
+    f64, f32 = _Fwd(dt=F64, prec=F64), _Fwd()
+    assert f64.rs > f32.rs and f64.ws > f32.ws
 
 
 def test_gru_forward_needs_no_cdesc_and_backward_checks():

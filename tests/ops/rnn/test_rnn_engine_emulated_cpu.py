@@ -30,6 +30,20 @@ CASES = {
     "gru-dropout-3layer-bi": Case(cell=E.PYDNN_GRU, layers=3, dirs=2, dropout=0.4),
     "lstm-proj-dropout-packed": Case(proj=5, layers=2, dropout=0.3, layout=E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, lengths=(4, 3, 1)),
 }
+F64 = E.PYDNN_DATA_DOUBLE
+DOUBLE_CASES = {  # the double path (ptx/gemm_f64.cu's GEMMs, double state): every cell, bias mode and layout
+    "lstm-double-proj-clip": Case(dtype=F64, proj=5, clip=(-0.4, 0.5), layers=2, lengths=(4, 1, 3)),
+    "lstm-double-bi-nostate": Case(dtype=F64, dirs=2, layers=2, states=False, lengths=(4, 2, 3), fill=-3.0),
+    "gru-double-bi-packed": Case(dtype=F64, cell=E.PYDNN_GRU, dirs=2, layers=2,
+                                 layout=E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, lengths=(4, 4, 2)),
+    "relu-double-skip-rec-bias-batch-major": Case(dtype=F64, cell=E.PYDNN_RNN_RELU, skip=True,
+                                                  bias_mode=E.PYDNN_RNN_SINGLE_REC_BIAS,
+                                                  layout=E.PYDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, fill=2.0),
+    "tanh-double-dropout-inp-bias": Case(dtype=F64, cell=E.PYDNN_RNN_TANH, layers=3, dropout=0.3,
+                                         bias_mode=E.PYDNN_RNN_SINGLE_INP_BIAS),
+    "lstm-double-proj-bi-nobias": Case(dtype=F64, proj=3, dirs=2, bias_mode=E.PYDNN_RNN_NO_BIAS),
+}
+CASES.update(DOUBLE_CASES)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -47,6 +47,22 @@ CASES = {
     "lstm-f32-64-proj": Case(hidden=64, input_size=40, proj=32, lengths=(9, 8, 8, 2), T=9, layers=2),
     "tanh-f32-96": Case(cell=E.PYDNN_RNN_TANH, hidden=96, input_size=17, lengths=(7, 3, 5), T=7, dirs=2),
 }
+F64 = E.PYDNN_DATA_DOUBLE
+DOUBLE_CASES = {  # double on the plain path (STANDARD): ptx/gemm_f64.cu's GEMMs, double state and gate math
+    "double-lstm-proj-clip": Case(dtype=F64, proj=5, clip=(-0.4, 0.5), layers=2, lengths=(4, 1, 3)),
+    "double-lstm-bi-2layer-nostate": Case(dtype=F64, layers=2, dirs=2, states=False, lengths=(4, 2, 3), fill=-3.0),
+    "double-gru-bi-packed": Case(dtype=F64, cell=E.PYDNN_GRU, dirs=2, layers=2, layout=PACKED, lengths=(4, 4, 2)),
+    "double-relu-skip-rec-bias-batch-major": Case(dtype=F64, cell=E.PYDNN_RNN_RELU, skip=True,
+                                                  bias_mode=E.PYDNN_RNN_SINGLE_REC_BIAS, layout=BATCH_MAJOR, fill=2.0),
+    "double-tanh-dropout-3layer": Case(dtype=F64, cell=E.PYDNN_RNN_TANH, layers=3, dropout=0.3,
+                                       bias_mode=E.PYDNN_RNN_SINGLE_INP_BIAS),
+    "double-lstm-proj-bi-nobias": Case(dtype=F64, proj=3, dirs=2, bias_mode=E.PYDNN_RNN_NO_BIAS),
+    # more than one 64 x 64 GEMM tile, K not a multiple of 16, and (batch 70) several cell blocks
+    "double-lstm-96-big": Case(dtype=F64, hidden=96, input_size=37, lengths=(9,) * 40 + (5,) * 30, T=9, layers=2),
+    "double-gru-80-bi": Case(dtype=F64, cell=E.PYDNN_GRU, hidden=80, input_size=19, lengths=(6, 2, 6, 5), T=6,
+                             dirs=2),
+}
+CASES.update(DOUBLE_CASES)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -231,3 +247,75 @@ def _pytorch_case(torch, case, handle):
         off = views[(pl, lin, kind)]
         got = dw[off:off + tensor.numel()].view(tensor.shape)
         torch.testing.assert_close(got, tg, **g, msg=lambda m: f"pseudo-layer {pl} linLayerID {lin} {kind}: {m}")
+
+
+# ----------------------------------------------------------------------------- double, against PyTorch on the CPU
+
+DOUBLE_TORCH_CASES = [  # cell, I, H, layers, bidirectional, proj, lengths
+    (E.PYDNN_LSTM, 12, 16, 2, True, 0, (6, 6, 4, 2)),
+    (E.PYDNN_LSTM, 12, 16, 2, False, 8, (5, 5, 3)),
+    (E.PYDNN_GRU, 10, 24, 2, True, 0, (5, 4, 4, 1)),
+    (E.PYDNN_RNN_TANH, 8, 16, 2, False, 0, (4, 3)),
+]
+
+
+@pytest.mark.parametrize("wave", [False, True], ids=["layers", "wave"])
+@pytest.mark.parametrize("case", DOUBLE_TORCH_CASES)
+def test_pytorch_double_cpu_state_dict_copies_in(case, wave, handle, monkeypatch):
+    """A float64 PyTorch module on the CPU (no cuDNN: PyTorch's own math), its parameters copied in through
+    GetRNNWeightParams: pydnn's double path on the GPU gives its outputs, final states and every gradient
+    (rnn_harness.pytorch_double_case; its CPU twin runs the emulated device)."""
+    torch = pytest.importorskip("torch")
+    from pydnn import tuning
+    from rnn_harness import pytorch_double_case
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", wave)  # (the unidirectional stacks without a projection)
+    monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", 2)
+    pytorch_double_case(torch, case, handle, GpuDevice())
+
+
+# ----------------------------------------------------------------------------- the double GEMM itself
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_gemm_f64_against_numpy(ta, tb, handle):
+    """ptx/gemm_f64.cu: odd sizes (partial tiles, K not a multiple of 16), leading dimensions past the
+    operands' widths, a batch with strides, alpha / beta / bias; C poisoned where beta = 0."""
+    import numpy as np
+
+    from pydnn._cuda import driver
+    from pydnn.ops.rnn import gemm_f64
+    from rnn_harness import GpuDevice
+    dev = GpuDevice()
+    rng = np.random.default_rng(7)
+    for (m, n, k, batch, beta, bias) in ((70, 130, 37, 1, 0.0, False), (5, 3, 200, 3, 0.5, True),
+                                         (129, 64, 16, 2, 0.0, True)):
+        ra, ca = (k, m) if ta else (m, k)
+        rb, cb = (n, k) if tb else (k, n)
+        lda, ldb, ldc = ca + 3, cb + 1, n + 2
+        sa, sb, sc = ra * lda + 5, rb * ldb + 2, m * ldc + 7
+        A = rng.uniform(-1, 1, batch * sa)
+        Bm = rng.uniform(-1, 1, batch * sb)
+        C0 = rng.uniform(-1, 1, batch * sc)
+        bv = rng.uniform(-1, 1, n)
+        pa, pb, pc, pbias = dev.alloc(A.nbytes), dev.alloc(Bm.nbytes), dev.alloc(C0.nbytes), dev.alloc(bv.nbytes)
+        dev.write(pa, A)
+        dev.write(pb, Bm)
+        dev.write(pbias, bv)
+        if beta:
+            dev.write(pc, C0)
+        pl = gemm_f64.Plan(m, n, k, bool(ta), bool(tb), lda, ldb, ldc, batch, sa, sb, sc)
+        prm = pl.params(pa, pb, pc, 1.5, beta, pbias if bias else 0)
+        driver.launch_args(pl.function(handle), pl.grid, pl.block, 0, handle.cu_stream, driver.kernel_args(prm))
+        got = dev.read(pc, batch * sc, np.float64)
+        for z in range(batch):
+            a = A[z * sa:z * sa + ra * lda].reshape(ra, lda)[:, :ca]
+            b = Bm[z * sb:z * sb + rb * ldb].reshape(rb, ldb)[:, :cb]
+            ref = 1.5 * ((a.T if ta else a) @ (b.T if tb else b))
+            c0 = C0[z * sc:z * sc + m * ldc].reshape(m, ldc)[:, :n]
+            if beta:
+                ref = ref + beta * c0
+            if bias:
+                ref = ref + bv
+            c = got[z * sc:z * sc + m * ldc].reshape(m, ldc)
+            np.testing.assert_allclose(c[:, :n], ref, rtol=1e-13, atol=1e-13)
+            if not beta:  # columns past n within the leading dimension: untouched (poison)
+                assert np.isnan(c[:, n:]).all()

@@ -26,8 +26,24 @@ def test_rnn_units_compile(arch, tmp_path, monkeypatch):
             assert K.expr(name, u.name.split(".")[1]) in lowered
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gemm_f64_unit_compiles(arch, tmp_path, monkeypatch):
+    """ptx/gemm_f64.cu (the double path's GEMMs): every transpose instantiation compiles."""
+    build = pytest.importorskip("pydnn._build.build")
+    try:
+        build.nvrtc.version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+    from pydnn.ops.rnn import gemm_f64
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    (u,) = gemm_f64.kernel_units()
+    cubin, lowered = build.compile_unit(u, arch)
+    assert cubin[:4] == b"\x7fELF"
+    assert set(lowered) == {gemm_f64.expr(a, b) for a in (0, 1) for b in (0, 1)}
+
+
 def test_units_are_in_the_manifest():
     from pydnn._build import manifest
     names = {u.name for u in manifest.family_units()}  # (as declared: before the first-use split)
-    assert {"rnn.f32", "rnn.f16", "rnn.bf16", "rnn.f64", "rnn_persist.f32", "rnn_persist.f16",
+    assert {"rnn.f32", "rnn.f16", "rnn.bf16", "rnn.f64", "gemm.f64", "rnn_persist.f32", "rnn_persist.f16",
             "rnn_persist.bf16"} <= names

@@ -38,7 +38,7 @@ def host_lib(tmp_path_factory):
                         str(d / "rnn_host.cpp"), "-o", str(so)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lib = ctypes.CDLL(str(so))
-    for tag in ("f32", "f16", "bf16"):
+    for tag in ("f32", "f16", "bf16", "f64"):
         fn = getattr(lib, f"rnn_host_{tag}")
         fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
         fn.restype = ctypes.c_int

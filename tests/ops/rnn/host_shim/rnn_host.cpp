@@ -56,3 +56,4 @@ using namespace pydnn::rnn;
 ENTRY(f32, float)
 ENTRY(f16, half_t)
 ENTRY(bf16, bf16_t)
+ENTRY(f64, double)
