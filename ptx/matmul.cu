@@ -33,6 +33,7 @@
 // kernel writes the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never
 // reads C.
 #include "common/mma.cuh"
+#include "common/tma.cuh"
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
 #include "matmul_params.h"
@@ -617,6 +618,127 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 
 // ------------------------------------------------------------------------------------------ wgmma (sm_90a)
 
+// The epilogue of gemm_wgmma / gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator
+// fragment of consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an
+// active Epi (see NoEpi). THREADS: the threads of the block that run the epilogue together (the reduction
+// epilogue's block-wide barriers; gemm_tma, whose producer warpgroup does not take part, has none).
+template <class T, int BN, int THREADS, class Epi>
+__device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
+                                            int tm, int tn, int wg) {
+  constexpr int BM = 128;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int m0 = tm * BM, n0 = tn * BN;
+  T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
+  const T* bias = reinterpret_cast<const T*>(p.bias);
+  if constexpr (!Epi::kActive) {
+    // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+    // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+    // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+    if (m0 + BM <= p.m && n0 + BN <= p.n &&
+        (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
+            PYDNN_MATMUL_FLAG_PAIR) {
+      const float alpha = p.alpha;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          Vec<T, 2> out;
+          out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+          out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+          *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+        }
+      }
+      return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+      if (row >= p.m) continue;
+      T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    }
+  } else {
+    auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
+    // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
+    // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
+    // literal, so the inlined copies fold it as a template argument would
+    auto tile = [&](const bool FAST) {
+      float part[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
+        const int row = row_of(h);
+        part[h] = epi.red_init();
+        if (!FAST && row >= p.m) continue;
+        const typename Epi::Row er = epi.row(z, row);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = n0 + j * 8 + (lane & 3) * 2;
+          if (FAST || col < p.n) {
+            float& v0 = acc[4 * j + 2 * h];
+            float& v1 = acc[4 * j + 2 * h + 1];
+            const bool two = FAST || col + 1 < p.n;
+            v0 *= p.alpha;
+            v1 *= p.alpha;
+            if (FAST)
+              epi.template pair<true>(er, v0, v1, col, two);
+            else
+              epi.template pair<false>(er, v0, v1, col, two);
+            if constexpr (Epi::kRed) {
+              part[h] = epi.red_comb(part[h], epi.red_map(v0));
+              if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
+            }
+          }
+        }
+      }
+      if constexpr (Epi::kStoreC) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+          const int row = row_of(h);
+          if (!FAST && row >= p.m) continue;
+          T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + j * 8 + (lane & 3) * 2;
+            if (FAST) {
+              Vec<T, 2> out;
+              out.v[0] = store<T>(acc[4 * j + 2 * h]);
+              out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
+              *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
+            } else if (col < p.n) {
+              put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+          }
+        }
+      }
+      if constexpr (Epi::kRed) {
+        // a row's BN columns are in the 4 lanes of a quad
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
+          part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
+        }
+        Vec<float, 2> pv;
+        Vec<int, 2> rows;
+        pv.v[0] = part[0];
+        pv.v[1] = part[1];
+        rows.v[0] = row_of(0);
+        rows.v[1] = row_of(1);
+        if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
+          red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
+      }
+    };
+    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
+      tile(true);
+    else
+      tile(false);
+  }
+}
+
 // gemm_wgmma (half, bfloat16; Hopper only, its unit is compiled for sm_90a): a 128 x BN tile of C, two
 // warpgroups each computing 64 x BN with wgmma.m64nBNk16 straight from shared memory (no fragments in
 // registers but the f32 accumulators). All 256 threads also copy: K tiles of 64 through a STAGES-deep
@@ -782,115 +904,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       }
       continue;
     }
-    T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
-    const T* bias = reinterpret_cast<const T*>(p.bias);
-    if constexpr (!Epi::kActive) {
-      // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
-      // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
-      // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
-      if (m0 + BM <= p.m && n0 + BN <= p.n &&
-          (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
-              PYDNN_MATMUL_FLAG_PAIR) {
-        const float alpha = p.alpha;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            Vec<T, 2> out;
-            out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
-            out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
-            *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
-          }
-        }
-        continue;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
-        if (row >= p.m) continue;
-        T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = n0 + j * 8 + (lane & 3) * 2;
-          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-      }
-    } else {
-      auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
-      // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
-      // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
-      // literal, so the inlined copies fold it as a template argument would
-      auto tile = [&](const bool FAST) {
-        float part[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
-          const int row = row_of(h);
-          part[h] = epi.red_init();
-          if (!FAST && row >= p.m) continue;
-          const typename Epi::Row er = epi.row(z, row);
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = n0 + j * 8 + (lane & 3) * 2;
-            if (FAST || col < p.n) {
-              float& v0 = acc[4 * j + 2 * h];
-              float& v1 = acc[4 * j + 2 * h + 1];
-              const bool two = FAST || col + 1 < p.n;
-              v0 *= p.alpha;
-              v1 *= p.alpha;
-              if (FAST)
-                epi.template pair<true>(er, v0, v1, col, two);
-              else
-                epi.template pair<false>(er, v0, v1, col, two);
-              if constexpr (Epi::kRed) {
-                part[h] = epi.red_comb(part[h], epi.red_map(v0));
-                if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
-              }
-            }
-          }
-        }
-        if constexpr (Epi::kStoreC) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // pass 2: the stores
-            const int row = row_of(h);
-            if (!FAST && row >= p.m) continue;
-            T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-              const int col = n0 + j * 8 + (lane & 3) * 2;
-              if (FAST) {
-                Vec<T, 2> out;
-                out.v[0] = store<T>(acc[4 * j + 2 * h]);
-                out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
-                *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
-              } else if (col < p.n) {
-                put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-              }
-            }
-          }
-        }
-        if constexpr (Epi::kRed) {
-          // a row's BN columns are in the 4 lanes of a quad
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
-            part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
-          }
-          Vec<float, 2> pv;
-          Vec<int, 2> rows;
-          pv.v[0] = part[0];
-          pv.v[1] = part[1];
-          rows.v[0] = row_of(0);
-          rows.v[1] = row_of(1);
-          if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
-            red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
-        }
-      };
-      if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
-        tile(true);
-      else
-        tile(false);
-    }
+    wg_epilogue<T, BN, THREADS>(p, epi, acc, z, tm, tn, wg);
   }
 }
 
@@ -938,6 +952,134 @@ __global__ void __launch_bounds__(256) splitk_reduce(MatmulParams p) {
 template <class T, int BN, int STAGES, int MINB, bool TA, bool TB, int LEAD = STAGES - 2, bool RUNON = false>
 __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
   gemm_wgmma_body<T, BN, STAGES, TA, TB, true, LEAD, RUNON>(p, NoEpi());
+}
+
+// ------------------------------------------------------------------------------------------ TMA (sm_90a)
+
+// gemm_tma (half, bfloat16; Hopper only, its unit is compiled for sm_90a): the sm_90 GEMM built as
+// warp-specialised persistent kernels are. 384 threads: warpgroup 0 is the producer (one thread of it
+// issues every copy; its registers given back with setmaxnreg), warpgroups 1 and 2 the consumers (64 rows
+// each of one 128 x BN tile: wgmma.m64nBNk16 from shared memory, registers raised for the accumulators
+// and the epilogue). K tiles of 64 flow through a STAGES-deep ring of shared stages (A's 128 x 64 and B's
+// BN x 64, in the 128B-swizzled layout of common/wgmma.cuh) filled by TMA (common/tma.cuh): per stage a
+// full barrier (the producer's expect-tx arrival plus the copies' bytes) and an empty barrier (one
+// arrival per consumer warpgroup once its wgmmas reading the stage are done). The copy of a box lands in
+// exactly the layout the descriptors describe: a K-major operand (A not transposed, B transposed) is one
+// box of 64 K x 128 / BN rows (128-byte rows, the 128B swizzle); an MN-major operand is boxes of 64 M / N
+// columns x 64 K rows, one per 64-column slab. Boxes reaching past the matrix are zero filled by the TMA
+// unit (m, n and k edges need no code; the full barrier still counts the whole box's bytes).
+// A grid of at most one block per SM walks the (batch, tile) items (tile_coords_of's grouped raster);
+// producer and consumers walk the same items, and the ring's stage / phase run on across items, so the
+// producer fetches the next tile's first K tiles while the consumers run this tile's epilogue (the
+// cp.async kernels' all-threads-copy design could only overlap that by the run-on trick of gemm_wgmma_p).
+// The epilogue is gemm_wgmma's (wg_epilogue, any Epi without a block-wide reduction: the producer
+// warpgroup is not there to take part in its barriers).
+template <class T, int BN, int STAGES, bool TA, bool TB, class Epi>
+__device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert(!Epi::kRed, "gemm_tma: no block-wide reduction epilogue (its producer warpgroup has left)");
+  static_assert(BN == 128 || BN == 256, "gemm_tma tile");
+  constexpr int BM = 128;
+  constexpr unsigned A_BYTES = BM * kBK * sizeof(T), B_BYTES = BN * kBK * sizeof(T);
+  constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr unsigned SLAB = 64 * kBK * sizeof(T);  // bytes of a 64-column slab (or 64 rows of 128 bytes)
+  // Register budgets (setmaxnreg): 128 x 40 + 256 x 232 = 64512 of the SM's 65536 (one block an SM).
+  constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  const MatmulParams& p = q.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the swizzle atoms (and the TMA destinations) need 1024-byte aligned addresses (the launch adds 1 KiB)
+  const unsigned raw = smem_u32(smem_raw);
+  const unsigned sbase = (raw + 1023u) & ~1023u;
+  const unsigned full0 = sbase + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;  // 8-byte mbarriers
+  const tma::TensorMap* map_a = reinterpret_cast<const tma::TensorMap*>(&q.map_a);
+  const tma::TensorMap* map_b = reinterpret_cast<const tma::TensorMap*>(&q.map_b);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      tma::mbar_init(full0 + 8 * s, 1);
+      tma::mbar_init(empty0 + 8 * s, 2);
+    }
+    tma::fence_barrier_init();
+    tma::prefetch_map(map_a);
+    tma::prefetch_map(map_b);
+  }
+  __syncthreads();
+
+  const long long per_batch = (long long)p.tiles_m * p.tiles_n;
+  const long long items = per_batch * p.batch;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+  if (threadIdx.x < 128) {
+    tma::regs_dealloc<PRODUCER_REGS>();
+    if (threadIdx.x != 0) return;
+    unsigned it = 0;  // K tiles issued so far (over every item): stage it % STAGES, phase (it / STAGES) & 1
+    for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+      const int z = (int)(item / per_batch);
+      int tm, tn;
+      tile_coords_of(p, (int)(item - (long long)z * per_batch), tm, tn);
+      const int m0 = tm * BM, n0 = tn * BN;
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        const unsigned s = it % STAGES, full = full0 + 8 * s;
+        tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+        tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
+        const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+        const int k0 = kt * kBK;
+        if (TA) {
+#pragma unroll
+          for (int i = 0; i < BM / 64; ++i) tma::load_3d(sa + i * SLAB, map_a, full, m0 + 64 * i, k0, z);
+        } else {
+          tma::load_3d(sa, map_a, full, k0, m0, z);
+        }
+        if (TB) {
+          tma::load_3d(sb, map_b, full, k0, n0, z);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_b, full, n0 + 64 * i, k0, z);
+        }
+      }
+    }
+    return;
+  }
+  tma::regs_alloc<CONSUMER_REGS>();
+  const int wg = (threadIdx.x >> 7) - 1;           // consumer warpgroup: rows wg * 64 .. of the tile
+  const bool signals = (threadIdx.x & 127) == 0;   // its thread that arrives on the empty barriers
+  unsigned it = 0;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const long long z = item / per_batch;
+    int tm, tn;
+    tile_coords_of(p, (int)(item - z * per_batch), tm, tn);
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+      const unsigned s = it % STAGES;
+      tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+      const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
+        const unsigned long long da =
+            TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+        const unsigned long long db =
+            TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+        wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+      }
+      wgmma::commit();
+      wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
+      if (kt > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc);
+    if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+    wg_epilogue<T, BN, 256>(p, epi, acc, z, tm, tn, wg);
+  }
+}
+
+template <class T, int BN, int STAGES, bool TA, bool TB>
+__global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
+  gemm_tma_body<T, BN, STAGES, TA, TB>(q, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ CUDA cores

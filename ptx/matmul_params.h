@@ -31,4 +31,22 @@ typedef struct {
                            row pitch ldc, stride_c apart) and splitk_reduce sums them in order. 0: none */
 } MatmulParams;
 
+/* gemm_tma's parameters (sm_90a): the TMA tensor maps of A and B (CUtensorMap: 128 opaque bytes, 64-byte
+ * aligned, encoded on the host by pydnn/_cuda/tensormap.py for the call's pointers) ahead of the plain
+ * params. The kernel takes the struct as a `const __grid_constant__` parameter, so the copies read the maps
+ * from parameter space. Every map is 3-D: (contiguous dim, the other dim, batch). */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define PYDNN_MATMUL_ALIGN64 __align__(64)
+#else
+#define PYDNN_MATMUL_ALIGN64 __attribute__((aligned(64)))
+#endif
+typedef struct PYDNN_MATMUL_ALIGN64 {
+  unsigned long long opaque[16];
+} MatmulTensorMap;
+
+typedef struct {
+  MatmulTensorMap map_a, map_b;
+  MatmulParams p;
+} MatmulTmaParams;
+
 #endif

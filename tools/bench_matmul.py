@@ -389,3 +389,85 @@ def _wgmma(b):
         _case(b, pydnn.PYDNN_DATA_HALF, f"4096^3 nn [wgmma {t}]", 4096, 4096, 4096, tile=t)
         _case(b, BF16, f"1024^3 nn [wgmma {t}]", 1024, 1024, 1024, tile=t)
         _case(b, BF16, f"2048^3 nn [wgmma {t}]", 2048, 2048, 2048, tile=t, check=False)
+
+
+# ----------------------------------------------------------------------------- gemm_tma (--mid)
+
+MID_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
+              ("7B 16384x4096x4096 nn (x @ W)", 16384, 4096, 4096, False, False),
+              ("7B 16384x4096x4096 nt (x @ W^T)", 16384, 4096, 4096, False, True),
+              ("7B 16384x11008x4096 nn (x @ W)", 16384, 11008, 4096, False, False),
+              ("7B 16384x11008x4096 nt (x @ W^T)", 16384, 11008, 4096, False, True))
+
+
+def mid(out=None, rounds=5, shapes=MID_SHAPES):
+    """gemm_tma (the chooser's pick on sm_90 with tuning.matmul.USE_TMA) against the persistent wgmma kernel
+    (USE_TMA off) and torch.mm, bf16, timed in alternating rounds (each round: the three, 10 samples each;
+    medians), ratios printed as torch time / pydnn time (> 1: pydnn faster). Each result checked against
+    torch's (max |diff| / max |ref|)."""
+    import json
+    import statistics
+
+    from pydnn import tuning
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    dev = torch.cuda.get_device_name()
+    rows = []
+    try:
+        for label, m, n, k, ta, tb in shapes:
+            a, bb, c = _operands(BF16, m, n, k, ta, tb)
+            c2 = torch.empty_like(c)
+            out_t = torch.empty_like(c)
+            tuning.matmul.USE_TMA = True
+            new = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            tuning.matmul.USE_TMA = False
+            old = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            tuning.matmul.USE_TMA = True
+            ap, bp = a.data_ptr(), bb.data_ptr()
+            fns = {"tma": lambda: new.launch(h, ap, bp, c.data_ptr()),
+                   "wgmma_p": lambda: old.launch(h, ap, bp, c2.data_ptr()),
+                   "torch": _torch_fn(a, bb, ta, tb, out_t)}
+            for f in fns.values():
+                f()
+            torch.cuda.synchronize()
+            errs = (_err(c, out_t), _err(c2, out_t))
+            t = {name: [] for name in fns}
+            for _ in range(rounds):
+                for name, f in fns.items():
+                    t[name].append(time_ms(f, reps=10, warmup=2))
+            med = {name: statistics.median(v) for name, v in t.items()}
+            fl = 2.0 * m * n * k
+            r = dict(case=label, device=dev, kernel_new=new.describe()[0].split("<")[0].split("::")[-1],
+                     kernel_old=old.describe()[0].split("<")[0].split("::")[-1],
+                     ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
+                     ratio_tma=med["torch"] / med["tma"], ratio_wgmma_p=med["torch"] / med["wgmma_p"],
+                     err_tma=errs[0], err_wgmma_p=errs[1])
+            rows.append(r)
+            print(f"{label:34s} {r['kernel_new']:12s} {r['tflops']['tma']:6.1f} TFLOP/s ({r['ratio_tma']:.3f}x torch) | "
+                  f"{r['kernel_old']:12s} {r['tflops']['wgmma_p']:6.1f} ({r['ratio_wgmma_p']:.3f}x) | torch.mm "
+                  f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[1]:.1e}", flush=True)
+            del a, bb, c, c2, out_t
+    finally:
+        pydnn.destroy(h)
+    if out:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mid", action="store_true", help="gemm_tma vs gemm_wgmma_p vs torch.mm on 8192^3 and the 7B shapes")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    if args.mid:
+        mid(args.out, args.rounds)
+    else:
+        ap.error("run the full benchmark through tools/bench.py --families matmul")

@@ -60,6 +60,7 @@ from .._build import loader
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
+from .._cuda import tensormap
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError
@@ -91,6 +92,14 @@ class MatmulParams(ctypes.Structure):
         ("tiles_m", ctypes.c_int), ("tiles_n", ctypes.c_int), ("group_m", ctypes.c_int), ("flags", ctypes.c_uint),
         ("k_split", ctypes.c_int),
     ]
+
+
+@kernel_params("matmul_params.h", "MatmulTmaParams")
+class MatmulTmaParams(ctypes.Structure):
+    """gemm_tma's parameters: the two 128-byte tensor maps (64-byte aligned in the C struct: at offsets 0 and
+    128 here, so the layouts agree; the driver copies the bytes, the host buffer's own alignment does not
+    matter), then MatmulParams."""
+    _fields_ = [("map_a", ctypes.c_uint64 * 16), ("map_b", ctypes.c_uint64 * 16), ("p", MatmulParams)]
 
 
 # ----------------------------------------------------------------------------- kernel variants
@@ -212,6 +221,40 @@ WG_MIN_K_PERSIST = 256
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
 
 
+class TmaTile:
+    """A gemm_tma tile (sm_90a units matmul.tma.f16 / .bf16): 128 x BN of C, a producer warpgroup issuing
+    TMA copies into a STAGES-deep ring and two consumer warpgroups (384 threads, 1 block per SM, a grid of
+    at most one wave walking the tiles); shared memory: the ring (+1 KiB to align it to 1024 bytes) and 2
+    mbarriers a stage."""
+
+    def __init__(self, bn, stages, unit="matmul.tma"):
+        self.bm, self.bn, self.stages = 128, bn, stages
+        self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
+        self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
+
+    def expr(self, tag, ta, tb, vec=True):
+        if not vec:
+            raise ValueError("gemm_tma has no general (unaligned) path")
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return f"pydnn::matmul::gemm_tma<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}>"
+
+    def map_shapes(self, ta, tb):
+        """(box_cols, box_rows) of A's and B's maps: a K-major operand one box of 64 K x the tile's rows, an
+        MN-major one boxes of 64 x 64 (one per 64-column slab; the kernel issues BM / 64 or BN / 64)."""
+        return ((64, 64) if ta else (64, self.bm)), ((64, self.bn) if tb else (64, 64))
+
+    def __repr__(self):
+        return f"TmaTile(128x{self.bn}, TMA + warp-specialised wgmma, stages {self.stages})"
+
+
+# gemm_tma replaces the 128x256 wgmma tile (WG_TILES[0] / WG_PERSIST_TILE) where the chooser picks it and
+# the operands suit TMA (tuning.matmul.USE_TMA; _tma_problem): 4 stages of 48 KiB (a fifth does not fit
+# the 227 KiB an SM offers a block). The wgmma kernels stay for the graph API's fused epilogues
+# (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
+# launches plan.fast itself).
+TMA_TILE = TmaTile(256, 4)
+
+
 class SimtTile:
     """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 32 x 64
     (8 x 8 outputs a thread), K tiles of BK in two shared buffers; registers capped for `per_sm` blocks
@@ -287,7 +330,15 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
-    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units()
+    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units() + tma_units()
+
+
+def tma_units(tiles=(TMA_TILE,), name="matmul.tma"):
+    """gemm_tma units (`tiles`, every transposition, one unit per type): sm_90a only."""
+    return [KernelUnit(f"{name}.{tag}", "matmul.cu",
+                       tuple(t.expr(tag, tn[0] == "t", tn[1] == "t") for t in tiles for tn in TRANS),
+                       archs=(WG_ARCH + "a",))
+            for tag in ("f16", "bf16")]
 
 
 def _reduce_expr(tag):
@@ -429,12 +480,13 @@ class _Launch:
     """One kernel of a plan: its unit and instantiation, grid, block, dynamic shared memory, and a params
     struct (with its argument array) whose pointer and scalar fields are patched per call."""
 
-    __slots__ = ("unit", "expr", "grid", "block", "smem", "params", "args")
+    __slots__ = ("unit", "expr", "grid", "block", "smem", "params", "args", "maps")
 
     def __init__(self, unit, expr, grid, block, smem, params):
         self.unit, self.expr, self.grid, self.block, self.smem = unit, expr, grid, block, smem
         self.params = params
         self.args = driver.kernel_args(params)
+        self.maps = None  # gemm_tma: (A's, B's tensormap.MapCache); params is then a MatmulTmaParams
 
     def function(self, handle):
         return handle.function(self.unit, self.expr, self.smem)
@@ -446,13 +498,15 @@ class GemmPlan:
 
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
-                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes")
+                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes",
+                 "tma")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
         if self.empty:
             return None
-        return self.fast.expr, self.fast.grid, self.fast.block, self.fast.smem
+        r = self.tma or self.fast
+        return r.expr, r.grid, r.block, r.smem
 
     def launch(self, handle, a, b, c, alpha=1.0, beta=0.0, bias=0, workspace=0, workspace_size=0):
         """C = alpha * op(A) op(B) + beta * C (+ bias) on the handle's stream (see the module docstring).
@@ -482,6 +536,19 @@ class GemmPlan:
         if self.pair_ok and c % (2 * es) == 0:
             flags |= FLAG_PAIR
         rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
+        if self.tma is not None and rec is self.fast:
+            # the maps hold A's and B's base addresses: encoded once per address (MapCache), copied in
+            rec = self.tma
+            f = rec.function(handle)
+            q = rec.params
+            ma, mb = rec.maps
+            ctypes.memmove(q.map_a, ma.get(a), tensormap.MAP_BYTES)
+            ctypes.memmove(q.map_b, mb.get(b), tensormap.MAP_BYTES)
+            p = q.p
+            p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
+            p.alpha, p.beta, p.flags = alpha, beta, flags
+            driver.launch_args(f, rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
+            return
         if self.split and rec is self.fast and workspace and workspace_size >= self.ws_bytes:
             ws = device_ptr(workspace, "workspace", self.ws_bytes)
             if ws % 16 == 0:
@@ -522,6 +589,45 @@ def _tc_launch(plan, tag, tile, vec, sm_count=1):
     unit = f"{tile.unit}.{tag}" if tile.unit and vec else _unit_name(tag, plan.trans_a, plan.trans_b)
     return _Launch(unit, tile.expr(tag, plan.trans_a, plan.trans_b, vec),
                    grid, (tile.threads, 1, 1), tile.smem, _params(plan, tm, tn))
+
+
+def _tma_problem(plan, tile=None):
+    """Why gemm_tma cannot run plan's problem (text), or None: both operands' tensor maps must encode
+    (tensormap.map_problem: 16-byte row pitches and batch strides, batches neither overlapping nor
+    broadcast), and the grid's batch coordinate is an int."""
+    tile = tile or TMA_TILE
+    tag = TAG[plan.dtype]
+    (bca, bra), (bcb, brb) = tile.map_shapes(plan.trans_a, plan.trans_b)
+    ra, ca = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
+    rb, cb = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
+    if plan.k == 0:
+        return "k = 0"
+    why = (tensormap.map_problem(tag, ra, ca, plan.lda, plan.batch, plan.stride_a, bca, bra) or
+           tensormap.map_problem(tag, rb, cb, plan.ldb, plan.batch, plan.stride_b, bcb, brb))
+    if why:
+        return why
+    if plan.batch > INT_MAX:
+        return "batch exceeds an int"
+    return None
+
+
+def _tma_launch(plan, tag, tile, sm_count):
+    """gemm_tma's launch for plan (_tma_problem(plan) is None): one wave of blocks at most, the maps' fixed
+    arguments kept (their bytes per base address: tensormap.MapCache), MatmulParams inside."""
+    tm, tn = cdiv(plan.m, tile.bm), cdiv(plan.n, tile.bn)
+    if tm * tn > INT_MAX:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
+    (bca, bra), (bcb, brb) = tile.map_shapes(plan.trans_a, plan.trans_b)
+    ra, ca = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
+    rb, cb = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
+    q = MatmulTmaParams()
+    q.p = _params(plan, tm, tn)
+    grid = (min(tm * tn * plan.batch, tile.per_sm * max(sm_count, 1)), 1, 1)
+    rec = _Launch(f"{tile.unit}.{tag}", tile.expr(tag, plan.trans_a, plan.trans_b), grid, (tile.threads, 1, 1),
+                  tile.smem, q)
+    rec.maps = (tensormap.MapCache(tensormap.TiledMap(tag, ra, ca, plan.lda, plan.batch, plan.stride_a, bca, bra)),
+                tensormap.MapCache(tensormap.TiledMap(tag, rb, cb, plan.ldb, plan.batch, plan.stride_b, bcb, brb)))
+    return rec
 
 
 def _simt_launch(plan, sm_count):
@@ -568,7 +674,7 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
-    pl.fast = pl.general = pl.reduce = pl.split_fast = None
+    pl.fast = pl.general = pl.reduce = pl.split_fast = pl.tma = None
     pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False
     if pl.empty:
@@ -583,12 +689,20 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     sp = _split_k(m, n, k, pl.batch, handle.sm_count, handle.arch) if split_k and pl.vec_ok else None
     # fast: the whole-K launch, also what a split-K plan runs without a workspace (and what the RNN engine
     # launches itself from the record)
-    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
-                         handle.sm_count)
+    tile = _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k)
+    pl.fast = _tc_launch(pl, tag, tile, True, handle.sm_count)
+    if _use_tma(pl, tile, handle.arch):
+        pl.tma = _tma_launch(pl, tag, TMA_TILE, handle.sm_count)
     if sp is not None:
         _split_launches(pl, tag, sp, handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
+
+
+def _use_tma(pl, tile, arch):
+    """Whether plan pl runs gemm_tma (in place of the 128x256 wgmma tile the chooser picked)."""
+    return (tuning.matmul.USE_TMA and arch == WG_ARCH and pl.vec_ok and
+            (tile is WG_TILES[0] or tile is WG_PERSIST_TILE) and _tma_problem(pl) is None)
 
 
 def _split_launches(pl, tag, sp, sm_count):

@@ -1,0 +1,303 @@
+"""gemm_tma (the TMA + warp-specialised sm_90 GEMM) on the CPU: the tensor-map encoding arguments per
+transposition and their validation (pydnn/_cuda/tensormap.py), the encoder's call into cuda.bindings
+(a fake driver function, the real enum types), the plan's choice (sm_90 only, USE_TMA, the 128x256 tile,
+operands TMA can address), the launch path (maps encoded once per base address, copied into the
+__grid_constant__ params, no device allocation), the producer / consumer ring protocol replayed, and the
+units compiled by NVRTC for sm_90a (no spills; SASS with UTMALDG and HGMMA where cuobjdump exists)."""
+import ctypes
+import os
+import shutil
+import subprocess
+import types
+
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn._cuda import tensormap as TM
+from pydnn.ops import matmul as M
+from test_fuzz_cpu import cpu_handle
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+TRANS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    h = cpu_handle()
+    monkeypatch.setattr(h, "arch", "sm_90")
+    for k, v in (("USE_WGMMA", True), ("WG_PERSIST", True), ("USE_TMA", True)):
+        monkeypatch.setattr(tuning.matmul, k, v)
+    return h
+
+
+# ----------------------------------------------------------------------------- map arguments
+
+@pytest.mark.parametrize("ta, tb", TRANS)
+def test_map_arguments_per_transposition(sm90, monkeypatch, ta, tb):
+    """A K-major operand (A plain, B transposed) is one box of 64 K x the tile's rows; an MN-major one boxes
+    of 64 x 64 (one per 64-column slab): the layouts gemm_tma's wgmma descriptors read. Dims (contiguous,
+    other, batch), strides in bytes."""
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)  # too few tiles for the chooser
+    m, n, k = 1000, 1536, 520
+    lda, ldb = (1008 if ta else 528), (528 if tb else 1544)
+    pl = M.gemm_plan(sm90, BF16, m, n, k, trans_a=ta, trans_b=tb, lda=lda, ldb=ldb)
+    assert pl.tma is not None and pl.describe()[0] == M.TMA_TILE.expr("bf16", ta, tb)
+    ma, mb = (c.map for c in pl.tma.maps)
+    ra, ca = (k, m) if ta else (m, k)
+    rb, cb = (n, k) if tb else (k, n)
+    assert ma.dims == (ca, ra, 1) and ma.strides == (lda * 2, ra * lda * 2)
+    assert mb.dims == (cb, rb, 1) and mb.strides == (ldb * 2, rb * ldb * 2)
+    assert ma.box == ((64, 64, 1) if ta else (64, 128, 1))
+    assert mb.box == ((64, 256, 1) if tb else (64, 64, 1))
+    args = ma.args(0x7F0000001000)
+    assert args[0] == "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16" and args[1] == 3 and args[2] == 0x7F0000001000
+    assert args[6] == (1, 1, 1) and args[8] == "CU_TENSOR_MAP_SWIZZLE_128B"
+    assert args[10] == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"  # zeros past the edges (not NaN)
+    # the bytes a stage's copies bring equal the full barrier's expect-tx count (ptx: STAGE_BYTES)
+    a_boxes = 2 if ta else 1
+    b_boxes = 4 if not tb else 1
+    stage = a_boxes * 2 * ma.box[0] * ma.box[1] + b_boxes * 2 * mb.box[0] * mb.box[1]
+    assert stage == (128 + 256) * 64 * 2
+    f16 = M.gemm_plan(sm90, F16, m, n, k, trans_a=ta, trans_b=tb, lda=lda, ldb=ldb)
+    assert f16.tma.maps[0].map.args(16)[0] == "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
+
+
+def test_map_arguments_batched(sm90, monkeypatch):
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_TILES[0])
+    m, n, k, b = 512, 768, 640, 3
+    pl = M.gemm_plan(sm90, BF16, m, n, k, batch=b, stride_a=m * k + 64, stride_b=k * n, stride_c=m * n)
+    ma, mb = (c.map for c in pl.tma.maps)
+    assert ma.dims == (k, m, b) and ma.strides == (k * 2, (m * k + 64) * 2)
+    assert mb.dims == (n, k, b) and mb.strides == (n * 2, k * n * 2)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("bf16", 100, 64, 60, 1, 0, 64, 64), "ld 60 < cols"),
+    (("bf16", 100, 60, 60, 1, 0, 64, 64), "multiple of 16 bytes"),
+    (("bf16", 100, 64, 64, 2, 0, 64, 64), "broadcast"),
+    (("bf16", 100, 64, 64, 2, 64 * 99, 64, 64), "overlapping"),
+    (("bf16", 100, 64, 64, 2, 64 * 100 + 4, 64, 64), "batch stride"),
+    (("bf16", 100, 64, 64, 1, 0, 128, 64), "box_cols"),
+    (("bf16", 100, 64, 64, 1, 0, 64, 512), "box_rows"),
+    (("bf16", 0, 64, 64, 1, 0, 64, 64), "rows 0"),
+    (("i8", 10, 64, 64, 1, 0, 64, 64), "no tensor map type"),
+])
+def test_map_problems(args, needle):
+    why = TM.map_problem(*args)
+    assert why is not None and needle in why, why
+    with pytest.raises(ValueError, match=needle.split()[0]):
+        TM.TiledMap(*args)
+
+
+def test_map_problem_none_for_good_maps():
+    assert TM.map_problem("bf16", 8192, 8192, 8192, 1, 0, 64, 128) is None
+    assert TM.map_problem("f16", 7, 9, 16, 4, 7 * 16, 64, 64) is None
+    assert TM.map_problem("f32", 7, 9, 12, 1, 0, 32, 64) is None
+
+
+def test_encode_calls_the_driver_with_its_enums(monkeypatch):
+    """TiledMap.encode resolves every enum by name in cuda.bindings.driver (the real module's types) and
+    returns the 128 bytes at the CUtensorMap's address."""
+    d = pytest.importorskip("cuda.bindings.driver")
+    from pydnn._cuda import driver
+
+    seen = []
+
+    def fake_encode(dt, rank, addr, dims, strides, box, estr, il, sw, l2, oob):
+        assert isinstance(dt, d.CUtensorMapDataType) and isinstance(sw, d.CUtensorMapSwizzle)
+        assert isinstance(il, d.CUtensorMapInterleave) and isinstance(l2, d.CUtensorMapL2promotion)
+        assert isinstance(oob, d.CUtensorMapFloatOOBfill)
+        seen.append((dt, rank, addr, dims, strides, box, estr, sw))
+        t = d.CUtensorMap()
+        ctypes.memmove(t.getPtr(), bytes(range(128)), 128)
+        return d.CUresult.CUDA_SUCCESS, t
+
+    fake = types.SimpleNamespace(**{n: getattr(d, n) for n in ("CUtensorMapDataType", "CUtensorMapInterleave",
+                                                               "CUtensorMapSwizzle", "CUtensorMapL2promotion",
+                                                               "CUtensorMapFloatOOBfill", "CUresult")})
+    fake.cuTensorMapEncodeTiled = fake_encode
+    monkeypatch.setattr(driver, "_driver", lambda: fake)
+    monkeypatch.setattr(driver, "check", lambda r, what: None)
+    m = TM.TiledMap("bf16", 300, 200, 208, 1, 0, 64, 128)
+    assert m.encode(4096) == bytes(range(128))
+    dt, rank, addr, dims, strides, box, estr, sw = seen[0]
+    assert dt == d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 and rank == 3 and addr == 4096
+    assert dims == [200, 300, 1] and strides == [416, 300 * 416] and box == [64, 128, 1] and estr == [1, 1, 1]
+    assert sw == d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+
+
+# ----------------------------------------------------------------------------- plan choice
+
+def test_tma_choice(sm90, monkeypatch):
+    """gemm_tma where the chooser takes the 128x256 wgmma tile on sm_90 with USE_TMA; plan.fast stays the
+    wgmma launch (the graph API's fused kernels and the RNN engine use it); never on another arch, with
+    USE_TMA off, unaligned leading dims (the general path), broadcast batches, or small problems."""
+    pl = M.gemm_plan(sm90, BF16, 8192, 8192, 8192)
+    assert pl.describe() == (M.TMA_TILE.expr("bf16", False, False), (132, 1, 1), (384, 1, 1), M.TMA_TILE.smem)
+    assert pl.tma.unit == "matmul.tma.bf16" and pl.fast.expr == M.WG_PERSIST_TILE.expr("bf16", False, False)
+    q = pl.tma.params
+    assert isinstance(q, M.MatmulTmaParams) and (q.p.m, q.p.n, q.p.k, q.p.tiles_m, q.p.tiles_n, q.p.group_m) == (
+        8192, 8192, 8192, 64, 32, 8)
+    for m, n, k in ((16384, 4096, 4096), (16384, 11008, 4096), (16384, 4096, 11008)):
+        assert M.gemm_plan(sm90, BF16, m, n, k, trans_b=True).tma is not None, (m, n, k)
+    assert M.gemm_plan(sm90, BF16, 8192, 8192, 8192, batch=2, stride_a=0, stride_b=8192 * 8192,
+                       stride_c=8192 * 8192).tma is None  # A broadcast
+    assert M.gemm_plan(sm90, BF16, 8192, 8192, 8192, lda=8196).tma is None  # lda: 8 bytes off: general path
+    assert M.gemm_plan(sm90, BF16, 1024, 1024, 1024).tma is None  # the 128x256 tile is not chosen
+    assert M.gemm_plan(sm90, F32, 8192, 8192, 8192).tma is None
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)
+    assert M.gemm_plan(sm90, BF16, 8192, 8192, 8192).tma is None
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    for arch in ("sm_80", "sm_89", "sm_100"):
+        monkeypatch.setattr(sm90, "arch", arch)
+        assert M.gemm_plan(sm90, BF16, 8192, 8192, 8192).tma is None, arch
+    monkeypatch.setattr(sm90, "arch", "sm_90")
+    monkeypatch.setattr(sm90, "sm_count", 4)
+    assert M.gemm_plan(sm90, BF16, 8192, 8192, 8192).tma.grid == (4, 1, 1)
+
+
+def test_tma_launch_encodes_once_per_address(sm90, monkeypatch):
+    """plan.launch on a TMA plan: the maps for the call's A and B copied into the params (encoded once per
+    base address), the pointers and scalars into its MatmulParams, one launch, no device allocation;
+    unaligned pointers take the general (mma.sync) path."""
+    from pydnn._cuda import driver, memory
+
+    enc = []
+
+    def fake_bytes(address):
+        return (address.to_bytes(8, "little") + b"\x03") * 14 + bytes(2)
+
+    def fake_encode(self, address):
+        enc.append(address)
+        return fake_bytes(address)
+    monkeypatch.setattr(TM.TiledMap, "encode", fake_encode)
+    monkeypatch.setattr(M._Launch, "function", lambda self, handle: self.expr)
+    got = []
+    monkeypatch.setattr(driver, "launch_args", lambda f, g, b, s, st, a: got.append((f, g, b, s, bytes(a[2]))))
+
+    def no_alloc(*a, **k):
+        raise AssertionError("a launch allocated device memory")
+    monkeypatch.setattr(memory, "DeviceArray", no_alloc)
+    pl = M.gemm_plan(sm90, BF16, 4096, 4096, 4096, trans_b=True, bias=True)
+    a, b, c, bias = 1 << 32, 2 << 32, 3 << 32, 4 << 32
+    pl.launch(sm90, a, b, c, 0.5, 0.25, bias)
+    pl.launch(sm90, a, b, c, 0.5, 0.25, bias)
+    assert enc == [a, b]
+    q = M.MatmulTmaParams.from_buffer_copy(got[-1][4])
+    assert bytes(q.map_a) == fake_bytes(a) and bytes(q.map_b) == fake_bytes(b)
+    assert (q.p.a, q.p.b, q.p.c, q.p.bias, q.p.alpha, q.p.beta) == (a, b, c, bias, 0.5, 0.25)
+    assert q.p.flags == M.FLAG_BETA | M.FLAG_BIAS | M.FLAG_PAIR
+    assert got[-1][:4] == (pl.tma.expr, pl.tma.grid, (384, 1, 1), M.TMA_TILE.smem)
+    pl.launch(sm90, a + 4096, b, c, 1.0, 0.0, bias)
+    assert enc == [a, b, a + 4096]  # B's map kept
+    q = M.MatmulTmaParams.from_buffer_copy(got[-1][4])
+    assert q.p.a == a + 4096 and bytes(q.map_a) == fake_bytes(a + 4096)
+    n_enc = len(enc)
+    pl.launch(sm90, a + 8, b, c, 1.0, 0.0, bias)  # 8-byte aligned only: the general path, no map
+    assert len(enc) == n_enc and got[-1][0] == pl.general.expr
+
+
+def test_tma_params_layout_matches_the_header():
+    """MatmulTmaParams: the maps at 0 and 128 (64-byte aligned in C), MatmulParams at 256, 384 bytes (the C
+    struct's size: a multiple of its 64-byte alignment). tests/kernels/test_params_layout.py compiles the
+    header for the offsets."""
+    assert M.MatmulTmaParams.map_a.offset == 0 and M.MatmulTmaParams.map_b.offset == 128
+    assert M.MatmulTmaParams.p.offset == 256 and ctypes.sizeof(M.MatmulTmaParams) == 384
+
+
+# ----------------------------------------------------------------------------- ring protocol
+
+def _replay_ring(stages, ktiles, items_per_block, order_seed):
+    """gemm_tma's barrier protocol replayed with mbarrier semantics (a phase completes when its arrivals
+    (and, for full, the bytes) are in; try_wait.parity(P) succeeds once the phase of parity P has completed,
+    a fresh barrier counting as having completed parity 1): one producer, two consumer warpgroups, the
+    three advancing in a seeded random interleaving. Every consumer must read each stage fill exactly once,
+    in order, and the producer must never refill a stage a consumer has not released."""
+    import random
+
+    rnd = random.Random(order_seed)
+    total = ktiles * items_per_block
+    full = [dict(phase=0, arr=0) for _ in range(stages)]    # count 1
+    empty = [dict(phase=0, arr=0) for _ in range(stages)]   # count 2
+    content = [None] * stages
+    readers = [set() for _ in range(stages)]
+
+    def done(bar, parity):  # try_wait.parity: the phase of this parity has completed
+        return (bar["phase"] & 1) != parity
+
+    def arrive(bar, count):
+        bar["arr"] += 1
+        if bar["arr"] == count:
+            bar["arr"] = 0
+            bar["phase"] += 1
+
+    prod = dict(it=0)
+    cons = [dict(it=0, pending=None) for _ in range(2)]
+    steps = 0
+    while prod["it"] < total or any(c["it"] < total or c["pending"] is not None for c in cons):
+        steps += 1
+        assert steps < 100000, "deadlock"
+        who = rnd.randrange(3)
+        if who == 0 and prod["it"] < total:
+            it = prod["it"]
+            s = it % stages
+            if done(empty[s], ((it // stages) & 1) ^ 1):
+                assert readers[s] == ({0, 1} if content[s] is not None else set()), "refilled before released"
+                content[s], readers[s] = it, set()
+                arrive(full[s], 1)
+                prod["it"] += 1
+        elif who > 0:
+            w, c = who - 1, cons[who - 1]
+            if c["it"] < total:
+                it = c["it"]
+                s = it % stages
+                if done(full[s], (it // stages) & 1):
+                    assert content[s] == it, f"consumer {w} read fill {content[s]} as K tile {it}"
+                    readers[s].add(w)
+                    # wgmma of `it` issued; the previous one's stage released (wait<1>), except at an item start
+                    if it % ktiles and c["pending"] is not None:
+                        arrive(empty[c["pending"] % stages], 2)
+                    c["pending"] = it
+                    c["it"] += 1
+                    if c["it"] % ktiles == 0:  # item end: wait<0>, release the last stage
+                        arrive(empty[c["pending"] % stages], 2)
+                        c["pending"] = None
+    return True
+
+
+@pytest.mark.parametrize("stages, ktiles, items", [(4, 1, 5), (4, 3, 4), (4, 9, 3), (3, 2, 7), (5, 4, 2)])
+@pytest.mark.parametrize("seed", range(4))
+def test_ring_protocol(stages, ktiles, items, seed):
+    assert _replay_ring(stages, ktiles, items, seed)
+
+
+# ----------------------------------------------------------------------------- compilation
+
+def test_tma_units_compile_without_spills():
+    """Every gemm_tma instantiation compiles for sm_90a: no spills, one block of 384 threads fits the
+    register file at the launch bound (168), and where cuobjdump exists its SASS has the TMA loads
+    (UTMALDG), the wgmmas (HGMMA 64x256x16) and the register hand-over (USETMAXREG)."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    for u in M.tma_units():
+        text, _ = cache.unit_inputs(u)
+        cubin, _, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90a", COMMON_OPTIONS + ("--ptxas-options=-v",),
+                                            [str(cache.ptx_dir())])
+        log = log if isinstance(log, str) else log.decode()
+        assert log.count("Compiling entry function") == 4, log
+        assert log.count("0 bytes spill stores, 0 bytes spill loads") == 4, log
+        regs = [int(x.split()[0]) for x in log.split("Used ")[1:]]
+        assert len(regs) == 4 and max(regs) <= 168, regs
+        tool = shutil.which("cuobjdump") or next((p for p in ("/tmp/gf/cuo/nvidia/cu13/bin/cuobjdump",)
+                                                  if os.path.exists(p)), None)
+        if tool:
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(cubin)
+                f.flush()
+                sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+            assert sass.count("UTMALDG.3D") >= 4 * 2 and "HGMMA.64x256x16.F32" in sass and "USETMAXREG" in sass
