@@ -974,13 +974,22 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
 // cp.async kernels' all-threads-copy design could only overlap that by the run-on trick of gemm_wgmma_p).
 // The epilogue is gemm_wgmma's (wg_epilogue, any Epi without a block-wide reduction: the producer
 // warpgroup is not there to take part in its barriers).
-template <class T, int BN, int STAGES, bool TA, bool TB, class Epi>
+// CM = 2 (gemm_tma_c, a candidate): clusters of 2 CTAs on the tile rows 2i, 2i + 1 of one tile column
+// share B: each CTA's producer copies its own A and half of B's stage, multicast into both CTAs (the same
+// shared offset, completing on both full barriers: each still expects the whole stage's bytes), so
+// L2 -> SM traffic drops from 48 to 32 KiB a K tile a CTA. A stage is refilled only when the consumers
+// of both CTAs released it (empty barriers count 2 x CM arrivals: each consumer warpgroup arrives on its
+// own CTA's and on the peer's). The pair walks pair items together (tile rows in pairs; a pair past an
+// odd tiles_m copies zeros and stores nothing); a CTA leaves only after the cluster barrier at the end (no
+// copy or arrival of its peer may still be aimed at its shared memory).
+template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, class Epi>
 __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
 #endif
   static_assert(!Epi::kRed, "gemm_tma: no block-wide reduction epilogue (its producer warpgroup has left)");
   static_assert(BN == 128 || BN == 256, "gemm_tma tile");
+  static_assert(CM == 1 || CM == 2, "gemm_tma: clusters of 1 or 2 CTAs along M");
   constexpr int BM = 128;
   constexpr unsigned A_BYTES = BM * kBK * sizeof(T), B_BYTES = BN * kBK * sizeof(T);
   constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
@@ -989,97 +998,152 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
   constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
   const MatmulParams& p = q.p;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // the swizzle atoms (and the TMA destinations) need 1024-byte aligned addresses (the launch adds 1 KiB)
+  // the swizzle atoms (and the TMA destinations) need 1024-byte aligned addresses (the launch adds 1 KiB;
+  // the same offset in every CTA of a cluster: the multicast copies land at the issuer's offsets)
   const unsigned raw = smem_u32(smem_raw);
   const unsigned sbase = (raw + 1023u) & ~1023u;
   const unsigned full0 = sbase + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;  // 8-byte mbarriers
   const tma::TensorMap* map_a = reinterpret_cast<const tma::TensorMap*>(&q.map_a);
   const tma::TensorMap* map_b = reinterpret_cast<const tma::TensorMap*>(&q.map_b);
+  const unsigned rank = CM > 1 ? tma::cluster_rank() : 0u;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       tma::mbar_init(full0 + 8 * s, 1);
-      tma::mbar_init(empty0 + 8 * s, 2);
+      tma::mbar_init(empty0 + 8 * s, 2 * CM);
     }
     tma::fence_barrier_init();
     tma::prefetch_map(map_a);
     tma::prefetch_map(map_b);
   }
-  __syncthreads();
+  if constexpr (CM > 1)
+    tma::cluster_sync();  // the peer's barriers exist before any copy or arrival reaches them
+  else
+    __syncthreads();
 
-  const long long per_batch = (long long)p.tiles_m * p.tiles_n;
+  // Items: (batch, unit) with units of CM tile rows x 1 tile column in tile_coords_of's raster (groups of
+  // group_m tile rows); block b of cluster c = b / CM takes items c, c + clusters, ... and tile row
+  // unit * CM + its rank.
+  const int units_m = (p.tiles_m + CM - 1) / CM;
+  const int group = CM > 1 ? max(p.group_m / CM, 1) : p.group_m;
+  const long long per_batch = (long long)units_m * p.tiles_n;
   const long long items = per_batch * p.batch;
+  const long long first = blockIdx.x / CM, step = gridDim.x / CM;
   const int ktiles = (p.k + kBK - 1) / kBK;
+  auto coords = [&](long long item, long long& z, int& tm, int& tn) {
+    z = item / per_batch;
+    const int id = (int)(item - z * per_batch);
+    const int per_group = group * p.tiles_n;
+    const int g = id / per_group;
+    const int gfirst = g * group;
+    const int rows = min(units_m - gfirst, group);
+    const int r = id - g * per_group;
+    tm = (gfirst + r % rows) * CM + (int)rank;
+    tn = r / rows;
+  };
   if (threadIdx.x < 128) {
     tma::regs_dealloc<PRODUCER_REGS>();
-    if (threadIdx.x != 0) return;
-    unsigned it = 0;  // K tiles issued so far (over every item): stage it % STAGES, phase (it / STAGES) & 1
-    for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-      const int z = (int)(item / per_batch);
+    if (threadIdx.x == 0) {
+      unsigned it = 0;  // K tiles issued so far (over every item): stage it % STAGES, phase (it / STAGES) & 1
+      for (long long item = first; item < items; item += step) {
+        long long zz;
+        int tm, tn;
+        coords(item, zz, tm, tn);
+        const int z = (int)zz, m0 = tm * BM, n0 = tn * BN;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const unsigned s = it % STAGES, full = full0 + 8 * s;
+          tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+          tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+          const int k0 = kt * kBK;
+          if (TA) {
+#pragma unroll
+            for (int i = 0; i < BM / 64; ++i) tma::load_3d(sa + i * SLAB, map_a, full, m0 + 64 * i, k0, z);
+          } else {
+            tma::load_3d(sa, map_a, full, k0, m0, z);
+          }
+          if constexpr (CM == 1) {
+            if (TB) {
+              tma::load_3d(sb, map_b, full, k0, n0, z);
+            } else {
+#pragma unroll
+              for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_b, full, n0 + 64 * i, k0, z);
+            }
+          } else {
+            // this CTA's half of B (rows or slabs rank * BN / 2 ..), into both CTAs
+            constexpr unsigned short ALL = (1u << CM) - 1;
+            if (TB) {
+              tma::load_3d_mc(sb + rank * (B_BYTES / CM), map_b, full, k0, n0 + (int)rank * (BN / CM), z, ALL);
+            } else {
+#pragma unroll
+              for (int i = 0; i < BN / 64 / CM; ++i) {
+                const int j = (int)rank * (BN / 64 / CM) + i;
+                tma::load_3d_mc(sb + j * SLAB, map_b, full, n0 + 64 * j, k0, z, ALL);
+              }
+            }
+          }
+        }
+      }
+    }
+  } else {
+    tma::regs_alloc<CONSUMER_REGS>();
+    const int wg = (threadIdx.x >> 7) - 1;           // consumer warpgroup: rows wg * 64 .. of the tile
+    const bool signals = (threadIdx.x & 127) == 0;   // its thread that arrives on the empty barriers
+    auto release = [&](unsigned s) {
+      if (CM == 1) {
+        tma::mbar_arrive(empty0 + 8 * s);
+      } else {
+#pragma unroll
+        for (int r = 0; r < CM; ++r) tma::mbar_arrive_cluster(empty0 + 8 * s, (unsigned)r);
+      }
+    };
+    unsigned it = 0;
+    for (long long item = first; item < items; item += step) {
+      long long z;
       int tm, tn;
-      tile_coords_of(p, (int)(item - (long long)z * per_batch), tm, tn);
-      const int m0 = tm * BM, n0 = tn * BN;
+      coords(item, z, tm, tn);
+      float acc[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
       for (int kt = 0; kt < ktiles; ++kt, ++it) {
-        const unsigned s = it % STAGES, full = full0 + 8 * s;
-        tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
-        tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
+        const unsigned s = it % STAGES;
+        tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
         const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
-        const int k0 = kt * kBK;
-        if (TA) {
+        wgmma::fence();
 #pragma unroll
-          for (int i = 0; i < BM / 64; ++i) tma::load_3d(sa + i * SLAB, map_a, full, m0 + 64 * i, k0, z);
-        } else {
-          tma::load_3d(sa, map_a, full, k0, m0, z);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
+          const unsigned long long da =
+              TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+          const unsigned long long db =
+              TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+          wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
         }
-        if (TB) {
-          tma::load_3d(sb, map_b, full, k0, n0, z);
-        } else {
-#pragma unroll
-          for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_b, full, n0 + 64 * i, k0, z);
-        }
+        wgmma::commit();
+        wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
+        if (kt > 0 && signals) release((it - 1) % STAGES);
       }
+      wgmma::wait<0>();
+      wgmma::fence_operands(acc);
+      if (ktiles > 0 && signals) release((it - 1) % STAGES);
+      if (tm < p.tiles_m) wg_epilogue<T, BN, 256>(p, epi, acc, z, tm, tn, wg);
     }
-    return;
   }
-  tma::regs_alloc<CONSUMER_REGS>();
-  const int wg = (threadIdx.x >> 7) - 1;           // consumer warpgroup: rows wg * 64 .. of the tile
-  const bool signals = (threadIdx.x & 127) == 0;   // its thread that arrives on the empty barriers
-  unsigned it = 0;
-  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const long long z = item / per_batch;
-    int tm, tn;
-    tile_coords_of(p, (int)(item - z * per_batch), tm, tn);
-    float acc[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-    for (int kt = 0; kt < ktiles; ++kt, ++it) {
-      const unsigned s = it % STAGES;
-      tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-      const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
-        const unsigned long long da =
-            TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-        const unsigned long long db =
-            TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
-        wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
-      }
-      wgmma::commit();
-      wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
-      if (kt > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-    }
-    wgmma::wait<0>();
-    wgmma::fence_operands(acc);
-    if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-    wg_epilogue<T, BN, 256>(p, epi, acc, z, tm, tn, wg);
+  if constexpr (CM > 1) {
+    __syncwarp();
+    tma::cluster_sync();  // the peer's last copies into and arrivals on this CTA's shared memory are done
   }
 }
 
 template <class T, int BN, int STAGES, bool TA, bool TB>
 __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
   gemm_tma_body<T, BN, STAGES, TA, TB>(q, NoEpi());
+}
+
+// The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks.
+template <class T, int BN, int STAGES, bool TA, bool TB>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) gemm_tma_c(const __grid_constant__ MatmulTmaParams q) {
+  gemm_tma_body<T, BN, STAGES, TA, TB, 2>(q, NoEpi());
 }
 
 // ------------------------------------------------------------------------------------------ CUDA cores

@@ -401,10 +401,10 @@ MID_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
 
 
 def mid(out=None, rounds=5, shapes=MID_SHAPES):
-    """gemm_tma (the chooser's pick on sm_90 with tuning.matmul.USE_TMA) against the persistent wgmma kernel
-    (USE_TMA off) and torch.mm, bf16, timed in alternating rounds (each round: the three, 10 samples each;
-    medians), ratios printed as torch time / pydnn time (> 1: pydnn faster). Each result checked against
-    torch's (max |diff| / max |ref|)."""
+    """gemm_tma (the chooser's pick on sm_90 with tuning.matmul.USE_TMA), the cluster candidate gemm_tma_c
+    (TMA_CANDIDATES[0]), the persistent wgmma kernel (USE_TMA off) and torch.mm, bf16, timed in alternating
+    rounds (each round: the four, 10 samples each; medians), ratios printed as torch time / pydnn time (> 1:
+    pydnn faster). Each result checked against torch's (max |diff| / max |ref|)."""
     import json
     import statistics
 
@@ -421,17 +421,25 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
             out_t = torch.empty_like(c)
             tuning.matmul.USE_TMA = True
             new = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            orig = M._tma_tile
+            M._tma_tile = lambda: M.TMA_CANDIDATES[0]
+            try:
+                clu = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            finally:
+                M._tma_tile = orig
             tuning.matmul.USE_TMA = False
             old = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
             tuning.matmul.USE_TMA = True
+            c3 = torch.empty_like(c)
             ap, bp = a.data_ptr(), bb.data_ptr()
             fns = {"tma": lambda: new.launch(h, ap, bp, c.data_ptr()),
+                   "tma_c": lambda: clu.launch(h, ap, bp, c3.data_ptr()),
                    "wgmma_p": lambda: old.launch(h, ap, bp, c2.data_ptr()),
                    "torch": _torch_fn(a, bb, ta, tb, out_t)}
             for f in fns.values():
                 f()
             torch.cuda.synchronize()
-            errs = (_err(c, out_t), _err(c2, out_t))
+            errs = (_err(c, out_t), _err(c2, out_t), _err(c3, out_t))
             t = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, f in fns.items():
@@ -441,13 +449,16 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
             r = dict(case=label, device=dev, kernel_new=new.describe()[0].split("<")[0].split("::")[-1],
                      kernel_old=old.describe()[0].split("<")[0].split("::")[-1],
                      ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
+                     kernel_cluster=clu.describe()[0].split("<")[0].split("::")[-1],
                      ratio_tma=med["torch"] / med["tma"], ratio_wgmma_p=med["torch"] / med["wgmma_p"],
-                     err_tma=errs[0], err_wgmma_p=errs[1])
+                     ratio_tma_c=med["torch"] / med["tma_c"],
+                     err_tma=errs[0], err_wgmma_p=errs[1], err_tma_c=errs[2])
             rows.append(r)
-            print(f"{label:34s} {r['kernel_new']:12s} {r['tflops']['tma']:6.1f} TFLOP/s ({r['ratio_tma']:.3f}x torch) | "
+            print(f"{label:34s} {r['kernel_new']:10s} {r['tflops']['tma']:6.1f} TFLOP/s ({r['ratio_tma']:.3f}x torch) | "
+                  f"{r['kernel_cluster']:10s} {r['tflops']['tma_c']:6.1f} ({r['ratio_tma_c']:.3f}x) | "
                   f"{r['kernel_old']:12s} {r['tflops']['wgmma_p']:6.1f} ({r['ratio_wgmma_p']:.3f}x) | torch.mm "
-                  f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[1]:.1e}", flush=True)
-            del a, bb, c, c2, out_t
+                  f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[2]:.1e} / {errs[1]:.1e}", flush=True)
+            del a, bb, c, c2, c3, out_t
     finally:
         pydnn.destroy(h)
     if out:

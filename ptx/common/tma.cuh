@@ -96,6 +96,37 @@ __device__ __forceinline__ void load_3d(unsigned dst, const TensorMap* map, unsi
       : "memory");
 }
 
+// As load_3d, multicast: the box lands at the same shared offset in every CTA of the cluster named in
+// `mask` (bit i: CTA rank i), completing its bytes on the barrier at `bar`'s offset in each of them.
+__device__ __forceinline__ void load_3d_mc(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1, int c2,
+                                           unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      : "memory");
+}
+
+// ----------------------------------------------------------------------------- clusters
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster (barrier.cluster is .aligned: whole warps, converged).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// One arrival on the barrier at shared offset `bar` of the cluster's CTA `rank` (this CTA's own included).
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
 // ----------------------------------------------------------------------------- warp specialisation
 
 // Per-thread register budget of the executing warpgroup (every warp of it executes the same one): a

@@ -64,8 +64,10 @@ class TiledMap:
 
         d = driver._driver()
         (dt, rank, addr, dims, strides, box, estr, il, sw, l2, oob) = self.args(address)
+        u64, u32 = d.cuuint64_t, d.cuuint32_t  # the bindings take these, not ints, in the arrays
         err, tmap = d.cuTensorMapEncodeTiled(
-            getattr(d.CUtensorMapDataType, dt), rank, addr, list(dims), list(strides), list(box), list(estr),
+            getattr(d.CUtensorMapDataType, dt), rank, addr, [u64(v) for v in dims], [u64(v) for v in strides],
+            [u32(v) for v in box], [u32(v) for v in estr],
             getattr(d.CUtensorMapInterleave, il), getattr(d.CUtensorMapSwizzle, sw),
             getattr(d.CUtensorMapL2promotion, l2), getattr(d.CUtensorMapFloatOOBfill, oob))
         driver.check((err,), "cuTensorMapEncodeTiled")

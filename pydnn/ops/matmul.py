@@ -227,24 +227,33 @@ class TmaTile:
     at most one wave walking the tiles); shared memory: the ring (+1 KiB to align it to 1024 bytes) and 2
     mbarriers a stage."""
 
-    def __init__(self, bn, stages, unit="matmul.tma"):
+    def __init__(self, bn, stages, unit="matmul.tma", cm=1):
         self.bm, self.bn, self.stages = 128, bn, stages
         self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
+        self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
 
     def expr(self, tag, ta, tb, vec=True):
         if not vec:
             raise ValueError("gemm_tma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
-        return f"pydnn::matmul::gemm_tma<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}>"
+        kern = "gemm_tma_c" if self.cm == 2 else "gemm_tma"
+        return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}>"
 
     def map_shapes(self, ta, tb):
-        """(box_cols, box_rows) of A's and B's maps: a K-major operand one box of 64 K x the tile's rows, an
-        MN-major one boxes of 64 x 64 (one per 64-column slab; the kernel issues BM / 64 or BN / 64)."""
-        return ((64, 64) if ta else (64, self.bm)), ((64, self.bn) if tb else (64, 64))
+        """(box_cols, box_rows) of A's and B's maps: a K-major operand one box of 64 K x the tile's rows (B's
+        split among the cluster's CTAs), an MN-major one boxes of 64 x 64 (one per 64-column slab; the
+        kernel issues BM / 64, or BN / 64 / cm)."""
+        return ((64, 64) if ta else (64, self.bm)), ((64, self.bn // self.cm) if tb else (64, 64))
+
+    def grid(self, tiles_m, tiles_n, batch, sm_count):
+        """Blocks: at most one an SM, in whole clusters (units of cm tile rows x 1 tile column)."""
+        units = cdiv(tiles_m, self.cm) * tiles_n * batch
+        return (self.cm * min(units, max(sm_count // self.cm, 1)), 1, 1)
 
     def __repr__(self):
-        return f"TmaTile(128x{self.bn}, TMA + warp-specialised wgmma, stages {self.stages})"
+        c = f", clusters of {self.cm} (B multicast)" if self.cm > 1 else ""
+        return f"TmaTile(128x{self.bn}, TMA + warp-specialised wgmma, stages {self.stages}{c})"
 
 
 # gemm_tma replaces the 128x256 wgmma tile (WG_TILES[0] / WG_PERSIST_TILE) where the chooser picks it and
@@ -253,6 +262,9 @@ class TmaTile:
 # (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
 # launches plan.fast itself).
 TMA_TILE = TmaTile(256, 4)
+# Candidates measured before they replace TMA_TILE (their own units, bf16 only, in the build so the device
+# runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast.
+TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 
 
 class SimtTile:
@@ -330,15 +342,16 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
-    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units() + tma_units()
+    return (units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units() + tma_units() +
+            [u for t in TMA_CANDIDATES for u in tma_units((t,), t.unit, ("bf16",))])
 
 
-def tma_units(tiles=(TMA_TILE,), name="matmul.tma"):
+def tma_units(tiles=(TMA_TILE,), name="matmul.tma", tags=("f16", "bf16")):
     """gemm_tma units (`tiles`, every transposition, one unit per type): sm_90a only."""
     return [KernelUnit(f"{name}.{tag}", "matmul.cu",
                        tuple(t.expr(tag, tn[0] == "t", tn[1] == "t") for t in tiles for tn in TRANS),
                        archs=(WG_ARCH + "a",))
-            for tag in ("f16", "bf16")]
+            for tag in tags]
 
 
 def _reduce_expr(tag):
@@ -622,7 +635,7 @@ def _tma_launch(plan, tag, tile, sm_count):
     rb, cb = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
     q = MatmulTmaParams()
     q.p = _params(plan, tm, tn)
-    grid = (min(tm * tn * plan.batch, tile.per_sm * max(sm_count, 1)), 1, 1)
+    grid = tile.grid(tm, tn, plan.batch, sm_count)
     rec = _Launch(f"{tile.unit}.{tag}", tile.expr(tag, plan.trans_a, plan.trans_b), grid, (tile.threads, 1, 1),
                   tile.smem, q)
     rec.maps = (tensormap.MapCache(tensormap.TiledMap(tag, ra, ca, plan.lda, plan.batch, plan.stride_a, bca, bra)),
@@ -692,7 +705,8 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     tile = _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k)
     pl.fast = _tc_launch(pl, tag, tile, True, handle.sm_count)
     if _use_tma(pl, tile, handle.arch):
-        pl.tma = _tma_launch(pl, tag, TMA_TILE, handle.sm_count)
+        t = _tma_tile()
+        pl.tma = _tma_launch(pl, tag, t if t.cm == 1 or tag == "bf16" else TMA_TILE, handle.sm_count)  # (tmac: bf16)
     if sp is not None:
         _split_launches(pl, tag, sp, handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
@@ -702,7 +716,12 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
 def _use_tma(pl, tile, arch):
     """Whether plan pl runs gemm_tma (in place of the 128x256 wgmma tile the chooser picked)."""
     return (tuning.matmul.USE_TMA and arch == WG_ARCH and pl.vec_ok and
-            (tile is WG_TILES[0] or tile is WG_PERSIST_TILE) and _tma_problem(pl) is None)
+            (tile is WG_TILES[0] or tile is WG_PERSIST_TILE) and _tma_problem(pl, _tma_tile()) is None)
+
+
+def _tma_tile():
+    """The gemm_tma tile plans take (TMA_TILE; tests and benchmarks patch this to run a candidate)."""
+    return TMA_TILE
 
 
 def _split_launches(pl, tag, sp, sm_count):

@@ -246,7 +246,7 @@ def test_wgmma_units_are_sm90a_only():
             with pytest.raises(KeyError, match="not built for"):
                 loader.load_unit(arch, u)
     for name, u in units.items():
-        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.")):
+        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.", "matmul.tmac.")):
             assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
     with pytest.raises(ValueError):
         M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
@@ -297,7 +297,7 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 17
+    assert len(units) == 18
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -313,11 +313,13 @@ def test_every_expr_is_in_a_unit():
                                                  for tb in (False, True)}
         assert units[f"matmul.tma.{tag}"] == {M.TMA_TILE.expr(tag, ta, tb) for ta in (False, True)
                                               for tb in (False, True)}
+    assert units["matmul.tmac.bf16"] == {M.TMA_CANDIDATES[0].expr("bf16", ta, tb) for ta in (False, True)
+                                         for tb in (False, True)}
 
 
 def test_smem_fits():
     """Every tile's shared memory fits an sm_80 / sm_90 block (227 KiB opt-in), per_sm of them an SM."""
-    for t in M.TC_TILES + M.WG_TILES + (M.WG_PERSIST_TILE, M.TMA_TILE):
+    for t in M.TC_TILES + M.WG_TILES + (M.WG_PERSIST_TILE, M.TMA_TILE) + M.TMA_CANDIDATES:
         assert t.smem * t.per_sm <= 227 * 1024, (t.bm, t.bn)
 
 
@@ -374,7 +376,8 @@ def test_units_compile(arch):
     nv = build.nvrtc.version()
     for u in units:
         target = unit_arch(u, arch)
-        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.")):  # sm_90a only: built as such on sm_90, absent elsewhere
+        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.",
+                              "matmul.tmac.")):  # sm_90a only: built as such on sm_90, absent elsewhere
             assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
             if target is None:
                 continue

@@ -479,3 +479,25 @@ def test_tma_chosen_projection_vs_float64(handle, rng, m, n, k):
                      scale=scale.cpu().numpy())
     finally:
         pydnn.destroy(h)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+def test_tma_cluster_candidate(handle, rng, monkeypatch, trans):
+    """The 2-CTA cluster candidate (gemm_tma_c: B multicast to the CTA pair on tile rows 2i, 2i + 1; bf16),
+    forced: one partial tile (the pair's second CTA past the matrix: zeros copied, nothing stored), an odd
+    number of tile rows, edges everywhere with a ragged K, a batch; then grids of 1 and 2 clusters walking
+    many pairs (the ring's phases running on across items, both CTAs in step)."""
+    _sm90_only(handle)
+    cand = M.TMA_CANDIDATES[0]
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
+    monkeypatch.setattr(M, "_tma_tile", lambda: cand)
+    shapes = [(7, 5, 3, 1), (33, 17, 65, 1), (3 * 128, 256, 640, 1), (2 * 128 + 37, 256 + 91, 203, 1),
+              (3 * 128 + 5, 2 * 256 + 8, 1000, 1), (48, 72, 40, 3)]
+    for m, n, k, batch in shapes:
+        _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch)
+    _check_forced_tile(handle, rng, BF16, trans, cand, 4 * 128, 2 * 256, 200, 2, bias=False)
+    for sms in (2, 4):
+        monkeypatch.setattr(handle, "sm_count", sms)
+        for m, n, k, batch in [(5 * 128 + 5, 2 * 256 + 8, 1000, 1), (2 * 128 + 37, 256 + 91, 203, 3)]:
+            _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch)

@@ -104,7 +104,17 @@ def test_encode_calls_the_driver_with_its_enums(monkeypatch):
 
     seen = []
 
+    real = d.cuTensorMapEncodeTiled
+
     def fake_encode(dt, rank, addr, dims, strides, box, estr, il, sw, l2, oob):
+        # the real binding's argument conversion accepts them (it raises TypeError for plain ints in the
+        # arrays); past it, without a driver, it fails to load libcuda (or, with one, encodes)
+        try:
+            real(dt, rank, addr, dims, strides, box, estr, il, sw, l2, oob)
+        except (TypeError, ValueError):
+            raise
+        except Exception:  # noqa: BLE001 - no driver library here
+            pass
         assert isinstance(dt, d.CUtensorMapDataType) and isinstance(sw, d.CUtensorMapSwizzle)
         assert isinstance(il, d.CUtensorMapInterleave) and isinstance(l2, d.CUtensorMapL2promotion)
         assert isinstance(oob, d.CUtensorMapFloatOOBfill)
@@ -117,13 +127,18 @@ def test_encode_calls_the_driver_with_its_enums(monkeypatch):
                                                                "CUtensorMapSwizzle", "CUtensorMapL2promotion",
                                                                "CUtensorMapFloatOOBfill", "CUresult")})
     fake.cuTensorMapEncodeTiled = fake_encode
+    fake.cuuint64_t, fake.cuuint32_t = d.cuuint64_t, d.cuuint32_t
     monkeypatch.setattr(driver, "_driver", lambda: fake)
     monkeypatch.setattr(driver, "check", lambda r, what: None)
     m = TM.TiledMap("bf16", 300, 200, 208, 1, 0, 64, 128)
     assert m.encode(4096) == bytes(range(128))
     dt, rank, addr, dims, strides, box, estr, sw = seen[0]
     assert dt == d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 and rank == 3 and addr == 4096
-    assert dims == [200, 300, 1] and strides == [416, 300 * 416] and box == [64, 128, 1] and estr == [1, 1, 1]
+    assert all(isinstance(v, d.cuuint64_t) for v in dims + strides) and all(isinstance(v, d.cuuint32_t)
+                                                                             for v in box + estr)
+    ints = lambda vs: [int(v) for v in vs]  # noqa: E731
+    assert ints(dims) == [200, 300, 1] and ints(strides) == [416, 300 * 416] and ints(box) == [64, 128, 1]
+    assert ints(estr) == [1, 1, 1]
     assert sw == d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
 
 
@@ -206,6 +221,74 @@ def test_tma_params_layout_matches_the_header():
     assert M.MatmulTmaParams.p.offset == 256 and ctypes.sizeof(M.MatmulTmaParams) == 384
 
 
+def test_cluster_candidate_plan(sm90, monkeypatch):
+    """The 2-CTA cluster candidate (gemm_tma_c, bf16 only): B's K-major box split between the two CTAs (64 K
+    x 128 rows each, multicast), MN-major B's slabs unchanged (two of the four each); the grid in whole
+    clusters of units of 2 tile rows, at most one block an SM; fp16 plans keep gemm_tma (no unit)."""
+    cand = M.TMA_CANDIDATES[0]
+    assert cand.cm == 2 and cand.expr("bf16", False, True).startswith("pydnn::matmul::gemm_tma_c<")
+    monkeypatch.setattr(M, "_tma_tile", lambda: cand)
+    pl = M.gemm_plan(sm90, BF16, 8192, 8192, 8192, trans_b=True)
+    assert pl.describe()[0] == cand.expr("bf16", False, True) and pl.tma.unit == "matmul.tmac.bf16"
+    assert pl.tma.grid == (132, 1, 1) and pl.tma.maps[1].map.box == (64, 128, 1)
+    assert pl.tma.maps[0].map.box == (64, 128, 1)
+    assert M.gemm_plan(sm90, BF16, 8192, 8192, 8192).tma.maps[1].map.box == (64, 64, 1)
+    assert M.gemm_plan(sm90, F16, 8192, 8192, 8192).tma.expr == M.TMA_TILE.expr("f16", False, False)
+    # 3 tile rows x 2 tile columns: units of 2 rows -> 2 x 2 = 4 units, 8 blocks at most
+    assert cand.grid(3, 2, 1, 132) == (8, 1, 1) and cand.grid(3, 2, 1, 5) == (4, 1, 1)
+    assert cand.grid(64, 32, 1, 132) == (132, 1, 1) and cand.grid(1, 1, 3, 132) == (6, 1, 1)
+    assert M.TMA_TILE.grid(3, 2, 1, 132) == (6, 1, 1) and M.TMA_TILE.grid(64, 32, 1, 132) == (132, 1, 1)
+
+
+def _cluster_units(tiles_m, tiles_n, batch, group_m, grid, cm):
+    """gemm_tma_body's item walk (its coords lambda) replayed for every block: (z, tm, tn) per item."""
+    units_m = -(-tiles_m // cm)
+    group = max(group_m // cm, 1) if cm > 1 else group_m
+    per_batch = units_m * tiles_n
+    walks = {}
+    for b in range(grid):
+        rank, first, step = b % cm, b // cm, grid // cm
+        w = []
+        for item in range(first, per_batch * batch, step):
+            z, i = divmod(item, per_batch)
+            per_group = group * tiles_n
+            g = i // per_group
+            gfirst = g * group
+            rows = min(units_m - gfirst, group)
+            r = i - g * per_group
+            w.append((z, (gfirst + r % rows) * cm + rank, r // rows))
+        walks[b] = w
+    return walks
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, batch, grid", [(64, 32, 1, 132), (3, 7, 2, 6), (5, 3, 4, 132),
+                                                           (1, 1, 1, 2), (9, 2, 1, 4)])
+@pytest.mark.parametrize("cm", [1, 2])
+def test_items_cover_each_tile_once(tiles_m, tiles_n, batch, grid, cm):
+    """Every (z, tm, tn) with tm < tiles_m is some block's item exactly once (a cluster's rank-1 block past an
+    odd tiles_m walks the pair too, storing nothing); the two blocks of a cluster walk the same tile
+    column and batch at every step (they share B); CM 1 is tile_coords_of's raster."""
+    group_m = min(8, tiles_m)
+    t = M.TmaTile(256, 4, cm=cm)
+    g = t.grid(tiles_m, tiles_n, batch, grid)[0]
+    walks = _cluster_units(tiles_m, tiles_n, batch, group_m, g, cm)
+    seen = [it for w in walks.values() for it in w if it[1] < tiles_m]
+    assert sorted(seen) == [(z, a, b) for z in range(batch) for a in range(tiles_m) for b in range(tiles_n)]
+    if cm == 2:
+        for c in range(g // 2):
+            w0, w1 = walks[2 * c], walks[2 * c + 1]
+            assert len(w0) == len(w1)
+            assert all(a[0] == b[0] and a[2] == b[2] and b[1] == a[1] + 1 for a, b in zip(w0, w1))
+    else:
+        import test_matmul_cpu as base
+
+        for b, w in walks.items():
+            for i, (z, tm, tn) in enumerate(w):
+                item = b + i * g
+                assert (z, tm, tn) == (item // (tiles_m * tiles_n),) + base._tile_coords_of(
+                    tiles_m, tiles_n, group_m, item % (tiles_m * tiles_n))
+
+
 # ----------------------------------------------------------------------------- ring protocol
 
 def _replay_ring(stages, ktiles, items_per_block, order_seed):
@@ -272,6 +355,86 @@ def test_ring_protocol(stages, ktiles, items, seed):
     assert _replay_ring(stages, ktiles, items, seed)
 
 
+def _replay_cluster_ring(stages, ktiles, items, seed):
+    """The 2-CTA cluster protocol (gemm_tma_c) replayed: per CTA a producer and two consumer warpgroups;
+    a producer waits its own empty barrier (4 arrivals: both CTAs' consumers), arrives (expect-tx) on its
+    own full barrier and writes its half of the stage into both CTAs, each half completing bytes on that
+    CTA's full barrier; a full barrier's phase completes on its producer's arrival plus both halves. Checks:
+    a half never lands on a full barrier still in an earlier phase (the tx accounting stays per phase), no
+    stage is overwritten while a consumer of that CTA may still read it, every consumer reads both halves
+    of K tile `it` from the fill `it`, and nothing deadlocks."""
+    import random
+
+    rnd = random.Random(seed)
+    total = ktiles * items
+    full = [[dict(phase=0, arrived=False, halves=set()) for _ in range(stages)] for _ in range(2)]
+    empty = [[dict(phase=0, arr=0) for _ in range(stages)] for _ in range(2)]
+    content = [[[None, None] for _ in range(stages)] for _ in range(2)]
+    reading = [[set() for _ in range(stages)] for _ in range(2)]  # consumers between read and release
+
+    def done(phase, parity):
+        return (phase & 1) != parity
+
+    def full_check(c, s):
+        f = full[c][s]
+        if f["arrived"] and f["halves"] == {0, 1}:
+            f["phase"] += 1
+            f["arrived"], f["halves"] = False, set()
+
+    prod = [0, 0]
+    cons = [[dict(it=0, pending=None) for _ in range(2)] for _ in range(2)]
+    steps = 0
+    while min(prod) < total or any(w["it"] < total for c in cons for w in c):
+        steps += 1
+        assert steps < 200000, "deadlock"
+        c = rnd.randrange(2)
+        who = rnd.randrange(3)
+        if who == 0 and prod[c] < total:
+            it = prod[c]
+            s, n = it % stages, it // stages
+            if done(empty[c][s]["phase"], (n & 1) ^ 1):
+                full[c][s]["arrived"] = True
+                full_check(c, s)
+                for dst in (0, 1):
+                    assert full[dst][s]["phase"] == n, f"half {c} of fill {it} met phase {full[dst][s]['phase']}"
+                    assert not reading[dst][s], f"stage {s} of CTA {dst} overwritten while read"
+                    content[dst][s][c] = it
+                    full[dst][s]["halves"].add(c)
+                    full_check(dst, s)
+                prod[c] += 1
+        elif who > 0:
+            w = cons[c][who - 1]
+            if w["it"] < total:
+                it = w["it"]
+                s = it % stages
+                if done(full[c][s]["phase"], (it // stages) & 1):
+                    assert content[c][s] == [it, it], f"CTA {c} consumer read {content[c][s]} as K tile {it}"
+                    reading[c][s].add(who)
+
+                    def release(j):
+                        reading[c][j % stages].discard(who)
+                        for r in (0, 1):
+                            e = empty[r][j % stages]
+                            e["arr"] += 1
+                            if e["arr"] == 4:
+                                e["arr"] = 0
+                                e["phase"] += 1
+                    if it % ktiles and w["pending"] is not None:
+                        release(w["pending"])
+                    w["pending"] = it
+                    w["it"] += 1
+                    if w["it"] % ktiles == 0:
+                        release(w["pending"])
+                        w["pending"] = None
+    return True
+
+
+@pytest.mark.parametrize("stages, ktiles, items", [(4, 1, 5), (4, 3, 4), (4, 9, 3), (3, 2, 7)])
+@pytest.mark.parametrize("seed", range(6))
+def test_cluster_ring_protocol(stages, ktiles, items, seed):
+    assert _replay_cluster_ring(stages, ktiles, items, seed)
+
+
 # ----------------------------------------------------------------------------- compilation
 
 def test_tma_units_compile_without_spills():
@@ -282,7 +445,7 @@ def test_tma_units_compile_without_spills():
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
 
-    for u in M.tma_units():
+    for u in M.tma_units() + M.tma_units(M.TMA_CANDIDATES, "matmul.tmac", ("bf16",)):
         text, _ = cache.unit_inputs(u)
         cubin, _, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90a", COMMON_OPTIONS + ("--ptxas-options=-v",),
                                             [str(cache.ptx_dir())])
@@ -301,3 +464,5 @@ def test_tma_units_compile_without_spills():
                 f.flush()
                 sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
             assert sass.count("UTMALDG.3D") >= 4 * 2 and "HGMMA.64x256x16.F32" in sass and "USETMAXREG" in sass
+            if "tmac" in u.name:
+                assert "UTMALDG.3D.MULTICAST" in sass and "UCGABAR_WAIT" in sass
