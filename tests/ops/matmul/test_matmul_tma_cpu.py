@@ -466,3 +466,63 @@ def test_tma_units_compile_without_spills():
             assert sass.count("UTMALDG.3D") >= 4 * 2 and "HGMMA.64x256x16.F32" in sass and "USETMAXREG" in sass
             if "tmac" in u.name:
                 assert "UTMALDG.3D.MULTICAST" in sass and "UCGABAR_WAIT" in sass
+
+
+FUSED_SRC = r'''
+#include "matmul.cu"
+namespace pydnn {
+namespace matmul {
+// An active epilogue of the protocol pydnn/graph/codegen.py generates (NoEpi's comment in ptx/matmul.cu):
+// gelu(acc + bias[col]) (erf form), the bias read as aligned pairs on the FAST path.
+struct BiasGelu {
+  static constexpr bool kActive = true, kRed = false, kStoreC = true;
+  const bf16_t* bias;
+  struct Row { const bf16_t* b; };
+  __device__ __forceinline__ Row row(long long, int) const { return Row{bias}; }
+  __device__ __forceinline__ bool pairs_ok() const { return true; }
+  template <bool FAST>
+  __device__ __forceinline__ void pair(const Row& r, float& a0, float& a1, int col, bool two) const {
+    float b0, b1 = 0.f;
+    if (FAST) {
+      const Vec<bf16_t, 2> v = *reinterpret_cast<const Vec<bf16_t, 2>*>(r.b + col);
+      b0 = load<float>(v.v[0]);
+      b1 = load<float>(v.v[1]);
+    } else {
+      b0 = load<float>(r.b[col]);
+      if (two) b1 = load<float>(r.b[col + 1]);
+    }
+    a0 += b0;
+    a1 += b1;
+    a0 = 0.5f * a0 * (1.f + erff(a0 * 0.70710678f));
+    a1 = 0.5f * a1 * (1.f + erff(a1 * 0.70710678f));
+  }
+  __device__ __forceinline__ float red_init() const { return 0.f; }
+  __device__ __forceinline__ float red_map(float v) const { return v; }
+  __device__ __forceinline__ float red_comb(float a, float) const { return a; }
+  __device__ __forceinline__ void red_done(long long, int, float) const {}
+  __device__ __forceinline__ float* red_ws() const { return nullptr; }
+  __device__ __forceinline__ unsigned* red_cnt() const { return nullptr; }
+};
+template <bool TB, int CM>
+__global__ void __launch_bounds__(384, 1) fused_tma(const __grid_constant__ MatmulTmaParams q, const bf16_t* bias) {
+  gemm_tma_body<bf16_t, 256, 4, false, TB, CM>(q, BiasGelu{bias});
+}
+}  // namespace matmul
+}  // namespace pydnn
+'''
+
+
+def test_tma_body_takes_an_active_epilogue():
+    """gemm_tma_body with an active (non-reduction) epilogue of the graph API's protocol compiles for sm_90a
+    without spills: the graph's fused GEMMs can move onto it (pydnn/graph builds its kernels from the body;
+    today they stay on gemm_wgmma_body: the planner does not hand them gemm_tma)."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    exprs = ("pydnn::matmul::fused_tma<true, 1>", "pydnn::matmul::fused_tma<false, 1>")
+    _, _, log = nvrtc.compile_cubin(FUSED_SRC, "fused_tma.cu", exprs, "sm_90a",
+                                    COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    log = log if isinstance(log, str) else log.decode()
+    assert log.count("Compiling entry function") == 2, log
+    assert log.count("0 bytes spill stores, 0 bytes spill loads") == 2, log
