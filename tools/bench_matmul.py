@@ -400,6 +400,9 @@ MID_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
               ("7B 16384x11008x4096 nt (x @ W^T)", 16384, 11008, 4096, False, True))
 
 
+GROUP_ROWS = ("8192^3 nn", "7B 16384x11008x4096 nt (x @ W^T)")
+
+
 def mid(out=None, rounds=5, shapes=MID_SHAPES):
     """gemm_tma (the chooser's pick on sm_90 with tuning.matmul.USE_TMA), the cluster candidate gemm_tma_c
     (TMA_CANDIDATES[0]), the persistent wgmma kernel (USE_TMA off) and torch.mm, bf16, timed in alternating
@@ -458,6 +461,20 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
                   f"{r['kernel_cluster']:10s} {r['tflops']['tma_c']:6.1f} ({r['ratio_tma_c']:.3f}x) | "
                   f"{r['kernel_old']:12s} {r['tflops']['wgmma_p']:6.1f} ({r['ratio_wgmma_p']:.3f}x) | torch.mm "
                   f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[2]:.1e} / {errs[1]:.1e}", flush=True)
+            if label in GROUP_ROWS:
+                # the raster's group of tile rows (L2 reuse; MatmulParams.group_m, 8 in the plans)
+                for gm in (4, 16):
+                    q = new.tma.params.p
+                    q.group_m = min(gm, q.tiles_m)
+                    tt, tp = [], []
+                    for _ in range(rounds):
+                        tp.append(time_ms(fns["tma"], reps=10, warmup=2))
+                        tt.append(time_ms(fns["torch"], reps=10, warmup=2))
+                    q.group_m = min(8, q.tiles_m)
+                    ratio = statistics.median(tt) / statistics.median(tp)
+                    r[f"ratio_tma_group{gm}"] = ratio
+                    print(f"{label:34s} gemm_tma group_m {gm:2d}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
+                          f"({ratio:.3f}x torch)", flush=True)
             del a, bb, c, c2, c3, out_t
     finally:
         pydnn.destroy(h)
