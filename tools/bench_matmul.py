@@ -461,7 +461,7 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
                   f"{r['kernel_cluster']:10s} {r['tflops']['tma_c']:6.1f} ({r['ratio_tma_c']:.3f}x) | "
                   f"{r['kernel_old']:12s} {r['tflops']['wgmma_p']:6.1f} ({r['ratio_wgmma_p']:.3f}x) | torch.mm "
                   f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[2]:.1e} / {errs[1]:.1e}", flush=True)
-            if label in GROUP_ROWS:
+            if label in GROUP_ROWS and new.tma is not None:
                 # the raster's group of tile rows (L2 reuse; MatmulParams.group_m, 8 in the plans)
                 for gm in (4, 16):
                     q = new.tma.params.p
@@ -476,11 +476,11 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
                     print(f"{label:34s} gemm_tma group_m {gm:2d}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
                           f"({ratio:.3f}x torch)", flush=True)
             del a, bb, c, c2, c3, out_t
+            if out:  # after every shape (a run cut short keeps the rows done)
+                with open(out, "w") as f:
+                    json.dump(rows, f, indent=1)
     finally:
         pydnn.destroy(h)
-    if out:
-        with open(out, "w") as f:
-            json.dump(rows, f, indent=1)
     return rows
 
 
