@@ -618,10 +618,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 
 // ------------------------------------------------------------------------------------------ wgmma (sm_90a)
 
-// The epilogue of gemm_wgmma / gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator
-// fragment of consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an
-// active Epi (see NoEpi). THREADS: the threads of the block that run the epilogue together (the reduction
-// epilogue's block-wide barriers; gemm_tma, whose producer warpgroup does not take part, has none).
+// The epilogue of gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator fragment of
+// consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an active Epi (see
+// NoEpi); the same code as gemm_wgmma_body's epilogue, which keeps its inline copy: calling this function
+// from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
+// sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
+// together (the reduction epilogue's block-wide barriers; gemm_tma's producer warpgroup takes no part).
 template <class T, int BN, int THREADS, class Epi>
 __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
                                             int tm, int tn, int wg) {
@@ -904,7 +906,115 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
       }
       continue;
     }
-    wg_epilogue<T, BN, THREADS>(p, epi, acc, z, tm, tn, wg);
+    T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
+    const T* bias = reinterpret_cast<const T*>(p.bias);
+    if constexpr (!Epi::kActive) {
+      // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+      // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+      // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+      if (m0 + BM <= p.m && n0 + BN <= p.n &&
+          (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
+              PYDNN_MATMUL_FLAG_PAIR) {
+        const float alpha = p.alpha;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            Vec<T, 2> out;
+            out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+            out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+            *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+          }
+        }
+        continue;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+        if (row >= p.m) continue;
+        T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = n0 + j * 8 + (lane & 3) * 2;
+          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      }
+    } else {
+      auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
+      // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
+      // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
+      // literal, so the inlined copies fold it as a template argument would
+      auto tile = [&](const bool FAST) {
+        float part[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
+          const int row = row_of(h);
+          part[h] = epi.red_init();
+          if (!FAST && row >= p.m) continue;
+          const typename Epi::Row er = epi.row(z, row);
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + j * 8 + (lane & 3) * 2;
+            if (FAST || col < p.n) {
+              float& v0 = acc[4 * j + 2 * h];
+              float& v1 = acc[4 * j + 2 * h + 1];
+              const bool two = FAST || col + 1 < p.n;
+              v0 *= p.alpha;
+              v1 *= p.alpha;
+              if (FAST)
+                epi.template pair<true>(er, v0, v1, col, two);
+              else
+                epi.template pair<false>(er, v0, v1, col, two);
+              if constexpr (Epi::kRed) {
+                part[h] = epi.red_comb(part[h], epi.red_map(v0));
+                if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
+              }
+            }
+          }
+        }
+        if constexpr (Epi::kStoreC) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+            const int row = row_of(h);
+            if (!FAST && row >= p.m) continue;
+            T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              const int col = n0 + j * 8 + (lane & 3) * 2;
+              if (FAST) {
+                Vec<T, 2> out;
+                out.v[0] = store<T>(acc[4 * j + 2 * h]);
+                out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
+                *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
+              } else if (col < p.n) {
+                put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+              }
+            }
+          }
+        }
+        if constexpr (Epi::kRed) {
+          // a row's BN columns are in the 4 lanes of a quad
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
+            part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
+          }
+          Vec<float, 2> pv;
+          Vec<int, 2> rows;
+          pv.v[0] = part[0];
+          pv.v[1] = part[1];
+          rows.v[0] = row_of(0);
+          rows.v[1] = row_of(1);
+          if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
+            red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
+        }
+      };
+      if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
+        tile(true);
+      else
+        tile(false);
+    }
   }
 }
 
