@@ -1250,11 +1250,14 @@ __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ Matmu
   gemm_tma_body<T, BN, STAGES, TA, TB>(q, NoEpi());
 }
 
-// The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks.
+// The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__
+// is an error before sm_90 even in a template never instantiated: the units of other archs include this file.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <class T, int BN, int STAGES, bool TA, bool TB>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) gemm_tma_c(const __grid_constant__ MatmulTmaParams q) {
   gemm_tma_body<T, BN, STAGES, TA, TB, 2>(q, NoEpi());
 }
+#endif
 
 // ------------------------------------------------------------------------------------------ CUDA cores
 
