@@ -21,7 +21,9 @@
 //
 // gemm_wgmma (half, bfloat16; sm_90a units only): Hopper warpgroup MMA straight from shared memory
 // (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below. gemm_wgmma_p: the
-// same, persistent (one wave of blocks walking the tiles).
+// same, persistent (one wave of blocks walking the tiles). gemm_tma (sm_90a): the 128 x 256 tile fed by TMA
+// copies from a producer warpgroup into an mbarrier ring, two consumer warpgroups, persistent (described at
+// the kernel below; gemm_tma_c: its 2-CTA cluster candidate).
 //
 // gemm_simt (float): CUDA-core FMA, BM x BN block tiles of 32 x 64 warp tiles, 8 x 8 outputs per thread,
 // both operands K-major in shared memory, fragments double-buffered in registers, the next K tile

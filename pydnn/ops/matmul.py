@@ -28,7 +28,8 @@ fragments double-buffered in registers), one of three block tiles chosen per pro
 64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least 3/4 of a
 wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swizzled shared tiles,
 ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES; the 128x256 tile runs
-persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST: WG_PERSIST_TILE); operands whose pointer,
+persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST: WG_PERSIST_TILE; where both
+operands suit TMA, plain GEMMs run gemm_tma in its place: TMA_TILE, tuning.matmul.USE_TMA); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
 loading element by element). float runs on
 CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, persistent blocks, any
