@@ -513,7 +513,7 @@ class GemmPlan:
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
                  "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes",
-                 "tma")
+                 "tma", "tma_off")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
@@ -552,17 +552,24 @@ class GemmPlan:
         rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
         if self.tma is not None and rec is self.fast:
             # the maps hold A's and B's base addresses: encoded once per address (MapCache), copied in
-            rec = self.tma
-            f = rec.function(handle)
-            q = rec.params
-            ma, mb = rec.maps
-            ctypes.memmove(q.map_a, ma.get(a), tensormap.MAP_BYTES)
-            ctypes.memmove(q.map_b, mb.get(b), tensormap.MAP_BYTES)
-            p = q.p
-            p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
-            p.alpha, p.beta, p.flags = alpha, beta, flags
-            driver.launch_args(f, rec.grid, rec.block, rec.smem, handle.cu_stream, rec.args)
-            return
+            t = self.tma
+            f = t.function(handle)
+            ma, mb = t.maps
+            try:
+                ba, bb = ma.get(a), mb.get(b)
+            except (PydnnError, AttributeError, TypeError) as e:
+                # no encoder (a CPU stand-in for the driver, bindings without cuTensorMapEncodeTiled) or a map
+                # the driver refused: the plan keeps the wgmma kernel from now on (tma_off says why)
+                self.tma, self.tma_off = None, f"{type(e).__name__}: {e}"
+            else:
+                q = t.params
+                ctypes.memmove(q.map_a, ba, tensormap.MAP_BYTES)
+                ctypes.memmove(q.map_b, bb, tensormap.MAP_BYTES)
+                p = q.p
+                p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
+                p.alpha, p.beta, p.flags = alpha, beta, flags
+                driver.launch_args(f, t.grid, t.block, t.smem, handle.cu_stream, t.args)
+                return
         if self.split and rec is self.fast and workspace and workspace_size >= self.ws_bytes:
             ws = device_ptr(workspace, "workspace", self.ws_bytes)
             if ws % 16 == 0:
@@ -688,7 +695,7 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
-    pl.fast = pl.general = pl.reduce = pl.split_fast = pl.tma = None
+    pl.fast = pl.general = pl.reduce = pl.split_fast = pl.tma = pl.tma_off = None
     pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False
     if pl.empty:

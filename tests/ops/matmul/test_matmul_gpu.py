@@ -155,6 +155,7 @@ def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=True):
     assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
     pb.run(handle, rng, plan=plan)
     pb.run(handle, rng, alpha=-1.25, beta=0.5 if bias else 0.0, plan=plan)
+    assert plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True), plan.tma_off  # gemm_tma: no fallback
 
 
 @pytest.mark.parametrize("tile", range(len(M.CANDIDATE_TILES)))
@@ -472,6 +473,7 @@ def test_tma_chosen_projection_vs_float64(handle, rng, m, n, k):
         if h.arch == M.WG_ARCH and tuning.matmul.USE_WGMMA and tuning.matmul.USE_TMA:
             assert plan.describe()[0] == M.TMA_TILE.expr("bf16", False, True)
         plan.launch(h, x.data_ptr(), w.data_ptr(), y.data_ptr())
+        assert plan.tma_off is None, plan.tma_off
         want = x.double() @ w.double().t()
         scale = x.double().abs() @ w.double().abs().t()
         torch.cuda.synchronize()

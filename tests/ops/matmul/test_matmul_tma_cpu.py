@@ -213,6 +213,22 @@ def test_tma_launch_encodes_once_per_address(sm90, monkeypatch):
     assert len(enc) == n_enc and got[-1][0] == pl.general.expr
 
 
+def test_tma_plan_falls_back_when_the_driver_cannot_encode(sm90, monkeypatch):
+    """A driver that cannot encode (tools/bench_host.py's CPU stand-in has no cuTensorMapEncodeTiled; old
+    bindings; a map refused): the plan launches its wgmma kernel, from then on, and says why (tma_off)."""
+    from pydnn._cuda import driver
+
+    monkeypatch.setattr(M._Launch, "function", lambda self, handle: self.expr)
+    got = []
+    monkeypatch.setattr(driver, "launch_args", lambda f, g, b, s, st, a: got.append(f))
+    monkeypatch.setattr(driver, "_driver", lambda: types.SimpleNamespace())  # no encoder at all
+    pl = M.gemm_plan(sm90, BF16, 4096, 4096, 4096)
+    assert pl.tma is not None
+    pl.launch(sm90, 1 << 32, 2 << 32, 3 << 32)
+    assert got == [pl.fast.expr] and pl.tma is None and "AttributeError" in pl.tma_off
+    assert pl.describe()[0] == pl.fast.expr
+
+
 def test_tma_params_layout_matches_the_header():
     """MatmulTmaParams: the maps at 0 and 128 (64-byte aligned in C), MatmulParams at 256, 384 bytes (the C
     struct's size: a multiple of its 64-byte alignment). tests/kernels/test_params_layout.py compiles the
