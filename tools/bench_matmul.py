@@ -250,13 +250,20 @@ def _case(bh, dtype, label, m, n, k, ta=False, tb=False, batch=1, tile=None, che
     kw = dict(trans_a=ta, trans_b=tb, batch=batch, stride_a=a[0].numel() if batch > 1 else 0,
               stride_b=bb[0].numel() if batch > 1 else 0, stride_c=c[0].numel() if batch > 1 else 0)
     if tile is not None:
+        from pydnn import tuning
+
+        # a forced wgmma tile runs itself (not gemm_tma in its place); a TmaTile runs through the 128x256 choice
+        tma = isinstance(tile, M.TmaTile)
         name = "_choose_simt_tile" if isinstance(tile, M.SimtTile) else "_choose_tile"
-        orig = getattr(M, name)
-        setattr(M, name, lambda *x: tile)
+        orig, orig_tma, orig_use = getattr(M, name), M._tma_tile, tuning.matmul.USE_TMA
+        setattr(M, name, (lambda *x: M.WG_PERSIST_TILE) if tma else (lambda *x: tile))
+        M._tma_tile = (lambda: tile) if tma else orig_tma
+        tuning.matmul.USE_TMA = tma
         try:
             plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
         finally:
             setattr(M, name, orig)
+            M._tma_tile, tuning.matmul.USE_TMA = orig_tma, orig_use
     else:
         plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
     ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
@@ -381,7 +388,7 @@ def _wgmma(b):
     if b.h.arch != M.WG_ARCH:
         return
     M.wgmma_extra_units()
-    for t in M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES:
+    for t in M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES + (M.TMA_TILE,) + M.TMA_CANDIDATES:
         for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
             tn = ("t" if ta else "n") + ("t" if tb else "n")
             _case(b, BF16, f"4096^3 {tn} [wgmma {t}]", 4096, 4096, 4096, ta, tb, tile=t)
