@@ -407,10 +407,11 @@ MID_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
               ("7B 16384x11008x4096 nt (x @ W^T)", 16384, 11008, 4096, False, True))
 
 
-GROUP_ROWS = ("8192^3 nn", "7B 16384x11008x4096 nt (x @ W^T)")
+GROUP_ROWS = ("8192^3 nn", "7B 16384x4096x4096 nn (x @ W)", "7B 16384x4096x4096 nt (x @ W^T)")
+L2_ROWS = ("7B 16384x4096x4096 nt (x @ W^T)",)
 
 
-def mid(out=None, rounds=5, shapes=MID_SHAPES):
+def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
     """gemm_tma (the chooser's pick on sm_90 with tuning.matmul.USE_TMA), the cluster candidate gemm_tma_c
     (TMA_CANDIDATES[0]), the persistent wgmma kernel (USE_TMA off) and torch.mm, bf16, timed in alternating
     rounds (each round: the four, 10 samples each; medians), ratios printed as torch time / pydnn time (> 1:
@@ -438,7 +439,7 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
             finally:
                 M._tma_tile = orig
             tuning.matmul.USE_TMA = False
-            old = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            old = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb) if old_kernel else new
             tuning.matmul.USE_TMA = True
             c3 = torch.empty_like(c)
             ap, bp = a.data_ptr(), bb.data_ptr()
@@ -446,6 +447,8 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
                    "tma_c": lambda: clu.launch(h, ap, bp, c3.data_ptr()),
                    "wgmma_p": lambda: old.launch(h, ap, bp, c2.data_ptr()),
                    "torch": _torch_fn(a, bb, ta, tb, out_t)}
+            if not old_kernel:
+                fns["wgmma_p"] = fns["tma"]  # (its column repeats gemm_tma's; no rounds spent on it)
             for f in fns.values():
                 f()
             torch.cuda.synchronize()
@@ -453,7 +456,10 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
             t = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, f in fns.items():
-                    t[name].append(time_ms(f, reps=10, warmup=2))
+                    if name != "wgmma_p" or old_kernel:
+                        t[name].append(time_ms(f, reps=10, warmup=2))
+            if not old_kernel:
+                t["wgmma_p"] = t["tma"]
             med = {name: statistics.median(v) for name, v in t.items()}
             fl = 2.0 * m * n * k
             r = dict(case=label, device=dev, kernel_new=new.describe()[0].split("<")[0].split("::")[-1],
@@ -482,6 +488,26 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES):
                     r[f"ratio_tma_group{gm}"] = ratio
                     print(f"{label:34s} gemm_tma group_m {gm:2d}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
                           f"({ratio:.3f}x torch)", flush=True)
+            if label in L2_ROWS and new.tma is not None:
+                # the maps' L2 promotion (DRAM -> L2 fetch size; 256B in the plans)
+                from pydnn._cuda import tensormap as TMm
+
+                keep = new.tma.maps
+                for l2 in ("NONE", "L2_128B"):
+                    new.tma.maps = tuple(TMm.MapCache(TMm.TiledMap.__new__(TMm.TiledMap)) for _ in keep)
+                    for mc, kc in zip(new.tma.maps, keep):
+                        for f in kc.map.__slots__:
+                            setattr(mc.map, f, getattr(kc.map, f))
+                        mc.map.l2 = l2
+                    tt, tp = [], []
+                    for _ in range(rounds):
+                        tp.append(time_ms(fns["tma"], reps=10, warmup=2))
+                        tt.append(time_ms(fns["torch"], reps=10, warmup=2))
+                    ratio = statistics.median(tt) / statistics.median(tp)
+                    r[f"ratio_tma_l2_{l2}"] = ratio
+                    print(f"{label:34s} gemm_tma L2 promotion {l2:7s}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
+                          f"({ratio:.3f}x torch)", flush=True)
+                new.tma.maps = keep
             del a, bb, c, c2, c3, out_t
             if out:  # after every shape (a run cut short keeps the rows done)
                 with open(out, "w") as f:
@@ -501,8 +527,9 @@ if __name__ == "__main__":
     ap.add_argument("--mid", action="store_true", help="gemm_tma vs gemm_wgmma_p vs torch.mm on 8192^3 and the 7B shapes")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-old", action="store_true", help="--mid without the gemm_wgmma_p column (its compile)")
     args = ap.parse_args()
     if args.mid:
-        mid(args.out, args.rounds)
+        mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:
         ap.error("run the full benchmark through tools/bench.py --families matmul")

@@ -37,9 +37,9 @@ class TiledMap:
     """The encoding arguments of one operand's map (see the module docstring). Raises ValueError naming
     the rule a problem breaks (map_problem returns it as text instead)."""
 
-    __slots__ = ("tag", "dims", "strides", "box", "esize")
+    __slots__ = ("tag", "dims", "strides", "box", "esize", "l2")
 
-    def __init__(self, tag, rows, cols, ld, batch, stride, box_cols, box_rows):
+    def __init__(self, tag, rows, cols, ld, batch, stride, box_cols, box_rows, l2="L2_256B"):
         why = map_problem(tag, rows, cols, ld, batch, stride, box_cols, box_rows)
         if why:
             raise ValueError(why)
@@ -50,12 +50,13 @@ class TiledMap:
         self.dims = (cols, rows, batch)
         self.strides = (ld * es, bstride * es)  # bytes, dims 1 and 2 (dim 0 is contiguous)
         self.box = (box_cols, box_rows, 1)
+        self.l2 = l2  # CUtensorMapL2promotion: NONE, L2_64B, L2_128B, L2_256B (DRAM -> L2 fetch granularity)
 
     def args(self, address):
         """The positional arguments of cuTensorMapEncodeTiled after the data type, for `address` (enum
         arguments by name: interleave, swizzle, L2 promotion, out-of-bounds fill)."""
         return (DTYPE_NAMES[self.tag], 3, address, self.dims, self.strides, self.box, (1, 1, 1),
-                "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+                "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B", f"CU_TENSOR_MAP_L2_PROMOTION_{self.l2}",
                 "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
 
     def encode(self, address):
