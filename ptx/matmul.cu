@@ -626,7 +626,21 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 // from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
 // sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
 // together (the reduction epilogue's block-wide barriers; gemm_tma's producer warpgroup takes no part).
-template <class T, int BN, int THREADS, class Epi>
+// x[i] <- x[(i + k) & 3] (k lane dependent: two select stages, no indexed registers).
+__device__ __forceinline__ void rot4(unsigned (&x)[4], int k) {
+  unsigned a[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = (k & 1) ? x[(i + 1) & 3] : x[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] = (k & 2) ? a[(i + 2) & 3] : a[i];
+}
+
+// WIDE (gemm_tma's candidate): an interior tile without beta or bias whose C rows start 16-byte aligned
+// (PYDNN_MATMUL_FLAG_C16) stores 16 bytes a lane: the 4 lanes of a quad hold a row's 8-column groups j as
+// pairs (lane u: columns 8j + 2u, +1); for 4 groups at a time they transpose the packed pairs (4 shuffles,
+// the lane-dependent indices as rotations) so that lane t holds group 4jj + t whole. A warp's store then
+// fills whole 32-byte sectors (8 rows x 64 bytes) instead of half sectors (8 rows x 16 bytes, 4 stores).
+template <class T, int BN, int THREADS, bool WIDE = false, class Epi>
 __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
                                             int tm, int tn, int wg) {
   constexpr int BM = 128;
@@ -634,6 +648,34 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
   const int m0 = tm * BM, n0 = tn * BN;
   T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
   const T* bias = reinterpret_cast<const T*>(p.bias);
+  if constexpr (WIDE && !Epi::kActive && sizeof(T) == 2) {
+    constexpr unsigned F = PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS | PYDNN_MATMUL_FLAG_C16;
+    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & F) == (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_C16)) {
+      const float alpha = p.alpha;
+      const int t = lane & 3, qbase = lane & ~3;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0;
+#pragma unroll
+        for (int jj = 0; jj < BN / 32; ++jj) {
+          unsigned x[4];  // x[s]: this lane's pair of group 4jj + s, sent as z[d] = x[(t - d) & 3] in round d
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const int j = 4 * jj + s;
+            x[s] = pack16x2<T>(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]);
+          }
+          unsigned zr[4] = {x[0], x[3], x[2], x[1]};
+          rot4(zr, (4 - t) & 3);
+          unsigned y[4];  // round d: from lane (t + d) & 3 its pair of group 4jj + t
+#pragma unroll
+          for (int d = 0; d < 4; ++d) y[d] = __shfl_sync(0xffffffffu, zr[d], qbase | ((t + d) & 3));
+          rot4(y, (4 - t) & 3);  // y[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
+          *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(y[0], y[1], y[2], y[3]);
+        }
+      }
+      return;
+    }
+  }
   if constexpr (!Epi::kActive) {
     // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
     // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
@@ -1094,7 +1136,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
 // own CTA's and on the peer's). The pair walks pair items together (tile rows in pairs; a pair past an
 // odd tiles_m copies zeros and stores nothing); a CTA leaves only after the cluster barrier at the end (no
 // copy or arrival of its peer may still be aimed at its shared memory).
-template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, class Epi>
+template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, class Epi>
 __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
@@ -1238,7 +1280,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
       wgmma::wait<0>();
       wgmma::fence_operands(acc);
       if (ktiles > 0 && signals) release((it - 1) % STAGES);
-      if (tm < p.tiles_m) wg_epilogue<T, BN, 256>(p, epi, acc, z, tm, tn, wg);
+      if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE>(p, epi, acc, z, tm, tn, wg);
     }
   }
   if constexpr (CM > 1) {
@@ -1247,9 +1289,9 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
   }
 }
 
-template <class T, int BN, int STAGES, bool TA, bool TB>
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false>
 __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
-  gemm_tma_body<T, BN, STAGES, TA, TB>(q, NoEpi());
+  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE>(q, NoEpi());
 }
 
 // The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__

@@ -13,6 +13,7 @@
 #define PYDNN_MATMUL_FLAG_BETA 1u  /* beta != 0: read C (never read otherwise) */
 #define PYDNN_MATMUL_FLAG_BIAS 2u  /* add bias[j] */
 #define PYDNN_MATMUL_FLAG_PAIR 4u  /* C (every batch) is 2-element aligned: store column pairs at once */
+#define PYDNN_MATMUL_FLAG_C16 8u   /* C's rows (every batch) start 16-byte aligned (gemm_tma's WIDE stores) */
 
 typedef struct {
   const void *a, *b;

@@ -433,18 +433,22 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
             tuning.matmul.USE_TMA = True
             new = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
             orig = M._tma_tile
-            M._tma_tile = lambda: M.TMA_CANDIDATES[0]
             try:
+                M._tma_tile = lambda: M.TMA_CANDIDATES[0]
                 clu = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+                M._tma_tile = lambda: M.TMA_CANDIDATES[1]
+                wide = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
             finally:
                 M._tma_tile = orig
             tuning.matmul.USE_TMA = False
             old = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb) if old_kernel else new
             tuning.matmul.USE_TMA = True
             c3 = torch.empty_like(c)
+            c4 = torch.empty_like(c)
             ap, bp = a.data_ptr(), bb.data_ptr()
             fns = {"tma": lambda: new.launch(h, ap, bp, c.data_ptr()),
                    "tma_c": lambda: clu.launch(h, ap, bp, c3.data_ptr()),
+                   "tma_w": lambda: wide.launch(h, ap, bp, c4.data_ptr()),
                    "wgmma_p": lambda: old.launch(h, ap, bp, c2.data_ptr()),
                    "torch": _torch_fn(a, bb, ta, tb, out_t)}
             if not old_kernel:
@@ -452,7 +456,7 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
             for f in fns.values():
                 f()
             torch.cuda.synchronize()
-            errs = (_err(c, out_t), _err(c2, out_t), _err(c3, out_t))
+            errs = (_err(c, out_t), _err(c2, out_t), _err(c3, out_t), _err(c4, out_t))
             t = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, f in fns.items():
@@ -467,13 +471,15 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
                      ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
                      kernel_cluster=clu.describe()[0].split("<")[0].split("::")[-1],
                      ratio_tma=med["torch"] / med["tma"], ratio_wgmma_p=med["torch"] / med["wgmma_p"],
-                     ratio_tma_c=med["torch"] / med["tma_c"],
-                     err_tma=errs[0], err_wgmma_p=errs[1], err_tma_c=errs[2])
+                     ratio_tma_c=med["torch"] / med["tma_c"], ratio_tma_w=med["torch"] / med["tma_w"],
+                     err_tma=errs[0], err_wgmma_p=errs[1], err_tma_c=errs[2], err_tma_w=errs[3])
             rows.append(r)
             print(f"{label:34s} {r['kernel_new']:10s} {r['tflops']['tma']:6.1f} TFLOP/s ({r['ratio_tma']:.3f}x torch) | "
                   f"{r['kernel_cluster']:10s} {r['tflops']['tma_c']:6.1f} ({r['ratio_tma_c']:.3f}x) | "
+                  f"wide {r['tflops']['tma_w']:6.1f} ({r['ratio_tma_w']:.3f}x) | "
                   f"{r['kernel_old']:12s} {r['tflops']['wgmma_p']:6.1f} ({r['ratio_wgmma_p']:.3f}x) | torch.mm "
-                  f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[2]:.1e} / {errs[1]:.1e}", flush=True)
+                  f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[2]:.1e} / {errs[3]:.1e} / {errs[1]:.1e}",
+                  flush=True)
             if label in GROUP_ROWS and new.tma is not None:
                 # the raster's group of tile rows (L2 reuse; MatmulParams.group_m, 8 in the plans)
                 for gm in (4, 16):
@@ -508,7 +514,7 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
                     print(f"{label:34s} gemm_tma L2 promotion {l2:7s}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
                           f"({ratio:.3f}x torch)", flush=True)
                 new.tma.maps = keep
-            del a, bb, c, c2, c3, out_t
+            del a, bb, c, c2, c3, c4, out_t
             if out:  # after every shape (a run cut short keeps the rows done)
                 with open(out, "w") as f:
                     json.dump(rows, f, indent=1)

@@ -72,7 +72,7 @@ C_API = []              # internal module: no C functions (see the docstring for
 C_OPAQUE_TYPES = []
 C_NULLABLE = {}
 
-FLAG_BETA, FLAG_BIAS, FLAG_PAIR = 1, 2, 4  # PYDNN_MATMUL_FLAG_* in ptx/matmul_params.h
+FLAG_BETA, FLAG_BIAS, FLAG_PAIR, FLAG_C16 = 1, 2, 4, 8  # PYDNN_MATMUL_FLAG_* in ptx/matmul_params.h
 INT_MAX = 2**31 - 1
 MAX_GRID_Z = 65535          # the kernels loop over the batch past the grid's z
 GROUP_M = 8                 # tile raster: groups of 8 tile rows (L2 reuse of B's columns)
@@ -228,8 +228,11 @@ class TmaTile:
     at most one wave walking the tiles); shared memory: the ring (+1 KiB to align it to 1024 bytes) and 2
     mbarriers a stage."""
 
-    def __init__(self, bn, stages, unit="matmul.tma", cm=1):
+    def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False):
         self.bm, self.bn, self.stages = 128, bn, stages
+        self.wide = wide  # interior tiles store 16 bytes a lane (quad transposes; FLAG_C16)
+        if wide and cm != 1:
+            raise ValueError("wide: the 1-CTA kernel only")
         self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
         self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
@@ -239,7 +242,8 @@ class TmaTile:
             raise ValueError("gemm_tma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
         kern = "gemm_tma_c" if self.cm == 2 else "gemm_tma"
-        return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}>"
+        w = ", true" if self.wide else ""
+        return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}{w}>"
 
     def map_shapes(self, ta, tb):
         """(box_cols, box_rows) of A's and B's maps: a K-major operand one box of 64 K x the tile's rows (B's
@@ -265,7 +269,7 @@ class TmaTile:
 TMA_TILE = TmaTile(256, 4)
 # Candidates measured before they replace TMA_TILE (their own units, bf16 only, in the build so the device
 # runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast.
-TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
+TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2), TmaTile(256, 4, unit="matmul.tmaw", wide=True))
 
 
 class SimtTile:
@@ -513,7 +517,7 @@ class GemmPlan:
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
                  "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes",
-                 "tma", "tma_off")
+                 "tma", "tma_off", "c16_ok")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
@@ -567,7 +571,8 @@ class GemmPlan:
                 ctypes.memmove(q.map_b, bb, tensormap.MAP_BYTES)
                 p = q.p
                 p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
-                p.alpha, p.beta, p.flags = alpha, beta, flags
+                p.alpha, p.beta = alpha, beta
+                p.flags = flags | FLAG_C16 if self.c16_ok and c % 16 == 0 else flags
                 driver.launch_args(f, t.grid, t.block, t.smem, handle.cu_stream, t.args)
                 return
         if self.split and rec is self.fast and workspace and workspace_size >= self.ws_bytes:
@@ -695,6 +700,7 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
+    pl.c16_ok = pl.esize == 2 and pl.ldc % 8 == 0 and (one or pl.stride_c % 8 == 0)
     pl.fast = pl.general = pl.reduce = pl.split_fast = pl.tma = pl.tma_off = None
     pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False

@@ -246,7 +246,8 @@ def test_wgmma_units_are_sm90a_only():
             with pytest.raises(KeyError, match="not built for"):
                 loader.load_unit(arch, u)
     for name, u in units.items():
-        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.", "matmul.tmac.")):
+        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.", "matmul.tmac.",
+                                 "matmul.tmaw.")):
             assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
     with pytest.raises(ValueError):
         M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
@@ -297,7 +298,7 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 18
+    assert len(units) == 19
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -377,7 +378,7 @@ def test_units_compile(arch):
     for u in units:
         target = unit_arch(u, arch)
         if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.",
-                              "matmul.tmac.")):  # sm_90a only: built as such on sm_90, absent elsewhere
+                              "matmul.tmac.", "matmul.tmaw.")):  # sm_90a only: built as such on sm_90, absent elsewhere
             assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
             if target is None:
                 continue

@@ -503,3 +503,23 @@ def test_tma_cluster_candidate(handle, rng, monkeypatch, trans):
         monkeypatch.setattr(handle, "sm_count", sms)
         for m, n, k, batch in [(5 * 128 + 5, 2 * 256 + 8, 1000, 1), (2 * 128 + 37, 256 + 91, 203, 3)]:
             _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+def test_tma_wide_candidate(handle, rng, monkeypatch, trans):
+    """gemm_tma's WIDE candidate (interior tiles without beta / bias store 16 bytes a lane after a quad
+    transpose; bf16), forced: interior tiles (no bias, beta 0: the wide store) beside edge tiles, a batch,
+    then with bias and beta (the pair stores), and C 2 elements off 16 bytes (no FLAG_C16: pair stores)."""
+    _sm90_only(handle)
+    cand = M.TMA_CANDIDATES[1]
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
+    monkeypatch.setattr(M, "_tma_tile", lambda: cand)
+    for m, n, k, batch in [(2 * 128, 2 * 256, 200, 2), (3 * 128 + 5, 2 * 256 + 8, 1000, 1), (128, 256, 64, 1)]:
+        _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch, bias=False)
+    _check_forced_tile(handle, rng, BF16, trans, cand, 2 * 128 + 37, 256 + 91, 203, 1)
+    ta, tb = trans
+    pb = Problem(rng, BF16, 256, 512, 128, ta, tb, offs=(0, 0, 2), pad8=True)
+    plan = pb.plan(handle)
+    assert plan.describe()[0] == cand.expr("bf16", ta, tb)
+    pb.run(handle, rng, plan=plan)

@@ -202,7 +202,7 @@ def test_tma_launch_encodes_once_per_address(sm90, monkeypatch):
     q = M.MatmulTmaParams.from_buffer_copy(got[-1][4])
     assert bytes(q.map_a) == fake_bytes(a) and bytes(q.map_b) == fake_bytes(b)
     assert (q.p.a, q.p.b, q.p.c, q.p.bias, q.p.alpha, q.p.beta) == (a, b, c, bias, 0.5, 0.25)
-    assert q.p.flags == M.FLAG_BETA | M.FLAG_BIAS | M.FLAG_PAIR
+    assert q.p.flags == M.FLAG_BETA | M.FLAG_BIAS | M.FLAG_PAIR | M.FLAG_C16  # ldc 4096, c 16-byte aligned
     assert got[-1][:4] == (pl.tma.expr, pl.tma.grid, (384, 1, 1), M.TMA_TILE.smem)
     pl.launch(sm90, a + 4096, b, c, 1.0, 0.0, bias)
     assert enc == [a, b, a + 4096]  # B's map kept
@@ -461,7 +461,7 @@ def test_tma_units_compile_without_spills():
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
 
-    for u in M.tma_units() + M.tma_units(M.TMA_CANDIDATES, "matmul.tmac", ("bf16",)):
+    for u in M.tma_units() + [u for t in M.TMA_CANDIDATES for u in M.tma_units((t,), t.unit, ("bf16",))]:
         text, _ = cache.unit_inputs(u)
         cubin, _, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90a", COMMON_OPTIONS + ("--ptxas-options=-v",),
                                             [str(cache.ptx_dir())])
@@ -542,3 +542,41 @@ def test_tma_body_takes_an_active_epilogue():
     log = log if isinstance(log, str) else log.decode()
     assert log.count("Compiling entry function") == 2, log
     assert log.count("0 bytes spill stores, 0 bytes spill loads") == 2, log
+
+
+def test_wide_store_transpose_emulated():
+    """gemm_tma's WIDE store (wg_epilogue) replayed for a warp: the quad transposes (rot4, the 4 shuffles) give
+    lane t of a quad group 4jj + t's 8 columns in order; every (row, column) of the warp's 16 x BN block is
+    stored once with its accumulator value."""
+    import numpy as np
+
+    BN = 256
+    rng = np.random.default_rng(1)
+    D = rng.standard_normal((16, BN))
+    acc = np.zeros((32, BN // 2))  # the m64nNk16 fragment, warp 0: d[4j + 2h + e] = D[l/4 + 8h][8j + 2(l%4) + e]
+    for l in range(32):
+        for j in range(BN // 8):
+            for h in range(2):
+                for e in range(2):
+                    acc[l, 4 * j + 2 * h + e] = D[l // 4 + 8 * h, 8 * j + 2 * (l % 4) + e]
+
+    def rot4(x, k):
+        a = [x[(i + 1) & 3] if k & 1 else x[i] for i in range(4)]
+        return [a[(i + 2) & 3] if k & 2 else a[i] for i in range(4)]
+
+    out = np.full((16, BN), np.nan)
+    for h in range(2):
+        for jj in range(BN // 32):
+            zr = {}
+            for l in range(32):
+                t = l & 3
+                x = [(acc[l, 4 * (4 * jj + s) + 2 * h], acc[l, 4 * (4 * jj + s) + 2 * h + 1]) for s in range(4)]
+                zr[l] = rot4([x[0], x[3], x[2], x[1]], (4 - t) & 3)
+            for l in range(32):
+                t, qb = l & 3, l & ~3
+                y = rot4([zr[qb | ((t + d) & 3)][d] for d in range(4)], (4 - t) & 3)
+                row, col = l // 4 + 8 * h, 8 * (4 * jj + t)
+                vals = [v for pair in y for v in pair]
+                assert np.isnan(out[row, col:col + 8]).all()
+                out[row, col:col + 8] = vals
+    np.testing.assert_array_equal(out, D)
