@@ -265,10 +265,13 @@ class TmaTile:
 # the operands suit TMA (tuning.matmul.USE_TMA; _tma_problem): 4 stages of 48 KiB (a fifth does not fit
 # the 227 KiB an SM offers a block). The wgmma kernels stay for the graph API's fused epilogues
 # (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
-# launches plan.fast itself).
+# launches plan.fast itself). Measured (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating
+# rounds): 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x / 0.901x),
+# 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's.
 TMA_TILE = TmaTile(256, 4)
 # Candidates measured before they replace TMA_TILE (their own units, bf16 only, in the build so the device
-# runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast.
+# runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast (run 1: +1% on
+# N = 4096, -2-3% on N = 11008: not taken) and the WIDE epilogue (16-byte stores).
 TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2), TmaTile(256, 4, unit="matmul.tmaw", wide=True))
 
 
