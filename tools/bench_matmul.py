@@ -436,7 +436,7 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
             try:
                 M._tma_tile = lambda: M.TMA_CANDIDATES[0]
                 clu = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
-                M._tma_tile = lambda: M.TMA_CANDIDATES[1]
+                M._tma_tile = lambda: M.TMA_TILE if M.TMA_TILE.wide else M.TMA_CANDIDATES[1]
                 wide = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
             finally:
                 M._tma_tile = orig

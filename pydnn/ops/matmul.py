@@ -266,13 +266,16 @@ class TmaTile:
 # the 227 KiB an SM offers a block). The wgmma kernels stay for the graph API's fused epilogues
 # (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
 # launches plan.fast itself). Measured (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating
-# rounds): 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x / 0.901x),
-# 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's.
-TMA_TILE = TmaTile(256, 4)
+# rounds), run 1: 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x /
+# 0.901x), 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's. Run 2, with
+# the WIDE epilogue (16-byte stores of interior tiles) against without: 8192^3 1.070x / 1.050x,
+# 16384x4096x4096 nn 1.011x / 0.932x, nt 1.044x / 0.957x, 16384x11008x4096 nn 0.963x / 0.968x, nt 1.005x /
+# 0.993x: WIDE taken (the persistent blocks' epilogues land together; whole-sector stores halve their L2 writes).
+TMA_TILE = TmaTile(256, 4, wide=True)
 # Candidates measured before they replace TMA_TILE (their own units, bf16 only, in the build so the device
 # runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast (run 1: +1% on
-# N = 4096, -2-3% on N = 11008: not taken) and the WIDE epilogue (16-byte stores).
-TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2), TmaTile(256, 4, unit="matmul.tmaw", wide=True))
+# N = 4096, -2-3% on N = 11008; run 2: +0.3-0.5% on 8192^3 and N = 4096, -4% / -11% on N = 11008: not taken).
+TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 
 
 class SimtTile:

@@ -511,7 +511,7 @@ def test_tma_wide_candidate(handle, rng, monkeypatch, trans):
     transpose; bf16), forced: interior tiles (no bias, beta 0: the wide store) beside edge tiles, a batch,
     then with bias and beta (the pair stores), and C 2 elements off 16 bytes (no FLAG_C16: pair stores)."""
     _sm90_only(handle)
-    cand = M.TMA_CANDIDATES[1]
+    cand = M.TMA_TILE if M.TMA_TILE.wide else M.TMA_CANDIDATES[1]
     monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
     monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
     monkeypatch.setattr(M, "_tma_tile", lambda: cand)
