@@ -21,7 +21,9 @@
 //
 // gemm_wgmma (half, bfloat16; sm_90a units only): Hopper warpgroup MMA straight from shared memory
 // (common/wgmma.cuh), 128 x BN tiles, two warpgroups; described at the kernel below. gemm_wgmma_p: the
-// same, persistent (one wave of blocks walking the tiles).
+// same, persistent (one wave of blocks walking the tiles). gemm_tma (sm_90a): the 128 x 256 tile fed by TMA
+// copies from a producer warpgroup into an mbarrier ring, two consumer warpgroups, persistent (described at
+// the kernel below; gemm_tma_c: its 2-CTA cluster candidate).
 //
 // gemm_simt (float): CUDA-core FMA, BM x BN block tiles of 32 x 64 warp tiles, 8 x 8 outputs per thread,
 // both operands K-major in shared memory, fragments double-buffered in registers, the next K tile
@@ -33,6 +35,7 @@
 // kernel writes the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never
 // reads C.
 #include "common/mma.cuh"
+#include "common/tma.cuh"
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
 #include "matmul_params.h"
@@ -617,6 +620,171 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 
 // ------------------------------------------------------------------------------------------ wgmma (sm_90a)
 
+// The epilogue of gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator fragment of
+// consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an active Epi (see
+// NoEpi); the same code as gemm_wgmma_body's epilogue, which keeps its inline copy: calling this function
+// from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
+// sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
+// together (the reduction epilogue's block-wide barriers; gemm_tma's producer warpgroup takes no part).
+// x[i] <- x[(i + k) & 3] (k lane dependent: two select stages, no indexed registers).
+__device__ __forceinline__ void rot4(unsigned (&x)[4], int k) {
+  unsigned a[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = (k & 1) ? x[(i + 1) & 3] : x[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] = (k & 2) ? a[(i + 2) & 3] : a[i];
+}
+
+// WIDE (gemm_tma's candidate): an interior tile without beta or bias whose C rows start 16-byte aligned
+// (PYDNN_MATMUL_FLAG_C16) stores 16 bytes a lane: the 4 lanes of a quad hold a row's 8-column groups j as
+// pairs (lane u: columns 8j + 2u, +1); for 4 groups at a time they transpose the packed pairs (4 shuffles,
+// the lane-dependent indices as rotations) so that lane t holds group 4jj + t whole. A warp's store then
+// fills whole 32-byte sectors (8 rows x 64 bytes) instead of half sectors (8 rows x 16 bytes, 4 stores).
+template <class T, int BN, int THREADS, bool WIDE = false, class Epi>
+__device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
+                                            int tm, int tn, int wg) {
+  constexpr int BM = 128;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int m0 = tm * BM, n0 = tn * BN;
+  T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
+  const T* bias = reinterpret_cast<const T*>(p.bias);
+  if constexpr (WIDE && !Epi::kActive && sizeof(T) == 2) {
+    constexpr unsigned F = PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS | PYDNN_MATMUL_FLAG_C16;
+    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & F) == (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_C16)) {
+      const float alpha = p.alpha;
+      const int t = lane & 3, qbase = lane & ~3;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0;
+#pragma unroll
+        for (int jj = 0; jj < BN / 32; ++jj) {
+          unsigned x[4];  // x[s]: this lane's pair of group 4jj + s, sent as z[d] = x[(t - d) & 3] in round d
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const int j = 4 * jj + s;
+            x[s] = pack16x2<T>(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]);
+          }
+          unsigned zr[4] = {x[0], x[3], x[2], x[1]};
+          rot4(zr, (4 - t) & 3);
+          unsigned y[4];  // round d: from lane (t + d) & 3 its pair of group 4jj + t
+#pragma unroll
+          for (int d = 0; d < 4; ++d) y[d] = __shfl_sync(0xffffffffu, zr[d], qbase | ((t + d) & 3));
+          rot4(y, (4 - t) & 3);  // y[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
+          *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(y[0], y[1], y[2], y[3]);
+        }
+      }
+      return;
+    }
+  }
+  if constexpr (!Epi::kActive) {
+    // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+    // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+    // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+    if (m0 + BM <= p.m && n0 + BN <= p.n &&
+        (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
+            PYDNN_MATMUL_FLAG_PAIR) {
+      const float alpha = p.alpha;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          Vec<T, 2> out;
+          out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+          out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+          *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+        }
+      }
+      return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+      if (row >= p.m) continue;
+      T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    }
+  } else {
+    auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
+    // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
+    // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
+    // literal, so the inlined copies fold it as a template argument would
+    auto tile = [&](const bool FAST) {
+      float part[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
+        const int row = row_of(h);
+        part[h] = epi.red_init();
+        if (!FAST && row >= p.m) continue;
+        const typename Epi::Row er = epi.row(z, row);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = n0 + j * 8 + (lane & 3) * 2;
+          if (FAST || col < p.n) {
+            float& v0 = acc[4 * j + 2 * h];
+            float& v1 = acc[4 * j + 2 * h + 1];
+            const bool two = FAST || col + 1 < p.n;
+            v0 *= p.alpha;
+            v1 *= p.alpha;
+            if (FAST)
+              epi.template pair<true>(er, v0, v1, col, two);
+            else
+              epi.template pair<false>(er, v0, v1, col, two);
+            if constexpr (Epi::kRed) {
+              part[h] = epi.red_comb(part[h], epi.red_map(v0));
+              if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
+            }
+          }
+        }
+      }
+      if constexpr (Epi::kStoreC) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // pass 2: the stores
+          const int row = row_of(h);
+          if (!FAST && row >= p.m) continue;
+          T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + j * 8 + (lane & 3) * 2;
+            if (FAST) {
+              Vec<T, 2> out;
+              out.v[0] = store<T>(acc[4 * j + 2 * h]);
+              out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
+              *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
+            } else if (col < p.n) {
+              put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+          }
+        }
+      }
+      if constexpr (Epi::kRed) {
+        // a row's BN columns are in the 4 lanes of a quad
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 1));
+          part[h] = epi.red_comb(part[h], __shfl_xor_sync(0xffffffffu, part[h], 2));
+        }
+        Vec<float, 2> pv;
+        Vec<int, 2> rows;
+        pv.v[0] = part[0];
+        pv.v[1] = part[1];
+        rows.v[0] = row_of(0);
+        rows.v[1] = row_of(1);
+        if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
+          red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
+      }
+    };
+    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
+      tile(true);
+    else
+      tile(false);
+  }
+}
+
 // gemm_wgmma (half, bfloat16; Hopper only, its unit is compiled for sm_90a): a 128 x BN tile of C, two
 // warpgroups each computing 64 x BN with wgmma.m64nBNk16 straight from shared memory (no fragments in
 // registers but the f32 accumulators). All 256 threads also copy: K tiles of 64 through a STAGES-deep
@@ -939,6 +1107,201 @@ template <class T, int BN, int STAGES, int MINB, bool TA, bool TB, int LEAD = ST
 __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
   gemm_wgmma_body<T, BN, STAGES, TA, TB, true, LEAD, RUNON>(p, NoEpi());
 }
+
+// ------------------------------------------------------------------------------------------ TMA (sm_90a)
+
+// gemm_tma (half, bfloat16; Hopper only, its unit is compiled for sm_90a): the sm_90 GEMM built as
+// warp-specialised persistent kernels are. 384 threads: warpgroup 0 is the producer (one thread of it
+// issues every copy; its registers given back with setmaxnreg), warpgroups 1 and 2 the consumers (64 rows
+// each of one 128 x BN tile: wgmma.m64nBNk16 from shared memory, registers raised for the accumulators
+// and the epilogue). K tiles of 64 flow through a STAGES-deep ring of shared stages (A's 128 x 64 and B's
+// BN x 64, in the 128B-swizzled layout of common/wgmma.cuh) filled by TMA (common/tma.cuh): per stage a
+// full barrier (the producer's expect-tx arrival plus the copies' bytes) and an empty barrier (one
+// arrival per consumer warpgroup once its wgmmas reading the stage are done). The copy of a box lands in
+// exactly the layout the descriptors describe: a K-major operand (A not transposed, B transposed) is one
+// box of 64 K x 128 / BN rows (128-byte rows, the 128B swizzle); an MN-major operand is boxes of 64 M / N
+// columns x 64 K rows, one per 64-column slab. Boxes reaching past the matrix are zero filled by the TMA
+// unit (m, n and k edges need no code; the full barrier still counts the whole box's bytes).
+// A grid of at most one block per SM walks the (batch, tile) items (tile_coords_of's grouped raster);
+// producer and consumers walk the same items, and the ring's stage / phase run on across items, so the
+// producer fetches the next tile's first K tiles while the consumers run this tile's epilogue (the
+// cp.async kernels' all-threads-copy design could only overlap that by the run-on trick of gemm_wgmma_p).
+// The epilogue is gemm_wgmma's (wg_epilogue, any Epi without a block-wide reduction: the producer
+// warpgroup is not there to take part in its barriers).
+// CM = 2 (gemm_tma_c, a candidate): clusters of 2 CTAs on the tile rows 2i, 2i + 1 of one tile column
+// share B: each CTA's producer copies its own A and half of B's stage, multicast into both CTAs (the same
+// shared offset, completing on both full barriers: each still expects the whole stage's bytes), so
+// L2 -> SM traffic drops from 48 to 32 KiB a K tile a CTA. A stage is refilled only when the consumers
+// of both CTAs released it (empty barriers count 2 x CM arrivals: each consumer warpgroup arrives on its
+// own CTA's and on the peer's). The pair walks pair items together (tile rows in pairs; a pair past an
+// odd tiles_m copies zeros and stores nothing); a CTA leaves only after the cluster barrier at the end (no
+// copy or arrival of its peer may still be aimed at its shared memory).
+template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, class Epi>
+__device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert(!Epi::kRed, "gemm_tma: no block-wide reduction epilogue (its producer warpgroup has left)");
+  static_assert(BN == 128 || BN == 256, "gemm_tma tile");
+  static_assert(CM == 1 || CM == 2, "gemm_tma: clusters of 1 or 2 CTAs along M");
+  constexpr int BM = 128;
+  constexpr unsigned A_BYTES = BM * kBK * sizeof(T), B_BYTES = BN * kBK * sizeof(T);
+  constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr unsigned SLAB = 64 * kBK * sizeof(T);  // bytes of a 64-column slab (or 64 rows of 128 bytes)
+  // Register budgets (setmaxnreg): 128 x 40 + 256 x 232 = 64512 of the SM's 65536 (one block an SM).
+  constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  const MatmulParams& p = q.p;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the swizzle atoms (and the TMA destinations) need 1024-byte aligned addresses (the launch adds 1 KiB;
+  // the same offset in every CTA of a cluster: the multicast copies land at the issuer's offsets)
+  const unsigned raw = smem_u32(smem_raw);
+  const unsigned sbase = (raw + 1023u) & ~1023u;
+  const unsigned full0 = sbase + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;  // 8-byte mbarriers
+  const tma::TensorMap* map_a = reinterpret_cast<const tma::TensorMap*>(&q.map_a);
+  const tma::TensorMap* map_b = reinterpret_cast<const tma::TensorMap*>(&q.map_b);
+  const unsigned rank = CM > 1 ? tma::cluster_rank() : 0u;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      tma::mbar_init(full0 + 8 * s, 1);
+      tma::mbar_init(empty0 + 8 * s, 2 * CM);
+    }
+    tma::fence_barrier_init();
+    tma::prefetch_map(map_a);
+    tma::prefetch_map(map_b);
+  }
+  if constexpr (CM > 1)
+    tma::cluster_sync();  // the peer's barriers exist before any copy or arrival reaches them
+  else
+    __syncthreads();
+
+  // Items: (batch, unit) with units of CM tile rows x 1 tile column in tile_coords_of's raster (groups of
+  // group_m tile rows); block b of cluster c = b / CM takes items c, c + clusters, ... and tile row
+  // unit * CM + its rank.
+  const int units_m = (p.tiles_m + CM - 1) / CM;
+  const int group = CM > 1 ? max(p.group_m / CM, 1) : p.group_m;
+  const long long per_batch = (long long)units_m * p.tiles_n;
+  const long long items = per_batch * p.batch;
+  const long long first = blockIdx.x / CM, step = gridDim.x / CM;
+  const int ktiles = (p.k + kBK - 1) / kBK;
+  auto coords = [&](long long item, long long& z, int& tm, int& tn) {
+    z = item / per_batch;
+    const int id = (int)(item - z * per_batch);
+    const int per_group = group * p.tiles_n;
+    const int g = id / per_group;
+    const int gfirst = g * group;
+    const int rows = min(units_m - gfirst, group);
+    const int r = id - g * per_group;
+    tm = (gfirst + r % rows) * CM + (int)rank;
+    tn = r / rows;
+  };
+  if (threadIdx.x < 128) {
+    tma::regs_dealloc<PRODUCER_REGS>();
+    if (threadIdx.x == 0) {
+      unsigned it = 0;  // K tiles issued so far (over every item): stage it % STAGES, phase (it / STAGES) & 1
+      for (long long item = first; item < items; item += step) {
+        long long zz;
+        int tm, tn;
+        coords(item, zz, tm, tn);
+        const int z = (int)zz, m0 = tm * BM, n0 = tn * BN;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const unsigned s = it % STAGES, full = full0 + 8 * s;
+          tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+          tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+          const int k0 = kt * kBK;
+          if (TA) {
+#pragma unroll
+            for (int i = 0; i < BM / 64; ++i) tma::load_3d(sa + i * SLAB, map_a, full, m0 + 64 * i, k0, z);
+          } else {
+            tma::load_3d(sa, map_a, full, k0, m0, z);
+          }
+          if constexpr (CM == 1) {
+            if (TB) {
+              tma::load_3d(sb, map_b, full, k0, n0, z);
+            } else {
+#pragma unroll
+              for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_b, full, n0 + 64 * i, k0, z);
+            }
+          } else {
+            // this CTA's half of B (rows or slabs rank * BN / 2 ..), into both CTAs
+            constexpr unsigned short ALL = (1u << CM) - 1;
+            if (TB) {
+              tma::load_3d_mc(sb + rank * (B_BYTES / CM), map_b, full, k0, n0 + (int)rank * (BN / CM), z, ALL);
+            } else {
+#pragma unroll
+              for (int i = 0; i < BN / 64 / CM; ++i) {
+                const int j = (int)rank * (BN / 64 / CM) + i;
+                tma::load_3d_mc(sb + j * SLAB, map_b, full, n0 + 64 * j, k0, z, ALL);
+              }
+            }
+          }
+        }
+      }
+    }
+  } else {
+    tma::regs_alloc<CONSUMER_REGS>();
+    const int wg = (threadIdx.x >> 7) - 1;           // consumer warpgroup: rows wg * 64 .. of the tile
+    const bool signals = (threadIdx.x & 127) == 0;   // its thread that arrives on the empty barriers
+    auto release = [&](unsigned s) {
+      if (CM == 1) {
+        tma::mbar_arrive(empty0 + 8 * s);
+      } else {
+#pragma unroll
+        for (int r = 0; r < CM; ++r) tma::mbar_arrive_cluster(empty0 + 8 * s, (unsigned)r);
+      }
+    };
+    unsigned it = 0;
+    for (long long item = first; item < items; item += step) {
+      long long z;
+      int tm, tn;
+      coords(item, z, tm, tn);
+      float acc[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        const unsigned s = it % STAGES;
+        tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+        const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
+          const unsigned long long da =
+              TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+          const unsigned long long db =
+              TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+          wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+        }
+        wgmma::commit();
+        wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
+        if (kt > 0 && signals) release((it - 1) % STAGES);
+      }
+      wgmma::wait<0>();
+      wgmma::fence_operands(acc);
+      if (ktiles > 0 && signals) release((it - 1) % STAGES);
+      if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE>(p, epi, acc, z, tm, tn, wg);
+    }
+  }
+  if constexpr (CM > 1) {
+    __syncwarp();
+    tma::cluster_sync();  // the peer's last copies into and arrivals on this CTA's shared memory are done
+  }
+}
+
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false>
+__global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
+  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE>(q, NoEpi());
+}
+
+// The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__
+// is an error before sm_90 even in a template never instantiated: the units of other archs include this file.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <class T, int BN, int STAGES, bool TA, bool TB>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) gemm_tma_c(const __grid_constant__ MatmulTmaParams q) {
+  gemm_tma_body<T, BN, STAGES, TA, TB, 2>(q, NoEpi());
+}
+#endif
 
 // ------------------------------------------------------------------------------------------ CUDA cores
 

@@ -13,6 +13,7 @@
 #define PYDNN_MATMUL_FLAG_BETA 1u  /* beta != 0: read C (never read otherwise) */
 #define PYDNN_MATMUL_FLAG_BIAS 2u  /* add bias[j] */
 #define PYDNN_MATMUL_FLAG_PAIR 4u  /* C (every batch) is 2-element aligned: store column pairs at once */
+#define PYDNN_MATMUL_FLAG_C16 8u   /* C's rows (every batch) start 16-byte aligned (gemm_tma's WIDE stores) */
 
 typedef struct {
   const void *a, *b;
@@ -30,5 +31,23 @@ typedef struct {
                            K range [z*k_split, min((z+1)*k_split, k))); their fp32 partials go to c (float,
                            row pitch ldc, stride_c apart) and splitk_reduce sums them in order. 0: none */
 } MatmulParams;
+
+/* gemm_tma's parameters (sm_90a): the TMA tensor maps of A and B (CUtensorMap: 128 opaque bytes, 64-byte
+ * aligned, encoded on the host by pydnn/_cuda/tensormap.py for the call's pointers) ahead of the plain
+ * params. The kernel takes the struct as a `const __grid_constant__` parameter, so the copies read the maps
+ * from parameter space. Every map is 3-D: (contiguous dim, the other dim, batch). */
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define PYDNN_MATMUL_ALIGN64 __align__(64)
+#else
+#define PYDNN_MATMUL_ALIGN64 __attribute__((aligned(64)))
+#endif
+typedef struct PYDNN_MATMUL_ALIGN64 {
+  unsigned long long opaque[16];
+} MatmulTensorMap;
+
+typedef struct {
+  MatmulTensorMap map_a, map_b;
+  MatmulParams p;
+} MatmulTmaParams;
 
 #endif

@@ -250,13 +250,20 @@ def _case(bh, dtype, label, m, n, k, ta=False, tb=False, batch=1, tile=None, che
     kw = dict(trans_a=ta, trans_b=tb, batch=batch, stride_a=a[0].numel() if batch > 1 else 0,
               stride_b=bb[0].numel() if batch > 1 else 0, stride_c=c[0].numel() if batch > 1 else 0)
     if tile is not None:
+        from pydnn import tuning
+
+        # a forced wgmma tile runs itself (not gemm_tma in its place); a TmaTile runs through the 128x256 choice
+        tma = isinstance(tile, M.TmaTile)
         name = "_choose_simt_tile" if isinstance(tile, M.SimtTile) else "_choose_tile"
-        orig = getattr(M, name)
-        setattr(M, name, lambda *x: tile)
+        orig, orig_tma, orig_use = getattr(M, name), M._tma_tile, tuning.matmul.USE_TMA
+        setattr(M, name, (lambda *x: M.WG_PERSIST_TILE) if tma else (lambda *x: tile))
+        M._tma_tile = (lambda: tile) if tma else orig_tma
+        tuning.matmul.USE_TMA = tma
         try:
             plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
         finally:
             setattr(M, name, orig)
+            M._tma_tile, tuning.matmul.USE_TMA = orig_tma, orig_use
     else:
         plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
     ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
@@ -381,7 +388,7 @@ def _wgmma(b):
     if b.h.arch != M.WG_ARCH:
         return
     M.wgmma_extra_units()
-    for t in M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES:
+    for t in M.WG_TILES + (M.WG_PERSIST_TILE,) + M.WG_CANDIDATES + (M.TMA_TILE,) + M.TMA_CANDIDATES:
         for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
             tn = ("t" if ta else "n") + ("t" if tb else "n")
             _case(b, BF16, f"4096^3 {tn} [wgmma {t}]", 4096, 4096, 4096, ta, tb, tile=t)
@@ -389,3 +396,146 @@ def _wgmma(b):
         _case(b, pydnn.PYDNN_DATA_HALF, f"4096^3 nn [wgmma {t}]", 4096, 4096, 4096, tile=t)
         _case(b, BF16, f"1024^3 nn [wgmma {t}]", 1024, 1024, 1024, tile=t)
         _case(b, BF16, f"2048^3 nn [wgmma {t}]", 2048, 2048, 2048, tile=t, check=False)
+
+
+# ----------------------------------------------------------------------------- gemm_tma (--mid)
+
+MID_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
+              ("7B 16384x4096x4096 nn (x @ W)", 16384, 4096, 4096, False, False),
+              ("7B 16384x4096x4096 nt (x @ W^T)", 16384, 4096, 4096, False, True),
+              ("7B 16384x11008x4096 nn (x @ W)", 16384, 11008, 4096, False, False),
+              ("7B 16384x11008x4096 nt (x @ W^T)", 16384, 11008, 4096, False, True))
+
+
+GROUP_ROWS = ("8192^3 nn", "7B 16384x4096x4096 nn (x @ W)", "7B 16384x4096x4096 nt (x @ W^T)")
+L2_ROWS = ("7B 16384x4096x4096 nt (x @ W^T)",)
+
+
+def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
+    """gemm_tma (the chooser's pick on sm_90 with tuning.matmul.USE_TMA), the cluster candidate gemm_tma_c
+    (TMA_CANDIDATES[0]), the persistent wgmma kernel (USE_TMA off) and torch.mm, bf16, timed in alternating
+    rounds (each round: the four, 10 samples each; medians), ratios printed as torch time / pydnn time (> 1:
+    pydnn faster). Each result checked against torch's (max |diff| / max |ref|)."""
+    import json
+    import statistics
+
+    from pydnn import tuning
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    dev = torch.cuda.get_device_name()
+    rows = []
+    try:
+        for label, m, n, k, ta, tb in shapes:
+            a, bb, c = _operands(BF16, m, n, k, ta, tb)
+            c2 = torch.empty_like(c)
+            out_t = torch.empty_like(c)
+            tuning.matmul.USE_TMA = True
+            new = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            orig = M._tma_tile
+            try:
+                M._tma_tile = lambda: M.TMA_CANDIDATES[0]
+                clu = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+                M._tma_tile = lambda: M.TMA_TILE if M.TMA_TILE.wide else M.TMA_CANDIDATES[1]
+                wide = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb)
+            finally:
+                M._tma_tile = orig
+            tuning.matmul.USE_TMA = False
+            old = M.gemm_plan(h, BF16, m, n, k, trans_a=ta, trans_b=tb) if old_kernel else new
+            tuning.matmul.USE_TMA = True
+            c3 = torch.empty_like(c)
+            c4 = torch.empty_like(c)
+            ap, bp = a.data_ptr(), bb.data_ptr()
+            fns = {"tma": lambda: new.launch(h, ap, bp, c.data_ptr()),
+                   "tma_c": lambda: clu.launch(h, ap, bp, c3.data_ptr()),
+                   "tma_w": lambda: wide.launch(h, ap, bp, c4.data_ptr()),
+                   "wgmma_p": lambda: old.launch(h, ap, bp, c2.data_ptr()),
+                   "torch": _torch_fn(a, bb, ta, tb, out_t)}
+            if not old_kernel:
+                fns["wgmma_p"] = fns["tma"]  # (its column repeats gemm_tma's; no rounds spent on it)
+            for f in fns.values():
+                f()
+            torch.cuda.synchronize()
+            errs = (_err(c, out_t), _err(c2, out_t), _err(c3, out_t), _err(c4, out_t))
+            t = {name: [] for name in fns}
+            for _ in range(rounds):
+                for name, f in fns.items():
+                    if name != "wgmma_p" or old_kernel:
+                        t[name].append(time_ms(f, reps=10, warmup=2))
+            if not old_kernel:
+                t["wgmma_p"] = t["tma"]
+            med = {name: statistics.median(v) for name, v in t.items()}
+            fl = 2.0 * m * n * k
+            r = dict(case=label, device=dev, kernel_new=new.describe()[0].split("<")[0].split("::")[-1],
+                     kernel_old=old.describe()[0].split("<")[0].split("::")[-1],
+                     ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
+                     kernel_cluster=clu.describe()[0].split("<")[0].split("::")[-1],
+                     ratio_tma=med["torch"] / med["tma"], ratio_wgmma_p=med["torch"] / med["wgmma_p"],
+                     ratio_tma_c=med["torch"] / med["tma_c"], ratio_tma_w=med["torch"] / med["tma_w"],
+                     err_tma=errs[0], err_wgmma_p=errs[1], err_tma_c=errs[2], err_tma_w=errs[3])
+            rows.append(r)
+            print(f"{label:34s} {r['kernel_new']:10s} {r['tflops']['tma']:6.1f} TFLOP/s ({r['ratio_tma']:.3f}x torch) | "
+                  f"{r['kernel_cluster']:10s} {r['tflops']['tma_c']:6.1f} ({r['ratio_tma_c']:.3f}x) | "
+                  f"wide {r['tflops']['tma_w']:6.1f} ({r['ratio_tma_w']:.3f}x) | "
+                  f"{r['kernel_old']:12s} {r['tflops']['wgmma_p']:6.1f} ({r['ratio_wgmma_p']:.3f}x) | torch.mm "
+                  f"{r['tflops']['torch']:6.1f} | rel diff {errs[0]:.1e} / {errs[2]:.1e} / {errs[3]:.1e} / {errs[1]:.1e}",
+                  flush=True)
+            if label in GROUP_ROWS and new.tma is not None:
+                # the raster's group of tile rows (L2 reuse; MatmulParams.group_m, 8 in the plans)
+                for gm in (4, 16):
+                    q = new.tma.params.p
+                    q.group_m = min(gm, q.tiles_m)
+                    tt, tp = [], []
+                    for _ in range(rounds):
+                        tp.append(time_ms(fns["tma"], reps=10, warmup=2))
+                        tt.append(time_ms(fns["torch"], reps=10, warmup=2))
+                    q.group_m = min(8, q.tiles_m)
+                    ratio = statistics.median(tt) / statistics.median(tp)
+                    r[f"ratio_tma_group{gm}"] = ratio
+                    print(f"{label:34s} gemm_tma group_m {gm:2d}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
+                          f"({ratio:.3f}x torch)", flush=True)
+            if label in L2_ROWS and new.tma is not None:
+                # the maps' L2 promotion (DRAM -> L2 fetch size; 256B in the plans)
+                from pydnn._cuda import tensormap as TMm
+
+                keep = new.tma.maps
+                for l2 in ("NONE", "L2_128B"):
+                    new.tma.maps = tuple(TMm.MapCache(TMm.TiledMap.__new__(TMm.TiledMap)) for _ in keep)
+                    for mc, kc in zip(new.tma.maps, keep):
+                        for f in kc.map.__slots__:
+                            setattr(mc.map, f, getattr(kc.map, f))
+                        mc.map.l2 = l2
+                    tt, tp = [], []
+                    for _ in range(rounds):
+                        tp.append(time_ms(fns["tma"], reps=10, warmup=2))
+                        tt.append(time_ms(fns["torch"], reps=10, warmup=2))
+                    ratio = statistics.median(tt) / statistics.median(tp)
+                    r[f"ratio_tma_l2_{l2}"] = ratio
+                    print(f"{label:34s} gemm_tma L2 promotion {l2:7s}: {fl / statistics.median(tp) / 1e9:6.1f} TFLOP/s "
+                          f"({ratio:.3f}x torch)", flush=True)
+                new.tma.maps = keep
+            del a, bb, c, c2, c3, c4, out_t
+            if out:  # after every shape (a run cut short keeps the rows done)
+                with open(out, "w") as f:
+                    json.dump(rows, f, indent=1)
+    finally:
+        pydnn.destroy(h)
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mid", action="store_true", help="gemm_tma vs gemm_wgmma_p vs torch.mm on 8192^3 and the 7B shapes")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-old", action="store_true", help="--mid without the gemm_wgmma_p column (its compile)")
+    args = ap.parse_args()
+    if args.mid:
+        mid(args.out, args.rounds, old_kernel=not args.no_old)
+    else:
+        ap.error("run the full benchmark through tools/bench.py --families matmul")

@@ -28,7 +28,8 @@ fragments double-buffered in registers), one of three block tiles chosen per pro
 64x64, by an estimate of waves x tile cost); on a compute capability 9.0 device, problems of at least 3/4 of a
 wave of blocks and K >= 512 take gemm_wgmma instead (Hopper wgmma from 128B-swizzled shared tiles,
 ptx/common/wgmma.cuh; its units are compiled for sm_90a only, see WG_TILES; the 128x256 tile runs
-persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST: WG_PERSIST_TILE); operands whose pointer,
+persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST: WG_PERSIST_TILE; where both
+operands suit TMA, plain GEMMs run gemm_tma in its place: TMA_TILE, tuning.matmul.USE_TMA); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
 loading element by element). float runs on
 CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, persistent blocks, any
@@ -60,6 +61,7 @@ from .._build import loader
 from .._build.manifest import KernelUnit
 from .._build.params import kernel_params
 from .._cuda import driver
+from .._cuda import tensormap
 from ..buffers import device_ptr
 from ..handle import check_handle
 from ..status import PydnnError
@@ -70,7 +72,7 @@ C_API = []              # internal module: no C functions (see the docstring for
 C_OPAQUE_TYPES = []
 C_NULLABLE = {}
 
-FLAG_BETA, FLAG_BIAS, FLAG_PAIR = 1, 2, 4  # PYDNN_MATMUL_FLAG_* in ptx/matmul_params.h
+FLAG_BETA, FLAG_BIAS, FLAG_PAIR, FLAG_C16 = 1, 2, 4, 8  # PYDNN_MATMUL_FLAG_* in ptx/matmul_params.h
 INT_MAX = 2**31 - 1
 MAX_GRID_Z = 65535          # the kernels loop over the batch past the grid's z
 GROUP_M = 8                 # tile raster: groups of 8 tile rows (L2 reuse of B's columns)
@@ -91,6 +93,14 @@ class MatmulParams(ctypes.Structure):
         ("tiles_m", ctypes.c_int), ("tiles_n", ctypes.c_int), ("group_m", ctypes.c_int), ("flags", ctypes.c_uint),
         ("k_split", ctypes.c_int),
     ]
+
+
+@kernel_params("matmul_params.h", "MatmulTmaParams")
+class MatmulTmaParams(ctypes.Structure):
+    """gemm_tma's parameters: the two 128-byte tensor maps (64-byte aligned in the C struct: at offsets 0 and
+    128 here, so the layouts agree; the driver copies the bytes, the host buffer's own alignment does not
+    matter), then MatmulParams."""
+    _fields_ = [("map_a", ctypes.c_uint64 * 16), ("map_b", ctypes.c_uint64 * 16), ("p", MatmulParams)]
 
 
 # ----------------------------------------------------------------------------- kernel variants
@@ -212,6 +222,62 @@ WG_MIN_K_PERSIST = 256
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
 
 
+class TmaTile:
+    """A gemm_tma tile (sm_90a units matmul.tma.f16 / .bf16): 128 x BN of C, a producer warpgroup issuing
+    TMA copies into a STAGES-deep ring and two consumer warpgroups (384 threads, 1 block per SM, a grid of
+    at most one wave walking the tiles); shared memory: the ring (+1 KiB to align it to 1024 bytes) and 2
+    mbarriers a stage."""
+
+    def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False):
+        self.bm, self.bn, self.stages = 128, bn, stages
+        self.wide = wide  # interior tiles store 16 bytes a lane (quad transposes; FLAG_C16)
+        if wide and cm != 1:
+            raise ValueError("wide: the 1-CTA kernel only")
+        self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
+        self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
+        self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
+
+    def expr(self, tag, ta, tb, vec=True):
+        if not vec:
+            raise ValueError("gemm_tma has no general (unaligned) path")
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        kern = "gemm_tma_c" if self.cm == 2 else "gemm_tma"
+        w = ", true" if self.wide else ""
+        return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}{w}>"
+
+    def map_shapes(self, ta, tb):
+        """(box_cols, box_rows) of A's and B's maps: a K-major operand one box of 64 K x the tile's rows (B's
+        split among the cluster's CTAs), an MN-major one boxes of 64 x 64 (one per 64-column slab; the
+        kernel issues BM / 64, or BN / 64 / cm)."""
+        return ((64, 64) if ta else (64, self.bm)), ((64, self.bn // self.cm) if tb else (64, 64))
+
+    def grid(self, tiles_m, tiles_n, batch, sm_count):
+        """Blocks: at most one an SM, in whole clusters (units of cm tile rows x 1 tile column)."""
+        units = cdiv(tiles_m, self.cm) * tiles_n * batch
+        return (self.cm * min(units, max(sm_count // self.cm, 1)), 1, 1)
+
+    def __repr__(self):
+        c = f", clusters of {self.cm} (B multicast)" if self.cm > 1 else ""
+        return f"TmaTile(128x{self.bn}, TMA + warp-specialised wgmma, stages {self.stages}{c})"
+
+
+# gemm_tma replaces the 128x256 wgmma tile (WG_TILES[0] / WG_PERSIST_TILE) where the chooser picks it and
+# the operands suit TMA (tuning.matmul.USE_TMA; _tma_problem): 4 stages of 48 KiB (a fifth does not fit
+# the 227 KiB an SM offers a block). The wgmma kernels stay for the graph API's fused epilogues
+# (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
+# launches plan.fast itself). Measured (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating
+# rounds), run 1: 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x /
+# 0.901x), 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's. Run 2, with
+# the WIDE epilogue (16-byte stores of interior tiles) against without: 8192^3 1.070x / 1.050x,
+# 16384x4096x4096 nn 1.011x / 0.932x, nt 1.044x / 0.957x, 16384x11008x4096 nn 0.963x / 0.968x, nt 1.005x /
+# 0.993x: WIDE taken (the persistent blocks' epilogues land together; whole-sector stores halve their L2 writes).
+TMA_TILE = TmaTile(256, 4, wide=True)
+# Candidates measured before they replace TMA_TILE (their own units, bf16 only, in the build so the device
+# runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast (run 1: +1% on
+# N = 4096, -2-3% on N = 11008; run 2: +0.3-0.5% on 8192^3 and N = 4096, -4% / -11% on N = 11008: not taken).
+TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
+
+
 class SimtTile:
     """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 32 x 64
     (8 x 8 outputs a thread), K tiles of BK in two shared buffers; registers capped for `per_sm` blocks
@@ -287,7 +353,16 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
-    return units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units()
+    return (units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units() + tma_units() +
+            [u for t in TMA_CANDIDATES for u in tma_units((t,), t.unit, ("bf16",))])
+
+
+def tma_units(tiles=(TMA_TILE,), name="matmul.tma", tags=("f16", "bf16")):
+    """gemm_tma units (`tiles`, every transposition, one unit per type): sm_90a only."""
+    return [KernelUnit(f"{name}.{tag}", "matmul.cu",
+                       tuple(t.expr(tag, tn[0] == "t", tn[1] == "t") for t in tiles for tn in TRANS),
+                       archs=(WG_ARCH + "a",))
+            for tag in tags]
 
 
 def _reduce_expr(tag):
@@ -429,12 +504,13 @@ class _Launch:
     """One kernel of a plan: its unit and instantiation, grid, block, dynamic shared memory, and a params
     struct (with its argument array) whose pointer and scalar fields are patched per call."""
 
-    __slots__ = ("unit", "expr", "grid", "block", "smem", "params", "args")
+    __slots__ = ("unit", "expr", "grid", "block", "smem", "params", "args", "maps")
 
     def __init__(self, unit, expr, grid, block, smem, params):
         self.unit, self.expr, self.grid, self.block, self.smem = unit, expr, grid, block, smem
         self.params = params
         self.args = driver.kernel_args(params)
+        self.maps = None  # gemm_tma: (A's, B's tensormap.MapCache); params is then a MatmulTmaParams
 
     def function(self, handle):
         return handle.function(self.unit, self.expr, self.smem)
@@ -446,13 +522,15 @@ class GemmPlan:
 
     __slots__ = ("dtype", "m", "n", "k", "trans_a", "trans_b", "lda", "ldb", "ldc", "batch", "stride_a",
                  "stride_b", "stride_c", "bias", "allow_tf32", "esize", "span_a", "span_b", "span_c",
-                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes")
+                 "empty", "vec_ok", "pair_ok", "fast", "general", "split", "split_fast", "reduce", "ws_bytes",
+                 "tma", "tma_off", "c16_ok")
 
     def describe(self):
         """(kernel expression, grid, block, smem) of the launch aligned pointers take (tests, benchmarks)."""
         if self.empty:
             return None
-        return self.fast.expr, self.fast.grid, self.fast.block, self.fast.smem
+        r = self.tma or self.fast
+        return r.expr, r.grid, r.block, r.smem
 
     def launch(self, handle, a, b, c, alpha=1.0, beta=0.0, bias=0, workspace=0, workspace_size=0):
         """C = alpha * op(A) op(B) + beta * C (+ bias) on the handle's stream (see the module docstring).
@@ -482,6 +560,27 @@ class GemmPlan:
         if self.pair_ok and c % (2 * es) == 0:
             flags |= FLAG_PAIR
         rec = self.fast if (self.vec_ok and (a | b) & 15 == 0) else self.general
+        if self.tma is not None and rec is self.fast:
+            # the maps hold A's and B's base addresses: encoded once per address (MapCache), copied in
+            t = self.tma
+            f = t.function(handle)
+            ma, mb = t.maps
+            try:
+                ba, bb = ma.get(a), mb.get(b)
+            except (PydnnError, AttributeError, TypeError) as e:
+                # no encoder (a CPU stand-in for the driver, bindings without cuTensorMapEncodeTiled) or a map
+                # the driver refused: the plan keeps the wgmma kernel from now on (tma_off says why)
+                self.tma, self.tma_off = None, f"{type(e).__name__}: {e}"
+            else:
+                q = t.params
+                ctypes.memmove(q.map_a, ba, tensormap.MAP_BYTES)
+                ctypes.memmove(q.map_b, bb, tensormap.MAP_BYTES)
+                p = q.p
+                p.a, p.b, p.c, p.bias = a, b, c, bias if self.bias else 0
+                p.alpha, p.beta = alpha, beta
+                p.flags = flags | FLAG_C16 if self.c16_ok and c % 16 == 0 else flags
+                driver.launch_args(f, t.grid, t.block, t.smem, handle.cu_stream, t.args)
+                return
         if self.split and rec is self.fast and workspace and workspace_size >= self.ws_bytes:
             ws = device_ptr(workspace, "workspace", self.ws_bytes)
             if ws % 16 == 0:
@@ -522,6 +621,45 @@ def _tc_launch(plan, tag, tile, vec, sm_count=1):
     unit = f"{tile.unit}.{tag}" if tile.unit and vec else _unit_name(tag, plan.trans_a, plan.trans_b)
     return _Launch(unit, tile.expr(tag, plan.trans_a, plan.trans_b, vec),
                    grid, (tile.threads, 1, 1), tile.smem, _params(plan, tm, tn))
+
+
+def _tma_problem(plan, tile=None):
+    """Why gemm_tma cannot run plan's problem (text), or None: both operands' tensor maps must encode
+    (tensormap.map_problem: 16-byte row pitches and batch strides, batches neither overlapping nor
+    broadcast), and the grid's batch coordinate is an int."""
+    tile = tile or TMA_TILE
+    tag = TAG[plan.dtype]
+    (bca, bra), (bcb, brb) = tile.map_shapes(plan.trans_a, plan.trans_b)
+    ra, ca = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
+    rb, cb = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
+    if plan.k == 0:
+        return "k = 0"
+    why = (tensormap.map_problem(tag, ra, ca, plan.lda, plan.batch, plan.stride_a, bca, bra) or
+           tensormap.map_problem(tag, rb, cb, plan.ldb, plan.batch, plan.stride_b, bcb, brb))
+    if why:
+        return why
+    if plan.batch > INT_MAX:
+        return "batch exceeds an int"
+    return None
+
+
+def _tma_launch(plan, tag, tile, sm_count):
+    """gemm_tma's launch for plan (_tma_problem(plan) is None): one wave of blocks at most, the maps' fixed
+    arguments kept (their bytes per base address: tensormap.MapCache), MatmulParams inside."""
+    tm, tn = cdiv(plan.m, tile.bm), cdiv(plan.n, tile.bn)
+    if tm * tn > INT_MAX:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
+    (bca, bra), (bcb, brb) = tile.map_shapes(plan.trans_a, plan.trans_b)
+    ra, ca = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
+    rb, cb = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
+    q = MatmulTmaParams()
+    q.p = _params(plan, tm, tn)
+    grid = tile.grid(tm, tn, plan.batch, sm_count)
+    rec = _Launch(f"{tile.unit}.{tag}", tile.expr(tag, plan.trans_a, plan.trans_b), grid, (tile.threads, 1, 1),
+                  tile.smem, q)
+    rec.maps = (tensormap.MapCache(tensormap.TiledMap(tag, ra, ca, plan.lda, plan.batch, plan.stride_a, bca, bra)),
+                tensormap.MapCache(tensormap.TiledMap(tag, rb, cb, plan.ldb, plan.batch, plan.stride_b, bcb, brb)))
+    return rec
 
 
 def _simt_launch(plan, sm_count):
@@ -568,7 +706,8 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     pl.empty = m == 0 or n == 0
     one = pl.batch == 1
     pl.pair_ok = pl.ldc % 2 == 0 and (one or pl.stride_c % 2 == 0)
-    pl.fast = pl.general = pl.reduce = pl.split_fast = None
+    pl.c16_ok = pl.esize == 2 and pl.ldc % 8 == 0 and (one or pl.stride_c % 8 == 0)
+    pl.fast = pl.general = pl.reduce = pl.split_fast = pl.tma = pl.tma_off = None
     pl.split, pl.ws_bytes = None, 0
     pl.vec_ok = False
     if pl.empty:
@@ -583,12 +722,26 @@ def gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ld
     sp = _split_k(m, n, k, pl.batch, handle.sm_count, handle.arch) if split_k and pl.vec_ok else None
     # fast: the whole-K launch, also what a split-K plan runs without a workspace (and what the RNN engine
     # launches itself from the record)
-    pl.fast = _tc_launch(pl, tag, _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k), True,
-                         handle.sm_count)
+    tile = _choose_tile(m, n, pl.batch, handle.sm_count, handle.arch, k)
+    pl.fast = _tc_launch(pl, tag, tile, True, handle.sm_count)
+    if _use_tma(pl, tile, handle.arch):
+        t = _tma_tile()
+        pl.tma = _tma_launch(pl, tag, t if t.cm == 1 or tag == "bf16" else TMA_TILE, handle.sm_count)  # (tmac: bf16)
     if sp is not None:
         _split_launches(pl, tag, sp, handle.sm_count)
     pl.general = _tc_launch(pl, tag, TC_GENERAL, False)
     return pl
+
+
+def _use_tma(pl, tile, arch):
+    """Whether plan pl runs gemm_tma (in place of the 128x256 wgmma tile the chooser picked)."""
+    return (tuning.matmul.USE_TMA and arch == WG_ARCH and pl.vec_ok and
+            (tile is WG_TILES[0] or tile is WG_PERSIST_TILE) and _tma_problem(pl, _tma_tile()) is None)
+
+
+def _tma_tile():
+    """The gemm_tma tile plans take (TMA_TILE; tests and benchmarks patch this to run a candidate)."""
+    return TMA_TILE
 
 
 def _split_launches(pl, tag, sp, sm_count):

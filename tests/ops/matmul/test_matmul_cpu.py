@@ -138,9 +138,11 @@ def test_tile_choice():
 
 def test_wgmma_choice_only_on_sm90(monkeypatch):
     """The wgmma tiles are chosen only on an sm_90 device and only with USE_WGMMA; never on another arch
-    (their units do not exist there: the loader refuses them)."""
+    (their units do not exist there: the loader refuses them). USE_TMA off: the wgmma tiles themselves
+    (gemm_tma's choice: tests/ops/matmul/test_matmul_tma_cpu.py)."""
     h = cpu_handle()
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)
     for arch in ("sm_80", "sm_86", "sm_89", "sm_100"):
         monkeypatch.setattr(h, "arch", arch)
         plan = M.gemm_plan(h, BF16, 4096, 4096, 4096)
@@ -166,6 +168,7 @@ def test_wgmma_persistent_plan(monkeypatch, batch):
     """WG_PERSIST: the 128x256 wgmma tile runs as gemm_wgmma_p on a grid of at most one wave of blocks (its
     own unit, sm_90a); off: gemm_wgmma with one block per tile. The 128x128 tile is never persistent."""
     h = cpu_handle()
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)
     monkeypatch.setattr(h, "arch", "sm_90")
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
     sms = h.sm_count
@@ -219,6 +222,7 @@ def test_wgmma_short_k(monkeypatch):
     h = cpu_handle()
     monkeypatch.setattr(h, "arch", "sm_90")
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)
     monkeypatch.setattr(tuning.matmul, "WG_PERSIST", True)
     assert M.gemm_plan(h, BF16, 16384, 1152, 384, trans_b=True).describe()[0] == M.WG_PERSIST_TILE.expr("bf16", False,
                                                                                                         True)
@@ -231,7 +235,8 @@ def test_wgmma_units_are_sm90a_only():
     from pydnn._build import loader, manifest
 
     units = {u.name: u for u in M.kernel_units()}
-    for tag, name in [(t, f"matmul.{kind}.{t}") for t in ("f16", "bf16") for kind in ("wgmma", "wgmmap", "wgmmas")]:
+    for tag, name in [(t, f"matmul.{kind}.{t}") for t in ("f16", "bf16")
+                      for kind in ("wgmma", "wgmmap", "wgmmas", "tma")]:
         u = units[name]
         assert u.archs == ("sm_90a",)
         assert manifest.unit_arch(u, "sm_90") == "sm_90a"
@@ -241,7 +246,8 @@ def test_wgmma_units_are_sm90a_only():
             with pytest.raises(KeyError, match="not built for"):
                 loader.load_unit(arch, u)
     for name, u in units.items():
-        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.")):
+        if not name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.", "matmul.tmac.",
+                                 "matmul.tmaw.")):
             assert u.archs == () and manifest.unit_arch(u, "sm_80") == "sm_80"
     with pytest.raises(ValueError):
         M.WG_TILES[0].expr("bf16", False, False, False)  # no general path
@@ -292,7 +298,7 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 15
+    assert len(units) == 18
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):
@@ -306,11 +312,15 @@ def test_every_expr_is_in_a_unit():
                                                 for tb in (False, True)}
         assert units[f"matmul.wgmmap.{tag}"] == {M.WG_PERSIST_TILE.expr(tag, ta, tb) for ta in (False, True)
                                                  for tb in (False, True)}
+        assert units[f"matmul.tma.{tag}"] == {M.TMA_TILE.expr(tag, ta, tb) for ta in (False, True)
+                                              for tb in (False, True)}
+    assert units["matmul.tmac.bf16"] == {M.TMA_CANDIDATES[0].expr("bf16", ta, tb) for ta in (False, True)
+                                         for tb in (False, True)}
 
 
 def test_smem_fits():
     """Every tile's shared memory fits an sm_80 / sm_90 block (227 KiB opt-in), per_sm of them an SM."""
-    for t in M.TC_TILES + M.WG_TILES + (M.WG_PERSIST_TILE,):
+    for t in M.TC_TILES + M.WG_TILES + (M.WG_PERSIST_TILE, M.TMA_TILE) + M.TMA_CANDIDATES:
         assert t.smem * t.per_sm <= 227 * 1024, (t.bm, t.bn)
 
 
@@ -367,7 +377,8 @@ def test_units_compile(arch):
     nv = build.nvrtc.version()
     for u in units:
         target = unit_arch(u, arch)
-        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.")):  # sm_90a only: built as such on sm_90, absent elsewhere
+        if u.name.startswith(("matmul.wgmma.", "matmul.wgmmap.", "matmul.wgmmas.", "matmul.tma.",
+                              "matmul.tmac.", "matmul.tmaw.")):  # sm_90a only: built as such on sm_90, absent elsewhere
             assert target == ("sm_90a" if arch == "sm_90" else None), (u.name, arch)
             if target is None:
                 continue

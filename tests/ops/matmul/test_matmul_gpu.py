@@ -155,6 +155,7 @@ def _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=True):
     assert plan.vec_ok and plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True)
     pb.run(handle, rng, plan=plan)
     pb.run(handle, rng, alpha=-1.25, beta=0.5 if bias else 0.0, plan=plan)
+    assert plan.describe()[0] == t.expr(M.TAG[dtype], *trans, True), plan.tma_off  # gemm_tma: no fallback
 
 
 @pytest.mark.parametrize("tile", range(len(M.CANDIDATE_TILES)))
@@ -273,6 +274,7 @@ def test_wgmma_tiles(handle, rng, monkeypatch, dtype, trans, tile):
     t = WG_ALL[tile]
     M.wgmma_extra_units()
     monkeypatch.setattr(M, "_choose_tile", lambda *a: t)
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)  # the wgmma kernels themselves (gemm_tma: below)
     big = [(2 * t.bm + 37, t.bn + 91, 203, 1), (t.bm, t.bn, 64 * 9, 1), (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1),
            (48, 72, 40, 3)]
     for m, n, k, batch in WG_SHAPES + big:
@@ -300,6 +302,8 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     plan = pb.plan(handle)
     if handle.arch == M.WG_ARCH and tuning.matmul.USE_WGMMA:
         want = M.WG_PERSIST_TILE if tile == 0 and tuning.matmul.WG_PERSIST else M.WG_TILES[tile]
+        if tile == 0 and tuning.matmul.USE_TMA:
+            want = M.TMA_TILE
         assert plan.describe()[0] == want.expr("bf16", *trans)
     else:
         assert "gemm_wgmma" not in plan.describe()[0]
@@ -405,3 +409,117 @@ def test_split_k_through_pydnn_matmul(handle, rng):
     pydnn.matmul(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr)  # no workspace: whole K
     assert_close(c.download(), av @ bv, BF16, "pydnn.matmul whole K", scale=np.abs(av) @ np.abs(bv))
     c.check_untouched()
+
+
+# ----------------------------------------------------------------------------- gemm_tma (sm_90)
+
+def _sm90_only(handle):
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"gemm_tma runs on {M.WG_ARCH} only (this device is {handle.arch})")
+
+
+@pytest.mark.parametrize("trans", TRANS)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_tma_kernel(handle, rng, monkeypatch, dtype, trans):
+    """gemm_tma (TMA copies, a producer warpgroup, two consumer warpgroups, persistent), forced through the
+    chooser's 128x256 tile: one partial tile (k < 16, k = 1: the TMA boxes zero filled past every edge),
+    partial tiles on every edge with a ragged last K tile, one tile with a long K (the ring wraps), several
+    tiles, a batch (3-D maps); with bias, alpha and beta, and without (the straight-line store). Then a
+    grid of 2 blocks walking several tiles each (the ring's phases running on across tiles)."""
+    _sm90_only(handle)
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
+    t = M.TMA_TILE
+    for m, n, k, batch in WG_SHAPES + [(2 * t.bm + 37, t.bn + 91, 203, 1), (t.bm, t.bn, 64 * 9, 1),
+                                       (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1), (48, 72, 40, 3)]:
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+    for m, n, k, batch in [(2 * t.bm, 2 * t.bn, 200, 2), (3 * t.bm + 5, 2 * t.bn + 8, 1000, 1)]:
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch, bias=False)
+    monkeypatch.setattr(handle, "sm_count", 2)
+    for m, n, k, batch in [(3 * t.bm + 5, 2 * t.bn + 8, 1000, 1), (2 * t.bm + 37, t.bn + 91, 203, 3),
+                           (48, 72, 40, 5), (t.bm, t.bn, 64, 3)]:
+        _check_forced_tile(handle, rng, dtype, trans, t, m, n, k, batch)
+    _check_forced_tile(handle, rng, dtype, trans, t, 3 * t.bm + 5, 2 * t.bn + 8, 300, 2, bias=False)
+
+
+def test_tma_new_pointers_reencode(handle, rng, monkeypatch):
+    """One gemm_tma plan launched on two sets of buffers and back: the tensor maps follow the pointers
+    (encoded per base address, kept per plan)."""
+    _sm90_only(handle)
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
+    p1 = Problem(rng, BF16, 300, 520, 136, False, True, bias=True, pad8=True)
+    p2 = Problem(rng, BF16, 300, 520, 136, False, True, bias=True, pad8=True)
+    plan = p1.plan(handle)
+    assert plan.tma is not None
+    for pb in (p1, p2, p1):
+        pb.run(handle, rng, plan=plan)
+        pb.run(handle, rng, alpha=0.5, beta=2.0, plan=plan)
+
+
+@pytest.mark.parametrize("m, n, k", [(2048, 11008, 4096), (1536, 4096, 4096)])
+def test_tma_chosen_projection_vs_float64(handle, rng, m, n, k):
+    """The chooser's own pick on 7B-model projection shapes (x @ W^T, bf16): gemm_tma on sm_90; against a
+    float64 product on the GPU (torch), C's poisoned start never read."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(int(rng.integers(2**31)))
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    h = pydnn.create()
+    try:
+        pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+        plan = M.gemm_plan(h, BF16, m, n, k, trans_b=True)
+        if h.arch == M.WG_ARCH and tuning.matmul.USE_WGMMA and tuning.matmul.USE_TMA:
+            assert plan.describe()[0] == M.TMA_TILE.expr("bf16", False, True)
+        plan.launch(h, x.data_ptr(), w.data_ptr(), y.data_ptr())
+        assert plan.tma_off is None, plan.tma_off
+        want = x.double() @ w.double().t()
+        scale = x.double().abs() @ w.double().abs().t()
+        torch.cuda.synchronize()
+        assert_close(y.double().cpu().numpy(), want.cpu().numpy(), BF16, "gemm_tma vs float64",
+                     scale=scale.cpu().numpy())
+    finally:
+        pydnn.destroy(h)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+def test_tma_cluster_candidate(handle, rng, monkeypatch, trans):
+    """The 2-CTA cluster candidate (gemm_tma_c: B multicast to the CTA pair on tile rows 2i, 2i + 1; bf16),
+    forced: one partial tile (the pair's second CTA past the matrix: zeros copied, nothing stored), an odd
+    number of tile rows, edges everywhere with a ragged K, a batch; then grids of 1 and 2 clusters walking
+    many pairs (the ring's phases running on across items, both CTAs in step)."""
+    _sm90_only(handle)
+    cand = M.TMA_CANDIDATES[0]
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
+    monkeypatch.setattr(M, "_tma_tile", lambda: cand)
+    shapes = [(7, 5, 3, 1), (33, 17, 65, 1), (3 * 128, 256, 640, 1), (2 * 128 + 37, 256 + 91, 203, 1),
+              (3 * 128 + 5, 2 * 256 + 8, 1000, 1), (48, 72, 40, 3)]
+    for m, n, k, batch in shapes:
+        _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch)
+    _check_forced_tile(handle, rng, BF16, trans, cand, 4 * 128, 2 * 256, 200, 2, bias=False)
+    for sms in (2, 4):
+        monkeypatch.setattr(handle, "sm_count", sms)
+        for m, n, k, batch in [(5 * 128 + 5, 2 * 256 + 8, 1000, 1), (2 * 128 + 37, 256 + 91, 203, 3)]:
+            _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch)
+
+
+@pytest.mark.parametrize("trans", TRANS)
+def test_tma_wide_candidate(handle, rng, monkeypatch, trans):
+    """gemm_tma's WIDE candidate (interior tiles without beta / bias store 16 bytes a lane after a quad
+    transpose; bf16), forced: interior tiles (no bias, beta 0: the wide store) beside edge tiles, a batch,
+    then with bias and beta (the pair stores), and C 2 elements off 16 bytes (no FLAG_C16: pair stores)."""
+    _sm90_only(handle)
+    cand = M.TMA_TILE if M.TMA_TILE.wide else M.TMA_CANDIDATES[1]
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", True)
+    monkeypatch.setattr(M, "_choose_tile", lambda *a: M.WG_PERSIST_TILE)
+    monkeypatch.setattr(M, "_tma_tile", lambda: cand)
+    for m, n, k, batch in [(2 * 128, 2 * 256, 200, 2), (3 * 128 + 5, 2 * 256 + 8, 1000, 1), (128, 256, 64, 1)]:
+        _check_forced_tile(handle, rng, BF16, trans, cand, m, n, k, batch, bias=False)
+    _check_forced_tile(handle, rng, BF16, trans, cand, 2 * 128 + 37, 256 + 91, 203, 1)
+    ta, tb = trans
+    pb = Problem(rng, BF16, 256, 512, 128, ta, tb, offs=(0, 0, 2), pad8=True)
+    plan = pb.plan(handle)
+    assert plan.describe()[0] == cand.expr("bf16", ta, tb)
+    pb.run(handle, rng, plan=plan)
