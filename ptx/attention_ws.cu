@@ -25,7 +25,7 @@
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
-#include "common/attn_tma.cuh"
+#include "common/tma.cuh"
 #include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "common/attn_wg.cuh"
@@ -116,7 +116,7 @@ template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0)
 // The TMA variant's tensor maps: Q, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64
 // columns (one 128B-swizzled slab) x the tile's rows (Q 128, K / V BN).
 struct TmaMaps {
-  attn::TmaMap q, k, v;
+  tma::TensorMap q, k, v;
 };
 
 // TMA: the producer's copies are one thread's cp.async.bulk.tensor loads completing on the full
@@ -184,10 +184,10 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
           const unsigned c = kc + j, s = c % STAGES;
           mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
           if (TMA) {
-            attn::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
+            tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
-              attn::tma_load_4d(kbuf(s) + sl * BN * 128, &tm->k, sl * 64, j * BN, hk, w.b, kfull(s));
+              tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, j * BN, hk, w.b);
           } else {
             copy_tile<T, D, BN, kProducer>(kbuf(s), gk + (long long)j * BN * ldk, ldk, sq.len_kv - j * BN, tid);
             mbar_arrive_cp_async(kfull(s));
@@ -196,10 +196,10 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
         if (j == 0) {  // Q after K_0: K_0 is not held up by the previous unit's epilogue
           mbar_wait(qempty, (tc & 1) ^ 1);
           if (TMA) {
-            attn::mbar_arrive_expect_tx(qfull, Q_BYTES);
+            tma::mbar_arrive_expect_tx(qfull, Q_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
-              attn::tma_load_4d(aQ + sl * kBM * 128, &tm->q, sl * 64, m0, w.h, w.b, qfull);
+              tma::load_4d(aQ + sl * kBM * 128, &tm->q, qfull, sl * 64, m0, w.h, w.b);
           } else {
             copy_tile<T, D, kBM, kProducer>(aQ, gq, ldq, sq.len_q - m0, tid);
             mbar_arrive_cp_async(qfull);
@@ -209,10 +209,10 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
           const unsigned c = kc + j - 1, s = c % STAGES;
           mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
           if (TMA) {
-            attn::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
+            tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
-              attn::tma_load_4d(vbuf(s) + sl * BN * 128, &tm->v, sl * 64, (j - 1) * BN, hk, w.b, vfull(s));
+              tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, (j - 1) * BN, hk, w.b);
           } else {
             copy_tile<T, D, BN, kProducer>(vbuf(s), gv + (long long)(j - 1) * BN * ldv, ldv,
                                            sq.len_kv - (j - 1) * BN, tid);

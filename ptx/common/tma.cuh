@@ -1,6 +1,6 @@
 // Hopper TMA (the tensor memory accelerator) and shared-memory mbarrier building blocks (sm_90; the bulk
 // tensor copies and setmaxnreg need a unit compiled for sm_90a, KernelUnit.archs). Owned by the matmul
-// family (gemm_tma in ptx/matmul.cu); other families may include it.
+// family (gemm_tma in ptx/matmul.cu); the attention family's fwd_ws_tma (ptx/attention_ws.cu) includes it too.
 //
 // A tensor map (CUtensorMap, 128 opaque bytes, 64-byte aligned) describes a global tensor (base address,
 // dims, byte strides), the box one copy moves and the shared-memory swizzle; pydnn/_cuda/tensormap.py
@@ -93,6 +93,15 @@ __device__ __forceinline__ void load_3d(unsigned dst, const TensorMap* map, unsi
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// As load_2d for a 4-D map (the attention family's (head dim, sequence, head, batch) tiles).
+__device__ __forceinline__ void load_4d(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 

@@ -1,6 +1,6 @@
 """Host encoding of TMA tensor maps (CUtensorMap, sm_90+) for kernels that copy tiles with
 cp.async.bulk.tensor (ptx/common/tma.cuh). Owned by the matmul family (pydnn/ops/matmul.py's gemm_tma);
-other families may use it.
+the attention family's warp-specialized forward encodes its 4-D maps through encode_tiled.
 
 A map describes a row-major operand of `rows` x `cols` elements (`cols` contiguous, row pitch `ld`
 elements), `batch` of them `stride` elements apart, as a 3-D tensor (cols, rows, batch), and the box one
@@ -20,7 +20,7 @@ swizzle span (128 bytes).
 """
 import ctypes
 
-__all__ = ["TiledMap", "MapCache", "map_problem", "DTYPE_NAMES", "MAP_BYTES"]
+__all__ = ["TiledMap", "MapCache", "map_problem", "encode_tiled", "DTYPE_NAMES", "MAP_BYTES"]
 
 MAP_BYTES = 128
 # element size -> the CUtensorMapDataType name of pydnn's 16-bit types (by data type tag)
@@ -61,21 +61,29 @@ class TiledMap:
 
     def encode(self, address):
         """The 128 bytes of the map for base `address` (16-byte aligned), from the driver."""
-        from . import driver
-
-        d = driver._driver()
-        (dt, rank, addr, dims, strides, box, estr, il, sw, l2, oob) = self.args(address)
-        u64, u32 = d.cuuint64_t, d.cuuint32_t  # the bindings take these, not ints, in the arrays
-        err, tmap = d.cuTensorMapEncodeTiled(
-            getattr(d.CUtensorMapDataType, dt), rank, addr, [u64(v) for v in dims], [u64(v) for v in strides],
-            [u32(v) for v in box], [u32(v) for v in estr],
-            getattr(d.CUtensorMapInterleave, il), getattr(d.CUtensorMapSwizzle, sw),
-            getattr(d.CUtensorMapL2promotion, l2), getattr(d.CUtensorMapFloatOOBfill, oob))
-        driver.check((err,), "cuTensorMapEncodeTiled")
-        return ctypes.string_at(tmap.getPtr(), MAP_BYTES)
+        return encode_tiled(self.tag, address, self.dims, self.strides, self.box, self.l2)
 
     def __repr__(self):
         return f"TiledMap({self.tag}, dims {self.dims}, strides {self.strides}, box {self.box})"
+
+
+def encode_tiled(tag, address, dims, strides, box, l2="L2_256B"):
+    """cuTensorMapEncodeTiled for a tiled map of any rank (dims innermost first, element counts; strides in
+    bytes of dims 1.., box in elements; element strides 1, no interleave, 128-byte swizzle, out-of-bounds
+    elements zero): its 128 bytes. The caller has checked the driver's rules (map_problem for the 3-D
+    matmul operand maps)."""
+    from . import driver
+
+    d = driver._driver()
+    u64, u32 = d.cuuint64_t, d.cuuint32_t  # the bindings take these, not ints, in the arrays
+    err, tmap = d.cuTensorMapEncodeTiled(
+        getattr(d.CUtensorMapDataType, DTYPE_NAMES[tag]), len(dims), address, [u64(v) for v in dims],
+        [u64(v) for v in strides], [u32(v) for v in box], [u32(1)] * len(dims),
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        getattr(d.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    driver.check((err,), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tmap.getPtr(), MAP_BYTES)
 
 
 def map_problem(tag, rows, cols, ld, batch, stride, box_cols, box_rows):

@@ -19,7 +19,7 @@ import math
 
 from .. import tuning
 from .._build.manifest import KernelUnit
-from .._cuda import driver
+from .._cuda import driver, tensormap
 
 ARCH = "sm_90"
 # The head dims the planner sends here. Mid-session run (H200, 2026-11-28, bench_attention --fwd-ab, B*S =
@@ -114,7 +114,6 @@ def grid_size(handle, b, hq, sq):
 
 
 TMA_DIMS = (64, 128, 256)  # the head dims with a TMA instantiation (fwd_ws_tma)
-_TMA_DTYPE = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
 
 
 class TmaMaps(ctypes.Structure):
@@ -122,29 +121,20 @@ class TmaMaps(ctypes.Structure):
     _fields_ = [("raw", ctypes.c_ubyte * 384)]
 
 
-def _encode(drv, tag, ptr, dims, strides, rows):
+def _encode(tag, ptr, dims, strides, rows):
     """One 4-d tiled tensor map: dims (d, seq, heads, batch), strides (seq, head, batch) in elements,
-    boxes of 64 columns x rows, 128B swizzle, out-of-bounds zero. Returns its 128 bytes."""
-    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
-    err, tm = drv.cuTensorMapEncodeTiled(
-        getattr(drv.CUtensorMapDataType, _TMA_DTYPE[tag]), 4, int(ptr), [u64(x) for x in dims],
-        [u64(2 * x) for x in strides], [u32(64), u32(rows), u32(1), u32(1)], [u32(1)] * 4,
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if int(err) != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
-    return ctypes.string_at(tm.getPtr(), 128)
+    boxes of 64 columns x rows, 128B swizzle, out-of-bounds zero (pydnn/_cuda/tensormap.py's
+    encode_tiled). Returns its 128 bytes."""
+    return tensormap.encode_tiled(tag, int(ptr), dims, [2 * x for x in strides], (64, rows, 1, 1))
 
 
 def tma_maps(tag, d, p):
     """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]."""
-    import cuda.bindings.driver as drv
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
-    q = _encode(drv, tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
-    k = _encode(drv, tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
-    v = _encode(drv, tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
+    q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
+    k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
+    v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
     m = TmaMaps()
     ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
     return m
