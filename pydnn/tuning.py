@@ -154,6 +154,11 @@ conv_gemm = Switches(
                           "into the first chunk's partials)"),
     MIN_SPLIT_ROWS=(256, "a backward-filter split's reduction is at least this many rows (shorter ones "
                          "are all epilogue)"),
+    MM_1X1=(True, "16-bit 1x1 convolutions through pydnn.ops.matmul (issue 18): FWD_ALGO_GEMM as one matmul "
+                  "on x itself (stride 1, unpadded) or on the strided 1x1's gather, BWD_DATA_ALGO_0 as one "
+                  "matmul into dx (or into a column matrix + col2im when strided); Get..._v7 ranks them "
+                  "against the implicit GEMMs by the tile model (gemm.mm16_ms), Find by timing. Off: the "
+                  "GEMM algorithm's im2col + implicit 1x1, ALGO_0 the CUDA-core gather"),
 )
 
 conv_winograd = Switches(

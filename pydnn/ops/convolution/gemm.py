@@ -272,6 +272,37 @@ def mm_ms(handle, mp):
     return max(2.0 * mp.batch * mp.m * mp.n * mp.k / (MM_TC_TFLOPS * 1e9), nbytes / (MM_GBPS * 1e6))
 
 
+# mm16_ms: the 16-bit matmul's time by the tile matmul's chooser takes (a ranking, not a promise). The
+# 128x256 mma.sync tile's full-wave rate (bf16 4096^3, H200: 308-325 TFLOP/s), scaled by the tile's `eff`
+# (wgmma 128x256 1.6, 128x128 1.3; mma.sync 128x128 0.9, 64x64 0.45); a block's K loop pays about
+# MM_FILL_KTILES K tiles of pipeline fill and epilogue; the operands and C cross memory at MM16_GBPS at
+# least (a conservative copy rate: H100 ~2960 GB/s, H200 ~4150).
+MM16_TC_TFLOPS = 310.0
+MM_FILL_KTILES = 1.5
+MM16_GBPS = 3000.0
+MM16_GENERAL_TFLOPS = 40.0   # the unaligned path (element-by-element copies)
+
+
+def mm16_ms(handle, mp, beta_reads=False):
+    """The model's time of a 16-bit pydnn.ops.matmul plan `mp` (gemm_plan's record): waves of the chosen
+    tile at its efficiency, stretched by the short-K fill, or its bytes at MM16_GBPS, whichever is longer."""
+    sms = max(handle.sm_count, 1)
+    m, n, k, batch = mp.m, mp.n, mp.k, mp.batch
+    nbytes = batch * (m * k + k * n + m * n * (2 if beta_reads else 1)) * mp.esize
+    mem = nbytes / (MM16_GBPS * 1e6)
+    if not mp.vec_ok:
+        return max(2.0 * batch * m * n * k / (MM16_GENERAL_TFLOPS * 1e9), mem)
+    t = matmul._choose_tile(m, n, batch, sms, handle.arch, k)
+    blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
+    slots = t.per_sm * sms
+    waves = cdiv(blocks, slots)
+    kt = cdiv(k, matmul.BK)
+    per_block_flops = 2.0 * t.bm * t.bn * matmul.BK * (kt + MM_FILL_KTILES)
+    rate_sm = MM16_TC_TFLOPS * t.eff * 1e12 / sms / t.per_sm   # one block's share of its SM
+    compute = waves * per_block_flops / rate_sm * 1e3
+    return max(compute, mem)
+
+
 LONE_BLOCK_SPEED = 0.6   # a gemm_simt block alone on its SM, relative to the tile's full per-SM rate (a guess)
 
 
@@ -320,12 +351,19 @@ def _col_problem(pb, ld, w_rows):
 
 def _fwd_matmul(handle, pb, ld, w_rows):
     """pydnn.ops.matmul's plan of the forward GEMM over the column matrix (one GEMM per image) and
-    whether its A operand is the filter, or None when y's layout does not allow one."""
-    if pb.tag != "f32" or pb.groups != 1:
+    whether its A operand is the filter, or None when y's layout does not allow one. float; 16-bit 1x1
+    problems (strided or padded: the im2col is their gather) under mm16_ok, NHWC-like y with its images
+    one after another as one GEMM of N * P rows."""
+    if pb.groups != 1 or (pb.tag != "f32" and not mm16_ok(pb)):
         return None
     P, K = prod(pb.out3), pb.k
     unit = _spatial_unit(pb.ys[2:], pb.out3)
     try:
+        if pb.tag != "f32" and pb.ys[1] == 1 and unit is not None and _flat(pb, pb.n, P * ld, ld, pb.ys[0],
+                                                                              max(unit, K), P):
+            mp = matmul.gemm_plan(handle, pb.dtype, pb.n * P, K, ld, trans_b=True, lda=ld, ldb=w_rows,
+                                  ldc=max(unit, K))
+            return mp, False
         if pb.ys[1] == 1 and unit is not None:     # NHWC-like y: y_n[P x K] = col_n . W^T
             mp = matmul.gemm_plan(handle, pb.dtype, P, K, ld, trans_b=True, lda=ld, ldb=w_rows,
                                   ldc=max(unit, K), batch=pb.n, stride_a=P * ld, stride_c=pb.ys[0])
@@ -339,12 +377,28 @@ def _fwd_matmul(handle, pb, ld, w_rows):
     return None
 
 
+def mm16_ok(pb):
+    """Whether a 16-bit 1x1 problem takes pydnn.ops.matmul (tuning.conv_gemm.MM_1X1; tensor cores: the
+    math type not FMA; one group)."""
+    return (tuning.conv_gemm.MM_1X1 and pb.tag in TC_TAGS and pb.math_type != E.PYDNN_FMA_MATH
+            and pb.groups == 1 and pb.filt3 == (1, 1, 1))
+
+
+def _flat(pb, n_img, a_img, a_rows, c_img, c_rows, P):
+    """Whether both matrices' images follow one another as rows (image stride = P rows), so the batch of
+    per-image GEMMs is one GEMM of n_img * P rows (one grid of tiles over all images: no per-image tail)."""
+    return n_img == 1 or (a_img == P * a_rows and c_img == P * c_rows)
+
+
 def _direct_matmul(handle, pb):
-    """A 1x1, stride-1, unpadded float problem whose x already is the column matrix (NCHW-like x with
-    NCHW-like y, or NHWC-like both, spatial dims packed) and whose filter is a packed (K, C) matrix: the
-    matmul plan (no im2col, no workspace) and whether A is the filter; else None."""
-    if (pb.tag != "f32" or pb.groups != 1 or pb.filt3 != (1, 1, 1) or pb.stride3 != (1, 1, 1)
+    """A 1x1, stride-1, unpadded problem whose x already is the column matrix (NCHW-like x with NCHW-like
+    y, or NHWC-like both, spatial dims packed) and whose filter is a packed (K, C) matrix: the matmul plan
+    (no im2col, no workspace) and whether A is the filter; else None. float, and 16-bit data under
+    mm16_ok; 16-bit NHWC-like images one after another are one GEMM of N * P rows."""
+    if (pb.groups != 1 or pb.filt3 != (1, 1, 1) or pb.stride3 != (1, 1, 1)
             or pb.pad3 != (0, 0, 0) or _packed_filter(pb) is None):
+        return None
+    if pb.tag != "f32" and not mm16_ok(pb):
         return None
     P, K, Cc = prod(pb.out3), pb.k, pb.c
     xu, yu = _spatial_unit(pb.xs[2:], pb.in3), _spatial_unit(pb.ys[2:], pb.out3)
@@ -352,8 +406,13 @@ def _direct_matmul(handle, pb):
         return None
     try:
         if pb.ys[1] == 1 and pb.xs[1] == 1:         # y_n[P x K] = x_n[P x C] . W^T
-            mp = matmul.gemm_plan(handle, pb.dtype, P, K, Cc, trans_b=True, lda=max(xu, Cc), ldb=pb.ws[0],
-                                  ldc=max(yu, K), batch=pb.n, stride_a=pb.xs[0], stride_c=pb.ys[0])
+            lda, ldc = max(xu, Cc), max(yu, K)
+            if pb.tag != "f32" and _flat(pb, pb.n, pb.xs[0], lda, pb.ys[0], ldc, P):
+                mp = matmul.gemm_plan(handle, pb.dtype, pb.n * P, K, Cc, trans_b=True, lda=lda, ldb=pb.ws[0],
+                                      ldc=ldc)
+                return mp, False
+            mp = matmul.gemm_plan(handle, pb.dtype, P, K, Cc, trans_b=True, lda=lda, ldb=pb.ws[0],
+                                  ldc=ldc, batch=pb.n, stride_a=pb.xs[0], stride_c=pb.ys[0])
             return mp, False
         if xu in (0, 1) and yu in (0, 1):           # y_n[K x P] = W[K x C] . x_n[C x P]
             mp = matmul.gemm_plan(handle, pb.dtype, K, P, Cc, lda=pb.ws[0], ldb=max(pb.xs[1], P),
@@ -399,7 +458,10 @@ class GemmPlan(StepPlan):
         self.sub.run(handle, ws_ptr, w, out_ptr, alpha, beta, z_ptr, bias_ptr)
 
     def estimate_ms(self, handle, base_estimate):
-        gemm = mm_ms(handle, self.mm[0]) if self.mm is not None else base_estimate(handle, self.sub.plan)
+        if self.mm is not None and self.mm[0].esize == 2:
+            gemm = mm16_ms(handle, self.mm[0])
+        else:
+            gemm = mm_ms(handle, self.mm[0]) if self.mm is not None else base_estimate(handle, self.sub.plan)
         return gemm + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
 
 
@@ -409,9 +471,14 @@ def plan_gemm(handle, pb, algo):
     if direct is not None:
         pl = GemmPlan(DIR_FWD, algo, pb)
         pl.direct, pl.mm = True, direct
-        sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, pb, algo)  # the fused epilogue's path
+        # the fused epilogue's path (bias, z, activation): the tensor-core implicit GEMM for 16-bit data
+        fused_algo = (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+                      if pb.tag != "f32" and tc_refusal(pb, DIR_FWD) is None else E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)
+        sub = planner(DIR_FWD, fused_algo)(handle, pb, algo)
         pl.sub = SubGemm(sub, pb)
         pl.gemm, pl.gemm_expr = sub.gemm, sub.gemm_expr
+        if pb.tag != "f32":   # the kernel the plain call runs (a label: the sweep's kernel column)
+            pl.gemm_expr = direct[0].fast.expr
         return pl
     taps = prod(pb.filt3)
     rows, cols = pb.n * prod(pb.out3), pb.groups * pb.cg * taps
@@ -439,6 +506,8 @@ def plan_gemm(handle, pb, algo):
     pl.mm = _fwd_matmul(handle, pb, ld, w_rows)
     pl.gemm = sub.gemm            # the epilogue fields (bias, z, activation) of ConvolutionBiasActivationForward
     pl.gemm_expr = sub.gemm_expr
+    if pl.mm is not None and pb.tag != "f32":   # the plain call's kernel (a label)
+        pl.gemm_expr = pl.mm[0].fast.expr
     # the tensor-core GEMM reads the filter in 16-byte vectors: the caller's, when it is read in place
     pl.align = sub.align if own else 0
     pl.workspace = round_up(rows * ld * pl.itemsize, 16) if own else pl.col_bytes + round_up(pb.k * ld * pl.itemsize, 16)
@@ -473,9 +542,13 @@ class BwdGemmPlan(StepPlan):
         self.run_step(handle, self.col2im)
 
     def estimate_ms(self, handle, base_estimate):
+        if self.mm.esize == 2:
+            gemm = mm16_ms(handle, self.mm)
+        else:
+            gemm = tile_ms(handle, self.mm) if self.direct else mm_ms(handle, self.mm)
         if self.direct:
-            return tile_ms(handle, self.mm)
-        return mm_ms(handle, self.mm) + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
+            return gemm
+        return gemm + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
 
 
 def _bwd_direct_ok(pb):
@@ -494,7 +567,10 @@ def _bwd_direct_matmul(handle, pb):
     if xu is None or yu is None:
         return None
     if pb.ys[1] == 1 and pb.xs[1] == 1:
-        return matmul.gemm_plan(handle, pb.dtype, P, Cc, K, lda=max(yu, K), ldb=pb.ws[0], ldc=max(xu, Cc),
+        lda, ldc = max(yu, K), max(xu, Cc)
+        if pb.tag != "f32" and _flat(pb, pb.n, pb.ys[0], lda, pb.xs[0], ldc, P):   # one GEMM of N * P rows
+            return matmul.gemm_plan(handle, pb.dtype, pb.n * P, Cc, K, lda=lda, ldb=pb.ws[0], ldc=ldc), False
+        return matmul.gemm_plan(handle, pb.dtype, P, Cc, K, lda=lda, ldb=pb.ws[0], ldc=ldc,
                                 batch=pb.n, stride_a=pb.ys[0], stride_c=pb.xs[0]), False
     if xu in (0, 1) and yu in (0, 1):
         return matmul.gemm_plan(handle, pb.dtype, Cc, P, K, trans_a=True, lda=pb.ws[0], ldb=max(pb.ys[1], P),
@@ -561,7 +637,10 @@ def plan_bwd_data_gemm(handle, pb, algo):
     if not own:
         pl.pack = _add_pack(pl, pb, inner, cols, ld)
     unit = _spatial_unit(pb.ys[2:], pb.out3)
-    if pb.ys[1] == 1:   # NHWC-like dy: col_n[P x ld] = dy_n[P x K] . W
+    if pb.ys[1] == 1 and pb.tag != "f32" and _flat(pb, pb.n, pb.ys[0], max(unit, K), P * ld, ld, P):
+        # 16-bit NHWC-like dy, images one after another: col[N * P x ld] = dy[N * P x K] . W, one GEMM
+        pl.mm = matmul.gemm_plan(handle, pb.dtype, pb.n * P, ld, K, lda=max(unit, K), ldb=w_rows, ldc=ld)
+    elif pb.ys[1] == 1:   # NHWC-like dy: col_n[P x ld] = dy_n[P x K] . W
         pl.mm = matmul.gemm_plan(handle, pb.dtype, P, ld, K, lda=max(unit, K), ldb=w_rows, ldc=ld, batch=pb.n,
                                  stride_a=pb.ys[0], stride_c=P * ld)
     else:               # NCHW-like dy: col_n = dy_n^T . W
@@ -1026,6 +1105,29 @@ def plan_forward(handle, pb, direction, algo):
 def plan_backward_data(handle, pb, direction, algo):
     """BWD_DATA_ALGO_1 where the tensor-core implicit GEMM refuses (tensor_core.py)."""
     return plan_bwd_data_gemm(handle, pb, algo)
+
+
+def bwd_data_mm16_refusal(pb):
+    """Why BWD_DATA_ALGO_0's GEMM form (16-bit 1x1 problems through pydnn.ops.matmul) cannot serve a
+    problem (None when it can; the CUDA-core gather serves the rest)."""
+    if not mm16_ok(pb):
+        return ("its GEMM form serves 16-bit 1x1 problems with one group and the math type not FMA "
+                "(tuning.conv_gemm.MM_1X1)")
+    return bwd_data_gemm_refusal(pb)
+
+
+@register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, order=-1, refusal=bwd_data_mm16_refusal)
+def plan_backward_data_mm16(handle, pb, direction, algo):
+    """BWD_DATA_ALGO_0 for 16-bit 1x1 problems (issue 18): dx = dy . W as one matmul (stride 1, unpadded),
+    or col = dy . W + col2im (strided or padded: the col2im scatters into dx and writes the positions no
+    output reaches as beta * dx); deterministic. Get..._v7 ranks it against ALGO_1's implicit GEMMs by
+    mm16_ms, Find by timing. None (the CUDA-core gather then) where dx and dy do not read as matrices."""
+    try:
+        return plan_bwd_data_gemm(handle, pb, algo)
+    except PydnnError as e:
+        if e.status != NS:
+            raise
+        return None
 
 
 @register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
