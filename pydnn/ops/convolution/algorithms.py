@@ -37,6 +37,11 @@ from .problem import (ALGO_TYPES, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, check_c
 REPS = 3  # timed runs per algorithm in Find (after one warm-up); the median is reported
 CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200): a ranking, not a promise
 TENSOR_CORE_TFLOPS = 150.0
+# fwd_wgmma (forward, and backward data as the forward of dy): the median of its bf16 points >= 5 GFLOP in the
+# full sweep of 2026-11-27 (H200): 344 TFLOP/s over 103 points of 3x3 / 5x5 / 7x7 filters (40-583), 219 over 60
+# 1x1 points (118-382; _tc_1x1_ms's fill makes 340 into 227-302 for 4-16 K tiles); the mma.sync kernels' 150
+# stands (implicit_gemm_pipe_tc's 1x1 points: 53-100 TFLOP/s at 1-3 K tiles, the fill's 50-90)
+WGMMA_TFLOPS = 340.0
 
 
 class ConvolutionPerf:
@@ -109,13 +114,17 @@ def _estimate_ms(handle, pl):
     per_wave = 2 * handle.sm_count
     waves = -(-blocks // per_wave)
     fill = blocks / (waves * per_wave)
-    rate = TENSOR_CORE_TFLOPS if ("_tc<" in pl.gemm_expr or "_wgmma<" in pl.gemm_expr) else CUDA_CORE_TFLOPS
+    rate = (WGMMA_TFLOPS if "fwd_wgmma<" in pl.gemm_expr
+            else TENSOR_CORE_TFLOPS if ("_tc<" in pl.gemm_expr or "_wgmma<" in pl.gemm_expr) else CUDA_CORE_TFLOPS)
     if pl.direction == DIR_BWD_FILTER and rate == CUDA_CORE_TFLOPS:
         fill = _busiest_sm_fill(handle, blocks)
     if "bwd_data_tc" in pl.gemm_expr:  # the gather meets zeros in all but 1 / stride^d of its MMAs
         rate /= prod(pl.problem.stride3)
     t = pl.problem.flops / (rate * 1e9) / max(fill, 1e-3)
-    if rate == TENSOR_CORE_TFLOPS and pl.direction != DIR_BWD_FILTER and prod(pl.problem.filt3) == 1:
+    if pl.direction != DIR_BWD_FILTER and ("fwd_wgmma<" in pl.gemm_expr or "implicit_gemm_pipe_tc<" in pl.gemm_expr):
+        rc = pl.problem.c if pl.direction == DIR_FWD else pl.problem.k   # the channels a tap's K tiles walk
+        t *= cdiv(rc, 64) * 64 / rc   # a channel tail's zero-filled rest of its 64-deep K tile (FWD / BWD_TAIL_FILL)
+    if rate != CUDA_CORE_TFLOPS and pl.direction != DIR_BWD_FILTER and prod(pl.problem.filt3) == 1:
         t = _tc_1x1_ms(pl, t)
     if rate == CUDA_CORE_TFLOPS and pl.direction == DIR_BWD_DATA:
         t *= _cc_tile_waste(pl)

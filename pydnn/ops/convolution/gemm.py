@@ -354,7 +354,7 @@ def _fwd_matmul(handle, pb, ld, w_rows):
     whether its A operand is the filter, or None when y's layout does not allow one. float; 16-bit 1x1
     problems (strided or padded: the im2col is their gather) under mm16_ok, NHWC-like y with its images
     one after another as one GEMM of N * P rows."""
-    if pb.groups != 1 or (pb.tag != "f32" and not mm16_ok(pb)):
+    if pb.groups != 1 or (pb.tag != "f32" and not (mm16_ok(pb) or _mm16_cols_ok(pb))):
         return None
     P, K = prod(pb.out3), pb.k
     unit = _spatial_unit(pb.ys[2:], pb.out3)
@@ -382,6 +382,13 @@ def mm16_ok(pb):
     math type not FMA; one group)."""
     return (tuning.conv_gemm.MM_1X1 and pb.tag in TC_TAGS and pb.math_type != E.PYDNN_FMA_MATH
             and pb.groups == 1 and pb.filt3 == (1, 1, 1))
+
+
+def _mm16_cols_ok(pb):
+    """Whether a 16-bit problem of several taps may run its column matrix on pydnn.ops.matmul
+    (tuning.conv_gemm.MM_COLS not False; the rest as mm16_ok)."""
+    return (tuning.conv_gemm.MM_COLS is not False and tuning.conv_gemm.MM_1X1 and pb.tag in TC_TAGS
+            and pb.math_type != E.PYDNN_FMA_MATH and pb.groups == 1)
 
 
 def _flat(pb, n_img, a_img, a_rows, c_img, c_rows, P):
@@ -504,6 +511,10 @@ def plan_gemm(handle, pb, algo):
         sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, spb, algo)
     pl.sub = SubGemm(sub, spb)
     pl.mm = _fwd_matmul(handle, pb, ld, w_rows)
+    if pl.mm is not None and pb.tag != "f32" and taps > 1 and tuning.conv_gemm.MM_COLS is None:
+        from .algorithms import _estimate_ms   # (algorithms imports the planners' table, not this module)
+        if mm16_ms(handle, pl.mm[0]) >= _estimate_ms(handle, sub):
+            pl.mm = None   # the model's choice: the implicit 1x1 view of the column matrix
     pl.gemm = sub.gemm            # the epilogue fields (bias, z, activation) of ConvolutionBiasActivationForward
     pl.gemm_expr = sub.gemm_expr
     if pl.mm is not None and pb.tag != "f32":   # the plain call's kernel (a label)

@@ -109,7 +109,10 @@ def fused_bias_in_registers(pl):
     """convolution_bias_activation_forward's plan on the 128x64 model fwd_wgmma tile runs its FB = 1
     instantiation (the bias in registers, BREG): the plan is the fused call's own (cached under its own
     key; get_plan's adapt, once per plan), so the plain forward keeps FB = 0, whose K loop the registers
-    would change (ptx/convolution.cu)."""
+    would change (ptx/convolution.cu). The GEMM algorithm's direct 1x1 plan (matmul for the plain call,
+    gemm.py) runs its fused call on the implicit GEMM of the problem itself (`sub`): that plan is adapted."""
+    if getattr(pl, "direct", False) and getattr(pl, "sub", None) is not None:
+        pl = pl.sub.plan
     if type(pl) is Plan and pl.direction == DIR_FWD and pl.gemm_expr in _FB_EXPRS:
         pl.gemm_expr, pl.gemm_func = _FB_EXPRS[pl.gemm_expr], None
 
@@ -384,11 +387,13 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
 
 def _k_tiles_fill(direction, rc):
     """Whether the 64-deep K tiles of the pipelined / wgmma kernels take a reduction of rc channels per
-    tap: multiples of 64, or (backward data) where real channels fill at least tuning.conv.BWD_TAIL_FILL
-    of the tiles' depth (the rest zero-filled: the kernels' channel tails), which still beats bwd_data_tc."""
+    tap: multiples of 64, or where real channels fill at least tuning.conv.BWD_TAIL_FILL (backward data)
+    / FWD_TAIL_FILL (forward) of the tiles' depth (the rest zero-filled: the kernels' channel tails), which
+    still beats bwd_data_tc / fwd_tc's 32-deep tiles."""
     if rc % TCP_BK == 0:
         return True
-    return direction == DIR_BWD_DATA and rc / (cdiv(rc, TCP_BK) * TCP_BK) >= tuning.conv.BWD_TAIL_FILL
+    fill = tuning.conv.BWD_TAIL_FILL if direction == DIR_BWD_DATA else tuning.conv.FWD_TAIL_FILL
+    return direction in (DIR_BWD_DATA, DIR_FWD) and rc / (cdiv(rc, TCP_BK) * TCP_BK) >= fill
 
 
 def _wgm_tiling(handle, gm, gn):
