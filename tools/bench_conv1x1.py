@@ -10,7 +10,7 @@ pydnn.ops.matmul on x itself for stride 1, the gather + matmul for a strided 1x1
 column matrix + col2im when strided); the algorithm Get..._v7 puts first (its pick and modelled ms for
 each route); cuDNN through PyTorch (cudnn.benchmark on) in the same run. Every pydnn route is checked
 against PyTorch first (its output poisoned with NaN; max error / max |ref|, bf16 tolerance 2e-2).
-Timing: device ms per call from a CUDA graph of 20 back-to-back calls (sweep_common.graph_ms; events around
+Timing: device ms per call from a CUDA graph of back-to-back calls (~2 ms of work a replay) (sweep_common.graph_ms; events around
 back-to-back calls where a capture fails), pydnn's plans launched through plans.run_plan (the plan of each
 route built under its switches), cuDNN through PyTorch. Ratio = cuDNN ms / pydnn ms.
 
@@ -60,13 +60,15 @@ QUICK = [0, 1, 2, 3, 8, 9]
 
 
 def _setup(pydnn, torch, n, c, k, hh, s, r=1):
+    import sweep_common as SC   # SC.DEV: "cuda" (a dry run on the CPU sets "cpu")
     from bench import desc
     cl, bf, pdt = torch.channels_last, torch.bfloat16, pydnn.PYDNN_DATA_BFLOAT16
     pad = r // 2
     p = (hh + 2 * pad - r) // s + 1
-    t = dict(x=torch.randn(n, c, hh, hh, device="cuda", dtype=bf).contiguous(memory_format=cl),
-             w=(torch.randn(k, c, r, r, device="cuda", dtype=bf) / math.sqrt(c * r * r)).contiguous(memory_format=cl),
-             y=torch.empty(n, k, p, p, device="cuda", dtype=bf).contiguous(memory_format=cl), pad=pad)
+    dev = SC.DEV
+    t = dict(x=torch.randn(n, c, hh, hh, device=dev, dtype=bf).contiguous(memory_format=cl),
+             w=(torch.randn(k, c, r, r, device=dev, dtype=bf) / math.sqrt(c * r * r)).contiguous(memory_format=cl),
+             y=torch.empty(n, k, p, p, device=dev, dtype=bf).contiguous(memory_format=cl), pad=pad)
     t["dy"], t["dx"] = torch.randn_like(t["y"]), torch.empty_like(t["x"])
     t["xd"], t["yd"] = desc(t["x"], dtype=pdt), desc(t["y"], dtype=pdt)
     t["wd"] = pydnn.create_filter_descriptor()
@@ -94,7 +96,7 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g):
     for name, n, c, k, hh, s in FUSED:
         t = _setup(pydnn, torch, n, c, k, hh, s)
         x, w, y, xd, yd, wd, conv = t["x"], t["w"], t["y"], t["xd"], t["yd"], t["wd"], t["conv"]
-        bias = torch.randn(1, k, 1, 1, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(1, k, 1, 1, device=x.device, dtype=torch.bfloat16)
         bd = desc(bias, dtype=pydnn.PYDNN_DATA_BFLOAT16)
         act = pydnn.create_activation_descriptor()
         pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
@@ -104,7 +106,7 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g):
             row = dict(case=f"N{n} {name}", dir="fused", algo=label)
             try:
                 ws_n = pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, algo)
-                ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device="cuda")
+                ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=x.device)
                 plain = lambda algo=algo, ws=ws, ws_n=ws_n: pydnn.convolution_forward(  # noqa: E731
                     h, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr())
                 fused = lambda algo=algo, ws=ws, ws_n=ws_n: pydnn.convolution_bias_activation_forward(  # noqa: E731
@@ -140,8 +142,9 @@ def _timer(h, reps):
     from bench import time_ms
 
     def timer(fn):
-        try:
-            return SC.graph_ms(h, fn, calls=20, reps=reps), "graph"
+        try:   # about 2 ms of work a replay (a one-call graph first says how long a call is)
+            one = SC.graph_ms(h, fn, calls=1, reps=1)
+            return SC.graph_ms(h, fn, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))), reps=reps), "graph"
         except Exception:  # noqa: BLE001 - not capturable: events around back-to-back calls
             import torch
             torch.cuda.synchronize()
@@ -217,7 +220,7 @@ def main(argv=None):
                     pl = P.new_plan(h, direction, algo, conv, xd, wd, yd)
                     row[f"{route}_model_ms"] = A._estimate_ms(h, pl)
                     row[f"{route}_kernel"] = _label(pl)
-                    ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
+                    ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device=x.device)
                     fn = lambda pl=pl, ws=ws: P.run_plan(h, pl, a_ptr, w.data_ptr(), out.data_ptr(),  # noqa: E731
                                                          ws.data_ptr(), 1.0, 0.0)
                     out.fill_(float("nan"))
@@ -259,9 +262,11 @@ def main(argv=None):
         for fr in fused_rows:
             jf.write(json.dumps(fr) + "\n")
     jf.close()
+    import sweep_common as SC
+    meta = SC.device_meta()
     lines = ["# 1x1 convolutions (and the GEMM algorithm's column matrix), bf16 NHWC: implicit GEMM vs matmul vs cuDNN",
-             f"{torch.cuda.get_device_name()}, cuDNN {torch.backends.cudnn.version()}; ratio = cuDNN / pydnn; "
-             "device ms per call from CUDA graphs of 20 calls", "",
+             f"{meta['device']}, cuDNN {meta['cudnn']}; ratio = cuDNN / pydnn; "
+             "device ms per call from CUDA graphs of back-to-back calls", "",
              "| shape | dir | implicit ms | gemm ms | gemm_mm / view ms | implicit_old / gemm_view_old ms | cuDNN ms | "
              "implicit x | gemm x | v7 | v7 x | model impl / gemm | kernels |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
@@ -292,6 +297,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "bench_conv1x1.md"), "w") as f:
         f.write(md)
     print(md)
+    return rows + fused_rows
 
 
 if __name__ == "__main__":
