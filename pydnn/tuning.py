@@ -164,9 +164,14 @@ conv_gemm = Switches(
                   "matmul into dx (or into a column matrix + col2im when strided); Get..._v7 ranks them "
                   "against the implicit GEMMs by the tile model (gemm.mm16_ms), Find by timing. Off: the "
                   "GEMM algorithm's im2col + implicit 1x1, ALGO_0 the CUDA-core gather"),
-    MM_COLS=(None, "16-bit FWD_ALGO_GEMM over an im2col of several taps (3x3, 5x5, 7x7): the column matrix times "
+    VIEW_TAIL_FILL=(2.0, "the GEMM algorithm's tensor-core 1x1 view of its column matrix takes the pipelined / wgmma "
+                         "kernels for a column count whose tail fills at least this of its 64-deep K tile (as "
+                         "tuning.conv.FWD_TAIL_FILL for the forward itself); above 1: never (fwd_tc, as measured "
+                         "on the stem: 0.227 ms over 152 columns, H200)"),
+    MM_COLS=(False, "16-bit FWD_ALGO_GEMM over an im2col of several taps (3x3, 5x5, 7x7): the column matrix times "
                    "the filter on pydnn.ops.matmul (True), on the tensor-core implicit 1x1 view (False), or "
-                   "whichever the model (gemm.mm16_ms against the view's estimate) says is faster (None)"),
+                   "whichever the model (gemm.mm16_ms against the view's estimate) says is faster (None). False until "
+                   "measured: the stem's view (fwd_tc 0.227 ms) beat matmul's gemm_tc (0.296, H200)"),
 )
 
 conv_winograd = Switches(

@@ -194,11 +194,12 @@ def main(argv=None):
                 routes = [("implicit", FWD_I, {}), ("gemm", FWD_G, {})]
                 if r > 1:
                     routes += [("gemm_mm", FWD_G, {"conv_gemm.MM_COLS": True}),
-                               ("gemm_view", FWD_G, {"conv_gemm.MM_COLS": False})]
+                               ("gemm_model", FWD_G, {"conv_gemm.MM_COLS": None})]
                 if c % 64 or (r > 1 and (c * r * r) % 64):   # channel tails: before FWD_TAIL_FILL (fwd_tc)
                     routes += [("implicit_old", FWD_I, {"conv.FWD_TAIL_FILL": 2.0})]
-                    if r > 1:
-                        routes += [("gemm_view_old", FWD_G, {"conv_gemm.MM_COLS": False, "conv.FWD_TAIL_FILL": 2.0})]
+                    if r > 1:   # the column matrix's view with its channel tail on the pipelined / wgmma kernels
+                        routes += [("gemm_view_tails", FWD_G, {"conv_gemm.MM_COLS": False,
+                                                               "conv_gemm.VIEW_TAIL_FILL": 0.5})]
                 v7 = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 8)
                 ref_fn = lambda: torch.nn.functional.conv2d(x, w, None, s, pad)  # noqa: E731
                 a_ptr, out = x.data_ptr(), y
@@ -267,13 +268,13 @@ def main(argv=None):
     lines = ["# 1x1 convolutions (and the GEMM algorithm's column matrix), bf16 NHWC: implicit GEMM vs matmul vs cuDNN",
              f"{meta['device']}, cuDNN {meta['cudnn']}; ratio = cuDNN / pydnn; "
              "device ms per call from CUDA graphs of back-to-back calls", "",
-             "| shape | dir | implicit ms | gemm ms | gemm_mm / view ms | implicit_old / gemm_view_old ms | cuDNN ms | "
+             "| shape | dir | implicit ms | gemm ms | gemm_mm / gemm_model ms | implicit_old / gemm_view_tails ms | cuDNN ms | "
              "implicit x | gemm x | v7 | v7 x | model impl / gemm | kernels |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for row in rows:
         g = lambda key, sp=".4f": format(row[key], sp) if key in row else "-"  # noqa: E731
         lines.append(f"| {row['case']} | {row['dir']} | {g('implicit_ms')} | {g('gemm_ms')} | "
-                     f"{g('gemm_mm_ms')} / {g('gemm_view_ms')} | {g('implicit_old_ms')} / {g('gemm_view_old_ms')} | "
+                     f"{g('gemm_mm_ms')} / {g('gemm_model_ms')} | {g('implicit_old_ms')} / {g('gemm_view_tails_ms')} | "
                      f"{g('cudnn_ms')} | "
                      f"{g('implicit_ratio', '.2f')} | {g('gemm_ratio', '.2f')} | {row.get('v7_route')} | "
                      f"{g('v7_ratio', '.2f')} | {g('implicit_model_ms')} / {g('gemm_model_ms')} | "

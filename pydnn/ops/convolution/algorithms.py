@@ -9,7 +9,10 @@ in `.message`, a pydnn extension) and sort last.
 The heuristic model (Get..._v7): each implemented algorithm's time is estimated from its blocks and work
 (flops at an assumed CUDA-core or tensor-core rate, scaled by how many waves of blocks fill the GPU);
 the multi-launch plans (GEMM, WINOGRAD_NONFUSED, FFT) add up a model of each of their launches
-(their `estimate_ms`). The rates are a ranking, not a promise: Find measures.
+(their `estimate_ms`; the 16-bit matmul ones by gemm.mm16_ms, the tile matmul's chooser takes). fwd_wgmma
+runs at WGMMA_TFLOPS, the mma.sync kernels at TENSOR_CORE_TFLOPS; a channel tail's zero-filled K tile
+counts; a 1x1 implicit GEMM pays its short K loop's fill and its traffic (_tc_1x1_ms). The rates are a
+ranking, not a promise: Find measures.
 
 Find...AlgorithmEx synchronizes the handle's stream (it times with events), as cuDNN's does; it
 overwrites the output buffer (y, dx or dw), as cuDNN's does. Its answers persist in a tuning cache (see

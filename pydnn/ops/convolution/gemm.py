@@ -11,6 +11,15 @@ Forward: an im2col of x into the workspace, then a GEMM. The column matrix col[N
       matrix on the family's tensor-core kernel (fwd_tc / fwd_wgmma), so y's strides, alpha / beta and
       the fused bias + activation epilogue are that kernel's own. The 7x7 stem (C = 3, 147 columns) gets
       tensor cores this way.
+    * half / bfloat16 1x1 problems (issue 18; mm16_ok: one group, math type not FMA, tuning.conv_gemm.MM_1X1):
+      pydnn.ops.matmul, no tensor-core view. Stride 1, unpadded, x and y matrices of one layout: one matmul
+      on x itself (`direct`, no workspace; NHWC images one after another are ONE GEMM of N * P rows, so the
+      tiles run over all images at once: y[N*P x K] = x[N*P x C] . W^T); strided or padded: the im2col is
+      the 1x1's gather (P x C per image) and the matmul runs on it (N * P rows again). Several taps
+      (tuning.conv_gemm.MM_COLS): the column matrix on matmul where the model (mm16_ms) is faster than the
+      view's estimate, else the view. The fused call (bias, z, activation) on a direct plan runs the
+      tensor-core implicit GEMM of the problem itself (matmul has no activation epilogue). Get..._v7 ranks
+      FWD_ALGO_GEMM against IMPLICIT_PRECOMP_GEMM by mm16_ms / the implicit model; Find times both.
     * float, one group, y with packed spatial dims (NCHW-like or NHWC-like): pydnn.ops.matmul (the
       CUDA-core gemm_simt, 128 x 128 tiles), one GEMM per image (its batch); alpha / beta are the GEMM's.
       A ConvolutionBiasActivationForward call (bias, z, activation) runs the 1x1 convolution instead (the
@@ -28,6 +37,10 @@ workspace (`direct`: NCHW-like dx_n[C x P] = W^T[C x K] . dy_n[K x P], the filte
 0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Without it, fp32 1x1 backward data with C >= 64 has
 only the col2im round trip (not worth it there) or the CUDA-core ALGO_0: 4.3-5.9 TFLOP/s on the ResNet
 1x1 layers (H200) against the direct GEMM's 29.1-34.7 (H100 80GB; Performance below).
+BWD_DATA_ALGO_0 for half / bfloat16 1x1 problems (issue 18; plan_backward_data_mm16, before the CUDA-core
+gather in ALGO_0's candidates): the same GEMM forms (the direct matmul dx[N*P x C] = dy[N*P x K] . W, or
+col + col2im when strided), deterministic; the gather serves what they refuse. So Get..._v7 ranks the
+GEMM form (ALGO_0) against the implicit GEMMs (ALGO_1) and Find times both.
 Backward filter, BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] .
 col[pos, C * taps] (col: the forward's im2col of x, columns padded to a multiple of 8 for the 16-bit
 tensor-core GEMMs; for a 1x1, stride-1, unpadded problem whose x reads as a matrix, x itself). The
@@ -346,6 +359,7 @@ def _col_problem(pb, ld, w_rows):
     s.flip = False
     s.w_format, s.math_type, s.nspatial = E.PYDNN_TENSOR_NHWC, pb.math_type, pb.nspatial
     s.x_desc, s.y_desc, s.w_dims = pb.x_desc, pb.y_desc, (pb.k, s.cg)
+    s.view = "col"   # the tensor-core choice reads it: channel tails by tuning.conv_gemm.VIEW_TAIL_FILL
     return s
 
 
