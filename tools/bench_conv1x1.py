@@ -165,6 +165,7 @@ def main(argv=None):
     import torch
     import pydnn
     from pydnn import tuning
+    from pydnn.ops import matmul as mm_mod
     from pydnn.ops.convolution import algorithms as A, plans as P, problem as Pb
 
     torch.backends.cudnn.benchmark = True
@@ -194,7 +195,7 @@ def main(argv=None):
                 routes = [("implicit", FWD_I, {}), ("gemm", FWD_G, {})]
                 if r > 1:
                     routes += [("gemm_mm", FWD_G, {"conv_gemm.MM_COLS": True}),
-                               ("gemm_model", FWD_G, {"conv_gemm.MM_COLS": None})]
+                               ("gemm_auto", FWD_G, {"conv_gemm.MM_COLS": None})]
                 if c % 64 or (r > 1 and (c * r * r) % 64):   # channel tails: before FWD_TAIL_FILL (fwd_tc)
                     routes += [("implicit_old", FWD_I, {"conv.FWD_TAIL_FILL": 2.0})]
                     if r > 1:   # the column matrix's view with its channel tail on the pipelined / wgmma kernels
@@ -210,14 +211,18 @@ def main(argv=None):
                 ref_fn = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
                     dy, x, w, None, [s, s], [pad, pad], [1, 1], False, [0, 0], 1, [True, False, False])[0]
                 a_ptr, out = dy.data_ptr(), dx
+            if r == 1 and s == 1 and (c if d == "fwd" else k) < 512:
+                # matmul's wgmma tiles for a short K too (its chooser takes them from K >= 512): for the gemm helper
+                routes += [("gemm_wgK", routes[1][1], {"matmul.WG_MIN_K": 64, "matmul.WG_MIN_K_PERSIST": 64})]
             row["v7"] = v7[0].algo
             ref = ref_fn()
             for route, algo, sw in routes:
                 sw = {tuple(key.split(".")): v for key, v in sw.items()}
-                saved = {key: getattr(getattr(tuning, key[0]), key[1]) for key in sw}
+                owner = lambda fam: mm_mod if fam == "matmul" else getattr(tuning, fam)  # noqa: E731
+                saved = {key: getattr(owner(key[0]), key[1]) for key in sw}
                 try:
                     for key, v in sw.items():
-                        setattr(getattr(tuning, key[0]), key[1], v)
+                        setattr(owner(key[0]), key[1], v)
                     pl = P.new_plan(h, direction, algo, conv, xd, wd, yd)
                     row[f"{route}_model_ms"] = A._estimate_ms(h, pl)
                     row[f"{route}_kernel"] = _label(pl)
@@ -235,7 +240,7 @@ def main(argv=None):
                     row[f"{route}_note"] = f"{type(e).__name__}: {str(e)[:160]}"
                 finally:
                     for key, v in saved.items():
-                        setattr(getattr(tuning, key[0]), key[1], v)
+                        setattr(owner(key[0]), key[1], v)
             row["cudnn_ms"], row["cudnn_timing"] = timer(ref_fn)
             for route, _, _ in routes:
                 if f"{route}_ms" in row:
@@ -268,13 +273,13 @@ def main(argv=None):
     lines = ["# 1x1 convolutions (and the GEMM algorithm's column matrix), bf16 NHWC: implicit GEMM vs matmul vs cuDNN",
              f"{meta['device']}, cuDNN {meta['cudnn']}; ratio = cuDNN / pydnn; "
              "device ms per call from CUDA graphs of back-to-back calls", "",
-             "| shape | dir | implicit ms | gemm ms | gemm_mm / gemm_model ms | implicit_old / gemm_view_tails ms | cuDNN ms | "
+             "| shape | dir | implicit ms | gemm ms | gemm_wgK ms | gemm_mm / gemm_auto ms | implicit_old / gemm_view_tails ms | cuDNN ms | "
              "implicit x | gemm x | v7 | v7 x | model impl / gemm | kernels |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for row in rows:
         g = lambda key, sp=".4f": format(row[key], sp) if key in row else "-"  # noqa: E731
-        lines.append(f"| {row['case']} | {row['dir']} | {g('implicit_ms')} | {g('gemm_ms')} | "
-                     f"{g('gemm_mm_ms')} / {g('gemm_model_ms')} | {g('implicit_old_ms')} / {g('gemm_view_tails_ms')} | "
+        lines.append(f"| {row['case']} | {row['dir']} | {g('implicit_ms')} | {g('gemm_ms')} | {g('gemm_wgK_ms')} | "
+                     f"{g('gemm_mm_ms')} / {g('gemm_auto_ms')} | {g('implicit_old_ms')} / {g('gemm_view_tails_ms')} | "
                      f"{g('cudnn_ms')} | "
                      f"{g('implicit_ratio', '.2f')} | {g('gemm_ratio', '.2f')} | {row.get('v7_route')} | "
                      f"{g('v7_ratio', '.2f')} | {g('implicit_model_ms')} / {g('gemm_model_ms')} | "

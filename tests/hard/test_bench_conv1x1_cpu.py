@@ -22,7 +22,7 @@ def test_bench_conv1x1_dry(dry_main, tmp_path, monkeypatch):
     assert len(fwd) == 4 and len([r for r in rows if r["dir"] == "bwd data"]) == 2
     assert all("gemm_ms" in r and "cudnn_ms" in r for r in fwd)          # every shape's GEMM algorithm ran
     assert "NOT_SUPPORTED" in fwd[2].get("implicit_note", "")    # the stem's C = 3: no tensor-core implicit
-    assert all(k in fwd[3] for k in ("gemm_mm_ms", "gemm_model_ms", "implicit_old_ms", "gemm_view_tails_ms"))
+    assert all(k in fwd[3] for k in ("gemm_mm_ms", "gemm_auto_ms", "implicit_old_ms", "gemm_view_tails_ms"))
     assert "matmul" not in fwd[3]["implicit_kernel"] and "fwd_wgmma" in fwd[3]["implicit_kernel"]   # the channel tail
     assert "fwd_tc" in fwd[3]["implicit_old_kernel"]
     assert len([r for r in rows if r["dir"] == "fused"]) == 2
