@@ -305,13 +305,14 @@ def mm16_ms(handle, mp, beta_reads=False):
     mem = nbytes / (MM16_GBPS * 1e6)
     if not mp.vec_ok:
         return max(2.0 * batch * m * n * k / (MM16_GENERAL_TFLOPS * 1e9), mem)
-    t = matmul._choose_tile(m, n, batch, sms, handle.arch, k)
-    blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch
-    slots = t.per_sm * sms
-    waves = cdiv(blocks, slots)
-    kt = cdiv(k, matmul.BK)
-    per_block_flops = 2.0 * t.bm * t.bn * matmul.BK * (kt + MM_FILL_KTILES)
-    rate_sm = MM16_TC_TFLOPS * t.eff * 1e12 / sms / t.per_sm   # one block's share of its SM
+    try:   # matmul's chooser and its tiles' fields (pydnn/ops/matmul.py, another family's module)
+        t = matmul._choose_tile(m, n, batch, sms, handle.arch, k)
+        bm, bn, per_sm, eff, bk = t.bm, t.bn, t.per_sm, t.eff, matmul.BK
+    except (AttributeError, TypeError):   # its internals moved: the flat model
+        return mm_ms(handle, mp)
+    waves = cdiv(cdiv(m, bm) * cdiv(n, bn) * batch, per_sm * sms)
+    per_block_flops = 2.0 * bm * bn * bk * (cdiv(k, bk) + MM_FILL_KTILES)
+    rate_sm = MM16_TC_TFLOPS * eff * 1e12 / sms / per_sm   # one block's share of its SM
     compute = waves * per_block_flops / rate_sm * 1e3
     return max(compute, mem)
 
