@@ -158,6 +158,8 @@ EMU_CASES = [  # xdims, k, filt, pad, stride, dil, layout, filter format
     ((2, 8, 9, 11), 16, (1, 1), (0, 0), (2, 2), (1, 1), "nhwc", NHWC),     # strided: gather / col2im
     ((2, 8, 8, 7), 8, (1, 1), (0, 0), (3, 2), (1, 1), "nhwc", NHWC),       # odd strides
     ((2, 8, 3, 4, 5), 8, (1, 1, 1), (0, 0, 0), (1, 1, 1), (1, 1, 1), "nhwc", NHWC),   # 3-d
+    ((2, 16, 6, 5), 8, (1, 1), (1, 1), (1, 1), (1, 1), "nhwc", NHWC),      # padded: gather + matmul / col2im
+    ((2, 16, 7, 6), 8, (1, 1), (1, 0), (2, 1), (1, 1), "nhwc", NHWC),      # padded and strided
 ]
 
 
