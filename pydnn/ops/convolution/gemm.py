@@ -286,11 +286,11 @@ def mm_ms(handle, mp):
 
 
 # mm16_ms: the 16-bit matmul's time by the tile matmul's chooser takes (a ranking, not a promise). The
-# 128x256 mma.sync tile's full-wave rate (bf16 4096^3, H200: 308-325 TFLOP/s), scaled by the tile's `eff`
+# 128x256 mma.sync tile's full-wave rate (fit to the 1x1 layers; bf16 4096^3: 308-325 TFLOP/s), by the tile's `eff`
 # (wgmma 128x256 1.6, 128x128 1.3; mma.sync 128x128 0.9, 64x64 0.45); a block's K loop pays about
 # MM_FILL_KTILES K tiles of pipeline fill and epilogue; the operands and C cross memory at MM16_GBPS at
 # least (a conservative copy rate: H100 ~2960 GB/s, H200 ~4150).
-MM16_TC_TFLOPS = 310.0
+MM16_TC_TFLOPS = 250.0   # fit (tools/bench_conv1x1.py, H200, 29 points: 27 picks right) from the 4096^3 310
 MM_FILL_KTILES = 1.5
 MM16_GBPS = 3000.0
 MM16_GENERAL_TFLOPS = 40.0   # the unaligned path (element-by-element copies)
@@ -369,7 +369,9 @@ def _fwd_matmul(handle, pb, ld, w_rows):
     whether its A operand is the filter, or None when y's layout does not allow one. float; 16-bit 1x1
     problems (strided or padded: the im2col is their gather) under mm16_ok, NHWC-like y with its images
     one after another as one GEMM of N * P rows."""
-    if pb.groups != 1 or (pb.tag != "f32" and not (mm16_ok(pb) or _mm16_cols_ok(pb))):
+    if pb.groups != 1 or (pb.tag != "f32" and not (_mm16_cols_ok(pb) and prod(pb.filt3) > 1)):
+        # 16-bit 1x1 problems that need a gather (strided, padded) keep the implicit view: measured (H200,
+        # bench_conv1x1, N128 1x1/2): gather + matmul 0.1986 / 0.0977 ms against fwd_wgmma 0.1961 / 0.0803
         return None
     P, K = prod(pb.out3), pb.k
     unit = _spatial_unit(pb.ys[2:], pb.out3)
@@ -1136,9 +1138,11 @@ def plan_backward_data(handle, pb, direction, algo):
 def bwd_data_mm16_refusal(pb):
     """Why BWD_DATA_ALGO_0's GEMM form (16-bit 1x1 problems through pydnn.ops.matmul) cannot serve a
     problem (None when it can; the CUDA-core gather serves the rest)."""
-    if not mm16_ok(pb):
-        return ("its GEMM form serves 16-bit 1x1 problems with one group and the math type not FMA "
-                "(tuning.conv_gemm.MM_1X1)")
+    if not mm16_ok(pb) or not _bwd_direct_ok(pb):
+        # strided / padded ones would take col2im: measured (H200, N128 1x1/2 256->512 @56 and 1024->2048 @14)
+        # 1.338 / 0.372 ms against ALGO_1's phases 0.172 / 0.083
+        return ("its GEMM form serves 16-bit 1x1, stride-1, unpadded problems with one group and the math type "
+                "not FMA (tuning.conv_gemm.MM_1X1)")
     return bwd_data_gemm_refusal(pb)
 
 

@@ -61,11 +61,11 @@ def test_forward_nchw_direct_per_image(h):
     assert pl.direct and filter_a and mp.batch == 3 and (mp.m, mp.n, mp.k) == (48, 196, 32)
 
 
-def test_forward_strided_gathers_then_matmul(h):
+def test_forward_strided_keeps_the_implicit_view(h):
+    """A strided 16-bit 1x1: the gather + the implicit 1x1 view (gather + matmul measured no faster than
+    fwd_wgmma: 0.1986 / 0.0977 ms against 0.1961 / 0.0803, H200)."""
     pl = _plan(h, CPb.DIR_FWD, FWD_GEMM, _descs(4, 256, 512, 56, s=2))
-    assert not pl.direct and pl.im2col is not None and pl.mm is not None
-    mp = pl.mm[0]
-    assert mp.batch == 1 and (mp.m, mp.n, mp.k) == (4 * 28 * 28, 512, 256)
+    assert not pl.direct and pl.im2col is not None and pl.mm is None
     assert pl.workspace >= 4 * 28 * 28 * 256 * 2
 
 
@@ -80,9 +80,9 @@ def test_backward_data_algo0_gemm_form(h):
     pl = _plan(h, CPb.DIR_BWD_DATA, BWD_D0, _descs(6, 64, 256, 56))
     assert isinstance(pl, G.BwdGemmPlan) and pl.direct and pl.workspace == 0 and pl.deterministic
     assert pl.mm.batch == 1 and (pl.mm.m, pl.mm.n, pl.mm.k) == (6 * 56 * 56, 64, 256) and not pl.filter_a
-    pl = _plan(h, CPb.DIR_BWD_DATA, BWD_D0, _descs(4, 256, 512, 56, s=2))   # strided: col + col2im
-    assert isinstance(pl, G.BwdGemmPlan) and not pl.direct and pl.mm.batch == 1
-    assert (pl.mm.m, pl.mm.n, pl.mm.k) == (4 * 28 * 28, 256, 512) and pl.workspace > 0
+    # strided: the CUDA-core gather (col + col2im measured 1.338 ms against ALGO_1's 0.172, H200)
+    pl = _plan(h, CPb.DIR_BWD_DATA, BWD_D0, _descs(4, 256, 512, 56, s=2))
+    assert type(pl) is CP.Plan and "implicit_gemm<" in pl.gemm_expr
 
 
 @pytest.mark.parametrize("desc_kw", [dict(dtype=F32), dict(r=3, pad=1), dict(math=pydnn.PYDNN_FMA_MATH)])
@@ -175,14 +175,15 @@ def test_forward_emulated(case, mode):
     x, w = rng.standard_normal(xd), rng.standard_normal(wd)
     xb, wb = _scatter(x, xs, xsize), _scatter(w, ws, int(np.prod(wd)))
     pl = CP.new_plan(hh, CPb.DIR_FWD, FWD_GEMM, c, xdsc, wdsc, ydsc)
-    assert pl.mm is not None and pl.workspace == pydnn.get_convolution_forward_workspace_size(
+    direct = case[4] == (1,) * len(case[4]) and case[3] == (0,) * len(case[3])
+    assert (pl.mm is not None) == direct and pl.workspace == pydnn.get_convolution_forward_workspace_size(
         hh, xdsc, wdsc, c, ydsc, FWD_GEMM)
     got = _gather_tensor(run_forward(pl, xb, wb, ysize, ITEM[BF16]), yd, ys)
     want = ref.forward_raw(x, w, case[3], case[4], case[5], 1, mode == pydnn.PYDNN_CROSS_CORRELATION)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("case", EMU_CASES)
+@pytest.mark.parametrize("case", [c for c in EMU_CASES if c[4] == (1,) * len(c[4]) and c[3] == (0,) * len(c[3])])
 @pytest.mark.parametrize("mode", [pydnn.PYDNN_CROSS_CORRELATION, pydnn.PYDNN_CONVOLUTION])
 def test_backward_data_algo0_emulated(case, mode):
     """ALGO_0's GEMM form: the direct matmul into dx with alpha / beta, or matmul into the column matrix +
