@@ -159,9 +159,9 @@ conv_gemm = Switches(
                           "into the first chunk's partials)"),
     MIN_SPLIT_ROWS=(256, "a backward-filter split's reduction is at least this many rows (shorter ones "
                          "are all epilogue)"),
-    MM_1X1=(True, "16-bit 1x1 convolutions through pydnn.ops.matmul (issue 18): FWD_ALGO_GEMM as one matmul "
-                  "on x itself (stride 1, unpadded) or on the strided 1x1's gather, BWD_DATA_ALGO_0 as one "
-                  "matmul into dx (or into a column matrix + col2im when strided); Get..._v7 ranks them "
+    MM_1X1=(True, "16-bit 1x1, stride-1, unpadded convolutions through pydnn.ops.matmul (issue 18): "
+                  "FWD_ALGO_GEMM as one matmul on x itself, BWD_DATA_ALGO_0 as one matmul into dx (H200: "
+                  "1.2-1.6x the implicit GEMMs on the N128 ResNet 1x1 layers with C >= 512); Get..._v7 ranks them "
                   "against the implicit GEMMs by the tile model (gemm.mm16_ms), Find by timing. Off: the "
                   "GEMM algorithm's im2col + implicit 1x1, ALGO_0 the CUDA-core gather"),
     VIEW_TAIL_FILL=(2.0, "the GEMM algorithm's tensor-core 1x1 view of its column matrix takes the pipelined / wgmma "

@@ -14,8 +14,8 @@ Forward: an im2col of x into the workspace, then a GEMM. The column matrix col[N
     * half / bfloat16 1x1 problems (issue 18; mm16_ok: one group, math type not FMA, tuning.conv_gemm.MM_1X1):
       pydnn.ops.matmul, no tensor-core view. Stride 1, unpadded, x and y matrices of one layout: one matmul
       on x itself (`direct`, no workspace; NHWC images one after another are ONE GEMM of N * P rows, so the
-      tiles run over all images at once: y[N*P x K] = x[N*P x C] . W^T); strided or padded: the im2col is
-      the 1x1's gather (P x C per image) and the matmul runs on it (N * P rows again). Several taps
+      tiles run over all images at once: y[N*P x K] = x[N*P x C] . W^T); strided or padded ones keep the
+      gather + the implicit view (gather + matmul measured no faster than fwd_wgmma, below). Several taps
       (tuning.conv_gemm.MM_COLS): the column matrix on matmul where the model (mm16_ms) is faster than the
       view's estimate, else the view. The fused call (bias, z, activation) on a direct plan runs the
       tensor-core implicit GEMM of the problem itself (matmul has no activation epilogue). Get..._v7 ranks
@@ -37,10 +37,17 @@ workspace (`direct`: NCHW-like dx_n[C x P] = W^T[C x K] . dy_n[K x P], the filte
 0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Without it, fp32 1x1 backward data with C >= 64 has
 only the col2im round trip (not worth it there) or the CUDA-core ALGO_0: 4.3-5.9 TFLOP/s on the ResNet
 1x1 layers (H200) against the direct GEMM's 29.1-34.7 (H100 80GB; Performance below).
-BWD_DATA_ALGO_0 for half / bfloat16 1x1 problems (issue 18; plan_backward_data_mm16, before the CUDA-core
-gather in ALGO_0's candidates): the same GEMM forms (the direct matmul dx[N*P x C] = dy[N*P x K] . W, or
-col + col2im when strided), deterministic; the gather serves what they refuse. So Get..._v7 ranks the
-GEMM form (ALGO_0) against the implicit GEMMs (ALGO_1) and Find times both.
+BWD_DATA_ALGO_0 for half / bfloat16 1x1, stride-1, unpadded problems (issue 18; plan_backward_data_mm16,
+before the CUDA-core gather in ALGO_0's candidates): the direct matmul dx[N*P x C] = dy[N*P x K] . W,
+deterministic, no workspace; the gather serves the rest (the col + col2im form measured 8x slower than
+ALGO_1's phases on the strided 1x1 layers). So Get..._v7 ranks the GEMM form (ALGO_0) against the
+implicit GEMMs (ALGO_1) and Find times both.
+Measured (H200, tools/bench_conv1x1.py, CUDA-graph device time, ms; implicit / matmul / cuDNN): forward
+N128 512->256 @28 0.132 / 0.085 / 0.048, 512->2048 @7 0.056 / 0.041 / 0.024, 1024->256 @14 0.050 / 0.042 /
+0.022, N32 512->2048 @7 0.0192 / 0.0147 / 0.0081; backward data N128 512->256 @28 0.193 / 0.117 / 0.053,
+2048->512 @7 0.056 / 0.042 / 0.024. The matmul loses where its tiles fit badly (N = 64 outputs: 256->64
+forward 0.101 / 0.152; K < 512 with few tiles: N32 256->1024 backward data 0.0145 / 0.0258): mm16_ms ranks
+them (27 of 29 measured picks right; the misses within 1.8x).
 Backward filter, BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] .
 col[pos, C * taps] (col: the forward's im2col of x, columns padded to a multiple of 8 for the 16-bit
 tensor-core GEMMs; for a 1x1, stride-1, unpadded problem whose x reads as a matrix, x itself). The
