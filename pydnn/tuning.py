@@ -134,6 +134,11 @@ conv = Switches(
                         "rest of the last K tile zero-filled); above 1: never (bwd_data_tc). H200, forced "
                         "fwd_wgmma against bwd_data_tc: K 112 (3x3/2 phases) 0.114 vs 0.158 ms, K 880 (3x3) "
                         "0.97-1.45 vs 2.80 ms, K 752 (1x1) 0.19-0.21 vs 0.34 ms"),
+    FWD_TAIL_FILL=(0.5, "forward: the model takes the pipelined / wgmma kernels for a channel count C that is not "
+                        "a multiple of 64 where C / (64 * ceil(C / 64)) is at least this (the last K tile's "
+                        "rest zero-filled, the kernels' channel tails: GPU-tested under forced tilings); above "
+                        "1: never (fwd_tc, 32-deep K tiles). Issue 18: C = 96, 144, 152, 176 ran on fwd_tc at "
+                        "~86 TFLOP/s (median, H200) where fwd_wgmma runs ~340 on full tiles"),
     WG_PIPE=(True, "the backward filter's model picks wgrad_pipe_tc where it applies (else wgrad_tc)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),
@@ -154,6 +159,19 @@ conv_gemm = Switches(
                           "into the first chunk's partials)"),
     MIN_SPLIT_ROWS=(256, "a backward-filter split's reduction is at least this many rows (shorter ones "
                          "are all epilogue)"),
+    MM_1X1=(True, "16-bit 1x1, stride-1, unpadded convolutions through pydnn.ops.matmul (issue 18): "
+                  "FWD_ALGO_GEMM as one matmul on x itself, BWD_DATA_ALGO_0 as one matmul into dx (H200: "
+                  "1.2-1.6x the implicit GEMMs on the N128 ResNet 1x1 layers with C >= 512); Get..._v7 ranks them "
+                  "against the implicit GEMMs by the tile model (gemm.mm16_ms), Find by timing. Off: the "
+                  "GEMM algorithm's im2col + implicit 1x1, ALGO_0 the CUDA-core gather"),
+    VIEW_TAIL_FILL=(2.0, "the GEMM algorithm's tensor-core 1x1 view of its column matrix takes the pipelined / wgmma "
+                         "kernels for a column count whose tail fills at least this of its 64-deep K tile (as "
+                         "tuning.conv.FWD_TAIL_FILL for the forward itself); above 1: never (fwd_tc, as measured "
+                         "on the stem: 0.227 ms over 152 columns, H200)"),
+    MM_COLS=(False, "16-bit FWD_ALGO_GEMM over an im2col of several taps (3x3, 5x5, 7x7): the column matrix times "
+                   "the filter on pydnn.ops.matmul (True), on the tensor-core implicit 1x1 view (False), or "
+                   "whichever the model (gemm.mm16_ms against the view's estimate) says is faster (None). False until "
+                   "measured: the stem's view (fwd_tc 0.227 ms) beat matmul's gemm_tc (0.296, H200)"),
 )
 
 conv_winograd = Switches(

@@ -3,9 +3,23 @@
 True) in the same run, bf16 NHWC, forward / backward data / backward filter.
 
     python3 tools/sweep_conv.py [--quick] [--budget-s S] [--seed 0] [--out DIR] [--find] [--reps N]
+                                [--full] [--prebuild] [--timing graph|events]
 
 --budget-s defaults to 135 s (30 s with --quick) so that the full sweep ends in about 150 s on an H100 / H200
 (the elapsed time is printed at the end, and the summary says whether points were left unsampled).
+
+The whole grid in one run (issue 18's resolution): `--full --prebuild` (no budget: every point; the bf16
+convolution and matmul kernel units compiled first, in parallel, PREBUILD, their seconds reported apart).
+How long it takes: the grid's 213 shapes (639 points) ran in 79.5 s of points on the H200 on 2026-11-27
+(every point sampled at the default budget; median 0.16 s a shape, the slowest 4.9 s with first-use
+compiles), so about 80-90 s plus the prebuild (~30-60 s of parallel NVRTC on 16 cores, once per machine).
+Every run prints the projected time of the rest of the grid as it goes (`eta`), and the summary states
+the whole grid's estimate when a budget cut it short.
+
+--timing graph (default): each side's device time per call from a CUDA graph of back-to-back calls
+(sweep_common.graph_ms; about 2 ms of work a replay), so the host's per-call cost (Python for pydnn, C++ for
+PyTorch) drops out of kernels of ~10 us; a side that cannot be captured falls back to events (the row's
+`timing` says which). --timing events: tools/bench.py's time_ms on both sides (the sweeps before issue 18).
 
 The grid (grid(); built without a GPU, checked by tests/hard/test_sweeps_cpu.py):
   * issue   the issue "Convolution"'s layers (tools/bench_convolution.py's LAYERS at N = 64);
@@ -134,6 +148,11 @@ UNET = [  # the original UNet's double 3x3 convolutions (padded), input 128 x 12
     ("head 1x1 64->2 @128", 64, 2, 128, 1, 1, 0, 1),
 ]
 NETWORKS = (("resnet50", RESNET50), ("resnext50", RESNEXT50), ("unet", UNET))
+
+# the kernel units a bf16 sweep loads (build_all prefixes; --prebuild compiles them in parallel first)
+PREBUILD = ("convolution.bf16", "convolution.wgmma.bf16", "convolution.wgrad.bf16", "convolution.grouped.bf16",
+            "conv_gemm.bf16", "conv_dgrad.bf16", "conv_bias.bf16", "conv_winograd.bf16", "matmul.bf16",
+            "matmul.wgmma.bf16", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16")
 
 FUSED_N = 32
 FUSED_LAYERS = [RESNET50[2], RESNET50[4], RESNET50[16], RESNET50[19]]
@@ -350,8 +369,11 @@ def run_problem(h, pr, timer, checked, find, rows):
                 if not ok:
                     row["note"] = f"CHECK FAILED: max rel err {err:.3g}"
             row["ms_pydnn"] = timer(fp)
+            row["timing"] = getattr(timer, "last", "events")
             row["kernel"] = _kernel(h, t, d, algo)
             row["ms_ref"] = timer(ft)
+            if getattr(timer, "last", "events") != row["timing"]:
+                row["timing"] += "/" + timer.last
             row["ratio"] = row["ms_ref"] / row["ms_pydnn"]
             row["tflops_pydnn"] = pr["flops"] / row["ms_pydnn"] / 1e9
             row["tflops_ref"] = pr["flops"] / row["ms_ref"] / 1e9
@@ -375,6 +397,43 @@ def run_problem(h, pr, timer, checked, find, rows):
         rows.append(row)
     del t
     torch.cuda.empty_cache()
+
+
+class GraphTimer:
+    """Device ms per call from a CUDA graph of back-to-back calls (sweep_common.graph_ms), `calls` chosen from
+    a one-call graph so that a replay is about REPLAY_MS of work; a function that cannot be captured is timed
+    by `fallback` (events around back-to-back calls). `last`: "graph" or "events", for the row."""
+
+    REPLAY_MS = 2.0
+
+    def __init__(self, h, reps, fallback):
+        self.h, self.reps, self.fallback, self.last = h, reps, fallback, "graph"
+
+    def __call__(self, fn):
+        import sweep_common as SCm   # (looked up at the call: the dry run fakes graph_ms)
+        try:
+            one = SCm.graph_ms(self.h, fn, calls=1, reps=1)
+            calls = max(1, min(20, int(self.REPLAY_MS / max(one, 1e-3))))
+            ms = SCm.graph_ms(self.h, fn, calls=calls, reps=self.reps)
+            self.last = "graph"
+            return ms
+        except Exception:  # noqa: BLE001 - not capturable: time it with events instead
+            try:
+                import torch
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001
+                pass
+            self.last = "events"
+            return self.fallback(fn)
+
+
+def prebuild(prefixes=PREBUILD):
+    """Compile the sweep's kernel units in parallel (build_all: a unit already in the cache costs a lookup);
+    returns the seconds it took."""
+    t = time.monotonic()
+    from pydnn._build import build
+    build.build_all(prefixes=tuple(prefixes))
+    return time.monotonic() - t
 
 
 def run_fused(h, layers, timer, timer_pair, rows):
@@ -422,7 +481,11 @@ def run_fused(h, layers, timer, timer_pair, rows):
 def report(rows, fused_rows, meta, budget_note, elapsed):
     lines = ["# Convolution sweep (issue 18): pydnn vs cuDNN, bf16 NHWC", "",
              f"{meta.get('device', '?')}, torch {meta.get('torch', '?')}, cuDNN {meta.get('cudnn', '?')}, "
-             f"seed {meta.get('seed')}; {budget_note}; elapsed {elapsed:.1f} s.", "",
+             f"seed {meta.get('seed')}; {budget_note}; elapsed {elapsed:.1f} s"
+             + (f"; the whole grid ({meta['grid_shapes']} shapes) ~{meta['full_grid_estimate_s']:.0f} s of points "
+                f"by this run's mean" if meta.get("full_grid_estimate_s") else "")
+             + (f"; prebuild {meta['prebuild_s']:.1f} s" if meta.get("prebuild_s") else "")
+             + (f"; timing: {meta['timing']}" if meta.get("timing") else "") + ".", "",
              "Ratio = cuDNN ms / pydnn ms (above 1: pydnn faster). Targets: geomean >= 0.9x, none below 0.7x, "
              "the issue's layers >= 0.9x.", "", "## Summary", "",
              "| direction | points | geomean | min | min at | < 0.7x | not OK |", "|---|---:|---:|---:|---|---:|---:|"]
@@ -470,6 +533,8 @@ def report(rows, fused_rows, meta, budget_note, elapsed):
     if any("ms_find" in r for r in rows):
         cols.insert(6, ("pydnn Find ms", "ms_find", ".4f"))
     cols.append(("point s", "point_s", ".2f"))
+    if any("timing" in r for r in rows):
+        cols.append(("timing", "timing", None))
     cols.append(("note", "note", None))
     lines += ["", "## Every point", "", SC.markdown_table(rows, cols), ""]
     return "\n".join(lines)
@@ -481,14 +546,22 @@ def plots(rows):
 
 
 def main(argv=None):
-    args = SC.parse_args(__doc__, 135.0, argv, extra=[("--find", dict(
-        action="store_true", help="also time Find...AlgorithmEx's fastest algorithm per point"))])
+    args = SC.parse_args(__doc__, 135.0, argv, extra=[
+        ("--find", dict(action="store_true", help="also time Find...AlgorithmEx's fastest algorithm per point")),
+        ("--full", dict(action="store_true", help="every point of the grid: no budget (overrides --budget-s)")),
+        ("--prebuild", dict(action="store_true", help="compile the bf16 convolution / matmul units in parallel "
+                                                      "before the first point (seconds reported apart)")),
+        ("--timing", dict(choices=("graph", "events"), default="graph",
+                          help="device time from CUDA graphs (default) or events around back-to-back calls"))])
     find = args.find
+    if args.full:
+        args.budget_s = float("inf")
     if args.render:
         return SC.render(args, "sweep_conv", lambda rows, meta: report(
             [r for r in rows if r["group"] != "fused"], [r for r in rows if r["group"] == "fused"], meta,
             meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
             lambda rows: plots([r for r in rows if r["group"] != "fused"]))
+    prebuild_s = prebuild() if args.prebuild else None
     t0 = time.monotonic()
     import torch
     import pydnn
@@ -501,9 +574,14 @@ def main(argv=None):
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     reps = args.reps or 5
     timer = SC.gpu_timer(reps, 1)
+    if args.timing == "graph":
+        timer = GraphTimer(h, reps, timer)
     budget = SC.Budget(args.budget_s)
     probs, meta = grid(args.seed, args.quick)
-    meta.update(SC.device_meta(), quick=args.quick, budget_s=args.budget_s, reps=reps, find=find)
+    meta.update(SC.device_meta(), quick=args.quick, budget_s=args.budget_s, reps=reps, find=find,
+                timing=args.timing, prebuild_s=prebuild_s)
+    n_run = sum(1 for pr in probs if not [o for o in args.only.split(",") if o] or pr["tag"] in args.only.split(","))
+    point_times = []
     only = [o for o in args.only.split(",") if o]
     rows, fused_rows, checked = [], [], {}
     for i, pr in enumerate(probs):
@@ -513,8 +591,14 @@ def main(argv=None):
             continue
         n_before, t_point = len(rows), time.monotonic()
         run_problem(h, pr, timer, checked, find, rows)
+        point_times.append(time.monotonic() - t_point)
         for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
-            r["point_s"] = time.monotonic() - t_point
+            r["point_s"] = point_times[-1]
+        left = n_run - len(point_times)
+        if left and len(point_times) % 20 == 0:   # the projected time of the rest of the grid
+            mean = sum(point_times) / len(point_times)
+            print(f"eta: {len(point_times)} of {n_run} shapes in {budget.elapsed():.1f} s, the other {left} "
+                  f"~{left * mean:.0f} s more at {mean:.2f} s a shape", flush=True)
         lost = SC.sticky(rows[n_before:])
         if lost:  # the CUDA context is unusable from here: stop sampling and say why
             meta["context_lost"] = lost
@@ -527,6 +611,10 @@ def main(argv=None):
     if (not only or "fused" in only) and not meta.get("context_lost"):
         run_fused(h, QUICK_FUSED if args.quick else FUSED_LAYERS, timer, time_pair, fused_rows)
     meta["checks"] = checked
+    if point_times:
+        mean = sum(point_times) / len(point_times)
+        meta["grid_shapes"], meta["shapes_run"] = n_run, len(point_times)
+        meta["full_grid_estimate_s"] = sum(point_times) + (n_run - len(point_times)) * mean
     return SC.finish(args.out, "sweep_conv", rows, meta, budget, t0,
                      lambda note, elapsed: report(rows, fused_rows, meta, note, elapsed), plots,
                      written_rows=rows + fused_rows)

@@ -9,7 +9,10 @@ in `.message`, a pydnn extension) and sort last.
 The heuristic model (Get..._v7): each implemented algorithm's time is estimated from its blocks and work
 (flops at an assumed CUDA-core or tensor-core rate, scaled by how many waves of blocks fill the GPU);
 the multi-launch plans (GEMM, WINOGRAD_NONFUSED, FFT) add up a model of each of their launches
-(their `estimate_ms`). The rates are a ranking, not a promise: Find measures.
+(their `estimate_ms`; the 16-bit matmul ones by gemm.mm16_ms, the tile matmul's chooser takes). fwd_wgmma
+runs at WGMMA_TFLOPS, the mma.sync kernels at TENSOR_CORE_TFLOPS; a channel tail's zero-filled K tile
+counts; a 1x1 implicit GEMM pays its short K loop's fill and its traffic (_tc_1x1_ms). The rates are a
+ranking, not a promise: Find measures.
 
 Find...AlgorithmEx synchronizes the handle's stream (it times with events), as cuDNN's does; it
 overwrites the output buffer (y, dx or dw), as cuDNN's does. Its answers persist in a tuning cache (see
@@ -37,6 +40,11 @@ from .problem import (ALGO_TYPES, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, check_c
 REPS = 3  # timed runs per algorithm in Find (after one warm-up); the median is reported
 CUDA_CORE_TFLOPS = 8.0   # the model's rates (measured on the H200): a ranking, not a promise
 TENSOR_CORE_TFLOPS = 150.0
+# fwd_wgmma (forward, and backward data as the forward of dy): the median of its bf16 points >= 5 GFLOP in the
+# full sweep of 2026-11-27 (H200): 344 TFLOP/s over 103 points of 3x3 / 5x5 / 7x7 filters (40-583), 219 over 60
+# 1x1 points (118-382; _tc_1x1_ms's fill makes 340 into 227-302 for 4-16 K tiles); the mma.sync kernels' 150
+# stands (implicit_gemm_pipe_tc's 1x1 points: 53-100 TFLOP/s at 1-3 K tiles, the fill's 50-90)
+WGMMA_TFLOPS = 340.0
 
 
 class ConvolutionPerf:
@@ -109,17 +117,41 @@ def _estimate_ms(handle, pl):
     per_wave = 2 * handle.sm_count
     waves = -(-blocks // per_wave)
     fill = blocks / (waves * per_wave)
-    rate = TENSOR_CORE_TFLOPS if ("_tc<" in pl.gemm_expr or "_wgmma<" in pl.gemm_expr) else CUDA_CORE_TFLOPS
+    rate = (WGMMA_TFLOPS if "fwd_wgmma<" in pl.gemm_expr
+            else TENSOR_CORE_TFLOPS if ("_tc<" in pl.gemm_expr or "_wgmma<" in pl.gemm_expr) else CUDA_CORE_TFLOPS)
     if pl.direction == DIR_BWD_FILTER and rate == CUDA_CORE_TFLOPS:
         fill = _busiest_sm_fill(handle, blocks)
     if "bwd_data_tc" in pl.gemm_expr:  # the gather meets zeros in all but 1 / stride^d of its MMAs
         rate /= prod(pl.problem.stride3)
     t = pl.problem.flops / (rate * 1e9) / max(fill, 1e-3)
+    if pl.direction != DIR_BWD_FILTER and ("fwd_wgmma<" in pl.gemm_expr or "implicit_gemm_pipe_tc<" in pl.gemm_expr):
+        rc = pl.problem.c if pl.direction == DIR_FWD else pl.problem.k   # the channels a tap's K tiles walk
+        t *= cdiv(rc, 64) * 64 / rc   # a channel tail's zero-filled rest of its 64-deep K tile (FWD / BWD_TAIL_FILL)
+    if rate != CUDA_CORE_TFLOPS and pl.direction != DIR_BWD_FILTER and prod(pl.problem.filt3) == 1:
+        t = _tc_1x1_ms(pl, t)
     if rate == CUDA_CORE_TFLOPS and pl.direction == DIR_BWD_DATA:
         t *= _cc_tile_waste(pl)
     if pl.fold is not None:  # the fold reads the partials once
         t += pl.workspace / 2.0e9
     return t
+
+
+TC_FILL_KTILES = 2.0   # a tensor-core implicit GEMM block's pipeline fill + epilogue, in K tiles of 64
+TC_GBPS = 3000.0        # the implicit GEMMs' least traffic time: x, w and y once at this rate (H100 copy ~2960)
+
+
+def _tc_1x1_ms(pl, t):
+    """A 1x1 tensor-core implicit GEMM (forward, backward data): its blocks' K loops are a few K tiles
+    (C / 64 forward, K / 64 backward data), so the fill and the epilogue weigh; and its traffic is the
+    floor. Fit to the issue's layers (H200, bf16 N = 64): 64->256 @56 forward on implicit_gemm_pipe_tc
+    (1 K tile) measured 0.12 ms, this model 0.13 (without the fill: 0.044); 256->64 (4 K tiles, fwd_wgmma)
+    0.055 / 0.066."""
+    pb = pl.problem
+    ktiles = cdiv(pl.gemm.gk, 64)
+    t *= (ktiles + TC_FILL_KTILES) / ktiles
+    es = DTYPES[pb.dtype][0]
+    nbytes = (pb.n * prod(pb.in3) * pb.c + pb.n * prod(pb.out3) * pb.k + pb.k * pb.c) * es
+    return max(t, nbytes / (TC_GBPS * 1e6))
 
 
 def _cc_tile_waste(pl):

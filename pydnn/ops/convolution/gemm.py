@@ -11,6 +11,15 @@ Forward: an im2col of x into the workspace, then a GEMM. The column matrix col[N
       matrix on the family's tensor-core kernel (fwd_tc / fwd_wgmma), so y's strides, alpha / beta and
       the fused bias + activation epilogue are that kernel's own. The 7x7 stem (C = 3, 147 columns) gets
       tensor cores this way.
+    * half / bfloat16 1x1 problems (issue 18; mm16_ok: one group, math type not FMA, tuning.conv_gemm.MM_1X1):
+      pydnn.ops.matmul, no tensor-core view. Stride 1, unpadded, x and y matrices of one layout: one matmul
+      on x itself (`direct`, no workspace; NHWC images one after another are ONE GEMM of N * P rows, so the
+      tiles run over all images at once: y[N*P x K] = x[N*P x C] . W^T); strided or padded ones keep the
+      gather + the implicit view (gather + matmul measured no faster than fwd_wgmma, below). Several taps
+      (tuning.conv_gemm.MM_COLS): the column matrix on matmul where the model (mm16_ms) is faster than the
+      view's estimate, else the view. The fused call (bias, z, activation) on a direct plan runs the
+      tensor-core implicit GEMM of the problem itself (matmul has no activation epilogue). Get..._v7 ranks
+      FWD_ALGO_GEMM against IMPLICIT_PRECOMP_GEMM by mm16_ms / the implicit model; Find times both.
     * float, one group, y with packed spatial dims (NCHW-like or NHWC-like): pydnn.ops.matmul (the
       CUDA-core gemm_simt, 128 x 128 tiles), one GEMM per image (its batch); alpha / beta are the GEMM's.
       A ConvolutionBiasActivationForward call (bias, z, activation) runs the 1x1 convolution instead (the
@@ -28,6 +37,17 @@ workspace (`direct`: NCHW-like dx_n[C x P] = W^T[C x K] . dy_n[K x P], the filte
 0); NHWC-like dx_n[P x C] = dy_n[P x K] . W[K x C]). Without it, fp32 1x1 backward data with C >= 64 has
 only the col2im round trip (not worth it there) or the CUDA-core ALGO_0: 4.3-5.9 TFLOP/s on the ResNet
 1x1 layers (H200) against the direct GEMM's 29.1-34.7 (H100 80GB; Performance below).
+BWD_DATA_ALGO_0 for half / bfloat16 1x1, stride-1, unpadded problems (issue 18; plan_backward_data_mm16,
+before the CUDA-core gather in ALGO_0's candidates): the direct matmul dx[N*P x C] = dy[N*P x K] . W,
+deterministic, no workspace; the gather serves the rest (the col + col2im form measured 8x slower than
+ALGO_1's phases on the strided 1x1 layers). So Get..._v7 ranks the GEMM form (ALGO_0) against the
+implicit GEMMs (ALGO_1) and Find times both.
+Measured (H200, tools/bench_conv1x1.py, CUDA-graph device time, ms; implicit / matmul / cuDNN): forward
+N128 512->256 @28 0.132 / 0.085 / 0.048, 512->2048 @7 0.056 / 0.041 / 0.024, 1024->256 @14 0.050 / 0.042 /
+0.022, N32 512->2048 @7 0.0192 / 0.0147 / 0.0081; backward data N128 512->256 @28 0.193 / 0.117 / 0.053,
+2048->512 @7 0.056 / 0.042 / 0.024. The matmul loses where its tiles fit badly (N = 64 outputs: 256->64
+forward 0.101 / 0.152; K < 512 with few tiles: N32 256->1024 backward data 0.0145 / 0.0258): mm16_ms ranks
+them (27 of 29 measured picks right; the misses within 1.8x).
 Backward filter, BWD_FILTER_ALGO_3: dw[K, C * taps] = sum over images and positions of dy[K, pos] .
 col[pos, C * taps] (col: the forward's im2col of x, columns padded to a multiple of 8 for the 16-bit
 tensor-core GEMMs; for a 1x1, stride-1, unpadded problem whose x reads as a matrix, x itself). The
@@ -272,6 +292,38 @@ def mm_ms(handle, mp):
     return max(2.0 * mp.batch * mp.m * mp.n * mp.k / (MM_TC_TFLOPS * 1e9), nbytes / (MM_GBPS * 1e6))
 
 
+# mm16_ms: the 16-bit matmul's time by the tile matmul's chooser takes (a ranking, not a promise). The
+# 128x256 mma.sync tile's full-wave rate (fit to the 1x1 layers; bf16 4096^3: 308-325 TFLOP/s), by the tile's `eff`
+# (wgmma 128x256 1.6, 128x128 1.3; mma.sync 128x128 0.9, 64x64 0.45); a block's K loop pays about
+# MM_FILL_KTILES K tiles of pipeline fill and epilogue; the operands and C cross memory at MM16_GBPS at
+# least (a conservative copy rate: H100 ~2960 GB/s, H200 ~4150).
+MM16_TC_TFLOPS = 250.0   # fit (tools/bench_conv1x1.py, H200, 29 points: 27 picks right) from the 4096^3 310
+MM_FILL_KTILES = 1.5
+MM16_GBPS = 3000.0
+MM16_GENERAL_TFLOPS = 40.0   # the unaligned path (element-by-element copies)
+
+
+def mm16_ms(handle, mp, beta_reads=False):
+    """The model's time of a 16-bit pydnn.ops.matmul plan `mp` (gemm_plan's record): waves of the chosen
+    tile at its efficiency, stretched by the short-K fill, or its bytes at MM16_GBPS, whichever is longer."""
+    sms = max(handle.sm_count, 1)
+    m, n, k, batch = mp.m, mp.n, mp.k, mp.batch
+    nbytes = batch * (m * k + k * n + m * n * (2 if beta_reads else 1)) * mp.esize
+    mem = nbytes / (MM16_GBPS * 1e6)
+    if not mp.vec_ok:
+        return max(2.0 * batch * m * n * k / (MM16_GENERAL_TFLOPS * 1e9), mem)
+    try:   # matmul's chooser and its tiles' fields (pydnn/ops/matmul.py, another family's module)
+        t = matmul._choose_tile(m, n, batch, sms, handle.arch, k)
+        bm, bn, per_sm, eff, bk = t.bm, t.bn, t.per_sm, t.eff, matmul.BK
+    except (AttributeError, TypeError):   # its internals moved: the flat model
+        return mm_ms(handle, mp)
+    waves = cdiv(cdiv(m, bm) * cdiv(n, bn) * batch, per_sm * sms)
+    per_block_flops = 2.0 * bm * bn * bk * (cdiv(k, bk) + MM_FILL_KTILES)
+    rate_sm = MM16_TC_TFLOPS * eff * 1e12 / sms / per_sm   # one block's share of its SM
+    compute = waves * per_block_flops / rate_sm * 1e3
+    return max(compute, mem)
+
+
 LONE_BLOCK_SPEED = 0.6   # a gemm_simt block alone on its SM, relative to the tile's full per-SM rate (a guess)
 
 
@@ -315,17 +367,27 @@ def _col_problem(pb, ld, w_rows):
     s.flip = False
     s.w_format, s.math_type, s.nspatial = E.PYDNN_TENSOR_NHWC, pb.math_type, pb.nspatial
     s.x_desc, s.y_desc, s.w_dims = pb.x_desc, pb.y_desc, (pb.k, s.cg)
+    s.view = "col"   # the tensor-core choice reads it: channel tails by tuning.conv_gemm.VIEW_TAIL_FILL
     return s
 
 
 def _fwd_matmul(handle, pb, ld, w_rows):
     """pydnn.ops.matmul's plan of the forward GEMM over the column matrix (one GEMM per image) and
-    whether its A operand is the filter, or None when y's layout does not allow one."""
-    if pb.tag != "f32" or pb.groups != 1:
+    whether its A operand is the filter, or None when y's layout does not allow one. float; 16-bit 1x1
+    problems (strided or padded: the im2col is their gather) under mm16_ok, NHWC-like y with its images
+    one after another as one GEMM of N * P rows."""
+    if pb.groups != 1 or (pb.tag != "f32" and not (_mm16_cols_ok(pb) and prod(pb.filt3) > 1)):
+        # 16-bit 1x1 problems that need a gather (strided, padded) keep the implicit view: measured (H200,
+        # bench_conv1x1, N128 1x1/2): gather + matmul 0.1986 / 0.0977 ms against fwd_wgmma 0.1961 / 0.0803
         return None
     P, K = prod(pb.out3), pb.k
     unit = _spatial_unit(pb.ys[2:], pb.out3)
     try:
+        if pb.tag != "f32" and pb.ys[1] == 1 and unit is not None and _flat(pb, pb.n, P * ld, ld, pb.ys[0],
+                                                                              max(unit, K), P):
+            mp = matmul.gemm_plan(handle, pb.dtype, pb.n * P, K, ld, trans_b=True, lda=ld, ldb=w_rows,
+                                  ldc=max(unit, K))
+            return mp, False
         if pb.ys[1] == 1 and unit is not None:     # NHWC-like y: y_n[P x K] = col_n . W^T
             mp = matmul.gemm_plan(handle, pb.dtype, P, K, ld, trans_b=True, lda=ld, ldb=w_rows,
                                   ldc=max(unit, K), batch=pb.n, stride_a=P * ld, stride_c=pb.ys[0])
@@ -339,12 +401,35 @@ def _fwd_matmul(handle, pb, ld, w_rows):
     return None
 
 
+def mm16_ok(pb):
+    """Whether a 16-bit 1x1 problem takes pydnn.ops.matmul (tuning.conv_gemm.MM_1X1; tensor cores: the
+    math type not FMA; one group)."""
+    return (tuning.conv_gemm.MM_1X1 and pb.tag in TC_TAGS and pb.math_type != E.PYDNN_FMA_MATH
+            and pb.groups == 1 and pb.filt3 == (1, 1, 1))
+
+
+def _mm16_cols_ok(pb):
+    """Whether a 16-bit problem of several taps may run its column matrix on pydnn.ops.matmul
+    (tuning.conv_gemm.MM_COLS not False; the rest as mm16_ok)."""
+    return (tuning.conv_gemm.MM_COLS is not False and tuning.conv_gemm.MM_1X1 and pb.tag in TC_TAGS
+            and pb.math_type != E.PYDNN_FMA_MATH and pb.groups == 1)
+
+
+def _flat(pb, n_img, a_img, a_rows, c_img, c_rows, P):
+    """Whether both matrices' images follow one another as rows (image stride = P rows), so the batch of
+    per-image GEMMs is one GEMM of n_img * P rows (one grid of tiles over all images: no per-image tail)."""
+    return n_img == 1 or (a_img == P * a_rows and c_img == P * c_rows)
+
+
 def _direct_matmul(handle, pb):
-    """A 1x1, stride-1, unpadded float problem whose x already is the column matrix (NCHW-like x with
-    NCHW-like y, or NHWC-like both, spatial dims packed) and whose filter is a packed (K, C) matrix: the
-    matmul plan (no im2col, no workspace) and whether A is the filter; else None."""
-    if (pb.tag != "f32" or pb.groups != 1 or pb.filt3 != (1, 1, 1) or pb.stride3 != (1, 1, 1)
+    """A 1x1, stride-1, unpadded problem whose x already is the column matrix (NCHW-like x with NCHW-like
+    y, or NHWC-like both, spatial dims packed) and whose filter is a packed (K, C) matrix: the matmul plan
+    (no im2col, no workspace) and whether A is the filter; else None. float, and 16-bit data under
+    mm16_ok; 16-bit NHWC-like images one after another are one GEMM of N * P rows."""
+    if (pb.groups != 1 or pb.filt3 != (1, 1, 1) or pb.stride3 != (1, 1, 1)
             or pb.pad3 != (0, 0, 0) or _packed_filter(pb) is None):
+        return None
+    if pb.tag != "f32" and not mm16_ok(pb):
         return None
     P, K, Cc = prod(pb.out3), pb.k, pb.c
     xu, yu = _spatial_unit(pb.xs[2:], pb.in3), _spatial_unit(pb.ys[2:], pb.out3)
@@ -352,8 +437,13 @@ def _direct_matmul(handle, pb):
         return None
     try:
         if pb.ys[1] == 1 and pb.xs[1] == 1:         # y_n[P x K] = x_n[P x C] . W^T
-            mp = matmul.gemm_plan(handle, pb.dtype, P, K, Cc, trans_b=True, lda=max(xu, Cc), ldb=pb.ws[0],
-                                  ldc=max(yu, K), batch=pb.n, stride_a=pb.xs[0], stride_c=pb.ys[0])
+            lda, ldc = max(xu, Cc), max(yu, K)
+            if pb.tag != "f32" and _flat(pb, pb.n, pb.xs[0], lda, pb.ys[0], ldc, P):
+                mp = matmul.gemm_plan(handle, pb.dtype, pb.n * P, K, Cc, trans_b=True, lda=lda, ldb=pb.ws[0],
+                                      ldc=ldc)
+                return mp, False
+            mp = matmul.gemm_plan(handle, pb.dtype, P, K, Cc, trans_b=True, lda=lda, ldb=pb.ws[0],
+                                  ldc=ldc, batch=pb.n, stride_a=pb.xs[0], stride_c=pb.ys[0])
             return mp, False
         if xu in (0, 1) and yu in (0, 1):           # y_n[K x P] = W[K x C] . x_n[C x P]
             mp = matmul.gemm_plan(handle, pb.dtype, K, P, Cc, lda=pb.ws[0], ldb=max(pb.xs[1], P),
@@ -399,7 +489,10 @@ class GemmPlan(StepPlan):
         self.sub.run(handle, ws_ptr, w, out_ptr, alpha, beta, z_ptr, bias_ptr)
 
     def estimate_ms(self, handle, base_estimate):
-        gemm = mm_ms(handle, self.mm[0]) if self.mm is not None else base_estimate(handle, self.sub.plan)
+        if self.mm is not None and self.mm[0].esize == 2:
+            gemm = mm16_ms(handle, self.mm[0])
+        else:
+            gemm = mm_ms(handle, self.mm[0]) if self.mm is not None else base_estimate(handle, self.sub.plan)
         return gemm + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
 
 
@@ -409,9 +502,14 @@ def plan_gemm(handle, pb, algo):
     if direct is not None:
         pl = GemmPlan(DIR_FWD, algo, pb)
         pl.direct, pl.mm = True, direct
-        sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, pb, algo)  # the fused epilogue's path
+        # the fused epilogue's path (bias, z, activation): the tensor-core implicit GEMM for 16-bit data
+        fused_algo = (E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+                      if pb.tag != "f32" and tc_refusal(pb, DIR_FWD) is None else E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)
+        sub = planner(DIR_FWD, fused_algo)(handle, pb, algo)
         pl.sub = SubGemm(sub, pb)
         pl.gemm, pl.gemm_expr = sub.gemm, sub.gemm_expr
+        if pb.tag != "f32":   # the kernel the plain call runs (a label: the sweep's kernel column)
+            pl.gemm_expr = direct[0].fast.expr
         return pl
     taps = prod(pb.filt3)
     rows, cols = pb.n * prod(pb.out3), pb.groups * pb.cg * taps
@@ -437,8 +535,14 @@ def plan_gemm(handle, pb, algo):
         sub = planner(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)(handle, spb, algo)
     pl.sub = SubGemm(sub, spb)
     pl.mm = _fwd_matmul(handle, pb, ld, w_rows)
+    if pl.mm is not None and pb.tag != "f32" and taps > 1 and tuning.conv_gemm.MM_COLS is None:
+        from .algorithms import _estimate_ms   # (algorithms imports the planners' table, not this module)
+        if mm16_ms(handle, pl.mm[0]) >= _estimate_ms(handle, sub):
+            pl.mm = None   # the model's choice: the implicit 1x1 view of the column matrix
     pl.gemm = sub.gemm            # the epilogue fields (bias, z, activation) of ConvolutionBiasActivationForward
     pl.gemm_expr = sub.gemm_expr
+    if pl.mm is not None and pb.tag != "f32":   # the plain call's kernel (a label)
+        pl.gemm_expr = pl.mm[0].fast.expr
     # the tensor-core GEMM reads the filter in 16-byte vectors: the caller's, when it is read in place
     pl.align = sub.align if own else 0
     pl.workspace = round_up(rows * ld * pl.itemsize, 16) if own else pl.col_bytes + round_up(pb.k * ld * pl.itemsize, 16)
@@ -473,9 +577,13 @@ class BwdGemmPlan(StepPlan):
         self.run_step(handle, self.col2im)
 
     def estimate_ms(self, handle, base_estimate):
+        if self.mm.esize == 2:
+            gemm = mm16_ms(handle, self.mm)
+        else:
+            gemm = tile_ms(handle, self.mm) if self.direct else mm_ms(handle, self.mm)
         if self.direct:
-            return tile_ms(handle, self.mm)
-        return mm_ms(handle, self.mm) + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
+            return gemm
+        return gemm + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
 
 
 def _bwd_direct_ok(pb):
@@ -494,7 +602,10 @@ def _bwd_direct_matmul(handle, pb):
     if xu is None or yu is None:
         return None
     if pb.ys[1] == 1 and pb.xs[1] == 1:
-        return matmul.gemm_plan(handle, pb.dtype, P, Cc, K, lda=max(yu, K), ldb=pb.ws[0], ldc=max(xu, Cc),
+        lda, ldc = max(yu, K), max(xu, Cc)
+        if pb.tag != "f32" and _flat(pb, pb.n, pb.ys[0], lda, pb.xs[0], ldc, P):   # one GEMM of N * P rows
+            return matmul.gemm_plan(handle, pb.dtype, pb.n * P, Cc, K, lda=lda, ldb=pb.ws[0], ldc=ldc), False
+        return matmul.gemm_plan(handle, pb.dtype, P, Cc, K, lda=lda, ldb=pb.ws[0], ldc=ldc,
                                 batch=pb.n, stride_a=pb.ys[0], stride_c=pb.xs[0]), False
     if xu in (0, 1) and yu in (0, 1):
         return matmul.gemm_plan(handle, pb.dtype, Cc, P, K, trans_a=True, lda=pb.ws[0], ldb=max(pb.ys[1], P),
@@ -561,7 +672,10 @@ def plan_bwd_data_gemm(handle, pb, algo):
     if not own:
         pl.pack = _add_pack(pl, pb, inner, cols, ld)
     unit = _spatial_unit(pb.ys[2:], pb.out3)
-    if pb.ys[1] == 1:   # NHWC-like dy: col_n[P x ld] = dy_n[P x K] . W
+    if pb.ys[1] == 1 and pb.tag != "f32" and _flat(pb, pb.n, pb.ys[0], max(unit, K), P * ld, ld, P):
+        # 16-bit NHWC-like dy, images one after another: col[N * P x ld] = dy[N * P x K] . W, one GEMM
+        pl.mm = matmul.gemm_plan(handle, pb.dtype, pb.n * P, ld, K, lda=max(unit, K), ldb=w_rows, ldc=ld)
+    elif pb.ys[1] == 1:   # NHWC-like dy: col_n[P x ld] = dy_n[P x K] . W
         pl.mm = matmul.gemm_plan(handle, pb.dtype, P, ld, K, lda=max(unit, K), ldb=w_rows, ldc=ld, batch=pb.n,
                                  stride_a=pb.ys[0], stride_c=P * ld)
     else:               # NCHW-like dy: col_n = dy_n^T . W
@@ -1026,6 +1140,31 @@ def plan_forward(handle, pb, direction, algo):
 def plan_backward_data(handle, pb, direction, algo):
     """BWD_DATA_ALGO_1 where the tensor-core implicit GEMM refuses (tensor_core.py)."""
     return plan_bwd_data_gemm(handle, pb, algo)
+
+
+def bwd_data_mm16_refusal(pb):
+    """Why BWD_DATA_ALGO_0's GEMM form (16-bit 1x1 problems through pydnn.ops.matmul) cannot serve a
+    problem (None when it can; the CUDA-core gather serves the rest)."""
+    if not mm16_ok(pb) or not _bwd_direct_ok(pb):
+        # strided / padded ones would take col2im: measured (H200, N128 1x1/2 256->512 @56 and 1024->2048 @14)
+        # 1.338 / 0.372 ms against ALGO_1's phases 0.172 / 0.083
+        return ("its GEMM form serves 16-bit 1x1, stride-1, unpadded problems with one group and the math type "
+                "not FMA (tuning.conv_gemm.MM_1X1)")
+    return bwd_data_gemm_refusal(pb)
+
+
+@register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, order=-1, refusal=bwd_data_mm16_refusal)
+def plan_backward_data_mm16(handle, pb, direction, algo):
+    """BWD_DATA_ALGO_0 for 16-bit 1x1 problems (issue 18): dx = dy . W as one matmul (stride 1, unpadded),
+    or col = dy . W + col2im (strided or padded: the col2im scatters into dx and writes the positions no
+    output reaches as beta * dx); deterministic. Get..._v7 ranks it against ALGO_1's implicit GEMMs by
+    mm16_ms, Find by timing. None (the CUDA-core gather then) where dx and dy do not read as matrices."""
+    try:
+        return plan_bwd_data_gemm(handle, pb, algo)
+    except PydnnError as e:
+        if e.status != NS:
+            raise
+        return None
 
 
 @register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_3)

@@ -300,7 +300,7 @@ class Problem:
 
     __slots__ = ("dtype", "tag", "n", "c", "k", "groups", "cg", "kg", "in3", "out3", "filt3", "pad3", "stride3",
                  "dil3", "xs", "ys", "ws", "flip", "w_format", "nspatial", "math_type", "x_desc", "y_desc",
-                 "w_dims")
+                 "w_dims", "view")
 
     def copy(self):
         """A new Problem with every size this one has (the start of a derived view: the GEMM, Winograd and

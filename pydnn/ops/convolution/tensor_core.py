@@ -2,10 +2,12 @@
 group; the operand rules are problem.tc_refusal; grouped problems run the *_grouped wrappers of these
 kernels through grouped.py):
 
-    forward          IMPLICIT_PRECOMP_GEMM  on sm_90 fwd_wgmma (Hopper wgmma) where channels % 64 == 0 and a
-                                            block has >= WGM_MIN_KTILES K tiles, else implicit_gemm_pipe_tc
-                                            (mma.sync m16n8k16, ldmatrix, cp.async, a 3-stage pipeline)
-                                            where C % 64 == 0, else fwd_tc; tiles from the models below
+    forward          IMPLICIT_PRECOMP_GEMM  on sm_90 fwd_wgmma (Hopper wgmma) where channels % 64 == 0 (or
+                                            their tail fills tuning.conv.FWD_TAIL_FILL of its 64-deep K tile,
+                                            the rest zero-filled) and a block has >= WGM_MIN_KTILES K tiles,
+                                            else implicit_gemm_pipe_tc (mma.sync m16n8k16, ldmatrix, cp.async,
+                                            a 3-stage pipeline) under the same channel rule, else fwd_tc;
+                                            tiles from the models below
     backward data    ALGO_1                 the same kernels on dy (K % 8 too); on sm_90 with stride 1 the
                                             forward of dy on fwd_wgmma reading the filter as [k][c] tiles
                                             (_plan_bwd_wgmma); with a stride > 1 these stride-1 plans run
@@ -109,7 +111,10 @@ def fused_bias_in_registers(pl):
     """convolution_bias_activation_forward's plan on the 128x64 model fwd_wgmma tile runs its FB = 1
     instantiation (the bias in registers, BREG): the plan is the fused call's own (cached under its own
     key; get_plan's adapt, once per plan), so the plain forward keeps FB = 0, whose K loop the registers
-    would change (ptx/convolution.cu)."""
+    would change (ptx/convolution.cu). The GEMM algorithm's direct 1x1 plan (matmul for the plain call,
+    gemm.py) runs its fused call on the implicit GEMM of the problem itself (`sub`): that plan is adapted."""
+    if getattr(pl, "direct", False) and getattr(pl, "sub", None) is not None:
+        pl = pl.sub.plan
     if type(pl) is Plan and pl.direction == DIR_FWD and pl.gemm_expr in _FB_EXPRS:
         pl.gemm_expr, pl.gemm_func = _FB_EXPRS[pl.gemm_expr], None
 
@@ -375,20 +380,25 @@ def _tc_choice(handle, pb, direction, gm, gn, rc):
         forced = None
     if forced is not None and (len(forced) == 2 or pipe_ok):
         return tuple(forced)
-    if forced is None and pipe_ok and _k_tiles_fill(direction, rc):
+    if forced is None and pipe_ok and _k_tiles_fill(direction, rc, getattr(pb, "view", None)):
         if tuning.conv.USE_WGM and wgm_ok and prod(pb.filt3) * cdiv(rc, TCP_BK) >= WGM_MIN_KTILES:
             return _wgm_tiling(handle, gm, gn)
         return _tcp_tiling(handle, gm, gn)
     return _tc_tiling(handle, gm, gn)
 
 
-def _k_tiles_fill(direction, rc):
+def _k_tiles_fill(direction, rc, view=None):
     """Whether the 64-deep K tiles of the pipelined / wgmma kernels take a reduction of rc channels per
-    tap: multiples of 64, or (backward data) where real channels fill at least tuning.conv.BWD_TAIL_FILL
-    of the tiles' depth (the rest zero-filled: the kernels' channel tails), which still beats bwd_data_tc."""
+    tap: multiples of 64, or where real channels fill at least tuning.conv.BWD_TAIL_FILL (backward data)
+    / FWD_TAIL_FILL (forward) of the tiles' depth (the rest zero-filled: the kernels' channel tails), which
+    still beats bwd_data_tc / fwd_tc's 32-deep tiles. The GEMM algorithm's 1x1 view of its column matrix
+    (view "col") takes tuning.conv_gemm.VIEW_TAIL_FILL instead (fwd_tc over the stem's 152 columns measured
+    0.227 ms against matmul's 0.296, H200; the tails there are not measured yet)."""
     if rc % TCP_BK == 0:
         return True
-    return direction == DIR_BWD_DATA and rc / (cdiv(rc, TCP_BK) * TCP_BK) >= tuning.conv.BWD_TAIL_FILL
+    fill = (tuning.conv.BWD_TAIL_FILL if direction == DIR_BWD_DATA
+            else tuning.conv_gemm.VIEW_TAIL_FILL if view == "col" else tuning.conv.FWD_TAIL_FILL)
+    return direction in (DIR_BWD_DATA, DIR_FWD) and rc / (cdiv(rc, TCP_BK) * TCP_BK) >= fill
 
 
 def _wgm_tiling(handle, gm, gn):

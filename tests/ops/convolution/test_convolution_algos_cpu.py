@@ -114,12 +114,14 @@ def test_gemm_uses_tensor_cores_when_the_view_allows():
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, y = tdesc((2, 8, 9, 9), F16, NHWC), tdesc((2, 16, 9, 9), F16, NHWC)
     pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NHWC), y)
-    assert "fwd_tc" in pl.sub.plan.gemm_expr and pl.align == 16
+    # (72 columns: fwd_tc, or the pipelined kernel with the channel tail zero-filled: tuning.conv.FWD_TAIL_FILL)
+    tc = ("fwd_tc<", "implicit_gemm_pipe_tc<", "fwd_wgmma<")
+    assert any(t in pl.sub.plan.gemm_expr for t in tc) and pl.align == 16
     pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NCHW), y)
-    assert "fwd_tc" in pl.sub.plan.gemm_expr and pl.pack is not None  # the filter packed (NHWC rows) first
+    assert any(t in pl.sub.plan.gemm_expr for t in tc) and pl.pack is not None  # the filter packed (NHWC rows) first
     g2 = cdesc((1, 1), (1, 1), (1, 1), groups=2)
     pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, g2, x, fdesc((16, 4, 3, 3), F16, NHWC), y)
-    assert "implicit_gemm" in pl.sub.plan.gemm_expr  # groups: the CUDA-core 1x1 view
+    assert "implicit_gemm<" in pl.sub.plan.gemm_expr  # groups: the CUDA-core 1x1 view
 
 
 # ----------------------------------------------------------------------------- emulation

@@ -816,7 +816,12 @@ def test_wgmma_forward_plans(monkeypatch):
     monkeypatch.setattr(tuning.conv, "USE_WGM", True)
     assert CP.new_plan(h, CPb.DIR_FWD, fwd, c, x, w, y).gemm_expr.startswith("pydnn::conv::fwd_wgmma<pydnn::bf16_t, 64,")
     x3, w3, y3 = tdesc((8, 72, 28, 28), BF16, NHWC), fdesc((128, 72, 3, 3), BF16, NHWC), tdesc((8, 128, 28, 28), BF16, NHWC)
-    assert "fwd_tc<" in CP.new_plan(h, CPb.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr  # C % 64 != 0: not the model's
+    # C % 64 != 0: the channel tail fills 72 / 128 of its K tiles >= tuning.conv.FWD_TAIL_FILL: fwd_wgmma
+    # (the rest zero-filled); below the threshold fwd_tc
+    assert "fwd_wgmma<" in CP.new_plan(h, CPb.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr
+    monkeypatch.setattr(tuning.conv, "FWD_TAIL_FILL", 0.6)
+    assert "fwd_tc<" in CP.new_plan(h, CPb.DIR_FWD, fwd, c, x3, w3, y3).gemm_expr
+    monkeypatch.setattr(tuning.conv, "FWD_TAIL_FILL", 0.5)
     # fewer than WGM_MIN_KTILES K tiles (a 1x1 filter over 64 channels: 1; measured ~0.8x, bench v14): the
     # pipelined kernel; over 256 channels (4 K tiles, 1.11-1.17x) fwd_wgmma
     c1 = cdesc((0, 0), (1, 1), (1, 1))

@@ -195,9 +195,12 @@ def test_forward_emulated(case, mode, dtype, rng):
         assert (pl.mm is not None) == (not gap) and pl.direct == (one and not gap)
         assert pl.workspace == (0 if pl.direct else G.round_up(pl.steps[pl.im2col][4].cols * yd[0] *
                                                                  int(np.prod(yd[2:])) * 4, 16))
+    elif dtype == BF16 and one and not gap:  # 16-bit 1x1: pydnn.ops.matmul on x itself (issue 18, gemm.mm16_ok)
+        assert pl.direct and pl.mm is not None and pl.workspace == 0
     elif dtype == BF16:  # tensor cores over rows padded to a multiple of 8 (the 1x1 view)
         p = pl.steps[pl.im2col][4]
-        assert pl.mm is None and p.ld % 8 == 0 and p.cols <= p.ld < p.cols + 8
+        assert p.ld % 8 == 0 and p.cols <= p.ld < p.cols + 8
+        # the implicit 1x1 view or (tuning.conv_gemm.MM_COLS: by the model) pydnn.ops.matmul
         assert "_tc<" in pl.gemm_expr or "_wgmma" in pl.gemm_expr
         own = p.ld == p.cols and case[7] == NHWC
         assert (pl.pack is None) == own and pl.align == (16 if own else 0)
