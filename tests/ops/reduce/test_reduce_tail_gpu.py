@@ -7,6 +7,7 @@ import pytest
 
 import pydnn
 from devtensor import DevTensor
+from pydnn.ops import reduce as R
 from pydnn.ops.reduce import plan_summary
 from reduce_tail_cases import CASES
 from test_reduce_gpu import INDEXED, NAMES, Shifted, _check, _rdesc, _values
@@ -31,7 +32,11 @@ def test_rows_vec_tails(handle, rng, case, pair):
             c = DevTensor(cdims, tc)
             if shift == 0:
                 kinds = [k[0] for k in plan_summary(handle, _rdesc(op, op in INDEXED), a.desc, c.desc)]
-                assert kinds[0] == "rows_vec", (name, op, kinds)
+                # a walk of two reduced dims takes rows_vec only where the inner one holds whole vectors of
+                # A's type (8 16-bit values, 4 floats): H x W = 100 is rows_gen's for 16-bit A
+                vec = R.vec_width(R.TAG[ta], R.TAG[ta])
+                want = "rows_vec" if not name.startswith("two dims") or np.prod(dims[2:]) % vec == 0 else "rows_gen"
+                assert kinds[0] == want, (name, op, kinds)
             _check(handle, op, a.desc, a.ptr, av, c, tc, f"{name} op {op} shift {shift}")
 
 
