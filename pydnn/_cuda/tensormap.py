@@ -20,6 +20,9 @@ swizzle span (128 bytes).
 """
 import ctypes
 
+from .. import enums
+from ..status import PydnnError
+
 __all__ = ["TiledMap", "MapCache", "map_problem", "encode_tiled", "DTYPE_NAMES", "MAP_BYTES"]
 
 MAP_BYTES = 128
@@ -76,12 +79,19 @@ def encode_tiled(tag, address, dims, strides, box, l2="L2_256B"):
 
     d = driver._driver()
     u64, u32 = d.cuuint64_t, d.cuuint32_t  # the bindings take these, not ints, in the arrays
-    err, tmap = d.cuTensorMapEncodeTiled(
-        getattr(d.CUtensorMapDataType, DTYPE_NAMES[tag]), len(dims), address, [u64(v) for v in dims],
-        [u64(v) for v in strides], [u32(v) for v in box], [u32(1)] * len(dims),
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        getattr(d.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
-        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    try:
+        err, tmap = d.cuTensorMapEncodeTiled(
+            getattr(d.CUtensorMapDataType, DTYPE_NAMES[tag]), len(dims), address, [u64(v) for v in dims],
+            [u64(v) for v in strides], [u32(v) for v in box], [u32(1)] * len(dims),
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            getattr(d.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    except PydnnError:
+        raise
+    except Exception as e:  # noqa: BLE001 - no driver library with the entry point (a CPU-only machine's
+        # bindings raise their own FunctionNotFoundError): the callers fall back to kernels without maps
+        raise PydnnError(enums.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"cuTensorMapEncodeTiled unavailable: {type(e).__name__}: {e}") from e
     driver.check((err,), "cuTensorMapEncodeTiled")
     return ctypes.string_at(tmap.getPtr(), MAP_BYTES)
 
