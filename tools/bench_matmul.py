@@ -456,7 +456,8 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
             for f in fns.values():
                 f()
             torch.cuda.synchronize()
-            errs = (_err(c, out_t), _err(c2, out_t), _err(c3, out_t), _err(c4, out_t))
+            # --no-old: c2 was never written (the old kernel's column repeats gemm_tma's): its diff is gemm_tma's
+            errs = (_err(c, out_t), _err(c2 if old_kernel else c, out_t), _err(c3, out_t), _err(c4, out_t))
             t = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, f in fns.items():
