@@ -33,7 +33,7 @@ from ...status import PydnnError, api
 from ...tensor import DTYPES, _int
 from ..common import cdiv, element_aligned, prod
 from .implicit import BM, BN
-from .plans import check_workspace, new_plan, run_plan
+from .plans import check_workspace, new_plan, register_estimate, run_plan
 from .problem import (ALGO_TYPES, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, check_conv, filter_bytes, operand_names,
                       problem)
 
@@ -135,6 +135,8 @@ def _estimate_ms(handle, pl):
         t += pl.workspace / 2.0e9
     return t
 
+
+register_estimate(_estimate_ms)
 
 TC_FILL_KTILES = 2.0   # a tensor-core implicit GEMM block's pipeline fill + epilogue, in K tiles of 64
 TC_GBPS = 3000.0        # the implicit GEMMs' least traffic time: x, w and y once at this rate (H100 copy ~2960)

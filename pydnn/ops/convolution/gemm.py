@@ -148,7 +148,7 @@ from ...status import PydnnError
 from .. import matmul
 from .._elementwise import CTYPE
 from ..common import FLOAT_TAGS, cdiv, prod
-from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, planner, register, round_up
+from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, estimate_ms, planner, register, round_up
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, INT_MAX, TC_TAGS, algo_name, tc_refusal
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
@@ -536,8 +536,7 @@ def plan_gemm(handle, pb, algo):
     pl.sub = SubGemm(sub, spb)
     pl.mm = _fwd_matmul(handle, pb, ld, w_rows)
     if pl.mm is not None and pb.tag != "f32" and taps > 1 and tuning.conv_gemm.MM_COLS is None:
-        from .algorithms import _estimate_ms   # (algorithms imports the planners' table, not this module)
-        if mm16_ms(handle, pl.mm[0]) >= _estimate_ms(handle, sub):
+        if mm16_ms(handle, pl.mm[0]) >= estimate_ms(handle, sub):   # algorithms.py's model, registered in plans
             pl.mm = None   # the model's choice: the implicit 1x1 view of the column matrix
     pl.gemm = sub.gemm            # the epilogue fields (bias, z, activation) of ConvolutionBiasActivationForward
     pl.gemm_expr = sub.gemm_expr

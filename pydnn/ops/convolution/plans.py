@@ -180,6 +180,20 @@ def planner(direction, algo):
     return lambda handle, pb, caller_algo: plan_for(handle, pb, direction, caller_algo, served_as=algo)
 
 
+_ESTIMATE = []   # algorithms.py's time model, registered when it loads (the package imports it first)
+
+
+def register_estimate(fn):
+    """algorithms.py hands its model (`fn(handle, plan) -> ms`) down here, so that a planner that weighs two
+    routes (the GEMM algorithm: matmul against the implicit 1x1 view) can ask it without importing upward."""
+    _ESTIMATE[:] = [fn]
+
+
+def estimate_ms(handle, pl):
+    """The registered model's time for a plan (Get..._v7's ranking model)."""
+    return _ESTIMATE[0](handle, pl)
+
+
 def implemented():
     """{direction: the algorithms with a planner, in enum order}."""
     return {d: tuple(a for a in ALGO_TYPES[d][1] if (d, a) in _PLANNERS) for d in ALGO_TYPES}
