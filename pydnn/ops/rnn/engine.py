@@ -1039,13 +1039,7 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
                              stride_c=st[2] // es)
     for dr in layers:
         if dhxp or dcxp:
-            p = lau.reset()
-            p.aux = dhxp + dr.pl * B * P * es if dhxp else 0
-            p.dxa = dcxp + dr.pl * B * H * es if dcxp else 0
-            p.gh, p.ghrec, p.gc = dr.gh, dr.ghrec, dr.gc
-            p.nsplit, p.split_stride = sb, B * P
-            p.batch, p.out, p.hidden = B, P, H
-            lau.launch("bwd_state_out", B * max(P, H))
+            _bwd_state_out(lau, dr, dhxp, dcxp, B, P, H, es, sb)
     # layer 0's dx (the call's dx, width inputSize) into the dy buffer layer 0 did not use
     out = L % 2
     if layers[0].w_in:
@@ -1097,6 +1091,18 @@ def _bwd_cell_ptrs(g, dr, t, dly):
     return dict(dy=dly + (t * B * D * P + dr.d * P) * es, act=dr.act0 + t * B * g.GA * H * g.ss,
                 s_prev=dr.s_at(ip), s_out=dr.s_at(io), dxa=dr.dxa0 + t * B * GH * es,
                 dha=dr.dha0 + t * B * GH * es if dr.dha0 else 0, gh=dr.gh, ghrec=dr.ghrec, gc=dr.gc)
+
+
+def _bwd_state_out(lau, dr, dhxp, dcxp, B, P, H, es, sb):
+    """dhx / dcx of one (pseudo-)layer from its carried gradients (either pointer may be 0): the same launch
+    for the layer-order and the wavefront backward."""
+    p = lau.reset()
+    p.aux = dhxp + dr.pl * B * P * es if dhxp else 0
+    p.dxa = dcxp + dr.pl * B * H * es if dcxp else 0
+    p.gh, p.ghrec, p.gc = dr.gh, dr.ghrec, dr.gc
+    p.nsplit, p.split_stride = sb, B * P
+    p.batch, p.out, p.hidden = B, P, H
+    lau.launch("bwd_state_out", B * max(P, H))
 
 
 def _bwd_rec_gemm(lau, g, dr, t, w_rec):
@@ -1185,13 +1191,7 @@ def _run_backward_data(lau, r, g, lens, dyp, dxp, dhyp, dhxp, dcyp, dcxp, wp, ws
                     _bwd_rec_gemm(lau, g, dr, t, dr.w_rec)
         for dr in dirs:
             if dhxp or dcxp:
-                p = lau.reset()
-                p.aux = dhxp + dr.pl * B * P * es if dhxp else 0
-                p.dxa = dcxp + dr.pl * B * H * es if dcxp else 0
-                p.gh, p.ghrec, p.gc = dr.gh, dr.ghrec, dr.gc
-                p.nsplit, p.split_stride = sb, B * P
-                p.batch, p.out, p.hidden = B, P, H
-                lau.launch("bwd_state_out", B * max(P, H))
+                _bwd_state_out(lau, dr, dhxp, dcxp, B, P, H, es, sb)
             if dr.w_in:
                 lau.gemm(N, in_w, GH, dr.dxa0, dr.w_in, nxt, beta=0.0 if dr.d == 0 else 1.0)
             else:
