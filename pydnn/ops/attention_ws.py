@@ -128,15 +128,27 @@ def _encode(tag, ptr, dims, strides, rows):
     return tensormap.encode_tiled(tag, int(ptr), dims, [2 * x for x in strides], (64, rows, 1, 1))
 
 
+_MAPS = {}          # (tag, d, pointers, sizes, strides) -> TmaMaps: a repeated call encodes nothing
+_MAPS_LIMIT = 64
+
+
 def tma_maps(tag, d, p):
-    """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]."""
+    """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]. Encoded once per set of
+    pointers and shapes (three driver calls a forward otherwise)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
+    key = (tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
+    m = _MAPS.get(key)
+    if m is not None:
+        return m
     q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
     k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
     v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
     m = TmaMaps()
     ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
+    if len(_MAPS) >= _MAPS_LIMIT:
+        _MAPS.clear()
+    _MAPS[key] = m
     return m
 
 
