@@ -18,8 +18,11 @@ from collections import namedtuple
 from dataclasses import replace
 
 # below: the rule applies only to device archs whose number is below it (90: Ampere and Ada, where the
-# planners never choose what it names, e.g. thread-block-cluster kernels); 0 = every arch
-Rule = namedtuple("Rule", "units exprs why below", defaults=(0,))
+# planners never choose what it names, e.g. thread-block-cluster kernels); 0 = every arch. at: the rule
+# applies only to device archs of these numbers ((90,): Hopper, where the planners take wgmma kernels in
+# place of what it names; on other archs, Blackwell's included, those stay the main path); () = every arch.
+# least: only to archs of at least this number (90: where the planners take a cluster form instead); 0 = every
+Rule = namedtuple("Rule", "units exprs why below at least", defaults=(0, (), 0))
 
 _INT = r"(signed char|unsigned char|int|pydnn::i64)"
 
@@ -37,6 +40,9 @@ RULES = (
          "fwd_wgmma's plain copy loop (tensor_core.WGM_VARIANTS): only tuning.conv.TC_FORCE runs it"),
     Rule(r"convolution\.wgrad\.(f16|bf16)", r"wgrad_tc_wgmma<[^,]+, (128, 128, 4, 1, 1|64, 128, 4, 2, 1)>$",
          "wgrad_tc_wgmma's V 1 copy loop (wgrad_wgmma.VARIANTS): only a forced tiling runs it"),
+    Rule(r"convolution\.(f16|bf16)", r"::wgrad_tc<",
+         "wgrad_tc: the backward filter takes wgrad_pipe_tc (tuning.conv.WG_PIPE) unless dy is not packed NHWC "
+         "or spans 2^31 elements (problem.wgp_refusal), or a forced tiling names it"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::fwd_persist<",
          "fwd_persist: tuning.norm.FWD_PERSIST is off by default"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::finish<32, 8>$",
@@ -59,11 +65,46 @@ RULES = (
          "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"matmul\.(f16|bf16)\.(nn|nt|tn)", r"::gemm_tc<[^<>]*, false>$",
          "gemm_tc's element-by-element copies for operands not 16-byte aligned"),
-    Rule(r"attention\.(f16|bf16)", r"::(fwd<[^<>]*|bwd_dq<[^<>]*|bwd_dkdv<[^<>]*, (true|false)), true>$",
-         "the mma.sync attention kernels with dropout on P (attention dropout is off in most models)"),
+    Rule(r"attention\.(dropx\.)?(f16|bf16)", r"::(fwd<[^<>]*|bwd_dq<[^<>]*|bwd_dkdv<[^<>]*, (true|false)), true>$",
+         "the mma.sync attention kernels with dropout on P (attention dropout is off in most models; "
+         "attention.dropx.<tag>: head dims 96 and 256 with dropout)"),
+    # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
+    Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
+         "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
+         "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "
+         "(tuning.attention.ENABLED / WS, attention_bwd.ENABLED off runs them); bwd_pre / bwd_dq_convert stay",
+         at=(90,)),
+    Rule(r"attention\.d256\.(f16|bf16)", r"::fwd<",
+         "the mma.sync attention forward at head dim 256 without dropout: the warp-specialized forward takes it "
+         "on sm_90 (its backward stays on mma.sync there)", at=(90,)),
+    Rule(r"attention\.wgmma\.(d256\.)?(f16|bf16)", r"",
+         "the older wgmma attention forward at head dims 64, 128, 256: only tuning.attention.WS off runs it "
+         "(the warp-specialized forward takes those dims; d 96 stays on it)"),
+    Rule(r"attention\.ws\.bf16", r"::fwd_ws<[^<>]*, false>$",
+         "fwd_ws without ping-pong (d 128 bf16): attention_ws.PINGPONG, a benchmark knob, runs it"),
+    Rule(r"matmul\.wgmma\.(f16|bf16)", r"::gemm_wgmma<[^,]+, 256, ",
+         "gemm_wgmma's 128x256 tile one block a tile: tuning.matmul.WG_PERSIST (on) runs its persistent form "
+         "(matmul.wgmmap) in its place"),
+    Rule(r"matmul\.tmac\.bf16", r"",
+         "matmul.TMA_CANDIDATES (gemm_tma_c, 2-CTA clusters): measured on the device, never chosen"),
+    Rule(r"matmul\.(wgmmas|wgmmap|tma)\.(f16|bf16)",
+         r"::gemm_wgmma_s<[^<>]*, true, true>$|::gemm_wgmma_p<[^<>]*, true, true, \d+, (true|false)>$"
+         r"|::gemm_tma<[^<>,]+, \d+, \d+, true, true(, true)?>$",
+         "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"normalization\.(f32|f16|bf16)", r"_cluster<|::bwd_ring_cl<|::gn_(fwd|bwd|reg_cl)<",
          "thread-block-cluster norm kernels (fwd / bwd / bwd_staged _cluster, bwd_ring_cl, gn_fwd, gn_bwd, "
          "gn_reg_cl): the planners take them on sm_90 and later only", below=90),
+    Rule(r"normalization\.(f16|bf16)", r"::bwd_ring<",
+         "bwd_ring with clusters of 1: on sm_90 and later the planner takes BWD_RING_PICK's clusters of 2 "
+         "(bwd_ring_cl); older archs take this one", least=90),
+    Rule(r"normalization\.(f16|bf16)", r"::bwd_rows<[^<>]*, 2, 2>$",
+         "bwd_rows at depth 2: BWD_ROWS_PICK takes depth 3; only a forced config runs it"),
+    Rule(r"normalization\.rowx\.(f32|f16|bf16)", r"::(fwd|bwd)_rowx_cl<",
+         "thread-block-cluster rowx kernels (fwd_rowx_cl, bwd_rowx_cl): the planner takes them on sm_90 and later "
+         "only", below=90),
+    Rule(r"normalization_gs\.(f32|f16|bf16)", r"::gs[pcf]_fwd_cl<",
+         "thread-block-cluster group-statistics forwards (gsp / gsc / gsf _fwd_cl): the planner takes them on "
+         "sm_90 and later only", below=90),
     Rule(r"normalization\.(f32|f16|bf16)", r"::gn_reg_cl<[^<>]*, 4, (true|false)>$",
          "gn_reg_cl with clusters of 4: only tuning.norm.GN_REG_PICK's non-default CL = 4 runs it"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::(fwd|bwd)<[^<>]*, 1, |::gen_(fwd|bwd)<",
@@ -88,11 +129,19 @@ def arch_number(arch):
     return int(m.group(1)) if m else None
 
 
+def applies(rule, arch=None):
+    """Whether `rule` holds on the device arch `arch` (None: only the rules of every arch hold)."""
+    n = arch_number(arch)
+    if rule.below and (n is None or n >= rule.below):
+        return False
+    if rule.least and (n is None or n < rule.least):
+        return False
+    return not rule.at or n in rule.at
+
+
 def _compiled(arch=None):
     """The rules that apply to `arch` (None: the rules of every arch only), compiled."""
-    n = arch_number(arch)
-    return [(re.compile(r.units), re.compile(r.exprs)) for r in RULES
-            if not r.below or (n is not None and n < r.below)]
+    return [(re.compile(r.units), re.compile(r.exprs)) for r in RULES if applies(r, arch)]
 
 
 def is_rare(unit_name, expr, arch=None, _rules=None):

@@ -1,0 +1,233 @@
+"""The install / first-use split against the planners (pydnn/_build/rare.py), on the CPU: the kernels that
+the planners choose for common deep-learning calls (float / half / bfloat16, default tuning switches, aligned
+dense tensors) on sm_80 and sm_90 are in units the install builds, so that such calls never compile on first
+use; and what the rules leave to first use is what the planners take only off that path (dropout in
+attention, forced switches, other archs).
+
+The calls run on a CPU handle whose kernel lookups are recorded (handle._funcs) inside driver.recording()
+(launches listed, not enqueued): every kernel a call would load, whatever launch path it takes."""
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn._build import loader, manifest, rare
+from pydnn._cuda import driver
+from pydnn.ops import attention as A
+from pydnn.ops import attention_ws as WS
+from pydnn.ops import matmul as M
+from test_attention_cpu import BF16, BR, F16, F32, NONE, _attn, _t
+from test_fuzz_cpu import cpu_handle
+
+ARCHS = {"sm_80": 108, "sm_90": 132}   # the default install's archs and their SM counts (A100, H100 / H200)
+
+
+class _Lookups(dict):
+    """handle._funcs that records each (unit, expr) looked up and hands back the key as the 'function'."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def get(self, key, default=None):
+        self.seen.append(key)
+        return key
+
+
+@pytest.fixture
+def record(monkeypatch):
+    """record(arch, fn, *args): run fn(handle, *args) on a CPU handle of `arch`; returns the (unit, expr)
+    pairs it looked up."""
+    monkeypatch.setattr(driver, "function_set_max_dynamic_smem", lambda f, n: None)
+
+    def run(arch, fn, *args):
+        h = cpu_handle()
+        h.arch, h.sm_count, h._funcs = arch, ARCHS.get(arch, 132), _Lookups()
+        with driver.recording():
+            fn(h, *args)
+        assert h._funcs.seen, "the call looked up no kernel"
+        return list(dict.fromkeys(h._funcs.seen))
+    return run
+
+
+def _where(arch, unit, expr):
+    """The unit that holds (family unit, expr) on `arch` after the split."""
+    name = loader.resolve(arch, unit, expr)
+    u = loader._tables(arch)[0].get(name)   # (the loader's cached split of the arch)
+    assert u is not None and expr in u.exprs, (arch, unit, expr, name)
+    assert manifest.unit_arch(u, arch) is not None, f"{name} does not exist for {arch}"
+    return u
+
+
+def assert_installed(arch, pairs):
+    bad = [(u, e, _where(arch, u, e).name) for u, e in pairs if not _where(arch, u, e).install]
+    assert not bad, f"{arch}: common calls would compile on first use: {bad}"
+
+
+# ----------------------------------------------------------------------------- attention
+
+def _attn_call(d, dtype, sq, skv, mask, backward, det=1, p=0.0, b=2, hq=8, hkv=2):
+    a = _attn(hq, hkv, d, mask=mask, p=p, seed=1 if p else 0)
+    q, o = _t((b, hq, sq, d), dtype), _t((b, hq, sq, d), dtype)
+    k, v = _t((b, hkv, skv, d), dtype), _t((b, hkv, skv, d), dtype)
+    st = _t((b, hq, sq, 1), F32)
+    P = [i << 36 for i in range(1, 12)]
+
+    def fwd(h):
+        ws = pydnn.get_attention_forward_workspace_size(h, a, q, k)
+        pydnn.attention_forward(h, a, q, P[0], k, P[1], v, P[2], o, P[3], st, P[4], None, None,
+                                P[10] if ws else None, ws)
+
+    def bwd(h):
+        ws = pydnn.get_attention_backward_workspace_size(h, a, q, k)
+        pydnn.attention_backward(h, a, q, P[0], k, P[1], v, P[2], o, P[3], q, P[5], st, P[4], q, P[6], k, P[7], v,
+                                 P[8], None, None, det, P[10], ws)
+    return bwd if backward else fwd
+
+
+ATTN_CASES = [(d, dt, mask) for d in A.HEAD_DIMS for dt in (BF16, F16) for mask in (NONE, BR)]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("d,dtype,mask", ATTN_CASES)
+def test_attention_without_dropout_is_installed(record, arch, d, dtype, mask):
+    """Training forward / backward (both dQ modes) and the decode forward: every head dim, both types."""
+    got = []
+    got += record(arch, _attn_call(d, dtype, 512, 512, mask, False))
+    got += record(arch, _attn_call(d, dtype, 1, 4096, mask, False))             # decode
+    got += record(arch, _attn_call(d, dtype, 512, 512, mask, True, det=1))
+    got += record(arch, _attn_call(d, dtype, 512, 512, mask, True, det=0))
+    assert_installed(arch, got)
+    with tuning.override({"attention.WS_TMA": True}):  # (the recording keeps the TMA launch off: its expr here)
+        if arch == "sm_90" and d in WS.HEAD_DIMS:
+            tag = "bf16" if dtype == BF16 else "f16"
+            assert_installed(arch, [(WS.unit_name(tag, d), WS._expr(tag, d, tma=True))])
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("d", A.HEAD_DIMS)
+def test_attention_dropout_compiles_on_first_use(record, arch, d):
+    """Attention dropout is off in most models: its mma.sync kernels are first-use units (rare.py)."""
+    got = record(arch, _attn_call(d, BF16, 512, 512, NONE, False, p=0.1))
+    got += record(arch, _attn_call(d, BF16, 512, 512, NONE, True, p=0.1))
+    first = {e for u, e in got if not _where(arch, u, e).install}
+    assert any("::fwd<" in e for e in first) and any("::bwd_dkdv<" in e for e in first), first
+    assert all(e.endswith("true>") for e in first), first  # only the dropout variants
+
+
+def test_hopper_mma_sync_attention_is_first_use_only_on_sm90():
+    """The mma.sync forward / backward at d 64 / 96 / 128 without dropout: first use on sm_90 (the wgmma and
+    warp-specialized kernels take those calls there), installed on every other arch (their main path)."""
+    e = A._expr("fwd", "bf16", 128, A._targs("fwd", 128))
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_100", "sm_120"):
+        assert not rare.is_rare("attention.bf16", e, arch), arch
+    assert rare.is_rare("attention.bf16", e, "sm_90")
+    pre = A._expr("bwd_pre", "bf16", 128)
+    assert not rare.is_rare("attention.bf16", pre, "sm_90")   # every arch's backward runs it
+    bwd256 = A._expr("bwd_dkdv", "bf16", 256, A._targs("bwd_dkdv", 256, False, False))
+    assert not rare.is_rare("attention.d256.bf16", bwd256, "sm_90")   # (no wgmma backward at d 256)
+
+
+# ----------------------------------------------------------------------------- matmul
+
+MM_SHAPES = [  # (m, n, k, batch): LLM projections and their gradients, small layers, batched products
+    (4096, 4096, 4096, 1), (8192, 8192, 8192, 1), (16384, 4096, 4096, 1), (16384, 11008, 4096, 1),
+    (10240, 384, 536, 1), (1024, 1024, 1024, 1), (512, 512, 4096, 1), (384, 1152, 16384, 1), (64, 64, 64, 1),
+    (4096, 4096, 384, 1), (128, 128, 64, 96), (1024, 1024, 64, 32), (2048, 2048, 2048, 16)]
+
+
+def _mm_pairs(plan):
+    return [(lc.unit, lc.expr) for lc in (plan.fast, plan.tma, plan.split_fast, plan.reduce) if lc is not None]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("trans", ["nn", "nt", "tn"])
+def test_matmul_plans_are_installed(arch, dtype, trans):
+    h = cpu_handle()
+    h.arch, h.sm_count = arch, ARCHS[arch]
+    ta, tb = trans[0] == "t", trans[1] == "t"
+    pairs = []
+    for m, n, k, batch in MM_SHAPES:
+        kw = dict(batch=batch, stride_a=m * k, stride_b=k * n, stride_c=m * n) if batch > 1 else {}
+        for split_k in (False, True):
+            pairs += _mm_pairs(M.gemm_plan(h, dtype, m, n, k, trans_a=ta, trans_b=tb, split_k=split_k, **kw))
+    assert pairs
+    assert_installed(arch, pairs)
+
+
+def test_matmul_first_use_is_off_the_default_path():
+    """What rare.py leaves to first use on sm_90: the one-block-a-tile 128x256 wgmma tile (WG_PERSIST runs the
+    persistent one), the TMA candidates, and A^T B^T; the 128x128 wgmma tile and the TMA tile stay."""
+    for tag in ("f16", "bf16"):
+        assert rare.is_rare(f"matmul.wgmma.{tag}", M.WG_TILES[0].expr(tag, False, False), "sm_90")
+        assert not rare.is_rare(f"matmul.wgmma.{tag}", M.WG_TILES[1].expr(tag, False, False), "sm_90")
+        for ta, tb in ((False, False), (False, True), (True, False)):
+            assert not rare.is_rare(f"matmul.tma.{tag}", M.TMA_TILE.expr(tag, ta, tb), "sm_90")
+            assert not rare.is_rare(f"matmul.wgmmap.{tag}", M.WG_PERSIST_TILE.expr(tag, ta, tb), "sm_90")
+            assert not rare.is_rare(f"matmul.wgmmas.{tag}", M.WG_SPLIT_TILE.expr(tag, ta, tb), "sm_90")
+        assert rare.is_rare(f"matmul.tma.{tag}", M.TMA_TILE.expr(tag, True, True), "sm_90")
+        assert rare.is_rare(f"matmul.wgmmap.{tag}", M.WG_PERSIST_TILE.expr(tag, True, True), "sm_90")
+        assert rare.is_rare(f"matmul.wgmmas.{tag}", M.WG_SPLIT_TILE.expr(tag, True, True), "sm_90")
+    for t in M.TMA_CANDIDATES:
+        assert rare.is_rare(f"{t.unit}.bf16", t.expr("bf16", False, False), "sm_90")
+    assert tuning.matmul.WG_PERSIST and tuning.matmul.USE_TMA  # (the defaults these rules rest on)
+
+
+# ----------------------------------------------------------------------------- convolution
+
+# (N, C, K, H = W, filter, pad, stride, groups): ResNet-50's layers (stem, bottleneck 1x1 / 3x3, downsampling),
+# a UNet-like 3x3 stack, a 1x1 over 64 channels, a depthwise 3x3 / 7x7 (MobileNet, ConvNeXt)
+CONV_LAYERS = [(32, 3, 64, 224, 7, 3, 2, 1), (32, 64, 64, 56, 1, 0, 1, 1), (32, 64, 64, 56, 3, 1, 1, 1),
+               (32, 64, 256, 56, 1, 0, 1, 1), (32, 256, 128, 56, 1, 0, 1, 1), (32, 128, 128, 56, 3, 1, 2, 1),
+               (32, 256, 512, 56, 1, 0, 2, 1), (32, 256, 256, 14, 3, 1, 1, 1), (32, 512, 512, 7, 3, 1, 1, 1),
+               (32, 2048, 512, 7, 1, 0, 1, 1), (8, 128, 128, 128, 3, 1, 1, 1), (8, 320, 320, 64, 3, 1, 1, 1),
+               (32, 96, 96, 56, 7, 3, 1, 96), (32, 144, 144, 56, 3, 1, 2, 144)]
+CONV_TYPES = [(BF16, True), (F16, True), (F32, False), (F32, True)]   # (dtype, NHWC)
+
+
+def _conv_descs(layer, dtype, nhwc):
+    n, c, k, hw, f, pad, stride, groups = layer
+    fmt = pydnn.PYDNN_TENSOR_NHWC if nhwc else pydnn.PYDNN_TENSOR_NCHW
+    conv = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
+                                       pydnn.PYDNN_DATA_FLOAT)
+    pydnn.set_convolution_group_count(conv, groups)
+    x = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(x, fmt, dtype, n, c, hw, hw)
+    w = pydnn.create_filter_descriptor()
+    pydnn.set_filter4d_descriptor(w, dtype, fmt, k, c // groups, f, f)
+    y = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(y, fmt, dtype, *pydnn.get_convolution2d_forward_output_dim(conv, x, w))
+    return conv, x, w, y
+
+
+def _conv_calls(layer, dtype, nhwc):
+    """The three directions, each with the algorithm Get..._v7 ranks first and the workspace it reports."""
+    conv, x, w, y = _conv_descs(layer, dtype, nhwc)
+    X, W, Y, WSP = (i << 36 for i in range(1, 5))
+
+    def fwd(h):
+        p = pydnn.get_convolution_forward_algorithm_v7(h, x, w, conv, y, 1)[0]
+        pydnn.convolution_forward(h, 1.0, x, X, w, W, conv, p.algo, WSP if p.memory else None, p.memory, 0.0, y, Y)
+
+    def bwd_data(h):
+        p = pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, conv, x, 1)[0]
+        pydnn.convolution_backward_data(h, 1.0, w, W, y, Y, conv, p.algo, WSP if p.memory else None, p.memory, 0.0,
+                                        x, X)
+
+    def bwd_filter(h):
+        p = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, conv, w, 1)[0]
+        pydnn.convolution_backward_filter(h, 1.0, x, X, y, Y, conv, p.algo, WSP if p.memory else None, p.memory,
+                                          0.0, w, W)
+    return fwd, bwd_data, bwd_filter
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES)
+def test_convolution_v7_choices_are_installed(record, arch, dtype, nhwc):
+    """What Get..._v7 ranks first (what frameworks run without benchmarking) on common layers, each direction."""
+    pairs = []
+    for layer in CONV_LAYERS:
+        for call in _conv_calls(layer, dtype, nhwc):
+            pairs += record(arch, call)
+    assert_installed(arch, pairs)
