@@ -97,6 +97,16 @@ RULES = (
     Rule(r"normalization\.(f16|bf16)", r"::bwd_ring<",
          "bwd_ring with clusters of 1: on sm_90 and later the planner takes BWD_RING_PICK's clusters of 2 "
          "(bwd_ring_cl); older archs take this one", least=90),
+    Rule(r"normalization\.f32", r"::bwd(_cluster)?<float, 4, ",
+         "the float register-tile backward at the vector width (bwd / bwd_cluster<float, 4>): the staged backward "
+         "(tuning.norm.STAGED_BWD, on) takes the same set sizes (4 vectors a thread against 2) and parameter "
+         "counts, so only STAGED_BWD off runs it"),
+    Rule(r"normalization\.(f16|bf16)", r"::bwd<[^<>]*, 8, ",
+         "the 16-bit register-tile backward without clusters: on sm_90 and later the staged backward's "
+         "clusters take every set size it serves (bwd_cluster stays for the sets past them)", least=90),
+    Rule(r"normalization\.(f16|bf16)", r"::fwd_rows<[^<>]*, false>$",
+         "fwd_rows without ONE: ROWS_PICK takes the one-pass statistics for 16-bit rows; only a forced config "
+         "runs it"),
     Rule(r"normalization\.(f16|bf16)", r"::bwd_rows<[^<>]*, 2, 2>$",
          "bwd_rows at depth 2: BWD_ROWS_PICK takes depth 3; only a forced config runs it"),
     Rule(r"normalization\.rowx\.(f32|f16|bf16)", r"::(fwd|bwd)_rowx_cl<",
@@ -107,9 +117,10 @@ RULES = (
          "sm_90 and later only", below=90),
     Rule(r"normalization\.(f32|f16|bf16)", r"::gn_reg_cl<[^<>]*, 4, (true|false)>$",
          "gn_reg_cl with clusters of 4: only tuning.norm.GN_REG_PICK's non-default CL = 4 runs it"),
-    Rule(r"normalization\.(f32|f16|bf16)", r"::(fwd|bwd)<[^<>]*, 1, |::gen_(fwd|bwd)<",
-         "norm kernels for pointers not 16-byte aligned (vector width 1) and the general-layout gen_fwd / "
-         "gen_bwd"),
+    # (normalization's vector-width-1 fwd / bwd and gen_fwd / gen_bwd are installed: they are the main path of
+    # NHWC group norm whose groups are not whole 16-byte vectors, e.g. GroupNorm(32, 320) in 16-bit, and of
+    # sets too large for the tile kernels, e.g. GroupNorm(32, 320) at 128 x 128: tests/kernels/
+    # test_install_choices_cpu.py)
     Rule(r"(softmax|pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
          r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
          "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),

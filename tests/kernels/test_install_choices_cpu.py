@@ -231,3 +231,52 @@ def test_convolution_v7_choices_are_installed(record, arch, dtype, nhwc):
         for call in _conv_calls(layer, dtype, nhwc):
             pairs += record(arch, call)
     assert_installed(arch, pairs)
+
+
+# ----------------------------------------------------------------------------- normalization
+
+def _norm_cases(dt):
+    from test_fuzz_cpu import _desc
+
+    def nd(kind, groups=1, k=1, act=None):
+        d = pydnn.create_norm_descriptor()
+        pydnn.set_norm_descriptor(d, kind, groups, k, 1e-5, act)
+        return d
+
+    relu = pydnn.create_activation_descriptor()
+    pydnn.set_activation_descriptor(relu, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    LN, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
+    GN, IN = pydnn.PYDNN_NORM_KIND_GROUP, pydnn.PYDNN_NORM_KIND_INSTANCE
+    for rows in (1, 64, 4096, 32768):       # layer / RMS rows: transformer widths, with and without activation
+        for L in (256, 768, 1024, 4096, 5120, 8192, 16384, 65536, 131072):
+            for kind in (LN, RMS):
+                for act in (None, relu):
+                    yield nd(kind, 1, 1, act), _desc((rows, L), dt)
+            yield nd(LN, 1, 2), _desc((rows, 64, L // 64), dt)
+    for n in (1, 32):                      # group / instance norm: UNet and GAN shapes, NCHW and NHWC
+        for c in (64, 320, 1280):
+            for hw in (8, 32, 128):
+                for fmt in (pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC):
+                    x = pydnn.create_tensor_descriptor()
+                    pydnn.set_tensor4d_descriptor(x, fmt, dt, n, c, hw, hw)
+                    for kind, g in ((GN, 32), (GN, 1), (IN, 1)):
+                        for act in (None, relu):
+                            yield nd(kind, g, 1, act), x
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_normalization_choices_are_installed(arch, dtype):
+    """The vector launch (16-byte aligned pointers: plan.alternatives[0]) of layer / RMS / group / instance norm
+    forward and backward over transformer and UNet shapes."""
+    from pydnn.ops import normalization as N
+
+    h = cpu_handle()
+    h.arch, h.sm_count = arch, ARCHS[arch]
+    pairs = []
+    for nd, x in _norm_cases(dtype):
+        for bwd in (False, True):
+            pl = N._plan(h, N._set(nd), x, x, x if bwd else None, None, bwd)
+            pairs += [(getattr(lc, "unit", None) or pl.unit, lc.expr) for lc in pl.alternatives[0]]
+    assert len(pairs) > 100
+    assert_installed(arch, list(dict.fromkeys(pairs)))
