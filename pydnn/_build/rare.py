@@ -57,8 +57,9 @@ RULES = (
          "OpTensor's MIN, MAX, SQRT and NOT"),
     Rule(r"reduce\.(f32|f16|bf16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
          "ReduceTensor's MUL, NORM1 and MUL_NO_ZEROS, and the indices of MIN / MAX / AMAX"),
-    Rule(r"softmax\.(f32|f16|bf16)", r"_(fwd|bwd)<[^<>]*, 0>$",
-         "softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG)"),
+    Rule(r"softmax\.f32", r"_(fwd|bwd)<[^<>]*, 0>$",
+         "float softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG). 16-bit ACCURATE runs "
+         "the kind-0 kernel itself (softmax.fwd_kind): installed"),
     Rule(r"matmul\.(f16|bf16)\.tt", r"",
          "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"matmul\.wgmma\.(f16|bf16)|matmul\.f32", r", true, true>$",
@@ -121,7 +122,9 @@ RULES = (
     # NHWC group norm whose groups are not whole 16-byte vectors, e.g. GroupNorm(32, 320) in 16-bit, and of
     # sets too large for the tile kernels, e.g. GroupNorm(32, 320) at 128 x 128: tests/kernels/
     # test_install_choices_cpu.py)
-    Rule(r"(softmax|pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
+    # (softmax's vector-width-1 kernels are installed: rows shorter than ROW_VEC_MIN_VECTORS vectors, e.g. a
+    # 10-class head, and channel softmax over an odd H x W take them with aligned pointers)
+    Rule(r"(pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
          r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
          "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),
     Rule(r"batchnorm\.(f32|f16|bf16)",

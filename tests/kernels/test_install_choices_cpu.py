@@ -280,3 +280,34 @@ def test_normalization_choices_are_installed(arch, dtype):
             pairs += [(getattr(lc, "unit", None) or pl.unit, lc.expr) for lc in pl.alternatives[0]]
     assert len(pairs) > 100
     assert_installed(arch, list(dict.fromkeys(pairs)))
+
+
+# ----------------------------------------------------------------------------- softmax
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_softmax_choices_are_installed(arch, dtype):
+    """The launch aligned pointers take (plan.launches[0]) for classifier heads (10 / 1000 classes), attention
+    rows (odd lengths: ViT's 197, CLIP's 77), vocabularies (50257) and channel softmax (NCHW segmentation)."""
+    from test_fuzz_cpu import _desc
+    from pydnn.ops import softmax as S
+
+    h = cpu_handle()
+    h.arch, h.sm_count = arch, ARCHS[arch]
+    pairs = []
+    for rows, length in ((256, 10), (256, 1000), (4096, 197), (4096, 77), (512, 50257), (32, 31), (64, 64),
+                         (8, 4096), (1, 131072)):
+        x = _desc((rows, length), dtype)
+        for backward in (False, True):
+            for algo in (pydnn.PYDNN_SOFTMAX_ACCURATE, pydnn.PYDNN_SOFTMAX_LOG):
+                pl = S._plan(h, backward, algo, pydnn.PYDNN_SOFTMAX_MODE_INSTANCE, (x, x) if not backward else (x, x, x))
+                lc = pl.launches[0]
+                pairs.append((lc.unit or pl.unit, lc.expr))
+    for hw in (128, 7):
+        x = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor4d_descriptor(x, pydnn.PYDNN_TENSOR_NCHW, dtype, 8, 21, hw, hw)
+        for backward in (False, True):
+            pl = S._plan(h, backward, pydnn.PYDNN_SOFTMAX_ACCURATE, pydnn.PYDNN_SOFTMAX_MODE_CHANNEL,
+                         (x, x) if not backward else (x, x, x))
+            pairs.append((pl.launches[0].unit or pl.unit, pl.launches[0].expr))
+    assert_installed(arch, list(dict.fromkeys(pairs)))
