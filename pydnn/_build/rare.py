@@ -122,18 +122,22 @@ RULES = (
     # NHWC group norm whose groups are not whole 16-byte vectors, e.g. GroupNorm(32, 320) in 16-bit, and of
     # sets too large for the tile kernels, e.g. GroupNorm(32, 320) at 128 x 128: tests/kernels/
     # test_install_choices_cpu.py)
-    # (softmax's vector-width-1 kernels are installed: rows shorter than ROW_VEC_MIN_VECTORS vectors, e.g. a
-    # 10-class head, and channel softmax over an odd H x W take them with aligned pointers)
-    Rule(r"(pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
+    # (vector width 1 is installed for softmax: rows shorter than ROW_VEC_MIN_VECTORS vectors, e.g. a 10-class
+    # head, and channel softmax over an odd H x W take it with aligned pointers; for pooling: every NCHW pool
+    # takes it, and a plan looks up its unaligned fallback with its main launch; for dropout: its dense plans
+    # look up the width-1 kernel beside the vector one. tests/kernels/test_install_choices_cpu.py)
+    Rule(r"(batchnorm|rnn)\.(f32|f16|bf16)",
          r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
          "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),
     Rule(r"batchnorm\.(f32|f16|bf16)",
          r"::(fwd_stats|fwd_apply|bwd_stats|bwd_apply|infer_rows)<(float, 2|pydnn::(half_t|bf16_t), (2|4))>$",
          "batchnorm's row kernels at a narrower vector (tuning.batchnorm.ROWS_MID): NHWC channel counts that are "
          "not a multiple of the 16-byte vector but of an 8- or 4-byte one"),
-    Rule(r"(softmax|batchnorm|reduce)\.(f32|f16|bf16)", r"::gen_|_gen<",
-         "the general-layout fallbacks (softmax gen_fwd / gen_bwd, batchnorm *_gen, reduce rows_gen): "
-         "layouts the row / column kernels do not take"),
+    # (batchnorm's *_fused_gen are installed: small problems take them, e.g. 8 x 64 x 7 x 7 in either layout and
+    # NCHW 32 x 2048 x 7 x 7's forward: tests/kernels/test_install_choices_cpu.py)
+    Rule(r"(softmax|reduce)\.(f32|f16|bf16)", r"::gen_|_gen<",
+         "the general-layout fallbacks (softmax gen_fwd / gen_bwd, reduce rows_gen): layouts the row / column "
+         "kernels do not take"),
 )
 
 

@@ -311,3 +311,53 @@ def test_softmax_choices_are_installed(arch, dtype):
                          (x, x) if not backward else (x, x, x))
             pairs.append((pl.launches[0].unit or pl.unit, pl.launches[0].expr))
     assert_installed(arch, list(dict.fromkeys(pairs)))
+
+
+# ----------------------------------------------------------------------------- pooling
+
+POOLS = [(3, 1, 2, 112), (2, 0, 2, 56), (7, 0, 7, 7), (3, 1, 1, 28)]   # (window, pad, stride, H = W)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES + [(BF16, False)])
+def test_pooling_choices_are_installed(record, arch, dtype, nhwc):
+    """ResNet's 3x3 / 2 max pool, 2x2 pools, the global average pool and a stride-1 pool, NCHW and NHWC."""
+    fmt = pydnn.PYDNN_TENSOR_NHWC if nhwc else pydnn.PYDNN_TENSOR_NCHW
+    pairs = []
+    for win, pad, stride, hw in POOLS:
+        for mode in (pydnn.PYDNN_POOLING_MAX, pydnn.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING):
+            pd = pydnn.create_pooling_descriptor()
+            pydnn.set_pooling2d_descriptor(pd, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, win, win, pad, pad, stride, stride)
+            x = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor4d_descriptor(x, fmt, dtype, 32, 64, hw, hw)
+            y = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor4d_descriptor(y, fmt, dtype, *pydnn.get_pooling2d_forward_output_dim(pd, x))
+            X, Y, DY, DX = (i << 36 for i in range(1, 5))
+            pairs += record(arch, lambda h: pydnn.pooling_forward(h, pd, 1.0, x, X, 0.0, y, Y))
+            pairs += record(arch, lambda h: pydnn.pooling_backward(h, pd, 1.0, y, Y, y, DY, x, X, 0.0, x, DX))
+    assert_installed(arch, pairs)
+
+
+# ----------------------------------------------------------------------------- batch norm
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES + [(BF16, False)])
+def test_batchnorm_choices_are_installed(record, arch, dtype, nhwc):
+    """Spatial batch norm (ResNet's channel counts and sizes, 7 x 7 included) forward training, inference and
+    backward, NCHW and NHWC, aligned pointers."""
+    fmt = pydnn.PYDNN_TENSOR_NHWC if nhwc else pydnn.PYDNN_TENSOR_NCHW
+    mode = pydnn.PYDNN_BATCHNORM_SPATIAL
+    P = [i << 36 for i in range(1, 12)]
+    pairs = []
+    for n, c, hw in ((32, 64, 112), (32, 256, 56), (32, 512, 28), (32, 2048, 7), (8, 64, 7), (256, 128, 14)):
+        x = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor4d_descriptor(x, fmt, dtype, n, c, hw, hw)
+        bn = pydnn.create_tensor_descriptor()
+        pydnn.derive_bn_tensor_descriptor(bn, x, mode)
+        pairs += record(arch, lambda h: pydnn.batch_normalization_forward_training(
+            h, mode, 1.0, 0.0, x, P[0], x, P[1], bn, P[2], P[3], 0.1, P[4], P[5], 1e-5, P[6], P[7]))
+        pairs += record(arch, lambda h: pydnn.batch_normalization_forward_inference(
+            h, mode, 1.0, 0.0, x, P[0], x, P[1], bn, P[2], P[3], P[4], P[5], 1e-5))
+        pairs += record(arch, lambda h: pydnn.batch_normalization_backward(
+            h, mode, 1.0, 0.0, 1.0, 0.0, x, P[0], x, P[8], x, P[9], bn, P[2], P[3], P[10], 1e-5, P[6], P[7]))
+    assert_installed(arch, pairs)
