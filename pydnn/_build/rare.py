@@ -50,9 +50,9 @@ RULES = (
     # --- modes and layouts that a planner chooses, but that deep-learning models rarely ask for
     Rule(r"activation\.(f32|f16|bf16)", r"::act::(ClippedRelu|Elu|Identity)(Bwd)?<",
          "CLIPPED_RELU, ELU and IDENTITY activations"),
-    Rule(r"activation\.(f32|f16|bf16)", r"map_strided<|map_contig<[^<>]*<[a-z]+>, 1>$",
-         "activations of non-dense tensors (map_strided) or of pointers not 16-byte aligned (the scalar "
-         "map_contig); dense aligned tensors take the vector kernel"),
+    Rule(r"activation\.(f32|f16|bf16)", r"map_strided<",
+         "activations of non-dense tensors (map_strided). (The scalar map_contig is installed: a dense plan looks "
+         "it up with its vector kernel, pydnn/ops/_elementwise.py)"),
     Rule(r"tensor_ops\.(f32|f16|bf16)", r"::tensor::Op(Min|Max|Sqrt|Not),",
          "OpTensor's MIN, MAX, SQRT and NOT"),
     Rule(r"reduce\.(f32|f16|bf16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
@@ -133,11 +133,10 @@ RULES = (
          r"::(fwd_stats|fwd_apply|bwd_stats|bwd_apply|infer_rows)<(float, 2|pydnn::(half_t|bf16_t), (2|4))>$",
          "batchnorm's row kernels at a narrower vector (tuning.batchnorm.ROWS_MID): NHWC channel counts that are "
          "not a multiple of the 16-byte vector but of an 8- or 4-byte one"),
-    # (batchnorm's *_fused_gen are installed: small problems take them, e.g. 8 x 64 x 7 x 7 in either layout and
-    # NCHW 32 x 2048 x 7 x 7's forward: tests/kernels/test_install_choices_cpu.py)
-    Rule(r"(softmax|reduce)\.(f32|f16|bf16)", r"::gen_|_gen<",
-         "the general-layout fallbacks (softmax gen_fwd / gen_bwd, reduce rows_gen): layouts the row / column "
-         "kernels do not take"),
+    # (batchnorm's *_fused_gen, reduce's rows_gen and softmax's gen_fwd / gen_bwd are installed: small batch
+    # norms take fused_gen, e.g. 8 x 64 x 7 x 7 in either layout; reduce and softmax plans look up their
+    # general kernel with their main launch, e.g. softmax over a 50257-word vocabulary:
+    # tests/kernels/test_install_choices_cpu.py)
 )
 
 

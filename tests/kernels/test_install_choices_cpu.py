@@ -267,8 +267,9 @@ def _norm_cases(dt):
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("dtype", [BF16, F16, F32])
 def test_normalization_choices_are_installed(arch, dtype):
-    """The vector launch (16-byte aligned pointers: plan.alternatives[0]) of layer / RMS / group / instance norm
-    forward and backward over transformer and UNet shapes."""
+    """The launches a plan loads (normalization._load: every alternative, the unaligned one too, except a
+    split-kernel plan's second) of layer / RMS / group / instance norm forward and backward over transformer
+    and UNet shapes."""
     from pydnn.ops import normalization as N
 
     h = cpu_handle()
@@ -277,7 +278,8 @@ def test_normalization_choices_are_installed(arch, dtype):
     for nd, x in _norm_cases(dtype):
         for bwd in (False, True):
             pl = N._plan(h, N._set(nd), x, x, x if bwd else None, None, bwd)
-            pairs += [(getattr(lc, "unit", None) or pl.unit, lc.expr) for lc in pl.alternatives[0]]
+            alts = pl.alternatives[:1] if pl.alternatives[0][0].unit is not None else pl.alternatives  # (N._load's)
+            pairs += [(lc.unit or pl.unit, lc.expr) for alt in alts for lc in alt]
     assert len(pairs) > 100
     assert_installed(arch, list(dict.fromkeys(pairs)))
 
@@ -287,8 +289,9 @@ def test_normalization_choices_are_installed(arch, dtype):
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("dtype", [BF16, F16, F32])
 def test_softmax_choices_are_installed(arch, dtype):
-    """The launch aligned pointers take (plan.launches[0]) for classifier heads (10 / 1000 classes), attention
-    rows (odd lengths: ViT's 197, CLIP's 77), vocabularies (50257) and channel softmax (NCHW segmentation)."""
+    """Every launch of the plan (a plan looks up its unaligned fallback with its main launch) for classifier
+    heads (10 / 1000 classes), attention rows (odd lengths: ViT's 197, CLIP's 77), vocabularies (50257) and
+    channel softmax (NCHW segmentation)."""
     from test_fuzz_cpu import _desc
     from pydnn.ops import softmax as S
 
@@ -301,15 +304,14 @@ def test_softmax_choices_are_installed(arch, dtype):
         for backward in (False, True):
             for algo in (pydnn.PYDNN_SOFTMAX_ACCURATE, pydnn.PYDNN_SOFTMAX_LOG):
                 pl = S._plan(h, backward, algo, pydnn.PYDNN_SOFTMAX_MODE_INSTANCE, (x, x) if not backward else (x, x, x))
-                lc = pl.launches[0]
-                pairs.append((lc.unit or pl.unit, lc.expr))
+                pairs += [(lc.unit or pl.unit, lc.expr) for lc in pl.launches]
     for hw in (128, 7):
         x = pydnn.create_tensor_descriptor()
         pydnn.set_tensor4d_descriptor(x, pydnn.PYDNN_TENSOR_NCHW, dtype, 8, 21, hw, hw)
         for backward in (False, True):
             pl = S._plan(h, backward, pydnn.PYDNN_SOFTMAX_ACCURATE, pydnn.PYDNN_SOFTMAX_MODE_CHANNEL,
                          (x, x) if not backward else (x, x, x))
-            pairs.append((pl.launches[0].unit or pl.unit, pl.launches[0].expr))
+            pairs += [(lc.unit or pl.unit, lc.expr) for lc in pl.launches]
     assert_installed(arch, list(dict.fromkeys(pairs)))
 
 
@@ -360,4 +362,57 @@ def test_batchnorm_choices_are_installed(record, arch, dtype, nhwc):
             h, mode, 1.0, 0.0, x, P[0], x, P[1], bn, P[2], P[3], P[4], P[5], 1e-5))
         pairs += record(arch, lambda h: pydnn.batch_normalization_backward(
             h, mode, 1.0, 0.0, 1.0, 0.0, x, P[0], x, P[8], x, P[9], bn, P[2], P[3], P[10], 1e-5, P[6], P[7]))
+    assert_installed(arch, pairs)
+
+
+# ----------------------------------------------------------------------------- activations, tensor ops
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_activation_and_tensor_op_choices_are_installed(record, arch, dtype):
+    """Dense activations forward / backward (every mode but the rare ones of rare.py), AddTensor of a bias and
+    OpTensor ADD / MUL on dense tensors: the plans look up their scalar fallback with the vector kernel."""
+    from test_fuzz_cpu import _desc
+
+    X, Y, DY, DX, B = (i << 36 for i in range(1, 6))
+    x = _desc((64, 1024), dtype)
+    bias = _desc((1, 1024), dtype)
+    pairs = []
+    for mode in (pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_ACTIVATION_SIGMOID, pydnn.PYDNN_ACTIVATION_TANH,
+                 pydnn.PYDNN_ACTIVATION_SWISH):
+        a = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(a, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+        pairs += record(arch, lambda h: pydnn.activation_forward(h, a, 1.0, x, X, 0.0, x, Y))
+        pairs += record(arch, lambda h: pydnn.activation_backward(h, a, 1.0, x, Y, x, DY, x, X, 0.0, x, DX))
+    pairs += record(arch, lambda h: pydnn.add_tensor(h, 1.0, bias, B, 1.0, x, Y))
+    for op in (pydnn.PYDNN_OP_TENSOR_ADD, pydnn.PYDNN_OP_TENSOR_MUL):
+        od = pydnn.create_op_tensor_descriptor()
+        pydnn.set_op_tensor_descriptor(od, op, pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_NOT_PROPAGATE_NAN)
+        pairs += record(arch, lambda h: pydnn.op_tensor(h, od, 1.0, x, X, 1.0, x, DY, 0.0, x, Y))
+    assert_installed(arch, pairs)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_reduce_choices_are_installed(record, arch, dtype):
+    """ReduceTensor ADD / MAX / AMAX / AVG / NORM2 over the last dim (rows), the first dim (a bias gradient's
+    columns) and NCHW's N, H, W (per-channel sums)."""
+    from test_fuzz_cpu import _desc
+
+    A_, C_, W_ = (i << 36 for i in range(1, 4))
+    shapes = [((4096, 1024), (4096, 1)), ((4096, 1024), (1, 1024)), ((4096, 1000), (1, 1000)),
+              ((32, 64, 56, 56), (1, 64, 1, 1)), ((32, 64, 56, 56), (32, 64, 1, 1))]
+    pairs = []
+    for op in (pydnn.PYDNN_REDUCE_TENSOR_ADD, pydnn.PYDNN_REDUCE_TENSOR_MAX, pydnn.PYDNN_REDUCE_TENSOR_AMAX,
+               pydnn.PYDNN_REDUCE_TENSOR_AVG, pydnn.PYDNN_REDUCE_TENSOR_NORM2):
+        r = pydnn.create_reduce_tensor_descriptor()
+        pydnn.set_reduce_tensor_descriptor(r, op, pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_NOT_PROPAGATE_NAN,
+                                           pydnn.PYDNN_REDUCE_TENSOR_NO_INDICES, pydnn.PYDNN_32BIT_INDICES)
+        for a_dims, c_dims in shapes:
+            a, c = _desc(a_dims, dtype), _desc(c_dims, dtype)
+
+            def call(h):
+                ws = pydnn.get_reduction_workspace_size(h, r, a, c)
+                pydnn.reduce_tensor(h, r, None, 0, W_ if ws else None, ws, 1.0, a, A_, 0.0, c, C_)
+            pairs += record(arch, call)
     assert_installed(arch, pairs)
