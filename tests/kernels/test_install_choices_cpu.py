@@ -416,3 +416,18 @@ def test_reduce_choices_are_installed(record, arch, dtype):
                 pydnn.reduce_tensor(h, r, None, 0, W_ if ws else None, ws, 1.0, a, A_, 0.0, c, C_)
             pairs += record(arch, call)
     assert_installed(arch, pairs)
+
+
+# ----------------------------------------------------------------------------- what an arch can never run
+
+def test_sm80_install_has_no_hopper_only_kernels():
+    """The sm_80 install (Ampere and Ada devices load it) compiles no wgmma / TMA / warp-specialized kernel (their
+    units exist for sm_90a only) and no thread-block-cluster kernel (the planners take them from sm_90 on)."""
+    import re
+
+    hopper = re.compile(r"wgmma|::fwd_ws|gemm_tma|attn_wg|_cluster<|_cl<|bwd_ring_cl<|gn_reg_cl<|::gn_(fwd|bwd)<"
+                        r"|row_split_fwd<")
+    bad = [(u.name, e) for u in manifest.install_units("sm_80") if manifest.unit_arch(u, "sm_80")
+           for e in u.exprs if hopper.search(e)]
+    assert not bad, bad
+    assert any(hopper.search(e) for u in manifest.install_units("sm_90") for e in u.exprs)   # (the pattern bites)
