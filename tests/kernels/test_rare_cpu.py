@@ -130,3 +130,9 @@ def test_lineinfo_is_opt_in(monkeypatch):
     monkeypatch.setenv(manifest.LINEINFO_ENV, "1")
     assert "-lineinfo" in manifest.common_options()
     assert cache.unit_key(u, "sm_90", (13, 0)) != k
+    monkeypatch.delenv(manifest.LINEINFO_ENV)
+    monkeypatch.delenv(manifest.FAST_COMPILE_ENV, raising=False)
+    assert manifest.FAST_COMPILE_OPTION not in manifest.common_options()   # off by default (different SASS)
+    monkeypatch.setenv(manifest.FAST_COMPILE_ENV, "1")
+    assert manifest.common_options()[-1] == manifest.FAST_COMPILE_OPTION
+    assert cache.unit_key(u, "sm_90", (13, 0)) != k
