@@ -34,10 +34,10 @@ COMMON_OPTIONS = ("-std=c++17", "--ptxas-options=--warn-on-spills")
 LINEINFO_ENV = "PYDNN_LINEINFO"
 
 
-# PYDNN_FAST_COMPILE=1 adds --Ofast-compile=min (NVRTC 12.8 and later): 37% fewer NVRTC CPU seconds over 12
-# sampled sm_90 units (108 -> 68 s; gemm_tc 11.6 -> 4.0, softmax 8.3 -> 3.2, fwd_wgmma 22.0 -> 15.8; NVRTC 13.5,
-# tools/notes/install.md), but different SASS: off until the GPU benchmarks show the kernels as fast
-# (tools/probe_fast_compile.py). Keyed separately, like -lineinfo.
+# PYDNN_FAST_COMPILE=1 adds --Ofast-compile=min (NVRTC 13): 37% fewer NVRTC CPU seconds over 12 sampled sm_90
+# units (108 -> 68 s, NVRTC 13.5), but slower kernels: H200, NVRTC 13.0, tools/probe_fast_compile.py (mid-session
+# run, 2026-11-28): gemm_tc 1.71-1.89x the time, gemm_tma 1.08-1.20x, fwd_wgmma 1.27-1.43x, softmax 1.04x.
+# So off, and not for installs: only for compile checks that do not run the kernels. Keyed separately.
 FAST_COMPILE_ENV = "PYDNN_FAST_COMPILE"
 FAST_COMPILE_OPTION = "--Ofast-compile=min"
 
