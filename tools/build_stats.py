@@ -174,10 +174,11 @@ def write_costs(paths):
     for p in paths:
         with open(p) as f:
             nv.add(".".join(map(str, json.load(f)["nvrtc"])))
-    lines = ['"""NVRTC CPU seconds of kernel units, measured one unit at a time (tools/build_stats.py --json, then',
-             '--write-costs; NVRTC ' + ", ".join(sorted(nv)) + ' on the 2-core development machine): build._cost orders the',
-             'build by them, longest first. {device arch: {unit: (CPU seconds, instantiations then)}}; a unit missing',
-             'here, or whose instantiations changed, falls back to (or is scaled by) the SASS-size model."""',
+    lines = ['"""NVRTC CPU seconds of kernel units, measured one unit at a time (tools/build_stats.py --json,',
+             'then --write-costs; NVRTC ' + ", ".join(sorted(nv)) + ' on the 2-core development machine):',
+             'build._cost orders the build by them, longest first. {device arch: {unit: (CPU seconds,',
+             'instantiations then)}}; a unit missing here, or whose instantiations changed, falls back to',
+             '(or is scaled by) the SASS-size model."""',
              "COSTS = {"]
     for arch in sorted(got):
         lines.append(f"    {arch!r}: {{")

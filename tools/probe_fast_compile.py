@@ -85,7 +85,8 @@ def main(argv=None):
         conv = pydnn.create_convolution_descriptor()
         pydnn.set_convolution2d_descriptor(conv, f_ // 2, f_ // 2, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
                                            pydnn.PYDNN_DATA_FLOAT)
-        xd, wd, yd = pydnn.create_tensor_descriptor(), pydnn.create_filter_descriptor(), pydnn.create_tensor_descriptor()
+        xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+        wd = pydnn.create_filter_descriptor()
         pydnn.set_tensor4d_descriptor(xd, pydnn.PYDNN_TENSOR_NHWC, bf, n_, c_, hw, hw)
         pydnn.set_filter4d_descriptor(wd, bf, pydnn.PYDNN_TENSOR_NHWC, k_, c_, f_, f_)
         pydnn.set_tensor4d_descriptor(yd, pydnn.PYDNN_TENSOR_NHWC, bf, n_, k_, hw, hw)

@@ -1,7 +1,8 @@
-"""NVRTC CPU seconds of kernel units, measured one unit at a time (tools/build_stats.py --json, then
---write-costs; NVRTC 13.5 on the 2-core development machine): build._cost orders the
-build by them, longest first. {device arch: {unit: (CPU seconds, instantiations then)}}; a unit missing
-here, or whose instantiations changed, falls back to (or is scaled by) the SASS-size model."""
+"""NVRTC CPU seconds of kernel units, measured one unit at a time (tools/build_stats.py --json,
+then --write-costs; NVRTC 13.5 on the 2-core development machine):
+build._cost orders the build by them, longest first. {device arch: {unit: (CPU seconds,
+instantiations then)}}; a unit missing here, or whose instantiations changed, falls back to
+(or is scaled by) the SASS-size model."""
 COSTS = {
     'sm_80': {
         'activation.bf16': (2.3, 24),

@@ -303,7 +303,8 @@ def test_softmax_choices_are_installed(arch, dtype):
         x = _desc((rows, length), dtype)
         for backward in (False, True):
             for algo in (pydnn.PYDNN_SOFTMAX_ACCURATE, pydnn.PYDNN_SOFTMAX_LOG):
-                pl = S._plan(h, backward, algo, pydnn.PYDNN_SOFTMAX_MODE_INSTANCE, (x, x) if not backward else (x, x, x))
+                descs = (x, x) if not backward else (x, x, x)
+                pl = S._plan(h, backward, algo, pydnn.PYDNN_SOFTMAX_MODE_INSTANCE, descs)
                 pairs += [(lc.unit or pl.unit, lc.expr) for lc in pl.launches]
     for hw in (128, 7):
         x = pydnn.create_tensor_descriptor()
