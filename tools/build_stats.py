@@ -9,6 +9,16 @@ to compare; the compile runs in this process, one unit at a time.
 time by its units' name-expression counts; --all (the default without --sample) times every unit. Sizes
 come from compiling too (what the build would write). --cached reads sizes from the existing cache instead
 of compiling (no timing). --rare includes the first-use units (KernelUnit.install=False).
+
+    python tools/build_stats.py --predict sm80.json sm90.json [--jobs 2] [--scale 0.7]
+    python tools/build_stats.py --write-costs sm80.json sm90.json
+
+--predict reads the --json files of full runs (every install unit of an arch timed; rows of other units,
+or of units no longer in the install, are left out) and replays the build: its longest-first order
+(build._cost), `jobs` workers each taking the next unit when free. It prints the sum of CPU seconds, sum /
+jobs, the longest unit and the simulated end (the predicted wall time on `jobs` dedicated cores; --scale
+multiplies every unit's seconds, e.g. by another machine's ratio measured on a sample). --write-costs
+writes pydnn/_build/unit_costs.py (the build's order) from such files.
 """
 import argparse
 import json
@@ -37,7 +47,15 @@ def main(argv=None):
     ap.add_argument("--cached", action="store_true", help="sizes of the existing cache entries, no compiling")
     ap.add_argument("--rare", action="store_true", help="also the first-use (install=False) units")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--predict", nargs="+", default=None, metavar="JSON")
+    ap.add_argument("--write-costs", nargs="+", default=None, metavar="JSON")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--scale", type=float, default=1.0)
     args = ap.parse_args(argv)
+    if args.predict:
+        return predict(args.predict, args.jobs, args.scale)
+    if args.write_costs:
+        return write_costs(args.write_costs)
 
     units = manifest.all_units(args.arch) if args.rare else manifest.install_units(args.arch)
     if args.units:
@@ -95,6 +113,82 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(arch=args.arch, nvrtc=nv, options=list(opts), rows=rows, summary=summary,
                            total_cpu=total_cpu, total_mb=total_bytes), f, indent=1)
+
+
+def _measured(paths):
+    """{arch: {unit: (cpu s, instantiations)}} from --json files (the latest file wins for a unit)."""
+    out = {}
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        for r in d["rows"]:
+            if r.get("cpu") is not None:
+                out.setdefault(d["arch"], {})[r["unit"]] = (r["cpu"], r["exprs"])
+    return out
+
+
+def schedule(costs, jobs):
+    """The end time of `jobs` workers taking the (name, seconds) items in order, each the next when free:
+    ThreadPoolExecutor's behaviour on the build's sorted list."""
+    import heapq
+
+    free = [0.0] * jobs
+    for _, sec in costs:
+        heapq.heapreplace(free, free[0] + sec)
+    return max(free)
+
+
+def predict(paths, jobs=2, scale=1.0):
+    from pydnn._build import build
+
+    got = _measured(paths)
+    todo, missing = [], []
+    for arch, table in sorted(got.items()):
+        for u in manifest.install_units(arch):
+            if manifest.unit_arch(u, arch) is None:
+                continue
+            m = table.get(u.name)
+            if m is None or m[1] != len(u.exprs):
+                missing.append(f"{u.name} {arch}")
+                continue
+            todo.append((u, arch, m[0] * scale))
+    todo.sort(key=lambda t: -build._cost(t[0], t[1]))
+    secs = [(f"{u.name} {a}", c) for u, a, c in todo]
+    total = sum(c for _, c in secs)
+    longest = max(secs, key=lambda t: t[1]) if secs else ("-", 0.0)
+    end = schedule(secs, jobs)
+    print(f"{len(secs)} install units of {', '.join(sorted(got))} timed (scale {scale:g}); "
+          f"{len(missing)} not timed as they are now: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    print(f"CPU seconds: sum {total:.0f}, sum / {jobs} = {total / jobs:.0f}, longest unit {longest[1]:.1f} "
+          f"({longest[0]})")
+    print(f"replayed build on {jobs} cores, longest first: ends at {end:.0f} s "
+          f"(bound sum / {jobs} + longest / 2 = {total / jobs + longest[1] / 2:.0f} s)")
+    return dict(units=len(secs), missing=missing, sum=total, end=end, longest=longest)
+
+
+def write_costs(paths):
+    got = _measured(paths)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pydnn", "_build",
+                        "unit_costs.py")
+    nv = set()
+    for p in paths:
+        with open(p) as f:
+            nv.add(".".join(map(str, json.load(f)["nvrtc"])))
+    lines = ['"""NVRTC CPU seconds of kernel units, measured one unit at a time (tools/build_stats.py --json,',
+             'then --write-costs; NVRTC ' + ", ".join(sorted(nv)) + ' on the 2-core development machine):',
+             'build._cost orders the build by them, longest first. {device arch: {unit: (CPU seconds,',
+             'instantiations then)}}; a unit missing here, or whose instantiations changed, falls back to',
+             '(or is scaled by) the SASS-size model."""',
+             "COSTS = {"]
+    for arch in sorted(got):
+        lines.append(f"    {arch!r}: {{")
+        for name, (c, n) in sorted(got[arch].items()):
+            lines.append(f"        {name!r}: ({c:.1f}, {n}),")
+        lines.append("    },")
+    lines.append("}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {path}: {sum(len(v) for v in got.values())} units")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,24 @@ from .manifest import all_units, common_options, install_units, unit_arch
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 BUILD_ALL_ENV = "PYDNN_BUILD_ALL"
 # Rough SASS kilobytes per instantiation of each source on sm_90 (tools/build_stats.py; compile time follows
-# the code size, about 20 CPU-seconds per MB): the build starts the costliest units first, so that the
-# last one to finish is a small one and no core idles through a long tail.
+# the code size, about 20 CPU-seconds per MB): the cost model of units that unit_costs.py has not measured.
 _WEIGHT = {"convolution.cu": 200, "conv_wgrad_wgmma.cu": 200, "normalization.cu": 150, "matmul.cu": 100,
-           "attention.cu": 70, "attention_wgmma.cu": 70, "attention_wgmma_bwd.cu": 70, "reduce.cu": 55,
-           "pooling.cu": 35, "softmax.cu": 30}
+           "attention.cu": 70, "attention_wgmma.cu": 70, "attention_wgmma_bwd.cu": 70, "attention_ws.cu": 120,
+           "reduce.cu": 55, "pooling.cu": 35, "softmax.cu": 30}
 
 
-def _cost(unit):
-    return len(getattr(unit, "exprs", ())) * _WEIGHT.get(getattr(unit, "source", ""), 15)
+def _cost(unit, arch=None):
+    """A unit's estimated NVRTC CPU seconds on `arch`: the measured seconds of unit_costs.py scaled by its
+    instantiation count now against then, else the SASS-size model. The build starts the costliest units
+    first, so that the last one to finish is a small one and no core idles through a long tail (a 2-core
+    build ends within about half the last unit's time of sum / 2)."""
+    from .unit_costs import COSTS
+
+    n = len(getattr(unit, "exprs", ()))
+    got = COSTS.get(arch or "sm_90", {}).get(getattr(unit, "name", ""))
+    if got is not None and got[1]:
+        return got[0] * n / got[1]
+    return n * _WEIGHT.get(getattr(unit, "source", ""), 15) * 0.02
 
 
 def build_everything():
@@ -115,7 +124,7 @@ def build_all(archs=None, progress=True, jobs=None, units=None, everything=None,
               flush=True)
     if not todo:
         return 0, skipped
-    todo.sort(key=lambda t: -_cost(t[0]))   # longest first: the parallel build ends on small units
+    todo.sort(key=lambda t: -_cost(t[0], t[1]))   # longest first: the parallel build ends on small units
     jobs = jobs or min(len(todo), max(2, _usable_cpus()))
     bar = Progress(len(todo), out) if progress else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -18,8 +18,11 @@ from collections import namedtuple
 from dataclasses import replace
 
 # below: the rule applies only to device archs whose number is below it (90: Ampere and Ada, where the
-# planners never choose what it names, e.g. thread-block-cluster kernels); 0 = every arch
-Rule = namedtuple("Rule", "units exprs why below", defaults=(0,))
+# planners never choose what it names, e.g. thread-block-cluster kernels); 0 = every arch. at: the rule
+# applies only to device archs of these numbers ((90,): Hopper, where the planners take wgmma kernels in
+# place of what it names; on other archs, Blackwell's included, those stay the main path); () = every arch.
+# least: only to archs of at least this number (90: where the planners take a cluster form instead); 0 = every
+Rule = namedtuple("Rule", "units exprs why below at least", defaults=(0, (), 0))
 
 _INT = r"(signed char|unsigned char|int|pydnn::i64)"
 
@@ -37,6 +40,9 @@ RULES = (
          "fwd_wgmma's plain copy loop (tensor_core.WGM_VARIANTS): only tuning.conv.TC_FORCE runs it"),
     Rule(r"convolution\.wgrad\.(f16|bf16)", r"wgrad_tc_wgmma<[^,]+, (128, 128, 4, 1, 1|64, 128, 4, 2, 1)>$",
          "wgrad_tc_wgmma's V 1 copy loop (wgrad_wgmma.VARIANTS): only a forced tiling runs it"),
+    Rule(r"convolution\.(f16|bf16)", r"::wgrad_tc<",
+         "wgrad_tc: the backward filter takes wgrad_pipe_tc (tuning.conv.WG_PIPE) unless dy is not packed NHWC "
+         "or spans 2^31 elements (problem.wgp_refusal), or a forced tiling names it"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::fwd_persist<",
          "fwd_persist: tuning.norm.FWD_PERSIST is off by default"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::finish<32, 8>$",
@@ -44,41 +50,93 @@ RULES = (
     # --- modes and layouts that a planner chooses, but that deep-learning models rarely ask for
     Rule(r"activation\.(f32|f16|bf16)", r"::act::(ClippedRelu|Elu|Identity)(Bwd)?<",
          "CLIPPED_RELU, ELU and IDENTITY activations"),
-    Rule(r"activation\.(f32|f16|bf16)", r"map_strided<|map_contig<[^<>]*<[a-z]+>, 1>$",
-         "activations of non-dense tensors (map_strided) or of pointers not 16-byte aligned (the scalar "
-         "map_contig); dense aligned tensors take the vector kernel"),
+    Rule(r"activation\.(f32|f16|bf16)", r"map_strided<",
+         "activations of non-dense tensors (map_strided). (The scalar map_contig is installed: a dense plan looks "
+         "it up with its vector kernel, pydnn/ops/_elementwise.py)"),
     Rule(r"tensor_ops\.(f32|f16|bf16)", r"::tensor::Op(Min|Max|Sqrt|Not),",
          "OpTensor's MIN, MAX, SQRT and NOT"),
     Rule(r"reduce\.(f32|f16|bf16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
          "ReduceTensor's MUL, NORM1 and MUL_NO_ZEROS, and the indices of MIN / MAX / AMAX"),
-    Rule(r"softmax\.(f32|f16|bf16)", r"_(fwd|bwd)<[^<>]*, 0>$",
-         "softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG)"),
+    Rule(r"softmax\.f32", r"_(fwd|bwd)<[^<>]*, 0>$",
+         "float softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG). 16-bit ACCURATE runs "
+         "the kind-0 kernel itself (softmax.fwd_kind): installed"),
     Rule(r"matmul\.(f16|bf16)\.tt", r"",
          "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"matmul\.wgmma\.(f16|bf16)|matmul\.f32", r", true, true>$",
          "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"matmul\.(f16|bf16)\.(nn|nt|tn)", r"::gemm_tc<[^<>]*, false>$",
          "gemm_tc's element-by-element copies for operands not 16-byte aligned"),
-    Rule(r"attention\.(f16|bf16)", r"::(fwd<[^<>]*|bwd_dq<[^<>]*|bwd_dkdv<[^<>]*, (true|false)), true>$",
-         "the mma.sync attention kernels with dropout on P (attention dropout is off in most models)"),
+    Rule(r"attention\.(dropx\.)?(f16|bf16)", r"::(fwd<[^<>]*|bwd_dq<[^<>]*|bwd_dkdv<[^<>]*, (true|false)), true>$",
+         "the mma.sync attention kernels with dropout on P (attention dropout is off in most models; "
+         "attention.dropx.<tag>: head dims 96 and 256 with dropout)"),
+    # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
+    Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
+         "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
+         "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "
+         "(tuning.attention.ENABLED / WS, attention_bwd.ENABLED off runs them); bwd_pre / bwd_dq_convert stay",
+         at=(90,)),
+    Rule(r"attention\.d256\.(f16|bf16)", r"::fwd<",
+         "the mma.sync attention forward at head dim 256 without dropout: the warp-specialized forward takes it "
+         "on sm_90 (its backward stays on mma.sync there)", at=(90,)),
+    Rule(r"attention\.wgmma\.(d256\.)?(f16|bf16)", r"",
+         "the older wgmma attention forward at head dims 64, 128, 256: only tuning.attention.WS off runs it "
+         "(the warp-specialized forward takes those dims; d 96 stays on it)"),
+    Rule(r"attention\.ws\.bf16", r"::fwd_ws<[^<>]*, false>$",
+         "fwd_ws without ping-pong (d 128 bf16): attention_ws.PINGPONG, a benchmark knob, runs it"),
+    Rule(r"matmul\.wgmma\.(f16|bf16)", r"::gemm_wgmma<[^,]+, 256, ",
+         "gemm_wgmma's 128x256 tile one block a tile: tuning.matmul.WG_PERSIST (on) runs its persistent form "
+         "(matmul.wgmmap) in its place"),
+    Rule(r"matmul\.tmac\.bf16", r"",
+         "matmul.TMA_CANDIDATES (gemm_tma_c, 2-CTA clusters): measured on the device, never chosen"),
+    Rule(r"matmul\.(wgmmas|wgmmap|tma)\.(f16|bf16)",
+         r"::gemm_wgmma_s<[^<>]*, true, true>$|::gemm_wgmma_p<[^<>]*, true, true, \d+, (true|false)>$"
+         r"|::gemm_tma<[^<>,]+, \d+, \d+, true, true(, true)?>$",
+         "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"normalization\.(f32|f16|bf16)", r"_cluster<|::bwd_ring_cl<|::gn_(fwd|bwd|reg_cl)<",
          "thread-block-cluster norm kernels (fwd / bwd / bwd_staged _cluster, bwd_ring_cl, gn_fwd, gn_bwd, "
          "gn_reg_cl): the planners take them on sm_90 and later only", below=90),
+    Rule(r"normalization\.(f16|bf16)", r"::bwd_ring<",
+         "bwd_ring with clusters of 1: on sm_90 and later the planner takes BWD_RING_PICK's clusters of 2 "
+         "(bwd_ring_cl); older archs take this one", least=90),
+    Rule(r"normalization\.f32", r"::bwd(_cluster)?<float, 4, ",
+         "the float register-tile backward at the vector width (bwd / bwd_cluster<float, 4>): the staged backward "
+         "(tuning.norm.STAGED_BWD, on) takes the same set sizes (4 vectors a thread against 2) and parameter "
+         "counts, so only STAGED_BWD off runs it"),
+    Rule(r"normalization\.(f16|bf16)", r"::bwd<[^<>]*, 8, ",
+         "the 16-bit register-tile backward without clusters: on sm_90 and later the staged backward's "
+         "clusters take every set size it serves (bwd_cluster stays for the sets past them)", least=90),
+    Rule(r"normalization\.(f16|bf16)", r"::fwd_rows<[^<>]*, false>$",
+         "fwd_rows without ONE: ROWS_PICK takes the one-pass statistics for 16-bit rows; only a forced config "
+         "runs it"),
+    Rule(r"normalization\.(f16|bf16)", r"::bwd_rows<[^<>]*, 2, 2>$",
+         "bwd_rows at depth 2: BWD_ROWS_PICK takes depth 3; only a forced config runs it"),
+    Rule(r"normalization\.rowx\.(f32|f16|bf16)", r"::(fwd|bwd)_rowx_cl<",
+         "thread-block-cluster rowx kernels (fwd_rowx_cl, bwd_rowx_cl): the planner takes them on sm_90 and later "
+         "only", below=90),
+    Rule(r"normalization_gs\.(f32|f16|bf16)", r"::gs[pcf]_fwd_cl<",
+         "thread-block-cluster group-statistics forwards (gsp / gsc / gsf _fwd_cl): the planner takes them on "
+         "sm_90 and later only", below=90),
     Rule(r"normalization\.(f32|f16|bf16)", r"::gn_reg_cl<[^<>]*, 4, (true|false)>$",
          "gn_reg_cl with clusters of 4: only tuning.norm.GN_REG_PICK's non-default CL = 4 runs it"),
-    Rule(r"normalization\.(f32|f16|bf16)", r"::(fwd|bwd)<[^<>]*, 1, |::gen_(fwd|bwd)<",
-         "norm kernels for pointers not 16-byte aligned (vector width 1) and the general-layout gen_fwd / "
-         "gen_bwd"),
-    Rule(r"(softmax|pooling|batchnorm|dropout|rnn)\.(f32|f16|bf16)",
+    # (normalization's vector-width-1 fwd / bwd and gen_fwd / gen_bwd are installed: they are the main path of
+    # NHWC group norm whose groups are not whole 16-byte vectors, e.g. GroupNorm(32, 320) in 16-bit, and of
+    # sets too large for the tile kernels, e.g. GroupNorm(32, 320) at 128 x 128: tests/kernels/
+    # test_install_choices_cpu.py)
+    # (vector width 1 is installed for softmax: rows shorter than ROW_VEC_MIN_VECTORS vectors, e.g. a 10-class
+    # head, and channel softmax over an odd H x W take it with aligned pointers; for pooling: every NCHW pool
+    # takes it, and a plan looks up its unaligned fallback with its main launch; for dropout: its dense plans
+    # look up the width-1 kernel beside the vector one. tests/kernels/test_install_choices_cpu.py)
+    Rule(r"(batchnorm|rnn)\.(f32|f16|bf16)",
          r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
          "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),
     Rule(r"batchnorm\.(f32|f16|bf16)",
          r"::(fwd_stats|fwd_apply|bwd_stats|bwd_apply|infer_rows)<(float, 2|pydnn::(half_t|bf16_t), (2|4))>$",
          "batchnorm's row kernels at a narrower vector (tuning.batchnorm.ROWS_MID): NHWC channel counts that are "
          "not a multiple of the 16-byte vector but of an 8- or 4-byte one"),
-    Rule(r"(softmax|batchnorm|reduce)\.(f32|f16|bf16)", r"::gen_|_gen<",
-         "the general-layout fallbacks (softmax gen_fwd / gen_bwd, batchnorm *_gen, reduce rows_gen): "
-         "layouts the row / column kernels do not take"),
+    # (batchnorm's *_fused_gen, reduce's rows_gen and softmax's gen_fwd / gen_bwd are installed: small batch
+    # norms take fused_gen, e.g. 8 x 64 x 7 x 7 in either layout; reduce and softmax plans look up their
+    # general kernel with their main launch, e.g. softmax over a 50257-word vocabulary:
+    # tests/kernels/test_install_choices_cpu.py)
 )
 
 
@@ -88,11 +146,19 @@ def arch_number(arch):
     return int(m.group(1)) if m else None
 
 
+def applies(rule, arch=None):
+    """Whether `rule` holds on the device arch `arch` (None: only the rules of every arch hold)."""
+    n = arch_number(arch)
+    if rule.below and (n is None or n >= rule.below):
+        return False
+    if rule.least and (n is None or n < rule.least):
+        return False
+    return not rule.at or n in rule.at
+
+
 def _compiled(arch=None):
     """The rules that apply to `arch` (None: the rules of every arch only), compiled."""
-    n = arch_number(arch)
-    return [(re.compile(r.units), re.compile(r.exprs)) for r in RULES
-            if not r.below or (n is not None and n < r.below)]
+    return [(re.compile(r.units), re.compile(r.exprs)) for r in RULES if applies(r, arch)]
 
 
 def is_rare(unit_name, expr, arch=None, _rules=None):

@@ -53,6 +53,16 @@ def test_rules_by_arch():
     assert rare.is_rare("convolution.wgmma.bf16", "pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1>")
     assert not rare.is_rare("convolution.wgmma.bf16", "pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1, 1>")
     assert rare.arch_number("sm_90a") == 90 and rare.arch_number(None) is None
+    # least=90: bwd_ring with clusters of 1 is the main path below sm_90, the cluster form's fallback from it on
+    ring = "pydnn::norm::bwd_ring<pydnn::bf16_t, 8, 2, 4>"
+    assert rare.is_rare("normalization.bf16", ring, "sm_90") and rare.is_rare("normalization.bf16", ring, "sm_100")
+    assert not rare.is_rare("normalization.bf16", ring, "sm_80") and not rare.is_rare("normalization.bf16", ring, None)
+    # at=(90,): the mma.sync attention forward is Hopper's fallback only (Blackwell has no sm_90a wgmma units)
+    fwd = "pydnn::attn::fwd<pydnn::half_t, 64, 64, 64, false>"
+    assert rare.is_rare("attention.f16", fwd, "sm_90") and rare.is_rare("attention.f16", fwd, "sm_90a")
+    for arch in ("sm_80", "sm_89", "sm_100", None):
+        assert not rare.is_rare("attention.f16", fwd, arch), arch
+    assert rare.is_rare("attention.dropx.f16", "pydnn::attn::fwd<pydnn::half_t, 96, 32, 64, true>", "sm_80")
 
 
 def test_group_key_gathers_one_ops_variants():
@@ -75,7 +85,7 @@ def test_install_builds_the_install_part_and_all_builds_everything(monkeypatch, 
     assert set(done) == want and len(done) == len(want)
     assert not any(".rare" in n for n, _ in done)
     # the costliest units go first (the parallel build ends on small ones)
-    costs = [build._cost(manifest.unit_by_name(a)[n]) for n, a in done]
+    costs = [build._cost(manifest.unit_by_name(a)[n], a) for n, a in done]
     assert costs[0] == max(costs)
     done.clear()
     monkeypatch.setenv(build.BUILD_ALL_ENV, "1")
@@ -119,4 +129,10 @@ def test_lineinfo_is_opt_in(monkeypatch):
     k = cache.unit_key(u, "sm_90", (13, 0))
     monkeypatch.setenv(manifest.LINEINFO_ENV, "1")
     assert "-lineinfo" in manifest.common_options()
+    assert cache.unit_key(u, "sm_90", (13, 0)) != k
+    monkeypatch.delenv(manifest.LINEINFO_ENV)
+    monkeypatch.delenv(manifest.FAST_COMPILE_ENV, raising=False)
+    assert manifest.FAST_COMPILE_OPTION not in manifest.common_options()   # off by default (different SASS)
+    monkeypatch.setenv(manifest.FAST_COMPILE_ENV, "1")
+    assert manifest.common_options()[-1] == manifest.FAST_COMPILE_OPTION
     assert cache.unit_key(u, "sm_90", (13, 0)) != k
