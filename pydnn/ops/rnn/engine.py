@@ -182,8 +182,7 @@ class Geometry:
         # (the chunked dx GEMMs cost more than the launches saved on large steps: mid-session H200, LSTM fp32 2L
         # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94)
         wb = tuning.rnn.WAVE_BWD
-        self.wave_bwd = self.wave and (wb is True or (wb is None and self.B * r.gates * r.hidden * r.out
-                                                      <= WAVE_AUTO_MACS))
+        self.wave_bwd = self.wave and (wb is True or (wb is None and step_macs(r, self.B) <= WAVE_AUTO_MACS))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
         force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
@@ -209,13 +208,14 @@ class Geometry:
                   * B * GH * es)
             # the wavefront's input projections of layers >= 1, one chunk of steps each
             w.add("xpw", (self.L - 1) * min(self.wave_chunk, self.T) * B * GH * es if self.wave else 0)
-            w.add("hn", B * P * es if r.proj else 0)
+            WL = self.L if self.wave else 1  # the wavefront: the projection's buffers per layer
+            w.add("hn", WL * B * P * es if r.proj else 0)
             if not training:
                 w.add("ly", 2 * N * D * P * es)
                 SL = self.L if self.wave else D  # the wavefront: every layer's states live at once
                 w.add("hs", SL * 2 * B * P * es)
                 w.add("s32", SL * 2 * B * H * ss if self.s32 else 0)
-                w.add("m", B * H * es if r.proj else 0)
+                w.add("m", WL * B * H * es if r.proj else 0)
             else:
                 self.dw = max(D * P, self.I)
                 w.add("dly", 2 * N * self.dw * es)
@@ -224,7 +224,7 @@ class Geometry:
                 w.add("gh", SL * B * P * ss)
                 w.add("ghrec", max(D * self.split_b, self.L * self.wave_split_b if self.wave else 1) * B * P * es)
                 w.add("gc", SL * B * H * ss)
-                w.add("dm", B * H * es if r.proj else 0)
+                w.add("dm", WL * B * H * es if r.proj else 0)
                 w.add("bpart", K.BIAS_CHUNKS * self.GH * ss)
             if training:
                 self.ws_train = w
@@ -854,15 +854,22 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 # Geometry.wave_split); WAVE_BWD
 
 
+def step_macs(r, batch):
+    """The multiply-adds of one layer's step: the recurrent GEMM (batch * G * hidden * out) and the LSTM
+    projection's (batch * hidden * out)."""
+    return batch * (r.gates + (1 if r.proj else 0)) * r.hidden * r.out
+
+
 def wavefront_ok(r, batch=None):
-    """Whether the calls run as the layer wavefront: tuning.rnn.WAVEFRONT True and a problem it covers; None
-    (auto): also only where a layer's step is small (batch * G * hidden * out multiply-adds at most
-    WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the step's time)."""
+    """Whether the calls run as the layer wavefront: tuning.rnn.WAVEFRONT True and a problem it covers
+    (STANDARD, unidirectional, more than one layer; LSTM projections included); None (auto): also only where a
+    layer's step is small (step_macs at most WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the
+    step's time)."""
     mode = tuning.rnn.WAVEFRONT
-    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1 and not r.proj):
+    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1):
         return False
     if mode is None:
-        return batch is not None and batch * r.gates * r.hidden * r.out <= WAVE_AUTO_MACS
+        return batch is not None and step_macs(r, batch) <= WAVE_AUTO_MACS
     return bool(mode)
 
 
@@ -918,6 +925,12 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
             xc = wsp + ws["xpw"] + (layer - 1) * C * B * GH * es
             dr.xpc = xc
             dr.xp_at = lambda t, x=xc: x + (t % C) * B * GH * es  # noqa: E731
+        if r.proj:  # m of step t (training: the reserve space's, every step; inference: one per layer) and hn
+            if training:
+                dr.m_at = lambda t, m0=rsp + g.rs[("m", layer)]: m0 + t * B * H * es  # noqa: E731
+            else:
+                dr.m_at = lambda t, m0=wsp + ws["m"] + layer * B * H * es: m0  # noqa: E731
+            dr.hn = wsp + ws["hn"] + layer * B * P * es
         layers.append(dr)
     hp = wsp + ws["hp"]
     for _, act in wave_schedule(T, L, C):
@@ -953,6 +966,9 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                     continue
                 p = lau.reset()
                 ptrs = [_fwd_cell_ptrs(g, layers[l], t, layers[l].ly, training) for l, t, _ in seg]
+                if r.proj:  # the cell writes m; proj_commit below writes h and y
+                    for (l, t, _), q in zip(seg, ptrs):
+                        q["h_out"], q["y"] = layers[l].m_at(t), 0
                 for name, v in ptrs[0].items():
                     setattr(p, name, v)
                 for j in range(1, len(seg)):
@@ -963,8 +979,41 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                 if clip:
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
                 lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=len(seg))
+            if r.proj:  # hn = m x P^T of each layer (runs batched), then one proj_commit launch for the group
+                _gemm_runs(lau, es, [(layers[l].m_at(t), layers[l].w_proj, layers[l].hn) for l, t, _ in grp],
+                           B, P, H, trans_b=True)
+                _launch_dirs(lau, "proj_commit", B * P,
+                             [dict(aux_in=layers[l].hn, h_prev=layers[l].hs_at(t), h_out=layers[l].hs_at(t + 1),
+                                   y=layers[l].ly + t * B * P * es) for l, t, _ in grp], [t for _, t, _ in grp],
+                             ld_y=P, lens=lens, batch=B, hidden=H, out=P)
     _state_out(lau, g, layers, hyp, cyp)
     return layers[-1].ly
+
+
+def _gemm_runs(lau, es, addrs, m, n, k, trans_b=False):
+    """One GEMM [m, k] x [k, n] (B transposed: trans_b) per (a, b, c) in addrs, batched over runs of equal
+    positive strides (_runs); a run of one is the layer order's own call (the projection GEMMs of a wave)."""
+    for i0, cnt, st in _runs(addrs):
+        a, b, c = addrs[i0]
+        if cnt == 1:
+            lau.gemm(m, n, k, a, b, c, trans_b=trans_b)
+        else:
+            lau.gemm(m, n, k, a, b, c, trans_b=trans_b, lda=k, ldb=k if trans_b else n, batch=cnt,
+                     stride_a=st[0] // es, stride_b=st[1] // es, stride_c=st[2] // es)
+
+
+def _launch_dirs(lau, name, threads, ptrs, ts, **fields):
+    """One launch of a RnnDir2 kernel (proj_commit, bwd_proj_pre) over len(ptrs) rows of blocks: row j sees
+    the pointers ptrs[j] and time ts[j]; fields: the shared scalars."""
+    p = lau.reset()
+    for n, v in ptrs[0].items():
+        setattr(p, n, v)
+    for j in range(1, len(ptrs)):
+        _dir2(p, ptrs[0], ptrs[j], ts[j], y=j)
+    for n, v in fields.items():
+        setattr(p, n, v)
+    p.t = ts[0]
+    lau.launch(name, threads, grid_y=len(ptrs))
 
 
 def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
@@ -990,6 +1039,9 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
                   dxa0=rsp + rs[("dxa", pl)], dha0=rsp + rs[("dha", pl)] if r.cell == GRU else 0,
                   gh=wsp + ws["gh"] + layer * B * P * g.ss, ghrec=wsp + ws["ghrec"] + layer * sb * B * P * es,
                   gc=wsp + ws["gc"] + layer * B * H * g.ss, dy=dly[(L - 1 - layer) % 2])
+        if r.proj:  # the projection's weights, dh of every step (reserve space) and dm (one per layer)
+            dr.w_proj, dr.dhall0 = g.weight(wp, pl, "m", PROJ_ID), rsp + rs[("dhall", pl)]
+            dr.dm = wsp + ws["dm"] + layer * B * H * es
         p = lau.reset()
         p.dy = dhyp + pl * B * P * es if dhyp else 0
         p.dm = dcyp + pl * B * H * es if dcyp else 0
@@ -1014,8 +1066,17 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
                              cdiv(n, 8))
         for y0 in range(0, len(grp_all), K.MAXY):
             grp = grp_all[y0:y0 + K.MAXY]
-            p = lau.reset()
             ptrs = [_bwd_cell_ptrs(g, layers[l], t, layers[l].dy) for l, t, _ in grp]
+            if r.proj:  # dh of the step (gh + ghrec + dy), then dm = dh x P (runs batched); the cell reads dm
+                _launch_dirs(lau, "bwd_proj_pre", B * P,
+                             [dict(gh=q["gh"], ghrec=q["ghrec"], dy=q["dy"], aux=layers[l].dhall0 + t * B * P * es)
+                              for (l, t, _), q in zip(grp, ptrs)], [t for _, t, _ in grp],
+                             ld_y=P, nsplit=sb, split_stride=B * P, lens=lens, batch=B, hidden=H, out=P)
+                _gemm_runs(lau, es, [(layers[l].dhall0 + t * B * P * es, layers[l].w_proj, layers[l].dm)
+                                     for l, t, _ in grp], B, H, P)
+                for (l, t, _), q in zip(grp, ptrs):
+                    q["dy"], q["dm"] = 0, layers[l].dm
+            p = lau.reset()
             for name, v in ptrs[0].items():
                 setattr(p, name, v)
             for j in range(1, len(grp)):
