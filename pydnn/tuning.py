@@ -426,11 +426,13 @@ rnn = Switches(
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
     SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
                       "(0: split_k's choice); for measurements"),
-    WAVEFRONT=(True, "multi-layer unidirectional stacks (no projection): forward and backward data as "
+    WAVEFRONT=(True, "multi-layer unidirectional stacks (LSTM projections included): forward and backward data as "
                       "the layer wavefront, layer l running step t at wave t + l * WAVE_CHUNK, one batched recurrent "
-                      "GEMM and one cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's "
-                      "_fwd_wavefront / _bwd_wavefront); False: layer after layer; None (auto): the wavefront where "
-                      "a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds. Measured on the H200 (training "
+                      "GEMM and one cell launch per wave for all active layers (with a projection also the projection "
+                      "GEMMs batched over runs of layers and one proj_commit / bwd_proj_pre launch per wave; "
+                      "pydnn/ops/rnn/engine.py's _fwd_wavefront / _bwd_wavefront); False: layer after layer; None "
+                      "(auto): the wavefront where a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds "
+                      "(engine.step_macs: the projection's counted). Measured on the H200 (training "
                       "forward / forward + backward, ms, wavefront against layer order): LSTM fp16 2L B 64 H 1024 "
                       "7.35 / 17.4 against 10.06 / 20.4; LSTM fp16 4L B 8 H 256 3.99 / 11.5 against 10.8 / 21.9; "
                       "GRU fp16 2L B 16 H 512 4.26 / 13.0 against 6.32 / 13.4"),

@@ -15,7 +15,7 @@ double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py:
 the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
 the state type: float, double for double; Geometry.ss).
 
-The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection): the forward and
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, LSTM projections included): the forward and
 RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by WAVE_CHUNK steps (see _fwd_wavefront /
 _bwd_wavefront).
 
@@ -836,10 +836,9 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 
 
 # ----------------------------------------------------------------------------- the layer wavefront
-# Multi-layer unidirectional STANDARD stacks (no projection; dropout between layers per chunk of rows): layer l's
-# step t needs only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a
-# lag of C
-# steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
+# Multi-layer unidirectional STANDARD stacks (dropout between layers per chunk of rows; LSTM projections too): layer
+# l's step t needs only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a
+# lag of C steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
 # over the active layers (where their states, weights and outputs are a fixed distance apart: the reserve space's
 # per-pseudo-layer regions are, layer 0's input weights can break the weights' stride: then runs of layers) and
 # ONE cell launch (fwd_cell, gridDim.y = the active layers, RnnDir2 offsets per layer), instead of one of each
@@ -850,6 +849,16 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 # the layer-by-layer order does. Waves with one active layer keep the split-K recurrent GEMM; waves with
 # several run each layer's GEMM whole (the layers fill the SMs instead), or with tuning.rnn.WAVE_SPLIT one
 # split-K GEMM per layer (more launches, the blocks of each as many as the layer order's).
+# LSTM projection (projSize < hiddenSize): a layer's output (and the next layer's input, the recurrent GEMM's K) is
+# the projected h, which its step t produces before its step t + 1 and layer l + 1's step t read it: the same
+# dependences. Per wave, as the layer order per step but grouped over the wave's layers: the recurrent GEMM(s), ONE
+# fwd_cell launch writing each layer's m, the projection GEMMs hn = m P^T (one per run of equal strides: batched
+# over the layers where their m, P and hn are a fixed distance apart), ONE proj_commit launch (RnnDir2: h, y of
+# every layer). m (inference) and hn are per layer. The backward mirrors it: ONE bwd_proj_pre launch (dh of the
+# step from the carried gh, the recurrent share ghrec and dy), the dm = dh P GEMMs per run, ONE bwd_cell launch
+# reading each layer's dm, the recurrent GEMMs. Each launch does per layer exactly the layer order's arithmetic, so
+# with the same GEMM results (no split-K difference, the same dropout masks) the outputs are the layer order's bit
+# for bit (test_rnn_wavefront_proj_cpu.py checks it on the emulated device).
 # WAVEFRONT: a switch, pydnn.tuning.rnn.WAVEFRONT; WAVE_CHUNK: pydnn.tuning.rnn.WAVE_CHUNK; WAVE_SPLIT (None: auto,
 # Geometry.wave_split); WAVE_BWD
 
@@ -905,7 +914,8 @@ def _runs(addrs):
 
 
 def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, wp, wsp, rsp, clip):
-    """Every layer's forward as the wavefront (see above); returns the last layer's output."""
+    """Every layer's forward as the wavefront (see above; with an LSTM projection per wave also the projection
+    GEMMs and one proj_commit launch); returns the last layer's output."""
     es, T, B, H, P, GH, L = g.es, g.T, g.B, g.H, g.P, g.GH, g.L
     C = min(g.wave_chunk, T)
     ws = g.ws_train if training else g.ws_inf
@@ -1022,7 +1032,8 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
     above's dx) is produced chunk by chunk: when layer l starts a chunk of C steps, one GEMM of the chunk's rows
     of layer l + 1's input pre-activation gradients (finished C waves ago) by its input weights. Per wave one
     bwd_cell launch for the active layers (RnnDir2) and one recurrent GEMM batched over them (runs of equal
-    strides; WAVE_SPLIT: each layer's own, split-K). Two dy buffers alternate between the layers (layer l + 2
+    strides; WAVE_SPLIT: each layer's own, split-K); with an LSTM projection before the cells one bwd_proj_pre launch
+    and the dm GEMMs (runs of equal strides). Two dy buffers alternate between the layers (layer l + 2
     overwrites a row of layer l's dy only after layer l read it: C waves later at least). Returns the index of
     the dly buffer that holds layer 0's dx."""
     es, T, B, N, H, P, GH, L = g.es, g.T, g.B, g.N, g.H, g.P, g.GH, g.L
