@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
 }
 
 // h_out[b, k] = active ? aux_in[b, k] : h_prev[b, k]; y[b, k] = active ? aux_in : 0 (k < out)
-// (gridDim.y = n: the layers of one wave of the wavefront, see RnnDir2)
+// (gridDim.y = n: the layers of one wave of the wavefront, see RnnDir2; nsplit > 1: aux_in holds the projection
+// GEMM's split-K partial sums, split_stride apart, added in S and rounded once)
 template <class T>
 __global__ void __launch_bounds__(kThreads) proj_commit(const RnnParams p0) {
   const RnnParams p = direction(p0);
@@ -158,7 +159,8 @@ __global__ void __launch_bounds__(kThreads) proj_commit(const RnnParams p0) {
   if (idx >= (i64)p.batch * p.out) return;
   const int b = (int)(idx / p.out), k = (int)(idx % p.out);
   const bool active = p.t < p.lens[b];
-  const T v = active ? static_cast<const T*>(p.aux_in)[idx] : static_cast<const T*>(p.h_prev)[idx];
+  const T v = !active ? static_cast<const T*>(p.h_prev)[idx]
+              : p.nsplit > 1 ? Store<T>::from(ld_split<T>(p, p.aux_in, idx)) : static_cast<const T*>(p.aux_in)[idx];
   static_cast<T*>(p.h_out)[idx] = v;
   if (p.y) st<T>(p.y, (i64)b * p.ld_y + k, active ? load<typename Acc<T>::type>(v) : (typename Acc<T>::type)0);
 }

@@ -16,7 +16,8 @@ words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prin
 
 The layer wavefront (multi-layer unidirectional stacks, LSTM projections included; on by default): --ab=
 rnn.WAVEFRONT=False (and rnn.WAVE_CHUNK=N, rnn.WAVE_BWD=True) against it, e.g. `--case="lstm fp16 2L" --case="lstm
-fp16 2L proj" --ab=rnn.WAVEFRONT=False` (the "proj" case: nn.LSTM(proj_size=512), projSize 512).
+fp16 2L proj" --ab=rnn.WAVEFRONT=False` (the "proj" case: nn.LSTM(proj_size=512), projSize 512; its projection
+GEMM split-K: --ab=rnn.PROJ_SPLIT=4).
 
 A/B in one run: --ab=rnn.SWITCH=VALUE (repeatable; VALUE a Python literal) adds rows "fwd SWITCH=VALUE" /
 "all SWITCH=VALUE" timed with that tuning switch set (the workspace is sized for every setting). --stamps

@@ -189,6 +189,9 @@ class Geometry:
         if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
             self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
+        # the projection GEMM's K slices (tuning.rnn.PROJ_SPLIT, where they divide hidden in multiples of 16)
+        sp = int(tuning.rnn.PROJ_SPLIT or 1)
+        self.split_p = sp if r.proj and sp > 1 and r.hidden % (16 * sp) == 0 else 1
         # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
         # the next wave's cell launch, which has one nsplit for all its layers)
         self.sm_count = sm_count
@@ -209,7 +212,7 @@ class Geometry:
             # the wavefront's input projections of layers >= 1, one chunk of steps each
             w.add("xpw", (self.L - 1) * min(self.wave_chunk, self.T) * B * GH * es if self.wave else 0)
             WL = self.L if self.wave else 1  # the wavefront: the projection's buffers per layer
-            w.add("hn", WL * B * P * es if r.proj else 0)
+            w.add("hn", WL * self.split_p * B * P * es if r.proj else 0)
             if not training:
                 w.add("ly", 2 * N * D * P * es)
                 SL = self.L if self.wave else D  # the wavefront: every layer's states live at once
@@ -591,7 +594,7 @@ def _run(handle, r, g, fn, *args):
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
                args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD),
-               g.persist and persist.record_key(), g.split_f, g.split_b)
+               g.persist and persist.record_key(), g.split_f, g.split_b, g.split_p)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:
@@ -712,12 +715,23 @@ def _fwd_steps(lau, r, g, dr, ly, training, lens, wsp, rsp, ws, clip):
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         lau.launch("fwd_cell", B * H, cell=r.cell)
         if r.proj:
-            lau.gemm(B, P, H, m_t, dr.w_proj, wsp + ws["hn"], trans_b=True)
+            _proj_gemm(lau, g, m_t, dr.w_proj, wsp + ws["hn"])
             p = lau.reset()
             p.aux_in, p.h_prev, p.h_out = wsp + ws["hn"], dr.hs_at(ip), dr.hs_at(io)
+            p.nsplit, p.split_stride = g.split_p, B * P
             p.y, p.ld_y = ly + (t * B * D * P + dr.d * P) * es, D * P
             p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
             lau.launch("proj_commit", B * P)
+
+
+def _proj_gemm(lau, g, m_t, w_proj, hn):
+    """hn = m_t [B, H] x P^T: K whole (the call of before), or in g.split_p K slices, partial sums B * P apart."""
+    B, H, P, sp = g.B, g.H, g.P, g.split_p
+    if sp > 1:
+        lau.gemm(B, P, H // sp, m_t, w_proj, hn, trans_b=True, lda=H, ldb=H, batch=sp, stride_a=H // sp,
+                 stride_b=H // sp, stride_c=B * P)
+    else:
+        lau.gemm(B, P, H, m_t, w_proj, hn, trans_b=True)
 
 
 def _fwd_steps_both(lau, r, g, dirs, ly, training, lens, hp, clip):
@@ -940,7 +954,7 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                 dr.m_at = lambda t, m0=rsp + g.rs[("m", layer)]: m0 + t * B * H * es  # noqa: E731
             else:
                 dr.m_at = lambda t, m0=wsp + ws["m"] + layer * B * H * es: m0  # noqa: E731
-            dr.hn = wsp + ws["hn"] + layer * B * P * es
+            dr.hn = wsp + ws["hn"] + layer * g.split_p * B * P * es
         layers.append(dr)
     hp = wsp + ws["hp"]
     for _, act in wave_schedule(T, L, C):
@@ -989,13 +1003,17 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                 if clip:
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
                 lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=len(seg))
-            if r.proj:  # hn = m x P^T of each layer (runs batched), then one proj_commit launch for the group
-                _gemm_runs(lau, es, [(layers[l].m_at(t), layers[l].w_proj, layers[l].hn) for l, t, _ in grp],
-                           B, P, H, trans_b=True)
+            if r.proj:  # hn = m x P^T of each layer (runs batched; PROJ_SPLIT: each layer's split-K), one proj_commit
+                if g.split_p > 1:
+                    for l, t, _ in grp:
+                        _proj_gemm(lau, g, layers[l].m_at(t), layers[l].w_proj, layers[l].hn)
+                else:
+                    _gemm_runs(lau, es, [(layers[l].m_at(t), layers[l].w_proj, layers[l].hn) for l, t, _ in grp],
+                               B, P, H, trans_b=True)
                 _launch_dirs(lau, "proj_commit", B * P,
                              [dict(aux_in=layers[l].hn, h_prev=layers[l].hs_at(t), h_out=layers[l].hs_at(t + 1),
                                    y=layers[l].ly + t * B * P * es) for l, t, _ in grp], [t for _, t, _ in grp],
-                             ld_y=P, lens=lens, batch=B, hidden=H, out=P)
+                             ld_y=P, lens=lens, batch=B, hidden=H, out=P, nsplit=g.split_p, split_stride=B * P)
     _state_out(lau, g, layers, hyp, cyp)
     return layers[-1].ly
 

@@ -262,7 +262,10 @@ def fwd_cell(dev, p, dt, cell):
 def proj_commit(dev, p, dt, cell):
     B, P = p.batch, p.out
     lens = dev.view(p.lens, B, np.int32)
-    src = dev.view(p.aux_in, B * P, dt).reshape(B, P).copy()
+    if p.nsplit > 1:  # the projection GEMM's split-K partial sums, added in float and rounded once
+        src = _s(_split(dev, p, p.aux_in, B * P, dt), dt).reshape(B, P)
+    else:
+        src = dev.view(p.aux_in, B * P, dt).reshape(B, P).copy()
     hp = dev.view(p.h_prev, B * P, dt).reshape(B, P).copy()
     a = (p.t < lens)[:, None]
     dev.view(p.h_out, B * P, dt).reshape(B, P)[:] = np.where(a, src, hp)

@@ -244,3 +244,39 @@ def test_proj_wavefront_split_each_layer(monkeypatch):
     fwd, bwd = _items(h, "_run_forward"), _items(h, "_run_backward_data")
     assert any(it[4][2].nsplit > 1 for it in _kernels(fwd, "fwd_cell") if it[1][1] > 1)
     assert any(it[4][2].nsplit > 1 for it in _kernels(bwd, "bwd_proj_pre") if it[1][1] > 1)
+
+
+SPLIT_P_CASES = {  # tuning.rnn.PROJ_SPLIT: the projection GEMM (K = hidden 64) in 2 / 4 slices
+    "half-64-p24-3layer-s4-c2": (Case(dtype=F16, hidden=64, input_size=8, proj=24, layers=3, T=6, lengths=(6, 4, 6)),
+                                 2, 4),
+    "double-32-p5-2layer-s2-c1": (Case(dtype=F64, hidden=32, input_size=5, proj=5, layers=2, T=5, lengths=(5, 2, 4),
+                                       states=False), 1, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_P_CASES))
+@pytest.mark.parametrize("on", [True, False], ids=["wave", "layers"])
+def test_projection_split_k(name, on, monkeypatch):
+    """PROJ_SPLIT: one split-K projection GEMM per layer and step (batch = the slices, K = hidden / slices), whose
+    partial sums proj_commit adds; against the reference in both orders."""
+    c, chunk, sp = SPLIT_P_CASES[name]
+    monkeypatch.setattr(tuning.rnn, "PROJ_SPLIT", sp)
+    _wave(monkeypatch, on, chunk)
+    dev = rnn_emulator.Device()
+    rnn_emulator.install(monkeypatch, dev, c.dtype)
+    h = rnn_emulator.fake_handle()
+    run_case(h, dev, c)
+    fwd = _items(h, "_run_forward")
+    B, H, P = len(c.lengths), c.hidden, c.proj
+    proj = [it[4][2] for it in fwd if it[5][0] == "gemm" and it[5][3:] == (B, P, H // sp)]
+    assert len(proj) == c.layers * c.T and all(q.batch == sp for q in proj)
+    assert all(it[4][2].nsplit == sp for it in _kernels(fwd, "proj_commit"))
+
+
+@pytest.mark.parametrize("name", list(SPLIT_P_CASES))
+def test_projection_split_k_bitwise_on_the_host(name, host_lib, monkeypatch):
+    """With PROJ_SPLIT both orders run the same per-layer split GEMMs: the wavefront's bits are the layer order's
+    (ptx/rnn.cu's proj_commit adding the partial sums, compiled for the host)."""
+    c, chunk, sp = SPLIT_P_CASES[name]
+    monkeypatch.setattr(tuning.rnn, "PROJ_SPLIT", sp)
+    _compare_orders(monkeypatch, c, chunk, host_lib=host_lib)

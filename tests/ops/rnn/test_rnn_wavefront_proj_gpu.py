@@ -90,3 +90,16 @@ def test_proj_wavefront_matches_pytorch(name, handle, monkeypatch):
     finally:
         pydnn.set_stream(handle, 0)
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
+@pytest.mark.parametrize("order", ["wave", "layers"])
+@pytest.mark.parametrize("split", [2, 4])
+def test_projection_split_k(split, order, handle, monkeypatch):
+    """tuning.rnn.PROJ_SPLIT: the projection GEMM (K = hidden 64) in 2 / 4 K slices, proj_commit adding the partial
+    sums; against the float64 reference in both orders (fp16, dropout-free, hx / cx given)."""
+    c = Case(dtype=F16, hidden=64, input_size=24, proj=40, layers=3, T=10, lengths=(10, 7, 10, 2, 9))
+    monkeypatch.setattr(tuning.rnn, "PROJ_SPLIT", split)
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", order == "wave")
+    monkeypatch.setattr(tuning.rnn, "WAVE_BWD", True)
+    monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", 3)
+    run_case(handle, GpuDevice(), c)
