@@ -448,7 +448,8 @@ rnn = Switches(
     PROJ_SPLIT=(1, "the LSTM projection's per-step GEMM ([B, P] = m [B, H] x P^T, K = hidden) in this many K slices "
                    "where they divide hidden in multiples of 16 (partial sums added by proj_commit; more blocks for the "
                    "B x P output: 8 tiles at B 64, P 512); 1: K whole. The wavefront then runs each layer's split GEMM "
-                   "instead of one batched over the wave's layers"),
+                   "instead of one batched over the wave's layers; None (auto): engine.split_k's block-count rule (4 at "
+                   "B 64, P 512, hidden 1024 on 132 SMs)"),
     WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
                     "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "

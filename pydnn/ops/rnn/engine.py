@@ -189,8 +189,10 @@ class Geometry:
         if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
             self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
-        # the projection GEMM's K slices (tuning.rnn.PROJ_SPLIT, where they divide hidden in multiples of 16)
-        sp = int(tuning.rnn.PROJ_SPLIT or 1)
+        # the projection GEMM's K slices (tuning.rnn.PROJ_SPLIT, where they divide hidden in multiples of 16; None:
+        # split_k's block-count rule for [B, P] x K = hidden)
+        sp = tuning.rnn.PROJ_SPLIT
+        sp = split_k(self.B, r.out, r.hidden, sm_count, f32) if sp is None and r.proj else int(sp or 1)
         self.split_p = sp if r.proj and sp > 1 and r.hidden % (16 * sp) == 0 else 1
         # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
         # the next wave's cell launch, which has one nsplit for all its layers)

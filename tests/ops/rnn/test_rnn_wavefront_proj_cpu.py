@@ -280,3 +280,23 @@ def test_projection_split_k_bitwise_on_the_host(name, host_lib, monkeypatch):
     c, chunk, sp = SPLIT_P_CASES[name]
     monkeypatch.setattr(tuning.rnn, "PROJ_SPLIT", sp)
     _compare_orders(monkeypatch, c, chunk, host_lib=host_lib)
+
+
+def test_projection_split_choice(monkeypatch):
+    """PROJ_SPLIT None (auto): split_k's block-count rule, 4 slices at the bench's B 64, H 1024, P 512 (8 output
+    tiles on 132 SMs); 1 where K = hidden is short or does not divide; an explicit count only where it divides."""
+    from pydnn.ops.rnn import engine
+    r = pydnn.create_rnn_descriptor()
+    x = pydnn.create_rnn_data_descriptor()
+
+    def split(H, P, B=64, v=None):
+        monkeypatch.setattr(tuning.rnn, "PROJ_SPLIT", v)
+        pydnn.set_rnn_descriptor_v8(r, 0, E.PYDNN_LSTM, E.PYDNN_RNN_DOUBLE_BIAS, 0, 0, E.PYDNN_DATA_HALF,
+                                    E.PYDNN_DATA_FLOAT, 0, 64, H, P, 2, None, 1)
+        pydnn.set_rnn_data_descriptor(x, E.PYDNN_DATA_HALF, 0, 8, B, 64, [8] * B, None)
+        return engine.Geometry(r, x, 132).split_p
+
+    assert split(1024, 512) == 4
+    assert split(256, 128) == 1 and split(1000, 512) == 1  # K 256: slices under SPLIT_MIN_K; 1000 % 32
+    assert split(1024, 1024) == 1  # (no projection)
+    assert split(1024, 512, v=1) == 1 and split(1024, 512, v=8) == 8 and split(1000, 512, v=8) == 1
