@@ -595,8 +595,8 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD),
-               g.persist and persist.record_key(), g.split_f, g.split_b, g.split_p)
+               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD), g.split_p,
+               g.persist and persist.record_key(), g.split_f, g.split_b)
         items = handle.prepared.get(key)
         if items is not None:
             for f, grid, block, smem, a, meta in items:
