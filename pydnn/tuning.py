@@ -441,15 +441,19 @@ rnn = Switches(
                       "K whole; None (auto): split where the K loop it saves outweighs the launches it adds "
                       "(engine.Geometry.wave_split, with the measurements; the backward decides once per call)"),
     WAVE_BWD=(None, "with WAVEFRONT, RNNBackwardData_v8 as the layer wavefront too (the top layer first; a layer's dy "
-                    "from the layer above's dx GEMM chunk by chunk); False: the forward only; None (auto): where a "
-                    "layer's step is at most engine.WAVE_AUTO_MACS multiply-adds (measured on the H200: LSTM fp32 2L "
-                    "B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer, the chunked dx "
-                    "GEMMs filling half the SMs; fp16 10.05 / 9.94; LSTM fp16 4L B 8 H 256 7.5 / 11.3)"),
-    PROJ_SPLIT=(1, "the LSTM projection's per-step GEMM ([B, P] = m [B, H] x P^T, K = hidden) in this many K slices "
-                   "where they divide hidden in multiples of 16 (partial sums added by proj_commit; more blocks for the "
-                   "B x P output: 8 tiles at B 64, P 512); 1: K whole. The wavefront then runs each layer's split GEMM "
-                   "instead of one batched over the wave's layers; None (auto): engine.split_k's block-count rule (4 at "
-                   "B 64, P 512, hidden 1024 on 132 SMs)"),
+                    "from the layer above's dx GEMM chunk by chunk); False: the forward only; None (auto): LSTM "
+                    "projection stacks, and others where a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds "
+                    "(measured on the H200: LSTM fp32 2L B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 "
+                    "layer after layer, the chunked dx GEMMs filling half the SMs; fp16 10.05 / 9.94; LSTM fp16 4L B 8 "
+                    "H 256 7.5 / 11.3; LSTM fp16 2L B 64 H 1024 P 512 14.7 / 18.7: four launches a layer-step merged, "
+                    "dx GEMMs of N = P)"),
+    PROJ_SPLIT=(None, "the LSTM projection's per-step GEMM ([B, P] = m [B, H] x P^T, K = hidden) in this many K "
+                      "slices where they divide hidden in multiples of 16 (partial sums added by proj_commit; more "
+                      "blocks for the B x P output: 8 tiles at B 64, P 512); 1: K whole. The wavefront then runs each "
+                      "layer's split GEMM instead of one batched over the wave's layers. None (auto): engine.split_k's "
+                      "block-count rule (4 at B 64, P 512, hidden 1024 on 132 SMs). Measured on the H200, LSTM fp16 2L "
+                      "B 64 H 1024 P 512 training forward: 4 slices 10.68 ms against K whole 11.69 (wavefront), 14.25 "
+                      "against 18.99 (layer order)"),
     WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
                     "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "

@@ -180,9 +180,12 @@ class Geometry:
         self.wave_chunk = max(1, int(tuning.rnn.WAVE_CHUNK))
         # RNNBackwardData_v8 as the wavefront too: WAVE_BWD True, or None (auto) where a layer's step is small
         # (the chunked dx GEMMs cost more than the launches saved on large steps: mid-session H200, LSTM fp32 2L
-        # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94)
+        # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94),
+        # and for LSTM projection stacks (four launches a layer-step merged, the chunked dx GEMMs' N = P: H200,
+        # LSTM fp16 2L B 64 H 1024 P 512 backward 14.7 ms as the wavefront against 18.7 layer after layer)
         wb = tuning.rnn.WAVE_BWD
-        self.wave_bwd = self.wave and (wb is True or (wb is None and step_macs(r, self.B) <= WAVE_AUTO_MACS))
+        self.wave_bwd = self.wave and (wb is True or (wb is None and (bool(r.proj) or step_macs(r, self.B)
+                                                                      <= WAVE_AUTO_MACS)))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
         force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
