@@ -7,6 +7,7 @@
 //                          rows past their length carry the state and write 0 to y; saves the gate values
 //                          (act) for the backward.   CELL: 0 RNN_RELU, 1 RNN_TANH, 2 LSTM, 3 GRU (cuDNN's)
 //   proj_commit<T>         LSTM projection: h = aux_in (the projected m) on active rows, else h_prev; y
+//                          (gridDim.y = n: the layers of one wave, as bwd_proj_pre)
 //   state_init<T>          h_out <- h_prev (hx, NULL: 0); s_out <- aux_in (cx for LSTM) or hx (GRU)
 //   state_out<T>           aux (hy) <- h_prev; ... (cy) <- s_prev, either NULL
 //   pack<T>                mode 0: internal [seq, batch, vec] (aux) <- user layout (aux_in), padding rows 0;
@@ -62,8 +63,8 @@ template <class T> __device__ __forceinline__ typename Acc<T>::type ld_split(con
 
 __device__ __forceinline__ i64 gid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
-// The parameters of this block's direction: the launch's own (blockIdx.y = 0), or the reverse direction's
-// (blockIdx.y = 1: pointers moved by dir2's byte offsets, time dir2.t), see RnnDir2.
+// The parameters of this block's direction: the launch's own (blockIdx.y = 0), or the reverse direction's / the
+// wave's other layers' (blockIdx.y = y >= 1: pointers moved by dir2[y - 1]'s byte offsets, its time t), see RnnDir2.
 template <class P> __device__ __forceinline__ void shift(P*& ptr, long long by) {
   if (ptr) ptr = (P*)((const char*)ptr + by);
 }
@@ -75,6 +76,7 @@ __device__ __forceinline__ RnnParams direction(const RnnParams& p0) {
   shift(p.h_prev, d.h_prev); shift(p.h_out, d.h_out); shift(p.s_prev, d.s_prev); shift(p.s_out, d.s_out);
   shift(p.y, d.y); shift(p.act, d.act); shift(p.dy, d.dy); shift(p.dxa, d.dxa); shift(p.dha, d.dha);
   shift(p.gh, d.gh); shift(p.ghrec, d.ghrec); shift(p.gc, d.gc);
+  shift(p.dm, d.dm); shift(p.aux, d.aux); shift(p.aux_in, d.aux_in);
   p.t = d.t;
   return p;
 }
@@ -148,13 +150,17 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
 }
 
 // h_out[b, k] = active ? aux_in[b, k] : h_prev[b, k]; y[b, k] = active ? aux_in : 0 (k < out)
+// (gridDim.y = n: the layers of one wave of the wavefront, see RnnDir2; nsplit > 1: aux_in holds the projection
+// GEMM's split-K partial sums, split_stride apart, added in S and rounded once)
 template <class T>
-__global__ void __launch_bounds__(kThreads) proj_commit(const RnnParams p) {
+__global__ void __launch_bounds__(kThreads) proj_commit(const RnnParams p0) {
+  const RnnParams p = direction(p0);
   const i64 idx = gid();
   if (idx >= (i64)p.batch * p.out) return;
   const int b = (int)(idx / p.out), k = (int)(idx % p.out);
   const bool active = p.t < p.lens[b];
-  const T v = active ? static_cast<const T*>(p.aux_in)[idx] : static_cast<const T*>(p.h_prev)[idx];
+  const T v = !active ? static_cast<const T*>(p.h_prev)[idx]
+              : p.nsplit > 1 ? Store<T>::from(ld_split<T>(p, p.aux_in, idx)) : static_cast<const T*>(p.aux_in)[idx];
   static_cast<T*>(p.h_out)[idx] = v;
   if (p.y) st<T>(p.y, (i64)b * p.ld_y + k, active ? load<typename Acc<T>::type>(v) : (typename Acc<T>::type)0);
 }
@@ -291,9 +297,11 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
 }
 
 // aux (time t's dh_all rows [batch, out]) <- gh + ghrec + dy on active rows (gh <- 0), 0 elsewhere (gh += ghrec)
+// (gridDim.y = n: the layers of one wave of the wavefront, see RnnDir2)
 template <class T>
-__global__ void __launch_bounds__(kThreads) bwd_proj_pre(const RnnParams p) {
+__global__ void __launch_bounds__(kThreads) bwd_proj_pre(const RnnParams p0) {
   typedef typename Acc<T>::type A;
+  const RnnParams p = direction(p0);
   const i64 idx = gid();
   if (idx >= (i64)p.batch * p.out) return;
   const int b = (int)(idx / p.out), k = (int)(idx % p.out);

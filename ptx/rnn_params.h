@@ -8,14 +8,15 @@
 #define PYDNN_RNN_PARAMS_H
 
 #define PYDNN_RNN_MODE_ADD 1   /* skip_dx / bias_final: add to the output instead of writing it */
-#define PYDNN_RNN_MAXY 8       /* the most rows of blocks (gridDim.y) of fwd_cell / bwd_cell: RnnParams.dir2 */
+#define PYDNN_RNN_MAXY 8       /* the most rows of blocks (gridDim.y) of the RnnDir2 kernels: RnnParams.dir2 */
 
-/* Other problems of the same kind in the same launch (fwd_cell, bwd_cell with gridDim.y = n <= PYDNN_RNN_MAXY):
- * the reverse direction of a bidirectional layer (gridDim.y = 2), or the layers of one wave of the layer
- * wavefront (pydnn/ops/rnn/wavefront.py). Blocks with blockIdx.y = y >= 1 add dir2[y - 1]'s byte offsets to
- * the pointers (NULL ones stay NULL) and use its time t. */
+/* Other problems of the same kind in the same launch (fwd_cell, bwd_cell, proj_commit, bwd_proj_pre with
+ * gridDim.y = n <= PYDNN_RNN_MAXY): the reverse direction of a bidirectional layer (gridDim.y = 2), or the layers
+ * of one wave of the layer wavefront (pydnn/ops/rnn/engine.py's _fwd_wavefront / _bwd_wavefront). Blocks with
+ * blockIdx.y = y >= 1 add dir2[y - 1]'s byte offsets to the pointers (NULL ones stay NULL) and use its time t
+ * (dm, aux, aux_in: the projection's kernels and bwd_cell's dm, for the wavefront of LSTM projection stacks). */
 typedef struct {
-  long long xp, hp, bw, br, h_prev, h_out, s_prev, s_out, y, act, dy, dxa, dha, gh, ghrec, gc;
+  long long xp, hp, bw, br, h_prev, h_out, s_prev, s_out, y, act, dy, dxa, dha, gh, ghrec, gc, dm, aux, aux_in;
   int t, pad;
 } RnnDir2;
 

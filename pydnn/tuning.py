@@ -426,11 +426,13 @@ rnn = Switches(
                           "slices of 128 x 128 tiles, half their rows past the batch)"),
     SPLIT_F32_FWD=(0, "float forward's recurrent GEMM: this many K slices where they divide K in multiples of 16 "
                       "(0: split_k's choice); for measurements"),
-    WAVEFRONT=(True, "multi-layer unidirectional stacks (no projection): forward and backward data as "
+    WAVEFRONT=(True, "multi-layer unidirectional stacks (LSTM projections included): forward and backward data as "
                       "the layer wavefront, layer l running step t at wave t + l * WAVE_CHUNK, one batched recurrent "
-                      "GEMM and one cell launch per wave for all active layers (pydnn/ops/rnn/engine.py's "
-                      "_fwd_wavefront / _bwd_wavefront); False: layer after layer; None (auto): the wavefront where "
-                      "a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds. Measured on the H200 (training "
+                      "GEMM and one cell launch per wave for all active layers (with a projection also the projection "
+                      "GEMMs batched over runs of layers and one proj_commit / bwd_proj_pre launch per wave; "
+                      "pydnn/ops/rnn/engine.py's _fwd_wavefront / _bwd_wavefront); False: layer after layer; None "
+                      "(auto): the wavefront where a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds "
+                      "(engine.step_macs: the projection's counted). Measured on the H200 (training "
                       "forward / forward + backward, ms, wavefront against layer order): LSTM fp16 2L B 64 H 1024 "
                       "7.35 / 17.4 against 10.06 / 20.4; LSTM fp16 4L B 8 H 256 3.99 / 11.5 against 10.8 / 21.9; "
                       "GRU fp16 2L B 16 H 512 4.26 / 13.0 against 6.32 / 13.4"),
@@ -439,10 +441,19 @@ rnn = Switches(
                       "K whole; None (auto): split where the K loop it saves outweighs the launches it adds "
                       "(engine.Geometry.wave_split, with the measurements; the backward decides once per call)"),
     WAVE_BWD=(None, "with WAVEFRONT, RNNBackwardData_v8 as the layer wavefront too (the top layer first; a layer's dy "
-                    "from the layer above's dx GEMM chunk by chunk); False: the forward only; None (auto): where a "
-                    "layer's step is at most engine.WAVE_AUTO_MACS multiply-adds (measured on the H200: LSTM fp32 2L "
-                    "B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer, the chunked dx "
-                    "GEMMs filling half the SMs; fp16 10.05 / 9.94; LSTM fp16 4L B 8 H 256 7.5 / 11.3)"),
+                    "from the layer above's dx GEMM chunk by chunk); False: the forward only; None (auto): LSTM "
+                    "projection stacks, and others where a layer's step is at most engine.WAVE_AUTO_MACS multiply-adds "
+                    "(measured on the H200: LSTM fp32 2L B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 "
+                    "layer after layer, the chunked dx GEMMs filling half the SMs; fp16 10.05 / 9.94; LSTM fp16 4L B 8 "
+                    "H 256 7.5 / 11.3; LSTM fp16 2L B 64 H 1024 P 512 14.7 / 18.7: four launches a layer-step merged, "
+                    "dx GEMMs of N = P)"),
+    PROJ_SPLIT=(None, "the LSTM projection's per-step GEMM ([B, P] = m [B, H] x P^T, K = hidden) in this many K "
+                      "slices where they divide hidden in multiples of 16 (partial sums added by proj_commit; more "
+                      "blocks for the B x P output: 8 tiles at B 64, P 512); 1: K whole. The wavefront then runs each "
+                      "layer's split GEMM instead of one batched over the wave's layers. None (auto): engine.split_k's "
+                      "block-count rule (4 at B 64, P 512, hidden 1024 on 132 SMs). Measured on the H200, LSTM fp16 2L "
+                      "B 64 H 1024 P 512 training forward: 4 slices 10.68 ms against K whole 11.69 (wavefront), 14.25 "
+                      "against 18.99 (layer order)"),
     WAVE_CHUNK=(16, "the wavefront's lag between layers in steps, and the rows (steps) of a layer's chunked input "
                     "projection GEMM"),
     DIR_BATCH=(True, "a bidirectional layer's two directions step together in one GEMM and one cell launch; off: one "

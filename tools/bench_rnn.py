@@ -14,8 +14,10 @@ pydnn faster). PERSIST_STATIC rows also time the forward's other exchange ("fwd 
 words, tuning.rnn.PERSIST_XCHG flipped from its default, the barrier). Also prints the largest
 |y_pydnn - y_torch| / max |y_torch| as a sanity check.
 
-The layer wavefront (multi-layer unidirectional forward): --ab=rnn.WAVEFRONT=True (and rnn.WAVE_CHUNK=N) against
-the default order, e.g. `--case="lstm fp16 2L" --case="lstm fp16 4L small-b" --ab=rnn.WAVEFRONT=True`.
+The layer wavefront (multi-layer unidirectional stacks, LSTM projections included; on by default): --ab=
+rnn.WAVEFRONT=False (and rnn.WAVE_CHUNK=N, rnn.WAVE_BWD=True) against it, e.g. `--case="lstm fp16 2L" --case="lstm
+fp16 2L proj" --ab=rnn.WAVEFRONT=False` (the "proj" case: nn.LSTM(proj_size=512), projSize 512; its projection
+GEMM split-K: --ab=rnn.PROJ_SPLIT=4).
 
 A/B in one run: --ab=rnn.SWITCH=VALUE (repeatable; VALUE a Python literal) adds rows "fwd SWITCH=VALUE" /
 "all SWITCH=VALUE" timed with that tuning switch set (the workspace is sized for every setting). --stamps
@@ -55,6 +57,7 @@ CASES = [
     ("lstm fp16 2L", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, STD),
     ("gru fp16 2L", E.PYDNN_GRU, "float16", 256, 64, 1024, 2, False, STD),
     ("lstm fp16 2L bi", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, True, STD),
+    ("lstm fp16 2L proj", E.PYDNN_LSTM, "float16", 256, 64, 1024, 2, False, STD),  # projSize 512 (PROJ)
     ("lstm fp16 small-h", E.PYDNN_LSTM, "float16", 512, 32, 256, 1, False, STD),
     ("lstm fp16 small-h PS", E.PYDNN_LSTM, "float16", 512, 32, 256, 1, False, PS),
     ("gru fp16 small-h PS", E.PYDNN_GRU, "float16", 512, 32, 256, 1, False, PS),
@@ -73,29 +76,33 @@ CASES = [
     ("lstm fp16 4L small-b", E.PYDNN_LSTM, "float16", 256, 8, 256, 4, False, STD),
     ("gru fp16 2L small-b", E.PYDNN_GRU, "float16", 256, 16, 512, 2, False, STD),
 ]
+# LSTM projection (projSize < hiddenSize; torch nn.LSTM(proj_size=...)): name -> projSize
+PROJ = {"lstm fp16 2L proj": 512}
 # --quick: issue 16's small-hidden case only, STANDARD and PERSIST_STATIC (each next to cuDNN)
 QUICK = ("lstm fp16 small-h", "lstm fp16 small-h PS")
 G = {E.PYDNN_LSTM: 4, E.PYDNN_GRU: 3}
 
 
-def _flops(cell, T, B, H, layers, dirs):
-    f = 0
+def _flops(cell, T, B, H, layers, dirs, P=0):
+    """P: the LSTM projection's size (0: none; the layer output is then H wide)."""
+    f, out = 0, P or H
     for layer in range(layers):
-        inp = H if layer == 0 else H * dirs
-        f += dirs * 2 * T * B * G[cell] * H * (inp + H)
+        inp = H if layer == 0 else out * dirs
+        f += dirs * 2 * T * B * (G[cell] * H * (inp + out) + (P * H if P else 0))
     return f
 
 
-def _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=False):
+def _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=False, P=0):
     dt = {torch.float16: E.PYDNN_DATA_HALF, torch.bfloat16: E.PYDNN_DATA_BFLOAT16}.get(tdt, E.PYDNN_DATA_FLOAT)
     dirs = 2 if bi else 1
-    mod = (torch.nn.LSTM if cell == E.PYDNN_LSTM else torch.nn.GRU)(H, H, num_layers=layers, bidirectional=bi,
-                                                                      device="cuda", dtype=tdt)
+    out = P or H
+    kw = dict(num_layers=layers, bidirectional=bi, device="cuda", dtype=tdt)
+    mod = torch.nn.LSTM(H, H, proj_size=P, **kw) if cell == E.PYDNN_LSTM else torch.nn.GRU(H, H, **kw)
     r = pydnn.create_rnn_descriptor()
     pydnn.set_rnn_descriptor_v8(r, algo, cell, E.PYDNN_RNN_DOUBLE_BIAS,
                                 E.PYDNN_BIDIRECTIONAL if bi else E.PYDNN_UNIDIRECTIONAL,
                                 E.PYDNN_SKIP_INPUT if skip else E.PYDNN_LINEAR_INPUT, dt,
-                                E.PYDNN_DATA_FLOAT, E.PYDNN_TENSOR_OP_MATH, H, H, H, layers, None,
+                                E.PYDNN_DATA_FLOAT, E.PYDNN_TENSOR_OP_MATH, H, H, out, layers, None,
                                 E.PYDNN_RNN_PADDED_IO_ENABLED)
     wsize = pydnn.get_rnn_weight_space_size(h, r)
     w = torch.empty(wsize // torch.tensor([], dtype=tdt).element_size(), dtype=tdt, device="cuda")
@@ -113,14 +120,19 @@ def _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=False):
                 if ma:  # (SKIP_INPUT: layer 0 has no input matrices)
                     w[(ma - w.data_ptr()) // es:][:wt.numel()].copy_(wt.detach().reshape(-1))
                 w[(ba - w.data_ptr()) // es:][:bt.numel()].copy_(bt.detach())
+            if P:  # the projection (linLayerID 8): weight_hr [P, H]
+                ma, _ = pydnn.get_rnn_weight_params(h, r, pl, wsize, w, 8, None, None)
+                wt = getattr(mod, f"weight_hr_{sfx}")
+                w[(ma - w.data_ptr()) // w.element_size():][:wt.numel()].copy_(wt.detach().reshape(-1))
     xd, yd = pydnn.create_rnn_data_descriptor(), pydnn.create_rnn_data_descriptor()
     lens = [T] * B
     pydnn.set_rnn_data_descriptor(xd, dt, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, H, lens, None)
-    pydnn.set_rnn_data_descriptor(yd, dt, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, dirs * H, lens, None)
-    hd = pydnn.create_tensor_descriptor()
-    pydnn.set_tensor_nd_descriptor(hd, dt, 3, [layers * dirs, B, H], [B * H, H, 1])
+    pydnn.set_rnn_data_descriptor(yd, dt, E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, dirs * out, lens, None)
+    hd, cd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(hd, dt, 3, [layers * dirs, B, out], [B * out, out, 1])
+    pydnn.set_tensor_nd_descriptor(cd, dt, 3, [layers * dirs, B, H], [B * H, H, 1])
     wss, rss = pydnn.get_rnn_temp_space_sizes(h, r, E.PYDNN_FWD_MODE_TRAINING, xd)
-    return dict(mod=mod, r=r, w=w, wsize=wsize, xd=xd, yd=yd, hd=hd, wss=wss, rss=rss, dirs=dirs,
+    return dict(mod=mod, r=r, w=w, wsize=wsize, xd=xd, yd=yd, hd=hd, cd=cd, wss=wss, rss=rss, dirs=dirs, out=out,
                 ws=torch.empty(wss, dtype=torch.uint8, device="cuda"),
                 rs=torch.empty(rss, dtype=torch.uint8, device="cuda"),
                 lens=torch.tensor(lens, dtype=torch.int32, device="cuda"))
@@ -166,20 +178,20 @@ def main():
             continue
         tdt = getattr(torch, tname)
         try:
-            s = _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=mid)
+            s = _setup(h, cell, tdt, T, B, H, layers, bi, algo, skip=mid, P=PROJ.get(name, 0))
         except pydnn.PydnnError as e:
             print(f"{name:22s} {e}")
             continue
-        dirs, lstm = s["dirs"], cell == E.PYDNN_LSTM
+        dirs, lstm, out = s["dirs"], cell == E.PYDNN_LSTM, s["out"]
         x = torch.randn(T, B, H, device="cuda", dtype=tdt)
-        hx = torch.randn(layers * dirs, B, H, device="cuda", dtype=tdt) * 0.5
-        cx = torch.randn_like(hx) * 0.5
-        y = torch.empty(T, B, dirs * H, device="cuda", dtype=tdt)
+        hx = torch.randn(layers * dirs, B, out, device="cuda", dtype=tdt) * 0.5
+        cx = torch.randn(layers * dirs, B, H, device="cuda", dtype=tdt) * 0.5
+        y = torch.empty(T, B, dirs * out, device="cuda", dtype=tdt)
         hy, cy = torch.empty_like(hx), torch.empty_like(cx)
         dy = torch.randn_like(y)
         dx, dhx, dcx = torch.empty_like(x), torch.empty_like(hx), torch.empty_like(cx)
         dw = torch.zeros_like(s["w"])
-        r, w, wsize, xd, yd, hd = s["r"], s["w"], s["wsize"], s["xd"], s["yd"], s["hd"]
+        r, w, wsize, xd, yd, hd, cd = s["r"], s["w"], s["wsize"], s["xd"], s["yd"], s["hd"], s["cd"]
         for _, sets in ab_case:  # the workspace / reserve space for every setting
             with tuning.override({f"rnn.{k}": v for k, v in sets.items()}):
                 try:
@@ -192,12 +204,12 @@ def main():
                 s["rss"], s["rs"] = rss, torch.empty(rss, dtype=torch.uint8, device="cuda")
 
         def p_fwd():
-            pydnn.rnn_forward(h, r, E.PYDNN_FWD_MODE_TRAINING, s["lens"], xd, x, yd, y, hd, hx, hy, hd,
+            pydnn.rnn_forward(h, r, E.PYDNN_FWD_MODE_TRAINING, s["lens"], xd, x, yd, y, hd, hx, hy, cd,
                               cx if lstm else 0, cy if lstm else 0, wsize, w, s["wss"], s["ws"], s["rss"], s["rs"])
 
         def p_all():
             p_fwd()
-            pydnn.rnn_backward_data_v8(h, r, s["lens"], yd, y, dy, xd, dx, hd, hx, 0, dhx, hd, cx if lstm else 0, 0,
+            pydnn.rnn_backward_data_v8(h, r, s["lens"], yd, y, dy, xd, dx, hd, hx, 0, dhx, cd, cx if lstm else 0, 0,
                                        dcx if lstm else 0, wsize, w, s["wss"], s["ws"], s["rss"], s["rs"])
             if mid:
                 return
@@ -220,7 +232,7 @@ def main():
         torch.cuda.synchronize()
         diff = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
         y0 = y.float().clone()  # the default setting's y: each other setting's is compared with it
-        flops = _flops(cell, T, B, H, layers, dirs)
+        flops = _flops(cell, T, B, H, layers, dirs, PROJ.get(name, 0))
         default = tuning.rnn.PERSIST_XCHG
         runs = [("fwd", p_fwd, t_fwd, 1, default), ("fwd+bwd", p_all, t_all, 3, default)]
         if algo == PS:  # the forward's other exchange (tuning.rnn.PERSIST_XCHG flipped)

@@ -15,7 +15,7 @@ double (STANDARD only): the GEMMs on ptx/gemm_f64.cu (pydnn/ops/rnn/gemm_f64.py:
 the cells' state, gate values, carried gradients and bias partial sums in double (the "f32" buffers below are of
 the state type: float, double for double; Geometry.ss).
 
-The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, no projection): the forward and
+The layer wavefront (tuning.rnn.WAVEFRONT; multi-layer unidirectional, LSTM projections included): the forward and
 RNNBackwardData_v8 step all layers together, layer l lagging layer l - 1 by WAVE_CHUNK steps (see _fwd_wavefront /
 _bwd_wavefront).
 
@@ -180,16 +180,23 @@ class Geometry:
         self.wave_chunk = max(1, int(tuning.rnn.WAVE_CHUNK))
         # RNNBackwardData_v8 as the wavefront too: WAVE_BWD True, or None (auto) where a layer's step is small
         # (the chunked dx GEMMs cost more than the launches saved on large steps: mid-session H200, LSTM fp32 2L
-        # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94)
+        # B 64 H 1024 backward 35.4 ms as the wavefront against 32.7 layer after layer; fp16 10.05 against 9.94),
+        # and for LSTM projection stacks (four launches a layer-step merged, the chunked dx GEMMs' N = P: H200,
+        # LSTM fp16 2L B 64 H 1024 P 512 backward 14.7 ms as the wavefront against 18.7 layer after layer)
         wb = tuning.rnn.WAVE_BWD
-        self.wave_bwd = self.wave and (wb is True or (wb is None and self.B * r.gates * r.hidden * r.out
-                                                      <= WAVE_AUTO_MACS))
+        self.wave_bwd = self.wave and (wb is True or (wb is None and (bool(r.proj) or step_macs(r, self.B)
+                                                                      <= WAVE_AUTO_MACS)))
         f32 = r.dtype == E.PYDNN_DATA_FLOAT
         self.split_f = 1 if self.dir_batch else split_k(self.B, self.G * r.hidden, r.out, sm_count, f32)
         force = tuning.rnn.SPLIT_F32_FWD  # measurements: the float forward's split, where it divides K in 16s
         if f32 and force and not self.dir_batch and tuning.rnn.SPLIT_K and r.out % (16 * force) == 0:
             self.split_f = force
         self.split_b = split_k(self.B, r.out, self.G * r.hidden, sm_count, f32)
+        # the projection GEMM's K slices (tuning.rnn.PROJ_SPLIT, where they divide hidden in multiples of 16; None:
+        # split_k's block-count rule for [B, P] x K = hidden)
+        sp = tuning.rnn.PROJ_SPLIT
+        sp = split_k(self.B, r.out, r.hidden, sm_count, f32) if sp is None and r.proj else int(sp or 1)
+        self.split_p = sp if r.proj and sp > 1 and r.hidden % (16 * sp) == 0 else 1
         # the backward wavefront's recurrent GEMMs: one split for every wave (a layer's partial sums are read by
         # the next wave's cell launch, which has one nsplit for all its layers)
         self.sm_count = sm_count
@@ -209,13 +216,14 @@ class Geometry:
                   * B * GH * es)
             # the wavefront's input projections of layers >= 1, one chunk of steps each
             w.add("xpw", (self.L - 1) * min(self.wave_chunk, self.T) * B * GH * es if self.wave else 0)
-            w.add("hn", B * P * es if r.proj else 0)
+            WL = self.L if self.wave else 1  # the wavefront: the projection's buffers per layer
+            w.add("hn", WL * self.split_p * B * P * es if r.proj else 0)
             if not training:
                 w.add("ly", 2 * N * D * P * es)
                 SL = self.L if self.wave else D  # the wavefront: every layer's states live at once
                 w.add("hs", SL * 2 * B * P * es)
                 w.add("s32", SL * 2 * B * H * ss if self.s32 else 0)
-                w.add("m", B * H * es if r.proj else 0)
+                w.add("m", WL * B * H * es if r.proj else 0)
             else:
                 self.dw = max(D * P, self.I)
                 w.add("dly", 2 * N * self.dw * es)
@@ -224,7 +232,7 @@ class Geometry:
                 w.add("gh", SL * B * P * ss)
                 w.add("ghrec", max(D * self.split_b, self.L * self.wave_split_b if self.wave else 1) * B * P * es)
                 w.add("gc", SL * B * H * ss)
-                w.add("dm", B * H * es if r.proj else 0)
+                w.add("dm", WL * B * H * es if r.proj else 0)
                 w.add("bpart", K.BIAS_CHUNKS * self.GH * ss)
             if training:
                 self.ws_train = w
@@ -590,7 +598,7 @@ def _run(handle, r, g, fn, *args):
     if tuning.rnn.RECORD:
         x = g.x
         key = ("rnn.call", fn.__name__, _rnn_key(r), (x.dtype, x.layout, x.max_seq, x.batch, x.vector, x.lengths),
-               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD),
+               args, g.wave and (g.wave_chunk, tuning.rnn.WAVE_SPLIT, tuning.rnn.WAVE_BWD), g.split_p,
                g.persist and persist.record_key(), g.split_f, g.split_b)
         items = handle.prepared.get(key)
         if items is not None:
@@ -712,12 +720,23 @@ def _fwd_steps(lau, r, g, dr, ly, training, lens, wsp, rsp, ws, clip):
             p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
         lau.launch("fwd_cell", B * H, cell=r.cell)
         if r.proj:
-            lau.gemm(B, P, H, m_t, dr.w_proj, wsp + ws["hn"], trans_b=True)
+            _proj_gemm(lau, g, m_t, dr.w_proj, wsp + ws["hn"])
             p = lau.reset()
             p.aux_in, p.h_prev, p.h_out = wsp + ws["hn"], dr.hs_at(ip), dr.hs_at(io)
+            p.nsplit, p.split_stride = g.split_p, B * P
             p.y, p.ld_y = ly + (t * B * D * P + dr.d * P) * es, D * P
             p.lens, p.t, p.batch, p.hidden, p.out = lens, t, B, H, P
             lau.launch("proj_commit", B * P)
+
+
+def _proj_gemm(lau, g, m_t, w_proj, hn):
+    """hn = m_t [B, H] x P^T: K whole (the call of before), or in g.split_p K slices, partial sums B * P apart."""
+    B, H, P, sp = g.B, g.H, g.P, g.split_p
+    if sp > 1:
+        lau.gemm(B, P, H // sp, m_t, w_proj, hn, trans_b=True, lda=H, ldb=H, batch=sp, stride_a=H // sp,
+                 stride_b=H // sp, stride_c=B * P)
+    else:
+        lau.gemm(B, P, H, m_t, w_proj, hn, trans_b=True)
 
 
 def _fwd_steps_both(lau, r, g, dirs, ly, training, lens, hp, clip):
@@ -836,10 +855,9 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 
 
 # ----------------------------------------------------------------------------- the layer wavefront
-# Multi-layer unidirectional STANDARD stacks (no projection; dropout between layers per chunk of rows): layer l's
-# step t needs only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a
-# lag of C
-# steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
+# Multi-layer unidirectional STANDARD stacks (dropout between layers per chunk of rows; LSTM projections too): layer
+# l's step t needs only layer l - 1's output of step t and its own step t - 1, so the layers run as a wavefront with a
+# lag of C steps (tuning.rnn.WAVE_CHUNK): at wave w layer l runs step t = w - l * C. Per wave ONE recurrent GEMM batched
 # over the active layers (where their states, weights and outputs are a fixed distance apart: the reserve space's
 # per-pseudo-layer regions are, layer 0's input weights can break the weights' stride: then runs of layers) and
 # ONE cell launch (fwd_cell, gridDim.y = the active layers, RnnDir2 offsets per layer), instead of one of each
@@ -850,19 +868,36 @@ def _run_forward(lau, r, g, training, lens, xp, yp, fill, hxp, hyp, cxp, cyp, wp
 # the layer-by-layer order does. Waves with one active layer keep the split-K recurrent GEMM; waves with
 # several run each layer's GEMM whole (the layers fill the SMs instead), or with tuning.rnn.WAVE_SPLIT one
 # split-K GEMM per layer (more launches, the blocks of each as many as the layer order's).
+# LSTM projection (projSize < hiddenSize): a layer's output (and the next layer's input, the recurrent GEMM's K) is
+# the projected h, which its step t produces before its step t + 1 and layer l + 1's step t read it: the same
+# dependences. Per wave, as the layer order per step but grouped over the wave's layers: the recurrent GEMM(s), ONE
+# fwd_cell launch writing each layer's m, the projection GEMMs hn = m P^T (one per run of equal strides: batched
+# over the layers where their m, P and hn are a fixed distance apart), ONE proj_commit launch (RnnDir2: h, y of
+# every layer). m (inference) and hn are per layer. The backward mirrors it: ONE bwd_proj_pre launch (dh of the
+# step from the carried gh, the recurrent share ghrec and dy), the dm = dh P GEMMs per run, ONE bwd_cell launch
+# reading each layer's dm, the recurrent GEMMs. Each launch does per layer exactly the layer order's arithmetic, so
+# with the same GEMM results (no split-K difference, the same dropout masks) the outputs are the layer order's bit
+# for bit (test_rnn_wavefront_proj_cpu.py checks it on the emulated device).
 # WAVEFRONT: a switch, pydnn.tuning.rnn.WAVEFRONT; WAVE_CHUNK: pydnn.tuning.rnn.WAVE_CHUNK; WAVE_SPLIT (None: auto,
 # Geometry.wave_split); WAVE_BWD
 
 
+def step_macs(r, batch):
+    """The multiply-adds of one layer's step: the recurrent GEMM (batch * G * hidden * out) and the LSTM
+    projection's (batch * hidden * out)."""
+    return batch * (r.gates + (1 if r.proj else 0)) * r.hidden * r.out
+
+
 def wavefront_ok(r, batch=None):
-    """Whether the calls run as the layer wavefront: tuning.rnn.WAVEFRONT True and a problem it covers; None
-    (auto): also only where a layer's step is small (batch * G * hidden * out multiply-adds at most
-    WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the step's time)."""
+    """Whether the calls run as the layer wavefront: tuning.rnn.WAVEFRONT True and a problem it covers
+    (STANDARD, unidirectional, more than one layer; LSTM projections included); None (auto): also only where a
+    layer's step is small (step_macs at most WAVE_AUTO_MACS: launches and latency, not the GEMMs' work, set the
+    step's time)."""
     mode = tuning.rnn.WAVEFRONT
-    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1 and not r.proj):
+    if mode is False or not (r.algo == E.PYDNN_RNN_ALGO_STANDARD and r.layers > 1 and r.dirs == 1):
         return False
     if mode is None:
-        return batch is not None and batch * r.gates * r.hidden * r.out <= WAVE_AUTO_MACS
+        return batch is not None and step_macs(r, batch) <= WAVE_AUTO_MACS
     return bool(mode)
 
 
@@ -898,7 +933,8 @@ def _runs(addrs):
 
 
 def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, wp, wsp, rsp, clip):
-    """Every layer's forward as the wavefront (see above); returns the last layer's output."""
+    """Every layer's forward as the wavefront (see above; with an LSTM projection per wave also the projection
+    GEMMs and one proj_commit launch); returns the last layer's output."""
     es, T, B, H, P, GH, L = g.es, g.T, g.B, g.H, g.P, g.GH, g.L
     C = min(g.wave_chunk, T)
     ws = g.ws_train if training else g.ws_inf
@@ -918,6 +954,12 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
             xc = wsp + ws["xpw"] + (layer - 1) * C * B * GH * es
             dr.xpc = xc
             dr.xp_at = lambda t, x=xc: x + (t % C) * B * GH * es  # noqa: E731
+        if r.proj:  # m of step t (training: the reserve space's, every step; inference: one per layer) and hn
+            if training:
+                dr.m_at = lambda t, m0=rsp + g.rs[("m", layer)]: m0 + t * B * H * es  # noqa: E731
+            else:
+                dr.m_at = lambda t, m0=wsp + ws["m"] + layer * B * H * es: m0  # noqa: E731
+            dr.hn = wsp + ws["hn"] + layer * g.split_p * B * P * es
         layers.append(dr)
     hp = wsp + ws["hp"]
     for _, act in wave_schedule(T, L, C):
@@ -953,6 +995,9 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                     continue
                 p = lau.reset()
                 ptrs = [_fwd_cell_ptrs(g, layers[l], t, layers[l].ly, training) for l, t, _ in seg]
+                if r.proj:  # the cell writes m; proj_commit below writes h and y
+                    for (l, t, _), q in zip(seg, ptrs):
+                        q["h_out"], q["y"] = layers[l].m_at(t), 0
                 for name, v in ptrs[0].items():
                     setattr(p, name, v)
                 for j in range(1, len(seg)):
@@ -963,8 +1008,45 @@ def _fwd_wavefront(lau, r, g, training, lens, inp0, inp0_w, hxp, hyp, cxp, cyp, 
                 if clip:
                     p.clip, p.lclip, p.rclip = 1, clip[0], clip[1]
                 lau.launch("fwd_cell", B * H, cell=r.cell, grid_y=len(seg))
+            if r.proj:  # hn = m x P^T of each layer (runs batched; PROJ_SPLIT: each layer's split-K), one proj_commit
+                if g.split_p > 1:
+                    for l, t, _ in grp:
+                        _proj_gemm(lau, g, layers[l].m_at(t), layers[l].w_proj, layers[l].hn)
+                else:
+                    _gemm_runs(lau, es, [(layers[l].m_at(t), layers[l].w_proj, layers[l].hn) for l, t, _ in grp],
+                               B, P, H, trans_b=True)
+                _launch_dirs(lau, "proj_commit", B * P,
+                             [dict(aux_in=layers[l].hn, h_prev=layers[l].hs_at(t), h_out=layers[l].hs_at(t + 1),
+                                   y=layers[l].ly + t * B * P * es) for l, t, _ in grp], [t for _, t, _ in grp],
+                             ld_y=P, lens=lens, batch=B, hidden=H, out=P, nsplit=g.split_p, split_stride=B * P)
     _state_out(lau, g, layers, hyp, cyp)
     return layers[-1].ly
+
+
+def _gemm_runs(lau, es, addrs, m, n, k, trans_b=False):
+    """One GEMM [m, k] x [k, n] (B transposed: trans_b) per (a, b, c) in addrs, batched over runs of equal
+    positive strides (_runs); a run of one is the layer order's own call (the projection GEMMs of a wave)."""
+    for i0, cnt, st in _runs(addrs):
+        a, b, c = addrs[i0]
+        if cnt == 1:
+            lau.gemm(m, n, k, a, b, c, trans_b=trans_b)
+        else:
+            lau.gemm(m, n, k, a, b, c, trans_b=trans_b, lda=k, ldb=k if trans_b else n, batch=cnt,
+                     stride_a=st[0] // es, stride_b=st[1] // es, stride_c=st[2] // es)
+
+
+def _launch_dirs(lau, name, threads, ptrs, ts, **fields):
+    """One launch of a RnnDir2 kernel (proj_commit, bwd_proj_pre) over len(ptrs) rows of blocks: row j sees
+    the pointers ptrs[j] and time ts[j]; fields: the shared scalars."""
+    p = lau.reset()
+    for n, v in ptrs[0].items():
+        setattr(p, n, v)
+    for j in range(1, len(ptrs)):
+        _dir2(p, ptrs[0], ptrs[j], ts[j], y=j)
+    for n, v in fields.items():
+        setattr(p, n, v)
+    p.t = ts[0]
+    lau.launch(name, threads, grid_y=len(ptrs))
 
 
 def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
@@ -973,7 +1055,8 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
     above's dx) is produced chunk by chunk: when layer l starts a chunk of C steps, one GEMM of the chunk's rows
     of layer l + 1's input pre-activation gradients (finished C waves ago) by its input weights. Per wave one
     bwd_cell launch for the active layers (RnnDir2) and one recurrent GEMM batched over them (runs of equal
-    strides; WAVE_SPLIT: each layer's own, split-K). Two dy buffers alternate between the layers (layer l + 2
+    strides; WAVE_SPLIT: each layer's own, split-K); with an LSTM projection before the cells one bwd_proj_pre launch
+    and the dm GEMMs (runs of equal strides). Two dy buffers alternate between the layers (layer l + 2
     overwrites a row of layer l's dy only after layer l read it: C waves later at least). Returns the index of
     the dly buffer that holds layer 0's dx."""
     es, T, B, N, H, P, GH, L = g.es, g.T, g.B, g.N, g.H, g.P, g.GH, g.L
@@ -990,6 +1073,9 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
                   dxa0=rsp + rs[("dxa", pl)], dha0=rsp + rs[("dha", pl)] if r.cell == GRU else 0,
                   gh=wsp + ws["gh"] + layer * B * P * g.ss, ghrec=wsp + ws["ghrec"] + layer * sb * B * P * es,
                   gc=wsp + ws["gc"] + layer * B * H * g.ss, dy=dly[(L - 1 - layer) % 2])
+        if r.proj:  # the projection's weights, dh of every step (reserve space) and dm (one per layer)
+            dr.w_proj, dr.dhall0 = g.weight(wp, pl, "m", PROJ_ID), rsp + rs[("dhall", pl)]
+            dr.dm = wsp + ws["dm"] + layer * B * H * es
         p = lau.reset()
         p.dy = dhyp + pl * B * P * es if dhyp else 0
         p.dm = dcyp + pl * B * H * es if dcyp else 0
@@ -1014,8 +1100,17 @@ def _bwd_wavefront(lau, r, g, lens, dly, dhyp, dhxp, dcyp, dcxp, wp, wsp, rsp):
                              cdiv(n, 8))
         for y0 in range(0, len(grp_all), K.MAXY):
             grp = grp_all[y0:y0 + K.MAXY]
-            p = lau.reset()
             ptrs = [_bwd_cell_ptrs(g, layers[l], t, layers[l].dy) for l, t, _ in grp]
+            if r.proj:  # dh of the step (gh + ghrec + dy), then dm = dh x P (runs batched); the cell reads dm
+                _launch_dirs(lau, "bwd_proj_pre", B * P,
+                             [dict(gh=q["gh"], ghrec=q["ghrec"], dy=q["dy"], aux=layers[l].dhall0 + t * B * P * es)
+                              for (l, t, _), q in zip(grp, ptrs)], [t for _, t, _ in grp],
+                             ld_y=P, nsplit=sb, split_stride=B * P, lens=lens, batch=B, hidden=H, out=P)
+                _gemm_runs(lau, es, [(layers[l].dhall0 + t * B * P * es, layers[l].w_proj, layers[l].dm)
+                                     for l, t, _ in grp], B, H, P)
+                for (l, t, _), q in zip(grp, ptrs):
+                    q["dy"], q["dm"] = 0, layers[l].dm
+            p = lau.reset()
             for name, v in ptrs[0].items():
                 setattr(p, name, v)
             for j in range(1, len(grp)):

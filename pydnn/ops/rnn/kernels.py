@@ -9,13 +9,13 @@ THREADS = 256
 BIAS_CHUNKS = 32  # row chunks of the bias gradient's first pass (bias_partial)
 CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
 MODE_ADD = 1  # PYDNN_RNN_MODE_ADD
-MAXY = 8  # PYDNN_RNN_MAXY: the most rows of blocks of fwd_cell / bwd_cell (RnnParams.dir2: MAXY - 1 entries)
+MAXY = 8  # PYDNN_RNN_MAXY: the most rows of blocks of fwd_cell / bwd_cell / proj_commit / bwd_proj_pre (RnnParams.dir2)
 PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_state_init", "bwd_state_out", "skip_dx",
          "bias_partial", "bias_final")
 
 
 DIR2 = ("xp", "hp", "bw", "br", "h_prev", "h_out", "s_prev", "s_out", "y", "act", "dy", "dxa", "dha", "gh", "ghrec",
-        "gc")
+        "gc", "dm", "aux", "aux_in")
 
 
 @kernel_params("rnn_params.h", "RnnDir2")

@@ -105,7 +105,9 @@ def _close(got, ref, dtype, what):
     assert not bad.any(), f"{what}: {bad.sum()} of {bad.size} off, max err {err.max():.3g} (scale {scale:.3g})"
 
 
-def run_case(handle, dev, c, check_backward=True):
+def run_case(handle, dev, c, check_backward=True, capture=None):
+    """capture: a dict that receives every output as read back (y_<mode>, hy_<mode>, cy_<mode>, dx, dhx, dcx, dw), for
+    comparing two runs of one case (the same inputs: a fixed seed)."""
     dt, es = c.dtype, DTYPES[c.dtype][0]
     rng = np.random.default_rng(1234)
     T, B, I, H = c.T, len(c.lengths), c.input_size, c.hidden
@@ -212,6 +214,10 @@ def run_case(handle, dev, c, check_backward=True):
             masks = _masks(dev, r, xd, rsp, c.dropout, T, B, D * out)
             ref_y, ref_hy, ref_cy = R.rnn_forward(c.cell, x_pad, lens, ws, L, D, H, c.proj, hx, cx, c.clip,
                                                   masks=masks)
+        if capture is not None:
+            capture[f"y_{mode}"], capture[f"hy_{mode}"] = y_user, _load(dev, hyp, (L * D, B, out), dt)
+            if lstm:
+                capture[f"cy_{mode}"] = _load(dev, cyp, (L * D, B, H), dt)
         _close(np.where(valid, y, 0), np.where(valid, ref_y, 0), dt, f"y (mode {mode})")
         if c.layout != E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED:
             pad = _padding_values(y_user, lens, c.layout, T, D * out)
@@ -244,6 +250,10 @@ def run_case(handle, dev, c, check_backward=True):
                                           masks)
     dx_user = _load(dev, dxp, x_user.shape, dt)
     dx = R.from_layout(dx_user, lens, c.layout, T, fill=0.0)
+    if capture is not None:
+        capture["dx"], capture["dhx"] = dx_user, _load(dev, dhxp, (L * D, B, out), dt)
+        if lstm:
+            capture["dcx"] = _load(dev, dcxp, (L * D, B, H), dt)
     _close(np.where(valid, dx, 0), np.where(valid, rdx, 0), dt, "dx")
     if c.layout != E.PYDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED:
         assert (_padding_values(dx_user, lens, c.layout, T, I) == 0).all(), "dx: padding positions not 0"
@@ -258,6 +268,8 @@ def run_case(handle, dev, c, check_backward=True):
     pydnn.rnn_backward_weights_v8(handle, r, E.PYDNN_WGRAD_MODE_ADD, dlens, xd, xp, hd, hxp, yd, yp, wsize, dw, wss,
                                   wsp, rss, rsp)
     got = _load(dev, dw, (wsize // es,), dt)
+    if capture is not None:
+        capture["dw"] = got
     for pl, key, k, off in parts:
         ref = rdw[pl][key] if k is None else rdw[pl][key][k]
         n = ref.size

@@ -268,7 +268,7 @@ def test_pytorch_double_cpu_state_dict_copies_in(case, wave, handle, monkeypatch
     torch = pytest.importorskip("torch")
     from pydnn import tuning
     from rnn_harness import pytorch_double_case
-    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", wave)  # (the unidirectional stacks without a projection)
+    monkeypatch.setattr(tuning.rnn, "WAVEFRONT", wave)  # (the unidirectional stacks, projections included)
     monkeypatch.setattr(tuning.rnn, "WAVE_CHUNK", 2)
     pytorch_double_case(torch, case, handle, GpuDevice())
 

@@ -73,7 +73,7 @@ def test_planner_takes_the_wavefront_only_where_it_applies(monkeypatch):
     assert setr()
     assert not setr(dirs=E.PYDNN_BIDIRECTIONAL)
     assert not setr(layers=1)
-    assert not setr(proj=4)
+    assert setr(proj=4)  # (LSTM projection stacks too)
     assert setr(mode=E.PYDNN_SKIP_INPUT)  # (layer 0's cells in a launch of their own)
     assert setr(drop=rnn_emulator.dropout_descriptor(dev, 0.2))  # (per chunk of rows)
     assert setr(drop=rnn_emulator.dropout_descriptor(dev, 0.0))
