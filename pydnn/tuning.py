@@ -329,6 +329,11 @@ pooling = Switches(
                   'the reasons: pydnn/ops/pooling.py'),
     P2_CLAST=(True, 'p2 with threads along c for channels-last layouts whose channels take no vectors (C not a '
                     'multiple of the vector); False: the scalar fwd / bwd there; the reasons: pydnn/ops/pooling.py'),
+    P2T_BWD=(True, 'p2t_bwd (ptx/pooling.cu) for the max backward p2_bwd takes along w (NCHW) with windows <= 3 x 3 '
+                   'and planes of >= P2T_MIN_PLANE elements: a block per band of a plane, each covering window\'s '
+                   'winner found once into shared memory, then a gather per dx element (p2_bwd: up to 4 windows '
+                   're-derived and re-scanned per element); False: p2_bwd; the reasons: pydnn/ops/pooling.py'),
+    P2T_MIN_PLANE=(1024, 'p2t_bwd: smaller planes keep p2_bwd (a block of 256 threads per plane would idle)'),
 )
 
 dropout = Switches(
