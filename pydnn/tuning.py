@@ -225,6 +225,9 @@ batchnorm = Switches(
     GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),
+    RECORDS=(True, 'forward training and backward (plain and Ex) keep a launch record per handle and descriptors '
+                   '(their versions): a repeated call checks only its per-call arguments (19-23 Python calls '
+                   'instead of 81-96); False: every call validates in full; the reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(

@@ -176,7 +176,7 @@ def _breakdown(b, h, op, dname, n):
 
 
 def _forget(h):
-    for k in [k for k in h.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer")]:
+    for k in [k for k in h.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer", "bn_bwd", "bn_fwd_rec", "bn_bwd_rec")]:
         del h.prepared[k]
 
 

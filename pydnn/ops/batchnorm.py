@@ -934,6 +934,7 @@ def _fwd_validate(mode, x_desc, y_desc, bn_desc, eps, factor):
 # Python calls each (the inference form 9; tools/profile_torch_host_cpu.py, the CNN demo's step: half of
 # pydnn's own host time), and the sweep's small batch-norm points are host-bound (bn_bwd NHWC bf16
 # 162x4x9x9: 64.5 us a call eager, 11.5 us of it on the GPU in a CUDA graph; H200, tools/sweep_memory.py).
+# RECORDS: a switch, pydnn.tuning.batchnorm.RECORDS (default True)
 _MIN_EPS = E.PYDNN_BN_MIN_EPSILON
 
 
@@ -1003,7 +1004,8 @@ def _fwd_go(handle, pl, relu, add, al, be, eps, factor, xp, yp, zp, mp, sp, bp, 
 def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, bn_desc, scale, bias, factor,
                run_mean, run_var, eps, save_mean, save_invvar, act_desc, ws, ws_size, reserve, reserve_size, ex):
     rkey = None
-    if type(handle) is Handle and handle.alive and type(mode) is int and (ops is None or type(ops) is int):
+    if (type(handle) is Handle and handle.alive and type(mode) is int and (ops is None or type(ops) is int)
+            and tuning.batchnorm.RECORDS):
         rkey = _key("bn_fwd_rec", ex, mode, ops, x_desc, y_desc, z_desc, bn_desc, act_desc)
         try:
             rec = handle.prepared.get(rkey) if rkey is not None else None
@@ -1243,7 +1245,8 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
          dx_desc, dx, dbn_desc, scale, dscale, dbias, eps, saved_mean, saved_invvar, act_desc, ws, ws_size,
          reserve, reserve_size, ex):
     rkey = None
-    if type(handle) is Handle and handle.alive and type(mode) is int and (ops is None or type(ops) is int):
+    if (type(handle) is Handle and handle.alive and type(mode) is int and (ops is None or type(ops) is int)
+            and tuning.batchnorm.RECORDS):
         rkey = _key("bn_bwd_rec", ex, mode, ops, x_desc, y_desc if ex else None, dy_desc, dz_desc, dx_desc, dbn_desc,
                     act_desc)
         try:

@@ -286,7 +286,7 @@ def test_large_reduction_with_large_mean(handle, layout, rng):
 
 
 def _forget_bn_plans(handle):
-    for k in [k for k in handle.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer")]:
+    for k in [k for k in handle.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer", "bn_bwd", "bn_fwd_rec", "bn_bwd_rec")]:
         del handle.prepared[k]
 
 
