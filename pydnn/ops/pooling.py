@@ -541,7 +541,7 @@ def _p2_ok(kernel, flags, descs, geometry):
 # P2T_BWD / P2T_MIN_PLANE: switches, pydnn.tuning.pooling
 P2T_WIN = 2048        # kP2tWin
 P2T_ELEMS = 8192      # dx elements a block writes at most (32 a thread)
-P2T_MIN_BLOCKS = 264  # two waves of blocks over an H100 / H200's SMs
+P2T_MIN_BLOCKS = 528  # a wave at 4 blocks an SM (64 registers a thread) over an H100 / H200's 132 SMs
 
 
 def _p2t_band(geometry, planes):
