@@ -228,6 +228,8 @@ batchnorm = Switches(
     RECORDS=(True, 'forward training and backward (plain and Ex) keep a launch record per handle and descriptors '
                    '(their versions): a repeated call checks only its per-call arguments (19-23 Python calls '
                    'instead of 81-96); False: every call validates in full; the reasons: pydnn/ops/batchnorm.py'),
+    ROWS1_U=(4, 'rows in flight per thread of the 1-element row kernels (NHWC with C off every vector): 4 (the '
+                 'kernels\' kUnroll) or 8; the reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(

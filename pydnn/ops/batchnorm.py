@@ -263,6 +263,8 @@ def kernel_units():
             exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
         if t in STATS16_TAGS:
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
+        if t != "f64":
+            exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
             exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
@@ -503,14 +505,33 @@ def _apply_launch(kernel, g, v, begin, end, u=None, steps=APPLY_STEPS):
                    {"chunk_rows": chunk, "row_begin": begin, "row_end": end}, u)
 
 
-def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False):
+# 1-element row kernels (NHWC with C off every vector: odd C) with ROWS1_U rows in flight per thread instead
+# of kUnroll (4): a 2-byte load per row leaves 4 rows x 2 operands x 2 bytes in flight per thread, too few
+# bytes to cover DRAM latency at the row kernels' occupancy (bn_bwd NHWC bf16 195x93x38x38 0.54x PyTorch,
+# 105x405x82x82 0.65x; fp32 39x1315x23x23 0.59x; 22-27% of copy; H200, tools/sweep_memory.py).
+# Instantiated for 8 (ROWS1_U_KERNELS; float / half / bfloat16).
+# ROWS1_U: a switch, pydnn.tuning.batchnorm.ROWS1_U (default 4 = kUnroll: the kernels' own default)
+ROWS1_U_VALUES = (8,)
+ROWS1_U_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply")
+
+
+def _rows1_u(tag, v):
+    """Rows in flight of the 1-element row kernels for this call (None: kUnroll)."""
+    u = tuning.batchnorm.ROWS1_U
+    return u if v == 1 and tag != "f64" and u in ROWS1_U_VALUES else None
+
+
+def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False, tag=None):
     """stats, final, apply (rows head_rows..), and head (rows 0..head_rows) when head_rows > 0. us: the
     FAST16 rows in flight of stats (None: the 4-rows-in-flight kernel); plain: the forward without z / ReLU / blending
-    takes fwd_apply_plain (UNROLL16 rows in flight)."""
+    takes fwd_apply_plain (UNROLL16 rows in flight). tag: 1-element launches take _rows1_u's rows in flight."""
     bx, by, tiles = _row_block(g, v)
     st = {"chunk_rows": chunk, "chunks": chunks}
+    u1 = _rows1_u(tag, v) if tag is not None else None
+    if u1 is not None and us is None:
+        us = u1
     apply = _apply_launch(f"{direction}_apply_plain" if plain else f"{direction}_apply", g, v, head_rows, g.rows,
-                          UNROLL16 if plain else None)
+                          UNROLL16 if plain else u1)
     out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st, us),
            _Launch(f"{direction}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
            apply]
@@ -709,7 +730,7 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
     """rows{v} for each vector width; with FAST16 also rows{v}p, the plain forward (_pick_plain)."""
     for v in vecs:
         us = UNROLL16 if _stats16(pl.tag, direction, v) else None
-        seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us)
+        seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, tag=pl.tag)
         pl.seqs[f"rows{v}"] = seq
         if direction == "fwd" and _fast16(pl.tag, v):
             pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)

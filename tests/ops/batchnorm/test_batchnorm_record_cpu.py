@@ -204,3 +204,34 @@ def test_record_falls_back_for_per_call_errors():
         pydnn.set_tensor_nd_descriptor(bd, F32, 4, [1, 7, 1, 1], [7, 1, 1, 1])
         assert _status(pr.fwd(h)) == BAD
         assert _status(pr.bwd(h)) == BAD
+
+
+def test_rows1_u_plans(monkeypatch):
+    """ROWS1_U = 8: the 1-element row launches (odd C NHWC) take the <T, 1, 8> kernels (stats and apply) and
+    chunk the apply for 8 rows in flight; the vector launches and double keep kUnroll; the kernels are in
+    the units."""
+    from pydnn import tuning
+    h = _handle()
+    exprs = {e for u in B.kernel_units() for e in u.exprs}
+    for dims, dtype in (((39, 1315, 23, 23), F32), ((195, 93, 38, 38), BF16), ((37, 12, 146, 146), F16),
+                        ((4, 16, 5, 7), F32), ((3, 7, 5, 5), pydnn.PYDNN_DATA_DOUBLE)):
+        d = _desc(dims, dtype, packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC))
+        for direction, others in (("fwd", (d,)), ("bwd", (d, d))):
+            monkeypatch.setattr(tuning.batchnorm, "ROWS1_U", 4)
+            base = B.plan_summary(h, direction, S, d, *others)[1]
+            monkeypatch.setattr(tuning.batchnorm, "ROWS1_U", 8)
+            seqs = B.plan_summary(h, direction, S, d, *others)[1]
+            for name, seq in seqs.items():
+                for (k, v, grid, block, fields), (k0, v0, grid0, block0, f0) in zip(seq, base[name]):
+                    assert (k, v, block) == (k0, v0, block0)
+                    if name == "rows1" and dtype != pydnn.PYDNN_DATA_DOUBLE and k in B.ROWS1_U_KERNELS:
+                        assert "8>" in B._expr(k, B.TAG[dtype], v, 8) and B._expr(k, B.TAG[dtype], v, 8) in exprs
+            rows1 = seqs.get("rows1")
+            if rows1 is not None:
+                h2 = _handle()
+                pl = B._make_plan(h2, B.TAG[dtype], B._geometry(S, d.dims, {B.OP_X: d.strides, B.OP_Y: d.strides,
+                                                                          B.OP_DY: d.strides, B.OP_DX: d.strides},
+                                                                B.vec_width(B.TAG[dtype], B.TAG[dtype])),
+                                  direction, False)
+                us = [lc.u for lc in pl.seqs["rows1"] if lc.kernel in B.ROWS1_U_KERNELS]
+                assert us == ([None, None] if dtype == pydnn.PYDNN_DATA_DOUBLE else [8, 8]), (dims, direction, us)
