@@ -8,6 +8,7 @@ import pytest
 
 import pydnn
 from pydnn._cuda import driver
+from pydnn.ops import batchnorm as B
 from devtensor import DevTensor
 from test_batchnorm_gpu import BF16, F16, F32, OPS_ACT, OPS_BN, SPATIAL, _backward, _forget_bn_plans, _train
 
@@ -24,9 +25,13 @@ def _same(a, b, what):
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("ex_ops", [None, OPS_BN, OPS_ACT], ids=["plain", "ex_bn", "ex_relu"])
-def test_record_repeats_bitwise(handle, rng, case, ex_ops):
+def test_record_repeats_bitwise(handle, rng, case, ex_ops, monkeypatch):
     dims, layout, dtype = CASES[case]
     _forget_bn_plans(handle)
+    took = []  # what each call's record path returned (True: launched through it)
+    fast = B._fwd_fast, B._bwd_fast
+    monkeypatch.setattr(B, "_fwd_fast", lambda *a: took.append(("fwd", fast[0](*a))) or took[-1][1])
+    monkeypatch.setattr(B, "_bwd_fast", lambda *a: took.append(("bwd", fast[1](*a))) or took[-1][1])
     t = _train(handle, SPATIAL, dims, layout, dtype, rng, ex_ops=ex_ops)  # the full path, against the reference
     x, bd = t["x"], t["bd"]
     # the same descriptors again: the record; new y / saved statistics (poisoned), running stats reset
@@ -53,6 +58,7 @@ def test_record_repeats_bitwise(handle, rng, case, ex_ops):
             t["bi"].ptr, 0.1, rm2.ptr, rv2.ptr, 1e-5, sm2.ptr, si2.ptr, act, ws.ptr, wn, res2.ptr, t["rn"])
     driver.synchronize()
     assert any(isinstance(k, tuple) and k and k[0] == "bn_fwd_rec" for k in handle.prepared)
+    assert took[-1] == ("fwd", True), took
     _same(y2.download(), t["y"].download(), "y")
     _same(sm2.download(), t["sm"].download(), "saved mean")
     _same(si2.download(), t["si"].download(), "saved inverse std")
@@ -91,6 +97,8 @@ def test_record_repeats_bitwise(handle, rng, case, ex_ops):
         driver.synchronize()
         outs.append((dx.download(), ds.download(), db.download()))
     assert any(isinstance(k, tuple) and k and k[0] == "bn_bwd_rec" for k in handle.prepared)
+    # the 2nd, 3rd and 4th of these calls through the record (the 1st, and _backward's, each a new key)
+    assert [v for d, v in took if d == "bwd"] == [True, True, True], took
     for i in (0, 2):
         for a, b, what in zip(outs[i], outs[i + 1], ("dx", "dscale", "dbias")):
             _same(b, a, f"{what} blend={i == 2}")
