@@ -230,6 +230,8 @@ batchnorm = Switches(
                    'instead of 81-96); False: every call validates in full; the reasons: pydnn/ops/batchnorm.py'),
     ROWS1_U=(4, 'rows in flight per thread of the 1-element row kernels (NHWC with C off every vector): 4 (the '
                  'kernels\' kUnroll) or 8; the reasons: pydnn/ops/batchnorm.py'),
+    GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
+                         'reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(

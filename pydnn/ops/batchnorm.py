@@ -880,7 +880,7 @@ def _run(handle, pl, seq):
 # the launches and their host work are the time (NHWC bf16 7x35x5x5 training 0.67x PyTorch, fp16 18x5x9x9
 # backward 0.61x with the rows path; H200, tools/sweep_memory.py). 0: off.
 # GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 32768)
-GEN_TINY_ROWS = 4096
+# GEN_TINY_ROWS: a switch, pydnn.tuning.batchnorm.GEN_TINY_ROWS (default 4096)
 
 
 def _pick(pl, tensor_ptrs, scratch_ok, base=0):
@@ -888,7 +888,7 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
     constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen). Tiny calls: gen."""
     g = pl.geom
-    if g.rows <= GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
+    if g.rows <= tuning.batchnorm.GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
         return pl.seqs["gen"]
     orb = 0  # the pointers' low bits together (NULL ones add none): aligned to a power of two m <=> orb % m == 0
     for q in tensor_ptrs:
