@@ -806,7 +806,14 @@ def _run(handle, pl, ptrs, names, alpha, beta):
     for q, n in zip(ptrs, names):
         if q % isz:
             element_aligned(q, n, isz)
-    lc = pl.launches[0] if len(pl.launches) == 1 or all((q & 15) == 0 for q in ptrs) else pl.launches[-1]
+    lcs = pl.launches
+    if len(lcs) == 1:
+        lc = lcs[0]
+    else:  # every pointer 16-byte aligned: their bits together (no generator: a Python call per pointer)
+        orb = 0
+        for q in ptrs:
+            orb |= q
+        lc = lcs[0] if orb & 15 == 0 else lcs[-1]
     p = lc.params
     p.out, p.x = ptrs[0], ptrs[1]
     p.dy = ptrs[2] if len(ptrs) > 2 else None
@@ -892,11 +899,40 @@ def pooling_backward(handle, pooling_desc, alpha, y_desc, y, dy_desc, dy, x_desc
     """cudnnPoolingBackward: dx = alpha * dpool + beta * dx (deterministic gather; max: dy to each window's
     first element matching y, which must be the forward's output). Statuses as pooling_forward, plus dims
     that differ between y and dy or x and dx."""
-    check_handle(handle)
-    key = _key("bwd", pooling_desc, y_desc, dy_desc, x_desc, dx_desc)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
+    try:  # _key's, inline (the hot path): a cached call with int pointers goes straight to _run
+        key = ("pooling", "bwd", (pooling_desc, pooling_desc.version), (y_desc, y_desc.version),
+               (dy_desc, dy_desc.version), (x_desc, x_desc.version), (dx_desc, dx_desc.version))
+        pl = handle.prepared.get(key)
+    except (AttributeError, TypeError):
+        key, pl = _key("bwd", pooling_desc, y_desc, dy_desc, x_desc, dx_desc), None
+    # The cached call (as pooling_forward's): 43-44 Python calls a call before (the CNN demo's two backward
+    # pools, tools/PERF.md "cnn: where the demos' steps go"), 6 with it (tests/ops/pooling/test_pooling_fastbwd_cpu.py).
+    if pl is not None and type(alpha) is float and type(beta) is float and not _buffers.CHECKED:
+        # as _backward's cached call: max reads x and y, averages dy only; dx shares memory with none of them
+        # (an overlap, or a pointer that is not a positive int, takes the full path, which names it)
+        is_max = KMODE[pooling_desc.mode] == KMODE_MAX
+        ptrs = (dx, x, dy, y) if is_max else (dx, dy, dy, dy)
+        need = pl.need
+        ok = True
+        for q in ptrs:
+            if type(q) is not int or q <= 0:
+                ok = False
+        if ok:
+            n0 = need[0]
+            for q, n in zip(ptrs[1:], need[1:]):
+                if dx < q + n and q < dx + n0:
+                    ok = False
+        if ok:
+            _run(handle, pl, ptrs, _BWD_NAMES[is_max], alpha, beta)
+            return
     pd = pooling_desc if key is not None and key in handle.prepared else _set_desc(pooling_desc)
     _backward(handle, "pool", key, pd.mode, pd.nan_opt, pd, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta,
               dx_desc, dx)
+
+
+_BWD_NAMES = {True: ("dx", "x", "dy", "y"), False: ("dx", "dy", "dy", "dy")}
 
 
 @api
