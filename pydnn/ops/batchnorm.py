@@ -509,8 +509,12 @@ def _apply_launch(kernel, g, v, begin, end, u=None, steps=APPLY_STEPS):
 # of kUnroll (4): a 2-byte load per row leaves 4 rows x 2 operands x 2 bytes in flight per thread, too few
 # bytes to cover DRAM latency at the row kernels' occupancy (bn_bwd NHWC bf16 195x93x38x38 0.54x PyTorch,
 # 105x405x82x82 0.65x; fp32 39x1315x23x23 0.59x; 22-27% of copy; H200, tools/sweep_memory.py).
-# Instantiated for 8 (ROWS1_U_KERNELS; float / half / bfloat16).
-# ROWS1_U: a switch, pydnn.tuning.batchnorm.ROWS1_U (default 4 = kUnroll: the kernels' own default)
+# Instantiated for 8 (ROWS1_U_KERNELS; float / half / bfloat16). Measured (mid-session run, H200, 2026-11-28,
+# 4 -> 8, same run): bn_bwd NHWC fp32 39x1315x23x23 0.278 -> 0.236 ms (28.3 -> 33.3% of copy), bf16
+# 105x405x82x82 1.923 -> 1.836 ms, 195x93x38x38 0.199 -> 0.195, 2x1305x45x45 62.6 -> 60.4 us, fp16
+# 37x12x146x146 101.0 -> 98.7 us: faster everywhere, still 0.54-0.73x PyTorch (the fix for odd C is a
+# fixed-channel walk over super-rows, gsf_fwd's shape, not more rows in flight).
+# ROWS1_U: a switch, pydnn.tuning.batchnorm.ROWS1_U (default 8; 4 = kUnroll, the kernels' own default)
 ROWS1_U_VALUES = (8,)
 ROWS1_U_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply")
 
@@ -879,7 +883,13 @@ def _run(handle, pl, seq):
 # gen launch (a block per feature, both passes) instead of the rows / nc sequences (3-4 launches): for them
 # the launches and their host work are the time (NHWC bf16 7x35x5x5 training 0.67x PyTorch, fp16 18x5x9x9
 # backward 0.61x with the rows path; H200, tools/sweep_memory.py). 0: off.
-# GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 32768)
+# 262144 (was 32768; mid-session run, H200, 2026-11-28, eager back-to-back / CUDA-graph device time per call,
+# rows path -> gen): bn_bwd NHWC fp32 2x477x13x13 (161k elements) 29.9 -> 24.0 us / 14.1 -> 20.6 us,
+# 6x14x25x25 31.6 -> 21.9 / 10.7 -> 12.6, bn_train NHWC bf16 51x175x2x2 33.4 -> 22.6 / 11.4 -> 5.8: eager
+# (the sweep's and PyTorch's measure) gains 20-32%; inside a CUDA graph the larger ones lose up to 6.5 us.
+# Past GEN_TINY_ROWS gen's one block per feature costs more (162x4x9x9 bf16: 13122 rows, device 10.9 -> 28.7
+# us for 32.3 -> 30.8 us eager), so the rows limit stays.
+# GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 262144)
 # GEN_TINY_ROWS: a switch, pydnn.tuning.batchnorm.GEN_TINY_ROWS (default 4096)
 
 
