@@ -888,7 +888,8 @@ def _run(handle, pl, seq):
 # 6x14x25x25 31.6 -> 21.9 / 10.7 -> 12.6, bn_train NHWC bf16 51x175x2x2 33.4 -> 22.6 / 11.4 -> 5.8: eager
 # (the sweep's and PyTorch's measure) gains 20-32%; inside a CUDA graph the larger ones lose up to 6.5 us.
 # Past GEN_TINY_ROWS gen's one block per feature costs more (162x4x9x9 bf16: 13122 rows, device 10.9 -> 28.7
-# us for 32.3 -> 30.8 us eager), so the rows limit stays.
+# us for 32.3 -> 30.8 us eager), so the rows limit stays. Second run, same-run A / B (32768 -> 262144): 43.6 ->
+# 22.7 us, 43.0 -> 22.4 us, 45.1 -> 12.4 us eager (0.84-0.91x -> 1.72-2.05x PyTorch).
 # GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 262144)
 # GEN_TINY_ROWS: a switch, pydnn.tuning.batchnorm.GEN_TINY_ROWS (default 4096)
 
