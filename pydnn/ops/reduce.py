@@ -43,8 +43,8 @@ UNROLL = 4           # kUnroll in reduce.cu
 # fp32 ran at 0.217 ms with ROW_ROUNDS' 2 (G = 128, 67% of copy, 0.69x PyTorch) and 0.159 ms with 8 (G = 32,
 # 92% of copy, 0.95x; H200 mid-session run, 2026-11-28); second run, same-run A / B: 0.2187 -> 0.1605 ms,
 # SUM 30000 x 8192 fp32 0.2728 -> 0.2321 ms (G 256 -> 64), AVG 40000 x 14688 fp16 0.4069 -> 0.3027 ms (0.91x ->
-# 1.23x PyTorch); 2563 x 128 and 1048576 x 120 (rule not applied) unchanged. Few rows keep ROW_ROUNDS: their time is the rounds'
-# latency, not bandwidth (2563 x 128 fp32 would go from G = 4 to 1).
+# 1.23x PyTorch); 2563 x 128 and 1048576 x 120 (rule not applied) unchanged. Few rows keep ROW_ROUNDS: their
+# time is the rounds' latency, not bandwidth (2563 x 128 fp32 would go from G = 4 to 1).
 # ROW_ROUNDS_WIDE: a switch, pydnn.tuning.reduce.ROW_ROUNDS_WIDE (default 8; 0: off)
 WIDE_MIN_GROUP = 32
 FLAG_SMALL_ROWS = 4  # PYDNN_REDUCE_FLAG_SMALL_ROWS
