@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
 
 // y over rows [row_begin + blockIdx.y * chunk_rows, ...) for the VEC features of this thread. Loads stay
 // packed until used; 2 blocks per SM at least (the register cap keeps 16 warps resident).
-template <class T, int VEC>
+template <class T, int VEC, int U = kUnroll>
 __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -370,16 +370,16 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   const T* z = (const T*)p.z + f0;
   T* y = (T*)p.y + f0;
   const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
-  for (i64 r = start + ty; r < end; r += (i64)by * kUnroll) {
-    P xv[kUnroll];  // only x is prefetched: z and the old y (Ex, blending) are loaded where used, so the
+  for (i64 r = start + ty; r < end; r += (i64)by * U) {
+    P xv[U];  // only x is prefetched: z and the old y (Ex, blending) are loaded where used, so the
                     // plain forward keeps few registers (3 blocks of 256 per SM)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 rr = r + (i64)u * by;
       if (rr < end) xv[u] = rload<T, VEC>(x + rr * lx);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 rr = r + (i64)u * by;
       if (rr < end) {
         A xa[VEC], za[VEC], o[VEC];
@@ -534,7 +534,7 @@ __device__ __forceinline__ void row_load_xdy(const BnParams& p, i64 f0, i64 rr, 
   }
 }
 
-template <class T, int VEC>
+template <class T, int VEC, int U = kUnroll>
 __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_n[kThreads], s_s[4][kThreads * VEC];
@@ -546,10 +546,10 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
 #pragma unroll
   for (int e = 0; e < VEC; ++e) mx[e] = m2[e] = my[e] = cc[e] = A(0);
   if (live) {
-    for (i64 r = r0 + ty; r < r1; r += (i64)by * kUnroll) {
-      A xv[kUnroll][VEC], dv[kUnroll][VEC];
+    for (i64 r = r0 + ty; r < r1; r += (i64)by * U) {
+      A xv[U][VEC], dv[U][VEC];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         const i64 rr = r + (i64)u * by;
         if (rr < r1) row_load_xdy<T, VEC>(p, f0, rr, xv[u], dv[u]);
         else {
@@ -557,20 +557,20 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
           for (int e = 0; e < VEC; ++e) xv[u][e] = dv[u][e] = A(0);
         }
       }
-      const int k = (int)min((i64)kUnroll, (r1 - r + by - 1) / by);
+      const int k = (int)min((i64)U, (r1 - r + by - 1) / by);
       const A kb = (A)k, inv = A(1) / kb;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         A sx = 0, sy = 0;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < U; ++u) {
           sx += xv[u][e];
           sy += dv[u][e];
         }
         const A bx_ = sx * inv, by_ = sy * inv;
         A q = 0, cb = 0;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < U; ++u) {
           const A d = xv[u][e] - bx_, g = dv[u][e] - by_;
           if (u < k) {
             q += d * d;
@@ -683,7 +683,7 @@ template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) 
   return c[0] * (d - c[3]) + c[1] * (x - c[2]);
 }
 
-template <class T, int VEC>
+template <class T, int VEC, int U = kUnroll>
 __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -706,11 +706,11 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   T* dz = (T*)p.dz + f0;
   const i64 lx = p.ld[X], ldy = p.ld[DY], ldx = p.ld[DX], ldz = p.ld[DZ];
   const bool blend = flags & PYDNN_BN_FLAG_BETA, wdz = flags & PYDNN_BN_FLAG_DZ, msk = flags & PYDNN_BN_FLAG_MASK;
-  for (i64 r = start + ty; r < end; r += (i64)by * kUnroll) {
-    P xv[kUnroll], dv[kUnroll];  // the old dx / dz (blending) are loaded where used
-    Pack<unsigned char, VEC> mv[kUnroll];
+  for (i64 r = start + ty; r < end; r += (i64)by * U) {
+    P xv[U], dv[U];  // the old dx / dz (blending) are loaded where used
+    Pack<unsigned char, VEC> mv[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 rr = r + (i64)u * by;
       if (rr < end) {
         xv[u] = rload<T, VEC>(x + rr * lx);
@@ -719,7 +719,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 rr = r + (i64)u * by;
       if (rr < end) {
         A xa[VEC], da[VEC], o[VEC];

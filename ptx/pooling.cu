@@ -941,5 +941,92 @@ __global__ void __launch_bounds__(kThreads) p2_bwd(const PoolParams p) {
   }
 }
 
+
+// ------------------------------------------------------------------ p2t: max backward over a shared-memory tile
+//
+// p2t_bwd  max pooling backward of p2_bwd's problems (2-d, non-adaptive, NCHW-like: dx contiguous along w,
+//          offsets below 2^31 elements) whose windows are at most 3 x 3 with at most 2 covering windows per
+//          dim (host). p2_bwd spends its time on index math: each dx element recomputes up to 4 covering
+//          windows and re-scans a window on every match (max 3x3/2 NCHW fp32 101x38x50x50: 0.474 ms, PyTorch
+//          0.122 from saved indices; H200, tools/sweep_memory.py). Here a block owns one band of input rows
+//          [h0, h0 + p.div[1]) of one (n, c) plane (block b: plane b / p.div[0], band b % p.div[0]):
+//   1. a thread per covering window (output rows covering(h0).lo .. covering(h1 - 1).hi, every ow): the
+//      window's FIRST element (window order) matching y[o] (equal, or both NaN: bwd / p2_bwd's rule), its
+//      plane offset h * W + w (-1: none) and dy[o] to shared memory;
+//   2. a thread per dx element of the band: dy of its covering windows (oh, ow ascending, as p2_bwd) whose
+//      winner it is, summed, blended, stored (dx along w: coalesced).
+// Same elements, same order, same arithmetic as p2_bwd: the same bits. The host keeps the band's windows
+// within kP2tWin (p.div[0] = bands per plane, p.div[1] = rows per band; grid = planes * bands).
+constexpr int kP2tWin = 2048;  // windows a block holds (shared memory: an int and an A each)
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) p2t_bwd(const PoolParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ int s_win[kP2tWin];
+  __shared__ A s_g[kP2tWin];
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const T* __restrict__ dy = static_cast<const T*>(p.dy);
+  const T* __restrict__ yv = static_cast<const T*>(p.y);
+  T* __restrict__ dx = static_cast<T*>(p.out);
+  const int bands = (int)p.div[0], th = (int)p.div[1];
+  const int C = (int)p.size[1], H = (int)p.size[3], W = (int)p.size[4];
+  const int OW = (int)p.out_dim[2];
+  const int plane = (int)(blockIdx.x / (unsigned)bands), band = (int)(blockIdx.x - (unsigned)plane * bands);
+  const int n = plane / C, c = plane - n * C;
+  const int h0 = band * th, h1 = h0 + th < H ? h0 + th : H;
+  int ohlo, ohhi, tmp;
+  covering(p, 1, h0, ohlo, tmp);
+  covering(p, 1, h1 - 1, tmp, ohhi);
+  const int nwin = ohhi >= ohlo ? (ohhi - ohlo + 1) * OW : 0;
+  const int xs3 = (int)p.xs[3], xs4 = (int)p.xs[4];
+  const T* xb = x + (int)(n * p.xs[0] + c * p.xs[1]);
+  const T* gb = dy + (int)(n * p.ps[0] + c * p.ps[1]);
+  const T* yb = yv + (int)(n * p.ys[0] + c * p.ys[1]);
+  for (int t = threadIdx.x; t < nwin; t += kThreads) {
+    const int r = t / OW, ow = t - r * OW, oh = ohlo + r;
+    int hlo, hhi, wlo, whi;
+    window(p, 1, oh, hlo, hhi);
+    window(p, 2, ow, wlo, whi);
+    Frag<T, 1> m, g, ev[kP2Win * kP2Win];
+    m.load(yb + oh * (int)p.ys[3] + ow * (int)p.ys[4]);
+    g.load(gb + oh * (int)p.ps[3] + ow * (int)p.ps[4]);
+    const T* first = xb + hlo * xs3 + wlo * xs4;
+#pragma unroll
+    for (int a = 0; a < kP2Win; ++a)
+#pragma unroll
+      for (int b = 0; b < kP2Win; ++b)
+        if (hlo + a < hhi && wlo + b < whi) ev[a * kP2Win + b].load(first + a * xs3 + b * xs4);
+    const A mv = m.template get<A>(0);
+    int win = -1;
+#pragma unroll
+    for (int k = kP2Win * kP2Win - 1; k >= 0; --k) {  // backwards: the last assignment is the first match
+      const int a = k / kP2Win, b = k % kP2Win;
+      if (hlo + a < hhi && wlo + b < whi && match(ev[k].template get<A>(0), mv)) win = (hlo + a) * W + wlo + b;
+    }
+    s_win[t] = win;
+    s_g[t] = g.template get<A>(0);
+  }
+  __syncthreads();
+  const int count = (h1 - h0) * W;
+  T* db = dx + (int)(n * p.os[0] + c * p.os[1]);
+  for (int t = threadIdx.x; t < count; t += kThreads) {
+    const int r = t / W, w = t - r * W, h = h0 + r, self = h * W + w;
+    int eh_lo, eh_hi, ew_lo, ew_hi;
+    covering(p, 1, h, eh_lo, eh_hi);
+    covering(p, 2, w, ew_lo, ew_hi);
+    A acc = A(0);
+#pragma unroll
+    for (int i = 0; i < kP2Cov; ++i)
+#pragma unroll
+      for (int j = 0; j < kP2Cov; ++j)
+        if (eh_lo + i <= eh_hi && ew_lo + j <= ew_hi) {
+          const int k = (eh_lo + i - ohlo) * OW + ew_lo + j;
+          if (s_win[k] == self) acc += s_g[k];
+        }
+    A res[1] = {acc};
+    store_blend<T, 1>(db + h * (int)p.os[3] + w * (int)p.os[4], res, p);
+  }
+}
+
 }  // namespace pooling
 }  // namespace pydnn

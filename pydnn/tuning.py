@@ -222,9 +222,16 @@ batchnorm = Switches(
                       'Off: slower on the H200 (bn_bwd NHWC 105x405x82x82 bf16 5.01 ms against 1.89 on the '
                       'scalar rows, 39x1315x23x23 fp32 0.372 against 0.276 ms); the reasons: '
                       'pydnn/ops/batchnorm.py'),
-    GEN_TINY=(32768, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
+    GEN_TINY=(262144, 'training / backward calls of at most this many elements (and at most 4096 reduction rows) '
                      'take the single gen launch instead of the rows / nc sequences; 0: off; the reasons: '
                      'pydnn/ops/batchnorm.py'),
+    RECORDS=(True, 'forward training and backward (plain and Ex) keep a launch record per handle and descriptors '
+                   '(their versions): a repeated call checks only its per-call arguments (19-23 Python calls '
+                   'instead of 81-96); False: every call validates in full; the reasons: pydnn/ops/batchnorm.py'),
+    ROWS1_U=(8, 'rows in flight per thread of the 1-element row kernels (NHWC with C off every vector): 4 (the '
+                 'kernels\' kUnroll) or 8; the reasons: pydnn/ops/batchnorm.py'),
+    GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
+                         'reasons: pydnn/ops/batchnorm.py'),
 )
 
 norm = Switches(
@@ -329,6 +336,11 @@ pooling = Switches(
                   'the reasons: pydnn/ops/pooling.py'),
     P2_CLAST=(True, 'p2 with threads along c for channels-last layouts whose channels take no vectors (C not a '
                     'multiple of the vector); False: the scalar fwd / bwd there; the reasons: pydnn/ops/pooling.py'),
+    P2T_BWD=(True, 'p2t_bwd (ptx/pooling.cu) for the max backward p2_bwd takes along w (NCHW) with windows <= 3 x 3 '
+                   'and planes of >= P2T_MIN_PLANE elements: a block per band of a plane, each covering window\'s '
+                   'winner found once into shared memory, then a gather per dx element (p2_bwd: up to 4 windows '
+                   're-derived and re-scanned per element); False: p2_bwd; the reasons: pydnn/ops/pooling.py'),
+    P2T_MIN_PLANE=(1024, 'p2t_bwd: smaller planes keep p2_bwd (a block of 256 threads per plane would idle)'),
 )
 
 dropout = Switches(
@@ -414,6 +426,9 @@ reduce = Switches(
     ROW_ROUNDS=(2, "rows_vec: a row's group G is the power of two that leaves each thread about ROW_ROUNDS rounds "
                    "of kUnroll vector loads (G = next_pow2(units / (ROW_ROUNDS * kUnroll)), at most a block); 1 "
                    'ran AVG 53513 x 2824 fp32 at 0.300 ms against 0.219 (H200); the reasons: pydnn/ops/reduce.py'),
+    ROW_ROUNDS_WIDE=(8, 'rows_vec with many rows: ROW_ROUNDS_WIDE rounds per thread where that leaves groups of >= 32 '
+                        'threads and >= a wave of threads over all rows (AVG 53513 x 2824 fp32 0.217 -> 0.159 ms, '
+                        'H200); 0: ROW_ROUNDS everywhere; the reasons: pydnn/ops/reduce.py'),
 )
 
 rnn = Switches(

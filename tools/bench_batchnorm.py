@@ -175,8 +175,11 @@ def _breakdown(b, h, op, dname, n):
               dname, nbytes.get(kind, 1), ms, None, "-")
 
 
+_BN_KEYS = ("bn_fwd", "bn_infer", "bn_bwd", "bn_fwd_rec", "bn_bwd_rec")  # plans and launch records
+
+
 def _forget(h):
-    for k in [k for k in h.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer")]:
+    for k in [k for k in h.prepared if isinstance(k, tuple) and k and k[0] in _BN_KEYS]:
         del h.prepared[k]
 
 

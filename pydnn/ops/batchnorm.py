@@ -263,6 +263,8 @@ def kernel_units():
             exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
         if t in STATS16_TAGS:
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
+        if t != "f64":
+            exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
             exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
@@ -503,14 +505,37 @@ def _apply_launch(kernel, g, v, begin, end, u=None, steps=APPLY_STEPS):
                    {"chunk_rows": chunk, "row_begin": begin, "row_end": end}, u)
 
 
-def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False):
+# 1-element row kernels (NHWC with C off every vector: odd C) with ROWS1_U rows in flight per thread instead
+# of kUnroll (4): a 2-byte load per row leaves 4 rows x 2 operands x 2 bytes in flight per thread, too few
+# bytes to cover DRAM latency at the row kernels' occupancy (bn_bwd NHWC bf16 195x93x38x38 0.54x PyTorch,
+# 105x405x82x82 0.65x; fp32 39x1315x23x23 0.59x; 22-27% of copy; H200, tools/sweep_memory.py).
+# Instantiated for 8 (ROWS1_U_KERNELS; float / half / bfloat16). Measured (mid-session run, H200, 2026-11-28,
+# 4 -> 8, same run): bn_bwd NHWC fp32 39x1315x23x23 0.278 -> 0.236 ms (28.3 -> 33.3% of copy), bf16
+# 105x405x82x82 1.923 -> 1.836 ms, 195x93x38x38 0.199 -> 0.195, 2x1305x45x45 62.6 -> 60.4 us, fp16
+# 37x12x146x146 101.0 -> 98.7 us: faster everywhere, still 0.54-0.73x PyTorch (the fix for odd C is a
+# fixed-channel walk over super-rows, gsf_fwd's shape, not more rows in flight).
+# ROWS1_U: a switch, pydnn.tuning.batchnorm.ROWS1_U (default 8; 4 = kUnroll, the kernels' own default)
+ROWS1_U_VALUES = (8,)
+ROWS1_U_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply")
+
+
+def _rows1_u(tag, v):
+    """Rows in flight of the 1-element row kernels for this call (None: kUnroll)."""
+    u = tuning.batchnorm.ROWS1_U
+    return u if v == 1 and tag != "f64" and u in ROWS1_U_VALUES else None
+
+
+def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False, tag=None):
     """stats, final, apply (rows head_rows..), and head (rows 0..head_rows) when head_rows > 0. us: the
     FAST16 rows in flight of stats (None: the 4-rows-in-flight kernel); plain: the forward without z / ReLU / blending
-    takes fwd_apply_plain (UNROLL16 rows in flight)."""
+    takes fwd_apply_plain (UNROLL16 rows in flight). tag: 1-element launches take _rows1_u's rows in flight."""
     bx, by, tiles = _row_block(g, v)
     st = {"chunk_rows": chunk, "chunks": chunks}
+    u1 = _rows1_u(tag, v) if tag is not None else None
+    if u1 is not None and us is None:
+        us = u1
     apply = _apply_launch(f"{direction}_apply_plain" if plain else f"{direction}_apply", g, v, head_rows, g.rows,
-                          UNROLL16 if plain else None)
+                          UNROLL16 if plain else u1)
     out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st, us),
            _Launch(f"{direction}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
            apply]
@@ -709,7 +734,7 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
     """rows{v} for each vector width; with FAST16 also rows{v}p, the plain forward (_pick_plain)."""
     for v in vecs:
         us = UNROLL16 if _stats16(pl.tag, direction, v) else None
-        seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us)
+        seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, tag=pl.tag)
         pl.seqs[f"rows{v}"] = seq
         if direction == "fwd" and _fast16(pl.tag, v):
             pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
@@ -858,8 +883,15 @@ def _run(handle, pl, seq):
 # gen launch (a block per feature, both passes) instead of the rows / nc sequences (3-4 launches): for them
 # the launches and their host work are the time (NHWC bf16 7x35x5x5 training 0.67x PyTorch, fp16 18x5x9x9
 # backward 0.61x with the rows path; H200, tools/sweep_memory.py). 0: off.
-# GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 32768)
-GEN_TINY_ROWS = 4096
+# 262144 (was 32768; mid-session run, H200, 2026-11-28, eager back-to-back / CUDA-graph device time per call,
+# rows path -> gen): bn_bwd NHWC fp32 2x477x13x13 (161k elements) 29.9 -> 24.0 us / 14.1 -> 20.6 us,
+# 6x14x25x25 31.6 -> 21.9 / 10.7 -> 12.6, bn_train NHWC bf16 51x175x2x2 33.4 -> 22.6 / 11.4 -> 5.8: eager
+# (the sweep's and PyTorch's measure) gains 20-32%; inside a CUDA graph the larger ones lose up to 6.5 us.
+# Past GEN_TINY_ROWS gen's one block per feature costs more (162x4x9x9 bf16: 13122 rows, device 10.9 -> 28.7
+# us for 32.3 -> 30.8 us eager), so the rows limit stays. Second run, same-run A / B (32768 -> 262144): 43.6 ->
+# 22.7 us, 43.0 -> 22.4 us, 45.1 -> 12.4 us eager (0.84-0.91x -> 1.72-2.05x PyTorch).
+# GEN_TINY: a switch, pydnn.tuning.batchnorm.GEN_TINY (default 262144)
+# GEN_TINY_ROWS: a switch, pydnn.tuning.batchnorm.GEN_TINY_ROWS (default 4096)
 
 
 def _pick(pl, tensor_ptrs, scratch_ok, base=0):
@@ -867,25 +899,29 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
     constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen). Tiny calls: gen."""
     g = pl.geom
-    if g.rows <= GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
+    if g.rows <= tuning.batchnorm.GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
         return pl.seqs["gen"]
+    orb = 0  # the pointers' low bits together (NULL ones add none): aligned to a power of two m <=> orb % m == 0
+    for q in tensor_ptrs:
+        orb |= q
+    a16 = orb & 15 == 0
     if scratch_ok:
         v = vec_width(pl.tag, pl.tag)
         if base % 16 == 0:
-            if f"nc{v}" in pl.seqs and _aligned16(tensor_ptrs):
+            if f"nc{v}" in pl.seqs and a16:
                 return pl.seqs[f"nc{v}"]
             if "nc1" in pl.seqs:
                 return pl.seqs["nc1"]
-        if f"rows{v}" in pl.seqs and _aligned16(tensor_ptrs):
+        if f"rows{v}" in pl.seqs and a16:
             return pl.seqs[f"rows{v}"]
-        if f"flat{v}" in pl.seqs and base % 16 == 0 and _aligned16(tensor_ptrs):
+        if f"flat{v}" in pl.seqs and base % 16 == 0 and a16:
             return pl.seqs[f"flat{v}"]
         vm = pl.vmid
-        if vm and base % pl.asize == 0 and all(q % (vm * pl.isize) == 0 for q in tensor_ptrs if q):
+        if vm and base % pl.asize == 0 and orb % (vm * pl.isize) == 0:
             return pl.seqs[f"rows{vm}"]
         if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
-    if "planes" in pl.seqs and _aligned16(tensor_ptrs):
+    if "planes" in pl.seqs and a16:
         return pl.seqs["planes"]
     return pl.seqs["gen"]
 
@@ -920,8 +956,96 @@ def _fwd_validate(mode, x_desc, y_desc, bn_desc, eps, factor):
     return mode, _epsilon(eps), _finite("exponentialAverageFactor", factor)
 
 
+# Launch records of forward training and backward (plain and Ex): what validating the descriptors decided
+# (the plan, ReLU / add, the reserve space's need, the spans) under a key of every descriptor the validation
+# reads and their versions (bnScaleBiasMeanVarDesc and the activation's too), as the inference form keeps its
+# plan. A hit checks only what may change per call, without a Python call per argument: float scalars and
+# epsilon / factor, int pointers (> 0, element-aligned; PYDNN_CHECKED off), the optional pairs, the workspace
+# and reserve sizes, no overlap; anything else (tensor objects, ints for scalars, overlapping buffers, an error)
+# takes the full path, which raises exactly as before. Why: the training Ex forward and backward took 92-98
+# Python calls each (the inference form 9; tools/profile_torch_host_cpu.py, the CNN demo's step: half of
+# pydnn's own host time), and the sweep's small batch-norm points are host-bound (bn_bwd NHWC bf16
+# 162x4x9x9: 64.5 us a call eager, 11.5 us of it on the GPU in a CUDA graph; H200, tools/sweep_memory.py).
+# RECORDS: a switch, pydnn.tuning.batchnorm.RECORDS (default True)
+_MIN_EPS = E.PYDNN_BN_MIN_EPSILON
+
+
+def _fast_pair(a, b, asz):
+    """(a, b) of an optional pair of int pointers, (0, 0) for neither, None when the full path must decide."""
+    if type(a) is int and type(b) is int and a > 0 and b > 0 and not a % asz and not b % asz:
+        return a, b
+    if (a is None or (type(a) is int and a == 0)) and (b is None or (type(b) is int and b == 0)):
+        return 0, 0
+    return None
+
+
+def _fwd_fast(handle, rec, alpha, beta, x, z, y, scale, bias, factor, run_mean, run_var, eps, save_mean, save_invvar,
+              ws, ws_size, reserve, reserve_size, ex):
+    """The call through its launch record; False when the full path must take it."""
+    pl, relu, add, rneed, xs, ys = rec
+    if (_buffers.CHECKED or type(alpha) is not float or type(beta) is not float or type(eps) is not float
+            or not eps >= _MIN_EPS or type(factor) is not float or factor - factor != 0):
+        return False
+    isz, asz = pl.isize, pl.asize
+    for q in ((x, y, z) if add else (x, y)):
+        if type(q) is not int or q <= 0 or q % isz:
+            return False
+    for q in (scale, bias):
+        if type(q) is not int or q <= 0 or q % asz:
+            return False
+    rp, sp2 = _fast_pair(run_mean, run_var, asz), _fast_pair(save_mean, save_invvar, asz)
+    if rp is None or sp2 is None or (y < x + xs and x < y + ys):
+        return False
+    mp = 0
+    if relu:
+        if type(reserve_size) is not int or reserve_size < rneed or type(reserve) is not int or reserve <= 0:
+            return False
+        mp = reserve
+    if ex:
+        if type(ws_size) is not int or ws_size < pl.ws_need:
+            return False
+        wp = 0
+        if pl.ws_need:
+            if type(ws) is not int or ws <= 0 or ws % 16:
+                return False
+            wp = ws
+        scratch_ok, base = True, wp
+    else:
+        scratch_ok, base = beta == 0, y
+    _fwd_go(handle, pl, relu, add, alpha, beta, eps, factor, x, y, z if add else 0, mp, scale, bias, rp, sp2,
+            scratch_ok, base)
+    return True
+
+
+def _fwd_go(handle, pl, relu, add, al, be, eps, factor, xp, yp, zp, mp, sp, bp, rp, sp2, scratch_ok, base):
+    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok, base)
+    p = pl.params
+    _zero_ptrs(p)
+    rm, rv = rp
+    sm, si = sp2
+    p.x, p.y, p.z, p.mask, p.scale, p.bias = xp, yp, zp or None, mp or None, sp, bp
+    p.mean, p.var, p.save_mean, p.save_invvar = rm or None, rv or None, sm or None, si or None
+    if pl.scratch is not None:
+        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
+    p.alpha, p.beta, p.eps, p.factor = al, be, eps, factor
+    p.flags = (pl.flags | (FLAG_BETA if be != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
+               | (FLAG_Z if add else 0) | (FLAG_RUNNING if rm else 0) | (FLAG_SAVE if sm else 0))
+    _run(handle, pl, _pick_plain(pl, seq, p.flags))
+
+
 def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, bn_desc, scale, bias, factor,
                run_mean, run_var, eps, save_mean, save_invvar, act_desc, ws, ws_size, reserve, reserve_size, ex):
+    rkey = None
+    if (type(handle) is Handle and handle.alive and type(mode) is int and (ops is None or type(ops) is int)
+            and tuning.batchnorm.RECORDS):
+        rkey = _key("bn_fwd_rec", ex, mode, ops, x_desc, y_desc, z_desc, bn_desc, act_desc)
+        try:
+            rec = handle.prepared.get(rkey) if rkey is not None else None
+        except TypeError:  # an unhashable argument: the validation below names it
+            rec = rkey = None
+        if rec is not None and _fwd_fast(handle, rec, alpha, beta, x, z, y, scale, bias, factor, run_mean, run_var,
+                                         eps, save_mean, save_invvar, ws, ws_size, reserve, reserve_size, ex):
+            return
     check_handle(handle)
     mode, eps, factor = _fwd_validate(mode, x_desc, y_desc, bn_desc, eps, factor)
     if ex:
@@ -967,17 +1091,10 @@ def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, 
     else:
         scratch_ok = be == 0 and not _overlap(xp, x_desc.span_bytes(), yp, y_desc.span_bytes())
         base = yp
-    seq = _pick(pl, (xp, yp, zp, mp), scratch_ok, base)
-    p = pl.params
-    _zero_ptrs(p)
-    p.x, p.y, p.z, p.mask, p.scale, p.bias = xp, yp, zp or None, mp or None, sp, bp
-    p.mean, p.var, p.save_mean, p.save_invvar = rm or None, rv or None, sm or None, si or None
-    if pl.scratch is not None:
-        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
-    p.alpha, p.beta, p.eps, p.factor = al, be, eps, factor
-    p.flags = (pl.flags | (FLAG_BETA if be != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
-               | (FLAG_Z if add else 0) | (FLAG_RUNNING if rm else 0) | (FLAG_SAVE if sm else 0))
-    _run(handle, pl, _pick_plain(pl, seq, p.flags))
+    if rkey is not None:
+        handle.remember(rkey, (pl, relu, add, _reserve_need(ops, x_desc) if relu else 0, x_desc.span_bytes(),
+                               y_desc.span_bytes()))
+    _fwd_go(handle, pl, relu, add, al, be, eps, factor, xp, yp, zp, mp, sp, bp, (rm, rv), (sm, si), scratch_ok, base)
 
 
 @api
@@ -1103,9 +1220,74 @@ def _bwd_validate(mode, x_desc, dy_desc, dx_desc, dbn_desc, eps):
     return mode, _epsilon(eps)
 
 
+def _bwd_fast(handle, rec, alpha_d, beta_d, alpha_p, beta_p, x, dy, dz, dx, scale, dscale, dbias, eps, saved_mean,
+              saved_invvar, ws, ws_size, reserve, reserve_size, ex):
+    """The call through its launch record (see _fwd_fast); False when the full path must take it."""
+    pl, relu, add, rneed, xs, dys, dxs = rec
+    if (_buffers.CHECKED or type(alpha_d) is not float or type(beta_d) is not float or type(alpha_p) is not float
+            or type(beta_p) is not float or type(eps) is not float or not eps >= _MIN_EPS):
+        return False
+    isz, asz = pl.isize, pl.asize
+    for q in ((x, dy, dx, dz) if add else (x, dy, dx)):
+        if type(q) is not int or q <= 0 or q % isz:
+            return False
+    for q in (scale, dscale, dbias):
+        if type(q) is not int or q <= 0 or q % asz:
+            return False
+    sv = _fast_pair(saved_mean, saved_invvar, asz)
+    if sv is None or (dx < x + xs and x < dx + dxs) or (dx < dy + dys and dy < dx + dxs):
+        return False
+    mp = 0
+    if relu:
+        if type(reserve_size) is not int or reserve_size < rneed or type(reserve) is not int or reserve <= 0:
+            return False
+        mp = reserve
+    if ex:
+        if type(ws_size) is not int or ws_size < pl.ws_need:
+            return False
+        wp = 0
+        if pl.ws_need:
+            if type(ws) is not int or ws <= 0 or ws % 16:
+                return False
+            wp = ws
+        scratch_ok, base = True, wp
+    else:
+        scratch_ok, base = beta_d == 0, dx
+    _bwd_go(handle, pl, relu, add, alpha_d, beta_d, alpha_p, beta_p, eps, x, dy, dx, dz if add else 0, mp, scale,
+            dscale, dbias, sv, scratch_ok, base)
+    return True
+
+
+def _bwd_go(handle, pl, relu, add, ad, bd, ap, bp_, eps, xp, dyp, dxp, dzp, mp, sp, dsp, dbp, sv, scratch_ok, base):
+    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
+    smp, sip = sv
+    p = pl.params
+    _zero_ptrs(p)
+    p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp
+    p.dscale, p.dbias, p.save_mean, p.save_invvar = dsp, dbp, smp or None, sip or None
+    if pl.scratch is not None:
+        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
+    p.alpha, p.beta, p.alpha_p, p.beta_p, p.eps = ad, bd, ap, bp_, eps
+    p.flags = (pl.flags | (FLAG_BETA if bd != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
+               | (FLAG_DZ if add else 0) | (FLAG_SAVED if smp else 0) | (FLAG_PBETA if bp_ != 0 else 0))
+    _run(handle, pl, seq)
+
+
 def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc, dy_desc, dy, dz_desc, dz,
          dx_desc, dx, dbn_desc, scale, dscale, dbias, eps, saved_mean, saved_invvar, act_desc, ws, ws_size,
          reserve, reserve_size, ex):
+    rkey = None
+    if (type(handle) is Handle and handle.alive and type(mode) is int and (ops is None or type(ops) is int)
+            and tuning.batchnorm.RECORDS):
+        rkey = _key("bn_bwd_rec", ex, mode, ops, x_desc, y_desc if ex else None, dy_desc, dz_desc, dx_desc, dbn_desc,
+                    act_desc)
+        try:
+            rec = handle.prepared.get(rkey) if rkey is not None else None
+        except TypeError:  # an unhashable argument: the validation below names it
+            rec = rkey = None
+        if rec is not None and _bwd_fast(handle, rec, alpha_d, beta_d, alpha_p, beta_p, x, dy, dz, dx, scale, dscale,
+                                         dbias, eps, saved_mean, saved_invvar, ws, ws_size, reserve, reserve_size, ex):
+            return
     check_handle(handle)
     mode, eps = _bwd_validate(mode, x_desc, dy_desc, dx_desc, dbn_desc, eps)
     if ex:
@@ -1157,17 +1339,11 @@ def _bwd(handle, mode, ops, alpha_d, beta_d, alpha_p, beta_p, x_desc, x, y_desc,
         scratch_ok = (bd == 0 and not _overlap(dxp, span, xp, x_desc.span_bytes())
                       and not _overlap(dxp, span, dyp, dy_desc.span_bytes()))
         base = dxp
-    seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
-    p = pl.params
-    _zero_ptrs(p)
-    p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp
-    p.dscale, p.dbias, p.save_mean, p.save_invvar = dsp, dbp, smp or None, sip or None
-    if pl.scratch is not None:
-        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
-    p.alpha, p.beta, p.alpha_p, p.beta_p, p.eps = ad, bd, ap, bp_, eps
-    p.flags = (pl.flags | (FLAG_BETA if bd != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
-               | (FLAG_DZ if add else 0) | (FLAG_SAVED if smp else 0) | (FLAG_PBETA if bp_ != 0 else 0))
-    _run(handle, pl, seq)
+    if rkey is not None:
+        handle.remember(rkey, (pl, relu, add, _reserve_need(ops, x_desc) if relu else 0, x_desc.span_bytes(),
+                               dy_desc.span_bytes(), dx_desc.span_bytes()))
+    _bwd_go(handle, pl, relu, add, ad, bd, ap, bp_, eps, xp, dyp, dxp, dzp, mp, sp, dsp, dbp, (smp, sip), scratch_ok,
+            base)
 
 
 @api

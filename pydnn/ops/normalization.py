@@ -1617,6 +1617,38 @@ def get_norm_backward_workspace_size(handle, norm_desc, x_desc, dy_desc, dx_desc
     return _bwd_plan(handle, norm_desc, x_desc, dy_desc, dx_desc, scale_bias_desc, mean_invstd_desc)[1].workspace
 
 
+def _fast_bwd(handle, pl, x, x_desc, dy, dy_desc, dx, dx_desc, scale, bias, dscale, dbias, mean, invstd, ws, a, b,
+              a2, b2):
+    """norm_backward's cached call (see there); False: the full path must take it."""
+    n = pl.itemsize
+    for q in (x, dy, dx):
+        if type(q) is not int or q <= 0 or q % n:
+            return False
+    for q in ((scale, dscale, invstd) if pl.rms else (scale, dscale, invstd, mean)):
+        if type(q) is not int or q <= 0 or q % 4:
+            return False
+    opt = []
+    for q in (bias, dbias):
+        if q is None or (type(q) is int and q == 0):
+            opt.append(0)
+        elif type(q) is int and q > 0 and not q % 4:
+            opt.append(q)
+        else:
+            return False
+    wp = 0
+    if pl.workspace:
+        if type(ws) is not int or ws <= 0 or ws % 4:
+            return False
+        wp = ws
+    xs, dys, dxs = x_desc.span_bytes(), dy_desc.span_bytes(), dx_desc.span_bytes()
+    if (dx < x + xs and x < dx + dxs) or (dx < dy + dys and dy < dx + dxs):
+        return False  # (in place, allowed for the very same elements: the full path decides)
+    _run(handle, pl, (x, dy, dx), {"out": dx, "x": x, "dy": dy, "scale": scale, "bias": opt[0], "dscale": dscale,
+                                   "dbias": opt[1], "mean": 0 if pl.rms else mean, "invstd": invstd, "ws": wp},
+         a, b, a2, b2)
+    return True
+
+
 @api
 def norm_backward(handle, norm_desc, alpha_data_diff, beta_data_diff, alpha_param_diff, beta_param_diff,
                   x_desc, x, dy_desc, dy, dx_desc, dx, scale_bias_desc, scale, bias, result_scale_diff,
@@ -1626,6 +1658,24 @@ def norm_backward(handle, norm_desc, alpha_data_diff, beta_data_diff, alpha_para
     (RMS: savedMean is not read and may be NULL); bias may be NULL (no bias: only the activation reads
     it); resultBiasDiff may be NULL (not computed). Statuses as norm_forward_training, and BAD_PARAM when
     workspaceSizeInBytes is below get_norm_backward_workspace_size."""
+    # The cached call: a plan for these descriptors (and versions), its kernels loaded, int pointers, float
+    # scalars, enough workspace, dx apart from x and dy: the fields straight to _run. Anything else takes
+    # the full path below, which names what is wrong. Why: 55 Python calls a call (13 us on this CPU with
+    # the stub driver) where the kernels take 5-10 us: ln_bwd bf16 96 x 275 0.94x PyTorch, 417 x 2770 0.84x
+    # (H200, tools/sweep_memory.py; host-bound); with it 16 calls.
+    if (type(handle) is Handle and handle.alive and not _buffers.CHECKED and type(alpha_data_diff) is float
+            and type(beta_data_diff) is float and type(alpha_param_diff) is float and type(beta_param_diff) is float
+            and type(workspace_size_in_bytes) is int):
+        key = _key(2, norm_desc, (x_desc, dx_desc, dy_desc, scale_bias_desc, mean_invstd_desc))
+        try:
+            pl = handle.prepared.get(key) if key is not None else None
+        except TypeError:
+            pl = None
+        if (pl is not None and pl.alternatives[0][0].func is not None and workspace_size_in_bytes >= pl.workspace
+                and _fast_bwd(handle, pl, x, x_desc, dy, dy_desc, dx, dx_desc, scale, bias, result_scale_diff,
+                              result_bias_diff, saved_mean, saved_inv_std, workspace, alpha_data_diff,
+                              beta_data_diff, alpha_param_diff, beta_param_diff)):
+            return
     key, pl = _bwd_plan(handle, norm_desc, x_desc, dy_desc, dx_desc, scale_bias_desc, mean_invstd_desc)
     ws_size = _int("workspaceSizeInBytes", workspace_size_in_bytes)
     if ws_size < pl.workspace:

@@ -180,6 +180,11 @@ def _win2_expr(kernel, tag):
     return f"pydnn::pooling::win2_{d}<{CTYPE[tag]}, {'true' if m == 'max' else 'false'}>"
 
 
+def _p2t_expr(tag):
+    """p2t_bwd (ptx/pooling.cu): max backward over a shared-memory tile of covering windows."""
+    return f"pydnn::pooling::p2t_bwd<{CTYPE[tag]}>"
+
+
 def _p2_expr(kernel, tag, clast=False):
     """p2_fwd / p2_bwd (ptx/pooling.cu) for kernel fwd_max, fwd_avg, bwd_max or bwd_avg; clast: threads along c."""
     d, m = kernel.split("_")
@@ -191,7 +196,8 @@ def kernel_units():
                        tuple(_expr(k, t, v) for k in KERNELS for v in (vec_width(t, t), 1))
                        + tuple(_expr(k, t, vec_width(t, t)) for k in VEC_ONLY_KERNELS)
                        + tuple(_win2_expr(k, t) for k in KERNELS)
-                       + tuple(_p2_expr(k, t, cl) for k in KERNELS for cl in (False, True)))
+                       + tuple(_p2_expr(k, t, cl) for k in KERNELS for cl in (False, True))
+                       + (_p2t_expr(t),))
             for t in FLOAT_TAGS]
 
 
@@ -525,6 +531,56 @@ def _p2_ok(kernel, flags, descs, geometry):
     return False if dims[4] == 1 else None
 
 
+# p2t_bwd (ptx/pooling.cu): the max backward of p2_bwd's NCHW-like problems (threads along w) with windows of at
+# most 3 x 3: a block per band of rows of one (n, c) plane finds each covering window's winner (the first
+# element matching y) once into shared memory, then gathers per dx element. Why: p2_bwd re-derives up to 4
+# covering windows per element and re-scans one on every match (max 3x3/2 NCHW fp32 101x38x50x50 0.474 ms
+# against PyTorch's 0.122 from saved indices, fp16 2x168x55x55 0.056 / 0.030; H200, tools/sweep_memory.py).
+# Same bits as p2_bwd. Bands: the whole plane while its covering windows fit P2T_WIN and its elements P2T_ELEMS,
+# halved while there are fewer than P2T_MIN_BLOCKS blocks and a band keeps >= 1024 elements.
+# P2T_BWD / P2T_MIN_PLANE: switches, pydnn.tuning.pooling
+P2T_WIN = 2048        # kP2tWin
+P2T_ELEMS = 8192      # dx elements a block writes at most (32 a thread)
+P2T_MIN_BLOCKS = 528  # a wave at 4 blocks an SM (64 registers a thread) over an H100 / H200's 132 SMs
+
+
+def _p2t_band(geometry, planes):
+    """(rows per band, bands per plane) of p2t_bwd, or None when a band of one row has too many windows."""
+    ins, outs, win, pad, stride = geometry
+    H, W, OW = ins[1], ins[2], outs[2]
+    if win[1] > P2_WIN or win[2] > P2_WIN or H * W < tuning.pooling.P2T_MIN_PLANE:
+        return None
+
+    def cov(e):  # covering() of ptx/pooling.cu along h
+        a = e + pad[1]
+        return (0 if a - win[1] < 0 else (a - win[1]) // stride[1] + 1), min(a // stride[1], outs[1] - 1)
+
+    def rows(th):  # the most window rows a band holds
+        return max(cov(min(H, h0 + th) - 1)[1] - cov(h0)[0] + 1 for h0 in range(0, H, th))
+
+    th = H
+    while th > 1 and (th * W > P2T_ELEMS or rows(th) * OW > P2T_WIN):
+        th = (th + 1) // 2
+    if rows(th) * OW > P2T_WIN or th * W > P2T_ELEMS:
+        return None
+    while th > 1 and planes * -(-H // th) < P2T_MIN_BLOCKS and ((th + 1) // 2) * W >= 1024:
+        th = (th + 1) // 2
+    return th, -(-H // th)
+
+
+def _p2t_launch(lc, tag, out_desc, geometry):
+    """Turn lc (p2_bwd's max launch) into p2t_bwd's where _p2t_band allows; True when it did."""
+    dims = _five(out_desc)[0]
+    planes = dims[0] * dims[1]
+    band = _p2t_band(geometry, planes)
+    if band is None or planes * band[1] > MAX_GRID:
+        return False
+    lc.expr = _p2t_expr(tag)
+    lc.params.div[0], lc.params.div[1] = band[1], band[0]
+    lc.grid = (planes * band[1], 1, 1)
+    return True
+
+
 class _Plan:
     """launches[0] when every pointer is 16-byte aligned (or there is only one), else launches[-1]."""
 
@@ -591,6 +647,8 @@ def _plan(handle, kmode, flags, out_desc, x_desc, p_desc, geometry, y_desc=None)
         p2 = _p2_ok(kernel, flags, descs, geometry) if v == 1 and rows is None and lc.params.total < 2**31 else None
         if p2 is not None:
             lc.expr = _p2_expr(kernel, tag, p2)
+            if p2 is False and kernel == "bwd_max" and tuning.pooling.P2T_BWD:
+                _p2t_launch(lc, tag, out_desc, geometry)
         if kernel == "bwd_max" and v > 1 and tuning.pooling.BWD_PACKED_TIES:
             lc.expr = _expr("bwdp_max", tag, v)
         if rows is not None:
@@ -748,7 +806,14 @@ def _run(handle, pl, ptrs, names, alpha, beta):
     for q, n in zip(ptrs, names):
         if q % isz:
             element_aligned(q, n, isz)
-    lc = pl.launches[0] if len(pl.launches) == 1 or all((q & 15) == 0 for q in ptrs) else pl.launches[-1]
+    lcs = pl.launches
+    if len(lcs) == 1:
+        lc = lcs[0]
+    else:  # every pointer 16-byte aligned: their bits together (no generator: a Python call per pointer)
+        orb = 0
+        for q in ptrs:
+            orb |= q
+        lc = lcs[0] if orb & 15 == 0 else lcs[-1]
     p = lc.params
     p.out, p.x = ptrs[0], ptrs[1]
     p.dy = ptrs[2] if len(ptrs) > 2 else None
@@ -834,11 +899,40 @@ def pooling_backward(handle, pooling_desc, alpha, y_desc, y, dy_desc, dy, x_desc
     """cudnnPoolingBackward: dx = alpha * dpool + beta * dx (deterministic gather; max: dy to each window's
     first element matching y, which must be the forward's output). Statuses as pooling_forward, plus dims
     that differ between y and dy or x and dx."""
-    check_handle(handle)
-    key = _key("bwd", pooling_desc, y_desc, dy_desc, x_desc, dx_desc)
+    if type(handle) is not Handle or not handle.alive:
+        check_handle(handle)
+    try:  # _key's, inline (the hot path): a cached call with int pointers goes straight to _run
+        key = ("pooling", "bwd", (pooling_desc, pooling_desc.version), (y_desc, y_desc.version),
+               (dy_desc, dy_desc.version), (x_desc, x_desc.version), (dx_desc, dx_desc.version))
+        pl = handle.prepared.get(key)
+    except (AttributeError, TypeError):
+        key, pl = _key("bwd", pooling_desc, y_desc, dy_desc, x_desc, dx_desc), None
+    # The cached call (as pooling_forward's): 43-44 Python calls a call before (the CNN demo's two backward
+    # pools, tools/PERF.md "cnn: where the demos' steps go"), 6 with it (tests/ops/pooling/test_pooling_fastbwd_cpu.py).
+    if pl is not None and type(alpha) is float and type(beta) is float and not _buffers.CHECKED:
+        # as _backward's cached call: max reads x and y, averages dy only; dx shares memory with none of them
+        # (an overlap, or a pointer that is not a positive int, takes the full path, which names it)
+        is_max = KMODE[pooling_desc.mode] == KMODE_MAX
+        ptrs = (dx, x, dy, y) if is_max else (dx, dy, dy, dy)
+        need = pl.need
+        ok = True
+        for q in ptrs:
+            if type(q) is not int or q <= 0:
+                ok = False
+        if ok:
+            n0 = need[0]
+            for q, n in zip(ptrs[1:], need[1:]):
+                if dx < q + n and q < dx + n0:
+                    ok = False
+        if ok:
+            _run(handle, pl, ptrs, _BWD_NAMES[is_max], alpha, beta)
+            return
     pd = pooling_desc if key is not None and key in handle.prepared else _set_desc(pooling_desc)
     _backward(handle, "pool", key, pd.mode, pd.nan_opt, pd, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta,
               dx_desc, dx)
+
+
+_BWD_NAMES = {True: ("dx", "x", "dy", "y"), False: ("dx", "dy", "dy", "dy")}
 
 
 @api

@@ -38,6 +38,15 @@ from ._elementwise import CTYPE, desc_key, vec_width
 
 BLOCK = 256          # kThreads in reduce.cu
 UNROLL = 4           # kUnroll in reduce.cu
+# rows_vec's group for many rows (ROW_ROUNDS_WIDE rounds of UNROLL loads a thread, groups of at least
+# WIDE_MIN_GROUP threads, at least a wave of resident threads (sm_count * 2048) over all rows): AVG 53513 x 2824
+# fp32 ran at 0.217 ms with ROW_ROUNDS' 2 (G = 128, 67% of copy, 0.69x PyTorch) and 0.159 ms with 8 (G = 32,
+# 92% of copy, 0.95x; H200 mid-session run, 2026-11-28); second run, same-run A / B: 0.2187 -> 0.1605 ms,
+# SUM 30000 x 8192 fp32 0.2728 -> 0.2321 ms (G 256 -> 64), AVG 40000 x 14688 fp16 0.4069 -> 0.3027 ms (0.91x ->
+# 1.23x PyTorch); 2563 x 128 and 1048576 x 120 (rule not applied) unchanged. Few rows keep ROW_ROUNDS: their
+# time is the rounds' latency, not bandwidth (2563 x 128 fp32 would go from G = 4 to 1).
+# ROW_ROUNDS_WIDE: a switch, pydnn.tuning.reduce.ROW_ROUNDS_WIDE (default 8; 0: off)
+WIDE_MIN_GROUP = 32
 FLAG_SMALL_ROWS = 4  # PYDNN_REDUCE_FLAG_SMALL_ROWS
 OUT_TYPE = {"f32": 0, "f64": 1, "f16": 2, "bf16": 3}
 OPS = tuple(E.ENUMS["pydnnReduceTensorOp_t"].values())
@@ -322,7 +331,14 @@ def _configs(handle, d, a_desc, c_desc):
         return lc
 
     def row_group(units):  # (ROW_ROUNDS rounds of UNROLL loads per thread; see tuning.reduce.ROW_ROUNDS)
-        return min(BLOCK, next_pow2(-(-units // (tuning.reduce.ROW_ROUNDS * UNROLL)))) if units > 0 else 1
+        if units <= 0:
+            return 1
+        wide = tuning.reduce.ROW_ROUNDS_WIDE
+        if wide:  # many rows: fewer threads a row, more loads each (see ROW_ROUNDS_WIDE above)
+            g = min(BLOCK, next_pow2(-(-units // (wide * UNROLL))))
+            if g >= WIDE_MIN_GROUP and rows * g >= target:
+                return g
+        return min(BLOCK, next_pow2(-(-units // (tuning.reduce.ROW_ROUNDS * UNROLL))))
 
     def cols_launch(v):
         lc = _Launch()

@@ -285,8 +285,11 @@ def test_large_reduction_with_large_mean(handle, layout, rng):
     assert_close(si.download(), 1 / np.sqrt(var), F32, "inverse std")
 
 
+_BN_KEYS = ("bn_fwd", "bn_infer", "bn_bwd", "bn_fwd_rec", "bn_bwd_rec")  # plans and launch records
+
+
 def _forget_bn_plans(handle):
-    for k in [k for k in handle.prepared if isinstance(k, tuple) and k and k[0] in ("bn_fwd", "bn_infer")]:
+    for k in [k for k in handle.prepared if isinstance(k, tuple) and k and k[0] in _BN_KEYS]:
         del handle.prepared[k]
 
 

@@ -31,6 +31,7 @@ def _kernels(xdims, g, layout="nchw", dt=BF16, kmode=MAX):
 
 
 def test_p2_plans(monkeypatch):
+    monkeypatch.setattr(tuning.pooling, "P2T_BWD", False)  # p2t_bwd's own plans: test_pooling_p2t_cpu.py
     # the sweep's NCHW pools: max 3x3/2 pad 1, average 2x2/2 on odd sizes; both directions, every dtype
     for dt in (F32, F16, BF16, F64):
         assert _kernels((101, 38, 50, 50), ((3, 3), (1, 1), (2, 2)), dt=dt) == (["p2_fwd"], ["p2_bwd"])

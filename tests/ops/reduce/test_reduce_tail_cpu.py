@@ -62,9 +62,33 @@ def test_row_rounds_sets_the_group(monkeypatch):
     block; every lane's tail stays within 0..3."""
     from pydnn import tuning
     h = cpu_handle()
+    monkeypatch.setattr(tuning.reduce, "ROW_ROUNDS_WIDE", 0)  # (its own test: below)
     for rounds, want in ((2, 128), (1, 256), (3, 64)):
         monkeypatch.setattr(tuning.reduce, "ROW_ROUNDS", rounds)
         pl = R._plan(h, _rdesc(pydnn.PYDNN_REDUCE_TENSOR_AVG), _desc((53513, 2824)), _desc((53513, 1)))
         lc = pl.launches[0]
         assert lc.kind == "rows_vec" and lc.params.group == want, (rounds, lc.params.group)
         assert tails(lc.params.units, lc.params.group) <= {0, 1, 2, 3}
+
+
+def test_row_rounds_wide_sets_the_group_for_many_rows(monkeypatch):
+    """tuning.reduce.ROW_ROUNDS_WIDE (8): many rows of a few hundred vectors or more take groups of 8 rounds
+    (53513 x 2824 float32: G 32) where the group keeps >= 32 threads and the rows >= a wave of threads
+    (sm_count * 2048); few rows or short ones keep ROW_ROUNDS' group; 0: off."""
+    from pydnn import tuning
+    h = cpu_handle()
+
+    def group(rows, length):
+        pl = R._plan(h, _rdesc(pydnn.PYDNN_REDUCE_TENSOR_AVG), _desc((rows, length)), _desc((rows, 1)))
+        lc = pl.launches[0]
+        assert lc.kind == "rows_vec"
+        assert tails(lc.params.units, lc.params.group) <= {0, 1, 2, 3}
+        return lc.params.group
+
+    assert group(53513, 2824) == 32
+    assert group(30000, 8192) == 64
+    assert group(2563, 128) == 4      # G 1 would be short of a warp
+    assert group(1818, 16384) == 256  # 1818 x 128 threads: short of a wave
+    assert group(1048576, 120) == 4   # 30 vectors: 8 rounds would leave 1 thread a row
+    monkeypatch.setattr(tuning.reduce, "ROW_ROUNDS_WIDE", 0)
+    assert group(53513, 2824) == 128
