@@ -524,6 +524,154 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
     return rows
 
 
+# ----------------------------------------------------------------------------- fused epilogues (--fused)
+
+FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
+                ("7B 16384x4096x4096 nn", 16384, 4096, 4096, False),
+                ("7B 16384x4096x4096 nt", 16384, 4096, 4096, True),
+                ("7B 16384x11008x4096 nn", 16384, 11008, 4096, False),
+                ("7B 16384x11008x4096 nt", 16384, 11008, 4096, True))
+
+
+def _fused_graph(h, m, n, k, tb, kind):
+    """gelu(x @ W + b) (kind "gelu"), x @ W + b + r ("residual") or max over n of x @ W + b ("rowmax"), bf16 in
+    and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight)."""
+    from pydnn.graph import Graph
+
+    f32 = pydnn.PYDNN_DATA_FLOAT
+    g = Graph(io_data_type=BF16, intermediate_data_type=f32, compute_data_type=f32, handle=h)
+    x = g.tensor(name="x", dim=[1, m, k])
+    w = g.tensor(name="w", dim=[1, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
+    b = g.tensor(name="b", dim=[1, 1, n])
+    v = g.add(g.matmul(x, w), b)
+    if kind == "gelu":
+        v = g.gelu(v)
+    elif kind == "residual":
+        v = g.add(v, g.tensor(name="r", dim=[1, m, n]))
+    else:
+        v = g.reduction(v, pydnn.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1])
+    v.set_output(True).set_name("y")
+    return g
+
+
+def _prebuild_fused(h, shapes, kinds):
+    """Compile every unit --fused needs in parallel threads (NVRTC releases the GIL): gemm_tma's and the fused
+    graphs' generated units (collected by building each graph once with the compile deferred)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn._build import loader
+    from pydnn.graph import engines
+
+    units = [loader._unit("matmul.tma.bf16", h.arch)]
+    orig = engines._compile
+    engines._compile = lambda handle, unit: units.append(unit)
+    try:
+        for tb in sorted({s[4] for s in shapes}):
+            _, m, n, k, _ = shapes[0]
+            for kind in kinds:
+                _fused_graph(h, m, n, k, tb, kind).build_operation_graph().create_execution_plans().build_plans()
+    finally:
+        engines._compile = orig
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), {u.name: u for u in units}.values()))
+    print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax")):
+    """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
+    time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
+    function, 10 samples each; medians): the plain pydnn matmul (gemm_tma), the fused gelu graph,
+    F.gelu(torch.addmm(b, x, W)), torch.mm; with "residual": the fused x @ W + b + r and torch.addmm(b, x, W) + r;
+    with "rowmax": the fused row max of x @ W + b and torch.addmm(b, x, W).amax(-1). Prints fused / plain time
+    (the target's ratio, <= 1.05) and torch's unfused time / the fused one (> 1: the fused graph is faster);
+    each fused result checked against torch's (max |diff| / max |ref|)."""
+    import json
+    import statistics
+
+    import torch.nn.functional as F
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    dev = torch.cuda.get_device_name()
+    rows = []
+    try:
+        _prebuild_fused(h, shapes, kinds)
+        for label, m, n, k, tb in shapes:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            w = wt.t() if tb else wt.t().contiguous()  # [k, n]: a view of the [n, k] weight, or row-major
+            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if "residual" in kinds else None
+            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            y = {kind: torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16) for kind in kinds}
+            out_t = torch.empty_like(c)
+            plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+            xp, wp, cp = x.data_ptr(), w.data_ptr(), c.data_ptr()
+            fns = {"plain": lambda: plan.launch(h, xp, wp, cp), "torch.mm": lambda: torch.mm(x, w, out=out_t)}
+            graphs = {}
+            for kind in kinds:
+                g = _fused_graph(h, m, n, k, tb, kind)
+                g.build_operation_graph().create_execution_plans().check_support().build_plans()
+                assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
+                ws = g.get_workspace_size()
+                wbuf = torch.empty(max(ws, 1), device="cuda", dtype=torch.uint8)
+                bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": y[kind].data_ptr()}
+                if kind == "residual":
+                    bufs["r"] = r.data_ptr()
+                graphs[kind] = (g, bufs, wbuf)
+                fns[kind] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
+            if "gelu" in kinds:
+                fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
+            if "residual" in kinds:
+                fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
+            if "rowmax" in kinds:
+                fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
+            for f in fns.values():
+                f()
+            torch.cuda.synchronize()
+            ref = torch.addmm(b, x, w).float()
+            errs = {"plain": _err(c, out_t)}
+            if "gelu" in kinds:
+                errs["gelu"] = _err(y["gelu"], F.gelu(ref))
+            if "residual" in kinds:
+                errs["residual"] = _err(y["residual"], ref + r.float())
+            if "rowmax" in kinds:
+                errs["rowmax"] = _err(y["rowmax"], ref.amax(-1, keepdim=True))
+            del ref
+            t = {name: [] for name in fns}
+            for _ in range(rounds):
+                for name, f in fns.items():
+                    t[name].append(time_ms(f, reps=10, warmup=2))
+            med = {name: statistics.median(v) for name, v in t.items()}
+            fl = 2.0 * m * n * k
+            step = graphs[kinds[0]][0]._plan_obj.built.steps[0]
+            rr = dict(case=label, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
+                      plain_kernel=plan.describe()[0].split("<")[0].split("::")[-1],
+                      fused_on_tma=step.recs[0][0].maps is not None, errs=errs,
+                      plain_vs_torch=med["torch.mm"] / med["plain"])
+            line = (f"{label:24s} plain {rr['plain_kernel']} {rr['tflops']['plain']:6.1f} TFLOP/s "
+                    f"({rr['plain_vs_torch']:.3f}x torch.mm {rr['tflops']['torch.mm']:6.1f})")
+            for kind, tname in (("gelu", "gelu(addmm)"), ("residual", "addmm+r"), ("rowmax", "addmm.amax")):
+                if kind in kinds:
+                    rr[f"{kind}_over_plain"] = med[kind] / med["plain"]
+                    rr[f"{kind}_vs_torch"] = med[tname] / med[kind]
+                    line += (f" | {kind} {rr['tflops'][kind]:6.1f}: {rr[f'{kind}_over_plain']:.3f}x plain time, "
+                             f"{rr[f'{kind}_vs_torch']:.3f}x {tname} ({med[tname] / med['torch.mm']:.3f}x mm)")
+            line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items())
+            line += "" if rr["fused_on_tma"] else " | FUSED NOT ON gemm_tma"
+            print(line, flush=True)
+            rows.append(rr)
+            del x, wt, w, b, r, c, y, out_t, graphs
+            if out:
+                with open(out, "w") as f:
+                    json.dump(rows, f, indent=1)
+    finally:
+        pydnn.destroy(h)
+    return rows
+
+
 if __name__ == "__main__":
     import argparse
     import os
@@ -535,8 +683,18 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-old", action="store_true", help="--mid without the gemm_wgmma_p column (its compile)")
+    ap.add_argument("--fused", action="store_true", help="the fused graphs (bias + GELU, + residual, row max) vs the "
+                    "plain matmul, F.gelu(torch.addmm) and torch.mm on 8192^3 and the 7B shapes (nn, nt)")
+    ap.add_argument("--shapes", default=None, help="--fused: labels of FUSED_SHAPES to run (comma-separated "
+                    "substrings, e.g. '4096x4096 nn,11008x4096 nt')")
+    ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time")
     args = ap.parse_args()
-    if args.mid:
+    if args.fused:
+        sel = FUSED_SHAPES
+        if args.shapes:
+            sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
+        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")))
+    elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:
         ap.error("run the full benchmark through tools/bench.py --families matmul")

@@ -744,6 +744,30 @@ def _tma_tile():
     return TMA_TILE
 
 
+# A probe address for fused_tma's test encoding (16-byte aligned; cuTensorMapEncodeTiled reads no memory).
+_PROBE_ADDRESS = 1 << 24
+
+
+def fused_tma(handle, plan):
+    """(tile, launch record) of gemm_tma for a GEMM with a fused epilogue (pydnn/graph's FusedMatmulStep builds
+    its kernel from gemm_tma_body with the tile), or None: where the plain planner runs gemm_tma (plan.tma),
+    with the 1-CTA tile (the cluster candidate has no epilogue form), and the driver encodes the plan's maps
+    (tried once at a probe address: no encoder, as on a CPU stand-in, keeps the caller on plan.fast's wgmma
+    tile, since the fused unit then holds no wgmma kernel to fall back on at execute). The record is the
+    caller's own (its params patched per call; rec.maps encode A and B once per base address)."""
+    if plan.tma is None:
+        return None
+    tile = _tma_tile()
+    tile = tile if tile.cm == 1 else TMA_TILE
+    rec = _tma_launch(plan, TAG[plan.dtype], tile, handle.sm_count)
+    try:
+        for cache in rec.maps:
+            cache.map.encode(_PROBE_ADDRESS)
+    except (PydnnError, AttributeError, TypeError):
+        return None
+    return tile, rec
+
+
 def _split_launches(pl, tag, sp, sm_count):
     """The split-K launches of plan pl: gemm_wgmma_s (batch = the splits, C = the fp32 partials at row pitch
     ldw, n rounded up to even) and splitk_reduce into C."""
