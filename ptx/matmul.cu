@@ -1186,12 +1186,21 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
 // own CTA's and on the peer's). The pair walks pair items together (tile rows in pairs; a pair past an
 // odd tiles_m copies zeros and stores nothing); a CTA leaves only after the cluster barrier at the end (no
 // copy or arrival of its peer may still be aimed at its shared memory).
-template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, class Epi>
+// PP (a candidate, gemm_tma with pp): ping-pong consumers. Each consumer warpgroup computes whole 128 x BN
+// tiles (two m64 halves, BN = 128: the same 128 accumulators a thread) and takes every other item of the
+// block's; the producer fills the ring with the block's items in order, so warpgroup 1's first K tiles land
+// only as warpgroup 0 nears the end of its item's K loop: the two K loops alternate by themselves, and each
+// warpgroup's epilogue (a fused GELU's erff: ~3800 instructions a thread a tile, ptxas sm_90a) runs while
+// the other's wgmmas keep the tensor cores busy, where the cooperative kernel leaves them idle through it.
+// An empty barrier then counts one arrival (the one warpgroup that read the stage). No row reduction (its
+// block-wide counter protocol expects one tile at a time).
+template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, bool PP = false, class Epi>
 __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert(!Epi::kRed || CM == 1, "gemm_tma: the reduction epilogue runs on the 1-CTA kernel");
+  static_assert(!Epi::kRed || (CM == 1 && !PP), "gemm_tma: the reduction epilogue runs on the 1-CTA kernel");
+  static_assert(!PP || (CM == 1 && BN == 128), "gemm_tma ping-pong: 1-CTA, 128 x 128 tiles a warpgroup");
   static_assert(BN == 128 || BN == 256, "gemm_tma tile");
   static_assert(CM == 1 || CM == 2, "gemm_tma: clusters of 1 or 2 CTAs along M");
   constexpr int BM = 128;
@@ -1214,7 +1223,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       tma::mbar_init(full0 + 8 * s, 1);
-      tma::mbar_init(empty0 + 8 * s, 2 * CM);
+      tma::mbar_init(empty0 + 8 * s, PP ? 1 : 2 * CM);
     }
     tma::fence_barrier_init();
     tma::prefetch_map(map_a);
@@ -1301,36 +1310,82 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         for (int r = 0; r < CM; ++r) tma::mbar_arrive_cluster(empty0 + 8 * s, (unsigned)r);
       }
     };
-    unsigned it = 0;
-    for (long long item = first; item < items; item += step) {
-      long long z;
-      int tm, tn;
-      coords(item, z, tm, tn);
-      float acc[BN / 2];
+    if constexpr (PP) {
+      // local item i of the block (item first + i * step) is warpgroup i % 2's; its K tiles sit at ring
+      // positions i * ktiles ..
+      for (long long i = wg; first + i * step < items; i += 2) {
+        long long z;
+        int tm, tn;
+        coords(first + i * step, z, tm, tn);
+        unsigned it = (unsigned)(i * ktiles);
+        // The K loops take turns: item i's starts once the other warpgroup's K loop of item i - 1 has passed
+        // its last full barrier (named barrier 2 + wg: its 128 threads arrive, this warpgroup's sync). Besides
+        // keeping the tensor cores to one warpgroup at a time, this makes the parity waits exact: a parity
+        // wait cannot tell phase k from k - 2, and every fill before item i's first K tile has then landed.
+        if (i > 0) asm volatile("bar.sync %0, 256;" ::"r"(2 + wg) : "memory");
+        float acc0[BN / 2], acc1[BN / 2];  // rows 0 .. 63 and 64 .. 127 of the tile
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-      for (int kt = 0; kt < ktiles; ++kt, ++it) {
-        const unsigned s = it % STAGES;
-        tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-        const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
-        wgmma::fence();
+        for (int j = 0; j < BN / 2; ++j) acc0[j] = acc1[j] = 0.f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const unsigned s = it % STAGES;
+          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+          wgmma::fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
-          const unsigned long long da =
-              TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-          const unsigned long long db =
-              TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
-          wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+          for (int kk = 0; kk < kBK / 16; ++kk) {
+            const unsigned long long db =
+                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+            const unsigned long long da0 =
+                TA ? wgmma::desc_sw128(sa + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + kk * 32, 16, 1024);
+            const unsigned long long da1 = TA ? wgmma::desc_sw128(sa + SLAB + kk * 2048, SLAB, 1024)
+                                              : wgmma::desc_sw128(sa + SLAB + kk * 32, 16, 1024);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc0, da0, db, 1);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc1, da1, db, 1);
+          }
+          wgmma::commit();
+          wgmma::wait<1>();  // K tile it - 1's group is done: its stage may be refilled
+          if (kt > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
         }
-        wgmma::commit();
-        wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
-        if (kt > 0 && signals) release((it - 1) % STAGES);
+        if (first + (i + 1) * step < items) asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc0);
+        wgmma::fence_operands(acc1);
+        if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+        wg_epilogue<T, BN, 128, WIDE>(p, epi, acc0, z, tm, tn, 0);
+        wg_epilogue<T, BN, 128, WIDE>(p, epi, acc1, z, tm, tn, 1);
       }
-      wgmma::wait<0>();
-      wgmma::fence_operands(acc);
-      if (ktiles > 0 && signals) release((it - 1) % STAGES);
-      if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg);
+    } else {
+      unsigned it = 0;
+      for (long long item = first; item < items; item += step) {
+        long long z;
+        int tm, tn;
+        coords(item, z, tm, tn);
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const unsigned s = it % STAGES;
+          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < kBK / 16; ++kk) {
+            // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
+            const unsigned long long da = TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024)
+                                             : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+            const unsigned long long db =
+                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+          }
+          wgmma::commit();
+          wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
+          if (kt > 0 && signals) release((it - 1) % STAGES);
+        }
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc);
+        if (ktiles > 0 && signals) release((it - 1) % STAGES);
+        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg);
+      }
     }
   }
   if constexpr (CM > 1) {
@@ -1339,9 +1394,9 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
   }
 }
 
-template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false>
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
 __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
-  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE>(q, NoEpi());
+  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE, PP>(q, NoEpi());
 }
 
 // The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__

@@ -554,49 +554,77 @@ def _fused_graph(h, m, n, k, tb, kind):
     return g
 
 
-def _tma_bench_unit(tb):
-    return f"matmul.tmabench{'nt' if tb else 'nn'}.bf16"
+def _variants(pp):
+    """(suffix, gemm_tma tile) of each form --fused times: the chooser's TMA_TILE, and with pp the ping-pong
+    candidate TMA_PP_TILE (its unit registered here: outside the build)."""
+    if pp:
+        M.pp_units()
+    return (("", M.TMA_TILE),) + ((("_pp", M.TMA_PP_TILE),) if pp else ())
 
 
-def _prebuild_fused(h, shapes, kinds):
+class _TmaTile:
+    """Plans made inside take `tile` as their gemm_tma tile (pydnn.ops.matmul._tma_tile patched)."""
+
+    def __init__(self, tile):
+        self.tile = tile
+
+    def __enter__(self):
+        self.orig = M._tma_tile
+        M._tma_tile = lambda: self.tile
+
+    def __exit__(self, *exc):
+        M._tma_tile = self.orig
+
+
+def _tma_bench_unit(tile, tb):
+    return f"matmul.tmabench{'pp' if tile.pp else ''}{'nt' if tb else 'nn'}.bf16"
+
+
+def _prebuild_fused(h, shapes, kinds, variants):
     """Compile every unit --fused needs in parallel threads (NVRTC releases the GIL): gemm_tma's and the fused
     graphs' generated units (collected by building each graph once with the compile deferred)."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     from pydnn._build import loader
-    from pydnn.graph import engines
-
     from pydnn._build.manifest import KernelUnit
+    from pydnn.graph import engines
 
     # the plain gemm_tma kernels as one unit each (bench only: they compile in parallel, where matmul.tma.bf16
     # compiles its four transpositions one after another); fused() points its plans at them
-    units = [KernelUnit(_tma_bench_unit(tb), "matmul.cu", (M.TMA_TILE.expr("bf16", False, tb),),
-                        archs=(M.WG_ARCH + "a",)) for tb in sorted({s[4] for s in shapes})]
+    tbs = sorted({s[4] for s in shapes})
+    units = [KernelUnit(_tma_bench_unit(t, tb), "matmul.cu", (t.expr("bf16", False, tb),), archs=(M.WG_ARCH + "a",))
+             for _, t in variants for tb in tbs]
     loader.register_units(units)
     orig = engines._compile
     engines._compile = lambda handle, unit: units.append(unit)
     try:
-        for tb in sorted({s[4] for s in shapes}):
-            _, m, n, k, _ = shapes[0]
-            for kind in kinds:
-                _fused_graph(h, m, n, k, tb, kind).build_operation_graph().create_execution_plans().build_plans()
+        _, m, n, k, _ = shapes[0]
+        for _, t in variants:
+            with _TmaTile(t):
+                for tb in tbs:
+                    for kind in kinds:
+                        if kind == "rowmax" and t.pp:
+                            continue  # (the row reduction stays on TMA_TILE)
+                        _fused_graph(h, m, n, k, tb, kind).build_operation_graph().create_execution_plans().build_plans()
     finally:
         engines._compile = orig
     t0 = time.perf_counter()
+    todo = list({u.name: u for u in units}.values())
     with ThreadPoolExecutor(16) as ex:
-        list(ex.map(lambda u: loader.load_unit(h.arch, u), {u.name: u for u in units}.values()))
-    print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), todo))
+    print(f"prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax")):
+def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False):
     """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
     time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
     function, 10 samples each; medians): the plain pydnn matmul (gemm_tma), the fused gelu graph,
     F.gelu(torch.addmm(b, x, W)), torch.mm; with "residual": the fused x @ W + b + r and torch.addmm(b, x, W) + r;
     with "rowmax": the fused row max of x @ W + b and torch.addmm(b, x, W).amax(-1). Prints fused / plain time
     (the target's ratio, <= 1.05) and torch's unfused time / the fused one (> 1: the fused graph is faster);
-    each fused result checked against torch's (max |diff| / max |ref|)."""
+    each result checked against torch's (max |diff| / max |ref|). pp: the same for the ping-pong candidate
+    (TMA_PP_TILE: plain, gelu, residual; suffix _pp), its ratios against its own plain kernel and torch."""
     import json
     import statistics
 
@@ -606,76 +634,86 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     dev = torch.cuda.get_device_name()
     rows = []
+    variants = _variants(pp)
     try:
-        _prebuild_fused(h, shapes, kinds)
+        _prebuild_fused(h, shapes, kinds, variants)
         for label, m, n, k, tb in shapes:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
             w = wt.t() if tb else wt.t().contiguous()  # [k, n]: a view of the [n, k] weight, or row-major
             b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if "residual" in kinds else None
-            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            y = {kind: torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16) for kind in kinds}
-            out_t = torch.empty_like(c)
-            plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
-            if plan.tma is not None and plan.tma.expr == M.TMA_TILE.expr("bf16", False, tb):
-                plan.tma.unit = _tma_bench_unit(tb)  # the prebuilt one-kernel unit (the same instantiation)
-            xp, wp, cp = x.data_ptr(), w.data_ptr(), c.data_ptr()
-            fns = {"plain": lambda: plan.launch(h, xp, wp, cp), "torch.mm": lambda: torch.mm(x, w, out=out_t)}
-            graphs = {}
-            for kind in kinds:
-                g = _fused_graph(h, m, n, k, tb, kind)
-                g.build_operation_graph().create_execution_plans().check_support().build_plans()
-                assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
-                ws = g.get_workspace_size()
-                wbuf = torch.empty(max(ws, 1), device="cuda", dtype=torch.uint8)
-                bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": y[kind].data_ptr()}
-                if kind == "residual":
-                    bufs["r"] = r.data_ptr()
-                graphs[kind] = (g, bufs, wbuf)
-                fns[kind] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
+            out_t = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            xp, wp = x.data_ptr(), w.data_ptr()
+            fns = {"torch.mm": lambda: torch.mm(x, w, out=out_t)}
+            outs, on_tma, kernels, keep = {}, {}, {}, []
+            for suf, t in variants:
+                with _TmaTile(t):
+                    plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+                    if plan.tma is not None and plan.tma.expr == t.expr("bf16", False, tb):
+                        plan.tma.unit = _tma_bench_unit(t, tb)  # the prebuilt one-kernel unit (the same instantiation)
+                    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                    outs["plain" + suf] = c
+                    kernels["plain" + suf] = plan.describe()[0].split(",")[0].split("::")[-1] + ", " + \
+                        plan.describe()[0].split(",")[1].strip()
+                    fns["plain" + suf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
+                    for kind in kinds:
+                        if kind == "rowmax" and t.pp:
+                            continue
+                        g = _fused_graph(h, m, n, k, tb, kind)
+                        g.build_operation_graph().create_execution_plans().check_support().build_plans()
+                        assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
+                        yk = torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16)
+                        wbuf = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+                        bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": yk.data_ptr()}
+                        if kind == "residual":
+                            bufs["r"] = r.data_ptr()
+                        keep.append((g, yk, wbuf))
+                        outs[kind + suf] = yk
+                        on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
+                        fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
             if "gelu" in kinds:
                 fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
             if "residual" in kinds:
                 fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
             if "rowmax" in kinds:
                 fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
-            for f in fns.values():
-                f()
+            for fn in fns.values():
+                fn()
             torch.cuda.synchronize()
             ref = torch.addmm(b, x, w).float()
-            errs = {"plain": _err(c, out_t)}
-            if "gelu" in kinds:
-                errs["gelu"] = _err(y["gelu"], F.gelu(ref))
-            if "residual" in kinds:
-                errs["residual"] = _err(y["residual"], ref + r.float())
-            if "rowmax" in kinds:
-                errs["rowmax"] = _err(y["rowmax"], ref.amax(-1, keepdim=True))
-            del ref
+            want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref),
+                    "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
+            errs = {name: _err(o, want[name.split("_")[0]]) for name, o in outs.items()}
+            del ref, want
             t = {name: [] for name in fns}
             for _ in range(rounds):
-                for name, f in fns.items():
-                    t[name].append(time_ms(f, reps=10, warmup=2))
+                for name, fn in fns.items():
+                    t[name].append(time_ms(fn, reps=10, warmup=2))
             med = {name: statistics.median(v) for name, v in t.items()}
             fl = 2.0 * m * n * k
-            step = graphs[kinds[0]][0]._plan_obj.built.steps[0]
             rr = dict(case=label, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
-                      plain_kernel=plan.describe()[0].split("<")[0].split("::")[-1],
-                      fused_on_tma=step.recs[0][0].maps is not None, errs=errs,
-                      plain_vs_torch=med["torch.mm"] / med["plain"])
-            line = (f"{label:24s} plain {rr['plain_kernel']} {rr['tflops']['plain']:6.1f} TFLOP/s "
-                    f"({rr['plain_vs_torch']:.3f}x torch.mm {rr['tflops']['torch.mm']:6.1f})")
-            for kind, tname in (("gelu", "gelu(addmm)"), ("residual", "addmm+r"), ("rowmax", "addmm.amax")):
-                if kind in kinds:
-                    rr[f"{kind}_over_plain"] = med[kind] / med["plain"]
-                    rr[f"{kind}_vs_torch"] = med[tname] / med[kind]
-                    line += (f" | {kind} {rr['tflops'][kind]:6.1f}: {rr[f'{kind}_over_plain']:.3f}x plain time, "
-                             f"{rr[f'{kind}_vs_torch']:.3f}x {tname} ({med[tname] / med['torch.mm']:.3f}x mm)")
-            line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items())
-            line += "" if rr["fused_on_tma"] else " | FUSED NOT ON gemm_tma"
-            print(line, flush=True)
+                      kernels=kernels, fused_on_tma=on_tma, errs=errs)
+            for suf, _ in variants:
+                rr["plain" + suf + "_vs_torch"] = med["torch.mm"] / med["plain" + suf]
+                line = (f"{label:24s}{suf:3s} plain {kernels['plain' + suf]:24s} {rr['tflops']['plain' + suf]:6.1f} "
+                        f"TFLOP/s ({rr['plain' + suf + '_vs_torch']:.3f}x torch.mm {rr['tflops']['torch.mm']:6.1f})")
+                for kind, tname in (("gelu", "gelu(addmm)"), ("residual", "addmm+r"), ("rowmax", "addmm.amax")):
+                    key = kind + suf
+                    if key in fns:
+                        rr[key + "_over_plain"] = med[key] / med["plain" + suf]
+                        rr[key + "_over_plain_tma"] = med[key] / med["plain"]
+                        rr[key + "_vs_torch"] = med[tname] / med[key]
+                        line += (f" | {kind} {rr['tflops'][key]:6.1f}: {rr[key + '_over_plain']:.3f}x its plain"
+                                 + (f" ({rr[key + '_over_plain_tma']:.3f}x gemm_tma's)" if suf else "")
+                                 + f", {rr[key + '_vs_torch']:.3f}x {tname} ({med[tname] / med['torch.mm']:.3f}x mm)")
+                line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items() if k_.endswith(suf) or
+                                                  (not suf and "_" not in k_))
+                off = [k_ for k_, v in on_tma.items() if not v and (k_.endswith(suf) or (not suf and "_" not in k_))]
+                line += f" | NOT ON gemm_tma: {off}" if off else ""
+                print(line, flush=True)
             rows.append(rr)
-            del x, wt, w, b, r, c, y, out_t, graphs
+            del x, wt, w, b, r, out_t, outs, keep
             if out:
                 with open(out, "w") as f:
                     json.dump(rows, f, indent=1)
@@ -700,12 +738,13 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", default=None, help="--fused: labels of FUSED_SHAPES to run (comma-separated "
                     "substrings, e.g. '4096x4096 nn,11008x4096 nt')")
     ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time")
+    ap.add_argument("--pp", action="store_true", help="--fused: also the ping-pong candidate (TMA_PP_TILE)")
     args = ap.parse_args()
     if args.fused:
         sel = FUSED_SHAPES
         if args.shapes:
             sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
-        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")))
+        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp)
     elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:

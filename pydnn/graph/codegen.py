@@ -378,7 +378,7 @@ def _tile_body(tile, tag, ta, tb, vec):
         return (f"pydnn::matmul::gemm_tc_body<{t}, {tile.bm}, {tile.bn}, {tile.wm}, {tile.wn}, {tile.stages}, "
                 f"{pipe}, {b(ta)}, {b(tb)}, {b(vec)}>", tile.threads, tile.per_sm)
     if hasattr(tile, "cm"):  # TmaTile (gemm_tma: producer + 2 consumer warpgroups, one block an SM)
-        wide = ", true" if tile.wide else ""
+        wide = f", {b(tile.wide)}, true" if getattr(tile, "pp", False) else ", true" if tile.wide else ""
         return (f"pydnn::matmul::gemm_tma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}, 1{wide}>",
                 tile.threads, 1)
     persist = ", true" if getattr(tile, "persist", False) else ""

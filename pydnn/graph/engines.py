@@ -442,7 +442,7 @@ class FusedMatmulStep:
         tag = TAGS[a.dtype]
         fast = M._choose_tile(plan.m, plan.n, plan.batch, handle.sm_count, handle.arch, plan.k)
         # where the plain planner runs gemm_tma, so does the fused GEMM (pydnn.ops.matmul.fused_tma; owner: gemm)
-        tma = M.fused_tma(handle, plan)
+        tma = M.fused_tma(handle, plan, red=an.get("red") is not None)
         fast_rec = plan.fast if tma is None else tma[1]
         if tma is not None:
             fast = tma[0]

@@ -228,11 +228,15 @@ class TmaTile:
     at most one wave walking the tiles); shared memory: the ring (+1 KiB to align it to 1024 bytes) and 2
     mbarriers a stage."""
 
-    def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False):
+    def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False, pp=False):
         self.bm, self.bn, self.stages = 128, bn, stages
         self.wide = wide  # interior tiles store 16 bytes a lane (quad transposes; FLAG_C16)
         if wide and cm != 1:
             raise ValueError("wide: the 1-CTA kernel only")
+        # ping-pong: each consumer warpgroup a whole 128 x 128 tile, every other item (gemm_tma_body's PP)
+        self.pp = pp
+        if pp and (cm != 1 or bn != 128):
+            raise ValueError("pp: the 1-CTA kernel, 128 x 128 tiles")
         self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
         self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
@@ -242,7 +246,8 @@ class TmaTile:
             raise ValueError("gemm_tma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
         kern = "gemm_tma_c" if self.cm == 2 else "gemm_tma"
-        w = ", true" if self.wide else ""
+        w = ", true" if self.wide or self.pp else ""
+        w = f", {b(self.wide)}, true" if self.pp else w
         return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}{w}>"
 
     def map_shapes(self, ta, tb):
@@ -258,6 +263,7 @@ class TmaTile:
 
     def __repr__(self):
         c = f", clusters of {self.cm} (B multicast)" if self.cm > 1 else ""
+        c += ", ping-pong consumers" if self.pp else ""
         return f"TmaTile(128x{self.bn}, TMA + warp-specialised wgmma, stages {self.stages}{c})"
 
 
@@ -276,6 +282,10 @@ TMA_TILE = TmaTile(256, 4, wide=True)
 # runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast (run 1: +1% on
 # N = 4096, -2-3% on N = 11008; run 2: +0.3-0.5% on 8192^3 and N = 4096, -4% / -11% on N = 11008: not taken).
 TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
+# The ping-pong candidate (unit matmul.tmapp.bf16; bench_matmul.py --fused --pp, not chosen): 128 x 128 tiles, one a
+# consumer warpgroup, 7 stages of 32 KiB, so that a fused epilogue (a GELU's erff: ~3800 instructions a thread
+# a tile) overlaps the other warpgroup's wgmmas (issue 22's fused gelu target: <= 1.05x the plain matmul).
+TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
 
 
 class SimtTile:
@@ -363,6 +373,14 @@ def tma_units(tiles=(TMA_TILE,), name="matmul.tma", tags=("f16", "bf16")):
                        tuple(t.expr(tag, tn[0] == "t", tn[1] == "t") for t in tiles for tn in TRANS),
                        archs=(WG_ARCH + "a",))
             for tag in tags]
+
+
+def pp_units():
+    """The ping-pong candidate's unit (TMA_PP_TILE, bf16, every transposition), registered with the loader
+    (benchmarks and tests; outside the build). Returns it."""
+    units = tma_units((TMA_PP_TILE,), TMA_PP_TILE.unit, ("bf16",))
+    loader.register_units(units)
+    return units[0]
 
 
 def _reduce_expr(tag):
@@ -748,17 +766,18 @@ def _tma_tile():
 _PROBE_ADDRESS = 1 << 24
 
 
-def fused_tma(handle, plan):
+def fused_tma(handle, plan, red=False):
     """(tile, launch record) of gemm_tma for a GEMM with a fused epilogue (pydnn/graph's FusedMatmulStep builds
     its kernel from gemm_tma_body with the tile), or None: where the plain planner runs gemm_tma (plan.tma),
     with the 1-CTA tile (the cluster candidate has no epilogue form), and the driver encodes the plan's maps
     (tried once at a probe address: no encoder, as on a CPU stand-in, keeps the caller on plan.fast's wgmma
-    tile, since the fused unit then holds no wgmma kernel to fall back on at execute). The record is the
+    tile, since the fused unit then holds no wgmma kernel to fall back on at execute; red: the epilogue reduces
+    rows, which the ping-pong candidate cannot). The record is the
     caller's own (its params patched per call; rec.maps encode A and B once per base address)."""
     if plan.tma is None:
         return None
     tile = _tma_tile()
-    tile = tile if tile.cm == 1 else TMA_TILE
+    tile = tile if tile.cm == 1 and not (red and tile.pp) else TMA_TILE  # (red: a row reduction epilogue)
     rec = _tma_launch(plan, TAG[plan.dtype], tile, handle.sm_count)
     try:
         for cache in rec.maps:

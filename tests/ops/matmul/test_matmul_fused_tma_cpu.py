@@ -236,3 +236,108 @@ def test_fused_tma_kernels_compile_without_spills(kind):
         bars = [ln.split("BAR.SYNC.DEFER_BLOCKING", 1)[1].split(";")[0].strip() for ln in lines
                 if "BAR.SYNC" in ln]
         assert bars.count("0x0") == 1 and bars.count("0x1, 0x100") == 3 and len(bars) == 4, bars
+
+
+# ----------------------------------------------------------------------------- the ping-pong candidate
+
+def _replay_pp_ring(stages, ktiles, items, seed, ordered=True):
+    """gemm_tma_body's PP protocol replayed with mbarrier semantics (as test_matmul_tma_cpu's _replay_ring): one
+    producer filling the ring with the block's items' K tiles in order, consumer warpgroup w taking local items
+    w, w + 2, ... (ring positions i * ktiles ..), each stage's empty barrier counting one arrival (the reader's),
+    the three advancing in a seeded random interleaving. Every fill is read exactly once, by its item's
+    warpgroup, as the K tile it expects; no stage is refilled before its reader released it; no deadlock.
+    The K loops take turns (the kernel's named barriers 2 and 3): item i's first wait only after the other
+    warpgroup's K loop of item i - 1 passed its last full barrier. Without that turn a warpgroup whose first K
+    tile sits at ring position >= stages waits on a fresh barrier for parity 1 and passes before the fill
+    (ordered=False shows it)."""
+    import random
+
+    rnd = random.Random(seed)
+    total = ktiles * items
+    full = [dict(phase=0, arr=0) for _ in range(stages)]
+    empty = [dict(phase=0, arr=0) for _ in range(stages)]
+    content, readers = [None] * stages, [0] * stages
+
+    def done(bar, parity):
+        return (bar["phase"] & 1) != parity
+
+    def arrive(bar):
+        bar["arr"] += 1
+        if bar["arr"] == 1:
+            bar["arr"] = 0
+            bar["phase"] += 1
+
+    prod = dict(it=0)
+    # per warpgroup: its items' ring positions in order
+    todo = [[i * ktiles + kt for i in range(w, items, 2) for kt in range(ktiles)] for w in range(2)]
+    cons = [dict(pos=0, pending=None) for _ in range(2)]
+    reads, kloop_done = [], set()
+    steps = 0
+    while prod["it"] < total or any(c["pos"] < len(t) or c["pending"] is not None for c, t in zip(cons, todo)):
+        steps += 1
+        assert steps < 200000, "deadlock"
+        who = rnd.randrange(3)
+        if who == 0 and prod["it"] < total:
+            it = prod["it"]
+            s = it % stages
+            if done(empty[s], ((it // stages) & 1) ^ 1):
+                assert readers[s] == (1 if content[s] is not None else 0), "refilled before released"
+                content[s], readers[s] = it, 0
+                arrive(full[s])
+                prod["it"] += 1
+        elif who > 0:
+            w, c = who - 1, cons[who - 1]
+            if c["pos"] < len(todo[w]):
+                it = todo[w][c["pos"]]
+                s = it % stages
+                item = it // ktiles
+                if ordered and it % ktiles == 0 and item > 0 and item - 1 not in kloop_done:
+                    continue  # bar.sync 2 + w: the other warpgroup's K loop of item - 1 is not through
+                if done(full[s], (it // stages) & 1):
+                    assert content[s] == it, f"warpgroup {w} read fill {content[s]} as K tile {it}"
+                    assert (it // ktiles) % 2 == w
+                    readers[s] += 1
+                    reads.append(it)
+                    if it % ktiles and c["pending"] is not None:
+                        arrive(empty[c["pending"] % stages])
+                    c["pending"] = it
+                    c["pos"] += 1
+                    if (it + 1) % ktiles == 0:  # item end: bar.arrive for the other's next item; wait<0>, release
+                        kloop_done.add(item)
+                        arrive(empty[c["pending"] % stages])
+                        c["pending"] = None
+            elif c["pending"] is not None:
+                raise AssertionError("a pending stage at the end")
+    assert sorted(reads) == list(range(total))
+    return True
+
+
+@pytest.mark.parametrize("stages, ktiles, items", [(7, 1, 5), (7, 3, 4), (7, 9, 3), (3, 2, 7), (7, 64, 3), (4, 5, 1)])
+@pytest.mark.parametrize("seed", range(4))
+def test_pp_ring_protocol(stages, ktiles, items, seed):
+    assert _replay_pp_ring(stages, ktiles, items, seed)
+
+
+def test_pp_ring_without_turns_reads_early():
+    with pytest.raises(AssertionError, match="read fill None"):
+        for seed in range(20):
+            _replay_pp_ring(7, 9, 3, seed, ordered=False)
+
+
+def test_pp_candidate_tile_and_fused_choice(sm90, monkeypatch):
+    """TMA_PP_TILE: 128 x 128, 7 stages (224 KiB of ring: fits the 227 KiB a block may have), gemm_tma<..., wide,
+    pp>; a fused graph built while plans take it (bench_matmul.py --fused --pp patches _tma_tile) runs on
+    gemm_tma_body<..., 1, true, true>, except a row reduction, which stays on TMA_TILE."""
+    h, buf, drv, enc, units = sm90
+    t = M.TMA_PP_TILE
+    assert t.smem <= 227 * 1024 and (t.bn, t.stages, t.pp, t.cm) == (128, 7, True, 1)
+    assert t.expr("bf16", False, True) == "pydnn::matmul::gemm_tma<pydnn::bf16_t, 128, 7, false, true, true, true>"
+    assert M.pp_units().exprs == tuple(t.expr("bf16", a, b) for a in (False, True) for b in (False, True))
+    monkeypatch.setattr(M, "_tma_tile", lambda: t)
+    plan = M.gemm_plan(h, BF16, 2048, 2048, 512)
+    assert plan.tma.expr == t.expr("bf16", False, False) and plan.tma.params.p.tiles_n == 16
+    _, step = _graph(h, "gelu", 2048, 2048, 512)
+    assert "gemm_tma_body<pydnn::bf16_t, 128, 7, false, false, 1, true, true>" in cache.unit_inputs(units[-1])[0]
+    assert step.recs[0][0].params.p.tiles_n == 16 and step.recs[0][0].smem == t.smem
+    _, step = _graph(h, "rowmax", 2048, 2048, 512)
+    assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in cache.unit_inputs(units[-1])[0]

@@ -129,3 +129,54 @@ def test_fused_tma_bias_row_max(handle, rng, monkeypatch, m, n, k, batch, sms):
     """The row reduction's block barriers on gemm_tma are named ones over the consumer warpgroups (epi_sync):
     a hang or a wrong row here is that protocol."""
     _run(handle, rng, monkeypatch, BF16, "rowmax", m, n, k, batch, False, sms)
+
+
+# ----------------------------------------------------------------------------- the ping-pong candidate
+
+@pytest.mark.parametrize("kind, m, n, k, batch, tb, sms", [("gelu", 1000, 1096, 520, 2, False, 2),
+                                                           ("gelu", 2048, 2048, 512, 1, False, 0),
+                                                           ("residual", 600, 712, 520, 2, True, 3)],
+                         ids=["gelu_edges_2_blocks", "gelu_full_grid", "residual_nt_3_blocks"])
+def test_pp_candidate_fused(handle, rng, monkeypatch, kind, m, n, k, batch, tb, sms):
+    """The ping-pong candidate (TMA_PP_TILE: each consumer warpgroup a whole 128 x 128 tile, every other item,
+    the K loops taking turns through named barriers 2 / 3) with the fused epilogues: an odd number of items a
+    block, edges, a ragged K, batches, B transposed."""
+    M.pp_units()
+    monkeypatch.setattr(M, "_tma_tile", lambda: M.TMA_PP_TILE)
+    step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, tb, sms)
+    assert step.recs[0][0].expr == M.TMA_PP_TILE.expr("bf16", False, tb)
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_pp_candidate_plain(handle, rng, monkeypatch, ta, tb):
+    """The plain ping-pong kernel (alpha, beta, bias through its NoEpi epilogue) on 3 blocks walking the tiles
+    of a problem with edges in m, n and K, 2 batches, every transposition, against float64."""
+    from devtensor import POISON
+    from pydnn.reference import dtypes as rd
+
+    _sm90(handle, monkeypatch, 3)
+    M.pp_units()
+    monkeypatch.setattr(M, "_tma_tile", lambda: M.TMA_PP_TILE)
+    m, n, k, batch = 456, 392, 328, 2
+    plan = M.gemm_plan(handle, BF16, m, n, k, trans_a=ta, trans_b=tb, batch=batch, stride_a=m * k, stride_b=k * n,
+                       stride_c=m * n, bias=True)
+    assert plan.tma is not None and plan.tma.expr == M.TMA_PP_TILE.expr("bf16", ta, tb)
+    sa = (batch, k, m) if ta else (batch, m, k)
+    sb = (batch, n, k) if tb else (batch, k, n)
+    # float32-exact draws (bf16 storage rounds through float32: pydnn.reference.dtypes)
+    av, bv, cv, biasv = (rng.uniform(-1, 1, shape).astype(np.float32).astype(np.float64)
+                         for shape in (sa, sb, (batch, m, n), (n,)))
+    bufs = []
+    for v in (av, bv, cv, biasv):
+        d = P.DeviceArray(v.shape, np.uint16)
+        d.fill_bytes(POISON)
+        d.copy_from_numpy(rd.to_storage(v, BF16))
+        bufs.append(d)
+    av, bv, cv, biasv = (rd.from_storage(rd.to_storage(v, BF16), BF16) for v in (av, bv, cv, biasv))
+    plan.launch(handle, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, 0.5, 0.25, bufs[3].ptr)
+    A = np.swapaxes(av, 1, 2) if ta else av
+    Bm = np.swapaxes(bv, 1, 2) if tb else bv
+    want = 0.5 * np.matmul(A, Bm) + 0.25 * cv + biasv
+    scale = 0.5 * np.matmul(np.abs(A), np.abs(Bm)) + 0.25 * np.abs(cv) + np.abs(biasv)
+    got = rd.from_storage(bufs[2].to_numpy(), BF16)
+    assert_close(got, want, BF16, f"pp plain ta={ta} tb={tb}", scale=scale)
