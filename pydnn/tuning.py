@@ -350,8 +350,8 @@ matmul = Switches(
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
     USE_TMA=(True, 'sm_90: where the chooser picks the 128x256 wgmma tile and both operands suit TMA, plain GEMMs '
-                   'run gemm_tma (TMA copies, a producer warpgroup, two consumer warpgroups, persistent) instead; '
-                   'the reasons: pydnn/ops/matmul.py at TMA_TILE'),
+                   'and the graph API\'s fused GEMMs run gemm_tma (TMA copies, a producer warpgroup, two consumer '
+                   'warpgroups, persistent) instead; the reasons: pydnn/ops/matmul.py at TMA_TILE'),
 )
 
 attention = Switches(

@@ -1,7 +1,8 @@
 """Matmul (GEMM): pydnn's own tensor-core matrix multiply (kernels in ptx/matmul.cu). INTERNAL module:
 other families (the multi-head attention projections, the graph API) call it from Python; the public
 call is pydnn.matmul / pydnnMatmul (pydnn/graph/matmul_api.py: tensor descriptors mapped onto gemm_plan),
-and the graph API's runtime fusion instantiates gemm_tc_body / gemm_wgmma_body with generated epilogues.
+and the graph API's runtime fusion instantiates gemm_tc_body / gemm_wgmma_body / gemm_tma_body (fused_tma) with
+generated epilogues.
 
     plan = gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None,
                      batch=1, stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False)
@@ -269,9 +270,9 @@ class TmaTile:
 
 # gemm_tma replaces the 128x256 wgmma tile (WG_TILES[0] / WG_PERSIST_TILE) where the chooser picks it and
 # the operands suit TMA (tuning.matmul.USE_TMA; _tma_problem): 4 stages of 48 KiB (a fifth does not fit
-# the 227 KiB an SM offers a block). The wgmma kernels stay for the graph API's fused epilogues
-# (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
-# launches plan.fast itself). Measured (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating
+# the 227 KiB an SM offers a block). The graph API's fused GEMMs take it too where the plan has it
+# (fused_tma: pydnn/graph builds their kernels from gemm_tma_body); the wgmma kernels stay for the RNN engine
+# (which launches plan.fast itself), for fused GEMMs where no map encodes, and with USE_TMA off. Measured (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating
 # rounds), run 1: 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x /
 # 0.901x), 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's. Run 2, with
 # the WIDE epilogue (16-byte stores of interior tiles) against without: 8192^3 1.070x / 1.050x,

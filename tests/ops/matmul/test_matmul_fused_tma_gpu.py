@@ -61,14 +61,17 @@ def _graph(handle, io, kind, m, n, k, batch, tb):
     return g, (a, w, bias, r, y)
 
 
-def _run(handle, rng, monkeypatch, io, kind, m, n, k, batch, tb, sm_count):
+def _run(handle, rng, monkeypatch, io, kind, m, n, k, batch, tb, sm_count, tma=True):
     _sm90(handle, monkeypatch, sm_count)
     g, (a, w, bias, r, y) = _graph(handle, io, kind, m, n, k, batch, tb)
     g.build_operation_graph().create_execution_plans().check_support().build_plans()
     assert g.engine_index() == 1 and g.launches() == 1
     step = g._plan_obj.built.steps[0]
     rec = step.recs[0][0]
-    assert rec.maps is not None and "gemm_tma" in rec.expr, "the fused GEMM is not on gemm_tma"
+    if tma:
+        assert rec.maps is not None and "gemm_tma" in rec.expr, "the fused GEMM is not on gemm_tma"
+    else:
+        assert rec.maps is None and "gemm_wgmma" in rec.expr
     ta = DevTensor(a.dim, io)
     tw = DevTensor(w.dim, io, strides=w.stride)
     tb_, ty = DevTensor(bias.dim, io), DevTensor(y.dim, io)
@@ -129,6 +132,16 @@ def test_fused_tma_bias_row_max(handle, rng, monkeypatch, m, n, k, batch, sms):
     """The row reduction's block barriers on gemm_tma are named ones over the consumer warpgroups (epi_sync):
     a hang or a wrong row here is that protocol."""
     _run(handle, rng, monkeypatch, BF16, "rowmax", m, n, k, batch, False, sms)
+
+
+@pytest.mark.parametrize("kind", ["gelu", "rowmax"])
+def test_fused_wgmma_with_tma_off(handle, rng, monkeypatch, kind):
+    """tuning.matmul.USE_TMA off: the fused GEMM stays on the persistent wgmma tile (gemm_wgmma_body), the path
+    tests/graph's fused tests took before gemm_tma took their shapes."""
+    from pydnn import tuning
+
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)
+    _run(handle, rng, monkeypatch, BF16, kind, 700, 712, 520, 2, False, 2, tma=False)
 
 
 # ----------------------------------------------------------------------------- the ping-pong candidate
