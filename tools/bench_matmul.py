@@ -616,6 +616,97 @@ def _prebuild_fused(h, shapes, kinds, variants):
     print(f"prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile):
+    """One --fused row: the plain matmul and the fused graphs on `tile` (suffix suf), against torch."""
+    import statistics
+
+    import torch.nn.functional as F
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    w = wt.t() if tb else wt.t().contiguous()  # [k, n]: a view of the [n, k] weight, or row-major
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if "residual" in kinds else None
+    out_t = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    xp, wp = x.data_ptr(), w.data_ptr()
+    fns = {"torch.mm": lambda: torch.mm(x, w, out=out_t)}
+    outs, on_tma, kernels, keep = {}, {}, {}, []
+    for vsuf, t in ((("", M.TMA_TILE),) + (((suf, tile),) if suf else ())):
+        with _TmaTile(t):
+            plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+            if plan.tma is not None and plan.tma.expr == t.expr("bf16", False, tb):
+                plan.tma.unit = _tma_bench_unit(t, tb)  # the prebuilt one-kernel unit (the same instantiation)
+            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            outs["plain" + vsuf] = c
+            d = plan.describe()[0]  # e.g. pydnn::matmul::gemm_tma<pydnn::bf16_t, 256, 4, ...>: "gemm_tma 256/4"
+            args = d.split("<", 1)[1].split(", ")
+            kernels["plain" + vsuf] = f"{d.split('<')[0].split('::')[-1]} {args[1]}/{args[2]}"
+            fns["plain" + vsuf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
+            if vsuf != suf:
+                continue  # (the candidate's pass: gemm_tma's plain kernel only)
+            for kind in kinds:
+                if kind == "rowmax" and t.pp:
+                    continue  # (the row reduction stays on TMA_TILE)
+                g = _fused_graph(h, m, n, k, tb, kind)
+                g.build_operation_graph().create_execution_plans().check_support().build_plans()
+                assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
+                yk = torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16)
+                wbuf = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+                bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": yk.data_ptr()}
+                if kind == "residual":
+                    bufs["r"] = r.data_ptr()
+                keep.append((g, yk, wbuf))
+                outs[kind + suf] = yk
+                on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
+                fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
+    tnames = {"gelu": "gelu(addmm)", "residual": "addmm+r", "rowmax": "addmm.amax"}
+    if "gelu" + suf in fns:
+        fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
+    if "residual" + suf in fns:
+        fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
+    if "rowmax" + suf in fns:
+        fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    ref = torch.addmm(b, x, w).float()
+    want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref),
+            "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
+    errs = {name: _err(o, want[name.split("_")[0]]) for name, o in outs.items()}
+    del ref, want
+    t = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t[name].append(time_ms(fn, reps=10, warmup=2))
+    med = {name: statistics.median(v) for name, v in t.items()}
+    fl = 2.0 * m * n * k
+    rr = dict(case=label + suf, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
+              kernels=kernels, fused_on_tma=on_tma, errs=errs)
+    p = "plain" + suf
+    rr["plain_vs_torch"] = med["torch.mm"] / med[p]
+    line = (f"{label:24s}{suf:3s} plain {kernels[p]:24s} {rr['tflops'][p]:6.1f} TFLOP/s "
+            f"({rr['plain_vs_torch']:.3f}x torch.mm {rr['tflops']['torch.mm']:6.1f})")
+    if suf:
+        rr["plain_over_tma"] = med[p] / med["plain"]
+        line += f" [{rr['plain_over_tma']:.3f}x gemm_tma's time]"
+    for kind in ("gelu", "residual", "rowmax"):
+        key = kind + suf
+        if key in fns:
+            tn = tnames[kind]
+            rr[kind + "_over_plain"] = med[key] / med[p]
+            rr[kind + "_over_plain_tma"] = med[key] / med["plain"]
+            rr[kind + "_vs_torch"] = med[tn] / med[key]
+            line += (f" | {kind} {rr['tflops'][key]:6.1f}: {rr[kind + '_over_plain']:.3f}x its plain"
+                     + (f" ({rr[kind + '_over_plain_tma']:.3f}x gemm_tma's)" if suf else "")
+                     + f", {rr[kind + '_vs_torch']:.3f}x {tn} ({med[tn] / med['torch.mm']:.3f}x mm)")
+    line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items())
+    off = [k_ for k_, v in on_tma.items() if not v]
+    line += f" | NOT ON gemm_tma: {off}" if off else ""
+    print(line, flush=True)
+    del x, wt, w, b, r, out_t, outs, keep
+    return rr
+
+
 def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False):
     """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
     time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
@@ -626,9 +717,6 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     each result checked against torch's (max |diff| / max |ref|). pp: the same for the ping-pong candidate
     (TMA_PP_TILE: plain, gelu, residual; suffix _pp), its ratios against its own plain kernel and torch."""
     import json
-    import statistics
-
-    import torch.nn.functional as F
 
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
@@ -637,86 +725,15 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     variants = _variants(pp)
     try:
         _prebuild_fused(h, shapes, kinds, variants)
-        for label, m, n, k, tb in shapes:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            w = wt.t() if tb else wt.t().contiguous()  # [k, n]: a view of the [n, k] weight, or row-major
-            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if "residual" in kinds else None
-            out_t = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            xp, wp = x.data_ptr(), w.data_ptr()
-            fns = {"torch.mm": lambda: torch.mm(x, w, out=out_t)}
-            outs, on_tma, kernels, keep = {}, {}, {}, []
-            for suf, t in variants:
-                with _TmaTile(t):
-                    plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
-                    if plan.tma is not None and plan.tma.expr == t.expr("bf16", False, tb):
-                        plan.tma.unit = _tma_bench_unit(t, tb)  # the prebuilt one-kernel unit (the same instantiation)
-                    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                    outs["plain" + suf] = c
-                    kernels["plain" + suf] = plan.describe()[0].split(",")[0].split("::")[-1] + ", " + \
-                        plan.describe()[0].split(",")[1].strip()
-                    fns["plain" + suf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
-                    for kind in kinds:
-                        if kind == "rowmax" and t.pp:
-                            continue
-                        g = _fused_graph(h, m, n, k, tb, kind)
-                        g.build_operation_graph().create_execution_plans().check_support().build_plans()
-                        assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
-                        yk = torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16)
-                        wbuf = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
-                        bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": yk.data_ptr()}
-                        if kind == "residual":
-                            bufs["r"] = r.data_ptr()
-                        keep.append((g, yk, wbuf))
-                        outs[kind + suf] = yk
-                        on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
-                        fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
-            if "gelu" in kinds:
-                fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
-            if "residual" in kinds:
-                fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
-            if "rowmax" in kinds:
-                fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
-            for fn in fns.values():
-                fn()
-            torch.cuda.synchronize()
-            ref = torch.addmm(b, x, w).float()
-            want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref),
-                    "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
-            errs = {name: _err(o, want[name.split("_")[0]]) for name, o in outs.items()}
-            del ref, want
-            t = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    t[name].append(time_ms(fn, reps=10, warmup=2))
-            med = {name: statistics.median(v) for name, v in t.items()}
-            fl = 2.0 * m * n * k
-            rr = dict(case=label, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
-                      kernels=kernels, fused_on_tma=on_tma, errs=errs)
-            for suf, _ in variants:
-                rr["plain" + suf + "_vs_torch"] = med["torch.mm"] / med["plain" + suf]
-                line = (f"{label:24s}{suf:3s} plain {kernels['plain' + suf]:24s} {rr['tflops']['plain' + suf]:6.1f} "
-                        f"TFLOP/s ({rr['plain' + suf + '_vs_torch']:.3f}x torch.mm {rr['tflops']['torch.mm']:6.1f})")
-                for kind, tname in (("gelu", "gelu(addmm)"), ("residual", "addmm+r"), ("rowmax", "addmm.amax")):
-                    key = kind + suf
-                    if key in fns:
-                        rr[key + "_over_plain"] = med[key] / med["plain" + suf]
-                        rr[key + "_over_plain_tma"] = med[key] / med["plain"]
-                        rr[key + "_vs_torch"] = med[tname] / med[key]
-                        line += (f" | {kind} {rr['tflops'][key]:6.1f}: {rr[key + '_over_plain']:.3f}x its plain"
-                                 + (f" ({rr[key + '_over_plain_tma']:.3f}x gemm_tma's)" if suf else "")
-                                 + f", {rr[key + '_vs_torch']:.3f}x {tname} ({med[tname] / med['torch.mm']:.3f}x mm)")
-                line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items() if k_.endswith(suf) or
-                                                  (not suf and "_" not in k_))
-                off = [k_ for k_, v in on_tma.items() if not v and (k_.endswith(suf) or (not suf and "_" not in k_))]
-                line += f" | NOT ON gemm_tma: {off}" if off else ""
-                print(line, flush=True)
-            rows.append(rr)
-            del x, wt, w, b, r, out_t, outs, keep
-            if out:
-                with open(out, "w") as f:
-                    json.dump(rows, f, indent=1)
+        # variant by variant (the chooser's tile first, every shape), so that a candidate that fails or hangs
+        # leaves the rows before it printed and saved; each pass times torch's functions again, and the
+        # candidate's pass gemm_tma's plain kernel too (its ratios to it)
+        for suf, tile in variants:
+            for label, m, n, k, tb in shapes:
+                rows.append(_fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile))
+                if out:
+                    with open(out, "w") as f:
+                        json.dump(rows, f, indent=1)
     finally:
         pydnn.destroy(h)
     return rows
