@@ -777,8 +777,10 @@ def fused_tma(handle, plan, red=False):
     caller's own (its params patched per call; rec.maps encode A and B once per base address)."""
     if plan.tma is None:
         return None
-    tile = _tma_tile()
+    tile = TMA_PP_TILE if tuning.matmul.FUSED_PP and not red else _tma_tile()
     tile = tile if tile.cm == 1 and not (red and tile.pp) else TMA_TILE  # (red: a row reduction epilogue)
+    if _tma_problem(plan, tile) is not None:  # (another tile than the plan's: its own boxes)
+        return None
     rec = _tma_launch(plan, TAG[plan.dtype], tile, handle.sm_count)
     try:
         for cache in rec.maps:

@@ -341,3 +341,17 @@ def test_pp_candidate_tile_and_fused_choice(sm90, monkeypatch):
     assert step.recs[0][0].params.p.tiles_n == 16 and step.recs[0][0].smem == t.smem
     _, step = _graph(h, "rowmax", 2048, 2048, 512)
     assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in cache.unit_inputs(units[-1])[0]
+
+
+def test_fused_pp_switch(sm90, monkeypatch):
+    """tuning.matmul.FUSED_PP: a fused GEMM where the plan runs gemm_tma takes the ping-pong tile (its own
+    128x128 tiles: tiles_n 16 on n = 2048), the row reduction still TMA_TILE; off (the default): TMA_TILE."""
+    h, buf, drv, enc, units = sm90
+    assert tuning.matmul.FUSED_PP is False
+    monkeypatch.setattr(tuning.matmul, "FUSED_PP", True)
+    _, step = _graph(h, "residual", 2048, 2048, 512)
+    rec = step.recs[0][0]
+    assert rec.expr == M.TMA_PP_TILE.expr("bf16", False, False) and rec.params.p.tiles_n == 16
+    assert "gemm_tma_body<pydnn::bf16_t, 128, 7, false, false, 1, true, true>" in cache.unit_inputs(units[-1])[0]
+    _, step = _graph(h, "rowmax", 2048, 2048, 512)
+    assert step.recs[0][0].expr == M.TMA_TILE.expr("bf16", False, False)
