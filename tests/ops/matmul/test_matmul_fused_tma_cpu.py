@@ -355,3 +355,29 @@ def test_fused_pp_switch(sm90, monkeypatch):
     assert "gemm_tma_body<pydnn::bf16_t, 128, 7, false, false, 1, true, true>" in cache.unit_inputs(units[-1])[0]
     _, step = _graph(h, "rowmax", 2048, 2048, 512)
     assert step.recs[0][0].expr == M.TMA_TILE.expr("bf16", False, False)
+
+
+@pytest.mark.parametrize("tb", [False, True])
+def test_pp_fused_kernel_compiles_without_spills(tb):
+    """ptxas (sm_90a) on the fused bias + GELU kernel on the ping-pong candidate: no spills; SASS where cuobjdump
+    exists: 8 HGMMA.64x128x16 a K tile (two m64 halves x 4 k16), the turn barriers (one BAR.SYNC on a register
+    id, one BAR.ARV) besides the start's BAR.SYNC 0x0, and the WIDE stores."""
+    prog, final, access, red = _programs()["gelu"]
+    name, text = cg.matmul_source(prog, final, "bf16", M.TMA_PP_TILE, M.TC_GENERAL, False, tb, access=access)
+    assert f"gemm_tma_body<pydnn::bf16_t, 128, 7, false, {'true' if tb else 'false'}, 1, true, true>" in text
+    fe = f"pydnn::graph::{name}_f"
+    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    log = log if isinstance(log, str) else log.decode()
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert props.get(lowered[fe]) == (0, 0), log
+    lines = _fast_sass(cubin, lowered[fe])
+    if lines is None:
+        return
+    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
+    c = Counter(ops)
+    assert c["HGMMA.64x128x16.F32.BF16"] == 8 and c["BAR.ARV"] == 1 and c["STG.E.128"] >= 16
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
+    bars = [ln.split("BAR.SYNC.DEFER_BLOCKING", 1)[1].split(";")[0].strip() for ln in lines if "BAR.SYNC" in ln]
+    assert bars.count("0x0") == 1 and len(bars) == 2 and bars[1].endswith("0x100"), bars
