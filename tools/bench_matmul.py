@@ -546,6 +546,8 @@ def _fused_graph(h, m, n, k, tb, kind):
     v = g.add(g.matmul(x, w), b)
     if kind == "gelu":
         v = g.gelu(v)
+    elif kind == "relu":
+        v = g.relu(v)
     elif kind == "residual":
         v = g.add(v, g.tensor(name="r", dim=[1, m, n]))
     else:
@@ -616,8 +618,71 @@ def _prebuild_fused(h, shapes, kinds, variants):
     print(f"prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile):
-    """One --fused row: the plain matmul and the fused graphs on `tile` (suffix suf), against torch."""
+def _gpu_sampler():
+    """An nvidia-smi process sampling this device's SM clock (MHz) and board power (W) every 20 ms (None where
+    nvidia-smi is missing), and the device's PCI bus id it filters on (None: every GPU, the busiest chosen)."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("nvidia-smi")
+    if not tool:
+        return None, None
+    bus = None
+    try:
+        pr = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{pr.pci_domain_id:08X}:{pr.pci_bus_id:02X}:{pr.pci_device_id:02X}.0"
+    except Exception:  # noqa: BLE001 - an older torch without the PCI ids
+        pass
+    proc = subprocess.Popen([tool, "--query-gpu=pci.bus_id,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                             "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, bus
+
+
+def _power(fns, seconds):
+    """Each function run back to back for `seconds` (synchronizing every 8 calls) while nvidia-smi samples:
+    ms a call (wall clock), mean SM clock and board power over the middle 60% of the window. A kernel held
+    back by the power limit shows as a lower clock at the same power."""
+    import time
+
+    out = {}
+    for name in [nm for nm in ("plain", "gelu", "relu", "residual", "plain_pp", "gelu_pp", "torch.mm", "gelu(addmm)")
+                 if nm in fns]:
+        fn = fns[name]
+        proc, bus = _gpu_sampler()
+        if proc is None:
+            print("power: no nvidia-smi", flush=True)
+            return out
+        time.sleep(0.1)
+        torch.cuda.synchronize()
+        t0, calls = time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(8):
+                fn()
+            calls += 8
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        proc.terminate()
+        text = proc.communicate()[0]
+        rows = [ln.split(", ") for ln in text.strip().splitlines() if ln.count(", ") == 2]
+        if bus is None and rows:  # the busiest GPU
+            byb = {}
+            for b_, c_, p_ in rows:
+                byb.setdefault(b_, []).append(float(p_))
+            bus = max(byb, key=lambda b_: sum(byb[b_]) / len(byb[b_]))
+        vals = [(float(c_), float(p_)) for b_, c_, p_ in rows if b_.upper().endswith(bus.upper()[-12:])]
+        mid = vals[len(vals) // 5: max(len(vals) * 4 // 5, len(vals) // 5 + 1)]
+        if not mid:
+            continue
+        clk, pw = sum(v[0] for v in mid) / len(mid), sum(v[1] for v in mid) / len(mid)
+        out[name] = dict(ms=1e3 * dt / calls, mhz=clk, watts=pw, samples=len(mid))
+        print(f"  power {name:12s} {1e3 * dt / calls:7.3f} ms/call  SM {clk:6.0f} MHz  {pw:6.1f} W  ({len(mid)} samples)",
+              flush=True)
+    return out
+
+
+def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0):
+    """One --fused row: the plain matmul and the fused graphs on `tile` (suffix suf), against torch; power > 0:
+    then each function run alone for that many seconds with the SM clock and the board power sampled."""
     import statistics
 
     import torch.nn.functional as F
@@ -659,9 +724,11 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile):
                 outs[kind + suf] = yk
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
-    tnames = {"gelu": "gelu(addmm)", "residual": "addmm+r", "rowmax": "addmm.amax"}
+    tnames = {"gelu": "gelu(addmm)", "relu": "relu(addmm)", "residual": "addmm+r", "rowmax": "addmm.amax"}
     if "gelu" + suf in fns:
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
+    if "relu" + suf in fns:
+        fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
     if "residual" + suf in fns:
         fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
     if "rowmax" + suf in fns:
@@ -670,7 +737,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile):
         fn()
     torch.cuda.synchronize()
     ref = torch.addmm(b, x, w).float()
-    want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref),
+    want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref), "relu": F.relu(ref),
             "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
     errs = {name: _err(o, want[name.split("_")[0]]) for name, o in outs.items()}
     del ref, want
@@ -689,7 +756,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile):
     if suf:
         rr["plain_over_tma"] = med[p] / med["plain"]
         line += f" [{rr['plain_over_tma']:.3f}x gemm_tma's time]"
-    for kind in ("gelu", "residual", "rowmax"):
+    for kind in ("gelu", "relu", "residual", "rowmax"):
         key = kind + suf
         if key in fns:
             tn = tnames[kind]
@@ -703,11 +770,13 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile):
     off = [k_ for k_, v in on_tma.items() if not v]
     line += f" | NOT ON gemm_tma: {off}" if off else ""
     print(line, flush=True)
+    if power:
+        rr["power"] = _power(fns, power)
     del x, wt, w, b, r, out_t, outs, keep
     return rr
 
 
-def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False):
+def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False, power=0.0):
     """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
     time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
     function, 10 samples each; medians): the plain pydnn matmul (gemm_tma), the fused gelu graph,
@@ -730,7 +799,7 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
         # candidate's pass gemm_tma's plain kernel too (its ratios to it)
         for suf, tile in variants:
             for label, m, n, k, tb in shapes:
-                rows.append(_fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile))
+                rows.append(_fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power))
                 if out:
                     with open(out, "w") as f:
                         json.dump(rows, f, indent=1)
@@ -756,12 +825,14 @@ if __name__ == "__main__":
                     "substrings, e.g. '4096x4096 nn,11008x4096 nt')")
     ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time")
     ap.add_argument("--pp", action="store_true", help="--fused: also the ping-pong candidate (TMA_PP_TILE)")
+    ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
+                    "with nvidia-smi sampling the SM clock and board power (is the GEMM held by the power limit?)")
     args = ap.parse_args()
     if args.fused:
         sel = FUSED_SHAPES
         if args.shapes:
             sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
-        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp)
+        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power)
     elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:

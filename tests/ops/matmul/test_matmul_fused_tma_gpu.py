@@ -42,11 +42,13 @@ def _sm90(handle, monkeypatch, sm_count):
 
 
 def _graph(handle, io, kind, m, n, k, batch, tb):
-    """gelu(x @ W + b), x @ W + b + r, or max over n of (x @ W + b) (intermediate FLOAT); W [1, k, n],
+    """gelu(x @ W + b), x @ W + b + r, or max over n of (x @ W + b) (intermediate FLOAT); W [batch, k, n],
     given transposed ([n, k] in memory) when tb."""
     g = Graph(io_data_type=io, intermediate_data_type=F32, compute_data_type=F32, handle=handle)
     a = g.tensor(name="a", dim=[batch, m, k])
-    w = g.tensor(name="w", dim=[1, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
+    # W batched like A: a broadcast B (batch stride 0) has no TMA map (tensormap.map_problem), so such a graph
+    # stays on the wgmma tile
+    w = g.tensor(name="w", dim=[batch, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
     bias = g.tensor(name="bias", dim=[1, 1, n])
     v = g.add(g.matmul(a, w), bias)
     r = None
