@@ -689,8 +689,8 @@ def _power(fns, seconds):
             continue
         clk, pw = sum(v[0] for v in mid) / len(mid), sum(v[1] for v in mid) / len(mid)
         out[name] = dict(ms=1e3 * dt / calls, mhz=clk, watts=pw, samples=len(mid))
-        print(f"  power {name:12s} {1e3 * dt / calls:7.3f} ms/call  SM {clk:6.0f} MHz  {pw:6.1f} W  ({len(mid)} samples)",
-              flush=True)
+        print(f"  power {name:12s} {1e3 * dt / calls:7.3f} ms/call  SM {clk:6.0f} MHz  {pw:6.1f} W  "
+              f"({len(mid)} samples)", flush=True)
     return out
 
 
