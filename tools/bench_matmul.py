@@ -556,30 +556,49 @@ def _fused_graph(h, m, n, k, tb, kind):
     return g
 
 
-def _variants(pp):
-    """(suffix, gemm_tma tile) of each form --fused times: the chooser's TMA_TILE, and with pp the ping-pong
-    candidate TMA_PP_TILE (its unit registered here: outside the build)."""
+def _variants(pp, wg=False):
+    """(suffix, gemm_tma tile) of each form --fused times: the chooser's TMA_TILE, with pp the ping-pong
+    candidate TMA_PP_TILE (its unit registered here: outside the build), with wg the wgmma kernels the fused
+    GEMMs ran on before (USE_TMA off: gemm_wgmma_p; tile None; the gelu graph only)."""
     if pp:
         M.pp_units()
-    return (("", M.TMA_TILE),) + ((("_pp", M.TMA_PP_TILE),) if pp else ())
+    return (("", M.TMA_TILE),) + ((("_pp", M.TMA_PP_TILE),) if pp else ()) + ((("_wg", None),) if wg else ())
+
+
+def _expr(tile, tb):
+    return (tile or M.WG_PERSIST_TILE).expr("bf16", False, tb)
 
 
 class _TmaTile:
-    """Plans made inside take `tile` as their gemm_tma tile (pydnn.ops.matmul._tma_tile patched)."""
+    """Plans made inside take `tile` as their gemm_tma tile (pydnn.ops.matmul._tma_tile patched); None: no
+    gemm_tma (tuning.matmul.USE_TMA off)."""
 
     def __init__(self, tile):
         self.tile = tile
 
     def __enter__(self):
-        self.orig = M._tma_tile
-        M._tma_tile = lambda: self.tile
+        from pydnn import tuning
+
+        self.orig, self.use = M._tma_tile, tuning.matmul.USE_TMA
+        M._tma_tile = lambda: self.tile or M.TMA_TILE
+        tuning.matmul.USE_TMA = self.tile is not None
 
     def __exit__(self, *exc):
-        M._tma_tile = self.orig
+        from pydnn import tuning
+
+        M._tma_tile, tuning.matmul.USE_TMA = self.orig, self.use
+
+
+def _kinds_of(tile, kinds):
+    """The fused graphs a variant runs: no row reduction on the ping-pong tile, the gelu one alone on wgmma."""
+    if tile is None:
+        return tuple(kd for kd in kinds if kd == "gelu")
+    return tuple(kd for kd in kinds if not (kd == "rowmax" and tile.pp))
 
 
 def _tma_bench_unit(tile, tb):
-    return f"matmul.tmabench{'pp' if tile.pp else ''}{'nt' if tb else 'nn'}.bf16"
+    name = "wgbench" if tile is None else "tmabenchpp" if tile.pp else "tmabench"
+    return f"matmul.{name}{'nt' if tb else 'nn'}.bf16"
 
 
 def _build(g, kind):
@@ -609,7 +628,7 @@ def _prebuild_fused(h, shapes, kinds, variants):
     # the plain gemm_tma kernels as one unit each (bench only: they compile in parallel, where matmul.tma.bf16
     # compiles its four transpositions one after another); fused() points its plans at them
     tbs = sorted({s[4] for s in shapes})
-    units = [KernelUnit(_tma_bench_unit(t, tb), "matmul.cu", (t.expr("bf16", False, tb),), archs=(M.WG_ARCH + "a",))
+    units = [KernelUnit(_tma_bench_unit(t, tb), "matmul.cu", (_expr(t, tb),), archs=(M.WG_ARCH + "a",))
              for _, t in variants for tb in tbs]
     loader.register_units(units)
     orig = engines._compile
@@ -619,9 +638,7 @@ def _prebuild_fused(h, shapes, kinds, variants):
         for _, t in variants:
             with _TmaTile(t):
                 for tb in tbs:
-                    for kind in kinds:
-                        if kind == "rowmax" and t.pp:
-                            continue  # (the row reduction stays on TMA_TILE)
+                    for kind in _kinds_of(t, kinds):
                         _build(_fused_graph(h, m, n, k, tb, kind), kind)
     finally:
         engines._compile = orig
@@ -713,8 +730,9 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     for vsuf, t in ((("", M.TMA_TILE),) + (((suf, tile),) if suf else ())):
         with _TmaTile(t):
             plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
-            if plan.tma is not None and plan.tma.expr == t.expr("bf16", False, tb):
-                plan.tma.unit = _tma_bench_unit(t, tb)  # the prebuilt one-kernel unit (the same instantiation)
+            rec = plan.tma if plan.tma is not None else plan.fast
+            if rec.expr == _expr(t, tb):
+                rec.unit = _tma_bench_unit(t, tb)  # the prebuilt one-kernel unit (the same instantiation)
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             outs["plain" + vsuf] = c
             d = plan.describe()[0]  # e.g. pydnn::matmul::gemm_tma<pydnn::bf16_t, 256, 4, ...>: "gemm_tma 256/4"
@@ -723,9 +741,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
             fns["plain" + vsuf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
             if vsuf != suf:
                 continue  # (the candidate's pass: gemm_tma's plain kernel only)
-            for kind in kinds:
-                if kind == "rowmax" and t.pp:
-                    continue  # (the row reduction stays on TMA_TILE)
+            for kind in _kinds_of(t, kinds):
                 g = _fused_graph(h, m, n, k, tb, kind)
                 _build(g, kind)
                 assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
@@ -786,13 +802,14 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     off = [k_ for k_, v in on_tma.items() if not v]
     line += f" | NOT ON gemm_tma: {off}" if off else ""
     print(line, flush=True)
-    if power:
+    if power and tile is not None:
         rr["power"] = _power(fns, power)
     del x, wt, w, b, r, out_t, outs, keep
     return rr
 
 
-def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False, power=0.0):
+def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False, power=0.0,
+          wg=False):
     """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
     time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
     function, 10 samples each; medians): the plain pydnn matmul (gemm_tma), the fused gelu graph,
@@ -807,7 +824,7 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     dev = torch.cuda.get_device_name()
     rows = []
-    variants = _variants(pp)
+    variants = _variants(pp, wg)
     try:
         _prebuild_fused(h, shapes, kinds, variants)
         # variant by variant (the chooser's tile first, every shape), so that a candidate that fails or hangs
@@ -841,6 +858,7 @@ if __name__ == "__main__":
                     "substrings, e.g. '4096x4096 nn,11008x4096 nt')")
     ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time")
     ap.add_argument("--pp", action="store_true", help="--fused: also the ping-pong candidate (TMA_PP_TILE)")
+    ap.add_argument("--wg", action="store_true", help="--fused: also the fused gelu on the wgmma kernel (USE_TMA off)")
     ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
                     "with nvidia-smi sampling the SM clock and board power (is the GEMM held by the power limit?)")
     args = ap.parse_args()
@@ -848,7 +866,7 @@ if __name__ == "__main__":
         sel = FUSED_SHAPES
         if args.shapes:
             sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
-        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power)
+        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
     elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:
