@@ -13,6 +13,9 @@ Target (issue 5 via the helper brief): bf16 4096^3 >= 0.6x torch.matmul.
 Cases: square 4096^3 (nn: A m x k, B k x n), the projection shape of multi-head attention (x W^T:
 m = 16384 tokens, n = 4096, k = 4096, B transposed, as nn.Linear stores W), a small 512^3, a batched
 per-head shape, fp16 and float (torch with TF32 off), and the general (unaligned) path.
+--fused [--pp] [--wg] [--power S] [--shapes ...] [--kinds gelu,gelu16,relu,residual,rowmax] (issue 22's fused
+target): the graph's fused GEMMs against the plain matmul, F.gelu(torch.addmm) and torch.mm (see fused()); the
+default, every FUSED_SHAPES entry with gelu, residual and row MAX, takes ~1 min on an H200 with its compiles.
 [tile ...] rows force one tile (the plain rows use the chooser's); [bench variant ...] rows are extra
 instantiations compiled only here (unit matmul.bench.*), to measure candidates before they go in the
 manifest.
