@@ -185,7 +185,20 @@ __device__ __forceinline__ void put_pair(const MatmulParams& p, T* crow, int col
 // red_publish is not inlined and takes plain values: inlined, the fused kernel's register demand passed
 // 255 and spilled (wgmma 128x256, bias + row MAX: 264 bytes of spill stores, 740 of loads); taking the
 // params structs by reference, out of line, copied them to a 1.4 KB stack frame per thread.
-template <int SPLIT, int R>
+// T0: the first thread of the epilogue's threads. 0: the whole block (__syncthreads); else the threads
+// T0 .. T0 + NT - 1 only, through named barrier 1 (gemm_tma: its consumer warpgroups, threads 128 .. 383;
+// the producer warpgroup runs its own loop and never reaches a block-wide barrier after the start).
+template <int T0, int NT>
+__device__ __forceinline__ void epi_sync() {
+  if constexpr (T0 == 0) {
+    __syncthreads();
+  } else {
+    static_assert(NT % 32 == 0, "a named barrier counts whole warps");
+    asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+  }
+}
+
+template <int SPLIT, int R, int T0 = 0, int NT = 0>
 __device__ __noinline__ bool red_publish(float* ws, unsigned* cnt, int m, int tiles_n, int tiles_m, long long z,
                                          int tm, int tn, int wn, Vec<float, R> part, Vec<int, R> rows) {
   __shared__ int s_last;
@@ -196,31 +209,31 @@ __device__ __noinline__ bool red_publish(float* ws, unsigned* cnt, int m, int ti
       if (rows.v[r] < m) __stcg(ws + (z * parts + (long long)tn * SPLIT + wn) * m + rows.v[r], part.v[r]);
   }
   __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  epi_sync<T0, NT>();
+  if (threadIdx.x == T0) {
     const unsigned old = atomicAdd(cnt + z * tiles_m + tm, 1u);
     s_last = old == (unsigned)(tiles_n - 1);
   }
-  __syncthreads();
+  epi_sync<T0, NT>();
   const bool last = s_last;
-  __syncthreads();  // every thread read s_last before a later tile's red_publish writes it
+  epi_sync<T0, NT>();  // every thread read s_last before a later tile's red_publish writes it
   return last;
 }
 
-template <class Epi, int BM, int SPLIT, int THREADS>
+template <class Epi, int BM, int SPLIT, int THREADS, int T0 = 0>
 __device__ __forceinline__ void red_finish(const MatmulParams& p, const Epi& epi, long long z, int tm) {
   __threadfence();
   float* ws = epi.red_ws();
   const long long parts = (long long)p.tiles_n * SPLIT;
   const int m0 = tm * BM;
-  for (int r = threadIdx.x; r < BM; r += THREADS) {
+  for (int r = (int)threadIdx.x - T0; r < BM; r += THREADS) {
     const int row = m0 + r;
     if (row >= p.m) break;
     float a = epi.red_init();
     for (long long t = 0; t < parts; ++t) a = epi.red_comb(a, __ldcg(ws + (z * parts + t) * p.m + row));
     epi.red_done(z, row, a);
   }
-  if (threadIdx.x == 0) epi.red_cnt()[z * p.tiles_m + tm] = 0u;
+  if (threadIdx.x == T0) epi.red_cnt()[z * p.tiles_m + tm] = 0u;
 }
 
 // alpha * acc (+ beta * C) (+ bias) for columns col, col + 1 of one row, stored to C.
@@ -620,12 +633,6 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 
 // ------------------------------------------------------------------------------------------ wgmma (sm_90a)
 
-// The epilogue of gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator fragment of
-// consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an active Epi (see
-// NoEpi); the same code as gemm_wgmma_body's epilogue, which keeps its inline copy: calling this function
-// from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
-// sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
-// together (the reduction epilogue's block-wide barriers; gemm_tma's producer warpgroup takes no part).
 // x[i] <- x[(i + k) & 3] (k lane dependent: two select stages, no indexed registers).
 __device__ __forceinline__ void rot4(unsigned (&x)[4], int k) {
   unsigned a[4];
@@ -635,12 +642,51 @@ __device__ __forceinline__ void rot4(unsigned (&x)[4], int k) {
   for (int i = 0; i < 4; ++i) x[i] = (k & 2) ? a[(i + 2) & 3] : a[i];
 }
 
-// WIDE (gemm_tma's candidate): an interior tile without beta or bias whose C rows start 16-byte aligned
-// (PYDNN_MATMUL_FLAG_C16) stores 16 bytes a lane: the 4 lanes of a quad hold a row's 8-column groups j as
-// pairs (lane u: columns 8j + 2u, +1); for 4 groups at a time they transpose the packed pairs (4 shuffles,
-// the lane-dependent indices as rotations) so that lane t holds group 4jj + t whole. A warp's store then
-// fills whole 32-byte sectors (8 rows x 64 bytes) instead of half sectors (8 rows x 16 bytes, 4 stores).
-template <class T, int BN, int THREADS, bool WIDE = false, class Epi>
+// WIDE (gemm_tma's interior tiles whose C rows start 16-byte aligned, PYDNN_MATMUL_FLAG_C16; 16-bit types):
+// store 16 bytes a lane. The 4 lanes of a quad hold a row's 8-column groups j as pairs (lane u: columns
+// 8j + 2u, +1); for 4 groups at a time they transpose the packed pairs (quad_transpose: 4 shuffles, the
+// lane-dependent indices as rotations) so that lane t holds group 4jj + t whole. A warp's store then fills
+// whole 32-byte sectors (8 rows x 64 bytes) instead of half sectors (8 rows x 16 bytes, 4 stores).
+// x[s] (this lane t's word for group s of 4) -> x[u] = lane u's word for group t (a 4 x 4 transpose over
+// the quad; its own inverse, so a 16-byte load of group 4jj + t turns into the pairs of the fragment too).
+__device__ __forceinline__ void quad_transpose(unsigned (&x)[4]) {
+  const int lane = threadIdx.x & 31, t = lane & 3, qbase = lane & ~3;
+  unsigned zr[4] = {x[0], x[3], x[2], x[1]};  // sent as z[d] = x[(t - d) & 3] in round d
+  rot4(zr, (4 - t) & 3);
+  unsigned y[4];  // round d: from lane (t + d) & 3 its word for group t
+#pragma unroll
+  for (int d = 0; d < 4; ++d) y[d] = __shfl_sync(0xffffffffu, zr[d], qbase | ((t + d) & 3));
+  rot4(y, (4 - t) & 3);
+#pragma unroll
+  for (int u = 0; u < 4; ++u) x[u] = y[u];
+}
+
+// The WIDE store of row half h of a warp's 16 x BN block (crow: that row's column n0), values scale * acc.
+template <class T, int BN>
+__device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 2], int h, float scale) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int jj = 0; jj < BN / 32; ++jj) {
+    unsigned x[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int j = 4 * jj + s;
+      x[s] = pack16x2<T>(scale * acc[4 * j + 2 * h], scale * acc[4 * j + 2 * h + 1]);
+    }
+    quad_transpose(x);  // x[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
+    *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+// The epilogue of gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator fragment of
+// consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an active Epi (see
+// NoEpi); the same code as gemm_wgmma_body's epilogue, which keeps its inline copy: calling this function
+// from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
+// sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
+// together, from thread T0 on (gemm_tma: 256 from 128, its consumer warpgroups; the reduction epilogue's
+// barriers are then named ones over those threads only, epi_sync). WIDE: interior tiles with C16 store 16
+// bytes a lane (wide_store_row), the plain GEMM's (no beta, no bias) and an active epilogue's values alike.
+template <class T, int BN, int THREADS, bool WIDE = false, int T0 = 0, class Epi>
 __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
                                             int tm, int tn, int wg) {
   constexpr int BM = 128;
@@ -651,28 +697,10 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
   if constexpr (WIDE && !Epi::kActive && sizeof(T) == 2) {
     constexpr unsigned F = PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS | PYDNN_MATMUL_FLAG_C16;
     if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & F) == (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_C16)) {
-      const float alpha = p.alpha;
-      const int t = lane & 3, qbase = lane & ~3;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0;
-#pragma unroll
-        for (int jj = 0; jj < BN / 32; ++jj) {
-          unsigned x[4];  // x[s]: this lane's pair of group 4jj + s, sent as z[d] = x[(t - d) & 3] in round d
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const int j = 4 * jj + s;
-            x[s] = pack16x2<T>(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]);
-          }
-          unsigned zr[4] = {x[0], x[3], x[2], x[1]};
-          rot4(zr, (4 - t) & 3);
-          unsigned y[4];  // round d: from lane (t + d) & 3 its pair of group 4jj + t
-#pragma unroll
-          for (int d = 0; d < 4; ++d) y[d] = __shfl_sync(0xffffffffu, zr[d], qbase | ((t + d) & 3));
-          rot4(y, (4 - t) & 3);  // y[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
-          *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(y[0], y[1], y[2], y[3]);
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+        wide_store_row<T, BN>(C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0, acc, h,
+                              p.alpha);
       return;
     }
   }
@@ -714,49 +742,69 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
     // literal, so the inlined copies fold it as a template argument would
     auto tile = [&](const bool FAST) {
+      // pass 1: every value (and every load of the epilogue), a column pair of both rows at a time: an
+      // operand that does not move along rows (a bias) is read once for both (its two loads adjacent with
+      // one address, which the compiler merges; the row-at-a-time order read it twice, ptxas sm_90a: 63 pair
+      // loads of the bias a tile where 32 do)
       float part[2];
+      typename Epi::Row er[2];
+      bool live[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // pass 1: every value (and every load of the epilogue)
-        const int row = row_of(h);
+      for (int h = 0; h < 2; ++h) {
         part[h] = epi.red_init();
-        if (!FAST && row >= p.m) continue;
-        const typename Epi::Row er = epi.row(z, row);
+        live[h] = FAST || row_of(h) < p.m;
+        if (live[h]) er[h] = epi.row(z, row_of(h));
+      }
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = n0 + j * 8 + (lane & 3) * 2;
-          if (FAST || col < p.n) {
-            float& v0 = acc[4 * j + 2 * h];
-            float& v1 = acc[4 * j + 2 * h + 1];
-            const bool two = FAST || col + 1 < p.n;
-            v0 *= p.alpha;
-            v1 *= p.alpha;
-            if (FAST)
-              epi.template pair<true>(er, v0, v1, col, two);
-            else
-              epi.template pair<false>(er, v0, v1, col, two);
-            if constexpr (Epi::kRed) {
-              part[h] = epi.red_comb(part[h], epi.red_map(v0));
-              if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
-            }
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (!FAST && col >= p.n) continue;
+        const bool two = FAST || col + 1 < p.n;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!live[h]) continue;
+          float& v0 = acc[4 * j + 2 * h];
+          float& v1 = acc[4 * j + 2 * h + 1];
+          v0 *= p.alpha;
+          v1 *= p.alpha;
+          if (FAST)
+            epi.template pair<true>(er[h], v0, v1, col, two);
+          else
+            epi.template pair<false>(er[h], v0, v1, col, two);
+          if constexpr (Epi::kRed) {
+            part[h] = epi.red_comb(part[h], epi.red_map(v0));
+            if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
           }
         }
       }
       if constexpr (Epi::kStoreC) {
+        // an interior tile with 16-byte aligned C rows: the WIDE store of the epilogue's values (an active
+        // epilogue has no beta or bias of the GEMM's own)
+        bool wide = false;
+        if constexpr (WIDE && sizeof(T) == 2) {
+          wide = FAST && (p.flags & PYDNN_MATMUL_FLAG_C16);
+          if (wide) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // pass 2: the stores
-          const int row = row_of(h);
-          if (!FAST && row >= p.m) continue;
-          T* crow = C + (long long)row * p.ldc;
+            for (int h = 0; h < 2; ++h) wide_store_row<T, BN>(C + (long long)row_of(h) * p.ldc + n0, acc, h, 1.0f);
+          }
+        }
+        if (!wide) {
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = n0 + j * 8 + (lane & 3) * 2;
-            if (FAST) {
-              Vec<T, 2> out;
-              out.v[0] = store<T>(acc[4 * j + 2 * h]);
-              out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
-              *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
-            } else if (col < p.n) {
-              put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          for (int h = 0; h < 2; ++h) {  // pass 2: the stores (4-byte pairs)
+            const int row = row_of(h);
+            if (!FAST && row >= p.m) continue;
+            T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              const int col = n0 + j * 8 + (lane & 3) * 2;
+              if (FAST) {
+                Vec<T, 2> out;
+                out.v[0] = store<T>(acc[4 * j + 2 * h]);
+                out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
+                *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
+              } else if (col < p.n) {
+                put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+              }
             }
           }
         }
@@ -774,8 +822,9 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
         pv.v[1] = part[1];
         rows.v[0] = row_of(0);
         rows.v[1] = row_of(1);
-        if (red_publish<1, 2>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv, rows))
-          red_finish<Epi, BM, 1, THREADS>(p, epi, z, tm);
+        if (red_publish<1, 2, T0, THREADS>(epi.red_ws(), epi.red_cnt(), p.m, p.tiles_n, p.tiles_m, z, tm, tn, 0, pv,
+                                           rows))
+          red_finish<Epi, BM, 1, THREADS, T0>(p, epi, z, tm);
       }
     };
     if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
@@ -1126,8 +1175,9 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
 // producer and consumers walk the same items, and the ring's stage / phase run on across items, so the
 // producer fetches the next tile's first K tiles while the consumers run this tile's epilogue (the
 // cp.async kernels' all-threads-copy design could only overlap that by the run-on trick of gemm_wgmma_p).
-// The epilogue is gemm_wgmma's (wg_epilogue, any Epi without a block-wide reduction: the producer
-// warpgroup is not there to take part in its barriers).
+// The epilogue is gemm_wgmma's (wg_epilogue): the plain store, or the graph API's generated epilogues
+// (pydnn/graph/codegen.py: bias, activations, residual adds ...; the reduction epilogue's barriers are named
+// ones over the 256 consumer threads, epi_sync: the producer warpgroup never reaches them).
 // CM = 2 (gemm_tma_c, a candidate): clusters of 2 CTAs on the tile rows 2i, 2i + 1 of one tile column
 // share B: each CTA's producer copies its own A and half of B's stage, multicast into both CTAs (the same
 // shared offset, completing on both full barriers: each still expects the whole stage's bytes), so
@@ -1136,12 +1186,21 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
 // own CTA's and on the peer's). The pair walks pair items together (tile rows in pairs; a pair past an
 // odd tiles_m copies zeros and stores nothing); a CTA leaves only after the cluster barrier at the end (no
 // copy or arrival of its peer may still be aimed at its shared memory).
-template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, class Epi>
+// PP (a candidate, gemm_tma with pp): ping-pong consumers. Each consumer warpgroup computes whole 128 x BN
+// tiles (two m64 halves, BN = 128: the same 128 accumulators a thread) and takes every other item of the
+// block's; the producer fills the ring with the block's items in order, so warpgroup 1's first K tiles land
+// only as warpgroup 0 nears the end of its item's K loop: the two K loops alternate by themselves, and each
+// warpgroup's epilogue (a fused GELU's erff: ~3800 instructions a thread a tile, ptxas sm_90a) runs while
+// the other's wgmmas keep the tensor cores busy, where the cooperative kernel leaves them idle through it.
+// An empty barrier then counts one arrival (the one warpgroup that read the stage). No row reduction (its
+// block-wide counter protocol expects one tile at a time).
+template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, bool PP = false, class Epi>
 __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert(!Epi::kRed, "gemm_tma: no block-wide reduction epilogue (its producer warpgroup has left)");
+  static_assert(!Epi::kRed || (CM == 1 && !PP), "gemm_tma: the reduction epilogue runs on the 1-CTA kernel");
+  static_assert(!PP || (CM == 1 && BN == 128), "gemm_tma ping-pong: 1-CTA, 128 x 128 tiles a warpgroup");
   static_assert(BN == 128 || BN == 256, "gemm_tma tile");
   static_assert(CM == 1 || CM == 2, "gemm_tma: clusters of 1 or 2 CTAs along M");
   constexpr int BM = 128;
@@ -1164,7 +1223,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       tma::mbar_init(full0 + 8 * s, 1);
-      tma::mbar_init(empty0 + 8 * s, 2 * CM);
+      tma::mbar_init(empty0 + 8 * s, PP ? 1 : 2 * CM);
     }
     tma::fence_barrier_init();
     tma::prefetch_map(map_a);
@@ -1251,36 +1310,82 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         for (int r = 0; r < CM; ++r) tma::mbar_arrive_cluster(empty0 + 8 * s, (unsigned)r);
       }
     };
-    unsigned it = 0;
-    for (long long item = first; item < items; item += step) {
-      long long z;
-      int tm, tn;
-      coords(item, z, tm, tn);
-      float acc[BN / 2];
+    if constexpr (PP) {
+      // local item i of the block (item first + i * step) is warpgroup i % 2's; its K tiles sit at ring
+      // positions i * ktiles ..
+      for (long long i = wg; first + i * step < items; i += 2) {
+        long long z;
+        int tm, tn;
+        coords(first + i * step, z, tm, tn);
+        unsigned it = (unsigned)(i * ktiles);
+        // The K loops take turns: item i's starts once the other warpgroup's K loop of item i - 1 has passed
+        // its last full barrier (named barrier 2 + wg: its 128 threads arrive, this warpgroup's sync). Besides
+        // keeping the tensor cores to one warpgroup at a time, this makes the parity waits exact: a parity
+        // wait cannot tell phase k from k - 2, and every fill before item i's first K tile has then landed.
+        if (i > 0) asm volatile("bar.sync %0, 256;" ::"r"(2 + wg) : "memory");
+        float acc0[BN / 2], acc1[BN / 2];  // rows 0 .. 63 and 64 .. 127 of the tile
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-      for (int kt = 0; kt < ktiles; ++kt, ++it) {
-        const unsigned s = it % STAGES;
-        tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-        const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
-        wgmma::fence();
+        for (int j = 0; j < BN / 2; ++j) acc0[j] = acc1[j] = 0.f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const unsigned s = it % STAGES;
+          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+          wgmma::fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
-          const unsigned long long da =
-              TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-          const unsigned long long db =
-              TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
-          wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+          for (int kk = 0; kk < kBK / 16; ++kk) {
+            const unsigned long long db =
+                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+            const unsigned long long da0 =
+                TA ? wgmma::desc_sw128(sa + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sa + kk * 32, 16, 1024);
+            const unsigned long long da1 = TA ? wgmma::desc_sw128(sa + SLAB + kk * 2048, SLAB, 1024)
+                                              : wgmma::desc_sw128(sa + SLAB + kk * 32, 16, 1024);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc0, da0, db, 1);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc1, da1, db, 1);
+          }
+          wgmma::commit();
+          wgmma::wait<1>();  // K tile it - 1's group is done: its stage may be refilled
+          if (kt > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
         }
-        wgmma::commit();
-        wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
-        if (kt > 0 && signals) release((it - 1) % STAGES);
+        if (first + (i + 1) * step < items) asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc0);
+        wgmma::fence_operands(acc1);
+        if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+        wg_epilogue<T, BN, 128, WIDE>(p, epi, acc0, z, tm, tn, 0);
+        wg_epilogue<T, BN, 128, WIDE>(p, epi, acc1, z, tm, tn, 1);
       }
-      wgmma::wait<0>();
-      wgmma::fence_operands(acc);
-      if (ktiles > 0 && signals) release((it - 1) % STAGES);
-      if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE>(p, epi, acc, z, tm, tn, wg);
+    } else {
+      unsigned it = 0;
+      for (long long item = first; item < items; item += step) {
+        long long z;
+        int tm, tn;
+        coords(item, z, tm, tn);
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const unsigned s = it % STAGES;
+          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < kBK / 16; ++kk) {
+            // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
+            const unsigned long long da = TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024)
+                                             : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+            const unsigned long long db =
+                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+          }
+          wgmma::commit();
+          wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
+          if (kt > 0 && signals) release((it - 1) % STAGES);
+        }
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc);
+        if (ktiles > 0 && signals) release((it - 1) % STAGES);
+        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg);
+      }
     }
   }
   if constexpr (CM > 1) {
@@ -1289,9 +1394,9 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
   }
 }
 
-template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false>
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
 __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
-  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE>(q, NoEpi());
+  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE, PP>(q, NoEpi());
 }
 
 // The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__

@@ -362,8 +362,11 @@ matmul = Switches(
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
     USE_TMA=(True, 'sm_90: where the chooser picks the 128x256 wgmma tile and both operands suit TMA, plain GEMMs '
-                   'run gemm_tma (TMA copies, a producer warpgroup, two consumer warpgroups, persistent) instead; '
-                   'the reasons: pydnn/ops/matmul.py at TMA_TILE'),
+                   'and the graph API\'s fused GEMMs run gemm_tma (TMA copies, a producer warpgroup, two consumer '
+                   'warpgroups, persistent) instead; the reasons: pydnn/ops/matmul.py at TMA_TILE'),
+    FUSED_PP=(False, 'sm_90, where a fused (graph) GEMM runs gemm_tma: its kernel is the ping-pong form (TMA_PP_TILE: '
+                     "a consumer warpgroup's epilogue overlaps the other's wgmmas) instead of TMA_TILE, except a row "
+                     'reduction; the reasons: pydnn/ops/matmul.py at TMA_PP_TILE'),
 )
 
 attention = Switches(

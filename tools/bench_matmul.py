@@ -13,6 +13,9 @@ Target (issue 5 via the helper brief): bf16 4096^3 >= 0.6x torch.matmul.
 Cases: square 4096^3 (nn: A m x k, B k x n), the projection shape of multi-head attention (x W^T:
 m = 16384 tokens, n = 4096, k = 4096, B transposed, as nn.Linear stores W), a small 512^3, a batched
 per-head shape, fp16 and float (torch with TF32 off), and the general (unaligned) path.
+--fused [--pp] [--wg] [--power S] [--shapes ...] [--kinds gelu,gelu16,relu,residual,rowmax] (issue 22's fused
+target): the graph's fused GEMMs against the plain matmul, F.gelu(torch.addmm) and torch.mm (see fused()); the
+default, every FUSED_SHAPES entry with gelu, residual and row MAX, takes ~1 min on an H200 with its compiles.
 [tile ...] rows force one tile (the plain rows use the chooser's); [bench variant ...] rows are extra
 instantiations compiled only here (unit matmul.bench.*), to measure candidates before they go in the
 manifest.
@@ -524,6 +527,323 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
     return rows
 
 
+# ----------------------------------------------------------------------------- fused epilogues (--fused)
+
+FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
+                ("7B 16384x4096x4096 nn", 16384, 4096, 4096, False),
+                ("7B 16384x4096x4096 nt", 16384, 4096, 4096, True),
+                ("7B 16384x11008x4096 nn", 16384, 11008, 4096, False),
+                ("7B 16384x11008x4096 nt", 16384, 11008, 4096, True))
+
+
+def _fused_graph(h, m, n, k, tb, kind):
+    """gelu(x @ W + b) (kind "gelu"), x @ W + b + r ("residual") or max over n of x @ W + b ("rowmax"), bf16 in
+    and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight)."""
+    from pydnn.graph import Graph
+
+    f32 = pydnn.PYDNN_DATA_FLOAT
+    g = Graph(io_data_type=BF16, intermediate_data_type=f32, compute_data_type=f32, handle=h)
+    x = g.tensor(name="x", dim=[1, m, k])
+    w = g.tensor(name="w", dim=[1, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
+    b = g.tensor(name="b", dim=[1, 1, n])
+    v = g.add(g.matmul(x, w), b)
+    if kind in ("gelu", "gelu16"):
+        v = g.gelu(v)
+    elif kind == "relu":
+        v = g.relu(v)
+    elif kind == "residual":
+        v = g.add(v, g.tensor(name="r", dim=[1, m, n]))
+    else:
+        v = g.reduction(v, pydnn.PYDNN_REDUCE_TENSOR_MAX, dim=[1, m, 1])
+    v.set_output(True).set_name("y")
+    return g
+
+
+def _variants(pp, wg=False):
+    """(suffix, gemm_tma tile) of each form --fused times: the chooser's TMA_TILE, with pp the ping-pong
+    candidate TMA_PP_TILE (its unit registered here: outside the build), with wg the wgmma kernels the fused
+    GEMMs ran on before (USE_TMA off: gemm_wgmma_p; tile None; the gelu graph only)."""
+    if pp:
+        M.pp_units()
+    return (("", M.TMA_TILE),) + ((("_pp", M.TMA_PP_TILE),) if pp else ()) + ((("_wg", None),) if wg else ())
+
+
+def _expr(tile, tb):
+    return (tile or M.WG_PERSIST_TILE).expr("bf16", False, tb)
+
+
+class _TmaTile:
+    """Plans made inside take `tile` as their gemm_tma tile (pydnn.ops.matmul._tma_tile patched); None: no
+    gemm_tma (tuning.matmul.USE_TMA off)."""
+
+    def __init__(self, tile):
+        self.tile = tile
+
+    def __enter__(self):
+        from pydnn import tuning
+
+        self.orig, self.use = M._tma_tile, tuning.matmul.USE_TMA
+        M._tma_tile = lambda: self.tile or M.TMA_TILE
+        tuning.matmul.USE_TMA = self.tile is not None
+
+    def __exit__(self, *exc):
+        from pydnn import tuning
+
+        M._tma_tile, tuning.matmul.USE_TMA = self.orig, self.use
+
+
+def _kinds_of(tile, kinds):
+    """The fused graphs a variant runs: no row reduction on the ping-pong tile, the gelu one alone on wgmma."""
+    if tile is None:
+        return tuple(kd for kd in kinds if kd == "gelu")
+    return tuple(kd for kd in kinds if not (kd == "rowmax" and tile.pp))
+
+
+def _tma_bench_unit(tile, tb):
+    name = "wgbench" if tile is None else "tmabenchpp" if tile.pp else "tmabench"
+    return f"matmul.{name}{'nt' if tb else 'nn'}.bf16"
+
+
+def _build(g, kind):
+    """build_plans; kind "gelu16": GELU_FWD generated as the activation family's 16-bit gelu_fast
+    (tuning.graph.PW_GELU_FAST, off by default: <= 7.9e-6 relative, not GELU_FWD's rule in the graph)."""
+    from pydnn import tuning
+
+    keep = tuning.graph.PW_GELU_FAST
+    tuning.graph.PW_GELU_FAST = kind == "gelu16"
+    try:
+        g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    finally:
+        tuning.graph.PW_GELU_FAST = keep
+    return g
+
+
+def _prebuild_fused(h, shapes, kinds, variants):
+    """Compile every unit --fused needs in parallel threads (NVRTC releases the GIL): gemm_tma's and the fused
+    graphs' generated units (collected by building each graph once with the compile deferred)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn._build import loader
+    from pydnn._build.manifest import KernelUnit
+    from pydnn.graph import engines
+
+    # the plain gemm_tma kernels as one unit each (bench only: they compile in parallel, where matmul.tma.bf16
+    # compiles its four transpositions one after another); fused() points its plans at them
+    tbs = sorted({s[4] for s in shapes})
+    units = [KernelUnit(_tma_bench_unit(t, tb), "matmul.cu", (_expr(t, tb),), archs=(M.WG_ARCH + "a",))
+             for _, t in variants for tb in tbs]
+    loader.register_units(units)
+    orig = engines._compile
+    engines._compile = lambda handle, unit: units.append(unit)
+    try:
+        _, m, n, k, _ = shapes[0]
+        for _, t in variants:
+            with _TmaTile(t):
+                for tb in tbs:
+                    for kind in _kinds_of(t, kinds):
+                        _build(_fused_graph(h, m, n, k, tb, kind), kind)
+    finally:
+        engines._compile = orig
+    t0 = time.perf_counter()
+    todo = list({u.name: u for u in units}.values())
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), todo))
+    print(f"prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def _gpu_sampler():
+    """An nvidia-smi process sampling this device's SM clock (MHz) and board power (W) every 20 ms (None where
+    nvidia-smi is missing), and the device's PCI bus id it filters on (None: every GPU, the busiest chosen)."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("nvidia-smi")
+    if not tool:
+        return None, None
+    bus = None
+    try:
+        pr = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{pr.pci_domain_id:08X}:{pr.pci_bus_id:02X}:{pr.pci_device_id:02X}.0"
+    except Exception:  # noqa: BLE001 - an older torch without the PCI ids
+        pass
+    proc = subprocess.Popen([tool, "--query-gpu=pci.bus_id,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                             "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, bus
+
+
+def _power(fns, seconds):
+    """Each function run back to back for `seconds` (synchronizing every 8 calls) while nvidia-smi samples:
+    ms a call (wall clock), mean SM clock and board power over the middle 60% of the window. A kernel held
+    back by the power limit shows as a lower clock at the same power."""
+    import time
+
+    out = {}
+    for name in [nm for nm in ("plain", "gelu", "gelu16", "relu", "plain_pp", "gelu_pp", "torch.mm", "gelu(addmm)")
+                 if nm in fns]:
+        fn = fns[name]
+        proc, bus = _gpu_sampler()
+        if proc is None:
+            print("power: no nvidia-smi", flush=True)
+            return out
+        time.sleep(0.1)
+        torch.cuda.synchronize()
+        t0, calls = time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(8):
+                fn()
+            calls += 8
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        proc.terminate()
+        text = proc.communicate()[0]
+        rows = [ln.split(", ") for ln in text.strip().splitlines() if ln.count(", ") == 2]
+        if bus is None and rows:  # the busiest GPU
+            byb = {}
+            for b_, c_, p_ in rows:
+                byb.setdefault(b_, []).append(float(p_))
+            bus = max(byb, key=lambda b_: sum(byb[b_]) / len(byb[b_]))
+        vals = [(float(c_), float(p_)) for b_, c_, p_ in rows if b_.upper().endswith(bus.upper()[-12:])]
+        mid = vals[len(vals) // 5: max(len(vals) * 4 // 5, len(vals) // 5 + 1)]
+        if not mid:
+            continue
+        clk, pw = sum(v[0] for v in mid) / len(mid), sum(v[1] for v in mid) / len(mid)
+        out[name] = dict(ms=1e3 * dt / calls, mhz=clk, watts=pw, samples=len(mid))
+        print(f"  power {name:12s} {1e3 * dt / calls:7.3f} ms/call  SM {clk:6.0f} MHz  {pw:6.1f} W  "
+              f"({len(mid)} samples)", flush=True)
+    return out
+
+
+def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0):
+    """One --fused row: the plain matmul and the fused graphs on `tile` (suffix suf), against torch; power > 0:
+    then each function run alone for that many seconds with the SM clock and the board power sampled."""
+    import statistics
+
+    import torch.nn.functional as F
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    w = wt.t() if tb else wt.t().contiguous()  # [k, n]: a view of the [n, k] weight, or row-major
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if "residual" in kinds else None
+    out_t = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    xp, wp = x.data_ptr(), w.data_ptr()
+    fns = {"torch.mm": lambda: torch.mm(x, w, out=out_t)}
+    outs, on_tma, kernels, keep = {}, {}, {}, []
+    for vsuf, t in ((("", M.TMA_TILE),) + (((suf, tile),) if suf else ())):
+        with _TmaTile(t):
+            plan = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+            rec = plan.tma if plan.tma is not None else plan.fast
+            if rec.expr == _expr(t, tb):
+                rec.unit = _tma_bench_unit(t, tb)  # the prebuilt one-kernel unit (the same instantiation)
+            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            outs["plain" + vsuf] = c
+            d = plan.describe()[0]  # e.g. pydnn::matmul::gemm_tma<pydnn::bf16_t, 256, 4, ...>: "gemm_tma 256/4"
+            args = d.split("<", 1)[1].split(", ")
+            kernels["plain" + vsuf] = f"{d.split('<')[0].split('::')[-1]} {args[1]}/{args[2]}"
+            fns["plain" + vsuf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
+            if vsuf != suf:
+                continue  # (the candidate's pass: gemm_tma's plain kernel only)
+            for kind in _kinds_of(t, kinds):
+                g = _fused_graph(h, m, n, k, tb, kind)
+                _build(g, kind)
+                assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
+                yk = torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16)
+                wbuf = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+                bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": yk.data_ptr()}
+                if kind == "residual":
+                    bufs["r"] = r.data_ptr()
+                keep.append((g, yk, wbuf))
+                outs[kind + suf] = yk
+                on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
+                fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
+    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "relu": "relu(addmm)", "residual": "addmm+r",
+              "rowmax": "addmm.amax"}
+    if "gelu" + suf in fns or "gelu16" + suf in fns:
+        fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
+    if "relu" + suf in fns:
+        fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
+    if "residual" + suf in fns:
+        fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
+    if "rowmax" + suf in fns:
+        fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    ref = torch.addmm(b, x, w).float()
+    want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
+            "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
+    want["gelu16"] = want["gelu"]
+    errs = {name: _err(o, want[name.split("_")[0]]) for name, o in outs.items()}
+    del ref, want
+    t = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t[name].append(time_ms(fn, reps=10, warmup=2))
+    med = {name: statistics.median(v) for name, v in t.items()}
+    fl = 2.0 * m * n * k
+    rr = dict(case=label + suf, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
+              kernels=kernels, fused_on_tma=on_tma, errs=errs)
+    p = "plain" + suf
+    rr["plain_vs_torch"] = med["torch.mm"] / med[p]
+    line = (f"{label:24s}{suf:3s} plain {kernels[p]:24s} {rr['tflops'][p]:6.1f} TFLOP/s "
+            f"({rr['plain_vs_torch']:.3f}x torch.mm {rr['tflops']['torch.mm']:6.1f})")
+    if suf:
+        rr["plain_over_tma"] = med[p] / med["plain"]
+        line += f" [{rr['plain_over_tma']:.3f}x gemm_tma's time]"
+    for kind in ("gelu", "gelu16", "relu", "residual", "rowmax"):
+        key = kind + suf
+        if key in fns:
+            tn = tnames[kind]
+            rr[kind + "_over_plain"] = med[key] / med[p]
+            rr[kind + "_over_plain_tma"] = med[key] / med["plain"]
+            rr[kind + "_vs_torch"] = med[tn] / med[key]
+            line += (f" | {kind} {rr['tflops'][key]:6.1f}: {rr[kind + '_over_plain']:.3f}x its plain"
+                     + (f" ({rr[kind + '_over_plain_tma']:.3f}x gemm_tma's)" if suf else "")
+                     + f", {rr[kind + '_vs_torch']:.3f}x {tn} ({med[tn] / med['torch.mm']:.3f}x mm)")
+    line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items())
+    off = [k_ for k_, v in on_tma.items() if not v]
+    line += f" | NOT ON gemm_tma: {off}" if off else ""
+    print(line, flush=True)
+    if power and tile is not None:
+        rr["power"] = _power(fns, power)
+    del x, wt, w, b, r, out_t, outs, keep
+    return rr
+
+
+def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False, power=0.0,
+          wg=False):
+    """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
+    time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
+    function, 10 samples each; medians): the plain pydnn matmul (gemm_tma), the fused gelu graph,
+    F.gelu(torch.addmm(b, x, W)), torch.mm; with "residual": the fused x @ W + b + r and torch.addmm(b, x, W) + r;
+    with "rowmax": the fused row max of x @ W + b and torch.addmm(b, x, W).amax(-1). Prints fused / plain time
+    (the target's ratio, <= 1.05) and torch's unfused time / the fused one (> 1: the fused graph is faster);
+    each result checked against torch's (max |diff| / max |ref|). pp: the same for the ping-pong candidate
+    (TMA_PP_TILE: plain, gelu, residual; suffix _pp), its ratios against its own plain kernel and torch."""
+    import json
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    dev = torch.cuda.get_device_name()
+    rows = []
+    variants = _variants(pp, wg)
+    try:
+        _prebuild_fused(h, shapes, kinds, variants)
+        # variant by variant (the chooser's tile first, every shape), so that a candidate that fails or hangs
+        # leaves the rows before it printed and saved; each pass times torch's functions again, and the
+        # candidate's pass gemm_tma's plain kernel too (its ratios to it)
+        for suf, tile in variants:
+            for label, m, n, k, tb in shapes:
+                rows.append(_fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power))
+                if out:
+                    with open(out, "w") as f:
+                        json.dump(rows, f, indent=1)
+    finally:
+        pydnn.destroy(h)
+    return rows
+
+
 if __name__ == "__main__":
     import argparse
     import os
@@ -535,8 +855,22 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-old", action="store_true", help="--mid without the gemm_wgmma_p column (its compile)")
+    ap.add_argument("--fused", action="store_true", help="the fused graphs (bias + GELU, + residual, row max) vs the "
+                    "plain matmul, F.gelu(torch.addmm) and torch.mm on 8192^3 and the 7B shapes (nn, nt)")
+    ap.add_argument("--shapes", default=None, help="--fused: labels of FUSED_SHAPES to run (comma-separated "
+                    "substrings, e.g. '4096x4096 nn,11008x4096 nt')")
+    ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time")
+    ap.add_argument("--pp", action="store_true", help="--fused: also the ping-pong candidate (TMA_PP_TILE)")
+    ap.add_argument("--wg", action="store_true", help="--fused: also the fused gelu on the wgmma kernel (USE_TMA off)")
+    ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
+                    "with nvidia-smi sampling the SM clock and board power (is the GEMM held by the power limit?)")
     args = ap.parse_args()
-    if args.mid:
+    if args.fused:
+        sel = FUSED_SHAPES
+        if args.shapes:
+            sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
+        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+    elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:
         ap.error("run the full benchmark through tools/bench.py --families matmul")

@@ -7,7 +7,7 @@
   1  pydnn.fusion  runtime fusion (behavior note RUNTIME_COMPILATION), ONE kernel per graph:
                    - pointwise ops (a chain or tree over up to 16 tensors): a generated kernel;
                    - one fp16 / bf16 matmul whose output feeds pointwise ops (bias, GELU, residual, extra
-                     outputs): the GEMM (the tile pydnn.ops.matmul chooses, wgmma on sm_90) instantiated
+                     outputs): the GEMM (the tile pydnn.ops.matmul chooses: gemm_tma or wgmma on sm_90) instantiated
                      with the generated epilogue;
                    - conv_fprop -> bias add (-> residual add) -> activation: convolution_bias_activation_
                      forward (the epilogue in the convolution kernel; no code generated).
@@ -17,6 +17,8 @@ engine.support(graph) -> None or the reason it cannot run the graph (NOT_SUPPORT
 engine.build(graph, handle) -> EnginePlan (compiles what it needs; loads nothing on the GPU);
 plan.execute(handle, {uid: device pointer}, workspace) enqueues the work on the handle's stream.
 """
+from ctypes import memmove as _memmove
+
 from .. import enums as E
 from .._build import cache, loader
 from .._cuda import driver
@@ -29,6 +31,7 @@ TAGS = {E.PYDNN_DATA_FLOAT: "f32", E.PYDNN_DATA_HALF: "f16", E.PYDNN_DATA_BFLOAT
 ESIZE = {E.PYDNN_DATA_FLOAT: 4, E.PYDNN_DATA_HALF: 2, E.PYDNN_DATA_BFLOAT16: 2}
 ALIGN = 256
 FLAG_PAIR = 4  # PYDNN_MATMUL_FLAG_PAIR (ptx/matmul_params.h; pydnn.ops.matmul.FLAG_PAIR)
+FLAG_C16 = 8   # PYDNN_MATMUL_FLAG_C16: C's rows 16-byte aligned (gemm_tma's WIDE stores)
 
 
 def _bcast_strides(t, dims):
@@ -438,6 +441,12 @@ class FusedMatmulStep:
         self.plan = plan = M.gemm_plan(handle, **kw)
         tag = TAGS[a.dtype]
         fast = M._choose_tile(plan.m, plan.n, plan.batch, handle.sm_count, handle.arch, plan.k)
+        # where the plain planner runs gemm_tma, so does the fused GEMM (pydnn.ops.matmul.fused_tma; owner: gemm)
+        tma = M.fused_tma(handle, plan, red=an.get("red") is not None)
+        fast_rec = plan.fast if tma is None else tma[1]
+        if tma is not None:
+            fast = tma[0]
+        self.c16_ok = tma is not None and plan.c16_ok
         shape = final.dims
         strides, access, self.pair_static = [], [], 0
         shape3 = ([1] + list(shape)) if len(shape) == 2 else list(shape)
@@ -466,21 +475,22 @@ class FusedMatmulStep:
         self.red_slot, self.workspace_size, self.counters = None, 0, None
         if red is not None:
             parts = cnt = 0
-            for rec, tile in ((plan.fast, fast), (plan.general, M.TC_GENERAL)):
+            for rec, tile in ((fast_rec, fast), (plan.general, M.TC_GENERAL)):
                 split = tile.wn if hasattr(tile, "wm") else 1
-                parts = max(parts, rec.params.tiles_n * split)
-                cnt = max(cnt, rec.params.tiles_m)
+                p = rec.params.p if rec.maps is not None else rec.params
+                parts = max(parts, p.tiles_n * split)
+                cnt = max(cnt, p.tiles_m)
             self.workspace_size = plan.batch * parts * plan.m * 4
             self.counters = _zeroed_u32(handle, plan.batch * cnt)
             self.red_slot = len(self.eops)
             self.e.ptr[self.red_slot + 1] = self.counters.ptr
         self.pair_align = [2 * ESIZE[g.tensors[u].dtype] - 1 for u in self.eops]
         self.recs = []
-        for rec, expr in ((plan.fast, fe), (plan.general, ge)):
-            p = rec.params
+        for rec, expr in ((fast_rec, fe), (plan.general, ge)):
+            p = rec.params.p if rec.maps is not None else rec.params
             p.bias, p.alpha, p.beta = 0, 1.0, 0.0
-            arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(self.e))
-            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), p, self.e)))
+            arr = (ctypes.c_void_p * 2)(ctypes.addressof(rec.params), ctypes.addressof(self.e))
+            self.recs.append((rec, expr, (arr, ctypes.addressof(arr), rec.params, self.e)))
         self.uids = (a.uid, b.uid, final.uid)
         self.es = ESIZE[a.dtype]
         self.vec_ok, self.pair_ok = plan.vec_ok, plan.pair_ok
@@ -506,8 +516,15 @@ class FusedMatmulStep:
         fast = self.vec_ok and (a | b) & 15 == 0
         rec, _, args = self.recs[0 if fast else 1]
         p = rec.params
+        flags = FLAG_PAIR if (self.pair_ok and c % (2 * self.es) == 0) else 0
+        if rec.maps is not None:  # gemm_tma: A's and B's maps (encoded once per base address) copied in
+            _memmove(p.map_a, rec.maps[0].get(a), 128)
+            _memmove(p.map_b, rec.maps[1].get(b), 128)
+            p = p.p
+            if self.c16_ok and c % 16 == 0:
+                flags |= FLAG_C16
         p.a, p.b, p.c = a, b, c
-        p.flags = FLAG_PAIR if (self.pair_ok and c % (2 * self.es) == 0) else 0
+        p.flags = flags
         e = self.e
         flags = self.pair_static
         for k, u in enumerate(self.eops):

@@ -1,7 +1,8 @@
 """Matmul (GEMM): pydnn's own tensor-core matrix multiply (kernels in ptx/matmul.cu). INTERNAL module:
 other families (the multi-head attention projections, the graph API) call it from Python; the public
 call is pydnn.matmul / pydnnMatmul (pydnn/graph/matmul_api.py: tensor descriptors mapped onto gemm_plan),
-and the graph API's runtime fusion instantiates gemm_tc_body / gemm_wgmma_body with generated epilogues.
+and the graph API's runtime fusion instantiates gemm_tc_body / gemm_wgmma_body / gemm_tma_body (fused_tma) with
+generated epilogues.
 
     plan = gemm_plan(handle, dtype, m, n, k, trans_a=False, trans_b=False, lda=None, ldb=None, ldc=None,
                      batch=1, stride_a=0, stride_b=0, stride_c=0, bias=False, allow_tf32=False)
@@ -228,11 +229,15 @@ class TmaTile:
     at most one wave walking the tiles); shared memory: the ring (+1 KiB to align it to 1024 bytes) and 2
     mbarriers a stage."""
 
-    def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False):
+    def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False, pp=False):
         self.bm, self.bn, self.stages = 128, bn, stages
         self.wide = wide  # interior tiles store 16 bytes a lane (quad transposes; FLAG_C16)
         if wide and cm != 1:
             raise ValueError("wide: the 1-CTA kernel only")
+        # ping-pong: each consumer warpgroup a whole 128 x 128 tile, every other item (gemm_tma_body's PP)
+        self.pp = pp
+        if pp and (cm != 1 or bn != 128):
+            raise ValueError("pp: the 1-CTA kernel, 128 x 128 tiles")
         self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
         self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
@@ -242,7 +247,8 @@ class TmaTile:
             raise ValueError("gemm_tma has no general (unaligned) path")
         b = lambda v: "true" if v else "false"  # noqa: E731
         kern = "gemm_tma_c" if self.cm == 2 else "gemm_tma"
-        w = ", true" if self.wide else ""
+        w = ", true" if self.wide or self.pp else ""
+        w = f", {b(self.wide)}, true" if self.pp else w
         return f"pydnn::matmul::{kern}<{CTYPE[tag]}, {self.bn}, {self.stages}, {b(ta)}, {b(tb)}{w}>"
 
     def map_shapes(self, ta, tb):
@@ -258,15 +264,16 @@ class TmaTile:
 
     def __repr__(self):
         c = f", clusters of {self.cm} (B multicast)" if self.cm > 1 else ""
+        c += ", ping-pong consumers" if self.pp else ""
         return f"TmaTile(128x{self.bn}, TMA + warp-specialised wgmma, stages {self.stages}{c})"
 
 
 # gemm_tma replaces the 128x256 wgmma tile (WG_TILES[0] / WG_PERSIST_TILE) where the chooser picks it and
 # the operands suit TMA (tuning.matmul.USE_TMA; _tma_problem): 4 stages of 48 KiB (a fifth does not fit
-# the 227 KiB an SM offers a block). The wgmma kernels stay for the graph API's fused epilogues
-# (pydnn/graph builds its own kernels from gemm_wgmma_body / gemm_tc_body) and the RNN engine (which
-# launches plan.fast itself). Measured (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating
-# rounds), run 1: 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x /
+# the 227 KiB an SM offers a block). The graph API's fused GEMMs take it too where the plan has it
+# (fused_tma: pydnn/graph builds their kernels from gemm_tma_body); the wgmma kernels stay for the RNN engine
+# (which launches plan.fast itself), for fused GEMMs where no map encodes, and with USE_TMA off. Measured
+# (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating rounds), run 1: 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x /
 # 0.901x), 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's. Run 2, with
 # the WIDE epilogue (16-byte stores of interior tiles) against without: 8192^3 1.070x / 1.050x,
 # 16384x4096x4096 nn 1.011x / 0.932x, nt 1.044x / 0.957x, 16384x11008x4096 nn 0.963x / 0.968x, nt 1.005x /
@@ -276,6 +283,13 @@ TMA_TILE = TmaTile(256, 4, wide=True)
 # runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast (run 1: +1% on
 # N = 4096, -2-3% on N = 11008; run 2: +0.3-0.5% on 8192^3 and N = 4096, -4% / -11% on N = 11008: not taken).
 TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
+# The ping-pong candidate (unit matmul.tmapp.bf16; bench_matmul.py --fused --pp, not chosen): 128 x 128 tiles, one a
+# consumer warpgroup, 7 stages of 32 KiB, so that a fused epilogue (a GELU's erff: ~3800 instructions a thread
+# a tile) overlaps the other warpgroup's wgmmas (issue 22's fused gelu target: <= 1.05x the plain matmul).
+# Measured (H200, 16384x4096x4096 nn, two runs): plain 1.040-1.042x gemm_tma's time, fused gelu 1.12-1.14x its
+# own plain (gemm_tma's fused gelu 1.10-1.12x its plain): the overlap hides nothing (the epilogue's FP32 work
+# competes with the running wgmmas; SM clocks equal, so not the power limit). tuning.matmul.FUSED_PP off.
+TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
 
 
 class SimtTile:
@@ -363,6 +377,14 @@ def tma_units(tiles=(TMA_TILE,), name="matmul.tma", tags=("f16", "bf16")):
                        tuple(t.expr(tag, tn[0] == "t", tn[1] == "t") for t in tiles for tn in TRANS),
                        archs=(WG_ARCH + "a",))
             for tag in tags]
+
+
+def pp_units():
+    """The ping-pong candidate's unit (TMA_PP_TILE, bf16, every transposition), registered with the loader
+    (benchmarks and tests; outside the build). Returns it."""
+    units = tma_units((TMA_PP_TILE,), TMA_PP_TILE.unit, ("bf16",))
+    loader.register_units(units)
+    return units[0]
 
 
 def _reduce_expr(tag):
@@ -742,6 +764,34 @@ def _use_tma(pl, tile, arch):
 def _tma_tile():
     """The gemm_tma tile plans take (TMA_TILE; tests and benchmarks patch this to run a candidate)."""
     return TMA_TILE
+
+
+# A probe address for fused_tma's test encoding (16-byte aligned; cuTensorMapEncodeTiled reads no memory).
+_PROBE_ADDRESS = 1 << 24
+
+
+def fused_tma(handle, plan, red=False):
+    """(tile, launch record) of gemm_tma for a GEMM with a fused epilogue (pydnn/graph's FusedMatmulStep builds
+    its kernel from gemm_tma_body with the tile; H200, 16384x4096x4096 bf16, fused gelu(x @ W + b): 0.883 ms on
+    gemm_tma against 0.955 on gemm_wgmma_p in the same run, bench_matmul.py --fused --wg), or None: where the
+    plain planner runs gemm_tma (plan.tma), with the 1-CTA tile (the cluster candidate has no epilogue form), and
+    the driver encodes the plan's maps (tried once at a probe address: no encoder, as on a CPU stand-in, keeps
+    the caller on plan.fast's wgmma tile, since the fused unit then holds no wgmma kernel to fall back on at
+    execute; red: the epilogue reduces rows, which the ping-pong candidate cannot). The record is the caller's
+    own (its params patched per call; rec.maps encode A and B once per base address)."""
+    if plan.tma is None:
+        return None
+    tile = TMA_PP_TILE if tuning.matmul.FUSED_PP and not red else _tma_tile()
+    tile = tile if tile.cm == 1 and not (red and tile.pp) else TMA_TILE  # (red: a row reduction epilogue)
+    if _tma_problem(plan, tile) is not None:  # (another tile than the plan's: its own boxes)
+        return None
+    rec = _tma_launch(plan, TAG[plan.dtype], tile, handle.sm_count)
+    try:
+        for cache in rec.maps:
+            cache.map.encode(_PROBE_ADDRESS)
+    except (PydnnError, AttributeError, TypeError):
+        return None
+    return tile, rec
 
 
 def _split_launches(pl, tag, sp, sm_count):

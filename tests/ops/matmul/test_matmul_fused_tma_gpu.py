@@ -1,0 +1,197 @@
+"""The graph API's fused GEMMs on gemm_tma (sm_90: where the plain planner runs gemm_tma, the fused graph's
+kernel is gemm_tma_body with the generated epilogue): matmul + bias + GELU, matmul + bias + residual add and
+matmul + bias + row MAX, each ONE launch (counted), against float64 numpy. Interior tiles (the WIDE 16-byte
+stores where C's rows are 16-byte aligned, the pair stores where they are not), edge tiles in m and n, a
+ragged K, batches, B transposed through strides; handle.sm_count patched small where a case needs the
+chooser's 128x256 tile on a small problem (then a grid of that many blocks walks many tiles: the row
+reduction's counters are reached by one block several times). Outputs start poisoned and their gaps are
+checked untouched; a second execute of the row reduction gives bitwise the same rows (its counters left 0)."""
+import numpy as np
+import pytest
+
+import pydnn as P
+from devtensor import DevTensor, assert_close
+from pydnn._cuda import driver
+from pydnn.graph import Graph
+from pydnn.ops import matmul as M
+from pydnn.reference import graph as ref
+
+pytestmark = pytest.mark.gpu
+F32, BF16, F16 = P.PYDNN_DATA_FLOAT, P.PYDNN_DATA_BFLOAT16, P.PYDNN_DATA_HALF
+
+
+class Launches:
+    """Counts cuLaunchKernel calls made through pydnn's launch paths."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        for name in ("launch_args", "launch"):
+            orig = getattr(driver, name)
+
+            def counted(*a, _orig=orig, **k):
+                self.n += 1
+                return _orig(*a, **k)
+            monkeypatch.setattr(driver, name, counted)
+
+
+def _sm90(handle, monkeypatch, sm_count):
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"gemm_tma runs on {M.WG_ARCH} only")
+    if sm_count:
+        monkeypatch.setattr(handle, "sm_count", sm_count)
+
+
+def _graph(handle, io, kind, m, n, k, batch, tb):
+    """gelu(x @ W + b), x @ W + b + r, or max over n of (x @ W + b) (intermediate FLOAT); W [batch, k, n],
+    given transposed ([n, k] in memory) when tb."""
+    g = Graph(io_data_type=io, intermediate_data_type=F32, compute_data_type=F32, handle=handle)
+    a = g.tensor(name="a", dim=[batch, m, k])
+    # W batched like A: a broadcast B (batch stride 0) has no TMA map (tensormap.map_problem), so such a graph
+    # stays on the wgmma tile
+    w = g.tensor(name="w", dim=[batch, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
+    bias = g.tensor(name="bias", dim=[1, 1, n])
+    v = g.add(g.matmul(a, w), bias)
+    r = None
+    if kind == "gelu":
+        y = g.gelu(v)
+    elif kind == "residual":
+        r = g.tensor(name="r", dim=[batch, m, n])
+        y = g.add(v, r)
+    else:
+        y = g.reduction(v, P.PYDNN_REDUCE_TENSOR_MAX, dim=[batch, m, 1])
+    y.set_output(True)
+    return g, (a, w, bias, r, y)
+
+
+def _run(handle, rng, monkeypatch, io, kind, m, n, k, batch, tb, sm_count, tma=True):
+    _sm90(handle, monkeypatch, sm_count)
+    g, (a, w, bias, r, y) = _graph(handle, io, kind, m, n, k, batch, tb)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g.engine_index() == 1 and g.launches() == 1
+    step = g._plan_obj.built.steps[0]
+    rec = step.recs[0][0]
+    if tma:
+        assert rec.maps is not None and "gemm_tma" in rec.expr, "the fused GEMM is not on gemm_tma"
+    else:
+        assert rec.maps is None and "gemm_wgmma" in rec.expr
+    ta = DevTensor(a.dim, io)
+    tw = DevTensor(w.dim, io, strides=w.stride)
+    tb_, ty = DevTensor(bias.dim, io), DevTensor(y.dim, io)
+    av, wv, bv = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tb_.random(rng, -1, 1)
+    bufs = {a: ta.ptr, w: tw.ptr, bias: tb_.ptr, y: ty.ptr}
+    c = np.matmul(av, wv) + bv
+    scale = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
+    if r is not None:
+        tr = DevTensor(r.dim, io)
+        rv = tr.random(rng, -1, 1)
+        bufs[r] = tr.ptr
+        c, scale = c + rv, scale + np.abs(rv)
+    n_ws = g.get_workspace_size()
+    ws = P.DeviceArray((max(n_ws, 1),), np.uint8) if n_ws else None
+    count = Launches(monkeypatch)
+    g.execute(bufs, ws.ptr if ws else 0, handle=handle)
+    assert count.n == 1
+    got = ty.download()
+    if kind == "gelu":
+        assert_close(got, ref.pointwise("GELU_FWD", c), io, f"fused tma gelu {m}x{n}x{k}", scale=scale)
+    elif kind == "residual":
+        assert_close(got, c, io, f"fused tma residual {m}x{n}x{k}", scale=scale)
+    else:
+        assert_close(got, c.max(-1, keepdims=True), io, f"fused tma row max {m}x{n}x{k}",
+                     scale=scale.max(-1, keepdims=True))
+    ty.check_untouched()
+    if kind == "rowmax":  # the counters were left 0: again, bitwise the same rows
+        ty.poison()
+        g.execute(bufs, ws.ptr, handle=handle)
+        np.testing.assert_array_equal(ty.download(), got)
+    return step
+
+
+# (m, n, k, batch, B transposed, sm_count): interior tiles on the real grid; edges (m % 128, n % 256), a ragged
+# K (k % 64 = 8), batches and a grid of 2 blocks walking the tiles; C rows not 16-byte aligned (n % 8 = 2,
+# B transposed so that its rows stay 16-byte aligned): the pair stores
+GELU_CASES = [(2048, 2048, 512, 1, False, 0), (1000, 1096, 520, 2, False, 2), (520, 1090, 264, 1, True, 2)]
+
+
+@pytest.mark.parametrize("m, n, k, batch, tb, sms", GELU_CASES, ids=["interior", "edges_batched", "nt_pairs"])
+def test_fused_tma_bias_gelu(handle, rng, monkeypatch, m, n, k, batch, tb, sms):
+    _run(handle, rng, monkeypatch, BF16, "gelu", m, n, k, batch, tb, sms)
+
+
+def test_fused_tma_bias_gelu_f16(handle, rng, monkeypatch):
+    _run(handle, rng, monkeypatch, F16, "gelu", 600, 712, 520, 1, False, 2)
+
+
+@pytest.mark.parametrize("m, n, k, batch, tb, sms", [(600, 712, 520, 2, False, 2), (2048, 2048, 512, 1, True, 0)],
+                         ids=["edges_batched", "interior_nt"])
+def test_fused_tma_bias_residual(handle, rng, monkeypatch, m, n, k, batch, tb, sms):
+    _run(handle, rng, monkeypatch, BF16, "residual", m, n, k, batch, tb, sms)
+
+
+@pytest.mark.parametrize("m, n, k, batch, sms", [(700, 600, 512, 2, 2), (2048, 2048, 512, 1, 0)],
+                         ids=["walk_2_blocks", "full_grid"])
+def test_fused_tma_bias_row_max(handle, rng, monkeypatch, m, n, k, batch, sms):
+    """The row reduction's block barriers on gemm_tma are named ones over the consumer warpgroups (epi_sync):
+    a hang or a wrong row here is that protocol."""
+    _run(handle, rng, monkeypatch, BF16, "rowmax", m, n, k, batch, False, sms)
+
+
+@pytest.mark.parametrize("kind", ["gelu", "rowmax"])
+def test_fused_wgmma_with_tma_off(handle, rng, monkeypatch, kind):
+    """tuning.matmul.USE_TMA off: the fused GEMM stays on the persistent wgmma tile (gemm_wgmma_body), the path
+    tests/graph's fused tests took before gemm_tma took their shapes."""
+    from pydnn import tuning
+
+    monkeypatch.setattr(tuning.matmul, "USE_TMA", False)
+    _run(handle, rng, monkeypatch, BF16, kind, 700, 712, 520, 2, False, 2, tma=False)
+
+
+# ----------------------------------------------------------------------------- the ping-pong candidate
+
+@pytest.mark.parametrize("kind, m, n, k, batch, tb, sms", [("gelu", 1000, 1096, 520, 2, False, 2),
+                                                           ("gelu", 2048, 2048, 512, 1, False, 0),
+                                                           ("residual", 600, 712, 520, 2, True, 3)],
+                         ids=["gelu_edges_2_blocks", "gelu_full_grid", "residual_nt_3_blocks"])
+def test_pp_candidate_fused(handle, rng, monkeypatch, kind, m, n, k, batch, tb, sms):
+    """The ping-pong candidate (TMA_PP_TILE: each consumer warpgroup a whole 128 x 128 tile, every other item,
+    the K loops taking turns through named barriers 2 / 3) with the fused epilogues: an odd number of items a
+    block, edges, a ragged K, batches, B transposed."""
+    M.pp_units()
+    monkeypatch.setattr(M, "_tma_tile", lambda: M.TMA_PP_TILE)
+    step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, tb, sms)
+    assert step.recs[0][0].expr == M.TMA_PP_TILE.expr("bf16", False, tb)
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_pp_candidate_plain(handle, rng, monkeypatch, ta, tb):
+    """The plain ping-pong kernel (alpha, beta, bias through its NoEpi epilogue) on 3 blocks walking the tiles
+    of a problem with edges in m, n and K, 2 batches, every transposition, against float64."""
+    from devtensor import POISON
+    from pydnn.reference import dtypes as rd
+
+    _sm90(handle, monkeypatch, 3)
+    M.pp_units()
+    monkeypatch.setattr(M, "_tma_tile", lambda: M.TMA_PP_TILE)
+    m, n, k, batch = 456, 392, 328, 2
+    plan = M.gemm_plan(handle, BF16, m, n, k, trans_a=ta, trans_b=tb, batch=batch, stride_a=m * k, stride_b=k * n,
+                       stride_c=m * n, bias=True)
+    assert plan.tma is not None and plan.tma.expr == M.TMA_PP_TILE.expr("bf16", ta, tb)
+    sa = (batch, k, m) if ta else (batch, m, k)
+    sb = (batch, n, k) if tb else (batch, k, n)
+    # float32-exact draws (bf16 storage rounds through float32: pydnn.reference.dtypes)
+    av, bv, cv, biasv = (rng.uniform(-1, 1, shape).astype(np.float32).astype(np.float64)
+                         for shape in (sa, sb, (batch, m, n), (n,)))
+    bufs = []
+    for v in (av, bv, cv, biasv):
+        d = P.DeviceArray(v.shape, np.uint16)
+        d.fill_bytes(POISON)
+        d.copy_from_numpy(rd.to_storage(v, BF16))
+        bufs.append(d)
+    av, bv, cv, biasv = (rd.from_storage(rd.to_storage(v, BF16), BF16) for v in (av, bv, cv, biasv))
+    plan.launch(handle, bufs[0].ptr, bufs[1].ptr, bufs[2].ptr, 0.5, 0.25, bufs[3].ptr)
+    A = np.swapaxes(av, 1, 2) if ta else av
+    Bm = np.swapaxes(bv, 1, 2) if tb else bv
+    want = 0.5 * np.matmul(A, Bm) + 0.25 * cv + biasv
+    scale = 0.5 * np.matmul(np.abs(A), np.abs(Bm)) + 0.25 * np.abs(cv) + np.abs(biasv)
+    got = rd.from_storage(bufs[2].to_numpy(), BF16)
+    assert_close(got, want, BF16, f"pp plain ta={ta} tb={tb}", scale=scale)
