@@ -525,6 +525,12 @@ torch = Switches(
                          "the filter (pydnn.transform_tensor there and back), where the tensor-core kernels "
                          "(wgmma on sm_90) serve it, instead of the NCHW algorithms (Winograd / im2col GEMM); "
                          "the CNN demo's second convolution"),
+    FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
+                      "strides, dtype, device, options) holding what its checks and plan lookups found the first "
+                      "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "
+                      "a repeated call goes from the record to the pydnn call; autograd Functions entered through "
+                      "torch.autograd.Function's C entry (pydnn.torch._core.applier). False: every call checks "
+                      "and looks up in full (the path before)"),
 )
 
 graph = Switches(
