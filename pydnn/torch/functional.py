@@ -1360,6 +1360,39 @@ def _linear_splitk(h, x2, w):
     return sk
 
 
+_dw_plans = C.BoundedDict()
+
+
+def _linear_dw_splitk(h, dy, x2):
+    """(descriptors, algorithm, workspace bytes) of dW = dy^T x2 as the backward filter of a 1x1 NHWC
+    convolution over m 'pixels' (tuning.torch.LINEAR_DW_SPLITK), or False where it does not apply: x2 (m, k)
+    is NHWC (1, m, 1, k) with k channels, dy (m, n) NHWC with n channels, dW (n, k) the KRSC filter (n, 1, 1,
+    k). pydnn's wgrad algorithms split the m pixels over blocks (fp32 partials in the workspace, folded in
+    order); where pydnn.matmul walks m in one block per output tile (gemm_tc, mma.sync, for the GPT demo's MLP
+    weight gradients: 72 tiles of 128 x 256 fill 55% of an H200's SMs, below the wgmma and split-K thresholds).
+    16-bit, both contiguous, m >= 8 max(n, k)."""
+    m, k = x2.shape
+    n = dy.shape[1]
+    key = (id(h), x2.dtype, m, n, k)
+    sk = _dw_plans.get(key)
+    if sk is None:
+        sk = False
+        if (x2.dtype in _NHWC_DTYPES and m >= 8 * max(n, k) and m * max(n, k) < 2 ** 31):
+            dt = x2.dtype
+            cx = C.tensor_desc(dt, (1, k, m, 1), (m * k, 1, k, k))
+            cdy = C.tensor_desc(dt, (1, n, m, 1), (m * n, 1, n, n))
+            cw = C.filter_desc(dt, (n, k, 1, 1), pydnn.PYDNN_TENSOR_NHWC)
+            cd = _conv_desc(((1, 1), (0, 0), (1, 1), 1), dt)
+            try:
+                algo = _pick(pydnn.get_convolution_backward_filter_algorithm_v7(h, cx, cdy, cd, cw, 8), "dW split-K")
+                nws = pydnn.get_convolution_backward_filter_workspace_size(h, cx, cdy, cd, cw, algo)
+                sk = (cx, cdy, cd, cw, algo, nws)
+            except (Unsupported, pydnn.PydnnError):
+                sk = False
+        _dw_plans[key] = sk
+    return sk
+
+
 class _LinearRec:
     """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
     plan (or None) and the forward's matmul workspace size."""
@@ -1427,7 +1460,16 @@ class LinearFunction(torch.autograd.Function):
             _matmul(h, yd, dy, wd, w, xd if x2.is_contiguous() else tdesc(dx), dx)
         if ctx.needs_input_grad[1]:
             dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
-            _matmul(h, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy, xd, x2, wd if w.is_contiguous() else tdesc(dw), dw)
+            sk = (_linear_dw_splitk(h, dy, x2) if tuning.torch.LINEAR_DW_SPLITK and x2.is_contiguous()
+                  and not (x2.data_ptr() | dy.data_ptr()) % 16 else None)
+            if sk:
+                cx, cdy, cd, cw, algo, nws = sk
+                ws, wsp = C.workspace(nws, x2.device)
+                pydnn.convolution_backward_filter(h, 1.0, cx, x2.data_ptr(), cdy, dy.data_ptr(), cd, algo, wsp, nws,
+                                                  0.0, cw, dw.data_ptr())
+            else:
+                _matmul(h, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy, xd, x2, wd if w.is_contiguous() else tdesc(dw),
+                        dw)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         return dx, dw, db, None

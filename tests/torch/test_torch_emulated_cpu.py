@@ -747,6 +747,7 @@ def emulated(monkeypatch, request):
     monkeypatch.setattr(PF, "_linear_descs", C.BoundedDict())
     monkeypatch.setattr(PF, "_splitk_plans", C.BoundedDict())
     monkeypatch.setattr(PF, "_recs", C.BoundedDict())
+    monkeypatch.setattr(PF, "_dw_plans", C.BoundedDict())
     monkeypatch.setattr(PF, "_functional_dropout_state", PF.DropoutState())
     monkeypatch.setattr(pydnn.buffers, "CHECKED", False)
     CALLS.clear()

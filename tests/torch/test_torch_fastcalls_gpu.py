@@ -1,0 +1,93 @@
+"""On the GPU: the bridge's call records (pydnn.tuning.torch.FAST_CALLS: a repeated call runs from its record)
+give the same results as the full path and PyTorch over several training steps of the CNN demo's block
+(conv + fused batch norm / ReLU + max pool, the NHWC second convolution, the Linear classifier), and Linear's
+weight gradient as a 1x1 NHWC convolution's backward filter (pydnn.tuning.torch.LINEAR_DW_SPLITK) against
+PyTorch in float64 on the same rounded inputs (a GPT-like MLP shape, long token dimension)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import pydnn.torch as pt  # noqa: E402
+from pydnn import tuning  # noqa: E402
+from test_torch_gpu import TOL_SUM, close, pydnn_runs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _cnn():
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 4 * 4, 10))
+
+
+def _steps(model, xs, fast):
+    saved = tuning.torch.FAST_CALLS
+    tuning.torch.FAST_CALLS = fast
+    out = []
+    try:
+        for x in xs:
+            model.zero_grad(set_to_none=True)
+            with pydnn_runs(), torch.autocast("cuda", dtype=torch.bfloat16):
+                y = model(x)
+            with pydnn_runs():
+                y.float().square().mean().backward()
+            out.append((y.detach().float(), [p.grad.detach().float().clone() for p in model.parameters()]))
+    finally:
+        tuning.torch.FAST_CALLS = saved
+    return out
+
+
+def test_records_match_full_path_and_torch():
+    torch.manual_seed(0)
+    ref = _cnn().cuda()
+    xs = [torch.randn(8, 3, 16, 16, device="cuda") for _ in range(3)]
+    res = {}
+    for fast in (True, False):
+        model = _cnn().cuda()
+        model.load_state_dict(ref.state_dict())
+        pt.convert(model, fuse=True)
+        res[fast] = _steps(model, xs, fast)
+    want = []
+    for x in xs:
+        ref.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = ref(x)
+        y.float().square().mean().backward()
+        want.append((y.detach().float(), [p.grad.detach().float().clone() for p in ref.parameters()]))
+    for step, ((y1, g1), (y0, g0), (yr, gr)) in enumerate(zip(res[True], res[False], want)):
+        # records and the full path launch the same kernels on the same data (equal up to the order of any
+        # atomic accumulation)
+        close(y1, y0, torch.bfloat16, f"step {step} y: record against the full path")
+        for i, (a, b) in enumerate(zip(g1, g0)):
+            close(a, b, torch.bfloat16, f"step {step} grad {i}: record against the full path")
+        close(y1, yr, torch.bfloat16, f"step {step} y against PyTorch", tol=TOL_SUM[torch.bfloat16])
+        for i, (a, b) in enumerate(zip(g1, gr)):
+            close(a, b, torch.bfloat16, f"step {step} grad {i} against PyTorch", tol=2 * TOL_SUM[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "half"])
+@pytest.mark.parametrize("shape,k,n", [((4, 2048, 256), 256, 1024), ((8192, 1024), 1024, 256)])
+def test_linear_dw_splitk_matches_torch(dtype, shape, k, n):
+    torch.manual_seed(0)
+    ref = nn.Linear(k, n, bias=False).double().cuda()
+    mine = pt.Linear(k, n, bias=False).cuda().to(dtype)
+    mine.load_state_dict({kk: v.to(dtype) for kk, v in ref.state_dict().items()})
+    ref.load_state_dict({kk: v.double() for kk, v in mine.state_dict().items()})
+    x = torch.randn(*shape, device="cuda").to(dtype).requires_grad_(True)
+    xr = x.detach().double().requires_grad_(True)
+    saved = tuning.torch.LINEAR_DW_SPLITK
+    tuning.torch.LINEAR_DW_SPLITK = True
+    try:
+        with pydnn_runs():
+            y = mine(x)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+    finally:
+        tuning.torch.LINEAR_DW_SPLITK = saved
+    yr = ref(xr)
+    yr.backward(dy.double())
+    close(y, yr, dtype, "linear y", tol=TOL_SUM[dtype])
+    close(x.grad, xr.grad, dtype, "linear dx", tol=TOL_SUM[dtype])
+    close(mine.weight.grad, ref.weight.grad, dtype, "linear dW (1x1 NHWC wgrad)", tol=TOL_SUM[dtype])
