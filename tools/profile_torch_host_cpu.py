@@ -91,6 +91,7 @@ def main():
     mp.setattr(C, "on_cuda", lambda *ts: True)
     mp.setattr(C, "device_index", lambda d: 0)
     mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    mp.setattr(C, "_current_stream", lambda idx: 7)
     mp.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
     mp.setattr(pydnn.buffers, "CHECKED", False)
 

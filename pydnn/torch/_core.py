@@ -247,11 +247,34 @@ def same_layout(t, ref):
     return out
 
 
+_ws = {}  # (device index, raw stream) -> the stream's workspace tensor (tuning.torch.FAST_CALLS)
+_WS_MAX = 1 << 30  # larger workspaces are not kept
+
+
+def _capturing():
+    return torch.cuda.is_current_stream_capturing()
+
+
 def workspace(nbytes, device):
-    """A workspace from PyTorch's caching allocator (graph-capture safe): (tensor or None, pointer or None)."""
+    """A workspace from PyTorch's caching allocator: (tensor or None, pointer or None). With
+    tuning.torch.FAST_CALLS, outside CUDA graph capture, one buffer per (device, stream) kept and grown to the
+    largest size asked: pydnn's workspaces are scratch for one call's kernels, and calls on one stream run in
+    its order, so the next call may reuse it (a stream of its own never shares it). Under capture a fresh
+    allocation from the graph's pool (a kept buffer that later grew would leave the graph pointing at freed
+    memory)."""
     if not nbytes:
         return None, None
-    ws = torch.empty(int(nbytes), dtype=torch.uint8, device=device)
+    nbytes = int(nbytes)
+    from pydnn import tuning
+    if tuning.torch.FAST_CALLS and nbytes <= _WS_MAX and not _capturing():
+        idx = device_index(device)
+        key = (idx, _current_stream(idx))
+        ws = _ws.get(key)
+        if ws is None or ws.numel() < nbytes:
+            ws = None  # (the old one back to the allocator first)
+            ws = _ws[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return ws, ws.data_ptr()
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws, ws.data_ptr()
 
 

@@ -740,6 +740,8 @@ def emulated(monkeypatch, request):
     monkeypatch.setattr(C, "on_cuda", lambda *ts: True)
     monkeypatch.setattr(C, "device_index", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(C, "_current_stream", lambda idx: 7)  # the stream a workspace is kept for
+    monkeypatch.setattr(C, "_ws", {})
     monkeypatch.setattr(PF, "_conv_plans", {})
     monkeypatch.setattr(PF, "_sizes", C.BoundedDict())
     monkeypatch.setattr(PF, "_attn_plans", C.BoundedDict())

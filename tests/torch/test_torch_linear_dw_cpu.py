@@ -124,3 +124,25 @@ def test_record_not_used_for_cpu_tensors(emulated, monkeypatch):
     before = sum(pt.fallbacks.values())
     torch.testing.assert_close(mp(x), torch.nn.functional.max_pool2d(x, 2))
     assert sum(pt.fallbacks.values()) == before + 1
+
+
+def test_workspace_kept_per_stream_and_fresh_under_capture(emulated, monkeypatch):
+    """FAST_CALLS: one workspace per (device, stream), grown to the largest size asked; a fresh allocation
+    while a CUDA graph is captured; with the switch off, a fresh allocation every call."""
+    from pydnn.torch import _core as C
+    dev = torch.device("cpu")
+    a, pa = C.workspace(100, dev)
+    b, pb = C.workspace(60, dev)
+    assert b is a and pb == pa
+    c, _ = C.workspace(1000, dev)
+    assert c.numel() == 1000 and C.workspace(10, dev)[0] is c
+    monkeypatch.setattr(C, "_current_stream", lambda idx: 8)
+    d, _ = C.workspace(10, dev)
+    assert d is not c
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    e, _ = C.workspace(10, dev)
+    assert e is not d and e.numel() == 10
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning.torch, "FAST_CALLS", False)
+    assert C.workspace(10, dev)[0] is not d
+    assert C.workspace(0, dev) == (None, None)
