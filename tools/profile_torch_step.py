@@ -165,7 +165,9 @@ CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.
              "matmul.wgmmas.bf16")  # the classifier's forward (split-K matmul_ex; torch.LINEAR_FWD_SPLITK off)
 # The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
 GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
-             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32")
+             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32",
+             "attention.ws.bf16", "matmul.tma.bf16",  # (attn_ws forward; gemm_tma where the 128x256 tile runs)
+             "convolution.wgrad.bf16")  # torch.LINEAR_DW_SPLITK: the MLP weight gradients as 1x1 NHWC wgrad
 
 
 def prebuild(names):

@@ -1368,9 +1368,9 @@ def _linear_dw_splitk(h, dy, x2):
     convolution over m 'pixels' (tuning.torch.LINEAR_DW_SPLITK), or False where it does not apply: x2 (m, k)
     is NHWC (1, m, 1, k) with k channels, dy (m, n) NHWC with n channels, dW (n, k) the KRSC filter (n, 1, 1,
     k). pydnn's wgrad algorithms split the m pixels over blocks (fp32 partials in the workspace, folded in
-    order); where pydnn.matmul walks m in one block per output tile (gemm_tc, mma.sync, for the GPT demo's MLP
-    weight gradients: 72 tiles of 128 x 256 fill 55% of an H200's SMs, below the wgmma and split-K thresholds).
-    16-bit, both contiguous, m >= 8 max(n, k)."""
+    order); taken where pydnn.matmul walks m in one block per output tile (matmul_ex asks no workspace: the
+    GPT demo's MLP weight gradients, gemm_tc (mma.sync), 72 tiles of 128 x 256 filling 55% of an H200's SMs,
+    below the wgmma and split-K thresholds). 16-bit, both contiguous, m >= 8 max(n, k)."""
     m, k = x2.shape
     n = dy.shape[1]
     key = (id(h), x2.dtype, m, n, k)
@@ -1460,16 +1460,18 @@ class LinearFunction(torch.autograd.Function):
             _matmul(h, yd, dy, wd, w, xd if x2.is_contiguous() else tdesc(dx), dx)
         if ctx.needs_input_grad[1]:
             dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
+            dyt = C.tensor_desc(dy.dtype, (n, m), (1, n))
+            wdd = wd if w.is_contiguous() else tdesc(dw)
+            # the convolution where matmul would walk the long K whole (it asks no workspace to split it)
             sk = (_linear_dw_splitk(h, dy, x2) if tuning.torch.LINEAR_DW_SPLITK and x2.is_contiguous()
-                  and not (x2.data_ptr() | dy.data_ptr()) % 16 else None)
+                  and not (x2.data_ptr() | dy.data_ptr()) % 16 and not _matmul_ws(h, dyt, xd, wdd) else None)
             if sk:
                 cx, cdy, cd, cw, algo, nws = sk
                 ws, wsp = C.workspace(nws, x2.device)
                 pydnn.convolution_backward_filter(h, 1.0, cx, x2.data_ptr(), cdy, dy.data_ptr(), cd, algo, wsp, nws,
                                                   0.0, cw, dw.data_ptr())
             else:
-                _matmul(h, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy, xd, x2, wd if w.is_contiguous() else tdesc(dw),
-                        dw)
+                _matmul(h, dyt, dy, xd, x2, wdd, dw)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         return dx, dw, db, None

@@ -31,7 +31,7 @@ def test_long_m_weight_gradient_takes_the_convolution(dw, dtype):
     mine.to(dtype), ref.to(dtype)
     check(mine, ref, torch.randn(2, 200, 24).to(dtype), atol=5e-2, rtol=3e-2)  # m = 400 >= 8 * 40
     # forward and dx on matmul; dW on the convolution
-    assert _mm(dw) == ["matmul", "matmul", "conv_bwd_filter"]
+    assert _mm(dw) == ["matmul", "matmul", "conv_bwd_filter"]  # (the emulation asks no matmul workspace)
 
 
 def test_with_bias(dw):
@@ -48,6 +48,17 @@ def test_other_shapes_stay_on_matmul(dw, m, k, n, dtype):
     mine.to(dtype), ref.to(dtype)
     tol = 5e-2 if dtype != torch.float32 else 1e-4
     check(mine, ref, torch.randn(m, k).to(dtype), atol=tol, rtol=tol)
+    assert "conv_bwd_filter" not in dw
+
+
+def test_split_matmul_keeps_matmul(dw, monkeypatch):
+    """Where pydnn.matmul splits K itself (it asks a workspace), the weight gradient stays on matmul_ex."""
+    import pydnn
+    real = pydnn.get_matmul_ex_workspace_size
+    monkeypatch.setattr(pydnn, "get_matmul_ex_workspace_size", lambda h, a, b, c: real(h, a, b, c) or 4096)
+    mine, ref = make(pt.Linear, nn.Linear, 24, 40, bias=False)
+    mine.to(torch.bfloat16), ref.to(torch.bfloat16)
+    check(mine, ref, torch.randn(400, 24).to(torch.bfloat16), atol=5e-2, rtol=3e-2)
     assert "conv_bwd_filter" not in dw
 
 
