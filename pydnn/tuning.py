@@ -531,6 +531,11 @@ torch = Switches(
                              "over blocks, fp32 partials folded in order) instead of pydnn.matmul_ex, whose plan for "
                              "the GPT demo's MLP weight gradients (3072 x 768 over M = 65536) is one whole-K "
                              "gemm_tc (mma.sync) launch of 72 blocks. Off until measured on the GPU"),
+    FUSE_POOL=(True, "a BatchNorm2d that pydnn.torch.convert(fuse=True) gave the following MaxPool2d runs the pool in "
+                     "its own autograd Function in training (batch norm [+ ReLU] then pooling_forward; backward "
+                     "pooling_backward then the batch norm's): one node instead of two, without the pool module's "
+                     "call, checks and Function entry (~30 us a block of host time on the 2-core dev CPU). False: "
+                     "max_pool2d after the batch norm (eval mode always)"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "

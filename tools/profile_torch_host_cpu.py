@@ -183,25 +183,32 @@ def bridge(args, step_model, mp):
         loss.backward()
 
     from pydnn import tuning
-    variants = [("bridge (FAST_CALLS)", lambda: step(model, False), True),
-                ("bridge (FAST_CALLS=False)", lambda: step(model, False), False),
-                ("PyTorch CPU step (its kernels included)", lambda: step(ref, True), True)]
-    for _, fn, fast in variants:
-        tuning.torch.FAST_CALLS = fast
-        for _ in range(20):
-            fn()
+    variants = [("bridge (defaults)", lambda: step(model, False), {}),
+                ("bridge (FAST_CALLS=False)", lambda: step(model, False), {"torch.FAST_CALLS": False}),
+                ("bridge (FUSE_POOL=False)", lambda: step(model, False), {"torch.FUSE_POOL": False}),
+                ("bridge (both False: the path before)", lambda: step(model, False),
+                 {"torch.FAST_CALLS": False, "torch.FUSE_POOL": False}),
+                ("PyTorch CPU step (its kernels included)", lambda: step(ref, True), {})]
+    for _, fn, sw in variants:
+        with tuning.override(sw):
+            for _ in range(20):
+                fn()
     # interleaved samples (a shared machine's load moves): each variant's median and min per step
     samples = {v[0]: [] for v in variants}
     for _ in range(7):
-        for name, fn, fast in variants:
-            tuning.torch.FAST_CALLS = fast
-            t0 = time.process_time()
-            for _ in range(args.steps):
-                fn()
-            samples[name].append((time.process_time() - t0) / args.steps * 1e6)
-    tuning.torch.FAST_CALLS = True
-    for name, v in samples.items():
-        print(f"{name:44s} CPU us a step: median {statistics.median(v):7.0f}  min {min(v):7.0f}")
+        for name, fn, sw in variants:
+            with tuning.override(sw):
+                t0 = time.process_time()
+                for _ in range(args.steps):
+                    fn()
+                samples[name].append((time.process_time() - t0) / args.steps * 1e6)
+    import bench_host as B
+    for name, fn, sw in variants:
+        with tuning.override(sw):
+            npy = B.python_calls(fn)[0]  # (deterministic, unlike the times on a shared machine)
+        v = samples[name]
+        print(f"{name:44s} CPU us a step: median {statistics.median(v):7.0f}  min {min(v):7.0f}  "
+              f"Python calls {npy}")
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(args.steps):

@@ -473,7 +473,7 @@ class _BnRec:
     strides, and the training forms' sizes: one buffer holds the saved mean / inverse std, the Ex forms'
     reserve space and the forward's workspace (offsets into it), so a training forward allocates y and that."""
     __slots__ = ("xd", "yd", "pd", "pdt", "c", "y_stride", "relu", "nws", "nrs", "rs_off", "ws_off", "nbuf",
-                 "bwd")
+                 "bwd", "pool")
 
 
 def _bn_rec(h, x, training, relu):
@@ -486,7 +486,7 @@ def _bn_rec(h, x, training, relu):
     r.c = c = x.shape[1]
     r.pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     r.pd = C.tensor_desc(r.pdt, (1, c) + (1,) * (len(dims) - 2), (c,) + (1,) * (len(dims) - 1))
-    r.relu, r.nws, r.nrs, r.bwd = relu, 0, 0, {}
+    r.relu, r.nws, r.nrs, r.bwd, r.pool = relu, 0, 0, {}, None
     if training and relu:
         ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
@@ -531,7 +531,14 @@ class BatchNormFunction(torch.autograd.Function):
                 pydnn.batch_normalization_forward_training(
                     h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor,
                     ptr(running_mean), ptr(running_var), eps, smp, sip)
-            ctx.save_for_backward(x, w, b, buf)
+            pr = rec.pool
+            if pr is not None:  # the max pool that followed (convert(fuse=True)): y is its input, z its output
+                z = torch.empty_strided(pr.out, pr.y_stride, dtype=x.dtype, device=x.device)
+                pydnn.pooling_forward(h, pr.pd, 1.0, pr.xd, y.data_ptr(), 0.0, pr.yd, z.data_ptr())
+                ctx.save_for_backward(x, w, b, buf, y, z)
+                y = z
+            else:
+                ctx.save_for_backward(x, w, b, buf)
         else:
             pydnn.batch_normalization_forward_inference(
                 h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(),
@@ -557,11 +564,20 @@ class BatchNormFunction(torch.autograd.Function):
             dw = (dy.to(w.dtype) * xhat).sum(axes) if ctx.affine else None
             db = dy.to(w.dtype).sum(axes) if ctx.affine else None
             return dx, dw, db, None, None, None, None, None, None
-        x, w, b, buf = ctx.saved_tensors
+        pr = rec.pool
+        if pr is None:
+            x, w, b, buf = ctx.saved_tensors
+        else:
+            x, w, b, buf, y, z = ctx.saved_tensors
         smp = buf.data_ptr()
         sip = smp + rec.c * (8 if rec.pdt == torch.float64 else 4)
         h = C.handle_for(x.device)
         xs = x.stride()
+        if pr is not None:  # the pool's backward first: dy of the batch norm's output from dz
+            dz = dy if dy.stride() == pr.y_stride else C.same_layout(dense(dy), z)
+            dy = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+            pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd if dz.stride() == pr.y_stride
+                                   else tdesc(dz), dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd, dy.data_ptr())
         if dy.stride() != xs:
             dy = C.same_layout(dense(dy), x)
         dx = _empty_like(x)
@@ -601,14 +617,35 @@ def _bn_params_ok(pdt, ts):
     return True
 
 
+def _bn_pool_rec(x, rec, pool):
+    """The record of the max pool (kernel_size, stride, padding) run on the batch norm's output (rec's y
+    layout), or Unsupported (the checks of max_pool2d's pydnn path)."""
+    if x.dim() != 4:
+        raise Unsupported(f"input of {x.dim()} dims (4 needed)")
+    k, st, pad = _ntuple(pool[0], 2), _ntuple(pool[1] if pool[1] not in (None, ()) else pool[0], 2), _ntuple(pool[2], 2)
+    if any(2 * p > kk for p, kk in zip(pad, k)):
+        raise Unsupported("padding larger than half the window (PyTorch raises)")
+    out = x.shape[:2] + tuple(_pool_out(n, kk, p, s_) for n, kk, p, s_ in zip(x.shape[2:], k, pad, st))
+    if min(out) <= 0:
+        raise Unsupported("empty output")
+    y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+    return _pool_rec(y, pydnn.PYDNN_POOLING_MAX, _pool_desc(pydnn.PYDNN_POOLING_MAX, k, pad, st), out)
+
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5,
-               activation=None):
+               activation=None, pool=None):
     """torch.nn.functional.batch_norm's semantics (momentum = cuDNN's exponential average factor);
-    activation='relu' fuses a ReLU after it (the Ex form's BN_ACTIVATION in training)."""
+    activation='relu' fuses a ReLU after it (the Ex form's BN_ACTIVATION in training). pool: (kernel_size,
+    stride, padding) of a max pool applied to the result (convert(fuse=True) of BatchNorm2d [+ ReLU] +
+    MaxPool2d): in training (tuning.torch.FUSE_POOL) inside the batch norm's autograd Function (one node for
+    the three), otherwise max_pool2d after it."""
+    if pool is not None and not (training and tuning.torch.FUSE_POOL):
+        return max_pool2d(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, activation),
+                          pool[0], pool[1], pool[2])
     fast = tuning.torch.FAST_CALLS
     if fast:
         key = ("batch_norm", x.shape, x.stride(), x.dtype, x.device, bool(training), activation,
-               running_mean is None, running_var is None)
+               running_mean is None, running_var is None, pool)
         rec = _recs.get(key)
         if rec is not None and _bn_params_ok(rec.pdt, (running_mean, running_var, weight, bias)):
             try:
@@ -624,7 +661,8 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
 
     def torch_path():
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-        return F.relu(y) if relu else y
+        y = F.relu(y) if relu else y
+        return y if pool is None else max_pool2d(y, pool[0], pool[1], pool[2])
 
     def pydnn_path():
         if not 2 <= x.dim() <= 5:
@@ -644,6 +682,14 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
             raise Unsupported("empty input")
         xx = dense(x)
         rec = _bn_rec(C.handle_for(xx.device), xx, bool(training), relu)
+        if pool is not None:
+            try:
+                rec.pool = _bn_pool_rec(xx, rec, pool)
+            except Unsupported as e:  # the batch norm on pydnn, the pool by max_pool2d (its own fallback)
+                fallback(f"batch_norm + max_pool2d: {e}")
+                y = _bn_apply(xx, weight, bias, running_mean, running_var, bool(training), float(momentum),
+                              float(eps), rec)
+                return max_pool2d(y, pool[0], pool[1], pool[2])
         y = _bn_apply(xx, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), rec)
         if fast and xx is x:
             _recs[key] = rec

@@ -108,7 +108,8 @@ def test_records_repeat_the_full_path(emulated, monkeypatch, fuse):
         assert torch.equal(y1, y0) and torch.equal(g1, g0)
         assert all(torch.equal(a, b) for a, b in zip(p1, p0))
     kinds = {k[0] for k in PF._recs}
-    assert {"conv", "batch_norm", "max_pool2d", "avg_pool2d", "linear"} <= kinds
+    # (fused: the max pool runs inside the batch norm's Function, its record is the batch norm's)
+    assert {"conv", "batch_norm", "avg_pool2d", "linear"} | (set() if fuse else {"max_pool2d"}) <= kinds
 
 
 def test_records_follow_shape_and_layout(emulated):
