@@ -1,6 +1,7 @@
 """On the GPU: the bridge's call records (pydnn.tuning.torch.FAST_CALLS: a repeated call runs from its record)
-give the same results as the full path and PyTorch over several training steps of the CNN demo's block
-(conv + fused batch norm / ReLU + max pool, the NHWC second convolution, the Linear classifier), and Linear's
+and the max pool fused into the batch norm's Function (pydnn.tuning.torch.FUSE_POOL) give the same results
+as the full path with separate pools and as PyTorch over several training steps of the CNN demo's layers
+(conv + fused batch norm / ReLU / max pool, the NHWC second convolution, the Linear classifier), and Linear's
 weight gradient as a 1x1 NHWC convolution's backward filter (pydnn.tuning.torch.LINEAR_DW_SPLITK) against
 PyTorch in float64 on the same rounded inputs (a GPT-like MLP shape, long token dimension)."""
 import pytest
@@ -22,9 +23,9 @@ def _cnn():
         nn.Flatten(), nn.Linear(128 * 4 * 4, 10))
 
 
-def _steps(model, xs, fast):
-    saved = tuning.torch.FAST_CALLS
-    tuning.torch.FAST_CALLS = fast
+def _steps(model, xs, fast, fuse_pool=True):
+    saved = tuning.torch.FAST_CALLS, tuning.torch.FUSE_POOL
+    tuning.torch.FAST_CALLS, tuning.torch.FUSE_POOL = fast, fuse_pool
     out = []
     try:
         for x in xs:
@@ -35,7 +36,7 @@ def _steps(model, xs, fast):
                 y.float().square().mean().backward()
             out.append((y.detach().float(), [p.grad.detach().float().clone() for p in model.parameters()]))
     finally:
-        tuning.torch.FAST_CALLS = saved
+        tuning.torch.FAST_CALLS, tuning.torch.FUSE_POOL = saved
     return out
 
 
@@ -44,11 +45,12 @@ def test_records_match_full_path_and_torch():
     ref = _cnn().cuda()
     xs = [torch.randn(8, 3, 16, 16, device="cuda") for _ in range(3)]
     res = {}
-    for fast in (True, False):
+    for fast in (True, False):  # (False: also the max pools as their own calls, the path before)
         model = _cnn().cuda()
         model.load_state_dict(ref.state_dict())
-        pt.convert(model, fuse=True)
-        res[fast] = _steps(model, xs, fast)
+        report = pt.convert(model, fuse=True)
+        assert [a for _, a in report.fused] == ["relu", "max_pool2d", "relu", "max_pool2d"]
+        res[fast] = _steps(model, xs, fast, fuse_pool=fast)
     want = []
     for x in xs:
         ref.zero_grad(set_to_none=True)
