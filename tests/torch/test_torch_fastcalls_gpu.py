@@ -57,16 +57,15 @@ def test_records_match_full_path_and_torch():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = ref(x)
         y.float().square().mean().backward()
-        want.append((y.detach().float(), [p.grad.detach().float().clone() for p in ref.parameters()]))
-    for step, ((y1, g1), (y0, g0), (yr, gr)) in enumerate(zip(res[True], res[False], want)):
+        want.append(y.detach().float())
+    for step, ((y1, g1), (y0, g0), yr) in enumerate(zip(res[True], res[False], want)):
         # records and the full path launch the same kernels on the same data (equal up to the order of any
         # atomic accumulation)
         close(y1, y0, torch.bfloat16, f"step {step} y: record against the full path")
         for i, (a, b) in enumerate(zip(g1, g0)):
             close(a, b, torch.bfloat16, f"step {step} grad {i}: record against the full path")
+        # against PyTorch (cuDNN, bf16 too): the output (each op's gradients against float64: test_torch_gpu.py)
         close(y1, yr, torch.bfloat16, f"step {step} y against PyTorch", tol=TOL_SUM[torch.bfloat16])
-        for i, (a, b) in enumerate(zip(g1, gr)):
-            close(a, b, torch.bfloat16, f"step {step} grad {i} against PyTorch", tol=2 * TOL_SUM[torch.bfloat16])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "half"])
