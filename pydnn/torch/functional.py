@@ -90,7 +90,7 @@ _sizes = C.BoundedDict()
 
 class _ConvPlan:
     __slots__ = ("xd", "wd", "cd", "yd", "bd", "y_shape", "fwd", "fwd_ws", "bwd_data", "bwd_data_ws",
-                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc", "wtd")
+                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc", "wtd", "nhwc_ok")
 
 
 def _conv_desc(spec, dtype):
@@ -141,6 +141,7 @@ def conv_plan(h, x, w, spec, fmt):
     pl.fused_ok = True
     pl.nhwc = None  # the backward's NHWC plan (_nhwc_plan), False where it does not apply
     pl.wtd = None  # the filter seen as a tensor (its layout's strides): the NHWC path's transforms (_nhwc_plan)
+    pl.nhwc_ok = None  # _nhwc_applies for this plan's problem (the backward asks it once)
     if len(_conv_plans) >= 4096:
         _conv_plans.clear()
     _conv_plans[key] = pl
@@ -317,7 +318,9 @@ class ConvFunction(torch.autograd.Function):
                     dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
                     False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
                 return dx, dw, db, None, None
-            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and _nhwc_applies(x, w, ctx.fmt, ctx.spec):
+            if pl.nhwc_ok is None:  # (x, w and the spec are the plan's: the answer holds for every call on it)
+                pl.nhwc_ok = _nhwc_applies(x, w, ctx.fmt, ctx.spec)
+            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and pl.nhwc_ok:
                 ph = _nhwc_plan(h, pl, x, w, ctx.spec)
                 if ph:
                     dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w)
