@@ -508,8 +508,10 @@ def report(results, layers, md):
                   f"{row['calls_per_step']:g} |")
     if layers:
         p("\n## CNN per layer (CUDA events from module hooks, ms per step)\n")
-        names = list(next(iter(layers.values()))[0])
         bks = list(layers)
+        # every backend's layers in the model's order (pydnn's fused ReLU / max pool modules are Identity: absent)
+        names = sorted(dict.fromkeys(n for b in bks for n in layers[b][0]),
+                       key=lambda n: [(0, int(q), "") if q.isdigit() else (1, 0, q) for q in n.split(".")])
         p("| layer | type | " + " | ".join(f"{b} fwd | {b} bwd" for b in bks) + " | pydnn - torch (fwd+bwd) |")
         p("|---|---|" + "---|---|" * len(bks) + "---|")
         tot = {b: [0.0, 0.0] for b in bks}
@@ -525,14 +527,15 @@ def report(results, layers, md):
                 a, c = layers["pydnn"][0].get(n), layers["torch"][0].get(n)
                 if a and c:
                     diff = f"{a['fwd_ms'] + a['bwd_ms'] - c['fwd_ms'] - c['bwd_ms']:+.3f}"
-            typ = layers[bks[0]][0][n]["type"] if n in layers[bks[0]][0] else ""
+            typ = next((layers[b][0][n]["type"] for b in bks if n in layers[b][0]), "")
             p(f"| {n} | {typ} | " + " | ".join(cells) + f" | {diff} |")
         p("| (sum of layers) | | " + " | ".join(f"{tot[b][0]:.3f} | {tot[b][1]:.3f}" for b in bks) + " | |")
         p("| (whole step, events) | | " + " | ".join(f"{layers[b][1]:.3f} | " for b in bks) + " | |")
         p("\nThe rest of a step (whole step minus the layers' sum) is the loss, the optimizer, zero_grad and the "
           "gaps between layers. The first layer's backward reads ~0: its input needs no gradient, so its full "
           "backward hook fires before its weight-gradient kernels run (they land in the rest). pydnn's fused "
-          "batch norm + ReLU shows under the batch norm (its ReLU module is an Identity, not listed).")
+          "batch norm + ReLU + max pool shows under the batch norm (its ReLU and pool modules are Identity, not "
+          "listed; their PyTorch rows read 0 for pydnn).")
     text = "\n".join(out)
     print(text)
     if md:
