@@ -177,7 +177,8 @@ def prebuild(names):
     by_name = manifest.unit_by_name()
     units = [by_name[n] for n in names if n in by_name]
     missing = [n for n in names if n not in by_name]
-    compiled, cached = build.build_all(units=units, progress=True)  # (lines on stderr: a killed prebuild shows how far it got)
+    # progress lines on stderr: a prebuild killed by a time limit still shows how far it got
+    compiled, cached = build.build_all(units=units, progress=True)
     print(f"prebuild: {compiled} kernel units compiled, {cached} cached in {time.perf_counter() - t0:.1f} s"
           + (f" (not in this tree's manifest: {missing})" if missing else ""), flush=True)
 
