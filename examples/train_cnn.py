@@ -8,8 +8,8 @@ PyTorch (cuDNN): loss and test accuracy per epoch, step times side by side, curv
 
 The model is the seed's CNN (conv 3->64, conv 64->128, 3x3 pad 1, ReLU, 2x2 max pool after each, a linear
 classifier) with batch norm after each convolution, built from PyTorch's modules; the pydnn run converts it
-with pydnn.torch.convert(model, fuse=True) (each batch norm + ReLU one fused pydnn call; --no-fuse keeps
-them apart).
+with pydnn.torch.convert(model, fuse=True) (each batch norm + ReLU one fused pydnn call, and the max pool after
+it in the same autograd node; --no-fuse keeps them apart).
 """
 import argparse
 import os
@@ -26,7 +26,8 @@ from _common import Dist, StepTimer, gpu_idle_share, progress  # noqa: E402
 
 def build(backend, fuse=True):
     """The model in PyTorch's modules; for pydnn, the same converted by pydnn.torch.convert (and, with fuse,
-    each batch norm's ReLU fused into it: BatchNormalizationForwardTrainingEx's BN_ACTIVATION)."""
+    each batch norm's ReLU fused into it: BatchNormalizationForwardTrainingEx's BN_ACTIVATION; the max pool
+    after it run in the batch norm's autograd Function, tuning.torch.FUSE_POOL)."""
     model = _build()
     if backend == "pydnn":
         import pydnn.torch

@@ -554,6 +554,23 @@ torch = Switches(
                          "the filter (pydnn.transform_tensor there and back), where the tensor-core kernels "
                          "(wgmma on sm_90) serve it, instead of the NCHW algorithms (Winograd / im2col GEMM); "
                          "the CNN demo's second convolution"),
+    LINEAR_DW_SPLITK=(False, "Linear's weight gradient dW = dy^T x with a long reduction (tokens M >= 8 * max(N, K), "
+                             "16-bit, contiguous) as the backward filter of a 1x1 NHWC convolution over M pixels "
+                             "(pydnn.convolution_backward_filter, v7's first algorithm: wgrad_tc_wgmma splitting M "
+                             "over blocks, fp32 partials folded in order) instead of pydnn.matmul_ex, whose plan for "
+                             "the GPT demo's MLP weight gradients (3072 x 768 over M = 65536) is one whole-K "
+                             "gemm_tc (mma.sync) launch of 72 blocks. Off until measured on the GPU"),
+    FUSE_POOL=(True, "a BatchNorm2d that pydnn.torch.convert(fuse=True) gave the following MaxPool2d runs the pool in "
+                     "its own autograd Function in training (batch norm [+ ReLU] then pooling_forward; backward "
+                     "pooling_backward then the batch norm's): one node instead of two, without the pool module's "
+                     "call, checks and Function entry (~30 us a block of host time on the 2-core dev CPU). False: "
+                     "max_pool2d after the batch norm (eval mode always)"),
+    FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
+                      "strides, dtype, device, options) holding what its checks and plan lookups found the first "
+                      "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "
+                      "a repeated call goes from the record to the pydnn call; autograd Functions entered through "
+                      "torch.autograd.Function's C entry (pydnn.torch._core.applier). False: every call checks "
+                      "and looks up in full (the path before)"),
 )
 
 graph = Switches(

@@ -36,6 +36,12 @@ def main():
     ap.add_argument("--batch", type=int, default=0, help="batch (default: cnn 256, gpt 8 sequences of 1024)")
     ap.add_argument("--loops", type=int, default=300, help="calls per timing loop")
     ap.add_argument("--null", action="store_true", help="record only (no emulated compute: faster, values garbage)")
+    ap.add_argument("--bridge", action="store_true",
+                    help="CNN: the bridge's own host time: the whole step (forward, backward) with every pydnn "
+                         "compute call a no-op, at tiny shapes (the demo's layers on 4x4 images, batch 1), "
+                         "against PyTorch's CPU step of the same model; and a cProfile of the bridge's step")
+    ap.add_argument("--steps", type=int, default=400, help="--bridge: steps per timing sample")
+    ap.add_argument("--top", type=int, default=30, help="--bridge: rows of the profile")
     args = ap.parse_args()
     if os.environ.get("PYDNN_FAKE_CUDA") is None:
         d = BC.fake_libcuda_dir()
@@ -85,9 +91,12 @@ def main():
     mp.setattr(C, "on_cuda", lambda *ts: True)
     mp.setattr(C, "device_index", lambda d: 0)
     mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    mp.setattr(C, "_current_stream", lambda idx: 7)
     mp.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
     mp.setattr(pydnn.buffers, "CHECKED", False)
 
+    if args.bridge:
+        return bridge(args, step_model=_bridge_models(pt), mp=mp)
     if args.demo == "cnn":
         import train_cnn
         bsz = args.batch or 256
@@ -138,6 +147,82 @@ def main():
         lines.append(f"| {i} | `{real.__name__}` | {us:.2f} | {npy} | {', '.join(kernels)} |")
     lines.append(f"| | (total) | {total:.1f} | | |")
     print("\n" + "\n".join(lines))
+
+
+def _bridge_models(pt):
+    """(pydnn model, torch model, x, y): the demo's CNN on 4x4 images (its Linear 128 -> 10), batch 1."""
+    import torch
+    import torch.nn as nn
+
+    def build():
+        return nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(128, 10))
+    torch.manual_seed(0)
+    ref = build()
+    model = build()
+    model.load_state_dict(ref.state_dict())
+    pt.convert(model, fuse=True)
+    return model, ref, torch.randn(1, 3, 4, 4), torch.randint(0, 10, (1,))
+
+
+def bridge(args, step_model, mp):
+    """The bridge's own CPU time a step (pydnn's compute calls no-ops, its queries real)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    model, ref, x, y = step_model
+    torch.set_num_threads(1)  # a shared 2-core machine: intra-op threads only add contention at these sizes
+
+    def step(m, autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.nn.functional.cross_entropy(m(x).float(), y)
+        loss.backward()
+
+    from pydnn import tuning
+    variants = [("bridge (defaults)", lambda: step(model, False), {}),
+                ("bridge (FAST_CALLS=False)", lambda: step(model, False), {"torch.FAST_CALLS": False}),
+                ("bridge (FUSE_POOL=False)", lambda: step(model, False), {"torch.FUSE_POOL": False}),
+                ("bridge (both False: the path before)", lambda: step(model, False),
+                 {"torch.FAST_CALLS": False, "torch.FUSE_POOL": False}),
+                ("PyTorch CPU step (its kernels included)", lambda: step(ref, True), {})]
+    for _, fn, sw in variants:
+        with tuning.override(sw):
+            for _ in range(20):
+                fn()
+    # interleaved samples (a shared machine's load moves): each variant's median and min per step
+    samples = {v[0]: [] for v in variants}
+    for _ in range(7):
+        for name, fn, sw in variants:
+            with tuning.override(sw):
+                t0 = time.process_time()
+                for _ in range(args.steps):
+                    fn()
+                samples[name].append((time.process_time() - t0) / args.steps * 1e6)
+    import bench_host as B
+    for name, fn, sw in variants:
+        with tuning.override(sw):
+            npy = B.python_calls(fn)[0]  # (deterministic, unlike the times on a shared machine)
+        v = samples[name]
+        print(f"{name:44s} CPU us a step: median {statistics.median(v):7.0f}  min {min(v):7.0f}  "
+              f"Python calls {npy}")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(args.steps):
+        step(model, False)
+    pr.disable()
+    st = pstats.Stats(pr)
+    st.sort_stats("tottime").print_stats(args.top)
+    # the calls a step makes, by function (deterministic, unlike the times on a shared machine)
+    rows = sorted(((v[1] / args.steps, v[2] / args.steps * 1e6, f"{k[0].split('/')[-1]}:{k[1]}({k[2]})")
+                   for k, v in st.stats.items()), reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"{total:.0f} Python-level calls a step (cProfile); by count:")
+    for n, us, name in rows[:args.top]:
+        print(f"  {n:6.1f}  {us:7.1f} us own  {name}")
 
 
 if __name__ == "__main__":

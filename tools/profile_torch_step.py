@@ -165,7 +165,9 @@ CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.
              "matmul.wgmmas.bf16")  # the classifier's forward (split-K matmul_ex; torch.LINEAR_FWD_SPLITK off)
 # The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
 GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
-             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32")
+             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32",
+             "attention.ws.bf16", "matmul.tma.bf16",  # (attn_ws forward; gemm_tma where the 128x256 tile runs)
+             "convolution.wgrad.bf16")  # torch.LINEAR_DW_SPLITK: the MLP weight gradients as 1x1 NHWC wgrad
 
 
 def prebuild(names):
@@ -175,7 +177,8 @@ def prebuild(names):
     by_name = manifest.unit_by_name()
     units = [by_name[n] for n in names if n in by_name]
     missing = [n for n in names if n not in by_name]
-    compiled, cached = build.build_all(units=units, progress=False)
+    # progress lines on stderr: a prebuild killed by a time limit still shows how far it got
+    compiled, cached = build.build_all(units=units, progress=True)
     print(f"prebuild: {compiled} kernel units compiled, {cached} cached in {time.perf_counter() - t0:.1f} s"
           + (f" (not in this tree's manifest: {missing})" if missing else ""), flush=True)
 
@@ -506,8 +509,10 @@ def report(results, layers, md):
                   f"{row['calls_per_step']:g} |")
     if layers:
         p("\n## CNN per layer (CUDA events from module hooks, ms per step)\n")
-        names = list(next(iter(layers.values()))[0])
         bks = list(layers)
+        # every backend's layers in the model's order (pydnn's fused ReLU / max pool modules are Identity: absent)
+        names = sorted(dict.fromkeys(n for b in bks for n in layers[b][0]),
+                       key=lambda n: [(0, int(q), "") if q.isdigit() else (1, 0, q) for q in n.split(".")])
         p("| layer | type | " + " | ".join(f"{b} fwd | {b} bwd" for b in bks) + " | pydnn - torch (fwd+bwd) |")
         p("|---|---|" + "---|---|" * len(bks) + "---|")
         tot = {b: [0.0, 0.0] for b in bks}
@@ -523,14 +528,15 @@ def report(results, layers, md):
                 a, c = layers["pydnn"][0].get(n), layers["torch"][0].get(n)
                 if a and c:
                     diff = f"{a['fwd_ms'] + a['bwd_ms'] - c['fwd_ms'] - c['bwd_ms']:+.3f}"
-            typ = layers[bks[0]][0][n]["type"] if n in layers[bks[0]][0] else ""
+            typ = next((layers[b][0][n]["type"] for b in bks if n in layers[b][0]), "")
             p(f"| {n} | {typ} | " + " | ".join(cells) + f" | {diff} |")
         p("| (sum of layers) | | " + " | ".join(f"{tot[b][0]:.3f} | {tot[b][1]:.3f}" for b in bks) + " | |")
         p("| (whole step, events) | | " + " | ".join(f"{layers[b][1]:.3f} | " for b in bks) + " | |")
         p("\nThe rest of a step (whole step minus the layers' sum) is the loss, the optimizer, zero_grad and the "
           "gaps between layers. The first layer's backward reads ~0: its input needs no gradient, so its full "
           "backward hook fires before its weight-gradient kernels run (they land in the rest). pydnn's fused "
-          "batch norm + ReLU shows under the batch norm (its ReLU module is an Identity, not listed).")
+          "batch norm + ReLU + max pool shows under the batch norm (its ReLU and pool modules are Identity, not "
+          "listed; their PyTorch rows read 0 for pydnn).")
     text = "\n".join(out)
     print(text)
     if md:

@@ -74,11 +74,44 @@ def _fuse(model, report):
                 report.fused.append((f"{name}.{a}" if name else a, act))
 
 
+def _dil1(d):
+    return d == 1 or tuple(d) == (1, 1)
+
+
+def _fuse_pools(model, report):
+    """In every nn.Sequential: a BatchNorm2d followed by a MaxPool2d (nn.Identity modules between them
+    skipped: fused activations) takes the pool (its `pool` attribute; the pool module becomes nn.Identity).
+    Only pools pydnn runs (no indices, floor mode, dilation 1) and modules without hooks."""
+    for name, seq in model.named_modules():
+        if type(seq) is not nn.Sequential:
+            continue
+        keys = list(seq._modules)
+        for i, a in enumerate(keys):
+            bn = seq._modules[a]
+            if type(bn) is not M.BatchNorm2d or bn.__dict__.get("pool") is not None or bn._forward_hooks:
+                continue
+            j = i + 1
+            while j < len(keys) and type(seq._modules[keys[j]]) is nn.Identity and not (
+                    seq._modules[keys[j]]._forward_hooks or seq._modules[keys[j]]._forward_pre_hooks):
+                j += 1
+            if j == len(keys):
+                continue
+            mp = seq._modules[keys[j]]
+            if (type(mp) is not M.MaxPool2d or mp.return_indices or mp.ceil_mode or not _dil1(mp.dilation)
+                    or mp._forward_hooks or mp._forward_pre_hooks or mp._backward_hooks):
+                continue
+            bn.pool = (mp.kernel_size, mp.stride, mp.padding)
+            seq._modules[keys[j]] = nn.Identity()
+            report.fused.append((f"{name}.{a}" if name else a, "max_pool2d"))
+
+
 def convert(model, fuse=False):
     """Swap every supported module of `model` (exact PyTorch types) in place; returns a ConvertReport. The
     root cannot be replaced in place: a supported root type is reported as kept (construct
     pydnn.torch.<Class> for a single module). fuse=True also fuses Conv + ReLU / Sigmoid / Tanh and
-    BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity)."""
+    BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity), and a
+    BatchNorm2d's following MaxPool2d into it (one autograd node in training; the pool replaced by
+    nn.Identity)."""
     report = ConvertReport()
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
@@ -89,6 +122,7 @@ def convert(model, fuse=False):
                 report.converted.append((full, type(child).__name__))
     if fuse:
         _fuse(model, report)
+        _fuse_pools(model, report)
     pyd = set(SWAPS.values()) | {nn.Identity}
     for name, mod in model.named_modules():
         t = type(mod)

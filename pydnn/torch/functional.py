@@ -90,7 +90,7 @@ _sizes = C.BoundedDict()
 
 class _ConvPlan:
     __slots__ = ("xd", "wd", "cd", "yd", "bd", "y_shape", "fwd", "fwd_ws", "bwd_data", "bwd_data_ws",
-                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc", "wtd")
+                 "bwd_filter", "bwd_filter_ws", "fused_ok", "nhwc", "wtd", "nhwc_ok")
 
 
 def _conv_desc(spec, dtype):
@@ -141,6 +141,7 @@ def conv_plan(h, x, w, spec, fmt):
     pl.fused_ok = True
     pl.nhwc = None  # the backward's NHWC plan (_nhwc_plan), False where it does not apply
     pl.wtd = None  # the filter seen as a tensor (its layout's strides): the NHWC path's transforms (_nhwc_plan)
+    pl.nhwc_ok = None  # _nhwc_applies for this plan's problem (the backward asks it once)
     if len(_conv_plans) >= 4096:
         _conv_plans.clear()
     _conv_plans[key] = pl
@@ -265,12 +266,11 @@ class ConvFunction(torch.autograd.Function):
     come back in the caller's NCHW layout."""
 
     @staticmethod
-    def forward(ctx, x, w, b, spec, act):
+    def forward(ctx, x, w, b, rec):
         h = C.handle_for(x.device)
-        fmt, w = C.filter_format(w)
-        pl = conv_plan(h, x, w, spec, fmt)
-        ph = (_nhwc_plan(h, pl, x, w, spec) if tuning.torch.CONV_NHWC_FWD and _nhwc_applies(x, w, fmt, spec)
-              else False)
+        if rec.wcopy:
+            w = w.contiguous()
+        pl, ph, act = rec.pl, rec.ph, rec.act
         if ph and (ph.fused_ok or (b is None and act is None)):
             # NHWC copies in, the NHWC convolution, the output back to NCHW; the copies serve the backward too
             cl = torch.channels_last
@@ -283,7 +283,7 @@ class ConvFunction(torch.autograd.Function):
             y = _conv_forward(h, pl, x, w, b, act)
             ctx.save_for_backward(x, w, y if act is not None else None)
             ctx.nhwc = False
-        ctx.pl, ctx.fmt, ctx.spec, ctx.act, ctx.has_bias = pl, fmt, spec, act, b is not None
+        ctx.pl, ctx.fmt, ctx.spec, ctx.act, ctx.has_bias = pl, rec.fmt, rec.spec, act, b is not None
         ctx.y_shape, ctx.y_stride = tuple(y.shape), y.stride()
         return y
 
@@ -292,7 +292,8 @@ class ConvFunction(torch.autograd.Function):
         x, w, y = ctx.saved_tensors
         pl = ctx.pl
         h = C.handle_for(x.device)
-        dy = C.to_strides(dy, ctx.y_shape, ctx.y_stride)
+        if dy.stride() != ctx.y_stride:  # (the same shape: autograd checks it)
+            dy = C.to_strides(dy, ctx.y_shape, ctx.y_stride)
         dyd = pl.yd
         if ctx.act is not None and ctx.act != "identity":
             g = torch.empty_like(dy)
@@ -317,7 +318,9 @@ class ConvFunction(torch.autograd.Function):
                     dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
                     False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
                 return dx, dw, db, None, None
-            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and _nhwc_applies(x, w, ctx.fmt, ctx.spec):
+            if pl.nhwc_ok is None:  # (x, w and the spec are the plan's: the answer holds for every call on it)
+                pl.nhwc_ok = _nhwc_applies(x, w, ctx.fmt, ctx.spec)
+            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and pl.nhwc_ok:
                 ph = _nhwc_plan(h, pl, x, w, ctx.spec)
                 if ph:
                     dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w)
@@ -380,13 +383,50 @@ def _conv_spec(nsp, stride, padding, dilation, groups, ks):
     return sp
 
 
+class _ConvRec:
+    """A convolution call's record (FAST_CALLS): its spec, filter format, plan and NHWC twin (False: none)."""
+    __slots__ = ("spec", "act", "fmt", "wcopy", "pl", "ph")
+
+
+def _conv_rec(x, w, spec, act):
+    """The record of a convolution call whose checks passed (x dense): plans made on first use."""
+    r = _ConvRec()
+    h = C.handle_for(x.device)
+    fmt, wf = C.filter_format(w)
+    r.spec, r.act, r.fmt, r.wcopy = spec, act, fmt, wf is not w
+    r.pl = conv_plan(h, x, wf, spec, fmt)
+    r.ph = (_nhwc_plan(h, r.pl, x, wf, spec)
+            if tuning.torch.CONV_NHWC_FWD and _nhwc_applies(x, wf, fmt, spec) else False)
+    return r
+
+
+_conv_apply = C.applier(ConvFunction)
+
+
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
     """Convolution (1 to 3 spatial dims, cross-correlation as torch's conv{1,2,3}d) with an optional fused
     activation ('relu', 'sigmoid', 'tanh', 'identity'). padding: ints or 'valid' / 'same'."""
-    nsp = x.dim() - 2
     ac = C.autocast_dtype()
     if ac is not None and C.on_cuda(x):  # as torch's autocast: convolutions run in the autocast dtype
         x, weight, bias = C.cast(x, ac), C.cast(weight, ac), C.cast(bias, ac)
+    sw = tuning.torch
+    fast = sw.FAST_CALLS
+    if fast:
+        key = ("conv", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
+               weight.device, None if bias is None else (bias.dtype, bias.device), stride, padding, dilation, groups,
+               activation, _benchmark(), sw.CONV_NHWC_FWD)
+        try:
+            rec = _recs.get(key)
+        except TypeError:  # list arguments from a functional caller: no record
+            rec = fast = None
+        if rec is not None:
+            try:
+                return _conv_apply(x, weight, bias, rec)
+            except pydnn.PydnnError as e:
+                if not C.is_not_supported(e):
+                    raise
+                # the full path below runs it again and records the fallback
+    nsp = x.dim() - 2
 
     def torch_path():
         fn = (F.conv1d, F.conv2d, F.conv3d)[nsp - 1] if 1 <= nsp <= 3 else None
@@ -407,7 +447,12 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activa
         spec = _conv_spec(nsp, stride, padding, dilation, groups, weight.shape[2:])
         if x.numel() == 0:
             raise Unsupported("empty input")
-        return ConvFunction.apply(dense(x), weight, bias, spec, activation)
+        xx = dense(x)
+        rec = _conv_rec(xx, weight, spec, activation)
+        y = _conv_apply(xx, weight, bias, rec)
+        if fast and xx is x:
+            _recs[key] = rec
+        return y
 
     return _run(pydnn_path, torch_path, "conv")
 
@@ -422,66 +467,94 @@ def _bn_view(x):
     return tuple(x.shape), tuple(x.stride())
 
 
+def _align(n, a=256):
+    return (n + a - 1) // a * a
+
+
+class _BnRec:
+    """A batch-norm call's record (FAST_CALLS): descriptors, the statistics' dtype and channel count, y's
+    strides, and the training forms' sizes: one buffer holds the saved mean / inverse std, the Ex forms'
+    reserve space and the forward's workspace (offsets into it), so a training forward allocates y and that."""
+    __slots__ = ("xd", "yd", "pd", "pdt", "c", "y_stride", "relu", "nws", "nrs", "rs_off", "ws_off", "nbuf",
+                 "bwd", "pool")
+
+
+def _bn_rec(h, x, training, relu):
+    r = _BnRec()
+    dims, strides = _bn_view(x)
+    r.xd = C.tensor_desc(x.dtype, dims, strides)
+    y = _empty_like(x)
+    r.y_stride = y.stride()
+    r.yd = r.xd if y.stride() == x.stride() else C.tensor_desc(y.dtype, *_bn_view(y))
+    r.c = c = x.shape[1]
+    r.pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    r.pd = C.tensor_desc(r.pdt, (1, c) + (1,) * (len(dims) - 2), (c,) + (1,) * (len(dims) - 1))
+    r.relu, r.nws, r.nrs, r.bwd, r.pool = relu, 0, 0, {}, None
+    if training and relu:
+        ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
+        mode = pydnn.PYDNN_BATCHNORM_SPATIAL
+        # the size queries plan the call: once per problem, not per step
+        r.nws = pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, mode, ops, r.xd, None, r.yd,
+                                                                                 r.pd, ad)
+        r.nrs = pydnn.get_batch_normalization_training_ex_reserve_space_size(h, mode, ops, ad, r.xd)
+    st_bytes = 2 * c * (8 if r.pdt == torch.float64 else 4)
+    r.rs_off = _align(st_bytes)
+    r.ws_off = r.rs_off + _align(max(r.nrs, 1))
+    r.nbuf = r.ws_off + r.nws
+    return r
+
+
 class BatchNormFunction(torch.autograd.Function):
     """Batch norm (SPATIAL) with an optional fused ReLU: training through
     BatchNormalizationForwardTraining(Ex with BN_ACTIVATION) / BatchNormalizationBackward(Ex, the ReLU mask
     from the reserve space); eval through ForwardInference (the ReLU then applied to y) and a PyTorch
-    backward (the affine map of eval mode)."""
+    backward (the affine map of eval mode). rec: the call's _BnRec."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, training, factor, eps, relu):
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, factor, eps, rec):
         h = C.handle_for(x.device)
-        dims, strides = _bn_view(x)
-        xd = C.tensor_desc(x.dtype, dims, strides)
-        y = _empty_like(x)
-        yd = xd if y.stride() == x.stride() else C.tensor_desc(y.dtype, *_bn_view(y))
-        c = x.shape[1]
-        pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        pd = C.tensor_desc(pdt, (1, c) + (1,) * (len(dims) - 2), (c,) + (1,) * (len(dims) - 1))
+        xd, yd, pd = rec.xd, rec.yd, rec.pd
+        y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+        c, pdt = rec.c, rec.pdt
         w = weight if weight is not None else torch.ones(c, dtype=pdt, device=x.device)
         b = bias if bias is not None else torch.zeros(c, dtype=pdt, device=x.device)
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
-        rs = None
         if training:
-            # saved mean and inverse std in one allocation, passed as two pointers (no per-call views)
-            st = torch.empty((2, c), dtype=pdt, device=x.device)
-            smp = st.data_ptr()
-            sip = smp + c * st.element_size()
-            if relu:
-                ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
-                key = ("bn_fwd_ex", h, xd, yd, pd)
-                sizes = _sizes.get(key)
-                if sizes is None:  # the size queries plan the call: once per problem, not per step
-                    sizes = _sizes[key] = (
-                        pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, mode, ops, xd, None, yd,
-                                                                                         pd, ad),
-                        pydnn.get_batch_normalization_training_ex_reserve_space_size(h, mode, ops, ad, xd))
-                nws, nrs = sizes
-                ws, wsp = C.workspace(nws, x.device)
-                rs = torch.empty(max(nrs, 1), dtype=torch.uint8, device=x.device)
+            # saved mean and inverse std, the reserve space and the workspace in one allocation
+            buf = torch.empty(rec.nbuf, dtype=torch.uint8, device=x.device)
+            smp = buf.data_ptr()
+            sip = smp + c * (8 if pdt == torch.float64 else 4)
+            if rec.relu:
+                nws, nrs = rec.nws, rec.nrs
                 pydnn.batch_normalization_forward_training_ex(
-                    h, mode, ops, 1.0, 0.0, xd, x.data_ptr(), None, None, yd, y.data_ptr(), pd, w.data_ptr(),
-                    b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps, smp, sip,
-                    ad, wsp, nws, rs.data_ptr(), nrs)
-                ctx.nrs = nrs
+                    h, mode, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, xd, x.data_ptr(), None, None, yd,
+                    y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps,
+                    smp, sip, activation_desc("relu"), smp + rec.ws_off if nws else None, nws, smp + rec.rs_off, nrs)
             else:
                 pydnn.batch_normalization_forward_training(
                     h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor,
                     ptr(running_mean), ptr(running_var), eps, smp, sip)
-            ctx.save_for_backward(x, w, b, st, rs)
+            pr = rec.pool
+            if pr is not None:  # the max pool that followed (convert(fuse=True)): y is its input, z its output
+                z = torch.empty_strided(pr.out, pr.y_stride, dtype=x.dtype, device=x.device)
+                pydnn.pooling_forward(h, pr.pd, 1.0, pr.xd, y.data_ptr(), 0.0, pr.yd, z.data_ptr())
+                ctx.save_for_backward(x, w, b, buf, y, z)
+                y = z
+            else:
+                ctx.save_for_backward(x, w, b, buf)
         else:
             pydnn.batch_normalization_forward_inference(
                 h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(),
                 running_mean.data_ptr(), running_var.data_ptr(), eps)
-            if relu:
+            if rec.relu:
                 y.relu_()
-            ctx.save_for_backward(x, w, running_mean, running_var, y if relu else None)
-        ctx.training, ctx.eps, ctx.pd, ctx.affine, ctx.relu = training, eps, pd, weight is not None, relu
-        ctx.xd = xd
+            ctx.save_for_backward(x, w, running_mean, running_var, y if rec.relu else None)
+        ctx.training, ctx.eps, ctx.affine, ctx.rec = training, eps, weight is not None, rec
         return y
 
     @staticmethod
     def backward(ctx, dy):
+        rec = ctx.rec
         if not ctx.training:  # eval mode: y = (x - rm) * w / sqrt(rv + eps) + bias, an affine map of x
             x, w, a, b, y = ctx.saved_tensors
             if y is not None:
@@ -494,49 +567,105 @@ class BatchNormFunction(torch.autograd.Function):
             dw = (dy.to(w.dtype) * xhat).sum(axes) if ctx.affine else None
             db = dy.to(w.dtype).sum(axes) if ctx.affine else None
             return dx, dw, db, None, None, None, None, None, None
-        x, w, b, st, rs = ctx.saved_tensors
-        smp = st.data_ptr()
-        sip = smp + st.shape[1] * st.element_size()
+        pr = rec.pool
+        if pr is None:
+            x, w, b, buf = ctx.saved_tensors
+        else:
+            x, w, b, buf, y, z = ctx.saved_tensors
+        smp = buf.data_ptr()
+        sip = smp + rec.c * (8 if rec.pdt == torch.float64 else 4)
         h = C.handle_for(x.device)
-        dy = C.same_layout(dense(dy), x)
+        xs = x.stride()
+        if pr is not None:  # the pool's backward first: dy of the batch norm's output from dz
+            dz = dy if dy.stride() == pr.y_stride else C.same_layout(dense(dy), z)
+            dy = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+            pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd if dz.stride() == pr.y_stride
+                                   else tdesc(dz), dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd, dy.data_ptr())
+        if dy.stride() != xs:
+            dy = C.same_layout(dense(dy), x)
         dx = _empty_like(x)
         dw, db = torch.empty((2,) + tuple(w.shape), dtype=w.dtype, device=w.device).unbind(0)  # one allocation
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
-        xd = ctx.xd  # x is the forward's: its descriptor is the forward's
-        dyd = xd if dy.stride() == x.stride() else C.tensor_desc(dy.dtype, *_bn_view(dy))
-        dxd = xd if dx.stride() == x.stride() else C.tensor_desc(dx.dtype, *_bn_view(dx))
-        if ctx.relu:
+        xd = rec.xd  # x is the forward's: its descriptor is the record's
+        dyd = xd if dy.stride() == xs else C.tensor_desc(dy.dtype, *_bn_view(dy))
+        dxd = xd if dx.stride() == xs else C.tensor_desc(dx.dtype, *_bn_view(dx))
+        if rec.relu:
             ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
-            key = ("bn_bwd_ex", h, xd, dyd, dxd, ctx.pd)
-            nws = _sizes.get(key)
+            key = (h, dyd, dxd)
+            nws = rec.bwd.get(key)
             if nws is None:
-                nws = _sizes[key] = pydnn.get_batch_normalization_backward_ex_workspace_size(
-                    h, mode, ops, xd, None, dyd, None, dxd, ctx.pd, ad)
+                nws = rec.bwd[key] = pydnn.get_batch_normalization_backward_ex_workspace_size(
+                    h, mode, ops, xd, None, dyd, None, dxd, rec.pd, ad)
             ws, wsp = C.workspace(nws, x.device)
             pydnn.batch_normalization_backward_ex(
                 h, mode, ops, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), None, None, dyd, dy.data_ptr(), None, None, dxd,
-                dx.data_ptr(), ctx.pd, w.data_ptr(), b.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps,
-                smp, sip, ad, wsp, nws, rs.data_ptr(), ctx.nrs)
+                dx.data_ptr(), rec.pd, w.data_ptr(), b.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps,
+                smp, sip, ad, wsp, nws, smp + rec.rs_off, rec.nrs)
         else:
             pydnn.batch_normalization_backward(
-                h, mode, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(), ctx.pd,
+                h, mode, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(), rec.pd,
                 w.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps, smp, sip)
         if not ctx.affine:
             dw = db = None
         return dx, dw, db, None, None, None, None, None, None
 
 
+_bn_apply = C.applier(BatchNormFunction)
+
+
+def _bn_params_ok(pdt, ts):
+    for t in ts:
+        if t is not None and (t.dtype != pdt or not t.is_contiguous() or not C.on_cuda(t)):
+            return False
+    return True
+
+
+def _bn_pool_rec(x, rec, pool):
+    """The record of the max pool (kernel_size, stride, padding) run on the batch norm's output (rec's y
+    layout), or Unsupported (the checks of max_pool2d's pydnn path)."""
+    if x.dim() != 4:
+        raise Unsupported(f"input of {x.dim()} dims (4 needed)")
+    k, st, pad = _ntuple(pool[0], 2), _ntuple(pool[1] if pool[1] not in (None, ()) else pool[0], 2), _ntuple(pool[2], 2)
+    if any(2 * p > kk for p, kk in zip(pad, k)):
+        raise Unsupported("padding larger than half the window (PyTorch raises)")
+    out = x.shape[:2] + tuple(_pool_out(n, kk, p, s_) for n, kk, p, s_ in zip(x.shape[2:], k, pad, st))
+    if min(out) <= 0:
+        raise Unsupported("empty output")
+    y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+    return _pool_rec(y, pydnn.PYDNN_POOLING_MAX, _pool_desc(pydnn.PYDNN_POOLING_MAX, k, pad, st), out)
+
+
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5,
-               activation=None):
+               activation=None, pool=None):
     """torch.nn.functional.batch_norm's semantics (momentum = cuDNN's exponential average factor);
-    activation='relu' fuses a ReLU after it (the Ex form's BN_ACTIVATION in training)."""
+    activation='relu' fuses a ReLU after it (the Ex form's BN_ACTIVATION in training). pool: (kernel_size,
+    stride, padding) of a max pool applied to the result (convert(fuse=True) of BatchNorm2d [+ ReLU] +
+    MaxPool2d): in training (tuning.torch.FUSE_POOL) inside the batch norm's autograd Function (one node for
+    the three), otherwise max_pool2d after it."""
+    if pool is not None and not (training and tuning.torch.FUSE_POOL):
+        return max_pool2d(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, activation),
+                          pool[0], pool[1], pool[2])
+    fast = tuning.torch.FAST_CALLS
+    if fast:
+        key = ("batch_norm", x.shape, x.stride(), x.dtype, x.device, bool(training), activation,
+               running_mean is None, running_var is None, pool)
+        rec = _recs.get(key)
+        if rec is not None and _bn_params_ok(rec.pdt, (running_mean, running_var, weight, bias)):
+            try:
+                return _bn_apply(x, weight, bias, running_mean, running_var, bool(training), float(momentum),
+                                 float(eps), rec)
+            except pydnn.PydnnError as e:
+                if not C.is_not_supported(e):
+                    raise
+                # the full path below runs it again and records the fallback
     if activation not in (None, "relu"):
         raise ValueError(f"activation: {activation!r} (batch norm fuses 'relu' only)")
     relu = activation == "relu"
 
     def torch_path():
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-        return F.relu(y) if relu else y
+        y = F.relu(y) if relu else y
+        return y if pool is None else max_pool2d(y, pool[0], pool[1], pool[2])
 
     def pydnn_path():
         if not 2 <= x.dim() <= 5:
@@ -554,8 +683,20 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
                 raise Unsupported("one value per channel in training (PyTorch raises)")
         if x.numel() == 0:
             raise Unsupported("empty input")
-        return BatchNormFunction.apply(dense(x), weight, bias, running_mean, running_var, bool(training),
-                                       float(momentum), float(eps), relu)
+        xx = dense(x)
+        rec = _bn_rec(C.handle_for(xx.device), xx, bool(training), relu)
+        if pool is not None:
+            try:
+                rec.pool = _bn_pool_rec(xx, rec, pool)
+            except Unsupported as e:  # the batch norm on pydnn, the pool by max_pool2d (its own fallback)
+                fallback(f"batch_norm + max_pool2d: {e}")
+                y = _bn_apply(xx, weight, bias, running_mean, running_var, bool(training), float(momentum),
+                              float(eps), rec)
+                return max_pool2d(y, pool[0], pool[1], pool[2])
+        y = _bn_apply(xx, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), rec)
+        if fast and xx is x:
+            _recs[key] = rec
+        return y
 
     return _run(pydnn_path, torch_path, "batch_norm")
 
@@ -790,48 +931,88 @@ def _pool_desc(mode, k, pad, st):
     return d
 
 
+class _PoolRec:
+    """A pooling call's record (tuning.torch.FAST_CALLS): what the checks found for one (x shape, strides,
+    dtype, device, options): the descriptors of x and y, y's shape and strides, whether x needs a dense copy."""
+    __slots__ = ("mode", "pd", "out", "y_stride", "xd", "yd", "copy")
+
+
 class PoolFunction(torch.autograd.Function):
-    """Window pooling (pooling_forward / pooling_backward) or adaptive average pooling (mode None: the
-    adaptive extension)."""
+    """Window pooling (pooling_forward / pooling_backward) or adaptive average pooling (rec.pd None: the
+    adaptive extension); rec: the call's _PoolRec."""
 
     @staticmethod
-    def forward(ctx, x, mode, pd, out_shape):
+    def forward(ctx, x, rec):
         h = C.handle_for(x.device)
-        y = _output_like(x, out_shape)
-        xd, yd = tdesc(x), tdesc(y)
-        if pd is None:
-            pydnn.adaptive_pooling_forward(h, mode, pydnn.PYDNN_PROPAGATE_NAN, 1.0, xd, x.data_ptr(), 0.0, yd,
-                                           y.data_ptr())
+        y = torch.empty_strided(rec.out, rec.y_stride, dtype=x.dtype, device=x.device)
+        if rec.pd is None:
+            pydnn.adaptive_pooling_forward(h, rec.mode, pydnn.PYDNN_PROPAGATE_NAN, 1.0, rec.xd, x.data_ptr(), 0.0,
+                                           rec.yd, y.data_ptr())
         else:
-            pydnn.pooling_forward(h, pd, 1.0, xd, x.data_ptr(), 0.0, yd, y.data_ptr())
+            pydnn.pooling_forward(h, rec.pd, 1.0, rec.xd, x.data_ptr(), 0.0, rec.yd, y.data_ptr())
         ctx.save_for_backward(x, y)
-        ctx.mode, ctx.pd, ctx.descs = mode, pd, (xd, yd)
+        ctx.rec = rec
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, y = ctx.saved_tensors
+        rec = ctx.rec
         h = C.handle_for(x.device)
-        dy = C.same_layout(dense(dy), y)
+        if dy.stride() != rec.y_stride:  # (the same shape: autograd checks it)
+            dy = C.same_layout(dense(dy), y)
         dx = _empty_like(x)
-        xd, yd = ctx.descs  # x and y are the forward's tensors: their descriptors are the forward's
-        dyd = yd if dy.stride() == y.stride() else tdesc(dy)
+        xd, yd = rec.xd, rec.yd  # x and y are the forward's tensors: their descriptors are the record's
+        dyd = yd if dy.stride() == rec.y_stride else tdesc(dy)
         dxd = xd if dx.stride() == x.stride() else tdesc(dx)
-        if ctx.pd is None:
-            pydnn.adaptive_pooling_backward(h, ctx.mode, pydnn.PYDNN_PROPAGATE_NAN, 1.0, yd, y.data_ptr(), dyd,
+        if rec.pd is None:
+            pydnn.adaptive_pooling_backward(h, rec.mode, pydnn.PYDNN_PROPAGATE_NAN, 1.0, yd, y.data_ptr(), dyd,
                                             dy.data_ptr(), xd, x.data_ptr(), 0.0, dxd, dx.data_ptr())
         else:
-            pydnn.pooling_backward(h, ctx.pd, 1.0, yd, y.data_ptr(), dyd, dy.data_ptr(), xd, x.data_ptr(), 0.0,
+            pydnn.pooling_backward(h, rec.pd, 1.0, yd, y.data_ptr(), dyd, dy.data_ptr(), xd, x.data_ptr(), 0.0,
                                    dxd, dx.data_ptr())
-        return dx, None, None, None
+        return dx, None
+
+
+_pool_apply = C.applier(PoolFunction)
+# call records: (op, x shape, strides, dtype, device, the call's own option arguments) -> record (FAST_CALLS)
+_recs = C.BoundedDict()
+
+
+def _pool_rec(x, mode, pd, out):
+    """The record of a pooling call whose checks passed: y in x's memory format."""
+    r = _PoolRec()
+    xx = dense(x)
+    r.copy = xx is not x
+    y = _output_like(xx, out)
+    r.mode, r.pd, r.out, r.y_stride = mode, pd, tuple(out), y.stride()
+    r.xd, r.yd = tdesc(xx), tdesc(y)
+    return r
+
+
+def _pool_fast(key, x):
+    """The output of a pooling call from its record, or None (no record: the full path)."""
+    try:
+        rec = _recs.get(key)
+    except TypeError:  # list arguments: no record
+        return None
+    if rec is None:
+        return None
+    try:
+        return _pool_apply(x.contiguous() if rec.copy else x, rec)
+    except pydnn.PydnnError as e:
+        if not C.is_not_supported(e):
+            raise
+        return None  # the full path runs it again and records the fallback
 
 
 def _pool_out(n, k, p, s):
     return (n + 2 * p - k) // s + 1
 
 
-def _window_pool(x, mode, k, pad, st, what):
-    """The 2-d window pooling both max_pool2d and avg_pool2d run once their own options are accepted."""
+def _window_pool(x, mode, k, pad, st, what, key):
+    """The 2-d window pooling both max_pool2d and avg_pool2d run once their own options are accepted; the
+    call's record is kept under `key` (FAST_CALLS)."""
     if x.dim() != 4:
         raise Unsupported(f"input of {x.dim()} dims (4 needed)")
     if any(2 * p > kk for p, kk in zip(pad, k)):
@@ -840,10 +1021,23 @@ def _window_pool(x, mode, k, pad, st, what):
     out = x.shape[:2] + tuple(_pool_out(n, kk, p, s) for n, kk, p, s in zip(x.shape[2:], k, pad, st))
     if min(out) <= 0 or x.numel() == 0:
         raise Unsupported("empty output")
-    return PoolFunction.apply(dense(x), mode, _pool_desc(mode, k, pad, st), tuple(out))
+    rec = _pool_rec(x, mode, _pool_desc(mode, k, pad, st), out)
+    y = _pool_apply(x.contiguous() if rec.copy else x, rec)
+    if tuning.torch.FAST_CALLS:
+        try:
+            _recs[key] = rec
+        except TypeError:
+            pass
+    return y
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    key = ("max_pool2d", x.shape, x.stride(), x.dtype, x.device, kernel_size, stride, padding, dilation, ceil_mode,
+           return_indices)
+    if tuning.torch.FAST_CALLS:
+        y = _pool_fast(key, x)
+        if y is not None:
+            return y
     k = _ntuple(kernel_size, 2)
     st = _ntuple(stride if stride not in (None, ()) else kernel_size, 2)
     pad = _ntuple(padding, 2)
@@ -858,13 +1052,19 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
             raise Unsupported("ceil_mode=True")
         if _ntuple(dilation, 2) != (1, 1):
             raise Unsupported("dilation != 1")
-        return _window_pool(x, pydnn.PYDNN_POOLING_MAX, k, pad, st, "max_pool2d")
+        return _window_pool(x, pydnn.PYDNN_POOLING_MAX, k, pad, st, "max_pool2d", key)
 
     return _run(pydnn_path, torch_path, "max_pool2d")
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
+    key = ("avg_pool2d", x.shape, x.stride(), x.dtype, x.device, kernel_size, stride, padding, ceil_mode,
+           count_include_pad, divisor_override)
+    if tuning.torch.FAST_CALLS:
+        y = _pool_fast(key, x)
+        if y is not None:
+            return y
     k = _ntuple(kernel_size, 2)
     st = _ntuple(stride if stride not in (None, ()) else kernel_size, 2)
     pad = _ntuple(padding, 2)
@@ -879,7 +1079,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
             raise Unsupported("divisor_override")
         mode = (pydnn.PYDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING if count_include_pad
                 else pydnn.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING)
-        return _window_pool(x, mode, k, pad, st, "avg_pool2d")
+        return _window_pool(x, mode, k, pad, st, "avg_pool2d", key)
 
     return _run(pydnn_path, torch_path, "avg_pool2d")
 
@@ -897,7 +1097,8 @@ def adaptive_avg_pool2d(x, output_size):
         if min(os_) <= 0 or x.numel() == 0:
             raise Unsupported("empty output")
         mode = pydnn.PYDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
-        return PoolFunction.apply(dense(x), mode, None, tuple(x.shape[:2]) + os_)
+        rec = _pool_rec(x, mode, None, tuple(x.shape[:2]) + os_)
+        return _pool_apply(x.contiguous() if rec.copy else x, rec)
 
     return _run(pydnn_path, torch_path, "adaptive_avg_pool2d")
 
@@ -1157,13 +1358,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 _linear_descs = C.BoundedDict()
 
 
-def _matmul(h, ad, a, bd, b, cd, c):
-    """c = a @ b on pydnn.matmul with the workspace it asks for (split K: a weight gradient's long K over the
-    SMs), taken from PyTorch's caching allocator (capture safe)."""
+def _matmul_ws(h, ad, bd, cd):
     key = ("matmul_ex", h, ad, bd, cd)  # cached descriptors: the size asked once holds (as _sizes' others)
     nws = _sizes.get(key)
     if nws is None:
         nws = _sizes[key] = pydnn.get_matmul_ex_workspace_size(h, ad, bd, cd)
+    return nws
+
+
+def _matmul(h, ad, a, bd, b, cd, c, nws=None):
+    """c = a @ b on pydnn.matmul with the workspace it asks for (split K: a weight gradient's long K over the
+    SMs), taken from PyTorch's caching allocator (capture safe); nws: that size where the caller has it."""
+    if nws is None:
+        nws = _matmul_ws(h, ad, bd, cd)
     if not nws:
         pydnn.matmul(h, 1.0, ad, a.data_ptr(), bd, b.data_ptr(), 0.0, cd, c.data_ptr())
         return None
@@ -1202,26 +1409,77 @@ def _linear_splitk(h, x2, w):
     return sk
 
 
+_dw_plans = C.BoundedDict()
+
+
+def _linear_dw_splitk(h, dy, x2):
+    """(descriptors, algorithm, workspace bytes) of dW = dy^T x2 as the backward filter of a 1x1 NHWC
+    convolution over m 'pixels' (tuning.torch.LINEAR_DW_SPLITK), or False where it does not apply: x2 (m, k)
+    is NHWC (1, m, 1, k) with k channels, dy (m, n) NHWC with n channels, dW (n, k) the KRSC filter (n, 1, 1,
+    k). pydnn's wgrad algorithms split the m pixels over blocks (fp32 partials in the workspace, folded in
+    order); taken where pydnn.matmul walks m in one block per output tile (matmul_ex asks no workspace: the
+    GPT demo's MLP weight gradients, gemm_tc (mma.sync), 72 tiles of 128 x 256 filling 55% of an H200's SMs,
+    below the wgmma and split-K thresholds). 16-bit, both contiguous, m >= 8 max(n, k)."""
+    m, k = x2.shape
+    n = dy.shape[1]
+    key = (id(h), x2.dtype, m, n, k)
+    sk = _dw_plans.get(key)
+    if sk is None:
+        sk = False
+        if (x2.dtype in _NHWC_DTYPES and m >= 8 * max(n, k) and m * max(n, k) < 2 ** 31):
+            dt = x2.dtype
+            cx = C.tensor_desc(dt, (1, k, m, 1), (m * k, 1, k, k))
+            cdy = C.tensor_desc(dt, (1, n, m, 1), (m * n, 1, n, n))
+            cw = C.filter_desc(dt, (n, k, 1, 1), pydnn.PYDNN_TENSOR_NHWC)
+            cd = _conv_desc(((1, 1), (0, 0), (1, 1), 1), dt)
+            try:
+                algo = _pick(pydnn.get_convolution_backward_filter_algorithm_v7(h, cx, cdy, cd, cw, 8), "dW split-K")
+                nws = pydnn.get_convolution_backward_filter_workspace_size(h, cx, cdy, cd, cw, algo)
+                sk = (cx, cdy, cd, cw, algo, nws)
+            except (Unsupported, pydnn.PydnnError):
+                sk = False
+        _dw_plans[key] = sk
+    return sk
+
+
+class _LinearRec:
+    """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
+    plan (or None) and the forward's matmul workspace size."""
+    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws")
+
+
+def _linear_rec(h, x2, w):
+    r = _LinearRec()
+    m, k = x2.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    key = (x2.dtype, x2.shape, x2.stride(), w.shape, w.stride())
+    d = _linear_descs.get(key)
+    if d is None:  # x, W^T (a column-major view of W), y (= dy's, contiguous), W (= dW's)
+        d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
+                                  tdesc(y), tdesc(w))
+    r.d = d
+    r.sk = _linear_splitk(h, x2, w) if tuning.torch.LINEAR_FWD_SPLITK else None
+    r.nws = _matmul_ws(h, d[0], d[1], d[2])
+    return r
+
+
 class LinearFunction(torch.autograd.Function):
     """y = x W^T (+ b) on pydnn.matmul(handle, alpha, aDesc, A, bDesc, B, beta, cDesc, C) (the graph API's
     public matmul; transposes are strides): forward x (M x K) @ W^T (K x N, column-major view of W);
     backward dx = dy @ W, dW = dy^T @ x (dy^T a column-major view); the bias and its gradient by PyTorch. A
     forward with few output tiles and a long K runs as a 1x1 convolution's backward filter instead
     (_linear_splitk, tuning.torch.LINEAR_FWD_SPLITK): its algorithms split K over blocks (fp32 partials,
-    folded in order), where pydnn.matmul walks K with one block per output tile."""
+    folded in order), where pydnn.matmul walks K with one block per output tile. rec: the call's _LinearRec."""
 
     @staticmethod
-    def forward(ctx, x2, w, b):
+    def forward(ctx, x2, w, b, rec):
         h = C.handle_for(x2.device)
-        m, k = x2.shape
+        m = x2.shape[0]
         n = w.shape[0]
         y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-        key = (x2.dtype, x2.shape, x2.stride(), w.shape, w.stride())
-        d = _linear_descs.get(key)
-        if d is None:  # x, W^T (a column-major view of W), y (= dy's, contiguous), W (= dW's)
-            d = _linear_descs[key] = (tdesc(x2), C.tensor_desc(w.dtype, (k, n), (w.stride(1), w.stride(0))),
-                                      tdesc(y), tdesc(w))
-        sk = _linear_splitk(h, x2, w) if tuning.torch.LINEAR_FWD_SPLITK else None
+        d = rec.d
+        sk = rec.sk
         if sk and (x2.data_ptr() | w.data_ptr()) % 16:  # a view off 16-byte alignment: matmul's general path
             sk = None
         if sk:
@@ -1230,7 +1488,7 @@ class LinearFunction(torch.autograd.Function):
             pydnn.convolution_backward_filter(h, 1.0, cx, w.data_ptr(), cdy, x2.data_ptr(), cd, algo, wsp, nws, 0.0,
                                               cw, y.data_ptr())
         else:
-            _matmul(h, d[0], x2, d[1], w, d[2], y)
+            _matmul(h, d[0], x2, d[1], w, d[2], y, rec.nws)
         if b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
@@ -1251,10 +1509,24 @@ class LinearFunction(torch.autograd.Function):
             _matmul(h, yd, dy, wd, w, xd if x2.is_contiguous() else tdesc(dx), dx)
         if ctx.needs_input_grad[1]:
             dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
-            _matmul(h, C.tensor_desc(dy.dtype, (n, m), (1, n)), dy, xd, x2, wd if w.is_contiguous() else tdesc(dw), dw)
+            dyt = C.tensor_desc(dy.dtype, (n, m), (1, n))
+            wdd = wd if w.is_contiguous() else tdesc(dw)
+            # the convolution where matmul would walk the long K whole (it asks no workspace to split it)
+            sk = (_linear_dw_splitk(h, dy, x2) if tuning.torch.LINEAR_DW_SPLITK and x2.is_contiguous()
+                  and not (x2.data_ptr() | dy.data_ptr()) % 16 and not _matmul_ws(h, dyt, xd, wdd) else None)
+            if sk:
+                cx, cdy, cd, cw, algo, nws = sk
+                ws, wsp = C.workspace(nws, x2.device)
+                pydnn.convolution_backward_filter(h, 1.0, cx, x2.data_ptr(), cdy, dy.data_ptr(), cd, algo, wsp, nws,
+                                                  0.0, cw, dw.data_ptr())
+            else:
+                _matmul(h, dyt, dy, xd, x2, wdd, dw)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
-        return dx, dw, db
+        return dx, dw, db, None
+
+
+_linear_apply = C.applier(LinearFunction)
 
 
 def linear(x, weight, bias=None):
@@ -1266,6 +1538,22 @@ def linear(x, weight, bias=None):
     ac = C.autocast_dtype()
     if ac is not None and C.on_cuda(x):
         x, weight, bias = C.cast(x, ac), C.cast(weight, ac), C.cast(bias, ac)
+    sw = tuning.torch
+    fast = sw.FAST_CALLS
+    if fast:
+        key = ("linear", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
+               weight.device, None if bias is None else (bias.dtype, bias.device), sw.LINEAR_FWD_SPLITK)
+        rec = _recs.get(key)
+        if rec is not None:
+            try:
+                x2 = x if not rec.flat else x.reshape(-1, x.shape[-1])
+                y = _linear_apply(x2.contiguous() if rec.xcopy else x2,
+                                  weight.contiguous() if rec.wcopy else weight, bias, rec)
+                return y.view(*x.shape[:-1], weight.shape[0]) if rec.flat else y
+            except pydnn.PydnnError as e:
+                if not C.is_not_supported(e):
+                    raise
+                # the full path below runs it again and records the fallback
 
     def torch_path():
         return F.linear(x, weight, bias)
@@ -1276,11 +1564,17 @@ def linear(x, weight, bias=None):
             raise Unsupported("float64 (pydnn.matmul: float32, float16, bfloat16)")
         if x.dim() == 0 or x.numel() == 0 or weight.dim() != 2:
             raise Unsupported("empty or 0-d input")
-        x2 = x.reshape(-1, x.shape[-1])
-        if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < x2.shape[1]):
+        flat = x.dim() != 2
+        x2 = x.reshape(-1, x.shape[-1]) if flat else x
+        xcopy = x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < x2.shape[1])
+        if xcopy:
             x2 = x2.contiguous()
         w = weight.contiguous()
-        y = LinearFunction.apply(x2, w, bias)
-        return y.view(*x.shape[:-1], weight.shape[0])
+        rec = _linear_rec(C.handle_for(x2.device), x2, w)
+        rec.flat, rec.xcopy, rec.wcopy = flat, xcopy, w is not weight
+        y = _linear_apply(x2, w, bias, rec)
+        if fast:
+            _recs[key] = rec
+        return y.view(*x.shape[:-1], weight.shape[0]) if flat else y
 
     return _run(pydnn_path, torch_path, "linear")

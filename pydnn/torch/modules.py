@@ -59,7 +59,9 @@ class Conv3d(_ConvMixin, nn.Conv3d):
 
 class _BatchNormMixin:
     """`activation` (a pydnn.torch extra, default None): 'relu' fused after the normalization
-    (BatchNormalizationForwardTrainingEx's BN_ACTIVATION in training)."""
+    (BatchNormalizationForwardTrainingEx's BN_ACTIVATION in training). `pool` (set by convert(fuse=True) where
+    a MaxPool2d followed, itself replaced by nn.Identity): (kernel_size, stride, padding) of that max pool,
+    run in the same autograd node in training (pydnn.tuning.torch.FUSE_POOL)."""
 
     def _init_activation(self, activation):
         if activation not in (None, "relu"):
@@ -69,7 +71,9 @@ class _BatchNormMixin:
     def extra_repr(self):
         s = super().extra_repr()
         act = getattr(self, "activation", None)
-        return s + (f", activation={act!r}" if act else "")
+        pool = self.__dict__.get("pool")
+        return (s + (f", activation={act!r}" if act else "")
+                + (f", max_pool(kernel_size, stride, padding)={pool!r}" if pool else ""))
 
     def forward(self, x):
         self._check_input_dim(x)
@@ -82,7 +86,7 @@ class _BatchNormMixin:
         rm = self.running_mean if not self.training or self.track_running_stats else None
         rv = self.running_var if not self.training or self.track_running_stats else None
         return PF.batch_norm(x, rm, rv, self.weight, self.bias, bn_training, factor, self.eps,
-                             getattr(self, "activation", None))
+                             getattr(self, "activation", None), self.__dict__.get("pool"))
 
 
 class BatchNorm1d(_BatchNormMixin, nn.BatchNorm1d):
