@@ -379,6 +379,9 @@ attention = Switches(
 attention_bwd = Switches(
     "attention_bwd", 'the wgmma attention backward (pydnn/ops/attention_wgmma_bwd.py)',
     ENABLED=(True, 'False: the attention backward always takes the mma.sync kernels (tests force either path)'),
+    WS=(True, 'sm_90, the head dims of pydnn/ops/attention_ws_bwd.py HEAD_DIMS, no per-batch lengths: the '
+              'warp-specialized dK / dV kernel (TMA producer warp, mbarrier ring, two consumer warpgroups); '
+              'False: the older wgmma one (A/B)'),
 )
 
 activation = Switches(

@@ -14,9 +14,10 @@ SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per block
 
 
 def test_units_are_sm90a_only():
-    units = W.kernel_units()
+    units = [u for u in W.kernel_units() if u.source == "attention_wgmma_bwd.cu"]  # (+ attention_ws_bwd's, own test)
     assert [u.name for u in units] == ["attention.wgmma_bwd.bf16", "attention.wgmma_bwd.f16",
                                        "attention.wgmma_bwd.d96.bf16", "attention.wgmma_bwd.d96.f16"]
+    assert [u.name for u in W.kernel_units()][4:] == ["attention.ws_bwd.bf16", "attention.ws_bwd.f16"]
     for u in units:
         assert u.archs == ("sm_90a",) and u.source == "attention_wgmma_bwd.cu"
     # {D 64, 128} x {dK/dV atomic, plain, dQ}; D = 96 (D = 128's tiles, zero padding) in units of its own

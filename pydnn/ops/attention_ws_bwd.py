@@ -1,0 +1,114 @@
+"""Fused attention backward on Hopper, warp specialized as FlashAttention-3 builds it (ptx/attention_ws_bwd.cu;
+units attention.ws_bwd.<tag>, sm_90a only, registered through attention_wgmma_bwd.kernel_units).
+
+bwd_ws<T, D, ATOMIC, STAGES> replaces the older wgmma dK / dV kernel (attention_wgmma_bwd.py's
+bwd_dkdv_wg) where `usable` says so: one CTA per (128 keys, K/V head, batch), a producer warp loading K / V
+once and then Q / dO (TMA) with lse / dsum (plain loads) into a STAGES-deep mbarrier ring, two consumer
+warpgroups of 64 keys each holding dK / dV in registers across the walk over the group's query heads and
+tiles, dQ through fp32 atomics (ATOMIC, deterministic = 0) or left to the deterministic dQ pass. The
+preprocess, the dQ conversion and the deterministic dQ pass are unchanged (pydnn/ops/attention.py's
+attention_backward launches them around this kernel), and so is the workspace.
+
+Not taken (the older kernel runs): per-batch lengths (TMA's boxes would bring rows past a length that are
+not zero), a launch recorder listening (the tensor maps hold pointers a record cannot patch), a head dim
+outside HEAD_DIMS, dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
+"""
+import ctypes
+
+from .. import tuning
+from .._build.manifest import KernelUnit
+from .._cuda import driver, tensormap
+
+ARCH = "sm_90"
+INSTANTIATED = (64, 128)
+# The head dims the planner sends here by default: none until the GPU says it beats bwd_dkdv_wg
+# (tools/bench_attention.py --bwd-ab).
+HEAD_DIMS = ()
+THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups
+KEYS = 128              # kBN
+STAGES = 2
+TAGS = ("bf16", "f16")
+CTYPE = {"bf16": "pydnn::bf16_t", "f16": "pydnn::half_t"}
+
+
+def query_rows(d):
+    """Cfg<D>::BM: query rows a stage (bwd_dkdv_wg's: the S^T / dP^T and dK / dV accumulators)."""
+    return 64 if d > 64 else 128
+
+
+def smem_bytes(d, stages=STAGES):
+    """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
+    [STAGES][BM] each, 1 + 2 STAGES mbarriers, 1 KiB alignment slack (d 128 and d 64: 165912 bytes)."""
+    bm = query_rows(d)
+    return 2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + (2 * stages + 1) * 8 + 1024
+
+
+def _expr(tag, d, atomic, stages=STAGES):
+    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {'true' if atomic else 'false'}, {stages}>"
+
+
+def unit_name(tag):
+    return f"attention.ws_bwd.{tag}"
+
+
+def kernel_units():
+    return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
+                       tuple(_expr(tag, d, at) for d in INSTANTIATED for at in (True, False)), archs=(ARCH + "a",))
+            for tag in TAGS]
+
+
+def usable(handle, d, tag, dropout, p):
+    """Whether bwd_ws runs this problem (params p: lens_q / lens_kv set or not)."""
+    return (tuning.attention_bwd.WS and tuning.attention_bwd.ENABLED and handle.arch == ARCH and dropout == 0
+            and d in HEAD_DIMS and d in INSTANTIATED and tag in TAGS and not p.lens_q and not p.lens_kv
+            and driver._recorders == 0)
+
+
+class Maps(ctypes.Structure):
+    """attention_ws_bwd.cu Maps: the encoded Q, dO, K, V tensor maps (128 bytes each)."""
+    _fields_ = [("raw", ctypes.c_ubyte * 512)]
+
+
+_MAPS = {}          # (tag, d, pointers, sizes, strides) -> Maps: a repeated call encodes nothing
+_MAPS_LIMIT = 64
+
+
+def _encode(tag, ptr, dims, st, rows):
+    """A 4-d (d, seq, heads, batch) tiled map, strides st = (batch, head, seq) in elements, boxes of 64
+    columns x rows, 128B swizzle, out-of-bounds zero."""
+    return tensormap.encode_tiled(tag, int(ptr), dims, [2 * st[2], 2 * st[1], 2 * st[0]], (64, rows, 1, 1))
+
+
+def maps(tag, d, p):
+    """The Maps of a call (params p; tensors 0 Q, 1 K, 2 V, 4 dO of attention_params.h)."""
+    b, hq, hkv = p.batch, p.heads_q, p.heads_kv
+    st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
+    key = (tag, d, p.q, p.dout, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
+    m = _MAPS.get(key)
+    if m is not None:
+        return m
+    bm = query_rows(d)
+    raw = (_encode(tag, p.q, (d, p.seq_q, hq, b), st[0], bm) + _encode(tag, p.dout, (d, p.seq_q, hq, b), st[4], bm)
+           + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], KEYS)
+           + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], KEYS))
+    m = Maps()
+    ctypes.memmove(ctypes.addressof(m), raw, 512)
+    if len(_MAPS) >= _MAPS_LIMIT:
+        _MAPS.clear()
+    _MAPS[key] = m
+    return m
+
+
+def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
+    """bwd_ws over (128-key blocks, K/V heads, batch). Returns False (nothing launched) when the driver
+    refuses a tensor map: the caller then runs the older kernel."""
+    try:
+        m = maps(tag, d, p)
+    except Exception:  # noqa: BLE001 - a layout the encoder refuses
+        return False
+    smem = smem_bytes(d)
+    f = handle.function(unit_name(tag), _expr(tag, d, atomic), smem)
+    arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
+    driver.launch_args(f, ((seq_kv + KEYS - 1) // KEYS, heads_kv, batch), (THREADS, 1, 1), smem, handle.cu_stream,
+                       (arr, ctypes.addressof(arr), p, m))
+    return True

@@ -1,0 +1,322 @@
+"""The warp-specialized Hopper attention backward (ptx/attention_ws_bwd.cu, pydnn/ops/attention_ws_bwd.py) on
+the CPU: its units compile for sm_90a without spills (ptxas -v); attention_backward sends sm_90 d 64 / 128
+calls without dropout or per-batch lengths to it (when HEAD_DIMS lists the head dim and the switch is on)
+with its grid, block, shared memory and two kernel arguments, and everything else where it went before;
+the GPU tests' cases reach it; and an emulation of the kernel's synchronization (the producer warp's TMA
++ lse / dsum stage ring on mbarriers with transaction counts, the two consumer warpgroups' releases, the
+dS^T double buffer behind one named barrier) under random interleavings: no deadlock, no stage or dS^T
+buffer overwritten while a reader still needs it, and the emulation fails when a release or the dS^T
+double buffer is taken away."""
+import ctypes
+import random
+
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn._cuda import driver
+from pydnn.ops import attention as A
+from pydnn.ops import attention_wgmma_bwd as W
+from pydnn.ops import attention_ws_bwd as WSB
+from test_attention_cpu import BF16, F16, F32, NONE, TL, BR, _t
+from test_fuzz_cpu import cpu_handle
+from test_attention_hdim_cpu import _Recorded, launches  # noqa: F401 - the fixture
+
+SMEM_LIMIT = 227 * 1024
+
+
+def test_units():
+    units = {u.name: u for u in WSB.kernel_units()}
+    assert sorted(units) == ["attention.ws_bwd.bf16", "attention.ws_bwd.f16"]
+    for t in ("bf16", "f16"):
+        u = units[f"attention.ws_bwd.{t}"]
+        assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
+        assert u.exprs == tuple(WSB._expr(t, d, at) for d in (64, 128) for at in (True, False))
+    assert WSB._expr("bf16", 128, True) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, true, 2>"
+    assert set(units) <= {u.name for u in W.kernel_units()}  # registered through attention_wgmma_bwd
+    # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, barriers, slack
+    assert WSB.smem_bytes(128) == 2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8 + 5 * 8 + 1024
+    assert WSB.smem_bytes(64) == 2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8 + 5 * 8 + 1024
+    for d in (64, 128):
+        assert WSB.smem_bytes(d) <= SMEM_LIMIT and WSB.smem_bytes(d, 3) <= SMEM_LIMIT
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+def _bwd(hq=4, hkv=2, sq=300, skv=517, d=128, mask=NONE, det=0, dtype=BF16, dropout=0.0, arch="sm_90"):
+    a = pydnn.create_attention_descriptor()
+    pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, dropout, 0)
+    b = 2
+    qd, kd = (b, hq, sq, d), (b, hkv, skv, d)
+    tq, tk, tst = _t(qd, dtype), _t(kd, dtype), _t((b, hq, sq, 1), F32)
+    h = cpu_handle()
+    h.arch, h._funcs = arch, _Recorded()
+    n = pydnn.get_attention_backward_workspace_size(h, a, tq, tk)
+    base = 1 << 32
+    ptr = [base + i * (1 << 28) for i in range(10)]
+    pydnn.attention_backward(h, a, tq, ptr[0], tk, ptr[1], tk, ptr[2], tq, ptr[3], tq, ptr[4], tst, ptr[5],
+                             tq, ptr[6], tk, ptr[7], tk, ptr[8], None, None, det, ptr[9], n)
+
+
+@pytest.fixture
+def on(monkeypatch, launches):
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS", True)
+    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(WSB, "maps", lambda tag, d, p: WSB.Maps())  # (no driver to encode with here)
+    return launches
+
+
+def _names(launches):
+    return [x["f"].split("<")[0].split("::")[-1] for x in launches]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("det", [0, 1])
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_dispatch(on, d, det, mask, dtype):
+    _bwd(d=d, det=det, mask=mask, dtype=dtype)
+    names = _names(on)
+    assert names == (["bwd_pre", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre", "bwd_ws", "bwd_dq_convert"])
+    ws = on[1]
+    tag = "bf16" if dtype == BF16 else "f16"
+    assert ws["f"] == WSB._expr(tag, d, not det)
+    assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d)
+
+
+def test_launch_passes_params_and_maps(on, monkeypatch):
+    got = []
+    monkeypatch.setattr(driver, "launch_args", lambda f, grid, block, smem, stream, argv: got.append(argv))
+    _bwd()
+    (argv,) = [a for a in got if len(a) == 4]
+    arr, addr, p, m = argv
+    assert addr == ctypes.addressof(arr) and arr[0] == ctypes.addressof(p) and arr[1] == ctypes.addressof(m)
+    assert ctypes.sizeof(m) == 512 and p.dq_acc  # the atomic mode's accumulator
+
+
+@pytest.mark.parametrize("why", ["switch", "head_dims", "d96", "dropout", "sm_80", "recorder"])
+def test_dispatch_elsewhere(on, monkeypatch, why):
+    kw = {}
+    if why == "switch":
+        monkeypatch.setattr(tuning.attention_bwd, "WS", False)
+    elif why == "head_dims":
+        monkeypatch.setattr(WSB, "HEAD_DIMS", (64,))
+    elif why == "d96":
+        kw["d"] = 96
+    elif why == "dropout":
+        kw["dropout"] = 0.1
+    elif why == "sm_80":
+        kw["arch"] = "sm_80"
+    elif why == "recorder":
+        monkeypatch.setattr(driver, "_recorders", 1)
+    if why == "recorder":
+        assert not WSB.usable(type("H", (), {"arch": "sm_90"})(), 128, "bf16", 0.0, A.AttnParams())
+        return
+    _bwd(**kw)
+    assert "bwd_ws" not in _names(on)
+    if why in ("switch", "head_dims", "d96"):
+        assert "bwd_dkdv_wg" in _names(on)
+
+
+def test_lengths_and_refused_maps_take_the_older_kernel(on, monkeypatch):
+    p = A.AttnParams()
+    h = type("H", (), {"arch": "sm_90"})()
+    assert WSB.usable(h, 128, "bf16", 0.0, p)
+    p.lens_kv = 1 << 30
+    assert not WSB.usable(h, 128, "bf16", 0.0, p)
+    p.lens_kv, p.lens_q = None, 1 << 30
+    assert not WSB.usable(h, 128, "bf16", 0.0, p)
+
+    def refuse(*a):
+        raise pydnn.PydnnError(9, "no")
+    monkeypatch.setattr(WSB, "maps", refuse)
+    _bwd()
+    assert _names(on) == ["bwd_pre", "bwd_dkdv_wg", "bwd_dq_convert"]
+
+
+def _gpu_cases():
+    import test_attention_ws_bwd_gpu as G
+    return G.CASES + G.LONG_CASES
+
+
+@pytest.mark.parametrize("case", _gpu_cases(), ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}")
+def test_gpu_cases_take_this_kernel(on, case):
+    b, hq, hkv, sq, skv, d, layout = case
+    _bwd(hq=hq, hkv=hkv, sq=sq, skv=skv, d=d, mask=BR)
+    assert _names(on)[1] == "bwd_ws"
+
+
+# ----------------------------------------------------------------------------- the synchronization, emulated
+
+class _Mbar:
+    """An mbarrier: an arrival count per phase and a transaction count (expect_tx raises it, landed
+    bytes lower it); the phase completes when both reach zero."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _check(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, n=1, expect_tx=0):
+        self.tx += expect_tx
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._check()
+
+    def complete_tx(self, n):
+        self.tx -= n
+        assert self.tx >= 0
+        self._check()
+
+    def done(self, parity):  # mbarrier.try_wait.parity
+        return (self.phase & 1) != parity
+
+
+class _Named:
+    """bar.sync over `count` warpgroups: the generation moves on when all arrived."""
+
+    def __init__(self, count):
+        self.count, self.arrived, self.gen = count, 0, 0
+
+    def sync(self):
+        g = self.gen
+        self.arrived += 1
+        if self.arrived == self.count:
+            self.arrived, self.gen = 0, self.gen + 1
+        return lambda: self.gen > g
+
+
+def _emulate(iters, stages, seed, atomic=True, ds_buffers=2):
+    """One CTA of bwd_ws: the producer warp and the two consumer warpgroups as generators yielding wait
+    conditions, run in a random interleaving; TMA boxes land after a random delay (their bytes on the
+    full barrier). Checks that every stage a consumer reads holds its iteration's Q / dO / lse / dsum
+    until the consumer released it, that each dS^T buffer holds both halves of the iteration being
+    read while a warpgroup's dQ wgmma reads it, and that everything finishes."""
+    rng = random.Random(seed)
+    kv = _Mbar(1)
+    full = [_Mbar(33) for _ in range(stages)]
+    empty = [_Mbar(8) for _ in range(stages)]
+    kvbuf = [None]
+    qbuf, lbuf = [None] * stages, [None] * stages
+    dsb = [[None, None] for _ in range(ds_buffers)]
+    named = _Named(2)
+    landing = []    # [time left, buffer, index, value, barrier, bytes]
+
+    def tma(buf, i, val, bar, nbytes):
+        landing.append([rng.randint(0, 4), buf, i, val, bar, nbytes])
+
+    def producer():
+        if iters == 0:
+            return
+        kv.arrive(1, expect_tx=2)
+        tma(kvbuf, 0, "KV", kv, 2)
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: empty[s].done((n & 1) ^ 1)
+            full[s].arrive(1, expect_tx=2)          # lane 0: arrive.expect_tx, then the Q and dO boxes
+            tma(qbuf, s, ("Q", it), full[s], 2)
+            yield lambda: True
+            lbuf[s] = ("L", it)                     # the lanes' lse / dsum stores, then their arrivals
+            full[s].arrive(32)
+
+    def consumer(cw):
+        if iters == 0:
+            return
+        yield lambda: kv.done(0)
+        assert kvbuf[0] == "KV"
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: full[s].done(n & 1)
+            assert qbuf[s] == ("Q", it) and lbuf[s] == ("L", it)
+            yield lambda: True                      # S^T, dP^T, P^T, dS^T, the dV / dK wgmmas issued
+            assert qbuf[s] == ("Q", it) and lbuf[s] == ("L", it)
+            if atomic:
+                b = it % ds_buffers
+                dsb[b][cw] = it                     # this warpgroup's half of dS^T
+                yield named.sync()
+                assert dsb[b] == [it, it]
+                yield lambda: True                  # the dQ wgmma reads both halves
+                assert dsb[b] == [it, it] and qbuf[s] == ("Q", it)
+            empty[s].arrive(4)                      # after wait<0>: one arrival per warp
+
+    actors = [producer(), consumer(0), consumer(1)]
+    conds = [lambda: True] * 3
+    live = [True] * 3
+    steps = 0
+    while any(live) or landing:
+        steps += 1
+        assert steps < 100000
+        for x in landing:
+            x[0] -= 1
+        for x in [x for x in landing if x[0] < 0]:
+            landing.remove(x)
+            _, buf, i, val, bar, nbytes = x
+            buf[i] = val
+            bar.complete_tx(nbytes)
+        ready = [i for i in range(3) if live[i] and conds[i]()]
+        if not ready:
+            assert landing, "deadlock: every warpgroup waits and no copy is in flight"
+            continue
+        i = rng.choice(ready)
+        try:
+            conds[i] = next(actors[i])
+        except StopIteration:
+            live[i] = False
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("seed", range(10))
+def test_synchronization_emulated(atomic, stages, seed):
+    rng = random.Random(2000 + seed)
+    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, atomic)
+
+
+def test_emulation_catches_a_missing_release():
+    """A producer that skips the empty-barrier wait overwrites a stage a consumer still reads."""
+    real = _Mbar.done
+    try:
+        _Mbar.done = lambda self, parity: True if self.count == 8 else real(self, parity)
+        with pytest.raises(AssertionError):
+            for seed in range(30):
+                _emulate(12, 2, seed)
+    finally:
+        _Mbar.done = real
+
+
+def test_emulation_catches_a_single_ds_buffer():
+    """One dS^T buffer: a warpgroup runs ahead and writes its next half while the other's dQ reads."""
+    with pytest.raises(AssertionError):
+        for seed in range(60):
+            _emulate(12, 2, seed, ds_buffers=1)
+
+
+# ----------------------------------------------------------------------------- NVRTC
+
+@pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])
+def test_units_compile_without_spills(unit):
+    """sm_90a, ptxas -v: no spills (the producer's 24 registers and the consumers' 240: ptxas allocates each
+    side of setmaxnreg with its own budget), no wgmma serialization (C7514 / C7520), setmaxnreg honoured
+    (C7508 / C7510), 168 registers at entry (__launch_bounds__(384, 1))."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+    try:
+        nvrtc.version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+    text, _ = cache.unit_inputs(unit)
+    cubin, lowered, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90a",
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())],
+                                              unit=unit.name)
+    assert cubin[:4] == b"\x7fELF" and set(lowered) == set(unit.exprs)
+    log = log.decode() if isinstance(log, bytes) else log
+    for code in ("C7514", "C7520", "C7508", "C7510"):
+        assert code not in log, log
+    spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
+    assert len(spills) == len(unit.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
+    assert log.count("Used 168 registers") == len(unit.exprs), log
