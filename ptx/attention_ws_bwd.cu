@@ -5,7 +5,7 @@
 // bwd_dq_wg: this kernel replaces bwd_dkdv_wg (same problem, same workspace, same results up to the
 // order of fp32 additions).
 //
-//   bwd_ws<T, D, ATOMIC, STAGES>: 384 threads, one CTA per (128 keys, K/V head, batch).
+//   bwd_ws<T, D, DQ, STAGES>: 384 threads, one CTA per (128 keys, K/V head, batch).
 //     warpgroup 0, the producer (setmaxnreg down to 24 registers; warps 1-3 leave at once): warp 0's
 //       lane 0 loads the CTA's K and V tiles once (TMA, on the kv barrier), then, for each (query head of
 //       the group, query tile of BM rows) the CTA walks, Q and dO by TMA into a ring of STAGES stages
@@ -18,9 +18,10 @@
 //       of the CTA's 128 (wgmma's M = 64) and keeps their dK and dV in registers across the whole walk.
 //       Per stage (bwd_dkdv_wg's arithmetic): S^T = K Q^T, dP^T = V dO^T (SS wgmma, two groups: P^T's
 //       exponentials run under dP^T's MMAs), P^T and dS^T = P^T (dP^T - dsum) in registers, dV += P^T dO
-//       and dK += dS^T Q (register-A wgmma); ATOMIC: dS^T to shared memory (double buffered), the two
-//       warpgroups meet on a named barrier, dQ = dS K (each warpgroup half of it: D = 128 64 columns,
-//       D = 64 64 query rows), red.global.add.v2 into the fp32 accumulator. Then the stage is released.
+//       and dK += dS^T Q (register-A wgmma); DQ != kDqNone (ATOMIC): dS^T to shared memory (double
+//       buffered), the two warpgroups meet on a named barrier, dQ = dS K (each warpgroup half of it: D = 128
+//       64 columns, D = 64 64 query rows), added to the fp32 accumulator: kDqRed red.global.add.v2 from the
+//       registers, kDqBulk FA3's way (below). Then the stage is released.
 //     dK (times the scale) and dV go from the accumulators to global memory at the end; keys past their
 //     length get zeros.
 // TMA brings rows past len_q / len_kv but inside the tensor as they are (not zeros), so the host sends
@@ -35,6 +36,10 @@
 //   named barrier kBarDS (256 consumer threads), ATOMIC only: both halves of dS^T written before either
 //     warpgroup's dQ wgmma reads them; dS^T is double buffered, so a warpgroup writing buffer it & 1 at
 //     iteration it is past the other's dQ of it - 2 (the other reached barrier it - 1 after that wait).
+//   kDqBulk: the fp32 dQ tile (one buffer): both halves stored, fence.proxy.async, named barrier kBarDQ,
+//     then thread 128 issues the bulk reduction; it waits for that reduction's reads (wait_group.read)
+//     before it arrives on the next iteration's kBarDS, which every thread passes before storing its next
+//     half; it waits for the reductions' completion before the CTA ends.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_problem.cuh"
@@ -62,6 +67,12 @@ constexpr float kInf = 1.0f / 0.0f;
 
 // Tiles and the shared-memory layout (byte offsets from a 1024-aligned base). pydnn/ops/attention_ws_bwd.py
 // mirrors SMEM.
+// dQ modes: kDqNone (deterministic: the older dQ pass computes it), kDqRed (red.global.add.v2 from the
+// accumulator registers, bwd_dkdv_wg's way), kDqBulk (FA3's: the warpgroups' halves into one fp32 tile in
+// shared memory, then one thread's cp.reduce.async.bulk .add.f32 of the whole tile: its rows are contiguous
+// in the accumulator, [b][h][i][D]).
+constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2;
+
 template <int D, int STAGES> struct Cfg {
   static constexpr int BM = D > 64 ? 64 : 128;  // query rows a stage (bwd_dkdv_wg's: 192 accumulator registers)
   static constexpr int KV_BYTES = kBN * D * 2;
@@ -69,7 +80,9 @@ template <int D, int STAGES> struct Cfg {
   static constexpr int DS_BYTES = kBN * BM * 2;
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
                        OFF_DS = OFF_DO + STAGES * Q_BYTES, OFF_L = OFF_DS + 2 * DS_BYTES,
-                       OFF_BAR = OFF_L + STAGES * BM * 8;  // lse [STAGES][BM], then dsum [STAGES][BM]
+                       OFF_DQ = OFF_L + STAGES * BM * 8,  // lse [STAGES][BM], then dsum [STAGES][BM]
+                       DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile (both halves)
+                       OFF_BAR = OFF_DQ + DQ_BYTES;
   static constexpr int SMEM = OFF_BAR + (2 * STAGES + 1) * 8 + 1024;  // + kv, full, empty; + alignment slack
 };
 
@@ -79,12 +92,27 @@ struct Maps {
   tma::TensorMap q, dout, k, v;
 };
 
-template <class T, int D, bool ATOMIC, int STAGES>
+// The bulk asynchronous reduction (sm_90): `bytes` (a multiple of 16) of fp32 at shared address src added
+// to global dst (16-byte aligned), one thread; the bulk group's commit and waits (.read: the source may be
+// overwritten; without: the additions done).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ halves in the fp32 tile
+
+template <class T, int D, int DQ, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2, "bwd_ws tile");
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulk, "bwd_ws tile");
+  constexpr bool ATOMIC = DQ != kDqNone;
   using C = Cfg<D, STAGES>;
   constexpr int BM = C::BM, BN = kBN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -238,18 +266,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         da[ks][c] = pack16x2<T>(dp[8 * ks + 2 * c], dp[8 * ks + 2 * c + 1]);
       }
 
-    // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride)
+    // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride).
+    // ATOMIC: three groups, dV, dQ, dK: dV runs while dS^T is stored and the warpgroups meet, dK while dQ
+    // goes out (wgmma groups retire in order: wait<1> after dK's commit means dV and dQ done).
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < BM / 16; ++ks)
       wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
+    if constexpr (!ATOMIC) {
 #pragma unroll
-    for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+    }
     wgmma::commit();
 
     if constexpr (ATOMIC) {
-      // dS^T into shared memory as [key][query] (while the dV / dK wgmmas read da: reads only)
+      // dS^T into shared memory as [key][query] (while the dV wgmmas run)
       const int dbuf = it & 1;
       unsigned short* ds = reinterpret_cast<unsigned short*>(smem + C::OFF_DS + dbuf * C::DS_BYTES);
       const int kr = cw * 64 + warp * 16 + g;
@@ -259,7 +291,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         for (int c = 0; c < 4; ++c)
           *reinterpret_cast<unsigned*>(ds + wgmma::sw128<BN>(kr + 8 * (c & 1), 2 * ks + (c >> 1)) + 2 * q4) = da[ks][c];
       wgmma::fence_proxy_async();
-      tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T
+      if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reduction has read sDQ
+      tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
       // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
       // D = 64: query rows 64 w.. (slab w of dS^T).
@@ -272,21 +305,44 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
                                      wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
       wgmma::commit();
-      wgmma::wait<0>();  // (the dV / dK group too: Q and dO of this stage are free)
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::commit();
+      wgmma::wait<1>();  // dV and dQ done; dK may run on
       wgmma::fence_operands(dq);
-      __syncwarp();
-      if (l == 0) tma::mbar_arrive(empty(s));
       float* base = p.dq_acc + ((long long)b * p.heads_q + h) * p.seq_q * D;
-      const int r0 = m0 + (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
+      const int r0 = (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
+      if constexpr (DQ == kDqRed) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = r0 + 8 * hh;
-        if (row < sq.len_q) {
-          float* r = base + (long long)row * D + c0;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = m0 + r0 + 8 * hh;
+          if (row < sq.len_q) {
+            float* r = base + (long long)row * D + c0;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+            for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+          }
+        }
+      } else {
+        // this warpgroup's half into the tile [BM][D] (rows past len_q hold zeros: P = 0 there), then one
+        // thread adds the tile's rows that exist to the accumulator
+        float* sdq = reinterpret_cast<float*>(smem + C::OFF_DQ);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<float2*>(sdq + (r0 + 8 * hh) * D + c0 + 8 * j) = make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        wgmma::fence_proxy_async();
+        tma::named_sync(kBarDQ, 256);
+        if (threadIdx.x == 128) {
+          const int rows = min(BM, sq.len_q - m0);
+          bulk_reduce_add_f32(base + (long long)m0 * D, tma::smem_addr(sdq), (unsigned)(rows * D * 4));
+          bulk_commit();
         }
       }
+      wgmma::wait<0>();  // dK done: Q and dO of this stage are free
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(empty(s));
     } else {
       wgmma::wait<0>();  // Q / dO of this stage are read until here
       __syncwarp();
@@ -295,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);
+  if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
   T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));

@@ -382,6 +382,9 @@ attention_bwd = Switches(
     WS=(True, 'sm_90, the head dims of pydnn/ops/attention_ws_bwd.py HEAD_DIMS, no per-batch lengths: the '
               'warp-specialized dK / dV kernel (TMA producer warp, mbarrier ring, two consumer warpgroups); '
               'False: the older wgmma one (A/B)'),
+    WS_DQ=("bulk", 'the warp-specialized backward\'s atomic dQ: "bulk" (the two warpgroups\' halves in one fp32 '
+                   'tile in shared memory, added by one cp.reduce.async.bulk, FA3\'s way) or "red" '
+                   '(red.global.add.v2 from the registers)'),
 )
 
 activation = Switches(

@@ -581,20 +581,26 @@ BWD_SHAPES = [(4, 4096, 32, 32, 128)]  # --bwd-ab's default: (batch, sequence, h
 
 def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
     """`python3 tools/bench_attention.py --bwd-ab [--bwd-shapes 4x4096x32x32x128,...] [--reps N]`: the
-    backward (deterministic = det), the warp-specialized dK / dV kernel ("new": tuning.attention_bwd.WS,
-    forced on through attention_ws_bwd.HEAD_DIMS) against the older wgmma one ("old") and SDPA's cuDNN
-    backend (autograd.grad of its output) in the same run, causal (top-left) and not; TFLOP/s (2.5x the
-    forward's FLOPs), ratios to cuDNN, their geometric means, and check: the max |new - old| over dQ, dK,
-    dV (fp32 atomics: the order of additions differs, so not zero)."""
+    backward (deterministic = det), the warp-specialized dK / dV kernel (tuning.attention_bwd.WS, forced on
+    through attention_ws_bwd.HEAD_DIMS) with its two atomic dQ modes ("bulk": the shared fp32 tile added by
+    cp.reduce.async.bulk, "red": red.global.add from registers; tuning.attention_bwd.WS_DQ) against the older
+    wgmma kernel ("old") and SDPA's cuDNN backend (autograd.grad of its output) in the same run, causal
+    (top-left) and not; TFLOP/s (2.5x the forward's FLOPs), ratios to cuDNN, their geometric means, and
+    check: the max |new - old| over dQ, dK, dV (fp32 atomics: the order of additions differs, so not 0)."""
     import math
     from pydnn.ops import attention_ws_bwd as WSB
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     bf = pydnn.PYDNN_DATA_BFLOAT16
+    variants = (("old", {"attention_bwd.WS": False}),
+                ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk"}),
+                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red"}))[:2 if det else 3]
+    names = [v[0] for v in variants]
     lines = [f"# attention backward A/B (deterministic={det}), {torch.cuda.get_device_name()}, bf16", "",
-             "| case | cuDNN TF/s | old TF/s | new TF/s | old/cuDNN | new/cuDNN | new/old | max abs(new - old) |",
-             "|---|" + "---:|" * 7]
-    ratios = {"old": [], "new": []}
+             "| case | cuDNN TF/s | " + " | ".join(f"{n} TF/s" for n in names) + " | "
+             + " | ".join(f"{n}/cuDNN" for n in names) + " | max abs(new - old) |",
+             "|---|" + "---:|" * (2 * len(names) + 2)]
+    ratios = {n: [] for n in names}
     dims = WSB.HEAD_DIMS
     for bb, s, hq, hkv, d in shapes or BWD_SHAPES:
         WSB.HEAD_DIMS = tuple(sorted(set(dims) | {d}))
@@ -619,9 +625,9 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
                                          tv, dv.data_ptr(), None, None, det, ws.data_ptr(), ws_n)
             flops = 2.5 * 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
             t_c = _torch_ms("cudnn", q, k, v, causal, True)
-            ms, outs = {}, {}
-            for tag in ("old", "new"):
-                with tuning.override({"attention_bwd.WS": tag == "new"}):
+            ms, outs, note = {}, {}, ""
+            for tag, over in variants:
+                with tuning.override(over):
                     real, seen = WSB.launch_dkdv, []
                     WSB.launch_dkdv = lambda *a_, **k_: seen.append(real(*a_, **k_)) or seen[-1]
                     try:
@@ -631,19 +637,20 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
                         torch.cuda.synchronize()
                     finally:
                         WSB.launch_dkdv = real
-                    if tag == "new" and seen != [True]:
-                        print(f"  new kernel not launched ({seen}): rows below are the old kernel's", flush=True)
+                    if tag != "old" and seen != [True]:
+                        note = f" ({tag}: new kernel not launched, {seen})"
                     outs[tag] = [t.clone() for t in (dq, dk, dv)]
                     ms[tag] = time_ms(bwd, reps=reps, warmup=2) if reps else time_ms(bwd)
-            diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(outs["new"], outs["old"]))
+            diff = max((x.float() - y.float()).abs().max().item() for n in names[1:]
+                       for x, y in zip(outs[n], outs["old"]))
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:
                     ratios[k_].append(t_c / ms[k_])
-            case = f"b{bb} s{s} h{hq}/{hkv} d{d}{' causal' if causal else ''}"
-            r = (lambda x: f"{t_c / ms[x]:.3f}" if t_c else "-")
-            row = (f"| {case} | {tc:.0f} | {flops / ms['old'] / 1e9:.0f} | {flops / ms['new'] / 1e9:.0f} | {r('old')} | "
-                   f"{r('new')} | {ms['old'] / ms['new']:.3f} | {diff:.4g} |")
+            case = f"b{bb} s{s} h{hq}/{hkv} d{d}{' causal' if causal else ''}{note}"
+            tfs = " | ".join(f"{flops / ms[n] / 1e9:.0f}" for n in names)
+            rs = " | ".join(f"{t_c / ms[n]:.3f}" if t_c else "-" for n in names)
+            row = f"| {case} | {tc:.0f} | {tfs} | {rs} | {diff:.4g} |"
             print(row, flush=True)
             lines.append(row)
             del outs, ws

@@ -5,7 +5,8 @@ bwd_ws<T, D, ATOMIC, STAGES> replaces the older wgmma dK / dV kernel (attention_
 bwd_dkdv_wg) where `usable` says so: one CTA per (128 keys, K/V head, batch), a producer warp loading K / V
 once and then Q / dO (TMA) with lse / dsum (plain loads) into a STAGES-deep mbarrier ring, two consumer
 warpgroups of 64 keys each holding dK / dV in registers across the walk over the group's query heads and
-tiles, dQ through fp32 atomics (ATOMIC, deterministic = 0) or left to the deterministic dQ pass. The
+tiles, dQ added to the fp32 accumulator (deterministic = 0: red.global.add from the registers, or FA3's
+bulk reduction of a shared-memory tile, tuning.attention_bwd.WS_DQ) or left to the deterministic dQ pass. The
 preprocess, the dQ conversion and the deterministic dQ pass are unchanged (pydnn/ops/attention.py's
 attention_backward launches them around this kernel), and so is the workspace.
 
@@ -38,13 +39,24 @@ def query_rows(d):
 
 def smem_bytes(d, stages=STAGES):
     """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
-    [STAGES][BM] each, 1 + 2 STAGES mbarriers, 1 KiB alignment slack (d 128 and d 64: 165912 bytes)."""
+    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 1 + 2 STAGES mbarriers,
+    1 KiB alignment slack (d 128: 198696 bytes, d 64: 199720)."""
     bm = query_rows(d)
-    return 2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + (2 * stages + 1) * 8 + 1024
+    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
+            + (2 * stages + 1) * 8 + 1024)
 
 
-def _expr(tag, d, atomic, stages=STAGES):
-    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {'true' if atomic else 'false'}, {stages}>"
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2}  # kDqNone, kDqRed, kDqBulk
+
+
+def dq_mode(atomic):
+    """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ."""
+    return tuning.attention_bwd.WS_DQ if atomic else "none"
+
+
+def _expr(tag, d, mode, stages=STAGES):
+    """bwd_ws<T, D, DQ, STAGES>; mode a DQ_MODES key."""
+    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
 def unit_name(tag):
@@ -53,7 +65,7 @@ def unit_name(tag):
 
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
-                       tuple(_expr(tag, d, at) for d in INSTANTIATED for at in (True, False)), archs=(ARCH + "a",))
+                       tuple(_expr(tag, d, m) for d in INSTANTIATED for m in DQ_MODES), archs=(ARCH + "a",))
             for tag in TAGS]
 
 
@@ -61,7 +73,7 @@ def usable(handle, d, tag, dropout, p):
     """Whether bwd_ws runs this problem (params p: lens_q / lens_kv set or not)."""
     return (tuning.attention_bwd.WS and tuning.attention_bwd.ENABLED and handle.arch == ARCH and dropout == 0
             and d in HEAD_DIMS and d in INSTANTIATED and tag in TAGS and not p.lens_q and not p.lens_kv
-            and driver._recorders == 0)
+            and driver._recorders == 0 and not (p.dq_acc or 0) % 16)  # (the bulk reduction's alignment)
 
 
 class Maps(ctypes.Structure):
@@ -107,7 +119,7 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     except Exception:  # noqa: BLE001 - a layout the encoder refuses
         return False
     smem = smem_bytes(d)
-    f = handle.function(unit_name(tag), _expr(tag, d, atomic), smem)
+    f = handle.function(unit_name(tag), _expr(tag, d, dq_mode(atomic)), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
     driver.launch_args(f, ((seq_kv + KEYS - 1) // KEYS, heads_kv, batch), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))

@@ -31,14 +31,19 @@ def test_units():
     for t in ("bf16", "f16"):
         u = units[f"attention.ws_bwd.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
-        assert u.exprs == tuple(WSB._expr(t, d, at) for d in (64, 128) for at in (True, False))
-    assert WSB._expr("bf16", 128, True) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, true, 2>"
+        assert u.exprs == tuple(WSB._expr(t, d, m) for d in (64, 128) for m in ("none", "red", "bulk"))
+    assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
+    assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert set(units) <= {u.name for u in W.kernel_units()}  # registered through attention_wgmma_bwd
-    # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, barriers, slack
-    assert WSB.smem_bytes(128) == 2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8 + 5 * 8 + 1024
-    assert WSB.smem_bytes(64) == 2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8 + 5 * 8 + 1024
+    # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
+    # slack
+    assert WSB.smem_bytes(128) == (2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8
+                                   + 64 * 128 * 4 + 5 * 8 + 1024) == 198696
+    assert WSB.smem_bytes(64) == (2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8
+                                  + 128 * 64 * 4 + 5 * 8 + 1024) == 199720
     for d in (64, 128):
-        assert WSB.smem_bytes(d) <= SMEM_LIMIT and WSB.smem_bytes(d, 3) <= SMEM_LIMIT
+        assert WSB.smem_bytes(d) <= SMEM_LIMIT
+    assert WSB.smem_bytes(128, 3) <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -71,17 +76,19 @@ def _names(launches):
     return [x["f"].split("<")[0].split("::")[-1] for x in launches]
 
 
+@pytest.mark.parametrize("dq", ["bulk", "red"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
-def test_dispatch(on, d, det, mask, dtype):
+def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     _bwd(d=d, det=det, mask=mask, dtype=dtype)
     names = _names(on)
     assert names == (["bwd_pre", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre", "bwd_ws", "bwd_dq_convert"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    assert ws["f"] == WSB._expr(tag, d, not det)
+    assert ws["f"] == WSB._expr(tag, d, "none" if det else dq)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d)
 
 
@@ -190,7 +197,7 @@ class _Named:
         return lambda: self.gen > g
 
 
-def _emulate(iters, stages, seed, atomic=True, ds_buffers=2):
+def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_read=True):
     """One CTA of bwd_ws: the producer warp and the two consumer warpgroups as generators yielding wait
     conditions, run in a random interleaving; TMA boxes land after a random delay (their bytes on the
     full barrier). Checks that every stage a consumer reads holds its iteration's Q / dO / lse / dsum
@@ -203,7 +210,9 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2):
     kvbuf = [None]
     qbuf, lbuf = [None] * stages, [None] * stages
     dsb = [[None, None] for _ in range(ds_buffers)]
-    named = _Named(2)
+    named, named_dq = _Named(2), _Named(2)
+    dqt = [None, None]
+    reducing = []   # kDqBulk: [time left, iteration] while the reduction reads the dQ tile
     landing = []    # [time left, buffer, index, value, barrier, bytes]
 
     def tma(buf, i, val, bar, nbytes):
@@ -237,19 +246,31 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2):
             if atomic:
                 b = it % ds_buffers
                 dsb[b][cw] = it                     # this warpgroup's half of dS^T
+                if bulk and cw == 0 and wait_read:  # thread 128: the last reduction's reads done
+                    yield lambda: not reducing
                 yield named.sync()
                 assert dsb[b] == [it, it]
                 yield lambda: True                  # the dQ wgmma reads both halves
                 assert dsb[b] == [it, it] and qbuf[s] == ("Q", it)
             empty[s].arrive(4)                      # after wait<0>: one arrival per warp
+            if atomic and bulk:
+                assert not reducing, "a dQ half stored while the bulk reduction reads the tile"
+                dqt[cw] = it
+                yield named_dq.sync()
+                if cw == 0:                         # thread 128 issues the reduction (it reads for a while)
+                    reducing.append([rng.randint(0, 6), it])
 
     actors = [producer(), consumer(0), consumer(1)]
     conds = [lambda: True] * 3
     live = [True] * 3
     steps = 0
-    while any(live) or landing:
+    while any(live) or landing or reducing:
         steps += 1
         assert steps < 100000
+        for x in reducing:
+            assert dqt == [x[1], x[1]], "the dQ tile changed under the bulk reduction"
+            x[0] -= 1
+        reducing[:] = [x for x in reducing if x[0] >= 0]
         for x in landing:
             x[0] -= 1
         for x in [x for x in landing if x[0] < 0]:
@@ -259,7 +280,7 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2):
             bar.complete_tx(nbytes)
         ready = [i for i in range(3) if live[i] and conds[i]()]
         if not ready:
-            assert landing, "deadlock: every warpgroup waits and no copy is in flight"
+            assert landing or reducing or not any(live), "deadlock: every warpgroup waits and no copy is in flight"
             continue
         i = rng.choice(ready)
         try:
@@ -268,12 +289,19 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2):
             live[i] = False
 
 
-@pytest.mark.parametrize("atomic", [True, False])
+@pytest.mark.parametrize("mode", ["none", "red", "bulk"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
-def test_synchronization_emulated(atomic, stages, seed):
+def test_synchronization_emulated(mode, stages, seed):
     rng = random.Random(2000 + seed)
-    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, atomic)
+    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode == "bulk")
+
+
+def test_emulation_catches_a_missing_bulk_read_wait():
+    """kDqBulk without thread 128's wait_group.read: a half stored while the reduction still reads."""
+    with pytest.raises(AssertionError):
+        for seed in range(60):
+            _emulate(12, 2, seed, wait_read=False)
 
 
 def test_emulation_catches_a_missing_release():
@@ -289,10 +317,13 @@ def test_emulation_catches_a_missing_release():
 
 
 def test_emulation_catches_a_single_ds_buffer():
-    """One dS^T buffer: a warpgroup runs ahead and writes its next half while the other's dQ reads."""
+    """kDqRed with one dS^T buffer: a warpgroup runs ahead and writes its next half while the other's dQ
+    reads. (kDqBulk's second barrier a tile would make one buffer enough: emulated too.)"""
     with pytest.raises(AssertionError):
         for seed in range(60):
-            _emulate(12, 2, seed, ds_buffers=1)
+            _emulate(12, 2, seed, ds_buffers=1, bulk=False)
+    for seed in range(20):
+        _emulate(12, 2, seed, ds_buffers=1, bulk=True)
 
 
 # ----------------------------------------------------------------------------- NVRTC

@@ -3,8 +3,9 @@ forced on (tuning.attention_bwd.WS, HEAD_DIMS 64 and 128) against the float64 re
 and d 128, MHA / GQA / MQA, no mask and both causal alignments, BHSD and BSHD, lengths that are not
 multiples of the 128-key blocks or the query tiles (TMA's zero fill past the tensor), more keys than
 queries and more queries than keys (key blocks that see no query: dK = dV = 0 written, no load issued),
-several query tiles and group heads per CTA (the stage ring wrapping many times), both dQ modes (atomic;
-deterministic: bwd_ws without atomics + the older dQ pass, bit-identical reruns). Outputs poisoned first
+several query tiles and group heads per CTA (the stage ring wrapping many times), both dQ modes (atomic,
+by the bulk reduction of a shared fp32 tile or by red.global.add; deterministic: bwd_ws without atomics +
+the older dQ pass, bit-identical reruns). Outputs poisoned first
 and stride gaps checked untouched (test_attention_gpu.py's _check_backward). Every backward call is
 checked to have launched bwd_ws (a silent fallback fails); per-batch lengths are checked to go to the
 older kernel. The forward producing O and lse is the default one. Skipped on devices other than sm_90."""
@@ -65,10 +66,13 @@ CASES = [  # b, hq, hkv, sq, skv, d, layout
 IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 
 
+@pytest.mark.parametrize("dq", ["bulk", "red"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_backward_ws(handle, rng, wsb, dtype, mask, case):
+def test_backward_ws(handle, rng, wsb, monkeypatch, dtype, mask, case, dq):
+    """Both atomic dQ modes (tuning.attention_bwd.WS_DQ): the bulk reduction of a shared tile, red.global.add."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
 
