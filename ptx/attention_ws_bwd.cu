@@ -37,9 +37,10 @@
 //     warpgroup's dQ wgmma reads them; dS^T is double buffered, so a warpgroup writing buffer it & 1 at
 //     iteration it is past the other's dQ of it - 2 (the other reached barrier it - 1 after that wait).
 //   kDqBulk: the fp32 dQ tile (one buffer): both halves stored, fence.proxy.async, named barrier kBarDQ,
-//     then thread 128 issues the bulk reduction; it waits for that reduction's reads (wait_group.read)
-//     before it arrives on the next iteration's kBarDS, which every thread passes before storing its next
-//     half; it waits for the reductions' completion before the CTA ends.
+//     then warp 0 of warpgroup 1 (threads 128..159) issues the bulk reductions (a row each); each of those
+//     threads waits for its reductions' reads (wait_group.read: bulk groups are per thread) before it
+//     arrives on the next iteration's kBarDS, which every thread passes before storing its next half; they
+//     wait for the reductions' completion before the CTA ends.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_problem.cuh"
@@ -81,7 +82,9 @@ template <int D, int STAGES> struct Cfg {
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
                        OFF_DS = OFF_DO + STAGES * Q_BYTES, OFF_L = OFF_DS + 2 * DS_BYTES,
                        OFF_DQ = OFF_L + STAGES * BM * 8,  // lse [STAGES][BM], then dsum [STAGES][BM]
-                       DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile (both halves)
+                       DQS = D + 8,                       // kDqBulk: the fp32 dQ tile's row stride (floats;
+                       DQ_BYTES = BM * DQS * 4,           //   +32 bytes: a warp's float2 stores to 8 rows
+                                                          //   hit 8 different bank groups, not one)
                        OFF_BAR = OFF_DQ + DQ_BYTES;
   static constexpr int SMEM = OFF_BAR + (2 * STAGES + 1) * 8 + 1024;  // + kv, full, empty; + alignment slack
 };
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         for (int c = 0; c < 4; ++c)
           *reinterpret_cast<unsigned*>(ds + wgmma::sw128<BN>(kr + 8 * (c & 1), 2 * ks + (c >> 1)) + 2 * q4) = da[ks][c];
       wgmma::fence_proxy_async();
-      if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reduction has read sDQ
+      if (DQ == kDqBulk && threadIdx.x < 160) bulk_wait_read();  // the last tile's reductions have read sDQ
       tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
       // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
@@ -324,19 +327,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           }
         }
       } else {
-        // this warpgroup's half into the tile [BM][D] (rows past len_q hold zeros: P = 0 there), then one
-        // thread adds the tile's rows that exist to the accumulator
+        // this warpgroup's half into the tile [BM][DQS] (rows past len_q hold zeros: P = 0 there), then
+        // warp 0 of warpgroup 1 adds the tile's rows that exist to the accumulator, a bulk reduction a row
+        // (the padded rows are not contiguous), lane i rows i, i + 32, ...
         float* sdq = reinterpret_cast<float*>(smem + C::OFF_DQ);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<float2*>(sdq + (r0 + 8 * hh) * D + c0 + 8 * j) = make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+            *reinterpret_cast<float2*>(sdq + (r0 + 8 * hh) * C::DQS + c0 + 8 * j) = make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
         wgmma::fence_proxy_async();
         tma::named_sync(kBarDQ, 256);
-        if (threadIdx.x == 128) {
+        if (threadIdx.x < 160) {
           const int rows = min(BM, sq.len_q - m0);
-          bulk_reduce_add_f32(base + (long long)m0 * D, tma::smem_addr(sdq), (unsigned)(rows * D * 4));
+          const unsigned src = tma::smem_addr(sdq);
+          for (int r = l; r < rows; r += 32)
+            bulk_reduce_add_f32(base + (long long)(m0 + r) * D, src + r * (C::DQS * 4), D * 4);
           bulk_commit();
         }
       }
@@ -351,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);
-  if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
+  if (DQ == kDqBulk && wg == 1 && warp == 0) bulk_wait();  // (the reductions done before the CTA's end)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
   T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));

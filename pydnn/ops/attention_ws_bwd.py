@@ -39,10 +39,10 @@ def query_rows(d):
 
 def smem_bytes(d, stages=STAGES):
     """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
-    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 1 + 2 STAGES mbarriers,
-    1 KiB alignment slack (d 128: 198696 bytes, d 64: 199720)."""
+    [STAGES][BM] each, the fp32 dQ tile (BM rows of d + 8, kDqBulk's; every mode reserves it), 1 + 2 STAGES
+    mbarriers, 1 KiB alignment slack (d 128: 200744 bytes, d 64: 203816)."""
     bm = query_rows(d)
-    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
+    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * (d + 8) * 4
             + (2 * stages + 1) * 8 + 1024)
 
 

@@ -38,12 +38,28 @@ def test_units():
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
     assert WSB.smem_bytes(128) == (2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8
-                                   + 64 * 128 * 4 + 5 * 8 + 1024) == 198696
+                                   + 64 * 136 * 4 + 5 * 8 + 1024) == 200744
     assert WSB.smem_bytes(64) == (2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8
-                                  + 128 * 64 * 4 + 5 * 8 + 1024) == 199720
+                                  + 128 * 72 * 4 + 5 * 8 + 1024) == 203816
     for d in (64, 128):
         assert WSB.smem_bytes(d) <= SMEM_LIMIT
-    assert WSB.smem_bytes(128, 3) <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
+    assert SMEM_LIMIT < min(WSB.smem_bytes(128, 3), WSB.smem_bytes(64, 3))  # (no room for a third stage)
+
+
+def test_dq_tile_stores_spread_over_the_banks():
+    """kDqBulk's float2 stores of one warp instruction (lane g * 4 + q4: row r0 + g, column c0 + 2 q4 +
+    8 j) in the padded tile: 2 wavefronts (256 bytes over all 32 banks), where the unpadded rows (stride
+    d) put all 8 rows on the same 8 banks (8 wavefronts)."""
+    def wavefronts(stride):
+        banks = {}
+        for lane in range(32):
+            g, q4 = divmod(lane, 4)
+            word = g * stride + 2 * q4 + 8 * 3
+            for w in (word, word + 1):
+                banks.setdefault(w % 32, set()).add(w)
+        return max(len(v) for v in banks.values())
+    for d in (64, 128):
+        assert wavefronts(d + 8) == 2 and wavefronts(d) == 8
 
 
 # ----------------------------------------------------------------------------- dispatch
