@@ -601,9 +601,9 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
              + " | ".join(f"{n}/cuDNN" for n in names) + " | max abs(new - old) |",
              "|---|" + "---:|" * (2 * len(names) + 2)]
     ratios = {n: [] for n in names}
-    dims = WSB.HEAD_DIMS
+    dims, dims_det = WSB.HEAD_DIMS, WSB.HEAD_DIMS_DET
     for bb, s, hq, hkv, d in shapes or BWD_SHAPES:
-        WSB.HEAD_DIMS = tuple(sorted(set(dims) | {d}))
+        WSB.HEAD_DIMS, WSB.HEAD_DIMS_DET = (tuple(sorted(set(x) | {d})) for x in (dims, dims_det))
         q, k, v = (torch.randn(bb, hh, s, d, dtype=torch.bfloat16, device="cuda") for hh in (hq, hkv, hkv))
         o, do = torch.empty_like(q), torch.randn_like(q)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -656,7 +656,7 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
             del outs, ws
         del q, k, v, o, do, dq, dk, dv, lse
         torch.cuda.empty_cache()
-    WSB.HEAD_DIMS = dims
+    WSB.HEAD_DIMS, WSB.HEAD_DIMS_DET = dims, dims_det
     lines.append("")
     for k_, r in ratios.items():
         if r:
@@ -682,12 +682,13 @@ if __name__ == "__main__":
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
     ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--bwd-shapes", help="--bwd-ab: comma-separated BxSxHQxHKVxD (default 4x4096x32x32x128)")
-    ap.add_argument("--det", type=int, default=0, help="--bwd-ab: deterministic (0: atomic dQ)")
+    ap.add_argument("--det", default="0", help="--bwd-ab: deterministic modes, comma-separated (0: atomic dQ)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.bwd_ab:
         sh = [tuple(int(y) for y in x.split("x")) for x in args.bwd_shapes.split(",")] if args.bwd_shapes else None
-        bwd_ab(args.out, sh, reps=args.reps, det=args.det)
+        for det in (int(x) for x in args.det.split(",")):
+            bwd_ab(args.out and args.out.replace(".md", f"_det{det}.md"), sh, reps=args.reps, det=det)
     if args.decode_splits:
         decode_splits(args.out)
     if args.fwd_ab:

@@ -768,7 +768,7 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     rows = pr.b * a.heads_q * pr.sq
     _launch(handle, fpre, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
     if wg:  # the warp-specialized dK / dV kernel where it takes the call (attention_ws_bwd.usable), else the older
-        if not (_wsb.usable(handle, pr.d, pr.tag, a.dropout, p)
+        if not (_wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
                 and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
             _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
     else:

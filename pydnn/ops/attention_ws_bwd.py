@@ -12,7 +12,7 @@ attention_backward launches them around this kernel), and so is the workspace.
 
 Not taken (the older kernel runs): per-batch lengths (TMA's boxes would bring rows past a length that are
 not zero), a launch recorder listening (the tensor maps hold pointers a record cannot patch), a head dim
-outside HEAD_DIMS, dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
+outside HEAD_DIMS (HEAD_DIMS_DET for deterministic = 1), dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
 """
 import ctypes
 
@@ -22,9 +22,11 @@ from .._cuda import driver, tensormap
 
 ARCH = "sm_90"
 INSTANTIATED = (64, 128)
-# The head dims the planner sends here by default: none until the GPU says it beats bwd_dkdv_wg
-# (tools/bench_attention.py --bwd-ab).
+# The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
+# pass after this kernel): none until the GPU says it beats bwd_dkdv_wg (tools/bench_attention.py --bwd-ab
+# [--det 1]).
 HEAD_DIMS = ()
+HEAD_DIMS_DET = ()
 THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups
 KEYS = 128              # kBN
 STAGES = 2
@@ -69,10 +71,10 @@ def kernel_units():
             for tag in TAGS]
 
 
-def usable(handle, d, tag, dropout, p):
-    """Whether bwd_ws runs this problem (params p: lens_q / lens_kv set or not)."""
+def usable(handle, d, tag, dropout, p, atomic=True):
+    """Whether bwd_ws runs this problem (params p: lens_q / lens_kv set or not; atomic: deterministic = 0)."""
     return (tuning.attention_bwd.WS and tuning.attention_bwd.ENABLED and handle.arch == ARCH and dropout == 0
-            and d in HEAD_DIMS and d in INSTANTIATED and tag in TAGS and not p.lens_q and not p.lens_kv
+            and d in (HEAD_DIMS if atomic else HEAD_DIMS_DET) and d in INSTANTIATED and tag in TAGS and not p.lens_q and not p.lens_kv
             and driver._recorders == 0 and not (p.dq_acc or 0) % 16)  # (the bulk reduction's alignment)
 
 

@@ -84,6 +84,7 @@ def on(monkeypatch, launches):
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
     monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p: WSB.Maps())  # (no driver to encode with here)
     return launches
 
@@ -118,13 +119,16 @@ def test_launch_passes_params_and_maps(on, monkeypatch):
     assert ctypes.sizeof(m) == 512 and p.dq_acc  # the atomic mode's accumulator
 
 
-@pytest.mark.parametrize("why", ["switch", "head_dims", "d96", "dropout", "sm_80", "recorder"])
+@pytest.mark.parametrize("why", ["switch", "head_dims", "det_head_dims", "d96", "dropout", "sm_80", "recorder"])
 def test_dispatch_elsewhere(on, monkeypatch, why):
     kw = {}
     if why == "switch":
         monkeypatch.setattr(tuning.attention_bwd, "WS", False)
     elif why == "head_dims":
         monkeypatch.setattr(WSB, "HEAD_DIMS", (64,))
+    elif why == "det_head_dims":
+        monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64,))
+        kw["det"] = 1
     elif why == "d96":
         kw["d"] = 96
     elif why == "dropout":
@@ -138,7 +142,7 @@ def test_dispatch_elsewhere(on, monkeypatch, why):
         return
     _bwd(**kw)
     assert "bwd_ws" not in _names(on)
-    if why in ("switch", "head_dims", "d96"):
+    if why in ("switch", "head_dims", "det_head_dims", "d96"):
         assert "bwd_dkdv_wg" in _names(on)
 
 

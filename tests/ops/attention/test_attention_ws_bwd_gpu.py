@@ -30,6 +30,7 @@ def wsb(handle, monkeypatch):
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
     monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
     calls = []
     real_ws, real_old = WSB.launch_dkdv, W.launch_dkdv
 
