@@ -37,10 +37,9 @@
 //     warpgroup's dQ wgmma reads them; dS^T is double buffered, so a warpgroup writing buffer it & 1 at
 //     iteration it is past the other's dQ of it - 2 (the other reached barrier it - 1 after that wait).
 //   kDqBulk: the fp32 dQ tile (one buffer): both halves stored, fence.proxy.async, named barrier kBarDQ,
-//     then warp 0 of warpgroup 1 (threads 128..159) issues the bulk reductions (a row each); each of those
-//     threads waits for its reductions' reads (wait_group.read: bulk groups are per thread) before it
-//     arrives on the next iteration's kBarDS, which every thread passes before storing its next half; they
-//     wait for the reductions' completion before the CTA ends.
+//     then thread 128 issues the bulk tensor reductions; it waits for their reads (wait_group.read) before
+//     it arrives on the next iteration's kBarDS, which every thread passes before storing its next half;
+//     it waits for the reductions' completion before the CTA ends.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_problem.cuh"
@@ -82,25 +81,26 @@ template <int D, int STAGES> struct Cfg {
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
                        OFF_DS = OFF_DO + STAGES * Q_BYTES, OFF_L = OFF_DS + 2 * DS_BYTES,
                        OFF_DQ = OFF_L + STAGES * BM * 8,  // lse [STAGES][BM], then dsum [STAGES][BM]
-                       DQS = D + 8,                       // kDqBulk: the fp32 dQ tile's row stride (floats;
-                       DQ_BYTES = BM * DQS * 4,           //   +32 bytes: a warp's float2 stores to 8 rows
-                                                          //   hit 8 different bank groups, not one)
+                       DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile, D / 32 slabs of BM
+                                                          //   rows of 128 bytes, 128B-swizzled (TMA's)
                        OFF_BAR = OFF_DQ + DQ_BYTES;
   static constexpr int SMEM = OFF_BAR + (2 * STAGES + 1) * 8 + 1024;  // + kv, full, empty; + alignment slack
 };
 
 // Q, dO, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64 columns (one 128B-swizzled slab) x
 // BM rows (Q, dO) or 128 (K, V).
+// dqacc (kDqBulk): the fp32 accumulator as (D, seq_q, batch x heads_q), boxes of 32 columns x BM rows.
 struct Maps {
-  tma::TensorMap q, dout, k, v;
+  tma::TensorMap q, dout, k, v, dqacc;
 };
 
-// The bulk asynchronous reduction (sm_90): `bytes` (a multiple of 16) of fp32 at shared address src added
-// to global dst (16-byte aligned), one thread; the bulk group's commit and waits (.read: the source may be
-// overwritten; without: the additions done).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
+// The bulk tensor reduction (sm_90): the box at (c0, c1, c2) of `map` += the 128B-swizzled tile at shared
+// address src (rows of the box past the tensor skipped), one thread; the bulk group's commit and waits
+// (.read: the source may be overwritten; without: the additions done).
+__device__ __forceinline__ void bulk_reduce_add_3d(const tma::TensorMap* map, unsigned src, int c0, int c1, int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
   static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulk, "bwd_ws tile");
+  static_assert(Cfg<D, STAGES>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
   constexpr bool ATOMIC = DQ != kDqNone;
   using C = Cfg<D, STAGES>;
   constexpr int BM = C::BM, BN = kBN;
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         for (int c = 0; c < 4; ++c)
           *reinterpret_cast<unsigned*>(ds + wgmma::sw128<BN>(kr + 8 * (c & 1), 2 * ks + (c >> 1)) + 2 * q4) = da[ks][c];
       wgmma::fence_proxy_async();
-      if (DQ == kDqBulk && threadIdx.x < 160) bulk_wait_read();  // the last tile's reductions have read sDQ
+      if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
       tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
       // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
@@ -327,22 +328,25 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           }
         }
       } else {
-        // this warpgroup's half into the tile [BM][DQS] (rows past len_q hold zeros: P = 0 there), then
-        // warp 0 of warpgroup 1 adds the tile's rows that exist to the accumulator, a bulk reduction a row
-        // (the padded rows are not contiguous), lane i rows i, i + 32, ...
-        float* sdq = reinterpret_cast<float*>(smem + C::OFF_DQ);
+        // this warpgroup's half into the swizzled tile (slab c / 32, row r at 128 r, 16-byte chunk
+        // (c % 32) / 4 at chunk ^ (r & 7): a warp's float2 stores cover all 32 banks, 2 wavefronts), then
+        // thread 128 adds it to the accumulator with D / 32 bulk tensor reductions (TMA skips the rows past
+        // seq_q; rows past len_q inside it hold zeros: P = 0 there)
+        unsigned char* sdq = smem + C::OFF_DQ;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<float2*>(sdq + (r0 + 8 * hh) * C::DQS + c0 + 8 * j) = make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+          for (int j = 0; j < 8; ++j) {
+            const int rr = r0 + 8 * hh, cc = c0 + 8 * j, w = cc & 31;
+            *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + ((((w >> 2) ^ (rr & 7))) << 4) + (w & 3) * 4) =
+                make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+          }
         wgmma::fence_proxy_async();
         tma::named_sync(kBarDQ, 256);
-        if (threadIdx.x < 160) {
-          const int rows = min(BM, sq.len_q - m0);
+        if (threadIdx.x == 128) {
           const unsigned src = tma::smem_addr(sdq);
-          for (int r = l; r < rows; r += 32)
-            bulk_reduce_add_f32(base + (long long)(m0 + r) * D, src + r * (C::DQS * 4), D * 4);
+#pragma unroll
+          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
           bulk_commit();
         }
       }
@@ -357,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);
-  if (DQ == kDqBulk && wg == 1 && warp == 0) bulk_wait();  // (the reductions done before the CTA's end)
+  if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
   T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));

@@ -23,10 +23,12 @@ from .._cuda import driver, tensormap
 ARCH = "sm_90"
 INSTANTIATED = (64, 128)
 # The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
-# pass after this kernel): none until the GPU says it beats bwd_dkdv_wg (tools/bench_attention.py --bwd-ab
-# [--det 1]).
-HEAD_DIMS = ()
-HEAD_DIMS_DET = ()
+# pass after this kernel). Mid-session run (H200, 2026-11-28, bench_attention --bwd-ab, b4 s4096 h32/32,
+# TFLOP/s against the older bwd_dkdv_wg in the same run): atomic (dQ "red") d128 408 / 371 causal against
+# 320 / 288 (1.27x / 1.29x; 0.785x / 0.792x cuDNN), d64 328 / 294 against 270 / 249 (1.21x / 1.18x);
+# deterministic d128 1.13x / 1.17x, d64 1.23x / 1.15x.
+HEAD_DIMS = (64, 128)
+HEAD_DIMS_DET = (64, 128)
 THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups
 KEYS = 128              # kBN
 STAGES = 2
@@ -41,10 +43,10 @@ def query_rows(d):
 
 def smem_bytes(d, stages=STAGES):
     """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
-    [STAGES][BM] each, the fp32 dQ tile (BM rows of d + 8, kDqBulk's; every mode reserves it), 1 + 2 STAGES
-    mbarriers, 1 KiB alignment slack (d 128: 200744 bytes, d 64: 203816)."""
+    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 1 + 2 STAGES mbarriers,
+    1 KiB alignment slack (d 128: 198696 bytes, d 64: 199720)."""
     bm = query_rows(d)
-    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * (d + 8) * 4
+    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
             + (2 * stages + 1) * 8 + 1024)
 
 
@@ -79,8 +81,9 @@ def usable(handle, d, tag, dropout, p, atomic=True):
 
 
 class Maps(ctypes.Structure):
-    """attention_ws_bwd.cu Maps: the encoded Q, dO, K, V tensor maps (128 bytes each)."""
-    _fields_ = [("raw", ctypes.c_ubyte * 512)]
+    """attention_ws_bwd.cu Maps: the encoded Q, dO, K, V tensor maps and (bulk dQ) the fp32 accumulator's
+    (128 bytes each; zeros where the kernel does not read it)."""
+    _fields_ = [("raw", ctypes.c_ubyte * 640)]
 
 
 _MAPS = {}          # (tag, d, pointers, sizes, strides) -> Maps: a repeated call encodes nothing
@@ -93,11 +96,13 @@ def _encode(tag, ptr, dims, st, rows):
     return tensormap.encode_tiled(tag, int(ptr), dims, [2 * st[2], 2 * st[1], 2 * st[0]], (64, rows, 1, 1))
 
 
-def maps(tag, d, p):
-    """The Maps of a call (params p; tensors 0 Q, 1 K, 2 V, 4 dO of attention_params.h)."""
+def maps(tag, d, p, mode="none"):
+    """The Maps of a call (params p; tensors 0 Q, 1 K, 2 V, 4 dO of attention_params.h; mode "bulk": the
+    dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    key = (tag, d, p.q, p.dout, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
+    acc = p.dq_acc if mode == "bulk" else None
+    key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:
         return m
@@ -105,8 +110,10 @@ def maps(tag, d, p):
     raw = (_encode(tag, p.q, (d, p.seq_q, hq, b), st[0], bm) + _encode(tag, p.dout, (d, p.seq_q, hq, b), st[4], bm)
            + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], KEYS)
            + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], KEYS))
+    if acc:
+        raw += tensormap.encode_tiled("f32", int(acc), (d, p.seq_q, b * hq), [4 * d, 4 * d * p.seq_q], (32, bm, 1))
     m = Maps()
-    ctypes.memmove(ctypes.addressof(m), raw, 512)
+    ctypes.memmove(ctypes.addressof(m), raw, len(raw))
     if len(_MAPS) >= _MAPS_LIMIT:
         _MAPS.clear()
     _MAPS[key] = m
@@ -116,12 +123,13 @@ def maps(tag, d, p):
 def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     """bwd_ws over (128-key blocks, K/V heads, batch). Returns False (nothing launched) when the driver
     refuses a tensor map: the caller then runs the older kernel."""
+    mode = dq_mode(atomic)
     try:
-        m = maps(tag, d, p)
+        m = maps(tag, d, p, mode)
     except Exception:  # noqa: BLE001 - a layout the encoder refuses
         return False
     smem = smem_bytes(d)
-    f = handle.function(unit_name(tag), _expr(tag, d, dq_mode(atomic)), smem)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
     driver.launch_args(f, ((seq_kv + KEYS - 1) // KEYS, heads_kv, batch), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))

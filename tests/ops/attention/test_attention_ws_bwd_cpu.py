@@ -38,28 +38,45 @@ def test_units():
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
     assert WSB.smem_bytes(128) == (2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8
-                                   + 64 * 136 * 4 + 5 * 8 + 1024) == 200744
+                                   + 64 * 128 * 4 + 5 * 8 + 1024) == 198696
     assert WSB.smem_bytes(64) == (2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8
-                                  + 128 * 72 * 4 + 5 * 8 + 1024) == 203816
+                                  + 128 * 64 * 4 + 5 * 8 + 1024) == 199720
     for d in (64, 128):
         assert WSB.smem_bytes(d) <= SMEM_LIMIT
-    assert SMEM_LIMIT < min(WSB.smem_bytes(128, 3), WSB.smem_bytes(64, 3))  # (no room for a third stage)
+    assert WSB.smem_bytes(128, 3) <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
 
 
-def test_dq_tile_stores_spread_over_the_banks():
-    """kDqBulk's float2 stores of one warp instruction (lane g * 4 + q4: row r0 + g, column c0 + 2 q4 +
-    8 j) in the padded tile: 2 wavefronts (256 bytes over all 32 banks), where the unpadded rows (stride
-    d) put all 8 rows on the same 8 banks (8 wavefronts)."""
-    def wavefronts(stride):
+def _dq_byte(bm, rr, cc):
+    """attention_ws_bwd.cu kDqBulk's tile: byte offset of float (row rr, column cc) (TMA's 128B swizzle on
+    slabs of 32 fp32 columns)."""
+    w = cc & 31
+    return (cc >> 5) * (bm * 128) + rr * 128 + (((w >> 2) ^ (rr & 7)) << 4) + (w & 3) * 4
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_tile_layout_and_banks(d):
+    """The swizzled dQ tile: every float of the [BM][d] tile at its own place, TMA's layout for a box of
+    32 fp32 columns (row r of a slab at 128 r, 16-byte chunk k at k ^ (r & 7)); one warp instruction's
+    float2 stores (lane g * 4 + q4: row r0 + g, column c0 + 8 j + 2 q4) take 2 wavefronts, the minimum
+    (a row-major tile: 8)."""
+    bm = WSB.query_rows(d)
+    offs = {_dq_byte(bm, r, c) for r in range(bm) for c in range(d)}
+    assert offs == set(range(0, bm * d * 4, 4))
+    for r in range(bm):
+        for c in range(d):
+            k = (c % 32) // 4
+            assert _dq_byte(bm, r, c) == (c // 32) * bm * 128 + r * 128 + 16 * (k ^ (r % 8)) + 4 * (c % 4)
+
+    def wavefronts(addr):
         banks = {}
         for lane in range(32):
             g, q4 = divmod(lane, 4)
-            word = g * stride + 2 * q4 + 8 * 3
-            for w in (word, word + 1):
-                banks.setdefault(w % 32, set()).add(w)
+            a = addr(16 + g, 64 + 8 * 3 + 2 * q4) if d == 128 else addr(16 + g, 8 * 3 + 2 * q4)
+            for byte in (a, a + 4):
+                banks.setdefault((byte // 4) % 32, set()).add(byte // 4)
         return max(len(v) for v in banks.values())
-    for d in (64, 128):
-        assert wavefronts(d + 8) == 2 and wavefronts(d) == 8
+    assert wavefronts(lambda r, c: _dq_byte(bm, r, c)) == 2
+    assert wavefronts(lambda r, c: 4 * (r * d + c)) == 8
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -85,7 +102,7 @@ def on(monkeypatch, launches):
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
     monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
     monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
-    monkeypatch.setattr(WSB, "maps", lambda tag, d, p: WSB.Maps())  # (no driver to encode with here)
+    monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())  # (no driver to encode with here)
     return launches
 
 
@@ -116,7 +133,7 @@ def test_launch_passes_params_and_maps(on, monkeypatch):
     (argv,) = [a for a in got if len(a) == 4]
     arr, addr, p, m = argv
     assert addr == ctypes.addressof(arr) and arr[0] == ctypes.addressof(p) and arr[1] == ctypes.addressof(m)
-    assert ctypes.sizeof(m) == 512 and p.dq_acc  # the atomic mode's accumulator
+    assert ctypes.sizeof(m) == 640 and p.dq_acc  # the atomic mode's accumulator
 
 
 @pytest.mark.parametrize("why", ["switch", "head_dims", "det_head_dims", "d96", "dropout", "sm_80", "recorder"])
@@ -449,3 +466,15 @@ def test_tiling_emulated_matches_the_reference(mask, case):
     want = R.backward(q, k, v, do, scale, mask)[:3]
     for g, w, name in zip(got, want, ("dQ", "dK", "dV")):
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("det", [0, 1])
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
+    """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
+    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by red.global.add, WS_DQ's default)."""
+    monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())
+    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "red"
+    assert d in WSB.HEAD_DIMS and d in WSB.HEAD_DIMS_DET
+    _bwd(d=d, det=det)
+    assert launches[1]["f"] == WSB._expr("bf16", d, "none" if det else "red")

@@ -4,7 +4,8 @@ and d 128, MHA / GQA / MQA, no mask and both causal alignments, BHSD and BSHD, l
 multiples of the 128-key blocks or the query tiles (TMA's zero fill past the tensor), more keys than
 queries and more queries than keys (key blocks that see no query: dK = dV = 0 written, no load issued),
 several query tiles and group heads per CTA (the stage ring wrapping many times), both dQ modes (atomic,
-by the bulk reduction of a shared fp32 tile or by red.global.add; deterministic: bwd_ws without atomics +
+by red.global.add or by bulk tensor reductions of a shared fp32 tile (TMA skipping the tile's rows past
+seq_q); deterministic: bwd_ws without atomics +
 the older dQ pass, bit-identical reruns). Outputs poisoned first
 and stride gaps checked untouched (test_attention_gpu.py's _check_backward). Every backward call is
 checked to have launched bwd_ws (a silent fallback fails); per-batch lengths are checked to go to the
@@ -88,9 +89,11 @@ LONG_CASES = [  # several 128-key blocks and query tiles per CTA, partial last o
 LONG_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in LONG_CASES]
 
 
+@pytest.mark.parametrize("dq", ["red", "bulk"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", LONG_CASES, ids=LONG_IDS)
-def test_backward_ws_long(handle, rng, wsb, mask, case):
+def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
 
