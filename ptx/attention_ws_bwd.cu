@@ -36,12 +36,19 @@
 //   named barrier kBarDS (256 consumer threads), ATOMIC only: both halves of dS^T written before either
 //     warpgroup's dQ wgmma reads them; dS^T is double buffered, so a warpgroup writing buffer it & 1 at
 //     iteration it is past the other's dQ of it - 2 (the other reached barrier it - 1 after that wait).
+//   kDqRedPP (red, without the per-tile meeting): named barriers kBarTurn + w strictly alternate the
+//     warpgroups' S^T / dP^T issue (bar.sync on its own, bar.arrive on the other's right after issuing;
+//     warpgroup 1 pre-arrives once), so one's exponentials run under the other's MMAs; dS^T buffer i has
+//     mbarriers dsfull[i] (8 warps: both halves written) and dsempty[i] (8 warps: both dQs that read it
+//     done); iteration it writes buffer it & 1 after dsempty's phase for it - 2, arrives on dsfull, then
+//     computes dQ of it - 1 (waits dsfull of it - 1) and releases that buffer; the last dQ after the loop.
 //   kDqBulk: the fp32 dQ tile (one buffer): both halves stored, fence.proxy.async, named barrier kBarDQ,
 //     then thread 128 issues the bulk tensor reductions; it waits for their reads (wait_group.read) before
 //     it arrives on the next iteration's kBarDS, which every thread passes before storing its next half;
 //     it waits for the reductions' completion before the CTA ends.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
+#include "common/attn_pipe.cuh"
 #include "common/attn_problem.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
@@ -71,7 +78,7 @@ constexpr float kInf = 1.0f / 0.0f;
 // accumulator registers, bwd_dkdv_wg's way), kDqBulk (FA3's: the warpgroups' halves into one fp32 tile in
 // shared memory, then one thread's cp.reduce.async.bulk .add.f32 of the whole tile: its rows are contiguous
 // in the accumulator, [b][h][i][D]).
-constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2;
+constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2, kDqRedPP = 3;
 
 template <int D, int STAGES> struct Cfg {
   static constexpr int BM = D > 64 ? 64 : 128;  // query rows a stage (bwd_dkdv_wg's: 192 accumulator registers)
@@ -84,7 +91,7 @@ template <int D, int STAGES> struct Cfg {
                        DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile, D / 32 slabs of BM
                                                           //   rows of 128 bytes, 128B-swizzled (TMA's)
                        OFF_BAR = OFF_DQ + DQ_BYTES;
-  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 1) * 8 + 1024;  // + kv, full, empty; + alignment slack
+  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 5) * 8 + 1024;  // + kv, full, empty, dsfull, dsempty; + slack
 };
 
 // Q, dO, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64 columns (one 128B-swizzled slab) x
@@ -108,13 +115,15 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ halves in the fp32 tile
+constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
 
 template <class T, int D, int DQ, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulk, "bwd_ws tile");
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqRedPP, "bwd_ws tile");
+  constexpr bool PP = DQ == kDqRedPP;
   static_assert(Cfg<D, STAGES>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
   constexpr bool ATOMIC = DQ != kDqNone;
   using C = Cfg<D, STAGES>;
@@ -130,6 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   const unsigned kvbar = sb + C::OFF_BAR;
   auto full = [&](int s) { return kvbar + 8u * (1 + s); };
   auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
+  auto dsfull = [&](int i) { return kvbar + 8u * (1 + 2 * STAGES + i); };   // (kDqRedPP)
+  auto dsempty = [&](int i) { return kvbar + 8u * (3 + 2 * STAGES + i); };
 
   const int hk = blockIdx.y, b = blockIdx.z;
   const Seq sq = seq_of(p, b);
@@ -145,6 +156,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     for (int s = 0; s < STAGES; ++s) {
       tma::mbar_init(full(s), 33);
       tma::mbar_init(empty(s), kConsumerWarps);
+    }
+    for (int i = 0; i < 2; ++i) {
+      tma::mbar_init(dsfull(i), kConsumerWarps);
+      tma::mbar_init(dsempty(i), kConsumerWarps);
     }
     tma::fence_barrier_init();
   }
@@ -206,6 +221,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   if (iters > 0) tma::mbar_wait(kvbar, 0);
+  if (PP && cw == 1) attn::bar_arrive(kBarTurn, 256);  // consumer warpgroup 0 issues first
+  // dQ's way out, red.global.add.v2 from the accumulator fragment (query head hq_, tile m0_): element
+  // 4 j + 2 hh + e is (row r0 + 8 hh, column c0 + 8 j + e) of the tile
+  const int r0 = (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
+  auto red_dq = [&](const float (&dq)[32], int hq_, int m0_) {
+    float* base = p.dq_acc + ((long long)b * p.heads_q + hq_) * p.seq_q * D;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = m0_ + r0 + 8 * hh;
+      if (row < sq.len_q) {
+        float* r = base + (long long)row * D + c0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      }
+    }
+  };
 
   for (int it = 0; it < iters; ++it) {
     const int s = it % STAGES, n = it / STAGES;
@@ -216,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     // S^T = K Q^T and dP^T = V dO^T (64 keys x BM queries each; k16 steps along d: slab kk / 4 of the
     // tiles, 32 bytes per step within the swizzled rows)
     float sc[BM / 2], dp[BM / 2];
+    if (PP) tma::named_sync(kBarTurn + cw, 256);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -229,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       wgmma::Mma<T, BM, 0, 0>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
     }
     wgmma::commit();
+    if (PP) attn::bar_arrive(kBarTurn + (cw ^ 1), 256);
     wgmma::wait<1>();
     wgmma::fence_operands(sc);
 
@@ -287,6 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     if constexpr (ATOMIC) {
       // dS^T into shared memory as [key][query] (while the dV wgmmas run)
       const int dbuf = it & 1;
+      if (PP) tma::mbar_wait(dsempty(dbuf), ((it >> 1) & 1) ^ 1);  // both warpgroups' dQ of it - 2 done
       unsigned short* ds = reinterpret_cast<unsigned short*>(smem + C::OFF_DS + dbuf * C::DS_BYTES);
       const int kr = cw * 64 + warp * 16 + g;
 #pragma unroll
@@ -295,14 +329,24 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         for (int c = 0; c < 4; ++c)
           *reinterpret_cast<unsigned*>(ds + wgmma::sw128<BN>(kr + 8 * (c & 1), 2 * ks + (c >> 1)) + 2 * q4) = da[ks][c];
       wgmma::fence_proxy_async();
-      if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
-      tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
+      // kDqRedPP: this dS^T published (dsfull), and the dQ taken is the previous iteration's (its dS^T
+      // complete: the other warpgroup may run up to an iteration behind; at it = 0 a wgmma on a buffer no
+      // one wrote, its result dropped: no wgmma under a branch); else both warpgroups meet here
+      const int pit = PP ? it - 1 : it;
+      if constexpr (PP) {
+        __syncwarp();
+        if (l == 0) tma::mbar_arrive(dsfull(dbuf));
+        if (it > 0) tma::mbar_wait(dsfull(pit & 1), (pit >> 1) & 1);
+      } else {
+        if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
+        tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
+      }
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
       // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
       // D = 64: query rows 64 w.. (slab w of dS^T).
       float dq[32];
       const unsigned ao = D > 64 ? 0u : cw * (BN * 128), bo = D > 64 ? cw * (BN * 128) : 0u;
-      const unsigned dsb = sdS + dbuf * C::DS_BYTES;
+      const unsigned dsb = sdS + (pit & 1) * C::DS_BYTES;
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
@@ -315,17 +359,13 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       wgmma::commit();
       wgmma::wait<1>();  // dV and dQ done; dK may run on
       wgmma::fence_operands(dq);
-      float* base = p.dq_acc + ((long long)b * p.heads_q + h) * p.seq_q * D;
-      const int r0 = (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
       if constexpr (DQ == kDqRed) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = m0 + r0 + 8 * hh;
-          if (row < sq.len_q) {
-            float* r = base + (long long)row * D + c0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
-          }
+        red_dq(dq, h, m0);
+      } else if constexpr (PP) {
+        if (it > 0) {
+          red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+          __syncwarp();
+          if (l == 0) tma::mbar_arrive(dsempty(pit & 1));
         }
       } else {
         // this warpgroup's half into the swizzled tile (slab c / 32, row r at 128 r, 16-byte chunk
@@ -358,6 +398,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       __syncwarp();
       if (l == 0) tma::mbar_arrive(empty(s));
     }
+  }
+  if constexpr (PP) {  // the last iteration's dQ (iters = 0: a wgmma on a buffer no one wrote, dropped)
+    const int pit = iters - 1;
+    if (iters > 0) tma::mbar_wait(dsfull(pit & 1), (pit >> 1) & 1);
+    float dq[32];
+    const unsigned ao = D > 64 ? 0u : cw * (BN * 128), bo = D > 64 ? cw * (BN * 128) : 0u;
+    const unsigned dsb = sdS + (pit & 1) * C::DS_BYTES;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
+                                   wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(dq);
+    if (iters > 0) red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);

@@ -384,8 +384,10 @@ attention_bwd = Switches(
               'False: the older wgmma one (A/B)'),
     WS_DQ=("red", 'the warp-specialized backward\'s atomic dQ: "red" (red.global.add.v2 from the registers) or '
                   '"bulk" (the two warpgroups\' halves in one swizzled fp32 tile in shared memory, added by bulk '
-                  'tensor reductions, FA3\'s way). Mid-session H200 run, b4 s4096: red 1.27x the older kernel at '
-                  'd128, 1.21x at d64; bulk as a reduction a row (since replaced) 0.95x / 0.69x'),
+                  'tensor reductions, FA3\'s way) or "redpp" (red, the consumer warpgroups taking turns at S^T / '
+                  'dP^T, each adding the previous tile\'s dQ: no barrier between them a tile). Mid-session H200 '
+                  'run, b4 s4096: red 1.27x the older kernel at d128, 1.21x at d64; bulk as a reduction a row '
+                  '(since replaced) 0.95x / 0.69x'),
 )
 
 activation = Switches(

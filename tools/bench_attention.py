@@ -582,8 +582,9 @@ BWD_SHAPES = [(4, 4096, 32, 32, 128)]  # --bwd-ab's default: (batch, sequence, h
 def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
     """`python3 tools/bench_attention.py --bwd-ab [--bwd-shapes 4x4096x32x32x128,...] [--reps N]`: the
     backward (deterministic = det), the warp-specialized dK / dV kernel (tuning.attention_bwd.WS, forced on
-    through attention_ws_bwd.HEAD_DIMS) with its two atomic dQ modes ("bulk": the shared fp32 tile added by
-    cp.reduce.async.bulk, "red": red.global.add from registers; tuning.attention_bwd.WS_DQ) against the older
+    through attention_ws_bwd.HEAD_DIMS) with its atomic dQ modes ("bulk": the shared fp32 tile added by bulk
+    tensor reductions, "red": red.global.add from registers, "redpp": red with the consumer warpgroups taking
+    turns at S^T / dP^T and each taking the previous tile's dQ; tuning.attention_bwd.WS_DQ) against the older
     wgmma kernel ("old") and SDPA's cuDNN backend (autograd.grad of its output) in the same run, causal
     (top-left) and not; TFLOP/s (2.5x the forward's FLOPs), ratios to cuDNN, their geometric means, and
     check: the max |new - old| over dQ, dK, dV (fp32 atomics: the order of additions differs, so not 0)."""
@@ -594,7 +595,8 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
     bf = pydnn.PYDNN_DATA_BFLOAT16
     variants = (("old", {"attention_bwd.WS": False}),
                 ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk"}),
-                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red"}))[:2 if det else 3]
+                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red"}),
+                ("redpp", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "redpp"}))[:2 if det else 4]
     names = [v[0] for v in variants]
     lines = [f"# attention backward A/B (deterministic={det}), {torch.cuda.get_device_name()}, bf16", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{n} TF/s" for n in names) + " | "

@@ -43,14 +43,14 @@ def query_rows(d):
 
 def smem_bytes(d, stages=STAGES):
     """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
-    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 1 + 2 STAGES mbarriers,
-    1 KiB alignment slack (d 128: 198696 bytes, d 64: 199720)."""
+    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 5 + 2 STAGES mbarriers,
+    1 KiB alignment slack (d 128: 198728 bytes, d 64: 199752)."""
     bm = query_rows(d)
     return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
-            + (2 * stages + 1) * 8 + 1024)
+            + (2 * stages + 5) * 8 + 1024)
 
 
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2}  # kDqNone, kDqRed, kDqBulk
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3}  # kDqNone, kDqRed, kDqBulk, kDqRedPP
 
 
 def dq_mode(atomic):

@@ -31,16 +31,16 @@ def test_units():
     for t in ("bf16", "f16"):
         u = units[f"attention.ws_bwd.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
-        assert u.exprs == tuple(WSB._expr(t, d, m) for d in (64, 128) for m in ("none", "red", "bulk"))
+        assert u.exprs == tuple(WSB._expr(t, d, m) for d in (64, 128) for m in ("none", "red", "bulk", "redpp"))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert set(units) <= {u.name for u in W.kernel_units()}  # registered through attention_wgmma_bwd
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
     assert WSB.smem_bytes(128) == (2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8
-                                   + 64 * 128 * 4 + 5 * 8 + 1024) == 198696
+                                   + 64 * 128 * 4 + 9 * 8 + 1024) == 198728
     assert WSB.smem_bytes(64) == (2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8
-                                  + 128 * 64 * 4 + 5 * 8 + 1024) == 199720
+                                  + 128 * 64 * 4 + 9 * 8 + 1024) == 199752
     for d in (64, 128):
         assert WSB.smem_bytes(d) <= SMEM_LIMIT
     assert WSB.smem_bytes(128, 3) <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
@@ -110,7 +110,7 @@ def _names(launches):
     return [x["f"].split("<")[0].split("::")[-1] for x in launches]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
@@ -234,7 +234,7 @@ class _Named:
         return lambda: self.gen > g
 
 
-def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_read=True):
+def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_read=True, pp=False, ds_wait=True):
     """One CTA of bwd_ws: the producer warp and the two consumer warpgroups as generators yielding wait
     conditions, run in a random interleaving; TMA boxes land after a random delay (their bytes on the
     full barrier). Checks that every stage a consumer reads holds its iteration's Q / dO / lse / dsum
@@ -248,6 +248,9 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
     qbuf, lbuf = [None] * stages, [None] * stages
     dsb = [[None, None] for _ in range(ds_buffers)]
     named, named_dq = _Named(2), _Named(2)
+    turn = [0, 0]   # kDqRedPP: pending bar.arrive counts on the turn barriers (one per arriving warpgroup)
+    dsfull = [_Mbar(8) for _ in range(2)]
+    dsempty = [_Mbar(8) for _ in range(2)]
     dqt = [None, None]
     reducing = []   # kDqBulk: [time left, iteration] while the reduction reads the dQ tile
     landing = []    # [time left, buffer, index, value, barrier, bytes]
@@ -269,7 +272,46 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             lbuf[s] = ("L", it)                     # the lanes' lse / dsum stores, then their arrivals
             full[s].arrive(32)
 
+    def consumer_pp(cw):
+        """kDqRedPP: S^T / dP^T issued on the warpgroup's turn, dS^T published on dsfull, the previous
+        iteration's dQ taken from it, its buffer released on dsempty."""
+        if cw == 1:
+            turn[0] += 1
+        if iters == 0:
+            return
+        yield lambda: kv.done(0)
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: full[s].done(n & 1)
+            yield lambda: turn[cw] > 0
+            turn[cw] -= 1
+            assert qbuf[s] == ("Q", it) and lbuf[s] == ("L", it)
+            turn[cw ^ 1] += 1
+            yield lambda: True                      # S^T, dP^T run; P^T, dS^T; dV issued
+            b, u = it & 1, it >> 1
+            if ds_wait:
+                yield lambda b=b, u=u: dsempty[b].done((u & 1) ^ 1)
+            dsb[b][cw] = it
+            dsfull[b].arrive(4)
+            if it > 0:
+                pb, pu = (it - 1) & 1, (it - 1) >> 1
+                yield lambda pb=pb, pu=pu: dsfull[pb].done(pu & 1)
+                assert dsb[pb] == [it - 1, it - 1]
+                yield lambda: True                  # the dQ wgmma reads both halves
+                assert dsb[pb] == [it - 1, it - 1], "a dS^T half rewritten under the other's dQ"
+                dsempty[pb].arrive(4)
+            assert qbuf[s] == ("Q", it)
+            empty[s].arrive(4)
+        last = iters - 1
+        yield lambda: dsfull[last & 1].done((last >> 1) & 1)
+        assert dsb[last & 1] == [last, last]
+        yield lambda: True
+        assert dsb[last & 1] == [last, last]
+
     def consumer(cw):
+        if pp:
+            yield from consumer_pp(cw)
+            return
         if iters == 0:
             return
         yield lambda: kv.done(0)
@@ -326,12 +368,21 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             live[i] = False
 
 
-@pytest.mark.parametrize("mode", ["none", "red", "bulk"])
+@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
 def test_synchronization_emulated(mode, stages, seed):
     rng = random.Random(2000 + seed)
-    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode == "bulk")
+    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode == "bulk",
+             pp=mode == "redpp")
+
+
+def test_emulation_catches_a_missing_ds_release():
+    """kDqRedPP without the dsempty wait: a warpgroup an iteration ahead rewrites its dS^T half while the
+    other's (delayed) dQ still reads the buffer."""
+    with pytest.raises(AssertionError):
+        for seed in range(200):
+            _emulate(12, 2, seed, pp=True, ds_wait=False)
 
 
 def test_emulation_catches_a_missing_bulk_read_wait():
