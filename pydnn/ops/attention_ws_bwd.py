@@ -23,10 +23,11 @@ from .._cuda import driver, tensormap
 ARCH = "sm_90"
 INSTANTIATED = (64, 128)
 # The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
-# pass after this kernel). Mid-session run (H200, 2026-11-28, bench_attention --bwd-ab, b4 s4096 h32/32,
-# TFLOP/s against the older bwd_dkdv_wg in the same run): atomic (dQ "red") d128 408 / 371 causal against
-# 320 / 288 (1.27x / 1.29x; 0.785x / 0.792x cuDNN), d64 328 / 294 against 270 / 249 (1.21x / 1.18x);
-# deterministic d128 1.13x / 1.17x, d64 1.23x / 1.15x.
+# pass after this kernel). Mid-session runs (H200, 2026-11-28, bench_attention --bwd-ab, b4 s4096, TFLOP/s
+# against the older bwd_dkdv_wg in the same run): atomic, dQ "bulk" (run 2): d128 451 / 402 causal against
+# 320 / 286 (0.876x / 0.796x cuDNN), d64 359 / 311 against 272 / 242, GQA 64/8 d128 452 / 369 against
+# 327 / 280 (geomean 0.832x cuDNN, the older kernel 0.615x); deterministic (run 1) d128 1.13x / 1.17x,
+# d64 1.23x / 1.15x.
 HEAD_DIMS = (64, 128)
 HEAD_DIMS_DET = (64, 128)
 THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups

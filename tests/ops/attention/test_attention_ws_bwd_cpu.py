@@ -523,9 +523,10 @@ def test_tiling_emulated_matches_the_reference(mask, case):
 @pytest.mark.parametrize("d", [64, 128])
 def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
     """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
-    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by red.global.add, WS_DQ's default)."""
+    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions, WS_DQ's
+    default)."""
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())
-    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "red"
+    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "bulk"
     assert d in WSB.HEAD_DIMS and d in WSB.HEAD_DIMS_DET
     _bwd(d=d, det=det)
-    assert launches[1]["f"] == WSB._expr("bf16", d, "none" if det else "red")
+    assert launches[1]["f"] == WSB._expr("bf16", d, "none" if det else "bulk")
