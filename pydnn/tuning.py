@@ -394,6 +394,15 @@ attention = Switches(
 attention_bwd = Switches(
     "attention_bwd", 'the wgmma attention backward (pydnn/ops/attention_wgmma_bwd.py)',
     ENABLED=(True, 'False: the attention backward always takes the mma.sync kernels (tests force either path)'),
+    WS=(True, 'sm_90, the head dims of pydnn/ops/attention_ws_bwd.py HEAD_DIMS, no per-batch lengths: the '
+              'warp-specialized dK / dV kernel (TMA producer warp, mbarrier ring, two consumer warpgroups); '
+              'False: the older wgmma one (A/B)'),
+    WS_DQ=("bulk", 'the warp-specialized backward\'s atomic dQ: "bulk" (FA3\'s way: the two warpgroups\' halves in '
+                   'one 128B-swizzled fp32 tile in shared memory, added by bulk tensor reductions), "red" '
+                   '(red.global.add.v2 from the registers) or "redpp" (red, the consumer warpgroups taking turns '
+                   'at S^T / dP^T, each adding the previous tile\'s dQ). Mid-session H200 run 2, b4 s4096, six '
+                   'points (d128 / d64 / GQA 64/8, causal and not): geomean over cuDNN bulk 0.832, redpp 0.778, '
+                   'red 0.755, the older kernel 0.615'),
 )
 
 activation = Switches(

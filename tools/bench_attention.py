@@ -576,6 +576,101 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
             f.write("\n".join(lines) + "\n")
 
 
+BWD_SHAPES = [(4, 4096, 32, 32, 128)]  # --bwd-ab's default: (batch, sequence, heads q, heads kv, head dim)
+
+
+def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
+    """`python3 tools/bench_attention.py --bwd-ab [--bwd-shapes 4x4096x32x32x128,...] [--reps N]`: the
+    backward (deterministic = det), the warp-specialized dK / dV kernel (tuning.attention_bwd.WS, forced on
+    through attention_ws_bwd.HEAD_DIMS) with its atomic dQ modes ("bulk": the shared fp32 tile added by bulk
+    tensor reductions, "red": red.global.add from registers, "redpp": red with the consumer warpgroups taking
+    turns at S^T / dP^T and each taking the previous tile's dQ; tuning.attention_bwd.WS_DQ) against the older
+    wgmma kernel ("old") and SDPA's cuDNN backend (autograd.grad of its output) in the same run, causal
+    (top-left) and not; TFLOP/s (2.5x the forward's FLOPs), ratios to cuDNN, their geometric means, and
+    check: the max |new - old| over dQ, dK, dV (fp32 atomics: the order of additions differs, so not 0)."""
+    import math
+    from pydnn.ops import attention_ws_bwd as WSB
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    variants = (("old", {"attention_bwd.WS": False}),
+                ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk"}),
+                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red"}),
+                ("redpp", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "redpp"}))[:2 if det else 4]
+    names = [v[0] for v in variants]
+    lines = [f"# attention backward A/B (deterministic={det}), {torch.cuda.get_device_name()}, bf16", "",
+             "| case | cuDNN TF/s | " + " | ".join(f"{n} TF/s" for n in names) + " | "
+             + " | ".join(f"{n}/cuDNN" for n in names) + " | max abs(new - old) |",
+             "|---|" + "---:|" * (2 * len(names) + 2)]
+    ratios = {n: [] for n in names}
+    dims, dims_det = WSB.HEAD_DIMS, WSB.HEAD_DIMS_DET
+    for bb, s, hq, hkv, d in shapes or BWD_SHAPES:
+        WSB.HEAD_DIMS, WSB.HEAD_DIMS_DET = (tuple(sorted(set(x) | {d})) for x in (dims, dims_det))
+        q, k, v = (torch.randn(bb, hh, s, d, dtype=torch.bfloat16, device="cuda") for hh in (hq, hkv, hkv))
+        o, do = torch.empty_like(q), torch.randn_like(q)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        lse = torch.empty(bb, hq, s, 1, dtype=torch.float32, device="cuda")
+        tq, tk, tv, to = _desc(q, bf), _desc(k, bf), _desc(v, bf), _desc(o, bf)
+        tl = _desc(lse, pydnn.PYDNN_DATA_FLOAT)
+        for causal in (False, True):
+            a = pydnn.create_attention_descriptor()
+            mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+            pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+            ws_n = pydnn.get_attention_backward_workspace_size(h, a, tq, tk)
+            ws = torch.empty(max(ws_n, 16), dtype=torch.uint8, device="cuda")
+            pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
+                                    tl, lse.data_ptr(), None, None, None, 0)
+
+            def bwd():
+                pydnn.attention_backward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
+                                         to, do.data_ptr(), tl, lse.data_ptr(), tq, dq.data_ptr(), tk, dk.data_ptr(),
+                                         tv, dv.data_ptr(), None, None, det, ws.data_ptr(), ws_n)
+            flops = 2.5 * 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
+            t_c = _torch_ms("cudnn", q, k, v, causal, True)
+            ms, outs, note = {}, {}, ""
+            for tag, over in variants:
+                with tuning.override(over):
+                    real, seen = WSB.launch_dkdv, []
+                    WSB.launch_dkdv = lambda *a_, **k_: seen.append(real(*a_, **k_)) or seen[-1]
+                    try:
+                        for t in (dq, dk, dv):
+                            t.fill_(float("nan"))
+                        bwd()
+                        torch.cuda.synchronize()
+                    finally:
+                        WSB.launch_dkdv = real
+                    if tag != "old" and seen != [True]:
+                        note = f" ({tag}: new kernel not launched, {seen})"
+                    outs[tag] = [t.clone() for t in (dq, dk, dv)]
+                    ms[tag] = time_ms(bwd, reps=reps, warmup=2) if reps else time_ms(bwd)
+            diff = max((x.float() - y.float()).abs().max().item() for n in names[1:]
+                       for x, y in zip(outs[n], outs["old"]))
+            tc = flops / t_c / 1e9 if t_c else float("nan")
+            for k_ in ratios:
+                if t_c:
+                    ratios[k_].append(t_c / ms[k_])
+            case = f"b{bb} s{s} h{hq}/{hkv} d{d}{' causal' if causal else ''}{note}"
+            tfs = " | ".join(f"{flops / ms[n] / 1e9:.0f}" for n in names)
+            rs = " | ".join(f"{t_c / ms[n]:.3f}" if t_c else "-" for n in names)
+            row = f"| {case} | {tc:.0f} | {tfs} | {rs} | {diff:.4g} |"
+            print(row, flush=True)
+            lines.append(row)
+            del outs, ws
+        del q, k, v, o, do, dq, dk, dv, lse
+        torch.cuda.empty_cache()
+    WSB.HEAD_DIMS, WSB.HEAD_DIMS_DET = dims, dims_det
+    lines.append("")
+    for k_, r in ratios.items():
+        if r:
+            g = math.exp(sum(math.log(x) for x in r) / len(r))
+            line = f"bwd {k_}: geomean {g:.3f}x cuDNN, min {min(r):.3f}, over {len(r)} points"
+            print(line, flush=True)
+            lines.append(line)
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
@@ -587,8 +682,15 @@ if __name__ == "__main__":
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
+    ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
+    ap.add_argument("--bwd-shapes", help="--bwd-ab: comma-separated BxSxHQxHKVxD (default 4x4096x32x32x128)")
+    ap.add_argument("--det", default="0", help="--bwd-ab: deterministic modes, comma-separated (0: atomic dQ)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.bwd_ab:
+        sh = [tuple(int(y) for y in x.split("x")) for x in args.bwd_shapes.split(",")] if args.bwd_shapes else None
+        for det in (int(x) for x in args.det.split(",")):
+            bwd_ab(args.out and args.out.replace(".md", f"_det{det}.md"), sh, reps=args.reps, det=det)
     if args.decode_splits:
         decode_splits(args.out)
     if args.fwd_ab:

@@ -80,6 +80,7 @@ from ..tensor import check_tensor, _int
 from . import attention_wgmma as W
 from . import attention_ws as WS
 from . import attention_wgmma_bwd as _wgb
+from . import attention_ws_bwd as _wsb
 from .common import TAG, cdiv, enum_arg, output_tensor, same_shape, scalar
 
 __all__ = ["AttentionDescriptor", "create_attention_descriptor", "set_attention_descriptor",
@@ -766,8 +767,10 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     p.dq_acc = None if det else wp + pr.ws[0]
     rows = pr.b * a.heads_q * pr.sq
     _launch(handle, fpre, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
-    if wg:
-        _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
+    if wg:  # the warp-specialized dK / dV kernel where it takes the call (attention_ws_bwd.usable), else the older
+        if not (_wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
+                and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
+            _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
     else:
         _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N) * DSPLIT[pr.d], a.heads_kv, pr.b), p)
     if det and wg:

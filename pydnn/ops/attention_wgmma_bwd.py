@@ -62,9 +62,12 @@ def unit_name(tag, d):
 
 
 def kernel_units():
+    """These units, and the warp-specialized backward's (pydnn/ops/attention_ws_bwd.py: registered here, the
+    build manifest lists this module)."""
+    from . import attention_ws_bwd
     return [KernelUnit(unit_name(tag, g[0]), "attention_wgmma_bwd.cu",
                        tuple(_expr(tag, d, at) for d in g for at in (True, False, None)), archs=(ARCH + "a",))
-            for g in ((64, 128), (96,)) for tag in TAGS]
+            for g in ((64, 128), (96,)) for tag in TAGS] + attention_ws_bwd.kernel_units()
 
 
 def _function(handle, tag, d, expr, smem):

@@ -14,9 +14,10 @@ SMEM_LIMIT = 227 * 1024  # sm_90's opt-in maximum per block
 
 
 def test_units_are_sm90a_only():
-    units = W.kernel_units()
+    units = [u for u in W.kernel_units() if u.source == "attention_wgmma_bwd.cu"]  # (+ attention_ws_bwd's, own test)
     assert [u.name for u in units] == ["attention.wgmma_bwd.bf16", "attention.wgmma_bwd.f16",
                                        "attention.wgmma_bwd.d96.bf16", "attention.wgmma_bwd.d96.f16"]
+    assert [u.name for u in W.kernel_units()][4:] == ["attention.ws_bwd.bf16", "attention.ws_bwd.f16"]
     for u in units:
         assert u.archs == ("sm_90a",) and u.source == "attention_wgmma_bwd.cu"
     # {D 64, 128} x {dK/dV atomic, plain, dQ}; D = 96 (D = 128's tiles, zero padding) in units of its own
@@ -46,6 +47,9 @@ def launches(monkeypatch):
     monkeypatch.setattr(driver, "launch", lambda f, grid, block, smem, stream, p: got.append((f, grid, block[0], smem)))
     monkeypatch.setattr(driver, "function_set_max_dynamic_smem", lambda f, n: None)
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
+    # the older dK / dV kernel's dispatch (the warp-specialized one: test_attention_ws_bwd_cpu.py; on a
+    # machine with a driver its tensor maps would encode and its launch go past this recorder)
+    monkeypatch.setattr(tuning.attention_bwd, "WS", False)
     return got
 
 

@@ -22,6 +22,7 @@ def wg_path(handle, monkeypatch):
     if handle.arch != W.ARCH:
         pytest.skip(f"the wgmma backward needs an {W.ARCH} device (this is {handle.arch})")
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS", False)  # (the warp-specialized one: test_attention_ws_bwd_gpu.py)
     # the forward (which produces O and lse here) on its validated mma.sync kernel: these tests are the
     # backward's (the wgmma forward has its own)
     monkeypatch.setattr(tuning.attention, "ENABLED", False, raising=False)

@@ -1,0 +1,442 @@
+// Fused attention backward on Hopper, warp specialized as FlashAttention-3 builds it (sm_90a units only;
+// the host side is pydnn/ops/attention_ws_bwd.py, the problem attention_params.h's). The preprocess
+// (dsum = rowsum(dO * O), the fp32 dQ accumulator zeroed) and the atomic mode's dQ conversion stay
+// attention.cu's bwd_pre / bwd_dq_convert, the deterministic mode's dQ pass attention_wgmma_bwd.cu's
+// bwd_dq_wg: this kernel replaces bwd_dkdv_wg (same problem, same workspace, same results up to the
+// order of fp32 additions).
+//
+//   bwd_ws<T, D, DQ, STAGES>: 384 threads, one CTA per (128 keys, K/V head, batch).
+//     warpgroup 0, the producer (setmaxnreg down to 24 registers; warps 1-3 leave at once): warp 0's
+//       lane 0 loads the CTA's K and V tiles once (TMA, on the kv barrier), then, for each (query head of
+//       the group, query tile of BM rows) the CTA walks, Q and dO by TMA into a ring of STAGES stages
+//       (128B-swizzled slabs of 64 columns: wgmma's layout, the box's rows past the tensor zero filled)
+//       completing on the stage's "full" barrier (expect_tx), while the warp's 32 lanes load the tile's
+//       lse (turned into log2 units, +inf past len_q: P = 0) and dsum (0 past len_q) into the stage and
+//       arrive on the same barrier (arrival count 1 + 32). A stage is refilled after its "empty" barrier
+//       saw all 8 consumer warps release it.
+//     warpgroups 1 and 2, the consumers (setmaxnreg up to 240): warpgroup w owns keys 64 w .. 64 w + 63
+//       of the CTA's 128 (wgmma's M = 64) and keeps their dK and dV in registers across the whole walk.
+//       Per stage (bwd_dkdv_wg's arithmetic): S^T = K Q^T, dP^T = V dO^T (SS wgmma, two groups: P^T's
+//       exponentials run under dP^T's MMAs), P^T and dS^T = P^T (dP^T - dsum) in registers, dV += P^T dO
+//       and dK += dS^T Q (register-A wgmma); DQ != kDqNone (ATOMIC): dS^T to shared memory (double
+//       buffered), the two warpgroups meet on a named barrier, dQ = dS K (each warpgroup half of it: D = 128
+//       64 columns, D = 64 64 query rows), added to the fp32 accumulator: kDqRed red.global.add.v2 from the
+//       registers, kDqBulk FA3's way (below). Then the stage is released.
+//     dK (times the scale) and dV go from the accumulators to global memory at the end; keys past their
+//     length get zeros.
+// TMA brings rows past len_q / len_kv but inside the tensor as they are (not zeros), so the host sends
+// calls with per-batch lengths to bwd_dkdv_wg (pydnn/ops/attention_ws_bwd.py usable).
+//
+// Barrier protocol (ptx/common/tma.cuh's; emulated in tests/ops/attention/test_attention_ws_bwd_cpu.py):
+//   kv: count 1, one phase (producer expect_tx + 4 D/64-slab boxes of K and V); consumers wait parity 0.
+//   full[s]: count 33; use n of stage s: producer waits empty[s] parity (n & 1) ^ 1, lane 0
+//     arrive_expect_tx(2 Q_BYTES) + the Q / dO boxes, every lane stores its lse / dsum rows and arrives;
+//     consumers wait full[s] parity n & 1.
+//   empty[s]: count 8 (one per consumer warp, after the warpgroup's last wgmma reading the stage waited).
+//   named barrier kBarDS (256 consumer threads), ATOMIC only: both halves of dS^T written before either
+//     warpgroup's dQ wgmma reads them; dS^T is double buffered, so a warpgroup writing buffer it & 1 at
+//     iteration it is past the other's dQ of it - 2 (the other reached barrier it - 1 after that wait).
+//   kDqRedPP (red, without the per-tile meeting): named barriers kBarTurn + w strictly alternate the
+//     warpgroups' S^T / dP^T issue (bar.sync on its own, bar.arrive on the other's right after issuing;
+//     warpgroup 1 pre-arrives once), so one's exponentials run under the other's MMAs; dS^T buffer i has
+//     mbarriers dsfull[i] (8 warps: both halves written) and dsempty[i] (8 warps: both dQs that read it
+//     done); iteration it writes buffer it & 1 after dsempty's phase for it - 2, arrives on dsfull, then
+//     computes dQ of it - 1 (waits dsfull of it - 1) and releases that buffer; the last dQ after the loop.
+//   kDqBulk: the fp32 dQ tile (one buffer): both halves stored, fence.proxy.async, named barrier kBarDQ,
+//     then thread 128 issues the bulk tensor reductions; it waits for their reads (wait_group.read) before
+//     it arrives on the next iteration's kBarDS, which every thread passes before storing its next half;
+//     it waits for the reductions' completion before the CTA ends.
+#include "common/types.cuh"
+#include "common/attn_mma.cuh"
+#include "common/attn_pipe.cuh"
+#include "common/attn_problem.cuh"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "attention_params.h"
+
+namespace pydnn {
+namespace attn_wsb {
+
+using attn::at;
+using attn::exp2_fast;
+using attn::red_add2;
+using attn::Seq;
+using attn::seq_of;
+
+constexpr int kThreads = 384;  // warpgroup 0 the producer, 1 and 2 the consumers
+constexpr int kBN = 128;       // keys per CTA
+// 24 x 128 + 240 x 256 = 64512 = 168 x 384, the launch's pool (FA3's split; an inc past the pool hangs)
+constexpr int kProdRegs = 24, kConsRegs = 240;
+constexpr int kBarDS = 1;      // named barrier: both warpgroups' dS^T in shared memory
+constexpr int kConsumerWarps = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kInf = 1.0f / 0.0f;
+
+// Tiles and the shared-memory layout (byte offsets from a 1024-aligned base). pydnn/ops/attention_ws_bwd.py
+// mirrors SMEM.
+// dQ modes: kDqNone (deterministic: the older dQ pass computes it), kDqRed (red.global.add.v2 from the
+// accumulator registers, bwd_dkdv_wg's way), kDqBulk (FA3's: the warpgroups' halves into one fp32 tile in
+// shared memory, then one thread's cp.reduce.async.bulk .add.f32 of the whole tile: its rows are contiguous
+// in the accumulator, [b][h][i][D]).
+constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2, kDqRedPP = 3;
+
+template <int D, int STAGES> struct Cfg {
+  static constexpr int BM = D > 64 ? 64 : 128;  // query rows a stage (bwd_dkdv_wg's: 192 accumulator registers)
+  static constexpr int KV_BYTES = kBN * D * 2;
+  static constexpr int Q_BYTES = BM * D * 2;
+  static constexpr int DS_BYTES = kBN * BM * 2;
+  static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
+                       OFF_DS = OFF_DO + STAGES * Q_BYTES, OFF_L = OFF_DS + 2 * DS_BYTES,
+                       OFF_DQ = OFF_L + STAGES * BM * 8,  // lse [STAGES][BM], then dsum [STAGES][BM]
+                       DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile, D / 32 slabs of BM
+                                                          //   rows of 128 bytes, 128B-swizzled (TMA's)
+                       OFF_BAR = OFF_DQ + DQ_BYTES;
+  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 5) * 8 + 1024;  // + kv, full, empty, dsfull, dsempty; + slack
+};
+
+// Q, dO, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64 columns (one 128B-swizzled slab) x
+// BM rows (Q, dO) or 128 (K, V).
+// dqacc (kDqBulk): the fp32 accumulator as (D, seq_q, batch x heads_q), boxes of 32 columns x BM rows.
+struct Maps {
+  tma::TensorMap q, dout, k, v, dqacc;
+};
+
+// The bulk tensor reduction (sm_90): the box at (c0, c1, c2) of `map` += the 128B-swizzled tile at shared
+// address src (rows of the box past the tensor skipped), one thread; the bulk group's commit and waits
+// (.read: the source may be overwritten; without: the additions done).
+__device__ __forceinline__ void bulk_reduce_add_3d(const tma::TensorMap* map, unsigned src, int c0, int c1, int c2) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ halves in the fp32 tile
+constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
+
+template <class T, int D, int DQ, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqRedPP, "bwd_ws tile");
+  constexpr bool PP = DQ == kDqRedPP;
+  static_assert(Cfg<D, STAGES>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
+  constexpr bool ATOMIC = DQ != kDqNone;
+  using C = Cfg<D, STAGES>;
+  constexpr int BM = C::BM, BN = kBN;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = tma::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const unsigned sb = tma::smem_addr(smem);
+  const unsigned sK = sb + C::OFF_K, sV = sb + C::OFF_V, sQ = sb + C::OFF_Q, sdO = sb + C::OFF_DO;
+  const unsigned sdS = sb + C::OFF_DS;
+  float* sL = reinterpret_cast<float*>(smem + C::OFF_L);  // [STAGES][BM] lse in log2 units (+inf: P = 0)
+  float* sDs = sL + STAGES * BM;                           // [STAGES][BM] dsum
+  const unsigned kvbar = sb + C::OFF_BAR;
+  auto full = [&](int s) { return kvbar + 8u * (1 + s); };
+  auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
+  auto dsfull = [&](int i) { return kvbar + 8u * (1 + 2 * STAGES + i); };   // (kDqRedPP)
+  auto dsempty = [&](int i) { return kvbar + 8u * (3 + 2 * STAGES + i); };
+
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const Seq sq = seq_of(p, b);
+  const int n0 = blockIdx.x * BN;
+  // query rows that can see a key of this block: i >= n0 - offset (causal); all rows otherwise
+  const int i_first = (sq.causal && n0 < sq.len_kv) ? max(0, n0 - sq.offset) : 0;
+  const int mt0 = i_first / BM;
+  const int mtiles = (n0 < sq.len_kv && i_first < sq.len_q) ? (sq.len_q + BM - 1) / BM - mt0 : 0;
+  const int iters = mtiles * p.group;
+
+  if (threadIdx.x == 0) {
+    tma::mbar_init(kvbar, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      tma::mbar_init(full(s), 33);
+      tma::mbar_init(empty(s), kConsumerWarps);
+    }
+    for (int i = 0; i < 2; ++i) {
+      tma::mbar_init(dsfull(i), kConsumerWarps);
+      tma::mbar_init(dsempty(i), kConsumerWarps);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    tma::regs_dealloc<kProdRegs>();
+    if (threadIdx.x >= 32 || iters == 0) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+      tma::prefetch_map(&tm.q);
+      tma::prefetch_map(&tm.dout);
+      tma::mbar_arrive_expect_tx(kvbar, 2 * C::KV_BYTES);
+#pragma unroll
+      for (int sl = 0; sl < D / 64; ++sl) {
+        tma::load_4d(sK + sl * BN * 128, &tm.k, kvbar, sl * 64, n0, hk, b);
+        tma::load_4d(sV + sl * BN * 128, &tm.v, kvbar, sl * 64, n0, hk, b);
+      }
+    }
+    const long long ls0 = p.stride[PYDNN_ATTN_T_LSE][0], ls1 = p.stride[PYDNN_ATTN_T_LSE][1],
+                    ls2 = p.stride[PYDNN_ATTN_T_LSE][2];
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % STAGES, n = it / STAGES;
+      const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
+      tma::mbar_wait(empty(s), (n & 1) ^ 1);
+      if (lane == 0) {
+        tma::mbar_arrive_expect_tx(full(s), 2 * C::Q_BYTES);
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl) {
+          tma::load_4d(sQ + s * C::Q_BYTES + sl * BM * 128, &tm.q, full(s), sl * 64, m0, h, b);
+          tma::load_4d(sdO + s * C::Q_BYTES + sl * BM * 128, &tm.dout, full(s), sl * 64, m0, h, b);
+        }
+      }
+      const float* gl = p.lse + (long long)b * ls0 + (long long)h * ls1;
+      const float* gd = p.dsum + ((long long)b * p.heads_q + h) * p.seq_q;
+#pragma unroll
+      for (int k = 0; k < BM / 32; ++k) {
+        const int r = lane + 32 * k, row = m0 + r;
+        float lv = kInf, dv = 0.f;
+        if (row < sq.len_q) {
+          const float x = gl[(long long)row * ls2];
+          lv = x > -kInf ? x * kLog2e : kInf;  // a row that saw nothing: P = 0
+          dv = gd[row];
+        }
+        sL[s * BM + r] = lv;
+        sDs[s * BM + r] = dv;
+      }
+      tma::mbar_arrive(full(s));  // (release: the stores above before the phase completes)
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------------------------- consumers
+  tma::regs_alloc<kConsRegs>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, g = l >> 2, q4 = l & 3;
+  const int wkey = n0 + cw * 64;  // this warpgroup's first key
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  if (iters > 0) tma::mbar_wait(kvbar, 0);
+  if (PP && cw == 1) attn::bar_arrive(kBarTurn, 256);  // consumer warpgroup 0 issues first
+  // dQ's way out, red.global.add.v2 from the accumulator fragment (query head hq_, tile m0_): element
+  // 4 j + 2 hh + e is (row r0 + 8 hh, column c0 + 8 j + e) of the tile
+  const int r0 = (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
+  auto red_dq = [&](const float (&dq)[32], int hq_, int m0_) {
+    float* base = p.dq_acc + ((long long)b * p.heads_q + hq_) * p.seq_q * D;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = m0_ + r0 + 8 * hh;
+      if (row < sq.len_q) {
+        float* r = base + (long long)row * D + c0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      }
+    }
+  };
+
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % STAGES, n = it / STAGES;
+    const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
+    tma::mbar_wait(full(s), n & 1);
+    const unsigned q_s = sQ + s * C::Q_BYTES, do_s = sdO + s * C::Q_BYTES;
+
+    // S^T = K Q^T and dP^T = V dO^T (64 keys x BM queries each; k16 steps along d: slab kk / 4 of the
+    // tiles, 32 bytes per step within the swizzled rows)
+    float sc[BM / 2], dp[BM / 2];
+    if (PP) tma::named_sync(kBarTurn + cw, 256);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      wgmma::Mma<T, BM, 0, 0>::run(sc, wgmma::desc_sw128(sK + ko, 16, 1024), wgmma::desc_sw128(q_s + qo, 16, 1024), kk > 0);
+    }
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      wgmma::Mma<T, BM, 0, 0>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
+    }
+    wgmma::commit();
+    if (PP) attn::bar_arrive(kBarTurn + (cw ^ 1), 256);
+    wgmma::wait<1>();
+    wgmma::fence_operands(sc);
+
+    // P^T, dS^T. Accumulator element 4 j + 2 hh + e: key wkey + 16 warp + g + 8 hh, query m0 + 8 j + 2 q4 + e.
+    const int key0 = wkey + warp * 16 + g;
+    const bool need_mask = (sq.causal && wkey + 63 > m0 + sq.offset) || wkey + 63 >= sq.len_kv;
+    const float* lt = sL + s * BM;
+    const float* dt = sDs + s * BM;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = 4 * j + 2 * hh + e;
+          float x = sc[idx];
+          if (need_mask) {
+            const int key = key0 + 8 * hh, qi = m0 + j * 8 + 2 * q4 + e;
+            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
+          }
+          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
+        }
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operands(dp);
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(dt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dp[4 * j + i] = sc[4 * j + i] * (dp[4 * j + i] - ((i & 1) ? dd.y : dd.x));
+    }
+    unsigned pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        pa[ks][c] = pack16x2<T>(sc[8 * ks + 2 * c], sc[8 * ks + 2 * c + 1]);
+        da[ks][c] = pack16x2<T>(dp[8 * ks + 2 * c], dp[8 * ks + 2 * c + 1]);
+      }
+
+    // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride).
+    // ATOMIC: three groups, dV, dQ, dK: dV runs while dS^T is stored and the warpgroups meet, dK while dQ
+    // goes out (wgmma groups retire in order: wait<1> after dK's commit means dV and dQ done).
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < BM / 16; ++ks)
+      wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
+    if constexpr (!ATOMIC) {
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+    }
+    wgmma::commit();
+
+    if constexpr (ATOMIC) {
+      // dS^T into shared memory as [key][query] (while the dV wgmmas run)
+      const int dbuf = it & 1;
+      if (PP) tma::mbar_wait(dsempty(dbuf), ((it >> 1) & 1) ^ 1);  // both warpgroups' dQ of it - 2 done
+      unsigned short* ds = reinterpret_cast<unsigned short*>(smem + C::OFF_DS + dbuf * C::DS_BYTES);
+      const int kr = cw * 64 + warp * 16 + g;
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          *reinterpret_cast<unsigned*>(ds + wgmma::sw128<BN>(kr + 8 * (c & 1), 2 * ks + (c >> 1)) + 2 * q4) = da[ks][c];
+      wgmma::fence_proxy_async();
+      // kDqRedPP: this dS^T published (dsfull), and the dQ taken is the previous iteration's (its dS^T
+      // complete: the other warpgroup may run up to an iteration behind; at it = 0 a wgmma on a buffer no
+      // one wrote, its result dropped: no wgmma under a branch); else both warpgroups meet here
+      const int pit = PP ? it - 1 : it;
+      if constexpr (PP) {
+        __syncwarp();
+        if (l == 0) tma::mbar_arrive(dsfull(dbuf));
+        if (it > 0) tma::mbar_wait(dsfull(pit & 1), (pit >> 1) & 1);
+      } else {
+        if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
+        tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
+      }
+      // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
+      // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
+      // D = 64: query rows 64 w.. (slab w of dS^T).
+      float dq[32];
+      const unsigned ao = D > 64 ? 0u : cw * (BN * 128), bo = D > 64 ? cw * (BN * 128) : 0u;
+      const unsigned dsb = sdS + (pit & 1) * C::DS_BYTES;
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
+                                     wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+      wgmma::commit();
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::commit();
+      wgmma::wait<1>();  // dV and dQ done; dK may run on
+      wgmma::fence_operands(dq);
+      if constexpr (DQ == kDqRed) {
+        red_dq(dq, h, m0);
+      } else if constexpr (PP) {
+        if (it > 0) {
+          red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+          __syncwarp();
+          if (l == 0) tma::mbar_arrive(dsempty(pit & 1));
+        }
+      } else {
+        // this warpgroup's half into the swizzled tile (slab c / 32, row r at 128 r, 16-byte chunk
+        // (c % 32) / 4 at chunk ^ (r & 7): a warp's float2 stores cover all 32 banks, 2 wavefronts), then
+        // thread 128 adds it to the accumulator with D / 32 bulk tensor reductions (TMA skips the rows past
+        // seq_q; rows past len_q inside it hold zeros: P = 0 there)
+        unsigned char* sdq = smem + C::OFF_DQ;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int rr = r0 + 8 * hh, cc = c0 + 8 * j, w = cc & 31;
+            *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + ((((w >> 2) ^ (rr & 7))) << 4) + (w & 3) * 4) =
+                make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+          }
+        wgmma::fence_proxy_async();
+        tma::named_sync(kBarDQ, 256);
+        if (threadIdx.x == 128) {
+          const unsigned src = tma::smem_addr(sdq);
+#pragma unroll
+          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
+          bulk_commit();
+        }
+      }
+      wgmma::wait<0>();  // dK done: Q and dO of this stage are free
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(empty(s));
+    } else {
+      wgmma::wait<0>();  // Q / dO of this stage are read until here
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(empty(s));
+    }
+  }
+  if constexpr (PP) {  // the last iteration's dQ (iters = 0: a wgmma on a buffer no one wrote, dropped)
+    const int pit = iters - 1;
+    if (iters > 0) tma::mbar_wait(dsfull(pit & 1), (pit >> 1) & 1);
+    float dq[32];
+    const unsigned ao = D > 64 ? 0u : cw * (BN * 128), bo = D > 64 ? cw * (BN * 128) : 0u;
+    const unsigned dsb = sdS + (pit & 1) * C::DS_BYTES;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
+                                   wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(dq);
+    if (iters > 0) red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+  }
+  wgmma::fence_operands(dk);
+  wgmma::fence_operands(dv);
+  if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
+
+  // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
+  T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));
+  T* gdv = const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk));
+  const long long ldk = p.stride[PYDNN_ATTN_T_DK][2], ldv = p.stride[PYDNN_ATTN_T_DV][2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = wkey + warp * 16 + g + 8 * hh;
+    if (key >= p.seq_kv) continue;
+    const bool live = key < sq.len_kv;
+    T* rk = gdk + (long long)key * ldk + 2 * q4;
+    T* rv = gdv + (long long)key * ldv + 2 * q4;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<unsigned*>(rk + 8 * j) = live ? pack16x2<T>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale) : 0u;
+      *reinterpret_cast<unsigned*>(rv + 8 * j) = live ? pack16x2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]) : 0u;
+    }
+  }
+}
+
+}  // namespace attn_wsb
+}  // namespace pydnn

@@ -1,0 +1,137 @@
+"""Fused attention backward on Hopper, warp specialized as FlashAttention-3 builds it (ptx/attention_ws_bwd.cu;
+units attention.ws_bwd.<tag>, sm_90a only, registered through attention_wgmma_bwd.kernel_units).
+
+bwd_ws<T, D, ATOMIC, STAGES> replaces the older wgmma dK / dV kernel (attention_wgmma_bwd.py's
+bwd_dkdv_wg) where `usable` says so: one CTA per (128 keys, K/V head, batch), a producer warp loading K / V
+once and then Q / dO (TMA) with lse / dsum (plain loads) into a STAGES-deep mbarrier ring, two consumer
+warpgroups of 64 keys each holding dK / dV in registers across the walk over the group's query heads and
+tiles, dQ added to the fp32 accumulator (deterministic = 0: red.global.add from the registers, or FA3's
+bulk reduction of a shared-memory tile, tuning.attention_bwd.WS_DQ) or left to the deterministic dQ pass. The
+preprocess, the dQ conversion and the deterministic dQ pass are unchanged (pydnn/ops/attention.py's
+attention_backward launches them around this kernel), and so is the workspace.
+
+Not taken (the older kernel runs): per-batch lengths (TMA's boxes would bring rows past a length that are
+not zero), a launch recorder listening (the tensor maps hold pointers a record cannot patch), a head dim
+outside HEAD_DIMS (HEAD_DIMS_DET for deterministic = 1), dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
+"""
+import ctypes
+
+from .. import tuning
+from .._build.manifest import KernelUnit
+from .._cuda import driver, tensormap
+
+ARCH = "sm_90"
+INSTANTIATED = (64, 128)
+# The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
+# pass after this kernel). Mid-session runs (H200, 2026-11-28, bench_attention --bwd-ab, b4 s4096, TFLOP/s
+# against the older bwd_dkdv_wg in the same run): atomic, dQ "bulk" (run 2): d128 451 / 402 causal against
+# 320 / 286 (0.876x / 0.796x cuDNN), d64 359 / 311 against 272 / 242, GQA 64/8 d128 452 / 369 against
+# 327 / 280 (geomean 0.832x cuDNN, the older kernel 0.615x); deterministic (run 1) d128 1.13x / 1.17x,
+# d64 1.23x / 1.15x.
+HEAD_DIMS = (64, 128)
+HEAD_DIMS_DET = (64, 128)
+THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups
+KEYS = 128              # kBN
+STAGES = 2
+TAGS = ("bf16", "f16")
+CTYPE = {"bf16": "pydnn::bf16_t", "f16": "pydnn::half_t"}
+
+
+def query_rows(d):
+    """Cfg<D>::BM: query rows a stage (bwd_dkdv_wg's: the S^T / dP^T and dK / dV accumulators)."""
+    return 64 if d > 64 else 128
+
+
+def smem_bytes(d, stages=STAGES):
+    """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
+    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 5 + 2 STAGES mbarriers,
+    1 KiB alignment slack (d 128: 198728 bytes, d 64: 199752)."""
+    bm = query_rows(d)
+    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
+            + (2 * stages + 5) * 8 + 1024)
+
+
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3}  # kDqNone, kDqRed, kDqBulk, kDqRedPP
+
+
+def dq_mode(atomic):
+    """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ."""
+    return tuning.attention_bwd.WS_DQ if atomic else "none"
+
+
+def _expr(tag, d, mode, stages=STAGES):
+    """bwd_ws<T, D, DQ, STAGES>; mode a DQ_MODES key."""
+    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
+
+
+def unit_name(tag):
+    return f"attention.ws_bwd.{tag}"
+
+
+def kernel_units():
+    return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
+                       tuple(_expr(tag, d, m) for d in INSTANTIATED for m in DQ_MODES), archs=(ARCH + "a",))
+            for tag in TAGS]
+
+
+def usable(handle, d, tag, dropout, p, atomic=True):
+    """Whether bwd_ws runs this problem (params p: lens_q / lens_kv set or not; atomic: deterministic = 0)."""
+    return (tuning.attention_bwd.WS and tuning.attention_bwd.ENABLED and handle.arch == ARCH and dropout == 0
+            and d in (HEAD_DIMS if atomic else HEAD_DIMS_DET) and d in INSTANTIATED and tag in TAGS and not p.lens_q and not p.lens_kv
+            and driver._recorders == 0 and not (p.dq_acc or 0) % 16)  # (the bulk reduction's alignment)
+
+
+class Maps(ctypes.Structure):
+    """attention_ws_bwd.cu Maps: the encoded Q, dO, K, V tensor maps and (bulk dQ) the fp32 accumulator's
+    (128 bytes each; zeros where the kernel does not read it)."""
+    _fields_ = [("raw", ctypes.c_ubyte * 640)]
+
+
+_MAPS = {}          # (tag, d, pointers, sizes, strides) -> Maps: a repeated call encodes nothing
+_MAPS_LIMIT = 64
+
+
+def _encode(tag, ptr, dims, st, rows):
+    """A 4-d (d, seq, heads, batch) tiled map, strides st = (batch, head, seq) in elements, boxes of 64
+    columns x rows, 128B swizzle, out-of-bounds zero."""
+    return tensormap.encode_tiled(tag, int(ptr), dims, [2 * st[2], 2 * st[1], 2 * st[0]], (64, rows, 1, 1))
+
+
+def maps(tag, d, p, mode="none"):
+    """The Maps of a call (params p; tensors 0 Q, 1 K, 2 V, 4 dO of attention_params.h; mode "bulk": the
+    dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
+    b, hq, hkv = p.batch, p.heads_q, p.heads_kv
+    st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
+    acc = p.dq_acc if mode == "bulk" else None
+    key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
+    m = _MAPS.get(key)
+    if m is not None:
+        return m
+    bm = query_rows(d)
+    raw = (_encode(tag, p.q, (d, p.seq_q, hq, b), st[0], bm) + _encode(tag, p.dout, (d, p.seq_q, hq, b), st[4], bm)
+           + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], KEYS)
+           + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], KEYS))
+    if acc:
+        raw += tensormap.encode_tiled("f32", int(acc), (d, p.seq_q, b * hq), [4 * d, 4 * d * p.seq_q], (32, bm, 1))
+    m = Maps()
+    ctypes.memmove(ctypes.addressof(m), raw, len(raw))
+    if len(_MAPS) >= _MAPS_LIMIT:
+        _MAPS.clear()
+    _MAPS[key] = m
+    return m
+
+
+def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
+    """bwd_ws over (128-key blocks, K/V heads, batch). Returns False (nothing launched) when the driver
+    refuses a tensor map: the caller then runs the older kernel."""
+    mode = dq_mode(atomic)
+    try:
+        m = maps(tag, d, p, mode)
+    except Exception:  # noqa: BLE001 - a layout the encoder refuses
+        return False
+    smem = smem_bytes(d)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode), smem)
+    arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
+    driver.launch_args(f, ((seq_kv + KEYS - 1) // KEYS, heads_kv, batch), (THREADS, 1, 1), smem, handle.cu_stream,
+                       (arr, ctypes.addressof(arr), p, m))
+    return True

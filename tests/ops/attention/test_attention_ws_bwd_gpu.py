@@ -1,0 +1,115 @@
+"""The warp-specialized Hopper attention backward, ptx/attention_ws_bwd.cu (pydnn/ops/attention_ws_bwd.py),
+forced on (tuning.attention_bwd.WS, HEAD_DIMS 64 and 128) against the float64 reference: bf16 / fp16, d 64
+and d 128, MHA / GQA / MQA, no mask and both causal alignments, BHSD and BSHD, lengths that are not
+multiples of the 128-key blocks or the query tiles (TMA's zero fill past the tensor), more keys than
+queries and more queries than keys (key blocks that see no query: dK = dV = 0 written, no load issued),
+several query tiles and group heads per CTA (the stage ring wrapping many times), both dQ modes (atomic,
+by red.global.add or by bulk tensor reductions of a shared fp32 tile (TMA skipping the tile's rows past
+seq_q); deterministic: bwd_ws without atomics +
+the older dQ pass, bit-identical reruns). Outputs poisoned first
+and stride gaps checked untouched (test_attention_gpu.py's _check_backward). Every backward call is
+checked to have launched bwd_ws (a silent fallback fails); per-batch lengths are checked to go to the
+older kernel. The forward producing O and lse is the default one. Skipped on devices other than sm_90."""
+import pytest
+
+from pydnn import tuning
+from pydnn.ops import attention_wgmma_bwd as W
+from pydnn.ops import attention_ws_bwd as WSB
+from test_attention_gpu import BF16, BR, F16, NONE, TL, Problem, _check_backward, _check_forward
+
+pytestmark = pytest.mark.gpu
+MASKS = [NONE, TL, BR]
+MASK_IDS = ["none", "tl", "br"]
+
+
+@pytest.fixture
+def wsb(handle, monkeypatch):
+    """bwd_ws forced on for d 64 / 128; returns the list of launches: "ws" / "ws atomic" for bwd_ws (that
+    launched), "old" / "old atomic" for bwd_dkdv_wg."""
+    if handle.arch != WSB.ARCH:
+        pytest.skip(f"the warp-specialized backward runs on {WSB.ARCH} only (device: {handle.arch})")
+    monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS", True)
+    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
+    calls = []
+    real_ws, real_old = WSB.launch_dkdv, W.launch_dkdv
+
+    def ws(handle, tag, d, atomic, *args):
+        ok = real_ws(handle, tag, d, atomic, *args)
+        calls.append(("ws atomic" if atomic else "ws") if ok else "ws refused")
+        return ok
+
+    def old(handle, tag, d, atomic, *args):
+        calls.append("old atomic" if atomic else "old")
+        return real_old(handle, tag, d, atomic, *args)
+
+    monkeypatch.setattr(WSB, "launch_dkdv", ws)
+    monkeypatch.setattr(W, "launch_dkdv", old)
+    return calls
+
+
+_LAUNCHES = {0: ["ws atomic"], 1: ["ws", "ws"]}  # deterministic = 1 runs twice (same bits)
+
+
+def _run(handle, rng, pb, calls, modes=(0, 1)):
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=modes)
+    want = [c for m in modes for c in _LAUNCHES[m]]
+    assert calls == want, f"backward dK / dV launches {calls}, expected {want}"
+
+
+CASES = [  # b, hq, hkv, sq, skv, d, layout
+    (2, 4, 4, 150, 150, 64, "bhsd"),     # MHA, lengths not multiples of the tiles
+    (1, 4, 2, 70, 200, 128, "bshd"),     # GQA, more keys than queries (top-left: key blocks seeing nothing)
+    (2, 4, 1, 200, 97, 64, "bshd"),      # MQA, more queries than keys (bottom-right: empty rows)
+    (1, 2, 2, 256, 256, 128, "bhsd"),    # whole tiles
+]
+IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
+
+
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_backward_ws(handle, rng, wsb, monkeypatch, dtype, mask, case, dq):
+    """Both atomic dQ modes (tuning.attention_bwd.WS_DQ): the bulk reduction of a shared tile, red.global.add."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    b, hq, hkv, sq, skv, d, layout = case
+    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
+
+
+LONG_CASES = [  # several 128-key blocks and query tiles per CTA, partial last ones
+    (1, 8, 2, 300, 333, 128, "bshd"),   # GQA 4: 4 heads x 5 tiles a CTA
+    (2, 4, 1, 333, 300, 64, "bhsd"),    # MQA
+    (1, 2, 2, 512, 512, 128, "bhsd"),   # whole tiles
+    (1, 2, 2, 385, 129, 64, "bshd"),    # more queries than keys: one key past a block boundary
+    (1, 4, 4, 1000, 1000, 128, "bhsd"), # 16 query tiles a CTA: the ring wraps 8 times
+]
+LONG_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in LONG_CASES]
+
+
+@pytest.mark.parametrize("dq", ["red", "bulk", "redpp"])
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", LONG_CASES, ids=LONG_IDS)
+def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    b, hq, hkv, sq, skv, d, layout = case
+    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_variable_lengths_take_the_older_kernel(handle, rng, wsb, d):
+    """Per-batch lengths: bwd_dkdv_wg (TMA would bring rows past a length as they are)."""
+    pb = Problem(rng, 3, 4, 2, 230, 260, d, BF16, TL, "bshd", lens=([230, 37, 0], [5, 260, 129]), pad=8)
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(0, 1))
+    assert wsb == ["old atomic", "old", "old"]
+
+
+def test_switch_off_takes_the_older_kernel(handle, rng, wsb, monkeypatch):
+    monkeypatch.setattr(tuning.attention_bwd, "WS", False)
+    pb = Problem(rng, 1, 4, 2, 150, 211, 128, BF16, BR, "bshd")
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(0,))
+    assert wsb == ["old atomic"]
