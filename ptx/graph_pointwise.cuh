@@ -65,6 +65,15 @@ __device__ __forceinline__ float gelu_fast(float x) {
   const float u = fminf(fabsf(x), 1e30f) * t;
   return fmaf(-u, e, fmaxf(x, 0.0f));
 }
+// TANH_FWD by the hardware's tanh.approx.f32 (MUFU.TANH, sm_75 on; max relative error 2^-10.987, the
+// RNN's PERSIST_FAST_MATH form): one instruction where tanhf takes ~15 (tanh_nonneg 12). Emitted only with
+// tuning.graph.PW_TANH_FAST and where every output of the kernel is bfloat16, whose half ulp (2^-9
+// relative) is 4x the approximation's error (codegen.expressions); sm_80's and sm_90's PTX both have it.
+__device__ __forceinline__ float tanh_fast(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 __device__ __forceinline__ float swish_grad(float v, float beta) {
   float s = 1.0f / (1.0f + expf(-beta * v));
   return s + beta * v * s * (1.0f - s);

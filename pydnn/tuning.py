@@ -544,9 +544,16 @@ graph = Switches(
                       "65536 / (256 n)"),
     PW_RANGE=(True, "TANH_FWD of a value a RELU_FWD clips into [0, 9] (slope 0) as tanh_nonneg: tanhf's bits there "
                     "without its saturation and sign steps (3 instructions an element less); off: tanhf"),
-    PW_GELU_FAST=(False, "GELU_FWD in a generated pointwise kernel whose outputs are all 16-bit by the activation "
-                         "family's 16-bit approximation (gelu_fast: <= 7.9e-6 relative, ~10 instructions an element "
-                         "less than erff's form); off (the default): erff's accuracy, GELU_FWD's rule in the graph"),
+    PW_GELU_FAST=(True, "GELU_FWD in a generated kernel whose outputs are all 16-bit by the activation family's "
+                        "16-bit GELU (gelu_fast: <= 7.9e-6 relative, >= 30x below a 16-bit half ulp; ~10 instructions "
+                        "an element less than erff's form; pydnn.activation_forward computes 16-bit GELU so too); "
+                        "off: erff (float outputs always). The 8-op chain with s, b broadcast is compute-bound "
+                        "(tools/PERF.md): 46.6 -> 38.5 instructions an element"),
+    PW_TANH_FAST=(True, "TANH_FWD in a generated kernel whose outputs are all bfloat16 by tanh.approx.f32 (MUFU.TANH, "
+                        "<= 2^-10.99 relative, a quarter of bfloat16's half ulp; the RNN's PERSIST_FAST_MATH form): 1 "
+                        "instruction where tanhf takes ~15, tanh_nonneg 12; off: tanhf / tanh_nonneg. With PW_GELU_FAST "
+                        "the chain's vector loop is 27.4 instructions an element (SASS, sm_90), under the 32 cycles a "
+                        "warp-element of copy bandwidth"),
 )
 
 callpath = Switches(

@@ -84,9 +84,21 @@ def _nonneg_bounded(prog, ref, limit):
     return p["slope"] == 0.0 and p["lower"] >= 0.0 and math.isfinite(p["upper"]) and p["upper"] <= limit
 
 
-def expressions(prog):
+def out_tags(prog, final_tag=None):
+    """The data types the kernel writes: its output operands' and (final_tag) the type of the value a fused
+    matmul / normalization kernel stores through its own store, outside prog.operands."""
+    return [tag for tag, role in prog.operands if role != "in"] + ([final_tag] if final_tag else [])
+
+
+def expressions(prog, final_tag=None):
     """The statements of the kernel body: [(value name, expression)], one per node. TANH_FWD of a value
-    _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less)."""
+    _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less).
+    Where every output of the kernel is 16-bit (out_tags; final_tag: the type of a fused kernel's own store),
+    the 16-bit forms of pydnn.tuning.graph: GELU_FWD as gelu_fast (PW_GELU_FAST, the activation family's
+    16-bit GELU), and, every output bfloat16, TANH_FWD as tanh_fast (PW_TANH_FAST, tanh.approx.f32)."""
+    tags = out_tags(prog, final_tag)
+    out16 = bool(tags) and all(tag in ("f16", "bf16") for tag in tags)
+    bf16 = bool(tags) and all(tag == "bf16" for tag in tags)
     out = []
     for j, n in enumerate(prog.nodes):
         x = _ref(n.x)
@@ -100,11 +112,12 @@ def expressions(prog):
         if n.t is not None:
             t = _ref(n.t)
         e = pw.expression(n.mode, n.params, x, b, t)
-        if (pw.BY_VALUE.get(n.mode) == "TANH_FWD" and n.alpha1 == 1.0 and tuning.graph.PW_RANGE
+        if pw.BY_VALUE.get(n.mode) == "TANH_FWD" and tuning.graph.PW_TANH_FAST and bf16:
+            e = e.replace("tanhf(", "tanh_fast(", 1)
+        elif (pw.BY_VALUE.get(n.mode) == "TANH_FWD" and n.alpha1 == 1.0 and tuning.graph.PW_RANGE
                 and _nonneg_bounded(prog, n.x, TANH_NONNEG_MAX)):
             e = e.replace("tanhf(", "tanh_nonneg(", 1)
-        if (pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST
-                and all(tag != "f32" for tag, role in prog.operands if role != "in")):
+        if pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST and out16:
             e = f"gelu_fast({x})"
         out.append((f"v{j}", e))
     return out
@@ -399,7 +412,7 @@ RED = {
 }
 
 
-def _epi_struct(prog, final, access, red, store_c, sname):
+def _epi_struct(prog, final, access, red, store_c, sname, tag=None):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
     contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
@@ -438,7 +451,7 @@ def _epi_struct(prog, final, access, red, store_c, sname):
     def element(e):
         out = [f"    {{  // column col + {e}", f"      const float acc_in = acc{e};"]
         out += [f"      const float in{k} = in{k}_{e};" for k, (_, role) in enumerate(ops) if role == "in"]
-        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog, tag if store_c else None)]
         for j, k in prog.stores:
             val = "acc_in" if j == -1 else f"v{j}"
             at = f"col + {e}" if access[k].lower() == "c" else f"(col + {e}) * e.stride[{k}][2]"
@@ -523,7 +536,7 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
         raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
-    body = _epi_struct(prog, final, access, red, store_c, "EPI")
+    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag)
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")

@@ -11,6 +11,7 @@ import pydnn as P
 from pydnn import tuning
 from pydnn.graph import Graph
 from pydnn.graph import codegen as cg
+from pydnn.graph import pointwise_ops as pw
 from test_fuzz_cpu import cpu_handle
 
 
@@ -60,9 +61,9 @@ def test_launch_shape_runs_and_grid():
     assert cg.launch_shape([2**30, 4], [[4, 1]], 132, [4], runs=1)[1] is True
 
 
-def _chain(h, dims):
+def _chain(h, dims, io=P.PYDNN_DATA_BFLOAT16):
     n, c, w = dims
-    g = Graph(io_data_type=P.PYDNN_DATA_BFLOAT16, handle=h)
+    g = Graph(io_data_type=io, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
     s = g.tensor(name="s", dim=[1, c, 1])
     b = g.tensor(name="b", dim=[1, 1, w])
@@ -110,8 +111,11 @@ def test_chain_forms_compile_without_spills(arch, monkeypatch):
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
 
-    for split, runs, minb in ((False, 1, 0), (True, 1, 0), (True, 2, 0), (True, 4, 0), (True, 2, 4)):
-        st = _step(monkeypatch, (2, 8, 4096), PW_SPLIT=split, PW_RUNS=runs, PW_MIN_BLOCKS=minb)
+    for split, runs, minb, fast in ((False, 1, 0, False), (True, 1, 0, False), (True, 2, 0, False),
+                                    (True, 4, 0, False), (True, 2, 4, False), (True, 4, 0, True), (True, 2, 0, True),
+                                    (True, 2, 5, True), (True, 1, 0, True)):
+        st = _step(monkeypatch, (2, 8, 4096), PW_SPLIT=split, PW_RUNS=runs, PW_MIN_BLOCKS=minb, PW_TANH_FAST=fast,
+                   PW_GELU_FAST=fast)
         assert st.runs == runs
         text = cache._source_memo[st.unit.source][0]
         _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), arch,
@@ -120,6 +124,10 @@ def test_chain_forms_compile_without_spills(arch, monkeypatch):
         frame, spill, regs = props[lowered[st.expr]]
         assert (frame, spill) == (0, 0), log
         assert regs <= 64, (split, runs, minb, log)
+        if fast:  # tanh.approx.f32 is in sm_80's and sm_90's PTX: MUFU.TANH
+            assert "tanh_fast(" in text and "gelu_fast(" in text
+        if minb:
+            assert regs <= 65536 // (256 * minb), log
 
 
 @pytest.mark.parametrize("params, alpha, on, want", [
@@ -152,12 +160,32 @@ def test_tanh_of_a_clipped_value_uses_tanh_nonneg(monkeypatch, params, alpha, on
 
 
 def test_chain_kernel_uses_tanh_nonneg_and_fewer_instructions(monkeypatch):
-    """The benchmark's chain (relu clipped at 4 -> tanh) is generated with tanh_nonneg; ptxas compiles it."""
+    """The benchmark's chain (relu clipped at 4 -> tanh) with the 16-bit forms off is generated with
+    tanh_nonneg and erff; ptxas compiles it."""
     from pydnn._build import cache
 
-    st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2)
+    st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2, PW_TANH_FAST=False, PW_GELU_FAST=False)
     text = cache._source_memo[st.unit.source][0]
     assert "tanh_nonneg(" in text and "tanhf(" not in text and "erff(" in text
+
+
+def test_chain_kernel_bf16_defaults_take_the_16_bit_forms(monkeypatch):
+    """At the defaults the bf16 chain (every output bfloat16) takes gelu_fast and tanh_fast: no erff, no
+    tanhf / tanh_nonneg; the same chain in float keeps erff and tanh_nonneg, in half gelu_fast and
+    tanh_nonneg (tanh.approx's 2^-11 is about an fp16 half ulp: bfloat16 outputs only)."""
+    from pydnn._build import cache
+
+    monkeypatch.setattr(tuning.graph, "PW_TANH_FAST", True)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    st = _step(monkeypatch, (2, 8, 4096))
+    text = cache._source_memo[st.unit.source][0]
+    assert "tanh_fast(" in text and "gelu_fast(" in text and "erff(" not in text and "tanh_nonneg(" not in text
+    for io, gelu, tanh in ((P.PYDNN_DATA_FLOAT, "erff(", "tanh_nonneg("), (P.PYDNN_DATA_HALF, "gelu_fast(", "tanh_nonneg(")):
+        g = _chain(cpu_handle(), (2, 8, 4096), io)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        t = cache._source_memo[g._plan_obj.built.steps[0].unit.source][0]
+        body = t[t.index("for (int e = 0; e < E * R; ++e)"):]
+        assert gelu in body and tanh in body and "tanh_fast(" not in body, io
 
 
 def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
@@ -195,14 +223,64 @@ def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
         assert grids[-1] == grids[-2] == (want, 1, 1) and fake.calls == 1
 
 
-@pytest.mark.parametrize("on, out_tag, want", [(False, "bf16", False), (True, "bf16", True), (True, "f16", True),
-                                                (True, "f32", False)])
-def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tag, want):
+@pytest.mark.parametrize("on, out_tags, final_tag, want", [
+    (False, ["bf16"], None, False), (True, ["bf16"], None, True), (True, ["f16"], None, True),
+    (True, ["f32"], None, False), (True, ["bf16", "f32"], None, False), (True, ["bf16", "f16"], None, True),
+    (True, [], "f32", False),     # a fused matmul / norm kernel whose own store is float
+    (True, [], "bf16", True), (True, ["bf16"], "f32", False), (True, [], None, False)])
+def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tags, final_tag, want):
     monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", on)
-    prog = cg.PwProgram([("bf16", "in"), (out_tag, "out")], [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))],
-                        [(0, 1)])
-    (_, e), = cg.expressions(prog)
+    prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
+                        [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))], [(0, 1 + k) for k in range(len(out_tags))])
+    (_, e), = cg.expressions(prog, final_tag)
     assert ("gelu_fast(" in e) == want and ("erff(" in e) == (not want)
+
+
+@pytest.mark.parametrize("on, out_tags, final_tag, alpha, want", [
+    (False, ["bf16"], None, 1.0, False), (True, ["bf16"], None, 1.0, True), (True, ["bf16"], None, 2.0, True),
+    (True, ["f16"], None, 1.0, False),   # tanh.approx's 2^-11 is about an fp16 half ulp: bfloat16 only
+    (True, ["f32"], None, 1.0, False), (True, ["bf16", "f16"], None, 1.0, False), (True, [], "bf16", 1.0, True),
+    (True, [], "f32", 1.0, False), (True, ["bf16"], "f16", 1.0, False), (True, [], None, 1.0, False)])
+def test_tanh_fast_only_when_switched_on_and_outputs_are_bf16(monkeypatch, on, out_tags, final_tag, alpha, want):
+    monkeypatch.setattr(tuning.graph, "PW_TANH_FAST", on)
+    prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
+                        [cg.PwNode(P.PYDNN_POINTWISE_TANH_FWD, alpha1=alpha, x=("op", 0))],
+                        [(0, 1 + k) for k in range(len(out_tags))])
+    (_, e), = cg.expressions(prog, final_tag)
+    assert ("tanh_fast(" in e) == want and ("tanhf(" in e) == (not want)
+    if alpha != 1.0:
+        assert f"{pw.literal(alpha)} * in0" in e
+    # the CPU emulation evaluates the emitted text: tanh_fast is tanh there
+    x = np.linspace(-5, 5, 101, dtype=np.float32)
+    got = eval(pw.to_numpy_source(e), pw.numpy_namespace(np), dict(in0=x))  # noqa: S307
+    np.testing.assert_allclose(got, np.tanh(np.float32(alpha) * x), rtol=1e-6)
+
+
+def test_tanh_fast_wins_over_tanh_nonneg(monkeypatch):
+    """A clipped value's tanh in a bf16 kernel takes tanh_fast (1 instruction) over tanh_nonneg (12)."""
+    nodes = [cg.PwNode(P.PYDNN_POINTWISE_RELU_FWD, dict(upper=4.0), x=("op", 0)),
+             cg.PwNode(P.PYDNN_POINTWISE_TANH_FWD, x=("v", 0))]
+    for on, want in ((True, "tanh_fast("), (False, "tanh_nonneg(")):
+        monkeypatch.setattr(tuning.graph, "PW_TANH_FAST", on)
+        prog = cg.PwProgram([("bf16", "in"), ("bf16", "out")], nodes, [(1, 1)])
+        assert want in cg.expressions(prog)[1][1]
+
+
+def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
+    """The fused matmul's epilogue asks expressions with the GEMM's C type (an fp32 GEMM + bias + GELU, whose
+    program has no output operand, keeps erff), the fused norm's with y's."""
+    from pydnn.graph import norm_nodes
+    from pydnn.ops import matmul as M
+
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    prog = cg.PwProgram([("f32", "in")], [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+                                          cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))], [])
+    fast = M.TC_TILES[0]
+    for tag, want in (("f32", "erff("), ("bf16", "gelu_fast(")):
+        _, text = cg.matmul_source(prog, ("v", 1), tag, fast, M.TC_GENERAL, False, False)
+        assert want in text, tag
+        _, ntext, _ = norm_nodes.epilogue_source(prog, ("v", 1), tag)
+        assert want in ntext, tag
 
 
 def test_gelu_fast_compiles_and_matches_the_activation_family():
