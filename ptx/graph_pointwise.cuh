@@ -137,6 +137,27 @@ template <class T, int E> struct Run16 {
   }
 };
 
+// A run held as loaded (the prefetch form, tuning.graph.PW_PREFETCH: the next iteration's runs are loaded
+// before this one's arithmetic and kept in their storage form, two 16-bit elements a register, until
+// get() widens them where they are used). Raw16: 16-bit types, E even; Raw: any.
+template <class T, int E> struct Raw {
+  Vec<T, E> w;
+  __device__ __forceinline__ void load(const T* p) { w = *reinterpret_cast<const Vec<T, E>*>(p); }
+  __device__ __forceinline__ void get(float* a) const {
+#pragma unroll
+    for (int e = 0; e < E; ++e) a[e] = pydnn::load<float>(w.v[e]);
+  }
+};
+template <class T, int E> struct Raw16 {
+  static_assert(E % 2 == 0, "pairs");
+  Vec<unsigned, E / 2> w;
+  __device__ __forceinline__ void load(const T* p) { w = *reinterpret_cast<const Vec<unsigned, E / 2>*>(p); }
+  __device__ __forceinline__ void get(float* a) const {
+#pragma unroll
+    for (int e = 0; e < E / 2; ++e) unpack16x2<T>(w.v[e], a[2 * e], a[2 * e + 1]);
+  }
+};
+
 // Element offsets of NOPS operands for the linear output index i over NDIM dims (outermost first), in the
 // index type I (int when the launch proved every offset fits).
 // With I = int (the launch proved every index fits in 31 bits) the div / mod by each dim is a multiply-high

@@ -549,6 +549,10 @@ graph = Switches(
                         "an element less than erff's form; pydnn.activation_forward computes 16-bit GELU so too); "
                         "off: erff (float outputs always). The 8-op chain with s, b broadcast is compute-bound "
                         "(tools/PERF.md): 46.6 -> 38.5 instructions an element"),
+    PW_PREFETCH=(False, "the vector loop of a generated pointwise kernel as a software pipeline: the next "
+                        "iteration's offsets and 16-byte loads issued before this iteration's arithmetic, held as "
+                        "loaded (codegen._prefetch_block); a candidate for the broadcast 8-op chain, whose "
+                        "arithmetic (27.4 issue cycles a warp-element) nearly matches its memory time (32.2)"),
     PW_TANH_FAST=(True, "TANH_FWD in a generated kernel whose outputs are all bfloat16 by tanh.approx.f32 (MUFU.TANH, "
                         "<= 2^-10.99 relative, a quarter of bfloat16's half ulp; the RNN's PERSIST_FAST_MATH form): 1 "
                         "instruction where tanhf takes ~15, tanh_nonneg 12; off: tanhf / tanh_nonneg. With PW_GELU_FAST "

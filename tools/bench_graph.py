@@ -220,11 +220,16 @@ CHAIN_FORMS = [
     ("fast, 32/SM, 1 run", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=32, PW_MIN_BLOCKS=0, **FAST)),
     ("fast, 4 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-4, PW_MIN_BLOCKS=0, **FAST)),
     ("fast, 4 waves, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=-4, PW_MIN_BLOCKS=0, **FAST)),
-    ("fast, 16/SM, 2 runs, min blocks 5", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=16, PW_MIN_BLOCKS=5, **FAST)),
+    ("fast, prefetch, 16/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=16, PW_MIN_BLOCKS=0, PW_PREFETCH=True,
+                                           **FAST)),
+    ("fast, prefetch, 16/SM, 1 run", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_PREFETCH=True,
+                                          **FAST)),
 ]
-CHAIN_FULL_FORMS = ("exact, 16/SM, 4 runs (before)", "fast, 16/SM, 4 runs (defaults)", "fast, 16/SM, 1 run")
+CHAIN_FULL_FORMS = ("exact, 16/SM, 4 runs (before)", "fast, 16/SM, 4 runs (defaults)", "fast, 16/SM, 1 run",
+                    "fast, prefetch, 16/SM, 2 runs")
 # SASS (sm_90, NVRTC 13.5, cuobjdump) of the vector loop, instructions an element: exact 46.6 (62 registers),
-# gelu_fast + tanh_nonneg 38.5, fast 27.4 (54 registers at 4 runs, 38 at 2, 32 at 1). The broadcast chain
+# gelu_fast + tanh_nonneg 38.5, fast 27.4 / 29.0 / 32.1 at 4 / 2 / 1 runs (54 / 38 / 32 registers; the
+# prefetch form 29.0 at 2 runs in 61 registers, 96 at 4 runs, 40 at 1). The broadcast chain
 # moves 1.07 GB: 0.259 ms at ~4150 GB/s copy = 32.2 cycles of one SM sub-partition a warp-element at 1.98
 # GHz, against 27.4 issue cycles and 24 MUFU cycles (3 an element, 8 cycles a warp each) for the fast form.
 # the first mid-session run (H200, copy 4166 GB/s, us; s, b broadcast / full): first form with tanhf 589.2 /

@@ -72,7 +72,7 @@ def _resident_blocks(handle, fn, threads):
 class PwStep:
     """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused.
     Its form follows pydnn.tuning.graph (read when the plan is built): PW_SPLIT, PW_RUNS, PW_GRID,
-    PW_MIN_BLOCKS."""
+    PW_MIN_BLOCKS, PW_PREFETCH (and the 16-bit math forms, codegen.expressions)."""
 
     def __init__(self, handle, prog, dims, strides_list, uids):
         from .. import tuning
@@ -89,7 +89,7 @@ class PwStep:
         self.work_blocks = max(1, -(-cg.prod(cdims) // (elems * self.runs * cg.THREADS)))
         access = cg.access_kinds(cstrides)
         self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide, access, self.runs, bool(sw.PW_SPLIT),
-                                              int(sw.PW_MIN_BLOCKS))
+                                              int(sw.PW_MIN_BLOCKS), bool(sw.PW_PREFETCH))
         _compile(handle, self.unit)
         self.params = cg.params(cdims, cstrides, [0] * len(uids))
         self.args = driver.kernel_args(self.params)

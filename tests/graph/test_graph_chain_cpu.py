@@ -55,6 +55,13 @@ def test_every_variant_compiles_without_spills(cpu, monkeypatch):
                 _, _, st = _built(h, io, pattern)
                 seen.setdefault(st.unit.name, (st, io))
     assert len(seen) >= 20  # patterns x types x runs collapse to this many distinct kernels at least
+    monkeypatch.setattr(tuning.graph, "PW_PREFETCH", True)  # test_chain_prefetch_form's kernels
+    for io in (BF16, F32):
+        for runs in (1, 2, 4):
+            monkeypatch.setattr(tuning.graph, "PW_RUNS", runs)
+            for pattern in (0, 1, 2, 7):
+                _, _, st = _built(h, io, pattern)
+                seen.setdefault(st.unit.name, (st, io))
     for st, io in seen.values():
         text = cache._source_memo[st.unit.source][0]
         assert ("tanh_fast(" in text) == (io == BF16) and ("gelu_fast(" in text) == (io != F32)
@@ -63,7 +70,8 @@ def test_every_variant_compiles_without_spills(cpu, monkeypatch):
                                                   COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
             props = {f: (int(a), int(b), int(r)) for f, a, b, r in PROPS.findall(log)}
             frame, spill, regs = props[lowered[st.expr]]
-            assert (frame, spill) == (0, 0) and regs <= 64, (arch, st.unit.name, log)
+            # (the prefetch form at 4 runs holds two iterations' runs: 96 registers, not a default)
+            assert (frame, spill) == (0, 0) and regs <= (128 if "the prefetch form" in text else 64), (arch, log)
 
 
 @pytest.mark.parametrize("pattern", range(len(PATTERNS)))

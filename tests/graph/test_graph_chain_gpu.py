@@ -129,6 +129,35 @@ def test_chain_misaligned_pointers(handle, rng, monkeypatch, io, offs):
     ty.check_untouched()
 
 
+@pytest.mark.parametrize("runs", [1, 2, 4])
+@pytest.mark.parametrize("pattern", [0, 1, 2, 7])
+@pytest.mark.parametrize("io", [BF16, F32], ids=["bf16", "f32"])
+def test_chain_prefetch_form(handle, rng, monkeypatch, io, pattern, runs):
+    """The prefetch form (tuning.graph.PW_PREFETCH: the vector loop as a software pipeline) on one block of
+    256 threads (a handle claiming one SM, PW_GRID 1), so that each thread takes several iterations and
+    the loads of iteration i + 1 really run ahead of iteration i's stores; one launch, against float64."""
+    from pydnn._build import cache
+
+    monkeypatch.setattr(tuning.graph, "PW_PREFETCH", True)
+    monkeypatch.setattr(tuning.graph, "PW_RUNS", runs)
+    monkeypatch.setattr(tuning.graph, "PW_GRID", 1)
+    monkeypatch.setattr(handle, "sm_count", 1)
+    g, (x, s, b, y) = _chain(handle, io, *PATTERNS[pattern])
+    g.build_operation_graph().create_execution_plans().build_plans()
+    step = g._plan_obj.built.steps[0]
+    assert step.grid == (1, 1, 1) and step.vec_static
+    assert "the prefetch form" in cache._source_memo[step.unit.source][0]
+    tx, ts, tb, ty = (DevTensor(t.dim, io) for t in (x, s, b, y))
+    xv, sv, bv = tx.random(rng, -2, 2), ts.random(rng, -2, 2), tb.random(rng, -2, 2)
+    count = Launches(monkeypatch)
+    g.execute({x: tx.ptr, s: ts.ptr, b: tb.ptr, y: ty.ptr}, 0, handle=handle)
+    assert count.n == 1 and step.params.flags == 1
+    want = _chain_ref(xv, sv, bv)
+    assert_close(ty.download(), want, io, f"chain prefetch {PATTERNS[pattern]} runs {runs}",
+                 scale=np.abs(want) + np.abs(xv) + 1)
+    ty.check_untouched()
+
+
 def test_chain_exact_forms_still_pass(handle, rng, monkeypatch):
     """With PW_GELU_FAST / PW_TANH_FAST off, the bf16 chain is erff + tanh_nonneg again, same tolerance."""
     from pydnn._build import cache
