@@ -553,6 +553,9 @@ graph = Switches(
                         "iteration's offsets and 16-byte loads issued before this iteration's arithmetic, held as "
                         "loaded (codegen._prefetch_block); a candidate for the broadcast 8-op chain, whose "
                         "arithmetic (27.4 issue cycles a warp-element) nearly matches its memory time (32.2)"),
+    PW_GELU_DEG5=(False, "with PW_GELU_FAST, where every output is bfloat16: gelu_fast's polynomial at degree 5 "
+                         "(gelu_fast5: <= 1.5e-5 relative, 130x below bfloat16's half ulp; 2 FFMA an element less: "
+                         "the chain's loop 25.4 instructions an element); a candidate"),
     PW_TANH_FAST=(True, "TANH_FWD in a generated kernel whose outputs are all bfloat16 by tanh.approx.f32 (MUFU.TANH, "
                         "<= 2^-10.99 relative, a quarter of bfloat16's half ulp; the RNN's PERSIST_FAST_MATH form): 1 "
                         "instruction where tanhf takes ~15, tanh_nonneg 12; off: tanhf / tanh_nonneg. With PW_GELU_FAST "

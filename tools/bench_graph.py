@@ -222,6 +222,8 @@ CHAIN_FORMS = [
     ("fast, 4 waves, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=-4, PW_MIN_BLOCKS=0, **FAST)),
     ("fast, prefetch, 16/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=16, PW_MIN_BLOCKS=0, PW_PREFETCH=True,
                                            **FAST)),
+    ("fast, gelu deg 5, 16/SM, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0, PW_GELU_DEG5=True,
+                                             **FAST)),
     ("fast, prefetch, 16/SM, 1 run", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_PREFETCH=True,
                                           **FAST)),
 ]

@@ -95,7 +95,8 @@ def expressions(prog, final_tag=None):
     _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less).
     Where every output of the kernel is 16-bit (out_tags; final_tag: the type of a fused kernel's own store),
     the 16-bit forms of pydnn.tuning.graph: GELU_FWD as gelu_fast (PW_GELU_FAST, the activation family's
-    16-bit GELU), and, every output bfloat16, TANH_FWD as tanh_fast (PW_TANH_FAST, tanh.approx.f32)."""
+    16-bit GELU; gelu_fast5, its degree-5 polynomial, with PW_GELU_DEG5 where every output is bfloat16),
+    and, every output bfloat16, TANH_FWD as tanh_fast (PW_TANH_FAST, tanh.approx.f32)."""
     tags = out_tags(prog, final_tag)
     out16 = bool(tags) and all(tag in ("f16", "bf16") for tag in tags)
     bf16 = bool(tags) and all(tag == "bf16" for tag in tags)
@@ -118,7 +119,7 @@ def expressions(prog, final_tag=None):
                 and _nonneg_bounded(prog, n.x, TANH_NONNEG_MAX)):
             e = e.replace("tanhf(", "tanh_nonneg(", 1)
         if pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST and out16:
-            e = f"gelu_fast({x})"
+            e = f"gelu_fast5({x})" if tuning.graph.PW_GELU_DEG5 and bf16 else f"gelu_fast({x})"
         out.append((f"v{j}", e))
     return out
 

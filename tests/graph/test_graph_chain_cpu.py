@@ -55,6 +55,11 @@ def test_every_variant_compiles_without_spills(cpu, monkeypatch):
                 _, _, st = _built(h, io, pattern)
                 seen.setdefault(st.unit.name, (st, io))
     assert len(seen) >= 20  # patterns x types x runs collapse to this many distinct kernels at least
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", True)  # the deg-5 GELU form in the chain
+    _, _, st = _built(h, BF16, 0)
+    seen.setdefault(st.unit.name, (st, BF16))
+    assert "gelu_fast5(" in cache._source_memo[st.unit.source][0]
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", False)
     monkeypatch.setattr(tuning.graph, "PW_PREFETCH", True)  # test_chain_prefetch_form's kernels
     for io in (BF16, F32):
         for runs in (1, 2, 4):
@@ -64,7 +69,7 @@ def test_every_variant_compiles_without_spills(cpu, monkeypatch):
                 seen.setdefault(st.unit.name, (st, io))
     for st, io in seen.values():
         text = cache._source_memo[st.unit.source][0]
-        assert ("tanh_fast(" in text) == (io == BF16) and ("gelu_fast(" in text) == (io != F32)
+        assert ("tanh_fast(" in text) == (io == BF16) and ("gelu_fast" in text) == (io != F32)
         for arch in ("sm_90", "sm_80") if io == BF16 else ("sm_90",):
             _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), arch,
                                                   COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])

@@ -185,8 +185,8 @@ def _bf16_ulps(got, want):
     return np.abs(code(got) - code(w)) >> 16
 
 
-@pytest.mark.parametrize("op", ["TANH_FWD", "GELU_FWD"])
-def test_fast_forms_within_a_bfloat16_step(handle, op):
+@pytest.mark.parametrize("op", ["TANH_FWD", "GELU_FWD", "GELU_FWD deg5"])
+def test_fast_forms_within_a_bfloat16_step(handle, monkeypatch, op):
     """y = tanh(x) / gelu(x), x float32 (every 512th / 4096th float32 of magnitude 1e-30 to 12, both signs;
     GELU's negative side to -9), y bfloat16: the kernel takes tanh_fast / gelu_fast; every output is the float64
     result rounded to bfloat16 or its neighbour, and at most 25% (tanh.approx: an error <= 2^-10.99
@@ -194,6 +194,8 @@ def test_fast_forms_within_a_bfloat16_step(handle, op):
     2^-8 of a step) / 1% (gelu_fast: <= 7.9e-6 relative) differ from the correctly rounded value."""
     from pydnn._build import cache
 
+    op, deg5 = op.split()[0], op.endswith("deg5")  # gelu_fast5 (PW_GELU_DEG5): <= 1.6e-5 relative
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", deg5)
     lo, hi = np.array([0.0, 12.0], np.float32).view(np.int32)
     pos = np.arange(lo, hi, 512 if op == "TANH_FWD" else 4096, dtype=np.int32).view(np.float32)  # the float64
     # GELU reference is math.erf element by element
@@ -206,7 +208,7 @@ def test_fast_forms_within_a_bfloat16_step(handle, op):
     g.build_operation_graph().create_execution_plans().build_plans()
     assert g.engine_index() == 1
     text = cache._source_memo[g._plan_obj.built.steps[0].unit.source][0]
-    assert ("tanh_fast(" if op == "TANH_FWD" else "gelu_fast(") in text
+    assert ("tanh_fast(" if op == "TANH_FWD" else "gelu_fast5(" if deg5 else "gelu_fast(") in text
     tx, ty = DevTensor(x.dim, F32), DevTensor(y.dim, BF16)
     tx.upload(xs.astype(np.float64)[None])
     g.execute({x: tx.ptr, y: ty.ptr}, 0, handle=handle)

@@ -292,3 +292,50 @@ def test_gelu_fast_compiles_and_matches_the_activation_family():
     coefs = re.findall(r"[-+]?\d\.\d{9}e[-+]\d\d", act[act.index("phi_fast_parts"):act.index("phi_fast(float x)")])
     assert len(coefs) == 8 and all(c in mine for c in coefs)
     assert "0.35355339059327373f" in mine and "-0.72134752044448170f" in mine and "1e30f" in mine
+
+
+@pytest.mark.parametrize("deg5, out_tags, want", [(False, ["bf16"], "gelu_fast("), (True, ["bf16"], "gelu_fast5("),
+                                                  (True, ["f16"], "gelu_fast("), (True, ["bf16", "f16"], "gelu_fast("),
+                                                  (True, ["f32"], "erff(")])
+def test_gelu_deg5_only_for_bfloat16_outputs(monkeypatch, deg5, out_tags, want):
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", deg5)
+    prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
+                        [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))], [(0, 1 + k) for k in range(len(out_tags))])
+    (_, e), = cg.expressions(prog)
+    assert want in e
+
+
+def test_gelu_fast5_error_in_float32():
+    """gelu_fast5 as graph_pointwise.cuh computes it (its coefficients read from the source), each step
+    rounded to float32 with exact rcp / ex2: relative error <= 1.6e-5 for |x| < 13 (<= 9e-6 for |x| <= 6),
+    >= 120x below bfloat16's half ulp (2^-9); +-inf, NaN and 0 as gelu_fast."""
+    import math
+
+    src = (__import__("pydnn._build.cache", fromlist=["x"]).ptx_dir() / "graph_pointwise.cuh").read_text()
+    body = src.split("float gelu_fast5(float x) {", 1)[1].split("\n}", 1)[0]
+    coefs = [float(c) for c in re.findall(r"([-+]?\d\.\d{9}e[-+]\d\d)f", body)]
+    assert len(coefs) == 6
+    f = np.float32
+    x = np.concatenate([np.linspace(-13.0, 13.0, 200001), [-1e-30, 1e-30, 3e-8, -3e-8]]).astype(f)
+
+    def run(x):
+        x64 = x.astype(np.float64)
+        t = (1.0 / (np.abs(x64) * float(f(0.35355339059327373)) + 1.0)).astype(f).astype(np.float64)
+        q = np.full_like(t, float(f(coefs[0])))
+        for c in coefs[1:]:
+            q = (q * t + float(f(c))).astype(f).astype(np.float64)
+        xx = (x64 ** 2).astype(f).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.exp2((xx * float(f(-0.72134752044448170)) + q).astype(f).astype(np.float64)).astype(f).astype(np.float64)
+            u = (np.minimum(np.abs(x64), float(f(1e30))) * t).astype(f).astype(np.float64)
+            return (np.maximum(x64, 0.0) - u * e).astype(f).astype(np.float64), x64
+
+    y, x64 = run(x)
+    exact = np.array([v * 0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x64])
+    rel = np.abs(y / exact - 1.0)
+    rel[exact == 0] = np.abs(y[exact == 0])
+    assert rel.max() <= 1.6e-5, (rel.max(), x64[rel.argmax()])
+    assert rel[np.abs(x64) <= 6].max() <= 9e-6
+    y, _ = run(np.array([np.inf, -np.inf, np.nan, 0.0], f))
+    assert y[0] == np.inf and y[1] == 0.0 and np.isnan(y[2]) and y[3] == 0.0
