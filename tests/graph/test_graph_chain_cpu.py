@@ -137,7 +137,7 @@ def test_emitted_chain_in_float32_matches_float64():
              N(P.PYDNN_POINTWISE_SUB, x=("v", 3), b=("op", 2)), N(P.PYDNN_POINTWISE_RELU_FWD, dict(upper=4.0), x=("v", 4)),
              N(P.PYDNN_POINTWISE_TANH_FWD, x=("v", 5)), N(P.PYDNN_POINTWISE_ADD, x=("v", 6), b=("op", 0))]
     exprs = cg.expressions(cg.PwProgram(ops, nodes, [(7, 3)]))
-    assert "gelu_fast(" in exprs[2][1] and "tanh_fast(" in exprs[6][1]
+    assert "gelu_fast" in exprs[2][1] and "tanh_fast(" in exprs[6][1]
     rng = np.random.default_rng(3)
     env = dict(pw.numpy_namespace(np))
     xv, sv, bv = (rng.uniform(-2, 2, 4096).astype(np.float32) for _ in range(3))

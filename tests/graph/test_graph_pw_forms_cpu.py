@@ -125,7 +125,7 @@ def test_chain_forms_compile_without_spills(arch, monkeypatch):
         assert (frame, spill) == (0, 0), log
         assert regs <= 64, (split, runs, minb, log)
         if fast:  # tanh.approx.f32 is in sm_80's and sm_90's PTX: MUFU.TANH
-            assert "tanh_fast(" in text and "gelu_fast(" in text
+            assert "tanh_fast(" in text and "gelu_fast" in text
         if minb:
             assert regs <= 65536 // (256 * minb), log
 
@@ -179,7 +179,7 @@ def test_chain_kernel_bf16_defaults_take_the_16_bit_forms(monkeypatch):
     monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
     st = _step(monkeypatch, (2, 8, 4096))
     text = cache._source_memo[st.unit.source][0]
-    assert "tanh_fast(" in text and "gelu_fast(" in text and "erff(" not in text and "tanh_nonneg(" not in text
+    assert "tanh_fast(" in text and "gelu_fast" in text and "erff(" not in text and "tanh_nonneg(" not in text
     for io, gelu, tanh in ((P.PYDNN_DATA_FLOAT, "erff(", "tanh_nonneg("), (P.PYDNN_DATA_HALF, "gelu_fast(", "tanh_nonneg(")):
         g = _chain(cpu_handle(), (2, 8, 4096), io)
         g.build_operation_graph().create_execution_plans().build_plans()
@@ -230,6 +230,7 @@ def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
     (True, [], "bf16", True), (True, ["bf16"], "f32", False), (True, [], None, False)])
 def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tags, final_tag, want):
     monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", on)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", False)
     prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
                         [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))], [(0, 1 + k) for k in range(len(out_tags))])
     (_, e), = cg.expressions(prog, final_tag)
@@ -273,6 +274,7 @@ def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
     from pydnn.ops import matmul as M
 
     monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", False)
     prog = cg.PwProgram([("f32", "in")], [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
                                           cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))], [])
     fast = M.TC_TILES[0]
