@@ -220,7 +220,7 @@ def _f(runs, grid, minb=0, **kw):
 
 CHAIN_FORMS = [
     ("exact, 16/SM, 4 runs (before)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0, **EXACT)),
-    ("fast, 16/SM, 4 runs (defaults)", _f(4, 16)),
+    ("fast, 16/SM, 4 runs (run 1 defaults)", _f(4, 16)),
     ("fast, 4 waves, 2 runs", _f(2, -4)),
     ("fast, 16/SM, 2 runs, min blocks 8", _f(2, 16, 8)),
     ("fast, 4 waves, 2 runs, min blocks 8", _f(2, -4, 8)),
@@ -228,13 +228,18 @@ CHAIN_FORMS = [
     ("fast, deg 5, 4 waves, 2 runs, min blocks 8", _f(2, -4, 8, PW_GELU_DEG5=True)),
     ("fast, deg 5, 4 waves, 2 runs", _f(2, -4, PW_GELU_DEG5=True)),
     ("fast, deg 5, 16/SM, 2 runs", _f(2, 16, PW_GELU_DEG5=True)),
-    ("fast, deg 5, 8 waves, 2 runs, min blocks 8", _f(2, -8, 8, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 8 waves, 2 runs, min blocks 8 (defaults)", _f(2, -8, 8, PW_GELU_DEG5=True)),
     ("fast, deg 5, 1 wave, 2 runs, min blocks 8", _f(2, 0, 8, PW_GELU_DEG5=True)),
     ("fast, deg 5, 32/SM, 1 run", _f(1, 32, PW_GELU_DEG5=True)),
     ("fast, deg 5, prefetch, 4 waves, 2 runs", _f(2, -4, PW_GELU_DEG5=True, PW_PREFETCH=True)),
 ]
-CHAIN_FULL_FORMS = ("exact, 16/SM, 4 runs (before)", "fast, 16/SM, 4 runs (defaults)", "fast, 4 waves, 2 runs",
-                    "fast, deg 5, 4 waves, 2 runs, min blocks 8")
+CHAIN_FULL_FORMS = ("exact, 16/SM, 4 runs (before)", "fast, 16/SM, 4 runs (run 1 defaults)", "fast, 4 waves, 2 runs",
+                    "fast, deg 5, 8 waves, 2 runs, min blocks 8 (defaults)")
+# run 2 (H200, copy 4173 GB/s, us, broadcast / full): exact 476.0 / 541.4; fast 16/SM 4 runs 335.3 / 503.6; fast 4
+# waves 2 runs 316.8 / 507.8; + min blocks 8: 16/SM 322.0, 4 waves 311.0; deg 5 + min blocks 8: 16/SM 307.3, 4 waves
+# 295.7 (full, min blocks forced: 631.0, spilled), 8 waves 290.9 (88% of copy), 1 wave 333.7; deg 5 without min
+# blocks: 4 waves 306.9, 16/SM 311.6; deg 5 32/SM 1 run 316.3; deg 5 prefetch 4 waves 313.6. The defaults now:
+# the 8-waves form, where PW_MIN_BLOCKS_RUNS keeps the launch bounds off the full-size reading.
 # SASS (sm_90, NVRTC 13.5, cuobjdump) of the vector loop, instructions an element: exact 46.6 (62 registers),
 # gelu_fast + tanh_nonneg 38.5, fast 27.4 / 29.0 / 32.1 at 4 / 2 / 1 runs (54 / 38 / 32 registers; the
 # prefetch form 29.0 at 2 runs in 61 registers, 96 at 4 runs, 40 at 1). The broadcast chain

@@ -70,7 +70,8 @@ def test_every_variant_compiles_without_spills(cpu, monkeypatch):
     for st, io in seen.values():
         text = cache._source_memo[st.unit.source][0]
         assert ("tanh_fast(" in text) == (io == BF16) and ("gelu_fast" in text) == (io != F32)
-        for arch in ("sm_90", "sm_80") if io == BF16 else ("sm_90",):
+        # (a kernel with launch bounds is generated for sm_90 handles only: engines.PwStep)
+        for arch in ("sm_90", "sm_80") if io == BF16 and not st.min_blocks else ("sm_90",):
             _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), arch,
                                                   COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
             props = {f: (int(a), int(b), int(r)) for f, a, b, r in PROPS.findall(log)}

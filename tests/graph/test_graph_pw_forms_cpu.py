@@ -341,3 +341,61 @@ def test_gelu_fast5_error_in_float32():
     assert rel[np.abs(x64) <= 6].max() <= 9e-6
     y, _ = run(np.array([np.inf, -np.inf, np.nan, 0.0], f))
     assert y[0] == np.inf and y[1] == 0.0 and np.isnan(y[2]) and y[3] == 0.0
+
+
+def test_launch_bounds_only_where_a_thread_holds_few_runs(monkeypatch):
+    """PW_MIN_BLOCKS (8 at the defaults: 32 registers) applies where contiguous inputs x runs (x 2 with the
+    prefetch form) <= PW_MIN_BLOCKS_RUNS and no input is strided: the broadcast chain (x, b contiguous, 2 runs)
+    takes it; with s, b full (3 contiguous inputs), prefetching, 4 runs, or a strided x it does not."""
+    from pydnn._build import cache
+
+    monkeypatch.setattr(tuning.graph, "PW_MIN_BLOCKS", 8)
+    monkeypatch.setattr(tuning.graph, "PW_MIN_BLOCKS_RUNS", 4)
+
+    def bounds(dims=(2, 8, 4096), full=False, xstride=None, io=P.PYDNN_DATA_BFLOAT16, arch="sm_90", **sw):
+        for k, v in sw.items():
+            monkeypatch.setattr(tuning.graph, k, v)
+        n, c, w = dims
+        h = cpu_handle()
+        h.arch = arch
+        g = Graph(io_data_type=io, handle=h)
+        x = g.tensor(name="x", dim=[n, c, w], stride=xstride)
+        s = g.tensor(name="s", dim=[n, c, w] if full else [1, c, 1])
+        b = g.tensor(name="b", dim=[n, c, w] if full else [1, 1, w])
+        v = g.tanh(g.relu(g.sub(g.mul(g.gelu(g.add(g.mul(x, s), b)), x), b), upper_clip=4.0))
+        g.add(v, x).set_output(True).set_name("y")
+        g.build_operation_graph().create_execution_plans().build_plans()
+        st = g._plan_obj.built.steps[0]
+        text = cache._source_memo[st.unit.source][0]
+        assert ("__launch_bounds__(256, 8)" in text) == (st.min_blocks == 8)
+        return st.min_blocks
+
+    assert bounds(PW_RUNS=2, PW_PREFETCH=False) == 8
+    assert bounds(PW_RUNS=1) == 8
+    assert bounds(full=True, PW_RUNS=1) == 8          # 3 x 1
+    assert bounds(full=True, PW_RUNS=2) == 0          # 3 x 2
+    assert bounds(PW_RUNS=4) == 0                     # 2 x 4
+    assert bounds(PW_RUNS=2, PW_PREFETCH=True) == 0   # 2 x 2 x 2
+    assert bounds(PW_RUNS=1, PW_PREFETCH=True) == 8   # 2 x 1 x 2
+    assert bounds(PW_RUNS=2, PW_PREFETCH=False, xstride=[8 * 4096 * 2, 4096 * 2, 2]) == 0  # x strided: "g"
+    assert bounds(PW_RUNS=2, io=P.PYDNN_DATA_HALF) == 0   # half / float outputs spilled at 32 registers
+    assert bounds(PW_RUNS=2, io=P.PYDNN_DATA_FLOAT) == 0
+    assert bounds(PW_RUNS=2, arch="sm_80") == 0           # so did the bfloat16 chain on sm_80
+
+
+def test_the_benchmark_chain_fits_32_registers_on_sm_90():
+    """The broadcast chain at the defaults (launch bounds 8, 2 runs, gelu_fast5, tanh_fast) compiles for
+    sm_90 in 32 registers with no stack frame and no spill (the measured 88% of copy)."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    g = _chain(cpu_handle(), (64, 1024, 4096))
+    g.build_operation_graph().create_execution_plans().build_plans()
+    st = g._plan_obj.built.steps[0]
+    text = cache._source_memo[st.unit.source][0]
+    assert st.min_blocks == 8 and st.runs == 2 and "gelu_fast5(" in text and "tanh_fast(" in text
+    _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), "sm_90",
+                                          COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    props = {f: (int(a), int(b), int(r)) for f, a, b, r in PROPS.findall(log)}
+    assert props[lowered[st.expr]] == (0, 0, 32), log
