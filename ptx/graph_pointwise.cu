@@ -14,6 +14,9 @@
 // VEC: 1 / 0 the vector / element-by-element form, compiled as separate loops (the kernel picks one by
 // p.flags once); 2 tests p.flags inside the one loop (the generator's form before the split: the compiler
 // predicates both forms' loads into the loop body, ~30 issue slots an 8-element run of the 8-op chain).
+// The prefetch field (tuning.graph.PW_PREFETCH; empty otherwise): the vector form as a software pipeline, the next
+// iteration's offsets and loads issued before this iteration's arithmetic (a warp has loads in flight
+// while it computes), its runs held as loaded (Raw / Raw16) until used.
 #include "graph_pointwise.cuh"
 
 namespace pydnn {
@@ -29,6 +32,7 @@ __device__ __forceinline__ void ${name}_loop(const GraphPwParams& p) {
   const bool vec = VEC == 2 ? (p.flags & 1u) != 0 : VEC == 1;
   (void)vec;
   const idx_t lane = (idx_t)(threadIdx.x & 31u);
+${prefetch}
   for (idx_t i = ((idx_t)blockIdx.x * blockDim.x + ((idx_t)threadIdx.x - lane)) * (E * R) + lane * E; i < total;
        i += step) {
     idx_t off[${nops}];

@@ -65,6 +65,33 @@ __device__ __forceinline__ float gelu_fast(float x) {
   const float u = fminf(fabsf(x), 1e30f) * t;
   return fmaf(-u, e, fmaxf(x, 0.0f));
 }
+// TANH_FWD by the hardware's tanh.approx.f32 (MUFU.TANH, sm_75 on; max relative error 2^-10.987, the
+// RNN's PERSIST_FAST_MATH form): one instruction where tanhf takes ~15 (tanh_nonneg 12). Emitted only with
+// tuning.graph.PW_TANH_FAST and where every output of the kernel is bfloat16, whose half ulp (2^-9
+// relative) is 4x the approximation's error (codegen.expressions); sm_80's and sm_90's PTX both have it.
+__device__ __forceinline__ float tanh_fast(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// gelu_fast with a degree-5 polynomial (pydnn's own fit, the same Lawson-reweighted least squares on
+// t in [1/6, 1], coefficients rounded to float): <= 1.5e-5 relative (float32 emulation with exact rcp / ex2,
+// at x ~ -12 from rounding x^2; <= 8.6e-6 for |x| <= 6), 130x below bfloat16's half ulp, 2 FFMA an element
+// less. Emitted only with tuning.graph.PW_GELU_DEG5 and where every output is bfloat16 (for half outputs it
+// would be ~16x below a half ulp, under the 30x the 16-bit forms keep).
+__device__ __forceinline__ float gelu_fast5(float x) {
+  float t, e;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(fabsf(x), 0.35355339059327373f, 1.0f)));
+  float q = 3.300778188e-01f;
+  q = fmaf(q, t, -1.023156179e+00f);
+  q = fmaf(q, t, 6.845609517e-01f);
+  q = fmaf(q, t, 3.670772804e-01f);
+  q = fmaf(q, t, 1.468684776e+00f);
+  q = fmaf(q, t, -2.827233663e+00f);
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(x * x, -0.72134752044448170f, q)));
+  const float u = fminf(fabsf(x), 1e30f) * t;
+  return fmaf(-u, e, fmaxf(x, 0.0f));
+}
 __device__ __forceinline__ float swish_grad(float v, float beta) {
   float s = 1.0f / (1.0f + expf(-beta * v));
   return s + beta * v * s * (1.0f - s);
@@ -125,6 +152,27 @@ template <class T, int E> struct Run16 {
 #pragma unroll
     for (int e = 0; e < E / 2; ++e) w.v[e] = pack16x2<T>(a[2 * e], a[2 * e + 1]);
     *reinterpret_cast<Vec<unsigned, E / 2>*>(p) = w;
+  }
+};
+
+// A run held as loaded (the prefetch form, tuning.graph.PW_PREFETCH: the next iteration's runs are loaded
+// before this one's arithmetic and kept in their storage form, two 16-bit elements a register, until
+// get() widens them where they are used). Raw16: 16-bit types, E even; Raw: any.
+template <class T, int E> struct Raw {
+  Vec<T, E> w;
+  __device__ __forceinline__ void load(const T* p) { w = *reinterpret_cast<const Vec<T, E>*>(p); }
+  __device__ __forceinline__ void get(float* a) const {
+#pragma unroll
+    for (int e = 0; e < E; ++e) a[e] = pydnn::load<float>(w.v[e]);
+  }
+};
+template <class T, int E> struct Raw16 {
+  static_assert(E % 2 == 0, "pairs");
+  Vec<unsigned, E / 2> w;
+  __device__ __forceinline__ void load(const T* p) { w = *reinterpret_cast<const Vec<unsigned, E / 2>*>(p); }
+  __device__ __forceinline__ void get(float* a) const {
+#pragma unroll
+    for (int e = 0; e < E / 2; ++e) unpack16x2<T>(w.v[e], a[2 * e], a[2 * e + 1]);
   }
 };
 

@@ -587,21 +587,44 @@ graph = Switches(
     PW_SPLIT=(True, "the vector and element-by-element forms of a generated pointwise kernel as two loops (the "
                     "kernel picks one by its alignment flag) instead of one loop testing the flag, where the compiler "
                     "predicates both forms' loads into the body (~30 issue slots an 8-element run of the 8-op chain)"),
-    PW_RUNS=(4, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
+    PW_RUNS=(2, "runs (16-byte vectors of an operand) a thread per iteration, a warp's span apart (1, 2, 4, ...; "
                 "fewer where 32 x run x this does not divide the innermost dim): more loads in flight, one index "
-                "walk for all (H200, the 8-op chain with s, b broadcast, 16 an SM: 1 run 522-524, 2 runs 497, 4 "
-                "runs 478-481, 8 runs 625 us: 104 registers)"),
-    PW_GRID=(16, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
-                "occupancy of the kernel, asked at the first launch on a handle), -k: k such waves; n > 0: at most "
-                "n an SM (16: the generator's first form; H200, the 8-op chain, 4 runs: one wave 532, 16 an SM "
-                "481 us)"),
-    PW_MIN_BLOCKS=(0, "__launch_bounds__(256, n) of a generated pointwise kernel (0: none): caps its registers at "
-                      "65536 / (256 n)"),
+                "walk for all (H200, the 8-op chain with s, b broadcast, exact math, 16 an SM: 1 run 522-524, 2 runs "
+                "497, 4 runs 478-481, 8 runs 625 us: 104 registers; with the 16-bit forms, 16 an SM: 4 runs 339, 2 "
+                "runs 323, 1 run 343 us: 2 runs leave room for more resident blocks)"),
+    PW_GRID=(-8, "blocks of 256 an SM of a pointwise launch: 0 the blocks resident at once (one wave, the driver's "
+                 "occupancy of the kernel, asked at the first launch on a handle), -k: k such waves (at most 8 "
+                 "resident blocks a wave); n > 0: at most n an SM (H200, the broadcast chain, 16-bit forms, 2 runs, "
+                 "8 resident: one wave 334, 16 an SM 307, 4 waves 296, 8 waves 291 us)"),
+    PW_MIN_BLOCKS=(8, "__launch_bounds__(256, n) of a generated pointwise kernel (0: none): caps its registers at "
+                      "65536 / (256 n) (8: 32 registers, 8 resident blocks), applied only to the class it was "
+                      "measured on (engines.PwStep: sm_90, bfloat16 outputs, <= 8 nodes, at most "
+                      "PW_MIN_BLOCKS_RUNS 16-byte runs held, no strided input; elsewhere 32 registers spilled). "
+                      "H200, the broadcast chain, 16-bit forms, 2 runs, 4 waves: 38 registers / 6 blocks 307, "
+                      "32 / 8 blocks 296 us"),
+    PW_MIN_BLOCKS_RUNS=(4, "the most 16-byte runs a thread may hold (contiguous inputs x runs, doubled by "
+                           "PW_PREFETCH) for PW_MIN_BLOCKS to apply; no strided input either (the chain with s, b "
+                           "full, 3 x 2 runs, spilled 40 bytes at 32 registers: 631 instead of 508 us)"),
     PW_RANGE=(True, "TANH_FWD of a value a RELU_FWD clips into [0, 9] (slope 0) as tanh_nonneg: tanhf's bits there "
                     "without its saturation and sign steps (3 instructions an element less); off: tanhf"),
-    PW_GELU_FAST=(False, "GELU_FWD in a generated pointwise kernel whose outputs are all 16-bit by the activation "
-                         "family's 16-bit approximation (gelu_fast: <= 7.9e-6 relative, ~10 instructions an element "
-                         "less than erff's form); off (the default): erff's accuracy, GELU_FWD's rule in the graph"),
+    PW_GELU_FAST=(True, "GELU_FWD in a generated kernel whose outputs are all 16-bit by the activation family's "
+                        "16-bit GELU (gelu_fast: <= 7.9e-6 relative, >= 30x below a 16-bit half ulp; ~10 instructions "
+                        "an element less than erff's form; pydnn.activation_forward computes 16-bit GELU so too); "
+                        "off: erff (float outputs always). The 8-op chain with s, b broadcast is compute-bound "
+                        "(tools/PERF.md): 46.6 -> 38.5 instructions an element"),
+    PW_PREFETCH=(False, "the vector loop of a generated pointwise kernel as a software pipeline: the next "
+                        "iteration's offsets and 16-byte loads issued before this iteration's arithmetic, held as "
+                        "loaded (codegen._prefetch_block); a candidate for the broadcast 8-op chain, whose "
+                        "arithmetic (27.4 issue cycles a warp-element) nearly matches its memory time (32.2)"),
+    PW_GELU_DEG5=(True, "with PW_GELU_FAST, where every output is bfloat16: gelu_fast's polynomial at degree 5 "
+                        "(gelu_fast5: <= 1.5e-5 relative, 130x below bfloat16's half ulp; 2 FFMA an element less: "
+                        "the chain's loop 27.0 instructions an element at 2 runs; H200, broadcast chain, 2 runs, 8 "
+                        "resident, 4 waves: 311 -> 296 us)"),
+    PW_TANH_FAST=(True, "TANH_FWD in a generated kernel whose outputs are all bfloat16 by tanh.approx.f32 (MUFU.TANH, "
+                        "<= 2^-10.99 relative, a quarter of bfloat16's half ulp; the RNN's PERSIST_FAST_MATH form): 1 "
+                        "instruction where tanhf takes ~15, tanh_nonneg 12; off: tanhf / tanh_nonneg. With PW_GELU_FAST "
+                        "the chain's vector loop is 27.4 instructions an element (SASS, sm_90), under the 32 cycles a "
+                        "warp-element of copy bandwidth"),
 )
 
 callpath = Switches(

@@ -23,10 +23,11 @@ Rows:
 
     python tools/bench_graph.py [--quick [--ab]] [--chain] [--norm]
 
---chain (~30 s): the 8-op chain's generated kernel in each form of pydnn.tuning.graph (CHAIN_FORMS: the
-first form, the split loops, one wave of resident blocks, 2 / 4 runs a thread, launch bounds), with s and
-b broadcast (x and y moved) and with s and b full-size (four tensors moved), against torch eager and the copy
-bandwidth of the same run.
+--chain (~20 s with its compiles): the 8-op chain's generated kernel in each form of pydnn.tuning.graph
+(CHAIN_FORMS: exact (erff, tanh_nonneg) and the 16-bit forms (gelu_fast, tanh.approx), runs a thread, grid,
+launch bounds), with s and b broadcast (x and y moved) and with s and b full-size (four tensors moved),
+against torch eager and the copy bandwidth of the same run; then the host-side targets on the chain
+(build_plans with the kernel cached, Graph.execute's host time: bench_chain_host).
 
 --quick --ab (the graph branch's mid-session run, ~40 s with its compiles): the 128x256 wgmma tile one block a
 tile, persistent (tuning.matmul.WG_PERSIST) and each WG_CANDIDATES entry, plain on 16384x4096x4096 and 8192^3
@@ -175,6 +176,12 @@ def _chain_graph(h, n=64, c=1024, w=4096, full=False):
     return g, None
 
 
+def _chain_bytes(*tensors):
+    """The bytes the chain must move: each input read once and y written once, every tensor at its own size
+    (a broadcast s [1, C, 1] is C elements, not the output's N C W; 10 KB of the 1.07 GB here)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
     """The chain at the defaults, s and b broadcast (x and y moved) and full-size (four tensors moved)."""
     for full in (False, True):
@@ -194,26 +201,50 @@ def bench_chain(h, copy_gbs, n=64, c=1024, w=4096, rounds=6):
         ms_p, ms_t = time_pair(lambda: g.execute(bufs, 0), torch_chain, rounds=rounds)
         what = "s, b full" if full else "s, b broadcast"
         row("chain8", f"8 ops, 3 inputs ({what}), {n}x{c}x{w}", "bf16", ms_p, ms_t, "torch eager",
-            nbytes=(4 if full else 2) * tx.numel() * 2, copy_gbs=copy_gbs, note="(target >= 85% of copy)")
+            nbytes=_chain_bytes(tx, ts, tb, ty), copy_gbs=copy_gbs, note="(target >= 85% of copy)")
         del tx, ts, tb, ty
 
 
-# --chain: the pointwise kernel's forms (pydnn.tuning.graph), label -> switches; "first form" is the
-# generator before the split (one loop testing the vector flag, 16 blocks an SM)
+# --chain: the pointwise kernel's forms (pydnn.tuning.graph), label -> switches; "exact" is erff and tanhf /
+# tanh_nonneg (PW_GELU_FAST and PW_TANH_FAST off: the defaults until the chain branch's second sitting),
+# "fast" gelu_fast and tanh.approx.f32 (every output bfloat16: the defaults now)
+EXACT = dict(PW_GELU_FAST=False, PW_TANH_FAST=False)
+FAST = dict(PW_GELU_FAST=True, PW_TANH_FAST=True)
+# (run 1's forms, H200 08:00, copy 4148 GB/s, us, broadcast: exact 4 runs 480.3; fast 16/SM 4 runs 338.6, 2 runs
+# 323.1, 1 run 343.0; fast 4 waves 4 runs 339.1, 2 runs 319.2; fast 32/SM 1 run 332.0; deg 5 4 runs 330.2;
+# prefetch 2 runs 324.3, 1 run 340.6; gelu_fast + tanh_nonneg 416.4. Full: exact 540.4, fast 500.5, fast
+# prefetch 2 runs 508.0, fast 1 run 508.4)
+def _f(runs, grid, minb=0, **kw):
+    return dict(PW_SPLIT=True, PW_RUNS=runs, PW_GRID=grid, PW_MIN_BLOCKS=minb, **{**FAST, **kw})
+
+
 CHAIN_FORMS = [
-    ("first form", dict(PW_SPLIT=False, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0, PW_RANGE=False)),
-    ("split, 16/SM, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0)),
-    ("split, 2 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-2, PW_MIN_BLOCKS=0)),
-    ("split, 4 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-4, PW_MIN_BLOCKS=0)),
-    ("split, 8 waves, 4 runs", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=-8, PW_MIN_BLOCKS=0)),
-    ("split, 32/SM, 2 runs", dict(PW_SPLIT=True, PW_RUNS=2, PW_GRID=32, PW_MIN_BLOCKS=0)),
-    ("split, 16/SM, 8 runs", dict(PW_SPLIT=True, PW_RUNS=8, PW_GRID=16, PW_MIN_BLOCKS=0)),
-    ("split, 16/SM, 1 run", dict(PW_SPLIT=True, PW_RUNS=1, PW_GRID=16, PW_MIN_BLOCKS=0)),
-    ("16/SM, 4 runs, gelu_fast (not the rule)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0,
-                                                     PW_GELU_FAST=True)),
+    ("exact, 16/SM, 4 runs (before)", dict(PW_SPLIT=True, PW_RUNS=4, PW_GRID=16, PW_MIN_BLOCKS=0, **EXACT)),
+    ("fast, 16/SM, 4 runs (run 1 defaults)", _f(4, 16)),
+    ("fast, 4 waves, 2 runs", _f(2, -4)),
+    ("fast, 16/SM, 2 runs, min blocks 8", _f(2, 16, 8)),
+    ("fast, 4 waves, 2 runs, min blocks 8", _f(2, -4, 8)),
+    ("fast, deg 5, 16/SM, 2 runs, min blocks 8", _f(2, 16, 8, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 4 waves, 2 runs, min blocks 8", _f(2, -4, 8, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 4 waves, 2 runs", _f(2, -4, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 16/SM, 2 runs", _f(2, 16, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 8 waves, 2 runs, min blocks 8 (defaults)", _f(2, -8, 8, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 1 wave, 2 runs, min blocks 8", _f(2, 0, 8, PW_GELU_DEG5=True)),
+    ("fast, deg 5, 32/SM, 1 run", _f(1, 32, PW_GELU_DEG5=True)),
+    ("fast, deg 5, prefetch, 4 waves, 2 runs", _f(2, -4, PW_GELU_DEG5=True, PW_PREFETCH=True)),
 ]
-CHAIN_FULL_FORMS = ("first form", "split, 16/SM, 4 runs", "split, 4 waves, 4 runs", "split, 16/SM, 1 run",
-                    "16/SM, 4 runs, gelu_fast (not the rule)")
+CHAIN_FULL_FORMS = ("exact, 16/SM, 4 runs (before)", "fast, 16/SM, 4 runs (run 1 defaults)", "fast, 4 waves, 2 runs",
+                    "fast, deg 5, 8 waves, 2 runs, min blocks 8 (defaults)")
+# run 2 (H200, copy 4173 GB/s, us, broadcast / full): exact 476.0 / 541.4; fast 16/SM 4 runs 335.3 / 503.6; fast 4
+# waves 2 runs 316.8 / 507.8; + min blocks 8: 16/SM 322.0, 4 waves 311.0; deg 5 + min blocks 8: 16/SM 307.3, 4 waves
+# 295.7 (full, min blocks forced: 631.0, spilled), 8 waves 290.9 (88% of copy), 1 wave 333.7; deg 5 without min
+# blocks: 4 waves 306.9, 16/SM 311.6; deg 5 32/SM 1 run 316.3; deg 5 prefetch 4 waves 313.6. The defaults now:
+# the 8-waves form, where PW_MIN_BLOCKS_RUNS keeps the launch bounds off the full-size reading.
+# SASS (sm_90, NVRTC 13.5, cuobjdump) of the vector loop, instructions an element: exact 46.6 (62 registers),
+# gelu_fast + tanh_nonneg 38.5, fast 27.4 / 29.0 / 32.1 at 4 / 2 / 1 runs (54 / 38 / 32 registers; the
+# prefetch form 29.0 at 2 runs in 61 registers, 96 at 4 runs, 40 at 1). The broadcast chain
+# moves 1.07 GB: 0.259 ms at ~4150 GB/s copy = 32.2 cycles of one SM sub-partition a warp-element at 1.98
+# GHz, against 27.4 issue cycles and 24 MUFU cycles (3 an element, 8 cycles a warp each) for the fast form.
 # the first mid-session run (H200, copy 4166 GB/s, us; s, b broadcast / full): first form with tanhf 589.2 /
 # 587.7, with tanh_nonneg 554.8 / -, split 524.0 / -, one wave 548.8 / 562.0, one wave 2 runs 553.9 / 552.6,
 # one wave 4 runs 531.7 / 553.0, 16/SM 2 runs 497.0 / -, 16/SM 4 runs 480.6 / -, gelu_fast one wave 4 runs
@@ -256,7 +287,7 @@ def bench_chain_forms(h, copy_gbs, n=64, c=1024, w=4096, rounds=3):
         tb = torch.randn(*(shp if full else (1, 1, w)), device="cuda", dtype=torch.bfloat16)
         ty = torch.empty_like(tx)
         bufs = {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(), "y": ty.data_ptr()}
-        nbytes = (4 if full else 2) * tx.numel() * 2
+        nbytes = _chain_bytes(tx, ts, tb, ty)
         want = torch.tanh((F.gelu(tx.float() * ts.float() + tb.float()) * tx.float() - tb.float()).clamp(0, 4)) \
             + tx.float()
 
@@ -318,7 +349,7 @@ def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
     err = float((y.float() - ref).abs().max())
     ms_n, ms_tn = time_pair(lambda: gs[False].execute(bufs, wsp[False]), lambda: F.layer_norm(x, (d,), scb, bb, 1e-5),
                         rounds=rounds)
-    row("norm", f"gelu(layernorm) {rows}x{d} (abs err {err:.1e})", "bf16", ms_f, ms_t, "gelu(layer_norm)",
+    row("norm", f"gelu(layernorm) erff {rows}x{d} (abs err {err:.1e})", "bf16", ms_f, ms_t, "gelu(layer_norm)",
         nbytes=nbytes, copy_gbs=copy_gbs, note=f"| fused / plain layernorm graph time {ms_f / ms_n:.3f}x")
     row("norm", f"layernorm {rows}x{d} (plain, node engine)", "bf16", ms_n, ms_tn, "layer_norm", nbytes=nbytes,
         copy_gbs=copy_gbs)
@@ -326,7 +357,7 @@ def bench_norm_gelu(h, copy_gbs, rows=16384, d=4096, rounds=4):
                            lambda: F.gelu(F.layer_norm(x, (d,), scb, bb, 1e-5)), rounds=rounds)
     torch.cuda.synchronize()
     err = float((y.float() - ref).abs().max())
-    row("norm", f"gelu(layernorm) gelu_fast (not the rule) (abs err {err:.1e})", "bf16", ms_q, ms_t,
+    row("norm", f"gelu(layernorm) gelu_fast (the 16-bit default) (abs err {err:.1e})", "bf16", ms_q, ms_t,
         "gelu(layer_norm)", nbytes=nbytes, copy_gbs=copy_gbs, note=f"| / plain layernorm graph time {ms_q / ms_n:.3f}x")
 
 
@@ -369,6 +400,50 @@ def bench_host(h, m=128, n=256, k=64, reps=500):
             torch.cuda.synchronize()
         print(f"host      Graph.execute on a built plan ({label}, fused {m}x{n}x{k}): {statistics.median(runs) * 1e6:.1f} "
               f"us per call (target <= 10 us)", flush=True)
+
+
+def bench_chain_host(h, dims=(4, 64, 256), reps=500, builds=20):
+    """The host-side targets on the 8-op chain (a fused pointwise graph): build_plans of a graph whose kernel
+    is already in the cache (a new Graph of the same program: the cubin is found by key, nothing compiles),
+    median of `builds`, alone and with the graph's construction; host microseconds of one Graph.execute on
+    the built plan (a small shape: the kernel is much shorter than the call, so the queue never pushes
+    back), `reps` calls between syncs, median of 5 such runs, int pointers and torch tensors."""
+    t0 = time.perf_counter()
+    g, _ = _chain_graph(h, *dims)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    first = time.perf_counter() - t0
+    full, alone = [], []
+    for _ in range(builds):
+        t0 = time.perf_counter()
+        g, _ = _chain_graph(h, *dims)
+        g.build_operation_graph().create_execution_plans()
+        t1 = time.perf_counter()
+        g.build_plans()
+        t2 = time.perf_counter()
+        full.append(t2 - t0)
+        alone.append(t2 - t1)
+    print(f"build     8-op chain {dims}: first build {first * 1e3:.1f} ms (compile or disk cache); cached: "
+          f"build_plans {statistics.median(alone) * 1e3:.2f} ms, with the graph's construction "
+          f"{statistics.median(full) * 1e3:.2f} ms, medians of {builds} (target <= 5 ms)", flush=True)
+    n, c, w = dims
+    tx = torch.randn(n, c, w, device="cuda", dtype=torch.bfloat16)
+    ts = torch.randn(1, c, 1, device="cuda", dtype=torch.bfloat16)
+    tb = torch.randn(1, 1, w, device="cuda", dtype=torch.bfloat16)
+    ty = torch.empty_like(tx)
+    for label, bufs in (("int pointers", {"x": tx.data_ptr(), "s": ts.data_ptr(), "b": tb.data_ptr(),
+                                          "y": ty.data_ptr()}),
+                        ("torch tensors", {"x": tx, "s": ts, "b": tb, "y": ty})):
+        g.execute(bufs, 0)
+        torch.cuda.synchronize()
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                g.execute(bufs, 0)
+            runs.append((time.perf_counter() - t0) / reps)
+            torch.cuda.synchronize()
+        print(f"host      Graph.execute on a built plan ({label}, 8-op chain {dims}): "
+              f"{statistics.median(runs) * 1e6:.1f} us per call (target <= 10 us)", flush=True)
 
 
 def _forced_plan(h, dtype, m, n, k, tile):
@@ -556,7 +631,8 @@ def main():
     copy_gbs = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
     print(f"device: {torch.cuda.get_device_name()}  copy {copy_gbs:.0f} GB/s  torch {torch.__version__}", flush=True)
     if args.chain or args.norm:
-        if args.chain:
+        if args.chain:  # the host rows first: a timeout cuts the last forms, not them
+            bench_chain_host(h)
             bench_chain_forms(h, copy_gbs)
         if args.norm:
             bench_norm_gelu(h, copy_gbs)

@@ -84,9 +84,22 @@ def _nonneg_bounded(prog, ref, limit):
     return p["slope"] == 0.0 and p["lower"] >= 0.0 and math.isfinite(p["upper"]) and p["upper"] <= limit
 
 
-def expressions(prog):
+def out_tags(prog, final_tag=None):
+    """The data types the kernel writes: its output operands' and (final_tag) the type of the value a fused
+    matmul / normalization kernel stores through its own store, outside prog.operands."""
+    return [tag for tag, role in prog.operands if role != "in"] + ([final_tag] if final_tag else [])
+
+
+def expressions(prog, final_tag=None):
     """The statements of the kernel body: [(value name, expression)], one per node. TANH_FWD of a value
-    _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less)."""
+    _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less).
+    Where every output of the kernel is 16-bit (out_tags; final_tag: the type of a fused kernel's own store),
+    the 16-bit forms of pydnn.tuning.graph: GELU_FWD as gelu_fast (PW_GELU_FAST, the activation family's
+    16-bit GELU; gelu_fast5, its degree-5 polynomial, with PW_GELU_DEG5 where every output is bfloat16),
+    and, every output bfloat16, TANH_FWD as tanh_fast (PW_TANH_FAST, tanh.approx.f32)."""
+    tags = out_tags(prog, final_tag)
+    out16 = bool(tags) and all(tag in ("f16", "bf16") for tag in tags)
+    bf16 = bool(tags) and all(tag == "bf16" for tag in tags)
     out = []
     for j, n in enumerate(prog.nodes):
         x = _ref(n.x)
@@ -100,12 +113,13 @@ def expressions(prog):
         if n.t is not None:
             t = _ref(n.t)
         e = pw.expression(n.mode, n.params, x, b, t)
-        if (pw.BY_VALUE.get(n.mode) == "TANH_FWD" and n.alpha1 == 1.0 and tuning.graph.PW_RANGE
+        if pw.BY_VALUE.get(n.mode) == "TANH_FWD" and tuning.graph.PW_TANH_FAST and bf16:
+            e = e.replace("tanhf(", "tanh_fast(", 1)
+        elif (pw.BY_VALUE.get(n.mode) == "TANH_FWD" and n.alpha1 == 1.0 and tuning.graph.PW_RANGE
                 and _nonneg_bounded(prog, n.x, TANH_NONNEG_MAX)):
             e = e.replace("tanhf(", "tanh_nonneg(", 1)
-        if (pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST
-                and all(tag != "f32" for tag, role in prog.operands if role != "in")):
-            e = f"gelu_fast({x})"
+        if pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST and out16:
+            e = f"gelu_fast5({x})" if tuning.graph.PW_GELU_DEG5 and bf16 else f"gelu_fast({x})"
         out.append((f"v{j}", e))
     return out
 
@@ -115,14 +129,93 @@ def _run(tag, elems):
     return f"Run16<{CTYPE[tag]}, E>" if tag != "f32" and elems % 2 == 0 else f"Run<{CTYPE[tag]}, E>"
 
 
-def source(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_blocks=0):
+def _prefetch_block(prog, access, elems, span, last, decls, body, stores, ndim):
+    """The vector form as a software pipeline (source's prefetch): offsets and loads of iteration i + step
+    issued before iteration i's arithmetic, contiguous runs held as loaded (Raw / Raw16) until widened
+    for the body; the body and stores are the plain loop's (VEC == 1: its vector branches)."""
+    ops = prog.operands
+    nops = len(ops)
+
+    def loads(sfx, off):
+        out = []
+        for k, (tag, role) in enumerate(ops):
+            if role != "in":
+                continue
+            ptr = f"static_cast<const {CTYPE[tag]}*>(p.ptr[{k}])"
+            if access[k] == "b":
+                out.append(f"        b{k}{sfx} = load<float>({ptr}[{off}[{k}]]);")
+            elif access[k] == "c":
+                out.append(f"#pragma unroll\n        for (int r = 0; r < R; ++r) w{k}{sfx}[r].load({ptr} + {off}[{k}] + r * {span});")
+            else:
+                out.append(f"#pragma unroll\n        for (int r = 0; r < R; ++r)\n#pragma unroll\n          for (int j = 0; j < E; ++j) "
+                           f"g{k}{sfx}[r * E + j] = load<float>({ptr}[{off}[{k}] + (idx_t)(r * {span} + j) * "
+                           f"(idx_t)p.stride[{k}][{last}]]);")
+        return "\n".join(out)
+
+    def declare(sfx, ind):
+        out = [f"{ind}idx_t off{sfx}[{nops}];"]
+        for k, (tag, role) in enumerate(ops):
+            if role != "in":
+                continue
+            if access[k] == "b":
+                out.append(f"{ind}float b{k}{sfx};")
+            elif access[k] == "c":
+                raw = "Raw16" if tag != "f32" and elems % 2 == 0 else "Raw"
+                out.append(f"{ind}{raw}<{CTYPE[tag]}, E> w{k}{sfx}[R];")
+            else:
+                out.append(f"{ind}float g{k}{sfx}[E * R];")
+        return "\n".join(out)
+
+    widen, copy = [], [f"#pragma unroll\n      for (int k = 0; k < {nops}; ++k) off[k] = offn[k];"]
+    for k, (tag, role) in enumerate(ops):
+        if role != "in":
+            continue
+        if access[k] == "b":
+            copy.append(f"      b{k} = b{k}n;")
+        elif access[k] == "c":
+            widen.append(f"      float a{k}[E * R];\n#pragma unroll\n      for (int r = 0; r < R; ++r) w{k}[r].get(a{k} + r * E);")
+            copy.append(f"#pragma unroll\n      for (int r = 0; r < R; ++r) w{k}[r] = w{k}n[r];")
+        else:
+            widen.append(f"      const float* a{k} = g{k};")
+            copy.append(f"#pragma unroll\n      for (int e = 0; e < E * R; ++e) g{k}[e] = g{k}n[e];")
+    body_ind = "\n".join("  " + ln if ln else ln for ln in body.split("\n"))
+    stores_ind = "\n".join("  " + ln if ln else ln for ln in stores.split("\n"))
+    first = "((idx_t)blockIdx.x * blockDim.x + ((idx_t)threadIdx.x - lane)) * (E * R) + lane * E"
+    return f"""  if constexpr (VEC == 1) {{  // the prefetch form (tuning.graph.PW_PREFETCH)
+{declare("", "    ")}
+    idx_t i = {first};
+    if (i < total) {{
+      offsets<{nops}, {ndim}, idx_t>(p, i, off);
+{loads("", "off")}
+    }}
+    for (; i < total; i += step) {{
+{declare("n", "      ")}
+      if (i + step < total) {{
+        offsets<{nops}, {ndim}, idx_t>(p, i + step, offn);
+{loads("n", "offn")}
+      }}
+{chr(10).join(widen)}
+{chr(10).join("  " + d for d in decls)}
+#pragma unroll
+      for (int e = 0; e < E * R; ++e) {{
+{body_ind}
+      }}
+{stores_ind}
+{chr(10).join(copy)}
+    }}
+    return;
+  }}"""
+
+
+def source(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_blocks=0, prefetch=False):
     """(kernel name, CUDA C text) of the program over `ndim` collapsed dims, `elems` consecutive innermost
     elements a run (elems divides the innermost dim), `runs` runs a thread per iteration, 32 * elems apart
     (32 * elems * runs must divide the innermost dim: run_count picks it), 64-bit (wide) or 32-bit index
     math. access[k]: how operand k walks the innermost dim: "c" contiguous (stride 1: a vector of the run
     where p.flags bit 0 allows), "b" broadcast (stride 0: read once an iteration), "g" any stride (the
     default). split: the vector and element-by-element forms as two loops (the kernel picks one by p.flags)
-    instead of one loop testing p.flags; min_blocks > 0: __launch_bounds__(256, min_blocks)."""
+    instead of one loop testing p.flags; min_blocks > 0: __launch_bounds__(256, min_blocks); prefetch (with
+    split and a vector form): the vector loop as a software pipeline (_prefetch_block)."""
     ops = prog.operands
     if not 1 <= len(ops) <= MAX_OPERANDS:
         raise ValueError(f"{len(ops)} operands (1 to {MAX_OPERANDS})")
@@ -174,6 +267,9 @@ def source(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_
         else:
             stores.append("    {\n      " + scalar + "\n    }")
     has_vec = elems > 1 and "c" in access
+    pf = ""
+    if prefetch and has_vec and split:
+        pf = _prefetch_block(prog, access, elems, span, last, decls, "\n".join(body), "\n".join(stores), max(ndim, 1))
     if not has_vec:
         dispatch = "  NAME_loop<0>(p);"
     elif split:
@@ -182,7 +278,7 @@ def source(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_
         dispatch = "  NAME_loop<2>(p);"
     fields = dict(nops=len(ops), ndim=max(ndim, 1), loads="\n".join(loads + decls), body="\n".join(body),
                   stores="\n".join(stores), elems=elems, runs=runs, idx="long long" if wide else "int",
-                  min_blocks=f", {min_blocks}" if min_blocks else "", dispatch=dispatch)
+                  min_blocks=f", {min_blocks}" if min_blocks else "", dispatch=dispatch, prefetch=pf)
     digest = hashlib.sha256(repr((fields, prog.key())).encode()).hexdigest()[:16]
     fields["name"] = f"pw_{digest}"
     fields["dispatch"] = dispatch.replace("NAME", fields["name"])
@@ -190,10 +286,10 @@ def source(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_
     return fields["name"], string.Template(template).substitute(fields)
 
 
-def kernel_unit(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_blocks=0):
+def kernel_unit(prog, ndim, elems=1, wide=True, access=None, runs=1, split=True, min_blocks=0, prefetch=False):
     """(KernelUnit, name expression) of the program, registered with the loader and the cache (nothing is
     compiled here: loader.load_unit / handle.function compile on a cache miss); arguments as source's."""
-    name, text = source(prog, ndim, elems, wide, access, runs, split, min_blocks)
+    name, text = source(prog, ndim, elems, wide, access, runs, split, min_blocks, prefetch)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     expr = f"pydnn::graph::{name}"
@@ -403,7 +499,7 @@ RED = {
 }
 
 
-def _epi_struct(prog, final, access, red, store_c, sname):
+def _epi_struct(prog, final, access, red, store_c, sname, tag=None):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
     contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
@@ -442,7 +538,7 @@ def _epi_struct(prog, final, access, red, store_c, sname):
     def element(e):
         out = [f"    {{  // column col + {e}", f"      const float acc_in = acc{e};"]
         out += [f"      const float in{k} = in{k}_{e};" for k, (_, role) in enumerate(ops) if role == "in"]
-        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog)]
+        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog, tag if store_c else None)]
         for j, k in prog.stores:
             val = "acc_in" if j == -1 else f"v{j}"
             at = f"col + {e}" if access[k].lower() == "c" else f"(col + {e}) * e.stride[{k}][2]"
@@ -528,7 +624,7 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
         raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
-    body = _epi_struct(prog, final, access, red, store_c, "EPI")
+    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag)
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")

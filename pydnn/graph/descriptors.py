@@ -178,6 +178,8 @@ def check_descriptor(desc, name="descriptor"):
 def _index(v):
     """v as a Python int when it is an integer (has __index__ that works), else None: a bool, a float, a
     numpy array of several elements and the like are not indices."""
+    if type(v) is int:  # the common case first (build_operation_graph makes ~1000 of these calls a chain)
+        return v
     if isinstance(v, bool) or not hasattr(v, "__index__"):
         return None
     try:

@@ -75,7 +75,7 @@ def _resident_blocks(handle, fn, threads):
 class PwStep:
     """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused.
     Its form follows pydnn.tuning.graph (read when the plan is built): PW_SPLIT, PW_RUNS, PW_GRID,
-    PW_MIN_BLOCKS."""
+    PW_MIN_BLOCKS, PW_PREFETCH (and the 16-bit math forms, codegen.expressions)."""
 
     def __init__(self, handle, prog, dims, strides_list, uids):
         from .. import tuning
@@ -91,8 +91,22 @@ class PwStep:
                                                  self.per_sm if self.per_sm > 0 else 16, 8 * self.waves)
         self.work_blocks = max(1, -(-cg.prod(cdims) // (elems * self.runs * cg.THREADS)))
         access = cg.access_kinds(cstrides)
+        # __launch_bounds__(256, PW_MIN_BLOCKS) only for the class of kernel it was measured on: sm_90, every
+        # output bfloat16 (the 16-bit forms' shortest code), at most 8 nodes, a thread holding few 16-byte runs
+        # (contiguous inputs x runs, twice that prefetching, at most PW_MIN_BLOCKS_RUNS), no strided input.
+        # The broadcast chain (2 x 2 runs) fits 32 registers there without a spill; at 32 registers the same
+        # chain spills on sm_80 (60 bytes) and in half (48) / float (12) on sm_90 (ptxas, NVRTC 13.5), and
+        # with s, b full (3 x 2 runs) it spilled 40 bytes and ran 631 instead of 508 us (H200, run 2)
+        minb = int(sw.PW_MIN_BLOCKS)
+        held = sum(1 for a, (_, role) in zip(access, prog.operands) if a == "c" and role == "in") * self.runs
+        outs = [tag for tag, role in prog.operands if role != "in"]
+        if ("g" in access or held * (2 if sw.PW_PREFETCH else 1) > int(sw.PW_MIN_BLOCKS_RUNS)
+                or not str(handle.arch).startswith("sm_90") or not outs or any(t != "bf16" for t in outs)
+                or len(prog.nodes) > 8):
+            minb = 0
+        self.min_blocks = minb
         self.unit, self.expr = cg.kernel_unit(prog, len(cdims), elems, wide, access, self.runs, bool(sw.PW_SPLIT),
-                                              int(sw.PW_MIN_BLOCKS))
+                                              minb, bool(sw.PW_PREFETCH))
         _compile(handle, self.unit)
         self.params = cg.params(cdims, cstrides, [0] * len(uids))
         self.args = driver.kernel_args(self.params)

@@ -565,7 +565,7 @@ def epilogue_source(prog, final, tag, rows=None, kinds=None):
         if role == "in":
             lines.append(f"    const float in{k} = load<float>(static_cast<const {cg.CTYPE[otag]}*>(e.ptr[{k}])"
                          f"[s * e.stride[{k}][0] + c * e.stride[{k}][1]]);")
-    for name, expr in cg.expressions(prog):
+    for name, expr in cg.expressions(prog, tag):
         lines.append(f"    const float {name} = {expr};")
     for j, k in prog.stores:
         ct = cg.CTYPE[ops[k][0]]
@@ -591,7 +591,7 @@ def epilogue_source(prog, final, tag, rows=None, kinds=None):
     for k, (otag, role) in enumerate(ops):
         if role == "in":
             run.append(f"      const float in{k} = in{k}_[j];")
-    for name, expr in cg.expressions(prog):
+    for name, expr in cg.expressions(prog, tag):
         run.append(f"      const float {name} = {expr};")
     for j, k in prog.stores:
         ct = cg.CTYPE[ops[k][0]]

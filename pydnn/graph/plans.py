@@ -21,7 +21,7 @@ CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("
 class Plan:
     """A built execution plan: engine index, the graph, and the engine's plan (steps, workspace size)."""
 
-    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value", "workspace_size")
+    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value", "workspace_size", "io_uids")
 
     def __init__(self, engine, graph, handle):
         why = ENGINES[engine].support(graph)
@@ -41,6 +41,8 @@ class Plan:
             es = 4 if t.dtype == E.PYDNN_DATA_FLOAT else 8 if t.dtype == E.PYDNN_DATA_DOUBLE else 2
             self.io.append((uid, (sum((d - 1) * s for d, s in zip(t.dims, t.strides)) + 1) * es,
                             f"variantPack: uid {uid}"))
+        # Graph.execute's fast path: a variant pack of exactly these uids, all positive int pointers
+        self.io_uids = frozenset(uid for uid, _, _ in self.io) if not self.by_value else None
 
     def to_json(self):
         return json.dumps({"format": FORMAT, "version": VERSION, "engine": self.engine,

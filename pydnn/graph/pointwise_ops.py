@@ -127,8 +127,9 @@ def numpy_namespace(np):
         "le": cmp(np.less_equal), "ge": cmp(np.greater_equal), "eq": cmp(np.equal),
         "nz": lambda v: (v != 0).astype(f), "land": lambda a, b: ((a != 0) & (b != 0)).astype(f),
         "lor": lambda a, b: ((a != 0) | (b != 0)).astype(f), "INFINITY": f(np.inf),
-        "gelu_tanh_grad": gelu_tanh_grad, "swish_grad": swish_grad, "tanh_nonneg": np.tanh,
+        "gelu_tanh_grad": gelu_tanh_grad, "swish_grad": swish_grad, "tanh_nonneg": np.tanh, "tanh_fast": np.tanh,
         "gelu_fast": lambda v: (f(0.5) * v * (f(1) + _erf(np)(v * f(0.70710678118654752)))).astype(f),
+        "gelu_fast5": lambda v: (f(0.5) * v * (f(1) + _erf(np)(v * f(0.70710678118654752)))).astype(f),
     }
 
 

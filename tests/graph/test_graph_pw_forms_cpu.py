@@ -11,6 +11,7 @@ import pydnn as P
 from pydnn import tuning
 from pydnn.graph import Graph
 from pydnn.graph import codegen as cg
+from pydnn.graph import pointwise_ops as pw
 from test_fuzz_cpu import cpu_handle
 
 
@@ -60,9 +61,9 @@ def test_launch_shape_runs_and_grid():
     assert cg.launch_shape([2**30, 4], [[4, 1]], 132, [4], runs=1)[1] is True
 
 
-def _chain(h, dims):
+def _chain(h, dims, io=P.PYDNN_DATA_BFLOAT16):
     n, c, w = dims
-    g = Graph(io_data_type=P.PYDNN_DATA_BFLOAT16, handle=h)
+    g = Graph(io_data_type=io, handle=h)
     x = g.tensor(name="x", dim=[n, c, w])
     s = g.tensor(name="s", dim=[1, c, 1])
     b = g.tensor(name="b", dim=[1, 1, w])
@@ -110,8 +111,11 @@ def test_chain_forms_compile_without_spills(arch, monkeypatch):
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
 
-    for split, runs, minb in ((False, 1, 0), (True, 1, 0), (True, 2, 0), (True, 4, 0), (True, 2, 4)):
-        st = _step(monkeypatch, (2, 8, 4096), PW_SPLIT=split, PW_RUNS=runs, PW_MIN_BLOCKS=minb)
+    for split, runs, minb, fast in ((False, 1, 0, False), (True, 1, 0, False), (True, 2, 0, False),
+                                    (True, 4, 0, False), (True, 2, 4, False), (True, 4, 0, True), (True, 2, 0, True),
+                                    (True, 2, 5, True), (True, 1, 0, True)):
+        st = _step(monkeypatch, (2, 8, 4096), PW_SPLIT=split, PW_RUNS=runs, PW_MIN_BLOCKS=minb, PW_TANH_FAST=fast,
+                   PW_GELU_FAST=fast)
         assert st.runs == runs
         text = cache._source_memo[st.unit.source][0]
         _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), arch,
@@ -120,6 +124,10 @@ def test_chain_forms_compile_without_spills(arch, monkeypatch):
         frame, spill, regs = props[lowered[st.expr]]
         assert (frame, spill) == (0, 0), log
         assert regs <= 64, (split, runs, minb, log)
+        if fast:  # tanh.approx.f32 is in sm_80's and sm_90's PTX: MUFU.TANH
+            assert "tanh_fast(" in text and "gelu_fast" in text
+        if minb:
+            assert regs <= 65536 // (256 * minb), log
 
 
 @pytest.mark.parametrize("params, alpha, on, want", [
@@ -152,12 +160,32 @@ def test_tanh_of_a_clipped_value_uses_tanh_nonneg(monkeypatch, params, alpha, on
 
 
 def test_chain_kernel_uses_tanh_nonneg_and_fewer_instructions(monkeypatch):
-    """The benchmark's chain (relu clipped at 4 -> tanh) is generated with tanh_nonneg; ptxas compiles it."""
+    """The benchmark's chain (relu clipped at 4 -> tanh) with the 16-bit forms off is generated with
+    tanh_nonneg and erff; ptxas compiles it."""
     from pydnn._build import cache
 
-    st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2)
+    st = _step(monkeypatch, (2, 8, 4096), PW_RUNS=2, PW_TANH_FAST=False, PW_GELU_FAST=False)
     text = cache._source_memo[st.unit.source][0]
     assert "tanh_nonneg(" in text and "tanhf(" not in text and "erff(" in text
+
+
+def test_chain_kernel_bf16_defaults_take_the_16_bit_forms(monkeypatch):
+    """At the defaults the bf16 chain (every output bfloat16) takes gelu_fast and tanh_fast: no erff, no
+    tanhf / tanh_nonneg; the same chain in float keeps erff and tanh_nonneg, in half gelu_fast and
+    tanh_nonneg (tanh.approx's 2^-11 is about an fp16 half ulp: bfloat16 outputs only)."""
+    from pydnn._build import cache
+
+    monkeypatch.setattr(tuning.graph, "PW_TANH_FAST", True)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    st = _step(monkeypatch, (2, 8, 4096))
+    text = cache._source_memo[st.unit.source][0]
+    assert "tanh_fast(" in text and "gelu_fast" in text and "erff(" not in text and "tanh_nonneg(" not in text
+    for io, gelu, tanh in ((P.PYDNN_DATA_FLOAT, "erff(", "tanh_nonneg("), (P.PYDNN_DATA_HALF, "gelu_fast(", "tanh_nonneg(")):
+        g = _chain(cpu_handle(), (2, 8, 4096), io)
+        g.build_operation_graph().create_execution_plans().build_plans()
+        t = cache._source_memo[g._plan_obj.built.steps[0].unit.source][0]
+        body = t[t.index("for (int e = 0; e < E * R; ++e)"):]
+        assert gelu in body and tanh in body and "tanh_fast(" not in body, io
 
 
 def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
@@ -195,14 +223,66 @@ def test_one_wave_grid_from_the_driver_occupancy(monkeypatch):
         assert grids[-1] == grids[-2] == (want, 1, 1) and fake.calls == 1
 
 
-@pytest.mark.parametrize("on, out_tag, want", [(False, "bf16", False), (True, "bf16", True), (True, "f16", True),
-                                                (True, "f32", False)])
-def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tag, want):
+@pytest.mark.parametrize("on, out_tags, final_tag, want", [
+    (False, ["bf16"], None, False), (True, ["bf16"], None, True), (True, ["f16"], None, True),
+    (True, ["f32"], None, False), (True, ["bf16", "f32"], None, False), (True, ["bf16", "f16"], None, True),
+    (True, [], "f32", False),     # a fused matmul / norm kernel whose own store is float
+    (True, [], "bf16", True), (True, ["bf16"], "f32", False), (True, [], None, False)])
+def test_gelu_fast_only_when_switched_on_and_outputs_are_16_bit(monkeypatch, on, out_tags, final_tag, want):
     monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", on)
-    prog = cg.PwProgram([("bf16", "in"), (out_tag, "out")], [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))],
-                        [(0, 1)])
-    (_, e), = cg.expressions(prog)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", False)
+    prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
+                        [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))], [(0, 1 + k) for k in range(len(out_tags))])
+    (_, e), = cg.expressions(prog, final_tag)
     assert ("gelu_fast(" in e) == want and ("erff(" in e) == (not want)
+
+
+@pytest.mark.parametrize("on, out_tags, final_tag, alpha, want", [
+    (False, ["bf16"], None, 1.0, False), (True, ["bf16"], None, 1.0, True), (True, ["bf16"], None, 2.0, True),
+    (True, ["f16"], None, 1.0, False),   # tanh.approx's 2^-11 is about an fp16 half ulp: bfloat16 only
+    (True, ["f32"], None, 1.0, False), (True, ["bf16", "f16"], None, 1.0, False), (True, [], "bf16", 1.0, True),
+    (True, [], "f32", 1.0, False), (True, ["bf16"], "f16", 1.0, False), (True, [], None, 1.0, False)])
+def test_tanh_fast_only_when_switched_on_and_outputs_are_bf16(monkeypatch, on, out_tags, final_tag, alpha, want):
+    monkeypatch.setattr(tuning.graph, "PW_TANH_FAST", on)
+    prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
+                        [cg.PwNode(P.PYDNN_POINTWISE_TANH_FWD, alpha1=alpha, x=("op", 0))],
+                        [(0, 1 + k) for k in range(len(out_tags))])
+    (_, e), = cg.expressions(prog, final_tag)
+    assert ("tanh_fast(" in e) == want and ("tanhf(" in e) == (not want)
+    if alpha != 1.0:
+        assert f"{pw.literal(alpha)} * in0" in e
+    # the CPU emulation evaluates the emitted text: tanh_fast is tanh there
+    x = np.linspace(-5, 5, 101, dtype=np.float32)
+    got = eval(pw.to_numpy_source(e), pw.numpy_namespace(np), dict(in0=x))  # noqa: S307
+    np.testing.assert_allclose(got, np.tanh(np.float32(alpha) * x), rtol=1e-6)
+
+
+def test_tanh_fast_wins_over_tanh_nonneg(monkeypatch):
+    """A clipped value's tanh in a bf16 kernel takes tanh_fast (1 instruction) over tanh_nonneg (12)."""
+    nodes = [cg.PwNode(P.PYDNN_POINTWISE_RELU_FWD, dict(upper=4.0), x=("op", 0)),
+             cg.PwNode(P.PYDNN_POINTWISE_TANH_FWD, x=("v", 0))]
+    for on, want in ((True, "tanh_fast("), (False, "tanh_nonneg(")):
+        monkeypatch.setattr(tuning.graph, "PW_TANH_FAST", on)
+        prog = cg.PwProgram([("bf16", "in"), ("bf16", "out")], nodes, [(1, 1)])
+        assert want in cg.expressions(prog)[1][1]
+
+
+def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
+    """The fused matmul's epilogue asks expressions with the GEMM's C type (an fp32 GEMM + bias + GELU, whose
+    program has no output operand, keeps erff), the fused norm's with y's."""
+    from pydnn.graph import norm_nodes
+    from pydnn.ops import matmul as M
+
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", False)
+    prog = cg.PwProgram([("f32", "in")], [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
+                                          cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))], [])
+    fast = M.TC_TILES[0]
+    for tag, want in (("f32", "erff("), ("bf16", "gelu_fast(")):
+        _, text = cg.matmul_source(prog, ("v", 1), tag, fast, M.TC_GENERAL, False, False)
+        assert want in text, tag
+        _, ntext, _ = norm_nodes.epilogue_source(prog, ("v", 1), tag)
+        assert want in ntext, tag
 
 
 def test_gelu_fast_compiles_and_matches_the_activation_family():
@@ -214,3 +294,108 @@ def test_gelu_fast_compiles_and_matches_the_activation_family():
     coefs = re.findall(r"[-+]?\d\.\d{9}e[-+]\d\d", act[act.index("phi_fast_parts"):act.index("phi_fast(float x)")])
     assert len(coefs) == 8 and all(c in mine for c in coefs)
     assert "0.35355339059327373f" in mine and "-0.72134752044448170f" in mine and "1e30f" in mine
+
+
+@pytest.mark.parametrize("deg5, out_tags, want", [(False, ["bf16"], "gelu_fast("), (True, ["bf16"], "gelu_fast5("),
+                                                  (True, ["f16"], "gelu_fast("), (True, ["bf16", "f16"], "gelu_fast("),
+                                                  (True, ["f32"], "erff(")])
+def test_gelu_deg5_only_for_bfloat16_outputs(monkeypatch, deg5, out_tags, want):
+    monkeypatch.setattr(tuning.graph, "PW_GELU_FAST", True)
+    monkeypatch.setattr(tuning.graph, "PW_GELU_DEG5", deg5)
+    prog = cg.PwProgram([("bf16", "in")] + [(t, "out") for t in out_tags],
+                        [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))], [(0, 1 + k) for k in range(len(out_tags))])
+    (_, e), = cg.expressions(prog)
+    assert want in e
+
+
+def test_gelu_fast5_error_in_float32():
+    """gelu_fast5 as graph_pointwise.cuh computes it (its coefficients read from the source), each step
+    rounded to float32 with exact rcp / ex2: relative error <= 1.6e-5 for |x| < 13 (<= 9e-6 for |x| <= 6),
+    >= 120x below bfloat16's half ulp (2^-9); +-inf, NaN and 0 as gelu_fast."""
+    import math
+
+    src = (__import__("pydnn._build.cache", fromlist=["x"]).ptx_dir() / "graph_pointwise.cuh").read_text()
+    body = src.split("float gelu_fast5(float x) {", 1)[1].split("\n}", 1)[0]
+    coefs = [float(c) for c in re.findall(r"([-+]?\d\.\d{9}e[-+]\d\d)f", body)]
+    assert len(coefs) == 6
+    f = np.float32
+    x = np.concatenate([np.linspace(-13.0, 13.0, 200001), [-1e-30, 1e-30, 3e-8, -3e-8]]).astype(f)
+
+    def run(x):
+        x64 = x.astype(np.float64)
+        t = (1.0 / (np.abs(x64) * float(f(0.35355339059327373)) + 1.0)).astype(f).astype(np.float64)
+        q = np.full_like(t, float(f(coefs[0])))
+        for c in coefs[1:]:
+            q = (q * t + float(f(c))).astype(f).astype(np.float64)
+        xx = (x64 ** 2).astype(f).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.exp2((xx * float(f(-0.72134752044448170)) + q).astype(f).astype(np.float64)).astype(f).astype(np.float64)
+            u = (np.minimum(np.abs(x64), float(f(1e30))) * t).astype(f).astype(np.float64)
+            return (np.maximum(x64, 0.0) - u * e).astype(f).astype(np.float64), x64
+
+    y, x64 = run(x)
+    exact = np.array([v * 0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x64])
+    rel = np.abs(y / exact - 1.0)
+    rel[exact == 0] = np.abs(y[exact == 0])
+    assert rel.max() <= 1.6e-5, (rel.max(), x64[rel.argmax()])
+    assert rel[np.abs(x64) <= 6].max() <= 9e-6
+    y, _ = run(np.array([np.inf, -np.inf, np.nan, 0.0], f))
+    assert y[0] == np.inf and y[1] == 0.0 and np.isnan(y[2]) and y[3] == 0.0
+
+
+def test_launch_bounds_only_where_a_thread_holds_few_runs(monkeypatch):
+    """PW_MIN_BLOCKS (8 at the defaults: 32 registers) applies where contiguous inputs x runs (x 2 with the
+    prefetch form) <= PW_MIN_BLOCKS_RUNS and no input is strided: the broadcast chain (x, b contiguous, 2 runs)
+    takes it; with s, b full (3 contiguous inputs), prefetching, 4 runs, or a strided x it does not."""
+    from pydnn._build import cache
+
+    monkeypatch.setattr(tuning.graph, "PW_MIN_BLOCKS", 8)
+    monkeypatch.setattr(tuning.graph, "PW_MIN_BLOCKS_RUNS", 4)
+
+    def bounds(dims=(2, 8, 4096), full=False, xstride=None, io=P.PYDNN_DATA_BFLOAT16, arch="sm_90", **sw):
+        for k, v in sw.items():
+            monkeypatch.setattr(tuning.graph, k, v)
+        n, c, w = dims
+        h = cpu_handle()
+        h.arch = arch
+        g = Graph(io_data_type=io, handle=h)
+        x = g.tensor(name="x", dim=[n, c, w], stride=xstride)
+        s = g.tensor(name="s", dim=[n, c, w] if full else [1, c, 1])
+        b = g.tensor(name="b", dim=[n, c, w] if full else [1, 1, w])
+        v = g.tanh(g.relu(g.sub(g.mul(g.gelu(g.add(g.mul(x, s), b)), x), b), upper_clip=4.0))
+        g.add(v, x).set_output(True).set_name("y")
+        g.build_operation_graph().create_execution_plans().build_plans()
+        st = g._plan_obj.built.steps[0]
+        text = cache._source_memo[st.unit.source][0]
+        assert ("__launch_bounds__(256, 8)" in text) == (st.min_blocks == 8)
+        return st.min_blocks
+
+    assert bounds(PW_RUNS=2, PW_PREFETCH=False) == 8
+    assert bounds(PW_RUNS=1) == 8
+    assert bounds(full=True, PW_RUNS=1) == 8          # 3 x 1
+    assert bounds(full=True, PW_RUNS=2) == 0          # 3 x 2
+    assert bounds(PW_RUNS=4) == 0                     # 2 x 4
+    assert bounds(PW_RUNS=2, PW_PREFETCH=True) == 0   # 2 x 2 x 2
+    assert bounds(PW_RUNS=1, PW_PREFETCH=True) == 8   # 2 x 1 x 2
+    assert bounds(PW_RUNS=2, PW_PREFETCH=False, xstride=[8 * 4096 * 2, 4096 * 2, 2]) == 0  # x strided: "g"
+    assert bounds(PW_RUNS=2, io=P.PYDNN_DATA_HALF) == 0   # half / float outputs spilled at 32 registers
+    assert bounds(PW_RUNS=2, io=P.PYDNN_DATA_FLOAT) == 0
+    assert bounds(PW_RUNS=2, arch="sm_80") == 0           # so did the bfloat16 chain on sm_80
+
+
+def test_the_benchmark_chain_fits_32_registers_on_sm_90():
+    """The broadcast chain at the defaults (launch bounds 8, 2 runs, gelu_fast5, tanh_fast) compiles for
+    sm_90 in 32 registers with no stack frame and no spill (the measured 88% of copy)."""
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    g = _chain(cpu_handle(), (64, 1024, 4096))
+    g.build_operation_graph().create_execution_plans().build_plans()
+    st = g._plan_obj.built.steps[0]
+    text = cache._source_memo[st.unit.source][0]
+    assert st.min_blocks == 8 and st.runs == 2 and "gelu_fast5(" in text and "tanh_fast(" in text
+    _, lowered, log = nvrtc.compile_cubin(text, st.unit.source, (st.expr,), "sm_90",
+                                          COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    props = {f: (int(a), int(b), int(r)) for f, a, b, r in PROPS.findall(log)}
+    assert props[lowered[st.expr]] == (0, 0, 32), log
