@@ -140,6 +140,10 @@ conv = Switches(
                         "1: never (fwd_tc, 32-deep K tiles). Issue 18: C = 96, 144, 152, 176 ran on fwd_tc at "
                         "~86 TFLOP/s (median, H200) where fwd_wgmma runs ~340 on full tiles"),
     WG_PIPE=(True, "the backward filter's model picks wgrad_pipe_tc where it applies (else wgrad_tc)"),
+    GROUPED_DIRECT=(True, "grouped convolutions with C/g == K/g in 4..32 (ResNeXt's grouped 3x3): forward and "
+                          "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "
+                          "launch over all groups, the halo read once, block-diagonal MMAs only) before "
+                          "grouped.py's packed supergroups (0.28-0.61x cuDNN on the sweep's ResNeXt layers)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),
     TC_FORCE=({}, "direction -> a tiling used instead of the model's choice: (BM, BN) for fwd_tc / "

@@ -1,0 +1,245 @@
+// Narrow grouped convolutions (C/g == K/g = 4, 8, 16 or 32: ResNeXt's grouped 3x3) as one direct
+// tensor-core launch over all groups (ops/convolution/grouped_direct.py). 2-d, half / bfloat16, x and y
+// with channels contiguous (NHWC-like), every other stride a multiple of 8.
+//
+// A block computes a TH x TW tile of output pixels of one image for one 64-channel block (64 / (C/g)
+// whole groups; grid.y = the channel block, so every group runs in the same launch). It copies the tile's
+// input halo, ((TH - 1) * stride + (R - 1) * dil + 1) x (...) pixels x 64 channels (128 bytes a pixel,
+// cp.async with zero fill for the padding), and the channel block's filter, pre-arranged by
+// grouped_frag_pack as mma.m16n8k16 B fragments, into shared memory once; then each of the 4 warps walks
+// the taps: A fragments (16 output pixels x 16 input channels of the tap) come straight from the halo by
+// ldmatrix, each lane pointing at its own pixel shifted by the tap (implicit im2col, no gather), the
+// 16-byte chunks of a pixel XOR-swizzled by the pixel index so that the 8 rows of an ldmatrix phase (8
+// pixels, one chunk each) fall in 8 bank groups.
+//
+// Only the MMAs that touch the block diagonal run. An n8 chunk of output channels (8j .. 8j + 7) reads
+// input channels of its own groups only: for C/g <= 16 they lie in the k16 chunk j / 2 (NK = 1: 8 MMAs a
+// tap and 16 pixels instead of the dense 64 x 64's 32), for C/g = 32 in the two k16 chunks of its group
+// (NK = 2: 16 MMAs). C/g = 4 still multiplies 3/4 zeros in its k16 chunk, 8 half; 16 and 32 none.
+//
+// Backward data at stride 1 is the same kernel (MODE 0): dx = the forward convolution of dy with the
+// filter transposed inside each group and flipped, padding (R - 1) * dil - pad (the host sets up that
+// virtual forward problem; grouped_frag_pack's transpose flag arranges the filter).
+//
+// Backward data at stride 2 (MODE 1), one launch: a block owns an 8 x 16 tile of dx (origin even) and
+// the dy halo it gathers from; warp w takes the tile's pixels of one phase (row parity w / 2, column
+// parity w % 2: 4 rows x 8 columns, 32 pixels), for which a tap either reaches dy for every pixel or for
+// none (ih + pad - r * dil even), so the warp skips the taps of other phases as a whole and multiplies
+// no zero that the stride puts there. ConvParams as the real problem: x = dy (in_size, xs), out = dx
+// (out_size, ys), pad, stride 2, dil; the fragments as for stride 1 (fragment tap (r', s') holds tap
+// (R - 1 - r', S - 1 - s')).
+#include "common/mma.cuh"
+#include "common/params.h"
+#include "common/types.cuh"
+#include "convolution_params.h"
+#include "conv_epilogue.cuh"
+
+namespace pydnn {
+namespace conv {
+
+constexpr int kGdThreads = 128;              // 4 warps
+constexpr int kGdChannels = 64;              // channels of a block (input and output)
+constexpr unsigned kGdPackTranspose = 4096u; // grouped_frag_pack: the backward-data filter (transposed, flipped)
+
+// The B fragments of one (channel block, tap, n8 chunk j, k16 part nk): 32 lanes x 2 registers.
+// grouped_frag_pack: out[((cb * taps + tap) * 8 + j) * NK + nk][lane][reg] (32-bit words, two 16-bit
+// values each: k = 2 (lane % 4) + 8 reg + half, n = lane / 4 of the fragment). ConvAuxParams: in = w
+// (strides in_stride: k, c, t, r, s), out, groups, kg = cg = C/g, taps, filt, channels = C (all groups),
+// flags: PYDNN_CONV_FLAG_FLIP (CONVOLUTION mode), kGdPackTranspose (backward data).
+template <class T>
+__global__ void __launch_bounds__(256) grouped_frag_pack(const ConvAuxParams p) {
+  const int c = p.cg;
+  const int NK = c >= 32 ? 2 : 1;
+  const long long total = (long long)(p.channels / kGdChannels) * p.taps * 8 * NK * 64;
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int reg = (int)(i & 1), lane = (int)((i >> 1) & 31);
+  long long r = i >> 6;
+  const int nk = (int)(r % NK);
+  r /= NK;
+  const int j = (int)(r % 8);
+  r /= 8;
+  const int tap = (int)(r % p.taps);
+  const int cb = (int)(r / p.taps);
+  const int kc = NK == 2 ? 2 * (j / 4) + nk : j / 2;  // the k16 chunk (of the block's 64 input channels)
+  const int o = cb * kGdChannels + 8 * j + lane / 4;  // the output channel (global)
+  int q = tap;
+  const int s = q % p.filt[2];
+  q /= p.filt[2];
+  const int rr = q % p.filt[1];
+  // CONVOLUTION mode flips the filter; backward data flips it (again)
+  const bool flip = ((p.flags & PYDNN_CONV_FLAG_FLIP) != 0) != ((p.flags & kGdPackTranspose) != 0);
+  const int ts = flip ? p.filt[2] - 1 - s : s, tr = flip ? p.filt[1] - 1 - rr : rr;
+  const T* w = static_cast<const T*>(p.in);
+  unsigned word = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int ci = cb * kGdChannels + kc * 16 + 2 * (lane % 4) + 8 * reg + h;  // the input channel (global)
+    unsigned short bits = 0;
+    if (ci / c == o / c) {
+      // forward: w[o][ci % c]; backward data (virtual forward on dy): w[k = ci][c = o % c]
+      const long long off = (p.flags & kGdPackTranspose)
+                                ? (long long)ci * p.in_stride[0] + (long long)(o % c) * p.in_stride[1]
+                                : (long long)o * p.in_stride[0] + (long long)(ci % c) * p.in_stride[1];
+      bits = w[off + (long long)tr * p.in_stride[3] + (long long)ts * p.in_stride[4]].bits;
+    }
+    word |= (unsigned)bits << (16 * h);
+  }
+  static_cast<unsigned*>(p.out)[i] = word;
+}
+
+__device__ __forceinline__ int floor_half(int v) { return v >> 1; }  // floor(v / 2), v of either sign
+
+// The direct kernel. ConvParams of the (virtual) forward problem: x (strides xs, in_size), w = the packed
+// fragments, out (strides ys, out_size), batch, groups, cg = kg = C/g, filt, pad, stride, dil (dims 1, 2;
+// dim 0 is 1), alpha / beta (FLAG_BETA), and for the fused forward z (zs) / bias / act (epilogue_value).
+// FLAG_PAIR: out 4-byte aligned, store channel pairs as one word. Dynamic shared memory: the fragments
+// (taps * NK * 2 KiB) then the halo (its pixels * 128 bytes).
+template <class T, int NK, int TH, int TW, int MODE>
+__global__ void __launch_bounds__(kGdThreads, 3) grouped_direct_tc(const ConvParams p) {
+  constexpr int MB = (TH * TW + 63) / 64;  // m16 blocks a warp (the tile's pixels padded to 64)
+  static_assert(MODE == 0 || (TH == 8 && TW == 16), "stride-2 backward data: 8 x 16 dx tiles (4 phases x 32)");
+  extern __shared__ __align__(128) unsigned char gd_smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int R = p.filt[1], S = p.filt[2], taps = R * S;
+  const int sh = p.stride[1], sw = p.stride[2], dh = p.dil[1], dw = p.dil[2];
+  const int OH = p.out_size[1], OW = p.out_size[2], IH = p.in_size[1], IW = p.in_size[2];
+  // the halo: MODE 0 the input pixels the tile's taps read; MODE 1 the dy pixels, a bound on their count
+  const int HH = MODE == 0 ? (TH - 1) * sh + (R - 1) * dh + 1 : (TH - 1 + (R - 1) * dh) / 2 + 2;
+  const int HW = MODE == 0 ? (TW - 1) * sw + (S - 1) * dw + 1 : (TW - 1 + (S - 1) * dw) / 2 + 2;
+  const int tiles_w = (OW + TW - 1) / TW, tiles_h = (OH + TH - 1) / TH;
+  int bx = blockIdx.x;
+  const int tw_i = bx % tiles_w;
+  bx /= tiles_w;
+  const int th_i = bx % tiles_h;
+  const int n = bx / tiles_h;
+  const int cb = blockIdx.y;
+  const int oh0 = th_i * TH, ow0 = tw_i * TW;
+  // MODE 1: oh0 / ow0 are the dx tile's origin, ih0 / iw0 the first dy row / column of the halo
+  // (floor((origin + pad - (R - 1) * dil) / 2))
+  const int ih0 = MODE == 0 ? oh0 * sh - p.pad[1] : floor_half(oh0 + p.pad[1] - (R - 1) * dh);
+  const int iw0 = MODE == 0 ? ow0 * sw - p.pad[2] : floor_half(ow0 + p.pad[2] - (S - 1) * dw);
+
+  const int wbytes = taps * NK * 2048;
+  const unsigned w_s = mma::smem_u32(gd_smem), halo_s = w_s + wbytes;
+  {  // the fragments, then the halo (zero outside the image)
+    const unsigned char* wsrc = static_cast<const unsigned char*>(p.w) + (long long)cb * wbytes;
+    for (int i = tid; i < wbytes / 16; i += kGdThreads) mma::cp_async_16(w_s + i * 16, wsrc + i * 16, true);
+    const T* x = static_cast<const T*>(p.x) + (long long)n * p.xs[0] + cb * kGdChannels;
+    const int chunks = HH * HW * 8;
+    for (int i = tid; i < chunks; i += kGdThreads) {
+      const int pix = i >> 3, ch = i & 7;
+      const int hy = pix / HW, hx = pix - hy * HW;
+      const int ih = ih0 + hy, iw = iw0 + hx;
+      const bool ok = ih >= 0 && ih < IH && iw >= 0 && iw < IW;
+      const T* src = ok ? x + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch * 8 : x;
+      mma::cp_async_16(halo_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
+    }
+    mma::cp_async_commit();
+  }
+  // each lane's ldmatrix row: pixel m0 + 16 mb + (lane & 15) of the tile, chunk half lane >> 4
+  // MODE 0: hbase = the pixel's halo index at tap (0, 0). MODE 1: hy2 / hx2 = 2 x the dy halo row /
+  // column at tap r = 0 (then (hy2 - r * dil) / 2 for tap r of the warp's phase)
+  int hbase[MB], hy2[MB], hx2[MB];
+  const int py = warp >> 1, px = warp & 1;  // MODE 1: the warp's phase
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+    int pm = warp * MB * 16 + mb * 16 + (lane & 15);
+    if (MODE == 0) {
+      if (pm >= TH * TW) pm = 0;  // padding rows: any pixel (never stored)
+      const int oy = pm / TW, ox = pm % TW;
+      hbase[mb] = oy * sh * HW + ox * sw;
+    } else {
+      pm = mb * 16 + (lane & 15);
+      hy2[mb] = oh0 + 2 * (pm >> 3) + py + p.pad[1] - 2 * ih0;
+      hx2[mb] = ow0 + 2 * (pm & 7) + px + p.pad[2] - 2 * iw0;
+    }
+  }
+  const int khalf = lane >> 4;
+  float acc[MB][8][4];
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mb][j][e] = 0.f;
+  mma::cp_async_wait<0>();
+  __syncthreads();
+
+  for (int r = 0; r < R; ++r) {
+    // MODE 1: fragment tap (r, s) is the filter's (R - 1 - r, S - 1 - s); the warp's phase meets it or not
+    const int rr = R - 1 - r;
+    if (MODE == 1 && ((py + oh0 + p.pad[1] - rr * dh) & 1)) continue;
+    for (int s = 0; s < S; ++s) {
+      const int ss = S - 1 - s;
+      if (MODE == 1 && ((px + ow0 + p.pad[2] - ss * dw) & 1)) continue;
+      const int tap = r * S + s;
+      const int toff = r * dh * HW + s * dw;
+      unsigned bf[8][NK][2];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int nk = 0; nk < NK; ++nk) {
+          const unsigned a = w_s + ((((tap * 8 + j) * NK + nk) * 32 + lane) << 3);
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(bf[j][nk][0]), "=r"(bf[j][nk][1]) : "r"(a));
+        }
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        const int hp = MODE == 0 ? hbase[mb] + toff : ((hy2[mb] - rr * dh) >> 1) * HW + ((hx2[mb] - ss * dw) >> 1);
+        const unsigned row = halo_s + hp * 128;
+        const int swz = hp & 7;
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) {
+          unsigned a[4];
+          mma::ldmatrix_x4(a, row + (((kc * 2 + khalf) ^ swz) << 4));
+          if (NK == 1) {
+            mma::MmaOp<T>::run(acc[mb][2 * kc], a, bf[2 * kc][0][0], bf[2 * kc][0][1]);
+            mma::MmaOp<T>::run(acc[mb][2 * kc + 1], a, bf[2 * kc + 1][0][0], bf[2 * kc + 1][0][1]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int j = 4 * (kc / 2) + i;
+              mma::MmaOp<T>::run(acc[mb][j], a, bf[j][(kc & 1) % NK][0], bf[j][(kc & 1) % NK][1]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // epilogue: lane holds rows lane / 4 (+ 8) and channels 2 (lane % 4) (+ 1) of each n8 chunk
+  T* out = static_cast<T*>(p.out);
+  const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
+  const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int pm = MODE == 0 ? warp * MB * 16 + mb * 16 + (lane >> 2) + 8 * hf : mb * 16 + (lane >> 2) + 8 * hf;
+      const int oh = MODE == 0 ? oh0 + pm / TW : oh0 + 2 * (pm >> 3) + py;
+      const int ow = MODE == 0 ? ow0 + pm % TW : ow0 + 2 * (pm & 7) + px;
+      if (pm >= TH * TW || oh >= OH || ow >= OW) continue;
+      const long long base = (long long)n * p.ys[0] + (long long)oh * p.ys[3] + (long long)ow * p.ys[4];
+      const long long zbase = (long long)n * p.zs[0] + (long long)oh * p.zs[3] + (long long)ow * p.zs[4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int ch = cb * kGdChannels + 8 * j + 2 * (lane & 3);
+        const long long off = base + ch;
+        const float v0 = epilogue_value<true>(p, out, off, zbase + (long long)ch * p.zs[1], ch, acc[mb][j][2 * hf],
+                                              alpha, beta, alpha2);
+        const float v1 = epilogue_value<true>(p, out, off + 1, zbase + (long long)(ch + 1) * p.zs[1], ch + 1,
+                                              acc[mb][j][2 * hf + 1], alpha, beta, alpha2);
+        const T t0 = store<T>(v0), t1 = store<T>(v1);
+        if (pair) {
+          *reinterpret_cast<unsigned*>(out + off) = (unsigned)t0.bits | ((unsigned)t1.bits << 16);
+        } else {
+          out[off] = t0;
+          out[off + 1] = t1;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace conv
+}  // namespace pydnn

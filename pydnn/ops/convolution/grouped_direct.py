@@ -1,0 +1,232 @@
+"""Narrow grouped convolutions as one direct tensor-core launch over all groups (ptx/conv_grouped.cu):
+
+    forward          IMPLICIT_PRECOMP_GEMM  grouped_frag_pack + grouped_direct_tc
+    backward data    ALGO_1 (stride 1)      grouped_frag_pack (transposed, flipped) + grouped_direct_tc on
+                                            the virtual forward of dy (padding (R - 1) * dil - pad)
+                     ALGO_1 (stride 2)      the same pack + grouped_direct_tc MODE 1: 8 x 16 dx tiles, a
+                                            warp per phase, only the taps that reach its pixels (one launch
+                                            where dgrad_phases ran 4 phases x (pack + kernel) + a fill)
+
+for C/g == K/g in 4, 8, 16, 32 (ResNeXt-50 32x4d's grouped 3x3: 4, 8, 16, 32), 2-d, half / bfloat16,
+x and y channels contiguous, C a multiple of 64. Tried before grouped.py's packed supergroups (which stay
+for the rest: C/g != K/g, 64, strided backward data's phases, the backward filter).
+
+Why (issue 18's sweep, H200, 2026-11-28): the packed supergroups ran a dense 64 x 64 filter per tap (16x
+the useful MMAs at C/g = 4, 2x at 32) on the pipelined implicit GEMM, which re-gathers every input pixel
+for each of the 9 taps: 0.28-0.61x cuDNN on the ResNeXt layers, and the N = 8 stage-1 forward fell to
+the CUDA-core implicit_gemm (0.017x). The direct kernel reads each input pixel of a block's tile once
+into shared memory (the halo), points ldmatrix at it tap by tap, and issues only the MMAs on the block
+diagonal (conv_grouped.cu's header): memory-bound layers move x and y about once.
+
+Model (Get..._v7): the larger of the DRAM time (x's halo-inflated bytes, y, the packed filter at
+DRAM_GBPS) and the shared-memory time (A fragments: 128 bytes a pixel a tap, at SMEM_BYTES_PER_CLK a SM),
+plus the pack launch.
+"""
+from ... import enums as E
+from ..._build.params import FLAG_BETA
+from ..._cuda import driver
+from ...status import PydnnError
+from .._elementwise import CTYPE
+from ..common import cdiv, prod
+from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
+from .problem import DIR_BWD_DATA, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS, TC_TAGS, ConvAuxParams
+
+SOURCE = "conv_grouped.cu"
+CHANNELS = 64                     # channels of a block (kGdChannels)
+THREADS = 128
+TILES = ((8, 16), (8, 8))         # output tile (TH, TW): 8 x 16 where the rows are wide, else 8 x 8
+TILE2 = (8, 16)                   # stride-2 backward data (MODE 1): the dx tile
+WIDTHS = (4, 8, 16, 32)           # C/g == K/g served
+MAX_SMEM = 160 * 1024             # a block's fragments + halo (3 blocks a SM need <= 75 KiB for full speed)
+PACK_TRANSPOSE = 4096             # kGdPackTranspose
+DRAM_GBPS = 3000.0                # the model's rates (H200: ~4.8 TB/s peak, ~3 sustained by copies)
+SMEM_BYTES_PER_CLK = 128
+CLOCK_GHZ = 1.7
+
+
+def unit(tag):
+    return f"convolution.gdirect.{tag}"
+
+
+def nk(width):
+    return 2 if width >= 32 else 1
+
+
+def expr(tag, k_parts, tile, mode=0):
+    return f"pydnn::conv::grouped_direct_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}, {mode}>"
+
+
+def pack_expr(tag):
+    return f"pydnn::conv::grouped_frag_pack<{CTYPE[tag]}>"
+
+
+def exprs(tag):
+    return ([expr(tag, k, t) for k in (1, 2) for t in TILES] + [expr(tag, k, TILE2, 1) for k in (1, 2)]
+            + [pack_expr(tag)])
+
+
+for _t in TC_TAGS:
+    add_kernels(unit(_t), SOURCE, exprs(_t))
+
+
+def _halo(tile, filt, stride, dil, mode=0):
+    if mode == 1:   # the dy pixels an even-origin dx tile gathers from (a bound: the kernel's HH / HW)
+        return [(tile[i] - 1 + (filt[i] - 1) * dil[i]) // 2 + 2 for i in range(2)]
+    return [(tile[i] - 1) * stride[i] + (filt[i] - 1) * dil[i] + 1 for i in range(2)]
+
+
+def smem_bytes(width, tile, filt, stride, dil, mode=0):
+    hh, hw = _halo(tile, filt, stride, dil, mode)
+    return prod(filt) * nk(width) * 2048 + hh * hw * CHANNELS * 2
+
+
+def choose_tile(pb_out_w, width, filt, stride, dil):
+    """8 x 16 where the output rows are wider than 8 and the halo fits, else 8 x 8 (None: neither fits)."""
+    for tile in TILES:
+        if tile[1] > 8 and (pb_out_w <= 8 or max(stride) > 1):
+            continue   # stride 2: 8 x 16's halo is 17 x 33 pixels (72 KiB), 2 blocks a SM
+        if smem_bytes(width, tile, filt, stride, dil) <= MAX_SMEM:
+            return tile
+    return None
+
+
+def refusal(pb, direction):
+    """Why the direct kernel does not serve pb (None: it does)."""
+    if pb.groups == 1 or pb.tag not in TC_TAGS or pb.math_type == E.PYDNN_FMA_MATH:
+        return "not a 16-bit grouped convolution"
+    if pb.cg != pb.kg or pb.cg not in WIDTHS:
+        return f"C/g {pb.cg}, K/g {pb.kg}: the direct grouped kernel wants C/g == K/g in {WIDTHS}"
+    if pb.c % CHANNELS:
+        return f"C {pb.c} is not a multiple of {CHANNELS}"
+    if pb.filt3[0] != 1 or pb.in3[0] != 1 or pb.out3[0] != 1:
+        return "3-d"
+    if direction == DIR_BWD_DATA and tuple(pb.stride3) not in ((1, 1, 1), (1, 2, 2)):
+        return "backward data with a stride other than 2 x 2 (dgrad_phases / grouped.py serve it)"
+    if direction not in (DIR_FWD, DIR_BWD_DATA):
+        return "direction"
+    for st in (pb.xs, pb.ys):   # 16-byte chunks of channels
+        if st[1] != 1 or any(s % 8 for i, s in enumerate(st) if i != 1):
+            return "x / y channels not contiguous in 16-byte chunks"
+    if max(pb.n * pb.xs[0], pb.n * pb.ys[0]) >= 2**62:
+        return "too large"
+    stride = (1, 1) if direction == DIR_BWD_DATA else pb.stride3[1:]
+    dil = pb.dil3[1:]
+    if direction == DIR_BWD_DATA and _mode(pb, direction) == 1:
+        if smem_bytes(pb.cg, TILE2, pb.filt3[1:], (2, 2), dil, 1) > MAX_SMEM:
+            return "the halo and filter exceed shared memory"
+        return None
+    ow = pb.in3[2] if direction == DIR_BWD_DATA else pb.out3[2]
+    if choose_tile(ow, pb.cg, pb.filt3[1:], stride, dil) is None:
+        return "the halo and filter exceed shared memory"
+    return None
+
+
+def _mode(pb, direction):
+    """0: the forward or its stride-1 backward-data view; 1: backward data at stride 2 x 2."""
+    return 1 if direction == DIR_BWD_DATA and tuple(pb.stride3[1:]) == (2, 2) else 0
+
+
+class GroupedDirectPlan(StepPlan):
+    """grouped_frag_pack into the workspace, then grouped_direct_tc (see the module docstring)."""
+
+    def __init__(self, handle, pb, direction, algo):
+        super().__init__(direction, algo, pb)
+        self.unit = unit(pb.tag)
+        self.align = 16
+        width, taps = pb.cg, prod(pb.filt3)
+        self.k_parts = nk(width)
+        p = base_params(pb, direction)
+        p.flags = 0
+        filt = pb.filt3[1:]
+        self.mode = _mode(pb, direction)
+        if direction == DIR_FWD:
+            in_hw, out_hw, xs, ys = pb.in3[1:], pb.out3[1:], pb.xs, pb.ys
+            pad, stride = pb.pad3[1:], pb.stride3[1:]
+        elif self.mode == 1:   # the real problem: dy in, dx out, stride 2
+            in_hw, out_hw, xs, ys = pb.out3[1:], pb.in3[1:], pb.ys, pb.xs
+            pad, stride = pb.pad3[1:], (2, 2)
+        else:  # the virtual forward on dy: dy in, dx out, padding (R - 1) * dil - pad, stride 1
+            in_hw, out_hw, xs, ys = pb.out3[1:], pb.in3[1:], pb.ys, pb.xs
+            pad = tuple((filt[i] - 1) * pb.dil3[1 + i] - pb.pad3[1 + i] for i in range(2))
+            stride = (1, 1)
+        dil = pb.dil3[1:]
+        for i in range(2):
+            p.in_size[1 + i], p.out_size[1 + i] = in_hw[i], out_hw[i]
+            p.pad[1 + i], p.stride[1 + i], p.dil[1 + i] = pad[i], stride[i], dil[i]
+        for i in range(5):
+            p.xs[i], p.ys[i] = xs[i], ys[i]
+        self.tile = TILE2 if self.mode == 1 else choose_tile(out_hw[1], width, filt, stride, dil)
+        th, tw = self.tile
+        self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode)
+        blocks_x = pb.n * cdiv(out_hw[0], th) * cdiv(out_hw[1], tw)
+        if blocks_x > 2**31 - 1:
+            raise PydnnError(NS, "the grouped direct kernel's grid exceeds 2^31 - 1 blocks (split the batch)")
+        self.grid = (blocks_x, pb.c // CHANNELS, 1)
+        self.gemm = p
+        self.gemm_expr = expr(pb.tag, self.k_parts, self.tile, self.mode)
+        self.gemm_argv = driver.kernel_args(p)
+        self.gemm_func = None
+        self.in_hw, self.out_hw, self.conv_stride, self.conv_dil = tuple(in_hw), tuple(out_hw), stride, dil
+        self.frag_bytes = pb.c // CHANNELS * taps * self.k_parts * 2048
+        self.workspace = round_up(self.frag_bytes)
+        f = ConvAuxParams()
+        f.groups, f.kg, f.cg, f.taps, f.channels = pb.groups, width, width, taps, pb.c
+        for i in range(3):
+            f.filt[i] = pb.filt3[i]
+        for i in range(5):
+            f.in_stride[i] = pb.ws[i]
+        f.flags = (FLAG_FLIP if pb.flip else 0) | (PACK_TRANSPOSE if direction == DIR_BWD_DATA else 0)
+        self.pack = f
+        self.pack_step = self.add_step(self.unit, pack_expr(pb.tag), (cdiv(self.frag_bytes // 4, 256), 1, 1),
+                                       (256, 1, 1), f)
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """forward: a = x, b = w, out = y; backward data: a = dy, b = w, out = dx."""
+        if a_ptr % 16:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                             f"the grouped direct kernel reads its input in 16-byte vectors: {a_ptr:#x} is not "
+                             f"16-byte aligned")
+        f = self.pack
+        f.in_, f.out = b_ptr, ws_ptr
+        self.run_step(handle, self.pack_step)
+        if self.gemm_func is None:
+            self.gemm_func = handle.function(self.unit, self.gemm_expr)
+            if self.smem > 48 * 1024:
+                driver.function_set_max_dynamic_smem(self.gemm_func, self.smem)
+        p = self.gemm
+        p.x, p.w, p.out, p.z, p.bias = a_ptr, ws_ptr, out_ptr, z_ptr or None, bias_ptr or None
+        p.alpha, p.beta = alpha, beta
+        p.flags = (p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0) | (
+            FLAG_PAIR if out_ptr % 4 == 0 else 0)
+        driver.launch_args(self.gemm_func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
+
+    def estimate_ms(self, handle, base_estimate):
+        """max(DRAM time, shared-memory time) over the filled part of the last wave, plus the pack."""
+        pb, it = self.problem, 2
+        th, tw = self.tile
+        hh, hw = _halo(self.tile, self.problem.filt3[1:], self.conv_stride, self.conv_dil, self.mode)
+        blocks = self.grid[0] * self.grid[1]
+        in_bytes = blocks * hh * hw * CHANNELS * it            # the halos (neighbours' overlap from L2)
+        in_bytes = min(in_bytes, 1.5 * pb.n * prod(self.in_hw) * pb.c * it)
+        out_bytes = pb.n * prod(self.out_hw) * pb.c * it
+        t_dram = (in_bytes + out_bytes + self.frag_bytes) / (DRAM_GBPS * 1e6)
+        taps = prod(pb.filt3) if self.mode == 0 else cdiv(pb.filt3[1], 2) * cdiv(pb.filt3[2], 2)  # the busiest warp
+        a_bytes = blocks * cdiv(th * tw, 64) * 64 * taps * CHANNELS * it
+        sms = max(handle.sm_count, 1)
+        t_smem = a_bytes / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
+        per_wave = 3 * sms
+        fill = blocks / (cdiv(blocks, per_wave) * per_wave)
+        return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
+
+
+def _planner(direction):
+    def plan(handle, pb, d, algo):
+        from ... import tuning
+        if not tuning.conv.GROUPED_DIRECT or refusal(pb, direction) is not None:
+            return None   # pass: grouped.py's packed supergroups (or their refusal) answer
+        return GroupedDirectPlan(handle, pb, direction, algo)
+    return plan
+
+
+register(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, order=-3)(_planner(DIR_FWD))
+register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, order=-3)(_planner(DIR_BWD_DATA))
