@@ -7,6 +7,10 @@
                                             warp per phase, only the taps that reach its pixels (one launch
                                             where dgrad_phases ran 4 phases x (pack + kernel) + a fill)
 
+    backward filter  ALGO_1                 grouped_wgrad_tc (fp32 partials over splits of the output
+                                            tiles, the diagonal entries only) + grouped_wgrad_fold (the
+                                            splits added in order: deterministic)
+
 for C/g == K/g in 4, 8, 16, 32 (ResNeXt-50 32x4d's grouped 3x3: 4, 8, 16, 32), 2-d, half / bfloat16,
 x and y channels contiguous, C a multiple of 64. Tried before grouped.py's packed supergroups (which stay
 for the rest: C/g != K/g, 64, strided backward data's phases, the backward filter).
@@ -29,7 +33,7 @@ from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
 from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
-from .problem import DIR_BWD_DATA, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS, TC_TAGS, ConvAuxParams
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS, TC_TAGS, ConvAuxParams
 
 SOURCE = "conv_grouped.cu"
 CHANNELS = 64                     # channels of a block (kGdChannels)
@@ -44,8 +48,14 @@ SMEM_BYTES_PER_CLK = 128
 CLOCK_GHZ = 1.7
 
 
-def unit(tag):
-    return f"convolution.gdirect.{tag}"
+def unit(tag, k_parts=1):
+    """The forward / backward-data kernels of one NK (and the pack); three small units a data type (with
+    wunit's) so that a first use or a prebuild compiles them in parallel (~25 s each on one 2-core CPU)."""
+    return f"convolution.gdirect{k_parts}.{tag}"
+
+
+def wunit(tag):
+    return f"convolution.gwgrad.{tag}"
 
 
 def nk(width):
@@ -60,13 +70,45 @@ def pack_expr(tag):
     return f"pydnn::conv::grouped_frag_pack<{CTYPE[tag]}>"
 
 
-def exprs(tag):
-    return ([expr(tag, k, t) for k in (1, 2) for t in TILES] + [expr(tag, k, TILE2, 1) for k in (1, 2)]
-            + [pack_expr(tag)])
+def wgrad_expr(tag, k_parts, tile):
+    return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
+
+
+def wfold_expr(tag):
+    return f"pydnn::conv::grouped_wgrad_fold<{CTYPE[tag]}>"
+
+
+def exprs(tag, k_parts):
+    return [expr(tag, k_parts, t) for t in TILES] + [expr(tag, k_parts, TILE2, 1), pack_expr(tag)]
+
+
+def wexprs(tag):
+    return [wgrad_expr(tag, k, t) for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
+
+
+def wgrad_max_taps(width):
+    """grouped_wgrad_tc's MAXT: the taps a block sums in registers."""
+    return 9 if nk(width) == 1 else 3
+
+
+def wgrad_rows(width, filt):
+    """RB, the filter rows a backward-filter block covers: all where they fit MAXT, else one (None: a row
+    exceeds MAXT)."""
+    if filt[0] * filt[1] <= wgrad_max_taps(width):
+        return filt[0]
+    return 1 if filt[1] <= wgrad_max_taps(width) else None
+
+
+def wgrad_smem(tile, rows, filt, stride, dil):
+    hh = (tile[0] - 1) * stride[0] + (rows - 1) * dil[0] + 1
+    hw = (tile[1] - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
+    return (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
 
 
 for _t in TC_TAGS:
-    add_kernels(unit(_t), SOURCE, exprs(_t))
+    for _k in (1, 2):
+        add_kernels(unit(_t, _k), SOURCE, exprs(_t, _k))
+    add_kernels(wunit(_t), SOURCE, wexprs(_t))
 
 
 def _halo(tile, filt, stride, dil, mode=0):
@@ -102,7 +144,7 @@ def refusal(pb, direction):
         return "3-d"
     if direction == DIR_BWD_DATA and tuple(pb.stride3) not in ((1, 1, 1), (1, 2, 2)):
         return "backward data with a stride other than 2 x 2 (dgrad_phases / grouped.py serve it)"
-    if direction not in (DIR_FWD, DIR_BWD_DATA):
+    if direction not in (DIR_FWD, DIR_BWD_DATA, DIR_BWD_FILTER):
         return "direction"
     for st in (pb.xs, pb.ys):   # 16-byte chunks of channels
         if st[1] != 1 or any(s % 8 for i, s in enumerate(st) if i != 1):
@@ -111,6 +153,13 @@ def refusal(pb, direction):
         return "too large"
     stride = (1, 1) if direction == DIR_BWD_DATA else pb.stride3[1:]
     dil = pb.dil3[1:]
+    if direction == DIR_BWD_FILTER:
+        rows = wgrad_rows(pb.cg, pb.filt3[1:])
+        if rows is None:
+            return f"a filter row of {pb.filt3[2]} taps exceeds the backward filter's {wgrad_max_taps(pb.cg)}"
+        if wgrad_smem(wgrad_tile(pb.out3[2]), rows, pb.filt3[1:], stride, dil) > MAX_SMEM:
+            return "the halo exceeds shared memory"
+        return None
     if direction == DIR_BWD_DATA and _mode(pb, direction) == 1:
         if smem_bytes(pb.cg, TILE2, pb.filt3[1:], (2, 2), dil, 1) > MAX_SMEM:
             return "the halo and filter exceed shared memory"
@@ -131,10 +180,10 @@ class GroupedDirectPlan(StepPlan):
 
     def __init__(self, handle, pb, direction, algo):
         super().__init__(direction, algo, pb)
-        self.unit = unit(pb.tag)
         self.align = 16
         width, taps = pb.cg, prod(pb.filt3)
         self.k_parts = nk(width)
+        self.unit = unit(pb.tag, self.k_parts)
         p = base_params(pb, direction)
         p.flags = 0
         filt = pb.filt3[1:]
@@ -219,14 +268,105 @@ class GroupedDirectPlan(StepPlan):
         return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
 
+def wgrad_tile(out_w):
+    return TILES[0] if out_w > 8 else TILES[1]
+
+
+WGRAD_BLOCKS_PER_SM = 4     # splits: about this many blocks a SM (3 resident, the rest balance the tiles)
+WGRAD_MAX_PARTIALS = 64 << 20
+
+
+class GroupedWgradPlan(StepPlan):
+    """grouped_wgrad_tc into fp32 partials, then grouped_wgrad_fold (see the module docstring)."""
+
+    def __init__(self, handle, pb, algo):
+        super().__init__(DIR_BWD_FILTER, algo, pb)
+        self.unit = wunit(pb.tag)
+        self.align = 16
+        width, taps = pb.cg, prod(pb.filt3)
+        self.k_parts = nk(width)
+        filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
+        self.rows = wgrad_rows(width, filt)
+        self.row_blocks = filt[0] // self.rows
+        self.tile = wgrad_tile(pb.out3[2])
+        th, tw = self.tile
+        self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil)
+        cbs = pb.c // CHANNELS
+        self.tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
+        per_split = pb.k * taps * width * 4
+        splits = cdiv(WGRAD_BLOCKS_PER_SM * max(handle.sm_count, 1), self.row_blocks * cbs)
+        splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // self.row_blocks))
+        self.splits = splits
+        self.grid = (splits * self.row_blocks, cbs, 1)
+        p = base_params(pb, DIR_BWD_FILTER)
+        p.flags = 0
+        p.gk, p.gm, p.splits = self.rows, self.row_blocks, splits
+        self.gemm = p
+        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile)
+        self.gemm_argv = driver.kernel_args(p)
+        self.gemm_func = None
+        self.partial_bytes = splits * per_split
+        self.workspace = round_up(self.partial_bytes)
+        f = ConvAuxParams()
+        f.groups, f.kg, f.cg, f.taps, f.splits = pb.groups, width, width, taps, splits
+        for i in range(3):
+            f.filt[i] = pb.filt3[i]
+        for i in range(5):
+            f.out_stride[i] = pb.ws[i]
+        f.flags = FLAG_FLIP if pb.flip else 0
+        self.fold_params = f
+        self.fold_step = self.add_step(self.unit, wfold_expr(pb.tag), (cdiv(per_split // 4, 256), 1, 1),
+                                       (256, 1, 1), f)
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a = dy, b = x, out = dw."""
+        if a_ptr % 16 or b_ptr % 16:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                             f"the grouped backward filter reads dy and x in 16-byte vectors: both must be "
+                             f"16-byte aligned (dy {a_ptr:#x}, x {b_ptr:#x})")
+        if self.gemm_func is None:
+            self.gemm_func = handle.function(self.unit, self.gemm_expr)
+            if self.smem > 48 * 1024:
+                driver.function_set_max_dynamic_smem(self.gemm_func, self.smem)
+        p = self.gemm
+        p.x, p.w, p.out = a_ptr, b_ptr, ws_ptr
+        driver.launch_args(self.gemm_func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
+        f = self.fold_params
+        f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
+        f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
+        self.run_step(handle, self.fold_step)
+
+    def estimate_ms(self, handle, base_estimate):
+        """max(DRAM: dy, x's halos, the partials twice; shared memory: the B fragments, 128 bytes a pixel a
+        tap, and A) over the filled waves, plus the fold's launch."""
+        pb, it = self.problem, 2
+        th, tw = self.tile
+        filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
+        hh = (th - 1) * stride[0] + (self.rows - 1) * dil[0] + 1
+        hw = (tw - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
+        cbs = self.grid[1]
+        loads = self.tiles * cbs * self.row_blocks * (th * tw + hh * hw) * CHANNELS * it
+        dram = min(loads, 1.5 * (pb.n * prod(pb.out3) + pb.n * prod(pb.in3)) * pb.c * it) + 2 * self.partial_bytes
+        t_dram = dram / (DRAM_GBPS * 1e6)
+        smem = self.tiles * cbs * th * tw * CHANNELS * it * (prod(filt) * self.k_parts + self.row_blocks)
+        sms = max(handle.sm_count, 1)
+        t_smem = smem / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
+        blocks = self.grid[0] * self.grid[1]
+        fill = min(1.0, blocks / (3 * sms))
+        return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
+
+
 def _planner(direction):
     def plan(handle, pb, d, algo):
         from ... import tuning
         if not tuning.conv.GROUPED_DIRECT or refusal(pb, direction) is not None:
             return None   # pass: grouped.py's packed supergroups (or their refusal) answer
+        if direction == DIR_BWD_FILTER:
+            return GroupedWgradPlan(handle, pb, algo)
         return GroupedDirectPlan(handle, pb, direction, algo)
     return plan
 
 
 register(DIR_FWD, E.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, order=-3)(_planner(DIR_FWD))
 register(DIR_BWD_DATA, E.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, order=-3)(_planner(DIR_BWD_DATA))
+register(DIR_BWD_FILTER, E.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1, order=-3)(_planner(DIR_BWD_FILTER))

@@ -55,6 +55,9 @@ def test_resnext_layers_rank_the_direct_kernel_first(arch, sms, n, c, hw, stride
     pl = P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)
     assert type(pl) is GD.GroupedDirectPlan and tuple(pl.gemm.pad[1:]) == (1, 1)
     assert pl.mode == (stride == 2) and (stride == 1 or pl.tile == GD.TILE2)
+    top = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, conv, w, 16)[0]
+    assert top.algo == BWD_F1 and top.determinism == pydnn.PYDNN_DETERMINISTIC
+    assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is GD.GroupedWgradPlan
 
 
 def test_where_the_direct_kernel_passes():
@@ -76,8 +79,8 @@ def test_where_the_direct_kernel_passes():
     with tuning.override({"conv.GROUPED_DIRECT": False}):
         assert type(P.new_plan(h, Pb.DIR_FWD, FWD_PRE, conv, x, w, y)) is G.GroupedPlan
         assert type(P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)) is G.GroupedPlan
-    # the backward filter stays on grouped.py
-    assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan
+        assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan
+    assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is GD.GroupedWgradPlan
 
 
 # ----------------------------------------------------------------------------- emulation
@@ -263,11 +266,14 @@ def _nvrtc_ok():
 @pytest.mark.skipif(not _nvrtc_ok() or os.environ.get("PYDNN_SKIP_SLOW_COMPILE") == "1", reason="no NVRTC")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("tag", ["bf16", "f16"])
-def test_grouped_direct_unit_compiles(arch, tag):
+@pytest.mark.parametrize("which", ["k1", "k2", "wgrad"])
+def test_grouped_direct_unit_compiles(arch, tag, which):
     """Every instantiation compiles (NVRTC, no GPU needed) and lowers to a name."""
     from pydnn._build.build import compile_unit
-    unit = [u for u in P.kernel_units(GD.unit(tag)) if u.name == GD.unit(tag)][0]
-    assert list(unit.exprs) == GD.exprs(tag)
+    name, want = ((GD.wunit(tag), GD.wexprs(tag)) if which == "wgrad"
+                  else (GD.unit(tag, int(which[1])), GD.exprs(tag, int(which[1]))))
+    unit = [u for u in P.kernel_units(name) if u.name == name][0]
+    assert list(unit.exprs) == want
     cubin, lowered = compile_unit(unit, arch)
     assert len(cubin) > 0 and all(e in lowered for e in unit.exprs)
 
@@ -323,7 +329,7 @@ GPU_CASES = [  # xdims, k, filt, pad, stride, dil, groups, filter NHWC
 
 
 def test_gpu_cases_plan_the_direct_path():
-    tiles, parts, modes = set(), set(), set()
+    tiles, parts, modes, wtiles = set(), set(), set(), set()
     for arch, sms in (("sm_90", 132), ("sm_80", 108)):
         h = cpu_handle(arch, sms)
         for xd, k, filt, pad, st, dil, groups, fnhwc in GPU_CASES:
@@ -332,6 +338,9 @@ def test_gpu_cases_plan_the_direct_path():
                     p = (dtype, True, fnhwc, xd[0], xd[1], k, groups, list(xd[2:]), list(filt), list(pad), list(st),
                          list(dil), mode, pydnn.PYDNN_DEFAULT_MATH)
                     conv, x, w, y = descriptors(p)
+                    pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+                    assert type(pl) is GD.GroupedWgradPlan and pl.deterministic
+                    wtiles.add((pl.tile, pl.k_parts))
                     for d, algo in ((Pb.DIR_FWD, FWD_PRE), (Pb.DIR_BWD_DATA, BWD_D1)):
                         pl = P.new_plan(h, d, algo, conv, x, w, y)
                         subs = [sp for sp, _, _, _ in pl.subs] if type(pl) is D.PhasePlan else [pl]
@@ -343,5 +352,116 @@ def test_gpu_cases_plan_the_direct_path():
                             parts.add(sp.k_parts)
                             modes.add((d, sp.mode, type(pl).__name__))
     assert tiles == set(GD.TILES) and parts == {1, 2}   # every instantiation's shape is exercised
+    assert wtiles == {(t, k) for t in GD.TILES for k in (1, 2)}, wtiles
     assert modes == {(Pb.DIR_FWD, 0, "GroupedDirectPlan"), (Pb.DIR_BWD_DATA, 0, "GroupedDirectPlan"),
                      (Pb.DIR_BWD_DATA, 1, "GroupedDirectPlan"), (Pb.DIR_BWD_DATA, 0, "PhasePlan")}
+
+
+# ----------------------------------------------------------------------------- backward filter
+
+def emulate_wgrad(pl, xv, dyv):
+    """grouped_wgrad_tc (per split, row block, channel block and warp: the tiles split, split + splits,
+    ..., dy's tile zero outside the image, the x halo of the block's filter rows, each warp's 16 output
+    channels against its n8 chunks tap by tap, the diagonal entries written as partials [split][K][taps]
+    [C/g]) and grouped_wgrad_fold (splits added in order, the CONVOLUTION flip) -> dw (K, C/g, R, S)."""
+    p, pb = pl.gemm, pl.problem
+    n, C = xv.shape[:2]
+    c = pb.cg
+    IH, IW, OH, OW = p.in_size[1], p.in_size[2], p.out_size[1], p.out_size[2]
+    R, S = p.filt[1], p.filt[2]
+    sh, sw, dh, dw, ph, pw = p.stride[1], p.stride[2], p.dil[1], p.dil[2], p.pad[1], p.pad[2]
+    TH, TW = pl.tile
+    RB, row_blocks, splits = p.gk, p.gm, p.splits
+    assert pl.grid == (splits * row_blocks, C // 64, 1) and RB * row_blocks == R
+    assert RB * S <= GD.wgrad_max_taps(c)
+    HH, HW = (TH - 1) * sh + (RB - 1) * dh + 1, (TW - 1) * sw + (S - 1) * dw + 1
+    tiles_h, tiles_w = -(-OH // TH), -(-OW // TW)
+    tiles = n * tiles_h * tiles_w
+    taps = R * S
+    part = np.full((splits, C, taps, c), np.nan)
+    ky, kx = np.divmod(np.arange(TH * TW), TW)
+    for split in range(splits):
+        for rb in range(row_blocks):
+            r0 = rb * RB
+            for cb in range(C // 64):
+                acc = np.zeros((4, RB * S, 2 * pl.k_parts, 16, 8))
+                for tile in range(split, tiles, splits):
+                    q = tile
+                    tw_i = q % tiles_w
+                    q //= tiles_w
+                    th_i, img = q % tiles_h, q // tiles_h
+                    oh0, ow0 = th_i * TH, tw_i * TW
+                    ih0, iw0 = oh0 * sh - ph + r0 * dh, ow0 * sw - pw
+                    dyt = np.zeros((TH * TW, 64))
+                    ok = (oh0 + ky < OH) & (ow0 + kx < OW)
+                    dyt[ok] = dyv[img][cb * 64:cb * 64 + 64][:, (oh0 + ky)[ok], (ow0 + kx)[ok]].T
+                    halo = np.zeros((HH, HW, 64))
+                    for hy in range(HH):
+                        for hx in range(HW):
+                            if 0 <= ih0 + hy < IH and 0 <= iw0 + hx < IW:
+                                halo[hy, hx] = xv[img, cb * 64:cb * 64 + 64, ih0 + hy, iw0 + hx]
+                    for w in range(4):
+                        nbase = 2 * w if pl.k_parts == 1 else 4 * (w >> 1)
+                        a = dyt[:, 16 * w:16 * w + 16]                      # (pixels, 16 o)
+                        for t in range(RB * S):
+                            B = halo[ky * sh + (t // S) * dh, kx * sw + (t % S) * dw]   # (pixels, 64 ci)
+                            for j in range(2 * pl.k_parts):
+                                acc[w, t, j] += a.T @ B[:, 8 * (nbase + j):8 * (nbase + j) + 8]
+                for w in range(4):
+                    nbase = 2 * w if pl.k_parts == 1 else 4 * (w >> 1)
+                    for t in range(RB * S):
+                        tap = (r0 + t // S) * S + t % S
+                        for j in range(2 * pl.k_parts):
+                            for mi in range(16):
+                                for ni in range(8):
+                                    o = cb * 64 + 16 * w + mi
+                                    ci = cb * 64 + 8 * (nbase + j) + ni
+                                    if o // c == ci // c:
+                                        part[split, o, tap, ci % c] = acc[w, t, j, mi, ni]
+    assert not np.isnan(part).any(), "a partial no block writes"
+    s = part.sum(axis=0)                                  # (K, taps, c)
+    dwv = s.reshape(C, R, S, c).transpose(0, 3, 1, 2)
+    if pb.flip:
+        dwv = dwv[:, :, ::-1, ::-1]
+    return dwv
+
+
+WGRAD_EMU = [  # c, groups, hw, stride, filt, pad, dil, mode, n
+    (128, 32, (9, 19), 1, 3, None, 1, XCORR, 2),     # C/g 4, 8 x 16 tiles, 2 images
+    (256, 32, (7, 6), 2, 3, None, 1, CONV, 1),       # 8, stride 2, 8 x 8 tiles
+    (128, 8, (10, 9), 1, 3, (2, 1), 2, XCORR, 1),    # 16, dilation
+    (128, 4, (6, 11), 1, 3, None, 1, CONV, 1),       # 32 (NK 2: one filter row a block)
+    (64, 8, (9, 9), 1, 5, (2, 2), 1, XCORR, 1),      # 8, 5x5: one row a block
+    (128, 16, (12, 18), 1, 1, None, 1, XCORR, 1),    # 1x1
+]
+
+
+@pytest.mark.parametrize("case", WGRAD_EMU, ids=[f"c{e[0]}g{e[1]}s{e[3]}f{e[4]}" for e in WGRAD_EMU])
+def test_emulated_backward_filter_matches_reference(case):
+    c, groups, hw, stride, filt, pad, dil, mode, n = case
+    conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
+    h = cpu_handle("sm_90", 132)
+    pb = Pb.problem(conv, x, w, y)
+    pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+    assert type(pl) is GD.GroupedWgradPlan and pl.deterministic
+    rng = np.random.default_rng(11)
+    xv = rng.standard_normal((n, c) + tuple(pb.in3[1:]))
+    dyv = rng.standard_normal((n, c) + tuple(pb.out3[1:]))
+    got = emulate_wgrad(pl, xv, dyv)
+    want = ref.backward_filter_raw(xv, dyv, (filt, filt), pb.pad3[1:], pb.stride3[1:], pb.dil3[1:], groups,
+                                   mode == XCORR)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_wgrad_splits_and_rows():
+    h = cpu_handle("sm_90", 132)
+    for c, hw, n, rows, kp in ((128, 56, 8, 3, 1), (1024, 7, 128, 1, 2), (512, 14, 32, 3, 1)):
+        conv, x, w, y = _descs(c, c, hw, 32, n=n)
+        pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+        assert type(pl) is GD.GroupedWgradPlan and pl.rows == rows and pl.k_parts == kp
+        assert 1 <= pl.splits <= pl.tiles and pl.workspace >= pl.partial_bytes == pl.splits * c * 9 * (c // 32) * 4
+        assert pl.grid[0] * pl.grid[1] >= 132 or pl.splits == pl.tiles
+        assert pl.smem <= 75 * 1024
+    conv, x, w, y = _descs(128, 128, 14, 4, filt=5)   # C/g 32 with 5 taps a row: refused, packed path
+    assert "exceeds" in GD.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_FILTER)
+    assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan

@@ -1,6 +1,7 @@
 """The direct grouped tensor-core convolution (ops/convolution/grouped_direct.py: grouped_frag_pack +
-grouped_direct_tc, one launch over all groups) on the GPU against the float64 reference: forward
-(IMPLICIT_PRECOMP_GEMM) and backward data (ALGO_1; stride 1 on the forward's view, stride 2 on MODE 1: a warp per
+grouped_direct_tc, one launch over all groups; grouped_wgrad_tc + grouped_wgrad_fold) on the GPU against
+the float64 reference: forward (IMPLICIT_PRECOMP_GEMM), backward filter (ALGO_1: split partials folded in
+order, reproducible bits) and backward data (ALGO_1; stride 1 on the forward's view, stride 2 on MODE 1: a warp per
 phase) for C/g = K/g = 4, 8, 16, 32, odd spatial sizes (partial 8 x 16 / 8 x 8 tiles),
 stride 2, dilation, 1x1 and 5x5, NHWC data with NHWC or NCHW filters, bf16 and fp16, both modes, alpha /
 beta, outputs poisoned; the fused bias + activation forward; bitwise reproducibility; the plan taken is
@@ -13,8 +14,8 @@ from devtensor import DevTensor, assert_close
 from pydnn.ops.convolution import dgrad_phases as D, grouped_direct as GD, plans as CP, problem as CPb
 from pydnn.reference import convolution as ref
 
-from test_convolution_gpu import (BF16, F16, FWD_PRE, BWD_D1, NCHW, NHWC, XCORR, Problem, _strides, _workspace,
-                                  check_backward_data, check_forward)
+from test_convolution_gpu import (BF16, F16, FWD_PRE, BWD_D1, BWD_F1, NCHW, NHWC, XCORR, Problem, _same_bits_again,
+                                  _strides, _workspace, check_backward_data, check_backward_filter, check_forward)
 
 pytestmark = pytest.mark.gpu
 
@@ -115,3 +116,42 @@ def test_grouped_direct_v7_ranks_it_first(handle):
         GD.GroupedDirectPlan
     r = pydnn.get_convolution_backward_data_algorithm_v7(handle, pb.wdesc, pb.y.desc, pb.conv, pb.x.desc, 4)
     assert r[0].algo == BWD_D1
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grouped_direct_backward_filter(handle, rng, case, dtype):
+    def run(pb, alpha, beta):
+        pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert type(pl) is GD.GroupedWgradPlan, type(pl).__name__
+        need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
+                                                                    BWD_F1)
+        assert need == pl.workspace > 0
+        ws, n = _workspace(need)
+        pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_F1,
+                                          ws.ptr, n, beta, pb.wdesc, pb.w.ptr)
+
+    check_backward_filter(rng, lambda mode: Problem(case, dtype, mode), dtype, run, "grouped direct backward filter",
+                          reproducible=True)
+
+
+def test_grouped_direct_backward_filter_many_splits(handle, rng):
+    """ResNeXt's stage-1 layer at N 8 (56 x 56: 196 tiles over the splits): against the reference, and the
+    same bits run after run."""
+    case = ((8, 128, 56, 56), 128, (3, 3), (1, 1), (1, 1), (1, 1), 32, "nhwc", NHWC)
+    pb = Problem(case, BF16)
+    pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert type(pl) is GD.GroupedWgradPlan and pl.splits > 1
+    x, dy = pb.x.random(rng), pb.y.random(rng)
+    ws, n = _workspace(pl.workspace)
+
+    def run():
+        pydnn.convolution_backward_filter(handle, 1.0, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_F1,
+                                          ws.ptr, n, 0.0, pb.wdesc, pb.w.ptr)
+
+    pb.w.poison()
+    run()
+    want = ref.backward_filter(1.0, x, dy, 0.0, np.zeros(pb.wd), *pb.args())
+    scale = ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args())
+    assert_close(pb.w.download(), want, BF16, "grouped direct backward filter, splits", scale=scale)
+    _same_bits_again(pb.w, run)
