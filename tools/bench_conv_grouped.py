@@ -114,6 +114,8 @@ def main():
     ap.add_argument("--layers", default="", help="indices into LAYERS, comma-separated (default: all)")
     ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
     ap.add_argument("--out", default="", help="also write the table to OUT/bench_conv_grouped.txt")
+    ap.add_argument("--narrow-n", type=int, action="append", default=[],
+                    help="first tools/bench_conv_narrow.py's rows at these N (one process: one torch start-up)")
     a = ap.parse_args()
     dirs = tuple(a.dirs.split(","))
     layers = [LAYERS[int(i)] for i in a.layers.split(",")] if a.layers else LAYERS
@@ -129,6 +131,16 @@ def main():
     say(f"device: {torch.cuda.get_device_name()}  cuDNN {torch.backends.cudnn.version()}")
     say(f"{'layer':34s} {'dir':10s} {'algo':>4s} {'kernel':30s} {'pydnn ms':>9s} {'cudnn ms':>9s} {'ratio':>6s} "
         f"{'err':>8s} timing")
+    if a.narrow_n:
+        import bench_conv_narrow as BN
+        nr = []
+        for n in a.narrow_n:
+            for c, k, hw in BN.LAYERS:
+                for what, top, ms_p, ms_t, err, tbs, tm in BN.layer(h, n, c, k, hw):
+                    nr.append(ms_t / ms_p)
+                    say(f"{f'N{n} 1x1 {c}->{k} @{hw}':34s} {what:10s} v7 {top} narrow {ms_p:9.4f} {ms_t:9.4f} "
+                        f"{ms_t / ms_p:6.2f}x {tbs:5.2f} TB/s {err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
+        say(f"narrow geomean {math.exp(sum(math.log(r) for r in nr) / len(nr)):.3f}x cuDNN over {len(nr)} rows")
     ratios = []
     for n in a.n or [32]:
         for c, hw, stride in layers:
