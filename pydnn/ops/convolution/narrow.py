@@ -28,7 +28,7 @@ THREADS = 256
 UNROLL = 4
 DRAM_GBPS = 3000.0
 WAVES = 2                  # blocks: at most this many waves of 8 blocks a SM (grid-stride beyond)
-WGRAD_BLOCKS_PER_SM = 2    # backward filter: the partials' blocks
+WGRAD_BLOCKS_PER_SM = 4    # backward filter: the partials' blocks (KT 2: 48 registers, 5 blocks a SM fit)
 
 
 def unit(tag):
@@ -159,7 +159,8 @@ class NarrowPlan(StepPlan):
         pb = self.problem
         moved = self.pixels * (pb.c + pb.k) * 2
         t = moved / (DRAM_GBPS * 1e6)
-        fill = min(1.0, self.blocks / (8 * max(handle.sm_count, 1)))
+        full = (WGRAD_BLOCKS_PER_SM if self.direction == DIR_BWD_FILTER else 2) * max(handle.sm_count, 1)
+        fill = min(1.0, self.blocks / full)   # (grid-stride; assumed: 2 blocks of 8 warps a SM stream at the rate)
         t = t / max(fill, 0.1)
         if self.direction == DIR_BWD_FILTER:
             t += LAUNCH_MS + 2 * self.partial_bytes / (DRAM_GBPS * 1e6)

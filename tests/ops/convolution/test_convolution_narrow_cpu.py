@@ -120,11 +120,15 @@ def test_emulated_narrow_kernels_match_reference(n, c, k, hw):
 
 
 def test_unet_head_ranks_and_blocks():
+    """The UNet head (N 8, 32, 128): Get..._v7 puts the narrow plans first in every direction."""
     h = cpu_handle("sm_90", 132)
     for n in (8, 32, 128):
         conv, x, w, y = _descs(n, 64, 2, (128, 128))
+        assert pydnn.get_convolution_forward_algorithm_v7(h, x, w, conv, y, 4)[0].algo == FWD0
+        assert pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, conv, x, 4)[0].algo == BWD_D0
+        assert pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, conv, w, 4)[0].algo == BWD_F0
         pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F0, conv, x, w, y)
-        assert pl.blocks == 2 * 132 and pl.fold_step is not None
+        assert pl.blocks == NW.WGRAD_BLOCKS_PER_SM * 132 and pl.fold_step is not None
         pl = P.new_plan(h, Pb.DIR_FWD, FWD0, conv, x, w, y)
         assert pl.blocks == min(16 * 132, -(-n * 128 * 128 // (8 * 4 * 4)))
 
