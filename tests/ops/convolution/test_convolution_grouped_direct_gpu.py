@@ -46,7 +46,7 @@ def _direct_plan(handle, pb, direction, algo):
     return pl
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_grouped_direct_forward(handle, rng, case, dtype):
     def before(pb):
@@ -60,7 +60,7 @@ def test_grouped_direct_forward(handle, rng, case, dtype):
                   workspace=ws, before=before)
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_grouped_direct_backward_data(handle, rng, case, dtype):
     def run(pb, alpha, beta):
@@ -76,7 +76,7 @@ def test_grouped_direct_backward_data(handle, rng, case, dtype):
                         reproducible=True)
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", [0, 3], ids=[IDS[0], IDS[3]])
 def test_grouped_direct_bias_activation(handle, rng, dtype, case):
     """The fused forward on the direct plan: bias, z and the activation in its epilogue."""
@@ -118,7 +118,7 @@ def test_grouped_direct_v7_ranks_it_first(handle):
     assert r[0].algo == BWD_D1
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_grouped_direct_backward_filter(handle, rng, case, dtype):
     def run(pb, alpha, beta):

@@ -35,14 +35,14 @@ def _narrow(handle, pb, direction, algo):
     return pl
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_narrow_forward(handle, rng, case, dtype):
     check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, FWD0, "narrow forward",
                   before=lambda pb: _narrow(handle, pb, CPb.DIR_FWD, FWD0))
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_narrow_backward_data(handle, rng, case, dtype):
     def run(pb, alpha, beta):
@@ -54,7 +54,7 @@ def test_narrow_backward_data(handle, rng, case, dtype):
                         reproducible=True)
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_narrow_backward_filter(handle, rng, case, dtype):
     def run(pb, alpha, beta):
@@ -70,7 +70,7 @@ def test_narrow_backward_filter(handle, rng, case, dtype):
                           reproducible=True)
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 def test_narrow_bias_activation(handle, rng, dtype):
     """The fused forward on the narrow plan: bias per output channel, z (NHWC), ReLU / sigmoid."""
     case = CASES[0]
