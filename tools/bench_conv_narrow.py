@@ -70,7 +70,8 @@ def layer(h, n, c, k, hw):
          lambda: (dw, torch.ops.aten.convolution_backward(dy, x, w, None, *args, [False, True, False])[1])),
     ]
     out = []
-    for what, top, fp, ft, check in rows:
+    for (what, top, fp, ft, check), o in zip(rows, (y, dx, dw)):
+        o.fill_(float("nan"))   # poisoned: the check reads what pydnn wrote (y held PyTorch's)
         fp()
         torch.cuda.synchronize()
         err = _err(*check())

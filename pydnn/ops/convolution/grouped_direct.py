@@ -41,7 +41,8 @@ THREADS = 128
 TILES = ((8, 16), (8, 8))         # output tile (TH, TW): 8 x 16 where the rows are wide, else 8 x 8
 TILE2 = (8, 16)                   # stride-2 backward data (MODE 1): the dx tile
 WIDTHS = (4, 8, 16, 32)           # C/g == K/g served
-MAX_SMEM = 160 * 1024             # a block's fragments + halo (3 blocks a SM need <= 75 KiB for full speed)
+MAX_SMEM = 160 * 1024             # a block's fragments + 2 halos (3 blocks a SM need <= 75 KiB, 2 <= 113)
+RESIDENT = 3                      # blocks a SM the persistent grid plans for (registers: 3 of 128 threads)
 PACK_TRANSPOSE = 4096             # kGdPackTranspose
 DRAM_GBPS = 3000.0                # the model's rates (H200: ~4.8 TB/s peak, ~3 sustained by copies)
 SMEM_BYTES_PER_CLK = 128
@@ -100,9 +101,10 @@ def wgrad_rows(width, filt):
 
 
 def wgrad_smem(tile, rows, filt, stride, dil):
+    """Two stages of (dy's tile, the x halo of the block's filter rows)."""
     hh = (tile[0] - 1) * stride[0] + (rows - 1) * dil[0] + 1
     hw = (tile[1] - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
-    return (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
+    return 2 * (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
 
 
 for _t in TC_TAGS:
@@ -118,8 +120,9 @@ def _halo(tile, filt, stride, dil, mode=0):
 
 
 def smem_bytes(width, tile, filt, stride, dil, mode=0):
+    """The fragments + two halo buffers (the next tile's copied while this one's MMAs run)."""
     hh, hw = _halo(tile, filt, stride, dil, mode)
-    return prod(filt) * nk(width) * 2048 + hh * hw * CHANNELS * 2
+    return prod(filt) * nk(width) * 2048 + 2 * hh * hw * CHANNELS * 2
 
 
 def choose_tile(pb_out_w, width, filt, stride, dil):
@@ -157,7 +160,7 @@ def refusal(pb, direction):
         rows = wgrad_rows(pb.cg, pb.filt3[1:])
         if rows is None:
             return f"a filter row of {pb.filt3[2]} taps exceeds the backward filter's {wgrad_max_taps(pb.cg)}"
-        if wgrad_smem(wgrad_tile(pb.out3[2]), rows, pb.filt3[1:], stride, dil) > MAX_SMEM:
+        if wgrad_smem(wgrad_tile(pb.out3[2], stride), rows, pb.filt3[1:], stride, dil) > MAX_SMEM:
             return "the halo exceeds shared memory"
         return None
     if direction == DIR_BWD_DATA and _mode(pb, direction) == 1:
@@ -207,10 +210,15 @@ class GroupedDirectPlan(StepPlan):
         self.tile = TILE2 if self.mode == 1 else choose_tile(out_hw[1], width, filt, stride, dil)
         th, tw = self.tile
         self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode)
-        blocks_x = pb.n * cdiv(out_hw[0], th) * cdiv(out_hw[1], tw)
+        self.tiles = pb.n * cdiv(out_hw[0], th) * cdiv(out_hw[1], tw)
+        cbs = pb.c // CHANNELS
+        slots = RESIDENT * max(handle.sm_count, 1)
+        # persistent where the tiles fill more than two rounds of the resident blocks: per_block tiles a block
+        per_block = 1 if self.tiles * cbs <= 2 * slots else cdiv(self.tiles * cbs, slots)
+        blocks_x = cdiv(self.tiles, per_block)
         if blocks_x > 2**31 - 1:
             raise PydnnError(NS, "the grouped direct kernel's grid exceeds 2^31 - 1 blocks (split the batch)")
-        self.grid = (blocks_x, pb.c // CHANNELS, 1)
+        self.grid = (blocks_x, cbs, 1)
         self.gemm = p
         self.gemm_expr = expr(pb.tag, self.k_parts, self.tile, self.mode)
         self.gemm_argv = driver.kernel_args(p)
@@ -254,7 +262,7 @@ class GroupedDirectPlan(StepPlan):
         pb, it = self.problem, 2
         th, tw = self.tile
         hh, hw = _halo(self.tile, self.problem.filt3[1:], self.conv_stride, self.conv_dil, self.mode)
-        blocks = self.grid[0] * self.grid[1]
+        blocks = self.tiles * self.grid[1]   # tile-blocks (the persistent grid walks them)
         in_bytes = blocks * hh * hw * CHANNELS * it            # the halos (neighbours' overlap from L2)
         in_bytes = min(in_bytes, 1.5 * pb.n * prod(self.in_hw) * pb.c * it)
         out_bytes = pb.n * prod(self.out_hw) * pb.c * it
@@ -268,11 +276,12 @@ class GroupedDirectPlan(StepPlan):
         return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
 
-def wgrad_tile(out_w):
-    return TILES[0] if out_w > 8 else TILES[1]
+def wgrad_tile(out_w, stride=(1, 1)):
+    """8 x 16 where the rows are wide and the stride 1 (two stages of a stride-2 8 x 16 halo: 176 KiB)."""
+    return TILES[0] if out_w > 8 and max(stride) == 1 else TILES[1]
 
 
-WGRAD_BLOCKS_PER_SM = 4     # splits: about this many blocks a SM (3 resident, the rest balance the tiles)
+WGRAD_BLOCKS_PER_SM = 2     # splits: about this many blocks a SM (two stages of ~39-78 KiB: 2 resident)
 WGRAD_MAX_PARTIALS = 64 << 20
 
 
@@ -288,7 +297,7 @@ class GroupedWgradPlan(StepPlan):
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
         self.rows = wgrad_rows(width, filt)
         self.row_blocks = filt[0] // self.rows
-        self.tile = wgrad_tile(pb.out3[2])
+        self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
         self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil)
         cbs = pb.c // CHANNELS

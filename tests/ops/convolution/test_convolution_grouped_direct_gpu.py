@@ -42,6 +42,10 @@ def _direct_plan(handle, pb, direction, algo):
         for sp, _, _, _ in pl.subs:
             assert type(sp) is GD.GroupedDirectPlan, type(sp).__name__
         return pl
+    if direction == CPb.DIR_FWD and max(pb.conv.stride) > 2:   # stride 3: two 24 x 24 halos exceed MAX_SMEM
+        from pydnn.ops.convolution import grouped as G
+        assert type(pl) is G.GroupedPlan, type(pl).__name__
+        return pl
     assert type(pl) is GD.GroupedDirectPlan, f"{direction}: {type(pl).__name__}"
     return pl
 
