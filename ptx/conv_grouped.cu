@@ -221,18 +221,21 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_direct_tc(const ConvPar
           const int hp = MODE == 0 ? hbase[mb] + toff : ((hy2[mb] - rr * dh) >> 1) * HW + ((hx2[mb] - ss * dw) >> 1);
           const unsigned row = halo_s + hp * 128;
           const int swz = hp & 7;
+          // the 4 A fragments first, then the MMAs (the asm statements keep their order: an ldmatrix
+          // right before its MMA would stall each MMA for the load's latency)
+          unsigned a[4][4];
+#pragma unroll
+          for (int kc = 0; kc < 4; ++kc) mma::ldmatrix_x4(a[kc], row + (((kc * 2 + khalf) ^ swz) << 4));
 #pragma unroll
           for (int kc = 0; kc < 4; ++kc) {
-            unsigned a[4];
-            mma::ldmatrix_x4(a, row + (((kc * 2 + khalf) ^ swz) << 4));
             if (NK == 1) {
-              mma::MmaOp<T>::run(acc[mb][2 * kc], a, bf[2 * kc][0][0], bf[2 * kc][0][1]);
-              mma::MmaOp<T>::run(acc[mb][2 * kc + 1], a, bf[2 * kc + 1][0][0], bf[2 * kc + 1][0][1]);
+              mma::MmaOp<T>::run(acc[mb][2 * kc], a[kc], bf[2 * kc][0][0], bf[2 * kc][0][1]);
+              mma::MmaOp<T>::run(acc[mb][2 * kc + 1], a[kc], bf[2 * kc + 1][0][0], bf[2 * kc + 1][0][1]);
             } else {
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
                 const int j = 4 * (kc / 2) + i;
-                mma::MmaOp<T>::run(acc[mb][j], a, bf[j][(kc & 1) % NK][0], bf[j][(kc & 1) % NK][1]);
+                mma::MmaOp<T>::run(acc[mb][j], a[kc], bf[j][(kc & 1) % NK][0], bf[j][(kc & 1) % NK][1]);
               }
             }
           }
@@ -382,17 +385,31 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_wgrad_tc(const ConvPara
         const int ch = 2 * warp + ((lane >> 3) & 1);
         mma::ldmatrix_x4_trans(a, dy_s + k * 128 + ((ch ^ (k & 7)) << 4));
       }
+      // taps in groups of 3: their B fragments loaded first, then the MMAs (in-order asm: see the forward)
 #pragma unroll
-      for (int t = 0; t < MAXT; ++t) {
-        if (t < ntaps) {
-          const int hp = hb[ks] + (t / S) * dh * HW + (t % S) * dw;
+      for (int t0 = 0; t0 < MAXT; t0 += 3) {
+        unsigned b[3][NK][4];
 #pragma unroll
-          for (int h = 0; h < NK; ++h) {
-            unsigned b[4];
-            const int ch = nbase + 2 * h + (lane >> 4);
-            mma::ldmatrix_x4_trans(b, halo_s + hp * 128 + ((ch ^ (hp & 7)) << 4));
-            mma::MmaOp<T>::run(acc[t][2 * h], a, b[0], b[1]);
-            mma::MmaOp<T>::run(acc[t][2 * h + 1], a, b[2], b[3]);
+        for (int u = 0; u < 3; ++u) {
+          const int t = t0 + u;
+          if (t < MAXT && t < ntaps) {
+            const int hp = hb[ks] + (t / S) * dh * HW + (t % S) * dw;
+#pragma unroll
+            for (int h = 0; h < NK; ++h) {
+              const int ch = nbase + 2 * h + (lane >> 4);
+              mma::ldmatrix_x4_trans(b[u][h], halo_s + hp * 128 + ((ch ^ (hp & 7)) << 4));
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 3; ++u) {
+          const int t = t0 + u;
+          if (t < MAXT && t < ntaps) {
+#pragma unroll
+            for (int h = 0; h < NK; ++h) {
+              mma::MmaOp<T>::run(acc[t][2 * h], a, b[u][h][0], b[u][h][1]);
+              mma::MmaOp<T>::run(acc[t][2 * h + 1], a, b[u][h][2], b[u][h][3]);
+            }
           }
         }
       }
