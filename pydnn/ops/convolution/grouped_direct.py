@@ -32,7 +32,7 @@ from ..._cuda import driver
 from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
+from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, estimate_ms, register, round_up
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS, TC_TAGS, ConvAuxParams
 
 SOURCE = "conv_grouped.cu"
@@ -365,14 +365,34 @@ class GroupedWgradPlan(StepPlan):
         return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
 
+def _packed_rival(handle, pb, direction, algo):
+    """grouped.py's packed-supergroup plan of the same problem (None where it does not apply, and for
+    stride-2 backward data, whose rival is dgrad_phases' several launches)."""
+    from . import grouped
+    if direction == DIR_BWD_DATA and _mode(pb, direction) == 1:
+        return None
+    if not grouped.applies(pb, direction):
+        return None
+    try:
+        return grouped.GroupedPlan(handle, pb, direction, algo, grouped.packing(pb))
+    except PydnnError:
+        return None
+
+
 def _planner(direction):
     def plan(handle, pb, d, algo):
         from ... import tuning
         if not tuning.conv.GROUPED_DIRECT or refusal(pb, direction) is not None:
             return None   # pass: grouped.py's packed supergroups (or their refusal) answer
         if direction == DIR_BWD_FILTER:
-            return GroupedWgradPlan(handle, pb, algo)
-        return GroupedDirectPlan(handle, pb, direction, algo)
+            pl = GroupedWgradPlan(handle, pb, algo)
+        else:
+            pl = GroupedDirectPlan(handle, pb, direction, algo)
+        if not tuning.conv.GROUPED_DIRECT_ALWAYS:
+            rival = _packed_rival(handle, pb, direction, algo)
+            if rival is not None and estimate_ms(handle, rival) < estimate_ms(handle, pl):
+                return None   # the model prefers the packed supergroups: the next candidate serves
+        return pl
     return plan
 
 

@@ -27,6 +27,14 @@ BWD_D1, BWD_F1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, pydnn.PYDNN_CONVOLUTIO
 RESNEXT = [(128, 56, 1), (256, 28, 1), (512, 14, 1), (1024, 7, 1), (256, 56, 2), (512, 28, 2), (1024, 14, 2)]
 
 
+@pytest.fixture(autouse=True)
+def _direct_always(monkeypatch):
+    """These tests cover the direct kernels wherever they apply (the model may prefer grouped.py's packed
+    plan on some layers: test_model_picks_the_lower_estimate)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", True)
+
+
 def _descs(c, k, hw, groups, stride=1, dtype=BF16, n=32, nhwc=True, filt=3, mode=XCORR, pad=None, dil=1,
            fnhwc=True):
     hw = list(hw) if isinstance(hw, (tuple, list)) else [hw, hw]
@@ -472,3 +480,25 @@ def test_wgrad_splits_and_rows():
     conv, x, w, y = _descs(128, 128, 14, 4, filt=5)   # C/g 32 with 5 taps a row: refused, packed path
     assert "exceeds" in GD.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_FILTER)
     assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan
+
+
+def test_model_picks_the_lower_estimate(monkeypatch):
+    """GROUPED_DIRECT_ALWAYS off (the default): the direct plan where its estimate is below grouped.py's
+    packed plan's, else the packed plan (stride-2 backward data: always the direct MODE 1)."""
+    from pydnn.ops.convolution import algorithms as A
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
+    h = cpu_handle("sm_90", 132)
+    for n in (8, 128):
+        for c, hw, stride in RESNEXT:
+            conv, x, w, y = _descs(c, c, hw, 32, stride, n=n)
+            for d, algo in ((Pb.DIR_FWD, FWD_PRE), (Pb.DIR_BWD_DATA, BWD_D1), (Pb.DIR_BWD_FILTER, BWD_F1)):
+                pl = P.new_plan(h, d, algo, conv, x, w, y)
+                with tuning.override({"conv.GROUPED_DIRECT_ALWAYS": True}):
+                    direct = P.new_plan(h, d, algo, conv, x, w, y)
+                if d == Pb.DIR_BWD_DATA and stride == 2:
+                    assert pl.__class__ is direct.__class__ and direct.mode == 1
+                    continue
+                with tuning.override({"conv.GROUPED_DIRECT": False}):
+                    packed = P.new_plan(h, d, algo, conv, x, w, y)
+                want = direct if A._estimate_ms(h, direct) <= A._estimate_ms(h, packed) else packed
+                assert type(pl) is type(want), (n, c, hw, stride, d)

@@ -19,6 +19,14 @@ from test_convolution_gpu import (BF16, F16, FWD_PRE, BWD_D1, BWD_F1, NCHW, NHWC
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _direct_always(monkeypatch):
+    """These tests cover the direct kernels wherever they apply (the model may prefer grouped.py's packed
+    plan on some layers: test_model_picks_the_lower_estimate)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", True)
+
 CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format     (C/g; tile)
     ((2, 128, 13, 11), 128, (3, 3), (1, 1), (1, 1), (1, 1), 32, "nhwc", NHWC),   # 4; 8 x 16 (ResNeXt stage 1)
     ((2, 256, 9, 7), 256, (3, 3), (1, 1), (1, 1), (1, 1), 32, "nhwc", NHWC),     # 8; 8 x 8
