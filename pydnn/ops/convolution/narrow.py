@@ -137,7 +137,8 @@ class NarrowPlan(StepPlan):
                              f"the narrow 1x1 kernels move the C-channel tensor in 16-byte vectors: {wide:#x} "
                              f"is not 16-byte aligned")
         if self.gemm_func is None:
-            self.gemm_func = handle.function(self.unit, self.gemm_expr)
+            from .grouped_direct import load_function
+            self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w = a_ptr, b_ptr
         p.z, p.bias = z_ptr or None, bias_ptr or None
