@@ -436,20 +436,30 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_wgrad_tc(const ConvPara
   }
 }
 
-// grouped_wgrad_fold: dw = alpha * (the splits' partials added in split order) + beta * dw. ConvAuxParams:
-// in = the partials [split][K][taps][C/g], out = dw (strides out_stride: k, c, t, r, s), groups, kg = cg
-// = C/g, taps, filt, splits, flags (PYDNN_FLAG_BETA, PYDNN_CONV_FLAG_FLIP: CONVOLUTION mode), alpha, beta.
+// grouped_wgrad_fold: dw = alpha * (the splits' partials added) + beta * dw. ConvAuxParams: in = the
+// partials [split][K][taps][C/g], out = dw (strides out_stride: k, c, t, r, s), groups, kg = cg = C/g, taps,
+// filt, splits, channels = G (lanes an element, a power of two <= 32), flags (PYDNN_FLAG_BETA,
+// PYDNN_CONV_FLAG_FLIP: CONVOLUTION mode), alpha, beta. Lane `sub` of an element's G adds the splits sub,
+// sub + G, ... and a fixed xor tree adds the lanes: deterministic (one thread adding 100+ splits in a
+// dependent chain of L2 loads took tens of microseconds).
 template <class T>
 __global__ void __launch_bounds__(256) grouped_wgrad_fold(const ConvAuxParams p) {
   const long long per_split = (long long)p.groups * p.kg * p.taps * p.cg;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= per_split) return;
+  const int G = p.channels;
+  const long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long i = gid / G;
+  const int sub = (int)(gid % G);
+  const bool ok = i < per_split;
+  float s = 0.f;
+  if (ok) {
+    const float* part = static_cast<const float*>(p.in) + i;
+    for (int sl = sub; sl < p.splits; sl += G) s += part[(long long)sl * per_split];
+  }
+  for (int off = G >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (!ok || sub != 0) return;
   const int c = (int)(i % p.cg);
   const int tap = (int)(i / p.cg % p.taps);
   const long long o = i / ((long long)p.cg * p.taps);
-  const float* part = static_cast<const float*>(p.in) + i;
-  float s = 0.f;
-  for (int sl = 0; sl < p.splits; ++sl) s += part[(long long)sl * per_split];
   const int sf = tap % p.filt[2], rf = tap / p.filt[2];
   const bool flip = p.flags & PYDNN_CONV_FLAG_FLIP;
   const long long off = o * p.out_stride[0] + (long long)c * p.out_stride[1] +

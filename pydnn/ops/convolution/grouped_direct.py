@@ -316,14 +316,15 @@ class GroupedWgradPlan(StepPlan):
         self.workspace = round_up(self.partial_bytes)
         f = ConvAuxParams()
         f.groups, f.kg, f.cg, f.taps, f.splits = pb.groups, width, width, taps, splits
+        f.channels = self.fold_lanes = min(32, 1 << max(0, (splits - 1).bit_length()))   # G lanes an element
         for i in range(3):
             f.filt[i] = pb.filt3[i]
         for i in range(5):
             f.out_stride[i] = pb.ws[i]
         f.flags = FLAG_FLIP if pb.flip else 0
         self.fold_params = f
-        self.fold_step = self.add_step(self.unit, wfold_expr(pb.tag), (cdiv(per_split // 4, 256), 1, 1),
-                                       (256, 1, 1), f)
+        self.fold_step = self.add_step(self.unit, wfold_expr(pb.tag),
+                                       (cdiv(per_split // 4 * self.fold_lanes, 256), 1, 1), (256, 1, 1), f)
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """a = dy, b = x, out = dw."""

@@ -477,6 +477,9 @@ def test_wgrad_splits_and_rows():
         assert 1 <= pl.splits <= pl.tiles and pl.workspace >= pl.partial_bytes == pl.splits * c * 9 * (c // 32) * 4
         assert pl.grid[0] * pl.grid[1] >= 132 or pl.splits == pl.tiles
         assert pl.smem <= 113 * 1024   # 2 blocks a SM
+        g = pl.fold_params.channels   # the fold's lanes an element: a power of two covering the splits, <= 32
+        assert g & (g - 1) == 0 and g <= 32 and (g >= pl.splits or g == 32) and (g == 1 or g // 2 < pl.splits)
+        assert pl.steps[pl.fold_step][2][0] * 256 >= c * 9 * (c // 32) * g
     conv, x, w, y = _descs(128, 128, 14, 4, filt=5)   # C/g 32 with 5 taps a row: refused, packed path
     assert "exceeds" in GD.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_FILTER)
     assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan
