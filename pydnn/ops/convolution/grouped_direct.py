@@ -208,6 +208,9 @@ class GroupedDirectPlan(StepPlan):
         for i in range(5):
             p.xs[i], p.ys[i] = xs[i], ys[i]
         self.tile = TILE2 if self.mode == 1 else choose_tile(out_hw[1], width, filt, stride, dil)
+        if (self.mode == 0 and self.tile == TILES[0]
+                and pb.n * cdiv(out_hw[0], 8) * cdiv(out_hw[1], 16) * (pb.c // CHANNELS) < max(handle.sm_count, 1)):
+            self.tile = TILES[1]   # fewer 8 x 16 tiles than SMs (small batches): twice as many 8 x 8 blocks
         th, tw = self.tile
         self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode)
         self.tiles = pb.n * cdiv(out_hw[0], th) * cdiv(out_hw[1], tw)
