@@ -32,7 +32,7 @@ from ..._cuda import driver
 from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, estimate_ms, register, round_up
+from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS, TC_TAGS, ConvAuxParams
 
 SOURCE = "conv_grouped.cu"
@@ -394,6 +394,22 @@ def _packed_rival(handle, pb, direction, algo):
         return None
 
 
+def _direct_measured_faster(handle, pb, direction, pl):
+    """Where the direct kernels beat the packed supergroups (mid-session run 2, H200, ResNeXt-50's grouped
+    layers at N 128 and 8, graph timing, ms direct / packed):
+      forward, backward data at stride 1: always (N128 stage 1 0.121 / 0.342, stage 4 0.034 / 0.055; N8
+        0.0075-0.0144 / 0.019-0.027); stride-2 backward data has no packed rival here (dgrad_phases).
+      forward at stride 2: at N 8 (0.0088-0.0141 / 0.019-0.021), not at N 128 (0.187 / 0.178, 0.099 / 0.097,
+        0.065 / 0.054): direct while its tiles fill at most 4 rounds of the resident blocks.
+      backward filter: only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325); 1.1-2.7x slower than the
+        packed plan for C/g = 8, 16, 32 (its per-tile fp32 sums over 9 taps x 2-4 n8 chunks a warp)."""
+    if direction == DIR_BWD_FILTER:
+        return pb.cg == 4
+    if direction == DIR_FWD and max(pb.stride3) > 1:
+        return pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
+    return True
+
+
 def _planner(direction):
     def plan(handle, pb, d, algo):
         from ... import tuning
@@ -403,10 +419,9 @@ def _planner(direction):
             pl = GroupedWgradPlan(handle, pb, algo)
         else:
             pl = GroupedDirectPlan(handle, pb, direction, algo)
-        if not tuning.conv.GROUPED_DIRECT_ALWAYS:
-            rival = _packed_rival(handle, pb, direction, algo)
-            if rival is not None and estimate_ms(handle, rival) < estimate_ms(handle, pl):
-                return None   # the model prefers the packed supergroups: the next candidate serves
+        if not tuning.conv.GROUPED_DIRECT_ALWAYS and _packed_rival(handle, pb, direction, algo) is not None:
+            if not _direct_measured_faster(handle, pb, direction, pl):
+                return None   # grouped.py's packed supergroups serve (the next candidate)
         return pl
     return plan
 

@@ -486,23 +486,20 @@ def test_wgrad_splits_and_rows():
     assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan
 
 
-def test_model_picks_the_lower_estimate(monkeypatch):
-    """GROUPED_DIRECT_ALWAYS off (the default): the direct plan where its estimate is below grouped.py's
-    packed plan's, else the packed plan (stride-2 backward data: always the direct MODE 1)."""
-    from pydnn.ops.convolution import algorithms as A
+def test_measured_rule_picks_direct_or_packed(monkeypatch):
+    """GROUPED_DIRECT_ALWAYS off (the default): direct forward / backward data (stride-2 forwards only while
+    their tiles fill <= 4 rounds of the resident blocks), direct backward filter for C/g = 4 only; else the
+    packed plan (grouped_direct._direct_measured_faster's numbers)."""
     monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
     h = cpu_handle("sm_90", 132)
-    for n in (8, 128):
+    for n in (8, 32, 128):
         for c, hw, stride in RESNEXT:
             conv, x, w, y = _descs(c, c, hw, 32, stride, n=n)
-            for d, algo in ((Pb.DIR_FWD, FWD_PRE), (Pb.DIR_BWD_DATA, BWD_D1), (Pb.DIR_BWD_FILTER, BWD_F1)):
-                pl = P.new_plan(h, d, algo, conv, x, w, y)
-                with tuning.override({"conv.GROUPED_DIRECT_ALWAYS": True}):
-                    direct = P.new_plan(h, d, algo, conv, x, w, y)
-                if d == Pb.DIR_BWD_DATA and stride == 2:
-                    assert pl.__class__ is direct.__class__ and direct.mode == 1
-                    continue
-                with tuning.override({"conv.GROUPED_DIRECT": False}):
-                    packed = P.new_plan(h, d, algo, conv, x, w, y)
-                want = direct if A._estimate_ms(h, direct) <= A._estimate_ms(h, packed) else packed
-                assert type(pl) is type(want), (n, c, hw, stride, d)
+            cg = c // 32
+            fwd = P.new_plan(h, Pb.DIR_FWD, FWD_PRE, conv, x, w, y)
+            tiles = n * (-(-(hw // stride) // 8)) ** 2 * (c // 64)   # 8 x 8 tiles at stride 2
+            assert type(fwd) is (GD.GroupedDirectPlan if stride == 1 or tiles <= 4 * 3 * 132 else G.GroupedPlan)
+            bd = P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)
+            assert type(bd) is GD.GroupedDirectPlan
+            bf = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+            assert type(bf) is (GD.GroupedWgradPlan if cg == 4 else G.GroupedPlan), (n, c, hw, stride)
