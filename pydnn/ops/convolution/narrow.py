@@ -19,7 +19,7 @@ from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
 from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
-from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, NS, TC_TAGS, ConvAuxParams
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, TC_TAGS, ConvAuxParams
 
 SOURCE = "conv_narrow.cu"
 MAX_K = 7      # K < 8: where the tensor-core paths refuse (K % 8) or run an n8 MMA mostly empty

@@ -72,7 +72,6 @@ def _walk(pl):
 def test_emulated_narrow_kernels_match_reference(n, c, k, hw):
     conv, x, w, y = _descs(n, c, k, hw)
     h = cpu_handle("sm_90", 132)
-    pb = Pb.problem(conv, x, w, y)
     rng = np.random.default_rng(5)
     xv = rng.standard_normal((n, c) + tuple(hw))
     wv = rng.standard_normal((k, c) + (1,) * len(hw))
