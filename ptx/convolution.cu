@@ -28,6 +28,7 @@
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
 #include "convolution_params.h"
+#include "conv_epilogue.cuh"
 
 namespace pydnn {
 namespace conv {
@@ -193,66 +194,7 @@ __device__ __forceinline__ Acc b_load(const ConvParams& p, const T* b, const Fix
 }
 
 // ---------------------------------------------------------------- epilogue
-
-// The activation ACT (PYDNN_CONV_ACT_*) of one value; activate() picks it from p.act.
-template <int ACT, class Acc> __device__ __forceinline__ Acc activate_as(const ConvParams& p, Acc v) {
-  const bool nan = v != v;
-  switch (ACT) {
-    case PYDNN_CONV_ACT_RELU:
-      if (nan) return (p.flags & PYDNN_FLAG_NAN_PROP) ? v : Acc(0);
-      return v > Acc(0) ? v : Acc(0);
-    case PYDNN_CONV_ACT_CLIPPED_RELU:
-      if (nan) return (p.flags & PYDNN_FLAG_NAN_PROP) ? v : Acc(0);
-      return v > Acc(0) ? (v < Acc(p.coef) ? v : Acc(p.coef)) : Acc(0);
-    case PYDNN_CONV_ACT_SIGMOID: return sigmoid(v);
-    case PYDNN_CONV_ACT_TANH: return m_tanh(v);
-    case PYDNN_CONV_ACT_ELU: return v > Acc(0) ? v : Acc(p.coef) * m_expm1(v);
-    default: return v;
-  }
-}
-
-template <class Acc> __device__ __forceinline__ Acc activate(const ConvParams& p, Acc v) {
-  switch (p.act) {
-    case PYDNN_CONV_ACT_RELU: return activate_as<PYDNN_CONV_ACT_RELU>(p, v);
-    case PYDNN_CONV_ACT_CLIPPED_RELU: return activate_as<PYDNN_CONV_ACT_CLIPPED_RELU>(p, v);
-    case PYDNN_CONV_ACT_SIGMOID: return activate_as<PYDNN_CONV_ACT_SIGMOID>(p, v);
-    case PYDNN_CONV_ACT_TANH: return activate_as<PYDNN_CONV_ACT_TANH>(p, v);
-    case PYDNN_CONV_ACT_ELU: return activate_as<PYDNN_CONV_ACT_ELU>(p, v);
-    default: return v;
-  }
-}
-
-// The activation of N values with one switch (not one per value: a switch per element, unrolled over a
-// warp tile's accumulators, is what made the fused epilogue's code ~10x its main loop's).
-template <int N> __device__ __forceinline__ void activate_n(const ConvParams& p, float (&v)[N]) {
-#define PYDNN_CONV_ACT_CASE(A)                                           \
-  case A:                                                                \
-    _Pragma("unroll") for (int e = 0; e < N; ++e) v[e] = activate_as<A>(p, v[e]); \
-    break;
-  switch (p.act) {
-    PYDNN_CONV_ACT_CASE(PYDNN_CONV_ACT_RELU)
-    PYDNN_CONV_ACT_CASE(PYDNN_CONV_ACT_CLIPPED_RELU)
-    PYDNN_CONV_ACT_CASE(PYDNN_CONV_ACT_SIGMOID)
-    PYDNN_CONV_ACT_CASE(PYDNN_CONV_ACT_TANH)
-    PYDNN_CONV_ACT_CASE(PYDNN_CONV_ACT_ELU)
-    default: break;
-  }
-#undef PYDNN_CONV_ACT_CASE
-}
-
-// out[off] = alpha * v (+ beta * out[off]); forward also (+ alpha2 * z[zoff]) (+ bias[ch]), then act.
-template <bool FWD, class T, class Acc>
-__device__ __forceinline__ Acc epilogue_value(const ConvParams& p, const T* out, long long off, long long zoff, int ch,
-                                              Acc v, Acc alpha, Acc beta, Acc alpha2) {
-  v *= alpha;
-  if (p.flags & PYDNN_FLAG_BETA) v += beta * load<Acc>(out[off]);
-  if (FWD) {
-    if (p.flags & PYDNN_CONV_FLAG_Z) v += alpha2 * load<Acc>(static_cast<const T*>(p.z)[zoff]);
-    if (p.flags & PYDNN_CONV_FLAG_BIAS) v += load<Acc>(static_cast<const T*>(p.bias)[ch * p.bias_stride]);
-    v = activate(p, v);
-  }
-  return v;
-}
+// activate_as / activate / activate_n / epilogue_value: conv_epilogue.cuh
 
 template <bool FWD, class T, class Acc>
 __device__ __forceinline__ void finish(const ConvParams& p, T* out, long long off, long long zoff, int ch, Acc v,

@@ -140,6 +140,17 @@ conv = Switches(
                         "1: never (fwd_tc, 32-deep K tiles). Issue 18: C = 96, 144, 152, 176 ran on fwd_tc at "
                         "~86 TFLOP/s (median, H200) where fwd_wgmma runs ~340 on full tiles"),
     WG_PIPE=(True, "the backward filter's model picks wgrad_pipe_tc where it applies (else wgrad_tc)"),
+    GROUPED_DIRECT_ALWAYS=(False, "the direct grouped kernels wherever they apply; off: where they measured "
+                                  "faster than grouped.py's packed plan (grouped_direct._direct_measured_faster: "
+                                  "forward / backward data, not the large strided forwards, the backward filter "
+                                  "for C/g = 4 only); the GPU tests of the direct kernels turn it on"),
+    NARROW_1X1=(True, "1x1 stride-1 unpadded convolutions with K <= 8 output channels (8 <= C <= 256, packed NHWC, "
+                      "16-bit): memory-bound streams (narrow.py) ranked by the model; the UNet head 64 -> 2 ran "
+                      "the CUDA-core implicit GEMM at 0.05-0.08x cuDNN (issue 18's sweep)"),
+    GROUPED_DIRECT=(True, "grouped convolutions with C/g == K/g in 4..32 (ResNeXt's grouped 3x3): forward and "
+                          "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "
+                          "launch over all groups, the halo read once, block-diagonal MMAs only) before "
+                          "grouped.py's packed supergroups (0.28-0.61x cuDNN on the sweep's ResNeXt layers)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),
     TC_FORCE=({}, "direction -> a tiling used instead of the model's choice: (BM, BN) for fwd_tc / "

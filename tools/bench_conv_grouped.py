@@ -4,6 +4,11 @@ beside cuDNN through PyTorch (cudnn.benchmark on), in the same run.
 
     python3 tools/bench_conv_grouped.py              # N = 32, the 7 layers (about 20 s with compiles)
     python3 tools/bench_conv_grouped.py --n 8 --n 128
+    python3 tools/bench_conv_grouped.py --n 8 --n 128 --dirs fwd,bwd_data --layers 0,1,2,3 --out $OUT
+
+Timing: CUDA-graph device time on both sides (sweep_common.graph_ms, as tools/sweep_conv.py), events where
+a side cannot be captured (--events: always events). Each row also checks pydnn's result against PyTorch's
+(max error / max |ref|; bf16 tolerance 2e-2).
 
 Predicted (ops/convolution/grouped.py's docstring, before any device run) for N32 512->512 @14:
 forward 0.020-0.025 ms, backward data 0.020-0.025 ms, backward filter 0.030-0.035 ms (cuDNN measured on
@@ -20,7 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pydnn  # noqa: E402
+import sweep_common as SC  # noqa: E402
 from bench import desc, time_ms  # noqa: E402
+
+DIRS = ("fwd", "bwd_data", "bwd_filter")
 
 LAYERS = [  # C = K, H = W, stride (ResNeXt-50 32x4d's grouped 3x3 convolutions, groups 32)
     (128, 56, 1), (256, 28, 1), (512, 14, 1), (1024, 7, 1), (256, 56, 2), (512, 28, 2), (1024, 14, 2)]
@@ -34,7 +42,21 @@ def _kernel(h, direction, algo, conv, xd, wd, yd):
     return e.split("<")[0].split("::")[-1]
 
 
-def layer(h, n, c, hw, stride):
+def _ms(h, fn, events):
+    if not events:
+        try:
+            return SC.graph_ms(h, fn), "graph"
+        except Exception:  # noqa: BLE001 - a side that cannot be captured: events
+            pass
+    return time_ms(fn, reps=20, warmup=3), "events"
+
+
+def _err(got, want):
+    got, want = got.float(), want.float()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def layer(h, n, c, hw, stride, dirs=DIRS, events=False):
     x = torch.randn(n, c, hw, hw, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     w = (torch.randn(c, c // GROUPS, 3, 3, device="cuda", dtype=torch.bfloat16) * 0.1).to(
         memory_format=torch.channels_last)
@@ -70,32 +92,70 @@ def layer(h, n, c, hw, stride):
                                                                         0.0, wd, dwp),
          lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *args, [False, True, False])),
     ]
+    outs = {0: lambda: (y, ft0()), 1: lambda: (dx, ft1()[0]), 2: lambda: (dw, ft2()[1])}
+    ft0, ft1, ft2 = rows[0][4], rows[1][4], rows[2][4]
     out = []
     for what, algo, d, fp, ft in rows:
-        ms_p, ms_t = time_ms(fp, reps=20, warmup=3), time_ms(ft, reps=20, warmup=3)
-        out.append((what, algo, _kernel(h, d, algo, conv, xd, wd, yd), ms_p, ms_t))
+        if DIRS[d] not in dirs:
+            continue
+        (y, dx, dw)[d].fill_(float("nan"))   # poisoned: the check reads what pydnn wrote (y held PyTorch's)
+        fp()
+        torch.cuda.synchronize()
+        mine, want = outs[d]()
+        err = _err(mine, want)
+        (ms_p, tp), (ms_t, tt) = _ms(h, fp, events), _ms(h, ft, events)
+        out.append((what, algo, _kernel(h, d, algo, conv, xd, wd, yd), ms_p, ms_t, err, tp + "/" + tt))
     return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, action="append")
+    ap.add_argument("--dirs", default=",".join(DIRS), help="comma-separated: fwd, bwd_data, bwd_filter")
+    ap.add_argument("--layers", default="", help="indices into LAYERS, comma-separated (default: all)")
+    ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
+    ap.add_argument("--out", default="", help="also write the table to OUT/bench_conv_grouped.txt")
+    ap.add_argument("--narrow-n", type=int, action="append", default=[],
+                    help="first tools/bench_conv_narrow.py's rows at these N (one process: one torch start-up)")
     a = ap.parse_args()
+    dirs = tuple(a.dirs.split(","))
+    layers = [LAYERS[int(i)] for i in a.layers.split(",")] if a.layers else LAYERS
+    lines = []
+
+    def say(t):
+        print(t, flush=True)
+        lines.append(t)
+
     torch.backends.cudnn.benchmark = True
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    print(f"device: {torch.cuda.get_device_name()}  cuDNN {torch.backends.cudnn.version()}")
-    print(f"{'layer':34s} {'dir':10s} {'algo':>4s} {'kernel':34s} {'pydnn ms':>9s} {'cudnn ms':>9s} {'ratio':>6s}")
+    say(f"device: {torch.cuda.get_device_name()}  cuDNN {torch.backends.cudnn.version()}")
+    say(f"{'layer':34s} {'dir':10s} {'algo':>4s} {'kernel':30s} {'pydnn ms':>9s} {'cudnn ms':>9s} {'ratio':>6s} "
+        f"{'err':>8s} timing")
+    if a.narrow_n:
+        import bench_conv_narrow as BN
+        nr = []
+        for n in a.narrow_n:
+            for c, k, hw in BN.LAYERS:
+                for what, top, ms_p, ms_t, err, tbs, tm in BN.layer(h, n, c, k, hw):
+                    nr.append(ms_t / ms_p)
+                    say(f"{f'N{n} 1x1 {c}->{k} @{hw}':34s} {what:10s} v7 {top} narrow {ms_p:9.4f} {ms_t:9.4f} "
+                        f"{ms_t / ms_p:6.2f}x {tbs:5.2f} TB/s {err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
+        say(f"narrow geomean {math.exp(sum(math.log(r) for r in nr) / len(nr)):.3f}x cuDNN over {len(nr)} rows")
     ratios = []
     for n in a.n or [32]:
-        for c, hw, stride in LAYERS:
+        for c, hw, stride in layers:
             name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "")
-            for what, algo, kern, ms_p, ms_t in layer(h, n, c, hw, stride):
+            for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, dirs, a.events):
                 r = ms_t / ms_p
                 ratios.append(r)
-                print(f"{name:34s} {what:10s} {int(algo):4d} {kern:34s} {ms_p:9.4f} {ms_t:9.4f} {r:6.2f}x")
+                say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} {r:6.2f}x "
+                    f"{err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    print(f"geomean {geo:.3f}x cuDNN, min {min(ratios):.3f}x over {len(ratios)} rows")
+    say(f"geomean {geo:.3f}x cuDNN, min {min(ratios):.3f}x over {len(ratios)} rows")
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "bench_conv_grouped.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

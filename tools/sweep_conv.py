@@ -3,7 +3,9 @@
 True) in the same run, bf16 NHWC, forward / backward data / backward filter.
 
     python3 tools/sweep_conv.py [--quick] [--budget-s S] [--seed 0] [--out DIR] [--find] [--reps N]
-                                [--full] [--prebuild] [--timing graph|events]
+                                [--full] [--prebuild] [--timing graph|events] [--only TAGS] [--match NAMES]
+
+    python3 tools/sweep_conv.py --full --match g32,head     # ResNeXt's grouped layers and the UNet head only
 
 --budget-s defaults to 135 s (30 s with --quick) so that the full sweep ends in about 150 s on an H100 / H200
 (the elapsed time is printed at the end, and the summary says whether points were left unsampled).
@@ -552,7 +554,10 @@ def main(argv=None):
         ("--prebuild", dict(action="store_true", help="compile the bf16 convolution / matmul units in parallel "
                                                       "before the first point (seconds reported apart)")),
         ("--timing", dict(choices=("graph", "events"), default="graph",
-                          help="device time from CUDA graphs (default) or events around back-to-back calls"))])
+                          help="device time from CUDA graphs (default) or events around back-to-back calls")),
+        ("--match", dict(default="", help="only the shapes whose name contains one of these comma-separated "
+                                          "strings (e.g. 'g32' for ResNeXt's grouped layers, 'head' for the UNet "
+                                          "head); the fused rows are skipped with it"))])
     find = args.find
     if args.full:
         args.budget_s = float("inf")
@@ -580,9 +585,12 @@ def main(argv=None):
     probs, meta = grid(args.seed, args.quick)
     meta.update(SC.device_meta(), quick=args.quick, budget_s=args.budget_s, reps=reps, find=find,
                 timing=args.timing, prebuild_s=prebuild_s)
-    n_run = sum(1 for pr in probs if not [o for o in args.only.split(",") if o] or pr["tag"] in args.only.split(","))
-    point_times = []
     only = [o for o in args.only.split(",") if o]
+    match = [m for m in args.match.split(",") if m]
+    if match:   # --match: the named shapes only
+        probs = [pr for pr in probs if any(m in case_name(pr) for m in match)]
+    n_run = sum(1 for pr in probs if not only or pr["tag"] in only)
+    point_times = []
     rows, fused_rows, checked = [], [], {}
     for i, pr in enumerate(probs):
         if only and pr["tag"] not in only:
@@ -608,7 +616,7 @@ def main(argv=None):
                   f"pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  cuDNN {SC.fmt(r.get('ms_ref'), '.4f')} ms  "
                   f"{SC.fmt(r.get('ratio'), '.2f')}x {r.get('note', '')}", flush=True)
         SC.write_partial(args.out, "sweep_conv", rows, meta)
-    if (not only or "fused" in only) and not meta.get("context_lost"):
+    if (not only or "fused" in only) and not match and not meta.get("context_lost"):
         run_fused(h, QUICK_FUSED if args.quick else FUSED_LAYERS, timer, time_pair, fused_rows)
     meta["checks"] = checked
     if point_times:

@@ -39,7 +39,7 @@ from ..._cuda import driver
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
 from ...status import PydnnError
-from . import grouped
+from . import grouped, grouped_direct
 from .plans import LAUNCH_MS, StepPlan, add_kernels, planner, register, run_plan
 from .problem import DIR_BWD_DATA, NS, TC_TAGS, tc_refusal
 
@@ -249,7 +249,7 @@ def plan_phases(handle, pb, direction, algo):
             if e.status != NS:
                 raise
             return None   # (a phase the stride-1 kernels refuse: the whole problem takes the stride-s ones)
-        if pb.groups != 1 and not isinstance(sp, grouped.GroupedPlan):
+        if pb.groups != 1 and not isinstance(sp, (grouped.GroupedPlan, grouped_direct.GroupedDirectPlan)):
             return None
         sp.problem = spb
         subs.append((sp, dx_off, w_off, spb))

@@ -189,10 +189,12 @@ def test_phase_plan_emulated(case, mode, arch, rng):
 @pytest.mark.parametrize("case", GROUPED_CASES)
 @pytest.mark.parametrize("mode", [XCORR, CONV])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_grouped_phase_plan_emulated(case, mode, arch, rng):
+def test_grouped_phase_plan_emulated(case, mode, arch, rng, monkeypatch):
     """Grouped strided backward data: each phase a grouped.py plan (its sub-filter packed into supergroups
     by filter_group_pack at the phase's filter offset, then the grouped stride-1 kernel over grid.z), the
-    fill for the phases without taps; together the float64 reference, every dx element once."""
+    fill for the phases without taps; together the float64 reference, every dx element once (the direct kernel, grouped_direct.py, switched off: its phases are emulated in
+    test_convolution_grouped_direct_cpu.py)."""
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT", False)
     groups = case[7]
     c, xd, wd, yd, xs, ys, xdsc, ydsc, wdsc = _phase_problem(case[:7], mode, groups=groups)
     h = cpu_handle()

@@ -23,6 +23,14 @@ FWD_PRE = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
 BWD_D1, BWD_F1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, pydnn.PYDNN_CONVOLUTION_BWD_FILTER_ALGO_1
 
 
+@pytest.fixture(autouse=True)
+def _packed_path(monkeypatch):
+    """This module covers grouped.py's packed supergroups: the direct kernel (grouped_direct.py, which
+    ranks first where C/g == K/g <= 32) is switched off here; test_convolution_grouped_direct_* cover it."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT", False)
+
+
 def _descs(c, k, hw, groups, stride=1, dtype=BF16, n=32, nhwc=True, filt=3, math=pydnn.PYDNN_DEFAULT_MATH):
     p = (dtype, nhwc, True, n, c, k, groups, [hw, hw], [filt, filt], [filt // 2] * 2, [stride, stride], [1, 1],
          XCORR, math)

@@ -16,6 +16,14 @@ from test_convolution_gpu import (BF16, F16, FWD_PRE, BWD_D1, BWD_F1, NCHW, NHWC
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _packed_path(monkeypatch):
+    """This module covers grouped.py's packed supergroups: the direct kernel (grouped_direct.py, which
+    ranks first where C/g == K/g <= 32) is switched off here; test_convolution_grouped_direct_* cover it."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT", False)
+
 CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format   (C/g, K/g; P packed groups)
     ((2, 128, 13, 11), 128, (3, 3), (1, 1), (1, 1), (1, 1), 32, "nhwc", NHWC),   # 4, 4; P 16 (ResNeXt stage 1)
     ((2, 256, 9, 7), 256, (3, 3), (1, 1), (1, 1), (1, 1), 32, "nhwc", NHWC),     # 8, 8; P 8
