@@ -979,6 +979,27 @@ def _fast_pair(a, b, asz):
     return None
 
 
+def _fast_tail(pl, relu, rneed, reserve, reserve_size, ex, ws, ws_size, plain_scratch_ok, plain_base):
+    """The record paths' reserve and workspace arguments: (reserve pointer or 0, scratch_ok, scratch base), or None
+    when the full path must decide. The Ex forms' scratch is the workspace; the plain forms' is the output itself,
+    usable only where beta is 0."""
+    mp = 0
+    if relu:
+        if type(reserve_size) is not int or reserve_size < rneed or type(reserve) is not int or reserve <= 0:
+            return None
+        mp = reserve
+    if not ex:
+        return mp, plain_scratch_ok, plain_base
+    if type(ws_size) is not int or ws_size < pl.ws_need:
+        return None
+    wp = 0
+    if pl.ws_need:
+        if type(ws) is not int or ws <= 0 or ws % 16:
+            return None
+        wp = ws
+    return mp, True, wp
+
+
 def _fwd_fast(handle, rec, alpha, beta, x, z, y, scale, bias, factor, run_mean, run_var, eps, save_mean, save_invvar,
               ws, ws_size, reserve, reserve_size, ex):
     """The call through its launch record; False when the full path must take it."""
@@ -996,22 +1017,10 @@ def _fwd_fast(handle, rec, alpha, beta, x, z, y, scale, bias, factor, run_mean, 
     rp, sp2 = _fast_pair(run_mean, run_var, asz), _fast_pair(save_mean, save_invvar, asz)
     if rp is None or sp2 is None or (y < x + xs and x < y + ys):
         return False
-    mp = 0
-    if relu:
-        if type(reserve_size) is not int or reserve_size < rneed or type(reserve) is not int or reserve <= 0:
-            return False
-        mp = reserve
-    if ex:
-        if type(ws_size) is not int or ws_size < pl.ws_need:
-            return False
-        wp = 0
-        if pl.ws_need:
-            if type(ws) is not int or ws <= 0 or ws % 16:
-                return False
-            wp = ws
-        scratch_ok, base = True, wp
-    else:
-        scratch_ok, base = beta == 0, y
+    t = _fast_tail(pl, relu, rneed, reserve, reserve_size, ex, ws, ws_size, beta == 0, y)
+    if t is None:
+        return False
+    mp, scratch_ok, base = t
     _fwd_go(handle, pl, relu, add, alpha, beta, eps, factor, x, y, z if add else 0, mp, scale, bias, rp, sp2,
             scratch_ok, base)
     return True
@@ -1237,22 +1246,10 @@ def _bwd_fast(handle, rec, alpha_d, beta_d, alpha_p, beta_p, x, dy, dz, dx, scal
     sv = _fast_pair(saved_mean, saved_invvar, asz)
     if sv is None or (dx < x + xs and x < dx + dxs) or (dx < dy + dys and dy < dx + dxs):
         return False
-    mp = 0
-    if relu:
-        if type(reserve_size) is not int or reserve_size < rneed or type(reserve) is not int or reserve <= 0:
-            return False
-        mp = reserve
-    if ex:
-        if type(ws_size) is not int or ws_size < pl.ws_need:
-            return False
-        wp = 0
-        if pl.ws_need:
-            if type(ws) is not int or ws <= 0 or ws % 16:
-                return False
-            wp = ws
-        scratch_ok, base = True, wp
-    else:
-        scratch_ok, base = beta_d == 0, dx
+    t = _fast_tail(pl, relu, rneed, reserve, reserve_size, ex, ws, ws_size, beta_d == 0, dx)
+    if t is None:
+        return False
+    mp, scratch_ok, base = t
     _bwd_go(handle, pl, relu, add, alpha_d, beta_d, alpha_p, beta_p, eps, x, dy, dx, dz if add else 0, mp, scale,
             dscale, dbias, sv, scratch_ok, base)
     return True
