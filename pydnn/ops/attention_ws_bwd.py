@@ -23,11 +23,9 @@ from .._cuda import driver, tensormap
 ARCH = "sm_90"
 INSTANTIATED = (64, 128)
 # The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
-# pass after this kernel). Mid-session runs (H200, 2026-11-28, bench_attention --bwd-ab, b4 s4096, TFLOP/s
-# against the older bwd_dkdv_wg in the same run): atomic, dQ "bulk" (run 2): d128 451 / 402 causal against
-# 320 / 286 (0.876x / 0.796x cuDNN), d64 359 / 311 against 272 / 242, GQA 64/8 d128 452 / 369 against
-# 327 / 280 (geomean 0.832x cuDNN, the older kernel 0.615x); deterministic (run 1) d128 1.13x / 1.17x,
-# d64 1.23x / 1.15x.
+# pass after this kernel). Both lists take d64 and d128: the kernel beat the older bwd_dkdv_wg at every measured
+# point, atomic 0.832x cuDNN geomean against 0.615x, deterministic 1.13-1.23x the older time (H200, b4 s4096;
+# the runs: tools/PERF.md, the attn section of session 28).
 HEAD_DIMS = (64, 128)
 HEAD_DIMS_DET = (64, 128)
 THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups

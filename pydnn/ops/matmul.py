@@ -272,12 +272,9 @@ class TmaTile:
 # the operands suit TMA (tuning.matmul.USE_TMA; _tma_problem): 4 stages of 48 KiB (a fifth does not fit
 # the 227 KiB an SM offers a block). The graph API's fused GEMMs take it too where the plan has it
 # (fused_tma: pydnn/graph builds their kernels from gemm_tma_body); the wgmma kernels stay for the RNN engine
-# (which launches plan.fast itself), for fused GEMMs where no map encodes, and with USE_TMA off. Measured
-# (H200, tools/bench_matmul.py --mid, ratios to torch.mm in alternating rounds), run 1: 8192^3 1.003x (gemm_wgmma_p 0.937x), 16384x4096x4096 nn / nt 0.922x / 0.935x (0.873x /
-# 0.901x), 16384x11008x4096 nn / nt 0.943x / 0.956x (0.876x / 0.908x); results equal to torch's. Run 2, with
-# the WIDE epilogue (16-byte stores of interior tiles) against without: 8192^3 1.070x / 1.050x,
-# 16384x4096x4096 nn 1.011x / 0.932x, nt 1.044x / 0.957x, 16384x11008x4096 nn 0.963x / 0.968x, nt 1.005x /
-# 0.993x: WIDE taken (the persistent blocks' epilogues land together; whole-sector stores halve their L2 writes).
+# (which launches plan.fast itself), for fused GEMMs where no map encodes, and with USE_TMA off. Why WIDE (16-byte
+# stores of interior tiles): the persistent blocks' epilogues land together, and whole-sector stores halve their L2
+# writes; 16384x4096x4096 nn 1.011x torch.mm with it against 0.932x without (H200; the runs: tools/PERF.md "gemm").
 TMA_TILE = TmaTile(256, 4, wide=True)
 # Candidates measured before they replace TMA_TILE (their own units, bf16 only, in the build so the device
 # runs can prebuild them; the chooser never takes them): the 2-CTA cluster sharing B by multicast (run 1: +1% on
