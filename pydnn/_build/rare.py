@@ -97,11 +97,12 @@ RULES = (
     Rule(r"convolution\.gwgrad\.(f16|bf16)", r"::grouped_wgrad_tc<[^,]+, (1, 8, 8|2, 8, 16|2, 8, 8)>$",
          "grouped_wgrad_tc other than one group a block with 16-wide tiles: no scanned grouped layer takes them"),
     # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
-    Rule(r"convolution\.(f16|bf16)", r"::implicit_gemm_pipe_tc<[01], [^,]+, 128, 128, |::wgrad_pipe_tc<",
-         "the mma.sync pipelined kernels that fwd_wgmma / wgrad_tc_wgmma replace on sm_90: the 128x128 forward / "
-         "backward-data tile (fwd_wgmma takes every layer with 4 or more K tiles; the 1-3 K tile layers left take "
-         "128x64) and wgrad_pipe_tc (wgrad_tc_wgmma takes every scanned backward filter); installed on other archs",
-         at=(90,)),
+    Rule(r"convolution\.(f16|bf16)", r"::implicit_gemm_pipe_tc<1, [^,]+, 128, 128, |::wgrad_pipe_tc<",
+         "the mma.sync pipelined kernels that fwd_wgmma / wgrad_tc_wgmma replace on sm_90: the 128x128 backward-data "
+         "tile (fwd_wgmma takes every layer with 4 or more K tiles; the 1-3 K tile layers left take 128x64) and "
+         "wgrad_pipe_tc (wgrad_tc_wgmma takes every scanned backward filter); installed on other archs. (The 128x128 "
+         "forward stays: ConvolutionBiasActivationForward runs 1x1 layers on it, tests/kernels/"
+         "test_install_choices_cpu.py)", at=(90,)),
     Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3), ",
          "bwd_ws's red / redpp dQ modes: tuning.attention_bwd.WS_DQ's other values (default \"bulk\"; the "
          "deterministic backward runs \"none\")"),

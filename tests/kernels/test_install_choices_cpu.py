@@ -269,11 +269,20 @@ def _conv_calls(layer, dtype, nhwc):
         p = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, conv, w, 1)[0]
         pydnn.convolution_backward_filter(h, 1.0, x, X, y, Y, conv, p.algo, WSP if p.memory else None, p.memory,
                                           0.0, w, W)
+    def fused(h):   # ConvolutionBiasActivationForward with ReLU (inference graphs), v7's algorithm
+        p = pydnn.get_convolution_forward_algorithm_v7(h, x, w, conv, y, 1)[0]
+        db = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor4d_descriptor(db, pydnn.PYDNN_TENSOR_NCHW, dtype, 1, layer[2], 1, 1)
+        act = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+        pydnn.convolution_bias_activation_forward(h, 1.0, x, X, w, W, conv, p.algo, WSP if p.memory else None,
+                                                  p.memory, 0.0, y, Y, db, WSP + (1 << 30), act, y, Y)
+
     def bwd_bias(h):
         db = pydnn.create_tensor_descriptor()
         pydnn.set_tensor4d_descriptor(db, pydnn.PYDNN_TENSOR_NCHW, dtype, 1, layer[2], 1, 1)
         pydnn.convolution_backward_bias(h, 1.0, y, Y, 0.0, db, WSP)
-    return fwd, bwd_data, bwd_filter, bwd_bias
+    return fwd, bwd_data, bwd_filter, bwd_bias, fused
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
