@@ -42,7 +42,9 @@ def cmd_build(args):
     from pydnn._build import build
 
     archs = [a for spec in (args.arch or []) for a in spec.split(",") if a]
-    compiled, skipped = build.build_all(archs=archs or None, progress=True, everything=args.all or None)
+    only = tuple(p for spec in (args.only or []) for p in spec.split(",") if p)
+    compiled, skipped = build.build_all(archs=archs or None, progress=True, everything=args.all or None,
+                                        prefixes=only or None, install_only=not args.all)
     print(f"compiled {compiled} kernel units, {skipped} already cached")
     if args.prune:
         print(f"pruned {build.prune(archs or None)} stale cache entries")
@@ -79,6 +81,8 @@ def main(argv=None):
                    "else the GPUs present, else sm_80,sm_90)")
     b.add_argument("--all", action="store_true", help="also the rare variants that otherwise compile on first "
                    "use (pydnn/_build/rare.py; PYDNN_BUILD_ALL=1 does the same)")
+    b.add_argument("--only", action="append", help="only the units whose names start with these (comma "
+                   "separated: convolution.bf16,attention), the install's (with --all every such unit)")
     b.add_argument("--no-lib", action="store_true", help="skip building libpydnn")
     b.add_argument("--prune", action="store_true", help="delete cached cubins of other sources or archs")
     c = sub.add_parser("config", help="flags a C compiler needs to build against libpydnn")

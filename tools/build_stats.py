@@ -3,7 +3,7 @@ per arch, from what the build writes. The machine this runs on may be shared, so
 to compare; the compile runs in this process, one unit at a time.
 
     python tools/build_stats.py --arch sm_90 [--sample 4] [--units conv,matmul] [--options=-lineinfo]
-        [--all] [--json out.json]
+        [--all] [--json out.json] [--procs 14]
 
 --sample N times every N-th unit of each source (at least one per source) and extrapolates each source's
 time by its units' name-expression counts; --all (the default without --sample) times every unit. Sizes
@@ -50,6 +50,8 @@ def main(argv=None):
     ap.add_argument("--predict", nargs="+", default=None, metavar="JSON")
     ap.add_argument("--write-costs", nargs="+", default=None, metavar="JSON")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=1, help="time the units in this many worker processes at once "
+                    "(each unit's CPU seconds are its worker's; for a wide, otherwise idle machine)")
     ap.add_argument("--scale", type=float, default=1.0)
     args = ap.parse_args(argv)
     if args.predict:
@@ -72,6 +74,9 @@ def main(argv=None):
     opts = manifest.common_options() if args.options is None else tuple(args.options.split())
     nv = nvrtc.version()
     rows = []
+    if args.procs > 1 and not args.cached:   # a pool of processes, each timing its own units (a wide machine)
+        rows = _time_in_pool(chosen, args.arch, opts, args.procs, args.json)
+        chosen = []
     for u in chosen:
         target = manifest.unit_arch(u, args.arch)
         if args.cached:
@@ -113,6 +118,43 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(arch=args.arch, nvrtc=nv, options=list(opts), rows=rows, summary=summary,
                            total_cpu=total_cpu, total_mb=total_bytes), f, indent=1)
+
+
+def _time_one(job):
+    """(row) of one unit compiled in this worker process: its CPU seconds are the process's own."""
+    name, arch, opts = job
+    u = manifest.unit_by_name(arch)[name]
+    target = manifest.unit_arch(u, arch)
+    text, _ = cache.unit_inputs(u)
+    c0, w0 = cpu_now(), time.time()
+    cubin, _lowered, _log = nvrtc.compile_cubin(text, u.source, u.exprs, target, tuple(opts) + tuple(u.options),
+                                                [str(cache.ptx_dir())], unit=u.name)
+    return dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=cpu_now() - c0, wall=time.time() - w0,
+                bytes=len(cubin))
+
+
+def _time_in_pool(units, arch, opts, procs, json_path=None):
+    """--procs N: the units timed in N worker processes, longest first (build._cost); each row is written to
+    `json_path`.partial as it comes (a run cut short by a time limit keeps what it measured)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from pydnn._build import build
+
+    units = sorted(units, key=lambda u: -build._cost(u, arch))
+    rows = []
+    part = open(json_path + ".partial", "w") if json_path else None
+    with ProcessPoolExecutor(max_workers=procs) as pool:
+        futs = [pool.submit(_time_one, (u.name, arch, list(opts))) for u in units]
+        for f in as_completed(futs):
+            r = f.result()
+            rows.append(r)
+            print(f"{r['unit']:40s} {r['exprs']:4d} exprs  cpu {r['cpu']:6.1f}s  wall {r['wall']:6.1f}s  "
+                  f"{r['bytes'] / 1e6:6.2f} MB", flush=True)
+            if part:
+                part.write(json.dumps(dict(r, arch=arch)) + "\n")
+                part.flush()
+    if part:
+        part.close()
+    return rows
 
 
 def _measured(paths):

@@ -93,11 +93,13 @@ def _usable_cpus():
         return os.cpu_count() or 2
 
 
-def build_all(archs=None, progress=True, jobs=None, units=None, everything=None, prefixes=None):
+def build_all(archs=None, progress=True, jobs=None, units=None, everything=None, prefixes=None, install_only=False):
     """Compile the units of every target arch that the cache lacks: those the install builds
     (manifest.install_units; with `everything`, default PYDNN_BUILD_ALL, every unit, the first-use ones
     too), or the given `units` (KernelUnits, used as they are on every arch), or the units whose names
-    start with one of `prefixes`. Returns (compiled, skipped)."""
+    start with one of `prefixes` (every such unit, first-use ones too, unless `install_only`: then only
+    those the install builds, so that a test run afterwards compiles the first-use ones as a user would).
+    Returns (compiled, skipped)."""
     archs = target_archs(archs)
     nv = nvrtc.version()
     everything = build_everything() if everything is None else everything
@@ -106,7 +108,7 @@ def build_all(archs=None, progress=True, jobs=None, units=None, everything=None,
         if units is not None:
             arch_units = units
         else:
-            arch_units = all_units(arch) if everything or prefixes else install_units(arch)
+            arch_units = all_units(arch) if everything or (prefixes and not install_only) else install_units(arch)
             if prefixes:
                 arch_units = [u for u in arch_units if u.name.startswith(tuple(prefixes))]
         for u in arch_units:

@@ -64,12 +64,48 @@ RULES = (
          "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
     Rule(r"matmul\.wgmma\.(f16|bf16)|matmul\.f32", r", true, true>$",
          "matmul with both operands transposed (A^T B^T: training's products are NN, NT and TN)"),
-    Rule(r"matmul\.(f16|bf16)\.(nn|nt|tn)", r"::gemm_tc<[^<>]*, false>$",
-         "gemm_tc's element-by-element copies for operands not 16-byte aligned"),
+    # (gemm_tc's element-by-element copies for operands not 16-byte aligned, TC_GENERAL's 64x64, are installed:
+    # 16-bit NCHW convolutions whose H x W is not a multiple of 8 run their GEMM on it, e.g. ResNet's 14 x 14
+    # and 7 x 7 stages at batch 1 under autocast: tests/kernels/test_install_choices_cpu.py)
     Rule(r"attention\.(dropx\.)?(f16|bf16)", r"::(fwd<[^<>]*|bwd_dq<[^<>]*|bwd_dkdv<[^<>]*, (true|false)), true>$",
          "the mma.sync attention kernels with dropout on P (attention dropout is off in most models; "
          "attention.dropx.<tag>: head dims 96 and 256 with dropout)"),
+    # --- algorithms a caller names, which no heuristic ranks first
+    Rule(r"rnn_persist(_r)?\.(f32|f16|bf16)", r"",
+         "PYDNN_RNN_ALGO_PERSIST_STATIC's persistent kernels: an algorithm the caller asks for by name (STANDARD is "
+         "the default, and what pydnn.torch's RNN modules use); its first use compiles its few kernels"),
+    Rule(r"conv_fft\.(f32|f16|bf16)", r"",
+         "the FFT convolution (FFT / FFT_TILING): Get..._v7 ranks it first on none of the common layers of "
+         "tests/kernels/test_install_choices_cpu.py; a Find (benchmark mode) or an explicit algo compiles it"),
+    Rule(r"conv_winograd\.(f16|bf16)", r"::conv_wino::[a-z_]+<[^,]+, 2>$",
+         "Winograd F(2x2, 3x3) in half / bfloat16 (WINOGRAD_NONFUSED takes F(4x4) there; Find or a forced tile runs "
+         "F(2x2))"),
+    # --- convolution tilings no common layer takes (tests/kernels/test_install_choices_cpu.py's layers and a
+    # scan of ResNet-50, MobileNet-v2, EfficientNet-B0, VGG-16, UNet and ResNeXt layers at N 1 / 8 / 32 / 128,
+    # 16-bit NCHW and NHWC, all three directions; the model's choice is by size, so a rarer shape compiles its tile
+    # on first use)
+    Rule(r"convolution\.(f16|bf16)", r"::(fwd_tc|bwd_data_tc)<[^,]+, 64, 128>$",
+         "fwd_tc / bwd_data_tc's 64x128 tile: the model takes 128x64, 128x128 or 64x64 on every scanned layer"),
+    Rule(r"convolution\.(f16|bf16)", r"::wgrad_pipe_tc<[^,]+, 128, 128, ",
+         "wgrad_pipe_tc's 128x128 tile: the model takes 64x128 or 128x64 on every scanned layer"),
+    Rule(r"convolution\.grouped\.(f16|bf16)", r"::implicit_gemm_pipe_tc_grouped<1, ",
+         "the grouped pipelined backward data: the grouped layers scanned take the direct grouped kernels or "
+         "bwd_data_tc_grouped"),
+    Rule(r"convolution\.gdirect2\.(f16|bf16)", r"::grouped_direct_tc<[^,]+, 2, 8, 16, ",
+         "grouped_direct_tc with two groups a block and 16-wide tiles: the scanned ResNeXt layers take the 8-wide "
+         "tile at C/g 32 (and one group a block below)"),
+    Rule(r"convolution\.gwgrad\.(f16|bf16)", r"::grouped_wgrad_tc<[^,]+, (1, 8, 8|2, 8, 16|2, 8, 8)>$",
+         "grouped_wgrad_tc other than one group a block with 16-wide tiles: no scanned grouped layer takes them"),
     # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
+    Rule(r"convolution\.(f16|bf16)", r"::implicit_gemm_pipe_tc<1, [^,]+, 128, 128, |::wgrad_pipe_tc<",
+         "the mma.sync pipelined kernels that fwd_wgmma / wgrad_tc_wgmma replace on sm_90: the 128x128 backward-data "
+         "tile (fwd_wgmma takes every layer with 4 or more K tiles; the 1-3 K tile layers left take 128x64) and "
+         "wgrad_pipe_tc (wgrad_tc_wgmma takes every scanned backward filter); installed on other archs. (The 128x128 "
+         "forward stays: ConvolutionBiasActivationForward runs 1x1 layers on it, tests/kernels/"
+         "test_install_choices_cpu.py)", at=(90,)),
+    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3), ",
+         "bwd_ws's red / redpp dQ modes: tuning.attention_bwd.WS_DQ's other values (default \"bulk\"; the "
+         "deterministic backward runs \"none\")"),
     Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
          "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
          "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "
@@ -126,7 +162,8 @@ RULES = (
     # head, and channel softmax over an odd H x W take it with aligned pointers; for pooling: every NCHW pool
     # takes it, and a plan looks up its unaligned fallback with its main launch; for dropout: its dense plans
     # look up the width-1 kernel beside the vector one. tests/kernels/test_install_choices_cpu.py)
-    Rule(r"(batchnorm|rnn)\.(f32|f16|bf16)",
+    # (rnn.cu's kernels have no vector width: this rule once matched fwd_cell / bwd_cell<T, 1>, RNN_TANH's cells)
+    Rule(r"batchnorm\.(f32|f16|bf16)",
          r"<(float|pydnn::half_t|pydnn::bf16_t), 1(, [^<>]*)?>$",
          "vector width 1: rows or pointers that 16-byte vectors do not fit (odd sizes, unaligned views)"),
     Rule(r"batchnorm\.(f32|f16|bf16)",

@@ -6,6 +6,9 @@ attention, forced switches, other archs).
 
 The calls run on a CPU handle whose kernel lookups are recorded (handle._funcs) inside driver.recording()
 (launches listed, not enqueued): every kernel a call would load, whatever launch path it takes."""
+import json
+import os
+
 import pytest
 
 import pydnn
@@ -59,6 +62,10 @@ def _where(arch, unit, expr):
 
 
 def assert_installed(arch, pairs):
+    out = os.environ.get("PYDNN_RECORD_CHOICES")   # tools/build_stats.py --unused: what common calls load
+    if out:
+        with open(out, "a") as f:
+            f.writelines(json.dumps([arch, _where(arch, u, e).name, e]) + "\n" for u, e in pairs)
     bad = [(u, e, _where(arch, u, e).name) for u, e in pairs if not _where(arch, u, e).install]
     assert not bad, f"{arch}: common calls would compile on first use: {bad}"
 
@@ -127,6 +134,35 @@ def test_hopper_mma_sync_attention_is_first_use_only_on_sm90():
     assert not rare.is_rare("attention.d256.bf16", bwd256, "sm_90")   # (no wgmma backward at d 256)
 
 
+def test_warp_specialized_backward_defaults_are_installed():
+    """bwd_ws (sm_90) at its head dims in the dQ modes the defaults run: tuning.attention_bwd.WS_DQ for
+    deterministic = 0, "none" for deterministic = 1; the other WS_DQ values compile on first use. (The recording
+    above cannot see bwd_ws: usable() refuses it while a launch recorder listens.)"""
+    from pydnn.ops import attention_ws_bwd as WB
+
+    arch = "sm_90"
+    for tag in WB.TAGS:
+        unit = WB.unit_name(tag)
+        assert_installed(arch, [(unit, WB._expr(tag, d, WB.dq_mode(atomic)))
+                                for d in WB.HEAD_DIMS for atomic in (True, False)])
+        rest = [m for m in WB.DQ_MODES if m not in (WB.dq_mode(True), WB.dq_mode(False))]
+        assert rest and all(not _where(arch, unit, WB._expr(tag, d, m)).install for d in WB.INSTANTIATED for m in rest)
+
+
+def test_rnn_standard_installed_persist_static_first_use():
+    """The STANDARD algorithm's cells (the default, pydnn.torch's) are installed on both archs; PERSIST_STATIC's
+    persistent kernels, an algorithm a caller names, compile on first use."""
+    from pydnn.ops.rnn import kernels as RK
+
+    units = RK.kernel_units()
+    persist = [u for u in units if u.source == "rnn_persist.cu"]
+    cells = [u for u in units if u.name in ("rnn.f32", "rnn.f16", "rnn.bf16")]   # (every cell mode, RNN_TANH too)
+    assert persist and cells
+    for arch in ARCHS:
+        assert all(not _where(arch, u.name, e).install for u in persist for e in u.exprs), arch
+        assert_installed(arch, [(u.name, e) for u in cells for e in u.exprs])
+
+
 # ----------------------------------------------------------------------------- matmul
 
 MM_SHAPES = [  # (m, n, k, batch): LLM projections and their gradients, small layers, batched products
@@ -181,8 +217,22 @@ CONV_LAYERS = [(32, 3, 64, 224, 7, 3, 2, 1), (32, 64, 64, 56, 1, 0, 1, 1), (32, 
                (32, 64, 256, 56, 1, 0, 1, 1), (32, 256, 128, 56, 1, 0, 1, 1), (32, 128, 128, 56, 3, 1, 2, 1),
                (32, 256, 512, 56, 1, 0, 2, 1), (32, 256, 256, 14, 3, 1, 1, 1), (32, 512, 512, 7, 3, 1, 1, 1),
                (32, 2048, 512, 7, 1, 0, 1, 1), (8, 128, 128, 128, 3, 1, 1, 1), (8, 320, 320, 64, 3, 1, 1, 1),
-               (32, 96, 96, 56, 7, 3, 1, 96), (32, 144, 144, 56, 3, 1, 2, 144)]
-CONV_TYPES = [(BF16, True), (F16, True), (F32, False), (F32, True)]   # (dtype, NHWC)
+               (32, 96, 96, 56, 7, 3, 1, 96), (32, 144, 144, 56, 3, 1, 2, 144),
+               # batch-1 inference (ResNet 3x3 at 56² and 7²), MobileNet-v2's 1x1 expand / project over 24 and 144
+               # channels (C, K not multiples of 64) and its stride-1 depthwise 3x3 over 32 channels at 112²
+               (1, 64, 64, 56, 3, 1, 1, 1), (1, 512, 512, 7, 3, 1, 1, 1), (32, 24, 144, 56, 1, 0, 1, 1),
+               (32, 144, 24, 56, 1, 0, 1, 1), (32, 32, 32, 112, 3, 1, 1, 32),
+               # ResNeXt-50 32x4d's grouped 3x3 (C/g 4, 8 with stride 2, 16, 32), a UNet head 1x1 64 -> 2 / 3 (K < 8)
+               (32, 128, 128, 56, 3, 1, 1, 32), (32, 256, 256, 56, 3, 1, 2, 32), (32, 512, 512, 14, 3, 1, 1, 32),
+               (32, 1024, 1024, 7, 3, 1, 1, 32), (8, 64, 2, 128, 1, 0, 1, 1), (8, 64, 3, 128, 1, 0, 1, 1),
+               # layers whose tiles only they took in a scan of ResNet-50, MobileNet-v2, EfficientNet-B0, VGG-16, UNet
+               # and ResNeXt at N 1 / 8 / 32 / 128 (rare.py's convolution rules): MobileNet-v2's 16 -> 96 expand at
+               # 112², its 96 -> 24 project, a 3x3 over 96 channels, a 3-channel stride-2 stem, a 96 -> 576 1x1, and
+               # grouped 3x3s with 2 / 4 / 32 groups
+               (1, 16, 96, 112, 1, 0, 1, 1), (32, 96, 24, 56, 1, 0, 1, 1), (1, 96, 32, 56, 3, 1, 1, 1),
+               (8, 3, 32, 224, 3, 1, 2, 1), (32, 96, 576, 14, 1, 0, 1, 1), (1, 224, 224, 56, 3, 1, 1, 2),
+               (1, 448, 448, 28, 3, 1, 2, 4), (128, 256, 256, 28, 3, 1, 2, 32)]
+CONV_TYPES = [(BF16, True), (F16, True), (F32, False), (F32, True), (F16, False), (BF16, False)]   # (dtype, NHWC)
 
 
 def _conv_descs(layer, dtype, nhwc):
@@ -219,7 +269,20 @@ def _conv_calls(layer, dtype, nhwc):
         p = pydnn.get_convolution_backward_filter_algorithm_v7(h, x, y, conv, w, 1)[0]
         pydnn.convolution_backward_filter(h, 1.0, x, X, y, Y, conv, p.algo, WSP if p.memory else None, p.memory,
                                           0.0, w, W)
-    return fwd, bwd_data, bwd_filter
+    def fused(h):   # ConvolutionBiasActivationForward with ReLU (inference graphs), v7's algorithm
+        p = pydnn.get_convolution_forward_algorithm_v7(h, x, w, conv, y, 1)[0]
+        db = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor4d_descriptor(db, pydnn.PYDNN_TENSOR_NCHW, dtype, 1, layer[2], 1, 1)
+        act = pydnn.create_activation_descriptor()
+        pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+        pydnn.convolution_bias_activation_forward(h, 1.0, x, X, w, W, conv, p.algo, WSP if p.memory else None,
+                                                  p.memory, 0.0, y, Y, db, WSP + (1 << 30), act, y, Y)
+
+    def bwd_bias(h):
+        db = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor4d_descriptor(db, pydnn.PYDNN_TENSOR_NCHW, dtype, 1, layer[2], 1, 1)
+        pydnn.convolution_backward_bias(h, 1.0, y, Y, 0.0, db, WSP)
+    return fwd, bwd_data, bwd_filter, bwd_bias, fused
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -322,7 +385,7 @@ POOLS = [(3, 1, 2, 112), (2, 0, 2, 56), (7, 0, 7, 7), (3, 1, 1, 28)]   # (window
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES + [(BF16, False)])
+@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES)
 def test_pooling_choices_are_installed(record, arch, dtype, nhwc):
     """ResNet's 3x3 / 2 max pool, 2x2 pools, the global average pool and a stride-1 pool, NCHW and NHWC."""
     fmt = pydnn.PYDNN_TENSOR_NHWC if nhwc else pydnn.PYDNN_TENSOR_NCHW
@@ -344,7 +407,7 @@ def test_pooling_choices_are_installed(record, arch, dtype, nhwc):
 # ----------------------------------------------------------------------------- batch norm
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES + [(BF16, False)])
+@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES)
 def test_batchnorm_choices_are_installed(record, arch, dtype, nhwc):
     """Spatial batch norm (ResNet's channel counts and sizes, 7 x 7 included) forward training, inference and
     backward, NCHW and NHWC, aligned pointers."""
@@ -380,7 +443,7 @@ def test_activation_and_tensor_op_choices_are_installed(record, arch, dtype):
     bias = _desc((1, 1024), dtype)
     pairs = []
     for mode in (pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_ACTIVATION_SIGMOID, pydnn.PYDNN_ACTIVATION_TANH,
-                 pydnn.PYDNN_ACTIVATION_SWISH):
+                 pydnn.PYDNN_ACTIVATION_SWISH, pydnn.PYDNN_ACTIVATION_GELU_ERF, pydnn.PYDNN_ACTIVATION_GELU_TANH):
         a = pydnn.create_activation_descriptor()
         pydnn.set_activation_descriptor(a, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
         pairs += record(arch, lambda h: pydnn.activation_forward(h, a, 1.0, x, X, 0.0, x, Y))
@@ -390,6 +453,40 @@ def test_activation_and_tensor_op_choices_are_installed(record, arch, dtype):
         od = pydnn.create_op_tensor_descriptor()
         pydnn.set_op_tensor_descriptor(od, op, pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_NOT_PROPAGATE_NAN)
         pairs += record(arch, lambda h: pydnn.op_tensor(h, od, 1.0, x, X, 1.0, x, DY, 0.0, x, Y))
+    pairs += record(arch, lambda h: pydnn.set_tensor(h, x, Y, 0.0))          # zeroing a gradient
+    pairs += record(arch, lambda h: pydnn.scale_tensor(h, x, Y, 0.5))
+    assert_installed(arch, pairs)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_transform_and_dropout_choices_are_installed(record, arch, dtype):
+    """TransformTensor between float and the 16-bit types (autocast's casts) and between NCHW and NHWC (a
+    layout change), dense, aligned; dropout forward / backward (its states set up once) on dense tensors."""
+    X, Y, ST, RS = (i << 36 for i in range(1, 5))
+    pairs = []
+    for other in (F32, BF16, F16):
+        for src_fmt, dst_fmt in ((pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NCHW),
+                                 (pydnn.PYDNN_TENSOR_NCHW, pydnn.PYDNN_TENSOR_NHWC),
+                                 (pydnn.PYDNN_TENSOR_NHWC, pydnn.PYDNN_TENSOR_NCHW)):
+            if other == dtype and src_fmt == dst_fmt:
+                continue
+            x = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor4d_descriptor(x, src_fmt, dtype, 32, 64, 56, 56)
+            y = pydnn.create_tensor_descriptor()
+            pydnn.set_tensor4d_descriptor(y, dst_fmt, other, 32, 64, 56, 56)
+            pairs += record(arch, lambda h: pydnn.transform_tensor(h, 1.0, x, X, 0.0, y, Y))
+    x = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(x, pydnn.PYDNN_TENSOR_NCHW, dtype, 64, 1024, 1, 1)
+    d = pydnn.create_dropout_descriptor()
+
+    def dropout(h):
+        size = pydnn.dropout_get_states_size(h)
+        pydnn.set_dropout_descriptor(d, h, 0.1, ST, size, 1234)
+        rs = pydnn.dropout_get_reserve_space_size(x)
+        pydnn.dropout_forward(h, d, x, X, x, Y, RS, rs)
+        pydnn.dropout_backward(h, d, x, Y, x, X, RS, rs)
+    pairs += record(arch, dropout)
     assert_installed(arch, pairs)
 
 

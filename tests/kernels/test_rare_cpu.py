@@ -136,3 +136,27 @@ def test_lineinfo_is_opt_in(monkeypatch):
     monkeypatch.setenv(manifest.FAST_COMPILE_ENV, "1")
     assert manifest.common_options()[-1] == manifest.FAST_COMPILE_OPTION
     assert cache.unit_key(u, "sm_90", (13, 0)) != k
+
+
+def test_build_only_prefixes_install_part(monkeypatch, tmp_path):
+    """`python -m pydnn build --only P` compiles the install's units named P... (a GPU check then compiles the
+    first-use ones as a user would); with --all, or build_all(prefixes=...) as tools/gpu_quick.sh calls it, every
+    such unit, first-use ones too."""
+    from pydnn import __main__ as cli
+    from pydnn._build import build
+
+    done = []
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "compile_unit", lambda u, a, nv=None: done.append((u.name, a)))
+    monkeypatch.setattr(build.nvrtc, "version", lambda: (13, 0))
+    cli.main(["build", "--arch", "sm_90", "--only", "convolution.bf16,rnn_persist", "--no-lib"])
+    assert sorted(done) == [("convolution.bf16", "sm_90")]
+    done.clear()
+    cli.main(["build", "--arch", "sm_90", "--only", "convolution.bf16,rnn_persist", "--all", "--no-lib"])
+    names = {n for n, _ in done}
+    assert "convolution.bf16" in names and any(n.startswith("convolution.bf16.rare") for n in names)
+    assert any(n.startswith("rnn_persist.bf16.rare") for n in names)   # (every one first use: no install part)
+    assert any(n.startswith("rnn_persist_r.bf16.rare") for n in names)
+    done.clear()
+    build.build_all(archs=["sm_90"], prefixes=("rnn_persist.f16",), progress=False)
+    assert done and all(n.startswith("rnn_persist.f16.rare") for n, _ in done)
