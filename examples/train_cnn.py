@@ -82,6 +82,64 @@ def graphed(model, sample, channels_last):
         return torch.cuda.make_graphed_callables(model, (sample.clone(),))
 
 
+def graphed_step(model, opt, x0, y0):
+    """The whole training step (forward, loss, backward, AdamW) as one CUDA graph, PyTorch's whole-network
+    capture: `opt` must be capturable with tensor learning rates (a scheduler fills them in place). Three
+    warm-up steps run first on a side stream with the learning rates at 0; the weights, batch-norm statistics
+    and the optimizer's moments and step counts are then put back in place (the graph holds their addresses),
+    so training starts from the same state as the eager run. Returns step(xb, yb) -> loss: the batch copied
+    into the graph's static inputs, one replay."""
+    static_x, static_y = x0.clone(), y0.clone()
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    lrs = [float(g["lr"]) for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"].fill_(0.0)
+
+    def fwd_bwd():
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            loss = F.cross_entropy(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients from its pool
+    with torch.cuda.graph(graph):
+        static_loss = fwd_bwd()
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(saved[k])
+        for st in opt.state.values():
+            for t in st.values():
+                if torch.is_tensor(t):
+                    t.zero_()
+    for g, lr in zip(opt.param_groups, lrs):
+        g["lr"].fill_(lr)
+
+    def step(xb, yb):
+        static_x.copy_(xb)
+        static_y.copy_(yb)
+        graph.replay()
+        return static_loss.detach().clone()
+    return step
+
+
+def tensor_lr(opt, lr_tensors):
+    """After a scheduler step: each group's learning rate back into its tensor (which a captured step reads),
+    where the scheduler set a new float or tensor (a PyTorch whose schedulers do not fill tensors in place)."""
+    for g, t in zip(opt.param_groups, lr_tensors):
+        if g["lr"] is not t:
+            t.fill_(float(g["lr"]))
+            g["lr"] = t
+
+
 def run(backend, args, dist, data, init_state):
     xtr, ytr, xte, yte = data
     torch.manual_seed(args.seed)
@@ -90,24 +148,40 @@ def run(backend, args, dist, data, init_state):
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
     ddp = dist.wrap(model)
-    if args.cuda_graph:
+    whole = args.cuda_graph == "step"
+    if args.cuda_graph == "model":
         ddp = graphed(model, xtr[:args.batch_size // dist.world], args.channels_last)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+    if whole:  # capturable AdamW, learning rates as tensors (the scheduler fills them in place)
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=dist.device),
+                                weight_decay=0.05, capturable=True)
+        lr_tensors = [g["lr"] for g in opt.param_groups]
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     steps_per_epoch = len(ytr) // args.batch_size
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=args.epochs * steps_per_epoch)
     per_rank = args.batch_size // dist.world
+    if whole:
+        tensor_lr(opt, lr_tensors)
+        x0 = xtr[:per_rank]
+        replay = graphed_step(model, opt, x0.contiguous(memory_format=torch.channels_last) if args.channels_last
+                              else x0, ytr[:per_rank])
     g = torch.Generator(device="cpu").manual_seed(args.seed)  # the same data order for both backends
     timer = StepTimer(dist.device)
     hist = {"loss": [], "test_loss": [], "acc": []}
 
     def step(xb, yb, schedule=True):
-        with torch.autocast(dist.device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(ddp(xb), yb)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if whole:
+            loss = replay(xb, yb)
+        else:
+            with torch.autocast(dist.device.type, dtype=torch.bfloat16):
+                loss = F.cross_entropy(ddp(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         if schedule:
             sched.step()
+            if whole:
+                tensor_lr(opt, lr_tensors)
         return loss
 
     for epoch in range(args.epochs):
@@ -148,9 +222,10 @@ def main():
     ap.add_argument("--benchmark", action="store_true",
                     help="pydnn.torch.benchmark / torch.backends.cudnn.benchmark: pick convolutions by Find")
     ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")
-    ap.add_argument("--cuda-graph", action="store_true",
-                    help="one GPU: each backend's forward and backward replayed as CUDA graphs (no per-layer host "
-                         "cost; the optimizer stays eager)")
+    ap.add_argument("--cuda-graph", nargs="?", const="model", default="", choices=["model", "step"],
+                    help="one GPU, both backends: 'model' (the flag alone): the forward and backward replayed as "
+                         "CUDA graphs (no per-layer host cost; the optimizer stays eager); 'step': the whole "
+                         "step (forward, loss, backward, capturable AdamW) as one graph")
     ap.add_argument("--plot", default="train_cnn.png", help="PNG of the curves (needs matplotlib; '' for none)")
     ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops)")
     ap.add_argument("--json", default="", help="write the results (per backend) to this JSON file")

@@ -580,6 +580,12 @@ torch = Switches(
                              "over blocks, fp32 partials folded in order) instead of pydnn.matmul_ex, whose plan for "
                              "the GPT demo's MLP weight gradients (3072 x 768 over M = 65536) is one whole-K "
                              "gemm_tc (mma.sync) launch of 72 blocks. Off until measured on the GPU"),
+    LINEAR_DW_KSPLIT=(0, "S >= 2: Linear's weight gradient dW = dy^T x with a long reduction (tokens m >= 8 * max(N, "
+                         "K), 16-bit, m a multiple of 8 S) as one batched pydnn.matmul of S chunks of m (the batch "
+                         "multiplies the output tiles: the GPT demo's MLP dW is 72 tiles of 128 x 256, one wave at "
+                         "55% of an H200's SMs, walking m = 65536 whole) into S 16-bit partials, summed by "
+                         "torch.sum in float (one extra rounding of each partial); where pydnn.matmul asks no "
+                         "workspace to split K itself and LINEAR_DW_SPLITK does not take it. 0: off"),
     FUSE_POOL=(True, "a BatchNorm2d that pydnn.torch.convert(fuse=True) gave the following MaxPool2d runs the pool in "
                      "its own autograd Function in training (batch norm [+ ReLU] then pooling_forward; backward "
                      "pooling_backward then the batch norm's): one node instead of two, without the pool module's "

@@ -1442,6 +1442,40 @@ def _linear_dw_splitk(h, dy, x2):
     return sk
 
 
+_ksplit_descs = C.BoundedDict()
+
+
+def _dw_ksplit(h, dy, x2, dw, dyt, xd, wdd):
+    """dW = dy^T x2 as S = tuning.torch.LINEAR_DW_KSPLIT chunks of the m rows in one batched pydnn.matmul into S
+    16-bit partials (S x n x k, PyTorch's allocator), then torch.sum over the chunks (float accumulation) into
+    dw. True where it ran; False where it does not apply (off, not 16-bit, m < 8 max(n, k), m not a multiple of
+    8 S, rows off 16-byte alignment, dW not contiguous) or where pydnn.matmul splits K itself (it asks a
+    workspace for the whole-K problem): the caller's single matmul then."""
+    s = tuning.torch.LINEAR_DW_KSPLIT
+    if not s or s < 2:
+        return False
+    m, n = dy.shape
+    k = x2.shape[1]
+    key = (id(h), dy.dtype, m, n, k, x2.stride(), s)
+    d = _ksplit_descs.get(key)
+    if d is None:
+        d = False
+        if (dy.dtype in _NHWC_DTYPES and m >= 8 * max(n, k) and m % (8 * s) == 0 and x2.stride(1) == 1
+                and x2.stride(0) % 8 == 0 and n % 8 == 0 and k % 8 == 0 and not _matmul_ws(h, dyt, xd, wdd)):
+            mc = m // s
+            ld = x2.stride(0)
+            d = (C.tensor_desc(dy.dtype, (s, n, mc), (mc * n, 1, n)),         # dy^T chunks (column-major)
+                 C.tensor_desc(dy.dtype, (s, mc, k), (mc * ld, ld, 1)),       # x2 chunks
+                 C.tensor_desc(dy.dtype, (s, n, k), (n * k, k, 1)))           # the partials
+        _ksplit_descs[key] = d
+    if not d or not dw.is_contiguous() or (dy.data_ptr() | x2.data_ptr()) % 16:
+        return False
+    part = torch.empty((s, n, k), dtype=dy.dtype, device=dy.device)
+    _matmul(h, d[0], dy, d[1], x2, d[2], part)
+    torch.sum(part, 0, out=dw)
+    return True
+
+
 class _LinearRec:
     """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
     plan (or None) and the forward's matmul workspace size."""
@@ -1519,7 +1553,7 @@ class LinearFunction(torch.autograd.Function):
                 ws, wsp = C.workspace(nws, x2.device)
                 pydnn.convolution_backward_filter(h, 1.0, cx, x2.data_ptr(), cdy, dy.data_ptr(), cd, algo, wsp, nws,
                                                   0.0, cw, dw.data_ptr())
-            else:
+            elif not _dw_ksplit(h, dy, x2, dw, dyt, xd, wdd):
                 _matmul(h, dyt, dy, xd, x2, wdd, dw)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
