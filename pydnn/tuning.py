@@ -586,6 +586,12 @@ torch = Switches(
                          "55% of an H200's SMs, walking m = 65536 whole) into S 16-bit partials, summed by "
                          "torch.sum in float (one extra rounding of each partial); where pydnn.matmul asks no "
                          "workspace to split K itself and LINEAR_DW_SPLITK does not take it. 0: off"),
+    FUSE_MLP=(False, "pydnn.torch.convert(fuse=True) runs an nn.Sequential's Linear -> GELU -> Linear (no biases; "
+                     "the GPT demo's MLP) as one autograd Function (pydnn.torch.functional.mlp): the GELU in the "
+                     "first GEMM's epilogue (which also writes the pre-activation for the backward) and its "
+                     "gradient in the epilogue of the backward's dy @ W2, both through the graph API's fusion "
+                     "engine: no GELU kernels and no dA round trip (2 x 403 MB a GPT-demo layer). Off until "
+                     "measured on the GPU"),
     FUSE_POOL=(True, "a BatchNorm2d that pydnn.torch.convert(fuse=True) gave the following MaxPool2d runs the pool in "
                      "its own autograd Function in training (batch norm [+ ReLU] then pooling_forward; backward "
                      "pooling_backward then the batch norm's): one node instead of two, without the pool module's "

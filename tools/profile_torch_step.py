@@ -123,6 +123,7 @@ def gpt_setup(backend, dev, args):
     init = train_gpt.GPT(args, "torch", None).state_dict()
     model = train_gpt.GPT(args, backend, attn).to(dev.device)
     model.load_state_dict(init)
+    train_gpt.fuse(model, backend, args)
     decay = [p for _, p in model.named_parameters() if p.dim() == 2]
     other = [p for _, p in model.named_parameters() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
@@ -186,15 +187,33 @@ GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma_bwd.bf16", "a
              "convolution.wgrad.bf16")
 
 
-def prebuild(names):
-    """Compile the named kernel units (those this GPU's arch builds) that the cache lacks, in parallel."""
+def prebuild(names, mlp=False):
+    """Compile the named kernel units (those this GPU's arch builds) that the cache lacks, in parallel; with
+    mlp, meanwhile (another thread: NVRTC releases the GIL) the fused MLP's two generated GEMMs (the GPT demo's
+    bf16 tanh block, tuning.torch.FUSE_MLP), which its graphs would otherwise compile at their first call."""
+    import threading
     from pydnn._build import build, manifest
     t0 = time.perf_counter()
     by_name = manifest.unit_by_name()
     units = [by_name[n] for n in names if n in by_name]
     missing = [n for n in names if n not in by_name]
+    th = None
+    if mlp:
+        def graphs():
+            from pydnn.torch import _core as C
+            from pydnn.torch import functional as PF
+            t1 = time.perf_counter()
+            try:
+                PF._mlp_build(C.handle_for(torch.device("cuda")), torch.bfloat16, 65536, 768, 3072, 768, "tanh")
+                print(f"prebuild: the fused MLP's graphs built in {time.perf_counter() - t1:.1f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - reported; the demo then builds (or falls back) itself
+                print(f"prebuild: the fused MLP's graphs failed: {type(e).__name__}: {e}", flush=True)
+        th = threading.Thread(target=graphs)
+        th.start()
     # progress lines on stderr: a prebuild killed by a time limit still shows how far it got
     compiled, cached = build.build_all(units=units, progress=True)
+    if th is not None:
+        th.join()
     print(f"prebuild: {compiled} kernel units compiled, {cached} cached in {time.perf_counter() - t0:.1f} s"
           + (f" (not in this tree's manifest: {missing})" if missing else ""), flush=True)
 
@@ -786,6 +805,8 @@ def main():
                     help="also time the GPT demo's operations one at a time at its default size, both backends "
                          "(gpt_ops: Linear roles forward / dX / dW, attention, RMS norm, GELU; the MLP dW variants)")
     ap.add_argument("--ops-only", action="store_true", help="--ops and no demo steps")
+    ap.add_argument("--prebuild-only", action="store_true",
+                    help="compile the --demos' kernel units (and the fused MLP's generated GEMMs for gpt) and exit")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.quick:
@@ -797,10 +818,13 @@ def main():
     import pydnn.torch as pt
     from pydnn import tuning
     os.makedirs(args.out, exist_ok=True)
-    if args.prebuild:
+    if args.prebuild or args.prebuild_only:
         demos = args.demos.split(",")
-        prebuild(tuple(dict.fromkeys((GPT_UNITS if "gpt" in demos or args.ops or args.ops_only else ())
-                                     + (CNN_UNITS if any(d.startswith("cnn") for d in demos) else ()))))
+        gpt = "gpt" in demos or args.ops or args.ops_only
+        prebuild(tuple(dict.fromkeys((GPT_UNITS if gpt else ())
+                                     + (CNN_UNITS if any(d.startswith("cnn") for d in demos) else ()))), mlp=gpt)
+        if args.prebuild_only:
+            return
     dev = Dev()
     results, layers = {}, {}
     t_start = time.perf_counter()
