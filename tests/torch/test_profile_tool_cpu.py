@@ -200,3 +200,18 @@ def test_gpt_ops_table_on_the_cpu(monkeypatch, tmp_path):
     text = P.ops_report(ops)
     assert "| linear fc1 dW | 1.000 | 1.000 | 1.00x | 12 -> +0.00 |" in text
     assert "| rms norm fwd (float32 in, autocast) | 1.000 | 1.000 | 1.00x | 25 -> +0.00 |" in text
+
+
+def test_prebuild_builds_the_fused_mlp_graphs_beside_the_units(monkeypatch):
+    """prebuild(mlp=True): the GPT demo's fused-MLP graphs (bf16, tanh, 64 x 1024 tokens, d 768) are built in a
+    thread while the units compile (stubbed here: no units, the graph build recorded)."""
+    from pydnn._build import build
+    from pydnn.torch import _core as C
+    from pydnn.torch import functional as PF
+    P = _tool()
+    got = []
+    monkeypatch.setattr(C, "handle_for", lambda dev: "handle")
+    monkeypatch.setattr(PF, "_mlp_build", lambda *a: got.append(a))
+    monkeypatch.setattr(build, "build_all", lambda units, progress: (0, len(units)))
+    P.prebuild((), mlp=True)
+    assert got == [("handle", torch.bfloat16, 65536, 768, 3072, 768, "tanh")]
