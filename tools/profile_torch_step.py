@@ -522,6 +522,30 @@ def _ops_cases(cases, be, f, at, roles, xs, ws, gs, grad_fn, B, T, d, H, KV, hd,
     cases.append(("gelu tanh bwd", be, grad_fn(y, hh, torch.randn_like(y))))
 
 
+def _mlp_cases(cases, x, w1, w2, g, grad_fn, tuning, PF):
+    """The GPT MLP block's forward and backward (dX, dW1, dW2): pydnn with tuning.torch.FUSE_MLP on (one
+    fused Function, PF.mlp) and off (linear, gelu, linear), and PyTorch's F.linear / F.gelu."""
+    def switched(fn, on):
+        def run():
+            old = tuning.torch.FUSE_MLP
+            tuning.torch.FUSE_MLP = on
+            try:
+                return fn()
+            finally:
+                tuning.torch.FUSE_MLP = old
+        return run
+    xg, w1g, w2g = (t.detach().requires_grad_(True) for t in (x, w1, w2))
+    for label, be, on, f in (("fused (FUSE_MLP)", "pydnn", True, lambda: PF.mlp(xg, w1g, w2g, "tanh")),
+                             ("", "pydnn", False, lambda: PF.mlp(xg, w1g, w2g, "tanh")),
+                             ("", "torch", False,
+                              lambda: F.linear(F.gelu(F.linear(xg, w1g), approximate="tanh"), w2g))):
+        fwd = switched(f, on)
+        cases.append((f"mlp block fwd{' ' + label if label else ''}", be, fwd))
+        y = fwd()
+        cases.append((f"mlp block bwd (dX, dW1, dW2){' ' + label if label else ''}", be,
+                       grad_fn(y, [xg, w1g, w2g], g)))
+
+
 def gpt_ops(args, dev, rounds=3, reps=3, dw_variants=True, a=None):
     """The GPT demo's operations one at a time at its default size (64 x 1024 tokens, d 768, 12:4 heads of 64),
     pydnn.torch against PyTorch (SDPA on cuDNN): GPU ms per call from CUDA events around `reps` calls (the
@@ -604,6 +628,11 @@ def gpt_ops(args, dev, rounds=3, reps=3, dw_variants=True, a=None):
                 fn()
                 cases.append((f"linear {role} dW: matmul split-K S={plan.split[0]} (planner patch; "
                               f"err {err(dw):.1e})", "pydnn", fn))
+    if dw_variants:  # the MLP block (Linear -> GELU tanh -> Linear, no biases) whole: fused, unfused, PyTorch
+        try:
+            _mlp_cases(cases, xs[d], ws[(d, 4 * d)], ws[(4 * d, d)], gs[d], grad_fn, tuning, PF)
+        except Exception as e:  # noqa: BLE001
+            print(f"[gpt_ops] mlp block: {type(e).__name__}: {e}", flush=True)
     ok = []
     for c in cases:  # first calls: plans, kernel loads, cuDNN's graph builds; a case that fails is left out
         try:
