@@ -82,7 +82,7 @@ def graphed(model, sample, channels_last):
         return torch.cuda.make_graphed_callables(model, (sample.clone(),))
 
 
-def graphed_step(model, opt, x0, y0):
+def graphed_step(model, opt, x0, y0, undo=True):
     """The whole training step (forward, loss, backward, AdamW) as one CUDA graph, PyTorch's whole-network
     capture: `opt` must be capturable with tensor learning rates (a scheduler fills them in place). Three
     warm-up steps run first on a side stream with the learning rates at 0; the weights, batch-norm statistics
@@ -93,7 +93,7 @@ def graphed_step(model, opt, x0, y0):
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     lrs = [float(g["lr"]) for g in opt.param_groups]
     for g in opt.param_groups:
-        g["lr"].fill_(0.0)
+        g["lr"].fill_(0.0 if undo else lrs[0])
 
     def fwd_bwd():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
@@ -115,10 +115,11 @@ def graphed_step(model, opt, x0, y0):
         static_loss = fwd_bwd()
     with torch.no_grad():
         for k, v in model.state_dict().items():
-            v.copy_(saved[k])
+            if undo:
+                v.copy_(saved[k])
         for st in opt.state.values():
             for t in st.values():
-                if torch.is_tensor(t):
+                if torch.is_tensor(t) and undo:
                     t.zero_()
     for g, lr in zip(opt.param_groups, lrs):
         g["lr"].fill_(lr)

@@ -580,18 +580,24 @@ torch = Switches(
                              "over blocks, fp32 partials folded in order) instead of pydnn.matmul_ex, whose plan for "
                              "the GPT demo's MLP weight gradients (3072 x 768 over M = 65536) is one whole-K "
                              "gemm_tc (mma.sync) launch of 72 blocks. Off until measured on the GPU"),
-    LINEAR_DW_KSPLIT=(0, "S >= 2: Linear's weight gradient dW = dy^T x with a long reduction (tokens m >= 8 * max(N, "
+    LINEAR_DW_KSPLIT=(8, "S >= 2: Linear's weight gradient dW = dy^T x with a long reduction (tokens m >= 8 * max(N, "
                          "K), 16-bit, m a multiple of 8 S) as one batched pydnn.matmul of S chunks of m (the batch "
                          "multiplies the output tiles: the GPT demo's MLP dW is 72 tiles of 128 x 256, one wave at "
-                         "55% of an H200's SMs, walking m = 65536 whole) into S 16-bit partials, summed by "
-                         "torch.sum in float (one extra rounding of each partial); where pydnn.matmul asks no "
-                         "workspace to split K itself and LINEAR_DW_SPLITK does not take it. 0: off"),
+                         "55% of an H200's SMs, walking m = 65536 whole on gemm_tc) into S 16-bit partials, summed by "
+                         "torch.sum in float (one extra rounding of each partial: max-norm error 4.1-4.4e-3 against "
+                         "3.1e-3 whole-K); where pydnn.matmul asks no workspace to split K itself and "
+                         "LINEAR_DW_SPLITK does not take it. 0: off. H200 (mid-session runs, session 29): the MLP "
+                         "dW 1.62 / 1.59 ms -> 0.47 / 0.48 (S = 8; S = 2 / 4 / 16: 0.69 / 0.53 / 0.46; PyTorch "
+                         "0.40 / 0.42); the GPT demo's step 124.7 -> 97.8 ms (PyTorch 92.9; second run 123.7 -> "
+                         "99.2 against 93.5). S = 8: the value measured on the whole step"),
     FUSE_MLP=(False, "pydnn.torch.convert(fuse=True) runs an nn.Sequential's Linear -> GELU -> Linear (no biases; "
                      "the GPT demo's MLP) as one autograd Function (pydnn.torch.functional.mlp): the GELU in the "
                      "first GEMM's epilogue (which also writes the pre-activation for the backward) and its "
                      "gradient in the epilogue of the backward's dy @ W2, both through the graph API's fusion "
-                     "engine: no GELU kernels and no dA round trip (2 x 403 MB a GPT-demo layer). Off until "
-                     "measured on the GPU"),
+                     "engine. Off: slower on the H200 (session 29, GPT demo's block, 65536 tokens): forward 1.669 "
+                     "ms fused against 1.152 unfused (the generated two-output GEMM is slower than gemm_tma + the "
+                     "GELU kernel), backward 4.425 against 4.542; the step 103.5 ms against 99.2 (both with "
+                     "LINEAR_DW_KSPLIT 8)"),
     FUSE_POOL=(True, "a BatchNorm2d that pydnn.torch.convert(fuse=True) gave the following MaxPool2d runs the pool in "
                      "its own autograd Function in training (batch norm [+ ReLU] then pooling_forward; backward "
                      "pooling_backward then the batch norm's): one node instead of two, without the pool module's "

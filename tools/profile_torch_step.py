@@ -63,8 +63,11 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False, fuse=T
     model.load_state_dict(init)
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model.to(memory_format=mf)
+    undo = cuda_graph != "step_keep"  # (graph_check: the warm-up's steps kept, PyTorch's recipe as it is)
+    if cuda_graph == "step_keep":
+        cuda_graph = "step"
     whole = cuda_graph == "step"
-    if whole:  # the demo's --cuda-graph step: capturable AdamW, tensor learning rate
+    if whole or cuda_graph == "capturable":  # --cuda-graph step: capturable AdamW, tensor learning rate
         opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(3e-3, device=dev.device), weight_decay=0.05,
                                 capturable=True)
     else:
@@ -74,11 +77,13 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False, fuse=T
     for _ in range(4):
         idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
         batches.append((xtr[idx].contiguous(memory_format=mf), ytr[idx]))
+    if cuda_graph == "capturable":
+        cuda_graph = ""  # (graph_check: the eager step with the step graph's optimizer)
     if cuda_graph and not whole:  # the demo's --cuda-graph: forward and backward replayed as CUDA graphs
         model = train_cnn.graphed(model, batches[0][0], channels_last)
     state = {"i": 0}
     if whole:  # --cuda-graph step: the whole step one graph
-        replay = train_cnn.graphed_step(model, opt, *batches[0])
+        replay = train_cnn.graphed_step(model, opt, *batches[0], undo=undo)
 
         def step():
             xb, yb = batches[state["i"] % len(batches)]
@@ -459,6 +464,24 @@ def layer_times(model, step, n):
     return out, t0.elapsed_time(t1) / n
 
 
+def graph_check(dev, backends, batch, n):
+    """The CNN demo's step n times: eager with the plain AdamW, eager with the capturable AdamW (tensor
+    learning rate), and replayed as train_cnn.graphed_step, all from the same initialisation on the same
+    batches; every step's loss printed (where a NaN first shows)."""
+    for backend in backends:
+        rows = {}
+        for mode in ("eager", "eager capturable", "graph", "graph (no undo)"):
+            model, step, _ = cnn_setup(backend, dev, batch, False, "step" if mode == "graph" else
+                                       "step_keep" if mode == "graph (no undo)" else
+                                       ("capturable" if mode == "eager capturable" else ""))
+            rows[mode] = [float(step()) for _ in range(n)]
+            del model, step
+        for mode, ls in rows.items():
+            bad = next((i for i, v in enumerate(ls) if v != v), None)
+            print(f"[graph_check/{backend}] {mode:17s} first NaN at step {bad}; losses "
+                  + " ".join(f"{v:.4f}" for v in ls), flush=True)
+
+
 # ------------------------------------------------------------------------------------------ GPT ops
 def _events_ms(fn, reps):
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -836,6 +859,9 @@ def main():
     ap.add_argument("--ops-only", action="store_true", help="--ops and no demo steps")
     ap.add_argument("--prebuild-only", action="store_true",
                     help="compile the --demos' kernel units (and the fused MLP's generated GEMMs for gpt) and exit")
+    ap.add_argument("--graph-check", type=int, default=0,
+                    help="N: the CNN step N times eagerly (capturable AdamW, tensor learning rate) and as the whole-"
+                         "step CUDA graph (train_cnn.graphed_step) from the same state, each step's loss printed")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.quick:
@@ -855,6 +881,8 @@ def main():
         if args.prebuild_only:
             return
     dev = Dev()
+    if args.graph_check:
+        return graph_check(dev, args.backends.split(","), args.cnn_batch, args.graph_check)
     results, layers = {}, {}
     t_start = time.perf_counter()
     ops = None

@@ -55,8 +55,16 @@ def _run_split(mine, ref, x, dtype):
         assert _maxnorm(got, want) <= tol, (what, _maxnorm(got, want))
 
 
-def test_off_by_default():
-    assert tuning.torch.LINEAR_DW_KSPLIT == 0
+def test_default_is_the_measured_split():
+    assert tuning.torch.LINEAR_DW_KSPLIT == 8  # the GPT demo's step on the H200 (tuning.py's note)
+
+
+def test_off_keeps_one_matmul(taken, monkeypatch):
+    monkeypatch.setattr(tuning.torch, "LINEAR_DW_KSPLIT", 0)
+    mine, ref = make(pt.Linear, nn.Linear, 24, 40, bias=False)
+    mine.to(torch.bfloat16)
+    _run_split(mine, ref, torch.randn(2, 256, 24), torch.bfloat16)
+    assert taken == [False]
 
 
 @pytest.mark.parametrize("s", [2, 4])
