@@ -85,22 +85,12 @@ def test_train_cnn_cuda_graph(tmp_path):
     print(out)
 
 
-def test_train_cnn_whole_step_graph(tmp_path):
-    """--cuda-graph step: the whole step (forward, loss, backward, capturable AdamW) one CUDA graph for each
-    backend; the warm-up is undone, so the run converges as the eager one does."""
-    pytest.importorskip("sklearn")
-    res, out = _run(CNN + ["--cuda-graph", "step"], tmp_path / "cnn_step_graph.json")
-    p, t = res["pydnn"], res["torch"]
-    assert p["final_accuracy"] > 95 and t["final_accuracy"] > 95, out
-    assert abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
-    print(out)
-
-
 @pytest.mark.parametrize("backend", ["pydnn", "torch"])
 def test_graphed_step_replays_the_eager_step(backend):
     """examples/train_cnn.graphed_step against the same steps run eagerly from the same state (weights,
-    AdamW moments, batch-norm statistics): the warm-up leaves no trace, and each replay gives the eager
-    step's loss and weights (bf16 autocast: the same kernels, so equal up to atomics' order)."""
+    AdamW moments, batch-norm statistics): the warm-up leaves no trace, and three replays on random data give
+    the eager steps' losses and weights (bf16 autocast: the same kernels, so equal up to atomics' order). Not
+    covered: on the digits the third replay diverges (graphed_step's note; the demo does not offer it)."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import train_cnn
     torch.manual_seed(0)
