@@ -16,6 +16,10 @@ models, optimizers, bf16 autocast and batch sizes) and each backend:
     python tools/profile_torch_step.py --quick            # ~25 s: fewer steps, a smaller GPT corpus
     python tools/profile_torch_step.py --demos cnn --steps 50 --out prof/
     python tools/profile_torch_step.py --demos rnn        # pydnn.torch.LSTM against nn.LSTM (cuDNN)
+    python tools/profile_torch_step.py --prebuild-only --demos gpt,cnn   # compile the demos' units (~30 s)
+    python tools/profile_torch_step.py --demos gpt --gpt-size demo --ab torch.LINEAR_DW_KSPLIT=0
+    python tools/profile_torch_step.py --ops-only         # the GPT demo's ops one at a time (gpt_ops), ~10 s
+    python tools/profile_torch_step.py --graph-check 30   # eager vs whole-step CUDA graph losses (diverges)
 Results: printed, and written to OUT/profile_torch_step.{md,json} (OUT: --out, else $OUT, else .).
 """
 import argparse
