@@ -86,7 +86,7 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False, fuse=T
     if cuda_graph and not whole:  # the demo's --cuda-graph: forward and backward replayed as CUDA graphs
         model = train_cnn.graphed(model, batches[0][0], channels_last)
     state = {"i": 0}
-    if whole:  # --cuda-graph step: the whole step one graph
+    if whole:  # the whole step one graph (train_cnn.graphed_step; diverges: PERF.md, session 29)
         replay = train_cnn.graphed_step(model, opt, *batches[0], undo=undo)
 
         def step():
@@ -831,7 +831,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demos", default="cnn,gpt",
                     help="comma list of cnn, cnn_graph (the CNN with --cuda-graph: forward and backward graphed), "
-                         "cnn_step_graph (--cuda-graph step: the whole step one graph), gpt, rnn (a 2-layer LSTM)")
+                         "cnn_step_graph (the whole step one graph, train_cnn.graphed_step: it diverges from the third "
+                         "replay, see --graph-check; its times are not a training's), gpt, rnn (a 2-layer LSTM)")
     ap.add_argument("--backends", default="pydnn,torch")
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
     ap.add_argument("--warmup", type=int, default=10)
