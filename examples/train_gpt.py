@@ -111,6 +111,17 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
+def fuse(model, backend, args):
+    """The pydnn run's model through pydnn.torch.convert(fuse=True) (its modules are pydnn.torch's already:
+    nothing is swapped): with pydnn.tuning.torch.FUSE_MLP each block's Linear -> GELU -> Linear runs as one
+    fused MLP (the GELU and its gradient in GEMM epilogues). Not with --torch-linear (convert would swap its
+    nn.Linear layers)."""
+    if backend == "pydnn" and not getattr(args, "torch_linear", False):
+        import pydnn.torch as pt
+        pt.convert(model, fuse=True)
+    return model
+
+
 def torch_attention(kind):
     """PyTorch's SDPA restricted to one backend ('cudnn', 'flash', 'efficient') or its default choice."""
     if kind == "default":
@@ -160,6 +171,7 @@ def lr_at(step, args):
 def run(backend, args, dist, train, val, init_state, attn):
     model = GPT(args, backend, attn).to(dist.device)
     model.load_state_dict(init_state)
+    fuse(model, backend, args)
     ddp = dist.wrap(model)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     other = [p for n, p in model.named_parameters() if p.dim() != 2]

@@ -16,6 +16,10 @@ models, optimizers, bf16 autocast and batch sizes) and each backend:
     python tools/profile_torch_step.py --quick            # ~25 s: fewer steps, a smaller GPT corpus
     python tools/profile_torch_step.py --demos cnn --steps 50 --out prof/
     python tools/profile_torch_step.py --demos rnn        # pydnn.torch.LSTM against nn.LSTM (cuDNN)
+    python tools/profile_torch_step.py --prebuild-only --demos gpt,cnn   # compile the demos' units (~30 s)
+    python tools/profile_torch_step.py --demos gpt --gpt-size demo --ab torch.LINEAR_DW_KSPLIT=0
+    python tools/profile_torch_step.py --ops-only         # the GPT demo's ops one at a time (gpt_ops), ~10 s
+    python tools/profile_torch_step.py --graph-check 30   # eager vs whole-step CUDA graph losses (diverges)
 Results: printed, and written to OUT/profile_torch_step.{md,json} (OUT: --out, else $OUT, else .).
 """
 import argparse
@@ -63,15 +67,33 @@ def cnn_setup(backend, dev, batch, channels_last=False, cuda_graph=False, fuse=T
     model.load_state_dict(init)
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model.to(memory_format=mf)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
+    undo = cuda_graph != "step_keep"  # (graph_check: the warm-up's steps kept, PyTorch's recipe as it is)
+    if cuda_graph == "step_keep":
+        cuda_graph = "step"
+    whole = cuda_graph == "step"
+    if whole or cuda_graph == "capturable":  # --cuda-graph step: capturable AdamW, tensor learning rate
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(3e-3, device=dev.device), weight_decay=0.05,
+                                capturable=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = []
     for _ in range(4):
         idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
         batches.append((xtr[idx].contiguous(memory_format=mf), ytr[idx]))
-    if cuda_graph:  # the demo's --cuda-graph: forward and backward replayed as CUDA graphs
-        train_cnn.graphed(model, batches[0][0], channels_last)
+    if cuda_graph == "capturable":
+        cuda_graph = ""  # (graph_check: the eager step with the step graph's optimizer)
+    if cuda_graph and not whole:  # the demo's --cuda-graph: forward and backward replayed as CUDA graphs
+        model = train_cnn.graphed(model, batches[0][0], channels_last)
     state = {"i": 0}
+    if whole:  # the whole step one graph (train_cnn.graphed_step; diverges: PERF.md, session 29)
+        replay = train_cnn.graphed_step(model, opt, *batches[0], undo=undo)
+
+        def step():
+            xb, yb = batches[state["i"] % len(batches)]
+            state["i"] += 1
+            return replay(xb, yb)
+        return model, step, batches[0][0]
 
     def step():
         xb, yb = batches[state["i"] % len(batches)]
@@ -110,6 +132,7 @@ def gpt_setup(backend, dev, args):
     init = train_gpt.GPT(args, "torch", None).state_dict()
     model = train_gpt.GPT(args, backend, attn).to(dev.device)
     model.load_state_dict(init)
+    train_gpt.fuse(model, backend, args)
     decay = [p for _, p in model.named_parameters() if p.dim() == 2]
     other = [p for _, p in model.named_parameters() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
@@ -160,25 +183,46 @@ def rnn_setup(backend, dev):
 # in parallel before the first step instead of one at a time on first use (a fresh machine: ~30 s, most of it
 # convolution.bf16); a unit this list misses still compiles on first use.
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
-             "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16", "pooling.bf16",
-             "tensor_ops.transform.bf16",
-             "matmul.wgmmas.bf16")  # the classifier's forward (split-K matmul_ex; torch.LINEAR_FWD_SPLITK off)
-# The GPT demo's (default size, 64 x 1024 tokens; tools/profile_torch_host_cpu.py --demo gpt --batch 64 lists them)
-GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma.bf16", "attention.wgmma_bwd.bf16", "matmul.bf16.nt",
-             "matmul.bf16.tn", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32",
-             "attention.ws.bf16", "matmul.tma.bf16",  # (attn_ws forward; gemm_tma where the 128x256 tile runs)
-             "convolution.wgrad.bf16")  # torch.LINEAR_DW_SPLITK: the MLP weight gradients as 1x1 NHWC wgrad
+             "convolution.wgrad.bf16", "matmul.bf16.nn.rare0", "matmul.bf16.tn.rare0", "matmul.wgmma.bf16",
+             "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.bf16")
+# The GPT demo's (default size, 64 x 1024 tokens; the same stub replay over tools/profile_torch_host_cpu.py
+# --demo gpt --batch 64), with the units its variants take: LINEAR_DW_SPLITK (convolution.wgrad: wgrad_tc_wgmma
+# + wgrad_fold), LINEAR_DW_KSPLIT (the batched dW on gemm_tma / gemm_wgmma_p) and the split-K matmul; and
+# attention.ws_bwd, which the stub cannot show (its driver encodes no tensor maps, so the replay's backward
+# falls back to attn_wgb; a GPU runs bwd_ws)
+GPT_UNITS = ("activation.bf16", "attention.bf16", "attention.wgmma_bwd.bf16", "attention.ws.bf16",
+             "attention.ws_bwd.bf16", "matmul.bf16.tn",
+             "matmul.tma.bf16", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32",
+             "convolution.wgrad.bf16")
 
 
-def prebuild(names):
-    """Compile the named kernel units (those this GPU's arch builds) that the cache lacks, in parallel."""
+def prebuild(names, mlp=False):
+    """Compile the named kernel units (those this GPU's arch builds) that the cache lacks, in parallel; with
+    mlp, meanwhile (another thread: NVRTC releases the GIL) the fused MLP's two generated GEMMs (the GPT demo's
+    bf16 tanh block, tuning.torch.FUSE_MLP), which its graphs would otherwise compile at their first call."""
+    import threading
     from pydnn._build import build, manifest
     t0 = time.perf_counter()
     by_name = manifest.unit_by_name()
     units = [by_name[n] for n in names if n in by_name]
     missing = [n for n in names if n not in by_name]
+    th = None
+    if mlp:
+        def graphs():
+            from pydnn.torch import _core as C
+            from pydnn.torch import functional as PF
+            t1 = time.perf_counter()
+            try:
+                PF._mlp_build(C.handle_for(torch.device("cuda")), torch.bfloat16, 65536, 768, 3072, 768, "tanh")
+                print(f"prebuild: the fused MLP's graphs built in {time.perf_counter() - t1:.1f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - reported; the demo then builds (or falls back) itself
+                print(f"prebuild: the fused MLP's graphs failed: {type(e).__name__}: {e}", flush=True)
+        th = threading.Thread(target=graphs)
+        th.start()
     # progress lines on stderr: a prebuild killed by a time limit still shows how far it got
     compiled, cached = build.build_all(units=units, progress=True)
+    if th is not None:
+        th.join()
     print(f"prebuild: {compiled} kernel units compiled, {cached} cached in {time.perf_counter() - t0:.1f} s"
           + (f" (not in this tree's manifest: {missing})" if missing else ""), flush=True)
 
@@ -218,16 +262,24 @@ _KFAM = (("optimizer (AdamW)", ("multi_tensor_apply", "fused_adam", "adamw")),
          ("layout copies (NCHW <-> NHWC)", ("transpose", "nchwtonhwc", "nhwctonchw", "map_strided", "transform")),
          ("loss (log_softmax / nll)", ("softmax", "nll_loss", "cross_entropy")),
          ("embedding", ("embedding", "indexing_backward", "index_select", "gather", "scatter")),
-         ("activation", ("act_", "gelu", "relu", "silu", "threshold", "activation")),
+         ("activation", ("act_", "act::", "gelu", "relu", "silu", "threshold", "activation")),
          ("reductions (sum)", ("reduce_kernel", "reduce")),
          ("fill / copy / dtype cast", ("fill", "copy", "memset", "memcpy")),
          ("element-wise (add, mul, cast)", ("elementwise", "vectorized", "unrolled", "binary", "add", "mul")))
+
+
+# families whose forward and backward kernels are told apart by name (pydnn's "bwd", cuDNN's "bprop",
+# PyTorch's "Backward"): the GPT demo's attention, norms and GELU, each side's own share
+_SPLIT_FAM = ("attention", "layer / RMS norm", "activation")
+_BWD_KEYS = ("bwd", "bprop", "backward", "dq_convert", "dkdv", "norm::finish")
 
 
 def kernel_family(name):
     low = name.lower()
     for fam, keys in _KFAM:
         if any(k in low for k in keys):
+            if fam in _SPLIT_FAM:
+                return fam + (" backward" if any(k in low for k in _BWD_KEYS) else " forward")
             return fam
     return "other"
 
@@ -416,6 +468,237 @@ def layer_times(model, step, n):
     return out, t0.elapsed_time(t1) / n
 
 
+def graph_check(dev, backends, batch, n):
+    """The CNN demo's step n times: eager with the plain AdamW, eager with the capturable AdamW (tensor
+    learning rate), and replayed as train_cnn.graphed_step, all from the same initialisation on the same
+    batches; every step's loss printed (where a NaN first shows)."""
+    for backend in backends:
+        rows = {}
+        for mode in ("eager", "eager capturable", "graph", "graph (no undo)"):
+            model, step, _ = cnn_setup(backend, dev, batch, False, "step" if mode == "graph" else
+                                       "step_keep" if mode == "graph (no undo)" else
+                                       ("capturable" if mode == "eager capturable" else ""))
+            rows[mode] = [float(step()) for _ in range(n)]
+            del model, step
+        for mode, ls in rows.items():
+            bad = next((i for i, v in enumerate(ls) if v != v), None)
+            print(f"[graph_check/{backend}] {mode:17s} first NaN at step {bad}; losses "
+                  + " ".join(f"{v:.4f}" for v in ls), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ GPT ops
+def _events_ms(fn, reps):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def forced_split_plan(h, m, n, k, splits):
+    """pydnn.matmul's plan of dW (n x k) = dy^T x (dy m x n, x m x k; bf16, contiguous) with its split-K
+    forced to `splits` splits of the m rows (pydnn.ops.matmul._split_k replaced for the call): the planner
+    change the MLP weight gradients would need (their 72 output tiles of 128 x 256 fill less than one wave,
+    where _split_k finds room for one split only). None where no split plan results."""
+    import pydnn
+    from pydnn.graph import matmul_api
+    from pydnn.ops import matmul as M
+    dt = pydnn.PYDNN_DATA_BFLOAT16
+    _, kw = matmul_api.layout((dt, (n, m), (1, n)), (dt, (m, k), (k, 1)), (dt, (n, k), (k, 1)))
+    kt = -(-m // M.BK)
+    chunk = -(-kt // splits)
+    real = M._split_k
+    M._split_k = lambda *_a: (-(-kt // chunk), chunk * M.BK)
+    try:
+        plan = M.gemm_plan(h, split_k=True, **kw)
+    finally:
+        M._split_k = real
+    return plan if plan.ws_bytes and plan.tma is None else None
+
+
+def _ops_cases(cases, be, f, at, roles, xs, ws, gs, grad_fn, B, T, d, H, KV, hd, m, dv, bf, pt):
+    """gpt_ops' cases of one backend (f: its linear, at: its attention) appended to `cases`."""
+    for role, k, n in roles:
+        x, w, g = xs[k], ws[(k, n)], gs[n]
+        cases.append((f"linear {role} fwd ({m}x{k} @ {k}x{n})", be, lambda f=f, x=x, w=w: f(x, w)))
+        xg = x.detach().requires_grad_(True)
+        cases.append((f"linear {role} dX", be, grad_fn(f(xg, w), xg, g)))
+        wg = w.detach().requires_grad_(True)
+        cases.append((f"linear {role} dW", be, grad_fn(f(x, wg), wg, g)))
+    qkv = torch.randn(B, T, H + 2 * KV, hd, device=dv, dtype=bf, requires_grad=True)
+    q, k_, v = (z.transpose(1, 2) for z in qkv.split([H, KV, KV], 2))
+    cases.append((f"attention fwd (B{B} H{H}:{KV} S{T} D{hd}, causal)", be,
+                  lambda at=at, q=q, k_=k_, v=v: at(q, k_, v, is_causal=True, enable_gqa=True)))
+    o = at(q, k_, v, is_causal=True, enable_gqa=True)
+    cases.append(("attention bwd (dq, dk, dv)", be, grad_fn(o, qkv, torch.randn_like(o))))
+    norm = (pt.RMSNorm(d) if be == "pydnn" else nn.RMSNorm(d)).to(dv)
+    xr = torch.randn(B, T, d, device=dv, requires_grad=True)
+
+    def nf(norm=norm, xr=xr):
+        with torch.autocast("cuda", dtype=bf):
+            return norm(xr)
+    cases.append(("rms norm fwd (float32 in, autocast)", be, nf))
+    y = nf()
+    cases.append(("rms norm bwd (dx, dweight)", be, grad_fn(y, [xr, norm.weight], torch.randn_like(y))))
+    gelu = pt.GELU(approximate="tanh") if be == "pydnn" else nn.GELU(approximate="tanh")
+    hh = torch.randn(m, 4 * d, device=dv, dtype=bf, requires_grad=True)
+    cases.append((f"gelu tanh fwd ({m}x{4 * d})", be, lambda gelu=gelu, hh=hh: gelu(hh)))
+    y = gelu(hh)
+    cases.append(("gelu tanh bwd", be, grad_fn(y, hh, torch.randn_like(y))))
+
+
+def _mlp_cases(cases, x, w1, w2, g, grad_fn, tuning, PF):
+    """The GPT MLP block's forward and backward (dX, dW1, dW2): pydnn with tuning.torch.FUSE_MLP on (one
+    fused Function, PF.mlp) and off (linear, gelu, linear), and PyTorch's F.linear / F.gelu."""
+    def switched(fn, on):
+        def run():
+            old = tuning.torch.FUSE_MLP
+            tuning.torch.FUSE_MLP = on
+            try:
+                return fn()
+            finally:
+                tuning.torch.FUSE_MLP = old
+        return run
+    xg, w1g, w2g = (t.detach().requires_grad_(True) for t in (x, w1, w2))
+    for label, be, on, f in (("fused (FUSE_MLP)", "pydnn", True, lambda: PF.mlp(xg, w1g, w2g, "tanh")),
+                             ("", "pydnn", False, lambda: PF.mlp(xg, w1g, w2g, "tanh")),
+                             ("", "torch", False,
+                              lambda: F.linear(F.gelu(F.linear(xg, w1g), approximate="tanh"), w2g))):
+        fwd = switched(f, on)
+        cases.append((f"mlp block fwd{' ' + label if label else ''}", be, fwd))
+        y = fwd()
+        cases.append((f"mlp block bwd (dX, dW1, dW2){' ' + label if label else ''}", be,
+                       grad_fn(y, [xg, w1g, w2g], g)))
+
+
+def gpt_ops(args, dev, rounds=3, reps=3, dw_variants=True, a=None):
+    """The GPT demo's operations one at a time at its default size (64 x 1024 tokens, d 768, 12:4 heads of 64),
+    pydnn.torch against PyTorch (SDPA on cuDNN): GPU ms per call from CUDA events around `reps` calls (the
+    minimum over `rounds` rounds, the backends' rounds alternating). Linear rows per role (forward, dX alone,
+    dW alone: the other operand needs no gradient), bf16 operands (the autocast casts left out); attention on
+    the model's BSHD views of one qkv buffer, causal, GQA; RMS norm on the float residual stream under bf16
+    autocast (as in the model); GELU (tanh) on the MLP's hidden activations. With dw_variants, the MLP weight
+    gradients again on pydnn's other paths: tuning.torch.LINEAR_DW_SPLITK (1x1 wgrad), LINEAR_DW_KSPLIT S (a
+    batched matmul of S row chunks + torch.sum) and pydnn.matmul's own split-K plan forced to S splits
+    (gemm_wgmma_s + splitk_reduce, matmul.py's _split_k patched for the call: a planner change to try)."""
+    import pydnn.torch as pt
+    from pydnn import tuning
+    from pydnn.torch import _core as C
+    from pydnn.torch import functional as PF
+    a = a or gpt_args(False, size="demo")
+    B, T, d, H, KV = a.batch_size, a.seq, a.d_model, a.n_head, a.n_kv_head
+    hd, m = d // H, a.batch_size * a.seq
+    dv, bf = dev.device, torch.bfloat16
+    torch.manual_seed(0)
+    kinds = {"pydnn": "pydnn", "torch": train_gpt.probe_torch_attention(a, dv)}
+    lin = {"pydnn": PF.linear, "torch": F.linear}
+    sdpa = {"pydnn": pt.scaled_dot_product_attention, "torch": train_gpt.torch_attention(kinds["torch"])}
+    cases = []  # (op, backend, fn)
+
+    def grad_fn(out, inputs, g):
+        return lambda: torch.autograd.grad(out, inputs, g, retain_graph=True)
+
+    roles = (("qkv", d, (H + 2 * KV) * hd), ("proj", d, d), ("fc1", d, 4 * d), ("fc2", 4 * d, d), ("head", d, 256))
+    xs = {k: torch.randn(m, k, device=dv, dtype=bf) for k in {r[1] for r in roles}}
+    ws = {(k, n): torch.randn(n, k, device=dv, dtype=bf) * k ** -0.5 for _, k, n in roles}
+    gs = {n: torch.randn(m, n, device=dv, dtype=bf) for n in {r[2] for r in roles}}
+    for be in ("pydnn", "torch"):
+        try:
+            _ops_cases(cases, be, lin[be], sdpa[be], roles, xs, ws, gs, grad_fn, B, T, d, H, KV, hd, m, dv, bf, pt)
+        except Exception as e:  # noqa: BLE001 - the cases made so far are timed
+            print(f"[gpt_ops] {be}: {type(e).__name__}: {e}", flush=True)
+    if dw_variants:
+        h = C.handle_for(dv)
+        for role, k, n in roles[2:4]:
+            x, w, g = xs[k], ws[(k, n)], gs[n]
+            ref = g.t().float() @ x.float()
+
+            def err(dw, ref=ref):
+                return ((dw.float() - ref).abs().max() / ref.abs().max()).item()
+            for sw, val, label in (("LINEAR_DW_SPLITK", True, "1x1 wgrad (LINEAR_DW_SPLITK)"),
+                                   ("LINEAR_DW_KSPLIT", 2, "batched S=2 (LINEAR_DW_KSPLIT)"),
+                                   ("LINEAR_DW_KSPLIT", 4, "batched S=4"),
+                                   ("LINEAR_DW_KSPLIT", 8, "batched S=8"),
+                                   ("LINEAR_DW_KSPLIT", 16, "batched S=16")):
+                saved = getattr(tuning.torch, sw)
+                setattr(tuning.torch, sw, val)
+                try:
+                    wg = w.detach().requires_grad_(True)
+                    y = PF.linear(x, wg)
+
+                    def fn(y=y, wg=wg, g=g, sw=sw, val=val):
+                        old = getattr(tuning.torch, sw)
+                        setattr(tuning.torch, sw, val)
+                        try:
+                            return torch.autograd.grad(y, wg, g, retain_graph=True)
+                        finally:
+                            setattr(tuning.torch, sw, old)
+                    er = err(fn()[0])
+                    cases.append((f"linear {role} dW: {label} (err {er:.1e})", "pydnn", fn))
+                except Exception as e:  # a variant that fails is reported, the others run
+                    print(f"[gpt_ops] {role} dW {label}: {type(e).__name__}: {e}", flush=True)
+                finally:
+                    setattr(tuning.torch, sw, saved)
+            # pydnn.matmul's split-K plan forced to S splits of the token dimension (dW = dy^T x)
+            for sp in (4, 6, 11, 16):
+                plan = forced_split_plan(h, m, n, k, sp)
+                if plan is None:
+                    print(f"[gpt_ops] {role} dW: no forced split plan of {sp}", flush=True)
+                    continue
+                buf = torch.empty(plan.ws_bytes, dtype=torch.uint8, device=dv)
+                dw = torch.empty(n, k, device=dv, dtype=bf)
+                fn = (lambda plan=plan, g=g, x=x, dw=dw, buf=buf:
+                      plan.launch(h, g.data_ptr(), x.data_ptr(), dw.data_ptr(), workspace=buf.data_ptr(),
+                                  workspace_size=plan.ws_bytes))
+                fn()
+                cases.append((f"linear {role} dW: matmul split-K S={plan.split[0]} (planner patch; "
+                              f"err {err(dw):.1e})", "pydnn", fn))
+    if dw_variants:  # the MLP block (Linear -> GELU tanh -> Linear, no biases) whole: fused, unfused, PyTorch
+        try:
+            _mlp_cases(cases, xs[d], ws[(d, 4 * d)], ws[(4 * d, d)], gs[d], grad_fn, tuning, PF)
+        except Exception as e:  # noqa: BLE001
+            print(f"[gpt_ops] mlp block: {type(e).__name__}: {e}", flush=True)
+    ok = []
+    for c in cases:  # first calls: plans, kernel loads, cuDNN's graph builds; a case that fails is left out
+        try:
+            c[2]()
+            ok.append(c)
+        except Exception as e:  # noqa: BLE001
+            print(f"[gpt_ops] {c[0]} / {c[1]}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    cases = ok
+    torch.cuda.synchronize()
+    best = {}
+    for _ in range(rounds):
+        for op, be, fn in cases:
+            t = _events_ms(fn, reps)
+            best[(op, be)] = min(best.get((op, be), t), t)
+    rows, seen = [], []
+    for op, _, _ in cases:
+        if op not in seen:
+            seen.append(op)
+    for op in seen:
+        rows.append({"op": op, "pydnn_ms": best.get((op, "pydnn")), "torch_ms": best.get((op, "torch"))})
+    return {"torch_sdpa": kinds["torch"], "rows": rows, "rounds": rounds, "reps": reps}
+
+
+def ops_report(ops):
+    out = [f"\n## GPT demo ops one at a time (default size; CUDA events, min over {ops['rounds']} rounds of "
+           f"{ops['reps']} calls; PyTorch SDPA backend {ops['torch_sdpa']})\n",
+           "| op | pydnn ms | PyTorch ms | pydnn / PyTorch | x per step (12 layers) -> pydnn - PyTorch ms |",
+           "|---|---:|---:|---:|---:|"]
+    per_step = {"head": 1, "rms": 25}
+    for r in ops["rows"]:
+        p, t = r["pydnn_ms"], r["torch_ms"]
+        n = next((v for k, v in per_step.items() if k in r["op"]), 12)
+        ratio = f"{p / t:.2f}x" if p and t else ""
+        diff = f"{n} -> {n * (p - t):+.2f}" if p and t else ""
+        out.append(f"| {r['op']} | {'' if p is None else f'{p:.3f}'} | {'' if t is None else f'{t:.3f}'} | "
+                   f"{ratio} | {diff} |")
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------------------------------ report
 def fmt_pct(x):
     return "-" if x is None or x != x else f"{100 * x:.1f}%"
@@ -547,7 +830,9 @@ def report(results, layers, md):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demos", default="cnn,gpt",
-                    help="comma list of cnn, cnn_graph (the CNN with --cuda-graph), gpt, rnn (a 2-layer LSTM step)")
+                    help="comma list of cnn, cnn_graph (the CNN with --cuda-graph: forward and backward graphed), "
+                         "cnn_step_graph (the whole step one graph, train_cnn.graphed_step: it diverges from the third "
+                         "replay, see --graph-check; its times are not a training's), gpt, rnn (a 2-layer LSTM)")
     ap.add_argument("--backends", default="pydnn,torch")
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per demo and backend")
     ap.add_argument("--warmup", type=int, default=10)
@@ -573,6 +858,15 @@ def main():
                     help="seconds: skip the (demo, backend) pairs not started within it (0: none; --quick: 25)")
     ap.add_argument("--prebuild", action="store_true",
                     help="first compile the demos' kernel units in parallel (CNN_UNITS, GPT_UNITS; a fresh machine)")
+    ap.add_argument("--ops", action="store_true",
+                    help="also time the GPT demo's operations one at a time at its default size, both backends "
+                         "(gpt_ops: Linear roles forward / dX / dW, attention, RMS norm, GELU; the MLP dW variants)")
+    ap.add_argument("--ops-only", action="store_true", help="--ops and no demo steps")
+    ap.add_argument("--prebuild-only", action="store_true",
+                    help="compile the --demos' kernel units (and the fused MLP's generated GEMMs for gpt) and exit")
+    ap.add_argument("--graph-check", type=int, default=0,
+                    help="N: the CNN step N times eagerly (capturable AdamW, tensor learning rate) and as the whole-"
+                         "step CUDA graph (train_cnn.graphed_step) from the same state, each step's loss printed")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.quick:
@@ -584,13 +878,30 @@ def main():
     import pydnn.torch as pt
     from pydnn import tuning
     os.makedirs(args.out, exist_ok=True)
-    if args.prebuild:
+    if args.prebuild or args.prebuild_only:
         demos = args.demos.split(",")
-        prebuild((CNN_UNITS if any(d.startswith("cnn") for d in demos) else ())
-                 + (GPT_UNITS if "gpt" in demos else ()))
+        gpt = "gpt" in demos or args.ops or args.ops_only
+        prebuild(tuple(dict.fromkeys((GPT_UNITS if gpt else ())
+                                     + (CNN_UNITS if any(d.startswith("cnn") for d in demos) else ()))), mlp=gpt)
+        if args.prebuild_only:
+            return
     dev = Dev()
+    if args.graph_check:
+        return graph_check(dev, args.backends.split(","), args.cnn_batch, args.graph_check)
     results, layers = {}, {}
     t_start = time.perf_counter()
+    ops = None
+    if args.ops or args.ops_only:
+        ops = gpt_ops(args, dev)
+        text = ops_report(ops)
+        print(text, flush=True)
+        with open(os.path.join(args.out, "profile_torch_ops.md"), "w") as fh:
+            fh.write(text + "\n")
+        with open(os.path.join(args.out, "profile_torch_ops.json"), "w") as fh:
+            json.dump(dict(ops, device=torch.cuda.get_device_name()), fh, indent=1)
+        torch.cuda.empty_cache()
+        if args.ops_only:
+            return
     for demo in args.demos.split(","):
         for label in args.backends.split(",") + [f"pydnn[{v}]" for v in args.ab]:
             # "pydnn[<variant>]": the pydnn backend again with PYDNN_TUNING-style settings applied, or with
@@ -600,32 +911,43 @@ def main():
             if args.budget and t0 - t_start > args.budget:
                 print(f"[{demo}/{label}] skipped: past the {args.budget:.0f} s budget", flush=True)
                 continue
-            if variant and variant != "nofuse":
-                tuning.apply_environment(variant)
-            if demo in ("cnn", "cnn_graph"):
-                model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last,
-                                           args.cuda_graph or demo == "cnn_graph", fuse=variant != "nofuse")
-            elif demo == "rnn":
-                model, step = rnn_setup(backend, dev)
-            else:
-                model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear, args.gpt_size,
-                                                               args.gpt_layers))
-            for _ in range(args.warmup):
-                step()
-            torch.cuda.synchronize()
-            r = {}
-            if args.timed_steps:
-                r["timed"] = timed_steps(step, args.timed_steps)
-            r["torch_profiler"] = profile_steps(step, args.steps, args.top)
-            if args.cprofile_steps and demo != "cnn_graph" and not variant:
-                r["cprofile_details"] = {}
-                r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top, r["cprofile_details"])
-            # (graph replays run no module hooks; the variants: the step time and the profile only)
-            if demo == "cnn" and args.layer_steps and not args.cuda_graph and not variant:
-                layers[backend] = layer_times(model, step, args.layer_steps)
-            # both backends ran the same steps from the same initialisation on the same batches: the loss of
-            # one more step is a check of the whole pydnn step against PyTorch's (bf16: close, not equal)
-            r["final_loss"] = float(step())
+            try:
+                if variant and variant != "nofuse":
+                    tuning.apply_environment(variant)
+                if demo in ("cnn", "cnn_graph", "cnn_step_graph"):
+                    mode = ("step" if demo == "cnn_step_graph" else
+                            "model" if args.cuda_graph or demo == "cnn_graph" else "")
+                    model, step, _ = cnn_setup(backend, dev, args.cnn_batch, args.channels_last, mode,
+                                               fuse=variant != "nofuse")
+                elif demo == "rnn":
+                    model, step = rnn_setup(backend, dev)
+                else:
+                    model, step = gpt_setup(backend, dev, gpt_args(args.quick, args.gpt_torch_linear, args.gpt_size,
+                                                                   args.gpt_layers))
+                for _ in range(args.warmup):
+                    step()
+                torch.cuda.synchronize()
+                r = {}
+                if args.timed_steps:
+                    r["timed"] = timed_steps(step, args.timed_steps)
+                r["torch_profiler"] = profile_steps(step, args.steps, args.top)
+                if args.cprofile_steps and not demo.endswith("graph") and not variant:
+                    r["cprofile_details"] = {}
+                    r["cprofile"] = cprofile_steps(step, args.cprofile_steps, args.top, r["cprofile_details"])
+                # (graph replays run no module hooks; the variants: the step time and the profile only)
+                if demo == "cnn" and args.layer_steps and not args.cuda_graph and not variant:
+                    layers[backend] = layer_times(model, step, args.layer_steps)
+                # both backends ran the same steps from the same initialisation on the same batches: the loss of
+                # one more step is a check of the whole pydnn step against PyTorch's (bf16: close, not equal)
+                r["final_loss"] = float(step())
+            except Exception as e:  # noqa: BLE001 - one pair's failure is reported; the others still run
+                import traceback
+                traceback.print_exc()
+                print(f"[{demo}/{label}] failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                tuning.reset()
+                tuning.apply_environment()
+                torch.cuda.synchronize()
+                continue
             results[(demo, label)] = r
             if variant:
                 tuning.reset()

@@ -1,6 +1,8 @@
 """convert(model): swap a model's supported modules for pydnn.torch's in place."""
 import torch.nn as nn
 
+from pydnn import tuning
+
 from . import modules as M
 
 # PyTorch class -> pydnn.torch class (exact types only: a user's subclass of nn.Conv2d may override forward)
@@ -105,13 +107,37 @@ def _fuse_pools(model, report):
             report.fused.append((f"{name}.{a}" if name else a, "max_pool2d"))
 
 
+def _fuse_mlps(model, report):
+    """In every nn.Sequential: Linear (no bias) -> GELU -> Linear (no bias) runs as one fused MLP
+    (pydnn.torch.functional.mlp: the GELU in the first GEMM's epilogue, its gradient in the backward's): the
+    first Linear computes the whole block with the second's weight, the GELU becomes nn.Identity and the
+    second Linear passes its input through (it keeps its weight: parameters and state_dict keys unchanged).
+    tuning.torch.FUSE_MLP; modules with hooks are left alone."""
+    for name, seq in model.named_modules():
+        if type(seq) is not nn.Sequential:
+            continue
+        keys = list(seq._modules)
+        for a, b, c in zip(keys, keys[1:], keys[2:]):
+            l1, act, l2 = seq._modules[a], seq._modules[b], seq._modules[c]
+            if not (type(l1) is M.Linear and type(act) is M.GELU and type(l2) is M.Linear and l1.bias is None
+                    and l2.bias is None and "_mlp" not in l1.__dict__ and "_mlp_tail" not in l1.__dict__
+                    and "_mlp" not in l2.__dict__ and "_mlp_tail" not in l2.__dict__):
+                continue
+            if any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in (l1, act, l2)):
+                continue
+            l1.__dict__["_mlp"] = (act.approximate, l2)  # a tuple: not registered as a child module
+            l2.__dict__["_mlp_tail"] = True
+            seq._modules[b] = nn.Identity()
+            report.fused.append((f"{name}.{a}" if name else a, f"gelu + {name}.{c}" if name else f"gelu + {c}"))
+
+
 def convert(model, fuse=False):
     """Swap every supported module of `model` (exact PyTorch types) in place; returns a ConvertReport. The
     root cannot be replaced in place: a supported root type is reported as kept (construct
     pydnn.torch.<Class> for a single module). fuse=True also fuses Conv + ReLU / Sigmoid / Tanh and
     BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity), and a
     BatchNorm2d's following MaxPool2d into it (one autograd node in training; the pool replaced by
-    nn.Identity)."""
+    nn.Identity), and with tuning.torch.FUSE_MLP a Linear -> GELU -> Linear block without biases (_fuse_mlps)."""
     report = ConvertReport()
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
@@ -123,6 +149,8 @@ def convert(model, fuse=False):
     if fuse:
         _fuse(model, report)
         _fuse_pools(model, report)
+        if tuning.torch.FUSE_MLP:
+            _fuse_mlps(model, report)
     pyd = set(SWAPS.values()) | {nn.Identity}
     for name, mod in model.named_modules():
         t = type(mod)

@@ -1442,6 +1442,62 @@ def _linear_dw_splitk(h, dy, x2):
     return sk
 
 
+_ksplit_descs = C.BoundedDict()
+
+
+def _dw_ksplit(h, dy, x2, dw, dyt, xd, wdd):
+    """dW = dy^T x2 as S = tuning.torch.LINEAR_DW_KSPLIT chunks of the m rows in one batched pydnn.matmul into S
+    16-bit partials (S x n x k, PyTorch's allocator), then torch.sum over the chunks (float accumulation) into
+    dw. True where it ran; False where it does not apply (off, not 16-bit, m < 8 max(n, k), m not a multiple of
+    8 S, rows off 16-byte alignment, dW not contiguous) or where pydnn.matmul splits K itself (it asks a
+    workspace for the whole-K problem): the caller's single matmul then."""
+    s = tuning.torch.LINEAR_DW_KSPLIT
+    if not s or s < 2:
+        return False
+    m, n = dy.shape
+    k = x2.shape[1]
+    key = (id(h), dy.dtype, m, n, k, x2.stride(), s)
+    d = _ksplit_descs.get(key)
+    if d is None:
+        d = False
+        if (dy.dtype in _NHWC_DTYPES and m >= 8 * max(n, k) and m % (8 * s) == 0 and x2.stride(1) == 1
+                and x2.stride(0) % 8 == 0 and n % 8 == 0 and k % 8 == 0 and not _matmul_ws(h, dyt, xd, wdd)):
+            mc = m // s
+            ld = x2.stride(0)
+            d = (C.tensor_desc(dy.dtype, (s, n, mc), (mc * n, 1, n)),         # dy^T chunks (column-major)
+                 C.tensor_desc(dy.dtype, (s, mc, k), (mc * ld, ld, 1)),       # x2 chunks
+                 C.tensor_desc(dy.dtype, (s, n, k), (n * k, k, 1)))           # the partials
+        _ksplit_descs[key] = d
+    if not d or not dw.is_contiguous() or (dy.data_ptr() | x2.data_ptr()) % 16:
+        return False
+    part = torch.empty((s, n, k), dtype=dy.dtype, device=dy.device)
+    _matmul(h, d[0], dy, d[1], x2, d[2], part)
+    torch.sum(part, 0, out=dw)
+    return True
+
+
+def _weight_grad(h, dy, x2, xd, wd=None):
+    """dW (n x k) = dy^T x2 for dy (m x n, contiguous), x2 (m x k, descriptor xd), wd: dW's descriptor (None:
+    made here): the 1x1 wgrad convolution (LINEAR_DW_SPLITK), the batched row split (LINEAR_DW_KSPLIT) or one
+    pydnn.matmul (which splits K itself where it asks a workspace)."""
+    m, n = dy.shape
+    k = x2.shape[1]
+    dw = torch.empty((n, k), dtype=dy.dtype, device=dy.device)
+    dyt = C.tensor_desc(dy.dtype, (n, m), (1, n))
+    wdd = wd if wd is not None else tdesc(dw)
+    # the convolution where matmul would walk the long K whole (it asks no workspace to split it)
+    sk = (_linear_dw_splitk(h, dy, x2) if tuning.torch.LINEAR_DW_SPLITK and x2.is_contiguous()
+          and not (x2.data_ptr() | dy.data_ptr()) % 16 and not _matmul_ws(h, dyt, xd, wdd) else None)
+    if sk:
+        cx, cdy, cd, cw, algo, nws = sk
+        ws, wsp = C.workspace(nws, x2.device)
+        pydnn.convolution_backward_filter(h, 1.0, cx, x2.data_ptr(), cdy, dy.data_ptr(), cd, algo, wsp, nws,
+                                          0.0, cw, dw.data_ptr())
+    elif not _dw_ksplit(h, dy, x2, dw, dyt, xd, wdd):
+        _matmul(h, dyt, dy, xd, x2, wdd, dw)
+    return dw
+
+
 class _LinearRec:
     """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
     plan (or None) and the forward's matmul workspace size."""
@@ -1508,19 +1564,7 @@ class LinearFunction(torch.autograd.Function):
             dx = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
             _matmul(h, yd, dy, wd, w, xd if x2.is_contiguous() else tdesc(dx), dx)
         if ctx.needs_input_grad[1]:
-            dw = torch.empty((n, k), dtype=w.dtype, device=w.device)
-            dyt = C.tensor_desc(dy.dtype, (n, m), (1, n))
-            wdd = wd if w.is_contiguous() else tdesc(dw)
-            # the convolution where matmul would walk the long K whole (it asks no workspace to split it)
-            sk = (_linear_dw_splitk(h, dy, x2) if tuning.torch.LINEAR_DW_SPLITK and x2.is_contiguous()
-                  and not (x2.data_ptr() | dy.data_ptr()) % 16 and not _matmul_ws(h, dyt, xd, wdd) else None)
-            if sk:
-                cx, cdy, cd, cw, algo, nws = sk
-                ws, wsp = C.workspace(nws, x2.device)
-                pydnn.convolution_backward_filter(h, 1.0, cx, x2.data_ptr(), cdy, dy.data_ptr(), cd, algo, wsp, nws,
-                                                  0.0, cw, dw.data_ptr())
-            else:
-                _matmul(h, dyt, dy, xd, x2, wdd, dw)
+            dw = _weight_grad(h, dy, x2, xd, wd if w.is_contiguous() else None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         return dx, dw, db, None
@@ -1578,3 +1622,141 @@ def linear(x, weight, bias=None):
         return y.view(*x.shape[:-1], weight.shape[0]) if flat else y
 
     return _run(pydnn_path, torch_path, "linear")
+
+
+# ------------------------------------------------------------------ Linear -> GELU -> Linear, fused (FUSE_MLP)
+_mlp_graphs = C.BoundedDict()
+
+
+def _mlp_graph_pair(h, dt, m, k, n, k2, approx):
+    """The two graphs of a fused MLP y = act(x W1^T) W2^T (x m x k, W1 n x k, W2 k2 x n; act GELU, erf or
+    tanh), built once per handle and shape on the graph API's fusion engine:
+      forward:  hpre = x @ W1^T and a = act(hpre), both written by one GEMM launch (the activation in its
+                epilogue, from the float accumulator);
+      backward: dh = act'(hpre) * (dy @ W2), one GEMM launch (the activation's gradient in the epilogue).
+    Returns ((graph, tensors), (graph, tensors)); raises PydnnError / Unsupported where they do not build."""
+    key = (id(h), dt, m, k, n, k2, approx)
+    got = _mlp_graphs.get(key)
+    if got is None:
+        _mlp_graphs[key] = False  # a shape whose graphs fail does not try again
+        got = _mlp_graphs[key] = _mlp_build(h, dt, m, k, n, k2, approx)
+    if got is False:
+        raise Unsupported("the fused MLP's graphs do not build for this shape")
+    return got
+
+
+def _mlp_build(h, dt, m, k, n, k2, approx):
+    from pydnn.graph.frontend import Graph
+    io = _PD_TYPES[dt]
+    kw = dict(io_data_type=io, intermediate_data_type=pydnn.PYDNN_DATA_FLOAT,
+              compute_data_type=pydnn.PYDNN_DATA_FLOAT, handle=h)
+    g = Graph(**kw)
+    x = g.tensor(name="x", dim=[1, m, k], stride=[m * k, k, 1])
+    w1t = g.tensor(name="w1t", dim=[1, k, n], stride=[k * n, 1, k])     # W1 (n x k, row-major) as k x n
+    hpre = g.matmul(x, w1t)
+    hpre.set_output(True)
+    a = (g.gelu_approx_tanh(hpre) if approx == "tanh" else g.gelu(hpre)).set_output(True)
+    _build_fused(g)
+    fwd = (g, x, w1t, hpre, a)
+    g = Graph(**kw)
+    dy = g.tensor(name="dy", dim=[1, m, k2], stride=[m * k2, k2, 1])
+    w2 = g.tensor(name="w2", dim=[1, k2, n], stride=[k2 * n, n, 1])       # W2 (k2 x n, row-major)
+    hp = g.tensor(name="hpre", dim=[1, m, n], stride=[m * n, n, 1])
+    da = g.matmul(dy, w2)
+    dh = (g.gelu_approx_tanh_backward(hp, da) if approx == "tanh" else g.gelu_backward(hp, da)).set_output(True)
+    _build_fused(g)
+    return fwd, (g, dy, w2, hp, dh)
+
+
+_PD_TYPES = {torch.float16: pydnn.PYDNN_DATA_HALF, torch.bfloat16: pydnn.PYDNN_DATA_BFLOAT16}
+
+
+def _build_fused(g):
+    """Plans on the fusion engine only (one launch): a graph it does not take is NOT_SUPPORTED here, so the
+    MLP runs unfused rather than node by node."""
+    g.build_operation_graph().create_execution_plans([pydnn.PYDNN_HEUR_MODE_A]).check_support()
+    g.build_plans()
+    if g.engine_index() != 1 or g.launches() != 1:
+        raise Unsupported(f"the graph API planned {g.launches()} launches on engine {g.engine_index()}")
+
+
+class MlpFunction(torch.autograd.Function):
+    """y = act(x2 W1^T) W2^T (no biases; act GELU, approximate 'none' or 'tanh') in three GEMM launches
+    forward and four backward instead of three + one activation and four + one: the activation runs in the
+    first GEMM's epilogue (which writes both the pre-activation, kept for the backward, and its activation) and
+    its gradient in the epilogue of the backward's dy @ W2 (tuning.torch.FUSE_MLP). The second GEMM, dX and
+    the weight gradients are the Linear's (pydnn.matmul, _weight_grad)."""
+
+    @staticmethod
+    def forward(ctx, x2, w1, w2, approx):
+        h = C.handle_for(x2.device)
+        m, k = x2.shape
+        n, k2 = w1.shape[0], w2.shape[0]
+        (g, tx, tw, th, ta), _ = _mlp_graph_pair(h, x2.dtype, m, k, n, k2, approx)
+        hpre = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+        a = torch.empty_like(hpre)
+        g.execute({tx: x2.data_ptr(), tw: w1.data_ptr(), th: hpre.data_ptr(), ta: a.data_ptr()}, 0, handle=h)
+        y = torch.empty((m, k2), dtype=x2.dtype, device=x2.device)
+        dt = x2.dtype
+        ad = C.tensor_desc(dt, (m, n), (n, 1))
+        _matmul(h, ad, a, C.tensor_desc(dt, (n, k2), (1, n)), w2, C.tensor_desc(dt, (m, k2), (k2, 1)), y)
+        ctx.save_for_backward(x2, w1, w2, hpre, a)
+        ctx.approx = approx
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w1, w2, hpre, a = ctx.saved_tensors
+        h = C.handle_for(x2.device)
+        dy = dy.contiguous()
+        m, k = x2.shape
+        n, k2 = w1.shape[0], w2.shape[0]
+        dt = x2.dtype
+        _, (g, tdy, tw2, th, tdh) = _mlp_graph_pair(h, dt, m, k, n, k2, ctx.approx)
+        dh = torch.empty((m, n), dtype=dt, device=dy.device)
+        g.execute({tdy: dy.data_ptr(), tw2: w2.data_ptr(), th: hpre.data_ptr(), tdh: dh.data_ptr()}, 0, handle=h)
+        dx = dw1 = dw2 = None
+        hd = C.tensor_desc(dt, (m, n), (n, 1))
+        xd = C.tensor_desc(dt, (m, k), (k, 1))
+        if ctx.needs_input_grad[2]:
+            dw2 = _weight_grad(h, dy, a, hd)
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty((m, k), dtype=dt, device=dy.device)
+            _matmul(h, hd, dh, C.tensor_desc(dt, (n, k), (k, 1)), w1, xd, dx)
+        if ctx.needs_input_grad[1]:
+            dw1 = _weight_grad(h, dh, x2, xd)
+        return dx, dw1, dw2, None
+
+
+_mlp_apply = C.applier(MlpFunction)
+
+
+def mlp(x, w1, w2, approximate="none"):
+    """linear(gelu(linear(x, w1), approximate), w2) without biases, fused where tuning.torch.FUSE_MLP is on and
+    the graph API's fusion engine takes both graphs (16-bit, CUDA, contiguous 16-byte aligned rows); otherwise
+    the three calls (pydnn.torch's linear and gelu: the same result)."""
+    ac = C.autocast_dtype()
+    if ac is not None and C.on_cuda(x):
+        x, w1, w2 = C.cast(x, ac), C.cast(w1, ac), C.cast(w2, ac)
+
+    def unfused():
+        return linear(gelu(linear(x, w1), approximate), w2)
+
+    if not (tuning.torch.FUSE_MLP and hasattr(pydnn, "matmul") and x.dtype in _PD_TYPES and x.dim() >= 2
+            and w1.dtype == x.dtype and w2.dtype == x.dtype and w1.dim() == 2 and w2.dim() == 2
+            and w1.shape[1] == x.shape[-1] and w2.shape[1] == w1.shape[0] and x.numel()
+            and all(v % 8 == 0 for v in (x.shape[-1], w1.shape[0], w2.shape[0])) and C.on_cuda(x, w1, w2)):
+        return unfused()
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    w1c, w2c = w1.contiguous(), w2.contiguous()
+    if (x2.data_ptr() | w1c.data_ptr() | w2c.data_ptr()) % 16:
+        return unfused()
+    try:
+        y = _mlp_apply(x2, w1c, w2c, "tanh" if approximate == "tanh" else "none")
+    except Unsupported:
+        return unfused()
+    except pydnn.PydnnError as e:
+        if not C.is_not_supported(e):
+            raise
+        return unfused()
+    return y.view(*x.shape[:-1], w2.shape[0])

@@ -188,6 +188,12 @@ class Linear(nn.Linear):
     API's) and pydnn.torch.linear_on_pydnn is true; PyTorch's F.linear (cuBLAS) otherwise."""
 
     def forward(self, x):
+        fused = self.__dict__.get("_mlp")
+        if fused is not None:  # convert(fuse=True) with tuning.torch.FUSE_MLP: act, then the next Linear's
+            approximate, nxt = fused  # product here (its own forward passes the result through)
+            return PF.mlp(x, self.weight, nxt.weight, approximate)
+        if self.__dict__.get("_mlp_tail"):
+            return x
         return PF.linear(x, self.weight, self.bias)
 
 

@@ -92,8 +92,8 @@ def test_kernel_families_and_their_table(tmp_path):
     assert fam("void pydnn::matmul::gemm_tc<pydnn::bf16_t, 64, 64>(MatmulParams)") == "matmul"
     assert fam("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NTN") == "matmul"
     assert fam("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimizer (AdamW)"
-    assert fam("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
-    assert fam("void pydnn::act_fwd<pydnn::bf16_t, pydnn::GeluTanh, 8>") == "activation"
+    assert fam("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention forward"
+    assert fam("void pydnn::act_fwd<pydnn::bf16_t, pydnn::GeluTanh, 8>") == "activation forward"
     assert fam("void at::native::(anonymous namespace)::max_pool_backward_nchw<c10::BFloat16>") == "pooling"
     assert fam("something new") == "other"
     mk = {"steps": 1, "wall_ms_per_step": 1.0, "kernels_per_step": 2, "top_gpu_kernels": [], "top_host_ops": []}
@@ -143,3 +143,75 @@ def test_ab_variants_in_the_step_table(tmp_path):
     text = md.read_text()
     assert "| cnn | pydnn[nofuse] | 3.000 | 2.000 | 2.000 | 0.750x | 0.5000 |" in text
     assert "| cnn | pydnn | 2.000 | 2.000 | 2.000 | 0.500x | 0.5000 |" in text
+
+
+def test_kernel_families_split_forward_and_backward():
+    P = _tool()
+    assert P.kernel_family("void pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 64>(AttnParams)") == "attention forward"
+    assert P.kernel_family("void pydnn::attn_wgb::bwd_dkdv_wg<pydnn::bf16_t>(AttnParams)") == "attention backward"
+    assert P.kernel_family("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention backward"
+    assert P.kernel_family("void pydnn::norm::finish<float>(NormParams)") == "layer / RMS norm backward"
+    assert P.kernel_family("void pydnn::norm::fwd_rows<float, 4, 2>(NormParams)") == "layer / RMS norm forward"
+    assert P.kernel_family("void pydnn::act::map_contig<pydnn::bf16_t, 8>(ActParams)") == "activation forward"
+    assert P.kernel_family("void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl"
+                           ">") == "activation backward"
+    assert P.kernel_family("void pydnn::matmul::gemm_tc<pydnn::bf16_t, 128, 256>(MatmulParams)") == "matmul"
+
+
+def test_forced_split_plan_on_a_cpu_handle():
+    """The planner patch the GPT ops table times: S splits of the tokens on gemm_wgmma_s + splitk_reduce,
+    the workspace S fp32 partials, and pydnn.ops.matmul._split_k restored."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bench_host as B
+    from pydnn.ops import matmul as M
+    P = _tool()
+    real = M._split_k
+    h = B.cpu_handle()
+    for s in (4, 11):
+        plan = P.forced_split_plan(h, 65536, 3072, 768, s)
+        assert plan is not None and plan.split[0] == s, plan and plan.split
+        assert plan.ws_bytes == s * 3072 * 768 * 4
+        assert "gemm_wgmma_s" in plan.split_fast.expr and "splitk_reduce" in plan.reduce.expr
+    assert M._split_k is real
+    # without the patch the whole-K problem does not split (72 tiles of 128 x 256: room for one split)
+    from pydnn.graph import matmul_api
+    import pydnn
+    dt = pydnn.PYDNN_DATA_BFLOAT16
+    _, kw = matmul_api.layout((dt, (3072, 65536), (1, 3072)), (dt, (65536, 768), (768, 1)), (dt, (3072, 768), (768, 1)))
+    assert M.gemm_plan(h, split_k=True, **kw).ws_bytes == 0
+
+
+def test_gpt_ops_table_on_the_cpu(monkeypatch, tmp_path):
+    """gpt_ops' cases at a tiny size on the CPU (pydnn.torch falls back to PyTorch there; events faked): every
+    op has both backends' times, and the report's rows."""
+    from types import SimpleNamespace
+    P = _tool()
+    monkeypatch.setattr(P, "_events_ms", lambda fn, reps: (fn(), 1.0)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    a = SimpleNamespace(batch_size=2, seq=16, d_model=32, n_layer=1, n_head=4, n_kv_head=2, norm="rms",
+                        dropout=0.0, lr=1e-3, torch_linear=False, torch_sdpa="cudnn", corpus_mb=1.0)
+    dev = SimpleNamespace(device=torch.device("cpu"))
+    ops = P.gpt_ops(None, dev, rounds=1, reps=1, dw_variants=False, a=a)
+    ops_ = {r["op"].split(" (")[0]: r for r in ops["rows"]}
+    for op in ("linear qkv fwd", "linear fc1 dW", "linear head dX", "attention fwd", "attention bwd",
+               "rms norm fwd", "rms norm bwd", "gelu tanh fwd", "gelu tanh bwd"):
+        assert ops_[op]["pydnn_ms"] == 1.0 and ops_[op]["torch_ms"] == 1.0, op
+    text = P.ops_report(ops)
+    assert "| linear fc1 dW | 1.000 | 1.000 | 1.00x | 12 -> +0.00 |" in text
+    assert "| rms norm fwd (float32 in, autocast) | 1.000 | 1.000 | 1.00x | 25 -> +0.00 |" in text
+
+
+def test_prebuild_builds_the_fused_mlp_graphs_beside_the_units(monkeypatch):
+    """prebuild(mlp=True): the GPT demo's fused-MLP graphs (bf16, tanh, 64 x 1024 tokens, d 768) are built in a
+    thread while the units compile (stubbed here: no units, the graph build recorded)."""
+    from pydnn._build import build
+    from pydnn.torch import _core as C
+    from pydnn.torch import functional as PF
+    P = _tool()
+    got = []
+    monkeypatch.setattr(C, "handle_for", lambda dev: "handle")
+    monkeypatch.setattr(PF, "_mlp_build", lambda *a: got.append(a))
+    monkeypatch.setattr(build, "build_all", lambda units, progress: (0, len(units)))
+    P.prebuild((), mlp=True)
+    assert got == [("handle", torch.bfloat16, 65536, 768, 3072, 768, "tanh")]

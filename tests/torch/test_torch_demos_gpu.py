@@ -83,3 +83,46 @@ def test_train_cnn_cuda_graph(tmp_path):
     assert p["final_accuracy"] > 95 and t["final_accuracy"] > 95, out
     assert abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
     print(out)
+
+
+@pytest.mark.parametrize("backend", ["pydnn", "torch"])
+def test_graphed_step_replays_the_eager_step(backend):
+    """examples/train_cnn.graphed_step against the same steps run eagerly from the same state (weights,
+    AdamW moments, batch-norm statistics): the warm-up leaves no trace, and three replays on random data give
+    the eager steps' losses and weights (bf16 autocast: the same kernels, so equal up to atomics' order). Not
+    covered: on the digits the third replay diverges (graphed_step's note; the demo does not offer it)."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import train_cnn
+    torch.manual_seed(0)
+    init = train_cnn.build("torch").state_dict()
+    models, opts = [], []
+    for _ in range(2):
+        m = train_cnn.build(backend).cuda()
+        m.load_state_dict(init)
+        models.append(m)
+        opts.append(torch.optim.AdamW(m.parameters(), lr=torch.tensor(3e-3, device="cuda"), weight_decay=0.05,
+                                      capturable=True))
+    xs = [torch.randn(64, 3, 32, 32, device="cuda") for _ in range(3)]
+    ys = [torch.randint(0, 10, (64,), device="cuda") for _ in range(3)]
+    step = train_cnn.graphed_step(models[0], opts[0], xs[0], ys[0])
+    for k, v in models[0].state_dict().items():  # the warm-up undone
+        assert torch.equal(v, init[k].cuda()), k
+    for x, y in zip(xs, ys):
+        loss = step(x, y)
+        m, opt = models[1], opts[1]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ref = torch.nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad(set_to_none=True)
+        ref.backward()
+        opt.step()
+        torch.testing.assert_close(loss, ref.detach(), rtol=1e-2, atol=1e-3)
+    # the weights' updates over the three steps agree (mean absolute difference of the updates within 5% of
+    # the eager update's mean: Adam's first steps move every weight by ~lr, so a rare weight whose gradient
+    # sits at rounding level and flips sign between runs must not decide the test)
+    for (k, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
+        if a.is_floating_point() and "running" not in k:
+            d0, d1 = (a - init[k].cuda()).float(), (b - init[k].cuda()).float()
+            assert d1.abs().mean() > 0, k
+            assert (d0 - d1).abs().mean() <= 0.05 * d1.abs().mean(), k
+        elif a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3, msg=k)
