@@ -241,6 +241,10 @@ batchnorm = Switches(
                    'instead of 81-96); False: every call validates in full; the reasons: pydnn/ops/batchnorm.py'),
     ROWS1_U=(8, 'rows in flight per thread of the 1-element row kernels (NHWC with C off every vector): 4 (the '
                  'kernels\' kUnroll) or 8; the reasons: pydnn/ops/batchnorm.py'),
+    SUPER_ROWS=(True, 'packed NHWC backward whose channel count is no multiple of the 16-byte vector (odd C): the '
+                      'row kernels at the full vector width over super-rows of lcm(C, vector) elements (each '
+                      'thread a fixed 16-byte position, its channels j mod C); False: the 1-element row kernels; '
+                      'the reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )
