@@ -228,10 +228,9 @@ template <bool NC, bool SR = false> __device__ __forceinline__ double part_count
 // Per-thread statistics over the rows [r0, r1) of VEC features at f0 (x only: forward), U rows in flight
 // (loads kept packed until used: a 16-bit row of 8 features holds 4 registers, not 8).
 template <class T, int VEC, int U, class A>
-__device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i64 r1, A& n, A* m, A* m2) {
+__device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i64 r1, i64 ld, A& n, A* m, A* m2) {
   typedef Pack<T, VEC> P;
   const T* x = (const T*)p.x + f0;
-  const i64 ld = p.ld[X];
   const int by = blockDim.y;
   for (i64 r = r0; r < r1; r += (i64)by * U) {
     P raw[U];
@@ -264,18 +263,20 @@ __device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i
 }
 
 // U: rows in flight per thread (kUnroll16 for 16-bit vectors, launched as one wave of long blocks).
-template <class T, int VEC, int U = kUnroll>
+// SR: the super-row view (see the top): feats, rows and the leading dim are L, R and L.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
 __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_n[kThreads], s_m[kThreads * VEC], s_m2[kThreads * VEC];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats, rows = SR ? p.rows / p.sr_k : p.rows;
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
-  const bool live = f0 < p.feats;
-  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(p.rows, r0 + p.chunk_rows);
+  const bool live = f0 < feats;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(rows, r0 + p.chunk_rows);
   A n = 0, m[VEC], m2[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) m[e] = m2[e] = A(0);
-  if (live) row_stats_x<T, VEC, U>(p, f0, r0 + ty, r1, n, m, m2);
+  if (live) row_stats_x<T, VEC, U>(p, f0, r0 + ty, r1, SR ? feats : p.ld[X], n, m, m2);
   s_n[idx] = n;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
@@ -299,8 +300,16 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
     }
     __syncthreads();
   }
+  if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
+    const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      m[e] = f0 + e < tail ? load<A>(((const T*)p.x)[rows * feats + f0 + e]) : A(0);
+      m2[e] = A(0);
+    }
+  }
   if (ty == 0 && live) {
-    A* part = (A*)p.partial + ((i64)blockIdx.y * p.feats + f0) * 2;
+    A* part = (A*)p.partial + ((i64)blockIdx.y * feats + f0) * 2;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       part[2 * e] = m[e];
@@ -310,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
 }
 
 // Per feature: merge the chunks' partials (chunk order, double), then finish. Block kFinalX x kFinalY.
-template <class A, bool NC = false>
+template <class A, bool NC = false, bool SR = false>
 __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p) {
   __shared__ double s_n[kFinalY][kFinalX], s_m[kFinalY][kFinalX], s_m2[kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -333,7 +342,7 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
       for (int u = 0; u < kFinalU; ++u) {
         const i64 c = c0 + (i64)u * kFinalY;
         if (c < p.chunks)
-          merge(n, m, m2, part_count<NC>(p, c), (double)q[u][0], (double)q[u][1]);
+          merge(n, m, m2, part_count<NC, SR>(p, c), (double)q[u][0], (double)q[u][1]);
       }
     }
   }
@@ -361,21 +370,24 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
 
 // y over rows [row_begin + blockIdx.y * chunk_rows, ...) for the VEC features of this thread. Loads stay
 // packed until used; 2 blocks per SM at least (the register cap keeps 16 warps resident).
-template <class T, int VEC, int U = kUnroll>
+// SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
+// writes the rows past them.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
 __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats;
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
-  if (f0 >= p.feats) return;
+  if (f0 >= feats) return;
   const unsigned flags = p.flags;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   A c[VEC][4];
-  const A* cs = (const A*)p.consts + f0 * 4;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
+    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
 #pragma unroll
-    for (int k = 0; k < 3; ++k) c[e][k] = cs[e * 4 + k];
+    for (int k = 0; k < 3; ++k) c[e][k] = cs[k];
     c[e][3] = A(0);
   }
   // Last chunk first: the stats pass read the rows in order, so the end of x is what L2 still holds.
@@ -384,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   const T* x = (const T*)p.x + f0;
   const T* z = (const T*)p.z + f0;
   T* y = (T*)p.y + f0;
-  const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
+  const i64 lx = SR ? feats : p.ld[X], ly = SR ? feats : p.ld[Y], lz = SR ? feats : p.ld[Z];
   for (i64 r = start + ty; r < end; r += (i64)by * U) {
     P xv[U];  // only x is prefetched: z and the old y (Ex, blending) are loaded where used, so the
                     // plain forward keeps few registers (3 blocks of 256 per SM)
@@ -411,6 +423,20 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
         }
         vstore<T, VEC>(y + rr * ly, o);
         if (flags & PYDNN_BN_FLAG_MASK) mstore<VEC>(p.mask + rr * lx + f0, pos);
+      }
+    }
+  }
+  if (SR && blockIdx.y == 0 && ty == 0) {  // the rows past the super-rows: element f0 + e of super-row R
+    const i64 r = p.rows / p.sr_k, tail = (p.rows - r * p.sr_k) * p.feats, i0 = r * feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (f0 + e < tail) {
+        const i64 i = i0 + e;
+        bool pos;
+        A o = alpha * fwd_value(load<A>(x[i]), c[e], (flags & PYDNN_BN_FLAG_Z) ? load<A>(z[i]) : A(0), flags, pos);
+        if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(y[i]);
+        y[i] = store<T>(o);
+        if (flags & PYDNN_BN_FLAG_MASK) p.mask[i0 + f0 + e] = pos ? 1 : 0;
       }
     }
   }

@@ -8,8 +8,9 @@ The default points are the issue-20 misses of the 2026-11-28 H200 sweep (/work/n
 `rowsb` branch addressed: OpTensor ADD with operands inside L2 (tuning.tensor_ops.PLAIN_BYTES: the plain
 cache policy, against 0 = always streaming), ADD beyond L2 (no switch applies: the default twice), reduce AVG
 / SUM over rows of 2824 fp32 (walk_row's batched tail: no switch, the kernel itself changed), softmax of
-few long rows (tuning.softmax.SPLIT: the cluster kernel, against one block a row). About 20 s on an H100 /
-H200 with the default reps.
+few long rows (tuning.softmax.SPLIT: the cluster kernel, against one block a row); batch norm backward NHWC
+with C off the 16-byte vector (tuning.batchnorm.SUPER_ROWS: the super-row kernels, against the 1-element rows).
+About 20 s on an H100 / H200 with the default reps (the bn_bwd points: a few seconds more).
 """
 import argparse
 import os
@@ -32,6 +33,22 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                              {"softmax.SPLIT": False}),
     "softmax_8x32768_fp16": (dict(family="softmax_instance", dtype="fp16", rows=8, hidden=32768),
                              {"softmax.SPLIT": False}),
+    # batch norm backward, NHWC with C off the 16-byte vector: the super-row kernels against the 1-element rows
+    "bn_bwd_195x93x38_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=195, c=93, hw=38),
+                              {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_105x405x82_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=105, c=405, hw=82),
+                               {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_39x1315x23_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=39, c=1315, hw=23),
+                               {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_2x1305x45_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=2, c=1305, hw=45),
+                              {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_37x12x146_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NHWC", n=37, c=12, hw=146),
+                              {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_64x150x28_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=64, c=150, hw=28),
+                              {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_162x4x9_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=162, c=4, hw=9),
+                            {"batchnorm.SUPER_ROWS": False}),
+    "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552), None),
 }
 
 

@@ -267,8 +267,8 @@ def kernel_units():
         if t != "f64":
             exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
         if t in SR_TAGS:
-            exprs += [_expr(k, t, vec_width(t, t), SR_U) for k in ("bwd_stats", "bwd_apply")]
-            exprs.append(_expr("bwd_final", t, None, SR_FINAL))
+            exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
+            exprs += [_expr(f"{d}_final", t, None, SR_FINAL) for d in ("fwd", "bwd")]
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
             exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
@@ -529,7 +529,7 @@ def _rows1_u(tag, v):
     return u if v == 1 and tag != "f64" and u in ROWS1_U_VALUES else None
 
 
-# Super-rows (bwd_stats / bwd_final / bwd_apply<..., true>, ptx/batchnorm.cu): the packed NHWC backward whose C is
+# Super-rows ({fwd,bwd}_stats / _final / _apply<..., true>, ptx/batchnorm.cu): packed NHWC training forward and backward whose C is
 # no multiple of the 16-byte vector reads the rows as R = rows / k super-rows of L = k * C elements (k = VEC /
 # gcd(C, VEC)), a whole number of 16-byte vectors: each thread keeps one vector position, so its channels (j mod
 # C) and their constants stay fixed, and stats / apply are the full-width row kernels. The rows past R * k (< k)
@@ -539,10 +539,12 @@ def _rows1_u(tag, v):
 # 39x1315x23x23 0.74x (22-33% of copy; H200, 2026-11-28): 2- / 4-byte accesses, 4-8 rows in flight, too few
 # bytes in flight; a warp of an odd C's last 32-lane tile mostly idle. Predicted: the vector path's rate (the
 # 16-byte NHWC backward), ~1.5-2.5x those points.
+# The forward takes the same sequence (fwd_apply's general kernel: no plain / saved-statistics variant); bn_train
+# NHWC 187x50x14x14 fp32 ran 0.82x PyTorch on the 1-element rows (H200, 2026-11-28).
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
-SR_U = "4, true"            # bwd_stats / bwd_apply<T, VEC, kUnroll, true>
-SR_FINAL = "false, true"    # bwd_final<A, false, true>
+SR_U = "4, true"            # {fwd,bwd}_stats / _apply<T, VEC, kUnroll, true>
+SR_FINAL = "false, true"    # {fwd,bwd}_final<A, false, true>
 
 
 def _sr_geom(tag, g):
@@ -580,27 +582,28 @@ def _sr_chunks(handle, sg, pslot, cap_bytes=None):
     return chunk, gy, gy * L * pslot
 
 
-def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr):
-    """The super-row backward: stats (gy chunks, the last the tail's), final, apply from super-row head_sr, and
-    bwd_head over the rows whose bytes held the constants (non-Ex, head_sr > 0)."""
+def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
+    """The super-row forward / backward: stats (gy chunks, the last the tail's), final, apply from super-row
+    head_sr, and the head kernel over the rows whose bytes held the constants (non-Ex, head_sr > 0)."""
     k, L, R, tail, bx, by, tiles = sg
     v = vec_width(pl.tag, pl.tag)
     pl.params.sr_k = k
     n = R - head_sr
     achunk = max(by * UNROLL * APPLY_STEPS, cdiv(n, MAX_GRID_Y))
-    seq = [_Launch("bwd_stats", v, (tiles, gy, 1), (bx, by, 1), {"chunk_rows": chunk, "chunks": gy}, SR_U),
-           _Launch("bwd_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,),
+    d = direction
+    seq = [_Launch(f"{d}_stats", v, (tiles, gy, 1), (bx, by, 1), {"chunk_rows": chunk, "chunks": gy}, SR_U),
+           _Launch(f"{d}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,),
                    {"chunk_rows": chunk, "chunks": gy * k}, SR_FINAL),
-           _Launch("bwd_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
+           _Launch(f"{d}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
                    {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
     if head_sr:
-        seq.append(_Launch("bwd_head", None, (1, 1, 1), (THREADS, 1, 1), {"row_begin": 0, "row_end": head_sr * k}))
+        seq.append(_Launch(f"{d}_head", None, (1, 1, 1), (THREADS, 1, 1), {"row_begin": 0, "row_end": head_sr * k}))
     pl.seqs["sr"] = seq
 
 
 def _sr_ws(handle, tag, g, direction):
     """Bytes of the Ex workspace the super-row sequence needs (0: it does not apply)."""
-    sg = _sr_geom(tag, g) if direction == "bwd" else None
+    sg = _sr_geom(tag, g) if direction in ("fwd", "bwd") else None
     if sg is None:
         return 0
     _, cslot, pslot = _slots(tag, direction)
@@ -871,7 +874,7 @@ def _make_plan(handle, tag, g, direction, ex):
     if g.layout != "rows":
         _nc_seqs(pl, handle, g, direction, ex)
         return pl
-    sg = _sr_geom(tag, g) if direction == "bwd" else None
+    sg = _sr_geom(tag, g)
     if ex:  # the caller's workspace: constants, then partials
         pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
         pl.scratch = (poff, chunk, chunks)
@@ -880,7 +883,7 @@ def _make_plan(handle, tag, g, direction, ex):
         if sg is not None:
             sc = _sr_chunks(handle, sg, pslot)
             pl.ws_need = max(pl.ws_need, poff + sc[2])
-            _sr_seq(pl, handle, g, sg, sc[0], sc[1], 0)
+            _sr_seq(pl, handle, g, sg, sc[0], sc[1], 0, direction)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -899,7 +902,7 @@ def _make_plan(handle, tag, g, direction, ex):
         head_sr = cdiv(head_rows, sg[0])
         sc = _sr_chunks(handle, sg, pslot, obytes - poff)
         if sc is not None and head_sr <= sg[2]:
-            _sr_seq(pl, handle, g, sg, sc[0], sc[1], head_sr)
+            _sr_seq(pl, handle, g, sg, sc[0], sc[1], head_sr, direction)
     return pl
 
 
@@ -1248,7 +1251,7 @@ def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_
     if g.layout != "rows":
         lay = _nc_layout(handle, g, tag, "fwd", True)
         return 0 if lay is None else lay[6]
-    return _workspace_layout(handle, g, tag, "fwd", _first_vec(g, tag))[0]
+    return max(_workspace_layout(handle, g, tag, "fwd", _first_vec(g, tag))[0], _sr_ws(handle, tag, g, "fwd"))
 
 
 @api

@@ -1,5 +1,5 @@
-"""CPU: batch norm's super-row backward (tuning.batchnorm.SUPER_ROWS: bwd_stats / bwd_final / bwd_apply<...,
-true> over super-rows of lcm(C, VEC) elements for packed NHWC with C off the 16-byte vector): which calls get the
+"""CPU: batch norm's super-row training forward and backward (tuning.batchnorm.SUPER_ROWS: {fwd,bwd}_stats /
+_final / _apply<..., true> over super-rows of lcm(C, VEC) elements for packed NHWC with C off the 16-byte vector): which calls get the
 "sr" sequence and pick it, the kernels compile for sm_80 / sm_90 without spills, and a float64 emulation of the
 launches (the kernels' block / chunk / tail index math, part_count's counts, the apply's and head's coverage, the
 scratch bytes) against numpy's per-channel sums."""
@@ -35,11 +35,12 @@ def _nhwc(dims, dtype):
     return d
 
 
-def _plan(h, dims, dtype, ex):
+def _plan(h, dims, dtype, ex, direction="bwd"):
     d = _nhwc(dims, dtype)
     tag = B.TAG[dtype]
-    ops = {B.OP_X: d.strides, B.OP_DY: d.strides, B.OP_DX: d.strides}
-    return B._make_plan(h, tag, B._geometry(SPATIAL, dims, ops, B.vec_width(tag, tag)), "bwd", ex), d
+    ops = {B.OP_X: d.strides}
+    ops.update({k: d.strides for k in ((B.OP_DY, B.OP_DX) if direction == "bwd" else (B.OP_Y,))})
+    return B._make_plan(h, tag, B._geometry(SPATIAL, dims, ops, B.vec_width(tag, tag)), direction, ex), d
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def _part_count(c, chunk, rows, k):
     return 1 if kk < rows - r * k else 0
 
 
-def _emulate(pl, seq, dims, ex, rng):
+def _emulate(pl, seq, dims, ex, rng, direction):
     """The sr launches on float64 data: per-channel (n, mean x, M2 x, mean dy, C) from the partials as final
     merges them, and the elements the apply / head write (each once)."""
     g, p = pl.geom, pl.params
@@ -69,8 +70,9 @@ def _emulate(pl, seq, dims, ex, rng):
     x = rng.standard_normal(rows * C)
     dy = rng.standard_normal(rows * C)
     stats, final, apply = seq[:3]
+    d = direction
     assert (stats.kernel, stats.u, final.kernel, final.u, apply.kernel, apply.u) == (
-        "bwd_stats", B.SR_U, "bwd_final", B.SR_FINAL, "bwd_apply", B.SR_U)
+        f"{d}_stats", B.SR_U, f"{d}_final", B.SR_FINAL, f"{d}_apply", B.SR_U)
     bx, by, _ = stats.block
     tiles, gy, _ = stats.grid
     assert bx * by <= B.THREADS and by & (by - 1) == 0 and stats.block == apply.block
@@ -148,22 +150,24 @@ def _emulate(pl, seq, dims, ex, rng):
         assert len(seq) == 3 and ab == 0
     else:
         head = seq[3]
-        assert head.kernel == "bwd_head" and head.fields == {"row_begin": 0, "row_end": ab * k}
+        assert head.kernel == f"{d}_head" and head.fields == {"row_begin": 0, "row_end": ab * k}
         wrote[:ab * k * C] += 1
         cbytes = C * 4 * pl.asize
         assert ab * L * pl.isize >= cbytes  # the apply's first byte is past the constants
-        assert pl.scratch[0] + gy * L * 4 * pl.asize <= rows * C * pl.isize  # partials inside dx
+        slot = (4 if d == "bwd" else 2) * pl.asize
+        assert pl.scratch[0] + gy * L * slot <= rows * C * pl.isize  # partials inside dx / y
     assert (wrote == 1).all()
-    return gy * L * 4 * pl.asize
+    return gy * L * (4 if d == "bwd" else 2) * pl.asize
 
 
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("ex", [False, True])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_sr_emulated(case, ex, rng, monkeypatch):
+def test_sr_emulated(case, ex, direction, rng, monkeypatch):
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
     dims, dtype = CASES[case]
     h = cpu_handle()
-    pl, d = _plan(h, dims, dtype, ex)
+    pl, d = _plan(h, dims, dtype, ex, direction)
     assert "sr" in pl.seqs, dims
     v = B.vec_width(pl.tag, pl.tag)
     assert pl.params.sr_k == v // np.gcd(dims[1], v)
@@ -171,13 +175,18 @@ def test_sr_emulated(case, ex, rng, monkeypatch):
         seq = pl.seqs["sr"]
     else:
         seq = pl.seqs["sr"]
-        pbytes = _emulate(pl, seq, dims, ex, rng)
+        pbytes = _emulate(pl, seq, dims, ex, rng, direction)
         if ex:
             assert pl.ws_need >= pl.scratch[0] + pbytes
             bd = pydnn.create_tensor_descriptor()
             pydnn.derive_bn_tensor_descriptor(bd, d, SPATIAL)
-            got = pydnn.get_batch_normalization_backward_ex_workspace_size(
-                h, SPATIAL, pydnn.PYDNN_BATCHNORM_OPS_BN, d, None, d, None, d, bd, None)
+            ops = pydnn.PYDNN_BATCHNORM_OPS_BN
+            if direction == "bwd":
+                got = pydnn.get_batch_normalization_backward_ex_workspace_size(h, SPATIAL, ops, d, None, d, None, d,
+                                                                               bd, None)
+            else:
+                got = pydnn.get_batch_normalization_forward_training_ex_workspace_size(h, SPATIAL, ops, d, None, d,
+                                                                                       bd, None)
             assert got == pl.ws_need
     base = 1 << 20
     assert B._pick(pl, (base, 2 * base), True, base) is seq
@@ -186,7 +195,7 @@ def test_sr_emulated(case, ex, rng, monkeypatch):
 
 
 def test_sr_not_taken(monkeypatch):
-    """Not for: whole-vector C, strided rows, double, fewer rows than a super-row, the forward, the switch off."""
+    """Not for: whole-vector C, strided rows, double, fewer rows than a super-row, inference, the switch off."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
     h = cpu_handle()
     assert "sr" not in _plan(h, (4, 16, 5, 7), F32, False)[0].seqs
@@ -198,7 +207,8 @@ def test_sr_not_taken(monkeypatch):
     assert "sr" in _plan(h, (2, 17, 3, 5), F32, True)[0].seqs
     d = _nhwc((3, 37, 5, 7), F32)
     g = B._geometry(SPATIAL, (3, 37, 5, 7), {B.OP_X: d.strides, B.OP_Y: d.strides}, 4)
-    assert "sr" not in B._make_plan(h, "f32", g, "fwd", False).seqs
+    assert "sr" in B._make_plan(h, "f32", g, "fwd", False).seqs
+    assert "sr" not in B._make_plan(h, "f32", g, "infer", False).seqs
     st = (37 * 35 + 3, 1, 37 * 7, 37)  # x with padded images: not packed
     g = B._geometry(SPATIAL, (3, 37, 5, 7), {B.OP_X: st, B.OP_DY: st, B.OP_DX: st}, 4)
     assert g.layout == "gen" or B._sr_geom("f32", g) is None
@@ -227,16 +237,16 @@ def test_sr_kernels_compile_without_spills():
     from pydnn._cuda import nvrtc
 
     for unit in B.kernel_units():
-        exprs = tuple(e for e in unit.exprs if e.endswith("true>") and "::bwd_" in e and "final<float, true>" not in e
-                      and "final<double, true>" not in e)
+        exprs = tuple(e for e in unit.exprs if e.endswith("true>") and ("::bwd_" in e or "::fwd_" in e)
+                      and "final<float, true>" not in e and "final<double, true>" not in e)
         if unit.name.endswith("f64"):
             assert not exprs
             continue
-        assert len(exprs) == 3, (unit.name, exprs)
+        assert len(exprs) == 6, (unit.name, exprs)
         text, _ = cache.unit_inputs(unit)
         for arch in ("sm_80", "sm_90"):
             _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch,
                                                   COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
             assert set(lowered) == set(exprs)
             spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-            assert len(spills) == 3 and not any(spills), (unit.name, arch, log)
+            assert len(spills) == 6 and not any(spills), (unit.name, arch, log)

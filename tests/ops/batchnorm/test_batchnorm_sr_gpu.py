@@ -1,9 +1,11 @@
-"""Batch norm's super-row backward (tuning.batchnorm.SUPER_ROWS: bwd_stats / bwd_final / bwd_apply<T, VEC, 4,
-true> over super-rows of lcm(C, VEC) elements) on the GPU against the float64 reference, outputs poisoned:
+"""Batch norm's super-row training forward and backward (tuning.batchnorm.SUPER_ROWS: {fwd,bwd}_stats / _final /
+_apply<T, VEC, 4, true> over super-rows of lcm(C, VEC) elements) on the GPU against the float64 reference, outputs
+poisoned (y, saved / running statistics, dx, dscale, dbias, dz, the forward's ReLU mask):
 packed NHWC with C off the 16-byte vector (odd C, C = 2 mod 4 in fp32, C = 4 mod 8 in 16-bit), tails of 0 ..
-k - 1 rows past the super-rows, one and several position tiles; plain backward (scratch in dx, its head) with
-saved and recomputed statistics and dscale / dbias blending; Ex BN / ReLU mask / residual add (dz) with dx / dz
-blending; that the call launched the sr sequence; repeats bitwise equal."""
+k - 1 rows past the super-rows, one and several position tiles; plain forward (scratch in y, its head) and
+backward (scratch in dx) with saved and recomputed statistics and dscale / dbias blending; Ex BN / ReLU mask /
+residual add (z, dz) with alpha and dx / dz blending; that the calls launched the sr sequences; repeats bitwise
+equal."""
 import numpy as np
 import pytest
 
@@ -43,25 +45,31 @@ def launched(monkeypatch):
 
 
 SR = [("bwd_stats", B.SR_U), ("bwd_final", B.SR_FINAL), ("bwd_apply", B.SR_U)]
+SRF = [("fwd_stats", B.SR_U), ("fwd_final", B.SR_FINAL), ("fwd_apply", B.SR_U)]
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_sr_backward(handle, rng, case, launched):
-    dims, dtype = CASES[case]
+NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
+
+
+@pytest.mark.parametrize("dims,dtype", CASES, ids=[f"{'x'.join(map(str, d))}-{NAMES[t]}" for d, t in CASES])
+def test_sr_backward(handle, rng, dims, dtype, launched):
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
+    assert launched == [SRF + [("fwd_head", None)]], launched
     del launched[:]
     _backward(handle, t, dtype, SPATIAL, rng, saved=True)
     _backward(handle, t, dtype, SPATIAL, rng, saved=False, ap=0.5, bp=0.5)
     assert launched == [SR + [("bwd_head", None)]] * 2, launched
     for ops in (OPS_BN, OPS_ACT, OPS_ADD):
+        del launched[:]
         t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=0.5, ex_ops=ops)
+        assert launched == [SRF], (ops, launched)
         del launched[:]
         _backward(handle, t, dtype, SPATIAL, rng, saved=True, ex_ops=ops)
         _backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.5, ap=2.0, bp=-1.0, ex_ops=ops)
         assert launched == [SR] * 2, (ops, launched)
 
 
-@pytest.mark.parametrize("dims,dtype", [((33, 93, 19, 17), BF16), ((21, 99, 13, 11), F32)])
+@pytest.mark.parametrize("dims,dtype", [((33, 93, 19, 17), BF16), ((21, 99, 13, 11), F32)], ids=["bf16", "f32"])
 def test_sr_repeat_bitwise(handle, rng, dims, dtype, launched):
     """Two calls on the same data (many chunks, a tail): the same bits in dx, dscale and dbias."""
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
