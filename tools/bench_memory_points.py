@@ -48,7 +48,14 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                               {"batchnorm.SUPER_ROWS": False}),
     "bn_bwd_162x4x9_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=162, c=4, hw=9),
                             {"batchnorm.SUPER_ROWS": False}),
-    "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552), None),
+    "bn_train_187x50x14_fp32": (dict(family="bn_train", dtype="fp32", layout="NHWC", n=187, c=50, hw=14),
+                                {"batchnorm.SUPER_ROWS": False}),
+    "bn_train_7x337x93_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=7, c=337, hw=93),
+                               {"batchnorm.SUPER_ROWS": False}),
+    "bn_train_66x1737x104_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=66, c=1737, hw=104),
+                                  {"batchnorm.SUPER_ROWS": False}),
+    # layer norm backward, long fp32 rows: the staged cluster kernel against the register-tile one
+    "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552), {"norm.STAGED_BWD": False}),
 }
 
 
