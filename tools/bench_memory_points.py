@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Named points of tools/sweep_memory.py (its build() and run_point(): the same calls, the same timing),
-each run with the planner's defaults and, where a tuning switch turns the newer path off, without it:
+each run with the planner's defaults and, where a tuning switch turns the newer path off, without it (or with each
+of a list of settings):
 
     python3 tools/bench_memory_points.py [--reps N] [--points NAME,...]
 
@@ -54,8 +55,12 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                                {"batchnorm.SUPER_ROWS": False}),
     "bn_train_66x1737x104_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=66, c=1737, hw=104),
                                   {"batchnorm.SUPER_ROWS": False}),
-    # layer norm backward, long fp32 rows: the staged cluster kernel against the register-tile one
-    "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552), {"norm.STAGED_BWD": False}),
+    # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
+    # the register-tile cluster kernel
+    "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),
+                              [{"norm.BWD_SPLIT": True}, {"norm.STAGED_BWD": False}]),
+    "rms_bwd_1024x16384_fp32": (dict(family="rms_bwd", dtype="fp32", rows=1024, hidden=16384),
+                                [{"norm.BWD_SPLIT": True}]),
 }
 
 
@@ -80,14 +85,16 @@ def main(argv=None):
     print(f"device copy {c.copy_gbs:.0f} GB/s; ratio = PyTorch ms / pydnn ms")
     for name in names:
         p, off = POINTS[name]
-        for label, settings in (("default", {}), ("off", off)):
+        alts = off if isinstance(off, list) else [off]  # (a list: several settings, each against the default)
+        for label, settings in [("default", {})] + [(";".join(f"{k}={v}" for k, v in a.items()) if a else "off", a)
+                                                     for a in alts if a is not None]:
             if settings is None:
                 continue
             rows = []
             with tuning.override(settings):
                 M.run_point(c, dict(p), rows, {})
             r = rows[-1]
-            print(f"{name:28s} {label:7s} {r['status']:6s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  torch "
+            print(f"{name:28s} {label:24s} {r['status']:6s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  torch "
                   f"{SC.fmt(r.get('ms_ref'), '.4f')} ms  {SC.fmt(r.get('ratio'), '.3f')}x  "
                   f"{SC.fmt(r.get('gbs_pydnn'), '.0f')} GB/s  check {SC.fmt(r.get('check_err'), '.2e')} "
                   f"{r.get('note', '')[:80]}", flush=True)
