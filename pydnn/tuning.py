@@ -279,6 +279,8 @@ norm = Switches(
     BWD_SPLIT=(False, 'whole-vector layer / RMS rows whose one-pass backward needs an 8-block cluster per row, at least '
                       'a wave of them: bwd_split_dx (a block per row, two passes) + bwd_split_params (dscale / dbias '
                       'per row chunk) + finish_rowx; off until measured; the reasons: pydnn/ops/normalization.py'),
+    BWD_SPLIT_16=(False, 'BWD_SPLIT for 16-bit rows as well (float only when False); the reasons: '
+                         'pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '

@@ -61,6 +61,8 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                               [{"norm.BWD_SPLIT": True}, {"norm.STAGED_BWD": False}]),
     "rms_bwd_1024x16384_fp32": (dict(family="rms_bwd", dtype="fp32", rows=1024, hidden=16384),
                                 [{"norm.BWD_SPLIT": True}]),
+    "rms_bwd_1478x32768_bf16": (dict(family="rms_bwd", dtype="bf16", rows=1478, hidden=32768),
+                                [{"norm.BWD_SPLIT": True, "norm.BWD_SPLIT_16": True}]),
 }
 
 

@@ -1380,6 +1380,7 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
 # 3 n; a cluster walks its rows one at a time, 7.5 us a row) against PyTorch's 0.229 ms (H200, 2026-11-28).
 # Predicted: ~0.16 ms (5 n at 85% of copy). Off until measured.
 # BWD_SPLIT: a switch, pydnn.tuning.norm.BWD_SPLIT (default False)
+# BWD_SPLIT_16: a switch, pydnn.tuning.norm.BWD_SPLIT_16 (default False: 16-bit rows keep the cluster kernels)
 SPLIT_KERNELS = ("bwd_split_dx", "bwd_split_params")
 SPLIT_PARAMS_THREADS = 256  # kSplitParamsThreads
 SPLIT_DX_VECS = 8           # vectors of a row per bwd_split_dx thread (block: 128 .. 1024 threads)
@@ -1392,8 +1393,8 @@ def _split_expr(kernel, tag, vec):
 
 def _split_use(handle, nd, tag, geo, vec, r):
     """Whether the whole-vector rows' backward should take the split kernels instead of `r`."""
-    if (not tuning.norm.BWD_SPLIT or tag != "f32" or vec <= 1 or not _rows_layout(nd, geo, vec)
-            or geo[2] < handle.sm_count):  # (float: the case measured against; 16-bit rows not measured)
+    if (not tuning.norm.BWD_SPLIT or (tag != "f32" and not tuning.norm.BWD_SPLIT_16) or vec <= 1
+            or not _rows_layout(nd, geo, vec) or geo[2] < handle.sm_count):
         return False
     if geo[2] > MAX_GRID or geo[3] >= 2**31:
         return False

@@ -11,7 +11,7 @@ from test_normalization_gpu import _backward_check, _nd, _tensor
 
 pytestmark = pytest.mark.gpu
 
-F32 = pydnn.PYDNN_DATA_FLOAT
+F32, BF16, F16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_BFLOAT16, pydnn.PYDNN_DATA_HALF
 LAYER, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
 
 
@@ -29,3 +29,17 @@ def test_split_backward(handle, rng, monkeypatch, kind, length):
     _backward_check(handle, rng, kind, 0, 1, dims, "nchw", F32)
     _backward_check(handle, rng, kind, 0, 1, dims, "nchw", F32, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
                     dbias=False)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_split_backward_16(handle, rng, monkeypatch, dtype):
+    """BWD_SPLIT_16: the 16-bit rows the same way (8-element vectors)."""
+    monkeypatch.setattr(tuning.norm, "BWD_SPLIT", True)
+    monkeypatch.setattr(tuning.norm, "BWD_SPLIT_16", True)
+    for kind, dims in ((RMS, (max(150, handle.sm_count + 3), 32768)), (LAYER, (max(140, handle.sm_count + 1), 17000))):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert [a.split()[0] for a in alts[0]] == ["bwd_split_dx", "bwd_split_params", "finish"], alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                        dbias=False)
