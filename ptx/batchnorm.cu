@@ -25,9 +25,11 @@
 //                            so a thread's 16-byte position j in a super-row holds the fixed channels (j + e) mod
 //                            C: the row kernels' code at the full vector width, constants in registers. Partials
 //                            per (chunk, slot of L) are, read as C-wide rows, (chunk * sr_k + k, channel): final
-//                            merges them as chunk items (part_count<.., true>). The rows past R * sr_k (fewer
+//                            merges them as chunk items (part_count<.., 1>). The rows past R * sr_k (fewer
 //                            than sr_k) are one extra stats chunk (each element its own partial: count 1 or 0)
-//                            and the apply's last block writes them element by element.
+//                            and the apply's last block writes them element by element. With one position tile
+//                            (L / VEC <= 256) the stats block merges each channel's sr_k slots itself (and the
+//                            last one the rows past R * sr_k): one partial per (chunk, channel), part_count<.., 2>.
 //   gen kernels (any strides): one block per feature walks its reduction elements twice (statistics,
 //     then the outputs), so no memory outside the operands is needed; infer_gen: one thread per element.
 //
@@ -208,13 +210,18 @@ template <class A> __device__ __forceinline__ A fwd_value(A x, const A* c, A z, 
 
 // Elements behind partial c of a feature: row chunks (chunk_rows rows each, the last shorter), or with NC
 // the nc kernels' items (nc_g planes x nc_l elements, the last of each shorter; see nc_stats).
-// SR: item c is (super-row chunk c / sr_k, row k = c mod sr_k of the super-row); chunks past the R super-rows
-// are the tail's: one element each for its rows k < rows - R * sr_k, none for the others.
-template <bool NC, bool SR = false> __device__ __forceinline__ double part_count(const BnParams& p, i64 c) {
-  if constexpr (SR) {
+// SR 1 (position tiles): item c is (super-row chunk c / sr_k, row k = c mod sr_k of the super-row); chunks
+// past the R super-rows are the tail's: one element each for its rows k < rows - R * sr_k, none for the others.
+// SR 2 (one tile, the block merged each channel's slots): item c is chunk c, its super-rows times sr_k rows, the
+// last one with the rows past the super-rows. chunk_rows: super-rows.
+template <bool NC, int SR = 0> __device__ __forceinline__ double part_count(const BnParams& p, i64 c) {
+  if constexpr (SR == 1) {
     const i64 ch = c / p.sr_k, k = c - ch * p.sr_k, r = p.rows / p.sr_k, c0 = ch * p.chunk_rows;
     if (c0 < r) return (double)min(p.chunk_rows, r - c0);
     return k < p.rows - r * p.sr_k ? 1.0 : 0.0;
+  } else if constexpr (SR == 2) {
+    const i64 r = p.rows / p.sr_k;
+    return (double)(min(p.chunk_rows, r - c * p.chunk_rows) * p.sr_k + (c == p.chunks - 1 ? p.rows - r * p.sr_k : 0));
   } else if constexpr (NC) {
     const i64 ng = c / p.nc_k, k = c - ng * p.nc_k;
     return (double)(min(p.nc_g, p.nc_n - ng * p.nc_g) * min(p.nc_l, p.nc_hw - k * p.nc_l));
@@ -300,6 +307,22 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
     }
     __syncthreads();
   }
+  if (SR && gridDim.x == 1) {  // one position tile (SR 2): each channel's sr_k slots merged here, in order, and
+    // the last chunk's block adds the rows past the super-rows: one partial per (chunk, channel)
+    const i64 C = p.feats, t = blockIdx.y == gridDim.y - 1 ? p.rows - rows * p.sr_k : 0;
+    for (i64 c = idx; c < C; c += bx * by) {
+      A cn = 0, cm = 0, cm2 = 0;
+      for (i64 i = 0; i < p.sr_k; ++i) {
+        const i64 j = c + i * C;
+        merge(cn, cm, cm2, s_n[j / VEC], s_m[j], s_m2[j]);
+      }
+      for (i64 r = 0; r < t; ++r) merge(cn, cm, cm2, A(1), load<A>(((const T*)p.x)[rows * feats + r * C + c]), A(0));
+      A* part = (A*)p.partial + ((i64)blockIdx.y * C + c) * 2;
+      part[0] = cm;
+      part[1] = cm2;
+    }
+    return;
+  }
   if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
     const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
 #pragma unroll
@@ -319,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
 }
 
 // Per feature: merge the chunks' partials (chunk order, double), then finish. Block kFinalX x kFinalY.
-template <class A, bool NC = false, bool SR = false>
+template <class A, bool NC = false, int SR = 0>
 __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p) {
   __shared__ double s_n[kFinalY][kFinalX], s_m[kFinalY][kFinalX], s_m2[kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -655,6 +678,28 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
     }
     __syncthreads();
   }
+  if (SR && gridDim.x == 1) {  // one position tile (SR 2): as fwd_stats, with (x, dy') pairs
+    const i64 C = p.feats, t = blockIdx.y == gridDim.y - 1 ? p.rows - rows * p.sr_k : 0;
+    for (i64 c = idx; c < C; c += bx * by) {
+      A cn = 0, cx = 0, c2 = 0, cy = 0, cc_ = 0;
+      for (i64 i = 0; i < p.sr_k; ++i) {
+        const i64 j = c + i * C;
+        merge2(cn, cx, c2, cy, cc_, s_n[j / VEC], s_s[0][j], s_s[1][j], s_s[2][j], s_s[3][j]);
+      }
+      for (i64 r = 0; r < t; ++r) {
+        const i64 i = rows * feats + r * C + c;
+        A dv = load<A>(((const T*)p.dy)[i]);
+        if ((p.flags & PYDNN_BN_FLAG_MASK) && !p.mask[i]) dv = A(0);
+        merge2(cn, cx, c2, cy, cc_, A(1), load<A>(((const T*)p.x)[i]), A(0), dv, A(0));
+      }
+      A* part = (A*)p.partial + ((i64)blockIdx.y * C + c) * 4;
+      part[0] = cx;
+      part[1] = c2;
+      part[2] = cy;
+      part[3] = cc_;
+    }
+    return;
+  }
   if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
     const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
 #pragma unroll
@@ -680,7 +725,7 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
   }
 }
 
-template <class A, bool NC = false, bool SR = false>
+template <class A, bool NC = false, int SR = 0>
 __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p) {
   __shared__ double s[5][kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;

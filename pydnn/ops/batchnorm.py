@@ -268,7 +268,7 @@ def kernel_units():
             exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
         if t in SR_TAGS:
             exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
-            exprs += [_expr(f"{d}_final", t, None, SR_FINAL) for d in ("fwd", "bwd")]
+            exprs += [_expr(f"{d}_final", t, None, u) for d in ("fwd", "bwd") for u in (SR_FINAL, SR_FINAL1)]
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
             exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
@@ -541,14 +541,26 @@ def _rows1_u(tag, v):
 # 16-byte NHWC backward), ~1.5-2.5x those points.
 # The forward takes the same sequence (fwd_apply's general kernel: no plain / saved-statistics variant); bn_train
 # NHWC 187x50x14x14 fp32 ran 0.82x PyTorch on the 1-element rows (H200, 2026-11-28).
+# Measured, first version (mid-session run, H200, same run, super-rows / 1-element rows; the stats at 8 blocks an
+# SM, partials per (chunk, slot): final merged chunks x k items a channel): bn_bwd NHWC bf16 105x405x82x82 1.231 /
+# 1.820 ms (0.98x / 0.70x PyTorch), fp32 39x1315x23x23 0.223 / 0.239; but bf16 195x93x38x38 0.265 / 0.192, fp32
+# 64x150x28x28 0.089 / 0.073, bf16 2x1305x45x45 0.097 / 0.059, bn_train bf16 7x337x93x93 0.128 / 0.096, fp32
+# 187x50x14x14 0.0425 / 0.0444. The losses track final's items (195x93: 8296 a channel, 65 dependent rounds of
+# its 32 lanes x 4 loads, ~+70 us; 7x337: 4224, +32 us). Now: with one position tile the stats block merges each
+# channel's k slots (final: one item a chunk, part_count<.., 2>), SR_BLOCKS (4) blocks an SM instead of 8, and
+# position tiles (C > 256 odd) only for x of SR_TILED_BYTES (64 MB) or more (the two measured wins).
+# SR_BLOCKS: a switch, pydnn.tuning.batchnorm.SR_BLOCKS (default 4)
+# SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
 SR_U = "4, true"            # {fwd,bwd}_stats / _apply<T, VEC, kUnroll, true>
-SR_FINAL = "false, true"    # {fwd,bwd}_final<A, false, true>
+SR_FINAL = "false, 1"       # {fwd,bwd}_final<A, false, 1>: partials per (chunk, slot), the tail's chunk
+SR_FINAL1 = "false, 2"      # {fwd,bwd}_final<A, false, 2>: one tile, partials per (chunk, channel)
 
 
 def _sr_geom(tag, g):
-    """(k, L, R, tail rows, bx, by, tiles) of the super-row view, or None when it does not apply."""
+    """(k, L, R, tail rows, bx, by, tiles) of the super-row view, or None when it does not apply (not packed NHWC
+    rows off the vector; position tiles below SR_TILED_BYTES)."""
     if (not tuning.batchnorm.SUPER_ROWS or tag not in SR_TAGS or g.layout != "rows" or g.vec_ok
             or any(ld != g.feats for ld in g.ld.values())):
         return None
@@ -562,6 +574,8 @@ def _sr_geom(tag, g):
         bx, tiles = nv, 1
         by = 1 << ((THREADS // nv).bit_length() - 1)
     else:
+        if g.rows * g.feats * _SIZES[tag] < tuning.batchnorm.SR_TILED_BYTES:
+            return None
         tiles = cdiv(nv, THREADS)
         bx, by = cdiv(cdiv(nv, tiles), 32) * 32, 1
     return k, L, R, g.rows - R * k, bx, by, tiles
@@ -569,17 +583,19 @@ def _sr_geom(tag, g):
 
 def _sr_chunks(handle, sg, pslot, cap_bytes=None):
     """(chunk super-rows, stats blocks along y (with the tail's), bytes of partials), or None where cap_bytes
-    cannot hold one chunk's."""
+    cannot hold one chunk's. One tile: a partial per (chunk, channel), the tail in the last chunk; else a
+    partial per (chunk, slot of L) and the tail's own chunk."""
     k, L, R, tail, bx, by, tiles = sg
-    extra = 1 if tail else 0
-    cap = None if cap_bytes is None else cap_bytes // (L * pslot) - extra
+    extra = 1 if tail and tiles > 1 else 0
+    width = L // k if tiles == 1 else L
+    cap = None if cap_bytes is None else cap_bytes // (width * pslot) - extra
     if cap is not None and cap < 1:
         return None
-    want = max(1, (handle.sm_count * BLOCKS_PER_SM) // tiles)
+    want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
     n = max(1, min(want, cdiv(R, by * UNROLL), MAX_GRID_Y - extra, cap if cap is not None else want))
     chunk = cdiv(R, n)
     gy = cdiv(R, chunk) + extra
-    return chunk, gy, gy * L * pslot
+    return chunk, gy, gy * width * pslot
 
 
 def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
@@ -593,7 +609,7 @@ def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
     d = direction
     seq = [_Launch(f"{d}_stats", v, (tiles, gy, 1), (bx, by, 1), {"chunk_rows": chunk, "chunks": gy}, SR_U),
            _Launch(f"{d}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,),
-                   {"chunk_rows": chunk, "chunks": gy * k}, SR_FINAL),
+                   {"chunk_rows": chunk, "chunks": gy if tiles == 1 else gy * k}, SR_FINAL1 if tiles == 1 else SR_FINAL),
            _Launch(f"{d}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
                    {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
     if head_sr:

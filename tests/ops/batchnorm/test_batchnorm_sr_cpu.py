@@ -46,13 +46,17 @@ def _plan(h, dims, dtype, ex, direction="bwd"):
 @pytest.fixture(autouse=True)
 def _defaults(monkeypatch):
     monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", True)
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 0)  # (position tiles on small shapes too)
     monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)
     monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", False)
 
 
-def _part_count(c, chunk, rows, k):
-    """part_count<false, true> (ptx/batchnorm.cu)."""
-    ch, kk, r = c // k, c % k, rows // k
+def _part_count(c, chunk, rows, k, chunks=None):
+    """part_count<false, 1> (ptx/batchnorm.cu); with chunks, part_count<false, 2> (one tile)."""
+    r = rows // k
+    if chunks is not None:
+        return min(chunk, r - c * chunk) * k + (rows - r * k if c == chunks - 1 else 0)
+    ch, kk = c // k, c % k
     c0 = ch * chunk
     if c0 < r:
         return min(chunk, r - c0)
@@ -71,13 +75,15 @@ def _emulate(pl, seq, dims, ex, rng, direction):
     dy = rng.standard_normal(rows * C)
     stats, final, apply = seq[:3]
     d = direction
-    assert (stats.kernel, stats.u, final.kernel, final.u, apply.kernel, apply.u) == (
-        f"{d}_stats", B.SR_U, f"{d}_final", B.SR_FINAL, f"{d}_apply", B.SR_U)
     bx, by, _ = stats.block
     tiles, gy, _ = stats.grid
+    one = tiles == 1
+    assert (stats.kernel, stats.u, final.kernel, final.u, apply.kernel, apply.u) == (
+        f"{d}_stats", B.SR_U, f"{d}_final", B.SR_FINAL1 if one else B.SR_FINAL, f"{d}_apply", B.SR_U)
     assert bx * by <= B.THREADS and by & (by - 1) == 0 and stats.block == apply.block
+    assert one == (L // v <= B.THREADS) and (not one or bx == L // v)
     chunk = stats.fields["chunk_rows"]
-    assert final.fields == {"chunk_rows": chunk, "chunks": gy * k}
+    assert final.fields == {"chunk_rows": chunk, "chunks": gy if one else gy * k}
     # stats: partial (block row y, slot j) over super-rows [y * chunk, min(R, ...)), or the tail's element
     part = np.zeros((gy, L, 4))
     cnt = np.zeros((gy, L), int)
@@ -102,13 +108,28 @@ def _emulate(pl, seq, dims, ex, rng, direction):
                     if len(idx):
                         part[y, j] = (xs.mean(), ((xs - xs.mean()) ** 2).sum(), ds.mean(),
                                       ((xs - xs.mean()) * (ds - ds.mean())).sum())
+    if one:  # the block merges channel c's k slots (and the last block the tail rows): a partial per channel
+        assert not any(r0 >= R for r0 in range(0, gy * chunk, chunk))  # (no tail chunk of its own)
+        tail = rows - R * k
+        seen = np.zeros(rows * C, int)  # (counted again, by the merged partials)
+        part1, cnt1 = np.zeros((gy, C, 4)), np.zeros((gy, C), int)
+        for y in range(gy):
+            for c in range(C):
+                idx = np.concatenate([np.arange(y * chunk, min(R, y * chunk + chunk)) * L + c + i * C
+                                      for i in range(k)] + ([R * L + np.arange(tail) * C + c] if y == gy - 1 else []))
+                seen[idx] += 1
+                xs, ds = x[idx], dy[idx]
+                cnt1[y, c] = len(idx)
+                part1[y, c] = (xs.mean(), ((xs - xs.mean()) ** 2).sum(), ds.mean(),
+                               ((xs - xs.mean()) * (ds - ds.mean())).sum())
     assert (seen == 1).all()  # every element in exactly one partial
     # final: channel f merges items c (partial c * C + f of the C-wide view) with part_count's counts
-    flat, fcnt = part.reshape(gy * k, C, 4), cnt.reshape(gy * k, C)
+    items = gy if one else gy * k
+    flat, fcnt = (part1, cnt1) if one else (part.reshape(gy * k, C, 4), cnt.reshape(gy * k, C))
     for f in range(C):
         n = mx = m2 = my = cc = 0.0
-        for c in range(gy * k):
-            nb = _part_count(c, chunk, rows, k)
+        for c in range(items):
+            nb = _part_count(c, chunk, rows, k, gy if one else None)
             assert nb == fcnt[c, f], (c, f)
             if nb == 0:
                 continue
@@ -155,9 +176,9 @@ def _emulate(pl, seq, dims, ex, rng, direction):
         cbytes = C * 4 * pl.asize
         assert ab * L * pl.isize >= cbytes  # the apply's first byte is past the constants
         slot = (4 if d == "bwd" else 2) * pl.asize
-        assert pl.scratch[0] + gy * L * slot <= rows * C * pl.isize  # partials inside dx / y
+        assert pl.scratch[0] + gy * (C if one else L) * slot <= rows * C * pl.isize  # partials inside dx / y
     assert (wrote == 1).all()
-    return gy * L * (4 if d == "bwd" else 2) * pl.asize
+    return gy * (C if one else L) * (4 if d == "bwd" else 2) * pl.asize
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
@@ -195,16 +216,24 @@ def test_sr_emulated(case, ex, direction, rng, monkeypatch):
 
 
 def test_sr_not_taken(monkeypatch):
-    """Not for: whole-vector C, strided rows, double, fewer rows than a super-row, inference, the switch off."""
+    """Not for: whole-vector C, strided rows, double, fewer rows than a super-row, inference, position tiles under
+    SR_TILED_BYTES, the switch off."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
     h = cpu_handle()
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 64 << 20)
+    assert "sr" not in _plan(h, (9, 1315, 20, 20), F32, True)[0].seqs    # 18 MiB, 6 position tiles
+    assert "sr" in _plan(h, (39, 1315, 20, 20), F32, True)[0].seqs       # 78 MiB
+    assert "sr" in _plan(h, (9, 93, 20, 20), F32, True)[0].seqs          # one tile: any size
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 0)
     assert "sr" not in _plan(h, (4, 16, 5, 7), F32, False)[0].seqs
     assert "sr" not in _plan(h, (3, 37, 5, 7), F64, False)[0].seqs
     assert "sr" not in _plan(h, (1, 99, 1, 3), F32, True)[0].seqs  # 3 rows, k = 4
     assert "sr" in _plan(h, (1, 99, 1, 4), F32, True)[0].seqs
-    # non-Ex: dx (2040 bytes) cannot hold the constants and a chunk's and the tail's partials (2 x 1088): Ex can
-    assert "sr" not in _plan(h, (2, 17, 3, 5), F32, False)[0].seqs
-    assert "sr" in _plan(h, (2, 17, 3, 5), F32, True)[0].seqs
+    # non-Ex: dx (2040 bytes) holds the constants and one tile's per-channel partials (272 bytes a chunk); with
+    # position tiles (C = 299: 1196 per chunk and slot row, 4 of them) 5980 bytes cannot hold them: Ex can
+    assert "sr" in _plan(h, (2, 17, 3, 5), F32, False)[0].seqs
+    assert "sr" not in _plan(h, (1, 299, 1, 5), F32, False)[0].seqs
+    assert "sr" in _plan(h, (1, 299, 1, 5), F32, True)[0].seqs
     d = _nhwc((3, 37, 5, 7), F32)
     g = B._geometry(SPATIAL, (3, 37, 5, 7), {B.OP_X: d.strides, B.OP_Y: d.strides}, 4)
     assert "sr" in B._make_plan(h, "f32", g, "fwd", False).seqs
@@ -237,16 +266,16 @@ def test_sr_kernels_compile_without_spills():
     from pydnn._cuda import nvrtc
 
     for unit in B.kernel_units():
-        exprs = tuple(e for e in unit.exprs if e.endswith("true>") and ("::bwd_" in e or "::fwd_" in e)
-                      and "final<float, true>" not in e and "final<double, true>" not in e)
+        exprs = tuple(e for e in unit.exprs if (e.endswith(", 4, true>") and ("::bwd_" in e or "::fwd_" in e))
+                      or e.endswith(f"final<float, {B.SR_FINAL}>") or e.endswith(f"final<float, {B.SR_FINAL1}>"))
         if unit.name.endswith("f64"):
             assert not exprs
             continue
-        assert len(exprs) == 6, (unit.name, exprs)
+        assert len(exprs) == 8, (unit.name, exprs)
         text, _ = cache.unit_inputs(unit)
         for arch in ("sm_80", "sm_90"):
             _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch,
                                                   COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
             assert set(lowered) == set(exprs)
             spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-            assert len(spills) == 6 and not any(spills), (unit.name, arch, log)
+            assert len(spills) == 8 and not any(spills), (unit.name, arch, log)

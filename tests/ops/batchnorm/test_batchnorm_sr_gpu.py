@@ -26,6 +26,7 @@ CASES = [((3, 93, 7, 9), BF16), ((2, 477, 5, 6), F32), ((9, 5, 11, 13), F16), ((
 def _sr(monkeypatch, handle):
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)  # (small shapes: the rows path, not gen)
     monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", True)
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 0)  # (position tiles on small shapes too)
     _forget_bn_plans(handle)
     yield
     _forget_bn_plans(handle)
@@ -44,8 +45,12 @@ def launched(monkeypatch):
     return seqs
 
 
-SR = [("bwd_stats", B.SR_U), ("bwd_final", B.SR_FINAL), ("bwd_apply", B.SR_U)]
-SRF = [("fwd_stats", B.SR_U), ("fwd_final", B.SR_FINAL), ("fwd_apply", B.SR_U)]
+def _sr(d, dims, dtype):
+    """The sr sequence's (kernel, u): final<A, false, 2> where one tile holds a super-row (L / VEC <= 256)."""
+    v = B.vec_width(B.TAG[dtype], B.TAG[dtype])
+    c = dims[1]
+    one = c // np.gcd(c, v) <= B.THREADS
+    return [(f"{d}_stats", B.SR_U), (f"{d}_final", B.SR_FINAL1 if one else B.SR_FINAL), (f"{d}_apply", B.SR_U)]
 
 
 NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
@@ -53,6 +58,7 @@ NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
 
 @pytest.mark.parametrize("dims,dtype", CASES, ids=[f"{'x'.join(map(str, d))}-{NAMES[t]}" for d, t in CASES])
 def test_sr_backward(handle, rng, dims, dtype, launched):
+    SR, SRF = _sr("bwd", dims, dtype), _sr("fwd", dims, dtype)
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
     assert launched == [SRF + [("fwd_head", None)]], launched
     del launched[:]
@@ -83,6 +89,6 @@ def test_sr_repeat_bitwise(handle, rng, dims, dtype, launched):
         pydnn.batch_normalization_backward(handle, SPATIAL, 1.0, 0.0, 1.0, 0.0, x.desc, x.ptr, dy.desc, dy.ptr,
                                            dx.desc, dx.ptr, t["bd"], t["sc"].ptr, ds.ptr, db.ptr, 1e-5, 0, 0)
         out.append((dx.buf.to_numpy(), ds.buf.to_numpy(), db.buf.to_numpy()))
-    assert launched[-1] == SR + [("bwd_head", None)]
+    assert launched[-1] == _sr("bwd", dims, dtype) + [("bwd_head", None)]
     for a, b in zip(*out):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
