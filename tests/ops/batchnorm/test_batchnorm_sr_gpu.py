@@ -45,7 +45,7 @@ def launched(monkeypatch):
     return seqs
 
 
-def _sr(d, dims, dtype):
+def _sr_seq(d, dims, dtype):
     """The sr sequence's (kernel, u): final<A, false, 2> where one tile holds a super-row (L / VEC <= 256)."""
     v = B.vec_width(B.TAG[dtype], B.TAG[dtype])
     c = dims[1]
@@ -58,7 +58,7 @@ NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
 
 @pytest.mark.parametrize("dims,dtype", CASES, ids=[f"{'x'.join(map(str, d))}-{NAMES[t]}" for d, t in CASES])
 def test_sr_backward(handle, rng, dims, dtype, launched):
-    SR, SRF = _sr("bwd", dims, dtype), _sr("fwd", dims, dtype)
+    SR, SRF = _sr_seq("bwd", dims, dtype), _sr_seq("fwd", dims, dtype)
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
     assert launched == [SRF + [("fwd_head", None)]], launched
     del launched[:]
@@ -89,6 +89,6 @@ def test_sr_repeat_bitwise(handle, rng, dims, dtype, launched):
         pydnn.batch_normalization_backward(handle, SPATIAL, 1.0, 0.0, 1.0, 0.0, x.desc, x.ptr, dy.desc, dy.ptr,
                                            dx.desc, dx.ptr, t["bd"], t["sc"].ptr, ds.ptr, db.ptr, 1e-5, 0, 0)
         out.append((dx.buf.to_numpy(), ds.buf.to_numpy(), db.buf.to_numpy()))
-    assert launched[-1] == _sr("bwd", dims, dtype) + [("bwd_head", None)]
+    assert launched[-1] == _sr_seq("bwd", dims, dtype) + [("bwd_head", None)]
     for a, b in zip(*out):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
