@@ -284,8 +284,8 @@ norm = Switches(
                      'least a wave of them: bwd_split_dx (a block per row, two passes) + bwd_split_params (dscale / '
                      'dbias per row chunk) + finish_rowx (LN fp32 3673 x 8552: 0.559x -> 1.222x PyTorch, H200); the '
                      'reasons: pydnn/ops/normalization.py'),
-    BWD_SPLIT_16=(False, 'BWD_SPLIT for 16-bit rows as well (float only when False); the reasons: '
-                         'pydnn/ops/normalization.py'),
+    BWD_SPLIT_16=(True, 'BWD_SPLIT for 16-bit rows as well (RMS bf16 1478 x 32768: 0.551x -> 1.116x PyTorch, H200; '
+                        'False: float only); the reasons: pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '

@@ -1373,15 +1373,17 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
 # LN fp32 3673 x 8552 0.403 -> 0.421 ms on bwd_rowx_cl (4 blocks), and fewer rows than SMs keep the cluster
 # kernel, which spreads each over 8 SMs (same run).
 # Long whole-vector layer / RMS rows, many of them (BWD_SPLIT): where the one-pass backward takes an 8-block
-# cluster per row (bwd_staged_cluster / bwd_cluster / bwd_rowx_cl) and the rows are at least the SMs, the
+# cluster per row (bwd_staged_cluster / bwd_cluster) and the rows are at least the SMs, the
 # split backward (ptx/normalization_rowx.cu: bwd_split_dx, a block per row reading x and dy twice, then
 # bwd_split_params, dscale / dbias per row chunk, then finish_rowx), PyTorch's shape: 5 n bytes, every pass
 # at full occupancy. Why: LN fp32 3673 x 8552 ran 0.403-0.421 ms on the cluster kernels (21.5% of copy for
 # 3 n; a cluster walks its rows one at a time, 7.5 us a row) against PyTorch's 0.229 ms (H200, 2026-11-28).
-# Predicted: ~0.16 ms (5 n at 85% of copy). Measured (mid-session run, H200, same run): 0.4072 ms (staged cluster,
-# 0.559x PyTorch) -> 0.1870 ms (1.222x, 2016 GB/s on 3 n); the register-tile cluster kernel 0.5459 ms. On.
+# Predicted: ~0.16 ms (5 n at 85% of copy). Measured (mid-session runs 2 and 3, H200, same run each): LN fp32
+# 3673 x 8552 0.4072 / 0.4095 ms (staged cluster, 0.559x PyTorch) -> 0.1870 / 0.1869 ms (1.22x, 2017 GB/s on 3 n;
+# the register-tile cluster kernel 0.546 ms); RMS fp32 1024 x 16384 0.1715 -> 0.1123 ms (0.70x -> 1.35x); RMS bf16
+# 1478 x 32768 0.3621 -> 0.1789 ms (0.55x -> 1.12x, BWD_SPLIT_16). On.
 # BWD_SPLIT: a switch, pydnn.tuning.norm.BWD_SPLIT (default True)
-# BWD_SPLIT_16: a switch, pydnn.tuning.norm.BWD_SPLIT_16 (default False: 16-bit rows keep the cluster kernels)
+# BWD_SPLIT_16: a switch, pydnn.tuning.norm.BWD_SPLIT_16 (default True; False: 16-bit rows keep the cluster kernels)
 SPLIT_KERNELS = ("bwd_split_dx", "bwd_split_params")
 SPLIT_PARAMS_THREADS = 256  # kSplitParamsThreads
 SPLIT_DX_VECS = 8           # vectors of a row per bwd_split_dx thread (block: 128 .. 1024 threads)
@@ -1399,7 +1401,7 @@ def _split_use(handle, nd, tag, geo, vec, r):
         return False
     if geo[2] > MAX_GRID or geo[3] >= 2**31:
         return False
-    return r is None or any(tag_ in r[0][0].desc for tag_ in ("cluster=8", " cl="))
+    return r is None or "cluster=8" in r[0][0].desc  # (the 8-block cluster kernels; not bwd_ring_cl's pairs)
 
 
 def _split_alt(handle, nd, tag, geo, vec):

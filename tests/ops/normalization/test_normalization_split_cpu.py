@@ -80,7 +80,8 @@ def test_split_not_taken(monkeypatch):
     h = cpu_handle()
     assert "bwd_split" not in _plan(h, 100, 8552).alternatives[0][0].expr           # fewer rows than SMs
     assert "bwd_split" not in _plan(h, 16384, 4096).alternatives[0][0].expr         # no cluster: staged
-    assert "bwd_split" not in _plan(h, 3673, 8552, BF16).alternatives[0][0].expr    # 16-bit: not measured
+    monkeypatch.setattr(tuning.norm, "BWD_SPLIT_16", False)
+    assert "bwd_split" not in _plan(h, 3673, 8552, BF16).alternatives[0][0].expr    # 16-bit: its own switch
     monkeypatch.setattr(tuning.norm, "BWD_SPLIT_16", True)
     assert "bwd_split_dx<pydnn::bf16_t, 8>" in _plan(h, 3673, 8552, BF16).alternatives[0][0].expr
     assert "bwd_split" not in _plan(h, 3673, 8551).alternatives[0][0].expr          # not whole vectors: rowx
