@@ -448,6 +448,28 @@ __global__ void bwd_rowx_cl(const NormParams) { __trap(); }  // the host never p
 // chunk's rows (blockDim.y, U rows in flight), the row threads summed in a fixed tree; slot = the chunk
 // (p.group rows), summed in slot order by finish_rowx. Bytes: x and dy twice, dx once (5 n against 3 n of
 // the one-pass kernels). Every order is fixed: results are bitwise reproducible.
+// bwd_split_dx's passes: the U vectors v0, v0 + G, ... of x and dy (those below nvec) in flight, then one of
+// them as floats with its parameters.
+template <class T, int VEC, int U>
+__device__ __forceinline__ void split_load(const T* x, const T* dy, int v0, int G, int nvec, Frag<T, VEC> (&fx)[U],
+                                           Frag<T, VEC> (&fd)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int vi = v0 + u * G;
+    if (vi < nvec) {
+      fx[u].load(x + vi * VEC);
+      fd[u].load(dy + vi * VEC);
+    }
+  }
+}
+template <class T, int VEC>
+__device__ __forceinline__ void split_get(const Frag<T, VEC>& fx, const Frag<T, VEC>& fd, const float* scale, int vi,
+                                          bool pvec, float* a, float* d, float* sc) {
+  rows_get<T, VEC>(fx, a);
+  rows_get<T, VEC>(fd, d);
+  rows_params<VEC>(scale, vi * VEC, pvec, sc);
+}
+
 template <class T, int VEC>
 __global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
   typedef Frag<T, VEC> F;
@@ -467,22 +489,13 @@ __global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
   float r[2] = {0.0f, 0.0f};
   for (int v0 = t; v0 < nvec; v0 += U * G) {
     F fx[U], fd[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int vi = v0 + u * G;
-      if (vi < nvec) {
-        fx[u].load(x + vi * VEC);
-        fd[u].load(dy + vi * VEC);
-      }
-    }
+    split_load<T, VEC, U>(x, dy, v0, G, nvec, fx, fd);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int vi = v0 + u * G;
       if (vi < nvec) {
         float a[VEC], d[VEC], sc[VEC];
-        rows_get<T, VEC>(fx[u], a);
-        rows_get<T, VEC>(fd[u], d);
-        rows_params<VEC>(p.scale, vi * VEC, pvec, sc);
+        split_get<T, VEC>(fx[u], fd[u], p.scale, vi, pvec, a, d, sc);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xh = (a[j] - mean) * inv, g = d[j] * sc[j];
@@ -496,22 +509,13 @@ __global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
   const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
   for (int v0 = t; v0 < nvec; v0 += U * G) {
     F fx[U], fd[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int vi = v0 + u * G;
-      if (vi < nvec) {
-        fx[u].load(x + vi * VEC);
-        fd[u].load(dy + vi * VEC);
-      }
-    }
+    split_load<T, VEC, U>(x, dy, v0, G, nvec, fx, fd);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int vi = v0 + u * G;
       if (vi < nvec) {
         float a[VEC], d[VEC], sc[VEC];
-        rows_get<T, VEC>(fx[u], a);
-        rows_get<T, VEC>(fd[u], d);
-        rows_params<VEC>(p.scale, vi * VEC, pvec, sc);
+        split_get<T, VEC>(fx[u], fd[u], p.scale, vi, pvec, a, d, sc);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) a[j] = ai * (d[j] * sc[j] - m1 - (a[j] - mean) * inv * m2);
         if (blend) {
