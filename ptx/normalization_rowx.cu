@@ -516,18 +516,7 @@ __global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
       if (vi < nvec) {
         float a[VEC], d[VEC], sc[VEC];
         split_get<T, VEC>(fx[u], fd[u], p.scale, vi, pvec, a, d, sc);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) a[j] = ai * (d[j] * sc[j] - m1 - (a[j] - mean) * inv * m2);
-        if (blend) {
-          F old;
-          old.load(o + vi * VEC);
-          old.get(d);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
-        }
-        F out;
-        out.set(a);
-        out.store(o + vi * VEC);
+        rows_dx<T, VEC>(o, vi, a, d, sc, ai, m1, mean, inv, m2, blend, beta);
       }
     }
   }
