@@ -19,6 +19,17 @@
 //                            (no head); infer_rows_smem's code (rows_affine)
 //     infer_rows / infer_rows_smem  inference over the rows; _smem (vector launches) computes each feature's
 //                            constants once per block into shared memory, after the first loads are out.
+//   super-rows (SR = true: bwd_stats / bwd_final / bwd_apply): packed NHWC whose C is no multiple of the
+//                            16-byte vector (odd C). The rows are read as a matrix of R = rows / sr_k super-rows
+//                            of L = sr_k * C elements (sr_k = VEC / gcd(C, VEC): L is a whole number of vectors),
+//                            so a thread's 16-byte position j in a super-row holds the fixed channels (j + e) mod
+//                            C: the row kernels' code at the full vector width, constants in registers. Partials
+//                            per (chunk, slot of L) are, read as C-wide rows, (chunk * sr_k + k, channel): final
+//                            merges them as chunk items (part_count<.., 1>). The rows past R * sr_k (fewer
+//                            than sr_k) are one extra stats chunk (each element its own partial: count 1 or 0)
+//                            and the apply's last block writes them element by element. With one position tile
+//                            (L / VEC <= 256) the stats block merges each channel's sr_k slots itself (and the
+//                            last one the rows past R * sr_k): one partial per (chunk, channel), part_count<.., 2>.
 //   gen kernels (any strides): one block per feature walks its reduction elements twice (statistics,
 //     then the outputs), so no memory outside the operands is needed; infer_gen: one thread per element.
 //
@@ -199,8 +210,19 @@ template <class A> __device__ __forceinline__ A fwd_value(A x, const A* c, A z, 
 
 // Elements behind partial c of a feature: row chunks (chunk_rows rows each, the last shorter), or with NC
 // the nc kernels' items (nc_g planes x nc_l elements, the last of each shorter; see nc_stats).
-template <bool NC> __device__ __forceinline__ double part_count(const BnParams& p, i64 c) {
-  if constexpr (NC) {
+// SR 1 (position tiles): item c is (super-row chunk c / sr_k, row k = c mod sr_k of the super-row); chunks
+// past the R super-rows are the tail's: one element each for its rows k < rows - R * sr_k, none for the others.
+// SR 2 (one tile, the block merged each channel's slots): item c is chunk c, its super-rows times sr_k rows, the
+// last one with the rows past the super-rows. chunk_rows: super-rows.
+template <bool NC, int SR = 0> __device__ __forceinline__ double part_count(const BnParams& p, i64 c) {
+  if constexpr (SR == 1) {
+    const i64 ch = c / p.sr_k, k = c - ch * p.sr_k, r = p.rows / p.sr_k, c0 = ch * p.chunk_rows;
+    if (c0 < r) return (double)min(p.chunk_rows, r - c0);
+    return k < p.rows - r * p.sr_k ? 1.0 : 0.0;
+  } else if constexpr (SR == 2) {
+    const i64 r = p.rows / p.sr_k;
+    return (double)(min(p.chunk_rows, r - c * p.chunk_rows) * p.sr_k + (c == p.chunks - 1 ? p.rows - r * p.sr_k : 0));
+  } else if constexpr (NC) {
     const i64 ng = c / p.nc_k, k = c - ng * p.nc_k;
     return (double)(min(p.nc_g, p.nc_n - ng * p.nc_g) * min(p.nc_l, p.nc_hw - k * p.nc_l));
   } else {
@@ -213,10 +235,9 @@ template <bool NC> __device__ __forceinline__ double part_count(const BnParams& 
 // Per-thread statistics over the rows [r0, r1) of VEC features at f0 (x only: forward), U rows in flight
 // (loads kept packed until used: a 16-bit row of 8 features holds 4 registers, not 8).
 template <class T, int VEC, int U, class A>
-__device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i64 r1, A& n, A* m, A* m2) {
+__device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i64 r1, i64 ld, A& n, A* m, A* m2) {
   typedef Pack<T, VEC> P;
   const T* x = (const T*)p.x + f0;
-  const i64 ld = p.ld[X];
   const int by = blockDim.y;
   for (i64 r = r0; r < r1; r += (i64)by * U) {
     P raw[U];
@@ -249,18 +270,20 @@ __device__ __forceinline__ void row_stats_x(const BnParams& p, i64 f0, i64 r0, i
 }
 
 // U: rows in flight per thread (kUnroll16 for 16-bit vectors, launched as one wave of long blocks).
-template <class T, int VEC, int U = kUnroll>
+// SR: the super-row view (see the top): feats, rows and the leading dim are L, R and L.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
 __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_n[kThreads], s_m[kThreads * VEC], s_m2[kThreads * VEC];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats, rows = SR ? p.rows / p.sr_k : p.rows;
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
-  const bool live = f0 < p.feats;
-  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(p.rows, r0 + p.chunk_rows);
+  const bool live = f0 < feats;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(rows, r0 + p.chunk_rows);
   A n = 0, m[VEC], m2[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) m[e] = m2[e] = A(0);
-  if (live) row_stats_x<T, VEC, U>(p, f0, r0 + ty, r1, n, m, m2);
+  if (live) row_stats_x<T, VEC, U>(p, f0, r0 + ty, r1, SR ? feats : p.ld[X], n, m, m2);
   s_n[idx] = n;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
@@ -284,8 +307,32 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
     }
     __syncthreads();
   }
+  if (SR && gridDim.x == 1) {  // one position tile (SR 2): each channel's sr_k slots merged here, in order, and
+    // the last chunk's block adds the rows past the super-rows: one partial per (chunk, channel)
+    const i64 C = p.feats, t = blockIdx.y == gridDim.y - 1 ? p.rows - rows * p.sr_k : 0;
+    for (i64 c = idx; c < C; c += bx * by) {
+      A cn = 0, cm = 0, cm2 = 0;
+      for (i64 i = 0; i < p.sr_k; ++i) {
+        const i64 j = c + i * C;
+        merge(cn, cm, cm2, s_n[j / VEC], s_m[j], s_m2[j]);
+      }
+      for (i64 r = 0; r < t; ++r) merge(cn, cm, cm2, A(1), load<A>(((const T*)p.x)[rows * feats + r * C + c]), A(0));
+      A* part = (A*)p.partial + ((i64)blockIdx.y * C + c) * 2;
+      part[0] = cm;
+      part[1] = cm2;
+    }
+    return;
+  }
+  if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
+    const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      m[e] = f0 + e < tail ? load<A>(((const T*)p.x)[rows * feats + f0 + e]) : A(0);
+      m2[e] = A(0);
+    }
+  }
   if (ty == 0 && live) {
-    A* part = (A*)p.partial + ((i64)blockIdx.y * p.feats + f0) * 2;
+    A* part = (A*)p.partial + ((i64)blockIdx.y * feats + f0) * 2;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       part[2 * e] = m[e];
@@ -295,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, U == kUnroll ? 1 : 3) fwd_stats(cons
 }
 
 // Per feature: merge the chunks' partials (chunk order, double), then finish. Block kFinalX x kFinalY.
-template <class A, bool NC = false>
+template <class A, bool NC = false, int SR = 0>
 __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p) {
   __shared__ double s_n[kFinalY][kFinalX], s_m[kFinalY][kFinalX], s_m2[kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -318,7 +365,7 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
       for (int u = 0; u < kFinalU; ++u) {
         const i64 c = c0 + (i64)u * kFinalY;
         if (c < p.chunks)
-          merge(n, m, m2, part_count<NC>(p, c), (double)q[u][0], (double)q[u][1]);
+          merge(n, m, m2, part_count<NC, SR>(p, c), (double)q[u][0], (double)q[u][1]);
       }
     }
   }
@@ -346,21 +393,24 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
 
 // y over rows [row_begin + blockIdx.y * chunk_rows, ...) for the VEC features of this thread. Loads stay
 // packed until used; 2 blocks per SM at least (the register cap keeps 16 warps resident).
-template <class T, int VEC, int U = kUnroll>
+// SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
+// writes the rows past them.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
 __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats;
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
-  if (f0 >= p.feats) return;
+  if (f0 >= feats) return;
   const unsigned flags = p.flags;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   A c[VEC][4];
-  const A* cs = (const A*)p.consts + f0 * 4;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
+    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
 #pragma unroll
-    for (int k = 0; k < 3; ++k) c[e][k] = cs[e * 4 + k];
+    for (int k = 0; k < 3; ++k) c[e][k] = cs[k];
     c[e][3] = A(0);
   }
   // Last chunk first: the stats pass read the rows in order, so the end of x is what L2 still holds.
@@ -369,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   const T* x = (const T*)p.x + f0;
   const T* z = (const T*)p.z + f0;
   T* y = (T*)p.y + f0;
-  const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
+  const i64 lx = SR ? feats : p.ld[X], ly = SR ? feats : p.ld[Y], lz = SR ? feats : p.ld[Z];
   for (i64 r = start + ty; r < end; r += (i64)by * U) {
     P xv[U];  // only x is prefetched: z and the old y (Ex, blending) are loaded where used, so the
                     // plain forward keeps few registers (3 blocks of 256 per SM)
@@ -396,6 +446,20 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
         }
         vstore<T, VEC>(y + rr * ly, o);
         if (flags & PYDNN_BN_FLAG_MASK) mstore<VEC>(p.mask + rr * lx + f0, pos);
+      }
+    }
+  }
+  if (SR && blockIdx.y == 0 && ty == 0) {  // the rows past the super-rows: element f0 + e of super-row R
+    const i64 r = p.rows / p.sr_k, tail = (p.rows - r * p.sr_k) * p.feats, i0 = r * feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (f0 + e < tail) {
+        const i64 i = i0 + e;
+        bool pos;
+        A o = alpha * fwd_value(load<A>(x[i]), c[e], (flags & PYDNN_BN_FLAG_Z) ? load<A>(z[i]) : A(0), flags, pos);
+        if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(y[i]);
+        y[i] = store<T>(o);
+        if (flags & PYDNN_BN_FLAG_MASK) p.mask[i0 + f0 + e] = pos ? 1 : 0;
       }
     }
   }
@@ -523,25 +587,28 @@ template <class T, int H> __global__ void __launch_bounds__(kThreads) fwd_head_b
 
 // Backward: x, dy (masked by the reserve's ReLU mask) of VEC features at f0 over rows [r0, r1).
 template <class T, int VEC, class A>
-__device__ __forceinline__ void row_load_xdy(const BnParams& p, i64 f0, i64 rr, A* xv, A* dv) {
-  vload<T, VEC>((const T*)p.x + rr * p.ld[X] + f0, xv);
-  vload<T, VEC>((const T*)p.dy + rr * p.ld[DY] + f0, dv);
+__device__ __forceinline__ void row_load_xdy(const BnParams& p, i64 f0, i64 rr, i64 lx, i64 ldy, A* xv, A* dv) {
+  vload<T, VEC>((const T*)p.x + rr * lx + f0, xv);
+  vload<T, VEC>((const T*)p.dy + rr * ldy + f0, dv);
   if (p.flags & PYDNN_BN_FLAG_MASK) {
     bool m[VEC];
-    mload<VEC>(p.mask + rr * p.ld[X] + f0, m);
+    mload<VEC>(p.mask + rr * lx + f0, m);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) dv[e] = m[e] ? dv[e] : A(0);
   }
 }
 
-template <class T, int VEC, int U = kUnroll>
+// SR: the super-row view (see the top): feats, rows and the leading dims are L, R and L.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
 __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_n[kThreads], s_s[4][kThreads * VEC];
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats, rows = SR ? p.rows / p.sr_k : p.rows;
+  const i64 lx = SR ? feats : p.ld[X], ldy = SR ? feats : p.ld[DY];
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
-  const bool live = f0 < p.feats;
-  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(p.rows, r0 + p.chunk_rows);
+  const bool live = f0 < feats;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(rows, r0 + p.chunk_rows);
   A n = 0, mx[VEC], m2[VEC], my[VEC], cc[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) mx[e] = m2[e] = my[e] = cc[e] = A(0);
@@ -551,7 +618,7 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const i64 rr = r + (i64)u * by;
-        if (rr < r1) row_load_xdy<T, VEC>(p, f0, rr, xv[u], dv[u]);
+        if (rr < r1) row_load_xdy<T, VEC>(p, f0, rr, lx, ldy, xv[u], dv[u]);
         else {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) xv[u][e] = dv[u][e] = A(0);
@@ -611,8 +678,43 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
     }
     __syncthreads();
   }
+  if (SR && gridDim.x == 1) {  // one position tile (SR 2): as fwd_stats, with (x, dy') pairs
+    const i64 C = p.feats, t = blockIdx.y == gridDim.y - 1 ? p.rows - rows * p.sr_k : 0;
+    for (i64 c = idx; c < C; c += bx * by) {
+      A cn = 0, cx = 0, c2 = 0, cy = 0, cc_ = 0;
+      for (i64 i = 0; i < p.sr_k; ++i) {
+        const i64 j = c + i * C;
+        merge2(cn, cx, c2, cy, cc_, s_n[j / VEC], s_s[0][j], s_s[1][j], s_s[2][j], s_s[3][j]);
+      }
+      for (i64 r = 0; r < t; ++r) {
+        const i64 i = rows * feats + r * C + c;
+        A dv = load<A>(((const T*)p.dy)[i]);
+        if ((p.flags & PYDNN_BN_FLAG_MASK) && !p.mask[i]) dv = A(0);
+        merge2(cn, cx, c2, cy, cc_, A(1), load<A>(((const T*)p.x)[i]), A(0), dv, A(0));
+      }
+      A* part = (A*)p.partial + ((i64)blockIdx.y * C + c) * 4;
+      part[0] = cx;
+      part[1] = c2;
+      part[2] = cy;
+      part[3] = cc_;
+    }
+    return;
+  }
+  if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
+    const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const i64 i = rows * feats + f0 + e;
+      const bool in = f0 + e < tail;
+      A dv = in ? load<A>(((const T*)p.dy)[i]) : A(0);
+      if (in && (p.flags & PYDNN_BN_FLAG_MASK) && !p.mask[i]) dv = A(0);
+      mx[e] = in ? load<A>(((const T*)p.x)[i]) : A(0);
+      my[e] = dv;
+      m2[e] = cc[e] = A(0);
+    }
+  }
   if (ty == 0 && live) {
-    A* part = (A*)p.partial + ((i64)blockIdx.y * p.feats + f0) * 4;
+    A* part = (A*)p.partial + ((i64)blockIdx.y * feats + f0) * 4;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       part[4 * e] = mx[e];
@@ -623,7 +725,7 @@ __global__ void __launch_bounds__(kThreads) bwd_stats(const BnParams p) {
   }
 }
 
-template <class A, bool NC = false>
+template <class A, bool NC = false, int SR = 0>
 __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p) {
   __shared__ double s[5][kFinalY][kFinalX];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -646,7 +748,7 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p)
       for (int u = 0; u < kFinalU; ++u) {
         const i64 c = c0 + (i64)u * kFinalY;
         if (c < p.chunks)
-          merge2(n, mx, m2, my, cc, part_count<NC>(p, c), (double)q[u][0],
+          merge2(n, mx, m2, my, cc, part_count<NC, SR>(p, c), (double)q[u][0],
                  (double)q[u][1], (double)q[u][2], (double)q[u][3]);
       }
     }
@@ -683,28 +785,33 @@ template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) 
   return c[0] * (d - c[3]) + c[1] * (x - c[2]);
 }
 
-template <class T, int VEC, int U = kUnroll>
+// SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
+// writes the rows past them.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
 __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats;
   const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
-  if (f0 >= p.feats) return;
+  if (f0 >= feats) return;
   const unsigned flags = p.flags;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   A c[VEC][4];
-  const A* cs = (const A*)p.consts + f0 * 4;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e)
+  for (int e = 0; e < VEC; ++e) {
+    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) c[e][k] = cs[e * 4 + k];
+    for (int k = 0; k < 4; ++k) c[e][k] = cs[k];
+  }
   const i64 start = p.row_begin + (i64)(gridDim.y - 1 - blockIdx.y) * p.chunk_rows;  // last chunk first (L2)
   const i64 end = min(p.row_end, start + p.chunk_rows);
   const T* x = (const T*)p.x + f0;
   const T* dy = (const T*)p.dy + f0;
   T* dx = (T*)p.dx + f0;
   T* dz = (T*)p.dz + f0;
-  const i64 lx = p.ld[X], ldy = p.ld[DY], ldx = p.ld[DX], ldz = p.ld[DZ];
+  const i64 lx = SR ? feats : p.ld[X], ldy = SR ? feats : p.ld[DY], ldx = SR ? feats : p.ld[DX],
+            ldz = SR ? feats : p.ld[DZ];
   const bool blend = flags & PYDNN_BN_FLAG_BETA, wdz = flags & PYDNN_BN_FLAG_DZ, msk = flags & PYDNN_BN_FLAG_MASK;
   for (i64 r = start + ty; r < end; r += (i64)by * U) {
     P xv[U], dv[U];  // the old dx / dz (blending) are loaded where used
@@ -748,6 +855,25 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
             for (int e = 0; e < VEC; ++e) o[e] += beta * oa[e];
           }
           vstore<T, VEC>(dz + rr * ldz, o);
+        }
+      }
+    }
+  }
+  if (SR && blockIdx.y == 0 && ty == 0) {  // the rows past the super-rows: element f0 + e of super-row R
+    const i64 r = p.rows / p.sr_k, tail = (p.rows - r * p.sr_k) * p.feats, i0 = r * feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (f0 + e < tail) {
+        const i64 i = i0 + e;
+        A d = load<A>(dy[i]);
+        if (msk && !p.mask[i0 + f0 + e]) d = A(0);
+        A o = bwd_value(load<A>(x[i]), d, c[e]);
+        if (blend) o += beta * load<A>(dx[i]);
+        dx[i] = store<T>(o);
+        if (wdz) {
+          A oz = alpha * d;
+          if (blend) oz += beta * load<A>(dz[i]);
+          dz[i] = store<T>(oz);
         }
       }
     }

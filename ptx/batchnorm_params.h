@@ -54,7 +54,8 @@ typedef struct {
   long long chunks;          /* partials per feature (stats / final) */
   long long row_begin, row_end;  /* apply: the rows this launch writes */
   unsigned flags;
-  int nfd, nrd, pad_;
+  int nfd, nrd;
+  int sr_k;                  /* super-row kernels (<..., true>): rows per super-row (see ptx/batchnorm.cu) */
   long long ld[PYDNN_BN_OPS];
   long long fsize[PYDNN_BN_MAX_FDIMS];
   long long fstride[PYDNN_BN_OPS][PYDNN_BN_MAX_FDIMS];

@@ -949,6 +949,26 @@ __global__ void __launch_bounds__(512 / ITEMS, MINB) fwd_persist(const NormParam
 // fragments that add nothing), so every thread takes every barrier.
 // __launch_bounds__(512 / ITEMS, 2): ITEMS 1 -> blocks up to 512 threads at 64 registers, ITEMS 2 -> 256
 // at 128 (ROWS_BWD_* in pydnn/ops/normalization.py).
+// Vector vi of a row's dx (o: the row) from x (a), dy (d) and the row's sums: alpha * invstd * (g - m1 - xhat *
+// m2) (+ beta * the old dx) (bwd_rows; bwd_split_dx in normalization_rowx.cu). a and d are overwritten.
+template <class T, int VEC>
+__device__ __forceinline__ void rows_dx(T* o, int vi, float* a, float* d, const float* sc, float ai, float m1,
+                                        float mean, float inv, float m2, bool blend, float beta) {
+  typedef Frag<T, VEC> F;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) a[j] = ai * (d[j] * sc[j] - m1 - (a[j] - mean) * inv * m2);
+  if (blend) {
+    F old;
+    old.load(o + vi * VEC);
+    old.get(d);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
+  }
+  F out;
+  out.set(a);
+  out.store(o + vi * VEC);
+}
+
 template <class T, int VEC, int ITEMS, int DEPTH>
 __global__ void __launch_bounds__(512 / ITEMS, 2) bwd_rows(const NormParams p) {
   typedef Frag<T, VEC> F;
@@ -1030,18 +1050,7 @@ __global__ void __launch_bounds__(512 / ITEMS, 2) bwd_rows(const NormParams p) {
           float a[VEC], d[VEC];
           rows_get<T, VEC>(bx[b][k], a);
           rows_get<T, VEC>(bd[b][k], d);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) a[j] = ai * (d[j] * sc[k][j] - m1 - (a[j] - mean) * inv * m2);
-          if (blend) {
-            F old;
-            old.load(o + vi * VEC);
-            old.get(d);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) a[j] += beta * d[j];
-          }
-          F out;
-          out.set(a);
-          out.store(o + vi * VEC);
+          rows_dx<T, VEC>(o, vi, a, d, sc[k], ai, m1, mean, inv, m2, blend, beta);
         }
       }
       issue(b, row + DEPTH * step);

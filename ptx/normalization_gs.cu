@@ -361,168 +361,15 @@ __global__ void __launch_bounds__(kGsThreads, 2) gsp_fwd(const NormParams p) { g
 
 // Thread layout of a slab of W channels (NCV = W / VEC channel vectors, NCV <= blockDim.x): thread t holds
 // channel vector t % NCV of rows t / NCV, t / NCV + R, ... (R = blockDim.x / NCV rows per step).
-template <class T, int VEC, int CL>
-__device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
-  extern __shared__ __align__(16) float gs_dyn[];  // red[NSUM][R * NCV * VEC], grp[NSUM][W / cg], gk[W / cg], ta[W], tb[W]
-  constexpr bool X0 = sizeof(T) == 4;  // float: s0 = sum x as well (the mean's accuracy: see gs_stats)
-  constexpr int NSUM = X0 ? 3 : 2;
-  const i64 C = p.set_size[1], S = p.set_size[2], G = p.set_size[3];
-  const i64 cg = C / G, W = p.el_size[0], NS = C / W;
-  const int NCV = (int)(W / VEC), R = (int)blockDim.x / NCV, ngs = (int)(W / cg);
-  const i64 u = (i64)blockIdx.x / CL;
-  const unsigned rank = CL > 1 ? cluster_rank() : 0u;
-  const i64 n = u / NS, w0 = (u - n * NS) * W;
-  const T* x = static_cast<const T*>(p.x) + n * S * C + w0;
-  T* y = static_cast<T*>(p.out) + n * S * C + w0;
-  const int cv = (int)threadIdx.x % NCV, rr = (int)threadIdx.x / NCV;
-  const bool act = rr < R;
-  const i64 RT = (i64)R * CL, r0 = (i64)rank * R + rr;
-  float* red = gs_dyn;                         // [NSUM][R][NCV * VEC]
-  float* grp = red + NSUM * R * NCV * VEC;       // [NSUM][ngs]
-  float* gk = grp + NSUM * ngs;                  // [ngs]: each group's shift K (its element at position 0)
-  float* ta = gk + ngs;                        // [W]
-  float* tb = ta + W;
-  for (int q = threadIdx.x; q < ngs; q += blockDim.x) gk[q] = gs_ld(x, (i64)q * cg);  // (read before any y)
-  // each channel's shift K: the group's first element (position 0). Float (3 sums a channel): read from
-  // shared memory at each use (ta, free until after pass 1), the registers go to loads in flight (in
-  // registers, gsc_fwd_cl<float, 4> spilled 24 bytes; 16-bit keeps K in registers as before).
-  float K[X0 ? 1 : VEC], sv[VEC][NSUM];
-  if constexpr (X0) {
-    for (int c = threadIdx.x; c < (int)W; c += blockDim.x) ta[c] = gs_ld(x, (c / cg) * cg);
-    __syncthreads();
-  }
-  const float* Ks = X0 ? ta + cv * VEC : K;
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const int q = cv * VEC + e;
-    if constexpr (!X0) K[e] = gs_ld(x, (q / cg) * cg);
-#pragma unroll
-    for (int i = 0; i < NSUM; ++i) sv[e][i] = 0.0f;
-  }
-  if (act) {
-    constexpr int UN = VEC >= 8 ? 2 : VEC >= 4 ? 4 : 8;  // rows in flight per thread
-    i64 r = r0;
-    for (; r + (UN - 1) * RT < S; r += UN * RT) {
-      Frag<T, VEC> f[UN];
-#pragma unroll
-      for (int k = 0; k < UN; ++k) f[k].load(x + (r + k * RT) * C + cv * VEC);
-#pragma unroll
-      for (int k = 0; k < UN; ++k) {
-        float a[VEC];
-        f[k].get(a);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(sv[e], a[e], Ks[e]);
-      }
-    }
-    for (; r < S; r += RT) {
-      Frag<T, VEC> f;
-      f.load(x + r * C + cv * VEC);
-      float a[VEC];
-      f.get(a);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) gs_acc<NSUM>(sv[e], a[e], Ks[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-#pragma unroll
-      for (int i = 0; i < NSUM; ++i) red[i * R * NCV * VEC + (rr * NCV + cv) * VEC + e] = sv[e][i];
-  }
-  __syncthreads();
-  // per group of the slab: its channels, each over the R rows, in order
-  for (int q = threadIdx.x; q < ngs; q += blockDim.x) {
-    float a[NSUM];
-#pragma unroll
-    for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
-    for (int c = q * (int)cg; c < (q + 1) * (int)cg; ++c)
-      for (int k = 0; k < R; ++k)
-#pragma unroll
-        for (int i = 0; i < NSUM; ++i) a[i] += red[i * R * NCV * VEC + k * NCV * VEC + c];
-#pragma unroll
-    for (int i = 0; i < NSUM; ++i) grp[i * ngs + q] = a[i];
-  }
-  if constexpr (CL > 1) {
-    cluster_sync();
-    // every block sums the cluster's group partials in rank order, into its red (free: our threads are past
-    // the loop above; NSUM * ngs <= NSUM * W <= NSUM * R * NCV * VEC)
-    for (int q = threadIdx.x; q < ngs; q += blockDim.x) {
-      float a[NSUM];
-#pragma unroll
-      for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
-#pragma unroll
-      for (int k = 0; k < CL; ++k)
-#pragma unroll
-        for (int i = 0; i < NSUM; ++i) a[i] += ld_dsmem(&grp[i * ngs + q], k);
-#pragma unroll
-      for (int i = 0; i < NSUM; ++i) red[i * ngs + q] = a[i];
-    }
-    cluster_sync();
-    for (int q = threadIdx.x; q < ngs; q += blockDim.x)
-#pragma unroll
-      for (int i = 0; i < NSUM; ++i) grp[i * ngs + q] = red[i * ngs + q];
-  }
-  __syncthreads();
-  const i64 L = cg * S;
-  float* tm = red;  // [W] (red is free from here: W <= R * NCV * VEC)
-  for (int c = threadIdx.x; c < (int)W; c += blockDim.x) {
-    const int q = c / (int)cg;
-    float mean, inv, m1;
-    gs_stats(grp[q], grp[ngs + q], gk[q], L, p.eps, mean, inv, m1, X0 ? &grp[2 * ngs + q] : nullptr);
-    const i64 ch = w0 + c;
-    const float a = inv * p.scale[ch];
-    ta[c] = a;
-    tb[c] = p.bias ? p.bias[ch] : 0.0f;  // fp32: y = (x - mean) a + bias (the mean per channel in tm)
-    tm[c] = mean;
-    if constexpr (sizeof(T) == 2) tb[c] -= mean * a;  // 16-bit: y = x a + (bias - mean a): fewer registers, and
-                                                      // the rounding of x a is far below y's
-    if ((p.flags & PYDNN_NORM_FLAG_STATS) && rank == 0 && c == q * (int)cg) {
-      const i64 si = n * p.set_stride[3][0] + (w0 / cg + q) * p.set_stride[3][1];
-      if (p.mean) p.mean[si] = mean;
-      if (p.invstd) p.invstd[si] = inv;
-    }
-  }
-  __syncthreads();
-  if (!act) return;
-  const float alpha = (float)p.alpha, beta = (float)p.beta;
-  const bool blend = p.flags & PYDNN_FLAG_BETA;
-  const float* A = ta + cv * VEC;  // (read from shared memory at each use: registers go to loads in flight)
-  const float* B = tb + cv * VEC;
-  const float* Mc = tm + cv * VEC;
-  // reverse row order: the most recently read lines first
-  const i64 steps = S > r0 ? (S - 1 - r0) / RT + 1 : 0;
-  constexpr int U2 = VEC * sizeof(T) >= 16 ? 2 : 4;  // rows in flight per thread
-  i64 k = steps - 1;
-  for (; k >= U2 - 1; k -= U2) {
-    Frag<T, VEC> f[U2];
-#pragma unroll
-    for (int j = 0; j < U2; ++j) f[j].load(x + (r0 + (k - j) * RT) * C + cv * VEC);
-#pragma unroll
-    for (int j = 0; j < U2; ++j) {
-      float a[VEC];
-      f[j].get(a);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - Mc[e]) * A[e] + B[e];
-      gs_stv<T, VEC>(y + (r0 + (k - j) * RT) * C + cv * VEC, f[j], a, alpha, beta, blend);
-    }
-  }
-  for (; k >= 0; --k) {
-    Frag<T, VEC> f;
-    f.load(x + (r0 + k * RT) * C + cv * VEC);
-    float a[VEC];
-    f.get(a);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) a[e] = (sizeof(T) == 2 ? a[e] : a[e] - Mc[e]) * A[e] + B[e];
-    gs_stv<T, VEC>(y + (r0 + k * RT) * C + cv * VEC, f, a, alpha, beta, blend);
-  }
-}
-
 // FLAT (gsf_fwd): the unit is one sample's whole (S x C) block walked in super-rows of P = lcm(C, VEC)
 // elements (KR = P / C rows, S % KR == 0, the host's checks): position j of a super-row is channel j % C, so
 // a thread's VEC positions keep their channels in every super-row and its loads are 16-byte vectors for any
 // C (gsc_fwd's channel vectors shrink to 1 element for odd C). W = P, the tables per channel (C of them).
-// gsc_fwd_body's code with the FLAT walk (a copy, so that gsc_fwd's register allocation stays as measured).
-template <class T, int VEC, int CL>
-__device__ __forceinline__ void gsf_fwd_body(const NormParams& p) {
-  constexpr bool FLAT = true;
+// One body for both (FLAT = false: gsc_fwd). Against the two copies it replaced (sm_90 PTX, 2026-11-28): the same
+// floating-point instructions in the same order, so the same results bit for bit; the integer address code
+// and the register allocation moved (gsc_fwd<float, 4> spills 12 bytes, gsc_fwd_cl<float, 2> no longer 4).
+template <class T, int VEC, int CL, bool FLAT = false>
+__device__ __forceinline__ void gsc_fwd_body(const NormParams& p) {
   extern __shared__ __align__(16) float gs_dyn[];  // red[NSUM][R * NCV * VEC], grp[NSUM][W / cg], gk[W / cg], ta[W], tb[W]
   constexpr bool X0 = sizeof(T) == 4;  // float: s0 = sum x as well (the mean's accuracy: see gs_stats)
   constexpr int NSUM = X0 ? 3 : 2;
@@ -531,7 +378,7 @@ __device__ __forceinline__ void gsf_fwd_body(const NormParams& p) {
   const i64 RS = FLAT ? W : C;                         // elements from one row (super-row) to the next
   const i64 SR = FLAT ? S / (W / C) : S;               // rows (super-rows) of the unit
   const int NCH = (int)(FLAT ? C : W);                 // channels of the unit (its tables' length)
-  const int NCV = (int)(W / VEC), R = (int)blockDim.x / NCV, ngs = (int)(NCH / cg);
+  const int NCV = (int)(W / VEC), R = (int)blockDim.x / NCV, ngs = (int)(FLAT ? NCH / cg : W / cg);
   const i64 u = (i64)blockIdx.x / CL;
   const unsigned rank = CL > 1 ? cluster_rank() : 0u;
   const i64 n = u / NS, w0 = (u - n * NS) * W;
@@ -603,7 +450,7 @@ __device__ __forceinline__ void gsf_fwd_body(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < NSUM; ++i) a[i] = 0.0f;
     for (int c = q * (int)cg; c < (q + 1) * (int)cg; ++c)
-      for (int j = c; j < NCV * VEC; j += (FLAT ? NCH : NCV * VEC))  // (FLAT: the channel's KR positions)
+      for (int j = c; j < (FLAT ? NCV * VEC : c + 1); j += (FLAT ? NCH : 1))  // (FLAT: the channel's KR positions)
         for (int k = 0; k < R; ++k)
 #pragma unroll
           for (int i = 0; i < NSUM; ++i) a[i] += red[i * R * NCV * VEC + k * NCV * VEC + j];
@@ -691,7 +538,7 @@ __device__ __forceinline__ void gsf_fwd_body(const NormParams& p) {
 template <class T, int VEC>
 __global__ void __launch_bounds__(kGsThreads, 2) gsc_fwd(const NormParams p) { gsc_fwd_body<T, VEC, 1>(p); }
 template <class T, int VEC>
-__global__ void __launch_bounds__(kGsThreads, 2) gsf_fwd(const NormParams p) { gsf_fwd_body<T, VEC, 1>(p); }
+__global__ void __launch_bounds__(kGsThreads, 2) gsf_fwd(const NormParams p) { gsc_fwd_body<T, VEC, 1, true>(p); }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <class T, int VEC>
@@ -704,7 +551,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kGsThreads, 2
 }
 template <class T, int VEC>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kGsThreads, 2) gsf_fwd_cl(const NormParams p) {
-  gsf_fwd_body<T, VEC, kCluster>(p);
+  gsc_fwd_body<T, VEC, kCluster, true>(p);
 }
 #else
 template <class T, int VEC>

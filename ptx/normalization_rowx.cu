@@ -436,6 +436,168 @@ template <class T, int VEC, int ITEMS, int CL>
 __global__ void bwd_rowx_cl(const NormParams) { __trap(); }  // the host never picks it before sm_90
 #endif
 
+// ------------------------------------------------------------------ split backward (long rows, many of them)
+
+// Layer / RMS rows (whole 16-byte vectors, fwd_rows' layouts) whose one-pass backward needs a cluster per row
+// (rows longer than a block's registers hold) and that come in at least a wave: two kernels and finish_rowx,
+// as PyTorch splits it. bwd_split_dx: a block per row (no persistent walk, no row in registers: many rows of
+// an SM in flight), two passes over the row: (1) g = dy * scale, xhat = (x - mean) * invstd, one block sum of
+// (g, g * xhat); (2) x and dy again (mostly from L2: the row was just read), dx = alpha * invstd * (g - sum g /
+// n - xhat * sum (g xhat) / n) (RMS: no sum g term) + beta * dx. bwd_split_params: the dscale / dbias partials
+// sum dy * xhat, sum dy of each (row chunk, parameter): threads over the row's vectors (blockDim.x) and the
+// chunk's rows (blockDim.y, U rows in flight), the row threads summed in a fixed tree; slot = the chunk
+// (p.group rows), summed in slot order by finish_rowx. Bytes: x and dy twice, dx once (5 n against 3 n of
+// the one-pass kernels). Every order is fixed: results are bitwise reproducible.
+// bwd_split_dx's passes: the U vectors v0, v0 + G, ... of x and dy (those below nvec) in flight, then one of
+// them as floats with its parameters.
+template <class T, int VEC, int U>
+__device__ __forceinline__ void split_load(const T* x, const T* dy, int v0, int G, int nvec, Frag<T, VEC> (&fx)[U],
+                                           Frag<T, VEC> (&fd)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int vi = v0 + u * G;
+    if (vi < nvec) {
+      fx[u].load(x + vi * VEC);
+      fd[u].load(dy + vi * VEC);
+    }
+  }
+}
+template <class T, int VEC>
+__device__ __forceinline__ void split_get(const Frag<T, VEC>& fx, const Frag<T, VEC>& fd, const float* scale, int vi,
+                                          bool pvec, float* a, float* d, float* sc) {
+  rows_get<T, VEC>(fx, a);
+  rows_get<T, VEC>(fd, d);
+  rows_params<VEC>(scale, vi * VEC, pvec, sc);
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  constexpr int U = 4;  // vectors of x and of dy in flight per thread
+  __shared__ __align__(16) float sm[32][2];
+  const int G = (int)blockDim.x, t = (int)threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int nvec = (int)(p.len / VEC);
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, inv_len = 1.0f / (float)p.len;
+  const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
+  const i64 ss = p.set_stride[3][0];
+  const T* x = (const T*)p.x + row * p.set_stride[0][0];
+  const T* dy = (const T*)p.dy + row * p.set_stride[2][0];
+  T* o = (T*)p.out + row * p.set_stride[1][0];
+  const float mean = rms ? 0.0f : p.mean[row * ss], inv = p.invstd[row * ss];
+  float r[2] = {0.0f, 0.0f};
+  for (int v0 = t; v0 < nvec; v0 += U * G) {
+    F fx[U], fd[U];
+    split_load<T, VEC, U>(x, dy, v0, G, nvec, fx, fd);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int vi = v0 + u * G;
+      if (vi < nvec) {
+        float a[VEC], d[VEC], sc[VEC];
+        split_get<T, VEC>(fx[u], fd[u], p.scale, vi, pvec, a, d, sc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xh = (a[j] - mean) * inv, g = d[j] * sc[j];
+          r[0] += g;
+          r[1] = fmaf(g, xh, r[1]);
+        }
+      }
+    }
+  }
+  rows_sum<2>(r, G, sm);
+  const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
+  for (int v0 = t; v0 < nvec; v0 += U * G) {
+    F fx[U], fd[U];
+    split_load<T, VEC, U>(x, dy, v0, G, nvec, fx, fd);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int vi = v0 + u * G;
+      if (vi < nvec) {
+        float a[VEC], d[VEC], sc[VEC];
+        split_get<T, VEC>(fx[u], fd[u], p.scale, vi, pvec, a, d, sc);
+        rows_dx<T, VEC>(o, vi, a, d, sc, ai, m1, mean, inv, m2, blend, beta);
+      }
+    }
+  }
+}
+
+constexpr int kSplitParamsThreads = 256;
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  constexpr int U = 4;  // rows in flight per thread
+  __shared__ float red[2][kSplitParamsThreads * VEC];
+  const int bx = (int)blockDim.x, by = (int)blockDim.y, tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+  const int idx = ty * bx + tx;
+  const int nvec = (int)(p.len / VEC), vi = (int)blockIdx.x * bx + tx;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS;
+  const i64 sx = p.set_stride[0][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
+  const i64 r0 = (i64)blockIdx.y * p.group, r1 = min(p.sets, r0 + (i64)p.group);
+  float s[VEC], b[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) s[j] = b[j] = 0.0f;
+  if (vi < nvec) {
+    const T* x = (const T*)p.x + vi * VEC;
+    const T* dy = (const T*)p.dy + vi * VEC;
+    for (i64 r = r0 + ty; r < r1; r += (i64)by * U) {
+      F fx[U], fd[U];
+      float mu[U], iv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const i64 rr = r + (i64)u * by;
+        if (rr < r1) {
+          fx[u].load(x + rr * sx);
+          fd[u].load(dy + rr * sd);
+          mu[u] = rms ? 0.0f : p.mean[rr * ss];
+          iv[u] = p.invstd[rr * ss];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (r + (i64)u * by < r1) {
+          float a[VEC], d[VEC];
+          rows_get<T, VEC>(fx[u], a);
+          rows_get<T, VEC>(fd[u], d);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            s[j] = fmaf(d[j], (a[j] - mu[u]) * iv[u], s[j]);
+            b[j] += d[j];
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    red[0][idx * VEC + j] = s[j];
+    red[1][idx * VEC + j] = b[j];
+  }
+  __syncthreads();
+  for (int h = by / 2; h > 0; h >>= 1) {  // fixed tree over the row threads
+    if (ty < h) {
+      const int q = (idx + h * bx) * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        s[j] += red[0][q + j];
+        b[j] += red[1][q + j];
+        red[0][idx * VEC + j] = s[j];
+        red[1][idx * VEC + j] = b[j];
+      }
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && vi < nvec) {
+    float* ws = p.ws + (i64)blockIdx.y * 2 * p.nparams + vi * VEC;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      ws[j] = s[j];
+      ws[p.nparams + j] = b[j];
+    }
+  }
+}
+
 // finish for bwd_rowx's slots (a copy of normalization.cu's finish, so that the rowx backward loads from this
 // unit alone): dscale[q] = alpha2 * sum over slots of ws[slot][0][q] + beta2 * dscale[q], dbias likewise.
 template <int FX, int FY>

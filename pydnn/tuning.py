@@ -241,6 +241,14 @@ batchnorm = Switches(
                    'instead of 81-96); False: every call validates in full; the reasons: pydnn/ops/batchnorm.py'),
     ROWS1_U=(8, 'rows in flight per thread of the 1-element row kernels (NHWC with C off every vector): 4 (the '
                  'kernels\' kUnroll) or 8; the reasons: pydnn/ops/batchnorm.py'),
+    SUPER_ROWS=(True, 'packed NHWC backward whose channel count is no multiple of the 16-byte vector (odd C): the '
+                      'row kernels at the full vector width over super-rows of lcm(C, vector) elements (each '
+                      'thread a fixed 16-byte position, its channels j mod C); False: the 1-element row kernels; '
+                      'the reasons: pydnn/ops/batchnorm.py'),
+    SR_BLOCKS=(4, 'super-row statistics: blocks aimed at per SM (the stats chunks, and so the items the final '
+                  'kernel merges per channel); the reasons: pydnn/ops/batchnorm.py'),
+    SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
+                              'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )
@@ -272,6 +280,12 @@ norm = Switches(
                 'elements masked, parameters read at the shifted positions) for the contiguous rows fwd_rows does '
                 'not take (lengths not a multiple of the vector, rows beyond its block); the reasons: '
                 'pydnn/ops/normalization.py'),
+    BWD_SPLIT=(True, 'whole-vector fp32 layer / RMS rows whose one-pass backward needs an 8-block cluster per row, at '
+                     'least a wave of them: bwd_split_dx (a block per row, two passes) + bwd_split_params (dscale / '
+                     'dbias per row chunk) + finish_rowx (LN fp32 3673 x 8552: 0.559x -> 1.222x PyTorch, H200); the '
+                     'reasons: pydnn/ops/normalization.py'),
+    BWD_SPLIT_16=(True, 'BWD_SPLIT for 16-bit rows as well (RMS bf16 1478 x 32768: 0.551x -> 1.116x PyTorch, H200; '
+                        'False: float only); the reasons: pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Named points of tools/sweep_memory.py (its build() and run_point(): the same calls, the same timing),
-each run with the planner's defaults and, where a tuning switch turns the newer path off, without it:
+each run with the planner's defaults and, where a tuning switch turns the newer path off, without it (or with each
+of a list of settings):
 
     python3 tools/bench_memory_points.py [--reps N] [--points NAME,...]
 
@@ -8,8 +9,9 @@ The default points are the issue-20 misses of the 2026-11-28 H200 sweep (/work/n
 `rowsb` branch addressed: OpTensor ADD with operands inside L2 (tuning.tensor_ops.PLAIN_BYTES: the plain
 cache policy, against 0 = always streaming), ADD beyond L2 (no switch applies: the default twice), reduce AVG
 / SUM over rows of 2824 fp32 (walk_row's batched tail: no switch, the kernel itself changed), softmax of
-few long rows (tuning.softmax.SPLIT: the cluster kernel, against one block a row). About 20 s on an H100 /
-H200 with the default reps.
+few long rows (tuning.softmax.SPLIT: the cluster kernel, against one block a row); batch norm backward NHWC
+with C off the 16-byte vector (tuning.batchnorm.SUPER_ROWS: the super-row kernels, against the 1-element rows).
+About 20 s on an H100 / H200 with the default reps (the bn_bwd points: a few seconds more).
 """
 import argparse
 import os
@@ -32,6 +34,37 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                              {"softmax.SPLIT": False}),
     "softmax_8x32768_fp16": (dict(family="softmax_instance", dtype="fp16", rows=8, hidden=32768),
                              {"softmax.SPLIT": False}),
+    # batch norm backward, NHWC with C off the 16-byte vector: the super-row kernels against the 1-element rows
+    "bn_bwd_195x93x38_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=195, c=93, hw=38),
+                              [{"batchnorm.SUPER_ROWS": False}, {"batchnorm.SR_BLOCKS": 2}, {"batchnorm.SR_BLOCKS": 8}]),
+    "bn_bwd_105x405x82_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=105, c=405, hw=82),
+                               {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_39x1315x23_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=39, c=1315, hw=23),
+                               {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_2x1305x45_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=2, c=1305, hw=45),
+                              [{"batchnorm.SUPER_ROWS": False}, {"batchnorm.SR_TILED_BYTES": 0}]),
+    "bn_bwd_37x12x146_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NHWC", n=37, c=12, hw=146),
+                              {"batchnorm.SUPER_ROWS": False}),
+    "bn_bwd_64x150x28_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=64, c=150, hw=28),
+                              [{"batchnorm.SUPER_ROWS": False}, {"batchnorm.SR_BLOCKS": 2}, {"batchnorm.SR_BLOCKS": 8}]),
+    "bn_bwd_162x4x9_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=162, c=4, hw=9),
+                            {"batchnorm.SUPER_ROWS": False}),
+    "bn_train_187x50x14_fp32": (dict(family="bn_train", dtype="fp32", layout="NHWC", n=187, c=50, hw=14),
+                                {"batchnorm.SUPER_ROWS": False}),
+    "bn_train_7x337x93_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=7, c=337, hw=93),
+                               [{"batchnorm.SUPER_ROWS": False}, {"batchnorm.SR_TILED_BYTES": 0}]),
+    "bn_train_64x93x38_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=64, c=93, hw=38),
+                               {"batchnorm.SUPER_ROWS": False}),
+    "bn_train_66x1737x104_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=66, c=1737, hw=104),
+                                  {"batchnorm.SUPER_ROWS": False}),
+    # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
+    # the register-tile cluster kernel
+    "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),
+                              [{"norm.BWD_SPLIT": False}, {"norm.BWD_SPLIT": False, "norm.STAGED_BWD": False}]),
+    "rms_bwd_1024x16384_fp32": (dict(family="rms_bwd", dtype="fp32", rows=1024, hidden=16384),
+                                [{"norm.BWD_SPLIT": False}]),
+    "rms_bwd_1478x32768_bf16": (dict(family="rms_bwd", dtype="bf16", rows=1478, hidden=32768),
+                                [{"norm.BWD_SPLIT": True, "norm.BWD_SPLIT_16": True}]),
 }
 
 
@@ -56,14 +89,16 @@ def main(argv=None):
     print(f"device copy {c.copy_gbs:.0f} GB/s; ratio = PyTorch ms / pydnn ms")
     for name in names:
         p, off = POINTS[name]
-        for label, settings in (("default", {}), ("off", off)):
+        alts = off if isinstance(off, list) else [off]  # (a list: several settings, each against the default)
+        for label, settings in [("default", {})] + [(";".join(f"{k}={v}" for k, v in a.items()) if a else "off", a)
+                                                     for a in alts if a is not None]:
             if settings is None:
                 continue
             rows = []
             with tuning.override(settings):
                 M.run_point(c, dict(p), rows, {})
             r = rows[-1]
-            print(f"{name:28s} {label:7s} {r['status']:6s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  torch "
+            print(f"{name:28s} {label:24s} {r['status']:6s} pydnn {SC.fmt(r.get('ms_pydnn'), '.4f')} ms  torch "
                   f"{SC.fmt(r.get('ms_ref'), '.4f')} ms  {SC.fmt(r.get('ratio'), '.3f')}x  "
                   f"{SC.fmt(r.get('gbs_pydnn'), '.0f')} GB/s  check {SC.fmt(r.get('check_err'), '.2e')} "
                   f"{r.get('note', '')[:80]}", flush=True)

@@ -60,6 +60,7 @@ Traffic of the rows path: training forward reads x twice (stats, apply; the seco
 for tensors larger than L2) and writes y once; backward reads x and dy twice and writes dx.
 """
 import ctypes
+import math
 
 from .. import enums as E
 from .. import tuning
@@ -209,7 +210,7 @@ class BnParams(ctypes.Structure):
         ("beta_p", ctypes.c_double), ("eps", ctypes.c_double), ("factor", ctypes.c_double),
         ("rows", ctypes.c_longlong), ("feats", ctypes.c_longlong), ("chunk_rows", ctypes.c_longlong),
         ("chunks", ctypes.c_longlong), ("row_begin", ctypes.c_longlong), ("row_end", ctypes.c_longlong),
-        ("flags", ctypes.c_uint), ("nfd", ctypes.c_int), ("nrd", ctypes.c_int), ("pad_", ctypes.c_int),
+        ("flags", ctypes.c_uint), ("nfd", ctypes.c_int), ("nrd", ctypes.c_int), ("sr_k", ctypes.c_int),
         ("ld", ctypes.c_longlong * OPS),
         ("fsize", ctypes.c_longlong * MAX_FDIMS), ("fstride", (ctypes.c_longlong * MAX_FDIMS) * OPS),
         ("rsize", ctypes.c_longlong * MAX_RDIMS), ("rstride", (ctypes.c_longlong * MAX_RDIMS) * OPS),
@@ -265,6 +266,9 @@ def kernel_units():
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if t != "f64":
             exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
+        if t in SR_TAGS:
+            exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
+            exprs += [_expr(f"{d}_final", t, None, u) for d in ("fwd", "bwd") for u in (SR_FINAL, SR_FINAL1)]
         if vec_width(t, t) > 1:
             exprs += [_expr(k, t, vec_width(t, t)) for k in ("infer_rows_smem", "fwd_apply_saved")]
             exprs += [_expr(k, t, vec_width(t, t)) for k in PLANES_KERNELS]
@@ -523,6 +527,103 @@ def _rows1_u(tag, v):
     """Rows in flight of the 1-element row kernels for this call (None: kUnroll)."""
     u = tuning.batchnorm.ROWS1_U
     return u if v == 1 and tag != "f64" and u in ROWS1_U_VALUES else None
+
+
+# Super-rows ({fwd,bwd}_stats / _final / _apply<..., true>, ptx/batchnorm.cu): packed NHWC training forward and backward whose C is
+# no multiple of the 16-byte vector reads the rows as R = rows / k super-rows of L = k * C elements (k = VEC /
+# gcd(C, VEC)), a whole number of 16-byte vectors: each thread keeps one vector position, so its channels (j mod
+# C) and their constants stay fixed, and stats / apply are the full-width row kernels. The rows past R * k (< k)
+# are one more stats chunk and the apply's last block's. Blocks: bx = the L / VEC positions (not a power of two:
+# no idle lanes past them; split in tiles of <= 256 where longer), by the largest power of two that fits 256.
+# Why: the 1-element row kernels ran bn_bwd NHWC bf16 195x93x38x38 at 0.54x PyTorch, 105x405x82x82 0.65x, fp32
+# 39x1315x23x23 0.74x (22-33% of copy; H200, 2026-11-28): 2- / 4-byte accesses, 4-8 rows in flight, too few
+# bytes in flight; a warp of an odd C's last 32-lane tile mostly idle. Predicted: the vector path's rate (the
+# 16-byte NHWC backward), ~1.5-2.5x those points.
+# The forward takes the same sequence (fwd_apply's general kernel: no plain / saved-statistics variant); bn_train
+# NHWC 187x50x14x14 fp32 ran 0.82x PyTorch on the 1-element rows (H200, 2026-11-28).
+# Measured, first version (mid-session run, H200, same run, super-rows / 1-element rows; the stats at 8 blocks an
+# SM, partials per (chunk, slot): final merged chunks x k items a channel): bn_bwd NHWC bf16 105x405x82x82 1.231 /
+# 1.820 ms (0.98x / 0.70x PyTorch), fp32 39x1315x23x23 0.223 / 0.239; but bf16 195x93x38x38 0.265 / 0.192, fp32
+# 64x150x28x28 0.089 / 0.073, bf16 2x1305x45x45 0.097 / 0.059, bn_train bf16 7x337x93x93 0.128 / 0.096, fp32
+# 187x50x14x14 0.0425 / 0.0444. The losses track final's items (195x93: 8296 a channel, 65 dependent rounds of
+# its 32 lanes x 4 loads, ~+70 us; 7x337: 4224, +32 us). Now: with one position tile the stats block merges each
+# channel's k slots (final: one item a chunk, part_count<.., 2>), SR_BLOCKS (4) blocks an SM instead of 8, and
+# position tiles (C > 256 odd) only for x of SR_TILED_BYTES (64 MB) or more (the two measured wins).
+# SR_BLOCKS: a switch, pydnn.tuning.batchnorm.SR_BLOCKS (default 4)
+# SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
+# SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
+SR_TAGS = ("f32", "f16", "bf16")
+SR_U = "4, true"            # {fwd,bwd}_stats / _apply<T, VEC, kUnroll, true>
+SR_FINAL = "false, 1"       # {fwd,bwd}_final<A, false, 1>: partials per (chunk, slot), the tail's chunk
+SR_FINAL1 = "false, 2"      # {fwd,bwd}_final<A, false, 2>: one tile, partials per (chunk, channel)
+
+
+def _sr_geom(tag, g):
+    """(k, L, R, tail rows, bx, by, tiles) of the super-row view, or None when it does not apply (not packed NHWC
+    rows off the vector; position tiles below SR_TILED_BYTES)."""
+    if (not tuning.batchnorm.SUPER_ROWS or tag not in SR_TAGS or g.layout != "rows" or g.vec_ok
+            or any(ld != g.feats for ld in g.ld.values())):
+        return None
+    v = vec_width(tag, tag)
+    k = v // math.gcd(g.feats, v)
+    L, R = k * g.feats, g.rows // k
+    if R < 1:
+        return None
+    nv = L // v
+    if nv <= THREADS:
+        bx, tiles = nv, 1
+        by = 1 << ((THREADS // nv).bit_length() - 1)
+    else:
+        if g.rows * g.feats * _SIZES[tag] < tuning.batchnorm.SR_TILED_BYTES:
+            return None
+        tiles = cdiv(nv, THREADS)
+        bx, by = cdiv(cdiv(nv, tiles), 32) * 32, 1
+    return k, L, R, g.rows - R * k, bx, by, tiles
+
+
+def _sr_chunks(handle, sg, pslot, cap_bytes=None):
+    """(chunk super-rows, stats blocks along y (with the tail's), bytes of partials), or None where cap_bytes
+    cannot hold one chunk's. One tile: a partial per (chunk, channel), the tail in the last chunk; else a
+    partial per (chunk, slot of L) and the tail's own chunk."""
+    k, L, R, tail, bx, by, tiles = sg
+    extra = 1 if tail and tiles > 1 else 0
+    width = L // k if tiles == 1 else L
+    cap = None if cap_bytes is None else cap_bytes // (width * pslot) - extra
+    if cap is not None and cap < 1:
+        return None
+    want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
+    n = max(1, min(want, cdiv(R, by * UNROLL), MAX_GRID_Y - extra, cap if cap is not None else want))
+    chunk = cdiv(R, n)
+    gy = cdiv(R, chunk) + extra
+    return chunk, gy, gy * width * pslot
+
+
+def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
+    """The super-row forward / backward: stats (gy chunks, the last the tail's), final, apply from super-row
+    head_sr, and the head kernel over the rows whose bytes held the constants (non-Ex, head_sr > 0)."""
+    k, L, R, tail, bx, by, tiles = sg
+    v = vec_width(pl.tag, pl.tag)
+    pl.params.sr_k = k
+    n = R - head_sr
+    achunk = max(by * UNROLL * APPLY_STEPS, cdiv(n, MAX_GRID_Y))
+    d = direction
+    seq = [_Launch(f"{d}_stats", v, (tiles, gy, 1), (bx, by, 1), {"chunk_rows": chunk, "chunks": gy}, SR_U),
+           _Launch(f"{d}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,),
+                   {"chunk_rows": chunk, "chunks": gy if tiles == 1 else gy * k}, SR_FINAL1 if tiles == 1 else SR_FINAL),
+           _Launch(f"{d}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
+                   {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
+    if head_sr:
+        seq.append(_Launch(f"{d}_head", None, (1, 1, 1), (THREADS, 1, 1), {"row_begin": 0, "row_end": head_sr * k}))
+    pl.seqs["sr"] = seq
+
+
+def _sr_ws(handle, tag, g, direction):
+    """Bytes of the Ex workspace the super-row sequence needs (0: it does not apply)."""
+    sg = _sr_geom(tag, g) if direction in ("fwd", "bwd") else None
+    if sg is None:
+        return 0
+    _, cslot, pslot = _slots(tag, direction)
+    return cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN + _sr_chunks(handle, sg, pslot)[2]
 
 
 def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False, tag=None):
@@ -789,11 +890,16 @@ def _make_plan(handle, tag, g, direction, ex):
     if g.layout != "rows":
         _nc_seqs(pl, handle, g, direction, ex)
         return pl
+    sg = _sr_geom(tag, g)
     if ex:  # the caller's workspace: constants, then partials
         pl.ws_need, chunk, chunks, poff = _workspace_layout(handle, g, tag, direction, vecs[0])
         pl.scratch = (poff, chunk, chunks)
         _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0)
         _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0, 0)
+        if sg is not None:
+            sc = _sr_chunks(handle, sg, pslot)
+            pl.ws_need = max(pl.ws_need, poff + sc[2])
+            _sr_seq(pl, handle, g, sg, sc[0], sc[1], 0, direction)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -808,6 +914,11 @@ def _make_plan(handle, tag, g, direction, ex):
     pl.scratch = (poff, chunk, chunks)
     _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows)
     _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows)
+    if sg is not None:  # (the constants' rows rounded up to whole super-rows)
+        head_sr = cdiv(head_rows, sg[0])
+        sc = _sr_chunks(handle, sg, pslot, obytes - poff)
+        if sc is not None and head_sr <= sg[2]:
+            _sr_seq(pl, handle, g, sg, sc[0], sc[1], head_sr, direction)
     return pl
 
 
@@ -919,6 +1030,8 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
         vm = pl.vmid
         if vm and base % pl.asize == 0 and orb % (vm * pl.isize) == 0:
             return pl.seqs[f"rows{vm}"]
+        if "sr" in pl.seqs and base % 16 == 0 and a16:  # (after the switches that are off by default: turned on,
+            return pl.seqs["sr"]                        # they win)
         if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
     if "planes" in pl.seqs and a16:
@@ -1154,7 +1267,7 @@ def get_batch_normalization_forward_training_ex_workspace_size(handle, mode, bn_
     if g.layout != "rows":
         lay = _nc_layout(handle, g, tag, "fwd", True)
         return 0 if lay is None else lay[6]
-    return _workspace_layout(handle, g, tag, "fwd", _first_vec(g, tag))[0]
+    return max(_workspace_layout(handle, g, tag, "fwd", _first_vec(g, tag))[0], _sr_ws(handle, tag, g, "fwd"))
 
 
 @api
@@ -1388,7 +1501,7 @@ def get_batch_normalization_backward_ex_workspace_size(handle, mode, bn_ops, x_d
     if g.layout != "rows":
         lay = _nc_layout(handle, g, tag, "bwd", True)
         return 0 if lay is None else lay[6]
-    return _workspace_layout(handle, g, tag, "bwd", _first_vec(g, tag))[0]
+    return max(_workspace_layout(handle, g, tag, "bwd", _first_vec(g, tag))[0], _sr_ws(handle, tag, g, "bwd"))
 
 
 def plan_summary(handle, direction, mode, x_desc, *others, ex=False):

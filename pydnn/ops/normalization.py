@@ -389,7 +389,7 @@ def _rowx_unit_exprs(tag):
     v = vec_width(tag, tag)
     return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
                  [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
-                 [_finish_rowx_expr(FINISH_SHAPES[-1])])
+                 [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS])
 
 
 def kernel_units():
@@ -1372,6 +1372,65 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
 # SMs: RMS fp32 5315 x 8192 0.403 ms (0.73x) -> 0.224 ms (1.31x); not where bwd_rowx needs a cluster itself:
 # LN fp32 3673 x 8552 0.403 -> 0.421 ms on bwd_rowx_cl (4 blocks), and fewer rows than SMs keep the cluster
 # kernel, which spreads each over 8 SMs (same run).
+# Long whole-vector layer / RMS rows, many of them (BWD_SPLIT): where the one-pass backward takes an 8-block
+# cluster per row (bwd_staged_cluster / bwd_cluster) and the rows are at least the SMs, the
+# split backward (ptx/normalization_rowx.cu: bwd_split_dx, a block per row reading x and dy twice, then
+# bwd_split_params, dscale / dbias per row chunk, then finish_rowx), PyTorch's shape: 5 n bytes, every pass
+# at full occupancy. Why: LN fp32 3673 x 8552 ran 0.403-0.421 ms on the cluster kernels (21.5% of copy for
+# 3 n; a cluster walks its rows one at a time, 7.5 us a row) against PyTorch's 0.229 ms (H200, 2026-11-28).
+# Predicted: ~0.16 ms (5 n at 85% of copy). Measured (mid-session runs 2 and 3, H200, same run each): LN fp32
+# 3673 x 8552 0.4072 / 0.4095 ms (staged cluster, 0.559x PyTorch) -> 0.1870 / 0.1869 ms (1.22x, 2017 GB/s on 3 n;
+# the register-tile cluster kernel 0.546 ms); RMS fp32 1024 x 16384 0.1715 -> 0.1123 ms (0.70x -> 1.35x); RMS bf16
+# 1478 x 32768 0.3621 -> 0.1789 ms (0.55x -> 1.12x, BWD_SPLIT_16). On.
+# BWD_SPLIT: a switch, pydnn.tuning.norm.BWD_SPLIT (default True)
+# BWD_SPLIT_16: a switch, pydnn.tuning.norm.BWD_SPLIT_16 (default True; False: 16-bit rows keep the cluster kernels)
+SPLIT_KERNELS = ("bwd_split_dx", "bwd_split_params")
+SPLIT_PARAMS_THREADS = 256  # kSplitParamsThreads
+SPLIT_DX_VECS = 8           # vectors of a row per bwd_split_dx thread (block: 128 .. 1024 threads)
+SPLIT_BLOCKS_PER_SM = 8     # bwd_split_params: blocks aimed at per SM (row chunks x vector tiles)
+
+
+def _split_expr(kernel, tag, vec):
+    return f"pydnn::norm::{kernel}<{CTYPE[tag]}, {vec}>"
+
+
+def _split_use(handle, nd, tag, geo, vec, r):
+    """Whether the whole-vector rows' backward should take the split kernels instead of `r`."""
+    if (not tuning.norm.BWD_SPLIT or (tag != "f32" and not tuning.norm.BWD_SPLIT_16) or vec <= 1
+            or not _rows_layout(nd, geo, vec) or geo[2] < handle.sm_count):
+        return False
+    if geo[2] > MAX_GRID or geo[3] >= 2**31:
+        return False
+    return r is None or "cluster=8" in r[0][0].desc  # (the 8-block cluster kernels; not bwd_ring_cl's pairs)
+
+
+def _split_alt(handle, nd, tag, geo, vec):
+    """([bwd_split_dx, bwd_split_params, finish_rowx], workspace bytes) for whole-vector layer / RMS rows."""
+    sets, els, n_sets, length, nparams = geo
+    nvec = length // vec
+    g = max(128, min(1024, next_pow2(cdiv(nvec, SPLIT_DX_VECS))))
+    pdx = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    dx = _new_launch(_split_expr("bwd_split_dx", tag, vec), pdx, (n_sets, 1, 1), (g, 1, 1),
+                     desc=f"bwd_split_dx vec={vec} block={g} grid={n_sets}")
+    bx = min(32, next_pow2(nvec))
+    by = SPLIT_PARAMS_THREADS // bx
+    tiles = cdiv(nvec, bx)
+    want = max(1, handle.sm_count * SPLIT_BLOCKS_PER_SM // tiles)
+    chunks = max(1, min(want, cdiv(n_sets, by * 4), 65535))
+    chunk = cdiv(n_sets, chunks)
+    chunks = cdiv(n_sets, chunk)
+    pp = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    pp.group = chunk
+    par = _new_launch(_split_expr("bwd_split_params", tag, vec), pp, (tiles, chunks, 1), (bx, by, 1),
+                      desc=f"bwd_split_params vec={vec} block={bx}x{by} grid={tiles}x{chunks} rows={chunk}")
+    fin = _finish_launch(nd, geo, chunks)
+    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])
+    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
+    return [dx, par, fin], chunks * 2 * nparams * 4
+
+
 def _rowx_bwd_long(handle, nd, tag, geo, vec, r):
     """Whether the whole-vector rows' backward should take bwd_rowx instead of `r` (_bwd_alt's answer)."""
     if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec):
@@ -1402,6 +1461,8 @@ def _configs(handle, nd, tag, geo, backward):
             r = _bwd_alt(handle, nd, tag, geo, v) if not (rowx and v > 1) else _rowx_bwd_only(handle, nd, tag, geo, v)
             if v > 1 and not rowx and _rowx_bwd_long(handle, nd, tag, geo, v, r):
                 r = _rowx_bwd_only(handle, nd, tag, geo, v) or r
+            if v > 1 and not rowx and _split_use(handle, nd, tag, geo, v, r):
+                r = _split_alt(handle, nd, tag, geo, v)
             a, w = r if r is not None else (None, 0)
         elif rowx and v > 1:
             a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0

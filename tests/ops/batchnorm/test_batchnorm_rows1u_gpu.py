@@ -20,6 +20,7 @@ CASES = [((3, 93, 7, 9), BF16), ((2, 477, 5, 6), F32), ((9, 5, 11, 13), F16), ((
 def _rows1_u(monkeypatch, handle):
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)  # (small shapes: the rows path, not gen)
     monkeypatch.setattr(tuning.batchnorm, "ROWS1_U", 8)
+    monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", False)  # (aligned odd-C calls take the super-row kernels)
     _forget_bn_plans(handle)
     yield
     _forget_bn_plans(handle)

@@ -1511,6 +1511,7 @@ def test_rowx_backward_whole_vector_rows(dims, dtype, long_rows, monkeypatch):
     every element once at its row's address with its parameter (the emulation), the workspace query the
     plan's."""
     monkeypatch.setattr(tuning.norm, "ROWX_BWD_LONG", long_rows)
+    monkeypatch.setattr(tuning.norm, "BWD_SPLIT", False)  # (the cluster kernel's rows: the split backward's tests)
     h = cpu_handle()
     nd = _nd(RMS if dims[0] % 2 else LAYER)
     x = _desc(dims, dtype)
