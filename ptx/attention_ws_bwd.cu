@@ -46,6 +46,10 @@
 //     then thread 128 issues the bulk tensor reductions; it waits for their reads (wait_group.read) before
 //     it arrives on the next iteration's kBarDS, which every thread passes before storing its next half;
 //     it waits for the reductions' completion before the CTA ends.
+//   kDqBulkW: the same tile, no kBarDQ: dqfull count 8 (a consumer warp's half of the tile stored and
+//     fenced), dqempty count 1 (the writer, thread 32, after wait_group.read of tile it's reductions);
+//     consumers wait dqempty parity (it & 1) ^ 1 before storing tile it, the writer dqfull parity it & 1.
+//     The writer waits for the reductions' completion before it exits.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
@@ -79,6 +83,19 @@ constexpr float kInf = 1.0f / 0.0f;
 // shared memory, then one thread's cp.reduce.async.bulk .add.f32 of the whole tile: its rows are contiguous
 // in the accumulator, [b][h][i][D]).
 constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2, kDqRedPP = 3;
+// kDqBulkW: kDqBulk with FA3's dedicated dQ writer (warp 1 of the producer warpgroup): the consumer warps
+// store their halves and arrive on dqfull; the writer issues the bulk tensor reductions, waits for their
+// reads and arrives on dqempty, which the consumers wait for before storing the next tile's halves (the
+// consumers no longer meet on kBarDQ, nor wait on one of their threads' issue and read wait).
+constexpr int kDqBulkW = 4;
+// The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
+// head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
+// walk, first) and the pairs fastest: a greedy list schedule of longest-first jobs. Chunks keep the
+// CTAs running at once on a few heads (their Q / dO / dQ accumulator in L2). The schedule emulated
+// (tests/ops/attention/test_attention_ws_bwd_cpu.py, 132 SMs, a CTA's cost its tiles + 1.5): the natural
+// order's last wave ends 3.4% (b4 s4096 h32 causal) / 14% (GQA 64/8 causal: 8 heads' tiles a CTA) past
+// the average SM's work; chunks of 4: 0.1% / 0.02% (2: 2.7% / 11%; non-causal 3.1% either way).
+constexpr int kOrderChunk = 4;
 
 template <int D, int STAGES> struct Cfg {
   static constexpr int BM = D > 64 ? 64 : 128;  // query rows a stage (bwd_dkdv_wg's: 192 accumulator registers)
@@ -86,12 +103,14 @@ template <int D, int STAGES> struct Cfg {
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int DS_BYTES = kBN * BM * 2;
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
-                       OFF_DS = OFF_DO + STAGES * Q_BYTES, OFF_L = OFF_DS + 2 * DS_BYTES,
-                       OFF_DQ = OFF_L + STAGES * BM * 8,  // lse [STAGES][BM], then dsum [STAGES][BM]
-                       DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile, D / 32 slabs of BM
-                                                          //   rows of 128 bytes, 128B-swizzled (TMA's)
-                       OFF_BAR = OFF_DQ + DQ_BYTES;
-  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 5) * 8 + 1024;  // + kv, full, empty, dsfull, dsempty; + slack
+                       OFF_DS = OFF_DO + STAGES * Q_BYTES,
+                       OFF_DQ = OFF_DS + 2 * DS_BYTES,    // kDqBulk(W): the fp32 dQ tile, D / 32 slabs of BM
+                       DQ_BYTES = BM * D * 4,             //   rows of 128 bytes, 128B-swizzled (TMA's)
+                       OFF_L = OFF_DQ + DQ_BYTES,         // lse [STAGES][BM], then dsum [STAGES][BM] (after
+                                                          //   the tile: 3 stages' 1536 bytes keep it aligned)
+                       OFF_BAR = OFF_L + STAGES * BM * 8;
+  // + kv, full, empty, dsfull, dsempty, dqfull, dqempty, the dQ tile's coordinates (kDqBulkW); + slack
+  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 8) * 8 + 1024;
 };
 
 // Q, dO, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64 columns (one 128B-swizzled slab) x
@@ -122,7 +141,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqRedPP, "bwd_ws tile");
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkW, "bwd_ws tile");
+  static_assert(DQ != kDqBulkW || D == 128, "kDqBulkW: d 128 (see the writer)");
   constexpr bool PP = DQ == kDqRedPP;
   static_assert(Cfg<D, STAGES>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
   constexpr bool ATOMIC = DQ != kDqNone;
@@ -141,10 +161,20 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
   auto dsfull = [&](int i) { return kvbar + 8u * (1 + 2 * STAGES + i); };   // (kDqRedPP)
   auto dsempty = [&](int i) { return kvbar + 8u * (3 + 2 * STAGES + i); };
+  const unsigned dqfull = kvbar + 8u * (5 + 2 * STAGES), dqempty = kvbar + 8u * (6 + 2 * STAGES);  // (kDqBulkW)
 
-  const int hk = blockIdx.y, b = blockIdx.z;
+  // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order
+  int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  if (gridDim.y == 1 && gridDim.z == 1) {  // (with one head and batch the same as the 3-d grid's)
+    const int nx = (p.seq_kv + kBN - 1) / kBN, c = blockIdx.x / (nx * kOrderChunk);
+    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = blockIdx.x - c * nx * kOrderChunk;
+    const int hb = c * kOrderChunk + r % n;
+    xb = r / n;
+    hk = hb % p.heads_kv;
+    b = hb / p.heads_kv;
+  }
   const Seq sq = seq_of(p, b);
-  const int n0 = blockIdx.x * BN;
+  const int n0 = xb * BN;
   // query rows that can see a key of this block: i >= n0 - offset (causal); all rows otherwise
   const int i_first = (sq.causal && n0 < sq.len_kv) ? max(0, n0 - sq.offset) : 0;
   const int mt0 = i_first / BM;
@@ -161,6 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       tma::mbar_init(dsfull(i), kConsumerWarps);
       tma::mbar_init(dsempty(i), kConsumerWarps);
     }
+    tma::mbar_init(dqfull, kConsumerWarps);
+    tma::mbar_init(dqempty, 1);
     tma::fence_barrier_init();
   }
   __syncthreads();
@@ -168,6 +200,27 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     tma::regs_dealloc<kProdRegs>();
+    if constexpr (DQ == kDqBulkW) {
+      if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile it's reductions once both halves are in
+        // (the tile's coordinates come with it, from the consumers). Not instantiated at d 64: there ptxas
+        // spills 28 bytes of the prologue's values across the setmaxnreg (any form of this branch tried:
+        // coordinates computed here or handed over, the loop's end from iters or from the consumers, a
+        // warp-uniform branch, 32 / 232 registers)
+        const unsigned src = sb + C::OFF_DQ;
+        const volatile int* xy = reinterpret_cast<const volatile int*>(smem + C::OFF_BAR + (2 * STAGES + 7) * 8);
+        for (int it = 0; it < iters; ++it) {
+          tma::mbar_wait(dqfull, it & 1);
+          const int m0 = xy[0], hb = xy[1];
+#pragma unroll
+          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
+          bulk_commit();
+          bulk_wait_read();  // the tile read: the consumers may store the next one
+          tma::mbar_arrive(dqempty);
+        }
+        bulk_wait();  // (the additions done before the CTA's end)
+        return;
+      }
+    }
     if (threadIdx.x >= 32 || iters == 0) return;
     const int lane = threadIdx.x;
     if (lane == 0) {
@@ -339,7 +392,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         if (it > 0) tma::mbar_wait(dsfull(pit & 1), (pit >> 1) & 1);
       } else {
         if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
+        // (kDqBulkW: the writer's dqempty says so, waited for below)
         tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
+        // kDqBulkW: tile it - 1 read by the writer (long done by now: it was handed over an iteration ago)
+        if constexpr (DQ == kDqBulkW) tma::mbar_wait(dqempty, (it & 1) ^ 1);
       }
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
       // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
@@ -370,8 +426,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       } else {
         // this warpgroup's half into the swizzled tile (slab c / 32, row r at 128 r, 16-byte chunk
         // (c % 32) / 4 at chunk ^ (r & 7): a warp's float2 stores cover all 32 banks, 2 wavefronts), then
-        // thread 128 adds it to the accumulator with D / 32 bulk tensor reductions (TMA skips the rows past
-        // seq_q; rows past len_q inside it hold zeros: P = 0 there)
+        // thread 128 (kDqBulkW: the writer warp) adds it to the accumulator with D / 32 bulk tensor
+        // reductions (TMA skips the rows past seq_q; rows past len_q inside it hold zeros: P = 0 there)
         unsigned char* sdq = smem + C::OFF_DQ;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
@@ -382,12 +438,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
                 make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
           }
         wgmma::fence_proxy_async();
-        tma::named_sync(kBarDQ, 256);
-        if (threadIdx.x == 128) {
-          const unsigned src = tma::smem_addr(sdq);
+        if constexpr (DQ == kDqBulkW) {
+          if (threadIdx.x == 128) {  // the tile's coordinates for the writer (read after dqfull's phase)
+            volatile int* xy = reinterpret_cast<volatile int*>(smem + C::OFF_BAR + (2 * STAGES + 7) * 8);
+            xy[0] = m0;
+            xy[1] = b * p.heads_q + h;
+          }
+          __syncwarp();
+          if (l == 0) tma::mbar_arrive(dqfull);
+        } else {
+          tma::named_sync(kBarDQ, 256);
+          if (threadIdx.x == 128) {
+            const unsigned src = tma::smem_addr(sdq);
 #pragma unroll
-          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
-          bulk_commit();
+            for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
+            bulk_commit();
+          }
         }
       }
       wgmma::wait<0>();  // dK done: Q and dO of this stage are free

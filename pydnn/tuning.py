@@ -413,7 +413,13 @@ attention_bwd = Switches(
                    '(red.global.add.v2 from the registers) or "redpp" (red, the consumer warpgroups taking turns '
                    'at S^T / dP^T, each adding the previous tile\'s dQ). Mid-session H200 run 2, b4 s4096, six '
                    'points (d128 / d64 / GQA 64/8, causal and not): geomean over cuDNN bulk 0.832, redpp 0.778, '
-                   'red 0.755, the older kernel 0.615'),
+                   'red 0.755, the older kernel 0.615; "bulkw": bulk with FA3\'s dedicated dQ writer warp (the '
+                   'consumers store their halves and go on; no meeting on the tile, no consumer thread issuing)'),
+    WS_ORDER=(False, 'the warp-specialized backward launched as a 1-d grid the kernel orders in chunks of 4 (K/V head, '
+                     'batch) pairs, the longest (causal) key-block walks first; False: the 3-d grid\'s order '
+                     '(key blocks fastest); the reasons: ptx/attention_ws_bwd.cu kOrderChunk'),
+    WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
+                  'bulkw: pydnn/ops/attention_ws_bwd.py DEEP)'),
 )
 
 activation = Switches(

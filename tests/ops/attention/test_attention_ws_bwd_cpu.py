@@ -31,19 +31,23 @@ def test_units():
     for t in ("bf16", "f16"):
         u = units[f"attention.ws_bwd.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
-        assert u.exprs == tuple(WSB._expr(t, d, m) for d in (64, 128) for m in ("none", "red", "bulk", "redpp"))
+        assert u.exprs == (tuple(WSB._expr(t, 64, m) for m in ("none", "red", "bulk", "redpp"))
+                           + tuple(WSB._expr(t, 128, m) for m in ("none", "red", "bulk", "redpp", "bulkw"))
+                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
+    assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
     assert set(units) <= {u.name for u in W.kernel_units()}  # registered through attention_wgmma_bwd
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
     assert WSB.smem_bytes(128) == (2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8
-                                   + 64 * 128 * 4 + 9 * 8 + 1024) == 198728
+                                   + 64 * 128 * 4 + 11 * 8 + 8 + 1024) == 198752
     assert WSB.smem_bytes(64) == (2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8
-                                  + 128 * 64 * 4 + 9 * 8 + 1024) == 199752
+                                  + 128 * 64 * 4 + 11 * 8 + 8 + 1024) == 199776
     for d in (64, 128):
         assert WSB.smem_bytes(d) <= SMEM_LIMIT
-    assert WSB.smem_bytes(128, 3) <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
+    assert WSB.smem_bytes(128, 3) == 232048 <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
+    assert all(d == 128 and WSB.smem_bytes(d, st) <= SMEM_LIMIT for d, _, st in WSB.DEEP)
 
 
 def _dq_byte(bm, rr, cc):
@@ -110,7 +114,7 @@ def _names(launches):
     return [x["f"].split("<")[0].split("::")[-1] for x in launches]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
@@ -122,8 +126,71 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     assert names == (["bwd_pre", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre", "bwd_ws", "bwd_dq_convert"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    assert ws["f"] == WSB._expr(tag, d, "none" if det else dq)
+    assert ws["f"] == WSB._expr(tag, d, "none" if det else "bulk" if (dq, d) == ("bulkw", 64) else dq)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("order", [False, True])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("det", [0, 1])
+def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
+    """WS_ORDER: the same CTAs as a 1-d grid (blocks x K/V heads x batch); WS_STAGES 3: the 3-stage
+    instantiation and its shared memory where DEEP has it (d 128 bulk / bulkw), else the 2-stage one."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
+    _bwd(d=d, det=det, mask=TL)
+    ws = on[1]
+    mode = "none" if det else "bulk" if (dq, d) == ("bulkw", 64) else dq
+    st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
+    assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st)
+    assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
+
+
+def _order_map(lin, nx, hkv, b, chunk=4):
+    """attention_ws_bwd.cu's 1-d grid: linear block -> (key block, K/V head, batch)."""
+    c = lin // (nx * chunk)
+    n = min(chunk, hkv * b - c * chunk)
+    r = lin - c * nx * chunk
+    hb = c * chunk + r % n
+    return r // n, hb % hkv, hb // hkv
+
+
+@pytest.mark.parametrize("nx,hkv,b", [(5, 2, 2), (32, 32, 4), (1, 1, 1), (7, 1, 1), (3, 5, 3), (32, 8, 4), (2, 3, 1)])
+def test_order_covers_every_cta_once(nx, hkv, b):
+    """The 1-d grid's order: a bijection onto (key block, K/V head, batch); inside a chunk the key blocks
+    ascend (a causal walk's length does not grow with the block); one pair: the 3-d grid's order."""
+    got = [_order_map(i, nx, hkv, b) for i in range(nx * hkv * b)]
+    assert sorted(got) == sorted((x, h, bb) for x in range(nx) for h in range(hkv) for bb in range(b))
+    for i in range(1, len(got)):
+        if (i // (nx * 4)) == ((i - 1) // (nx * 4)):
+            assert got[i][0] >= got[i - 1][0]
+    if hkv * b == 1:
+        assert got == [(x, 0, 0) for x in range(nx)]
+
+
+def _makespan(jobs, sms=132):
+    import heapq
+    h = [0.0] * sms
+    for j in jobs:
+        heapq.heappush(h, heapq.heappop(h) + j)
+    return max(h)
+
+
+@pytest.mark.parametrize("hq,hkv,d,tail_nat,tail_ord", [(32, 32, 128, 0.034, 0.0014), (64, 8, 128, 0.14, 0.0002)])
+def test_order_schedule_emulated(hq, hkv, d, tail_nat, tail_ord):
+    """kOrderChunk's comment: b4 s4096 causal, 132 SMs dispatching CTAs in launch order to the first free
+    SM, a CTA's cost its query tiles x group heads + 1.5: the last SM's end past the average, natural order
+    against the chunked one."""
+    b, s, bm = 4, 4096, WSB.query_rows(d)
+    nx = s // 128
+    cost = [(s - 128 * x) // bm * (hq // hkv) + 1.5 for x in range(nx)]
+    avg = sum(cost) * hkv * b / 132
+    nat = _makespan([cost[x] for _ in range(hkv * b) for x in range(nx)]) / avg - 1
+    order = _makespan([cost[_order_map(i, nx, hkv, b)[0]] for i in range(nx * hkv * b)]) / avg - 1
+    assert nat == pytest.approx(tail_nat, abs=0.002) and order == pytest.approx(tail_ord, abs=0.001)
 
 
 def test_launch_passes_params_and_maps(on, monkeypatch):
@@ -234,12 +301,15 @@ class _Named:
         return lambda: self.gen > g
 
 
-def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_read=True, pp=False, ds_wait=True):
+def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_read=True, pp=False, ds_wait=True,
+             writer=False, dq_wait=True):
     """One CTA of bwd_ws: the producer warp and the two consumer warpgroups as generators yielding wait
     conditions, run in a random interleaving; TMA boxes land after a random delay (their bytes on the
     full barrier). Checks that every stage a consumer reads holds its iteration's Q / dO / lse / dsum
     until the consumer released it, that each dS^T buffer holds both halves of the iteration being
-    read while a warpgroup's dQ wgmma reads it, and that everything finishes."""
+    read while a warpgroup's dQ wgmma reads it, and that everything finishes. writer (kDqBulkW): the dQ
+    tile goes through dqfull / dqempty and the writer warp instead of kBarDQ and thread 128 (wait_read:
+    the writer's wait_group.read before dqempty; dq_wait: the consumers' dqempty wait)."""
     rng = random.Random(seed)
     kv = _Mbar(1)
     full = [_Mbar(33) for _ in range(stages)]
@@ -252,6 +322,7 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
     dsfull = [_Mbar(8) for _ in range(2)]
     dsempty = [_Mbar(8) for _ in range(2)]
     dqt = [None, None]
+    dqfull, dqempty = _Mbar(8), _Mbar(1)
     reducing = []   # kDqBulk: [time left, iteration] while the reduction reads the dQ tile
     landing = []    # [time left, buffer, index, value, barrier, bytes]
 
@@ -271,6 +342,17 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             yield lambda: True
             lbuf[s] = ("L", it)                     # the lanes' lse / dsum stores, then their arrivals
             full[s].arrive(32)
+
+    def dq_writer():
+        """kDqBulkW's writer (thread 32): tile it's reductions once both halves are stored."""
+        for it in range(iters):
+            yield lambda it=it: dqfull.done(it & 1)
+            assert dqt == [it, it], "the writer reduces a tile whose halves are not both stored"
+            reducing.append([rng.randint(0, 6), it])
+            if wait_read:
+                yield lambda: not reducing          # wait_group.read
+            dqempty.arrive(1)
+        yield lambda: not reducing                  # wait_group (before the CTA ends)
 
     def consumer_pp(cw):
         """kDqRedPP: S^T / dP^T issued on the warpgroup's turn, dS^T published on dsfull, the previous
@@ -325,23 +407,28 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             if atomic:
                 b = it % ds_buffers
                 dsb[b][cw] = it                     # this warpgroup's half of dS^T
-                if bulk and cw == 0 and wait_read:  # thread 128: the last reduction's reads done
+                if bulk and not writer and cw == 0 and wait_read:  # thread 128: the last reduction's reads done
                     yield lambda: not reducing
                 yield named.sync()
                 assert dsb[b] == [it, it]
                 yield lambda: True                  # the dQ wgmma reads both halves
                 assert dsb[b] == [it, it] and qbuf[s] == ("Q", it)
             empty[s].arrive(4)                      # after wait<0>: one arrival per warp
-            if atomic and bulk:
+            if atomic and writer:
+                if dq_wait:
+                    yield lambda it=it: dqempty.done((it & 1) ^ 1)
+                dqt[cw] = it                        # this warpgroup's half of the tile, then 4 warp arrivals
+                dqfull.arrive(4)
+            elif atomic and bulk:
                 assert not reducing, "a dQ half stored while the bulk reduction reads the tile"
                 dqt[cw] = it
                 yield named_dq.sync()
                 if cw == 0:                         # thread 128 issues the reduction (it reads for a while)
                     reducing.append([rng.randint(0, 6), it])
 
-    actors = [producer(), consumer(0), consumer(1)]
-    conds = [lambda: True] * 3
-    live = [True] * 3
+    actors = [producer(), consumer(0), consumer(1)] + ([dq_writer()] if writer and atomic and iters else [])
+    conds = [lambda: True] * len(actors)
+    live = [True] * len(actors)
     steps = 0
     while any(live) or landing or reducing:
         steps += 1
@@ -357,7 +444,7 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             _, buf, i, val, bar, nbytes = x
             buf[i] = val
             bar.complete_tx(nbytes)
-        ready = [i for i in range(3) if live[i] and conds[i]()]
+        ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
         if not ready:
             assert landing or reducing or not any(live), "deadlock: every warpgroup waits and no copy is in flight"
             continue
@@ -368,13 +455,22 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             live[i] = False
 
 
-@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp"])
+@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
 def test_synchronization_emulated(mode, stages, seed):
     rng = random.Random(2000 + seed)
-    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode == "bulk",
-             pp=mode == "redpp")
+    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode in ("bulk", "bulkw"),
+             pp=mode == "redpp", writer=mode == "bulkw")
+
+
+@pytest.mark.parametrize("what", ["dq_wait", "wait_read"])
+def test_emulation_catches_a_missing_writer_wait(what):
+    """kDqBulkW without the consumers' dqempty wait, or without the writer's wait_group.read before it
+    arrives: a half stored while the reduction still reads the tile."""
+    with pytest.raises(AssertionError):
+        for seed in range(100):
+            _emulate(12, 2, seed, writer=True, **{what: False})
 
 
 def test_emulation_catches_a_missing_ds_release():
