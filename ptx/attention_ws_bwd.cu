@@ -50,6 +50,8 @@
 //     fenced), dqempty count 1 (the writer, thread 32, after wait_group.read of tile it's reductions);
 //     consumers wait dqempty parity (it & 1) ^ 1 before storing tile it, the writer dqfull parity it & 1.
 //     The writer waits for the reductions' completion before it exits.
+//   kDqBulkWPP: kDqRedPP's protocol, the previous tile's dQ going through kDqBulkW's writer instead of red:
+//     tile t in buffer t & 1, dqfull / dqempty per buffer (parities (t >> 1) & 1, the consumers' ^ 1).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
@@ -88,6 +90,11 @@ constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2, kDqRedPP = 3;
 // reads and arrives on dqempty, which the consumers wait for before storing the next tile's halves (the
 // consumers no longer meet on kBarDQ, nor wait on one of their threads' issue and read wait).
 constexpr int kDqBulkW = 4;
+// kDqBulkWPP: kDqRedPP's ping-pong (the consumer warpgroups take turns at S^T / dP^T, each computes the
+// previous tile's dQ) with kDqBulkW's writer, the dQ tile double buffered (the two warpgroups store their
+// halves of a tile half an iteration apart).
+constexpr int kDqBulkWPP = 5;
+template <int DQ> struct DqBufs { static constexpr int value = DQ == kDqBulkWPP ? 2 : 1; };
 // The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
 // head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
 // walk, first) and the pairs fastest: a greedy list schedule of longest-first jobs. Chunks keep the
@@ -97,7 +104,7 @@ constexpr int kDqBulkW = 4;
 // the average SM's work; chunks of 4: 0.1% / 0.02% (2: 2.7% / 11%; non-causal 3.1% either way).
 constexpr int kOrderChunk = 4;
 
-template <int D, int STAGES> struct Cfg {
+template <int D, int STAGES, int NDQ = 1> struct Cfg {
   static constexpr int BM = D > 64 ? 64 : 128;  // query rows a stage (bwd_dkdv_wg's: 192 accumulator registers)
   static constexpr int KV_BYTES = kBN * D * 2;
   static constexpr int Q_BYTES = BM * D * 2;
@@ -106,11 +113,13 @@ template <int D, int STAGES> struct Cfg {
                        OFF_DS = OFF_DO + STAGES * Q_BYTES,
                        OFF_DQ = OFF_DS + 2 * DS_BYTES,    // kDqBulk(W): the fp32 dQ tile, D / 32 slabs of BM
                        DQ_BYTES = BM * D * 4,             //   rows of 128 bytes, 128B-swizzled (TMA's)
-                       OFF_L = OFF_DQ + DQ_BYTES,         // lse [STAGES][BM], then dsum [STAGES][BM] (after
+                       OFF_L = OFF_DQ + NDQ * DQ_BYTES,   // lse [STAGES][BM], then dsum [STAGES][BM] (after
                                                           //   the tile: 3 stages' 1536 bytes keep it aligned)
-                       OFF_BAR = OFF_L + STAGES * BM * 8;
-  // + kv, full, empty, dsfull, dsempty, dqfull, dqempty, the dQ tile's coordinates (kDqBulkW); + slack
-  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 8) * 8 + 1024;
+                       OFF_BAR = OFF_L + STAGES * BM * 8,
+                       // kv, full, empty, dsfull [2], dsempty [2], dqfull [2], dqempty [2], then the dQ
+                       // tiles' coordinates [2] (kDqBulkW / kDqBulkWPP)
+                       OFF_XY = OFF_BAR + (2 * STAGES + 9) * 8;
+  static constexpr int SMEM = OFF_XY + 16 + 1024;  // + slack
 };
 
 // Q, dO, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64 columns (one 128B-swizzled slab) x
@@ -141,12 +150,14 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkW, "bwd_ws tile");
-  static_assert(DQ != kDqBulkW || D == 128, "kDqBulkW: d 128 (see the writer)");
-  constexpr bool PP = DQ == kDqRedPP;
-  static_assert(Cfg<D, STAGES>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkWPP, "bwd_ws tile");
+  static_assert(DQ < kDqBulkW || D == 128, "kDqBulkW(PP): d 128 (see the writer)");
+  constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP;
+  constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP;
+  constexpr int NDQ = DqBufs<DQ>::value;
+  static_assert(Cfg<D, STAGES, NDQ>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
   constexpr bool ATOMIC = DQ != kDqNone;
-  using C = Cfg<D, STAGES>;
+  using C = Cfg<D, STAGES, NDQ>;
   constexpr int BM = C::BM, BN = kBN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = tma::smem_addr(smem_raw);
@@ -161,7 +172,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
   auto dsfull = [&](int i) { return kvbar + 8u * (1 + 2 * STAGES + i); };   // (kDqRedPP)
   auto dsempty = [&](int i) { return kvbar + 8u * (3 + 2 * STAGES + i); };
-  const unsigned dqfull = kvbar + 8u * (5 + 2 * STAGES), dqempty = kvbar + 8u * (6 + 2 * STAGES);  // (kDqBulkW)
+  auto dqfull = [&](int i) { return kvbar + 8u * (5 + 2 * STAGES + i); };  // (kDqBulkW(PP), buffer i)
+  auto dqempty = [&](int i) { return kvbar + 8u * (7 + 2 * STAGES + i); };
+  // the dQ tile t: buffer t % NDQ, its use (t / NDQ); coordinates (m0, b heads_q + h) at OFF_XY + 8 buffer
 
   // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order
   int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -191,8 +204,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       tma::mbar_init(dsfull(i), kConsumerWarps);
       tma::mbar_init(dsempty(i), kConsumerWarps);
     }
-    tma::mbar_init(dqfull, kConsumerWarps);
-    tma::mbar_init(dqempty, 1);
+    for (int i = 0; i < 2; ++i) {
+      tma::mbar_init(dqfull(i), kConsumerWarps);
+      tma::mbar_init(dqempty(i), 1);
+    }
     tma::fence_barrier_init();
   }
   __syncthreads();
@@ -200,22 +215,23 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     tma::regs_dealloc<kProdRegs>();
-    if constexpr (DQ == kDqBulkW) {
-      if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile it's reductions once both halves are in
+    if constexpr (WRITER) {
+      if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile t's reductions once both halves are in
         // (the tile's coordinates come with it, from the consumers). Not instantiated at d 64: there ptxas
         // spills 28 bytes of the prologue's values across the setmaxnreg (any form of this branch tried:
         // coordinates computed here or handed over, the loop's end from iters or from the consumers, a
         // warp-uniform branch, 32 / 232 registers)
-        const unsigned src = sb + C::OFF_DQ;
-        const volatile int* xy = reinterpret_cast<const volatile int*>(smem + C::OFF_BAR + (2 * STAGES + 7) * 8);
-        for (int it = 0; it < iters; ++it) {
-          tma::mbar_wait(dqfull, it & 1);
+        for (int t = 0; t < iters; ++t) {
+          const int i = t % NDQ;
+          tma::mbar_wait(dqfull(i), (t / NDQ) & 1);
+          const volatile int* xy = reinterpret_cast<const volatile int*>(smem + C::OFF_XY + 8 * i);
           const int m0 = xy[0], hb = xy[1];
+          const unsigned src = sb + C::OFF_DQ + i * C::DQ_BYTES;
 #pragma unroll
           for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
           bulk_commit();
-          bulk_wait_read();  // the tile read: the consumers may store the next one
-          tma::mbar_arrive(dqempty);
+          bulk_wait_read();  // the tile read: the consumers may store into the buffer again
+          tma::mbar_arrive(dqempty(i));
         }
         bulk_wait();  // (the additions done before the CTA's end)
         return;
@@ -289,6 +305,32 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         for (int j = 0; j < 8; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
       }
     }
+  };
+
+  // kDqBulkW(PP): this warpgroup's half of dQ tile t (query head hq_, rows from m0_) into its buffer of the
+  // swizzled fp32 tile (slab c / 32, row r at 128 r, 16-byte chunk (c % 32) / 4 at chunk ^ (r & 7): a warp's
+  // float2 stores cover all 32 banks), once the writer has read the buffer's previous tile; then the
+  // coordinates (thread 128) and one arrival a warp on the buffer's dqfull
+  auto put_dq = [&](const float (&dq)[32], int t, int hq_, int m0_) {
+    const int i = t % NDQ;
+    tma::mbar_wait(dqempty(i), ((t / NDQ) & 1) ^ 1);
+    unsigned char* sdq = smem + C::OFF_DQ + i * C::DQ_BYTES;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int rr = r0 + 8 * hh, cc = c0 + 8 * j, w = cc & 31;
+        *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + ((((w >> 2) ^ (rr & 7))) << 4) + (w & 3) * 4) =
+            make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      }
+    wgmma::fence_proxy_async();
+    if (threadIdx.x == 128) {
+      volatile int* xy = reinterpret_cast<volatile int*>(smem + C::OFF_XY + 8 * i);
+      xy[0] = m0_;
+      xy[1] = b * p.heads_q + hq_;
+    }
+    __syncwarp();
+    if (l == 0) tma::mbar_arrive(dqfull(i));
   };
 
   for (int it = 0; it < iters; ++it) {
@@ -394,8 +436,6 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
         // (kDqBulkW: the writer's dqempty says so, waited for below)
         tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
-        // kDqBulkW: tile it - 1 read by the writer (long done by now: it was handed over an iteration ago)
-        if constexpr (DQ == kDqBulkW) tma::mbar_wait(dqempty, (it & 1) ^ 1);
       }
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
       // k16 step = 16 keys = 2048 bytes. D = 128: warpgroup w takes d columns 64 w.. (slab w of K);
@@ -419,15 +459,20 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         red_dq(dq, h, m0);
       } else if constexpr (PP) {
         if (it > 0) {
-          red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+          if constexpr (WRITER)
+            put_dq(dq, pit, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+          else
+            red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
           __syncwarp();
           if (l == 0) tma::mbar_arrive(dsempty(pit & 1));
         }
+      } else if constexpr (DQ == kDqBulkW) {
+        put_dq(dq, it, h, m0);
       } else {
         // this warpgroup's half into the swizzled tile (slab c / 32, row r at 128 r, 16-byte chunk
         // (c % 32) / 4 at chunk ^ (r & 7): a warp's float2 stores cover all 32 banks, 2 wavefronts), then
-        // thread 128 (kDqBulkW: the writer warp) adds it to the accumulator with D / 32 bulk tensor
-        // reductions (TMA skips the rows past seq_q; rows past len_q inside it hold zeros: P = 0 there)
+        // thread 128 adds it to the accumulator with D / 32 bulk tensor reductions (TMA skips the rows past
+        // seq_q; rows past len_q inside it hold zeros: P = 0 there)
         unsigned char* sdq = smem + C::OFF_DQ;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
@@ -438,22 +483,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
                 make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
           }
         wgmma::fence_proxy_async();
-        if constexpr (DQ == kDqBulkW) {
-          if (threadIdx.x == 128) {  // the tile's coordinates for the writer (read after dqfull's phase)
-            volatile int* xy = reinterpret_cast<volatile int*>(smem + C::OFF_BAR + (2 * STAGES + 7) * 8);
-            xy[0] = m0;
-            xy[1] = b * p.heads_q + h;
-          }
-          __syncwarp();
-          if (l == 0) tma::mbar_arrive(dqfull);
-        } else {
-          tma::named_sync(kBarDQ, 256);
-          if (threadIdx.x == 128) {
-            const unsigned src = tma::smem_addr(sdq);
+        tma::named_sync(kBarDQ, 256);
+        if (threadIdx.x == 128) {
+          const unsigned src = tma::smem_addr(sdq);
 #pragma unroll
-            for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
-            bulk_commit();
-          }
+          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
+          bulk_commit();
         }
       }
       wgmma::wait<0>();  // dK done: Q and dO of this stage are free
@@ -479,7 +514,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(dq);
-    if (iters > 0) red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+    if (iters > 0) {
+      if constexpr (WRITER)
+        put_dq(dq, pit, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+      else
+        red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+    }
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);

@@ -414,7 +414,9 @@ attention_bwd = Switches(
                    'at S^T / dP^T, each adding the previous tile\'s dQ). Mid-session H200 run 2, b4 s4096, six '
                    'points (d128 / d64 / GQA 64/8, causal and not): geomean over cuDNN bulk 0.832, redpp 0.778, '
                    'red 0.755, the older kernel 0.615; "bulkw": bulk with FA3\'s dedicated dQ writer warp (the '
-                   'consumers store their halves and go on; no meeting on the tile, no consumer thread issuing)'),
+                   'consumers store their halves and go on; no meeting on the tile, no consumer thread issuing); "bulkwpp": '
+                   'the writer with redpp\'s ping-pong (two dQ tiles); the writer\'s modes are d 128 only ("bulk" '
+                   'at d 64)'),
     WS_ORDER=(False, 'the warp-specialized backward launched as a 1-d grid the kernel orders in chunks of 4 (K/V head, '
                      'batch) pairs, the longest (causal) key-block walks first; False: the 3-d grid\'s order '
                      '(key blocks fastest); the reasons: ptx/attention_ws_bwd.cu kOrderChunk'),

@@ -4,9 +4,10 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant is a WS_DQ mode ("bulk", "bulkw", "red", "redpp") with optional "+ord" (tuning.attention_bwd.WS_ORDER:
-the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3 where instantiated, d 128 bulk / bulkw), or "old"
-(the older wgmma kernel). TFLOP/s count 2.5x the forward's FLOPs (half under the causal mask)."""
+A variant is a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; the writer's modes run "bulk" at d 64)
+with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
+where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel). TFLOP/s count 2.5x the forward's
+FLOPs (half under the causal mask)."""
 import argparse
 import os
 import sys
@@ -30,7 +31,7 @@ def overrides(name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4x4096x32x32x128,4x4096x32x32x64,4x4096x64x8x128")
-    ap.add_argument("--variants", default="bulk,bulk+ord,bulkw+ord,bulkw+ord+3st")
+    ap.add_argument("--variants", default="bulk,bulk+ord,bulkw+ord,bulkwpp+ord,bulkw+ord+3st")
     ap.add_argument("--det", default="0")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--out")

@@ -40,20 +40,22 @@ def query_rows(d):
     return 64 if d > 64 else 128
 
 
-def smem_bytes(d, stages=STAGES):
-    """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
-    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 7 + 2 STAGES mbarriers
-    and kDqBulkW's 8 bytes of tile coordinates, 1 KiB alignment slack (d 128: 198752 bytes, 3 stages 232048
-    (of 232448); d 64: 199776)."""
+def smem_bytes(d, stages=STAGES, mode="none"):
+    """Cfg<D, STAGES, NDQ>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
+    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves one, "bulkwpp" two),
+    9 + 2 STAGES mbarriers and two dQ tiles' coordinates (16 bytes), 1 KiB alignment slack (d 128: 198776
+    bytes, 3 stages 232072 (of 232448), bulkwpp 231544; d 64: 199800)."""
     bm = query_rows(d)
-    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
-            + (2 * stages + 8) * 8 + 1024)
+    ndq = 2 if mode == "bulkwpp" else 1
+    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + ndq * bm * d * 4
+            + (2 * stages + 9) * 8 + 16 + 1024)
 
 
-# kDqNone, kDqRed, kDqBulk, kDqRedPP, kDqBulkW (bulk with FA3's dedicated dQ writer warp; d 128 only: at d 64
-# ptxas spills across the setmaxnreg with the writer's branch, so "bulkw" runs "bulk" there)
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4}
-MODE_DIMS = {"bulkw": (128,)}
+# kDqNone, kDqRed, kDqBulk, kDqRedPP, kDqBulkW (bulk with FA3's dedicated dQ writer warp), kDqBulkWPP (the
+# writer with redpp's ping-pong, two dQ tiles). The writer's modes at d 128 only: at d 64 ptxas spills across
+# the setmaxnreg with the writer's branch, so they run "bulk" there.
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
+MODE_DIMS = {"bulkw": (128,), "bulkwpp": (128,)}
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
 DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
@@ -118,7 +120,7 @@ def maps(tag, d, p, mode="none"):
     dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    acc = p.dq_acc if mode in ("bulk", "bulkw") else None
+    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp") else None
     key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:
@@ -153,7 +155,7 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     except Exception:  # noqa: BLE001 - a layout the encoder refuses
         return False
     st = stages_of(d, mode)
-    smem = smem_bytes(d, st)
+    smem = smem_bytes(d, st, mode)
     f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
     driver.launch_args(f, grid(batch, heads_kv, seq_kv), (THREADS, 1, 1), smem, handle.cu_stream,

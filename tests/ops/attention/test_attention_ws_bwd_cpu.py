@@ -32,7 +32,7 @@ def test_units():
         u = units[f"attention.ws_bwd.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
         assert u.exprs == (tuple(WSB._expr(t, 64, m) for m in ("none", "red", "bulk", "redpp"))
-                           + tuple(WSB._expr(t, 128, m) for m in ("none", "red", "bulk", "redpp", "bulkw"))
+                           + tuple(WSB._expr(t, 128, m) for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp"))
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
@@ -41,12 +41,13 @@ def test_units():
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
     assert WSB.smem_bytes(128) == (2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 8
-                                   + 64 * 128 * 4 + 11 * 8 + 8 + 1024) == 198752
+                                   + 64 * 128 * 4 + 13 * 8 + 16 + 1024) == 198776
     assert WSB.smem_bytes(64) == (2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 128 * 8
-                                  + 128 * 64 * 4 + 11 * 8 + 8 + 1024) == 199776
+                                  + 128 * 64 * 4 + 13 * 8 + 16 + 1024) == 199800
     for d in (64, 128):
         assert WSB.smem_bytes(d) <= SMEM_LIMIT
-    assert WSB.smem_bytes(128, 3) == 232048 <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
+    assert WSB.smem_bytes(128, 2, "bulkwpp") == WSB.smem_bytes(128) + 64 * 128 * 4 == 231544 <= SMEM_LIMIT
+    assert WSB.smem_bytes(128, 3) == 232072 <= SMEM_LIMIT < WSB.smem_bytes(64, 3)  # (3 stages: d 128 only)
     assert all(d == 128 and WSB.smem_bytes(d, st) <= SMEM_LIMIT for d, _, st in WSB.DEEP)
 
 
@@ -114,7 +115,7 @@ def _names(launches):
     return [x["f"].split("<")[0].split("::")[-1] for x in launches]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
@@ -126,13 +127,14 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     assert names == (["bwd_pre", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre", "bwd_ws", "bwd_dq_convert"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    assert ws["f"] == WSB._expr(tag, d, "none" if det else "bulk" if (dq, d) == ("bulkw", 64) else dq)
-    assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d)
+    mode = "none" if det else "bulk" if d == 64 and dq in ("bulkw", "bulkwpp") else dq
+    assert ws["f"] == WSB._expr(tag, d, mode)
+    assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
 
 
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("order", [False, True])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red"])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red", "bulkwpp"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
@@ -143,9 +145,9 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
     _bwd(d=d, det=det, mask=TL)
     ws = on[1]
-    mode = "none" if det else "bulk" if (dq, d) == ("bulkw", 64) else dq
+    mode = "none" if det else "bulk" if d == 64 and dq in ("bulkw", "bulkwpp") else dq
     st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
-    assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st)
+    assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
 
 
@@ -321,9 +323,10 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
     turn = [0, 0]   # kDqRedPP: pending bar.arrive counts on the turn barriers (one per arriving warpgroup)
     dsfull = [_Mbar(8) for _ in range(2)]
     dsempty = [_Mbar(8) for _ in range(2)]
-    dqt = [None, None]
-    dqfull, dqempty = _Mbar(8), _Mbar(1)
-    reducing = []   # kDqBulk: [time left, iteration] while the reduction reads the dQ tile
+    ndq = 2 if pp and writer else 1     # kDqBulkWPP: two dQ tiles
+    dqt = [[None, None] for _ in range(ndq)]
+    dqfull, dqempty = [_Mbar(8) for _ in range(ndq)], [_Mbar(1) for _ in range(ndq)]
+    reducing = []   # kDqBulk(W(PP)): [time left, tile, buffer] while the reduction reads the dQ tile
     landing = []    # [time left, buffer, index, value, barrier, bytes]
 
     def tma(buf, i, val, bar, nbytes):
@@ -345,14 +348,23 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
 
     def dq_writer():
         """kDqBulkW's writer (thread 32): tile it's reductions once both halves are stored."""
-        for it in range(iters):
-            yield lambda it=it: dqfull.done(it & 1)
-            assert dqt == [it, it], "the writer reduces a tile whose halves are not both stored"
-            reducing.append([rng.randint(0, 6), it])
+        for t in range(iters):
+            i = t % ndq
+            yield lambda t=t, i=i: dqfull[i].done((t // ndq) & 1)
+            assert dqt[i] == [t, t], "the writer reduces a tile whose halves are not both stored"
+            reducing.append([rng.randint(0, 6), t, i])
             if wait_read:
                 yield lambda: not reducing          # wait_group.read
-            dqempty.arrive(1)
+            dqempty[i].arrive(1)
         yield lambda: not reducing                  # wait_group (before the CTA ends)
+
+    def put_dq(cw, t):
+        """kDqBulkW(PP): the warpgroup's half of dQ tile t into buffer t % ndq, then 4 warp arrivals."""
+        i = t % ndq
+        if dq_wait:
+            yield lambda: dqempty[i].done(((t // ndq) & 1) ^ 1)
+        dqt[i][cw] = t
+        dqfull[i].arrive(4)
 
     def consumer_pp(cw):
         """kDqRedPP: S^T / dP^T issued on the warpgroup's turn, dS^T published on dsfull, the previous
@@ -381,6 +393,8 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
                 assert dsb[pb] == [it - 1, it - 1]
                 yield lambda: True                  # the dQ wgmma reads both halves
                 assert dsb[pb] == [it - 1, it - 1], "a dS^T half rewritten under the other's dQ"
+                if writer:
+                    yield from put_dq(cw, it - 1)
                 dsempty[pb].arrive(4)
             assert qbuf[s] == ("Q", it)
             empty[s].arrive(4)
@@ -389,6 +403,8 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
         assert dsb[last & 1] == [last, last]
         yield lambda: True
         assert dsb[last & 1] == [last, last]
+        if writer:
+            yield from put_dq(cw, last)
 
     def consumer(cw):
         if pp:
@@ -415,16 +431,13 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
                 assert dsb[b] == [it, it] and qbuf[s] == ("Q", it)
             empty[s].arrive(4)                      # after wait<0>: one arrival per warp
             if atomic and writer:
-                if dq_wait:
-                    yield lambda it=it: dqempty.done((it & 1) ^ 1)
-                dqt[cw] = it                        # this warpgroup's half of the tile, then 4 warp arrivals
-                dqfull.arrive(4)
+                yield from put_dq(cw, it)
             elif atomic and bulk:
                 assert not reducing, "a dQ half stored while the bulk reduction reads the tile"
-                dqt[cw] = it
+                dqt[0][cw] = it
                 yield named_dq.sync()
                 if cw == 0:                         # thread 128 issues the reduction (it reads for a while)
-                    reducing.append([rng.randint(0, 6), it])
+                    reducing.append([rng.randint(0, 6), it, 0])
 
     actors = [producer(), consumer(0), consumer(1)] + ([dq_writer()] if writer and atomic and iters else [])
     conds = [lambda: True] * len(actors)
@@ -434,7 +447,7 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
         steps += 1
         assert steps < 100000
         for x in reducing:
-            assert dqt == [x[1], x[1]], "the dQ tile changed under the bulk reduction"
+            assert dqt[x[2]] == [x[1], x[1]], "the dQ tile changed under the bulk reduction"
             x[0] -= 1
         reducing[:] = [x for x in reducing if x[0] >= 0]
         for x in landing:
@@ -455,22 +468,23 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             live[i] = False
 
 
-@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw"])
+@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
 def test_synchronization_emulated(mode, stages, seed):
     rng = random.Random(2000 + seed)
-    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode in ("bulk", "bulkw"),
-             pp=mode == "redpp", writer=mode == "bulkw")
+    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode in ("bulk", "bulkw", "bulkwpp"),
+             pp=mode in ("redpp", "bulkwpp"), writer=mode in ("bulkw", "bulkwpp"))
 
 
+@pytest.mark.parametrize("pp", [False, True], ids=["bulkw", "bulkwpp"])
 @pytest.mark.parametrize("what", ["dq_wait", "wait_read"])
-def test_emulation_catches_a_missing_writer_wait(what):
-    """kDqBulkW without the consumers' dqempty wait, or without the writer's wait_group.read before it
+def test_emulation_catches_a_missing_writer_wait(what, pp):
+    """kDqBulkW(PP) without the consumers' dqempty wait, or without the writer's wait_group.read before it
     arrives: a half stored while the reduction still reads the tile."""
     with pytest.raises(AssertionError):
-        for seed in range(100):
-            _emulate(12, 2, seed, writer=True, **{what: False})
+        for seed in range(300):
+            _emulate(12, 2, seed, writer=True, pp=pp, **{what: False})
 
 
 def test_emulation_catches_a_missing_ds_release():

@@ -69,13 +69,14 @@ CASES = [  # b, hq, hkv, sq, skv, d, layout
 IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_backward_ws(handle, rng, wsb, monkeypatch, dtype, mask, case, dq):
     """The atomic dQ modes (tuning.attention_bwd.WS_DQ): the bulk reduction of a shared tile (by a consumer
-    thread, or by the dedicated writer warp: bulkw), red.global.add (redpp: ping-pong, the previous tile's)."""
+    thread, or by the dedicated writer warp: bulkw, bulkwpp with the ping-pong; the writer's modes run "bulk" at
+    d 64), red.global.add (redpp: ping-pong, the previous tile's)."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
@@ -91,7 +92,7 @@ LONG_CASES = [  # several 128-key blocks and query tiles per CTA, partial last o
 LONG_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in LONG_CASES]
 
 
-@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw"])
+@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", LONG_CASES, ids=LONG_IDS)
 def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
@@ -109,7 +110,7 @@ ORDER_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in ORDER_C
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw"])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", ORDER_CASES, ids=ORDER_IDS)
 def test_backward_ws_order_stages(handle, rng, wsb, monkeypatch, mask, case, dq, stages):
