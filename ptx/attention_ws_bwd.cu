@@ -56,6 +56,7 @@
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
 #include "common/attn_problem.cuh"
+#include "common/attn_bwd_tile.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "attention_params.h"
@@ -383,20 +384,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     }
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2*>(dt + j * 8 + 2 * q4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dp[4 * j + i] = sc[4 * j + i] * (dp[4 * j + i] - ((i & 1) ? dd.y : dd.x));
-    }
     unsigned pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        pa[ks][c] = pack16x2<T>(sc[8 * ks + 2 * c], sc[8 * ks + 2 * c + 1]);
-        da[ks][c] = pack16x2<T>(dp[8 * ks + 2 * c], dp[8 * ks + 2 * c + 1]);
-      }
+    attn::bwd_ds_pack<T, BM>(sc, dp, dt, q4, pa, da);  // dS^T, P^T and dS^T packed (common/attn_bwd_tile.cuh)
 
     // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride).
     // ATOMIC: three groups, dV, dQ, dK: dV runs while dS^T is stored and the warpgroups meet, dK while dQ
@@ -526,22 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
-  T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));
-  T* gdv = const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk));
-  const long long ldk = p.stride[PYDNN_ATTN_T_DK][2], ldv = p.stride[PYDNN_ATTN_T_DV][2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = wkey + warp * 16 + g + 8 * hh;
-    if (key >= p.seq_kv) continue;
-    const bool live = key < sq.len_kv;
-    T* rk = gdk + (long long)key * ldk + 2 * q4;
-    T* rv = gdv + (long long)key * ldv + 2 * q4;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<unsigned*>(rk + 8 * j) = live ? pack16x2<T>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale) : 0u;
-      *reinterpret_cast<unsigned*>(rv + 8 * j) = live ? pack16x2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]) : 0u;
-    }
-  }
+  attn::bwd_store_dkdv<T, D>(p, sq, b, hk, wkey, warp, g, q4, dk, dv);
 }
 
 }  // namespace attn_wsb
