@@ -152,7 +152,6 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
   static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkWPP, "bwd_ws tile");
-  static_assert(DQ < kDqBulkW || D == 128, "kDqBulkW(PP): d 128 (see the writer)");
   constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP;
   constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP;
   constexpr int NDQ = DqBufs<DQ>::value;
@@ -218,10 +217,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     tma::regs_dealloc<kProdRegs>();
     if constexpr (WRITER) {
       if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile t's reductions once both halves are in
-        // (the tile's coordinates come with it, from the consumers). Not instantiated at d 64: there ptxas
-        // spills 28 bytes of the prologue's values across the setmaxnreg (any form of this branch tried:
-        // coordinates computed here or handed over, the loop's end from iters or from the consumers, a
-        // warp-uniform branch, 32 / 232 registers)
+        // (the tile's coordinates come with it, from the consumers). At d 64 ptxas spills 24-28 bytes of the
+        // prologue's values across the setmaxnreg (stored once, reloaded a few times an iteration from L1)
+        // with this branch, in every form tried: coordinates computed here or handed over, the loop's end
+        // from iters or from the consumers, a warp-uniform branch, 32 / 232 registers, the walk recomputed
+        // after the split (worse: 64 bytes); accepted (tests/ops/attention/test_attention_ws_bwd_cpu.py SPILL_OK)
         for (int t = 0; t < iters; ++t) {
           const int i = t % NDQ;
           tma::mbar_wait(dqfull(i), (t / NDQ) & 1);

@@ -596,9 +596,10 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0, variants=None):
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     bf = pydnn.PYDNN_DATA_BFLOAT16
     default_variants = (("old", {"attention_bwd.WS": False}),
-                ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk"}),
-                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red"}),
-                ("redpp", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "redpp"}))[:2 if det else 4]
+                ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk", "attention_bwd.WS_DQ_CAUSAL": None}),
+                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red", "attention_bwd.WS_DQ_CAUSAL": None}),
+                ("redpp", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "redpp",
+                           "attention_bwd.WS_DQ_CAUSAL": None}))[:2 if det else 4]
     variants = variants or default_variants
     ref = "old" if any(v[0] == "old" for v in variants) else variants[0][0]
     names = [v[0] for v in variants]

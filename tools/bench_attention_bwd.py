@@ -4,9 +4,9 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant is a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; the writer's modes run "bulk" at d 64)
+A variant is a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
-where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel). TFLOP/s count 2.5x the forward's
+where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel), or "default" (tuning's defaults). TFLOP/s count 2.5x the forward's
 FLOPs (half under the causal mask)."""
 import argparse
 import os
@@ -19,8 +19,11 @@ import bench_attention as BA  # noqa: E402
 def overrides(name):
     if name == "old":
         return {"attention_bwd.WS": False}
+    if name == "default":  # the warp-specialized kernel with tuning's defaults
+        return {"attention_bwd.WS": True}
     mode, *opts = name.split("+")
-    over = {"attention_bwd.WS": True, "attention_bwd.WS_DQ": mode, "attention_bwd.WS_ORDER": "ord" in opts,
+    over = {"attention_bwd.WS": True, "attention_bwd.WS_DQ": mode, "attention_bwd.WS_DQ_CAUSAL": None,
+            "attention_bwd.WS_ORDER": "ord" in opts,
             "attention_bwd.WS_STAGES": 3 if "3st" in opts else 2}
     unknown = set(opts) - {"ord", "3st"}
     if unknown:

@@ -52,10 +52,10 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 
 
 # kDqNone, kDqRed, kDqBulk, kDqRedPP, kDqBulkW (bulk with FA3's dedicated dQ writer warp), kDqBulkWPP (the
-# writer with redpp's ping-pong, two dQ tiles). The writer's modes at d 128 only: at d 64 ptxas spills across
-# the setmaxnreg with the writer's branch, so they run "bulk" there.
+# writer with redpp's ping-pong, two dQ tiles). MODE_DIMS: the head dims a mode is instantiated for (others
+# run "bulk"); at d 64 the writer's modes carry a 24-28 byte spill (attention_ws_bwd.cu's writer).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
-MODE_DIMS = {"bulkw": (128,), "bulkwpp": (128,)}
+MODE_DIMS = {}
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
 DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
@@ -67,12 +67,12 @@ def stages_of(d, mode):
     return st if st == STAGES or (d, mode, st) in DEEP else STAGES
 
 
-def dq_mode(atomic, d=128):
-    """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ
-    ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
+def dq_mode(atomic, d=128, causal=False):
+    """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ, or
+    under a causal mask WS_DQ_CAUSAL when set ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
     if not atomic:
         return "none"
-    m = tuning.attention_bwd.WS_DQ
+    m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
     return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
@@ -149,7 +149,7 @@ def grid(batch, heads_kv, seq_kv):
 def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     """bwd_ws over (128-key blocks, K/V heads, batch). Returns False (nothing launched) when the driver
     refuses a tensor map: the caller then runs the older kernel."""
-    mode = dq_mode(atomic, d)
+    mode = dq_mode(atomic, d, p.mask != 0)
     try:
         m = maps(tag, d, p, mode)
     except Exception:  # noqa: BLE001 - a layout the encoder refuses

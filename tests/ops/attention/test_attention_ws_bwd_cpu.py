@@ -31,8 +31,8 @@ def test_units():
     for t in ("bf16", "f16"):
         u = units[f"attention.ws_bwd.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
-        assert u.exprs == (tuple(WSB._expr(t, 64, m) for m in ("none", "red", "bulk", "redpp"))
-                           + tuple(WSB._expr(t, 128, m) for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp"))
+        assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
+                                 for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp"))
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
@@ -105,6 +105,8 @@ def _bwd(hq=4, hkv=2, sq=300, skv=517, d=128, mask=NONE, det=0, dtype=BF16, drop
 def on(monkeypatch, launches):
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", None)  # (WS_DQ as each test sets it)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", False)
     monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
     monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())  # (no driver to encode with here)
@@ -127,7 +129,7 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     assert names == (["bwd_pre", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre", "bwd_ws", "bwd_dq_convert"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    mode = "none" if det else "bulk" if d == 64 and dq in ("bulkw", "bulkwpp") else dq
+    mode = "none" if det else dq
     assert ws["f"] == WSB._expr(tag, d, mode)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
 
@@ -145,7 +147,7 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
     _bwd(d=d, det=det, mask=TL)
     ws = on[1]
-    mode = "none" if det else "bulk" if d == 64 and dq in ("bulkw", "bulkwpp") else dq
+    mode = "none" if det else dq
     st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
     assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
@@ -526,10 +528,16 @@ def test_emulation_catches_a_single_ds_buffer():
 
 # ----------------------------------------------------------------------------- NVRTC
 
+# ptxas spills accepted (bytes of spill stores; f16 the same as bf16): the dQ writer's modes at d 64 (the
+# prologue's values across the setmaxnreg: attention_ws_bwd.cu's writer comment; 2-4 L1 reloads an iteration)
+SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
+            "_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi5ELi2EEEv10AttnParamsNS0_4MapsE": 24}
+
+
 @pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])
 def test_units_compile_without_spills(unit):
-    """sm_90a, ptxas -v: no spills (the producer's 24 registers and the consumers' 240: ptxas allocates each
-    side of setmaxnreg with its own budget), no wgmma serialization (C7514 / C7520), setmaxnreg honoured
+    """sm_90a, ptxas -v: no spills but SPILL_OK's (the producer's 24 registers and the consumers' 240: ptxas
+    allocates each side of setmaxnreg with its own budget), no wgmma serialization (C7514 / C7520), setmaxnreg honoured
     (C7508 / C7510), 168 registers at entry (__launch_bounds__(384, 1))."""
     from pydnn._build import cache
     from pydnn._build.manifest import COMMON_OPTIONS
@@ -547,7 +555,14 @@ def test_units_compile_without_spills(unit):
     for code in ("C7514", "C7520", "C7508", "C7510"):
         assert code not in log, log
     spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
-    assert len(spills) == len(unit.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
+    assert len(spills) == len(unit.exprs), log
+    # bytes of spill stores by kernel: ptxas -v prints each function's properties line before its spill line
+    lines = log.splitlines()
+    for i, ln in enumerate(lines):
+        if "bytes spill stores" in ln and "warning" not in ln:
+            fn = lines[i - 1].split("Function properties for ")[-1].strip()
+            got = int(ln.split("bytes spill stores")[0].split(",")[-1])
+            assert got <= SPILL_OK.get(fn.replace("half_t", "bf16_t"), 0), f"{fn}: {got} bytes spilled\n{log}"
     assert log.count("Used 168 registers") == len(unit.exprs), log
 
 
@@ -634,9 +649,15 @@ def test_tiling_emulated_matches_the_reference(mask, case):
 def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
     """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
     d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions, WS_DQ's
-    default)."""
+    default; under a causal mask WS_DQ_CAUSAL's bulkwpp), as the ordered 1-d grid (WS_ORDER) with 2 stages."""
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())
     assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "bulk"
+    assert tuning.attention_bwd.WS_DQ_CAUSAL == "bulkwpp" and tuning.attention_bwd.WS_ORDER
+    assert tuning.attention_bwd.WS_STAGES == 2
     assert d in WSB.HEAD_DIMS and d in WSB.HEAD_DIMS_DET
-    _bwd(d=d, det=det)
-    assert launches[1]["f"] == WSB._expr("bf16", d, "none" if det else "bulk")
+    for mask in (NONE, TL, BR):
+        del launches[:]
+        _bwd(d=d, det=det, mask=mask)
+        mode = "none" if det else "bulk" if mask == NONE else "bulkwpp"
+        assert launches[1]["f"] == WSB._expr("bf16", d, mode)
+        assert launches[1]["grid"] == (5 * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)

@@ -31,6 +31,7 @@ def wsb(handle, monkeypatch):
         pytest.skip(f"the warp-specialized backward runs on {WSB.ARCH} only (device: {handle.arch})")
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", None)  # (WS_DQ as each test sets it)
     monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
     monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
     calls = []
@@ -75,8 +76,8 @@ IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_backward_ws(handle, rng, wsb, monkeypatch, dtype, mask, case, dq):
     """The atomic dQ modes (tuning.attention_bwd.WS_DQ): the bulk reduction of a shared tile (by a consumer
-    thread, or by the dedicated writer warp: bulkw, bulkwpp with the ping-pong; the writer's modes run "bulk" at
-    d 64), red.global.add (redpp: ping-pong, the previous tile's)."""
+    thread, or by the dedicated writer warp: bulkw, bulkwpp with the ping-pong), red.global.add (redpp:
+    ping-pong, the previous tile's); WS_ORDER's default order."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
