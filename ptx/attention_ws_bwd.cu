@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP;
   constexpr int NDQ = DqBufs<DQ>::value;
   static_assert(Cfg<D, STAGES, NDQ>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
+  static_assert(Cfg<D, STAGES, NDQ>::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
   constexpr bool ATOMIC = DQ != kDqNone;
   using C = Cfg<D, STAGES, NDQ>;
   constexpr int BM = C::BM, BN = kBN;
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     tma::regs_dealloc<kProdRegs>();
     if constexpr (WRITER) {
       if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile t's reductions once both halves are in
-        // (the tile's coordinates come with it, from the consumers). At d 64 ptxas spills 24-28 bytes of the
+        // (the tile's coordinates come with it, from the consumers). At d 64 (bulkw) ptxas spills 28 bytes of the
         // prologue's values across the setmaxnreg (stored once, reloaded a few times an iteration from L1)
         // with this branch, in every form tried: coordinates computed here or handed over, the loop's end
         // from iters or from the consumers, a warp-uniform branch, 32 / 232 registers, the walk recomputed

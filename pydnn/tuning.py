@@ -419,7 +419,8 @@ attention_bwd = Switches(
                    'bulkw 1.00x bulk, bulkwpp 0.95-1.02x (WS_DQ_CAUSAL)'),
     WS_DQ_CAUSAL=("bulkwpp", 'WS_DQ under a causal mask (None: WS_DQ). Mid-session H200 run (session 29, b4 s4096): '
                              'bulkwpp 1.02x bulkw at d128 causal h32 / h64/8 (414 / 402 against 406 / 393 TFLOP/s) '
-                             'but 0.96x at h64/8 non-causal, so causal only'),
+                             'but 0.96x at h64/8 non-causal, so causal only; d 64 runs "bulk" (bulkwpp\'s two dQ tiles do '
+                             'not fit there: attention_ws_bwd.py MODE_DIMS)'),
     WS_ORDER=(True, 'the warp-specialized backward launched as a 1-d grid the kernel orders in chunks of 4 (K/V head, '
                     'batch) pairs, the longest (causal) key-block walks first; False: the 3-d grid\'s order (key '
                     'blocks fastest). Mid-session H200 run (session 29, b4 s4096, bulk): causal d128 h32 / d64 / '

@@ -53,9 +53,12 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 
 # kDqNone, kDqRed, kDqBulk, kDqRedPP, kDqBulkW (bulk with FA3's dedicated dQ writer warp), kDqBulkWPP (the
 # writer with redpp's ping-pong, two dQ tiles). MODE_DIMS: the head dims a mode is instantiated for (others
-# run "bulk"); at d 64 the writer's modes carry a 24-28 byte spill (attention_ws_bwd.cu's writer).
+# run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
+# block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
+# (attention_ws_bwd.cu's writer).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
-MODE_DIMS = {}
+MODE_DIMS = {"bulkwpp": (128,)}
+SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
 DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
