@@ -26,6 +26,7 @@
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_problem.cuh"
+#include "common/attn_bwd_tile.cuh"
 #include "common/wgmma.cuh"
 #include "attention_params.h"
 
@@ -199,21 +200,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
     }
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2*>(dt + j * 8 + 2 * q4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dp[4 * j + i] = s[4 * j + i] * (dp[4 * j + i] - ((i & 1) ? dd.y : dd.x));
-    }
-    // packed to 16 bits: k16 step ks (queries 16 ks ..) of the A operand is d[8 ks .. 8 ks + 7]
+    // dS^T, then both packed to 16 bits: k16 step ks (queries 16 ks ..) of the A operand is d[8 ks .. 8 ks + 7]
     unsigned pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        pa[ks][c] = pack16x2<T>(s[8 * ks + 2 * c], s[8 * ks + 2 * c + 1]);
-        da[ks][c] = pack16x2<T>(dp[8 * ks + 2 * c], dp[8 * ks + 2 * c + 1]);
-      }
+    attn::bwd_ds_pack<T, BM>(s, dp, dt, q4, pa, da);
 
     // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride)
     wgmma::fence();
@@ -271,22 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wg(const AttnParams p) {
   cp_async_wait<0>();  // (iters == 0: K / V copies may still be landing)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
-  T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));
-  T* gdv = const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk));
-  const long long ldk = p.stride[PYDNN_ATTN_T_DK][2], ldv = p.stride[PYDNN_ATTN_T_DV][2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = wkey + warp * 16 + g + 8 * hh;
-    if (key >= p.seq_kv) continue;
-    const bool live = key < sq.len_kv;
-    T* rk = gdk + (long long)key * ldk + 2 * q4;
-    T* rv = gdv + (long long)key * ldv + 2 * q4;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<unsigned*>(rk + 8 * j) = live ? pack16x2<T>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale) : 0u;
-      *reinterpret_cast<unsigned*>(rv + 8 * j) = live ? pack16x2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]) : 0u;
-    }
-  }
+  attn::bwd_store_dkdv<T, D>(p, sq, b, hk, wkey, warp, g, q4, dk, dv);
 }
 
 // ------------------------------------------------------------------ deterministic dQ

@@ -46,10 +46,17 @@
 //     then thread 128 issues the bulk tensor reductions; it waits for their reads (wait_group.read) before
 //     it arrives on the next iteration's kBarDS, which every thread passes before storing its next half;
 //     it waits for the reductions' completion before the CTA ends.
+//   kDqBulkW: the same tile, no kBarDQ: dqfull count 8 (a consumer warp's half of the tile stored and
+//     fenced), dqempty count 1 (the writer, thread 32, after wait_group.read of tile it's reductions);
+//     consumers wait dqempty parity (it & 1) ^ 1 before storing tile it, the writer dqfull parity it & 1.
+//     The writer waits for the reductions' completion before it exits.
+//   kDqBulkWPP: kDqRedPP's protocol, the previous tile's dQ going through kDqBulkW's writer instead of red:
+//     tile t in buffer t & 1, dqfull / dqempty per buffer (parities (t >> 1) & 1, the consumers' ^ 1).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
 #include "common/attn_problem.cuh"
+#include "common/attn_bwd_tile.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "attention_params.h"
@@ -79,19 +86,41 @@ constexpr float kInf = 1.0f / 0.0f;
 // shared memory, then one thread's cp.reduce.async.bulk .add.f32 of the whole tile: its rows are contiguous
 // in the accumulator, [b][h][i][D]).
 constexpr int kDqNone = 0, kDqRed = 1, kDqBulk = 2, kDqRedPP = 3;
+// kDqBulkW: kDqBulk with FA3's dedicated dQ writer (warp 1 of the producer warpgroup): the consumer warps
+// store their halves and arrive on dqfull; the writer issues the bulk tensor reductions, waits for their
+// reads and arrives on dqempty, which the consumers wait for before storing the next tile's halves (the
+// consumers no longer meet on kBarDQ, nor wait on one of their threads' issue and read wait).
+constexpr int kDqBulkW = 4;
+// kDqBulkWPP: kDqRedPP's ping-pong (the consumer warpgroups take turns at S^T / dP^T, each computes the
+// previous tile's dQ) with kDqBulkW's writer, the dQ tile double buffered (the two warpgroups store their
+// halves of a tile half an iteration apart).
+constexpr int kDqBulkWPP = 5;
+template <int DQ> struct DqBufs { static constexpr int value = DQ == kDqBulkWPP ? 2 : 1; };
+// The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
+// head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
+// walk, first) and the pairs fastest: a greedy list schedule of longest-first jobs. Chunks keep the
+// CTAs running at once on a few heads (their Q / dO / dQ accumulator in L2). The schedule emulated
+// (tests/ops/attention/test_attention_ws_bwd_cpu.py, 132 SMs, a CTA's cost its tiles + 1.5): the natural
+// order's last wave ends 3.4% (b4 s4096 h32 causal) / 14% (GQA 64/8 causal: 8 heads' tiles a CTA) past
+// the average SM's work; chunks of 4: 0.1% / 0.02% (2: 2.7% / 11%; non-causal 3.1% either way).
+constexpr int kOrderChunk = 4;
 
-template <int D, int STAGES> struct Cfg {
+template <int D, int STAGES, int NDQ = 1> struct Cfg {
   static constexpr int BM = D > 64 ? 64 : 128;  // query rows a stage (bwd_dkdv_wg's: 192 accumulator registers)
   static constexpr int KV_BYTES = kBN * D * 2;
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int DS_BYTES = kBN * BM * 2;
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
-                       OFF_DS = OFF_DO + STAGES * Q_BYTES, OFF_L = OFF_DS + 2 * DS_BYTES,
-                       OFF_DQ = OFF_L + STAGES * BM * 8,  // lse [STAGES][BM], then dsum [STAGES][BM]
-                       DQ_BYTES = BM * D * 4,             // kDqBulk: the fp32 dQ tile, D / 32 slabs of BM
-                                                          //   rows of 128 bytes, 128B-swizzled (TMA's)
-                       OFF_BAR = OFF_DQ + DQ_BYTES;
-  static constexpr int SMEM = OFF_BAR + (2 * STAGES + 5) * 8 + 1024;  // + kv, full, empty, dsfull, dsempty; + slack
+                       OFF_DS = OFF_DO + STAGES * Q_BYTES,
+                       OFF_DQ = OFF_DS + 2 * DS_BYTES,    // kDqBulk(W): the fp32 dQ tile, D / 32 slabs of BM
+                       DQ_BYTES = BM * D * 4,             //   rows of 128 bytes, 128B-swizzled (TMA's)
+                       OFF_L = OFF_DQ + NDQ * DQ_BYTES,   // lse [STAGES][BM], then dsum [STAGES][BM] (after
+                                                          //   the tile: 3 stages' 1536 bytes keep it aligned)
+                       OFF_BAR = OFF_L + STAGES * BM * 8,
+                       // kv, full, empty, dsfull [2], dsempty [2], dqfull [2], dqempty [2], then the dQ
+                       // tiles' coordinates [2] (kDqBulkW / kDqBulkWPP)
+                       OFF_XY = OFF_BAR + (2 * STAGES + 9) * 8;
+  static constexpr int SMEM = OFF_XY + 16 + 1024;  // + slack
 };
 
 // Q, dO, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64 columns (one 128B-swizzled slab) x
@@ -122,11 +151,14 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqRedPP, "bwd_ws tile");
-  constexpr bool PP = DQ == kDqRedPP;
-  static_assert(Cfg<D, STAGES>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkWPP, "bwd_ws tile");
+  constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP;
+  constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP;
+  constexpr int NDQ = DqBufs<DQ>::value;
+  static_assert(Cfg<D, STAGES, NDQ>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
+  static_assert(Cfg<D, STAGES, NDQ>::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
   constexpr bool ATOMIC = DQ != kDqNone;
-  using C = Cfg<D, STAGES>;
+  using C = Cfg<D, STAGES, NDQ>;
   constexpr int BM = C::BM, BN = kBN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = tma::smem_addr(smem_raw);
@@ -141,10 +173,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
   auto dsfull = [&](int i) { return kvbar + 8u * (1 + 2 * STAGES + i); };   // (kDqRedPP)
   auto dsempty = [&](int i) { return kvbar + 8u * (3 + 2 * STAGES + i); };
+  auto dqfull = [&](int i) { return kvbar + 8u * (5 + 2 * STAGES + i); };  // (kDqBulkW(PP), buffer i)
+  auto dqempty = [&](int i) { return kvbar + 8u * (7 + 2 * STAGES + i); };
+  // the dQ tile t: buffer t % NDQ, its use (t / NDQ); coordinates (m0, b heads_q + h) at OFF_XY + 8 buffer
 
-  const int hk = blockIdx.y, b = blockIdx.z;
+  // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order
+  int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  if (gridDim.y == 1 && gridDim.z == 1) {  // (with one head and batch the same as the 3-d grid's)
+    const int nx = (p.seq_kv + kBN - 1) / kBN, c = blockIdx.x / (nx * kOrderChunk);
+    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = blockIdx.x - c * nx * kOrderChunk;
+    const int hb = c * kOrderChunk + r % n;
+    xb = r / n;
+    hk = hb % p.heads_kv;
+    b = hb / p.heads_kv;
+  }
   const Seq sq = seq_of(p, b);
-  const int n0 = blockIdx.x * BN;
+  const int n0 = xb * BN;
   // query rows that can see a key of this block: i >= n0 - offset (causal); all rows otherwise
   const int i_first = (sq.causal && n0 < sq.len_kv) ? max(0, n0 - sq.offset) : 0;
   const int mt0 = i_first / BM;
@@ -161,6 +205,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       tma::mbar_init(dsfull(i), kConsumerWarps);
       tma::mbar_init(dsempty(i), kConsumerWarps);
     }
+    for (int i = 0; i < 2; ++i) {
+      tma::mbar_init(dqfull(i), kConsumerWarps);
+      tma::mbar_init(dqempty(i), 1);
+    }
     tma::fence_barrier_init();
   }
   __syncthreads();
@@ -168,6 +216,29 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     tma::regs_dealloc<kProdRegs>();
+    if constexpr (WRITER) {
+      if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile t's reductions once both halves are in
+        // (the tile's coordinates come with it, from the consumers). At d 64 (bulkw) ptxas spills 28 bytes of the
+        // prologue's values across the setmaxnreg (stored once, reloaded a few times an iteration from L1)
+        // with this branch, in every form tried: coordinates computed here or handed over, the loop's end
+        // from iters or from the consumers, a warp-uniform branch, 32 / 232 registers, the walk recomputed
+        // after the split (worse: 64 bytes); accepted (tests/ops/attention/test_attention_ws_bwd_cpu.py SPILL_OK)
+        for (int t = 0; t < iters; ++t) {
+          const int i = t % NDQ;
+          tma::mbar_wait(dqfull(i), (t / NDQ) & 1);
+          const volatile int* xy = reinterpret_cast<const volatile int*>(smem + C::OFF_XY + 8 * i);
+          const int m0 = xy[0], hb = xy[1];
+          const unsigned src = sb + C::OFF_DQ + i * C::DQ_BYTES;
+#pragma unroll
+          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
+          bulk_commit();
+          bulk_wait_read();  // the tile read: the consumers may store into the buffer again
+          tma::mbar_arrive(dqempty(i));
+        }
+        bulk_wait();  // (the additions done before the CTA's end)
+        return;
+      }
+    }
     if (threadIdx.x >= 32 || iters == 0) return;
     const int lane = threadIdx.x;
     if (lane == 0) {
@@ -238,6 +309,32 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     }
   };
 
+  // kDqBulkW(PP): this warpgroup's half of dQ tile t (query head hq_, rows from m0_) into its buffer of the
+  // swizzled fp32 tile (slab c / 32, row r at 128 r, 16-byte chunk (c % 32) / 4 at chunk ^ (r & 7): a warp's
+  // float2 stores cover all 32 banks), once the writer has read the buffer's previous tile; then the
+  // coordinates (thread 128) and one arrival a warp on the buffer's dqfull
+  auto put_dq = [&](const float (&dq)[32], int t, int hq_, int m0_) {
+    const int i = t % NDQ;
+    tma::mbar_wait(dqempty(i), ((t / NDQ) & 1) ^ 1);
+    unsigned char* sdq = smem + C::OFF_DQ + i * C::DQ_BYTES;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int rr = r0 + 8 * hh, cc = c0 + 8 * j, w = cc & 31;
+        *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + ((((w >> 2) ^ (rr & 7))) << 4) + (w & 3) * 4) =
+            make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      }
+    wgmma::fence_proxy_async();
+    if (threadIdx.x == 128) {
+      volatile int* xy = reinterpret_cast<volatile int*>(smem + C::OFF_XY + 8 * i);
+      xy[0] = m0_;
+      xy[1] = b * p.heads_q + hq_;
+    }
+    __syncwarp();
+    if (l == 0) tma::mbar_arrive(dqfull(i));
+  };
+
   for (int it = 0; it < iters; ++it) {
     const int s = it % STAGES, n = it / STAGES;
     const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
@@ -288,20 +385,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     }
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2*>(dt + j * 8 + 2 * q4);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dp[4 * j + i] = sc[4 * j + i] * (dp[4 * j + i] - ((i & 1) ? dd.y : dd.x));
-    }
     unsigned pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        pa[ks][c] = pack16x2<T>(sc[8 * ks + 2 * c], sc[8 * ks + 2 * c + 1]);
-        da[ks][c] = pack16x2<T>(dp[8 * ks + 2 * c], dp[8 * ks + 2 * c + 1]);
-      }
+    attn::bwd_ds_pack<T, BM>(sc, dp, dt, q4, pa, da);  // dS^T, P^T and dS^T packed (common/attn_bwd_tile.cuh)
 
     // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride).
     // ATOMIC: three groups, dV, dQ, dK: dV runs while dS^T is stored and the warpgroups meet, dK while dQ
@@ -339,6 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         if (it > 0) tma::mbar_wait(dsfull(pit & 1), (pit >> 1) & 1);
       } else {
         if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
+        // (kDqBulkW: the writer's dqempty says so, waited for below)
         tma::named_sync(kBarDS, 256);  // both warpgroups' dS^T (kDqBulk: and sDQ free)
       }
       // dQ = dS K: A = dS (queries x keys, stored key-major: MN-major), B = K ([key][d]: MN-major);
@@ -363,10 +449,15 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
         red_dq(dq, h, m0);
       } else if constexpr (PP) {
         if (it > 0) {
-          red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+          if constexpr (WRITER)
+            put_dq(dq, pit, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+          else
+            red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
           __syncwarp();
           if (l == 0) tma::mbar_arrive(dsempty(pit & 1));
         }
+      } else if constexpr (DQ == kDqBulkW) {
+        put_dq(dq, it, h, m0);
       } else {
         // this warpgroup's half into the swizzled tile (slab c / 32, row r at 128 r, 16-byte chunk
         // (c % 32) / 4 at chunk ^ (r & 7): a warp's float2 stores cover all 32 banks, 2 wavefronts), then
@@ -413,29 +504,19 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(dq);
-    if (iters > 0) red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+    if (iters > 0) {
+      if constexpr (WRITER)
+        put_dq(dq, pit, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+      else
+        red_dq(dq, hk * p.group + pit / mtiles, (mt0 + pit % mtiles) * BM);
+    }
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);
   if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
-  T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk));
-  T* gdv = const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk));
-  const long long ldk = p.stride[PYDNN_ATTN_T_DK][2], ldv = p.stride[PYDNN_ATTN_T_DV][2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = wkey + warp * 16 + g + 8 * hh;
-    if (key >= p.seq_kv) continue;
-    const bool live = key < sq.len_kv;
-    T* rk = gdk + (long long)key * ldk + 2 * q4;
-    T* rv = gdv + (long long)key * ldv + 2 * q4;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<unsigned*>(rk + 8 * j) = live ? pack16x2<T>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale) : 0u;
-      *reinterpret_cast<unsigned*>(rv + 8 * j) = live ? pack16x2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]) : 0u;
-    }
-  }
+  attn::bwd_store_dkdv<T, D>(p, sq, b, hk, wkey, warp, g, q4, dk, dv);
 }
 
 }  // namespace attn_wsb

@@ -427,7 +427,22 @@ attention_bwd = Switches(
                    '(red.global.add.v2 from the registers) or "redpp" (red, the consumer warpgroups taking turns '
                    'at S^T / dP^T, each adding the previous tile\'s dQ). Mid-session H200 run 2, b4 s4096, six '
                    'points (d128 / d64 / GQA 64/8, causal and not): geomean over cuDNN bulk 0.832, redpp 0.778, '
-                   'red 0.755, the older kernel 0.615'),
+                   'red 0.755, the older kernel 0.615; "bulkw": bulk with FA3\'s dedicated dQ writer warp (the '
+                   'consumers store their halves and go on; no meeting on the tile, no consumer thread issuing); "bulkwpp": '
+                   'the writer with redpp\'s ping-pong (two dQ tiles). Session 29 (same run, with WS_ORDER): '
+                   'bulkw 1.00x bulk, bulkwpp 0.95-1.02x (WS_DQ_CAUSAL)'),
+    WS_DQ_CAUSAL=("bulkwpp", 'WS_DQ under a causal mask (None: WS_DQ). Mid-session H200 run (session 29, b4 s4096): '
+                             'bulkwpp 1.02x bulkw at d128 causal h32 / h64/8 (414 / 402 against 406 / 393 TFLOP/s) '
+                             'but 0.96x at h64/8 non-causal, so causal only; d 64 runs "bulk" (bulkwpp\'s two dQ tiles do '
+                             'not fit there: attention_ws_bwd.py MODE_DIMS)'),
+    WS_ORDER=(True, 'the warp-specialized backward launched as a 1-d grid the kernel orders in chunks of 4 (K/V head, '
+                    'batch) pairs, the longest (causal) key-block walks first; False: the 3-d grid\'s order (key '
+                    'blocks fastest). Mid-session H200 run (session 29, b4 s4096, bulk): causal d128 h32 / d64 / '
+                    'h64/8 1.074x / 1.030x / 1.065x, non-causal 0.99-1.02x; the reasons: ptx/attention_ws_bwd.cu '
+                    'kOrderChunk'),
+    WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
+                  'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
+                  '(d128 causal) to 1.01x'),
 )
 
 activation = Switches(

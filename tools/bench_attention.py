@@ -579,7 +579,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
 BWD_SHAPES = [(4, 4096, 32, 32, 128)]  # --bwd-ab's default: (batch, sequence, heads q, heads kv, head dim)
 
 
-def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
+def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0, variants=None):
     """`python3 tools/bench_attention.py --bwd-ab [--bwd-shapes 4x4096x32x32x128,...] [--reps N]`: the
     backward (deterministic = det), the warp-specialized dK / dV kernel (tuning.attention_bwd.WS, forced on
     through attention_ws_bwd.HEAD_DIMS) with its atomic dQ modes ("bulk": the shared fp32 tile added by bulk
@@ -587,16 +587,21 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
     turns at S^T / dP^T and each taking the previous tile's dQ; tuning.attention_bwd.WS_DQ) against the older
     wgmma kernel ("old") and SDPA's cuDNN backend (autograd.grad of its output) in the same run, causal
     (top-left) and not; TFLOP/s (2.5x the forward's FLOPs), ratios to cuDNN, their geometric means, and
-    check: the max |new - old| over dQ, dK, dV (fp32 atomics: the order of additions differs, so not 0)."""
+    check: the max |new - old| over dQ, dK, dV (fp32 atomics: the order of additions differs, so not 0).
+    variants: ((name, tuning overrides), ...) instead (tools/bench_attention_bwd.py); without "old" the
+    check is against the first."""
     import math
     from pydnn.ops import attention_ws_bwd as WSB
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     bf = pydnn.PYDNN_DATA_BFLOAT16
-    variants = (("old", {"attention_bwd.WS": False}),
-                ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk"}),
-                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red"}),
-                ("redpp", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "redpp"}))[:2 if det else 4]
+    default_variants = (("old", {"attention_bwd.WS": False}),
+                ("bulk", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "bulk", "attention_bwd.WS_DQ_CAUSAL": None}),
+                ("red", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "red", "attention_bwd.WS_DQ_CAUSAL": None}),
+                ("redpp", {"attention_bwd.WS": True, "attention_bwd.WS_DQ": "redpp",
+                           "attention_bwd.WS_DQ_CAUSAL": None}))[:2 if det else 4]
+    variants = variants or default_variants
+    ref = "old" if any(v[0] == "old" for v in variants) else variants[0][0]
     names = [v[0] for v in variants]
     lines = [f"# attention backward A/B (deterministic={det}), {torch.cuda.get_device_name()}, bf16", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{n} TF/s" for n in names) + " | "
@@ -639,12 +644,12 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
                         torch.cuda.synchronize()
                     finally:
                         WSB.launch_dkdv = real
-                    if tag != "old" and seen != [True]:
+                    if over.get("attention_bwd.WS") and seen != [True]:
                         note = f" ({tag}: new kernel not launched, {seen})"
                     outs[tag] = [t.clone() for t in (dq, dk, dv)]
                     ms[tag] = time_ms(bwd, reps=reps, warmup=2) if reps else time_ms(bwd)
-            diff = max((x.float() - y.float()).abs().max().item() for n in names[1:]
-                       for x, y in zip(outs[n], outs["old"]))
+            diff = max((x.float() - y.float()).abs().max().item() for n in names if n != ref
+                       for x, y in zip(outs[n], outs[ref])) if len(names) > 1 else 0.0
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:

@@ -40,21 +40,43 @@ def query_rows(d):
     return 64 if d > 64 else 128
 
 
-def smem_bytes(d, stages=STAGES):
-    """Cfg<D, STAGES>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
-    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves it), 5 + 2 STAGES mbarriers,
-    1 KiB alignment slack (d 128: 198728 bytes, d 64: 199752)."""
+def smem_bytes(d, stages=STAGES, mode="none"):
+    """Cfg<D, STAGES, NDQ>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
+    [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves one, "bulkwpp" two),
+    9 + 2 STAGES mbarriers and two dQ tiles' coordinates (16 bytes), 1 KiB alignment slack (d 128: 198776
+    bytes, 3 stages 232072 (of 232448), bulkwpp 231544; d 64: 199800)."""
     bm = query_rows(d)
-    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + bm * d * 4
-            + (2 * stages + 5) * 8 + 1024)
+    ndq = 2 if mode == "bulkwpp" else 1
+    return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + ndq * bm * d * 4
+            + (2 * stages + 9) * 8 + 16 + 1024)
 
 
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3}  # kDqNone, kDqRed, kDqBulk, kDqRedPP
+# kDqNone, kDqRed, kDqBulk, kDqRedPP, kDqBulkW (bulk with FA3's dedicated dQ writer warp), kDqBulkWPP (the
+# writer with redpp's ping-pong, two dQ tiles). MODE_DIMS: the head dims a mode is instantiated for (others
+# run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
+# block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
+# (attention_ws_bwd.cu's writer).
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
+MODE_DIMS = {"bulkwpp": (128,)}
+SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
+# (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
+# d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
+DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
 
 
-def dq_mode(atomic):
-    """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ."""
-    return tuning.attention_bwd.WS_DQ if atomic else "none"
+def stages_of(d, mode):
+    """tuning.attention_bwd.WS_STAGES where that (d, mode) is instantiated with it, else STAGES."""
+    st = tuning.attention_bwd.WS_STAGES
+    return st if st == STAGES or (d, mode, st) in DEEP else STAGES
+
+
+def dq_mode(atomic, d=128, causal=False):
+    """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ, or
+    under a causal mask WS_DQ_CAUSAL when set ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
+    if not atomic:
+        return "none"
+    m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
+    return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
 def _expr(tag, d, mode, stages=STAGES):
@@ -68,7 +90,8 @@ def unit_name(tag):
 
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
-                       tuple(_expr(tag, d, m) for d in INSTANTIATED for m in DQ_MODES), archs=(ARCH + "a",))
+                       tuple(_expr(tag, d, m) for d in INSTANTIATED for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
+                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP), archs=(ARCH + "a",))
             for tag in TAGS]
 
 
@@ -96,11 +119,11 @@ def _encode(tag, ptr, dims, st, rows):
 
 
 def maps(tag, d, p, mode="none"):
-    """The Maps of a call (params p; tensors 0 Q, 1 K, 2 V, 4 dO of attention_params.h; mode "bulk": the
+    """The Maps of a call (params p; tensors 0 Q, 1 K, 2 V, 4 dO of attention_params.h; mode "bulk(w)": the
     dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    acc = p.dq_acc if mode == "bulk" else None
+    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp") else None
     key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:
@@ -119,17 +142,25 @@ def maps(tag, d, p, mode="none"):
     return m
 
 
+def grid(batch, heads_kv, seq_kv):
+    """(128-key blocks, K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs as a 1-d grid
+    the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
+    nx = (seq_kv + KEYS - 1) // KEYS
+    return (nx * heads_kv * batch, 1, 1) if tuning.attention_bwd.WS_ORDER else (nx, heads_kv, batch)
+
+
 def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     """bwd_ws over (128-key blocks, K/V heads, batch). Returns False (nothing launched) when the driver
     refuses a tensor map: the caller then runs the older kernel."""
-    mode = dq_mode(atomic)
+    mode = dq_mode(atomic, d, p.mask != 0)
     try:
         m = maps(tag, d, p, mode)
     except Exception:  # noqa: BLE001 - a layout the encoder refuses
         return False
-    smem = smem_bytes(d)
-    f = handle.function(unit_name(tag), _expr(tag, d, mode), smem)
+    st = stages_of(d, mode)
+    smem = smem_bytes(d, st, mode)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
-    driver.launch_args(f, ((seq_kv + KEYS - 1) // KEYS, heads_kv, batch), (THREADS, 1, 1), smem, handle.cu_stream,
+    driver.launch_args(f, grid(batch, heads_kv, seq_kv), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))
     return True

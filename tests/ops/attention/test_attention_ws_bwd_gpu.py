@@ -3,10 +3,11 @@ forced on (tuning.attention_bwd.WS, HEAD_DIMS 64 and 128) against the float64 re
 and d 128, MHA / GQA / MQA, no mask and both causal alignments, BHSD and BSHD, lengths that are not
 multiples of the 128-key blocks or the query tiles (TMA's zero fill past the tensor), more keys than
 queries and more queries than keys (key blocks that see no query: dK = dV = 0 written, no load issued),
-several query tiles and group heads per CTA (the stage ring wrapping many times), both dQ modes (atomic,
+several query tiles and group heads per CTA (the stage ring wrapping many times), the dQ modes (atomic,
 by red.global.add or by bulk tensor reductions of a shared fp32 tile (TMA skipping the tile's rows past
 seq_q); deterministic: bwd_ws without atomics +
-the older dQ pass, bit-identical reruns). Outputs poisoned first
+the older dQ pass, bit-identical reruns and the older kernel's bits), the kernel's own CTA order (WS_ORDER)
+and the 3-stage ring (WS_STAGES). Outputs poisoned first
 and stride gaps checked untouched (test_attention_gpu.py's _check_backward). Every backward call is
 checked to have launched bwd_ws (a silent fallback fails); per-batch lengths are checked to go to the
 older kernel. The forward producing O and lse is the default one. Skipped on devices other than sm_90."""
@@ -30,6 +31,7 @@ def wsb(handle, monkeypatch):
         pytest.skip(f"the warp-specialized backward runs on {WSB.ARCH} only (device: {handle.arch})")
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", None)  # (WS_DQ as each test sets it)
     monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
     monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
     calls = []
@@ -68,12 +70,14 @@ CASES = [  # b, hq, hkv, sq, skv, d, layout
 IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_backward_ws(handle, rng, wsb, monkeypatch, dtype, mask, case, dq):
-    """Both atomic dQ modes (tuning.attention_bwd.WS_DQ): the bulk reduction of a shared tile, red.global.add."""
+    """The atomic dQ modes (tuning.attention_bwd.WS_DQ): the bulk reduction of a shared tile (by a consumer
+    thread, or by the dedicated writer warp: bulkw, bulkwpp with the ping-pong), red.global.add (redpp:
+    ping-pong, the previous tile's); WS_ORDER's default order."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
@@ -89,13 +93,54 @@ LONG_CASES = [  # several 128-key blocks and query tiles per CTA, partial last o
 LONG_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in LONG_CASES]
 
 
-@pytest.mark.parametrize("dq", ["red", "bulk", "redpp"])
+@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", LONG_CASES, ids=LONG_IDS)
 def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
+
+
+ORDER_CASES = [  # 1-d grid chunks of 4 (K/V head, batch) pairs: 6 pairs (4 + a partial 2), 3 pairs, 16
+    (2, 6, 3, 300, 333, 128, "bshd"),   # GQA 2, 3 key blocks
+    (3, 2, 1, 200, 400, 64, "bhsd"),    # MQA, more keys than queries
+    (4, 4, 4, 260, 250, 128, "bhsd"),
+]
+ORDER_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in ORDER_CASES]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", ORDER_CASES, ids=ORDER_IDS)
+def test_backward_ws_order_stages(handle, rng, wsb, monkeypatch, mask, case, dq, stages):
+    """tuning.attention_bwd.WS_ORDER (the kernel's own CTA order over a 1-d grid, partial chunks) with
+    WS_STAGES 2 / 3 (3: the d 128 bulk / bulkw instantiations; d 64 keeps 2), both modes."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
+    b, hq, hkv, sq, skv, d, layout = case
+    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", ORDER_CASES[:2], ids=ORDER_IDS[:2])
+def test_deterministic_bits_equal_the_older_kernel(handle, rng, wsb, monkeypatch, mask, case):
+    """deterministic = 1: bwd_ws (3-d grid and WS_ORDER's 1-d grid) gives the older kernel's bits."""
+    b, hq, hkv, sq, skv, d, layout = case
+    pb = Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout)
+    _check_forward(handle, pb)
+    got = {}
+    for name, ws, order in (("old", False, False), ("ws", True, False), ("ws ordered", True, True)):
+        monkeypatch.setattr(tuning.attention_bwd, "WS", ws)
+        monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
+        pb.backward(handle, rng, 1)
+        got[name] = [t.download() for t in (pb.dq, pb.dk, pb.dv)]
+    assert wsb == ["old", "ws", "ws"]
+    for name in ("ws", "ws ordered"):
+        for x, y, t in zip(got[name], got["old"], ("dQ", "dK", "dV")):
+            assert x.tobytes() == y.tobytes(), f"{name}: {t} differs from the older kernel"
 
 
 @pytest.mark.parametrize("d", [64, 128])
