@@ -151,6 +151,10 @@ conv = Switches(
                           "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "
                           "launch over all groups, the halo read once, block-diagonal MMAs only) before "
                           "grouped.py's packed supergroups (0.28-0.61x cuDNN on the sweep's ResNeXt layers)"),
+    GROUPED_RING_S2=(True, "the direct grouped forward at stride 2 with more tiles than 4 rounds of 3 resident "
+                           "blocks (ResNeXt's N >= 32 strided layers): one block a SM with a ring of up to 6 "
+                           "halo buffers in flight instead of 2 blocks of 2 (0.40-0.56x cuDNN at N 128, "
+                           "copy-latency bound)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),
     TC_FORCE=({}, "direction -> a tiling used instead of the model's choice: (BM, BN) for fwd_tc / "

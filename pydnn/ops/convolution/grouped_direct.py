@@ -38,11 +38,18 @@ from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR
 SOURCE = "conv_grouped.cu"
 CHANNELS = 64                     # channels of a block (kGdChannels)
 THREADS = 128
+WTHREADS = 256                    # the backward filter's 8 warps (kGwThreads)
+MAX_STAGES = 6                    # kGdMaxStages: ring buffers
+RING_SMEM = 200 * 1024            # one block a SM: the ring's budget on sm_90 (its 227 KiB opt-in less a margin;
+RING_SMEM_SM80 = 160 * 1024       # sm_80: 163 KiB; other archs MAX_SMEM_SMALL: 99 KiB)
+MAX_SMEM_SMALL = 96 * 1024
+WGRAD_RED_BYTES = 4 * 9 * 8 * 32 * 4   # the backward filter's end: warps h = 1 hand 9 x 8 sums a lane over
 TILES = ((8, 16), (8, 8))         # output tile (TH, TW): 8 x 16 where the rows are wide, else 8 x 8
 TILE2 = (8, 16)                   # stride-2 backward data (MODE 1): the dx tile
 WIDTHS = (4, 8, 16, 32)           # C/g == K/g served
 MAX_SMEM = 160 * 1024             # a block's fragments + 2 halos (3 blocks a SM need <= 75 KiB, 2 <= 113)
 RESIDENT = 3                      # blocks a SM the persistent grid plans for (registers: 3 of 128 threads)
+RING_ROUNDS = 4                   # the strided forward's ring: past this many rounds of RESIDENT blocks a SM
 PACK_TRANSPOSE = 4096             # kGdPackTranspose
 DRAM_GBPS = 3000.0                # the model's rates (H200: ~4.8 TB/s peak, ~3 sustained by copies)
 SMEM_BYTES_PER_CLK = 128
@@ -88,8 +95,8 @@ def wexprs(tag):
 
 
 def wgrad_max_taps(width):
-    """grouped_wgrad_tc's MAXT: the taps a block sums in registers."""
-    return 9 if nk(width) == 1 else 3
+    """grouped_wgrad_tc's MAXT: the taps a block sums in registers (every width: 8 warps of 16 x 16 channels)."""
+    return 9
 
 
 def wgrad_rows(width, filt):
@@ -100,11 +107,32 @@ def wgrad_rows(width, filt):
     return 1 if filt[1] <= wgrad_max_taps(width) else None
 
 
-def wgrad_smem(tile, rows, filt, stride, dil):
-    """Two stages of (dy's tile, the x halo of the block's filter rows)."""
+def wgrad_stage(tile, rows, filt, stride, dil):
+    """One ring stage: dy's tile and the x halo of the block's filter rows."""
     hh = (tile[0] - 1) * stride[0] + (rows - 1) * dil[0] + 1
     hw = (tile[1] - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
-    return 2 * (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
+    return (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
+
+
+def wgrad_smem(tile, rows, filt, stride, dil, stages=2):
+    """`stages` ring stages (at least the end's hand-over of the sums)."""
+    return max(stages * wgrad_stage(tile, rows, filt, stride, dil), WGRAD_RED_BYTES)
+
+
+def ring_smem(arch):
+    """A one-block-a-SM ring's shared-memory budget on `arch` ('sm_90')."""
+    try:
+        cc = int(str(arch)[3:].rstrip("a"))
+    except ValueError:
+        cc = 0
+    return RING_SMEM if cc >= 90 else RING_SMEM_SM80 if cc in (80, 87) else MAX_SMEM_SMALL
+
+
+def ring_stages(stage_bytes, fixed_bytes, tiles_per_block, budget=RING_SMEM):
+    """The most ring stages (2 .. MAX_STAGES) that fit `budget` beside fixed_bytes, no more than a block's
+    tiles need (one computed, the rest in flight)."""
+    st = (budget - fixed_bytes) // max(stage_bytes, 1)
+    return max(2, min(MAX_STAGES, st, tiles_per_block + 1))
 
 
 for _t in TC_TAGS:
@@ -119,10 +147,10 @@ def _halo(tile, filt, stride, dil, mode=0):
     return [(tile[i] - 1) * stride[i] + (filt[i] - 1) * dil[i] + 1 for i in range(2)]
 
 
-def smem_bytes(width, tile, filt, stride, dil, mode=0):
-    """The fragments + two halo buffers (the next tile's copied while this one's MMAs run)."""
+def smem_bytes(width, tile, filt, stride, dil, mode=0, stages=2):
+    """The fragments + `stages` halo buffers (the next stages - 1 tiles' copied while this one's MMAs run)."""
     hh, hw = _halo(tile, filt, stride, dil, mode)
-    return prod(filt) * nk(width) * 2048 + 2 * hh * hw * CHANNELS * 2
+    return prod(filt) * nk(width) * 2048 + stages * hh * hw * CHANNELS * 2
 
 
 def choose_tile(pb_out_w, width, filt, stride, dil):
@@ -212,16 +240,28 @@ class GroupedDirectPlan(StepPlan):
                 and pb.n * cdiv(out_hw[0], 8) * cdiv(out_hw[1], 16) * (pb.c // CHANNELS) < max(handle.sm_count, 1)):
             self.tile = TILES[1]   # fewer 8 x 16 tiles than SMs (small batches): twice as many 8 x 8 blocks
         th, tw = self.tile
-        self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode)
         self.tiles = pb.n * cdiv(out_hw[0], th) * cdiv(out_hw[1], tw)
         cbs = pb.c // CHANNELS
-        slots = RESIDENT * max(handle.sm_count, 1)
+        sms = max(handle.sm_count, 1)
+        self.stages, self.resident = 2, RESIDENT
+        from ... import tuning
+        if (direction == DIR_FWD and max(stride) > 1 and tuning.conv.GROUPED_RING_S2
+                and self.tiles * cbs > RING_ROUNDS * RESIDENT * sms):
+            # the large strided forwards: one block a SM, a deeper ring of halos in flight
+            hh, hw = _halo(self.tile, filt, stride, dil)
+            frag = taps * self.k_parts * 2048
+            st = ring_stages(hh * hw * CHANNELS * 2, frag, cdiv(self.tiles * cbs, sms), ring_smem(handle.arch))
+            if st > 2:
+                self.stages, self.resident = st, 1
+        self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode, self.stages)
+        slots = self.resident * sms
         # persistent where the tiles fill more than two rounds of the resident blocks: per_block tiles a block
         per_block = 1 if self.tiles * cbs <= 2 * slots else cdiv(self.tiles * cbs, slots)
         blocks_x = cdiv(self.tiles, per_block)
         if blocks_x > 2**31 - 1:
             raise PydnnError(NS, "the grouped direct kernel's grid exceeds 2^31 - 1 blocks (split the batch)")
         self.grid = (blocks_x, cbs, 1)
+        p.gn = self.stages
         self.gemm = p
         self.gemm_expr = expr(pb.tag, self.k_parts, self.tile, self.mode)
         self.gemm_argv = driver.kernel_args(p)
@@ -272,7 +312,7 @@ class GroupedDirectPlan(StepPlan):
         a_bytes = blocks * cdiv(th * tw, 64) * 64 * taps * CHANNELS * it
         sms = max(handle.sm_count, 1)
         t_smem = a_bytes / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
-        per_wave = 3 * sms
+        per_wave = self.resident * sms
         fill = blocks / (cdiv(blocks, per_wave) * per_wave)
         return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
@@ -282,7 +322,7 @@ def wgrad_tile(out_w, stride=(1, 1)):
     return TILES[0] if out_w > 8 and max(stride) == 1 else TILES[1]
 
 
-WGRAD_BLOCKS_PER_SM = 2     # splits: about this many blocks a SM (two stages of ~39-78 KiB: 2 resident)
+WGRAD_BLOCKS_PER_SM = 1     # splits: one block of 8 warps a SM (its ring up to RING_SMEM)
 WGRAD_MAX_PARTIALS = 64 << 20
 
 
@@ -300,17 +340,19 @@ class GroupedWgradPlan(StepPlan):
         self.row_blocks = filt[0] // self.rows
         self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
-        self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil)
         cbs = pb.c // CHANNELS
         self.tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
         per_split = pb.k * taps * width * 4
         splits = cdiv(WGRAD_BLOCKS_PER_SM * max(handle.sm_count, 1), self.row_blocks * cbs)
         splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // self.row_blocks))
         self.splits = splits
+        self.stages = ring_stages(wgrad_stage(self.tile, self.rows, filt, stride, dil), 0, cdiv(self.tiles, splits),
+                                  ring_smem(handle.arch))
+        self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil, self.stages)
         self.grid = (splits * self.row_blocks, cbs, 1)
         p = base_params(pb, DIR_BWD_FILTER)
         p.flags = 0
-        p.gk, p.gm, p.splits = self.rows, self.row_blocks, splits
+        p.gk, p.gm, p.gn, p.splits = self.rows, self.row_blocks, self.stages, splits
         self.gemm = p
         self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile)
         self.gemm_argv = driver.kernel_args(p)
@@ -339,7 +381,7 @@ class GroupedWgradPlan(StepPlan):
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w, p.out = a_ptr, b_ptr, ws_ptr
-        driver.launch_args(self.gemm_func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
+        driver.launch_args(self.gemm_func, self.grid, (WTHREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
         f = self.fold_params
         f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
         f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
@@ -361,7 +403,7 @@ class GroupedWgradPlan(StepPlan):
         sms = max(handle.sm_count, 1)
         t_smem = smem / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
         blocks = self.grid[0] * self.grid[1]
-        fill = min(1.0, blocks / (3 * sms))
+        fill = min(1.0, blocks / sms)
         return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
 
@@ -401,12 +443,12 @@ def _direct_measured_faster(handle, pb, direction, pl):
         0.0075-0.0144 / 0.019-0.027); stride-2 backward data has no packed rival here (dgrad_phases).
       forward at stride 2: at N 8 (0.0088-0.0141 / 0.019-0.021), not at N 128 (0.187 / 0.178, 0.099 / 0.097,
         0.065 / 0.054): direct while its tiles fill at most 4 rounds of the resident blocks.
-      backward filter: only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325); 1.1-2.7x slower than the
-        packed plan for C/g = 8, 16, 32 (its per-tile fp32 sums over 9 taps x 2-4 n8 chunks a warp)."""
-    if direction == DIR_BWD_FILTER:
-        return pb.cg == 4
+      backward filter (the first, 4-warp kernel): only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325);
+        1.1-2.7x slower than the packed plan for C/g = 8, 16, 32. The 8-warp ring kernel that replaced it
+        serves every width (not yet measured when this rule was written: the mid-session run decides).
+    The large strided forwards on one block a SM with the deeper ring (tuning.conv.GROUPED_RING_S2) too."""
     if direction == DIR_FWD and max(pb.stride3) > 1:
-        return pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
+        return pl.stages > 2 or pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
     return True
 
 

@@ -38,6 +38,8 @@ CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format    
     ((2, 64, 12, 10), 64, (5, 5), (2, 1), (2, 2), (1, 1), 8, "nhwc", NHWC),      # 8; 5x5 stride 2
     ((2, 256, 17, 20), 256, (3, 3), (1, 1), (2, 2), (1, 1), 32, "nhwc", NHWC),   # 8; stride 2, 2 dx tiles a row
     ((1, 64, 13, 14), 64, (3, 3), (1, 1), (3, 3), (1, 1), 4, "nhwc", NHWC),      # 16; stride 3: the phases
+    ((3, 512, 11, 9), 512, (3, 3), (1, 1), (2, 2), (1, 1), 64, "nhwc", NHWC),    # 8; groups 64, stride 2, odd N
+    ((3, 2048, 5, 7), 2048, (3, 3), (1, 1), (1, 1), (1, 1), 64, "nhwc", NHWC),   # 32; groups 64, odd N
 ]
 IDS = [f"c{c[0][1]}g{c[6]}" + ("s2" if 2 in c[4] else "") + ("d2" if 2 in c[5] else "")
        + ("nchwf" if c[8] == NCHW else "") + (f"f{c[2][0]}" if c[2][0] != 3 else "") for c in CASES]
@@ -167,3 +169,56 @@ def test_grouped_direct_backward_filter_many_splits(handle, rng):
     scale = ref.backward_filter_raw(np.abs(x), np.abs(dy), pb.wd[2:], *pb.args())
     assert_close(pb.w.download(), want, BF16, "grouped direct backward filter, splits", scale=scale)
     _same_bits_again(pb.w, run)
+
+
+RING_CASES = [  # as CASES (C/g; the tiles one block walks at sm_count 1)
+    ((2, 128, 40, 36), 128, (3, 3), (1, 1), (1, 1), (1, 1), 32, "nhwc", NHWC),   # 4; 30 8 x 16 tiles
+    ((3, 256, 23, 21), 256, (3, 3), (1, 1), (1, 1), (1, 1), 8, "nhwc", NHWC),    # 32; 18 tiles, odd N
+    ((2, 256, 33, 35), 256, (3, 3), (1, 1), (2, 2), (1, 1), 16, "nhwc", NHWC),   # 16; stride 2, 18 8 x 8 tiles
+    ((2, 256, 17, 20), 256, (3, 3), (1, 1), (2, 2), (1, 1), 32, "nhwc", NHWC),   # 8; stride 2, 8 tiles
+    ((3, 512, 11, 9), 512, (3, 3), (1, 1), (2, 2), (1, 1), 64, "nhwc", NHWC),    # 8; groups 64, stride 2
+    ((3, 2048, 5, 7), 2048, (3, 3), (1, 1), (1, 1), (1, 1), 64, "nhwc", NHWC),   # 32; groups 64
+    ((2, 64, 12, 10), 64, (5, 5), (2, 1), (2, 2), (1, 1), 8, "nhwc", NHWC),      # 8; 5x5: 5 row blocks
+]
+RING_IDS = [f"c{c[0][1]}g{c[6]}hw{c[0][2]}" + ("s2" if 2 in c[4] else "") + (f"f{c[2][0]}" if c[2][0] != 3 else "")
+            for c in RING_CASES]
+
+
+@pytest.mark.parametrize("case", RING_CASES, ids=RING_IDS)
+def test_grouped_direct_rings_walk_many_tiles(handle, rng, monkeypatch, case):
+    """The rings of grouped_direct_tc (the large strided forwards: one block a SM, up to 6 halos in flight)
+    and grouped_wgrad_tc (8 warps, up to 6 stages) with each block walking many tiles, the ring wrapping
+    around: the plans made as for a 1-SM device (handle.sm_count 1: one persistent block a channel block,
+    one split), the strided forward's ring threshold lowered; bf16 against the float64 reference, outputs
+    poisoned, alpha / beta as the other tests."""
+    monkeypatch.setattr(handle, "sm_count", 1)
+    monkeypatch.setattr(GD, "RING_ROUNDS", 0)
+    c = case
+
+    if max(c[4]) == 2 and c[2][0] == 3:
+        def before(pb):
+            pl = _direct_plan(handle, pb, CPb.DIR_FWD, FWD_PRE)
+            assert pl.stages > 2 and pl.resident == 1 and pl.gemm.gn == pl.stages, (pl.stages, pl.tiles)
+            assert pl.grid[0] == 1 < pl.tiles   # one block walks every tile of its channel block
+
+        def ws(pb):
+            return _workspace(pydnn.get_convolution_forward_workspace_size(handle, pb.x.desc, pb.wdesc, pb.conv,
+                                                                           pb.y.desc, FWD_PRE))
+
+        check_forward(handle, rng, lambda mode: Problem(c, BF16, mode), BF16, FWD_PRE,
+                      "grouped direct forward, ring", workspace=ws, before=before)
+
+    def run(pb, alpha, beta):
+        pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert type(pl) is GD.GroupedWgradPlan and pl.gemm.gn == pl.stages and pl.splits == 1
+        q = pl.problem
+        assert pl.stages == min(GD.MAX_STAGES, pl.tiles + 1, GD.ring_smem(handle.arch) // GD.wgrad_stage(
+            pl.tile, pl.rows, q.filt3[1:], q.stride3[1:], q.dil3[1:])), (pl.stages, pl.tiles)
+        need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
+                                                                    BWD_F1)
+        ws, n = _workspace(need)
+        pydnn.convolution_backward_filter(handle, alpha, pb.x.desc, pb.x.ptr, pb.y.desc, pb.y.ptr, pb.conv, BWD_F1,
+                                          ws.ptr, n, beta, pb.wdesc, pb.w.ptr)
+
+    check_backward_filter(rng, lambda mode: Problem(c, BF16, mode), BF16, run,
+                          "grouped direct backward filter, ring", reproducible=True)
