@@ -5,6 +5,8 @@ beside cuDNN through PyTorch (cudnn.benchmark on), in the same run.
     python3 tools/bench_conv_grouped.py              # N = 32, the 7 layers (about 20 s with compiles)
     python3 tools/bench_conv_grouped.py --n 8 --n 128
     python3 tools/bench_conv_grouped.py --n 8 --n 128 --dirs fwd,bwd_data --layers 0,1,2,3 --out $OUT
+    python3 tools/bench_conv_grouped.py --n 128 --n 32 --n 8 --dirs fwd,bwd_filter --fwd-layers 4,5,6
+        (every backward filter, the strided forwards: about 30 rows, ~20 s after the kernels are built)
 
 Timing: CUDA-graph device time on both sides (sweep_common.graph_ms, as tools/sweep_conv.py), events where
 a side cannot be captured (--events: always events). Each row also checks pydnn's result against PyTorch's
@@ -39,7 +41,10 @@ def _kernel(h, direction, algo, conv, xd, wd, yd):
     from pydnn.ops.convolution import plans as CP
     pl = CP.new_plan(h, direction, algo, conv, xd, wd, yd)
     e = getattr(pl, "gemm_expr", None) or type(pl).__name__
-    return e.split("<")[0].split("::")[-1]
+    e = e.split("<")[0].split("::")[-1]
+    if hasattr(pl, "stages"):   # grouped_direct: the ring's stages (and the backward filter's splits)
+        e += f" st{pl.stages}" + (f" sp{pl.splits}" if hasattr(pl, "partial_bytes") else "")
+    return e
 
 
 def _ms(h, fn, events):
@@ -113,6 +118,8 @@ def main():
     ap.add_argument("--n", type=int, action="append")
     ap.add_argument("--dirs", default=",".join(DIRS), help="comma-separated: fwd, bwd_data, bwd_filter")
     ap.add_argument("--layers", default="", help="indices into LAYERS, comma-separated (default: all)")
+    ap.add_argument("--fwd-layers", default="", help="the forward rows only for these LAYERS indices (default: "
+                    "those of --layers)")
     ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
     ap.add_argument("--out", default="", help="also write the table to OUT/bench_conv_grouped.txt")
     ap.add_argument("--narrow-n", type=int, action="append", default=[],
@@ -120,6 +127,7 @@ def main():
     a = ap.parse_args()
     dirs = tuple(a.dirs.split(","))
     layers = [LAYERS[int(i)] for i in a.layers.split(",")] if a.layers else LAYERS
+    fwd_layers = [LAYERS[int(i)] for i in a.fwd_layers.split(",")] if a.fwd_layers else layers
     lines = []
 
     def say(t):
@@ -146,7 +154,10 @@ def main():
     for n in a.n or [32]:
         for c, hw, stride in layers:
             name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "")
-            for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, dirs, a.events):
+            ldirs = tuple(d for d in dirs if d != "fwd" or (c, hw, stride) in fwd_layers)
+            if not ldirs:
+                continue
+            for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, ldirs, a.events):
                 r = ms_t / ms_p
                 ratios.append(r)
                 say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} {r:6.2f}x "

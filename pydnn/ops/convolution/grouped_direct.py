@@ -52,6 +52,7 @@ RESIDENT = 3                      # blocks a SM the persistent grid plans for (r
 RING_ROUNDS = 4                   # the strided forward's ring: past this many rounds of RESIDENT blocks a SM
 PACK_TRANSPOSE = 4096             # kGdPackTranspose
 DRAM_GBPS = 3000.0                # the model's rates (H200: ~4.8 TB/s peak, ~3 sustained by copies)
+L2_GBPS = 6000.0                  # L2 -> SM copies (the backward filter's row blocks re-read a tile there)
 SMEM_BYTES_PER_CLK = 128
 CLOCK_GHZ = 1.7
 
@@ -326,6 +327,30 @@ WGRAD_BLOCKS_PER_SM = 1     # splits: one block of 8 warps a SM (its ring up to 
 WGRAD_MAX_PARTIALS = 64 << 20
 
 
+def wgrad_model_ms(pb, sms, tile, rows, splits):
+    """The backward filter's model: max(DRAM: dy, x's halos (a tile's row blocks run side by side: their
+    repeats from L2, the loads capped at 1.5x dy and x), the fp32 partials written and read by the fold;
+    L2: every block's copies; shared memory: the B fragments, 128 bytes a pixel a tap and k16 part, and A)
+    over the filled part of one block a SM, plus two launches."""
+    it = 2
+    th, tw = tile
+    filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
+    row_blocks = filt[0] // rows
+    hh = (th - 1) * stride[0] + (rows - 1) * dil[0] + 1
+    hw = (tw - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
+    cbs = pb.c // CHANNELS
+    tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
+    partial_bytes = splits * pb.k * prod(filt) * pb.cg * 4
+    loads = tiles * cbs * row_blocks * (th * tw + hh * hw) * CHANNELS * it
+    dram = min(loads, 1.5 * (pb.n * prod(pb.out3) + pb.n * prod(pb.in3)) * pb.c * it) + 2 * partial_bytes
+    t_dram = dram / (DRAM_GBPS * 1e6)
+    t_l2 = loads / (L2_GBPS * 1e6)
+    smem = tiles * cbs * th * tw * CHANNELS * it * (prod(filt) * nk(pb.cg) + row_blocks)
+    t_smem = smem / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
+    fill = min(1.0, splits * row_blocks * cbs / sms)
+    return max(t_dram, t_l2, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
+
+
 class GroupedWgradPlan(StepPlan):
     """grouped_wgrad_tc into fp32 partials, then grouped_wgrad_fold (see the module docstring)."""
 
@@ -336,15 +361,23 @@ class GroupedWgradPlan(StepPlan):
         width, taps = pb.cg, prod(pb.filt3)
         self.k_parts = nk(width)
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
-        self.rows = wgrad_rows(width, filt)
-        self.row_blocks = filt[0] // self.rows
         self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
         cbs = pb.c // CHANNELS
         self.tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
         per_split = pb.k * taps * width * 4
-        splits = cdiv(WGRAD_BLOCKS_PER_SM * max(handle.sm_count, 1), self.row_blocks * cbs)
-        splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // self.row_blocks))
+        sms = max(handle.sm_count, 1)
+        # all the filter rows a block, or one (more blocks a split: fewer splits of partials where the
+        # tiles are few), by the model
+        best = None
+        for rows in dict.fromkeys((wgrad_rows(width, filt), 1)):
+            row_blocks = filt[0] // rows
+            splits = cdiv(WGRAD_BLOCKS_PER_SM * sms, row_blocks * cbs)
+            splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // row_blocks))
+            cost = wgrad_model_ms(pb, sms, self.tile, rows, splits)
+            if best is None or cost < best[0]:
+                best = (cost, rows, row_blocks, splits)
+        _, self.rows, self.row_blocks, splits = best
         self.splits = splits
         self.stages = ring_stages(wgrad_stage(self.tile, self.rows, filt, stride, dil), 0, cdiv(self.tiles, splits),
                                   ring_smem(handle.arch))
@@ -388,23 +421,7 @@ class GroupedWgradPlan(StepPlan):
         self.run_step(handle, self.fold_step)
 
     def estimate_ms(self, handle, base_estimate):
-        """max(DRAM: dy, x's halos, the partials twice; shared memory: the B fragments, 128 bytes a pixel a
-        tap, and A) over the filled waves, plus the fold's launch."""
-        pb, it = self.problem, 2
-        th, tw = self.tile
-        filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
-        hh = (th - 1) * stride[0] + (self.rows - 1) * dil[0] + 1
-        hw = (tw - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
-        cbs = self.grid[1]
-        loads = self.tiles * cbs * self.row_blocks * (th * tw + hh * hw) * CHANNELS * it
-        dram = min(loads, 1.5 * (pb.n * prod(pb.out3) + pb.n * prod(pb.in3)) * pb.c * it) + 2 * self.partial_bytes
-        t_dram = dram / (DRAM_GBPS * 1e6)
-        smem = self.tiles * cbs * th * tw * CHANNELS * it * (prod(filt) * self.k_parts + self.row_blocks)
-        sms = max(handle.sm_count, 1)
-        t_smem = smem / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
-        blocks = self.grid[0] * self.grid[1]
-        fill = min(1.0, blocks / sms)
-        return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
+        return wgrad_model_ms(self.problem, max(handle.sm_count, 1), self.tile, self.rows, self.splits)
 
 
 def load_function(handle, unit_name, expr_text, smem):

@@ -469,6 +469,8 @@ WGRAD_EMU = [  # c, groups, hw, stride, filt, pad, dil, mode, n
     (128, 8, (10, 9), 1, 3, (2, 1), 2, XCORR, 1),    # 16, dilation
     (128, 4, (6, 11), 1, 3, None, 1, CONV, 1),       # 32 (NK 2: the warp pairs split the input channels)
     (128, 4, (9, 7), 2, 3, None, 1, XCORR, 3),       # 32, stride 2, odd sizes, 3 images
+    (1024, 32, (5, 3), 1, 3, None, 1, CONV, 2),      # 32, few tiles: one filter row a block (the model)
+    (256, 32, (9, 7), 2, 3, None, 1, XCORR, 3),      # 8, stride 2, odd sizes: one row a block
     (64, 8, (9, 9), 1, 5, (2, 2), 1, XCORR, 1),      # 8, 5x5: one row a block
     (128, 16, (12, 18), 1, 1, None, 1, XCORR, 1),    # 1x1
 ]
@@ -476,6 +478,7 @@ WGRAD_EMU = [  # c, groups, hw, stride, filt, pad, dil, mode, n
 
 @pytest.mark.parametrize("case", WGRAD_EMU, ids=[f"c{e[0]}g{e[1]}s{e[3]}f{e[4]}" for e in WGRAD_EMU])
 def test_emulated_backward_filter_matches_reference(case):
+    # (the cases cover both of the model's row choices: test_emulated_cases_cover_both_row_choices)
     c, groups, hw, stride, filt, pad, dil, mode, n = case
     conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
     h = cpu_handle("sm_90", 132)
@@ -493,14 +496,21 @@ def test_emulated_backward_filter_matches_reference(case):
 
 def test_wgrad_splits_and_rows():
     h = cpu_handle("sm_90", 132)
-    for c, hw, n, rows, kp in ((128, 56, 8, 3, 1), (1024, 7, 128, 3, 2), (512, 14, 32, 3, 1)):
+    for c, hw, n, rows, kp in ((128, 56, 8, 3, 1), (1024, 7, 128, 1, 2), (512, 14, 32, 1, 1), (256, 28, 128, 3, 1)):
         conv, x, w, y = _descs(c, c, hw, 32, n=n)
         pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
         assert type(pl) is GD.GroupedWgradPlan and pl.rows == rows and pl.k_parts == kp
+        assert pl.rows * pl.row_blocks == 3 and pl.grid[0] == pl.splits * pl.row_blocks
+        # the model's pick: one filter row a block where the tiles are few (fewer splits of partials), all
+        # three where a tile's dy and x would be copied three times over many tiles
+        other = 4 - rows
+        osplits = max(1, min(-(-132 // ((3 // other) * (c // 64))), pl.tiles))
+        assert GD.wgrad_model_ms(pl.problem, 132, pl.tile, rows, pl.splits) <= GD.wgrad_model_ms(
+            pl.problem, 132, pl.tile, other, osplits)
         assert 1 <= pl.splits <= pl.tiles and pl.workspace >= pl.partial_bytes == pl.splits * c * 9 * (c // 32) * 4
         assert pl.grid[0] * pl.grid[1] >= 132 or pl.splits == pl.tiles
         assert pl.smem <= GD.ring_smem("sm_90") and 2 <= pl.stages <= GD.MAX_STAGES and pl.gemm.gn == pl.stages
-        assert pl.stages == 2 or pl.smem == pl.stages * GD.wgrad_stage(pl.tile, 3, (3, 3), (1, 1), (1, 1))
+        assert pl.stages == 2 or pl.smem == pl.stages * GD.wgrad_stage(pl.tile, rows, (3, 3), (1, 1), (1, 1))
         assert pl.stages <= -(-pl.tiles // pl.splits) + 1   # no stage for a tile the block never walks
         g = pl.fold_params.channels   # the fold's lanes an element: a power of two covering the splits, <= 32
         assert g & (g - 1) == 0 and g <= 32 and (g >= pl.splits or g == 32) and (g == 1 or g // 2 < pl.splits)
@@ -584,3 +594,13 @@ def test_wgrad_kernels_compile_without_spills():
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
     assert len(frames) == len(unit.exprs)
     assert all(int(a) == 0 and int(b) == 0 for a, b in frames), frames
+
+
+def test_emulated_cases_cover_both_row_choices():
+    h = cpu_handle("sm_90", 132)
+    rows = set()
+    for c, groups, hw, stride, filt, pad, dil, mode, n in WGRAD_EMU:
+        if filt == 3:
+            conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
+            rows.add(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y).rows)
+    assert rows == {1, 3}
