@@ -155,6 +155,8 @@ conv = Switches(
                            "blocks (ResNeXt's N >= 32 strided layers): one block a SM with a ring of up to 6 "
                            "halo buffers in flight instead of 2 blocks of 2 (0.40-0.56x cuDNN at N 128, "
                            "copy-latency bound)"),
+    GROUPED_RING_ROUNDS=(4, "GROUPED_RING_S2 applies past this many rounds of 3 resident blocks a SM (below it, two "
+                            "buffers in 2-3 blocks a SM)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),
     TC_FORCE=({}, "direction -> a tiling used instead of the model's choice: (BM, BN) for fwd_tc / "

@@ -120,6 +120,9 @@ def main():
     ap.add_argument("--layers", default="", help="indices into LAYERS, comma-separated (default: all)")
     ap.add_argument("--fwd-layers", default="", help="the forward rows only for these LAYERS indices (default: "
                     "those of --layers)")
+    ap.add_argument("--variant", default="", help="then the forward rows of --fwd-layers again with these tuning "
+                    "settings (PYDNN_TUNING syntax), e.g. conv.GROUPED_RING_ROUNDS=0")
+    ap.add_argument("--variant-n", type=int, action="append", help="the variant's N (default: --n)")
     ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
     ap.add_argument("--out", default="", help="also write the table to OUT/bench_conv_grouped.txt")
     ap.add_argument("--narrow-n", type=int, action="append", default=[],
@@ -164,6 +167,16 @@ def main():
                     f"{err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     say(f"geomean {geo:.3f}x cuDNN, min {min(ratios):.3f}x over {len(ratios)} rows")
+    if a.variant:
+        from pydnn import tuning
+        tuning.apply_environment(a.variant)
+        for n in a.variant_n or a.n or [32]:
+            for c, hw, stride in fwd_layers:
+                name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "") + " [variant]"
+                for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, ("fwd",), a.events):
+                    say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} "
+                        f"{ms_t / ms_p:6.2f}x {err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
+        say(f"variant: {a.variant}")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bench_conv_grouped.txt").write_text("\n".join(lines) + "\n")

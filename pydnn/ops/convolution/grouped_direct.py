@@ -49,7 +49,6 @@ TILE2 = (8, 16)                   # stride-2 backward data (MODE 1): the dx tile
 WIDTHS = (4, 8, 16, 32)           # C/g == K/g served
 MAX_SMEM = 160 * 1024             # a block's fragments + 2 halos (3 blocks a SM need <= 75 KiB, 2 <= 113)
 RESIDENT = 3                      # blocks a SM the persistent grid plans for (registers: 3 of 128 threads)
-RING_ROUNDS = 4                   # the strided forward's ring: past this many rounds of RESIDENT blocks a SM
 PACK_TRANSPOSE = 4096             # kGdPackTranspose
 DRAM_GBPS = 3000.0                # the model's rates (H200: ~4.8 TB/s peak, ~3 sustained by copies)
 L2_GBPS = 6000.0                  # L2 -> SM copies (the backward filter's row blocks re-read a tile there)
@@ -247,7 +246,7 @@ class GroupedDirectPlan(StepPlan):
         self.stages, self.resident = 2, RESIDENT
         from ... import tuning
         if (direction == DIR_FWD and max(stride) > 1 and tuning.conv.GROUPED_RING_S2
-                and self.tiles * cbs > RING_ROUNDS * RESIDENT * sms):
+                and self.tiles * cbs > tuning.conv.GROUPED_RING_ROUNDS * RESIDENT * sms):
             # the large strided forwards: one block a SM, a deeper ring of halos in flight
             hh, hw = _halo(self.tile, filt, stride, dil)
             frag = taps * self.k_parts * 2048
@@ -257,7 +256,8 @@ class GroupedDirectPlan(StepPlan):
         self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode, self.stages)
         slots = self.resident * sms
         # persistent where the tiles fill more than two rounds of the resident blocks: per_block tiles a block
-        per_block = 1 if self.tiles * cbs <= 2 * slots else cdiv(self.tiles * cbs, slots)
+        per_block = (1 if self.resident > 1 and self.tiles * cbs <= 2 * slots   # (the ring: always persistent)
+                     else cdiv(self.tiles * cbs, slots))
         blocks_x = cdiv(self.tiles, per_block)
         if blocks_x > 2**31 - 1:
             raise PydnnError(NS, "the grouped direct kernel's grid exceeds 2^31 - 1 blocks (split the batch)")

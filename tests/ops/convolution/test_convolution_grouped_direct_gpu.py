@@ -192,7 +192,8 @@ def test_grouped_direct_rings_walk_many_tiles(handle, rng, monkeypatch, case):
     one split), the strided forward's ring threshold lowered; bf16 against the float64 reference, outputs
     poisoned, alpha / beta as the other tests."""
     monkeypatch.setattr(handle, "sm_count", 1)
-    monkeypatch.setattr(GD, "RING_ROUNDS", 0)
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_RING_ROUNDS", 0)
     c = case
 
     if max(c[4]) == 2 and c[2][0] == 3:
