@@ -132,6 +132,26 @@ def test_grouped_direct_v7_ranks_it_first(handle):
     assert r[0].algo == BWD_D1
 
 
+@pytest.mark.parametrize("n", [8, 32, 128])
+@pytest.mark.parametrize("c,hw,stride", [(128, 56, 1), (256, 28, 1), (512, 14, 1), (1024, 7, 1), (256, 56, 2),
+                                         (512, 28, 2), (1024, 14, 2)])
+def test_grouped_direct_v7_backward_filter_and_strided_forward(handle, monkeypatch, n, c, hw, stride):
+    """On the device's own handle, with the planner's default rule (GROUPED_DIRECT_ALWAYS off): Get..._v7
+    ranks the direct backward filter first for every ResNeXt-50 grouped layer at N 8 / 32 / 128 (the 8-warp
+    ring kernel, every width), and the strided forwards plan on the direct kernel (the ring at large N)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
+    pb = Problem(((n, c, hw, hw), c, (3, 3), (1, 1), (stride, stride), (1, 1), 32, "nhwc", NHWC), BF16)
+    r = pydnn.get_convolution_backward_filter_algorithm_v7(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc, 4)
+    assert r[0].algo == BWD_F1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC
+    assert type(CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)) is \
+        GD.GroupedWgradPlan
+    r = pydnn.get_convolution_forward_algorithm_v7(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc, 4)
+    assert r[0].algo == FWD_PRE
+    pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert type(pl) is GD.GroupedDirectPlan
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_grouped_direct_backward_filter(handle, rng, case, dtype):
