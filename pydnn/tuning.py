@@ -155,6 +155,8 @@ conv = Switches(
                            "blocks (ResNeXt's N >= 32 strided layers): one block a SM with a ring of up to 6 "
                            "halo buffers in flight instead of 2 blocks of 2 (0.40-0.56x cuDNN at N 128, "
                            "copy-latency bound)"),
+    GROUPED_RING_S1=(False, "the same ring for the stride-1 direct forward and backward data (as measured: 3 blocks "
+                            "a SM of two buffers; the ring is the candidate for N128's 7 x 7 / 14 x 14 layers)"),
     GROUPED_RING_ROUNDS=(4, "GROUPED_RING_S2 applies past this many rounds of 3 resident blocks a SM (below it, two "
                             "buffers in 2-3 blocks a SM)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "

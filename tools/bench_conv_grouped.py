@@ -123,6 +123,8 @@ def main():
     ap.add_argument("--variant", default="", help="then the forward rows of --fwd-layers again with these tuning "
                     "settings (PYDNN_TUNING syntax), e.g. conv.GROUPED_RING_ROUNDS=0")
     ap.add_argument("--variant-n", type=int, action="append", help="the variant's N (default: --n)")
+    ap.add_argument("--variant-layers", default="", help="the variant's forward rows (LAYERS indices; default: "
+                    "--fwd-layers)")
     ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
     ap.add_argument("--out", default="", help="also write the table to OUT/bench_conv_grouped.txt")
     ap.add_argument("--narrow-n", type=int, action="append", default=[],
@@ -170,8 +172,9 @@ def main():
     if a.variant:
         from pydnn import tuning
         tuning.apply_environment(a.variant)
+        vlayers = [LAYERS[int(i)] for i in a.variant_layers.split(",")] if a.variant_layers else fwd_layers
         for n in a.variant_n or a.n or [32]:
-            for c, hw, stride in fwd_layers:
+            for c, hw, stride in vlayers:
                 name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "") + " [variant]"
                 for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, ("fwd",), a.events):
                     say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} "

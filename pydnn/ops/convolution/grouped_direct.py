@@ -245,8 +245,9 @@ class GroupedDirectPlan(StepPlan):
         sms = max(handle.sm_count, 1)
         self.stages, self.resident = 2, RESIDENT
         from ... import tuning
-        if (direction == DIR_FWD and max(stride) > 1 and tuning.conv.GROUPED_RING_S2
-                and self.tiles * cbs > tuning.conv.GROUPED_RING_ROUNDS * RESIDENT * sms):
+        ring = (tuning.conv.GROUPED_RING_S2 if direction == DIR_FWD and max(stride) > 1
+                else tuning.conv.GROUPED_RING_S1 and self.mode == 0)
+        if ring and self.tiles * cbs > tuning.conv.GROUPED_RING_ROUNDS * RESIDENT * sms:
             # the large strided forwards: one block a SM, a deeper ring of halos in flight
             hh, hw = _halo(self.tile, filt, stride, dil)
             frag = taps * self.k_parts * 2048
