@@ -498,6 +498,150 @@ __global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvPara
   }
 }
 
+// grouped_wgrad4_tc: the first backward filter (GroupedWgradPlan with tuning.conv.GROUPED_WGRAD_WARPS = 4),
+// kept beside the 8-warp kernel while the runs decide: dw of the same narrow groups, split over the output pixels. A block (grid.x = split
+// * row blocks + row block, grid.y = the 64-channel block) walks the TH x TW output tiles split, split +
+// splits, ...: per tile it copies dy's tile (TH * TW pixels x 64 channels, zero outside the image) and the
+// x halo its filter rows r0 .. r0 + RB - 1 read, then per k16 step of 16 tile pixels warp w loads its A
+// fragment (16 output channels 16w .. 16w + 15 x 16 pixels: dy transposed by ldmatrix.trans) once and,
+// tap by tap, the B fragments (16 pixels shifted by the tap x the input channels of the same groups:
+// ldmatrix.trans from the halo) and multiplies the block diagonal only (2 n8 chunks for C/g <= 16, 4
+// for 32). The sums stay in registers over all the block's tiles (MAXT taps x 2 NK n8 chunks x 4) and
+// go out once as fp32 partials [split][K][taps][C/g] (the diagonal entries only); grouped_wgrad_fold adds
+// the splits in order (deterministic). ConvParams: x = dy (ys), w = x (xs), out = the partials, in_size
+// = x's, out_size = dy's, filt, pad, stride, dil; splits; gk = RB (filter rows a block), gm = row blocks.
+template <class T, int NK, int TH, int TW>
+__global__ void __launch_bounds__(kGdThreads, 3) grouped_wgrad4_tc(const ConvParams p) {
+  constexpr int MAXT = NK == 1 ? 9 : 3;   // taps a block (registers: MAXT * 2 NK * 4 sums)
+  constexpr int PIX = TH * TW, KSTEPS = PIX / 16;
+  static_assert(PIX % 16 == 0, "whole k16 steps of pixels");
+  extern __shared__ __align__(128) unsigned char gd_smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int S = p.filt[2], RB = p.gk, row_blocks = p.gm;
+  const int sh = p.stride[1], sw = p.stride[2], dh = p.dil[1], dw = p.dil[2];
+  const int OH = p.out_size[1], OW = p.out_size[2], IH = p.in_size[1], IW = p.in_size[2];
+  const int HH = (TH - 1) * sh + (RB - 1) * dh + 1, HW = (TW - 1) * sw + (S - 1) * dw + 1;
+  const int tiles_w = (OW + TW - 1) / TW, tiles_h = (OH + TH - 1) / TH;
+  const long long tiles = (long long)p.batch * tiles_h * tiles_w;
+  const int split = blockIdx.x / row_blocks, rb = blockIdx.x % row_blocks, cb = blockIdx.y;
+  const int r0 = rb * RB, ntaps = RB * S;
+  // two stages (dy's tile, then the x halo): the next tile's copied while this one's MMAs run
+  const int stage = PIX * 128 + HH * HW * 128;
+  const unsigned smem0 = mma::smem_u32(gd_smem);
+  const T* dy = static_cast<const T*>(p.x) + cb * kGdChannels;
+  const T* x = static_cast<const T*>(p.w) + cb * kGdChannels;
+
+  auto load_tile = [&](long long tile, int buf) {
+    long long q = tile;
+    const int tw_i = (int)(q % tiles_w);
+    q /= tiles_w;
+    const int th_i = (int)(q % tiles_h);
+    const long long n = q / tiles_h;
+    const int oh0 = th_i * TH, ow0 = tw_i * TW;
+    const int ih0 = oh0 * sh - p.pad[1] + r0 * dh, iw0 = ow0 * sw - p.pad[2];
+    const unsigned dy_s = smem0 + buf * stage, halo_s = dy_s + PIX * 128;
+    for (int i = tid; i < PIX * 8; i += kGdThreads) {
+      const int pix = i >> 3, ch = i & 7;
+      const int oh = oh0 + pix / TW, ow = ow0 + pix % TW;
+      const bool ok = oh < OH && ow < OW;
+      const T* src = ok ? dy + n * p.ys[0] + (long long)oh * p.ys[3] + (long long)ow * p.ys[4] + ch * 8 : dy;
+      mma::cp_async_16(dy_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
+    }
+    for (int i = tid; i < HH * HW * 8; i += kGdThreads) {
+      const int pix = i >> 3, ch = i & 7;
+      const int hy = pix / HW, hx = pix - hy * HW;
+      const int ih = ih0 + hy, iw = iw0 + hx;
+      const bool ok = ih >= 0 && ih < IH && iw >= 0 && iw < IW;
+      const T* src = ok ? x + n * p.xs[0] + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch * 8 : x;
+      mma::cp_async_16(halo_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
+    }
+  };
+
+  // B row addresses: tile pixel k = 16 kstep + (lane & 7) + 8 ((lane >> 3) & 1); A rows: pixel
+  // 16 kstep + (lane & 7) + 8 (lane >> 4), chunk 2 warp + ((lane >> 3) & 1)
+  int hb[KSTEPS];
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ++ks) {
+    const int k = ks * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+    hb[ks] = (k / TW) * sh * HW + (k % TW) * sw;
+  }
+  const int nbase = NK == 1 ? 2 * warp : 4 * (warp >> 1);  // the warp's first n8 chunk (input channels)
+  float acc[MAXT][2 * NK][4];
+#pragma unroll
+  for (int t = 0; t < MAXT; ++t)
+#pragma unroll
+    for (int j = 0; j < 2 * NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
+
+  if (split < tiles) load_tile(split, 0);
+  mma::cp_async_commit();
+  int buf = 0;
+  for (long long tile = split; tile < tiles; tile += p.splits, buf ^= 1) {
+    if (tile + p.splits < tiles) load_tile(tile + p.splits, buf ^ 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+    __syncthreads();
+    const unsigned dy_s = smem0 + buf * stage, halo_s = dy_s + PIX * 128;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      unsigned a[4];
+      {
+        const int k = ks * 16 + (lane & 7) + 8 * (lane >> 4);
+        const int ch = 2 * warp + ((lane >> 3) & 1);
+        mma::ldmatrix_x4_trans(a, dy_s + k * 128 + ((ch ^ (k & 7)) << 4));
+      }
+      // taps in groups of 3: their B fragments loaded first, then the MMAs (in-order asm: see the forward)
+#pragma unroll
+      for (int t0 = 0; t0 < MAXT; t0 += 3) {
+        unsigned b[3][NK][4];
+#pragma unroll
+        for (int u = 0; u < 3; ++u) {
+          const int t = t0 + u;
+          if (t < MAXT && t < ntaps) {
+            const int hp = hb[ks] + (t / S) * dh * HW + (t % S) * dw;
+#pragma unroll
+            for (int h = 0; h < NK; ++h) {
+              const int ch = nbase + 2 * h + (lane >> 4);
+              mma::ldmatrix_x4_trans(b[u][h], halo_s + hp * 128 + ((ch ^ (hp & 7)) << 4));
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 3; ++u) {
+          const int t = t0 + u;
+          if (t < MAXT && t < ntaps) {
+#pragma unroll
+            for (int h = 0; h < NK; ++h) {
+              mma::MmaOp<T>::run(acc[t][2 * h], a, b[u][h][0], b[u][h][1]);
+              mma::MmaOp<T>::run(acc[t][2 * h + 1], a, b[u][h][2], b[u][h][3]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration copies into it
+  }
+
+  // the partials: rows (output channels) 16 warp + lane / 4 (+ 8), columns (input channels) of n8 chunk
+  // nbase + j, 2 (lane % 4) (+ 1); only those of the row's group
+  const int c = p.cg, taps = p.filt[1] * S, K = p.groups * c;
+  float* part = static_cast<float*>(p.out) + (long long)split * K * taps * c;
+#pragma unroll
+  for (int t = 0; t < MAXT; ++t) {
+    if (t >= ntaps) continue;
+    const int tap = (r0 + t / S) * S + t % S;
+#pragma unroll
+    for (int j = 0; j < 2 * NK; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int o = cb * kGdChannels + 16 * warp + (lane >> 2) + 8 * (e >> 1);
+        const int ci = cb * kGdChannels + 8 * (nbase + j) + 2 * (lane & 3) + (e & 1);
+        if (o / c == ci / c) part[((long long)o * taps + tap) * c + ci % c] = acc[t][j][e];
+      }
+  }
+}
+
 // grouped_wgrad_fold: dw = alpha * (the splits' partials added) + beta * dw. ConvAuxParams: in = the
 // partials [split][K][taps][C/g], out = dw (strides out_stride: k, c, t, r, s), groups, kg = cg = C/g, taps,
 // filt, splits, channels = G (lanes an element, a power of two <= 32), flags (PYDNN_FLAG_BETA,

@@ -18,6 +18,7 @@ an H200 at 0.076 / 0.040 / 0.025; pydnn before this path 0.529 / 0.163 / 1.111).
 """
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -120,9 +121,10 @@ def main():
     ap.add_argument("--layers", default="", help="indices into LAYERS, comma-separated (default: all)")
     ap.add_argument("--fwd-layers", default="", help="the forward rows only for these LAYERS indices (default: "
                     "those of --layers)")
-    ap.add_argument("--variant", default="", help="then the forward rows of --fwd-layers again with these tuning "
-                    "settings (PYDNN_TUNING syntax), e.g. conv.GROUPED_RING_ROUNDS=0")
+    ap.add_argument("--variant", action="append", default=[], help="(repeatable) ""then the rows of --variant-dirs / --variant-layers again with "
+                    "these tuning settings (PYDNN_TUNING syntax), e.g. conv.GROUPED_RING_ROUNDS=0")
     ap.add_argument("--variant-n", type=int, action="append", help="the variant's N (default: --n)")
+    ap.add_argument("--variant-dirs", default="fwd", help="the variant's directions (comma-separated)")
     ap.add_argument("--variant-layers", default="", help="the variant's forward rows (LAYERS indices; default: "
                     "--fwd-layers)")
     ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
@@ -169,17 +171,19 @@ def main():
                     f"{err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     say(f"geomean {geo:.3f}x cuDNN, min {min(ratios):.3f}x over {len(ratios)} rows")
-    if a.variant:
-        from pydnn import tuning
-        tuning.apply_environment(a.variant)
+    from pydnn import tuning
+    for vi, variant in enumerate(a.variant):
+        tuning.reset()   # each variant on top of PYDNN_TUNING only
+        tuning.apply_environment(os.environ.get("PYDNN_TUNING", "") + ";" + variant)
+        say(f"variant {vi}: {variant}")
         vlayers = [LAYERS[int(i)] for i in a.variant_layers.split(",")] if a.variant_layers else fwd_layers
         for n in a.variant_n or a.n or [32]:
             for c, hw, stride in vlayers:
-                name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "") + " [variant]"
-                for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, ("fwd",), a.events):
+                name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "") + f" [v{vi}]"
+                for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride,
+                                                                  tuple(a.variant_dirs.split(",")), a.events):
                     say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} "
                         f"{ms_t / ms_p:6.2f}x {err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
-        say(f"variant: {a.variant}")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bench_conv_grouped.txt").write_text("\n".join(lines) + "\n")

@@ -78,8 +78,9 @@ def pack_expr(tag):
     return f"pydnn::conv::grouped_frag_pack<{CTYPE[tag]}>"
 
 
-def wgrad_expr(tag, k_parts, tile):
-    return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
+def wgrad_expr(tag, k_parts, tile, warps=8):
+    name = "grouped_wgrad_tc" if warps == 8 else "grouped_wgrad4_tc"
+    return f"pydnn::conv::{name}<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
 
 
 def wfold_expr(tag):
@@ -91,20 +92,21 @@ def exprs(tag, k_parts):
 
 
 def wexprs(tag):
-    return [wgrad_expr(tag, k, t) for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
+    return [wgrad_expr(tag, k, t, w) for w in (8, 4) for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
 
 
-def wgrad_max_taps(width):
-    """grouped_wgrad_tc's MAXT: the taps a block sums in registers (every width: 8 warps of 16 x 16 channels)."""
-    return 9
+def wgrad_max_taps(width, warps=8):
+    """grouped_wgrad_tc's MAXT: the taps a block sums in registers (every width: 8 warps of 16 x 16 channels;
+    the 4-warp kernel: 3 for C/g = 32, whose warps hold 16 x 32 channels)."""
+    return 9 if warps == 8 or nk(width) == 1 else 3
 
 
-def wgrad_rows(width, filt):
+def wgrad_rows(width, filt, warps=8):
     """RB, the filter rows a backward-filter block covers: all where they fit MAXT, else one (None: a row
     exceeds MAXT)."""
-    if filt[0] * filt[1] <= wgrad_max_taps(width):
+    if filt[0] * filt[1] <= wgrad_max_taps(width, warps):
         return filt[0]
-    return 1 if filt[1] <= wgrad_max_taps(width) else None
+    return 1 if filt[1] <= wgrad_max_taps(width, warps) else None
 
 
 def wgrad_stage(tile, rows, filt, stride, dil):
@@ -362,6 +364,11 @@ class GroupedWgradPlan(StepPlan):
         width, taps = pb.cg, prod(pb.filt3)
         self.k_parts = nk(width)
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
+        from ... import tuning
+        self.warps = 4 if tuning.conv.GROUPED_WGRAD_WARPS == 4 else 8
+        if wgrad_rows(width, filt, self.warps) is None:
+            self.warps = 8
+        per_sm = tuning.conv.GROUPED_WGRAD_BLOCKS or (WGRAD_BLOCKS_PER_SM if self.warps == 8 else 4)
         self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
         cbs = pb.c // CHANNELS
@@ -371,9 +378,9 @@ class GroupedWgradPlan(StepPlan):
         # all the filter rows a block, or one (more blocks a split: fewer splits of partials where the
         # tiles are few), by the model
         best = None
-        for rows in dict.fromkeys((wgrad_rows(width, filt), 1)):
+        for rows in dict.fromkeys((wgrad_rows(width, filt, self.warps), 1)):
             row_blocks = filt[0] // rows
-            splits = cdiv(WGRAD_BLOCKS_PER_SM * sms, row_blocks * cbs)
+            splits = cdiv(per_sm * sms, row_blocks * cbs)
             splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // row_blocks))
             cost = wgrad_model_ms(pb, sms, self.tile, rows, splits)
             if best is None or cost < best[0]:
@@ -381,14 +388,14 @@ class GroupedWgradPlan(StepPlan):
         _, self.rows, self.row_blocks, splits = best
         self.splits = splits
         self.stages = ring_stages(wgrad_stage(self.tile, self.rows, filt, stride, dil), 0, cdiv(self.tiles, splits),
-                                  ring_smem(handle.arch))
+                                  ring_smem(handle.arch)) if self.warps == 8 else 2   # (4 warps: two buffers)
         self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil, self.stages)
         self.grid = (splits * self.row_blocks, cbs, 1)
         p = base_params(pb, DIR_BWD_FILTER)
         p.flags = 0
         p.gk, p.gm, p.gn, p.splits = self.rows, self.row_blocks, self.stages, splits
         self.gemm = p
-        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile)
+        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile, self.warps)
         self.gemm_argv = driver.kernel_args(p)
         self.gemm_func = None
         self.partial_bytes = splits * per_split
@@ -415,7 +422,8 @@ class GroupedWgradPlan(StepPlan):
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w, p.out = a_ptr, b_ptr, ws_ptr
-        driver.launch_args(self.gemm_func, self.grid, (WTHREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
+        driver.launch_args(self.gemm_func, self.grid, (WTHREADS if self.warps == 8 else THREADS, 1, 1), self.smem,
+                           handle.cu_stream, self.gemm_argv)
         f = self.fold_params
         f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
         f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
@@ -462,9 +470,12 @@ def _direct_measured_faster(handle, pb, direction, pl):
       forward at stride 2: at N 8 (0.0088-0.0141 / 0.019-0.021), not at N 128 (0.187 / 0.178, 0.099 / 0.097,
         0.065 / 0.054): direct while its tiles fill at most 4 rounds of the resident blocks.
       backward filter (the first, 4-warp kernel): only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325);
-        1.1-2.7x slower than the packed plan for C/g = 8, 16, 32. The 8-warp ring kernel that replaced it
-        serves every width (not yet measured when this rule was written: the mid-session run decides).
+        1.1-2.7x slower than the packed plan for C/g = 8, 16, 32. The 8-warp ring kernel (this sitting's
+        early run, H200): C/g = 4 1.21x / 1.21x / 1.27x cuDNN at N 128 / 32 / 8 (0.209 / 0.063 / 0.025 ms),
+        C/g 8-32 0.13-0.71x, below the 4-warp kernel on 7 x 7 / 14 x 14: C/g = 4 only, still.
     The large strided forwards on one block a SM with the deeper ring (tuning.conv.GROUPED_RING_S2) too."""
+    if direction == DIR_BWD_FILTER:
+        return pb.cg == 4
     if direction == DIR_FWD and max(pb.stride3) > 1:
         return pl.stages > 2 or pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
     return True

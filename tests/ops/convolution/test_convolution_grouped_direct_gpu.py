@@ -137,27 +137,38 @@ def test_grouped_direct_v7_ranks_it_first(handle):
                                          (512, 28, 2), (1024, 14, 2)])
 def test_grouped_direct_v7_backward_filter_and_strided_forward(handle, monkeypatch, n, c, hw, stride):
     """On the device's own handle, with the planner's default rule (GROUPED_DIRECT_ALWAYS off): Get..._v7
-    ranks the direct backward filter first for every ResNeXt-50 grouped layer at N 8 / 32 / 128 (the 8-warp
-    ring kernel, every width), and the strided forwards plan on the direct kernel (the ring at large N)."""
+    ranks ALGO_1 first for the backward filter of every ResNeXt-50 grouped layer at N 8 / 32 / 128, on the
+    direct kernel for C/g = 4 and grouped.py's packed plan for the rest (as measured), and the forward on
+    IMPLICIT_PRECOMP_GEMM (direct, but the large strided ones packed)."""
     from pydnn import tuning
     monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
     pb = Problem(((n, c, hw, hw), c, (3, 3), (1, 1), (stride, stride), (1, 1), 32, "nhwc", NHWC), BF16)
     r = pydnn.get_convolution_backward_filter_algorithm_v7(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc, 4)
     assert r[0].algo == BWD_F1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC
-    assert type(CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)) is \
-        GD.GroupedWgradPlan
+    from pydnn.ops.convolution import grouped as G
+    pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert type(pl) is (GD.GroupedWgradPlan if c == 128 else G.GroupedPlan)
     r = pydnn.get_convolution_forward_algorithm_v7(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc, 4)
     assert r[0].algo == FWD_PRE
     pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-    assert type(pl) is GD.GroupedDirectPlan
+    tiles = n * (-(-(hw // stride) // 8)) ** 2 * (c // 64)
+    big = stride == 2 and tiles > 4 * 3 * handle.sm_count
+    assert type(pl) is (G.GroupedPlan if big else GD.GroupedDirectPlan)
 
 
+@pytest.mark.parametrize("warps", [8, 4], ids=["w8", "w4"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grouped_direct_backward_filter(handle, rng, case, dtype):
+def test_grouped_direct_backward_filter(handle, rng, monkeypatch, case, dtype, warps):
+    """Both backward-filter kernels (tuning.conv.GROUPED_WGRAD_WARPS: the 8-warp ring, the 4-warp first one
+    with its 4 blocks a SM of splits)."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.conv, "GROUPED_WGRAD_WARPS", warps)
+
     def run(pb, alpha, beta):
         pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert type(pl) is GD.GroupedWgradPlan, type(pl).__name__
+        assert pl.warps == warps or (pb.wd[2] == 5 and pl.problem.cg == 32)
         need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
                                                                     BWD_F1)
         assert need == pl.workspace > 0
@@ -214,6 +225,7 @@ def test_grouped_direct_rings_walk_many_tiles(handle, rng, monkeypatch, case):
     monkeypatch.setattr(handle, "sm_count", 1)
     from pydnn import tuning
     monkeypatch.setattr(tuning.conv, "GROUPED_RING_ROUNDS", 0)
+    monkeypatch.setattr(tuning.conv, "GROUPED_RING_S2", True)
     c = case
 
     if max(c[4]) == 2 and c[2][0] == 3:
