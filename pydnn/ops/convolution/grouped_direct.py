@@ -328,6 +328,10 @@ def wgrad_tile(out_w, stride=(1, 1)):
 
 WGRAD_BLOCKS_PER_SM = 1     # splits: one block of 8 warps a SM (its ring up to RING_SMEM)
 WGRAD_MAX_PARTIALS = 64 << 20
+# C/g -> (warps, blocks a SM the splits plan for; 0: the kernel's default) of the direct backward filter
+# where it measured faster than grouped.py's packed plan, or None: the packed plan
+# (_direct_measured_faster; tuning.conv.GROUPED_WGRAD_WARPS / _BLOCKS override the kernel's shape)
+WGRAD_MEASURED = {4: (8, 0), 8: None, 16: None, 32: None}
 
 
 def wgrad_model_ms(pb, sms, tile, rows, splits):
@@ -365,10 +369,12 @@ class GroupedWgradPlan(StepPlan):
         self.k_parts = nk(width)
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
         from ... import tuning
-        self.warps = 4 if tuning.conv.GROUPED_WGRAD_WARPS == 4 else 8
+        measured = WGRAD_MEASURED.get(width) or (8, 0)
+        self.warps = 4 if (tuning.conv.GROUPED_WGRAD_WARPS or measured[0]) == 4 else 8
         if wgrad_rows(width, filt, self.warps) is None:
             self.warps = 8
-        per_sm = tuning.conv.GROUPED_WGRAD_BLOCKS or (WGRAD_BLOCKS_PER_SM if self.warps == 8 else 4)
+        per_sm = (tuning.conv.GROUPED_WGRAD_BLOCKS or measured[1]
+                  or (WGRAD_BLOCKS_PER_SM if self.warps == 8 else 4))
         self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
         cbs = pb.c // CHANNELS
@@ -475,7 +481,7 @@ def _direct_measured_faster(handle, pb, direction, pl):
         C/g 8-32 0.13-0.71x, below the 4-warp kernel on 7 x 7 / 14 x 14: C/g = 4 only, still.
     The large strided forwards on one block a SM with the deeper ring (tuning.conv.GROUPED_RING_S2) too."""
     if direction == DIR_BWD_FILTER:
-        return pb.cg == 4
+        return WGRAD_MEASURED.get(pb.cg) is not None
     if direction == DIR_FWD and max(pb.stride3) > 1:
         return pl.stages > 2 or pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
     return True
