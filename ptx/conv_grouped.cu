@@ -337,9 +337,12 @@ namespace conv {
 constexpr int kGwThreads = 256;  // 8 warps
 
 
-template <class T, int NK, int TH, int TW>
+// NT: the taps a block as a compile-time count (9: 3x3 all rows, 3: one row of 3; 0: RB * S at run time, up
+// to 9): with NT the tap loop has no run-time guards (sm_90 SASS of the NT = 0 form: a branch around every
+// ldmatrix / MMA pair, ~200 instructions a k16 step for 18 MMAs).
+template <class T, int NK, int TH, int TW, int NT>
 __global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvParams p) {
-  constexpr int MAXT = 9;  // taps a block (registers: 9 x 2 n8 chunks x 4 sums)
+  constexpr int MAXT = NT ? NT : 9;  // taps a block (registers: MAXT x 2 n8 chunks x 4 sums)
   constexpr int PIX = TH * TW, KSTEPS = PIX / 16;
   static_assert(PIX % 32 == 0, "whole pairs of k16 steps of pixels");
   extern __shared__ __align__(128) unsigned char gd_smem[];
@@ -352,18 +355,19 @@ __global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvPara
   const int tiles_w = (OW + TW - 1) / TW, tiles_h = (OH + TH - 1) / TH;
   const long long tiles = (long long)p.batch * tiles_h * tiles_w;
   const int split = blockIdx.x / row_blocks, rb = blockIdx.x % row_blocks, cb = blockIdx.y;
-  const int r0 = rb * RB, ntaps = RB * S;
+  const int r0 = rb * RB, ntaps = NT ? NT : RB * S;
   const int stage = PIX * 128 + HH * HW * 128;
   const unsigned smem0 = mma::smem_u32(gd_smem);
   const T* dy = static_cast<const T*>(p.x) + cb * kGdChannels;
   const T* x = static_cast<const T*>(p.w) + cb * kGdChannels;
+  const int ch0 = tid & 7, pix0 = tid >> 3, hy0 = pix0 / HW, hx0 = pix0 - hy0 * HW;  // the halo copies' start
 
   auto load_tile = [&](long long tile, int buf) {
-    long long t = tile;
-    const int tw_i = (int)(t % tiles_w);
-    t /= tiles_w;
-    const int th_i = (int)(t % tiles_h);
-    const long long n = t / tiles_h;
+    unsigned t = (unsigned)tile;  // tiles < 2^31 (GroupedWgradPlan checks): 32-bit divisions
+    const int tw_i = (int)(t % (unsigned)tiles_w);
+    t /= (unsigned)tiles_w;
+    const int th_i = (int)(t % (unsigned)tiles_h);
+    const long long n = t / (unsigned)tiles_h;
     const int oh0 = th_i * TH, ow0 = tw_i * TW;
     const int ih0 = oh0 * sh - p.pad[1] + r0 * dh, iw0 = ow0 * sw - p.pad[2];
     const unsigned dy_s = smem0 + buf * stage, halo_s = dy_s + PIX * 128;
@@ -376,30 +380,32 @@ __global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvPara
       const T* src = ok ? dyn + (long long)oh * p.ys[3] + (long long)ow * p.ys[4] + ch * 8 : dy;
       mma::cp_async_16(dy_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
     }
-    for (int i = tid; i < HH * HW * 8; i += kGwThreads) {
-      const int pix = i >> 3, ch = i & 7;
-      const int hy = pix / HW, hx = pix - hy * HW;
+    // the halo: this thread's chunk ch0 of pixels pix0, pix0 + 32, ... (row / column kept by steps, no
+    // division a copy: the SASS of the division form spent ~60 instructions a 16-byte copy)
+    for (int pix = pix0, hy = hy0, hx = hx0; pix < HH * HW; pix += kGwThreads / 8) {
       const int ih = ih0 + hy, iw = iw0 + hx;
       const bool ok = ih >= 0 && ih < IH && iw >= 0 && iw < IW;
-      const T* src = ok ? xn + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch * 8 : x;
-      mma::cp_async_16(halo_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
+      const T* src = ok ? xn + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch0 * 8 : x;
+      mma::cp_async_16(halo_s + pix * 128 + ((ch0 ^ (pix & 7)) << 4), src, ok);
+      hx += kGwThreads / 8;
+      while (hx >= HW) {
+        hx -= HW;
+        ++hy;
+      }
     }
   };
 
-  // B row addresses: tile pixel k = 16 kstep + (lane & 7) + 8 ((lane >> 3) & 1) at tap (0, 0); the taps'
-  // offsets in the halo (pixels)
-  int hb[KSTEPS];
-#pragma unroll
-  for (int ks = 0; ks < KSTEPS; ++ks) {
-    const int k = ks * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-    hb[ks] = (k / TW) * sh * HW + (k % TW) * sw;
-  }
+  // B row addresses: tile pixel k = 16 kstep + rb_ (rb_ = (lane & 7) + 8 ((lane >> 3) & 1)) at tap (0, 0) is
+  // halo pixel hb0 + kstep * rowstep (TW divides 16); A rows: pixel 16 kstep + ra, ra = (lane & 7) + 8 (lane >> 4)
+  const int rb_ = (lane & 7) + 8 * ((lane >> 3) & 1), ra = (lane & 7) + 8 * (lane >> 4);
+  const int hb0 = (rb_ / TW) * sh * HW + (rb_ % TW) * sw, rowstep = (16 / TW) * sh * HW;
   int toff[MAXT];
 #pragma unroll
   for (int t = 0; t < MAXT; ++t) toff[t] = (t / S) * dh * HW + (t % S) * dw;
   const int nb = NK == 1 ? 2 * q : 4 * (q >> 1) + 2 * hw8;  // the warp's first n8 chunk (input channels)
   const int bch = nb + (lane >> 4);                         // its ldmatrix chunk
   const int ach = 2 * q + ((lane >> 3) & 1);
+  const unsigned a_off = ra * 128 + ((ach ^ (ra & 7)) << 4);  // + kstep * 2048 (16 pixels of 128 bytes)
   float acc[MAXT][2][4];
 #pragma unroll
   for (int t = 0; t < MAXT; ++t)
@@ -424,14 +430,14 @@ __global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvPara
     cp_async_wait_pending(NS - 1);
     __syncthreads();
     const unsigned dy_s = smem0 + buf * stage, halo_s = dy_s + PIX * 128;
+    // C/g <= 16: the warp pair splits the k16 steps (warp h the steps of parity h)
+    constexpr int KW = NK == 1 ? KSTEPS / 2 : KSTEPS;
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      if (NK == 1 && (ks & 1) != hw8) continue;  // C/g <= 16: the warp pair splits the k16 steps
+    for (int kk = 0; kk < KW; ++kk) {
+      const int ks = NK == 1 ? 2 * kk + hw8 : kk;
+      const int hbk = hb0 + ks * rowstep;
       unsigned a[4];
-      {
-        const int k = ks * 16 + (lane & 7) + 8 * (lane >> 4);
-        mma::ldmatrix_x4_trans(a, dy_s + k * 128 + ((ach ^ (k & 7)) << 4));
-      }
+      mma::ldmatrix_x4_trans(a, dy_s + ks * 2048 + a_off);
       // taps in groups of 3: their B fragments loaded first, then the MMAs (in-order asm: see the forward)
 #pragma unroll
       for (int t0 = 0; t0 < MAXT; t0 += 3) {
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvPara
 #pragma unroll
         for (int u = 0; u < 3; ++u) {
           if (t0 + u < ntaps) {
-            const int hp = hb[ks] + toff[t0 + u];
+            const int hp = hbk + toff[t0 + u];
             mma::ldmatrix_x4_trans(b[u], halo_s + hp * 128 + ((bch ^ (hp & 7)) << 4));
           }
         }

@@ -78,9 +78,13 @@ def pack_expr(tag):
     return f"pydnn::conv::grouped_frag_pack<{CTYPE[tag]}>"
 
 
-def wgrad_expr(tag, k_parts, tile, warps=8):
-    name = "grouped_wgrad_tc" if warps == 8 else "grouped_wgrad4_tc"
-    return f"pydnn::conv::{name}<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
+WGRAD_NT = (9, 3, 0)               # the 8-warp kernel's compile-time tap counts (0: RB * S at run time)
+
+
+def wgrad_expr(tag, k_parts, tile, warps=8, nt=0):
+    if warps == 8:
+        return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}, {nt}>"
+    return f"pydnn::conv::grouped_wgrad4_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
 
 
 def wfold_expr(tag):
@@ -92,7 +96,8 @@ def exprs(tag, k_parts):
 
 
 def wexprs(tag):
-    return [wgrad_expr(tag, k, t, w) for w in (8, 4) for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
+    return ([wgrad_expr(tag, k, t, 8, nt) for nt in WGRAD_NT for k in (1, 2) for t in TILES]
+            + [wgrad_expr(tag, k, t, 4) for k in (1, 2) for t in TILES] + [wfold_expr(tag)])
 
 
 def wgrad_max_taps(width, warps=8):
@@ -379,6 +384,8 @@ class GroupedWgradPlan(StepPlan):
         th, tw = self.tile
         cbs = pb.c // CHANNELS
         self.tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
+        if self.tiles >= 2**31:
+            raise PydnnError(NS, "the grouped backward filter walks at most 2^31 - 1 tiles (split the batch)")
         per_split = pb.k * taps * width * 4
         sms = max(handle.sm_count, 1)
         # all the filter rows a block, or one (more blocks a split: fewer splits of partials where the
@@ -401,7 +408,8 @@ class GroupedWgradPlan(StepPlan):
         p.flags = 0
         p.gk, p.gm, p.gn, p.splits = self.rows, self.row_blocks, self.stages, splits
         self.gemm = p
-        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile, self.warps)
+        self.nt = self.rows * filt[1] if self.rows * filt[1] in WGRAD_NT else 0
+        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile, self.warps, self.nt)
         self.gemm_argv = driver.kernel_args(p)
         self.gemm_func = None
         self.partial_bytes = splits * per_split

@@ -694,3 +694,18 @@ def test_emulated_backward_filter_4warps_matches_reference(case, monkeypatch):
     want = ref.backward_filter_raw(xv, dyv, (filt, filt), pb.pad3[1:], pb.stride3[1:], pb.dil3[1:], groups,
                                    mode == XCORR)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_wgrad_compile_time_taps():
+    """The 8-warp backward filter's NT: 9 for a 3x3 block of all rows, 3 for one row of 3, else 0 (the tap
+    count at run time); the expression names it and the unit holds every (NT, NK, tile)."""
+    h = cpu_handle("sm_90", 132)
+    seen = set()
+    for c, groups, hw, stride, filt, pad, dil, mode, n in WGRAD_EMU:
+        conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
+        pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+        want = pl.rows * filt if pl.rows * filt in (9, 3) else 0
+        assert pl.warps == 8 and pl.nt == want and pl.gemm_expr.endswith(f", {want}>")
+        assert pl.gemm_expr in GD.wexprs("bf16")
+        seen.add(pl.nt)
+    assert seen == {9, 3, 0}
