@@ -393,15 +393,17 @@ class GroupedWgradPlan(StepPlan):
         best = None
         for rows in dict.fromkeys((wgrad_rows(width, filt, self.warps), 1)):
             row_blocks = filt[0] // rows
-            splits = cdiv(per_sm * sms, row_blocks * cbs)
+            # the 8-warp NT = 3, C/g <= 16 kernels hold <= 122 registers: two blocks a SM (half the ring each)
+            pair = 2 if self.warps == 8 and rows * filt[1] == 3 and self.k_parts == 1 else 1
+            splits = cdiv(per_sm * pair * sms, row_blocks * cbs)
             splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // row_blocks))
             cost = wgrad_model_ms(pb, sms, self.tile, rows, splits)
             if best is None or cost < best[0]:
-                best = (cost, rows, row_blocks, splits)
-        _, self.rows, self.row_blocks, splits = best
+                best = (cost, rows, row_blocks, splits, pair)
+        _, self.rows, self.row_blocks, splits, self.resident = best
         self.splits = splits
         self.stages = ring_stages(wgrad_stage(self.tile, self.rows, filt, stride, dil), 0, cdiv(self.tiles, splits),
-                                  ring_smem(handle.arch)) if self.warps == 8 else 2   # (4 warps: two buffers)
+                                  ring_smem(handle.arch) // self.resident) if self.warps == 8 else 2   # (4 warps: two buffers)
         self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil, self.stages)
         self.grid = (splits * self.row_blocks, cbs, 1)
         p = base_params(pb, DIR_BWD_FILTER)

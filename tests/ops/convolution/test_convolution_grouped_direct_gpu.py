@@ -245,7 +245,7 @@ def test_grouped_direct_rings_walk_many_tiles(handle, rng, monkeypatch, case):
         pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
         assert type(pl) is GD.GroupedWgradPlan and pl.gemm.gn == pl.stages and pl.splits == 1
         q = pl.problem
-        assert pl.stages == min(GD.MAX_STAGES, pl.tiles + 1, GD.ring_smem(handle.arch) // GD.wgrad_stage(
+        assert pl.stages == min(GD.MAX_STAGES, pl.tiles + 1, GD.ring_smem(handle.arch) // pl.resident // GD.wgrad_stage(
             pl.tile, pl.rows, q.filt3[1:], q.stride3[1:], q.dil3[1:])), (pl.stages, pl.tiles)
         need = pydnn.get_convolution_backward_filter_workspace_size(handle, pb.x.desc, pb.y.desc, pb.conv, pb.wdesc,
                                                                     BWD_F1)
