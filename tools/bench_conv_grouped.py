@@ -180,8 +180,10 @@ def main():
         for n in a.variant_n or a.n or [32]:
             for c, hw, stride in vlayers:
                 name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "") + f" [v{vi}]"
-                for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride,
-                                                                  tuple(a.variant_dirs.split(",")), a.events):
+                vdirs = tuple(d for d in a.variant_dirs.split(",") if d != "fwd" or (c, hw, stride) in fwd_layers)
+                if not vdirs:
+                    continue
+                for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, vdirs, a.events):
                     say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} "
                         f"{ms_t / ms_p:6.2f}x {err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
     if a.out:
