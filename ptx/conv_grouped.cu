@@ -111,13 +111,12 @@ template <int TH, int TW, int MODE>
 struct GdTile {
   long long n;
   int oh0, ow0, ih0, iw0;
-  __device__ __forceinline__ GdTile(const ConvParams& p, long long tile, int tiles_h, int tiles_w) {
-    unsigned t = (unsigned)tile;  // tiles < 2^31 (GroupedDirectPlan checks): 32-bit divisions
-    const int tw_i = (int)(t % (unsigned)tiles_w);
-    t /= (unsigned)tiles_w;
-    oh0 = (int)(t % (unsigned)tiles_h) * TH;
+  __device__ __forceinline__ GdTile(const ConvParams& p, long long t, int tiles_h, int tiles_w) {
+    const int tw_i = (int)(t % tiles_w);
+    t /= tiles_w;
+    oh0 = (int)(t % tiles_h) * TH;
     ow0 = tw_i * TW;
-    n = t / (unsigned)tiles_h;
+    n = t / tiles_h;
     const int R = p.filt[1], S = p.filt[2];
     // MODE 1: the first dy row / column of the halo, floor((origin + pad - (R - 1) * dil) / 2)
     ih0 = MODE == 0 ? oh0 * p.stride[1] - p.pad[1] : floor_half(oh0 + p.pad[1] - (R - 1) * p.dil[1]);
@@ -151,23 +150,17 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_direct_tc(const ConvPar
   const T* xc = static_cast<const T*>(p.x) + cb * kGdChannels;
 
   // copy tile t's halo (zero outside the image) into buffer `buf`
-  // this thread's halo copies: chunk ch0 of pixels pix0, pix0 + 16, ... (row / column kept by steps: the
-  // division a copy was ~60 instructions a 16-byte copy in the backward filter's SASS)
-  const int ch0 = tid & 7, pix0 = tid >> 3, hy0 = pix0 / HW, hx0 = pix0 - hy0 * HW;
   auto load_halo = [&](long long t, int buf) {
     const GdTile<TH, TW, MODE> g(p, t, tiles_h, tiles_w);
     const T* x = xc + g.n * p.xs[0];
     const unsigned dst = halo0 + buf * hbytes;
-    for (int pix = pix0, hy = hy0, hx = hx0; pix < HH * HW; pix += kGdThreads / 8) {
+    for (int i = tid; i < HH * HW * 8; i += kGdThreads) {
+      const int pix = i >> 3, ch = i & 7;
+      const int hy = pix / HW, hx = pix - hy * HW;
       const int ih = g.ih0 + hy, iw = g.iw0 + hx;
       const bool ok = ih >= 0 && ih < IH && iw >= 0 && iw < IW;
-      const T* src = ok ? x + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch0 * 8 : x;
-      mma::cp_async_16(dst + pix * 128 + ((ch0 ^ (pix & 7)) << 4), src, ok);
-      hx += kGdThreads / 8;
-      while (hx >= HW) {
-        hx -= HW;
-        ++hy;
-      }
+      const T* src = ok ? x + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch * 8 : x;
+      mma::cp_async_16(dst + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
     }
   };
   {  // the fragments, once

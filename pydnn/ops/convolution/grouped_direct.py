@@ -267,7 +267,7 @@ class GroupedDirectPlan(StepPlan):
         per_block = (1 if self.resident > 1 and self.tiles * cbs <= 2 * slots   # (the ring: always persistent)
                      else cdiv(self.tiles * cbs, slots))
         blocks_x = cdiv(self.tiles, per_block)
-        if blocks_x > 2**31 - 1 or self.tiles >= 2**31:
+        if blocks_x > 2**31 - 1:
             raise PydnnError(NS, "the grouped direct kernel's grid exceeds 2^31 - 1 blocks (split the batch)")
         self.grid = (blocks_x, cbs, 1)
         p.gn = self.stages
