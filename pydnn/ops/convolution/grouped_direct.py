@@ -333,10 +333,16 @@ def wgrad_tile(out_w, stride=(1, 1)):
 
 WGRAD_BLOCKS_PER_SM = 1     # splits: one block of 8 warps a SM (its ring up to RING_SMEM)
 WGRAD_MAX_PARTIALS = 64 << 20
-# C/g -> (warps, blocks a SM the splits plan for; 0: the kernel's default) of the direct backward filter
-# where it measured faster than grouped.py's packed plan, or None: the packed plan
-# (_direct_measured_faster; tuning.conv.GROUPED_WGRAD_WARPS / _BLOCKS override the kernel's shape)
-WGRAD_MEASURED = {4: (8, 0), 8: None, 16: None, 32: None}
+# (C/g, strided) -> (warps, blocks a SM the splits plan for; 0: the kernel's default) of the direct backward
+# filter where it measured faster than grouped.py's packed plan, or None: the packed plan
+# (_direct_measured_faster; tuning.conv.GROUPED_WGRAD_WARPS / _BLOCKS override the kernel's shape).
+# Mid-session run 3 (H200, graph timing, ms direct 8-warp NT / packed, cuDNN):
+#   C/g 4:  N128 0.141 / -, 0.252 (1.79x); N8 0.019 / -, 0.031 (1.60x)   (the 4-warp kernel: 0.292 at N128)
+#   C/g 8:  N128 0.090 / 0.163, 0.072; N8 0.0187 / 0.0197, 0.0147; stride 2 N128 0.184 / 0.164, N8 0.0245 /
+#           0.0195: direct at stride 1 only
+#   C/g 16: N128 0.109 / 0.091 (stride 2 0.196 / 0.092), N8 0.023 / 0.015; C/g 32: N128 0.098 / 0.057, N8
+#           0.024 / 0.017: packed
+WGRAD_MEASURED = {(4, False): (8, 0), (4, True): (8, 0), (8, False): (8, 0)}
 
 
 def wgrad_model_ms(pb, sms, tile, rows, splits):
@@ -374,7 +380,7 @@ class GroupedWgradPlan(StepPlan):
         self.k_parts = nk(width)
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
         from ... import tuning
-        measured = WGRAD_MEASURED.get(width) or (8, 0)
+        measured = WGRAD_MEASURED.get((width, max(stride) > 1)) or (8, 0)
         self.warps = 4 if (tuning.conv.GROUPED_WGRAD_WARPS or measured[0]) == 4 else 8
         if wgrad_rows(width, filt, self.warps) is None:
             self.warps = 8
@@ -486,12 +492,11 @@ def _direct_measured_faster(handle, pb, direction, pl):
       forward at stride 2: at N 8 (0.0088-0.0141 / 0.019-0.021), not at N 128 (0.187 / 0.178, 0.099 / 0.097,
         0.065 / 0.054): direct while its tiles fill at most 4 rounds of the resident blocks.
       backward filter (the first, 4-warp kernel): only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325);
-        1.1-2.7x slower than the packed plan for C/g = 8, 16, 32. The 8-warp ring kernel (this sitting's
-        early run, H200): C/g = 4 1.21x / 1.21x / 1.27x cuDNN at N 128 / 32 / 8 (0.209 / 0.063 / 0.025 ms),
-        C/g 8-32 0.13-0.71x, below the 4-warp kernel on 7 x 7 / 14 x 14: C/g = 4 only, still.
+        1.1-2.7x slower than the packed plan for C/g = 8, 16, 32. The 8-warp kernel with compile-time taps:
+        C/g = 4 and C/g = 8 at stride 1 (WGRAD_MEASURED holds run 3's numbers).
     The large strided forwards on one block a SM with the deeper ring (tuning.conv.GROUPED_RING_S2) too."""
     if direction == DIR_BWD_FILTER:
-        return WGRAD_MEASURED.get(pb.cg) is not None
+        return WGRAD_MEASURED.get((pb.cg, max(pb.stride3) > 1)) is not None
     if direction == DIR_FWD and max(pb.stride3) > 1:
         return pl.stages > 2 or pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
     return True

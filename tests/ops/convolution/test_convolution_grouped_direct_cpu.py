@@ -592,7 +592,7 @@ def test_wgrad_splits_and_rows():
 
 def test_measured_rule_picks_direct_or_packed(monkeypatch):
     """GROUPED_DIRECT_ALWAYS off (the default): direct forward / backward data, the backward filter for C/g = 4
-    only; the stride-2 forwards direct while their tiles fill <= 4 rounds of the resident blocks, beyond that
+    and C/g = 8 at stride 1 (the 8-warp kernel); the stride-2 forwards direct while their tiles fill <= 4 rounds of the resident blocks, beyond that
     the packed plan, or with GROUPED_RING_S2 the one-block-a-SM ring (grouped_direct._direct_measured_faster's
     numbers)."""
     monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
@@ -609,7 +609,9 @@ def test_measured_rule_picks_direct_or_packed(monkeypatch):
             bd = P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)
             assert type(bd) is GD.GroupedDirectPlan and bd.stages == 2 and bd.gemm.gn == 2
             bf = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
-            assert type(bf) is (GD.GroupedWgradPlan if cg == 4 else G.GroupedPlan), (n, c, hw, stride, cg)
+            direct = cg == 4 or (cg == 8 and stride == 1)   # WGRAD_MEASURED
+            assert type(bf) is (GD.GroupedWgradPlan if direct else G.GroupedPlan), (n, c, hw, stride, cg)
+            assert not direct or (bf.warps == 8 and bf.nt in (9, 3))
             if big:
                 monkeypatch.setattr(tuning.conv, "GROUPED_RING_S2", True)
                 fwd = P.new_plan(h, Pb.DIR_FWD, FWD_PRE, conv, x, w, y)

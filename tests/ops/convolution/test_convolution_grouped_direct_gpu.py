@@ -138,7 +138,8 @@ def test_grouped_direct_v7_ranks_it_first(handle):
 def test_grouped_direct_v7_backward_filter_and_strided_forward(handle, monkeypatch, n, c, hw, stride):
     """On the device's own handle, with the planner's default rule (GROUPED_DIRECT_ALWAYS off): Get..._v7
     ranks ALGO_1 first for the backward filter of every ResNeXt-50 grouped layer at N 8 / 32 / 128, on the
-    direct kernel for C/g = 4 and grouped.py's packed plan for the rest (as measured), and the forward on
+    direct kernel for C/g = 4 and C/g = 8 at stride 1, grouped.py's packed plan for the rest (as measured:
+    grouped_direct.WGRAD_MEASURED), and the forward on
     IMPLICIT_PRECOMP_GEMM (direct, but the large strided ones packed)."""
     from pydnn import tuning
     monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
@@ -147,7 +148,7 @@ def test_grouped_direct_v7_backward_filter_and_strided_forward(handle, monkeypat
     assert r[0].algo == BWD_F1 and r[0].determinism == pydnn.PYDNN_DETERMINISTIC
     from pydnn.ops.convolution import grouped as G
     pl = CP.new_plan(handle, CPb.DIR_BWD_FILTER, BWD_F1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-    assert type(pl) is (GD.GroupedWgradPlan if c == 128 else G.GroupedPlan)
+    assert type(pl) is (GD.GroupedWgradPlan if c == 128 or (c == 256 and stride == 1) else G.GroupedPlan)
     r = pydnn.get_convolution_forward_algorithm_v7(handle, pb.x.desc, pb.wdesc, pb.conv, pb.y.desc, 4)
     assert r[0].algo == FWD_PRE
     pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
