@@ -157,12 +157,8 @@ conv = Switches(
                             "0.235 / 0.123 / 0.069 ms against 0.187 / 0.099 / 0.065), the packed plan serves"),
     GROUPED_RING_S1=(False, "the same ring for the stride-1 direct forward and backward data (as measured: 3 blocks "
                             "a SM of two buffers; the ring is the candidate for N128's 7 x 7 / 14 x 14 layers)"),
-    GROUPED_WGRAD_WARPS=(0, "the direct grouped backward filter's kernel: 8 (one block of 8 warps a SM, a ring of "
-                            "up to 6 stages, all 9 taps in registers for every width), 4 (the first kernel: 4 "
-                            "warps, 2 buffers, up to 3 blocks a SM, C/g = 32 one filter row a block), 0: as "
-                            "measured per C/g (grouped_direct.WGRAD_MEASURED)"),
-    GROUPED_WGRAD_BLOCKS=(0, "blocks a SM the backward filter's splits plan for (0: as measured, else 1 for 8 warps, "
-                             "4 for 4 warps)"),
+    GROUPED_WGRAD_BLOCKS=(0, "blocks a SM the direct grouped backward filter's splits plan for (0: as measured, "
+                             "grouped_direct.WGRAD_MEASURED, else 1)"),
     GROUPED_RING_ROUNDS=(4, "GROUPED_RING_S2 applies past this many rounds of 3 resident blocks a SM (below it, two "
                             "buffers in 2-3 blocks a SM)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "

@@ -44,7 +44,7 @@ def _kernel(h, direction, algo, conv, xd, wd, yd):
     e = getattr(pl, "gemm_expr", None) or type(pl).__name__
     e = e.split("<")[0].split("::")[-1]
     if hasattr(pl, "stages"):   # grouped_direct: the ring's stages (and the backward filter's splits)
-        e += f" st{pl.stages}" + (f" sp{pl.splits} w{pl.warps} r{pl.rows}" if hasattr(pl, "partial_bytes") else "")
+        e += f" st{pl.stages}" + (f" sp{pl.splits} r{pl.rows} nt{pl.nt} b{pl.resident}" if hasattr(pl, "partial_bytes") else "")
     return e
 
 

@@ -81,10 +81,8 @@ def pack_expr(tag):
 WGRAD_NT = (9, 3, 0)               # the 8-warp kernel's compile-time tap counts (0: RB * S at run time)
 
 
-def wgrad_expr(tag, k_parts, tile, warps=8, nt=0):
-    if warps == 8:
-        return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}, {nt}>"
-    return f"pydnn::conv::grouped_wgrad4_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
+def wgrad_expr(tag, k_parts, tile, nt=0):
+    return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}, {nt}>"
 
 
 def wfold_expr(tag):
@@ -96,22 +94,20 @@ def exprs(tag, k_parts):
 
 
 def wexprs(tag):
-    return ([wgrad_expr(tag, k, t, 8, nt) for nt in WGRAD_NT for k in (1, 2) for t in TILES]
-            + [wgrad_expr(tag, k, t, 4) for k in (1, 2) for t in TILES] + [wfold_expr(tag)])
+    return [wgrad_expr(tag, k, t, nt) for nt in WGRAD_NT for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
 
 
-def wgrad_max_taps(width, warps=8):
-    """grouped_wgrad_tc's MAXT: the taps a block sums in registers (every width: 8 warps of 16 x 16 channels;
-    the 4-warp kernel: 3 for C/g = 32, whose warps hold 16 x 32 channels)."""
-    return 9 if warps == 8 or nk(width) == 1 else 3
+def wgrad_max_taps(width):
+    """grouped_wgrad_tc's MAXT: the taps a block sums in registers (every width: 8 warps of 16 x 16 channels)."""
+    return 9
 
 
-def wgrad_rows(width, filt, warps=8):
+def wgrad_rows(width, filt):
     """RB, the filter rows a backward-filter block covers: all where they fit MAXT, else one (None: a row
     exceeds MAXT)."""
-    if filt[0] * filt[1] <= wgrad_max_taps(width, warps):
+    if filt[0] * filt[1] <= wgrad_max_taps(width):
         return filt[0]
-    return 1 if filt[1] <= wgrad_max_taps(width, warps) else None
+    return 1 if filt[1] <= wgrad_max_taps(width) else None
 
 
 def wgrad_stage(tile, rows, filt, stride, dil):
@@ -333,16 +329,16 @@ def wgrad_tile(out_w, stride=(1, 1)):
 
 WGRAD_BLOCKS_PER_SM = 1     # splits: one block of 8 warps a SM (its ring up to RING_SMEM)
 WGRAD_MAX_PARTIALS = 64 << 20
-# (C/g, strided) -> (warps, blocks a SM the splits plan for; 0: the kernel's default) of the direct backward
-# filter where it measured faster than grouped.py's packed plan, or None: the packed plan
-# (_direct_measured_faster; tuning.conv.GROUPED_WGRAD_WARPS / _BLOCKS override the kernel's shape).
+# (C/g, strided) -> blocks a SM the direct backward filter's splits plan for (0: WGRAD_BLOCKS_PER_SM) where it
+# measured faster than grouped.py's packed plan; absent: the packed plan (_direct_measured_faster;
+# tuning.conv.GROUPED_WGRAD_BLOCKS overrides the blocks).
 # Mid-session run 3 (H200, graph timing, ms direct 8-warp NT / packed, cuDNN):
 #   C/g 4:  N128 0.141 / -, 0.252 (1.79x); N8 0.019 / -, 0.031 (1.60x)   (the 4-warp kernel: 0.292 at N128)
 #   C/g 8:  N128 0.090 / 0.163, 0.072; N8 0.0187 / 0.0197, 0.0147; stride 2 N128 0.184 / 0.164, N8 0.0245 /
 #           0.0195: direct at stride 1 only
 #   C/g 16: N128 0.109 / 0.091 (stride 2 0.196 / 0.092), N8 0.023 / 0.015; C/g 32: N128 0.098 / 0.057, N8
 #           0.024 / 0.017: packed
-WGRAD_MEASURED = {(4, False): (8, 0), (4, True): (8, 0), (8, False): (8, 0)}
+WGRAD_MEASURED = {(4, False): 0, (4, True): 0, (8, False): 0}
 
 
 def wgrad_model_ms(pb, sms, tile, rows, splits):
@@ -380,12 +376,8 @@ class GroupedWgradPlan(StepPlan):
         self.k_parts = nk(width)
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
         from ... import tuning
-        measured = WGRAD_MEASURED.get((width, max(stride) > 1)) or (8, 0)
-        self.warps = 4 if (tuning.conv.GROUPED_WGRAD_WARPS or measured[0]) == 4 else 8
-        if wgrad_rows(width, filt, self.warps) is None:
-            self.warps = 8
-        per_sm = (tuning.conv.GROUPED_WGRAD_BLOCKS or measured[1]
-                  or (WGRAD_BLOCKS_PER_SM if self.warps == 8 else 4))
+        measured = WGRAD_MEASURED.get((width, max(stride) > 1)) or 0
+        per_sm = tuning.conv.GROUPED_WGRAD_BLOCKS or measured or WGRAD_BLOCKS_PER_SM
         self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
         cbs = pb.c // CHANNELS
@@ -397,10 +389,10 @@ class GroupedWgradPlan(StepPlan):
         # all the filter rows a block, or one (more blocks a split: fewer splits of partials where the
         # tiles are few), by the model
         best = None
-        for rows in dict.fromkeys((wgrad_rows(width, filt, self.warps), 1)):
+        for rows in dict.fromkeys((wgrad_rows(width, filt), 1)):
             row_blocks = filt[0] // rows
-            # the 8-warp NT = 3, C/g <= 16 kernels hold <= 122 registers: two blocks a SM (half the ring each)
-            pair = 2 if self.warps == 8 and rows * filt[1] == 3 and self.k_parts == 1 else 1
+            # the NT = 3, C/g <= 16 kernels hold <= 122 registers: two blocks a SM (half the ring each)
+            pair = 2 if rows * filt[1] == 3 and self.k_parts == 1 else 1
             splits = cdiv(per_sm * pair * sms, row_blocks * cbs)
             splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // row_blocks))
             cost = wgrad_model_ms(pb, sms, self.tile, rows, splits)
@@ -409,7 +401,7 @@ class GroupedWgradPlan(StepPlan):
         _, self.rows, self.row_blocks, splits, self.resident = best
         self.splits = splits
         self.stages = ring_stages(wgrad_stage(self.tile, self.rows, filt, stride, dil), 0, cdiv(self.tiles, splits),
-                                  ring_smem(handle.arch) // self.resident) if self.warps == 8 else 2   # (4 warps: two buffers)
+                                  ring_smem(handle.arch) // self.resident)
         self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil, self.stages)
         self.grid = (splits * self.row_blocks, cbs, 1)
         p = base_params(pb, DIR_BWD_FILTER)
@@ -417,7 +409,7 @@ class GroupedWgradPlan(StepPlan):
         p.gk, p.gm, p.gn, p.splits = self.rows, self.row_blocks, self.stages, splits
         self.gemm = p
         self.nt = self.rows * filt[1] if self.rows * filt[1] in WGRAD_NT else 0
-        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile, self.warps, self.nt)
+        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile, self.nt)
         self.gemm_argv = driver.kernel_args(p)
         self.gemm_func = None
         self.partial_bytes = splits * per_split
@@ -444,8 +436,7 @@ class GroupedWgradPlan(StepPlan):
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w, p.out = a_ptr, b_ptr, ws_ptr
-        driver.launch_args(self.gemm_func, self.grid, (WTHREADS if self.warps == 8 else THREADS, 1, 1), self.smem,
-                           handle.cu_stream, self.gemm_argv)
+        driver.launch_args(self.gemm_func, self.grid, (WTHREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
         f = self.fold_params
         f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
         f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
@@ -496,7 +487,7 @@ def _direct_measured_faster(handle, pb, direction, pl):
         C/g = 4 and C/g = 8 at stride 1 (WGRAD_MEASURED holds run 3's numbers).
     The large strided forwards on one block a SM with the deeper ring (tuning.conv.GROUPED_RING_S2) too."""
     if direction == DIR_BWD_FILTER:
-        return WGRAD_MEASURED.get((pb.cg, max(pb.stride3) > 1)) is not None
+        return (pb.cg, max(pb.stride3) > 1) in WGRAD_MEASURED
     if direction == DIR_FWD and max(pb.stride3) > 1:
         return pl.stages > 2 or pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
     return True
