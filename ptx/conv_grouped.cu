@@ -88,6 +88,17 @@ __global__ void __launch_bounds__(256) grouped_frag_pack(const ConvAuxParams p) 
   static_cast<unsigned*>(p.out)[i] = word;
 }
 
+constexpr int kGdMaxStages = 6;  // ring buffers (halos, the backward filter's stages)
+__device__ __forceinline__ void cp_async_wait_pending(int n) {  // n = 1 .. kGdMaxStages - 1 groups may stay
+  switch (n) {
+    case 1: mma::cp_async_wait<1>(); break;
+    case 2: mma::cp_async_wait<2>(); break;
+    case 3: mma::cp_async_wait<3>(); break;
+    case 4: mma::cp_async_wait<4>(); break;
+    default: mma::cp_async_wait<5>(); break;
+  }
+}
+
 __device__ __forceinline__ int floor_half(int v) { return v >> 1; }  // floor(v / 2), v of either sign
 
 // The direct kernel. ConvParams of the (virtual) forward problem: x (strides xs, in_size), w = the packed
@@ -113,10 +124,12 @@ struct GdTile {
   }
 };
 
-// Persistent and double-buffered: block (blockIdx.x, channel block blockIdx.y) walks the tiles
-// blockIdx.x, + gridDim.x, ...; the fragments are copied once, and the next tile's halo is copied into
-// the other buffer while this tile's MMAs run (the first version copied, waited and computed one tile a
-// block: 0.29-0.55x cuDNN on the ResNeXt layers, H200, a block's copy latency exposed).
+// Persistent, with a ring of p.gn halo buffers (2 .. kGdMaxStages): block (blockIdx.x, channel block
+// blockIdx.y) walks the tiles blockIdx.x, + gridDim.x, ...; the fragments are copied once, and the next
+// p.gn - 1 tiles' halos are in flight while this tile's MMAs run (the first version copied, waited and
+// computed one tile a block: 0.29-0.55x cuDNN on the ResNeXt layers, H200, a block's copy latency
+// exposed; two buffers, 2 blocks a SM, left the stride-2 forward's 4.5x larger halos at 0.40-0.56x at
+// N 128: deeper rings, one block a SM, for those).
 template <class T, int NK, int TH, int TW, int MODE>
 __global__ void __launch_bounds__(kGdThreads, 3) grouped_direct_tc(const ConvParams p) {
   constexpr int MB = (TH * TW + 63) / 64;  // m16 blocks a warp (the tile's pixels padded to 64)
@@ -154,8 +167,12 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_direct_tc(const ConvPar
     const unsigned char* wsrc = static_cast<const unsigned char*>(p.w) + (long long)cb * wbytes;
     for (int i = tid; i < wbytes / 16; i += kGdThreads) mma::cp_async_16(w_s + i * 16, wsrc + i * 16, true);
   }
-  if ((long long)blockIdx.x < tiles) load_halo(blockIdx.x, 0);
-  mma::cp_async_commit();
+  const int NS = p.gn;
+  for (int i = 0; i < NS - 1; ++i) {  // the ring's first NS - 1 tiles (the fragments join the first group)
+    const long long t = blockIdx.x + (long long)i * gridDim.x;
+    if (t < tiles) load_halo(t, i);
+    mma::cp_async_commit();
+  }
 
   // MODE 0: hbase = the lane's ldmatrix row (tile pixel warp * 16 MB + 16 mb + (lane & 15)) in the halo
   // at tap (0, 0); chunk half lane >> 4
@@ -175,10 +192,13 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_direct_tc(const ConvPar
                      p.act == PYDNN_CONV_ACT_IDENTITY;
 
   int buf = 0;
-  for (long long t = blockIdx.x; t < tiles; t += gridDim.x, buf ^= 1) {
-    if (t + gridDim.x < tiles) load_halo(t + gridDim.x, buf ^ 1);  // the next tile's, into the other buffer
-    mma::cp_async_commit();
-    mma::cp_async_wait<1>();  // this tile's halo (and the fragments) landed
+  for (long long t = blockIdx.x; t < tiles; t += gridDim.x, buf = buf + 1 == NS ? 0 : buf + 1) {
+    {  // NS - 1 tiles ahead, into the buffer the previous iteration computed from
+      const long long ahead = t + (long long)(NS - 1) * gridDim.x;
+      if (ahead < tiles) load_halo(ahead, buf == 0 ? NS - 1 : buf - 1);
+      mma::cp_async_commit();
+    }
+    cp_async_wait_pending(NS - 1);  // this tile's halo (and the fragments) landed
     __syncthreads();
     const GdTile<TH, TW, MODE> g(p, t, tiles_h, tiles_w);
     const unsigned halo_s = halo0 + buf * hbytes;
@@ -294,131 +314,179 @@ namespace conv {
 // ---------------------------------------------------------------- backward filter
 //
 // grouped_wgrad_tc: dw of the same narrow groups, split over the output pixels. A block (grid.x = split
-// * row blocks + row block, grid.y = the 64-channel block) walks the TH x TW output tiles split, split +
-// splits, ...: per tile it copies dy's tile (TH * TW pixels x 64 channels, zero outside the image) and the
-// x halo its filter rows r0 .. r0 + RB - 1 read, then per k16 step of 16 tile pixels warp w loads its A
-// fragment (16 output channels 16w .. 16w + 15 x 16 pixels: dy transposed by ldmatrix.trans) once and,
-// tap by tap, the B fragments (16 pixels shifted by the tap x the input channels of the same groups:
-// ldmatrix.trans from the halo) and multiplies the block diagonal only (2 n8 chunks for C/g <= 16, 4
-// for 32). The sums stay in registers over all the block's tiles (MAXT taps x 2 NK n8 chunks x 4) and
-// go out once as fp32 partials [split][K][taps][C/g] (the diagonal entries only); grouped_wgrad_fold adds
-// the splits in order (deterministic). ConvParams: x = dy (ys), w = x (xs), out = the partials, in_size
-// = x's, out_size = dy's, filt, pad, stride, dil; splits; gk = RB (filter rows a block), gm = row blocks.
-template <class T, int NK, int TH, int TW>
-__global__ void __launch_bounds__(kGdThreads, 3) grouped_wgrad_tc(const ConvParams p) {
-  constexpr int MAXT = NK == 1 ? 9 : 3;   // taps a block (registers: MAXT * 2 NK * 4 sums)
+// * row blocks + row block, grid.y = the 64-channel block; 8 warps, one block a SM) walks the TH x TW
+// output tiles split, split + splits, ...: per tile it copies dy's tile (TH * TW pixels x 64 channels,
+// zero outside the image) and the x halo its filter rows r0 .. r0 + RB - 1 read into a ring of
+// p.gn stages (the next p.gn - 1 tiles in flight while this one's MMAs run). Warp w = 4 h + q owns the
+// 16 output channels 16q .. 16q + 15 and 16 input channels of their groups (n8 chunks nb, nb + 1):
+// C/g <= 16 those same channels (nb = 2q), and warps h = 0 / 1 take the even / odd k16 steps of 16 tile
+// pixels (the halves added through shared memory at the end); C/g = 32 the half h of the group's 32
+// (nb = 4 (q / 2) + 2h), every k16 step. Per k16 step a warp loads its A fragment (16 output channels x
+// 16 pixels: dy transposed by ldmatrix.trans) once and, tap by tap, B (16 pixels shifted by the tap x its
+// 16 input channels: one ldmatrix.x4.trans from the halo), 2 MMAs a tap. The sums (MAXT = 9 taps x 2 n8
+// chunks x 4) stay in registers over all the block's tiles and go out once as fp32 partials
+// [split][K][taps][C/g] (the diagonal entries only); grouped_wgrad_fold adds the splits in order
+// (deterministic). ConvParams: x = dy (ys), w = x (xs), out = the partials, in_size = x's, out_size =
+// dy's, filt, pad, stride, dil; splits; gk = RB (filter rows a block), gm = row blocks, gn = ring stages
+// (2 .. kGdMaxStages).
+//
+// Why this layout (mid-session run 2, H200, ms pydnn / cuDNN): the first version (4 warps, a warp the 16
+// output channels x all input channels of its groups, C/g = 32 one filter row a block so dy and x were
+// copied 3 times, two stages, 2 blocks a SM) ran 0.14-0.41x cuDNN for C/g 8-32 (N128 256 @28 0.177 /
+// 0.071), ~11 us a tile a block where its compute was ~1.5 us: copy-bound with one tile in flight.
+constexpr int kGwThreads = 256;  // 8 warps
+
+
+// NT: the taps a block as a compile-time count (9: 3x3 all rows, 3: one row of 3; 0: RB * S at run time, up
+// to 9): with NT the tap loop has no run-time guards (sm_90 SASS of the NT = 0 form: a branch around every
+// ldmatrix / MMA pair, ~200 instructions a k16 step for 18 MMAs).
+template <class T, int NK, int TH, int TW, int NT>
+__global__ void __launch_bounds__(kGwThreads, 1) grouped_wgrad_tc(const ConvParams p) {
+  constexpr int MAXT = NT ? NT : 9;  // taps a block (registers: MAXT x 2 n8 chunks x 4 sums)
   constexpr int PIX = TH * TW, KSTEPS = PIX / 16;
-  static_assert(PIX % 16 == 0, "whole k16 steps of pixels");
+  static_assert(PIX % 32 == 0, "whole pairs of k16 steps of pixels");
   extern __shared__ __align__(128) unsigned char gd_smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int S = p.filt[2], RB = p.gk, row_blocks = p.gm;
+  const int q = warp & 3, hw8 = warp >> 2;
+  const int S = p.filt[2], RB = p.gk, row_blocks = p.gm, NS = p.gn;
   const int sh = p.stride[1], sw = p.stride[2], dh = p.dil[1], dw = p.dil[2];
   const int OH = p.out_size[1], OW = p.out_size[2], IH = p.in_size[1], IW = p.in_size[2];
   const int HH = (TH - 1) * sh + (RB - 1) * dh + 1, HW = (TW - 1) * sw + (S - 1) * dw + 1;
   const int tiles_w = (OW + TW - 1) / TW, tiles_h = (OH + TH - 1) / TH;
   const long long tiles = (long long)p.batch * tiles_h * tiles_w;
   const int split = blockIdx.x / row_blocks, rb = blockIdx.x % row_blocks, cb = blockIdx.y;
-  const int r0 = rb * RB, ntaps = RB * S;
-  // two stages (dy's tile, then the x halo): the next tile's copied while this one's MMAs run
+  const int r0 = rb * RB, ntaps = NT ? NT : RB * S;
   const int stage = PIX * 128 + HH * HW * 128;
   const unsigned smem0 = mma::smem_u32(gd_smem);
   const T* dy = static_cast<const T*>(p.x) + cb * kGdChannels;
   const T* x = static_cast<const T*>(p.w) + cb * kGdChannels;
+  const int ch0 = tid & 7, pix0 = tid >> 3, hy0 = pix0 / HW, hx0 = pix0 - hy0 * HW;  // the halo copies' start
 
   auto load_tile = [&](long long tile, int buf) {
-    long long q = tile;
-    const int tw_i = (int)(q % tiles_w);
-    q /= tiles_w;
-    const int th_i = (int)(q % tiles_h);
-    const long long n = q / tiles_h;
+    unsigned t = (unsigned)tile;  // tiles < 2^31 (GroupedWgradPlan checks): 32-bit divisions
+    const int tw_i = (int)(t % (unsigned)tiles_w);
+    t /= (unsigned)tiles_w;
+    const int th_i = (int)(t % (unsigned)tiles_h);
+    const long long n = t / (unsigned)tiles_h;
     const int oh0 = th_i * TH, ow0 = tw_i * TW;
     const int ih0 = oh0 * sh - p.pad[1] + r0 * dh, iw0 = ow0 * sw - p.pad[2];
     const unsigned dy_s = smem0 + buf * stage, halo_s = dy_s + PIX * 128;
-    for (int i = tid; i < PIX * 8; i += kGdThreads) {
+    const T* dyn = dy + n * p.ys[0];
+    const T* xn = x + n * p.xs[0];
+    for (int i = tid; i < PIX * 8; i += kGwThreads) {
       const int pix = i >> 3, ch = i & 7;
       const int oh = oh0 + pix / TW, ow = ow0 + pix % TW;
       const bool ok = oh < OH && ow < OW;
-      const T* src = ok ? dy + n * p.ys[0] + (long long)oh * p.ys[3] + (long long)ow * p.ys[4] + ch * 8 : dy;
+      const T* src = ok ? dyn + (long long)oh * p.ys[3] + (long long)ow * p.ys[4] + ch * 8 : dy;
       mma::cp_async_16(dy_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
     }
-    for (int i = tid; i < HH * HW * 8; i += kGdThreads) {
-      const int pix = i >> 3, ch = i & 7;
-      const int hy = pix / HW, hx = pix - hy * HW;
+    // the halo: this thread's chunk ch0 of pixels pix0, pix0 + 32, ... (row / column kept by steps, no
+    // division a copy: the SASS of the division form spent ~60 instructions a 16-byte copy)
+    for (int pix = pix0, hy = hy0, hx = hx0; pix < HH * HW; pix += kGwThreads / 8) {
       const int ih = ih0 + hy, iw = iw0 + hx;
       const bool ok = ih >= 0 && ih < IH && iw >= 0 && iw < IW;
-      const T* src = ok ? x + n * p.xs[0] + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch * 8 : x;
-      mma::cp_async_16(halo_s + pix * 128 + ((ch ^ (pix & 7)) << 4), src, ok);
+      const T* src = ok ? xn + (long long)ih * p.xs[3] + (long long)iw * p.xs[4] + ch0 * 8 : x;
+      mma::cp_async_16(halo_s + pix * 128 + ((ch0 ^ (pix & 7)) << 4), src, ok);
+      hx += kGwThreads / 8;
+      while (hx >= HW) {
+        hx -= HW;
+        ++hy;
+      }
     }
   };
 
-  // B row addresses: tile pixel k = 16 kstep + (lane & 7) + 8 ((lane >> 3) & 1); A rows: pixel
-  // 16 kstep + (lane & 7) + 8 (lane >> 4), chunk 2 warp + ((lane >> 3) & 1)
-  int hb[KSTEPS];
+  // B row addresses: tile pixel k = 16 kstep + rb_ (rb_ = (lane & 7) + 8 ((lane >> 3) & 1)) at tap (0, 0) is
+  // halo pixel hb0 + kstep * rowstep (TW divides 16); A rows: pixel 16 kstep + ra, ra = (lane & 7) + 8 (lane >> 4)
+  const int rb_ = (lane & 7) + 8 * ((lane >> 3) & 1), ra = (lane & 7) + 8 * (lane >> 4);
+  const int hb0 = (rb_ / TW) * sh * HW + (rb_ % TW) * sw, rowstep = (16 / TW) * sh * HW;
+  int toff[MAXT];
 #pragma unroll
-  for (int ks = 0; ks < KSTEPS; ++ks) {
-    const int k = ks * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-    hb[ks] = (k / TW) * sh * HW + (k % TW) * sw;
-  }
-  const int nbase = NK == 1 ? 2 * warp : 4 * (warp >> 1);  // the warp's first n8 chunk (input channels)
-  float acc[MAXT][2 * NK][4];
+  for (int t = 0; t < MAXT; ++t) toff[t] = (t / S) * dh * HW + (t % S) * dw;
+  const int nb = NK == 1 ? 2 * q : 4 * (q >> 1) + 2 * hw8;  // the warp's first n8 chunk (input channels)
+  const int bch = nb + (lane >> 4);                         // its ldmatrix chunk
+  const int ach = 2 * q + ((lane >> 3) & 1);
+  const unsigned a_off = ra * 128 + ((ach ^ (ra & 7)) << 4);  // + kstep * 2048 (16 pixels of 128 bytes)
+  float acc[MAXT][2][4];
 #pragma unroll
   for (int t = 0; t < MAXT; ++t)
 #pragma unroll
-    for (int j = 0; j < 2 * NK; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.f;
 
-  if (split < tiles) load_tile(split, 0);
-  mma::cp_async_commit();
-  int buf = 0;
-  for (long long tile = split; tile < tiles; tile += p.splits, buf ^= 1) {
-    if (tile + p.splits < tiles) load_tile(tile + p.splits, buf ^ 1);
+  // the ring: tiles split + i * splits into stage i % NS; NS - 1 in flight ahead of the one computed
+  for (int i = 0; i < NS - 1; ++i) {
+    const long long tile = split + (long long)i * p.splits;
+    if (tile < tiles) load_tile(tile, i);
     mma::cp_async_commit();
-    mma::cp_async_wait<1>();
+  }
+  int buf = 0;
+  for (long long tile = split; tile < tiles; tile += p.splits) {
+    {
+      const long long ahead = tile + (long long)(NS - 1) * p.splits;
+      if (ahead < tiles) load_tile(ahead, buf == 0 ? NS - 1 : buf - 1);
+      mma::cp_async_commit();
+    }
+    cp_async_wait_pending(NS - 1);
     __syncthreads();
     const unsigned dy_s = smem0 + buf * stage, halo_s = dy_s + PIX * 128;
+    // C/g <= 16: the warp pair splits the k16 steps (warp h the steps of parity h)
+    constexpr int KW = NK == 1 ? KSTEPS / 2 : KSTEPS;
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
+    for (int kk = 0; kk < KW; ++kk) {
+      const int ks = NK == 1 ? 2 * kk + hw8 : kk;
+      const int hbk = hb0 + ks * rowstep;
       unsigned a[4];
-      {
-        const int k = ks * 16 + (lane & 7) + 8 * (lane >> 4);
-        const int ch = 2 * warp + ((lane >> 3) & 1);
-        mma::ldmatrix_x4_trans(a, dy_s + k * 128 + ((ch ^ (k & 7)) << 4));
-      }
+      mma::ldmatrix_x4_trans(a, dy_s + ks * 2048 + a_off);
       // taps in groups of 3: their B fragments loaded first, then the MMAs (in-order asm: see the forward)
 #pragma unroll
       for (int t0 = 0; t0 < MAXT; t0 += 3) {
-        unsigned b[3][NK][4];
+        unsigned b[3][4];
 #pragma unroll
         for (int u = 0; u < 3; ++u) {
-          const int t = t0 + u;
-          if (t < MAXT && t < ntaps) {
-            const int hp = hb[ks] + (t / S) * dh * HW + (t % S) * dw;
-#pragma unroll
-            for (int h = 0; h < NK; ++h) {
-              const int ch = nbase + 2 * h + (lane >> 4);
-              mma::ldmatrix_x4_trans(b[u][h], halo_s + hp * 128 + ((ch ^ (hp & 7)) << 4));
-            }
+          if (t0 + u < ntaps) {
+            const int hp = hbk + toff[t0 + u];
+            mma::ldmatrix_x4_trans(b[u], halo_s + hp * 128 + ((bch ^ (hp & 7)) << 4));
           }
         }
 #pragma unroll
         for (int u = 0; u < 3; ++u) {
-          const int t = t0 + u;
-          if (t < MAXT && t < ntaps) {
-#pragma unroll
-            for (int h = 0; h < NK; ++h) {
-              mma::MmaOp<T>::run(acc[t][2 * h], a, b[u][h][0], b[u][h][1]);
-              mma::MmaOp<T>::run(acc[t][2 * h + 1], a, b[u][h][2], b[u][h][3]);
-            }
+          if (t0 + u < ntaps) {
+            mma::MmaOp<T>::run(acc[t0 + u][0], a, b[u][0], b[u][1]);
+            mma::MmaOp<T>::run(acc[t0 + u][1], a, b[u][2], b[u][3]);
           }
         }
       }
     }
-    __syncthreads();  // every warp is done with this stage before the next iteration copies into it
+    __syncthreads();  // every warp is done with this stage before a later iteration copies into it
+    buf = buf + 1 == NS ? 0 : buf + 1;
+  }
+  mma::cp_async_wait<0>();  // (empty groups only: no copy is left pending into the smem reused below)
+
+  // C/g <= 16: warps h = 1 hand their sums to warps h = 0 through shared memory (the ring is free now)
+  float* red = reinterpret_cast<float*>(gd_smem);
+  if (NK == 1) {
+    __syncthreads();
+    if (hw8 == 1) {
+#pragma unroll
+      for (int t = 0; t < MAXT; ++t)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[((q * MAXT + t) * 8 + j * 4 + e) * 32 + lane] = acc[t][j][e];
+    }
+    __syncthreads();
+    if (hw8 == 1) return;
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][j][e] += red[((q * MAXT + t) * 8 + j * 4 + e) * 32 + lane];
   }
 
-  // the partials: rows (output channels) 16 warp + lane / 4 (+ 8), columns (input channels) of n8 chunk
-  // nbase + j, 2 (lane % 4) (+ 1); only those of the row's group
+  // the partials: rows (output channels) 16q + lane / 4 (+ 8), columns (input channels) of n8 chunk
+  // nb + j, 2 (lane % 4) (+ 1); only those of the row's group
   const int c = p.cg, taps = p.filt[1] * S, K = p.groups * c;
   float* part = static_cast<float*>(p.out) + (long long)split * K * taps * c;
 #pragma unroll
@@ -426,11 +494,11 @@ __global__ void __launch_bounds__(kGdThreads, 3) grouped_wgrad_tc(const ConvPara
     if (t >= ntaps) continue;
     const int tap = (r0 + t / S) * S + t % S;
 #pragma unroll
-    for (int j = 0; j < 2 * NK; ++j)
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int o = cb * kGdChannels + 16 * warp + (lane >> 2) + 8 * (e >> 1);
-        const int ci = cb * kGdChannels + 8 * (nbase + j) + 2 * (lane & 3) + (e & 1);
+        const int o = cb * kGdChannels + 16 * q + (lane >> 2) + 8 * (e >> 1);
+        const int ci = cb * kGdChannels + 8 * (nb + j) + 2 * (lane & 3) + (e & 1);
         if (o / c == ci / c) part[((long long)o * taps + tap) * c + ci % c] = acc[t][j][e];
       }
   }

@@ -22,6 +22,7 @@
 #include "common/types.cuh"
 #include "convolution_params.h"
 #include "conv_epilogue.cuh"
+#include "conv_vec8.cuh"
 
 namespace pydnn {
 namespace conv {
@@ -30,25 +31,6 @@ namespace conv {
 // K sums; 8 for every K made the forward 128 registers with a spill, 1 block of 256 threads a SM)
 constexpr int kNarrowThreads = 256;
 constexpr int kNarrowUnroll = 4;
-
-template <class T> __device__ __forceinline__ void narrow_unpack8(const uint4 q, float (&v)[8]) {
-  const unsigned w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    T lo, hi;
-    lo.bits = (unsigned short)(w[e] & 0xffffu);
-    hi.bits = (unsigned short)(w[e] >> 16);
-    v[2 * e] = load<float>(lo);
-    v[2 * e + 1] = load<float>(hi);
-  }
-}
-
-template <class T> __device__ __forceinline__ uint4 narrow_pack8(const float (&v)[8]) {
-  unsigned w[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) w[e] = (unsigned)store<T>(v[2 * e]).bits | ((unsigned)store<T>(v[2 * e + 1]).bits << 16);
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 __device__ __forceinline__ uint4 narrow_ldg(const void* src) {
   uint4 r;
@@ -107,7 +89,7 @@ __global__ void __launch_bounds__(kNarrowThreads) narrow_fwd(const ConvParams p)
     for (int i = 0; i < kNarrowUnroll; ++i) {
       const long long pix = base + i * wk.stride + wk.slot;
       float v[8], s[KT];
-      narrow_unpack8<T>(q[i], v);
+      unpack8<T>(q[i], v);
 #pragma unroll
       for (int k = 0; k < KT; ++k) {
         s[k] = 0.f;
@@ -174,11 +156,11 @@ __global__ void __launch_bounds__(kNarrowThreads) narrow_dgrad(const ConvParams 
       uint4* dst = reinterpret_cast<uint4*>(out + pix * C + wk.sub * 8);
       if (use_beta) {
         float o[8];
-        narrow_unpack8<T>(*dst, o);
+        unpack8<T>(*dst, o);
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] += beta * o[e];
       }
-      *dst = narrow_pack8<T>(v);
+      *dst = pack8<T>(v);
     }
   }
 }
@@ -213,7 +195,7 @@ __global__ void __launch_bounds__(kNarrowThreads) narrow_wgrad(const ConvParams 
 #pragma unroll
     for (int i = 0; i < kNarrowUnroll; ++i) {
       float v[8];
-      narrow_unpack8<T>(q[i], v);
+      unpack8<T>(q[i], v);
 #pragma unroll
       for (int k = 0; k < KT; ++k)
 #pragma unroll

@@ -29,6 +29,7 @@
 #include "common/wgmma.cuh"
 #include "convolution_params.h"
 #include "conv_epilogue.cuh"
+#include "conv_vec8.cuh"
 
 namespace pydnn {
 namespace conv {
@@ -649,27 +650,7 @@ __device__ __forceinline__ void fwd_epilogue(const ConvParams& p, const Eng& eng
     fwd_tc_epilogue<T, true, PYDNN_CONV_ACT_IDENTITY>(p, eng, em, en, sb, breg);
 }
 
-// 8 consecutive 16-bit elements as floats (one 16-byte load), and back.
-template <class T> __device__ __forceinline__ void unpack8(const uint4 q, float (&v)[8]) {
-  const unsigned w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    T lo, hi;
-    lo.bits = (unsigned short)(w[e] & 0xffffu);
-    hi.bits = (unsigned short)(w[e] >> 16);
-    v[2 * e] = load<float>(lo);
-    v[2 * e + 1] = load<float>(hi);
-  }
-}
-template <class T> __device__ __forceinline__ void load8(const T* src, float (&v)[8]) {
-  unpack8<T>(*reinterpret_cast<const uint4*>(src), v);
-}
-template <class T> __device__ __forceinline__ void store8(T* dst, const float (&v)[8]) {
-  unsigned w[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) w[e] = (unsigned)store<T>(v[2 * e]).bits | ((unsigned)store<T>(v[2 * e + 1]).bits << 16);
-  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-}
+// unpack8 / load8 / store8: conv_vec8.cuh
 
 // Can a tensor with these (n, c, d, h, w) strides be read / written 8 channels at a time (16 bytes)?
 __device__ __forceinline__ bool vec8_ok(const void* ptr, const long long* st) {

@@ -151,6 +151,16 @@ conv = Switches(
                           "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "
                           "launch over all groups, the halo read once, block-diagonal MMAs only) before "
                           "grouped.py's packed supergroups (0.28-0.61x cuDNN on the sweep's ResNeXt layers)"),
+    GROUPED_RING_S2=(False, "the direct grouped forward at stride 2 with more tiles than 4 rounds of 3 resident "
+                            "blocks (ResNeXt's N >= 32 strided layers) on one block a SM with a ring of up to 6 "
+                            "halo buffers in flight instead of 2 blocks of 2; off: measured slower (H200, N128: "
+                            "0.235 / 0.123 / 0.069 ms against 0.187 / 0.099 / 0.065), the packed plan serves"),
+    GROUPED_RING_S1=(False, "the same ring for the stride-1 direct forward and backward data (as measured: 3 blocks "
+                            "a SM of two buffers; the ring is the candidate for N128's 7 x 7 / 14 x 14 layers)"),
+    GROUPED_WGRAD_BLOCKS=(0, "blocks a SM the direct grouped backward filter's splits plan for (0: as measured, "
+                             "grouped_direct.WGRAD_MEASURED, else 1)"),
+    GROUPED_RING_ROUNDS=(4, "GROUPED_RING_S2 applies past this many rounds of 3 resident blocks a SM (below it, two "
+                            "buffers in 2-3 blocks a SM)"),
     TC_STAGED_PLAIN=(False, "the plain tensor-core forward through the shared-memory staged epilogue too "
                             "(FLAG_STAGED; the fused bias / z / activation and beta != 0 always take it)"),
     TC_FORCE=({}, "direction -> a tiling used instead of the model's choice: (BM, BN) for fwd_tc / "

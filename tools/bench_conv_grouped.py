@@ -5,6 +5,8 @@ beside cuDNN through PyTorch (cudnn.benchmark on), in the same run.
     python3 tools/bench_conv_grouped.py              # N = 32, the 7 layers (about 20 s with compiles)
     python3 tools/bench_conv_grouped.py --n 8 --n 128
     python3 tools/bench_conv_grouped.py --n 8 --n 128 --dirs fwd,bwd_data --layers 0,1,2,3 --out $OUT
+    python3 tools/bench_conv_grouped.py --n 128 --n 32 --n 8 --dirs fwd,bwd_filter --fwd-layers 4,5,6
+        (every backward filter, the strided forwards: about 30 rows, ~20 s after the kernels are built)
 
 Timing: CUDA-graph device time on both sides (sweep_common.graph_ms, as tools/sweep_conv.py), events where
 a side cannot be captured (--events: always events). Each row also checks pydnn's result against PyTorch's
@@ -16,6 +18,7 @@ an H200 at 0.076 / 0.040 / 0.025; pydnn before this path 0.529 / 0.163 / 1.111).
 """
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +42,10 @@ def _kernel(h, direction, algo, conv, xd, wd, yd):
     from pydnn.ops.convolution import plans as CP
     pl = CP.new_plan(h, direction, algo, conv, xd, wd, yd)
     e = getattr(pl, "gemm_expr", None) or type(pl).__name__
-    return e.split("<")[0].split("::")[-1]
+    e = e.split("<")[0].split("::")[-1]
+    if hasattr(pl, "stages"):   # grouped_direct: the ring's stages (and the backward filter's splits)
+        e += f" st{pl.stages}" + (f" sp{pl.splits} r{pl.rows} nt{pl.nt} b{pl.resident}" if hasattr(pl, "partial_bytes") else "")
+    return e
 
 
 def _ms(h, fn, events):
@@ -113,6 +119,14 @@ def main():
     ap.add_argument("--n", type=int, action="append")
     ap.add_argument("--dirs", default=",".join(DIRS), help="comma-separated: fwd, bwd_data, bwd_filter")
     ap.add_argument("--layers", default="", help="indices into LAYERS, comma-separated (default: all)")
+    ap.add_argument("--fwd-layers", default="", help="the forward rows only for these LAYERS indices (default: "
+                    "those of --layers)")
+    ap.add_argument("--variant", action="append", default=[], help="(repeatable) ""then the rows of --variant-dirs / --variant-layers again with "
+                    "these tuning settings (PYDNN_TUNING syntax), e.g. conv.GROUPED_RING_ROUNDS=0")
+    ap.add_argument("--variant-n", type=int, action="append", help="the variant's N (default: --n)")
+    ap.add_argument("--variant-dirs", default="fwd", help="the variant's directions (comma-separated)")
+    ap.add_argument("--variant-layers", default="", help="the variant's forward rows (LAYERS indices; default: "
+                    "--fwd-layers)")
     ap.add_argument("--events", action="store_true", help="event timing (default: CUDA graphs)")
     ap.add_argument("--out", default="", help="also write the table to OUT/bench_conv_grouped.txt")
     ap.add_argument("--narrow-n", type=int, action="append", default=[],
@@ -120,6 +134,7 @@ def main():
     a = ap.parse_args()
     dirs = tuple(a.dirs.split(","))
     layers = [LAYERS[int(i)] for i in a.layers.split(",")] if a.layers else LAYERS
+    fwd_layers = [LAYERS[int(i)] for i in a.fwd_layers.split(",")] if a.fwd_layers else layers
     lines = []
 
     def say(t):
@@ -146,13 +161,31 @@ def main():
     for n in a.n or [32]:
         for c, hw, stride in layers:
             name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "")
-            for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, dirs, a.events):
+            ldirs = tuple(d for d in dirs if d != "fwd" or (c, hw, stride) in fwd_layers)
+            if not ldirs:
+                continue
+            for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, ldirs, a.events):
                 r = ms_t / ms_p
                 ratios.append(r)
                 say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} {r:6.2f}x "
                     f"{err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     say(f"geomean {geo:.3f}x cuDNN, min {min(ratios):.3f}x over {len(ratios)} rows")
+    from pydnn import tuning
+    for vi, variant in enumerate(a.variant):
+        tuning.reset()   # each variant on top of PYDNN_TUNING only
+        tuning.apply_environment(os.environ.get("PYDNN_TUNING", "") + ";" + variant)
+        say(f"variant {vi}: {variant}")
+        vlayers = [LAYERS[int(i)] for i in a.variant_layers.split(",")] if a.variant_layers else fwd_layers
+        for n in a.variant_n or a.n or [32]:
+            for c, hw, stride in vlayers:
+                name = f"N{n} 3x3 g32 {c}->{c} @{hw}" + (f" /{stride}" if stride > 1 else "") + f" [v{vi}]"
+                vdirs = tuple(d for d in a.variant_dirs.split(",") if d != "fwd" or (c, hw, stride) in fwd_layers)
+                if not vdirs:
+                    continue
+                for what, algo, kern, ms_p, ms_t, err, tm in layer(h, n, c, hw, stride, vdirs, a.events):
+                    say(f"{name:34s} {what:10s} {int(algo):4d} {kern:30s} {ms_p:9.4f} {ms_t:9.4f} "
+                        f"{ms_t / ms_p:6.2f}x {err:8.1e} {tm}" + ("  ERROR > 2e-2" if not err <= 2e-2 else ""))
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bench_conv_grouped.txt").write_text("\n".join(lines) + "\n")

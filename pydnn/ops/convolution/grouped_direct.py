@@ -38,6 +38,12 @@ from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR
 SOURCE = "conv_grouped.cu"
 CHANNELS = 64                     # channels of a block (kGdChannels)
 THREADS = 128
+WTHREADS = 256                    # the backward filter's 8 warps (kGwThreads)
+MAX_STAGES = 6                    # kGdMaxStages: ring buffers
+RING_SMEM = 200 * 1024            # one block a SM: the ring's budget on sm_90 (its 227 KiB opt-in less a margin;
+RING_SMEM_SM80 = 160 * 1024       # sm_80: 163 KiB; other archs MAX_SMEM_SMALL: 99 KiB)
+MAX_SMEM_SMALL = 96 * 1024
+WGRAD_RED_BYTES = 4 * 9 * 8 * 32 * 4   # the backward filter's end: warps h = 1 hand 9 x 8 sums a lane over
 TILES = ((8, 16), (8, 8))         # output tile (TH, TW): 8 x 16 where the rows are wide, else 8 x 8
 TILE2 = (8, 16)                   # stride-2 backward data (MODE 1): the dx tile
 WIDTHS = (4, 8, 16, 32)           # C/g == K/g served
@@ -45,6 +51,7 @@ MAX_SMEM = 160 * 1024             # a block's fragments + 2 halos (3 blocks a SM
 RESIDENT = 3                      # blocks a SM the persistent grid plans for (registers: 3 of 128 threads)
 PACK_TRANSPOSE = 4096             # kGdPackTranspose
 DRAM_GBPS = 3000.0                # the model's rates (H200: ~4.8 TB/s peak, ~3 sustained by copies)
+L2_GBPS = 6000.0                  # L2 -> SM copies (the backward filter's row blocks re-read a tile there)
 SMEM_BYTES_PER_CLK = 128
 CLOCK_GHZ = 1.7
 
@@ -71,8 +78,11 @@ def pack_expr(tag):
     return f"pydnn::conv::grouped_frag_pack<{CTYPE[tag]}>"
 
 
-def wgrad_expr(tag, k_parts, tile):
-    return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}>"
+WGRAD_NT = (9, 3, 0)               # the 8-warp kernel's compile-time tap counts (0: RB * S at run time)
+
+
+def wgrad_expr(tag, k_parts, tile, nt=0):
+    return f"pydnn::conv::grouped_wgrad_tc<{CTYPE[tag]}, {k_parts}, {tile[0]}, {tile[1]}, {nt}>"
 
 
 def wfold_expr(tag):
@@ -84,12 +94,12 @@ def exprs(tag, k_parts):
 
 
 def wexprs(tag):
-    return [wgrad_expr(tag, k, t) for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
+    return [wgrad_expr(tag, k, t, nt) for nt in WGRAD_NT for k in (1, 2) for t in TILES] + [wfold_expr(tag)]
 
 
 def wgrad_max_taps(width):
-    """grouped_wgrad_tc's MAXT: the taps a block sums in registers."""
-    return 9 if nk(width) == 1 else 3
+    """grouped_wgrad_tc's MAXT: the taps a block sums in registers (every width: 8 warps of 16 x 16 channels)."""
+    return 9
 
 
 def wgrad_rows(width, filt):
@@ -100,11 +110,32 @@ def wgrad_rows(width, filt):
     return 1 if filt[1] <= wgrad_max_taps(width) else None
 
 
-def wgrad_smem(tile, rows, filt, stride, dil):
-    """Two stages of (dy's tile, the x halo of the block's filter rows)."""
+def wgrad_stage(tile, rows, filt, stride, dil):
+    """One ring stage: dy's tile and the x halo of the block's filter rows."""
     hh = (tile[0] - 1) * stride[0] + (rows - 1) * dil[0] + 1
     hw = (tile[1] - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
-    return 2 * (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
+    return (tile[0] * tile[1] + hh * hw) * CHANNELS * 2
+
+
+def wgrad_smem(tile, rows, filt, stride, dil, stages=2):
+    """`stages` ring stages (at least the end's hand-over of the sums)."""
+    return max(stages * wgrad_stage(tile, rows, filt, stride, dil), WGRAD_RED_BYTES)
+
+
+def ring_smem(arch):
+    """A one-block-a-SM ring's shared-memory budget on `arch` ('sm_90')."""
+    try:
+        cc = int(str(arch)[3:].rstrip("a"))
+    except ValueError:
+        cc = 0
+    return RING_SMEM if cc >= 90 else RING_SMEM_SM80 if cc in (80, 87) else MAX_SMEM_SMALL
+
+
+def ring_stages(stage_bytes, fixed_bytes, tiles_per_block, budget=RING_SMEM):
+    """The most ring stages (2 .. MAX_STAGES) that fit `budget` beside fixed_bytes, no more than a block's
+    tiles need (one computed, the rest in flight)."""
+    st = (budget - fixed_bytes) // max(stage_bytes, 1)
+    return max(2, min(MAX_STAGES, st, tiles_per_block + 1))
 
 
 for _t in TC_TAGS:
@@ -119,10 +150,10 @@ def _halo(tile, filt, stride, dil, mode=0):
     return [(tile[i] - 1) * stride[i] + (filt[i] - 1) * dil[i] + 1 for i in range(2)]
 
 
-def smem_bytes(width, tile, filt, stride, dil, mode=0):
-    """The fragments + two halo buffers (the next tile's copied while this one's MMAs run)."""
+def smem_bytes(width, tile, filt, stride, dil, mode=0, stages=2):
+    """The fragments + `stages` halo buffers (the next stages - 1 tiles' copied while this one's MMAs run)."""
     hh, hw = _halo(tile, filt, stride, dil, mode)
-    return prod(filt) * nk(width) * 2048 + 2 * hh * hw * CHANNELS * 2
+    return prod(filt) * nk(width) * 2048 + stages * hh * hw * CHANNELS * 2
 
 
 def choose_tile(pb_out_w, width, filt, stride, dil):
@@ -212,16 +243,30 @@ class GroupedDirectPlan(StepPlan):
                 and pb.n * cdiv(out_hw[0], 8) * cdiv(out_hw[1], 16) * (pb.c // CHANNELS) < max(handle.sm_count, 1)):
             self.tile = TILES[1]   # fewer 8 x 16 tiles than SMs (small batches): twice as many 8 x 8 blocks
         th, tw = self.tile
-        self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode)
         self.tiles = pb.n * cdiv(out_hw[0], th) * cdiv(out_hw[1], tw)
         cbs = pb.c // CHANNELS
-        slots = RESIDENT * max(handle.sm_count, 1)
+        sms = max(handle.sm_count, 1)
+        self.stages, self.resident = 2, RESIDENT
+        from ... import tuning
+        ring = (tuning.conv.GROUPED_RING_S2 if direction == DIR_FWD and max(stride) > 1
+                else tuning.conv.GROUPED_RING_S1 and self.mode == 0)
+        if ring and self.tiles * cbs > tuning.conv.GROUPED_RING_ROUNDS * RESIDENT * sms:
+            # the large strided forwards: one block a SM, a deeper ring of halos in flight
+            hh, hw = _halo(self.tile, filt, stride, dil)
+            frag = taps * self.k_parts * 2048
+            st = ring_stages(hh * hw * CHANNELS * 2, frag, cdiv(self.tiles * cbs, sms), ring_smem(handle.arch))
+            if st > 2:
+                self.stages, self.resident = st, 1
+        self.smem = smem_bytes(width, self.tile, filt, stride, dil, self.mode, self.stages)
+        slots = self.resident * sms
         # persistent where the tiles fill more than two rounds of the resident blocks: per_block tiles a block
-        per_block = 1 if self.tiles * cbs <= 2 * slots else cdiv(self.tiles * cbs, slots)
+        per_block = (1 if self.resident > 1 and self.tiles * cbs <= 2 * slots   # (the ring: always persistent)
+                     else cdiv(self.tiles * cbs, slots))
         blocks_x = cdiv(self.tiles, per_block)
         if blocks_x > 2**31 - 1:
             raise PydnnError(NS, "the grouped direct kernel's grid exceeds 2^31 - 1 blocks (split the batch)")
         self.grid = (blocks_x, cbs, 1)
+        p.gn = self.stages
         self.gemm = p
         self.gemm_expr = expr(pb.tag, self.k_parts, self.tile, self.mode)
         self.gemm_argv = driver.kernel_args(p)
@@ -272,7 +317,7 @@ class GroupedDirectPlan(StepPlan):
         a_bytes = blocks * cdiv(th * tw, 64) * 64 * taps * CHANNELS * it
         sms = max(handle.sm_count, 1)
         t_smem = a_bytes / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
-        per_wave = 3 * sms
+        per_wave = self.resident * sms
         fill = blocks / (cdiv(blocks, per_wave) * per_wave)
         return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
@@ -282,8 +327,42 @@ def wgrad_tile(out_w, stride=(1, 1)):
     return TILES[0] if out_w > 8 and max(stride) == 1 else TILES[1]
 
 
-WGRAD_BLOCKS_PER_SM = 2     # splits: about this many blocks a SM (two stages of ~39-78 KiB: 2 resident)
+WGRAD_BLOCKS_PER_SM = 1     # splits: one block of 8 warps a SM (its ring up to RING_SMEM)
 WGRAD_MAX_PARTIALS = 64 << 20
+# (C/g, strided) -> blocks a SM the direct backward filter's splits plan for (0: WGRAD_BLOCKS_PER_SM) where it
+# measured faster than grouped.py's packed plan; absent: the packed plan (_direct_measured_faster;
+# tuning.conv.GROUPED_WGRAD_BLOCKS overrides the blocks).
+# Mid-session run 3 (H200, graph timing, ms direct 8-warp NT / packed, cuDNN):
+#   C/g 4:  N128 0.141 / -, 0.252 (1.79x); N8 0.019 / -, 0.031 (1.60x)   (the 4-warp kernel: 0.292 at N128)
+#   C/g 8:  N128 0.090 / 0.163, 0.072; N8 0.0187 / 0.0197, 0.0147; stride 2 N128 0.184 / 0.164, N8 0.0245 /
+#           0.0195: direct at stride 1 only
+#   C/g 16: N128 0.109 / 0.091 (stride 2 0.196 / 0.092), N8 0.023 / 0.015; C/g 32: N128 0.098 / 0.057, N8
+#           0.024 / 0.017: packed
+WGRAD_MEASURED = {(4, False): 0, (4, True): 0, (8, False): 0}
+
+
+def wgrad_model_ms(pb, sms, tile, rows, splits):
+    """The backward filter's model: max(DRAM: dy, x's halos (a tile's row blocks run side by side: their
+    repeats from L2, the loads capped at 1.5x dy and x), the fp32 partials written and read by the fold;
+    L2: every block's copies; shared memory: the B fragments, 128 bytes a pixel a tap and k16 part, and A)
+    over the filled part of one block a SM, plus two launches."""
+    it = 2
+    th, tw = tile
+    filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
+    row_blocks = filt[0] // rows
+    hh = (th - 1) * stride[0] + (rows - 1) * dil[0] + 1
+    hw = (tw - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
+    cbs = pb.c // CHANNELS
+    tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
+    partial_bytes = splits * pb.k * prod(filt) * pb.cg * 4
+    loads = tiles * cbs * row_blocks * (th * tw + hh * hw) * CHANNELS * it
+    dram = min(loads, 1.5 * (pb.n * prod(pb.out3) + pb.n * prod(pb.in3)) * pb.c * it) + 2 * partial_bytes
+    t_dram = dram / (DRAM_GBPS * 1e6)
+    t_l2 = loads / (L2_GBPS * 1e6)
+    smem = tiles * cbs * th * tw * CHANNELS * it * (prod(filt) * nk(pb.cg) + row_blocks)
+    t_smem = smem / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
+    fill = min(1.0, splits * row_blocks * cbs / sms)
+    return max(t_dram, t_l2, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
 
 
 class GroupedWgradPlan(StepPlan):
@@ -296,23 +375,41 @@ class GroupedWgradPlan(StepPlan):
         width, taps = pb.cg, prod(pb.filt3)
         self.k_parts = nk(width)
         filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
-        self.rows = wgrad_rows(width, filt)
-        self.row_blocks = filt[0] // self.rows
+        from ... import tuning
+        measured = WGRAD_MEASURED.get((width, max(stride) > 1)) or 0
+        per_sm = tuning.conv.GROUPED_WGRAD_BLOCKS or measured or WGRAD_BLOCKS_PER_SM
         self.tile = wgrad_tile(pb.out3[2], stride)
         th, tw = self.tile
-        self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil)
         cbs = pb.c // CHANNELS
         self.tiles = pb.n * cdiv(pb.out3[1], th) * cdiv(pb.out3[2], tw)
+        if self.tiles >= 2**31:
+            raise PydnnError(NS, "the grouped backward filter walks at most 2^31 - 1 tiles (split the batch)")
         per_split = pb.k * taps * width * 4
-        splits = cdiv(WGRAD_BLOCKS_PER_SM * max(handle.sm_count, 1), self.row_blocks * cbs)
-        splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // self.row_blocks))
+        sms = max(handle.sm_count, 1)
+        # all the filter rows a block, or one (more blocks a split: fewer splits of partials where the
+        # tiles are few), by the model
+        best = None
+        for rows in dict.fromkeys((wgrad_rows(width, filt), 1)):
+            row_blocks = filt[0] // rows
+            # the NT = 3, C/g <= 16 kernels hold <= 122 registers: two blocks a SM (half the ring each)
+            pair = 2 if rows * filt[1] == 3 and self.k_parts == 1 else 1
+            splits = cdiv(per_sm * pair * sms, row_blocks * cbs)
+            splits = max(1, min(splits, self.tiles, WGRAD_MAX_PARTIALS // per_split, 65535 * 16 // row_blocks))
+            cost = wgrad_model_ms(pb, sms, self.tile, rows, splits)
+            if best is None or cost < best[0]:
+                best = (cost, rows, row_blocks, splits, pair)
+        _, self.rows, self.row_blocks, splits, self.resident = best
         self.splits = splits
+        self.stages = ring_stages(wgrad_stage(self.tile, self.rows, filt, stride, dil), 0, cdiv(self.tiles, splits),
+                                  ring_smem(handle.arch) // self.resident)
+        self.smem = wgrad_smem(self.tile, self.rows, filt, stride, dil, self.stages)
         self.grid = (splits * self.row_blocks, cbs, 1)
         p = base_params(pb, DIR_BWD_FILTER)
         p.flags = 0
-        p.gk, p.gm, p.splits = self.rows, self.row_blocks, splits
+        p.gk, p.gm, p.gn, p.splits = self.rows, self.row_blocks, self.stages, splits
         self.gemm = p
-        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile)
+        self.nt = self.rows * filt[1] if self.rows * filt[1] in WGRAD_NT else 0
+        self.gemm_expr = wgrad_expr(pb.tag, self.k_parts, self.tile, self.nt)
         self.gemm_argv = driver.kernel_args(p)
         self.gemm_func = None
         self.partial_bytes = splits * per_split
@@ -339,30 +436,14 @@ class GroupedWgradPlan(StepPlan):
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w, p.out = a_ptr, b_ptr, ws_ptr
-        driver.launch_args(self.gemm_func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
+        driver.launch_args(self.gemm_func, self.grid, (WTHREADS, 1, 1), self.smem, handle.cu_stream, self.gemm_argv)
         f = self.fold_params
         f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
         f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
         self.run_step(handle, self.fold_step)
 
     def estimate_ms(self, handle, base_estimate):
-        """max(DRAM: dy, x's halos, the partials twice; shared memory: the B fragments, 128 bytes a pixel a
-        tap, and A) over the filled waves, plus the fold's launch."""
-        pb, it = self.problem, 2
-        th, tw = self.tile
-        filt, stride, dil = pb.filt3[1:], pb.stride3[1:], pb.dil3[1:]
-        hh = (th - 1) * stride[0] + (self.rows - 1) * dil[0] + 1
-        hw = (tw - 1) * stride[1] + (filt[1] - 1) * dil[1] + 1
-        cbs = self.grid[1]
-        loads = self.tiles * cbs * self.row_blocks * (th * tw + hh * hw) * CHANNELS * it
-        dram = min(loads, 1.5 * (pb.n * prod(pb.out3) + pb.n * prod(pb.in3)) * pb.c * it) + 2 * self.partial_bytes
-        t_dram = dram / (DRAM_GBPS * 1e6)
-        smem = self.tiles * cbs * th * tw * CHANNELS * it * (prod(filt) * self.k_parts + self.row_blocks)
-        sms = max(handle.sm_count, 1)
-        t_smem = smem / (sms * SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e6)
-        blocks = self.grid[0] * self.grid[1]
-        fill = min(1.0, blocks / (3 * sms))
-        return max(t_dram, t_smem) / max(fill, 0.25) + 2 * LAUNCH_MS
+        return wgrad_model_ms(self.problem, max(handle.sm_count, 1), self.tile, self.rows, self.splits)
 
 
 def load_function(handle, unit_name, expr_text, smem):
@@ -401,12 +482,14 @@ def _direct_measured_faster(handle, pb, direction, pl):
         0.0075-0.0144 / 0.019-0.027); stride-2 backward data has no packed rival here (dgrad_phases).
       forward at stride 2: at N 8 (0.0088-0.0141 / 0.019-0.021), not at N 128 (0.187 / 0.178, 0.099 / 0.097,
         0.065 / 0.054): direct while its tiles fill at most 4 rounds of the resident blocks.
-      backward filter: only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325); 1.1-2.7x slower than the
-        packed plan for C/g = 8, 16, 32 (its per-tile fp32 sums over 9 taps x 2-4 n8 chunks a warp)."""
+      backward filter (the first, 4-warp kernel): only C/g = 4 (N128 0.292 / 0.307, N8 0.0315 / 0.0325);
+        1.1-2.7x slower than the packed plan for C/g = 8, 16, 32. The 8-warp kernel with compile-time taps:
+        C/g = 4 and C/g = 8 at stride 1 (WGRAD_MEASURED holds run 3's numbers).
+    The large strided forwards on one block a SM with the deeper ring (tuning.conv.GROUPED_RING_S2) too."""
     if direction == DIR_BWD_FILTER:
-        return pb.cg == 4
+        return (pb.cg, max(pb.stride3) > 1) in WGRAD_MEASURED
     if direction == DIR_FWD and max(pb.stride3) > 1:
-        return pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
+        return pl.stages > 2 or pl.tiles * pl.grid[1] <= 4 * RESIDENT * max(handle.sm_count, 1)
     return True
 
 

@@ -58,7 +58,10 @@ def test_resnext_layers_rank_the_direct_kernel_first(arch, sms, n, c, hw, stride
     assert pl.k_parts == (2 if c // 32 == 32 else 1)
     wide = stride == 1 and hw // stride > 8 and n * -(-hw // 8) * -(-hw // 16) * (c // 64) >= sms
     assert pl.tile == ((8, 16) if wide else (8, 8))
-    assert pl.smem <= (113 if stride == 2 else 75) * 1024   # 3 blocks a SM (2 for the stride-2 halos)
+    if pl.stages > 2:   # the large strided forwards: one block a SM, a deeper ring
+        assert stride == 2 and pl.resident == 1 and pl.smem <= GD.ring_smem(arch) and pl.gemm.gn == pl.stages
+    else:
+        assert pl.smem <= (113 if stride == 2 else 75) * 1024   # 3 blocks a SM (2 for the stride-2 halos)
     top = pydnn.get_convolution_backward_data_algorithm_v7(h, w, y, conv, x, 16)[0]
     assert top.algo == BWD_D1
     pl = P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)
@@ -337,6 +340,8 @@ GPU_CASES = [  # xdims, k, filt, pad, stride, dil, groups, filter NHWC
     ((2, 64, 12, 10), 64, (5, 5), (2, 1), (2, 2), (1, 1), 8, True),
     ((2, 256, 17, 20), 256, (3, 3), (1, 1), (2, 2), (1, 1), 32, True),
     ((1, 64, 13, 14), 64, (3, 3), (1, 1), (3, 3), (1, 1), 4, True),
+    ((3, 512, 11, 9), 512, (3, 3), (1, 1), (2, 2), (1, 1), 64, True),
+    ((3, 2048, 5, 7), 2048, (3, 3), (1, 1), (1, 1), (1, 1), 64, True),
 ]
 
 
@@ -376,10 +381,12 @@ def test_gpu_cases_plan_the_direct_path():
 # ----------------------------------------------------------------------------- backward filter
 
 def emulate_wgrad(pl, xv, dyv):
-    """grouped_wgrad_tc (per split, row block, channel block and warp: the tiles split, split + splits,
-    ..., dy's tile zero outside the image, the x halo of the block's filter rows, each warp's 16 output
-    channels against its n8 chunks tap by tap, the diagonal entries written as partials [split][K][taps]
-    [C/g]) and grouped_wgrad_fold (splits added in order, the CONVOLUTION flip) -> dw (K, C/g, R, S)."""
+    """grouped_wgrad_tc (per split, row block, channel block and warp w = 4 h + q: the tiles split, split +
+    splits, ..., dy's tile zero outside the image, the x halo of the block's filter rows, each warp's 16
+    output channels 16q.. against its 2 n8 chunks nb, nb + 1 tap by tap: C/g <= 16 nb = 2q and the k16 steps
+    of parity h, the halves added at the end; C/g = 32 nb = 4 (q / 2) + 2h, every step; the diagonal
+    entries written as partials [split][K][taps][C/g]) and grouped_wgrad_fold (splits added in order, the
+    CONVOLUTION flip) -> dw (K, C/g, R, S)."""
     p, pb = pl.gemm, pl.problem
     n, C = xv.shape[:2]
     c = pb.cg
@@ -389,18 +396,25 @@ def emulate_wgrad(pl, xv, dyv):
     TH, TW = pl.tile
     RB, row_blocks, splits = p.gk, p.gm, p.splits
     assert pl.grid == (splits * row_blocks, C // 64, 1) and RB * row_blocks == R
-    assert RB * S <= GD.wgrad_max_taps(c)
+    assert RB * S <= GD.wgrad_max_taps(c) and 2 <= p.gn <= GD.MAX_STAGES
+    assert pl.smem >= max(p.gn * GD.wgrad_stage(pl.tile, RB, (R, S), (sh, sw), (dh, dw)), GD.WGRAD_RED_BYTES)
     HH, HW = (TH - 1) * sh + (RB - 1) * dh + 1, (TW - 1) * sw + (S - 1) * dw + 1
     tiles_h, tiles_w = -(-OH // TH), -(-OW // TW)
     tiles = n * tiles_h * tiles_w
     taps = R * S
+    ksteps = TH * TW // 16
     part = np.full((splits, C, taps, c), np.nan)
     ky, kx = np.divmod(np.arange(TH * TW), TW)
+
+    def nb_of(w):
+        q, hh = w & 3, w >> 2
+        return 2 * q if pl.k_parts == 1 else 4 * (q >> 1) + 2 * hh
+
     for split in range(splits):
         for rb in range(row_blocks):
             r0 = rb * RB
             for cb in range(C // 64):
-                acc = np.zeros((4, RB * S, 2 * pl.k_parts, 16, 8))
+                acc = np.zeros((8, RB * S, 2, 16, 8))
                 for tile in range(split, tiles, splits):
                     q = tile
                     tw_i = q % tiles_w
@@ -416,22 +430,29 @@ def emulate_wgrad(pl, xv, dyv):
                         for hx in range(HW):
                             if 0 <= ih0 + hy < IH and 0 <= iw0 + hx < IW:
                                 halo[hy, hx] = xv[img, cb * 64:cb * 64 + 64, ih0 + hy, iw0 + hx]
-                    for w in range(4):
-                        nbase = 2 * w if pl.k_parts == 1 else 4 * (w >> 1)
-                        a = dyt[:, 16 * w:16 * w + 16]                      # (pixels, 16 o)
-                        for t in range(RB * S):
-                            B = halo[ky * sh + (t // S) * dh, kx * sw + (t % S) * dw]   # (pixels, 64 ci)
-                            for j in range(2 * pl.k_parts):
-                                acc[w, t, j] += a.T @ B[:, 8 * (nbase + j):8 * (nbase + j) + 8]
-                for w in range(4):
-                    nbase = 2 * w if pl.k_parts == 1 else 4 * (w >> 1)
+                    for w in range(8):
+                        qw, hh = w & 3, w >> 2
+                        nb = nb_of(w)
+                        for ks in range(ksteps):
+                            if pl.k_parts == 1 and ks % 2 != hh:
+                                continue
+                            sel = slice(16 * ks, 16 * ks + 16)
+                            a = dyt[sel, 16 * qw:16 * qw + 16]                       # (16 pixels, 16 o)
+                            for t in range(RB * S):
+                                B = halo[ky[sel] * sh + (t // S) * dh, kx[sel] * sw + (t % S) * dw]   # (16, 64 ci)
+                                for j in range(2):
+                                    acc[w, t, j] += a.T @ B[:, 8 * (nb + j):8 * (nb + j) + 8]
+                if pl.k_parts == 1:
+                    acc[:4] += acc[4:]                           # warps h = 1 hand their sums over
+                for w in range(4 if pl.k_parts == 1 else 8):
+                    qw, nb = w & 3, nb_of(w)
                     for t in range(RB * S):
                         tap = (r0 + t // S) * S + t % S
-                        for j in range(2 * pl.k_parts):
+                        for j in range(2):
                             for mi in range(16):
                                 for ni in range(8):
-                                    o = cb * 64 + 16 * w + mi
-                                    ci = cb * 64 + 8 * (nbase + j) + ni
+                                    o = cb * 64 + 16 * qw + mi
+                                    ci = cb * 64 + 8 * (nb + j) + ni
                                     if o // c == ci // c:
                                         part[split, o, tap, ci % c] = acc[w, t, j, mi, ni]
     assert not np.isnan(part).any(), "a partial no block writes"
@@ -446,7 +467,10 @@ WGRAD_EMU = [  # c, groups, hw, stride, filt, pad, dil, mode, n
     (128, 32, (9, 19), 1, 3, None, 1, XCORR, 2),     # C/g 4, 8 x 16 tiles, 2 images
     (256, 32, (7, 6), 2, 3, None, 1, CONV, 1),       # 8, stride 2, 8 x 8 tiles
     (128, 8, (10, 9), 1, 3, (2, 1), 2, XCORR, 1),    # 16, dilation
-    (128, 4, (6, 11), 1, 3, None, 1, CONV, 1),       # 32 (NK 2: one filter row a block)
+    (128, 4, (6, 11), 1, 3, None, 1, CONV, 1),       # 32 (NK 2: the warp pairs split the input channels)
+    (128, 4, (9, 7), 2, 3, None, 1, XCORR, 3),       # 32, stride 2, odd sizes, 3 images
+    (1024, 32, (5, 3), 1, 3, None, 1, CONV, 2),      # 32, few tiles: one filter row a block (the model)
+    (256, 32, (9, 7), 2, 3, None, 1, XCORR, 3),      # 8, stride 2, odd sizes: one row a block
     (64, 8, (9, 9), 1, 5, (2, 2), 1, XCORR, 1),      # 8, 5x5: one row a block
     (128, 16, (12, 18), 1, 1, None, 1, XCORR, 1),    # 1x1
 ]
@@ -454,6 +478,7 @@ WGRAD_EMU = [  # c, groups, hw, stride, filt, pad, dil, mode, n
 
 @pytest.mark.parametrize("case", WGRAD_EMU, ids=[f"c{e[0]}g{e[1]}s{e[3]}f{e[4]}" for e in WGRAD_EMU])
 def test_emulated_backward_filter_matches_reference(case):
+    # (the cases cover both of the model's row choices: test_emulated_cases_cover_both_row_choices)
     c, groups, hw, stride, filt, pad, dil, mode, n = case
     conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
     h = cpu_handle("sm_90", 132)
@@ -471,25 +496,38 @@ def test_emulated_backward_filter_matches_reference(case):
 
 def test_wgrad_splits_and_rows():
     h = cpu_handle("sm_90", 132)
-    for c, hw, n, rows, kp in ((128, 56, 8, 3, 1), (1024, 7, 128, 1, 2), (512, 14, 32, 3, 1)):
+    for c, hw, n, rows, kp in ((128, 56, 8, 3, 1), (1024, 7, 128, 1, 2), (512, 14, 32, 1, 1), (256, 28, 128, 3, 1)):
         conv, x, w, y = _descs(c, c, hw, 32, n=n)
         pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
         assert type(pl) is GD.GroupedWgradPlan and pl.rows == rows and pl.k_parts == kp
+        assert pl.rows * pl.row_blocks == 3 and pl.grid[0] == pl.splits * pl.row_blocks
+        # the model's pick: one filter row a block where the tiles are few (fewer splits of partials), all
+        # three where a tile's dy and x would be copied three times over many tiles
+        other = 4 - rows
+        osplits = max(1, min(-(-132 // ((3 // other) * (c // 64))), pl.tiles))
+        assert GD.wgrad_model_ms(pl.problem, 132, pl.tile, rows, pl.splits) <= GD.wgrad_model_ms(
+            pl.problem, 132, pl.tile, other, osplits)
         assert 1 <= pl.splits <= pl.tiles and pl.workspace >= pl.partial_bytes == pl.splits * c * 9 * (c // 32) * 4
         assert pl.grid[0] * pl.grid[1] >= 132 or pl.splits == pl.tiles
-        assert pl.smem <= 113 * 1024   # 2 blocks a SM
+        assert pl.smem <= GD.ring_smem("sm_90") and 2 <= pl.stages <= GD.MAX_STAGES and pl.gemm.gn == pl.stages
+        assert pl.stages == 2 or pl.smem == pl.stages * GD.wgrad_stage(pl.tile, rows, (3, 3), (1, 1), (1, 1))
+        assert pl.stages <= -(-pl.tiles // pl.splits) + 1   # no stage for a tile the block never walks
         g = pl.fold_params.channels   # the fold's lanes an element: a power of two covering the splits, <= 32
         assert g & (g - 1) == 0 and g <= 32 and (g >= pl.splits or g == 32) and (g == 1 or g // 2 < pl.splits)
         assert pl.steps[pl.fold_step][2][0] * 256 >= c * 9 * (c // 32) * g
-    conv, x, w, y = _descs(128, 128, 14, 4, filt=5)   # C/g 32 with 5 taps a row: refused, packed path
+    conv, x, w, y = _descs(128, 128, 14, 4, filt=5)   # C/g 32, 5x5: one filter row a block
+    pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+    assert type(pl) is GD.GroupedWgradPlan and (pl.rows, pl.row_blocks) == (1, 5)
+    conv, x, w, y = _descs(128, 128, 14, 4, filt=11)   # 11 taps a row: refused, packed path
     assert "exceeds" in GD.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_FILTER)
     assert type(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)) is G.GroupedPlan
 
 
 def test_measured_rule_picks_direct_or_packed(monkeypatch):
-    """GROUPED_DIRECT_ALWAYS off (the default): direct forward / backward data (stride-2 forwards only while
-    their tiles fill <= 4 rounds of the resident blocks), direct backward filter for C/g = 4 only; else the
-    packed plan (grouped_direct._direct_measured_faster's numbers)."""
+    """GROUPED_DIRECT_ALWAYS off (the default): direct forward / backward data, the backward filter for C/g = 4
+    and C/g = 8 at stride 1 (the 8-warp kernel); the stride-2 forwards direct while their tiles fill <= 4 rounds of the resident blocks, beyond that
+    the packed plan, or with GROUPED_RING_S2 the one-block-a-SM ring (grouped_direct._direct_measured_faster's
+    numbers)."""
     monkeypatch.setattr(tuning.conv, "GROUPED_DIRECT_ALWAYS", False)
     h = cpu_handle("sm_90", 132)
     for n in (8, 32, 128):
@@ -498,8 +536,90 @@ def test_measured_rule_picks_direct_or_packed(monkeypatch):
             cg = c // 32
             fwd = P.new_plan(h, Pb.DIR_FWD, FWD_PRE, conv, x, w, y)
             tiles = n * (-(-(hw // stride) // 8)) ** 2 * (c // 64)   # 8 x 8 tiles at stride 2
-            assert type(fwd) is (GD.GroupedDirectPlan if stride == 1 or tiles <= 4 * 3 * 132 else G.GroupedPlan)
+            big = stride == 2 and tiles > 4 * 3 * 132
+            assert type(fwd) is (G.GroupedPlan if big else GD.GroupedDirectPlan)
+            assert big or (fwd.stages == 2 and fwd.resident == 3 and fwd.smem <= 113 * 1024)
             bd = P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)
-            assert type(bd) is GD.GroupedDirectPlan
+            assert type(bd) is GD.GroupedDirectPlan and bd.stages == 2 and bd.gemm.gn == 2
             bf = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
-            assert type(bf) is (GD.GroupedWgradPlan if cg == 4 else G.GroupedPlan), (n, c, hw, stride)
+            direct = cg == 4 or (cg == 8 and stride == 1)   # WGRAD_MEASURED
+            assert type(bf) is (GD.GroupedWgradPlan if direct else G.GroupedPlan), (n, c, hw, stride, cg)
+            assert not direct or bf.nt in (9, 3)
+            if big:
+                monkeypatch.setattr(tuning.conv, "GROUPED_RING_S2", True)
+                fwd = P.new_plan(h, Pb.DIR_FWD, FWD_PRE, conv, x, w, y)
+                assert type(fwd) is GD.GroupedDirectPlan and fwd.stages > 2 and fwd.resident == 1
+                assert fwd.smem <= GD.ring_smem("sm_90")
+                monkeypatch.setattr(tuning.conv, "GROUPED_RING_S2", False)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5, 6])
+def test_ring_schedule(stages):
+    """The ring of grouped_direct_tc / grouped_wgrad_tc, replayed: the prologue copies tiles 0 .. NS - 2 into
+    stages 0 .. NS - 2, iteration i copies tile i + NS - 1 into the stage iteration i - 1 computed from (the
+    trailing __syncthreads protects it), waits until at most NS - 1 commit groups are pending
+    (cp_async_wait_pending) and computes stage i % NS: that stage holds tile i, its group has landed, and no
+    copy is ever issued into the stage being computed."""
+    for tiles in range(1, 3 * stages + 3):
+        holds, groups, done = {}, [], set()
+        for i in range(stages - 1):   # the prologue (an empty group where the tile does not exist)
+            groups.append(i if i < tiles else None)
+            if i < tiles:
+                holds[i] = i
+        buf = 0
+        for i in range(tiles):
+            ahead = i + stages - 1
+            dst = stages - 1 if buf == 0 else buf - 1
+            assert dst != buf
+            groups.append(ahead if ahead < tiles else None)
+            if ahead < tiles:
+                assert dst not in holds or holds[dst] < i   # only a stage already computed is overwritten
+                holds[dst] = ahead
+            pending = stages - 1   # wait_group: all but the newest NS - 1 groups complete
+            done |= {g for g in groups[:len(groups) - pending] if g is not None}
+            assert holds[buf] == i and i in done
+            buf = buf + 1 if buf + 1 < stages else 0
+
+
+def test_wgrad_kernels_compile_without_spills():
+    """The 8-warp backward filter keeps its 9 x 2 x 4 sums a lane in registers (ptxas sm_90: no stack frame,
+    no spills; one block of 256 threads a SM allows 255 registers)."""
+    import re
+    if not _nvrtc_ok() or os.environ.get("PYDNN_SKIP_SLOW_COMPILE") == "1":
+        pytest.skip("no NVRTC")
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+    name = GD.wunit("bf16")
+    unit = [u for u in P.kernel_units(name) if u.name == name][0]
+    text, _ = cache.unit_inputs(unit)
+    _, _, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
+                                    COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    assert len(frames) == len(unit.exprs)
+    assert all(int(a) == 0 and int(b) == 0 for a, b in frames), frames
+
+
+def test_emulated_cases_cover_both_row_choices():
+    h = cpu_handle("sm_90", 132)
+    rows = set()
+    for c, groups, hw, stride, filt, pad, dil, mode, n in WGRAD_EMU:
+        if filt == 3:
+            conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
+            rows.add(P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y).rows)
+    assert rows == {1, 3}
+
+
+def test_wgrad_compile_time_taps():
+    """The 8-warp backward filter's NT: 9 for a 3x3 block of all rows, 3 for one row of 3, else 0 (the tap
+    count at run time); the expression names it and the unit holds every (NT, NK, tile)."""
+    h = cpu_handle("sm_90", 132)
+    seen = set()
+    for c, groups, hw, stride, filt, pad, dil, mode, n in WGRAD_EMU:
+        conv, x, w, y = _descs(c, c, hw, groups, stride, n=n, filt=filt, mode=mode, pad=pad, dil=dil)
+        pl = P.new_plan(h, Pb.DIR_BWD_FILTER, BWD_F1, conv, x, w, y)
+        want = pl.rows * filt if pl.rows * filt in (9, 3) else 0
+        assert pl.nt == want and pl.gemm_expr.endswith(f", {want}>")
+        assert pl.gemm_expr in GD.wexprs("bf16")
+        seen.add(pl.nt)
+    assert seen == {9, 3, 0}
