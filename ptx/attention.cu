@@ -103,6 +103,30 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int va
   }
 }
 
+// load_tile from a page pool (paged K / V, attention_params.h): key n0 + r is row (n0 + r) % page_size of
+// page tab[((n0 + r) / page_size) * ts] (pool: the K/V head's base, `pst` elements a page, `ld` a row);
+// rows >= `valid` are zero-filled and read no page id. Any page size (a division a row: the decode kernel
+// streams its tiles, the ids come from L1).
+template <class T, int D, int ROWS>
+__device__ __forceinline__ void load_tile_paged(T* s, const T* pool, long long ld, long long pst, const int* tab,
+                                                long long ts, int ps, int n0, int valid) {
+  constexpr int CH = D / 8;
+  static_assert(ROWS * CH % kThreads == 0, "load_tile_paged: whole passes");
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < ROWS * CH / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / CH, c = idx % CH;
+    const bool ok = r < valid;
+    const T* src = pool;
+    if (ok) {
+      const int key = n0 + r, pg = __ldg(tab + (long long)(key / ps) * ts);
+      src = pool + (long long)pg * pst + (long long)(key % ps) * ld + c * 8;
+    }
+    cp_async16(smem_addr(s + swz<D>(r, c)), src, ok);
+  }
+}
+
 // A fragments (16 rows x 16 cols at (r0, k-chunk pair kk)) of a swizzled tile
 template <int D> __device__ __forceinline__ void ld_a(unsigned (&a)[4], const void* s, int r0, int kk) {
   const int l = threadIdx.x & 31;
@@ -799,13 +823,16 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
 // are written directly; else the split's O (normalized by its own sum) and lse go to part_o / part_lse
 // and dec_combine merges them. The split's key range is [split * split_len, + split_len) clipped to the
 // keys any row of the batch entry can see. No dropout (the host sends dropout to fwd).
+// PAGED (units attention.dec.paged.<tag>; attention_params.h): the tiles' rows come from the page pools
+// through the batch's page tables (load_tile_paged), any page size; the paged forward also sends its prefill here
+// where the warp-specialized kernel does not run (any arch; correct, not fast: 16 rows a CTA).
 constexpr int kDecN = 64;
 template <int D> struct Dec {
   // ring depth: 3 x 64-key K + V tiles (96 KiB at D = 128, two CTAs per SM); 2 at D = 256 (128 KiB)
   static constexpr int STAGES = D > 128 ? 2 : 3;
 };
 
-template <class T, int D>
+template <class T, int D, bool PAGED = false>
 __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   constexpr int P = Pitch<D>::v, BN = kDecN, ST = Dec<D>::STAGES, CH = D / 8;
   constexpr bool QREG = D <= 128;  // Q's fragments in registers (D / 4 of them); D = 256 reads smem
@@ -832,14 +859,27 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
                       : (const T*)p.q;
     cp_async16(smem_addr(sQ + swz<D>(r, c)), src, ok);
   }
-  const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
-  const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
+  // paged K / V: the pools' K/V head bases (stride[t][0] is then the page stride) and batch b's table rows
+  // (a template argument: a runtime test of p.ptab_k cost the plain kernel 9-61 registers a thread and
+  // took d 256 from 8 to 136 bytes of spills, ptxas sm_90)
+  constexpr bool paged = PAGED;
+  const T* gk = paged ? (const T*)p.k + (long long)hk * p.stride[PYDNN_ATTN_T_K][1] : at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
+  const T* gv = paged ? (const T*)p.v + (long long)hk * p.stride[PYDNN_ATTN_T_V][1] : at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
   const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
   auto stage = [&](int j) {  // tile j into ring slot j % ST; keys at or past k_end zero-filled
     if (j < ntiles) {
       const int n0 = k_begin + j * BN, slot = j % ST;
-      load_tile<T, D, BN>(sK + slot * BN * P, gk + (long long)n0 * ldk, ldk, k_end - n0);
-      load_tile<T, D, BN>(sV + slot * BN * P, gv + (long long)n0 * ldv, ldv, k_end - n0);
+      if (paged) {
+        load_tile_paged<T, D, BN>(sK + slot * BN * P, gk, ldk, p.stride[PYDNN_ATTN_T_K][0],
+                                  p.ptab_k + (long long)b * p.ptab_stride[0][0], p.ptab_stride[0][1], p.page_size, n0,
+                                  k_end - n0);
+        load_tile_paged<T, D, BN>(sV + slot * BN * P, gv, ldv, p.stride[PYDNN_ATTN_T_V][0],
+                                  p.ptab_v + (long long)b * p.ptab_stride[1][0], p.ptab_stride[1][1], p.page_size, n0,
+                                  k_end - n0);
+      } else {
+        load_tile<T, D, BN>(sK + slot * BN * P, gk + (long long)n0 * ldk, ldk, k_end - n0);
+        load_tile<T, D, BN>(sV + slot * BN * P, gv + (long long)n0 * ldv, ldv, k_end - n0);
+      }
     }
   };
 #pragma unroll

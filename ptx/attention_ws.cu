@@ -106,6 +106,34 @@ __device__ __forceinline__ void copy_tile(unsigned s, const T* g, long long ld, 
   }
 }
 
+// copy_tile from a page pool (paged K / V, attention_params.h): tile row r is key n0 + r, row
+// (n0 + r) % ps of page tab[((n0 + r) / ps) * ts] (pool: the K/V head's base, pst elements a page, ld a
+// row); rows >= valid zero filled, reading no page id. Any page size: a page id (from L1) and a division a
+// row.
+template <class T, int D, int ROWS, int NT>
+__device__ __forceinline__ void copy_tile_paged(unsigned s, const T* pool, long long ld, long long pst, const int* tab,
+                                                long long ts, int ps, int n0, int valid, int tid) {
+  constexpr int CH = D / 8, TPR = CH < 16 ? CH : 16, PER = CH / TPR, RS = NT / TPR, N = ROWS / RS;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0 && PER <= 2, "tile chunks must divide among the threads");
+  const int r0 = tid / TPR, c = tid % TPR;
+  unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
+  constexpr unsigned HALF = (ROWS * 64 * 2) * 2;
+  int row = r0;
+#pragma unroll 4
+  for (int i = 0; i < N; ++i) {
+    const bool ok = row < valid;
+    const T* src = pool;
+    if (ok) {
+      const int key = n0 + row, pg = __ldg(tab + (long long)(key / ps) * ts);
+      src = pool + (long long)pg * pst + (long long)(key % ps) * ld + c * 8;
+    }
+    attn::cp_async16(dst, src, ok);
+    if (PER == 2) attn::cp_async16(dst + HALF, ok ? src + 128 : pool, ok);
+    dst += RS * 128;
+    row += RS;
+  }
+}
+
 // Key tiles of a unit (0: its rows are past the length or see no key; O = 0, lse = -inf).
 template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0) {
   return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
@@ -122,7 +150,12 @@ struct TmaMaps {
 // TMA: the producer's copies are one thread's cp.async.bulk.tensor loads completing on the full
 // barriers' transaction counts (host: only without per-batch key lengths, since a box past len_kv but
 // inside seq_kv would bring in rows that are not zero); else the producer warpgroup's cp.async.
-template <class T, int D, int BN, int STAGES, bool PP, bool TMA>
+// PAGED: K / V from page pools through the page tables (attention_params.h). cp.async: copy_tile_paged
+// (any page size). TMA: the K / V maps are the pools as (d, page_size, heads_kv, pages) tensors and a
+// tile is one box in one page (host: page_size a multiple of BN); a last tile reaching past the batch's
+// key length brings in whatever the page holds there, so the consumers zero those V rows before their
+// P V (S there is masked to -inf, P = 0, but 0 x NaN is NaN).
+template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -176,18 +209,30 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const int hk = w.h / p.group;
       const long long ldq = p.stride[PYDNN_ATTN_T_Q][2];
       const T* gq = at<T>(p.q, p, PYDNN_ATTN_T_Q, w.b, w.h) + (long long)m0 * ldq;
-      const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, w.b, hk);
-      const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, w.b, hk);
+      const T* gk = PAGED ? (const T*)p.k + (long long)hk * p.stride[PYDNN_ATTN_T_K][1] : at<T>(p.k, p, PYDNN_ATTN_T_K, w.b, hk);
+      const T* gv = PAGED ? (const T*)p.v + (long long)hk * p.stride[PYDNN_ATTN_T_V][1] : at<T>(p.v, p, PYDNN_ATTN_T_V, w.b, hk);
       const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
+      const int* tabk = PAGED ? p.ptab_k + (long long)w.b * p.ptab_stride[0][0] : nullptr;
+      const int* tabv = PAGED ? p.ptab_v + (long long)w.b * p.ptab_stride[1][0] : nullptr;
       for (int j = 0; j <= nt; ++j) {
         if (j < nt) {
           const unsigned c = kc + j, s = c % STAGES;
           mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
-          if (TMA) {
+          if (TMA && PAGED) {
+            const int n0 = j * BN, pg = __ldg(tabk + (long long)(n0 / p.page_size) * p.ptab_stride[0][1]);
+            tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, n0 % p.page_size, hk, pg);
+          } else if (TMA) {
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
               tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, j * BN, hk, w.b);
+          } else if (PAGED) {
+            copy_tile_paged<T, D, BN, kProducer>(kbuf(s), gk, ldk, p.stride[PYDNN_ATTN_T_K][0], tabk, p.ptab_stride[0][1],
+                                                 p.page_size, j * BN, sq.len_kv - j * BN, tid);
+            mbar_arrive_cp_async(kfull(s));
           } else {
             copy_tile<T, D, BN, kProducer>(kbuf(s), gk + (long long)j * BN * ldk, ldk, sq.len_kv - j * BN, tid);
             mbar_arrive_cp_async(kfull(s));
@@ -208,11 +253,21 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
         if (j > 0) {
           const unsigned c = kc + j - 1, s = c % STAGES;
           mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
-          if (TMA) {
+          if (TMA && PAGED) {
+            const int n0 = (j - 1) * BN, pg = __ldg(tabv + (long long)(n0 / p.page_size) * p.ptab_stride[1][1]);
+            tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, n0 % p.page_size, hk, pg);
+          } else if (TMA) {
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
               tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, (j - 1) * BN, hk, w.b);
+          } else if (PAGED) {
+            copy_tile_paged<T, D, BN, kProducer>(vbuf(s), gv, ldv, p.stride[PYDNN_ATTN_T_V][0], tabv, p.ptab_stride[1][1],
+                                                 p.page_size, (j - 1) * BN, sq.len_kv - (j - 1) * BN, tid);
+            mbar_arrive_cp_async(vfull(s));
           } else {
             copy_tile<T, D, BN, kProducer>(vbuf(s), gv + (long long)(j - 1) * BN * ldv, ldv,
                                            sq.len_kv - (j - 1) * BN, tid);
@@ -317,6 +372,23 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     {  // the last tile's P V
       const unsigned c = kc + nt - 1, sc = c % STAGES;
       mbar_wait(vfull(sc), (c / STAGES) & 1);
+      if (TMA && PAGED) {
+        // rows [keep, BN) of the box came from the page past the batch's keys: zero them (each slab's rows
+        // are 128 contiguous bytes, the swizzle moves chunks only within a row). Both warpgroups write the
+        // same zeros; each reads only after its own writes and barrier.
+        const int keep = sq.len_kv - (nt - 1) * BN;  // (warpgroup-uniform)
+        if (keep < BN) {
+          const int t = threadIdx.x & 127;
+#pragma unroll
+          for (int sl = 0; sl < D / 64; ++sl) {
+            unsigned char* base = smem + (vbuf(sc) - aQ) + sl * BN * 128;
+            for (int off = keep * 128 + t * 16; off < BN * 128; off += 128 * 16)
+              *reinterpret_cast<uint4*>(base + off) = make_uint4(0, 0, 0, 0);
+          }
+          wgmma::fence_proxy_async();
+          bar_sync(kBarWG + cw, 128);
+        }
+      }
       if (!TMA) wgmma::fence_proxy_async();
       if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
@@ -382,6 +454,18 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
 template <class T, int D, int BN, int STAGES, bool PP = true>
 __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
   fwd_ws_body<T, D, BN, STAGES, PP, true>(p, &tm);
+}
+
+// paged K / V (units attention.ws.paged.<tag>): the cp.async producer (any page size) and TMA (page size
+// a multiple of BN; tm's K / V maps over the page pools)
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_paged(const AttnParams p) {
+  fwd_ws_body<T, D, BN, STAGES, PP, false, true>(p, nullptr);
+}
+
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma_paged(const AttnParams p, const __grid_constant__ TmaMaps tm) {
+  fwd_ws_body<T, D, BN, STAGES, PP, true, true>(p, &tm);
 }
 
 }  // namespace attn_ws

@@ -400,6 +400,12 @@ attention = Switches(
     DECODE_IMBALANCE=(0.1, "decode_plan's model: the extra cost, in chunks of one split, of a wave that puts two "
                            'CTAs on some SMs and one on others (measured ~10% on the H200); the reasons: '
                            'pydnn/ops/attention.py split_cost'),
+    PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
+                    'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
+                    'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),
+    PAGED_TMA=(True, 'the paged warp-specialized forward loads K / V by TMA over the page pools where the page size '
+                     'is a multiple of its K / V tile (128 keys; 64 at d 256) and WS_TMA holds; False: its '
+                     'producer warpgroup copies rows with cp.async through the page table (any page size)'),
 )
 
 attention_bwd = Switches(

@@ -671,6 +671,97 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0):
             f.write("\n".join(lines) + "\n")
 
 
+# ----------------------------------------------------------------------------- paged K / V (attnf)
+# (b, hq, hkv, sq, skv, d, page size, causal): decode against a long cache, vLLM's 16-key pages and larger
+# ones; prefill with pages of one TMA box (128) and of 16 keys (the cp.async producer through the table)
+PAGED_CASES = [
+    (8, 32, 8, 1, 32768, 128, 16, False), (8, 32, 8, 1, 32768, 128, 128, False),
+    (4, 32, 8, 4096, 4096, 128, 128, True), (4, 32, 8, 4096, 4096, 128, 16, True),
+    (4, 32, 32, 4096, 4096, 64, 128, False),
+]
+
+
+def paged(out=None, cases=None, reps=None):
+    """`python3 tools/bench_attention.py --paged [--paged-cases 0,2] [--out FILE]`: pydnn's paged forward
+    (attention_forward_paged: K / V pages scattered in a random order over the pool, every sequence at full
+    length) against pydnn's contiguous forward on the same values and SDPA's cuDNN backend (contiguous) in
+    the same run; ms, the paged / contiguous ratio, TFLOP/s (prefill) or K+V TB/s (decode), and the paged
+    output's max |diff| from the contiguous one."""
+    from pydnn.ops import attention as A
+    from pydnn.ops import attention_ws as WS
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    name = torch.cuda.get_device_name()
+    lines = [f"# paged K / V forward, {name}", "",
+             "| case | path | paged ms | contiguous ms | paged / contig | sdpa cudnn ms | paged vs cudnn | rate | max diff |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for ci, (bb, hq, hkv, sq, skv, d, ps, causal) in enumerate(PAGED_CASES):
+        if cases is not None and ci not in cases:
+            continue
+        q = torch.randn(bb, hq, sq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        o, o2 = torch.empty_like(q), torch.empty_like(q)
+        npg = skv // ps
+        perm = torch.randperm(bb * npg, device="cuda")
+        table = perm.view(bb, npg).to(torch.int32).contiguous()
+        # pool (pages, hkv, ps, d): page table[b][j] holds keys j * ps .. of batch b
+        kp = torch.empty(bb * npg, hkv, ps, d, dtype=torch.bfloat16, device="cuda")
+        vp = torch.empty_like(kp)
+        kp[table.view(-1).long()] = k.view(bb, hkv, npg, ps, d).permute(0, 2, 1, 3, 4).reshape(bb * npg, hkv, ps, d)
+        vp[table.view(-1).long()] = v.view(bb, hkv, npg, ps, d).permute(0, 2, 1, 3, 4).reshape(bb * npg, hkv, ps, d)
+        lens = torch.full((bb,), skv, dtype=torch.int32, device="cuda")
+        a = pydnn.create_attention_descriptor()
+        mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+        pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+        tq, tk, tkp, to = _desc(q, bf), _desc(k, bf), _desc(kp, bf), _desc(o, bf)
+        tt = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(tt, pydnn.PYDNN_DATA_INT32, 4, [bb, 1, npg, 1], [npg, npg, 1, 1])
+        n = pydnn.get_attention_forward_paged_workspace_size(h, a, tq, tkp, tt, skv)
+        n2 = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+        ws = torch.empty(max(n, n2, 16), dtype=torch.uint8, device="cuda")
+
+        def fp():
+            pydnn.attention_forward_paged(h, a, tq, q.data_ptr(), tkp, kp.data_ptr(), tkp, vp.data_ptr(), tt,
+                                          table.data_ptr(), tt, table.data_ptr(), skv, to, o.data_ptr(), None, None,
+                                          None, lens.data_ptr(), ws.data_ptr(), n)
+
+        def fc():
+            pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tk, v.data_ptr(), to, o2.data_ptr(),
+                                    None, None, None, None, ws.data_ptr(), n2)
+        fp()
+        path = A.LAST_PAGED_ROUTE + (f" {WS.LAST_PAGED}" if A.LAST_PAGED_ROUTE == "ws" else "")
+        fc()
+        torch.cuda.synchronize()
+        diff = (o.float() - o2.float()).abs().max().item()
+        kw = dict(reps=reps, warmup=2) if reps else {}
+        ms_p, ms_c = time_ms(fp, **kw), time_ms(fc, **kw)
+        if causal and sq == skv:
+            ms_t = _torch_ms("cudnn", q, k, v, True, False, reps=reps)
+        elif causal:  # (bottom-right, as a mask: torch's is_causal is top-left)
+            am = torch.arange(skv, device="cuda")[None, :] <= torch.arange(sq, device="cuda")[:, None] + skv - sq
+            ms_t = _torch_ms("cudnn", q, k, v, False, False, attn_mask=am, reps=reps)
+        else:
+            ms_t = _torch_ms("cudnn", q, k, v, False, False, reps=reps)
+        if sq > 1:
+            flops = 4 * bb * hq * sq * skv * d * (0.5 if causal else 1.0)
+            rate = f"{flops / ms_p / 1e9:.0f} TFLOP/s"
+        else:
+            rate = f"{2 * k.numel() * 2 / ms_p / 1e9:.2f} TB/s"
+        case = f"b{bb} h{hq}/{hkv} q{sq} kv{skv} d{d} ps{ps}{' causal' if causal else ''}"
+        row = (f"| {case} | {path} | {ms_p:.4f} | {ms_c:.4f} | {ms_c / ms_p:.3f}x | "
+               f"{'-' if ms_t is None else f'{ms_t:.4f}'} | {'-' if ms_t is None else f'{ms_t / ms_p:.3f}x'} | "
+               f"{rate} | {diff:.3g} |")
+        print(row, flush=True)
+        lines.append(row)
+        del q, k, v, kp, vp, o, o2, ws
+        torch.cuda.empty_cache()
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
@@ -685,8 +776,12 @@ if __name__ == "__main__":
     ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--bwd-shapes", help="--bwd-ab: comma-separated BxSxHQxHKVxD (default 4x4096x32x32x128)")
     ap.add_argument("--det", default="0", help="--bwd-ab: deterministic modes, comma-separated (0: atomic dQ)")
+    ap.add_argument("--paged", action="store_true", help="the paged K / V forward vs contiguous and cuDNN")
+    ap.add_argument("--paged-cases", help="--paged: comma-separated indices into PAGED_CASES (default all)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.paged:
+        paged(args.out, [int(x) for x in args.paged_cases.split(",")] if args.paged_cases else None, args.reps)
     if args.bwd_ab:
         sh = [tuple(int(y) for y in x.split("x")) for x in args.bwd_shapes.split(",")] if args.bwd_shapes else None
         for det in (int(x) for x in args.det.split(",")):

@@ -795,5 +795,7 @@ typedef pydnnConvolutionBwdFilterAlgoPerf_t cudnnConvolutionBwdFilterAlgoPerf_t;
 #define cudnnBackendGetAttribute pydnnBackendGetAttribute
 #define cudnnBackendFinalize pydnnBackendFinalize
 #define cudnnBackendExecute pydnnBackendExecute
+#define cudnnGetAttentionForwardPagedWorkspaceSize pydnnGetAttentionForwardPagedWorkspaceSize
+#define cudnnAttentionForwardPaged pydnnAttentionForwardPaged
 
 #endif /* CUDNN_H_ */

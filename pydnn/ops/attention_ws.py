@@ -55,6 +55,13 @@ def unit_name(tag, d=128):
     return f"attention.ws.d256.{tag}" if d == 256 else f"attention.ws.{tag}"
 
 
+PAGED_UNIT = "attention.ws.paged.{}"  # the paged K / V kernels (every head dim of HEAD_DIMS), built apart
+
+
+def _paged_expr(tag, d, tma):
+    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}_paged<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, true>")
+
+
 def kernel_units():
     out = []
     for tag in ("bf16", "f16"):
@@ -62,6 +69,9 @@ def kernel_units():
                  + tuple(_expr(tag, d, tma=True) for d in INSTANTIATED))
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
         out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
+                              archs=(ARCH + "a",)))
+        out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
                               archs=(ARCH + "a",)))
     return out
 
@@ -185,4 +195,62 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
                 driver.check((err,), "cuLaunchKernel")
             return
     f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
+
+
+# ----------------------------------------------------------------------------- paged K / V
+
+def takes_tma_paged(d, p):
+    """The paged forward's TMA producer: tuning.attention.WS_TMA, a page size that is a multiple of the
+    K / V tile (a tile is one box inside one page), no launch recorder (as takes_tma)."""
+    return (tuning.attention.WS_TMA and tuning.attention.PAGED_TMA and p.page_size % BN[d] == 0
+            and driver._recorders == 0)
+
+
+def paged_maps(tag, d, p, pages):
+    """TmaMaps of a paged call: Q as tma_maps', K / V the page pools as (d, page_size, heads_kv, pages)
+    tensors with strides (row, head, page), boxes of BN[d] rows."""
+    b, hq, hkv = p.batch, p.heads_q, p.heads_kv
+    st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
+    key = ("paged", tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.page_size, pages, tuple(map(tuple, st)))
+    m = _MAPS.get(key)
+    if m is not None:
+        return m
+    q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
+    k = _encode(tag, p.k, (d, p.page_size, hkv, pages), (st[1][2], st[1][1], st[1][0]), BN[d])
+    v = _encode(tag, p.v, (d, p.page_size, hkv, pages), (st[2][2], st[2][1], st[2][0]), BN[d])
+    m = TmaMaps()
+    ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
+    if len(_MAPS) >= _MAPS_LIMIT:
+        _MAPS.clear()
+    _MAPS[key] = m
+    return m
+
+
+LAST_PAGED = None  # (tests: "tma" or "cp.async", the producer the last paged launch used)
+
+
+def launch_paged(handle, tag, d, b, hq, sq, skv, group, p, pages):
+    """One paged forward launch (params p with the page tables set; attention_forward_paged checked them)."""
+    global LAST_PAGED
+    smem = smem_bytes(d)
+    grid = (grid_size(handle, b, hq, sq), 1, 1)
+    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
+    unit = PAGED_UNIT.format(tag)
+    if takes_tma_paged(d, p):
+        try:
+            maps = paged_maps(tag, d, p, pages)
+        except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
+            maps = None
+        if maps is not None:
+            LAST_PAGED = "tma"
+            f = handle.function(unit, _paged_expr(tag, d, True), smem)
+            argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
+            err = driver._driver().cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
+                                                  ctypes.addressof(argv), 0)[0]
+            if err != 0:
+                driver.check((err,), "cuLaunchKernel")
+            return
+    LAST_PAGED = "cp.async"
+    f = handle.function(unit, _paged_expr(tag, d, False), smem)
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

@@ -22,7 +22,8 @@ SMEM_LIMIT = 227 * 1024
 
 def test_units():
     units = {u.name: u for u in WS.kernel_units()}
-    assert sorted(units) == ["attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.f16"]
+    assert sorted(units) == ["attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.f16",
+                             "attention.ws.paged.bf16", "attention.ws.paged.f16"]  # (paged: test_attention_paged_cpu)
     for t in ("bf16", "f16"):
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
