@@ -29,6 +29,7 @@
 #include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "common/attn_wg.cuh"
+#include "common/attn_wgmma176.cuh"
 #include "attention_params.h"
 
 namespace pydnn {
@@ -161,7 +162,10 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
 #endif
   // D = 256: O is 128 registers a thread, so 64-key tiles (S 32 + P 16), smem (128 + 4 x 64) x 512 B.
-  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
+  // D = 128, BN = 176 (units attention.ws.n176.*, tuning.attention.WS_BN176): FA3's non-causal d 128 tile,
+  // S 88 + P 44 + O 64 registers a consumer thread, smem (128 + 4 x 176) x 256 B.
+  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 128 && BN == 176) || (D == 256 && BN == 64)) &&
+                    STAGES >= 2, "fwd_ws tile");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
@@ -194,8 +198,11 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   const int rounds = (total + (int)gridDim.x - 1) / (int)gridDim.x;
   const int wg = threadIdx.x >> 7;
 
+  // BN = 176 with TMA: FA3's 24 / 240 (the one-thread TMA producer needs few; 232 left the consumers 12
+  // bytes of spills, ptxas sm_90a); 24 x 128 + 240 x 256 = 168 x 384
+  constexpr int PREGS = (TMA && BN == 176) ? 24 : kProdRegs, CREGS = (TMA && BN == 176) ? 240 : kConsRegs;
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    attn::setmaxnreg_dec<kProdRegs>();
+    attn::setmaxnreg_dec<PREGS>();
     const int tid = threadIdx.x;
     if (TMA && tid != 0) return;  // one thread issues the loads
     unsigned kc = 0, tc = 0;  // K / V tiles and Q tiles copied so far (ring positions and phases)
@@ -283,7 +290,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   }
 
   // -------------------------------------------------------------------------------------- consumers
-  attn::setmaxnreg_inc<kConsRegs>();
+  attn::setmaxnreg_inc<CREGS>();
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
   if (PP && cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first

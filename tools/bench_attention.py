@@ -485,7 +485,7 @@ def decode_splits(out=None):
 AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
 
 
-def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None):
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None, names=None):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
@@ -495,7 +495,8 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     (default all five at d 128, old / new / tma elsewhere). TFLOP/s, the ratios to
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
     d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
-    only."""
+    only. names: the variants to time by tag (overrides nvar), e.g. old,tma,n176 ([n176]: TMA with 176-key
+    K / V tiles on non-causal calls, tuning.attention.WS_BN176; d 128 only)."""
     import math
     from pydnn.ops import attention_ws as WS
     h = pydnn.create()
@@ -503,8 +504,11 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     bf = pydnn.PYDNN_DATA_BFLOAT16
     name = torch.cuda.get_device_name()
     # (row tag, WS switch ("tma": WS and WS_TMA), WS module attribute, its value for the row)
-    variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
-                ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False))[:nvar or (5 if diag else 3)]
+    # (an attribute "attention.X" is a tuning switch, set for the row through tuning.override)
+    every = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
+             ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False),
+             ("n176", "tma", "attention.WS_BN176", "noncausal"))
+    variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
              + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
@@ -534,20 +538,26 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
             ms, outs = {}, {}
             WS.LAST_TMA = False
             for tag, ws, attr, val in variants:
-                keep = getattr(WS, attr)
-                setattr(WS, attr, val)
+                sw = {"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}
+                mod = not attr.startswith("attention.")
+                if mod:
+                    keep = getattr(WS, attr)
+                    setattr(WS, attr, val)
+                else:
+                    sw[attr] = val
                 try:
-                    with tuning.override({"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}):
-                        if tag in ("old", "new", "tma") and check:
+                    with tuning.override(sw):
+                        if tag in ("old", "new", "tma", "n176") and check:
                             o.fill_(float("nan"))
                             fwd()
                             torch.cuda.synchronize()
                             outs[tag] = o.clone()
                         ms[tag] = time_ms(fwd, reps=reps, warmup=2) if reps else time_ms(fwd)
                 finally:
-                    setattr(WS, attr, keep)
+                    if mod:
+                        setattr(WS, attr, keep)
             diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
-                if check else float("nan")
+                if check and "old" in outs and len(outs) > 1 else float("nan")
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:
@@ -773,6 +783,7 @@ if __name__ == "__main__":
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
+    ap.add_argument("--variants", help="--fwd-ab: comma-separated variant tags (old new tma 1sec nopp n176)")
     ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--bwd-shapes", help="--bwd-ab: comma-separated BxSxHQxHKVxD (default 4x4096x32x32x128)")
     ap.add_argument("--det", default="0", help="--bwd-ab: deterministic modes, comma-separated (0: atomic dQ)")
@@ -791,7 +802,8 @@ if __name__ == "__main__":
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
         shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
-        fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar)
+        fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar,
+               names=args.variants.split(",") if args.variants else None)
         for d, on in ((64, args.d64), (256, args.d256)):
             if on:
                 fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,

@@ -40,9 +40,14 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None):
-    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {BN[d]}, {stages or STAGES[d]}, "
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None):
+    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
             f"{'true' if pp else 'false'}>")
+
+
+# BN = 176 at d 128 (FlashAttention-3's non-causal d 128 tile, 128 x 176: 37.5% more keys a softmax pass
+# than 128), units attention.ws.n176.<tag>, tuning.attention.WS_BN176; smem (128 + 4 x 176) x 256 + 1104.
+N176_UNIT = "attention.ws.n176.{}"
 
 
 # 3-deep K / V rings at d 128 (230512 bytes of shared memory, within the 232448 a block may opt in to)
@@ -70,16 +75,28 @@ def kernel_units():
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
         out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
                               archs=(ARCH + "a",)))
+        out.append(KernelUnit(N176_UNIT.format(tag), "attention_ws.cu",
+                              (_expr(tag, 128, bn=176), _expr(tag, 128, tma=True, bn=176)), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
                               tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
                               archs=(ARCH + "a",)))
     return out
 
 
-def smem_bytes(d):
+def smem_bytes(d, bn=None):
     """Q (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2, 8 bytes each),
-    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712)."""
-    return (BM + 2 * STAGES[d] * BN[d]) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128 with 176-key tiles:
+    214096)."""
+    return (BM + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+
+
+def bn_of(d, p):
+    """The K / V tile of a (non-paged) call: 176 at d 128 for non-causal calls under tuning.attention.WS_BN176
+    ("noncausal": those; True: every d 128 call), else BN[d]."""
+    w = tuning.attention.WS_BN176
+    if d == 128 and w and (w is True or p.mask == 0):
+        return 176
+    return BN[d]
 
 
 def usable(handle, head_dim, dropout):
@@ -142,18 +159,19 @@ _MAPS = {}          # (tag, d, pointers, sizes, strides) -> TmaMaps: a repeated 
 _MAPS_LIMIT = 64
 
 
-def tma_maps(tag, d, p):
+def tma_maps(tag, d, p, bn=None):
     """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]. Encoded once per set of
     pointers and shapes (three driver calls a forward otherwise)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
-    key = (tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
+    bn = bn or BN[d]
+    key = (tag, d, bn, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
     m = _MAPS.get(key)
     if m is not None:
         return m
     q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
-    k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
-    v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
+    k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), bn)
+    v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), bn)
     m = TmaMaps()
     ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
     if len(_MAPS) >= _MAPS_LIMIT:
@@ -175,18 +193,20 @@ def takes_tma(d, p):
 
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
-    smem = smem_bytes(d)
+    bn = bn_of(d, p)
+    smem = smem_bytes(d, bn)
     grid = (grid_size(handle, b, hq, sq), 1, 1)
     p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
     if takes_tma(d, p):
         try:
-            maps = tma_maps(tag, d, p)
+            maps = tma_maps(tag, d, p, bn)
         except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
             maps = None
         if maps is not None:
             global LAST_TMA
             LAST_TMA = True
-            f = handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem)
+            f = (handle.function(N176_UNIT.format(tag), _expr(tag, d, tma=True, bn=176), smem) if bn == 176 else
+                 handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))
             argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
             drv = driver._driver()
             err = drv.cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
@@ -194,7 +214,10 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
             if err != 0:
                 driver.check((err,), "cuLaunchKernel")
             return
-    f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    if bn == 176:
+        f = handle.function(N176_UNIT.format(tag), _expr(tag, d, bn=176), smem)
+    else:
+        f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
 
 
