@@ -12,7 +12,7 @@ from pydnn import tuning
 from pydnn.ops import attention as A
 from pydnn.ops import attention_ws as WS
 from pydnn.reference import attention as R
-from test_attention_cpu import BAD, BF16, BR, F16, F32, MIS, NOINIT, NONE, NS, NULL, TL, _attn, _check, _t
+from test_attention_cpu import BAD, BF16, BR, F16, F32, MIS, NOINIT, NONE, NS, NULL, _attn, _check, _t
 from test_attention_hdim_cpu import _Recorded, _short, launches  # noqa: F401 - the fixture
 from test_fuzz_cpu import cpu_handle
 
