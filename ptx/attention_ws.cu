@@ -135,6 +135,29 @@ __device__ __forceinline__ void copy_tile_paged(unsigned s, const T* pool, long 
   }
 }
 
+// One K / V tile of keys [n0, n0 + BN) by TMA from a page pool map (d, page size, heads, pages): boxes
+// of min(ps, BN) rows (the host's map), one page a box: a page of BN or more keys is one box a slab
+// (row n0 % ps of page tab[n0 / ps]); pages of 8 .. BN / 2 keys (dividing BN) are BN / ps boxes, box b at
+// row b * ps of the tile (1024-byte aligned: the swizzle atoms stay whole). A box wholly past the
+// sequence's keys reads no page id: it loads the tile's first page again (live), rows the consumers mask
+// (K) and zero (V) as any row past the length.
+template <int D, int BN>
+__device__ __forceinline__ void load_paged(unsigned dst, const tma::TensorMap* map, unsigned bar, const int* tab,
+                                           long long ts, int ps, int n0, int len_kv, int hk) {
+  if (ps >= BN) {
+    const int pg = __ldg(tab + (long long)(n0 / ps) * ts);
+#pragma unroll
+    for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128, map, bar, sl * 64, n0 % ps, hk, pg);
+    return;
+  }
+  const int pg0 = __ldg(tab + (long long)(n0 / ps) * ts);  // (n0 < len_kv: a live page)
+  for (int r = 0; r < BN; r += ps) {
+    const int key = n0 + r, pg = r == 0 || key >= len_kv ? pg0 : __ldg(tab + (long long)(key / ps) * ts);
+#pragma unroll
+    for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128 + r * 128, map, bar, sl * 64, 0, hk, pg);
+  }
+}
+
 // Key tiles of a unit (0: its rows are past the length or see no key; O = 0, lse = -inf).
 template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0) {
   return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
@@ -152,10 +175,11 @@ struct TmaMaps {
 // barriers' transaction counts (host: only without per-batch key lengths, since a box past len_kv but
 // inside seq_kv would bring in rows that are not zero); else the producer warpgroup's cp.async.
 // PAGED: K / V from page pools through the page tables (attention_params.h). cp.async: copy_tile_paged
-// (any page size). TMA: the K / V maps are the pools as (d, page_size, heads_kv, pages) tensors and a
-// tile is one box in one page (host: page_size a multiple of BN); a last tile reaching past the batch's
-// key length brings in whatever the page holds there, so the consumers zero those V rows before their
-// P V (S there is masked to -inf, P = 0, but 0 x NaN is NaN).
+// (any page size). TMA: the K / V maps are the pools as (d, page_size, heads_kv, pages) tensors, a tile
+// one box in one page or BN / ps boxes of whole pages (load_paged; host: page_size a multiple of BN, or
+// a multiple of 8 dividing BN); a last tile reaching past the batch's key length brings in whatever its
+// page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
+// P = 0, but 0 x NaN is NaN).
 template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -226,11 +250,8 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
           const unsigned c = kc + j, s = c % STAGES;
           mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
           if (TMA && PAGED) {
-            const int n0 = j * BN, pg = __ldg(tabk + (long long)(n0 / p.page_size) * p.ptab_stride[0][1]);
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
-#pragma unroll
-            for (int sl = 0; sl < D / 64; ++sl)
-              tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, n0 % p.page_size, hk, pg);
+            load_paged<D, BN>(kbuf(s), &tm->k, kfull(s), tabk, p.ptab_stride[0][1], p.page_size, j * BN, sq.len_kv, hk);
           } else if (TMA) {
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
@@ -261,11 +282,9 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
           const unsigned c = kc + j - 1, s = c % STAGES;
           mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
           if (TMA && PAGED) {
-            const int n0 = (j - 1) * BN, pg = __ldg(tabv + (long long)(n0 / p.page_size) * p.ptab_stride[1][1]);
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
-#pragma unroll
-            for (int sl = 0; sl < D / 64; ++sl)
-              tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, n0 % p.page_size, hk, pg);
+            load_paged<D, BN>(vbuf(s), &tm->v, vfull(s), tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN,
+                              sq.len_kv, hk);
           } else if (TMA) {
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll

@@ -406,6 +406,9 @@ attention = Switches(
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),
+    PAGED_TMA_SMALL=(True, 'PAGED_TMA for pages smaller than the K / V tile too (a multiple of 8 keys dividing it: '
+                           'one TMA box a page, BN / page size boxes a tile); False: such pages take the cp.async '
+                           'producer'),
     PAGED_TMA=(True, 'the paged warp-specialized forward loads K / V by TMA over the page pools where the page size '
                      'is a multiple of its K / V tile (128 keys; 64 at d 256) and WS_TMA holds; False: its '
                      'producer warpgroup copies rows with cp.async through the page table (any page size)'),

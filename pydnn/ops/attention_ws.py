@@ -224,15 +224,17 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
 # ----------------------------------------------------------------------------- paged K / V
 
 def takes_tma_paged(d, p):
-    """The paged forward's TMA producer: tuning.attention.WS_TMA, a page size that is a multiple of the
-    K / V tile (a tile is one box inside one page), no launch recorder (as takes_tma)."""
-    return (tuning.attention.WS_TMA and tuning.attention.PAGED_TMA and p.page_size % BN[d] == 0
-            and driver._recorders == 0)
+    """The paged forward's TMA producer: tuning.attention.WS_TMA and PAGED_TMA, a page size that is a
+    multiple of the K / V tile (a tile is one box inside one page) or, with PAGED_TMA_SMALL, a multiple of
+    8 that divides it (BN / ps boxes a tile, one page each), no launch recorder (as takes_tma)."""
+    t, ps, bn = tuning.attention, p.page_size, BN[d]
+    fits = ps % bn == 0 or (t.PAGED_TMA_SMALL and ps % 8 == 0 and bn % ps == 0)
+    return bool(t.WS_TMA and t.PAGED_TMA and fits and driver._recorders == 0)
 
 
 def paged_maps(tag, d, p, pages):
     """TmaMaps of a paged call: Q as tma_maps', K / V the page pools as (d, page_size, heads_kv, pages)
-    tensors with strides (row, head, page), boxes of BN[d] rows."""
+    tensors with strides (row, head, page), boxes of min(page_size, BN[d]) rows."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
     key = ("paged", tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.page_size, pages, tuple(map(tuple, st)))
@@ -240,8 +242,9 @@ def paged_maps(tag, d, p, pages):
     if m is not None:
         return m
     q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
-    k = _encode(tag, p.k, (d, p.page_size, hkv, pages), (st[1][2], st[1][1], st[1][0]), BN[d])
-    v = _encode(tag, p.v, (d, p.page_size, hkv, pages), (st[2][2], st[2][1], st[2][0]), BN[d])
+    box = min(p.page_size, BN[d])  # (a smaller page: one box a page, load_paged)
+    k = _encode(tag, p.k, (d, p.page_size, hkv, pages), (st[1][2], st[1][1], st[1][0]), box)
+    v = _encode(tag, p.v, (d, p.page_size, hkv, pages), (st[2][2], st[2][1], st[2][0]), box)
     m = TmaMaps()
     ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
     if len(_MAPS) >= _MAPS_LIMIT:

@@ -194,10 +194,16 @@ def test_dispatch_grid_limit():
 
 def test_takes_tma_paged():
     p = A.AttnParams()
-    for ps, d, want in ((128, 128, True), (256, 64, True), (64, 256, True), (64, 128, False), (16, 64, False),
-                        (192, 128, False)):
+    for ps, d, want in ((128, 128, True), (256, 64, True), (64, 256, True), (64, 128, True), (16, 64, True),
+                        (8, 128, True), (32, 256, True), (192, 128, False), (48, 128, False), (4, 128, False),
+                        (7, 64, False), (96, 256, False)):
         p.page_size = ps
         assert WS.takes_tma_paged(d, p) == want, (ps, d)
+    with tuning.override({"attention.PAGED_TMA_SMALL": False}):
+        p.page_size = 64
+        assert not WS.takes_tma_paged(128, p)
+        p.page_size = 256
+        assert WS.takes_tma_paged(128, p)
     p.page_size = 128
     with tuning.override({"attention.PAGED_TMA": False}):
         assert not WS.takes_tma_paged(128, p)

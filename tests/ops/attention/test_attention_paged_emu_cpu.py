@@ -169,11 +169,11 @@ def test_decode_cases(emu, rng):
     G.test_paged_prefill_on_the_decode_kernel(emu, rng)
 
 
-def test_prefill_cp_async_cases(emu, rng):
+def test_prefill_cases(emu, rng):
+    """Every prefill case (here on the cp.async producer: no driver to encode the TMA maps)."""
     import test_attention_paged_gpu as G
     for case in G.WS_CASES:
-        if case[-1] == "cp.async":
-            G.test_paged_prefill(emu, rng, case)
+        G.run_prefill(emu, rng, case)
 
 
 def test_graph_cases(emu, rng):

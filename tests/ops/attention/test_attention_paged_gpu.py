@@ -5,8 +5,8 @@ spare pages, K and V through different tables; every pool row that no live key r
 rows past a sequence's length in its last page) holds NaN, and the table entries past a sequence's last
 page hold -1, so a kernel reading either shows. Outputs poisoned. Both kernels: the split-KV decode
 kernel (decode shapes, forced split counts, any page size) and the warp-specialized one (prefill on
-sm_90: TMA boxes inside a page where the page size is a multiple of its K / V tile, cp.async through the
-table otherwise), GQA / MQA, both causal alignments, HND and NHD pages, odd lengths, empty sequences."""
+sm_90: TMA boxes of whole pages or inside a page where the page size divides or is a multiple of its
+K / V tile, cp.async through the table otherwise), GQA / MQA, both causal alignments, HND and NHD pages, odd lengths, empty sequences."""
 import numpy as np
 import pytest
 
@@ -161,20 +161,36 @@ WS_CASES = [  # b, hq, hkv, sq, max_seq, d, ps, mask, lens_kv, lens_q, producer
     (3, 8, 2, 200, 768, 128, 128, BR, [700, 129, 300], None, "tma"),    # TMA: one box a page
     (2, 4, 4, 150, 1024, 64, 256, NONE, [1000, 513], [150, 77], "tma"),  # two tiles a page, query lengths
     (2, 8, 2, 130, 520, 256, 64, TL, [520, 100], None, "tma"),           # d 256: 64-key tiles
-    (3, 8, 2, 200, 640, 128, 16, BR, [640, 17, 300], None, "cp.async"),  # 16-key pages: through the table
-    (2, 16, 2, 100, 300, 64, 48, NONE, [300, 1], None, "cp.async"),      # no power of two
-    (2, 4, 1, 64, 1000, 256, 32, BR, [999, 64], None, "cp.async"),       # MQA, d 256
+    (3, 8, 2, 200, 640, 128, 16, BR, [640, 17, 300], None, "tma"),       # 16-key pages: 8 boxes a tile
+    (2, 8, 2, 180, 700, 128, 64, NONE, [700, 65], None, "tma"),          # 2 boxes a tile, one past the keys
+    (2, 16, 2, 100, 300, 64, 48, NONE, [300, 1], None, "cp.async"),      # 48 does not divide 128: the table
+    (2, 4, 1, 64, 1000, 256, 32, BR, [999, 64], None, "tma"),            # MQA, d 256, 2 boxes a tile
 ]
+
+
+def run_prefill(handle, rng, case, dtype=BF16, layout="hnd"):
+    b, hq, hkv, sq, seq, d, ps, mask, lens, lens_q, _ = case
+    pb = PagedProblem(rng, b, hq, hkv, sq, seq, d, ps, dtype, mask, lens, lens_q, layout=layout)
+    _check(handle, pb, "ws")
+    assert pb.ws_size == 0
+    return pb
 
 
 @pytest.mark.parametrize("case", WS_CASES, ids=lambda c: f"b{c[0]}h{c[1]}/{c[2]}s{c[3]}x{c[4]}d{c[5]}ps{c[6]}m{c[7]}")
 def test_paged_prefill(handle, rng, case):
     _sm90(handle)
-    b, hq, hkv, sq, seq, d, ps, mask, lens, lens_q, producer = case
-    pb = PagedProblem(rng, b, hq, hkv, sq, seq, d, ps, BF16, mask, lens, lens_q)
-    _check(handle, pb, "ws")
-    assert WS.LAST_PAGED == producer
-    assert pb.ws_size == 0
+    run_prefill(handle, rng, case)
+    assert WS.LAST_PAGED == case[-1]
+
+
+def test_paged_prefill_small_pages_cp_async(handle, rng):
+    """PAGED_TMA_SMALL off: pages smaller than the tile go through the table by cp.async."""
+    _sm90(handle)
+    with tuning.override({"attention.PAGED_TMA_SMALL": False}):
+        run_prefill(handle, rng, WS_CASES[3])
+        assert WS.LAST_PAGED == "cp.async"
+        run_prefill(handle, rng, WS_CASES[6])
+        assert WS.LAST_PAGED == "cp.async"
 
 
 def test_paged_prefill_cp_async_switch_nhd_f16(handle, rng):
