@@ -150,11 +150,30 @@ __device__ __forceinline__ void load_paged(unsigned dst, const tma::TensorMap* m
     for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128, map, bar, sl * 64, n0 % ps, hk, pg);
     return;
   }
-  const int pg0 = __ldg(tab + (long long)(n0 / ps) * ts);  // (n0 < len_kv: a live page)
-  for (int r = 0; r < BN; r += ps) {
-    const int key = n0 + r, pg = r == 0 || key >= len_kv ? pg0 : __ldg(tab + (long long)(key / ps) * ts);
+  // the page ids of NB boxes loaded together, then their copies (one at a time, a dependent L2 load each,
+  // the 8 boxes of 16-key pages would cost 8 latencies a tile: about the consumers' time for it). ptxas
+  // (sm_90a): 8 at a time spilled 80-88 bytes of the producer's 32 registers, 4 28 bytes; so 4 with the
+  // producer at 40 registers (consumers 224: no spill at d 64 / 128), and at d 256 (consumers need 232)
+  // 2 at a time on 32 (8 bytes spilled, in the one producer thread: cheaper than a latency a box)
+  const int* t0 = tab + (long long)(n0 / ps) * ts;
+  const int pg0 = __ldg(t0);  // (n0 < len_kv: a live page)
+  constexpr int NB = D > 128 ? 2 : 4;
+  for (int r = 0; r < BN; r += NB * ps) {
+    int pg[NB];
 #pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128 + r * 128, map, bar, sl * 64, 0, hk, pg);
+    for (int u = 0; u < NB; ++u) {
+      const int rr = r + u * ps;
+      pg[u] = rr > 0 && rr < BN && n0 + rr < len_kv ? __ldg(t0 + (long long)(rr / ps) * ts) : pg0;
+    }
+#pragma unroll
+    for (int u = 0; u < NB; ++u) {
+      const int rr = r + u * ps;
+      if (rr < BN) {
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl)
+          tma::load_4d(dst + sl * BN * 128 + rr * 128, map, bar, sl * 64, 0, hk, pg[u]);
+      }
+    }
   }
 }
 
@@ -224,7 +243,11 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
 
   // BN = 176 with TMA: FA3's 24 / 240 (the one-thread TMA producer needs few; 232 left the consumers 12
   // bytes of spills, ptxas sm_90a); 24 x 128 + 240 x 256 = 168 x 384
-  constexpr int PREGS = (TMA && BN == 176) ? 24 : kProdRegs, CREGS = (TMA && BN == 176) ? 240 : kConsRegs;
+  // paged TMA: the producer's page-id batches need more than 32 (28 bytes spilled): 40 / 224
+  // (d 256: the consumers need their 232; its producer takes page ids 2 at a time instead)
+  constexpr bool PT = TMA && PAGED && D <= 128;
+  constexpr int PREGS = (TMA && BN == 176) ? 24 : PT ? 40 : kProdRegs;
+  constexpr int CREGS = (TMA && BN == 176) ? 240 : PT ? 224 : kConsRegs;
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     attn::setmaxnreg_dec<PREGS>();
     const int tid = threadIdx.x;
