@@ -29,7 +29,7 @@
 #include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "common/attn_wg.cuh"
-#include "common/attn_wgmma176.cuh"
+#include "common/attn_wgmma_wide.cuh"
 #include "attention_params.h"
 
 namespace pydnn {
@@ -207,8 +207,9 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // D = 256: O is 128 registers a thread, so 64-key tiles (S 32 + P 16), smem (128 + 4 x 64) x 512 B.
   // D = 128, BN = 176 (units attention.ws.n176.*, tuning.attention.WS_BN176): FA3's non-causal d 128 tile,
   // S 88 + P 44 + O 64 registers a consumer thread, smem (128 + 4 x 176) x 256 B.
-  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 128 && BN == 176) || (D == 256 && BN == 64)) &&
-                    STAGES >= 2, "fwd_ws tile");
+  // D = 64, BN = 192 (units attention.ws.n192.*, tuning.attention.WS_BN192): S 96 + P 48 + O 32 registers.
+  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 128 && BN == 176) || (D == 64 && BN == 192) ||
+                 (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);

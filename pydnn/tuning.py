@@ -403,6 +403,8 @@ attention = Switches(
     WS_BN176=(False, 'd 128 on the warp-specialized forward: K / V tiles of 176 keys (FlashAttention-3\'s non-causal '
                      'd 128 tile; units attention.ws.n176.*) for "noncausal" calls, or True: every call; False: 128 '
                      '(an A/B knob until a GPU run decides; pydnn/ops/attention_ws.py bn_of)'),
+    WS_BN192=(False, 'd 64 on the warp-specialized forward: K / V tiles of 192 keys (units attention.ws.n192.*) for '
+                     '"noncausal" calls, or True: every call; False: 128 (an A/B knob, as WS_BN176)'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

@@ -496,7 +496,8 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
     d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
     only. names: the variants to time by tag (overrides nvar), e.g. old,tma,n176 ([n176]: TMA with 176-key
-    K / V tiles on non-causal calls, tuning.attention.WS_BN176; d 128 only)."""
+    K / V tiles on non-causal calls, tuning.attention.WS_BN176, d 128; [n192]: 192-key tiles at d 64,
+    WS_BN192)."""
     import math
     from pydnn.ops import attention_ws as WS
     h = pydnn.create()
@@ -507,7 +508,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     # (an attribute "attention.X" is a tuning switch, set for the row through tuning.override)
     every = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
              ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False),
-             ("n176", "tma", "attention.WS_BN176", "noncausal"))
+             ("n176", "tma", "attention.WS_BN176", "noncausal"), ("n192", "tma", "attention.WS_BN192", "noncausal"))
     variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
@@ -547,7 +548,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
                     sw[attr] = val
                 try:
                     with tuning.override(sw):
-                        if tag in ("old", "new", "tma", "n176") and check:
+                        if tag in ("old", "new", "tma", "n176", "n192") and check:
                             o.fill_(float("nan"))
                             fwd()
                             torch.cuda.synchronize()
@@ -783,7 +784,8 @@ if __name__ == "__main__":
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
-    ap.add_argument("--variants", help="--fwd-ab: comma-separated variant tags (old new tma 1sec nopp n176)")
+    ap.add_argument("--no-d128", action="store_true", help="--fwd-ab: skip the d 128 table (with --d64 / --d256)")
+    ap.add_argument("--variants", help="--fwd-ab: comma-separated variant tags (old new tma 1sec nopp n176 n192)")
     ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--bwd-shapes", help="--bwd-ab: comma-separated BxSxHQxHKVxD (default 4x4096x32x32x128)")
     ap.add_argument("--det", default="0", help="--bwd-ab: deterministic modes, comma-separated (0: atomic dQ)")
@@ -802,9 +804,10 @@ if __name__ == "__main__":
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
         shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
-        fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar,
-               names=args.variants.split(",") if args.variants else None)
+        names = args.variants.split(",") if args.variants else None
+        if not args.no_d128:
+            fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar, names=names)
         for d, on in ((64, args.d64), (256, args.d256)):
-            if on:
+            if on:  # (names: the d 128-only ones leave their rows equal to tma's)
                 fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
-                       diag=False, reps=args.reps)
+                       diag=False, reps=args.reps, names=names)

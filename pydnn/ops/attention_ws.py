@@ -45,9 +45,12 @@ def _expr(tag, d, pp=True, tma=False, stages=None, bn=None):
             f"{'true' if pp else 'false'}>")
 
 
-# BN = 176 at d 128 (FlashAttention-3's non-causal d 128 tile, 128 x 176: 37.5% more keys a softmax pass
-# than 128), units attention.ws.n176.<tag>, tuning.attention.WS_BN176; smem (128 + 4 x 176) x 256 + 1104.
+# Wide K / V tiles (A/B knobs until a GPU run decides): BN = 176 at d 128 (FlashAttention-3's non-causal
+# d 128 tile, 128 x 176: 37.5% more keys a softmax pass than 128; units attention.ws.n176.<tag>,
+# tuning.attention.WS_BN176; smem (128 + 4 x 176) x 256 + 1104) and BN = 192 at d 64 (the per-tile
+# barrier / max / rescale work over 1.5x the keys; units attention.ws.n192.<tag>, WS_BN192).
 N176_UNIT = "attention.ws.n176.{}"
+WIDE = {128: (176, "WS_BN176", N176_UNIT), 64: (192, "WS_BN192", "attention.ws.n192.{}")}
 
 
 # 3-deep K / V rings at d 128 (230512 bytes of shared memory, within the 232448 a block may opt in to)
@@ -75,8 +78,9 @@ def kernel_units():
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
         out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
                               archs=(ARCH + "a",)))
-        out.append(KernelUnit(N176_UNIT.format(tag), "attention_ws.cu",
-                              (_expr(tag, 128, bn=176), _expr(tag, 128, tma=True, bn=176)), archs=(ARCH + "a",)))
+        for d, (bn, _, unit) in sorted(WIDE.items(), reverse=True):
+            out.append(KernelUnit(unit.format(tag), "attention_ws.cu",
+                                  (_expr(tag, d, bn=bn), _expr(tag, d, tma=True, bn=bn)), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
                               tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
                               archs=(ARCH + "a",)))
@@ -91,11 +95,13 @@ def smem_bytes(d, bn=None):
 
 
 def bn_of(d, p):
-    """The K / V tile of a (non-paged) call: 176 at d 128 for non-causal calls under tuning.attention.WS_BN176
-    ("noncausal": those; True: every d 128 call), else BN[d]."""
-    w = tuning.attention.WS_BN176
-    if d == 128 and w and (w is True or p.mask == 0):
-        return 176
+    """The K / V tile of a (non-paged) call: WIDE[d]'s (176 at d 128, 192 at d 64) under its switch
+    (tuning.attention.WS_BN176 / WS_BN192: "noncausal": non-causal calls; True: every call), else BN[d]."""
+    if d in WIDE:
+        bn, sw, _ = WIDE[d]
+        w = getattr(tuning.attention, sw)
+        if w and (w is True or p.mask == 0):
+            return bn
     return BN[d]
 
 
@@ -205,7 +211,7 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
         if maps is not None:
             global LAST_TMA
             LAST_TMA = True
-            f = (handle.function(N176_UNIT.format(tag), _expr(tag, d, tma=True, bn=176), smem) if bn == 176 else
+            f = (handle.function(WIDE[d][2].format(tag), _expr(tag, d, tma=True, bn=bn), smem) if bn != BN[d] else
                  handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))
             argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
             drv = driver._driver()
@@ -214,8 +220,8 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
             if err != 0:
                 driver.check((err,), "cuLaunchKernel")
             return
-    if bn == 176:
-        f = handle.function(N176_UNIT.format(tag), _expr(tag, d, bn=176), smem)
+    if bn != BN[d]:
+        f = handle.function(WIDE[d][2].format(tag), _expr(tag, d, bn=bn), smem)
     else:
         f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

@@ -226,6 +226,7 @@ def test_wgmma_units():
                              "attention.wgmma.d96.bf16", "attention.wgmma.d96.f16", "attention.wgmma.f16",
                              "attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
                              "attention.ws.f16", "attention.ws.n176.bf16", "attention.ws.n176.f16",
+                             "attention.ws.n192.bf16", "attention.ws.n192.f16",
                              "attention.ws.paged.bf16",
                              "attention.ws.paged.f16"]  # (ws: test_attention_ws_cpu.py; paged: test_attention_paged_cpu.py)
     for t in ("bf16", "f16"):
