@@ -253,7 +253,8 @@ def smem_bytes(kernel, d, atomic=False, tile=None):
         ds = BWD_N * 64 * 2 if atomic else 0  # the dS^T tile
         return (2 * BWD_N + 4 * KV_M[d]) * pt * 2 + 4 * KV_M[d] * 4 + ds
     if kernel in ("dec", "dec_paged"):  # Q's 16 rows, then the K and V rings (reused by the warps' merge at the end)
-        return (DEC_ROWS + 2 * DEC_STAGES[d] * DEC_N) * pt * 2
+        paged = DEC_STAGES[d] * 2 * DEC_N * 8 if kernel == "dec_paged" else 0  # + the row offsets' ring
+        return (DEC_ROWS + 2 * DEC_STAGES[d] * DEC_N) * pt * 2 + paged
     return 0
 
 

@@ -148,7 +148,7 @@ def test_dispatch_decode(launches, monkeypatch):
     _run(_args(ws=(WSP, n), tk=_table(3, 16), tv=_table(3, 20)))
     assert A.LAST_PAGED_ROUTE == "dec"
     assert _short(launches[0]["f"]) == "dec<pydnn::bf16_t, 128, true>"
-    assert launches[0]["smem"] == A.smem_bytes("dec", 128)
+    assert launches[0]["smem"] == A.smem_bytes("dec_paged", 128) == A.smem_bytes("dec", 128) + 3 * 2 * 64 * 8
     p = rec[0]
     assert (p.ptab_k, p.ptab_v, p.page_size, p.seq_kv, p.lens_kv) == (TK, TV, 64, 1000, LKV)
     assert [list(r) for r in p.ptab_stride] == [[16, 1], [20, 1]]
