@@ -143,11 +143,11 @@ __device__ __forceinline__ void copy_tile_paged(unsigned s, const T* pool, long 
 // (K) and zero (V) as any row past the length.
 template <int D, int BN>
 __device__ __forceinline__ void load_paged(unsigned dst, const tma::TensorMap* map, unsigned bar, const int* tab,
-                                           long long ts, int ps, int n0, int len_kv, int hk) {
+                                           long long ts, int ps, int n0, int len_kv, int hk, int pg0) {
+  // pg0: the page of key n0, loaded by the caller before its wait for the buffer (first_page)
   if (ps >= BN) {
-    const int pg = __ldg(tab + (long long)(n0 / ps) * ts);
 #pragma unroll
-    for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128, map, bar, sl * 64, n0 % ps, hk, pg);
+    for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128, map, bar, sl * 64, n0 % ps, hk, pg0);
     return;
   }
   // the page ids of NB boxes loaded together, then their copies (one at a time, a dependent L2 load each,
@@ -155,8 +155,7 @@ __device__ __forceinline__ void load_paged(unsigned dst, const tma::TensorMap* m
   // (sm_90a): 8 at a time spilled 80-88 bytes of the producer's 32 registers, 4 28 bytes; so 4 with the
   // producer at 40 registers (consumers 224: no spill at d 64 / 128), and at d 256 (consumers need 232)
   // 2 at a time on 32 (8 bytes spilled, in the one producer thread: cheaper than a latency a box)
-  const int* t0 = tab + (long long)(n0 / ps) * ts;
-  const int pg0 = __ldg(t0);  // (n0 < len_kv: a live page)
+  const int* t0 = tab + (long long)(n0 / ps) * ts;  // (pg0 = t0[0]; n0 < len_kv: a live page)
   constexpr int NB = D > 128 ? 2 : 4;
   for (int r = 0; r < BN; r += NB * ps) {
     int pg[NB];
@@ -175,6 +174,12 @@ __device__ __forceinline__ void load_paged(unsigned dst, const tma::TensorMap* m
       }
     }
   }
+}
+
+// The page id of key n0 (load_paged's pg0): issued before the producer waits for the buffer, so its
+// latency overlaps the wait instead of delaying the copy.
+__device__ __forceinline__ int first_page(const int* tab, long long ts, int ps, int n0) {
+  return __ldg(tab + (long long)(n0 / ps) * ts);
 }
 
 // Key tiles of a unit (0: its rows are past the length or see no key; O = 0, lse = -inf).
@@ -272,10 +277,12 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       for (int j = 0; j <= nt; ++j) {
         if (j < nt) {
           const unsigned c = kc + j, s = c % STAGES;
+          const int pk0 = TMA && PAGED ? first_page(tabk, p.ptab_stride[0][1], p.page_size, j * BN) : 0;
           mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
           if (TMA && PAGED) {
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
-            load_paged<D, BN>(kbuf(s), &tm->k, kfull(s), tabk, p.ptab_stride[0][1], p.page_size, j * BN, sq.len_kv, hk);
+            load_paged<D, BN>(kbuf(s), &tm->k, kfull(s), tabk, p.ptab_stride[0][1], p.page_size, j * BN, sq.len_kv, hk,
+                              pk0);
           } else if (TMA) {
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
@@ -304,11 +311,12 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
         }
         if (j > 0) {
           const unsigned c = kc + j - 1, s = c % STAGES;
+          const int pv0 = TMA && PAGED ? first_page(tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN) : 0;
           mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
           if (TMA && PAGED) {
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
             load_paged<D, BN>(vbuf(s), &tm->v, vfull(s), tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN,
-                              sq.len_kv, hk);
+                              sq.len_kv, hk, pv0);
           } else if (TMA) {
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll
