@@ -109,8 +109,8 @@ __device__ __forceinline__ void copy_tile(unsigned s, const T* g, long long ld, 
 
 // copy_tile from a page pool (paged K / V, attention_params.h): tile row r is key n0 + r, row
 // (n0 + r) % ps of page tab[((n0 + r) / ps) * ts] (pool: the K/V head's base, pst elements a page, ld a
-// row); rows >= valid zero filled, reading no page id. Any page size: a page id (from L1) and a division a
-// row.
+// row); rows >= valid zero filled, reading no page id. Any page size: a division a row, a page id (from
+// L1) where the row's page is not the previous row's.
 template <class T, int D, int ROWS, int NT>
 __device__ __forceinline__ void copy_tile_paged(unsigned s, const T* pool, long long ld, long long pst, const int* tab,
                                                 long long ts, int ps, int n0, int valid, int tid) {
@@ -119,14 +119,18 @@ __device__ __forceinline__ void copy_tile_paged(unsigned s, const T* pool, long 
   const int r0 = tid / TPR, c = tid % TPR;
   unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
   constexpr unsigned HALF = (ROWS * 64 * 2) * 2;
-  int row = r0;
+  int row = r0, cur = -1, pg = 0;  // (a thread's rows are RS apart: a page id loaded once per page it meets)
 #pragma unroll 4
   for (int i = 0; i < N; ++i) {
     const bool ok = row < valid;
     const T* src = pool;
     if (ok) {
-      const int key = n0 + row, pg = __ldg(tab + (long long)(key / ps) * ts);
-      src = pool + (long long)pg * pst + (long long)(key % ps) * ld + c * 8;
+      const int key = n0 + row, pi = key / ps;
+      if (pi != cur) {
+        pg = __ldg(tab + (long long)pi * ts);
+        cur = pi;
+      }
+      src = pool + (long long)pg * pst + (long long)(key - pi * ps) * ld + c * 8;
     }
     attn::cp_async16(dst, src, ok);
     if (PER == 2) attn::cp_async16(dst + HALF, ok ? src + 128 : pool, ok);
