@@ -138,6 +138,20 @@ __device__ __forceinline__ void dec_row_offsets(long long* off, const AttnParams
   off[t] = o;
 }
 
+// dec_row_offsets in two halves (dec's PIPE variant): the page id load of this thread's row of tile n0,
+// issued an iteration before dec_row_store writes the row's offset from it.
+__device__ __forceinline__ int dec_page_load(const AttnParams& p, int b, int n0, int k_end) {
+  const int t = threadIdx.x, kv = t >> 6, key = n0 + (t & 63);
+  if (key >= k_end) return 0;
+  const int* tab = (kv ? p.ptab_v : p.ptab_k) + (long long)b * p.ptab_stride[kv][0];
+  return __ldg(tab + (long long)(key / p.page_size) * p.ptab_stride[kv][1]);
+}
+__device__ __forceinline__ void dec_row_store(long long* off, const AttnParams& p, int pg, int n0, int k_end) {
+  const int t = threadIdx.x, kv = t >> 6, key = n0 + (t & 63);
+  const int tt = kv ? PYDNN_ATTN_T_V : PYDNN_ATTN_T_K;
+  off[t] = key < k_end ? (long long)pg * p.stride[tt][0] + (long long)(key % p.page_size) * p.stride[tt][2] : 0;
+}
+
 // A fragments (16 rows x 16 cols at (r0, k-chunk pair kk)) of a swizzled tile
 template <int D> __device__ __forceinline__ void ld_a(unsigned (&a)[4], const void* s, int r0, int kk) {
   const int l = threadIdx.x & 31;
@@ -843,7 +857,7 @@ template <int D> struct Dec {
   static constexpr int STAGES = D > 128 ? 2 : 3;
 };
 
-template <class T, int D, bool PAGED = false>
+template <class T, int D, bool PAGED = false, bool PIPE = false>
 __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   constexpr int P = Pitch<D>::v, BN = kDecN, ST = Dec<D>::STAGES, CH = D / 8;
   constexpr bool QREG = D <= 128;  // Q's fragments in registers (D / 4 of them); D = 256 reads smem
@@ -875,6 +889,8 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   // (a template argument: a runtime test of p.ptab_k cost the plain kernel 9-61 registers a thread and
   // took d 256 from 8 to 136 bytes of spills, ptxas sm_90)
   constexpr bool paged = PAGED;
+  static_assert(PAGED || !PIPE, "dec: PIPE is a paged variant");
+  int pend = 0;  // PIPE: this thread's page id of the next tile to store (dec_page_load)
   const T* gk = paged ? (const T*)p.k + (long long)hk * p.stride[PYDNN_ATTN_T_K][1] : at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
   const T* gv = paged ? (const T*)p.v + (long long)hk * p.stride[PYDNN_ATTN_T_V][1] : at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
   const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
@@ -893,6 +909,7 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   if (paged) {  // the row offsets of tiles 0 .. ST - 1 (slot t % ST), then visible to every thread
 #pragma unroll
     for (int t = 0; t < ST; ++t) dec_row_offsets(sOff + t * 2 * BN, p, b, k_begin + t * BN, k_end);
+    if (PIPE) pend = dec_page_load(p, b, k_begin + ST * BN, k_end);  // tile ST's, stored at iteration 0
     __syncthreads();
   }
 #pragma unroll
@@ -922,7 +939,14 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
     cp_async_commit();
     // PAGED: tile j + ST's row offsets into slot j % ST (tile j's, read when it was staged, before the
     // barrier above); visible at the next iteration's barrier, where stage(j + ST) reads them
-    if (paged && j + ST < ntiles) dec_row_offsets(sOff + (j % ST) * 2 * BN, p, b, k_begin + (j + ST) * BN, k_end);
+    if (paged && !PIPE && j + ST < ntiles)
+      dec_row_offsets(sOff + (j % ST) * 2 * BN, p, b, k_begin + (j + ST) * BN, k_end);
+    // PIPE: the page id loaded an iteration ago stored now, the next one's load issued (its latency under
+    // this tile's work, not stalling the store: the store of a just-loaded id waits for the load)
+    if (PIPE) {
+      if (j + ST < ntiles) dec_row_store(sOff + (j % ST) * 2 * BN, p, pend, k_begin + (j + ST) * BN, k_end);
+      if (j + ST + 1 < ntiles) pend = dec_page_load(p, b, k_begin + (j + ST + 1) * BN, k_end);
+    }
     if (QREG && j == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) ld_a<D>(qf[0][kk], sQ, 0, kk);

@@ -408,6 +408,10 @@ attention = Switches(
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),
+    PAGED_DEC_PIPE=(False, 'the paged decode kernel loads each tile\'s page ids an iteration before it stores their '
+                           'row offsets (dec<T, D, true, true>) instead of loading and storing them in one step (a '
+                           'stall a tile: the mid-session H200 run measured the paged decode at 0.58-0.61x the '
+                           'contiguous one); off until a GPU run has tested and timed it'),
     PAGED_TMA_SMALL=(True, 'PAGED_TMA for pages smaller than the K / V tile too (a multiple of 8 keys dividing it: '
                            'one TMA box a page, BN / page size boxes a tile); False: such pages take the cp.async '
                            'producer'),

@@ -766,6 +766,18 @@ def paged(out=None, cases=None, reps=None):
                f"{rate} | {diff:.3g} |")
         print(row, flush=True)
         lines.append(row)
+        if A.LAST_PAGED_ROUTE == "dec":  # the decode kernel's pipelined page ids (tuning.attention.PAGED_DEC_PIPE)
+            with tuning.override({"attention.PAGED_DEC_PIPE": True}):
+                o.fill_(float("nan"))
+                fp()
+                torch.cuda.synchronize()
+                d2 = (o.float() - o2.float()).abs().max().item()
+                ms_q = time_ms(fp, **kw)
+            row = (f"| {case} | dec pipe | {ms_q:.4f} | {ms_c:.4f} | {ms_c / ms_q:.3f}x | "
+                   f"{'-' if ms_t is None else f'{ms_t:.4f}'} | {'-' if ms_t is None else f'{ms_t / ms_q:.3f}x'} | "
+                   f"{2 * k.numel() * 2 / ms_q / 1e9:.2f} TB/s | {d2:.3g} |")
+            print(row, flush=True)
+            lines.append(row)
         del q, k, v, kp, vp, o, o2, ws
         torch.cuda.empty_cache()
     if out:

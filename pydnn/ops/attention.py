@@ -184,7 +184,7 @@ def unit_name(kernel, d, tag, drop=False):
     attention.d256.<tag> (96 / 256 without dropout), attention.dropx.<tag> (their dropout variants),
     attention.dec.<tag> (the decode kernels, every head dim). Smaller units compile in parallel (the
     install's build, a test run's prebuild) and load only when used."""
-    if kernel == "dec_paged":
+    if kernel in ("dec_paged", "dec_paged_pipe"):
         return f"attention.dec.paged.{tag}"
     if kernel in ("dec", "dec_combine"):
         return f"attention.dec.{tag}"
@@ -197,6 +197,8 @@ def _expr(kernel, tag, d, extra=None):
     t = "pydnn::bf16_t" if tag == "bf16" else "pydnn::half_t"
     if kernel == "dec_paged":  # dec<T, D, true>: paged K / V
         kernel, extra = "dec", "true"
+    if kernel == "dec_paged_pipe":  # dec<T, D, true, true>: the page ids loaded an iteration ahead
+        kernel, extra = "dec", "true, true"
     tail = "" if extra is None else f", {extra}"
     return f"pydnn::attn::{kernel}<{t}, {d}{tail}>"
 
@@ -238,8 +240,8 @@ def kernel_units():
                for t in tags]
             + [KernelUnit(f"attention.dropx.{t}", "attention.cu", _unit_exprs(t, extra, (True,), False)) for t in tags]
             + [KernelUnit(f"attention.dec.{t}", "attention.cu", dec(t)) for t in tags]
-            + [KernelUnit(f"attention.dec.paged.{t}", "attention.cu", tuple(_expr("dec_paged", t, d) for d in HEAD_DIMS))
-               for t in tags])
+            + [KernelUnit(f"attention.dec.paged.{t}", "attention.cu",
+                          tuple(_expr(k, t, d) for k in ("dec_paged", "dec_paged_pipe") for d in HEAD_DIMS)) for t in tags])
 
 
 def smem_bytes(kernel, d, atomic=False, tile=None):
@@ -252,8 +254,8 @@ def smem_bytes(kernel, d, atomic=False, tile=None):
     if kernel == "bwd_dkdv":
         ds = BWD_N * 64 * 2 if atomic else 0  # the dS^T tile
         return (2 * BWD_N + 4 * KV_M[d]) * pt * 2 + 4 * KV_M[d] * 4 + ds
-    if kernel in ("dec", "dec_paged"):  # Q's 16 rows, then the K and V rings (reused by the warps' merge at the end)
-        paged = DEC_STAGES[d] * 2 * DEC_N * 8 if kernel == "dec_paged" else 0  # + the row offsets' ring
+    if kernel in ("dec", "dec_paged", "dec_paged_pipe"):  # Q's 16 rows, the K and V rings (the warps' merge reuses them)
+        paged = DEC_STAGES[d] * 2 * DEC_N * 8 if kernel != "dec" else 0  # + the row offsets' ring
         return (DEC_ROWS + 2 * DEC_STAGES[d] * DEC_N) * pt * 2 + paged
     return 0
 
@@ -645,7 +647,8 @@ def _decode_forward(handle, a, pr, p, ws, ws_size, key=None):
     if pl.ws:
         wp = _workspace(ws, ws_size, pl.ws)
         p.part_o, p.part_lse = wp, wp + lse_off
-    f, smem = _func(handle, "dec_paged" if p.ptab_k else "dec", pr)
+    f, smem = _func(handle, ("dec_paged_pipe" if tuning.attention.PAGED_DEC_PIPE else "dec_paged") if p.ptab_k
+                    else "dec", pr)
     launches = [(f, (pl.splits, a.heads_kv * pl.rblocks, pr.b), smem)]
     if pl.splits > 1:
         fc, _ = _func(handle, "dec_combine", pr)

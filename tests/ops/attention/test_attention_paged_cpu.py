@@ -285,11 +285,21 @@ def test_c_api_declared():
 def test_units():
     units = {u.name: u for u in A.kernel_units() + WS.kernel_units()}
     for t in ("bf16", "f16"):
-        assert units[f"attention.dec.paged.{t}"].exprs == tuple(A._expr("dec_paged", t, d) for d in A.HEAD_DIMS)
+        assert units[f"attention.dec.paged.{t}"].exprs == tuple(A._expr(k, t, d) for k in ("dec_paged", "dec_paged_pipe")
+                                                                for d in A.HEAD_DIMS)
         assert A._expr("dec_paged", t, 128).endswith(", 128, true>")
+        assert A._expr("dec_paged_pipe", t, 128).endswith(", 128, true, true>")
         u = units[f"attention.ws.paged.{t}"]
         assert u.archs == ("sm_90a",) and len(u.exprs) == 2 * len(WS.HEAD_DIMS)
-    assert A.unit_name("dec_paged", 128, "bf16") == "attention.dec.paged.bf16"
+    assert A.unit_name("dec_paged", 128, "bf16") == A.unit_name("dec_paged_pipe", 64, "bf16") == "attention.dec.paged.bf16"
+
+
+def test_dispatch_decode_pipe(launches):
+    """tuning.attention.PAGED_DEC_PIPE: dec<T, D, true, true>, the same grid and shared memory."""
+    with tuning.override({"attention.PAGED_DEC_PIPE": True}):
+        _run(_args())
+    (f,) = launches
+    assert _short(f["f"]) == "dec<pydnn::bf16_t, 128, true, true>" and f["smem"] == A.smem_bytes("dec_paged", 128)
 
 
 def _compile(unit, arch):
@@ -329,8 +339,9 @@ def test_ws_paged_unit_compiles_without_spills():
 
 
 def test_dec_paged_unit_compiles():
-    """sm_90 (and sm_80, the decode kernel's other home): dec<T, D, true> for every head dim; spills no
-    worse than the plain dec's (d 256: its O is 128 registers; 8 bytes in the plain kernel)."""
+    """sm_90 (and sm_80, the decode kernel's other home): dec<T, D, true> and dec<T, D, true, true> for every
+    head dim; spills no worse than the plain dec's (d 256: its O is 128 registers; 8 bytes in the plain
+    kernel)."""
     (u,) = [u for u in A.kernel_units() if u.name == "attention.dec.paged.bf16"]
     for arch in ("sm_90", "sm_80"):
         log = _compile(u, arch)

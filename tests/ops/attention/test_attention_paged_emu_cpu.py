@@ -167,6 +167,7 @@ def test_decode_cases(emu, rng):
     G.test_paged_decode_nhd_f16(emu, rng)
     G.test_paged_decode_without_stats_and_wide_table(emu, rng)
     G.test_paged_prefill_on_the_decode_kernel(emu, rng)
+    G.test_paged_decode_pipe(emu, rng, G.DEC_CASES[0])
 
 
 def test_prefill_cases(emu, rng):

@@ -135,6 +135,23 @@ def test_paged_decode(handle, rng, case):
             assert pb.ws_size > 0  # partials and the combine
 
 
+@pytest.mark.parametrize("case", DEC_CASES, ids=lambda c: f"b{c[0]}h{c[1]}/{c[2]}s{c[3]}x{c[4]}d{c[5]}ps{c[6]}m{c[7]}")
+def test_paged_decode_pipe(handle, rng, case):
+    """tuning.attention.PAGED_DEC_PIPE (dec<T, D, true, true>: page ids loaded an iteration ahead)."""
+    b, hq, hkv, sq, seq, d, ps, mask, lens, splits = case
+    pb = PagedProblem(rng, b, hq, hkv, sq, seq, d, ps, BF16, mask, lens)
+    with tuning.override({"attention.DECODE_SPLITS": splits, "attention.PAGED_DEC_PIPE": True}):
+        _check(handle, pb, "dec")
+
+
+def test_paged_prefill_on_the_decode_kernel_pipe(handle, rng):
+    """PAGED_DEC_PIPE on a long key range a CTA (one split): many iterations of the page-id pipeline."""
+    pb = PagedProblem(rng, 2, 8, 2, 40, 3000, 128, 16, BF16, BR, [3000, 1111])
+    with tuning.override({"attention.PAGED_WS": False, "attention.PAGED_DEC_PIPE": True,
+                          "attention.DECODE_SPLITS": 1}):
+        _check(handle, pb, "dec")
+
+
 def test_paged_decode_nhd_f16(handle, rng):
     pb = PagedProblem(rng, 2, 8, 2, 1, 1500, 128, 32, F16, NONE, [1500, 777], layout="nhd")
     with tuning.override({"attention.DECODE_SPLITS": 3}):
