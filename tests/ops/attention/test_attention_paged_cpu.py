@@ -318,11 +318,12 @@ def _compile(unit, arch):
     return log.decode() if isinstance(log, bytes) else log
 
 
-def test_ws_paged_unit_compiles_without_spills():
+@pytest.mark.parametrize("tag", ["bf16", "f16"])
+def test_ws_paged_unit_compiles_without_spills(tag):
     """sm_90a: both paged producers at every head dim, 168 registers (setmaxnreg's pool), no wgmma
     serialization (what test_attention_ws_cpu asks of the other units), no spills but the d 256 TMA
     kernel's: at most 8 bytes, its one producer thread's page ids (attention_ws.cu load_paged)."""
-    (u,) = [u for u in WS.kernel_units() if u.name == "attention.ws.paged.bf16"]
+    (u,) = [u for u in WS.kernel_units() if u.name == f"attention.ws.paged.{tag}"]
     log = _compile(u, "sm_90a")
     for code in ("C7514", "C7520", "C7508", "C7510"):
         assert code not in log, log

@@ -358,7 +358,10 @@ def test_emulation_catches_a_missing_release():
 
 # ----------------------------------------------------------------------------- NVRTC
 
-@pytest.mark.parametrize("unit", WS.kernel_units(), ids=[u.name for u in WS.kernel_units()])
+_NOT_PAGED = [u for u in WS.kernel_units() if not u.name.startswith("attention.ws.paged.")]  # (test_attention_paged_cpu)
+
+
+@pytest.mark.parametrize("unit", _NOT_PAGED, ids=[u.name for u in _NOT_PAGED])
 def test_units_compile_without_spills(unit):
     """sm_90a, ptxas -v: no spills (the producer's 32 registers and the consumers' 232 included: ptxas
     allocates each side of setmaxnreg with its own budget), no wgmma serialization (C7514 / C7520), and
