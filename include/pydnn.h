@@ -567,6 +567,9 @@ typedef enum {
     PYDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_SEED = 65802,
     PYDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC = 65803,
     PYDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_KVDESC = 65804,
+    PYDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_KDESC = 65805,
+    PYDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_VDESC = 65806,
+    PYDNN_ATTR_OPERATION_SDPA_FWD_MAX_SEQ_LEN_KV = 65807,
     PYDNN_ATTR_OPERATION_SDPA_BWD_QDESC = 65900,
     PYDNN_ATTR_OPERATION_SDPA_BWD_KDESC = 65901,
     PYDNN_ATTR_OPERATION_SDPA_BWD_VDESC = 65902,
@@ -1132,6 +1135,12 @@ pydnnStatus_t pydnnBackendGetAttribute(const pydnnBackendDescriptor_t descriptor
 pydnnStatus_t pydnnBackendFinalize(pydnnBackendDescriptor_t descriptor);
 /* Run a finalized execution plan on the device pointers and workspace of a finalized variant pack, on the handle's stream. */
 pydnnStatus_t pydnnBackendExecute(pydnnHandle_t handle, pydnnBackendDescriptor_t executionPlan, pydnnBackendDescriptor_t variantPack);
+
+/* ---- Fused attention with paged K / V (pydnn extension) ---- */
+/* Workspace bytes pydnnAttentionForwardPaged needs (the split-KV decode kernel's partial results, else 0). */
+pydnnStatus_t pydnnGetAttentionForwardPagedWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const pydnnTensorDescriptor_t kDesc, const pydnnTensorDescriptor_t pageTableKDesc, int maxSeqLenKV, size_t *sizeInBytes);
+/* The forward with K / V in page pools (pages, numHeadsKV, pageSize, headDim) read through INT32 page tables (B, 1, maxPages, 1); seqLensKV required; maxSeqLenKV 0: maxPages * pageSize. */
+pydnnStatus_t pydnnAttentionForwardPaged(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, const pydnnTensorDescriptor_t qDesc, const void *q, const pydnnTensorDescriptor_t kDesc, const void *k, const pydnnTensorDescriptor_t vDesc, const void *v, const pydnnTensorDescriptor_t pageTableKDesc, const void *pageTableK, const pydnnTensorDescriptor_t pageTableVDesc, const void *pageTableV, int maxSeqLenKV, const pydnnTensorDescriptor_t oDesc, void *o, const pydnnTensorDescriptor_t statsDesc, void *stats, const void *seqLensQ, const void *seqLensKV, void *workSpace, size_t workSpaceSizeInBytes);
 
 #ifdef __cplusplus
 }

@@ -103,6 +103,55 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int va
   }
 }
 
+// load_tile from a page pool (paged K / V, attention_params.h): row r of the tile starts at pool +
+// off[r] (elements; the row offsets staged in shared memory a tile ahead, dec_row_offsets); rows >= valid
+// are zero-filled.
+template <class T, int D, int ROWS>
+__device__ __forceinline__ void load_tile_paged(T* s, const T* pool, const long long* off, int valid) {
+  constexpr int CH = D / 8;
+  static_assert(ROWS * CH % kThreads == 0, "load_tile_paged: whole passes");
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < ROWS * CH / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / CH, c = idx % CH;
+    const bool ok = r < valid;
+    cp_async16(smem_addr(s + swz<D>(r, c)), ok ? pool + off[r] + c * 8 : pool, ok);
+  }
+}
+
+// The paged decode kernel's row offsets of tile rows [n0, n0 + 64) of K (threads 0-63) and V (64-127):
+// thread t writes off[t] = page(key) * page stride + (key % page size) * row stride for key n0 + (t & 63)
+// below k_end (0 past it): one page id (an independent load) and a division a thread a tile, a tile
+// ahead of its copy, so no copy waits on a page-id load (one dependent table load a row before the copy
+// measured 0.25x the contiguous decode: 0.98 ms against 0.246, b8 h32/8 kv32768 ps16, H200).
+__device__ __forceinline__ void dec_row_offsets(long long* off, const AttnParams& p, int b, int n0, int k_end) {
+  static_assert(kThreads == 2 * 64, "dec_row_offsets: a thread a row of K or V (kDecN = 64)");
+  const int t = threadIdx.x, kv = t >> 6, key = n0 + (t & 63);
+  long long o = 0;
+  if (key < k_end) {
+    const int tt = kv ? PYDNN_ATTN_T_V : PYDNN_ATTN_T_K;
+    const int* tab = (kv ? p.ptab_v : p.ptab_k) + (long long)b * p.ptab_stride[kv][0];
+    const int pg = __ldg(tab + (long long)(key / p.page_size) * p.ptab_stride[kv][1]);
+    o = (long long)pg * p.stride[tt][0] + (long long)(key % p.page_size) * p.stride[tt][2];
+  }
+  off[t] = o;
+}
+
+// dec_row_offsets in two halves (dec's PIPE variant): the page id load of this thread's row of tile n0,
+// issued an iteration before dec_row_store writes the row's offset from it.
+__device__ __forceinline__ int dec_page_load(const AttnParams& p, int b, int n0, int k_end) {
+  const int t = threadIdx.x, kv = t >> 6, key = n0 + (t & 63);
+  if (key >= k_end) return 0;
+  const int* tab = (kv ? p.ptab_v : p.ptab_k) + (long long)b * p.ptab_stride[kv][0];
+  return __ldg(tab + (long long)(key / p.page_size) * p.ptab_stride[kv][1]);
+}
+__device__ __forceinline__ void dec_row_store(long long* off, const AttnParams& p, int pg, int n0, int k_end) {
+  const int t = threadIdx.x, kv = t >> 6, key = n0 + (t & 63);
+  const int tt = kv ? PYDNN_ATTN_T_V : PYDNN_ATTN_T_K;
+  off[t] = key < k_end ? (long long)pg * p.stride[tt][0] + (long long)(key % p.page_size) * p.stride[tt][2] : 0;
+}
+
 // A fragments (16 rows x 16 cols at (r0, k-chunk pair kk)) of a swizzled tile
 template <int D> __device__ __forceinline__ void ld_a(unsigned (&a)[4], const void* s, int r0, int kk) {
   const int l = threadIdx.x & 31;
@@ -799,13 +848,16 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnParams p) {
 // are written directly; else the split's O (normalized by its own sum) and lse go to part_o / part_lse
 // and dec_combine merges them. The split's key range is [split * split_len, + split_len) clipped to the
 // keys any row of the batch entry can see. No dropout (the host sends dropout to fwd).
+// PAGED (units attention.dec.paged.<tag>; attention_params.h): the tiles' rows come from the page pools
+// through the batch's page tables (load_tile_paged), any page size; the paged forward also sends its prefill here
+// where the warp-specialized kernel does not run (any arch; correct, not fast: 16 rows a CTA).
 constexpr int kDecN = 64;
 template <int D> struct Dec {
   // ring depth: 3 x 64-key K + V tiles (96 KiB at D = 128, two CTAs per SM); 2 at D = 256 (128 KiB)
   static constexpr int STAGES = D > 128 ? 2 : 3;
 };
 
-template <class T, int D>
+template <class T, int D, bool PAGED = false, bool PIPE = false>
 __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   constexpr int P = Pitch<D>::v, BN = kDecN, ST = Dec<D>::STAGES, CH = D / 8;
   constexpr bool QREG = D <= 128;  // Q's fragments in registers (D / 4 of them); D = 256 reads smem
@@ -813,6 +865,7 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + 16 * P;        // [ST][BN * P]
   T* sV = sK + ST * BN * P;   // [ST][BN * P]
+  long long* sOff = reinterpret_cast<long long*>(sV + ST * BN * P);  // PAGED: [ST][K 64, V 64] row offsets
 
   const int sp = blockIdx.x, b = blockIdx.z;
   const int rows = p.group * p.seq_q, rblocks = (rows + 15) / 16;
@@ -832,16 +885,33 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
                       : (const T*)p.q;
     cp_async16(smem_addr(sQ + swz<D>(r, c)), src, ok);
   }
-  const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
-  const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
+  // paged K / V: the pools' K/V head bases (stride[t][0] is then the page stride) and batch b's table rows
+  // (a template argument: a runtime test of p.ptab_k cost the plain kernel 9-61 registers a thread and
+  // took d 256 from 8 to 136 bytes of spills, ptxas sm_90)
+  constexpr bool paged = PAGED;
+  static_assert(PAGED || !PIPE, "dec: PIPE is a paged variant");
+  int pend = 0;  // PIPE: this thread's page id of the next tile to store (dec_page_load)
+  const T* gk = paged ? (const T*)p.k + (long long)hk * p.stride[PYDNN_ATTN_T_K][1] : at<T>(p.k, p, PYDNN_ATTN_T_K, b, hk);
+  const T* gv = paged ? (const T*)p.v + (long long)hk * p.stride[PYDNN_ATTN_T_V][1] : at<T>(p.v, p, PYDNN_ATTN_T_V, b, hk);
   const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
   auto stage = [&](int j) {  // tile j into ring slot j % ST; keys at or past k_end zero-filled
     if (j < ntiles) {
       const int n0 = k_begin + j * BN, slot = j % ST;
-      load_tile<T, D, BN>(sK + slot * BN * P, gk + (long long)n0 * ldk, ldk, k_end - n0);
-      load_tile<T, D, BN>(sV + slot * BN * P, gv + (long long)n0 * ldv, ldv, k_end - n0);
+      if (paged) {
+        load_tile_paged<T, D, BN>(sK + slot * BN * P, gk, sOff + slot * 2 * BN, k_end - n0);
+        load_tile_paged<T, D, BN>(sV + slot * BN * P, gv, sOff + slot * 2 * BN + BN, k_end - n0);
+      } else {
+        load_tile<T, D, BN>(sK + slot * BN * P, gk + (long long)n0 * ldk, ldk, k_end - n0);
+        load_tile<T, D, BN>(sV + slot * BN * P, gv + (long long)n0 * ldv, ldv, k_end - n0);
+      }
     }
   };
+  if (paged) {  // the row offsets of tiles 0 .. ST - 1 (slot t % ST), then visible to every thread
+#pragma unroll
+    for (int t = 0; t < ST; ++t) dec_row_offsets(sOff + t * 2 * BN, p, b, k_begin + t * BN, k_end);
+    if (PIPE) pend = dec_page_load(p, b, k_begin + ST * BN, k_end);  // tile ST's, stored at iteration 0
+    __syncthreads();
+  }
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) {  // group j: tile j (group 0 also Q)
     stage(j);
@@ -867,6 +937,16 @@ __global__ void __launch_bounds__(kThreads) dec(const AttnParams p) {
     __syncthreads();          // ... for every thread; and every warp is done with slot (j - 1) % ST
     stage(j + ST - 1);
     cp_async_commit();
+    // PAGED: tile j + ST's row offsets into slot j % ST (tile j's, read when it was staged, before the
+    // barrier above); visible at the next iteration's barrier, where stage(j + ST) reads them
+    if (paged && !PIPE && j + ST < ntiles)
+      dec_row_offsets(sOff + (j % ST) * 2 * BN, p, b, k_begin + (j + ST) * BN, k_end);
+    // PIPE: the page id loaded an iteration ago stored now, the next one's load issued (its latency under
+    // this tile's work, not stalling the store: the store of a just-loaded id waits for the load)
+    if (PIPE) {
+      if (j + ST < ntiles) dec_row_store(sOff + (j % ST) * 2 * BN, p, pend, k_begin + (j + ST) * BN, k_end);
+      if (j + ST + 1 < ntiles) pend = dec_page_load(p, b, k_begin + (j + ST + 1) * BN, k_end);
+    }
     if (QREG && j == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) ld_a<D>(qf[0][kk], sQ, 0, kk);

@@ -60,6 +60,14 @@ typedef struct {
    * sched_heads (batch, head) pairs whose K / V fit in L2 together (host: pydnn/ops/attention_ws.py);
    * other kernels ignore it */
   int sched_heads, sched_pad;
+  /* paged K / V (pydnnAttentionForwardPaged; NULL tables otherwise, and every kernel but dec and fwd_ws /
+   * fwd_ws_tma's paged instantiations ignores these): K and V are page pools (pages, heads_kv, page_size,
+   * D) whose stride[T_K] / stride[T_V] are (page, head, row) strides; key j of batch b is row j % page_size
+   * of page ptab_k[b * ptab_stride[0][0] + (j / page_size) * ptab_stride[0][1]] (V: ptab_v, ptab_stride[1]).
+   * seq_kv is maxSeqLenKV; page ids of keys below a batch's length are the caller's contract (not checked). */
+  const int *ptab_k, *ptab_v;
+  long long ptab_stride[2][2];
+  int page_size, paged_pad;
 } AttnParams;
 
 #endif

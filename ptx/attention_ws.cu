@@ -29,6 +29,7 @@
 #include "common/attn_problem.cuh"
 #include "common/wgmma.cuh"
 #include "common/attn_wg.cuh"
+#include "common/attn_wgmma_wide.cuh"
 #include "attention_params.h"
 
 namespace pydnn {
@@ -106,6 +107,85 @@ __device__ __forceinline__ void copy_tile(unsigned s, const T* g, long long ld, 
   }
 }
 
+// copy_tile from a page pool (paged K / V, attention_params.h): tile row r is key n0 + r, row
+// (n0 + r) % ps of page tab[((n0 + r) / ps) * ts] (pool: the K/V head's base, pst elements a page, ld a
+// row); rows >= valid zero filled, reading no page id. Any page size: a division a row, a page id (from
+// L1) where the row's page is not the previous row's.
+template <class T, int D, int ROWS, int NT>
+__device__ __forceinline__ void copy_tile_paged(unsigned s, const T* pool, long long ld, long long pst, const int* tab,
+                                                long long ts, int ps, int n0, int valid, int tid) {
+  constexpr int CH = D / 8, TPR = CH < 16 ? CH : 16, PER = CH / TPR, RS = NT / TPR, N = ROWS / RS;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0 && PER <= 2, "tile chunks must divide among the threads");
+  const int r0 = tid / TPR, c = tid % TPR;
+  unsigned dst = s + 2u * (unsigned)wgmma::sw128<ROWS>(r0, c);
+  constexpr unsigned HALF = (ROWS * 64 * 2) * 2;
+  int row = r0, cur = -1, pg = 0;  // (a thread's rows are RS apart: a page id loaded once per page it meets)
+#pragma unroll 4
+  for (int i = 0; i < N; ++i) {
+    const bool ok = row < valid;
+    const T* src = pool;
+    if (ok) {
+      const int key = n0 + row, pi = key / ps;
+      if (pi != cur) {
+        pg = __ldg(tab + (long long)pi * ts);
+        cur = pi;
+      }
+      src = pool + (long long)pg * pst + (long long)(key - pi * ps) * ld + c * 8;
+    }
+    attn::cp_async16(dst, src, ok);
+    if (PER == 2) attn::cp_async16(dst + HALF, ok ? src + 128 : pool, ok);
+    dst += RS * 128;
+    row += RS;
+  }
+}
+
+// One K / V tile of keys [n0, n0 + BN) by TMA from a page pool map (d, page size, heads, pages): boxes
+// of min(ps, BN) rows (the host's map), one page a box: a page of BN or more keys is one box a slab
+// (row n0 % ps of page tab[n0 / ps]); pages of 8 .. BN / 2 keys (dividing BN) are BN / ps boxes, box b at
+// row b * ps of the tile (1024-byte aligned: the swizzle atoms stay whole). A box wholly past the
+// sequence's keys reads no page id: it loads the tile's first page again (live), rows the consumers mask
+// (K) and zero (V) as any row past the length.
+template <int D, int BN>
+__device__ __forceinline__ void load_paged(unsigned dst, const tma::TensorMap* map, unsigned bar, const int* tab,
+                                           long long ts, int ps, int n0, int len_kv, int hk, int pg0) {
+  // pg0: the page of key n0, loaded by the caller before its wait for the buffer (first_page)
+  if (ps >= BN) {
+#pragma unroll
+    for (int sl = 0; sl < D / 64; ++sl) tma::load_4d(dst + sl * BN * 128, map, bar, sl * 64, n0 % ps, hk, pg0);
+    return;
+  }
+  // the page ids of NB boxes loaded together, then their copies (one at a time, a dependent L2 load each,
+  // the 8 boxes of 16-key pages would cost 8 latencies a tile: about the consumers' time for it). ptxas
+  // (sm_90a): 8 at a time spilled 80-88 bytes of the producer's 32 registers, 4 28 bytes; so 4 with the
+  // producer at 40 registers (consumers 224: no spill at d 64 / 128), and at d 256 (consumers need 232)
+  // 2 at a time on 32 (8 bytes spilled, in the one producer thread: cheaper than a latency a box)
+  const int* t0 = tab + (long long)(n0 / ps) * ts;  // (pg0 = t0[0]; n0 < len_kv: a live page)
+  constexpr int NB = D > 128 ? 2 : 4;
+  for (int r = 0; r < BN; r += NB * ps) {
+    int pg[NB];
+#pragma unroll
+    for (int u = 0; u < NB; ++u) {
+      const int rr = r + u * ps;
+      pg[u] = rr > 0 && rr < BN && n0 + rr < len_kv ? __ldg(t0 + (long long)(rr / ps) * ts) : pg0;
+    }
+#pragma unroll
+    for (int u = 0; u < NB; ++u) {
+      const int rr = r + u * ps;
+      if (rr < BN) {
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl)
+          tma::load_4d(dst + sl * BN * 128 + rr * 128, map, bar, sl * 64, 0, hk, pg[u]);
+      }
+    }
+  }
+}
+
+// The page id of key n0 (load_paged's pg0): issued before the producer waits for the buffer, so its
+// latency overlaps the wait instead of delaying the copy.
+__device__ __forceinline__ int first_page(const int* tab, long long ts, int ps, int n0) {
+  return __ldg(tab + (long long)(n0 / ps) * ts);
+}
+
 // Key tiles of a unit (0: its rows are past the length or see no key; O = 0, lse = -inf).
 template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0) {
   return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
@@ -122,13 +202,23 @@ struct TmaMaps {
 // TMA: the producer's copies are one thread's cp.async.bulk.tensor loads completing on the full
 // barriers' transaction counts (host: only without per-batch key lengths, since a box past len_kv but
 // inside seq_kv would bring in rows that are not zero); else the producer warpgroup's cp.async.
-template <class T, int D, int BN, int STAGES, bool PP, bool TMA>
+// PAGED: K / V from page pools through the page tables (attention_params.h). cp.async: copy_tile_paged
+// (any page size). TMA: the K / V maps are the pools as (d, page_size, heads_kv, pages) tensors, a tile
+// one box in one page or BN / ps boxes of whole pages (load_paged; host: page_size a multiple of BN, or
+// a multiple of 8 dividing BN); a last tile reaching past the batch's key length brings in whatever its
+// page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
+// P = 0, but 0 x NaN is NaN).
+template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
 #endif
   // D = 256: O is 128 registers a thread, so 64-key tiles (S 32 + P 16), smem (128 + 4 x 64) x 512 B.
-  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
+  // D = 128, BN = 176 (units attention.ws.n176.*, tuning.attention.WS_BN176): FA3's non-causal d 128 tile,
+  // S 88 + P 44 + O 64 registers a consumer thread, smem (128 + 4 x 176) x 256 B.
+  // D = 64, BN = 192 (units attention.ws.n192.*, tuning.attention.WS_BN192): S 96 + P 48 + O 32 registers.
+  static_assert((((D == 64 || D == 128) && BN == 128) || (D == 128 && BN == 176) || (D == 64 && BN == 192) ||
+                 (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
@@ -161,8 +251,15 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   const int rounds = (total + (int)gridDim.x - 1) / (int)gridDim.x;
   const int wg = threadIdx.x >> 7;
 
+  // BN = 176 with TMA: FA3's 24 / 240 (the one-thread TMA producer needs few; 232 left the consumers 12
+  // bytes of spills, ptxas sm_90a); 24 x 128 + 240 x 256 = 168 x 384
+  // paged TMA: the producer's page-id batches need more than 32 (28 bytes spilled): 40 / 224
+  // (d 256: the consumers need their 232; its producer takes page ids 2 at a time instead)
+  constexpr bool PT = TMA && PAGED && D <= 128;
+  constexpr int PREGS = (TMA && BN == 176) ? 24 : PT ? 40 : kProdRegs;
+  constexpr int CREGS = (TMA && BN == 176) ? 240 : PT ? 224 : kConsRegs;
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    attn::setmaxnreg_dec<kProdRegs>();
+    attn::setmaxnreg_dec<PREGS>();
     const int tid = threadIdx.x;
     if (TMA && tid != 0) return;  // one thread issues the loads
     unsigned kc = 0, tc = 0;  // K / V tiles and Q tiles copied so far (ring positions and phases)
@@ -176,18 +273,29 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const int hk = w.h / p.group;
       const long long ldq = p.stride[PYDNN_ATTN_T_Q][2];
       const T* gq = at<T>(p.q, p, PYDNN_ATTN_T_Q, w.b, w.h) + (long long)m0 * ldq;
-      const T* gk = at<T>(p.k, p, PYDNN_ATTN_T_K, w.b, hk);
-      const T* gv = at<T>(p.v, p, PYDNN_ATTN_T_V, w.b, hk);
+      const T* gk = PAGED ? (const T*)p.k + (long long)hk * p.stride[PYDNN_ATTN_T_K][1] : at<T>(p.k, p, PYDNN_ATTN_T_K, w.b, hk);
+      const T* gv = PAGED ? (const T*)p.v + (long long)hk * p.stride[PYDNN_ATTN_T_V][1] : at<T>(p.v, p, PYDNN_ATTN_T_V, w.b, hk);
       const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
+      const int* tabk = PAGED ? p.ptab_k + (long long)w.b * p.ptab_stride[0][0] : nullptr;
+      const int* tabv = PAGED ? p.ptab_v + (long long)w.b * p.ptab_stride[1][0] : nullptr;
       for (int j = 0; j <= nt; ++j) {
         if (j < nt) {
           const unsigned c = kc + j, s = c % STAGES;
+          const int pk0 = TMA && PAGED ? first_page(tabk, p.ptab_stride[0][1], p.page_size, j * BN) : 0;
           mbar_wait(kempty(s), ((c / STAGES) & 1) ^ 1);
-          if (TMA) {
+          if (TMA && PAGED) {
+            tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
+            load_paged<D, BN>(kbuf(s), &tm->k, kfull(s), tabk, p.ptab_stride[0][1], p.page_size, j * BN, sq.len_kv, hk,
+                              pk0);
+          } else if (TMA) {
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
               tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, j * BN, hk, w.b);
+          } else if (PAGED) {
+            copy_tile_paged<T, D, BN, kProducer>(kbuf(s), gk, ldk, p.stride[PYDNN_ATTN_T_K][0], tabk, p.ptab_stride[0][1],
+                                                 p.page_size, j * BN, sq.len_kv - j * BN, tid);
+            mbar_arrive_cp_async(kfull(s));
           } else {
             copy_tile<T, D, BN, kProducer>(kbuf(s), gk + (long long)j * BN * ldk, ldk, sq.len_kv - j * BN, tid);
             mbar_arrive_cp_async(kfull(s));
@@ -207,12 +315,21 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
         }
         if (j > 0) {
           const unsigned c = kc + j - 1, s = c % STAGES;
+          const int pv0 = TMA && PAGED ? first_page(tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN) : 0;
           mbar_wait(vempty(s), ((c / STAGES) & 1) ^ 1);
-          if (TMA) {
+          if (TMA && PAGED) {
+            tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
+            load_paged<D, BN>(vbuf(s), &tm->v, vfull(s), tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN,
+                              sq.len_kv, hk, pv0);
+          } else if (TMA) {
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
               tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, (j - 1) * BN, hk, w.b);
+          } else if (PAGED) {
+            copy_tile_paged<T, D, BN, kProducer>(vbuf(s), gv, ldv, p.stride[PYDNN_ATTN_T_V][0], tabv, p.ptab_stride[1][1],
+                                                 p.page_size, (j - 1) * BN, sq.len_kv - (j - 1) * BN, tid);
+            mbar_arrive_cp_async(vfull(s));
           } else {
             copy_tile<T, D, BN, kProducer>(vbuf(s), gv + (long long)(j - 1) * BN * ldv, ldv,
                                            sq.len_kv - (j - 1) * BN, tid);
@@ -228,7 +345,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   }
 
   // -------------------------------------------------------------------------------------- consumers
-  attn::setmaxnreg_inc<kConsRegs>();
+  attn::setmaxnreg_inc<CREGS>();
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
   if (PP && cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
@@ -317,6 +434,23 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     {  // the last tile's P V
       const unsigned c = kc + nt - 1, sc = c % STAGES;
       mbar_wait(vfull(sc), (c / STAGES) & 1);
+      if (TMA && PAGED) {
+        // rows [keep, BN) of the box came from the page past the batch's keys: zero them (each slab's rows
+        // are 128 contiguous bytes, the swizzle moves chunks only within a row). Both warpgroups write the
+        // same zeros; each reads only after its own writes and barrier.
+        const int keep = sq.len_kv - (nt - 1) * BN;  // (warpgroup-uniform)
+        if (keep < BN) {
+          const int t = threadIdx.x & 127;
+#pragma unroll
+          for (int sl = 0; sl < D / 64; ++sl) {
+            unsigned char* base = smem + (vbuf(sc) - aQ) + sl * BN * 128;
+            for (int off = keep * 128 + t * 16; off < BN * 128; off += 128 * 16)
+              *reinterpret_cast<uint4*>(base + off) = make_uint4(0, 0, 0, 0);
+          }
+          wgmma::fence_proxy_async();
+          bar_sync(kBarWG + cw, 128);
+        }
+      }
       if (!TMA) wgmma::fence_proxy_async();
       if (PP) bar_sync(my_turn, 256);
       wgmma::fence();
@@ -382,6 +516,18 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
 template <class T, int D, int BN, int STAGES, bool PP = true>
 __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
   fwd_ws_body<T, D, BN, STAGES, PP, true>(p, &tm);
+}
+
+// paged K / V (units attention.ws.paged.<tag>): the cp.async producer (any page size) and TMA (page size
+// a multiple of BN; tm's K / V maps over the page pools)
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_paged(const AttnParams p) {
+  fwd_ws_body<T, D, BN, STAGES, PP, false, true>(p, nullptr);
+}
+
+template <class T, int D, int BN, int STAGES, bool PP = true>
+__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma_paged(const AttnParams p, const __grid_constant__ TmaMaps tm) {
+  fwd_ws_body<T, D, BN, STAGES, PP, true, true>(p, &tm);
 }
 
 }  // namespace attn_ws

@@ -424,6 +424,24 @@ attention = Switches(
     DECODE_IMBALANCE=(0.1, "decode_plan's model: the extra cost, in chunks of one split, of a wave that puts two "
                            'CTAs on some SMs and one on others (measured ~10% on the H200); the reasons: '
                            'pydnn/ops/attention.py split_cost'),
+    WS_BN176=(False, 'd 128 on the warp-specialized forward: K / V tiles of 176 keys (FlashAttention-3\'s non-causal '
+                     'd 128 tile; units attention.ws.n176.*) for "noncausal" calls, or True: every call; False: 128 '
+                     '(an A/B knob until a GPU run decides; pydnn/ops/attention_ws.py bn_of)'),
+    WS_BN192=(False, 'd 64 on the warp-specialized forward: K / V tiles of 192 keys (units attention.ws.n192.*) for '
+                     '"noncausal" calls, or True: every call; False: 128 (an A/B knob, as WS_BN176)'),
+    PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
+                    'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
+                    'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),
+    PAGED_DEC_PIPE=(False, 'the paged decode kernel loads each tile\'s page ids an iteration before it stores their '
+                           'row offsets (dec<T, D, true, true>) instead of loading and storing them in one step (a '
+                           'stall a tile: the mid-session H200 run measured the paged decode at 0.58-0.61x the '
+                           'contiguous one); off until a GPU run has tested and timed it'),
+    PAGED_TMA_SMALL=(True, 'PAGED_TMA for pages smaller than the K / V tile too (a multiple of 8 keys dividing it: '
+                           'one TMA box a page, BN / page size boxes a tile); False: such pages take the cp.async '
+                           'producer'),
+    PAGED_TMA=(True, 'the paged warp-specialized forward loads K / V by TMA over the page pools where the page size '
+                     'is a multiple of its K / V tile (128 keys; 64 at d 256) and WS_TMA holds; False: its '
+                     'producer warpgroup copies rows with cp.async through the page table (any page size)'),
 )
 
 attention_bwd = Switches(

@@ -485,7 +485,7 @@ def decode_splits(out=None):
 AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
 
 
-def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None):
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None, names=None):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
@@ -495,7 +495,9 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     (default all five at d 128, old / new / tma elsewhere). TFLOP/s, the ratios to
     cuDNN and their geometric means. check: the new kernel's O against the old one's (max |diff|).
     d 64 / 256 (`--d64`, `--d256`): the instantiated variants (forced on through WS.HEAD_DIMS), old / new
-    only."""
+    only. names: the variants to time by tag (overrides nvar), e.g. old,tma,n176 ([n176]: TMA with 176-key
+    K / V tiles on non-causal calls, tuning.attention.WS_BN176, d 128; [n192]: 192-key tiles at d 64,
+    WS_BN192)."""
     import math
     from pydnn.ops import attention_ws as WS
     h = pydnn.create()
@@ -503,8 +505,11 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     bf = pydnn.PYDNN_DATA_BFLOAT16
     name = torch.cuda.get_device_name()
     # (row tag, WS switch ("tma": WS and WS_TMA), WS module attribute, its value for the row)
-    variants = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
-                ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False))[:nvar or (5 if diag else 3)]
+    # (an attribute "attention.X" is a tuning switch, set for the row through tuning.override)
+    every = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
+             ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False),
+             ("n176", "tma", "attention.WS_BN176", "noncausal"), ("n192", "tma", "attention.WS_BN192", "noncausal"))
+    variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
              + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
@@ -534,20 +539,26 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
             ms, outs = {}, {}
             WS.LAST_TMA = False
             for tag, ws, attr, val in variants:
-                keep = getattr(WS, attr)
-                setattr(WS, attr, val)
+                sw = {"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}
+                mod = not attr.startswith("attention.")
+                if mod:
+                    keep = getattr(WS, attr)
+                    setattr(WS, attr, val)
+                else:
+                    sw[attr] = val
                 try:
-                    with tuning.override({"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}):
-                        if tag in ("old", "new", "tma") and check:
+                    with tuning.override(sw):
+                        if tag in ("old", "new", "tma", "n176", "n192") and check:
                             o.fill_(float("nan"))
                             fwd()
                             torch.cuda.synchronize()
                             outs[tag] = o.clone()
                         ms[tag] = time_ms(fwd, reps=reps, warmup=2) if reps else time_ms(fwd)
                 finally:
-                    setattr(WS, attr, keep)
+                    if mod:
+                        setattr(WS, attr, keep)
             diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
-                if check else float("nan")
+                if check and "old" in outs and len(outs) > 1 else float("nan")
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:
@@ -676,6 +687,109 @@ def bwd_ab(out=None, shapes=None, reps=None, check=True, det=0, variants=None):
             f.write("\n".join(lines) + "\n")
 
 
+# ----------------------------------------------------------------------------- paged K / V (attnf)
+# (b, hq, hkv, sq, skv, d, page size, causal): decode against a long cache, vLLM's 16-key pages and larger
+# ones; prefill with pages of one TMA box (128) and of 16 keys (the cp.async producer through the table)
+PAGED_CASES = [
+    (8, 32, 8, 1, 32768, 128, 16, False), (8, 32, 8, 1, 32768, 128, 128, False),
+    (4, 32, 8, 4096, 4096, 128, 128, True), (4, 32, 8, 4096, 4096, 128, 16, True),
+    (4, 32, 32, 4096, 4096, 64, 128, False),
+]
+
+
+def paged(out=None, cases=None, reps=None):
+    """`python3 tools/bench_attention.py --paged [--paged-cases 0,2] [--out FILE]`: pydnn's paged forward
+    (attention_forward_paged: K / V pages scattered in a random order over the pool, every sequence at full
+    length) against pydnn's contiguous forward on the same values and SDPA's cuDNN backend (contiguous) in
+    the same run; ms, the paged / contiguous ratio, TFLOP/s (prefill) or K+V TB/s (decode), and the paged
+    output's max |diff| from the contiguous one."""
+    from pydnn.ops import attention as A
+    from pydnn.ops import attention_ws as WS
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    name = torch.cuda.get_device_name()
+    lines = [f"# paged K / V forward, {name}", "",
+             "| case | path | paged ms | contiguous ms | paged / contig | sdpa cudnn ms | paged vs cudnn | rate | max diff |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for ci, (bb, hq, hkv, sq, skv, d, ps, causal) in enumerate(PAGED_CASES):
+        if cases is not None and ci not in cases:
+            continue
+        q = torch.randn(bb, hq, sq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bb, hkv, skv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        o, o2 = torch.empty_like(q), torch.empty_like(q)
+        npg = skv // ps
+        perm = torch.randperm(bb * npg, device="cuda")
+        table = perm.view(bb, npg).to(torch.int32).contiguous()
+        # pool (pages, hkv, ps, d): page table[b][j] holds keys j * ps .. of batch b
+        kp = torch.empty(bb * npg, hkv, ps, d, dtype=torch.bfloat16, device="cuda")
+        vp = torch.empty_like(kp)
+        kp[table.view(-1).long()] = k.view(bb, hkv, npg, ps, d).permute(0, 2, 1, 3, 4).reshape(bb * npg, hkv, ps, d)
+        vp[table.view(-1).long()] = v.view(bb, hkv, npg, ps, d).permute(0, 2, 1, 3, 4).reshape(bb * npg, hkv, ps, d)
+        lens = torch.full((bb,), skv, dtype=torch.int32, device="cuda")
+        a = pydnn.create_attention_descriptor()
+        mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_BOTTOM_RIGHT if causal else pydnn.PYDNN_ATTN_MASK_NONE
+        pydnn.set_attention_descriptor(a, hq, hkv, d, d ** -0.5, mask, 0.0, 0)
+        tq, tk, tkp, to = _desc(q, bf), _desc(k, bf), _desc(kp, bf), _desc(o, bf)
+        tt = pydnn.create_tensor_descriptor()
+        pydnn.set_tensor_nd_descriptor(tt, pydnn.PYDNN_DATA_INT32, 4, [bb, 1, npg, 1], [npg, npg, 1, 1])
+        n = pydnn.get_attention_forward_paged_workspace_size(h, a, tq, tkp, tt, skv)
+        n2 = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+        ws = torch.empty(max(n, n2, 16), dtype=torch.uint8, device="cuda")
+
+        def fp():
+            pydnn.attention_forward_paged(h, a, tq, q.data_ptr(), tkp, kp.data_ptr(), tkp, vp.data_ptr(), tt,
+                                          table.data_ptr(), tt, table.data_ptr(), skv, to, o.data_ptr(), None, None,
+                                          None, lens.data_ptr(), ws.data_ptr(), n)
+
+        def fc():
+            pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tk, v.data_ptr(), to, o2.data_ptr(),
+                                    None, None, None, None, ws.data_ptr(), n2)
+        fp()
+        path = A.LAST_PAGED_ROUTE + (f" {WS.LAST_PAGED}" if A.LAST_PAGED_ROUTE == "ws" else "")
+        fc()
+        torch.cuda.synchronize()
+        diff = (o.float() - o2.float()).abs().max().item()
+        kw = dict(reps=reps, warmup=2) if reps else {}
+        ms_p, ms_c = time_ms(fp, **kw), time_ms(fc, **kw)
+        if causal and sq == skv:
+            ms_t = _torch_ms("cudnn", q, k, v, True, False, reps=reps)
+        elif causal:  # (bottom-right, as a mask: torch's is_causal is top-left)
+            am = torch.arange(skv, device="cuda")[None, :] <= torch.arange(sq, device="cuda")[:, None] + skv - sq
+            ms_t = _torch_ms("cudnn", q, k, v, False, False, attn_mask=am, reps=reps)
+        else:
+            ms_t = _torch_ms("cudnn", q, k, v, False, False, reps=reps)
+        if sq > 1:
+            flops = 4 * bb * hq * sq * skv * d * (0.5 if causal else 1.0)
+            rate = f"{flops / ms_p / 1e9:.0f} TFLOP/s"
+        else:
+            rate = f"{2 * k.numel() * 2 / ms_p / 1e9:.2f} TB/s"
+        case = f"b{bb} h{hq}/{hkv} q{sq} kv{skv} d{d} ps{ps}{' causal' if causal else ''}"
+        row = (f"| {case} | {path} | {ms_p:.4f} | {ms_c:.4f} | {ms_c / ms_p:.3f}x | "
+               f"{'-' if ms_t is None else f'{ms_t:.4f}'} | {'-' if ms_t is None else f'{ms_t / ms_p:.3f}x'} | "
+               f"{rate} | {diff:.3g} |")
+        print(row, flush=True)
+        lines.append(row)
+        if A.LAST_PAGED_ROUTE == "dec":  # the decode kernel's pipelined page ids (tuning.attention.PAGED_DEC_PIPE)
+            with tuning.override({"attention.PAGED_DEC_PIPE": True}):
+                o.fill_(float("nan"))
+                fp()
+                torch.cuda.synchronize()
+                d2 = (o.float() - o2.float()).abs().max().item()
+                ms_q = time_ms(fp, **kw)
+            row = (f"| {case} | dec pipe | {ms_q:.4f} | {ms_c:.4f} | {ms_c / ms_q:.3f}x | "
+                   f"{'-' if ms_t is None else f'{ms_t:.4f}'} | {'-' if ms_t is None else f'{ms_t / ms_q:.3f}x'} | "
+                   f"{2 * k.numel() * 2 / ms_q / 1e9:.2f} TB/s | {d2:.3g} |")
+            print(row, flush=True)
+            lines.append(row)
+        del q, k, v, kp, vp, o, o2, ws
+        torch.cuda.empty_cache()
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="decode split calibration (the rest of this file runs under "
@@ -687,11 +801,17 @@ if __name__ == "__main__":
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
+    ap.add_argument("--no-d128", action="store_true", help="--fwd-ab: skip the d 128 table (with --d64 / --d256)")
+    ap.add_argument("--variants", help="--fwd-ab: comma-separated variant tags (old new tma 1sec nopp n176 n192)")
     ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
     ap.add_argument("--bwd-shapes", help="--bwd-ab: comma-separated BxSxHQxHKVxD (default 4x4096x32x32x128)")
     ap.add_argument("--det", default="0", help="--bwd-ab: deterministic modes, comma-separated (0: atomic dQ)")
+    ap.add_argument("--paged", action="store_true", help="the paged K / V forward vs contiguous and cuDNN")
+    ap.add_argument("--paged-cases", help="--paged: comma-separated indices into PAGED_CASES (default all)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.paged:
+        paged(args.out, [int(x) for x in args.paged_cases.split(",")] if args.paged_cases else None, args.reps)
     if args.bwd_ab:
         sh = [tuple(int(y) for y in x.split("x")) for x in args.bwd_shapes.split(",")] if args.bwd_shapes else None
         for det in (int(x) for x in args.det.split(",")):
@@ -701,8 +821,10 @@ if __name__ == "__main__":
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
         shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
-        fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar)
+        names = args.variants.split(",") if args.variants else None
+        if not args.no_d128:
+            fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar, names=names)
         for d, on in ((64, args.d64), (256, args.d256)):
-            if on:
+            if on:  # (names: the d 128-only ones leave their rows equal to tma's)
                 fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
-                       diag=False, reps=args.reps)
+                       diag=False, reps=args.reps, names=names)

@@ -141,6 +141,23 @@ FUNCTIONS += [
 OPAQUE_TYPES += [("pydnnBackendDescriptor_t", "pydnnBackendDescriptorStruct")]
 # ---- end of the graph API family ----
 
+# ---- attention forward family (attnf, issue 19; pydnn/ops/attention.py): paged K / V ----
+_TD = "pydnnTensorDescriptor_t"
+FUNCTIONS += [("Fused attention with paged K / V (pydnn extension)", [
+    ("pydnnStatus_t pydnnGetAttentionForwardPagedWorkspaceSize(pydnnHandle_t handle, const pydnnAttentionDescriptor_t "
+     f"attnDesc, const {_TD} qDesc, const {_TD} kDesc, const {_TD} pageTableKDesc, int maxSeqLenKV, size_t *sizeInBytes);",
+     "Workspace bytes pydnnAttentionForwardPaged needs (the split-KV decode kernel's partial results, else 0)."),
+    ("pydnnStatus_t pydnnAttentionForwardPaged(pydnnHandle_t handle, const pydnnAttentionDescriptor_t attnDesc, "
+     f"const {_TD} qDesc, const void *q, const {_TD} kDesc, const void *k, const {_TD} vDesc, const void *v, "
+     f"const {_TD} pageTableKDesc, const void *pageTableK, const {_TD} pageTableVDesc, const void *pageTableV, "
+     f"int maxSeqLenKV, const {_TD} oDesc, void *o, const {_TD} statsDesc, void *stats, const void *seqLensQ, "
+     "const void *seqLensKV, void *workSpace, size_t workSpaceSizeInBytes);",
+     "The forward with K / V in page pools (pages, numHeadsKV, pageSize, headDim) read through INT32 page tables "
+     "(B, 1, maxPages, 1); seqLensKV required; maxSeqLenKV 0: maxPages * pageSize."),
+])]
+NULLABLE["pydnnAttentionForwardPaged"] = ("statsDesc",)
+# ---- end of the attention forward family ----
+
 
 # Function-like macros of the header (cuDNN 9's status arithmetic: a status is category + specific error,
 # so PYDNN_STATUS_CATEGORY(PYDNN_STATUS_BAD_PARAM_NULL_POINTER) == PYDNN_STATUS_BAD_PARAM). Header only:

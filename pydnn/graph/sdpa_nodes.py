@@ -13,6 +13,10 @@ a pass-by-value scalar tensor or a number (cudnn-frontend's default: no scaling,
 causal (top left: key j visible to query i when j <= i) and causal bottom right. dropout: (probability,
 seed, offset) with an int seed and offset 0 (pydnn's Philox stream, see pydnn/ops/attention.py).
 use_padding_mask with seq_len_q / seq_len_kv ((B, 1, 1, 1) INT32 device tensors): per-batch lengths.
+Paged K / V (sdpa only; cudnn-frontend's paged_attention_k_table / _v_table / _max_seq_len_kv, pydnn
+extension attributes PAGE_TABLE_KDESC / _VDESC / MAX_SEQ_LEN_KV): k and v are page pools (pages, Hkv,
+page size, D), the tables (B, 1, maxPages, 1) INT32 device tensors, seq_len_kv required
+(pydnn.attention_forward_paged).
 pydnn runs bf16 / fp16 with head dims 64 and 128, the head dim contiguous (NOT_SUPPORTED otherwise).
 Each node is one call of the fused attention kernels (forward: one launch; backward: its passes).
 """
@@ -39,6 +43,8 @@ _EXTRA = lambda pre: {  # noqa: E731
 FWD_SCHEMA = {
     **{FWD + n: Attr(_BD, required=True, **_T) for n in ("QDESC", "KDESC", "VDESC", "ODESC")},
     FWD + "STATSDESC": Attr(_BD, **_T), **_EXTRA(FWD),
+    FWD + "PAGE_TABLE_KDESC": Attr(_BD, **_T), FWD + "PAGE_TABLE_VDESC": Attr(_BD, **_T),
+    FWD + "MAX_SEQ_LEN_KV": Attr("INT64"),
 }
 BWD_SCHEMA = {
     **{BWD + n: Attr(_BD, required=True, **_T) for n in ("QDESC", "KDESC", "VDESC", "ODESC", "DODESC", "STATSDESC",
@@ -60,12 +66,12 @@ def _params(d, pre, where):
     return dict(mask=mask, dropout=p, seed=seed)
 
 
-def _shapes(where, pre, q, k, v, o, stats, extra=()):
+def _shapes(where, pre, q, k, v, o, stats, extra=(), paged=False):
     for t, n in ((q, "QDESC"), (k, "KDESC"), (v, "VDESC"), (o, "ODESC")):
         if len(t.dims) != 4:
             raise bad(f"{where}: PYDNN_ATTR_{pre}{n} has {len(t.dims)} dims (batch, heads, sequence, head dim)")
     b, hq, sq, d = q.dims
-    if k.dims[0] != b or k.dims[3] != d:
+    if (k.dims[0] != b and not paged) or k.dims[3] != d:  # (paged: k is a page pool, dims[0] its pages)
         raise bad(f"{where}: PYDNN_ATTR_{pre}KDESC dims {list(k.dims)} disagree with Q's {list(q.dims)} "
                   f"(batch and head dim)")
     if tuple(v.dims) != tuple(k.dims):
@@ -107,16 +113,49 @@ def _scale(d, pre, where):
     return s
 
 
+def _paged(d, where, q, k, lens):
+    """The page tables ({role: tensor}) and maxSeqLenKV of a paged forward, or ({}, 0)."""
+    tk, tv = d.one(FWD + "PAGE_TABLE_KDESC"), d.one(FWD + "PAGE_TABLE_VDESC")
+    if tk is None and tv is None:
+        if d.one(FWD + "MAX_SEQ_LEN_KV") is not None:
+            raise bad(f"{where}: PYDNN_ATTR_{FWD}MAX_SEQ_LEN_KV without page tables")
+        return {}, 0
+    if tk is None or tv is None:
+        raise bad(f"{where}: paged K / V need both PYDNN_ATTR_{FWD}PAGE_TABLE_KDESC and _VDESC")
+    b, ps = q.dims[0], k.dims[2]
+    out = {}
+    for role, n, t in (("page_table_k", "PAGE_TABLE_KDESC", tk.state), ("page_table_v", "PAGE_TABLE_VDESC", tv.state)):
+        if len(t.dims) != 4 or t.dims[0] != b or t.dims[1] != 1 or t.dims[3] != 1:
+            raise bad(f"{where}: PYDNN_ATTR_{FWD}{n} dims {list(t.dims)} must be [{b}, 1, maxPages, 1]")
+        if t.dtype != E.PYDNN_DATA_INT32:
+            raise bad(f"{where}: PYDNN_ATTR_{FWD}{n} data type {t.dtype} must be INT32")
+        out[role] = t
+    m = d.one(FWD + "MAX_SEQ_LEN_KV", 0) or tk.state.dims[2] * ps
+    for role, t in out.items():
+        if not 0 < m <= t.dims[2] * ps:
+            raise bad(f"{where}: PYDNN_ATTR_{FWD}MAX_SEQ_LEN_KV = {m}: {role} covers {t.dims[2] * ps} keys "
+                      f"({t.dims[2]} pages of {ps})")
+    if "seq_len_kv" not in lens:
+        raise bad(f"{where}: paged K / V need PYDNN_ATTR_{FWD}SEQ_LEN_KVDESC (the sequences' key lengths)")
+    return out, m
+
+
 def _fin_fwd(d):
     where = "OPERATION_SDPA_FWD"
     q, k, v, o = (d.one(FWD + n).state for n in ("QDESC", "KDESC", "VDESC", "ODESC"))
     st = d.one(FWD + "STATSDESC")
     st = st.state if st is not None else None
-    _shapes(where, FWD, q, k, v, o, st)
+    paged = d.one(FWD + "PAGE_TABLE_KDESC") is not None or d.one(FWD + "PAGE_TABLE_VDESC") is not None
+    _shapes(where, FWD, q, k, v, o, st, paged=paged)
     scale = _scale(d, FWD, where)
-    ins = dict(q=q, k=k, v=v, **({"attn_scale": scale} if scale is not None else {}), **_lens(d, FWD, where, q.dims[0]))
+    lens = _lens(d, FWD, where, q.dims[0])
+    tables, m = _paged(d, where, q, k, lens)
+    ins = dict(q=q, k=k, v=v, **({"attn_scale": scale} if scale is not None else {}), **lens, **tables)
     outs = dict(o=o, **({"stats": st} if st is not None else {}))
-    return OpInfo("sdpa_fwd", ins, outs, _params(d, FWD, where))
+    p = _params(d, FWD, where)
+    if tables:
+        p["max_seq_len_kv"] = m
+    return OpInfo("sdpa_fwd", ins, outs, p)
 
 
 def _fin_bwd(d):
@@ -153,7 +192,7 @@ def _check_json(op):
 PL.CHECKS.update(sdpa_fwd=_check_json, sdpa_bwd=_check_json)
 EN.BY_VALUE.update(sdpa_fwd={"attn_scale"}, sdpa_bwd={"attn_scale"})
 _INT32 = (E.PYDNN_DATA_INT32,)
-EN.OTHER_DTYPES.update(sdpa_fwd=dict(seq_len_q=_INT32, seq_len_kv=_INT32),
+EN.OTHER_DTYPES.update(sdpa_fwd=dict(seq_len_q=_INT32, seq_len_kv=_INT32, page_table_k=_INT32, page_table_v=_INT32),
                        sdpa_bwd=dict(seq_len_q=_INT32, seq_len_kv=_INT32))
 
 
@@ -190,7 +229,7 @@ class SdpaNode:
                 return f"{name}: stats (uid {t.uid}) must be FLOAT"
             elif r == "attn_scale" and not t.by_value:
                 return f"{name}: attn_scale (uid {t.uid}) must be a pass-by-value scalar"
-            elif r in ("seq_len_q", "seq_len_kv") and (t.by_value or t.virtual):
+            elif r in ("seq_len_q", "seq_len_kv", "page_table_k", "page_table_v") and (t.by_value or t.virtual):
                 return f"{name}: {r} (uid {t.uid}) must be a graph input in device memory"
         return None
 
@@ -210,7 +249,9 @@ class SdpaStep:
         self.kind, p = op.kind, op.params
         self.uids = {**op.inputs, **op.outputs}
         tens = {r: g.tensors[u] for r, u in self.uids.items()}
-        self.descs = {r: _tdesc(t, st[t.uid]) for r, t in tens.items() if r in DATA or r == "stats"}
+        self.descs = {r: _tdesc(t, st[t.uid]) for r, t in tens.items()
+                      if r in DATA or r in ("stats", "page_table_k", "page_table_v")}
+        self.max_seq = p.get("max_seq_len_kv", 0)  # paged K / V (attention_forward_paged) when not 0
         q, k = tens["q"], tens["k"]
         self.shape = (q.dims[1], k.dims[1], q.dims[3], p["mask"], p["dropout"], p["seed"])
         self.attn = pydnn.create_attention_descriptor()
@@ -221,6 +262,9 @@ class SdpaStep:
         if self.kind == "sdpa_bwd":
             self.ws_size = pydnn.get_attention_backward_workspace_size(handle, self.attn, self.descs["q"],
                                                                        self.descs["k"])
+        elif self.max_seq:  # the paged decode kernel's partials (split KV), if it takes the call
+            self.ws_size = pydnn.get_attention_forward_paged_workspace_size(
+                handle, self.attn, self.descs["q"], self.descs["k"], self.descs["page_table_k"], self.max_seq)
         self.launches = 1 if self.kind == "sdpa_fwd" else None
 
     def _set_scale(self, s):
@@ -241,7 +285,13 @@ class SdpaStep:
             self._set_scale(float(ptr[u["attn_scale"]]))
         p = {r: ptr[x] for r, x in u.items() if r != "attn_scale"}
         lq, lkv = p.get("seq_len_q"), p.get("seq_len_kv")
-        if self.kind == "sdpa_fwd":
+        if self.kind == "sdpa_fwd" and self.max_seq:
+            ws = ptr["workspace"] + self.ws_offset if self.ws_size else 0
+            pydnn.attention_forward_paged(handle, self.attn, d["q"], p["q"], d["k"], p["k"], d["v"], p["v"],
+                                          d["page_table_k"], p["page_table_k"], d["page_table_v"], p["page_table_v"],
+                                          self.max_seq, d["o"], p["o"], d.get("stats"), p.get("stats", 0), lq, lkv,
+                                          ws, self.ws_size)
+        elif self.kind == "sdpa_fwd":
             pydnn.attention_forward(handle, self.attn, d["q"], p["q"], d["k"], p["k"], d["v"], p["v"], d["o"], p["o"],
                                     d.get("stats"), p.get("stats", 0), lq, lkv, None, 0)
         else:
@@ -312,12 +362,28 @@ def _padding(g, what, use_padding_mask, seq_len_q, seq_len_kv):
 
 def sdpa(self, q, k, v, is_inference=False, attn_scale=None, use_causal_mask=False, use_causal_mask_bottom_right=False,
          dropout=None, generate_stats=None, use_padding_mask=False, seq_len_q=None, seq_len_kv=None,
-         compute_data_type=None, name=None, **kw):
+         compute_data_type=None, name=None, paged_attention_k_table=None, paged_attention_v_table=None,
+         paged_attention_max_seq_len_kv=None, **kw):
     """cudnn-frontend's sdpa: [O, stats] (stats None when is_inference and not generate_stats). Rows past
-    their sequence length: O = 0, stats = -inf (pydnn's fused attention)."""
+    their sequence length: O = 0, stats = -inf (pydnn's fused attention). Paged K / V: k and v the page
+    pools (pages, Hkv, page size, D), paged_attention_k_table / _v_table (B, 1, maxPages, 1) INT32 tensors,
+    paged_attention_max_seq_len_kv (None: maxPages x page size); needs seq_len_kv."""
     q, k, v = (self._check_in(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     opt = _options("sdpa", attn_scale, use_causal_mask, use_causal_mask_bottom_right, dropout, kw, self)
     lens = _padding(self, "sdpa", use_padding_mask, seq_len_q, seq_len_kv)
+    if paged_attention_k_table is not None or paged_attention_v_table is not None:
+        if paged_attention_k_table is None or paged_attention_v_table is None:
+            raise bad("sdpa: paged attention needs paged_attention_k_table and paged_attention_v_table")
+        if "seq_len_kv" not in lens:
+            raise bad("sdpa: paged attention needs use_padding_mask=True with seq_len_kv")
+        lens["page_table_k"] = self._check_in(paged_attention_k_table, "paged_attention_k_table")
+        lens["page_table_v"] = self._check_in(paged_attention_v_table, "paged_attention_v_table")
+        m = paged_attention_max_seq_len_kv
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
+            raise bad(f"sdpa: paged_attention_max_seq_len_kv {m!r} must be a positive int")
+        opt["max_seq_len_kv"] = m or 0
+    elif paged_attention_max_seq_len_kv is not None:
+        raise bad("sdpa: paged_attention_max_seq_len_kv without page tables")
     if len(q.dim) != 4:
         raise bad(f"sdpa: q dims {q.dim} (batch, heads, sequence, head dim)")
     nm = name or "sdpa"
@@ -348,7 +414,8 @@ def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, use_causal_mask=
 
 
 _ROLE_ATTR = dict(q="QDESC", k="KDESC", v="VDESC", o="ODESC", do="DODESC", stats="STATSDESC", attn_scale="SCALEDESC",
-                  dq="DQDESC", dk="DKDESC", dv="DVDESC", seq_len_q="SEQ_LEN_QDESC", seq_len_kv="SEQ_LEN_KVDESC")
+                  dq="DQDESC", dk="DKDESC", dv="DVDESC", seq_len_q="SEQ_LEN_QDESC", seq_len_kv="SEQ_LEN_KVDESC",
+                  page_table_k="PAGE_TABLE_KDESC", page_table_v="PAGE_TABLE_VDESC")
 
 
 def _build(kind):
@@ -366,6 +433,8 @@ def _build(kind):
         if opt["dropout"]:
             S(o, getattr(E, pre + "DROPOUT_PROBABILITY"), E.PYDNN_TYPE_DOUBLE, 1, [opt["dropout"]])
             S(o, getattr(E, pre + "DROPOUT_SEED"), E.PYDNN_TYPE_INT64, 1, [opt["seed"]])
+        if fwd and opt.get("max_seq_len_kv"):
+            S(o, E.PYDNN_ATTR_OPERATION_SDPA_FWD_MAX_SEQ_LEN_KV, E.PYDNN_TYPE_INT64, 1, [opt["max_seq_len_kv"]])
         if not fwd and opt.get("deterministic"):
             S(o, E.PYDNN_ATTR_OPERATION_SDPA_BWD_DETERMINISTIC, E.PYDNN_TYPE_BOOLEAN, 1, [True])
         B.backend_finalize(o)

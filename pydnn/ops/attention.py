@@ -86,7 +86,8 @@ from .common import TAG, cdiv, enum_arg, output_tensor, same_shape, scalar
 __all__ = ["AttentionDescriptor", "create_attention_descriptor", "set_attention_descriptor",
            "get_attention_descriptor", "destroy_attention_descriptor",
            "get_attention_forward_workspace_size", "get_attention_backward_workspace_size",
-           "attention_forward", "attention_backward"]
+           "attention_forward", "attention_backward", "get_attention_forward_paged_workspace_size",
+           "attention_forward_paged"]
 
 _T = "pydnnTensorDescriptor_t"
 C_API = [("Fused scaled dot-product attention (pydnn extension)", [
@@ -166,6 +167,8 @@ class AttnParams(ctypes.Structure):
         ("seed", ctypes.c_ulonglong), ("drop_threshold", ctypes.c_uint), ("drop_scale", ctypes.c_float),
         ("part_o", ctypes.c_void_p), ("part_lse", ctypes.c_void_p), ("splits", ctypes.c_int),
         ("split_len", ctypes.c_int), ("sched_heads", ctypes.c_int), ("sched_pad", ctypes.c_int),
+        ("ptab_k", ctypes.c_void_p), ("ptab_v", ctypes.c_void_p), ("ptab_stride", (ctypes.c_longlong * 2) * 2),
+        ("page_size", ctypes.c_int), ("paged_pad", ctypes.c_int),
     ]
 
 
@@ -181,6 +184,8 @@ def unit_name(kernel, d, tag, drop=False):
     attention.d256.<tag> (96 / 256 without dropout), attention.dropx.<tag> (their dropout variants),
     attention.dec.<tag> (the decode kernels, every head dim). Smaller units compile in parallel (the
     install's build, a test run's prebuild) and load only when used."""
+    if kernel in ("dec_paged", "dec_paged_pipe"):
+        return f"attention.dec.paged.{tag}"
     if kernel in ("dec", "dec_combine"):
         return f"attention.dec.{tag}"
     if d in BASE_DIMS:
@@ -190,6 +195,10 @@ def unit_name(kernel, d, tag, drop=False):
 
 def _expr(kernel, tag, d, extra=None):
     t = "pydnn::bf16_t" if tag == "bf16" else "pydnn::half_t"
+    if kernel == "dec_paged":  # dec<T, D, true>: paged K / V
+        kernel, extra = "dec", "true"
+    if kernel == "dec_paged_pipe":  # dec<T, D, true, true>: the page ids loaded an iteration ahead
+        kernel, extra = "dec", "true, true"
     tail = "" if extra is None else f", {extra}"
     return f"pydnn::attn::{kernel}<{t}, {d}{tail}>"
 
@@ -230,7 +239,9 @@ def kernel_units():
             + [KernelUnit(f"attention.d{d}.{t}", "attention.cu", _unit_exprs(t, (d,), (False,))) for d in extra
                for t in tags]
             + [KernelUnit(f"attention.dropx.{t}", "attention.cu", _unit_exprs(t, extra, (True,), False)) for t in tags]
-            + [KernelUnit(f"attention.dec.{t}", "attention.cu", dec(t)) for t in tags])
+            + [KernelUnit(f"attention.dec.{t}", "attention.cu", dec(t)) for t in tags]
+            + [KernelUnit(f"attention.dec.paged.{t}", "attention.cu",
+                          tuple(_expr(k, t, d) for k in ("dec_paged", "dec_paged_pipe") for d in HEAD_DIMS)) for t in tags])
 
 
 def smem_bytes(kernel, d, atomic=False, tile=None):
@@ -243,8 +254,9 @@ def smem_bytes(kernel, d, atomic=False, tile=None):
     if kernel == "bwd_dkdv":
         ds = BWD_N * 64 * 2 if atomic else 0  # the dS^T tile
         return (2 * BWD_N + 4 * KV_M[d]) * pt * 2 + 4 * KV_M[d] * 4 + ds
-    if kernel == "dec":  # Q's 16 rows, then the K and V rings (reused by the warps' merge at the end)
-        return (DEC_ROWS + 2 * DEC_STAGES[d] * DEC_N) * pt * 2
+    if kernel in ("dec", "dec_paged", "dec_paged_pipe"):  # Q's 16 rows, the K and V rings (the warps' merge reuses them)
+        paged = DEC_STAGES[d] * 2 * DEC_N * 8 if kernel != "dec" else 0  # + the row offsets' ring
+        return (DEC_ROWS + 2 * DEC_STAGES[d] * DEC_N) * pt * 2 + paged
     return 0
 
 
@@ -635,7 +647,8 @@ def _decode_forward(handle, a, pr, p, ws, ws_size, key=None):
     if pl.ws:
         wp = _workspace(ws, ws_size, pl.ws)
         p.part_o, p.part_lse = wp, wp + lse_off
-    f, smem = _func(handle, "dec", pr)
+    f, smem = _func(handle, ("dec_paged_pipe" if tuning.attention.PAGED_DEC_PIPE else "dec_paged") if p.ptab_k
+                    else "dec", pr)
     launches = [(f, (pl.splits, a.heads_kv * pl.rblocks, pr.b), smem)]
     if pl.splits > 1:
         fc, _ = _func(handle, "dec_combine", pr)
@@ -794,3 +807,197 @@ def _wgmma_forward(handle, a, pr, p):
         return False
     W.launch(handle, pr.tag, pr.d, (a.heads_q, pr.b), pr.sq, p)
     return True
+
+
+# ----------------------------------------------------------------------------- paged K / V (attnf)
+#
+# The paged-KV forward of inference servers, cuDNN 9's SDPA with paged_attention_k_table / _v_table /
+# paged_attention_max_seq_len_kv: K and V are page pools ("containers") of dims (pages, numHeadsKV,
+# pageSize, headDim), any strides with the head dim contiguous (HND and NHD pages alike); the page tables
+# are INT32 tensors of dims (B, 1, maxPages, 1) (cuDNN's); key j < seqLensKV[b] of batch b is row
+# j % pageSize of page table[b][j / pageSize]. maxSeqLenKV (0: maxPages * pageSize of the K table) is the
+# key sequence's extent, at most what each table covers; seqLensKV is required (cuDNN's padding mask).
+# Page ids are the caller's contract (PYDNN_CHECKED=1 reads the tables and checks the live ones). No
+# dropout (inference). Kernels: up to tuning.attention.DECODE_MAX_SQ query rows, other archs, or
+# PAGED_WS off: the split-KV decode kernel (dec, any page size); else on sm_90 the warp-specialized
+# forward with paged loads (TMA boxes inside a page where the page size is a multiple of its K / V tile,
+# else cp.async through the table).
+
+# (C API: the attnf block of pydnn/capi/decl.py)
+
+
+def _pool(desc, name, heads, d, dtype):
+    """A K / V page pool: dims (pages, heads, pageSize, d), q's type, head dim contiguous, the other strides
+    whole 16-byte units. Returns (pages, pageSize)."""
+    check_tensor(desc, name)
+    if desc.dtype != dtype:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: data type {desc.dtype} differs from qDesc's {dtype}")
+    if len(desc.dims) != 4:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{name}: expected 4 dims (pages, heads, page size, head dim), got {len(desc.dims)}")
+    pages, h, ps, dd = desc.dims
+    if h != heads:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: dims[1] = {h} heads, the descriptor says {heads}")
+    if dd != d:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: dims[3] = {dd}, the descriptor's headDim is {d}")
+    if pages >= 2**31 or ps >= 2**31:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"{name}: dims {desc.dims} exceed the kernels' limits "
+                         "(pages and page size < 2^31)")
+    if desc.strides[3] != 1:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"{name}: strides[3] = {desc.strides[3]}; the head dim must be contiguous (stride 1)")
+    for i in (2, 1, 0):
+        if desc.strides[i] % 8:
+            raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                             f"{name}: strides[{i}] = {desc.strides[i]} is not a multiple of 8 elements "
+                             "(16-byte rows are needed by the kernels' vector copies)")
+    return pages, ps
+
+
+def _page_table(desc, name, b):
+    """A page table: INT32, dims (B, 1, maxPages, 1) (cuDNN's). Returns maxPages."""
+    check_tensor(desc, name)
+    if desc.dtype != E.PYDNN_DATA_INT32:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: data type {desc.dtype}; page tables are INT32")
+    if len(desc.dims) != 4 or desc.dims[0] != b or desc.dims[1] != 1 or desc.dims[3] != 1:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                         f"{name}: dims {desc.dims} must be ({b}, 1, maxPages, 1) (batch, 1, pages a sequence, 1)")
+    return desc.dims[2]
+
+
+class _Paged:
+    __slots__ = ("pr", "pages", "ps", "npk", "npv", "route")
+
+
+def _validate_paged(handle, a, q_desc, k_desc, v_desc, tk_desc, tv_desc, max_seq_len_kv):
+    """The shapes of a paged call (everything but the output, the pointers and the lengths)."""
+    _set_desc(a)
+    if a.head_dim not in HEAD_DIMS:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"attnDesc: headDim {a.head_dim} is not supported (fused attention has {HEAD_DIMS})")
+    if a.dropout != 0:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"attnDesc: dropout {a.dropout} with paged K / V (an inference forward: set 0)")
+    b, sq = _qkv(q_desc, "qDesc", a.heads_q, a.head_dim)
+    pages, ps = _pool(k_desc, "kDesc", a.heads_kv, a.head_dim, q_desc.dtype)
+    _pool(v_desc, "vDesc", a.heads_kv, a.head_dim, q_desc.dtype)
+    same_shape(k_desc, "kDesc", v_desc, "vDesc")
+    npk = _page_table(tk_desc, "pageTableKDesc", b)
+    npv = _page_table(tv_desc, "pageTableVDesc", b) if tv_desc is not None else npk
+    m = _int("maxSeqLenKV", max_seq_len_kv)
+    if m == 0:
+        m = npk * ps
+    if not 0 < m < 2**31:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"maxSeqLenKV: {m} must be in [0, 2^31) (0: maxPages x pageSize)")
+    for n, np_ in (("pageTableKDesc", npk), ("pageTableVDesc", npv)):
+        if np_ * ps < m:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"{n}: {np_} pages of {ps} keys cover {np_ * ps} keys, fewer than maxSeqLenKV = {m}")
+    pg = _Paged()
+    pr = _Problem()
+    pr.b, pr.sq, pr.skv, pr.dtype, pr.d, pr.tag = b, sq, m, q_desc.dtype, a.head_dim, TAG[q_desc.dtype]
+    pr.ws = (0, 0)
+    pg.pr, pg.pages, pg.ps, pg.npk, pg.npv = pr, pages, ps, npk, npv
+    t = tuning.attention
+    ws = (t.PAGED_WS and WS.usable(handle, pr.d, 0) and pr.d in WS.HEAD_DIMS
+          and not (t.DECODE and sq <= t.DECODE_MAX_SQ))
+    pg.route = "ws" if ws else "dec"
+    if not ws and a.heads_kv * cdiv((a.heads_q // a.heads_kv) * sq, DEC_ROWS) > MAX_GRID_YZ:
+        raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED,
+                         f"qDesc: {sq} query rows x {a.heads_q} heads exceed the paged decode kernel's grid "
+                         f"(numHeadsKV x row blocks of {DEC_ROWS} <= {MAX_GRID_YZ}) on this device / these switches")
+    return pg
+
+
+def check_pages(table, name, lengths, page_size, pages):
+    """BAD_PARAM when a page id a live key reads (batch b's first ceil(len_b / pageSize)) is outside
+    [0, pages) (PYDNN_CHECKED=1 mode; tests). table: (B, maxPages) ints."""
+    for b, n in enumerate(np.asarray(lengths).tolist()):
+        live = np.asarray(table[b][:cdiv(max(int(n), 0), page_size)])
+        bad_ = np.nonzero((live < 0) | (live >= pages))[0]
+        if bad_.size:
+            j = int(bad_[0])
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM,
+                             f"{name}[{b}][{j}]: page id {int(live[j])} is outside [0, {pages}) (a live key's page)")
+
+
+def _table_ptr(buf, name, desc):
+    p = device_ptr(buf, name, desc.span_bytes())
+    if p % 4:
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"{name}: {p:#x} is not 4-byte aligned (int32)")
+    return p
+
+
+@api
+def get_attention_forward_paged_workspace_size(handle, attn_desc, q_desc, k_desc, page_table_k_desc,
+                                               max_seq_len_kv):
+    """pydnnGetAttentionForwardPagedWorkspaceSize: the split-KV decode kernel's partial results where the
+    paged call runs it (decode_plan's split count over maxSeqLenKV keys), else 0."""
+    check_handle(handle)
+    a = _set_desc(attn_desc)
+    pg = _validate_paged(handle, a, q_desc, k_desc, k_desc, page_table_k_desc, None, max_seq_len_kv)
+    if pg.route != "dec":
+        return 0
+    pr = pg.pr
+    return decode_plan(handle.sm_count, pr.b, a.heads_q, a.heads_kv, pr.sq, pr.skv, pr.d, a.mask).ws
+
+
+LAST_PAGED_ROUTE = None  # (tests: "dec" or "ws", the kernel the last paged call took)
+
+
+@api
+def attention_forward_paged(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, page_table_k_desc, page_table_k,
+                            page_table_v_desc, page_table_v, max_seq_len_kv, o_desc, o, stats_desc, stats,
+                            seq_lens_q, seq_lens_kv, work_space, work_space_size_in_bytes):
+    """pydnnAttentionForwardPaged: attention_forward with K / V in page pools (kDesc / vDesc dims (pages,
+    numHeadsKV, pageSize, headDim)) read through the INT32 page tables (B, 1, maxPages, 1). Statuses as
+    attention_forward, plus BAD_PARAM for a page table that is not INT32 (B, 1, maxPages, 1), tables
+    covering fewer than maxSeqLenKV keys, maxSeqLenKV negative, seqLensKV NULL, K and V pools that differ
+    in dims; NOT_SUPPORTED for dropout. Under PYDNN_CHECKED=1 the lengths are checked against [0, S] and
+    the live keys' page ids against [0, pages)."""
+    global LAST_PAGED_ROUTE
+    check_handle(handle)
+    a = attn_desc
+    pg = _validate_paged(handle, a, q_desc, k_desc, v_desc, page_table_k_desc, page_table_v_desc, max_seq_len_kv)
+    pr = pg.pr
+    _qkv(o_desc, "oDesc", a.heads_q, a.head_dim, pr.dtype)
+    same_shape(q_desc, "qDesc", o_desc, "oDesc")
+    output_tensor(o_desc, "oDesc")
+    if stats_desc is not None:
+        _stats(stats_desc, "statsDesc", pr.b, a.heads_q, pr.sq)
+        output_tensor(stats_desc, "statsDesc")
+    qp, kp, vp = _ptr16(q, "q", q_desc), _ptr16(k, "k", k_desc), _ptr16(v, "v", v_desc)
+    op = _ptr16(o, "o", o_desc)
+    tk = _table_ptr(page_table_k, "pageTableK", page_table_k_desc)
+    tv = _table_ptr(page_table_v, "pageTableV", page_table_v_desc)
+    lp = 0
+    if stats_desc is not None:
+        lp = device_ptr(stats, "stats", stats_desc.span_bytes())
+        if lp % 4:
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"stats: {lp:#x} is not 4-byte aligned")
+    if seq_lens_kv is None or (type(seq_lens_kv) is int and seq_lens_kv == 0):
+        raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_NULL_POINTER,
+                         "seqLensKV: NULL; paged K / V need each sequence's key length (cuDNN's padding mask)")
+    lq, lkv = _lens(seq_lens_q, "seqLensQ", pr.b, pr.sq), _lens(seq_lens_kv, "seqLensKV", pr.b, pr.skv)
+    if CHECKED:  # the live keys' page ids (reads the tables and the lengths: synchronizes)
+        lens = np.empty(pr.b, np.int32)
+        driver.memcpy_dtoh(lens.ctypes.data, lkv, pr.b * 4)
+        for t, dsc, name in ((tk, page_table_k_desc, "pageTableK"), (tv, page_table_v_desc, "pageTableV")):
+            n = dsc.span_bytes() // 4
+            host = np.empty(n, np.int32)
+            driver.memcpy_dtoh(host.ctypes.data, t, n * 4)
+            sb, sp = dsc.strides[0], dsc.strides[2]
+            tab = [[host[bi * sb + j * sp] for j in range(dsc.dims[2])] for bi in range(pr.b)]
+            check_pages(tab, name, lens, pg.ps, pg.pages)
+    p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_LSE: stats_desc})
+    p.q, p.k, p.v, p.o, p.lse, p.lens_q, p.lens_kv = qp, kp, vp, op, lp or None, lq or None, lkv
+    p.ptab_k, p.ptab_v, p.page_size = tk, tv, pg.ps
+    for i, dsc in enumerate((page_table_k_desc, page_table_v_desc)):
+        p.ptab_stride[i][0], p.ptab_stride[i][1] = dsc.strides[0], dsc.strides[2]
+    LAST_PAGED_ROUTE = pg.route
+    size = _int("workSpaceSizeInBytes", work_space_size_in_bytes)
+    _workspace(work_space, size, 0)
+    if pg.route == "ws":
+        WS.launch_paged(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, pr.skv, a.heads_q // a.heads_kv, p, pg.pages)
+    else:
+        _decode_forward(handle, a, pr, p, work_space, size)

@@ -40,9 +40,17 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None):
-    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {BN[d]}, {stages or STAGES[d]}, "
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None):
+    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
             f"{'true' if pp else 'false'}>")
+
+
+# Wide K / V tiles (A/B knobs until a GPU run decides): BN = 176 at d 128 (FlashAttention-3's non-causal
+# d 128 tile, 128 x 176: 37.5% more keys a softmax pass than 128; units attention.ws.n176.<tag>,
+# tuning.attention.WS_BN176; smem (128 + 4 x 176) x 256 + 1104) and BN = 192 at d 64 (the per-tile
+# barrier / max / rescale work over 1.5x the keys; units attention.ws.n192.<tag>, WS_BN192).
+N176_UNIT = "attention.ws.n176.{}"
+WIDE = {128: (176, "WS_BN176", N176_UNIT), 64: (192, "WS_BN192", "attention.ws.n192.{}")}
 
 
 # 3-deep K / V rings at d 128 (230512 bytes of shared memory, within the 232448 a block may opt in to)
@@ -55,6 +63,13 @@ def unit_name(tag, d=128):
     return f"attention.ws.d256.{tag}" if d == 256 else f"attention.ws.{tag}"
 
 
+PAGED_UNIT = "attention.ws.paged.{}"  # the paged K / V kernels (every head dim of HEAD_DIMS), built apart
+
+
+def _paged_expr(tag, d, tma):
+    return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}_paged<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, true>")
+
+
 def kernel_units():
     out = []
     for tag in ("bf16", "f16"):
@@ -63,13 +78,31 @@ def kernel_units():
         out.append(KernelUnit(unit_name(tag), "attention_ws.cu", exprs, archs=(ARCH + "a",)))
         out.append(KernelUnit(unit_name(tag, 256), "attention_ws.cu", (_expr(tag, 256), _expr(tag, 256, tma=True)),
                               archs=(ARCH + "a",)))
+        for d, (bn, _, unit) in sorted(WIDE.items(), reverse=True):
+            out.append(KernelUnit(unit.format(tag), "attention_ws.cu",
+                                  (_expr(tag, d, bn=bn), _expr(tag, d, tma=True, bn=bn)), archs=(ARCH + "a",)))
+        out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
+                              archs=(ARCH + "a",)))
     return out
 
 
-def smem_bytes(d):
+def smem_bytes(d, bn=None):
     """Q (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2, 8 bytes each),
-    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712)."""
-    return (BM + 2 * STAGES[d] * BN[d]) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128 with 176-key tiles:
+    214096)."""
+    return (BM + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+
+
+def bn_of(d, p):
+    """The K / V tile of a (non-paged) call: WIDE[d]'s (176 at d 128, 192 at d 64) under its switch
+    (tuning.attention.WS_BN176 / WS_BN192: "noncausal": non-causal calls; True: every call), else BN[d]."""
+    if d in WIDE:
+        bn, sw, _ = WIDE[d]
+        w = getattr(tuning.attention, sw)
+        if w and (w is True or p.mask == 0):
+            return bn
+    return BN[d]
 
 
 def usable(handle, head_dim, dropout):
@@ -132,18 +165,19 @@ _MAPS = {}          # (tag, d, pointers, sizes, strides) -> TmaMaps: a repeated 
 _MAPS_LIMIT = 64
 
 
-def tma_maps(tag, d, p):
+def tma_maps(tag, d, p, bn=None):
     """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]. Encoded once per set of
     pointers and shapes (three driver calls a forward otherwise)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
-    key = (tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
+    bn = bn or BN[d]
+    key = (tag, d, bn, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
     m = _MAPS.get(key)
     if m is not None:
         return m
     q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
-    k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), BN[d])
-    v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), BN[d])
+    k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), bn)
+    v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), bn)
     m = TmaMaps()
     ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
     if len(_MAPS) >= _MAPS_LIMIT:
@@ -165,18 +199,20 @@ def takes_tma(d, p):
 
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
-    smem = smem_bytes(d)
+    bn = bn_of(d, p)
+    smem = smem_bytes(d, bn)
     grid = (grid_size(handle, b, hq, sq), 1, 1)
     p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
     if takes_tma(d, p):
         try:
-            maps = tma_maps(tag, d, p)
+            maps = tma_maps(tag, d, p, bn)
         except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
             maps = None
         if maps is not None:
             global LAST_TMA
             LAST_TMA = True
-            f = handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem)
+            f = (handle.function(WIDE[d][2].format(tag), _expr(tag, d, tma=True, bn=bn), smem) if bn != BN[d] else
+                 handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))
             argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
             drv = driver._driver()
             err = drv.cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
@@ -184,5 +220,69 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
             if err != 0:
                 driver.check((err,), "cuLaunchKernel")
             return
-    f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    if bn != BN[d]:
+        f = handle.function(WIDE[d][2].format(tag), _expr(tag, d, bn=bn), smem)
+    else:
+        f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
+    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
+
+
+# ----------------------------------------------------------------------------- paged K / V
+
+def takes_tma_paged(d, p):
+    """The paged forward's TMA producer: tuning.attention.WS_TMA and PAGED_TMA, a page size that is a
+    multiple of the K / V tile (a tile is one box inside one page) or, with PAGED_TMA_SMALL, a multiple of
+    8 that divides it (BN / ps boxes a tile, one page each), no launch recorder (as takes_tma)."""
+    t, ps, bn = tuning.attention, p.page_size, BN[d]
+    fits = ps % bn == 0 or (t.PAGED_TMA_SMALL and ps % 8 == 0 and bn % ps == 0)
+    return bool(t.WS_TMA and t.PAGED_TMA and fits and driver._recorders == 0)
+
+
+def paged_maps(tag, d, p, pages):
+    """TmaMaps of a paged call: Q as tma_maps', K / V the page pools as (d, page_size, heads_kv, pages)
+    tensors with strides (row, head, page), boxes of min(page_size, BN[d]) rows."""
+    b, hq, hkv = p.batch, p.heads_q, p.heads_kv
+    st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
+    key = ("paged", tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.page_size, pages, tuple(map(tuple, st)))
+    m = _MAPS.get(key)
+    if m is not None:
+        return m
+    q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
+    box = min(p.page_size, BN[d])  # (a smaller page: one box a page, load_paged)
+    k = _encode(tag, p.k, (d, p.page_size, hkv, pages), (st[1][2], st[1][1], st[1][0]), box)
+    v = _encode(tag, p.v, (d, p.page_size, hkv, pages), (st[2][2], st[2][1], st[2][0]), box)
+    m = TmaMaps()
+    ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
+    if len(_MAPS) >= _MAPS_LIMIT:
+        _MAPS.clear()
+    _MAPS[key] = m
+    return m
+
+
+LAST_PAGED = None  # (tests: "tma" or "cp.async", the producer the last paged launch used)
+
+
+def launch_paged(handle, tag, d, b, hq, sq, skv, group, p, pages):
+    """One paged forward launch (params p with the page tables set; attention_forward_paged checked them)."""
+    global LAST_PAGED
+    smem = smem_bytes(d)
+    grid = (grid_size(handle, b, hq, sq), 1, 1)
+    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
+    unit = PAGED_UNIT.format(tag)
+    if takes_tma_paged(d, p):
+        try:
+            maps = paged_maps(tag, d, p, pages)
+        except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
+            maps = None
+        if maps is not None:
+            LAST_PAGED = "tma"
+            f = handle.function(unit, _paged_expr(tag, d, True), smem)
+            argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
+            err = driver._driver().cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
+                                                  ctypes.addressof(argv), 0)[0]
+            if err != 0:
+                driver.check((err,), "cuLaunchKernel")
+            return
+    LAST_PAGED = "cp.async"
+    f = handle.function(unit, _paged_expr(tag, d, False), smem)
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

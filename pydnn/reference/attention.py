@@ -118,3 +118,17 @@ def backward(q, k, v, do, scale, mask=E.PYDNN_ATTN_MASK_NONE, lens_q=None, lens_
             sdq[bi, h] = scale * mag @ np.abs(kh)
             sdk[bi, h // g] += scale * mag.T @ np.abs(q[bi, h])
     return dq, dk, dv, (sdq, sdk, sdv)
+
+
+def gather_pages(pool, table, seq, lens):
+    """Paged K or V (pydnn attention_forward_paged) as a dense (B, H, seq, D) array: pool (pages, H,
+    page_size, D), table (B, maxPages) page ids, lens the per-batch key lengths; key j < lens[b] of batch
+    b is pool[table[b][j // page_size], :, j % page_size], keys past the length are 0 (never read)."""
+    pool = np.asarray(pool, np.float64)
+    _, h, ps, d = pool.shape
+    b = len(lens)
+    out = np.zeros((b, h, seq, d))
+    for bi in range(b):
+        for j in range(min(int(lens[bi]), seq)):
+            out[bi, :, j] = pool[int(table[bi][j // ps]), :, j % ps]
+    return out

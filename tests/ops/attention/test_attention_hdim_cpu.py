@@ -225,7 +225,10 @@ def test_wgmma_units():
     assert sorted(units) == ["attention.wgmma.bf16", "attention.wgmma.d256.bf16", "attention.wgmma.d256.f16",
                              "attention.wgmma.d96.bf16", "attention.wgmma.d96.f16", "attention.wgmma.f16",
                              "attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
-                             "attention.ws.f16"]  # (ws: test_attention_ws_cpu.py)
+                             "attention.ws.f16", "attention.ws.n176.bf16", "attention.ws.n176.f16",
+                             "attention.ws.n192.bf16", "attention.ws.n192.f16",
+                             "attention.ws.paged.bf16",
+                             "attention.ws.paged.f16"]  # (ws: test_attention_ws_cpu.py; paged: test_attention_paged_cpu.py)
     for t in ("bf16", "f16"):
         for d in (96, 256):
             u = units[f"attention.wgmma.d{d}.{t}"]
@@ -312,8 +315,9 @@ NEW_UNITS = ([u for u in A.kernel_units() if not (u.name in ("attention.bf16", "
              + [u for u in W.kernel_units() + WB.kernel_units() if "d256" in u.name or "d96" in u.name])
 # ptxas spills accepted, by kernel (bytes of spill stores): the decode kernel at D = 256 (O 128 + S + the
 # row bookkeeping on the 255-register edge)
-SPILL_OK = {"_ZN5pydnn4attn3decINS_6bf16_tELi256EEEv10AttnParams": 16,
-            "_ZN5pydnn4attn3decINS_6half_tELi256EEEv10AttnParams": 16}
+# (dec<T, D, PAGED = false, PIPE = false>: the plain kernel's name carries the default arguments)
+SPILL_OK = {"_ZN5pydnn4attn3decINS_6bf16_tELi256ELb0ELb0EEEv10AttnParams": 16,
+            "_ZN5pydnn4attn3decINS_6half_tELi256ELb0ELb0EEEv10AttnParams": 16}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

@@ -22,7 +22,10 @@ SMEM_LIMIT = 227 * 1024
 
 def test_units():
     units = {u.name: u for u in WS.kernel_units()}
-    assert sorted(units) == ["attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.f16"]
+    assert sorted(units) == ["attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.f16",
+                             "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
+                             "attention.ws.n192.f16", "attention.ws.paged.bf16",
+                             "attention.ws.paged.f16"]  # (paged, n176: test_attention_paged_cpu, _ws_n176_cpu)
     for t in ("bf16", "f16"):
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
@@ -355,7 +358,10 @@ def test_emulation_catches_a_missing_release():
 
 # ----------------------------------------------------------------------------- NVRTC
 
-@pytest.mark.parametrize("unit", WS.kernel_units(), ids=[u.name for u in WS.kernel_units()])
+_NOT_PAGED = [u for u in WS.kernel_units() if not u.name.startswith("attention.ws.paged.")]  # (test_attention_paged_cpu)
+
+
+@pytest.mark.parametrize("unit", _NOT_PAGED, ids=[u.name for u in _NOT_PAGED])
 def test_units_compile_without_spills(unit):
     """sm_90a, ptxas -v: no spills (the producer's 32 registers and the consumers' 232 included: ptxas
     allocates each side of setmaxnreg with its own budget), no wgmma serialization (C7514 / C7520), and
