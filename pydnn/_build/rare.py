@@ -117,6 +117,12 @@ RULES = (
     Rule(r"attention\.wgmma\.(d256\.)?(f16|bf16)", r"",
          "the older wgmma attention forward at head dims 64, 128, 256: only tuning.attention.WS off runs it "
          "(the warp-specialized forward takes those dims; d 96 stays on it)"),
+    Rule(r"attention\.ws\.(n176|n192)\.(f16|bf16)", r"",
+         "the warp-specialized forward's wide key tiles (176 keys at d128, 192 at d64): tuning.attention "
+         "WS_BN176 / WS_BN192 are off (benchmark candidates; no measured gain)"),
+    Rule(r"attention\.(ws|dec)\.paged\.(f16|bf16)", r"",
+         "paged K / V (an inference server's page tables): only attention_forward_paged and the graph's paged "
+         "sdpa run them"),
     Rule(r"attention\.ws\.bf16", r"::fwd_ws<[^<>]*, false>$",
          "fwd_ws without ping-pong (d 128 bf16): attention_ws.PINGPONG, a benchmark knob, runs it"),
     Rule(r"matmul\.wgmma\.(f16|bf16)", r"::gemm_wgmma<[^,]+, 256, ",
