@@ -372,6 +372,9 @@ matmul = Switches(
     SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
+    SIMT_BIG=("", 'float GEMMs of pydnn.matmul / the graph where the chooser takes the 128x128 CUDA-core tile: a '
+                  'SIMT_CANDIDATES name ("c1" ...) runs that candidate in its place (units compiled on first use); '
+                  '"": the build\'s tile; the reasons: pydnn/ops/matmul.py at SIMT_CANDIDATES'),
     USE_TMA=(True, 'sm_90: where the chooser picks the 128x256 wgmma tile and both operands suit TMA, plain GEMMs '
                    'and the graph API\'s fused GEMMs run gemm_tma (TMA copies, a producer warpgroup, two consumer '
                    'warpgroups, persistent) instead; the reasons: pydnn/ops/matmul.py at TMA_TILE'),

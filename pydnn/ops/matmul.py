@@ -290,27 +290,39 @@ TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
 
 
 class SimtTile:
-    """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 32 x 64
-    (8 x 8 outputs a thread), K tiles of BK in two shared buffers; registers capped for `per_sm` blocks
-    per SM (MINB); a grid of one wave of blocks (per_sm per SM) walks the (batch, tile) items. `eff` (k >
-    SHORT_K) and `eff_short` (k <= SHORT_K): the FMA rate a full SM of these blocks reaches relative to the
-    128 x 128 tile (the chooser's weights, measured)."""
+    """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 16 SUBM x
+    32 SUBN (a thread 4 SUBM x 4 SUBN outputs: 8 x 8 for the build's 2 x 2), K tiles of BK in two shared
+    buffers; registers capped for `per_sm` blocks per SM (MINB); a grid of one wave of blocks (per_sm per SM)
+    walks the (batch, tile) items. `eff` (k > SHORT_K) and `eff_short` (k <= SHORT_K): the FMA rate a full SM
+    of these blocks reaches relative to the 128 x 128 tile (the chooser's weights, measured). `name`: a
+    candidate's (tuning.matmul.SIMT_BIG; its units are matmul.f32c.<name>.<nn|nt|tn|tt>, simt_extra_units)."""
 
-    def __init__(self, bm, bn, bk, per_sm, eff, eff_short=None, unit=None):
+    def __init__(self, bm, bn, bk, per_sm, eff, eff_short=None, unit=None, subm=2, subn=2, name=None):
         self.bm, self.bn, self.bk, self.per_sm, self.eff = bm, bn, bk, per_sm, eff
         self.eff_short = eff if eff_short is None else eff_short
-        self.wm, self.wn = bm // 32, bn // 64
+        self.subm, self.subn, self.name = subm, subn, name
+        self.wm, self.wn = bm // (16 * subm), bn // (32 * subn)
+        assert self.wm * 16 * subm == bm and self.wn * 32 * subn == bn, (bm, bn, subm, subn)
         self.threads = self.wm * self.wn * 32
-        self.unit = unit  # a candidate's unit (simt_extra_units), else the build's matmul.f32
+        self.unit = unit  # the build's matmul.f32 where None (a candidate: unit_of)
         self.smem = 0     # static shared memory only
+
+    def unit_of(self, ta, tb):
+        """The unit holding this tile's kernel for (ta, tb): a candidate's own one-kernel unit, else t.unit or
+        the build's matmul.f32."""
+        if self.name is not None:
+            return f"matmul.f32c.{self.name}.{'t' if ta else 'n'}{'t' if tb else 'n'}"
+        return self.unit or "matmul.f32"
 
     def expr(self, tag="f32", ta=False, tb=False, vec=True):
         b = lambda v: "true" if v else "false"  # noqa: E731
+        sub = f", {self.subm}, {self.subn}" if (self.subm, self.subn) != (2, 2) else ""
         return (f"pydnn::matmul::gemm_simt<{self.bm}, {self.bn}, {self.bk}, {self.wm}, {self.wn}, {self.per_sm}, "
-                f"{b(ta)}, {b(tb)}>")
+                f"{b(ta)}, {b(tb)}{sub}>")
 
     def __repr__(self):
-        return f"SimtTile({self.bm}x{self.bn}, bk {self.bk}, {self.per_sm} block(s)/SM)"
+        sub = f", {4 * self.subm}x{4 * self.subn} a thread" if (self.subm, self.subn) != (2, 2) else ""
+        return f"SimtTile({self.bm}x{self.bn}, bk {self.bk}, {self.per_sm} block(s)/SM{sub})"
 
 
 # The float tiles (unit matmul.f32). ptxas (sm_90): 128x128 with MINB 1 uses 163-167 registers, no spills
@@ -321,20 +333,50 @@ class SimtTile:
 # other's first loads and epilogues), so eff_short 1.0 and a tie goes to the smaller tile.
 SIMT_TILES = (SimtTile(128, 128, 8, 1, 1.0), SimtTile(64, 128, 8, 3, 0.87, eff_short=1.0))
 SHORT_K = 512
-# Measured on the device before they replace a SIMT_TILES entry (simt_extra_units; not in the build): none
-# now (tools/notes/matmul.md lists the candidates measured).
-SIMT_CANDIDATES = ()
+# Candidates for the large problems' tile (issue 22: fp32 without TF32 >= 0.9x cuBLAS; 128x128 8x8 measured
+# 0.84x), outside the build: one kernel unit each per transposition (simt_extra_units), chosen in place of
+# SIMT_TILES[0] by pydnn.matmul's plans where tuning.matmul.SIMT_BIG names one (the convolution / RNN users of
+# _choose_simt_tile keep the build's tiles). 8 x 16 outputs a thread (128 accumulators): 6 fragment loads
+# for 128 FMAs a k step where 8 x 8 takes 4 for 64; c1 / c2: 4-warp 128 x 128 blocks, two an SM (registers
+# up to 255 still fit: 2 x 128 x 256 = 64 Ki), so one block's barrier and global-load wait overlap the
+# other's FMAs; c3: one 8-warp 128 x 256 block an SM (half the L2 bytes a FLOP of 128 x 128); c4: c1 at BK 16.
+SIMT_CANDIDATES = (SimtTile(128, 128, 8, 2, 1.0, subm=2, subn=4, name="c1"),
+                   SimtTile(128, 128, 8, 2, 1.0, subm=4, subn=2, name="c2"),
+                   SimtTile(128, 256, 8, 1, 1.0, subm=2, subn=4, name="c3"),
+                   SimtTile(128, 128, 16, 2, 1.0, subm=2, subn=4, name="c4"))
 
 
 def _simt_expr(ta, tb, tile=None):
     return (tile or SIMT_TILES[0]).expr("f32", ta, tb)
 
 
+def simt_candidate_units(tiles=None, trans=TRANS):
+    """The KernelUnits of SIMT_CANDIDATES (or `tiles`): one kernel each (tile, transposition), so that they
+    compile in parallel."""
+    return [KernelUnit(t.unit_of(tn[0] == "t", tn[1] == "t"), "matmul.cu", (t.expr("f32", tn[0] == "t", tn[1] == "t"),))
+            for t in (SIMT_CANDIDATES if tiles is None else tiles) for tn in trans]
+
+
 def simt_extra_units():
-    """The SIMT_CANDIDATES unit, registered with the loader (tests and benchmarks; outside the build)."""
-    exprs = tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_CANDIDATES for tn in TRANS)
-    if exprs:
-        loader.register_units([KernelUnit("matmul.f32cand", "matmul.cu", exprs)])
+    """The SIMT_CANDIDATES units, registered with the loader (tests, benchmarks and tuning.matmul.SIMT_BIG;
+    outside the build). Returns them."""
+    units = simt_candidate_units()
+    if units:
+        loader.register_units(units)
+    return units
+
+
+def _simt_big():
+    """The candidate tuning.matmul.SIMT_BIG names (its units registered), or None."""
+    name = tuning.matmul.SIMT_BIG
+    if not name:
+        return None
+    for t in SIMT_CANDIDATES:
+        if t.name == name:
+            simt_extra_units()
+            return t
+    raise ValueError(f"tuning.matmul.SIMT_BIG: {name!r} is not a SIMT_CANDIDATES name "
+                     f"({', '.join(t.name for t in SIMT_CANDIDATES)})")
 
 
 def _choose_simt_tile(m, n, batch, sm_count, k=0):
@@ -683,11 +725,14 @@ def _tma_launch(plan, tag, tile, sm_count):
 
 def _simt_launch(plan, sm_count):
     t = _choose_simt_tile(plan.m, plan.n, plan.batch, sm_count, plan.k)
+    if t is SIMT_TILES[0]:
+        t = _simt_big() or t
     tm, tn = cdiv(plan.m, t.bm), cdiv(plan.n, t.bn)
     if tm * tn > INT_MAX:
         raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
     grid = (min(tm * tn * plan.batch, t.per_sm * max(sm_count, 1)), 1, 1)  # one wave of persistent blocks
-    return _Launch(t.unit or "matmul.f32", t.expr("f32", plan.trans_a, plan.trans_b), grid, (t.threads, 1, 1), 0,
+    return _Launch(t.unit_of(plan.trans_a, plan.trans_b), t.expr("f32", plan.trans_a, plan.trans_b), grid,
+                   (t.threads, 1, 1), 0,
                    _params(plan, tm, tn))
 
 

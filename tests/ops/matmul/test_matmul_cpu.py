@@ -287,6 +287,64 @@ def test_simt_tile_choice():
     assert M.gemm_plan(h, F32, 5, 7, 3).describe()[1] == (1, 1, 1)  # fewer items than a wave
 
 
+def test_simt_candidates_and_switch(monkeypatch):
+    """The float candidates (SIMT_CANDIDATES): one one-kernel unit per (candidate, transposition), their block
+    shapes cover BM x BN with 4 SUBM x 4 SUBN outputs a thread exactly once (the kernel's am / bn mapping,
+    emulated); tuning.matmul.SIMT_BIG puts one in place of the 128 x 128 tile in pydnn.matmul's plans only (the
+    64 x 128 choice stays), an unknown name is refused; the build's tile expressions keep their form."""
+    import numpy as np
+    from pydnn._build import loader
+
+    h = cpu_handle()
+    units = M.simt_candidate_units()
+    assert len(units) == 4 * len(M.SIMT_CANDIDATES) and len({u.name for u in units}) == len(units)
+    assert all(len(u.exprs) == 1 for u in units)
+    assert M.SIMT_TILES[0].expr("f32") == "pydnn::matmul::gemm_simt<128, 128, 8, 4, 2, 1, false, false>"
+    for t in M.SIMT_TILES + M.SIMT_CANDIDATES:
+        cnt = np.zeros((t.bm, t.bn), int)
+        for th in range(t.threads):
+            warp, lane = th >> 5, th & 31
+            am = (warp // t.wn) * 16 * t.subm + (lane >> 3) * 4
+            bn = (warp % t.wn) * 32 * t.subn + (lane & 7) * 4
+            for i in range(4 * t.subm):
+                for j in range(4 * t.subn):
+                    cnt[am + (i >> 2) * 16 + (i & 3), bn + (j >> 2) * 32 + (j & 3)] += 1
+        assert (cnt == 1).all(), t
+        assert t.threads * t.per_sm <= 1024 or t.per_sm == 1
+    regs = []
+    monkeypatch.setattr(loader, "register_units", lambda us: regs.extend(us))
+    for t in M.SIMT_CANDIDATES:
+        monkeypatch.setattr(tuning.matmul, "SIMT_BIG", t.name)
+        pl = M.gemm_plan(h, F32, 4096, 4096, 4096, trans_b=True)
+        assert pl.fast.expr == t.expr("f32", False, True) and pl.fast.unit == f"matmul.f32c.{t.name}.nt"
+        assert pl.describe()[2] == (t.threads, 1, 1)
+        assert pl.describe()[1] == (min(32 * 32, t.per_sm * h.sm_count) if t.bn == 128 else
+                                    min(32 * 16, h.sm_count), 1, 1)
+        # the 64 x 128 choice (m <= 64) is not replaced
+        small = M.gemm_plan(h, F32, 64, 12544, 64, batch=36, stride_b=64 * 12544, stride_c=64 * 12544)
+        assert small.fast.expr == M.SIMT_TILES[1].expr("f32")
+    assert {u.name for u in regs} >= {u.name for u in units}
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", "nope")
+    with pytest.raises(ValueError, match="SIMT_BIG"):
+        M.gemm_plan(h, F32, 4096, 4096, 4096)
+
+
+def test_simt_candidates_do_not_spill():
+    """Each float candidate (nn; the other transpositions differ only in the copiers) fits 255 registers without
+    spilling (ptxas, sm_90): 128 accumulators a thread."""
+    import re
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    for u in M.simt_candidate_units(trans=("nn",)):
+        text, _ = cache.unit_inputs(u)
+        _, _, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90", COMMON_OPTIONS + ("--ptxas-options=-v",),
+                                        [str(cache.ptx_dir())])
+        frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+        assert len(frames) == 1 and frames[0] == ("0", "0"), (u.name, frames)
+
+
 def test_batches_side_by_side():
     """C's batches may interleave within a row (stride_c >= n, all inside ldc); overlapping ones are refused."""
     h = cpu_handle()

@@ -311,17 +311,36 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     pb.run(handle, rng, alpha=0.5, beta=-1.0, plan=plan)
 
 
-SIMT_ALL = M.SIMT_TILES + M.SIMT_CANDIDATES
-
-
-@pytest.mark.parametrize("tile", range(len(SIMT_ALL)))
+@pytest.mark.parametrize("tile", range(len(M.SIMT_TILES)))
 @pytest.mark.parametrize("trans", TRANS)
 def test_simt_tiles(handle, rng, monkeypatch, trans, tile):
-    """Each float tile forced (the build's and the candidates, compiled here through simt_extra_units):
-    partial tiles on every edge with a ragged K and a bias; a batch with padded leading dims and gaps;
-    odd leading dims with A and C one element off 16 bytes (the element-by-element loads and stores)."""
-    t = SIMT_ALL[tile]
+    """Each float tile of the build forced: partial tiles on every edge with a ragged K and a bias; a batch
+    with padded leading dims and gaps; odd leading dims with A and C one element off 16 bytes (the
+    element-by-element loads and stores); more items than a wave of persistent blocks."""
+    _simt_tile_cases(handle, rng, monkeypatch, trans, M.SIMT_TILES[tile])
+
+
+@pytest.mark.parametrize("name", [t.name for t in M.SIMT_CANDIDATES])
+@pytest.mark.parametrize("trans", TRANS, ids=["nn", "nt", "tn", "tt"])
+def test_simt_candidates(handle, rng, monkeypatch, trans, name):
+    """Each float candidate (SIMT_CANDIDATES: 8 x 16 / 16 x 8 outputs a thread, 4-warp blocks two an SM, the
+    128 x 256 block, BK 16; their units compiled here through simt_extra_units) forced, as test_simt_tiles."""
     M.simt_extra_units()
+    _simt_tile_cases(handle, rng, monkeypatch, trans, next(t for t in M.SIMT_CANDIDATES if t.name == name))
+
+
+def test_simt_big_switch(handle, rng, monkeypatch):
+    """tuning.matmul.SIMT_BIG: the named candidate runs a large float GEMM in the build's 128 x 128 tile's
+    place (its units compiled on first use), against the float64 reference."""
+    t = M.SIMT_CANDIDATES[0]
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", t.name)
+    pb = Problem(rng, F32, 700, 900, 300, False, True, bias=True)
+    plan = pb.plan(handle)
+    assert plan.describe()[0] == t.expr("f32", False, True)
+    pb.run(handle, rng, plan=plan)
+
+
+def _simt_tile_cases(handle, rng, monkeypatch, trans, t):
     monkeypatch.setattr(M, "_choose_simt_tile", lambda *a: t)
     ta, tb = trans
     pb = Problem(rng, F32, 2 * t.bm + 37, t.bn + 91, 203, ta, tb, bias=True)
