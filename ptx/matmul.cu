@@ -678,11 +678,53 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
   }
 }
 
+// The plain GEMM's store (no active epilogue) of one warpgroup's 64 x BN accumulator fragment of the 128 x BN
+// tile at (m0, n0) of C (batch already applied), warpgroup wg: alpha * acc + beta * C + bias. Shared by
+// gemm_wgmma_body and wg_epilogue (gemm_tma); only the plain kernels take it, so the fused epilogues' code (an
+// active Epi's branch, which spilled when shared whole: see wg_epilogue) is not touched.
+template <class T, int BN>
+__device__ __forceinline__ void wg_plain_store(const MatmulParams& p, const float (&acc)[BN / 2], T* C, const T* bias,
+                                               int m0, int n0, int wg) {
+  constexpr int BM = 128;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+  // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+  // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+  if (m0 + BM <= p.m && n0 + BN <= p.n &&
+      (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) == PYDNN_MATMUL_FLAG_PAIR) {
+    const float alpha = p.alpha;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        Vec<T, 2> out;
+        out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+        out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+        *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+    if (row >= p.m) continue;
+    T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
 // The epilogue of gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator fragment of
 // consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an active Epi (see
-// NoEpi); the same code as gemm_wgmma_body's epilogue, which keeps its inline copy: calling this function
-// from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
-// sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
+// NoEpi); the same code as gemm_wgmma_body's epilogue, which shares the plain store (wg_plain_store) but keeps
+// its inline copy of the active branch: calling this function from there instead made the graph's fused bias +
+// GELU kernel on the persistent tile spill 188 bytes (ptxas sm_90a, tests/graph/test_graph_codegen_cpu.py
+// allows 64). THREADS: the threads that run the epilogue
 // together, from thread T0 on (gemm_tma: 256 from 128, its consumer warpgroups; the reduction epilogue's
 // barriers are then named ones over those threads only, epi_sync). WIDE: interior tiles with C16 store 16
 // bytes a lane (wide_store_row), the plain GEMM's (no beta, no bias) and an active epilogue's values alike.
@@ -705,37 +747,7 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     }
   }
   if constexpr (!Epi::kActive) {
-    // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
-    // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
-    // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
-    if (m0 + BM <= p.m && n0 + BN <= p.n &&
-        (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
-            PYDNN_MATMUL_FLAG_PAIR) {
-      const float alpha = p.alpha;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          Vec<T, 2> out;
-          out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
-          out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
-          *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
-        }
-      }
-      return;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
-      if (row >= p.m) continue;
-      T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = n0 + j * 8 + (lane & 3) * 2;
-        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    }
+    wg_plain_store<T, BN>(p, acc, C, bias, m0, n0, wg);
   } else {
     auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
     // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
@@ -1002,37 +1014,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
     if constexpr (!Epi::kActive) {
-      // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
-      // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
-      // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
-      if (m0 + BM <= p.m && n0 + BN <= p.n &&
-          (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
-              PYDNN_MATMUL_FLAG_PAIR) {
-        const float alpha = p.alpha;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            Vec<T, 2> out;
-            out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
-            out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
-            *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
-          }
-        }
-        continue;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
-        if (row >= p.m) continue;
-        T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = n0 + j * 8 + (lane & 3) * 2;
-          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-      }
+      wg_plain_store<T, BN>(p, acc, C, bias, m0, n0, wg);
     } else {
       auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
       // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
