@@ -197,6 +197,15 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
   Tried on the CPU only (ptxas, not run): the 128x128 tile with MINB 2 and single-buffered fragments still
   spills 56-92 bytes (32-40 byte frames) in every transposition, like v2's MINB 2 tile (-2% measured):
   dropped without a device run. The 64-bit address math of the loads is the next register to win back.
+  f32 v4 candidates (issue 22, 2026-11-28, branch gemm; --f32: 8192^3 nn and the 7B projections x @ W^T, against
+      torch.mm without TF32; 0.84x cuBLAS before): gemm_simt's thread block generalized to SUBM x SUBN sub-blocks
+      of 4 x 4 (the build's 2 x 2 unchanged), SIMT_CANDIDATES c1 128x128 with 4 warps of 32 x 128 (8 x 16 a thread,
+      128 accumulators, 6 fragment loads for 128 FMAs a k step), two blocks an SM (243-247 registers: 2 x 128 x
+      256 = 64 Ki), c2 the same as 16 x 8 (warps 64 x 64), c3 128x256 with 8 warps of 32 x 128 (one block an SM,
+      half the L2 bytes a FLOP), c4 c1 at BK 16. ptxas sm_90: 241-251 registers, no spills, every transposition.
+      Prediction (before measuring): c1 / c2 +5-12% over the build's tile (two independent blocks an SM: one's
+      barrier and global-load wait under the other's FMAs; fewer fragment loads a FLOP), so 0.88-0.94x cuBLAS;
+      c3 +0-5% (one block an SM keeps the barrier stalls); c4 within 2% of c1.
   Next for wgmma (where the remaining 0.45x to cuBLAS is, by elimination, not profiled): every K tile
   still ends in a block-wide barrier after each thread waits for its own cp.async chunks, so both
   warpgroups idle whenever any copy is late, and the MMA warps issue 12 copies (+ address math) per tile.
