@@ -723,10 +723,19 @@ def _tma_launch(plan, tag, tile, sm_count):
     return rec
 
 
+# tuning.matmul.SIMT_BIG's candidate replaces the 128x128 tile where K > SHORT_K and its items fill at least
+# SIMT_BIG_WAVES waves of its blocks (the regime it was measured in: 8192^3 and the 7B projections; the
+# Winograd and most convolution GEMMs keep the build's tiles).
+SIMT_BIG_WAVES = 2
+
+
 def _simt_launch(plan, sm_count):
     t = _choose_simt_tile(plan.m, plan.n, plan.batch, sm_count, plan.k)
     if t is SIMT_TILES[0]:
-        t = _simt_big() or t
+        big = _simt_big()
+        if big is not None and plan.k > SHORT_K and (cdiv(plan.m, big.bm) * cdiv(plan.n, big.bn) * plan.batch >=
+                                                     SIMT_BIG_WAVES * big.per_sm * max(sm_count, 1)):
+            t = big
     tm, tn = cdiv(plan.m, t.bm), cdiv(plan.n, t.bn)
     if tm * tn > INT_MAX:
         raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")

@@ -320,9 +320,12 @@ def test_simt_candidates_and_switch(monkeypatch):
         assert pl.describe()[2] == (t.threads, 1, 1)
         assert pl.describe()[1] == (min(32 * 32, t.per_sm * h.sm_count) if t.bn == 128 else
                                     min(32 * 16, h.sm_count), 1, 1)
-        # the 64 x 128 choice (m <= 64) is not replaced
+        # the 64 x 128 choice (m <= 64) is not replaced, nor the 128 x 128 one for k <= SHORT_K or under
+        # SIMT_BIG_WAVES waves of the candidate's blocks
         small = M.gemm_plan(h, F32, 64, 12544, 64, batch=36, stride_b=64 * 12544, stride_c=64 * 12544)
         assert small.fast.expr == M.SIMT_TILES[1].expr("f32")
+        assert M.gemm_plan(h, F32, 4096, 4096, M.SHORT_K).fast.expr == M.SIMT_TILES[0].expr("f32")
+        assert M.gemm_plan(h, F32, 1024, 1024, 4096).fast.expr == M.SIMT_TILES[0].expr("f32")
     assert {u.name for u in regs} >= {u.name for u in units}
     monkeypatch.setattr(tuning.matmul, "SIMT_BIG", "nope")
     with pytest.raises(ValueError, match="SIMT_BIG"):

@@ -334,7 +334,8 @@ def test_simt_big_switch(handle, rng, monkeypatch):
     place (its units compiled on first use), against the float64 reference."""
     t = M.SIMT_CANDIDATES[0]
     monkeypatch.setattr(tuning.matmul, "SIMT_BIG", t.name)
-    pb = Problem(rng, F32, 700, 900, 300, False, True, bias=True)
+    monkeypatch.setattr(M, "SIMT_BIG_WAVES", 0)  # (a problem the float64 reference takes quickly)
+    pb = Problem(rng, F32, 700, 900, M.SHORT_K + 37, False, True, bias=True)
     plan = pb.plan(handle)
     assert plan.describe()[0] == t.expr("f32", False, True)
     pb.run(handle, rng, plan=plan)
