@@ -550,7 +550,7 @@ def _f32_base_unit(ta, tb):
     return f"matmul.f32b.{'t' if ta else 'n'}{'t' if tb else 'n'}"
 
 
-def _f32_prebuild(h, shapes, trans_all=False):
+def _f32_prebuild(h, shapes, trans_all=False, cands=None):
     """Compile in parallel threads the one-kernel units --f32 runs: the build's 128x128 tile (as its own bench
     unit per transposition, where matmul.f32 would compile its 8 kernels one after another) and every
     SIMT_CANDIDATES entry; trans_all: every transposition (so that the GPU tests after find them cached)."""
@@ -564,7 +564,7 @@ def _f32_prebuild(h, shapes, trans_all=False):
     base = M.SIMT_TILES[0]
     units = [KernelUnit(_f32_base_unit(tn[0] == "t", tn[1] == "t"), "matmul.cu",
                         (base.expr("f32", tn[0] == "t", tn[1] == "t"),)) for tn in tns]
-    units += M.simt_candidate_units(trans=tns)
+    units += M.simt_candidate_units(cands, trans=tns)
     loader.register_units(units)
     M.simt_extra_units()
     t0 = time.perf_counter()
@@ -573,7 +573,7 @@ def _f32_prebuild(h, shapes, trans_all=False):
     print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False):
+def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False, cands=None):
     """float GEMMs without TF32 (CUDA-core FMA, gemm_simt) against torch.mm with TF32 off, timed in alternating
     rounds (each round every function, 3 samples each; medians): the build's 128x128 tile (8 x 8 a thread) and
     each SIMT_CANDIDATES entry forced, each result checked against torch's (max |diff| / max |ref|). Prints
@@ -587,9 +587,10 @@ def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False):
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     dev = torch.cuda.get_device_name()
     rows = []
-    tiles = (("base", M.SIMT_TILES[0]),) + tuple((t.name, t) for t in M.SIMT_CANDIDATES)
+    pick = tuple(t for t in M.SIMT_CANDIDATES if cands is None or t.name in cands)
+    tiles = (("base", M.SIMT_TILES[0]),) + tuple((t.name, t) for t in pick)
     try:
-        _f32_prebuild(h, shapes, trans_all)
+        _f32_prebuild(h, shapes, trans_all, pick)
         for label, m, n, k, ta, tb in shapes:
             a, bb, c = _operands(F32, m, n, k, ta, tb)
             ap, bp = a.data_ptr(), bb.data_ptr()
@@ -969,6 +970,7 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=None)
     ap.add_argument("--f32", action="store_true", help="float without TF32: the build's tile and SIMT_CANDIDATES vs "
                     "torch.mm (TF32 off) on 8192^3 and the 7B shapes (--shapes: labels of F32_SHAPES)")
+    ap.add_argument("--cands", default=None, help="--f32: the SIMT_CANDIDATES names to time (default: all)")
     ap.add_argument("--trans-all", action="store_true", help="--f32: prebuild every transposition's kernels (for "
                     "GPU tests run after it)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -994,7 +996,7 @@ if __name__ == "__main__":
         sel = F32_SHAPES
         if args.shapes:
             sel = tuple(s for s in F32_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
-        f32(args.out, args.rounds, sel, args.trans_all)
+        f32(args.out, args.rounds, sel, args.trans_all, args.cands.split(",") if args.cands else None)
     elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:

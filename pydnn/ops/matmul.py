@@ -339,11 +339,15 @@ SHORT_K = 512
 # _choose_simt_tile keep the build's tiles). 8 x 16 outputs a thread (128 accumulators): 6 fragment loads
 # for 128 FMAs a k step where 8 x 8 takes 4 for 64; c1 / c2: 4-warp 128 x 128 blocks, two an SM (registers
 # up to 255 still fit: 2 x 128 x 256 = 64 Ki), so one block's barrier and global-load wait overlap the
-# other's FMAs; c3: one 8-warp 128 x 256 block an SM (half the L2 bytes a FLOP of 128 x 128); c4: c1 at BK 16.
+# other's FMAs; c3: one 8-warp 128 x 256 block an SM (half the L2 bytes a FLOP of 128 x 128); c4: c1 at BK 16;
+# c5 / c6: 8-warp blocks (one an SM) of c2's 64 x 64 warp tiles, 256 x 128 / 128 x 256 (after run 1: c2 and c3
+# best).
 SIMT_CANDIDATES = (SimtTile(128, 128, 8, 2, 1.0, subm=2, subn=4, name="c1"),
                    SimtTile(128, 128, 8, 2, 1.0, subm=4, subn=2, name="c2"),
                    SimtTile(128, 256, 8, 1, 1.0, subm=2, subn=4, name="c3"),
-                   SimtTile(128, 128, 16, 2, 1.0, subm=2, subn=4, name="c4"))
+                   SimtTile(128, 128, 16, 2, 1.0, subm=2, subn=4, name="c4"),
+                   SimtTile(256, 128, 8, 1, 1.0, subm=4, subn=2, name="c5"),
+                   SimtTile(128, 256, 8, 1, 1.0, subm=4, subn=2, name="c6"))
 
 
 def _simt_expr(ta, tb, tile=None):

@@ -318,8 +318,7 @@ def test_simt_candidates_and_switch(monkeypatch):
         pl = M.gemm_plan(h, F32, 4096, 4096, 4096, trans_b=True)
         assert pl.fast.expr == t.expr("f32", False, True) and pl.fast.unit == f"matmul.f32c.{t.name}.nt"
         assert pl.describe()[2] == (t.threads, 1, 1)
-        assert pl.describe()[1] == (min(32 * 32, t.per_sm * h.sm_count) if t.bn == 128 else
-                                    min(32 * 16, h.sm_count), 1, 1)
+        assert pl.describe()[1] == (min((4096 // t.bm) * (4096 // t.bn), t.per_sm * h.sm_count), 1, 1)
         # the 64 x 128 choice (m <= 64) is not replaced, nor the 128 x 128 one for k <= SHORT_K or under
         # SIMT_BIG_WAVES waves of the candidate's blocks
         small = M.gemm_plan(h, F32, 64, 12544, 64, batch=36, stride_b=64 * 12544, stride_c=64 * 12544)
