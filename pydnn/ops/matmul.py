@@ -335,8 +335,8 @@ SIMT_TILES = (SimtTile(128, 128, 8, 1, 1.0), SimtTile(64, 128, 8, 3, 0.87, eff_s
 SHORT_K = 512
 # Candidates for the large problems' tile (issue 22: fp32 without TF32 >= 0.9x cuBLAS; 128x128 8x8 measured
 # 0.84x), outside the build: one kernel unit each per transposition (simt_extra_units), chosen in place of
-# SIMT_TILES[0] by pydnn.matmul's plans where tuning.matmul.SIMT_BIG names one (the convolution / RNN users of
-# _choose_simt_tile keep the build's tiles). 8 x 16 outputs a thread (128 accumulators): 6 fragment loads
+# SIMT_TILES[0] by every float plan (matmul, convolution, RNN) where tuning.matmul.SIMT_BIG names one (the rule
+# at SIMT_BIG_WAVES). 8 x 16 outputs a thread (128 accumulators): 6 fragment loads
 # for 128 FMAs a k step where 8 x 8 takes 4 for 64; c1 / c2: 4-warp 128 x 128 blocks, two an SM (registers
 # up to 255 still fit: 2 x 128 x 256 = 64 Ki), so one block's barrier and global-load wait overlap the
 # other's FMAs; c3: one 8-warp 128 x 256 block an SM (half the L2 bytes a FLOP of 128 x 128); c4: c1 at BK 16;
@@ -348,6 +348,14 @@ SIMT_CANDIDATES = (SimtTile(128, 128, 8, 2, 1.0, subm=2, subn=4, name="c1"),
                    SimtTile(128, 128, 16, 2, 1.0, subm=2, subn=4, name="c4"),
                    SimtTile(256, 128, 8, 1, 1.0, subm=4, subn=2, name="c5"),
                    SimtTile(128, 256, 8, 1, 1.0, subm=4, subn=2, name="c6"))
+# The large float GEMMs' tile, c6 (unit matmul.f32big, in the build): 128 x 256, 8 warps of 64 x 64, 16 x 8 outputs
+# a thread, one block an SM (ptxas sm_90: 241-251 registers, no spills), taken in the 128x128 tile's place where
+# K > SHORT_K and its items fill SIMT_BIG_WAVES waves (tuning.matmul.SIMT_BIG "big"). Measured (H200, mid-session
+# run 3, bench_matmul --f32, same run, torch.mm without TF32 at 51-52 TFLOP/s): 8192^3 nn 47.4 TFLOP/s (0.928x
+# cuBLAS; the 128x128 8x8 tile 0.838x), 7B x @ W^T 16384x4096x4096 46.9 (0.920x; 0.796x), 16384x11008x4096 48.0
+# (0.919x; 0.796x); c5 (256 x 128) 0.916-0.917x, c2 (128 x 128, two 4-warp blocks an SM) 0.891-0.911x, c3 (32 x 128
+# warp tiles) 0.871-0.919x, c1 0.856-0.866x, c4 (BK 16) 0.81-0.83x; every result bitwise cuBLAS's.
+SIMT_BIG_TILE = SimtTile(128, 256, 8, 1, 1.0, unit="matmul.f32big", subm=4, subn=2)
 
 
 def _simt_expr(ta, tb, tile=None):
@@ -371,15 +379,18 @@ def simt_extra_units():
 
 
 def _simt_big():
-    """The candidate tuning.matmul.SIMT_BIG names (its units registered), or None."""
+    """The tile tuning.matmul.SIMT_BIG names: "big" SIMT_BIG_TILE, a SIMT_CANDIDATES name that candidate (its units
+    registered), "" None."""
     name = tuning.matmul.SIMT_BIG
     if not name:
         return None
+    if name == "big":
+        return SIMT_BIG_TILE
     for t in SIMT_CANDIDATES:
         if t.name == name:
             simt_extra_units()
             return t
-    raise ValueError(f"tuning.matmul.SIMT_BIG: {name!r} is not a SIMT_CANDIDATES name "
+    raise ValueError(f"tuning.matmul.SIMT_BIG: {name!r} is neither 'big' nor a SIMT_CANDIDATES name "
                      f"({', '.join(t.name for t in SIMT_CANDIDATES)})")
 
 
@@ -410,6 +421,8 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
+    units.append(KernelUnit(SIMT_BIG_TILE.unit, "matmul.cu",
+                            tuple(SIMT_BIG_TILE.expr("f32", tn[0] == "t", tn[1] == "t") for tn in TRANS)))
     return (units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units() + tma_units() +
             [u for t in TMA_CANDIDATES for u in tma_units((t,), t.unit, ("bf16",))])
 
@@ -727,9 +740,9 @@ def _tma_launch(plan, tag, tile, sm_count):
     return rec
 
 
-# tuning.matmul.SIMT_BIG's candidate replaces the 128x128 tile where K > SHORT_K and its items fill at least
-# SIMT_BIG_WAVES waves of its blocks (the regime it was measured in: 8192^3 and the 7B projections; the
-# Winograd and most convolution GEMMs keep the build's tiles).
+# tuning.matmul.SIMT_BIG's tile (SIMT_BIG_TILE by default) replaces the 128x128 tile where K > SHORT_K and its
+# items fill at least SIMT_BIG_WAVES waves of its blocks (the regime it was measured in: 8192^3 and the 7B
+# projections, 15-42 waves; the Winograd GEMMs (K <= 512) keep the build's tiles).
 SIMT_BIG_WAVES = 2
 
 

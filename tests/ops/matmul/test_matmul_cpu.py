@@ -270,8 +270,10 @@ def test_fast_and_general_paths():
     assert f.describe()[0] == M.SIMT_TILES[0].expr("f32", True, True)
 
 
-def test_simt_tile_choice():
-    """float: the 128 x 128 tile for large problems, the 64 x 128 one where m <= 64 (half the big tile idle)."""
+def test_simt_tile_choice(monkeypatch):
+    """float: the 128 x 128 tile for large problems, the 64 x 128 one where m <= 64 (half the big tile idle)
+    (the chooser's build tiles: SIMT_BIG off; test_simt_candidates_and_switch has SIMT_BIG_TILE's rule)."""
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", "")
     h = cpu_handle()
     big, small = M.SIMT_TILES
     assert M.gemm_plan(h, F32, 4096, 4096, 4096).describe()[0] == big.expr("f32")
@@ -329,22 +331,33 @@ def test_simt_candidates_and_switch(monkeypatch):
     monkeypatch.setattr(tuning.matmul, "SIMT_BIG", "nope")
     with pytest.raises(ValueError, match="SIMT_BIG"):
         M.gemm_plan(h, F32, 4096, 4096, 4096)
+    # the default: SIMT_BIG_TILE (c6's instantiation) from the build's unit matmul.f32big, same rule
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", tuning.matmul._defaults["SIMT_BIG"])
+    big = M.SIMT_BIG_TILE
+    assert big.expr("f32") == next(t for t in M.SIMT_CANDIDATES if t.name == "c6").expr("f32")
+    for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+        pl = M.gemm_plan(h, F32, 8192, 8192, 8192, trans_a=ta, trans_b=tb)
+        assert (pl.fast.unit, pl.fast.expr) == ("matmul.f32big", big.expr("f32", ta, tb))
+        assert pl.describe()[1:3] == ((min(64 * 32, h.sm_count), 1, 1), (256, 1, 1))
+    assert M.gemm_plan(h, F32, 4096, 4096, M.SHORT_K).fast.expr == M.SIMT_TILES[0].expr("f32")
+    assert M.gemm_plan(h, F32, 1024, 1024, 4096).fast.expr == M.SIMT_TILES[0].expr("f32")
 
 
 def test_simt_candidates_do_not_spill():
-    """Each float candidate (nn; the other transpositions differ only in the copiers) fits 255 registers without
-    spilling (ptxas, sm_90): 128 accumulators a thread."""
+    """Each float candidate (nn; the other transpositions differ only in the copiers) and the build's SIMT_BIG_TILE
+    unit (every transposition) fit 255 registers without spilling (ptxas, sm_90): 128 accumulators a thread."""
     import re
     from pydnn._build import cache
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
 
-    for u in M.simt_candidate_units(trans=("nn",)):
+    big = next(u for u in M.kernel_units() if u.name == "matmul.f32big")
+    for u in M.simt_candidate_units(trans=("nn",)) + [big]:
         text, _ = cache.unit_inputs(u)
         _, _, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90", COMMON_OPTIONS + ("--ptxas-options=-v",),
                                         [str(cache.ptx_dir())])
         frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
-        assert len(frames) == 1 and frames[0] == ("0", "0"), (u.name, frames)
+        assert len(frames) == len(u.exprs) and all(f == ("0", "0") for f in frames), (u.name, frames)
 
 
 def test_batches_side_by_side():
@@ -358,7 +371,9 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 18
+    assert len(units) == 19
+    assert units["matmul.f32big"] == {M.SIMT_BIG_TILE.expr("f32", ta, tb) for ta in (False, True)
+                                      for tb in (False, True)}
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):

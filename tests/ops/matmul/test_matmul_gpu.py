@@ -311,13 +311,16 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     pb.run(handle, rng, alpha=0.5, beta=-1.0, plan=plan)
 
 
-@pytest.mark.parametrize("tile", range(len(M.SIMT_TILES)))
+SIMT_BUILD = M.SIMT_TILES + (M.SIMT_BIG_TILE,)
+
+
+@pytest.mark.parametrize("tile", range(len(SIMT_BUILD)))
 @pytest.mark.parametrize("trans", TRANS)
 def test_simt_tiles(handle, rng, monkeypatch, trans, tile):
-    """Each float tile of the build forced: partial tiles on every edge with a ragged K and a bias; a batch
-    with padded leading dims and gaps; odd leading dims with A and C one element off 16 bytes (the
-    element-by-element loads and stores); more items than a wave of persistent blocks."""
-    _simt_tile_cases(handle, rng, monkeypatch, trans, M.SIMT_TILES[tile])
+    """Each float tile of the build forced (SIMT_BIG_TILE included): partial tiles on every edge with a ragged K
+    and a bias; a batch with padded leading dims and gaps; odd leading dims with A and C one element off 16 bytes
+    (the element-by-element loads and stores); more items than a wave of persistent blocks."""
+    _simt_tile_cases(handle, rng, monkeypatch, trans, SIMT_BUILD[tile])
 
 
 @pytest.mark.parametrize("name", [t.name for t in M.SIMT_CANDIDATES])
@@ -329,11 +332,13 @@ def test_simt_candidates(handle, rng, monkeypatch, trans, name):
     _simt_tile_cases(handle, rng, monkeypatch, trans, next(t for t in M.SIMT_CANDIDATES if t.name == name))
 
 
-def test_simt_big_switch(handle, rng, monkeypatch):
-    """tuning.matmul.SIMT_BIG: the named candidate runs a large float GEMM in the build's 128 x 128 tile's
-    place (its units compiled on first use), against the float64 reference."""
-    t = next(t for t in M.SIMT_CANDIDATES if t.name == "c2")  # (run 2's best on the 7B shapes)
-    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", t.name)
+@pytest.mark.parametrize("which", ["big", "c2"])
+def test_simt_big_switch(handle, rng, monkeypatch, which):
+    """tuning.matmul.SIMT_BIG: its default ("big": SIMT_BIG_TILE, the build's unit matmul.f32big) or a named
+    candidate (units compiled on first use) runs a long-K float GEMM in the 128 x 128 tile's place, against the
+    float64 reference."""
+    t = M.SIMT_BIG_TILE if which == "big" else next(t for t in M.SIMT_CANDIDATES if t.name == which)
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", which)
     monkeypatch.setattr(M, "SIMT_BIG_WAVES", 0)  # (a problem the float64 reference takes quickly)
     pb = Problem(rng, F32, 700, 900, M.SHORT_K + 37, False, True, bias=True)
     plan = pb.plan(handle)
