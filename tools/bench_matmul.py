@@ -206,6 +206,15 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
       Prediction (before measuring): c1 / c2 +5-12% over the build's tile (two independent blocks an SM: one's
       barrier and global-load wait under the other's FMAs; fewer fragment loads a FLOP), so 0.88-0.94x cuBLAS;
       c3 +0-5% (one block an SM keeps the barrier stalls); c4 within 2% of c1.
+      Measured (H200, mid-session runs 2 and 3, ratios to torch.mm in the same run, every result bitwise cuBLAS's):
+        8192^3 nn / 7B 16384x4096x4096 nt / 16384x11008x4096 nt: base 0.838 / 0.797 / 0.796; c1 0.856 / 0.866 /
+        0.862; c2 0.911 / 0.894 / 0.890; c3 0.917 / 0.870 / 0.869; c4 0.826 / 0.809 / 0.810; run 3 added c5
+        (256x128, 8 warps of 64 x 64) 0.916 / 0.916 / 0.917 and c6 (128x256, 8 warps of 64 x 64) 0.928 / 0.920 /
+        0.919 (c2 0.911 / 0.893 / 0.891 again). torch 51.0-52.3 TFLOP/s (76-78% of the FMA peak), c6 46.9-48.0.
+      Outcome: c2 inside its prediction (+9-12%), c1 below (+2-9%), c3 above (+4-9%); the 64 x 64 warp tile is
+      what pays most (c2 over c1, c6 over c3: +3-6%), the block's size or count an SM less. Adopted: c6 as
+      SIMT_BIG_TILE (unit matmul.f32big, tuning.matmul.SIMT_BIG "big"), where K > SHORT_K and its items fill 2
+      waves; issue 22's fp32 >= 0.9x: met on the three shapes.
   Next for wgmma (where the remaining 0.45x to cuBLAS is, by elimination, not profiled): every K tile
   still ends in a block-wide barrier after each thread waits for its own cp.async chunks, so both
   warpgroups idle whenever any copy is late, and the MMA warps issue 12 copies (+ address math) per tile.
