@@ -277,14 +277,16 @@ def _case(bh, dtype, label, m, n, k, ta=False, tb=False, batch=1, tile=None, che
         tma = isinstance(tile, M.TmaTile)
         name = "_choose_simt_tile" if isinstance(tile, M.SimtTile) else "_choose_tile"
         orig, orig_tma, orig_use = getattr(M, name), M._tma_tile, tuning.matmul.USE_TMA
+        orig_big = tuning.matmul.SIMT_BIG
         setattr(M, name, (lambda *x: M.WG_PERSIST_TILE) if tma else (lambda *x: tile))
         M._tma_tile = (lambda: tile) if tma else orig_tma
         tuning.matmul.USE_TMA = tma
+        tuning.matmul.SIMT_BIG = ""  # (a forced float tile runs as itself)
         try:
             plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
         finally:
             setattr(M, name, orig)
-            M._tma_tile, tuning.matmul.USE_TMA = orig_tma, orig_use
+            M._tma_tile, tuning.matmul.USE_TMA, tuning.matmul.SIMT_BIG = orig_tma, orig_use, orig_big
     else:
         plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
     ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
@@ -346,7 +348,7 @@ def _f32(b):
     for label, m, n, k in WINO_SHAPES:
         _case(b, F32, f"winograd 36 x ({m}x{n}x{k}) {label}", m, n, k, batch=36)
     M.simt_extra_units()
-    for t in M.SIMT_TILES + M.SIMT_CANDIDATES:
+    for t in M.SIMT_TILES + (M.SIMT_BIG_TILE,) + M.SIMT_CANDIDATES:
         _case(b, F32, f"4096^3 nn [{t}]", 4096, 4096, 4096, tile=t, check=False)
         for label, m, n, k in WINO_SHAPES:
             _case(b, F32, f"winograd {label} [{t}]", m, n, k, batch=36, tile=t, check=False)
@@ -555,8 +557,8 @@ F32_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
               ("7B 16384x11008x4096 nn", 16384, 11008, 4096, False, False))
 
 
-def _f32_base_unit(ta, tb):
-    return f"matmul.f32b.{'t' if ta else 'n'}{'t' if tb else 'n'}"
+def _f32_base_unit(ta, tb, big=False):
+    return f"matmul.f32{'bb' if big else 'b'}.{'t' if ta else 'n'}{'t' if tb else 'n'}"
 
 
 def _f32_prebuild(h, shapes, trans_all=False, cands=None):
@@ -570,9 +572,9 @@ def _f32_prebuild(h, shapes, trans_all=False, cands=None):
     from pydnn._build.manifest import KernelUnit
 
     tns = M.TRANS if trans_all else sorted({("t" if s[4] else "n") + ("t" if s[5] else "n") for s in shapes})
-    base = M.SIMT_TILES[0]
-    units = [KernelUnit(_f32_base_unit(tn[0] == "t", tn[1] == "t"), "matmul.cu",
-                        (base.expr("f32", tn[0] == "t", tn[1] == "t"),)) for tn in tns]
+    units = [KernelUnit(_f32_base_unit(tn[0] == "t", tn[1] == "t", big), "matmul.cu",
+                        (t.expr("f32", tn[0] == "t", tn[1] == "t"),))
+             for big, t in ((False, M.SIMT_TILES[0]), (True, M.SIMT_BIG_TILE)) for tn in tns]
     units += M.simt_candidate_units(cands, trans=tns)
     loader.register_units(units)
     M.simt_extra_units()
@@ -584,11 +586,14 @@ def _f32_prebuild(h, shapes, trans_all=False, cands=None):
 
 def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False, cands=None):
     """float GEMMs without TF32 (CUDA-core FMA, gemm_simt) against torch.mm with TF32 off, timed in alternating
-    rounds (each round every function, 3 samples each; medians): the build's 128x128 tile (8 x 8 a thread) and
-    each SIMT_CANDIDATES entry forced, each result checked against torch's (max |diff| / max |ref|). Prints
+    rounds (each round every function, 3 samples each; medians): the build's 128x128 tile (8 x 8 a thread), its
+    SIMT_BIG_TILE ("big", what these shapes run by default) and each SIMT_CANDIDATES entry (or `cands`) forced,
+    each result checked against torch's (max |diff| / max |ref|). Prints
     TFLOP/s, the ratio to torch (> 1: faster) and the fraction of the 67 TFLOP/s FMA peak."""
     import json
     import statistics
+
+    from pydnn import tuning
 
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -597,7 +602,7 @@ def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False, cands=None):
     dev = torch.cuda.get_device_name()
     rows = []
     pick = tuple(t for t in M.SIMT_CANDIDATES if cands is None or t.name in cands)
-    tiles = (("base", M.SIMT_TILES[0]),) + tuple((t.name, t) for t in pick)
+    tiles = (("base", M.SIMT_TILES[0]), ("big", M.SIMT_BIG_TILE)) + tuple((t.name, t) for t in pick)
     try:
         _f32_prebuild(h, shapes, trans_all, pick)
         for label, m, n, k, ta, tb in shapes:
@@ -605,14 +610,15 @@ def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False, cands=None):
             ap, bp = a.data_ptr(), bb.data_ptr()
             outs, fns, kernels = {}, {}, {}
             for name, t in tiles:
-                orig = M._choose_simt_tile
+                orig, big = M._choose_simt_tile, tuning.matmul.SIMT_BIG
                 M._choose_simt_tile = lambda *x, t=t: t
+                tuning.matmul.SIMT_BIG = ""  # (the 128x128 tile as itself)
                 try:
                     plan = M.gemm_plan(h, F32, m, n, k, trans_a=ta, trans_b=tb)
                 finally:
-                    M._choose_simt_tile = orig
-                if name == "base":
-                    plan.fast.unit = _f32_base_unit(ta, tb)  # the same instantiation, prebuilt alone
+                    M._choose_simt_tile, tuning.matmul.SIMT_BIG = orig, big
+                if name in ("base", "big"):
+                    plan.fast.unit = _f32_base_unit(ta, tb, name == "big")  # the same instantiation, prebuilt alone
                 assert plan.fast.expr == t.expr("f32", ta, tb), (plan.fast.expr, t)
                 o = torch.empty_like(c) if outs else c
                 outs[name] = o
@@ -977,7 +983,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--mid", action="store_true", help="gemm_tma vs gemm_wgmma_p vs torch.mm on 8192^3 and the 7B shapes")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--f32", action="store_true", help="float without TF32: the build's tile and SIMT_CANDIDATES vs "
+    ap.add_argument("--f32", action="store_true", help="float without TF32: the build's tiles and SIMT_CANDIDATES vs "
                     "torch.mm (TF32 off) on 8192^3 and the 7B shapes (--shapes: labels of F32_SHAPES)")
     ap.add_argument("--cands", default=None, help="--f32: the SIMT_CANDIDATES names to time (default: all)")
     ap.add_argument("--trans-all", action="store_true", help="--f32: prebuild every transposition's kernels (for "

@@ -335,28 +335,25 @@ class SimtTile:
 # other's first loads and epilogues), so eff_short 1.0 and a tie goes to the smaller tile.
 SIMT_TILES = (SimtTile(128, 128, 8, 1, 1.0), SimtTile(64, 128, 8, 3, 0.87, eff_short=1.0))
 SHORT_K = 512
-# Candidates for the large problems' tile (issue 22: fp32 without TF32 >= 0.9x cuBLAS; 128x128 8x8 measured
-# 0.84x), outside the build: one kernel unit each per transposition (simt_extra_units), chosen in place of
-# SIMT_TILES[0] by every float plan (matmul, convolution, RNN) where tuning.matmul.SIMT_BIG names one (the rule
-# at SIMT_BIG_WAVES). 8 x 16 outputs a thread (128 accumulators): 6 fragment loads
-# for 128 FMAs a k step where 8 x 8 takes 4 for 64; c1 / c2: 4-warp 128 x 128 blocks, two an SM (registers
-# up to 255 still fit: 2 x 128 x 256 = 64 Ki), so one block's barrier and global-load wait overlap the
-# other's FMAs; c3: one 8-warp 128 x 256 block an SM (half the L2 bytes a FLOP of 128 x 128); c4: c1 at BK 16;
-# c5 / c6: 8-warp blocks (one an SM) of c2's 64 x 64 warp tiles, 256 x 128 / 128 x 256 (after run 1: c2 and c3
-# best).
-SIMT_CANDIDATES = (SimtTile(128, 128, 8, 2, 1.0, subm=2, subn=4, name="c1"),
-                   SimtTile(128, 128, 8, 2, 1.0, subm=4, subn=2, name="c2"),
-                   SimtTile(128, 256, 8, 1, 1.0, subm=2, subn=4, name="c3"),
-                   SimtTile(128, 128, 16, 2, 1.0, subm=2, subn=4, name="c4"),
-                   SimtTile(256, 128, 8, 1, 1.0, subm=4, subn=2, name="c5"),
-                   SimtTile(128, 256, 8, 1, 1.0, subm=4, subn=2, name="c6"))
+# Candidates for the large problems' tile (issue 22: fp32 without TF32 >= 0.9x cuBLAS; the 128x128 8x8 tile measured
+# 0.80-0.84x), outside the build: one kernel unit each per transposition (simt_extra_units), chosen in place of
+# SIMT_TILES[0] by every float plan (matmul, convolution, RNN) where tuning.matmul.SIMT_BIG names one (the rule at
+# SIMT_BIG_WAVES). Measured in mid-session runs 2 and 3 (H200, 8192^3 nn / 7B 16384x4096x4096 nt /
+# 16384x11008x4096 nt, ratios to cuBLAS without TF32; tools/PERF.md): with SimtTile(bm, bn, bk, per_sm, subm, subn)
+# c1 (128, 128, 8, 2, 2, 4: 4 warps of 32 x 128, 8 x 16 a thread) 0.856 / 0.866 / 0.862; c2 (128, 128, 8, 2, 4, 2:
+# 4 warps of 64 x 64) 0.911 / 0.894 / 0.890; c3 (128, 256, 8, 1, 2, 4) 0.917 / 0.870 / 0.869; c4 = c1 at BK 16 0.826
+# / 0.809 / 0.810; c5 (256, 128, 8, 1, 4, 2) 0.916 / 0.916 / 0.917; c6 (128, 256, 8, 1, 4, 2) 0.928 / 0.920 / 0.919:
+# adopted as SIMT_BIG_TILE. c2 and c5 stay (the runners-up, for the next comparison); the 64 x 64 warp tile paid
+# most (c2 over c1, c6 over c3: +3-6%), the block's size or count an SM less.
+SIMT_CANDIDATES = (SimtTile(128, 128, 8, 2, 1.0, subm=4, subn=2, name="c2"),
+                   SimtTile(256, 128, 8, 1, 1.0, subm=4, subn=2, name="c5"))
 # The large float GEMMs' tile, c6 (unit matmul.f32big, in the build): 128 x 256, 8 warps of 64 x 64, 16 x 8 outputs
-# a thread, one block an SM (ptxas sm_90: 241-251 registers, no spills), taken in the 128x128 tile's place where
-# K > SHORT_K and its items fill SIMT_BIG_WAVES waves (tuning.matmul.SIMT_BIG "big"). Measured (H200, mid-session
-# run 3, bench_matmul --f32, same run, torch.mm without TF32 at 51-52 TFLOP/s): 8192^3 nn 47.4 TFLOP/s (0.928x
-# cuBLAS; the 128x128 8x8 tile 0.838x), 7B x @ W^T 16384x4096x4096 46.9 (0.920x; 0.796x), 16384x11008x4096 48.0
-# (0.919x; 0.796x); c5 (256 x 128) 0.916-0.917x, c2 (128 x 128, two 4-warp blocks an SM) 0.891-0.911x, c3 (32 x 128
-# warp tiles) 0.871-0.919x, c1 0.856-0.866x, c4 (BK 16) 0.81-0.83x; every result bitwise cuBLAS's.
+# a thread (128 accumulators; 6 16-byte fragment loads for 128 FMAs a k step where 8 x 8 takes 4 for 64), one block
+# an SM (ptxas sm_90: 241-251 registers, no spills), taken in the 128x128 tile's place where K > SHORT_K and its
+# items fill SIMT_BIG_WAVES waves (tuning.matmul.SIMT_BIG "big"). Measured (H200, mid-session run 3, bench_matmul
+# --f32, torch.mm without TF32 at 51-52 TFLOP/s): 8192^3 nn 47.4 TFLOP/s (0.928x cuBLAS; the 128x128 8x8 tile
+# 0.838x), 7B x @ W^T 16384x4096x4096 46.9 (0.920x; 0.796x), 16384x11008x4096 48.0 (0.919x; 0.796x); every result
+# bitwise cuBLAS's.
 SIMT_BIG_TILE = SimtTile(128, 256, 8, 1, 1.0, unit="matmul.f32big", subm=4, subn=2)
 
 

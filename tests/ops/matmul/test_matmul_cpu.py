@@ -334,7 +334,7 @@ def test_simt_candidates_and_switch(monkeypatch):
     # the default: SIMT_BIG_TILE (c6's instantiation) from the build's unit matmul.f32big, same rule
     monkeypatch.setattr(tuning.matmul, "SIMT_BIG", tuning.matmul._defaults["SIMT_BIG"])
     big = M.SIMT_BIG_TILE
-    assert big.expr("f32") == next(t for t in M.SIMT_CANDIDATES if t.name == "c6").expr("f32")
+    assert big.expr("f32") == "pydnn::matmul::gemm_simt<128, 256, 8, 2, 4, 1, false, false, 4, 2>"  # (run 3's c6)
     for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
         pl = M.gemm_plan(h, F32, 8192, 8192, 8192, trans_a=ta, trans_b=tb)
         assert (pl.fast.unit, pl.fast.expr) == ("matmul.f32big", big.expr("f32", ta, tb))
