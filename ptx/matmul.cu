@@ -678,11 +678,53 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
   }
 }
 
+// The plain GEMM's store (no active epilogue) of one warpgroup's 64 x BN accumulator fragment of the 128 x BN
+// tile at (m0, n0) of C (batch already applied), warpgroup wg: alpha * acc + beta * C + bias. Shared by
+// gemm_wgmma_body and wg_epilogue (gemm_tma); only the plain kernels take it, so the fused epilogues' code (an
+// active Epi's branch, which spilled when shared whole: see wg_epilogue) is not touched.
+template <class T, int BN>
+__device__ __forceinline__ void wg_plain_store(const MatmulParams& p, const float (&acc)[BN / 2], T* C, const T* bias,
+                                               int m0, int n0, int wg) {
+  constexpr int BM = 128;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
+  // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
+  // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
+  if (m0 + BM <= p.m && n0 + BN <= p.n &&
+      (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) == PYDNN_MATMUL_FLAG_PAIR) {
+    const float alpha = p.alpha;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        Vec<T, 2> out;
+        out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
+        out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
+        *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
+    if (row >= p.m) continue;
+    T* crow = C + (long long)row * p.ldc;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
 // The epilogue of gemm_tma for one 128 x BN tile (tm, tn) of batch z, from the accumulator fragment of
 // consumer warpgroup wg (its 64 rows: wg * 64 ..): the plain store (alpha, beta, bias) or an active Epi (see
-// NoEpi); the same code as gemm_wgmma_body's epilogue, which keeps its inline copy: calling this function
-// from there instead made the graph's fused bias + GELU kernel on the persistent tile spill 188 bytes (ptxas
-// sm_90a, tests/graph/test_graph_codegen_cpu.py allows 64). THREADS: the threads that run the epilogue
+// NoEpi); the same code as gemm_wgmma_body's epilogue, which shares the plain store (wg_plain_store) but keeps
+// its inline copy of the active branch: calling this function from there instead made the graph's fused bias +
+// GELU kernel on the persistent tile spill 188 bytes (ptxas sm_90a, tests/graph/test_graph_codegen_cpu.py
+// allows 64). THREADS: the threads that run the epilogue
 // together, from thread T0 on (gemm_tma: 256 from 128, its consumer warpgroups; the reduction epilogue's
 // barriers are then named ones over those threads only, epi_sync). WIDE: interior tiles with C16 store 16
 // bytes a lane (wide_store_row), the plain GEMM's (no beta, no bias) and an active epilogue's values alike.
@@ -705,37 +747,7 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     }
   }
   if constexpr (!Epi::kActive) {
-    // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
-    // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
-    // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
-    if (m0 + BM <= p.m && n0 + BN <= p.n &&
-        (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
-            PYDNN_MATMUL_FLAG_PAIR) {
-      const float alpha = p.alpha;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          Vec<T, 2> out;
-          out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
-          out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
-          *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
-        }
-      }
-      return;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
-      if (row >= p.m) continue;
-      T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = n0 + j * 8 + (lane & 3) * 2;
-        if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    }
+    wg_plain_store<T, BN>(p, acc, C, bias, m0, n0, wg);
   } else {
     auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
     // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
@@ -1002,37 +1014,7 @@ __device__ __forceinline__ void gemm_wgmma_body(const MatmulParams& p, const Epi
     T* C = reinterpret_cast<T*>(p.c) + z * p.stride_c;
     const T* bias = reinterpret_cast<const T*>(p.bias);
     if constexpr (!Epi::kActive) {
-      // An interior tile with pair stores and neither beta nor bias (the common GEMM) stores straight-line:
-      // alpha, one pack and one 4-byte store a pair (store_pair's edge and flag branches cost ~20
-      // instructions a pair: ~1400 a thread a tile, ptxas sm_90a)
-      if (m0 + BM <= p.m && n0 + BN <= p.n &&
-          (p.flags & (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS)) ==
-              PYDNN_MATMUL_FLAG_PAIR) {
-        const float alpha = p.alpha;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          T* crow = C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0 + (lane & 3) * 2;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            Vec<T, 2> out;
-            out.v[0] = store<T>(alpha * acc[4 * j + 2 * h]);
-            out.v[1] = store<T>(alpha * acc[4 * j + 2 * h + 1]);
-            *reinterpret_cast<Vec<T, 2>*>(crow + j * 8) = out;
-          }
-        }
-        continue;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8;
-        if (row >= p.m) continue;
-        T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = n0 + j * 8 + (lane & 3) * 2;
-          if (col < p.n) store_pair<T>(p, crow, bias, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-      }
+      wg_plain_store<T, BN>(p, acc, C, bias, m0, n0, wg);
     } else {
       auto row_of = [&](int h) { return m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8; };
       // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
@@ -1522,10 +1504,14 @@ __device__ __forceinline__ void simt_store4(const MatmulParams& p, float* crow, 
 // runs on from one item into the next: the last K tile's slot for the next tile's loads fetches the next
 // item's first K tile, so only a block's first item waits for its first global loads (+1-4% on the
 // Winograd shapes over one block per tile, H200: tools/bench_matmul.py).
-template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int MINB, bool TA, bool TB>
+// SUBM x SUBN: a thread's 4 x 4 sub-blocks (rows 16 apart, columns 32 apart), so a warp tile is 16 SUBM x
+// 32 SUBN and a thread holds 16 SUBM SUBN accumulators; the build's tiles are 2 x 2 (8 x 8 a thread, 4 fragment
+// loads for 64 FMAs a k step), the candidates 2 x 4 / 4 x 2 (8 x 16: 6 loads for 128 FMAs, 128 accumulators).
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int MINB, bool TA, bool TB, int SUBM = 2, int SUBN = 2>
 __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulParams p) {
   constexpr int THREADS = WARPS_M * WARPS_N * 32;
-  static_assert(BM == WARPS_M * 32 && BN == WARPS_N * 64, "gemm_simt: warp tiles are 32 x 64");
+  constexpr int TM = 4 * SUBM, TN = 4 * SUBN;  // a thread's rows and columns of C
+  static_assert(BM == WARPS_M * 16 * SUBM && BN == WARPS_N * 32 * SUBN, "gemm_simt: warp tiles are 16 SUBM x 32 SUBN");
   typedef SimtSide<BM, BK, THREADS, TA> SideA;   // A's rows run along K when A is transposed
   typedef SimtSide<BN, BK, THREADS, !TB> SideB;  // B's rows run along K when B is not
   constexpr int SA = BK * SideA::LD, SB = BK * SideB::LD;
@@ -1533,8 +1519,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulP
   __shared__ __align__(16) float Bs[2 * SB];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int am = (warp / WARPS_N) * 32 + (lane >> 3) * 4;  // this thread's first row within the tile
-  const int bn = (warp % WARPS_N) * 64 + (lane & 7) * 4;   // and first column
+  const int am = (warp / WARPS_N) * 16 * SUBM + (lane >> 3) * 4;  // this thread's first row within the tile
+  const int bn = (warp % WARPS_N) * 32 * SUBN + (lane & 7) * 4;   // and first column
   const int ktiles = (p.k + BK - 1) / BK;
   const long long per_batch = (long long)p.tiles_m * p.tiles_n;
   const long long items = per_batch * p.batch;
@@ -1566,14 +1552,14 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulP
     sb.stash(Bs);
   }
   __syncthreads();
-  float4 fa[2][2], fb[2][2];  // [step parity][sub-block]: rows am, am + 16; columns bn, bn + 32
+  float4 fa[2][SUBM], fb[2][SUBN];  // [step parity][sub-block]: rows am + 16 s; columns bn + 32 t
   auto frags = [&](int buf, int k, int slot) {
     const float* a = As + buf * SA + k * SideA::LD + am;
     const float* b = Bs + buf * SB + k * SideB::LD + bn;
-    fa[slot][0] = *reinterpret_cast<const float4*>(a);
-    fa[slot][1] = *reinterpret_cast<const float4*>(a + 16);
-    fb[slot][0] = *reinterpret_cast<const float4*>(b);
-    fb[slot][1] = *reinterpret_cast<const float4*>(b + 32);
+#pragma unroll
+    for (int s = 0; s < SUBM; ++s) fa[slot][s] = *reinterpret_cast<const float4*>(a + 16 * s);
+#pragma unroll
+    for (int t = 0; t < SUBN; ++t) fb[slot][t] = *reinterpret_cast<const float4*>(b + 32 * t);
   };
   frags(0, 0, 0);
   int buf = 0;
@@ -1583,11 +1569,11 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulP
     const bool has_next = next < items;
     long long z_next = 0;
     int m0_next = 0, n0_next = 0;
-    float acc[8][8];
+    float acc[TM][TN];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+      for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
 
     for (int kt = 0; kt < ktiles; ++kt) {
       // The next K tile's global loads fly during this tile's FMAs: this item's, or the next item's first.
@@ -1613,26 +1599,33 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_simt(MatmulP
         }
         // step k + 1's fragments (after the last step: the next tile's first; stale and unused at the end)
         frags(buf, (k + 1) % BK, (k + 1) & 1);
-        const float av[8] = {fa[k & 1][0].x, fa[k & 1][0].y, fa[k & 1][0].z, fa[k & 1][0].w,
-                             fa[k & 1][1].x, fa[k & 1][1].y, fa[k & 1][1].z, fa[k & 1][1].w};
-        const float bv[8] = {fb[k & 1][0].x, fb[k & 1][0].y, fb[k & 1][0].z, fb[k & 1][0].w,
-                             fb[k & 1][1].x, fb[k & 1][1].y, fb[k & 1][1].z, fb[k & 1][1].w};
+        float av[TM], bv[TN];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+        for (int s = 0; s < SUBM; ++s) {
+          av[4 * s] = fa[k & 1][s].x; av[4 * s + 1] = fa[k & 1][s].y;
+          av[4 * s + 2] = fa[k & 1][s].z; av[4 * s + 3] = fa[k & 1][s].w;
+        }
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        for (int t = 0; t < SUBN; ++t) {
+          bv[4 * t] = fb[k & 1][t].x; bv[4 * t + 1] = fb[k & 1][t].y;
+          bv[4 * t + 2] = fb[k & 1][t].z; bv[4 * t + 3] = fb[k & 1][t].w;
+        }
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
       }
     }
 
     float* C = reinterpret_cast<float*>(p.c) + z * p.stride_c;
     const float* bias = reinterpret_cast<const float*>(p.bias);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < TM; ++i) {
       const int row = m0 + am + (i >> 2) * 16 + (i & 3);
       if (row >= p.m) continue;
       float* crow = C + (long long)row * p.ldc;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < SUBN; ++h) {
         const int col = n0 + bn + h * 32;
         if (col < p.n)
           simt_store4(p, crow, bias, col,

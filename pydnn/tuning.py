@@ -396,6 +396,11 @@ matmul = Switches(
     SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
+    SIMT_BIG=("big", 'float GEMMs (matmul, graph, convolution, RNN) where the chooser takes the 128x128 CUDA-core '
+                     'tile, K > SHORT_K and the items fill SIMT_BIG_WAVES waves: "big" runs SIMT_BIG_TILE (128x256, '
+                     '16x8 outputs a thread; 8192^3 and the 7B shapes 0.92-0.93x cuBLAS where the 128x128 tile ran '
+                     '0.80-0.84x), a SIMT_CANDIDATES name ("c1" ...) that candidate (units compiled on first use), '
+                     '"": the 128x128 tile; the reasons: pydnn/ops/matmul.py at SIMT_BIG_TILE'),
     USE_TMA=(True, 'sm_90: where the chooser picks the 128x256 wgmma tile and both operands suit TMA, plain GEMMs '
                    'and the graph API\'s fused GEMMs run gemm_tma (TMA copies, a producer warpgroup, two consumer '
                    'warpgroups, persistent) instead; the reasons: pydnn/ops/matmul.py at TMA_TILE'),

@@ -197,6 +197,24 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
   Tried on the CPU only (ptxas, not run): the 128x128 tile with MINB 2 and single-buffered fragments still
   spills 56-92 bytes (32-40 byte frames) in every transposition, like v2's MINB 2 tile (-2% measured):
   dropped without a device run. The 64-bit address math of the loads is the next register to win back.
+  f32 v4 candidates (issue 22, 2026-11-28, branch gemm; --f32: 8192^3 nn and the 7B projections x @ W^T, against
+      torch.mm without TF32; 0.84x cuBLAS before): gemm_simt's thread block generalized to SUBM x SUBN sub-blocks
+      of 4 x 4 (the build's 2 x 2 unchanged), SIMT_CANDIDATES c1 128x128 with 4 warps of 32 x 128 (8 x 16 a thread,
+      128 accumulators, 6 fragment loads for 128 FMAs a k step), two blocks an SM (243-247 registers: 2 x 128 x
+      256 = 64 Ki), c2 the same as 16 x 8 (warps 64 x 64), c3 128x256 with 8 warps of 32 x 128 (one block an SM,
+      half the L2 bytes a FLOP), c4 c1 at BK 16. ptxas sm_90: 241-251 registers, no spills, every transposition.
+      Prediction (before measuring): c1 / c2 +5-12% over the build's tile (two independent blocks an SM: one's
+      barrier and global-load wait under the other's FMAs; fewer fragment loads a FLOP), so 0.88-0.94x cuBLAS;
+      c3 +0-5% (one block an SM keeps the barrier stalls); c4 within 2% of c1.
+      Measured (H200, mid-session runs 2 and 3, ratios to torch.mm in the same run, every result bitwise cuBLAS's):
+        8192^3 nn / 7B 16384x4096x4096 nt / 16384x11008x4096 nt: base 0.838 / 0.797 / 0.796; c1 0.856 / 0.866 /
+        0.862; c2 0.911 / 0.894 / 0.890; c3 0.917 / 0.870 / 0.869; c4 0.826 / 0.809 / 0.810; run 3 added c5
+        (256x128, 8 warps of 64 x 64) 0.916 / 0.916 / 0.917 and c6 (128x256, 8 warps of 64 x 64) 0.928 / 0.920 /
+        0.919 (c2 0.911 / 0.893 / 0.891 again). torch 51.0-52.3 TFLOP/s (76-78% of the FMA peak), c6 46.9-48.0.
+      Outcome: c2 inside its prediction (+9-12%), c1 below (+2-9%), c3 above (+4-9%); the 64 x 64 warp tile is
+      what pays most (c2 over c1, c6 over c3: +3-6%), the block's size or count an SM less. Adopted: c6 as
+      SIMT_BIG_TILE (unit matmul.f32big, tuning.matmul.SIMT_BIG "big"), where K > SHORT_K and its items fill 2
+      waves; issue 22's fp32 >= 0.9x: met on the three shapes.
   Next for wgmma (where the remaining 0.45x to cuBLAS is, by elimination, not profiled): every K tile
   still ends in a block-wide barrier after each thread waits for its own cp.async chunks, so both
   warpgroups idle whenever any copy is late, and the MMA warps issue 12 copies (+ address math) per tile.
@@ -259,14 +277,16 @@ def _case(bh, dtype, label, m, n, k, ta=False, tb=False, batch=1, tile=None, che
         tma = isinstance(tile, M.TmaTile)
         name = "_choose_simt_tile" if isinstance(tile, M.SimtTile) else "_choose_tile"
         orig, orig_tma, orig_use = getattr(M, name), M._tma_tile, tuning.matmul.USE_TMA
+        orig_big = tuning.matmul.SIMT_BIG
         setattr(M, name, (lambda *x: M.WG_PERSIST_TILE) if tma else (lambda *x: tile))
         M._tma_tile = (lambda: tile) if tma else orig_tma
         tuning.matmul.USE_TMA = tma
+        tuning.matmul.SIMT_BIG = ""  # (a forced float tile runs as itself)
         try:
             plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
         finally:
             setattr(M, name, orig)
-            M._tma_tile, tuning.matmul.USE_TMA = orig_tma, orig_use
+            M._tma_tile, tuning.matmul.USE_TMA, tuning.matmul.SIMT_BIG = orig_tma, orig_use, orig_big
     else:
         plan = M.gemm_plan(b.h, dtype, m, n, k, **kw)
     ap, bp, cp = a.data_ptr(), bb.data_ptr(), c.data_ptr()
@@ -328,7 +348,7 @@ def _f32(b):
     for label, m, n, k in WINO_SHAPES:
         _case(b, F32, f"winograd 36 x ({m}x{n}x{k}) {label}", m, n, k, batch=36)
     M.simt_extra_units()
-    for t in M.SIMT_TILES + M.SIMT_CANDIDATES:
+    for t in M.SIMT_TILES + (M.SIMT_BIG_TILE,) + M.SIMT_CANDIDATES:
         _case(b, F32, f"4096^3 nn [{t}]", 4096, 4096, 4096, tile=t, check=False)
         for label, m, n, k in WINO_SHAPES:
             _case(b, F32, f"winograd {label} [{t}]", m, n, k, batch=36, tile=t, check=False)
@@ -527,6 +547,111 @@ def mid(out=None, rounds=5, shapes=MID_SHAPES, old_kernel=True):
     return rows
 
 
+# ----------------------------------------------------------------------------- float without TF32 (--f32)
+
+# issue 22's fp32 target (>= 0.9x cuBLAS without TF32): 8192^3 and the 7B projections (x @ W^T, nn.Linear's W)
+F32_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False, False),
+              ("7B 16384x4096x4096 nt", 16384, 4096, 4096, False, True),
+              ("7B 16384x11008x4096 nt", 16384, 11008, 4096, False, True),
+              ("7B 16384x4096x4096 nn", 16384, 4096, 4096, False, False),
+              ("7B 16384x11008x4096 nn", 16384, 11008, 4096, False, False))
+
+
+def _f32_base_unit(ta, tb, big=False):
+    return f"matmul.f32{'bb' if big else 'b'}.{'t' if ta else 'n'}{'t' if tb else 'n'}"
+
+
+def _f32_prebuild(h, shapes, trans_all=False, cands=None):
+    """Compile in parallel threads the one-kernel units --f32 runs: the build's 128x128 tile (as its own bench
+    unit per transposition, where matmul.f32 would compile its 8 kernels one after another) and every
+    SIMT_CANDIDATES entry; trans_all: every transposition (so that the GPU tests after find them cached)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn._build import loader
+    from pydnn._build.manifest import KernelUnit
+
+    tns = M.TRANS if trans_all else sorted({("t" if s[4] else "n") + ("t" if s[5] else "n") for s in shapes})
+    units = [KernelUnit(_f32_base_unit(tn[0] == "t", tn[1] == "t", big), "matmul.cu",
+                        (t.expr("f32", tn[0] == "t", tn[1] == "t"),))
+             for big, t in ((False, M.SIMT_TILES[0]), (True, M.SIMT_BIG_TILE)) for tn in tns]
+    units += M.simt_candidate_units(cands, trans=tns)
+    loader.register_units(units)
+    M.simt_extra_units()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda u: loader.load_unit(h.arch, u), units))
+    print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def f32(out=None, rounds=3, shapes=F32_SHAPES, trans_all=False, cands=None):
+    """float GEMMs without TF32 (CUDA-core FMA, gemm_simt) against torch.mm with TF32 off, timed in alternating
+    rounds (each round every function, 3 samples each; medians): the build's 128x128 tile (8 x 8 a thread), its
+    SIMT_BIG_TILE ("big", what these shapes run by default) and each SIMT_CANDIDATES entry (or `cands`) forced,
+    each result checked against torch's (max |diff| / max |ref|). Prints
+    TFLOP/s, the ratio to torch (> 1: faster) and the fraction of the 67 TFLOP/s FMA peak."""
+    import json
+    import statistics
+
+    from pydnn import tuning
+
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    dev = torch.cuda.get_device_name()
+    rows = []
+    pick = tuple(t for t in M.SIMT_CANDIDATES if cands is None or t.name in cands)
+    tiles = (("base", M.SIMT_TILES[0]), ("big", M.SIMT_BIG_TILE)) + tuple((t.name, t) for t in pick)
+    try:
+        _f32_prebuild(h, shapes, trans_all, pick)
+        for label, m, n, k, ta, tb in shapes:
+            a, bb, c = _operands(F32, m, n, k, ta, tb)
+            ap, bp = a.data_ptr(), bb.data_ptr()
+            outs, fns, kernels = {}, {}, {}
+            for name, t in tiles:
+                orig, big = M._choose_simt_tile, tuning.matmul.SIMT_BIG
+                M._choose_simt_tile = lambda *x, t=t: t
+                tuning.matmul.SIMT_BIG = ""  # (the 128x128 tile as itself)
+                try:
+                    plan = M.gemm_plan(h, F32, m, n, k, trans_a=ta, trans_b=tb)
+                finally:
+                    M._choose_simt_tile, tuning.matmul.SIMT_BIG = orig, big
+                if name in ("base", "big"):
+                    plan.fast.unit = _f32_base_unit(ta, tb, name == "big")  # the same instantiation, prebuilt alone
+                assert plan.fast.expr == t.expr("f32", ta, tb), (plan.fast.expr, t)
+                o = torch.empty_like(c) if outs else c
+                outs[name] = o
+                kernels[name] = repr(t)
+                fns[name] = (lambda plan=plan, cp=o.data_ptr(): plan.launch(h, ap, bp, cp))
+            out_t = torch.empty_like(c)
+            fns["torch"] = _torch_fn(a, bb, ta, tb, out_t)
+            for f in fns.values():
+                f()
+            torch.cuda.synchronize()
+            errs = {name: _err(o, out_t) for name, o in outs.items()}
+            t = {name: [] for name in fns}
+            for _ in range(rounds):
+                for name, f in fns.items():
+                    t[name].append(time_ms(f, reps=3, warmup=1))
+            med = {name: statistics.median(v) for name, v in t.items()}
+            fl = 2.0 * m * n * k
+            r = dict(case=label, device=dev, ms=med, tflops={nm: fl / v / 1e9 for nm, v in med.items()},
+                     vs_torch={nm: med["torch"] / v for nm, v in med.items()}, errs=errs, kernels=kernels)
+            rows.append(r)
+            print(f"{label:26s} torch {r['tflops']['torch']:5.1f} TFLOP/s ({r['tflops']['torch'] / PEAK_32:.0%} of FMA peak) | "
+                  + " | ".join(f"{nm} {r['tflops'][nm]:5.1f} ({r['vs_torch'][nm]:.3f}x, {errs[nm]:.0e})" for nm in outs),
+                  flush=True)
+            del a, bb, c, out_t, outs, fns
+            if out:
+                with open(out, "w") as f:
+                    json.dump(rows, f, indent=1)
+    finally:
+        pydnn.destroy(h)
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    return rows
+
+
 # ----------------------------------------------------------------------------- fused epilogues (--fused)
 
 FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
@@ -547,7 +672,7 @@ def _fused_graph(h, m, n, k, tb, kind):
     w = g.tensor(name="w", dim=[1, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
     b = g.tensor(name="b", dim=[1, 1, n])
     v = g.add(g.matmul(x, w), b)
-    if kind in ("gelu", "gelu16"):
+    if kind in ("gelu", "gelu16", "gelu_erf"):
         v = g.gelu(v)
     elif kind == "relu":
         v = g.relu(v)
@@ -595,7 +720,7 @@ class _TmaTile:
 def _kinds_of(tile, kinds):
     """The fused graphs a variant runs: no row reduction on the ping-pong tile, the gelu one alone on wgmma."""
     if tile is None:
-        return tuple(kd for kd in kinds if kd == "gelu")
+        return tuple(kd for kd in kinds if kd.startswith("gelu"))
     return tuple(kd for kd in kinds if not (kd == "rowmax" and tile.pp))
 
 
@@ -605,16 +730,20 @@ def _tma_bench_unit(tile, tb):
 
 
 def _build(g, kind):
-    """build_plans; kind "gelu16": GELU_FWD generated as the activation family's 16-bit gelu_fast
-    (tuning.graph.PW_GELU_FAST, off by default: <= 7.9e-6 relative, not GELU_FWD's rule in the graph)."""
+    """build_plans; kind "gelu": the graph's defaults (a bfloat16 output: gelu_fast5, tuning.graph.PW_GELU_FAST and
+    PW_GELU_DEG5, <= 1.5e-5 relative); "gelu16": the degree-7 gelu_fast (PW_GELU_DEG5 off, <= 7.9e-6);
+    "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults)."""
     from pydnn import tuning
 
-    keep = tuning.graph.PW_GELU_FAST
-    tuning.graph.PW_GELU_FAST = kind == "gelu16"
+    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5
+    if kind == "gelu16":
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
+    elif kind == "gelu_erf":
+        tuning.graph.PW_GELU_FAST = False
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
-        tuning.graph.PW_GELU_FAST = keep
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = keep
     return g
 
 
@@ -679,7 +808,8 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu16", "relu", "plain_pp", "gelu_pp", "torch.mm", "gelu(addmm)")
+    for name in [nm for nm in ("plain", "gelu", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp", "torch.mm",
+                               "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
@@ -757,9 +887,9 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 outs[kind + suf] = yk
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
-    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "relu": "relu(addmm)", "residual": "addmm+r",
-              "rowmax": "addmm.amax"}
-    if "gelu" + suf in fns or "gelu16" + suf in fns:
+    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
+              "residual": "addmm+r", "rowmax": "addmm.amax"}
+    if any(kd + suf in fns for kd in ("gelu", "gelu16", "gelu_erf")):
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
     if "relu" + suf in fns:
         fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
@@ -773,8 +903,8 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     ref = torch.addmm(b, x, w).float()
     want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
             "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
-    want["gelu16"] = want["gelu"]
-    errs = {name: _err(o, want[name.split("_")[0]]) for name, o in outs.items()}
+    want["gelu16"] = want["gelu_erf"] = want["gelu"]
+    errs = {name: _err(o, want[name[:-len(suf)] if suf and name.endswith(suf) else name]) for name, o in outs.items()}
     del ref, want
     t = {name: [] for name in fns}
     for _ in range(rounds):
@@ -791,7 +921,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     if suf:
         rr["plain_over_tma"] = med[p] / med["plain"]
         line += f" [{rr['plain_over_tma']:.3f}x gemm_tma's time]"
-    for kind in ("gelu", "gelu16", "relu", "residual", "rowmax"):
+    for kind in ("gelu", "gelu16", "gelu_erf", "relu", "residual", "rowmax"):
         key = kind + suf
         if key in fns:
             tn = tnames[kind]
@@ -853,13 +983,20 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--mid", action="store_true", help="gemm_tma vs gemm_wgmma_p vs torch.mm on 8192^3 and the 7B shapes")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--f32", action="store_true", help="float without TF32: the build's tiles and SIMT_CANDIDATES vs "
+                    "torch.mm (TF32 off) on 8192^3 and the 7B shapes (--shapes: labels of F32_SHAPES)")
+    ap.add_argument("--cands", default=None, help="--f32: the SIMT_CANDIDATES names to time (default: all)")
+    ap.add_argument("--trans-all", action="store_true", help="--f32: prebuild every transposition's kernels (for "
+                    "GPU tests run after it)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-old", action="store_true", help="--mid without the gemm_wgmma_p column (its compile)")
     ap.add_argument("--fused", action="store_true", help="the fused graphs (bias + GELU, + residual, row max) vs the "
                     "plain matmul, F.gelu(torch.addmm) and torch.mm on 8192^3 and the 7B shapes (nn, nt)")
-    ap.add_argument("--shapes", default=None, help="--fused: labels of FUSED_SHAPES to run (comma-separated "
+    ap.add_argument("--shapes", default=None, help="--fused / --f32: labels of their shapes to run (comma-separated "
                     "substrings, e.g. '4096x4096 nn,11008x4096 nt')")
-    ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time")
+    ap.add_argument("--kinds", default="gelu,residual,rowmax", help="--fused: fused graphs to time (gelu: the graph's "
+                    "default GELU form for bf16 outputs, gelu16: the degree-7 gelu_fast, gelu_erf: erff's; relu, "
+                    "residual, rowmax)")
     ap.add_argument("--pp", action="store_true", help="--fused: also the ping-pong candidate (TMA_PP_TILE)")
     ap.add_argument("--wg", action="store_true", help="--fused: also the fused gelu on the wgmma kernel (USE_TMA off)")
     ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
@@ -870,6 +1007,11 @@ if __name__ == "__main__":
         if args.shapes:
             sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
         fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+    elif args.f32:
+        sel = F32_SHAPES
+        if args.shapes:
+            sel = tuple(s for s in F32_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
+        f32(args.out, args.rounds, sel, args.trans_all, args.cands.split(",") if args.cands else None)
     elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:

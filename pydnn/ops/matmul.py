@@ -33,8 +33,10 @@ persistent, one wave of blocks walking the tiles, with tuning.matmul.WG_PERSIST:
 operands suit TMA, plain GEMMs run gemm_tma in its place: TMA_TILE, tuning.matmul.USE_TMA); operands whose pointer,
 leading dim or batch stride is not a multiple of 16 bytes take a general path (the mma.sync kernel
 loading element by element). float runs on
-CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, persistent blocks, any
-alignment; 42-44 TFLOP/s on 4096^3 on the H200, 0.80-0.89x cuBLAS without TF32); allow_tf32 is accepted (it permits TF32, it does not require it) and currently changes
+CUDA cores (FMA, gemm_simt: 128x128 or 64x128 block tiles of 8x8 outputs a thread, and for long-K problems of
+at least two waves the 128x256 SIMT_BIG_TILE of 16x8 outputs a thread; persistent blocks, any alignment; on the
+H200 8192^3 and the 7B projections 0.92-0.93x cuBLAS without TF32 (47-48 TFLOP/s), the 128x128 tile 0.80-0.84x);
+allow_tf32 is accepted (it permits TF32, it does not require it) and currently changes
 nothing: float always takes the exact FMA kernel.
 
 No call allocates or synchronizes; launches go to the handle's stream. gemm() keeps its plans in the
@@ -290,27 +292,39 @@ TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
 
 
 class SimtTile:
-    """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 32 x 64
-    (8 x 8 outputs a thread), K tiles of BK in two shared buffers; registers capped for `per_sm` blocks
-    per SM (MINB); a grid of one wave of blocks (per_sm per SM) walks the (batch, tile) items. `eff` (k >
-    SHORT_K) and `eff_short` (k <= SHORT_K): the FMA rate a full SM of these blocks reaches relative to the
-    128 x 128 tile (the chooser's weights, measured)."""
+    """A gemm_simt (float, CUDA-core FMA) block tile: BM x BN of C from WARPS_M x WARPS_N warps of 16 SUBM x
+    32 SUBN (a thread 4 SUBM x 4 SUBN outputs: 8 x 8 for the build's 2 x 2), K tiles of BK in two shared
+    buffers; registers capped for `per_sm` blocks per SM (MINB); a grid of one wave of blocks (per_sm per SM)
+    walks the (batch, tile) items. `eff` (k > SHORT_K) and `eff_short` (k <= SHORT_K): the FMA rate a full SM
+    of these blocks reaches relative to the 128 x 128 tile (the chooser's weights, measured). `name`: a
+    candidate's (tuning.matmul.SIMT_BIG; its units are matmul.f32c.<name>.<nn|nt|tn|tt>, simt_extra_units)."""
 
-    def __init__(self, bm, bn, bk, per_sm, eff, eff_short=None, unit=None):
+    def __init__(self, bm, bn, bk, per_sm, eff, eff_short=None, unit=None, subm=2, subn=2, name=None):
         self.bm, self.bn, self.bk, self.per_sm, self.eff = bm, bn, bk, per_sm, eff
         self.eff_short = eff if eff_short is None else eff_short
-        self.wm, self.wn = bm // 32, bn // 64
+        self.subm, self.subn, self.name = subm, subn, name
+        self.wm, self.wn = bm // (16 * subm), bn // (32 * subn)
+        assert self.wm * 16 * subm == bm and self.wn * 32 * subn == bn, (bm, bn, subm, subn)
         self.threads = self.wm * self.wn * 32
-        self.unit = unit  # a candidate's unit (simt_extra_units), else the build's matmul.f32
+        self.unit = unit  # the build's matmul.f32 where None (a candidate: unit_of)
         self.smem = 0     # static shared memory only
+
+    def unit_of(self, ta, tb):
+        """The unit holding this tile's kernel for (ta, tb): a candidate's own one-kernel unit, else t.unit or
+        the build's matmul.f32."""
+        if self.name is not None:
+            return f"matmul.f32c.{self.name}.{'t' if ta else 'n'}{'t' if tb else 'n'}"
+        return self.unit or "matmul.f32"
 
     def expr(self, tag="f32", ta=False, tb=False, vec=True):
         b = lambda v: "true" if v else "false"  # noqa: E731
+        sub = f", {self.subm}, {self.subn}" if (self.subm, self.subn) != (2, 2) else ""
         return (f"pydnn::matmul::gemm_simt<{self.bm}, {self.bn}, {self.bk}, {self.wm}, {self.wn}, {self.per_sm}, "
-                f"{b(ta)}, {b(tb)}>")
+                f"{b(ta)}, {b(tb)}{sub}>")
 
     def __repr__(self):
-        return f"SimtTile({self.bm}x{self.bn}, bk {self.bk}, {self.per_sm} block(s)/SM)"
+        sub = f", {4 * self.subm}x{4 * self.subn} a thread" if (self.subm, self.subn) != (2, 2) else ""
+        return f"SimtTile({self.bm}x{self.bn}, bk {self.bk}, {self.per_sm} block(s)/SM{sub})"
 
 
 # The float tiles (unit matmul.f32). ptxas (sm_90): 128x128 with MINB 1 uses 163-167 registers, no spills
@@ -321,20 +335,62 @@ class SimtTile:
 # other's first loads and epilogues), so eff_short 1.0 and a tie goes to the smaller tile.
 SIMT_TILES = (SimtTile(128, 128, 8, 1, 1.0), SimtTile(64, 128, 8, 3, 0.87, eff_short=1.0))
 SHORT_K = 512
-# Measured on the device before they replace a SIMT_TILES entry (simt_extra_units; not in the build): none
-# now (tools/notes/matmul.md lists the candidates measured).
-SIMT_CANDIDATES = ()
+# Candidates for the large problems' tile (issue 22: fp32 without TF32 >= 0.9x cuBLAS; the 128x128 8x8 tile measured
+# 0.80-0.84x), outside the build: one kernel unit each per transposition (simt_extra_units), chosen in place of
+# SIMT_TILES[0] by every float plan (matmul, convolution, RNN) where tuning.matmul.SIMT_BIG names one (the rule at
+# SIMT_BIG_WAVES). Measured in mid-session runs 2 and 3 (H200, 8192^3 nn / 7B 16384x4096x4096 nt /
+# 16384x11008x4096 nt, ratios to cuBLAS without TF32; tools/PERF.md): with SimtTile(bm, bn, bk, per_sm, subm, subn)
+# c1 (128, 128, 8, 2, 2, 4: 4 warps of 32 x 128, 8 x 16 a thread) 0.856 / 0.866 / 0.862; c2 (128, 128, 8, 2, 4, 2:
+# 4 warps of 64 x 64) 0.911 / 0.894 / 0.890; c3 (128, 256, 8, 1, 2, 4) 0.917 / 0.870 / 0.869; c4 = c1 at BK 16 0.826
+# / 0.809 / 0.810; c5 (256, 128, 8, 1, 4, 2) 0.916 / 0.916 / 0.917; c6 (128, 256, 8, 1, 4, 2) 0.928 / 0.920 / 0.919:
+# adopted as SIMT_BIG_TILE. c2 and c5 stay (the runners-up, for the next comparison); the 64 x 64 warp tile paid
+# most (c2 over c1, c6 over c3: +3-6%), the block's size or count an SM less.
+SIMT_CANDIDATES = (SimtTile(128, 128, 8, 2, 1.0, subm=4, subn=2, name="c2"),
+                   SimtTile(256, 128, 8, 1, 1.0, subm=4, subn=2, name="c5"))
+# The large float GEMMs' tile, c6 (unit matmul.f32big, in the build): 128 x 256, 8 warps of 64 x 64, 16 x 8 outputs
+# a thread (128 accumulators; 6 16-byte fragment loads for 128 FMAs a k step where 8 x 8 takes 4 for 64), one block
+# an SM (ptxas sm_90: 241-251 registers, no spills), taken in the 128x128 tile's place where K > SHORT_K and its
+# items fill SIMT_BIG_WAVES waves (tuning.matmul.SIMT_BIG "big"). Measured (H200, mid-session run 3, bench_matmul
+# --f32, torch.mm without TF32 at 51-52 TFLOP/s): 8192^3 nn 47.4 TFLOP/s (0.928x cuBLAS; the 128x128 8x8 tile
+# 0.838x), 7B x @ W^T 16384x4096x4096 46.9 (0.920x; 0.796x), 16384x11008x4096 48.0 (0.919x; 0.796x); every result
+# bitwise cuBLAS's.
+SIMT_BIG_TILE = SimtTile(128, 256, 8, 1, 1.0, unit="matmul.f32big", subm=4, subn=2)
 
 
 def _simt_expr(ta, tb, tile=None):
     return (tile or SIMT_TILES[0]).expr("f32", ta, tb)
 
 
+def simt_candidate_units(tiles=None, trans=TRANS):
+    """The KernelUnits of SIMT_CANDIDATES (or `tiles`): one kernel each (tile, transposition), so that they
+    compile in parallel."""
+    return [KernelUnit(t.unit_of(tn[0] == "t", tn[1] == "t"), "matmul.cu", (t.expr("f32", tn[0] == "t", tn[1] == "t"),))
+            for t in (SIMT_CANDIDATES if tiles is None else tiles) for tn in trans]
+
+
 def simt_extra_units():
-    """The SIMT_CANDIDATES unit, registered with the loader (tests and benchmarks; outside the build)."""
-    exprs = tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_CANDIDATES for tn in TRANS)
-    if exprs:
-        loader.register_units([KernelUnit("matmul.f32cand", "matmul.cu", exprs)])
+    """The SIMT_CANDIDATES units, registered with the loader (tests, benchmarks and tuning.matmul.SIMT_BIG;
+    outside the build). Returns them."""
+    units = simt_candidate_units()
+    if units:
+        loader.register_units(units)
+    return units
+
+
+def _simt_big():
+    """The tile tuning.matmul.SIMT_BIG names: "big" SIMT_BIG_TILE, a SIMT_CANDIDATES name that candidate (its units
+    registered), "" None."""
+    name = tuning.matmul.SIMT_BIG
+    if not name:
+        return None
+    if name == "big":
+        return SIMT_BIG_TILE
+    for t in SIMT_CANDIDATES:
+        if t.name == name:
+            simt_extra_units()
+            return t
+    raise ValueError(f"tuning.matmul.SIMT_BIG: {name!r} is neither 'big' nor a SIMT_CANDIDATES name "
+                     f"({', '.join(t.name for t in SIMT_CANDIDATES)})")
 
 
 def _choose_simt_tile(m, n, batch, sm_count, k=0):
@@ -364,6 +420,8 @@ def kernel_units():
             units.append(KernelUnit(_unit_name(tag, ta, tb), "matmul.cu", tuple(exprs)))
     units.append(KernelUnit("matmul.f32", "matmul.cu",
                             tuple(t.expr("f32", tn[0] == "t", tn[1] == "t") for t in SIMT_TILES for tn in TRANS)))
+    units.append(KernelUnit(SIMT_BIG_TILE.unit, "matmul.cu",
+                            tuple(SIMT_BIG_TILE.expr("f32", tn[0] == "t", tn[1] == "t") for tn in TRANS)))
     return (units + wgmma_units() + wgmma_units((WG_PERSIST_TILE,), "matmul.wgmmap") + split_units() + tma_units() +
             [u for t in TMA_CANDIDATES for u in tma_units((t,), t.unit, ("bf16",))])
 
@@ -681,13 +739,25 @@ def _tma_launch(plan, tag, tile, sm_count):
     return rec
 
 
+# tuning.matmul.SIMT_BIG's tile (SIMT_BIG_TILE by default) replaces the 128x128 tile where K > SHORT_K and its
+# items fill at least SIMT_BIG_WAVES waves of its blocks (the regime it was measured in: 8192^3 and the 7B
+# projections, 15-42 waves; the Winograd GEMMs (K <= 512) keep the build's tiles).
+SIMT_BIG_WAVES = 2
+
+
 def _simt_launch(plan, sm_count):
     t = _choose_simt_tile(plan.m, plan.n, plan.batch, sm_count, plan.k)
+    if t is SIMT_TILES[0]:
+        big = _simt_big()
+        if big is not None and plan.k > SHORT_K and (cdiv(plan.m, big.bm) * cdiv(plan.n, big.bn) * plan.batch >=
+                                                     SIMT_BIG_WAVES * big.per_sm * max(sm_count, 1)):
+            t = big
     tm, tn = cdiv(plan.m, t.bm), cdiv(plan.n, t.bn)
     if tm * tn > INT_MAX:
         raise PydnnError(E.PYDNN_STATUS_NOT_SUPPORTED, f"m, n: {plan.m} x {plan.n} needs more than 2^31 - 1 tiles")
     grid = (min(tm * tn * plan.batch, t.per_sm * max(sm_count, 1)), 1, 1)  # one wave of persistent blocks
-    return _Launch(t.unit or "matmul.f32", t.expr("f32", plan.trans_a, plan.trans_b), grid, (t.threads, 1, 1), 0,
+    return _Launch(t.unit_of(plan.trans_a, plan.trans_b), t.expr("f32", plan.trans_a, plan.trans_b), grid,
+                   (t.threads, 1, 1), 0,
                    _params(plan, tm, tn))
 
 

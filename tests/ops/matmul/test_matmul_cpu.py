@@ -270,8 +270,10 @@ def test_fast_and_general_paths():
     assert f.describe()[0] == M.SIMT_TILES[0].expr("f32", True, True)
 
 
-def test_simt_tile_choice():
-    """float: the 128 x 128 tile for large problems, the 64 x 128 one where m <= 64 (half the big tile idle)."""
+def test_simt_tile_choice(monkeypatch):
+    """float: the 128 x 128 tile for large problems, the 64 x 128 one where m <= 64 (half the big tile idle)
+    (the chooser's build tiles: SIMT_BIG off; test_simt_candidates_and_switch has SIMT_BIG_TILE's rule)."""
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", "")
     h = cpu_handle()
     big, small = M.SIMT_TILES
     assert M.gemm_plan(h, F32, 4096, 4096, 4096).describe()[0] == big.expr("f32")
@@ -287,6 +289,77 @@ def test_simt_tile_choice():
     assert M.gemm_plan(h, F32, 5, 7, 3).describe()[1] == (1, 1, 1)  # fewer items than a wave
 
 
+def test_simt_candidates_and_switch(monkeypatch):
+    """The float candidates (SIMT_CANDIDATES): one one-kernel unit per (candidate, transposition), their block
+    shapes cover BM x BN with 4 SUBM x 4 SUBN outputs a thread exactly once (the kernel's am / bn mapping,
+    emulated); tuning.matmul.SIMT_BIG puts one in place of the 128 x 128 tile in pydnn.matmul's plans only (the
+    64 x 128 choice stays), an unknown name is refused; the build's tile expressions keep their form."""
+    import numpy as np
+    from pydnn._build import loader
+
+    h = cpu_handle()
+    units = M.simt_candidate_units()
+    assert len(units) == 4 * len(M.SIMT_CANDIDATES) and len({u.name for u in units}) == len(units)
+    assert all(len(u.exprs) == 1 for u in units)
+    assert M.SIMT_TILES[0].expr("f32") == "pydnn::matmul::gemm_simt<128, 128, 8, 4, 2, 1, false, false>"
+    for t in M.SIMT_TILES + M.SIMT_CANDIDATES:
+        cnt = np.zeros((t.bm, t.bn), int)
+        for th in range(t.threads):
+            warp, lane = th >> 5, th & 31
+            am = (warp // t.wn) * 16 * t.subm + (lane >> 3) * 4
+            bn = (warp % t.wn) * 32 * t.subn + (lane & 7) * 4
+            for i in range(4 * t.subm):
+                for j in range(4 * t.subn):
+                    cnt[am + (i >> 2) * 16 + (i & 3), bn + (j >> 2) * 32 + (j & 3)] += 1
+        assert (cnt == 1).all(), t
+        assert t.threads * t.per_sm <= 1024 or t.per_sm == 1
+    regs = []
+    monkeypatch.setattr(loader, "register_units", lambda us: regs.extend(us))
+    for t in M.SIMT_CANDIDATES:
+        monkeypatch.setattr(tuning.matmul, "SIMT_BIG", t.name)
+        pl = M.gemm_plan(h, F32, 4096, 4096, 4096, trans_b=True)
+        assert pl.fast.expr == t.expr("f32", False, True) and pl.fast.unit == f"matmul.f32c.{t.name}.nt"
+        assert pl.describe()[2] == (t.threads, 1, 1)
+        assert pl.describe()[1] == (min((4096 // t.bm) * (4096 // t.bn), t.per_sm * h.sm_count), 1, 1)
+        # the 64 x 128 choice (m <= 64) is not replaced, nor the 128 x 128 one for k <= SHORT_K or under
+        # SIMT_BIG_WAVES waves of the candidate's blocks
+        small = M.gemm_plan(h, F32, 64, 12544, 64, batch=36, stride_b=64 * 12544, stride_c=64 * 12544)
+        assert small.fast.expr == M.SIMT_TILES[1].expr("f32")
+        assert M.gemm_plan(h, F32, 4096, 4096, M.SHORT_K).fast.expr == M.SIMT_TILES[0].expr("f32")
+        assert M.gemm_plan(h, F32, 1024, 1024, 4096).fast.expr == M.SIMT_TILES[0].expr("f32")
+    assert {u.name for u in regs} >= {u.name for u in units}
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", "nope")
+    with pytest.raises(ValueError, match="SIMT_BIG"):
+        M.gemm_plan(h, F32, 4096, 4096, 4096)
+    # the default: SIMT_BIG_TILE (c6's instantiation) from the build's unit matmul.f32big, same rule
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", tuning.matmul._defaults["SIMT_BIG"])
+    big = M.SIMT_BIG_TILE
+    assert big.expr("f32") == "pydnn::matmul::gemm_simt<128, 256, 8, 2, 4, 1, false, false, 4, 2>"  # (run 3's c6)
+    for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+        pl = M.gemm_plan(h, F32, 8192, 8192, 8192, trans_a=ta, trans_b=tb)
+        assert (pl.fast.unit, pl.fast.expr) == ("matmul.f32big", big.expr("f32", ta, tb))
+        assert pl.describe()[1:3] == ((min(64 * 32, h.sm_count), 1, 1), (256, 1, 1))
+    assert M.gemm_plan(h, F32, 4096, 4096, M.SHORT_K).fast.expr == M.SIMT_TILES[0].expr("f32")
+    assert M.gemm_plan(h, F32, 1024, 1024, 4096).fast.expr == M.SIMT_TILES[0].expr("f32")
+
+
+def test_simt_candidates_do_not_spill():
+    """Each float candidate (nn; the other transpositions differ only in the copiers) and the build's SIMT_BIG_TILE
+    unit (every transposition) fit 255 registers without spilling (ptxas, sm_90): 128 accumulators a thread."""
+    import re
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    big = next(u for u in M.kernel_units() if u.name == "matmul.f32big")
+    for u in M.simt_candidate_units(trans=("nn",)) + [big]:
+        text, _ = cache.unit_inputs(u)
+        _, _, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90", COMMON_OPTIONS + ("--ptxas-options=-v",),
+                                        [str(cache.ptx_dir())])
+        frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+        assert len(frames) == len(u.exprs) and all(f == ("0", "0") for f in frames), (u.name, frames)
+
+
 def test_batches_side_by_side():
     """C's batches may interleave within a row (stride_c >= n, all inside ldc); overlapping ones are refused."""
     h = cpu_handle()
@@ -298,7 +371,9 @@ def test_batches_side_by_side():
 
 def test_every_expr_is_in_a_unit():
     units = {u.name: set(u.exprs) for u in M.kernel_units()}
-    assert len(units) == 18
+    assert len(units) == 19
+    assert units["matmul.f32big"] == {M.SIMT_BIG_TILE.expr("f32", ta, tb) for ta in (False, True)
+                                      for tb in (False, True)}
     for tag in ("f16", "bf16"):
         for ta in (False, True):
             for tb in (False, True):

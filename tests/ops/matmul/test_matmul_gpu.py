@@ -311,17 +311,42 @@ def test_wgmma_chosen(handle, rng, trans, shape, tile):
     pb.run(handle, rng, alpha=0.5, beta=-1.0, plan=plan)
 
 
-SIMT_ALL = M.SIMT_TILES + M.SIMT_CANDIDATES
+SIMT_BUILD = M.SIMT_TILES + (M.SIMT_BIG_TILE,)
 
 
-@pytest.mark.parametrize("tile", range(len(SIMT_ALL)))
+@pytest.mark.parametrize("tile", range(len(SIMT_BUILD)))
 @pytest.mark.parametrize("trans", TRANS)
 def test_simt_tiles(handle, rng, monkeypatch, trans, tile):
-    """Each float tile forced (the build's and the candidates, compiled here through simt_extra_units):
-    partial tiles on every edge with a ragged K and a bias; a batch with padded leading dims and gaps;
-    odd leading dims with A and C one element off 16 bytes (the element-by-element loads and stores)."""
-    t = SIMT_ALL[tile]
+    """Each float tile of the build forced (SIMT_BIG_TILE included): partial tiles on every edge with a ragged K
+    and a bias; a batch with padded leading dims and gaps; odd leading dims with A and C one element off 16 bytes
+    (the element-by-element loads and stores); more items than a wave of persistent blocks."""
+    _simt_tile_cases(handle, rng, monkeypatch, trans, SIMT_BUILD[tile])
+
+
+@pytest.mark.parametrize("name", [t.name for t in M.SIMT_CANDIDATES])
+@pytest.mark.parametrize("trans", TRANS, ids=["nn", "nt", "tn", "tt"])
+def test_simt_candidates(handle, rng, monkeypatch, trans, name):
+    """Each float candidate (SIMT_CANDIDATES: 8 x 16 / 16 x 8 outputs a thread, 4-warp blocks two an SM, the
+    128 x 256 block, BK 16; their units compiled here through simt_extra_units) forced, as test_simt_tiles."""
     M.simt_extra_units()
+    _simt_tile_cases(handle, rng, monkeypatch, trans, next(t for t in M.SIMT_CANDIDATES if t.name == name))
+
+
+@pytest.mark.parametrize("which", ["big", "c2"])
+def test_simt_big_switch(handle, rng, monkeypatch, which):
+    """tuning.matmul.SIMT_BIG: its default ("big": SIMT_BIG_TILE, the build's unit matmul.f32big) or a named
+    candidate (units compiled on first use) runs a long-K float GEMM in the 128 x 128 tile's place, against the
+    float64 reference."""
+    t = M.SIMT_BIG_TILE if which == "big" else next(t for t in M.SIMT_CANDIDATES if t.name == which)
+    monkeypatch.setattr(tuning.matmul, "SIMT_BIG", which)
+    monkeypatch.setattr(M, "SIMT_BIG_WAVES", 0)  # (a problem the float64 reference takes quickly)
+    pb = Problem(rng, F32, 700, 900, M.SHORT_K + 37, False, True, bias=True)
+    plan = pb.plan(handle)
+    assert plan.describe()[0] == t.expr("f32", False, True)
+    pb.run(handle, rng, plan=plan)
+
+
+def _simt_tile_cases(handle, rng, monkeypatch, trans, t):
     monkeypatch.setattr(M, "_choose_simt_tile", lambda *a: t)
     ta, tb = trans
     pb = Problem(rng, F32, 2 * t.bm + 37, t.bn + 91, 203, ta, tb, bias=True)
