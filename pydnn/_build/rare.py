@@ -94,7 +94,7 @@ RULES = (
     Rule(r"convolution\.gdirect2\.(f16|bf16)", r"::grouped_direct_tc<[^,]+, 2, 8, 16, ",
          "grouped_direct_tc with two groups a block and 16-wide tiles: the scanned ResNeXt layers take the 8-wide "
          "tile at C/g 32 (and one group a block below)"),
-    Rule(r"convolution\.gwgrad\.(f16|bf16)", r"::grouped_wgrad_tc<[^,]+, (1, 8, 8|2, 8, 16|2, 8, 8)>$",
+    Rule(r"convolution\.gwgrad\.(f16|bf16)", r"::grouped_wgrad_tc<[^,]+, (1, 8, 8|2, 8, 16|2, 8, 8), \d+>$",
          "grouped_wgrad_tc other than one group a block with 16-wide tiles: no scanned grouped layer takes them"),
     # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
     Rule(r"convolution\.(f16|bf16)", r"::implicit_gemm_pipe_tc<1, [^,]+, 128, 128, |::wgrad_pipe_tc<",
@@ -103,9 +103,9 @@ RULES = (
          "wgrad_pipe_tc (wgrad_tc_wgmma takes every scanned backward filter); installed on other archs. (The 128x128 "
          "forward stays: ConvolutionBiasActivationForward runs 1x1 layers on it, tests/kernels/"
          "test_install_choices_cpu.py)", at=(90,)),
-    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3), ",
-         "bwd_ws's red / redpp dQ modes: tuning.attention_bwd.WS_DQ's other values (default \"bulk\"; the "
-         "deterministic backward runs \"none\")"),
+    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3|4), ",
+         "bwd_ws's red / redpp / bulkw dQ modes: tuning.attention_bwd.WS_DQ's other values (the defaults run "
+         "\"bulk\", \"bulkwpp\" under a causal mask at d 128 (WS_DQ_CAUSAL), and \"none\" when deterministic)"),
     Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
          "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
          "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "

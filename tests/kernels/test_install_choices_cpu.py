@@ -143,10 +143,12 @@ def test_warp_specialized_backward_defaults_are_installed():
     arch = "sm_90"
     for tag in WB.TAGS:
         unit = WB.unit_name(tag)
-        assert_installed(arch, [(unit, WB._expr(tag, d, WB.dq_mode(atomic)))
-                                for d in WB.HEAD_DIMS for atomic in (True, False)])
-        rest = [m for m in WB.DQ_MODES if m not in (WB.dq_mode(True), WB.dq_mode(False))]
-        assert rest and all(not _where(arch, unit, WB._expr(tag, d, m)).install for d in WB.INSTANTIATED for m in rest)
+        used = {(d, WB.dq_mode(atomic, d, causal)) for d in WB.HEAD_DIMS for atomic in (True, False)
+                for causal in (False, True)}
+        assert_installed(arch, [(unit, WB._expr(tag, d, m)) for d, m in sorted(used)])
+        rest = [(d, m) for d in WB.INSTANTIATED for m in WB.DQ_MODES if (d, m) not in used
+                and d in WB.MODE_DIMS.get(m, (d,))]
+        assert rest and all(not _where(arch, unit, WB._expr(tag, d, m)).install for d, m in rest)
 
 
 def test_rnn_standard_installed_persist_static_first_use():
