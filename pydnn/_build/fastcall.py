@@ -139,7 +139,57 @@ static PyObject *fc_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromLong(err);
 }
 
+/* one launch of a kernel whose single parameter struct takes pointers at fixed offsets (pydnn/graph/engines.py's
+   PwStep): patch_launch(rec, stream, ptrs, uids) writes ptrs[uids[k]] (ptrs a dict of ints, uids a tuple) at
+   ptr_off[k] of the struct; with vec set, the flags word at flags_off becomes 1 when the OR of the pointers
+   selected by vec_sel has no bit of vec_mask in common, else 0; then cuLaunchKernel. Returns the driver's
+   status (a missing uid: KeyError, as the dict lookup in Python). */
+typedef struct {
+    uint64_t func, argv, params;
+    uint32_t grid[3], block[3];
+    uint32_t smem, nptr, flags_off, vec;
+    uint64_t vec_mask, vec_sel;
+    uint32_t ptr_off[16];
+} pydnn_patch_rec_t;
+
+static PyObject *fc_patch_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[2]) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "patch_launch takes (rec, stream, dict, tuple)");
+        return NULL;
+    }
+    uint64_t rec, stream;
+    if (u64(args[0], &rec) || u64(args[1], &stream)) return NULL;
+    const pydnn_patch_rec_t *r = (const pydnn_patch_rec_t *)(uintptr_t)rec;
+    Py_ssize_t n = PyTuple_GET_SIZE(args[3]);
+    if (n != (Py_ssize_t)r->nptr || n > 16) {
+        PyErr_SetString(PyExc_TypeError, "patch_launch: the uids do not match the record");
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t bits = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *key = PyTuple_GET_ITEM(args[3], k);
+        PyObject *v = PyDict_GetItemWithError(args[2], key);
+        uint64_t x;
+        if (!v) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+            return NULL;
+        }
+        if (u64(v, &x)) return NULL;
+        memcpy(p + r->ptr_off[k], &x, 8);
+        if ((r->vec_sel >> k) & 1) bits |= x;
+    }
+    if (r->vec) {
+        uint32_t f = (bits & r->vec_mask) ? 0 : 1;
+        memcpy(p + r->flags_off, &f, 4);
+    }
+    int err = cu_launch((void *)(uintptr_t)r->func, r->grid[0], r->grid[1], r->grid[2], r->block[0], r->block[1],
+                        r->block[2], r->smem, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+    return PyLong_FromLong(err);
+}
+
 static PyMethodDef methods[] = {
+    {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},
     {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
     {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
     {"map_launch", (PyCFunction)(void (*)(void))fc_map_launch, METH_FASTCALL, "run_map's patch and launch"},
@@ -267,6 +317,45 @@ def record(pr):
     r.scalar_grid[:], r.scalar_block[:] = list(pr.scalar_grid), list(pr.block)
     r.in_masks, r.out_mask = pr.in_masks, pr.out_mask
     r.base_flags, r.flag_beta, r.flags_off, r.map_inputs = pr.base_flags, FLAG_BETA, MapParams.flags.offset, MAP_INPUTS
+    return r
+
+
+class PatchRec(ctypes.Structure):
+    """pydnn_patch_rec_t: a launch whose parameter struct takes pointers at fixed offsets (patch_launch)."""
+    _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
+                ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+                ("nptr", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("vec", ctypes.c_uint32),
+                ("vec_mask", ctypes.c_uint64), ("vec_sel", ctypes.c_uint64), ("ptr_off", ctypes.c_uint32 * 16)]
+
+
+def patch_launcher():
+    """The module's patch_launch, or None (no helper here, or tuning.callpath.C_LAUNCH off)."""
+    from .. import tuning
+
+    if not tuning.callpath.C_LAUNCH:
+        return None
+    launcher()
+    lib = _state["lib"]
+    return None if lib is None else lib.patch_launch
+
+
+def patch_record(func, grid, block, smem, params, argv_addr, ptr_offsets, vec_mask=0, vec_sel=0, flags_off=None):
+    """A PatchRec for patch_launch (kept alive by the caller, with `params`), or None when `func` is not a
+    driver function (a CPU handle's placeholder) or there are more than 16 pointers."""
+    try:
+        f = int(func)
+    except (TypeError, ValueError):
+        return None
+    if len(ptr_offsets) > 16:
+        return None
+    r = PatchRec()
+    r.func, r.argv, r.params = f, argv_addr, ctypes.addressof(params)
+    r.grid[:], r.block[:] = list(grid), list(block)
+    r.smem, r.nptr = smem, len(ptr_offsets)
+    r.ptr_off[:len(ptr_offsets)] = list(ptr_offsets)
+    r.vec = 1 if flags_off is not None else 0
+    r.flags_off = flags_off or 0
+    r.vec_mask, r.vec_sel = vec_mask, vec_sel
     return r
 
 

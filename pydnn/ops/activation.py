@@ -189,10 +189,26 @@ def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, 
             handle.remember(key, rec)
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
     be = beta if type(beta) is float else scalar("beta", beta)
-    checked = _buffers.CHECKED
-    xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", rec.need[1])
-    yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", rec.need[0])
-    ew.run_map(handle, rec, yp, (xp,), al, be, _UNUSED_ALPHA2)
+    # int pointers and torch tensors (buffers.TORCH_TENSOR: _torch_ptr's checks) inline; anything else, and
+    # any tensor that fails a check, through device_ptr (the same errors)
+    checked, tt = _buffers.CHECKED, _buffers.TORCH_TENSOR
+    if type(x) is int and x > 0 and not checked:
+        xp = x
+    elif not (type(x) is tt and x.is_cuda and x.nbytes >= rec.need[1] and x.is_contiguous()
+              and (xp := x.data_ptr())):
+        xp = device_ptr(x, "x", rec.need[1])
+    if type(y) is int and y > 0 and not checked:
+        yp = y
+    elif not (type(y) is tt and y.is_cuda and y.nbytes >= rec.need[0] and y.is_contiguous()
+              and (yp := y.data_ptr())):
+        yp = device_ptr(y, "y", rec.need[0])
+    c = rec.crec  # run_map's compiled branch inline (one Python frame less)
+    if c and ew.driver.launch_args is ew._LAUNCH_ARGS and not ew.driver._recorders:
+        err = ew._fast_launch(c, handle.stream, yp, xp, 0, 0, al, _UNUSED_ALPHA2, be, 1)
+        if err:
+            ew.launch_failed(err)
+    else:
+        ew.run_map(handle, rec, yp, (xp,), al, be, _UNUSED_ALPHA2)
 
 
 @api
