@@ -127,6 +127,18 @@ def _act(h, buf):
     return (lambda b: P.activation_forward(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
 
 
+def _act_py(h, buf):
+    """_act through the Python function behind activation_forward's C entry (tuning.callpath.C_ENTRY)."""
+    from pydnn.ops import activation as A
+
+    f = A._activation_forward
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    (xp, x), (yp, y) = buf(4), buf(4)
+    return (lambda b: f(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
+
+
 def _add(h, buf):
     d = _td((1, 1, 1, 1))
     (ap, a), (cp, c) = buf(4), buf(4)
@@ -395,7 +407,10 @@ def run_gpu(families, calls, label=""):
     torch_ops = {"relu": lambda: torch.relu(x1), "add_": lambda: x1.add_(x1), "add": lambda: torch.add(x1, x1),
                  "mul_": lambda: x1.mul_(1.0), "copy_": lambda: x1.copy_(x1),
                  "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum()}
-    for fam, name, setup in CASES:
+    cases = list(CASES)
+    if not families or "activation" in families:  # the Python function itself, without its C entry (C_ENTRY)
+        cases.insert(1, ("activation", "activation_forward [the Python function]", _act_py))
+    for fam, name, setup in cases:
         if families and fam not in families:
             continue
         try:

@@ -69,6 +69,25 @@ static int u64(PyObject *o, uint64_t *v) {
     return 0;
 }
 
+static int map_core(uint64_t rec, uint64_t stream, uint64_t o, const uint64_t *ins, long n, double alpha,
+                    double alpha2, double beta) {
+    const pydnn_map_rec_t *r = (const pydnn_map_rec_t *)(uintptr_t)rec;
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t mask = n == 0 ? 0 : n == 1 ? ins[0] : n == 2 ? (ins[0] | ins[1]) : (ins[0] | ins[1] | ins[2]);
+    memcpy(p, &o, 8);
+    for (unsigned k = 0; k < r->map_inputs && k < 3; k++) memcpy(p + 8 + 8 * k, &ins[k], 8);
+    size_t sc = 8 + 8 * (size_t)r->map_inputs;
+    memcpy(p + sc, &alpha, 8);
+    memcpy(p + sc + 8, &alpha2, 8);
+    memcpy(p + sc + 16, &beta, 8);
+    uint32_t flags = r->base_flags | (beta != 0.0 ? r->flag_beta : 0);
+    memcpy(p + r->flags_off, &flags, 4);
+    int vec = (mask & r->in_masks) == 0 && (o & r->out_mask) == 0;
+    const uint32_t *g = vec ? r->vec_grid : r->scalar_grid, *b = vec ? r->vec_block : r->scalar_block;
+    return cu_launch((void *)(uintptr_t)(vec ? r->vec_func : r->scalar_func), g[0], g[1], g[2], b[0], b[1], b[2], 0,
+                     (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+}
+
 /* map_launch(rec, stream, out, in0, in1, in2, alpha, alpha2, beta, n) -> the driver's status: run_map's
    patch (out, in[map_inputs], alpha, alpha2, beta at the start of the params struct; flags at flags_off),
    vector / scalar choice by alignment, and cuLaunchKernel. */
@@ -84,22 +103,7 @@ static PyObject *fc_map_launch(PyObject *self, PyObject *const *args, Py_ssize_t
     double alpha = PyFloat_AsDouble(args[6]), alpha2 = PyFloat_AsDouble(args[7]), beta = PyFloat_AsDouble(args[8]);
     long n = PyLong_AsLong(args[9]);
     if (PyErr_Occurred()) return NULL;
-    const pydnn_map_rec_t *r = (const pydnn_map_rec_t *)(uintptr_t)rec;
-    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
-    uint64_t mask = n == 0 ? 0 : n == 1 ? ins[0] : n == 2 ? (ins[0] | ins[1]) : (ins[0] | ins[1] | ins[2]);
-    memcpy(p, &o, 8);
-    for (unsigned k = 0; k < r->map_inputs && k < 3; k++) memcpy(p + 8 + 8 * k, &ins[k], 8);
-    size_t sc = 8 + 8 * (size_t)r->map_inputs;
-    memcpy(p + sc, &alpha, 8);
-    memcpy(p + sc + 8, &alpha2, 8);
-    memcpy(p + sc + 16, &beta, 8);
-    uint32_t flags = r->base_flags | (beta != 0.0 ? r->flag_beta : 0);
-    memcpy(p + r->flags_off, &flags, 4);
-    int vec = (mask & r->in_masks) == 0 && (o & r->out_mask) == 0;
-    const uint32_t *g = vec ? r->vec_grid : r->scalar_grid, *b = vec ? r->vec_block : r->scalar_block;
-    int err = cu_launch((void *)(uintptr_t)(vec ? r->vec_func : r->scalar_func), g[0], g[1], g[2], b[0], b[1],
-                        b[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
-    return PyLong_FromLong(err);
+    return PyLong_FromLong(map_core(rec, stream, o, ins, n, alpha, alpha2, beta));
 }
 
 /* launch_items(items, count, stream) -> (status, index of the failing item or -1) */
@@ -188,7 +192,124 @@ static PyObject *fc_patch_launch(PyObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromLong(err);
 }
 
+/* activation_forward's cached call answered here (pydnn/ops/activation.py's entry): the same checks, in the
+   same order, as the Python function's cached path - a live pydnn Handle, the launch record under the key
+   (0, activationDesc, its version, xDesc, its version, yDesc, its version) in handle.prepared with a compiled
+   record (crec), float alpha / beta, driver.launch_args not replaced and no recording, PYDNN_CHECKED off,
+   and each buffer a positive int or a torch.Tensor (buffers.TORCH_TENSOR) that is CUDA memory, contiguous,
+   at least the record's span and not NULL - then run_map's patch and launch. Returns None once launched;
+   False for anything else (the caller runs the Python function, which decides and reports errors, and
+   launches again after a failed launch to report the driver's error). Never raises. */
+static PyObject *act_handle_type, *act_driver, *act_launch_args, *act_buffers, *act_zero;
+static double act_alpha2;
+static PyObject *s_alive, *s_version, *s_prepared, *s_crec, *s_need, *s_stream, *s_launch_args, *s_recorders,
+    *s_checked, *s_torch, *s_is_cuda, *s_nbytes, *s_is_contiguous, *s_data_ptr;
+
+static PyObject *fc_act_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "act_setup takes 5 arguments");
+        return NULL;
+    }
+    double a2 = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject **slots[] = {&act_handle_type, &act_driver, &act_launch_args, &act_buffers};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    act_alpha2 = a2;
+    if (!act_zero) act_zero = PyLong_FromLong(0);
+#define INTERN(v, t) if (!v && !(v = PyUnicode_InternFromString(t))) return NULL
+    INTERN(s_alive, "alive"); INTERN(s_version, "version"); INTERN(s_prepared, "prepared"); INTERN(s_crec, "crec");
+    INTERN(s_need, "need"); INTERN(s_stream, "stream"); INTERN(s_launch_args, "launch_args");
+    INTERN(s_recorders, "_recorders"); INTERN(s_checked, "CHECKED"); INTERN(s_torch, "TORCH_TENSOR");
+    INTERN(s_is_cuda, "is_cuda"); INTERN(s_nbytes, "nbytes"); INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_data_ptr, "data_ptr");
+#undef INTERN
+    Py_RETURN_NONE;
+}
+
+/* 1 with the address in *v, 0 when the buffer is not one the entry decides (the Python function's turn) */
+static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) {
+    if (PyLong_CheckExact(obj)) {
+        unsigned long long x = PyLong_AsUnsignedLongLong(obj);
+        if (x == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+        *v = x;
+        return x != 0;
+    }
+    if (tt == Py_None || (PyObject *)Py_TYPE(obj) != tt) return 0;
+    PyObject *o = PyObject_GetAttr(obj, s_is_cuda);
+    int ok = o == Py_True;
+    Py_XDECREF(o);
+    if (!ok) return 0;
+    o = PyObject_GetAttr(obj, s_nbytes);
+    long long nb = o ? PyLong_AsLongLong(o) : -1;
+    Py_XDECREF(o);
+    if (nb < need) return 0;
+    o = PyObject_CallMethodNoArgs(obj, s_is_contiguous);
+    ok = o == Py_True;
+    Py_XDECREF(o);
+    if (!ok) return 0;
+    o = PyObject_CallMethodNoArgs(obj, s_data_ptr);
+    unsigned long long x = o ? PyLong_AsUnsignedLongLong(o) : 0;
+    Py_XDECREF(o);
+    if (PyErr_Occurred()) return 0;
+    *v = x;
+    return x != 0;
+}
+
+static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *h, *t = NULL, *key = NULL, *prep = NULL, *rec = NULL, *crec = NULL, *need = NULL, *tt = NULL;
+    PyObject *vs[3] = {NULL, NULL, NULL};
+    int done = 0;
+    if (nargs != 8 || !act_handle_type) goto out;
+    h = args[0];
+    if ((PyObject *)Py_TYPE(h) != act_handle_type) goto out;
+    t = PyObject_GetAttr(h, s_alive);
+    if (t != Py_True) goto out;
+    Py_CLEAR(t);
+    PyObject *descs[3] = {args[1], args[3], args[6]};
+    for (int i = 0; i < 3; i++)
+        if (!(vs[i] = PyObject_GetAttr(descs[i], s_version))) goto out;
+    key = PyTuple_Pack(7, act_zero, args[1], vs[0], args[3], vs[1], args[6], vs[2]);
+    if (!key || !(prep = PyObject_GetAttr(h, s_prepared)) || !PyDict_Check(prep)) goto out;
+    rec = PyDict_GetItemWithError(prep, key);
+    if (!rec) goto out;
+    Py_INCREF(rec);
+    uint64_t c = 0, stream = 0, xp = 0, yp = 0, ins[3] = {0, 0, 0};
+    if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
+    if (!PyFloat_CheckExact(args[2]) || !PyFloat_CheckExact(args[5])) goto out;
+    t = PyObject_GetAttr(act_driver, s_launch_args);
+    if (t != act_launch_args) goto out;
+    Py_CLEAR(t);
+    t = PyObject_GetAttr(act_driver, s_recorders);
+    if (!t || !PyLong_CheckExact(t) || PyLong_AsLong(t) != 0) goto out;
+    Py_CLEAR(t);
+    t = PyObject_GetAttr(act_buffers, s_checked);
+    if (t != Py_False) goto out;
+    Py_CLEAR(t);
+    if (!(tt = PyObject_GetAttr(act_buffers, s_torch))) goto out;
+    if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need) || PyTuple_GET_SIZE(need) < 2) goto out;
+    long long need_y = PyLong_AsLongLong(PyTuple_GET_ITEM(need, 0)), need_x = PyLong_AsLongLong(PyTuple_GET_ITEM(need, 1));
+    if (PyErr_Occurred()) goto out;
+    if (!act_buffer(args[4], tt, need_x, &xp) || !act_buffer(args[7], tt, need_y, &yp)) goto out;
+    t = PyObject_GetAttr(h, s_stream);
+    if (!t || !PyLong_CheckExact(t) || u64(t, &stream)) goto out;
+    Py_CLEAR(t);
+    ins[0] = xp;
+    done = map_core(c, stream, yp, ins, 1, PyFloat_AS_DOUBLE(args[2]), act_alpha2, PyFloat_AS_DOUBLE(args[5])) == 0;
+out:
+    Py_XDECREF(t); Py_XDECREF(key); Py_XDECREF(prep); Py_XDECREF(rec); Py_XDECREF(crec); Py_XDECREF(need);
+    Py_XDECREF(tt);
+    for (int i = 0; i < 3; i++) Py_XDECREF(vs[i]);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (done) Py_RETURN_NONE;
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
+    {"act_setup", (PyCFunction)(void (*)(void))fc_act_setup, METH_FASTCALL, "the activation entry's objects"},
+    {"act_fwd", (PyCFunction)(void (*)(void))fc_act_fwd, METH_FASTCALL, "activation_forward's cached call"},
     {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},
     {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
     {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
@@ -357,6 +478,16 @@ def patch_record(func, grid, block, smem, params, argv_addr, ptr_offsets, vec_ma
     r.flags_off = flags_off or 0
     r.vec_mask, r.vec_sel = vec_mask, vec_sel
     return r
+
+
+def activation_entry(handle_type, driver_module, launch_args, buffers_module, alpha2):
+    """The module's act_fwd set up with pydnn's objects (activation_forward's cached call in C), or None."""
+    launcher()
+    lib = _state["lib"]
+    if lib is None or not hasattr(lib, "act_fwd"):
+        return None
+    lib.act_setup(handle_type, driver_module, launch_args, buffers_module, alpha2)
+    return lib.act_fwd
 
 
 def driver_launch_untouched():

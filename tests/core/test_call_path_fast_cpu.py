@@ -2,9 +2,9 @@
 
 In a child process over tools/bench_host_cpu.py's stand-in libcuda.so.1 (cuda.bindings and the launch
 helper see a driver; launches do nothing), with tuning.callpath.C_LAUNCH on as a GPU machine runs:
-- activation_forward on int pointers is the api wrapper and the function, then one C call (run_map's
-  compiled branch inline); on torch tensors (a stand-in type spelled like torch.Tensor) the same frames plus
-  the tensor's own data_ptr() / is_contiguous() (C methods of a real tensor), no device_ptr;
+- activation_forward on int pointers is its entry's frame, then one C call (fastcall's act_fwd: the
+  cached path and the launch); on torch tensors (a stand-in type spelled like torch.Tensor) the same frame
+  plus the tensor's own data_ptr() / is_contiguous() (C methods of a real tensor), no device_ptr;
 - Graph.execute of a fused pointwise graph is execute and the step's run, then one C call
   (fastcall.patch_launch); with torch tensors no device_ptr either; a fused matmul graph adds only
   launch_args.
@@ -64,13 +64,14 @@ print(json.dumps(res))
 '''
 
 # The Python frames of one call once the stand-in's tensor methods (`<lambda>`, two a tensor: data_ptr and
-# is_contiguous) are set aside; measured when these paths went in. Before: activation_forward went through
-# run_map and, for each torch tensor, device_ptr and _torch_ptr (8 frames with torch tensors); Graph.execute
+# is_contiguous) are set aside; measured when these paths went in. Before: activation_forward was the api
+# wrapper, the function and run_map and, for each torch tensor, device_ptr and _torch_ptr (7 frames with
+# torch tensors); Graph.execute
 # through EnginePlan.execute, PwStep.run's ctypes writes and launch_args (5 frames), and plans.run with a
 # device_ptr and a _torch_ptr a tensor (14 frames with the chain's four tensors).
 EXPECTED = {
-    "act int": ["wrapper", "activation_forward"],
-    "act torch": ["wrapper", "activation_forward"],
+    "act int": ["activation_forward"],  # the entry; its cached call is answered in C (act_fwd)
+    "act torch": ["activation_forward"],
     "chain int": ["execute", "run"],
     "chain torch": ["execute", "run"],
     "matmul_gelu int": ["execute", "run", "launch_args"],
