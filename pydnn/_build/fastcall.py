@@ -4,7 +4,9 @@
 run_map's per-call work - writing the pointers, scalars and flags into the record's params struct, picking
 the vector or the scalar kernel by alignment, and cuLaunchKernel - is one C call: map_launch(record, stream,
 out, in0, in1, in2, alpha, alpha2, beta, n); a replayed plan's launches and copies are one call too
-(launch_items). The driver's own entry points are dlsym'ed from the libcuda cuda.bindings loaded. On the
+(launch_items); so is a generated graph kernel's launch with its pointers patched (patch_launch, the graph's
+PwStep) and activation_forward's whole cached call (act_fwd: the checks of the Python function's cached
+path, torch tensors read through their own methods, the launch; it declines anything else to Python). The driver's own entry points are dlsym'ed from the libcuda cuda.bindings loaded. On the
 H200 cuda.bindings' cuLaunchKernel alone measured 4.2 us per launch from Python (bench_host.py's launch row),
 about half of it its wrapper.
 
