@@ -131,7 +131,7 @@ class PwStep:
         self.uids = tuple(uids)
         self.launches = 1
         self.fn = (None, None)  # (handle, CUfunction) of the last handle
-        self.crec = None  # fastcall's record of the last handle's launch (patch_launch), or None
+        self.crec, self.crec_addr = None, 0  # fastcall's record of the last handle's launch (patch_launch)
 
     def _resolve(self, handle):
         fn = handle.function(self.unit.name, self.expr)
