@@ -21,6 +21,7 @@ function calls of one call (sys.setprofile events), the count tests/hard/test_ca
 """
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -396,6 +397,65 @@ def check_gpu(h):
     return ok
 
 
+def run_ab(calls, rounds=5):
+    """activation_forward's C entry against the Python function behind it, torch.relu and the bare compiled
+    launch, in alternating rounds on one handle (a shared host's load moves between rounds; each round
+    times every form once, queued and host only). Each form is a functools.partial, so no Python frame of
+    the benchmark's own is timed (the per-family rows above go through two lambdas). Prints every round and
+    the medians over rounds."""
+    import functools
+
+    import torch
+
+    from pydnn.ops import _elementwise as ew
+    from pydnn.ops import activation as A
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    sync = torch.cuda.synchronize
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    x, y = torch.randn(1, device="cuda"), torch.empty(1, device="cuda")
+    xp, yp = x.data_ptr(), y.data_ptr()
+    forms = {
+        "entry, int pointers": functools.partial(P.activation_forward, h, a, 1.0, d, xp, 0.0, d, yp),
+        "entry, torch tensors": functools.partial(P.activation_forward, h, a, 1.0, d, x, 0.0, d, y),
+        "Python function, int pointers": functools.partial(A._activation_forward, h, a, 1.0, d, xp, 0.0, d, yp),
+        "Python function, torch tensors": functools.partial(A._activation_forward, h, a, 1.0, d, x, 0.0, d, y),
+        "torch.relu": functools.partial(torch.relu, x),
+    }
+    for f in forms.values():
+        f()
+        f()
+    rec = h.prepared.get((0, a, a.version, d, d.version, d, d.version))
+    if rec is not None and rec.crec:
+        forms["compiled launch alone (map_launch)"] = functools.partial(ew._fast_launch, rec.crec, h.stream, yp, xp, 0, 0,
+                                                                        1.0, 1.0, 0.0, 1)
+    print(f"ab: the C entry {'in use' if A._c_entry is not None else 'NOT in use'}", flush=True)
+    res = {k: ([], []) for k in forms}
+    for r in range(rounds):
+        line = []
+        for k, f in forms.items():
+            q = time_us(f, calls, 3)
+            sync()
+            ho = time_us_host(f, calls, sync, repeats=3)
+            res[k][0].append(q)
+            res[k][1].append(ho)
+            line.append(f"{q:.2f}/{ho:.2f}")
+        print(f"ab round {r}: " + " | ".join(line), flush=True)
+    rows = []
+    for k, (q, ho) in res.items():
+        rows.append({"family": "ab", "case": f"activation_forward 1 elem: {k}" if k != "torch.relu" else k,
+                     "int_us": statistics.median(q), "int_host": statistics.median(ho), "obj_us": float("nan"),
+                     "torch_us": float("nan")})
+        print(f"ab {k:40s} queued {statistics.median(q):6.2f} us (min {min(q):.2f}) | host only "
+              f"{statistics.median(ho):6.2f} us (min {min(ho):.2f})", flush=True)
+    sync()
+    pydnn.destroy(h)
+    return rows
+
+
 def run_gpu(families, calls, label=""):
     import torch
 
@@ -511,10 +571,11 @@ def run_graph(calls, gpu, dims=(4, 64, 256), matmul=False):
             for key, b in (("int", ints), ("obj", objs)):
                 g.execute(b, 0)
                 sync()
-                r[key + "_us"] = time_us(lambda: g.execute(b, 0), calls)
+                f = functools.partial(g.execute, b, 0)  # no benchmark frame timed
+                r[key + "_us"] = time_us(f, calls)
                 sync()
-                r[key + "_host"] = time_us_host(lambda: g.execute(b, 0), calls, sync)
-                r[key + "_calls"] = python_calls(lambda: g.execute(b, 0))[0]
+                r[key + "_host"] = time_us_host(f, calls, sync)
+                r[key + "_calls"] = python_calls(f)[0]
             sync()
             r["torch_us"] = r["torch_host"] = float("nan")
             rows.append(r)
@@ -616,6 +677,8 @@ def main():
     p.add_argument("--mha-gpu", action="store_true", help="MHA with real launches (compiles matmul / attention)")
     p.add_argument("--graph", action="store_true",
                    help="also Graph.execute on built plans (the 8-op chain, matmul + bias + GELU)")
+    p.add_argument("--ab", action="store_true",
+                   help="activation_forward's C entry vs the Python function vs torch.relu, alternating rounds")
     p.add_argument("--graph-matmul", action="store_true", help="with --graph on a GPU: the fused matmul graph too")
     p.add_argument("--no-c-launch-off", action="store_true",
                    help="with --quick on a GPU: skip the pass with tuning.callpath.C_LAUNCH off")
@@ -639,6 +702,8 @@ def main():
         rows += run_gpu(families, args.calls)
     else:
         rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
+    if gpu and args.ab:
+        rows += run_ab(args.calls)
     md = to_markdown(rows, gpu)
     if args.graph:
         grows = run_graph(args.calls, gpu, matmul=args.graph_matmul or not gpu)
