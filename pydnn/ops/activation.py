@@ -177,11 +177,13 @@ def _entry_setup():
     from .._build import fastcall
     from .._cuda import driver
 
+    e = None
     if tuning.callpath.C_ENTRY:
-        e = fastcall.activation_entry(Handle, driver, ew._LAUNCH_ARGS, _buffers, _UNUSED_ALPHA2)
-        _c_entry = e if e is not None else _no_entry
-    else:
-        _c_entry = _no_entry
+        try:
+            e = fastcall.activation_entry(Handle, driver, ew._LAUNCH_ARGS, _buffers, _UNUSED_ALPHA2)
+        except Exception:  # noqa: BLE001 - an optimisation: without it the Python function answers
+            e = None
+    _c_entry = e if e is not None else _no_entry
 
 
 @api
