@@ -224,6 +224,12 @@ _FAST = {
 
 # type -> resolver(obj, name, need_bytes) -> address; filled on the first object of each type
 _RESOLVERS = {}
+# torch.Tensor itself once a CUDA tensor's data_ptr() agreed with its __cuda_array_interface__ (_resolver):
+# device_ptr and the hot calls (activation_forward, Graph.execute) test `type(obj) is TORCH_TENSOR` and read
+# is_cuda, data_ptr(), nbytes and is_contiguous() inline - the same checks as _torch_ptr, which they call for
+# anything else (a NULL, short or strided tensor: the exact span and the same errors). None until then (no
+# type is None, so the test is simply false).
+TORCH_TENSOR = None
 _MAX_TYPES = 256
 _undecided = {}
 
@@ -244,12 +250,15 @@ def _agrees(obj, extent_fn, name, probe=None):
 
 
 def _resolver(obj, name):
+    global TORCH_TENSOR
     import numbers
 
     t = type(obj)
     fast = _FAST.get((getattr(t, "__module__", None), getattr(t, "__qualname__", None)))
     if fast is not None:
         ok = _agrees(obj, fast[1], name, fast[2])
+        if ok is True and fast[0] is _torch_ptr and t.__qualname__ == "Tensor":
+            TORCH_TENSOR = t  # verified against the array interface: hot paths may test type(obj) is it
         if ok is None:  # no verdict from this object (a CPU tensor, one that requires grad, ...)
             n = _undecided[t] = _undecided.get(t, 0) + 1
             if n < 4:
@@ -277,6 +286,12 @@ def device_ptr(obj, name, need_bytes=0):
         if obj > 0 and not CHECKED:
             return obj
         return _int_ptr(obj, name, need_bytes)
+    if type(obj) is TORCH_TENSOR:  # _torch_ptr's checks inline (one Python frame a tensor, not two)
+        if obj.is_cuda:
+            ptr = obj.data_ptr()
+            if ptr and obj.nbytes >= need_bytes and obj.is_contiguous():
+                return ptr
+        return _torch_ptr(obj, name, need_bytes)
     if obj is None:
         raise PydnnError(enums.PYDNN_STATUS_BAD_PARAM_NULL_POINTER, f"{name}: NULL pointer (None)")
     r = _RESOLVERS.get(type(obj))

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Host time of pydnn's cheapest call per family: what a framework pays per op on tiny tensors.
 
-    python tools/bench_host.py [--cpu] [--calls N] [--families activation,tensor,...] [--c]
+    python tools/bench_host.py [--cpu] [--calls N] [--families activation,tensor,...] [--c] [--graph]
 
 On a GPU machine (the default there): a real handle on PyTorch's stream, 1-element-ish tensors, each call
-timed with perf_counter over many calls (the GPU work is negligible and asynchronous), three ways: int
-pointers, torch tensors as buffers, and the PyTorch op doing the same where there is one. `--c` also times
-the same calls from C (tests/c/bench_host.c, built against libpydnn).
+timed with perf_counter over many calls, three ways: int pointers, torch tensors as buffers, and the PyTorch
+op doing the same where there is one. Two timings of each: a plain loop (queued: once the GPU runs each tiny
+kernel slower than the host enqueues it, the queue fills and the loop measures the GPU) and host only
+(bursts of 64 calls with a synchronize between bursts, outside the timed part). `--c` also times the same
+calls from C (tests/c/bench_host.c, built against libpydnn) and the driver's own cuLaunchKernel of empty
+kernels under it. `--graph`: Graph.execute on a built plan (issue 22's host target).
+
+    python tools/bench_host.py --quick --families activation --no-c-launch-off --graph --out $OUT/host.md
 
 `--cpu` (the default without a GPU): everything pydnn does on the host for a call except the driver's
 cuLaunchKernel, which is replaced by a no-op (a fake handle whose kernels are placeholders): descriptor
@@ -16,6 +21,7 @@ function calls of one call (sys.setprofile events), the count tests/hard/test_ca
 """
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -120,6 +126,18 @@ def _act(h, buf):
     P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     (xp, x), (yp, y) = buf(4), buf(4)
     return (lambda b: P.activation_forward(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
+
+
+def _act_py(h, buf):
+    """_act through the Python function behind activation_forward's C entry (tuning.callpath.C_ENTRY)."""
+    from pydnn.ops import activation as A
+
+    f = A._activation_forward
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    (xp, x), (yp, y) = buf(4), buf(4)
+    return (lambda b: f(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
 
 
 def _add(h, buf):
@@ -291,6 +309,27 @@ def time_us(fn, calls, repeats=5):
     return statistics.median(samples)
 
 
+def time_us_host(fn, calls, sync, burst=64, repeats=5):
+    """Median microseconds of one call's host work: bursts of `burst` calls timed, a synchronize between
+    bursts outside the timed part, so the GPU's queue never fills. A plain loop (time_us) of tiny kernels
+    measures max(host, GPU) per call once the GPU runs each kernel slower than the host enqueues it."""
+    for _ in range(min(calls, 200)):
+        fn()
+    sync()
+    bursts = max(1, calls // burst)
+    samples = []
+    for _ in range(repeats):
+        tot = 0.0
+        for _ in range(bursts):
+            t0 = time.perf_counter()
+            for _ in range(burst):
+                fn()
+            tot += time.perf_counter() - t0
+            sync()
+        samples.append(tot / (bursts * burst) * 1e6)
+    return statistics.median(samples)
+
+
 def python_calls(fn):
     """(Python function calls, C function calls) made by one call of fn (sys.setprofile events, fn's own
     frame included)."""
@@ -358,6 +397,65 @@ def check_gpu(h):
     return ok
 
 
+def run_ab(calls, rounds=5):
+    """activation_forward's C entry against the Python function behind it, torch.relu and the bare compiled
+    launch, in alternating rounds on one handle (a shared host's load moves between rounds; each round
+    times every form once, queued and host only). Each form is a functools.partial, so no Python frame of
+    the benchmark's own is timed (the per-family rows above go through two lambdas). Prints every round and
+    the medians over rounds."""
+    import functools
+
+    import torch
+
+    from pydnn.ops import _elementwise as ew
+    from pydnn.ops import activation as A
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    sync = torch.cuda.synchronize
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    x, y = torch.randn(1, device="cuda"), torch.empty(1, device="cuda")
+    xp, yp = x.data_ptr(), y.data_ptr()
+    forms = {
+        "entry, int pointers": functools.partial(P.activation_forward, h, a, 1.0, d, xp, 0.0, d, yp),
+        "entry, torch tensors": functools.partial(P.activation_forward, h, a, 1.0, d, x, 0.0, d, y),
+        "Python function, int pointers": functools.partial(A._activation_forward, h, a, 1.0, d, xp, 0.0, d, yp),
+        "Python function, torch tensors": functools.partial(A._activation_forward, h, a, 1.0, d, x, 0.0, d, y),
+        "torch.relu": functools.partial(torch.relu, x),
+    }
+    for f in forms.values():
+        f()
+        f()
+    rec = h.prepared.get((0, a, a.version, d, d.version, d, d.version))
+    if rec is not None and rec.crec:
+        forms["compiled launch alone (map_launch)"] = functools.partial(ew._fast_launch, rec.crec, h.stream, yp, xp, 0, 0,
+                                                                        1.0, 1.0, 0.0, 1)
+    print(f"ab: the C entry {'in use' if A._c_entry is not None else 'NOT in use'}", flush=True)
+    res = {k: ([], []) for k in forms}
+    for r in range(rounds):
+        line = []
+        for k, f in forms.items():
+            q = time_us(f, calls, 3)
+            sync()
+            ho = time_us_host(f, calls, sync, repeats=3)
+            res[k][0].append(q)
+            res[k][1].append(ho)
+            line.append(f"{q:.2f}/{ho:.2f}")
+        print(f"ab round {r}: " + " | ".join(line), flush=True)
+    rows = []
+    for k, (q, ho) in res.items():
+        rows.append({"family": "ab", "case": f"activation_forward 1 elem: {k}" if k != "torch.relu" else k,
+                     "int_us": statistics.median(q), "int_host": statistics.median(ho), "obj_us": float("nan"),
+                     "torch_us": float("nan")})
+        print(f"ab {k:40s} queued {statistics.median(q):6.2f} us (min {min(q):.2f}) | host only "
+              f"{statistics.median(ho):6.2f} us (min {min(ho):.2f})", flush=True)
+    sync()
+    pydnn.destroy(h)
+    return rows
+
+
 def run_gpu(families, calls, label=""):
     import torch
 
@@ -369,7 +467,10 @@ def run_gpu(families, calls, label=""):
     torch_ops = {"relu": lambda: torch.relu(x1), "add_": lambda: x1.add_(x1), "add": lambda: torch.add(x1, x1),
                  "mul_": lambda: x1.mul_(1.0), "copy_": lambda: x1.copy_(x1),
                  "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum()}
-    for fam, name, setup in CASES:
+    cases = list(CASES)
+    if not families or "activation" in families:  # the Python function itself, without its C entry (C_ENTRY)
+        cases.insert(1, ("activation", "activation_forward [the Python function]", _act_py))
+    for fam, name, setup in cases:
         if families and fam not in families:
             continue
         try:
@@ -379,15 +480,20 @@ def run_gpu(families, calls, label=""):
         except pydnn.PydnnError as e:
             print(f"{fam:13s} {name:45s} skipped: {e}", flush=True)
             continue
+        sync = torch.cuda.synchronize
         r = {"family": fam, "case": name + label, "int_us": time_us(lambda: call(ints), calls),
              "obj_us": time_us(lambda: call(objs), calls)}
         torch.cuda.synchronize()
         top = torch_ops.get(tname)
         r["torch_us"] = time_us(top, calls) if top else float("nan")
         torch.cuda.synchronize()
+        r["int_host"] = time_us_host(lambda: call(ints), calls, sync)
+        r["obj_host"] = time_us_host(lambda: call(objs), calls, sync)
+        r["torch_host"] = time_us_host(top, calls, sync) if top else float("nan")
         rows.append(r)
         print(f"{fam:13s} {name + label:45s} int {r['int_us']:6.2f} us | torch tensors {r['obj_us']:6.2f} us | "
-              f"torch.{tname} {r['torch_us']:6.2f} us", flush=True)
+              f"torch.{tname} {r['torch_us']:6.2f} us || host only: int {r['int_host']:6.2f} | torch tensors "
+              f"{r['obj_host']:6.2f} | torch.{tname} {r['torch_host']:6.2f} us", flush=True)
     # the floor: the same launch record enqueued directly (cuda.bindings' cuLaunchKernel and the driver)
     if not families or "activation" in families:
         call, ints, objs, _ = _act(h, buf)
@@ -396,22 +502,89 @@ def run_gpu(families, calls, label=""):
         from pydnn._cuda import driver
 
         la, stream = driver.launch_args, h.cu_stream
-        us = time_us(lambda: la(rec.vec_func, rec.vec_grid, rec.vec_block, 0, stream, rec.argv), calls)
+        sync = torch.cuda.synchronize
+        fn = lambda: la(rec.vec_func, rec.vec_grid, rec.vec_block, 0, stream, rec.argv)  # noqa: E731
+        us, hus = time_us(fn, calls), time_us_host(fn, calls, sync)
         torch.cuda.synchronize()
-        print(f"{'launch':13s} {'driver.launch_args alone (cuLaunchKernel)':45s} {us:6.2f} us", flush=True)
+        print(f"{'launch':13s} {'driver.launch_args alone (cuLaunchKernel)':45s} {us:6.2f} us || host only "
+              f"{hus:6.2f} us", flush=True)
         rows.append({"family": "launch", "case": "driver.launch_args alone", "int_us": us, "obj_us": float("nan"),
-                     "torch_us": float("nan")})
+                     "torch_us": float("nan"), "int_host": hus})
         if getattr(rec, "crec", None):  # the compiled patch + launch (pydnn/_build/fastcall.py) alone
             from pydnn.ops import _elementwise as ew
 
             fl, c, s, y0, x0 = ew._fast_launch, rec.crec, h.stream, ints[1], ints[0]
-            us = time_us(lambda: fl(c, s, y0, x0, 0, 0, 1.0, 1.0, 0.0, 1), calls)
+            fn = lambda: fl(c, s, y0, x0, 0, 0, 1.0, 1.0, 0.0, 1)  # noqa: E731
+            us, hus = time_us(fn, calls), time_us_host(fn, calls, sync)
             torch.cuda.synchronize()
-            print(f"{'launch':13s} {'fastcall pydnn_map_launch alone':45s} {us:6.2f} us", flush=True)
+            print(f"{'launch':13s} {'fastcall pydnn_map_launch alone':45s} {us:6.2f} us || host only {hus:6.2f} us",
+                  flush=True)
             rows.append({"family": "launch", "case": "fastcall pydnn_map_launch alone", "int_us": us,
-                         "obj_us": float("nan"), "torch_us": float("nan")})
+                         "obj_us": float("nan"), "torch_us": float("nan"), "int_host": hus})
         check_gpu(h)
     pydnn.destroy(h)
+    return rows
+
+
+def run_graph(calls, gpu, dims=(4, 64, 256), matmul=False):
+    """Graph.execute's host time on a built plan (issue 22): the 8-op chain (one fused pointwise kernel,
+    tools/bench_graph.py's graph at a small shape) with int pointers and with torch tensors, queued (a plain
+    loop) and host only (bursts with a synchronize between them). On the CPU: launches stubbed, torch
+    tensors stood in for by bench_host_cpu's torch-like type when torch has no CUDA."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "graph"))
+    import test_graph_host_cpu as T
+
+    rows = []
+    ctx = contextlib.nullcontext() if gpu else no_launch()
+    with ctx:
+        if gpu:
+            import torch
+
+            h = pydnn.create()
+            pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+            sync = torch.cuda.synchronize
+        else:
+            h, sync = cpu_handle(), (lambda: None)
+        cases = [("8-op chain", lambda: T._chain(h, *dims))]
+        if matmul:  # a fused GEMM: compiles a matmul kernel on first use (seconds on the GPU machine)
+            cases.append(("matmul + bias + GELU", lambda: T._matmul_gelu(h)))
+        for label, make in cases:
+            try:
+                g, sizes = make()
+                g.build_operation_graph().create_execution_plans().build_plans()
+            except pydnn.PydnnError as e:
+                print(f"graph {label}: skipped: {e}", flush=True)
+                continue
+            if gpu:
+                dt = torch.bfloat16
+                objs = {n: torch.empty(nb // 2, device="cuda", dtype=dt) for n, nb in sizes.items()}
+                for t in objs.values():
+                    t.normal_()
+                ints = {n: t.data_ptr() for n, t in objs.items()}
+            else:
+                import bench_host_cpu as BC
+
+                buf, tl = CpuBuffers(), BC._torch_like_type()
+                ints = {n: buf(nb)[0] for n, nb in sizes.items()}
+                objs = {n: tl(p, sizes[n]) for n, p in ints.items()}
+            r = {"family": "graph", "case": f"Graph.execute {label}"}
+            for key, b in (("int", ints), ("obj", objs)):
+                g.execute(b, 0)
+                sync()
+                f = functools.partial(g.execute, b, 0)  # no benchmark frame timed
+                r[key + "_us"] = time_us(f, calls)
+                sync()
+                r[key + "_host"] = time_us_host(f, calls, sync)
+                r[key + "_calls"] = python_calls(f)[0]
+            sync()
+            r["torch_us"] = r["torch_host"] = float("nan")
+            rows.append(r)
+            print(f"{'graph':13s} {r['case']:45s} int {r['int_us']:6.2f} us ({r['int_calls']} py calls) | torch "
+                  f"tensors {r['obj_us']:6.2f} us ({r['obj_calls']} py calls) || host only: int {r['int_host']:6.2f} | "
+                  f"torch tensors {r['obj_host']:6.2f} us (target <= 10 us)", flush=True)
+        if gpu:
+            sync()
+            pydnn.destroy(h)
     return rows
 
 
@@ -476,8 +649,11 @@ def run_c(calls):
 
 def to_markdown(rows, gpu):
     if gpu:
-        lines = ["| family | call | int pointers µs | torch tensors µs | PyTorch op µs |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {r['family']} | {r['case']} | {r['int_us']:.2f} | {r['obj_us']:.2f} | {r['torch_us']:.2f} |"
+        nan = float("nan")
+        lines = ["| family | call | int pointers µs | torch tensors µs | PyTorch op µs | host only: int µs | "
+                 "torch tensors µs | PyTorch op µs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['family']} | {r['case']} | {r['int_us']:.2f} | {r['obj_us']:.2f} | {r['torch_us']:.2f} | "
+                  f"{r.get('int_host', nan):.2f} | {r.get('obj_host', nan):.2f} | {r.get('torch_host', nan):.2f} |"
                   for r in rows]
     else:
         lines = ["| family | call (no launch) | int pointers µs | Python calls | CAI objects µs | Python calls |",
@@ -499,6 +675,13 @@ def main():
                         "(launches stubbed unless --mha-gpu)")
     p.add_argument("--mha", action="store_true", help="also the legacy MHA layer (plans on / off)")
     p.add_argument("--mha-gpu", action="store_true", help="MHA with real launches (compiles matmul / attention)")
+    p.add_argument("--graph", action="store_true",
+                   help="also Graph.execute on built plans (the 8-op chain, matmul + bias + GELU)")
+    p.add_argument("--ab", action="store_true",
+                   help="activation_forward's C entry vs the Python function vs torch.relu, alternating rounds")
+    p.add_argument("--graph-matmul", action="store_true", help="with --graph on a GPU: the fused matmul graph too")
+    p.add_argument("--no-c-launch-off", action="store_true",
+                   help="with --quick on a GPU: skip the pass with tuning.callpath.C_LAUNCH off")
     args = p.parse_args()
     if args.quick:
         args.families = args.families or "activation,tensor"
@@ -510,7 +693,7 @@ def main():
     gpu = not args.cpu and driver.available()
     print(f"pydnn {pydnn.__version__}, python {sys.version.split()[0]}, "
           f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
-    if gpu and args.quick:  # the compiled launch (tuning.callpath.C_LAUNCH) off, then on: fresh handles
+    if gpu and args.quick and not args.no_c_launch_off:  # the compiled launch (C_LAUNCH) off, then on
         from pydnn import tuning
 
         tuning.callpath.C_LAUNCH = False
@@ -519,7 +702,16 @@ def main():
         rows += run_gpu(families, args.calls)
     else:
         rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
+    if gpu and args.ab:
+        rows += run_ab(args.calls)
     md = to_markdown(rows, gpu)
+    if args.graph:
+        grows = run_graph(args.calls, gpu, matmul=args.graph_matmul or not gpu)
+        md += ("\nGraph.execute on a built plan (" + ("GPU" if gpu else "CPU, launches stubbed") + "):\n\n"
+               "| call | int µs | Python calls | torch tensors µs | Python calls | host only: int µs | "
+               "torch tensors µs |\n|---|---:|---:|---:|---:|---:|---:|\n")
+        md += "".join(f"| {r['case']} | {r['int_us']:.2f} | {r['int_calls']} | {r['obj_us']:.2f} | {r['obj_calls']} | "
+                      f"{r['int_host']:.2f} | {r['obj_host']:.2f} |\n" for r in grows)
     if gpu and args.c:
         c_out = run_c(args.calls)
         if c_out:

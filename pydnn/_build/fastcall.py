@@ -4,7 +4,9 @@
 run_map's per-call work - writing the pointers, scalars and flags into the record's params struct, picking
 the vector or the scalar kernel by alignment, and cuLaunchKernel - is one C call: map_launch(record, stream,
 out, in0, in1, in2, alpha, alpha2, beta, n); a replayed plan's launches and copies are one call too
-(launch_items). The driver's own entry points are dlsym'ed from the libcuda cuda.bindings loaded. On the
+(launch_items); so is a generated graph kernel's launch with its pointers patched (patch_launch, the graph's
+PwStep) and activation_forward's whole cached call (act_fwd: the checks of the Python function's cached
+path, torch tensors read through their own methods, the launch; it declines anything else to Python). The driver's own entry points are dlsym'ed from the libcuda cuda.bindings loaded. On the
 H200 cuda.bindings' cuLaunchKernel alone measured 4.2 us per launch from Python (bench_host.py's launch row),
 about half of it its wrapper.
 
@@ -69,6 +71,25 @@ static int u64(PyObject *o, uint64_t *v) {
     return 0;
 }
 
+static int map_core(uint64_t rec, uint64_t stream, uint64_t o, const uint64_t *ins, long n, double alpha,
+                    double alpha2, double beta) {
+    const pydnn_map_rec_t *r = (const pydnn_map_rec_t *)(uintptr_t)rec;
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t mask = n == 0 ? 0 : n == 1 ? ins[0] : n == 2 ? (ins[0] | ins[1]) : (ins[0] | ins[1] | ins[2]);
+    memcpy(p, &o, 8);
+    for (unsigned k = 0; k < r->map_inputs && k < 3; k++) memcpy(p + 8 + 8 * k, &ins[k], 8);
+    size_t sc = 8 + 8 * (size_t)r->map_inputs;
+    memcpy(p + sc, &alpha, 8);
+    memcpy(p + sc + 8, &alpha2, 8);
+    memcpy(p + sc + 16, &beta, 8);
+    uint32_t flags = r->base_flags | (beta != 0.0 ? r->flag_beta : 0);
+    memcpy(p + r->flags_off, &flags, 4);
+    int vec = (mask & r->in_masks) == 0 && (o & r->out_mask) == 0;
+    const uint32_t *g = vec ? r->vec_grid : r->scalar_grid, *b = vec ? r->vec_block : r->scalar_block;
+    return cu_launch((void *)(uintptr_t)(vec ? r->vec_func : r->scalar_func), g[0], g[1], g[2], b[0], b[1], b[2], 0,
+                     (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+}
+
 /* map_launch(rec, stream, out, in0, in1, in2, alpha, alpha2, beta, n) -> the driver's status: run_map's
    patch (out, in[map_inputs], alpha, alpha2, beta at the start of the params struct; flags at flags_off),
    vector / scalar choice by alignment, and cuLaunchKernel. */
@@ -84,22 +105,7 @@ static PyObject *fc_map_launch(PyObject *self, PyObject *const *args, Py_ssize_t
     double alpha = PyFloat_AsDouble(args[6]), alpha2 = PyFloat_AsDouble(args[7]), beta = PyFloat_AsDouble(args[8]);
     long n = PyLong_AsLong(args[9]);
     if (PyErr_Occurred()) return NULL;
-    const pydnn_map_rec_t *r = (const pydnn_map_rec_t *)(uintptr_t)rec;
-    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
-    uint64_t mask = n == 0 ? 0 : n == 1 ? ins[0] : n == 2 ? (ins[0] | ins[1]) : (ins[0] | ins[1] | ins[2]);
-    memcpy(p, &o, 8);
-    for (unsigned k = 0; k < r->map_inputs && k < 3; k++) memcpy(p + 8 + 8 * k, &ins[k], 8);
-    size_t sc = 8 + 8 * (size_t)r->map_inputs;
-    memcpy(p + sc, &alpha, 8);
-    memcpy(p + sc + 8, &alpha2, 8);
-    memcpy(p + sc + 16, &beta, 8);
-    uint32_t flags = r->base_flags | (beta != 0.0 ? r->flag_beta : 0);
-    memcpy(p + r->flags_off, &flags, 4);
-    int vec = (mask & r->in_masks) == 0 && (o & r->out_mask) == 0;
-    const uint32_t *g = vec ? r->vec_grid : r->scalar_grid, *b = vec ? r->vec_block : r->scalar_block;
-    int err = cu_launch((void *)(uintptr_t)(vec ? r->vec_func : r->scalar_func), g[0], g[1], g[2], b[0], b[1],
-                        b[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
-    return PyLong_FromLong(err);
+    return PyLong_FromLong(map_core(rec, stream, o, ins, n, alpha, alpha2, beta));
 }
 
 /* launch_items(items, count, stream) -> (status, index of the failing item or -1) */
@@ -139,7 +145,174 @@ static PyObject *fc_launch(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromLong(err);
 }
 
+/* one launch of a kernel whose single parameter struct takes pointers at fixed offsets (pydnn/graph/engines.py's
+   PwStep): patch_launch(rec, stream, ptrs, uids) writes ptrs[uids[k]] (ptrs a dict of ints, uids a tuple) at
+   ptr_off[k] of the struct; with vec set, the flags word at flags_off becomes 1 when the OR of the pointers
+   selected by vec_sel has no bit of vec_mask in common, else 0; then cuLaunchKernel. Returns the driver's
+   status (a missing uid: KeyError, as the dict lookup in Python). */
+typedef struct {
+    uint64_t func, argv, params;
+    uint32_t grid[3], block[3];
+    uint32_t smem, nptr, flags_off, vec;
+    uint64_t vec_mask, vec_sel;
+    uint32_t ptr_off[16];
+} pydnn_patch_rec_t;
+
+static PyObject *fc_patch_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[2]) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "patch_launch takes (rec, stream, dict, tuple)");
+        return NULL;
+    }
+    uint64_t rec, stream;
+    if (u64(args[0], &rec) || u64(args[1], &stream)) return NULL;
+    const pydnn_patch_rec_t *r = (const pydnn_patch_rec_t *)(uintptr_t)rec;
+    Py_ssize_t n = PyTuple_GET_SIZE(args[3]);
+    if (n != (Py_ssize_t)r->nptr || n > 16) {
+        PyErr_SetString(PyExc_TypeError, "patch_launch: the uids do not match the record");
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t bits = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *key = PyTuple_GET_ITEM(args[3], k);
+        PyObject *v = PyDict_GetItemWithError(args[2], key);
+        uint64_t x;
+        if (!v) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+            return NULL;
+        }
+        if (u64(v, &x)) return NULL;
+        memcpy(p + r->ptr_off[k], &x, 8);
+        if ((r->vec_sel >> k) & 1) bits |= x;
+    }
+    if (r->vec) {
+        uint32_t f = (bits & r->vec_mask) ? 0 : 1;
+        memcpy(p + r->flags_off, &f, 4);
+    }
+    int err = cu_launch((void *)(uintptr_t)r->func, r->grid[0], r->grid[1], r->grid[2], r->block[0], r->block[1],
+                        r->block[2], r->smem, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+    return PyLong_FromLong(err);
+}
+
+/* activation_forward's cached call answered here (pydnn/ops/activation.py's entry): the same checks, in the
+   same order, as the Python function's cached path - a live pydnn Handle, the launch record under the key
+   (0, activationDesc, its version, xDesc, its version, yDesc, its version) in handle.prepared with a compiled
+   record (crec), float alpha / beta, driver.launch_args not replaced and no recording, PYDNN_CHECKED off,
+   and each buffer a positive int or a torch.Tensor (buffers.TORCH_TENSOR) that is CUDA memory, contiguous,
+   at least the record's span and not NULL - then run_map's patch and launch. Returns None once launched;
+   False for anything else (the caller runs the Python function, which decides and reports errors, and
+   launches again after a failed launch to report the driver's error). Never raises. */
+static PyObject *act_handle_type, *act_driver, *act_launch_args, *act_buffers, *act_zero;
+static double act_alpha2;
+static PyObject *s_alive, *s_version, *s_prepared, *s_crec, *s_need, *s_stream, *s_launch_args, *s_recorders,
+    *s_checked, *s_torch, *s_is_cuda, *s_nbytes, *s_is_contiguous, *s_data_ptr;
+
+static PyObject *fc_act_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "act_setup takes 5 arguments");
+        return NULL;
+    }
+    double a2 = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject **slots[] = {&act_handle_type, &act_driver, &act_launch_args, &act_buffers};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    act_alpha2 = a2;
+    if (!act_zero) act_zero = PyLong_FromLong(0);
+#define INTERN(v, t) if (!v && !(v = PyUnicode_InternFromString(t))) return NULL
+    INTERN(s_alive, "alive"); INTERN(s_version, "version"); INTERN(s_prepared, "prepared"); INTERN(s_crec, "crec");
+    INTERN(s_need, "need"); INTERN(s_stream, "stream"); INTERN(s_launch_args, "launch_args");
+    INTERN(s_recorders, "_recorders"); INTERN(s_checked, "CHECKED"); INTERN(s_torch, "TORCH_TENSOR");
+    INTERN(s_is_cuda, "is_cuda"); INTERN(s_nbytes, "nbytes"); INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_data_ptr, "data_ptr");
+#undef INTERN
+    Py_RETURN_NONE;
+}
+
+/* 1 with the address in *v, 0 when the buffer is not one the entry decides (the Python function's turn) */
+static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) {
+    if (PyLong_CheckExact(obj)) {
+        unsigned long long x = PyLong_AsUnsignedLongLong(obj);
+        if (x == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+        *v = x;
+        return x != 0;
+    }
+    if (tt == Py_None || (PyObject *)Py_TYPE(obj) != tt) return 0;
+    PyObject *o = PyObject_GetAttr(obj, s_is_cuda);
+    int ok = o == Py_True;
+    Py_XDECREF(o);
+    if (!ok) return 0;
+    o = PyObject_GetAttr(obj, s_nbytes);
+    long long nb = o ? PyLong_AsLongLong(o) : -1;
+    Py_XDECREF(o);
+    if (nb < need) return 0;
+    o = PyObject_CallMethodNoArgs(obj, s_is_contiguous);
+    ok = o == Py_True;
+    Py_XDECREF(o);
+    if (!ok) return 0;
+    o = PyObject_CallMethodNoArgs(obj, s_data_ptr);
+    unsigned long long x = o ? PyLong_AsUnsignedLongLong(o) : 0;
+    Py_XDECREF(o);
+    if (PyErr_Occurred()) return 0;
+    *v = x;
+    return x != 0;
+}
+
+static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *h, *t = NULL, *key = NULL, *prep = NULL, *rec = NULL, *crec = NULL, *need = NULL, *tt = NULL;
+    PyObject *vs[3] = {NULL, NULL, NULL};
+    int done = 0;
+    if (nargs != 8 || !act_handle_type) goto out;
+    h = args[0];
+    if ((PyObject *)Py_TYPE(h) != act_handle_type) goto out;
+    t = PyObject_GetAttr(h, s_alive);
+    if (t != Py_True) goto out;
+    Py_CLEAR(t);
+    PyObject *descs[3] = {args[1], args[3], args[6]};
+    for (int i = 0; i < 3; i++)
+        if (!(vs[i] = PyObject_GetAttr(descs[i], s_version))) goto out;
+    key = PyTuple_Pack(7, act_zero, args[1], vs[0], args[3], vs[1], args[6], vs[2]);
+    if (!key || !(prep = PyObject_GetAttr(h, s_prepared)) || !PyDict_Check(prep)) goto out;
+    rec = PyDict_GetItemWithError(prep, key);
+    if (!rec) goto out;
+    Py_INCREF(rec);
+    uint64_t c = 0, stream = 0, xp = 0, yp = 0, ins[3] = {0, 0, 0};
+    if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
+    if (!PyFloat_CheckExact(args[2]) || !PyFloat_CheckExact(args[5])) goto out;
+    t = PyObject_GetAttr(act_driver, s_launch_args);
+    if (t != act_launch_args) goto out;
+    Py_CLEAR(t);
+    t = PyObject_GetAttr(act_driver, s_recorders);
+    if (!t || !PyLong_CheckExact(t) || PyLong_AsLong(t) != 0) goto out;
+    Py_CLEAR(t);
+    t = PyObject_GetAttr(act_buffers, s_checked);
+    if (t != Py_False) goto out;
+    Py_CLEAR(t);
+    if (!(tt = PyObject_GetAttr(act_buffers, s_torch))) goto out;
+    if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need) || PyTuple_GET_SIZE(need) < 2) goto out;
+    long long need_y = PyLong_AsLongLong(PyTuple_GET_ITEM(need, 0)), need_x = PyLong_AsLongLong(PyTuple_GET_ITEM(need, 1));
+    if (PyErr_Occurred()) goto out;
+    if (!act_buffer(args[4], tt, need_x, &xp) || !act_buffer(args[7], tt, need_y, &yp)) goto out;
+    t = PyObject_GetAttr(h, s_stream);
+    if (!t || !PyLong_CheckExact(t) || u64(t, &stream)) goto out;
+    Py_CLEAR(t);
+    ins[0] = xp;
+    done = map_core(c, stream, yp, ins, 1, PyFloat_AS_DOUBLE(args[2]), act_alpha2, PyFloat_AS_DOUBLE(args[5])) == 0;
+out:
+    Py_XDECREF(t); Py_XDECREF(key); Py_XDECREF(prep); Py_XDECREF(rec); Py_XDECREF(crec); Py_XDECREF(need);
+    Py_XDECREF(tt);
+    for (int i = 0; i < 3; i++) Py_XDECREF(vs[i]);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (done) Py_RETURN_NONE;
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
+    {"act_setup", (PyCFunction)(void (*)(void))fc_act_setup, METH_FASTCALL, "the activation entry's objects"},
+    {"act_fwd", (PyCFunction)(void (*)(void))fc_act_fwd, METH_FASTCALL, "activation_forward's cached call"},
+    {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},
     {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
     {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
     {"map_launch", (PyCFunction)(void (*)(void))fc_map_launch, METH_FASTCALL, "run_map's patch and launch"},
@@ -268,6 +441,55 @@ def record(pr):
     r.in_masks, r.out_mask = pr.in_masks, pr.out_mask
     r.base_flags, r.flag_beta, r.flags_off, r.map_inputs = pr.base_flags, FLAG_BETA, MapParams.flags.offset, MAP_INPUTS
     return r
+
+
+class PatchRec(ctypes.Structure):
+    """pydnn_patch_rec_t: a launch whose parameter struct takes pointers at fixed offsets (patch_launch)."""
+    _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
+                ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+                ("nptr", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("vec", ctypes.c_uint32),
+                ("vec_mask", ctypes.c_uint64), ("vec_sel", ctypes.c_uint64), ("ptr_off", ctypes.c_uint32 * 16)]
+
+
+def patch_launcher():
+    """The module's patch_launch, or None (no helper here, or tuning.callpath.C_LAUNCH off)."""
+    from .. import tuning
+
+    if not tuning.callpath.C_LAUNCH:
+        return None
+    launcher()
+    lib = _state["lib"]
+    return None if lib is None else lib.patch_launch
+
+
+def patch_record(func, grid, block, smem, params, argv_addr, ptr_offsets, vec_mask=0, vec_sel=0, flags_off=None):
+    """A PatchRec for patch_launch (kept alive by the caller, with `params`), or None when `func` is not a
+    driver function (a CPU handle's placeholder) or there are more than 16 pointers."""
+    try:
+        f = int(func)
+    except (TypeError, ValueError):
+        return None
+    if len(ptr_offsets) > 16:
+        return None
+    r = PatchRec()
+    r.func, r.argv, r.params = f, argv_addr, ctypes.addressof(params)
+    r.grid[:], r.block[:] = list(grid), list(block)
+    r.smem, r.nptr = smem, len(ptr_offsets)
+    r.ptr_off[:len(ptr_offsets)] = list(ptr_offsets)
+    r.vec = 1 if flags_off is not None else 0
+    r.flags_off = flags_off or 0
+    r.vec_mask, r.vec_sel = vec_mask, vec_sel
+    return r
+
+
+def activation_entry(handle_type, driver_module, launch_args, buffers_module, alpha2):
+    """The module's act_fwd set up with pydnn's objects (activation_forward's cached call in C), or None."""
+    launcher()
+    lib = _state["lib"]
+    if lib is None or not hasattr(lib, "act_fwd"):
+        return None
+    lib.act_setup(handle_type, driver_module, launch_args, buffers_module, alpha2)
+    return lib.act_fwd
 
 
 def driver_launch_untouched():

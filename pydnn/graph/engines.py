@@ -17,10 +17,11 @@ engine.support(graph) -> None or the reason it cannot run the graph (NOT_SUPPORT
 engine.build(graph, handle) -> EnginePlan (compiles what it needs; loads nothing on the GPU);
 plan.execute(handle, {uid: device pointer}, workspace) enqueues the work on the handle's stream.
 """
+import ctypes
 from ctypes import memmove as _memmove
 
 from .. import enums as E
-from .._build import cache, loader
+from .._build import cache, fastcall, loader
 from .._cuda import driver
 from ..status import PydnnError
 from . import codegen as cg
@@ -72,6 +73,16 @@ def _resident_blocks(handle, fn, threads):
         return 0
 
 
+_LAUNCH_ARGS = driver.launch_args
+_PATCH = [None]  # fastcall.patch_launch once looked up (None: not available here)
+
+
+def _patch_launch():
+    if _PATCH[0] is None:
+        _PATCH[0] = fastcall.patch_launcher()
+    return _PATCH[0]
+
+
 class PwStep:
     """One launch of a generated pointwise kernel: operand uids in kernel order, a params struct reused.
     Its form follows pydnn.tuning.graph (read when the plan is built): PW_SPLIT, PW_RUNS, PW_GRID,
@@ -120,6 +131,7 @@ class PwStep:
         self.uids = tuple(uids)
         self.launches = 1
         self.fn = (None, None)  # (handle, CUfunction) of the last handle
+        self.crec, self.crec_addr = None, 0  # fastcall's record of the last handle's launch (patch_launch)
 
     def _resolve(self, handle):
         fn = handle.function(self.unit.name, self.expr)
@@ -131,9 +143,31 @@ class PwStep:
             if n > 0:
                 self.grid = (max(1, min(self.work_blocks, self.waves * min(n, 8) * handle.sm_count)), 1, 1)
         self.fn = (handle, fn)
+        # the compiled patch + launch (fastcall.patch_launch): the pointers at p.ptr[k], the vector flag from
+        # the OR of the contiguous operands' pointers, cuLaunchKernel - one C call instead of a ctypes write a
+        # pointer and driver.launch_args (tests/graph/test_graph_patch_launch_cpu.py: the same bytes launched)
+        self.crec = None
+        if _patch_launch() is not None:
+            sel = 0
+            for k in self.vec_ops:
+                sel |= 1 << k
+            off = cg.GraphPwParams.ptr.offset
+            self.crec = fastcall.patch_record(fn, self.grid, (cg.THREADS, 1, 1), 0, self.params, self.args[1],
+                                              [off + 8 * k for k in range(len(self.uids))], self.vec_mask, sel,
+                                              cg.GraphPwParams.flags.offset if self.vec_static else None)
+        self.crec_addr = ctypes.addressof(self.crec) if self.crec is not None else 0
         return self.fn
 
     def run(self, handle, ptr):
+        fn = self.fn
+        if fn[0] is not handle:
+            fn = self._resolve(handle)
+        c = self.crec_addr
+        if c and driver._drv is driver._fast_drv and driver.launch_args is _LAUNCH_ARGS and not driver._recorders:
+            err = _PATCH[0](c, handle.stream, ptr, self.uids)
+            if err:
+                driver.check((driver._drv.CUresult(err),), "cuLaunchKernel")
+            return
         p = self.params
         pp = p.ptr
         for k, u in enumerate(self.uids):
@@ -143,9 +177,6 @@ class PwStep:
             for k in self.vec_ops:
                 bits |= ptr[self.uids[k]]
             p.flags = 0 if bits & self.vec_mask else 1
-        fn = self.fn
-        if fn[0] is not handle:
-            fn = self._resolve(handle)
         driver.launch_args(fn[1], self.grid, (cg.THREADS, 1, 1), 0, handle.cu_stream, self.args)
 
 
@@ -283,6 +314,8 @@ class ConvStep:
 class EnginePlan:
     def __init__(self, steps, offsets, workspace_size):
         self.steps, self.offsets, self.workspace_size = steps, offsets, workspace_size
+        # one step and no virtual tensors (every fused plan): Graph.execute calls the step itself
+        self.single = steps[0] if len(steps) == 1 and not offsets else None
 
     @property
     def launches(self):

@@ -457,20 +457,39 @@ class Graph:
         km = keys[1]
         given = {}
         ints = True
+        # torch tensors (buffers.TORCH_TENSOR) of the plan's device tensors are read inline with _torch_ptr's
+        # checks against the tensor's span (plan.spans); one that fails a check, and anything else, is left for
+        # plans.run's device_ptr (the same errors, naming the uid)
+        tt, spans = _buffers.TORCH_TENSOR, plan.spans
         for k, v in buffers.items():
             try:
                 u = km[k] if type(k) is not bool else self._uid_of(k)
             except (KeyError, TypeError):
                 u = self._uid_of(k)
-            given[u] = v
-            if type(v) is not int or v <= 0:
+            if type(v) is int:
+                if v <= 0:
+                    ints = False
+            elif (type(v) is tt and v.is_cuda and (n := spans.get(u)) is not None and v.nbytes >= n
+                  and v.is_contiguous() and (p := v.data_ptr())):
+                v = p
+            else:
                 ints = False
+            given[u] = v
+        if type(workspace) is tt and plan.workspace_size and workspace.is_cuda \
+                and workspace.nbytes >= plan.workspace_size and workspace.is_contiguous() and workspace.data_ptr():
+            workspace = workspace.data_ptr()
         # every buffer a positive int for exactly the plan's tensors (no pass-by-value ones), an int workspace
         # where one is needed: plans.run would take each pointer as is, so enqueue directly (one Python frame
         # and a lookup per tensor less a call)
         if (ints and given.keys() == plan.io_uids and not _buffers.CHECKED
                 and (type(workspace) is int and workspace > 0 if plan.workspace_size else type(workspace) is int)):
-            plan.built.execute(handle if handle is not None else self.handle, given, workspace)
+            built = plan.built
+            step = getattr(built, "single", None)
+            if step is not None:  # EnginePlan.execute's work for one step inline
+                given["workspace"] = workspace
+                step.run(handle if handle is not None else self.handle, given)
+            else:
+                built.execute(handle if handle is not None else self.handle, given, workspace)
             return
         if plan.by_value:  # pass-by-value tensors: the graph's stored constants, a Python int as its value
             for uid, v in getattr(self, "_consts", {}).items():  # (from C an int is the value's address)

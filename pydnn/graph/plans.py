@@ -21,7 +21,7 @@ CONV_ROLES = {"conv_fprop": (("x", "w"), ("y",)), "conv_dgrad": (("w", "dy"), ("
 class Plan:
     """A built execution plan: engine index, the graph, and the engine's plan (steps, workspace size)."""
 
-    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value", "workspace_size", "io_uids")
+    __slots__ = ("engine", "graph", "built", "handle", "io", "by_value", "workspace_size", "io_uids", "spans")
 
     def __init__(self, engine, graph, handle):
         why = ENGINES[engine].support(graph)
@@ -43,6 +43,7 @@ class Plan:
                             f"variantPack: uid {uid}"))
         # Graph.execute's fast path: a variant pack of exactly these uids, all positive int pointers
         self.io_uids = frozenset(uid for uid, _, _ in self.io) if not self.by_value else None
+        self.spans = {uid: span for uid, span, _ in self.io}  # the device tensors' spans (bytes) by uid
 
     def to_json(self):
         return json.dumps({"format": FORMAT, "version": VERSION, "engine": self.engine,

@@ -4,6 +4,8 @@ cudnnActivationBackward. GELU (erf and tanh forms) are pydnn extensions (PYDNN_A
 Forward  y  = alpha * f(x) + beta * y
 Backward dx = alpha * f'(x) * dy + beta * dx   (sigmoid and tanh use y; the others use x)
 """
+import functools
+
 from .. import enums as E
 from .. import tuning
 from .._build.manifest import KernelUnit
@@ -160,6 +162,30 @@ def _key(tag, activation_desc, descs):
         return None
 
 
+# activation_forward's cached call in C (pydnn/_build/fastcall.py's act_fwd: the Python function's cached
+# path - handle, key, scalars, int pointers or torch tensors, run_map's launch - with no Python frame of its
+# own), set up when the first compiled launch record is made (tuning.callpath.C_ENTRY); None before, and
+# where there is no compiled launch (no C compiler, a CPU handle's placeholder kernels).
+_no_entry = None
+_c_entry = _no_entry
+_entry_tried = False
+
+
+def _entry_setup():
+    global _c_entry, _entry_tried
+    _entry_tried = True
+    from .._build import fastcall
+    from .._cuda import driver
+
+    e = None
+    if tuning.callpath.C_ENTRY:
+        try:
+            e = fastcall.activation_entry(Handle, driver, ew._LAUNCH_ARGS, _buffers, _UNUSED_ALPHA2)
+        except Exception:  # noqa: BLE001 - an optimisation: without it the Python function answers
+            e = None
+    _c_entry = e if e is not None else _no_entry
+
+
 @api
 def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, y):
     """cudnnActivationForward: y = alpha * f(x) + beta * y. x and y may be the same buffer."""
@@ -189,10 +215,39 @@ def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, 
             handle.remember(key, rec)
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
     be = beta if type(beta) is float else scalar("beta", beta)
-    checked = _buffers.CHECKED
-    xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", rec.need[1])
-    yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", rec.need[0])
-    ew.run_map(handle, rec, yp, (xp,), al, be, _UNUSED_ALPHA2)
+    # int pointers and torch tensors (buffers.TORCH_TENSOR: _torch_ptr's checks) inline; anything else, and
+    # any tensor that fails a check, through device_ptr (the same errors)
+    checked, tt = _buffers.CHECKED, _buffers.TORCH_TENSOR
+    if type(x) is int and x > 0 and not checked:
+        xp = x
+    elif not (type(x) is tt and x.is_cuda and x.nbytes >= rec.need[1] and x.is_contiguous()
+              and (xp := x.data_ptr())):
+        xp = device_ptr(x, "x", rec.need[1])
+    if type(y) is int and y > 0 and not checked:
+        yp = y
+    elif not (type(y) is tt and y.is_cuda and y.nbytes >= rec.need[0] and y.is_contiguous()
+              and (yp := y.data_ptr())):
+        yp = device_ptr(y, "y", rec.need[0])
+    c = rec.crec  # run_map's compiled branch inline (one Python frame less)
+    if c and ew.driver.launch_args is ew._LAUNCH_ARGS and not ew.driver._recorders:
+        err = ew._fast_launch(c, handle.stream, yp, xp, 0, 0, al, _UNUSED_ALPHA2, be, 1)
+        if err:
+            ew.launch_failed(err)
+    else:
+        ew.run_map(handle, rec, yp, (xp,), al, be, _UNUSED_ALPHA2)
+        if rec.crec and not _entry_tried:
+            _entry_setup()
+
+
+_activation_forward = activation_forward  # the Python function (api-wrapped): errors are named after it
+
+
+@functools.wraps(_activation_forward)
+def activation_forward(*args, **kwargs):  # noqa: F811 - the public entry in front of it
+    # the C entry answers a cached call (None) or declines (False): then the Python function runs, which
+    # decides, launches and reports errors as it always did (Python-level misuse included)
+    if kwargs or _c_entry is None or _c_entry(*args) is not None:
+        return _activation_forward(*args, **kwargs)
 
 
 @api

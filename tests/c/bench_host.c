@@ -1,7 +1,16 @@
 /* Host time of pydnn calls from C (tools/bench_host.py --c builds and runs it; tests/hard's CPU test runs
  * the descriptor part). Prints "c <call> <microseconds> us" lines. Without a GPU only the calls that need
  * none are timed (the C -> Python marshalling of a small call); with one, also pydnnActivationForward on a
- * 1-element tensor (driver dlopen'ed for the two buffers). Usage: bench_host [calls] */
+ * 1-element tensor (driver dlopen'ed for the two buffers), and the floor under it: the driver's own
+ * cuLaunchKernel of empty kernels (no parameter, and a 408-byte one like pydnn's MapParams) loaded from PTX.
+ *
+ * Two ways of timing each launch: "queued" is a loop of `calls` launches back to back (what a busy host loop
+ * sees; once the GPU runs each tiny kernel slower than the host enqueues it, the queue fills and the loop
+ * waits on the GPU, so this is max(host, GPU) per launch); "host" times bursts of 64 launches and synchronizes
+ * between bursts outside the timed part, so the queue never fills: the host's own cost per launch. "gpu" is
+ * the device's time per kernel over 2,000 back-to-back launches (events). Both on the legacy default stream
+ * (stream 0, what a program that never sets one uses) and on a non-blocking stream.
+ * Usage: bench_host [calls] */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +35,35 @@ static double now_us(void) {
     }                                                                             \
     printf("c %-48s %7.2f us\n", label, best_);                                   \
   } while (0)
+
+/* bursts of 64 with a synchronize between them (not timed): the host's own cost per call */
+#define TIME_HOST(label, calls, sync_stmt, stmt)                                  \
+  do {                                                                            \
+    for (int i_ = 0; i_ < 200; i_++) { stmt; }                                    \
+    sync_stmt;                                                                    \
+    double best_ = 1e30;                                                          \
+    int bursts_ = (calls) / 64 > 0 ? (calls) / 64 : 1;                            \
+    for (int r_ = 0; r_ < 5; r_++) {                                              \
+      double tot_ = 0;                                                            \
+      for (int b_ = 0; b_ < bursts_; b_++) {                                      \
+        double t0_ = now_us();                                                    \
+        for (int i_ = 0; i_ < 64; i_++) { stmt; }                                 \
+        tot_ += now_us() - t0_;                                                   \
+        sync_stmt;                                                                \
+      }                                                                           \
+      double us_ = tot_ / (bursts_ * 64);                                         \
+      if (us_ < best_) best_ = us_;                                               \
+    }                                                                             \
+    printf("c %-48s %7.2f us\n", label, best_);                                   \
+  } while (0)
+
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                        void **, void **);
+
+static const char *PTX =
+    ".version 7.8\n.target sm_80\n.address_size 64\n"
+    ".visible .entry pydnn_bench_k0()\n{\nret;\n}\n"
+    ".visible .entry pydnn_bench_k408(.param .align 8 .b8 p[408])\n{\nret;\n}\n";
 
 int main(int argc, char **argv) {
   int calls = argc > 1 ? atoi(argv[1]) : 20000;
@@ -64,6 +102,73 @@ int main(int argc, char **argv) {
     return 1;
   }
   TIME("pydnnActivationForward relu 1 elem", calls, pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+  sync();
+  TIME_HOST("pydnnActivationForward relu 1 elem [host]", calls, sync(),
+            pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+
+  /* the floor: the driver's cuLaunchKernel of empty kernels, called through a pointer as libpydnn does */
+  launch_t launch = (launch_t)dlsym(lib, "cuLaunchKernel");
+  int (*load)(void **, const void *) = (int (*)(void **, const void *))dlsym(lib, "cuModuleLoadData");
+  int (*getf)(void **, void *, const char *) = (int (*)(void **, void *, const char *))dlsym(lib, "cuModuleGetFunction");
+  int (*screate)(void **, unsigned) = (int (*)(void **, unsigned))dlsym(lib, "cuStreamCreate");
+  int (*ssync)(void *) = (int (*)(void *))dlsym(lib, "cuStreamSynchronize");
+  int (*ecreate)(void **, unsigned) = (int (*)(void **, unsigned))dlsym(lib, "cuEventCreate");
+  int (*erecord)(void *, void *) = (int (*)(void *, void *))dlsym(lib, "cuEventRecord");
+  int (*esync)(void *) = (int (*)(void *))dlsym(lib, "cuEventSynchronize");
+  void *el = dlsym(lib, "cuEventElapsedTime_v2");  /* CUDA 12.8+; the plain name before */
+  int (*elapsed)(float *, void *, void *) = (int (*)(float *, void *, void *))(el ? el : dlsym(lib, "cuEventElapsedTime"));
+  void *mod = NULL, *k0 = NULL, *k408 = NULL, *ns = NULL, *e0 = NULL, *e1 = NULL;
+  if (!launch || !load || !getf || !screate || !ssync || load(&mod, PTX) || getf(&k0, mod, "pydnn_bench_k0") ||
+      getf(&k408, mod, "pydnn_bench_k408") || screate(&ns, 1 /* CU_STREAM_NON_BLOCKING */)) {
+    printf("c floor: the PTX kernels or the stream could not be made; floor not timed\n");
+  } else {
+    unsigned char pbuf[408] = {0};
+    void *pargs[1] = {pbuf};
+    void *s0 = NULL;
+    TIME("cuLaunchKernel empty kernel, stream 0", calls, launch(k0, 1, 1, 1, 32, 1, 1, 0, s0, NULL, NULL));
+    sync();
+    TIME_HOST("cuLaunchKernel empty kernel, stream 0 [host]", calls, sync(),
+              launch(k0, 1, 1, 1, 32, 1, 1, 0, s0, NULL, NULL));
+    TIME("cuLaunchKernel 408-byte param, stream 0", calls, launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, pargs, NULL));
+    sync();
+    TIME_HOST("cuLaunchKernel 408-byte param, stream 0 [host]", calls, sync(),
+              launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, pargs, NULL));
+    TIME("cuLaunchKernel 408-byte param, non-blocking", calls, launch(k408, 1, 1, 1, 32, 1, 1, 0, ns, pargs, NULL));
+    ssync(ns);
+    TIME_HOST("cuLaunchKernel 408-byte param, non-blocking [host]", calls, ssync(ns),
+              launch(k408, 1, 1, 1, 32, 1, 1, 0, ns, pargs, NULL));
+    if (ecreate && erecord && esync && elapsed && !ecreate(&e0, 0) && !ecreate(&e1, 0)) {
+      float ms = 0;
+      for (int pass = 0; pass < 2; pass++) {
+        void *s = pass ? ns : s0;
+        erecord(e0, s);
+        for (int i = 0; i < 2000; i++) launch(k408, 1, 1, 1, 32, 1, 1, 0, s, pargs, NULL);
+        erecord(e1, s);
+        esync(e1);
+        elapsed(&ms, e0, e1);
+        printf("c %-48s %7.2f us\n", pass ? "gpu time per empty kernel, non-blocking" : "gpu time per empty kernel, stream 0",
+               ms * 1e3 / 2000);
+      }
+    }
+    /* pydnn's C fast path on the non-blocking stream (the first call after SetStream re-records) */
+    if (pydnnSetStream(h, ns) == PYDNN_STATUS_SUCCESS &&
+        pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y) == PYDNN_STATUS_SUCCESS) {
+      TIME("pydnnActivationForward, non-blocking stream", calls,
+           pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+      ssync(ns);
+      TIME_HOST("pydnnActivationForward, non-blocking [host]", calls, ssync(ns),
+                pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+      if (e0 && e1) {
+        float ms = 0;
+        erecord(e0, ns);
+        for (int i = 0; i < 2000; i++) pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+        erecord(e1, ns);
+        esync(e1);
+        elapsed(&ms, e0, e1);
+        printf("c %-48s %7.2f us\n", "gpu time per pydnn relu kernel, non-blocking", ms * 1e3 / 2000);
+      }
+    }
+  }
   sync();
   pydnnDestroy(h);
   return 0;

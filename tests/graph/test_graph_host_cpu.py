@@ -105,3 +105,26 @@ def test_execute_errors_still_name_the_tensor(cpu):
         g.execute(dict(bufs, nope=1), 0)
     with pytest.raises(pydnn.PydnnError, match="NULL|null"):
         g.execute(dict(bufs, x=0), 0)
+
+
+@pytest.mark.parametrize("case", ["matmul_gelu", "chain"])
+def test_execute_with_torch_tensors_reads_them_inline(cpu, case):
+    """Torch tensors (a stand-in type spelled like torch.Tensor, verified once against its array interface)
+    are read inline by Graph.execute: the int path's calls plus the tensors' own data_ptr / is_contiguous
+    (C methods of a real tensor; Python functions of this stand-in), no device_ptr or _torch_ptr a tensor."""
+    import bench_host_cpu as BC
+
+    h, buf, drv = cpu
+    g, sizes = {"matmul_gelu": _matmul_gelu, "chain": _chain}[case](h)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    tl = BC._torch_like_type()
+    ints = {name: buf(nbytes)[0] for name, nbytes in sizes.items()}
+    objs = {name: tl(p, sizes[name]) for name, p in ints.items()}
+    g.execute(ints, 0)
+    g.execute(objs, 0)  # the first object of its type: verified through plans.run's device_ptr
+    int_names = _calls(lambda: g.execute(ints, 0))
+    before = drv.launches
+    names = _calls(lambda: g.execute(objs, 0))
+    assert drv.launches == before + 1
+    assert "device_ptr" not in names and "_torch_ptr" not in names and "run" in names, names
+    assert len(names) == len(int_names) + 2 * len(objs), (names, int_names)

@@ -25,7 +25,10 @@ BUDGET_INT = {
     # the element-wise calls: the test's two lambdas, the api wrapper, the function, run_map, launch_args and
     # the stub's cuLaunchKernel (handle, key, scalars and int pointers inline); were 13 / 14 / 16 / 12 / 14
     # before, 16 before the first fast paths (generator keys, field-by-field patching)
-    "activation_forward relu 1 elem": 7,
+    # activation_forward: 8 here, its C entry's frame in front of the Python function, which this harness's
+    # placeholder kernels (no compiled launch) always reach; where launches are compiled its cached call is
+    # that one frame (tests/core/test_call_path_fast_cpu.py)
+    "activation_forward relu 1 elem": 8,
     "add_tensor 1 elem": 7,
     "op_tensor add 1 elem": 7,
     "scale_tensor 1 elem": 7,

@@ -1,0 +1,114 @@
+"""The compiled fast paths of the cheapest calls, counted (not timed) so that they cannot silently go away.
+
+In a child process over tools/bench_host_cpu.py's stand-in libcuda.so.1 (cuda.bindings and the launch
+helper see a driver; launches do nothing), with tuning.callpath.C_LAUNCH on as a GPU machine runs:
+- activation_forward on int pointers is its entry's frame, then one C call (fastcall's act_fwd: the
+  cached path and the launch); on torch tensors (a stand-in type spelled like torch.Tensor) the same frame
+  plus the tensor's own data_ptr() / is_contiguous() (C methods of a real tensor), no device_ptr;
+- Graph.execute of a fused pointwise graph is execute and the step's run, then one C call
+  (fastcall.patch_launch); with torch tensors no device_ptr either; a fused matmul graph adds only
+  launch_args.
+Every `<lambda>` counted below the call's own two is a stand-in tensor method."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+SCRIPT = r'''
+import gc, json, sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+import bench_host as B, bench_host_cpu as C
+import test_graph_host_cpu as T
+from pydnn import tuning
+from pydnn._build import fastcall
+
+def calls(fn):
+    names = []
+    def prof(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+    gc.collect(); gc.disable()
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None); gc.enable()
+    return names
+
+tuning.callpath.C_LAUNCH = True
+fastcall.install()
+h, addr = C.real_stub_handle(), B.CpuBuffers()
+TL = C._torch_like_type()
+res = {}
+call, ints, _, _ = B._act(h, addr)
+objs = (TL(ints[0], 4), TL(ints[1], 4))
+for label, b in (("act int", ints), ("act torch", objs)):
+    call(b); call(b)
+    res[label] = calls(lambda: call(b))
+for case in ("chain", "matmul_gelu"):
+    g, sizes = getattr(T, "_" + case)(h)
+    g.build_operation_graph().create_execution_plans().build_plans()
+    bi = {n: addr(nb)[0] for n, nb in sizes.items()}
+    bt = {n: TL(p, sizes[n]) for n, p in bi.items()}
+    for label, b in (("int", bi), ("torch", bt)):
+        g.execute(b, 0); g.execute(b, 0)
+        res[f"{case} {label}"] = calls(lambda: g.execute(b, 0))
+print(json.dumps(res))
+'''
+
+# The Python frames of one call once the stand-in's tensor methods (`<lambda>`, two a tensor: data_ptr and
+# is_contiguous) are set aside; measured when these paths went in. Before: activation_forward was the api
+# wrapper, the function and run_map and, for each torch tensor, device_ptr and _torch_ptr (7 frames with
+# torch tensors); Graph.execute
+# through EnginePlan.execute, PwStep.run's ctypes writes and launch_args (5 frames), and plans.run with a
+# device_ptr and a _torch_ptr a tensor (14 frames with the chain's four tensors).
+EXPECTED = {
+    "act int": ["activation_forward"],  # the entry; its cached call is answered in C (act_fwd)
+    "act torch": ["activation_forward"],
+    "chain int": ["execute", "run"],
+    "chain torch": ["execute", "run"],
+    "matmul_gelu int": ["execute", "run", "launch_args"],
+    "matmul_gelu torch": ["execute", "run", "launch_args"],
+}
+TENSORS = {"act": 2, "chain": 4, "matmul_gelu": 4}
+
+
+def test_fast_paths_python_frames(tmp_path, monkeypatch):
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    pytest.importorskip("cuda.bindings")
+    import bench_host as B
+    import bench_host_cpu
+
+    sys.path.insert(0, str(ROOT / "tests" / "graph"))
+    import test_graph_host_cpu as T
+
+    # the graphs' kernels compiled here, into the cache the child reads (no NVRTC under the stand-in)
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    with B.no_launch():
+        for case in (T._chain, T._matmul_gelu):
+            g, _ = case(B.cpu_handle())
+            g.build_operation_graph().create_execution_plans().build_plans()
+    d = bench_host_cpu.fake_libcuda_dir()
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
+               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools"), str(ROOT / "tests" / "graph")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for label, names in res.items():
+        own = 2 if label.startswith("act") else 1  # the case's lambdas
+        assert names[:own] == ["<lambda>"] * own, (label, names)
+        rest = names[own:]
+        frames = [n for n in rest if n != "<lambda>"]
+        assert frames == EXPECTED[label], (label, names)
+        methods = len(rest) - len(frames)
+        want = 2 * TENSORS[label.split()[0]] if label.endswith("torch") else 0
+        assert methods == want, (label, names)
