@@ -172,12 +172,18 @@ def tma_maps(tag, d, p, bn=None):
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
     bn = bn or BN[d]
     key = (tag, d, bn, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
+    return _cached_maps(key, tag, p, st, (d, p.seq_q, hq, b), (d, p.seq_kv, hkv, b), bn)
+
+
+def _cached_maps(key, tag, p, st, q_dims, kv_dims, kv_rows):
+    """The TmaMaps under key, encoded on a miss: Q boxes of BM rows, K and V of kv_rows; strides st per
+    tensor (row, head, batch-or-page)."""
     m = _MAPS.get(key)
     if m is not None:
         return m
-    q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
-    k = _encode(tag, p.k, (d, p.seq_kv, hkv, b), (st[1][2], st[1][1], st[1][0]), bn)
-    v = _encode(tag, p.v, (d, p.seq_kv, hkv, b), (st[2][2], st[2][1], st[2][0]), bn)
+    q = _encode(tag, p.q, q_dims, (st[0][2], st[0][1], st[0][0]), BM)
+    k = _encode(tag, p.k, kv_dims, (st[1][2], st[1][1], st[1][0]), kv_rows)
+    v = _encode(tag, p.v, kv_dims, (st[2][2], st[2][1], st[2][0]), kv_rows)
     m = TmaMaps()
     ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
     if len(_MAPS) >= _MAPS_LIMIT:
@@ -244,19 +250,8 @@ def paged_maps(tag, d, p, pages):
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
     key = ("paged", tag, d, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.page_size, pages, tuple(map(tuple, st)))
-    m = _MAPS.get(key)
-    if m is not None:
-        return m
-    q = _encode(tag, p.q, (d, p.seq_q, hq, b), (st[0][2], st[0][1], st[0][0]), BM)
     box = min(p.page_size, BN[d])  # (a smaller page: one box a page, load_paged)
-    k = _encode(tag, p.k, (d, p.page_size, hkv, pages), (st[1][2], st[1][1], st[1][0]), box)
-    v = _encode(tag, p.v, (d, p.page_size, hkv, pages), (st[2][2], st[2][1], st[2][0]), box)
-    m = TmaMaps()
-    ctypes.memmove(ctypes.addressof(m), q + k + v, 384)
-    if len(_MAPS) >= _MAPS_LIMIT:
-        _MAPS.clear()
-    _MAPS[key] = m
-    return m
+    return _cached_maps(key, tag, p, st, (d, p.seq_q, hq, b), (d, p.page_size, hkv, pages), box)
 
 
 LAST_PAGED = None  # (tests: "tma" or "cp.async", the producer the last paged launch used)
