@@ -68,6 +68,11 @@ def _err_name(d, err):
     return f"{name} ({text})" if text and text != name else name
 
 
+def raise_status(err, what="cuLaunchKernel"):
+    """Raise for a nonzero CUresult status `err` (an int) that a compiled launch returned, as check does."""
+    check((_driver().CUresult(err),), what)
+
+
 def check(result, what):
     """Unpack a cuda.bindings result tuple; raise EXECUTION_FAILED_CUDA_DRIVER naming the call."""
     err = result[0]
@@ -370,7 +375,7 @@ def launch_args(func, grid, block, smem, stream, args):
         if f >= 0 and s >= 0:
             err = _fast(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, s, args[1])
             if err:
-                check((_drv.CUresult(err),), "cuLaunchKernel")
+                raise_status(err)
             return
     err = _drv.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
                               stream, args[1], 0)[0]

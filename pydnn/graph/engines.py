@@ -166,7 +166,7 @@ class PwStep:
         if c and driver._drv is driver._fast_drv and driver.launch_args is _LAUNCH_ARGS and not driver._recorders:
             err = _PATCH[0](c, handle.stream, ptr, self.uids)
             if err:
-                driver.check((driver._drv.CUresult(err),), "cuLaunchKernel")
+                driver.raise_status(err)
             return
         p = self.params
         pp = p.ptr

@@ -235,12 +235,6 @@ def _crec(pr):
     return pr.crec
 
 
-def launch_failed(err):
-    """Raise the driver's error for a failed compiled launch (status `err`)."""
-    d = driver._driver()
-    driver.check((d.CUresult(err),), "cuLaunchKernel")
-
-
 def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
     """Patch pointers and scalars into a prepared launch and enqueue it (one compiled call where the
     launch helper is available and the driver's launch is not replaced or recording)."""
@@ -252,7 +246,7 @@ def run_map(handle, pr, out_ptr, in_ptrs, alpha, beta, alpha2=0.0):
         err = _fast_launch(c, handle.stream, out_ptr, in_ptrs[0] if n else 0, in_ptrs[1] if n > 1 else 0,
                               in_ptrs[2] if n > 2 else 0, alpha, alpha2, beta, n)
         if err:
-            launch_failed(err)
+            driver.raise_status(err)
         return
     n = len(in_ptrs)
     if n == 1:

@@ -92,9 +92,7 @@ class Plan:
                 and not driver._recorders:
             err, i = fastcall.items_launcher()(c[0], c[1], handle.stream)
             if err:
-                d = driver._driver()
-                what = "cuLaunchKernel" if self.items[i][0] == "k" else "cuMemcpyDtoDAsync"
-                driver.check((d.CUresult(err),), what)
+                driver.raise_status(err, "cuLaunchKernel" if self.items[i][0] == "k" else "cuMemcpyDtoDAsync")
             return
         stream = handle.cu_stream
         la, cp = driver.launch_args, driver.memcpy_dtod_async

@@ -232,7 +232,7 @@ def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, 
     if c and ew.driver.launch_args is ew._LAUNCH_ARGS and not ew.driver._recorders:
         err = ew._fast_launch(c, handle.stream, yp, xp, 0, 0, al, _UNUSED_ALPHA2, be, 1)
         if err:
-            ew.launch_failed(err)
+            ew.driver.raise_status(err)
     else:
         ew.run_map(handle, rec, yp, (xp,), al, be, _UNUSED_ALPHA2)
         if rec.crec and not _entry_tried:
