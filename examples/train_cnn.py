@@ -14,6 +14,7 @@ it in the same autograd node; --no-fuse keeps them apart).
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -82,34 +83,44 @@ def graphed(model, sample, channels_last):
         return torch.cuda.make_graphed_callables(model, (sample.clone(),))
 
 
-def graphed_step(model, opt, x0, y0, undo=True):
+def graphed_step(model, opt, x0, y0, undo=True, with_opt=True):
     """EXPERIMENTAL, NOT OFFERED BY THE DEMO: it diverges. On the H200 (session 29, tools/profile_torch_step.py
     --graph-check 30, both backends) the first two replays give the eager step's losses (2.3940, 7.7575) and the
     third 531.8 where the eager capturable step gives 12.01 (NaN from the sixth); without the warm-up's undo
     (undo=False, PyTorch's recipe as it is) the same from the third replay on. Cause not found (the eager step with
     the same capturable AdamW and tensor learning rate trains normally); three replays on random data match
     the eager steps (tests/torch/test_torch_demos_gpu.py), so the fault needs the digits' large early gradients
-    to show.
+    to show. tools/profile_torch_step.py --graph-diag N compares each replay with the eager step from the same
+    state (gradients, moments, weights) per optimizer variant.
 
-    The whole training step (forward, loss, backward, AdamW) as one CUDA graph, PyTorch's whole-network
-    capture: `opt` must be capturable with tensor learning rates (a scheduler fills them in place). Three
-    warm-up steps run first on a side stream with the learning rates at 0; the weights, batch-norm statistics
-    and the optimizer's moments and step counts are then put back in place (the graph holds their addresses),
-    so training starts from the same state as the eager run. Returns step(xb, yb) -> loss: the batch copied
-    into the graph's static inputs, one replay."""
+    The whole training step (forward, loss, backward, the optimizer) as one CUDA graph, PyTorch's whole-network
+    capture: `opt` must be capturable; tensor learning rates are read by the graph (a scheduler fills them in
+    place), float ones are baked in at capture. Three warm-up steps run first on a side stream with the learning
+    rates at 0; the weights, batch-norm statistics and the optimizer's state are then put back in place (the
+    graph holds their addresses), so training starts from the same state as the eager run. with_opt=False:
+    forward, loss and backward only (the caller steps the optimizer after each replay). Returns step(xb, yb) ->
+    loss: the batch copied into the graph's static inputs, one replay."""
     static_x, static_y = x0.clone(), y0.clone()
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    lrs = [float(g["lr"]) for g in opt.param_groups]
-    for g in opt.param_groups:
-        g["lr"].fill_(0.0 if undo else lrs[0])
+    lrs = [g["lr"] for g in opt.param_groups]
+    lr_vals = [float(v) for v in lrs]
+
+    def set_lrs(vals):
+        for g, v in zip(opt.param_groups, vals):
+            if torch.is_tensor(g["lr"]):
+                g["lr"].fill_(v)
+            else:
+                g["lr"] = v
 
     def fwd_bwd():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
             loss = F.cross_entropy(model(static_x), static_y)
         loss.backward()
-        opt.step()
+        if with_opt:
+            opt.step()
         return loss
 
+    set_lrs([0.0 if undo else v for v in lr_vals])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -117,20 +128,19 @@ def graphed_step(model, opt, x0, y0, undo=True):
             opt.zero_grad(set_to_none=True)
             fwd_bwd()
     torch.cuda.current_stream().wait_stream(side)
+    set_lrs(lr_vals)  # (before the capture: a float learning rate is baked into the captured kernels)
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients from its pool
     with torch.cuda.graph(graph):
         static_loss = fwd_bwd()
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if undo:
+    if undo:
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
                 v.copy_(saved[k])
-        for st in opt.state.values():
-            for t in st.values():
-                if torch.is_tensor(t) and undo:
-                    t.zero_()
-    for g, lr in zip(opt.param_groups, lrs):
-        g["lr"].fill_(lr)
+            for st in opt.state.values():
+                for t in st.values():
+                    if torch.is_tensor(t):
+                        t.zero_()
 
     def step(xb, yb):
         static_x.copy_(xb)
@@ -157,6 +167,7 @@ def run(backend, args, dist, data, init_state):
     g = torch.Generator(device="cpu").manual_seed(args.seed)  # the same data order for both backends
     timer = StepTimer(dist.device)
     hist = {"loss": [], "test_loss": [], "acc": []}
+    eval_ms = []  # wall ms of each evaluation after the first epoch's (inside the mean step's window)
 
     def step(xb, yb, schedule=True):
         with torch.autocast(dist.device.type, dtype=torch.bfloat16):
@@ -182,7 +193,10 @@ def run(backend, args, dist, data, init_state):
             timer.stop()
             progress(i, steps_per_epoch, f"{backend} epoch {epoch + 1}", enabled=dist.main)
         train_loss = dist.all_mean(torch.stack(losses).mean().item())
-        test_loss, acc = evaluate(model, xte, yte)
+        t_eval = time.perf_counter()
+        test_loss, acc = evaluate(model, xte, yte)  # (ends in .item(): synchronised)
+        if epoch:
+            eval_ms.append((time.perf_counter() - t_eval) * 1e3)
         hist["loss"].append(train_loss), hist["test_loss"].append(test_loss), hist["acc"].append(acc)
         dist.print(f"{backend:5s} epoch {epoch + 1:3d}/{args.epochs}: train loss {train_loss:.4f}  "
                    f"test loss {test_loss:.4f}  test accuracy {acc:6.2f}%")
@@ -191,6 +205,7 @@ def run(backend, args, dist, data, init_state):
     if args.profile:
         xb, yb = xtr[:per_rank], ytr[:per_rank]
         idle, _ = gpu_idle_share(lambda: step(xb, yb, schedule=False))
+    hist["eval_ms"] = sorted(eval_ms)[len(eval_ms) // 2] if eval_ms else float("nan")
     return hist, gpu_ms, wall_ms, idle
 
 
@@ -236,19 +251,22 @@ def main():
         import pydnn.torch
         if pydnn.torch.fallbacks and dist.main:
             print("pydnn.torch fell back to PyTorch for:", pydnn.torch.fallback_report())
-    dist.print("\nbackend  final test acc  step (median)  step (mean, gaps incl.)  GPU idle")
+    dist.print("\nbackend  final test acc  step (median)  step (mean, gaps incl.)  evaluation (median)  GPU idle")
     for b, (hist, gpu_ms, wall_ms, idle) in results.items():
-        dist.print(f"{b:7s}  {hist['acc'][-1]:12.2f}%  {gpu_ms:15.3f} ms  {wall_ms:14.3f} ms  "
-                   f"{'%.1f%%' % (100 * idle) if idle == idle else '-':>8s}")
+        dist.print(f"{b:7s}  {hist['acc'][-1]:12.2f}%  {gpu_ms:10.3f} ms  {wall_ms:18.3f} ms  "
+                   f"{hist['eval_ms']:16.3f} ms  {'%.1f%%' % (100 * idle) if idle == idle else '-':>8s}")
     if len(results) == 2:
         (p, t) = results["pydnn"], results["torch"]
-        dist.print(f"pydnn / PyTorch step time: {p[2] / t[2]:.3f}x (wall), accuracy difference "
-                   f"{p[0]['acc'][-1] - t[0]['acc'][-1]:+.2f} points")
+        # the step time: the median of the steps' CUDA-event times; the mean from the first timed step's start
+        # to the last one's end also holds the host's work between steps and each epoch's evaluation
+        dist.print(f"pydnn / PyTorch step time: {p[1] / t[1]:.3f}x (median); {p[2] / t[2]:.3f}x (mean, gaps and "
+                   f"evaluations incl.); accuracy difference {p[0]['acc'][-1] - t[0]['acc'][-1]:+.2f} points")
     if args.json and dist.main:
         import json
         with open(args.json, "w") as fh:
             json.dump({b: dict(final_accuracy=h["acc"][-1], final_train_loss=h["loss"][-1], step_ms=g,
-                               mean_step_ms=w, gpu_idle=None if i != i else i, world=dist.world, curve=h)
+                               mean_step_ms=w, eval_ms=h["eval_ms"], gpu_idle=None if i != i else i,
+                               world=dist.world, curve=h)
                        for b, (h, g, w, i) in results.items()}, fh, indent=1)
     if args.plot and dist.main:
         try:
