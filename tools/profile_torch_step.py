@@ -508,8 +508,9 @@ def graph_diag(dev, backends, batch, n):
     variant, model A trains by graph replays and its twin B eagerly; before each step B is given A's exact state
     (weights, batch-norm statistics, optimizer moments and step counts), so every step is compared from the same
     state: the loss, the gradients, the optimizer's moments and the weights after the step (max-norm relative
-    differences; the worst parameter named). Variants: capturable AdamW (foreach, the demo's), capturable fused
-    AdamW, SGD with momentum, and 'fwdbwd' (only forward + backward in the graph, AdamW eager after the replay)."""
+    differences; the worst parameter named). Variants: capturable AdamW (foreach, the demo's), the same on one
+    batch every step (adamw_same: the static input's contents never change), capturable fused AdamW, SGD with
+    momentum, and 'fwdbwd' (only forward + backward in the graph, AdamW eager after the replay)."""
     xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = []
@@ -517,7 +518,7 @@ def graph_diag(dev, backends, batch, n):
         idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
         batches.append((xtr[idx].contiguous(), ytr[idx]))
     for backend in backends:
-        for var in ("adamw", "adamw_fused", "sgd", "fwdbwd"):
+        for var in ("adamw", "adamw_same", "adamw_fused", "sgd", "fwdbwd"):
             torch.manual_seed(0)
             init = train_cnn.build("torch").state_dict()
             models = []
@@ -526,7 +527,7 @@ def graph_diag(dev, backends, batch, n):
                 m.load_state_dict(init)
                 models.append(m)
             a, b = models
-            kind = "adamw" if var == "fwdbwd" else var
+            kind = "adamw" if var in ("fwdbwd", "adamw_same") else var
             oa, ob = _opt_for(kind, a.parameters(), dev.device), _opt_for(kind, b.parameters(), dev.device)
             try:
                 if var == "fwdbwd":
@@ -539,7 +540,7 @@ def graph_diag(dev, backends, batch, n):
             pa, pb = list(a.parameters()), list(b.parameters())
             names = [k for k, _ in a.named_parameters()]
             for k in range(n):
-                xb, yb = batches[k % len(batches)]
+                xb, yb = batches[0 if var == "adamw_same" else k % len(batches)]
                 with torch.no_grad():  # B from A's exact state
                     for ta, tb in zip(a.state_dict().values(), b.state_dict().values()):
                         tb.copy_(ta)

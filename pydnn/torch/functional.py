@@ -736,11 +736,11 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
     """The record of a conv + batch norm (training) call, or False where the fused path does not apply (the
     caller then runs conv() and batch_norm(), each with its own checks and fallbacks)."""
     dt = x.dtype
-    if not (x.is_cuda and dt in C.DTYPES and dt is not torch.float64 and x.dim() == 4 and x.numel()
-            and weight.is_cuda and weight.is_floating_point() and weight.dim() == 4
-            and (bias is None or (bias.is_cuda and bias.is_floating_point())) and dense(x) is x):
+    if not (C.on_cuda(x, weight, bias) and dt in C.DTYPES and dt is not torch.float64 and x.dim() == 4
+            and x.numel() and weight.is_floating_point() and weight.dim() == 4
+            and (bias is None or bias.is_floating_point()) and dense(x) is x):
         return False
-    if not _bn_params_ok(torch.float32, bn_params) or x.shape[0] < 2:
+    if not _bn_params_ok(torch.float32, bn_params):
         return False
     if any(t is not None and t.shape != (weight.shape[0],) for t in bn_params):
         return False  # (the calls in sequence raise PyTorch's error)
@@ -750,6 +750,8 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
         wc = torch.empty_like(weight, dtype=dt)  # the layout weight.to(dt) gives (preserve_format)
         r.conv = _conv_rec(x, wc, spec, None)
         y = _output_like(x, r.conv.pl.y_shape)
+        if y.numel() <= y.shape[1]:
+            return False  # one value per channel: batch_norm's own path raises PyTorch's error
         r.bn = _bn_rec(C.handle_for(x.device), y, True, relu)
         if pool is not None:
             r.bn.pool = _bn_pool_rec(y, r.bn, pool)
@@ -810,7 +812,7 @@ def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_
     autocast dtype, the batch norm in its input's)."""
     if training and tuning.torch.FUSE_BLOCK and running_mean is not None and running_var is not None:
         ac = C.autocast_dtype()
-        if ac is not None and x.is_cuda:
+        if ac is not None and C.on_cuda(x):
             x = C.cast(x, ac)
         key = ("conv_bn", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
                None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
@@ -1738,8 +1740,8 @@ def linear(x, weight, bias=None):
     fold = None  # the dtype the Function casts the parameters to (tuning.torch.FOLD_CASTS)
     if ac is not None and C.on_cuda(x):
         x = C.cast(x, ac)
-        if (sw.FOLD_CASTS and weight.is_cuda and weight.dtype in C.DTYPES and weight.dtype is not ac
-                and (bias is None or (bias.is_cuda and bias.dtype in C.DTYPES))):
+        if (sw.FOLD_CASTS and weight.dtype in C.DTYPES and weight.dtype is not ac
+                and (bias is None or bias.dtype in C.DTYPES) and C.on_cuda(weight, bias)):
             fold = ac
         else:
             weight, bias = C.cast(weight, ac), C.cast(bias, ac)
