@@ -8,8 +8,12 @@ PyTorch (cuDNN): loss and test accuracy per epoch, step times side by side, curv
 
 The model is the seed's CNN (conv 3->64, conv 64->128, 3x3 pad 1, ReLU, 2x2 max pool after each, a linear
 classifier) with batch norm after each convolution, built from PyTorch's modules; the pydnn run converts it
-with pydnn.torch.convert(model, fuse=True) (each batch norm + ReLU one fused pydnn call, and the max pool after
-it in the same autograd node; --no-fuse keeps them apart).
+with pydnn.torch.convert(model, fuse=True): each batch norm + ReLU one fused pydnn call, and each block (conv,
+batch norm, ReLU, max pool) one autograd node in training, the float32 weights cast to bf16 inside it
+(tuning.torch.FUSE_BLOCK, FOLD_CASTS); --no-fuse keeps them apart.
+
+Both backends run eagerly by default (the step times printed are those of the eager steps); --cuda-graph
+replays each backend's forward and backward as CUDA graphs (the optimizer eager), for both backends alike.
 """
 import argparse
 import os
@@ -28,7 +32,8 @@ from _common import Dist, StepTimer, gpu_idle_share, progress  # noqa: E402
 def build(backend, fuse=True):
     """The model in PyTorch's modules; for pydnn, the same converted by pydnn.torch.convert (and, with fuse,
     each batch norm's ReLU fused into it: BatchNormalizationForwardTrainingEx's BN_ACTIVATION; the max pool
-    after it run in the batch norm's autograd Function, tuning.torch.FUSE_POOL)."""
+    after it run in the batch norm's autograd Function, tuning.torch.FUSE_POOL; the batch norm in the
+    convolution's, tuning.torch.FUSE_BLOCK)."""
     model = _build()
     if backend == "pydnn":
         import pydnn.torch
