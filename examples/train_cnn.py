@@ -89,14 +89,13 @@ def graphed(model, sample, channels_last):
 
 
 def graphed_step(model, opt, x0, y0, undo=True, with_opt=True):
-    """EXPERIMENTAL, NOT OFFERED BY THE DEMO: it diverges. On the H200 (session 29, tools/profile_torch_step.py
-    --graph-check 30, both backends) the first two replays give the eager step's losses (2.3940, 7.7575) and the
-    third 531.8 where the eager capturable step gives 12.01 (NaN from the sixth); without the warm-up's undo
-    (undo=False, PyTorch's recipe as it is) the same from the third replay on. Cause not found (the eager step with
-    the same capturable AdamW and tensor learning rate trains normally); three replays on random data match
-    the eager steps (tests/torch/test_torch_demos_gpu.py), so the fault needs the digits' large early gradients
-    to show. tools/profile_torch_step.py --graph-diag N compares each replay with the eager step from the same
-    state (gradients, moments, weights) per optimizer variant.
+    """--cuda-graph step. History: in session 29 (tools/profile_torch_step.py --graph-check 30, both backends)
+    the third replay of the version before gave 531.8 where the eager capturable step gives 12.01. In session 30
+    (H200, --graph-diag 3: each replay against the eager step from the same state) every replay equalled the
+    eager step exactly -- loss, gradients, AdamW moments, step counts and weights -- for capturable foreach and
+    fused AdamW, SGD, and the forward-backward-only graph, on both backends (tools/PERF.md, "Session 30: cnn").
+    This version differs from session 29's in restoring the learning rates before the capture instead of after;
+    whether that was the cause is not established.
 
     The whole training step (forward, loss, backward, the optimizer) as one CUDA graph, PyTorch's whole-network
     capture: `opt` must be capturable; tensor learning rates are read by the graph (a scheduler fills them in
@@ -156,6 +155,9 @@ def graphed_step(model, opt, x0, y0, undo=True, with_opt=True):
 
 
 def run(backend, args, dist, data, init_state):
+    """One backend's training, a generator: it yields after each epoch (main() interleaves the backends'
+    epochs, so a shared host's changing load falls on both alike) and returns (history, median step ms, mean
+    step ms, GPU idle share)."""
     xtr, ytr, xte, yte = data
     torch.manual_seed(args.seed)
     model = build(backend, fuse=not args.no_fuse).to(dist.device)
@@ -163,23 +165,39 @@ def run(backend, args, dist, data, init_state):
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
     ddp = dist.wrap(model)
-    if args.cuda_graph:
+    whole = args.cuda_graph == "step"
+    if args.cuda_graph == "model":
         ddp = graphed(model, xtr[:args.batch_size // dist.world], args.channels_last)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     steps_per_epoch = len(ytr) // args.batch_size
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=args.epochs * steps_per_epoch)
+    if whole:  # the optimizer inside the graph: capturable, its learning rate a tensor the scheduler fills
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=dist.device), weight_decay=0.05,
+                                capturable=True)
+        # (beta1 is baked into the captured step: the one-cycle schedule's momentum cycling is off)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=args.epochs * steps_per_epoch,
+                                                    cycle_momentum=False)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=args.epochs * steps_per_epoch)
     per_rank = args.batch_size // dist.world
     g = torch.Generator(device="cpu").manual_seed(args.seed)  # the same data order for both backends
     timer = StepTimer(dist.device)
     hist = {"loss": [], "test_loss": [], "acc": []}
-    eval_ms = []  # wall ms of each evaluation after the first epoch's (inside the mean step's window)
+    eval_ms = []  # wall ms of each evaluation after the first epoch's
+
+    replay = None
+    if whole:
+        x0 = xtr[:per_rank].contiguous(memory_format=torch.channels_last) if args.channels_last else xtr[:per_rank]
+        replay = graphed_step(model, opt, x0, ytr[:per_rank])
 
     def step(xb, yb, schedule=True):
-        with torch.autocast(dist.device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(ddp(xb), yb)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if replay is not None:  # --cuda-graph step: the whole step one replay
+            loss = replay(xb, yb)
+        else:
+            with torch.autocast(dist.device.type, dtype=torch.bfloat16):
+                loss = F.cross_entropy(ddp(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         if schedule:
             sched.step()
         return loss
@@ -193,7 +211,7 @@ def run(backend, args, dist, data, init_state):
             xb, yb = xtr[idx], ytr[idx]
             if args.channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
-            timer.start()
+            timer.start(epoch)  # (the mean step: each epoch's window, gaps between its steps included)
             losses.append(step(xb, yb).detach())
             timer.stop()
             progress(i, steps_per_epoch, f"{backend} epoch {epoch + 1}", enabled=dist.main)
@@ -205,6 +223,7 @@ def run(backend, args, dist, data, init_state):
         hist["loss"].append(train_loss), hist["test_loss"].append(test_loss), hist["acc"].append(acc)
         dist.print(f"{backend:5s} epoch {epoch + 1:3d}/{args.epochs}: train loss {train_loss:.4f}  "
                    f"test loss {test_loss:.4f}  test accuracy {acc:6.2f}%")
+        yield
     gpu_ms, wall_ms = timer.results(skip=min(steps_per_epoch, len(timer.events) // 2))
     idle = float("nan")
     if args.profile:
@@ -226,10 +245,11 @@ def main():
     ap.add_argument("--benchmark", action="store_true",
                     help="pydnn.torch.benchmark / torch.backends.cudnn.benchmark: pick convolutions by Find")
     ap.add_argument("--profile", action="store_true", help="measure the GPU-idle share of a step (profiler)")
-    ap.add_argument("--cuda-graph", nargs="?", const="model", default="", choices=["model"],
-                    help="one GPU, both backends: the forward and backward replayed as CUDA graphs (no per-layer "
-                         "host cost; the optimizer stays eager). (The whole step as one graph, graphed_step, "
-                         "diverges: not offered)")
+    ap.add_argument("--cuda-graph", nargs="?", const="model", default="", choices=["model", "step"],
+                    help="one GPU, both backends alike: 'model' (the default of the flag): the forward and backward "
+                         "replayed as CUDA graphs (torch.cuda.make_graphed_callables; the optimizer stays eager); "
+                         "'step': the whole step (forward, loss, backward, a capturable AdamW) one graph "
+                         "(graphed_step; the one-cycle schedule without its momentum cycling)")
     ap.add_argument("--plot", default="train_cnn.png", help="PNG of the curves (needs matplotlib; '' for none)")
     ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops)")
     ap.add_argument("--json", default="", help="write the results (per backend) to this JSON file")
@@ -249,9 +269,17 @@ def main():
                f"{args.batch_size} over {dist.world} GPU(s); bf16 autocast")
     torch.manual_seed(args.seed)
     init_state = build("torch").state_dict()  # one initialisation for both backends
-    results = {}
+    results, runs = {}, {}
     for backend in (["pydnn", "torch"] if args.backend == "both" else [args.backend]):
-        results[backend] = run(backend, args, dist, data, init_state)
+        runs[backend] = run(backend, args, dist, data, init_state)
+    while runs:  # the backends' epochs interleaved: pydnn's first, PyTorch's first, pydnn's second, ...
+        for backend in list(runs):
+            try:
+                next(runs[backend])
+            except StopIteration as done:
+                results[backend] = done.value
+                del runs[backend]
+    results = {b: results[b] for b in ("pydnn", "torch") if b in results}
     if args.backend in ("both", "pydnn"):
         import pydnn.torch
         if pydnn.torch.fallbacks and dist.main:
@@ -262,10 +290,10 @@ def main():
                    f"{hist['eval_ms']:16.3f} ms  {'%.1f%%' % (100 * idle) if idle == idle else '-':>8s}")
     if len(results) == 2:
         (p, t) = results["pydnn"], results["torch"]
-        # the step time: the median of the steps' CUDA-event times; the mean from the first timed step's start
-        # to the last one's end also holds the host's work between steps and each epoch's evaluation
-        dist.print(f"pydnn / PyTorch step time: {p[1] / t[1]:.3f}x (median); {p[2] / t[2]:.3f}x (mean, gaps and "
-                   f"evaluations incl.); accuracy difference {p[0]['acc'][-1] - t[0]['acc'][-1]:+.2f} points")
+        # the step time: the median of the steps' CUDA-event times; the mean over each epoch's window (its
+        # first step's start to its last one's end) also holds the host's work between the steps
+        dist.print(f"pydnn / PyTorch step time: {p[1] / t[1]:.3f}x (median); {p[2] / t[2]:.3f}x (mean, gaps incl.); "
+                   f"accuracy difference {p[0]['acc'][-1] - t[0]['acc'][-1]:+.2f} points")
     if args.json and dist.main:
         import json
         with open(args.json, "w") as fh:

