@@ -186,6 +186,14 @@ def run(backend, args, dist, data, init_state):
 
     replay = None
     if whole:
+        lr_t = torch.tensor(0.0, device=dist.device)
+
+        def keep_lr_tensors():  # the graph reads each group's lr tensor: a scheduler that assigns floats
+            for grp in opt.param_groups:  # (older PyTorch) has its value copied into the tensor instead
+                if not torch.is_tensor(grp["lr"]):
+                    lr_t.fill_(grp["lr"])
+                    grp["lr"] = lr_t
+        keep_lr_tensors()
         x0 = xtr[:per_rank].contiguous(memory_format=torch.channels_last) if args.channels_last else xtr[:per_rank]
         replay = graphed_step(model, opt, x0, ytr[:per_rank])
 
@@ -200,6 +208,8 @@ def run(backend, args, dist, data, init_state):
             opt.step()
         if schedule:
             sched.step()
+            if replay is not None:
+                keep_lr_tensors()
         return loss
 
     for epoch in range(args.epochs):
