@@ -175,3 +175,34 @@ def test_step_python_work(emulated, monkeypatch):
     assert nodes[True] == nodes[False] - 8, nodes
     assert b_on <= b_off - 12 and py_on <= py_off - 30 and c_on < c_off, work
     assert b_on <= 85 and py_on <= 280, work  # the fused path's own budget (measured + ~10%)
+
+
+@pytest.mark.parametrize("variant", ["channels_last", "no_bias_no_affine", "momentum_none", "stride2"])
+def test_fused_block_variants(emulated, variant):
+    """The fused path on other configurations of the pair: channels_last input, a convolution without bias and
+    a batch norm without affine parameters, cumulative averages (momentum None), a strided convolution."""
+    conv_kw, bn_kw = {"padding": 1}, {}
+    if variant == "no_bias_no_affine":
+        conv_kw["bias"], bn_kw["affine"] = False, False
+    if variant == "momentum_none":
+        bn_kw["momentum"] = None
+    if variant == "stride2":
+        conv_kw["stride"] = 2
+
+    def build():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, **conv_kw), nn.BatchNorm2d(8, **bn_kw), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(8 * (16 if variant == "stride2" else 64), 5))
+    torch.manual_seed(11)
+    ref = build()
+    mine = build()
+    mine.load_state_dict(ref.state_dict())
+    assert ("0", "1") in pt.convert(mine, fuse=True).fused
+    for _ in range(2):
+        mine.zero_grad(), ref.zero_grad()
+        x = torch.randn(3, 3, 8, 8)
+        if variant == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = check(mine, ref, x)
+        assert "ConvBatchNormFunctionBackward" in _nodes(y)
+    for (n, a), b in zip(mine.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b, msg=n)
