@@ -736,11 +736,11 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
     """The record of a conv + batch norm (training) call, or False where the fused path does not apply (the
     caller then runs conv() and batch_norm(), each with its own checks and fallbacks)."""
     dt = x.dtype
-    if not (C.on_cuda(x, weight, bias) and dt in C.DTYPES and dt is not torch.float64 and x.dim() == 4
-            and x.numel() and weight.is_floating_point() and weight.dim() == 4
+    if not (C.on_cuda(x, weight, bias) and dt in C.DTYPES and x.dim() == 4 and x.numel()
+            and weight.is_floating_point() and weight.dim() == 4
             and (bias is None or bias.is_floating_point()) and dense(x) is x):
         return False
-    if not _bn_params_ok(torch.float32, bn_params):
+    if not _bn_params_ok(torch.float64 if dt == torch.float64 else torch.float32, bn_params):
         return False
     if any(t is not None and t.shape != (weight.shape[0],) for t in bn_params):
         return False  # (the calls in sequence raise PyTorch's error)
@@ -832,7 +832,7 @@ def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_
                     rec = False
             if tuning.torch.FAST_CALLS:
                 _recs[key] = rec
-        if rec and _bn_params_ok(torch.float32, (bn_weight, bn_bias, running_mean, running_var)):
+        if rec and _bn_params_ok(rec.bn.pdt, (bn_weight, bn_bias, running_mean, running_var)):
             try:
                 return _block_apply(x, weight, bias, bn_weight, bn_bias, running_mean, running_var,
                                     float(momentum), float(eps), rec)

@@ -206,3 +206,15 @@ def test_fused_block_variants(emulated, variant):
         assert "ConvBatchNormFunctionBackward" in _nodes(y)
     for (n, a), b in zip(mine.named_buffers(), ref.buffers()):
         torch.testing.assert_close(a, b, msg=n)
+
+
+def test_fused_block_float64(emulated):
+    """float64 (the GPU gradcheck's dtype) through the fused path (the two blocks; pydnn's Linear has no
+    float64)."""
+    torch.manual_seed(4)
+    ref = _model()[:8].double()
+    mine = _model()[:8].double()
+    mine.load_state_dict(ref.state_dict())
+    pt.convert(mine, fuse=True)
+    y = check(mine, ref, torch.randn(4, 3, 8, 8, dtype=torch.float64), atol=1e-9, rtol=1e-9)
+    assert _nodes(y).count("ConvBatchNormFunctionBackward") == 2

@@ -158,3 +158,26 @@ def test_fused_block_under_cuda_graph_capture():
     close(out, want, torch.bfloat16, "graphed logits", tol=2e-2)
     for (n, a), b in zip(m.named_parameters(), e.parameters()):
         close(a.grad, b.grad, torch.bfloat16, f"graphed d{n}", tol=2e-2)
+
+
+def test_conv_batch_norm_gradcheck_float64():
+    """pydnn.torch.functional.conv_batch_norm (conv + bias + batch norm + ReLU + max pool, one Function) in
+    float64: autograd's gradcheck (running statistics on: each evaluation moves them; the output does not
+    read them in training)."""
+    from pydnn.torch import functional as PF
+    dev = "cuda"
+    torch.manual_seed(6)
+    x = torch.randn(3, 2, 6, 6, device=dev, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 2, 3, 3, device=dev, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, device=dev, dtype=torch.float64, requires_grad=True)
+    g = torch.rand(4, device=dev, dtype=torch.float64, requires_grad=True) + 0.5
+    beta = torch.randn(4, device=dev, dtype=torch.float64, requires_grad=True)
+    rm, rv = torch.zeros(4, device=dev, dtype=torch.float64), torch.ones(4, device=dev, dtype=torch.float64)
+
+    def f(x, w, b, g, beta):
+        return PF.conv_batch_norm(x, w, b, 1, 1, 1, 1, rm, rv, g, beta, True, 0.1, 1e-5, "relu", (2, 2, 0))
+
+    with tuning.override({"torch.FUSE_BLOCK": True}), pydnn_runs():
+        y = f(x, w, b, g, beta)
+        assert type(y.grad_fn).__name__ == "ConvBatchNormFunctionBackward"
+        assert torch.autograd.gradcheck(f, (x, w, b, g, beta))
