@@ -471,14 +471,30 @@ def layer_times(model, step, n):
 def graph_check(dev, backends, batch, n):
     """The CNN demo's step n times: eager with the plain AdamW, eager with the capturable AdamW (tensor
     learning rate), and replayed as train_cnn.graphed_step, all from the same initialisation on the same
-    batches; every step's loss printed (where a NaN first shows)."""
+    batches; every step's loss printed (where a NaN first shows). The graph modes differ in what happens between
+    replays: 'graph' reads each loss at once (a sync, and the loss tensor freed before the next replay), 'graph
+    kept' keeps every loss tensor and reads them at the end (no sync between replays), 'graph kept+sync' keeps
+    them and synchronises after each replay. Session 30 (H200): 'graph' diverged from the third replay (531.8
+    where the eager step gives 12.01) while --graph-diag's replays (loss tensors kept across an eager twin's
+    step) and the demo's --cuda-graph step (losses kept in a list) did not: these modes tell the sync from the
+    loss tensor's freed block."""
     for backend in backends:
         rows = {}
-        for mode in ("eager", "eager capturable", "graph", "graph (no undo)"):
-            model, step, _ = cnn_setup(backend, dev, batch, False, "step" if mode == "graph" else
-                                       "step_keep" if mode == "graph (no undo)" else
+        for mode in ("eager", "eager capturable", "graph", "graph kept", "graph kept+sync", "graph (no undo)"):
+            model, step, _ = cnn_setup(backend, dev, batch, False, "step" if mode.startswith("graph") and
+                                       "undo" not in mode else "step_keep" if mode == "graph (no undo)" else
                                        ("capturable" if mode == "eager capturable" else ""))
-            rows[mode] = [float(step()) for _ in range(n)]
+            if mode == "graph kept":
+                outs = [step() for _ in range(n)]
+                rows[mode] = [float(t) for t in outs]
+            elif mode == "graph kept+sync":
+                outs = []
+                for _ in range(n):
+                    outs.append(step())
+                    torch.cuda.synchronize()
+                rows[mode] = [float(t) for t in outs]
+            else:
+                rows[mode] = [float(step()) for _ in range(n)]
             del model, step
         for mode, ls in rows.items():
             bad = next((i for i, v in enumerate(ls) if v != v), None)
