@@ -174,7 +174,9 @@ def test_step_python_work(emulated, monkeypatch):
     # and the six parameter casts' ToCopyBackward gone)
     assert nodes[True] == nodes[False] - 8, nodes
     assert b_on <= b_off - 12 and py_on <= py_off - 30 and c_on < c_off, work
-    assert b_on <= 85 and py_on <= 280, work  # the fused path's own budget (measured + ~10%)
+    # the fused path's own budget (measured + ~10%; the bridge's frames only: PyTorch's own Python frames in a
+    # step differ between its versions)
+    assert b_on <= 85, work
 
 
 @pytest.mark.parametrize("variant", ["channels_last", "no_bias_no_affine", "momentum_none", "stride2"])
