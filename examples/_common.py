@@ -86,22 +86,30 @@ class StepTimer:
     def _ms(a, b):
         return (b - a) * 1e3 if isinstance(a, float) else a.elapsed_time(b)
 
-    def start(self):
-        self.events.append([self._event(), None])
+    def start(self, group=None):
+        """group: steps of one group (an epoch) form one window of the mean (see results)."""
+        self.events.append([self._event(), None, group])
 
     def stop(self):
         self.events[-1][1] = self._event()
 
     def results(self, skip=0):
         """(median time per step in ms, mean time per step in ms from the first timed step's start to the
-        last one's end, gaps between steps included): on the GPU both from CUDA events."""
+        last one's end, gaps between steps included): on the GPU both from CUDA events. Steps started with
+        groups: the mean over each group's window (its first step's start to its last one's end) summed, so
+        what runs between groups (another run's steps, an evaluation) is not counted."""
         if self.cuda:
             torch.cuda.synchronize()
         ev = self.events[skip:]
         if not ev:
             return float("nan"), float("nan")
-        ms = sorted(self._ms(a, b) for a, b in ev)
-        return ms[len(ms) // 2], self._ms(ev[0][0], ev[-1][1]) / len(ev)
+        ms = sorted(self._ms(a, b) for a, b, _ in ev)
+        total, first = 0.0, 0
+        for i in range(1, len(ev) + 1):
+            if i == len(ev) or ev[i][2] is None or ev[i][2] != ev[first][2]:
+                total += self._ms(ev[first][0], ev[i - 1][1])
+                first = i
+        return ms[len(ms) // 2], total / len(ev)
 
 
 def gpu_idle_share(step_fn, steps=5):

@@ -665,6 +665,16 @@ torch = Switches(
                      "pooling_backward then the batch norm's): one node instead of two, without the pool module's "
                      "call, checks and Function entry (~30 us a block of host time on the 2-core dev CPU). False: "
                      "max_pool2d after the batch norm (eval mode always)"),
+    FUSE_BLOCK=(True, "a Conv2d that pydnn.torch.convert(fuse=True) found followed by a BatchNorm2d (its ReLU and "
+                      "max pool fused as above) runs conv + bias + batch norm [+ ReLU] [+ max pool] in one autograd "
+                      "Function in training (ConvBatchNormFunction; the batch norm module passes its input through), "
+                      "the convolution's float32 weight and bias cast to autocast's dtype inside it: one node and "
+                      "module call a block instead of two, and no autograd nodes for the two casts. False (or eval "
+                      "mode): the convolution, then the batch norm"),
+    FOLD_CASTS=(True, "under autocast, Linear's float32 weight and bias go into its autograd Function as they are "
+                      "and are cast to the autocast dtype there (their gradients cast back to float32 in its "
+                      "backward): the values autocast's own casts give, without an autograd node (ToCopyBackward) "
+                      "for each. False: autocast's casts before the Function"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "

@@ -471,20 +471,129 @@ def layer_times(model, step, n):
 def graph_check(dev, backends, batch, n):
     """The CNN demo's step n times: eager with the plain AdamW, eager with the capturable AdamW (tensor
     learning rate), and replayed as train_cnn.graphed_step, all from the same initialisation on the same
-    batches; every step's loss printed (where a NaN first shows)."""
+    batches; every step's loss printed (where a NaN first shows). The graph modes differ in what happens between
+    replays: 'graph' reads each loss at once (a sync, and the loss tensor freed before the next replay), 'graph
+    kept' keeps every loss tensor and reads them at the end (no sync between replays), 'graph kept+sync' keeps
+    them and synchronises after each replay. Session 30 (H200): 'graph' diverged from the third replay (531.8
+    where the eager step gives 12.01) while --graph-diag's replays (loss tensors kept across an eager twin's
+    step) and the demo's --cuda-graph step (losses kept in a list) did not: these modes tell the sync from the
+    loss tensor's freed block."""
     for backend in backends:
         rows = {}
-        for mode in ("eager", "eager capturable", "graph", "graph (no undo)"):
-            model, step, _ = cnn_setup(backend, dev, batch, False, "step" if mode == "graph" else
-                                       "step_keep" if mode == "graph (no undo)" else
+        for mode in ("eager", "eager capturable", "graph", "graph kept", "graph kept+sync", "graph (no undo)"):
+            model, step, _ = cnn_setup(backend, dev, batch, False, "step" if mode.startswith("graph") and
+                                       "undo" not in mode else "step_keep" if mode == "graph (no undo)" else
                                        ("capturable" if mode == "eager capturable" else ""))
-            rows[mode] = [float(step()) for _ in range(n)]
+            if mode == "graph kept":
+                outs = [step() for _ in range(n)]
+                rows[mode] = [float(t) for t in outs]
+            elif mode == "graph kept+sync":
+                outs = []
+                for _ in range(n):
+                    outs.append(step())
+                    torch.cuda.synchronize()
+                rows[mode] = [float(t) for t in outs]
+            else:
+                rows[mode] = [float(step()) for _ in range(n)]
             del model, step
         for mode, ls in rows.items():
             bad = next((i for i, v in enumerate(ls) if v != v), None)
             print(f"[graph_check/{backend}] {mode:17s} first NaN at step {bad}; losses "
                   + " ".join(f"{v:.4f}" for v in ls), flush=True)
 
+
+def _opt_for(kind, params, dev):
+    """The optimizer of a graph_diag variant (its eager twin gets the same kind)."""
+    lr = torch.tensor(3e-3, device=dev)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.05, capturable=True)
+    if kind == "adamw_fused":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.05, capturable=True, fused=True)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.02, momentum=0.9)
+    raise ValueError(kind)
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+def graph_diag(dev, backends, batch, n):
+    """Where a whole-step CUDA graph (train_cnn.graphed_step) departs from the eager step: for each optimizer
+    variant, model A trains by graph replays and its twin B eagerly; before each step B is given A's exact state
+    (weights, batch-norm statistics, optimizer moments and step counts), so every step is compared from the same
+    state: the loss, the gradients, the optimizer's moments and the weights after the step (max-norm relative
+    differences; the worst parameter named). Variants: capturable AdamW (foreach, the demo's), the same on one
+    batch every step (adamw_same: the static input's contents never change), capturable fused AdamW, SGD with
+    momentum, and 'fwdbwd' (only forward + backward in the graph, AdamW eager after the replay)."""
+    xtr, ytr, _, _ = train_cnn.load_digits(dev.device, 0)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    batches = []
+    for _ in range(4):
+        idx = torch.randperm(len(ytr), generator=g)[:batch].to(dev.device)
+        batches.append((xtr[idx].contiguous(), ytr[idx]))
+    for backend in backends:
+        for var in ("adamw", "adamw_same", "adamw_fused", "sgd", "fwdbwd"):
+            torch.manual_seed(0)
+            init = train_cnn.build("torch").state_dict()
+            models = []
+            for _ in range(2):
+                m = train_cnn.build(backend).to(dev.device)
+                m.load_state_dict(init)
+                models.append(m)
+            a, b = models
+            kind = "adamw" if var in ("fwdbwd", "adamw_same") else var
+            oa, ob = _opt_for(kind, a.parameters(), dev.device), _opt_for(kind, b.parameters(), dev.device)
+            try:
+                if var == "fwdbwd":
+                    replay = train_cnn.graphed_step(a, oa, *batches[0], with_opt=False)
+                else:
+                    replay = train_cnn.graphed_step(a, oa, *batches[0])
+            except Exception as e:  # noqa: BLE001 - reported, the next variant runs
+                print(f"[graph_diag/{backend}/{var}] capture failed: {type(e).__name__}: {e}", flush=True)
+                continue
+            pa, pb = list(a.parameters()), list(b.parameters())
+            names = [k for k, _ in a.named_parameters()]
+            for k in range(n):
+                xb, yb = batches[0 if var == "adamw_same" else k % len(batches)]
+                with torch.no_grad():  # B from A's exact state
+                    for ta, tb in zip(a.state_dict().values(), b.state_dict().values()):
+                        tb.copy_(ta)
+                    for p, q in zip(pa, pb):
+                        sa, sb = oa.state.get(p, {}), ob.state.get(q)
+                        if sb is not None:
+                            for key, t in sa.items():
+                                if torch.is_tensor(t):
+                                    sb[key].copy_(t)
+                        elif sa and any(torch.is_tensor(t) and t.abs().max() > 0 for t in sa.values()):
+                            ob.state[q] = {key: t.clone() for key, t in sa.items()}
+                la = replay(xb, yb)
+                if var == "fwdbwd":
+                    oa.step()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    lb = F.cross_entropy(b(xb), yb)
+                ob.zero_grad(set_to_none=True)
+                lb.backward()
+                ob.step()
+                torch.cuda.synchronize()
+                gd = max((_rel(p.grad, q.grad), nm) for p, q, nm in zip(pa, pb, names))
+                wd = max((_rel(p, q), nm) for p, q, nm in zip(pa, pb, names))
+                md = []
+                for key in ("exp_avg", "exp_avg_sq", "momentum_buffer", "step"):
+                    vals = [(_rel(oa.state[p][key], ob.state[q][key]), nm) for p, q, nm in zip(pa, pb, names)
+                            if key in oa.state.get(p, {}) and key in ob.state.get(q, {})]
+                    if vals:
+                        md.append(f"{key} {max(vals)[0]:.2e} ({max(vals)[1]})")
+                stp = ""
+                st0 = oa.state.get(pa[0], {}).get("step")
+                if torch.is_tensor(st0):
+                    stp = f" step A {float(st0):.0f} B {float(ob.state[pb[0]]['step']):.0f};"
+                print(f"[graph_diag/{backend}/{var}] step {k + 1}: loss A {float(la):.5f} B {float(lb):.5f};"
+                      f"{stp} grads {gd[0]:.2e} ({gd[1]}); weights after {wd[0]:.2e} ({wd[1]}); " + "; ".join(md),
+                      flush=True)
+            del a, b, models, oa, ob, replay
+            torch.cuda.synchronize()
 
 # ------------------------------------------------------------------------------------------ GPT ops
 def _events_ms(fn, reps):
@@ -864,6 +973,9 @@ def main():
     ap.add_argument("--ops-only", action="store_true", help="--ops and no demo steps")
     ap.add_argument("--prebuild-only", action="store_true",
                     help="compile the --demos' kernel units (and the fused MLP's generated GEMMs for gpt) and exit")
+    ap.add_argument("--graph-diag", type=int, default=0,
+                    help="CNN: N steps of the whole-step CUDA graph against the eager step from the same state each "
+                         "step (per optimizer variant: loss, gradients, moments, weights), where they part")
     ap.add_argument("--graph-check", type=int, default=0,
                     help="N: the CNN step N times eagerly (capturable AdamW, tensor learning rate) and as the whole-"
                          "step CUDA graph (train_cnn.graphed_step) from the same state, each step's loss printed")
@@ -888,6 +1000,8 @@ def main():
     dev = Dev()
     if args.graph_check:
         return graph_check(dev, args.backends.split(","), args.cnn_batch, args.graph_check)
+    if args.graph_diag:
+        return graph_diag(dev, args.backends.split(","), args.cnn_batch, args.graph_diag)
     results, layers = {}, {}
     t_start = time.perf_counter()
     ops = None

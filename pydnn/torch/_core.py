@@ -13,6 +13,7 @@ from collections import Counter
 import torch
 
 import pydnn
+from pydnn import tuning
 from pydnn._cuda import driver  # the calling thread's context (pydnn's API has no cudaSetDevice)
 
 log = logging.getLogger("pydnn.torch")
@@ -265,7 +266,6 @@ def workspace(nbytes, device):
     if not nbytes:
         return None, None
     nbytes = int(nbytes)
-    from pydnn import tuning
     if tuning.torch.FAST_CALLS and nbytes <= _WS_MAX and not _capturing():
         idx = device_index(device)
         key = (idx, _current_stream(idx))
@@ -306,7 +306,6 @@ def applier(cls):
     base = getattr(torch.autograd.function, "_SingleLevelFunction", torch.autograd.Function)
     if capply is None or _unwrap_if_dead is None or cls.setup_context is not base.setup_context:
         return slow
-    from pydnn import tuning
     sw = tuning.torch
     tensor = torch.Tensor
 

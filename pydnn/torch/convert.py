@@ -107,6 +107,30 @@ def _fuse_pools(model, report):
             report.fused.append((f"{name}.{a}" if name else a, "max_pool2d"))
 
 
+def _fuse_blocks(model, report):
+    """In every nn.Sequential: a Conv2d (no fused activation, zero padding) followed by a BatchNorm2d (with the
+    ReLU and max pool _fuse / _fuse_pools gave it) runs both (pydnn.torch.functional.conv_batch_norm: one autograd
+    node in training with tuning.torch.FUSE_BLOCK): the convolution module holds the batch norm (not registered as
+    its child: parameters, buffers and state_dict keys unchanged), and the batch norm module passes its input
+    through. Modules with hooks are left alone."""
+    for name, seq in model.named_modules():
+        if type(seq) is not nn.Sequential:
+            continue
+        keys = list(seq._modules)
+        for a, b in zip(keys, keys[1:]):
+            cv, bn = seq._modules[a], seq._modules[b]
+            if not (type(cv) is M.Conv2d and type(bn) is M.BatchNorm2d and cv.activation is None
+                    and cv.padding_mode == "zeros" and "_bn" not in cv.__dict__ and "_absorbed" not in cv.__dict__
+                    and "_absorbed" not in bn.__dict__ and cv.out_channels == bn.num_features):
+                continue
+            if any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                   for m in (cv, bn)):
+                continue
+            cv.__dict__["_bn"] = bn
+            bn.__dict__["_absorbed"] = True
+            report.fused.append((f"{name}.{a}" if name else a, f"{name}.{b}" if name else b))
+
+
 def _fuse_mlps(model, report):
     """In every nn.Sequential: Linear (no bias) -> GELU -> Linear (no bias) runs as one fused MLP
     (pydnn.torch.functional.mlp: the GELU in the first GEMM's epilogue, its gradient in the backward's): the
@@ -137,7 +161,7 @@ def convert(model, fuse=False):
     pydnn.torch.<Class> for a single module). fuse=True also fuses Conv + ReLU / Sigmoid / Tanh and
     BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity), and a
     BatchNorm2d's following MaxPool2d into it (one autograd node in training; the pool replaced by
-    nn.Identity), and with tuning.torch.FUSE_MLP a Linear -> GELU -> Linear block without biases (_fuse_mlps)."""
+    nn.Identity), a Conv2d's following BatchNorm2d into it (_fuse_blocks: one node in training), and with tuning.torch.FUSE_MLP a Linear -> GELU -> Linear block without biases (_fuse_mlps)."""
     report = ConvertReport()
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
@@ -149,6 +173,7 @@ def convert(model, fuse=False):
     if fuse:
         _fuse(model, report)
         _fuse_pools(model, report)
+        _fuse_blocks(model, report)
         if tuning.torch.FUSE_MLP:
             _fuse_mlps(model, report)
     pyd = set(SWAPS.values()) | {nn.Identity}

@@ -257,6 +257,75 @@ def _conv_forward(h, pl, x, w, b, act):
     return y
 
 
+def _conv_fwd(h, x, w, b, rec):
+    """The forward of a convolution call on its record: (y, the tensors its backward needs, nhwc). NHWC plans
+    (rec.ph) take NHWC copies of x and w (kept for the backward) and bring y back to x's layout."""
+    if rec.wcopy:
+        w = w.contiguous()
+    pl, ph, act = rec.pl, rec.ph, rec.act
+    if ph and (ph.fused_ok or (b is None and act is None)):
+        # NHWC copies in, the NHWC convolution, the output back to NCHW; the copies serve the backward too
+        cl = torch.channels_last
+        xh = _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, ph.xd)
+        wh = _transform(h, w, torch.empty_like(w, memory_format=cl), pl.wtd, ph.wtd)
+        y = _transform(h, _conv_forward(h, ph, xh, wh, b, act), _output_like(x, pl.y_shape), ph.yd, pl.yd)
+        return y, (xh, wh, y if act is not None else None), True
+    y = _conv_forward(h, pl, x, w, b, act)
+    return y, (x, w, y if act is not None else None), False
+
+
+def _conv_bwd(h, rec, nhwc, y_stride, saved, dy, need_x, need_w, need_b, has_bias):
+    """(dx, dw, db) of a convolution call from its record, what _conv_fwd saved and dy (any strides)."""
+    x, w, y = saved
+    pl = rec.pl
+    if dy.stride() != y_stride:  # (the same shape: autograd checks it)
+        dy = C.to_strides(dy, pl.y_shape, y_stride)
+    dyd = pl.yd
+    act = rec.act
+    if act is not None and act != "identity":
+        g = torch.empty_like(dy)
+        yd = tdesc(y)
+        ad = activation_desc(act)
+        # relu'(z) from y (y > 0 iff z > 0); sigmoid' and tanh' read y only: y stands in for x
+        pydnn.activation_backward(h, ad, 1.0, yd, y.data_ptr(), dyd, dy.data_ptr(), yd, y.data_ptr(),
+                                  0.0, dyd, g.data_ptr())
+        dy = g
+    dx = dw = db = None
+    if nhwc:  # x and w are the forward's NHWC copies; pl.nhwc has the backward algorithms
+        dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w, copies=True)
+        need_x = need_w = False
+    else:
+        try:
+            _bwd_algos(h, pl, dyd)
+        except Unsupported as e:
+            fallback(f"conv backward: {e} (aten.convolution_backward)")
+            stride, padding, dilation, groups = rec.spec
+            return torch.ops.aten.convolution_backward(
+                dy, x, w, [w.shape[0]] if has_bias else None, list(stride), list(padding), list(dilation),
+                False, [0] * len(stride), groups, [need_x, need_w, need_b and has_bias])
+        if pl.nhwc_ok is None:  # (x, w and the spec are the plan's: the answer holds for every call on it)
+            pl.nhwc_ok = _nhwc_applies(x, w, rec.fmt, rec.spec)
+        if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and pl.nhwc_ok:
+            ph = _nhwc_plan(h, pl, x, w, rec.spec)
+            if ph:
+                dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w)
+                need_x = need_w = False
+    if need_x:
+        dx = _empty_like(x)
+        ws, wsp = C.workspace(pl.bwd_data_ws, x.device)
+        pydnn.convolution_backward_data(h, 1.0, pl.wd, w.data_ptr(), dyd, dy.data_ptr(), pl.cd, pl.bwd_data,
+                                        wsp, pl.bwd_data_ws, 0.0, pl.xd, dx.data_ptr())
+    if need_w:
+        dw = torch.empty_like(w)
+        ws, wsp = C.workspace(pl.bwd_filter_ws, x.device)
+        pydnn.convolution_backward_filter(h, 1.0, pl.xd, x.data_ptr(), dyd, dy.data_ptr(), pl.cd,
+                                          pl.bwd_filter, wsp, pl.bwd_filter_ws, 0.0, pl.wd, dw.data_ptr())
+    if need_b and has_bias:
+        db = torch.empty(w.shape[0], dtype=dy.dtype, device=dy.device)
+        pydnn.convolution_backward_bias(h, 1.0, dyd, dy.data_ptr(), 0.0, pl.bd, db.data_ptr())
+    return dx, dw, db
+
+
 class ConvFunction(torch.autograd.Function):
     """y = act(conv(x, w) + b): forward through ConvolutionBiasActivationForward when there is a bias or an
     activation (ConvolutionForward otherwise); backward: the activation's derivative from y, then
@@ -268,77 +337,18 @@ class ConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, rec):
         h = C.handle_for(x.device)
-        if rec.wcopy:
-            w = w.contiguous()
-        pl, ph, act = rec.pl, rec.ph, rec.act
-        if ph and (ph.fused_ok or (b is None and act is None)):
-            # NHWC copies in, the NHWC convolution, the output back to NCHW; the copies serve the backward too
-            cl = torch.channels_last
-            xh = _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, ph.xd)
-            wh = _transform(h, w, torch.empty_like(w, memory_format=cl), pl.wtd, ph.wtd)
-            y = _transform(h, _conv_forward(h, ph, xh, wh, b, act), _output_like(x, pl.y_shape), ph.yd, pl.yd)
-            ctx.save_for_backward(xh, wh, y if act is not None else None)
-            ctx.nhwc = True
-        else:
-            y = _conv_forward(h, pl, x, w, b, act)
-            ctx.save_for_backward(x, w, y if act is not None else None)
-            ctx.nhwc = False
-        ctx.pl, ctx.fmt, ctx.spec, ctx.act, ctx.has_bias = pl, rec.fmt, rec.spec, act, b is not None
-        ctx.y_shape, ctx.y_stride = tuple(y.shape), y.stride()
+        y, saved, ctx.nhwc = _conv_fwd(h, x, w, b, rec)
+        ctx.save_for_backward(*saved)
+        ctx.rec, ctx.has_bias, ctx.y_stride = rec, b is not None, y.stride()
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, w, y = ctx.saved_tensors
-        pl = ctx.pl
-        h = C.handle_for(x.device)
-        if dy.stride() != ctx.y_stride:  # (the same shape: autograd checks it)
-            dy = C.to_strides(dy, ctx.y_shape, ctx.y_stride)
-        dyd = pl.yd
-        if ctx.act is not None and ctx.act != "identity":
-            g = torch.empty_like(dy)
-            yd = tdesc(y)
-            ad = activation_desc(ctx.act)
-            # relu'(z) from y (y > 0 iff z > 0); sigmoid' and tanh' read y only: y stands in for x
-            pydnn.activation_backward(h, ad, 1.0, yd, y.data_ptr(), dyd, dy.data_ptr(), yd, y.data_ptr(),
-                                      0.0, dyd, g.data_ptr())
-            dy = g
-        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        dx = dw = db = None
-        if ctx.nhwc:  # x and w are the forward's NHWC copies; pl.nhwc has the backward algorithms
-            dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w, copies=True)
-            need_x = need_w = False
-        else:
-            try:
-                _bwd_algos(h, pl, dyd)
-            except Unsupported as e:
-                fallback(f"conv backward: {e} (aten.convolution_backward)")
-                stride, padding, dilation, groups = ctx.spec
-                dx, dw, db = torch.ops.aten.convolution_backward(
-                    dy, x, w, [w.shape[0]] if ctx.has_bias else None, list(stride), list(padding), list(dilation),
-                    False, [0] * len(stride), groups, [need_x, need_w, need_b and ctx.has_bias])
-                return dx, dw, db, None, None
-            if pl.nhwc_ok is None:  # (x, w and the spec are the plan's: the answer holds for every call on it)
-                pl.nhwc_ok = _nhwc_applies(x, w, ctx.fmt, ctx.spec)
-            if (need_x or need_w) and tuning.torch.CONV_NHWC_BWD and pl.nhwc_ok:
-                ph = _nhwc_plan(h, pl, x, w, ctx.spec)
-                if ph:
-                    dx, dw = _conv_backward_nhwc(h, pl, x, w, dy, need_x, need_w)
-                    need_x = need_w = False
-        if need_x:
-            dx = _empty_like(x)
-            ws, wsp = C.workspace(pl.bwd_data_ws, x.device)
-            pydnn.convolution_backward_data(h, 1.0, pl.wd, w.data_ptr(), dyd, dy.data_ptr(), pl.cd, pl.bwd_data,
-                                            wsp, pl.bwd_data_ws, 0.0, pl.xd, dx.data_ptr())
-        if need_w:
-            dw = torch.empty_like(w)
-            ws, wsp = C.workspace(pl.bwd_filter_ws, x.device)
-            pydnn.convolution_backward_filter(h, 1.0, pl.xd, x.data_ptr(), dyd, dy.data_ptr(), pl.cd,
-                                              pl.bwd_filter, wsp, pl.bwd_filter_ws, 0.0, pl.wd, dw.data_ptr())
-        if need_b and ctx.has_bias:
-            db = torch.empty(w.shape[0], dtype=dy.dtype, device=dy.device)
-            pydnn.convolution_backward_bias(h, 1.0, dyd, dy.data_ptr(), 0.0, pl.bd, db.data_ptr())
-        return dx, dw, db, None, None
+        h = C.handle_for(dy.device)
+        n = ctx.needs_input_grad
+        dx, dw, db = _conv_bwd(h, ctx.rec, ctx.nhwc, ctx.y_stride, ctx.saved_tensors, dy, n[0], n[1], n[2],
+                               ctx.has_bias)
+        return dx, dw, db, None
 
 
 _CONV_ACTS = frozenset((None, "relu", "sigmoid", "tanh", "identity"))
@@ -504,6 +514,78 @@ def _bn_rec(h, x, training, relu):
     return r
 
 
+def _bn_fwd_train(h, x, weight, bias, running_mean, running_var, factor, eps, rec):
+    """Batch norm in training on its record (fused ReLU and max pool where rec has them): (output, the tensors
+    the backward needs: x, w, b, the statistics / reserve buffer [, y, z with the pool])."""
+    y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+    c, pdt = rec.c, rec.pdt
+    w = weight if weight is not None else torch.ones(c, dtype=pdt, device=x.device)
+    b = bias if bias is not None else torch.zeros(c, dtype=pdt, device=x.device)
+    mode = pydnn.PYDNN_BATCHNORM_SPATIAL
+    # saved mean and inverse std, the reserve space and the workspace in one allocation
+    buf = torch.empty(rec.nbuf, dtype=torch.uint8, device=x.device)
+    smp = buf.data_ptr()
+    sip = smp + c * (8 if pdt == torch.float64 else 4)
+    if rec.relu:
+        nws, nrs = rec.nws, rec.nrs
+        pydnn.batch_normalization_forward_training_ex(
+            h, mode, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, rec.xd, x.data_ptr(), None, None, rec.yd,
+            y.data_ptr(), rec.pd, w.data_ptr(), b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps,
+            smp, sip, activation_desc("relu"), smp + rec.ws_off if nws else None, nws, smp + rec.rs_off, nrs)
+    else:
+        pydnn.batch_normalization_forward_training(
+            h, mode, 1.0, 0.0, rec.xd, x.data_ptr(), rec.yd, y.data_ptr(), rec.pd, w.data_ptr(), b.data_ptr(),
+            factor, ptr(running_mean), ptr(running_var), eps, smp, sip)
+    pr = rec.pool
+    if pr is not None:  # the max pool that followed (convert(fuse=True)): y is its input, z its output
+        z = torch.empty_strided(pr.out, pr.y_stride, dtype=x.dtype, device=x.device)
+        pydnn.pooling_forward(h, pr.pd, 1.0, pr.xd, y.data_ptr(), 0.0, pr.yd, z.data_ptr())
+        return z, (x, w, b, buf, y, z)
+    return y, (x, w, b, buf)
+
+
+def _bn_bwd_train(h, rec, saved, eps, dy):
+    """(dx, dw, db) of a training batch norm (and its fused max pool) from what _bn_fwd_train saved."""
+    pr = rec.pool
+    if pr is None:
+        x, w, b, buf = saved
+    else:
+        x, w, b, buf, y, z = saved
+    smp = buf.data_ptr()
+    sip = smp + rec.c * (8 if rec.pdt == torch.float64 else 4)
+    xs = x.stride()
+    if pr is not None:  # the pool's backward first: dy of the batch norm's output from dz
+        dz = dy if dy.stride() == pr.y_stride else C.same_layout(dense(dy), z)
+        dy = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+        pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd if dz.stride() == pr.y_stride
+                               else tdesc(dz), dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd, dy.data_ptr())
+    if dy.stride() != xs:
+        dy = C.same_layout(dense(dy), x)
+    dx = _empty_like(x)
+    dw, db = torch.empty((2,) + tuple(w.shape), dtype=w.dtype, device=w.device).unbind(0)  # one allocation
+    mode = pydnn.PYDNN_BATCHNORM_SPATIAL
+    xd = rec.xd  # x is the forward's: its descriptor is the record's
+    dyd = xd if dy.stride() == xs else C.tensor_desc(dy.dtype, *_bn_view(dy))
+    dxd = xd if dx.stride() == xs else C.tensor_desc(dx.dtype, *_bn_view(dx))
+    if rec.relu:
+        ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
+        key = (h, dyd, dxd)
+        nws = rec.bwd.get(key)
+        if nws is None:
+            nws = rec.bwd[key] = pydnn.get_batch_normalization_backward_ex_workspace_size(
+                h, mode, ops, xd, None, dyd, None, dxd, rec.pd, ad)
+        ws, wsp = C.workspace(nws, x.device)
+        pydnn.batch_normalization_backward_ex(
+            h, mode, ops, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), None, None, dyd, dy.data_ptr(), None, None, dxd,
+            dx.data_ptr(), rec.pd, w.data_ptr(), b.data_ptr(), dw.data_ptr(), db.data_ptr(), eps,
+            smp, sip, ad, wsp, nws, smp + rec.rs_off, rec.nrs)
+    else:
+        pydnn.batch_normalization_backward(
+            h, mode, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(), rec.pd,
+            w.data_ptr(), dw.data_ptr(), db.data_ptr(), eps, smp, sip)
+    return dx, dw, db
+
+
 class BatchNormFunction(torch.autograd.Function):
     """Batch norm (SPATIAL) with an optional fused ReLU: training through
     BatchNormalizationForwardTraining(Ex with BN_ACTIVATION) / BatchNormalizationBackward(Ex, the ReLU mask
@@ -513,39 +595,18 @@ class BatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, factor, eps, rec):
         h = C.handle_for(x.device)
-        xd, yd, pd = rec.xd, rec.yd, rec.pd
-        y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
-        c, pdt = rec.c, rec.pdt
-        w = weight if weight is not None else torch.ones(c, dtype=pdt, device=x.device)
-        b = bias if bias is not None else torch.zeros(c, dtype=pdt, device=x.device)
-        mode = pydnn.PYDNN_BATCHNORM_SPATIAL
         if training:
-            # saved mean and inverse std, the reserve space and the workspace in one allocation
-            buf = torch.empty(rec.nbuf, dtype=torch.uint8, device=x.device)
-            smp = buf.data_ptr()
-            sip = smp + c * (8 if pdt == torch.float64 else 4)
-            if rec.relu:
-                nws, nrs = rec.nws, rec.nrs
-                pydnn.batch_normalization_forward_training_ex(
-                    h, mode, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, xd, x.data_ptr(), None, None, yd,
-                    y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps,
-                    smp, sip, activation_desc("relu"), smp + rec.ws_off if nws else None, nws, smp + rec.rs_off, nrs)
-            else:
-                pydnn.batch_normalization_forward_training(
-                    h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(), factor,
-                    ptr(running_mean), ptr(running_var), eps, smp, sip)
-            pr = rec.pool
-            if pr is not None:  # the max pool that followed (convert(fuse=True)): y is its input, z its output
-                z = torch.empty_strided(pr.out, pr.y_stride, dtype=x.dtype, device=x.device)
-                pydnn.pooling_forward(h, pr.pd, 1.0, pr.xd, y.data_ptr(), 0.0, pr.yd, z.data_ptr())
-                ctx.save_for_backward(x, w, b, buf, y, z)
-                y = z
-            else:
-                ctx.save_for_backward(x, w, b, buf)
+            y, saved = _bn_fwd_train(h, x, weight, bias, running_mean, running_var, factor, eps, rec)
+            ctx.save_for_backward(*saved)
         else:
+            xd, yd, pd = rec.xd, rec.yd, rec.pd
+            y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
+            c, pdt = rec.c, rec.pdt
+            w = weight if weight is not None else torch.ones(c, dtype=pdt, device=x.device)
+            b = bias if bias is not None else torch.zeros(c, dtype=pdt, device=x.device)
             pydnn.batch_normalization_forward_inference(
-                h, mode, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(), b.data_ptr(),
-                running_mean.data_ptr(), running_var.data_ptr(), eps)
+                h, pydnn.PYDNN_BATCHNORM_SPATIAL, 1.0, 0.0, xd, x.data_ptr(), yd, y.data_ptr(), pd, w.data_ptr(),
+                b.data_ptr(), running_mean.data_ptr(), running_var.data_ptr(), eps)
             if rec.relu:
                 y.relu_()
             ctx.save_for_backward(x, w, running_mean, running_var, y if rec.relu else None)
@@ -554,7 +615,6 @@ class BatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        rec = ctx.rec
         if not ctx.training:  # eval mode: y = (x - rm) * w / sqrt(rv + eps) + bias, an affine map of x
             x, w, a, b, y = ctx.saved_tensors
             if y is not None:
@@ -567,44 +627,7 @@ class BatchNormFunction(torch.autograd.Function):
             dw = (dy.to(w.dtype) * xhat).sum(axes) if ctx.affine else None
             db = dy.to(w.dtype).sum(axes) if ctx.affine else None
             return dx, dw, db, None, None, None, None, None, None
-        pr = rec.pool
-        if pr is None:
-            x, w, b, buf = ctx.saved_tensors
-        else:
-            x, w, b, buf, y, z = ctx.saved_tensors
-        smp = buf.data_ptr()
-        sip = smp + rec.c * (8 if rec.pdt == torch.float64 else 4)
-        h = C.handle_for(x.device)
-        xs = x.stride()
-        if pr is not None:  # the pool's backward first: dy of the batch norm's output from dz
-            dz = dy if dy.stride() == pr.y_stride else C.same_layout(dense(dy), z)
-            dy = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
-            pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd if dz.stride() == pr.y_stride
-                                   else tdesc(dz), dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd, dy.data_ptr())
-        if dy.stride() != xs:
-            dy = C.same_layout(dense(dy), x)
-        dx = _empty_like(x)
-        dw, db = torch.empty((2,) + tuple(w.shape), dtype=w.dtype, device=w.device).unbind(0)  # one allocation
-        mode = pydnn.PYDNN_BATCHNORM_SPATIAL
-        xd = rec.xd  # x is the forward's: its descriptor is the record's
-        dyd = xd if dy.stride() == xs else C.tensor_desc(dy.dtype, *_bn_view(dy))
-        dxd = xd if dx.stride() == xs else C.tensor_desc(dx.dtype, *_bn_view(dx))
-        if rec.relu:
-            ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
-            key = (h, dyd, dxd)
-            nws = rec.bwd.get(key)
-            if nws is None:
-                nws = rec.bwd[key] = pydnn.get_batch_normalization_backward_ex_workspace_size(
-                    h, mode, ops, xd, None, dyd, None, dxd, rec.pd, ad)
-            ws, wsp = C.workspace(nws, x.device)
-            pydnn.batch_normalization_backward_ex(
-                h, mode, ops, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), None, None, dyd, dy.data_ptr(), None, None, dxd,
-                dx.data_ptr(), rec.pd, w.data_ptr(), b.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps,
-                smp, sip, ad, wsp, nws, smp + rec.rs_off, rec.nrs)
-        else:
-            pydnn.batch_normalization_backward(
-                h, mode, 1.0, 0.0, 1.0, 0.0, xd, x.data_ptr(), dyd, dy.data_ptr(), dxd, dx.data_ptr(), rec.pd,
-                w.data_ptr(), dw.data_ptr(), db.data_ptr(), ctx.eps, smp, sip)
+        dx, dw, db = _bn_bwd_train(C.handle_for(dy.device), ctx.rec, ctx.saved_tensors, ctx.eps, dy)
         if not ctx.affine:
             dw = db = None
         return dx, dw, db, None, None, None, None, None, None
@@ -699,6 +722,126 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         return y
 
     return _run(pydnn_path, torch_path, "batch_norm")
+
+
+# ================================================================== convolution + batch norm, one node
+class _BlockRec:
+    """A conv + batch-norm call's record (tuning.torch.FUSE_BLOCK): the compute dtype (dt: autocast's, the
+    parameters cast to it inside the Function), the convolution's record and the batch norm's (with its
+    fused ReLU and max pool)."""
+    __slots__ = ("dt", "conv", "bn")
+
+
+def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
+    """The record of a conv + batch norm (training) call, or False where the fused path does not apply (the
+    caller then runs conv() and batch_norm(), each with its own checks and fallbacks)."""
+    dt = x.dtype
+    if not (C.on_cuda(x, weight, bias) and dt in C.DTYPES and x.dim() == 4 and x.numel()
+            and weight.is_floating_point() and weight.dim() == 4
+            and (bias is None or bias.is_floating_point()) and dense(x) is x):
+        return False
+    if not _bn_params_ok(torch.float64 if dt == torch.float64 else torch.float32, bn_params):
+        return False
+    if any(t is not None and t.shape != (weight.shape[0],) for t in bn_params):
+        return False  # (the calls in sequence raise PyTorch's error)
+    try:
+        r = _BlockRec()
+        r.dt = dt
+        wc = torch.empty_like(weight, dtype=dt)  # the layout weight.to(dt) gives (preserve_format)
+        r.conv = _conv_rec(x, wc, spec, None)
+        y = _output_like(x, r.conv.pl.y_shape)
+        if y.numel() <= y.shape[1]:
+            return False  # one value per channel: batch_norm's own path raises PyTorch's error
+        r.bn = _bn_rec(C.handle_for(x.device), y, True, relu)
+        if pool is not None:
+            r.bn.pool = _bn_pool_rec(y, r.bn, pool)
+    except (Unsupported, pydnn.PydnnError):  # the calls in sequence: their own fallbacks or errors
+        return False
+    return r
+
+
+class ConvBatchNormFunction(torch.autograd.Function):
+    """z = [max_pool](batch_norm[+relu](conv(x, w) + b)) in training, one autograd node (tuning.torch.FUSE_BLOCK,
+    convert(fuse=True) of an nn.Sequential's Conv2d followed by a BatchNorm2d): the convolution's and the batch
+    norm's forwards and backwards are ConvFunction's and BatchNormFunction's (_conv_fwd / _bn_fwd_train and
+    _bn_bwd_train / _conv_bwd), without the node, module call and record lookup between them. Under autocast the
+    convolution's float32 weight and bias are cast to the compute dtype here (their gradients cast back in the
+    backward): the values autocast's casts give, without their two autograd nodes."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps, rec):
+        h = C.handle_for(x.device)
+        dt = rec.dt
+        wc = w if w.dtype is dt else w.to(dt)
+        bc = b if (b is None or b.dtype is dt) else b.to(dt)
+        y, csaved, ctx.nhwc = _conv_fwd(h, x, wc, bc, rec.conv)
+        ctx.y_stride = y.stride()
+        z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, rec.bn)
+        ctx.save_for_backward(*csaved, *bsaved)
+        ctx.rec, ctx.eps, ctx.affine = rec, eps, bn_w is not None
+        ctx.w_dt, ctx.b_dt = w.dtype, None if b is None else b.dtype
+        return z
+
+    @staticmethod
+    def backward(ctx, dz):
+        saved = ctx.saved_tensors
+        rec = ctx.rec
+        h = C.handle_for(dz.device)
+        dy, dbn_w, dbn_b = _bn_bwd_train(h, rec.bn, saved[3:], ctx.eps, dz)
+        n = ctx.needs_input_grad
+        dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
+                               ctx.b_dt is not None)
+        if dw is not None and dw.dtype is not ctx.w_dt:
+            dw = dw.to(ctx.w_dt)
+        if db is not None and db.dtype is not ctx.b_dt:
+            db = db.to(ctx.b_dt)
+        if not ctx.affine:
+            dbn_w = dbn_b = None
+        return dx, dw, db, dbn_w, dbn_b, None, None, None, None, None
+
+
+_block_apply = C.applier(ConvBatchNormFunction)
+
+
+def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight,
+                    bn_bias, training, momentum, eps, activation=None, pool=None):
+    """batch_norm(conv(x, weight, bias, ...), running_mean, ...) [+ ReLU] [+ max pool (kernel_size, stride,
+    padding)]: in training with tuning.torch.FUSE_BLOCK one autograd Function (ConvBatchNormFunction), else
+    (eval, the switch off, or a configuration the fused path does not take) conv() then batch_norm(), each with
+    its own checks and fallbacks. Semantics of the two calls in sequence (autocast: the convolution in the
+    autocast dtype, the batch norm in its input's)."""
+    if training and tuning.torch.FUSE_BLOCK and running_mean is not None and running_var is not None:
+        ac = C.autocast_dtype()
+        if ac is not None and C.on_cuda(x):
+            x = C.cast(x, ac)
+        key = ("conv_bn", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
+               None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
+               _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS)
+        try:
+            rec = _recs.get(key)
+        except TypeError:  # list arguments: no record
+            key = rec = None
+        if rec is None and key is not None:
+            rec = False
+            if 1 <= x.dim() - 2 <= 3:
+                try:
+                    spec = _conv_spec(x.dim() - 2, stride, padding, dilation, groups, weight.shape[2:])
+                    rec = _block_rec(x, weight, bias, spec, (bn_weight, bn_bias, running_mean, running_var),
+                                     activation == "relu", pool)
+                except Unsupported:
+                    rec = False
+            if tuning.torch.FAST_CALLS:
+                _recs[key] = rec
+        if rec and _bn_params_ok(rec.bn.pdt, (bn_weight, bn_bias, running_mean, running_var)):
+            try:
+                return _block_apply(x, weight, bias, bn_weight, bn_bias, running_mean, running_var,
+                                    float(momentum), float(eps), rec)
+            except pydnn.PydnnError as e:
+                if not C.is_not_supported(e):
+                    raise
+                # conv() and batch_norm() below run it again, each recording its own fallback
+    y = conv(x, weight, bias, stride, padding, dilation, groups)
+    return batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, activation, pool)
 
 
 # ============================================================================== layer / group / RMS norm
@@ -1501,11 +1644,12 @@ def _weight_grad(h, dy, x2, xd, wd=None):
 class _LinearRec:
     """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
     plan (or None) and the forward's matmul workspace size."""
-    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws")
+    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws", "dt")
 
 
 def _linear_rec(h, x2, w):
     r = _LinearRec()
+    r.dt = None
     m, k = x2.shape
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -1531,6 +1675,14 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, w, b, rec):
         h = C.handle_for(x2.device)
+        ctx.w_dt = ctx.b_dt = None
+        if rec.dt is not None:  # autocast's casts of the float32 parameters, without their autograd nodes
+            if w.dtype is not rec.dt:
+                ctx.w_dt, w = w.dtype, w.to(rec.dt)
+            if b is not None and b.dtype is not rec.dt:
+                ctx.b_dt, b = b.dtype, b.to(rec.dt)
+        if rec.wcopy:
+            w = w.contiguous()
         m = x2.shape[0]
         n = w.shape[0]
         y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -1567,6 +1719,10 @@ class LinearFunction(torch.autograd.Function):
             dw = _weight_grad(h, dy, x2, xd, wd if w.is_contiguous() else None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
+        if dw is not None and ctx.w_dt is not None:
+            dw = dw.to(ctx.w_dt)
+        if db is not None and ctx.b_dt is not None:
+            db = db.to(ctx.b_dt)
         return dx, dw, db, None
 
 
@@ -1580,19 +1736,24 @@ def linear(x, weight, bias=None):
     if not hasattr(pydnn, "matmul") or not getattr(sys.modules.get("pydnn.torch"), "linear_on_pydnn", True):
         return F.linear(x, weight, bias)
     ac = C.autocast_dtype()
-    if ac is not None and C.on_cuda(x):
-        x, weight, bias = C.cast(x, ac), C.cast(weight, ac), C.cast(bias, ac)
     sw = tuning.torch
+    fold = None  # the dtype the Function casts the parameters to (tuning.torch.FOLD_CASTS)
+    if ac is not None and C.on_cuda(x):
+        x = C.cast(x, ac)
+        if (sw.FOLD_CASTS and weight.dtype in C.DTYPES and weight.dtype is not ac
+                and (bias is None or bias.dtype in C.DTYPES) and C.on_cuda(weight, bias)):
+            fold = ac
+        else:
+            weight, bias = C.cast(weight, ac), C.cast(bias, ac)
     fast = sw.FAST_CALLS
     if fast:
         key = ("linear", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
-               weight.device, None if bias is None else (bias.dtype, bias.device), sw.LINEAR_FWD_SPLITK)
+               weight.device, None if bias is None else (bias.dtype, bias.device), sw.LINEAR_FWD_SPLITK, fold)
         rec = _recs.get(key)
         if rec is not None:
             try:
                 x2 = x if not rec.flat else x.reshape(-1, x.shape[-1])
-                y = _linear_apply(x2.contiguous() if rec.xcopy else x2,
-                                  weight.contiguous() if rec.wcopy else weight, bias, rec)
+                y = _linear_apply(x2.contiguous() if rec.xcopy else x2, weight, bias, rec)
                 return y.view(*x.shape[:-1], weight.shape[0]) if rec.flat else y
             except pydnn.PydnnError as e:
                 if not C.is_not_supported(e):
@@ -1600,10 +1761,14 @@ def linear(x, weight, bias=None):
                 # the full path below runs it again and records the fallback
 
     def torch_path():
+        if fold is not None:
+            return F.linear(x, C.cast(weight, fold), C.cast(bias, fold))
         return F.linear(x, weight, bias)
 
     def pydnn_path():
-        _check_cuda("linear", x, weight, bias)
+        # (folded casts: the checks and plans on the parameters as the Function casts them)
+        wc = weight if fold is None else torch.empty_like(weight, dtype=fold)
+        _check_cuda("linear", x, wc, bias if fold is None or bias is None else bias.to(fold))
         if x.dtype == torch.float64:
             raise Unsupported("float64 (pydnn.matmul: float32, float16, bfloat16)")
         if x.dim() == 0 or x.numel() == 0 or weight.dim() != 2:
@@ -1613,10 +1778,10 @@ def linear(x, weight, bias=None):
         xcopy = x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < x2.shape[1])
         if xcopy:
             x2 = x2.contiguous()
-        w = weight.contiguous()
+        w = wc.contiguous()
         rec = _linear_rec(C.handle_for(x2.device), x2, w)
-        rec.flat, rec.xcopy, rec.wcopy = flat, xcopy, w is not weight
-        y = _linear_apply(x2, w, bias, rec)
+        rec.flat, rec.xcopy, rec.wcopy, rec.dt = flat, xcopy, w is not wc, fold
+        y = _linear_apply(x2, weight, bias, rec)
         if fast:
             _recs[key] = rec
         return y.view(*x.shape[:-1], weight.shape[0]) if flat else y

@@ -28,6 +28,12 @@ class _ConvMixin:
 
     def forward(self, x):
         act = getattr(self, "activation", None)
+        bn = self.__dict__.get("_bn")
+        if bn is not None and self.padding_mode == "zeros":  # convert(fuse=True): the next BatchNorm's work too
+            rm, rv, training, factor = bn._bn_state()
+            return PF.conv_batch_norm(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                                      self.groups, rm, rv, bn.weight, bn.bias, training, factor, bn.eps,
+                                      getattr(bn, "activation", None), bn.__dict__.get("pool"))
         if self.padding_mode != "zeros":
             x = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return PF.conv(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups, act)
@@ -75,9 +81,9 @@ class _BatchNormMixin:
         return (s + (f", activation={act!r}" if act else "")
                 + (f", max_pool(kernel_size, stride, padding)={pool!r}" if pool else ""))
 
-    def forward(self, x):
-        self._check_input_dim(x)
-        # as torch's _BatchNorm.forward
+    def _bn_state(self):
+        """(running mean, running var, training, exponential average factor) of a call, as torch's
+        _BatchNorm.forward finds them (num_batches_tracked counted here)."""
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
@@ -85,6 +91,13 @@ class _BatchNormMixin:
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         rm = self.running_mean if not self.training or self.track_running_stats else None
         rv = self.running_var if not self.training or self.track_running_stats else None
+        return rm, rv, bn_training, factor
+
+    def forward(self, x):
+        if self.__dict__.get("_absorbed"):  # convert(fuse=True): the Conv2d before it ran this batch norm
+            return x
+        self._check_input_dim(x)
+        rm, rv, bn_training, factor = self._bn_state()
         return PF.batch_norm(x, rm, rv, self.weight, self.bias, bn_training, factor, self.eps,
                              getattr(self, "activation", None), self.__dict__.get("pool"))
 

@@ -74,11 +74,13 @@ def test_train_cnn_two_gpus(tmp_path):
     assert two["pydnn"]["world"] == 2 and two["pydnn"]["final_accuracy"] > 95, out
 
 
-def test_train_cnn_cuda_graph(tmp_path):
-    """--cuda-graph: each backend's forward and backward replayed as CUDA graphs; the run converges as the
-    eager one does (the graphs' warm-up moves the batch-norm statistics three extra momentum steps)."""
+@pytest.mark.parametrize("mode", ["model", "step"])
+def test_train_cnn_cuda_graph(tmp_path, mode):
+    """--cuda-graph model: each backend's forward and backward replayed as CUDA graphs (the graphs' warm-up
+    moves the batch-norm statistics three extra momentum steps); --cuda-graph step: the whole step one graph
+    (graphed_step, capturable AdamW, no momentum cycling). The run converges as the eager one does."""
     pytest.importorskip("sklearn")
-    res, out = _run(CNN + ["--cuda-graph"], tmp_path / "cnn_graph.json")
+    res, out = _run(CNN + ["--cuda-graph", mode], tmp_path / "cnn_graph.json")
     p, t = res["pydnn"], res["torch"]
     assert p["final_accuracy"] > 95 and t["final_accuracy"] > 95, out
     assert abs(p["final_accuracy"] - t["final_accuracy"]) < 3, out
@@ -89,8 +91,9 @@ def test_train_cnn_cuda_graph(tmp_path):
 def test_graphed_step_replays_the_eager_step(backend):
     """examples/train_cnn.graphed_step against the same steps run eagerly from the same state (weights,
     AdamW moments, batch-norm statistics): the warm-up leaves no trace, and three replays on random data give
-    the eager steps' losses and weights (bf16 autocast: the same kernels, so equal up to atomics' order). Not
-    covered: on the digits the third replay diverges (graphed_step's note; the demo does not offer it)."""
+    the eager steps' losses and weights (bf16 autocast: the same kernels, so equal up to atomics' order). On the
+    digits, tools/profile_torch_step.py --graph-diag compares each replay with the eager step from the same state
+    (session 30: equal), and test_train_cnn_cuda_graph[step] trains the demo this way."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import train_cnn
     torch.manual_seed(0)

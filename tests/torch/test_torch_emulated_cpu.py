@@ -1268,7 +1268,8 @@ def test_convert_fuses_activations(emulated):
     ref.load_state_dict(model.state_dict())
     keys = list(model.state_dict())
     report = pt.convert(model, fuse=True)
-    assert report.fused == [("1", "relu"), ("3", "sigmoid")]
+    assert report.fused == [("1", "relu"), ("3", "sigmoid"), ("0", "1")]  # (the last: _fuse_blocks)
+    assert model[0].__dict__["_bn"] is model[1] and model[1].__dict__["_absorbed"]
     assert type(model[2]) is nn.Identity and type(model[4]) is nn.Identity and type(model[6]) is pt.GELU
     assert model[1].activation == "relu" and model[3].activation == "sigmoid" and model[5].activation is None
     assert list(model.state_dict()) == keys and "fused" in str(report)
