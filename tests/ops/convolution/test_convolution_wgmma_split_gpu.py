@@ -67,7 +67,7 @@ def _fwd_workspace(handle):
 
 
 @pytest.mark.parametrize("case", SPLIT_FWD_CASES)
-@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("tiling", list(CT.WGM_TILES))
 @pytest.mark.parametrize("splits", SPLITS)
 def test_split_forward(handle, rng, monkeypatch, case, dtype, tiling, splits):
@@ -82,7 +82,7 @@ def test_split_forward(handle, rng, monkeypatch, case, dtype, tiling, splits):
 
 
 @pytest.mark.parametrize("case", SPLIT_BWD_CASES)
-@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("tiling", list(CT.WGM_TILES))
 @pytest.mark.parametrize("splits", SPLITS)
 def test_split_backward_data(handle, rng, monkeypatch, case, dtype, tiling, splits):
@@ -100,7 +100,7 @@ def test_split_backward_data(handle, rng, monkeypatch, case, dtype, tiling, spli
                         f"split backward data {splits} tiling {tiling}", reproducible=True)
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("case", [0, 1, 2])
 @pytest.mark.parametrize("tiling", list(CT.WGM_TILES))
 def test_split_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
@@ -137,7 +137,7 @@ def test_split_bias_activation(handle, rng, monkeypatch, dtype, case, tiling):
                 pb.y.check_untouched()
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 def test_model_split_forward_and_backward_data(handle, rng, dtype):
     """The model's own split (no switch): N2 3x3 256->256 @7, 4 blocks of 36 K tiles. Forward and backward
     data against the reference, bitwise reproducible, and a plain forward after a fused call on the same
