@@ -40,6 +40,9 @@ def main(argv=None):
     ap.add_argument("--controls", default=",".join(CONTROLS), help="comma-separated case-name prefixes run too")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting points after this many seconds")
+    ap.add_argument("--forced", default="2,4,8", help="slice counts also timed, forced (WGM_SPLIT), on the first "
+                                                     "--forced-points split points: the split model's calibration")
+    ap.add_argument("--forced-points", type=int, default=8)
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     import torch
@@ -50,7 +53,9 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     t0 = time.monotonic()
     h_split, h_whole = pydnn.create(), pydnn.create()   # each handle caches its own plans
-    for h in (h_split, h_whole):
+    forced = [int(v) for v in args.forced.split(",") if v]
+    h_forced = {sv: pydnn.create() for sv in forced}
+    for h in (h_split, h_whole, *h_forced.values()):
         pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     timer_ev = SC.gpu_timer(args.reps, 1)
     tm_split = SW.GraphTimer(h_split, args.reps, timer_ev)
@@ -98,12 +103,21 @@ def main(argv=None):
                 fw, _, _ = SW._direction_fns(h_whole, pr, t, d, algo, ws2, n2)
                 ms_whole = tm_whole(fw)   # (its plan is made here, under the switch, and cached on h_whole)
             ms_ref = tm_ref(ft)
+            ms_forced = {}
+            if split > 1 and picked <= args.forced_points:
+                for sv, hf in h_forced.items():
+                    with tuning.override({"conv.WGM_SPLIT": sv}):
+                        pf = _split_plan(hf, t, d, algo)
+                        wsf = torch.empty(max(pf.workspace, 1), dtype=torch.uint8, device=SC.DEV)
+                        ff, _, _ = SW._direction_fns(hf, pr, t, d, algo, wsf, pf.workspace)
+                        ms_forced[pf.splits] = SW.GraphTimer(hf, args.reps, timer_ev)(ff)
             r = dict(case=name, dir=d, split=split, kernel=SW._kernel(h_split, t, d, algo), ms_whole=ms_whole,
                      ms_split=ms_split, ms_ref=ms_ref, err=err, ok=ok, control=control and split <= 1)
             rows.append(r)
             line = (f"{name[:52]:52s} {d:8s} S={split:<2d} whole {ms_whole:.4f} split {ms_split:.4f} cuDNN "
                     f"{ms_ref:.4f} ms  ratio {ms_ref / ms_whole:.3f} -> {ms_ref / ms_split:.3f}  err {err:.1e}"
-                    f"{'' if ok else ' CHECK FAILED'}{'  (control)' if r['control'] else ''}")
+                    f"{'' if ok else ' CHECK FAILED'}{'  (control)' if r['control'] else ''}"
+                    + "".join(f"  S={k}: {v:.4f}" for k, v in sorted(ms_forced.items())))
             print(line, flush=True)
             lines.append(line)
             del ws
