@@ -1285,6 +1285,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
 // the slab stride 8 KiB, SBO = 1024, a k16 step 16 rows = 2048 bytes on; the instruction's trans-b =
 // 1). The host passes ws = (1, k stride, tap strides): p.ws[0] (c's stride) must be 1, the others
 // multiples of 8 (16-byte chunks), the flip as the forward's (FLAG_FLIP, the opposite mode).
+// SPLIT (tensor_core.py split_wgmma; units convolution.wgmma.split.<tag>): split-K over grid.z, block z
+// walking K tiles [z * k_per_split, + k_per_split) of the (tap, channel block) walk and writing its raw fp32
+// sums (wgmma_partials); fwd_split_fold adds the slices and runs the epilogue. A template parameter so that
+// the whole kernels' code is what it was: with a run-time flag the 128x128 tile took 140 registers instead
+// of 132 and ran 5-7% slower on the UNet N128 256 @32 layer (H200, 0.3705 / 0.3698 ms forward / backward
+// data against 0.344-0.352 / 0.342-0.348 in three earlier runs).
 template <class T, int BN> struct WgAccEng {
   typedef T Elem;
   static constexpr int TM = 1, TN = BN / 8;
@@ -1341,7 +1347,7 @@ __global__ void __launch_bounds__(256) fwd_split_fold(const ConvParams p) {
                          (float)p.alpha2);
 }
 
-template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0, int FB = 0>
+template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0, int FB = 0, int SPLIT = 0>
 __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_wgmma needs the sm_90a target (KernelUnit archs)");
@@ -1385,16 +1391,11 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   auto boff = [&](int i) { return BKN ? (i % KR) * RS * (int)p.ws[1] + (i / KR) * 64 : RS * i * ws0; };
 
   int c0 = 0, tt = 0, tr = 0, ts = 0;  // the next K tile: channel block c0 of tap (tt, tr, ts)
-  // split-K (FLAG_PARTIAL; tensor_core.py's split plans): split blockIdx.z walks K tiles [kbeg, kbeg +
-  // k_per_split) of the taps x channel blocks walk (k_per_split counts K tiles here), its first tile's
-  // digits decomposed once
-  const int cblocks = (CH + BK - 1) / BK, ktotal = p.filt[0] * p.filt[1] * p.filt[2] * cblocks;
-  const bool partial = p.flags & PYDNN_CONV_FLAG_PARTIAL;
-  const int kbeg = partial ? (int)blockIdx.z * p.k_per_split : 0;
-  const int ktiles = partial ? min(ktotal - kbeg, p.k_per_split) : ktotal;
-  if (partial) {
-    int tap = kbeg / cblocks;
-    c0 = (kbeg - tap * cblocks) * BK;
+  if constexpr (SPLIT) {  // split blockIdx.z starts at K tile blockIdx.z * k_per_split: its digits, once
+    int tap = (int)blockIdx.z * p.k_per_split;
+    const int cblocks = (CH + BK - 1) / BK;
+    c0 = tap % cblocks * BK;
+    tap /= cblocks;
     ts = tap % p.filt[2];
     tap /= p.filt[2];
     tr = tap % p.filt[1];
@@ -1484,6 +1485,8 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) eng.acc[0][j][e] = 0.f;
+  int ktiles = p.filt[0] * p.filt[1] * p.filt[2] * ((CH + BK - 1) / BK);
+  if constexpr (SPLIT) ktiles = min(ktiles - (int)blockIdx.z * p.k_per_split, p.k_per_split);  // this slice's
 #pragma unroll
   for (int s = 0; s < D; ++s) {
     if (s < ktiles) fill(s);
@@ -1517,7 +1520,7 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   wgmma::wait<0>();
   wgmma::fence_operands(eng.flat());
   mma::cp_async_wait<0>();
-  if (partial) {  // uniform over the grid: this split's raw fp32 sums, [split][m][n]; fwd_split_fold ends it
+  if constexpr (SPLIT) {  // this slice's raw fp32 sums, [split][m][n]; fwd_split_fold ends the call
     wgmma_partials(p, eng, m0 + wg * 64 + warp * 16, n0);
     return;
   }

@@ -137,10 +137,23 @@ def _split_fold_expr(tag):
 
 def wgm_exprs(tag):
     """The fwd_wgmma unit of a 16-bit type: every WGM_TILES and WGM_VARIANTS entry, the same with B read as
-    [k][n] (backward data from the filter itself), filter_kc_swap, then the FB = 1 instantiations, then
-    fwd_split_fold."""
+    [k][n] (backward data from the filter itself), filter_kc_swap, then the FB = 1 instantiations."""
     return (tuple(_wgm_expr(tag, c, bkn) for bkn in (False, True) for c in WGM_TILES + WGM_VARIANTS)
-            + (_swap_expr(tag),) + tuple(_wgm_expr(tag, c, fb=True) for c in WGM_TILES if c[1] == 64)
+            + (_swap_expr(tag),) + tuple(_wgm_expr(tag, c, fb=True) for c in WGM_TILES if c[1] == 64))
+
+
+def _wgm_split_expr(expr):
+    """The SPLIT = 1 twin of a fwd_wgmma expression (LEAN, BKN, FB written out, then SPLIT)."""
+    head, args = expr.split("<", 1)
+    a = [x.strip() for x in args.rstrip(">").split(",")]
+    a += ["0"] * (7 - len(a))
+    return f"{head}<{', '.join(a)}, 1>"
+
+
+def split_exprs(tag):
+    """The split unit (convolution.wgmma.split.<tag>): the SPLIT twins of the model's tiles (B K-major, and read
+    as [k][n] for backward data), then fwd_split_fold."""
+    return (tuple(_wgm_split_expr(_wgm_expr(tag, c, bkn)) for bkn in (False, True) for c in WGM_TILES)
             + (_split_fold_expr(tag),))
 
 
@@ -153,10 +166,15 @@ for _t in TC_TAGS:
     add_kernels(f"convolution.{_t}", "convolution.cu", _tc_exprs(_t))
 for _t in TC_TAGS:   # built and loadable for sm_90 only, as sm_90a (wgmma)
     add_kernels(f"convolution.wgmma.{_t}", "convolution.cu", wgm_exprs(_t), archs=(WGM_ARCH + "a",))
+    add_kernels(f"convolution.wgmma.split.{_t}", "convolution.cu", split_exprs(_t), archs=(WGM_ARCH + "a",))
 
 
 # the 128x64 model tile's FB = 1 (the 128x128 tile's code has the bias in registers whatever FB says)
 _FB_EXPRS = {_wgm_expr(t, c): _wgm_expr(t, c, fb=True) for t in TC_TAGS for c in WGM_TILES if c[1] == 64}
+# the model tiles' SPLIT twins (split_wgmma: a fused call on a split plan adds its bias in fwd_split_fold, so
+# the FB = 1 form has no twin)
+_SPLIT_EXPRS = {_wgm_expr(t, c, bkn): _wgm_split_expr(_wgm_expr(t, c, bkn))
+                for t in TC_TAGS for c in WGM_TILES for bkn in (False, True)}
 
 
 MAX_WG_SPLITS = 1024
@@ -552,8 +570,8 @@ def split_wgmma(handle, pl):
     """plans.register_top's hook: a call's own fwd_wgmma plan (forward, or backward data read straight from
     the filter) split over grid.z where _wgm_split says so; other plans unchanged."""
     if (type(pl) is not Plan or pl.fold is not None or pl.direction == DIR_BWD_FILTER
-            or not pl.gemm_expr.startswith("pydnn::conv::fwd_wgmma<")):
-        return pl
+            or pl.gemm_expr not in _SPLIT_EXPRS):
+        return pl   # (forced WGM_VARIANTS tilings have no split twin)
     splits = _wgm_split(handle, pl)
     if splits <= 1:
         return pl
@@ -569,7 +587,9 @@ def split_wgmma(handle, pl):
     pl.gemm_grid = (pl.gemm_grid[0], pl.gemm_grid[1], splits)
     pl.splits = splits
     pl.workspace = round_up(splits * p.gm * p.gn * 4)
-    pl.fold, pl.fold_expr, pl.fold_func = q, _split_fold_expr(pl.unit.rsplit(".", 1)[1]), None
+    tag = pl.unit.rsplit(".", 1)[1]
+    pl.gemm_expr, pl.gemm_func, pl.unit = _SPLIT_EXPRS[pl.gemm_expr], None, f"convolution.wgmma.split.{tag}"
+    pl.fold, pl.fold_expr, pl.fold_func = q, _split_fold_expr(tag), None
     pl.fold_grid = (cdiv(p.gm * p.gn, 256), 1, 1)
     pl.fold_argv = driver.kernel_args(q)
     pl.gemm_argv = driver.kernel_args(p)

@@ -57,7 +57,9 @@ def test_model_splits_the_few_block_layers(direction, shape):
     assert p.flags & CPb.FLAG_PARTIAL and not pl.fold.flags & CPb.FLAG_PARTIAL
     assert pl.workspace >= p.splits * p.gm * p.gn * 4 and pl.workspace % 256 == 0
     assert pl.fold_expr == "pydnn::conv::fwd_split_fold<pydnn::bf16_t>"
-    assert pl.fold_expr in CT.wgm_exprs("bf16")
+    assert pl.unit == "convolution.wgmma.split.bf16" and pl.gemm_expr.endswith(", 1>")
+    assert pl.fold_expr in CT.split_exprs("bf16") and pl.gemm_expr in CT.split_exprs("bf16")
+    assert pl.gemm_expr.count(",") == 7   # <T, BN, STAGES, MINB, LEAN, BKN, FB, SPLIT = 1>
     if direction == CPb.DIR_FWD:
         assert pydnn.get_convolution_forward_workspace_size(h, x, w, conv, y, FWD_PRE) == pl.workspace
     else:
@@ -83,6 +85,11 @@ def test_forced_switch_and_forced_tiling(monkeypatch):
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, CT.WGM_TILES[1])
     pl, _ = _plan(h, CPb.DIR_FWD, 8, 512, 512, 7, 3)
     assert pl.splits == 1 and "fwd_wgmma<pydnn::bf16_t, 128," in pl.gemm_expr   # a forced tiling runs as forced
+    monkeypatch.setattr(tuning.conv, "WGM_SPLIT", 3)
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, CT.WGM_VARIANTS[0])
+    pl, _ = _plan(h, CPb.DIR_FWD, 8, 512, 512, 7, 3)
+    assert pl.splits == 1 and pl.fold is None   # the plain-loop variants have no split twin
+    monkeypatch.delitem(tuning.conv.TC_FORCE, CPb.DIR_FWD)
     monkeypatch.setattr(tuning.conv, "WGM_SPLIT", 5)
     pl, _ = _plan(h, CPb.DIR_FWD, 2, 64, 64, 20, 3)   # 9 K tiles: slices of 2, 5 of them
     assert pl.splits == 5 and pl.gemm.k_per_split == 2

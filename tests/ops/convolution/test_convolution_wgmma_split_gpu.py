@@ -49,7 +49,8 @@ def _force(monkeypatch, direction, tiling, splits):
 
 
 def _assert_split(pl, splits):
-    assert pl.gemm_expr.startswith("pydnn::conv::fwd_wgmma<"), pl.gemm_expr
+    assert pl.gemm_expr.startswith("pydnn::conv::fwd_wgmma<") and pl.gemm_expr.endswith(", 1>"), pl.gemm_expr
+    assert pl.unit.startswith("convolution.wgmma.split."), pl.unit
     p = pl.gemm
     ktiles = p.filt[0] * p.filt[1] * p.filt[2] * -(-p.cg // 64)
     want = min(splits, ktiles)
@@ -92,7 +93,8 @@ def test_split_backward_data(handle, rng, monkeypatch, case, dtype, tiling, spli
     def make(mode):
         pb = _tc_problem(case, dtype, mode)
         pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
-        assert pl.gemm_expr.count(",") == 5 and pl.gemm_expr.endswith(", 1>")  # <T, BN, STAGES, MINB, LEAN, BKN = 1>
+        args = [a.strip() for a in pl.gemm_expr.rstrip(">").split("<", 1)[1].split(",")]
+        assert len(args) == 8 and args[5] == "1" and args[7] == "1"   # <T, BN, STAGES, MINB, LEAN, BKN = 1, FB, SPLIT = 1>
         _assert_split(pl, splits)
         return pb
 
