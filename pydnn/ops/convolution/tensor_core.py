@@ -159,7 +159,12 @@ def split_exprs(tag):
 
 def wgm_units():
     """The fwd_wgmma KernelUnits (sm_90a only)."""
-    return kernel_units("convolution.wgmma.")
+    return [u for u in kernel_units("convolution.wgmma.") if not u.name.startswith("convolution.wgmma.split.")]
+
+
+def split_units():
+    """The split-K twins' KernelUnits (convolution.wgmma.split.<tag>, sm_90a only)."""
+    return kernel_units("convolution.wgmma.split.")
 
 
 for _t in TC_TAGS:

@@ -59,6 +59,10 @@ def test_model_splits_the_few_block_layers(direction, shape):
     assert pl.fold_expr == "pydnn::conv::fwd_split_fold<pydnn::bf16_t>"
     assert pl.unit == "convolution.wgmma.split.bf16" and pl.gemm_expr.endswith(", 1>")
     assert pl.fold_expr in CT.split_exprs("bf16") and pl.gemm_expr in CT.split_exprs("bf16")
+    units = {u.name: u for u in CT.split_units()}
+    assert set(units) == {"convolution.wgmma.split.f16", "convolution.wgmma.split.bf16"}
+    assert units["convolution.wgmma.split.bf16"].exprs == CT.split_exprs("bf16")
+    assert all(u.archs == ("sm_90a",) for u in units.values())
     assert pl.gemm_expr.count(",") == 7   # <T, BN, STAGES, MINB, LEAN, BKN, FB, SPLIT = 1>
     if direction == CPb.DIR_FWD:
         assert pydnn.get_convolution_forward_workspace_size(h, x, w, conv, y, FWD_PRE) == pl.workspace
