@@ -183,3 +183,32 @@ def test_model_split_forward_and_backward_data(handle, rng, dtype):
     assert_close(pb.y.download(), want, dtype, "plain after fused (model split)",
                  scale=ref.forward_raw(np.abs(x), np.abs(w), *pb.args()))
     _same_bits_again(pb.y, plain)
+
+
+SPLIT_PHASE_CASES = [  # stride 2 backward data: the phases' stride-1 fwd_wgmma plans split (the phase plan's workspace)
+    ((2, 64, 13, 11), 128, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NHWC),    # phases of 4 / 2 / 2 / 1 taps
+    ((3, 48, 14, 14), 192, (7, 7), (3, 3), (2, 2), (1, 1), 1, "nhwc", NHWC),    # 7x7/2 (random N2 7x7/2's shape class)
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_PHASE_CASES)
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_split_phases(handle, rng, monkeypatch, case, dtype):
+    """Strided backward data on dgrad_phases.py's phase plan whose fwd_wgmma phases run split (forced 3
+    slices): the phases share the workspace one after the other; dx poisoned / random, both modes,
+    reproducible. (Written after the last mid-session run: not yet run on a GPU.)"""
+    _need_wgmma(handle)
+    monkeypatch.setattr(tuning.conv, "WGM_SPLIT", 3)
+
+    def make(mode):
+        pb = _tc_problem(case, dtype, mode)
+        pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert type(pl).__name__ == "PhasePlan", type(pl).__name__
+        split = [sp for sp, _, _, _ in pl.subs if sp.splits > 1]
+        assert split and pl.workspace == max(sp.workspace for sp, _, _, _ in pl.subs)
+        for sp in split:
+            _assert_split(sp, 3)
+        return pb
+
+    check_backward_data(rng, make, dtype, lambda pb, alpha, beta: _backward_data_tc_run(handle, pb, alpha, beta),
+                        "split phases", reproducible=True)
