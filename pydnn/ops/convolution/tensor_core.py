@@ -508,11 +508,14 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None, bkn=False):
 # (small N, 7 x 7 / 14 x 14 maps, few output channels) and whose reduction is long (3x3 over 512 channels:
 # 72 K tiles) runs a few blocks that walk every K tile. Issue 18's sweep (H200, 2026-11-28 call B): the 63
 # fwd_wgmma points at under half a wave of blocks read 0.56x cuDNN (N8 3x3 512->512 @7: 32 blocks of 72
-# K tiles, 0.0313 ms against 0.0127). The split plan runs S slices of the K tiles as grid.z (fwd_wgmma's
-# FLAG_PARTIAL: raw fp32 sums to the workspace, [split][m][n]), then fwd_split_fold adds them in split order
-# and applies the call's epilogue (alpha, beta, z, bias, activation), so every call the plain plan serves
-# keeps its meaning; deterministic. Only a call's own plan is split (plans.register_top): the plans other
-# plans run as steps have no workspace of their own.
+# K tiles, 0.0313 ms against 0.0127). The split plan runs S slices of the K tiles as grid.z (fwd_wgmma<...,
+# SPLIT = 1>, units convolution.wgmma.split.<tag>: raw fp32 sums to the workspace, [split][m][n]; the plan's
+# params carry FLAG_PARTIAL as a label), then fwd_split_fold adds them in split order and applies the call's
+# epilogue (alpha, beta, z, bias, activation), so every call the plain plan serves keeps its meaning;
+# deterministic. Only a call's own plan is split (plans.register_top) and dgrad_phases' phases (apply_top:
+# the phase plan reserves the largest phase's partials); the plans other plans run as steps without a
+# workspace (the GEMM algorithm's fused 1x1) are never split. Measured (H200, tools/bench_conv_split.py, 23
+# points of the sweep): 0.524 -> 1.109x cuDNN geomean, every point faster; tools/PERF.md "Session 30: conv".
 
 WGM_SPLIT_SM_TFLOPS = 3.4    # one SM's fwd_wgmma rate with its blocks resident (~450 TFLOP/s / 132, the sweep's
                               # large 3x3 layers); a lone block of a MINB 2 tile on its SM runs ~0.75 of it
