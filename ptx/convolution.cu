@@ -1285,6 +1285,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) implicit_gemm_pip
 // the slab stride 8 KiB, SBO = 1024, a k16 step 16 rows = 2048 bytes on; the instruction's trans-b =
 // 1). The host passes ws = (1, k stride, tap strides): p.ws[0] (c's stride) must be 1, the others
 // multiples of 8 (16-byte chunks), the flip as the forward's (FLAG_FLIP, the opposite mode).
+// SPLIT (tensor_core.py split_wgmma; units convolution.wgmma.split.<tag>): split-K over grid.z, block z
+// walking K tiles [z * k_per_split, + k_per_split) of the (tap, channel block) walk and writing its raw fp32
+// sums (wgmma_partials); fwd_split_fold adds the slices and runs the epilogue. A template parameter so that
+// the whole kernels' code is what it was: with a run-time flag the 128x128 tile took 140 registers instead
+// of 132 and ran 5-7% slower on the UNet N128 256 @32 layer (H200, 0.3705 / 0.3698 ms forward / backward
+// data against 0.344-0.352 / 0.342-0.348 in three earlier runs).
 template <class T, int BN> struct WgAccEng {
   typedef T Elem;
   static constexpr int TM = 1, TN = BN / 8;
@@ -1294,7 +1300,54 @@ template <class T, int BN> struct WgAccEng {
   __device__ __forceinline__ float (&flat())[BN / 2] { return *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]); }
 };
 
-template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0, int FB = 0>
+// fwd_wgmma's split-K epilogue: a warp's accumulators (rows from m_base, columns from n_base) as raw
+// fp32 sums to split blockIdx.z's slice of the workspace (p.out, [split][gm][gn]); column pairs as one
+// 8-byte store where gn is even and the workspace 8-byte aligned.
+template <class Eng>
+__device__ __forceinline__ void wgmma_partials(const ConvParams& p, const Eng& eng, int m_base, int n_base) {
+  float* part = static_cast<float*>(p.out) + (long long)blockIdx.z * p.gm * p.gn;
+  const bool v2 = !(p.gn & 1) && !(reinterpret_cast<unsigned long long>(p.out) & 7);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = m_base + eng.row_of(0, 2 * h);
+    if (m >= p.gm) continue;
+    float* row = part + (long long)m * p.gn;
+#pragma unroll
+    for (int j = 0; j < Eng::TN; ++j) {
+      const int n = n_base + eng.col_of(j, 0);  // even
+      if (n >= p.gn) continue;
+      const float a0 = eng.acc[0][j][2 * h], a1 = eng.acc[0][j][2 * h + 1];
+      if (v2) {  // gn even: n + 1 < gn too
+        *reinterpret_cast<float2*>(row + n) = make_float2(a0, a1);
+      } else {
+        row[n] = a0;
+        if (n + 1 < p.gn) row[n + 1] = a1;
+      }
+    }
+  }
+}
+
+// fwd_split_fold: the end of a split fwd_wgmma (forward, or backward data as the forward of dy): y[m][n] =
+// the forward epilogue (alpha, beta, z, bias, activation: epilogue_value) of the sum over splits, in split
+// order, of the fp32 partials (p.w: [splits][gm][gn]; p.out: y, through the forward's out_offset).
+// Deterministic: a fixed order per element. One thread an element, 256 a block.
+template <class T>
+__global__ void __launch_bounds__(256) fwd_split_fold(const ConvParams p) {
+  const long long total = (long long)p.gm * p.gn;
+  const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (i >= total) return;
+  const float* part = static_cast<const float*>(p.w);
+  float s = 0.f;
+  for (int sl = 0; sl < p.splits; ++sl) s += part[sl * total + i];
+  const int m = (int)(i / p.gn), n = (int)(i - (long long)m * p.gn);
+  long long zoff = 0;
+  int ch = 0;
+  const long long off = out_offset<kFwd>(p, m, n, 0, zoff, ch);
+  finish<true, T, float>(p, static_cast<T*>(p.out), off, zoff, ch, s, (float)p.alpha, (float)p.beta,
+                         (float)p.alpha2);
+}
+
+template <class T, int BN, int STAGES, int MINB, int LEAN = 0, int BKN = 0, int FB = 0, int SPLIT = 0>
 __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_wgmma needs the sm_90a target (KernelUnit archs)");
@@ -1338,6 +1391,16 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   auto boff = [&](int i) { return BKN ? (i % KR) * RS * (int)p.ws[1] + (i / KR) * 64 : RS * i * ws0; };
 
   int c0 = 0, tt = 0, tr = 0, ts = 0;  // the next K tile: channel block c0 of tap (tt, tr, ts)
+  if constexpr (SPLIT) {  // split blockIdx.z starts at K tile blockIdx.z * k_per_split: its digits, once
+    int tap = (int)blockIdx.z * p.k_per_split;
+    const int cblocks = (CH + BK - 1) / BK;
+    c0 = tap % cblocks * BK;
+    tap /= cblocks;
+    ts = tap % p.filt[2];
+    tap /= p.filt[2];
+    tr = tap % p.filt[1];
+    tt = tap / p.filt[1];
+  }
   auto fill = [&](int stage) {
     const unsigned sa = sbase + stage * STAGE * 2, sb = sa + BM * BK * 2;
     const unsigned need = (1u << (tt * p.filt[1] + tr)) | (1u << (16 + ts));
@@ -1422,7 +1485,8 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) eng.acc[0][j][e] = 0.f;
-  const int ktiles = p.filt[0] * p.filt[1] * p.filt[2] * ((CH + BK - 1) / BK);
+  int ktiles = p.filt[0] * p.filt[1] * p.filt[2] * ((CH + BK - 1) / BK);
+  if constexpr (SPLIT) ktiles = min(ktiles - (int)blockIdx.z * p.k_per_split, p.k_per_split);  // this slice's
 #pragma unroll
   for (int s = 0; s < D; ++s) {
     if (s < ktiles) fill(s);
@@ -1456,6 +1520,10 @@ __global__ void __launch_bounds__(256, MINB) fwd_wgmma(const ConvParams p) {
   wgmma::wait<0>();
   wgmma::fence_operands(eng.flat());
   mma::cp_async_wait<0>();
+  if constexpr (SPLIT) {  // this slice's raw fp32 sums, [split][m][n]; fwd_split_fold ends the call
+    wgmma_partials(p, eng, m0 + wg * 64 + warp * 16, n0);
+    return;
+  }
   if constexpr (BREG) {
     float breg[BN / 4];
 #pragma unroll

@@ -47,7 +47,7 @@ typedef struct {
   int pad[3], stride[3], dil[3];
   int gm, gn, gk;       /* GEMM M, N, K per group */
   int splits;           /* split-K slices (grid z = groups * splits) */
-  int k_per_split;      /* reduction length of one slice (a multiple of the tile depth) */
+  int k_per_split;      /* reduction length of one slice (a multiple of the tile depth; fwd_wgmma: K tiles) */
   int act;              /* PYDNN_CONV_ACT_* */
   unsigned flags;
   int red_size[4];      /* the reduction index's digits, outermost first */

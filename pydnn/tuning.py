@@ -123,6 +123,11 @@ conv = Switches(
     USE_WGM=(True, "sm_90: the model picks fwd_wgmma (Hopper wgmma) over implicit_gemm_pipe_tc where it "
                    "applies (channels % 64 == 0, >= WGM_MIN_KTILES K tiles a block): 1.11-1.42x on the "
                    "ResNet layers (tools/bench_convolution.py)"),
+    WGM_SPLIT=(None, "fwd_wgmma's split-K (forward and stride-1 backward data on too few blocks for the SMs: "
+                     "fp32 partials of K-tile slices, fwd_split_fold ends the call): None the model "
+                     "(tensor_core._wgm_split), 1 never, S > 1 forced S slices (where the kernel applies and "
+                     "the reduction has S K tiles; the GPU tests' form). Issue 18's sweep: 63 fwd_wgmma points "
+                     "at under half a wave read 0.56x cuDNN (N8 3x3 512->512 @7: 32 blocks of 72 K tiles)"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -152,7 +152,7 @@ UNET = [  # the original UNet's double 3x3 convolutions (padded), input 128 x 12
 NETWORKS = (("resnet50", RESNET50), ("resnext50", RESNEXT50), ("unet", UNET))
 
 # the kernel units a bf16 sweep loads (build_all prefixes; --prebuild compiles them in parallel first)
-PREBUILD = ("convolution.bf16", "convolution.wgmma.bf16", "convolution.wgrad.bf16", "convolution.grouped.bf16",
+PREBUILD = ("convolution.bf16", "convolution.wgmma.bf16", "convolution.wgmma.split.bf16", "convolution.wgrad.bf16", "convolution.grouped.bf16",
             "conv_gemm.bf16", "conv_dgrad.bf16", "conv_bias.bf16", "conv_winograd.bf16", "matmul.bf16",
             "matmul.wgmma.bf16", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16")
 

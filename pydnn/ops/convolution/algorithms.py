@@ -149,7 +149,7 @@ def _tc_1x1_ms(pl, t):
     (1 K tile) measured 0.12 ms, this model 0.13 (without the fill: 0.044); 256->64 (4 K tiles, fwd_wgmma)
     0.055 / 0.066."""
     pb = pl.problem
-    ktiles = cdiv(pl.gemm.gk, 64)
+    ktiles = cdiv(cdiv(pl.gemm.gk, 64), max(pl.splits, 1))   # a block's (a split's slice)
     t *= (ktiles + TC_FILL_KTILES) / ktiles
     es = DTYPES[pb.dtype][0]
     nbytes = (pb.n * prod(pb.in3) * pb.c + pb.n * prod(pb.out3) * pb.k + pb.k * pb.c) * es

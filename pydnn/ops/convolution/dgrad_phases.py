@@ -40,7 +40,7 @@ from .._elementwise import CTYPE
 from ..common import cdiv, prod
 from ...status import PydnnError
 from . import grouped, grouped_direct
-from .plans import LAUNCH_MS, StepPlan, add_kernels, planner, register, run_plan
+from .plans import LAUNCH_MS, StepPlan, add_kernels, apply_top, planner, register, run_plan
 from .problem import DIR_BWD_DATA, NS, TC_TAGS, tc_refusal
 
 MAX_STRIDE = 64           # dgrad_phase_fill's residue masks are 64 bits
@@ -252,6 +252,7 @@ def plan_phases(handle, pb, direction, algo):
         if pb.groups != 1 and not isinstance(sp, (grouped.GroupedPlan, grouped_direct.GroupedDirectPlan)):
             return None
         sp.problem = spb
+        sp = apply_top(handle, sp)   # a phase's fwd_wgmma split-K (its partials in the shared workspace)
         subs.append((sp, dx_off, w_off, spb))
     fill, elems = _fill_params(pb, phs)
     return PhasePlan(pb, algo, subs, fill, elems, handle.sm_count)

@@ -24,8 +24,8 @@ from ...status import PydnnError
 from ...tensor import DTYPES, _int
 from .._elementwise import CTYPE
 from ..common import element_aligned, enum_arg, output_tensor
-from .problem import (ALGO_TYPES, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS,
-                      ConvParams, algo_name, check_conv, operand_names, problem)
+from .problem import (ALGO_TYPES, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_BIAS, FLAG_FLIP, FLAG_PAIR,
+                      FLAG_PARTIAL, FLAG_Z, NS, ConvParams, algo_name, check_conv, operand_names, problem)
 
 WS_ALIGN = 256          # workspace parts start on 256-byte boundaries
 # the Get..._v7 heuristic's shared rates (a ranking, not a promise): the im2col / col2im / pack passes (bytes
@@ -194,6 +194,23 @@ def estimate_ms(handle, pl):
     return _ESTIMATE[0](handle, pl)
 
 
+_TOP = []   # hooks fn(handle, plan) -> plan applied to a call's own plan (new_plan), never to a step's
+
+
+def register_top(fn):
+    """A hook for the plan of a call itself (new_plan), not for the plans other plans run as steps
+    (planner(): those run without a workspace of their own): tensor_core.py's split-K of fwd_wgmma."""
+    _TOP.append(fn)
+
+
+def apply_top(handle, pl):
+    """The register_top hooks on a plan that runs with a workspace of its own: a call's (new_plan), or a
+    step plan's sub-plan whose workspace the step plan reserves (dgrad_phases.py's phases: the largest)."""
+    for fn in _TOP:
+        pl = fn(handle, pl)
+    return pl
+
+
 def implemented():
     """{direction: the algorithms with a planner, in enum order}."""
     return {d: tuple(a for a in ALGO_TYPES[d][1] if (d, a) in _PLANNERS) for d in ALGO_TYPES}
@@ -257,7 +274,7 @@ def new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc):
         output_tensor(*out)
     pl = plan_for(handle, pb, direction, algo)
     pl.problem = pb
-    return pl
+    return apply_top(handle, pl)
 
 
 # ----------------------------------------------------------------------------- running a plan
@@ -305,8 +322,18 @@ def run_plan(handle, pl, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bi
         driver.launch_args(pl.gemm_func, pl.gemm_grid, (pl.threads, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
         return
     p.out = ws_ptr
-    driver.launch_args(pl.gemm_func, pl.gemm_grid, (pl.threads, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
     f = pl.fold
+    if type(f) is ConvParams:  # a split fwd_wgmma: fp32 partials, then fwd_split_fold runs the call's epilogue
+        f.flags = p.flags & ~FLAG_PARTIAL
+        f.act, f.coef, f.alpha2, f.bias_stride = p.act, p.coef, p.alpha2, p.bias_stride
+        for i in range(5):
+            f.zs[i] = p.zs[i]
+        f.z, f.bias, f.alpha, f.beta, f.out, f.w = p.z, p.bias, alpha, beta, out_ptr, ws_ptr
+        p.flags = (p.flags & ~(FLAG_BIAS | FLAG_Z | FLAG_BETA)) | FLAG_PARTIAL
+        driver.launch_args(pl.gemm_func, pl.gemm_grid, (pl.threads, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
+        driver.launch_args(pl.fold_func, pl.fold_grid, (256, 1, 1), 0, handle.cu_stream, pl.fold_argv)
+        return
+    driver.launch_args(pl.gemm_func, pl.gemm_grid, (pl.threads, 1, 1), pl.smem, handle.cu_stream, pl.gemm_argv)
     f.out, f.in_, f.alpha, f.beta = out_ptr, ws_ptr, alpha, beta
     f.flags = (f.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
     driver.launch_args(pl.fold_func, pl.fold_grid, (256, 1, 1), 0, handle.cu_stream, pl.fold_argv)

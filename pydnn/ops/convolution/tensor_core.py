@@ -30,9 +30,10 @@ from ...status import PydnnError
 from ...tensor import DTYPES
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .plans import Plan, StepPlan, add_kernels, base_params, digit_step, fold_expr, kernel_units, register, run_plan
+from .plans import (Plan, StepPlan, add_kernels, base_params, digit_step, fold_expr, kernel_units, register,
+                    register_top, round_up, run_plan)
 from .problem import (DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_CIN, FLAG_FLIP, FLAG_PARTIAL, FLAG_STAGED,
-                      INT_MAX, NS, TC_TAGS, TCP_BK, ConvAuxParams, tc_refusal, wgp_refusal)
+                      INT_MAX, NS, TC_TAGS, TCP_BK, ConvAuxParams, ConvParams, tc_refusal, wgp_refusal)
 
 THREADS = 256   # kThreads of fwd_tc / bwd_data_tc / wgrad_tc
 TC_BK, TC_LD, TC_STAGES = 32, 40, 4   # kTcBK, kTcLd, TcShape::STAGES
@@ -129,6 +130,11 @@ def _swap_expr(tag):
     return f"pydnn::conv::filter_kc_swap<{CTYPE[tag]}>"
 
 
+def _split_fold_expr(tag):
+    """fwd_split_fold: a split fwd_wgmma's partials summed in split order through the forward's epilogue."""
+    return f"pydnn::conv::fwd_split_fold<{CTYPE[tag]}>"
+
+
 def wgm_exprs(tag):
     """The fwd_wgmma unit of a 16-bit type: every WGM_TILES and WGM_VARIANTS entry, the same with B read as
     [k][n] (backward data from the filter itself), filter_kc_swap, then the FB = 1 instantiations."""
@@ -136,19 +142,44 @@ def wgm_exprs(tag):
             + (_swap_expr(tag),) + tuple(_wgm_expr(tag, c, fb=True) for c in WGM_TILES if c[1] == 64))
 
 
+def _wgm_split_expr(expr):
+    """The SPLIT = 1 twin of a fwd_wgmma expression (LEAN, BKN, FB written out, then SPLIT)."""
+    head, args = expr.split("<", 1)
+    a = [x.strip() for x in args.rstrip(">").split(",")]
+    a += ["0"] * (7 - len(a))
+    return f"{head}<{', '.join(a)}, 1>"
+
+
+def split_exprs(tag):
+    """The split unit (convolution.wgmma.split.<tag>): the SPLIT twins of the model's tiles (B K-major, and read
+    as [k][n] for backward data), then fwd_split_fold."""
+    return (tuple(_wgm_split_expr(_wgm_expr(tag, c, bkn)) for bkn in (False, True) for c in WGM_TILES)
+            + (_split_fold_expr(tag),))
+
+
 def wgm_units():
     """The fwd_wgmma KernelUnits (sm_90a only)."""
-    return kernel_units("convolution.wgmma.")
+    return [u for u in kernel_units("convolution.wgmma.") if not u.name.startswith("convolution.wgmma.split.")]
+
+
+def split_units():
+    """The split-K twins' KernelUnits (convolution.wgmma.split.<tag>, sm_90a only)."""
+    return kernel_units("convolution.wgmma.split.")
 
 
 for _t in TC_TAGS:
     add_kernels(f"convolution.{_t}", "convolution.cu", _tc_exprs(_t))
 for _t in TC_TAGS:   # built and loadable for sm_90 only, as sm_90a (wgmma)
     add_kernels(f"convolution.wgmma.{_t}", "convolution.cu", wgm_exprs(_t), archs=(WGM_ARCH + "a",))
+    add_kernels(f"convolution.wgmma.split.{_t}", "convolution.cu", split_exprs(_t), archs=(WGM_ARCH + "a",))
 
 
 # the 128x64 model tile's FB = 1 (the 128x128 tile's code has the bias in registers whatever FB says)
 _FB_EXPRS = {_wgm_expr(t, c): _wgm_expr(t, c, fb=True) for t in TC_TAGS for c in WGM_TILES if c[1] == 64}
+# the model tiles' SPLIT twins (split_wgmma: a fused call on a split plan adds its bias in fwd_split_fold, so
+# the FB = 1 form has no twin)
+_SPLIT_EXPRS = {_wgm_expr(t, c, bkn): _wgm_split_expr(_wgm_expr(t, c, bkn))
+                for t in TC_TAGS for c in WGM_TILES for bkn in (False, True)}
 
 
 MAX_WG_SPLITS = 1024
@@ -469,6 +500,111 @@ def plan_tc(handle, pb, algo, direction=DIR_FWD, cfg=None, bkn=False):
     # output 4-byte aligned, checked per call)
     pl.pair_ok = out_strides[1] == 1 and all(st % 2 == 0 for i, st in enumerate(out_strides) if i != 1)
     return pl
+
+
+# ----------------------------------------------------------------------------- split-K on fwd_wgmma
+#
+# A forward (or stride-1 backward data, the forward of dy) whose 128 x BN tiles are too few for the SMs
+# (small N, 7 x 7 / 14 x 14 maps, few output channels) and whose reduction is long (3x3 over 512 channels:
+# 72 K tiles) runs a few blocks that walk every K tile. Issue 18's sweep (H200, 2026-11-28 call B): the 63
+# fwd_wgmma points at under half a wave of blocks read 0.56x cuDNN (N8 3x3 512->512 @7: 32 blocks of 72
+# K tiles, 0.0313 ms against 0.0127). The split plan runs S slices of the K tiles as grid.z (fwd_wgmma<...,
+# SPLIT = 1>, units convolution.wgmma.split.<tag>: raw fp32 sums to the workspace, [split][m][n]; the plan's
+# params carry FLAG_PARTIAL as a label), then fwd_split_fold adds them in split order and applies the call's
+# epilogue (alpha, beta, z, bias, activation), so every call the plain plan serves keeps its meaning;
+# deterministic. Only a call's own plan is split (plans.register_top) and dgrad_phases' phases (apply_top:
+# the phase plan reserves the largest phase's partials); the plans other plans run as steps without a
+# workspace (the GEMM algorithm's fused 1x1) are never split. Measured (H200, tools/bench_conv_split.py, 23
+# points of the sweep): 0.524 -> 1.109x cuDNN geomean, every point faster; tools/PERF.md "Session 30: conv".
+
+WGM_SPLIT_SM_TFLOPS = 3.4    # one SM's fwd_wgmma rate with its blocks resident (~450 TFLOP/s / 132, the sweep's
+                              # large 3x3 layers); a lone block of a MINB 2 tile on its SM runs ~0.75 of it
+                              # (N8 3x3 512->512 @7: 0.42 us a K tile a block, 2.5 TFLOP/s)
+WGM_SPLIT_LONE = 0.75
+WGM_SPLIT_FILL = 2.0          # a block's pipeline fill and epilogue, in K tiles
+WGM_SPLIT_GBPS = 2500.0       # the partials written, read back by the fold (mostly L2), and y written
+WGM_SPLIT_LAUNCH_MS = 0.003   # the fold's launch
+WGM_SPLIT_GAIN = 1.15         # split only where the model says at least this much faster
+WGM_SPLIT_MIN_PER = 4         # K tiles a slice at least
+WGM_SPLIT_MAX = 32
+WGM_SPLIT_MIN_MACS = 1 << 25  # smaller problems are launch-bound whatever the split
+
+
+def _wgm_cfg(expr):
+    """(BN, MINB) of a fwd_wgmma expression (pydnn::conv::fwd_wgmma<T, BN, STAGES, MINB, ...>)."""
+    args = [a.strip() for a in expr.split("<", 1)[1].rstrip(">").split(",")]
+    return int(args[1]), int(args[3])
+
+
+def _wgm_split_ms(handle, bn, minb, tiles, ktiles, splits, gm, gn):
+    """The split model's time (ms) of S = splits slices: the busiest SM's blocks x (K tiles a slice + the
+    fill) x a K tile's flops / the SM's rate (a lone block at WGM_SPLIT_LONE of it), plus the fold's traffic
+    and launch when split. A ranking, not a promise."""
+    sms = max(handle.sm_count, 1)
+    per = cdiv(ktiles, splits)
+    busiest = cdiv(tiles * splits, sms)
+    speed = 1.0 if busiest >= minb else WGM_SPLIT_LONE + (1.0 - WGM_SPLIT_LONE) * (busiest - 1) / max(minb - 1, 1)
+    t = busiest * (per + WGM_SPLIT_FILL) * 2.0 * 128 * bn * TCP_BK / (WGM_SPLIT_SM_TFLOPS * 1e9 * speed)
+    if splits > 1:
+        t += (2.0 * splits * gm * gn * 4 + gm * gn * 2) / (WGM_SPLIT_GBPS * 1e6) + WGM_SPLIT_LAUNCH_MS
+    return t
+
+
+def _wgm_split(handle, pl):
+    """The split count for a fwd_wgmma plan: tuning.conv.WGM_SPLIT's, or the model's (1: no split)."""
+    p = pl.gemm
+    ktiles = prod(p.filt) * cdiv(p.cg, TCP_BK)
+    forced = tuning.conv.WGM_SPLIT
+    if forced is not None:
+        return max(1, min(int(forced), ktiles, 65535))
+    if tuning.conv.TC_FORCE.get(pl.direction) is not None:
+        return 1   # a forced tiling runs as forced
+    if p.gm * p.gn * p.gk < WGM_SPLIT_MIN_MACS or ktiles < 2 * WGM_SPLIT_MIN_PER:
+        return 1
+    bn, minb = _wgm_cfg(pl.gemm_expr)
+    tiles = pl.gemm_grid[0] * pl.gemm_grid[1]
+    base = _wgm_split_ms(handle, bn, minb, tiles, ktiles, 1, p.gm, p.gn)
+    best = (base, 1)
+    for s in range(2, min(WGM_SPLIT_MAX, ktiles // WGM_SPLIT_MIN_PER) + 1):
+        if cdiv(ktiles, cdiv(ktiles, s)) != s:
+            continue   # the same slices as fewer splits
+        t = _wgm_split_ms(handle, bn, minb, tiles, ktiles, s, p.gm, p.gn)
+        if t < best[0]:
+            best = (t, s)
+    return best[1] if best[0] * WGM_SPLIT_GAIN <= base else 1
+
+
+def split_wgmma(handle, pl):
+    """plans.register_top's hook: a call's own fwd_wgmma plan (forward, or backward data read straight from
+    the filter) split over grid.z where _wgm_split says so; other plans unchanged."""
+    if (type(pl) is not Plan or pl.fold is not None or pl.direction == DIR_BWD_FILTER
+            or pl.gemm_expr not in _SPLIT_EXPRS):
+        return pl   # (forced WGM_VARIANTS tilings have no split twin)
+    splits = _wgm_split(handle, pl)
+    if splits <= 1:
+        return pl
+    p = pl.gemm
+    ktiles = prod(p.filt) * cdiv(p.cg, TCP_BK)
+    per = cdiv(ktiles, splits)
+    splits = cdiv(ktiles, per)
+    if splits <= 1:
+        return pl
+    p.splits, p.k_per_split = splits, per
+    q = ConvParams.from_buffer_copy(p)   # the fold's: y's sizes and strides, the call's epilogue per call
+    p.flags |= FLAG_PARTIAL
+    pl.gemm_grid = (pl.gemm_grid[0], pl.gemm_grid[1], splits)
+    pl.splits = splits
+    pl.workspace = round_up(splits * p.gm * p.gn * 4)
+    tag = pl.unit.rsplit(".", 1)[1]
+    pl.gemm_expr, pl.gemm_func, pl.unit = _SPLIT_EXPRS[pl.gemm_expr], None, f"convolution.wgmma.split.{tag}"
+    pl.fold, pl.fold_expr, pl.fold_func = q, _split_fold_expr(tag), None
+    pl.fold_grid = (cdiv(p.gm * p.gn, 256), 1, 1)
+    pl.fold_argv = driver.kernel_args(q)
+    pl.gemm_argv = driver.kernel_args(p)
+    return pl
+
+
+register_top(split_wgmma)
 
 
 # ----------------------------------------------------------------------------- backward data on fwd_wgmma
