@@ -11,7 +11,7 @@
 //                            saved / running statistics or dscale / dbias, and 4 constants per feature.
 //     fwd_apply / bwd_apply  one pass over the rows [row_begin, row_end): y (dx, dz) from x (dy, z, mask)
 //                            and the constants. 16-byte accesses when the layout and pointers allow.
-//     fwd_head / bwd_head    one block: the rows [row_begin, row_end) whose bytes held the constants
+//     fwd_head_batched / bwd_head_batched  one block: the rows [row_begin, row_end) whose bytes held the constants
 //                            (non-Ex calls keep partials and constants in y / dx, see the host); the
 //                            block copies every constant to shared memory before it writes anything.
 //     fwd_apply_saved        the plain forward's apply when the call keeps the saved statistics: the
@@ -54,6 +54,7 @@ constexpr int kFinalX = 8, kFinalY = 32;  // final kernels: features x chunk lan
                                           // merge chains stay short; loads batched kFinalU deep)
 constexpr int kFinalU = 4;
 constexpr int kHeadSmemBytes = 32768;  // head kernels: constants of every feature (host limits feats)
+constexpr int kHeadThreads = 1024;     // head kernels: threads of their one block
 constexpr int kGenThreads = 1024;      // gen kernels: threads per block at most (one block per feature)
 constexpr int kGenThreadsBwd = 512;    // backward gen: more registers per thread (no spills)
 
@@ -508,35 +509,13 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply_plain(const BnParams p)
   }
 }
 
-// The rows whose bytes held the constants (non-Ex calls): one block, constants to shared memory first.
-template <class T> __global__ void __launch_bounds__(kThreads) fwd_head(const BnParams p) {
-  typedef typename AccOf<T>::type A;
-  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
-  const A* cs = (const A*)p.consts;
-  for (i64 i = threadIdx.x; i < p.feats * 4; i += blockDim.x) s_c[i] = cs[i];
-  __syncthreads();
-  const A alpha = (A)p.alpha, beta = (A)p.beta;
-  const i64 total = (p.row_end - p.row_begin) * p.feats;
-  for (i64 i = threadIdx.x; i < total; i += blockDim.x) {
-    const i64 r = p.row_begin + i / p.feats, f = i % p.feats;
-    const A xv = load<A>(((const T*)p.x)[r * p.ld[X] + f]);
-    const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z)[r * p.ld[Z] + f]) : A(0);
-    T* yp = (T*)p.y + r * p.ld[Y] + f;
-    bool pos;
-    A o = alpha * fwd_value(xv, s_c + f * 4, zv, p.flags, pos);
-    if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
-    *yp = store<T>(o);
-    if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[r * p.ld[X] + f] = pos ? 1 : 0;
-  }
-}
-
-// fwd_head with H elements per thread per batch, every load of a batch issued before the first use (fwd_head
-// waits one memory round trip per element: ~8 us for 8 rows of 256 channels, H200). 32-bit indices: a head
-// is a few rows of at most kHeadSmemBytes / 16 features.
-template <class T, int H> __global__ void __launch_bounds__(kThreads) fwd_head_batched(const BnParams p) {
-  typedef typename AccOf<T>::type A;
-  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
-  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats, nc = feats * 4;
+// The rows whose bytes held the constants (non-Ex calls): one block of kHeadThreads, every constant copied to
+// shared memory before the first write over them, then H elements per thread per batch with every load of a
+// batch issued before the first use. 32-bit indices: a head is a few rows of at most kHeadSmemBytes / 16
+// features. (The one-element-per-step heads of 256 threads waited one memory round trip per element: ~8 us
+// for 8 rows of 256 channels, ~30 us for 1305-1481 channels; H200.)
+template <class A, int H> __device__ __forceinline__ void head_consts(const BnParams& p, A* s_c) {
+  const int t = threadIdx.x, G = blockDim.x, nc = (int)p.feats * 4;
   const A* cs = (const A*)p.consts;
   for (int i0 = t; i0 < nc; i0 += G * H) {
     A v[H];
@@ -548,6 +527,13 @@ template <class T, int H> __global__ void __launch_bounds__(kThreads) fwd_head_b
       if (i0 + k * G < nc) s_c[i0 + k * G] = v[k];
   }
   __syncthreads();  // every constant read before the first write over them
+}
+
+template <class T, int H> __global__ void __launch_bounds__(kHeadThreads) fwd_head_batched(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
+  head_consts<A, H>(p, s_c);
+  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   const unsigned flags = p.flags;
   const int total = (int)(p.row_end - p.row_begin) * feats;
@@ -880,28 +866,55 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   }
 }
 
-template <class T> __global__ void __launch_bounds__(kThreads) bwd_head(const BnParams p) {
+// The backward's head (fwd_head_batched's shape): dx (dz) of the rows whose bytes held the constants.
+template <class T, int H> __global__ void __launch_bounds__(kHeadThreads) bwd_head_batched(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
-  const A* cs = (const A*)p.consts;
-  for (i64 i = threadIdx.x; i < p.feats * 4; i += blockDim.x) s_c[i] = cs[i];
-  __syncthreads();
+  head_consts<A, H>(p, s_c);
+  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
-  const i64 total = (p.row_end - p.row_begin) * p.feats;
-  for (i64 i = threadIdx.x; i < total; i += blockDim.x) {
-    const i64 r = p.row_begin + i / p.feats, f = i % p.feats;
-    const A xv = load<A>(((const T*)p.x)[r * p.ld[X] + f]);
-    A dv = load<A>(((const T*)p.dy)[r * p.ld[DY] + f]);
-    if ((p.flags & PYDNN_BN_FLAG_MASK) && !p.mask[r * p.ld[X] + f]) dv = A(0);
-    T* dxp = (T*)p.dx + r * p.ld[DX] + f;
-    A o = bwd_value(xv, dv, s_c + f * 4);
-    if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*dxp);
-    *dxp = store<T>(o);
-    if (p.flags & PYDNN_BN_FLAG_DZ) {
-      T* dzp = (T*)p.dz + r * p.ld[DZ] + f;
-      A oz = alpha * dv;
-      if (p.flags & PYDNN_BN_FLAG_BETA) oz += beta * load<A>(*dzp);
-      *dzp = store<T>(oz);
+  const unsigned flags = p.flags;
+  const bool msk = flags & PYDNN_BN_FLAG_MASK, blend = flags & PYDNN_BN_FLAG_BETA, wdz = flags & PYDNN_BN_FLAG_DZ;
+  const int total = (int)(p.row_end - p.row_begin) * feats;
+  const T* x = (const T*)p.x;
+  const T* dy = (const T*)p.dy;
+  T* dx = (T*)p.dx;
+  T* dz = (T*)p.dz;
+  const i64 lx = p.ld[X], ldy = p.ld[DY], ldx = p.ld[DX], ldz = p.ld[DZ];
+  for (int i0 = t; i0 < total; i0 += G * H) {
+    A xv[H], dv[H];
+    bool mv[H];
+#pragma unroll
+    for (int k = 0; k < H; ++k) {
+      const int i = i0 + k * G;
+      xv[k] = dv[k] = A(0);
+      mv[k] = true;
+      if (i < total) {
+        const i64 r = p.row_begin + i / feats;
+        const int f = i % feats;
+        xv[k] = load<A>(x[r * lx + f]);
+        dv[k] = load<A>(dy[r * ldy + f]);
+        if (msk) mv[k] = p.mask[r * lx + f] != 0;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < H; ++k) {
+      const int i = i0 + k * G;
+      if (i < total) {
+        const i64 r = p.row_begin + i / feats;
+        const int f = i % feats;
+        const A d = mv[k] ? dv[k] : A(0);
+        T* dxp = dx + r * ldx + f;
+        A o = bwd_value(xv[k], d, s_c + f * 4);
+        if (blend) o += beta * load<A>(*dxp);
+        *dxp = store<T>(o);
+        if (wdz) {
+          T* dzp = dz + r * ldz + f;
+          A oz = alpha * d;
+          if (blend) oz += beta * load<A>(*dzp);
+          *dzp = store<T>(oz);
+        }
+      }
     }
   }
 }

@@ -169,6 +169,12 @@ GEN_THREADS_BWD = 512  # kGenThreadsBwd
 UNROLL = 4             # kUnroll
 FINAL_BLOCK = (8, 32)  # kFinalX, kFinalY
 HEAD_SMEM = 32768      # kHeadSmemBytes: the head kernels' constants (4 per feature)
+# The non-Ex heads ({fwd,bwd}_head_batched<T, HEAD_U>): one block of HEAD_THREADS (kHeadThreads), HEAD_U elements
+# per thread with their loads issued together. Why: fwd_head / bwd_head (256 threads, one element a step, one
+# memory round trip each) took ~8 us for 8 rows of 256 channels and ~30 us for 8 rows of 1305 (bn_bwd NHWC bf16
+# 2x1305x45x45 at 0.46-0.60x PyTorch, 62 us; H200). Predicted: 2-3 round trips, ~2-3 us.
+HEAD_THREADS = 1024    # kHeadThreads
+HEAD_U = 8             # elements in flight per thread
 BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
 # 16-bit data with 16-byte vectors (FAST16): kUnroll16 rows in flight in fwd_stats (bf16) and the plain
 # forward apply (fwd_apply_plain, with fwd_head_batched); stats launched as one wave of STATS16_BLOCKS_PER_SM
@@ -251,7 +257,7 @@ def _stats16(tag, direction, v):
 
 
 ROW_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply", "infer_rows")
-ONE_KERNELS = ("fwd_head", "bwd_head", "fwd_fused_gen", "bwd_fused_gen", "infer_gen", "fwd_final", "bwd_final")
+ONE_KERNELS = ("fwd_fused_gen", "bwd_fused_gen", "infer_gen", "fwd_final", "bwd_final")
 
 
 def kernel_units():
@@ -259,9 +265,9 @@ def kernel_units():
     for t in FLOAT_TAGS:
         exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (vec_width(t, t), *_mid_widths(vec_width(t, t)), 1)]
         exprs += [_expr(k, t) for k in ONE_KERNELS]
+        exprs += [_expr(f"{d}_head_batched", t, None, HEAD_U) for d in ("fwd", "bwd")]
         if _SIZES[t] == 2:
             exprs += [_expr(k, t, vec_width(t, t), UNROLL16) for k in FAST16_KERNELS]
-            exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
         if t in STATS16_TAGS:
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if t != "f64":
@@ -613,7 +619,7 @@ def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
            _Launch(f"{d}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
                    {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
     if head_sr:
-        seq.append(_Launch(f"{d}_head", None, (1, 1, 1), (THREADS, 1, 1), {"row_begin": 0, "row_end": head_sr * k}))
+        seq.append(_head_launch(d, head_sr * k))
     pl.seqs["sr"] = seq
 
 
@@ -640,10 +646,15 @@ def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, p
     out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st, us),
            _Launch(f"{direction}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
            apply]
-    if head_rows:  # plain: fwd_head_batched (UNROLL16 elements per thread in flight)
-        out.append(_Launch(f"{direction}_head_batched" if plain else f"{direction}_head", None, (1, 1, 1),
-                           (THREADS, 1, 1), {"row_begin": 0, "row_end": head_rows}, UNROLL16 if plain else None))
+    if head_rows:
+        out.append(_head_launch(direction, head_rows))
     return out
+
+
+def _head_launch(direction, rows):
+    """The non-Ex head: rows 0..rows, whose bytes held the constants."""
+    return _Launch(f"{direction}_head_batched", None, (1, 1, 1), (HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": rows},
+                   HEAD_U)
 
 
 # fwd_planes / bwd_planes (ptx/batchnorm.cu): the gen kernels (a block per feature, two passes) with

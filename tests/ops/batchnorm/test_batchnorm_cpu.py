@@ -237,7 +237,7 @@ def test_layouts_and_workspace():
     assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows8s", "rows1", "gen"} if tuning.batchnorm.FAST16
                                               else {"rows8", "rows8s", "rows1", "gen"})
     names = [s[0] for s in seqs["rows8"]]
-    assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head"] and ws == 0
+    assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head_batched"] and ws == 0
     if tuning.batchnorm.FAST16:  # the plain forward: the same stats / final / head, fwd_apply_plain
         assert [s[0] for s in seqs["rows8p"]] == ["fwd_stats", "fwd_final", "fwd_apply_plain", "fwd_head_batched"]
         assert seqs["rows8p"][0] == seqs["rows8"][0] and seqs["rows8p"][3][2:] == seqs["rows8"][3][2:]

@@ -171,7 +171,7 @@ def _emulate(pl, seq, dims, ex, rng, direction):
         assert len(seq) == 3 and ab == 0
     else:
         head = seq[3]
-        assert head.kernel == f"{d}_head" and head.fields == {"row_begin": 0, "row_end": ab * k}
+        assert head.kernel == f"{d}_head_batched" and head.fields == {"row_begin": 0, "row_end": ab * k}
         wrote[:ab * k * C] += 1
         cbytes = C * 4 * pl.asize
         assert ab * L * pl.isize >= cbytes  # the apply's first byte is past the constants

@@ -60,11 +60,11 @@ NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
 def test_sr_backward(handle, rng, dims, dtype, launched):
     SR, SRF = _sr_seq("bwd", dims, dtype), _sr_seq("fwd", dims, dtype)
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
-    assert launched == [SRF + [("fwd_head", None)]], launched
+    assert launched == [SRF + [("fwd_head_batched", B.HEAD_U)]], launched
     del launched[:]
     _backward(handle, t, dtype, SPATIAL, rng, saved=True)
     _backward(handle, t, dtype, SPATIAL, rng, saved=False, ap=0.5, bp=0.5)
-    assert launched == [SR + [("bwd_head", None)]] * 2, launched
+    assert launched == [SR + [("bwd_head_batched", B.HEAD_U)]] * 2, launched
     for ops in (OPS_BN, OPS_ACT, OPS_ADD):
         del launched[:]
         t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=0.5, ex_ops=ops)
@@ -89,6 +89,6 @@ def test_sr_repeat_bitwise(handle, rng, dims, dtype, launched):
         pydnn.batch_normalization_backward(handle, SPATIAL, 1.0, 0.0, 1.0, 0.0, x.desc, x.ptr, dy.desc, dy.ptr,
                                            dx.desc, dx.ptr, t["bd"], t["sc"].ptr, ds.ptr, db.ptr, 1e-5, 0, 0)
         out.append((dx.buf.to_numpy(), ds.buf.to_numpy(), db.buf.to_numpy()))
-    assert launched[-1] == _sr_seq("bwd", dims, dtype) + [("bwd_head", None)]
+    assert launched[-1] == _sr_seq("bwd", dims, dtype) + [("bwd_head_batched", B.HEAD_U)]
     for a, b in zip(*out):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
