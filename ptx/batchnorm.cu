@@ -510,10 +510,11 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply_plain(const BnParams p)
 }
 
 // The rows whose bytes held the constants (non-Ex calls): one block of kHeadThreads, every constant copied to
-// shared memory before the first write over them, then H elements per thread per batch with every load of a
-// batch issued before the first use. 32-bit indices: a head is a few rows of at most kHeadSmemBytes / 16
-// features. (The one-element-per-step heads of 256 threads waited one memory round trip per element: ~8 us
-// for 8 rows of 256 channels, ~30 us for 1305-1481 channels; H200.)
+// shared memory before the first write over them, then a thread per channel (its constants in registers) over
+// the rows, H at a time with every load of a batch issued before the first use. (The one-element-per-step heads
+// of 256 threads waited one memory round trip per element: ~8 us for 8 rows of 256 channels, ~30 us for 1305
+// channels; a flat walk of 1024 x 8 elements with a division per element was instruction-bound on its one SM:
+// 10.6 us for 8 rows of 1305, 5.5 us for 4 of 1315; H200, tools/profile_memory_points.py.)
 template <class A, int H> __device__ __forceinline__ void head_consts(const BnParams& p, A* s_c) {
   const int t = threadIdx.x, G = blockDim.x, nc = (int)p.feats * 4;
   const A* cs = (const A*)p.consts;
@@ -533,39 +534,37 @@ template <class T, int H> __global__ void __launch_bounds__(kHeadThreads) fwd_he
   typedef typename AccOf<T>::type A;
   __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
   head_consts<A, H>(p, s_c);
-  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats;
+  const int feats = (int)p.feats;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   const unsigned flags = p.flags;
-  const int total = (int)(p.row_end - p.row_begin) * feats;
   const T* x = (const T*)p.x;
   const T* z = (const T*)p.z;
   T* y = (T*)p.y;
   const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
-  for (int i0 = t; i0 < total; i0 += G * H) {
-    A xv[H], zv[H];
+  for (int f = threadIdx.x; f < feats; f += blockDim.x) {
+    const A c[4] = {s_c[f * 4], s_c[f * 4 + 1], s_c[f * 4 + 2], s_c[f * 4 + 3]};
+    for (i64 r0 = p.row_begin; r0 < p.row_end; r0 += H) {
+      A xv[H], zv[H];
 #pragma unroll
-    for (int k = 0; k < H; ++k) {
-      const int i = i0 + k * G;
-      xv[k] = zv[k] = A(0);
-      if (i < total) {
-        const i64 r = p.row_begin + i / feats;
-        const int f = i % feats;
-        xv[k] = load<A>(x[r * lx + f]);
-        if (flags & PYDNN_BN_FLAG_Z) zv[k] = load<A>(z[r * lz + f]);
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        xv[k] = zv[k] = A(0);
+        if (r < p.row_end) {
+          xv[k] = load<A>(x[r * lx + f]);
+          if (flags & PYDNN_BN_FLAG_Z) zv[k] = load<A>(z[r * lz + f]);
+        }
       }
-    }
 #pragma unroll
-    for (int k = 0; k < H; ++k) {
-      const int i = i0 + k * G;
-      if (i < total) {
-        const i64 r = p.row_begin + i / feats;
-        const int f = i % feats;
-        T* yp = y + r * ly + f;
-        bool pos;
-        A o = alpha * fwd_value(xv[k], s_c + f * 4, zv[k], flags, pos);
-        if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
-        *yp = store<T>(o);
-        if (flags & PYDNN_BN_FLAG_MASK) p.mask[r * lx + f] = pos ? 1 : 0;
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        if (r < p.row_end) {
+          T* yp = y + r * ly + f;
+          bool pos;
+          A o = alpha * fwd_value(xv[k], c, zv[k], flags, pos);
+          if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
+          *yp = store<T>(o);
+          if (flags & PYDNN_BN_FLAG_MASK) p.mask[r * lx + f] = pos ? 1 : 0;
+        }
       }
     }
   }
@@ -871,48 +870,46 @@ template <class T, int H> __global__ void __launch_bounds__(kHeadThreads) bwd_he
   typedef typename AccOf<T>::type A;
   __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
   head_consts<A, H>(p, s_c);
-  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats;
+  const int feats = (int)p.feats;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   const unsigned flags = p.flags;
   const bool msk = flags & PYDNN_BN_FLAG_MASK, blend = flags & PYDNN_BN_FLAG_BETA, wdz = flags & PYDNN_BN_FLAG_DZ;
-  const int total = (int)(p.row_end - p.row_begin) * feats;
   const T* x = (const T*)p.x;
   const T* dy = (const T*)p.dy;
   T* dx = (T*)p.dx;
   T* dz = (T*)p.dz;
   const i64 lx = p.ld[X], ldy = p.ld[DY], ldx = p.ld[DX], ldz = p.ld[DZ];
-  for (int i0 = t; i0 < total; i0 += G * H) {
-    A xv[H], dv[H];
-    bool mv[H];
+  for (int f = threadIdx.x; f < feats; f += blockDim.x) {
+    const A c[4] = {s_c[f * 4], s_c[f * 4 + 1], s_c[f * 4 + 2], s_c[f * 4 + 3]};
+    for (i64 r0 = p.row_begin; r0 < p.row_end; r0 += H) {
+      A xv[H], dv[H];
+      bool mv[H];
 #pragma unroll
-    for (int k = 0; k < H; ++k) {
-      const int i = i0 + k * G;
-      xv[k] = dv[k] = A(0);
-      mv[k] = true;
-      if (i < total) {
-        const i64 r = p.row_begin + i / feats;
-        const int f = i % feats;
-        xv[k] = load<A>(x[r * lx + f]);
-        dv[k] = load<A>(dy[r * ldy + f]);
-        if (msk) mv[k] = p.mask[r * lx + f] != 0;
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        xv[k] = dv[k] = A(0);
+        mv[k] = true;
+        if (r < p.row_end) {
+          xv[k] = load<A>(x[r * lx + f]);
+          dv[k] = load<A>(dy[r * ldy + f]);
+          if (msk) mv[k] = p.mask[r * lx + f] != 0;
+        }
       }
-    }
 #pragma unroll
-    for (int k = 0; k < H; ++k) {
-      const int i = i0 + k * G;
-      if (i < total) {
-        const i64 r = p.row_begin + i / feats;
-        const int f = i % feats;
-        const A d = mv[k] ? dv[k] : A(0);
-        T* dxp = dx + r * ldx + f;
-        A o = bwd_value(xv[k], d, s_c + f * 4);
-        if (blend) o += beta * load<A>(*dxp);
-        *dxp = store<T>(o);
-        if (wdz) {
-          T* dzp = dz + r * ldz + f;
-          A oz = alpha * d;
-          if (blend) oz += beta * load<A>(*dzp);
-          *dzp = store<T>(oz);
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        if (r < p.row_end) {
+          const A d = mv[k] ? dv[k] : A(0);
+          T* dxp = dx + r * ldx + f;
+          A o = bwd_value(xv[k], d, c);
+          if (blend) o += beta * load<A>(*dxp);
+          *dxp = store<T>(o);
+          if (wdz) {
+            T* dzp = dz + r * ldz + f;
+            A oz = alpha * d;
+            if (blend) oz += beta * load<A>(*dzp);
+            *dzp = store<T>(oz);
+          }
         }
       }
     }

@@ -174,7 +174,13 @@ HEAD_SMEM = 32768      # kHeadSmemBytes: the head kernels' constants (4 per feat
 # memory round trip each) took ~8 us for 8 rows of 256 channels and ~30 us for 8 rows of 1305 (bn_bwd NHWC bf16
 # 2x1305x45x45 at 0.46-0.60x PyTorch, 62 us; H200). Predicted: 2-3 round trips, ~2-3 us.
 HEAD_THREADS = 1024    # kHeadThreads
-HEAD_U = 8             # elements in flight per thread
+HEAD_U = 8             # rows in flight per thread (a thread per channel)
+HEAD_U64 = {"fwd": 4, "bwd": 2}  # double (its heads are 4 rows): the widest without spills under the 64-register
+                                 # cap of 1024 threads (sm_90: fwd 8 / bwd 4 spilled, fwd 2 spilled 8 bytes)
+
+
+def _head_u(tag, direction):
+    return HEAD_U64[direction] if tag == "f64" else HEAD_U
 BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
 # 16-bit data with 16-byte vectors (FAST16): kUnroll16 rows in flight in fwd_stats (bf16) and the plain
 # forward apply (fwd_apply_plain, with fwd_head_batched); stats launched as one wave of STATS16_BLOCKS_PER_SM
@@ -265,7 +271,7 @@ def kernel_units():
     for t in FLOAT_TAGS:
         exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (vec_width(t, t), *_mid_widths(vec_width(t, t)), 1)]
         exprs += [_expr(k, t) for k in ONE_KERNELS]
-        exprs += [_expr(f"{d}_head_batched", t, None, HEAD_U) for d in ("fwd", "bwd")]
+        exprs += [_expr(f"{d}_head_batched", t, None, _head_u(t, d)) for d in ("fwd", "bwd")]
         if _SIZES[t] == 2:
             exprs += [_expr(k, t, vec_width(t, t), UNROLL16) for k in FAST16_KERNELS]
         if t in STATS16_TAGS:
@@ -619,7 +625,7 @@ def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
            _Launch(f"{d}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
                    {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
     if head_sr:
-        seq.append(_head_launch(d, head_sr * k))
+        seq.append(_head_launch(d, head_sr * k, pl.tag))
     pl.seqs["sr"] = seq
 
 
@@ -647,14 +653,14 @@ def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, p
            _Launch(f"{direction}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
            apply]
     if head_rows:
-        out.append(_head_launch(direction, head_rows))
+        out.append(_head_launch(direction, head_rows, tag))
     return out
 
 
-def _head_launch(direction, rows):
+def _head_launch(direction, rows, tag):
     """The non-Ex head: rows 0..rows, whose bytes held the constants."""
     return _Launch(f"{direction}_head_batched", None, (1, 1, 1), (HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": rows},
-                   HEAD_U)
+                   _head_u(tag, direction))
 
 
 # fwd_planes / bwd_planes (ptx/batchnorm.cu): the gen kernels (a block per feature, two passes) with
@@ -849,7 +855,7 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
         seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, tag=pl.tag)
         pl.seqs[f"rows{v}"] = seq
         if direction == "fwd" and _fast16(pl.tag, v):
-            pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
+            pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True, tag=pl.tag)
         if direction == "fwd" and v == vec_width(pl.tag, pl.tag):  # the plain forward with saved statistics: stats,
             # final, apply_saved (built for the full width)
             pl.seqs[f"rows{v}s"] = seq[:2] + [_apply_launch("fwd_apply_saved", g, v, 0, g.rows, steps=tuning.batchnorm.INFER_STEPS)]
