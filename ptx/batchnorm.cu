@@ -765,6 +765,178 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p)
   }
 }
 
+// Backward statistics with the saved mean (FLAG_SAVED; the host's BWD_SUMS): what bwd_finish needs of x and dy
+// when the mean and inverse std are given is sum dy' and sum dy' (x - mean), so each thread keeps those two sums
+// per feature (PyTorch's channels-last reduce does the same) instead of bwd_stats's four moments merged every
+// kUnroll rows: a few operations per element, far fewer registers. Partials: 2 per (chunk, feature) in the same
+// places as bwd_stats's 4 (every mode: rows, the 1-element rows, the super-rows with one or several position
+// tiles, the tail's chunk); bwd_sums_final adds them in chunk order. The thread's rows, the block's tree and the
+// chunks are summed in fixed orders: bitwise reproducible. The mean is subtracted before the products, so the
+// sums never cancel more than the data do.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
+__global__ void __launch_bounds__(kThreads) bwd_sums(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  __shared__ A s_s[2][kThreads * VEC];
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats, rows = SR ? p.rows / p.sr_k : p.rows;
+  const i64 lx = SR ? feats : p.ld[X], ldy = SR ? feats : p.ld[DY];
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  const bool live = f0 < feats, msk = p.flags & PYDNN_BN_FLAG_MASK;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(rows, r0 + p.chunk_rows);
+  const A* sm = (const A*)p.save_mean;
+  A mean[VEC], sy[VEC], sxy[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    sy[e] = sxy[e] = A(0);
+    mean[e] = live ? sm[SR ? (f0 + e) % p.feats : f0 + e] : A(0);
+  }
+  if (live) {
+    const T* x = (const T*)p.x + f0;
+    const T* dy = (const T*)p.dy + f0;
+    for (i64 r = r0 + ty; r < r1; r += (i64)by * U) {
+      P xv[U], dv[U];
+      Pack<unsigned char, VEC> mv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const i64 rr = r + (i64)u * by;
+        if (rr < r1) {
+          xv[u] = rload<T, VEC>(x + rr * lx);
+          dv[u] = rload<T, VEC>(dy + rr * ldy);
+          if (msk) mv[u].raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p.mask + rr * lx + f0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (r + (i64)u * by < r1) {
+          A xa[VEC], da[VEC];
+          unpack(xv[u], xa);
+          unpack(dv[u], da);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const A d = (msk && !mv[u].e[e]) ? A(0) : da[e];
+            sy[e] += d;
+            sxy[e] += (xa[e] - mean[e]) * d;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    s_s[0][idx * VEC + e] = sy[e];
+    s_s[1][idx * VEC + e] = sxy[e];
+  }
+  __syncthreads();
+  for (int s = by / 2; s > 0; s >>= 1) {
+    if (ty < s) {
+      const int o = (idx + s * bx) * VEC, i = idx * VEC;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        sy[e] += s_s[0][o + e];
+        sxy[e] += s_s[1][o + e];
+        s_s[0][i + e] = sy[e];
+        s_s[1][i + e] = sxy[e];
+      }
+    }
+    __syncthreads();
+  }
+  if (SR && gridDim.x == 1) {  // one position tile: each channel's sr_k slots (and the last block the rows past
+                               // the super-rows), one partial per (chunk, channel)
+    const i64 C = p.feats, t = blockIdx.y == gridDim.y - 1 ? p.rows - rows * p.sr_k : 0;
+    for (i64 c = idx; c < C; c += bx * by) {
+      A cy = 0, cxy = 0;
+      for (i64 i = 0; i < p.sr_k; ++i) {
+        cy += s_s[0][c + i * C];
+        cxy += s_s[1][c + i * C];
+      }
+      const A m = sm[c];
+      for (i64 r = 0; r < t; ++r) {
+        const i64 i = rows * feats + r * C + c;
+        A dv = load<A>(((const T*)p.dy)[i]);
+        if (msk && !p.mask[i]) dv = A(0);
+        cy += dv;
+        cxy += (load<A>(((const T*)p.x)[i]) - m) * dv;
+      }
+      A* part = (A*)p.partial + ((i64)blockIdx.y * C + c) * 2;
+      part[0] = cy;
+      part[1] = cxy;
+    }
+    return;
+  }
+  if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
+    const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const i64 i = rows * feats + f0 + e;
+      const bool in = f0 + e < tail;
+      A dv = in ? load<A>(((const T*)p.dy)[i]) : A(0);
+      if (in && msk && !p.mask[i]) dv = A(0);
+      sy[e] = dv;
+      sxy[e] = in ? (load<A>(((const T*)p.x)[i]) - mean[e]) * dv : A(0);
+    }
+  }
+  if (ty == 0 && live) {
+    A* part = (A*)p.partial + ((i64)blockIdx.y * feats + f0) * 2;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      part[2 * e] = sy[e];
+      part[2 * e + 1] = sxy[e];
+    }
+  }
+}
+
+// bwd_sums's partials of feature f: item c at (c * feats + f) * 2 in every mode (super-rows with position tiles:
+// chunks x sr_k items, read as C-wide rows), summed in item order in double, then bwd_finish with the saved mean.
+template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_sums_final(const BnParams p) {
+  __shared__ double s[2][kFinalY][kFinalX];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f = (i64)blockIdx.x * kFinalX + tx;
+  const bool live = f < p.feats;
+  double sy = 0, sxy = 0;
+  const A* part = (const A*)p.partial;
+  if (live) {
+    for (i64 c0 = ty; c0 < p.chunks; c0 += kFinalY * kFinalU) {
+      A q[kFinalU][2];
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        const i64 c = c0 + (i64)u * kFinalY;
+        if (c < p.chunks) {
+          q[u][0] = part[(c * p.feats + f) * 2];
+          q[u][1] = part[(c * p.feats + f) * 2 + 1];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        if (c0 + (i64)u * kFinalY < p.chunks) {
+          sy += (double)q[u][0];
+          sxy += (double)q[u][1];
+        }
+      }
+    }
+  }
+  s[0][ty][tx] = sy;
+  s[1][ty][tx] = sxy;
+  __syncthreads();
+  for (int h = kFinalY / 2; h > 0; h >>= 1) {
+    if (ty < h) {
+      sy += s[0][ty + h][tx];
+      sxy += s[1][ty + h][tx];
+      s[0][ty][tx] = sy;
+      s[1][ty][tx] = sxy;
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && live) {
+    const double n = (double)p.rows, mean = (double)((const A*)p.save_mean)[f];
+    A c[4];
+    bwd_finish<A>(p, f, n, mean, 0.0, sy / n, sxy, c);  // (mx = the saved mean: sum dy' (x - mean) is sxy)
+    A* out = (A*)p.consts + f * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = c[k];
+  }
+}
+
 // dx = k1 * (dy' - mean dy) + k2 * (x - mean) (+ beta * dx); dz = alpha * dy' (+ beta * dz), dy' masked.
 template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) {
   return c[0] * (d - c[3]) + c[1] * (x - c[2]);

@@ -238,7 +238,7 @@ def _acc(tag):
 
 
 def _expr(kernel, tag, vec=None, u=None):
-    if kernel in ("fwd_final", "bwd_final"):
+    if kernel in ("fwd_final", "bwd_final", "bwd_sums_final"):
         return f"pydnn::bn::{kernel}<{_acc(tag)}>" if u is None else f"pydnn::bn::{kernel}<{_acc(tag)}, {u}>"
     if vec is None:
         return f"pydnn::bn::{kernel}<{CTYPE[tag]}>" if u is None else f"pydnn::bn::{kernel}<{CTYPE[tag]}, {u}>"
@@ -278,7 +278,10 @@ def kernel_units():
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if t != "f64":
             exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
+        exprs += [_expr("bwd_sums", t, vec_width(t, t)), _expr("bwd_sums", t, 1, _rows1_u(t, 1)),
+                  _expr("bwd_sums_final", t)]
         if t in SR_TAGS:
+            exprs.append(_expr("bwd_sums", t, vec_width(t, t), SR_U))
             exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
             exprs += [_expr(f"{d}_final", t, None, u) for d in ("fwd", "bwd") for u in (SR_FINAL, SR_FINAL1)]
         if vec_width(t, t) > 1:
@@ -834,9 +837,10 @@ def _nc_seqs(pl, handle, g, direction, ex):
 
 class _Plan:
     """Launch sequences of one call shape. `seqs`: name -> [launch, ...]; the call picks one by its
-    pointers and scalars (vector or scalar row kernels; the scratch path or gen)."""
+    pointers and scalars (vector or scalar row kernels; the scratch path or gen). `sums`: id(backward
+    sequence) -> its BWD_SUMS form (calls with the saved mean and inverse std)."""
     __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags",
-                 "vmid")
+                 "vmid", "sums")
 
 
 def _slots(tag, direction):
@@ -869,7 +873,38 @@ def _workspace_layout(handle, g, tag, direction, vec):
     return poff + chunks * g.feats * pslot, chunk, chunks, poff
 
 
+# The backward with the saved mean and inverse std (both given, FLAG_SAVED) on the rows (full vector width and 1
+# element), and super-row sequences: bwd_sums (a thread's sums of dy' and dy' (x - mean) per feature, no per-row
+# merges) and bwd_sums_final instead of bwd_stats / bwd_final (four moments merged with Chan's formula every
+# kUnroll rows, 125 registers in bf16). Why: bwd_stats read x and dy at 1.6-2.1 TB/s where PyTorch's channels-last
+# reduce (the same two sums) reads at 2.4-2.9 (bn_bwd NHWC bf16 195x93x38x38: 66.9 against 42.8 us, fp32
+# 39x1315x23x23: 103.8 against 75.3, bf16 105x405x82x82: 591 against 422; our apply was the faster pass in each;
+# H200, tools/profile_memory_points.py, mid-session run 1, session 30). Predicted: the stats at PyTorch's rate or
+# better, those points 0.78 / 0.83 / 1.03x -> ~1.0 / ~1.0 / ~1.2x.
+# BWD_SUMS: a switch, pydnn.tuning.batchnorm.BWD_SUMS (default True)
+def _sums_seqs(pl):
+    """pl.sums: each rows / super-row backward sequence -> the same with bwd_sums / bwd_sums_final."""
+    pl.sums = {}
+    full = vec_width(pl.tag, pl.tag)
+    for name in (f"rows{full}", "rows1", "sr"):
+        seq = pl.seqs.get(name)
+        if seq is None or seq[0].kernel != "bwd_stats" or seq[1].kernel != "bwd_final":
+            continue
+        st, fi = seq[0], seq[1]
+        pl.sums[id(seq)] = [_Launch("bwd_sums", st.vec, st.grid, st.block, st.fields, st.u),
+                            _Launch("bwd_sums_final", None, fi.grid, fi.block, fi.fields)] + seq[2:]
+
+
 def _make_plan(handle, tag, g, direction, ex):
+    pl = _make_plan_seqs(handle, tag, g, direction, ex)
+    if direction == "bwd":
+        _sums_seqs(pl)
+    else:
+        pl.sums = {}
+    return pl
+
+
+def _make_plan_seqs(handle, tag, g, direction, ex):
     pl = _Plan()
     pl.geom, pl.tag, pl.unit = g, tag, f"batchnorm.{tag}"
     pl.isize = _SIZES[tag]
@@ -1388,6 +1423,8 @@ def _bwd_fast(handle, rec, alpha_d, beta_d, alpha_p, beta_p, x, dy, dz, dx, scal
 def _bwd_go(handle, pl, relu, add, ad, bd, ap, bp_, eps, xp, dyp, dxp, dzp, mp, sp, dsp, dbp, sv, scratch_ok, base):
     seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
     smp, sip = sv
+    if smp and tuning.batchnorm.BWD_SUMS:
+        seq = pl.sums.get(id(seq), seq)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp

@@ -1,0 +1,149 @@
+"""CPU: batch norm's backward with the saved mean on bwd_sums / bwd_sums_final (tuning.batchnorm.BWD_SUMS): which
+sequences get the sums form and that a call with saved statistics takes it (and one without does not), the kernels
+compile for sm_80 / sm_90 without spills, and a float64 emulation of bwd_sums's index math (blocks, chunks,
+the super-rows' slots, one tile's per-channel merge and the rows past the super-rows, the tail's chunk) and of
+bwd_sums_final's reads against numpy's per-channel sums of dy and dy (x - mean)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn.ops import batchnorm as B
+from pydnn.tensor import packed_strides
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "core"))
+from test_fuzz_cpu import cpu_handle  # noqa: E402
+
+F32, F16, BF16, F64 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16, pydnn.PYDNN_DATA_DOUBLE
+SPATIAL = pydnn.PYDNN_BATCHNORM_SPATIAL
+
+# dims (NHWC), dtype, SR_TILED_BYTES, the sequence the pick takes (16-byte aligned pointers)
+CASES = [((4, 16, 5, 7), F32, None, "rows4"), ((64, 32, 14, 14), BF16, None, "rows8"), ((3, 37, 5, 7), F64, None, "rows1"),
+         ((2, 1305, 9, 9), BF16, None, "rows1"), ((3, 93, 7, 9), BF16, None, "sr"), ((40, 50, 9, 9), F32, None, "sr"),
+         ((4, 1315, 3, 3), F32, 0, "sr"), ((5, 405, 4, 7), BF16, 0, "sr"), ((9, 5, 11, 13), F16, None, "sr"),
+         ((2, 17, 9, 5), F32, None, "sr")]
+
+
+def _plan(h, dims, dtype, ex):
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, dtype, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC))
+    tag = B.TAG[dtype]
+    ops = {B.OP_X: d.strides, B.OP_DY: d.strides, B.OP_DX: d.strides}
+    return B._make_plan(h, tag, B._geometry(SPATIAL, dims, ops, B.vec_width(tag, tag)), "bwd", ex)
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch):
+    monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+    monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", True)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)
+    monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", False)
+
+
+def _emulate(pl, seq, rng):
+    """bwd_sums and bwd_sums_final on float64 data: the per-channel sums final sees, each element counted once."""
+    g, p = pl.geom, pl.params
+    C, rows = g.feats, g.rows
+    sr = seq[0].u == B.SR_U
+    k = p.sr_k if sr else 1
+    fv, rv = (k * C, rows // k) if sr else (C, rows)  # the kernel's view: feats, rows (ld = feats: packed)
+    x, dy = rng.standard_normal(rows * C), rng.standard_normal(rows * C)
+    mean = rng.standard_normal(C)
+    ch = np.arange(rows * C) % C
+    a, b = dy, (x - mean[ch]) * dy
+    st, fi = seq[0], seq[1]
+    assert (st.kernel, fi.kernel) == ("bwd_sums", "bwd_sums_final")
+    bx, by, _ = st.block
+    tiles, gy, _ = st.grid
+    v = st.vec
+    chunk = st.fields["chunk_rows"]
+    one = sr and tiles == 1
+    width = C if one else fv
+    part = np.full((gy * width, 2), np.nan)
+    seen = np.zeros(rows * C, int)
+    for y in range(gy):
+        r0, r1 = y * chunk, min(rv, y * chunk + chunk)
+        slots = {}
+        for t in range(tiles):
+            for tx in range(bx):
+                f0 = (t * bx + tx) * v
+                if f0 >= fv:
+                    continue
+                for e in range(v):
+                    j = f0 + e
+                    if r0 < rv:
+                        idx = np.arange(r0, r1) * fv + j if r1 > r0 else np.array([], int)
+                    else:  # (super-rows, position tiles: the tail's chunk)
+                        assert sr and not one
+                        tail = (rows - rv * k) * C
+                        idx = np.array([rv * fv + j]) if j < tail else np.array([], int)
+                    slots[j] = idx
+        if one:
+            assert r0 < rv and sorted(slots) == list(range(fv))
+            t = rows - rv * k if y == gy - 1 else 0
+            for c in range(C):
+                idx = np.concatenate([slots[c + i * C] for i in range(k)] + [rv * fv + np.arange(t) * C + c])
+                seen[idx] += 1
+                part[y * C + c] = a[idx].sum(), b[idx].sum()
+        else:
+            for j, idx in slots.items():
+                seen[idx] += 1
+                part[y * fv + j] = a[idx].sum(), b[idx].sum()
+    assert (seen == 1).all()  # every element in exactly one partial
+    items = fi.fields["chunks"]
+    assert items == (gy if (one or not sr) else gy * k)
+    flat = part[:items * C].reshape(items, C, 2)  # final: item c of feature f at (c * feats + f) * 2
+    assert not np.isnan(flat).any()
+    got = flat.sum(axis=0)
+    want = np.stack([np.bincount(ch, a, C), np.bincount(ch, b, C)], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert pl.scratch[0] + items * C * 2 * pl.asize <= pl.scratch[0] + gy * width * 4 * pl.asize  # within bwd_stats's
+
+
+@pytest.mark.parametrize("ex", [False, True])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_sums_emulated(case, ex, rng, monkeypatch):
+    dims, dtype, tiled, name = CASES[case]
+    if tiled is not None:
+        monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", tiled)
+    pl = _plan(cpu_handle(), dims, dtype, ex)
+    seq = B._pick(pl, [1 << 20], True, 1 << 20)
+    assert seq is pl.seqs[name], (name, [k for k, s in pl.seqs.items() if s is seq])
+    sums = pl.sums[id(seq)]
+    assert [lc.kernel for lc in sums[:2]] == ["bwd_sums", "bwd_sums_final"] and sums[2:] == seq[2:]
+    assert (sums[0].grid, sums[0].block, sums[0].fields, sums[0].vec, sums[0].u) == (
+        seq[0].grid, seq[0].block, seq[0].fields, seq[0].vec, seq[0].u)
+    exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
+    for lc in sums[:2]:
+        assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs
+    _emulate(pl, sums, rng)
+
+
+def test_call_takes_sums_with_saved_stats(monkeypatch):
+    """_bwd_go launches the sums form when savedMean is given and BWD_SUMS is on, else the four-moment form."""
+    pl = _plan(cpu_handle(), (3, 93, 7, 9), BF16, False)
+    launched = []
+    monkeypatch.setattr(B, "_run", lambda h, p, seq: launched.append([lc.kernel for lc in seq]))
+    args = (False, False, 1.0, 0.0, 1.0, 0.0, 1e-5, 1 << 20, 2 << 20, 3 << 20, 0, 0, 4 << 20, 5 << 20, 6 << 20)
+    B._bwd_go(None, pl, *args, (7 << 20, 8 << 20), True, 3 << 20)
+    B._bwd_go(None, pl, *args, (0, 0), True, 3 << 20)
+    monkeypatch.setattr(tuning.batchnorm, "BWD_SUMS", False)
+    B._bwd_go(None, pl, *args, (7 << 20, 8 << 20), True, 3 << 20)
+    assert [s[:2] for s in launched] == [["bwd_sums", "bwd_sums_final"], ["bwd_stats", "bwd_final"],
+                                         ["bwd_stats", "bwd_final"]]
+
+
+def test_no_sums_for_nc_gen_or_forward():
+    h = cpu_handle()
+    d = pydnn.create_tensor_descriptor()
+    dims = (4, 16, 5, 7)
+    pydnn.set_tensor_nd_descriptor(d, F32, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NCHW))
+    ops = {B.OP_X: d.strides, B.OP_DY: d.strides, B.OP_DX: d.strides}
+    pl = B._make_plan(h, "f32", B._geometry(SPATIAL, dims, ops, 4), "bwd", False)
+    assert pl.sums == {} or all(s[0].kernel == "bwd_sums" for s in pl.sums.values())
+    assert id(pl.seqs["gen"]) not in pl.sums and all(id(pl.seqs[n]) not in pl.sums for n in pl.seqs if n.startswith("nc"))
+    pf = B._make_plan(h, "f32", B._geometry(SPATIAL, dims, {B.OP_X: d.strides, B.OP_Y: d.strides}, 4), "fwd", False)
+    assert pf.sums == {}
