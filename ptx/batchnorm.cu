@@ -1686,11 +1686,15 @@ __device__ __forceinline__ i64 nc_div(i64 a, i64 b, bool i32) {
   return i32 ? (i64)((unsigned)a / (unsigned)b) : a / b;
 }
 
-template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThreads) nc_stats(const BnParams p) {
+// SUMS (the backward with the saved mean, BWD_SUMS; see bwd_sums): each thread's sums of dy' and dy' (x - mean),
+// a fixed tree of sums over the block, 2 partials per item (bwd_sums_final's layout: item j * C + c).
+template <class T, int VEC, bool BWD, bool SUMS = false>
+__global__ void __launch_bounds__(kNcThreads) nc_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   typedef Pack<unsigned char, VEC> M;
-  constexpr int NV = BWD ? 5 : 3;
+  static_assert(!SUMS || BWD, "nc_stats: sums are the backward's");
+  constexpr int NV = SUMS ? 2 : BWD ? 5 : 3;
   __shared__ A sm[NV][kNcThreads];
   const i64 C = p.feats, HW = p.nc_hw;
   const i64 item = blockIdx.x, j = item / C, c = item - j * C;
@@ -1702,6 +1706,7 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
   const T* x = (const T*)p.x;
   const T* dy = (const T*)p.dy;
   const bool msk = BWD && (p.flags & PYDNN_BN_FLAG_MASK);
+  const A mc = SUMS ? ((const A*)p.save_mean)[c] : A(0);
   A v[NV];
 #pragma unroll
   for (int q = 0; q < NV; ++q) v[q] = A(0);
@@ -1738,6 +1743,17 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
         }
       }
     }
+    if constexpr (SUMS) {  // (lanes outside [lo, hi) hold +0 in dy: they add 0 to both)
+#pragma unroll
+      for (int u = 0; u < kNcU; ++u)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A d = (msk && !mr[u].e[e]) ? A(0) : load<A>(dr[u].e[e]);
+          v[0] += d;
+          v[1] += (load<A>(xr[u].e[e]) - mc) * d;
+        }
+      continue;
+    }
     A cnt = 0, sx = 0, sy = 0;
 #pragma unroll
     for (int u = 0; u < kNcU; ++u) {
@@ -1763,6 +1779,27 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
       if constexpr (BWD) merge2(v[0], v[1], v[2], v[3], v[4], cnt, mx, q, my, cc);
       else merge(v[0], v[1], v[2], cnt, mx, q);
     }
+  }
+  if constexpr (SUMS) {
+    const int t = threadIdx.x;
+    sm[0][t] = v[0];
+    sm[1][t] = v[1];
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (t < s) {
+        v[0] += sm[0][t + s];
+        v[1] += sm[1][t + s];
+        sm[0][t] = v[0];
+        sm[1][t] = v[1];
+      }
+      __syncthreads();
+    }
+    if (t == 0) {
+      A* part = (A*)p.partial + item * 2;
+      part[0] = v[0];
+      part[1] = v[1];
+    }
+    return;
   }
   block_merge<A, NV, kNcThreads>(v, sm);
   if (threadIdx.x == 0) {

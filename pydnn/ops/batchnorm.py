@@ -734,7 +734,7 @@ NC_HEAD_THREADS = 512
 def _nc_exprs(t):
     out = []
     for v in (vec_width(t, t), 1):
-        out += [_expr("nc_stats", t, v, b) for b in ("false", "true")]
+        out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
     out += [_expr("nc_head", t, v, NC_MODES[m]) for v in (vec_width(t, t), 1) for m in ("fwd", "bwd")]
     out += [_expr(k, t, None, "true") for k in ("fwd_final", "bwd_final")]
@@ -874,7 +874,7 @@ def _workspace_layout(handle, g, tag, direction, vec):
 
 
 # The backward with the saved mean and inverse std (both given, FLAG_SAVED) on the rows (full vector width and 1
-# element), and super-row sequences: bwd_sums (a thread's sums of dy' and dy' (x - mean) per feature, no per-row
+# element), super-row and NCHW (nc, nc_stats<T, VEC, true, true>) sequences: bwd_sums (a thread's sums of dy' and dy' (x - mean) per feature, no per-row
 # merges) and bwd_sums_final instead of bwd_stats / bwd_final (four moments merged with Chan's formula every
 # kUnroll rows, 125 registers in bf16). Why: bwd_stats read x and dy at 1.6-2.1 TB/s where PyTorch's channels-last
 # reduce (the same two sums) reads at 2.4-2.9 (bn_bwd NHWC bf16 195x93x38x38: 66.9 against 42.8 us, fp32
@@ -886,13 +886,18 @@ def _sums_seqs(pl):
     """pl.sums: each rows / super-row backward sequence -> the same with bwd_sums / bwd_sums_final."""
     pl.sums = {}
     full = vec_width(pl.tag, pl.tag)
-    for name in (f"rows{full}", "rows1", "sr"):
+    for name in (f"rows{full}", "rows1", "sr", f"nc{full}", "nc1"):
         seq = pl.seqs.get(name)
-        if seq is None or seq[0].kernel != "bwd_stats" or seq[1].kernel != "bwd_final":
+        if seq is None or seq[1].kernel != "bwd_final":
             continue
         st, fi = seq[0], seq[1]
-        pl.sums[id(seq)] = [_Launch("bwd_sums", st.vec, st.grid, st.block, st.fields, st.u),
-                            _Launch("bwd_sums_final", None, fi.grid, fi.block, fi.fields)] + seq[2:]
+        if st.kernel == "bwd_stats":
+            sums = _Launch("bwd_sums", st.vec, st.grid, st.block, st.fields, st.u)
+        elif st.kernel == "nc_stats":
+            sums = _Launch("nc_stats", st.vec, st.grid, st.block, st.fields, "true, true")
+        else:
+            continue
+        pl.sums[id(seq)] = [sums, _Launch("bwd_sums_final", None, fi.grid, fi.block, fi.fields)] + seq[2:]
 
 
 def _make_plan(handle, tag, g, direction, ex):

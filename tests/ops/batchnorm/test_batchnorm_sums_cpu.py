@@ -136,14 +136,50 @@ def test_call_takes_sums_with_saved_stats(monkeypatch):
                                          ["bwd_stats", "bwd_final"]]
 
 
-def test_no_sums_for_nc_gen_or_forward():
+@pytest.mark.parametrize("ex", [False, True])
+@pytest.mark.parametrize("dims,dtype", [((4, 16, 5, 7), F32), ((5, 1481, 23, 23), F32), ((1, 306, 99, 99), BF16),
+                                        ((2, 3, 77, 77), BF16), ((3, 5, 7, 9), F64)])
+def test_nc_sums(dims, dtype, ex):
+    """NCHW: the nc sequences' sums form (nc_stats<T, VEC, true, true>, bwd_sums_final over the same items: item
+    j * C + c at (j * C + c) * 2, chunks = items a channel); gen has none; the forward has none."""
     h = cpu_handle()
     d = pydnn.create_tensor_descriptor()
-    dims = (4, 16, 5, 7)
-    pydnn.set_tensor_nd_descriptor(d, F32, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NCHW))
+    pydnn.set_tensor_nd_descriptor(d, dtype, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NCHW))
+    tag = B.TAG[dtype]
     ops = {B.OP_X: d.strides, B.OP_DY: d.strides, B.OP_DX: d.strides}
-    pl = B._make_plan(h, "f32", B._geometry(SPATIAL, dims, ops, 4), "bwd", False)
-    assert pl.sums == {} or all(s[0].kernel == "bwd_sums" for s in pl.sums.values())
-    assert id(pl.seqs["gen"]) not in pl.sums and all(id(pl.seqs[n]) not in pl.sums for n in pl.seqs if n.startswith("nc"))
-    pf = B._make_plan(h, "f32", B._geometry(SPATIAL, dims, {B.OP_X: d.strides, B.OP_Y: d.strides}, 4), "fwd", False)
+    pl = B._make_plan(h, tag, B._geometry(SPATIAL, dims, ops, B.vec_width(tag, tag)), "bwd", ex)
+    ncs = [n for n in pl.seqs if n.startswith("nc")]
+    assert ncs and id(pl.seqs["gen"]) not in pl.sums
+    exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
+    for n in ncs:
+        seq, sums = pl.seqs[n], pl.sums[id(pl.seqs[n])]
+        st, fi = seq[0], seq[1]
+        assert (sums[0].kernel, sums[0].u, sums[0].grid, sums[0].block, sums[0].fields, sums[0].vec) == (
+            "nc_stats", "true, true", st.grid, st.block, st.fields, st.vec)
+        assert (sums[1].kernel, sums[1].grid, sums[1].block, sums[1].fields) == ("bwd_sums_final", fi.grid, fi.block,
+                                                                                  fi.fields)
+        assert sums[2:] == seq[2:] and st.grid[0] == fi.fields["chunks"] * dims[1]  # (items: chunks x C blocks)
+        for lc in sums[:2]:
+            assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs
+    pf = B._make_plan(h, tag, B._geometry(SPATIAL, dims, {B.OP_X: d.strides, B.OP_Y: d.strides}, 4), "fwd", ex)
     assert pf.sums == {}
+
+
+@pytest.mark.parametrize("unit_name", ["batchnorm.bf16", "batchnorm.f32"])
+def test_sums_kernels_compile_without_spills(unit_name):
+    import re
+
+    from pydnn._build import cache
+    from pydnn._build.manifest import COMMON_OPTIONS
+    from pydnn._cuda import nvrtc
+
+    unit = next(u for u in B.kernel_units() if u.name == unit_name)
+    exprs = tuple(e for e in unit.exprs if "::bwd_sums" in e or e.endswith("true, true>"))
+    assert len(exprs) == 6, exprs  # bwd_sums: vector, 1 element, super-rows; the final; nc_stats at 2 widths
+    text, _ = cache.unit_inputs(unit)
+    for arch in ("sm_80", "sm_90"):
+        _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch, COMMON_OPTIONS + ("--ptxas-options=-v",),
+                                              [str(cache.ptx_dir())])
+        assert set(lowered) == set(exprs)
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
+        assert len(spills) == 6 and not any(spills), (arch, log)
