@@ -259,6 +259,8 @@ batchnorm = Switches(
                   'kernel merges per channel); the reasons: pydnn/ops/batchnorm.py'),
     BWD_SUMS=(True, 'backward with the saved mean and inverse std: the statistics pass keeps sums of dy and dy (x - mean) '
                     '(bwd_sums) instead of four merged moments (bwd_stats); the reasons: pydnn/ops/batchnorm.py'),
+    SR_MIN_ROUNDS=(1, 'super-row statistics: the fewest kUnroll steps a thread of a stats chunk takes (fewer, longer '
+                      'chunks for small tensors); the reasons: pydnn/ops/batchnorm.py'),
     SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
                               'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '

@@ -565,6 +565,10 @@ def _rows1_u(tag, v):
 # channel's k slots (final: one item a chunk, part_count<.., 2>), SR_BLOCKS (4) blocks an SM instead of 8, and
 # position tiles (C > 256 odd) only for x of SR_TILED_BYTES (64 MB) or more (the two measured wins).
 # SR_BLOCKS: a switch, pydnn.tuning.batchnorm.SR_BLOCKS (default 4)
+# Small tensors: the stats chunks are at least SR_MIN_ROUNDS kUnroll steps of a thread long, so fewer partials for
+# the final kernel's serial merges (bn_train NHWC fp32 187x50x14x14: 524 chunks of one step each, fwd_final 8.0 us
+# of the 20.1 us of kernels, the stats 4.5; H200, mid-session run 1). 1: the old rule. Unmeasured: 1 until measured.
+# SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 1)
 # SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
@@ -607,7 +611,8 @@ def _sr_chunks(handle, sg, pslot, cap_bytes=None):
     if cap is not None and cap < 1:
         return None
     want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
-    n = max(1, min(want, cdiv(R, by * UNROLL), MAX_GRID_Y - extra, cap if cap is not None else want))
+    n = max(1, min(want, cdiv(R, by * UNROLL * tuning.batchnorm.SR_MIN_ROUNDS), MAX_GRID_Y - extra,
+                   cap if cap is not None else want))
     chunk = cdiv(R, n)
     gy = cdiv(R, chunk) + extra
     return chunk, gy, gy * width * pslot
