@@ -577,9 +577,9 @@ SR_FINAL = "false, 1"       # {fwd,bwd}_final<A, false, 1>: partials per (chunk,
 SR_FINAL1 = "false, 2"      # {fwd,bwd}_final<A, false, 2>: one tile, partials per (chunk, channel)
 
 
-def _sr_geom(tag, g):
+def _sr_geom(tag, g, any_size=False):
     """(k, L, R, tail rows, bx, by, tiles) of the super-row view, or None when it does not apply (not packed NHWC
-    rows off the vector; position tiles below SR_TILED_BYTES)."""
+    rows off the vector; position tiles below SR_TILED_BYTES unless any_size)."""
     if (not tuning.batchnorm.SUPER_ROWS or tag not in SR_TAGS or g.layout != "rows" or g.vec_ok
             or any(ld != g.feats for ld in g.ld.values())):
         return None
@@ -593,7 +593,7 @@ def _sr_geom(tag, g):
         bx, tiles = nv, 1
         by = 1 << ((THREADS // nv).bit_length() - 1)
     else:
-        if g.rows * g.feats * _SIZES[tag] < tuning.batchnorm.SR_TILED_BYTES:
+        if g.rows * g.feats * _SIZES[tag] < tuning.batchnorm.SR_TILED_BYTES and not any_size:
             return None
         tiles = cdiv(nv, THREADS)
         bx, by = cdiv(cdiv(nv, tiles), 32) * 32, 1
@@ -635,6 +635,38 @@ def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
     if head_sr:
         seq.append(_head_launch(d, head_sr * k, pl.tag))
     pl.seqs["sr"] = seq
+
+
+# Super-rows with position tiles below SR_TILED_BYTES (C > 256 off the vector, x under 64 MB): the 1-element rows'
+# statistics and final (a partial per (chunk, channel): few, where the tiles' stats write one per (chunk, slot of
+# L), as many bytes as the data at 2x1305x45x45), then the super-rows' apply (16-byte accesses; its constants are
+# the same per-channel four) and head: sequence "srh". Why: the 1-element apply ran at 1.6-2.1 TB/s (bn_train NHWC
+# bf16 7x337x93x93: fwd_apply<bf16, 1, 8> 50.4 us of 87.5; bn_bwd bf16 2x1305x45x45: 15.3 of 48.3) where the
+# super-rows' apply ran 3.1-4.0 TB/s (105x405x82x82, 39x1315x23x23; H200, mid-session run 1, session 30).
+# Predicted: those applies ~2x faster (7x337x93x93 forward ~1.2x -> ~1.6x PyTorch).
+# SR_HYBRID: a switch, pydnn.tuning.batchnorm.SR_HYBRID (default True)
+def _srh_seq(pl, g, direction, head_rows):
+    """srh: rows1's stats and final, the super-rows' apply from super-row cdiv(head_rows, k) and the head over the
+    rows before it (non-Ex: head_rows > 0). Only where the plain super-row sequence is not built."""
+    if not tuning.batchnorm.SR_HYBRID or "sr" in pl.seqs or "rows1" not in pl.seqs:
+        return
+    sg = _sr_geom(pl.tag, g, any_size=True)
+    if sg is None or sg[6] == 1:
+        return
+    k, L, R, tail, bx, by, tiles = sg
+    head_sr = cdiv(head_rows, k)
+    if head_sr > R:
+        return
+    rows1 = pl.seqs["rows1"]
+    v = vec_width(pl.tag, pl.tag)
+    pl.params.sr_k = k
+    n = R - head_sr
+    achunk = max(by * UNROLL * APPLY_STEPS, cdiv(n, MAX_GRID_Y))
+    seq = rows1[:2] + [_Launch(f"{direction}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
+                               {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
+    if head_sr:
+        seq.append(_head_launch(direction, head_sr * k, pl.tag))
+    pl.seqs["srh"] = seq
 
 
 def _sr_ws(handle, tag, g, direction):
@@ -891,7 +923,7 @@ def _sums_seqs(pl):
     """pl.sums: each rows / super-row backward sequence -> the same with bwd_sums / bwd_sums_final."""
     pl.sums = {}
     full = vec_width(pl.tag, pl.tag)
-    for name in (f"rows{full}", "rows1", "sr", f"nc{full}", "nc1"):
+    for name in (f"rows{full}", "rows1", "sr", "srh", f"nc{full}", "nc1"):
         seq = pl.seqs.get(name)
         if seq is None or seq[1].kernel != "bwd_final":
             continue
@@ -962,6 +994,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
             sc = _sr_chunks(handle, sg, pslot)
             pl.ws_need = max(pl.ws_need, poff + sc[2])
             _sr_seq(pl, handle, g, sg, sc[0], sc[1], 0, direction)
+        _srh_seq(pl, g, direction, 0)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -981,6 +1014,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
         sc = _sr_chunks(handle, sg, pslot, obytes - poff)
         if sc is not None and head_sr <= sg[2]:
             _sr_seq(pl, handle, g, sg, sc[0], sc[1], head_sr, direction)
+    _srh_seq(pl, g, direction, head_rows)
     return pl
 
 
@@ -1094,6 +1128,8 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
             return pl.seqs[f"rows{vm}"]
         if "sr" in pl.seqs and base % 16 == 0 and a16:  # (after the switches that are off by default: turned on,
             return pl.seqs["sr"]                        # they win)
+        if "srh" in pl.seqs and base % pl.asize == 0 and a16:
+            return pl.seqs["srh"]
         if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
     if "planes" in pl.seqs and a16:

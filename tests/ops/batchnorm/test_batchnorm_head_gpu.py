@@ -1,8 +1,8 @@
 """Batch norm's non-Ex heads ({fwd,bwd}_head_batched<T, HEAD_U>: one block of HEAD_THREADS, HEAD_U elements per
 thread with their loads issued together) on the GPU against the float64 reference, outputs poisoned: wide
 channel counts whose constants fill several rows of y / dx (a head of more than one batch of HEAD_THREADS x
-HEAD_U elements, exactly one, and less), on the vector rows, the 1-element rows and the super-rows with
-position tiles; the training forward without the saved-statistics apply (APPLY_SAVED off: the head path),
+HEAD_U elements, exactly one, and less), on the vector rows, the 1-element rows, the super-rows (one and several
+position tiles) and srh (the 1-element rows' statistics, the super-rows' apply); the training forward without the saved-statistics apply (APPLY_SAVED off: the head path),
 the backward with saved and recomputed statistics and dscale / dbias blending; that each call launched the
 head over the rows the constants took."""
 import pytest
@@ -14,12 +14,13 @@ from test_batchnorm_gpu import BF16, F16, F32, F64, SPATIAL, _backward, _forget_
 pytestmark = pytest.mark.gpu
 
 CASES = [  # dims (NHWC), dtype, sequence (tools: the plan's pick for 16-byte aligned pointers), what the head covers
-    ((2, 1305, 9, 9), BF16, "rows1"),  # C odd > 256, under SR_TILED_BYTES: 8 rows x 1305 = 10440 > 8192
+    ((2, 1305, 9, 9), BF16, "srh"),    # C odd > 256, under SR_TILED_BYTES (rows1 stats, super-row apply): 8 rows
     ((3, 2048, 4, 4), F32, "rows4"),   # 4 rows x 2048 = 8192, exactly one batch
     ((2, 1000, 5, 5), F16, "rows8"),   # 8 rows x 1000 (the forward: rows8p, fwd_apply_plain)
     ((2, 1024, 3, 5), F64, "rows2"),   # 32-byte constants: 4 rows x 1024
     ((4, 1315, 3, 3), F32, "sr"),      # super-rows, position tiles (SR_TILED_BYTES 0): 1 super-row of 4 rows
     ((3, 93, 7, 9), BF16, "sr"),       # super-rows, one tile: 8 rows x 93 (less than a batch)
+    ((3, 37, 5, 7), F64, "rows1"),     # 1-element rows (double: no super-rows)
 ]
 NAMES = {F32: "f32", F16: "f16", BF16: "bf16", F64: "f64"}
 
@@ -49,9 +50,11 @@ def launched(monkeypatch):
 def _check_kind(launches, seq):
     """The stats launch is the expected sequence's: super-rows (u SR_U) or rows at the named vector width."""
     kernel, _, _, vec, u = launches[0]
-    assert kernel.endswith("_stats"), launches
+    assert kernel.endswith("_stats") or kernel == "bwd_sums", launches
     if seq == "sr":
         assert u == B.SR_U, launches
+    elif seq == "srh":  # (rows1's stats, the super-rows' apply)
+        assert vec == 1 and u != B.SR_U and launches[2][4] == B.SR_U, launches
     else:
         assert vec == int(seq[4:]) and u != B.SR_U, launches
 

@@ -183,3 +183,58 @@ def test_sums_kernels_compile_without_spills(unit_name):
         assert set(lowered) == set(exprs)
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
         assert len(spills) == 6 and not any(spills), (arch, log)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("ex", [False, True])
+@pytest.mark.parametrize("dims,dtype", [((2, 1305, 45, 45), BF16), ((7, 337, 93, 93), BF16), ((2, 1305, 9, 9), BF16),
+                                        ((3, 1315, 5, 5), F32), ((2, 1029, 7, 7), F16), ((5, 405, 4, 7), BF16)])
+def test_srh_plan(dims, dtype, ex, direction, monkeypatch):
+    """srh (SR_HYBRID; position tiles under SR_TILED_BYTES): rows1's stats and final, then the super-rows' apply
+    from super-row cdiv(head rows, k) and the head over the rows before it; every element written once; picked for
+    16-byte aligned pointers (rows1 otherwise); off: no srh."""
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 64 << 20)
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, dtype, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC))
+    tag = B.TAG[dtype]
+    ops = {B.OP_X: d.strides}
+    ops.update({k: d.strides for k in ((B.OP_DY, B.OP_DX) if direction == "bwd" else (B.OP_Y,))})
+    g = B._geometry(SPATIAL, dims, ops, B.vec_width(tag, tag))
+    pl = B._make_plan(cpu_handle(), tag, g, direction, ex)
+    assert "sr" not in pl.seqs and "srh" in pl.seqs
+    seq, rows1 = pl.seqs["srh"], pl.seqs["rows1"]
+    assert seq[0] is rows1[0] and seq[1] is rows1[1]
+    k, L, R, tail, bx, by, tiles = B._sr_geom(tag, g, any_size=True)
+    assert tiles > 1 and pl.params.sr_k == k
+    apply = seq[2]
+    assert (apply.kernel, apply.u, apply.vec, apply.block, apply.grid[0]) == (f"{direction}_apply", B.SR_U,
+                                                                              B.vec_width(tag, tag), (bx, by, 1), tiles)
+    C, rows = g.feats, g.rows
+    head_rows = 0 if ex else rows1[3].fields["row_end"]
+    hs = apply.fields["row_begin"]
+    assert hs == -(-head_rows // k) and apply.fields["row_end"] == R
+    wrote = np.zeros(rows * C, int)
+    ach, agy = apply.fields["chunk_rows"], apply.grid[1]
+    for y in range(agy if rows * C <= 1 << 20 else 0):  # (the big shapes: plan and pick only)
+        start = hs + (agy - 1 - y) * ach
+        end = min(R, start + ach)
+        for t in range(tiles):
+            for tx in range(bx):
+                f0 = (t * bx + tx) * apply.vec
+                for e in range(apply.vec if f0 < L else 0):
+                    j = f0 + e
+                    if end > start:
+                        wrote[np.arange(start, end) * L + j] += 1
+                    if y == 0 and j < tail * C:
+                        wrote[R * L + j] += 1
+    if ex:
+        assert len(seq) == 3 and hs == 0
+    else:
+        assert seq[3].kernel == f"{direction}_head_batched" and seq[3].fields == {"row_begin": 0, "row_end": hs * k}
+        wrote[:hs * k * C] += 1
+    assert (wrote == 1).all() or rows * C > 1 << 20
+    assert B._pick(pl, [1 << 20], True, 1 << 20) is seq and B._pick(pl, [(1 << 20) + 4], True, 1 << 20) is rows1
+    if direction == "bwd":
+        assert [lc.kernel for lc in pl.sums[id(seq)]] == ["bwd_sums", "bwd_sums_final"] + [lc.kernel for lc in seq[2:]]
+    monkeypatch.setattr(tuning.batchnorm, "SR_HYBRID", False)
+    assert "srh" not in B._make_plan(cpu_handle(), tag, g, direction, ex).seqs

@@ -89,3 +89,25 @@ def test_sums_repeat_bitwise(handle, rng, dims, layout, dtype, launched):
     assert len(launched) == 2 and all(_sums(s) for s in launched), launched
     for a, b in zip(*out):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+@pytest.mark.parametrize("dims,dtype", [((2, 1305, 9, 9), BF16), ((3, 1315, 5, 5), F32), ((2, 1029, 7, 7), F16)],
+                         ids=["bf16", "f32", "f16"])
+def test_srh_forward_backward(handle, rng, dims, dtype, launched, monkeypatch):
+    """srh (SR_HYBRID, position tiles under SR_TILED_BYTES): the training forward (non-Ex, Ex with the ReLU mask)
+    and the backward (saved statistics on the sums, recomputed on bwd_stats; Ex with dz) on rows1's statistics
+    and the super-rows' apply."""
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 64 << 20)
+    _forget_bn_plans(handle)
+
+    def srh(s):
+        return s[0][0] in ("fwd_stats", "bwd_stats", "bwd_sums") and s[2][1] == B.SR_U and s[0][1] != B.SR_U
+
+    t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
+    _backward(handle, t, dtype, SPATIAL, rng, saved=True)
+    _backward(handle, t, dtype, SPATIAL, rng, saved=False, ap=0.5, bp=0.5)
+    for ops in (OPS_ACT, OPS_ADD):
+        t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=0.5, ex_ops=ops)
+        _backward(handle, t, dtype, SPATIAL, rng, saved=True, ad=0.5, bd_=0.5, ap=2.0, bp=-1.0, ex_ops=ops)
+    assert len(launched) == 7 and all(srh(s) for s in launched), launched
+    assert [_sums(s) for s in launched] == [False, True, False, False, True, False, True], launched
