@@ -66,7 +66,7 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "sums_bwd_105x405x82_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=105, c=405, hw=82),
                                  [{"batchnorm.BWD_SUMS": False}]),
     "sums_bwd_2x1305x45_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=2, c=1305, hw=45),
-                                [{"batchnorm.BWD_SUMS": False}]),
+                                [{"batchnorm.BWD_SUMS": False}, {"batchnorm.SR_HYBRID": False}]),
     "sums_bwd_42x118x77_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=42, c=118, hw=77),
                                 [{"batchnorm.BWD_SUMS": False}]),
     "sums_bwd_64x256x56_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=64, c=256, hw=56),
@@ -85,7 +85,10 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                                 [{"batchnorm.SR_MIN_ROUNDS": 4}, {"batchnorm.SR_MIN_ROUNDS": 16}]),
     "sr_train_29x63x31_fp16": (dict(family="bn_train", dtype="fp16", layout="NHWC", n=29, c=63, hw=31),
                                [{"batchnorm.SR_MIN_ROUNDS": 4}, {"batchnorm.SR_MIN_ROUNDS": 16}]),
-    "rows1_train_7x1473x21_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=7, c=1473, hw=21), None),
+    "rows1_train_7x1473x21_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=7, c=1473, hw=21),
+                                   [{"batchnorm.SR_HYBRID": False}]),
+    "srh_train_7x337x93_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=7, c=337, hw=93),
+                                [{"batchnorm.SR_HYBRID": False}]),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),
