@@ -942,9 +942,21 @@ template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) 
   return c[0] * (d - c[3]) + c[1] * (x - c[2]);
 }
 
+// The backward's 4 constants of feature f from the outputs and inputs instead of p.consts (SC, the host's
+// BWD_APPLY_SAVED: saved mean / inverse std given, dscale / dbias not blended, alpha_p != 0): bwd_finish's with
+// dgamma = dscale / alpha_p and n * mean dy = dbias / alpha_p, in double. Nothing of dx then holds constants: no head.
+template <class A> __device__ __forceinline__ void bwd_consts_saved(const BnParams& p, i64 f, A* c) {
+  const double invstd = (double)((const A*)p.save_invvar)[f], n = (double)p.rows, ap = p.alpha_p;
+  const double k1 = p.alpha * (double)((const A*)p.scale)[f] * invstd;
+  c[0] = (A)k1;
+  c[1] = (A)(-k1 * invstd * ((double)((const A*)p.dscale)[f] / ap) / n);
+  c[2] = ((const A*)p.save_mean)[f];
+  c[3] = (A)((double)((const A*)p.dbias)[f] / ap / n);
+}
+
 // SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
-// writes the rows past them.
-template <class T, int VEC, int U = kUnroll, bool SR = false>
+// writes the rows past them. SC: the constants from bwd_consts_saved.
+template <class T, int VEC, int U = kUnroll, bool SR = false, bool SC = false>
 __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -957,9 +969,14 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   A c[VEC][4];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
-    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
+    const i64 f = SR ? (f0 + e) % p.feats : f0 + e;
+    if constexpr (SC) {
+      bwd_consts_saved<A>(p, f, c[e]);
+    } else {
+      const A* cs = (const A*)p.consts + f * 4;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) c[e][k] = cs[k];
+      for (int k = 0; k < 4; ++k) c[e][k] = cs[k];
+    }
   }
   const i64 start = p.row_begin + (i64)(gridDim.y - 1 - blockIdx.y) * p.chunk_rows;  // last chunk first (L2)
   const i64 end = min(p.row_end, start + p.chunk_rows);

@@ -259,6 +259,9 @@ batchnorm = Switches(
                   'kernel merges per channel); the reasons: pydnn/ops/batchnorm.py'),
     BWD_SUMS=(True, 'backward with the saved mean and inverse std: the statistics pass keeps sums of dy and dy (x - mean) '
                     '(bwd_sums) instead of four merged moments (bwd_stats); the reasons: pydnn/ops/batchnorm.py'),
+    BWD_APPLY_SAVED=(True, 'non-Ex backward with the saved statistics, betaParamDiff 0: the apply computes its '
+                           'constants from dscale / dbias and the saved statistics, over every row (no head launch); '
+                           'the reasons: pydnn/ops/batchnorm.py'),
     SR_HYBRID=(True, 'super-rows with position tiles under SR_TILED_BYTES: the 1-element rows\' statistics, then the '
                      'super-rows\' 16-byte apply (sequence srh); False: the 1-element apply; the reasons: '
                      'pydnn/ops/batchnorm.py'),

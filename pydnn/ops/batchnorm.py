@@ -278,10 +278,12 @@ def kernel_units():
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if t != "f64":
             exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
-        exprs += [_expr("bwd_sums", t, vec_width(t, t)), _expr("bwd_sums", t, 1, _rows1_u(t, 1)),
-                  _expr("bwd_sums_final", t)]
+        u1s = (None,) + (ROWS1_U_VALUES if t != "f64" else ())  # (1-element rows: kUnroll or ROWS1_U rows in flight)
+        exprs += [_expr("bwd_sums", t, vec_width(t, t)), _expr("bwd_sums_final", t),
+                  _expr("bwd_apply", t, vec_width(t, t), _sc_u(None))]
+        exprs += [_expr("bwd_sums", t, 1, u) for u in u1s] + [_expr("bwd_apply", t, 1, _sc_u(u)) for u in u1s]
         if t in SR_TAGS:
-            exprs.append(_expr("bwd_sums", t, vec_width(t, t), SR_U))
+            exprs += [_expr("bwd_sums", t, vec_width(t, t), SR_U), _expr("bwd_apply", t, vec_width(t, t), _sc_u(SR_U))]
             exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
             exprs += [_expr(f"{d}_final", t, None, u) for d in ("fwd", "bwd") for u in (SR_FINAL, SR_FINAL1)]
         if vec_width(t, t) > 1:
@@ -877,7 +879,7 @@ class _Plan:
     pointers and scalars (vector or scalar row kernels; the scratch path or gen). `sums`: id(backward
     sequence) -> its BWD_SUMS form (calls with the saved mean and inverse std)."""
     __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags",
-                 "vmid", "sums")
+                 "vmid", "sums", "sums0")
 
 
 def _slots(tag, direction):
@@ -919,9 +921,34 @@ def _workspace_layout(handle, g, tag, direction, vec):
 # H200, tools/profile_memory_points.py, mid-session run 1, session 30). Predicted: the stats at PyTorch's rate or
 # better, those points 0.78 / 0.83 / 1.03x -> ~1.0 / ~1.0 / ~1.2x.
 # BWD_SUMS: a switch, pydnn.tuning.batchnorm.BWD_SUMS (default True)
+# Non-Ex backward with the saved mean / inverse std, dscale / dbias not blended (betaParamDiff 0) and alphaParamDiff
+# != 0: the apply computes its constants from scale, the saved statistics and the dscale / dbias that the final
+# wrote (bwd_apply<.., SC = true>), over every row: the head launch goes (the constants' bytes in dx are written
+# by the apply like any others). Why: a launch is ~3-4 us of host time on the small calls the sweep times back to
+# back (bn_train NHWC fp32 187x50x14x14: 33.7 us eager for 20.1 us of kernels; H200, mid-session run 1), and the
+# head is one block (2-5 us on the GPU). Rows (full vector width, 1 element), super-rows, srh.
+# BWD_APPLY_SAVED: a switch, pydnn.tuning.batchnorm.BWD_APPLY_SAVED (default True)
+SC_SUFFIX = ", true"  # bwd_apply<T, VEC, U, SR, SC = true>
+
+
+def _sc_u(u):
+    """bwd_apply's template tail with SC for an apply launch's u (None: kUnroll, no super-rows)."""
+    if u == SR_U:
+        return SR_U + SC_SUFFIX
+    return f"{u or UNROLL}, false" + SC_SUFFIX
+
+
+def _apply_from0(a, rows):
+    """The apply launch a over rows [0, rows) (its block and chunk size), with SC constants."""
+    chunk = max(a.fields["chunk_rows"], cdiv(rows, MAX_GRID_Y))
+    return _Launch(a.kernel, a.vec, (a.grid[0], max(1, cdiv(rows, chunk)), 1), a.block,
+                   {"chunk_rows": chunk, "row_begin": 0, "row_end": rows}, _sc_u(a.u))
+
+
 def _sums_seqs(pl):
-    """pl.sums: each rows / super-row backward sequence -> the same with bwd_sums / bwd_sums_final."""
-    pl.sums = {}
+    """pl.sums: each rows / super-row / nc backward sequence -> the same with bwd_sums / bwd_sums_final; pl.sums0:
+    the non-Ex rows / super-row ones -> sums, final and the SC apply over every row, no head."""
+    pl.sums, pl.sums0 = {}, {}
     full = vec_width(pl.tag, pl.tag)
     for name in (f"rows{full}", "rows1", "sr", "srh", f"nc{full}", "nc1"):
         seq = pl.seqs.get(name)
@@ -935,6 +962,10 @@ def _sums_seqs(pl):
         else:
             continue
         pl.sums[id(seq)] = [sums, _Launch("bwd_sums_final", None, fi.grid, fi.block, fi.fields)] + seq[2:]
+        a = seq[2]
+        if st.kernel == "bwd_stats" and len(seq) == 4 and a.kernel == "bwd_apply":
+            rows = a.fields["row_end"]  # (g.rows, or the super-rows R)
+            pl.sums0[id(seq)] = pl.sums[id(seq)][:2] + [_apply_from0(a, rows)]
 
 
 def _make_plan(handle, tag, g, direction, ex):
@@ -942,7 +973,7 @@ def _make_plan(handle, tag, g, direction, ex):
     if direction == "bwd":
         _sums_seqs(pl)
     else:
-        pl.sums = {}
+        pl.sums, pl.sums0 = {}, {}
     return pl
 
 
@@ -1470,7 +1501,8 @@ def _bwd_go(handle, pl, relu, add, ad, bd, ap, bp_, eps, xp, dyp, dxp, dzp, mp, 
     seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
     smp, sip = sv
     if smp and tuning.batchnorm.BWD_SUMS:
-        seq = pl.sums.get(id(seq), seq)
+        s0 = pl.sums0.get(id(seq)) if bp_ == 0 and ap != 0 and tuning.batchnorm.BWD_APPLY_SAVED else None
+        seq = s0 or pl.sums.get(id(seq), seq)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp

@@ -64,7 +64,11 @@ def test_sr_backward(handle, rng, dims, dtype, launched):
     del launched[:]
     _backward(handle, t, dtype, SPATIAL, rng, saved=True)
     _backward(handle, t, dtype, SPATIAL, rng, saved=False, ap=0.5, bp=0.5)
-    assert launched == [SR + [("bwd_head_batched", B.HEAD_U)]] * 2, launched
+    # (saved statistics: the sums kernels, and with betaParamDiff 0 the SC apply over every row, no head:
+    # tuning.batchnorm.BWD_SUMS / BWD_APPLY_SAVED)
+    SUMS = [("bwd_sums", B.SR_U), ("bwd_sums_final", None), SR[2]]
+    SUMS0 = SUMS[:2] + [("bwd_apply", B.SR_U + B.SC_SUFFIX)]
+    assert launched == [SUMS0, SR + [("bwd_head_batched", B.HEAD_U)]], launched
     for ops in (OPS_BN, OPS_ACT, OPS_ADD):
         del launched[:]
         t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=0.5, ex_ops=ops)
@@ -72,7 +76,7 @@ def test_sr_backward(handle, rng, dims, dtype, launched):
         del launched[:]
         _backward(handle, t, dtype, SPATIAL, rng, saved=True, ex_ops=ops)
         _backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.5, ap=2.0, bp=-1.0, ex_ops=ops)
-        assert launched == [SR] * 2, (ops, launched)
+        assert launched == [SUMS, SR], (ops, launched)
 
 
 @pytest.mark.parametrize("dims,dtype", [((33, 93, 19, 17), BF16), ((21, 99, 13, 11), F32)], ids=["bf16", "f32"])

@@ -22,7 +22,7 @@ SPATIAL = pydnn.PYDNN_BATCHNORM_SPATIAL
 
 # dims (NHWC), dtype, SR_TILED_BYTES, the sequence the pick takes (16-byte aligned pointers)
 CASES = [((4, 16, 5, 7), F32, None, "rows4"), ((64, 32, 14, 14), BF16, None, "rows8"), ((3, 37, 5, 7), F64, None, "rows1"),
-         ((2, 1305, 9, 9), BF16, None, "rows1"), ((3, 93, 7, 9), BF16, None, "sr"), ((40, 50, 9, 9), F32, None, "sr"),
+         ((2, 1305, 9, 9), BF16, None, "srh"), ((3, 93, 7, 9), BF16, None, "sr"), ((40, 50, 9, 9), F32, None, "sr"),
          ((4, 1315, 3, 3), F32, 0, "sr"), ((5, 405, 4, 7), BF16, 0, "sr"), ((9, 5, 11, 13), F16, None, "sr"),
          ((2, 17, 9, 5), F32, None, "sr")]
 
@@ -123,17 +123,58 @@ def test_sums_emulated(case, ex, rng, monkeypatch):
 
 
 def test_call_takes_sums_with_saved_stats(monkeypatch):
-    """_bwd_go launches the sums form when savedMean is given and BWD_SUMS is on, else the four-moment form."""
+    """_bwd_go launches the sums form when savedMean is given and BWD_SUMS is on (non-Ex with betaParamDiff 0 and
+    alphaParamDiff != 0: the SC apply over every row, no head; else with the head), else the four-moment form."""
     pl = _plan(cpu_handle(), (3, 93, 7, 9), BF16, False)
     launched = []
-    monkeypatch.setattr(B, "_run", lambda h, p, seq: launched.append([lc.kernel for lc in seq]))
-    args = (False, False, 1.0, 0.0, 1.0, 0.0, 1e-5, 1 << 20, 2 << 20, 3 << 20, 0, 0, 4 << 20, 5 << 20, 6 << 20)
-    B._bwd_go(None, pl, *args, (7 << 20, 8 << 20), True, 3 << 20)
-    B._bwd_go(None, pl, *args, (0, 0), True, 3 << 20)
+    monkeypatch.setattr(B, "_run", lambda h, p, seq: launched.append([(lc.kernel, lc.u) for lc in seq]))
+
+    def call(ap, bp, sv):
+        B._bwd_go(None, pl, False, False, 1.0, 0.0, ap, bp, 1e-5, 1 << 20, 2 << 20, 3 << 20, 0, 0, 4 << 20, 5 << 20,
+                  6 << 20, sv, True, 3 << 20)
+
+    saved = (7 << 20, 8 << 20)
+    call(1.0, 0.0, saved)
+    call(1.0, 0.5, saved)
+    call(0.0, 0.0, saved)
+    call(1.0, 0.0, (0, 0))
+    monkeypatch.setattr(tuning.batchnorm, "BWD_APPLY_SAVED", False)
+    call(1.0, 0.0, saved)
     monkeypatch.setattr(tuning.batchnorm, "BWD_SUMS", False)
-    B._bwd_go(None, pl, *args, (7 << 20, 8 << 20), True, 3 << 20)
-    assert [s[:2] for s in launched] == [["bwd_sums", "bwd_sums_final"], ["bwd_stats", "bwd_final"],
-                                         ["bwd_stats", "bwd_final"]]
+    call(1.0, 0.0, saved)
+    k = [[n for n, _ in s] for s in launched]
+    sc = ["bwd_sums", "bwd_sums_final", "bwd_apply"]
+    head = ["bwd_sums", "bwd_sums_final", "bwd_apply", "bwd_head_batched"]
+    moments = ["bwd_stats", "bwd_final", "bwd_apply", "bwd_head_batched"]
+    assert k == [sc, head, head, moments, head, moments], k
+    assert launched[0][2][1] == B.SR_U + B.SC_SUFFIX and launched[1][2][1] == B.SR_U
+
+
+@pytest.mark.parametrize("name,dims,dtype,tiled", [("rows8", (64, 32, 14, 14), BF16, None),
+                                                   ("rows1", (3, 37, 5, 7), F64, None),
+                                                   ("rows1", (3, 37, 5, 7), F32, 1 << 40),
+                                                   ("sr", (3, 93, 7, 9), BF16, None), ("sr", (5, 405, 4, 7), BF16, 0),
+                                                   ("srh", (2, 1305, 9, 9), BF16, None)])
+def test_sums0_plans(name, dims, dtype, tiled, monkeypatch):
+    """pl.sums0 (non-Ex only): sums, final, the SC apply over rows (super-rows) [0, end) with the same block and
+    chunk size, every row covered, no head; its kernels instantiated."""
+    if tiled is not None:
+        monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", tiled)
+    if name == "rows1" and dtype == F32:
+        monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", False)
+    pl = _plan(cpu_handle(), dims, dtype, False)
+    seq = pl.seqs[name]
+    s0 = pl.sums0[id(seq)]
+    a, a0 = seq[2], s0[2]
+    assert [lc.kernel for lc in s0] == ["bwd_sums", "bwd_sums_final", "bwd_apply"] and s0[:2] == pl.sums[id(seq)][:2]
+    assert (a0.block, a0.vec, a0.grid[0], a0.fields["row_begin"], a0.fields["row_end"]) == (
+        a.block, a.vec, a.grid[0], 0, a.fields["row_end"])
+    assert a0.u == B._sc_u(a.u) and a0.grid[1] * a0.fields["chunk_rows"] >= a0.fields["row_end"]
+    assert (a0.grid[1] - 1) * a0.fields["chunk_rows"] < a0.fields["row_end"]
+    assert a0.fields["row_end"] == (pl.geom.rows // pl.params.sr_k if a.u == B.SR_U else pl.geom.rows)
+    exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
+    assert B._expr(a0.kernel, pl.tag, a0.vec, a0.u) in exprs
+    assert _plan(cpu_handle(), dims, dtype, True).sums0 == {}
 
 
 @pytest.mark.parametrize("ex", [False, True])
@@ -174,15 +215,17 @@ def test_sums_kernels_compile_without_spills(unit_name):
     from pydnn._cuda import nvrtc
 
     unit = next(u for u in B.kernel_units() if u.name == unit_name)
-    exprs = tuple(e for e in unit.exprs if "::bwd_sums" in e or e.endswith("true, true>"))
-    assert len(exprs) == 6, exprs  # bwd_sums: vector, 1 element, super-rows; the final; nc_stats at 2 widths
+    exprs = tuple(e for e in unit.exprs if "::bwd_sums" in e or e.endswith(", true, true>") or e.endswith(", false, true>"))
+    # bwd_sums: vector, 1 element (kUnroll, ROWS1_U), super-rows; the final; nc_stats<.., true, true> at 2 widths;
+    # bwd_apply<.., SC>: vector, 1 element (two), super-rows
+    assert len(exprs) == 11, exprs
     text, _ = cache.unit_inputs(unit)
     for arch in ("sm_80", "sm_90"):
         _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch, COMMON_OPTIONS + ("--ptxas-options=-v",),
                                               [str(cache.ptx_dir())])
         assert set(lowered) == set(exprs)
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-        assert len(spills) == 6 and not any(spills), (arch, log)
+        assert len(spills) == 11 and not any(spills), (arch, log)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])

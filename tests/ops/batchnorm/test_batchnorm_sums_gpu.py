@@ -60,6 +60,9 @@ def test_sums_backward(handle, rng, dims, layout, dtype, launched):
     _backward(handle, t, dtype, SPATIAL, rng, saved=True, ap=0.5, bp=0.5)
     _backward(handle, t, dtype, SPATIAL, rng, saved=False)
     assert len(launched) == 3 and _sums(launched[0]) and _sums(launched[1]) and not _sums(launched[2]), launched
+    if launched[0][0][0] == "bwd_sums":  # (rows / super-rows, non-Ex: betaParamDiff 0 -> the SC apply, no head)
+        assert len(launched[0]) == 3 and launched[0][2][1].endswith(B.SC_SUFFIX), launched[0]
+        assert launched[1][-1][0] == "bwd_head_batched", launched[1]
     for ops in (OPS_BN, OPS_ACT, OPS_ADD):
         t = _train(handle, SPATIAL, dims, layout, dtype, rng, ex_ops=ops)
         del launched[:]
@@ -101,7 +104,7 @@ def test_srh_forward_backward(handle, rng, dims, dtype, launched, monkeypatch):
     _forget_bn_plans(handle)
 
     def srh(s):
-        return s[0][0] in ("fwd_stats", "bwd_stats", "bwd_sums") and s[2][1] == B.SR_U and s[0][1] != B.SR_U
+        return s[0][0] in ("fwd_stats", "bwd_stats", "bwd_sums") and s[2][1].startswith(B.SR_U) and s[0][1] != B.SR_U
 
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
     _backward(handle, t, dtype, SPATIAL, rng, saved=True)
