@@ -944,14 +944,15 @@ template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) 
 
 // The backward's 4 constants of feature f from the outputs and inputs instead of p.consts (SC, the host's
 // BWD_APPLY_SAVED: saved mean / inverse std given, dscale / dbias not blended, alpha_p != 0): bwd_finish's with
-// dgamma = dscale / alpha_p and n * mean dy = dbias / alpha_p, in double. Nothing of dx then holds constants: no head.
+// dgamma = dscale / alpha_p and n * mean dy = dbias / alpha_p, in A (nc_apply calls it at every channel change:
+// double there took 94 registers against 80). Nothing of dx then holds constants: no head.
 template <class A> __device__ __forceinline__ void bwd_consts_saved(const BnParams& p, i64 f, A* c) {
-  const double invstd = (double)((const A*)p.save_invvar)[f], n = (double)p.rows, ap = p.alpha_p;
-  const double k1 = p.alpha * (double)((const A*)p.scale)[f] * invstd;
-  c[0] = (A)k1;
-  c[1] = (A)(-k1 * invstd * ((double)((const A*)p.dscale)[f] / ap) / n);
+  const A invstd = ((const A*)p.save_invvar)[f], rn = A(1) / (A)p.rows, rap = A(1) / (A)p.alpha_p;
+  const A k1 = (A)p.alpha * ((const A*)p.scale)[f] * invstd;
+  c[0] = k1;
+  c[1] = -k1 * invstd * (((const A*)p.dscale)[f] * rap) * rn;
   c[2] = ((const A*)p.save_mean)[f];
-  c[3] = (A)((double)((const A*)p.dbias)[f] / ap / n);
+  c[3] = ((const A*)p.dbias)[f] * rap * rn;
 }
 
 // SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
@@ -1697,7 +1698,8 @@ template <class T, int VEC> __global__ void __launch_bounds__(kGenThreadsBwd) bw
 //              constants and partials in y / dx, as the row kernels do): constants to shared memory first.
 constexpr int kNcThreads = 256;  // nc_stats / nc_apply: threads per block
 constexpr int kNcU = 4;          // vectors (slots) in flight per thread
-enum { kNcInfer = 0, kNcFwd = 1, kNcBwd = 2, kNcFwdSaved = 3 };
+enum { kNcInfer = 0, kNcFwd = 1, kNcBwd = 2, kNcFwdSaved = 3, kNcBwdSaved = 4 };  // kNcBwdSaved: the backward's
+                                                                               // constants from bwd_consts_saved
 
 __device__ __forceinline__ i64 nc_div(i64 a, i64 b, bool i32) {
   return i32 ? (i64)((unsigned)a / (unsigned)b) : a / b;
@@ -1842,6 +1844,8 @@ template <int MODE, class A> __device__ __forceinline__ void nc_consts(const BnP
     k[1] = ((const A*)p.bias)[ch];
     k[2] = ((const A*)p.save_mean)[ch];
     k[3] = A(0);
+  } else if constexpr (MODE == kNcBwdSaved) {
+    bwd_consts_saved<A>(p, ch, k);
   } else {
 #pragma unroll
     for (int q = 0; q < 4; ++q) k[q] = cs[ch * 4 + q];
@@ -1856,7 +1860,7 @@ __device__ __forceinline__ void nc_body(const BnParams& p, const typename AccOf<
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   typedef Pack<unsigned char, VEC> M;
-  constexpr bool BWD = MODE == kNcBwd, INFER = MODE == kNcInfer;
+  constexpr bool BWD = MODE == kNcBwd || MODE == kNcBwdSaved, INFER = MODE == kNcInfer;
   const unsigned flags = p.flags;
   const bool i32 = flags & PYDNN_BN_FLAG_IDX32;
   const bool blend = flags & PYDNN_BN_FLAG_BETA;

@@ -760,7 +760,8 @@ def _planes_launch(direction, g, vec):
 # NC_GEN_ROWS: a switch, pydnn.tuning.batchnorm.NC_GEN_ROWS (default 2048)
 NC_THREADS = 256  # kNcThreads
 NC_U = 4          # kNcU
-NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3}  # kNcInfer, kNcFwd, kNcBwd, kNcFwdSaved
+NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3, "bwd_saved": 4}  # kNcInfer, kNcFwd, kNcBwd, kNcFwdSaved,
+                                                                            # kNcBwdSaved
 NC_ITEM_MIN, NC_ITEM_MAX = 4096, 32768  # elements per stats block
 NC_BLOCKS_PER_SM = 4
 NC_APPLY_STEPS = 2  # kNcU-vector steps per thread of an apply block
@@ -966,6 +967,12 @@ def _sums_seqs(pl):
         if st.kernel == "bwd_stats" and len(seq) == 4 and a.kernel == "bwd_apply":
             rows = a.fields["row_end"]  # (g.rows, or the super-rows R)
             pl.sums0[id(seq)] = pl.sums[id(seq)][:2] + [_apply_from0(a, rows)]
+        elif st.kernel == "nc_stats" and len(seq) == 4 and a.kernel == "nc_apply":  # (nc_apply kNcBwdSaved from 0)
+            total, chunk = a.fields["row_end"], a.fields["chunk_rows"]
+            chunk = max(chunk, cdiv(cdiv(total, a.vec), 2**31 - 1))
+            pl.sums0[id(seq)] = pl.sums[id(seq)][:2] + [_Launch(
+                "nc_apply", a.vec, (max(1, cdiv(cdiv(total, a.vec), chunk)), 1, 1), a.block,
+                {"chunk_rows": chunk, "row_begin": 0, "row_end": total}, NC_MODES["bwd_saved"])]
 
 
 def _make_plan(handle, tag, g, direction, ex):

@@ -202,6 +202,17 @@ def test_nc_sums(dims, dtype, ex):
         assert sums[2:] == seq[2:] and st.grid[0] == fi.fields["chunks"] * dims[1]  # (items: chunks x C blocks)
         for lc in sums[:2]:
             assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs
+        if ex:
+            assert id(seq) not in pl.sums0
+        else:  # (nc_apply kNcBwdSaved over every element, no nc_head)
+            s0 = pl.sums0[id(seq)]
+            a, a0 = seq[2], s0[2]
+            assert s0[:2] == sums[:2] and len(s0) == 3 and seq[3].kernel == "nc_head"
+            assert (a0.kernel, a0.u, a0.vec, a0.block, a0.fields["row_begin"], a0.fields["row_end"]) == (
+                "nc_apply", B.NC_MODES["bwd_saved"], a.vec, a.block, 0, a.fields["row_end"])
+            nv = -(-a0.fields["row_end"] // a0.vec)
+            assert a0.grid[0] * a0.fields["chunk_rows"] >= nv > (a0.grid[0] - 1) * a0.fields["chunk_rows"]
+            assert B._expr("nc_apply", pl.tag, a0.vec, a0.u) in exprs
     pf = B._make_plan(h, tag, B._geometry(SPATIAL, dims, {B.OP_X: d.strides, B.OP_Y: d.strides}, 4), "fwd", ex)
     assert pf.sums == {}
 
