@@ -395,8 +395,9 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
 // y over rows [row_begin + blockIdx.y * chunk_rows, ...) for the VEC features of this thread. Loads stay
 // packed until used; 2 blocks per SM at least (the register cap keeps 16 warps resident).
 // SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
-// writes the rows past them.
-template <class T, int VEC, int U = kUnroll, bool SR = false>
+// writes the rows past them. SC: the constants from scale, bias and the saved statistics fwd_final wrote
+// (FLAG_SAVE calls; the host's FWD_APPLY_SAVED: every row, no head).
+template <class T, int VEC, int U = kUnroll, bool SR = false, bool SC = false>
 __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -409,9 +410,16 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   A c[VEC][4];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
-    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
+    const i64 f = SR ? (f0 + e) % p.feats : f0 + e;
+    if constexpr (SC) {  // (fwd_finish's constants from its outputs: scale * saved invstd, bias, saved mean)
+      c[e][0] = ((const A*)p.scale)[f] * ((const A*)p.save_invvar)[f];
+      c[e][1] = ((const A*)p.bias)[f];
+      c[e][2] = ((const A*)p.save_mean)[f];
+    } else {
+      const A* cs = (const A*)p.consts + f * 4;
 #pragma unroll
-    for (int k = 0; k < 3; ++k) c[e][k] = cs[k];
+      for (int k = 0; k < 3; ++k) c[e][k] = cs[k];
+    }
     c[e][3] = A(0);
   }
   // Last chunk first: the stats pass read the rows in order, so the end of x is what L2 still holds.

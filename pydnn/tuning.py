@@ -262,6 +262,9 @@ batchnorm = Switches(
     BWD_APPLY_SAVED=(True, 'non-Ex backward with the saved statistics, betaParamDiff 0: the apply computes its '
                            'constants from dscale / dbias and the saved statistics, over every row (no head launch); '
                            'the reasons: pydnn/ops/batchnorm.py'),
+    FWD_APPLY_SAVED=(True, 'non-Ex training forward with saved statistics on the 1-element rows / super-rows / srh: '
+                           'the apply takes its constants from scale, bias and the saved statistics over every row '
+                           '(no head launch); read when a plan is made; the reasons: pydnn/ops/batchnorm.py'),
     SR_HYBRID=(True, 'super-rows with position tiles under SR_TILED_BYTES: the 1-element rows\' statistics, then the '
                      'super-rows\' 16-byte apply (sequence srh); False: the 1-element apply; the reasons: '
                      'pydnn/ops/batchnorm.py'),

@@ -281,9 +281,11 @@ def kernel_units():
         u1s = (None,) + (ROWS1_U_VALUES if t != "f64" else ())  # (1-element rows: kUnroll or ROWS1_U rows in flight)
         exprs += [_expr("bwd_sums", t, vec_width(t, t)), _expr("bwd_sums_final", t),
                   _expr("bwd_apply", t, vec_width(t, t), _sc_u(None))]
-        exprs += [_expr("bwd_sums", t, 1, u) for u in u1s] + [_expr("bwd_apply", t, 1, _sc_u(u)) for u in u1s]
+        exprs += [_expr(k, t, 1, _sc_u(u) if k.endswith("apply") else u) for u in u1s
+                  for k in ("bwd_sums", "bwd_apply", "fwd_apply")]
         if t in SR_TAGS:
-            exprs += [_expr("bwd_sums", t, vec_width(t, t), SR_U), _expr("bwd_apply", t, vec_width(t, t), _sc_u(SR_U))]
+            exprs += [_expr("bwd_sums", t, vec_width(t, t), SR_U)]
+            exprs += [_expr(f"{d}_apply", t, vec_width(t, t), _sc_u(SR_U)) for d in ("fwd", "bwd")]
             exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
             exprs += [_expr(f"{d}_final", t, None, u) for d in ("fwd", "bwd") for u in (SR_FINAL, SR_FINAL1)]
         if vec_width(t, t) > 1:
@@ -975,12 +977,29 @@ def _sums_seqs(pl):
                 {"chunk_rows": chunk, "row_begin": 0, "row_end": total}, NC_MODES["bwd_saved"])]
 
 
+# The non-Ex training forward that keeps its saved statistics (resultSaveMean / InvVariance given) on the
+# 1-element rows, super-row and srh sequences: fwd_apply<.., SC> takes its constants from scale, bias and the saved
+# statistics fwd_final wrote, over every row: no head launch (as fwd_apply_saved does for the vector rows).
+# Sequences rows1s / srs / srhs, picked by _pick_plain. Why: one launch fewer (bn_train NHWC fp32 187x50x14x14:
+# 33.7 us eager for 20.1 us of kernels, 4 launches; H200, mid-session run 1).
+# FWD_APPLY_SAVED: a switch, pydnn.tuning.batchnorm.FWD_APPLY_SAVED (default True)
+def _fwd_saved_seqs(pl):
+    for name in ("rows1", "sr", "srh"):
+        seq = pl.seqs.get(name)
+        if seq is None or len(seq) != 4 or seq[2].kernel != "fwd_apply" or name + "s" in pl.seqs:
+            continue
+        a = seq[2]
+        pl.seqs[name + "s"] = seq[:2] + [_apply_from0(a, a.fields["row_end"])]
+
+
 def _make_plan(handle, tag, g, direction, ex):
     pl = _make_plan_seqs(handle, tag, g, direction, ex)
     if direction == "bwd":
         _sums_seqs(pl)
     else:
         pl.sums, pl.sums0 = {}, {}
+        if direction == "fwd" and not ex and tuning.batchnorm.FWD_APPLY_SAVED:
+            _fwd_saved_seqs(pl)
     return pl
 
 

@@ -60,7 +60,8 @@ NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
 def test_sr_backward(handle, rng, dims, dtype, launched):
     SR, SRF = _sr_seq("bwd", dims, dtype), _sr_seq("fwd", dims, dtype)
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
-    assert launched == [SRF + [("fwd_head_batched", B.HEAD_U)]], launched
+    # (the plain forward keeping its saved statistics: the SC apply over every row, no head; FWD_APPLY_SAVED)
+    assert launched == [SRF[:2] + [("fwd_apply", B.SR_U + B.SC_SUFFIX)]], launched
     del launched[:]
     _backward(handle, t, dtype, SPATIAL, rng, saved=True)
     _backward(handle, t, dtype, SPATIAL, rng, saved=False, ap=0.5, bp=0.5)

@@ -292,3 +292,31 @@ def test_srh_plan(dims, dtype, ex, direction, monkeypatch):
         assert [lc.kernel for lc in pl.sums[id(seq)]] == ["bwd_sums", "bwd_sums_final"] + [lc.kernel for lc in seq[2:]]
     monkeypatch.setattr(tuning.batchnorm, "SR_HYBRID", False)
     assert "srh" not in B._make_plan(cpu_handle(), tag, g, direction, ex).seqs
+
+
+@pytest.mark.parametrize("name,dims,dtype,tiled", [("rows1", (3, 37, 5, 7), F64, None), ("sr", (3, 93, 7, 9), BF16, None),
+                                                   ("sr", (5, 405, 4, 7), BF16, 0), ("srh", (2, 1305, 9, 9), BF16, None),
+                                                   ("sr", (40, 50, 9, 9), F32, None)])
+def test_fwd_saved_plans(name, dims, dtype, tiled, monkeypatch):
+    """The non-Ex forward's {name}s (FWD_APPLY_SAVED): stats and final, fwd_apply<.., SC> over rows (super-rows)
+    [0, end), no head; _pick_plain takes it with saved statistics; Ex plans and FWD_APPLY_SAVED off have none."""
+    if tiled is not None:
+        monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", tiled)
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, dtype, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC))
+    tag = B.TAG[dtype]
+    g = B._geometry(SPATIAL, dims, {B.OP_X: d.strides, B.OP_Y: d.strides}, B.vec_width(tag, tag))
+    pl = B._make_plan(cpu_handle(), tag, g, "fwd", False)
+    seq, s = pl.seqs[name], pl.seqs[name + "s"]
+    a, a0 = seq[2], s[2]
+    assert s[:2] == seq[:2] and len(s) == 3 and seq[3].kernel == "fwd_head_batched"
+    assert (a0.kernel, a0.u, a0.vec, a0.block, a0.grid[0], a0.fields["row_begin"], a0.fields["row_end"]) == (
+        "fwd_apply", B._sc_u(a.u), a.vec, a.block, a.grid[0], 0, a.fields["row_end"])
+    assert a0.grid[1] * a0.fields["chunk_rows"] >= a0.fields["row_end"] > (a0.grid[1] - 1) * a0.fields["chunk_rows"]
+    assert B._pick_plain(pl, seq, B.FLAG_SAVE) is s and B._pick_plain(pl, seq, 0) is seq
+    assert B._pick_plain(pl, seq, B.FLAG_SAVE | B.FLAG_BETA) is seq
+    exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
+    assert B._expr("fwd_apply", tag, a0.vec, a0.u) in exprs
+    assert name + "s" not in B._make_plan(cpu_handle(), tag, g, "fwd", True).seqs
+    monkeypatch.setattr(tuning.batchnorm, "FWD_APPLY_SAVED", False)
+    assert name + "s" not in B._make_plan(cpu_handle(), tag, g, "fwd", False).seqs
