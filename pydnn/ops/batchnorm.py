@@ -571,8 +571,11 @@ def _rows1_u(tag, v):
 # SR_BLOCKS: a switch, pydnn.tuning.batchnorm.SR_BLOCKS (default 4)
 # Small tensors: the stats chunks are at least SR_MIN_ROUNDS kUnroll steps of a thread long, so fewer partials for
 # the final kernel's serial merges (bn_train NHWC fp32 187x50x14x14: 524 chunks of one step each, fwd_final 8.0 us
-# of the 20.1 us of kernels, the stats 4.5; H200, mid-session run 1). 1: the old rule. Unmeasured: 1 until measured.
-# SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 1)
+# of the 20.1 us of kernels, the stats 4.5; H200, mid-session run 1). 1: the old rule. Measured (mid-session run 4,
+# H200, same run, eager ms at 1 / 4 / 16): bn_bwd NHWC fp16 37x12x146x146 0.0466 / 0.0411 / -, bf16 1x700x32x32
+# 0.0240 / 0.0235 / -, bn_train NHWC fp32 187x50x14x14 0.0363 / 0.0371 / 0.0364, fp16 29x63x31x31 0.0364 / 0.0369 /
+# 0.0323: 4 (+12% on the first, the rest within 2%).
+# SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 4)
 # SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
@@ -647,7 +650,10 @@ def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
 # the same per-channel four) and head: sequence "srh". Why: the 1-element apply ran at 1.6-2.1 TB/s (bn_train NHWC
 # bf16 7x337x93x93: fwd_apply<bf16, 1, 8> 50.4 us of 87.5; bn_bwd bf16 2x1305x45x45: 15.3 of 48.3) where the
 # super-rows' apply ran 3.1-4.0 TB/s (105x405x82x82, 39x1315x23x23; H200, mid-session run 1, session 30).
-# Predicted: those applies ~2x faster (7x337x93x93 forward ~1.2x -> ~1.6x PyTorch).
+# Predicted: those applies ~2x faster (7x337x93x93 forward ~1.2x -> ~1.6x PyTorch). Measured (mid-session run 4,
+# H200, same run, on / off): bn_train NHWC bf16 7x337x93x93 0.0756 / 0.0951 ms (1.52 / 1.21x PyTorch), bn_bwd bf16
+# 2x1305x45x45 0.0270 / 0.0333 ms (1.11 / 0.88x; the super-rows' apply 9.4 us), bn_train bf16 7x1473x21x21 0.0379 /
+# 0.0386.
 # SR_HYBRID: a switch, pydnn.tuning.batchnorm.SR_HYBRID (default True)
 def _srh_seq(pl, g, direction, head_rows):
     """srh: rows1's stats and final, the super-rows' apply from super-row cdiv(head_rows, k) and the head over the
@@ -922,14 +928,20 @@ def _workspace_layout(handle, g, tag, direction, vec):
 # reduce (the same two sums) reads at 2.4-2.9 (bn_bwd NHWC bf16 195x93x38x38: 66.9 against 42.8 us, fp32
 # 39x1315x23x23: 103.8 against 75.3, bf16 105x405x82x82: 591 against 422; our apply was the faster pass in each;
 # H200, tools/profile_memory_points.py, mid-session run 1, session 30). Predicted: the stats at PyTorch's rate or
-# better, those points 0.78 / 0.83 / 1.03x -> ~1.0 / ~1.0 / ~1.2x.
+# better, those points 0.78 / 0.83 / 1.03x -> ~1.0 / ~1.0 / ~1.2x. Measured (mid-session run 4, H200, same run, BWD_SUMS
+# on / off, eager ms and x PyTorch): bn_bwd NHWC bf16 195x93x38x38 0.0934 / 0.1360 (1.10 / 0.76x; bwd_sums 39.8 us
+# against bwd_stats 66.9 and PyTorch's reduce 42.1), fp32 39x1315x23x23 0.1544 / 0.2053 (1.10 / 0.84x), bf16
+# 105x405x82x82 0.771 / 1.167 (1.58 / 1.03x), bf16 64x256x56x56 (16-byte rows) 0.157 / 0.243 (1.20 / 0.77x), fp32
+# 42x118x77x77 1.25 / 1.00x, fp16 37x12x146x146 1.20 / 0.81x, bf16 2x1305x45x45 1.11 / 0.60x, NCHW fp16
+# 110x251x115x115 2.60 / 2.05x, NCHW fp32 5x1481x23x23 0.80 / 0.63x, bf16 1x306x99x99 0.68 / 0.56x.
 # BWD_SUMS: a switch, pydnn.tuning.batchnorm.BWD_SUMS (default True)
 # Non-Ex backward with the saved mean / inverse std, dscale / dbias not blended (betaParamDiff 0) and alphaParamDiff
 # != 0: the apply computes its constants from scale, the saved statistics and the dscale / dbias that the final
 # wrote (bwd_apply<.., SC = true>), over every row: the head launch goes (the constants' bytes in dx are written
 # by the apply like any others). Why: a launch is ~3-4 us of host time on the small calls the sweep times back to
 # back (bn_train NHWC fp32 187x50x14x14: 33.7 us eager for 20.1 us of kernels; H200, mid-session run 1), and the
-# head is one block (2-5 us on the GPU). Rows (full vector width, 1 element), super-rows, srh.
+# head is one block (2-5 us on the GPU). Rows (full vector width, 1 element), super-rows, srh. GPU-tested (mid-session
+# run 4: 115 batch-norm tests passed), not timed on its own (every run-4 backward point above took it).
 # BWD_APPLY_SAVED: a switch, pydnn.tuning.batchnorm.BWD_APPLY_SAVED (default True)
 SC_SUFFIX = ", true"  # bwd_apply<T, VEC, U, SR, SC = true>
 
