@@ -268,7 +268,7 @@ batchnorm = Switches(
     SR_HYBRID=(True, 'super-rows with position tiles under SR_TILED_BYTES: the 1-element rows\' statistics, then the '
                      'super-rows\' 16-byte apply (sequence srh); False: the 1-element apply; the reasons: '
                      'pydnn/ops/batchnorm.py'),
-    SR_MIN_ROUNDS=(4, 'super-row statistics: the fewest kUnroll steps a thread of a stats chunk takes (fewer, longer '
+    SR_MIN_ROUNDS=(4, 'super-row backward statistics: the fewest kUnroll steps a thread of a stats chunk takes (fewer, longer '
                       'chunks for small tensors); the reasons: pydnn/ops/batchnorm.py'),
     SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
                               'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),

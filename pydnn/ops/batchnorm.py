@@ -574,8 +574,10 @@ def _rows1_u(tag, v):
 # of the 20.1 us of kernels, the stats 4.5; H200, mid-session run 1). 1: the old rule. Measured (mid-session run 4,
 # H200, same run, eager ms at 1 / 4 / 16): bn_bwd NHWC fp16 37x12x146x146 0.0466 / 0.0411 / -, bf16 1x700x32x32
 # 0.0240 / 0.0235 / -, bn_train NHWC fp32 187x50x14x14 0.0363 / 0.0371 / 0.0364, fp16 29x63x31x31 0.0364 / 0.0369 /
-# 0.0323: 4 (+12% on the first, the rest within 2%).
-# SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 4)
+# 0.0323; mid-session run 3, 1 / 4 / 16: 37x12x146x146 0.0506 / 0.0449 / -, 1x700x32x32 0.0266 / 0.0285 / -,
+# 187x50x14x14 0.0286 / 0.0356 / 0.0275, 29x63x31x31 0.0273 / 0.0279 / 0.0396 (the small forward points move 20-30%
+# between runs: host-bound). 4 for the backward (+12-13% on 37x12 in both runs), the forward keeps 1 (no win seen).
+# SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 4; the backward only)
 # SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
@@ -607,7 +609,7 @@ def _sr_geom(tag, g, any_size=False):
     return k, L, R, g.rows - R * k, bx, by, tiles
 
 
-def _sr_chunks(handle, sg, pslot, cap_bytes=None):
+def _sr_chunks(handle, sg, pslot, cap_bytes=None, direction="bwd"):
     """(chunk super-rows, stats blocks along y (with the tail's), bytes of partials), or None where cap_bytes
     cannot hold one chunk's. One tile: a partial per (chunk, channel), the tail in the last chunk; else a
     partial per (chunk, slot of L) and the tail's own chunk."""
@@ -618,8 +620,8 @@ def _sr_chunks(handle, sg, pslot, cap_bytes=None):
     if cap is not None and cap < 1:
         return None
     want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
-    n = max(1, min(want, cdiv(R, by * UNROLL * tuning.batchnorm.SR_MIN_ROUNDS), MAX_GRID_Y - extra,
-                   cap if cap is not None else want))
+    rounds = tuning.batchnorm.SR_MIN_ROUNDS if direction == "bwd" else 1
+    n = max(1, min(want, cdiv(R, by * UNROLL * rounds), MAX_GRID_Y - extra, cap if cap is not None else want))
     chunk = cdiv(R, n)
     gy = cdiv(R, chunk) + extra
     return chunk, gy, gy * width * pslot
@@ -685,7 +687,7 @@ def _sr_ws(handle, tag, g, direction):
     if sg is None:
         return 0
     _, cslot, pslot = _slots(tag, direction)
-    return cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN + _sr_chunks(handle, sg, pslot)[2]
+    return cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN + _sr_chunks(handle, sg, pslot, None, direction)[2]
 
 
 def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False, tag=None):
@@ -922,10 +924,10 @@ def _workspace_layout(handle, g, tag, direction, vec):
 
 
 # The backward with the saved mean and inverse std (both given, FLAG_SAVED) on the rows (full vector width and 1
-# element), super-row and NCHW (nc, nc_stats<T, VEC, true, true>) sequences: bwd_sums (a thread's sums of dy' and dy' (x - mean) per feature, no per-row
-# merges) and bwd_sums_final instead of bwd_stats / bwd_final (four moments merged with Chan's formula every
-# kUnroll rows, 125 registers in bf16). Why: bwd_stats read x and dy at 1.6-2.1 TB/s where PyTorch's channels-last
-# reduce (the same two sums) reads at 2.4-2.9 (bn_bwd NHWC bf16 195x93x38x38: 66.9 against 42.8 us, fp32
+# element), super-row and NCHW (nc, nc_stats<T, VEC, true, true>) sequences: bwd_sums (a thread's sums of dy' and
+# dy' (x - mean) per feature, no per-row merges) and bwd_sums_final instead of bwd_stats / bwd_final (four moments
+# merged with Chan's formula every kUnroll rows, 125 registers in bf16). Why: bwd_stats read x and dy at 1.6-2.1
+# TB/s where PyTorch's channels-last reduce (the same two sums) reads at 2.4-2.9 (bn_bwd NHWC bf16 195x93x38x38: 66.9 against 42.8 us, fp32
 # 39x1315x23x23: 103.8 against 75.3, bf16 105x405x82x82: 591 against 422; our apply was the faster pass in each;
 # H200, tools/profile_memory_points.py, mid-session run 1, session 30). Predicted: the stats at PyTorch's rate or
 # better, those points 0.78 / 0.83 / 1.03x -> ~1.0 / ~1.0 / ~1.2x. Measured (mid-session run 4, H200, same run, BWD_SUMS
@@ -1060,7 +1062,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
         _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0)
         _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0, 0)
         if sg is not None:
-            sc = _sr_chunks(handle, sg, pslot)
+            sc = _sr_chunks(handle, sg, pslot, None, direction)
             pl.ws_need = max(pl.ws_need, poff + sc[2])
             _sr_seq(pl, handle, g, sg, sc[0], sc[1], 0, direction)
         _srh_seq(pl, g, direction, 0)
@@ -1080,7 +1082,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
     _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows)
     if sg is not None:  # (the constants' rows rounded up to whole super-rows)
         head_sr = cdiv(head_rows, sg[0])
-        sc = _sr_chunks(handle, sg, pslot, obytes - poff)
+        sc = _sr_chunks(handle, sg, pslot, obytes - poff, direction)
         if sc is not None and head_sr <= sg[2]:
             _sr_seq(pl, handle, g, sg, sc[0], sc[1], head_sr, direction)
     _srh_seq(pl, g, direction, head_rows)

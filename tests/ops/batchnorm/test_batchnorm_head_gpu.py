@@ -2,9 +2,10 @@
 thread with their loads issued together) on the GPU against the float64 reference, outputs poisoned: wide
 channel counts whose constants fill several rows of y / dx (a head of more than one batch of HEAD_THREADS x
 HEAD_U elements, exactly one, and less), on the vector rows, the 1-element rows, the super-rows (one and several
-position tiles) and srh (the 1-element rows' statistics, the super-rows' apply); the training forward without the saved-statistics apply (APPLY_SAVED off: the head path),
-the backward with saved and recomputed statistics and dscale / dbias blending; that each call launched the
-head over the rows the constants took."""
+position tiles) and srh (the 1-element rows' statistics, the super-rows' apply); the training forward without
+the saved-statistics apply (APPLY_SAVED off: the head path), the backward with saved statistics and dscale /
+dbias blending (the sums with the head) and recomputed ones; that each call launched the head over the rows the
+constants took."""
 import pytest
 
 from pydnn import tuning
