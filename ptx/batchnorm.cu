@@ -11,7 +11,7 @@
 //                            saved / running statistics or dscale / dbias, and 4 constants per feature.
 //     fwd_apply / bwd_apply  one pass over the rows [row_begin, row_end): y (dx, dz) from x (dy, z, mask)
 //                            and the constants. 16-byte accesses when the layout and pointers allow.
-//     fwd_head / bwd_head    one block: the rows [row_begin, row_end) whose bytes held the constants
+//     fwd_head_batched / bwd_head_batched  one block: the rows [row_begin, row_end) whose bytes held the constants
 //                            (non-Ex calls keep partials and constants in y / dx, see the host); the
 //                            block copies every constant to shared memory before it writes anything.
 //     fwd_apply_saved        the plain forward's apply when the call keeps the saved statistics: the
@@ -54,6 +54,7 @@ constexpr int kFinalX = 8, kFinalY = 32;  // final kernels: features x chunk lan
                                           // merge chains stay short; loads batched kFinalU deep)
 constexpr int kFinalU = 4;
 constexpr int kHeadSmemBytes = 32768;  // head kernels: constants of every feature (host limits feats)
+constexpr int kHeadThreads = 1024;     // head kernels: threads of their one block
 constexpr int kGenThreads = 1024;      // gen kernels: threads per block at most (one block per feature)
 constexpr int kGenThreadsBwd = 512;    // backward gen: more registers per thread (no spills)
 
@@ -394,8 +395,9 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) fwd_final(const BnParams p)
 // y over rows [row_begin + blockIdx.y * chunk_rows, ...) for the VEC features of this thread. Loads stay
 // packed until used; 2 blocks per SM at least (the register cap keeps 16 warps resident).
 // SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
-// writes the rows past them.
-template <class T, int VEC, int U = kUnroll, bool SR = false>
+// writes the rows past them. SC: the constants from scale, bias and the saved statistics fwd_final wrote
+// (FLAG_SAVE calls; the host's FWD_APPLY_SAVED: every row, no head).
+template <class T, int VEC, int U = kUnroll, bool SR = false, bool SC = false>
 __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -408,9 +410,16 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply(const BnParams p) {
   A c[VEC][4];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
-    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
+    const i64 f = SR ? (f0 + e) % p.feats : f0 + e;
+    if constexpr (SC) {  // (fwd_finish's constants from its outputs: scale * saved invstd, bias, saved mean)
+      c[e][0] = ((const A*)p.scale)[f] * ((const A*)p.save_invvar)[f];
+      c[e][1] = ((const A*)p.bias)[f];
+      c[e][2] = ((const A*)p.save_mean)[f];
+    } else {
+      const A* cs = (const A*)p.consts + f * 4;
 #pragma unroll
-    for (int k = 0; k < 3; ++k) c[e][k] = cs[k];
+      for (int k = 0; k < 3; ++k) c[e][k] = cs[k];
+    }
     c[e][3] = A(0);
   }
   // Last chunk first: the stats pass read the rows in order, so the end of x is what L2 still holds.
@@ -508,35 +517,14 @@ __global__ void __launch_bounds__(kThreads, 3) fwd_apply_plain(const BnParams p)
   }
 }
 
-// The rows whose bytes held the constants (non-Ex calls): one block, constants to shared memory first.
-template <class T> __global__ void __launch_bounds__(kThreads) fwd_head(const BnParams p) {
-  typedef typename AccOf<T>::type A;
-  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
-  const A* cs = (const A*)p.consts;
-  for (i64 i = threadIdx.x; i < p.feats * 4; i += blockDim.x) s_c[i] = cs[i];
-  __syncthreads();
-  const A alpha = (A)p.alpha, beta = (A)p.beta;
-  const i64 total = (p.row_end - p.row_begin) * p.feats;
-  for (i64 i = threadIdx.x; i < total; i += blockDim.x) {
-    const i64 r = p.row_begin + i / p.feats, f = i % p.feats;
-    const A xv = load<A>(((const T*)p.x)[r * p.ld[X] + f]);
-    const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z)[r * p.ld[Z] + f]) : A(0);
-    T* yp = (T*)p.y + r * p.ld[Y] + f;
-    bool pos;
-    A o = alpha * fwd_value(xv, s_c + f * 4, zv, p.flags, pos);
-    if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
-    *yp = store<T>(o);
-    if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[r * p.ld[X] + f] = pos ? 1 : 0;
-  }
-}
-
-// fwd_head with H elements per thread per batch, every load of a batch issued before the first use (fwd_head
-// waits one memory round trip per element: ~8 us for 8 rows of 256 channels, H200). 32-bit indices: a head
-// is a few rows of at most kHeadSmemBytes / 16 features.
-template <class T, int H> __global__ void __launch_bounds__(kThreads) fwd_head_batched(const BnParams p) {
-  typedef typename AccOf<T>::type A;
-  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
-  const int t = threadIdx.x, G = blockDim.x, feats = (int)p.feats, nc = feats * 4;
+// The rows whose bytes held the constants (non-Ex calls): one block of kHeadThreads, every constant copied to
+// shared memory before the first write over them, then a thread per channel (its constants in registers) over
+// the rows, H at a time with every load of a batch issued before the first use. (The one-element-per-step heads
+// of 256 threads waited one memory round trip per element: ~8 us for 8 rows of 256 channels, ~30 us for 1305
+// channels; a flat walk of 1024 x 8 elements with a division per element was instruction-bound on its one SM:
+// 10.6 us for 8 rows of 1305, 5.5 us for 4 of 1315; H200, tools/profile_memory_points.py.)
+template <class A, int H> __device__ __forceinline__ void head_consts(const BnParams& p, A* s_c) {
+  const int t = threadIdx.x, G = blockDim.x, nc = (int)p.feats * 4;
   const A* cs = (const A*)p.consts;
   for (int i0 = t; i0 < nc; i0 += G * H) {
     A v[H];
@@ -548,38 +536,43 @@ template <class T, int H> __global__ void __launch_bounds__(kThreads) fwd_head_b
       if (i0 + k * G < nc) s_c[i0 + k * G] = v[k];
   }
   __syncthreads();  // every constant read before the first write over them
+}
+
+template <class T, int H> __global__ void __launch_bounds__(kHeadThreads) fwd_head_batched(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
+  head_consts<A, H>(p, s_c);
+  const int feats = (int)p.feats;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
   const unsigned flags = p.flags;
-  const int total = (int)(p.row_end - p.row_begin) * feats;
   const T* x = (const T*)p.x;
   const T* z = (const T*)p.z;
   T* y = (T*)p.y;
   const i64 lx = p.ld[X], ly = p.ld[Y], lz = p.ld[Z];
-  for (int i0 = t; i0 < total; i0 += G * H) {
-    A xv[H], zv[H];
+  for (int f = threadIdx.x; f < feats; f += blockDim.x) {
+    const A c[4] = {s_c[f * 4], s_c[f * 4 + 1], s_c[f * 4 + 2], s_c[f * 4 + 3]};
+    for (i64 r0 = p.row_begin; r0 < p.row_end; r0 += H) {
+      A xv[H], zv[H];
 #pragma unroll
-    for (int k = 0; k < H; ++k) {
-      const int i = i0 + k * G;
-      xv[k] = zv[k] = A(0);
-      if (i < total) {
-        const i64 r = p.row_begin + i / feats;
-        const int f = i % feats;
-        xv[k] = load<A>(x[r * lx + f]);
-        if (flags & PYDNN_BN_FLAG_Z) zv[k] = load<A>(z[r * lz + f]);
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        xv[k] = zv[k] = A(0);
+        if (r < p.row_end) {
+          xv[k] = load<A>(x[r * lx + f]);
+          if (flags & PYDNN_BN_FLAG_Z) zv[k] = load<A>(z[r * lz + f]);
+        }
       }
-    }
 #pragma unroll
-    for (int k = 0; k < H; ++k) {
-      const int i = i0 + k * G;
-      if (i < total) {
-        const i64 r = p.row_begin + i / feats;
-        const int f = i % feats;
-        T* yp = y + r * ly + f;
-        bool pos;
-        A o = alpha * fwd_value(xv[k], s_c + f * 4, zv[k], flags, pos);
-        if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
-        *yp = store<T>(o);
-        if (flags & PYDNN_BN_FLAG_MASK) p.mask[r * lx + f] = pos ? 1 : 0;
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        if (r < p.row_end) {
+          T* yp = y + r * ly + f;
+          bool pos;
+          A o = alpha * fwd_value(xv[k], c, zv[k], flags, pos);
+          if (flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*yp);
+          *yp = store<T>(o);
+          if (flags & PYDNN_BN_FLAG_MASK) p.mask[r * lx + f] = pos ? 1 : 0;
+        }
       }
     }
   }
@@ -780,14 +773,199 @@ __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_final(const BnParams p)
   }
 }
 
+// Backward statistics with the saved mean (FLAG_SAVED; the host's BWD_SUMS): what bwd_finish needs of x and dy
+// when the mean and inverse std are given is sum dy' and sum dy' (x - mean), so each thread keeps those two sums
+// per feature (PyTorch's channels-last reduce does the same) instead of bwd_stats's four moments merged every
+// kUnroll rows: a few operations per element, far fewer registers. Partials: 2 per (chunk, feature) in the same
+// places as bwd_stats's 4 (every mode: rows, the 1-element rows, the super-rows with one or several position
+// tiles, the tail's chunk); bwd_sums_final adds them in chunk order. The thread's rows, the block's tree and the
+// chunks are summed in fixed orders: bitwise reproducible. The mean is subtracted before the products, so the
+// sums never cancel more than the data do.
+template <class T, int VEC, int U = kUnroll, bool SR = false>
+__global__ void __launch_bounds__(kThreads) bwd_sums(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  __shared__ A s_s[2][kThreads * VEC];
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, idx = ty * bx + tx;
+  const i64 feats = SR ? p.feats * p.sr_k : p.feats, rows = SR ? p.rows / p.sr_k : p.rows;
+  const i64 lx = SR ? feats : p.ld[X], ldy = SR ? feats : p.ld[DY];
+  const i64 f0 = ((i64)blockIdx.x * bx + tx) * VEC;
+  const bool live = f0 < feats, msk = p.flags & PYDNN_BN_FLAG_MASK;
+  const i64 r0 = (i64)blockIdx.y * p.chunk_rows, r1 = min(rows, r0 + p.chunk_rows);
+  const A* sm = (const A*)p.save_mean;
+  A mean[VEC], sy[VEC], sxy[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    sy[e] = sxy[e] = A(0);
+    mean[e] = live ? sm[SR ? (f0 + e) % p.feats : f0 + e] : A(0);
+  }
+  if (live) {
+    const T* x = (const T*)p.x + f0;
+    const T* dy = (const T*)p.dy + f0;
+    for (i64 r = r0 + ty; r < r1; r += (i64)by * U) {
+      P xv[U], dv[U];
+      Pack<unsigned char, VEC> mv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const i64 rr = r + (i64)u * by;
+        if (rr < r1) {
+          xv[u] = rload<T, VEC>(x + rr * lx);
+          dv[u] = rload<T, VEC>(dy + rr * ldy);
+          if (msk) mv[u].raw = *reinterpret_cast<const typename Raw<VEC>::type*>(p.mask + rr * lx + f0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (r + (i64)u * by < r1) {
+          A xa[VEC], da[VEC];
+          unpack(xv[u], xa);
+          unpack(dv[u], da);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const A d = (msk && !mv[u].e[e]) ? A(0) : da[e];
+            sy[e] += d;
+            sxy[e] += (xa[e] - mean[e]) * d;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    s_s[0][idx * VEC + e] = sy[e];
+    s_s[1][idx * VEC + e] = sxy[e];
+  }
+  __syncthreads();
+  for (int s = by / 2; s > 0; s >>= 1) {
+    if (ty < s) {
+      const int o = (idx + s * bx) * VEC, i = idx * VEC;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        sy[e] += s_s[0][o + e];
+        sxy[e] += s_s[1][o + e];
+        s_s[0][i + e] = sy[e];
+        s_s[1][i + e] = sxy[e];
+      }
+    }
+    __syncthreads();
+  }
+  if (SR && gridDim.x == 1) {  // one position tile: each channel's sr_k slots (and the last block the rows past
+                               // the super-rows), one partial per (chunk, channel)
+    const i64 C = p.feats, t = blockIdx.y == gridDim.y - 1 ? p.rows - rows * p.sr_k : 0;
+    for (i64 c = idx; c < C; c += bx * by) {
+      A cy = 0, cxy = 0;
+      for (i64 i = 0; i < p.sr_k; ++i) {
+        cy += s_s[0][c + i * C];
+        cxy += s_s[1][c + i * C];
+      }
+      const A m = sm[c];
+      for (i64 r = 0; r < t; ++r) {
+        const i64 i = rows * feats + r * C + c;
+        A dv = load<A>(((const T*)p.dy)[i]);
+        if (msk && !p.mask[i]) dv = A(0);
+        cy += dv;
+        cxy += (load<A>(((const T*)p.x)[i]) - m) * dv;
+      }
+      A* part = (A*)p.partial + ((i64)blockIdx.y * C + c) * 2;
+      part[0] = cy;
+      part[1] = cxy;
+    }
+    return;
+  }
+  if (SR && r0 >= rows && ty == 0 && live) {  // the tail chunk: element f0 + e of super-row R, if it exists
+    const i64 tail = (p.rows - rows * p.sr_k) * p.feats;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const i64 i = rows * feats + f0 + e;
+      const bool in = f0 + e < tail;
+      A dv = in ? load<A>(((const T*)p.dy)[i]) : A(0);
+      if (in && msk && !p.mask[i]) dv = A(0);
+      sy[e] = dv;
+      sxy[e] = in ? (load<A>(((const T*)p.x)[i]) - mean[e]) * dv : A(0);
+    }
+  }
+  if (ty == 0 && live) {
+    A* part = (A*)p.partial + ((i64)blockIdx.y * feats + f0) * 2;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      part[2 * e] = sy[e];
+      part[2 * e + 1] = sxy[e];
+    }
+  }
+}
+
+// bwd_sums's partials of feature f: item c at (c * feats + f) * 2 in every mode (super-rows with position tiles:
+// chunks x sr_k items, read as C-wide rows), summed in item order in double, then bwd_finish with the saved mean.
+template <class A> __global__ void __launch_bounds__(kFinalX * kFinalY) bwd_sums_final(const BnParams p) {
+  __shared__ double s[2][kFinalY][kFinalX];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 f = (i64)blockIdx.x * kFinalX + tx;
+  const bool live = f < p.feats;
+  double sy = 0, sxy = 0;
+  const A* part = (const A*)p.partial;
+  if (live) {
+    for (i64 c0 = ty; c0 < p.chunks; c0 += kFinalY * kFinalU) {
+      A q[kFinalU][2];
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        const i64 c = c0 + (i64)u * kFinalY;
+        if (c < p.chunks) {
+          q[u][0] = part[(c * p.feats + f) * 2];
+          q[u][1] = part[(c * p.feats + f) * 2 + 1];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kFinalU; ++u) {
+        if (c0 + (i64)u * kFinalY < p.chunks) {
+          sy += (double)q[u][0];
+          sxy += (double)q[u][1];
+        }
+      }
+    }
+  }
+  s[0][ty][tx] = sy;
+  s[1][ty][tx] = sxy;
+  __syncthreads();
+  for (int h = kFinalY / 2; h > 0; h >>= 1) {
+    if (ty < h) {
+      sy += s[0][ty + h][tx];
+      sxy += s[1][ty + h][tx];
+      s[0][ty][tx] = sy;
+      s[1][ty][tx] = sxy;
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && live) {
+    const double n = (double)p.rows, mean = (double)((const A*)p.save_mean)[f];
+    A c[4];
+    bwd_finish<A>(p, f, n, mean, 0.0, sy / n, sxy, c);  // (mx = the saved mean: sum dy' (x - mean) is sxy)
+    A* out = (A*)p.consts + f * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = c[k];
+  }
+}
+
 // dx = k1 * (dy' - mean dy) + k2 * (x - mean) (+ beta * dx); dz = alpha * dy' (+ beta * dz), dy' masked.
 template <class A> __device__ __forceinline__ A bwd_value(A x, A d, const A* c) {
   return c[0] * (d - c[3]) + c[1] * (x - c[2]);
 }
 
+// The backward's 4 constants of feature f from the outputs and inputs instead of p.consts (SC, the host's
+// BWD_APPLY_SAVED: saved mean / inverse std given, dscale / dbias not blended, alpha_p != 0): bwd_finish's with
+// dgamma = dscale / alpha_p and n * mean dy = dbias / alpha_p, in A (nc_apply calls it at every channel change:
+// double there took 94 registers against 80). Nothing of dx then holds constants: no head.
+template <class A> __device__ __forceinline__ void bwd_consts_saved(const BnParams& p, i64 f, A* c) {
+  const A invstd = ((const A*)p.save_invvar)[f], rn = A(1) / (A)p.rows, rap = A(1) / (A)p.alpha_p;
+  const A k1 = (A)p.alpha * ((const A*)p.scale)[f] * invstd;
+  c[0] = k1;
+  c[1] = -k1 * invstd * (((const A*)p.dscale)[f] * rap) * rn;
+  c[2] = ((const A*)p.save_mean)[f];
+  c[3] = ((const A*)p.dbias)[f] * rap * rn;
+}
+
 // SR: the super-row view (row_begin / row_end in super-rows); the last chunk's block (blockIdx.y 0) also
-// writes the rows past them.
-template <class T, int VEC, int U = kUnroll, bool SR = false>
+// writes the rows past them. SC: the constants from bwd_consts_saved.
+template <class T, int VEC, int U = kUnroll, bool SR = false, bool SC = false>
 __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -800,9 +978,14 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   A c[VEC][4];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
-    const A* cs = (const A*)p.consts + (SR ? (f0 + e) % p.feats : f0 + e) * 4;
+    const i64 f = SR ? (f0 + e) % p.feats : f0 + e;
+    if constexpr (SC) {
+      bwd_consts_saved<A>(p, f, c[e]);
+    } else {
+      const A* cs = (const A*)p.consts + f * 4;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) c[e][k] = cs[k];
+      for (int k = 0; k < 4; ++k) c[e][k] = cs[k];
+    }
   }
   const i64 start = p.row_begin + (i64)(gridDim.y - 1 - blockIdx.y) * p.chunk_rows;  // last chunk first (L2)
   const i64 end = min(p.row_end, start + p.chunk_rows);
@@ -880,28 +1063,53 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_apply(const BnParams p) {
   }
 }
 
-template <class T> __global__ void __launch_bounds__(kThreads) bwd_head(const BnParams p) {
+// The backward's head (fwd_head_batched's shape): dx (dz) of the rows whose bytes held the constants.
+template <class T, int H> __global__ void __launch_bounds__(kHeadThreads) bwd_head_batched(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ A s_c[kHeadSmemBytes / sizeof(A)];
-  const A* cs = (const A*)p.consts;
-  for (i64 i = threadIdx.x; i < p.feats * 4; i += blockDim.x) s_c[i] = cs[i];
-  __syncthreads();
+  head_consts<A, H>(p, s_c);
+  const int feats = (int)p.feats;
   const A alpha = (A)p.alpha, beta = (A)p.beta;
-  const i64 total = (p.row_end - p.row_begin) * p.feats;
-  for (i64 i = threadIdx.x; i < total; i += blockDim.x) {
-    const i64 r = p.row_begin + i / p.feats, f = i % p.feats;
-    const A xv = load<A>(((const T*)p.x)[r * p.ld[X] + f]);
-    A dv = load<A>(((const T*)p.dy)[r * p.ld[DY] + f]);
-    if ((p.flags & PYDNN_BN_FLAG_MASK) && !p.mask[r * p.ld[X] + f]) dv = A(0);
-    T* dxp = (T*)p.dx + r * p.ld[DX] + f;
-    A o = bwd_value(xv, dv, s_c + f * 4);
-    if (p.flags & PYDNN_BN_FLAG_BETA) o += beta * load<A>(*dxp);
-    *dxp = store<T>(o);
-    if (p.flags & PYDNN_BN_FLAG_DZ) {
-      T* dzp = (T*)p.dz + r * p.ld[DZ] + f;
-      A oz = alpha * dv;
-      if (p.flags & PYDNN_BN_FLAG_BETA) oz += beta * load<A>(*dzp);
-      *dzp = store<T>(oz);
+  const unsigned flags = p.flags;
+  const bool msk = flags & PYDNN_BN_FLAG_MASK, blend = flags & PYDNN_BN_FLAG_BETA, wdz = flags & PYDNN_BN_FLAG_DZ;
+  const T* x = (const T*)p.x;
+  const T* dy = (const T*)p.dy;
+  T* dx = (T*)p.dx;
+  T* dz = (T*)p.dz;
+  const i64 lx = p.ld[X], ldy = p.ld[DY], ldx = p.ld[DX], ldz = p.ld[DZ];
+  for (int f = threadIdx.x; f < feats; f += blockDim.x) {
+    const A c[4] = {s_c[f * 4], s_c[f * 4 + 1], s_c[f * 4 + 2], s_c[f * 4 + 3]};
+    for (i64 r0 = p.row_begin; r0 < p.row_end; r0 += H) {
+      A xv[H], dv[H];
+      bool mv[H];
+#pragma unroll
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        xv[k] = dv[k] = A(0);
+        mv[k] = true;
+        if (r < p.row_end) {
+          xv[k] = load<A>(x[r * lx + f]);
+          dv[k] = load<A>(dy[r * ldy + f]);
+          if (msk) mv[k] = p.mask[r * lx + f] != 0;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < H; ++k) {
+        const i64 r = r0 + k;
+        if (r < p.row_end) {
+          const A d = mv[k] ? dv[k] : A(0);
+          T* dxp = dx + r * ldx + f;
+          A o = bwd_value(xv[k], d, c);
+          if (blend) o += beta * load<A>(*dxp);
+          *dxp = store<T>(o);
+          if (wdz) {
+            T* dzp = dz + r * ldz + f;
+            A oz = alpha * d;
+            if (blend) oz += beta * load<A>(*dzp);
+            *dzp = store<T>(oz);
+          }
+        }
+      }
     }
   }
 }
@@ -1498,17 +1706,22 @@ template <class T, int VEC> __global__ void __launch_bounds__(kGenThreadsBwd) bw
 //              constants and partials in y / dx, as the row kernels do): constants to shared memory first.
 constexpr int kNcThreads = 256;  // nc_stats / nc_apply: threads per block
 constexpr int kNcU = 4;          // vectors (slots) in flight per thread
-enum { kNcInfer = 0, kNcFwd = 1, kNcBwd = 2, kNcFwdSaved = 3 };
+enum { kNcInfer = 0, kNcFwd = 1, kNcBwd = 2, kNcFwdSaved = 3, kNcBwdSaved = 4 };  // kNcBwdSaved: the backward's
+                                                                               // constants from bwd_consts_saved
 
 __device__ __forceinline__ i64 nc_div(i64 a, i64 b, bool i32) {
   return i32 ? (i64)((unsigned)a / (unsigned)b) : a / b;
 }
 
-template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThreads) nc_stats(const BnParams p) {
+// SUMS (the backward with the saved mean, BWD_SUMS; see bwd_sums): each thread's sums of dy' and dy' (x - mean),
+// a fixed tree of sums over the block, 2 partials per item (bwd_sums_final's layout: item j * C + c).
+template <class T, int VEC, bool BWD, bool SUMS = false>
+__global__ void __launch_bounds__(kNcThreads) nc_stats(const BnParams p) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   typedef Pack<unsigned char, VEC> M;
-  constexpr int NV = BWD ? 5 : 3;
+  static_assert(!SUMS || BWD, "nc_stats: sums are the backward's");
+  constexpr int NV = SUMS ? 2 : BWD ? 5 : 3;
   __shared__ A sm[NV][kNcThreads];
   const i64 C = p.feats, HW = p.nc_hw;
   const i64 item = blockIdx.x, j = item / C, c = item - j * C;
@@ -1520,6 +1733,7 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
   const T* x = (const T*)p.x;
   const T* dy = (const T*)p.dy;
   const bool msk = BWD && (p.flags & PYDNN_BN_FLAG_MASK);
+  const A mc = SUMS ? ((const A*)p.save_mean)[c] : A(0);
   A v[NV];
 #pragma unroll
   for (int q = 0; q < NV; ++q) v[q] = A(0);
@@ -1556,6 +1770,17 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
         }
       }
     }
+    if constexpr (SUMS) {  // (lanes outside [lo, hi) hold +0 in dy: they add 0 to both)
+#pragma unroll
+      for (int u = 0; u < kNcU; ++u)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A d = (msk && !mr[u].e[e]) ? A(0) : load<A>(dr[u].e[e]);
+          v[0] += d;
+          v[1] += (load<A>(xr[u].e[e]) - mc) * d;
+        }
+      continue;
+    }
     A cnt = 0, sx = 0, sy = 0;
 #pragma unroll
     for (int u = 0; u < kNcU; ++u) {
@@ -1582,6 +1807,27 @@ template <class T, int VEC, bool BWD> __global__ void __launch_bounds__(kNcThrea
       else merge(v[0], v[1], v[2], cnt, mx, q);
     }
   }
+  if constexpr (SUMS) {
+    const int t = threadIdx.x;
+    sm[0][t] = v[0];
+    sm[1][t] = v[1];
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (t < s) {
+        v[0] += sm[0][t + s];
+        v[1] += sm[1][t + s];
+        sm[0][t] = v[0];
+        sm[1][t] = v[1];
+      }
+      __syncthreads();
+    }
+    if (t == 0) {
+      A* part = (A*)p.partial + item * 2;
+      part[0] = v[0];
+      part[1] = v[1];
+    }
+    return;
+  }
   block_merge<A, NV, kNcThreads>(v, sm);
   if (threadIdx.x == 0) {
     A* part = (A*)p.partial + item * (BWD ? 4 : 2);
@@ -1606,6 +1852,8 @@ template <int MODE, class A> __device__ __forceinline__ void nc_consts(const BnP
     k[1] = ((const A*)p.bias)[ch];
     k[2] = ((const A*)p.save_mean)[ch];
     k[3] = A(0);
+  } else if constexpr (MODE == kNcBwdSaved) {
+    bwd_consts_saved<A>(p, ch, k);
   } else {
 #pragma unroll
     for (int q = 0; q < 4; ++q) k[q] = cs[ch * 4 + q];
@@ -1620,7 +1868,7 @@ __device__ __forceinline__ void nc_body(const BnParams& p, const typename AccOf<
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   typedef Pack<unsigned char, VEC> M;
-  constexpr bool BWD = MODE == kNcBwd, INFER = MODE == kNcInfer;
+  constexpr bool BWD = MODE == kNcBwd || MODE == kNcBwdSaved, INFER = MODE == kNcInfer;
   const unsigned flags = p.flags;
   const bool i32 = flags & PYDNN_BN_FLAG_IDX32;
   const bool blend = flags & PYDNN_BN_FLAG_BETA;

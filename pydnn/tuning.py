@@ -262,6 +262,19 @@ batchnorm = Switches(
                       'the reasons: pydnn/ops/batchnorm.py'),
     SR_BLOCKS=(4, 'super-row statistics: blocks aimed at per SM (the stats chunks, and so the items the final '
                   'kernel merges per channel); the reasons: pydnn/ops/batchnorm.py'),
+    BWD_SUMS=(True, 'backward with the saved mean and inverse std: the statistics pass keeps sums of dy and dy (x - mean) '
+                    '(bwd_sums) instead of four merged moments (bwd_stats); the reasons: pydnn/ops/batchnorm.py'),
+    BWD_APPLY_SAVED=(True, 'non-Ex backward with the saved statistics, betaParamDiff 0: the apply computes its '
+                           'constants from dscale / dbias and the saved statistics, over every row (no head launch); '
+                           'the reasons: pydnn/ops/batchnorm.py'),
+    FWD_APPLY_SAVED=(True, 'non-Ex training forward with saved statistics on the 1-element rows / super-rows / srh: '
+                           'the apply takes its constants from scale, bias and the saved statistics over every row '
+                           '(no head launch); read when a plan is made; the reasons: pydnn/ops/batchnorm.py'),
+    SR_HYBRID=(True, 'super-rows with position tiles under SR_TILED_BYTES: the 1-element rows\' statistics, then the '
+                     'super-rows\' 16-byte apply (sequence srh); False: the 1-element apply; the reasons: '
+                     'pydnn/ops/batchnorm.py'),
+    SR_MIN_ROUNDS=(4, 'super-row backward statistics: the fewest kUnroll steps a thread of a stats chunk takes (fewer, longer '
+                      'chunks for small tensors); the reasons: pydnn/ops/batchnorm.py'),
     SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
                               'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '

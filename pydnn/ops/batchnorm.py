@@ -169,6 +169,18 @@ GEN_THREADS_BWD = 512  # kGenThreadsBwd
 UNROLL = 4             # kUnroll
 FINAL_BLOCK = (8, 32)  # kFinalX, kFinalY
 HEAD_SMEM = 32768      # kHeadSmemBytes: the head kernels' constants (4 per feature)
+# The non-Ex heads ({fwd,bwd}_head_batched<T, HEAD_U>): one block of HEAD_THREADS (kHeadThreads), HEAD_U elements
+# per thread with their loads issued together. Why: fwd_head / bwd_head (256 threads, one element a step, one
+# memory round trip each) took ~8 us for 8 rows of 256 channels and ~30 us for 8 rows of 1305 (bn_bwd NHWC bf16
+# 2x1305x45x45 at 0.46-0.60x PyTorch, 62 us; H200). Predicted: 2-3 round trips, ~2-3 us.
+HEAD_THREADS = 1024    # kHeadThreads
+HEAD_U = 8             # rows in flight per thread (a thread per channel)
+HEAD_U64 = {"fwd": 4, "bwd": 2}  # double (its heads are 4 rows): the widest without spills under the 64-register
+                                 # cap of 1024 threads (sm_90: fwd 8 / bwd 4 spilled, fwd 2 spilled 8 bytes)
+
+
+def _head_u(tag, direction):
+    return HEAD_U64[direction] if tag == "f64" else HEAD_U
 BLOCKS_PER_SM = 8      # stats: blocks aimed at per SM (one wave of partials)
 # 16-bit data with 16-byte vectors (FAST16): kUnroll16 rows in flight in fwd_stats (bf16) and the plain
 # forward apply (fwd_apply_plain, with fwd_head_batched); stats launched as one wave of STATS16_BLOCKS_PER_SM
@@ -226,7 +238,7 @@ def _acc(tag):
 
 
 def _expr(kernel, tag, vec=None, u=None):
-    if kernel in ("fwd_final", "bwd_final"):
+    if kernel in ("fwd_final", "bwd_final", "bwd_sums_final"):
         return f"pydnn::bn::{kernel}<{_acc(tag)}>" if u is None else f"pydnn::bn::{kernel}<{_acc(tag)}, {u}>"
     if vec is None:
         return f"pydnn::bn::{kernel}<{CTYPE[tag]}>" if u is None else f"pydnn::bn::{kernel}<{CTYPE[tag]}, {u}>"
@@ -251,7 +263,7 @@ def _stats16(tag, direction, v):
 
 
 ROW_KERNELS = ("fwd_stats", "fwd_apply", "bwd_stats", "bwd_apply", "infer_rows")
-ONE_KERNELS = ("fwd_head", "bwd_head", "fwd_fused_gen", "bwd_fused_gen", "infer_gen", "fwd_final", "bwd_final")
+ONE_KERNELS = ("fwd_fused_gen", "bwd_fused_gen", "infer_gen", "fwd_final", "bwd_final")
 
 
 def kernel_units():
@@ -259,14 +271,21 @@ def kernel_units():
     for t in FLOAT_TAGS:
         exprs = [_expr(k, t, v) for k in ROW_KERNELS for v in (vec_width(t, t), *_mid_widths(vec_width(t, t)), 1)]
         exprs += [_expr(k, t) for k in ONE_KERNELS]
+        exprs += [_expr(f"{d}_head_batched", t, None, _head_u(t, d)) for d in ("fwd", "bwd")]
         if _SIZES[t] == 2:
             exprs += [_expr(k, t, vec_width(t, t), UNROLL16) for k in FAST16_KERNELS]
-            exprs.append(_expr("fwd_head_batched", t, None, UNROLL16))
         if t in STATS16_TAGS:
             exprs.append(_expr("fwd_stats", t, vec_width(t, t), UNROLL16))
         if t != "f64":
             exprs += [_expr(k, t, 1, u) for k in ROWS1_U_KERNELS for u in ROWS1_U_VALUES]
+        u1s = (None,) + (ROWS1_U_VALUES if t != "f64" else ())  # (1-element rows: kUnroll or ROWS1_U rows in flight)
+        exprs += [_expr("bwd_sums", t, vec_width(t, t)), _expr("bwd_sums_final", t),
+                  _expr("bwd_apply", t, vec_width(t, t), _sc_u(None))]
+        exprs += [_expr(k, t, 1, _sc_u(u) if k.endswith("apply") else u) for u in u1s
+                  for k in ("bwd_sums", "bwd_apply", "fwd_apply")]
         if t in SR_TAGS:
+            exprs += [_expr("bwd_sums", t, vec_width(t, t), SR_U)]
+            exprs += [_expr(f"{d}_apply", t, vec_width(t, t), _sc_u(SR_U)) for d in ("fwd", "bwd")]
             exprs += [_expr(f"{d}_{k}", t, vec_width(t, t), SR_U) for d in ("fwd", "bwd") for k in ("stats", "apply")]
             exprs += [_expr(f"{d}_final", t, None, u) for d in ("fwd", "bwd") for u in (SR_FINAL, SR_FINAL1)]
         if vec_width(t, t) > 1:
@@ -550,6 +569,15 @@ def _rows1_u(tag, v):
 # channel's k slots (final: one item a chunk, part_count<.., 2>), SR_BLOCKS (4) blocks an SM instead of 8, and
 # position tiles (C > 256 odd) only for x of SR_TILED_BYTES (64 MB) or more (the two measured wins).
 # SR_BLOCKS: a switch, pydnn.tuning.batchnorm.SR_BLOCKS (default 4)
+# Small tensors: the stats chunks are at least SR_MIN_ROUNDS kUnroll steps of a thread long, so fewer partials for
+# the final kernel's serial merges (bn_train NHWC fp32 187x50x14x14: 524 chunks of one step each, fwd_final 8.0 us
+# of the 20.1 us of kernels, the stats 4.5; H200, mid-session run 1). 1: the old rule. Measured (mid-session run 4,
+# H200, same run, eager ms at 1 / 4 / 16): bn_bwd NHWC fp16 37x12x146x146 0.0466 / 0.0411 / -, bf16 1x700x32x32
+# 0.0240 / 0.0235 / -, bn_train NHWC fp32 187x50x14x14 0.0363 / 0.0371 / 0.0364, fp16 29x63x31x31 0.0364 / 0.0369 /
+# 0.0323; mid-session run 3, 1 / 4 / 16: 37x12x146x146 0.0506 / 0.0449 / -, 1x700x32x32 0.0266 / 0.0285 / -,
+# 187x50x14x14 0.0286 / 0.0356 / 0.0275, 29x63x31x31 0.0273 / 0.0279 / 0.0396 (the small forward points move 20-30%
+# between runs: host-bound). 4 for the backward (+12-13% on 37x12 in both runs), the forward keeps 1 (no win seen).
+# SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 4; the backward only)
 # SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
@@ -558,9 +586,9 @@ SR_FINAL = "false, 1"       # {fwd,bwd}_final<A, false, 1>: partials per (chunk,
 SR_FINAL1 = "false, 2"      # {fwd,bwd}_final<A, false, 2>: one tile, partials per (chunk, channel)
 
 
-def _sr_geom(tag, g):
+def _sr_geom(tag, g, any_size=False):
     """(k, L, R, tail rows, bx, by, tiles) of the super-row view, or None when it does not apply (not packed NHWC
-    rows off the vector; position tiles below SR_TILED_BYTES)."""
+    rows off the vector; position tiles below SR_TILED_BYTES unless any_size)."""
     if (not tuning.batchnorm.SUPER_ROWS or tag not in SR_TAGS or g.layout != "rows" or g.vec_ok
             or any(ld != g.feats for ld in g.ld.values())):
         return None
@@ -574,14 +602,14 @@ def _sr_geom(tag, g):
         bx, tiles = nv, 1
         by = 1 << ((THREADS // nv).bit_length() - 1)
     else:
-        if g.rows * g.feats * _SIZES[tag] < tuning.batchnorm.SR_TILED_BYTES:
+        if g.rows * g.feats * _SIZES[tag] < tuning.batchnorm.SR_TILED_BYTES and not any_size:
             return None
         tiles = cdiv(nv, THREADS)
         bx, by = cdiv(cdiv(nv, tiles), 32) * 32, 1
     return k, L, R, g.rows - R * k, bx, by, tiles
 
 
-def _sr_chunks(handle, sg, pslot, cap_bytes=None):
+def _sr_chunks(handle, sg, pslot, cap_bytes=None, direction="bwd"):
     """(chunk super-rows, stats blocks along y (with the tail's), bytes of partials), or None where cap_bytes
     cannot hold one chunk's. One tile: a partial per (chunk, channel), the tail in the last chunk; else a
     partial per (chunk, slot of L) and the tail's own chunk."""
@@ -592,7 +620,8 @@ def _sr_chunks(handle, sg, pslot, cap_bytes=None):
     if cap is not None and cap < 1:
         return None
     want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
-    n = max(1, min(want, cdiv(R, by * UNROLL), MAX_GRID_Y - extra, cap if cap is not None else want))
+    rounds = tuning.batchnorm.SR_MIN_ROUNDS if direction == "bwd" else 1
+    n = max(1, min(want, cdiv(R, by * UNROLL * rounds), MAX_GRID_Y - extra, cap if cap is not None else want))
     chunk = cdiv(R, n)
     gy = cdiv(R, chunk) + extra
     return chunk, gy, gy * width * pslot
@@ -613,8 +642,43 @@ def _sr_seq(pl, handle, g, sg, chunk, gy, head_sr, direction):
            _Launch(f"{d}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
                    {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
     if head_sr:
-        seq.append(_Launch(f"{d}_head", None, (1, 1, 1), (THREADS, 1, 1), {"row_begin": 0, "row_end": head_sr * k}))
+        seq.append(_head_launch(d, head_sr * k, pl.tag))
     pl.seqs["sr"] = seq
+
+
+# Super-rows with position tiles below SR_TILED_BYTES (C > 256 off the vector, x under 64 MB): the 1-element rows'
+# statistics and final (a partial per (chunk, channel): few, where the tiles' stats write one per (chunk, slot of
+# L), as many bytes as the data at 2x1305x45x45), then the super-rows' apply (16-byte accesses; its constants are
+# the same per-channel four) and head: sequence "srh". Why: the 1-element apply ran at 1.6-2.1 TB/s (bn_train NHWC
+# bf16 7x337x93x93: fwd_apply<bf16, 1, 8> 50.4 us of 87.5; bn_bwd bf16 2x1305x45x45: 15.3 of 48.3) where the
+# super-rows' apply ran 3.1-4.0 TB/s (105x405x82x82, 39x1315x23x23; H200, mid-session run 1, session 30).
+# Predicted: those applies ~2x faster (7x337x93x93 forward ~1.2x -> ~1.6x PyTorch). Measured (mid-session run 4,
+# H200, same run, on / off): bn_train NHWC bf16 7x337x93x93 0.0756 / 0.0951 ms (1.52 / 1.21x PyTorch), bn_bwd bf16
+# 2x1305x45x45 0.0270 / 0.0333 ms (1.11 / 0.88x; the super-rows' apply 9.4 us), bn_train bf16 7x1473x21x21 0.0379 /
+# 0.0386.
+# SR_HYBRID: a switch, pydnn.tuning.batchnorm.SR_HYBRID (default True)
+def _srh_seq(pl, g, direction, head_rows):
+    """srh: rows1's stats and final, the super-rows' apply from super-row cdiv(head_rows, k) and the head over the
+    rows before it (non-Ex: head_rows > 0). Only where the plain super-row sequence is not built."""
+    if not tuning.batchnorm.SR_HYBRID or "sr" in pl.seqs or "rows1" not in pl.seqs:
+        return
+    sg = _sr_geom(pl.tag, g, any_size=True)
+    if sg is None or sg[6] == 1:
+        return
+    k, L, R, tail, bx, by, tiles = sg
+    head_sr = cdiv(head_rows, k)
+    if head_sr > R:
+        return
+    rows1 = pl.seqs["rows1"]
+    v = vec_width(pl.tag, pl.tag)
+    pl.params.sr_k = k
+    n = R - head_sr
+    achunk = max(by * UNROLL * APPLY_STEPS, cdiv(n, MAX_GRID_Y))
+    seq = rows1[:2] + [_Launch(f"{direction}_apply", v, (tiles, max(1, cdiv(n, achunk)), 1), (bx, by, 1),
+                               {"chunk_rows": achunk, "row_begin": head_sr, "row_end": R}, SR_U)]
+    if head_sr:
+        seq.append(_head_launch(direction, head_sr * k, pl.tag))
+    pl.seqs["srh"] = seq
 
 
 def _sr_ws(handle, tag, g, direction):
@@ -623,7 +687,7 @@ def _sr_ws(handle, tag, g, direction):
     if sg is None:
         return 0
     _, cslot, pslot = _slots(tag, direction)
-    return cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN + _sr_chunks(handle, sg, pslot)[2]
+    return cdiv(g.feats * cslot, PART_ALIGN) * PART_ALIGN + _sr_chunks(handle, sg, pslot, None, direction)[2]
 
 
 def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, plain=False, tag=None):
@@ -640,10 +704,15 @@ def _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us=None, p
     out = [_Launch(f"{direction}_stats", v, (tiles, chunks, 1), (bx, by, 1), st, us),
            _Launch(f"{direction}_final", None, (cdiv(g.feats, FINAL_BLOCK[0]), 1, 1), FINAL_BLOCK + (1,), st),
            apply]
-    if head_rows:  # plain: fwd_head_batched (UNROLL16 elements per thread in flight)
-        out.append(_Launch(f"{direction}_head_batched" if plain else f"{direction}_head", None, (1, 1, 1),
-                           (THREADS, 1, 1), {"row_begin": 0, "row_end": head_rows}, UNROLL16 if plain else None))
+    if head_rows:
+        out.append(_head_launch(direction, head_rows, tag))
     return out
+
+
+def _head_launch(direction, rows, tag):
+    """The non-Ex head: rows 0..rows, whose bytes held the constants."""
+    return _Launch(f"{direction}_head_batched", None, (1, 1, 1), (HEAD_THREADS, 1, 1), {"row_begin": 0, "row_end": rows},
+                   _head_u(tag, direction))
 
 
 # fwd_planes / bwd_planes (ptx/batchnorm.cu): the gen kernels (a block per feature, two passes) with
@@ -701,7 +770,8 @@ def _planes_launch(direction, g, vec):
 # NC_GEN_ROWS: a switch, pydnn.tuning.batchnorm.NC_GEN_ROWS (default 2048)
 NC_THREADS = 256  # kNcThreads
 NC_U = 4          # kNcU
-NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3}  # kNcInfer, kNcFwd, kNcBwd, kNcFwdSaved
+NC_MODES = {"infer": 0, "fwd": 1, "bwd": 2, "fwd_saved": 3, "bwd_saved": 4}  # kNcInfer, kNcFwd, kNcBwd, kNcFwdSaved,
+                                                                            # kNcBwdSaved
 NC_ITEM_MIN, NC_ITEM_MAX = 4096, 32768  # elements per stats block
 NC_BLOCKS_PER_SM = 4
 NC_APPLY_STEPS = 2  # kNcU-vector steps per thread of an apply block
@@ -714,7 +784,7 @@ NC_HEAD_THREADS = 512
 def _nc_exprs(t):
     out = []
     for v in (vec_width(t, t), 1):
-        out += [_expr("nc_stats", t, v, b) for b in ("false", "true")]
+        out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
     out += [_expr("nc_head", t, v, NC_MODES[m]) for v in (vec_width(t, t), 1) for m in ("fwd", "bwd")]
     out += [_expr(k, t, None, "true") for k in ("fwd_final", "bwd_final")]
@@ -817,9 +887,10 @@ def _nc_seqs(pl, handle, g, direction, ex):
 
 class _Plan:
     """Launch sequences of one call shape. `seqs`: name -> [launch, ...]; the call picks one by its
-    pointers and scalars (vector or scalar row kernels; the scratch path or gen)."""
+    pointers and scalars (vector or scalar row kernels; the scratch path or gen). `sums`: id(backward
+    sequence) -> its BWD_SUMS form (calls with the saved mean and inverse std)."""
     __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags",
-                 "vmid")
+                 "vmid", "sums", "sums0")
 
 
 def _slots(tag, direction):
@@ -838,7 +909,7 @@ def _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, head_rows):
         seq = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, tag=pl.tag)
         pl.seqs[f"rows{v}"] = seq
         if direction == "fwd" and _fast16(pl.tag, v):
-            pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True)
+            pl.seqs[f"rows{v}p"] = _rows_launches(handle, g, v, direction, chunk, chunks, head_rows, us, True, tag=pl.tag)
         if direction == "fwd" and v == vec_width(pl.tag, pl.tag):  # the plain forward with saved statistics: stats,
             # final, apply_saved (built for the full width)
             pl.seqs[f"rows{v}s"] = seq[:2] + [_apply_launch("fwd_apply_saved", g, v, 0, g.rows, steps=tuning.batchnorm.INFER_STEPS)]
@@ -852,7 +923,101 @@ def _workspace_layout(handle, g, tag, direction, vec):
     return poff + chunks * g.feats * pslot, chunk, chunks, poff
 
 
+# The backward with the saved mean and inverse std (both given, FLAG_SAVED) on the rows (full vector width and 1
+# element), super-row and NCHW (nc, nc_stats<T, VEC, true, true>) sequences: bwd_sums (a thread's sums of dy' and
+# dy' (x - mean) per feature, no per-row merges) and bwd_sums_final instead of bwd_stats / bwd_final (four moments
+# merged with Chan's formula every kUnroll rows, 125 registers in bf16). Why: bwd_stats read x and dy at 1.6-2.1
+# TB/s where PyTorch's channels-last reduce (the same two sums) reads at 2.4-2.9 (bn_bwd NHWC bf16 195x93x38x38: 66.9 against 42.8 us, fp32
+# 39x1315x23x23: 103.8 against 75.3, bf16 105x405x82x82: 591 against 422; our apply was the faster pass in each;
+# H200, tools/profile_memory_points.py, mid-session run 1, session 30). Predicted: the stats at PyTorch's rate or
+# better, those points 0.78 / 0.83 / 1.03x -> ~1.0 / ~1.0 / ~1.2x. Measured (mid-session run 4, H200, same run, BWD_SUMS
+# on / off, eager ms and x PyTorch): bn_bwd NHWC bf16 195x93x38x38 0.0934 / 0.1360 (1.10 / 0.76x; bwd_sums 39.8 us
+# against bwd_stats 66.9 and PyTorch's reduce 42.1), fp32 39x1315x23x23 0.1544 / 0.2053 (1.10 / 0.84x), bf16
+# 105x405x82x82 0.771 / 1.167 (1.58 / 1.03x), bf16 64x256x56x56 (16-byte rows) 0.157 / 0.243 (1.20 / 0.77x), fp32
+# 42x118x77x77 1.25 / 1.00x, fp16 37x12x146x146 1.20 / 0.81x, bf16 2x1305x45x45 1.11 / 0.60x, NCHW fp16
+# 110x251x115x115 2.60 / 2.05x, NCHW fp32 5x1481x23x23 0.80 / 0.63x, bf16 1x306x99x99 0.68 / 0.56x.
+# BWD_SUMS: a switch, pydnn.tuning.batchnorm.BWD_SUMS (default True)
+# Non-Ex backward with the saved mean / inverse std, dscale / dbias not blended (betaParamDiff 0) and alphaParamDiff
+# != 0: the apply computes its constants from scale, the saved statistics and the dscale / dbias that the final
+# wrote (bwd_apply<.., SC = true>), over every row: the head launch goes (the constants' bytes in dx are written
+# by the apply like any others). Why: a launch is ~3-4 us of host time on the small calls the sweep times back to
+# back (bn_train NHWC fp32 187x50x14x14: 33.7 us eager for 20.1 us of kernels; H200, mid-session run 1), and the
+# head is one block (2-5 us on the GPU). Rows (full vector width, 1 element), super-rows, srh. GPU-tested (mid-session
+# run 4: 115 batch-norm tests passed), not timed on its own (every run-4 backward point above took it).
+# BWD_APPLY_SAVED: a switch, pydnn.tuning.batchnorm.BWD_APPLY_SAVED (default True)
+SC_SUFFIX = ", true"  # bwd_apply<T, VEC, U, SR, SC = true>
+
+
+def _sc_u(u):
+    """bwd_apply's template tail with SC for an apply launch's u (None: kUnroll, no super-rows)."""
+    if u == SR_U:
+        return SR_U + SC_SUFFIX
+    return f"{u or UNROLL}, false" + SC_SUFFIX
+
+
+def _apply_from0(a, rows):
+    """The apply launch a over rows [0, rows) (its block and chunk size), with SC constants."""
+    chunk = max(a.fields["chunk_rows"], cdiv(rows, MAX_GRID_Y))
+    return _Launch(a.kernel, a.vec, (a.grid[0], max(1, cdiv(rows, chunk)), 1), a.block,
+                   {"chunk_rows": chunk, "row_begin": 0, "row_end": rows}, _sc_u(a.u))
+
+
+def _sums_seqs(pl):
+    """pl.sums: each rows / super-row / nc backward sequence -> the same with bwd_sums / bwd_sums_final; pl.sums0:
+    the non-Ex rows / super-row ones -> sums, final and the SC apply over every row, no head."""
+    pl.sums, pl.sums0 = {}, {}
+    full = vec_width(pl.tag, pl.tag)
+    for name in (f"rows{full}", "rows1", "sr", "srh", f"nc{full}", "nc1"):
+        seq = pl.seqs.get(name)
+        if seq is None or seq[1].kernel != "bwd_final":
+            continue
+        st, fi = seq[0], seq[1]
+        if st.kernel == "bwd_stats":
+            sums = _Launch("bwd_sums", st.vec, st.grid, st.block, st.fields, st.u)
+        elif st.kernel == "nc_stats":
+            sums = _Launch("nc_stats", st.vec, st.grid, st.block, st.fields, "true, true")
+        else:
+            continue
+        pl.sums[id(seq)] = [sums, _Launch("bwd_sums_final", None, fi.grid, fi.block, fi.fields)] + seq[2:]
+        a = seq[2]
+        if st.kernel == "bwd_stats" and len(seq) == 4 and a.kernel == "bwd_apply":
+            rows = a.fields["row_end"]  # (g.rows, or the super-rows R)
+            pl.sums0[id(seq)] = pl.sums[id(seq)][:2] + [_apply_from0(a, rows)]
+        elif st.kernel == "nc_stats" and len(seq) == 4 and a.kernel == "nc_apply":  # (nc_apply kNcBwdSaved from 0)
+            total, chunk = a.fields["row_end"], a.fields["chunk_rows"]
+            chunk = max(chunk, cdiv(cdiv(total, a.vec), 2**31 - 1))
+            pl.sums0[id(seq)] = pl.sums[id(seq)][:2] + [_Launch(
+                "nc_apply", a.vec, (max(1, cdiv(cdiv(total, a.vec), chunk)), 1, 1), a.block,
+                {"chunk_rows": chunk, "row_begin": 0, "row_end": total}, NC_MODES["bwd_saved"])]
+
+
+# The non-Ex training forward that keeps its saved statistics (resultSaveMean / InvVariance given) on the
+# 1-element rows, super-row and srh sequences: fwd_apply<.., SC> takes its constants from scale, bias and the saved
+# statistics fwd_final wrote, over every row: no head launch (as fwd_apply_saved does for the vector rows).
+# Sequences rows1s / srs / srhs, picked by _pick_plain. Why: one launch fewer (bn_train NHWC fp32 187x50x14x14:
+# 33.7 us eager for 20.1 us of kernels, 4 launches; H200, mid-session run 1).
+# FWD_APPLY_SAVED: a switch, pydnn.tuning.batchnorm.FWD_APPLY_SAVED (default True)
+def _fwd_saved_seqs(pl):
+    for name in ("rows1", "sr", "srh"):
+        seq = pl.seqs.get(name)
+        if seq is None or len(seq) != 4 or seq[2].kernel != "fwd_apply" or name + "s" in pl.seqs:
+            continue
+        a = seq[2]
+        pl.seqs[name + "s"] = seq[:2] + [_apply_from0(a, a.fields["row_end"])]
+
+
 def _make_plan(handle, tag, g, direction, ex):
+    pl = _make_plan_seqs(handle, tag, g, direction, ex)
+    if direction == "bwd":
+        _sums_seqs(pl)
+    else:
+        pl.sums, pl.sums0 = {}, {}
+        if direction == "fwd" and not ex and tuning.batchnorm.FWD_APPLY_SAVED:
+            _fwd_saved_seqs(pl)
+    return pl
+
+
+def _make_plan_seqs(handle, tag, g, direction, ex):
     pl = _Plan()
     pl.geom, pl.tag, pl.unit = g, tag, f"batchnorm.{tag}"
     pl.isize = _SIZES[tag]
@@ -897,9 +1062,10 @@ def _make_plan(handle, tag, g, direction, ex):
         _rows_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0)
         _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, 0, 0)
         if sg is not None:
-            sc = _sr_chunks(handle, sg, pslot)
+            sc = _sr_chunks(handle, sg, pslot, None, direction)
             pl.ws_need = max(pl.ws_need, poff + sc[2])
             _sr_seq(pl, handle, g, sg, sc[0], sc[1], 0, direction)
+        _srh_seq(pl, g, direction, 0)
         return pl
     # non-Ex: the output holds the constants (first bytes) and the partials (after PART_ALIGN)
     out = OP_Y if direction == "fwd" else OP_DX
@@ -916,9 +1082,10 @@ def _make_plan(handle, tag, g, direction, ex):
     _flat_seqs(pl, handle, g, direction, vecs, chunk, chunks, cbytes, head_rows)
     if sg is not None:  # (the constants' rows rounded up to whole super-rows)
         head_sr = cdiv(head_rows, sg[0])
-        sc = _sr_chunks(handle, sg, pslot, obytes - poff)
+        sc = _sr_chunks(handle, sg, pslot, obytes - poff, direction)
         if sc is not None and head_sr <= sg[2]:
             _sr_seq(pl, handle, g, sg, sc[0], sc[1], head_sr, direction)
+    _srh_seq(pl, g, direction, head_rows)
     return pl
 
 
@@ -1032,6 +1199,8 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
             return pl.seqs[f"rows{vm}"]
         if "sr" in pl.seqs and base % 16 == 0 and a16:  # (after the switches that are off by default: turned on,
             return pl.seqs["sr"]                        # they win)
+        if "srh" in pl.seqs and base % pl.asize == 0 and a16:
+            return pl.seqs["srh"]
         if "rows1" in pl.seqs and base % pl.asize == 0:  # the float / double scratch in a 16-bit y off 4 bytes: gen
             return pl.seqs["rows1"]
     if "planes" in pl.seqs and a16:
@@ -1371,6 +1540,9 @@ def _bwd_fast(handle, rec, alpha_d, beta_d, alpha_p, beta_p, x, dy, dz, dx, scal
 def _bwd_go(handle, pl, relu, add, ad, bd, ap, bp_, eps, xp, dyp, dxp, dzp, mp, sp, dsp, dbp, sv, scratch_ok, base):
     seq = _pick(pl, (xp, dyp, dxp, dzp, mp), scratch_ok, base)
     smp, sip = sv
+    if smp and tuning.batchnorm.BWD_SUMS:
+        s0 = pl.sums0.get(id(seq)) if bp_ == 0 and ap != 0 and tuning.batchnorm.BWD_APPLY_SAVED else None
+        seq = s0 or pl.sums.get(id(seq), seq)
     p = pl.params
     _zero_ptrs(p)
     p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp

@@ -234,10 +234,11 @@ def test_layouts_and_workspace():
     h = cpu_handle()
     nhwc = _nhwc((64, 256, 56, 56), BF16)
     layout, seqs, ws = B.plan_summary(h, "fwd", SPATIAL, nhwc, nhwc)
+    rows1s = {"rows1s"} if tuning.batchnorm.FWD_APPLY_SAVED else set()  # (the 1-element rows' SC apply)
     assert layout == "rows" and set(seqs) == ({"rows8", "rows8p", "rows8s", "rows1", "gen"} if tuning.batchnorm.FAST16
-                                              else {"rows8", "rows8s", "rows1", "gen"})
+                                              else {"rows8", "rows8s", "rows1", "gen"}) | rows1s
     names = [s[0] for s in seqs["rows8"]]
-    assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head"] and ws == 0
+    assert names == ["fwd_stats", "fwd_final", "fwd_apply", "fwd_head_batched"] and ws == 0
     if tuning.batchnorm.FAST16:  # the plain forward: the same stats / final / head, fwd_apply_plain
         assert [s[0] for s in seqs["rows8p"]] == ["fwd_stats", "fwd_final", "fwd_apply_plain", "fwd_head_batched"]
         assert seqs["rows8p"][0] == seqs["rows8"][0] and seqs["rows8p"][3][2:] == seqs["rows8"][3][2:]
@@ -315,7 +316,7 @@ def test_fast16_plans(monkeypatch):
     assert {B._expr(k, "bf16", 8, B.UNROLL16) for k in ("fwd_stats", "fwd_apply_plain")} <= exprs
     monkeypatch.setattr(tuning.batchnorm, "FAST16", False)
     _, seqs, _ = B.plan_summary(cpu_handle(), "fwd", SPATIAL, nhwc, nhwc)
-    assert set(seqs) == {"rows8", "rows8s", "rows1", "gen"}
+    assert set(seqs) == {"rows8", "rows8s", "rows1", "gen"} | ({"rows1s"} if tuning.batchnorm.FWD_APPLY_SAVED else set())
     assert near(seqs["rows8"][0][2][1], h.sm_count * B.BLOCKS_PER_SM)
 
 
@@ -335,7 +336,8 @@ def test_plain_forward_sequence_choice(monkeypatch, apply_saved):
     assert names(B._pick_plain(pl, pl.seqs["rows8"], 0))[2:] == ["fwd_apply_plain", "fwd_head_batched"]
     for flag in (B.FLAG_BETA, B.FLAG_RELU, B.FLAG_Z):
         assert B._pick_plain(pl, pl.seqs["rows8"], B.FLAG_SAVE | flag) is pl.seqs["rows8"]
-    assert B._pick_plain(pl, pl.seqs["rows1"], B.FLAG_SAVE) is pl.seqs["rows1"]
+    # (scalar rows: rows1s, the SC apply over every row, FWD_APPLY_SAVED)
+    assert B._pick_plain(pl, pl.seqs["rows1"], B.FLAG_SAVE) is pl.seqs.get("rows1s" if apply_saved else "rows1")
     exprs = set(next(u for u in B.kernel_units() if u.name == "batchnorm.bf16").exprs)
     assert B._expr("fwd_apply_saved", "bf16", 8) in exprs
 

@@ -321,8 +321,7 @@ def test_forward_fast16(handle, dtype, fast16, apply_saved, rng, monkeypatch):
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_forward_head_path(handle, dtype, rng, monkeypatch):
     """APPLY_SAVED off: the plain forward with saved statistics on the apply + head sequence (the path of
-    calls without saved statistics), fp32 (fwd_apply + fwd_head) and bf16 (fwd_apply_plain + the batched
-    head), non-Ex and Ex BN."""
+    calls without saved statistics), fp32 (fwd_apply + the head) and bf16 (fwd_apply_plain + the head), non-Ex and Ex BN."""
     from pydnn.ops import batchnorm as B
 
     monkeypatch.setattr(tuning.batchnorm, "APPLY_SAVED", False)

@@ -65,8 +65,13 @@ def test_nc_training_and_backward(handle, dims, dtype, rng, launched):
     G._backward(handle, t, dtype, SPATIAL, rng, ad=1.5, ap=0.5, bp=0.5)  # dscale / dbias blended
     vec = {F32: 4, F64: 2, F16: 8, BF16: 8}[dtype]
     assert launched[0] == [("nc_stats", vec), ("fwd_final", None), ("nc_apply", vec)]  # saved: no head
-    for seq in launched[1:]:
-        assert seq == [("nc_stats", vec), ("bwd_final", None), ("nc_apply", vec), ("nc_head", vec)]
+    # (saved statistics, betaParamDiff 0: nc_stats<.., true, true>, bwd_sums_final and nc_apply kNcBwdSaved over
+    # every element, no head; tuning.batchnorm.BWD_SUMS / BWD_APPLY_SAVED)
+    if tuning.batchnorm.BWD_SUMS and tuning.batchnorm.BWD_APPLY_SAVED:
+        assert launched[1] == [("nc_stats", vec), ("bwd_sums_final", None), ("nc_apply", vec)], launched[1]
+    assert launched[2] == [("nc_stats", vec), ("bwd_final", None), ("nc_apply", vec), ("nc_head", vec)], launched[2]
+    fin = "bwd_sums_final" if tuning.batchnorm.BWD_SUMS else "bwd_final"  # (saved, blended: the sums, the head)
+    assert launched[3] == [("nc_stats", vec), (fin, None), ("nc_apply", vec), ("nc_head", vec)], launched[3]
 
 
 @_dt(F32, BF16)

@@ -60,11 +60,16 @@ NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
 def test_sr_backward(handle, rng, dims, dtype, launched):
     SR, SRF = _sr_seq("bwd", dims, dtype), _sr_seq("fwd", dims, dtype)
     t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng)
-    assert launched == [SRF + [("fwd_head", None)]], launched
+    # (the plain forward keeping its saved statistics: the SC apply over every row, no head; FWD_APPLY_SAVED)
+    assert launched == [SRF[:2] + [("fwd_apply", B.SR_U + B.SC_SUFFIX)]], launched
     del launched[:]
     _backward(handle, t, dtype, SPATIAL, rng, saved=True)
     _backward(handle, t, dtype, SPATIAL, rng, saved=False, ap=0.5, bp=0.5)
-    assert launched == [SR + [("bwd_head", None)]] * 2, launched
+    # (saved statistics: the sums kernels, and with betaParamDiff 0 the SC apply over every row, no head:
+    # tuning.batchnorm.BWD_SUMS / BWD_APPLY_SAVED)
+    SUMS = [("bwd_sums", B.SR_U), ("bwd_sums_final", None), SR[2]]
+    SUMS0 = SUMS[:2] + [("bwd_apply", B.SR_U + B.SC_SUFFIX)]
+    assert launched == [SUMS0, SR + [("bwd_head_batched", B.HEAD_U)]], launched
     for ops in (OPS_BN, OPS_ACT, OPS_ADD):
         del launched[:]
         t = _train(handle, SPATIAL, dims, "nhwc", dtype, rng, alpha=0.5, ex_ops=ops)
@@ -72,7 +77,7 @@ def test_sr_backward(handle, rng, dims, dtype, launched):
         del launched[:]
         _backward(handle, t, dtype, SPATIAL, rng, saved=True, ex_ops=ops)
         _backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.5, ap=2.0, bp=-1.0, ex_ops=ops)
-        assert launched == [SR] * 2, (ops, launched)
+        assert launched == [SUMS, SR], (ops, launched)
 
 
 @pytest.mark.parametrize("dims,dtype", [((33, 93, 19, 17), BF16), ((21, 99, 13, 11), F32)], ids=["bf16", "f32"])
@@ -89,6 +94,6 @@ def test_sr_repeat_bitwise(handle, rng, dims, dtype, launched):
         pydnn.batch_normalization_backward(handle, SPATIAL, 1.0, 0.0, 1.0, 0.0, x.desc, x.ptr, dy.desc, dy.ptr,
                                            dx.desc, dx.ptr, t["bd"], t["sc"].ptr, ds.ptr, db.ptr, 1e-5, 0, 0)
         out.append((dx.buf.to_numpy(), ds.buf.to_numpy(), db.buf.to_numpy()))
-    assert launched[-1] == _sr_seq("bwd", dims, dtype) + [("bwd_head", None)]
+    assert launched[-1] == _sr_seq("bwd", dims, dtype) + [("bwd_head_batched", B.HEAD_U)]
     for a, b in zip(*out):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
