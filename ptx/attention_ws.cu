@@ -191,6 +191,69 @@ template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0)
   return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
 }
 
+// exp2 on the FMA pipe (FlashAttention-4's trick, here for a share of a tile's elements): x <= 0 from
+// an unmasked tile (finite; clamped at -126, where 2^x is a denormal's worth, not 0: never on a masked
+// tile, whose -inf must give 0). Round-to-nearest by the 1.5 x 2^23 magic add, 2^f on [-0.5, 0.5] by a
+// degree-3 polynomial (relative error 7.5e-5, fitted in float32: below half an ulp of f16's 11 bits and
+// bf16's 8, the P V operand), the integer part added into the exponent field. 3 FADD + 3 FFMA + FMNMX +
+// one integer op against one MUFU.EX2 (16 a clock an SM, 8 clocks a warp instruction on a sub-partition).
+__device__ __forceinline__ float exp2_poly(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = x + 12582912.f;  // 1.5 x 2^23: t's low mantissa bits hold round(x) in two's complement
+  const float f = x - (t - 12582912.f);
+  float p = fmaf(0.0551716685295105f, f, 0.24261115491390228f);
+  p = fmaf(p, f, 0.6932609677314758f);
+  p = fmaf(p, f, 0.9999280571937561f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
+// attn_wg::softmax_tile with EMU of every 8 column groups (j % 8 < EMU: 8 keys of the tile's 128 / BN a
+// group) exponentiated by exp2_poly instead of MUFU.EX2: the softmax of a d 64 tile is as long on the
+// special-function units (64 MUFU a thread a tile) as its two GEMMs on the tensor cores. Unmasked tiles
+// only (exp2_poly's clamp); EMU = 0 is softmax_tile.
+template <int BN, int EMU>
+__device__ __forceinline__ void softmax_emu(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                            float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -kInf;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx * scale_log2);  // (finite: an unmasked tile)
+    corr[h] = attn::exp2_fast(m[h] - m_new);
+    m[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_new);
+        const float pv = (j % 8) < EMU ? exp2_poly(x) : attn::exp2_fast(x);
+        s[4 * j + 2 * h + e] = pv;
+        sum += pv;
+      }
+    l[h] = l[h] * corr[h] + sum;
+  }
+}
+
+// One tile's mask (where it reaches past the keys or across the causal diagonal) and softmax: the
+// masked tiles by MUFU alone, the others with EMU eighths emulated (softmax_emu).
+template <int BN, int EMU>
+__device__ __forceinline__ void mask_softmax(bool masked, float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+                                             float (&corr)[2], float scale_log2, int row0, int n0, const Seq& sq) {
+  if (EMU == 0) {
+    if (masked) attn_wg::mask_tile<BN>(s, row0, n0, sq.len_kv, sq.causal, sq.offset);
+    attn_wg::softmax_tile<BN>(s, m, l, corr, scale_log2);
+  } else if (masked) {
+    attn_wg::mask_tile<BN>(s, row0, n0, sq.len_kv, sq.causal, sq.offset);
+    attn_wg::softmax_tile<BN>(s, m, l, corr, scale_log2);
+  } else {
+    softmax_emu<BN, EMU>(s, m, l, corr, scale_log2);
+  }
+}
+
 // PP: ping-pong between the consumer warpgroups (false: each issues its wgmmas when its data is there;
 // benchmark-only, tools/bench_attention.py --fwd-ab's [new no pingpong] rows).
 // The TMA variant's tensor maps: Q, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64
@@ -208,7 +271,7 @@ struct TmaMaps {
 // a multiple of 8 dividing BN); a last tile reaching past the batch's key length brings in whatever its
 // page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
 // P = 0, but 0 x NaN is NaN).
-template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false>
+template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -219,15 +282,21 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // D = 64, BN = 192 (units attention.ws.n192.*, tuning.attention.WS_BN192): S 96 + P 48 + O 32 registers.
   static_assert((((D == 64 || D == 128) && BN == 128) || (D == 128 && BN == 176) || (D == 64 && BN == 192) ||
                  (D == 256 && BN == 64)) && STAGES >= 2, "fwd_ws tile");
+  // QS = 2: two Q buffers, the next unit's Q copied while this one runs (its K_0 / V_0 come through the
+  // rings anyway); with one, the consumers wait a copy's latency at every unit (its Q is copied only after
+  // both warpgroups' epilogues released the buffer). d 64 / 128 at 128-key tiles only (smem: d 128 2 x 32 +
+  // 4 x 32 KiB; d 256 or 176-key tiles would not fit).
+  static_assert(QS == 1 || (QS == 2 && D <= 128 && BN == 128), "fwd_ws Q buffers");
+  static_assert(EMU >= 0 && EMU <= 8, "fwd_ws exp2 share");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  T* sQ = reinterpret_cast<T*>(smem);
-  const unsigned aQ = smem_addr(smem), aK = aQ + Q_BYTES, aV = aK + STAGES * KV_BYTES;
-  // mbarriers after the tiles: K full [STAGES], K empty, V full, V empty, Q full, Q empty
+  const unsigned aQ = smem_addr(smem), aK = aQ + QS * Q_BYTES, aV = aK + STAGES * KV_BYTES;
+  // mbarriers after the tiles: K full [STAGES], K empty, V full, V empty, Q full [QS], Q empty [QS]
   const unsigned aBar = aV + STAGES * KV_BYTES;
-  const unsigned qfull = aBar + 32u * STAGES, qempty = qfull + 8u;
+  auto qfull = [&](unsigned s) { return aBar + 32u * STAGES + 8u * s; };
+  auto qempty = [&](unsigned s) { return aBar + 32u * STAGES + 8u * (QS + s); };
   auto kfull = [&](unsigned s) { return aBar + 8u * s; };
   auto kempty = [&](unsigned s) { return aBar + 8u * (STAGES + s); };
   auto vfull = [&](unsigned s) { return aBar + 8u * (2 * STAGES + s); };
@@ -241,8 +310,10 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       mbar_init(kempty(s), kConsumerWarps);
       mbar_init(vempty(s), kConsumerWarps);
     }
-    mbar_init(qfull, TMA ? 1 : kProducer);
-    mbar_init(qempty, kConsumerWarps);
+    for (int s = 0; s < QS; ++s) {
+      mbar_init(qfull(s), TMA ? 1 : kProducer);
+      mbar_init(qempty(s), kConsumerWarps);
+    }
   }
   __syncthreads();
 
@@ -278,6 +349,23 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const long long ldk = p.stride[PYDNN_ATTN_T_K][2], ldv = p.stride[PYDNN_ATTN_T_V][2];
       const int* tabk = PAGED ? p.ptab_k + (long long)w.b * p.ptab_stride[0][0] : nullptr;
       const int* tabv = PAGED ? p.ptab_v + (long long)w.b * p.ptab_stride[1][0] : nullptr;
+      auto load_q = [&]() {
+        const unsigned qs = tc % QS;
+        mbar_wait(qempty(qs), ((tc / QS) & 1) ^ 1);
+        const unsigned aq = aQ + qs * Q_BYTES;
+        if (TMA) {
+          tma::mbar_arrive_expect_tx(qfull(qs), Q_BYTES);
+#pragma unroll
+          for (int sl = 0; sl < D / 64; ++sl)
+            tma::load_4d(aq + sl * kBM * 128, &tm->q, qfull(qs), sl * 64, m0, w.h, w.b);
+        } else {
+          copy_tile<T, D, kBM, kProducer>(aq, gq, ldq, sq.len_q - m0, tid);
+          mbar_arrive_cp_async(qfull(qs));
+        }
+      };
+      // QS = 2: Q first (its buffer was released a unit ago: no wait), while the consumers still run the
+      // previous unit
+      if (QS > 1) load_q();
       for (int j = 0; j <= nt; ++j) {
         if (j < nt) {
           const unsigned c = kc + j, s = c % STAGES;
@@ -301,18 +389,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
             mbar_arrive_cp_async(kfull(s));
           }
         }
-        if (j == 0) {  // Q after K_0: K_0 is not held up by the previous unit's epilogue
-          mbar_wait(qempty, (tc & 1) ^ 1);
-          if (TMA) {
-            tma::mbar_arrive_expect_tx(qfull, Q_BYTES);
-#pragma unroll
-            for (int sl = 0; sl < D / 64; ++sl)
-              tma::load_4d(aQ + sl * kBM * 128, &tm->q, qfull, sl * 64, m0, w.h, w.b);
-          } else {
-            copy_tile<T, D, kBM, kProducer>(aQ, gq, ldq, sq.len_q - m0, tid);
-            mbar_arrive_cp_async(qfull);
-          }
-        }
+        if (j == 0 && QS == 1) load_q();  // after K_0: K_0 is not held up by the previous unit's epilogue
         if (j > 0) {
           const unsigned c = kc + j - 1, s = c % STAGES;
           const int pv0 = TMA && PAGED ? first_page(tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN) : 0;
@@ -349,7 +426,6 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
   if (PP && cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
-  const unsigned aQw = aQ + cw * 64 * 128;  // this warpgroup's rows of Q (slab 0)
   unsigned kc = 0, tc = 0;
   for (int r = 0; r < rounds; ++r) {
     const int u = unit_at(r);
@@ -383,7 +459,9 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     float m[2] = {-kInf, -kInf}, lsum[2] = {0.f, 0.f};
     float s[BN / 2];
     unsigned pa[BN / 16][4];
-    mbar_wait(qfull, tc & 1);
+    const unsigned qs = tc % QS, aQs = aQ + qs * Q_BYTES;
+    const unsigned aQw = aQs + cw * 64 * 128;  // this warpgroup's rows of Q (slab 0)
+    mbar_wait(qfull(qs), (tc / QS) & 1);
     {  // tile 0: S only (peeled: a wgmma issued under a branch inside the loop made ptxas serialize them)
       const unsigned sc = kc % STAGES;
       mbar_wait(kfull(sc), (kc / STAGES) & 1);
@@ -397,10 +475,9 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       wgmma::fence_operands(s);
       __syncwarp();
       if (l == 0) mbar_arrive(kempty(sc));
-      if (BN > sq.len_kv || (sq.causal && BN - 1 > wrow0 + sq.offset))  // (warpgroup-uniform)
-        attn_wg::mask_tile<BN>(s, row0, 0, sq.len_kv, sq.causal, sq.offset);
-      float corr[2];
-      attn_wg::softmax_tile<BN>(s, m, lsum, corr, p.scale_log2);
+      float corr[2];  // (the mask test is warpgroup-uniform)
+      mask_softmax<BN, EMU>(BN > sq.len_kv || (sq.causal && BN - 1 > wrow0 + sq.offset), s, m, lsum, corr,
+                            p.scale_log2, row0, 0, sq);
       attn_wg::pack_p<T, BN>(pa, s);
     }
     for (int j = 1; j < nt; ++j) {
@@ -420,10 +497,9 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       wgmma::fence_operands(s);
       __syncwarp();
       if (l == 0) mbar_arrive(kempty(sc));
-      if (n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset))  // (warpgroup-uniform)
-        attn_wg::mask_tile<BN>(s, row0, n0, sq.len_kv, sq.causal, sq.offset);
-      float corr[2];
-      attn_wg::softmax_tile<BN>(s, m, lsum, corr, p.scale_log2);
+      float corr[2];  // (the mask test is warpgroup-uniform)
+      mask_softmax<BN, EMU>(n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset), s, m, lsum,
+                            corr, p.scale_log2, row0, n0, sq);
       wgmma::wait<0>();  // P_{j-1} V_{j-1} done: O may be rescaled, pa rewritten, V_{j-1} released
       wgmma::fence_operands(o);
       __syncwarp();
@@ -443,7 +519,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
           const int t = threadIdx.x & 127;
 #pragma unroll
           for (int sl = 0; sl < D / 64; ++sl) {
-            unsigned char* base = smem + (vbuf(sc) - aQ) + sl * BN * 128;
+            unsigned char* base = smem + (vbuf(sc) - aQ) + sl * BN * 128;  // (aQ: smem's address)
             for (int off = keep * 128 + t * 16; off < BN * 128; off += 128 * 16)
               *reinterpret_cast<uint4*>(base + off) = make_uint4(0, 0, 0, 0);
           }
@@ -481,6 +557,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     // warpgroup's S wgmmas are the only readers of its 64 rows; every warp's wait for them is behind it
     // once the warpgroup meets here (named barrier 3 + its index, once a unit).
     bar_sync(kBarWG + cw, 128);
+    T* const sQ = reinterpret_cast<T*>(smem + qs * Q_BYTES);  // this unit's Q buffer
     const int srow = cw * 64 + warp * 16;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
@@ -504,18 +581,20 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     }
     wgmma::fence_proxy_async();  // these generic-proxy accesses to sQ before the next Q's copy (TMA: async proxy)
     __syncwarp();
-    if (l == 0) mbar_arrive(qempty);  // this warp's rows of sQ may take the next unit's Q
+    if (l == 0) mbar_arrive(qempty(qs));  // this warp's rows of sQ may take a later unit's Q
   }
 }
 
-template <class T, int D, int BN, int STAGES, bool PP = true>
+// QS: Q buffers (2: the next unit's Q copied under this one), EMU: eighths of an unmasked tile's
+// exponentials on the FMA pipe (softmax_emu); units attention.ws.q2.<tag> (pydnn/ops/attention_ws.py)
+template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0>
 __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
-  fwd_ws_body<T, D, BN, STAGES, PP, false>(p, nullptr);
+  fwd_ws_body<T, D, BN, STAGES, PP, false, false, QS, EMU>(p, nullptr);
 }
 
-template <class T, int D, int BN, int STAGES, bool PP = true>
+template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0>
 __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
-  fwd_ws_body<T, D, BN, STAGES, PP, true>(p, &tm);
+  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU>(p, &tm);
 }
 
 // paged K / V (units attention.ws.paged.<tag>): the cp.async producer (any page size) and TMA (page size

@@ -434,6 +434,12 @@ attention = Switches(
                      '(an A/B knob until a GPU run decides; pydnn/ops/attention_ws.py bn_of)'),
     WS_BN192=(False, 'd 64 on the warp-specialized forward: K / V tiles of 192 keys (units attention.ws.n192.*) for '
                      '"noncausal" calls, or True: every call; False: 128 (an A/B knob, as WS_BN176)'),
+    WS_Q2=(False, 'd 64 / 128 on the warp-specialized forward (128-key tiles): two Q buffers, the next work unit\'s '
+                  'Q copied while the current one runs (units attention.ws.q2.*); False: one, copied after both '
+                  'consumer warpgroups\' epilogues (an A/B knob until a GPU run decides; attention_ws.py q2_of)'),
+    WS_EMU=(0, 'with WS_Q2 and TMA: eighths of an unmasked tile\'s exponentials computed by a polynomial on the FMA '
+               'pipe instead of MUFU.EX2 (FlashAttention-4\'s trick), an int for every instantiated head dim or a '
+               'dict {head dim: eighths}; instantiated (units attention.ws.emu.*): d 64 2 / 3, d 128 2; 0: none'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

@@ -508,7 +508,11 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     # (an attribute "attention.X" is a tuning switch, set for the row through tuning.override)
     every = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
              ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False),
-             ("n176", "tma", "attention.WS_BN176", "noncausal"), ("n192", "tma", "attention.WS_BN192", "noncausal"))
+             ("n176", "tma", "attention.WS_BN176", "noncausal"), ("n192", "tma", "attention.WS_BN192", "noncausal"),
+             # (session 30) two Q buffers; with them, 2 / 3 eighths of the exponentials by polynomial
+             ("q2", "tma", {"attention.WS_Q2": True}, None),
+             ("emu2", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 2}, None),
+             ("emu3", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 3}, None))
     variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
@@ -540,15 +544,17 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
             WS.LAST_TMA = False
             for tag, ws, attr, val in variants:
                 sw = {"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}
-                mod = not attr.startswith("attention.")
-                if mod:
+                mod = isinstance(attr, str) and not attr.startswith("attention.")
+                if isinstance(attr, dict):
+                    sw.update(attr)
+                elif mod:
                     keep = getattr(WS, attr)
                     setattr(WS, attr, val)
                 else:
                     sw[attr] = val
                 try:
                     with tuning.override(sw):
-                        if tag in ("old", "new", "tma", "n176", "n192") and check:
+                        if tag in ("old", "new", "tma", "n176", "n192", "q2", "emu2", "emu3") and check:
                             o.fill_(float("nan"))
                             fwd()
                             torch.cuda.synchronize()
@@ -820,7 +826,7 @@ if __name__ == "__main__":
         decode_splits(args.out)
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
-        shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
+        shapes = AB_SHAPES if seqs is None else [(s, hq, hkv) for s in seqs for hq, hkv in ((32, 32), (64, 8))]
         names = args.variants.split(",") if args.variants else None
         if not args.no_d128:
             fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar, names=names)

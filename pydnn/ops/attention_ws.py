@@ -40,9 +40,23 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None, bn=None):
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0):
+    tail = f", {qs}, {emu}" if qs != 1 or emu else ""
     return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
-            f"{'true' if pp else 'false'}>")
+            f"{'true' if pp else 'false'}{tail}>")
+
+
+# Two Q buffers (tuning.attention.WS_Q2; units attention.ws.q2.<tag>, TMA and cp.async at d 64 / 128): the
+# next unit's Q is copied while the consumers run the current one. With one buffer the producer copies it
+# only after both warpgroups' epilogues, so each unit starts with a copy's latency and a lone S: about 1-2k
+# clocks a unit, 10-30% of a causal s 512 / 1024 unit's 2-8 tile pairs of ~2k clocks (prediction).
+# Polynomial exponentials (WS_EMU, units attention.ws.emu.<tag>, TMA only, with two Q buffers): EMU eighths
+# of an unmasked tile's exp2 on the FMA pipe (ptx/attention_ws.cu exp2_poly); at d 64 a tile's 64 MUFU.EX2 a
+# thread occupy the special-function units as long as its two GEMMs the tensor cores.
+Q2_UNIT = "attention.ws.q2.{}"
+EMU_UNIT = "attention.ws.emu.{}"
+Q2_DIMS = (64, 128)
+EMU_CHOICES = {64: (2, 3), 128: (2,)}
 
 
 # Wide K / V tiles (A/B knobs until a GPU run decides): BN = 176 at d 128 (FlashAttention-3's non-causal
@@ -81,17 +95,36 @@ def kernel_units():
         for d, (bn, _, unit) in sorted(WIDE.items(), reverse=True):
             out.append(KernelUnit(unit.format(tag), "attention_ws.cu",
                                   (_expr(tag, d, bn=bn), _expr(tag, d, tma=True, bn=bn)), archs=(ARCH + "a",)))
+        out.append(KernelUnit(Q2_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=t, qs=2) for d in Q2_DIMS for t in (True, False)),
+                              archs=(ARCH + "a",)))
+        out.append(KernelUnit(EMU_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, qs=2, emu=e) for d in Q2_DIMS for e in EMU_CHOICES[d]),
+                              archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
                               tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
                               archs=(ARCH + "a",)))
     return out
 
 
-def smem_bytes(d, bn=None):
-    """Q (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2, 8 bytes each),
-    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128 with 176-key tiles:
-    214096)."""
-    return (BM + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+def smem_bytes(d, bn=None, qs=1):
+    """qs Q tiles (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2 per Q
+    buffer, 8 bytes each), +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128
+    with 176-key tiles: 214096; d 128 with two Q buffers: 197728)."""
+    return (qs * BM + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2 * qs) * 8 + 1024
+
+
+def q2_of(d, bn):
+    """2 where the call takes two Q buffers (tuning.attention.WS_Q2, d of Q2_DIMS, 128-key tiles), else 1."""
+    return 2 if tuning.attention.WS_Q2 and d in Q2_DIMS and bn == BN[d] else 1
+
+
+def emu_of(d, qs):
+    """The TMA launch's eighths of polynomial exponentials (tuning.attention.WS_EMU: an int, or a dict by
+    head dim), where instantiated (EMU_CHOICES, with two Q buffers); else 0."""
+    e = tuning.attention.WS_EMU
+    e = e.get(d, 0) if isinstance(e, dict) else e
+    return e if qs == 2 and e in EMU_CHOICES.get(d, ()) else 0
 
 
 def bn_of(d, p):
@@ -206,7 +239,8 @@ def takes_tma(d, p):
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
     bn = bn_of(d, p)
-    smem = smem_bytes(d, bn)
+    qs = q2_of(d, bn)
+    smem = smem_bytes(d, bn, qs)
     grid = (grid_size(handle, b, hq, sq), 1, 1)
     p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
     if takes_tma(d, p):
@@ -217,7 +251,10 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
         if maps is not None:
             global LAST_TMA
             LAST_TMA = True
+            emu = emu_of(d, qs)
             f = (handle.function(WIDE[d][2].format(tag), _expr(tag, d, tma=True, bn=bn), smem) if bn != BN[d] else
+                 handle.function(EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu), smem) if emu else
+                 handle.function(Q2_UNIT.format(tag), _expr(tag, d, tma=True, qs=2), smem) if qs == 2 else
                  handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))
             argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
             drv = driver._driver()
@@ -228,6 +265,8 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
             return
     if bn != BN[d]:
         f = handle.function(WIDE[d][2].format(tag), _expr(tag, d, bn=bn), smem)
+    elif qs == 2:
+        f = handle.function(Q2_UNIT.format(tag), _expr(tag, d, qs=2), smem)
     else:
         f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
     driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)

@@ -1,0 +1,115 @@
+"""The warp-specialized forward's two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
+tuning.attention.WS_Q2) and polynomial exponentials (EMU, units attention.ws.emu.*, WS_EMU) on the CPU: the
+switches' dispatch (128-key tiles at d 64 / 128 only; EMU only where instantiated and with TMA), the
+launch's kernel and shared memory, exp2_poly's arithmetic emulated in float32, and the units compiling for
+sm_90a without spills."""
+import numpy as np
+import pytest
+
+from pydnn import tuning
+from pydnn.ops import attention as A
+from pydnn.ops import attention_ws as WS
+from test_attention_cpu import F32, NONE, TL, _attn, _fwd_args, _t
+from test_attention_hdim_cpu import _run_fwd, launches  # noqa: F401 - the fixture
+from test_attention_paged_cpu import _compile
+
+SMEM_LIMIT = 227 * 1024
+
+
+def test_q2_of_and_emu_of():
+    assert WS.q2_of(128, 128) == 1 and WS.q2_of(64, 128) == 1  # default off
+    with tuning.override({"attention.WS_Q2": True}):
+        assert WS.q2_of(128, 128) == 2 and WS.q2_of(64, 128) == 2
+        assert WS.q2_of(256, 64) == 1 and WS.q2_of(128, 176) == 1 and WS.q2_of(64, 192) == 1
+    assert WS.emu_of(64, 2) == 0
+    with tuning.override({"attention.WS_EMU": 2}):
+        assert WS.emu_of(64, 2) == 2 and WS.emu_of(128, 2) == 2 and WS.emu_of(64, 1) == 0 and WS.emu_of(256, 2) == 0
+    with tuning.override({"attention.WS_EMU": 3}):
+        assert WS.emu_of(64, 2) == 3 and WS.emu_of(128, 2) == 0  # (3: d 64 only)
+    with tuning.override({"attention.WS_EMU": {64: 3}}):
+        assert WS.emu_of(64, 2) == 3 and WS.emu_of(128, 2) == 0
+
+
+def test_smem():
+    assert WS.smem_bytes(128, qs=2) == (256 + 4 * 128) * 256 + 12 * 8 + 1024 == 197728 <= SMEM_LIMIT
+    assert WS.smem_bytes(64, qs=2) == (256 + 4 * 128) * 128 + 12 * 8 + 1024 <= SMEM_LIMIT
+    assert WS.smem_bytes(128) == 164944  # (one Q buffer: as before)
+
+
+def test_units():
+    units = {u.name: u for u in WS.kernel_units()}
+    for t in ("bf16", "f16"):
+        assert units[f"attention.ws.q2.{t}"].exprs == tuple(WS._expr(t, d, tma=m, qs=2) for d in (64, 128)
+                                                             for m in (True, False))
+        assert units[f"attention.ws.emu.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, emu=2),
+                                                        WS._expr(t, 64, tma=True, qs=2, emu=3),
+                                                        WS._expr(t, 128, tma=True, qs=2, emu=2))
+    assert WS._expr("bf16", 128, tma=True, qs=2, emu=2) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 128, 128, 2, true, 2, 2>"
+    assert WS._expr("bf16", 128) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 128, 128, 2, true>"  # (as before)
+
+
+@pytest.mark.parametrize("d,over,mask,expr", [
+    (128, {"attention.WS_Q2": True}, NONE, ("q2", 2, 0)),
+    (64, {"attention.WS_Q2": True}, TL, ("q2", 2, 0)),
+    (128, {"attention.WS_Q2": True, "attention.WS_BN176": True}, NONE, ("n176", 1, 0)),  # (wide tiles: one Q)
+    (64, {"attention.WS_Q2": True, "attention.WS_EMU": 3}, NONE, ("emu", 2, 3)),
+    (128, {"attention.WS_Q2": True, "attention.WS_EMU": 2}, TL, ("emu", 2, 2)),
+    (128, {"attention.WS_EMU": 2}, NONE, ("ws", 1, 0)),  # (EMU without Q2: not instantiated)
+    (256, {"attention.WS_Q2": True}, NONE, ("d256", 1, 0)),
+])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
+def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
+    monkeypatch.setattr(tuning.attention, "DECODE", False)
+    monkeypatch.setattr(WS, "takes_tma", lambda d_, p: tma)
+    monkeypatch.setattr(WS, "tma_maps", lambda *a, **k: WS.TmaMaps())
+    monkeypatch.setattr(WS.driver, "_driver", lambda: type("D", (), {"cuLaunchKernel": staticmethod(
+        lambda f, *a: launches.append({"f": f, "smem": a[6], "threads": a[3]}) or (0,))})())
+    with tuning.override(over):
+        _run_fwd(_fwd_args(a=_attn(4, 2, d, mask=mask), q=_t((2, 4, 300, d)), k=_t((2, 2, 517, d)),
+                           v=_t((2, 2, 517, d)), o=_t((2, 4, 300, d)), st=_t((2, 4, 300, 1), F32)))
+    (f,) = launches
+    kind, qs, emu = expr
+    bn = 176 if kind == "n176" else WS.BN[d]
+    emu = emu if tma else 0
+    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu)
+    assert f["f"] == want
+    assert f["smem"] == WS.smem_bytes(d, bn, qs) and f["threads"] == 384
+
+
+def _exp2_poly(x):
+    """ptx/attention_ws.cu exp2_poly in float32, step by step (round to nearest, fmaf as float64 then
+    rounded once: a float32 fma)."""
+    f32 = np.float32
+    x = np.maximum(x.astype(f32), f32(-126))
+    t = (x + f32(12582912.0)).astype(f32)
+    f = (x - (t - f32(12582912.0)).astype(f32)).astype(f32)
+
+    def fma(a, b, c):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
+    p = fma(f32(0.0551716685295105), f, f32(0.24261115491390228))
+    p = fma(p, f, f32(0.6932609677314758))
+    p = fma(p, f, f32(0.9999280571937561))
+    bits = (p.view(np.int32).astype(np.int64) + (t.view(np.int32).astype(np.int64) << 23)) & 0xFFFFFFFF
+    return bits.astype(np.uint32).view(f32)
+
+
+def test_exp2_poly_accuracy():
+    x = np.concatenate([np.linspace(-30, 0, 300001), -np.random.default_rng(0).exponential(4, 100000),
+                        [0.0, -0.5, -1.5, -125.0, -125.9]]).astype(np.float32)
+    got = _exp2_poly(x).astype(np.float64)
+    ref = np.exp2(x.astype(np.float64))
+    assert np.all(np.abs(got / ref - 1) < 8e-5)  # (the fit: 7.5e-5; below f16's half ulp 2.4e-4)
+    tiny = _exp2_poly(np.array([-200.0, -1e30], np.float32))  # clamped at -126: a denormal's worth, >= 0
+    assert np.all(tiny >= 0) and np.all(tiny < 2e-38)
+
+
+@pytest.mark.parametrize("name", ["attention.ws.q2.bf16", "attention.ws.emu.bf16", "attention.ws.q2.f16",
+                                  "attention.ws.emu.f16"])
+def test_unit_compiles_without_spills(name):
+    (u,) = [u for u in WS.kernel_units() if u.name == name]
+    log = _compile(u, "sm_90a")
+    for code in ("C7514", "C7520", "C7508", "C7510"):
+        assert code not in log, log
+    spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
+    assert len(spills) == len(u.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
+    assert log.count("Used 168 registers") == len(u.exprs), log
