@@ -271,7 +271,8 @@ struct TmaMaps {
 // a multiple of 8 dividing BN); a last tile reaching past the batch's key length brings in whatever its
 // page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
 // P = 0, but 0 x NaN is NaN).
-template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0>
+template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0,
+          bool ROT = false>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -288,6 +289,11 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // 4 x 32 KiB; d 256 or 176-key tiles would not fit).
   static_assert(QS == 1 || (QS == 2 && D <= 128 && BN == 128), "fwd_ws Q buffers");
   static_assert(EMU >= 0 && EMU <= 8, "fwd_ws exp2 share");
+  // ROT: a non-causal unit walks its key tiles from tile blockIdx.x % nt on, round to tile 0 and on (the
+  // online softmax takes the tiles in any order; a tile past the keys is masked wherever it falls). The
+  // persistent CTAs of one head otherwise read the same K / V tile from L2 at the same time (some 40 of
+  // them at s 16384, 32 heads: sections of 3 heads). TMA without pages only.
+  static_assert(!ROT || (TMA && !PAGED), "fwd_ws rotated key order");
   constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
@@ -342,6 +348,8 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const int m0 = w.mb * kBM, nt = tiles_of<BN>(sq, m0);
       if (nt == 0) continue;
       const int hk = w.h / p.group;
+      const int rot = ROT && !sq.causal ? (int)blockIdx.x % nt : 0;
+      auto key0 = [&](int j) { return (j + rot < nt ? j + rot : j + rot - nt) * BN; };  // tile j's first key
       const long long ldq = p.stride[PYDNN_ATTN_T_Q][2];
       const T* gq = at<T>(p.q, p, PYDNN_ATTN_T_Q, w.b, w.h) + (long long)m0 * ldq;
       const T* gk = PAGED ? (const T*)p.k + (long long)hk * p.stride[PYDNN_ATTN_T_K][1] : at<T>(p.k, p, PYDNN_ATTN_T_K, w.b, hk);
@@ -379,7 +387,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
-              tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, j * BN, hk, w.b);
+              tma::load_4d(kbuf(s) + sl * BN * 128, &tm->k, kfull(s), sl * 64, key0(j), hk, w.b);
           } else if (PAGED) {
             copy_tile_paged<T, D, BN, kProducer>(kbuf(s), gk, ldk, p.stride[PYDNN_ATTN_T_K][0], tabk, p.ptab_stride[0][1],
                                                  p.page_size, j * BN, sq.len_kv - j * BN, tid);
@@ -402,7 +410,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl)
-              tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, (j - 1) * BN, hk, w.b);
+              tma::load_4d(vbuf(s) + sl * BN * 128, &tm->v, vfull(s), sl * 64, key0(j - 1), hk, w.b);
           } else if (PAGED) {
             copy_tile_paged<T, D, BN, kProducer>(vbuf(s), gv, ldv, p.stride[PYDNN_ATTN_T_V][0], tabv, p.ptab_stride[1][1],
                                                  p.page_size, (j - 1) * BN, sq.len_kv - (j - 1) * BN, tid);
@@ -460,6 +468,8 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     float s[BN / 2];
     unsigned pa[BN / 16][4];
     const unsigned qs = tc % QS, aQs = aQ + qs * Q_BYTES;
+    const int rot = ROT && !sq.causal ? (int)blockIdx.x % nt : 0;  // (the producer's)
+    auto key0 = [&](int j) { return (j + rot < nt ? j + rot : j + rot - nt) * BN; };
     const unsigned aQw = aQs + cw * 64 * 128;  // this warpgroup's rows of Q (slab 0)
     mbar_wait(qfull(qs), (tc / QS) & 1);
     {  // tile 0: S only (peeled: a wgmma issued under a branch inside the loop made ptxas serialize them)
@@ -476,12 +486,13 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       __syncwarp();
       if (l == 0) mbar_arrive(kempty(sc));
       float corr[2];  // (the mask test is warpgroup-uniform)
-      mask_softmax<BN, EMU>(BN > sq.len_kv || (sq.causal && BN - 1 > wrow0 + sq.offset), s, m, lsum, corr,
-                            p.scale_log2, row0, 0, sq);
+      const int n0 = key0(0);
+      mask_softmax<BN, EMU>(n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset), s, m, lsum, corr,
+                            p.scale_log2, row0, n0, sq);
       attn_wg::pack_p<T, BN>(pa, s);
     }
     for (int j = 1; j < nt; ++j) {
-      const int n0 = j * BN;
+      const int n0 = key0(j);
       const unsigned c = kc + j, sc = c % STAGES, cp = c - 1, sp = cp % STAGES;
       mbar_wait(kfull(sc), (c / STAGES) & 1);
       mbar_wait(vfull(sp), (cp / STAGES) & 1);
@@ -592,9 +603,9 @@ __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
   fwd_ws_body<T, D, BN, STAGES, PP, false, false, QS, EMU>(p, nullptr);
 }
 
-template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0>
+template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false>
 __global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
-  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU>(p, &tm);
+  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT>(p, &tm);
 }
 
 // paged K / V (units attention.ws.paged.<tag>): the cp.async producer (any page size) and TMA (page size

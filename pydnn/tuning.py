@@ -440,6 +440,8 @@ attention = Switches(
     WS_EMU=(0, 'with WS_Q2 and TMA: eighths of an unmasked tile\'s exponentials computed by a polynomial on the FMA '
                'pipe instead of MUFU.EX2 (FlashAttention-4\'s trick), an int for every instantiated head dim or a '
                'dict {head dim: eighths}; instantiated (units attention.ws.emu.*): d 64 2 / 3, d 128 2; 0: none'),
+    WS_ROT=(False, 'with WS_Q2 and TMA, non-causal calls: each unit walks its key tiles from tile (CTA index mod '
+                   'tiles) on (units attention.ws.rot.*; WS_EMU is not combined with it); False: from tile 0'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

@@ -512,7 +512,8 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
              # (session 30) two Q buffers; with them, 2 / 3 eighths of the exponentials by polynomial
              ("q2", "tma", {"attention.WS_Q2": True}, None),
              ("emu2", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 2}, None),
-             ("emu3", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 3}, None))
+             ("emu3", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 3}, None),
+             ("rot", "tma", {"attention.WS_Q2": True, "attention.WS_ROT": True}, None))
     variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
@@ -554,7 +555,7 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
                     sw[attr] = val
                 try:
                     with tuning.override(sw):
-                        if tag in ("old", "new", "tma", "n176", "n192", "q2", "emu2", "emu3") and check:
+                        if tag in ("old", "new", "tma", "n176", "n192", "q2", "emu2", "emu3", "rot") and check:
                             o.fill_(float("nan"))
                             fwd()
                             torch.cuda.synchronize()

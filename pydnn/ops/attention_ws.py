@@ -40,8 +40,8 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0):
-    tail = f", {qs}, {emu}" if qs != 1 or emu else ""
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False):
+    tail = f", {qs}, {emu}, true" if rot else f", {qs}, {emu}" if qs != 1 or emu else ""
     return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
             f"{'true' if pp else 'false'}{tail}>")
 
@@ -53,6 +53,10 @@ def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0):
 # Polynomial exponentials (WS_EMU, units attention.ws.emu.<tag>, TMA only, with two Q buffers): EMU eighths
 # of an unmasked tile's exp2 on the FMA pipe (ptx/attention_ws.cu exp2_poly); at d 64 a tile's 64 MUFU.EX2 a
 # thread occupy the special-function units as long as its two GEMMs the tensor cores.
+# Rotated key order (WS_ROT, units attention.ws.rot.<tag>, TMA with two Q buffers, non-causal calls): a
+# unit's key tiles from tile blockIdx.x % nt on, so that the CTAs on one head do not all read the same K / V
+# tile from L2 at once (the sweep: non-causal d 128 at s 16384 ran slower than causal, 588 vs 650 TFLOP/s).
+ROT_UNIT = "attention.ws.rot.{}"
 Q2_UNIT = "attention.ws.q2.{}"
 EMU_UNIT = "attention.ws.emu.{}"
 Q2_DIMS = (64, 128)
@@ -101,6 +105,8 @@ def kernel_units():
         out.append(KernelUnit(EMU_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, emu=e) for d in Q2_DIMS for e in EMU_CHOICES[d]),
                               archs=(ARCH + "a",)))
+        out.append(KernelUnit(ROT_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, qs=2, rot=True) for d in Q2_DIMS), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
                               tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
                               archs=(ARCH + "a",)))
@@ -117,6 +123,11 @@ def smem_bytes(d, bn=None, qs=1):
 def q2_of(d, bn):
     """2 where the call takes two Q buffers (tuning.attention.WS_Q2, d of Q2_DIMS, 128-key tiles), else 1."""
     return 2 if tuning.attention.WS_Q2 and d in Q2_DIMS and bn == BN[d] else 1
+
+
+def rot_of(qs, p):
+    """The TMA launch's rotated key order: tuning.attention.WS_ROT, two Q buffers, a non-causal call."""
+    return bool(tuning.attention.WS_ROT and qs == 2 and p.mask == 0)
 
 
 def emu_of(d, qs):
@@ -251,8 +262,9 @@ def launch(handle, tag, d, b, hq, sq, skv, group, p):
         if maps is not None:
             global LAST_TMA
             LAST_TMA = True
-            emu = emu_of(d, qs)
+            emu, rot = emu_of(d, qs), rot_of(qs, p)
             f = (handle.function(WIDE[d][2].format(tag), _expr(tag, d, tma=True, bn=bn), smem) if bn != BN[d] else
+                 handle.function(ROT_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, rot=True), smem) if rot else
                  handle.function(EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu), smem) if emu else
                  handle.function(Q2_UNIT.format(tag), _expr(tag, d, tma=True, qs=2), smem) if qs == 2 else
                  handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))

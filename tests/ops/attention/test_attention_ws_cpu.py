@@ -26,8 +26,9 @@ def test_units():
                              "attention.ws.emu.bf16", "attention.ws.emu.f16", "attention.ws.f16",
                              "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
                              "attention.ws.n192.f16", "attention.ws.paged.bf16", "attention.ws.paged.f16",
-                             "attention.ws.q2.bf16", "attention.ws.q2.f16"]
-    # (paged, n176, q2 / emu: test_attention_paged_cpu, _ws_n176_cpu, _ws_q2_cpu)
+                             "attention.ws.q2.bf16", "attention.ws.q2.f16", "attention.ws.rot.bf16",
+                             "attention.ws.rot.f16"]
+    # (paged, n176, q2 / emu / rot: test_attention_paged_cpu, _ws_n176_cpu, _ws_q2_cpu)
     for t in ("bf16", "f16"):
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"

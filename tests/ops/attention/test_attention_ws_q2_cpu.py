@@ -1,5 +1,5 @@
 """The warp-specialized forward's two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
-tuning.attention.WS_Q2) and polynomial exponentials (EMU, units attention.ws.emu.*, WS_EMU) on the CPU: the
+tuning.attention.WS_Q2), rotated key order (ROT, attention.ws.rot.*, WS_ROT) and polynomial exponentials (EMU, units attention.ws.emu.*, WS_EMU) on the CPU: the
 switches' dispatch (128-key tiles at d 64 / 128 only; EMU only where instantiated and with TMA), the
 launch's kernel and shared memory, exp2_poly's arithmetic emulated in float32, and the units compiling for
 sm_90a without spills."""
@@ -41,6 +41,7 @@ def test_units():
     for t in ("bf16", "f16"):
         assert units[f"attention.ws.q2.{t}"].exprs == tuple(WS._expr(t, d, tma=m, qs=2) for d in (64, 128)
                                                              for m in (True, False))
+        assert units[f"attention.ws.rot.{t}"].exprs == tuple(WS._expr(t, d, tma=True, qs=2, rot=True) for d in (64, 128))
         assert units[f"attention.ws.emu.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, emu=2),
                                                         WS._expr(t, 64, tma=True, qs=2, emu=3),
                                                         WS._expr(t, 128, tma=True, qs=2, emu=2))
@@ -56,6 +57,10 @@ def test_units():
     (128, {"attention.WS_Q2": True, "attention.WS_EMU": 2}, TL, ("emu", 2, 2)),
     (128, {"attention.WS_EMU": 2}, NONE, ("ws", 1, 0)),  # (EMU without Q2: not instantiated)
     (256, {"attention.WS_Q2": True}, NONE, ("d256", 1, 0)),
+    (128, {"attention.WS_Q2": True, "attention.WS_ROT": True}, NONE, ("rot", 2, 0)),
+    (64, {"attention.WS_Q2": True, "attention.WS_ROT": True, "attention.WS_EMU": 2}, NONE, ("rot", 2, 0)),
+    (128, {"attention.WS_Q2": True, "attention.WS_ROT": True}, TL, ("q2", 2, 0)),  # (causal: not rotated)
+    (128, {"attention.WS_ROT": True}, NONE, ("ws", 1, 0)),
 ])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
 def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
@@ -71,7 +76,9 @@ def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     kind, qs, emu = expr
     bn = 176 if kind == "n176" else WS.BN[d]
     emu = emu if tma else 0
-    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu)
+    if kind == "rot" and not tma:  # (the cp.async producer: never rotated; EMU neither)
+        kind = "q2"
+    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu, rot=kind == "rot")
     assert f["f"] == want
     assert f["smem"] == WS.smem_bytes(d, bn, qs) and f["threads"] == 384
 
@@ -103,8 +110,8 @@ def test_exp2_poly_accuracy():
     assert np.all(tiny >= 0) and np.all(tiny < 2e-38)
 
 
-@pytest.mark.parametrize("name", ["attention.ws.q2.bf16", "attention.ws.emu.bf16", "attention.ws.q2.f16",
-                                  "attention.ws.emu.f16"])
+@pytest.mark.parametrize("name", ["attention.ws.q2.bf16", "attention.ws.emu.bf16", "attention.ws.rot.bf16",
+                                  "attention.ws.q2.f16", "attention.ws.emu.f16", "attention.ws.rot.f16"])
 def test_unit_compiles_without_spills(name):
     (u,) = [u for u in WS.kernel_units() if u.name == name]
     log = _compile(u, "sm_90a")

@@ -1,5 +1,6 @@
 """The warp-specialized forward with two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
-tuning.attention.WS_Q2) and with polynomial exponentials on a share of every unmasked tile (EMU, units
+tuning.attention.WS_Q2), with the key tiles in rotated order (units attention.ws.rot.*, WS_ROT: non-causal
+calls), and with polynomial exponentials on a share of every unmasked tile (EMU, units
 attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and cp.async producers, no mask
 and both causal alignments, GQA / MQA, lengths that are not multiples of the tiles, per-batch lengths (the
 cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to a few CTAs, so that each
@@ -78,3 +79,21 @@ def test_forward_q2_lengths_f16(handle, rng, q2, grid):
     pb = Problem(rng, 3, 8, 2, 260, 530, 128, F16, BR, "bshd", lens=([260, 100, 1], [530, 177, 176]))
     _check_forward(handle, pb)
     assert ("qs", 2) in q2
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}")
+def test_forward_rot(handle, rng, q2, grid, mask, case, d, monkeypatch):
+    """rotated key order (non-causal calls; a causal call takes the q2 kernel): the partial last key tile
+    falls anywhere in a unit's walk"""
+    got = []
+    real = WS.rot_of
+    monkeypatch.setattr(WS, "rot_of", lambda qs, p: got.append(real(qs, p)) or got[-1])
+    b, hq, hkv, sq, skv, layout = case
+    with tuning.override({"attention.WS_TMA": True, "attention.WS_ROT": True}):
+        WS.LAST_TMA = False
+        pb = Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout)
+        _check_forward(handle, pb)
+        assert WS.LAST_TMA
+    assert got == [mask == NONE]
