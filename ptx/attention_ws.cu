@@ -187,8 +187,8 @@ __device__ __forceinline__ int first_page(const int* tab, long long ts, int ps, 
 }
 
 // Key tiles of a unit (0: its rows are past the length or see no key; O = 0, lse = -inf).
-template <int BN> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0) {
-  return m0 < sq.len_q ? (attn::key_end(sq, m0, kBM) + BN - 1) / BN : 0;
+template <int BN, int BM = kBM> __device__ __forceinline__ int tiles_of(const Seq& sq, int m0) {
+  return m0 < sq.len_q ? (attn::key_end(sq, m0, BM) + BN - 1) / BN : 0;
 }
 
 // exp2 on the FMA pipe (FlashAttention-4's trick, here for a share of a tile's elements): x <= 0 from
@@ -272,7 +272,7 @@ struct TmaMaps {
 // page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
 // P = 0, but 0 x NaN is NaN).
 template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0,
-          bool ROT = false>
+          bool ROT = false, int NC = 2>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -294,7 +294,12 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // persistent CTAs of one head otherwise read the same K / V tile from L2 at the same time (some 40 of
   // them at s 16384, 32 heads: sections of 3 heads). TMA without pages only.
   static_assert(!ROT || (TMA && !PAGED), "fwd_ws rotated key order");
-  constexpr unsigned Q_BYTES = kBM * D * 2, KV_BYTES = BN * D * 2;
+  // NC consumer warpgroups of 64 query rows (a unit BMW rows): 3 at d 64 (FlashAttention-3's 192-row d 64
+  // tile: a tile's softmax as long on the special-function units as its GEMMs on the tensor cores, so two
+  // warpgroups leave both half idle), 512 threads, setmaxnreg 24 / 160; they take turns round robin.
+  static_assert(NC == 2 || (NC == 3 && D == 64 && BN == 128 && QS == 2 && !PAGED), "fwd_ws consumer warpgroups");
+  constexpr int BMW = 64 * NC, NCW = 4 * NC, BAR_WG = kBarTurn + NC;  // BAR_WG + cw: a warpgroup's own
+  constexpr unsigned Q_BYTES = BMW * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -313,17 +318,17 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(kfull(s), TMA ? 1 : kProducer);
       mbar_init(vfull(s), TMA ? 1 : kProducer);
-      mbar_init(kempty(s), kConsumerWarps);
-      mbar_init(vempty(s), kConsumerWarps);
+      mbar_init(kempty(s), NCW);
+      mbar_init(vempty(s), NCW);
     }
     for (int s = 0; s < QS; ++s) {
       mbar_init(qfull(s), TMA ? 1 : kProducer);
-      mbar_init(qempty(s), kConsumerWarps);
+      mbar_init(qempty(s), NCW);
     }
   }
   __syncthreads();
 
-  const int nmb = (p.seq_q + kBM - 1) / kBM, nheads = p.batch * p.heads_q, total = nmb * nheads;
+  const int nmb = (p.seq_q + BMW - 1) / BMW, nheads = p.batch * p.heads_q, total = nmb * nheads;
   const int hs = max(1, min(p.sched_heads, nheads));
   const int rounds = (total + (int)gridDim.x - 1) / (int)gridDim.x;
   const int wg = threadIdx.x >> 7;
@@ -333,8 +338,11 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // paged TMA: the producer's page-id batches need more than 32 (28 bytes spilled): 40 / 224
   // (d 256: the consumers need their 232; its producer takes page ids 2 at a time instead)
   constexpr bool PT = TMA && PAGED && D <= 128;
-  constexpr int PREGS = (TMA && BN == 176) ? 24 : PT ? 40 : kProdRegs;
-  constexpr int CREGS = (TMA && BN == 176) ? 240 : PT ? 224 : kConsRegs;
+  // NC = 3: 24 x 128 + 160 x 384 <= 128 x 512 (the 512-thread launch's pool); TMA only (the cp.async
+  // producer spilled 12 / 4 bytes at 24 / 32), EMU 0 only (EMU 2 spilled 36 bytes of the consumers' 160)
+  static_assert(NC == 2 || (TMA && EMU == 0), "fwd_ws NC = 3: TMA, no EMU");
+  constexpr int PREGS = (TMA && BN == 176) || NC == 3 ? 24 : PT ? 40 : kProdRegs;
+  constexpr int CREGS = NC == 3 ? 160 : (TMA && BN == 176) ? 240 : PT ? 224 : kConsRegs;
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     attn::setmaxnreg_dec<PREGS>();
     const int tid = threadIdx.x;
@@ -345,7 +353,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       if (u >= total) continue;
       const Unit w = unit_of(p, u, nmb, nheads, hs);
       const Seq sq = seq_of(p, w.b);
-      const int m0 = w.mb * kBM, nt = tiles_of<BN>(sq, m0);
+      const int m0 = w.mb * BMW, nt = tiles_of<BN, BMW>(sq, m0);
       if (nt == 0) continue;
       const int hk = w.h / p.group;
       const int rot = ROT && !sq.causal ? (int)blockIdx.x % nt : 0;
@@ -365,9 +373,9 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
           tma::mbar_arrive_expect_tx(qfull(qs), Q_BYTES);
 #pragma unroll
           for (int sl = 0; sl < D / 64; ++sl)
-            tma::load_4d(aq + sl * kBM * 128, &tm->q, qfull(qs), sl * 64, m0, w.h, w.b);
+            tma::load_4d(aq + sl * BMW * 128, &tm->q, qfull(qs), sl * 64, m0, w.h, w.b);
         } else {
-          copy_tile<T, D, kBM, kProducer>(aq, gq, ldq, sq.len_q - m0, tid);
+          copy_tile<T, D, BMW, kProducer>(aq, gq, ldq, sq.len_q - m0, tid);
           mbar_arrive_cp_async(qfull(qs));
         }
       };
@@ -432,15 +440,15 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // -------------------------------------------------------------------------------------- consumers
   attn::setmaxnreg_inc<CREGS>();
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
-  const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw ^ 1);
-  if (PP && cw == 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
+  const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw + 1) % NC;  // (the next one's, round robin)
+  if (PP && cw == NC - 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
   unsigned kc = 0, tc = 0;
   for (int r = 0; r < rounds; ++r) {
     const int u = unit_at(r);
     if (u >= total) continue;
     const Unit w = unit_of(p, u, nmb, nheads, hs);
     const Seq sq = seq_of(p, w.b);
-    const int m0 = w.mb * kBM, nt = tiles_of<BN>(sq, m0);
+    const int m0 = w.mb * BMW, nt = tiles_of<BN, BMW>(sq, m0);
     const int wrow0 = m0 + cw * 64, row0 = wrow0 + warp * 16 + (l >> 2);
     T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, w.b, w.h);
     const long long ldo = p.stride[PYDNN_ATTN_T_O][2];
@@ -535,7 +543,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
               *reinterpret_cast<uint4*>(base + off) = make_uint4(0, 0, 0, 0);
           }
           wgmma::fence_proxy_async();
-          bar_sync(kBarWG + cw, 128);
+          bar_sync(BAR_WG + cw, 128);
         }
       }
       if (!TMA) wgmma::fence_proxy_async();
@@ -567,7 +575,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     // Stage this warp's 16 rows in its own rows of sQ, then 16-byte stores along the rows. The
     // warpgroup's S wgmmas are the only readers of its 64 rows; every warp's wait for them is behind it
     // once the warpgroup meets here (named barrier 3 + its index, once a unit).
-    bar_sync(kBarWG + cw, 128);
+    bar_sync(BAR_WG + cw, 128);
     T* const sQ = reinterpret_cast<T*>(smem + qs * Q_BYTES);  // this unit's Q buffer
     const int srow = cw * 64 + warp * 16;
 #pragma unroll
@@ -575,7 +583,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int rr = srow + (l >> 2) + hh * 8;
-        *reinterpret_cast<unsigned*>(sQ + wgmma::sw128<kBM>(rr, j) + (l & 3) * 2) =
+        *reinterpret_cast<unsigned*>(sQ + wgmma::sw128<BMW>(rr, j) + (l & 3) * 2) =
             pack16x2<T>(o[4 * j + 2 * hh] * inv[hh], o[4 * j + 2 * hh + 1] * inv[hh]);
       }
     __syncwarp();
@@ -585,7 +593,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const int idx = l + i * 32, rr = idx / CH, cc = idx % CH;
       const int grow = m0 + srow + rr;
       if (grow < p.seq_q) {
-        uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128<kBM>(srow + rr, cc));
+        uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128<BMW>(srow + rr, cc));
         if (grow >= sq.len_q) v = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(go + (long long)grow * ldo + cc * 8) = v;
       }
@@ -598,14 +606,15 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
 
 // QS: Q buffers (2: the next unit's Q copied under this one), EMU: eighths of an unmasked tile's
 // exponentials on the FMA pipe (softmax_emu); units attention.ws.q2.<tag> (pydnn/ops/attention_ws.py)
-template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0>
-__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws(const AttnParams p) {
-  fwd_ws_body<T, D, BN, STAGES, PP, false, false, QS, EMU>(p, nullptr);
+// NC: consumer warpgroups (3: d 64, 192-row units, 512 threads; units attention.ws.c3.<tag>)
+template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, int NC = 2>
+__global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws(const AttnParams p) {
+  fwd_ws_body<T, D, BN, STAGES, PP, false, false, QS, EMU, false, NC>(p, nullptr);
 }
 
-template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false>
-__global__ void __launch_bounds__(kThreadsWS, 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
-  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT>(p, &tm);
+template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false, int NC = 2>
+__global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
+  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT, NC>(p, &tm);
 }
 
 // paged K / V (units attention.ws.paged.<tag>): the cp.async producer (any page size) and TMA (page size

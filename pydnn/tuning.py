@@ -434,14 +434,19 @@ attention = Switches(
                      '(an A/B knob until a GPU run decides; pydnn/ops/attention_ws.py bn_of)'),
     WS_BN192=(False, 'd 64 on the warp-specialized forward: K / V tiles of 192 keys (units attention.ws.n192.*) for '
                      '"noncausal" calls, or True: every call; False: 128 (an A/B knob, as WS_BN176)'),
-    WS_Q2=(False, 'd 64 / 128 on the warp-specialized forward (128-key tiles): two Q buffers, the next work unit\'s '
-                  'Q copied while the current one runs (units attention.ws.q2.*); False: one, copied after both '
-                  'consumer warpgroups\' epilogues (an A/B knob until a GPU run decides; attention_ws.py q2_of)'),
-    WS_EMU=(0, 'with WS_Q2 and TMA: eighths of an unmasked tile\'s exponentials computed by a polynomial on the FMA '
+    WS_Q2=(True, 'd 64 / 128 on the warp-specialized forward (128-key tiles): two Q buffers, the next work unit\'s '
+                 'Q copied while the current one runs (units attention.ws.q2.*); False: one, copied after both '
+                 'consumer warpgroups\' epilogues (mid-session H200 run, session 30: d 128 geomean 0.912x cuDNN '
+                 'against 0.877x, s 512 +5-12%; d 64 0.803x against 0.800x)'),
+    WS_EMU=({64: 2}, 'with WS_Q2 and TMA: eighths of an unmasked tile\'s exponentials computed by a polynomial on the FMA '
                'pipe instead of MUFU.EX2 (FlashAttention-4\'s trick), an int for every instantiated head dim or a '
-               'dict {head dim: eighths}; instantiated (units attention.ws.emu.*): d 64 2 / 3, d 128 2; 0: none'),
+               'dict {head dim: eighths}; instantiated (units attention.ws.emu.*): d 64 2 / 3, d 128 2; 0: none (mid-session '
+               'H200 run, session 30: d 64 2 eighths 0.827x cuDNN against 0.803x without, better on all 6 points, 3 '
+               '0.813x; d 128 2 eighths 0.876x against 0.912x: not there)'),
     WS_ROT=(False, 'with WS_Q2 and TMA, non-causal calls: each unit walks its key tiles from tile (CTA index mod '
                    'tiles) on (units attention.ws.rot.*; WS_EMU is not combined with it); False: from tile 0'),
+    WS_C3=(False, 'd 64 with WS_Q2 and TMA: three consumer warpgroups of 64 query rows (192-row units, 512 threads: '
+                  'FlashAttention-3\'s d 64 tile; units attention.ws.c3.*; not combined with WS_EMU); False: two'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

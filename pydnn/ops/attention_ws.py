@@ -40,8 +40,12 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False):
-    tail = f", {qs}, {emu}, true" if rot else f", {qs}, {emu}" if qs != 1 or emu else ""
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False, nc=2):
+    # the template's trailing arguments QS, EMU, (fwd_ws_tma:) ROT, NC, written up to the last one set
+    tail = [str(qs), str(emu)] + (["true" if rot else "false"] if tma else []) + [str(nc)]
+    tail = tail[:max((i + 1 for i, (x, dflt) in enumerate(zip(tail, ["1", "0"] + (["false"] if tma else []) + ["2"]))
+                      if x != dflt), default=0)]
+    tail = "".join(", " + x for x in tail)
     return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
             f"{'true' if pp else 'false'}{tail}>")
 
@@ -57,6 +61,11 @@ def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=Fal
 # unit's key tiles from tile blockIdx.x % nt on, so that the CTAs on one head do not all read the same K / V
 # tile from L2 at once (the sweep: non-causal d 128 at s 16384 ran slower than causal, 588 vs 650 TFLOP/s).
 ROT_UNIT = "attention.ws.rot.{}"
+# Three consumer warpgroups at d 64 (WS_C3, units attention.ws.c3.<tag>, with two Q buffers): 192-row units,
+# 512 threads (FlashAttention-3's d 64 tile); TMA only (the cp.async producer spilled 4-12 bytes at 24 / 32
+# registers), not with EMU (its consumers spilled 36 bytes of 160 registers).
+C3_UNIT = "attention.ws.c3.{}"
+C3_BM, C3_THREADS = 192, 512
 Q2_UNIT = "attention.ws.q2.{}"
 EMU_UNIT = "attention.ws.emu.{}"
 Q2_DIMS = (64, 128)
@@ -105,6 +114,8 @@ def kernel_units():
         out.append(KernelUnit(EMU_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, emu=e) for d in Q2_DIMS for e in EMU_CHOICES[d]),
                               archs=(ARCH + "a",)))
+        out.append(KernelUnit(C3_UNIT.format(tag), "attention_ws.cu",
+                              (_expr(tag, 64, tma=True, qs=2, nc=3),), archs=(ARCH + "a",)))
         out.append(KernelUnit(ROT_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, rot=True) for d in Q2_DIMS), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
@@ -113,11 +124,16 @@ def kernel_units():
     return out
 
 
-def smem_bytes(d, bn=None, qs=1):
+def smem_bytes(d, bn=None, qs=1, bm=BM):
     """qs Q tiles (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2 per Q
     buffer, 8 bytes each), +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128
     with 176-key tiles: 214096; d 128 with two Q buffers: 197728)."""
-    return (qs * BM + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2 * qs) * 8 + 1024
+    return (qs * bm + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2 * qs) * 8 + 1024
+
+
+def c3_of(d, qs):
+    """3 consumer warpgroups (tuning.attention.WS_C3, d 64 with two Q buffers), else 2."""
+    return 3 if tuning.attention.WS_C3 and d == 64 and qs == 2 else 2
 
 
 def q2_of(d, bn):
@@ -185,8 +201,8 @@ def sched_heads(l2, skv, d, group, nmb=None, grid=None):
     return hs
 
 
-def grid_size(handle, b, hq, sq):
-    units = b * hq * ((sq + BM - 1) // BM)
+def grid_size(handle, b, hq, sq, bm=BM):
+    units = b * hq * ((sq + bm - 1) // bm)
     return max(1, min(units, handle.sm_count))
 
 
@@ -209,23 +225,23 @@ _MAPS = {}          # (tag, d, pointers, sizes, strides) -> TmaMaps: a repeated 
 _MAPS_LIMIT = 64
 
 
-def tma_maps(tag, d, p, bn=None):
+def tma_maps(tag, d, p, bn=None, bm=BM):
     """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]. Encoded once per set of
     pointers and shapes (three driver calls a forward otherwise)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
     bn = bn or BN[d]
-    key = (tag, d, bn, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
-    return _cached_maps(key, tag, p, st, (d, p.seq_q, hq, b), (d, p.seq_kv, hkv, b), bn)
+    key = (tag, d, bn, bm, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
+    return _cached_maps(key, tag, p, st, (d, p.seq_q, hq, b), (d, p.seq_kv, hkv, b), bn, bm)
 
 
-def _cached_maps(key, tag, p, st, q_dims, kv_dims, kv_rows):
+def _cached_maps(key, tag, p, st, q_dims, kv_dims, kv_rows, q_rows=BM):
     """The TmaMaps under key, encoded on a miss: Q boxes of BM rows, K and V of kv_rows; strides st per
     tensor (row, head, batch-or-page)."""
     m = _MAPS.get(key)
     if m is not None:
         return m
-    q = _encode(tag, p.q, q_dims, (st[0][2], st[0][1], st[0][0]), BM)
+    q = _encode(tag, p.q, q_dims, (st[0][2], st[0][1], st[0][0]), q_rows)
     k = _encode(tag, p.k, kv_dims, (st[1][2], st[1][1], st[1][0]), kv_rows)
     v = _encode(tag, p.v, kv_dims, (st[2][2], st[2][1], st[2][0]), kv_rows)
     m = TmaMaps()
@@ -247,41 +263,55 @@ def takes_tma(d, p):
     return tuning.attention.WS_TMA and d in TMA_DIMS and not p.lens_kv and driver._recorders == 0
 
 
-def launch(handle, tag, d, b, hq, sq, skv, group, p):
-    """One forward launch (params p built and checked by attention_forward)."""
+def pick(tag, d, p, tma):
+    """The kernel of a (non-paged) call with params p under the switches, TMA producer or not: (unit,
+    expression, shared memory bytes, threads, query rows a unit)."""
     bn = bn_of(d, p)
     qs = q2_of(d, bn)
-    smem = smem_bytes(d, bn, qs)
-    grid = (grid_size(handle, b, hq, sq), 1, 1)
-    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
+    nc = c3_of(d, qs) if tma else 2  # (three consumer warpgroups: TMA only)
+    bm, threads = (C3_BM, C3_THREADS) if nc == 3 else (BM, THREADS)
+    smem = smem_bytes(d, bn, qs, bm)
+    if bn != BN[d]:
+        unit, expr = WIDE[d][2].format(tag), _expr(tag, d, tma=tma, bn=bn)
+    elif tma:
+        emu, rot = emu_of(d, qs), rot_of(qs, p)
+        unit, expr = ((C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
+                      (ROT_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, rot=True)) if rot else
+                      (EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu)) if emu else
+                      (Q2_UNIT.format(tag), _expr(tag, d, tma=True, qs=2)) if qs == 2 else
+                      (unit_name(tag, d), _expr(tag, d, tma=True)))
+    elif qs == 2:
+        unit, expr = Q2_UNIT.format(tag), _expr(tag, d, qs=2)
+    else:
+        unit, expr = unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128)
+    return unit, expr, smem, threads, bm
+
+
+def launch(handle, tag, d, b, hq, sq, skv, group, p):
+    """One forward launch (params p built and checked by attention_forward)."""
+    maps = None
     if takes_tma(d, p):
+        unit, expr, smem, threads, bm = pick(tag, d, p, True)
         try:
-            maps = tma_maps(tag, d, p, bn)
+            maps = tma_maps(tag, d, p, bn_of(d, p), bm)
         except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
             maps = None
-        if maps is not None:
-            global LAST_TMA
-            LAST_TMA = True
-            emu, rot = emu_of(d, qs), rot_of(qs, p)
-            f = (handle.function(WIDE[d][2].format(tag), _expr(tag, d, tma=True, bn=bn), smem) if bn != BN[d] else
-                 handle.function(ROT_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, rot=True), smem) if rot else
-                 handle.function(EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu), smem) if emu else
-                 handle.function(Q2_UNIT.format(tag), _expr(tag, d, tma=True, qs=2), smem) if qs == 2 else
-                 handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))
-            argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
-            drv = driver._driver()
-            err = drv.cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
-                                     ctypes.addressof(argv), 0)[0]
-            if err != 0:
-                driver.check((err,), "cuLaunchKernel")
-            return
-    if bn != BN[d]:
-        f = handle.function(WIDE[d][2].format(tag), _expr(tag, d, bn=bn), smem)
-    elif qs == 2:
-        f = handle.function(Q2_UNIT.format(tag), _expr(tag, d, qs=2), smem)
-    else:
-        f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
-    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
+    if maps is None:
+        unit, expr, smem, threads, bm = pick(tag, d, p, False)
+    grid = (grid_size(handle, b, hq, sq, bm), 1, 1)
+    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + bm - 1) // bm, grid[0])
+    f = handle.function(unit, expr, smem)
+    if maps is not None:
+        global LAST_TMA
+        LAST_TMA = True
+        argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
+        drv = driver._driver()
+        err = drv.cuLaunchKernel(f, grid[0], 1, 1, threads, 1, 1, smem, handle.cu_stream,
+                                 ctypes.addressof(argv), 0)[0]
+        if err != 0:
+            driver.check((err,), "cuLaunchKernel")
+        return
+    driver.launch(f, grid, (threads, 1, 1), smem, handle.cu_stream, p)
 
 
 # ----------------------------------------------------------------------------- paged K / V

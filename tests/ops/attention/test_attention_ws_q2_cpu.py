@@ -1,5 +1,6 @@
 """The warp-specialized forward's two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
-tuning.attention.WS_Q2), rotated key order (ROT, attention.ws.rot.*, WS_ROT) and polynomial exponentials (EMU, units attention.ws.emu.*, WS_EMU) on the CPU: the
+tuning.attention.WS_Q2), rotated key order (ROT, attention.ws.rot.*, WS_ROT), three consumer warpgroups at d 64 (NC = 3,
+attention.ws.c3.*, WS_C3) and polynomial exponentials (EMU, units attention.ws.emu.*, WS_EMU) on the CPU: the
 switches' dispatch (128-key tiles at d 64 / 128 only; EMU only where instantiated and with TMA), the
 launch's kernel and shared memory, exp2_poly's arithmetic emulated in float32, and the units compiling for
 sm_90a without spills."""
@@ -17,17 +18,28 @@ SMEM_LIMIT = 227 * 1024
 
 
 def test_q2_of_and_emu_of():
-    assert WS.q2_of(128, 128) == 1 and WS.q2_of(64, 128) == 1  # default off
+    assert tuning.attention.WS_Q2 and tuning.attention.WS_EMU == {64: 2}  # the defaults (session 30's mid run)
+    assert WS.emu_of(64, 2) == 2 and WS.emu_of(128, 2) == 0
+    with tuning.override({"attention.WS_Q2": False}):
+        assert WS.q2_of(128, 128) == 1 and WS.q2_of(64, 128) == 1
     with tuning.override({"attention.WS_Q2": True}):
         assert WS.q2_of(128, 128) == 2 and WS.q2_of(64, 128) == 2
         assert WS.q2_of(256, 64) == 1 and WS.q2_of(128, 176) == 1 and WS.q2_of(64, 192) == 1
-    assert WS.emu_of(64, 2) == 0
+    with tuning.override({"attention.WS_EMU": 0}):
+        assert WS.emu_of(64, 2) == 0
     with tuning.override({"attention.WS_EMU": 2}):
         assert WS.emu_of(64, 2) == 2 and WS.emu_of(128, 2) == 2 and WS.emu_of(64, 1) == 0 and WS.emu_of(256, 2) == 0
     with tuning.override({"attention.WS_EMU": 3}):
         assert WS.emu_of(64, 2) == 3 and WS.emu_of(128, 2) == 0  # (3: d 64 only)
     with tuning.override({"attention.WS_EMU": {64: 3}}):
         assert WS.emu_of(64, 2) == 3 and WS.emu_of(128, 2) == 0
+
+
+def test_c3_of():
+    assert WS.c3_of(64, 2) == 2  # (default off)
+    with tuning.override({"attention.WS_C3": True}):
+        assert WS.c3_of(64, 2) == 3 and WS.c3_of(64, 1) == 2 and WS.c3_of(128, 2) == 2
+    assert WS.smem_bytes(64, qs=2, bm=192) == (384 + 4 * 128) * 128 + 12 * 8 + 1024 <= SMEM_LIMIT
 
 
 def test_smem():
@@ -41,12 +53,16 @@ def test_units():
     for t in ("bf16", "f16"):
         assert units[f"attention.ws.q2.{t}"].exprs == tuple(WS._expr(t, d, tma=m, qs=2) for d in (64, 128)
                                                              for m in (True, False))
+        assert units[f"attention.ws.c3.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, nc=3),)
         assert units[f"attention.ws.rot.{t}"].exprs == tuple(WS._expr(t, d, tma=True, qs=2, rot=True) for d in (64, 128))
         assert units[f"attention.ws.emu.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, emu=2),
                                                         WS._expr(t, 64, tma=True, qs=2, emu=3),
                                                         WS._expr(t, 128, tma=True, qs=2, emu=2))
     assert WS._expr("bf16", 128, tma=True, qs=2, emu=2) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 128, 128, 2, true, 2, 2>"
     assert WS._expr("bf16", 128) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 128, 128, 2, true>"  # (as before)
+    assert WS._expr("bf16", 64, tma=True, qs=2, nc=3) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, false, 3>"
+    assert WS._expr("bf16", 64, qs=2) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 64, 128, 2, true, 2>"
+    assert WS._expr("bf16", 64, tma=True, qs=2, rot=True) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, true>"
 
 
 @pytest.mark.parametrize("d,over,mask,expr", [
@@ -61,10 +77,15 @@ def test_units():
     (64, {"attention.WS_Q2": True, "attention.WS_ROT": True, "attention.WS_EMU": 2}, NONE, ("rot", 2, 0)),
     (128, {"attention.WS_Q2": True, "attention.WS_ROT": True}, TL, ("q2", 2, 0)),  # (causal: not rotated)
     (128, {"attention.WS_ROT": True}, NONE, ("ws", 1, 0)),
+    (64, {"attention.WS_Q2": True, "attention.WS_C3": True}, NONE, ("c3", 2, 0)),
+    (64, {"attention.WS_Q2": True, "attention.WS_C3": True, "attention.WS_EMU": 2}, TL, ("c3", 2, 0)),
+    (128, {"attention.WS_Q2": True, "attention.WS_C3": True}, NONE, ("q2", 2, 0)),  # (d 64 only)
+    (64, {"attention.WS_C3": True}, NONE, ("ws", 1, 0)),  # (with two Q buffers only)
 ])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
 def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     monkeypatch.setattr(tuning.attention, "DECODE", False)
+    over = {"attention.WS_Q2": False, "attention.WS_EMU": 0, **over}  # (the row's switches on top of all off)
     monkeypatch.setattr(WS, "takes_tma", lambda d_, p: tma)
     monkeypatch.setattr(WS, "tma_maps", lambda *a, **k: WS.TmaMaps())
     monkeypatch.setattr(WS.driver, "_driver", lambda: type("D", (), {"cuLaunchKernel": staticmethod(
@@ -76,11 +97,13 @@ def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     kind, qs, emu = expr
     bn = 176 if kind == "n176" else WS.BN[d]
     emu = emu if tma else 0
-    if kind == "rot" and not tma:  # (the cp.async producer: never rotated; EMU neither)
+    if kind in ("rot", "c3") and not tma:  # (the cp.async producer: never rotated nor 3 warpgroups; EMU neither)
         kind = "q2"
-    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu, rot=kind == "rot")
+    nc = 3 if kind == "c3" else 2
+    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu, rot=kind == "rot", nc=nc)
     assert f["f"] == want
-    assert f["smem"] == WS.smem_bytes(d, bn, qs) and f["threads"] == 384
+    bm = 192 if nc == 3 else 128
+    assert f["smem"] == WS.smem_bytes(d, bn, qs, bm) and f["threads"] == (512 if nc == 3 else 384)
 
 
 def _exp2_poly(x):
@@ -111,7 +134,8 @@ def test_exp2_poly_accuracy():
 
 
 @pytest.mark.parametrize("name", ["attention.ws.q2.bf16", "attention.ws.emu.bf16", "attention.ws.rot.bf16",
-                                  "attention.ws.q2.f16", "attention.ws.emu.f16", "attention.ws.rot.f16"])
+                                  "attention.ws.c3.bf16", "attention.ws.q2.f16", "attention.ws.emu.f16",
+                                  "attention.ws.rot.f16", "attention.ws.c3.f16"])
 def test_unit_compiles_without_spills(name):
     (u,) = [u for u in WS.kernel_units() if u.name == name]
     log = _compile(u, "sm_90a")
@@ -119,4 +143,22 @@ def test_unit_compiles_without_spills(name):
         assert code not in log, log
     spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
     assert len(spills) == len(u.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
-    assert log.count("Used 168 registers") == len(u.exprs), log
+    assert log.count("Used 128 registers" if ".c3." in name else "Used 168 registers") == len(u.exprs), log
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
+def test_defaults(d, mask):
+    """the default switches' kernels: two Q buffers at d 64 / 128, and at d 64 two eighths of the
+    exponentials by polynomial on the TMA path"""
+    p = A.AttnParams()
+    p.mask = mask
+    unit, expr, smem, threads, bm = WS.pick("bf16", d, p, True)
+    want = {64: ("attention.ws.emu.bf16", WS._expr("bf16", 64, tma=True, qs=2, emu=2)),
+            128: ("attention.ws.q2.bf16", WS._expr("bf16", 128, tma=True, qs=2)),
+            256: ("attention.ws.d256.bf16", WS._expr("bf16", 256, tma=True))}[d]
+    assert (unit, expr) == want and threads == 384 and bm == 128
+    assert smem == WS.smem_bytes(d, qs=1 if d == 256 else 2) <= SMEM_LIMIT
+    unit, expr, smem, threads, bm = WS.pick("f16", d, p, False)
+    assert (unit, expr) == ((WS.unit_name("f16", 256), WS._expr("f16", 256)) if d == 256 else
+                            ("attention.ws.q2.f16", WS._expr("f16", d, qs=2)))

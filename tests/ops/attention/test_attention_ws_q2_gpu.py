@@ -1,6 +1,7 @@
 """The warp-specialized forward with two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
 tuning.attention.WS_Q2), with the key tiles in rotated order (units attention.ws.rot.*, WS_ROT: non-causal
-calls), and with polynomial exponentials on a share of every unmasked tile (EMU, units
+calls), with three consumer warpgroups at d 64 (NC = 3, units attention.ws.c3.*, WS_C3: 192-row units), and
+with polynomial exponentials on a share of every unmasked tile (EMU, units
 attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and cp.async producers, no mask
 and both causal alignments, GQA / MQA, lengths that are not multiples of the tiles, per-batch lengths (the
 cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to a few CTAs, so that each
@@ -97,3 +98,22 @@ def test_forward_rot(handle, rng, q2, grid, mask, case, d, monkeypatch):
         _check_forward(handle, pb)
         assert WS.LAST_TMA
     assert got == [mask == NONE]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("case", CASES + [(2, 4, 2, 800, 800, "bhsd")],
+                         ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}")
+def test_forward_c3(handle, rng, q2, grid, mask, case, dtype, monkeypatch):
+    """three consumer warpgroups at d 64 (TMA): 192-row units (rows past the length in the last one), the
+    causal diagonal across the three warpgroups' rows"""
+    got = []
+    real = WS.c3_of
+    monkeypatch.setattr(WS, "c3_of", lambda d, qs: got.append(real(d, qs)) or got[-1])
+    b, hq, hkv, sq, skv, layout = case
+    with tuning.override({"attention.WS_TMA": True, "attention.WS_C3": True}):
+        WS.LAST_TMA = False
+        pb = Problem(rng, b, hq, hkv, sq, skv, 64, dtype, mask, layout)
+        _check_forward(handle, pb)
+        assert WS.LAST_TMA
+    assert got == [3]
