@@ -254,6 +254,40 @@ __device__ __forceinline__ void mask_softmax(bool masked, float (&s)[BN / 2], fl
   }
 }
 
+// ----------------------------------------------------------------------------- 2-CTA clusters (CL = 2)
+// A 4-d TMA box multicast into the CTAs of the cluster in mask (the same shared offset in each, its bytes
+// completing on the barrier at `bar`'s offset in each).
+__device__ __forceinline__ void load_4d_mc(unsigned dst, const tma::TensorMap* map, unsigned bar, int c0, int c1, int c2,
+                                           int c3, unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4, "
+      "%5, %6}], [%2], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(mask)
+      : "memory");
+}
+
+// One arrival on the barrier at shared offset bar of the cluster's CTA rank (CUTLASS's ClusterBarrier
+// arrive: the default .release.cta; .release.cluster put a MEMBAR.ALL.GPU before every arrival, 4 a tile a
+// warp: the stage's reads are wgmma's, complete at the wait before it, and the peer's refill is a TMA write).
+__device__ __forceinline__ void mbar_arrive_rank(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
+// The cluster barrier for threads that may have diverged (the producer's idle lanes leave before its one
+// TMA thread): the non-.aligned forms.
+__device__ __forceinline__ void cluster_sync_any() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+__device__ __forceinline__ unsigned cta_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
 // PP: ping-pong between the consumer warpgroups (false: each issues its wgmmas when its data is there;
 // benchmark-only, tools/bench_attention.py --fwd-ab's [new no pingpong] rows).
 // The TMA variant's tensor maps: Q, K, V as 4-d (d, sequence, heads, batch) tensors, boxes of 64
@@ -272,7 +306,7 @@ struct TmaMaps {
 // page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
 // P = 0, but 0 x NaN is NaN).
 template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0,
-          bool ROT = false, int NC = 2>
+          bool ROT = false, int NC = 2, int CL = 1>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -299,6 +333,15 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // warpgroups leave both half idle), 512 threads, setmaxnreg 24 / 160; they take turns round robin.
   static_assert(NC == 2 || (NC == 3 && D == 64 && BN == 128 && QS == 2 && !PAGED), "fwd_ws consumer warpgroups");
   constexpr int BMW = 64 * NC, NCW = 4 * NC, BAR_WG = kBarTurn + NC;  // BAR_WG + cw: a warpgroup's own
+  // CL = 2 (fwd_ws_tma_cl, units attention.ws.cl.<tag>): clusters of 2 CTAs on the row blocks 2i, 2i + 1
+  // of one (batch, head) share K / V: each CTA's producer copies half of a tile's rows (boxes of BN / 2)
+  // multicast into both (each full barrier still expects the whole tile's bytes), so L2 -> SM traffic for
+  // K / V halves. A K / V stage is refilled only when the consumers of both CTAs released it (empty
+  // barriers count 2 x NCW arrivals: each consumer warp arrives on its own CTA's and the peer's). Non-causal
+  // calls without per-batch lengths only (host): both CTAs walk the same key tiles; a row block past the
+  // sequence (odd row blocks) computes on zero Q and stores nothing. A CTA leaves only after the cluster
+  // barrier at the end (no copy or arrival of its peer may still be aimed at its shared memory).
+  static_assert(CL == 1 || (CL == 2 && TMA && !PAGED && !ROT && NC == 2 && QS == 2), "fwd_ws clusters");
   constexpr unsigned Q_BYTES = BMW * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
@@ -318,19 +361,28 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(kfull(s), TMA ? 1 : kProducer);
       mbar_init(vfull(s), TMA ? 1 : kProducer);
-      mbar_init(kempty(s), NCW);
-      mbar_init(vempty(s), NCW);
+      mbar_init(kempty(s), NCW * CL);
+      mbar_init(vempty(s), NCW * CL);
     }
     for (int s = 0; s < QS; ++s) {
       mbar_init(qfull(s), TMA ? 1 : kProducer);
       mbar_init(qempty(s), NCW);
     }
+    if (CL > 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if (CL > 1)
+    cluster_sync_any();  // the peer's barriers exist before any copy or arrival reaches them
+  else
+    __syncthreads();
+  const unsigned rank = CL > 1 ? cta_rank() : 0u;
+  const int G = (int)gridDim.x / CL, gi = (int)blockIdx.x / CL;  // clusters; this CTA's
+  // The unit a cluster takes in round r (snake order over the clusters; >= total: none)
+  auto unit_r = [&](int r) { return CL == 1 ? unit_at(r) : r * G + ((r & 1) ? G - 1 - gi : gi); };
 
-  const int nmb = (p.seq_q + BMW - 1) / BMW, nheads = p.batch * p.heads_q, total = nmb * nheads;
+  // (CL = 2: a unit is a pair of row blocks)
+  const int nmb = ((p.seq_q + BMW - 1) / BMW + CL - 1) / CL, nheads = p.batch * p.heads_q, total = nmb * nheads;
   const int hs = max(1, min(p.sched_heads, nheads));
-  const int rounds = (total + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int rounds = (total + G - 1) / G;
   const int wg = threadIdx.x >> 7;
 
   // BN = 176 with TMA: FA3's 24 / 240 (the one-thread TMA producer needs few; 232 left the consumers 12
@@ -341,19 +393,24 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // NC = 3: 24 x 128 + 160 x 384 <= 128 x 512 (the 512-thread launch's pool); TMA only (the cp.async
   // producer spilled 12 / 4 bytes at 24 / 32), EMU 0 only (EMU 2 spilled 36 bytes of the consumers' 160)
   static_assert(NC == 2 || (TMA && EMU == 0), "fwd_ws NC = 3: TMA, no EMU");
-  constexpr int PREGS = (TMA && BN == 176) || NC == 3 ? 24 : PT ? 40 : kProdRegs;
-  constexpr int CREGS = NC == 3 ? 160 : (TMA && BN == 176) ? 240 : PT ? 224 : kConsRegs;
+  // CL = 2: the producer's cluster state spilled 8 bytes at 32 (d 64): 40 / 224, as paged TMA
+  constexpr int PREGS = (TMA && BN == 176) || NC == 3 ? 24 : PT || CL > 1 ? 40 : kProdRegs;
+  constexpr int CREGS = NC == 3 ? 160 : (TMA && BN == 176) ? 240 : PT || CL > 1 ? 224 : kConsRegs;
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     attn::setmaxnreg_dec<PREGS>();
     const int tid = threadIdx.x;
-    if (TMA && tid != 0) return;  // one thread issues the loads
+    if (TMA && tid != 0) {  // one thread issues the loads
+      if (CL > 1) cluster_sync_any();
+      return;
+    }
     unsigned kc = 0, tc = 0;  // K / V tiles and Q tiles copied so far (ring positions and phases)
     for (int r = 0; r < rounds; ++r) {
-      const int u = unit_at(r);
+      const int u = unit_r(r);
       if (u >= total) continue;
       const Unit w = unit_of(p, u, nmb, nheads, hs);
       const Seq sq = seq_of(p, w.b);
-      const int m0 = w.mb * BMW, nt = tiles_of<BN, BMW>(sq, m0);
+      const int m0 = (w.mb * CL + (int)rank) * BMW;
+      const int nt = CL > 1 ? (sq.len_kv + BN - 1) / BN : tiles_of<BN, BMW>(sq, m0);  // (CL: the pair's alike)
       if (nt == 0) continue;
       const int hk = w.h / p.group;
       const int rot = ROT && !sq.causal ? (int)blockIdx.x % nt : 0;
@@ -391,6 +448,12 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
             load_paged<D, BN>(kbuf(s), &tm->k, kfull(s), tabk, p.ptab_stride[0][1], p.page_size, j * BN, sq.len_kv, hk,
                               pk0);
+          } else if (TMA && CL > 1) {  // this CTA's half of the rows, into both CTAs
+            tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              load_4d_mc(kbuf(s) + sl * BN * 128 + rank * (BN / 2) * 128, &tm->k, kfull(s), sl * 64,
+                         key0(j) + (int)rank * (BN / 2), hk, w.b, 3);
           } else if (TMA) {
             tma::mbar_arrive_expect_tx(kfull(s), KV_BYTES);
 #pragma unroll
@@ -414,6 +477,12 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
             load_paged<D, BN>(vbuf(s), &tm->v, vfull(s), tabv, p.ptab_stride[1][1], p.page_size, (j - 1) * BN,
                               sq.len_kv, hk, pv0);
+          } else if (TMA && CL > 1) {
+            tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl)
+              load_4d_mc(vbuf(s) + sl * BN * 128 + rank * (BN / 2) * 128, &tm->v, vfull(s), sl * 64,
+                         key0(j - 1) + (int)rank * (BN / 2), hk, w.b, 3);
           } else if (TMA) {
             tma::mbar_arrive_expect_tx(vfull(s), KV_BYTES);
 #pragma unroll
@@ -434,6 +503,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       ++tc;
     }
     if (!TMA) cp_async_wait<0>();
+    if (CL > 1) cluster_sync_any();
     return;
   }
 
@@ -442,13 +512,23 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int my_turn = kBarTurn + cw, other_turn = kBarTurn + (cw + 1) % NC;  // (the next one's, round robin)
   if (PP && cw == NC - 1) bar_arrive(kBarTurn, 256);  // consumer 0 goes first
+  // a K / V stage's release: this CTA's empty barrier, and (CL = 2) the peer's (it copies into both)
+  auto release = [&](unsigned bar) {
+    if (CL == 1) {
+      mbar_arrive(bar);
+    } else {
+      mbar_arrive_rank(bar, 0u);
+      mbar_arrive_rank(bar, 1u);
+    }
+  };
   unsigned kc = 0, tc = 0;
   for (int r = 0; r < rounds; ++r) {
-    const int u = unit_at(r);
+    const int u = unit_r(r);
     if (u >= total) continue;
     const Unit w = unit_of(p, u, nmb, nheads, hs);
     const Seq sq = seq_of(p, w.b);
-    const int m0 = w.mb * BMW, nt = tiles_of<BN, BMW>(sq, m0);
+    const int m0 = (w.mb * CL + (int)rank) * BMW;
+    const int nt = CL > 1 ? (sq.len_kv + BN - 1) / BN : tiles_of<BN, BMW>(sq, m0);
     const int wrow0 = m0 + cw * 64, row0 = wrow0 + warp * 16 + (l >> 2);
     T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, w.b, w.h);
     const long long ldo = p.stride[PYDNN_ATTN_T_O][2];
@@ -492,7 +572,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       wgmma::wait<0>();
       wgmma::fence_operands(s);
       __syncwarp();
-      if (l == 0) mbar_arrive(kempty(sc));
+      if (l == 0) release(kempty(sc));
       float corr[2];  // (the mask test is warpgroup-uniform)
       const int n0 = key0(0);
       mask_softmax<BN, EMU>(n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset), s, m, lsum, corr,
@@ -515,14 +595,14 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
       wgmma::fence_operands(s);
       __syncwarp();
-      if (l == 0) mbar_arrive(kempty(sc));
+      if (l == 0) release(kempty(sc));
       float corr[2];  // (the mask test is warpgroup-uniform)
       mask_softmax<BN, EMU>(n0 + BN > sq.len_kv || (sq.causal && n0 + BN - 1 > wrow0 + sq.offset), s, m, lsum,
                             corr, p.scale_log2, row0, n0, sq);
       wgmma::wait<0>();  // P_{j-1} V_{j-1} done: O may be rescaled, pa rewritten, V_{j-1} released
       wgmma::fence_operands(o);
       __syncwarp();
-      if (l == 0) mbar_arrive(vempty(sp));
+      if (l == 0) release(vempty(sp));
       attn_wg::rescale<D>(o, corr);
       attn_wg::pack_p<T, BN>(pa, s);
     }
@@ -555,7 +635,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       wgmma::wait<0>();
       wgmma::fence_operands(o);
       __syncwarp();
-      if (l == 0) mbar_arrive(vempty(sc));
+      if (l == 0) release(vempty(sc));
     }
     kc += nt;
     ++tc;
@@ -602,6 +682,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     __syncwarp();
     if (l == 0) mbar_arrive(qempty(qs));  // this warp's rows of sQ may take a later unit's Q
   }
+  if (CL > 1) cluster_sync_any();  // (the producer's threads meet it too)
 }
 
 // QS: Q buffers (2: the next unit's Q copied under this one), EMU: eighths of an unmasked tile's
@@ -615,6 +696,13 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws(const AttnParams p) 
 template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false, int NC = 2>
 __global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
   fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT, NC>(p, &tm);
+}
+
+// 2-CTA clusters sharing K / V by multicast (CL = 2; units attention.ws.cl.<tag>, two Q buffers)
+template <class T, int D, int BN, int STAGES, int EMU = 0>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreadsWS, 1)
+    fwd_ws_tma_cl(const AttnParams p, const __grid_constant__ TmaMaps tm) {
+  fwd_ws_body<T, D, BN, STAGES, true, true, false, 2, EMU, false, 2, 2>(p, &tm);
 }
 
 // paged K / V (units attention.ws.paged.<tag>): the cp.async producer (any page size) and TMA (page size

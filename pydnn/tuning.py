@@ -447,6 +447,9 @@ attention = Switches(
                    'tiles) on (units attention.ws.rot.*; WS_EMU is not combined with it); False: from tile 0'),
     WS_C3=(False, 'd 64 with WS_Q2 and TMA: three consumer warpgroups of 64 query rows (192-row units, 512 threads: '
                   'FlashAttention-3\'s d 64 tile; units attention.ws.c3.*; not combined with WS_EMU); False: two'),
+    WS_CL=(False, 'd 64 / 128 with WS_Q2 and TMA, non-causal calls without per-batch lengths: clusters of 2 CTAs on '
+                  'a head\'s row blocks 2i, 2i + 1 sharing K / V by TMA multicast (each copies half of every tile into '
+                  'both: half the L2 -> SM traffic; units attention.ws.cl.*); False: one CTA, its own copies'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

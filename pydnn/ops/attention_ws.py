@@ -65,6 +65,16 @@ ROT_UNIT = "attention.ws.rot.{}"
 # 512 threads (FlashAttention-3's d 64 tile); TMA only (the cp.async producer spilled 4-12 bytes at 24 / 32
 # registers), not with EMU (its consumers spilled 36 bytes of 160 registers).
 C3_UNIT = "attention.ws.c3.{}"
+# 2-CTA clusters sharing K / V by TMA multicast (WS_CL, units attention.ws.cl.<tag>, non-causal calls without
+# per-batch lengths, two Q buffers): the CTAs on row blocks 2i, 2i + 1 of a head each copy half of every K / V
+# tile into both, halving L2 -> SM traffic (FlashAttention-3 clusters its non-causal d >= 128 forward).
+# Instantiated with the head dim's default EMU (CL_EMU).
+CL_UNIT = "attention.ws.cl.{}"
+CL_EMU = {64: 2, 128: 0}
+
+
+def _cl_expr(tag, d):
+    return f"pydnn::attn_ws::fwd_ws_tma_cl<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, {CL_EMU[d]}>"
 C3_BM, C3_THREADS = 192, 512
 Q2_UNIT = "attention.ws.q2.{}"
 EMU_UNIT = "attention.ws.emu.{}"
@@ -116,6 +126,8 @@ def kernel_units():
                               archs=(ARCH + "a",)))
         out.append(KernelUnit(C3_UNIT.format(tag), "attention_ws.cu",
                               (_expr(tag, 64, tma=True, qs=2, nc=3),), archs=(ARCH + "a",)))
+        out.append(KernelUnit(CL_UNIT.format(tag), "attention_ws.cu", tuple(_cl_expr(tag, d) for d in Q2_DIMS),
+                              archs=(ARCH + "a",)))
         out.append(KernelUnit(ROT_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, rot=True) for d in Q2_DIMS), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
@@ -139,6 +151,13 @@ def c3_of(d, qs):
 def q2_of(d, bn):
     """2 where the call takes two Q buffers (tuning.attention.WS_Q2, d of Q2_DIMS, 128-key tiles), else 1."""
     return 2 if tuning.attention.WS_Q2 and d in Q2_DIMS and bn == BN[d] else 1
+
+
+def cl_of(d, qs, p):
+    """2-CTA clusters (tuning.attention.WS_CL): two Q buffers, a non-causal call without per-batch lengths,
+    the head dim's default exponentials (CL_EMU)."""
+    return bool(tuning.attention.WS_CL and qs == 2 and d in CL_EMU and p.mask == 0 and not p.lens_q
+                and not p.lens_kv and emu_of(d, qs) == CL_EMU[d])
 
 
 def rot_of(qs, p):
@@ -201,9 +220,10 @@ def sched_heads(l2, skv, d, group, nmb=None, grid=None):
     return hs
 
 
-def grid_size(handle, b, hq, sq, bm=BM):
-    units = b * hq * ((sq + bm - 1) // bm)
-    return max(1, min(units, handle.sm_count))
+def grid_size(handle, b, hq, sq, bm=BM, cl=1):
+    """Persistent CTAs: one an SM at most, in whole clusters of cl (units: cl row blocks of bm rows)."""
+    units = b * hq * -(-((sq + bm - 1) // bm) // cl)
+    return cl * max(1, min(units, handle.sm_count // cl))
 
 
 TMA_DIMS = (64, 128, 256)  # the head dims with a TMA instantiation (fwd_ws_tma)
@@ -265,14 +285,17 @@ def takes_tma(d, p):
 
 def pick(tag, d, p, tma):
     """The kernel of a (non-paged) call with params p under the switches, TMA producer or not: (unit,
-    expression, shared memory bytes, threads, query rows a unit)."""
+    expression, shared memory bytes, threads, query rows a unit, CTAs a cluster)."""
     bn = bn_of(d, p)
     qs = q2_of(d, bn)
     nc = c3_of(d, qs) if tma else 2  # (three consumer warpgroups: TMA only)
+    cl = 2 if tma and nc == 2 and cl_of(d, qs, p) else 1
     bm, threads = (C3_BM, C3_THREADS) if nc == 3 else (BM, THREADS)
     smem = smem_bytes(d, bn, qs, bm)
     if bn != BN[d]:
         unit, expr = WIDE[d][2].format(tag), _expr(tag, d, tma=tma, bn=bn)
+    elif cl == 2:
+        unit, expr = CL_UNIT.format(tag), _cl_expr(tag, d)
     elif tma:
         emu, rot = emu_of(d, qs), rot_of(qs, p)
         unit, expr = ((C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
@@ -284,22 +307,23 @@ def pick(tag, d, p, tma):
         unit, expr = Q2_UNIT.format(tag), _expr(tag, d, qs=2)
     else:
         unit, expr = unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128)
-    return unit, expr, smem, threads, bm
+    return unit, expr, smem, threads, bm, cl
 
 
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
     maps = None
     if takes_tma(d, p):
-        unit, expr, smem, threads, bm = pick(tag, d, p, True)
-        try:
-            maps = tma_maps(tag, d, p, bn_of(d, p), bm)
+        unit, expr, smem, threads, bm, cl = pick(tag, d, p, True)
+        try:  # (clusters: each CTA copies half a K / V tile's rows)
+            maps = tma_maps(tag, d, p, bn_of(d, p) // cl, bm)
         except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
             maps = None
     if maps is None:
-        unit, expr, smem, threads, bm = pick(tag, d, p, False)
-    grid = (grid_size(handle, b, hq, sq, bm), 1, 1)
-    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + bm - 1) // bm, grid[0])
+        unit, expr, smem, threads, bm, cl = pick(tag, d, p, False)
+    nmb = -(-(-(-sq // bm)) // cl)  # row blocks (clusters: pairs of them) a head
+    grid = (grid_size(handle, b, hq, sq, bm, cl), 1, 1)
+    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, nmb, grid[0] // cl)
     f = handle.function(unit, expr, smem)
     if maps is not None:
         global LAST_TMA

@@ -23,7 +23,7 @@ SMEM_LIMIT = 227 * 1024
 def test_units():
     units = {u.name: u for u in WS.kernel_units()}
     assert sorted(units) == ["attention.ws.bf16", "attention.ws.c3.bf16", "attention.ws.c3.f16",
-                             "attention.ws.d256.bf16", "attention.ws.d256.f16",
+                             "attention.ws.cl.bf16", "attention.ws.cl.f16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
                              "attention.ws.emu.bf16", "attention.ws.emu.f16", "attention.ws.f16",
                              "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
                              "attention.ws.n192.f16", "attention.ws.paged.bf16", "attention.ws.paged.f16",

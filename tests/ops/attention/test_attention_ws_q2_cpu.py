@@ -35,6 +35,28 @@ def test_q2_of_and_emu_of():
         assert WS.emu_of(64, 2) == 3 and WS.emu_of(128, 2) == 0
 
 
+def test_cl_of_and_grid():
+    p = A.AttnParams()
+    assert not WS.cl_of(128, 2, p)  # (default off)
+    with tuning.override({"attention.WS_CL": True}):
+        assert WS.cl_of(128, 2, p) and WS.cl_of(64, 2, p) and not WS.cl_of(128, 1, p) and not WS.cl_of(256, 2, p)
+        p.mask = TL
+        assert not WS.cl_of(128, 2, p)
+        p.mask = NONE
+        p.lens_q = 1 << 30
+        assert not WS.cl_of(128, 2, p)
+
+    class H:
+        sm_count = 132
+    assert WS.grid_size(H, 2, 4, 300, 128, 2) == 2 * 2 * 4 * 2
+    assert WS.grid_size(H, 2, 4, 300) == 2 * 4 * 3
+    assert WS.grid_size(H, 4, 32, 4096, 128, 2) == 132 and WS.grid_size(H, 1, 1, 100, 128, 2) == 2
+    # the kernel's pairs: row blocks 2i, 2i + 1 of a unit i (an odd count: the last pair's second block empty)
+    nmb = 3
+    pairs = -(-nmb // 2)
+    assert sorted(2 * i + r for i in range(pairs) for r in (0, 1)) == [0, 1, 2, 3] and pairs == 2
+
+
 def test_c3_of():
     assert WS.c3_of(64, 2) == 2  # (default off)
     with tuning.override({"attention.WS_C3": True}):
@@ -53,6 +75,8 @@ def test_units():
     for t in ("bf16", "f16"):
         assert units[f"attention.ws.q2.{t}"].exprs == tuple(WS._expr(t, d, tma=m, qs=2) for d in (64, 128)
                                                              for m in (True, False))
+        assert units[f"attention.ws.cl.{t}"].exprs == (WS._cl_expr(t, 64), WS._cl_expr(t, 128))
+        assert WS._cl_expr(t, 64).endswith(", 64, 128, 2, 2>") and WS._cl_expr(t, 128).endswith(", 128, 128, 2, 0>")
         assert units[f"attention.ws.c3.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, nc=3),)
         assert units[f"attention.ws.rot.{t}"].exprs == tuple(WS._expr(t, d, tma=True, qs=2, rot=True) for d in (64, 128))
         assert units[f"attention.ws.emu.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, emu=2),
@@ -81,6 +105,11 @@ def test_units():
     (64, {"attention.WS_Q2": True, "attention.WS_C3": True, "attention.WS_EMU": 2}, TL, ("c3", 2, 0)),
     (128, {"attention.WS_Q2": True, "attention.WS_C3": True}, NONE, ("q2", 2, 0)),  # (d 64 only)
     (64, {"attention.WS_C3": True}, NONE, ("ws", 1, 0)),  # (with two Q buffers only)
+    (128, {"attention.WS_Q2": True, "attention.WS_CL": True}, NONE, ("cl", 2, 0)),
+    (64, {"attention.WS_Q2": True, "attention.WS_CL": True, "attention.WS_EMU": 2}, NONE, ("cl", 2, 2)),
+    (64, {"attention.WS_Q2": True, "attention.WS_CL": True}, NONE, ("q2", 2, 0)),  # (EMU not CL_EMU's: no cluster)
+    (128, {"attention.WS_Q2": True, "attention.WS_CL": True}, TL, ("q2", 2, 0)),  # (causal: no cluster)
+    (128, {"attention.WS_Q2": True, "attention.WS_CL": True, "attention.WS_ROT": True}, NONE, ("cl", 2, 0)),
 ])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
 def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
@@ -89,7 +118,7 @@ def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     monkeypatch.setattr(WS, "takes_tma", lambda d_, p: tma)
     monkeypatch.setattr(WS, "tma_maps", lambda *a, **k: WS.TmaMaps())
     monkeypatch.setattr(WS.driver, "_driver", lambda: type("D", (), {"cuLaunchKernel": staticmethod(
-        lambda f, *a: launches.append({"f": f, "smem": a[6], "threads": a[3]}) or (0,))})())
+        lambda f, *a: launches.append({"f": f, "smem": a[6], "threads": a[3], "grid": a[0]}) or (0,))})())
     with tuning.override(over):
         _run_fwd(_fwd_args(a=_attn(4, 2, d, mask=mask), q=_t((2, 4, 300, d)), k=_t((2, 2, 517, d)),
                            v=_t((2, 2, 517, d)), o=_t((2, 4, 300, d)), st=_t((2, 4, 300, 1), F32)))
@@ -97,10 +126,13 @@ def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     kind, qs, emu = expr
     bn = 176 if kind == "n176" else WS.BN[d]
     emu = emu if tma else 0
-    if kind in ("rot", "c3") and not tma:  # (the cp.async producer: never rotated nor 3 warpgroups; EMU neither)
+    if kind in ("rot", "c3", "cl") and not tma:  # (the cp.async producer: none of these; EMU neither)
         kind = "q2"
     nc = 3 if kind == "c3" else 2
     want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu, rot=kind == "rot", nc=nc)
+    if kind == "cl":
+        want = WS._cl_expr("bf16", d)
+        assert f["grid"] == 2 * min(2 * 4 * 2, 66)  # (2 x 4 heads x 2 pairs of row blocks)
     assert f["f"] == want
     bm = 192 if nc == 3 else 128
     assert f["smem"] == WS.smem_bytes(d, bn, qs, bm) and f["threads"] == (512 if nc == 3 else 384)
@@ -134,8 +166,9 @@ def test_exp2_poly_accuracy():
 
 
 @pytest.mark.parametrize("name", ["attention.ws.q2.bf16", "attention.ws.emu.bf16", "attention.ws.rot.bf16",
-                                  "attention.ws.c3.bf16", "attention.ws.q2.f16", "attention.ws.emu.f16",
-                                  "attention.ws.rot.f16", "attention.ws.c3.f16"])
+                                  "attention.ws.c3.bf16", "attention.ws.cl.bf16", "attention.ws.q2.f16",
+                                  "attention.ws.emu.f16", "attention.ws.rot.f16", "attention.ws.c3.f16",
+                                  "attention.ws.cl.f16"])
 def test_unit_compiles_without_spills(name):
     (u,) = [u for u in WS.kernel_units() if u.name == name]
     log = _compile(u, "sm_90a")
@@ -153,12 +186,12 @@ def test_defaults(d, mask):
     exponentials by polynomial on the TMA path"""
     p = A.AttnParams()
     p.mask = mask
-    unit, expr, smem, threads, bm = WS.pick("bf16", d, p, True)
+    unit, expr, smem, threads, bm, cl = WS.pick("bf16", d, p, True)
     want = {64: ("attention.ws.emu.bf16", WS._expr("bf16", 64, tma=True, qs=2, emu=2)),
             128: ("attention.ws.q2.bf16", WS._expr("bf16", 128, tma=True, qs=2)),
             256: ("attention.ws.d256.bf16", WS._expr("bf16", 256, tma=True))}[d]
-    assert (unit, expr) == want and threads == 384 and bm == 128
+    assert (unit, expr) == want and threads == 384 and bm == 128 and cl == 1
     assert smem == WS.smem_bytes(d, qs=1 if d == 256 else 2) <= SMEM_LIMIT
-    unit, expr, smem, threads, bm = WS.pick("f16", d, p, False)
+    unit, expr, smem, threads, bm, cl = WS.pick("f16", d, p, False)
     assert (unit, expr) == ((WS.unit_name("f16", 256), WS._expr("f16", 256)) if d == 256 else
                             ("attention.ws.q2.f16", WS._expr("f16", d, qs=2)))

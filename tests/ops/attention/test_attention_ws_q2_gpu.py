@@ -4,7 +4,7 @@ calls), with three consumer warpgroups at d 64 (NC = 3, units attention.ws.c3.*,
 with polynomial exponentials on a share of every unmasked tile (EMU, units
 attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and cp.async producers, no mask
 and both causal alignments, GQA / MQA, lengths that are not multiples of the tiles, per-batch lengths (the
-cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to a few CTAs, so that each
+cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to 4 CTAs, so that each
 runs many work units and both Q buffers turn over several times (the full grid gives most CTAs one unit).
 sm_90 only."""
 import pytest
@@ -31,11 +31,12 @@ def q2(handle, monkeypatch):
     return got
 
 
-@pytest.fixture(params=[3, None], ids=["grid3", "grid_full"])
+@pytest.fixture(params=[4, None], ids=["grid4", "grid_full"])
 def grid(request, monkeypatch):
+    """4 CTAs (2 clusters of 2), or the planner's grid"""
     if request.param:
         real = WS.grid_size
-        monkeypatch.setattr(WS, "grid_size", lambda h, b, hq, sq: min(request.param, real(h, b, hq, sq)))
+        monkeypatch.setattr(WS, "grid_size", lambda h, b, hq, sq, *a: min(request.param, real(h, b, hq, sq, *a)))
     return request.param
 
 
@@ -117,3 +118,23 @@ def test_forward_c3(handle, rng, q2, grid, mask, case, dtype, monkeypatch):
         _check_forward(handle, pb)
         assert WS.LAST_TMA
     assert got == [3]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
+@pytest.mark.parametrize("case", CASES + [(1, 2, 2, 130, 1000, "bhsd"), (3, 2, 1, 384, 257, "bshd")],
+                         ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}")
+def test_forward_cl(handle, rng, q2, grid, mask, case, d, dtype, monkeypatch):
+    """2-CTA clusters sharing K / V by multicast (non-causal; a causal call takes the one-CTA kernel): odd
+    row-block counts (the pair's second block past the sequence), partial key tiles, GQA / MQA"""
+    got = []
+    real = WS.cl_of
+    monkeypatch.setattr(WS, "cl_of", lambda d_, qs, p: got.append(real(d_, qs, p)) or got[-1])
+    b, hq, hkv, sq, skv, layout = case
+    with tuning.override({"attention.WS_TMA": True, "attention.WS_CL": True}):
+        WS.LAST_TMA = False
+        pb = Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout)
+        _check_forward(handle, pb)
+        assert WS.LAST_TMA
+    assert got == [mask == NONE]
