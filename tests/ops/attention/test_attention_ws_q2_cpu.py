@@ -4,6 +4,8 @@ attention.ws.c3.*, WS_C3) and polynomial exponentials (EMU, units attention.ws.e
 switches' dispatch (128-key tiles at d 64 / 128 only; EMU only where instantiated and with TMA), the
 launch's kernel and shared memory, exp2_poly's arithmetic emulated in float32, and the units compiling for
 sm_90a without spills."""
+import random
+
 import numpy as np
 import pytest
 
@@ -195,3 +197,172 @@ def test_defaults(d, mask):
     unit, expr, smem, threads, bm, cl = WS.pick("f16", d, p, False)
     assert (unit, expr) == ((WS.unit_name("f16", 256), WS._expr("f16", 256)) if d == 256 else
                             ("attention.ws.q2.f16", WS._expr("f16", d, qs=2)))
+
+
+# ----------------------------------------------------------------------------- the synchronization, emulated
+# (test_attention_ws_cpu.py's emulation of the one-CTA kernel, widened to fwd_ws_body's QS Q buffers, NC
+# consumer warpgroups taking turns round robin, and CL = 2: two CTAs whose producers each copy half of a K / V
+# tile into both, full barriers with transaction counts, empty barriers counting both CTAs' consumers)
+
+class _TxBar:
+    """An mbarrier with a transaction count (mbarrier.arrive.expect_tx / complete_tx)."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _flip(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, n=1, expect=0):
+        self.tx += expect
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._flip()
+
+    def complete(self, nbytes):
+        self.tx -= nbytes  # (may run ahead of the expect: the phase waits for its arrival)
+        self._flip()
+
+    def done(self, parity):
+        return (self.phase & 1) != parity
+
+
+def _emulate_cl(units, cl, nc, qs, seed, stages=2, empty_count=None):
+    """units: key tiles per (cluster) unit, alike for the cluster's CTAs. Every K / V half lands after a
+    random delay on the destination CTA's full barrier; a consumer checks both halves of what it reads
+    until it releases them, and Q until its epilogue released it."""
+    rng = random.Random(seed)
+    ncw = 4 * nc
+    full = [[[_TxBar(1) for _ in range(stages)] for _ in "KV"] for _ in range(cl)]   # [cta][K / V][stage]
+    empty = [[[_TxBar(empty_count or ncw * cl) for _ in range(stages)] for _ in "KV"] for _ in range(cl)]
+    qfull = [[_TxBar(1) for _ in range(qs)] for _ in range(cl)]
+    qempty = [[_TxBar(ncw) for _ in range(qs)] for _ in range(cl)]
+    buf = [[[[None] * cl for _ in range(stages)] for _ in "KV"] for _ in range(cl)]  # [cta][K/V][stage][half]
+    qbuf = [[None] * qs for _ in range(cl)]
+    turn = [[0] * nc for _ in range(cl)]
+    landing = []  # [time left, store function, barrier, bytes]
+
+    def land(store, bar, nbytes):
+        landing.append([rng.randint(0, 4), store, bar, nbytes])
+
+    def producer(r):
+        kc = tc = 0
+        for ui, nt in enumerate(units):
+            if nt == 0:
+                continue
+
+            def load_q(tc=tc, ui=ui):
+                b = tc % qs
+                yield lambda: qempty[r][b].done(((tc // qs) & 1) ^ 1)
+                qfull[r][b].arrive(1, expect=2)
+                land(lambda: qbuf[r].__setitem__(b, ("Q", ui, r)), qfull[r][b], 2)
+            if qs > 1:
+                yield from load_q()
+            for j in range(nt + 1):
+                for kv, jj, go in ((0, j, j < nt), (1, j - 1, j > 0)):
+                    if kv == 1 and j == 0 and qs == 1:
+                        yield from load_q()
+                    if not go:
+                        continue
+                    c = kc + jj
+                    s = c % stages
+                    yield lambda s=s, c=c, kv=kv: empty[r][kv][s].done(((c // stages) & 1) ^ 1)
+                    full[r][kv][s].arrive(1, expect=2)  # (the whole tile: 2 units of bytes)
+                    for dst in range(cl):  # this CTA's half (the whole tile when cl = 1) into every CTA
+                        land(lambda dst=dst, kv=kv, s=s, jj=jj, ui=ui: buf[dst][kv][s].__setitem__(
+                            r, ("KV"[kv], ui, jj)), full[dst][kv][s], 2 // cl)
+            kc += nt
+            tc += 1
+
+    def consumer(r, cw):
+        def sync_turn():
+            yield lambda: turn[r][cw] > 0
+            turn[r][cw] -= 1
+
+        def arrive_next():
+            turn[r][(cw + 1) % nc] += 1
+
+        def release(kv, s):
+            for dst in range(cl):
+                empty[dst][kv][s].arrive(4)
+
+        def check(kv, s, jj, ui):
+            want = ("KV"[kv], ui, jj)
+            assert buf[r][kv][s] == [want] * cl, (buf[r][kv][s], want)
+
+        if cw == nc - 1:
+            turn[r][0] += 1
+        kc = tc = 0
+        for ui, nt in enumerate(units):
+            if nt == 0:
+                continue
+            b = tc % qs
+            yield lambda b=b, tc=tc: qfull[r][b].done((tc // qs) & 1)
+            for j in range(nt + 1):  # j = nt: the last P V
+                c = kc + j
+                sc, sp = c % stages, (c - 1) % stages
+                if j < nt:
+                    yield lambda sc=sc, c=c: full[r][0][sc].done((c // stages) & 1)
+                if j > 0:
+                    yield lambda sp=sp, c=c: full[r][1][sp].done(((c - 1) // stages) & 1)
+                yield from sync_turn()
+                assert qbuf[r][b] == ("Q", ui, r)
+                if j < nt:
+                    check(0, sc, j, ui)
+                if j > 0:
+                    check(1, sp, j - 1, ui)
+                arrive_next()
+                yield lambda: True  # the wgmmas run
+                if j < nt:
+                    check(0, sc, j, ui)
+                    release(0, sc)
+                if j > 0:
+                    yield lambda: True
+                    check(1, sp, j - 1, ui)
+                    release(1, sp)
+            kc += nt
+            tc += 1
+            yield lambda: True  # the epilogue stages O in this unit's Q buffer
+            assert qbuf[r][b] == ("Q", ui, r)
+            qempty[r][b].arrive(4)
+
+    actors = [producer(r) for r in range(cl)] + [consumer(r, cw) for r in range(cl) for cw in range(nc)]
+    conds = [lambda: True] * len(actors)
+    live = [True] * len(actors)
+    steps = 0
+    while any(live) or landing:
+        steps += 1
+        assert steps < 200000
+        for x in landing:
+            x[0] -= 1
+        for x in [x for x in landing if x[0] < 0]:
+            landing.remove(x)
+            x[1]()
+            x[2].complete(x[3])
+        ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
+        if not ready:
+            assert landing, "deadlock: every actor waits and no copy is in flight"
+            continue
+        i = rng.choice(ready)
+        try:
+            conds[i] = next(actors[i])
+        except StopIteration:
+            live[i] = False
+
+
+@pytest.mark.parametrize("cl,nc,qs", [(1, 2, 1), (1, 2, 2), (1, 3, 2), (2, 2, 2)])
+@pytest.mark.parametrize("seed", range(10))
+def test_synchronization_emulated(cl, nc, qs, seed):
+    rng = random.Random(2000 + seed)
+    units = [rng.choice([0, 1, 1, 2, 3, 5, 8]) for _ in range(rng.randint(1, 7))]
+    _emulate_cl(units, cl, nc, qs, seed)
+
+
+def test_cluster_emulation_catches_a_local_only_release():
+    """The emulation can fail: empty barriers that count only their own CTA's consumers let a producer
+    overwrite (multicast) a stage the peer's consumers still read, or deadlock."""
+    with pytest.raises(AssertionError):
+        for seed in range(30):
+            _emulate_cl([8, 5, 3, 8], 2, 2, 2, seed, empty_count=8)
