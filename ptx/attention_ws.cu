@@ -57,8 +57,7 @@ constexpr int kProducer = 128;
 // consumers (ptxas: no spills either side).
 constexpr int kProdRegs = 32, kConsRegs = 232;
 constexpr int kBarTurn = 1;  // named barriers 1, 2: consumer warpgroup 0's / 1's turn to issue wgmmas
-constexpr int kBarWG = 3;    // named barriers 3, 4: consumer warpgroup 0's / 1's own (128 threads)
-constexpr int kConsumerWarps = 8;
+// named barriers 1 + NC on: consumer warpgroup i's own (128 threads; fwd_ws_body's BAR_WG + i)
 
 // Work unit u -> (row block, batch, head): sections of hs (batch, head) pairs, row blocks descending
 // within a section, heads fastest.
@@ -306,7 +305,7 @@ struct TmaMaps {
 // page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
 // P = 0, but 0 x NaN is NaN).
 template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0,
-          bool ROT = false, int NC = 2, int CL = 1>
+          bool ROT = false, int NC = 2, int CL = 1, bool XU = false>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -342,6 +341,11 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // sequence (odd row blocks) computes on zero Q and stores nothing. A CTA leaves only after the cluster
   // barrier at the end (no copy or arrival of its peer may still be aimed at its shared memory).
   static_assert(CL == 1 || (CL == 2 && TMA && !PAGED && !ROT && NC == 2 && QS == 2), "fwd_ws clusters");
+  // XU (units attention.ws.xu.<tag>): across units, a warpgroup issues the next unit's S_0 with this unit's
+  // last P V (one turn, as inside a unit), runs the next unit's first softmax under that P V, then this
+  // unit's epilogue: the unit boundary no longer leaves the tensor cores a lone S and a lone P V (the next
+  // Q is in the other buffer: QS = 2).
+  static_assert(!XU || (TMA && !PAGED && !ROT && QS == 2 && CL == 1), "fwd_ws across units");
   constexpr unsigned Q_BYTES = BMW * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
@@ -522,6 +526,11 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     }
   };
   unsigned kc = 0, tc = 0;
+  float o[D / 2];
+  float m[2], lsum[2];
+  float s[BN / 2];
+  unsigned pa[BN / 16][4];
+  bool carry = false;  // (XU) this unit's tile 0 was issued and its softmax run in the previous unit's tail
   for (int r = 0; r < rounds; ++r) {
     const int u = unit_r(r);
     if (u >= total) continue;
@@ -549,18 +558,17 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       continue;
     }
 
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m[2] = {-kInf, -kInf}, lsum[2] = {0.f, 0.f};
-    float s[BN / 2];
-    unsigned pa[BN / 16][4];
     const unsigned qs = tc % QS, aQs = aQ + qs * Q_BYTES;
     const int rot = ROT && !sq.causal ? (int)blockIdx.x % nt : 0;  // (the producer's)
     auto key0 = [&](int j) { return (j + rot < nt ? j + rot : j + rot - nt) * BN; };
     const unsigned aQw = aQs + cw * 64 * 128;  // this warpgroup's rows of Q (slab 0)
-    mbar_wait(qfull(qs), (tc / QS) & 1);
-    {  // tile 0: S only (peeled: a wgmma issued under a branch inside the loop made ptxas serialize them)
+    if (!XU || !carry) {  // tile 0: S only (peeled: a wgmma issued under a branch inside the loop made ptxas
+                          // serialize them)
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      m[0] = m[1] = -kInf;
+      lsum[0] = lsum[1] = 0.f;
+      mbar_wait(qfull(qs), (tc / QS) & 1);
       const unsigned sc = kc % STAGES;
       mbar_wait(kfull(sc), (kc / STAGES) & 1);
       if (!TMA) wgmma::fence_proxy_async();  // the producer's cp.async writes (generic proxy) seen by wgmma
@@ -579,6 +587,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
                             p.scale_log2, row0, n0, sq);
       attn_wg::pack_p<T, BN>(pa, s);
     }
+    carry = false;
     for (int j = 1; j < nt; ++j) {
       const int n0 = key0(j);
       const unsigned c = kc + j, sc = c % STAGES, cp = c - 1, sp = cp % STAGES;
@@ -606,7 +615,47 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       attn_wg::rescale<D>(o, corr);
       attn_wg::pack_p<T, BN>(pa, s);
     }
-    {  // the last tile's P V
+    // XU: the next unit of this CTA (the next round's, when it sees a key) starts in this one's tail
+    int nt2 = 0;
+    Seq sq2{};
+    int m02 = 0;
+    if (XU && r + 1 < rounds) {
+      const int u2 = unit_r(r + 1);
+      if (u2 < total) {
+        const Unit w2 = unit_of(p, u2, nmb, nheads, hs);
+        sq2 = seq_of(p, w2.b);
+        m02 = w2.mb * BMW;
+        nt2 = tiles_of<BN, BMW>(sq2, m02);
+      }
+    }
+    float m2[2] = {-kInf, -kInf}, l2[2] = {0.f, 0.f};  // (XU) the next unit's first softmax
+    if (XU && nt2 > 0) {  // the last tile's P V with the next unit's S_0
+      const unsigned c = kc + nt - 1, sc = c % STAGES, c2 = kc + nt, sc2 = c2 % STAGES;
+      const unsigned tc2 = tc + 1, qs2 = tc2 % QS, aQw2 = aQ + qs2 * Q_BYTES + cw * 64 * 128;
+      mbar_wait(vfull(sc), (c / STAGES) & 1);
+      mbar_wait(qfull(qs2), (tc2 / QS) & 1);
+      mbar_wait(kfull(sc2), (c2 / STAGES) & 1);
+      if (PP) bar_sync(my_turn, 256);
+      wgmma::fence();
+      attn_wg::tile_qk<T, D, BN>(s, aQw2, kbuf(sc2));
+      wgmma::commit();
+      attn_wg::tile_pv<T, D, BN>(o, pa, vbuf(sc));
+      wgmma::commit();
+      if (PP) bar_arrive(other_turn, 256);
+      wgmma::wait<1>();  // the next unit's S_0 done; this unit's last P V may still run
+      wgmma::fence_operands(s);
+      __syncwarp();
+      if (l == 0) release(kempty(sc2));
+      float corr2[2];
+      const int wrow02 = m02 + cw * 64, row02 = wrow02 + warp * 16 + (l >> 2);
+      mask_softmax<BN, EMU>(BN > sq2.len_kv || (sq2.causal && BN - 1 > wrow02 + sq2.offset), s, m2, l2, corr2,
+                            p.scale_log2, row02, 0, sq2);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+      __syncwarp();
+      if (l == 0) release(vempty(sc));
+      attn_wg::pack_p<T, BN>(pa, s);  // (pa is free: the P V is done; the next unit's P_0)
+    } else {  // the last tile's P V
       const unsigned c = kc + nt - 1, sc = c % STAGES;
       mbar_wait(vfull(sc), (c / STAGES) & 1);
       if (TMA && PAGED) {
@@ -681,6 +730,12 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     wgmma::fence_proxy_async();  // these generic-proxy accesses to sQ before the next Q's copy (TMA: async proxy)
     __syncwarp();
     if (l == 0) mbar_arrive(qempty(qs));  // this warp's rows of sQ may take a later unit's Q
+    if (XU && nt2 > 0) {  // the next unit goes on from its tile 0 (issued above)
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      m[0] = m2[0], m[1] = m2[1], lsum[0] = l2[0], lsum[1] = l2[1];
+      carry = true;
+    }
   }
   if (CL > 1) cluster_sync_any();  // (the producer's threads meet it too)
 }
@@ -693,9 +748,11 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws(const AttnParams p) 
   fwd_ws_body<T, D, BN, STAGES, PP, false, false, QS, EMU, false, NC>(p, nullptr);
 }
 
-template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false, int NC = 2>
+// XU: the next unit's S_0 issued with this one's last P V (units attention.ws.xu.<tag>)
+template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false, int NC = 2,
+          bool XU = false>
 __global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
-  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT, NC>(p, &tm);
+  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT, NC, 1, XU>(p, &tm);
 }
 
 // 2-CTA clusters sharing K / V by multicast (CL = 2; units attention.ws.cl.<tag>, two Q buffers)

@@ -450,6 +450,9 @@ attention = Switches(
     WS_CL=(False, 'd 64 / 128 with WS_Q2 and TMA, non-causal calls without per-batch lengths: clusters of 2 CTAs on '
                   'a head\'s row blocks 2i, 2i + 1 sharing K / V by TMA multicast (each copies half of every tile into '
                   'both: half the L2 -> SM traffic; units attention.ws.cl.*); False: one CTA, its own copies'),
+    WS_XU=(False, 'd 64 / 128 with WS_Q2 and TMA (and d 64 with WS_EMU at 2): a consumer warpgroup issues the next '
+                  'unit\'s first S with this unit\'s last P V and runs its first softmax under it (units '
+                  'attention.ws.xu.*; WS_C3 / WS_ROT / WS_CL take precedence); False: each unit starts alone'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

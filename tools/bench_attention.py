@@ -517,6 +517,9 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
              ("emu3", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 3}, None),
              ("rot", "tma", {"attention.WS_Q2": True, "attention.WS_ROT": True}, None),
              ("c3", "tma", {"attention.WS_Q2": True, "attention.WS_C3": True}, None),
+             ("cl", "tma", {"attention.WS_Q2": True, "attention.WS_CL": True}, None),
+             ("xu", "tma", {"attention.WS_Q2": True, "attention.WS_XU": True}, None),
+             ("xu2", "tma", {"attention.WS_Q2": True, "attention.WS_XU": True, "attention.WS_EMU": {64: 2}}, None),
              ("dflt", "tma", None, None))  # (the defaults as they are: no override)
     variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",

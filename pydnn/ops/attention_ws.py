@@ -40,11 +40,13 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False, nc=2):
-    # the template's trailing arguments QS, EMU, (fwd_ws_tma:) ROT, NC, written up to the last one set
-    tail = [str(qs), str(emu)] + (["true" if rot else "false"] if tma else []) + [str(nc)]
-    tail = tail[:max((i + 1 for i, (x, dflt) in enumerate(zip(tail, ["1", "0"] + (["false"] if tma else []) + ["2"]))
-                      if x != dflt), default=0)]
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False, nc=2, xu=False):
+    # the template's trailing arguments QS, EMU, (fwd_ws_tma:) ROT, NC, (fwd_ws_tma:) XU, written up to the
+    # last one set
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    tail = [str(qs), str(emu)] + ([b(rot)] if tma else []) + [str(nc)] + ([b(xu)] if tma else [])
+    dflt = ["1", "0"] + (["false"] if tma else []) + ["2"] + (["false"] if tma else [])
+    tail = tail[:max((i + 1 for i, (x, y) in enumerate(zip(tail, dflt)) if x != y), default=0)]
     tail = "".join(", " + x for x in tail)
     return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
             f"{'true' if pp else 'false'}{tail}>")
@@ -70,6 +72,10 @@ C3_UNIT = "attention.ws.c3.{}"
 # tile into both, halving L2 -> SM traffic (FlashAttention-3 clusters its non-causal d >= 128 forward).
 # Instantiated with the head dim's default EMU (CL_EMU).
 CL_UNIT = "attention.ws.cl.{}"
+# Across units (WS_XU, units attention.ws.xu.<tag>, TMA with two Q buffers): a consumer warpgroup issues the
+# next unit's S_0 with the current unit's last P V and runs the next first softmax under it, then the
+# epilogue; at d 64 / 128 with the head dim's default EMU (CL_EMU's).
+XU_UNIT = "attention.ws.xu.{}"
 CL_EMU = {64: 2, 128: 0}
 
 
@@ -128,6 +134,9 @@ def kernel_units():
                               (_expr(tag, 64, tma=True, qs=2, nc=3),), archs=(ARCH + "a",)))
         out.append(KernelUnit(CL_UNIT.format(tag), "attention_ws.cu", tuple(_cl_expr(tag, d) for d in Q2_DIMS),
                               archs=(ARCH + "a",)))
+        out.append(KernelUnit(XU_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, qs=2, emu=CL_EMU[d], xu=True) for d in Q2_DIMS),
+                              archs=(ARCH + "a",)))
         out.append(KernelUnit(ROT_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, rot=True) for d in Q2_DIMS), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
@@ -158,6 +167,11 @@ def cl_of(d, qs, p):
     the head dim's default exponentials (CL_EMU)."""
     return bool(tuning.attention.WS_CL and qs == 2 and d in CL_EMU and p.mask == 0 and not p.lens_q
                 and not p.lens_kv and emu_of(d, qs) == CL_EMU[d])
+
+
+def xu_of(d, qs):
+    """Across units (tuning.attention.WS_XU): two Q buffers, the head dim's default exponentials."""
+    return bool(tuning.attention.WS_XU and qs == 2 and d in CL_EMU and emu_of(d, qs) == CL_EMU[d])
 
 
 def rot_of(qs, p):
@@ -299,6 +313,7 @@ def pick(tag, d, p, tma):
     elif tma:
         emu, rot = emu_of(d, qs), rot_of(qs, p)
         unit, expr = ((C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
+                      (XU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu, xu=True)) if xu_of(d, qs) else
                       (ROT_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, rot=True)) if rot else
                       (EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu)) if emu else
                       (Q2_UNIT.format(tag), _expr(tag, d, tma=True, qs=2)) if qs == 2 else

@@ -229,7 +229,8 @@ def test_wgmma_units():
                              "attention.ws.emu.f16", "attention.ws.f16", "attention.ws.n176.bf16",
                              "attention.ws.n176.f16", "attention.ws.n192.bf16", "attention.ws.n192.f16",
                              "attention.ws.paged.bf16", "attention.ws.paged.f16", "attention.ws.q2.bf16",
-                             "attention.ws.q2.f16", "attention.ws.rot.bf16", "attention.ws.rot.f16"]
+                             "attention.ws.q2.f16", "attention.ws.rot.bf16", "attention.ws.rot.f16",
+                             "attention.ws.xu.bf16", "attention.ws.xu.f16"]
     # (ws: test_attention_ws_cpu.py, _ws_q2_cpu.py; paged: test_attention_paged_cpu.py)
     for t in ("bf16", "f16"):
         for d in (96, 256):

@@ -28,7 +28,7 @@ def test_units():
                              "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
                              "attention.ws.n192.f16", "attention.ws.paged.bf16", "attention.ws.paged.f16",
                              "attention.ws.q2.bf16", "attention.ws.q2.f16", "attention.ws.rot.bf16",
-                             "attention.ws.rot.f16"]
+                             "attention.ws.rot.f16", "attention.ws.xu.bf16", "attention.ws.xu.f16"]
     # (paged, n176, q2 / emu / rot / c3: test_attention_paged_cpu, _ws_n176_cpu, _ws_q2_cpu)
     for t in ("bf16", "f16"):
         u = units[f"attention.ws.{t}"]
@@ -390,7 +390,8 @@ def test_units_compile_without_spills(unit):
         assert code not in log, log
     spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
     assert len(spills) == len(unit.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
-    assert log.count("Used 168 registers") == len(unit.exprs), log
+    regs = "Used 128 registers" if ".c3." in unit.name else "Used 168 registers"  # (c3: 512 threads)
+    assert log.count(regs) == len(unit.exprs), log
 
 
 # ----------------------------------------------------------------------------- the GPU tests' dispatch

@@ -77,6 +77,8 @@ def test_units():
     for t in ("bf16", "f16"):
         assert units[f"attention.ws.q2.{t}"].exprs == tuple(WS._expr(t, d, tma=m, qs=2) for d in (64, 128)
                                                              for m in (True, False))
+        assert units[f"attention.ws.xu.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, emu=2, xu=True),
+                                                       WS._expr(t, 128, tma=True, qs=2, xu=True))
         assert units[f"attention.ws.cl.{t}"].exprs == (WS._cl_expr(t, 64), WS._cl_expr(t, 128))
         assert WS._cl_expr(t, 64).endswith(", 64, 128, 2, 2>") and WS._cl_expr(t, 128).endswith(", 128, 128, 2, 0>")
         assert units[f"attention.ws.c3.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, nc=3),)
@@ -88,6 +90,8 @@ def test_units():
     assert WS._expr("bf16", 128) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 128, 128, 2, true>"  # (as before)
     assert WS._expr("bf16", 64, tma=True, qs=2, nc=3) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, false, 3>"
     assert WS._expr("bf16", 64, qs=2) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 64, 128, 2, true, 2>"
+    assert WS._expr("bf16", 128, tma=True, qs=2, xu=True) == \
+        "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 128, 128, 2, true, 2, 0, false, 2, true>"
     assert WS._expr("bf16", 64, tma=True, qs=2, rot=True) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, true>"
 
 
@@ -112,6 +116,10 @@ def test_units():
     (64, {"attention.WS_Q2": True, "attention.WS_CL": True}, NONE, ("q2", 2, 0)),  # (EMU not CL_EMU's: no cluster)
     (128, {"attention.WS_Q2": True, "attention.WS_CL": True}, TL, ("q2", 2, 0)),  # (causal: no cluster)
     (128, {"attention.WS_Q2": True, "attention.WS_CL": True, "attention.WS_ROT": True}, NONE, ("cl", 2, 0)),
+    (128, {"attention.WS_Q2": True, "attention.WS_XU": True}, TL, ("xu", 2, 0)),
+    (64, {"attention.WS_Q2": True, "attention.WS_XU": True, "attention.WS_EMU": 2}, NONE, ("xu", 2, 2)),
+    (64, {"attention.WS_Q2": True, "attention.WS_XU": True}, NONE, ("q2", 2, 0)),  # (EMU not 2 at d 64)
+    (128, {"attention.WS_XU": True}, NONE, ("ws", 1, 0)),  # (one Q buffer: no)
 ])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
 def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
@@ -128,10 +136,11 @@ def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     kind, qs, emu = expr
     bn = 176 if kind == "n176" else WS.BN[d]
     emu = emu if tma else 0
-    if kind in ("rot", "c3", "cl") and not tma:  # (the cp.async producer: none of these; EMU neither)
+    if kind in ("rot", "c3", "cl", "xu") and not tma:  # (the cp.async producer: none of these; EMU neither)
         kind = "q2"
     nc = 3 if kind == "c3" else 2
-    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu, rot=kind == "rot", nc=nc)
+    want = WS._expr("bf16", d, tma=tma, bn=None if bn == WS.BN[d] else bn, qs=qs, emu=emu, rot=kind == "rot", nc=nc,
+                    xu=kind == "xu")
     if kind == "cl":
         want = WS._cl_expr("bf16", d)
         assert f["grid"] == 2 * min(2 * 4 * 2, 66)  # (2 x 4 heads x 2 pairs of row blocks)
@@ -168,9 +177,9 @@ def test_exp2_poly_accuracy():
 
 
 @pytest.mark.parametrize("name", ["attention.ws.q2.bf16", "attention.ws.emu.bf16", "attention.ws.rot.bf16",
-                                  "attention.ws.c3.bf16", "attention.ws.cl.bf16", "attention.ws.q2.f16",
-                                  "attention.ws.emu.f16", "attention.ws.rot.f16", "attention.ws.c3.f16",
-                                  "attention.ws.cl.f16"])
+                                  "attention.ws.c3.bf16", "attention.ws.cl.bf16", "attention.ws.xu.bf16",
+                                  "attention.ws.q2.f16", "attention.ws.emu.f16", "attention.ws.rot.f16",
+                                  "attention.ws.c3.f16", "attention.ws.cl.f16", "attention.ws.xu.f16"])
 def test_unit_compiles_without_spills(name):
     (u,) = [u for u in WS.kernel_units() if u.name == name]
     log = _compile(u, "sm_90a")

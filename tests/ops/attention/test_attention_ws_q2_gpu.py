@@ -1,6 +1,7 @@
 """The warp-specialized forward with two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
 tuning.attention.WS_Q2), with the key tiles in rotated order (units attention.ws.rot.*, WS_ROT: non-causal
-calls), with three consumer warpgroups at d 64 (NC = 3, units attention.ws.c3.*, WS_C3: 192-row units), and
+calls), across units (the next unit's S_0 with the last P V: XU, units attention.ws.xu.*, WS_XU), with 2-CTA
+clusters sharing K / V (CL, attention.ws.cl.*, WS_CL), with three consumer warpgroups at d 64 (NC = 3, units attention.ws.c3.*, WS_C3: 192-row units), and
 with polynomial exponentials on a share of every unmasked tile (EMU, units
 attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and cp.async producers, no mask
 and both causal alignments, GQA / MQA, lengths that are not multiples of the tiles, per-batch lengths (the
@@ -138,3 +139,23 @@ def test_forward_cl(handle, rng, q2, grid, mask, case, d, dtype, monkeypatch):
         _check_forward(handle, pb)
         assert WS.LAST_TMA
     assert got == [mask == NONE]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("case", CASES + [(2, 3, 1, 520, 130, "bhsd")],
+                         ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}{c[5]}")
+def test_forward_xu(handle, rng, q2, grid, mask, case, d, dtype, monkeypatch):
+    """across units: a CTA's units chained (the 4-CTA grid: many a CTA), causal units of different lengths,
+    units that see nothing between (bottom-right, more queries than keys: no chaining into them)"""
+    got = []
+    real = WS.xu_of
+    monkeypatch.setattr(WS, "xu_of", lambda d_, qs: got.append(real(d_, qs)) or got[-1])
+    b, hq, hkv, sq, skv, layout = case
+    with tuning.override({"attention.WS_TMA": True, "attention.WS_XU": True}):
+        WS.LAST_TMA = False
+        pb = Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout)
+        _check_forward(handle, pb)
+        assert WS.LAST_TMA
+    assert got == [True]
