@@ -238,7 +238,7 @@ class _TxBar:
         return (self.phase & 1) != parity
 
 
-def _emulate_cl(units, cl, nc, qs, seed, stages=2, empty_count=None):
+def _emulate_cl(units, cl, nc, qs, seed, stages=2, empty_count=None, xu=False):
     """units: key tiles per (cluster) unit, alike for the cluster's CTAs. Every K / V half lands after a
     random delay on the destination CTA's full barrier; a consumer checks both halves of what it reads
     until it releases them, and Q until its epilogue released it."""
@@ -304,28 +304,38 @@ def _emulate_cl(units, cl, nc, qs, seed, stages=2, empty_count=None):
         if cw == nc - 1:
             turn[r][0] += 1
         kc = tc = 0
+        carry = False  # (xu) this unit's tile 0 issued in the previous unit's tail
         for ui, nt in enumerate(units):
             if nt == 0:
                 continue
             b = tc % qs
-            yield lambda b=b, tc=tc: qfull[r][b].done((tc // qs) & 1)
-            for j in range(nt + 1):  # j = nt: the last P V
+            if not carry:
+                yield lambda b=b, tc=tc: qfull[r][b].done((tc // qs) & 1)
+            # xu: the next unit (the next in the list, when it sees a key) starts in this one's tail
+            nxt = xu and ui + 1 < len(units) and units[ui + 1] > 0
+            for j in range(1 if carry else 0, nt + 1):  # j = nt: the last P V (xu: with the next S_0)
                 c = kc + j
                 sc, sp = c % stages, (c - 1) % stages
-                if j < nt:
+                q2 = (tc + 1) % qs
+                if j < nt or nxt:
                     yield lambda sc=sc, c=c: full[r][0][sc].done((c // stages) & 1)
+                if j == nt and nxt:
+                    yield lambda q2=q2, tc=tc: qfull[r][q2].done(((tc + 1) // qs) & 1)
                 if j > 0:
                     yield lambda sp=sp, c=c: full[r][1][sp].done(((c - 1) // stages) & 1)
                 yield from sync_turn()
                 assert qbuf[r][b] == ("Q", ui, r)
                 if j < nt:
                     check(0, sc, j, ui)
+                elif nxt:
+                    check(0, sc, 0, ui + 1)
+                    assert qbuf[r][q2] == ("Q", ui + 1, r)
                 if j > 0:
                     check(1, sp, j - 1, ui)
                 arrive_next()
                 yield lambda: True  # the wgmmas run
-                if j < nt:
-                    check(0, sc, j, ui)
+                if j < nt or nxt:
+                    check(0, sc, j, ui) if j < nt else check(0, sc, 0, ui + 1)
                     release(0, sc)
                 if j > 0:
                     yield lambda: True
@@ -336,6 +346,7 @@ def _emulate_cl(units, cl, nc, qs, seed, stages=2, empty_count=None):
             yield lambda: True  # the epilogue stages O in this unit's Q buffer
             assert qbuf[r][b] == ("Q", ui, r)
             qempty[r][b].arrive(4)
+            carry = nxt
 
     actors = [producer(r) for r in range(cl)] + [consumer(r, cw) for r in range(cl) for cw in range(nc)]
     conds = [lambda: True] * len(actors)
@@ -361,12 +372,13 @@ def _emulate_cl(units, cl, nc, qs, seed, stages=2, empty_count=None):
             live[i] = False
 
 
-@pytest.mark.parametrize("cl,nc,qs", [(1, 2, 1), (1, 2, 2), (1, 3, 2), (2, 2, 2)])
+@pytest.mark.parametrize("cl,nc,qs,xu", [(1, 2, 1, False), (1, 2, 2, False), (1, 3, 2, False), (2, 2, 2, False),
+                                         (1, 2, 2, True)])
 @pytest.mark.parametrize("seed", range(10))
-def test_synchronization_emulated(cl, nc, qs, seed):
+def test_synchronization_emulated(cl, nc, qs, xu, seed):
     rng = random.Random(2000 + seed)
     units = [rng.choice([0, 1, 1, 2, 3, 5, 8]) for _ in range(rng.randint(1, 7))]
-    _emulate_cl(units, cl, nc, qs, seed)
+    _emulate_cl(units, cl, nc, qs, seed, xu=xu)
 
 
 def test_cluster_emulation_catches_a_local_only_release():
