@@ -22,6 +22,10 @@
 //       (causal) row blocks first, heads fastest.
 //     Epilogue: 1 / l, lse, O staged in the warpgroup's own 64 Q rows (free once its last S is done) for
 //       16-byte stores; then the Q buffer is released for the next unit's copy.
+//   Variants (fwd_ws_body's template parameters, session 30; pydnn/ops/attention_ws.py pick): QS = 2 Q
+//   buffers, EMU eighths of the exponentials by polynomial, ROT rotated key order, NC = 3 consumer
+//   warpgroups (d 64), CL = 2 CTA clusters sharing K / V by multicast, XU the next unit's S_0 with the last
+//   P V. Their comments are at the static_asserts below.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"

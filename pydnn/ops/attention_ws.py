@@ -13,6 +13,12 @@ warpgroups (232 registers) of 64 query rows each run S = Q K^T / softmax / O += 
 softmax of tile j under P_{j-1} V_{j-1} (intra-warpgroup overlap), taking turns at the tensor cores
 (ping-pong on named barriers). Work units of 128 query rows go round the CTAs in snake order, longest
 causal row blocks first within sections of sched_heads (batch, head) pairs whose K / V fit in L2.
+
+Variants (template parameters of fwd_ws_body, each a unit and a tuning.attention switch; `pick` is the one
+choice): two Q buffers (WS_Q2, the default at d 64 / 128), polynomial exp2 for a share of the softmax
+(WS_EMU, d 64 by default), rotated key order (WS_ROT), three consumer warpgroups at d 64 (WS_C3), 2-CTA
+clusters sharing K / V by multicast (WS_CL), the next unit's first S issued with the last P V (WS_XU);
+tools/PERF.md "Session 30: attnf" has their measurements.
 """
 import ctypes
 import math
