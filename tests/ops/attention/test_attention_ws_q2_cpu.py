@@ -60,7 +60,9 @@ def test_cl_of_and_grid():
 
 
 def test_c3_of():
-    assert WS.c3_of(64, 2) == 2  # (default off)
+    assert WS.c3_of(64, 2) == 3  # (the default since session 30's run 3 / 4)
+    with tuning.override({"attention.WS_C3": False}):
+        assert WS.c3_of(64, 2) == 2
     with tuning.override({"attention.WS_C3": True}):
         assert WS.c3_of(64, 2) == 3 and WS.c3_of(64, 1) == 2 and WS.c3_of(128, 2) == 2
     assert WS.smem_bytes(64, qs=2, bm=192) == (384 + 4 * 128) * 128 + 12 * 8 + 1024 <= SMEM_LIMIT
@@ -82,17 +84,21 @@ def test_units():
         assert units[f"attention.ws.cl.{t}"].exprs == (WS._cl_expr(t, 64), WS._cl_expr(t, 128))
         assert WS._cl_expr(t, 64).endswith(", 64, 128, 2, 2>") and WS._cl_expr(t, 128).endswith(", 128, 128, 2, 0>")
         assert units[f"attention.ws.c3.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, nc=3),)
-        assert units[f"attention.ws.rot.{t}"].exprs == tuple(WS._expr(t, d, tma=True, qs=2, rot=True) for d in (64, 128))
+        assert units[f"attention.ws.rot.{t}"].exprs == tuple(WS._expr(t, d, tma=True, qs=2, rot=True)
+                                                             for d in (64, 128))
         assert units[f"attention.ws.emu.{t}"].exprs == (WS._expr(t, 64, tma=True, qs=2, emu=2),
                                                         WS._expr(t, 64, tma=True, qs=2, emu=3),
                                                         WS._expr(t, 128, tma=True, qs=2, emu=2))
-    assert WS._expr("bf16", 128, tma=True, qs=2, emu=2) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 128, 128, 2, true, 2, 2>"
+    assert WS._expr("bf16", 128, tma=True, qs=2, emu=2) == \
+        "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 128, 128, 2, true, 2, 2>"
     assert WS._expr("bf16", 128) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 128, 128, 2, true>"  # (as before)
-    assert WS._expr("bf16", 64, tma=True, qs=2, nc=3) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, false, 3>"
+    assert WS._expr("bf16", 64, tma=True, qs=2, nc=3) == \
+        "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, false, 3>"
     assert WS._expr("bf16", 64, qs=2) == "pydnn::attn_ws::fwd_ws<pydnn::bf16_t, 64, 128, 2, true, 2>"
     assert WS._expr("bf16", 128, tma=True, qs=2, xu=True) == \
         "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 128, 128, 2, true, 2, 0, false, 2, true>"
-    assert WS._expr("bf16", 64, tma=True, qs=2, rot=True) == "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, true>"
+    assert WS._expr("bf16", 64, tma=True, qs=2, rot=True) == \
+        "pydnn::attn_ws::fwd_ws_tma<pydnn::bf16_t, 64, 128, 2, true, 2, 0, true>"
 
 
 @pytest.mark.parametrize("d,over,mask,expr", [
@@ -124,7 +130,8 @@ def test_units():
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
 def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     monkeypatch.setattr(tuning.attention, "DECODE", False)
-    over = {"attention.WS_Q2": False, "attention.WS_EMU": 0, **over}  # (the row's switches on top of all off)
+    over = {"attention.WS_Q2": False, "attention.WS_EMU": 0, "attention.WS_C3": False,
+            **over}  # (the row's switches on top of all off)
     monkeypatch.setattr(WS, "takes_tma", lambda d_, p: tma)
     monkeypatch.setattr(WS, "tma_maps", lambda *a, **k: WS.TmaMaps())
     monkeypatch.setattr(WS.driver, "_driver", lambda: type("D", (), {"cuLaunchKernel": staticmethod(
@@ -193,16 +200,16 @@ def test_unit_compiles_without_spills(name):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
 def test_defaults(d, mask):
-    """the default switches' kernels: two Q buffers at d 64 / 128, and at d 64 two eighths of the
-    exponentials by polynomial on the TMA path"""
+    """the default switches' kernels: two Q buffers at d 64 / 128; on the TMA path at d 64 three consumer
+    warpgroups (192-row units); without TMA two warpgroups"""
     p = A.AttnParams()
     p.mask = mask
     unit, expr, smem, threads, bm, cl = WS.pick("bf16", d, p, True)
-    want = {64: ("attention.ws.emu.bf16", WS._expr("bf16", 64, tma=True, qs=2, emu=2)),
+    want = {64: ("attention.ws.c3.bf16", WS._expr("bf16", 64, tma=True, qs=2, nc=3)),
             128: ("attention.ws.q2.bf16", WS._expr("bf16", 128, tma=True, qs=2)),
             256: ("attention.ws.d256.bf16", WS._expr("bf16", 256, tma=True))}[d]
-    assert (unit, expr) == want and threads == 384 and bm == 128 and cl == 1
-    assert smem == WS.smem_bytes(d, qs=1 if d == 256 else 2) <= SMEM_LIMIT
+    assert (unit, expr) == want and threads == (512 if d == 64 else 384) and bm == (192 if d == 64 else 128)
+    assert cl == 1 and smem == WS.smem_bytes(d, qs=1 if d == 256 else 2, bm=bm) <= SMEM_LIMIT
     unit, expr, smem, threads, bm, cl = WS.pick("f16", d, p, False)
     assert (unit, expr) == ((WS.unit_name("f16", 256), WS._expr("f16", 256)) if d == 256 else
                             ("attention.ws.q2.f16", WS._expr("f16", d, qs=2)))

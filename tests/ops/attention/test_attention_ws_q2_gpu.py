@@ -1,11 +1,11 @@
 """The warp-specialized forward with two Q buffers (ptx/attention_ws.cu QS = 2, units attention.ws.q2.*,
 tuning.attention.WS_Q2), with the key tiles in rotated order (units attention.ws.rot.*, WS_ROT: non-causal
 calls), across units (the next unit's S_0 with the last P V: XU, units attention.ws.xu.*, WS_XU), with 2-CTA
-clusters sharing K / V (CL, attention.ws.cl.*, WS_CL), with three consumer warpgroups at d 64 (NC = 3, units attention.ws.c3.*, WS_C3: 192-row units), and
-with polynomial exponentials on a share of every unmasked tile (EMU, units
-attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and cp.async producers, no mask
-and both causal alignments, GQA / MQA, lengths that are not multiples of the tiles, per-batch lengths (the
-cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to 4 CTAs, so that each
+clusters sharing K / V (CL, attention.ws.cl.*, WS_CL), with three consumer warpgroups at d 64 (NC = 3,
+units attention.ws.c3.*, WS_C3: 192-row units), and with polynomial exponentials on a share of every
+unmasked tile (EMU, units attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and
+cp.async producers, no mask and both causal alignments, GQA / MQA, lengths that are not multiples of the
+tiles, per-batch lengths (the cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to 4 CTAs, so that each
 runs many work units and both Q buffers turn over several times (the full grid gives most CTAs one unit).
 sm_90 only."""
 import pytest
@@ -25,7 +25,8 @@ def q2(handle, monkeypatch):
     monkeypatch.setattr(tuning.attention, "WS", True)
     monkeypatch.setattr(tuning.attention, "DECODE", False)
     monkeypatch.setattr(tuning.attention, "WS_Q2", True)
-    got = []
+    monkeypatch.setattr(tuning.attention, "WS_C3", False)  # (on by default: the d 64 TMA calls would take it;
+    got = []                                                #  test_forward_c3 turns it on)
     real_q, real_e = WS.q2_of, WS.emu_of
     monkeypatch.setattr(WS, "q2_of", lambda d, bn: got.append(("qs", real_q(d, bn))) or got[-1][1])
     monkeypatch.setattr(WS, "emu_of", lambda d, qs: got.append(("emu", real_e(d, qs))) or got[-1][1])
