@@ -5,9 +5,9 @@ clusters sharing K / V (CL, attention.ws.cl.*, WS_CL), with three consumer warpg
 units attention.ws.c3.*, WS_C3: 192-row units), and with polynomial exponentials on a share of every
 unmasked tile (EMU, units attention.ws.emu.*, WS_EMU) against the float64 reference: d 64 / 128, TMA and
 cp.async producers, no mask and both causal alignments, GQA / MQA, lengths that are not multiples of the
-tiles, per-batch lengths (the cp.async producer); outputs poisoned, gaps untouched. The grid is forced down to 4 CTAs, so that each
-runs many work units and both Q buffers turn over several times (the full grid gives most CTAs one unit).
-sm_90 only."""
+tiles, per-batch lengths (the cp.async producer); outputs poisoned, gaps untouched. The grid is forced down
+to 4 CTAs, so that each runs many work units and both Q buffers turn over several times (the full grid
+gives most CTAs one unit). sm_90 only."""
 import pytest
 
 from pydnn import tuning
