@@ -452,6 +452,33 @@ attention = Switches(
                      '(an A/B knob until a GPU run decides; pydnn/ops/attention_ws.py bn_of)'),
     WS_BN192=(False, 'd 64 on the warp-specialized forward: K / V tiles of 192 keys (units attention.ws.n192.*) for '
                      '"noncausal" calls, or True: every call; False: 128 (an A/B knob, as WS_BN176)'),
+    WS_Q2=(True, 'd 64 / 128 on the warp-specialized forward (128-key tiles): two Q buffers, the next work unit\'s '
+                 'Q copied while the current one runs (units attention.ws.q2.*); False: one, copied after both '
+                 'consumer warpgroups\' epilogues (mid-session H200 run, session 30: d 128 geomean 0.912x cuDNN '
+                 'against 0.877x, s 512 +5-12%; d 64 0.803x against 0.800x)'),
+    WS_EMU=({64: 2}, 'with WS_Q2 and TMA: eighths of an unmasked tile\'s exponentials computed by a polynomial on '
+                     'the FMA pipe instead of MUFU.EX2 (FlashAttention-4\'s trick), an int for every instantiated '
+                     'head dim or a dict {head dim: eighths}; instantiated (units attention.ws.emu.*): d 64 2 / 3, '
+                     'd 128 2; 0: none. WS_C3 takes d 64 first, so EMU runs only with WS_C3 off (mid-session H200 '
+                     'run, session 30: d 64 2 eighths 0.827x cuDNN against 0.803x without, better on all 6 points, '
+                     '3 eighths 0.813x; d 128 2 eighths 0.876x against 0.912x: not there)'),
+    WS_ROT=(False, 'with WS_Q2 and TMA, non-causal calls: each unit walks its key tiles from tile (CTA index mod '
+                   'tiles) on (units attention.ws.rot.*; WS_EMU is not combined with it); False: from tile 0 '
+                   '(mid-session H200 runs 3 / 4, session 30: d 128 geomean 0.898x cuDNN against 0.916 / 0.912x '
+                   'unrotated: off)'),
+    WS_C3=(True, 'd 64 with WS_Q2 and TMA: three consumer warpgroups of 64 query rows (192-row units, 512 threads: '
+                 'FlashAttention-3\'s d 64 tile; units attention.ws.c3.*; not combined with WS_EMU); False: two '
+                 '(mid-session H200 runs 3 / 4, session 30: d 64 geomean 0.917 / 0.913x cuDNN against 0.816 / 0.818x '
+                 'with two warpgroups and EMU 2, s 4096 +17-24%, s 512 causal -1%)'),
+    WS_CL=(False, 'd 64 / 128 with WS_Q2 and TMA, non-causal calls without per-batch lengths: clusters of 2 CTAs on '
+                  'a head\'s row blocks 2i, 2i + 1 sharing K / V by TMA multicast (each copies half of every tile into '
+                  'both: half the L2 -> SM traffic; units attention.ws.cl.*); False: one CTA, its own copies '
+                  '(mid-session H200 run 4: d 128 0.906x cuDNN against 0.912x, non-causal s 4096 -1..-2%: off)'),
+    WS_XU=(False, 'd 64 / 128 with WS_Q2 and TMA (and d 64 with WS_EMU at 2): a consumer warpgroup issues the next '
+                  'unit\'s first S with this unit\'s last P V and runs its first softmax under it (units '
+                  'attention.ws.xu.*; WS_C3 / WS_ROT / WS_CL take precedence); False: each unit starts alone '
+                  '(mid-session H200 run 4: d 128 0.890x cuDNN against 0.912x, s 512 causal -9%; d 64 0.785x '
+                  'against 0.818x: off)'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

@@ -213,6 +213,8 @@ Versions (H200, torch 2.11 / cuDNN 9.19 in the same run; TFLOP/s, ratio to cuDNN
       kernel and cuDNN; the design, predictions and both mid-session runs are in tools/PERF.md ("attn").
       H200: d128 geomean 0.877-0.893x cuDNN (old 0.69x), d64 0.83x, d256 0.84x.
 """
+import statistics
+
 import torch
 import torch.nn.functional as F
 
@@ -485,7 +487,7 @@ def decode_splits(out=None):
 AB_SHAPES = [(s, hq, hkv) for s in (1024, 4096, 8192) for hq, hkv in ((32, 32), (64, 8))]
 
 
-def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None, names=None):
+def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=None, names=None, rounds=1):
     """`python3 tools/bench_attention.py --fwd-ab [--seqs 1024,4096] [--out FILE]`: the d 128 forward, the
     warp-specialized kernel (tuning.attention.WS, pydnn/ops/attention_ws.py: "new") against the older
     wgmma one ("old") and SDPA's cuDNN backend in the same run, causal and not; two diagnostics of the
@@ -508,7 +510,17 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
     # (an attribute "attention.X" is a tuning switch, set for the row through tuning.override)
     every = (("old", False, "PINGPONG", True), ("new", True, "PINGPONG", True), ("tma", "tma", "PINGPONG", True),
              ("1sec", "tma", "L2_SHARE", 1e9), ("nopp", True, "PINGPONG", False),
-             ("n176", "tma", "attention.WS_BN176", "noncausal"), ("n192", "tma", "attention.WS_BN192", "noncausal"))
+             ("n176", "tma", "attention.WS_BN176", "noncausal"), ("n192", "tma", "attention.WS_BN192", "noncausal"),
+             # (session 30) two Q buffers; with them, 2 / 3 eighths of the exponentials by polynomial
+             ("q2", "tma", {"attention.WS_Q2": True}, None),
+             ("emu2", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 2}, None),
+             ("emu3", "tma", {"attention.WS_Q2": True, "attention.WS_EMU": 3}, None),
+             ("rot", "tma", {"attention.WS_Q2": True, "attention.WS_ROT": True}, None),
+             ("c3", "tma", {"attention.WS_Q2": True, "attention.WS_C3": True}, None),
+             ("cl", "tma", {"attention.WS_Q2": True, "attention.WS_CL": True}, None),
+             ("xu", "tma", {"attention.WS_Q2": True, "attention.WS_XU": True}, None),
+             ("xu2", "tma", {"attention.WS_Q2": True, "attention.WS_XU": True, "attention.WS_EMU": {64: 2}}, None),
+             ("dflt", "tma", None, None))  # (the defaults as they are: no override)
     variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
@@ -535,28 +547,40 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
                 pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
                                         tl, lse.data_ptr(), None, None, None, 0)
             flops = 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
-            t_c = _torch_ms("cudnn", q, k, v, causal, False, reps=reps)
             ms, outs = {}, {}
             WS.LAST_TMA = False
-            for tag, ws, attr, val in variants:
-                sw = {"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma"}
-                mod = not attr.startswith("attention.")
-                if mod:
-                    keep = getattr(WS, attr)
-                    setattr(WS, attr, val)
-                else:
-                    sw[attr] = val
-                try:
-                    with tuning.override(sw):
-                        if tag in ("old", "new", "tma", "n176", "n192") and check:
-                            o.fill_(float("nan"))
-                            fwd()
-                            torch.cuda.synchronize()
-                            outs[tag] = o.clone()
-                        ms[tag] = time_ms(fwd, reps=reps, warmup=2) if reps else time_ms(fwd)
-                finally:
-                    if mod:
-                        setattr(WS, attr, keep)
+            samples = {"cudnn": []}
+            for rnd in range(rounds):  # alternating rounds: a drift of the clocks (power, heat) falls on all alike
+                t = _torch_ms("cudnn", q, k, v, causal, False, reps=reps)
+                if t:
+                    samples["cudnn"].append(t)
+                for tag, ws, attr, val in variants:
+                    # every variant's switches explicit (the defaults move): the row's, on top of all off
+                    sw = {} if tag == "dflt" else {"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma",
+                                                   "attention.WS_Q2": False, "attention.WS_EMU": 0,
+                                                   "attention.WS_ROT": False, "attention.WS_C3": False}
+                    mod = isinstance(attr, str) and not attr.startswith("attention.")
+                    if isinstance(attr, dict):
+                        sw.update(attr)
+                    elif mod:
+                        keep = getattr(WS, attr)
+                        setattr(WS, attr, val)
+                    elif attr:
+                        sw[attr] = val
+                    try:
+                        with tuning.override(sw):
+                            if rnd == 0 and check:
+                                o.fill_(float("nan"))
+                                fwd()
+                                torch.cuda.synchronize()
+                                outs[tag] = o.clone()
+                            samples.setdefault(tag, []).append(time_ms(fwd, reps=reps, warmup=2) if reps else
+                                                               time_ms(fwd))
+                    finally:
+                        if mod:
+                            setattr(WS, attr, keep)
+            ms = {x: statistics.median(v) for x, v in samples.items() if v}
+            t_c = ms.pop("cudnn", None)
             diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
                 if check and "old" in outs and len(outs) > 1 else float("nan")
             tc = flops / t_c / 1e9 if t_c else float("nan")
@@ -800,6 +824,8 @@ if __name__ == "__main__":
     ap.add_argument("--d64", action="store_true", help="--fwd-ab: then d 64 at heads 32/32, old / new")
     ap.add_argument("--d256", action="store_true", help="--fwd-ab: then d 256 at heads 32/32, old / new")
     ap.add_argument("--reps", type=int, help="--fwd-ab: timed samples a variant (default bench.REPS)")
+    ap.add_argument("--rounds", type=int, default=1, help="--fwd-ab: alternating rounds of every variant and "
+                    "cuDNN, the median over them (a drift of the clocks falls on all alike)")
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
     ap.add_argument("--no-d128", action="store_true", help="--fwd-ab: skip the d 128 table (with --d64 / --d256)")
     ap.add_argument("--variants", help="--fwd-ab: comma-separated variant tags (old new tma 1sec nopp n176 n192)")
@@ -820,11 +846,11 @@ if __name__ == "__main__":
         decode_splits(args.out)
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
-        shapes = [x for x in AB_SHAPES if seqs is None or x[0] in seqs]
+        shapes = AB_SHAPES if seqs is None else [(s, hq, hkv) for s in seqs for hq, hkv in ((32, 32), (64, 8))]
         names = args.variants.split(",") if args.variants else None
         if not args.no_d128:
-            fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar, names=names)
+            fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar, names=names, rounds=args.rounds)
         for d, on in ((64, args.d64), (256, args.d256)):
             if on:  # (names: the d 128-only ones leave their rows equal to tma's)
                 fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
-                       diag=False, reps=args.reps, names=names)
+                       diag=False, reps=args.reps, names=names, rounds=args.rounds)

@@ -13,6 +13,12 @@ warpgroups (232 registers) of 64 query rows each run S = Q K^T / softmax / O += 
 softmax of tile j under P_{j-1} V_{j-1} (intra-warpgroup overlap), taking turns at the tensor cores
 (ping-pong on named barriers). Work units of 128 query rows go round the CTAs in snake order, longest
 causal row blocks first within sections of sched_heads (batch, head) pairs whose K / V fit in L2.
+
+Variants (template parameters of fwd_ws_body, each a unit and a tuning.attention switch; `pick` is the one
+choice): two Q buffers (WS_Q2, the default at d 64 / 128), polynomial exp2 for a share of the softmax
+(WS_EMU, d 64 by default), rotated key order (WS_ROT), three consumer warpgroups at d 64 (WS_C3), 2-CTA
+clusters sharing K / V by multicast (WS_CL), the next unit's first S issued with the last P V (WS_XU);
+tools/PERF.md "Session 30: attnf" has their measurements.
 """
 import ctypes
 import math
@@ -40,9 +46,52 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None, bn=None):
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False, nc=2, xu=False):
+    # the template's trailing arguments QS, EMU, (fwd_ws_tma:) ROT, NC, (fwd_ws_tma:) XU, written up to the
+    # last one set
+    b = lambda x: "true" if x else "false"  # noqa: E731
+    tail = [str(qs), str(emu)] + ([b(rot)] if tma else []) + [str(nc)] + ([b(xu)] if tma else [])
+    dflt = ["1", "0"] + (["false"] if tma else []) + ["2"] + (["false"] if tma else [])
+    tail = tail[:max((i + 1 for i, (x, y) in enumerate(zip(tail, dflt)) if x != y), default=0)]
+    tail = "".join(", " + x for x in tail)
     return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
-            f"{'true' if pp else 'false'}>")
+            f"{'true' if pp else 'false'}{tail}>")
+
+
+# Two Q buffers (tuning.attention.WS_Q2; units attention.ws.q2.<tag>, TMA and cp.async at d 64 / 128): the
+# next unit's Q is copied while the consumers run the current one. With one buffer the producer copies it
+# only after both warpgroups' epilogues, so each unit starts with a copy's latency and a lone S: about 1-2k
+# clocks a unit, 10-30% of a causal s 512 / 1024 unit's 2-8 tile pairs of ~2k clocks (prediction).
+# Polynomial exponentials (WS_EMU, units attention.ws.emu.<tag>, TMA only, with two Q buffers): EMU eighths
+# of an unmasked tile's exp2 on the FMA pipe (ptx/attention_ws.cu exp2_poly); at d 64 a tile's 64 MUFU.EX2 a
+# thread occupy the special-function units as long as its two GEMMs the tensor cores.
+# Rotated key order (WS_ROT, units attention.ws.rot.<tag>, TMA with two Q buffers, non-causal calls): a
+# unit's key tiles from tile blockIdx.x % nt on, so that the CTAs on one head do not all read the same K / V
+# tile from L2 at once (the sweep: non-causal d 128 at s 16384 ran slower than causal, 588 vs 650 TFLOP/s).
+ROT_UNIT = "attention.ws.rot.{}"
+# Three consumer warpgroups at d 64 (WS_C3, units attention.ws.c3.<tag>, with two Q buffers): 192-row units,
+# 512 threads (FlashAttention-3's d 64 tile); TMA only (the cp.async producer spilled 4-12 bytes at 24 / 32
+# registers), not with EMU (its consumers spilled 36 bytes of 160 registers).
+C3_UNIT = "attention.ws.c3.{}"
+# 2-CTA clusters sharing K / V by TMA multicast (WS_CL, units attention.ws.cl.<tag>, non-causal calls without
+# per-batch lengths, two Q buffers): the CTAs on row blocks 2i, 2i + 1 of a head each copy half of every K / V
+# tile into both, halving L2 -> SM traffic (FlashAttention-3 clusters its non-causal d >= 128 forward).
+# Instantiated with the head dim's default EMU (CL_EMU).
+CL_UNIT = "attention.ws.cl.{}"
+# Across units (WS_XU, units attention.ws.xu.<tag>, TMA with two Q buffers): a consumer warpgroup issues the
+# next unit's S_0 with the current unit's last P V and runs the next first softmax under it, then the
+# epilogue; at d 64 / 128 with the head dim's default EMU (CL_EMU's).
+XU_UNIT = "attention.ws.xu.{}"
+CL_EMU = {64: 2, 128: 0}
+
+
+def _cl_expr(tag, d):
+    return f"pydnn::attn_ws::fwd_ws_tma_cl<{CTYPE[tag]}, {d}, {BN[d]}, {STAGES[d]}, {CL_EMU[d]}>"
+C3_BM, C3_THREADS = 192, 512
+Q2_UNIT = "attention.ws.q2.{}"
+EMU_UNIT = "attention.ws.emu.{}"
+Q2_DIMS = (64, 128)
+EMU_CHOICES = {64: (2, 3), 128: (2,)}
 
 
 # Wide K / V tiles (A/B knobs until a GPU run decides): BN = 176 at d 128 (FlashAttention-3's non-causal
@@ -81,17 +130,67 @@ def kernel_units():
         for d, (bn, _, unit) in sorted(WIDE.items(), reverse=True):
             out.append(KernelUnit(unit.format(tag), "attention_ws.cu",
                                   (_expr(tag, d, bn=bn), _expr(tag, d, tma=True, bn=bn)), archs=(ARCH + "a",)))
+        out.append(KernelUnit(Q2_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=t, qs=2) for d in Q2_DIMS for t in (True, False)),
+                              archs=(ARCH + "a",)))
+        out.append(KernelUnit(EMU_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, qs=2, emu=e) for d in Q2_DIMS for e in EMU_CHOICES[d]),
+                              archs=(ARCH + "a",)))
+        out.append(KernelUnit(C3_UNIT.format(tag), "attention_ws.cu",
+                              (_expr(tag, 64, tma=True, qs=2, nc=3),), archs=(ARCH + "a",)))
+        out.append(KernelUnit(CL_UNIT.format(tag), "attention_ws.cu", tuple(_cl_expr(tag, d) for d in Q2_DIMS),
+                              archs=(ARCH + "a",)))
+        out.append(KernelUnit(XU_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, qs=2, emu=CL_EMU[d], xu=True) for d in Q2_DIMS),
+                              archs=(ARCH + "a",)))
+        out.append(KernelUnit(ROT_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, qs=2, rot=True) for d in Q2_DIMS), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
                               tuple(_paged_expr(tag, d, t) for d in HEAD_DIMS for t in (False, True)),
                               archs=(ARCH + "a",)))
     return out
 
 
-def smem_bytes(d, bn=None):
-    """Q (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2, 8 bytes each),
-    +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128 with 176-key tiles:
-    214096)."""
-    return (BM + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2) * 8 + 1024
+def smem_bytes(d, bn=None, qs=1, bm=BM):
+    """qs Q tiles (128 x d), STAGES K and STAGES V tiles (16-bit), the mbarriers (4 per stage + 2 per Q
+    buffer, 8 bytes each), +1 KiB to align the swizzle atoms (d 128: 164944 bytes; d 256: 197712; d 128
+    with 176-key tiles: 214096; d 128 with two Q buffers: 197728)."""
+    return (qs * bm + 2 * STAGES[d] * (bn or BN[d])) * d * 2 + (4 * STAGES[d] + 2 * qs) * 8 + 1024
+
+
+def c3_of(d, qs):
+    """3 consumer warpgroups (tuning.attention.WS_C3, d 64 with two Q buffers), else 2."""
+    return 3 if tuning.attention.WS_C3 and d == 64 and qs == 2 else 2
+
+
+def q2_of(d, bn):
+    """2 where the call takes two Q buffers (tuning.attention.WS_Q2, d of Q2_DIMS, 128-key tiles), else 1."""
+    return 2 if tuning.attention.WS_Q2 and d in Q2_DIMS and bn == BN[d] else 1
+
+
+def cl_of(d, qs, p):
+    """2-CTA clusters (tuning.attention.WS_CL): two Q buffers, a non-causal call without per-batch lengths,
+    the head dim's default exponentials (CL_EMU)."""
+    return bool(tuning.attention.WS_CL and qs == 2 and d in CL_EMU and p.mask == 0 and not p.lens_q
+                and not p.lens_kv and emu_of(d, qs) == CL_EMU[d])
+
+
+def xu_of(d, qs):
+    """Across units (tuning.attention.WS_XU): two Q buffers, the head dim's default exponentials."""
+    return bool(tuning.attention.WS_XU and qs == 2 and d in CL_EMU and emu_of(d, qs) == CL_EMU[d])
+
+
+def rot_of(qs, p):
+    """The TMA launch's rotated key order: tuning.attention.WS_ROT, two Q buffers, a non-causal call."""
+    return bool(tuning.attention.WS_ROT and qs == 2 and p.mask == 0)
+
+
+def emu_of(d, qs):
+    """The TMA launch's eighths of polynomial exponentials (tuning.attention.WS_EMU: an int, or a dict by
+    head dim), where instantiated (EMU_CHOICES, with two Q buffers); else 0."""
+    e = tuning.attention.WS_EMU
+    e = e.get(d, 0) if isinstance(e, dict) else e
+    return e if qs == 2 and e in EMU_CHOICES.get(d, ()) else 0
 
 
 def bn_of(d, p):
@@ -141,9 +240,10 @@ def sched_heads(l2, skv, d, group, nmb=None, grid=None):
     return hs
 
 
-def grid_size(handle, b, hq, sq):
-    units = b * hq * ((sq + BM - 1) // BM)
-    return max(1, min(units, handle.sm_count))
+def grid_size(handle, b, hq, sq, bm=BM, cl=1):
+    """Persistent CTAs: one an SM at most, in whole clusters of cl (units: cl row blocks of bm rows)."""
+    units = b * hq * -(-((sq + bm - 1) // bm) // cl)
+    return cl * max(1, min(units, handle.sm_count // cl))
 
 
 TMA_DIMS = (64, 128, 256)  # the head dims with a TMA instantiation (fwd_ws_tma)
@@ -165,23 +265,23 @@ _MAPS = {}          # (tag, d, pointers, sizes, strides) -> TmaMaps: a repeated 
 _MAPS_LIMIT = 64
 
 
-def tma_maps(tag, d, p, bn=None):
+def tma_maps(tag, d, p, bn=None, bm=BM):
     """The TmaMaps of a call (params p): Q boxes of BM rows, K / V of BN[d]. Encoded once per set of
     pointers and shapes (three driver calls a forward otherwise)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = [[p.stride[t][i] for i in range(3)] for t in range(3)]
     bn = bn or BN[d]
-    key = (tag, d, bn, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
-    return _cached_maps(key, tag, p, st, (d, p.seq_q, hq, b), (d, p.seq_kv, hkv, b), bn)
+    key = (tag, d, bn, bm, p.q, p.k, p.v, b, hq, hkv, p.seq_q, p.seq_kv, tuple(map(tuple, st)))
+    return _cached_maps(key, tag, p, st, (d, p.seq_q, hq, b), (d, p.seq_kv, hkv, b), bn, bm)
 
 
-def _cached_maps(key, tag, p, st, q_dims, kv_dims, kv_rows):
+def _cached_maps(key, tag, p, st, q_dims, kv_dims, kv_rows, q_rows=BM):
     """The TmaMaps under key, encoded on a miss: Q boxes of BM rows, K and V of kv_rows; strides st per
     tensor (row, head, batch-or-page)."""
     m = _MAPS.get(key)
     if m is not None:
         return m
-    q = _encode(tag, p.q, q_dims, (st[0][2], st[0][1], st[0][0]), BM)
+    q = _encode(tag, p.q, q_dims, (st[0][2], st[0][1], st[0][0]), q_rows)
     k = _encode(tag, p.k, kv_dims, (st[1][2], st[1][1], st[1][0]), kv_rows)
     v = _encode(tag, p.v, kv_dims, (st[2][2], st[2][1], st[2][0]), kv_rows)
     m = TmaMaps()
@@ -203,34 +303,60 @@ def takes_tma(d, p):
     return tuning.attention.WS_TMA and d in TMA_DIMS and not p.lens_kv and driver._recorders == 0
 
 
+def pick(tag, d, p, tma):
+    """The kernel of a (non-paged) call with params p under the switches, TMA producer or not: (unit,
+    expression, shared memory bytes, threads, query rows a unit, CTAs a cluster)."""
+    bn = bn_of(d, p)
+    qs = q2_of(d, bn)
+    nc = c3_of(d, qs) if tma else 2  # (three consumer warpgroups: TMA only)
+    cl = 2 if tma and nc == 2 and cl_of(d, qs, p) else 1
+    bm, threads = (C3_BM, C3_THREADS) if nc == 3 else (BM, THREADS)
+    smem = smem_bytes(d, bn, qs, bm)
+    if bn != BN[d]:
+        unit, expr = WIDE[d][2].format(tag), _expr(tag, d, tma=tma, bn=bn)
+    elif cl == 2:
+        unit, expr = CL_UNIT.format(tag), _cl_expr(tag, d)
+    elif tma:
+        emu, rot = emu_of(d, qs), rot_of(qs, p)
+        unit, expr = ((C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
+                      (XU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu, xu=True)) if xu_of(d, qs) else
+                      (ROT_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, rot=True)) if rot else
+                      (EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu)) if emu else
+                      (Q2_UNIT.format(tag), _expr(tag, d, tma=True, qs=2)) if qs == 2 else
+                      (unit_name(tag, d), _expr(tag, d, tma=True)))
+    elif qs == 2:
+        unit, expr = Q2_UNIT.format(tag), _expr(tag, d, qs=2)
+    else:
+        unit, expr = unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128)
+    return unit, expr, smem, threads, bm, cl
+
+
 def launch(handle, tag, d, b, hq, sq, skv, group, p):
     """One forward launch (params p built and checked by attention_forward)."""
-    bn = bn_of(d, p)
-    smem = smem_bytes(d, bn)
-    grid = (grid_size(handle, b, hq, sq), 1, 1)
-    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, (sq + BM - 1) // BM, grid[0])
+    maps = None
     if takes_tma(d, p):
-        try:
-            maps = tma_maps(tag, d, p, bn)
+        unit, expr, smem, threads, bm, cl = pick(tag, d, p, True)
+        try:  # (clusters: each CTA copies half a K / V tile's rows)
+            maps = tma_maps(tag, d, p, bn_of(d, p) // cl, bm)
         except Exception:  # noqa: BLE001 - a layout the encoder refuses: the cp.async producer
             maps = None
-        if maps is not None:
-            global LAST_TMA
-            LAST_TMA = True
-            f = (handle.function(WIDE[d][2].format(tag), _expr(tag, d, tma=True, bn=bn), smem) if bn != BN[d] else
-                 handle.function(unit_name(tag, d), _expr(tag, d, tma=True), smem))
-            argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
-            drv = driver._driver()
-            err = drv.cuLaunchKernel(f, grid[0], 1, 1, THREADS, 1, 1, smem, handle.cu_stream,
-                                     ctypes.addressof(argv), 0)[0]
-            if err != 0:
-                driver.check((err,), "cuLaunchKernel")
-            return
-    if bn != BN[d]:
-        f = handle.function(WIDE[d][2].format(tag), _expr(tag, d, bn=bn), smem)
-    else:
-        f = handle.function(unit_name(tag, d), _expr(tag, d, PINGPONG or tag != "bf16" or d != 128), smem)
-    driver.launch(f, grid, (THREADS, 1, 1), smem, handle.cu_stream, p)
+    if maps is None:
+        unit, expr, smem, threads, bm, cl = pick(tag, d, p, False)
+    nmb = -(-(-(-sq // bm)) // cl)  # row blocks (clusters: pairs of them) a head
+    grid = (grid_size(handle, b, hq, sq, bm, cl), 1, 1)
+    p.sched_heads = sched_heads(l2_bytes(handle), skv, d, group, nmb, grid[0] // cl)
+    f = handle.function(unit, expr, smem)
+    if maps is not None:
+        global LAST_TMA
+        LAST_TMA = True
+        argv = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(maps))
+        drv = driver._driver()
+        err = drv.cuLaunchKernel(f, grid[0], 1, 1, threads, 1, 1, smem, handle.cu_stream,
+                                 ctypes.addressof(argv), 0)[0]
+        if err != 0:
+            driver.check((err,), "cuLaunchKernel")
+        return
+    driver.launch(f, grid, (threads, 1, 1), smem, handle.cu_stream, p)
 
 
 # ----------------------------------------------------------------------------- paged K / V

@@ -224,11 +224,14 @@ def test_wgmma_units():
     units = {u.name: u for u in W.kernel_units()}
     assert sorted(units) == ["attention.wgmma.bf16", "attention.wgmma.d256.bf16", "attention.wgmma.d256.f16",
                              "attention.wgmma.d96.bf16", "attention.wgmma.d96.f16", "attention.wgmma.f16",
-                             "attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
-                             "attention.ws.f16", "attention.ws.n176.bf16", "attention.ws.n176.f16",
-                             "attention.ws.n192.bf16", "attention.ws.n192.f16",
-                             "attention.ws.paged.bf16",
-                             "attention.ws.paged.f16"]  # (ws: test_attention_ws_cpu.py; paged: test_attention_paged_cpu.py)
+                             "attention.ws.bf16", "attention.ws.c3.bf16", "attention.ws.c3.f16",
+                             "attention.ws.cl.bf16", "attention.ws.cl.f16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.emu.bf16",
+                             "attention.ws.emu.f16", "attention.ws.f16", "attention.ws.n176.bf16",
+                             "attention.ws.n176.f16", "attention.ws.n192.bf16", "attention.ws.n192.f16",
+                             "attention.ws.paged.bf16", "attention.ws.paged.f16", "attention.ws.q2.bf16",
+                             "attention.ws.q2.f16", "attention.ws.rot.bf16", "attention.ws.rot.f16",
+                             "attention.ws.xu.bf16", "attention.ws.xu.f16"]
+    # (ws: test_attention_ws_cpu.py, _ws_q2_cpu.py; paged: test_attention_paged_cpu.py)
     for t in ("bf16", "f16"):
         for d in (96, 256):
             u = units[f"attention.wgmma.d{d}.{t}"]

@@ -22,10 +22,14 @@ SMEM_LIMIT = 227 * 1024
 
 def test_units():
     units = {u.name: u for u in WS.kernel_units()}
-    assert sorted(units) == ["attention.ws.bf16", "attention.ws.d256.bf16", "attention.ws.d256.f16", "attention.ws.f16",
+    assert sorted(units) == ["attention.ws.bf16", "attention.ws.c3.bf16", "attention.ws.c3.f16",
+                             "attention.ws.cl.bf16", "attention.ws.cl.f16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
+                             "attention.ws.emu.bf16", "attention.ws.emu.f16", "attention.ws.f16",
                              "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
-                             "attention.ws.n192.f16", "attention.ws.paged.bf16",
-                             "attention.ws.paged.f16"]  # (paged, n176: test_attention_paged_cpu, _ws_n176_cpu)
+                             "attention.ws.n192.f16", "attention.ws.paged.bf16", "attention.ws.paged.f16",
+                             "attention.ws.q2.bf16", "attention.ws.q2.f16", "attention.ws.rot.bf16",
+                             "attention.ws.rot.f16", "attention.ws.xu.bf16", "attention.ws.xu.f16"]
+    # (paged, n176, q2 / emu / rot / c3: test_attention_paged_cpu, _ws_n176_cpu, _ws_q2_cpu)
     for t in ("bf16", "f16"):
         u = units[f"attention.ws.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws.cu"
@@ -88,8 +92,9 @@ def test_dispatch_d128_sm90(launches, dtype, mask):
                        v=_t((2, 2, 517, 128), dtype), o=_t((2, 4, 300, 128), dtype), st=_t((2, 4, 300, 1), F32)))
     (f,) = launches
     tag = "bf16" if dtype == BF16 else "f16"
-    assert f["f"] == WS._expr(tag, 128)
-    assert f["grid"] == (2 * 4 * 3, 1, 1) and f["threads"] == 384 and f["smem"] == WS.smem_bytes(128)
+    qs = WS.q2_of(128, 128)  # (the default: two Q buffers since session 30)
+    assert f["f"] == WS._expr(tag, 128, qs=qs) == WS.pick(tag, 128, A.AttnParams(), False)[1]
+    assert f["grid"] == (2 * 4 * 3, 1, 1) and f["threads"] == 384 and f["smem"] == WS.smem_bytes(128, qs=qs)
 
 
 def test_dispatch_grid_is_persistent(launches):
@@ -105,7 +110,9 @@ def test_dispatch_d64_d256(launches, d):
     _run_fwd(_fwd_args(a=_attn(4, 2, d), q=_t((2, 4, 300, d)), k=_t((2, 2, 517, d)), v=_t((2, 2, 517, d)),
                        o=_t((2, 4, 300, d)), st=_t((2, 4, 300, 1), F32)))
     (f,) = launches  # (the TMA try needs the driver: on the CPU the cp.async variant)
-    assert f["f"] == WS._expr("bf16", d) and f["grid"] == (2 * 4 * 3, 1, 1) and f["smem"] == WS.smem_bytes(d)
+    qs = WS.q2_of(d, WS.BN[d])
+    assert f["f"] == WS._expr("bf16", d, qs=qs) and f["grid"] == (2 * 4 * 3, 1, 1)
+    assert f["smem"] == WS.smem_bytes(d, qs=qs)
 
 
 @pytest.mark.parametrize("why", ["ws_off", "d96", "dropout", "sm_80", "disabled"])
@@ -383,7 +390,8 @@ def test_units_compile_without_spills(unit):
         assert code not in log, log
     spills = [ln for ln in log.splitlines() if "bytes spill stores" in ln and "warning" not in ln]
     assert len(spills) == len(unit.exprs) and all(" 0 bytes spill stores" in ln for ln in spills), log
-    assert log.count("Used 168 registers") == len(unit.exprs), log
+    regs = "Used 128 registers" if ".c3." in unit.name else "Used 168 registers"  # (c3: 512 threads)
+    assert log.count(regs) == len(unit.exprs), log
 
 
 # ----------------------------------------------------------------------------- the GPU tests' dispatch
@@ -407,7 +415,8 @@ def test_gpu_cases_take_this_kernel(launches, monkeypatch, mask, case):
                        k=_t((b, hkv, skv, d), layout=layout), v=_t((b, hkv, skv, d), layout=layout),
                        o=_t((b, hq, sq, d), layout=layout), st=_t((b, hq, sq, 1), F32)))
     (f,) = launches
-    assert f["f"] == WS._expr("bf16", d) and f["threads"] == 384 and f["smem"] == WS.smem_bytes(d)
+    qs = WS.q2_of(d, WS.BN[d])
+    assert f["f"] == WS._expr("bf16", d, qs=qs) and f["threads"] == 384 and f["smem"] == WS.smem_bytes(d, qs=qs)
     assert f["grid"] == (min(132, b * hq * -(-sq // 128)), 1, 1)
 
 
@@ -418,7 +427,7 @@ def test_tma_not_taken_without_the_switch_or_with_key_lengths(launches, monkeypa
     kw = dict(a=_attn(4, 2, 128), q=_t((2, 4, 300, 128)), k=_t((2, 2, 517, 128)), v=_t((2, 2, 517, 128)),
               o=_t((2, 4, 300, 128)), st=_t((2, 4, 300, 1), F32))
     _run_fwd(_fwd_args(**kw))
-    assert launches[-1]["f"] == WS._expr("bf16", 128)
+    assert launches[-1]["f"] == WS._expr("bf16", 128, qs=WS.q2_of(128, 128))
     assert tuning.attention.WS_TMA
     p = A.AttnParams()
     p.lens_kv = 1 << 30

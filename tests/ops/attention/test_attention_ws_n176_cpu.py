@@ -38,8 +38,9 @@ def test_dispatch(launches, monkeypatch, d, sw, mask, bn):
         _run_fwd(_fwd_args(a=_attn(4, 2, d, mask=mask), q=_t((2, 4, 300, d)), k=_t((2, 2, 517, d)),
                            v=_t((2, 2, 517, d)), o=_t((2, 4, 300, d)), st=_t((2, 4, 300, 1), F32)))
     (f,) = launches
-    assert f["f"] == (WS._expr("bf16", d, bn=bn) if bn != 128 else WS._expr("bf16", d))
-    assert f["smem"] == WS.smem_bytes(d, bn) and f["threads"] == 384
+    qs = WS.q2_of(d, bn)  # (two Q buffers with 128-key tiles: the default since session 30)
+    assert f["f"] == (WS._expr("bf16", d, bn=bn) if bn != 128 else WS._expr("bf16", d, qs=qs))
+    assert f["smem"] == WS.smem_bytes(d, bn, qs) and f["threads"] == 384
 
 
 @pytest.mark.parametrize("name,d,bn", [("attention.ws.n176.bf16", 128, 176), ("attention.ws.n192.bf16", 64, 192)])
