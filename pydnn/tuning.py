@@ -730,6 +730,11 @@ callpath = Switches(
                    "the entry's; read when the first compiled launch record is made); off: the Python function. "
                    "H200 host, alternating rounds: 4.95 against 5.09 us a call with torch tensors, 4.38 against "
                    "4.46 with int pointers (the bare compiled launch 3.75)"),
+    CALL_RECORDS=(True, "a call of convolution_forward / _backward_data / _backward_filter / "
+                        "_bias_activation_forward or pydnn.matmul that passed its checks leaves a call record "
+                        "(plan, spans) under its descriptors and their versions; a repeated call checks only its "
+                        "scalars, buffers and workspace and runs the plan (tools/bench_host_cnn.py); off: no new "
+                        "records, every call validates in full (for measurements)"),
 )
 
 apply_environment()
