@@ -220,12 +220,30 @@ def case_matmul_dw(c):  # the Linear's weight gradient: dW (10 x 8192) = dY^T (1
     return (lambda b: P.matmul(h, 1.0, ad, b[0], bd, b[1], 0.0, cd, b[2])), bs
 
 
+def case_matmul_ex(c):  # the Linear forward: matmul_ex with its split-K workspace (the bridge's call)
+    h = c.h
+    ad, cd = td((N, 8192)), td((N, 10))
+    bd = P.create_tensor_descriptor()  # W^T: the (10, 8192) weight read column-major
+    P.set_tensor_nd_descriptor(bd, BF16, 2, [8192, 10], [1, 8192])
+    ws = P.get_matmul_ex_workspace_size(h, ad, bd, cd)
+    bs = [c(N * 8192 * 2), c(8192 * 10 * 2), c(N * 10 * 2), c(ws)]
+    return (lambda b: P.matmul_ex(h, 1.0, ad, b[0], bd, b[1], 0.0, cd, b[2], b[3], ws)), bs
+
+
+def case_conv_bias(c):
+    h = c.h
+    dyd, dbd = td((N, 64, 32, 32)), td((1, 64, 1, 1))
+    bs = [c(N * 64 * 32 * 32 * 2), c(64 * 2)]
+    return (lambda b: P.convolution_backward_bias(h, 1.0, dyd, b[0], 0.0, dbd, b[1])), bs
+
+
 CASES = [
     ("conv_fwd", "convolution_forward 64->128 NHWC", case_conv_fwd),
     ("conv_bias_act", "convolution_bias_activation_forward 3->64 NCHW", case_conv_bias_act),
     ("conv_bwd_data", "convolution_backward_data 64->128 NHWC", case_conv_bwd_data),
     ("conv_bwd_filter", "convolution_backward_filter 64->128 NHWC", case_conv_bwd_filter),
     ("conv_bwd_filter1", "convolution_backward_filter 3->64 NCHW", functools.partial(case_conv_bwd_filter, nhwc=False)),
+    ("conv_bias", "convolution_backward_bias 64 channels", case_conv_bias),
     ("bn_fwd", "batch_normalization_forward_training", case_bn_fwd),
     ("bn_fwd_ex", "batch_normalization_forward_training_ex relu", case_bn_fwd_ex),
     ("bn_bwd", "batch_normalization_backward", case_bn_bwd),
@@ -236,6 +254,7 @@ CASES = [
     ("act_bwd", "activation_backward relu", case_act_bwd),
     ("matmul", "matmul 256x8192 @ 8192x10", case_matmul),
     ("matmul_dw", "matmul 10x256 (col-major) @ 256x8192", case_matmul_dw),
+    ("matmul_ex", "matmul_ex 256x8192 @ (10x8192)^T, split K", case_matmul_ex),
 ]
 
 

@@ -242,7 +242,7 @@ def test_matmul_cached_call(env, monkeypatch):
     call, p, (ad, bd, cd) = _matmul_case(h, buf)
     call(p)
     names = frames(lambda: call(p))
-    assert names[:2] == ["matmul", "launch"], names  # the entry, then the plan's launch (pydnn/ops/matmul.py)
+    assert names[:3] == ["matmul", "_fast", "launch"], names  # the entry, then the plan's launch (ops/matmul.py)
     assert not {"wrapper", "_matmul", "plan_for", "check_tensor", "span_bytes"} & set(names), names
     # the same launch as the full path for other pointers
     q = [buf(4 * 8192 * 2)[0], buf(8192 * 10 * 2)[0], buf(4 * 10 * 2)[0]]
@@ -325,4 +325,77 @@ def test_matmul_cached_call_with_torch_tensors(env, monkeypatch):
     call(p)
     objs = [tl(p[0], 4 * 8192 * 2), tl(p[1], 8192 * 10 * 2), tl(p[2], 4 * 10 * 2)]
     names = [x for x in frames(lambda: call(objs)) if x != "<lambda>"]
-    assert names[:2] == ["matmul", "launch"] and "_matmul" not in names, names
+    assert names[:3] == ["matmul", "_fast", "launch"] and "_matmul" not in names, names
+
+
+def test_matmul_ex_cached_call(env, monkeypatch):
+    """matmul_ex (the Linear forward's split K) shares matmul's record; its workspace is checked per call."""
+    h, buf, drv = env
+    def descs():  # the bridge's Linear forward: x @ W^T, W (10, 8192) read column-major; split K
+        b = P.create_tensor_descriptor()
+        P.set_tensor_nd_descriptor(b, BF16, 2, [8192, 10], [1, 8192])
+        return _td((256, 8192)), b, _td((256, 10))
+
+    ad, bd, cd = descs()
+    ws = P.get_matmul_ex_workspace_size(h, ad, bd, cd)
+    assert ws > 0
+    p = [buf(256 * 8192 * 2)[0], buf(8192 * 10 * 2)[0], buf(256 * 10 * 2)[0], buf(max(ws, 16))[0]]
+
+    def call(q, n=ws):
+        P.matmul_ex(h, 1.0, ad, q[0], bd, q[1], 0.0, cd, q[2], q[3], n)
+    call(p)
+    names = frames(lambda: call(p))
+    assert names[:3] == ["matmul_ex", "_fast", "launch"] and not {"_matmul", "plan_for", "wrapper"} & set(names)
+    got = _recording(monkeypatch)
+    for n in (ws, 0):  # with and without the workspace (split K, or the whole-K launch)
+        call(p, n)
+        fast = list(got)
+        got.clear()
+        tuning.callpath.CALL_RECORDS = False
+        ad2, bd2, cd2 = descs()
+        P.matmul_ex(h, 1.0, ad2, p[0], bd2, p[1], 0.0, cd2, p[2], p[3], n)
+        tuning.callpath.CALL_RECORDS = True
+        assert fast and [g[1:] for g in fast] == [g[1:] for g in got], n
+        got.clear()
+    monkeypatch.undo()
+    for n, status in ((-1, P.PYDNN_STATUS_BAD_PARAM), (True, P.PYDNN_STATUS_BAD_PARAM)):
+        with pytest.raises(P.PydnnError) as ei:
+            call(p, n)
+        assert ei.value.status == status
+        assert P.get_last_error_string().startswith("matmul_ex: ")
+    with pytest.raises(P.PydnnError) as ei:
+        call(p[:3] + [0])
+    assert ei.value.status == P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER
+
+
+def test_conv_backward_bias_cached_call(env, monkeypatch):
+    from pydnn._cuda import driver
+
+    h, buf, drv = env
+    dyd, dbd = _td((4, 64, 32, 32)), _td((1, 64, 1, 1))
+    dy, db = buf(4 * 64 * 32 * 32 * 2)[0], buf(64 * 2)[0]
+    call = lambda q=dy, alpha=1.0: P.convolution_backward_bias(h, alpha, dyd, q, 0.0, dbd, db)  # noqa: E731
+    call()
+    names = frames(call)
+    assert names[:2] == ["convolution_backward_bias", "_bias_go"] and not FULL_PATH & set(names), names
+    got = []
+    monkeypatch.setattr(driver, "launch", lambda f, g, b, s, st, p: got.append((f, g, b, s, bytes(p))))
+    for q in (dy, dy + 2):  # 16-byte aligned and not: two launch records
+        call(q)
+        call(q)
+        fast = got[-1]
+        tuning.callpath.CALL_RECORDS = False
+        dyd2, dbd2 = _td((4, 64, 32, 32)), _td((1, 64, 1, 1))
+        P.convolution_backward_bias(h, 1.0, dyd2, q, 0.0, dbd2, db)
+        tuning.callpath.CALL_RECORDS = True
+        assert fast[1:] == got[-1][1:]
+    monkeypatch.undo()
+    for q, kw, status in ((dy + 1, {}, P.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER),
+                          (0, {}, P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
+                          (dy, {"alpha": None}, P.PYDNN_STATUS_BAD_PARAM)):
+        n = drv.launches
+        with pytest.raises(P.PydnnError) as ei:
+            call(q, **kw)
+        assert ei.value.status == status
+        assert P.get_last_error_string().startswith("convolution_backward_bias: ")
+        assert drv.launches == n
