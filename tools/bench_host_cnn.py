@@ -266,7 +266,38 @@ def time_host(fn, calls, sync, burst=16, repeats=5):
     return BH.time_us_host(fn, calls, sync, burst=burst, repeats=repeats)
 
 
-def _measure(setup, h, buf, calls, gpu, sync):
+def _launches(fn):
+    """The launches one call of fn makes, as (launch function, its arguments): driver.launch_args and
+    driver.launch wrapped for the call (the call itself still launches)."""
+    from pydnn._cuda import driver
+
+    got = []
+    la, lp = driver.launch_args, driver.launch
+
+    def rec_la(*a):
+        got.append((la, a))
+        return la(*a)
+
+    def rec_lp(*a):
+        got.append((lp, a))
+        return lp(*a)
+
+    driver.launch_args, driver.launch = rec_la, rec_lp
+    try:
+        fn()
+    finally:
+        driver.launch_args, driver.launch = la, lp
+    return got
+
+
+def _replay(launches):
+    def run():
+        for f, a in launches:
+            f(*a)
+    return run
+
+
+def _measure(setup, h, buf, calls, gpu, sync, floor=False):
     c = Ctx(h, buf)
     call, bs = setup(c)
     ints, objs = tuple(p for p, _ in bs), tuple(o for _, o in bs)
@@ -274,6 +305,12 @@ def _measure(setup, h, buf, calls, gpu, sync):
     call(ints)
     sync()
     r = {}
+    if floor:  # the same launches (kernels, grids, parameters) enqueued with nothing else: the call's floor
+        ls = _launches(functools.partial(call, ints))
+        sync()
+        r["launches"] = len(ls)
+        r["floor_us"] = time_host(_replay(ls), calls, sync) if gpu else BH.time_us(_replay(ls), calls, 3)
+        sync()
     for form, b in (("int", ints), ("obj", objs)):
         f = functools.partial(call, b)
         f()
@@ -308,7 +345,7 @@ def run(only, calls, gpu, rounds=1):
                 for _ in range(rounds):
                     for on in (False, True):
                         tuning.callpath.CALL_RECORDS = on
-                        samples[on].append(_measure(setup, h, buf, calls, gpu, sync))
+                        samples[on].append(_measure(setup, h, buf, calls, gpu, sync, floor=on))
             except P.PydnnError as e:
                 print(f"{key:16s} {name:48s} skipped: {e}", flush=True)
                 continue
@@ -320,8 +357,11 @@ def run(only, calls, gpu, rounds=1):
                     r[f"{tag}_{k}"] = statistics.median(s[k] for s in samples[on])
                 for k in ("int_calls", "obj_calls"):
                     r[f"{tag}_{k}"] = samples[on][-1][k]
+            r["launches"] = samples[True][-1]["launches"]
+            r["floor_us"] = statistics.median(s["floor_us"] for s in samples[True])
             rows.append(r)
-            print(f"{key:16s} {name:48s} full: int {r['full_int_us']:6.2f} us ({r['full_int_calls']:3d} py) obj "
+            print(f"{key:16s} {name:48s} launches {r['launches']}: alone {r['floor_us']:6.2f} us | full: int "
+                  f"{r['full_int_us']:6.2f} us ({r['full_int_calls']:3d} py) obj "
                   f"{r['full_obj_us']:6.2f} us ({r['full_obj_calls']:3d} py) | records: int {r['rec_int_us']:6.2f} us "
                   f"({r['rec_int_calls']:3d} py) obj {r['rec_obj_us']:6.2f} us ({r['rec_obj_calls']:3d} py)",
                   flush=True)
@@ -331,12 +371,45 @@ def run(only, calls, gpu, rounds=1):
     return rows
 
 
+def torch_refs(calls):
+    """PyTorch's own ops at the same shapes (cuDNN / ATen), host only, for scale."""
+    import torch
+    import torch.nn.functional as F
+
+    sync, dev, bf = torch.cuda.synchronize, "cuda", torch.bfloat16
+    cl = torch.channels_last
+    x = torch.randn(N, 64, 32, 32, device=dev, dtype=bf).contiguous(memory_format=cl)
+    w = torch.randn(128, 64, 3, 3, device=dev, dtype=bf).contiguous(memory_format=cl)
+    xb = torch.randn(N, 64, 32, 32, device=dev, dtype=bf)
+    g, b = torch.ones(64, device=dev), torch.zeros(64, device=dev)
+    rm, rv = torch.zeros(64, device=dev), torch.ones(64, device=dev)
+    a, lw = torch.randn(N, 8192, device=dev, dtype=bf), torch.randn(10, 8192, device=dev, dtype=bf)
+    ops = [("torch conv2d 64->128 channels_last", lambda: F.conv2d(x, w, padding=1)),
+           ("torch batch_norm training", lambda: F.batch_norm(xb, rm, rv, g, b, True, 0.1, 1e-5)),
+           ("torch max_pool2d 2x2", lambda: F.max_pool2d(xb, 2)),
+           ("torch linear 256x8192 -> 10", lambda: F.linear(a, lw))]
+    rows = []
+    for name, f in ops:
+        try:
+            f()
+            sync()
+            us = time_host(f, calls, sync)
+        except Exception as e:  # noqa: BLE001 - a reference only
+            print(f"{name}: skipped ({type(e).__name__}: {e})", flush=True)
+            continue
+        rows.append((name, us))
+        print(f"{name:48s} host only {us:6.2f} us", flush=True)
+    return rows
+
+
 def to_markdown(rows, gpu):
     what = "host only (bursts of 16), GPU" if gpu else "CPU, launches stubbed"
     ob = "torch tensors" if gpu else "CAI objects"
-    lines = [f"| call ({what}) | full: int µs | Python calls | {ob} µs | Python calls | records: int µs | Python calls "
-             f"| {ob} µs | Python calls |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['case']} | {r['full_int_us']:.2f} | {r['full_int_calls']} | {r['full_obj_us']:.2f} | "
+    lines = [f"| call ({what}) | launches | alone µs | full: int µs | Python calls | {ob} µs | Python calls "
+             f"| records: int µs | Python calls | {ob} µs | Python calls |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['case']} | {r['launches']} | {r['floor_us']:.2f} | {r['full_int_us']:.2f} | "
+              f"{r['full_int_calls']} | {r['full_obj_us']:.2f} | "
               f"{r['full_obj_calls']} | {r['rec_int_us']:.2f} | {r['rec_int_calls']} | {r['rec_obj_us']:.2f} | "
               f"{r['rec_obj_calls']} |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -348,6 +421,7 @@ def main():
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--only", default="", help="comma-separated case keys (default: all)")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds (full / records) per case")
+    p.add_argument("--no-torch", action="store_true", help="GPU: skip the PyTorch reference ops")
     p.add_argument("--out")
     a = p.parse_args()
     from pydnn._cuda import driver
@@ -357,6 +431,9 @@ def main():
     print(f"pydnn {P.__version__}, {'GPU: real launches' if gpu else 'CPU: launches stubbed'}", flush=True)
     rows = run(only, a.calls, gpu, a.rounds)
     md = to_markdown(rows, gpu)
+    if gpu and not a.no_torch:
+        md += "\n| PyTorch op (same shapes) | host only µs |\n|---|---:|\n"
+        md += "".join(f"| {n} | {us:.2f} |\n" for n, us in torch_refs(a.calls))
     print("\n" + md)
     if a.out:
         with open(a.out, "w") as f:
