@@ -21,6 +21,11 @@ import os
 _log = logging.getLogger("pydnn")
 
 
+# bumped by every set or reset of a switch: records that replay what a call decided under the switches
+# (pydnn/ops/_replay.py's entries) are keyed by it
+GENERATION = [0]
+
+
 class Switches:
     """One family's switches: plain attributes, documented, resettable to their defaults."""
 
@@ -38,6 +43,7 @@ class Switches:
             raise AttributeError(f"pydnn.tuning.{self._family} has no switch {name!r} "
                                  f"(switches: {', '.join(self._defaults)})")
         object.__setattr__(self, name, value)
+        GENERATION[0] += 1
 
     def names(self):
         return tuple(self._defaults)
@@ -45,6 +51,7 @@ class Switches:
     def reset(self):
         for k, v in self._defaults.items():
             object.__setattr__(self, k, _fresh(v))
+        GENERATION[0] += 1
 
     def describe(self):
         lines = [f"{self._family}: {self._doc}"]
@@ -735,6 +742,10 @@ callpath = Switches(
                         "(plan, spans) under its descriptors and their versions; a repeated call checks only its "
                         "scalars, buffers and workspace and runs the plan (tools/bench_host_cnn.py); off: no new "
                         "records, every call validates in full (for measurements)"),
+    CALL_REPLAY=(False, "batch norm's training forward / backward (plain and Ex) replay a recorded plan per "
+                        "(descriptors, modes, scalars, sizes, NULL buffers, switches): the call's three launches in "
+                        "one compiled call, pointers patched when they change (pydnn/ops/_replay.py's entry); off: "
+                        "the batch-norm record path"),
 )
 
 apply_environment()

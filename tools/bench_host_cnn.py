@@ -322,8 +322,8 @@ def _measure(setup, h, buf, calls, gpu, sync, floor=False):
 
 
 def run(only, calls, gpu, rounds=1):
-    """Each case with tuning.callpath.CALL_RECORDS off (every call validates in full: the path before the call
-    records) and on, on fresh descriptors each time, in `rounds` alternating rounds; medians over rounds."""
+    """Each case with tuning.callpath.CALL_RECORDS and CALL_REPLAY off (every call validates in full: the path
+    before them) and both on, on fresh descriptors each time, in `rounds` alternating rounds; medians over rounds."""
     from pydnn import tuning
 
     rows = []
@@ -344,13 +344,13 @@ def run(only, calls, gpu, rounds=1):
             try:
                 for _ in range(rounds):
                     for on in (False, True):
-                        tuning.callpath.CALL_RECORDS = on
+                        tuning.callpath.CALL_RECORDS = tuning.callpath.CALL_REPLAY = on
                         samples[on].append(_measure(setup, h, buf, calls, gpu, sync, floor=on))
             except P.PydnnError as e:
                 print(f"{key:16s} {name:48s} skipped: {e}", flush=True)
                 continue
             finally:
-                tuning.callpath.CALL_RECORDS = True
+                tuning.callpath.reset()
             r = {"key": key, "case": name}
             for on, tag in ((False, "full"), (True, "rec")):
                 for k in ("int_us", "obj_us"):

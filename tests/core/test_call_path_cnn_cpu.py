@@ -139,7 +139,8 @@ def test_conv_cached_call_skips_the_full_path(env, kind):
     # the entry's own frame (and _ws_fast where the plan takes a workspace), then the plan's run (conv's
     # plans.run_plan; the fused call sets its epilogue first)
     i = names.index("run_plan")
-    assert [n for n in names[:i] if n != "_ws_fast"] == ([ENTRY[kind], "_fused_run", "strides5"] if kind == "cba" else [ENTRY[kind]]), names
+    want = [ENTRY[kind], "_fused_run", "strides5"] if kind == "cba" else [ENTRY[kind]]
+    assert [n for n in names[:i] if n != "_ws_fast"] == want, names
 
 
 @pytest.mark.parametrize("kind", list(ENTRY))
@@ -399,3 +400,78 @@ def test_conv_backward_bias_cached_call(env, monkeypatch):
         assert ei.value.status == status
         assert P.get_last_error_string().startswith("convolution_backward_bias: ")
         assert drv.launches == n
+
+
+BN_CASES = ["bn_fwd", "bn_fwd_ex", "bn_bwd", "bn_bwd_ex"]
+
+
+def _bn_call(kind, h, buf):
+    """(call(ptrs, **scalars), ptrs) of a batch-norm training call at the demo's first layer (batch 4)."""
+    import bench_host_cnn as BC
+
+    old = BC.N
+    BC.N = 4
+    try:
+        c = BC.Ctx(h, buf)
+        call, bs = getattr(BC, "case_" + kind)(c)
+    finally:
+        BC.N = old
+    return call, [p for p, _ in bs]
+
+
+@pytest.mark.parametrize("kind", BN_CASES)
+def test_bn_replay_launches_what_the_full_path_does(env, kind, monkeypatch):
+    h, buf, drv = env
+    tuning.callpath.CALL_REPLAY = True
+    call, p = _bn_call(kind, h, buf)
+    call(p)  # recorded, then launched from the plan
+    names = frames(lambda: call(p))
+    assert names[0] == "replayed" and "_fwd_train" not in names and "_bwd" not in names, names
+    q = [x + 4096 for x in p]  # other addresses, the same low bits: repatched
+    got = _recording(monkeypatch)
+    call(q)
+    fast = list(got)
+    got.clear()
+    tuning.callpath.CALL_REPLAY = False
+    call2, _ = _bn_call(kind, h, buf)  # fresh descriptors: the batch-norm function itself
+    call2(q)
+    assert fast and [g[1:] for g in fast] == [g[1:] for g in got]
+    got.clear()
+    tuning.callpath.CALL_REPLAY = True
+    call([x + 2 if i == 0 else x for i, x in enumerate(q)])  # another alignment: the full path (and its errors)
+    assert got
+
+
+@pytest.mark.parametrize("kind", BN_CASES)
+def test_bn_replay_errors_are_the_full_paths(env, kind):
+    h, buf, drv = env
+    tuning.callpath.CALL_REPLAY = True
+    call, p = _bn_call(kind, h, buf)
+    call(p)
+    out = {"bn_fwd": 1, "bn_fwd_ex": 1, "bn_bwd": 2, "bn_bwd_ex": 3}[kind]  # y / dx
+    partly = list(p)
+    partly[out] = p[0] + 64  # the output partly over x
+    for q, status in (([p[0] + 1] + p[1:], P.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER),
+                      (partly, P.PYDNN_STATUS_BAD_PARAM)):
+        n = drv.launches
+        with pytest.raises(P.PydnnError) as ei:
+            call(q)
+        assert ei.value.status == status, (q, ei.value)
+        assert P.get_last_error_string().startswith("batch_normalization_")
+        assert drv.launches == n
+
+
+def test_bn_replay_follows_switches_and_stops_churning(env):
+    h, buf, _ = env
+    tuning.callpath.CALL_REPLAY = True
+    call, p = _bn_call("bn_fwd_ex", h, buf)
+    call(p)
+    assert "_fwd_train" not in frames(lambda: call(p))
+    tuning.batchnorm.GEN_TINY = tuning.batchnorm.GEN_TINY  # any set: recorded again under the new switches
+    assert "_fwd_train" in frames(lambda: call(p))
+    assert "_fwd_train" not in frames(lambda: call(p))
+    for _ in range(12):  # a switch that changes every call: the set stops recording after MAX_PLANS_PER_SET
+        tuning.batchnorm.GEN_TINY = tuning.batchnorm.GEN_TINY
+        call(p)
+    assert "_fwd_train" in frames(lambda: call(p))
+    assert "_fwd_train" in frames(lambda: call(p))

@@ -151,3 +151,52 @@ def test_activation_backward_inline_path(th):
                                   dx.data_ptr())
         torch.cuda.synchronize()
         assert torch.equal(dx, torch.where(y > 0, dy, torch.zeros_like(dy)))
+
+
+@pytest.mark.parametrize("kind", ["bn_fwd", "bn_fwd_ex", "bn_bwd", "bn_bwd_ex"])
+def test_bn_replay_matches_the_full_path(th, kind):
+    """tuning.callpath.CALL_REPLAY: the second call of a batch-norm training call replays its recorded launches;
+    every buffer it writes (y / dx, running and saved statistics, the ReLU mask, dscale / dbias) equals, byte for
+    byte, what the batch-norm function writes from the same contents (the demo's first layer at batch 8)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools"))
+    import bench_host_cnn as BC
+
+    from pydnn.ops import _replay
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    big = N * 64 * 32 * 32 * 2
+
+    def alloc(nbytes):
+        if nbytes == 64 * 4:  # per-channel float statistics / parameters
+            t = torch.rand(64, device="cuda", generator=g) + 0.5
+        elif nbytes == big:
+            t = torch.randn(nbytes // 2, device="cuda", generator=g).to(torch.bfloat16)
+        else:  # workspace, reserve space
+            t = torch.zeros(max(nbytes, 16), dtype=torch.uint8, device="cuda")
+        return t.data_ptr(), t
+
+    old = BC.N
+    BC.N = N
+    try:
+        tuning.callpath.CALL_REPLAY = True
+        ctx = BC.Ctx(th, alloc)
+        call, bs = getattr(BC, "case_" + kind)(ctx)
+        ts = [t for _, t in bs]
+        call(tuple(p for p, _ in bs))  # recorded, launched from its plan
+        torch.cuda.synchronize()
+        assert any(isinstance(v, _replay.Plan) for v in th.prepared.values())
+        twins = [t.clone() for t in ts]
+        call(tuple(p for p, _ in bs))  # the replay
+        tuning.callpath.CALL_REPLAY = False
+        call2, _ = getattr(BC, "case_" + kind)(BC.Ctx(th, alloc))  # fresh descriptors: the function itself
+        call2(tuple(t.data_ptr() for t in twins))
+        torch.cuda.synchronize()
+    finally:
+        BC.N = old
+    ws_index = {"bn_fwd_ex": 8, "bn_bwd_ex": 10}.get(kind)  # (scratch: not an output)
+    for i, (a, b) in enumerate(zip(ts, twins)):
+        if i != ws_index:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (kind, i)
