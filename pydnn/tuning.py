@@ -21,6 +21,11 @@ import os
 _log = logging.getLogger("pydnn")
 
 
+# bumped by every set or reset of a switch: records that replay what a call decided under the switches
+# (pydnn/ops/_replay.py's entries) are keyed by it
+GENERATION = [0]
+
+
 class Switches:
     """One family's switches: plain attributes, documented, resettable to their defaults."""
 
@@ -38,6 +43,7 @@ class Switches:
             raise AttributeError(f"pydnn.tuning.{self._family} has no switch {name!r} "
                                  f"(switches: {', '.join(self._defaults)})")
         object.__setattr__(self, name, value)
+        GENERATION[0] += 1
 
     def names(self):
         return tuple(self._defaults)
@@ -45,6 +51,7 @@ class Switches:
     def reset(self):
         for k, v in self._defaults.items():
             object.__setattr__(self, k, _fresh(v))
+        GENERATION[0] += 1
 
     def describe(self):
         lines = [f"{self._family}: {self._doc}"]
@@ -785,6 +792,19 @@ callpath = Switches(
                    "the entry's; read when the first compiled launch record is made); off: the Python function. "
                    "H200 host, alternating rounds: 4.95 against 5.09 us a call with torch tensors, 4.38 against "
                    "4.46 with int pointers (the bare compiled launch 3.75)"),
+    CALL_RECORDS=(True, "a call of convolution_forward / _backward_data / _backward_filter / "
+                        "_bias_activation_forward / _backward_bias or pydnn.matmul / matmul_ex that passed its checks "
+                        "leaves a call record (plan, spans) under its descriptors and their versions; a repeated call "
+                        "checks only its scalars, buffers and workspace and runs the plan; off: no new records, every "
+                        "call validates in full (for measurements). H200 host, the CNN demo's shapes "
+                        "(tools/bench_host_cnn.py): conv forward 13.2-15.1 -> 7.8-9.7 us a call (its launch alone "
+                        "5.4), backward data 11.9-12.9 -> 8.0-8.5, matmul 9.3-9.5 -> 7.2-8.0"),
+    CALL_REPLAY=(False, "batch norm's training forward / backward (plain and Ex) replay a recorded plan per "
+                        "(descriptors, modes, scalars, sizes, NULL buffers, switches' generation): the call's "
+                        "launches in one compiled call, pointers patched when they change (pydnn/ops/_replay.py's "
+                        "entry); off: the batch-norm function's own record path. Off until a GPU run checks it "
+                        "(tests/core/test_call_path_cnn_gpu.py -k bn_replay): those calls cost 21.5-26.8 us on the "
+                        "H200 host against 12.6-16.5 us for their three or four launches alone"),
 )
 
 apply_environment()

@@ -227,6 +227,13 @@ def _conv(h, buf):
             (xp, wp, yp), (x, w, y), "conv2d")
 
 
+def _conv_bias(h, buf):
+    """convolution_backward_bias: its launch goes through driver.launch (a by-value struct, no argv kept)."""
+    dy, db = _td((1, 4, 2, 2)), _td((1, 4, 1, 1))
+    (yp, y), (bp, b) = buf(64), buf(16)
+    return (lambda q: P.convolution_backward_bias(h, 1.0, dy, q[0], 0.0, db, q[1])), (yp, bp), (y, b), None
+
+
 def _mha_setup(h, buf, batch=8, seq=512, emb=1024, heads=16, causal=True):
     """The legacy MHA layer (BERT-large-like, bf16): forward (inference, training), backward data, weights."""
     T_, B_, M_, V_ = (P.PYDNN_SEQDATA_TIME_DIM, P.PYDNN_SEQDATA_BATCH_DIM, P.PYDNN_SEQDATA_BEAM_DIM,
@@ -293,6 +300,7 @@ CASES = [
     ("batchnorm", "batch_normalization_forward_inference 1x2", _bn),
     ("normalization", "norm_forward_inference layer 1x4", _norm),
     ("convolution", "convolution_forward 1x1 implicit gemm", _conv),
+    ("convolution", "convolution_backward_bias 1x4x2x2", _conv_bias),
 ]
 
 

@@ -394,6 +394,18 @@ def launch(func, grid, block, smem, stream, params):
         return
     d = _drv
     argv = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+    if _fast is not None and d is _fast_drv:  # the compiled launch, as launch_args (no cuda.bindings wrapper)
+        f = _addr.get(func)
+        if f is None:
+            f = _address(func)
+        s = _addr.get(stream)
+        if s is None:
+            s = _address(stream)
+        if f >= 0 and s >= 0:
+            err = _fast(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, s, ctypes.addressof(argv))
+            if err:
+                raise_status(err)
+            return
     err = d.cuLaunchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
                            stream, ctypes.addressof(argv), 0)[0]
     if err != 0:

@@ -1688,3 +1688,50 @@ def plan_summary(handle, direction, mode, x_desc, *others, ex=False):
     seqs = {name: [(lc.kernel, lc.vec, lc.grid, lc.block, dict(lc.fields)) for lc in seq]
             for name, seq in pl.seqs.items()}
     return pl.geom.layout, seqs, pl.ws_need
+
+
+# ----------------------------------------------------------------------------- replayed calls (host)
+# The training forward / backward calls' entries: a repeated call with the same descriptors, modes, scalars and
+# sizes replays its recorded launches (pydnn/ops/_replay.py's entry; tuning.callpath.CALL_REPLAY); every other
+# call is the function above. (Branch host, session 30: the CNN demo's four batch-norm calls a step.)
+def _span(d):
+    return d.span_bytes() if d is not None else 0
+
+
+def _replayed():
+    from . import _replay
+
+    g = globals()
+    fw, fwx = g["batch_normalization_forward_training"], g["batch_normalization_forward_training_ex"]
+    bw, bwx = g["batch_normalization_backward"], g["batch_normalization_backward_ex"]
+    g["batch_normalization_forward_training"] = _replay.entry(
+        fw, "bn.fwd", 17, (4, 6, 8), (1, 2, 3, 11, 14),
+        ((5, "x", lambda a: _span(a[4])), (7, "y", lambda a: _span(a[6])))
+        + tuple((i, n, lambda a: _span(a[8])) for i, n in ((9, "bnScale"), (10, "bnBias"),
+                                                          (12, "resultRunningMean"), (13, "resultRunningVariance"),
+                                                          (15, "resultSaveMean"), (16, "resultSaveInvVariance"))))
+    g["batch_normalization_forward_training_ex"] = _replay.entry(
+        fwx, "bn.fwd_ex", 25, (5, 7, 9, 11, 20), (1, 2, 3, 4, 14, 17, 22, 24),
+        ((6, "xData", lambda a: _span(a[5])), (8, "zData", lambda a: _span(a[7])),
+         (10, "yData", lambda a: _span(a[9])))
+        + tuple((i, n, lambda a: _span(a[11])) for i, n in ((12, "bnScale"), (13, "bnBias"),
+                                                           (15, "resultRunningMean"), (16, "resultRunningVariance"),
+                                                           (18, "resultSaveMean"), (19, "resultSaveInvVariance")))
+        + ((21, "workspace", lambda a: a[22]), (23, "reserveSpace", lambda a: a[24])))
+    g["batch_normalization_backward"] = _replay.entry(
+        bw, "bn.bwd", 19, (6, 8, 10, 12), (1, 2, 3, 4, 5, 16),
+        ((7, "x", lambda a: _span(a[6])), (9, "dy", lambda a: _span(a[8])), (11, "dx", lambda a: _span(a[10])))
+        + tuple((i, n, lambda a: _span(a[12])) for i, n in ((13, "bnScale"), (14, "dBnScaleResult"),
+                                                           (15, "dBnBiasResult"), (17, "savedMean"),
+                                                           (18, "savedInvVariance"))))
+    g["batch_normalization_backward_ex"] = _replay.entry(
+        bwx, "bn.bwd_ex", 30, (7, 9, 11, 13, 15, 17, 25), (1, 2, 3, 4, 5, 6, 22, 27, 29),
+        ((8, "xData", lambda a: _span(a[7])), (10, "yData", lambda a: _span(a[9])),
+         (12, "dyData", lambda a: _span(a[11])), (14, "dzData", lambda a: _span(a[13])), (16, "dxData", lambda a: _span(a[15])))
+        + tuple((i, n, lambda a: _span(a[17])) for i, n in ((18, "bnScaleData"), (19, "bnBiasData"),
+                                                           (20, "dBnScaleData"), (21, "dBnBiasData"),
+                                                           (23, "savedMean"), (24, "savedInvVariance")))
+        + ((26, "workSpace", lambda a: a[27]), (28, "reserveSpace", lambda a: a[29])))
+
+
+_replayed()

@@ -14,11 +14,15 @@ chooses kernels. The algorithms and where they live:
                      implicit.py), ALGO_3 (gemm.py), WINOGRAD_NONFUSED, FFT
 The rest answer NOT_SUPPORTED with the reason.
 """
+import functools
+
+from ... import buffers as _buffers
 from ... import enums as E
+from ... import tuning
 from ..._build.params import FLAG_BETA, FLAG_NAN_PROP
 from ..._cuda import driver
 from ...buffers import device_ptr
-from ...handle import check_handle
+from ...handle import Handle, check_handle
 from ...status import PydnnError, api
 from ...tensor import DTYPES, check_tensor
 from ..activation import ActivationDescriptor
@@ -38,9 +42,57 @@ from .problem import (ACT, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_BIAS
                       set_convolution_group_count, set_convolution_math_type, set_convolution_nd_descriptor,
                       strides5)
 from .tensor_core import fused_bias_in_registers
+# ----------------------------------------------------------------------------- the cached call
+# A call that passed every check leaves a call record in the handle's cache (handle.prepared) under the call's
+# descriptors (each with its version: a Set or Destroy makes a new key; the filter, which has no version, by its
+# fields) and the algorithm: (plan, itemsize, the operands' spans). A repeated call looks the record up and
+# checks only what can change between calls - alpha / beta float, each buffer a positive int or a CUDA torch
+# tensor (buffers.TORCH_TENSOR) of at least its span, contiguous, element-aligned, the workspace size and
+# pointer - then runs the plan (plans.run_plan, which checks its vector alignment). Anything else, and any
+# failure, goes to the full function (the same checks, errors and last-error text as before).
+# Python calls of a repeated int-pointer call (tools/bench_host_cnn.py --cpu, tests/core/test_call_path_cnn_cpu.py;
+# the entry, run_plan, load_kernels, launch_args for a one-launch plan): convolution_forward / backward data 28 -> 4,
+# backward filter 32 -> 5, bias + activation 48 -> 7 (+ its plan's steps), backward bias 20 -> 3. H200 host, the CNN
+# demo's layers: forward 13.2-15.1 -> 7.8-9.7 us a call (its launch alone 5.4), backward data 11.9-12.9 -> 8.0-8.5.
+
+_K_FWD, _K_BWD_DATA, _K_BWD_FILTER, _K_CBA = "conv.fwd", "conv.bwd_data", "conv.bwd_filter", "conv.cba"
+
+
+def _call_key(tag, algo, conv, a, w, b, extra=()):
+    """The call record's key (tag, algo, convDesc, x-like, filter, y-like and extra descriptors with their
+    versions), or None when an argument is not what a key holds (the full function names it)."""
+    try:
+        return (tag, algo, conv, conv.version, a, a.version, w, w.dims, w.dtype, w.format, w.alive, b,
+                b.version) + extra
+    except (AttributeError, TypeError):
+        return None
+
+
+def _tptr(obj, need):
+    """A CUDA torch tensor's address when it passes device_ptr's inline checks, else 0 (the full function
+    decides: it names the argument)."""
+    if type(obj) is _buffers.TORCH_TENSOR and obj.is_cuda and obj.nbytes >= need and obj.is_contiguous():
+        return obj.data_ptr()
+    return 0
+
+
+def _ws_fast(pl, work_space, need):
+    """check_workspace's answer for a plan that needs a workspace (the size already checked), when it needs
+    no error: the workspace pointer, or None (the full function decides)."""
+    wsp = work_space if type(work_space) is int else _tptr(work_space, need)
+    if wsp > 0 and wsp % pl.acc_size == 0:
+        return wsp
+    return None
+
+
+def _remember(handle, key, pl, spans):
+    if key is not None:
+        handle.remember(key, (pl, pl.itemsize) + spans)
+
+
 @api
 def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes,
-                        beta, y_desc, y):
+                         beta, y_desc, y):
     """cudnnConvolutionForward: y = alpha * conv(x, w) + beta * y. Statuses: BAD_PARAM (descriptors that
     do not fit together: dims, channels vs groups, y not the computed output dims, an empty output,
     overlapping y, a workspace smaller than Get...WorkspaceSize), NOT_SUPPORTED (data / compute types,
@@ -50,15 +102,54 @@ def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, wo
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = pl.itemsize
-    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
-    wp = element_aligned(device_ptr(w, "w", filter_bytes(w_desc)), "w", it)
-    yp = element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
+    spans = (x_desc.span_bytes(), filter_bytes(w_desc), y_desc.span_bytes())
+    xp = element_aligned(device_ptr(x, "x", spans[0]), "x", it)
+    wp = element_aligned(device_ptr(w, "w", spans[1]), "w", it)
+    yp = element_aligned(device_ptr(y, "y", spans[2]), "y", it)
     run_plan(handle, pl, xp, wp, yp, ws, al, be)
+    if type(algo) is int and tuning.callpath.CALL_RECORDS:
+        _remember(handle, _call_key(_K_FWD, algo, conv_desc, x_desc, w_desc, y_desc), pl, spans)
+
+
+_convolution_forward = convolution_forward  # the full function (api-wrapped: errors are named after it)
+
+
+@functools.wraps(_convolution_forward)
+def convolution_forward(*args, **kwargs):  # noqa: F811 - the public entry in front of it
+    if not kwargs and len(args) == 13:  # (misuse: the full function raises Python's error)
+        (handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes, beta,
+         y_desc, y) = args
+        # the cached call (see _call_key); any miss or failure: the full function, which decides and reports
+        try:
+            if (type(handle) is Handle and handle.alive and type(algo) is int and type(alpha) is float
+                    and type(beta) is float and not _buffers.CHECKED):
+                rec = handle.prepared.get((_K_FWD, algo, conv_desc, conv_desc.version, x_desc, x_desc.version, w_desc,
+                                           w_desc.dims, w_desc.dtype, w_desc.format, w_desc.alive, y_desc,
+                                           y_desc.version))
+                if rec is not None:
+                    tt = _buffers.TORCH_TENSOR
+                    pl, it, nx, nw, ny = rec
+                    xp = x if type(x) is int else (x.data_ptr() if type(x) is tt and x.is_cuda
+                            and x.nbytes >= nx and x.is_contiguous() else 0)
+                    wp = w if type(w) is int else (w.data_ptr() if type(w) is tt and w.is_cuda
+                            and w.nbytes >= nw and w.is_contiguous() else 0)
+                    yp = y if type(y) is int else (y.data_ptr() if type(y) is tt and y.is_cuda
+                            and y.nbytes >= ny and y.is_contiguous() else 0)
+                    if xp > 0 and wp > 0 and yp > 0 and not (xp % it or wp % it or yp % it):
+                        need, n = pl.workspace, work_space_size_in_bytes
+                        ws = ((0 if need == 0 else _ws_fast(pl, work_space, need)) if type(n) is int and n >= need
+                              else None)
+                        if ws is not None:
+                            run_plan(handle, pl, xp, wp, yp, ws, alpha, beta)
+                            return None
+        except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
+            pass
+    return _convolution_forward(*args, **kwargs)
 
 
 @api
 def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, algo, work_space,
-                              work_space_size_in_bytes, beta, dx_desc, dx):
+                               work_space_size_in_bytes, beta, dx_desc, dx):
     """cudnnConvolutionBackwardData: dx = alpha * (gradient of conv with respect to x)(dy, w) + beta * dx.
     Statuses as convolution_forward (dxDesc must be the input whose output dims are dyDesc's)."""
     check_handle(handle)
@@ -66,15 +157,53 @@ def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, 
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = pl.itemsize
-    wp = element_aligned(device_ptr(w, "w", filter_bytes(w_desc)), "w", it)
-    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
-    dxp = element_aligned(device_ptr(dx, "dx", dx_desc.span_bytes()), "dx", it)
+    spans = (filter_bytes(w_desc), dy_desc.span_bytes(), dx_desc.span_bytes())
+    wp = element_aligned(device_ptr(w, "w", spans[0]), "w", it)
+    dyp = element_aligned(device_ptr(dy, "dy", spans[1]), "dy", it)
+    dxp = element_aligned(device_ptr(dx, "dx", spans[2]), "dx", it)
     run_plan(handle, pl, dyp, wp, dxp, ws, al, be)
+    if type(algo) is int and tuning.callpath.CALL_RECORDS:
+        _remember(handle, _call_key(_K_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc), pl, spans)
+
+
+_convolution_backward_data = convolution_backward_data  # the full function (api-wrapped: errors are named after it)
+
+
+@functools.wraps(_convolution_backward_data)
+def convolution_backward_data(*args, **kwargs):  # noqa: F811 - the public entry in front of it
+    if not kwargs and len(args) == 13:  # (misuse: the full function raises Python's error)
+        (handle, alpha, w_desc, w, dy_desc, dy, conv_desc, algo, work_space, work_space_size_in_bytes, beta,
+         dx_desc, dx) = args
+        try:  # the cached call, as convolution_forward's
+            if (type(handle) is Handle and handle.alive and type(algo) is int and type(alpha) is float
+                    and type(beta) is float and not _buffers.CHECKED):
+                rec = handle.prepared.get((_K_BWD_DATA, algo, conv_desc, conv_desc.version, dx_desc, dx_desc.version,
+                                           w_desc, w_desc.dims, w_desc.dtype, w_desc.format, w_desc.alive, dy_desc,
+                                           dy_desc.version))
+                if rec is not None:
+                    tt = _buffers.TORCH_TENSOR
+                    pl, it, nw, ndy, ndx = rec
+                    wp = w if type(w) is int else (w.data_ptr() if type(w) is tt and w.is_cuda
+                            and w.nbytes >= nw and w.is_contiguous() else 0)
+                    dyp = dy if type(dy) is int else (dy.data_ptr() if type(dy) is tt and dy.is_cuda
+                             and dy.nbytes >= ndy and dy.is_contiguous() else 0)
+                    dxp = dx if type(dx) is int else (dx.data_ptr() if type(dx) is tt and dx.is_cuda
+                             and dx.nbytes >= ndx and dx.is_contiguous() else 0)
+                    if wp > 0 and dyp > 0 and dxp > 0 and not (wp % it or dyp % it or dxp % it):
+                        need, n = pl.workspace, work_space_size_in_bytes
+                        ws = ((0 if need == 0 else _ws_fast(pl, work_space, need)) if type(n) is int and n >= need
+                              else None)
+                        if ws is not None:
+                            run_plan(handle, pl, dyp, wp, dxp, ws, alpha, beta)
+                            return None
+        except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
+            pass
+    return _convolution_backward_data(*args, **kwargs)
 
 
 @api
 def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc, algo, work_space,
-                                work_space_size_in_bytes, beta, dw_desc, dw):
+                                 work_space_size_in_bytes, beta, dw_desc, dw):
     """cudnnConvolutionBackwardFilter: dw = alpha * (gradient of conv with respect to w)(x, dy) + beta * dw.
     Statuses as convolution_forward."""
     check_handle(handle)
@@ -82,10 +211,48 @@ def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     it = pl.itemsize
-    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
-    dyp = element_aligned(device_ptr(dy, "dy", dy_desc.span_bytes()), "dy", it)
-    dwp = element_aligned(device_ptr(dw, "dw", filter_bytes(dw_desc)), "dw", it)
+    spans = (x_desc.span_bytes(), dy_desc.span_bytes(), filter_bytes(dw_desc))
+    xp = element_aligned(device_ptr(x, "x", spans[0]), "x", it)
+    dyp = element_aligned(device_ptr(dy, "dy", spans[1]), "dy", it)
+    dwp = element_aligned(device_ptr(dw, "dw", spans[2]), "dw", it)
     run_plan(handle, pl, dyp, xp, dwp, ws, al, be)
+    if type(algo) is int and tuning.callpath.CALL_RECORDS:
+        _remember(handle, _call_key(_K_BWD_FILTER, algo, conv_desc, x_desc, dw_desc, dy_desc), pl, spans)
+
+
+_convolution_backward_filter = convolution_backward_filter  # the full function (api-wrapped: errors are named after it)
+
+
+@functools.wraps(_convolution_backward_filter)
+def convolution_backward_filter(*args, **kwargs):  # noqa: F811 - the public entry in front of it
+    if not kwargs and len(args) == 13:  # (misuse: the full function raises Python's error)
+        (handle, alpha, x_desc, x, dy_desc, dy, conv_desc, algo, work_space, work_space_size_in_bytes, beta,
+         dw_desc, dw) = args
+        try:  # the cached call, as convolution_forward's
+            if (type(handle) is Handle and handle.alive and type(algo) is int and type(alpha) is float
+                    and type(beta) is float and not _buffers.CHECKED):
+                rec = handle.prepared.get((_K_BWD_FILTER, algo, conv_desc, conv_desc.version, x_desc, x_desc.version,
+                                           dw_desc, dw_desc.dims, dw_desc.dtype, dw_desc.format, dw_desc.alive, dy_desc,
+                                           dy_desc.version))
+                if rec is not None:
+                    tt = _buffers.TORCH_TENSOR
+                    pl, it, nx, ndy, ndw = rec
+                    xp = x if type(x) is int else (x.data_ptr() if type(x) is tt and x.is_cuda
+                            and x.nbytes >= nx and x.is_contiguous() else 0)
+                    dyp = dy if type(dy) is int else (dy.data_ptr() if type(dy) is tt and dy.is_cuda
+                             and dy.nbytes >= ndy and dy.is_contiguous() else 0)
+                    dwp = dw if type(dw) is int else (dw.data_ptr() if type(dw) is tt and dw.is_cuda
+                             and dw.nbytes >= ndw and dw.is_contiguous() else 0)
+                    if xp > 0 and dyp > 0 and dwp > 0 and not (xp % it or dyp % it or dwp % it):
+                        need, n = pl.workspace, work_space_size_in_bytes
+                        ws = ((0 if need == 0 else _ws_fast(pl, work_space, need)) if type(n) is int and n >= need
+                              else None)
+                        if ws is not None:
+                            run_plan(handle, pl, dyp, xp, dwp, ws, alpha, beta)
+                            return None
+        except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
+            pass
+    return _convolution_backward_filter(*args, **kwargs)
 
 
 def _bias_desc(bias_desc, k, name):
@@ -97,10 +264,29 @@ def _bias_desc(bias_desc, k, name):
     return bias_desc
 
 
+def _fused_run(handle, pl, activation_desc, z_desc, bias_desc, xp, wp, yp, zp, bp, ws, a1, a2):
+    """The fused call's launch: the epilogue's fields set on the plan's ConvParams for this call, run, and
+    restored (the plan is shared with convolution_forward's cache only through this call's key)."""
+    p = pl.gemm
+    saved = p.flags, p.act, p.coef
+    p.act, p.coef = ACT[activation_desc.mode], activation_desc.coef
+    p.flags |= FLAG_BIAS | (FLAG_Z if a2 != 0 else 0)
+    if activation_desc.relu_nan_opt == E.PYDNN_PROPAGATE_NAN:
+        p.flags |= FLAG_NAN_PROP
+    for i, s in enumerate(strides5(z_desc.strides)):
+        p.zs[i] = s
+    p.bias_stride = bias_desc.strides[1]
+    p.alpha2 = a2
+    try:
+        run_plan(handle, pl, xp, wp, yp, ws, a1, 0.0, zp, bp)
+    finally:
+        p.flags, p.act, p.coef = saved
+
+
 @api
 def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, conv_desc, algo, work_space,
-                                        work_space_size_in_bytes, alpha2, z_desc, z, bias_desc, bias,
-                                        activation_desc, y_desc, y):
+                                         work_space_size_in_bytes, alpha2, z_desc, z, bias_desc, bias,
+                                         activation_desc, y_desc, y):
     """cudnnConvolutionBiasActivationForward: y = act(alpha1 * conv(x, w) + alpha2 * z + bias), all in the
     convolution kernel's epilogue. z has y's dims (it may be y itself); bias is (1, K, 1, ...). Activations:
     IDENTITY, RELU, CLIPPED_RELU, SIGMOID, TANH, ELU (others NOT_SUPPORTED). Statuses as
@@ -127,25 +313,62 @@ def convolution_bias_activation_forward(handle, alpha1, x_desc, x, w_desc, w, co
     ws = check_workspace(pl, work_space, work_space_size_in_bytes)
     a1, a2 = scalar("alpha1", alpha1), scalar("alpha2", alpha2)
     it = pl.itemsize
-    xp = element_aligned(device_ptr(x, "x", x_desc.span_bytes()), "x", it)
-    wp = element_aligned(device_ptr(w, "w", filter_bytes(w_desc)), "w", it)
-    yp = element_aligned(device_ptr(y, "y", y_desc.span_bytes()), "y", it)
-    zp = element_aligned(device_ptr(z, "z", z_desc.span_bytes()), "z", it) if a2 != 0 else 0
-    bp = element_aligned(device_ptr(bias, "bias", bias_desc.span_bytes()), "bias", it)
-    p = pl.gemm
-    saved = p.flags, p.act, p.coef
-    p.act, p.coef = ACT[activation_desc.mode], activation_desc.coef
-    p.flags |= FLAG_BIAS | (FLAG_Z if a2 != 0 else 0)
-    if activation_desc.relu_nan_opt == E.PYDNN_PROPAGATE_NAN:
-        p.flags |= FLAG_NAN_PROP
-    for i, s in enumerate(strides5(z_desc.strides)):
-        p.zs[i] = s
-    p.bias_stride = bias_desc.strides[1]
-    p.alpha2 = a2
-    try:
-        run_plan(handle, pl, xp, wp, yp, ws, a1, 0.0, zp, bp)
-    finally:  # the plan is shared with convolution_forward's cache only through this call's key
-        p.flags, p.act, p.coef = saved
+    spans = (x_desc.span_bytes(), filter_bytes(w_desc), y_desc.span_bytes(), z_desc.span_bytes(),
+             bias_desc.span_bytes())
+    xp = element_aligned(device_ptr(x, "x", spans[0]), "x", it)
+    wp = element_aligned(device_ptr(w, "w", spans[1]), "w", it)
+    yp = element_aligned(device_ptr(y, "y", spans[2]), "y", it)
+    zp = element_aligned(device_ptr(z, "z", spans[3]), "z", it) if a2 != 0 else 0
+    bp = element_aligned(device_ptr(bias, "bias", spans[4]), "bias", it)
+    _fused_run(handle, pl, activation_desc, z_desc, bias_desc, xp, wp, yp, zp, bp, ws, a1, a2)
+    if type(algo) is int and tuning.callpath.CALL_RECORDS:
+        _remember(handle, _call_key(_K_CBA, algo, conv_desc, x_desc, w_desc, y_desc,
+                                    (z_desc, z_desc.version, bias_desc, bias_desc.version, activation_desc,
+                                     activation_desc.version)), pl, spans)
+
+
+# the full function (api-wrapped: errors are named after it)
+_convolution_bias_activation_forward = convolution_bias_activation_forward
+
+
+@functools.wraps(_convolution_bias_activation_forward)
+def convolution_bias_activation_forward(*args, **kwargs):  # noqa: F811 - the public entry in front of it
+    if not kwargs and len(args) == 18:  # (misuse: the full function raises Python's error)
+        (handle, alpha1, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes, alpha2,
+         z_desc, z, bias_desc, bias, activation_desc, y_desc, y) = args
+        try:  # the cached call, as convolution_forward's (z read only where alpha2 != 0, as the full function)
+            if (type(handle) is Handle and handle.alive and type(algo) is int and type(alpha1) is float
+                    and type(alpha2) is float and not _buffers.CHECKED):
+                rec = handle.prepared.get((_K_CBA, algo, conv_desc, conv_desc.version, x_desc, x_desc.version, w_desc,
+                                           w_desc.dims, w_desc.dtype, w_desc.format, w_desc.alive, y_desc,
+                                           y_desc.version,
+                                           z_desc, z_desc.version, bias_desc, bias_desc.version, activation_desc,
+                                           activation_desc.version))
+                if rec is not None:
+                    tt = _buffers.TORCH_TENSOR
+                    pl, it, nx, nw, ny, nz, nb = rec
+                    xp = x if type(x) is int else (x.data_ptr() if type(x) is tt and x.is_cuda
+                            and x.nbytes >= nx and x.is_contiguous() else 0)
+                    wp = w if type(w) is int else (w.data_ptr() if type(w) is tt and w.is_cuda
+                            and w.nbytes >= nw and w.is_contiguous() else 0)
+                    yp = y if type(y) is int else (y.data_ptr() if type(y) is tt and y.is_cuda
+                            and y.nbytes >= ny and y.is_contiguous() else 0)
+                    bp = bias if type(bias) is int else (bias.data_ptr() if type(bias) is tt and bias.is_cuda
+                            and bias.nbytes >= nb and bias.is_contiguous() else 0)
+                    zp = (z if type(z) is int else (z.data_ptr() if type(z) is tt and z.is_cuda
+                             and z.nbytes >= nz and z.is_contiguous() else 0)) if alpha2 != 0 else it
+                    if (xp > 0 and wp > 0 and yp > 0 and bp > 0 and zp > 0
+                            and not (xp % it or wp % it or yp % it or bp % it or zp % it)):
+                        need, n = pl.workspace, work_space_size_in_bytes
+                        ws = ((0 if need == 0 else _ws_fast(pl, work_space, need)) if type(n) is int and n >= need
+                              else None)
+                        if ws is not None:
+                            _fused_run(handle, pl, activation_desc, z_desc, bias_desc, xp, wp, yp,
+                                       zp if alpha2 != 0 else 0, bp, ws, alpha1, alpha2)
+                            return None
+        except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
+            pass
+    return _convolution_bias_activation_forward(*args, **kwargs)
 
 
 def _bias_launch(handle, dy_desc, db_desc, it, dyp):
@@ -190,10 +413,47 @@ def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
     rec = handle.prepared.get(key)
     if rec is None:  # the launch's shape-dependent part, once per descriptor pair (and pointer alignment)
         rec = handle.remember(key, _bias_launch(handle, dy_desc, db_desc, it, dyp))
+    _bias_go(handle, rec, dyp, dbp, al, be)
+    if tuning.callpath.CALL_RECORDS:  # the cached call's record (the entry below)
+        handle.remember((_K_BIAS, dy_desc, dy_desc.version, db_desc, db_desc.version),
+                        (it, dy_desc.span_bytes(), db_desc.span_bytes()))
+
+
+def _bias_go(handle, rec, dyp, dbp, al, be):
     func, p, grid = rec
     p.out, p.in_, p.alpha, p.beta = dbp, dyp, al, be
     p.flags = FLAG_BETA if be != 0 else 0
     driver.launch(func, grid, (_bias.THREADS, 1, 1), 0, handle.cu_stream, p)
+
+
+_convolution_backward_bias = convolution_backward_bias  # the full function (api-wrapped: errors are named after it)
+_K_BIAS = "conv.bias"
+
+
+@functools.wraps(_convolution_backward_bias)
+def convolution_backward_bias(*args, **kwargs):  # noqa: F811 - the public entry in front of it
+    if not kwargs and len(args) == 7:  # (misuse: the full function raises Python's error)
+        handle, alpha, dy_desc, dy, beta, db_desc, db = args
+        try:  # the cached call, as convolution_forward's: the record, then the launch record by dy's alignment
+            if (type(handle) is Handle and handle.alive and type(alpha) is float and type(beta) is float
+                    and not _buffers.CHECKED):
+                rec = handle.prepared.get((_K_BIAS, dy_desc, dy_desc.version, db_desc, db_desc.version))
+                if rec is not None:
+                    tt = _buffers.TORCH_TENSOR
+                    it, ndy, ndb = rec
+                    dyp = dy if type(dy) is int else (dy.data_ptr() if type(dy) is tt and dy.is_cuda
+                                                      and dy.nbytes >= ndy and dy.is_contiguous() else 0)
+                    dbp = db if type(db) is int else (db.data_ptr() if type(db) is tt and db.is_cuda
+                                                      and db.nbytes >= ndb and db.is_contiguous() else 0)
+                    if dyp > 0 and dbp > 0 and not (dyp % it or dbp % it):
+                        lrec = handle.prepared.get(("conv_bias", dy_desc, dy_desc.version, db_desc, db_desc.version,
+                                                    dyp % 16 == 0))
+                        if lrec is not None:
+                            _bias_go(handle, lrec, dyp, dbp, alpha, beta)
+                            return None
+        except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
+            pass
+    return _convolution_backward_bias(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- workspace sizes
