@@ -519,5 +519,287 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   attn::bwd_store_dkdv<T, D>(p, sq, b, hk, wkey, warp, g, q4, dk, dv);
 }
 
+
+// ---------------------------------------------------------------------------------------------- d 256
+// bwd_ws256<T, DQ>: the head dim 256 backward (DQ kDqNone or kDqRed), 384 threads, one CTA per (64 keys, K/V
+// head, batch), the producer warp as bwd_ws's (K / V once, then Q / dO by TMA with lse / dsum into a
+// 2-stage ring; the same barrier protocol: kv, full[s] count 33, empty[s] count 8).
+// Why another tiling (registers a consumer thread, FA3's hdim-256 split): dK and dV of 128 keys x 256 are
+// 65536 fp32, 256 a thread over two warpgroups (bwd_ws's split by keys cannot hold them); of 64 keys 128 a
+// thread. So the CTA takes 64 keys and consumer warpgroup w keeps dK / dV's head-dim columns 128 w ..
+// 128 w + 127 (64 + 64 registers) across the walk; the query tile (BM = 64 rows) is split the other way:
+// warpgroup w computes S^T / dP^T for queries 32 w .. 32 w + 31 (m64n32k16, 16 + 16 registers), writes its
+// half of P^T and dS^T (16-bit, [key][query], 128B-swizzled) to shared memory (double buffered), the two
+// meet on kBarDS, then each runs dQ = dS K for its 128 head-dim columns (ATOMIC: 64 registers, issued
+// first; red.global.add.v2 while dV += P^T dO and dK += dS^T Q, both operands from shared memory, run).
+// Peak live: dK 64 + dV 64 + dQ 64 = 192 of kConsRegs' 240.
+// Shared memory (bytes): K, V 32768 each; Q, dO 2 stages x 32768 each; P^T, dS^T 2 buffers x 2 x 8192;
+// lse / dsum [2][64] 1024; barriers 40; + 1024 alignment slack = 231464 of 232448.
+// The dS^T buffers: iteration it writes buffer it & 1 after kBarDS of it - 1, which the other warpgroup
+// reached after its wgmma reads of buffer it & 1 (iteration it - 2) were waited for.
+struct Cfg256 {
+  static constexpr int D = 256, BN = 64, BM = 64, STAGES = 2;
+  static constexpr int KV_BYTES = BN * D * 2, Q_BYTES = BM * D * 2, T_BYTES = BN * BM * 2;  // T: P^T or dS^T
+  static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
+                       OFF_PS = OFF_DO + STAGES * Q_BYTES,  // buffer i: P^T at OFF_PS + 2 i T_BYTES, dS^T after it
+                       OFF_L = OFF_PS + 4 * T_BYTES,        // lse [STAGES][BM], then dsum [STAGES][BM]
+                       OFF_BAR = OFF_L + STAGES * BM * 8,   // kv, full [STAGES], empty [STAGES]
+                       SMEM = OFF_BAR + (1 + 2 * STAGES) * 8 + 1024;
+};
+
+// m64n32k16, both operands K-major from shared memory (the S^T / dP^T halves; wgmma.cuh has N >= 64)
+template <class T> struct Mma32;
+#define PYDNN_WSB_MMA32(CT, PT)                                                                                  \
+  template <> struct Mma32<CT> {                                                                                 \
+    static __device__ __forceinline__ void run(float (&d)[16], unsigned long long da, unsigned long long db,     \
+                                               int scale_d) {                                                    \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                  \
+                   "wgmma.mma_async.sync.aligned.m64n32k16.f32." PT "." PT " "                                   \
+                   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, " \
+                   "0, 0;\n}\n"                                                                                  \
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),         \
+                     "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),     \
+                     "+f"(d[14]), "+f"(d[15])                                                                    \
+                   : "l"(da), "l"(db), "r"(scale_d));                                                            \
+    }                                                                                                            \
+  };
+PYDNN_WSB_MMA32(half_t, "f16")
+PYDNN_WSB_MMA32(bf16_t, "bf16")
+#undef PYDNN_WSB_MMA32
+
+template <class T, int DQ>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws256 needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert(DQ == kDqNone || DQ == kDqRed, "bwd_ws256: dQ by the older pass or red.global.add");
+  static_assert(Cfg256::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
+  static_assert(Cfg256::OFF_PS % 1024 == 0 && Cfg256::T_BYTES % 1024 == 0, "swizzled tiles: 1024-byte atoms");
+  using C = Cfg256;
+  constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
+  constexpr bool ATOMIC = DQ != kDqNone;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = tma::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const unsigned sb = tma::smem_addr(smem);
+  const unsigned sK = sb + C::OFF_K, sV = sb + C::OFF_V, sQ = sb + C::OFF_Q, sdO = sb + C::OFF_DO;
+  float* sL = reinterpret_cast<float*>(smem + C::OFF_L);  // [STAGES][BM] lse in log2 units (+inf: P = 0)
+  float* sDs = sL + STAGES * BM;                           // [STAGES][BM] dsum
+  const unsigned kvbar = sb + C::OFF_BAR;
+  auto full = [&](int s) { return kvbar + 8u * (1 + s); };
+  auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
+
+  // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order (bwd_ws's, blocks of 64 keys)
+  int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  if (gridDim.y == 1 && gridDim.z == 1) {
+    const int nx = (p.seq_kv + BN - 1) / BN, c = blockIdx.x / (nx * kOrderChunk);
+    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = blockIdx.x - c * nx * kOrderChunk;
+    const int hb = c * kOrderChunk + r % n;
+    xb = r / n;
+    hk = hb % p.heads_kv;
+    b = hb / p.heads_kv;
+  }
+  const Seq sq = seq_of(p, b);
+  const int n0 = xb * BN;
+  const int i_first = (sq.causal && n0 < sq.len_kv) ? max(0, n0 - sq.offset) : 0;
+  const int mt0 = i_first / BM;
+  const int mtiles = (n0 < sq.len_kv && i_first < sq.len_q) ? (sq.len_q + BM - 1) / BM - mt0 : 0;
+  const int iters = mtiles * p.group;
+
+  if (threadIdx.x == 0) {
+    tma::mbar_init(kvbar, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      tma::mbar_init(full(s), 33);
+      tma::mbar_init(empty(s), kConsumerWarps);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    tma::regs_dealloc<kProdRegs>();
+    if (threadIdx.x >= 32 || iters == 0) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+      tma::prefetch_map(&tm.q);
+      tma::prefetch_map(&tm.dout);
+      tma::mbar_arrive_expect_tx(kvbar, 2 * C::KV_BYTES);
+#pragma unroll
+      for (int sl = 0; sl < D / 64; ++sl) {
+        tma::load_4d(sK + sl * BN * 128, &tm.k, kvbar, sl * 64, n0, hk, b);
+        tma::load_4d(sV + sl * BN * 128, &tm.v, kvbar, sl * 64, n0, hk, b);
+      }
+    }
+    const long long ls0 = p.stride[PYDNN_ATTN_T_LSE][0], ls1 = p.stride[PYDNN_ATTN_T_LSE][1],
+                    ls2 = p.stride[PYDNN_ATTN_T_LSE][2];
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % STAGES, n = it / STAGES;
+      const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
+      tma::mbar_wait(empty(s), (n & 1) ^ 1);
+      if (lane == 0) {
+        tma::mbar_arrive_expect_tx(full(s), 2 * C::Q_BYTES);
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl) {
+          tma::load_4d(sQ + s * C::Q_BYTES + sl * BM * 128, &tm.q, full(s), sl * 64, m0, h, b);
+          tma::load_4d(sdO + s * C::Q_BYTES + sl * BM * 128, &tm.dout, full(s), sl * 64, m0, h, b);
+        }
+      }
+      const float* gl = p.lse + (long long)b * ls0 + (long long)h * ls1;
+      const float* gd = p.dsum + ((long long)b * p.heads_q + h) * p.seq_q;
+#pragma unroll
+      for (int k = 0; k < BM / 32; ++k) {
+        const int r = lane + 32 * k, row = m0 + r;
+        float lv = kInf, dv = 0.f;
+        if (row < sq.len_q) {
+          const float x = gl[(long long)row * ls2];
+          lv = x > -kInf ? x * kLog2e : kInf;  // a row that saw nothing: P = 0
+          dv = gd[row];
+        }
+        sL[s * BM + r] = lv;
+        sDs[s * BM + r] = dv;
+      }
+      tma::mbar_arrive(full(s));
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------------------------- consumers
+  tma::regs_alloc<kConsRegs>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, g = l >> 2, q4 = l & 3;
+  float dk[64], dv[64];  // keys n0 + 16 warp + g + 8 hh, head-dim columns 128 cw + 8 j + 2 q4 + e
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+  if (iters > 0) tma::mbar_wait(kvbar, 0);
+  const int kr = warp * 16 + g;  // this thread's first key row of the tile
+
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % STAGES, n = it / STAGES;
+    const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
+    tma::mbar_wait(full(s), n & 1);
+    const unsigned q_s = sQ + s * C::Q_BYTES, do_s = sdO + s * C::Q_BYTES;
+
+    // S^T = K Q^T and dP^T = V dO^T for queries 32 cw .. (64 keys x 32 queries; k16 step kk: slab kk / 4,
+    // 32 bytes within the rows; the query half starts 32 rows = 4096 bytes into each slab)
+    float sc[16], dp[16];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned ko = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + cw * 4096 + (kk & 3) * 32;
+      Mma32<T>::run(sc, wgmma::desc_sw128(sK + ko, 16, 1024), wgmma::desc_sw128(q_s + qo, 16, 1024), kk > 0);
+    }
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned ko = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + cw * 4096 + (kk & 3) * 32;
+      Mma32<T>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<1>();
+    wgmma::fence_operands(sc);
+
+    // P^T: element 4 j + 2 hh + e is key n0 + kr + 8 hh, query m0 + 32 cw + 8 j + 2 q4 + e
+    const bool need_mask = (sq.causal && n0 + BN - 1 > m0 + 32 * cw + sq.offset) || n0 + BN - 1 >= sq.len_kv;
+    const float* lt = sL + s * BM + 32 * cw;
+    const float* dt = sDs + s * BM + 32 * cw;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = 4 * j + 2 * hh + e;
+          float x = sc[idx];
+          if (need_mask) {
+            const int key = n0 + kr + 8 * hh, qi = m0 + 32 * cw + j * 8 + 2 * q4 + e;
+            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
+          }
+          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
+        }
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operands(dp);
+    // dS^T = P^T (dP^T - dsum); both halves to buffer it & 1 as [key][query] (chunk 4 cw + j of row kr + 8 hh)
+    unsigned short* tp = reinterpret_cast<unsigned short*>(smem + C::OFF_PS + (it & 1) * 2 * C::T_BYTES);
+    unsigned short* tds = tp + C::T_BYTES / 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(dt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i0 = 4 * j + 2 * hh, o = wgmma::sw128<BN>(kr + 8 * hh, 4 * cw + j) + 2 * q4;
+        *reinterpret_cast<unsigned*>(tp + o) = pack16x2<T>(sc[i0], sc[i0 + 1]);
+        *reinterpret_cast<unsigned*>(tds + o) =
+            pack16x2<T>(sc[i0] * (dp[i0] - dd.x), sc[i0 + 1] * (dp[i0 + 1] - dd.y));
+      }
+    }
+    wgmma::fence_proxy_async();
+    tma::named_sync(kBarDS, 256);  // both halves of P^T and dS^T written
+
+    const unsigned sp = sb + C::OFF_PS + (it & 1) * 2 * C::T_BYTES, sds = sp + C::T_BYTES;
+    float dq[64];
+    wgmma::fence();
+    if constexpr (ATOMIC) {
+      // dQ = dS K, head-dim columns 128 cw ..: A = dS (queries x keys) stored key-major (MN-major), B = K
+      // ([key][d]: MN-major, slabs 2 cw, 2 cw + 1); k16 step = 16 keys = 2048 bytes
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::Mma<T, 128, 1, 1>::run(dq, wgmma::desc_sw128(sds + kk * 2048, BN * 128, 1024),
+                                      wgmma::desc_sw128(sK + 2 * cw * (BN * 128) + kk * 2048, BN * 128, 1024), kk > 0);
+      wgmma::commit();
+    }
+    // dV += P^T dO, dK += dS^T Q (A K-major from the [key][query] tiles: k16 step = 32 bytes; B MN-major:
+    // 16 query rows = 2048 bytes, head-dim slabs 2 cw, 2 cw + 1)
+#pragma unroll
+    for (int ks = 0; ks < BM / 16; ++ks)
+      wgmma::Mma<T, 128, 0, 1>::run(dv, wgmma::desc_sw128(sp + ks * 32, 16, 1024),
+                                    wgmma::desc_sw128(do_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+#pragma unroll
+    for (int ks = 0; ks < BM / 16; ++ks)
+      wgmma::Mma<T, 128, 0, 1>::run(dk, wgmma::desc_sw128(sds + ks * 32, 16, 1024),
+                                    wgmma::desc_sw128(q_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+    wgmma::commit();
+    if constexpr (ATOMIC) {
+      wgmma::wait<1>();  // dQ done (groups retire in order); dV / dK run on
+      wgmma::fence_operands(dq);
+      // dq element 4 j + 2 hh + e: query row m0 + kr + 8 hh, column 128 cw + 8 j + 2 q4 + e
+      float* base = p.dq_acc + ((long long)b * p.heads_q + h) * p.seq_q * D + 128 * cw + 2 * q4;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = m0 + kr + 8 * hh;
+        if (row < sq.len_q) {
+          float* r = base + (long long)row * D;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
+      }
+    }
+    wgmma::wait<0>();  // Q / dO of this stage and the P^T / dS^T buffer read
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(dv);
+    __syncwarp();
+    if (l == 0) tma::mbar_arrive(empty(s));
+  }
+
+  // dK = scale * dK, dV: key n0 + kr + 8 hh, columns 128 cw + 8 j + 2 q4; keys past the length as zeros
+  T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk)) + 128 * cw + 2 * q4;
+  T* gdv = const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk)) + 128 * cw + 2 * q4;
+  const long long ldk = p.stride[PYDNN_ATTN_T_DK][2], ldv = p.stride[PYDNN_ATTN_T_DV][2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = n0 + kr + 8 * hh;
+    if (key >= p.seq_kv) continue;
+    const bool live = key < sq.len_kv;
+    T* rk = gdk + (long long)key * ldk;
+    T* rv = gdv + (long long)key * ldv;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      *reinterpret_cast<unsigned*>(rk + 8 * j) = live ? pack16x2<T>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale) : 0u;
+      *reinterpret_cast<unsigned*>(rv + 8 * j) = live ? pack16x2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]) : 0u;
+    }
+  }
+}
+
 }  // namespace attn_wsb
 }  // namespace pydnn

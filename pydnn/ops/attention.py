@@ -771,7 +771,8 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     drop = a.dropout != 0
     # dK / dV (and the atomic dQ share) on wgmma where it runs (attention_wgmma_bwd.usable), else mma.sync
     wg = _wgb.usable(handle, pr.d, pr.tag, a.dropout)
-    if not wg:
+    ws256 = not wg and pr.d == 256 and handle.arch == _wsb.ARCH  # (attn: bwd_ws256 where usable says so)
+    if not wg and not ws256:
         fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_DO: d_o_desc, T_DQ: d_q_desc,
                         T_DK: d_k_desc, T_DV: d_v_desc, T_LSE: stats_desc})
@@ -784,7 +785,10 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
         if not (_wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
                 and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
             _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
-    else:
+    elif not (ws256 and _wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
+              and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
+        if ws256:  # d 256 that bwd_ws256 does not take: the mma.sync kernel
+            fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
         _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N) * DSPLIT[pr.d], a.heads_kv, pr.b), p)
     if det and wg:
         _wgb.launch_dq(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, p)

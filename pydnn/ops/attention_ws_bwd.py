@@ -21,13 +21,15 @@ from .._build.manifest import KernelUnit
 from .._cuda import driver, tensormap
 
 ARCH = "sm_90"
-INSTANTIATED = (64, 128)
+INSTANTIATED = (64, 128, 256)
 # The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
 # pass after this kernel). Both lists take d64 and d128: the kernel beat the older bwd_dkdv_wg at every measured
 # point, atomic 0.832x cuDNN geomean against 0.615x, deterministic 1.13-1.23x the older time (H200, b4 s4096;
 # the runs: tools/PERF.md, the attn section of session 28).
-HEAD_DIMS = (64, 128)
-HEAD_DIMS_DET = (64, 128)
+# d 256 (bwd_ws256, session 30): 64-key CTAs, dK / dV split by head-dim halves over the consumer warpgroups;
+# dQ by red.global.add or (deterministic) the mma.sync dQ pass.
+HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS_DET = (64, 128, 256)
 THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups
 KEYS = 128              # kBN
 STAGES = 2
@@ -40,11 +42,18 @@ def query_rows(d):
     return 64 if d > 64 else 128
 
 
+def keys(d):
+    """Keys a CTA: kBN, Cfg256::BN at d 256 (dK / dV of 64 keys x 256: 128 registers a consumer thread)."""
+    return 64 if d == 256 else KEYS
+
+
 def smem_bytes(d, stages=STAGES, mode="none"):
     """Cfg<D, STAGES, NDQ>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
     [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves one, "bulkwpp" two),
     9 + 2 STAGES mbarriers and two dQ tiles' coordinates (16 bytes), 1 KiB alignment slack (d 128: 198776
     bytes, 3 stages 232072 (of 232448), bulkwpp 231544; d 64: 199800)."""
+    if d == 256:  # Cfg256: K, V (64 keys), 2 stages of Q / dO, 2 x (P^T, dS^T), lse / dsum, 5 mbarriers, slack
+        return 2 * 64 * d * 2 + 2 * 2 * 64 * d * 2 + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 5 * 8 + 1024
     bm = query_rows(d)
     ndq = 2 if mode == "bulkwpp" else 1
     return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + ndq * bm * d * 4
@@ -57,7 +66,8 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
-MODE_DIMS = {"bulkwpp": (128,)}
+MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkw": (64, 128)}
+# d 256 (bwd_ws256): "none" and "red" only (its fp32 dQ tile, 64 KiB, does not fit beside the 2-stage ring)
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
@@ -76,11 +86,13 @@ def dq_mode(atomic, d=128, causal=False):
     if not atomic:
         return "none"
     m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
-    return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
+    return m if d in MODE_DIMS.get(m, INSTANTIATED) else ("red" if d == 256 else "bulk")
 
 
 def _expr(tag, d, mode, stages=STAGES):
-    """bwd_ws<T, D, DQ, STAGES>; mode a DQ_MODES key."""
+    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages); mode a DQ_MODES key."""
+    if d == 256:
+        return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
     return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
@@ -128,10 +140,10 @@ def maps(tag, d, p, mode="none"):
     m = _MAPS.get(key)
     if m is not None:
         return m
-    bm = query_rows(d)
+    bm, bn = query_rows(d), keys(d)
     raw = (_encode(tag, p.q, (d, p.seq_q, hq, b), st[0], bm) + _encode(tag, p.dout, (d, p.seq_q, hq, b), st[4], bm)
-           + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], KEYS)
-           + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], KEYS))
+           + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], bn)
+           + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], bn))
     if acc:
         raw += tensormap.encode_tiled("f32", int(acc), (d, p.seq_q, b * hq), [4 * d, 4 * d * p.seq_q], (32, bm, 1))
     m = Maps()
@@ -142,10 +154,10 @@ def maps(tag, d, p, mode="none"):
     return m
 
 
-def grid(batch, heads_kv, seq_kv):
-    """(128-key blocks, K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs as a 1-d grid
-    the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
-    nx = (seq_kv + KEYS - 1) // KEYS
+def grid(batch, heads_kv, seq_kv, d=128):
+    """(128-key blocks (64 at d 256), K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs
+    as a 1-d grid the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
+    nx = (seq_kv + keys(d) - 1) // keys(d)
     return (nx * heads_kv * batch, 1, 1) if tuning.attention_bwd.WS_ORDER else (nx, heads_kv, batch)
 
 
@@ -161,6 +173,6 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     smem = smem_bytes(d, st, mode)
     f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
-    driver.launch_args(f, grid(batch, heads_kv, seq_kv), (THREADS, 1, 1), smem, handle.cu_stream,
+    driver.launch_args(f, grid(batch, heads_kv, seq_kv, d), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))
     return True

@@ -33,10 +33,12 @@ def test_units():
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
+                           + (WSB._expr(t, 256, "none"), WSB._expr(t, 256, "red"))
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
+    assert WSB._expr("f16", 256, "red") == "pydnn::attn_wsb::bwd_ws256<pydnn::half_t, 1>"
     assert set(units) <= {u.name for u in W.kernel_units()}  # registered through attention_wgmma_bwd
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
@@ -54,8 +56,14 @@ def test_units():
     modes = {v: k for k, v in WSB.DQ_MODES.items()}
     for t in ("bf16", "f16"):
         for e in units[f"attention.ws_bwd.{t}"].exprs:
-            d, m, st = (int(x) for x in e.split("<")[1].rstrip(">").split(", ")[1:])
+            args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
+            d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
+    # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 5
+    # mbarriers, slack: 984 bytes under the limit
+    assert WSB.smem_bytes(256) == WSB.smem_bytes(256, 2, "red") == (2 * 64 * 256 * 2 + 2 * 2 * 64 * 256 * 2
+                                                                    + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 5 * 8 + 1024)
+    assert WSB.smem_bytes(256) == 231464 == SMEM_LIMIT - 984
 
 
 def _dq_byte(bm, rr, cc):
@@ -114,8 +122,8 @@ def on(monkeypatch, launches):
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", None)  # (WS_DQ as each test sets it)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", False)
-    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
-    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
+    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128, 256))
+    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128, 256))
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())  # (no driver to encode with here)
     return launches
 
@@ -139,6 +147,49 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
     assert ws["f"] == WSB._expr(tag, d, mode)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
+
+
+@pytest.mark.parametrize("order", [False, True])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("det", [0, 1])
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_dispatch_d256(on, monkeypatch, det, mask, dtype, dq, order):
+    """d 256: bwd_ws256 (64-key CTAs: 9 blocks of 517 keys), dQ by "red" whatever WS_DQ says (the only atomic
+    mode instantiated there), deterministic: the mma.sync dQ pass after it."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
+    _bwd(d=256, det=det, mask=mask, dtype=dtype)
+    names = _names(on)
+    assert names == (["bwd_pre", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre", "bwd_ws256", "bwd_dq_convert"])
+    ws = on[1]
+    tag = "bf16" if dtype == BF16 else "f16"
+    mode = "none" if det else "red"
+    assert ws["f"] == WSB._expr(tag, 256, mode) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(256) <= SMEM_LIMIT
+    assert ws["grid"] == ((9 * 2 * 2, 1, 1) if order else (9, 2, 2))
+
+
+@pytest.mark.parametrize("why", ["switch", "head_dims", "dropout", "sm_80", "refused", "lengths"])
+def test_dispatch_d256_elsewhere(on, monkeypatch, why):
+    """d 256 that bwd_ws256 does not take: the mma.sync dK / dV kernel, as before."""
+    kw = {}
+    if why == "switch":
+        monkeypatch.setattr(tuning.attention_bwd, "WS", False)
+    elif why == "head_dims":
+        monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
+    elif why == "dropout":
+        kw["dropout"] = 0.1
+    elif why == "sm_80":
+        kw["arch"] = "sm_80"
+    elif why == "refused":
+        def refuse(*a):
+            raise pydnn.PydnnError(9, "no")
+        monkeypatch.setattr(WSB, "maps", refuse)
+    elif why == "lengths":
+        monkeypatch.setattr(WSB, "usable", lambda *a, **k: False)
+    _bwd(d=256, **kw)
+    names = _names(on)
+    assert "bwd_ws256" not in names and "bwd_dkdv" in names, names
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -583,7 +634,7 @@ def _emulate_bwd_ws(q, k, v, do, lse, dsum, scale, mask):
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     group = hq // hkv
-    bm, bn = WSB.query_rows(d), WSB.KEYS
+    bm, bn = WSB.query_rows(d), WSB.keys(d)  # (d 256: bwd_ws256's 64-key blocks)
     log2e = 1.4426950408889634
     causal = mask != NONE
     offset = skv - sq if mask == BR else 0
@@ -631,7 +682,8 @@ def _emulate_bwd_ws(q, k, v, do, lse, dsum, scale, mask):
 
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
 @pytest.mark.parametrize("case", [(1, 4, 2, 150, 200, 64), (1, 2, 1, 200, 97, 128), (2, 2, 2, 130, 300, 64),
-                                  (1, 4, 4, 64, 129, 128)], ids=lambda c: "x".join(map(str, c)))
+                                  (1, 4, 4, 64, 129, 128), (1, 4, 2, 150, 200, 256), (2, 2, 1, 200, 97, 256),
+                                  (1, 2, 2, 33, 31, 256)], ids=lambda c: "x".join(map(str, c)))
 def test_tiling_emulated_matches_the_reference(mask, case):
     """The emulated walk (every key block, query tile and group head the kernel's bounds give) sums to the
     float64 reference's gradients: no tile skipped or taken twice, causal starts, partial tiles, GQA."""
@@ -651,7 +703,7 @@ def test_tiling_emulated_matches_the_reference(mask, case):
 
 
 @pytest.mark.parametrize("det", [0, 1])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
     """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
     d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions, WS_DQ's
@@ -665,5 +717,7 @@ def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
         del launches[:]
         _bwd(d=d, det=det, mask=mask)
         mode = "none" if det else "bulk" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
+        mode = "red" if d == 256 and not det else mode  # (d 256: bwd_ws256, none / red only)
         assert launches[1]["f"] == WSB._expr("bf16", d, mode)
-        assert launches[1]["grid"] == (5 * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)
+        nx = 9 if d == 256 else 5
+        assert launches[1]["grid"] == (nx * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)
