@@ -50,8 +50,9 @@ backward: preprocess (rowsum), dK/dV per 64-key block (loops over the group's qu
 of 64 rows, 32 at D = 128), dQ per 64 query rows. The switches attention_wgmma.ENABLED /
 attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too. Head dims 96 and 256: on sm_90 the
 forward on wgmma (D = 96 as D = 128 with 32 zero columns in shared memory, D = 256 with 64-key tiles), and
-the D = 96 backward (D = 128's tiles, zero padding); the D = 256 backward (its dK + dV would be 256
-registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
+the D = 96 backward (D = 128's tiles, zero padding); the D = 256 backward's dK / dV on the warp-specialized
+bwd_ws256 (64-key CTAs, pydnn/ops/attention_ws_bwd.py; its deterministic dQ pass the mma.sync one); the D = 256
+backward that bwd_ws256 does not take, other archs and dropout on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
 64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
 (Tiles<D> in ptx/attention.cu has the register and smem counts).
 

@@ -10,6 +10,10 @@ bulk reduction of a shared-memory tile, tuning.attention_bwd.WS_DQ) or left to t
 preprocess, the dQ conversion and the deterministic dQ pass are unchanged (pydnn/ops/attention.py's
 attention_backward launches them around this kernel), and so is the workspace.
 
+d 256 runs bwd_ws256<T, DQ> (DQ "none" or "red"): one CTA per 64 keys, consumer warpgroup w holding dK / dV's
+head-dim columns 128 w.. (ptx/attention_ws_bwd.cu Cfg256 has the register and shared-memory counts); the
+deterministic mode's dQ pass there is attention.cu's mma.sync bwd_dq, the older kernel the mma.sync bwd_dkdv.
+
 Not taken (the older kernel runs): per-batch lengths (TMA's boxes would bring rows past a length that are
 not zero), a launch recorder listening (the tensor maps hold pointers a record cannot patch), a head dim
 outside HEAD_DIMS (HEAD_DIMS_DET for deterministic = 1), dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
