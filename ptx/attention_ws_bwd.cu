@@ -537,14 +537,23 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 // lse / dsum [2][64] 1024; barriers 40; + 1024 alignment slack = 231464 of 232448.
 // The dS^T buffers: iteration it writes buffer it & 1 after kBarDS of it - 1, which the other warpgroup
 // reached after its wgmma reads of buffer it & 1 (iteration it - 2) were waited for.
+// DQ = kDqBulkW (FA3's bulk reduction with the dedicated writer, no shared memory of its own): the fp32 dQ tile
+// (64 x 256 = 64 KiB) is staged in the stage's own Q and dO buffers (32 KiB each), dead once both warpgroups'
+// wgmmas of the iteration are done: after wgmma::wait<0>, the warpgroups meet on kBarDQ (each has read both
+// halves of Q and dO), warpgroup 0 stores its dQ columns 0..127 into the dO buffer, warpgroup 1 its 128..255
+// into the Q buffer (4 slabs of 32 fp32 columns x 64 rows, TMA's 128B swizzle), fences, one arrival a warp on
+// dqfull[s] (count 8); the writer (thread 32) waits dqfull[s] parity (it / 2) & 1, issues the 8 bulk tensor
+// reductions, waits for their reads and only then arrives on empty[s] (count 1 in this mode): the producer
+// refills the stage after the dQ tile has left it. The dQ atomics of "red" cost 8.6 of 17.3 ms at b4 s4096 h32
+// (mid-session run 1: the kernel without dQ, deterministic, 8.76 ms).
 struct Cfg256 {
   static constexpr int D = 256, BN = 64, BM = 64, STAGES = 2;
   static constexpr int KV_BYTES = BN * D * 2, Q_BYTES = BM * D * 2, T_BYTES = BN * BM * 2;  // T: P^T or dS^T
   static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
                        OFF_PS = OFF_DO + STAGES * Q_BYTES,  // buffer i: P^T at OFF_PS + 2 i T_BYTES, dS^T after it
                        OFF_L = OFF_PS + 4 * T_BYTES,        // lse [STAGES][BM], then dsum [STAGES][BM]
-                       OFF_BAR = OFF_L + STAGES * BM * 8,   // kv, full [STAGES], empty [STAGES]
-                       SMEM = OFF_BAR + (1 + 2 * STAGES) * 8 + 1024;
+                       OFF_BAR = OFF_L + STAGES * BM * 8,   // kv, full [STAGES], empty [STAGES], dqfull [STAGES]
+                       SMEM = OFF_BAR + (1 + 3 * STAGES) * 8 + 1024;
 };
 
 // m64n32k16, both operands K-major from shared memory (the S^T / dP^T halves; wgmma.cuh has N >= 64)
@@ -572,12 +581,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws256 needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert(DQ == kDqNone || DQ == kDqRed, "bwd_ws256: dQ by the older pass or red.global.add");
+  static_assert(DQ == kDqNone || DQ == kDqRed || DQ == kDqBulkW, "bwd_ws256: dQ by the older pass, red or bulkw");
   static_assert(Cfg256::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
   static_assert(Cfg256::OFF_PS % 1024 == 0 && Cfg256::T_BYTES % 1024 == 0, "swizzled tiles: 1024-byte atoms");
   using C = Cfg256;
   constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
-  constexpr bool ATOMIC = DQ != kDqNone;
+  constexpr bool ATOMIC = DQ != kDqNone, BULK = DQ == kDqBulkW;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = tma::smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -588,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
   const unsigned kvbar = sb + C::OFF_BAR;
   auto full = [&](int s) { return kvbar + 8u * (1 + s); };
   auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
+  auto dqfull = [&](int s) { return kvbar + 8u * (1 + 2 * STAGES + s); };  // (kDqBulkW)
 
   // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order (bwd_ws's, blocks of 64 keys)
   int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -610,7 +620,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
     tma::mbar_init(kvbar, 1);
     for (int s = 0; s < STAGES; ++s) {
       tma::mbar_init(full(s), 33);
-      tma::mbar_init(empty(s), kConsumerWarps);
+      tma::mbar_init(empty(s), BULK ? 1 : kConsumerWarps);  // (kDqBulkW: the writer, after the dQ tile's reads)
+      tma::mbar_init(dqfull(s), kConsumerWarps);
     }
     tma::fence_barrier_init();
   }
@@ -619,6 +630,26 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     tma::regs_dealloc<kProdRegs>();
+    if constexpr (BULK) {
+      if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile it from the dO (columns 0..127) and Q (128..)
+        for (int it = 0; it < iters; ++it) {  // buffers of stage it % STAGES
+          const int s = it % STAGES;
+          const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM, hb = b * p.heads_q + h;
+          tma::mbar_wait(dqfull(s), (it / STAGES) & 1);
+          const unsigned lo = sdO + s * C::Q_BYTES, hi = sQ + s * C::Q_BYTES;
+#pragma unroll
+          for (int sl = 0; sl < 4; ++sl) {
+            bulk_reduce_add_3d(&tm.dqacc, lo + sl * (BM * 128), sl * 32, m0, hb);
+            bulk_reduce_add_3d(&tm.dqacc, hi + sl * (BM * 128), 128 + sl * 32, m0, hb);
+          }
+          bulk_commit();
+          bulk_wait_read();  // the tile read: the stage may be refilled
+          tma::mbar_arrive(empty(s));
+        }
+        bulk_wait();  // (the additions done before the CTA's end)
+        return;
+      }
+    }
     if (threadIdx.x >= 32 || iters == 0) return;
     const int lane = threadIdx.x;
     if (lane == 0) {
@@ -760,7 +791,29 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
       wgmma::Mma<T, 128, 0, 1>::run(dk, wgmma::desc_sw128(sds + ks * 32, 16, 1024),
                                     wgmma::desc_sw128(q_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
     wgmma::commit();
-    if constexpr (ATOMIC) {
+    if constexpr (BULK) {
+      wgmma::wait<0>();
+      wgmma::fence_operands(dq);
+      wgmma::fence_operands(dk);
+      wgmma::fence_operands(dv);
+      tma::named_sync(kBarDQ, 256);  // both warpgroups' reads of this stage's Q and dO done
+      // dq element 4 j + 2 hh + e: row kr + 8 hh, column cc = 8 j + 2 q4 + e of this warpgroup's 128: slab
+      // cc / 32, row r at 128 r, 16-byte chunk (cc % 32) / 4 at chunk ^ (r & 7) (bwd_ws's put_dq layout)
+      unsigned char* sdq = smem + (cw == 0 ? C::OFF_DO : C::OFF_Q) + s * C::Q_BYTES;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int rr = kr + 8 * hh, cc = 8 * j + 2 * q4, w = cc & 31;
+          *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + (((w >> 2) ^ (rr & 7)) << 4) + (w & 3) * 4) =
+              make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
+      wgmma::fence_proxy_async();
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(dqfull(s));  // (the writer releases the stage)
+      continue;
+    }
+    if constexpr (DQ == kDqRed) {
       wgmma::wait<1>();  // dQ done (groups retire in order); dV / dK run on
       wgmma::fence_operands(dq);
       // dq element 4 j + 2 hh + e: query row m0 + kr + 8 hh, column 128 cw + 8 j + 2 q4 + e

@@ -473,6 +473,10 @@ attention_bwd = Switches(
                     'blocks fastest). Mid-session H200 run (session 29, b4 s4096, bulk): causal d128 h32 / d64 / '
                     'h64/8 1.074x / 1.030x / 1.065x, non-causal 0.99-1.02x; the reasons: ptx/attention_ws_bwd.cu '
                     'kOrderChunk'),
+    WS_DQ_D256=("red", 'the d 256 backward\'s (bwd_ws256) atomic dQ: "red" (red.global.add.v2 from the registers) or '
+                       '"bulkw" (bulk tensor reductions by the writer warp, the fp32 tile staged in the stage\'s Q / dO '
+                       'buffers). Mid-session H200 run 1 (session 30), b4 s4096 h32: red 17.3 ms, the kernel without '
+                       'dQ 8.76 ms'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
                   '(d128 causal) to 1.01x'),

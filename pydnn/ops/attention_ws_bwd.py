@@ -56,8 +56,8 @@ def smem_bytes(d, stages=STAGES, mode="none"):
     [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves one, "bulkwpp" two),
     9 + 2 STAGES mbarriers and two dQ tiles' coordinates (16 bytes), 1 KiB alignment slack (d 128: 198776
     bytes, 3 stages 232072 (of 232448), bulkwpp 231544; d 64: 199800)."""
-    if d == 256:  # Cfg256: K, V (64 keys), 2 stages of Q / dO, 2 x (P^T, dS^T), lse / dsum, 5 mbarriers, slack
-        return 2 * 64 * d * 2 + 2 * 2 * 64 * d * 2 + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 5 * 8 + 1024
+    if d == 256:  # Cfg256: K, V (64 keys), 2 stages of Q / dO, 2 x (P^T, dS^T), lse / dsum, 7 mbarriers, slack
+        return 2 * 64 * d * 2 + 2 * 2 * 64 * d * 2 + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 7 * 8 + 1024
     bm = query_rows(d)
     ndq = 2 if mode == "bulkwpp" else 1
     return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + ndq * bm * d * 4
@@ -70,8 +70,9 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
-MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkw": (64, 128)}
-# d 256 (bwd_ws256): "none" and "red" only (its fp32 dQ tile, 64 KiB, does not fit beside the 2-stage ring)
+MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkw": (64, 128, 256)}
+# d 256 (bwd_ws256): "none", "red" and "bulkw" (the writer's bulk reductions, the fp32 dQ tile staged in the
+# stage's Q / dO buffers: no room for a tile of its own), picked by tuning.attention_bwd.WS_DQ_D256
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
@@ -89,8 +90,10 @@ def dq_mode(atomic, d=128, causal=False):
     under a causal mask WS_DQ_CAUSAL when set ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
     if not atomic:
         return "none"
+    if d == 256:
+        return tuning.attention_bwd.WS_DQ_D256
     m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
-    return m if d in MODE_DIMS.get(m, INSTANTIATED) else ("red" if d == 256 else "bulk")
+    return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
 def _expr(tag, d, mode, stages=STAGES):

@@ -33,7 +33,7 @@ def test_units():
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
-                           + (WSB._expr(t, 256, "none"), WSB._expr(t, 256, "red"))
+                           + (WSB._expr(t, 256, "none"), WSB._expr(t, 256, "red"), WSB._expr(t, 256, "bulkw"))
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
@@ -59,11 +59,13 @@ def test_units():
             args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
             d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
-    # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 5
-    # mbarriers, slack: 984 bytes under the limit
-    assert WSB.smem_bytes(256) == WSB.smem_bytes(256, 2, "red") == (2 * 64 * 256 * 2 + 2 * 2 * 64 * 256 * 2
-                                                                    + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 5 * 8 + 1024)
-    assert WSB.smem_bytes(256) == 231464 == SMEM_LIMIT - 984
+    # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 7
+    # mbarriers, slack: 968 bytes under the limit (bulkw stages its dQ tile in the Q / dO buffers)
+    assert WSB.smem_bytes(256) == WSB.smem_bytes(256, 2, "bulkw") == (2 * 64 * 256 * 2 + 2 * 2 * 64 * 256 * 2
+                                                                      + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 7 * 8 + 1024)
+    assert WSB.smem_bytes(256) == 231480 == SMEM_LIMIT - 968
+    # bulkw's fp32 dQ halves (64 rows x 128 columns) fill a Q / dO stage buffer exactly
+    assert 64 * 128 * 4 == 64 * 256 * 2
 
 
 def _dq_byte(bm, rr, cc):
@@ -150,21 +152,22 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
 
 
 @pytest.mark.parametrize("order", [False, True])
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["red", "bulkw"])
 @pytest.mark.parametrize("det", [0, 1])
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 def test_dispatch_d256(on, monkeypatch, det, mask, dtype, dq, order):
-    """d 256: bwd_ws256 (64-key CTAs: 9 blocks of 517 keys), dQ by "red" whatever WS_DQ says (the only atomic
-    mode instantiated there), deterministic: the mma.sync dQ pass after it."""
-    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    """d 256: bwd_ws256 (64-key CTAs: 9 blocks of 517 keys), dQ by WS_DQ_D256 whatever WS_DQ says (bwd_ws's
+    modes), deterministic: the mma.sync dQ pass after it."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulkwpp")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_D256", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
     _bwd(d=256, det=det, mask=mask, dtype=dtype)
     names = _names(on)
     assert names == (["bwd_pre", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre", "bwd_ws256", "bwd_dq_convert"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    mode = "none" if det else "red"
+    mode = "none" if det else dq
     assert ws["f"] == WSB._expr(tag, 256, mode) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(256) <= SMEM_LIMIT
     assert ws["grid"] == ((9 * 2 * 2, 1, 1) if order else (9, 2, 2))
 
@@ -588,7 +591,128 @@ def test_emulation_catches_a_single_ds_buffer():
 
 # ptxas spills accepted (bytes of spill stores; f16 the same as bf16): the dQ writer's bulkw at d 64 (the
 # prologue's values across the setmaxnreg: attention_ws_bwd.cu's writer comment; 2-4 L1 reloads an iteration)
-SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28}
+def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2):
+    """One CTA of bwd_ws256 (2 stages): the producer warp, the two consumer warpgroups and (bulk: kDqBulkW) the
+    dQ writer as generators in a random interleaving, TMA boxes landing after a random delay. Checks that a
+    stage's Q / dO hold their iteration while either warpgroup's wgmmas read them, that each P^T / dS^T buffer
+    holds both halves of the iteration read, that (bulk) the writer reduces a stage holding both dQ halves of
+    its iteration and that no TMA load or dQ store lands in a stage while the reduction reads it, and that
+    everything finishes. meet: the kBarDQ meeting before the dQ halves go into the stage's Q / dO buffers;
+    wait_read: the writer's wait_group.read before it releases the stage."""
+    rng = random.Random(seed)
+    stages = 2
+    kv = _Mbar(1)
+    full = [_Mbar(33) for _ in range(stages)]
+    empty = [_Mbar(1 if bulk else 8) for _ in range(stages)]
+    dqfull = [_Mbar(8) for _ in range(stages)]
+    stage = [[None, None] for _ in range(stages)]   # [Q buffer, dO buffer] of each stage
+    lbuf = [None] * stages
+    dsb = [[None, None] for _ in range(ds_buffers)]
+    named, named_dq = _Named(2), _Named(2)
+    reducing = []   # [time left, iteration, stage]
+    landing = []    # [time left, stage, value, barrier, bytes]
+
+    def producer():
+        if iters == 0:
+            return
+        kv.arrive(1, expect_tx=2)
+        kv.complete_tx(2)
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: empty[s].done((n & 1) ^ 1)
+            full[s].arrive(1, expect_tx=2)
+            landing.append([rng.randint(0, 4), s, ("Q", it), full[s], 2])
+            yield lambda: True
+            lbuf[s] = ("L", it)
+            full[s].arrive(32)
+
+    def writer():
+        for it in range(iters):
+            s = it % stages
+            yield lambda s=s, it=it: dqfull[s].done((it // stages) & 1)
+            assert stage[s] == [("dQ", it), ("dQ", it)], "the writer reduces a stage without both dQ halves"
+            reducing.append([rng.randint(0, 6), it, s])
+            if wait_read:
+                yield lambda: not reducing
+            empty[s].arrive(1)
+        yield lambda: not reducing
+
+    def consumer(cw):
+        if iters == 0:
+            return
+        yield lambda: kv.done(0)
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: full[s].done(n & 1)
+            assert stage[s] == [("Q", it), ("Q", it)] and lbuf[s] == ("L", it)
+            yield lambda: True                      # S^T, dP^T (both query halves of Q / dO), P^T, dS^T
+            assert stage[s] == [("Q", it), ("Q", it)], "a stage rewritten under S^T / dP^T"
+            b = it % ds_buffers
+            dsb[b][cw] = it
+            yield named.sync()
+            assert dsb[b] == [it, it]
+            yield lambda: True                      # dQ, dV, dK read both P^T / dS^T halves, Q / dO columns
+            assert dsb[b] == [it, it], "a P^T / dS^T half rewritten under the other's wgmmas"
+            assert stage[s] == [("Q", it), ("Q", it)], "a stage rewritten under dV / dK"
+            if not bulk:
+                empty[s].arrive(4)
+                continue
+            if meet:
+                yield named_dq.sync()
+            assert not any(x[2] == s for x in reducing)
+            stage[s][1 - cw] = ("dQ", it)           # warpgroup 0 into the dO buffer, 1 into the Q buffer
+            dqfull[s].arrive(4)
+
+    actors = [producer(), consumer(0), consumer(1)] + ([writer()] if bulk and iters else [])
+    conds = [lambda: True] * len(actors)
+    live = [True] * len(actors)
+    steps = 0
+    while any(live) or landing or reducing:
+        steps += 1
+        assert steps < 100000
+        for x in reducing:
+            assert stage[x[2]] == [("dQ", x[1]), ("dQ", x[1])], "a stage changed under the dQ reduction"
+            x[0] -= 1
+        reducing[:] = [x for x in reducing if x[0] >= 0]
+        for x in landing:
+            x[0] -= 1
+        for x in [x for x in landing if x[0] < 0]:
+            landing.remove(x)
+            _, st, val, bar, nbytes = x
+            stage[st] = [val, val]
+            bar.complete_tx(nbytes)
+        ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
+        if not ready:
+            assert landing or reducing or not any(live), "deadlock: every warpgroup waits and no copy is in flight"
+            continue
+        i = rng.choice(ready)
+        try:
+            conds[i] = next(actors[i])
+        except StopIteration:
+            live[i] = False
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["red", "bulkw"])
+@pytest.mark.parametrize("seed", range(20))
+def test_synchronization_emulated_d256(bulk, seed):
+    rng = random.Random(3000 + seed)
+    _emulate256(rng.choice([0, 1, 2, 3, 5, 9, 16]), seed, bulk=bulk)
+
+
+@pytest.mark.parametrize("what", ["meet", "wait_read", "ds_buffers"])
+def test_emulation_d256_catches_a_missing_wait(what):
+    """bwd_ws256 without the kBarDQ meeting (a warpgroup stores its dQ half into a stage buffer the other's
+    dV / dK still reads), without the writer's wait_group.read (the producer refills a stage under the
+    reduction), or with one P^T / dS^T buffer."""
+    kw = {"ds_buffers": 1, "bulk": False} if what == "ds_buffers" else {what: False}
+    with pytest.raises(AssertionError):
+        for seed in range(300):
+            _emulate256(12, seed, **kw)
+
+
+SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
+            # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12}
 
 
 @pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])
@@ -717,7 +841,7 @@ def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
         del launches[:]
         _bwd(d=d, det=det, mask=mask)
         mode = "none" if det else "bulk" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
-        mode = "red" if d == 256 and not det else mode  # (d 256: bwd_ws256, none / red only)
+        mode = "red" if d == 256 and not det else mode  # (d 256: bwd_ws256, WS_DQ_D256)
         assert launches[1]["f"] == WSB._expr("bf16", d, mode)
         nx = 9 if d == 256 else 5
         assert launches[1]["grid"] == (nx * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)

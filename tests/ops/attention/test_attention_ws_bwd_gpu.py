@@ -154,14 +154,17 @@ D256_CASES = [  # bwd_ws256: 64-key CTAs, 64-row query tiles split in halves of 
 D256_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in D256_CASES]
 
 
+@pytest.mark.parametrize("dq", ["bulkw", "red"])
 @pytest.mark.parametrize("order", [True, False], ids=["ord", "3d"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", D256_CASES, ids=D256_IDS)
-def test_backward_ws256(handle, rng, wsb, monkeypatch, dtype, mask, case, order):
-    """d 256 (bwd_ws256): atomic dQ by red.global.add (every WS_DQ runs "red" there) and deterministic (the
-    mma.sync dQ pass after it; bit-identical reruns), both CTA orders."""
-    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulk")  # (not instantiated at d 256: "red")
+def test_backward_ws256(handle, rng, wsb, monkeypatch, dtype, mask, case, order, dq):
+    """d 256 (bwd_ws256): atomic dQ (tuning.attention_bwd.WS_DQ_D256: red.global.add, or the writer's bulk
+    reductions of the tile staged in the stage's Q / dO buffers) and deterministic (the mma.sync dQ pass after
+    it; bit-identical reruns), both CTA orders."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulkwpp")  # (bwd_ws's modes: not read at d 256)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_D256", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
