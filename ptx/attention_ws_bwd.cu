@@ -145,6 +145,7 @@ __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_g
 
 constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ halves in the fp32 tile
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
+constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
 
 template <class T, int D, int DQ, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
@@ -539,10 +540,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 // reached after its wgmma reads of buffer it & 1 (iteration it - 2) were waited for.
 // DQ = kDqBulkW (FA3's bulk reduction with the dedicated writer, no shared memory of its own): the fp32 dQ tile
 // (64 x 256 = 64 KiB) is staged in the stage's own Q and dO buffers (32 KiB each), dead once both warpgroups'
-// wgmmas of the iteration are done: after wgmma::wait<0>, the warpgroups meet on kBarDQ (each has read both
-// halves of Q and dO), warpgroup 0 stores its dQ columns 0..127 into the dO buffer, warpgroup 1 its 128..255
-// into the Q buffer (4 slabs of 32 fp32 columns x 64 rows, TMA's 128B swizzle), fences, one arrival a warp on
-// dqfull[s] (count 8); the writer (thread 32) waits dqfull[s] parity (it / 2) & 1, issues the 8 bulk tensor
+// wgmmas of the iteration have read them (groups dV, dQ, dK in that order): warpgroup 0 stores its dQ columns
+// 0..127 into the dO buffer after both dVs (kBarDQ: 0 waits, 1 arrives after its wait<1>), while dK runs;
+// warpgroup 1 its 128..255 into the Q buffer after both dKs (kBarDQ2: 1 waits, 0 arrives after its wait<0>)
+// (4 slabs of 32 fp32 columns x 64 rows, TMA's 128B swizzle); each fences, one arrival a warp on dqfull[s]
+// (count 8); the writer (thread 32) waits dqfull[s] parity (it / 2) & 1, issues the 8 bulk tensor
 // reductions, waits for their reads and only then arrives on empty[s] (count 1 in this mode): the producer
 // refills the stage after the dQ tile has left it. The dQ atomics of "red" cost 8.6 of 17.3 ms at b4 s4096 h32
 // (mid-session run 1: the kernel without dQ, deterministic, 8.76 ms).
@@ -770,36 +772,32 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
 
     const unsigned sp = sb + C::OFF_PS + (it & 1) * 2 * C::T_BYTES, sds = sp + C::T_BYTES;
     float dq[64];
-    wgmma::fence();
-    if constexpr (ATOMIC) {
-      // dQ = dS K, head-dim columns 128 cw ..: A = dS (queries x keys) stored key-major (MN-major), B = K
-      // ([key][d]: MN-major, slabs 2 cw, 2 cw + 1); k16 step = 16 keys = 2048 bytes
+    // dQ = dS K, head-dim columns 128 cw ..: A = dS (queries x keys) stored key-major (MN-major), B = K
+    // ([key][d]: MN-major, slabs 2 cw, 2 cw + 1); k16 step = 16 keys = 2048 bytes
+    auto mma_dq = [&] {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
         wgmma::Mma<T, 128, 1, 1>::run(dq, wgmma::desc_sw128(sds + kk * 2048, BN * 128, 1024),
                                       wgmma::desc_sw128(sK + 2 * cw * (BN * 128) + kk * 2048, BN * 128, 1024), kk > 0);
-      wgmma::commit();
-    }
+    };
     // dV += P^T dO, dK += dS^T Q (A K-major from the [key][query] tiles: k16 step = 32 bytes; B MN-major:
     // 16 query rows = 2048 bytes, head-dim slabs 2 cw, 2 cw + 1)
+    auto mma_dv = [&] {
 #pragma unroll
-    for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::Mma<T, 128, 0, 1>::run(dv, wgmma::desc_sw128(sp + ks * 32, 16, 1024),
-                                    wgmma::desc_sw128(do_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::Mma<T, 128, 0, 1>::run(dv, wgmma::desc_sw128(sp + ks * 32, 16, 1024),
+                                      wgmma::desc_sw128(do_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+    };
+    auto mma_dk = [&] {
 #pragma unroll
-    for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::Mma<T, 128, 0, 1>::run(dk, wgmma::desc_sw128(sds + ks * 32, 16, 1024),
-                                    wgmma::desc_sw128(q_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
-    wgmma::commit();
-    if constexpr (BULK) {
-      wgmma::wait<0>();
-      wgmma::fence_operands(dq);
-      wgmma::fence_operands(dk);
-      wgmma::fence_operands(dv);
-      tma::named_sync(kBarDQ, 256);  // both warpgroups' reads of this stage's Q and dO done
-      // dq element 4 j + 2 hh + e: row kr + 8 hh, column cc = 8 j + 2 q4 + e of this warpgroup's 128: slab
-      // cc / 32, row r at 128 r, 16-byte chunk (cc % 32) / 4 at chunk ^ (r & 7) (bwd_ws's put_dq layout)
-      unsigned char* sdq = smem + (cw == 0 ? C::OFF_DO : C::OFF_Q) + s * C::Q_BYTES;
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::Mma<T, 128, 0, 1>::run(dk, wgmma::desc_sw128(sds + ks * 32, 16, 1024),
+                                      wgmma::desc_sw128(q_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+    };
+    // kDqBulkW: this warpgroup's dQ columns into a stage buffer (dq element 4 j + 2 hh + e: row kr + 8 hh,
+    // column cc = 8 j + 2 q4 + e of its 128: slab cc / 32, row r at 128 r, 16-byte chunk (cc % 32) / 4 at
+    // chunk ^ (r & 7), bwd_ws's put_dq layout), made visible to the writer's bulk reductions
+    auto put_dq = [&](unsigned char* sdq) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -809,10 +807,45 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
               make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
         }
       wgmma::fence_proxy_async();
+    };
+    wgmma::fence();
+    if constexpr (BULK) {
+      // three groups, dV, dQ, dK: warpgroup 0's dQ half goes into the dO buffer once both warpgroups' dV (the
+      // last reads of dO) are done (kBarDQ: warpgroup 0 waits, 1 arrives), under dK's MMAs; warpgroup 1's into
+      // the Q buffer once both dKs are done (kBarDQ2: 1 waits, 0 arrives after its wait<0>)
+      mma_dv();
+      wgmma::commit();
+      mma_dq();
+      wgmma::commit();
+      mma_dk();
+      wgmma::commit();
+      wgmma::wait<1>();  // dV, dQ done
+      wgmma::fence_operands(dq);
+      wgmma::fence_operands(dv);
+      if (cw == 0) {
+        tma::named_sync(kBarDQ, 256);
+        put_dq(smem + C::OFF_DO + s * C::Q_BYTES);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dk);
+        attn::bar_arrive(kBarDQ2, 256);
+      } else {
+        attn::bar_arrive(kBarDQ, 256);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dk);
+        tma::named_sync(kBarDQ2, 256);
+        put_dq(smem + C::OFF_Q + s * C::Q_BYTES);
+      }
       __syncwarp();
       if (l == 0) tma::mbar_arrive(dqfull(s));  // (the writer releases the stage)
       continue;
     }
+    if constexpr (ATOMIC) {
+      mma_dq();
+      wgmma::commit();
+    }
+    mma_dv();
+    mma_dk();
+    wgmma::commit();
     if constexpr (DQ == kDqRed) {
       wgmma::wait<1>();  // dQ done (groups retire in order); dV / dK run on
       wgmma::fence_operands(dq);

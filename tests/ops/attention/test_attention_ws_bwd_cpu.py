@@ -597,8 +597,9 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
     stage's Q / dO hold their iteration while either warpgroup's wgmmas read them, that each P^T / dS^T buffer
     holds both halves of the iteration read, that (bulk) the writer reduces a stage holding both dQ halves of
     its iteration and that no TMA load or dQ store lands in a stage while the reduction reads it, and that
-    everything finishes. meet: the kBarDQ meeting before the dQ halves go into the stage's Q / dO buffers;
-    wait_read: the writer's wait_group.read before it releases the stage."""
+    everything finishes. meet: kBarDQ (warpgroup 0 stores its dQ half into the dO buffer after both dVs) and
+    kBarDQ2 (warpgroup 1 into the Q buffer after both dKs); wait_read: the writer's wait_group.read before it
+    releases the stage."""
     rng = random.Random(seed)
     stages = 2
     kv = _Mbar(1)
@@ -608,7 +609,7 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
     stage = [[None, None] for _ in range(stages)]   # [Q buffer, dO buffer] of each stage
     lbuf = [None] * stages
     dsb = [[None, None] for _ in range(ds_buffers)]
-    named, named_dq = _Named(2), _Named(2)
+    named, named_dq, named_dq2 = _Named(2), _Named(2), _Named(2)
     reducing = []   # [time left, iteration, stage]
     landing = []    # [time left, stage, value, barrier, bytes]
 
@@ -651,16 +652,31 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
             dsb[b][cw] = it
             yield named.sync()
             assert dsb[b] == [it, it]
-            yield lambda: True                      # dQ, dV, dK read both P^T / dS^T halves, Q / dO columns
+            yield lambda: True                      # dV, dQ read both P^T / dS^T halves, dV its dO columns
             assert dsb[b] == [it, it], "a P^T / dS^T half rewritten under the other's wgmmas"
-            assert stage[s] == [("Q", it), ("Q", it)], "a stage rewritten under dV / dK"
+            assert stage[s][1] == ("Q", it), "the dO buffer rewritten under dV"
             if not bulk:
+                yield lambda: True                  # dK
+                assert stage[s][0] == ("Q", it)
                 empty[s].arrive(4)
                 continue
-            if meet:
-                yield named_dq.sync()
             assert not any(x[2] == s for x in reducing)
-            stage[s][1 - cw] = ("dQ", it)           # warpgroup 0 into the dO buffer, 1 into the Q buffer
+            if cw == 0:                             # after wait<1>: dV, dQ done
+                if meet:
+                    yield named_dq.sync()           # (warpgroup 1's dV done too)
+                stage[s][1] = ("dQ", it)            # its half into the dO buffer, under dK
+                yield lambda: True
+                assert stage[s][0] == ("Q", it), "the Q buffer rewritten under dK"
+                if meet:
+                    named_dq2.sync()                # (arrive: its dK done)
+            else:
+                if meet:
+                    named_dq.sync()                 # (arrive: its dV done)
+                yield lambda: True
+                assert stage[s][0] == ("Q", it), "the Q buffer rewritten under dK"
+                if meet:
+                    yield named_dq2.sync()          # (warpgroup 0's dK done too)
+                stage[s][0] = ("dQ", it)            # its half into the Q buffer
             dqfull[s].arrive(4)
 
     actors = [producer(), consumer(0), consumer(1)] + ([writer()] if bulk and iters else [])
