@@ -70,9 +70,12 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
-MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkw": (64, 128, 256)}
-# d 256 (bwd_ws256): "none", "red" and "bulkw" (the writer's bulk reductions, the fp32 dQ tile staged in the
-# stage's Q / dO buffers: no room for a tile of its own), picked by tuning.attention_bwd.WS_DQ_D256
+# d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
+# WS_DQ_D256 picks from: "red" (red.global.add) and "bulkw" (the writer's bulk reductions, the fp32 dQ tile
+# staged in the stage's Q / dO buffers: no room for a tile of its own). A value not listed runs the first atomic one.
+D256_MODES = ("none", "red", "bulkw")
+MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
+             **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")}}
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
@@ -91,7 +94,8 @@ def dq_mode(atomic, d=128, causal=False):
     if not atomic:
         return "none"
     if d == 256:
-        return tuning.attention_bwd.WS_DQ_D256
+        m = tuning.attention_bwd.WS_DQ_D256
+        return m if m in D256_MODES else D256_MODES[1]
     m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
     return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 

@@ -33,7 +33,7 @@ def test_units():
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
-                           + (WSB._expr(t, 256, "none"), WSB._expr(t, 256, "red"), WSB._expr(t, 256, "bulkw"))
+                           + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
@@ -163,6 +163,8 @@ def test_dispatch_d256(on, monkeypatch, det, mask, dtype, dq, order):
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_D256", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
     _bwd(d=256, det=det, mask=mask, dtype=dtype)
+    assert WSB.D256_MODES[0] == "none" and set(WSB.D256_MODES[1:]) <= {"red", "bulkw"}
+    dq = dq if dq in WSB.D256_MODES else WSB.D256_MODES[1]  # (a mode not instantiated: the first atomic one)
     names = _names(on)
     assert names == (["bwd_pre", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre", "bwd_ws256", "bwd_dq_convert"])
     ws = on[1]
@@ -857,7 +859,8 @@ def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
         del launches[:]
         _bwd(d=d, det=det, mask=mask)
         mode = "none" if det else "bulk" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
-        mode = "red" if d == 256 and not det else mode  # (d 256: bwd_ws256, WS_DQ_D256)
+        mode = tuning.attention_bwd.WS_DQ_D256 if d == 256 and not det else mode  # (d 256: bwd_ws256)
+        assert d != 256 or mode in WSB.D256_MODES
         assert launches[1]["f"] == WSB._expr("bf16", d, mode)
         nx = 9 if d == 256 else 5
         assert launches[1]["grid"] == (nx * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)

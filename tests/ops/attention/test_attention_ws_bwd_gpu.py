@@ -154,7 +154,7 @@ D256_CASES = [  # bwd_ws256: 64-key CTAs, 64-row query tiles split in halves of 
 D256_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in D256_CASES]
 
 
-@pytest.mark.parametrize("dq", ["bulkw", "red"])
+@pytest.mark.parametrize("dq", WSB.D256_MODES[1:])
 @pytest.mark.parametrize("order", [True, False], ids=["ord", "3d"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
