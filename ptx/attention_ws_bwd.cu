@@ -95,6 +95,12 @@ constexpr int kDqBulkW = 4;
 // previous tile's dQ) with kDqBulkW's writer, the dQ tile double buffered (the two warpgroups store their
 // halves of a tile half an iteration apart).
 constexpr int kDqBulkWPP = 5;
+// kDqBulkW2 (bwd_ws256 only): kDqBulkW with the dQ tile split the other way over the stage's buffers: warpgroup
+// w's first 64 columns into bytes 16 KiB w .. of the dO buffer, its last 64 into the same bytes of the Q buffer:
+// the bytes its own dV (dO's head-dim slabs 2 w, 2 w + 1) and dK (Q's) read, every other reader of the stage
+// (S^T, dP^T: all slabs) done before kBarDS. So no meeting: the first half goes in after its own dV (under dK's
+// MMAs), the second after its own dK.
+constexpr int kDqBulkW2 = 6;
 template <int DQ> struct DqBufs { static constexpr int value = DQ == kDqBulkWPP ? 2 : 1; };
 // The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
 // head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
@@ -583,12 +589,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws256 needs the sm_90a target (KernelUnit archs)");
 #endif
-  static_assert(DQ == kDqNone || DQ == kDqRed || DQ == kDqBulkW, "bwd_ws256: dQ by the older pass, red or bulkw");
+  static_assert(DQ == kDqNone || DQ == kDqRed || DQ == kDqBulkW || DQ == kDqBulkW2, "bwd_ws256: dQ mode");
   static_assert(Cfg256::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
   static_assert(Cfg256::OFF_PS % 1024 == 0 && Cfg256::T_BYTES % 1024 == 0, "swizzled tiles: 1024-byte atoms");
   using C = Cfg256;
   constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
-  constexpr bool ATOMIC = DQ != kDqNone, BULK = DQ == kDqBulkW;
+  constexpr bool ATOMIC = DQ != kDqNone, BULK = DQ == kDqBulkW || DQ == kDqBulkW2, SYM = DQ == kDqBulkW2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = tma::smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -640,9 +646,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
           tma::mbar_wait(dqfull(s), (it / STAGES) & 1);
           const unsigned lo = sdO + s * C::Q_BYTES, hi = sQ + s * C::Q_BYTES;
 #pragma unroll
-          for (int sl = 0; sl < 4; ++sl) {
-            bulk_reduce_add_3d(&tm.dqacc, lo + sl * (BM * 128), sl * 32, m0, hb);
-            bulk_reduce_add_3d(&tm.dqacc, hi + sl * (BM * 128), 128 + sl * 32, m0, hb);
+          for (int sl = 0; sl < 4; ++sl) {  // (kDqBulkW2: fp32 slab sl of the dO buffer is columns 128 (sl / 2)
+            // + 32 (sl % 2), of the Q buffer 64 more)
+            const int c_lo = SYM ? 128 * (sl >> 1) + 32 * (sl & 1) : sl * 32, c_hi = SYM ? c_lo + 64 : 128 + sl * 32;
+            bulk_reduce_add_3d(&tm.dqacc, lo + sl * (BM * 128), c_lo, m0, hb);
+            bulk_reduce_add_3d(&tm.dqacc, hi + sl * (BM * 128), c_hi, m0, hb);
           }
           bulk_commit();
           bulk_wait_read();  // the tile read: the stage may be refilled
@@ -808,6 +816,18 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
         }
       wgmma::fence_proxy_async();
     };
+    // kDqBulkW2: columns 64 part .. 64 part + 63 of this warpgroup's 128 into slabs 2 cw, 2 cw + 1 of sdq
+    auto put_dq_part = [&](unsigned char* sdq, int part) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int rr = kr + 8 * hh, cc = 8 * j + 2 * q4, w = cc & 31, jj = 8 * part + j;
+          *reinterpret_cast<float2*>(sdq + (2 * cw + (cc >> 5)) * (BM * 128) + rr * 128 + (((w >> 2) ^ (rr & 7)) << 4) + (w & 3) * 4) =
+              make_float2(dq[4 * jj + 2 * hh], dq[4 * jj + 2 * hh + 1]);
+        }
+      wgmma::fence_proxy_async();
+    };
     wgmma::fence();
     if constexpr (BULK) {
       // three groups, dV, dQ, dK: warpgroup 0's dQ half goes into the dO buffer once both warpgroups' dV (the
@@ -822,7 +842,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
       wgmma::wait<1>();  // dV, dQ done
       wgmma::fence_operands(dq);
       wgmma::fence_operands(dv);
-      if (cw == 0) {
+      if constexpr (SYM) {  // its own dV done: its dO bytes are free; then its own dK: its Q bytes
+        put_dq_part(smem + C::OFF_DO + s * C::Q_BYTES, 0);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dk);
+        put_dq_part(smem + C::OFF_Q + s * C::Q_BYTES, 1);
+      } else if (cw == 0) {
         tma::named_sync(kBarDQ, 256);
         put_dq(smem + C::OFF_DO + s * C::Q_BYTES);
         wgmma::wait<0>();

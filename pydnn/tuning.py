@@ -475,7 +475,8 @@ attention_bwd = Switches(
                     'kOrderChunk'),
     WS_DQ_D256=("red", 'the d 256 backward\'s (bwd_ws256) atomic dQ: "red" (red.global.add.v2 from the registers) or '
                        '"bulkw" (bulk tensor reductions by the writer warp, the fp32 tile staged in the stage\'s Q / dO '
-                       'buffers). Mid-session H200 run 1 (session 30), b4 s4096 h32: red 17.3 ms, the kernel without '
+                       'buffers), "bulkw2" (the same, each warpgroup\'s dQ into the bytes its own dV / dK read: no '
+                       'meeting). Mid-session H200 run 1 (session 30), b4 s4096 h32: red 17.3 ms, the kernel without '
                        'dQ 8.76 ms'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '

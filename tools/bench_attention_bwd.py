@@ -4,7 +4,7 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant is "d256-red" / "d256-bulkw" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
+A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
 where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel), or "default" (tuning's defaults). TFLOP/s count 2.5x the forward's
 FLOPs (half under the causal mask).
@@ -26,7 +26,7 @@ def overrides(name):
         return {"attention_bwd.WS": False}
     if name == "default":  # the warp-specialized kernel with tuning's defaults
         return {"attention_bwd.WS": True}
-    if name.startswith("d256-"):  # bwd_ws256's dQ mode (tuning.attention_bwd.WS_DQ_D256): d256-red, d256-bulkw
+    if name.startswith("d256-"):  # bwd_ws256's dQ mode (tuning.attention_bwd.WS_DQ_D256): d256-red, d256-bulkw(2)
         return {"attention_bwd.WS": True, "attention_bwd.WS_DQ_D256": name[5:]}
     mode, *opts = name.split("+")
     over = {"attention_bwd.WS": True, "attention_bwd.WS_DQ": mode, "attention_bwd.WS_DQ_CAUSAL": None,

@@ -69,13 +69,16 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6}
 # d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
 # WS_DQ_D256 picks from: "red" (red.global.add) and "bulkw" (the writer's bulk reductions, the fp32 dQ tile
 # staged in the stage's Q / dO buffers: no room for a tile of its own). A value not listed runs the first atomic one.
-D256_MODES = ("none", "red", "bulkw")
+# "bulkw2" (d 256 only): bulkw with the dO buffer taking both warpgroups' first 64 dQ columns, the Q buffer their
+# last 64 (each stores half under dK's MMAs).
+D256_MODES = ("none", "red", "bulkw", "bulkw2")
 MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
-             **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")}}
+             **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")},
+             "bulkw2": (256,) if "bulkw2" in D256_MODES else ()}
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
@@ -146,7 +149,7 @@ def maps(tag, d, p, mode="none"):
     dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp") else None
+    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp", "bulkw2") else None
     key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:

@@ -152,7 +152,7 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
 
 
 @pytest.mark.parametrize("order", [False, True])
-@pytest.mark.parametrize("dq", ["red", "bulkw"])
+@pytest.mark.parametrize("dq", ["red", "bulkw", "bulkw2"])
 @pytest.mark.parametrize("det", [0, 1])
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
@@ -163,7 +163,7 @@ def test_dispatch_d256(on, monkeypatch, det, mask, dtype, dq, order):
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_D256", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
     _bwd(d=256, det=det, mask=mask, dtype=dtype)
-    assert WSB.D256_MODES[0] == "none" and set(WSB.D256_MODES[1:]) <= {"red", "bulkw"}
+    assert WSB.D256_MODES[0] == "none" and set(WSB.D256_MODES[1:]) <= {"red", "bulkw", "bulkw2"}
     dq = dq if dq in WSB.D256_MODES else WSB.D256_MODES[1]  # (a mode not instantiated: the first atomic one)
     names = _names(on)
     assert names == (["bwd_pre", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre", "bwd_ws256", "bwd_dq_convert"])
@@ -593,27 +593,32 @@ def test_emulation_catches_a_single_ds_buffer():
 
 # ptxas spills accepted (bytes of spill stores; f16 the same as bf16): the dQ writer's bulkw at d 64 (the
 # prologue's values across the setmaxnreg: attention_ws_bwd.cu's writer comment; 2-4 L1 reloads an iteration)
-def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2):
-    """One CTA of bwd_ws256 (2 stages): the producer warp, the two consumer warpgroups and (bulk: kDqBulkW) the
-    dQ writer as generators in a random interleaving, TMA boxes landing after a random delay. Checks that a
-    stage's Q / dO hold their iteration while either warpgroup's wgmmas read them, that each P^T / dS^T buffer
-    holds both halves of the iteration read, that (bulk) the writer reduces a stage holding both dQ halves of
-    its iteration and that no TMA load or dQ store lands in a stage while the reduction reads it, and that
-    everything finishes. meet: kBarDQ (warpgroup 0 stores its dQ half into the dO buffer after both dVs) and
-    kBarDQ2 (warpgroup 1 into the Q buffer after both dKs); wait_read: the writer's wait_group.read before it
-    releases the stage."""
+def _emulate256(iters, seed, mode="bulkw", meet=True, wait_read=True, ds_buffers=2):
+    """One CTA of bwd_ws256 (2 stages): the producer warp, the two consumer warpgroups and (bulkw / bulkw2) the
+    dQ writer as generators in a random interleaving, TMA boxes landing after a random delay. A stage's Q and
+    dO buffers are modelled in two regions each (bytes 16 KiB w ..: head-dim slabs 2 w, 2 w + 1, what warpgroup
+    w's dK / dV read; S^T / dP^T read both). Checks that every region holds its iteration's data while a wgmma
+    reads it, that each P^T / dS^T buffer holds both halves of the iteration read, that the writer reduces a
+    stage holding dQ in all four regions and that no TMA load or dQ store lands under the reduction, and that
+    everything finishes. bulkw: warpgroup 0's dQ into both dO regions after kBarDQ (both dVs), 1's into both Q
+    regions after kBarDQ2 (both dKs); bulkw2: warpgroup w's into its own regions after its own dV / dK, no
+    meeting. meet: bulkw's meetings; wait_read: the writer's wait_group.read before it releases the stage."""
     rng = random.Random(seed)
     stages = 2
+    bulk = mode != "red"
     kv = _Mbar(1)
     full = [_Mbar(33) for _ in range(stages)]
     empty = [_Mbar(1 if bulk else 8) for _ in range(stages)]
     dqfull = [_Mbar(8) for _ in range(stages)]
-    stage = [[None, None] for _ in range(stages)]   # [Q buffer, dO buffer] of each stage
+    stage = [[[None, None], [None, None]] for _ in range(stages)]   # [Q regions, dO regions] of each stage
     lbuf = [None] * stages
     dsb = [[None, None] for _ in range(ds_buffers)]
     named, named_dq, named_dq2 = _Named(2), _Named(2), _Named(2)
     reducing = []   # [time left, iteration, stage]
     landing = []    # [time left, stage, value, barrier, bytes]
+
+    def every(s, val):
+        return all(x == val for buf in stage[s] for x in buf)
 
     def producer():
         if iters == 0:
@@ -633,7 +638,7 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
         for it in range(iters):
             s = it % stages
             yield lambda s=s, it=it: dqfull[s].done((it // stages) & 1)
-            assert stage[s] == [("dQ", it), ("dQ", it)], "the writer reduces a stage without both dQ halves"
+            assert every(s, ("dQ", it)), "the writer reduces a stage without the whole dQ tile"
             reducing.append([rng.randint(0, 6), it, s])
             if wait_read:
                 yield lambda: not reducing
@@ -647,38 +652,43 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
         for it in range(iters):
             s, n = it % stages, it // stages
             yield lambda s=s, n=n: full[s].done(n & 1)
-            assert stage[s] == [("Q", it), ("Q", it)] and lbuf[s] == ("L", it)
-            yield lambda: True                      # S^T, dP^T (both query halves of Q / dO), P^T, dS^T
-            assert stage[s] == [("Q", it), ("Q", it)], "a stage rewritten under S^T / dP^T"
+            assert every(s, ("Q", it)) and lbuf[s] == ("L", it)
+            yield lambda: True                      # S^T, dP^T (every region of Q / dO), P^T, dS^T
+            assert every(s, ("Q", it)), "a stage rewritten under S^T / dP^T"
             b = it % ds_buffers
             dsb[b][cw] = it
             yield named.sync()
             assert dsb[b] == [it, it]
-            yield lambda: True                      # dV, dQ read both P^T / dS^T halves, dV its dO columns
+            yield lambda: True                      # dV, dQ read both P^T / dS^T halves, dV its dO region
             assert dsb[b] == [it, it], "a P^T / dS^T half rewritten under the other's wgmmas"
-            assert stage[s][1] == ("Q", it), "the dO buffer rewritten under dV"
+            assert stage[s][1][cw] == ("Q", it), "the dO buffer rewritten under dV"
             if not bulk:
                 yield lambda: True                  # dK
-                assert stage[s][0] == ("Q", it)
+                assert stage[s][0][cw] == ("Q", it)
                 empty[s].arrive(4)
                 continue
             assert not any(x[2] == s for x in reducing)
-            if cw == 0:                             # after wait<1>: dV, dQ done
+            if mode == "bulkw2":                    # its own regions, after its own dV, then its own dK
+                stage[s][1][cw] = ("dQ", it)
+                yield lambda: True
+                assert stage[s][0][cw] == ("Q", it), "the Q buffer rewritten under dK"
+                stage[s][0][cw] = ("dQ", it)
+            elif cw == 0:                           # after wait<1>: dV, dQ done
                 if meet:
                     yield named_dq.sync()           # (warpgroup 1's dV done too)
-                stage[s][1] = ("dQ", it)            # its half into the dO buffer, under dK
+                stage[s][1] = [("dQ", it), ("dQ", it)]   # its 128 columns fill the dO buffer, under dK
                 yield lambda: True
-                assert stage[s][0] == ("Q", it), "the Q buffer rewritten under dK"
+                assert stage[s][0][cw] == ("Q", it), "the Q buffer rewritten under dK"
                 if meet:
                     named_dq2.sync()                # (arrive: its dK done)
             else:
                 if meet:
                     named_dq.sync()                 # (arrive: its dV done)
                 yield lambda: True
-                assert stage[s][0] == ("Q", it), "the Q buffer rewritten under dK"
+                assert stage[s][0][cw] == ("Q", it), "the Q buffer rewritten under dK"
                 if meet:
                     yield named_dq2.sync()          # (warpgroup 0's dK done too)
-                stage[s][0] = ("dQ", it)            # its half into the Q buffer
+                stage[s][0] = [("dQ", it), ("dQ", it)]
             dqfull[s].arrive(4)
 
     actors = [producer(), consumer(0), consumer(1)] + ([writer()] if bulk and iters else [])
@@ -689,7 +699,7 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
         steps += 1
         assert steps < 100000
         for x in reducing:
-            assert stage[x[2]] == [("dQ", x[1]), ("dQ", x[1])], "a stage changed under the dQ reduction"
+            assert every(x[2], ("dQ", x[1])), "a stage changed under the dQ reduction"
             x[0] -= 1
         reducing[:] = [x for x in reducing if x[0] >= 0]
         for x in landing:
@@ -697,7 +707,7 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
         for x in [x for x in landing if x[0] < 0]:
             landing.remove(x)
             _, st, val, bar, nbytes = x
-            stage[st] = [val, val]
+            stage[st] = [[val, val], [val, val]]
             bar.complete_tx(nbytes)
         ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
         if not ready:
@@ -710,19 +720,20 @@ def _emulate256(iters, seed, bulk=True, meet=True, wait_read=True, ds_buffers=2)
             live[i] = False
 
 
-@pytest.mark.parametrize("bulk", [False, True], ids=["red", "bulkw"])
+@pytest.mark.parametrize("mode", ["red", "bulkw", "bulkw2"])
 @pytest.mark.parametrize("seed", range(20))
-def test_synchronization_emulated_d256(bulk, seed):
+def test_synchronization_emulated_d256(mode, seed):
     rng = random.Random(3000 + seed)
-    _emulate256(rng.choice([0, 1, 2, 3, 5, 9, 16]), seed, bulk=bulk)
+    _emulate256(rng.choice([0, 1, 2, 3, 5, 9, 16]), seed, mode=mode)
 
 
-@pytest.mark.parametrize("what", ["meet", "wait_read", "ds_buffers"])
+@pytest.mark.parametrize("what", ["meet", "wait_read", "wait_read2", "ds_buffers"])
 def test_emulation_d256_catches_a_missing_wait(what):
-    """bwd_ws256 without the kBarDQ meeting (a warpgroup stores its dQ half into a stage buffer the other's
-    dV / dK still reads), without the writer's wait_group.read (the producer refills a stage under the
-    reduction), or with one P^T / dS^T buffer."""
-    kw = {"ds_buffers": 1, "bulk": False} if what == "ds_buffers" else {what: False}
+    """bwd_ws256 bulkw without the kBarDQ / kBarDQ2 meetings (a warpgroup stores its dQ half into a stage buffer
+    the other's dV / dK still reads), bulkw / bulkw2 without the writer's wait_group.read (the producer refills a
+    stage under the reduction), or red with one P^T / dS^T buffer."""
+    kw = {"ds_buffers": 1, "mode": "red"} if what == "ds_buffers" else \
+        {"wait_read": False, "mode": "bulkw2"} if what == "wait_read2" else {what: False}
     with pytest.raises(AssertionError):
         for seed in range(300):
             _emulate256(12, seed, **kw)
@@ -730,7 +741,8 @@ def test_emulation_d256_catches_a_missing_wait(what):
 
 SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
             # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
-            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12}
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}
 
 
 @pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])
