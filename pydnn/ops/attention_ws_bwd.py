@@ -10,9 +10,10 @@ bulk reduction of a shared-memory tile, tuning.attention_bwd.WS_DQ) or left to t
 preprocess, the dQ conversion and the deterministic dQ pass are unchanged (pydnn/ops/attention.py's
 attention_backward launches them around this kernel), and so is the workspace.
 
-d 256 runs bwd_ws256<T, DQ> (DQ "none" or "red"): one CTA per 64 keys, consumer warpgroup w holding dK / dV's
-head-dim columns 128 w.. (ptx/attention_ws_bwd.cu Cfg256 has the register and shared-memory counts); the
-deterministic mode's dQ pass there is attention.cu's mma.sync bwd_dq, the older kernel the mma.sync bwd_dkdv.
+d 256 runs bwd_ws256<T, DQ> (DQ a D256_MODES value; atomic: tuning.attention_bwd.WS_DQ_D256): one CTA per 64
+keys, consumer warpgroup w holding dK / dV's head-dim columns 128 w.. (ptx/attention_ws_bwd.cu Cfg256 has the
+register and shared-memory counts); the deterministic mode's dQ pass there is attention.cu's mma.sync bwd_dq, the
+older kernel the mma.sync bwd_dkdv.
 
 Not taken (the older kernel runs): per-batch lengths (TMA's boxes would bring rows past a length that are
 not zero), a launch recorder listening (the tensor maps hold pointers a record cannot patch), a head dim
@@ -74,7 +75,7 @@ DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5
 # WS_DQ_D256 picks from: "red" (red.global.add) and "bulkw" (the writer's bulk reductions, the fp32 dQ tile
 # staged in the stage's Q / dO buffers: no room for a tile of its own). A value not listed runs the first atomic one.
 # "bulkw2" (d 256 only): bulkw with the dO buffer taking both warpgroups' first 64 dQ columns, the Q buffer their
-# last 64 (each stores half under dK's MMAs).
+# last 64, each warpgroup's in the bytes its own dV / dK read (no meeting; half stored under dK's MMAs).
 D256_MODES = ("none", "red", "bulkw", "bulkw2")
 MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
              **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")},
