@@ -72,11 +72,14 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # (attention_ws_bwd.cu's writer).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6}
 # d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
-# WS_DQ_D256 picks from: "red" (red.global.add) and "bulkw" (the writer's bulk reductions, the fp32 dQ tile
-# staged in the stage's Q / dO buffers: no room for a tile of its own). A value not listed runs the first atomic one.
-# "bulkw2" (d 256 only): bulkw with the dO buffer taking both warpgroups' first 64 dQ columns, the Q buffer their
-# last 64, each warpgroup's in the bytes its own dV / dK read (no meeting; half stored under dK's MMAs).
-D256_MODES = ("none", "red", "bulkw", "bulkw2")
+# WS_DQ_D256 picks from (a value not listed runs the first atomic one). The kernel has three: "red"
+# (red.global.add), "bulkw" (the writer's bulk reductions, the fp32 dQ tile staged in the stage's Q / dO buffers:
+# no room for a tile of its own) and "bulkw2" (d 256 only: bulkw with the dO buffer taking both warpgroups' first
+# 64 dQ columns, the Q buffer their last 64, each in the bytes its own dV / dK read: no meeting). Session 30's
+# mid-session H200 runs (tools/PERF.md): bulkw 0.918 / 0.929x cuDNN, bulkw2 0.919, red 0.778 / 0.799; only bulkw
+# is instantiated (the install-time build compiles what the defaults run; the others, GPU-tested in those runs,
+# come back by adding them here).
+D256_MODES = ("none", "bulkw")
 MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
              **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")},
              "bulkw2": (256,) if "bulkw2" in D256_MODES else ()}
