@@ -528,20 +528,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 
 
 // ---------------------------------------------------------------------------------------------- d 256
-// bwd_ws256<T, DQ>: the head dim 256 backward (DQ kDqNone or kDqRed), 384 threads, one CTA per (64 keys, K/V
-// head, batch), the producer warp as bwd_ws's (K / V once, then Q / dO by TMA with lse / dsum into a
-// 2-stage ring; the same barrier protocol: kv, full[s] count 33, empty[s] count 8).
+// bwd_ws256<T, DQ>: the head dim 256 backward (DQ kDqNone, kDqRed, kDqBulkW (the default: tuning.attention_bwd.
+// WS_DQ_D256) or kDqBulkW2), 384 threads, one CTA per (64 keys, K/V head, batch), the producer warp as bwd_ws's
+// (K / V once, then Q / dO by TMA with lse / dsum into a 2-stage ring; the same barrier protocol: kv, full[s]
+// count 33, empty[s] count 8, or 1 (the writer) in the bulk modes, below).
 // Why another tiling (registers a consumer thread, FA3's hdim-256 split): dK and dV of 128 keys x 256 are
 // 65536 fp32, 256 a thread over two warpgroups (bwd_ws's split by keys cannot hold them); of 64 keys 128 a
 // thread. So the CTA takes 64 keys and consumer warpgroup w keeps dK / dV's head-dim columns 128 w ..
 // 128 w + 127 (64 + 64 registers) across the walk; the query tile (BM = 64 rows) is split the other way:
 // warpgroup w computes S^T / dP^T for queries 32 w .. 32 w + 31 (m64n32k16, 16 + 16 registers), writes its
 // half of P^T and dS^T (16-bit, [key][query], 128B-swizzled) to shared memory (double buffered), the two
-// meet on kBarDS, then each runs dQ = dS K for its 128 head-dim columns (ATOMIC: 64 registers, issued
-// first; red.global.add.v2 while dV += P^T dO and dK += dS^T Q, both operands from shared memory, run).
+// meet on kBarDS, then each runs dQ = dS K for its 128 head-dim columns (ATOMIC: 64 registers) and dV += P^T dO,
+// dK += dS^T Q (both operands from shared memory); kDqRed: dQ issued first, red.global.add.v2 while dV / dK run;
+// the bulk modes below.
 // Peak live: dK 64 + dV 64 + dQ 64 = 192 of kConsRegs' 240.
 // Shared memory (bytes): K, V 32768 each; Q, dO 2 stages x 32768 each; P^T, dS^T 2 buffers x 2 x 8192;
-// lse / dsum [2][64] 1024; barriers 40; + 1024 alignment slack = 231464 of 232448.
+// lse / dsum [2][64] 1024; barriers (kv, full, empty, dqfull) 56; + 1024 alignment slack = 231480 of 232448.
 // The dS^T buffers: iteration it writes buffer it & 1 after kBarDS of it - 1, which the other warpgroup
 // reached after its wgmma reads of buffer it & 1 (iteration it - 2) were waited for.
 // DQ = kDqBulkW (FA3's bulk reduction with the dedicated writer, no shared memory of its own): the fp32 dQ tile
