@@ -95,6 +95,12 @@ constexpr int kDqBulkW = 4;
 // previous tile's dQ) with kDqBulkW's writer, the dQ tile double buffered (the two warpgroups store their
 // halves of a tile half an iteration apart).
 constexpr int kDqBulkWPP = 5;
+// kDqBulkW2 (bwd_ws256 only): kDqBulkW with the dQ tile split the other way over the stage's buffers: warpgroup
+// w's first 64 columns into bytes 16 KiB w .. of the dO buffer, its last 64 into the same bytes of the Q buffer:
+// the bytes its own dV (dO's head-dim slabs 2 w, 2 w + 1) and dK (Q's) read, every other reader of the stage
+// (S^T, dP^T: all slabs) done before kBarDS. So no meeting: the first half goes in after its own dV (under dK's
+// MMAs), the second after its own dK.
+constexpr int kDqBulkW2 = 6;
 template <int DQ> struct DqBufs { static constexpr int value = DQ == kDqBulkWPP ? 2 : 1; };
 // The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
 // head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
@@ -145,6 +151,7 @@ __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_g
 
 constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ halves in the fp32 tile
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
+constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
 
 template <class T, int D, int DQ, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
@@ -517,6 +524,394 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
   attn::bwd_store_dkdv<T, D>(p, sq, b, hk, wkey, warp, g, q4, dk, dv);
+}
+
+
+// ---------------------------------------------------------------------------------------------- d 256
+// bwd_ws256<T, DQ>: the head dim 256 backward (DQ kDqNone, kDqRed, kDqBulkW (the default: tuning.attention_bwd.
+// WS_DQ_D256) or kDqBulkW2), 384 threads, one CTA per (64 keys, K/V head, batch), the producer warp as bwd_ws's
+// (K / V once, then Q / dO by TMA with lse / dsum into a 2-stage ring; the same barrier protocol: kv, full[s]
+// count 33, empty[s] count 8, or 1 (the writer) in the bulk modes, below).
+// Why another tiling (registers a consumer thread, FA3's hdim-256 split): dK and dV of 128 keys x 256 are
+// 65536 fp32, 256 a thread over two warpgroups (bwd_ws's split by keys cannot hold them); of 64 keys 128 a
+// thread. So the CTA takes 64 keys and consumer warpgroup w keeps dK / dV's head-dim columns 128 w ..
+// 128 w + 127 (64 + 64 registers) across the walk; the query tile (BM = 64 rows) is split the other way:
+// warpgroup w computes S^T / dP^T for queries 32 w .. 32 w + 31 (m64n32k16, 16 + 16 registers), writes its
+// half of P^T and dS^T (16-bit, [key][query], 128B-swizzled) to shared memory (double buffered), the two
+// meet on kBarDS, then each runs dQ = dS K for its 128 head-dim columns (ATOMIC: 64 registers) and dV += P^T dO,
+// dK += dS^T Q (both operands from shared memory); kDqRed: dQ issued first, red.global.add.v2 while dV / dK run;
+// the bulk modes below.
+// Peak live: dK 64 + dV 64 + dQ 64 = 192 of kConsRegs' 240.
+// Shared memory (bytes): K, V 32768 each; Q, dO 2 stages x 32768 each; P^T, dS^T 2 buffers x 2 x 8192;
+// lse / dsum [2][64] 1024; barriers (kv, full, empty, dqfull) 56; + 1024 alignment slack = 231480 of 232448.
+// The dS^T buffers: iteration it writes buffer it & 1 after kBarDS of it - 1, which the other warpgroup
+// reached after its wgmma reads of buffer it & 1 (iteration it - 2) were waited for.
+// DQ = kDqBulkW (FA3's bulk reduction with the dedicated writer, no shared memory of its own): the fp32 dQ tile
+// (64 x 256 = 64 KiB) is staged in the stage's own Q and dO buffers (32 KiB each), dead once both warpgroups'
+// wgmmas of the iteration have read them (groups dV, dQ, dK in that order): warpgroup 0 stores its dQ columns
+// 0..127 into the dO buffer after both dVs (kBarDQ: 0 waits, 1 arrives after its wait<1>), while dK runs;
+// warpgroup 1 its 128..255 into the Q buffer after both dKs (kBarDQ2: 1 waits, 0 arrives after its wait<0>)
+// (4 slabs of 32 fp32 columns x 64 rows, TMA's 128B swizzle); each fences, one arrival a warp on dqfull[s]
+// (count 8); the writer (thread 32) waits dqfull[s] parity (it / 2) & 1, issues the 8 bulk tensor
+// reductions, waits for their reads and only then arrives on empty[s] (count 1 in this mode): the producer
+// refills the stage after the dQ tile has left it. The dQ atomics of "red" cost 8.6 of 17.3 ms at b4 s4096 h32
+// (mid-session run 1: the kernel without dQ, deterministic, 8.76 ms).
+struct Cfg256 {
+  static constexpr int D = 256, BN = 64, BM = 64, STAGES = 2;
+  static constexpr int KV_BYTES = BN * D * 2, Q_BYTES = BM * D * 2, T_BYTES = BN * BM * 2;  // T: P^T or dS^T
+  static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * Q_BYTES,
+                       OFF_PS = OFF_DO + STAGES * Q_BYTES,  // buffer i: P^T at OFF_PS + 2 i T_BYTES, dS^T after it
+                       OFF_L = OFF_PS + 4 * T_BYTES,        // lse [STAGES][BM], then dsum [STAGES][BM]
+                       OFF_BAR = OFF_L + STAGES * BM * 8,   // kv, full [STAGES], empty [STAGES], dqfull [STAGES]
+                       SMEM = OFF_BAR + (1 + 3 * STAGES) * 8 + 1024;
+};
+
+// m64n32k16, both operands K-major from shared memory (the S^T / dP^T halves; wgmma.cuh has N >= 64)
+template <class T> struct Mma32;
+#define PYDNN_WSB_MMA32(CT, PT)                                                                                  \
+  template <> struct Mma32<CT> {                                                                                 \
+    static __device__ __forceinline__ void run(float (&d)[16], unsigned long long da, unsigned long long db,     \
+                                               int scale_d) {                                                    \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                  \
+                   "wgmma.mma_async.sync.aligned.m64n32k16.f32." PT "." PT " "                                   \
+                   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, " \
+                   "0, 0;\n}\n"                                                                                  \
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),         \
+                     "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),     \
+                     "+f"(d[14]), "+f"(d[15])                                                                    \
+                   : "l"(da), "l"(db), "r"(scale_d));                                                            \
+    }                                                                                                            \
+  };
+PYDNN_WSB_MMA32(half_t, "f16")
+PYDNN_WSB_MMA32(bf16_t, "bf16")
+#undef PYDNN_WSB_MMA32
+
+template <class T, int DQ>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws256 needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert(DQ == kDqNone || DQ == kDqRed || DQ == kDqBulkW || DQ == kDqBulkW2, "bwd_ws256: dQ mode");
+  static_assert(Cfg256::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
+  static_assert(Cfg256::OFF_PS % 1024 == 0 && Cfg256::T_BYTES % 1024 == 0, "swizzled tiles: 1024-byte atoms");
+  using C = Cfg256;
+  constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
+  constexpr bool ATOMIC = DQ != kDqNone, BULK = DQ == kDqBulkW || DQ == kDqBulkW2, SYM = DQ == kDqBulkW2;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = tma::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const unsigned sb = tma::smem_addr(smem);
+  const unsigned sK = sb + C::OFF_K, sV = sb + C::OFF_V, sQ = sb + C::OFF_Q, sdO = sb + C::OFF_DO;
+  float* sL = reinterpret_cast<float*>(smem + C::OFF_L);  // [STAGES][BM] lse in log2 units (+inf: P = 0)
+  float* sDs = sL + STAGES * BM;                           // [STAGES][BM] dsum
+  const unsigned kvbar = sb + C::OFF_BAR;
+  auto full = [&](int s) { return kvbar + 8u * (1 + s); };
+  auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
+  auto dqfull = [&](int s) { return kvbar + 8u * (1 + 2 * STAGES + s); };  // (kDqBulkW)
+
+  // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order (bwd_ws's, blocks of 64 keys)
+  int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  if (gridDim.y == 1 && gridDim.z == 1) {
+    const int nx = (p.seq_kv + BN - 1) / BN, c = blockIdx.x / (nx * kOrderChunk);
+    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = blockIdx.x - c * nx * kOrderChunk;
+    const int hb = c * kOrderChunk + r % n;
+    xb = r / n;
+    hk = hb % p.heads_kv;
+    b = hb / p.heads_kv;
+  }
+  const Seq sq = seq_of(p, b);
+  const int n0 = xb * BN;
+  const int i_first = (sq.causal && n0 < sq.len_kv) ? max(0, n0 - sq.offset) : 0;
+  const int mt0 = i_first / BM;
+  const int mtiles = (n0 < sq.len_kv && i_first < sq.len_q) ? (sq.len_q + BM - 1) / BM - mt0 : 0;
+  const int iters = mtiles * p.group;
+
+  if (threadIdx.x == 0) {
+    tma::mbar_init(kvbar, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      tma::mbar_init(full(s), 33);
+      tma::mbar_init(empty(s), BULK ? 1 : kConsumerWarps);  // (kDqBulkW: the writer, after the dQ tile's reads)
+      tma::mbar_init(dqfull(s), kConsumerWarps);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    tma::regs_dealloc<kProdRegs>();
+    if constexpr (BULK) {
+      if (threadIdx.x == 32 && iters > 0) {  // the dQ writer: tile it from the dO (columns 0..127) and Q (128..)
+        for (int it = 0; it < iters; ++it) {  // buffers of stage it % STAGES
+          const int s = it % STAGES;
+          const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM, hb = b * p.heads_q + h;
+          tma::mbar_wait(dqfull(s), (it / STAGES) & 1);
+          const unsigned lo = sdO + s * C::Q_BYTES, hi = sQ + s * C::Q_BYTES;
+#pragma unroll
+          for (int sl = 0; sl < 4; ++sl) {  // (kDqBulkW2: fp32 slab sl of the dO buffer is columns 128 (sl / 2)
+            // + 32 (sl % 2), of the Q buffer 64 more)
+            const int c_lo = SYM ? 128 * (sl >> 1) + 32 * (sl & 1) : sl * 32, c_hi = SYM ? c_lo + 64 : 128 + sl * 32;
+            bulk_reduce_add_3d(&tm.dqacc, lo + sl * (BM * 128), c_lo, m0, hb);
+            bulk_reduce_add_3d(&tm.dqacc, hi + sl * (BM * 128), c_hi, m0, hb);
+          }
+          bulk_commit();
+          bulk_wait_read();  // the tile read: the stage may be refilled
+          tma::mbar_arrive(empty(s));
+        }
+        bulk_wait();  // (the additions done before the CTA's end)
+        return;
+      }
+    }
+    if (threadIdx.x >= 32 || iters == 0) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+      tma::prefetch_map(&tm.q);
+      tma::prefetch_map(&tm.dout);
+      tma::mbar_arrive_expect_tx(kvbar, 2 * C::KV_BYTES);
+#pragma unroll
+      for (int sl = 0; sl < D / 64; ++sl) {
+        tma::load_4d(sK + sl * BN * 128, &tm.k, kvbar, sl * 64, n0, hk, b);
+        tma::load_4d(sV + sl * BN * 128, &tm.v, kvbar, sl * 64, n0, hk, b);
+      }
+    }
+    const long long ls0 = p.stride[PYDNN_ATTN_T_LSE][0], ls1 = p.stride[PYDNN_ATTN_T_LSE][1],
+                    ls2 = p.stride[PYDNN_ATTN_T_LSE][2];
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % STAGES, n = it / STAGES;
+      const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
+      tma::mbar_wait(empty(s), (n & 1) ^ 1);
+      if (lane == 0) {
+        tma::mbar_arrive_expect_tx(full(s), 2 * C::Q_BYTES);
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl) {
+          tma::load_4d(sQ + s * C::Q_BYTES + sl * BM * 128, &tm.q, full(s), sl * 64, m0, h, b);
+          tma::load_4d(sdO + s * C::Q_BYTES + sl * BM * 128, &tm.dout, full(s), sl * 64, m0, h, b);
+        }
+      }
+      const float* gl = p.lse + (long long)b * ls0 + (long long)h * ls1;
+      const float* gd = p.dsum + ((long long)b * p.heads_q + h) * p.seq_q;
+#pragma unroll
+      for (int k = 0; k < BM / 32; ++k) {
+        const int r = lane + 32 * k, row = m0 + r;
+        float lv = kInf, dv = 0.f;
+        if (row < sq.len_q) {
+          const float x = gl[(long long)row * ls2];
+          lv = x > -kInf ? x * kLog2e : kInf;  // a row that saw nothing: P = 0
+          dv = gd[row];
+        }
+        sL[s * BM + r] = lv;
+        sDs[s * BM + r] = dv;
+      }
+      tma::mbar_arrive(full(s));
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------------------------- consumers
+  tma::regs_alloc<kConsRegs>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, g = l >> 2, q4 = l & 3;
+  float dk[64], dv[64];  // keys n0 + 16 warp + g + 8 hh, head-dim columns 128 cw + 8 j + 2 q4 + e
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+  if (iters > 0) tma::mbar_wait(kvbar, 0);
+  const int kr = warp * 16 + g;  // this thread's first key row of the tile
+
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % STAGES, n = it / STAGES;
+    const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
+    tma::mbar_wait(full(s), n & 1);
+    const unsigned q_s = sQ + s * C::Q_BYTES, do_s = sdO + s * C::Q_BYTES;
+
+    // S^T = K Q^T and dP^T = V dO^T for queries 32 cw .. (64 keys x 32 queries; k16 step kk: slab kk / 4,
+    // 32 bytes within the rows; the query half starts 32 rows = 4096 bytes into each slab)
+    float sc[16], dp[16];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned ko = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + cw * 4096 + (kk & 3) * 32;
+      Mma32<T>::run(sc, wgmma::desc_sw128(sK + ko, 16, 1024), wgmma::desc_sw128(q_s + qo, 16, 1024), kk > 0);
+    }
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned ko = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + cw * 4096 + (kk & 3) * 32;
+      Mma32<T>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<1>();
+    wgmma::fence_operands(sc);
+
+    // P^T: element 4 j + 2 hh + e is key n0 + kr + 8 hh, query m0 + 32 cw + 8 j + 2 q4 + e
+    const bool need_mask = (sq.causal && n0 + BN - 1 > m0 + 32 * cw + sq.offset) || n0 + BN - 1 >= sq.len_kv;
+    const float* lt = sL + s * BM + 32 * cw;
+    const float* dt = sDs + s * BM + 32 * cw;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = 4 * j + 2 * hh + e;
+          float x = sc[idx];
+          if (need_mask) {
+            const int key = n0 + kr + 8 * hh, qi = m0 + 32 * cw + j * 8 + 2 * q4 + e;
+            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
+          }
+          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
+        }
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operands(dp);
+    // dS^T = P^T (dP^T - dsum); both halves to buffer it & 1 as [key][query] (chunk 4 cw + j of row kr + 8 hh)
+    unsigned short* tp = reinterpret_cast<unsigned short*>(smem + C::OFF_PS + (it & 1) * 2 * C::T_BYTES);
+    unsigned short* tds = tp + C::T_BYTES / 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(dt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i0 = 4 * j + 2 * hh, o = wgmma::sw128<BN>(kr + 8 * hh, 4 * cw + j) + 2 * q4;
+        *reinterpret_cast<unsigned*>(tp + o) = pack16x2<T>(sc[i0], sc[i0 + 1]);
+        *reinterpret_cast<unsigned*>(tds + o) =
+            pack16x2<T>(sc[i0] * (dp[i0] - dd.x), sc[i0 + 1] * (dp[i0 + 1] - dd.y));
+      }
+    }
+    wgmma::fence_proxy_async();
+    tma::named_sync(kBarDS, 256);  // both halves of P^T and dS^T written
+
+    const unsigned sp = sb + C::OFF_PS + (it & 1) * 2 * C::T_BYTES, sds = sp + C::T_BYTES;
+    float dq[64];
+    // dQ = dS K, head-dim columns 128 cw ..: A = dS (queries x keys) stored key-major (MN-major), B = K
+    // ([key][d]: MN-major, slabs 2 cw, 2 cw + 1); k16 step = 16 keys = 2048 bytes
+    auto mma_dq = [&] {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::Mma<T, 128, 1, 1>::run(dq, wgmma::desc_sw128(sds + kk * 2048, BN * 128, 1024),
+                                      wgmma::desc_sw128(sK + 2 * cw * (BN * 128) + kk * 2048, BN * 128, 1024), kk > 0);
+    };
+    // dV += P^T dO, dK += dS^T Q (A K-major from the [key][query] tiles: k16 step = 32 bytes; B MN-major:
+    // 16 query rows = 2048 bytes, head-dim slabs 2 cw, 2 cw + 1)
+    auto mma_dv = [&] {
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::Mma<T, 128, 0, 1>::run(dv, wgmma::desc_sw128(sp + ks * 32, 16, 1024),
+                                      wgmma::desc_sw128(do_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+    };
+    auto mma_dk = [&] {
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::Mma<T, 128, 0, 1>::run(dk, wgmma::desc_sw128(sds + ks * 32, 16, 1024),
+                                      wgmma::desc_sw128(q_s + 2 * cw * (BM * 128) + ks * 2048, BM * 128, 1024), 1);
+    };
+    // kDqBulkW: this warpgroup's dQ columns into a stage buffer (dq element 4 j + 2 hh + e: row kr + 8 hh,
+    // column cc = 8 j + 2 q4 + e of its 128: slab cc / 32, row r at 128 r, 16-byte chunk (cc % 32) / 4 at
+    // chunk ^ (r & 7), bwd_ws's put_dq layout), made visible to the writer's bulk reductions
+    auto put_dq = [&](unsigned char* sdq) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int rr = kr + 8 * hh, cc = 8 * j + 2 * q4, w = cc & 31;
+          *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + (((w >> 2) ^ (rr & 7)) << 4) + (w & 3) * 4) =
+              make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
+      wgmma::fence_proxy_async();
+    };
+    // kDqBulkW2: columns 64 part .. 64 part + 63 of this warpgroup's 128 into slabs 2 cw, 2 cw + 1 of sdq
+    auto put_dq_part = [&](unsigned char* sdq, int part) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int rr = kr + 8 * hh, cc = 8 * j + 2 * q4, w = cc & 31, jj = 8 * part + j;
+          *reinterpret_cast<float2*>(sdq + (2 * cw + (cc >> 5)) * (BM * 128) + rr * 128 + (((w >> 2) ^ (rr & 7)) << 4) + (w & 3) * 4) =
+              make_float2(dq[4 * jj + 2 * hh], dq[4 * jj + 2 * hh + 1]);
+        }
+      wgmma::fence_proxy_async();
+    };
+    wgmma::fence();
+    if constexpr (BULK) {
+      // three groups, dV, dQ, dK: warpgroup 0's dQ half goes into the dO buffer once both warpgroups' dV (the
+      // last reads of dO) are done (kBarDQ: warpgroup 0 waits, 1 arrives), under dK's MMAs; warpgroup 1's into
+      // the Q buffer once both dKs are done (kBarDQ2: 1 waits, 0 arrives after its wait<0>)
+      mma_dv();
+      wgmma::commit();
+      mma_dq();
+      wgmma::commit();
+      mma_dk();
+      wgmma::commit();
+      wgmma::wait<1>();  // dV, dQ done
+      wgmma::fence_operands(dq);
+      wgmma::fence_operands(dv);
+      if constexpr (SYM) {  // its own dV done: its dO bytes are free; then its own dK: its Q bytes
+        put_dq_part(smem + C::OFF_DO + s * C::Q_BYTES, 0);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dk);
+        put_dq_part(smem + C::OFF_Q + s * C::Q_BYTES, 1);
+      } else if (cw == 0) {
+        tma::named_sync(kBarDQ, 256);
+        put_dq(smem + C::OFF_DO + s * C::Q_BYTES);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dk);
+        attn::bar_arrive(kBarDQ2, 256);
+      } else {
+        attn::bar_arrive(kBarDQ, 256);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dk);
+        tma::named_sync(kBarDQ2, 256);
+        put_dq(smem + C::OFF_Q + s * C::Q_BYTES);
+      }
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(dqfull(s));  // (the writer releases the stage)
+      continue;
+    }
+    if constexpr (ATOMIC) {
+      mma_dq();
+      wgmma::commit();
+    }
+    mma_dv();
+    mma_dk();
+    wgmma::commit();
+    if constexpr (DQ == kDqRed) {
+      wgmma::wait<1>();  // dQ done (groups retire in order); dV / dK run on
+      wgmma::fence_operands(dq);
+      // dq element 4 j + 2 hh + e: query row m0 + kr + 8 hh, column 128 cw + 8 j + 2 q4 + e
+      float* base = p.dq_acc + ((long long)b * p.heads_q + h) * p.seq_q * D + 128 * cw + 2 * q4;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = m0 + kr + 8 * hh;
+        if (row < sq.len_q) {
+          float* r = base + (long long)row * D;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) red_add2(r + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
+      }
+    }
+    wgmma::wait<0>();  // Q / dO of this stage and the P^T / dS^T buffer read
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(dv);
+    __syncwarp();
+    if (l == 0) tma::mbar_arrive(empty(s));
+  }
+
+  // dK = scale * dK, dV: key n0 + kr + 8 hh, columns 128 cw + 8 j + 2 q4; keys past the length as zeros
+  T* gdk = const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, b, hk)) + 128 * cw + 2 * q4;
+  T* gdv = const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, b, hk)) + 128 * cw + 2 * q4;
+  const long long ldk = p.stride[PYDNN_ATTN_T_DK][2], ldv = p.stride[PYDNN_ATTN_T_DV][2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = n0 + kr + 8 * hh;
+    if (key >= p.seq_kv) continue;
+    const bool live = key < sq.len_kv;
+    T* rk = gdk + (long long)key * ldk;
+    T* rv = gdv + (long long)key * ldv;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      *reinterpret_cast<unsigned*>(rk + 8 * j) = live ? pack16x2<T>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale) : 0u;
+      *reinterpret_cast<unsigned*>(rv + 8 * j) = live ? pack16x2<T>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]) : 0u;
+    }
+  }
 }
 
 }  // namespace attn_wsb

@@ -525,6 +525,13 @@ attention_bwd = Switches(
                     'blocks fastest). Mid-session H200 run (session 29, b4 s4096, bulk): causal d128 h32 / d64 / '
                     'h64/8 1.074x / 1.030x / 1.065x, non-causal 0.99-1.02x; the reasons: ptx/attention_ws_bwd.cu '
                     'kOrderChunk'),
+    WS_DQ_D256=("bulkw", 'the d 256 backward\'s (bwd_ws256) atomic dQ: "red" (red.global.add.v2 from the registers) or '
+                       '"bulkw" (bulk tensor reductions by the writer warp, the fp32 tile staged in the stage\'s Q / dO '
+                       'buffers), "bulkw2" (the same, each warpgroup\'s dQ into the bytes its own dV / dK read: no '
+                       'meeting); the modes pydnn/ops/attention_ws_bwd.py D256_MODES instantiates (bulkw; the others by '
+                       'adding them there). Session 30 mid-session H200 runs: red 17.3 ms at b4 s4096 h32 where the '
+                       'kernel without dQ takes 8.76; geomean over cuDNN red 0.778 / bulkw 0.918 (6 points), red 0.799 / '
+                       'bulkw 0.929 / bulkw2 0.919 (4 points, bulkw2 1.06 at h128/8 but 0.84 at h32)'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
                   '(d128 causal) to 1.01x'),

@@ -50,8 +50,9 @@ backward: preprocess (rowsum), dK/dV per 64-key block (loops over the group's qu
 of 64 rows, 32 at D = 128), dQ per 64 query rows. The switches attention_wgmma.ENABLED /
 attention_wgmma_bwd.ENABLED force the mma.sync kernels on Hopper too. Head dims 96 and 256: on sm_90 the
 forward on wgmma (D = 96 as D = 128 with 32 zero columns in shared memory, D = 256 with 64-key tiles), and
-the D = 96 backward (D = 128's tiles, zero padding); the D = 256 backward (its dK + dV would be 256
-registers a thread on wgmma), other archs and dropout on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
+the D = 96 backward (D = 128's tiles, zero padding); the D = 256 backward's dK / dV on the warp-specialized
+bwd_ws256 (64-key CTAs, pydnn/ops/attention_ws_bwd.py; its deterministic dQ pass the mma.sync one); the D = 256
+backward that bwd_ws256 does not take, other archs and dropout on mma.sync: D = 96 in D = 128's shared-memory layout, D = 256 with
 64-row forward CTAs, dK / dV split over two CTAs by halves of the head dim and 16-row / 16-key tiles
 (Tiles<D> in ptx/attention.cu has the register and smem counts).
 
@@ -771,7 +772,8 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     drop = a.dropout != 0
     # dK / dV (and the atomic dQ share) on wgmma where it runs (attention_wgmma_bwd.usable), else mma.sync
     wg = _wgb.usable(handle, pr.d, pr.tag, a.dropout)
-    if not wg:
+    ws256 = not wg and pr.d == 256 and handle.arch == _wsb.ARCH  # (attn: bwd_ws256 where usable says so)
+    if not wg and not ws256:
         fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
     p = _params(a, pr, {T_Q: q_desc, T_K: k_desc, T_V: v_desc, T_O: o_desc, T_DO: d_o_desc, T_DQ: d_q_desc,
                         T_DK: d_k_desc, T_DV: d_v_desc, T_LSE: stats_desc})
@@ -784,7 +786,10 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
         if not (_wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
                 and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
             _wgb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)
-    else:
+    elif not (ws256 and _wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
+              and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
+        if ws256:  # d 256 that bwd_ws256 does not take: the mma.sync kernel
+            fkv, skv_smem = _func(handle, "bwd_dkdv", pr, drop, atomic=not det)
         _launch(handle, fkv, skv_smem, (cdiv(pr.skv, BWD_N) * DSPLIT[pr.d], a.heads_kv, pr.b), p)
     if det and wg:
         _wgb.launch_dq(handle, pr.tag, pr.d, pr.b, a.heads_q, pr.sq, p)

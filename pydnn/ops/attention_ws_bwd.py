@@ -10,6 +10,11 @@ bulk reduction of a shared-memory tile, tuning.attention_bwd.WS_DQ) or left to t
 preprocess, the dQ conversion and the deterministic dQ pass are unchanged (pydnn/ops/attention.py's
 attention_backward launches them around this kernel), and so is the workspace.
 
+d 256 runs bwd_ws256<T, DQ> (DQ a D256_MODES value; atomic: tuning.attention_bwd.WS_DQ_D256): one CTA per 64
+keys, consumer warpgroup w holding dK / dV's head-dim columns 128 w.. (ptx/attention_ws_bwd.cu Cfg256 has the
+register and shared-memory counts); the deterministic mode's dQ pass there is attention.cu's mma.sync bwd_dq, the
+older kernel the mma.sync bwd_dkdv.
+
 Not taken (the older kernel runs): per-batch lengths (TMA's boxes would bring rows past a length that are
 not zero), a launch recorder listening (the tensor maps hold pointers a record cannot patch), a head dim
 outside HEAD_DIMS (HEAD_DIMS_DET for deterministic = 1), dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
@@ -21,13 +26,15 @@ from .._build.manifest import KernelUnit
 from .._cuda import driver, tensormap
 
 ARCH = "sm_90"
-INSTANTIATED = (64, 128)
+INSTANTIATED = (64, 128, 256)
 # The head dims the planner sends here by default, atomic dQ (deterministic = 0) and deterministic (the dQ
 # pass after this kernel). Both lists take d64 and d128: the kernel beat the older bwd_dkdv_wg at every measured
 # point, atomic 0.832x cuDNN geomean against 0.615x, deterministic 1.13-1.23x the older time (H200, b4 s4096;
 # the runs: tools/PERF.md, the attn section of session 28).
-HEAD_DIMS = (64, 128)
-HEAD_DIMS_DET = (64, 128)
+# d 256 (bwd_ws256, session 30): 64-key CTAs, dK / dV split by head-dim halves over the consumer warpgroups;
+# dQ by red.global.add or (deterministic) the mma.sync dQ pass.
+HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS_DET = (64, 128, 256)
 THREADS = 384           # kThreads: the producer warpgroup and two consumer warpgroups
 KEYS = 128              # kBN
 STAGES = 2
@@ -40,11 +47,18 @@ def query_rows(d):
     return 64 if d > 64 else 128
 
 
+def keys(d):
+    """Keys a CTA: kBN, Cfg256::BN at d 256 (dK / dV of 64 keys x 256: 128 registers a consumer thread)."""
+    return 64 if d == 256 else KEYS
+
+
 def smem_bytes(d, stages=STAGES, mode="none"):
     """Cfg<D, STAGES, NDQ>::SMEM: K, V (128 keys), STAGES stages of Q and dO, two dS^T buffers, lse / dsum
     [STAGES][BM] each, the fp32 dQ tile (BM x d, kDqBulk's; every mode reserves one, "bulkwpp" two),
     9 + 2 STAGES mbarriers and two dQ tiles' coordinates (16 bytes), 1 KiB alignment slack (d 128: 198776
     bytes, 3 stages 232072 (of 232448), bulkwpp 231544; d 64: 199800)."""
+    if d == 256:  # Cfg256: K, V (64 keys), 2 stages of Q / dO, 2 x (P^T, dS^T), lse / dsum, 7 mbarriers, slack
+        return 2 * 64 * d * 2 + 2 * 2 * 64 * d * 2 + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 7 * 8 + 1024
     bm = query_rows(d)
     ndq = 2 if mode == "bulkwpp" else 1
     return (2 * KEYS * d * 2 + 2 * stages * bm * d * 2 + 2 * KEYS * bm * 2 + stages * bm * 8 + ndq * bm * d * 4
@@ -56,8 +70,19 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5}
-MODE_DIMS = {"bulkwpp": (128,)}
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6}
+# d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
+# WS_DQ_D256 picks from (a value not listed runs the first atomic one). The kernel has three: "red"
+# (red.global.add), "bulkw" (the writer's bulk reductions, the fp32 dQ tile staged in the stage's Q / dO buffers:
+# no room for a tile of its own) and "bulkw2" (d 256 only: bulkw with the dO buffer taking both warpgroups' first
+# 64 dQ columns, the Q buffer their last 64, each in the bytes its own dV / dK read: no meeting). Session 30's
+# mid-session H200 runs (tools/PERF.md): bulkw 0.918 / 0.929x cuDNN, bulkw2 0.919, red 0.778 / 0.799; only bulkw
+# is instantiated (the install-time build compiles what the defaults run; the others, GPU-tested in those runs,
+# come back by adding them here).
+D256_MODES = ("none", "bulkw")
+MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
+             **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")},
+             "bulkw2": (256,) if "bulkw2" in D256_MODES else ()}
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
@@ -75,12 +100,17 @@ def dq_mode(atomic, d=128, causal=False):
     under a causal mask WS_DQ_CAUSAL when set ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
     if not atomic:
         return "none"
+    if d == 256:
+        m = tuning.attention_bwd.WS_DQ_D256
+        return m if m in D256_MODES else D256_MODES[1]
     m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
     return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
 def _expr(tag, d, mode, stages=STAGES):
-    """bwd_ws<T, D, DQ, STAGES>; mode a DQ_MODES key."""
+    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages); mode a DQ_MODES key."""
+    if d == 256:
+        return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
     return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
@@ -123,15 +153,15 @@ def maps(tag, d, p, mode="none"):
     dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp") else None
+    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp", "bulkw2") else None
     key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:
         return m
-    bm = query_rows(d)
+    bm, bn = query_rows(d), keys(d)
     raw = (_encode(tag, p.q, (d, p.seq_q, hq, b), st[0], bm) + _encode(tag, p.dout, (d, p.seq_q, hq, b), st[4], bm)
-           + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], KEYS)
-           + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], KEYS))
+           + _encode(tag, p.k, (d, p.seq_kv, hkv, b), st[1], bn)
+           + _encode(tag, p.v, (d, p.seq_kv, hkv, b), st[2], bn))
     if acc:
         raw += tensormap.encode_tiled("f32", int(acc), (d, p.seq_q, b * hq), [4 * d, 4 * d * p.seq_q], (32, bm, 1))
     m = Maps()
@@ -142,10 +172,10 @@ def maps(tag, d, p, mode="none"):
     return m
 
 
-def grid(batch, heads_kv, seq_kv):
-    """(128-key blocks, K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs as a 1-d grid
-    the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
-    nx = (seq_kv + KEYS - 1) // KEYS
+def grid(batch, heads_kv, seq_kv, d=128):
+    """(128-key blocks (64 at d 256), K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs
+    as a 1-d grid the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
+    nx = (seq_kv + keys(d) - 1) // keys(d)
     return (nx * heads_kv * batch, 1, 1) if tuning.attention_bwd.WS_ORDER else (nx, heads_kv, batch)
 
 
@@ -161,6 +191,6 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
     smem = smem_bytes(d, st, mode)
     f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
-    driver.launch_args(f, grid(batch, heads_kv, seq_kv), (THREADS, 1, 1), smem, handle.cu_stream,
+    driver.launch_args(f, grid(batch, heads_kv, seq_kv, d), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))
     return True

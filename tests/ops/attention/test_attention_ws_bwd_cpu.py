@@ -33,10 +33,12 @@ def test_units():
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
+                           + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
+    assert WSB._expr("f16", 256, "red") == "pydnn::attn_wsb::bwd_ws256<pydnn::half_t, 1>"
     assert set(units) <= {u.name for u in W.kernel_units()}  # registered through attention_wgmma_bwd
     # Cfg<D, STAGES>::SMEM, by hand: K + V, Q + dO stages, two dS^T, lse / dsum, the fp32 dQ tile, barriers,
     # slack
@@ -54,8 +56,16 @@ def test_units():
     modes = {v: k for k, v in WSB.DQ_MODES.items()}
     for t in ("bf16", "f16"):
         for e in units[f"attention.ws_bwd.{t}"].exprs:
-            d, m, st = (int(x) for x in e.split("<")[1].rstrip(">").split(", ")[1:])
+            args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
+            d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
+    # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 7
+    # mbarriers, slack: 968 bytes under the limit (bulkw stages its dQ tile in the Q / dO buffers)
+    assert WSB.smem_bytes(256) == WSB.smem_bytes(256, 2, "bulkw") == (2 * 64 * 256 * 2 + 2 * 2 * 64 * 256 * 2
+                                                                      + 4 * 64 * 64 * 2 + 2 * 64 * 8 + 7 * 8 + 1024)
+    assert WSB.smem_bytes(256) == 231480 == SMEM_LIMIT - 968
+    # bulkw's fp32 dQ halves (64 rows x 128 columns) fill a Q / dO stage buffer exactly
+    assert 64 * 128 * 4 == 64 * 256 * 2
 
 
 def _dq_byte(bm, rr, cc):
@@ -114,8 +124,8 @@ def on(monkeypatch, launches):
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", None)  # (WS_DQ as each test sets it)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", False)
-    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
-    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
+    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128, 256))
+    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128, 256))
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())  # (no driver to encode with here)
     return launches
 
@@ -139,6 +149,52 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
     assert ws["f"] == WSB._expr(tag, d, mode)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
+
+
+@pytest.mark.parametrize("order", [False, True])
+@pytest.mark.parametrize("dq", ["red", "bulkw", "bulkw2"])
+@pytest.mark.parametrize("det", [0, 1])
+@pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_dispatch_d256(on, monkeypatch, det, mask, dtype, dq, order):
+    """d 256: bwd_ws256 (64-key CTAs: 9 blocks of 517 keys), dQ by WS_DQ_D256 whatever WS_DQ says (bwd_ws's
+    modes), deterministic: the mma.sync dQ pass after it."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulkwpp")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_D256", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
+    _bwd(d=256, det=det, mask=mask, dtype=dtype)
+    assert WSB.D256_MODES[0] == "none" and set(WSB.D256_MODES[1:]) <= {"red", "bulkw", "bulkw2"}
+    dq = dq if dq in WSB.D256_MODES else WSB.D256_MODES[1]  # (a mode not instantiated: the first atomic one)
+    names = _names(on)
+    assert names == (["bwd_pre", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre", "bwd_ws256", "bwd_dq_convert"])
+    ws = on[1]
+    tag = "bf16" if dtype == BF16 else "f16"
+    mode = "none" if det else dq
+    assert ws["f"] == WSB._expr(tag, 256, mode) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(256) <= SMEM_LIMIT
+    assert ws["grid"] == ((9 * 2 * 2, 1, 1) if order else (9, 2, 2))
+
+
+@pytest.mark.parametrize("why", ["switch", "head_dims", "dropout", "sm_80", "refused", "lengths"])
+def test_dispatch_d256_elsewhere(on, monkeypatch, why):
+    """d 256 that bwd_ws256 does not take: the mma.sync dK / dV kernel, as before."""
+    kw = {}
+    if why == "switch":
+        monkeypatch.setattr(tuning.attention_bwd, "WS", False)
+    elif why == "head_dims":
+        monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
+    elif why == "dropout":
+        kw["dropout"] = 0.1
+    elif why == "sm_80":
+        kw["arch"] = "sm_80"
+    elif why == "refused":
+        def refuse(*a):
+            raise pydnn.PydnnError(9, "no")
+        monkeypatch.setattr(WSB, "maps", refuse)
+    elif why == "lengths":
+        monkeypatch.setattr(WSB, "usable", lambda *a, **k: False)
+    _bwd(d=256, **kw)
+    names = _names(on)
+    assert "bwd_ws256" not in names and "bwd_dkdv" in names, names
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -537,7 +593,156 @@ def test_emulation_catches_a_single_ds_buffer():
 
 # ptxas spills accepted (bytes of spill stores; f16 the same as bf16): the dQ writer's bulkw at d 64 (the
 # prologue's values across the setmaxnreg: attention_ws_bwd.cu's writer comment; 2-4 L1 reloads an iteration)
-SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28}
+def _emulate256(iters, seed, mode="bulkw", meet=True, wait_read=True, ds_buffers=2):
+    """One CTA of bwd_ws256 (2 stages): the producer warp, the two consumer warpgroups and (bulkw / bulkw2) the
+    dQ writer as generators in a random interleaving, TMA boxes landing after a random delay. A stage's Q and
+    dO buffers are modelled in two regions each (bytes 16 KiB w ..: head-dim slabs 2 w, 2 w + 1, what warpgroup
+    w's dK / dV read; S^T / dP^T read both). Checks that every region holds its iteration's data while a wgmma
+    reads it, that each P^T / dS^T buffer holds both halves of the iteration read, that the writer reduces a
+    stage holding dQ in all four regions and that no TMA load or dQ store lands under the reduction, and that
+    everything finishes. bulkw: warpgroup 0's dQ into both dO regions after kBarDQ (both dVs), 1's into both Q
+    regions after kBarDQ2 (both dKs); bulkw2: warpgroup w's into its own regions after its own dV / dK, no
+    meeting. meet: bulkw's meetings; wait_read: the writer's wait_group.read before it releases the stage."""
+    rng = random.Random(seed)
+    stages = 2
+    bulk = mode != "red"
+    kv = _Mbar(1)
+    full = [_Mbar(33) for _ in range(stages)]
+    empty = [_Mbar(1 if bulk else 8) for _ in range(stages)]
+    dqfull = [_Mbar(8) for _ in range(stages)]
+    stage = [[[None, None], [None, None]] for _ in range(stages)]   # [Q regions, dO regions] of each stage
+    lbuf = [None] * stages
+    dsb = [[None, None] for _ in range(ds_buffers)]
+    named, named_dq, named_dq2 = _Named(2), _Named(2), _Named(2)
+    reducing = []   # [time left, iteration, stage]
+    landing = []    # [time left, stage, value, barrier, bytes]
+
+    def every(s, val):
+        return all(x == val for buf in stage[s] for x in buf)
+
+    def producer():
+        if iters == 0:
+            return
+        kv.arrive(1, expect_tx=2)
+        kv.complete_tx(2)
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: empty[s].done((n & 1) ^ 1)
+            full[s].arrive(1, expect_tx=2)
+            landing.append([rng.randint(0, 4), s, ("Q", it), full[s], 2])
+            yield lambda: True
+            lbuf[s] = ("L", it)
+            full[s].arrive(32)
+
+    def writer():
+        for it in range(iters):
+            s = it % stages
+            yield lambda s=s, it=it: dqfull[s].done((it // stages) & 1)
+            assert every(s, ("dQ", it)), "the writer reduces a stage without the whole dQ tile"
+            reducing.append([rng.randint(0, 6), it, s])
+            if wait_read:
+                yield lambda: not reducing
+            empty[s].arrive(1)
+        yield lambda: not reducing
+
+    def consumer(cw):
+        if iters == 0:
+            return
+        yield lambda: kv.done(0)
+        for it in range(iters):
+            s, n = it % stages, it // stages
+            yield lambda s=s, n=n: full[s].done(n & 1)
+            assert every(s, ("Q", it)) and lbuf[s] == ("L", it)
+            yield lambda: True                      # S^T, dP^T (every region of Q / dO), P^T, dS^T
+            assert every(s, ("Q", it)), "a stage rewritten under S^T / dP^T"
+            b = it % ds_buffers
+            dsb[b][cw] = it
+            yield named.sync()
+            assert dsb[b] == [it, it]
+            yield lambda: True                      # dV, dQ read both P^T / dS^T halves, dV its dO region
+            assert dsb[b] == [it, it], "a P^T / dS^T half rewritten under the other's wgmmas"
+            assert stage[s][1][cw] == ("Q", it), "the dO buffer rewritten under dV"
+            if not bulk:
+                yield lambda: True                  # dK
+                assert stage[s][0][cw] == ("Q", it)
+                empty[s].arrive(4)
+                continue
+            assert not any(x[2] == s for x in reducing)
+            if mode == "bulkw2":                    # its own regions, after its own dV, then its own dK
+                stage[s][1][cw] = ("dQ", it)
+                yield lambda: True
+                assert stage[s][0][cw] == ("Q", it), "the Q buffer rewritten under dK"
+                stage[s][0][cw] = ("dQ", it)
+            elif cw == 0:                           # after wait<1>: dV, dQ done
+                if meet:
+                    yield named_dq.sync()           # (warpgroup 1's dV done too)
+                stage[s][1] = [("dQ", it), ("dQ", it)]   # its 128 columns fill the dO buffer, under dK
+                yield lambda: True
+                assert stage[s][0][cw] == ("Q", it), "the Q buffer rewritten under dK"
+                if meet:
+                    named_dq2.sync()                # (arrive: its dK done)
+            else:
+                if meet:
+                    named_dq.sync()                 # (arrive: its dV done)
+                yield lambda: True
+                assert stage[s][0][cw] == ("Q", it), "the Q buffer rewritten under dK"
+                if meet:
+                    yield named_dq2.sync()          # (warpgroup 0's dK done too)
+                stage[s][0] = [("dQ", it), ("dQ", it)]
+            dqfull[s].arrive(4)
+
+    actors = [producer(), consumer(0), consumer(1)] + ([writer()] if bulk and iters else [])
+    conds = [lambda: True] * len(actors)
+    live = [True] * len(actors)
+    steps = 0
+    while any(live) or landing or reducing:
+        steps += 1
+        assert steps < 100000
+        for x in reducing:
+            assert every(x[2], ("dQ", x[1])), "a stage changed under the dQ reduction"
+            x[0] -= 1
+        reducing[:] = [x for x in reducing if x[0] >= 0]
+        for x in landing:
+            x[0] -= 1
+        for x in [x for x in landing if x[0] < 0]:
+            landing.remove(x)
+            _, st, val, bar, nbytes = x
+            stage[st] = [[val, val], [val, val]]
+            bar.complete_tx(nbytes)
+        ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
+        if not ready:
+            assert landing or reducing or not any(live), "deadlock: every warpgroup waits and no copy is in flight"
+            continue
+        i = rng.choice(ready)
+        try:
+            conds[i] = next(actors[i])
+        except StopIteration:
+            live[i] = False
+
+
+@pytest.mark.parametrize("mode", ["red", "bulkw", "bulkw2"])
+@pytest.mark.parametrize("seed", range(20))
+def test_synchronization_emulated_d256(mode, seed):
+    rng = random.Random(3000 + seed)
+    _emulate256(rng.choice([0, 1, 2, 3, 5, 9, 16]), seed, mode=mode)
+
+
+@pytest.mark.parametrize("what", ["meet", "wait_read", "wait_read2", "ds_buffers"])
+def test_emulation_d256_catches_a_missing_wait(what):
+    """bwd_ws256 bulkw without the kBarDQ / kBarDQ2 meetings (a warpgroup stores its dQ half into a stage buffer
+    the other's dV / dK still reads), bulkw / bulkw2 without the writer's wait_group.read (the producer refills a
+    stage under the reduction), or red with one P^T / dS^T buffer."""
+    kw = {"ds_buffers": 1, "mode": "red"} if what == "ds_buffers" else \
+        {"wait_read": False, "mode": "bulkw2"} if what == "wait_read2" else {what: False}
+    with pytest.raises(AssertionError):
+        for seed in range(300):
+            _emulate256(12, seed, **kw)
+
+
+SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
+            # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}
 
 
 @pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])
@@ -583,7 +788,7 @@ def _emulate_bwd_ws(q, k, v, do, lse, dsum, scale, mask):
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     group = hq // hkv
-    bm, bn = WSB.query_rows(d), WSB.KEYS
+    bm, bn = WSB.query_rows(d), WSB.keys(d)  # (d 256: bwd_ws256's 64-key blocks)
     log2e = 1.4426950408889634
     causal = mask != NONE
     offset = skv - sq if mask == BR else 0
@@ -631,7 +836,8 @@ def _emulate_bwd_ws(q, k, v, do, lse, dsum, scale, mask):
 
 @pytest.mark.parametrize("mask", [NONE, TL, BR], ids=["none", "tl", "br"])
 @pytest.mark.parametrize("case", [(1, 4, 2, 150, 200, 64), (1, 2, 1, 200, 97, 128), (2, 2, 2, 130, 300, 64),
-                                  (1, 4, 4, 64, 129, 128)], ids=lambda c: "x".join(map(str, c)))
+                                  (1, 4, 4, 64, 129, 128), (1, 4, 2, 150, 200, 256), (2, 2, 1, 200, 97, 256),
+                                  (1, 2, 2, 33, 31, 256)], ids=lambda c: "x".join(map(str, c)))
 def test_tiling_emulated_matches_the_reference(mask, case):
     """The emulated walk (every key block, query tile and group head the kernel's bounds give) sums to the
     float64 reference's gradients: no tile skipped or taken twice, causal starts, partial tiles, GQA."""
@@ -651,7 +857,7 @@ def test_tiling_emulated_matches_the_reference(mask, case):
 
 
 @pytest.mark.parametrize("det", [0, 1])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
     """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
     d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions, WS_DQ's
@@ -665,5 +871,8 @@ def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
         del launches[:]
         _bwd(d=d, det=det, mask=mask)
         mode = "none" if det else "bulk" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
+        mode = tuning.attention_bwd.WS_DQ_D256 if d == 256 and not det else mode  # (d 256: bwd_ws256)
+        assert d != 256 or mode in WSB.D256_MODES
         assert launches[1]["f"] == WSB._expr("bf16", d, mode)
-        assert launches[1]["grid"] == (5 * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)
+        nx = 9 if d == 256 else 5
+        assert launches[1]["grid"] == (nx * 2 * 2, 1, 1) and launches[1]["smem"] == WSB.smem_bytes(d, 2, mode)

@@ -32,8 +32,8 @@ def wsb(handle, monkeypatch):
     monkeypatch.setattr(tuning.attention_bwd, "ENABLED", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", None)  # (WS_DQ as each test sets it)
-    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128))
-    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128))
+    monkeypatch.setattr(WSB, "HEAD_DIMS", (64, 128, 256))
+    monkeypatch.setattr(WSB, "HEAD_DIMS_DET", (64, 128, 256))
     calls = []
     real_ws, real_old = WSB.launch_dkdv, W.launch_dkdv
 
@@ -141,6 +141,45 @@ def test_deterministic_bits_equal_the_older_kernel(handle, rng, wsb, monkeypatch
     for name in ("ws", "ws ordered"):
         for x, y, t in zip(got[name], got["old"], ("dQ", "dK", "dV")):
             assert x.tobytes() == y.tobytes(), f"{name}: {t} differs from the older kernel"
+
+
+D256_CASES = [  # bwd_ws256: 64-key CTAs, 64-row query tiles split in halves of 32 over the warpgroups
+    (2, 4, 4, 150, 150, 256, "bhsd"),   # MHA, lengths not multiples of the tiles
+    (1, 4, 2, 70, 200, 256, "bshd"),    # GQA, more keys than queries (top-left: key blocks seeing nothing)
+    (2, 4, 1, 200, 97, 256, "bshd"),    # MQA, more queries than keys (bottom-right: empty rows)
+    (1, 2, 2, 256, 256, 256, "bhsd"),   # whole tiles
+    (1, 8, 2, 333, 300, 256, "bshd"),   # GQA 4: 4 heads x 6 tiles a CTA, the ring wrapping
+    (1, 2, 2, 33, 31, 256, "bhsd"),     # one partial tile: half of the query split empty
+]
+D256_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in D256_CASES]
+
+
+@pytest.mark.parametrize("dq", WSB.D256_MODES[1:])
+@pytest.mark.parametrize("order", [True, False], ids=["ord", "3d"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", D256_CASES, ids=D256_IDS)
+def test_backward_ws256(handle, rng, wsb, monkeypatch, dtype, mask, case, order, dq):
+    """d 256 (bwd_ws256): atomic dQ (tuning.attention_bwd.WS_DQ_D256: red.global.add, or the writer's bulk
+    reductions of the tile staged in the stage's Q / dO buffers) and deterministic (the mma.sync dQ pass after
+    it; bit-identical reruns), both CTA orders."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulkwpp")  # (bwd_ws's modes: not read at d 256)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_D256", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", order)
+    b, hq, hkv, sq, skv, d, layout = case
+    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb)
+
+
+def test_backward_ws256_switch_off_and_lengths_take_mma_sync(handle, rng, wsb, monkeypatch):
+    """d 256 with per-batch lengths, or WS off: the mma.sync dK / dV kernel (no bwd_ws256 launch)."""
+    pb = Problem(rng, 3, 4, 2, 130, 140, 256, BF16, TL, "bshd", lens=([130, 37, 0], [5, 140, 129]), pad=8)
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(0, 1))
+    monkeypatch.setattr(tuning.attention_bwd, "WS", False)
+    pb = Problem(rng, 1, 4, 2, 150, 211, 256, BF16, BR, "bshd")
+    _check_forward(handle, pb)
+    _check_backward(handle, pb, rng, modes=(0,))
+    assert wsb == []
 
 
 @pytest.mark.parametrize("d", [64, 128])
