@@ -663,17 +663,24 @@ FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
 
 def _fused_graph(h, m, n, k, tb, kind):
     """gelu(x @ W + b) (kind "gelu"), x @ W + b + r ("residual") or max over n of x @ W + b ("rowmax"), bf16 in
-    and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight)."""
+    and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight). "bias": x @ W + b alone;
+    "gelu_nob": gelu(x @ W) (no bias: no epilogue load); a suffix "_st": the same graph built with the bias
+    staged per tile (tuning.matmul.FUSED_STAGE, _build)."""
     from pydnn.graph import Graph
+
+    kind = _base(kind)
 
     f32 = pydnn.PYDNN_DATA_FLOAT
     g = Graph(io_data_type=BF16, intermediate_data_type=f32, compute_data_type=f32, handle=h)
     x = g.tensor(name="x", dim=[1, m, k])
     w = g.tensor(name="w", dim=[1, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
-    b = g.tensor(name="b", dim=[1, 1, n])
-    v = g.add(g.matmul(x, w), b)
-    if kind in ("gelu", "gelu16", "gelu_erf"):
+    v = g.matmul(x, w)
+    if kind != "gelu_nob":
+        v = g.add(v, g.tensor(name="b", dim=[1, 1, n]))
+    if kind in ("gelu", "gelu16", "gelu_erf", "gelu_nob"):
         v = g.gelu(v)
+    elif kind == "bias":
+        pass
     elif kind == "relu":
         v = g.relu(v)
     elif kind == "residual":
@@ -717,11 +724,18 @@ class _TmaTile:
         M._tma_tile, tuning.matmul.USE_TMA = self.orig, self.use
 
 
+def _base(kind):
+    return kind[:-3] if kind.endswith("_st") else kind
+
+
 def _kinds_of(tile, kinds):
-    """The fused graphs a variant runs: no row reduction on the ping-pong tile, the gelu one alone on wgmma."""
+    """The fused graphs a variant runs: on the ping-pong tile no row reduction, no staged ("_st") or diagnostic
+    ("bias", "gelu_nob") forms; the gelu one alone on wgmma."""
     if tile is None:
-        return tuple(kd for kd in kinds if kd.startswith("gelu"))
-    return tuple(kd for kd in kinds if not (kd == "rowmax" and tile.pp))
+        return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
+    if tile.pp:
+        return tuple(kd for kd in kinds if kd in ("gelu", "gelu16", "gelu_erf", "relu", "residual"))
+    return tuple(kinds)
 
 
 def _tma_bench_unit(tile, tb):
@@ -735,7 +749,9 @@ def _build(g, kind):
     "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults)."""
     from pydnn import tuning
 
-    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5
+    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE
+    tuning.matmul.FUSED_STAGE = kind.endswith("_st")
+    kind = _base(kind)
     if kind == "gelu16":
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
     elif kind == "gelu_erf":
@@ -743,7 +759,7 @@ def _build(g, kind):
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
-        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = keep
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE = keep
     return g
 
 
@@ -808,8 +824,8 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp", "torch.mm",
-                               "gelu(addmm)")
+    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp",
+                               "torch.mm", "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
@@ -880,7 +896,9 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
                 yk = torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16)
                 wbuf = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
-                bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": yk.data_ptr()}
+                bufs = {"x": xp, "w": wp, "y": yk.data_ptr()}
+                if _base(kind) != "gelu_nob":
+                    bufs["b"] = b.data_ptr()
                 if kind == "residual":
                     bufs["r"] = r.data_ptr()
                 keep.append((g, yk, wbuf))
@@ -888,24 +906,32 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
     tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
-              "residual": "addmm+r", "rowmax": "addmm.amax"}
-    if any(kd + suf in fns for kd in ("gelu", "gelu16", "gelu_erf")):
+              "residual": "addmm+r", "rowmax": "addmm.amax", "bias": "addmm", "gelu_nob": "gelu(mm)"}
+    has = {_base(kd[:-len(suf)] if suf and kd.endswith(suf) else kd) for kd in fns}
+    if has & {"gelu", "gelu16", "gelu_erf"}:
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
-    if "relu" + suf in fns:
+    if "relu" in has:
         fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
-    if "residual" + suf in fns:
+    if "residual" in has:
         fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
-    if "rowmax" + suf in fns:
+    if "rowmax" in has:
         fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
+    if "bias" in has:
+        fns["addmm"] = lambda: torch.addmm(b, x, w)
+    if "gelu_nob" in has:
+        fns["gelu(mm)"] = lambda: F.gelu(torch.mm(x, w))
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
     ref = torch.addmm(b, x, w).float()
-    want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
-            "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
+    mm = torch.mm(x, w).float()
+    want = {"plain": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
+            "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True),
+            "bias": ref, "gelu_nob": F.gelu(mm)}
     want["gelu16"] = want["gelu_erf"] = want["gelu"]
-    errs = {name: _err(o, want[name[:-len(suf)] if suf and name.endswith(suf) else name]) for name, o in outs.items()}
-    del ref, want
+    errs = {name: _err(o, want[_base(name[:-len(suf)] if suf and name.endswith(suf) else name)])
+            for name, o in outs.items()}
+    del ref, want, mm
     t = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -921,10 +947,10 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     if suf:
         rr["plain_over_tma"] = med[p] / med["plain"]
         line += f" [{rr['plain_over_tma']:.3f}x gemm_tma's time]"
-    for kind in ("gelu", "gelu16", "gelu_erf", "relu", "residual", "rowmax"):
+    for kind in kinds:
         key = kind + suf
         if key in fns:
-            tn = tnames[kind]
+            tn = tnames[_base(kind)]
             rr[kind + "_over_plain"] = med[key] / med[p]
             rr[kind + "_over_plain_tma"] = med[key] / med["plain"]
             rr[kind + "_vs_torch"] = med[tn] / med[key]
