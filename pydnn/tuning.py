@@ -396,6 +396,10 @@ matmul = Switches(
     SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
+    SPLIT_WAVES=(True, 'with SPLIT_K: the split count S may take several waves of (split, tile) items (the S that '
+                       'minimizes waves x (K tiles a split + SPLIT_ITEM_KT) + the partials\' reduction; the GPT '
+                       "demo's MLP weight gradients, 72 tiles of 128 x 256 over K = 65536: S = 9, 4.9 waves); "
+                       'False: at most one wave (S <= SMs / tiles: S = 1 there, no split)'),
     SIMT_BIG=("big", 'float GEMMs (matmul, graph, convolution, RNN) where the chooser takes the 128x128 CUDA-core '
                      'tile, K > SHORT_K and the items fill SIMT_BIG_WAVES waves: "big" runs SIMT_BIG_TILE (128x256, '
                      '16x8 outputs a thread; 8192^3 and the 7B shapes 0.92-0.93x cuBLAS where the 128x128 tile ran '

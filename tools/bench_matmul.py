@@ -1000,6 +1000,146 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     return rows
 
 
+# ----------------------------------------------------------------------------- weight gradients (--dw)
+
+# The GPT demo's (examples/train_gpt.py defaults: d 768, MLP 3072, 12 / 4 heads of 64, vocab 256, 64 x 1024 =
+# 65536 tokens a step) weight gradients dW = dy^T x as pydnn.matmul sees them: m x n = dW's shape, k = tokens,
+# A = dy^T (a column-major view: trans_a).
+DW_SHAPES = (("mlp fc1 dW 3072x768", 3072, 768, 65536), ("mlp fc2 dW 768x3072", 768, 3072, 65536),
+             ("qkv dW 1280x768", 1280, 768, 65536), ("proj dW 768x768", 768, 768, 65536),
+             ("head dW 256x768", 256, 768, 65536))
+
+
+def _one_kernel_unit(rec):
+    """Point launch record rec at a bench-only unit holding its one instantiation (so that the bench's kernels
+    compile in parallel, where the build's units hold every transposition); the unit."""
+    import hashlib
+
+    from pydnn._build import loader
+    from pydnn._build.manifest import KernelUnit
+
+    sm90 = any(w in rec.expr for w in ("wgmma", "gemm_tma", "splitk_reduce"))
+    name = hashlib.sha256(rec.expr.encode()).hexdigest()[:12]
+    u = KernelUnit(f"matmul.bench1.{name}", "matmul.cu", (rec.expr,), archs=(M.WG_ARCH + "a",) if sm90 else ())
+    loader.register_units([u])
+    rec.unit = u.name
+    return u
+
+
+def _dw_plans(h, m, n, k):
+    """{variant: (plan, workspace bytes)}: whole K (no split), the one-wave split cap (SPLIT_WAVES off), the
+    planner's choice (several waves), S = 11 forced; and "ksplit8": the torch bridge's LINEAR_DW_KSPLIT = 8
+    form (one batched matmul over 8 chunks of the tokens into bf16 partials; the caller sums them)."""
+    from pydnn import tuning
+
+    out = {"whole": M.gemm_plan(h, BF16, m, n, k, trans_a=True)}
+    keep = tuning.matmul.SPLIT_WAVES
+    try:
+        tuning.matmul.SPLIT_WAVES = False
+        out["split_1wave"] = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True)
+        tuning.matmul.SPLIT_WAVES = True
+        out["split_waves"] = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True)
+        orig = M._split_k
+        kt = -(-k // 64)
+        M._split_k = lambda *a: (11, -(-kt // 11) * 64)
+        try:
+            out["split_S11"] = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True)
+        finally:
+            M._split_k = orig
+    finally:
+        tuning.matmul.SPLIT_WAVES = keep
+    s, mc = 8, k // 8
+    out["ksplit8"] = M.gemm_plan(h, BF16, m, n, mc, trans_a=True, lda=m, batch=s, stride_a=mc * m, stride_b=mc * n,
+                                 stride_c=m * n)
+    units = []
+    for name, pl in out.items():
+        # what each runs: a split plan its split launches (the caller's workspace given), the others their
+        # whole-K kernel (gemm_tma where the plan has it)
+        for attr in (("split_fast", "reduce") if pl.split else ("tma",) if pl.tma is not None else ("fast",)):
+            units.append(_one_kernel_unit(getattr(pl, attr)))
+    return out, units
+
+
+def dw_prepare(h, shapes=DW_SHAPES):
+    """The plans of every --dw shape and their one-kernel units: ({label: (plans, units)}, [units])."""
+    plans = {label: _dw_plans(h, m, n, k) for label, m, n, k in shapes}
+    return plans, list({u.name: u for _, us in plans.values() for u in us}.values())
+
+
+def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
+    """Issue 17's weight gradients: pydnn's matmul plans (whole K; split-K capped at one wave; the planner's
+    several waves; S = 11) and the bridge's batched 8-chunk split + torch.sum against torch.matmul(dy.t(), x),
+    in alternating rounds (ms medians); every result against a float32 torch reference (max |diff| / max |ref|).
+    """
+    import json
+    import statistics
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn._build import loader
+
+    own = h is None
+    if own:
+        h = pydnn.create()
+        pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    rows = []
+    try:
+        plans, todo = prepared or dw_prepare(h, shapes)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(lambda u: loader.load_unit(h.arch, u), todo))
+        print(f"dw prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+        for label, m, n, k in shapes:
+            pls = plans[label][0]
+            dy = torch.randn(k, m, device="cuda").to(torch.bfloat16)  # dy: tokens x m (A = dy^T, trans_a)
+            x = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+            ref = torch.mm(dy.t().float(), x.float())
+            outs, fns = {}, {}
+            ws = torch.empty(max(max(pl.ws_bytes for pl in pls.values()), 1), dtype=torch.uint8, device="cuda")
+            dp, xp, wp = dy.data_ptr(), x.data_ptr(), ws.data_ptr()
+            for name, pl in pls.items():
+                if name == "ksplit8":
+                    part = torch.empty(8, m, n, device="cuda", dtype=torch.bfloat16)
+                    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+                    def f(pl=pl, part=part, c=c):
+                        pl.launch(h, dp, xp, part.data_ptr())
+                        torch.sum(part, 0, out=c)
+                    fns[name] = f
+                else:
+                    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                    fns[name] = (lambda pl=pl, cp=c.data_ptr(): pl.launch(h, dp, xp, cp, 1.0, 0.0, 0, wp, pl.ws_bytes))
+                outs[name] = c
+            tout = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            dyt = dy.t()
+            fns["torch.matmul"] = lambda: torch.matmul(dyt, x, out=tout)
+            outs["torch.matmul"] = tout
+            for fn in fns.values():
+                fn()
+            torch.cuda.synchronize()
+            errs = {name: _err(o, ref) for name, o in outs.items()}
+            t = {name: [] for name in fns}
+            for _ in range(rounds):
+                for name, fn in fns.items():
+                    t[name].append(time_ms(fn, reps=10, warmup=2))
+            med = {name: statistics.median(v) for name, v in t.items()}
+            splits = {name: (pl.split[0] if pl.split else 1) for name, pl in pls.items() if name != "ksplit8"}
+            row = dict(case=label, m=m, n=n, k=k, ms=med, errs=errs, splits=splits,
+                       vs_torch={name: med["torch.matmul"] / v for name, v in med.items()})
+            rows.append(row)
+            print(f"{label:22s} torch.matmul {med['torch.matmul']:.4f} ms | " + " | ".join(
+                f"{name}{'(S=' + str(splits[name]) + ')' if name in splits else ''} {med[name]:.4f} "
+                f"({row['vs_torch'][name]:.3f}x torch, err {errs[name]:.1e})" for name in pls), flush=True)
+            if out:
+                with open(out, "w") as fo:
+                    json.dump(rows, fo, indent=1)
+            del dy, x, ref, outs, fns, ws
+    finally:
+        if own:
+            pydnn.destroy(h)
+    return rows
+
+
 if __name__ == "__main__":
     import argparse
     import os
@@ -1027,12 +1167,39 @@ if __name__ == "__main__":
     ap.add_argument("--wg", action="store_true", help="--fused: also the fused gelu on the wgmma kernel (USE_TMA off)")
     ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
                     "with nvidia-smi sampling the SM clock and board power (is the GEMM held by the power limit?)")
+    ap.add_argument("--dw", action="store_true", help="the GPT demo's weight gradients (issue 17): split-K plans vs "
+                    "torch.matmul (DW_SHAPES; with --fused: after it, --dw-out its json)")
+    ap.add_argument("--dw-out", default=None)
     args = ap.parse_args()
     if args.fused:
         sel = FUSED_SHAPES
         if args.shapes:
             sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
-        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+        th = None
+        if args.dw:  # its kernels compile beside the fused ones (NVRTC releases the GIL)
+            import threading
+            from concurrent.futures import ThreadPoolExecutor
+
+            from pydnn._build import loader
+
+            h0 = pydnn.create()
+            pydnn.set_stream(h0, torch.cuda.current_stream().cuda_stream)
+            prep = dw_prepare(h0)
+
+            def build_dw():
+                with ThreadPoolExecutor(8) as ex:
+                    list(ex.map(lambda u: loader.load_unit(h0.arch, u), prep[1]))
+            th = threading.Thread(target=build_dw)
+            th.start()
+        try:
+            fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+        finally:
+            if th is not None:
+                th.join()
+        if args.dw:
+            dw(args.dw_out, args.rounds, h=h0, prepared=prep)
+    elif args.dw:
+        dw(args.dw_out or args.out, args.rounds)
     elif args.f32:
         sel = F32_SHAPES
         if args.shapes:

@@ -223,7 +223,7 @@ def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
 
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
     _sm90(handle, monkeypatch, 0)
-    m, n, k = 1024, 2048, 512
+    m, n, k = 2048, 2048, 512
     g, (a, w, bias, _, y) = _graph(handle, BF16, "gelu", m, n, k, 1, False)
     g.build_operation_graph().create_execution_plans().check_support().build_plans()
     assert g._plan_obj.built.steps[0].recs[0][0].maps is not None
