@@ -476,6 +476,8 @@ def _split_k(m, n, k, batch, sm_count, arch):
         return None
     kt = cdiv(k, BK)
     smax = min(kt // SPLIT_MIN_KTILES, SPLIT_MAX)
+    if smax < 2:
+        return None
     if tuning.matmul.SPLIT_WAVES:
         def cost(sp):
             return (cdiv(tiles * sp, sms) * (cdiv(kt, sp) + SPLIT_ITEM_KT)

@@ -897,6 +897,10 @@ def test_split_k_several_waves(monkeypatch):
     # a cap on the partials: 3072 x 768 fp32 is 9 MiB a split
     monkeypatch.setattr(M, "SPLIT_WS_MAX", 5 * 3072 * 768 * 4)
     assert M.gemm_plan(h, BF16, 3072, 768, 65536, trans_a=True, split_k=True).split[0] <= 5
+    # K too short for 2 splits of SPLIT_MIN_KTILES, or for a second wave to pay (16 K tiles: 2 waves of 8 + fill
+    # cost more than 1 of 16), on small problems too
+    for m, n, k in ((3072, 768, 64), (3072, 768, 15 * 64), (3072, 768, 16 * 64), (64, 10, 16), (600, 4096, 16)):
+        assert M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True).split is None, (m, n, k)
     monkeypatch.setattr(tuning.matmul, "SPLIT_WAVES", False)
     assert M.gemm_plan(h, BF16, 3072, 768, 65536, trans_a=True, split_k=True).split is None
     assert M.gemm_plan(h, BF16, 1280, 768, 65536, trans_a=True, split_k=True).split == (4, 16384)
