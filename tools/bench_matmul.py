@@ -664,8 +664,8 @@ FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
 def _fused_graph(h, m, n, k, tb, kind):
     """gelu(x @ W + b) (kind "gelu"), x @ W + b + r ("residual") or max over n of x @ W + b ("rowmax"), bf16 in
     and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight). "bias": x @ W + b alone;
-    "gelu_nob": gelu(x @ W) (no bias: no epilogue load); a suffix "_st": the same graph built with the bias
-    staged per tile (tuning.matmul.FUSED_STAGE, _build)."""
+    "gelu_nob": gelu(x @ W) (no bias: no epilogue load); a suffix "_st" / "_ns": the same graph built with the
+    bias staged per tile / read in the epilogue (tuning.matmul.FUSED_STAGE on / off, _build; none: the default)."""
     from pydnn.graph import Graph
 
     kind = _base(kind)
@@ -725,11 +725,11 @@ class _TmaTile:
 
 
 def _base(kind):
-    return kind[:-3] if kind.endswith("_st") else kind
+    return kind[:-3] if kind.endswith(("_st", "_ns")) else kind
 
 
 def _kinds_of(tile, kinds):
-    """The fused graphs a variant runs: on the ping-pong tile no row reduction, no staged ("_st") or diagnostic
+    """The fused graphs a variant runs: on the ping-pong tile no row reduction, no "_st" / "_ns" or diagnostic
     ("bias", "gelu_nob") forms; the gelu one alone on wgmma."""
     if tile is None:
         return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
@@ -750,7 +750,8 @@ def _build(g, kind):
     from pydnn import tuning
 
     keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE
-    tuning.matmul.FUSED_STAGE = kind.endswith("_st")
+    if kind.endswith(("_st", "_ns")):
+        tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
     if kind == "gelu16":
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
@@ -824,8 +825,8 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp",
-                               "torch.mm", "gelu(addmm)")
+    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp",
+                               "gelu_pp", "relu_pp", "torch.mm", "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
@@ -858,6 +859,9 @@ def _power(fns, seconds):
         print(f"  power {name:12s} {1e3 * dt / calls:7.3f} ms/call  SM {clk:6.0f} MHz  {pw:6.1f} W  "
               f"({len(mid)} samples)", flush=True)
     return out
+
+
+POWER_ON = ()  # --power-on: the shape labels (substrings) --power samples; empty: every shape
 
 
 def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0):
@@ -933,9 +937,15 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
             for name, o in outs.items()}
     del ref, want, mm
     t = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t[name].append(time_ms(fn, reps=10, warmup=2))
+    import random
+
+    for rd in range(rounds):
+        # each round in its own (seeded) order: a function's place after a heavier one (clocks, power) is not
+        # the same in every round
+        order = list(fns)
+        random.Random(rd).shuffle(order)
+        for name in order:
+            t[name].append(time_ms(fns[name], reps=10, warmup=2))
     med = {name: statistics.median(v) for name, v in t.items()}
     fl = 2.0 * m * n * k
     rr = dict(case=label + suf, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
@@ -961,7 +971,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     off = [k_ for k_, v in on_tma.items() if not v]
     line += f" | NOT ON gemm_tma: {off}" if off else ""
     print(line, flush=True)
-    if power and tile is not None:
+    if power and tile is not None and (not POWER_ON or any(p_ in label for p_ in POWER_ON)):
         rr["power"] = _power(fns, power)
     del x, wt, w, b, r, out_t, outs, keep
     return rr
@@ -1072,6 +1082,7 @@ def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
     in alternating rounds (ms medians); every result against a float32 torch reference (max |diff| / max |ref|).
     """
     import json
+    import random
     import statistics
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -1119,9 +1130,11 @@ def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
             torch.cuda.synchronize()
             errs = {name: _err(o, ref) for name, o in outs.items()}
             t = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    t[name].append(time_ms(fn, reps=10, warmup=2))
+            for rd in range(rounds):
+                order = list(fns)
+                random.Random(rd).shuffle(order)
+                for name in order:
+                    t[name].append(time_ms(fns[name], reps=10, warmup=2))
             med = {name: statistics.median(v) for name, v in t.items()}
             splits = {name: (pl.split[0] if pl.split else 1) for name, pl in pls.items() if name != "ksplit8"}
             row = dict(case=label, m=m, n=n, k=k, ms=med, errs=errs, splits=splits,
@@ -1170,7 +1183,10 @@ if __name__ == "__main__":
     ap.add_argument("--dw", action="store_true", help="the GPT demo's weight gradients (issue 17): split-K plans vs "
                     "torch.matmul (DW_SHAPES; with --fused: after it, --dw-out its json)")
     ap.add_argument("--dw-out", default=None)
+    ap.add_argument("--power-on", default="", help="--power: only the --fused shapes whose label holds one of these "
+                    "comma-separated substrings")
     args = ap.parse_args()
+    POWER_ON = tuple(p_ for p_ in args.power_on.split(",") if p_)
     if args.fused:
         sel = FUSED_SHAPES
         if args.shapes:

@@ -215,9 +215,11 @@ SPLIT_MAX = 16
 # waves(S) x (K tiles a split + SPLIT_ITEM_KT: an item's pipeline fill and its 128 KiB fp32 partial store) +
 # SPLIT_REDUCE_KT x S x tiles (splitk_reduce reads each 128 KiB partial once: ~0.04 us at ~3 TB/s against
 # ~0.85 us a 128x256x64 K tile at 650 TFLOP/s over 132 SMs); S = 1 costs its K tiles + SPLIT_ITEM_KT (one
-# wave). Estimates, not fitted. Session 29 measured the GPT demo's MLP dW (3072 x 768, K = 65536) at 1.62 ms
-# whole-K (72 blocks) and 0.48 ms at S = 11 (tools/PERF.md). SPLIT_WS_MAX caps the partials' workspace.
-SPLIT_ITEM_KT = 2
+# wave). H200, session 30 (bench_matmul.py --dw, ms, K = 65536): MLP dW 3072 x 768 whole K 1.555, S = 9 (the
+# model's) 0.472, S = 11 0.481; qkv 1280 x 768 S = 4 (one wave) 0.208, S = 13 0.212, S = 11 0.241 (the model at
+# SPLIT_ITEM_KT 2 chose 13, at 3 chooses 4); proj 768 x 768 S = 7 0.125, S = 11 0.163. SPLIT_WS_MAX caps the
+# partials' workspace.
+SPLIT_ITEM_KT = 3
 SPLIT_REDUCE_KT = 0.05
 SPLIT_WS_MAX = 128 << 20
 # WG_CANDIDATES: none now. Measured and not kept (tools/notes/matmul.md, v5): the persistent tile without
