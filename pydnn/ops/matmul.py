@@ -299,6 +299,8 @@ TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 # Measured (H200, 16384x4096x4096 nn, two runs): plain 1.040-1.042x gemm_tma's time, fused gelu 1.12-1.14x its
 # own plain (gemm_tma's fused gelu 1.10-1.12x its plain): the overlap hides nothing (the epilogue's FP32 work
 # competes with the running wgmmas; SM clocks equal, so not the power limit). tuning.matmul.FUSED_PP off.
+# Session 30 (H200, both 7B shapes, nn): plain 1.082 / 1.084x gemm_tma's time, fused gelu 1.092 / 1.118x and
+# relu 1.026 / 1.035x its own plain, again no better than the cooperative kernel's serialized epilogue.
 TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
 
 
