@@ -122,6 +122,17 @@ template <class T> __device__ __forceinline__ void ldf2(const T* p, float& a, fl
   asm("ld.global.nc.b32 %0, [%1];" : "=r"(w) : "l"(p));
   unpack16x2<T>(w, a, b);
 }
+// A pair from shared memory (s: a shared-window address, 2-element aligned): a fused GEMM epilogue's column
+// operand staged once per tile (codegen's stage_bn; ptx/matmul.cu's gemm_tma_body), as float.
+template <class T> __device__ __forceinline__ void lds2(unsigned s, float& a, float& b) {
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a), "=f"(b) : "r"(s) : "memory");
+  } else {
+    unsigned w;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w) : "r"(s) : "memory");
+    unpack16x2<T>(w, a, b);
+  }
+}
 
 // A run of E consecutive elements as one aligned vector, to / from float (Run; `a` points at E floats of a
 // register array, indexed by constants once the callers' loops unroll); Run16 (16-bit types, E

@@ -158,6 +158,14 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
 struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
 };
+// Epi::kStage where it has one (codegen's epilogues: the bytes of a consumer warp's staged column operands,
+// see gemm_tma_body), else 0.
+template <class E, class = void> struct StageBytes {
+  static constexpr int value = 0;
+};
+template <class E> struct StageBytes<E, decltype((void)E::kStage, void())> {
+  static constexpr int value = E::kStage;
+};
 
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
 template <class T>
@@ -728,9 +736,11 @@ __device__ __forceinline__ void wg_plain_store(const MatmulParams& p, const floa
 // together, from thread T0 on (gemm_tma: 256 from 128, its consumer warpgroups; the reduction epilogue's
 // barriers are then named ones over those threads only, epi_sync). WIDE: interior tiles with C16 store 16
 // bytes a lane (wide_store_row), the plain GEMM's (no beta, no bias) and an active epilogue's values alike.
+// sb: this warp's buffer of the tile's staged column operands (gemm_tma_body, Epi::kStage; its cp.asyncs
+// issued before the K loop), 0 where the tile has none: the FAST path then reads them from there.
 template <class T, int BN, int THREADS, bool WIDE = false, int T0 = 0, class Epi>
 __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
-                                            int tm, int tn, int wg) {
+                                            int tm, int tn, int wg, unsigned sb = 0u) {
   constexpr int BM = 128;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int m0 = tm * BM, n0 = tn * BN;
@@ -753,7 +763,7 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
     // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
     // literal, so the inlined copies fold it as a template argument would
-    auto tile = [&](const bool FAST) {
+    auto tile = [&](const bool FAST, const bool STG) {
       // pass 1: every value (and every load of the epilogue), a column pair of both rows at a time: an
       // operand that does not move along rows (a bias) is read once for both (its two loads adjacent with
       // one address, which the compiler merges; the row-at-a-time order read it twice, ptxas sm_90a: 63 pair
@@ -779,10 +789,13 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
           float& v1 = acc[4 * j + 2 * h + 1];
           v0 *= p.alpha;
           v1 *= p.alpha;
-          if (FAST)
+          if (FAST && STG) {
+            if constexpr (StageBytes<Epi>::value > 0) epi.template pair<true, true>(er[h], v0, v1, col, two, sb);
+          } else if (FAST) {
             epi.template pair<true>(er[h], v0, v1, col, two);
-          else
+          } else {
             epi.template pair<false>(er[h], v0, v1, col, two);
+          }
           if constexpr (Epi::kRed) {
             part[h] = epi.red_comb(part[h], epi.red_map(v0));
             if (two) part[h] = epi.red_comb(part[h], epi.red_map(v1));
@@ -839,10 +852,21 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
           red_finish<Epi, BM, 1, THREADS, T0>(p, epi, z, tm);
       }
     };
-    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok())
-      tile(true);
-    else
-      tile(false);
+    if constexpr (StageBytes<Epi>::value > 0) {
+      if (sb) {
+        // this lane's staging copies are done; __syncwarp makes every lane's visible to the warp
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncwarp();
+      }
+    }
+    // (with staging, a FAST tile whose operands were not staged, as behind a bias 16-byte misaligned, takes
+    // the general path: a third inlined copy of the epilogue spilled, ptxas sm_90a, bias + residual 160 bytes)
+    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok() &&
+        (StageBytes<Epi>::value == 0 || sb)) {
+      tile(true, StageBytes<Epi>::value > 0);
+    } else {
+      tile(false, false);
+    }
   }
 }
 
@@ -1338,10 +1362,26 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
       }
     } else {
       unsigned it = 0;
+      // Staged column operands (Epi::kStage bytes, 1-CTA kernel): each consumer warp copies the tile's into
+      // its own buffer before the K loop (cp.async, 16 bytes a lane), so the epilogue reads shared memory
+      // instead of global loads that would wait, with the tensor cores idle, behind the next tile's TMA
+      // copies. The __syncwarp before the copies: every lane's reads of the buffer in the last epilogue
+      // are done before any lane's copy may land.
+      constexpr int SB = CM == 1 ? StageBytes<Epi>::value : 0;
+      const unsigned stg = ((full0 + 16 * STAGES + 127u) & ~127u) + (unsigned)(((threadIdx.x >> 5) - 4) * SB);
       for (long long item = first; item < items; item += step) {
         long long z;
         int tm, tn;
         coords(item, z, tm, tn);
+        unsigned sb = 0;
+        if constexpr (SB > 0) {
+          if (epi.stage_ok(z, tn * BN)) {
+            sb = stg;
+            __syncwarp();
+            epi.stage(z, tn * BN, sb, threadIdx.x & 31);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+          }
+        }
         float acc[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -1366,7 +1406,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
         if (ktiles > 0 && signals) release((it - 1) % STAGES);
-        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg);
+        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb);
       }
     }
   }

@@ -421,6 +421,10 @@ matmul = Switches(
     SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),
+    SPLIT_WAVES=(True, 'with SPLIT_K: the split count S may take several waves of (split, tile) items (the S that '
+                       'minimizes waves x (K tiles a split + SPLIT_ITEM_KT) + the partials\' reduction; the GPT '
+                       "demo's MLP weight gradients, 72 tiles of 128 x 256 over K = 65536: S = 9, 4.9 waves); "
+                       'False: at most one wave (S <= SMs / tiles: S = 1 there, no split)'),
     SIMT_BIG=("big", 'float GEMMs (matmul, graph, convolution, RNN) where the chooser takes the 128x128 CUDA-core '
                      'tile, K > SHORT_K and the items fill SIMT_BIG_WAVES waves: "big" runs SIMT_BIG_TILE (128x256, '
                      '16x8 outputs a thread; 8192^3 and the 7B shapes 0.92-0.93x cuBLAS where the 128x128 tile ran '
@@ -432,6 +436,14 @@ matmul = Switches(
     FUSED_PP=(False, 'sm_90, where a fused (graph) GEMM runs gemm_tma: its kernel is the ping-pong form (TMA_PP_TILE: '
                      "a consumer warpgroup's epilogue overlaps the other's wgmmas) instead of TMA_TILE, except a row "
                      'reduction; the reasons: pydnn/ops/matmul.py at TMA_PP_TILE'),
+    FUSED_STAGE=(False, 'sm_90, a fused (graph) GEMM on gemm_tma (cooperative tile, no row reduction, every input a '
+                        'column operand): its column operands (a bias) are copied into shared memory by cp.async at '
+                        'the start of each tile (hidden by the K loop) and read from there in the epilogue, instead of '
+                        'global loads issued in the epilogue, where the tensor cores idle (pydnn/graph/codegen.py '
+                        'stage_plan). Off: no win that held. H200, session 30, fused bias + GELU / plain, 16384x4096x4096 '
+                        '/ 16384x11008x4096 nn, event-timed rounds: run 1 1.066 / 1.110 -> 1.053 / 1.085 staged, run 4 '
+                        '(shuffled order) 1.075 / 1.081 -> 1.089 / 1.121; 0.4 s back to back (N = 11008): 2.339 -> 2.347 '
+                        'ms'),
 )
 
 attention = Switches(

@@ -663,17 +663,24 @@ FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
 
 def _fused_graph(h, m, n, k, tb, kind):
     """gelu(x @ W + b) (kind "gelu"), x @ W + b + r ("residual") or max over n of x @ W + b ("rowmax"), bf16 in
-    and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight)."""
+    and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight). "bias": x @ W + b alone;
+    "gelu_nob": gelu(x @ W) (no bias: no epilogue load); a suffix "_st" / "_ns": the same graph built with the
+    bias staged per tile / read in the epilogue (tuning.matmul.FUSED_STAGE on / off, _build; none: the default)."""
     from pydnn.graph import Graph
+
+    kind = _base(kind)
 
     f32 = pydnn.PYDNN_DATA_FLOAT
     g = Graph(io_data_type=BF16, intermediate_data_type=f32, compute_data_type=f32, handle=h)
     x = g.tensor(name="x", dim=[1, m, k])
     w = g.tensor(name="w", dim=[1, k, n], stride=[k * n, 1, k] if tb else [k * n, n, 1])
-    b = g.tensor(name="b", dim=[1, 1, n])
-    v = g.add(g.matmul(x, w), b)
-    if kind in ("gelu", "gelu16", "gelu_erf"):
+    v = g.matmul(x, w)
+    if kind != "gelu_nob":
+        v = g.add(v, g.tensor(name="b", dim=[1, 1, n]))
+    if kind in ("gelu", "gelu16", "gelu_erf", "gelu_nob"):
         v = g.gelu(v)
+    elif kind == "bias":
+        pass
     elif kind == "relu":
         v = g.relu(v)
     elif kind == "residual":
@@ -717,11 +724,18 @@ class _TmaTile:
         M._tma_tile, tuning.matmul.USE_TMA = self.orig, self.use
 
 
+def _base(kind):
+    return kind[:-3] if kind.endswith(("_st", "_ns")) else kind
+
+
 def _kinds_of(tile, kinds):
-    """The fused graphs a variant runs: no row reduction on the ping-pong tile, the gelu one alone on wgmma."""
+    """The fused graphs a variant runs: on the ping-pong tile no row reduction, no "_st" / "_ns" or diagnostic
+    ("bias", "gelu_nob") forms; the gelu one alone on wgmma."""
     if tile is None:
-        return tuple(kd for kd in kinds if kd.startswith("gelu"))
-    return tuple(kd for kd in kinds if not (kd == "rowmax" and tile.pp))
+        return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
+    if tile.pp:
+        return tuple(kd for kd in kinds if kd in ("gelu", "gelu16", "gelu_erf", "relu", "residual"))
+    return tuple(kinds)
 
 
 def _tma_bench_unit(tile, tb):
@@ -735,7 +749,10 @@ def _build(g, kind):
     "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults)."""
     from pydnn import tuning
 
-    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5
+    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE
+    if kind.endswith(("_st", "_ns")):
+        tuning.matmul.FUSED_STAGE = kind.endswith("_st")
+    kind = _base(kind)
     if kind == "gelu16":
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
     elif kind == "gelu_erf":
@@ -743,7 +760,7 @@ def _build(g, kind):
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
-        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = keep
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE = keep
     return g
 
 
@@ -808,8 +825,8 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp", "torch.mm",
-                               "gelu(addmm)")
+    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp",
+                               "gelu_pp", "relu_pp", "torch.mm", "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
@@ -842,6 +859,9 @@ def _power(fns, seconds):
         print(f"  power {name:12s} {1e3 * dt / calls:7.3f} ms/call  SM {clk:6.0f} MHz  {pw:6.1f} W  "
               f"({len(mid)} samples)", flush=True)
     return out
+
+
+POWER_ON = ()  # --power-on: the shape labels (substrings) --power samples; empty: every shape
 
 
 def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0):
@@ -880,7 +900,9 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 assert g.engine_index() == 1 and g.launches() == 1, (kind, g.engine_index(), g.launches())
                 yk = torch.empty(m, 1 if kind == "rowmax" else n, device="cuda", dtype=torch.bfloat16)
                 wbuf = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
-                bufs = {"x": xp, "w": wp, "b": b.data_ptr(), "y": yk.data_ptr()}
+                bufs = {"x": xp, "w": wp, "y": yk.data_ptr()}
+                if _base(kind) != "gelu_nob":
+                    bufs["b"] = b.data_ptr()
                 if kind == "residual":
                     bufs["r"] = r.data_ptr()
                 keep.append((g, yk, wbuf))
@@ -888,28 +910,42 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
     tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
-              "residual": "addmm+r", "rowmax": "addmm.amax"}
-    if any(kd + suf in fns for kd in ("gelu", "gelu16", "gelu_erf")):
+              "residual": "addmm+r", "rowmax": "addmm.amax", "bias": "addmm", "gelu_nob": "gelu(mm)"}
+    has = {_base(kd[:-len(suf)] if suf and kd.endswith(suf) else kd) for kd in fns}
+    if has & {"gelu", "gelu16", "gelu_erf"}:
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
-    if "relu" + suf in fns:
+    if "relu" in has:
         fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
-    if "residual" + suf in fns:
+    if "residual" in has:
         fns["addmm+r"] = lambda: torch.addmm(b, x, w) + r
-    if "rowmax" + suf in fns:
+    if "rowmax" in has:
         fns["addmm.amax"] = lambda: torch.addmm(b, x, w).amax(-1, keepdim=True)
+    if "bias" in has:
+        fns["addmm"] = lambda: torch.addmm(b, x, w)
+    if "gelu_nob" in has:
+        fns["gelu(mm)"] = lambda: F.gelu(torch.mm(x, w))
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
     ref = torch.addmm(b, x, w).float()
-    want = {"plain": torch.mm(x, w).float(), "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
-            "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True)}
+    mm = torch.mm(x, w).float()
+    want = {"plain": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
+            "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True),
+            "bias": ref, "gelu_nob": F.gelu(mm)}
     want["gelu16"] = want["gelu_erf"] = want["gelu"]
-    errs = {name: _err(o, want[name[:-len(suf)] if suf and name.endswith(suf) else name]) for name, o in outs.items()}
-    del ref, want
+    errs = {name: _err(o, want[_base(name[:-len(suf)] if suf and name.endswith(suf) else name)])
+            for name, o in outs.items()}
+    del ref, want, mm
     t = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t[name].append(time_ms(fn, reps=10, warmup=2))
+    import random
+
+    for rd in range(rounds):
+        # each round in its own (seeded) order: a function's place after a heavier one (clocks, power) is not
+        # the same in every round
+        order = list(fns)
+        random.Random(rd).shuffle(order)
+        for name in order:
+            t[name].append(time_ms(fns[name], reps=10, warmup=2))
     med = {name: statistics.median(v) for name, v in t.items()}
     fl = 2.0 * m * n * k
     rr = dict(case=label + suf, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
@@ -921,10 +957,10 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     if suf:
         rr["plain_over_tma"] = med[p] / med["plain"]
         line += f" [{rr['plain_over_tma']:.3f}x gemm_tma's time]"
-    for kind in ("gelu", "gelu16", "gelu_erf", "relu", "residual", "rowmax"):
+    for kind in kinds:
         key = kind + suf
         if key in fns:
-            tn = tnames[kind]
+            tn = tnames[_base(kind)]
             rr[kind + "_over_plain"] = med[key] / med[p]
             rr[kind + "_over_plain_tma"] = med[key] / med["plain"]
             rr[kind + "_vs_torch"] = med[tn] / med[key]
@@ -935,7 +971,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     off = [k_ for k_, v in on_tma.items() if not v]
     line += f" | NOT ON gemm_tma: {off}" if off else ""
     print(line, flush=True)
-    if power and tile is not None:
+    if power and tile is not None and (not POWER_ON or any(p_ in label for p_ in POWER_ON)):
         rr["power"] = _power(fns, power)
     del x, wt, w, b, r, out_t, outs, keep
     return rr
@@ -974,6 +1010,149 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     return rows
 
 
+# ----------------------------------------------------------------------------- weight gradients (--dw)
+
+# The GPT demo's (examples/train_gpt.py defaults: d 768, MLP 3072, 12 / 4 heads of 64, vocab 256, 64 x 1024 =
+# 65536 tokens a step) weight gradients dW = dy^T x as pydnn.matmul sees them: m x n = dW's shape, k = tokens,
+# A = dy^T (a column-major view: trans_a).
+DW_SHAPES = (("mlp fc1 dW 3072x768", 3072, 768, 65536), ("mlp fc2 dW 768x3072", 768, 3072, 65536),
+             ("qkv dW 1280x768", 1280, 768, 65536), ("proj dW 768x768", 768, 768, 65536),
+             ("head dW 256x768", 256, 768, 65536))
+
+
+def _one_kernel_unit(rec):
+    """Point launch record rec at a bench-only unit holding its one instantiation (so that the bench's kernels
+    compile in parallel, where the build's units hold every transposition); the unit."""
+    import hashlib
+
+    from pydnn._build import loader
+    from pydnn._build.manifest import KernelUnit
+
+    sm90 = any(w in rec.expr for w in ("wgmma", "gemm_tma", "splitk_reduce"))
+    name = hashlib.sha256(rec.expr.encode()).hexdigest()[:12]
+    u = KernelUnit(f"matmul.bench1.{name}", "matmul.cu", (rec.expr,), archs=(M.WG_ARCH + "a",) if sm90 else ())
+    loader.register_units([u])
+    rec.unit = u.name
+    return u
+
+
+def _dw_plans(h, m, n, k):
+    """{variant: (plan, workspace bytes)}: whole K (no split), the one-wave split cap (SPLIT_WAVES off), the
+    planner's choice (several waves), S = 11 forced; and "ksplit8": the torch bridge's LINEAR_DW_KSPLIT = 8
+    form (one batched matmul over 8 chunks of the tokens into bf16 partials; the caller sums them)."""
+    from pydnn import tuning
+
+    out = {"whole": M.gemm_plan(h, BF16, m, n, k, trans_a=True)}
+    keep = tuning.matmul.SPLIT_WAVES
+    try:
+        tuning.matmul.SPLIT_WAVES = False
+        out["split_1wave"] = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True)
+        tuning.matmul.SPLIT_WAVES = True
+        out["split_waves"] = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True)
+        orig = M._split_k
+        kt = -(-k // 64)
+        M._split_k = lambda *a: (11, -(-kt // 11) * 64)
+        try:
+            out["split_S11"] = M.gemm_plan(h, BF16, m, n, k, trans_a=True, split_k=True)
+        finally:
+            M._split_k = orig
+    finally:
+        tuning.matmul.SPLIT_WAVES = keep
+    s, mc = 8, k // 8
+    out["ksplit8"] = M.gemm_plan(h, BF16, m, n, mc, trans_a=True, lda=m, batch=s, stride_a=mc * m, stride_b=mc * n,
+                                 stride_c=m * n)
+    units = []
+    for name, pl in out.items():
+        # what each runs: a split plan its split launches (the caller's workspace given), the others their
+        # whole-K kernel (gemm_tma where the plan has it)
+        for attr in (("split_fast", "reduce") if pl.split else ("tma",) if pl.tma is not None else ("fast",)):
+            units.append(_one_kernel_unit(getattr(pl, attr)))
+    return out, units
+
+
+def dw_prepare(h, shapes=DW_SHAPES):
+    """The plans of every --dw shape and their one-kernel units: ({label: (plans, units)}, [units])."""
+    plans = {label: _dw_plans(h, m, n, k) for label, m, n, k in shapes}
+    return plans, list({u.name: u for _, us in plans.values() for u in us}.values())
+
+
+def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
+    """Issue 17's weight gradients: pydnn's matmul plans (whole K; split-K capped at one wave; the planner's
+    several waves; S = 11) and the bridge's batched 8-chunk split + torch.sum against torch.matmul(dy.t(), x),
+    in alternating rounds (ms medians); every result against a float32 torch reference (max |diff| / max |ref|).
+    """
+    import json
+    import random
+    import statistics
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydnn._build import loader
+
+    own = h is None
+    if own:
+        h = pydnn.create()
+        pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    rows = []
+    try:
+        plans, todo = prepared or dw_prepare(h, shapes)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(lambda u: loader.load_unit(h.arch, u), todo))
+        print(f"dw prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
+        for label, m, n, k in shapes:
+            pls = plans[label][0]
+            dy = torch.randn(k, m, device="cuda").to(torch.bfloat16)  # dy: tokens x m (A = dy^T, trans_a)
+            x = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+            ref = torch.mm(dy.t().float(), x.float())
+            outs, fns = {}, {}
+            ws = torch.empty(max(max(pl.ws_bytes for pl in pls.values()), 1), dtype=torch.uint8, device="cuda")
+            dp, xp, wp = dy.data_ptr(), x.data_ptr(), ws.data_ptr()
+            for name, pl in pls.items():
+                if name == "ksplit8":
+                    part = torch.empty(8, m, n, device="cuda", dtype=torch.bfloat16)
+                    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+                    def f(pl=pl, part=part, c=c):
+                        pl.launch(h, dp, xp, part.data_ptr())
+                        torch.sum(part, 0, out=c)
+                    fns[name] = f
+                else:
+                    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                    fns[name] = (lambda pl=pl, cp=c.data_ptr(): pl.launch(h, dp, xp, cp, 1.0, 0.0, 0, wp, pl.ws_bytes))
+                outs[name] = c
+            tout = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            dyt = dy.t()
+            fns["torch.matmul"] = lambda: torch.matmul(dyt, x, out=tout)
+            outs["torch.matmul"] = tout
+            for fn in fns.values():
+                fn()
+            torch.cuda.synchronize()
+            errs = {name: _err(o, ref) for name, o in outs.items()}
+            t = {name: [] for name in fns}
+            for rd in range(rounds):
+                order = list(fns)
+                random.Random(rd).shuffle(order)
+                for name in order:
+                    t[name].append(time_ms(fns[name], reps=10, warmup=2))
+            med = {name: statistics.median(v) for name, v in t.items()}
+            splits = {name: (pl.split[0] if pl.split else 1) for name, pl in pls.items() if name != "ksplit8"}
+            row = dict(case=label, m=m, n=n, k=k, ms=med, errs=errs, splits=splits,
+                       vs_torch={name: med["torch.matmul"] / v for name, v in med.items()})
+            rows.append(row)
+            print(f"{label:22s} torch.matmul {med['torch.matmul']:.4f} ms | " + " | ".join(
+                f"{name}{'(S=' + str(splits[name]) + ')' if name in splits else ''} {med[name]:.4f} "
+                f"({row['vs_torch'][name]:.3f}x torch, err {errs[name]:.1e})" for name in pls), flush=True)
+            if out:
+                with open(out, "w") as fo:
+                    json.dump(rows, fo, indent=1)
+            del dy, x, ref, outs, fns, ws
+    finally:
+        if own:
+            pydnn.destroy(h)
+    return rows
+
+
 if __name__ == "__main__":
     import argparse
     import os
@@ -1001,12 +1180,42 @@ if __name__ == "__main__":
     ap.add_argument("--wg", action="store_true", help="--fused: also the fused gelu on the wgmma kernel (USE_TMA off)")
     ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
                     "with nvidia-smi sampling the SM clock and board power (is the GEMM held by the power limit?)")
+    ap.add_argument("--dw", action="store_true", help="the GPT demo's weight gradients (issue 17): split-K plans vs "
+                    "torch.matmul (DW_SHAPES; with --fused: after it, --dw-out its json)")
+    ap.add_argument("--dw-out", default=None)
+    ap.add_argument("--power-on", default="", help="--power: only the --fused shapes whose label holds one of these "
+                    "comma-separated substrings")
     args = ap.parse_args()
+    POWER_ON = tuple(p_ for p_ in args.power_on.split(",") if p_)
     if args.fused:
         sel = FUSED_SHAPES
         if args.shapes:
             sel = tuple(s for s in FUSED_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
-        fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+        th = None
+        if args.dw:  # its kernels compile beside the fused ones (NVRTC releases the GIL)
+            import threading
+            from concurrent.futures import ThreadPoolExecutor
+
+            from pydnn._build import loader
+
+            h0 = pydnn.create()
+            pydnn.set_stream(h0, torch.cuda.current_stream().cuda_stream)
+            prep = dw_prepare(h0)
+
+            def build_dw():
+                with ThreadPoolExecutor(8) as ex:
+                    list(ex.map(lambda u: loader.load_unit(h0.arch, u), prep[1]))
+            th = threading.Thread(target=build_dw)
+            th.start()
+        try:
+            fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+        finally:
+            if th is not None:
+                th.join()
+        if args.dw:
+            dw(args.dw_out, args.rounds, h=h0, prepared=prep)
+    elif args.dw:
+        dw(args.dw_out or args.out, args.rounds)
     elif args.f32:
         sel = F32_SHAPES
         if args.shapes:

@@ -499,13 +499,46 @@ RED = {
 }
 
 
-def _epi_struct(prog, final, access, red, store_c, sname, tag=None):
+# A fused GEMM's column operands staged in shared memory once per tile (gemm_tma; tuning.matmul.FUSED_STAGE):
+# at most this many bytes a warp (the kernel keeps a buffer a consumer warp: 8 x this beside the ring).
+STAGE_MAX_BYTES = 1024
+
+
+def stage_plan(prog, access, bn):
+    """[(operand k, byte offset, element size)] of the epilogue's staged column operands for a tile of bn
+    columns, and the bytes a warp's buffer takes: every input whose access is "C" (contiguous along the
+    columns, not moving along rows: a bias), 2- or 4-byte elements; ([], 0) where none, where they would
+    pass STAGE_MAX_BYTES, or where another input moves along the rows (its loads stay in the epilogue; beside
+    them the staged bias + residual kernel spilled, ptxas sm_90a: 4 bytes)."""
+    out, off = [], 0
+    for k, ((otag, role), a) in enumerate(zip(prog.operands, access)):
+        if role == "in" and a != "C":
+            return [], 0
+        if role == "in":
+            sz = {"f32": 4, "f16": 2, "bf16": 2}.get(otag)
+            if sz is None:
+                return [], 0
+            out.append((k, off, sz))
+            off += bn * sz
+    if off > STAGE_MAX_BYTES:
+        return [], 0
+    return out, off
+
+
+def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
     contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
-    for an interior tile when pairs_ok), then the program on each of the two values."""
+    for an interior tile when pairs_ok), then the program on each of the two values.
+    stage_bn > 0 (gemm_tma's tile width): the column operands of stage_plan are also copied into a consumer
+    warp's shared buffer at the start of each tile (stage: one 16-byte cp.async a lane and chunk, issued
+    before the K loop, so their latency hides behind it) and read from there (the STAGED pair) in the
+    epilogue of an interior tile, instead of global loads issued in the epilogue, where the tensor cores idle
+    and the loads queue behind the next tile's TMA copies."""
     ops = prog.operands
     fields, rows, loads, pair_mask = [], [], [], 0
+    staged, stage_bytes = stage_plan(prog, access, stage_bn) if stage_bn else ([], 0)
+    soff = {k: (off, sz) for k, off, sz in staged}
     for k, (otag, role) in enumerate(ops):
         ct = CTYPE[otag]
         kind = access[k]
@@ -526,8 +559,10 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None):
             continue
         if kind == "c":
             pair_mask |= 1 << k
+            st = (f"    if (STAGED) lds2<{ct}>(sb + {soff[k][0]}u + (unsigned)(col & {stage_bn - 1}) * {soff[k][1]}u, "
+                  f"in{k}_0, in{k}_1);\n    else ") if k in soff else "    "
             loads.append(f"    float in{k}_0, in{k}_1 = 0.0f;\n"
-                         f"    if (FAST) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
+                         f"{st}if (FAST) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
                          f"    else if (two && ((e.flags >> {k}) & 1u)) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
                          f"    else {{ in{k}_0 = ldf(r.p{k} + col); if (two) in{k}_1 = ldf(r.p{k} + col + 1); }}")
         else:
@@ -572,8 +607,27 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None):
   __device__ __forceinline__ unsigned* red_cnt() const { return nullptr; }"""
     b = lambda v: "true" if v else "false"  # noqa: E731
     nl = "\n"
+    if staged:
+        def base(k):
+            return f"static_cast<const {CTYPE[ops[k][0]]}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + n0"
+        oks = " && ".join(f"(reinterpret_cast<unsigned long long>({base(k)}) & 15ull) == 0ull" for k, _, _ in staged)
+        copies = nl.join(
+            f"    for (int c = lane; c < {stage_bn * sz // 16}; c += 32)\n"
+            f"      pydnn::matmul::cp_async16(s + {off}u + 16u * c, reinterpret_cast<const char*>({base(k)}) + 16 * c, 16);"
+            for k, off, sz in staged)
+        stage_fns = f"""
+  // the tile's column operands into a warp's buffer s (stage_ok: the tile ends inside n, 16-byte aligned starts)
+  __device__ __forceinline__ bool stage_ok(long long z, int n0) const {{
+    return n0 + {stage_bn} <= p.n && {oks};
+  }}
+  __device__ __forceinline__ void stage(long long z, int n0, unsigned s, int lane) const {{
+{copies}
+  }}"""
+    else:
+        stage_fns = ""
     return f"""struct {sname} {{
   static constexpr bool kActive = true, kRed = {b(red is not None)}, kStoreC = {b(store_c)};
+  static constexpr int kStage = {stage_bytes};  // bytes of a warp's staged column operands (0: none)
   const GraphPwParams& e;
   const MatmulParams& p;
   struct Row {{
@@ -588,18 +642,20 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None):
   }}
   // every contiguous input may be read in aligned pairs (the FAST tile path)
   __device__ __forceinline__ bool pairs_ok() const {{ return (e.flags & {pair_mask}u) == {pair_mask}u; }}
-  template <bool FAST>
-  __device__ __forceinline__ void pair(const Row& r, float& acc0, float& acc1, int col, bool two) const {{
+  template <bool FAST, bool STAGED = false>
+  __device__ __forceinline__ void pair(const Row& r, float& acc0, float& acc1, int col, bool two,
+                                       unsigned sb = 0u) const {{
 {nl.join(loads)}
 {nl.join(element(0))}
 {nl.join(element(1))}
     (void)r;
     (void)two;
-  }}{red_fns}
+    (void)sb;
+  }}{stage_fns}{red_fns}
 }};"""
 
 
-def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True):
+def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0):
     """(name, CUDA C) of a GEMM whose epilogue is the pointwise program `prog`: operand refs ("acc", 0) are
     the GEMM's value at (z, row, col), ("op", k) the epilogue operand k of GraphPwParams e (read at
     z * stride[k][0] + row * stride[k][1] + col * stride[k][2]); prog.stores write further outputs there;
@@ -611,8 +667,11 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
     red: None, or dict(mode=RED key, y=operand index of the reduction's output [batch, m, 1]): `final`
     is also reduced along each row (its workspace and counters are ptr[len(operands)] and the next).
     Two kernels: <name>_f (the fast tile; gemm_tma's takes MatmulTmaParams q, maps first) and <name>_g (the
-    general, unaligned path)."""
+    general, unaligned path). stage_bn: gemm_tma's tile width where the column operands are staged per tile
+    (_epi_struct; the launch then needs stage_smem(...) more shared memory), else 0."""
     ops = prog.operands
+    if stage_bn and (not hasattr(fast, "cm") or fast.bn != stage_bn or fast.pp or red is not None):
+        raise ValueError("staged column operands: gemm_tma's cooperative tile, no row reduction")
     access = list(access) if access is not None else ["g"] * len(ops)
     if len(access) != len(ops) or any(a not in "bcgBCG" for a in access):
         raise ValueError(f"access {access!r} for {len(ops)} operands")
@@ -624,7 +683,7 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
         raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
-    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag)
+    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn)
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")
@@ -655,10 +714,16 @@ __global__ void __launch_bounds__({gt}, {gm}) {name}_g(const MatmulParams p, con
     return name, text
 
 
-def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True):
+def stage_smem(stage_bytes):
+    """Shared memory gemm_tma_body's staging takes beyond the ring and barriers: a buffer a consumer warp (8
+    warps) and 128 bytes to align them (ptx/matmul.cu: stg)."""
+    return 8 * stage_bytes + 128 if stage_bytes else 0
+
+
+def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0):
     """(KernelUnit, fast expr, general expr), registered like kernel_unit's; a wgmma fast tile makes the
     unit sm_90a only (as pydnn.ops.matmul's wgmma units)."""
-    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c)
+    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     fe, ge = f"pydnn::graph::{name}_f", f"pydnn::graph::{name}_g"

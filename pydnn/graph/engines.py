@@ -21,6 +21,7 @@ import ctypes
 from ctypes import memmove as _memmove
 
 from .. import enums as E
+from .. import tuning
 from .._build import cache, fastcall, loader
 from .._cuda import driver
 from ..status import PydnnError
@@ -512,8 +513,15 @@ class FusedMatmulStep:
             if kind == "c" and u in g.inputs and s[0] % 2 == 0 and s[1] % 2 == 0:
                 self.pair_static |= 1 << k
         red, self.store_c = an.get("red"), an.get("store_c", True)
+        # gemm_tma's cooperative tile may stage the epilogue's column operands per tile (owner: gemm)
+        stage_bn = 0
+        if tma is not None and tuning.matmul.FUSED_STAGE and red is None and not fast.pp:
+            sb = cg.stage_plan(an["prog"], access, fast.bn)[1]
+            if sb:
+                stage_bn = fast.bn
+                fast_rec.smem += cg.stage_smem(sb)
         self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
-                                           plan.trans_a, plan.trans_b, access, red, self.store_c)
+                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn)
         _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
         self.eops = tuple(an["eops"])

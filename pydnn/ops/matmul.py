@@ -211,6 +211,17 @@ WG_PERSIST_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmap", persist=True, runon=
 WG_SPLIT_TILE = WgTile(256, 4, 1.6, unit="matmul.wgmmas", persist=True, split=True)
 SPLIT_MIN_KTILES = 8   # K tiles (of 64) a split walks at least
 SPLIT_MAX = 16
+# Several waves of splits (tuning.matmul.SPLIT_WAVES): the cost of S splits in K-tile times of one SM is
+# waves(S) x (K tiles a split + SPLIT_ITEM_KT: an item's pipeline fill and its 128 KiB fp32 partial store) +
+# SPLIT_REDUCE_KT x S x tiles (splitk_reduce reads each 128 KiB partial once: ~0.04 us at ~3 TB/s against
+# ~0.85 us a 128x256x64 K tile at 650 TFLOP/s over 132 SMs); S = 1 costs its K tiles + SPLIT_ITEM_KT (one
+# wave). H200, session 30 (bench_matmul.py --dw, ms, K = 65536): MLP dW 3072 x 768 whole K 1.555, S = 9 (the
+# model's) 0.472, S = 11 0.481; qkv 1280 x 768 S = 4 (one wave) 0.208, S = 13 0.212, S = 11 0.241 (the model at
+# SPLIT_ITEM_KT 2 chose 13, at 3 chooses 4); proj 768 x 768 S = 7 0.125, S = 11 0.163. SPLIT_WS_MAX caps the
+# partials' workspace.
+SPLIT_ITEM_KT = 3
+SPLIT_REDUCE_KT = 0.05
+SPLIT_WS_MAX = 128 << 20
 # WG_CANDIDATES: none now. Measured and not kept (tools/notes/matmul.md, v5): the persistent tile without
 # run-on (the next tile's first K tiles copied after the main loop, during the epilogue) and with 3 K tiles
 # copied ahead (a second barrier a K tile): both no faster than one block a tile.
@@ -288,6 +299,8 @@ TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 # Measured (H200, 16384x4096x4096 nn, two runs): plain 1.040-1.042x gemm_tma's time, fused gelu 1.12-1.14x its
 # own plain (gemm_tma's fused gelu 1.10-1.12x its plain): the overlap hides nothing (the epilogue's FP32 work
 # competes with the running wgmmas; SM clocks equal, so not the power limit). tuning.matmul.FUSED_PP off.
+# Session 30 (H200, both 7B shapes, nn): plain 1.082 / 1.084x gemm_tma's time, fused gelu 1.092 / 1.118x and
+# relu 1.026 / 1.035x its own plain, again no better than the cooperative kernel's serialized epilogue.
 TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
 
 
@@ -457,7 +470,8 @@ def split_units():
 def _split_k(m, n, k, batch, sm_count, arch):
     """(splits, K elements a split) of a split-K plan, or None: sm_90 with USE_WGMMA and SPLIT_K, batch 1,
     the 128x256 tiles filling less than 3/4 of a wave, and at least 2 splits of SPLIT_MIN_KTILES K tiles.
-    The splits fill the SMs (at most SPLIT_MAX), every split but the last walks the same K tiles."""
+    The split count: with SPLIT_WAVES the cheapest by SPLIT_ITEM_KT's model over any number of waves, else the
+    most that fit one wave (at most SPLIT_MAX); every split but the last walks the same K tiles."""
     if not (tuning.matmul.SPLIT_K and tuning.matmul.USE_WGMMA and arch == WG_ARCH and batch == 1 and m and n):
         return None
     tiles = cdiv(m, 128) * cdiv(n, 256)
@@ -465,7 +479,17 @@ def _split_k(m, n, k, batch, sm_count, arch):
     if 4 * tiles >= 3 * sms:
         return None
     kt = cdiv(k, BK)
-    s = min(sms // tiles, kt // SPLIT_MIN_KTILES, SPLIT_MAX)
+    smax = min(kt // SPLIT_MIN_KTILES, SPLIT_MAX)
+    if smax < 2:
+        return None
+    if tuning.matmul.SPLIT_WAVES:
+        def cost(sp):
+            return (cdiv(tiles * sp, sms) * (cdiv(kt, sp) + SPLIT_ITEM_KT)
+                    + (SPLIT_REDUCE_KT * sp * tiles if sp > 1 else 0))
+        ws = m * (n + (n & 1)) * 4  # bytes of one split's partials
+        s = min((sp for sp in range(1, smax + 1) if sp == 1 or sp * ws <= SPLIT_WS_MAX), key=lambda sp: (cost(sp), sp))
+    else:
+        s = min(sms // tiles, smax)
     if s < 2:
         return None
     chunk = cdiv(kt, s)

@@ -381,3 +381,83 @@ def test_pp_fused_kernel_compiles_without_spills(tb):
     assert not any(o.startswith(("LDL", "STL")) for o in ops)
     bars = [ln.split("BAR.SYNC.DEFER_BLOCKING", 1)[1].split(";")[0].strip() for ln in lines if "BAR.SYNC" in ln]
     assert bars.count("0x0") == 1 and len(bars) == 2 and bars[1].endswith("0x100"), bars
+
+
+# ----------------------------------------------------------------------------- staged column operands
+
+def test_stage_plan():
+    """The staged operands: inputs read along the columns only ("C": a bias), 2- or 4-byte elements, at most
+    STAGE_MAX_BYTES a warp's buffer; nothing staged where a row-moving input ("c") or an output is."""
+    add = P.PYDNN_POINTWISE_ADD
+
+    def prog(tags):
+        nodes = [cg.PwNode(add, x=("acc", 0), b=("op", 0))]
+        nodes += [cg.PwNode(add, x=("v", i - 1), b=("op", i)) for i in range(1, len(tags))]
+        return cg.PwProgram([(t, "in") for t in tags], nodes, [])
+    assert cg.stage_plan(prog(["bf16"]), ["C"], 256) == ([(0, 0, 2)], 512)
+    assert cg.stage_plan(prog(["f32"]), ["C"], 256) == ([(0, 0, 4)], 1024)
+    assert cg.stage_plan(prog(["bf16", "bf16"]), ["C", "c"], 256) == ([], 0)  # a residual beside: none
+    assert cg.stage_plan(prog(["bf16", "f16"]), ["C", "C"], 256) == ([(0, 0, 2), (1, 512, 2)], 1024)
+    assert cg.stage_plan(prog(["bf16", "f32"]), ["C", "C"], 256) == ([], 0)  # 1536 bytes: over the limit
+    assert cg.stage_plan(prog(["bf16"]), ["c"], 256) == ([], 0)
+    assert cg.stage_plan(prog(["bf16"]), ["B"], 256) == ([], 0)
+    assert cg.stage_smem(512) == 8 * 512 + 128 and cg.stage_smem(0) == 0
+    assert M.TMA_TILE.smem + cg.stage_smem(cg.STAGE_MAX_BYTES) <= 227 * 1024
+    with pytest.raises(ValueError, match="staged"):
+        cg.matmul_source(prog(["bf16"]), ("v", 0), "bf16", M.TMA_PP_TILE, M.TC_GENERAL, False, False, access=["C"],
+                         stage_bn=128)
+
+
+@pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
+def test_fused_stage_switch(sm90, monkeypatch, kind):
+    """tuning.matmul.FUSED_STAGE on: the fused gemm_tma kernel stages the bias (kStage 512: 256 bf16 columns) and
+    its launch asks for 8 buffers of it more shared memory; neither the row reduction nor bias + residual (a
+    row-moving input) stages; off (the default): kStage 0, the tile's shared memory."""
+    h, buf, drv, enc, units = sm90
+    assert tuning.matmul.FUSED_STAGE is False
+    _, step = _graph(h, kind, 2048, 2048, 512)
+    assert "kStage = 0;" in cache.unit_inputs(units[-1])[0] and step.recs[0][0].smem == M.TMA_TILE.smem
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
+    g, step = _graph(h, kind, 2048, 2048, 512)
+    text = cache.unit_inputs(units[-1])[0]
+    staged = kind == "gelu"
+    assert ("kStage = 512;" in text) == staged and ("kStage = 0;" in text) != staged
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + (cg.stage_smem(512) if staged else 0)
+    before = drv.launches
+    g.execute(_buffers(buf, kind, 2048, 2048, 512), buf(max(g.get_workspace_size(), 1))[0])
+    assert drv.launches == before + 1
+
+
+@pytest.mark.parametrize("kind", ["gelu", "relu"])
+def test_staged_kernel_compiles_without_spills(kind):
+    """ptxas (sm_90a) on the fused gemm_tma kernel with the bias staged: no spills, 168 registers at entry;
+    SASS where cuobjdump exists: one 16-byte LDGSTS a lane before the K loop (the stage), the 4 HGMMA a K tile,
+    and the staged fast tile's epilogue (from the cp.async wait to its 16th wide store) reading the bias with
+    32 LDS (one per column pair, both rows) and no global load."""
+    prog, final, access, _ = _programs()["gelu"]
+    if kind == "relu":
+        prog = cg.PwProgram(prog.operands, [prog.nodes[0], cg.PwNode(P.PYDNN_POINTWISE_RELU_FWD, x=("v", 0))], [])
+    name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access,
+                                  stage_bn=256)
+    assert "kStage = 512;" in text and "cp_async16" in text
+    fe = f"pydnn::graph::{name}_f"
+    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    log = log if isinstance(log, str) else log.decode()
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert props.get(lowered[fe]) == (0, 0), log
+    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
+    assert int(regs[lowered[fe]]) <= 168, log
+    lines = _fast_sass(cubin, lowered[fe])
+    if lines is None:
+        return
+    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
+    c = Counter(ops)
+    assert c["LDGSTS.E.BYPASS.128"] == 1 and c["HGMMA.64x256x16.F32.BF16"] == 4
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
+    d = ops.index("DEPBAR.LE")  # cp.async.wait_all
+    end = [i for i, o in enumerate(ops) if o == "STG.E.128" and i > d][15]
+    region = Counter(ops[d:end + 1])
+    assert region["LDS"] == 32, region
+    assert not any(o.startswith("LDG") for o in region), region

@@ -195,3 +195,44 @@ def test_pp_candidate_plain(handle, rng, monkeypatch, ta, tb):
     scale = 0.5 * np.matmul(np.abs(A), np.abs(Bm)) + 0.25 * np.abs(cv) + np.abs(biasv)
     got = rd.from_storage(bufs[2].to_numpy(), BF16)
     assert_close(got, want, BF16, f"pp plain ta={ta} tb={tb}", scale=scale)
+
+
+# ----------------------------------------------------------------------------- staged column operands
+
+@pytest.mark.parametrize("kind, m, n, k, batch, sms", [("gelu", 2048, 2048, 512, 1, 0),
+                                                      ("gelu", 1000, 1096, 520, 2, 2),
+                                                      ("residual", 600, 712, 520, 2, 2)],
+                         ids=["gelu_interior", "gelu_edges_2_blocks", "residual_edges"])
+def test_fused_tma_staged_bias(handle, rng, monkeypatch, kind, m, n, k, batch, sms):
+    """tuning.matmul.FUSED_STAGE: the bias (a column operand) copied into each consumer warp's shared buffer by
+    cp.async before the K loop and read from there in the epilogue of the tiles inside n (the last tile column
+    of n = 1096 reads it from global memory); 2 blocks walking many tiles reuse the buffers. Bias + residual
+    (a row-moving input beside the bias) does not stage: the same kernel as with the switch off."""
+    from pydnn import tuning
+    from pydnn.graph import codegen as cg
+
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
+    step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, False, sms)
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + (cg.stage_smem(256 * 2) if kind == "gelu" else 0)
+
+
+def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
+    """A bias 4 bytes off 16 cannot be staged by 16-byte copies (stage_ok): every tile reads it from global
+    memory, pairs still (the same FAST tile); the result as with any bias."""
+    from pydnn import tuning
+
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
+    _sm90(handle, monkeypatch, 0)
+    m, n, k = 2048, 2048, 512
+    g, (a, w, bias, _, y) = _graph(handle, BF16, "gelu", m, n, k, 1, False)
+    g.build_operation_graph().create_execution_plans().check_support().build_plans()
+    assert g._plan_obj.built.steps[0].recs[0][0].maps is not None
+    ta, tw, ty = DevTensor(a.dim, BF16), DevTensor(w.dim, BF16), DevTensor(y.dim, BF16)
+    tbias = DevTensor([1, 1, n + 8], BF16)
+    av, wv, bfull = ta.random(rng, -1, 1), tw.random(rng, -1, 1), tbias.random(rng, -1, 1)
+    bv = bfull[..., 2:2 + n]
+    g.execute({a: ta.ptr, w: tw.ptr, bias: tbias.ptr + 4, y: ty.ptr}, 0, handle=handle)
+    c = np.matmul(av, wv) + bv
+    scale = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
+    assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "staged bias, unaligned", scale=scale)
+    ty.check_untouched()

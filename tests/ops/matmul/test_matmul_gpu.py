@@ -436,6 +436,32 @@ def test_split_k_through_pydnn_matmul(handle, rng):
     c.check_untouched()
 
 
+def test_split_k_several_waves(handle, rng):
+    """tuning.matmul.SPLIT_WAVES: 72 output tiles of 128 x 256 (dW = dY^T X, 1536 x 1536, K = 8192; more than half
+    the SMs, so no second split fits one wave) split into S > 1 K ranges walked in several waves of (split,
+    tile) items by pydnn.matmul_ex, against float64; C's gaps untouched; a second call bitwise the same."""
+    from devtensor import DevTensor
+
+    if handle.arch != M.WG_ARCH:
+        pytest.skip(f"split-K runs on {M.WG_ARCH} only (this device is {handle.arch})")
+    m, n, k = 1536, 1536, 8192
+    plan = M.gemm_plan(handle, BF16, m, n, k, trans_a=True, ldc=n + 8, split_k=True)
+    assert plan.split is not None and plan.split[0] * 72 > handle.sm_count, (plan.split, handle.sm_count)
+    a = DevTensor((m, k), BF16, strides=(1, m))
+    b = DevTensor((k, n), BF16)
+    c = DevTensor((m, n), BF16, strides=(n + 8, 1))
+    av, bv = a.random(rng, -1, 1), b.random(rng, -1, 1)
+    size = pydnn.get_matmul_ex_workspace_size(handle, a.desc, b.desc, c.desc)
+    assert size >= plan.ws_bytes
+    ws = pydnn.DeviceArray((size,), np.uint8)
+    pydnn.matmul_ex(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr, ws.ptr, size)
+    got = c.download()
+    assert_close(got, av @ bv, BF16, "split-K over several waves", scale=np.abs(av) @ np.abs(bv))
+    c.check_untouched()
+    pydnn.matmul_ex(handle, 1.0, a.desc, a.ptr, b.desc, b.ptr, 0.0, c.desc, c.ptr, ws.ptr, size)
+    np.testing.assert_array_equal(c.download(), got)
+
+
 # ----------------------------------------------------------------------------- gemm_tma (sm_90)
 
 def _sm90_only(handle):
