@@ -53,6 +53,8 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=1, help="time the units in this many worker processes at once "
                     "(each unit's CPU seconds are its worker's; for a wide, otherwise idle machine)")
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--phases", action="store_true", help="NVRTC's own split of each unit (--time): front end, "
+                    "NVVM optimizer, PTX to SASS, in ms of wall (one compile at a time: ~ CPU)")
     args = ap.parse_args(argv)
     if args.predict:
         return predict(args.predict, args.jobs, args.scale)
@@ -88,13 +90,24 @@ def main(argv=None):
                              bytes=len(entry[0])))
             continue
         text, _ = cache.unit_inputs(u)
+        tfile = _phase_file() if args.phases else None
+        extra = (f"--time={tfile}",) if tfile else ()
         c0, w0 = cpu_now(), time.time()
-        cubin, _lowered, _log = nvrtc.compile_cubin(text, u.source, u.exprs, target, opts + tuple(u.options),
+        cubin, _lowered, _log = nvrtc.compile_cubin(text, u.source, u.exprs, target,
+                                                    opts + tuple(u.options) + extra,
                                                     [str(cache.ptx_dir())], unit=u.name)
         cpu, wall = cpu_now() - c0, time.time() - w0
-        rows.append(dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=cpu, wall=wall, bytes=len(cubin)))
+        row = dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=cpu, wall=wall, bytes=len(cubin))
+        ph = ""
+        if tfile:
+            row["phases"] = _read_phases(tfile)
+            ph = "  " + " ".join(f"{k} {v / 1e3:5.1f}s" for k, v in row["phases"].items())
+        rows.append(row)
         print(f"{u.name:40s} {len(u.exprs):4d} exprs  cpu {cpu:6.1f}s  wall {wall:6.1f}s  "
-              f"{len(cubin) / 1e6:6.2f} MB", flush=True)
+              f"{len(cubin) / 1e6:6.2f} MB{ph}", flush=True)
+        if args.json:
+            with open(args.json + ".partial", "a") as f:
+                f.write(json.dumps(dict(row, arch=args.arch)) + "\n")
 
     # per source: measured units, extrapolated to all units of the source by name-expression counts
     total_cpu = total_bytes = 0.0
@@ -118,6 +131,36 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(arch=args.arch, nvrtc=nv, options=list(opts), rows=rows, summary=summary,
                            total_cpu=total_cpu, total_mb=total_bytes), f, indent=1)
+
+
+_PHASE_KEYS = {"CUDA C++ Frontend": "fe", "NVVM Optimizer": "nvvm", "PTX Translation": "ptxas"}
+
+
+def _phase_file():
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="pydnn_nvrtc_time_", suffix=".csv")
+    os.close(fd)
+    os.unlink(path)   # NVRTC appends to the file: start from none
+    return path
+
+
+def _read_phases(path):
+    """{fe, nvvm, ptxas: ms} summed over the CSV that NVRTC's --time wrote (every file of the unit: a source
+    that includes another .cu lists it too), other phases under their own names; the file is removed."""
+    out = {}
+    try:
+        with open(path) as f:
+            next(f, None)
+            for line in f:
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) >= 3:
+                    k = _PHASE_KEYS.get(parts[1], parts[1])
+                    out[k] = out.get(k, 0.0) + float(parts[2])
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return out
 
 
 def _time_one(job):
