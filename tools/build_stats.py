@@ -53,6 +53,9 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=1, help="time the units in this many worker processes at once "
                     "(each unit's CPU seconds are its worker's; for a wide, otherwise idle machine)")
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--check-shared", action="store_true", help="for every unit that shares one NVVM pass "
+                    "(pydnn/_build/ptxas.py): NVRTC for sm_80 (+PTX) and for sm_90, ptxas of the PTX for sm_90; "
+                    "CPU seconds of each, and whether every kernel's SASS (.text) is the same both ways")
     ap.add_argument("--phases", action="store_true", help="NVRTC's own split of each unit (--time): front end, "
                     "NVVM optimizer, PTX to SASS, in ms of wall (one compile at a time: ~ CPU)")
     args = ap.parse_args(argv)
@@ -60,6 +63,8 @@ def main(argv=None):
         return predict(args.predict, args.jobs, args.scale)
     if args.write_costs:
         return write_costs(args.write_costs)
+    if args.check_shared:
+        return check_shared(args.units, args.json)
 
     units = manifest.all_units(args.arch) if args.rare else manifest.install_units(args.arch)
     if args.units:
@@ -131,6 +136,90 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(arch=args.arch, nvrtc=nv, options=list(opts), rows=rows, summary=summary,
                            total_cpu=total_cpu, total_mb=total_bytes), f, indent=1)
+
+
+def elf_sections(elf):
+    """{section name: bytes} of an ELF64 cubin (SHT_NOBITS sections empty)."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    stro = hdrs[shstrndx][4]
+    out = {}
+    for h in hdrs:
+        name = elf[stro + h[0]: elf.index(b"\0", stro + h[0])].decode()
+        out[name] = elf[h[4]:h[4] + h[5]] if h[1] != 8 else b""
+    return out
+
+
+def sass(elf):
+    """{kernel section: code} of a cubin's .text sections; the hash in internal-linkage names (it follows the
+    options, so the arch) is blanked."""
+    import re
+
+    return {re.sub(r"_cu_[0-9a-f]{8}_", "_cu_X_", k): v for k, v in elf_sections(elf).items() if k.startswith(".text")}
+
+
+def check_shared(prefixes="", json_path=None):
+    """--check-shared: each install unit that shares one NVVM pass (build._pair_jobs with every unit of both
+    archs to do), compiled the three ways; rows (and .partial lines) with CPU seconds, phases and the verdict."""
+    import resource
+    from pydnn._build import build, ptxas
+
+    if ptxas.find() is None:
+        print("no ptxas of NVRTC's release: " + "; ".join(ptxas.describe()))
+        return 1
+    todo = [(u, a) for a in ("sm_80", "sm_90") for u in manifest.install_units(a) if manifest.unit_arch(u, a)]
+    shared = [(u, a, b) for u, a, b in build._pair_jobs(todo) if b]
+    if prefixes:
+        pre = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+        shared = [j for j in shared if j[0].name.startswith(pre)]
+    print(f"{len(shared)} shared units; ptxas {ptxas.find()}", flush=True)
+    rows, bad = [], 0
+    part = open(json_path + ".partial", "a") if json_path else None
+    for u, a, b in shared:
+        text, _ = cache.unit_inputs(u)
+        opts = manifest.common_options() + tuple(u.options)
+        row = dict(unit=u.name, exprs=len(u.exprs))
+        for arch in (a, b):
+            tfile = _phase_file()
+            ptx = []
+            c0 = cpu_now()
+            cub, _, _ = nvrtc.compile_cubin(text, u.source, u.exprs, arch, opts + (f"--time={tfile}",),
+                                            [str(cache.ptx_dir())], unit=u.name, ptx_out=ptx)
+            row[f"cpu_{arch}"] = cpu_now() - c0
+            row[f"phases_{arch}"] = _read_phases(tfile)
+            if arch == a:
+                first_ptx = ptx[0]
+            else:
+                direct = cub
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        c0 = cpu_now()
+        asm = ptxas.assemble(first_ptx, b, opts, unit=u.name)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        row["cpu_ptxas"] = (cpu_now() - c0) + (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        sa, sb = sass(direct), sass(asm)
+        row["kernels"] = len(sa)
+        row["sass_same"] = sa == sb
+        row["sass_differ"] = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
+        bad += not row["sass_same"]
+        rows.append(row)
+        print(f"{u.name:36s} NVRTC {a} {row[f'cpu_{a}']:5.1f}s  NVRTC {b} {row[f'cpu_{b}']:5.1f}s  "
+              f"ptxas {b} {row['cpu_ptxas']:5.1f}s  {row['kernels']:3d} kernels, SASS "
+              f"{'identical' if row['sass_same'] else 'DIFFERS in %d' % len(row['sass_differ'])}", flush=True)
+        if part:
+            part.write(json.dumps(row) + "\n")
+            part.flush()
+    n80 = sum(r["cpu_sm_80"] for r in rows)
+    n90 = sum(r["cpu_sm_90"] for r in rows)
+    px = sum(r["cpu_ptxas"] for r in rows)
+    print(f"\n{len(rows)} units: NVRTC sm_80 {n80:.0f} CPU s + NVRTC sm_90 {n90:.0f} -> sm_80 {n80:.0f} + ptxas sm_90 "
+          f"{px:.0f} (saves {n90 - px:.0f} CPU s); SASS different in {bad} units")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(nvrtc=nvrtc.version(), ptxas=ptxas.find(), rows=rows), f, indent=1)
+    return 1 if bad else 0
 
 
 _PHASE_KEYS = {"CUDA C++ Frontend": "fe", "NVVM Optimizer": "nvvm", "PTX Translation": "ptxas"}

@@ -1,0 +1,111 @@
+"""The shared NVVM pass (pydnn/_build/ptxas.py): which units share it, and that a unit built that way holds the
+same kernels as NVRTC's own compile for sm_90 (every .text section byte for byte), on CPU."""
+import pytest
+
+from pydnn._build import build, cache, manifest, ptxas
+from pydnn._cuda import nvrtc
+
+
+def _nvrtc_or_skip():
+    try:
+        return nvrtc.version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+
+
+def _todo(*names):
+    out = []
+    for a in ("sm_80", "sm_90"):
+        units = manifest.unit_by_name(a)
+        out += [(units[n], a) for n in names if n in units and manifest.unit_arch(units[n], a)]
+    return out
+
+
+@pytest.fixture
+def fake_ptxas(monkeypatch):
+    """A found ptxas, so that the pairing rules are tested without one."""
+    monkeypatch.setattr(ptxas, "find", lambda: "/bin/ptxas")
+    monkeypatch.delenv(ptxas.ENV, raising=False)
+
+
+def test_pairs_only_arch_neutral_units_with_the_same_instantiations(fake_ptxas):
+    _nvrtc_or_skip()
+    names = ("activation.f16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "convolution.wgmma.f16",
+             "rnn.h16")
+    jobs = {(u.name, a, b) for u, a, b in build._pair_jobs(_todo(*names))}
+    # element-wise units without __CUDA_ARCH__: one job for both archs
+    for n in ("activation.f16", "softmax.f32", "rnn.h16"):
+        assert (n, "sm_80", "sm_90") in jobs, n
+        assert not any(j[0] == n and j[1] == "sm_90" for j in jobs), n
+    # matmul.cu has __CUDA_ARCH__ paths; normalization's install parts differ per arch (cluster kernels);
+    # the wgmma unit is sm_90a only: all compile per arch
+    assert ("matmul.f16.nn", "sm_80", None) in jobs and ("matmul.f16.nn", "sm_90", None) in jobs
+    assert ("normalization.f16", "sm_80", None) in jobs and ("normalization.f16", "sm_90", None) in jobs
+    assert ("convolution.wgmma.f16", "sm_90", None) in jobs
+    # every (unit, arch) item is built once
+    items = [(n, a) for n, a, _ in jobs] + [(n, b) for n, _, b in jobs if b]
+    assert sorted(items) == sorted((u.name, a) for u, a in _todo(*names))
+
+
+def test_no_pairs_when_off_or_under_other_options(fake_ptxas, monkeypatch):
+    _nvrtc_or_skip()
+    todo = _todo("activation.f16")
+    monkeypatch.setenv(ptxas.ENV, "0")
+    assert all(b is None for _, _, b in build._pair_jobs(todo))
+    monkeypatch.delenv(ptxas.ENV)
+    monkeypatch.setenv(manifest.LINEINFO_ENV, "1")
+    assert all(b is None for _, _, b in build._pair_jobs(todo))
+    monkeypatch.delenv(manifest.LINEINFO_ENV)
+    monkeypatch.setenv(manifest.FAST_COMPILE_ENV, "1")
+    assert all(b is None for _, _, b in build._pair_jobs(todo))
+    monkeypatch.delenv(manifest.FAST_COMPILE_ENV)
+    assert any(b for _, _, b in build._pair_jobs(todo))
+
+
+def test_no_ptxas_of_the_release_means_no_pairs(monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.delenv(ptxas.ENV, raising=False)
+    monkeypatch.setattr(ptxas, "_found", None)
+    monkeypatch.setattr(ptxas, "candidates", lambda: ["/bin/true"])
+    monkeypatch.setattr(ptxas, "_release", lambda p: (1, 0))   # another release than NVRTC's
+    assert ptxas.find() is None
+    assert all(b is None for _, _, b in build._pair_jobs(_todo("activation.f16")))
+    monkeypatch.setattr(ptxas, "_found", None)
+
+
+def test_types_cuh_arch_branch_counts_only_for_double_accumulators():
+    _nvrtc_or_skip()
+    u = manifest.unit_by_name("sm_90")["activation.f16"]
+    assert ptxas.arch_neutral(u)
+    from dataclasses import replace
+    assert not ptxas.arch_neutral(replace(u, exprs=u.exprs + ("pydnn::transform<double, pydnn::bf16_t>",)))
+    assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["matmul.f16.nn"])   # matmul.cu: __CUDA_ARCH__
+
+
+def test_shared_build_writes_nvrtc_identical_sass(tmp_path, monkeypatch):
+    """Needs a ptxas of NVRTC's release (the nvidia-cuda-nvcc wheel, a CUDA toolkit): the build's shared path
+    stores sm_90 kernels whose code is NVRTC's own for sm_90, with the same lowered names."""
+    _nvrtc_or_skip()
+    monkeypatch.setattr(ptxas, "_found", None)
+    if ptxas.find() is None:
+        pytest.skip("no ptxas of NVRTC's release: " + "; ".join(ptxas.describe()))
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from build_stats import sass
+
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    names = ("conv_bias.f16", "rnn.h16")
+    todo = _todo(*names)
+    assert all(b == "sm_90" for _, _, b in build._pair_jobs(todo))
+    compiled, skipped = build.build_all(archs=["sm_80", "sm_90"], progress=False, prefixes=names, install_only=True)
+    assert (compiled, skipped) == (4, 0)
+    nv = nvrtc.version()
+    for name in names:
+        u = manifest.unit_by_name("sm_90")[name]
+        cubin, lowered = cache.read_entry(cache.entry_path(u, "sm_90", cache.unit_key(u, "sm_90", nv)))
+        text, _ = cache.unit_inputs(u)
+        direct, direct_lowered, _ = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90", manifest.common_options(),
+                                                        [str(cache.ptx_dir())], unit=name)
+        assert lowered == direct_lowered
+        assert sass(cubin) == sass(direct) and len(sass(cubin)) == len(set(lowered.values())), name
