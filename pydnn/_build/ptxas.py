@@ -101,20 +101,35 @@ def describe():
 
 
 _ARCH_TEXT = re.compile(r"__CUDA_ARCH__")
+# __CUDA_ARCH__ blocks that cannot make an sm_80-compilable unit's PTX differ by arch: the sm_90a-only guard (a
+# static_assert that fails any other target, so no unit built for sm_80 instantiates what holds it), and kernel
+# templates defined only from sm_90 on (thread-block clusters: a unit naming one does not compile for sm_80)
+_HARMLESS = (
+    re.compile(r"#if defined\(__CUDA_ARCH__\) && !defined\(__CUDA_ARCH_FEAT_SM90_ALL\)\n\s*static_assert\([^;]*\);\n"
+               r"#endif"),
+    re.compile(r"#if (?:!defined\(__CUDA_ARCH__\) \|\| )?__CUDA_ARCH__ >= 900\n"
+               r"(?:template <[^\n]*>\n__global__[^{;]*\{[^{}]*\}\n\s*)+#endif"),
+)
+
+
+def _arch_text(body):
+    for pat in _HARMLESS:
+        body = pat.sub("", body)
+    return _ARCH_TEXT.search(body) is not None
 _DOUBLE_ACC = re.compile(r"\b(double|int|i64|long)\b")   # types whose accumulator is double (types.cuh AccOf)
 
 
 def arch_neutral(unit):
-    """Whether the unit's PTX cannot depend on the target arch: no __CUDA_ARCH__ in its source or headers, except
-    common/types.cuh's (Store<bf16_t>::from(double)), which counts only when an instantiation names a type whose
-    arithmetic is in double."""
+    """Whether the unit's PTX cannot depend on the target arch: no __CUDA_ARCH__ in its source or headers but the
+    _HARMLESS blocks, and common/types.cuh's (Store<bf16_t>::from(double)), which counts only when an
+    instantiation names a type whose arithmetic is in double."""
     from . import cache
 
     text, headers = cache.unit_inputs(unit)
-    if _ARCH_TEXT.search(text):
+    if _arch_text(text):
         return False
     for path, body in headers:
-        if _ARCH_TEXT.search(body):
+        if _arch_text(body):
             if path.replace(os.sep, "/") == "common/types.cuh":
                 if any(_DOUBLE_ACC.search(e) for e in unit.exprs):
                     return False

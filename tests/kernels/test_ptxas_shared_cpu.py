@@ -31,15 +31,16 @@ def fake_ptxas(monkeypatch):
 def test_pairs_only_arch_neutral_units_with_the_same_instantiations(fake_ptxas):
     _nvrtc_or_skip()
     names = ("activation.f16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "convolution.wgmma.f16",
-             "rnn.h16")
+             "rnn.h16", "attention.dec.f16", "convolution.grouped.bf16")
     jobs = {(u.name, a, b) for u, a, b in build._pair_jobs(_todo(*names))}
-    # element-wise units without __CUDA_ARCH__: one job for both archs
-    for n in ("activation.f16", "softmax.f32", "rnn.h16"):
+    # units without arch-dependent code (matmul.cu's and convolution.cu's __CUDA_ARCH__ are the sm_90a guard and
+    # cluster-only kernel templates): one job for both archs
+    for n in ("activation.f16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.grouped.bf16"):
         assert (n, "sm_80", "sm_90") in jobs, n
         assert not any(j[0] == n and j[1] == "sm_90" for j in jobs), n
-    # matmul.cu has __CUDA_ARCH__ paths; normalization's install parts differ per arch (cluster kernels);
-    # the wgmma unit is sm_90a only: all compile per arch
-    assert ("matmul.f16.nn", "sm_80", None) in jobs and ("matmul.f16.nn", "sm_90", None) in jobs
+    # common/attn_mma.cuh's red_add2 is a vector red on sm_90 only; normalization's install parts differ per arch
+    # (cluster kernels) and its helpers have sm_90 paths; the wgmma unit is sm_90a only: all compile per arch
+    assert ("attention.dec.f16", "sm_80", None) in jobs and ("attention.dec.f16", "sm_90", None) in jobs
     assert ("normalization.f16", "sm_80", None) in jobs and ("normalization.f16", "sm_90", None) in jobs
     assert ("convolution.wgmma.f16", "sm_90", None) in jobs
     # every (unit, arch) item is built once
@@ -79,7 +80,20 @@ def test_types_cuh_arch_branch_counts_only_for_double_accumulators():
     assert ptxas.arch_neutral(u)
     from dataclasses import replace
     assert not ptxas.arch_neutral(replace(u, exprs=u.exprs + ("pydnn::transform<double, pydnn::bf16_t>",)))
-    assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["matmul.f16.nn"])   # matmul.cu: __CUDA_ARCH__
+    assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["attention.dec.f16"])   # attn_mma.cuh red_add2
+
+
+def test_arch_text_rules():
+    guard = ("#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
+             "  static_assert(sizeof(T) == 0, \"needs sm_90a\");\n#endif\n")
+    cluster = ("#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\ntemplate <class T, int BN>\n"
+               "__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) k(const P q) {\n"
+               "  body<T, BN, 2>(q);\n}\n#endif\n")
+    assert not ptxas._arch_text("int x;\n" + guard + cluster)
+    # an sm_90 path inside a function, or a kernel with an #else stub, changes the PTX: not harmless
+    assert ptxas._arch_text("void f() {\n#if __CUDA_ARCH__ >= 900\n  asm(\"x;\");\n#endif\n}\n")
+    assert ptxas._arch_text(cluster.replace("#endif", "#else\ntemplate <class T, int BN>\n"
+                                            "__global__ void k(const P) { __trap(); }\n#endif"))
 
 
 def test_shared_build_writes_nvrtc_identical_sass(tmp_path, monkeypatch):
