@@ -106,6 +106,7 @@ def _pair_jobs(todo):
     NVVM pass between the archs of ptxas.PAIRS (same instantiations and options on both, arch-neutral source,
     default options, a ptxas of NVRTC's release: pydnn/_build/ptxas.py) joined into one job."""
     from . import ptxas
+    from .manifest import KernelUnit
 
     jobs = [(u, a, None) for u, a in todo]
     if os.environ.get(ptxas.ENV, "") == "0":
@@ -118,6 +119,8 @@ def _pair_jobs(todo):
             if a != first or j is None:
                 continue
             v = todo[j][0]
+            if not (isinstance(u, KernelUnit) and isinstance(v, KernelUnit)):
+                continue
             if (v.exprs != u.exprs or v.options != u.options or v.source != u.source
                     or unit_arch(u, first) != first or unit_arch(v, second) != second):
                 continue

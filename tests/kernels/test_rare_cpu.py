@@ -78,6 +78,7 @@ def test_install_builds_the_install_part_and_all_builds_everything(monkeypatch, 
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(build.BUILD_ALL_ENV, raising=False)
     done = []
+    monkeypatch.setenv("PYDNN_PTXAS", "0")   # one compile_unit call per unit and arch (no shared NVVM pass)
     monkeypatch.setattr(build, "compile_unit", lambda u, a, nv=None: done.append((u.name, a)))
     build.build_all(archs=["sm_80", "sm_90"], progress=False)
     want = {(u.name, a) for a in ("sm_80", "sm_90") for u in manifest.install_units(a)
@@ -147,6 +148,7 @@ def test_build_only_prefixes_install_part(monkeypatch, tmp_path):
 
     done = []
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYDNN_PTXAS", "0")   # one compile_unit call per unit and arch (no shared NVVM pass)
     monkeypatch.setattr(build, "compile_unit", lambda u, a, nv=None: done.append((u.name, a)))
     monkeypatch.setattr(build.nvrtc, "version", lambda: (13, 0))
     cli.main(["build", "--arch", "sm_90", "--only", "convolution.bf16,rnn_persist", "--no-lib"])
