@@ -9,6 +9,8 @@
 #                                                 # temporary --target: setuptools, the kernel build, libpydnn);
 #                                                 # needs setuptools, wheel, cffi and cuda-bindings + NVRTC present
 #   KEEP=1 ...                                    # keep the cache folder (printed) to look at afterwards
+#   ONLY=activation,tensor_ops ...                # only the install units whose names start with these (a
+#                                                 # small A/B, e.g. with PYDNN_PTXAS=0: no shared NVVM pass)
 #   SPLIT=1 ...                                   # one build per arch, one after the other (each arch's own
 #                                                 # wall time; the sum is a little above the joint build's)
 #   LIMIT=70 ...                                  # stop each build after 70 s (a smoke test of this script; the
@@ -22,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export TB_CORES=${CORES:-0,1} TB_ARCHS=${ARCHS:-sm_80,sm_90} TB_MODE=${MODE:-build} TB_KEEP=${KEEP:-0} \
-  TB_LIMIT=${LIMIT:-0} TB_SPLIT=${SPLIT:-0} TB_REPORT=${OUT:+$OUT/time_build.txt}
+  TB_LIMIT=${LIMIT:-0} TB_SPLIT=${SPLIT:-0} TB_ONLY=${ONLY:-} TB_REPORT=${OUT:+$OUT/time_build.txt}
 exec python3 - <<'PY'
 import os, platform, re, resource, shutil, subprocess, sys, tempfile, time
 
@@ -59,6 +61,14 @@ model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.sta
 say(f"host {platform.node()}: {os.cpu_count()} CPUs ({model}); cores {cores} (hyperthread siblings {sib}); "
     f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
 
+try:   # which ptxas the build pairs with NVRTC (pydnn/_build/ptxas.py): the shared NVVM pass is on or off
+    said = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, '.'); from pydnn._build import ptxas; "
+                           "print('; '.join(ptxas.describe()))"], capture_output=True, text=True, timeout=120)
+    say(said.stdout.strip() or said.stderr.strip()[-300:])
+except Exception as e:  # noqa: BLE001
+    say(f"ptxas: could not tell ({e})")
+
+
 def one(archs):
     """One build of `archs` (comma separated) from an empty cache; returns its exit status and wall seconds."""
     work = tempfile.mkdtemp(prefix="pydnn-time-build.")
@@ -71,10 +81,13 @@ def one(archs):
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-cache-dir",
                "--target", os.path.join(work, "site"), "."]
     else:
+        only = tuple(p for p in os.environ.get("TB_ONLY", "").split(",") if p) or None
         cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, '.'); from pydnn._build import build; "
-               f"c, s = build.build_all(archs={archs.split(',')!r}, progress=True); "
-               "print(f'compiled {c} kernel units, {s} already cached')"]
-    say(f"mode {mode}, archs {archs}, cache {env['PYDNN_CACHE_DIR']} (empty)")
+               f"c, s = build.build_all(archs={archs.split(',')!r}, progress=True, prefixes={only!r}, "
+               "install_only=True); print(f'compiled {c} kernel units, {s} already cached')"]
+    say(f"mode {mode}, archs {archs}{', only ' + os.environ['TB_ONLY'] if os.environ.get('TB_ONLY') else ''}, "
+        f"PYDNN_PTXAS={os.environ.get('PYDNN_PTXAS', '(unset: the shared NVVM pass where a ptxas of NVRTC release is)')}"
+        f", cache {env['PYDNN_CACHE_DIR']} (empty)")
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     b0, t0 = busy(cpus), time.time()
     proc = subprocess.Popen(["taskset", "-c", cores] + cmd, env=env)

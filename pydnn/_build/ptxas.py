@@ -96,7 +96,8 @@ def describe():
     for p in candidates():
         r = _release(p)
         lines.append(f"ptxas {p}: release {'.'.join(map(str, r)) if r else '?'}")
-    lines.append(f"shared NVVM pass: {find() or 'off (no ptxas of the same release)'}")
+    off = "off (PYDNN_PTXAS=0)" if os.environ.get(ENV, "") == "0" else "off (no ptxas of the same release)"
+    lines.append(f"shared NVVM pass: {find() or off}")
     return lines
 
 
