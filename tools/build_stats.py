@@ -194,6 +194,15 @@ def check_shared(prefixes="", json_path=None):
                 first_ptx = ptx[0]
             else:
                 direct = cub
+        if ptxas.arch_dependent_ptx(first_ptx):   # the build compiles this one's sm_90 with NVRTC (compile_shared)
+            row.update(cpu_ptxas=row[f"cpu_{b}"], kernels=None, sass_same=True, sass_differ=[], fallback=True)
+            rows.append(row)
+            print(f"{u.name:36s} NVRTC {a} {row[f'cpu_{a}']:5.1f}s  NVRTC {b} {row[f'cpu_{b}']:5.1f}s  "
+                  f"arch-dependent PTX (double -> bfloat16): the build compiles {b} with NVRTC", flush=True)
+            if part:
+                part.write(json.dumps(row) + "\n")
+                part.flush()
+            continue
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         c0 = cpu_now()
         asm = ptxas.assemble(first_ptx, b, opts, unit=u.name)

@@ -94,7 +94,7 @@ def compile_shared(unit, first, second, nv_version=None):
     nv_version = nv_version or nvrtc.version()
     ptx = []
     _, lowered = compile_unit(unit, first, nv_version, ptx_out=ptx)
-    if not ptx:
+    if not ptx or ptxas.arch_dependent_ptx(ptx[0]):   # (a double -> bfloat16 store: types.cuh's arch branch)
         return compile_unit(unit, second, nv_version)
     cubin = ptxas.assemble(ptx[0], second, common_options() + tuple(unit.options), unit=unit.name)
     cache.write_entry(cache.entry_path(unit, second, cache.unit_key(unit, second, nv_version)), cubin, lowered)

@@ -13,8 +13,9 @@ the names of internal-linkage globals differ (their hash follows the options).
 When: ptxas is found (PYDNN_PTXAS, the nvidia-cuda-nvcc wheel of the NVRTC's major, a CUDA toolkit's bin, PATH)
 and its release is NVRTC's (major and minor); PYDNN_PTXAS=0 turns the shared path off. A unit shares when it is
 built for both archs in one build with the same instantiations and options, and its PTX cannot depend on the
-arch: no __CUDA_ARCH__ in its source or headers (common/types.cuh's one use, double -> bfloat16 stores, counts
-only for units with double-accumulated types), and no option that changes NVVM's output per arch. Otherwise the
+arch: no __CUDA_ARCH__ in its source or headers but blocks that cannot change an sm_80 unit's code (_HARMLESS),
+and common/types.cuh's one use (double -> bfloat16 stores), which the sm_80 PTX shows (PTX_ARCH_SIGNS: then NVRTC
+compiles sm_90 too); and no option that changes NVVM's output per arch. Otherwise the
 unit compiles per arch as before. The cache entry is the same either way (same key: the kernels are the same).
 """
 import os
@@ -117,24 +118,29 @@ def _arch_text(body):
     for pat in _HARMLESS:
         body = pat.sub("", body)
     return _ARCH_TEXT.search(body) is not None
-_DOUBLE_ACC = re.compile(r"\b(double|int|i64|long)\b")   # types whose accumulator is double (types.cuh AccOf)
+# common/types.cuh's one arch branch, Store<bf16_t>::from(double) (cvt.rn.bf16.f64 from sm_90 on; before it,
+# __double2float_rz with round-to-odd, then to_bf16), leaves this in the PTX of a unit that stores a double into
+# bfloat16 (reduce.f32's rows_gen and reduce_finish do, whatever their expressions name; __double2float_rz appears
+# nowhere else under ptx/): such a unit's sm_90 code is compiled by NVRTC for sm_90 (compile_shared)
+PTX_ARCH_SIGNS = (b"cvt.rz.f32.f64",)
+
+
+def arch_dependent_ptx(ptx):
+    """Whether `ptx` (NVRTC's, for the first arch) holds code that a known arch branch chose (PTX_ARCH_SIGNS)."""
+    return any(sign in ptx for sign in PTX_ARCH_SIGNS)
 
 
 def arch_neutral(unit):
     """Whether the unit's PTX cannot depend on the target arch: no __CUDA_ARCH__ in its source or headers but the
-    _HARMLESS blocks, and common/types.cuh's (Store<bf16_t>::from(double)), which counts only when an
-    instantiation names a type whose arithmetic is in double."""
+    _HARMLESS blocks and common/types.cuh's (Store<bf16_t>::from(double)), which the PTX shows
+    (arch_dependent_ptx: checked on every shared compile)."""
     from . import cache
 
     text, headers = cache.unit_inputs(unit)
     if _arch_text(text):
         return False
     for path, body in headers:
-        if _arch_text(body):
-            if path.replace(os.sep, "/") == "common/types.cuh":
-                if any(_DOUBLE_ACC.search(e) for e in unit.exprs):
-                    return False
-                continue
+        if _arch_text(body) and path.replace(os.sep, "/") != "common/types.cuh":
             return False
     return True
 

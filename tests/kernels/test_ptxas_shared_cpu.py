@@ -74,12 +74,28 @@ def test_no_ptxas_of_the_release_means_no_pairs(monkeypatch):
     monkeypatch.setattr(ptxas, "_found", None)
 
 
-def test_types_cuh_arch_branch_counts_only_for_double_accumulators():
+def test_types_cuh_arch_branch_shows_in_the_ptx(tmp_path, monkeypatch):
+    """types.cuh's double -> bfloat16 store differs by arch; reduce.f32 instantiates it (its expressions do not
+    say so): the sm_80 PTX shows it, and compile_shared then compiles sm_90 with NVRTC."""
     _nvrtc_or_skip()
     u = manifest.unit_by_name("sm_90")["activation.f16"]
     assert ptxas.arch_neutral(u)
-    from dataclasses import replace
-    assert not ptxas.arch_neutral(replace(u, exprs=u.exprs + ("pydnn::transform<double, pydnn::bf16_t>",)))
+    assert ptxas.arch_dependent_ptx(b"  cvt.rz.f32.f64 \t%f1, %fd1;") and not ptxas.arch_dependent_ptx(b"cvt.rn.f32.f64")
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = build.compile_unit
+
+    def spy(unit, arch, nv=None, ptx_out=None):
+        calls.append(arch)
+        if ptx_out is not None:
+            ptx_out.append(b"// a double -> bf16 store\n cvt.rz.f32.f64 %f1, %fd1;")
+            return b"\x7fELF", {}
+        return b"\x7fELF", {}
+    monkeypatch.setattr(build, "compile_unit", spy)
+    monkeypatch.setattr(ptxas, "assemble", lambda *a, **k: pytest.fail("assembled an arch-dependent PTX"))
+    build.compile_shared(u, "sm_80", "sm_90")
+    assert calls == ["sm_80", "sm_90"]
+    monkeypatch.setattr(build, "compile_unit", real)
     assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["attention.dec.f16"])   # attn_mma.cuh red_add2
 
 
