@@ -56,6 +56,9 @@ def main(argv=None):
     ap.add_argument("--check-shared", action="store_true", help="for every unit that shares one NVVM pass "
                     "(pydnn/_build/ptxas.py): NVRTC for sm_80 (+PTX) and for sm_90, ptxas of the PTX for sm_90; "
                     "CPU seconds of each, and whether every kernel's SASS (.text) is the same both ways")
+    ap.add_argument("--verify-ptx", action="store_true", help="for the units whose sources have __CUDA_ARCH__ paths: "
+                    "compare NVRTC's PTX for compute_80 and compute_90 of their common install part and write the "
+                    "identical ones to pydnn/_build/ptx_verified.py (they then share one NVVM pass)")
     ap.add_argument("--phases", action="store_true", help="NVRTC's own split of each unit (--time): front end, "
                     "NVVM optimizer, PTX to SASS, in ms of wall (one compile at a time: ~ CPU)")
     args = ap.parse_args(argv)
@@ -65,6 +68,8 @@ def main(argv=None):
         return write_costs(args.write_costs)
     if args.check_shared:
         return check_shared(args.units, args.json)
+    if args.verify_ptx:
+        return verify_ptx(args.units)
 
     units = manifest.all_units(args.arch) if args.rare else manifest.install_units(args.arch)
     if args.units:
@@ -229,6 +234,80 @@ def check_shared(prefixes="", json_path=None):
         with open(json_path, "w") as f:
             json.dump(dict(nvrtc=nvrtc.version(), ptxas=ptxas.find(), rows=rows), f, indent=1)
     return 1 if bad else 0
+
+
+def _ptx(unit, arch):
+    """NVRTC's PTX of `unit` for the virtual arch `arch` (compute_80): front end and NVVM only."""
+    from cuda.bindings import nvrtc as n
+
+    text, _ = cache.unit_inputs(unit)
+    _, prog = n.nvrtcCreateProgram(text.encode(), unit.source.encode(), 0, [], [])
+    try:
+        for e in unit.exprs:
+            n.nvrtcAddNameExpression(prog, e.encode())
+        opts = [f"--gpu-architecture={arch}", *manifest.common_options(), *unit.options,
+                f"--include-path={cache.ptx_dir()}"]
+        err = n.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if err[0] != n.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"{unit.name} {arch}: {err[0]}")
+        _, size = n.nvrtcGetPTXSize(prog)
+        buf = bytearray(size)
+        n.nvrtcGetPTX(prog, buf)
+        return bytes(buf).rstrip(b"\0").decode(errors="replace")
+    finally:
+        n.nvrtcDestroyProgram(prog)
+
+
+def _ptx_body(ptx):
+    """PTX without its .version / .target lines and comments, the internal-linkage hash (it follows the options)
+    blanked."""
+    import re
+
+    return [re.sub(r"_cu_[0-9a-f]{8}_", "_cu_X_", line) for line in ptx.splitlines()
+            if not line.startswith((".version", ".target", "//"))]
+
+
+def verify_ptx(prefixes=""):
+    """--verify-ptx: every family unit built for sm_80 and sm_90 whose common install part (rare.py's rules of
+    both) is not arch-neutral by its text alone; PTX of both compared; pydnn/_build/ptx_verified.py rewritten with
+    the identical ones (and the entries of units not checked now kept as they were)."""
+    from dataclasses import replace
+    from pydnn._build import ptxas, rare
+
+    try:
+        from pydnn._build.ptx_verified import VERIFIED
+    except ImportError:
+        VERIFIED = {}
+    keep = dict(VERIFIED)
+    pre = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+    for f in manifest.family_units():
+        if f.archs or not f.install or (pre and not f.name.startswith(pre)):
+            continue
+        k80 = [e for e in f.exprs if not rare.is_rare(f.name, e, "sm_80")]
+        k90 = [e for e in f.exprs if not rare.is_rare(f.name, e, "sm_90")]
+        common = tuple(e for e in k80 if e in k90)
+        if not common:
+            continue
+        u = replace(f, exprs=common)
+        text, headers = cache.unit_inputs(u)
+        if not (ptxas._arch_text(text) or any(ptxas._arch_text(b) for p, b in headers
+                                              if p.replace(os.sep, "/") != "common/types.cuh")):
+            continue   # arch-neutral by its text
+        c0 = cpu_now()
+        same = _ptx_body(_ptx(u, "compute_80")) == _ptx_body(_ptx(u, "compute_90"))
+        print(f"{u.name:32s} {len(common):3d} common instantiations: PTX {'identical' if same else 'DIFFERS'} "
+              f"({cpu_now() - c0:.1f} CPU s)", flush=True)
+        keep.pop(u.name, None)
+        if same:
+            keep[u.name] = ptxas.digest(u)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pydnn", "_build",
+                        "ptx_verified.py")
+    with open(path) as fh:
+        head = fh.read().split("VERIFIED = {")[0]
+    with open(path, "w") as fh:
+        fh.write(head + "VERIFIED = {\n" + "".join(f"    {n!r}: {d!r},\n" for n, d in sorted(keep.items())) + "}\n")
+    print(f"wrote {path}: {len(keep)} units (NVRTC {'.'.join(map(str, nvrtc.version()))})")
+    return 0
 
 
 _PHASE_KEYS = {"CUDA C++ Frontend": "fe", "NVVM Optimizer": "nvvm", "PTX Translation": "ptxas"}

@@ -130,18 +130,44 @@ def arch_dependent_ptx(ptx):
     return any(sign in ptx for sign in PTX_ARCH_SIGNS)
 
 
+def digest(unit):
+    """What a PTX verification holds for: the unit's source and header texts, instantiations and own options (not
+    the arch, not NVRTC's version)."""
+    import hashlib
+
+    from . import cache
+
+    text, headers = cache.unit_inputs(unit)
+    h = hashlib.sha256()
+    for part in (unit.source, text, *[f"{p}\n{t}" for p, t in headers], "\n".join(unit.exprs), " ".join(unit.options)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def verified(unit):
+    """Whether tools/build_stats.py --verify-ptx found this unit's PTX the same for sm_80 and sm_90 as it is now
+    (pydnn/_build/ptx_verified.py: its digest; any edit of its source, headers or instantiations drops it)."""
+    try:
+        from .ptx_verified import VERIFIED
+    except ImportError:
+        return False
+    return VERIFIED.get(unit.name) == digest(unit)
+
+
 def arch_neutral(unit):
     """Whether the unit's PTX cannot depend on the target arch: no __CUDA_ARCH__ in its source or headers but the
     _HARMLESS blocks and common/types.cuh's (Store<bf16_t>::from(double)), which the PTX shows
-    (arch_dependent_ptx: checked on every shared compile)."""
+    (arch_dependent_ptx: checked on every shared compile); or a PTX verification of the unit as it is now
+    (verified: the normalization units' common parts, whose sources have sm_90 paths their kernels do not reach)."""
     from . import cache
 
     text, headers = cache.unit_inputs(unit)
     if _arch_text(text):
-        return False
+        return verified(unit)
     for path, body in headers:
         if _arch_text(body) and path.replace(os.sep, "/") != "common/types.cuh":
-            return False
+            return verified(unit)
     return True
 
 

@@ -247,7 +247,7 @@ def _common_part(u, keep, arch):
         return keep
     from .ptxas import arch_neutral
 
-    return common if arch_neutral(u) else keep
+    return common if arch_neutral(replace(u, exprs=common)) else keep
 
 
 def split(units, arch=None):

@@ -30,18 +30,19 @@ def fake_ptxas(monkeypatch):
 
 def test_pairs_only_arch_neutral_units_with_the_same_instantiations(fake_ptxas):
     _nvrtc_or_skip()
-    names = ("activation.f16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "convolution.wgmma.f16",
-             "rnn.h16", "attention.dec.f16", "convolution.grouped.bf16")
+    names = ("activation.f16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "normalization.f16.a80",
+             "normalization.f16.a90", "convolution.wgmma.f16", "rnn.h16", "attention.d256.f16", "convolution.grouped.bf16")
     jobs = {(u.name, a, b) for u, a, b in build._pair_jobs(_todo(*names))}
     # units without arch-dependent code (matmul.cu's and convolution.cu's __CUDA_ARCH__ are the sm_90a guard and
-    # cluster-only kernel templates): one job for both archs
-    for n in ("activation.f16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.grouped.bf16"):
+    # cluster-only kernel templates), and normalization.f16's common part (PTX verified, ptx_verified.py): one job
+    for n in ("activation.f16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.grouped.bf16",
+              "normalization.f16"):
         assert (n, "sm_80", "sm_90") in jobs, n
         assert not any(j[0] == n and j[1] == "sm_90" for j in jobs), n
-    # common/attn_mma.cuh's red_add2 is a vector red on sm_90 only; normalization's install parts differ per arch
-    # (cluster kernels) and its helpers have sm_90 paths; the wgmma unit is sm_90a only: all compile per arch
-    assert ("attention.dec.f16", "sm_80", None) in jobs and ("attention.dec.f16", "sm_90", None) in jobs
-    assert ("normalization.f16", "sm_80", None) in jobs and ("normalization.f16", "sm_90", None) in jobs
+    # common/attn_mma.cuh's red_add2 is a vector red from sm_90 on (attention.d256's backward: its PTX differs);
+    # each arch's own rest of normalization; the wgmma unit is sm_90a only: all compile per arch
+    assert ("attention.d256.f16", "sm_80", None) in jobs and ("attention.d256.f16", "sm_90", None) in jobs
+    assert ("normalization.f16.a80", "sm_80", None) in jobs and ("normalization.f16.a90", "sm_90", None) in jobs
     assert ("convolution.wgmma.f16", "sm_90", None) in jobs
     # every (unit, arch) item is built once
     items = [(n, a) for n, a, _ in jobs] + [(n, b) for n, _, b in jobs if b]
@@ -96,7 +97,7 @@ def test_types_cuh_arch_branch_shows_in_the_ptx(tmp_path, monkeypatch):
     build.compile_shared(u, "sm_80", "sm_90")
     assert calls == ["sm_80", "sm_90"]
     monkeypatch.setattr(build, "compile_unit", real)
-    assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["attention.dec.f16"])   # attn_mma.cuh red_add2
+    assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["attention.d256.f16"])   # attn_mma.cuh red_add2
 
 
 def test_arch_text_rules():
@@ -139,3 +140,37 @@ def test_shared_build_writes_nvrtc_identical_sass(tmp_path, monkeypatch):
                                                         [str(cache.ptx_dir())], unit=name)
         assert lowered == direct_lowered
         assert sass(cubin) == sass(direct) and len(sass(cubin)) == len(set(lowered.values())), name
+
+
+def test_a_ptx_verification_holds_for_the_unit_as_it_was(monkeypatch):
+    """pydnn/_build/ptx_verified.py: a unit whose source has sm_90 paths shares the NVVM pass only while its digest
+    (source, headers, instantiations) is the verified one; normalization.f16's install parts then split into the
+    part sm_80 and sm_90 share and each arch's own rest."""
+    _nvrtc_or_skip()
+    from dataclasses import replace
+
+    from pydnn._build import ptx_verified, rare
+    fam = next(u for u in manifest.family_units() if u.name == "normalization.f16")
+    k80 = [e for e in fam.exprs if not rare.is_rare(fam.name, e, "sm_80")]
+    k90 = [e for e in fam.exprs if not rare.is_rare(fam.name, e, "sm_90")]
+    common = replace(fam, exprs=tuple(e for e in k80 if e in k90))
+    assert ptxas._arch_text(cache.unit_inputs(common)[0])   # normalization.cu: sm_90 paths (cluster helpers)
+    monkeypatch.setattr(ptx_verified, "VERIFIED", {})
+    assert not ptxas.arch_neutral(common)
+    assert manifest.unit_by_name("sm_80")["normalization.f16"].exprs != manifest.unit_by_name("sm_90")[
+        "normalization.f16"].exprs
+    monkeypatch.setattr(ptx_verified, "VERIFIED", {"normalization.f16": ptxas.digest(common)})
+    assert ptxas.arch_neutral(common)
+    assert not ptxas.arch_neutral(replace(common, exprs=common.exprs[:-1]))   # other instantiations: not verified
+    t80, t90 = manifest.unit_by_name("sm_80"), manifest.unit_by_name("sm_90")
+    assert t80["normalization.f16"].exprs == t90["normalization.f16"].exprs == common.exprs
+    assert t80["normalization.f16.a80"].install and t90["normalization.f16.a90"].install
+    assert set(t90["normalization.f16"].exprs) | set(t90["normalization.f16.a90"].exprs) == set(k90)
+
+
+def test_verified_entries_name_units_of_both_archs():
+    """(A stale digest only costs build time; a renamed unit leaves an entry that matches nothing: rerun
+    tools/build_stats.py --verify-ptx.)"""
+    from pydnn._build.ptx_verified import VERIFIED
+    names = set(manifest.unit_by_name("sm_80")) & set(manifest.unit_by_name("sm_90"))
+    assert set(VERIFIED) <= names
