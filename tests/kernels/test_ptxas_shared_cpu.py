@@ -98,6 +98,7 @@ def test_types_cuh_arch_branch_shows_in_the_ptx(tmp_path, monkeypatch):
     assert calls == ["sm_80", "sm_90"]
     monkeypatch.setattr(build, "compile_unit", real)
     assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["attention.d256.f16"])   # attn_mma.cuh red_add2
+    assert not ptxas.arch_neutral(manifest.unit_by_name("sm_90")["matmul.f32big"])   # NOT_SHARED: NVVM's order
 
 
 def test_arch_text_rules():
