@@ -15,9 +15,12 @@ from setuptools import build_meta as _orig
 from setuptools.build_meta import *  # noqa: F401,F403 - every hook setuptools has
 
 NVRTC = {
-    12: ["cuda-bindings>=12.9,<13", "nvidia-cuda-nvrtc-cu12>=12.4,<13"],
-    13: ["cuda-bindings>=13.0,<14", "nvidia-cuda-nvrtc>=13.0,<14"],
+    12: ["cuda-bindings>=12.9,<13", "nvidia-cuda-nvrtc-cu12>=12.4,<13", "nvidia-cuda-nvcc-cu12>=12.4,<13"],
+    13: ["cuda-bindings>=13.0,<14", "nvidia-cuda-nvrtc>=13.0,<14", "nvidia-cuda-nvcc>=13.0,<14"],
 }
+# nvidia-cuda-nvcc: its ptxas lets the kernel build compile the arch-neutral units once for sm_80 and sm_90
+# (pydnn/_build/ptxas.py: one NVVM pass, the same SASS); used only when its release is NVRTC's, so a resolver
+# that picks different versions of the two just builds as before. PYDNN_PTXAS=0 turns it off.
 
 
 def cuda_major():

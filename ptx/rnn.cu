@@ -24,7 +24,10 @@
 //   bias_final<T>          aux[col] (+)= the `seq` partial sums of column col, in chunk order (deterministic)
 // All state and gate math is in float (double for T = double), and the state buffers (RnnParams' "state" ones: c / h,
 // the saved gates, the carried gradients, the bias partial sums) hold that type S = Acc<T>::type.
+// T: float, double, or pydnn::h16_t for half and bfloat16 alike (RnnParams.fmt names the format of the launch:
+// one instantiation for both 16-bit types, bit-identical to a typed one; common/h16.cuh).
 #include "common/types.cuh"
+#include "common/h16.cuh"
 #include "rnn_params.h"
 
 namespace pydnn {
@@ -40,11 +43,24 @@ template <class T> __device__ __forceinline__ const typename Acc<T>::type* sv(co
   return static_cast<const typename Acc<T>::type*>(q);
 }
 
-template <class T> __device__ __forceinline__ typename Acc<T>::type ld(const void* p, i64 i) {
-  return load<typename Acc<T>::type>(static_cast<const T*>(p)[i]);
+// Element <-> S: T = h16_t is half or bfloat16 data by p.fmt (one instantiation for both 16-bit types,
+// common/h16.cuh: the same conversions as half_t's and bf16_t's, chosen by the launch).
+template <class T> __device__ __forceinline__ typename Acc<T>::type to_acc(const RnnParams&, T v) {
+  return load<typename Acc<T>::type>(v);
 }
-template <class T, class A> __device__ __forceinline__ void st(void* p, i64 i, A v) {
-  static_cast<T*>(p)[i] = Store<T>::from(v);
+__device__ __forceinline__ float to_acc(const RnnParams& p, h16_t v) { return h16_to_float(v, p.fmt); }
+template <class T> struct Io {
+  template <class A> static __device__ __forceinline__ T put(const RnnParams&, A v) { return Store<T>::from(v); }
+};
+template <> struct Io<h16_t> {
+  static __device__ __forceinline__ h16_t put(const RnnParams& p, float v) { return h16_from_float(v, p.fmt); }
+};
+
+template <class T> __device__ __forceinline__ typename Acc<T>::type ld(const RnnParams& p, const void* q, i64 i) {
+  return to_acc(p, static_cast<const T*>(q)[i]);
+}
+template <class T, class A> __device__ __forceinline__ void st(const RnnParams& p, void* q, i64 i, A v) {
+  static_cast<T*>(q)[i] = Io<T>::put(p, v);
 }
 __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + __expf(-v)); }
 __device__ __forceinline__ double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
@@ -56,8 +72,8 @@ constexpr int kThreads = 256;
 // The recurrent GEMMs may split K into nsplit batches whose partial sums lie split_stride elements apart
 // (more blocks for the small M = batch GEMMs): every reader adds them up in float.
 template <class T> __device__ __forceinline__ typename Acc<T>::type ld_split(const RnnParams& p, const void* q, i64 i) {
-  typename Acc<T>::type s = ld<T>(q, i);
-  for (int z = 1; z < p.nsplit; ++z) s += ld<T>(q, (i64)z * p.split_stride + i);
+  typename Acc<T>::type s = ld<T>(p, q, i);
+  for (int z = 1; z < p.nsplit; ++z) s += ld<T>(p, q, (i64)z * p.split_stride + i);
   return s;
 }
 
@@ -95,10 +111,10 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
   A xa[G], ha[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    xa[g] = ld<T>(p.xp, (i64)b * p.ld_xp + (i64)g * p.gs_xp + j);
+    xa[g] = ld<T>(p, p.xp, (i64)b * p.ld_xp + (i64)g * p.gs_xp + j);
     ha[g] = ld_split<T>(p, p.hp, (i64)b * G * H + (i64)g * H + j);
-    if (p.bw) xa[g] += ld<T>(p.bw, (i64)g * H + j);
-    if (p.br) ha[g] += ld<T>(p.br, (i64)g * H + j);
+    if (p.bw) xa[g] += ld<T>(p, p.bw, (i64)g * H + j);
+    if (p.br) ha[g] += ld<T>(p, p.br, (i64)g * H + j);
   }
   A* act = p.act ? sv<T>(p.act) + (i64)b * (CELL >= 2 ? 4 : 1) * H + j : nullptr;
   A* s_out = sv<T>(p.s_out);
@@ -111,40 +127,40 @@ __global__ void __launch_bounds__(kThreads) fwd_cell(const RnnParams p0) {
     const A m = o * tnh(c);
     if (!active) {
       s_out[(i64)b * H + j] = cp;
-      if (proj) st<T>(p.h_out, (i64)b * H + j, (A)0);
-      else st<T>(p.h_out, (i64)b * H + j, ld<T>(p.h_prev, (i64)b * H + j));
-      if (p.y && !proj) st<T>(p.y, (i64)b * p.ld_y + j, (A)0);
+      if (proj) st<T>(p, p.h_out, (i64)b * H + j, (A)0);
+      else st<T>(p, p.h_out, (i64)b * H + j, ld<T>(p, p.h_prev, (i64)b * H + j));
+      if (p.y && !proj) st<T>(p, p.y, (i64)b * p.ld_y + j, (A)0);
       return;
     }
     s_out[(i64)b * H + j] = c;
-    st<T>(p.h_out, (i64)b * H + j, m);
-    if (p.y && !proj) st<T>(p.y, (i64)b * p.ld_y + j, m);
+    st<T>(p, p.h_out, (i64)b * H + j, m);
+    if (p.y && !proj) st<T>(p, p.y, (i64)b * p.ld_y + j, m);
     if (act) { act[0] = i; act[H] = f; act[2 * H] = g; act[3 * H] = o; }
   } else if (CELL == 3) {
     const A hprev = s_prev[(i64)b * H + j];
     if (!active) {
       s_out[(i64)b * H + j] = hprev;
-      st<T>(p.h_out, (i64)b * H + j, ld<T>(p.h_prev, (i64)b * H + j));
-      if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, (A)0);
+      st<T>(p, p.h_out, (i64)b * H + j, ld<T>(p, p.h_prev, (i64)b * H + j));
+      if (p.y) st<T>(p, p.y, (i64)b * p.ld_y + j, (A)0);
       return;
     }
     const A r = sigm(xa[0] + ha[0]), z = sigm(xa[1] + ha[1]);
     const A n = tnh(xa[2] + r * ha[2]);
     const A h = ((A)1 - z) * n + z * hprev;
     s_out[(i64)b * H + j] = h;
-    st<T>(p.h_out, (i64)b * H + j, h);
-    if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, h);
+    st<T>(p, p.h_out, (i64)b * H + j, h);
+    if (p.y) st<T>(p, p.y, (i64)b * p.ld_y + j, h);
     if (act) { act[0] = r; act[H] = z; act[2 * H] = n; act[3 * H] = ha[2]; }
   } else {
     if (!active) {
-      st<T>(p.h_out, (i64)b * H + j, ld<T>(p.h_prev, (i64)b * H + j));
-      if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, (A)0);
+      st<T>(p, p.h_out, (i64)b * H + j, ld<T>(p, p.h_prev, (i64)b * H + j));
+      if (p.y) st<T>(p, p.y, (i64)b * p.ld_y + j, (A)0);
       return;
     }
     const A a = xa[0] + ha[0];
     const A h = CELL == 0 ? fmax(a, (A)0) : tnh(a);
-    st<T>(p.h_out, (i64)b * H + j, h);
-    if (p.y) st<T>(p.y, (i64)b * p.ld_y + j, h);
+    st<T>(p, p.h_out, (i64)b * H + j, h);
+    if (p.y) st<T>(p, p.y, (i64)b * p.ld_y + j, h);
     if (act) act[0] = h;
   }
 }
@@ -160,9 +176,9 @@ __global__ void __launch_bounds__(kThreads) proj_commit(const RnnParams p0) {
   const int b = (int)(idx / p.out), k = (int)(idx % p.out);
   const bool active = p.t < p.lens[b];
   const T v = !active ? static_cast<const T*>(p.h_prev)[idx]
-              : p.nsplit > 1 ? Store<T>::from(ld_split<T>(p, p.aux_in, idx)) : static_cast<const T*>(p.aux_in)[idx];
+              : p.nsplit > 1 ? Io<T>::put(p, ld_split<T>(p, p.aux_in, idx)) : static_cast<const T*>(p.aux_in)[idx];
   static_cast<T*>(p.h_out)[idx] = v;
-  if (p.y) st<T>(p.y, (i64)b * p.ld_y + k, active ? load<typename Acc<T>::type>(v) : (typename Acc<T>::type)0);
+  if (p.y) st<T>(p, p.y, (i64)b * p.ld_y + k, active ? to_acc(p, v) : (typename Acc<T>::type)0);
 }
 
 // h_out [batch, out] <- h_prev (hx; NULL: 0); s_out [batch, hidden] <- aux_in (cx, dtype) when mode == 2
@@ -174,10 +190,10 @@ __global__ void __launch_bounds__(kThreads) state_init(const RnnParams p) {
   const int w = p.out > p.hidden ? p.out : p.hidden;
   if (idx >= (i64)p.batch * w) return;
   const int b = (int)(idx / w), k = (int)(idx % w);
-  if (k < p.out) st<T>(p.h_out, (i64)b * p.out + k, p.h_prev ? ld<T>(p.h_prev, (i64)b * p.out + k) : (A)0);
+  if (k < p.out) st<T>(p, p.h_out, (i64)b * p.out + k, p.h_prev ? ld<T>(p, p.h_prev, (i64)b * p.out + k) : (A)0);
   if (k < p.hidden && p.s_out) {
     const void* src = p.mode == 2 ? p.aux_in : p.h_prev;
-    sv<T>(p.s_out)[(i64)b * p.hidden + k] = src ? ld<T>(src, (i64)b * p.hidden + k) : (A)0;
+    sv<T>(p.s_out)[(i64)b * p.hidden + k] = src ? ld<T>(p, src, (i64)b * p.hidden + k) : (A)0;
   }
 }
 
@@ -189,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) state_out(const RnnParams p) {
   if (idx >= (i64)p.batch * w) return;
   const int b = (int)(idx / w), k = (int)(idx % w);
   if (k < p.out && p.aux) static_cast<T*>(p.aux)[(i64)b * p.out + k] = static_cast<const T*>(p.h_prev)[(i64)b * p.out + k];
-  if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, sv<T>(p.s_prev)[(i64)b * p.hidden + k]);
+  if (k < p.hidden && p.dxa) st<T>(p, p.dxa, (i64)b * p.hidden + k, sv<T>(p.s_prev)[(i64)b * p.hidden + k]);
 }
 
 // One block per internal row (t, b) = blockIdx.x; threads over the vec elements.
@@ -216,11 +232,11 @@ __global__ void __launch_bounds__(kThreads) pack(const RnnParams p) {
   const i64 irow = (i64)blockIdx.x;
   for (int k = threadIdx.x; k < p.vec; k += blockDim.x) {
     if (p.mode == 0) {
-      st<T>(p.aux, irow * p.vec + k, valid ? ld<T>(p.aux_in, urow * p.vec + k) : (A)0);
+      st<T>(p, p.aux, irow * p.vec + k, valid ? ld<T>(p, p.aux_in, urow * p.vec + k) : (A)0);
     } else if (valid) {
       static_cast<T*>(p.aux)[urow * p.vec + k] = static_cast<const T*>(p.aux_in)[irow * p.vec + k];
     } else if (p.layout != 1 && p.mode == 1) {
-      st<T>(p.aux, urow * p.vec + k, (A)p.fill);
+      st<T>(p, p.aux, urow * p.vec + k, (A)p.fill);
     }
   }
 }
@@ -244,17 +260,17 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
     if (!proj) gh[ho] += ld_split<T>(p, p.ghrec, ho);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      st<T>(p.dxa, (i64)b * G * H + (i64)g * H + j, (A)0);
-      if (p.dha) st<T>(p.dha, (i64)b * G * H + (i64)g * H + j, (A)0);
+      st<T>(p, p.dxa, (i64)b * G * H + (i64)g * H + j, (A)0);
+      if (p.dha) st<T>(p, p.dha, (i64)b * G * H + (i64)g * H + j, (A)0);
     }
     return;
   }
   A dh;
   if (proj) {
-    dh = ld<T>(p.dm, (i64)b * H + j);
+    dh = ld<T>(p, p.dm, (i64)b * H + j);
   } else {
     dh = gh[ho] + ld_split<T>(p, p.ghrec, ho);
-    if (p.dy) dh += ld<T>(p.dy, (i64)b * p.ld_y + j);
+    if (p.dy) dh += ld<T>(p, p.dy, (i64)b * p.ld_y + j);
   }
   const A* act = sv<T>(p.act) + (i64)b * (CELL >= 2 ? 4 : 1) * H + j;
   A d[G], dr[G];
@@ -291,8 +307,8 @@ __global__ void __launch_bounds__(kThreads) bwd_cell(const RnnParams p0) {
   }
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    st<T>(p.dxa, (i64)b * G * H + (i64)g * H + j, d[g]);
-    if (p.dha) st<T>(p.dha, (i64)b * G * H + (i64)g * H + j, dr[g]);
+    st<T>(p, p.dxa, (i64)b * G * H + (i64)g * H + j, d[g]);
+    if (p.dha) st<T>(p, p.dha, (i64)b * G * H + (i64)g * H + j, dr[g]);
   }
 }
 
@@ -308,11 +324,11 @@ __global__ void __launch_bounds__(kThreads) bwd_proj_pre(const RnnParams p0) {
   A* gh = sv<T>(p.gh);
   const A g = gh[idx] + ld_split<T>(p, p.ghrec, idx);
   if (p.t < p.lens[b]) {
-    const A d = g + (p.dy ? ld<T>(p.dy, (i64)b * p.ld_y + k) : (A)0);
-    st<T>(p.aux, idx, d);
+    const A d = g + (p.dy ? ld<T>(p, p.dy, (i64)b * p.ld_y + k) : (A)0);
+    st<T>(p, p.aux, idx, d);
     gh[idx] = (A)0;
   } else {
-    st<T>(p.aux, idx, (A)0);
+    st<T>(p, p.aux, idx, (A)0);
     gh[idx] = g;
   }
 }
@@ -327,10 +343,10 @@ __global__ void __launch_bounds__(kThreads) bwd_state_init(const RnnParams p) {
   const int b = (int)(idx / w), k = (int)(idx % w);
   const i64 o = (i64)b * p.out + k;
   if (k < p.out) {
-    sv<T>(p.gh)[o] = p.dy ? ld<T>(p.dy, o) : (A)0;
-    for (int z = 0; z < (p.nsplit > 1 ? p.nsplit : 1); ++z) st<T>(p.aux, (i64)z * p.split_stride + o, (A)0);
+    sv<T>(p.gh)[o] = p.dy ? ld<T>(p, p.dy, o) : (A)0;
+    for (int z = 0; z < (p.nsplit > 1 ? p.nsplit : 1); ++z) st<T>(p, p.aux, (i64)z * p.split_stride + o, (A)0);
   }
-  if (k < p.hidden && p.gc) sv<T>(p.gc)[(i64)b * p.hidden + k] = p.dm ? ld<T>(p.dm, (i64)b * p.hidden + k) : (A)0;
+  if (k < p.hidden && p.gc) sv<T>(p.gc)[(i64)b * p.hidden + k] = p.dm ? ld<T>(p, p.dm, (i64)b * p.hidden + k) : (A)0;
 }
 
 // aux (dhx) [batch, out] <- gh + ghrec; dxa slot reused as dcx [batch, hidden] <- gc. Either output NULL.
@@ -342,8 +358,8 @@ __global__ void __launch_bounds__(kThreads) bwd_state_out(const RnnParams p) {
   if (idx >= (i64)p.batch * w) return;
   const int b = (int)(idx / w), k = (int)(idx % w);
   const i64 o = (i64)b * p.out + k;
-  if (k < p.out && p.aux) st<T>(p.aux, o, sv<T>(p.gh)[o] + ld_split<T>(p, p.ghrec, o));
-  if (k < p.hidden && p.dxa) st<T>(p.dxa, (i64)b * p.hidden + k, sv<T>(p.gc)[(i64)b * p.hidden + k]);
+  if (k < p.out && p.aux) st<T>(p, p.aux, o, sv<T>(p.gh)[o] + ld_split<T>(p, p.ghrec, o));
+  if (k < p.hidden && p.dxa) st<T>(p, p.dxa, (i64)b * p.hidden + k, sv<T>(p.gc)[(i64)b * p.hidden + k]);
 }
 
 // aux [rows, ld_aux] (+)= sum over cols gates of aux_in [rows, cols * hidden]; threads rows * hidden
@@ -354,9 +370,9 @@ __global__ void __launch_bounds__(kThreads) skip_dx(const RnnParams p) {
   if (idx >= p.rows * p.hidden) return;
   const i64 r = idx / p.hidden;
   const int j = (int)(idx % p.hidden);
-  A s = p.mode & PYDNN_RNN_MODE_ADD ? ld<T>(p.aux, r * p.ld_aux + j) : (A)0;
-  for (int g = 0; g < p.cols; ++g) s += ld<T>(p.aux_in, r * p.cols * p.hidden + (i64)g * p.hidden + j);
-  st<T>(p.aux, r * p.ld_aux + j, s);
+  A s = p.mode & PYDNN_RNN_MODE_ADD ? ld<T>(p, p.aux, r * p.ld_aux + j) : (A)0;
+  for (int g = 0; g < p.cols; ++g) s += ld<T>(p, p.aux_in, r * p.cols * p.hidden + (i64)g * p.hidden + j);
+  st<T>(p, p.aux, r * p.ld_aux + j, s);
 }
 
 template <class T>
@@ -366,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) bias_partial(const RnnParams p) {
   if (col >= p.cols) return;
   const i64 r0 = (i64)blockIdx.y * p.vec, r1 = min(p.rows, r0 + p.vec);
   A s = (A)0;
-  for (i64 r = r0; r < r1; ++r) s += ld<T>(p.aux_in, r * p.ld_aux + col);
+  for (i64 r = r0; r < r1; ++r) s += ld<T>(p, p.aux_in, r * p.ld_aux + col);
   sv<T>(p.s_out)[(i64)blockIdx.y * p.cols + col] = s;
 }
 
@@ -377,8 +393,8 @@ __global__ void __launch_bounds__(kThreads) bias_final(const RnnParams p) {
   if (col >= p.cols) return;
   A s = (A)0;
   for (int c = 0; c < p.seq; ++c) s += sv<T>(p.s_prev)[(i64)c * p.cols + col];
-  if (p.mode & PYDNN_RNN_MODE_ADD) s += ld<T>(p.aux, col);
-  st<T>(p.aux, col, s);
+  if (p.mode & PYDNN_RNN_MODE_ADD) s += ld<T>(p, p.aux, col);
+  st<T>(p, p.aux, col, s);
 }
 
 }  // namespace rnn

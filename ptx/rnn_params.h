@@ -47,6 +47,7 @@ typedef struct {
   int clip;            /* LSTM cell clipping on */
   int t, batch, hidden, out, seq, vec, layout, cols, mode;
   int nsplit;          /* split-K partial sums in hp / ghrec to add (0 or 1: one) */
+  int fmt;             /* 16-bit data (T = pydnn::h16_t): 0 half, 1 bfloat16 (common/h16.cuh); unused otherwise */
   RnnDir2 dir2[PYDNN_RNN_MAXY - 1];
 } RnnParams;
 

@@ -53,11 +53,23 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=1, help="time the units in this many worker processes at once "
                     "(each unit's CPU seconds are its worker's; for a wide, otherwise idle machine)")
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--check-shared", action="store_true", help="for every unit that shares one NVVM pass "
+                    "(pydnn/_build/ptxas.py): NVRTC for sm_80 (+PTX) and for sm_90, ptxas of the PTX for sm_90; "
+                    "CPU seconds of each, and whether every kernel's SASS (.text) is the same both ways")
+    ap.add_argument("--verify-ptx", action="store_true", help="for the units whose sources have __CUDA_ARCH__ paths: "
+                    "compare NVRTC's PTX for compute_80 and compute_90 of their common install part and write the "
+                    "identical ones to pydnn/_build/ptx_verified.py (they then share one NVVM pass)")
+    ap.add_argument("--phases", action="store_true", help="NVRTC's own split of each unit (--time): front end, "
+                    "NVVM optimizer, PTX to SASS, in ms of wall (one compile at a time: ~ CPU)")
     args = ap.parse_args(argv)
     if args.predict:
         return predict(args.predict, args.jobs, args.scale)
     if args.write_costs:
         return write_costs(args.write_costs)
+    if args.check_shared:
+        return check_shared(args.units, args.json)
+    if args.verify_ptx:
+        return verify_ptx(args.units)
 
     units = manifest.all_units(args.arch) if args.rare else manifest.install_units(args.arch)
     if args.units:
@@ -88,13 +100,24 @@ def main(argv=None):
                              bytes=len(entry[0])))
             continue
         text, _ = cache.unit_inputs(u)
+        tfile = _phase_file() if args.phases else None
+        extra = (f"--time={tfile}",) if tfile else ()
         c0, w0 = cpu_now(), time.time()
-        cubin, _lowered, _log = nvrtc.compile_cubin(text, u.source, u.exprs, target, opts + tuple(u.options),
+        cubin, _lowered, _log = nvrtc.compile_cubin(text, u.source, u.exprs, target,
+                                                    opts + tuple(u.options) + extra,
                                                     [str(cache.ptx_dir())], unit=u.name)
         cpu, wall = cpu_now() - c0, time.time() - w0
-        rows.append(dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=cpu, wall=wall, bytes=len(cubin)))
+        row = dict(unit=u.name, source=u.source, exprs=len(u.exprs), cpu=cpu, wall=wall, bytes=len(cubin))
+        ph = ""
+        if tfile:
+            row["phases"] = _read_phases(tfile)
+            ph = "  " + " ".join(f"{k} {v / 1e3:5.1f}s" for k, v in row["phases"].items())
+        rows.append(row)
         print(f"{u.name:40s} {len(u.exprs):4d} exprs  cpu {cpu:6.1f}s  wall {wall:6.1f}s  "
-              f"{len(cubin) / 1e6:6.2f} MB", flush=True)
+              f"{len(cubin) / 1e6:6.2f} MB{ph}", flush=True)
+        if args.json:
+            with open(args.json + ".partial", "a") as f:
+                f.write(json.dumps(dict(row, arch=args.arch)) + "\n")
 
     # per source: measured units, extrapolated to all units of the source by name-expression counts
     total_cpu = total_bytes = 0.0
@@ -118,6 +141,203 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(arch=args.arch, nvrtc=nv, options=list(opts), rows=rows, summary=summary,
                            total_cpu=total_cpu, total_mb=total_bytes), f, indent=1)
+
+
+def elf_sections(elf):
+    """{section name: bytes} of an ELF64 cubin (SHT_NOBITS sections empty)."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    stro = hdrs[shstrndx][4]
+    out = {}
+    for h in hdrs:
+        name = elf[stro + h[0]: elf.index(b"\0", stro + h[0])].decode()
+        out[name] = elf[h[4]:h[4] + h[5]] if h[1] != 8 else b""
+    return out
+
+
+def sass(elf):
+    """{kernel section: code} of a cubin's .text sections; the hash in internal-linkage names (it follows the
+    options, so the arch) is blanked."""
+    import re
+
+    return {re.sub(r"_cu_[0-9a-f]{8}_", "_cu_X_", k): v for k, v in elf_sections(elf).items() if k.startswith(".text")}
+
+
+def check_shared(prefixes="", json_path=None):
+    """--check-shared: each install unit that shares one NVVM pass (build._pair_jobs with every unit of both
+    archs to do), compiled the three ways; rows (and .partial lines) with CPU seconds, phases and the verdict."""
+    import resource
+    from pydnn._build import build, ptxas
+
+    if ptxas.find() is None:
+        print("no ptxas of NVRTC's release: " + "; ".join(ptxas.describe()))
+        return 1
+    todo = [(u, a) for a in ("sm_80", "sm_90") for u in manifest.install_units(a) if manifest.unit_arch(u, a)]
+    shared = [(u, a, b) for u, a, b in build._pair_jobs(todo) if b]
+    if prefixes:
+        pre = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+        shared = [j for j in shared if j[0].name.startswith(pre)]
+    print(f"{len(shared)} shared units; ptxas {ptxas.find()}", flush=True)
+    rows, bad = [], 0
+    part = open(json_path + ".partial", "a") if json_path else None
+    for u, a, b in shared:
+        text, _ = cache.unit_inputs(u)
+        opts = manifest.common_options() + tuple(u.options)
+        row = dict(unit=u.name, exprs=len(u.exprs))
+        for arch in (a, b):
+            tfile = _phase_file()
+            ptx = []
+            c0 = cpu_now()
+            cub, _, _ = nvrtc.compile_cubin(text, u.source, u.exprs, arch, opts + (f"--time={tfile}",),
+                                            [str(cache.ptx_dir())], unit=u.name, ptx_out=ptx)
+            row[f"cpu_{arch}"] = cpu_now() - c0
+            row[f"phases_{arch}"] = _read_phases(tfile)
+            if arch == a:
+                first_ptx = ptx[0]
+            else:
+                direct = cub
+        if ptxas.arch_dependent_ptx(first_ptx):   # the build compiles this one's sm_90 with NVRTC (compile_shared)
+            row.update(cpu_ptxas=row[f"cpu_{b}"], kernels=None, sass_same=True, sass_differ=[], fallback=True)
+            rows.append(row)
+            print(f"{u.name:36s} NVRTC {a} {row[f'cpu_{a}']:5.1f}s  NVRTC {b} {row[f'cpu_{b}']:5.1f}s  "
+                  f"arch-dependent PTX (double -> bfloat16): the build compiles {b} with NVRTC", flush=True)
+            if part:
+                part.write(json.dumps(row) + "\n")
+                part.flush()
+            continue
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        c0 = cpu_now()
+        asm = ptxas.assemble(first_ptx, b, opts, unit=u.name)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        row["cpu_ptxas"] = (cpu_now() - c0) + (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        sa, sb = sass(direct), sass(asm)
+        row["kernels"] = len(sa)
+        row["sass_same"] = sa == sb
+        row["sass_differ"] = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
+        bad += not row["sass_same"]
+        rows.append(row)
+        print(f"{u.name:36s} NVRTC {a} {row[f'cpu_{a}']:5.1f}s  NVRTC {b} {row[f'cpu_{b}']:5.1f}s  "
+              f"ptxas {b} {row['cpu_ptxas']:5.1f}s  {row['kernels']:3d} kernels, SASS "
+              f"{'identical' if row['sass_same'] else 'DIFFERS in %d' % len(row['sass_differ'])}", flush=True)
+        if part:
+            part.write(json.dumps(row) + "\n")
+            part.flush()
+    n80 = sum(r["cpu_sm_80"] for r in rows)
+    n90 = sum(r["cpu_sm_90"] for r in rows)
+    px = sum(r["cpu_ptxas"] for r in rows)
+    print(f"\n{len(rows)} units: NVRTC sm_80 {n80:.0f} CPU s + NVRTC sm_90 {n90:.0f} -> sm_80 {n80:.0f} + ptxas sm_90 "
+          f"{px:.0f} (saves {n90 - px:.0f} CPU s); SASS different in {bad} units")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(nvrtc=nvrtc.version(), ptxas=ptxas.find(), rows=rows), f, indent=1)
+    return 1 if bad else 0
+
+
+def _ptx(unit, arch):
+    """NVRTC's PTX of `unit` for the virtual arch `arch` (compute_80): front end and NVVM only."""
+    from cuda.bindings import nvrtc as n
+
+    text, _ = cache.unit_inputs(unit)
+    _, prog = n.nvrtcCreateProgram(text.encode(), unit.source.encode(), 0, [], [])
+    try:
+        for e in unit.exprs:
+            n.nvrtcAddNameExpression(prog, e.encode())
+        opts = [f"--gpu-architecture={arch}", *manifest.common_options(), *unit.options,
+                f"--include-path={cache.ptx_dir()}"]
+        err = n.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if err[0] != n.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"{unit.name} {arch}: {err[0]}")
+        _, size = n.nvrtcGetPTXSize(prog)
+        buf = bytearray(size)
+        n.nvrtcGetPTX(prog, buf)
+        return bytes(buf).rstrip(b"\0").decode(errors="replace")
+    finally:
+        n.nvrtcDestroyProgram(prog)
+
+
+def _ptx_body(ptx):
+    """PTX without its .version / .target lines and comments, the internal-linkage hash (it follows the options)
+    blanked."""
+    import re
+
+    return [re.sub(r"_cu_[0-9a-f]{8}_", "_cu_X_", line) for line in ptx.splitlines()
+            if not line.startswith((".version", ".target", "//"))]
+
+
+def verify_ptx(prefixes=""):
+    """--verify-ptx: every family unit built for sm_80 and sm_90 whose common install part (rare.py's rules of
+    both) is not arch-neutral by its text alone; PTX of both compared; pydnn/_build/ptx_verified.py rewritten with
+    the identical ones (and the entries of units not checked now kept as they were)."""
+    from dataclasses import replace
+    from pydnn._build import ptxas, rare
+
+    try:
+        from pydnn._build.ptx_verified import VERIFIED
+    except ImportError:
+        VERIFIED = {}
+    keep = dict(VERIFIED)
+    pre = tuple(p.strip() for p in prefixes.split(",") if p.strip())
+    for f in manifest.family_units():
+        if f.archs or not f.install or (pre and not f.name.startswith(pre)):
+            continue
+        k80 = [e for e in f.exprs if not rare.is_rare(f.name, e, "sm_80")]
+        k90 = [e for e in f.exprs if not rare.is_rare(f.name, e, "sm_90")]
+        common = tuple(e for e in k80 if e in k90)
+        if not common:
+            continue
+        u = replace(f, exprs=common)
+        text, headers = cache.unit_inputs(u)
+        if not (ptxas._arch_text(text) or any(ptxas._arch_text(b) for p, b in headers
+                                              if p.replace(os.sep, "/") != "common/types.cuh")):
+            continue   # arch-neutral by its text
+        c0 = cpu_now()
+        same = _ptx_body(_ptx(u, "compute_80")) == _ptx_body(_ptx(u, "compute_90"))
+        print(f"{u.name:32s} {len(common):3d} common instantiations: PTX {'identical' if same else 'DIFFERS'} "
+              f"({cpu_now() - c0:.1f} CPU s)", flush=True)
+        keep.pop(u.name, None)
+        if same:
+            keep[u.name] = ptxas.digest(u)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pydnn", "_build",
+                        "ptx_verified.py")
+    with open(path) as fh:
+        head = fh.read().split("VERIFIED = {")[0]
+    with open(path, "w") as fh:
+        fh.write(head + "VERIFIED = {\n" + "".join(f"    {n!r}: {d!r},\n" for n, d in sorted(keep.items())) + "}\n")
+    print(f"wrote {path}: {len(keep)} units (NVRTC {'.'.join(map(str, nvrtc.version()))})")
+    return 0
+
+
+_PHASE_KEYS = {"CUDA C++ Frontend": "fe", "NVVM Optimizer": "nvvm", "PTX Translation": "ptxas"}
+
+
+def _phase_file():
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="pydnn_nvrtc_time_", suffix=".csv")
+    os.close(fd)
+    os.unlink(path)   # NVRTC appends to the file: start from none
+    return path
+
+
+def _read_phases(path):
+    """{fe, nvvm, ptxas: ms} summed over the CSV that NVRTC's --time wrote (every file of the unit: a source
+    that includes another .cu lists it too), other phases under their own names; the file is removed."""
+    out = {}
+    try:
+        with open(path) as f:
+            next(f, None)
+            for line in f:
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) >= 3:
+                    k = _PHASE_KEYS.get(parts[1], parts[1])
+                    out[k] = out.get(k, 0.0) + float(parts[2])
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return out
 
 
 def _time_one(job):

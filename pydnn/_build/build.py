@@ -67,9 +67,10 @@ def target_archs(archs=None):
     return list(DEFAULT_ARCHS)
 
 
-def compile_unit(unit, arch, nv_version=None):
+def compile_unit(unit, arch, nv_version=None, ptx_out=None):
     """Compile one unit for one arch and store it; returns (cubin, lowered). `arch` is the device's
-    ('sm_90'); the unit's own target (unit_arch: 'sm_90a' for an arch-specific unit) is compiled and keyed."""
+    ('sm_90'); the unit's own target (unit_arch: 'sm_90a' for an arch-specific unit) is compiled and keyed.
+    ptx_out: a list that NVRTC's PTX is appended to (compile_shared)."""
     target = unit_arch(unit, arch)
     if target is None:
         raise ValueError(f"kernel unit {unit.name} is not built for {arch} (only {', '.join(unit.archs)})")
@@ -79,9 +80,71 @@ def compile_unit(unit, arch, nv_version=None):
     text, _ = cache.unit_inputs(unit)
     cubin, lowered, _log = nvrtc.compile_cubin(text, unit.source, unit.exprs, arch,
                                                common_options() + tuple(unit.options), [str(cache.ptx_dir())],
-                                               unit=unit.name)
+                                               unit=unit.name, ptx_out=ptx_out)
     cache.write_entry(cache.entry_path(unit, arch, key), cubin, lowered)
     return cubin, lowered
+
+
+def compile_shared(unit, first, second, nv_version=None):
+    """Compile `unit` for the arch `first` with NVRTC and assemble the same PTX for `second` with the paired
+    ptxas (pydnn/_build/ptxas.py: the same SASS as NVRTC's own compile for `second`, without a second front end
+    and NVVM pass); store both entries. Falls back to NVRTC for `second` when NVRTC gave no PTX."""
+    from . import ptxas
+
+    nv_version = nv_version or nvrtc.version()
+    ptx = []
+    _, lowered = compile_unit(unit, first, nv_version, ptx_out=ptx)
+    if not ptx or ptxas.arch_dependent_ptx(ptx[0]):   # (a double -> bfloat16 store: types.cuh's arch branch)
+        return compile_unit(unit, second, nv_version)
+    cubin = ptxas.assemble(ptx[0], second, common_options() + tuple(unit.options), unit=unit.name)
+    cache.write_entry(cache.entry_path(unit, second, cache.unit_key(unit, second, nv_version)), cubin, lowered)
+    return cubin, lowered
+
+
+def _pair_jobs(todo):
+    """[(unit, arch, second arch or None)]: the (unit, arch) items of `todo`, those of a unit that can share one
+    NVVM pass between the archs of ptxas.PAIRS (same instantiations and options on both, arch-neutral source,
+    default options, a ptxas of NVRTC's release: pydnn/_build/ptxas.py) joined into one job."""
+    from . import ptxas
+    from .manifest import KernelUnit
+
+    jobs = [(u, a, None) for u, a in todo]
+    if os.environ.get(ptxas.ENV, "") == "0":
+        return jobs
+    index = {(u.name, a): i for i, (u, a) in enumerate(todo)}
+    drop, found = set(), None
+    for first, second in ptxas.PAIRS:
+        for i, (u, a) in enumerate(todo):
+            j = index.get((u.name, second))
+            if a != first or j is None:
+                continue
+            v = todo[j][0]
+            if not (isinstance(u, KernelUnit) and isinstance(v, KernelUnit)):
+                continue
+            if (v.exprs != u.exprs or v.options != u.options or v.source != u.source
+                    or unit_arch(u, first) != first or unit_arch(v, second) != second):
+                continue
+            if not (ptxas.options_ok(common_options() + tuple(u.options)) and ptxas.arch_neutral(u)):
+                continue
+            if found is None:
+                found = ptxas.find() is not None
+            if not found:
+                return jobs
+            jobs[i] = (u, first, second)
+            drop.add(j)
+    return [job for k, job in enumerate(jobs) if k not in drop]
+
+
+def _job_cost(job):
+    u, a, b = job
+    # the second arch's share of a shared job: ptxas only, 0.52 of that arch's NVRTC time on average (build_stats
+    # --check-shared, 58 units, NVRTC 13.5 here and 13.0 on the H200 host: 0.23 rnn.f32 .. 0.80 conv_bias.f16, a small unit)
+    return _cost(u, a) + (0.52 * _cost(u, b) if b else 0.0)
+
+
+def _run_job(job, nv):
+    u, a, b = job
+    return compile_shared(u, a, b, nv) if b else compile_unit(u, a, nv)
 
 
 def _usable_cpus():
@@ -126,17 +189,19 @@ def build_all(archs=None, progress=True, jobs=None, units=None, everything=None,
               flush=True)
     if not todo:
         return 0, skipped
-    todo.sort(key=lambda t: -_cost(t[0], t[1]))   # longest first: the parallel build ends on small units
-    jobs = jobs or min(len(todo), max(2, _usable_cpus()))
+    work = sorted(_pair_jobs(todo), key=lambda j: -_job_cost(j))   # longest first: the build ends on small units
+    jobs = jobs or min(len(work), max(2, _usable_cpus()))
     bar = Progress(len(todo), out) if progress else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(compile_unit, u, a, nv): (u, a) for u, a in todo}
+        futs = {pool.submit(_run_job, job, nv): job for job in work}
         try:
             for f in as_completed(futs):
                 f.result()  # re-raise a compile error with its NVRTC log
                 if bar is not None:
-                    u, a = futs[f]
+                    u, a, b = futs[f]
                     bar.step(f"{u.name} {a}")
+                    if b:
+                        bar.step(f"{u.name} {b} (ptxas)")
         finally:
             if bar is not None:
                 bar.close()

@@ -226,11 +226,36 @@ def group_key(expr):
     return tuple(sorted(a for a in args if not re.fullmatch(r"-?\d+|true|false", a)))
 
 
+# The archs the default install builds together (build.DEFAULT_ARCHS): an install part that differs between them
+# is split into what they all install (the unit's own name: the same instantiations on each, so one NVVM pass
+# serves them, pydnn/_build/ptxas.py) and `<name>.a<arch number>`, this arch's own rest (install=True, home=name).
+SHARED_ARCHS = ("sm_80", "sm_90")
+
+
+def _common_part(u, keep, arch):
+    """The instantiations of `keep` (u's install part on `arch`) that every SHARED_ARCHS arch installs too, when u
+    is a unit whose common part can share one NVVM pass (arch-neutral source, built for every SHARED_ARCHS arch as
+    one target); else all of `keep`."""
+    if arch is None or u.archs:
+        return keep
+    others = [a for a in SHARED_ARCHS if arch_number(a) != arch_number(arch)]
+    if not others:
+        return keep
+    rules = {a: _compiled(a) for a in others}
+    common = tuple(e for e in keep if not any(is_rare(u.name, e, _rules=rules[a]) for a in others))
+    if not common or len(common) == len(keep):
+        return keep
+    from .ptxas import arch_neutral
+
+    return common if arch_neutral(replace(u, exprs=common)) else keep
+
+
 def split(units, arch=None):
     """Each unit with rare instantiations on `arch` (None: rare on every arch) as the rest, under its own
     name, and `<name>.rare<i>` units of at most CHUNK rare instantiations each, grouped by group_key; a
-    unit whose instantiations are all rare keeps no install part. Units already marked (install=False)
-    are left as they are."""
+    unit whose instantiations are all rare keeps no install part. An arch-neutral unit whose install part
+    differs between the SHARED_ARCHS keeps their common part under its name and this arch's rest as
+    `<name>.a<arch number>` (_common_part). Units already marked (install=False) are left as they are."""
     rules = _compiled(arch)
     out = []
     for u in units:
@@ -238,11 +263,16 @@ def split(units, arch=None):
             out.append(u)
             continue
         rare = tuple(e for e in u.exprs if is_rare(u.name, e, _rules=rules))
-        if not rare:
+        keep = tuple(e for e in u.exprs if e not in rare)
+        common = _common_part(u, keep, arch)
+        if not rare and common is keep:
             out.append(u)
             continue
-        keep = tuple(e for e in u.exprs if e not in rare)
-        if keep:
+        if common is not keep:
+            out.append(replace(u, exprs=common))
+            out.append(replace(u, name=f"{u.name}.a{arch_number(arch)}", exprs=tuple(e for e in keep if e not in common),
+                               home=u.name))
+        elif keep:
             out.append(replace(u, exprs=keep))
         groups = {}
         for e in rare:

@@ -168,8 +168,10 @@ def _log(n, prog):
     return bytes(buf).rstrip(b"\0 ").decode(errors="replace")
 
 
-def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=None):
-    """Compile `source` for `arch` (e.g. 'sm_90'); return (cubin bytes, {expr: lowered name}, log).
+def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, unit=None, ptx_out=None):
+    """Compile `source` for `arch` (e.g. 'sm_90'); return (cubin bytes, {expr: lowered name}, log). With
+    `ptx_out` (a list), the PTX NVRTC made on the way is appended to it (pydnn/_build/ptxas.py assembles it
+    for another arch; the bindings' NVRTC only: another major's appends nothing).
 
     A failed compilation raises INTERNAL_ERROR_COMPILATION_FAILED naming the kernel unit, the file, the arch
     and the options, followed by NVRTC's log; with PYDNN_DUMP_CUDA_SOURCE_ON_ERROR=1 the numbered source is
@@ -196,6 +198,11 @@ def compile_cubin(source, filename, name_exprs, arch, options, include_dirs, uni
         buf = _out_buffer(size)
         _check(n, n.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
         cubin = bytes(buf)
+        if ptx_out is not None:
+            size = _check(n, n.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+            pbuf = _out_buffer(size)
+            _check(n, n.nvrtcGetPTX(prog, pbuf), "nvrtcGetPTX")
+            ptx_out.append(bytes(pbuf).rstrip(b"\0"))
         lowered = {}
         for expr in name_exprs:
             name = _check(n, n.nvrtcGetLoweredName(prog, expr.encode()), f"nvrtcGetLoweredName({expr})")

@@ -158,7 +158,10 @@ def test_rnn_standard_installed_persist_static_first_use():
 
     units = RK.kernel_units()
     persist = [u for u in units if u.source == "rnn_persist.cu"]
-    cells = [u for u in units if u.name in ("rnn.f32", "rnn.f16", "rnn.bf16")]   # (every cell mode, RNN_TANH too)
+    names = {RK.unit_name(t) for t in ("f32", "f16", "bf16")}   # (half and bfloat16: the one rnn.h16 unit)
+    cells = [u for u in units if u.name in names]   # (every cell mode, RNN_TANH too)
+    assert {e for u in cells for e in u.exprs} >= {RK.expr(k, t, c) for t in ("f32", "f16", "bf16")
+                                                   for k in ("fwd_cell", "bwd_cell") for c in range(4)}
     assert persist and cells
     for arch in ARCHS:
         assert all(not _where(arch, u.name, e).install for u in persist for e in u.exprs), arch

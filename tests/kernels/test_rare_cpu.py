@@ -21,7 +21,17 @@ def test_split_keeps_every_instantiation_once(arch):
     split = [(u.home or u.name, e) for u in units for e in u.exprs]
     assert len(split) == len(set(split)), "an instantiation is in two units"
     assert set(split) == family
+    names = {u.name: u for u in units}
+    own = f"{{}}.a{rare.arch_number(arch)}"
     for u in units:
+        if u.home and u.install:   # this arch's own rest of an install part the SHARED_ARCHS do not all install
+            assert u.name == own.format(u.home) and u.home in names and names[u.home].install
+            assert not any(rare.is_rare(u.home, e, arch) for e in u.exprs)
+            # the family unit's own name holds what every SHARED_ARCHS arch installs: the same on each
+            for a in rare.SHARED_ARCHS:
+                assert not any(rare.is_rare(u.home, e, a) for e in names[u.home].exprs), a
+            assert all(any(rare.is_rare(u.home, e, a) for a in rare.SHARED_ARCHS) for e in u.exprs)
+            continue
         assert u.install == (not u.home)
         if u.home:
             assert u.name.startswith(u.home + ".rare")
@@ -29,6 +39,17 @@ def test_split_keeps_every_instantiation_once(arch):
             assert 1 <= len(u.exprs) <= rare.CHUNK
         else:
             assert not any(rare.is_rare(u.name, e, arch) for e in u.exprs)
+
+
+def test_common_install_part_is_the_same_on_the_shared_archs():
+    """convolution.f16's install part differs between sm_80 and sm_90 (sm_90 leaves three mma.sync tiles to
+    fwd_wgmma / wgrad_tc_wgmma): the family name holds the common part on both, and sm_80 adds convolution.f16.a80."""
+    t80, t90 = manifest.unit_by_name("sm_80"), manifest.unit_by_name("sm_90")
+    for n in ("convolution.f16", "convolution.bf16"):
+        assert t80[n].exprs == t90[n].exprs and t80[n].install and t90[n].install
+        assert t80[f"{n}.a80"].install and t80[f"{n}.a80"].home == n and f"{n}.a90" not in t90
+        assert set(t80[n].exprs) | set(t80[f"{n}.a80"].exprs) == {e for u in manifest.install_units("sm_80")
+                                                                   if (u.home or u.name) == n for e in u.exprs}
 
 
 @pytest.mark.parametrize("arch", ARCHS[1:])
@@ -78,6 +99,7 @@ def test_install_builds_the_install_part_and_all_builds_everything(monkeypatch, 
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(build.BUILD_ALL_ENV, raising=False)
     done = []
+    monkeypatch.setenv("PYDNN_PTXAS", "0")   # one compile_unit call per unit and arch (no shared NVVM pass)
     monkeypatch.setattr(build, "compile_unit", lambda u, a, nv=None: done.append((u.name, a)))
     build.build_all(archs=["sm_80", "sm_90"], progress=False)
     want = {(u.name, a) for a in ("sm_80", "sm_90") for u in manifest.install_units(a)
@@ -147,6 +169,7 @@ def test_build_only_prefixes_install_part(monkeypatch, tmp_path):
 
     done = []
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYDNN_PTXAS", "0")   # one compile_unit call per unit and arch (no shared NVVM pass)
     monkeypatch.setattr(build, "compile_unit", lambda u, a, nv=None: done.append((u.name, a)))
     monkeypatch.setattr(build.nvrtc, "version", lambda: (13, 0))
     cli.main(["build", "--arch", "sm_90", "--only", "convolution.bf16,rnn_persist", "--no-lib"])

@@ -7,7 +7,11 @@ from ..._cuda import driver
 
 THREADS = 256
 BIAS_CHUNKS = 32  # row chunks of the bias gradient's first pass (bias_partial)
-CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t"}
+CTYPE = {"f32": "float", "f64": "double", "h16": "pydnn::h16_t"}
+# half and bfloat16 share the h16 instantiations (ptx/common/h16.cuh: the format is RnnParams.fmt, set by the
+# Launcher): one unit of 18 kernels to compile for both 16-bit types instead of two (issue 21's install time)
+KTAG = {"f32": "f32", "f64": "f64", "f16": "h16", "bf16": "h16"}
+FMT = {"bf16": 1}   # RnnParams.fmt of each data tag (0 otherwise: half, or not 16-bit)
 MODE_ADD = 1  # PYDNN_RNN_MODE_ADD
 MAXY = 8  # PYDNN_RNN_MAXY: the most rows of blocks of fwd_cell / bwd_cell / proj_commit / bwd_proj_pre (RnnParams.dir2)
 PLAIN = ("proj_commit", "state_init", "state_out", "pack", "bwd_proj_pre", "bwd_state_init", "bwd_state_out", "skip_dx",
@@ -31,21 +35,23 @@ class RnnParams(ctypes.Structure):
         (n, ctypes.c_longlong) for n in ("ld_xp", "gs_xp", "ld_y", "rows", "ld_aux", "split_stride")] + [
         (n, ctypes.c_double) for n in ("lclip", "rclip", "fill")] + [
         (n, ctypes.c_int) for n in ("clip", "t", "batch", "hidden", "out", "seq", "vec", "layout", "cols", "mode",
-                                    "nsplit")] + [("dir2", RnnDir2 * (MAXY - 1))]
+                                    "nsplit", "fmt")] + [("dir2", RnnDir2 * (MAXY - 1))]
 
 
 def expr(name, tag, cell=None):
-    t = CTYPE[tag]
+    """The name expression of kernel `name` for data tag `tag` (f32 / f16 / bf16 / f64; f16 and bf16 name the
+    same h16 instantiation)."""
+    t = CTYPE[KTAG.get(tag, tag)]
     return f"pydnn::rnn::{name}<{t}, {cell}>" if cell is not None else f"pydnn::rnn::{name}<{t}>"
 
 
 def unit_name(tag):
-    return f"rnn.{tag}"
+    return f"rnn.{KTAG.get(tag, tag)}"
 
 
 def kernel_units():
     units = []
-    for tag in ("f32", "f16", "bf16", "f64"):
+    for tag in ("f32", "h16", "f64"):
         exprs = [expr(k, tag, c) for k in ("fwd_cell", "bwd_cell") for c in range(4)]
         exprs += [expr(k, tag) for k in PLAIN]
         units.append(KernelUnit(unit_name(tag), "rnn.cu", tuple(exprs)))
@@ -64,4 +70,5 @@ class Launcher:
 
     def reset(self):
         ctypes.memset(ctypes.addressof(self.p), 0, ctypes.sizeof(self.p))
+        self.p.fmt = FMT.get(self.tag, 0)
         return self.p

@@ -14,7 +14,9 @@ def test_rnn_units_compile(arch, tmp_path, monkeypatch):
         pytest.skip(f"NVRTC unavailable: {e}")
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
     units = [u for u in K.kernel_units() if u.name.startswith("rnn.")]  # rnn_persist.*: test_rnn_persist_cpu.py
-    assert {u.name for u in units} == {"rnn.f32", "rnn.f16", "rnn.bf16", "rnn.f64"}
+    assert {u.name for u in units} == {"rnn.f32", "rnn.h16", "rnn.f64"}   # half and bfloat16 share rnn.h16
+    assert K.unit_name("f16") == K.unit_name("bf16") == "rnn.h16"
+    assert K.expr("fwd_cell", "f16", 2) == K.expr("fwd_cell", "bf16", 2) == "pydnn::rnn::fwd_cell<pydnn::h16_t, 2>"
     for u in units:
         cubin, lowered = build.compile_unit(u, arch)
         assert cubin[:4] == b"\x7fELF"
@@ -45,5 +47,5 @@ def test_gemm_f64_unit_compiles(arch, tmp_path, monkeypatch):
 def test_units_are_in_the_manifest():
     from pydnn._build import manifest
     names = {u.name for u in manifest.family_units()}  # (as declared: before the first-use split)
-    assert {"rnn.f32", "rnn.f16", "rnn.bf16", "rnn.f64", "gemm.f64", "rnn_persist.f32", "rnn_persist.f16",
+    assert {"rnn.f32", "rnn.h16", "rnn.f64", "gemm.f64", "rnn_persist.f32", "rnn_persist.f16",
             "rnn_persist.bf16"} <= names

@@ -31,7 +31,8 @@ def host_lib(tmp_path_factory):
     (d / "common").mkdir()
     for f in ("rnn.cu", "rnn_params.h"):
         shutil.copy(ptx / f, d / f)
-    shutil.copy(HERE / "host_shim" / "common" / "types.cuh", d / "common" / "types.cuh")
+    for f in ("types.cuh", "h16.cuh"):
+        shutil.copy(HERE / "host_shim" / "common" / f, d / "common" / f)
     shutil.copy(HERE / "host_shim" / "rnn_host.cpp", d / "rnn_host.cpp")
     so = d / "rnn_host.so"
     r = subprocess.run([CXX, "-O1", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Wno-unused-function", "-I", str(d),

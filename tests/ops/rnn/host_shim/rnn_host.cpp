@@ -54,6 +54,6 @@ using namespace pydnn::rnn;
 
 #include <string>
 ENTRY(f32, float)
-ENTRY(f16, half_t)
-ENTRY(bf16, bf16_t)
+ENTRY(f16, h16_t)   // half and bfloat16: one instantiation, the format in RnnParams.fmt (ptx/common/h16.cuh)
+ENTRY(bf16, h16_t)
 ENTRY(f64, double)
