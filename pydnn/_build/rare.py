@@ -113,13 +113,18 @@ RULES = (
          at=(90,)),
     Rule(r"attention\.d256\.(f16|bf16)", r"::fwd<",
          "the mma.sync attention forward at head dim 256 without dropout: the warp-specialized forward takes it "
-         "on sm_90 (its backward stays on mma.sync there)", at=(90,)),
+         "on sm_90 (its mma.sync backward stays installed: bwd_ws256 leaves dropout, per-batch lengths and the "
+         "deterministic dQ to it)", at=(90,)),
     Rule(r"attention\.wgmma\.(d256\.)?(f16|bf16)", r"",
          "the older wgmma attention forward at head dims 64, 128, 256: only tuning.attention.WS off runs it "
          "(the warp-specialized forward takes those dims; d 96 stays on it)"),
     Rule(r"attention\.ws\.(n176|n192)\.(f16|bf16)", r"",
          "the warp-specialized forward's wide key tiles (176 keys at d128, 192 at d64): tuning.attention "
          "WS_BN176 / WS_BN192 are off (benchmark candidates; no measured gain)"),
+    Rule(r"attention\.ws\.(emu|rot|cl|xu)\.(f16|bf16)", r"",
+         "the warp-specialized forward's benchmark variants: polynomial exp2 (tuning.attention WS_EMU, used only "
+         "with WS_C3 off), rotated key order (WS_ROT), 2-CTA K / V multicast (WS_CL) and cross-unit issue (WS_XU); "
+         "each measured no better than the defaults (tools/PERF.md, Session 30: attnf)"),
     Rule(r"attention\.(ws|dec)\.paged\.(f16|bf16)", r"",
          "paged K / V (an inference server's page tables): only attention_forward_paged and the graph's paged "
          "sdpa run them"),
