@@ -105,6 +105,9 @@ def test_demo_model_fused_blocks_float32():
         close(on(x), ref(x.double()), torch.float32, "eval logits", tol=TOL_SUM[torch.float32])
 
 
+BIAS_BEFORE_BN = ("0.bias", "4.bias")  # the demo model's conv biases, each followed by a BatchNorm2d
+
+
 def test_demo_model_fused_blocks_bf16_autocast():
     """bf16 autocast (the demo's): the fused blocks and folded casts against the unfused path with autocast's
     own casts (equal up to the kernels' nondeterminism) and against PyTorch's autocast step (logits within the
@@ -133,6 +136,13 @@ def test_demo_model_fused_blocks_bf16_autocast():
         for (n, a), b, r in zip(on.named_parameters(), off.parameters(), ref.parameters()):
             assert a.grad.dtype == torch.float32, n
             close(a.grad, b.grad, torch.bfloat16, f"step {step} d{n} on / off", tol=2e-2)
+            if n in BIAS_BEFORE_BN:
+                # a training batch norm removes each channel's mean, so the conv bias before it has a gradient of
+                # exactly 0: both backends' values are rounding noise (a direction means nothing; cosine 0.63 on
+                # the H200, final run of session 30); pydnn's noise is no larger than a few times PyTorch's
+                assert a.grad.norm() <= 4 * r.grad.norm() + 1e-6, f"step {step} d{n}: {a.grad.norm():.3g} " \
+                    f"against PyTorch's {r.grad.norm():.3g} (both should be rounding noise around 0)"
+                continue
             cos = F.cosine_similarity(a.grad.double().flatten(), r.grad.double().flatten(), dim=0).item()
             assert cos > 0.99, f"step {step} d{n}: cosine {cos:.4f} against PyTorch's autocast gradient"
         for (n, a), r in zip(on.named_buffers(), ref.buffers()):
