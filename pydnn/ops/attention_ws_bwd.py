@@ -20,6 +20,7 @@ not zero), a launch recorder listening (the tensor maps hold pointers a record c
 outside HEAD_DIMS (HEAD_DIMS_DET for deterministic = 1), dropout, tuning.attention_bwd.WS False, or an encode the driver refuses.
 """
 import ctypes
+import functools
 
 from .. import tuning
 from .._build.manifest import KernelUnit
@@ -118,9 +119,24 @@ def unit_name(tag):
     return f"attention.ws_bwd.{tag}"
 
 
+@functools.lru_cache(maxsize=None)
+def d256_compiles():
+    """Whether this NVRTC compiles bwd_ws256: NVRTC 12 (12.9, CI's cu12 packages) crashes (SIGSEGV) on it, so
+    under a CUDA 12 toolkit the d 256 backward is not instantiated and stays on the mma.sync kernels."""
+    from .._cuda import nvrtc
+    try:
+        return nvrtc.version()[0] >= 13
+    except Exception:  # noqa: BLE001 - no NVRTC here: the unit list of the default (CUDA 13) install
+        return True
+
+
+def _dims():
+    return tuple(d for d in INSTANTIATED if d != 256 or d256_compiles())
+
+
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
-                       tuple(_expr(tag, d, m) for d in INSTANTIATED for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
+                       tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
                        + tuple(_expr(tag, d, m, st) for d, m, st in DEEP), archs=(ARCH + "a",))
             for tag in TAGS]
 
@@ -128,7 +144,7 @@ def kernel_units():
 def usable(handle, d, tag, dropout, p, atomic=True):
     """Whether bwd_ws runs this problem (params p: lens_q / lens_kv set or not; atomic: deterministic = 0)."""
     return (tuning.attention_bwd.WS and tuning.attention_bwd.ENABLED and handle.arch == ARCH and dropout == 0
-            and d in (HEAD_DIMS if atomic else HEAD_DIMS_DET) and d in INSTANTIATED and tag in TAGS and not p.lens_q and not p.lens_kv
+            and d in (HEAD_DIMS if atomic else HEAD_DIMS_DET) and d in _dims() and tag in TAGS and not p.lens_q and not p.lens_kv
             and driver._recorders == 0 and not (p.dq_acc or 0) % 16)  # (the bulk reduction's alignment)
 
 
