@@ -14,7 +14,7 @@ import struct
 import tempfile
 from pathlib import Path
 
-from .manifest import common_options
+from .options import common_options
 
 FORMAT = b"PYDNNCB1"
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)

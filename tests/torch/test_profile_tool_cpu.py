@@ -180,12 +180,17 @@ def test_forced_split_plan_on_a_cpu_handle():
         assert plan.ws_bytes == s * 3072 * 768 * 4
         assert "gemm_wgmma_s" in plan.split_fast.expr and "splitk_reduce" in plan.reduce.expr
     assert M._split_k is real
-    # without the patch the whole-K problem does not split (72 tiles of 128 x 256: room for one split)
+    # without the patch, and with the split limited to one wave (tuning.matmul.SPLIT_WAVES off), the whole-K
+    # problem does not split (72 tiles of 128 x 256: room for one split); over several waves (the default) it does
     from pydnn.graph import matmul_api
+    from pydnn import tuning
     import pydnn
     dt = pydnn.PYDNN_DATA_BFLOAT16
     _, kw = matmul_api.layout((dt, (3072, 65536), (1, 3072)), (dt, (65536, 768), (768, 1)), (dt, (3072, 768), (768, 1)))
-    assert M.gemm_plan(h, split_k=True, **kw).ws_bytes == 0
+    with tuning.override({"matmul.SPLIT_WAVES": False}):
+        assert M.gemm_plan(h, split_k=True, **kw).ws_bytes == 0
+    with tuning.override({"matmul.SPLIT_WAVES": True}):
+        assert M.gemm_plan(h, split_k=True, **kw).ws_bytes > 0
 
 
 def test_gpt_ops_table_on_the_cpu(monkeypatch, tmp_path):
