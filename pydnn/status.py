@@ -72,6 +72,19 @@ def _misuse(fn, args, kwargs):
 _signatures = {}
 
 
+# Public functions that change a descriptor or a handle (cuDNN's Set* / Destroy* and their kin): api() makes
+# them bump tuning.RECORDS_GEN, which records kept outside Python's caches (libpydnn's C fast path, the
+# compiled activation entry) compare against. set_tensor writes a tensor's values, not a descriptor.
+_MUTATOR_PREFIXES = ("set_", "destroy", "derive_", "restore_", "backend_set_", "backend_finalize",
+                     "backend_destroy", "rnn_set_", "build_rnn_")
+_NOT_MUTATORS = frozenset({"set_tensor"})
+
+
+def mutates(name):
+    """Whether the public function `name` changes a descriptor or a handle (see _MUTATOR_PREFIXES)."""
+    return name.startswith(_MUTATOR_PREFIXES) and name not in _NOT_MUTATORS
+
+
 def api(fn):
     """Mark a public API function: record its failure as the thread's last error, prefixed with its name.
 
@@ -85,6 +98,18 @@ def api(fn):
       a message instead of a crash.
     """
     name = fn.__name__
+    if mutates(name):  # the call records' generation moves after any Set / Destroy, failed or not
+        from .tuning import bump_records
+
+        inner = fn
+
+        def fn(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                bump_records()
+
+        functools.update_wrapper(fn, inner)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import enums as E
 from .status import PydnnError, api
+from .tuning import bump_records
 
 # data type -> (bytes per element, numpy dtype used for host copies; bf16 travels as uint16)
 DTYPES = {
@@ -130,6 +131,7 @@ class TensorDescriptor:
         self.dtype, self.dims, self.strides, self.is_set = dtype, dims, strides, True
         self._span = span
         self.version += 1
+        bump_records()  # also where a Get* writes a caller's descriptor (weights / RNN params): not via api()
 
     @property
     def itemsize(self):

@@ -201,25 +201,69 @@ static PyObject *fc_patch_launch(PyObject *self, PyObject *const *args, Py_ssize
    and each buffer a positive int or a torch.Tensor (buffers.TORCH_TENSOR) that is CUDA memory, contiguous,
    at least the record's span and not NULL - then run_map's patch and launch. Returns None once launched;
    False for anything else (the caller runs the Python function, which decides and reports errors, and
-   launches again after a failed launch to report the driver's error). Never raises. */
-static PyObject *act_handle_type, *act_driver, *act_launch_args, *act_buffers, *act_zero;
+   launches again after a failed launch to report the driver's error). Never raises.
+
+   The handle / key / record part is remembered per call site: a slot (by the descriptors' addresses) holds
+   the handle, the three descriptors and the record (strong references, so no address is reused while
+   held), the compiled record, the stream and the spans, and the records' generation (pydnn.tuning.RECORDS_GEN)
+   read before they were looked up. While the generation is unchanged no descriptor was Set or Destroyed, no
+   handle destroyed or given a stream and no switch changed (status.api / tuning bump it), so the lookups
+   would give the same answer: a call that finds its slot skips them (alive, three versions, the key tuple,
+   prepared, crec, need, stream: ~15 attribute reads and a 7-tuple hash). */
+static PyObject *act_handle_type, *act_driver, *act_launch_args, *act_buffers, *act_zero, *act_driver_dict,
+    *act_buffers_dict;
 static double act_alpha2;
+static volatile uint64_t *act_gen;
+static uint64_t act_hits;
 static PyObject *s_alive, *s_version, *s_prepared, *s_crec, *s_need, *s_stream, *s_launch_args, *s_recorders,
     *s_checked, *s_torch, *s_is_cuda, *s_nbytes, *s_is_contiguous, *s_data_ptr;
 
+#define ACT_SLOTS 16
+typedef struct {
+    PyObject *h, *a, *xd, *yd, *rec;  /* strong references; NULL: empty */
+    uint64_t gen, crec, stream;
+    long long need_x, need_y;
+} act_slot_t;
+static act_slot_t act_slots[ACT_SLOTS];
+
+static unsigned act_index(PyObject *a, PyObject *xd, PyObject *yd) {
+    uintptr_t k = ((uintptr_t)a >> 4) ^ ((uintptr_t)xd >> 6) ^ ((uintptr_t)yd >> 8);
+    return (unsigned)((k ^ (k >> 11)) % ACT_SLOTS);
+}
+
+static void act_clear_slots(void) {
+    for (int i = 0; i < ACT_SLOTS; i++) {
+        act_slot_t *sl = &act_slots[i];
+        Py_CLEAR(sl->h); Py_CLEAR(sl->a); Py_CLEAR(sl->xd); Py_CLEAR(sl->yd); Py_CLEAR(sl->rec);
+    }
+}
+
+/* act_setup(Handle, driver, launch_args, buffers, alpha2[, address of the records' generation]) */
 static PyObject *fc_act_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "act_setup takes 5 arguments");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "act_setup takes 5 or 6 arguments");
         return NULL;
     }
     double a2 = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return NULL;
+    uint64_t gen_addr = 0;
+    if (nargs == 6 && u64(args[5], &gen_addr)) return NULL;
+    PyObject *dd = PyObject_GenericGetDict(args[1], NULL), *bd = PyObject_GenericGetDict(args[3], NULL);
+    if (!dd || !bd || !PyDict_Check(dd) || !PyDict_Check(bd)) {
+        Py_XDECREF(dd); Py_XDECREF(bd);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "act_setup: modules expected");
+        return NULL;
+    }
+    Py_XSETREF(act_driver_dict, dd);
+    Py_XSETREF(act_buffers_dict, bd);
     PyObject **slots[] = {&act_handle_type, &act_driver, &act_launch_args, &act_buffers};
     for (int i = 0; i < 4; i++) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
     act_alpha2 = a2;
+    act_gen = gen_addr ? (volatile uint64_t *)(uintptr_t)gen_addr : NULL;
+    act_clear_slots();
     if (!act_zero) act_zero = PyLong_FromLong(0);
 #define INTERN(v, t) if (!v && !(v = PyUnicode_InternFromString(t))) return NULL
     INTERN(s_alive, "alive"); INTERN(s_version, "version"); INTERN(s_prepared, "prepared"); INTERN(s_crec, "crec");
@@ -231,6 +275,18 @@ static PyObject *fc_act_setup(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* act_stats() -> (slot hits since setup, occupied slots); act_forget(): empty the slots (tests) */
+static PyObject *fc_act_stats(PyObject *self, PyObject *unused) {
+    int n = 0;
+    for (int i = 0; i < ACT_SLOTS; i++) n += act_slots[i].h != NULL;
+    return Py_BuildValue("(Ki)", (unsigned long long)act_hits, n);
+}
+
+static PyObject *fc_act_forget(PyObject *self, PyObject *unused) {
+    act_clear_slots();
+    Py_RETURN_NONE;
+}
+
 /* 1 with the address in *v, 0 when the buffer is not one the entry decides (the Python function's turn) */
 static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) {
     if (PyLong_CheckExact(obj)) {
@@ -239,7 +295,7 @@ static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) 
         *v = x;
         return x != 0;
     }
-    if (tt == Py_None || (PyObject *)Py_TYPE(obj) != tt) return 0;
+    if (tt == NULL || tt == Py_None || (PyObject *)Py_TYPE(obj) != tt) return 0;
     PyObject *o = PyObject_GetAttr(obj, s_is_cuda);
     int ok = o == Py_True;
     Py_XDECREF(o);
@@ -260,12 +316,40 @@ static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) 
     return x != 0;
 }
 
+/* the module-level checks of every call: launch_args not replaced, no recording, PYDNN_CHECKED off; *tt the
+   verified torch.Tensor type (borrowed; NULL / None: none yet). 1 when the call may go on. */
+static int act_module_ok(PyObject **tt) {
+    PyObject *t = PyDict_GetItemWithError(act_driver_dict, s_launch_args);
+    if (t != act_launch_args) return 0;
+    t = PyDict_GetItemWithError(act_driver_dict, s_recorders);
+    if (!t || !PyLong_CheckExact(t) || PyLong_AsLong(t) != 0) return 0;
+    t = PyDict_GetItemWithError(act_buffers_dict, s_checked);
+    if (t != Py_False) return 0;
+    *tt = PyDict_GetItemWithError(act_buffers_dict, s_torch);
+    return !PyErr_Occurred();
+}
+
 static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *h, *t = NULL, *key = NULL, *prep = NULL, *rec = NULL, *crec = NULL, *need = NULL, *tt = NULL;
     PyObject *vs[3] = {NULL, NULL, NULL};
     int done = 0;
-    if (nargs != 8 || !act_handle_type) goto out;
+    if (nargs != 8 || !act_handle_type || !act_driver_dict) goto out;
+    if (!PyFloat_CheckExact(args[2]) || !PyFloat_CheckExact(args[5])) goto out;
     h = args[0];
+    uint64_t xp = 0, yp = 0, ins[3] = {0, 0, 0};
+    uint64_t gen = act_gen ? __atomic_load_n(act_gen, __ATOMIC_ACQUIRE) : 0;
+    act_slot_t *sl = &act_slots[act_index(args[1], args[3], args[6])];
+    if (act_gen && sl->h == h && sl->a == args[1] && sl->xd == args[3] && sl->yd == args[6] && sl->gen == gen) {
+        PyObject *btt = NULL; /* borrowed */
+        t = PyObject_GetAttr(h, s_alive); /* a handle's alive flag written directly (tests) is still seen */
+        if (t != Py_True || !act_module_ok(&btt)) goto out;
+        if (!act_buffer(args[4], btt, sl->need_x, &xp) || !act_buffer(args[7], btt, sl->need_y, &yp)) goto out;
+        ins[0] = xp;
+        act_hits++;
+        done = map_core(sl->crec, sl->stream, yp, ins, 1, PyFloat_AS_DOUBLE(args[2]), act_alpha2,
+                        PyFloat_AS_DOUBLE(args[5])) == 0;
+        goto out;
+    }
     if ((PyObject *)Py_TYPE(h) != act_handle_type) goto out;
     t = PyObject_GetAttr(h, s_alive);
     if (t != Py_True) goto out;
@@ -278,19 +362,10 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
     rec = PyDict_GetItemWithError(prep, key);
     if (!rec) goto out;
     Py_INCREF(rec);
-    uint64_t c = 0, stream = 0, xp = 0, yp = 0, ins[3] = {0, 0, 0};
+    uint64_t c = 0, stream = 0;
     if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
-    if (!PyFloat_CheckExact(args[2]) || !PyFloat_CheckExact(args[5])) goto out;
-    t = PyObject_GetAttr(act_driver, s_launch_args);
-    if (t != act_launch_args) goto out;
-    Py_CLEAR(t);
-    t = PyObject_GetAttr(act_driver, s_recorders);
-    if (!t || !PyLong_CheckExact(t) || PyLong_AsLong(t) != 0) goto out;
-    Py_CLEAR(t);
-    t = PyObject_GetAttr(act_buffers, s_checked);
-    if (t != Py_False) goto out;
-    Py_CLEAR(t);
-    if (!(tt = PyObject_GetAttr(act_buffers, s_torch))) goto out;
+    if (!act_module_ok(&tt)) { tt = NULL; goto out; }
+    Py_XINCREF(tt);
     if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need) || PyTuple_GET_SIZE(need) < 2) goto out;
     long long need_y = PyLong_AsLongLong(PyTuple_GET_ITEM(need, 0)), need_x = PyLong_AsLongLong(PyTuple_GET_ITEM(need, 1));
     if (PyErr_Occurred()) goto out;
@@ -300,6 +375,15 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_CLEAR(t);
     ins[0] = xp;
     done = map_core(c, stream, yp, ins, 1, PyFloat_AS_DOUBLE(args[2]), act_alpha2, PyFloat_AS_DOUBLE(args[5])) == 0;
+    if (done && act_gen) { /* remember the call site under the generation read before the lookups */
+        PyObject *objs[5] = {h, args[1], args[3], args[6], rec};
+        PyObject **dst[5] = {&sl->h, &sl->a, &sl->xd, &sl->yd, &sl->rec};
+        for (int i = 0; i < 5; i++) {
+            Py_INCREF(objs[i]);
+            Py_XSETREF(*dst[i], objs[i]);
+        }
+        sl->gen = gen; sl->crec = c; sl->stream = stream; sl->need_x = need_x; sl->need_y = need_y;
+    }
 out:
     Py_XDECREF(t); Py_XDECREF(key); Py_XDECREF(prep); Py_XDECREF(rec); Py_XDECREF(crec); Py_XDECREF(need);
     Py_XDECREF(tt);
@@ -312,6 +396,8 @@ out:
 static PyMethodDef methods[] = {
     {"act_setup", (PyCFunction)(void (*)(void))fc_act_setup, METH_FASTCALL, "the activation entry's objects"},
     {"act_fwd", (PyCFunction)(void (*)(void))fc_act_fwd, METH_FASTCALL, "activation_forward's cached call"},
+    {"act_stats", fc_act_stats, METH_NOARGS, "(call-site slot hits, occupied slots)"},
+    {"act_forget", fc_act_forget, METH_NOARGS, "empty the call-site slots"},
     {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},
     {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
     {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
@@ -488,7 +574,10 @@ def activation_entry(handle_type, driver_module, launch_args, buffers_module, al
     lib = _state["lib"]
     if lib is None or not hasattr(lib, "act_fwd"):
         return None
-    lib.act_setup(handle_type, driver_module, launch_args, buffers_module, alpha2)
+    from .. import tuning
+
+    gen = tuning.records_gen_address() if tuning.callpath.C_ENTRY_SITES else 0
+    lib.act_setup(handle_type, driver_module, launch_args, buffers_module, alpha2, gen)
     return lib.act_fwd
 
 

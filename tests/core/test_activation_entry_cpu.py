@@ -107,10 +107,36 @@ both("too many", (h, a, 1.0, d, x0, 0.0, d, y0, 1))
 P.destroy(h) if False else None
 h.alive = False
 both("dead handle", (h, a, 1.0, d, x0, 0.0, d, y0))
+h.alive = True
+# the call-site slots (tuning.callpath.C_ENTRY_SITES): a repeated call skips the lookups; every Set / Destroy /
+# switch change moves the records' generation, and the next call looks up again (and declines if the key is new)
+lib = fastcall._state["lib"]
+site = {}
+hits0 = lib.act_stats()[0]
+both("slot", (h, a, 1.0, d, x0, 0.0, d, y0))
+site["hit"] = lib.act_stats()[0] - hits0
+g0 = tuning.RECORDS_GEN[0]
+P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)  # same values, new version
+site["gen moved by set"] = tuning.RECORDS_GEN[0] != g0
+hits0 = lib.act_stats()[0]
+both("slot after set", (h, a, 1.0, d, x0, 0.0, d, y0))
+both("slot again", (h, a, 1.0, d, x0, 0.0, d, y0))
+site["hits after set"] = lib.act_stats()[0] - hits0
+g0 = tuning.RECORDS_GEN[0]
+tuning.callpath.MHA_PLANS = True  # any switch
+site["gen moved by tuning"] = tuning.RECORDS_GEN[0] != g0
+a.version += 1  # a version moved without any Set (no code of pydnn's does this): the slot must not answer...
+a.version -= 1  # ...but the key is the same again: answered after one lookup
+hits0 = lib.act_stats()[0]
+both("slot after tuning", (h, a, 1.0, d, x0, 0.0, d, y0))
+site["hits after tuning"] = lib.act_stats()[0] - hits0
+P.set_stream(h, 0x7100) if False else None
+print(json.dumps(site))
 print(json.dumps(out))
 '''
 
-TAKEN = ["ints", "torch again", "misaligned", "beta", "cached again"]
+TAKEN = ["ints", "torch again", "misaligned", "beta", "cached again", "slot", "slot again",
+         "slot after tuning"]
 
 
 def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
@@ -137,6 +163,12 @@ def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    site = json.loads(r.stdout.strip().splitlines()[-2])
+    # the slot answers a repeated call without lookups (1 hit: the entry's own call; the public function's
+    # call hits again); a Set or a switch change makes the next call look up first (then it is remembered)
+    assert site["hit"] == 2 and site["gen moved by set"] and site["gen moved by tuning"], site
+    # after the Set: a new key, no record (declined, the Python function plans); then looked up and remembered
+    assert site["hits after set"] == 1 and site["hits after tuning"] == 1, site
     for label, (answer, public, python) in out.items():
         assert public == python, label  # the same launch bytes, or the same exception, status and message
         if label in TAKEN:
