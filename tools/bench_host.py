@@ -426,6 +426,8 @@ def run_ab(calls, rounds=5):
     P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     x, y = torch.randn(1, device="cuda"), torch.empty(1, device="cuda")
     xp, yp = x.data_ptr(), y.data_ptr()
+    for _ in range(2):  # plans, verifies torch.Tensor, sets the compiled entry up (pydnn.activation_forward)
+        P.activation_forward(h, a, 1.0, d, x, 0.0, d, y)
     forms = {
         "entry, int pointers": functools.partial(P.activation_forward, h, a, 1.0, d, xp, 0.0, d, yp),
         "entry, torch tensors": functools.partial(P.activation_forward, h, a, 1.0, d, x, 0.0, d, y),
@@ -433,21 +435,50 @@ def run_ab(calls, rounds=5):
         "Python function, torch tensors": functools.partial(A._activation_forward, h, a, 1.0, d, x, 0.0, d, y),
         "torch.relu": functools.partial(torch.relu, x),
     }
-    for f in forms.values():
+    # session 31's parts taken away one at a time: the def in front of act_fwd (session 30's public entry,
+    # a Python frame), and the call-site slots (every call looks the handle / key / record up)
+    hooks = {}
+    if getattr(A, "_python_entry", None) is not None and P.activation_forward is not A._python_entry:
+        forms["session-30 def entry, torch tensors"] = functools.partial(A._python_entry, h, a, 1.0, d, x, 0.0, d, y)
+    from pydnn._build import fastcall
+    from pydnn._cuda import driver as _drv
+
+    lib = fastcall._state.get("lib")
+    if lib is not None and hasattr(lib, "act_stats"):
+        from pydnn import buffers as _bufs
+        from pydnn import tuning as _tun
+
+        def setup(gen):
+            return lambda: lib.act_setup(Handle, _drv, ew._LAUNCH_ARGS, _bufs, A._UNUSED_ALPHA2, gen)
+
+        for kind, b in (("int pointers", (xp, yp)), ("torch tensors", (x, y))):
+            k = f"entry without call-site slots, {kind}"
+            forms[k] = functools.partial(P.activation_forward, h, a, 1.0, d, b[0], 0.0, d, b[1])
+            hooks[k] = (setup(0), setup(_tun.records_gen_address()))
+    for k, f in forms.items():
+        hooks.get(k, (lambda: None, None))[0]()
         f()
         f()
+        if k in hooks:
+            hooks[k][1]()
     rec = h.prepared.get((0, a, a.version, d, d.version, d, d.version))
     if rec is not None and rec.crec:
         forms["compiled launch alone (map_launch)"] = functools.partial(ew._fast_launch, rec.crec, h.stream, yp, xp, 0, 0,
                                                                         1.0, 1.0, 0.0, 1)
-    print(f"ab: the C entry {'in use' if A._c_entry is not None else 'NOT in use'}", flush=True)
+    print(f"ab: the C entry {'in use' if A._c_entry is not None else 'NOT in use'}; pydnn.activation_forward is "
+          f"{type(P.activation_forward).__name__}; call-site slot hits so far "
+          f"{lib.act_stats() if lib is not None and hasattr(lib, 'act_stats') else 'n/a'}", flush=True)
     res = {k: ([], []) for k in forms}
     for r in range(rounds):
         line = []
         for k, f in forms.items():
+            if k in hooks:
+                hooks[k][0]()
             q = time_us(f, calls, 3)
             sync()
             ho = time_us_host(f, calls, sync, repeats=3)
+            if k in hooks:
+                hooks[k][1]()
             res[k][0].append(q)
             res[k][1].append(ho)
             line.append(f"{q:.2f}/{ho:.2f}")

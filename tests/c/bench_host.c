@@ -10,6 +10,10 @@
  * between bursts outside the timed part, so the queue never fills: the host's own cost per launch. "gpu" is
  * the device's time per kernel over 2,000 back-to-back launches (events). Both on the legacy default stream
  * (stream 0, what a program that never sets one uses) and on a non-blocking stream.
+ * Session 31: the floor's other forms (the parameter block through cuLaunchKernel's `extra`, the per-thread
+ * default stream), and pydnnActivationForward with other calls that change nothing between two (a size query
+ * and a Get: libpydnn's records stay in use - before session 31 every other C call made them stale), with
+ * libpydnn's hit counter printed, so the fast path's use is measured, not assumed.
  * Usage: bench_host [calls] */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -59,6 +63,7 @@ static double now_us(void) {
 
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                         void **, void **);
+unsigned long long _pydnn_fast_hits(void); /* libpydnn's C fast path: calls answered without Python */
 
 static const char *PTX =
     ".version 7.8\n.target sm_80\n.address_size 64\n"
@@ -101,10 +106,31 @@ int main(int argc, char **argv) {
     printf("FAIL activation: %s\n", msg);
     return 1;
   }
+  unsigned long long hits0;
   TIME("pydnnActivationForward relu 1 elem", calls, pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
   sync();
   TIME_HOST("pydnnActivationForward relu 1 elem [host]", calls, sync(),
             pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+  hits0 = _pydnn_fast_hits();
+  for (int i = 0; i < 1000; i++) pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+  printf("c %-48s %7.3f\n", "fast-path hits per call (1000 calls)", (_pydnn_fast_hits() - hits0) / 1000.0);
+  {
+    int dims[8], strides[8], nb = 0;
+    pydnnDataType_t dt;
+    sync();
+    hits0 = _pydnn_fast_hits();
+    TIME("ActivationForward + GetTensorSizeInBytes + GetNd", calls / 4,
+         (pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y), pydnnGetTensorSizeInBytes(t, &size),
+          pydnnGetTensorNdDescriptor(t, 8, &dt, &nb, dims, strides)));
+    hits0 = _pydnn_fast_hits();
+    for (int i = 0; i < 1000; i++) {
+      pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+      pydnnGetTensorSizeInBytes(t, &size);
+      pydnnGetTensorNdDescriptor(t, 8, &dt, &nb, dims, strides);
+    }
+    printf("c %-48s %7.3f\n", "fast-path hits per ActivationForward (mixed)", (_pydnn_fast_hits() - hits0) / 1000.0);
+    sync();
+  }
 
   /* the floor: the driver's cuLaunchKernel of empty kernels, called through a pointer as libpydnn does */
   launch_t launch = (launch_t)dlsym(lib, "cuLaunchKernel");
@@ -133,6 +159,24 @@ int main(int argc, char **argv) {
     sync();
     TIME_HOST("cuLaunchKernel 408-byte param, stream 0 [host]", calls, sync(),
               launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, pargs, NULL));
+    {
+      size_t psize = sizeof pbuf;
+      void *extra[5] = {(void *)1 /* CU_LAUNCH_PARAM_BUFFER_POINTER */, pbuf, (void *)2 /* _SIZE */, &psize,
+                        (void *)0 /* CU_LAUNCH_PARAM_END */};
+      TIME("cuLaunchKernel 408-byte param via extra, stream 0", calls,
+           launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, NULL, extra));
+      sync();
+      TIME_HOST("cuLaunchKernel 408 via extra, stream 0 [host]", calls, sync(),
+                launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, NULL, extra));
+      void *pts = (void *)2; /* CU_STREAM_PER_THREAD */
+      TIME("cuLaunchKernel 408-byte param, per-thread stream", calls,
+           launch(k408, 1, 1, 1, 32, 1, 1, 0, pts, pargs, NULL));
+      sync();
+      TIME_HOST("cuLaunchKernel 408, per-thread stream [host]", calls, sync(),
+                launch(k408, 1, 1, 1, 32, 1, 1, 0, pts, pargs, NULL));
+      TIME_HOST("cuLaunchKernel empty, non-blocking [host]", calls, ssync(ns),
+                launch(k0, 1, 1, 1, 32, 1, 1, 0, ns, NULL, NULL));
+    }
     TIME("cuLaunchKernel 408-byte param, non-blocking", calls, launch(k408, 1, 1, 1, 32, 1, 1, 0, ns, pargs, NULL));
     ssync(ns);
     TIME_HOST("cuLaunchKernel 408-byte param, non-blocking [host]", calls, ssync(ns),

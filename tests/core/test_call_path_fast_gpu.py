@@ -101,3 +101,42 @@ def test_entry_is_graph_capturable(th):
         torch.cuda.synchronize()
         assert torch.equal(y, torch.relu(x))
     P.set_stream(th, torch.cuda.current_stream().cuda_stream)
+
+
+def test_public_entry_object_and_slots_follow_sets(th):
+    """Session 31: pydnn.activation_forward is the compiled entry object once set up, and a repeated call is
+    answered from its call-site slot (fastcall act_stats' hits move); a Set of the activation descriptor (same
+    object, new mode) or of the tensor descriptor is seen by the next call (it computes the new function), and
+    the results stay bitwise the Python function's."""
+    from pydnn._build import fastcall
+
+    d, a = _setup()
+    _entry_or_skip(th, d, a)
+    assert type(P.activation_forward).__name__ == "Entry", P.activation_forward
+    assert P.activation_forward.__wrapped__ is not None and P.activation_forward.__name__ == "activation_forward"
+    lib = fastcall._state["lib"]
+    x, y = torch.randn(4096, device="cuda"), torch.empty(4096, device="cuda")
+    P.activation_forward(th, a, 1.0, d, x, 0.0, d, y)
+    h0 = lib.act_stats()[0]
+    for _ in range(3):
+        y.fill_(float("nan"))
+        P.activation_forward(th, a, 1.0, d, x, 0.0, d, y)
+    torch.cuda.synchronize()
+    assert lib.act_stats()[0] - h0 == 3
+    assert torch.equal(y, torch.relu(x))
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_TANH, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    for _ in range(3):  # the first plans (Python), the next from a fresh lookup, then the slot
+        y.fill_(float("nan"))
+        P.activation_forward(th, a, 1.0, d, x, 0.0, d, y)
+        y2 = torch.full_like(y, float("nan"))
+        A._activation_forward(th, a, 1.0, d, x, 0.0, d, y2)
+        torch.cuda.synchronize()
+        assert torch.equal(y, y2)
+        assert torch.allclose(y, torch.tanh(x), rtol=1e-5, atol=1e-6)
+    P.set_tensor_nd_descriptor_ex(d, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, 1, 2048])  # half of it
+    y.fill_(float("nan"))
+    for _ in range(2):
+        P.activation_forward(th, a, 1.0, d, x, 0.0, d, y)
+    torch.cuda.synchronize()
+    assert torch.allclose(y[:2048], torch.tanh(x[:2048]), rtol=1e-5, atol=1e-6)
+    assert torch.isnan(y[2048:]).all()  # nothing written past the new span
