@@ -15,6 +15,7 @@
  * and a Get: libpydnn's records stay in use - before session 31 every other C call made them stale), with
  * libpydnn's hit counter printed, so the fast path's use is measured, not assumed.
  * Usage: bench_host [calls] */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +115,20 @@ int main(int argc, char **argv) {
   hits0 = _pydnn_fast_hits();
   for (int i = 0; i < 1000; i++) pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
   printf("c %-48s %7.3f\n", "fast-path hits per call (1000 calls)", (_pydnn_fast_hits() - hits0) / 1000.0);
+  {
+    void (*use_extra)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "_pydnn_fast_use_extra");
+    if (use_extra) { /* libpydnn's fast path passing its parameter block through cuLaunchKernel's extra */
+      use_extra(1);
+      sync();
+      TIME_HOST("pydnnActivationForward, params via extra [host]", calls, sync(),
+                pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+      hits0 = _pydnn_fast_hits();
+      for (int i = 0; i < 1000; i++) pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+      printf("c %-48s %7.3f\n", "fast-path hits per call, params via extra", (_pydnn_fast_hits() - hits0) / 1000.0);
+      use_extra(0);
+      sync();
+    }
+  }
   {
     int dims[8], strides[8], nb = 0;
     pydnnDataType_t dt;

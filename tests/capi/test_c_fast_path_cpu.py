@@ -154,9 +154,19 @@ SCALARS = [(1.0, 0.0), (2.0, 0.5), (1.0, 1.0), (-0.25, 0.0)]
 
 
 @isolated
+@pytest.mark.parametrize("extra", [0, 1], ids=["kernelParams", "extra"])
 @pytest.mark.parametrize("dtype", [F32, F64, F16], ids=["f32", "f64", "f16"])
-def test_fast_path_launches_what_python_launches(env, dtype):
+def test_fast_path_launches_what_python_launches(env, dtype, extra):
+    """extra: the parameter block through cuLaunchKernel's `extra` (_pydnn_fast_use_extra), the same bytes."""
     ffi, lib, h, launches = env
+    lib._pydnn_fast_use_extra(extra)
+    try:
+        _launches_what_python_launches(ffi, lib, h, launches, dtype)
+    finally:
+        lib._pydnn_fast_use_extra(0)
+
+
+def _launches_what_python_launches(ffi, lib, h, launches, dtype):
     for name, call in _cases(ffi, lib, h, dtype):
         for offs in OFFSETS:
             if dtype != F16 and any(o % 4 for o in offs) and name == "TransformTensor":
