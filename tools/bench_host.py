@@ -663,7 +663,7 @@ def run_mha(calls, gpu):
     return rows
 
 
-def run_c(calls):
+def run_c(calls, rounds=7):
     """Build tests/c/bench_host.c against libpydnn and run it (it prints its own lines)."""
     import shlex
     import shutil
@@ -681,7 +681,7 @@ def run_c(calls):
         exe = os.path.join(tmp, "bench_host")
         subprocess.run([cc, "-O2", os.path.join(ROOT, "tests", "c", "bench_host.c"), *flags, "-o", exe], check=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        out = subprocess.run([exe, str(calls)], capture_output=True, text=True, env=env, timeout=600)
+        out = subprocess.run([exe, str(calls), str(rounds)], capture_output=True, text=True, env=env, timeout=600)
         print(out.stdout + out.stderr, end="", flush=True)
         return out.stdout
 
@@ -708,6 +708,8 @@ def main():
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--families", default="", help="comma-separated families (default: all)")
     p.add_argument("--c", action="store_true", help="also time the calls from C (GPU only)")
+    p.add_argument("--c-only", action="store_true", help="only the C program (tests/c/bench_host.c), on a GPU")
+    p.add_argument("--c-rounds", type=int, default=7, help="the C program's alternating rounds (fast path vs launch)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--quick", action="store_true",
                    help="a short run: activation and tensor families, the launch floor, C, MHA host time "
@@ -730,6 +732,12 @@ def main():
     from pydnn._cuda import driver
 
     gpu = not args.cpu and driver.available()
+    if args.c_only:
+        c_out = run_c(args.calls, args.c_rounds) if gpu else None
+        if args.out and c_out:
+            with open(args.out, "w") as f:
+                f.write("From C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n")
+        return
     print(f"pydnn {pydnn.__version__}, python {sys.version.split()[0]}, "
           f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
     if gpu and args.quick and not args.no_c_launch_off:  # the compiled launch (C_LAUNCH) off, then on
@@ -752,7 +760,7 @@ def main():
         md += "".join(f"| {r['case']} | {r['int_us']:.2f} | {r['int_calls']} | {r['obj_us']:.2f} | {r['obj_calls']} | "
                       f"{r['int_host']:.2f} | {r['obj_host']:.2f} |\n" for r in grows)
     if gpu and args.c:
-        c_out = run_c(args.calls)
+        c_out = run_c(args.calls, args.c_rounds)
         if c_out:
             md += "\nFrom C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n"
     if args.mha:

@@ -288,6 +288,59 @@ static PyObject *fc_act_forget(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* torch.Tensor's own attributes, looked up once on the type (buffers.TORCH_TENSOR): is_cuda and nbytes are
+   getset descriptors of torch._C.TensorBase (their getter called directly), is_contiguous and data_ptr method
+   descriptors (called with the tensor as their only argument). What a generic attribute read does besides -
+   the type's method cache, and for a method the instance __dict__ - is skipped: 8 reads a call with two
+   tensors. Anything of another kind (a torch that defines one in Python) keeps the generic reads. */
+static PyObject *tt_cached, *tt_is_cuda, *tt_nbytes, *tt_is_contig, *tt_data_ptr;
+
+static void act_torch_attrs(PyObject *tt) {
+    if (tt == tt_cached) return;
+    PyObject *found[4] = {NULL, NULL, NULL, NULL}, *names[4] = {s_is_cuda, s_nbytes, s_is_contiguous, s_data_ptr};
+    int ok = PyType_Check(tt);
+    for (int i = 0; ok && i < 4; i++) {
+        found[i] = _PyType_Lookup((PyTypeObject *)tt, names[i]); /* borrowed */
+        ok = found[i] && (i < 2 ? Py_IS_TYPE(found[i], &PyGetSetDescr_Type) : Py_IS_TYPE(found[i], &PyMethodDescr_Type));
+    }
+    PyObject **dst[4] = {&tt_is_cuda, &tt_nbytes, &tt_is_contig, &tt_data_ptr};
+    for (int i = 0; i < 4; i++) {
+        PyObject *v = ok ? found[i] : NULL;
+        Py_XINCREF(v);
+        Py_XSETREF(*dst[i], v);
+    }
+    Py_XINCREF(tt);
+    Py_XSETREF(tt_cached, tt);
+}
+
+static PyObject *tt_get(PyObject *descr, PyObject *obj, PyObject *name) {
+    if (!descr) return PyObject_GetAttr(obj, name);
+    PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
+    return gs->get ? gs->get(obj, gs->closure) : PyObject_GetAttr(obj, name);
+}
+
+static PyObject *tt_call(PyObject *descr, PyObject *obj, PyObject *name) {
+    if (!descr) return PyObject_CallMethodNoArgs(obj, name);
+    return PyObject_Vectorcall(descr, &obj, 1, NULL);
+}
+
+/* act_probe(type, obj) -> (is_cuda, nbytes, is_contiguous(), data_ptr(), direct): the four reads as act_buffer
+   makes them for a tensor of that type, and whether they went through the cached descriptors (tests) */
+static PyObject *fc_act_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !s_is_cuda) {
+        PyErr_SetString(PyExc_TypeError, "act_probe takes (type, obj) after act_setup");
+        return NULL;
+    }
+    act_torch_attrs(args[0]);
+    PyObject *r[4] = {tt_get(tt_is_cuda, args[1], s_is_cuda), tt_get(tt_nbytes, args[1], s_nbytes),
+                      tt_call(tt_is_contig, args[1], s_is_contiguous), tt_call(tt_data_ptr, args[1], s_data_ptr)};
+    PyObject *out = NULL;
+    if (r[0] && r[1] && r[2] && r[3])
+        out = Py_BuildValue("(OOOOO)", r[0], r[1], r[2], r[3], tt_is_cuda ? Py_True : Py_False);
+    for (int i = 0; i < 4; i++) Py_XDECREF(r[i]);
+    return out;
+}
+
 /* 1 with the address in *v, 0 when the buffer is not one the entry decides (the Python function's turn) */
 static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) {
     if (PyLong_CheckExact(obj)) {
@@ -297,19 +350,20 @@ static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) 
         return x != 0;
     }
     if (tt == NULL || tt == Py_None || (PyObject *)Py_TYPE(obj) != tt) return 0;
-    PyObject *o = PyObject_GetAttr(obj, s_is_cuda);
+    act_torch_attrs(tt);
+    PyObject *o = tt_get(tt_is_cuda, obj, s_is_cuda);
     int ok = o == Py_True;
     Py_XDECREF(o);
     if (!ok) return 0;
-    o = PyObject_GetAttr(obj, s_nbytes);
+    o = tt_get(tt_nbytes, obj, s_nbytes);
     long long nb = o ? PyLong_AsLongLong(o) : -1;
     Py_XDECREF(o);
     if (nb < need) return 0;
-    o = PyObject_CallMethodNoArgs(obj, s_is_contiguous);
+    o = tt_call(tt_is_contig, obj, s_is_contiguous);
     ok = o == Py_True;
     Py_XDECREF(o);
     if (!ok) return 0;
-    o = PyObject_CallMethodNoArgs(obj, s_data_ptr);
+    o = tt_call(tt_data_ptr, obj, s_data_ptr);
     unsigned long long x = o ? PyLong_AsUnsignedLongLong(o) : 0;
     Py_XDECREF(o);
     if (PyErr_Occurred()) return 0;
@@ -462,6 +516,7 @@ static PyMethodDef methods[] = {
     {"act_setup", (PyCFunction)(void (*)(void))fc_act_setup, METH_FASTCALL, "the activation entry's objects"},
     {"act_fwd", (PyCFunction)(void (*)(void))fc_act_fwd, METH_FASTCALL, "activation_forward's cached call"},
     {"act_stats", fc_act_stats, METH_NOARGS, "(call-site slot hits, occupied slots)"},
+    {"act_probe", (PyCFunction)(void (*)(void))fc_act_probe, METH_FASTCALL, "act_buffer's tensor reads (tests)"},
     {"act_entry", fc_act_entry, METH_O, "activation_forward as a compiled callable over its Python function"},
     {"act_forget", fc_act_forget, METH_NOARGS, "empty the call-site slots"},
     {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},

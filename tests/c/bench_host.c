@@ -62,6 +62,28 @@ static double now_us(void) {
     printf("c %-48s %7.2f us\n", label, best_);                                   \
   } while (0)
 
+/* one host-only reading (bursts of 64, synchronize between bursts, not timed) of a statement, for the
+   alternating rounds below: the host's load moves during a run, so forms are compared round by round */
+#define HOST_US(out, calls, sync_stmt, stmt)                                      \
+  do {                                                                            \
+    int bursts_ = (calls) / 64 > 0 ? (calls) / 64 : 1;                            \
+    double tot_ = 0;                                                              \
+    for (int i_ = 0; i_ < 64; i_++) { stmt; }                                     \
+    sync_stmt;                                                                    \
+    for (int b_ = 0; b_ < bursts_; b_++) {                                        \
+      double t0_ = now_us();                                                      \
+      for (int i_ = 0; i_ < 64; i_++) { stmt; }                                   \
+      tot_ += now_us() - t0_;                                                     \
+      sync_stmt;                                                                  \
+    }                                                                             \
+    (out) = tot_ / (bursts_ * 64);                                                \
+  } while (0)
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                         void **, void **);
 unsigned long long _pydnn_fast_hits(void); /* libpydnn's C fast path: calls answered without Python */
@@ -207,6 +229,30 @@ int main(int argc, char **argv) {
         elapsed(&ms, e0, e1);
         printf("c %-48s %7.2f us\n", pass ? "gpu time per empty kernel, non-blocking" : "gpu time per empty kernel, stream 0",
                ms * 1e3 / 2000);
+      }
+    }
+    /* alternating rounds (argv[2], default 7), stream 0, host only: pydnn's fast path against the bare
+       launches under it, each round timing every form once; medians and minima over rounds */
+    {
+      int rounds = argc > 2 ? atoi(argv[2]) : 7;
+      if (rounds > 64) rounds = 64;
+      const char *names[4] = {"pydnnActivationForward (fast path)", "cuLaunchKernel empty kernel",
+                              "cuLaunchKernel 408-byte param", "cuLaunchKernel 408-byte via extra"};
+      double v[4][64];
+      size_t psize = sizeof pbuf;
+      void *extra[5] = {(void *)1, pbuf, (void *)2, &psize, (void *)0};
+      for (int r = 0; r < rounds; r++) {
+        HOST_US(v[0][r], calls, sync(), pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+        HOST_US(v[1][r], calls, sync(), launch(k0, 1, 1, 1, 32, 1, 1, 0, s0, NULL, NULL));
+        HOST_US(v[2][r], calls, sync(), launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, pargs, NULL));
+        HOST_US(v[3][r], calls, sync(), launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, NULL, extra));
+        printf("c ab round %d: %.2f | %.2f | %.2f | %.2f us\n", r, v[0][r], v[1][r], v[2][r], v[3][r]);
+      }
+      for (int k = 0; k < 4 && rounds > 0; k++) {
+        qsort(v[k], rounds, sizeof(double), cmp_double);
+        char label[96];
+        snprintf(label, sizeof label, "ab %s [host]", names[k]);
+        printf("c %-48s %7.2f us (min %.2f)\n", label, v[k][rounds / 2], v[k][0]);
       }
     }
     /* pydnn's C fast path on the non-blocking stream (the first call after SetStream re-records) */

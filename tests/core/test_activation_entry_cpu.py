@@ -130,7 +130,17 @@ a.version -= 1  # ...but the key is the same again: answered after one lookup
 hits0 = lib.act_stats()[0]
 both("slot after tuning", (h, a, 1.0, d, x0, 0.0, d, y0))
 site["hits after tuning"] = lib.act_stats()[0] - hits0
-P.set_stream(h, 0x7100) if False else None
+try:  # the entry's direct reads of a real torch.Tensor's attributes (CPU tensors: the same descriptors)
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    probes = []
+    for t in (base, base.t(), base[:, ::2], torch.zeros(1).expand(50), base[1:]):
+        got = list(lib.act_probe(torch.Tensor, t))
+        probes.append([got, [t.is_cuda, t.nbytes, t.is_contiguous(), t.data_ptr(), True]])
+    site["torch probes"] = probes
 print(json.dumps(site))
 print(json.dumps(out))
 '''
@@ -169,6 +179,13 @@ def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
     assert site["hit"] == 2 and site["gen moved by set"] and site["gen moved by tuning"], site
     # after the Set: a new key, no record (declined, the Python function plans); then looked up and remembered
     assert site["hits after set"] == 1 and site["hits after tuning"] == 1, site
+    try:
+        import torch  # noqa: F401
+        assert len(site["torch probes"]) == 5
+    except ImportError:
+        pass
+    for got, want in site.get("torch probes", []):  # read through torch._C.TensorBase's own descriptors
+        assert got == want, (got, want)
     for label, (answer, public, python) in out.items():
         assert public == python, label  # the same launch bytes, or the same exception, status and message
         if label in TAKEN:
