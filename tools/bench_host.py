@@ -12,6 +12,8 @@ calls from C (tests/c/bench_host.c, built against libpydnn) and the driver's own
 kernels under it. `--graph`: Graph.execute on a built plan (issue 22's host target).
 
     python tools/bench_host.py --quick --families activation --no-c-launch-off --graph --out $OUT/host.md
+    python tools/bench_host.py --families activation --ab --calls 2000     (session 31: the entry's parts A/B)
+    python tools/bench_host.py --c-only --calls 3000 --c-rounds 9          (C: fast path vs bare launches, rounds)
 
 `--cpu` (the default without a GPU): everything pydnn does on the host for a call except the driver's
 cuLaunchKernel, which is replaced by a no-op (a fake handle whose kernels are placeholders): descriptor
@@ -435,6 +437,13 @@ def run_ab(calls, rounds=5):
         "Python function, torch tensors": functools.partial(A._activation_forward, h, a, 1.0, d, x, 0.0, d, y),
         "torch.relu": functools.partial(torch.relu, x),
     }
+    try:  # cupy arrays where cupy is installed (they go through the Python function: device_ptr's cupy reader)
+        import cupy
+
+        cx, cy = cupy.zeros(1, dtype=cupy.float32), cupy.zeros(1, dtype=cupy.float32)
+        forms["entry, cupy arrays"] = functools.partial(P.activation_forward, h, a, 1.0, d, cx, 0.0, d, cy)
+    except Exception as e:  # noqa: BLE001 - ImportError, or a cupy that cannot start here
+        print(f"ab: no cupy form ({type(e).__name__}: {e})", flush=True)
     # session 31's parts taken away one at a time: the def in front of act_fwd (session 30's public entry,
     # a Python frame), and the call-site slots (every call looks the handle / key / record up)
     hooks = {}
