@@ -195,8 +195,8 @@ def _entry_setup():
 def _publish_compiled_entry():
     """pydnn.activation_forward (and this module's name) become the compiled entry object itself
     (fastcall.activation_public: the entry's answer, else the Python function with the same arguments), so a
-    call has no Python frame at all (the def below cost ~0.2-0.3 us a call on this 2-core host's CPU time, of
-    ~0.5). Where a name no longer holds the def below (a caller replaced it), it is left alone; a reference
+    call has no Python frame at all (the def below cost 0.28 us a call with torch tensors on the H200 host,
+    4.62 against 4.34 us, alternating rounds). Where a name no longer holds the def below (a caller replaced it), it is left alone; a reference
     taken earlier keeps the def, which answers the same."""
     import sys
 
