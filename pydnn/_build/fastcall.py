@@ -214,10 +214,12 @@ static PyObject *fc_patch_launch(PyObject *self, PyObject *const *args, Py_ssize
 static PyObject *act_handle_type, *act_driver, *act_launch_args, *act_buffers, *act_zero, *act_driver_dict,
     *act_buffers_dict;
 static double act_alpha2;
+static PyObject *act_cupy_type; /* buffers.CUPY_ARRAY as last read (borrowed from the module's dict) */
 static volatile uint64_t *act_gen;
 static uint64_t act_hits;
 static PyObject *s_alive, *s_version, *s_prepared, *s_crec, *s_need, *s_stream, *s_launch_args, *s_recorders,
-    *s_checked, *s_torch, *s_is_cuda, *s_nbytes, *s_is_contiguous, *s_data_ptr;
+    *s_checked, *s_torch, *s_is_cuda, *s_nbytes, *s_is_contiguous, *s_data_ptr, *s_cupy, *s_data, *s_ptr, *s_flags,
+    *s_c_contiguous;
 
 #define ACT_SLOTS 16
 typedef struct {
@@ -271,7 +273,8 @@ static PyObject *fc_act_setup(PyObject *self, PyObject *const *args, Py_ssize_t 
     INTERN(s_need, "need"); INTERN(s_stream, "stream"); INTERN(s_launch_args, "launch_args");
     INTERN(s_recorders, "_recorders"); INTERN(s_checked, "CHECKED"); INTERN(s_torch, "TORCH_TENSOR");
     INTERN(s_is_cuda, "is_cuda"); INTERN(s_nbytes, "nbytes"); INTERN(s_is_contiguous, "is_contiguous");
-    INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_data_ptr, "data_ptr"); INTERN(s_cupy, "CUPY_ARRAY"); INTERN(s_data, "data"); INTERN(s_ptr, "ptr");
+    INTERN(s_flags, "flags"); INTERN(s_c_contiguous, "c_contiguous");
 #undef INTERN
     Py_RETURN_NONE;
 }
@@ -341,6 +344,28 @@ static PyObject *fc_act_probe(PyObject *self, PyObject *const *args, Py_ssize_t 
     return out;
 }
 
+/* a cupy.ndarray (buffers.CUPY_ARRAY), read as buffers._cupy_ptr reads it: data.ptr not NULL, nbytes at least
+   the span and flags.c_contiguous (else the Python function: the exact span and the same errors) */
+static int act_cupy(PyObject *obj, long long need, uint64_t *v) {
+    PyObject *d = PyObject_GetAttr(obj, s_data), *o = d ? PyObject_GetAttr(d, s_ptr) : NULL;
+    Py_XDECREF(d);
+    unsigned long long x = o && PyLong_Check(o) ? PyLong_AsUnsignedLongLong(o) : 0;
+    Py_XDECREF(o);
+    if (PyErr_Occurred() || !x) return 0;
+    o = PyObject_GetAttr(obj, s_nbytes);
+    long long nb = o && PyLong_Check(o) ? PyLong_AsLongLong(o) : -1;
+    Py_XDECREF(o);
+    if (PyErr_Occurred() || nb < need) return 0;
+    PyObject *f = PyObject_GetAttr(obj, s_flags);
+    o = f ? PyObject_GetAttr(f, s_c_contiguous) : NULL;
+    Py_XDECREF(f);
+    int ok = o == Py_True;
+    Py_XDECREF(o);
+    if (!ok) return 0;
+    *v = x;
+    return 1;
+}
+
 /* 1 with the address in *v, 0 when the buffer is not one the entry decides (the Python function's turn) */
 static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) {
     if (PyLong_CheckExact(obj)) {
@@ -349,6 +374,8 @@ static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) 
         *v = x;
         return x != 0;
     }
+    if (act_cupy_type && act_cupy_type != Py_None && (PyObject *)Py_TYPE(obj) == act_cupy_type)
+        return act_cupy(obj, need, v);
     if (tt == NULL || tt == Py_None || (PyObject *)Py_TYPE(obj) != tt) return 0;
     act_torch_attrs(tt);
     PyObject *o = tt_get(tt_is_cuda, obj, s_is_cuda);
@@ -372,7 +399,8 @@ static int act_buffer(PyObject *obj, PyObject *tt, long long need, uint64_t *v) 
 }
 
 /* the module-level checks of every call: launch_args not replaced, no recording, PYDNN_CHECKED off; *tt the
-   verified torch.Tensor type (borrowed; NULL / None: none yet). 1 when the call may go on. */
+   verified torch.Tensor type (borrowed; NULL / None: none yet), act_cupy_type the verified cupy.ndarray type.
+   1 when the call may go on. */
 static int act_module_ok(PyObject **tt) {
     PyObject *t = PyDict_GetItemWithError(act_driver_dict, s_launch_args);
     if (t != act_launch_args) return 0;
@@ -381,6 +409,7 @@ static int act_module_ok(PyObject **tt) {
     t = PyDict_GetItemWithError(act_buffers_dict, s_checked);
     if (t != Py_False) return 0;
     *tt = PyDict_GetItemWithError(act_buffers_dict, s_torch);
+    act_cupy_type = PyErr_Occurred() ? NULL : PyDict_GetItemWithError(act_buffers_dict, s_cupy);
     return !PyErr_Occurred();
 }
 

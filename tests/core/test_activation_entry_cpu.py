@@ -83,6 +83,28 @@ def both(label, args, **kw):
 both("ints", (h, a, 1.0, d, x0, 0.0, d, y0))
 both("torch", (h, a, 1.0, d, TL(x0, 4000), 0.0, d, TL(y0, 4000)))
 both("torch again", (h, a, 1.0, d, TL(x0, 4000), 0.0, d, TL(y0, 4000)))
+class _Mem:
+    def __init__(self, p):
+        self.ptr = p
+
+class _Flags:
+    def __init__(self, c):
+        self.c_contiguous = c
+
+def _cai(self):
+    return {"data": (self.data.ptr, False), "shape": self.shape, "typestr": "|u1",
+            "strides": None if self._c else self.strides, "version": 3}
+
+CL = type("ndarray", (), {  # a stand-in spelled like cupy.ndarray (the attributes buffers._cupy_ptr reads)
+    "__init__": lambda self, p, n, c=True: self.__dict__.update(data=_Mem(p), nbytes=n, _c=c, shape=(n,),
+                                                                  strides=(1 if c else 2,), itemsize=1),
+    "flags": property(lambda self: _Flags(self._c)), "__cuda_array_interface__": property(_cai)})
+CL.__module__, CL.__qualname__ = "cupy", "ndarray"
+both("cupy", (h, a, 1.0, d, CL(x0, 4000), 0.0, d, CL(y0, 4000)))
+both("cupy again", (h, a, 1.0, d, CL(x0, 4000), 0.0, d, CL(y0, 4000)))
+both("cupy too small", (h, a, 1.0, d, CL(x0, 4000), 0.0, d, CL(y0, 3996)))
+both("cupy strided", (h, a, 1.0, d, CL(x0, 4000, False), 0.0, d, CL(y0, 4000)))
+both("cupy NULL", (h, a, 1.0, d, CL(0, 4000), 0.0, d, CL(y0, 4000)))
 both("misaligned", (h, a, 1.0, d, x0 + 4, 0.0, d, y0))
 both("beta", (h, a, 0.5, d, x0, 2.0, d, y0))
 both("int alpha", (h, a, 1, d, x0, 0.0, d, y0))
@@ -145,7 +167,7 @@ print(json.dumps(site))
 print(json.dumps(out))
 '''
 
-TAKEN = ["ints", "torch again", "misaligned", "beta", "cached again", "slot", "slot again",
+TAKEN = ["ints", "torch again", "cupy again", "misaligned", "beta", "cached again", "slot", "slot again",
          "slot after tuning"]
 
 
@@ -197,9 +219,12 @@ def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
     # the launches the entry made differ where they must: the scalar kernel for a misaligned x, the beta flag
     # (the first torch call declines: its type is verified against the array interface by the Python path)
     assert out["ints"][1] == out["torch"][1] == out["torch again"][1] == out["cached again"][1]
+    assert out["ints"][1] == out["cupy"][1] == out["cupy again"][1] == out["cupy strided"][1]
     assert out["misaligned"][1][0][0][0] != out["ints"][1][0][0][0]
     assert out["beta"][1][1] != out["ints"][1][1]
     for label, status in (("torch too small", P.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT),
+                          ("cupy too small", P.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT),
+                          ("cupy NULL", P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
                           ("host tensor", P.PYDNN_STATUS_BAD_PARAM), ("NULL", P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
                           ("negative", P.PYDNN_STATUS_BAD_PARAM), ("None", P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
                           ("dead handle", P.PYDNN_STATUS_BAD_PARAM)):

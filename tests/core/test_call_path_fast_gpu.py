@@ -140,3 +140,30 @@ def test_public_entry_object_and_slots_follow_sets(th):
     torch.cuda.synchronize()
     assert torch.allclose(y[:2048], torch.tanh(x[:2048]), rtol=1e-5, atol=1e-6)
     assert torch.isnan(y[2048:]).all()  # nothing written past the new span
+
+
+def test_entry_answers_cupy_arrays(th):
+    """Session 31: cupy arrays (buffers.CUPY_ARRAY once verified against their __cuda_array_interface__) are
+    answered by the compiled entry too (data.ptr, nbytes, flags.c_contiguous read as buffers._cupy_ptr reads
+    them); a strided or short array goes to the Python function (the exact span, the same errors)."""
+    cupy = pytest.importorskip("cupy")
+    from pydnn import buffers
+
+    d, a = _setup()
+    _entry_or_skip(th, d, a)
+    x = cupy.random.standard_normal(4096, dtype=cupy.float32)
+    y = cupy.full(4096, float("nan"), dtype=cupy.float32)
+    P.activation_forward(th, a, 1.0, d, x, 0.0, d, y)  # verifies cupy.ndarray on the Python path
+    torch.cuda.synchronize()
+    assert buffers.CUPY_ARRAY is type(x)
+    for _ in range(2):
+        y.fill(float("nan"))
+        torch.cuda.synchronize()
+        assert A._c_entry(th, a, 1.0, d, x, 0.0, d, y) is None  # answered in C
+        torch.cuda.synchronize()
+        assert bool((y == cupy.maximum(x, 0)).all())
+    xs = cupy.random.standard_normal(8192, dtype=cupy.float32)[::2]  # strided: the Python function's exact span
+    assert A._c_entry(th, a, 1.0, d, xs, 0.0, d, y) is False
+    with pytest.raises(P.PydnnError) as e:
+        P.activation_forward(th, a, 1.0, d, x, 0.0, d, cupy.empty(10, dtype=cupy.float32))
+    assert e.value.status == P.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT
