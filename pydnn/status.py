@@ -8,6 +8,7 @@ import functools
 import threading
 
 from . import enums
+from .tuning import RECORDS_GEN, _records_count
 
 _STATUS_NAMES = {}
 for _name, _value in enums.ENUMS["pydnnStatus_t"].items():
@@ -98,42 +99,10 @@ def api(fn):
       a message instead of a crash.
     """
     name = fn.__name__
-    if mutates(name):
-        return _api_mutator(fn, name)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except PydnnError as e:
-            set_last_error(f"{name}: {e.message}")
-            raise
-        except TypeError as e:
-            if _misuse(fn, args, kwargs):
-                set_last_error(f"{name}: {e}")
-                raise
-            msg = f"{name}: internal error: {type(e).__name__}: {e}"
-            set_last_error(msg)
-            raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR, msg) from e
-        except MemoryError as e:
-            msg = f"{name}: host allocation failed: {e or 'MemoryError'}"
-            set_last_error(msg)
-            raise PydnnError(enums.PYDNN_STATUS_ALLOC_FAILED, msg) from e
-        except Exception as e:  # noqa: BLE001 - turned into a status on purpose
-            msg = f"{name}: internal error: {type(e).__name__}: {e}"
-            set_last_error(msg)
-            raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR, msg) from e
-
-    wrapper.__pydnn_api__ = True
-    return wrapper
-
-
-def _api_mutator(fn, name):
-    """api() for a function that changes a descriptor or a handle: the same wrapper, and the records'
-    generation (tuning.RECORDS_GEN) moves after the call, failed or not (a failed Set may have changed part of
-    a descriptor). Inline, not a bump_records() call: no Python frame more a Set (tests/hard/test_call_path_cpu
-    bounds the C face's per-call work)."""
-    from .tuning import RECORDS_GEN, _records_count
+    # a function that changes a descriptor or a handle moves the records' generation (tuning.RECORDS_GEN) after
+    # the call, failed or not (a failed Set may have changed part of a descriptor); inline, not a
+    # bump_records() call: no Python frame more a Set (tests/hard/test_call_path_cpu bounds the C face's work)
+    mut = mutates(name)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -158,7 +127,8 @@ def _api_mutator(fn, name):
             set_last_error(msg)
             raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR, msg) from e
         finally:
-            RECORDS_GEN[0] = next(_records_count)
+            if mut:
+                RECORDS_GEN[0] = next(_records_count)
 
     wrapper.__pydnn_api__ = True
     return wrapper
