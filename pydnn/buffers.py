@@ -230,6 +230,9 @@ _RESOLVERS = {}
 # anything else (a NULL, short or strided tensor: the exact span and the same errors). None until then (no
 # type is None, so the test is simply false).
 TORCH_TENSOR = None
+# cupy.ndarray likewise, once an array's data.ptr / nbytes agreed with its __cuda_array_interface__: activation_forward's
+# compiled entry reads data.ptr, nbytes and flags.c_contiguous as _cupy_ptr does (None until then)
+CUPY_ARRAY = None
 _MAX_TYPES = 256
 _undecided = {}
 
@@ -250,7 +253,7 @@ def _agrees(obj, extent_fn, name, probe=None):
 
 
 def _resolver(obj, name):
-    global TORCH_TENSOR
+    global TORCH_TENSOR, CUPY_ARRAY
     import numbers
 
     t = type(obj)
@@ -259,6 +262,8 @@ def _resolver(obj, name):
         ok = _agrees(obj, fast[1], name, fast[2])
         if ok is True and fast[0] is _torch_ptr and t.__qualname__ == "Tensor":
             TORCH_TENSOR = t  # verified against the array interface: hot paths may test type(obj) is it
+        if ok is True and fast[0] is _cupy_ptr:
+            CUPY_ARRAY = t
         if ok is None:  # no verdict from this object (a CPU tensor, one that requires grad, ...)
             n = _undecided[t] = _undecided.get(t, 0) + 1
             if n < 4:

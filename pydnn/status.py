@@ -8,6 +8,7 @@ import functools
 import threading
 
 from . import enums
+from .tuning import RECORDS_GEN, _records_count
 
 _STATUS_NAMES = {}
 for _name, _value in enums.ENUMS["pydnnStatus_t"].items():
@@ -72,6 +73,19 @@ def _misuse(fn, args, kwargs):
 _signatures = {}
 
 
+# Public functions that change a descriptor or a handle (cuDNN's Set* / Destroy* and their kin): api() makes
+# them bump tuning.RECORDS_GEN, which records kept outside Python's caches (libpydnn's C fast path, the
+# compiled activation entry) compare against. set_tensor writes a tensor's values, not a descriptor.
+_MUTATOR_PREFIXES = ("set_", "destroy", "derive_", "restore_", "backend_set_", "backend_finalize",
+                     "backend_destroy", "rnn_set_", "build_rnn_")
+_NOT_MUTATORS = frozenset({"set_tensor"})
+
+
+def mutates(name):
+    """Whether the public function `name` changes a descriptor or a handle (see _MUTATOR_PREFIXES)."""
+    return name.startswith(_MUTATOR_PREFIXES) and name not in _NOT_MUTATORS
+
+
 def api(fn):
     """Mark a public API function: record its failure as the thread's last error, prefixed with its name.
 
@@ -85,6 +99,10 @@ def api(fn):
       a message instead of a crash.
     """
     name = fn.__name__
+    # a function that changes a descriptor or a handle moves the records' generation (tuning.RECORDS_GEN) after
+    # the call, failed or not (a failed Set may have changed part of a descriptor); inline, not a
+    # bump_records() call: no Python frame more a Set (tests/hard/test_call_path_cpu bounds the C face's work)
+    mut = mutates(name)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -108,6 +126,9 @@ def api(fn):
             msg = f"{name}: internal error: {type(e).__name__}: {e}"
             set_last_error(msg)
             raise PydnnError(enums.PYDNN_STATUS_INTERNAL_ERROR, msg) from e
+        finally:
+            if mut:
+                RECORDS_GEN[0] = next(_records_count)
 
     wrapper.__pydnn_api__ = True
     return wrapper

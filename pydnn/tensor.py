@@ -7,6 +7,7 @@ import numpy as np
 
 from . import enums as E
 from .status import PydnnError, api
+from .tuning import RECORDS_GEN, _records_count
 
 # data type -> (bytes per element, numpy dtype used for host copies; bf16 travels as uint16)
 DTYPES = {
@@ -130,6 +131,8 @@ class TensorDescriptor:
         self.dtype, self.dims, self.strides, self.is_set = dtype, dims, strides, True
         self._span = span
         self.version += 1
+        RECORDS_GEN[0] = next(_records_count)  # tuning.bump_records inline: also where a Get* writes a
+        # caller's descriptor (the MHA weights, RNN params), which api() does not see as a Set
 
     @property
     def itemsize(self):

@@ -12,6 +12,8 @@ calls from C (tests/c/bench_host.c, built against libpydnn) and the driver's own
 kernels under it. `--graph`: Graph.execute on a built plan (issue 22's host target).
 
     python tools/bench_host.py --quick --families activation --no-c-launch-off --graph --out $OUT/host.md
+    python tools/bench_host.py --families activation --ab --calls 2000     (session 31: the entry's parts A/B)
+    python tools/bench_host.py --c-only --calls 3000 --c-rounds 9          (C: fast path vs bare launches, rounds)
 
 `--cpu` (the default without a GPU): everything pydnn does on the host for a call except the driver's
 cuLaunchKernel, which is replaced by a no-op (a fake handle whose kernels are placeholders): descriptor
@@ -426,6 +428,8 @@ def run_ab(calls, rounds=5):
     P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     x, y = torch.randn(1, device="cuda"), torch.empty(1, device="cuda")
     xp, yp = x.data_ptr(), y.data_ptr()
+    for _ in range(2):  # plans, verifies torch.Tensor, sets the compiled entry up (pydnn.activation_forward)
+        P.activation_forward(h, a, 1.0, d, x, 0.0, d, y)
     forms = {
         "entry, int pointers": functools.partial(P.activation_forward, h, a, 1.0, d, xp, 0.0, d, yp),
         "entry, torch tensors": functools.partial(P.activation_forward, h, a, 1.0, d, x, 0.0, d, y),
@@ -433,21 +437,57 @@ def run_ab(calls, rounds=5):
         "Python function, torch tensors": functools.partial(A._activation_forward, h, a, 1.0, d, x, 0.0, d, y),
         "torch.relu": functools.partial(torch.relu, x),
     }
-    for f in forms.values():
+    try:  # cupy arrays where cupy is installed (they go through the Python function: device_ptr's cupy reader)
+        import cupy
+
+        cx, cy = cupy.zeros(1, dtype=cupy.float32), cupy.zeros(1, dtype=cupy.float32)
+        forms["entry, cupy arrays"] = functools.partial(P.activation_forward, h, a, 1.0, d, cx, 0.0, d, cy)
+    except Exception as e:  # noqa: BLE001 - ImportError, or a cupy that cannot start here
+        print(f"ab: no cupy form ({type(e).__name__}: {e})", flush=True)
+    # session 31's parts taken away one at a time: the def in front of act_fwd (session 30's public entry,
+    # a Python frame), and the call-site slots (every call looks the handle / key / record up)
+    hooks = {}
+    if getattr(A, "_python_entry", None) is not None and P.activation_forward is not A._python_entry:
+        forms["session-30 def entry, torch tensors"] = functools.partial(A._python_entry, h, a, 1.0, d, x, 0.0, d, y)
+    from pydnn._build import fastcall
+    from pydnn._cuda import driver as _drv
+
+    lib = fastcall._state.get("lib")
+    if lib is not None and hasattr(lib, "act_stats"):
+        from pydnn import buffers as _bufs
+        from pydnn import tuning as _tun
+
+        def setup(gen):
+            return lambda: lib.act_setup(Handle, _drv, ew._LAUNCH_ARGS, _bufs, A._UNUSED_ALPHA2, gen)
+
+        for kind, b in (("int pointers", (xp, yp)), ("torch tensors", (x, y))):
+            k = f"entry without call-site slots, {kind}"
+            forms[k] = functools.partial(P.activation_forward, h, a, 1.0, d, b[0], 0.0, d, b[1])
+            hooks[k] = (setup(0), setup(_tun.records_gen_address()))
+    for k, f in forms.items():
+        hooks.get(k, (lambda: None, None))[0]()
         f()
         f()
+        if k in hooks:
+            hooks[k][1]()
     rec = h.prepared.get((0, a, a.version, d, d.version, d, d.version))
     if rec is not None and rec.crec:
         forms["compiled launch alone (map_launch)"] = functools.partial(ew._fast_launch, rec.crec, h.stream, yp, xp, 0, 0,
                                                                         1.0, 1.0, 0.0, 1)
-    print(f"ab: the C entry {'in use' if A._c_entry is not None else 'NOT in use'}", flush=True)
+    print(f"ab: the C entry {'in use' if A._c_entry is not None else 'NOT in use'}; pydnn.activation_forward is "
+          f"{type(P.activation_forward).__name__}; call-site slot hits so far "
+          f"{lib.act_stats() if lib is not None and hasattr(lib, 'act_stats') else 'n/a'}", flush=True)
     res = {k: ([], []) for k in forms}
     for r in range(rounds):
         line = []
         for k, f in forms.items():
+            if k in hooks:
+                hooks[k][0]()
             q = time_us(f, calls, 3)
             sync()
             ho = time_us_host(f, calls, sync, repeats=3)
+            if k in hooks:
+                hooks[k][1]()
             res[k][0].append(q)
             res[k][1].append(ho)
             line.append(f"{q:.2f}/{ho:.2f}")
@@ -632,7 +672,7 @@ def run_mha(calls, gpu):
     return rows
 
 
-def run_c(calls):
+def run_c(calls, rounds=7):
     """Build tests/c/bench_host.c against libpydnn and run it (it prints its own lines)."""
     import shlex
     import shutil
@@ -650,7 +690,7 @@ def run_c(calls):
         exe = os.path.join(tmp, "bench_host")
         subprocess.run([cc, "-O2", os.path.join(ROOT, "tests", "c", "bench_host.c"), *flags, "-o", exe], check=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        out = subprocess.run([exe, str(calls)], capture_output=True, text=True, env=env, timeout=600)
+        out = subprocess.run([exe, str(calls), str(rounds)], capture_output=True, text=True, env=env, timeout=600)
         print(out.stdout + out.stderr, end="", flush=True)
         return out.stdout
 
@@ -677,6 +717,8 @@ def main():
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--families", default="", help="comma-separated families (default: all)")
     p.add_argument("--c", action="store_true", help="also time the calls from C (GPU only)")
+    p.add_argument("--c-only", action="store_true", help="only the C program (tests/c/bench_host.c), on a GPU")
+    p.add_argument("--c-rounds", type=int, default=7, help="the C program's alternating rounds (fast path vs launch)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--quick", action="store_true",
                    help="a short run: activation and tensor families, the launch floor, C, MHA host time "
@@ -699,6 +741,12 @@ def main():
     from pydnn._cuda import driver
 
     gpu = not args.cpu and driver.available()
+    if args.c_only:
+        c_out = run_c(args.calls, args.c_rounds) if gpu else None
+        if args.out and c_out:
+            with open(args.out, "w") as f:
+                f.write("From C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n")
+        return
     print(f"pydnn {pydnn.__version__}, python {sys.version.split()[0]}, "
           f"{'GPU: real launches' if gpu else 'CPU: launches replaced by no-ops'}", flush=True)
     if gpu and args.quick and not args.no_c_launch_off:  # the compiled launch (C_LAUNCH) off, then on
@@ -721,7 +769,7 @@ def main():
         md += "".join(f"| {r['case']} | {r['int_us']:.2f} | {r['int_calls']} | {r['obj_us']:.2f} | {r['obj_calls']} | "
                       f"{r['int_host']:.2f} | {r['obj_host']:.2f} |\n" for r in grows)
     if gpu and args.c:
-        c_out = run_c(args.calls)
+        c_out = run_c(args.calls, args.c_rounds)
         if c_out:
             md += "\nFrom C (tests/c/bench_host.c):\n\n```\n" + c_out + "```\n"
     if args.mha:

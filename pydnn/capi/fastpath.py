@@ -7,9 +7,15 @@ a C table here (kernels, grids, blocks, the params struct, where its pointers, s
 call that finds its record patches a copy of the params struct with its pointers and scalars, picks the
 vector or scalar kernel by alignment as run_map does, and calls cuLaunchKernel: no GIL, no Python.
 
-What keeps a record true: an epoch counter, bumped on entry and exit of every other C call (any call may
-set or destroy a descriptor or the handle's stream); a record holds the epoch its slow call started in and
-is used only while the epoch is unchanged. Anything the record cannot decide (a NULL pointer or scalar, a
+What keeps a record true: the records' generation (pydnn.tuning.RECORDS_GEN, an 8-byte cell in Python's
+memory that C reads without the GIL), moved by every call that changes a descriptor or a handle (Set*,
+Destroy*, Derive*, SetStream, a backend attribute or finalize: pydnn.status.api) and every tuning change, from C
+or from Python alike; a record holds the generation its slow call started in and is used only while it is
+unchanged. Calls that change nothing (a convolution, a Get*, a workspace query) leave records alone, so a C
+program that interleaves other calls keeps its fast element-wise calls. (Before session 31 every other C call
+bumped a C-side epoch on entry and exit: a relu after each convolution always took the slow path, and a
+descriptor set from Python, libpydnn loaded in a Python process, was not seen.) A second, C-only epoch
+(_pydnn_fast_bump) lets tests force the slow path. Anything the record cannot decide (a NULL pointer or scalar, a
 transform whose alpha / beta changes its kernel, a failed launch) goes the slow way, which reports errors as
 before. PYDNN_CHECKED=1 never installs records (its checks run in Python).
 """
@@ -35,11 +41,15 @@ typedef struct {
 } pydnn_fast_rec_t;
 """
 
-CDEF = REC_STRUCT + """int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch);
+CDEF = REC_STRUCT + """int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch,
+                        unsigned long long local);
 unsigned long long _pydnn_fast_epoch(void);
+unsigned long long _pydnn_fast_local(void);
+void _pydnn_fast_set_gen(void *cell);
 void _pydnn_fast_bump(void);
 unsigned long long _pydnn_fast_hits(void);
 void _pydnn_fast_use_noop_launch(int on);
+void _pydnn_fast_use_extra(int on);
 int _pydnn_fast_last(void **func, unsigned int *dims, unsigned char *params, unsigned int cap);
 """
 
@@ -53,11 +63,16 @@ typedef int (*pydnn_launch_t)(void *, unsigned, unsigned, unsigned, unsigned, un
 #define PYDNN_FAST_SLOTS 256
 typedef struct {
     volatile uint64_t seq;  /* odd while written (seqlock; writers hold the GIL) */
-    uint64_t epoch;
+    uint64_t epoch, local;  /* the records' generation its slow call started in; the C-only epoch then */
     pydnn_fast_rec_t r;
 } pydnn_fast_slot_t;
 static pydnn_fast_slot_t pydnn_fast_table[PYDNN_FAST_SLOTS];
-static volatile uint64_t pydnn_fast_epoch_v = 1;
+/* the records' generation: pydnn.tuning.RECORDS_GEN once the init code gave its address (_pydnn_fast_set_gen);
+   until then a cell of ours that nothing moves, with no record installed (install needs the address) */
+static volatile uint64_t pydnn_fast_gen0 = 1;
+static volatile uint64_t *pydnn_fast_gen = &pydnn_fast_gen0;
+static int pydnn_fast_gen_set;
+static volatile uint64_t pydnn_fast_epoch_v = 1;  /* C-only: _pydnn_fast_bump (tests) */
 static volatile uint64_t pydnn_fast_hits_v;
 static pydnn_launch_t pydnn_cu_launch;
 static int pydnn_noop_launches;
@@ -69,12 +84,15 @@ static unsigned char pydnn_last_params[1024];
 static unsigned pydnn_last_nbytes, pydnn_pending_nbytes;
 static int pydnn_noop_launch(void *f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g,
                              unsigned s, void *st, void **p, void **x) {
-    (void)st; (void)x;
+    (void)st;
     pydnn_last_func = f;
     unsigned dims[7] = {a, b, c, d, e, g, s};
     memcpy(pydnn_last_dims, dims, sizeof dims);
     pydnn_last_nbytes = pydnn_pending_nbytes;
-    memcpy(pydnn_last_params, p[0], pydnn_last_nbytes);
+    /* the parameter block as kernelParams[0], or through extra (BUFFER_POINTER, ptr, BUFFER_SIZE, &size, END) */
+    const void *src = p ? p[0] : x ? x[1] : NULL;
+    if (!src || (!p && *(const size_t *)x[3] != pydnn_last_nbytes)) return 1;
+    memcpy(pydnn_last_params, src, pydnn_last_nbytes);
     return 0;
 }
 int _pydnn_fast_last(void **func, unsigned int *dims, unsigned char *params, unsigned int cap) {
@@ -91,12 +109,23 @@ static unsigned pydnn_fast_index(int op, void *const *k) {
     return (unsigned)((h >> 17) % PYDNN_FAST_SLOTS);
 }
 
-unsigned long long _pydnn_fast_epoch(void) { return __atomic_load_n(&pydnn_fast_epoch_v, __ATOMIC_ACQUIRE); }
+unsigned long long _pydnn_fast_epoch(void) { return __atomic_load_n(pydnn_fast_gen, __ATOMIC_ACQUIRE); }
+void _pydnn_fast_set_gen(void *cell) {
+    if (!cell) return;
+    pydnn_fast_gen = (volatile uint64_t *)cell;
+    pydnn_fast_gen_set = 1;
+}
 void _pydnn_fast_bump(void) { __atomic_add_fetch(&pydnn_fast_epoch_v, 1, __ATOMIC_ACQ_REL); }
 unsigned long long _pydnn_fast_hits(void) { return pydnn_fast_hits_v; }
 void _pydnn_fast_use_noop_launch(int on) { pydnn_noop_launches = on; }
+/* 1: pass the parameter block through cuLaunchKernel's `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE)
+   instead of kernelParams; the same bytes reach the kernel (tests/c/bench_host.c times both) */
+static int pydnn_fast_extra;
+void _pydnn_fast_use_extra(int on) { pydnn_fast_extra = on; }
 
-int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch) {
+unsigned long long _pydnn_fast_local(void) { return __atomic_load_n(&pydnn_fast_epoch_v, __ATOMIC_ACQUIRE); }
+
+int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch, unsigned long long local) {
     if (r->nbytes > sizeof r->params || r->map_inputs > 4) return 0;
     if (!pydnn_cu_launch) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -104,10 +133,12 @@ int _pydnn_fast_install(const pydnn_fast_rec_t *r, unsigned long long epoch) {
         if (lib) pydnn_cu_launch = (pydnn_launch_t)dlsym(lib, "cuLaunchKernel");
     }
     if (!pydnn_cu_launch && !pydnn_noop_launches) return 0;
+    if (!pydnn_fast_gen_set) return 0;
     pydnn_fast_slot_t *s = &pydnn_fast_table[pydnn_fast_index(r->op, r->keys)];
     __atomic_add_fetch(&s->seq, 1, __ATOMIC_ACQ_REL);
     memcpy(&s->r, r, sizeof *r);
     s->epoch = epoch;
+    s->local = local;
     __atomic_add_fetch(&s->seq, 1, __ATOMIC_ACQ_REL);
     return 1;
 }
@@ -120,7 +151,9 @@ static int pydnn_fast_map(int op, void *k0, void *k1, void *k2, void *k3, void *
     pydnn_fast_slot_t *s = &pydnn_fast_table[pydnn_fast_index(op, keys)];
     uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
     if (seq & 1 || s->r.op != op || memcmp(s->r.keys, keys, sizeof keys)) return -1;
-    if (s->epoch != __atomic_load_n(&pydnn_fast_epoch_v, __ATOMIC_ACQUIRE)) return -1;
+    if (s->epoch != __atomic_load_n(pydnn_fast_gen, __ATOMIC_ACQUIRE) ||
+        s->local != __atomic_load_n(&pydnn_fast_epoch_v, __ATOMIC_ACQUIRE))
+        return -1;
     if (!alpha || !beta || !out || !i0 || (s->r.ninputs > 1 && !i1) || (s->r.ninputs > 2 && !i2)) return -1;
     unsigned char p[1024];
     pydnn_fast_rec_t r;
@@ -151,6 +184,9 @@ static int pydnn_fast_map(int op, void *k0, void *k1, void *k2, void *k3, void *
     uint32_t flags = r.base_flags | (be != 0.0 ? r.flag_beta : 0);
     memcpy(p + r.flags_off, &flags, 4);
     void *argv[1] = {p};
+    size_t psize = r.nbytes;
+    void *extra[5] = {(void *)1 /* CU_LAUNCH_PARAM_BUFFER_POINTER */, p, (void *)2 /* CU_LAUNCH_PARAM_BUFFER_SIZE */,
+                      &psize, (void *)0 /* CU_LAUNCH_PARAM_END */};
     int vec = (mask & r.in_masks) == 0 && (o & r.out_mask) == 0;
     const unsigned *g = vec ? r.vec_grid : r.scalar_grid, *bl = vec ? r.vec_block : r.scalar_block;
     pydnn_launch_t launch = pydnn_cu_launch;
@@ -159,7 +195,8 @@ static int pydnn_fast_map(int op, void *k0, void *k1, void *k2, void *k3, void *
         pydnn_pending_nbytes = r.nbytes;
     }
     if (!launch) return -1;
-    if (launch(vec ? r.vec_func : r.scalar_func, g[0], g[1], g[2], bl[0], bl[1], bl[2], 0, r.stream, argv, NULL))
+    if (launch(vec ? r.vec_func : r.scalar_func, g[0], g[1], g[2], bl[0], bl[1], bl[2], 0, r.stream,
+               pydnn_fast_extra ? NULL : argv, pydnn_fast_extra ? extra : NULL))
         return -1; /* the slow path launches again and reports the driver's error */
     __atomic_add_fetch(&pydnn_fast_hits_v, 1, __ATOMIC_RELAXED);
     return 0;
@@ -266,7 +303,7 @@ def _record_of(c_name, args):
     return h.prepared.get(key)
 
 
-def install(ffi, lib, c_name, cargs, args, epoch, transform_copy=None):
+def install(ffi, lib, c_name, cargs, args, epoch, local, transform_copy=None):
     """Copy the record of a successful slow call into libpydnn's table (see the module docstring)."""
     from pydnn import buffers, enums as E
     from pydnn.ops import _elementwise as ew
@@ -317,4 +354,4 @@ def install(ffi, lib, c_name, cargs, args, epoch, transform_copy=None):
     if len(raw) > 1024:
         return False
     ffi.memmove(r.params, raw, len(raw))
-    return bool(lib._pydnn_fast_install(r, epoch))
+    return bool(lib._pydnn_fast_install(r, epoch, local))

@@ -275,11 +275,18 @@ def _on_error(c_name):
 def register(ffi, lib=None):
     """Define every C function of decl.py with `ffi.def_extern` (called by libpydnn's init code with its
     ffi and lib). With lib, the functions of capi/fastpath.py are defined under their slow names (libpydnn's
-    C wrappers call them when their record table has no answer) and every other call bumps the records'
-    epoch on entry and exit (it may change a descriptor or the handle's stream)."""
+    C wrappers call them when their record table has no answer), and the records' generation is
+    pydnn.tuning.RECORDS_GEN: moved by every call that changes a descriptor or a handle (status.mutates),
+    from C or Python; the C face bumps it again after its own such calls (a function that is not
+    api-wrapped still moves it)."""
+    from pydnn import tuning
+    from pydnn.status import mutates
+
     from . import fastpath
 
     error_strings = {}
+    if lib is not None:
+        lib._pydnn_fast_set_gen(ffi.cast("void *", tuning.records_gen_address()))
 
     def export(name, fn, error):
         ffi.def_extern(name=name, error=error, onerror=_on_error(name))(fn)
@@ -291,8 +298,8 @@ def register(ffi, lib=None):
         m = Marshal(ffi, proto)
 
         if lib is not None and c_name in fastpath.FAST:
-            def call(*cargs, _m=m, _epoch=lib._pydnn_fast_epoch):
-                e0 = _epoch()
+            def call(*cargs, _m=m, _epoch=lib._pydnn_fast_epoch, _local=lib._pydnn_fast_local):
+                e0, l0 = _epoch(), _local()
                 try:
                     args = _m(*cargs)
                 except PydnnError as e:
@@ -302,7 +309,7 @@ def register(ffi, lib=None):
                     set_last_error(f"{_m.c_name}: internal error: {type(e).__name__}: {e}")
                     return E.PYDNN_STATUS_INTERNAL_ERROR
                 try:
-                    fastpath.install(ffi, lib, _m.c_name, cargs, args, e0)
+                    fastpath.install(ffi, lib, _m.c_name, cargs, args, e0, l0)
                 except Exception:  # noqa: BLE001 - no record: later calls take this slow path again
                     pass
                 return E.PYDNN_STATUS_SUCCESS
@@ -310,8 +317,9 @@ def register(ffi, lib=None):
             export(fastpath.slow_name(c_name), call, E.PYDNN_STATUS_INTERNAL_ERROR)
             continue
 
-        def call(*cargs, _m=m, _bump=lib._pydnn_fast_bump if lib is not None else (lambda: None)):
-            _bump()
+        bump = tuning.bump_records if mutates(m.py_name) else None
+
+        def call(*cargs, _m=m, _bump=bump):
             try:
                 _m(*cargs)
                 return E.PYDNN_STATUS_SUCCESS
@@ -322,7 +330,8 @@ def register(ffi, lib=None):
                 set_last_error(f"{_m.c_name}: internal error: {type(e).__name__}: {e}")
                 return E.PYDNN_STATUS_INTERNAL_ERROR
             finally:
-                _bump()
+                if _bump is not None:
+                    _bump()
 
         export(c_name, call, E.PYDNN_STATUS_INTERNAL_ERROR)
 

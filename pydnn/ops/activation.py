@@ -188,6 +188,29 @@ def _entry_setup():
         except Exception:  # noqa: BLE001 - an optimisation: without it the Python function answers
             e = None
     _c_entry = e if e is not None else _no_entry
+    if e is not None:
+        _publish_compiled_entry()
+
+
+def _publish_compiled_entry():
+    """pydnn.activation_forward (and this module's name) become the compiled entry object itself
+    (fastcall.activation_public: the entry's answer, else the Python function with the same arguments), so a
+    call has no Python frame at all (the def below cost 0.28 us a call with torch tensors on the H200 host,
+    4.62 against 4.34 us, alternating rounds). Where a name no longer holds the def below (a caller replaced it), it is left alone; a reference
+    taken earlier keeps the def, which answers the same."""
+    import sys
+
+    from .._build import fastcall
+
+    try:
+        pub = fastcall.activation_public(_activation_forward)
+    except Exception:  # noqa: BLE001 - an optimisation: the def stays
+        pub = None
+    if pub is None:
+        return
+    for mod in (sys.modules[__name__], sys.modules.get("pydnn")):
+        if mod is not None and getattr(mod, "activation_forward", None) is _python_entry:
+            mod.activation_forward = pub
 
 
 @api
@@ -252,6 +275,9 @@ def activation_forward(*args, **kwargs):  # noqa: F811 - the public entry in fro
     # decides, launches and reports errors as it always did (Python-level misuse included)
     if kwargs or _c_entry is None or _c_entry(*args) is not None:
         return _activation_forward(*args, **kwargs)
+
+
+_python_entry = activation_forward  # replaced in pydnn's namespace by the compiled entry once there is one
 
 
 @api

@@ -10,7 +10,12 @@
  * between bursts outside the timed part, so the queue never fills: the host's own cost per launch. "gpu" is
  * the device's time per kernel over 2,000 back-to-back launches (events). Both on the legacy default stream
  * (stream 0, what a program that never sets one uses) and on a non-blocking stream.
+ * Session 31: the floor's other forms (the parameter block through cuLaunchKernel's `extra`, the per-thread
+ * default stream), and pydnnActivationForward with other calls that change nothing between two (a size query
+ * and a Get: libpydnn's records stay in use - before session 31 every other C call made them stale), with
+ * libpydnn's hit counter printed, so the fast path's use is measured, not assumed.
  * Usage: bench_host [calls] */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +62,31 @@ static double now_us(void) {
     printf("c %-48s %7.2f us\n", label, best_);                                   \
   } while (0)
 
+/* one host-only reading (bursts of 64, synchronize between bursts, not timed) of a statement, for the
+   alternating rounds below: the host's load moves during a run, so forms are compared round by round */
+#define HOST_US(out, calls, sync_stmt, stmt)                                      \
+  do {                                                                            \
+    int bursts_ = (calls) / 64 > 0 ? (calls) / 64 : 1;                            \
+    double tot_ = 0;                                                              \
+    for (int i_ = 0; i_ < 64; i_++) { stmt; }                                     \
+    sync_stmt;                                                                    \
+    for (int b_ = 0; b_ < bursts_; b_++) {                                        \
+      double t0_ = now_us();                                                      \
+      for (int i_ = 0; i_ < 64; i_++) { stmt; }                                   \
+      tot_ += now_us() - t0_;                                                     \
+      sync_stmt;                                                                  \
+    }                                                                             \
+    (out) = tot_ / (bursts_ * 64);                                                \
+  } while (0)
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                         void **, void **);
+unsigned long long _pydnn_fast_hits(void); /* libpydnn's C fast path: calls answered without Python */
 
 static const char *PTX =
     ".version 7.8\n.target sm_80\n.address_size 64\n"
@@ -101,10 +129,45 @@ int main(int argc, char **argv) {
     printf("FAIL activation: %s\n", msg);
     return 1;
   }
+  unsigned long long hits0;
   TIME("pydnnActivationForward relu 1 elem", calls, pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
   sync();
   TIME_HOST("pydnnActivationForward relu 1 elem [host]", calls, sync(),
             pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+  hits0 = _pydnn_fast_hits();
+  for (int i = 0; i < 1000; i++) pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+  printf("c %-48s %7.3f\n", "fast-path hits per call (1000 calls)", (_pydnn_fast_hits() - hits0) / 1000.0);
+  {
+    void (*use_extra)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "_pydnn_fast_use_extra");
+    if (use_extra) { /* libpydnn's fast path passing its parameter block through cuLaunchKernel's extra */
+      use_extra(1);
+      sync();
+      TIME_HOST("pydnnActivationForward, params via extra [host]", calls, sync(),
+                pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+      hits0 = _pydnn_fast_hits();
+      for (int i = 0; i < 1000; i++) pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+      printf("c %-48s %7.3f\n", "fast-path hits per call, params via extra", (_pydnn_fast_hits() - hits0) / 1000.0);
+      use_extra(0);
+      sync();
+    }
+  }
+  {
+    int dims[8], strides[8], nb = 0;
+    pydnnDataType_t dt;
+    sync();
+    hits0 = _pydnn_fast_hits();
+    TIME("ActivationForward + GetTensorSizeInBytes + GetNd", calls / 4,
+         (pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y), pydnnGetTensorSizeInBytes(t, &size),
+          pydnnGetTensorNdDescriptor(t, 8, &dt, &nb, dims, strides)));
+    hits0 = _pydnn_fast_hits();
+    for (int i = 0; i < 1000; i++) {
+      pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y);
+      pydnnGetTensorSizeInBytes(t, &size);
+      pydnnGetTensorNdDescriptor(t, 8, &dt, &nb, dims, strides);
+    }
+    printf("c %-48s %7.3f\n", "fast-path hits per ActivationForward (mixed)", (_pydnn_fast_hits() - hits0) / 1000.0);
+    sync();
+  }
 
   /* the floor: the driver's cuLaunchKernel of empty kernels, called through a pointer as libpydnn does */
   launch_t launch = (launch_t)dlsym(lib, "cuLaunchKernel");
@@ -133,6 +196,24 @@ int main(int argc, char **argv) {
     sync();
     TIME_HOST("cuLaunchKernel 408-byte param, stream 0 [host]", calls, sync(),
               launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, pargs, NULL));
+    {
+      size_t psize = sizeof pbuf;
+      void *extra[5] = {(void *)1 /* CU_LAUNCH_PARAM_BUFFER_POINTER */, pbuf, (void *)2 /* _SIZE */, &psize,
+                        (void *)0 /* CU_LAUNCH_PARAM_END */};
+      TIME("cuLaunchKernel 408-byte param via extra, stream 0", calls,
+           launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, NULL, extra));
+      sync();
+      TIME_HOST("cuLaunchKernel 408 via extra, stream 0 [host]", calls, sync(),
+                launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, NULL, extra));
+      void *pts = (void *)2; /* CU_STREAM_PER_THREAD */
+      TIME("cuLaunchKernel 408-byte param, per-thread stream", calls,
+           launch(k408, 1, 1, 1, 32, 1, 1, 0, pts, pargs, NULL));
+      sync();
+      TIME_HOST("cuLaunchKernel 408, per-thread stream [host]", calls, sync(),
+                launch(k408, 1, 1, 1, 32, 1, 1, 0, pts, pargs, NULL));
+      TIME_HOST("cuLaunchKernel empty, non-blocking [host]", calls, ssync(ns),
+                launch(k0, 1, 1, 1, 32, 1, 1, 0, ns, NULL, NULL));
+    }
     TIME("cuLaunchKernel 408-byte param, non-blocking", calls, launch(k408, 1, 1, 1, 32, 1, 1, 0, ns, pargs, NULL));
     ssync(ns);
     TIME_HOST("cuLaunchKernel 408-byte param, non-blocking [host]", calls, ssync(ns),
@@ -148,6 +229,30 @@ int main(int argc, char **argv) {
         elapsed(&ms, e0, e1);
         printf("c %-48s %7.2f us\n", pass ? "gpu time per empty kernel, non-blocking" : "gpu time per empty kernel, stream 0",
                ms * 1e3 / 2000);
+      }
+    }
+    /* alternating rounds (argv[2], default 7), stream 0, host only: pydnn's fast path against the bare
+       launches under it, each round timing every form once; medians and minima over rounds */
+    {
+      int rounds = argc > 2 ? atoi(argv[2]) : 7;
+      if (rounds > 64) rounds = 64;
+      const char *names[4] = {"pydnnActivationForward (fast path)", "cuLaunchKernel empty kernel",
+                              "cuLaunchKernel 408-byte param", "cuLaunchKernel 408-byte via extra"};
+      double v[4][64];
+      size_t psize = sizeof pbuf;
+      void *extra[5] = {(void *)1, pbuf, (void *)2, &psize, (void *)0};
+      for (int r = 0; r < rounds; r++) {
+        HOST_US(v[0][r], calls, sync(), pydnnActivationForward(h, a, &one, t, (void *)x, &zero, t, (void *)y));
+        HOST_US(v[1][r], calls, sync(), launch(k0, 1, 1, 1, 32, 1, 1, 0, s0, NULL, NULL));
+        HOST_US(v[2][r], calls, sync(), launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, pargs, NULL));
+        HOST_US(v[3][r], calls, sync(), launch(k408, 1, 1, 1, 32, 1, 1, 0, s0, NULL, extra));
+        printf("c ab round %d: %.2f | %.2f | %.2f | %.2f us\n", r, v[0][r], v[1][r], v[2][r], v[3][r]);
+      }
+      for (int k = 0; k < 4 && rounds > 0; k++) {
+        qsort(v[k], rounds, sizeof(double), cmp_double);
+        char label[96];
+        snprintf(label, sizeof label, "ab %s [host]", names[k]);
+        printf("c %-48s %7.2f us (min %.2f)\n", label, v[k][rounds / 2], v[k][0]);
       }
     }
     /* pydnn's C fast path on the non-blocking stream (the first call after SetStream re-records) */

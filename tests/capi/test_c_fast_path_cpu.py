@@ -154,9 +154,19 @@ SCALARS = [(1.0, 0.0), (2.0, 0.5), (1.0, 1.0), (-0.25, 0.0)]
 
 
 @isolated
+@pytest.mark.parametrize("extra", [0, 1], ids=["kernelParams", "extra"])
 @pytest.mark.parametrize("dtype", [F32, F64, F16], ids=["f32", "f64", "f16"])
-def test_fast_path_launches_what_python_launches(env, dtype):
+def test_fast_path_launches_what_python_launches(env, dtype, extra):
+    """extra: the parameter block through cuLaunchKernel's `extra` (_pydnn_fast_use_extra), the same bytes."""
     ffi, lib, h, launches = env
+    lib._pydnn_fast_use_extra(extra)
+    try:
+        _launches_what_python_launches(ffi, lib, h, launches, dtype)
+    finally:
+        lib._pydnn_fast_use_extra(0)
+
+
+def _launches_what_python_launches(ffi, lib, h, launches, dtype):
     for name, call in _cases(ffi, lib, h, dtype):
         for offs in OFFSETS:
             if dtype != F16 and any(o % 4 for o in offs) and name == "TransformTensor":
@@ -197,7 +207,7 @@ def test_records_follow_descriptors_and_errors_stay(env):
     h0 = lib._pydnn_fast_hits()
     assert act() == 0 and lib._pydnn_fast_hits() == h0 + 1
     n = len(launches)
-    lib.pydnnSetActivationDescriptor(a[0], pydnn.PYDNN_ACTIVATION_TANH, 0, 0.0)  # any other C call: slow again
+    lib.pydnnSetActivationDescriptor(a[0], pydnn.PYDNN_ACTIVATION_TANH, 0, 0.0)  # a Set: slow again
     assert act() == 0 and len(launches) == n + 1
     assert act() == 0 and len(launches) == n + 1 and lib._pydnn_fast_hits() == h0 + 2
     msg = ffi.new("char[256]")
@@ -267,3 +277,59 @@ def test_a_fast_call_runs_no_python(env):
     finally:
         sys.setprofile(None)
     assert any(e == ("call", "activation_forward") for e in events), events
+
+
+@isolated
+def test_records_survive_calls_that_change_nothing_and_see_python_sets(env):
+    """The records' generation (pydnn.tuning.RECORDS_GEN) moves only with a change: a C program that
+    interleaves other calls (a Get, a size query, a convolution's workspace query, another fast call) keeps its
+    fast relu; a Set / Destroy made from Python on the object behind the C pointer (libpydnn loaded in a Python
+    process), a tuning switch, or a Get that writes a caller's descriptor make the next call slow again."""
+    from pydnn import tuning
+    from pydnn.capi import impl
+
+    ffi, lib, h, launches = env
+    t = _tensor(ffi, lib, (1, 4, 2, 2))
+    a = ffi.new("pydnnActivationDescriptor_t *")
+    lib.pydnnCreateActivationDescriptor(a)
+    lib.pydnnSetActivationDescriptor(a[0], pydnn.PYDNN_ACTIVATION_RELU, 0, 0.0)
+    one, zero = ffi.new("float *", 1.0), ffi.new("float *", 0.0)
+    x, y = _ptr(ffi, 0), _ptr(ffi, 256)
+
+    def act():
+        return lib.pydnnActivationForward(h, a[0], one, t, x, zero, t, y)
+
+    def fast():
+        h0, n = lib._pydnn_fast_hits(), len(launches)
+        assert act() == 0
+        return lib._pydnn_fast_hits() == h0 + 1 and len(launches) == n
+
+    assert act() == 0 and fast()
+    size = ffi.new("size_t *")
+    assert lib.pydnnGetTensorSizeInBytes(t, size) == 0 and size[0] == 64
+    assert fast(), "a size query made the record stale"
+    st = ffi.new("cudaStream_t *")
+    assert lib.pydnnGetStream(h, st) == 0
+    assert lib.pydnnScaleTensor(h, t, _ptr(ffi, 512), one) == 0  # another fast-path function
+    t2 = _tensor(ffi, lib, (1, 4, 2, 2))  # creating (and setting) another descriptor is a Set: stale once
+    assert act() == 0 and fast()
+    dims = ffi.new("int[8]")
+    nb = ffi.new("int *")
+    dt = ffi.new("pydnnDataType_t *")
+    assert lib.pydnnGetTensorNdDescriptor(t2, 8, dt, nb, dims, ffi.new("int[8]")) == 0
+    assert fast(), "a Get made the record stale"
+    # Python-side changes of the objects C holds: a Set from Python, a tuning switch
+    py_t = impl._objects[int(ffi.cast("uintptr_t", t))][1]
+    pydnn.set_tensor4d_descriptor(py_t, pydnn.PYDNN_TENSOR_NCHW, F32, 1, 4, 2, 2)
+    assert not fast(), "a Set from Python was not seen"
+    assert fast()
+    with tuning.override({"callpath.MHA_PLANS": False}):
+        assert not fast(), "a switch change was not seen"
+        assert fast()
+    assert not fast()  # restoring the switch is a change too
+    g0 = tuning.RECORDS_GEN[0]
+    py_t._assign(F32, (1, 4, 2, 2), (16, 4, 2, 1))  # what a Get* writing a caller's descriptor does
+    assert tuning.RECORDS_GEN[0] != g0
+    assert not fast() and fast()
+    lib.pydnnDestroyTensorDescriptor(t2)
+    assert not fast() and fast()

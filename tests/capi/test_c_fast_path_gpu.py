@@ -112,3 +112,74 @@ def test_repeated_calls_are_answered_in_c_and_right(c, rng):
     # the first call of each (function, descriptors) takes the Python path, and each new alpha / beta pair of
     # the transform may too; the rest are answered in C
     assert lib._pydnn_fast_hits() - hits0 >= calls - 6 - 6, (lib._pydnn_fast_hits() - hits0, calls)
+
+
+@pytest.mark.skipif(not ISOLATED, reason="runs in its own process")
+def test_replay_is_the_python_launch_and_survives_other_calls(c, rng):
+    """Session 31 (the records' generation): for each fast function, the call answered in C computes bitwise
+    what the same call through the Python path computes (the slow call forced by the C-only epoch), and no
+    Python launch is made (driver.launch_args counted); other C calls that change nothing between two relus
+    (a size query, a Get, a convolution workspace query) leave the record in use, and a Set made from Python
+    on the descriptor behind the C pointer is seen by the next C call (it computes the new function)."""
+    from pydnn._cuda import driver
+    from pydnn.capi import impl
+
+    ffi, lib, h, torch = c
+    dims = (3, 4, 7, 9)
+    n = int(np.prod(dims))
+    t = _tensor(ffi, lib, dims)
+    act = ffi.new("pydnnActivationDescriptor_t *")
+    lib.pydnnCreateActivationDescriptor(act)
+    lib.pydnnSetActivationDescriptor(act[0], pydnn.PYDNN_ACTIVATION_ELU, 0, 0.7)
+    f = lambda v: ffi.new("float *", v)  # noqa: E731
+    pool = torch.randn(4 * n + 16, device="cuda")
+    py_launches = []
+    la = driver.launch_args
+
+    def counting(*args):
+        py_launches.append(1)
+        return la(*args)
+
+    driver.launch_args = counting
+    try:
+        for off in (0, 1):
+            x = pool[off:off + n]
+            y0 = torch.randn(n, device="cuda")
+            outs = []
+            for forced in (True, False, False):
+                y = y0.clone()
+                if forced:
+                    lib._pydnn_fast_bump()
+                h0, p0 = lib._pydnn_fast_hits(), len(py_launches)
+                assert lib.pydnnActivationForward(h, act[0], f(0.5), t, _p(ffi, x), f(0.25), t, _p(ffi, y)) == 0
+                hit = lib._pydnn_fast_hits() - h0
+                assert (hit, len(py_launches) - p0) == ((0, 1) if forced else (1, 0)), (off, forced)
+                outs.append(y)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), off
+            xs = x.cpu().numpy().astype(np.float64)
+            want = 0.5 * np.where(xs > 0, xs, 0.7 * np.expm1(xs)) + 0.25 * y0.cpu().numpy()
+            np.testing.assert_allclose(outs[1].cpu().numpy(), want, rtol=1e-5, atol=1e-6)
+        # calls that change nothing between two fast calls
+        x, y = pool[:n], pool[2 * n:3 * n]
+        size = ffi.new("size_t *")
+        dt, nb = ffi.new("pydnnDataType_t *"), ffi.new("int *")
+        dd, ss = ffi.new("int[8]"), ffi.new("int[8]")
+        lib.pydnnActivationForward(h, act[0], f(1.0), t, _p(ffi, x), f(0.0), t, _p(ffi, y))
+        h0 = lib._pydnn_fast_hits()
+        for _ in range(4):
+            assert lib.pydnnGetTensorSizeInBytes(t, size) == 0
+            assert lib.pydnnGetTensorNdDescriptor(t, 8, dt, nb, dd, ss) == 0
+            assert lib.pydnnActivationForward(h, act[0], f(1.0), t, _p(ffi, x), f(0.0), t, _p(ffi, y)) == 0
+        assert lib._pydnn_fast_hits() - h0 == 4
+        # a Set from Python on the object C holds: the next C call computes the new function
+        py_act = impl._objects[int(ffi.cast("uintptr_t", act[0]))][1]
+        pydnn.set_activation_descriptor(py_act, pydnn.PYDNN_ACTIVATION_TANH, 0, 0.0)
+        y.fill_(float("nan"))
+        h0, p0 = lib._pydnn_fast_hits(), len(py_launches)
+        assert lib.pydnnActivationForward(h, act[0], f(1.0), t, _p(ffi, x), f(0.0), t, _p(ffi, y)) == 0
+        assert lib._pydnn_fast_hits() == h0 and len(py_launches) == p0 + 1
+        torch.cuda.synchronize()
+        assert torch.allclose(y, torch.tanh(x), rtol=1e-5, atol=1e-6)
+    finally:
+        driver.launch_args = la

@@ -83,6 +83,28 @@ def both(label, args, **kw):
 both("ints", (h, a, 1.0, d, x0, 0.0, d, y0))
 both("torch", (h, a, 1.0, d, TL(x0, 4000), 0.0, d, TL(y0, 4000)))
 both("torch again", (h, a, 1.0, d, TL(x0, 4000), 0.0, d, TL(y0, 4000)))
+class _Mem:
+    def __init__(self, p):
+        self.ptr = p
+
+class _Flags:
+    def __init__(self, c):
+        self.c_contiguous = c
+
+def _cai(self):
+    return {"data": (self.data.ptr, False), "shape": self.shape, "typestr": "|u1",
+            "strides": None if self._c else self.strides, "version": 3}
+
+CL = type("ndarray", (), {  # a stand-in spelled like cupy.ndarray (the attributes buffers._cupy_ptr reads)
+    "__init__": lambda self, p, n, c=True: self.__dict__.update(data=_Mem(p), nbytes=n, _c=c, shape=(n,),
+                                                                  strides=(1 if c else 2,), itemsize=1),
+    "flags": property(lambda self: _Flags(self._c)), "__cuda_array_interface__": property(_cai)})
+CL.__module__, CL.__qualname__ = "cupy", "ndarray"
+both("cupy", (h, a, 1.0, d, CL(x0, 4000), 0.0, d, CL(y0, 4000)))
+both("cupy again", (h, a, 1.0, d, CL(x0, 4000), 0.0, d, CL(y0, 4000)))
+both("cupy too small", (h, a, 1.0, d, CL(x0, 4000), 0.0, d, CL(y0, 3996)))
+both("cupy strided", (h, a, 1.0, d, CL(x0, 4000, False), 0.0, d, CL(y0, 4000)))
+both("cupy NULL", (h, a, 1.0, d, CL(0, 4000), 0.0, d, CL(y0, 4000)))
 both("misaligned", (h, a, 1.0, d, x0 + 4, 0.0, d, y0))
 both("beta", (h, a, 0.5, d, x0, 2.0, d, y0))
 both("int alpha", (h, a, 1, d, x0, 0.0, d, y0))
@@ -107,10 +129,46 @@ both("too many", (h, a, 1.0, d, x0, 0.0, d, y0, 1))
 P.destroy(h) if False else None
 h.alive = False
 both("dead handle", (h, a, 1.0, d, x0, 0.0, d, y0))
+h.alive = True
+# the call-site slots (tuning.callpath.C_ENTRY_SITES): a repeated call skips the lookups; every Set / Destroy /
+# switch change moves the records' generation, and the next call looks up again (and declines if the key is new)
+lib = fastcall._state["lib"]
+site = {}
+hits0 = lib.act_stats()[0]
+both("slot", (h, a, 1.0, d, x0, 0.0, d, y0))
+site["hit"] = lib.act_stats()[0] - hits0
+g0 = tuning.RECORDS_GEN[0]
+P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)  # same values, new version
+site["gen moved by set"] = tuning.RECORDS_GEN[0] != g0
+hits0 = lib.act_stats()[0]
+both("slot after set", (h, a, 1.0, d, x0, 0.0, d, y0))
+both("slot again", (h, a, 1.0, d, x0, 0.0, d, y0))
+site["hits after set"] = lib.act_stats()[0] - hits0
+g0 = tuning.RECORDS_GEN[0]
+tuning.callpath.MHA_PLANS = True  # any switch
+site["gen moved by tuning"] = tuning.RECORDS_GEN[0] != g0
+a.version += 1  # a version moved without any Set (no code of pydnn's does this): the slot must not answer...
+a.version -= 1  # ...but the key is the same again: answered after one lookup
+hits0 = lib.act_stats()[0]
+both("slot after tuning", (h, a, 1.0, d, x0, 0.0, d, y0))
+site["hits after tuning"] = lib.act_stats()[0] - hits0
+try:  # the entry's direct reads of a real torch.Tensor's attributes (CPU tensors: the same descriptors)
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    probes = []
+    for t in (base, base.t(), base[:, ::2], torch.zeros(1).expand(50), base[1:]):
+        got = list(lib.act_probe(torch.Tensor, t))
+        probes.append([got, [t.is_cuda, t.nbytes, t.is_contiguous(), t.data_ptr(), True]])
+    site["torch probes"] = probes
+print(json.dumps(site))
 print(json.dumps(out))
 '''
 
-TAKEN = ["ints", "torch again", "misaligned", "beta", "cached again"]
+TAKEN = ["ints", "torch again", "cupy again", "misaligned", "beta", "cached again", "slot", "slot again",
+         "slot after tuning"]
 
 
 def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
@@ -137,6 +195,19 @@ def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    site = json.loads(r.stdout.strip().splitlines()[-2])
+    # the slot answers a repeated call without lookups (1 hit: the entry's own call; the public function's
+    # call hits again); a Set or a switch change makes the next call look up first (then it is remembered)
+    assert site["hit"] == 2 and site["gen moved by set"] and site["gen moved by tuning"], site
+    # after the Set: a new key, no record (declined, the Python function plans); then looked up and remembered
+    assert site["hits after set"] == 1 and site["hits after tuning"] == 1, site
+    try:
+        import torch  # noqa: F401
+        assert len(site["torch probes"]) == 5
+    except ImportError:
+        pass
+    for got, want in site.get("torch probes", []):  # read through torch._C.TensorBase's own descriptors
+        assert got == want, (got, want)
     for label, (answer, public, python) in out.items():
         assert public == python, label  # the same launch bytes, or the same exception, status and message
         if label in TAKEN:
@@ -148,9 +219,12 @@ def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
     # the launches the entry made differ where they must: the scalar kernel for a misaligned x, the beta flag
     # (the first torch call declines: its type is verified against the array interface by the Python path)
     assert out["ints"][1] == out["torch"][1] == out["torch again"][1] == out["cached again"][1]
+    assert out["ints"][1] == out["cupy"][1] == out["cupy again"][1] == out["cupy strided"][1]
     assert out["misaligned"][1][0][0][0] != out["ints"][1][0][0][0]
     assert out["beta"][1][1] != out["ints"][1][1]
     for label, status in (("torch too small", P.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT),
+                          ("cupy too small", P.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT),
+                          ("cupy NULL", P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
                           ("host tensor", P.PYDNN_STATUS_BAD_PARAM), ("NULL", P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
                           ("negative", P.PYDNN_STATUS_BAD_PARAM), ("None", P.PYDNN_STATUS_BAD_PARAM_NULL_POINTER),
                           ("dead handle", P.PYDNN_STATUS_BAD_PARAM)):

@@ -2,9 +2,10 @@
 
 In a child process over tools/bench_host_cpu.py's stand-in libcuda.so.1 (cuda.bindings and the launch
 helper see a driver; launches do nothing), with tuning.callpath.C_LAUNCH on as a GPU machine runs:
-- activation_forward on int pointers is its entry's frame, then one C call (fastcall's act_fwd: the
-  cached path and the launch); on torch tensors (a stand-in type spelled like torch.Tensor) the same frame
-  plus the tensor's own data_ptr() / is_contiguous() (C methods of a real tensor), no device_ptr;
+- activation_forward on int pointers is no Python frame at all: pydnn.activation_forward is the compiled
+  entry object (fastcall's act_entry: the cached path, answered from its call-site slot under the records'
+  generation, and the launch); on torch tensors (a stand-in type spelled like torch.Tensor) only the tensor's
+  own data_ptr() / is_contiguous() (C methods of a real tensor), no device_ptr;
 - Graph.execute of a fused pointwise graph is execute and the step's run, then one C call
   (fastcall.patch_launch); with torch tensors no device_ptr either; a fused matmul graph adds only
   launch_args.
@@ -49,9 +50,12 @@ TL = C._torch_like_type()
 res = {}
 call, ints, _, _ = B._act(h, addr)
 objs = (TL(ints[0], 4), TL(ints[1], 4))
+lib = fastcall._state["lib"]
 for label, b in (("act int", ints), ("act torch", objs)):
     call(b); call(b)
+    h0 = lib.act_stats()[0]
     res[label] = calls(lambda: call(b))
+    res[label + " slot hits"] = lib.act_stats()[0] - h0
 for case in ("chain", "matmul_gelu"):
     g, sizes = getattr(T, "_" + case)(h)
     g.build_operation_graph().create_execution_plans().build_plans()
@@ -70,8 +74,8 @@ print(json.dumps(res))
 # through EnginePlan.execute, PwStep.run's ctypes writes and launch_args (5 frames), and plans.run with a
 # device_ptr and a _torch_ptr a tensor (14 frames with the chain's four tensors).
 EXPECTED = {
-    "act int": ["activation_forward"],  # the entry; its cached call is answered in C (act_fwd)
-    "act torch": ["activation_forward"],
+    "act int": [],  # session 31: the entry object (session 30: its def's frame, ["activation_forward"])
+    "act torch": [],
     "chain int": ["execute", "run"],
     "chain torch": ["execute", "run"],
     "matmul_gelu int": ["execute", "run", "launch_args"],
@@ -103,6 +107,8 @@ def test_fast_paths_python_frames(tmp_path, monkeypatch):
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
+    for label in ("act int", "act torch"):  # answered from the call-site slot, not by a lookup
+        assert res.pop(label + " slot hits") == 1, label
     for label, names in res.items():
         own = 2 if label.startswith("act") else 1  # the case's lambdas
         assert names[:own] == ["<lambda>"] * own, (label, names)

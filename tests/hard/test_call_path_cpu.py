@@ -269,7 +269,9 @@ def test_c_marshalling_work_is_bounded():
         py, c = counts(lambda: get_size(tp, out))
         assert py <= 10 and c <= 9, (py, c)
         py, c = counts(lambda: set4d(tp, 0, 0, 1, 1, 1, 1))
-        assert py <= 32 and c <= 26, (py, c)  # 26: the 2^62 span check (one max())
+        # 26: the 2^62 span check (one max()); 28 since session 31: the records' generation moved twice (next()
+        # in api's Set wrapper and in the descriptor's _assign), what keeps libpydnn's C records true
+        assert py <= 32 and c <= 28, (py, c)
         assert pydnn.get_tensor4d_descriptor(t)[1:5] == (1, 1, 1, 1)
     finally:
         impl._objects.pop(addr, None)
