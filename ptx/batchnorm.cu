@@ -1979,5 +1979,231 @@ template <class T, int VEC, int MODE> __global__ void __launch_bounds__(kNcHeadT
   nc_body<T, VEC, MODE>(p, s_c, threadIdx.x, p.row_end / VEC, blockDim.x);
 }
 
+
+// ------------------------------------------------------------------ nc_res: a channel in one block's registers
+
+// Packed NCHW / NCDHW SPATIAL training forward and backward whose channels hold at most PER x blockDim.x
+// elements (M = N x HW, the host's NC_RES_MAX): one block per channel loads the channel into registers once
+// (thread t holds elements j = t + k * blockDim.x, k < PER: plane j / HW, offset j mod HW, walked
+// incrementally), reduces in a fixed order (per thread in A, then double: warp butterflies, identical in every
+// lane, and the warps' sums in warp order, read by every thread), and writes the outputs from the registers.
+// One launch, x (and dy) read once, no scratch. Forward: the exact two-pass moments from the registers (the
+// sum, then the squares about the mean); backward: with the saved statistics the sums of dy' and dy' (x - mean),
+// else the mean first, then M2, dy' and dy' (x - mean) about it. The finishes are the other paths' (fwd_finish,
+// bwd_finish: saved / running statistics, dscale / dbias, alpha / beta blending, z, ReLU, mask, dz).
+constexpr int kResThreads = 1024;  // threads per block at most (the host: NC_RES_THREADS)
+
+// 1 / a in double without a division (a >= 1, a small integer here): a double division's slow-path call made
+// ptxas keep the register-resident elements on the stack (nc_res<float, 16, ..>: 304 bytes, 32 registers).
+__device__ __forceinline__ double res_rcp(double a) {
+  double r = (double)__fdividef(1.0f, (float)a);
+  r = r * (2.0 - a * r);
+  return r * (2.0 - a * r);
+}
+
+// fwd_finish / bwd_finish without double divisions (res_rcp, rsqrt): the same values to a few ulp of double.
+template <class A> __device__ __forceinline__ void res_fwd_finish(const BnParams& p, i64 f, double n, double rn, double m,
+                                                                  double m2, A* c) {
+  const double var = m2 * rn;
+  const double invstd = rsqrt(var + p.eps);
+  if (p.flags & PYDNN_BN_FLAG_SAVE) {
+    ((A*)p.save_mean)[f] = (A)m;
+    ((A*)p.save_invvar)[f] = (A)invstd;
+  }
+  if (p.flags & PYDNN_BN_FLAG_RUNNING) {
+    const double unbiased = n > 1 ? m2 * res_rcp(n - 1) : var;  // cuDNN's running variance: N / (N - 1)
+    A* rm = (A*)p.mean;
+    A* rv = (A*)p.var;
+    if (p.factor == 1.0) {
+      rm[f] = (A)m;
+      rv[f] = (A)unbiased;
+    } else {
+      rm[f] = (A)((1.0 - p.factor) * (double)rm[f] + p.factor * m);
+      rv[f] = (A)((1.0 - p.factor) * (double)rv[f] + p.factor * unbiased);
+    }
+  }
+  c[0] = (A)((double)((const A*)p.scale)[f] * invstd);
+  c[1] = ((const A*)p.bias)[f];
+  c[2] = (A)m;
+  c[3] = A(0);
+}
+
+template <class A>
+__device__ __forceinline__ void res_bwd_finish(const BnParams& p, i64 f, double n, double rn, double mean, double m2,
+                                               double sdy, double sdyx, A* c) {
+  const double invstd = (p.flags & PYDNN_BN_FLAG_SAVED) ? (double)((const A*)p.save_invvar)[f] : rsqrt(m2 * rn + p.eps);
+  const double dgamma = sdyx * invstd, dbeta = sdy;
+  A* ds = (A*)p.dscale;
+  A* db = (A*)p.dbias;
+  double vs = p.alpha_p * dgamma, vb = p.alpha_p * dbeta;
+  if (p.flags & PYDNN_BN_FLAG_PBETA) {
+    vs += p.beta_p * (double)ds[f];
+    vb += p.beta_p * (double)db[f];
+  }
+  ds[f] = (A)vs;
+  db[f] = (A)vb;
+  const double k1 = p.alpha * (double)((const A*)p.scale)[f] * invstd;
+  c[0] = (A)k1;
+  c[1] = (A)(-k1 * invstd * dgamma * rn);
+  c[2] = (A)mean;
+  c[3] = (A)(sdy * rn);
+}
+
+template <int NV> __device__ __forceinline__ void res_reduce(double* v, double (*sm)[32]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int q = 0; q < NV; ++q)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[q] += __shfl_xor_sync(0xffffffffu, v[q], o);
+  if (lane == 0)
+#pragma unroll
+    for (int q = 0; q < NV; ++q) sm[q][w] = v[q];
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < NV; ++q) {
+    double s = 0;
+    for (int i = 0; i < nw; ++i) s += sm[q][i];
+    v[q] = s;
+  }
+}
+
+template <class T, int PER, bool BWD>
+__global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ double sm0[3][32], sm1[3][32];
+  __shared__ A s_c[4];
+  __shared__ int s_hw;
+  const i64 ch = blockIdx.x, hw = p.nc_hw;
+  const unsigned cs = (unsigned)(p.feats * hw);  // (the host: N * C * HW < 2^31, so 32-bit offsets)
+  const int m = (int)p.rows, G = blockDim.x, t = threadIdx.x;
+  const int ihw = (int)hw, qg = G / ihw, rg = G - qg * ihw;
+  const int n0 = t / ihw, s0 = t - n0 * ihw;
+  const i64 base = ch * hw;
+  const T* x = (const T*)p.x + base;
+  const bool msk = p.flags & PYDNN_BN_FLAG_MASK;
+  A xv[PER], dv[PER];
+  {
+    int n = n0, s = s0;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      xv[k] = A(0);
+      dv[k] = A(0);
+      if (t + k * G < m) {
+        const unsigned o = (unsigned)n * cs + (unsigned)s;
+        xv[k] = load<A>(x[o]);
+        if constexpr (BWD) {
+          dv[k] = load<A>(((const T*)p.dy + base)[o]);
+          if (msk && !p.mask[base + o]) dv[k] = A(0);
+        }
+      }
+      s += rg;
+      n += qg;
+      if (s >= ihw) {
+        s -= ihw;
+        ++n;
+      }
+    }
+  }
+  if (t == 0) s_hw = ihw;
+  const double dm = (double)m, rn = res_rcp(dm);
+  if constexpr (!BWD) {
+    A sx = A(0);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) sx += xv[k];
+    double v[1] = {(double)sx};
+    res_reduce<1>(v, sm0);
+    const double md = v[0] * rn;
+    const A ma = (A)md;
+    A q = A(0);
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (t + k * G < m) q += (xv[k] - ma) * (xv[k] - ma);
+    double w[1] = {(double)q};
+    res_reduce<1>(w, sm1);
+    if (t == 0) {
+      const double e = md - (double)ma;  // the squares were about ma: M2 about md
+      A c[4];
+      res_fwd_finish<A>(p, ch, dm, rn, md, fmax(0.0, w[0] - dm * e * e), c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+  } else {
+    double md, m2 = 0;
+    A ma;
+    if (p.flags & PYDNN_BN_FLAG_SAVED) {
+      ma = ((const A*)p.save_mean)[ch];
+      md = (double)ma;
+    } else {
+      A sx = A(0);
+#pragma unroll
+      for (int k = 0; k < PER; ++k) sx += xv[k];
+      double v[1] = {(double)sx};
+      res_reduce<1>(v, sm1);
+      md = v[0] * rn;
+      ma = (A)md;
+    }
+    A sy = A(0), sxy = A(0), q = A(0);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const A d = t + k * G < m ? xv[k] - ma : A(0);
+      sy += dv[k];
+      sxy += dv[k] * d;
+      q += d * d;
+    }
+    double v[3] = {(double)sy, (double)sxy, (double)q};
+    res_reduce<3>(v, sm0);
+    if (t == 0) {
+      const double e = md - (double)ma;  // (0 with the saved mean) the sums were about ma: about md
+      m2 = fmax(0.0, v[2] - dm * e * e);
+      A c[4];
+      res_bwd_finish<A>(p, ch, dm, rn, md, m2, v[0], v[1] - e * v[0], c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+  }
+  __syncthreads();
+  A c[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) c[k] = s_c[k];
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
+  // the offsets again from the plane size read back from shared memory: computed, not kept (kept, the compiler held
+  // PER 32-bit offsets live across the reductions: nc_res<float, 16, true> spilled 84 bytes at 64 registers)
+  const int hw2 = s_hw, q2 = G / hw2, r2 = G - q2 * hw2;
+  int n = t / hw2, s = t - n * hw2;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    if (t + k * G < m) {
+      const unsigned o = (unsigned)n * cs + (unsigned)s;
+      if constexpr (!BWD) {
+        T* y = (T*)p.y + base;
+        const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z + base)[o]) : A(0);
+        bool pos;
+        A r = alpha * fwd_value(xv[k], c, zv, p.flags, pos);
+        if (blend) r += beta * load<A>(y[o]);
+        y[o] = store<T>(r);
+        if (msk) p.mask[base + o] = pos ? 1 : 0;
+      } else {
+        T* dx = (T*)p.dx + base;
+        A r = bwd_value(xv[k], dv[k], c);
+        if (blend) r += beta * load<A>(dx[o]);
+        dx[o] = store<T>(r);
+        if (p.flags & PYDNN_BN_FLAG_DZ) {
+          T* dz = (T*)p.dz + base;
+          A rz = alpha * dv[k];
+          if (blend) rz += beta * load<A>(dz[o]);
+          dz[o] = store<T>(rz);
+        }
+      }
+    }
+    s += r2;
+    n += q2;
+    if (s >= hw2) {
+      s -= hw2;
+      ++n;
+    }
+  }
+}
+
 }  // namespace bn
 }  // namespace pydnn

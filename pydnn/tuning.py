@@ -284,6 +284,11 @@ batchnorm = Switches(
                       'chunks for small tensors); the reasons: pydnn/ops/batchnorm.py'),
     SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
                               'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES=(True, 'packed NCHW training forward / backward with at most NC_RES_MAX elements per channel: nc_res, one '
+                  'block per channel holding it in registers (one launch, each byte read once) before the nc / gen '
+                  'sequences; the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
+                       'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )

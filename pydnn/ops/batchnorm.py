@@ -781,8 +781,42 @@ NC_APPLY_STEPS = 2  # kNcU-vector steps per thread of an apply block
 NC_HEAD_THREADS = 512
 
 
+# nc_res (ptx/batchnorm.cu): packed NCHW / NCDHW SPATIAL training forward and backward whose channels hold at
+# most NC_RES_MAX elements (N * H * W): one block per channel holds the channel in registers (NC_RES_PER[i]
+# elements per thread, blocks of up to NC_RES_THREADS threads), reduces it and writes the outputs: one launch,
+# x (and dy) read once, no scratch, any pointer alignment. Before every other NCHW sequence, tiny calls (GEN_TINY)
+# included. Why: the small NCHW backward was 3 launches against PyTorch's one block-per-channel kernel (fp32
+# 5x1481x23x23: nc 34.6 us eager, 30.1 us of kernels against 27.7 / 26.6 us, 0.80x; bf16 1x306x99x99 0.68x;
+# bf16 2x3x77x77 0.64x), the small training forward gen's double Welford walk (fp16 21x413x9x9 fused_gen 29.9 us
+# against cuDNN's 6.7 us kernel, 72x37x8x8 0.83x; H200, session 30). Predicted: one launch reading each byte once,
+# ~1.3-2x PyTorch on those points.
+# NC_RES: a switch, pydnn.tuning.batchnorm.NC_RES (default True)
+# NC_RES_MAX: a switch, pydnn.tuning.batchnorm.NC_RES_MAX (default 16384)
+NC_RES_THREADS = 1024  # kResThreads
+NC_RES_PER = (4, 8, 16)  # elements per thread (template PER): the first whose block fits NC_RES_CAP
+NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
+
+
+def _nc_res_launch(g, direction, tag):
+    """The nc_res launch of a packed NCHW geometry, or None."""
+    nc = _nc(g)
+    if nc is None or tag == "f64" or not tuning.batchnorm.NC_RES or direction == "infer":
+        return None
+    n, c, hw = nc
+    m = n * hw
+    if m > min(tuning.batchnorm.NC_RES_MAX, NC_RES_PER[-1] * NC_RES_THREADS) or n * c * hw >= 2**31:  # (32-bit offsets)
+        return None
+    for per in NC_RES_PER:
+        threads = cdiv(cdiv(m, per), 32) * 32
+        if threads <= NC_RES_CAP[per]:
+            return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {'true' if direction == 'bwd' else 'false'}")
+    return None
+
+
 def _nc_exprs(t):
     out = []
+    if t != "f64":
+        out += [_expr("nc_res", t, None, f"{per}, {b}") for per in NC_RES_PER for b in ("false", "true")]
     for v in (vec_width(t, t), 1):
         out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
@@ -1050,6 +1084,11 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl
     pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
+    res = _nc_res_launch(g, direction, tag)
+    if res is not None:
+        nc = _nc(g)
+        pl.params.nc_n, pl.params.nc_hw = nc[0], nc[2]
+        pl.seqs["ncr"] = [res]
     if _planes_ok(g, vec_width(tag, tag)):
         pl.seqs["planes"] = [_planes_launch(direction, g, vec_width(tag, tag))]
     if g.layout != "rows":
@@ -1177,6 +1216,9 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
     constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen). Tiny calls: gen."""
     g = pl.geom
+    ncr = pl.seqs.get("ncr")
+    if ncr is not None and tuning.batchnorm.NC_RES:
+        return ncr
     if g.rows <= tuning.batchnorm.GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
         return pl.seqs["gen"]
     orb = 0  # the pointers' low bits together (NULL ones add none): aligned to a power of two m <=> orb % m == 0

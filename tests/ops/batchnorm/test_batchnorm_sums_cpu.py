@@ -41,6 +41,7 @@ def _defaults(monkeypatch):
     monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", True)
     monkeypatch.setattr(tuning.batchnorm, "ROWS_FLAT", False)
     monkeypatch.setattr(tuning.batchnorm, "ROWS_MID", False)
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES", False)  # (packed NCHW up to NC_RES_MAX: nc_res, its own tests)
 
 
 def _emulate(pl, seq, rng):
