@@ -282,6 +282,8 @@ batchnorm = Switches(
                      'pydnn/ops/batchnorm.py'),
     SR_MIN_ROUNDS=(4, 'super-row backward statistics: the fewest kUnroll steps a thread of a stats chunk takes (fewer, longer '
                       'chunks for small tensors); the reasons: pydnn/ops/batchnorm.py'),
+    SR_ROUNDS_WAVE=(True, 'SR_MIN_ROUNDS\'s longer super-row stats chunks only while they leave a chunk per SM (else '
+                          'one step a thread, up to the SMs); the reasons: pydnn/ops/batchnorm.py'),
     SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
                               'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),
     NC_RES=(True, 'packed NCHW training forward / backward with at most NC_RES_MAX elements per channel: nc_res, one '

@@ -117,6 +117,12 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                                      [{"batchnorm.NC_RES": False}]),
     "ncr_train_nchw_4x256x64_bf16": (dict(family="bn_train", dtype="bf16", layout="NCHW", n=4, c=256, hw=64),
                                      [{"batchnorm.NC_RES": False}]),
+    "srw_bwd_162x4x9_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=162, c=4, hw=9),
+                             [{"batchnorm.SR_ROUNDS_WAVE": False}, {"batchnorm.SR_MIN_ROUNDS": 1}]),
+    "srw_bwd_37x12x146_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NHWC", n=37, c=12, hw=146),
+                               [{"batchnorm.SR_ROUNDS_WAVE": False}]),
+    "srw_bwd_1x700x32_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NHWC", n=1, c=700, hw=32),
+                              [{"batchnorm.SR_ROUNDS_WAVE": False}]),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),

@@ -578,6 +578,11 @@ def _rows1_u(tag, v):
 # 187x50x14x14 0.0286 / 0.0356 / 0.0275, 29x63x31x31 0.0273 / 0.0279 / 0.0396 (the small forward points move 20-30%
 # between runs: host-bound). 4 for the backward (+12-13% on 37x12 in both runs), the forward keeps 1 (no win seen).
 # SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 4; the backward only)
+# SR_ROUNDS_WAVE: SR_MIN_ROUNDS's longer chunks only down to a chunk per SM (or one step a thread): bn_bwd NHWC bf16
+# 162x4x9x9 (C 4: blocks of 1 x 256 super-rows) had 2 stats chunks of 4 steps a thread against 7 of one step
+# (15.5 us of device time in a CUDA graph, 0.91x PyTorch; H200 sweep, 2026-11-28 17:15). Predicted: its stats
+# ~3x shorter; 37x12x146x146 (386 chunks) unchanged.
+# SR_ROUNDS_WAVE: a switch, pydnn.tuning.batchnorm.SR_ROUNDS_WAVE (default True)
 # SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
@@ -621,7 +626,10 @@ def _sr_chunks(handle, sg, pslot, cap_bytes=None, direction="bwd"):
         return None
     want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
     rounds = tuning.batchnorm.SR_MIN_ROUNDS if direction == "bwd" else 1
-    n = max(1, min(want, cdiv(R, by * UNROLL * rounds), MAX_GRID_Y - extra, cap if cap is not None else want))
+    nr = cdiv(R, by * UNROLL * rounds)
+    if rounds > 1 and tuning.batchnorm.SR_ROUNDS_WAVE:  # (the longer chunks only while they fill a wave of SMs)
+        nr = max(nr, min(cdiv(R, by * UNROLL), handle.sm_count))
+    n = max(1, min(want, nr, MAX_GRID_Y - extra, cap if cap is not None else want))
     chunk = cdiv(R, n)
     gy = cdiv(R, chunk) + extra
     return chunk, gy, gy * width * pslot
