@@ -122,8 +122,19 @@ GEN_THREADS = 256
 # to RMS: LN bf16 without bias runs at 88.3% of copy against 82.1% with it (H200). tools/notes/normalization.md
 # lists the configs measured and dropped.
 # ROWS_FWD: a switch, pydnn.tuning.norm.ROWS_FWD (default True)
-ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
+ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False), (5, 1, False))}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
+# ROWS_FIT: rows whose vectors fill G (a power of two) x 4 items poorly take ROWS_FIT_ITEMS items where that
+# leaves fewer idle slots (G x items below ROWS_FIT_GAIN of the pick's): the sweep's forward points below 1.0x
+# all ran about half their slots idle (H200, 2026-11-28 17:15): RMS fp16 rows of 4336 (542 vectors: G 256 x 4,
+# 53% used; 5 items: G 128, 85%) 0.80x, RMS bf16 2296 (287: 56% -> 90%) 0.99x, LN fp16 9576 (1197: 58% ->
+# 94%) 0.99x. fp32 takes fwd_rows<float, 4, 5> (56 registers); 16-bit rows go to fwd_rowx<T, 8, 5> instead (63
+# registers, no spills; fwd_rows<T, 8, 5, 1, true> spilled 56 bytes at the 64-register cap, sm_90), where there
+# are at least as many rows as SMs (fewer keep fwd_rows: fwd_rowx leaves those whole-vector rows to the cluster
+# kernel). Off until measured.
+# ROWS_FIT: a switch, pydnn.tuning.norm.ROWS_FIT (default False)
+ROWS_FIT_ITEMS = 5
+ROWS_FIT_GAIN = 0.85
 # Backward of the same rows (`bwd_rows`): persistent, G threads per row, ITEMS vectors per thread, x / dy
 # of DEPTH rows in registers (a ring: DEPTH - 1 rows of loads in flight while one is reduced).
 # BWD_ROWS_CONFIGS: the (ITEMS, DEPTH) compiled per element size (none for fp32: its rows of 4096 need
@@ -387,7 +398,8 @@ def _unit_exprs(tag):
 
 def _rowx_unit_exprs(tag):
     v = vec_width(tag, tag)
-    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
+    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS + (ROWS_FIT_ITEMS,)] +
+                 [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
                  [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
                  [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS])
 
@@ -768,6 +780,15 @@ def _rows_alt(handle, nd, tag, geo, vec):
     if not _rows_layout(nd, geo, vec):
         return None
     items, rows, one = ROWS_PICK[tag]
+    nv = length // vec
+    if tuning.norm.ROWS_FIT and rows == 1:
+        def slots(i):  # (a row's group x items: its idle slots)
+            return next_pow2(max(1, cdiv(nv, i))) * i
+        if slots(ROWS_FIT_ITEMS) < ROWS_FIT_GAIN * slots(items):
+            if (ROWS_FIT_ITEMS, rows, one) in ROWS_CONFIGS[_SIZES[tag]]:
+                items = ROWS_FIT_ITEMS
+            elif n_sets >= handle.sm_count and tuning.norm.ROWX:
+                return None  # (fwd_rowx with ROWS_FIT_ITEMS items)
     g = next_pow2(max(1, cdiv(length // vec, items)))
     block = max(g, MIN_BLOCK)
     per_block = block // g * rows
@@ -806,9 +827,13 @@ def _rowx_alt(handle, nd, tag, geo, vec):
         return None  # fewer long rows than SMs: the cluster kernel spreads each over 8 SMs
     nsv = length // vec if whole else cdiv(length + vec - 1, vec)
     cl = 1
+    fit = [i for i in (ROWS_FIT_ITEMS,) if tuning.norm.ROWS_FIT and next_pow2(max(1, cdiv(nsv, i))) <= ROWX_MAX_GROUP]
     for items in ROWX_ITEMS:
         g = next_pow2(max(1, cdiv(nsv, items)))
         if g <= ROWX_MAX_GROUP:
+            if fit and next_pow2(max(1, cdiv(nsv, fit[0]))) * fit[0] < ROWS_FIT_GAIN * g * items:
+                items = fit[0]  # (ROWS_FIT: fewer idle slots)
+                g = next_pow2(max(1, cdiv(nsv, items)))
             break
     else:
         items, cl = ROWX_ITEMS[-1], ROWX_FWD_CL

@@ -1,0 +1,48 @@
+"""CPU: tuning.norm.ROWS_FIT's plans (which rows take 5 items, on which kernel) and its instantiations."""
+import os
+import sys
+
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn.ops import normalization as N
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "core"))
+from test_fuzz_cpu import cpu_handle  # noqa: E402
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+LAYER, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
+
+# kind, rows, length, dtype, plan off, plan on (the CPU handle has 132 SMs)
+CASES = [
+    (RMS, 199454, 4336, F16, "fwd_rows vec=8 G=256 block=256 items=4", "fwd_rowx vec=8 G=128 block=128 items=5"),
+    (RMS, 22392, 2296, BF16, "fwd_rows vec=8 G=128 block=128 items=4", "fwd_rowx vec=8 G=64 block=128 items=5"),
+    (LAYER, 8204, 39856, BF16, "fwd_rowx vec=8 G=1024 block=1024 items=8", "fwd_rowx vec=8 G=1024 block=1024 items=5"),
+    (LAYER, 26676, 9576, F16, "fwd_rows vec=8 G=512 block=512 items=4", "fwd_rowx vec=8 G=256 block=256 items=5"),
+    (LAYER, 16384, 4096, BF16, "fwd_rows vec=8 G=128 block=128 items=4", "fwd_rows vec=8 G=128 block=128 items=4"),
+    (LAYER, 100, 160, F32, "fwd_rows vec=4 G=16 block=128 items=4", "fwd_rows vec=4 G=8 block=128 items=5"),
+    (RMS, 135, 4336, F32, "fwd_rows vec=4 G=512 block=512 items=4", "fwd_rows vec=4 G=256 block=256 items=5"),
+    (LAYER, 100, 2296, F16, "fwd_rows vec=8 G=128 block=128 items=4", "fwd_rows vec=8 G=128 block=128 items=4"),
+    (LAYER, 1000, 2770, F16, "fwd_rowx vec=8 G=128 block=128 items=4", "fwd_rowx vec=8 G=128 block=128 items=4"),
+]
+
+
+@pytest.mark.parametrize("kind,rows,length,dtype,off,on", CASES)
+def test_rows_fit_plans(kind, rows, length, dtype, off, on, monkeypatch):
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
+    h = cpu_handle()
+    nd = pydnn.create_norm_descriptor()
+    pydnn.set_norm_descriptor(nd, kind, 1, 1, 1e-5, None)
+    x = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(x, dtype, 2, [rows, length], [length, 1])
+    for fit, want in ((False, off), (True, on)):
+        monkeypatch.setattr(tuning.norm, "ROWS_FIT", fit)
+        alts, _ = N.plan_summary(h, nd, x)
+        assert alts[0][0].startswith(want + " "), (fit, alts)
+    units = {u.name: set(u.exprs) for u in N.kernel_units()}
+    tag = {F32: "f32", F16: "f16", BF16: "bf16"}[dtype]
+    v = 4 if dtype == F32 else 8
+    assert N._rowx_expr(tag, v, N.ROWS_FIT_ITEMS) in units[f"normalization.rowx.{tag}"]
+    if dtype == F32:
+        assert N._rows_expr(tag, v, N.ROWS_FIT_ITEMS, 1, False) in units["normalization.f32"]
