@@ -2067,7 +2067,58 @@ template <int NV> __device__ __forceinline__ void res_reduce(double* v, double (
   }
 }
 
-template <class T, int PER, bool BWD>
+// One output of nc_res at offset o of the channel's base: y (and the mask) or dx (and dz).
+template <class T, bool BWD, class A>
+__device__ __forceinline__ void res_out(const BnParams& p, i64 base, unsigned o, A xv, A dv, const A* c) {
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
+  if constexpr (!BWD) {
+    T* y = (T*)p.y + base;
+    const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z + base)[o]) : A(0);
+    bool pos;
+    A r = alpha * fwd_value(xv, c, zv, p.flags, pos);
+    if (blend) r += beta * load<A>(y[o]);
+    y[o] = store<T>(r);
+    if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[base + o] = pos ? 1 : 0;
+  } else {
+    T* dx = (T*)p.dx + base;
+    A r = bwd_value(xv, dv, c);
+    if (blend) r += beta * load<A>(dx[o]);
+    dx[o] = store<T>(r);
+    if (p.flags & PYDNN_BN_FLAG_DZ) {
+      T* dz = (T*)p.dz + base;
+      A rz = alpha * dv;
+      if (blend) rz += beta * load<A>(dz[o]);
+      dz[o] = store<T>(rz);
+    }
+  }
+}
+
+// The (plane, offset) walk of elements j0, j0 + G, j0 + 2G, ... of a channel (planes of hw elements, plane stride cs).
+struct ResWalk {
+  int n, s, qg, rg, hw;
+  __device__ __forceinline__ void init(int j0, int G, int hw_) {
+    hw = hw_;
+    qg = G / hw;
+    rg = G - qg * hw;
+    n = j0 / hw;
+    s = j0 - n * hw;
+  }
+  __device__ __forceinline__ unsigned off(unsigned cs) const { return (unsigned)n * cs + (unsigned)s; }
+  __device__ __forceinline__ void next() {
+    s += rg;
+    n += qg;
+    if (s >= hw) {
+      s -= hw;
+      ++n;
+    }
+  }
+};
+
+// STREAM: the elements past the registers' PER x blockDim.x (j >= PER G) are read from memory in each pass instead
+// (the sums, the squares about the mean / the backward's sums, the outputs: the later reads mostly from L2), so a
+// small block (PER 4) serves any N * H * W at full occupancy. Without STREAM the host keeps m <= PER G.
+template <class T, int PER, bool BWD, bool STREAM = false>
 __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ double sm0[3][32], sm1[3][32];
@@ -2076,32 +2127,30 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
   const i64 ch = blockIdx.x, hw = p.nc_hw;
   const unsigned cs = (unsigned)(p.feats * hw);  // (the host: N * C * HW < 2^31, so 32-bit offsets)
   const int m = (int)p.rows, G = blockDim.x, t = threadIdx.x;
-  const int ihw = (int)hw, qg = G / ihw, rg = G - qg * ihw;
-  const int n0 = t / ihw, s0 = t - n0 * ihw;
+  const int ihw = (int)hw;
+  const int j1 = PER * G;  // STREAM: the first element not held in registers
   const i64 base = ch * hw;
   const T* x = (const T*)p.x + base;
+  const T* dyp = (const T*)p.dy + base;
+  const unsigned char* mk = p.mask + base;
   const bool msk = p.flags & PYDNN_BN_FLAG_MASK;
   A xv[PER], dv[PER];
   {
-    int n = n0, s = s0;
+    ResWalk w;
+    w.init(t, G, ihw);
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
       xv[k] = A(0);
       dv[k] = A(0);
       if (t + k * G < m) {
-        const unsigned o = (unsigned)n * cs + (unsigned)s;
+        const unsigned o = w.off(cs);
         xv[k] = load<A>(x[o]);
         if constexpr (BWD) {
-          dv[k] = load<A>(((const T*)p.dy + base)[o]);
-          if (msk && !p.mask[base + o]) dv[k] = A(0);
+          dv[k] = load<A>(dyp[o]);
+          if (msk && !mk[o]) dv[k] = A(0);
         }
       }
-      s += rg;
-      n += qg;
-      if (s >= ihw) {
-        s -= ihw;
-        ++n;
-      }
+      w.next();
     }
   }
   if (t == 0) s_hw = ihw;
@@ -2110,6 +2159,11 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     A sx = A(0);
 #pragma unroll
     for (int k = 0; k < PER; ++k) sx += xv[k];
+    if constexpr (STREAM) {
+      ResWalk w;
+      w.init(j1 + t, G, ihw);
+      for (int j = j1 + t; j < m; j += G, w.next()) sx += load<A>(x[w.off(cs)]);
+    }
     double v[1] = {(double)sx};
     res_reduce<1>(v, sm0);
     const double md = v[0] * rn;
@@ -2118,12 +2172,20 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
 #pragma unroll
     for (int k = 0; k < PER; ++k)
       if (t + k * G < m) q += (xv[k] - ma) * (xv[k] - ma);
-    double w[1] = {(double)q};
-    res_reduce<1>(w, sm1);
+    if constexpr (STREAM) {
+      ResWalk w;
+      w.init(j1 + t, G, ihw);
+      for (int j = j1 + t; j < m; j += G, w.next()) {
+        const A d = load<A>(x[w.off(cs)]) - ma;
+        q += d * d;
+      }
+    }
+    double w2[1] = {(double)q};
+    res_reduce<1>(w2, sm1);
     if (t == 0) {
       const double e = md - (double)ma;  // the squares were about ma: M2 about md
       A c[4];
-      res_fwd_finish<A>(p, ch, dm, rn, md, fmax(0.0, w[0] - dm * e * e), c);
+      res_fwd_finish<A>(p, ch, dm, rn, md, fmax(0.0, w2[0] - dm * e * e), c);
 #pragma unroll
       for (int k = 0; k < 4; ++k) s_c[k] = c[k];
     }
@@ -2137,6 +2199,11 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
       A sx = A(0);
 #pragma unroll
       for (int k = 0; k < PER; ++k) sx += xv[k];
+      if constexpr (STREAM) {
+        ResWalk w;
+        w.init(j1 + t, G, ihw);
+        for (int j = j1 + t; j < m; j += G, w.next()) sx += load<A>(x[w.off(cs)]);
+      }
       double v[1] = {(double)sx};
       res_reduce<1>(v, sm1);
       md = v[0] * rn;
@@ -2149,6 +2216,19 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
       sy += dv[k];
       sxy += dv[k] * d;
       q += d * d;
+    }
+    if constexpr (STREAM) {
+      ResWalk w;
+      w.init(j1 + t, G, ihw);
+      for (int j = j1 + t; j < m; j += G, w.next()) {
+        const unsigned o = w.off(cs);
+        const A d = load<A>(x[o]) - ma;
+        A g = load<A>(dyp[o]);
+        if (msk && !mk[o]) g = A(0);
+        sy += g;
+        sxy += g * d;
+        q += d * d;
+      }
     }
     double v[3] = {(double)sy, (double)sxy, (double)q};
     res_reduce<3>(v, sm0);
@@ -2165,42 +2245,27 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
   A c[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) c[k] = s_c[k];
-  const A alpha = (A)p.alpha, beta = (A)p.beta;
-  const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
   // the offsets again from the plane size read back from shared memory: computed, not kept (kept, the compiler held
   // PER 32-bit offsets live across the reductions: nc_res<float, 16, true> spilled 84 bytes at 64 registers)
-  const int hw2 = s_hw, q2 = G / hw2, r2 = G - q2 * hw2;
-  int n = t / hw2, s = t - n * hw2;
+  const int hw2 = s_hw;
+  ResWalk w;
+  w.init(t, G, hw2);
+  const int jend = STREAM ? m : min(m, j1);
 #pragma unroll
   for (int k = 0; k < PER; ++k) {
-    if (t + k * G < m) {
-      const unsigned o = (unsigned)n * cs + (unsigned)s;
-      if constexpr (!BWD) {
-        T* y = (T*)p.y + base;
-        const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z + base)[o]) : A(0);
-        bool pos;
-        A r = alpha * fwd_value(xv[k], c, zv, p.flags, pos);
-        if (blend) r += beta * load<A>(y[o]);
-        y[o] = store<T>(r);
-        if (msk) p.mask[base + o] = pos ? 1 : 0;
-      } else {
-        T* dx = (T*)p.dx + base;
-        A r = bwd_value(xv[k], dv[k], c);
-        if (blend) r += beta * load<A>(dx[o]);
-        dx[o] = store<T>(r);
-        if (p.flags & PYDNN_BN_FLAG_DZ) {
-          T* dz = (T*)p.dz + base;
-          A rz = alpha * dv[k];
-          if (blend) rz += beta * load<A>(dz[o]);
-          dz[o] = store<T>(rz);
-        }
+    if (t + k * G < m) res_out<T, BWD>(p, base, w.off(cs), xv[k], dv[k], c);
+    w.next();
+  }
+  if constexpr (STREAM) {
+    for (int j = j1 + t; j < jend; j += G, w.next()) {
+      const unsigned o = w.off(cs);
+      const A xo = load<A>(x[o]);
+      A g = A(0);
+      if constexpr (BWD) {
+        g = load<A>(dyp[o]);
+        if (msk && !mk[o]) g = A(0);
       }
-    }
-    s += r2;
-    n += q2;
-    if (s >= hw2) {
-      s -= hw2;
-      ++n;
+      res_out<T, BWD>(p, base, o, xo, g, c);
     }
   }
 }

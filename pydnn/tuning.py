@@ -289,6 +289,9 @@ batchnorm = Switches(
     NC_RES=(True, 'packed NCHW training forward / backward with at most NC_RES_MAX elements per channel: nc_res, one '
                   'block per channel holding it in registers (one launch, each byte read once) before the nc / gen '
                   'sequences; the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_WAVE=(True, 'NC_RES where its register-resident blocks need more than one wave: the streaming form (4 '
+                       'elements a thread in registers, the rest read in each pass, blocks that keep every channel in '
+                       'one wave); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '

@@ -803,9 +803,26 @@ NC_HEAD_THREADS = 512
 NC_RES_THREADS = 1024  # kResThreads
 NC_RES_PER = (4, 8, 16)  # elements per thread (template PER): the first whose block fits NC_RES_CAP
 NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
+# NC_RES_WAVE: where the register-resident blocks take more than one wave (C > SMs x the blocks an SM holds), the
+# streaming form nc_res<T, NC_RES_STREAM_PER, .., true> instead: NC_RES_STREAM_PER elements a thread in registers,
+# the rest read in each pass (the later passes mostly from L2), blocks of the most threads (256 down to 64) that
+# keep every channel in one wave. Why: mid-session run 1 (H200, bench_memory_points, eager, PyTorch in the same
+# run): the resident form won 1.3-2x where one wave held it (bn_bwd NCHW bf16 2x3x77x77 0.73 -> 1.31x, 62x92x16x16
+# 0.69 -> 1.38x, bn_train fp16 21x413x9x9 0.70 -> 1.46x, bf16 4x256x64x64 1.10 -> 1.88x) and lost where it did not:
+# bf16 1x306x99x99 (PER 16, 640 threads, 64 registers: one block an SM, 3 waves) 0.70 -> 0.62x, fp32 5x1481x23x23
+# (3 blocks an SM, 3.7 waves) 0.82 -> 0.86x. Registers (sm_90, ptxas): NC_RES_REGS, for the waves.
+# NC_RES_WAVE: a switch, pydnn.tuning.batchnorm.NC_RES_WAVE (default True)
+NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
+NC_RES_STREAM_PER = 4
+NC_RES_STREAM_REGS = {"fwd": 32, "bwd": 48}  # (sm_90: 32 / 44; allocated in 8s)
+NC_RES_STREAM_THREADS = (256, 128, 64)
 
 
-def _nc_res_launch(g, direction, tag):
+def _res_blocks_per_sm(threads, regs):
+    return max(1, min(2048 // threads, 32, 65536 // (threads * regs)))
+
+
+def _nc_res_launch(handle, g, direction, tag):
     """The nc_res launch of a packed NCHW geometry, or None."""
     nc = _nc(g)
     if nc is None or tag == "f64" or not tuning.batchnorm.NC_RES or direction == "infer":
@@ -814,17 +831,28 @@ def _nc_res_launch(g, direction, tag):
     m = n * hw
     if m > min(tuning.batchnorm.NC_RES_MAX, NC_RES_PER[-1] * NC_RES_THREADS) or n * c * hw >= 2**31:  # (32-bit offsets)
         return None
+    b = "true" if direction == "bwd" else "false"
     for per in NC_RES_PER:
         threads = cdiv(cdiv(m, per), 32) * 32
         if threads <= NC_RES_CAP[per]:
-            return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {'true' if direction == 'bwd' else 'false'}")
-    return None
+            break
+    else:
+        return None
+    if tuning.batchnorm.NC_RES_WAVE and c > handle.sm_count * _res_blocks_per_sm(threads, NC_RES_REGS[direction, per]):
+        sp = NC_RES_STREAM_PER
+        for st in NC_RES_STREAM_THREADS:
+            st = min(st, cdiv(cdiv(m, sp), 32) * 32)
+            if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
+                break
+        return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true")
+    return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
 
 
 def _nc_exprs(t):
     out = []
     if t != "f64":
         out += [_expr("nc_res", t, None, f"{per}, {b}") for per in NC_RES_PER for b in ("false", "true")]
+        out += [_expr("nc_res", t, None, f"{NC_RES_STREAM_PER}, {b}, true") for b in ("false", "true")]
     for v in (vec_width(t, t), 1):
         out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
@@ -1092,7 +1120,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl
     pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
-    res = _nc_res_launch(g, direction, tag)
+    res = _nc_res_launch(handle, g, direction, tag)
     if res is not None:
         nc = _nc(g)
         pl.params.nc_n, pl.params.nc_hw = nc[0], nc[2]

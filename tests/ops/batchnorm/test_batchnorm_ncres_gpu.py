@@ -165,3 +165,40 @@ def test_ncres_reproducible(handle, dtype, rng, launched):
     assert launched == [RES] * 4
     for a, b in zip(*out):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.fixture
+def launched_u(monkeypatch):
+    seqs = []
+    run = B._run
+
+    def record(handle, pl, seq):
+        seqs.append([(lc.kernel, lc.u, lc.block[0]) for lc in seq])
+        return run(handle, pl, seq)
+
+    monkeypatch.setattr(B, "_run", record)
+    return seqs
+
+
+@pytest.mark.parametrize("sms", [None, 2])
+@_dt(F32, F16, BF16)
+@pytest.mark.parametrize("dims", [(5, 400, 23, 23), (1, 140, 99, 99), (5, 37, 23, 23), (1, 12, 99, 99), (3, 9, 7, 9),
+                                  (2, 4, 3, 5, 7)])
+def test_ncres_stream(handle, dims, dtype, sms, rng, launched_u, monkeypatch):
+    """NC_RES_WAVE's streaming form (4 elements a thread in registers, the rest read in each pass): where the
+    resident blocks need more than one wave on this GPU, and (sms 2: the handle's SM count lowered) on every shape
+    with more channels than 2 SMs hold, 64-256 threads."""
+    if sms is not None:
+        monkeypatch.setattr(handle, "sm_count", sms)
+        G._forget_bn_plans(handle)
+    t = G._train(handle, SPATIAL, dims, "nchw", dtype, rng)
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.25, ap=2.0, bp=-1.0)
+    G._train(handle, SPATIAL, dims, "nchw", dtype, rng, alpha=0.5, beta=-0.75, ex_ops=G.OPS_ADD)
+    assert all(len(s) == 1 and s[0][0] == "nc_res" for s in launched_u), launched_u
+    streamed = [s[0] for s in launched_u if s[0][1].endswith(", true")]
+    if sms is not None and dims[1] > 64:
+        assert len(streamed) == 4, launched_u
+    if sms is None and dims[1] >= 140 and dims[2] == 99:
+        assert len(streamed) == 4, launched_u
+    G._forget_bn_plans(handle)
