@@ -341,6 +341,8 @@ norm = Switches(
     ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
                       'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish; '
                       '8 gave LN bf16 417 x 2770 34.3 us against 35.1, H200); the reasons: pydnn/ops/normalization.py'),
+    ROWX_BWD_WS16=(False, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
+                          "of one float at a time; the reasons: pydnn/ops/normalization.py"),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "

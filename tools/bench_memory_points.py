@@ -136,7 +136,9 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "rmsi_1587x38005_fp16": (dict(family="rms_fwd_infer", dtype="fp16", rows=1587, hidden=38005),
                              [{"norm.ROWS_FIT": True}]),
     "ln_bwd_417x2770_bf16": (dict(family="ln_bwd", dtype="bf16", rows=417, hidden=2770),
-                             [{"norm.ROWX_BWD_ROWS": 8}, {"norm.ROWX": False}]),
+                             [{"norm.ROWX_BWD_ROWS": 2}, {"norm.ROWX_BWD_ROWS": 4}, {"norm.ROWX_BWD_ROWS": 8},
+                              {"norm.ROWX_BWD_WS16": True}, {"norm.ROWX_BWD_WS16": True, "norm.ROWX_BWD_ROWS": 2},
+                              {"norm.ROWX": False}]),
     "ln_bwd_2402x34823_fp16": (dict(family="ln_bwd", dtype="fp16", rows=2402, hidden=34823),
                                [{"norm.ROWX_BWD_CL_BLOCK": 512}]),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and

@@ -94,6 +94,7 @@ ACT_IDS = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_A
            E.PYDNN_ACTIVATION_SWISH: 6, E.PYDNN_ACTIVATION_GELU_ERF: 7, E.PYDNN_ACTIVATION_GELU_TANH: 8}
 
 FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE, FLAG_STREAM, FLAG_WARPSTAT = 4, 8, 16, 32, 64, 128, 256
+FLAG_WS16 = 512
 FWD_ITEMS = {True: 4, False: 8}    # vectors (vector launch) or elements (scalar launch) per thread
 BWD_ITEMS = {True: 2, False: 4}
 FWD_MAX_BLOCK, BWD_MAX_BLOCK = 1024, 512   # the kernels' __launch_bounds__
@@ -207,6 +208,11 @@ ROWX_BWD_CL = (2, 4, 8)
 # in flight and none during the reduction / cluster barrier / stores; blocks of 256 in clusters of 8 put two
 # blocks (two rows' phases) on each SM. Not yet measured: 512 is the previous choice.
 # ROWX_BWD_CL_BLOCK: a switch, pydnn.tuning.norm.ROWX_BWD_CL_BLOCK (default 256)
+# ROWX_BWD_WS16: bwd_rowx (no cluster) writes its dscale / dbias slot in order, 16-byte stores (PYDNN_NORM_FLAG_WS16),
+# instead of one float at a time from each thread's positions (lanes 32 bytes apart: 8 partial writes per sector).
+# Why: LN bf16 417 x 2770 spent 29.0 us in bwd_rowx against PyTorch's 5.6 us grad-input kernel (mid-session run 1,
+# H200, tools/profile_memory_points.py): 420 slots of 2 x 2770 floats, 3.3M scalar stores. Off until measured.
+# ROWX_BWD_WS16: a switch, pydnn.tuning.norm.ROWX_BWD_WS16 (default False)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -1378,6 +1384,8 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
     grid, slots = per * period * cl, per * period * spb
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.group, p.pf = g, period
+    if cl == 1 and tuning.norm.ROWX_BWD_WS16:
+        p.flags |= FLAG_WS16
     bwd = _new_launch(_rowx_bwd_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1), smem,
                       desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}"
                            + (f" cl={cl}" if cl > 1 else ""))

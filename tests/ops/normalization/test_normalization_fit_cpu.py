@@ -46,3 +46,34 @@ def test_rows_fit_plans(kind, rows, length, dtype, off, on, monkeypatch):
     assert N._rowx_expr(tag, v, N.ROWS_FIT_ITEMS) in units[f"normalization.rowx.{tag}"]
     if dtype == F32:
         assert N._rows_expr(tag, v, N.ROWS_FIT_ITEMS, 1, False) in units["normalization.f32"]
+
+
+@pytest.mark.parametrize("vec,G,items", [(8, 128, 4), (4, 64, 4), (8, 16, 4), (4, 512, 4)])
+@pytest.mark.parametrize("L", [37, 1001, 2770, 4231, 100, 6830])
+def test_rowx_ws16_gather(vec, G, items, L):
+    """ROWX_BWD_WS16's read of position j's partial (frame j + a: vector vi, lane vi mod G, item vi / G, half h,
+    component (j + a) mod 4) is the float the per-thread walk stores at j, for every row offset a."""
+    Q = vec // 4
+    for a in range(vec):
+        nsv = -(-(a + L) // vec)
+        if nsv > G * items:
+            continue
+        owner = {}  # float index in the group's float4 array -> position j (the per-thread walk's stores)
+        for lane in range(G):
+            for k in range(items):
+                vi = lane + k * G
+                if vi >= nsv:
+                    continue
+                j0 = vi * vec - a
+                for h in range(Q):
+                    for e in range(4):
+                        j = j0 + 4 * h + e
+                        if 0 <= j < L:
+                            owner[((k * 2 * Q + h) * G + lane) * 4 + e] = j
+        got = {}
+        for j in range(L):
+            pos = j + a
+            vi, ee = divmod(pos, vec)
+            h, k, l = ee >> 2, vi // G, vi % G
+            got[((k * 2 * Q + h) * G + l) * 4 + (ee & 3)] = j
+        assert got == owner
