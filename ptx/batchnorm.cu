@@ -2118,6 +2118,33 @@ struct ResWalk {
 // STREAM: the elements past the registers' PER x blockDim.x (j >= PER G) are read from memory in each pass instead
 // (the sums, the squares about the mean / the backward's sums, the outputs: the later reads mostly from L2), so a
 // small block (PER 4) serves any N * H * W at full occupancy. Without STREAM the host keeps m <= PER G.
+// STREAM: kResSU elements a thread loaded together per step of the streaming passes (their loads in flight at once;
+// one a step left each thread a chain of dependent memory round trips). x (and dy' with BWD) of elements j + u G,
+// u < kResSU, below m (0 past it); w advances kResSU elements.
+constexpr int kResSU = 4;
+template <class T, bool BWD, class A>
+__device__ __forceinline__ void res_stream_load(const BnParams& p, const T* x, const T* dyp, const unsigned char* mk,
+                                                bool msk, unsigned cs, ResWalk& w, int j, int m, int G, A* xs, A* gs) {
+  unsigned o[kResSU];
+#pragma unroll
+  for (int u = 0; u < kResSU; ++u) {
+    o[u] = w.off(cs);
+    w.next();
+  }
+#pragma unroll
+  for (int u = 0; u < kResSU; ++u) {
+    xs[u] = A(0);
+    if constexpr (BWD) gs[u] = A(0);
+    if (j + u * G < m) {
+      xs[u] = load<A>(x[o[u]]);
+      if constexpr (BWD) {
+        gs[u] = load<A>(dyp[o[u]]);
+        if (msk && !mk[o[u]]) gs[u] = A(0);
+      }
+    }
+  }
+}
+
 template <class T, int PER, bool BWD, bool STREAM = false>
 __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
   typedef typename AccOf<T>::type A;
@@ -2162,7 +2189,12 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     if constexpr (STREAM) {
       ResWalk w;
       w.init(j1 + t, G, ihw);
-      for (int j = j1 + t; j < m; j += G, w.next()) sx += load<A>(x[w.off(cs)]);
+      for (int j = j1 + t; j < m; j += kResSU * G) {
+        A xs[kResSU];
+        res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+#pragma unroll
+        for (int u = 0; u < kResSU; ++u) sx += xs[u];
+      }
     }
     double v[1] = {(double)sx};
     res_reduce<1>(v, sm0);
@@ -2175,9 +2207,12 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     if constexpr (STREAM) {
       ResWalk w;
       w.init(j1 + t, G, ihw);
-      for (int j = j1 + t; j < m; j += G, w.next()) {
-        const A d = load<A>(x[w.off(cs)]) - ma;
-        q += d * d;
+      for (int j = j1 + t; j < m; j += kResSU * G) {
+        A xs[kResSU];
+        res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+#pragma unroll
+        for (int u = 0; u < kResSU; ++u)
+          if (j + u * G < m) q += (xs[u] - ma) * (xs[u] - ma);
       }
     }
     double w2[1] = {(double)q};
@@ -2202,7 +2237,12 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
       if constexpr (STREAM) {
         ResWalk w;
         w.init(j1 + t, G, ihw);
-        for (int j = j1 + t; j < m; j += G, w.next()) sx += load<A>(x[w.off(cs)]);
+        for (int j = j1 + t; j < m; j += kResSU * G) {
+          A xs[kResSU];
+          res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+#pragma unroll
+          for (int u = 0; u < kResSU; ++u) sx += xs[u];
+        }
       }
       double v[1] = {(double)sx};
       res_reduce<1>(v, sm1);
@@ -2220,14 +2260,16 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     if constexpr (STREAM) {
       ResWalk w;
       w.init(j1 + t, G, ihw);
-      for (int j = j1 + t; j < m; j += G, w.next()) {
-        const unsigned o = w.off(cs);
-        const A d = load<A>(x[o]) - ma;
-        A g = load<A>(dyp[o]);
-        if (msk && !mk[o]) g = A(0);
-        sy += g;
-        sxy += g * d;
-        q += d * d;
+      for (int j = j1 + t; j < m; j += kResSU * G) {
+        A xs[kResSU], gs[kResSU];
+        res_stream_load<T, true>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, gs);
+#pragma unroll
+        for (int u = 0; u < kResSU; ++u) {
+          const A d = j + u * G < m ? xs[u] - ma : A(0);
+          sy += gs[u];
+          sxy += gs[u] * d;
+          q += d * d;
+        }
       }
     }
     double v[3] = {(double)sy, (double)sxy, (double)q};
@@ -2257,15 +2299,15 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     w.next();
   }
   if constexpr (STREAM) {
-    for (int j = j1 + t; j < jend; j += G, w.next()) {
-      const unsigned o = w.off(cs);
-      const A xo = load<A>(x[o]);
-      A g = A(0);
-      if constexpr (BWD) {
-        g = load<A>(dyp[o]);
-        if (msk && !mk[o]) g = A(0);
+    for (int j = j1 + t; j < jend; j += kResSU * G) {
+      A xs[kResSU], gs[kResSU];
+      ResWalk w0 = w;
+      res_stream_load<T, BWD>(p, x, dyp, mk, msk, cs, w, j, jend, G, xs, gs);
+#pragma unroll
+      for (int u = 0; u < kResSU; ++u) {
+        if (j + u * G < jend) res_out<T, BWD>(p, base, w0.off(cs), xs[u], gs[u], c);
+        w0.next();
       }
-      res_out<T, BWD>(p, base, o, xo, g, c);
     }
   }
 }

@@ -805,7 +805,8 @@ NC_RES_PER = (4, 8, 16)  # elements per thread (template PER): the first whose b
 NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # NC_RES_WAVE: where the register-resident blocks take more than one wave (C > SMs x the blocks an SM holds), the
 # streaming form nc_res<T, NC_RES_STREAM_PER, .., true> instead: NC_RES_STREAM_PER elements a thread in registers,
-# the rest read in each pass (the later passes mostly from L2), blocks of the most threads (256 down to 64) that
+# the rest read in each pass (the later passes mostly from L2; kResSU elements a thread a step with their loads in
+# flight together), blocks of the most threads (256 down to 64) that
 # keep every channel in one wave. Why: mid-session run 1 (H200, bench_memory_points, eager, PyTorch in the same
 # run): the resident form won 1.3-2x where one wave held it (bn_bwd NCHW bf16 2x3x77x77 0.73 -> 1.31x, 62x92x16x16
 # 0.69 -> 1.38x, bn_train fp16 21x413x9x9 0.70 -> 1.46x, bf16 4x256x64x64 1.10 -> 1.88x) and lost where it did not:
@@ -814,7 +815,7 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # NC_RES_WAVE: a switch, pydnn.tuning.batchnorm.NC_RES_WAVE (default True)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
-NC_RES_STREAM_REGS = {"fwd": 32, "bwd": 48}  # (sm_90: 32 / 44; allocated in 8s)
+NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
 NC_RES_STREAM_THREADS = (256, 128, 64)
 
 

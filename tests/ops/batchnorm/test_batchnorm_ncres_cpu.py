@@ -60,7 +60,7 @@ def _want_launch(m, c, direction, sms=132, wave=True):
     b = "true" if direction == "bwd" else "false"
     if not wave or c <= sms * _bpsm(t, REGS[direction, per]):
         return f"{per}, {b}", t
-    sr = {"fwd": 32, "bwd": 48}[direction]
+    sr = {"fwd": 40, "bwd": 56}[direction]
     for st in (256, 128, 64):
         st = min(st, -(-(-(-m // 4)) // 32) * 32)
         if c <= sms * _bpsm(st, sr):
@@ -180,10 +180,8 @@ def test_ncres_kernels_compile(unit_name):
         # spill stores per kernel (each "Compiling entry function" line, then its properties)
         per = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n.*?\n.*?(\d+) bytes spill stores", log))
         assert len(per) >= len(exprs), log
-        if arch == "sm_90":  # (sm_80: bf16 <16, true> spills 12 bytes at the 64-register cap; sm_90: the fp32
-            # streaming forward 12 bytes at 32 registers, outside its loops)
-            bad = {k: v for k, v in per.items() if int(v) and k != "_ZN5pydnn2bn6nc_resIfLi4ELb0ELb1EEEv8BnParams"}
-            assert not bad, log
+        if arch == "sm_90":  # (sm_80: bf16 <16, true> spills 12 bytes at the 64-register cap)
+            assert not any(int(v) for v in per.values()), log
     assert not any(e for e in next(u for u in B.kernel_units() if u.name == "batchnorm.f64").exprs if "::nc_res<" in e)
 
 
