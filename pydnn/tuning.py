@@ -305,7 +305,7 @@ norm = Switches(
     STAGED_BWD=(True, 'the 16-byte-vector backward on the staged kernels (persistent, cp.async two-stage pipeline; '
                       '1.6x the register-tile backward on rows of 4096, H200); the reasons: '
                       'pydnn/ops/normalization.py'),
-    ROWS_FIT=(False, 'fwd_rows: rows whose 16-byte vectors fill a power-of-two group of 4 items poorly take 5 items '
+    ROWS_FIT=(True, 'fwd_rows: rows whose 16-byte vectors fill a power-of-two group of 4 items poorly take 5 items '
                      'where that leaves fewer idle threads; the reasons: pydnn/ops/normalization.py'),
     ROWS_FWD=(True, 'Forward of contiguous layer / RMS norm rows without activation (`fwd_rows`): G threads per row '
                     'hold ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R '

@@ -132,8 +132,11 @@ ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
 # 94%) 0.99x. fp32 takes fwd_rows<float, 4, 5> (56 registers); 16-bit rows go to fwd_rowx<T, 8, 5> instead (63
 # registers, no spills; fwd_rows<T, 8, 5, 1, true> spilled 56 bytes at the 64-register cap, sm_90), where there
 # are at least as many rows as SMs (fewer keep fwd_rows: fwd_rowx leaves those whole-vector rows to the cluster
-# kernel). Off until measured.
-# ROWS_FIT: a switch, pydnn.tuning.norm.ROWS_FIT (default False)
+# kernel). Measured (mid-session run 2, H200, tools/bench_memory_points.py, eager ms off / on, PyTorch in the same run):
+# RMS fp16 199454 x 4336 1.279 / 1.140 (0.81 -> 0.90x), RMS bf16 22392 x 2296 0.0733 / 0.0713, LN bf16 8204 x 39856
+# (fwd_rowx 8 -> 5 items) 0.689 / 0.638 (0.90 -> 0.97x), LN fp16 26676 x 9576 0.460 / 0.431 (0.99 -> 1.06x), RMS fp16
+# 1587 x 38005 0.112 / 0.101. On.
+# ROWS_FIT: a switch, pydnn.tuning.norm.ROWS_FIT (default True)
 ROWS_FIT_ITEMS = 5
 ROWS_FIT_GAIN = 0.85
 # Backward of the same rows (`bwd_rows`): persistent, G threads per row, ITEMS vectors per thread, x / dy

@@ -270,3 +270,63 @@ def test_ncres_arithmetic_against_reference(dims):
             np.testing.assert_allclose(dx, w[0], rtol=1e-8, atol=1e-9)
             np.testing.assert_allclose(ds, np.ravel(w[1]), rtol=1e-8, atol=1e-8)
             np.testing.assert_allclose(db, np.ravel(w[2]), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("n,hw,G", [(5, 529, 64), (1, 9801, 256), (4, 4096, 256), (2, 5929, 128), (3, 37, 64),
+                                    (1, 300, 64)])
+def test_ncres_stream_passes_cover_each_element_once(n, hw, G):
+    """nc_res<T, 4, .., true>'s passes as the kernel runs them: the 4 register elements a thread (t + k G), then
+    res_stream_load's steps of kResSU = 4 elements from j1 + t (j1 = 4 G), the walk advanced kResSU a call, the
+    output pass's walk copied before each load step: every element once per pass, at its packed offset."""
+    m, per, su = n * hw, 4, 4
+
+    class Walk:
+        def __init__(self, j0):
+            self.qg, self.rg = divmod(G, hw)
+            self.n, self.s = divmod(j0, hw)
+
+        def off(self):
+            return self.n * hw + self.s
+
+        def next(self):
+            self.s += self.rg
+            self.n += self.qg
+            if self.s >= hw:
+                self.s -= hw
+                self.n += 1
+
+    def stream_load(w, j, mm):  # -> offsets loaded (u with j + u G < mm)
+        offs = []
+        for _ in range(su):
+            offs.append(w.off())
+            w.next()
+        return [o for u, o in enumerate(offs) if j + u * G < mm]
+
+    sums, outs = [], []
+    for t in range(G):
+        w = Walk(t)  # the register loop
+        regs = []
+        for k in range(per):
+            if t + k * G < m:
+                regs.append(w.off())
+            w.next()
+        ws = Walk(per * G + t)  # a sums pass
+        j = per * G + t
+        while j < m:
+            sums += stream_load(ws, j, m)
+            j += su * G
+        for o in regs:  # the output pass: registers, then the stream from where the register walk stopped
+            outs.append(o)
+        j = per * G + t
+        while j < m:
+            w0 = Walk(0)
+            w0.n, w0.s, w0.qg, w0.rg = w.n, w.s, w.qg, w.rg
+            got = stream_load(w, j, m)
+            for u in range(su):
+                if j + u * G < m:
+                    outs.append(w0.off())
+                w0.next()
+            assert got == outs[-len(got):] if got else True
+            j += su * G
+        sums += regs
+    assert sorted(sums) == list(range(m)) and sorted(outs) == list(range(m))

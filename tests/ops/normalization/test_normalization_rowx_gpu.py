@@ -13,6 +13,13 @@ from test_normalization_gpu import _backward_check, _forward_check, _nd, _tensor
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _no_rows_fit(monkeypatch):
+    """These tests state the 4-item plans (tuning.norm.ROWS_FIT's 5-item ones: test_normalization_fit_*.py)."""
+    monkeypatch.setattr(tuning.norm, "ROWS_FIT", False)
+
+
 F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
 LAYER, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
 DTYPES = [F32, F16, BF16]
