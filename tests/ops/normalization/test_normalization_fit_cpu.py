@@ -77,3 +77,33 @@ def test_rowx_ws16_gather(vec, G, items, L):
             h, k, l = ee >> 2, vi // G, vi % G
             got[((k * 2 * Q + h) * G + l) * 4 + (ee & 3)] = j
         assert got == owner
+
+
+@pytest.mark.parametrize("kind,dims,dtype,kernel", [(RMS, (140, 4336), F16, "fwd_rowx"), (LAYER, (140, 2296), BF16, "fwd_rowx"),
+                                                    (LAYER, (133, 9576), F16, "fwd_rowx"), (RMS, (135, 4336), F32, "fwd_rows"),
+                                                    (LAYER, (100, 160), F32, "fwd_rows"), (LAYER, (9, 39856), BF16, None)])
+def test_rows_fit_emulated(kind, dims, dtype, kernel, monkeypatch):
+    """The 5-item launches ROWS_FIT plans (fwd_rows<float, 4, 5>, fwd_rowx<T, 8, 5>): every element of x and y once,
+    at its row's address, with its parameter (test_normalization_cpu.py's emulations of the two kernels)."""
+    import numpy as np
+
+    import test_normalization_cpu as T
+
+    monkeypatch.setattr(tuning.norm, "ROWS_FIT", True)
+    monkeypatch.setattr(tuning.norm, "FWD_PERSIST", False)
+    h = cpu_handle()
+    nd = T._nd(kind)
+    x = T._desc(dims, dtype)
+    pl = N._plan(h, nd, x, x, None, T._params(x, nd)[1], False)
+    lc = pl.alternatives[0][0]
+    if kernel is None:  # (fewer rows than SMs: not a rows kernel of 5 items)
+        assert "5" not in lc.expr.split(",")[2], lc.desc
+        return
+    assert f"::{kernel}<" in lc.expr and lc.expr.split(",")[2].strip().startswith("5"), lc.expr
+    for operand in (0, 1):
+        emu = T._emulate_rowx if kernel == "fwd_rowx" else T._emulate_rows
+        addr, sset, spar, stats = emu(lc.params, lc, operand)
+        want = (np.arange(dims[0])[:, None] * dims[1] + np.arange(dims[1])[None, :]).ravel()
+        assert sorted(addr.tolist()) == want.tolist()
+        assert ((addr - sset * dims[1]) == spar).all()
+        assert len(stats) == dims[0]
