@@ -40,6 +40,10 @@ How the statistics are reduced (variance by Welford / Chan merges, see ptx/batch
         elements) over the whole GPU, fwd_final / bwd_final merge them per channel, nc_apply writes the
         outputs flat in 16-byte vectors (each lane's channel from its plane), nc_head the elements whose
         bytes held the constants (non-Ex); inference is nc_apply alone (NCHW_SPLIT; see _nc_layout).
+  ncr   packed NCHW / NCDHW SPATIAL training / backward with N * H * W <= NC_RES_MAX: nc_res, one launch, a block
+        per channel holding it in registers (each byte read once), or where those blocks would take more than one
+        wave its streaming form (a few elements a thread in registers, the rest read in each pass); before the
+        others, tiny calls included (NC_RES, NC_RES_WAVE).
   Tiny training / backward calls take gen's single launch (GEN_TINY).
 The partials and constants need memory. The Ex forms use the caller's workspace
 (GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows and nc layouts,
@@ -806,12 +810,14 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # NC_RES_WAVE: where the register-resident blocks take more than one wave (C > SMs x the blocks an SM holds), the
 # streaming form nc_res<T, NC_RES_STREAM_PER, .., true> instead: NC_RES_STREAM_PER elements a thread in registers,
 # the rest read in each pass (the later passes mostly from L2; kResSU elements a thread a step with their loads in
-# flight together), blocks of the most threads (256 down to 64) that
-# keep every channel in one wave. Why: mid-session run 1 (H200, bench_memory_points, eager, PyTorch in the same
+# flight together), blocks of the most threads (256 down to 64) that keep every channel in one wave. Why: mid-session run 1 (H200, bench_memory_points, eager, PyTorch in the same
 # run): the resident form won 1.3-2x where one wave held it (bn_bwd NCHW bf16 2x3x77x77 0.73 -> 1.31x, 62x92x16x16
 # 0.69 -> 1.38x, bn_train fp16 21x413x9x9 0.70 -> 1.46x, bf16 4x256x64x64 1.10 -> 1.88x) and lost where it did not:
 # bf16 1x306x99x99 (PER 16, 640 threads, 64 registers: one block an SM, 3 waves) 0.70 -> 0.62x, fp32 5x1481x23x23
-# (3 blocks an SM, 3.7 waves) 0.82 -> 0.86x. Registers (sm_90, ptxas): NC_RES_REGS, for the waves.
+# (3 blocks an SM, 3.7 waves) 0.82 -> 0.86x. Registers (sm_90, ptxas): NC_RES_REGS, for the waves. Measured (run 2,
+# the streaming passes then loading one element a step): fp32 5x1481x23x23 0.0258 ms (1.10x; resident 0.87x, nc
+# 0.82x), bf16 1x306x99x99 0.82x (0.56 / 0.68x), bf16 4x256x64x64 training 1.29x (1.20 / 1.06x); lost: fp16
+# 4x139x64x64 backward 0.63x (0.68 / 0.75x).
 # NC_RES_WAVE: a switch, pydnn.tuning.batchnorm.NC_RES_WAVE (default True)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
