@@ -1979,5 +1979,338 @@ template <class T, int VEC, int MODE> __global__ void __launch_bounds__(kNcHeadT
   nc_body<T, VEC, MODE>(p, s_c, threadIdx.x, p.row_end / VEC, blockDim.x);
 }
 
+
+// ------------------------------------------------------------------ nc_res: a channel in one block's registers
+
+// Packed NCHW / NCDHW SPATIAL training forward and backward whose channels hold at most PER x blockDim.x
+// elements (M = N x HW, the host's NC_RES_MAX): one block per channel loads the channel into registers once
+// (thread t holds elements j = t + k * blockDim.x, k < PER: plane j / HW, offset j mod HW, walked
+// incrementally), reduces in a fixed order (per thread in A, then double: warp butterflies, identical in every
+// lane, and the warps' sums in warp order, read by every thread), and writes the outputs from the registers.
+// One launch, x (and dy) read once, no scratch. Forward: the exact two-pass moments from the registers (the
+// sum, then the squares about the mean); backward: with the saved statistics the sums of dy' and dy' (x - mean),
+// else the mean first, then M2, dy' and dy' (x - mean) about it. The finishes are the other paths' (fwd_finish,
+// bwd_finish: saved / running statistics, dscale / dbias, alpha / beta blending, z, ReLU, mask, dz).
+constexpr int kResThreads = 1024;  // threads per block at most (the host: NC_RES_THREADS)
+
+// 1 / a in double without a division (a >= 1, a small integer here): a double division's slow-path call made
+// ptxas keep the register-resident elements on the stack (nc_res<float, 16, ..>: 304 bytes, 32 registers).
+__device__ __forceinline__ double res_rcp(double a) {
+  double r = (double)__fdividef(1.0f, (float)a);
+  r = r * (2.0 - a * r);
+  return r * (2.0 - a * r);
+}
+
+// fwd_finish / bwd_finish without double divisions (res_rcp, rsqrt): the same values to a few ulp of double.
+template <class A> __device__ __forceinline__ void res_fwd_finish(const BnParams& p, i64 f, double n, double rn, double m,
+                                                                  double m2, A* c) {
+  const double var = m2 * rn;
+  const double invstd = rsqrt(var + p.eps);
+  if (p.flags & PYDNN_BN_FLAG_SAVE) {
+    ((A*)p.save_mean)[f] = (A)m;
+    ((A*)p.save_invvar)[f] = (A)invstd;
+  }
+  if (p.flags & PYDNN_BN_FLAG_RUNNING) {
+    const double unbiased = n > 1 ? m2 * res_rcp(n - 1) : var;  // cuDNN's running variance: N / (N - 1)
+    A* rm = (A*)p.mean;
+    A* rv = (A*)p.var;
+    if (p.factor == 1.0) {
+      rm[f] = (A)m;
+      rv[f] = (A)unbiased;
+    } else {
+      rm[f] = (A)((1.0 - p.factor) * (double)rm[f] + p.factor * m);
+      rv[f] = (A)((1.0 - p.factor) * (double)rv[f] + p.factor * unbiased);
+    }
+  }
+  c[0] = (A)((double)((const A*)p.scale)[f] * invstd);
+  c[1] = ((const A*)p.bias)[f];
+  c[2] = (A)m;
+  c[3] = A(0);
+}
+
+template <class A>
+__device__ __forceinline__ void res_bwd_finish(const BnParams& p, i64 f, double n, double rn, double mean, double m2,
+                                               double sdy, double sdyx, A* c) {
+  const double invstd = (p.flags & PYDNN_BN_FLAG_SAVED) ? (double)((const A*)p.save_invvar)[f] : rsqrt(m2 * rn + p.eps);
+  const double dgamma = sdyx * invstd, dbeta = sdy;
+  A* ds = (A*)p.dscale;
+  A* db = (A*)p.dbias;
+  double vs = p.alpha_p * dgamma, vb = p.alpha_p * dbeta;
+  if (p.flags & PYDNN_BN_FLAG_PBETA) {
+    vs += p.beta_p * (double)ds[f];
+    vb += p.beta_p * (double)db[f];
+  }
+  ds[f] = (A)vs;
+  db[f] = (A)vb;
+  const double k1 = p.alpha * (double)((const A*)p.scale)[f] * invstd;
+  c[0] = (A)k1;
+  c[1] = (A)(-k1 * invstd * dgamma * rn);
+  c[2] = (A)mean;
+  c[3] = (A)(sdy * rn);
+}
+
+template <int NV> __device__ __forceinline__ void res_reduce(double* v, double (*sm)[32]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int q = 0; q < NV; ++q)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[q] += __shfl_xor_sync(0xffffffffu, v[q], o);
+  if (lane == 0)
+#pragma unroll
+    for (int q = 0; q < NV; ++q) sm[q][w] = v[q];
+  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < NV; ++q) {
+    double s = 0;
+    for (int i = 0; i < nw; ++i) s += sm[q][i];
+    v[q] = s;
+  }
+}
+
+// One output of nc_res at offset o of the channel's base: y (and the mask) or dx (and dz).
+template <class T, bool BWD, class A>
+__device__ __forceinline__ void res_out(const BnParams& p, i64 base, unsigned o, A xv, A dv, const A* c) {
+  const A alpha = (A)p.alpha, beta = (A)p.beta;
+  const bool blend = p.flags & PYDNN_BN_FLAG_BETA;
+  if constexpr (!BWD) {
+    T* y = (T*)p.y + base;
+    const A zv = (p.flags & PYDNN_BN_FLAG_Z) ? load<A>(((const T*)p.z + base)[o]) : A(0);
+    bool pos;
+    A r = alpha * fwd_value(xv, c, zv, p.flags, pos);
+    if (blend) r += beta * load<A>(y[o]);
+    y[o] = store<T>(r);
+    if (p.flags & PYDNN_BN_FLAG_MASK) p.mask[base + o] = pos ? 1 : 0;
+  } else {
+    T* dx = (T*)p.dx + base;
+    A r = bwd_value(xv, dv, c);
+    if (blend) r += beta * load<A>(dx[o]);
+    dx[o] = store<T>(r);
+    if (p.flags & PYDNN_BN_FLAG_DZ) {
+      T* dz = (T*)p.dz + base;
+      A rz = alpha * dv;
+      if (blend) rz += beta * load<A>(dz[o]);
+      dz[o] = store<T>(rz);
+    }
+  }
+}
+
+// The (plane, offset) walk of elements j0, j0 + G, j0 + 2G, ... of a channel (planes of hw elements, plane stride cs).
+struct ResWalk {
+  int n, s, qg, rg, hw;
+  __device__ __forceinline__ void init(int j0, int G, int hw_) {
+    hw = hw_;
+    qg = G / hw;
+    rg = G - qg * hw;
+    n = j0 / hw;
+    s = j0 - n * hw;
+  }
+  __device__ __forceinline__ unsigned off(unsigned cs) const { return (unsigned)n * cs + (unsigned)s; }
+  __device__ __forceinline__ void next() {
+    s += rg;
+    n += qg;
+    if (s >= hw) {
+      s -= hw;
+      ++n;
+    }
+  }
+};
+
+// STREAM: the elements past the registers' PER x blockDim.x (j >= PER G) are read from memory in each pass instead
+// (the sums, the squares about the mean / the backward's sums, the outputs: the later reads mostly from L2), so a
+// small block (PER 4) serves any N * H * W at full occupancy. Without STREAM the host keeps m <= PER G.
+// STREAM: kResSU elements a thread loaded together per step of the streaming passes (their loads in flight at once;
+// one a step left each thread a chain of dependent memory round trips). x (and dy' with BWD) of elements j + u G,
+// u < kResSU, below m (0 past it); w advances kResSU elements.
+constexpr int kResSU = 4;
+template <class T, bool BWD, class A>
+__device__ __forceinline__ void res_stream_load(const BnParams& p, const T* x, const T* dyp, const unsigned char* mk,
+                                                bool msk, unsigned cs, ResWalk& w, int j, int m, int G, A* xs, A* gs) {
+  unsigned o[kResSU];
+#pragma unroll
+  for (int u = 0; u < kResSU; ++u) {
+    o[u] = w.off(cs);
+    w.next();
+  }
+#pragma unroll
+  for (int u = 0; u < kResSU; ++u) {
+    xs[u] = A(0);
+    if constexpr (BWD) gs[u] = A(0);
+    if (j + u * G < m) {
+      xs[u] = load<A>(x[o[u]]);
+      if constexpr (BWD) {
+        gs[u] = load<A>(dyp[o[u]]);
+        if (msk && !mk[o[u]]) gs[u] = A(0);
+      }
+    }
+  }
+}
+
+template <class T, int PER, bool BWD, bool STREAM = false>
+__global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
+  typedef typename AccOf<T>::type A;
+  __shared__ double sm0[3][32], sm1[3][32];
+  __shared__ A s_c[4];
+  __shared__ int s_hw;
+  const i64 ch = blockIdx.x, hw = p.nc_hw;
+  const unsigned cs = (unsigned)(p.feats * hw);  // (the host: N * C * HW < 2^31, so 32-bit offsets)
+  const int m = (int)p.rows, G = blockDim.x, t = threadIdx.x;
+  const int ihw = (int)hw;
+  const int j1 = PER * G;  // STREAM: the first element not held in registers
+  const i64 base = ch * hw;
+  const T* x = (const T*)p.x + base;
+  const T* dyp = (const T*)p.dy + base;
+  const unsigned char* mk = p.mask + base;
+  const bool msk = p.flags & PYDNN_BN_FLAG_MASK;
+  A xv[PER], dv[PER];
+  {
+    ResWalk w;
+    w.init(t, G, ihw);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      xv[k] = A(0);
+      dv[k] = A(0);
+      if (t + k * G < m) {
+        const unsigned o = w.off(cs);
+        xv[k] = load<A>(x[o]);
+        if constexpr (BWD) {
+          dv[k] = load<A>(dyp[o]);
+          if (msk && !mk[o]) dv[k] = A(0);
+        }
+      }
+      w.next();
+    }
+  }
+  if (t == 0) s_hw = ihw;
+  const double dm = (double)m, rn = res_rcp(dm);
+  if constexpr (!BWD) {
+    A sx = A(0);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) sx += xv[k];
+    if constexpr (STREAM) {
+      ResWalk w;
+      w.init(j1 + t, G, ihw);
+      for (int j = j1 + t; j < m; j += kResSU * G) {
+        A xs[kResSU];
+        res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+#pragma unroll
+        for (int u = 0; u < kResSU; ++u) sx += xs[u];
+      }
+    }
+    double v[1] = {(double)sx};
+    res_reduce<1>(v, sm0);
+    const double md = v[0] * rn;
+    const A ma = (A)md;
+    A q = A(0);
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (t + k * G < m) q += (xv[k] - ma) * (xv[k] - ma);
+    if constexpr (STREAM) {
+      ResWalk w;
+      w.init(j1 + t, G, ihw);
+      for (int j = j1 + t; j < m; j += kResSU * G) {
+        A xs[kResSU];
+        res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+#pragma unroll
+        for (int u = 0; u < kResSU; ++u)
+          if (j + u * G < m) q += (xs[u] - ma) * (xs[u] - ma);
+      }
+    }
+    double w2[1] = {(double)q};
+    res_reduce<1>(w2, sm1);
+    if (t == 0) {
+      const double e = md - (double)ma;  // the squares were about ma: M2 about md
+      A c[4];
+      res_fwd_finish<A>(p, ch, dm, rn, md, fmax(0.0, w2[0] - dm * e * e), c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+  } else {
+    double md, m2 = 0;
+    A ma;
+    if (p.flags & PYDNN_BN_FLAG_SAVED) {
+      ma = ((const A*)p.save_mean)[ch];
+      md = (double)ma;
+    } else {
+      A sx = A(0);
+#pragma unroll
+      for (int k = 0; k < PER; ++k) sx += xv[k];
+      if constexpr (STREAM) {
+        ResWalk w;
+        w.init(j1 + t, G, ihw);
+        for (int j = j1 + t; j < m; j += kResSU * G) {
+          A xs[kResSU];
+          res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+#pragma unroll
+          for (int u = 0; u < kResSU; ++u) sx += xs[u];
+        }
+      }
+      double v[1] = {(double)sx};
+      res_reduce<1>(v, sm1);
+      md = v[0] * rn;
+      ma = (A)md;
+    }
+    A sy = A(0), sxy = A(0), q = A(0);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const A d = t + k * G < m ? xv[k] - ma : A(0);
+      sy += dv[k];
+      sxy += dv[k] * d;
+      q += d * d;
+    }
+    if constexpr (STREAM) {
+      ResWalk w;
+      w.init(j1 + t, G, ihw);
+      for (int j = j1 + t; j < m; j += kResSU * G) {
+        A xs[kResSU], gs[kResSU];
+        res_stream_load<T, true>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, gs);
+#pragma unroll
+        for (int u = 0; u < kResSU; ++u) {
+          const A d = j + u * G < m ? xs[u] - ma : A(0);
+          sy += gs[u];
+          sxy += gs[u] * d;
+          q += d * d;
+        }
+      }
+    }
+    double v[3] = {(double)sy, (double)sxy, (double)q};
+    res_reduce<3>(v, sm0);
+    if (t == 0) {
+      const double e = md - (double)ma;  // (0 with the saved mean) the sums were about ma: about md
+      m2 = fmax(0.0, v[2] - dm * e * e);
+      A c[4];
+      res_bwd_finish<A>(p, ch, dm, rn, md, m2, v[0], v[1] - e * v[0], c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s_c[k] = c[k];
+    }
+  }
+  __syncthreads();
+  A c[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) c[k] = s_c[k];
+  // the offsets again from the plane size read back from shared memory: computed, not kept (kept, the compiler held
+  // PER 32-bit offsets live across the reductions: nc_res<float, 16, true> spilled 84 bytes at 64 registers)
+  const int hw2 = s_hw;
+  ResWalk w;
+  w.init(t, G, hw2);
+  const int jend = STREAM ? m : min(m, j1);
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    if (t + k * G < m) res_out<T, BWD>(p, base, w.off(cs), xv[k], dv[k], c);
+    w.next();
+  }
+  if constexpr (STREAM) {
+    for (int j = j1 + t; j < jend; j += kResSU * G) {
+      A xs[kResSU], gs[kResSU];
+      ResWalk w0 = w;
+      res_stream_load<T, BWD>(p, x, dyp, mk, msk, cs, w, j, jend, G, xs, gs);
+#pragma unroll
+      for (int u = 0; u < kResSU; ++u) {
+        if (j + u * G < jend) res_out<T, BWD>(p, base, w0.off(cs), xs[u], gs[u], c);
+        w0.next();
+      }
+    }
+  }
+}
+
 }  // namespace bn
 }  // namespace pydnn

@@ -28,6 +28,7 @@
 #define PYDNN_NORM_FLAG_PLANE 64u      /* backward: a thread's items share parameters (sum them, then lanes) */
 #define PYDNN_NORM_FLAG_STREAM 128u    /* fwd_rows / fwd_persist / bwd_ring / gn_fwd: y / dx stored evict-first */
 #define PYDNN_NORM_FLAG_WARPSTAT 256u  /* bwd_ring: a row's mean / invstd copied once per warp */
+#define PYDNN_NORM_FLAG_WS16 512u      /* bwd_rowx (no cluster): the dscale / dbias slot written in 16-byte stores */
 
 /* act: the fused activation on the normalized, scaled and shifted value z (0: none) */
 #define PYDNN_NORM_ACT_NONE 0

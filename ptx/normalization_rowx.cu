@@ -399,6 +399,48 @@ __device__ __forceinline__ void bwd_rowx_body(const NormParams& p) {
   // one slot per cluster, each block writing its own positions)
   const i64 np = p.nparams;
   float* ws_s = p.ws + ((i64)unit * spb + sub) * 2 * np;
+  if constexpr (CL == 1) {
+    if (p.flags & PYDNN_NORM_FLAG_WS16) {
+      // WS16: the group's threads write the slot in order, 4 positions a thread a step (16-, 8- or 4-byte stores as the
+      // slot's alignment allows), each position's partial read from its owner's shared-memory float4 (position j:
+      // frame position j + a, vector vi = (j + a) / VEC, lane vi mod G, item vi / G, half h). The per-thread walk
+      // below stores one float at a time, lanes 32 bytes apart: 8 partial-sector writes per sector.
+      __syncthreads();
+      const float* af = reinterpret_cast<const float*>(acc);
+      const int nf = (L + 3) / 4;
+      for (int f = lane; f < nf; f += G) {
+        float vs[4], vb[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 4 * f + e;
+          vs[e] = vb[e] = 0.0f;
+          if (j < L) {
+            const int pos = j + a, vi = pos / VEC, ee = pos - vi * VEC, h = ee >> 2, k = vi / G, l = vi - k * G;
+            vs[e] = af[((k * 2 * Q + h) * G + l) * 4 + (ee & 3)];
+            vb[e] = af[((k * 2 * Q + Q + h) * G + l) * 4 + (ee & 3)];
+          }
+        }
+        const int j = 4 * f;
+        float* d2[2] = {ws_s + j, ws_s + np + j};
+        const float* v2[2] = {vs, vb};
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          const unsigned long long ad = reinterpret_cast<unsigned long long>(d2[w]);
+          if (j + 4 <= L && (ad & 15) == 0) {
+            *reinterpret_cast<float4*>(d2[w]) = make_float4(v2[w][0], v2[w][1], v2[w][2], v2[w][3]);
+          } else if (j + 4 <= L && (ad & 7) == 0) {
+            reinterpret_cast<float2*>(d2[w])[0] = make_float2(v2[w][0], v2[w][1]);
+            reinterpret_cast<float2*>(d2[w])[1] = make_float2(v2[w][2], v2[w][3]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (j + e < L) d2[w][e] = v2[w][e];
+          }
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;

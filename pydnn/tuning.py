@@ -304,8 +304,18 @@ batchnorm = Switches(
                      'pydnn/ops/batchnorm.py'),
     SR_MIN_ROUNDS=(4, 'super-row backward statistics: the fewest kUnroll steps a thread of a stats chunk takes (fewer, longer '
                       'chunks for small tensors); the reasons: pydnn/ops/batchnorm.py'),
+    SR_ROUNDS_WAVE=(True, 'SR_MIN_ROUNDS\'s longer super-row stats chunks only while they leave a chunk per SM (else '
+                          'one step a thread, up to the SMs); the reasons: pydnn/ops/batchnorm.py'),
     SR_TILED_BYTES=(64 << 20, 'super-rows longer than one block (L / VEC > 256 positions, position tiles) only for x of at '
                               'least this many bytes; the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES=(True, 'packed NCHW training forward / backward with at most NC_RES_MAX elements per channel: nc_res, one '
+                  'block per channel holding it in registers (one launch, each byte read once) before the nc / gen '
+                  'sequences; the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_WAVE=(True, 'NC_RES where its register-resident blocks need more than one wave: the streaming form (4 '
+                       'elements a thread in registers, the rest read in each pass, blocks that keep every channel in '
+                       'one wave); the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
+                       'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )
@@ -317,6 +327,8 @@ norm = Switches(
     STAGED_BWD=(True, 'the 16-byte-vector backward on the staged kernels (persistent, cp.async two-stage pipeline; '
                       '1.6x the register-tile backward on rows of 4096, H200); the reasons: '
                       'pydnn/ops/normalization.py'),
+    ROWS_FIT=(True, 'fwd_rows: rows whose 16-byte vectors fill a power-of-two group of 4 items poorly take 5 items '
+                     'where that leaves fewer idle threads; the reasons: pydnn/ops/normalization.py'),
     ROWS_FWD=(True, 'Forward of contiguous layer / RMS norm rows without activation (`fwd_rows`): G threads per row '
                     'hold ITEMS 16-byte vectors of each of R rows; R > 1 keeps scale / bias in registers for the R '
                     'rows; the reasons: pydnn/ops/normalization.py'),
@@ -351,6 +363,8 @@ norm = Switches(
     ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
                       'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish; '
                       '8 gave LN bf16 417 x 2770 34.3 us against 35.1, H200); the reasons: pydnn/ops/normalization.py'),
+    ROWX_BWD_WS16=(False, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
+                          "of one float at a time; the reasons: pydnn/ops/normalization.py"),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "

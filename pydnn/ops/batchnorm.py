@@ -40,6 +40,10 @@ How the statistics are reduced (variance by Welford / Chan merges, see ptx/batch
         elements) over the whole GPU, fwd_final / bwd_final merge them per channel, nc_apply writes the
         outputs flat in 16-byte vectors (each lane's channel from its plane), nc_head the elements whose
         bytes held the constants (non-Ex); inference is nc_apply alone (NCHW_SPLIT; see _nc_layout).
+  ncr   packed NCHW / NCDHW SPATIAL training / backward with N * H * W <= NC_RES_MAX: nc_res, one launch, a block
+        per channel holding it in registers (each byte read once), or where those blocks would take more than one
+        wave its streaming form (a few elements a thread in registers, the rest read in each pass); before the
+        others, tiny calls included (NC_RES, NC_RES_WAVE).
   Tiny training / backward calls take gen's single launch (GEN_TINY).
 The partials and constants need memory. The Ex forms use the caller's workspace
 (GetBatchNormalization*ExWorkspaceSize gives poff + chunks * feats * slot bytes for the rows and nc layouts,
@@ -578,6 +582,11 @@ def _rows1_u(tag, v):
 # 187x50x14x14 0.0286 / 0.0356 / 0.0275, 29x63x31x31 0.0273 / 0.0279 / 0.0396 (the small forward points move 20-30%
 # between runs: host-bound). 4 for the backward (+12-13% on 37x12 in both runs), the forward keeps 1 (no win seen).
 # SR_MIN_ROUNDS: a switch, pydnn.tuning.batchnorm.SR_MIN_ROUNDS (default 4; the backward only)
+# SR_ROUNDS_WAVE: SR_MIN_ROUNDS's longer chunks only down to a chunk per SM (or one step a thread): bn_bwd NHWC bf16
+# 162x4x9x9 (C 4: blocks of 1 x 256 super-rows) had 2 stats chunks of 4 steps a thread against 7 of one step
+# (15.5 us of device time in a CUDA graph, 0.91x PyTorch; H200 sweep, 2026-11-28 17:15). Predicted: its stats
+# ~3x shorter; 37x12x146x146 (386 chunks) unchanged.
+# SR_ROUNDS_WAVE: a switch, pydnn.tuning.batchnorm.SR_ROUNDS_WAVE (default True)
 # SR_TILED_BYTES: a switch, pydnn.tuning.batchnorm.SR_TILED_BYTES (default 64 MiB)
 # SUPER_ROWS: a switch, pydnn.tuning.batchnorm.SUPER_ROWS (default True)
 SR_TAGS = ("f32", "f16", "bf16")
@@ -621,7 +630,10 @@ def _sr_chunks(handle, sg, pslot, cap_bytes=None, direction="bwd"):
         return None
     want = max(1, (handle.sm_count * tuning.batchnorm.SR_BLOCKS) // tiles)
     rounds = tuning.batchnorm.SR_MIN_ROUNDS if direction == "bwd" else 1
-    n = max(1, min(want, cdiv(R, by * UNROLL * rounds), MAX_GRID_Y - extra, cap if cap is not None else want))
+    nr = cdiv(R, by * UNROLL * rounds)
+    if rounds > 1 and tuning.batchnorm.SR_ROUNDS_WAVE:  # (the longer chunks only while they fill a wave of SMs)
+        nr = max(nr, min(cdiv(R, by * UNROLL), handle.sm_count))
+    n = max(1, min(want, nr, MAX_GRID_Y - extra, cap if cap is not None else want))
     chunk = cdiv(R, n)
     gy = cdiv(R, chunk) + extra
     return chunk, gy, gy * width * pslot
@@ -781,8 +793,73 @@ NC_APPLY_STEPS = 2  # kNcU-vector steps per thread of an apply block
 NC_HEAD_THREADS = 512
 
 
+# nc_res (ptx/batchnorm.cu): packed NCHW / NCDHW SPATIAL training forward and backward whose channels hold at
+# most NC_RES_MAX elements (N * H * W): one block per channel holds the channel in registers (NC_RES_PER[i]
+# elements per thread, blocks of up to NC_RES_THREADS threads), reduces it and writes the outputs: one launch,
+# x (and dy) read once, no scratch, any pointer alignment. Before every other NCHW sequence, tiny calls (GEN_TINY)
+# included. Why: the small NCHW backward was 3 launches against PyTorch's one block-per-channel kernel (fp32
+# 5x1481x23x23: nc 34.6 us eager, 30.1 us of kernels against 27.7 / 26.6 us, 0.80x; bf16 1x306x99x99 0.68x;
+# bf16 2x3x77x77 0.64x), the small training forward gen's double Welford walk (fp16 21x413x9x9 fused_gen 29.9 us
+# against cuDNN's 6.7 us kernel, 72x37x8x8 0.83x; H200, session 30). Predicted: one launch reading each byte once,
+# ~1.3-2x PyTorch on those points.
+# NC_RES: a switch, pydnn.tuning.batchnorm.NC_RES (default True)
+# NC_RES_MAX: a switch, pydnn.tuning.batchnorm.NC_RES_MAX (default 16384)
+NC_RES_THREADS = 1024  # kResThreads
+NC_RES_PER = (4, 8, 16)  # elements per thread (template PER): the first whose block fits NC_RES_CAP
+NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
+# NC_RES_WAVE: where the register-resident blocks take more than one wave (C > SMs x the blocks an SM holds), the
+# streaming form nc_res<T, NC_RES_STREAM_PER, .., true> instead: NC_RES_STREAM_PER elements a thread in registers,
+# the rest read in each pass (the later passes mostly from L2; kResSU elements a thread a step with their loads in
+# flight together), blocks of the most threads (256 down to 64) that keep every channel in one wave. Why: mid-session run 1 (H200, bench_memory_points, eager, PyTorch in the same
+# run): the resident form won 1.3-2x where one wave held it (bn_bwd NCHW bf16 2x3x77x77 0.73 -> 1.31x, 62x92x16x16
+# 0.69 -> 1.38x, bn_train fp16 21x413x9x9 0.70 -> 1.46x, bf16 4x256x64x64 1.10 -> 1.88x) and lost where it did not:
+# bf16 1x306x99x99 (PER 16, 640 threads, 64 registers: one block an SM, 3 waves) 0.70 -> 0.62x, fp32 5x1481x23x23
+# (3 blocks an SM, 3.7 waves) 0.82 -> 0.86x. Registers (sm_90, ptxas): NC_RES_REGS, for the waves. Measured (run 2,
+# the streaming passes then loading one element a step): fp32 5x1481x23x23 0.0258 ms (1.10x; resident 0.87x, nc
+# 0.82x), bf16 1x306x99x99 0.82x (0.56 / 0.68x), bf16 4x256x64x64 training 1.29x (1.20 / 1.06x); lost: fp16
+# 4x139x64x64 backward 0.63x (0.68 / 0.75x).
+# NC_RES_WAVE: a switch, pydnn.tuning.batchnorm.NC_RES_WAVE (default True)
+NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
+NC_RES_STREAM_PER = 4
+NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
+NC_RES_STREAM_THREADS = (256, 128, 64)
+
+
+def _res_blocks_per_sm(threads, regs):
+    return max(1, min(2048 // threads, 32, 65536 // (threads * regs)))
+
+
+def _nc_res_launch(handle, g, direction, tag):
+    """The nc_res launch of a packed NCHW geometry, or None."""
+    nc = _nc(g)
+    if nc is None or tag == "f64" or not tuning.batchnorm.NC_RES or direction == "infer":
+        return None
+    n, c, hw = nc
+    m = n * hw
+    if m > min(tuning.batchnorm.NC_RES_MAX, NC_RES_PER[-1] * NC_RES_THREADS) or n * c * hw >= 2**31:  # (32-bit offsets)
+        return None
+    b = "true" if direction == "bwd" else "false"
+    for per in NC_RES_PER:
+        threads = cdiv(cdiv(m, per), 32) * 32
+        if threads <= NC_RES_CAP[per]:
+            break
+    else:
+        return None
+    if tuning.batchnorm.NC_RES_WAVE and c > handle.sm_count * _res_blocks_per_sm(threads, NC_RES_REGS[direction, per]):
+        sp = NC_RES_STREAM_PER
+        for st in NC_RES_STREAM_THREADS:
+            st = min(st, cdiv(cdiv(m, sp), 32) * 32)
+            if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
+                break
+        return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true")
+    return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
+
+
 def _nc_exprs(t):
     out = []
+    if t != "f64":
+        out += [_expr("nc_res", t, None, f"{per}, {b}") for per in NC_RES_PER for b in ("false", "true")]
+        out += [_expr("nc_res", t, None, f"{NC_RES_STREAM_PER}, {b}, true") for b in ("false", "true")]
     for v in (vec_width(t, t), 1):
         out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
@@ -1050,6 +1127,11 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl
     pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
+    res = _nc_res_launch(handle, g, direction, tag)
+    if res is not None:
+        nc = _nc(g)
+        pl.params.nc_n, pl.params.nc_hw = nc[0], nc[2]
+        pl.seqs["ncr"] = [res]
     if _planes_ok(g, vec_width(tag, tag)):
         pl.seqs["planes"] = [_planes_launch(direction, g, vec_width(tag, tag))]
     if g.layout != "rows":
@@ -1177,6 +1259,9 @@ def _pick(pl, tensor_ptrs, scratch_ok, base=0):
     plan has it and the scratch is usable, else gen. nc: also the scratch's base (its float / double
     constants and partials) 16-byte aligned (a 16-bit y / dx off the vector keeps gen). Tiny calls: gen."""
     g = pl.geom
+    ncr = pl.seqs.get("ncr")
+    if ncr is not None and tuning.batchnorm.NC_RES:
+        return ncr
     if g.rows <= tuning.batchnorm.GEN_TINY_ROWS and g.rows * g.feats <= tuning.batchnorm.GEN_TINY and "gen" in pl.seqs:
         return pl.seqs["gen"]
     orb = 0  # the pointers' low bits together (NULL ones add none): aligned to a power of two m <=> orb % m == 0

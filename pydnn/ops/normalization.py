@@ -94,6 +94,7 @@ ACT_IDS = {E.PYDNN_ACTIVATION_IDENTITY: 0, E.PYDNN_ACTIVATION_RELU: 1, E.PYDNN_A
            E.PYDNN_ACTIVATION_SWISH: 6, E.PYDNN_ACTIVATION_GELU_ERF: 7, E.PYDNN_ACTIVATION_GELU_TANH: 8}
 
 FLAG_STATS, FLAG_RMS, FLAG_BETA2, FLAG_PREG, FLAG_PLANE, FLAG_STREAM, FLAG_WARPSTAT = 4, 8, 16, 32, 64, 128, 256
+FLAG_WS16 = 512
 FWD_ITEMS = {True: 4, False: 8}    # vectors (vector launch) or elements (scalar launch) per thread
 BWD_ITEMS = {True: 2, False: 4}
 FWD_MAX_BLOCK, BWD_MAX_BLOCK = 1024, 512   # the kernels' __launch_bounds__
@@ -122,8 +123,22 @@ GEN_THREADS = 256
 # to RMS: LN bf16 without bias runs at 88.3% of copy against 82.1% with it (H200). tools/notes/normalization.md
 # lists the configs measured and dropped.
 # ROWS_FWD: a switch, pydnn.tuning.norm.ROWS_FWD (default True)
-ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False),)}
+ROWS_CONFIGS = {2: ((4, 1, False), (4, 1, True)), 4: ((4, 1, False), (5, 1, False))}
 ROWS_PICK = {"f32": (4, 1, False), "f16": (4, 1, True), "bf16": (4, 1, True)}
+# ROWS_FIT: rows whose vectors fill G (a power of two) x 4 items poorly take ROWS_FIT_ITEMS items where that
+# leaves fewer idle slots (G x items below ROWS_FIT_GAIN of the pick's): the sweep's forward points below 1.0x
+# all ran about half their slots idle (H200, 2026-11-28 17:15): RMS fp16 rows of 4336 (542 vectors: G 256 x 4,
+# 53% used; 5 items: G 128, 85%) 0.80x, RMS bf16 2296 (287: 56% -> 90%) 0.99x, LN fp16 9576 (1197: 58% ->
+# 94%) 0.99x. fp32 takes fwd_rows<float, 4, 5> (56 registers); 16-bit rows go to fwd_rowx<T, 8, 5> instead (63
+# registers, no spills; fwd_rows<T, 8, 5, 1, true> spilled 56 bytes at the 64-register cap, sm_90), where there
+# are at least as many rows as SMs (fewer keep fwd_rows: fwd_rowx leaves those whole-vector rows to the cluster
+# kernel). Measured (mid-session run 2, H200, tools/bench_memory_points.py, eager ms off / on, PyTorch in the same run):
+# RMS fp16 199454 x 4336 1.279 / 1.140 (0.81 -> 0.90x), RMS bf16 22392 x 2296 0.0733 / 0.0713, LN bf16 8204 x 39856
+# (fwd_rowx 8 -> 5 items) 0.689 / 0.638 (0.90 -> 0.97x), LN fp16 26676 x 9576 0.460 / 0.431 (0.99 -> 1.06x), RMS fp16
+# 1587 x 38005 0.112 / 0.101. On.
+# ROWS_FIT: a switch, pydnn.tuning.norm.ROWS_FIT (default True)
+ROWS_FIT_ITEMS = 5
+ROWS_FIT_GAIN = 0.85
 # Backward of the same rows (`bwd_rows`): persistent, G threads per row, ITEMS vectors per thread, x / dy
 # of DEPTH rows in registers (a ring: DEPTH - 1 rows of loads in flight while one is reduced).
 # BWD_ROWS_CONFIGS: the (ITEMS, DEPTH) compiled per element size (none for fp32: its rows of 4096 need
@@ -196,6 +211,11 @@ ROWX_BWD_CL = (2, 4, 8)
 # in flight and none during the reduction / cluster barrier / stores; blocks of 256 in clusters of 8 put two
 # blocks (two rows' phases) on each SM. Not yet measured: 512 is the previous choice.
 # ROWX_BWD_CL_BLOCK: a switch, pydnn.tuning.norm.ROWX_BWD_CL_BLOCK (default 256)
+# ROWX_BWD_WS16: bwd_rowx (no cluster) writes its dscale / dbias slot in order, 16-byte stores (PYDNN_NORM_FLAG_WS16),
+# instead of one float at a time from each thread's positions (lanes 32 bytes apart: 8 partial writes per sector).
+# Why: LN bf16 417 x 2770 spent 29.0 us in bwd_rowx against PyTorch's 5.6 us grad-input kernel (mid-session run 1,
+# H200, tools/profile_memory_points.py): 420 slots of 2 x 2770 floats, 3.3M scalar stores. Off until measured.
+# ROWX_BWD_WS16: a switch, pydnn.tuning.norm.ROWX_BWD_WS16 (default False)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -387,7 +407,8 @@ def _unit_exprs(tag):
 
 def _rowx_unit_exprs(tag):
     v = vec_width(tag, tag)
-    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS] + [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
+    return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS + (ROWS_FIT_ITEMS,)] +
+                 [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
                  [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
                  [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS])
 
@@ -768,6 +789,15 @@ def _rows_alt(handle, nd, tag, geo, vec):
     if not _rows_layout(nd, geo, vec):
         return None
     items, rows, one = ROWS_PICK[tag]
+    nv = length // vec
+    if tuning.norm.ROWS_FIT and rows == 1:
+        def slots(i):  # (a row's group x items: its idle slots)
+            return next_pow2(max(1, cdiv(nv, i))) * i
+        if slots(ROWS_FIT_ITEMS) < ROWS_FIT_GAIN * slots(items):
+            if (ROWS_FIT_ITEMS, rows, one) in ROWS_CONFIGS[_SIZES[tag]]:
+                items = ROWS_FIT_ITEMS
+            elif n_sets >= handle.sm_count and tuning.norm.ROWX:
+                return None  # (fwd_rowx with ROWS_FIT_ITEMS items)
     g = next_pow2(max(1, cdiv(length // vec, items)))
     block = max(g, MIN_BLOCK)
     per_block = block // g * rows
@@ -806,9 +836,13 @@ def _rowx_alt(handle, nd, tag, geo, vec):
         return None  # fewer long rows than SMs: the cluster kernel spreads each over 8 SMs
     nsv = length // vec if whole else cdiv(length + vec - 1, vec)
     cl = 1
+    fit = [i for i in (ROWS_FIT_ITEMS,) if tuning.norm.ROWS_FIT and next_pow2(max(1, cdiv(nsv, i))) <= ROWX_MAX_GROUP]
     for items in ROWX_ITEMS:
         g = next_pow2(max(1, cdiv(nsv, items)))
         if g <= ROWX_MAX_GROUP:
+            if fit and next_pow2(max(1, cdiv(nsv, fit[0]))) * fit[0] < ROWS_FIT_GAIN * g * items:
+                items = fit[0]  # (ROWS_FIT: fewer idle slots)
+                g = next_pow2(max(1, cdiv(nsv, items)))
             break
     else:
         items, cl = ROWX_ITEMS[-1], ROWX_FWD_CL
@@ -1353,6 +1387,8 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
     grid, slots = per * period * cl, per * period * spb
     p = _base_params(nd, sets, els, n_sets, length, nparams, True)
     p.group, p.pf = g, period
+    if cl == 1 and tuning.norm.ROWX_BWD_WS16:
+        p.flags |= FLAG_WS16
     bwd = _new_launch(_rowx_bwd_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1), smem,
                       desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}"
                            + (f" cl={cl}" if cl > 1 else ""))

@@ -29,6 +29,7 @@ def _no_gen_tiny(monkeypatch):
     """These small shapes test the rows / nc / planes paths: tiny calls would take gen (GEN_TINY; its own
     test is test_batchnorm_nc_gpu.py::test_gen_tiny)."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES", False)  # (packed NCHW up to NC_RES_MAX: nc_res, its own tests)
 PTOL = {F64: F64, F32: F32, F16: F32, BF16: F32}  # tolerance of the parameter-typed outputs
 
 CASES = [  # dims, layout, mode

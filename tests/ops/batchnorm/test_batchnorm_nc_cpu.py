@@ -32,6 +32,11 @@ def _summary(h, direction, d, ex=False):
     return B.plan_summary(h, direction, SPATIAL, d, *others, ex=ex)
 
 
+@pytest.fixture(autouse=True)
+def _no_nc_res(monkeypatch):
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES", False)  # (packed NCHW up to NC_RES_MAX: nc_res, its own tests)
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd", "infer"])
 def test_nc_plans(direction, monkeypatch):
     h = cpu_handle()
@@ -110,7 +115,7 @@ def test_nc_compile_for_sm80_and_sm90():
     from pydnn._cuda import nvrtc
 
     for unit in B.kernel_units():
-        exprs = tuple(e for e in unit.exprs if "::nc_" in e or e.endswith("final<float, true>")
+        exprs = tuple(e for e in unit.exprs if ("::nc_" in e and "::nc_res<" not in e) or e.endswith("final<float, true>")
                       or e.endswith("final<double, true>"))  # (the super-row kernels: test_batchnorm_sr_cpu.py)
         assert len(exprs) == 22, (unit.name, exprs)  # (BWD_SUMS: nc_stats<.., true, true>, nc_apply kNcBwdSaved; 2 widths)
         text, _ = cache.unit_inputs(unit)

@@ -35,6 +35,7 @@ def _no_gen_tiny(monkeypatch):
     small forwards gen / planes (NC_GEN_ROWS)."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)
     monkeypatch.setattr(tuning.batchnorm, "NC_GEN_ROWS", 0)
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES", False)  # (packed NCHW up to NC_RES_MAX: nc_res, its own tests)
 
 
 SHAPES = [

@@ -279,3 +279,28 @@ def test_sr_kernels_compile_without_spills():
             assert set(lowered) == set(exprs)
             spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
             assert len(spills) == 9 and not any(spills), (unit.name, arch, log)
+
+
+@pytest.mark.parametrize("dims,dtype,wave,plain", [((162, 4, 9, 9), pydnn.PYDNN_DATA_BFLOAT16, 7, 2),
+                                                   ((37, 12, 146, 146), pydnn.PYDNN_DATA_HALF, 386, 386),
+                                                   ((1, 700, 32, 32), pydnn.PYDNN_DATA_BFLOAT16, 103, 32)])
+def test_sr_rounds_wave(dims, dtype, wave, plain, monkeypatch):
+    """SR_ROUNDS_WAVE: the backward's SR_MIN_ROUNDS-long stats chunks only down to a chunk per SM (132 on the CPU
+    handle) or one step a thread; the forward (one round) is unchanged."""
+    monkeypatch.setattr(tuning.batchnorm, "SR_MIN_ROUNDS", 4)
+    monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 64 << 20)
+    monkeypatch.setattr(tuning.batchnorm, "SUPER_ROWS", True)
+    h = cpu_handle()
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor(d, dtype, 4, dims, packed_strides(dims, pydnn.PYDNN_TENSOR_NHWC))
+    got = {}
+    for w in (True, False):
+        monkeypatch.setattr(tuning.batchnorm, "SR_ROUNDS_WAVE", w)
+        _, sq, _ = B.plan_summary(h, "bwd", pydnn.PYDNN_BATCHNORM_SPATIAL, d, d, d)
+        st = sq["sr"][0]
+        assert st[0] == "bwd_stats" and st[4]["chunks"] == st[2][1]
+        got[w] = st[2][1]
+        _, fq, _ = B.plan_summary(h, "fwd", pydnn.PYDNN_BATCHNORM_SPATIAL, d, d)
+        got[("fwd", w)] = fq["sr"][0][2][1]
+    assert (got[True], got[False]) == (wave, plain)
+    assert got[("fwd", True)] == got[("fwd", False)]

@@ -29,6 +29,7 @@ def _setup(monkeypatch, handle):
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 0)  # (small shapes: the rows / nc paths, not gen)
     monkeypatch.setattr(tuning.batchnorm, "SR_TILED_BYTES", 0)  # (position tiles on small shapes too)
     monkeypatch.setattr(tuning.batchnorm, "BWD_SUMS", True)
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES", False)  # (packed NCHW up to NC_RES_MAX: nc_res, its own tests)
     _forget_bn_plans(handle)
     yield
     _forget_bn_plans(handle)

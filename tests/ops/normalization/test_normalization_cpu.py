@@ -16,6 +16,13 @@ from pydnn.reference import normalization as ref
 from pydnn.tensor import packed_strides
 from test_fuzz_cpu import _call, _desc, cpu_handle
 
+
+@pytest.fixture(autouse=True)
+def _no_rows_fit(monkeypatch):
+    """These tests state the 4-item plans (tuning.norm.ROWS_FIT's 5-item ones: test_normalization_fit_*.py)."""
+    monkeypatch.setattr(tuning.norm, "ROWS_FIT", False)
+
+
 F32, F64, F16, BF16 = (pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_DOUBLE, pydnn.PYDNN_DATA_HALF,
                        pydnn.PYDNN_DATA_BFLOAT16)
 LAYER, GROUP, INSTANCE, RMS = (pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_GROUP,

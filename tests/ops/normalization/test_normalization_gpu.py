@@ -14,6 +14,13 @@ from pydnn.tensor import packed_strides
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _no_rows_fit(monkeypatch):
+    """These tests state the 4-item plans (tuning.norm.ROWS_FIT's 5-item ones: test_normalization_fit_*.py)."""
+    monkeypatch.setattr(tuning.norm, "ROWS_FIT", False)
+
+
 F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
 LAYER, GROUP, INSTANCE, RMS = (pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_GROUP,
                                pydnn.PYDNN_NORM_KIND_INSTANCE, pydnn.PYDNN_NORM_KIND_RMS)

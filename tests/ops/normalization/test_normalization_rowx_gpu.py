@@ -13,6 +13,13 @@ from test_normalization_gpu import _backward_check, _forward_check, _nd, _tensor
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _no_rows_fit(monkeypatch):
+    """These tests state the 4-item plans (tuning.norm.ROWS_FIT's 5-item ones: test_normalization_fit_*.py)."""
+    monkeypatch.setattr(tuning.norm, "ROWS_FIT", False)
+
+
 F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
 LAYER, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
 DTYPES = [F32, F16, BF16]
@@ -166,3 +173,25 @@ def test_rowx_backward_rows_per_group(handle, rng, monkeypatch, k):
         assert alts[0][0].startswith("bwd_rowx"), alts
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [0, 1, 2, 3, 4, 9])
+def test_rowx_backward_ws16(handle, rng, case, dtype, monkeypatch):
+    """ROWX_BWD_WS16: bwd_rowx's dscale / dbias slots written in order with 16-byte (8-, 4-byte where the slot is off
+    16 bytes: rows of 37 / 1001 / 4231 parameters) stores, from every alignment class; LN bf16 417 x 2770 (the
+    sweep's point) and a 1-SM plan walking many rows."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_WS16", True)
+    cases = BWD_CASES + [None] * 10
+    cases[9] = (LAYER, (417, 2770), "nchw", {4: True, 2: True})
+    kind, dims, layout, uses = cases[case]
+    x = _tensor(dims, layout, dtype)
+    alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+    assert alts[0][0].startswith("bwd_rowx ") == uses[4 if dtype == F32 else 2], alts
+    _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
+    _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                    dbias=False)
+    if case == 0:
+        monkeypatch.setattr(handle, "sm_count", 1)
+        for kind, dims in ((LAYER, (300, 37)), (RMS, (70, 1001))):
+            _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(1.0, 0.5, 1.0, -1.0))
