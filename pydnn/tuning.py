@@ -746,6 +746,14 @@ torch = Switches(
                       "and are cast to the autocast dtype there (their gradients cast back to float32 in its "
                       "backward): the values autocast's own casts give, without an autograd node (ToCopyBackward) "
                       "for each. False: autocast's casts before the Function"),
+    BLOCK_NHWC=(True, "a fused block (FUSE_BLOCK) whose convolution runs on NHWC copies (CONV_NHWC_FWD: the CNN "
+                      "demo's 64 -> 128 layer) keeps the NHWC convolution output for its batch norm and max pool "
+                      "(the pool writes the block's output in x's NCHW layout; the backward's batch-norm gradient "
+                      "goes to the NHWC convolution backward as it is), and under FOLD_CASTS casts the float32 "
+                      "weight to the compute dtype in the transform that makes its NHWC copy (the weight gradient "
+                      "back to float32 in the transform to NCHW): two transforms and two casts fewer a step (four "
+                      "launches, four allocations and their pydnn / torch calls: a host-bound step's time). False: "
+                      "the convolution's output back to NCHW before the batch norm, the casts by torch"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "

@@ -138,6 +138,8 @@ def main():
             print(f"{i:3d} {real.__name__}: FAILED {type(e).__name__}: {str(e)[:160]}")
             continue
         kernels = sorted({key[1].split("<")[0].replace("pydnn::", "") for key in looked})
+        if os.environ.get("PROFILE_UNITS"):
+            print("   units:", sorted({str(key[0]) for key in looked}))
         real(*a, **k)
         samples = []
         for _ in range(5):
