@@ -183,7 +183,7 @@ def rnn_setup(backend, dev):
 # in parallel before the first step instead of one at a time on first use (a fresh machine: ~30 s, most of it
 # convolution.bf16); a unit this list misses still compiles on first use.
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
-             "convolution.wgrad.bf16", "matmul.bf16.nn.rare0", "matmul.bf16.tn.rare0", "matmul.wgmma.bf16",
+             "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16",
              "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.bf16",
              "tensor_ops.transform.f32")  # (tuning.torch.BLOCK_NHWC: the float32 weight cast in its NHWC transform)
 # The GPT demo's (default size, 64 x 1024 tokens; the same stub replay over tools/profile_torch_host_cpu.py
