@@ -193,7 +193,7 @@ def bridge(args, step_model, mp):
 
     from pydnn import tuning
 
-    def override(sw):  # (an override bumps tuning.GENERATION: replayed calls then record again)
+    def override(sw):  # (the defaults without an override: it bumps tuning.GENERATION)
         return tuning.override(sw) if sw else contextlib.nullcontext()
     variants = [("bridge (defaults)", lambda: step(model, False), {}),
                 ("bridge (FAST_CALLS=False)", lambda: step(model, False), {"torch.FAST_CALLS": False}),

@@ -166,16 +166,8 @@ def record(run, ptrs):
     try:
         with driver.recording() as tagged:
             run(tags)
-        # the real call once more, from the state the tagged run left: a family that keeps one parameter struct
-        # per plan and sets only the fields a launch reads (batch norm: a launch leaves chunk_rows / row_end for
-        # the next one) starts its first launch from the previous call's leftovers, which the first run (a fresh
-        # struct) did not have; the tagged run and this one start alike (session 31: without it no batch-norm
-        # call kept a plan, tests/core/test_call_path_cnn_gpu.py -k bn_replay)
-        with driver.recording() as again:
-            run(ptrs)
     except PydnnError:
         return real, None
-    real = again
     if len(tagged) != len(real) or not all(_same_launch(a, b) for a, b in zip(tagged, real)):
         return real, None
     items = _as_buffers(tagged)
@@ -226,112 +218,3 @@ def resolve(bufs, names, needs, aligns):
     except PydnnError:
         return None
     return out
-
-
-# ----------------------------------------------------------------------------- replayed public calls
-# A public call whose launches depend only on its descriptors, its plain arguments (modes, scalars, sizes) and
-# its buffers' alignment gets an entry (`entry`) that keeps, per (descriptors at their versions, plain arguments
-# with their types, which buffers are NULL), the call recorded as above; a repeated call whose buffers have the
-# plan's low address bits and aliasing and do not partly overlap launches it (one compiled call for all its
-# launches, pointers repatched only when they changed). Any other call, the first of each key, a call under
-# PYDNN_CHECKED=1 or while another call records, and tuning.callpath.CALL_REPLAY off: the full function (the
-# same checks, errors and last-error text). A key whose descriptors saw more than MAX_PLANS_PER_SET plans (a
-# scalar that changes every call) stops recording. Batch norm's training forward / backward (three launches, ~40
-# ctypes field writes a call) use it (pydnn/ops/batchnorm.py's last block).
-MAX_PLANS_PER_SET = 8
-_PLAIN = frozenset((int, float, bool, type(None)))
-
-
-def entry(full, tag, nargs, descs, plain, bufs):
-    """The entry in front of `full` (an api-wrapped public function of `nargs` positional arguments, the handle
-    first). descs: indices of descriptor arguments (keyed by identity and version; None allowed); plain: indices
-    of plain arguments (keyed by value and type); bufs: (index, name, need(args) -> bytes) of each device buffer
-    (None / 0: NULL, part of the key)."""
-    import functools
-
-    from .. import buffers as _buffers
-    from ..handle import Handle
-
-    def key_of(args):
-        k = [tag, tuning.GENERATION[0]]
-        for i in descs:
-            d = args[i]
-            k.append(d)
-            k.append(getattr(d, "version", None))
-        for i in plain:
-            v = args[i]
-            if type(v) not in _PLAIN:
-                return None
-            k.append(v)
-            k.append(type(v))
-        for i, _, _ in bufs:
-            b = args[i]
-            k.append(b is None or (type(b) is int and b == 0))
-        return tuple(k)
-
-    @functools.wraps(full)
-    def replayed(*args, **kwargs):
-        if (kwargs or len(args) != nargs or not tuning.callpath.CALL_REPLAY or _buffers.CHECKED
-                or driver._recorders):
-            return full(*args, **kwargs)
-        h = args[0]
-        try:
-            if type(h) is not Handle or not h.alive:
-                return full(*args)
-            key = key_of(args)
-            plan = h.prepared.get(key) if key is not None else None
-        except Exception:  # noqa: BLE001 - an argument a key cannot hold: the full function names it
-            return full(*args)
-        if plan is not None:
-            idx = plan.extra
-            ptrs = resolve([args[i] for i in idx], idx, plan.needs, plan.aligns)
-            if ptrs is not None:
-                if tuple(ptrs) == plan.last:
-                    plan.launch(h)
-                    return None
-                if signature(ptrs) == plan.sig and not overlapping(ptrs, plan.needs):
-                    plan.repatch(ptrs)
-                    plan.launch(h)
-                    return None
-            return full(*args)
-        if key is None:
-            return full(*args)
-        return _record_call(full, h, key, args, bufs)
-
-    return replayed
-
-
-def _record_call(full, h, key, args, bufs):
-    try:
-        count_key = ("replay.count",) + tuple(x for x in key if not isinstance(x, (bool, float, int, type)))
-        n = h.prepared.get(count_key, 0)
-    except TypeError:
-        return full(*args)
-    if n >= MAX_PLANS_PER_SET:
-        return full(*args)
-    try:
-        spec = [(i, name, need(args)) for i, name, need in bufs
-                if not (args[i] is None or (type(args[i]) is int and args[i] == 0))]
-    except Exception:  # noqa: BLE001 - a descriptor the full function refuses: it names it
-        return full(*args)
-    idx = tuple(i for i, _, _ in spec)
-    names, needs, aligns = [s[1] for s in spec], [s[2] for s in spec], [1] * len(spec)
-    ptrs = resolve([args[i] for i in idx], names, needs, aligns)
-    if ptrs is None or overlapping(ptrs, needs):
-        return full(*args)
-
-    def run(ps):
-        a2 = list(args)
-        for i, p in zip(idx, ps):
-            a2[i] = p
-        full(*a2)
-
-    real, plan = record(run, ptrs)
-    if plan is not None:
-        plan.needs, plan.aligns, plan.extra = tuple(needs), tuple(aligns), idx
-        h.remember(key, plan)
-        h.remember(count_key, n + 1)
-        plan.launch(h)
-    else:
-        launch_items(h, real)
-    return None
