@@ -268,6 +268,13 @@ def _capturing():
     return torch.cuda.is_current_stream_capturing()
 
 
+def capturing():
+    """Whether the current stream is being captured into a CUDA graph (PyTorch's C getter once _check_fast found
+    it usable; a test's stand-in for torch.cuda.is_current_stream_capturing still takes effect)."""
+    cap = _capturing_c if torch.cuda.is_current_stream_capturing is _capturing_pub else None
+    return cap() if cap is not None else torch.cuda.is_current_stream_capturing()
+
+
 def workspace(nbytes, device):
     """A workspace from PyTorch's caching allocator: (tensor or None, pointer or None). With
     tuning.torch.FAST_CALLS, outside CUDA graph capture, one buffer per (device, stream) kept and grown to the

@@ -735,7 +735,7 @@ class _BlockRec:
     """A conv + batch-norm call's record (tuning.torch.FUSE_BLOCK): the compute dtype (dt: autocast's, the
     parameters cast to it inside the Function), the convolution's record and the batch norm's (with its
     fused ReLU and max pool)."""
-    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d")
+    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d", "bn_c")
 
 
 def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
@@ -768,6 +768,11 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
         r.bn = _bn_rec(C.handle_for(x.device), y, True, relu)
         if pool is not None:
             r.bn.pool = _bn_pool_rec(y, r.bn, pool, out_nchw=r.nhwc)
+        r.bn_c = None
+        if r.nhwc:  # the batch norm of the path without BLOCK_NHWC, for CUDA graph capture (see the forward)
+            yc = _output_like(x, r.conv.pl.y_shape)
+            r.bn_c = _bn_rec(C.handle_for(x.device), yc, True, relu)
+            r.bn_c.pool = _bn_pool_rec(yc, r.bn_c, pool)
         # the float32 weight (NCHW-packed) as a tensor: cast in the transform to its NHWC copy (and its gradient
         # back in the one to NCHW)
         r.w32d = (C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride())
@@ -822,7 +827,14 @@ class ConvBatchNormFunction(torch.autograd.Function):
         h = C.handle_for(x.device)
         dt = rec.dt
         bc = b if (b is None or b.dtype is dt) else b.to(dt)
-        if rec.nhwc:  # BLOCK_NHWC: x and w to NHWC copies (w cast there), the batch norm on the NHWC output
+        bn = rec.bn
+        # BLOCK_NHWC: x and w to NHWC copies (w cast there), the batch norm on the NHWC output. Eager only: its max
+        # pool reads NHWC and writes NCHW, and that backward (p2_bwd) took 191 us of GPU time where the NCHW window
+        # kernel takes ~20 (H200, the CNN demo's second block): it saves host time, which a captured graph does not
+        # spend
+        if rec.nhwc and C.capturing():
+            bn = rec.bn_c
+        if bn is rec.bn and rec.nhwc:
             pl = rec.conv.pl
             ph = pl.nhwc
             cl = torch.channels_last
@@ -841,9 +853,9 @@ class ConvBatchNormFunction(torch.autograd.Function):
             wc = w if w.dtype is dt else w.to(dt)
             y, csaved, ctx.nhwc = _conv_fwd(h, x, wc, bc, rec.conv)
         ctx.y_stride = y.stride()
-        z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, rec.bn)
+        z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, bn)
         ctx.save_for_backward(*csaved, *bsaved)
-        ctx.rec, ctx.eps, ctx.affine = rec, eps, bn_w is not None
+        ctx.rec, ctx.bn, ctx.eps, ctx.affine = rec, bn, eps, bn_w is not None
         ctx.w_dt, ctx.b_dt = w.dtype, None if b is None else b.dtype
         return z
 
@@ -852,7 +864,7 @@ class ConvBatchNormFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         rec = ctx.rec
         h = C.handle_for(dz.device)
-        dy, dbn_w, dbn_b = _bn_bwd_train(h, rec.bn, saved[3:], ctx.eps, dz)
+        dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
         n = ctx.needs_input_grad
         if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
             dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],

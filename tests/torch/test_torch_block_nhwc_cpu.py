@@ -32,7 +32,7 @@ def _model():
 bridge = os.sep + os.path.join("pydnn", "torch") + os.sep
 
 
-def _run(on, steps=2):
+def _run(on, steps=2, capture=False):
     torch.manual_seed(7)
     ref = _model()
     m = _model()
@@ -53,12 +53,16 @@ def _run(on, steps=2):
                 n_to[0] += bridge in sys._getframe(1).f_code.co_filename
                 return real_to(self, *a, **k)
             torch.Tensor.to = counting_to
+            if capture:  # (the bridge asks torch.cuda.is_current_stream_capturing: the harness's stand-in)
+                torch.cuda.is_current_stream_capturing = lambda: True
             try:
                 out = no_fallback(lambda: m(x))
                 loss = F.cross_entropy(out.float(), y)
                 no_fallback(loss.backward)
             finally:
                 torch.Tensor.to = real_to
+                if capture:
+                    torch.cuda.is_current_stream_capturing = lambda: False
             calls.append(list(CALLS))
             casts.append(n_to[0])
             outs.append((out.detach().clone(), {n: p.grad.clone() for n, p in m.named_parameters()},
@@ -87,3 +91,18 @@ def test_block_nhwc_same_values_fewer_calls(emulated, monkeypatch):
     # the steady step (the first one makes records: the run that goes first pays their casts): the second block's
     # weight cast and its gradient's gone
     assert casts_on[-1] == casts_off[-1] - 2, (casts_on, casts_off)
+
+
+def test_block_nhwc_is_eager_only(emulated, monkeypatch):
+    """Under CUDA graph capture a BLOCK_NHWC block takes the path without it (its mixed-layout max-pool backward
+    costs GPU time, which a captured step spends): the calls and values of the switch off."""
+    monkeypatch.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cap, calls_cap, _ = _run(True, capture=True)
+    off, calls_off, _ = _run(False, capture=True)
+    for c_cap, c_off in zip(calls_cap, calls_off):
+        assert c_cap.count("transform") == c_off.count("transform") == 6, (c_cap, c_off)
+    for (o1, g1, b1, _), (o2, g2, b2, _) in zip(cap, off):
+        torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+        for n in g1:
+            torch.testing.assert_close(g1[n], g2[n], rtol=0, atol=0, msg=n)
