@@ -72,7 +72,7 @@ class StepTimer:
     loop), and wall time per step."""
 
     def __init__(self, device):
-        self.events = []
+        self.events, self.times = [], []
         self.cuda = device.type == "cuda"
 
     def _event(self):
@@ -103,7 +103,8 @@ class StepTimer:
         ev = self.events[skip:]
         if not ev:
             return float("nan"), float("nan")
-        ms = sorted(self._ms(a, b) for a, b, _ in ev)
+        self.times = [self._ms(a, b) for a, b, _ in ev]  # in step order (the demos' --json: steps_ms)
+        ms = sorted(self.times)
         total, first = 0.0, 0
         for i in range(1, len(ev) + 1):
             if i == len(ev) or ev[i][2] is None or ev[i][2] != ev[first][2]:

@@ -240,6 +240,7 @@ def run(backend, args, dist, data, init_state):
         xb, yb = xtr[:per_rank], ytr[:per_rank]
         idle, _ = gpu_idle_share(lambda: step(xb, yb, schedule=False))
     hist["eval_ms"] = sorted(eval_ms)[len(eval_ms) // 2] if eval_ms else float("nan")
+    hist["steps_ms"] = [round(t, 4) for t in timer.times]  # each timed step (the first epoch's skipped), in order
     return hist, gpu_ms, wall_ms, idle
 
 

@@ -23,8 +23,8 @@ import os
 _log = logging.getLogger("pydnn")
 
 
-# bumped by every set or reset of a switch: records that replay what a call decided under the switches
-# (pydnn/ops/_replay.py's entries) are keyed by it
+# bumped by every set or reset of a switch: a record that keeps what a call decided under the switches can key
+# on it (session 30's batch-norm replay did; removed in session 31)
 GENERATION = [0]
 
 # The call records' generation, readable from C: bumped (bump_records) by every set or reset of a switch and,
@@ -782,6 +782,16 @@ torch = Switches(
                       "and are cast to the autocast dtype there (their gradients cast back to float32 in its "
                       "backward): the values autocast's own casts give, without an autograd node (ToCopyBackward) "
                       "for each. False: autocast's casts before the Function"),
+    BLOCK_NHWC=(True, "a fused block (FUSE_BLOCK) whose convolution runs on NHWC copies (CONV_NHWC_FWD: the CNN "
+                      "demo's 64 -> 128 layer) keeps the NHWC convolution output for its batch norm and max pool "
+                      "(the pool writes the block's output in x's NCHW layout; the backward's batch-norm gradient "
+                      "goes to the NHWC convolution backward as it is), and under FOLD_CASTS casts the float32 "
+                      "weight to the compute dtype in the transform that makes its NHWC copy (the weight gradient "
+                      "back to float32 in the transform to NCHW): two transforms and two casts fewer a step (four "
+                      "launches, four allocations and their pydnn / torch calls: a host-bound step's time). Eager "
+                      "only (under CUDA graph capture the block takes the path without it: its NHWC-in / NCHW-out "
+                      "max-pool backward took 191 us of GPU time where the NCHW window kernel takes ~20; H200). "
+                      "False: the convolution's output back to NCHW before the batch norm, the casts by torch"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "
@@ -860,12 +870,9 @@ callpath = Switches(
                         "call validates in full (for measurements). H200 host, the CNN demo's shapes "
                         "(tools/bench_host_cnn.py): conv forward 13.2-15.1 -> 7.8-9.7 us a call (its launch alone "
                         "5.4), backward data 11.9-12.9 -> 8.0-8.5, matmul 9.3-9.5 -> 7.2-8.0"),
-    CALL_REPLAY=(False, "batch norm's training forward / backward (plain and Ex) replay a recorded plan per "
-                        "(descriptors, modes, scalars, sizes, NULL buffers, switches' generation): the call's "
-                        "launches in one compiled call, pointers patched when they change (pydnn/ops/_replay.py's "
-                        "entry); off: the batch-norm function's own record path. Off until a GPU run checks it "
-                        "(tests/core/test_call_path_cnn_gpu.py -k bn_replay): those calls cost 21.5-26.8 us on the "
-                        "H200 host against 12.6-16.5 us for their three or four launches alone"),
+    # (CALL_REPLAY, batch norm's training calls replayed from recorded launches, removed in session 31: the CNN
+    # demo's buffers move between steps, so each replay re-patched its pointers in Python; H200, the demo's step in
+    # tools/profile_torch_step.py: 4.20 ms with it against 3.08 without)
 )
 
 apply_environment()

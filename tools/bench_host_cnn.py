@@ -322,8 +322,8 @@ def _measure(setup, h, buf, calls, gpu, sync, floor=False):
 
 
 def run(only, calls, gpu, rounds=1):
-    """Each case with tuning.callpath.CALL_RECORDS and CALL_REPLAY off (every call validates in full: the path
-    before them) and both on, on fresh descriptors each time, in `rounds` alternating rounds; medians over rounds."""
+    """Each case with tuning.callpath.CALL_RECORDS off (every call validates in full: the path
+    before them) and on, on fresh descriptors each time, in `rounds` alternating rounds; medians over rounds."""
     from pydnn import tuning
 
     rows = []
@@ -344,7 +344,7 @@ def run(only, calls, gpu, rounds=1):
             try:
                 for _ in range(rounds):
                     for on in (False, True):
-                        tuning.callpath.CALL_RECORDS = tuning.callpath.CALL_REPLAY = on
+                        tuning.callpath.CALL_RECORDS = on
                         samples[on].append(_measure(setup, h, buf, calls, gpu, sync, floor=on))
             except P.PydnnError as e:
                 print(f"{key:16s} {name:48s} skipped: {e}", flush=True)

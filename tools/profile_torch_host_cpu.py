@@ -40,6 +40,9 @@ def main():
                     help="CNN: the bridge's own host time: the whole step (forward, backward) with every pydnn "
                          "compute call a no-op, at tiny shapes (the demo's layers on 4x4 images, batch 1), "
                          "against PyTorch's CPU step of the same model; and a cProfile of the bridge's step")
+    ap.add_argument("--real", action="store_true",
+                    help="--bridge: every pydnn compute call runs the real pydnn function on the stub handle "
+                         "(pydnn's Python and the stubbed launch included; values not computed)")
     ap.add_argument("--steps", type=int, default=400, help="--bridge: steps per timing sample")
     ap.add_argument("--top", type=int, default=30, help="--bridge: rows of the profile")
     args = ap.parse_args()
@@ -83,6 +86,8 @@ def main():
         def mk(real, fake):
             def call(*a, **k):
                 rec.append((real, a, k))
+                if args.real:
+                    return real(*a, **k)
                 return None if args.null else fake(*a, **k)
             call.__name__ = real.__name__
             return call
@@ -133,6 +138,8 @@ def main():
             print(f"{i:3d} {real.__name__}: FAILED {type(e).__name__}: {str(e)[:160]}")
             continue
         kernels = sorted({key[1].split("<")[0].replace("pydnn::", "") for key in looked})
+        if os.environ.get("PROFILE_UNITS"):
+            print("   units:", sorted({str(key[0]) for key in looked}))
         real(*a, **k)
         samples = []
         for _ in range(5):
@@ -182,7 +189,12 @@ def bridge(args, step_model, mp):
             loss = torch.nn.functional.cross_entropy(m(x).float(), y)
         loss.backward()
 
+    import contextlib
+
     from pydnn import tuning
+
+    def override(sw):  # (the defaults without an override: it bumps tuning.GENERATION)
+        return tuning.override(sw) if sw else contextlib.nullcontext()
     variants = [("bridge (defaults)", lambda: step(model, False), {}),
                 ("bridge (FAST_CALLS=False)", lambda: step(model, False), {"torch.FAST_CALLS": False}),
                 ("bridge (FUSE_POOL=False)", lambda: step(model, False), {"torch.FUSE_POOL": False}),
@@ -190,21 +202,21 @@ def bridge(args, step_model, mp):
                  {"torch.FAST_CALLS": False, "torch.FUSE_POOL": False}),
                 ("PyTorch CPU step (its kernels included)", lambda: step(ref, True), {})]
     for _, fn, sw in variants:
-        with tuning.override(sw):
+        with override(sw):
             for _ in range(20):
                 fn()
     # interleaved samples (a shared machine's load moves): each variant's median and min per step
     samples = {v[0]: [] for v in variants}
     for _ in range(7):
         for name, fn, sw in variants:
-            with tuning.override(sw):
+            with override(sw):
                 t0 = time.process_time()
                 for _ in range(args.steps):
                     fn()
                 samples[name].append((time.process_time() - t0) / args.steps * 1e6)
     import bench_host as B
     for name, fn, sw in variants:
-        with tuning.override(sw):
+        with override(sw):
             npy = B.python_calls(fn)[0]  # (deterministic, unlike the times on a shared machine)
         v = samples[name]
         print(f"{name:44s} CPU us a step: median {statistics.median(v):7.0f}  min {min(v):7.0f}  "

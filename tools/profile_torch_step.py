@@ -183,8 +183,9 @@ def rnn_setup(backend, dev):
 # in parallel before the first step instead of one at a time on first use (a fresh machine: ~30 s, most of it
 # convolution.bf16); a unit this list misses still compiles on first use.
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
-             "convolution.wgrad.bf16", "matmul.bf16.nn.rare0", "matmul.bf16.tn.rare0", "matmul.wgmma.bf16",
-             "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.bf16")
+             "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16",
+             "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.bf16",
+             "tensor_ops.transform.f32")  # (tuning.torch.BLOCK_NHWC: the float32 weight cast in its NHWC transform)
 # The GPT demo's (default size, 64 x 1024 tokens; the same stub replay over tools/profile_torch_host_cpu.py
 # --demo gpt --batch 64), with the units its variants take: LINEAR_DW_SPLITK (convolution.wgrad: wgrad_tc_wgmma
 # + wgrad_fold), LINEAR_DW_KSPLIT (the batched dW on gemm_tma / gemm_wgmma_p) and the split-K matmul; and
@@ -203,7 +204,15 @@ def prebuild(names, mlp=False):
     import threading
     from pydnn._build import build, manifest
     t0 = time.perf_counter()
-    by_name = manifest.unit_by_name()
+    # the device arch's units: a family's expression lists differ by arch (convolution.bf16 for sm_90 is not the
+    # generic manifest's), so the generic ones compiled units the GPU never loads (session 31's mid-session runs:
+    # each demo then compiled convolution.bf16 itself)
+    try:
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - no GPU (a CPU test): the generic manifest
+        arch = None
+    by_name = manifest.unit_by_name(arch)
     units = [by_name[n] for n in names if n in by_name]
     missing = [n for n in names if n not in by_name]
     th = None

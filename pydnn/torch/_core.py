@@ -80,6 +80,10 @@ _VERIFY = int((torch.version.cuda or "0").split(".")[0]) < 12
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _fast = {"on": False}
+# torch.cuda.is_current_stream_capturing's C entry (workspace() asks it per call), once _check_fast found the C
+# getters usable; None: the public function
+_capturing_c = None
+_capturing_pub = torch.cuda.is_current_stream_capturing  # (a test's stand-in for it turns _capturing_c off)
 
 
 def _current_device():
@@ -96,12 +100,19 @@ def _current_stream(idx):
 
 def _check_fast(idx):
     """Use PyTorch's C getters when they exist and agree with the public API (now, with CUDA initialised)."""
+    global _capturing_c
     try:
         _fast["on"] = (_get_device is not None and _raw_stream is not None
                        and _get_device() == torch.cuda.current_device()
                        and _raw_stream(idx) == torch.cuda.current_stream(idx).cuda_stream)
     except Exception:  # noqa: BLE001 - a PyTorch without them, or with other signatures: the public API
         _fast["on"] = False
+    cap = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    try:
+        _capturing_c = cap if _fast["on"] and cap is not None and cap() == torch.cuda.is_current_stream_capturing() \
+            else None
+    except Exception:  # noqa: BLE001
+        _capturing_c = None
 
 
 def device_index(device):
@@ -124,7 +135,8 @@ def handle_for(device):
     shares), its context current on the calling thread (autograd's device threads included) and its stream
     set to torch.cuda.current_stream(device). A tensor on a device other than the current one is refused
     (Unsupported): pydnn launches on the current context."""
-    cur = _current_device()
+    fast = _fast["on"]  # (the getters inline: handle_for runs for every Function's forward and backward)
+    cur = _get_device() if fast else torch.cuda.current_device()
     idx = device.index
     if idx is None:
         idx = cur
@@ -141,7 +153,7 @@ def handle_for(device):
     if getattr(_tls, "entry", None) is not e or (_VERIFY and driver.current() != int(e.handle.ctx)):
         driver.set_current(e.handle.ctx)  # not a stream operation: allowed while a stream is captured
         _tls.entry = e
-    s = _current_stream(idx)
+    s = _raw_stream(idx) if fast else torch.cuda.current_stream(idx).cuda_stream
     if e.stream != s:  # the same as setting it every call: only the changes reach pydnn
         pydnn.set_stream(e.handle, s)
         e.stream = s
@@ -256,6 +268,13 @@ def _capturing():
     return torch.cuda.is_current_stream_capturing()
 
 
+def capturing():
+    """Whether the current stream is being captured into a CUDA graph (PyTorch's C getter once _check_fast found
+    it usable; a test's stand-in for torch.cuda.is_current_stream_capturing still takes effect)."""
+    cap = _capturing_c if torch.cuda.is_current_stream_capturing is _capturing_pub else None
+    return cap() if cap is not None else torch.cuda.is_current_stream_capturing()
+
+
 def workspace(nbytes, device):
     """A workspace from PyTorch's caching allocator: (tensor or None, pointer or None). With
     tuning.torch.FAST_CALLS, outside CUDA graph capture, one buffer per (device, stream) kept and grown to the
@@ -266,9 +285,12 @@ def workspace(nbytes, device):
     if not nbytes:
         return None, None
     nbytes = int(nbytes)
-    if tuning.torch.FAST_CALLS and nbytes <= _WS_MAX and not _capturing():
-        idx = device_index(device)
-        key = (idx, _current_stream(idx))
+    cap = _capturing_c if torch.cuda.is_current_stream_capturing is _capturing_pub else None
+    if tuning.torch.FAST_CALLS and nbytes <= _WS_MAX and not (cap() if cap is not None else _capturing()):
+        idx = device.index
+        if idx is None:
+            idx = device_index(device)
+        key = (idx, _raw_stream(idx) if cap is not None else _current_stream(idx))  # (cap: the C getters are on)
         ws = _ws.get(key)
         if ws is None or ws.numel() < nbytes:
             ws = None  # (the old one back to the allocator first)

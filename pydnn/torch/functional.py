@@ -643,9 +643,11 @@ def _bn_params_ok(pdt, ts):
     return True
 
 
-def _bn_pool_rec(x, rec, pool):
+def _bn_pool_rec(x, rec, pool, out_nchw=False):
     """The record of the max pool (kernel_size, stride, padding) run on the batch norm's output (rec's y
-    layout), or Unsupported (the checks of max_pool2d's pydnn path)."""
+    layout), or Unsupported (the checks of max_pool2d's pydnn path). out_nchw: the pool's output packed NCHW
+    whatever the layout of its input (tuning.torch.BLOCK_NHWC: an NHWC batch norm inside a block whose caller
+    sees NCHW)."""
     if x.dim() != 4:
         raise Unsupported(f"input of {x.dim()} dims (4 needed)")
     k, st, pad = _ntuple(pool[0], 2), _ntuple(pool[1] if pool[1] not in (None, ()) else pool[0], 2), _ntuple(pool[2], 2)
@@ -655,7 +657,11 @@ def _bn_pool_rec(x, rec, pool):
     if min(out) <= 0:
         raise Unsupported("empty output")
     y = torch.empty_strided(x.shape, rec.y_stride, dtype=x.dtype, device=x.device)
-    return _pool_rec(y, pydnn.PYDNN_POOLING_MAX, _pool_desc(pydnn.PYDNN_POOLING_MAX, k, pad, st), out)
+    r = _pool_rec(y, pydnn.PYDNN_POOLING_MAX, _pool_desc(pydnn.PYDNN_POOLING_MAX, k, pad, st), out)
+    if out_nchw:
+        z = torch.empty(out, dtype=x.dtype, device=x.device)
+        r.y_stride, r.yd = z.stride(), tdesc(z)
+    return r
 
 
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5,
@@ -729,7 +735,7 @@ class _BlockRec:
     """A conv + batch-norm call's record (tuning.torch.FUSE_BLOCK): the compute dtype (dt: autocast's, the
     parameters cast to it inside the Function), the convolution's record and the batch norm's (with its
     fused ReLU and max pool)."""
-    __slots__ = ("dt", "conv", "bn")
+    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d", "bn_c")
 
 
 def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
@@ -749,15 +755,63 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
         r.dt = dt
         wc = torch.empty_like(weight, dtype=dt)  # the layout weight.to(dt) gives (preserve_format)
         r.conv = _conv_rec(x, wc, spec, None)
-        y = _output_like(x, r.conv.pl.y_shape)
+        ph = r.conv.ph
+        # tuning.torch.BLOCK_NHWC: the batch norm and pool on the NHWC convolution's own output (with a pool only:
+        # the pool writes the block's output in the layout the caller expects)
+        r.nhwc = bool(tuning.torch.BLOCK_NHWC and ph and pool is not None)
+        if r.nhwc:
+            y = torch.empty(ph.y_shape, dtype=dt, device=x.device, memory_format=torch.channels_last)
+        else:
+            y = _output_like(x, r.conv.pl.y_shape)
         if y.numel() <= y.shape[1]:
             return False  # one value per channel: batch_norm's own path raises PyTorch's error
         r.bn = _bn_rec(C.handle_for(x.device), y, True, relu)
         if pool is not None:
-            r.bn.pool = _bn_pool_rec(y, r.bn, pool)
+            r.bn.pool = _bn_pool_rec(y, r.bn, pool, out_nchw=r.nhwc)
+        r.bn_c = None
+        if r.nhwc:  # the batch norm of the path without BLOCK_NHWC, for CUDA graph capture (see the forward)
+            yc = _output_like(x, r.conv.pl.y_shape)
+            r.bn_c = _bn_rec(C.handle_for(x.device), yc, True, relu)
+            r.bn_c.pool = _bn_pool_rec(yc, r.bn_c, pool)
+        # the float32 weight (NCHW-packed) as a tensor: cast in the transform to its NHWC copy (and its gradient
+        # back in the one to NCHW)
+        r.w32d = (C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride())
+                  if r.nhwc and weight.dtype is not dt and weight.dtype in C.DTYPES and not r.conv.wcopy
+                  and weight.is_contiguous() else None)
     except (Unsupported, pydnn.PydnnError):  # the calls in sequence: their own fallbacks or errors
         return False
     return r
+
+
+def _block_bwd_nhwc(h, rec, y_stride, xh, wh, dy, need_x, need_w, need_b, w_dt):
+    """(dx, dw, db) of a BLOCK_NHWC block's convolution from its NHWC copies xh / wh and dy, the gradient of its
+    NHWC output: the NHWC backward data / filter / bias on dy as it is; dx and dw back to NCHW (dw straight to
+    w_dt, the parameter's dtype, where rec.w32d has its descriptor)."""
+    pl = rec.conv.pl
+    ph = pl.nhwc
+    if dy.stride() != y_stride:  # (the batch norm's backward writes x's layout: not expected)
+        dy = C.to_strides(dy, dy.shape, y_stride)
+    dyp = dy.data_ptr()
+    dx = dw = db = None
+    if need_x:
+        dxh = torch.empty_like(xh)
+        ws, wsp = C.workspace(ph.bwd_data_ws, xh.device)
+        pydnn.convolution_backward_data(h, 1.0, ph.wd, wh.data_ptr(), ph.yd, dyp, ph.cd, ph.bwd_data, wsp,
+                                        ph.bwd_data_ws, 0.0, ph.xd, dxh.data_ptr())
+        dx = _transform(h, dxh, torch.empty(xh.shape, dtype=xh.dtype, device=xh.device), ph.xd, pl.xd)
+    if need_w:
+        dwh = torch.empty_like(wh)
+        ws, wsp = C.workspace(ph.bwd_filter_ws, xh.device)
+        pydnn.convolution_backward_filter(h, 1.0, ph.xd, xh.data_ptr(), ph.yd, dyp, ph.cd, ph.bwd_filter, wsp,
+                                          ph.bwd_filter_ws, 0.0, ph.wd, dwh.data_ptr())
+        if rec.w32d is not None and w_dt is not None and w_dt is not wh.dtype:
+            dw = _transform(h, dwh, torch.empty(wh.shape, dtype=w_dt, device=wh.device), ph.wtd, rec.w32d)
+        else:
+            dw = _transform(h, dwh, torch.empty(wh.shape, dtype=wh.dtype, device=wh.device), ph.wtd, pl.wtd)
+    if need_b:
+        db = torch.empty(wh.shape[0], dtype=dy.dtype, device=dy.device)
+        pydnn.convolution_backward_bias(h, 1.0, ph.yd, dyp, 0.0, pl.bd, db.data_ptr())
+    return dx, dw, db
 
 
 class ConvBatchNormFunction(torch.autograd.Function):
@@ -772,13 +826,36 @@ class ConvBatchNormFunction(torch.autograd.Function):
     def forward(ctx, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps, rec):
         h = C.handle_for(x.device)
         dt = rec.dt
-        wc = w if w.dtype is dt else w.to(dt)
         bc = b if (b is None or b.dtype is dt) else b.to(dt)
-        y, csaved, ctx.nhwc = _conv_fwd(h, x, wc, bc, rec.conv)
+        bn = rec.bn
+        # BLOCK_NHWC: x and w to NHWC copies (w cast there), the batch norm on the NHWC output. Eager only: its max
+        # pool reads NHWC and writes NCHW, and that backward (p2_bwd) took 191 us of GPU time where the NCHW window
+        # kernel takes ~20 (H200, the CNN demo's second block): it saves host time, which a captured graph does not
+        # spend
+        if rec.nhwc and C.capturing():
+            bn = rec.bn_c
+        if bn is rec.bn and rec.nhwc:
+            pl = rec.conv.pl
+            ph = pl.nhwc
+            cl = torch.channels_last
+            xh = _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, ph.xd)
+            if rec.w32d is not None and w.dtype is not dt:
+                wh = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device, memory_format=cl), rec.w32d,
+                                ph.wtd)
+            else:
+                wc = w if w.dtype is dt else w.to(dt)
+                if rec.conv.wcopy:
+                    wc = wc.contiguous()
+                wh = _transform(h, wc, torch.empty_like(wc, memory_format=cl), pl.wtd, ph.wtd)
+            y = _conv_forward(h, ph, xh, wh, bc, None)
+            csaved, ctx.nhwc = (xh, wh, None), 2
+        else:
+            wc = w if w.dtype is dt else w.to(dt)
+            y, csaved, ctx.nhwc = _conv_fwd(h, x, wc, bc, rec.conv)
         ctx.y_stride = y.stride()
-        z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, rec.bn)
+        z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, bn)
         ctx.save_for_backward(*csaved, *bsaved)
-        ctx.rec, ctx.eps, ctx.affine = rec, eps, bn_w is not None
+        ctx.rec, ctx.bn, ctx.eps, ctx.affine = rec, bn, eps, bn_w is not None
         ctx.w_dt, ctx.b_dt = w.dtype, None if b is None else b.dtype
         return z
 
@@ -787,10 +864,14 @@ class ConvBatchNormFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         rec = ctx.rec
         h = C.handle_for(dz.device)
-        dy, dbn_w, dbn_b = _bn_bwd_train(h, rec.bn, saved[3:], ctx.eps, dz)
+        dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
         n = ctx.needs_input_grad
-        dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
-                               ctx.b_dt is not None)
+        if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
+            dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],
+                                         n[2] and ctx.b_dt is not None, ctx.w_dt)
+        else:
+            dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
+                                   ctx.b_dt is not None)
         if dw is not None and dw.dtype is not ctx.w_dt:
             dw = dw.to(ctx.w_dt)
         if db is not None and db.dtype is not ctx.b_dt:
@@ -816,7 +897,7 @@ def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_
             x = C.cast(x, ac)
         key = ("conv_bn", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
                None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
-               _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS)
+               _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS, tuning.torch.BLOCK_NHWC)
         try:
             rec = _recs.get(key)
         except TypeError:  # list arguments: no record

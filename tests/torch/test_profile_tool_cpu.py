@@ -226,3 +226,18 @@ def test_prebuild_builds_the_fused_mlp_graphs_beside_the_units(monkeypatch):
     monkeypatch.setattr(build, "build_all", lambda units, progress: (0, len(units)))
     P.prebuild((), mlp=True)
     assert got == [("handle", torch.bfloat16, 65536, 768, 3072, 768, "tanh")]
+
+
+def test_prebuild_compiles_the_device_arch_units(monkeypatch):
+    """prebuild() takes the units of the GPU's own arch: convolution.bf16's expressions for sm_90 are not the
+    generic manifest's (session 31: the generic unit was compiled, and each demo run compiled the sm_90 one)."""
+    from pydnn._build import build, manifest
+    P = _tool()
+    got = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(build, "build_all", lambda units, progress: (got.extend(units), (len(units), 0))[1])
+    P.prebuild(("convolution.bf16", "batchnorm.bf16"))
+    want = manifest.unit_by_name("sm_90")
+    assert [u.name for u in got] == ["convolution.bf16", "batchnorm.bf16"]
+    assert got[0].exprs == want["convolution.bf16"].exprs
+    assert got[0].exprs != manifest.unit_by_name()["convolution.bf16"].exprs  # (the premise: they differ)

@@ -1,0 +1,155 @@
+"""The Python work of the CNN demo's training step on pydnn's real call path, counted (not timed), so that the
+step's fast paths cannot silently go away: the demo's model at its channel counts (3 -> 64 -> 128, 4x4 images,
+batch 2, convert(fuse=True), the bridge's bf16 autocast), every pydnn call the real function on a CPU handle over
+tools/bench_host_cpu.py's stand-in libcuda.so.1 (cuda.bindings and the compiled launch as on a GPU host; a child
+process: LD_LIBRARY_PATH must be set before the start).
+
+Pinned: tuning.torch.BLOCK_NHWC (4 transforms a step, not 6), pydnn.torch._core's inline C getters (handle_for /
+workspace), the call records of the convolutions and matmuls (no validation frames) and batch norm's own records
+(its training calls through _fwd_fast / _bwd_fast), and the step's Python calls."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+SCRIPT = r'''
+import collections, json, os, sys
+ROOT = sys.argv[1]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tools"), os.path.join(ROOT, "tests", "torch")]
+import pytest, torch, pydnn
+import bench_host_cpu as BC
+import pydnn.torch as pt
+from pydnn import tuning
+from pydnn.torch import _core as C
+import test_torch_emulated_cpu as T
+
+h = BC.real_stub_handle()
+mp = pytest.MonkeyPatch()
+mp.setattr(C, "handle_for", lambda d: h)
+mp.setattr(C, "on_cuda", lambda *ts: True)
+mp.setattr(C, "device_index", lambda d: 0)
+mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+mp.setattr(C, "_current_stream", lambda idx: 7)
+mp.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+mp.setattr(pydnn.buffers, "CHECKED", False)
+for f in dict.fromkeys(T.FAKES):
+    if f.__name__.startswith("find_"):  # Find times kernels: the fake's answer
+        mp.setattr(pydnn, f.__name__, f)
+torch.set_num_threads(1)
+nn = torch.nn
+
+def model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Flatten(), nn.Linear(128, 10))
+    pt.convert(m, fuse=True)
+    return m
+
+x, y = torch.randn(2, 3, 4, 4), torch.randint(0, 10, (2,))
+out = {}
+for name, sw in (("defaults", {}), ("nhwc_off", {"torch.BLOCK_NHWC": False})):
+    with tuning.override(sw):
+        m = model()
+        def step():
+            torch.nn.functional.cross_entropy(m(x).float(), y).backward()
+        for _ in range(3):  # records, plans, replay plans made
+            step()
+        names = collections.Counter()
+        total = [0, 0]
+        bridge = os.sep + os.path.join("pydnn", "torch") + os.sep
+        def prof(frame, event, arg):  # (a generator's resumptions are 'call' events too: not counted)
+            if event == "call" and not frame.f_code.co_flags & 0x20:
+                total[0] += 1
+                total[1] += bridge in frame.f_code.co_filename
+                names[frame.f_code.co_name] += 1
+        sys.setprofile(prof)
+        step()
+        sys.setprofile(None)
+        out[name] = {"total": total[0], "bridge": total[1], "names": dict(names), "fallbacks": dict(pt.fallbacks)}
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def counts():
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    pytest.importorskip("cuda.bindings")
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_host_cpu
+
+    d = bench_host_cpu.fake_libcuda_dir()
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
+               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return res
+
+
+# what a repeated call must not run again (the full paths' validation and planning)
+FULL = ("get_plan", "check_workspace", "check_tensor", "plan_for", "new_plan", "_fwd_validate", "_bwd_validate")
+
+
+def test_step_runs_the_fast_paths(counts):
+    r = counts["defaults"]
+    n = r["names"]
+    assert not r["fallbacks"], r["fallbacks"]
+    assert n.get("transform_tensor") == 4, n.get("transform_tensor")  # BLOCK_NHWC (off: 6, below)
+    assert counts["nhwc_off"]["names"].get("transform_tensor") == 6
+    assert not any(n.get(k) for k in FULL), {k: n.get(k) for k in FULL}
+    assert n.get("_fwd_fast") == 2 and n.get("_bwd_fast") == 2, n  # batch norm's records
+
+
+def test_step_python_calls_budget(counts):
+    r, off = counts["defaults"], counts["nhwc_off"]
+    # measured on this tree (Python 3.11, torch 2.13 CPU; session 31; generator resumptions not counted): 362
+    # Python calls a step (74 in pydnn.torch), 373 with BLOCK_NHWC off (79 in pydnn.torch); the budget is the
+    # measured + ~10%
+    assert r["total"] < off["total"] and r["bridge"] < off["bridge"], (r["total"], off["total"], r["bridge"], off["bridge"])
+    assert r["total"] <= 400 and r["bridge"] <= 82, (r["total"], r["bridge"])
+
+
+def test_handle_and_workspace_frames_with_the_c_getters(monkeypatch):
+    """handle_for and workspace once _check_fast found PyTorch's C getters usable: one Python frame each (the
+    getters are C functions; builtins stand in for them here), none of the public wrappers'."""
+    import sys
+
+    import torch
+
+    from pydnn.torch import _core as C
+    monkeypatch.setitem(C._fast, "on", True)
+    monkeypatch.setattr(C, "_get_device", int)  # int() == 0: device 0
+    monkeypatch.setattr(C, "_raw_stream", abs)  # abs(0) == 0: stream 0
+    monkeypatch.setattr(C, "_capturing_c", bool)  # bool() is False: not capturing
+    monkeypatch.setattr(C, "_ws", {})
+    monkeypatch.setattr(C, "_VERIFY", False)  # (a CPU build of PyTorch reports no CUDA version)
+
+    class Entry:
+        handle, stream = "h", 0
+    e = Entry()
+    monkeypatch.setitem(C._handles, 0, e)
+    monkeypatch.setattr(C._tls, "entry", e, raising=False)
+    dev = torch.device("cpu", 0)
+    names = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+    for fn in (lambda: C.handle_for(dev), lambda: C.workspace(4096, dev)):
+        fn()  # (the workspace made)
+        names.clear()
+        sys.setprofile(prof)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+        assert names[1:] == [names[1]] and names[1] in ("handle_for", "workspace"), names
