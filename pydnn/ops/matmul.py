@@ -245,12 +245,13 @@ class TmaTile:
     def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False, pp=False):
         self.bm, self.bn, self.stages = 128, bn, stages
         self.wide = wide  # interior tiles store 16 bytes a lane (quad transposes; FLAG_C16)
-        if wide and cm != 1:
-            raise ValueError("wide: the 1-CTA kernel only")
-        # ping-pong: each consumer warpgroup a whole 128 x 128 tile, every other item (gemm_tma_body's PP)
+        if wide and cm != 1 and not pp:
+            raise ValueError("wide: the 1-CTA kernel (or the ping-pong cluster candidate) only")
+        # ping-pong: each consumer warpgroup a whole 128 x 128 tile, every other item (gemm_tma_body's PP);
+        # cm 2: the pair of CTAs sharing B by multicast (TMA_PPC_TILE)
         self.pp = pp
-        if pp and (cm != 1 or bn != 128):
-            raise ValueError("pp: the 1-CTA kernel, 128 x 128 tiles")
+        if pp and bn != 128:
+            raise ValueError("pp: 128 x 128 tiles")
         self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
         self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
@@ -302,6 +303,10 @@ TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 # Session 30 (H200, both 7B shapes, nn): plain 1.082 / 1.084x gemm_tma's time, fused gelu 1.092 / 1.118x and
 # relu 1.026 / 1.035x its own plain, again no better than the cooperative kernel's serialized epilogue.
 TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
+# Session 31's candidate for the ping-pong's plain deficit (128 x 128 a warpgroup reads 4/3 the L2 -> SM bytes a
+# FLOP of the cooperative 128 x 256): the same consumers in 2-CTA clusters on tile rows 2i, 2i + 1 sharing B by
+# multicast (gemm_tma_c with pp; unit matmul.tmappc.bf16, registered by pp_units()): 24 KiB a CTA a K tile.
+TMA_PPC_TILE = TmaTile(128, 7, unit="matmul.tmappc", cm=2, wide=True, pp=True)
 
 
 class SimtTile:
@@ -450,7 +455,8 @@ def tma_units(tiles=(TMA_TILE,), name="matmul.tma", tags=("f16", "bf16")):
 def pp_units():
     """The ping-pong candidate's unit (TMA_PP_TILE, bf16, every transposition), registered with the loader
     (benchmarks and tests; outside the build). Returns it."""
-    units = tma_units((TMA_PP_TILE,), TMA_PP_TILE.unit, ("bf16",))
+    units = tma_units((TMA_PP_TILE,), TMA_PP_TILE.unit, ("bf16",)) + tma_units((TMA_PPC_TILE,), TMA_PPC_TILE.unit,
+                                                                              ("bf16",))
     loader.register_units(units)
     return units[0]
 
@@ -873,7 +879,8 @@ def fused_tma(handle, plan, red=False):
     if plan.tma is None:
         return None
     tile = TMA_PP_TILE if tuning.matmul.FUSED_PP and not red else _tma_tile()
-    tile = tile if tile.cm == 1 and not (red and tile.pp) else TMA_TILE  # (red: a row reduction epilogue)
+    # (red: a row reduction epilogue; the ping-pong cluster candidate has an epilogue form, the cooperative one not)
+    tile = tile if (tile.cm == 1 or tile.pp) and not (red and tile.pp) else TMA_TILE
     if _tma_problem(plan, tile) is not None:  # (another tile than the plan's: its own boxes)
         return None
     rec = _tma_launch(plan, TAG[plan.dtype], tile, handle.sm_count)
