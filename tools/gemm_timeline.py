@@ -240,7 +240,7 @@ def summarize(raw, grid, pp):
 
 
 def sm_text(raw, blk=0, tiles=6):
-    """One block's first tiles as lines of microsecond-free cycle offsets (k-cycles from the block's start)."""
+    """One block's first tiles as text: each stamp in thousands of cycles (kc) from the block's start."""
     hdr = raw[blk, :, :8].astype(np.int64)
     tl = raw[blk, :, 8:].reshape(3, MAXT, 8).astype(np.int64)
     t0 = int(hdr[1:, 1].min())
@@ -249,7 +249,7 @@ def sm_text(raw, blk=0, tiles=6):
         nt = int(min(hdr[r, 5], MAXT, tiles))
         for j in range(nt):
             t = tl[r, j] - t0
-            lines.append(f"  {name} tile {j} item {int(tl[r, j, 0]) + 0:5d}: turn {t[1] / 1e3:7.1f} kstart {t[2] / 1e3:7.1f} "
+            lines.append(f"  {name} tile {j} item {int(tl[r, j, 0]):5d}: turn {t[1] / 1e3:7.1f} kstart {t[2] / 1e3:7.1f} "
                          f"last {t[3] / 1e3:7.1f} hand {t[4] / 1e3:7.1f} done {t[5] / 1e3:7.1f} epi {t[6] / 1e3:7.1f} "
                          f"(kc; fullw {tl[r, j, 7] / 1e3:.1f})")
     nt = int(min(hdr[0, 5], MAXT, 2 * tiles))
@@ -284,12 +284,14 @@ def main():
         cases, keep = [], []
         mx = max(m * k for m, n, k in shapes)
         x_all = torch.randn(mx, device="cuda", dtype=torch.bfloat16)
+        ops = []
         for m, n, k in shapes:
-            x = x_all[:m * k].view(m, k)
             w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
             b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            keep += [w, b]
-            for v in variants:
+            ops.append((m, n, k, x_all[:m * k].view(m, k), w, b))
+        # variant by variant (a candidate that hangs or fails leaves the rows before it printed and saved)
+        for v in variants:
+            for m, n, k, x, w, b in ops:
                 for kd in kinds:
                     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                     buf = torch.zeros(132 * 3 * WORDS * 2, device="cuda", dtype=torch.int64)
@@ -308,58 +310,71 @@ def main():
         with ThreadPoolExecutor(16) as ex:
             list(ex.map(lambda u: loader.load_unit(h.arch, u), list(units.values())))
         print(f"prebuild: {len(units)} units in {time.perf_counter() - t0:.1f} s", flush=True)
-        results = []
-        for c in cases:
-            x, w, b, y, buf = c.tensors
-            assert c.grid * 3 * WORDS <= buf.numel()
-            y.fill_(float("nan"))
-            for _ in range(3):
-                c.fn()
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(4):
-                c.fn()
-            e.record()
-            torch.cuda.synchronize()
-            ms = s.elapsed_time(e) / 4
-            # check the stamped kernel's result (the stamps must not change it)
-            ref = x.float() @ w.float()
-            if c.kind == "gelu":
-                ref = torch.nn.functional.gelu(ref + b.float())
-            err = float((y.float() - ref).abs().max() / ref.abs().max())
-            raw = buf[:c.grid * 3 * WORDS].view(c.grid, 3, WORDS).cpu().numpy().view(np.uint64)
-            sm = summarize(raw, c.grid, c.variant == "pp")
-            label = f"{c.m}x{c.n}x{c.k} {c.variant:4s} {c.kind:5s}"
-            fr = sm["wg_fractions"]
-            print(f"{label}: {ms:.4f} ms (TL build), rel err {err:.1e}, SM {sm['sm_mhz']:.0f} MHz | per warpgroup: "
-                  f"turn wait {fr['turn']:.1%}, K loop {fr['kloop']:.1%} (full waits {fr['fullw']:.1%}), tail "
-                  f"{fr['tail']:.1%}, epilogue {fr['epi']:.1%}, other {fr['gap']:.1%} | tensor-busy {sm['tensor_busy']:.1%} | "
-                  f"epilogue inside the other wg's K loop {sm['epi_inside_other_kloop']:.1%} | K loop "
-                  f"{sm['kloop_cycles_mean'] / 1e3:.2f} kc, epilogue {sm['epi_cycles_mean'] / 1e3:.2f} kc a tile, "
-                  f"{sm['cycles_per_128x256'] / 1e3:.2f} kc a 128x256 tile's worth | "
-                  f"producer empty waits {sm['producer_empty_wait']:.1%}", flush=True)
-            lines = sm_text(raw)
-            sm.update(case=label, ms=ms, err=err, sm0=lines)
-            results.append(sm)
+        results, edges, raws = [], [], {}
+
+        def timelines(todo):
+            for c in todo:
+                results.append(run_case(c, raws))
+                if args.out:
+                    with open(os.path.join(args.out, "timeline.json"), "w") as f:
+                        json.dump(results, f, indent=1)
+                    np.savez_compressed(os.path.join(args.out, "timeline_blocks0to3.npz"), **raws)
+            edges.extend(check_edges(h, todo))
             if args.out:
-                np.save(os.path.join(args.out, f"tl_{c.m}x{c.n}_{c.variant}_{c.kind}.npy"), raw)
-                with open(os.path.join(args.out, "timeline.json"), "w") as f:
-                    json.dump(results, f, indent=1)
-            del ref
-        edges = check_edges(h, cases)
-        if args.out:
-            with open(os.path.join(args.out, "edges.json"), "w") as f:
-                json.dump(edges, f, indent=1)
+                with open(os.path.join(args.out, "edges.json"), "w") as f:
+                    json.dump(edges, f, indent=1)
+
+        # the cooperative kernel and the 1-CTA ping-pong first, then the bench table, the cluster candidate last (a
+        # hang there leaves everything before it printed and saved)
+        timelines([c for c in cases if c.tile.cm == 1])
+        if args.bench:
+            BM.POWER_ON = ("11008",)
+            BM.fused(os.path.join(args.out, "bench_fused.json") if args.out else None, args.bench, bsel, bkinds,
+                     "pp" in variants, args.power, False, "ppc" in variants)
+        timelines([c for c in cases if c.tile.cm == 2])
         for r in results:
             print(r["case"] + ", block 0:")
             print("\n".join(r["sm0"][:8] + r["sm0"][-4:]))
     finally:
         pydnn.destroy(h)
-    if args.bench:
-        BM.POWER_ON = ("11008",)
-        BM.fused(os.path.join(args.out, "bench_fused.json") if args.out else None, args.bench, bsel, bkinds,
-                 "pp" in variants, args.power, False, "ppc" in variants)
+
+
+def run_case(c, raws):
+    """Time the stamped kernel (4 calls after 3), check its result against torch, summarize its last call's
+    stamps; raws[label] = blocks 0 .. 3 of them."""
+    x, w, b, y, buf = c.tensors
+    assert c.grid * 3 * WORDS <= buf.numel()
+    y.fill_(float("nan"))
+    for _ in range(3):
+        c.fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(4):
+        c.fn()
+    e.record()
+    torch.cuda.synchronize()
+    ms = s.elapsed_time(e) / 4
+    # check the stamped kernel's result (the stamps must not change it)
+    ref = x.float() @ w.float()
+    if c.kind == "gelu":
+        ref = torch.nn.functional.gelu(ref + b.float())
+    err = float((y.float() - ref).abs().max() / ref.abs().max())
+    del ref
+    raw = buf[:c.grid * 3 * WORDS].view(c.grid, 3, WORDS).cpu().numpy().view(np.uint64)
+    sm = summarize(raw, c.grid, c.tile.pp)
+    label = f"{c.m}x{c.n}x{c.k} {c.variant:4s} {c.kind:5s}"
+    raws[label.replace(" ", "_")] = raw[:4]
+    fr = sm["wg_fractions"]
+    print(f"{label}: {ms:.4f} ms (TL build), rel err {err:.1e}, SM {sm['sm_mhz']:.0f} MHz | per warpgroup: "
+          f"turn wait {fr['turn']:.1%}, K loop {fr['kloop']:.1%} (full waits {fr['fullw']:.1%}), tail "
+          f"{fr['tail']:.1%}, epilogue {fr['epi']:.1%}, other {fr['gap']:.1%} | tensor-busy {sm['tensor_busy']:.1%} | "
+          f"epilogue inside the other wg's K loop {sm['epi_inside_other_kloop']:.1%} | K loop "
+          f"{sm['kloop_cycles_mean'] / 1e3:.2f} kc, epilogue {sm['epi_cycles_mean'] / 1e3:.2f} kc a tile, "
+          f"{sm['cycles_per_128x256'] / 1e3:.2f} kc a 128x256 tile's worth | "
+          f"producer empty waits {sm['producer_empty_wait']:.1%}" + ("" if err < 1e-2 else "  FAILED"), flush=True)
+    sm.update(case=label, ms=ms, err=err, sm0=sm_text(raw))
+    return sm
 
 
 if __name__ == "__main__":
