@@ -444,6 +444,10 @@ matmul = Switches(
                         '/ 16384x11008x4096 nn, event-timed rounds: run 1 1.066 / 1.110 -> 1.053 / 1.085 staged, run 4 '
                         '(shuffled order) 1.075 / 1.081 -> 1.089 / 1.121; 0.4 s back to back (N = 11008): 2.339 -> 2.347 '
                         'ms'),
+    FUSED_CHUNK=(False, 'sm_90, a fused (graph) GEMM on gemm_tma without a row reduction: the epilogue computes and '
+                        'stores a tile in chunks of 4 column groups (so one chunk\'s packs, shuffles and stores can '
+                        'overlap the next chunk\'s math) instead of every value first, then every store; a candidate '
+                        '(session 31: tools/gemm_timeline.py measures its epilogue cycles)'),
 )
 
 attention = Switches(

@@ -4,12 +4,12 @@ K loop?). No profiler runs on the device machines, so the kernel stamps itself: 
 changes) write clock64 stamps per role (the producer's thread, each consumer warpgroup's first thread) per
 tile into a buffer whose address rides in MatmulParams.stride_a (gemm_tma never reads it):
   TURN    before the ping-pong turn barrier (bar.sync 2 + wg); cooperative: the tile's start
-  KSTART  after it: the K loop starts
+  KSTART  after the first K tile's full-barrier wait: the K loop starts (the turn interval holds that wait)
   LAST    right after the commit of the last K tile's wgmmas (the last wgmma issued)
   HAND    after the loop's last wait<1> and the hand-off (bar.arrive 3 - wg)
   DONE    after wait<0>: the tile's accumulators are final
   EPI     after the epilogue (the stores issued)
-  FULLW   cycles spent in the ring's full-barrier waits in that K loop (producer: its empty-barrier waits)
+  FULLW   cycles spent in the ring's other full-barrier waits in that K loop (producer: its empty-barrier waits)
 Per variant it prints the summary over every SM: each consumer warpgroup's time split into turn waits, K loop
 (of which full waits), the tail (LAST -> DONE), the epilogue and the rest; the tensor-busy fraction (the
 union over both consumer warpgroups of their [KSTART, DONE] intervals over the block's span); how much of each
@@ -152,7 +152,8 @@ def check_edges(h, cases, m=1100, n=1096, k=520):
                 rec.params.p.stride_a = buf.data_ptr()
                 ws = torch.empty(max(g.get_workspace_size(), 16), device="cuda", dtype=torch.uint8)
                 g.execute({"x": x.data_ptr(), "w": w.data_ptr(), "b": b.data_ptr(), "y": y.data_ptr()}, ws.data_ptr())
-                ref = Fn.gelu(x.float() @ w.float() + b.float())
+                ref = x.float() @ w.float() + b.float()
+                ref = Fn.gelu(ref) if BM._base(c.kind).startswith("gelu") else torch.relu(ref)
             torch.cuda.synchronize()
             err = float((y.float() - ref).abs().max() / ref.abs().max())
             out.append((f"{m}x{n}x{k} {c.variant} {c.kind} on {blocks} blocks", err))
@@ -357,8 +358,10 @@ def run_case(c, raws):
     ms = s.elapsed_time(e) / 4
     # check the stamped kernel's result (the stamps must not change it)
     ref = x.float() @ w.float()
-    if c.kind == "gelu":
+    if BM._base(c.kind).startswith("gelu"):
         ref = torch.nn.functional.gelu(ref + b.float())
+    elif BM._base(c.kind) == "relu":
+        ref = torch.relu(ref + b.float())
     err = float((y.float() - ref).abs().max() / ref.abs().max())
     del ref
     raw = buf[:c.grid * 3 * WORDS].view(c.grid, 3, WORDS).cpu().numpy().view(np.uint64)
