@@ -958,9 +958,25 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
         for name in order:
             t[name].append(time_ms(fns[name], reps=10, warmup=2))
     med = {name: statistics.median(v) for name, v in t.items()}
+    # paired ratios (session 31): each round a fused graph timed between two timings of its plain kernel, the
+    # ratio to their mean; the median over rounds. Clock states drift over a run by more than the effect (the same
+    # plain kernel measured 0.72 and 0.81 ms on N = 4096 in one run), and a ratio of medians taken at different
+    # moments carries that drift; adjacent timings share the state.
+    pair = {}
+    for kind in kinds:
+        key, p_ = kind + suf, "plain" + suf
+        if key not in fns:
+            continue
+        rs = []
+        for _ in range(rounds):
+            a_ = time_ms(fns[p_], reps=10, warmup=2)
+            f_ = time_ms(fns[key], reps=10, warmup=2)
+            b_ = time_ms(fns[p_], reps=10, warmup=2)
+            rs.append(2.0 * f_ / (a_ + b_))
+        pair[key] = statistics.median(rs)
     fl = 2.0 * m * n * k
     rr = dict(case=label + suf, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
-              kernels=kernels, fused_on_tma=on_tma, errs=errs)
+              kernels=kernels, fused_on_tma=on_tma, errs=errs, paired_over_plain=pair)
     p = "plain" + suf
     rr["plain_vs_torch"] = med["torch.mm"] / med[p]
     line = (f"{label:24s}{suf:3s} plain {kernels[p]:24s} {rr['tflops'][p]:6.1f} TFLOP/s "
@@ -976,6 +992,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
             rr[kind + "_over_plain_tma"] = med[key] / med["plain"]
             rr[kind + "_vs_torch"] = med[tn] / med[key]
             line += (f" | {kind} {rr['tflops'][key]:6.1f}: {rr[kind + '_over_plain']:.3f}x its plain"
+                     + (f" (paired {pair[key]:.3f}x)" if key in pair else "")
                      + (f" ({rr[kind + '_over_plain_tma']:.3f}x gemm_tma's)" if suf else "")
                      + f", {rr[kind + '_vs_torch']:.3f}x {tn} ({med[tn] / med['torch.mm']:.3f}x mm)")
     line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items())
