@@ -166,14 +166,6 @@ template <class E, class = void> struct StageBytes {
 template <class E> struct StageBytes<E, decltype((void)E::kStage, void())> {
   static constexpr int value = E::kStage;
 };
-// Epi::kChunk where it has one (codegen's epilogues with tuning.matmul.FUSED_CHUNK), else false: wg_epilogue
-// then computes and stores a tile's values in chunks of 4 column groups (see there).
-template <class E, class = void> struct ChunkOf {
-  static constexpr bool value = false;
-};
-template <class E> struct ChunkOf<E, decltype((void)E::kChunk, void())> {
-  static constexpr bool value = E::kChunk;
-};
 
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
 template <class T>
@@ -677,26 +669,21 @@ __device__ __forceinline__ void quad_transpose(unsigned (&x)[4]) {
   for (int u = 0; u < 4; ++u) x[u] = y[u];
 }
 
-// The WIDE store of column groups 4jj .. 4jj + 3 of row half h of a warp's 16 x BN block (crow: that row's
-// column n0), values scale * acc.
-template <class T, int BN>
-__device__ __forceinline__ void wide_store_group(T* crow, const float (&acc)[BN / 2], int h, int jj, float scale) {
-  const int t = threadIdx.x & 3;
-  unsigned x[4];
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int j = 4 * jj + s;
-    x[s] = pack16x2<T>(scale * acc[4 * j + 2 * h], scale * acc[4 * j + 2 * h + 1]);
-  }
-  quad_transpose(x);  // x[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
-  *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(x[0], x[1], x[2], x[3]);
-}
-
 // The WIDE store of row half h of a warp's 16 x BN block (crow: that row's column n0), values scale * acc.
 template <class T, int BN>
 __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 2], int h, float scale) {
+  const int t = threadIdx.x & 3;
 #pragma unroll
-  for (int jj = 0; jj < BN / 32; ++jj) wide_store_group<T, BN>(crow, acc, h, jj, scale);
+  for (int jj = 0; jj < BN / 32; ++jj) {
+    unsigned x[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int j = 4 * jj + s;
+      x[s] = pack16x2<T>(scale * acc[4 * j + 2 * h], scale * acc[4 * j + 2 * h + 1]);
+    }
+    quad_transpose(x);  // x[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
+    *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
 }
 
 // The plain GEMM's store (no active epilogue) of one warpgroup's 64 x BN accumulator fragment of the 128 x BN
@@ -789,65 +776,6 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
         part[h] = epi.red_init();
         live[h] = FAST || row_of(h) < p.m;
         if (live[h]) er[h] = epi.row(z, row_of(h));
-      }
-      if constexpr (ChunkOf<Epi>::value && !Epi::kRed && Epi::kStoreC) {
-        // FUSED_CHUNK: 4 column groups (both rows) at a time, each chunk's values then its stores, so that
-        // the compiler can overlap one chunk's packs, quad transposes and stores with the next chunk's math
-        // (the two-pass order below computes every value first, then stores: ptxas sm_90a kept that order,
-        // ~2000 instructions of MUFU-bound math, then ~500 of packs, shuffles and stores)
-        bool wide = false;
-        if constexpr (WIDE && sizeof(T) == 2) wide = FAST && (p.flags & PYDNN_MATMUL_FLAG_C16);
-#pragma unroll
-        for (int jj = 0; jj < BN / 32; ++jj) {
-#pragma unroll
-          for (int s4 = 0; s4 < 4; ++s4) {
-            const int j = 4 * jj + s4;
-            const int col = n0 + j * 8 + (lane & 3) * 2;
-            if (!FAST && col >= p.n) continue;
-            const bool two = FAST || col + 1 < p.n;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if (!live[h]) continue;
-              float& v0 = acc[4 * j + 2 * h];
-              float& v1 = acc[4 * j + 2 * h + 1];
-              v0 *= p.alpha;
-              v1 *= p.alpha;
-              if (FAST && STG) {
-                if constexpr (StageBytes<Epi>::value > 0) epi.template pair<true, true>(er[h], v0, v1, col, two, sb);
-              } else if (FAST) {
-                epi.template pair<true>(er[h], v0, v1, col, two);
-              } else {
-                epi.template pair<false>(er[h], v0, v1, col, two);
-              }
-            }
-          }
-          if (wide) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              wide_store_group<T, BN>(C + (long long)row_of(h) * p.ldc + n0, acc, h, jj, 1.0f);
-          } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int row = row_of(h);
-              if (!FAST && row >= p.m) continue;
-              T* crow = C + (long long)row * p.ldc;
-#pragma unroll
-              for (int s4 = 0; s4 < 4; ++s4) {
-                const int j = 4 * jj + s4;
-                const int col = n0 + j * 8 + (lane & 3) * 2;
-                if (FAST) {
-                  Vec<T, 2> out;
-                  out.v[0] = store<T>(acc[4 * j + 2 * h]);
-                  out.v[1] = store<T>(acc[4 * j + 2 * h + 1]);
-                  *reinterpret_cast<Vec<T, 2>*>(crow + col) = out;
-                } else if (col < p.n) {
-                  put_pair<T>(p, crow, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-                }
-              }
-            }
-          }
-        }
-        return;
       }
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {

@@ -664,8 +664,7 @@ FUSED_SHAPES = (("8192^3 nn", 8192, 8192, 8192, False),
 def _fused_graph(h, m, n, k, tb, kind):
     """gelu(x @ W + b) (kind "gelu"), x @ W + b + r ("residual") or max over n of x @ W + b ("rowmax"), bf16 in
     and out, FLOAT inside; W [k, n], stored [n, k] when tb (nn.Linear's weight). "bias": x @ W + b alone;
-    "gelu_nob": gelu(x @ W) (no bias: no epilogue load); a suffix "_ch": the epilogue in chunks (FUSED_CHUNK on),
-    "_sc": staged and in chunks; a suffix "_st" / "_ns": the same graph built with the
+    "gelu_nob": gelu(x @ W) (no bias: no epilogue load); a suffix "_st" / "_ns": the same graph built with the
     bias staged per tile / read in the epilogue (tuning.matmul.FUSED_STAGE on / off, _build; none: the default)."""
     from pydnn.graph import Graph
 
@@ -728,7 +727,7 @@ class _TmaTile:
 
 
 def _base(kind):
-    return kind[:-3] if kind.endswith(("_st", "_ns", "_ch", "_sc")) else kind
+    return kind[:-3] if kind.endswith(("_st", "_ns")) else kind
 
 
 def _kinds_of(tile, kinds):
@@ -753,11 +752,9 @@ def _build(g, kind):
     "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults)."""
     from pydnn import tuning
 
-    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.matmul.FUSED_CHUNK
-    if kind.endswith(("_st", "_ns", "_sc")):
-        tuning.matmul.FUSED_STAGE = kind.endswith(("_st", "_sc"))
-    if kind.endswith(("_ch", "_sc")):
-        tuning.matmul.FUSED_CHUNK = True
+    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE
+    if kind.endswith(("_st", "_ns")):
+        tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
     if kind == "gelu16":
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
@@ -766,8 +763,7 @@ def _build(g, kind):
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
-        (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE,
-         tuning.matmul.FUSED_CHUNK) = keep
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE = keep
     return g
 
 
@@ -835,8 +831,7 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu_ch", "gelu_sc", "gelu16", "gelu_erf", "relu",
-                               "relu_ch", "plain_pp",
+    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp",
                                "gelu_pp", "relu_pp", "plain_ppc", "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]

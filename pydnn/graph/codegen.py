@@ -626,13 +626,9 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
   }}"""
     else:
         stage_fns = ""
-    # tuning.matmul.FUSED_CHUNK: values and stores a chunk of 4 column groups at a time (ptx/matmul.cu wg_epilogue;
-    # only emitted when on, so the default epilogues' source, and their cache keys, stay as they were)
-    chunk = ("\n  static constexpr bool kChunk = true;  // tuning.matmul.FUSED_CHUNK"
-             if tuning.matmul.FUSED_CHUNK and red is None and store_c else "")
     return f"""struct {sname} {{
   static constexpr bool kActive = true, kRed = {b(red is not None)}, kStoreC = {b(store_c)};
-  static constexpr int kStage = {stage_bytes};  // bytes of a warp's staged column operands (0: none){chunk}
+  static constexpr int kStage = {stage_bytes};  // bytes of a warp's staged column operands (0: none)
   const GraphPwParams& e;
   const MatmulParams& p;
   struct Row {{

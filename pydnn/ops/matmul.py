@@ -302,10 +302,16 @@ TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 # competes with the running wgmmas; SM clocks equal, so not the power limit). tuning.matmul.FUSED_PP off.
 # Session 30 (H200, both 7B shapes, nn): plain 1.082 / 1.084x gemm_tma's time, fused gelu 1.092 / 1.118x and
 # relu 1.026 / 1.035x its own plain, again no better than the cooperative kernel's serialized epilogue.
+# Session 31 (tools/gemm_timeline.py, clock64 stamps on every SM): the overlap happens (97.6-99.4% of each
+# epilogue inside the other warpgroup's K loop, one warpgroup always in its K loop) but the GELU epilogue beside
+# it slows that K loop from 40.0 to 43.4 kc a tile (37% of the epilogue's 9.2 kc), and the K loop itself runs at 82%
+# of the tensor peak (32 KiB into the SM a 512-cycle K tile; the cooperative K loop 99.5%): per 128x256 of output
+# 80.9 kc plain / 88.0 GELU against the cooperative 69.9 / 75.4. Not a candidate for the fused GEMMs any more.
 TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
-# Session 31's candidate for the ping-pong's plain deficit (128 x 128 a warpgroup reads 4/3 the L2 -> SM bytes a
-# FLOP of the cooperative 128 x 256): the same consumers in 2-CTA clusters on tile rows 2i, 2i + 1 sharing B by
-# multicast (gemm_tma_c with pp; unit matmul.tmappc.bf16, registered by pp_units()): 24 KiB a CTA a K tile.
+# Session 31's candidate for the ping-pong's plain deficit: the same consumers in 2-CTA clusters on tile rows 2i,
+# 2i + 1 sharing B by multicast (gemm_tma_c with pp; unit matmul.tmappc.bf16, registered by pp_units()): 24 KiB of
+# L2 reads a CTA a K tile, but still 32 KiB landing in each SM's shared memory. Measured (H200): 92 kc a 128x256
+# worth, 1.235-1.239x gemm_tma's event time: worse than the 1-CTA ping-pong; kept only as a measured candidate.
 TMA_PPC_TILE = TmaTile(128, 7, unit="matmul.tmappc", cm=2, wide=True, pp=True)
 
 

@@ -97,7 +97,9 @@ def test_fused_graph_runs_on_gemm_tma(sm90, kind):
     g, step = _graph(h, kind, m, n, k)
     rec, expr, (arr, _, q, e) = step.recs[0]
     assert rec.maps is not None and isinstance(q, M.MatmulTmaParams) and expr.endswith("_f")
-    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == M.TMA_TILE.smem
+    # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more)
+    staged = cg.stage_smem(512) if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
+    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == M.TMA_TILE.smem + staged
     assert len(units) == 1 and set(units[0].exprs) == {expr, step.recs[1][1]} and units[0].archs == ("sm_90a",)
     text, _ = cache.unit_inputs(units[0])
     assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in text
@@ -410,11 +412,12 @@ def test_stage_plan():
 
 @pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
 def test_fused_stage_switch(sm90, monkeypatch, kind):
-    """tuning.matmul.FUSED_STAGE on: the fused gemm_tma kernel stages the bias (kStage 512: 256 bf16 columns) and
-    its launch asks for 8 buffers of it more shared memory; neither the row reduction nor bias + residual (a
-    row-moving input) stages; off (the default): kStage 0, the tile's shared memory."""
+    """tuning.matmul.FUSED_STAGE on (the default since session 31): the fused gemm_tma kernel stages the bias
+    (kStage 512: 256 bf16 columns) and its launch asks for 8 buffers of it more shared memory; neither the row
+    reduction nor bias + residual (a row-moving input) stages; off: kStage 0, the tile's shared memory."""
     h, buf, drv, enc, units = sm90
-    assert tuning.matmul.FUSED_STAGE is False
+    assert tuning.matmul.FUSED_STAGE is True
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", False)
     _, step = _graph(h, kind, 2048, 2048, 512)
     assert "kStage = 0;" in cache.unit_inputs(units[-1])[0] and step.recs[0][0].smem == M.TMA_TILE.smem
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
@@ -652,42 +655,3 @@ def test_timeline_stamps_only_under_the_define():
                 continue
             clocks = sum(("SR_CLOCKLO" in ln or "SR_GLOBALTIMER" in ln) for ln in lines)
             assert (clocks > 0) == tl, (src, tl, clocks)
-
-
-# ----------------------------------------------------------------------------- the epilogue in chunks
-
-def test_fused_chunk_switch_source(monkeypatch):
-    """tuning.matmul.FUSED_CHUNK (off by default): only when on does the generated epilogue declare kChunk, so the
-    default epilogues' source (and cache keys) are what they were; never with a row reduction."""
-    prog, final, access, red = _programs()["gelu"]
-    assert tuning.matmul.FUSED_CHUNK is False
-    _, off = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access)
-    monkeypatch.setattr(tuning.matmul, "FUSED_CHUNK", True)
-    _, on = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access)
-    assert "kChunk" not in off and "static constexpr bool kChunk = true;" in on
-    prog, final, access, red = _programs()["rowmax"]
-    _, rm = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access, red=red)
-    assert "kChunk" not in rm
-
-
-def test_chunked_epilogue_compiles_interleaved(monkeypatch):
-    """ptxas (sm_90a) on the fused bias + GELU kernel with FUSED_CHUNK: no spills; SASS where cuobjdump exists: the
-    WIDE stores no longer all follow the math (the two-pass epilogue issues every MUFU before its first 16-byte
-    store): some MUFU lie after the first wide store."""
-    monkeypatch.setattr(tuning.matmul, "FUSED_CHUNK", True)
-    prog, final, access, red = _programs()["gelu"]
-    name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access)
-    fe = f"pydnn::graph::{name}_f"
-    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
-                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-    log = log if isinstance(log, str) else log.decode()
-    props = {f: (int(a), int(b)) for f, a, b in re.findall(
-        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
-    assert props.get(lowered[fe]) == (0, 0), log
-    lines = _fast_sass(cubin, lowered[fe])
-    if lines is None:
-        return
-    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
-    first_wide = ops.index("STG.E.128")
-    assert sum(o.startswith("MUFU") for o in ops[first_wide:]) >= 64, Counter(ops[first_wide:])
-    assert not any(o.startswith(("LDL", "STL")) for o in ops)

@@ -242,24 +242,3 @@ def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
     scale = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
     assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "staged bias, unaligned", scale=scale)
     ty.check_untouched()
-
-
-# ----------------------------------------------------------------------------- the epilogue in chunks
-
-@pytest.mark.parametrize("kind, m, n, k, batch, tb, sms, stage",
-                         [("gelu", 2048, 2048, 512, 1, False, 0, False), ("gelu", 1000, 1096, 520, 2, False, 2, False),
-                          ("gelu", 520, 1090, 264, 1, True, 2, False), ("residual", 600, 712, 520, 2, False, 2, False),
-                          ("gelu", 1000, 1096, 520, 2, False, 2, True)],
-                         ids=["gelu_interior", "gelu_edges_batched", "gelu_nt_pairs", "residual_edges", "gelu_staged"])
-def test_fused_tma_chunked_epilogue(handle, rng, monkeypatch, kind, m, n, k, batch, tb, sms, stage):
-    """tuning.matmul.FUSED_CHUNK: the epilogue computes and stores 4 column groups at a time (WIDE 16-byte stores
-    of interior tiles with 16-byte aligned C rows, the pair stores where C's rows are not (n 1090), the guarded
-    stores of edge tiles), alone and with the staged bias; one launch, against float64."""
-    from pydnn import tuning
-
-    monkeypatch.setattr(tuning.matmul, "FUSED_CHUNK", True)
-    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", stage)
-    step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, tb, sms)
-    from pydnn._build import cache
-
-    assert "kChunk = true" in cache.unit_inputs(step.unit)[0]
