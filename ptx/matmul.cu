@@ -1192,21 +1192,67 @@ __global__ void __launch_bounds__(256, MINB) gemm_wgmma_p(MatmulParams p) {
 // own CTA's and on the peer's). The pair walks pair items together (tile rows in pairs; a pair past an
 // odd tiles_m copies zeros and stores nothing); a CTA leaves only after the cluster barrier at the end (no
 // copy or arrival of its peer may still be aimed at its shared memory).
+// Debug timeline (tools/gemm_timeline.py; only where the unit is compiled with -DPYDNN_GEMM_TL, which no
+// installed unit is: without it the stamps below are not in the preprocessed text, so every installed kernel's
+// SASS is unchanged). The buffer's address rides in p.stride_a, which gemm_tma never reads (A's batch stride is
+// in its tensor map). Per block 3 records (role 0 the producer's issuing thread, 1 and 2 the first thread of
+// consumer warpgroup 0 / 1) of 8 + 8 * PYDNN_GEMM_TL 64-bit words: a header (globaltimer and clock64 at the
+// role's start and end, the SM id, tiles stamped) and 8 words a tile (TL_* below; clock64 cycles of this SM):
+// TURN before the ping-pong turn barrier (cooperative: the tile's start), KSTART after the first K tile's full
+// wait, LAST after the last K tile's commit, HAND after the loop, DONE after wait<0>, EPI after the epilogue,
+// FULLW the other full waits' cycles.
+#ifdef PYDNN_GEMM_TL
+enum { TL_ITEM = 0, TL_TURN = 1, TL_KSTART = 2, TL_LAST = 3, TL_HAND = 4, TL_DONE = 5, TL_EPI = 6, TL_FULLW = 7 };
+__device__ __forceinline__ unsigned long long tl_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned long long tl_gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned long long* tl_record(const MatmulParams& p, int role) {
+  return reinterpret_cast<unsigned long long*>(p.stride_a) + (blockIdx.x * 3ull + role) * (8ull + 8ull * PYDNN_GEMM_TL);
+}
+__device__ __forceinline__ void tl_begin(unsigned long long* r) {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  r[0] = tl_gtime();
+  r[1] = tl_clock();
+  r[4] = smid;
+}
+__device__ __forceinline__ void tl_end(unsigned long long* r, int tiles) {
+  r[3] = tl_clock();
+  r[2] = tl_gtime();
+  r[5] = (unsigned long long)tiles;
+}
+// tile t's word f (tiles past PYDNN_GEMM_TL are not stamped)
+#define PYDNN_TL_PUT(r, t, f, v) \
+  do {                           \
+    if ((t) < PYDNN_GEMM_TL) (r)[8 + 8 * (t) + (f)] = (v); \
+  } while (0)
+#endif
+
 // PP (a candidate, gemm_tma with pp): ping-pong consumers. Each consumer warpgroup computes whole 128 x BN
 // tiles (two m64 halves, BN = 128: the same 128 accumulators a thread) and takes every other item of the
 // block's; the producer fills the ring with the block's items in order, so warpgroup 1's first K tiles land
 // only as warpgroup 0 nears the end of its item's K loop: the two K loops alternate by themselves, and each
 // warpgroup's epilogue (a fused GELU's erff: ~3800 instructions a thread a tile, ptxas sm_90a) runs while
 // the other's wgmmas keep the tensor cores busy, where the cooperative kernel leaves them idle through it.
-// An empty barrier then counts one arrival (the one warpgroup that read the stage). No row reduction (its
-// block-wide counter protocol expects one tile at a time).
+// An empty barrier then counts CM arrivals (the one warpgroup that read the stage, in each CTA of the
+// cluster). No row reduction (its block-wide counter protocol expects one tile at a time). With CM = 2
+// (gemm_tma_c with pp, a candidate: TMA_PPC_TILE) the pair's CTAs walk the same items in lockstep, tile rows
+// 2i and 2i + 1 of one tile column sharing B by multicast: 24 KiB of L2 -> SM copies a 128 x 128 x 64 K tile
+// a CTA instead of 32, the cooperative 128 x 256 tile's bytes a FLOP.
 template <class T, int BN, int STAGES, bool TA, bool TB, int CM = 1, bool WIDE = false, bool PP = false, class Epi>
 __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Epi& epi) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "gemm_tma needs the sm_90a target (KernelUnit archs)");
 #endif
   static_assert(!Epi::kRed || (CM == 1 && !PP), "gemm_tma: the reduction epilogue runs on the 1-CTA kernel");
-  static_assert(!PP || (CM == 1 && BN == 128), "gemm_tma ping-pong: 1-CTA, 128 x 128 tiles a warpgroup");
+  static_assert(!PP || BN == 128, "gemm_tma ping-pong: 128 x 128 tiles a warpgroup");
   static_assert(BN == 128 || BN == 256, "gemm_tma tile");
   static_assert(CM == 1 || CM == 2, "gemm_tma: clusters of 1 or 2 CTAs along M");
   constexpr int BM = 128;
@@ -1229,7 +1275,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       tma::mbar_init(full0 + 8 * s, 1);
-      tma::mbar_init(empty0 + 8 * s, PP ? 1 : 2 * CM);
+      tma::mbar_init(empty0 + 8 * s, PP ? CM : 2 * CM);
     }
     tma::fence_barrier_init();
     tma::prefetch_map(map_a);
@@ -1264,14 +1310,30 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
     tma::regs_dealloc<PRODUCER_REGS>();
     if (threadIdx.x == 0) {
       unsigned it = 0;  // K tiles issued so far (over every item): stage it % STAGES, phase (it / STAGES) & 1
+#ifdef PYDNN_GEMM_TL
+      unsigned long long* tlr = tl_record(p, 0);
+      int tlt = 0;
+      tl_begin(tlr);
+#endif
       for (long long item = first; item < items; item += step) {
         long long zz;
         int tm, tn;
         coords(item, zz, tm, tn);
         const int z = (int)zz, m0 = tm * BM, n0 = tn * BN;
+#ifdef PYDNN_GEMM_TL
+        unsigned long long tlw = 0;
+        PYDNN_TL_PUT(tlr, tlt, TL_ITEM, (unsigned long long)item);
+        PYDNN_TL_PUT(tlr, tlt, TL_KSTART, tl_clock());
+#endif
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
           const unsigned s = it % STAGES, full = full0 + 8 * s;
+#ifdef PYDNN_GEMM_TL
+          const unsigned long long tw0 = tl_clock();
           tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+          tlw += tl_clock() - tw0;
+#else
+          tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+#endif
           tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
           const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
           const int k0 = kt * kBK;
@@ -1302,12 +1364,27 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
             }
           }
         }
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_PUT(tlr, tlt, TL_LAST, tl_clock());
+        PYDNN_TL_PUT(tlr, tlt, TL_FULLW, tlw);
+        ++tlt;
+#endif
       }
+#ifdef PYDNN_GEMM_TL
+      tl_end(tlr, tlt);
+#endif
     }
   } else {
     tma::regs_alloc<CONSUMER_REGS>();
     const int wg = (threadIdx.x >> 7) - 1;           // consumer warpgroup: rows wg * 64 .. of the tile
     const bool signals = (threadIdx.x & 127) == 0;   // its thread that arrives on the empty barriers
+#ifdef PYDNN_GEMM_TL
+    unsigned long long* tlr = tl_record(p, 1 + wg);
+    int tlt = 0;
+    if (signals) tl_begin(tlr);
+#define PYDNN_TL_AT(f) \
+  if (signals) PYDNN_TL_PUT(tlr, tlt, f, tl_clock())
+#endif
     auto release = [&](unsigned s) {
       if (CM == 1) {
         tma::mbar_arrive(empty0 + 8 * s);
@@ -1324,6 +1401,11 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         int tm, tn;
         coords(first + i * step, z, tm, tn);
         unsigned it = (unsigned)(i * ktiles);
+#ifdef PYDNN_GEMM_TL
+        unsigned long long tlw = 0;
+        if (signals) PYDNN_TL_PUT(tlr, tlt, TL_ITEM, (unsigned long long)(first + i * step));
+        PYDNN_TL_AT(TL_TURN);
+#endif
         // The K loops take turns: item i's starts once the other warpgroup's K loop of item i - 1 has passed
         // its last full barrier (named barrier 2 + wg: its 128 threads arrive, this warpgroup's sync). Besides
         // keeping the tensor cores to one warpgroup at a time, this makes the parity waits exact: a parity
@@ -1334,7 +1416,20 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         for (int j = 0; j < BN / 2; ++j) acc0[j] = acc1[j] = 0.f;
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
           const unsigned s = it % STAGES;
+#ifdef PYDNN_GEMM_TL
+          // KSTART after the first K tile's full wait (a clock read right after bar.sync's DEFER_BLOCKING form
+          // can issue before the barrier completes: seen in the cluster kernel's SASS and stamps, session 31),
+          // so the turn interval holds that first wait and FULLW the rest
+          const unsigned long long tw0 = tl_clock();
           tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+          if (kt == 0) {
+            PYDNN_TL_AT(TL_KSTART);
+          } else {
+            tlw += tl_clock() - tw0;
+          }
+#else
+          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+#endif
           const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
           wgmma::fence();
 #pragma unroll
@@ -1349,16 +1444,32 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
             wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc1, da1, db, 1);
           }
           wgmma::commit();
+#ifdef PYDNN_GEMM_TL
+          if (kt == ktiles - 1) PYDNN_TL_AT(TL_LAST);
+#endif
           wgmma::wait<1>();  // K tile it - 1's group is done: its stage may be refilled
-          if (kt > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+          if (kt > 0 && signals) release((it - 1) % STAGES);
         }
         if (first + (i + 1) * step < items) asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_AT(TL_HAND);
+#endif
         wgmma::wait<0>();
         wgmma::fence_operands(acc0);
         wgmma::fence_operands(acc1);
-        if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-        wg_epilogue<T, BN, 128, WIDE>(p, epi, acc0, z, tm, tn, 0);
-        wg_epilogue<T, BN, 128, WIDE>(p, epi, acc1, z, tm, tn, 1);
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_AT(TL_DONE);
+#endif
+        if (ktiles > 0 && signals) release((it - 1) % STAGES);
+        if (CM == 1 || tm < p.tiles_m) {  // (a cluster's pair past an odd tiles_m stores nothing)
+          wg_epilogue<T, BN, 128, WIDE>(p, epi, acc0, z, tm, tn, 0);
+          wg_epilogue<T, BN, 128, WIDE>(p, epi, acc1, z, tm, tn, 1);
+        }
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_AT(TL_EPI);
+        if (signals) PYDNN_TL_PUT(tlr, tlt, TL_FULLW, tlw);
+        ++tlt;
+#endif
       }
     } else {
       unsigned it = 0;
@@ -1373,6 +1484,11 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         long long z;
         int tm, tn;
         coords(item, z, tm, tn);
+#ifdef PYDNN_GEMM_TL
+        unsigned long long tlw = 0;
+        if (signals) PYDNN_TL_PUT(tlr, tlt, TL_ITEM, (unsigned long long)item);
+        PYDNN_TL_AT(TL_TURN);
+#endif
         unsigned sb = 0;
         if constexpr (SB > 0) {
           if (epi.stage_ok(z, tn * BN)) {
@@ -1387,7 +1503,20 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
           const unsigned s = it % STAGES;
+#ifdef PYDNN_GEMM_TL
+          // KSTART after the first K tile's full wait (a clock read right after bar.sync's DEFER_BLOCKING form
+          // can issue before the barrier completes: seen in the cluster kernel's SASS and stamps, session 31),
+          // so the turn interval holds that first wait and FULLW the rest
+          const unsigned long long tw0 = tl_clock();
           tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+          if (kt == 0) {
+            PYDNN_TL_AT(TL_KSTART);
+          } else {
+            tlw += tl_clock() - tw0;
+          }
+#else
+          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+#endif
           const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
           wgmma::fence();
 #pragma unroll
@@ -1400,15 +1529,33 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
             wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
           }
           wgmma::commit();
+#ifdef PYDNN_GEMM_TL
+          if (kt == ktiles - 1) PYDNN_TL_AT(TL_LAST);
+#endif
           wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
           if (kt > 0 && signals) release((it - 1) % STAGES);
         }
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_AT(TL_HAND);
+#endif
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_AT(TL_DONE);
+#endif
         if (ktiles > 0 && signals) release((it - 1) % STAGES);
         if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb);
+#ifdef PYDNN_GEMM_TL
+        PYDNN_TL_AT(TL_EPI);
+        if (signals) PYDNN_TL_PUT(tlr, tlt, TL_FULLW, tlw);
+        ++tlt;
+#endif
       }
     }
+#ifdef PYDNN_GEMM_TL
+    if (signals) tl_end(tlr, tlt);
+#undef PYDNN_TL_AT
+#endif
   }
   if constexpr (CM > 1) {
     __syncwarp();
@@ -1424,9 +1571,9 @@ __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ Matmu
 // The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__
 // is an error before sm_90 even in a template never instantiated: the units of other archs include this file.)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-template <class T, int BN, int STAGES, bool TA, bool TB>
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) gemm_tma_c(const __grid_constant__ MatmulTmaParams q) {
-  gemm_tma_body<T, BN, STAGES, TA, TB, 2>(q, NoEpi());
+  gemm_tma_body<T, BN, STAGES, TA, TB, 2, WIDE, PP>(q, NoEpi());
 }
 #endif
 

@@ -691,13 +691,15 @@ def _fused_graph(h, m, n, k, tb, kind):
     return g
 
 
-def _variants(pp, wg=False):
+def _variants(pp, wg=False, ppc=False):
     """(suffix, gemm_tma tile) of each form --fused times: the chooser's TMA_TILE, with pp the ping-pong
-    candidate TMA_PP_TILE (its unit registered here: outside the build), with wg the wgmma kernels the fused
-    GEMMs ran on before (USE_TMA off: gemm_wgmma_p; tile None; the gelu graph only)."""
-    if pp:
+    candidate TMA_PP_TILE (its unit registered here: outside the build), with ppc its 2-CTA cluster form
+    TMA_PPC_TILE, with wg the wgmma kernels the fused GEMMs ran on before (USE_TMA off: gemm_wgmma_p; tile None;
+    the gelu graph only)."""
+    if pp or ppc:
         M.pp_units()
-    return (("", M.TMA_TILE),) + ((("_pp", M.TMA_PP_TILE),) if pp else ()) + ((("_wg", None),) if wg else ())
+    return ((("", M.TMA_TILE),) + ((("_pp", M.TMA_PP_TILE),) if pp else ()) +
+            ((("_ppc", M.TMA_PPC_TILE),) if ppc else ()) + ((("_wg", None),) if wg else ()))
 
 
 def _expr(tile, tb):
@@ -739,7 +741,8 @@ def _kinds_of(tile, kinds):
 
 
 def _tma_bench_unit(tile, tb):
-    name = "wgbench" if tile is None else "tmabenchpp" if tile.pp else "tmabench"
+    name = ("wgbench" if tile is None else "tmabenchppc" if tile.pp and tile.cm == 2 else "tmabenchpp" if tile.pp
+            else "tmabench")
     return f"matmul.{name}{'nt' if tb else 'nn'}.bf16"
 
 
@@ -764,9 +767,10 @@ def _build(g, kind):
     return g
 
 
-def _prebuild_fused(h, shapes, kinds, variants):
+def _prebuild_fused(h, shapes, kinds, variants, compile=True):
     """Compile every unit --fused needs in parallel threads (NVRTC releases the GIL): gemm_tma's and the fused
-    graphs' generated units (collected by building each graph once with the compile deferred)."""
+    graphs' generated units (collected by building each graph once with the compile deferred). compile False:
+    return the units instead (tools/gemm_timeline.py compiles them in its own pool)."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -793,6 +797,8 @@ def _prebuild_fused(h, shapes, kinds, variants):
         engines._compile = orig
     t0 = time.perf_counter()
     todo = list({u.name: u for u in units}.values())
+    if not compile:
+        return todo
     with ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda u: loader.load_unit(h.arch, u), todo))
     print(f"prebuild: {len(todo)} units in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -826,7 +832,7 @@ def _power(fns, seconds):
 
     out = {}
     for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp",
-                               "gelu_pp", "relu_pp", "torch.mm", "gelu(addmm)")
+                               "gelu_pp", "relu_pp", "plain_ppc", "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
@@ -947,9 +953,25 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
         for name in order:
             t[name].append(time_ms(fns[name], reps=10, warmup=2))
     med = {name: statistics.median(v) for name, v in t.items()}
+    # paired ratios (session 31): each round a fused graph timed between two timings of its plain kernel, the
+    # ratio to their mean; the median over rounds. Clock states drift over a run by more than the effect (the same
+    # plain kernel measured 0.72 and 0.81 ms on N = 4096 in one run), and a ratio of medians taken at different
+    # moments carries that drift; adjacent timings share the state.
+    pair = {}
+    for kind in kinds:
+        key, p_ = kind + suf, "plain" + suf
+        if key not in fns:
+            continue
+        rs = []
+        for _ in range(rounds):
+            a_ = time_ms(fns[p_], reps=10, warmup=2)
+            f_ = time_ms(fns[key], reps=10, warmup=2)
+            b_ = time_ms(fns[p_], reps=10, warmup=2)
+            rs.append(2.0 * f_ / (a_ + b_))
+        pair[key] = statistics.median(rs)
     fl = 2.0 * m * n * k
     rr = dict(case=label + suf, device=dev, ms=med, tflops={name: fl / v / 1e9 for name, v in med.items()},
-              kernels=kernels, fused_on_tma=on_tma, errs=errs)
+              kernels=kernels, fused_on_tma=on_tma, errs=errs, paired_over_plain=pair)
     p = "plain" + suf
     rr["plain_vs_torch"] = med["torch.mm"] / med[p]
     line = (f"{label:24s}{suf:3s} plain {kernels[p]:24s} {rr['tflops'][p]:6.1f} TFLOP/s "
@@ -965,6 +987,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
             rr[kind + "_over_plain_tma"] = med[key] / med["plain"]
             rr[kind + "_vs_torch"] = med[tn] / med[key]
             line += (f" | {kind} {rr['tflops'][key]:6.1f}: {rr[kind + '_over_plain']:.3f}x its plain"
+                     + (f" (paired {pair[key]:.3f}x)" if key in pair else "")
                      + (f" ({rr[kind + '_over_plain_tma']:.3f}x gemm_tma's)" if suf else "")
                      + f", {rr[kind + '_vs_torch']:.3f}x {tn} ({med[tn] / med['torch.mm']:.3f}x mm)")
     line += " | rel diff " + " ".join(f"{k_} {v:.1e}" for k_, v in errs.items())
@@ -978,7 +1001,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
 
 
 def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "rowmax"), pp=False, power=0.0,
-          wg=False):
+          wg=False, ppc=False):
     """The graph's fused GEMMs (issue 22's target: gelu(x @ W + b) as one kernel at <= 1.05x the plain matmul's
     time and faster than F.gelu(torch.addmm(b, x, W))), bf16, timed in alternating rounds (each round every
     function, 10 samples each; medians): the plain pydnn matmul (gemm_tma), the fused gelu graph,
@@ -993,7 +1016,7 @@ def fused(out=None, rounds=5, shapes=FUSED_SHAPES, kinds=("gelu", "residual", "r
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     dev = torch.cuda.get_device_name()
     rows = []
-    variants = _variants(pp, wg)
+    variants = _variants(pp, wg, ppc)
     try:
         _prebuild_fused(h, shapes, kinds, variants)
         # variant by variant (the chooser's tile first, every shape), so that a candidate that fails or hangs
@@ -1177,6 +1200,7 @@ if __name__ == "__main__":
                     "default GELU form for bf16 outputs, gelu16: the degree-7 gelu_fast, gelu_erf: erff's; relu, "
                     "residual, rowmax)")
     ap.add_argument("--pp", action="store_true", help="--fused: also the ping-pong candidate (TMA_PP_TILE)")
+    ap.add_argument("--ppc", action="store_true", help="--fused: also the ping-pong cluster candidate (TMA_PPC_TILE)")
     ap.add_argument("--wg", action="store_true", help="--fused: also the fused gelu on the wgmma kernel (USE_TMA off)")
     ap.add_argument("--power", type=float, default=0.0, help="--fused: each function alone for this many seconds "
                     "with nvidia-smi sampling the SM clock and board power (is the GEMM held by the power limit?)")
@@ -1208,7 +1232,7 @@ if __name__ == "__main__":
             th = threading.Thread(target=build_dw)
             th.start()
         try:
-            fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg)
+            fused(args.out, args.rounds, sel, tuple(args.kinds.split(",")), args.pp, args.power, args.wg, args.ppc)
         finally:
             if th is not None:
                 th.join()

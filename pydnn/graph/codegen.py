@@ -475,7 +475,8 @@ def _tile_body(tile, tag, ta, tb, vec):
                 f"{pipe}, {b(ta)}, {b(tb)}, {b(vec)}>", tile.threads, tile.per_sm)
     if hasattr(tile, "cm"):  # TmaTile (gemm_tma: producer + 2 consumer warpgroups, one block an SM)
         wide = f", {b(tile.wide)}, true" if getattr(tile, "pp", False) else ", true" if tile.wide else ""
-        return (f"pydnn::matmul::gemm_tma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}, 1{wide}>",
+        cm = getattr(tile, "cm", 1)  # (the ping-pong cluster candidate: 2; the head then gets __cluster_dims__)
+        return (f"pydnn::matmul::gemm_tma_body<{t}, {tile.bn}, {tile.stages}, {b(ta)}, {b(tb)}, {cm}{wide}>",
                 tile.threads, 1)
     persist = ", true" if getattr(tile, "persist", False) else ""
     if getattr(tile, "persist", False) and (tile.lead != tile.stages - 2 or tile.runon):
@@ -687,7 +688,8 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")
-    head = f"__global__ void __launch_bounds__({ft}, {fm}) {name}_f"
+    cluster = "__cluster_dims__(2, 1, 1) " if getattr(fast, "cm", 1) == 2 else ""
+    head = f"__global__ void {cluster}__launch_bounds__({ft}, {fm}) {name}_f"
     if hasattr(fast, "cm"):  # gemm_tma takes its tensor maps by value: a __grid_constant__ MatmulTmaParams
         fast_kernel = (f"{head}(const __grid_constant__ MatmulTmaParams q,\n"
                        f"    const __grid_constant__ GraphPwParams e) {{\n  {fb}(q, Epi_{name}{{e, q.p}});\n}}")

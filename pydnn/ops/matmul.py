@@ -245,12 +245,13 @@ class TmaTile:
     def __init__(self, bn, stages, unit="matmul.tma", cm=1, wide=False, pp=False):
         self.bm, self.bn, self.stages = 128, bn, stages
         self.wide = wide  # interior tiles store 16 bytes a lane (quad transposes; FLAG_C16)
-        if wide and cm != 1:
-            raise ValueError("wide: the 1-CTA kernel only")
-        # ping-pong: each consumer warpgroup a whole 128 x 128 tile, every other item (gemm_tma_body's PP)
+        if wide and cm != 1 and not pp:
+            raise ValueError("wide: the 1-CTA kernel (or the ping-pong cluster candidate) only")
+        # ping-pong: each consumer warpgroup a whole 128 x 128 tile, every other item (gemm_tma_body's PP);
+        # cm 2: the pair of CTAs sharing B by multicast (TMA_PPC_TILE)
         self.pp = pp
-        if pp and (cm != 1 or bn != 128):
-            raise ValueError("pp: the 1-CTA kernel, 128 x 128 tiles")
+        if pp and bn != 128:
+            raise ValueError("pp: 128 x 128 tiles")
         self.per_sm, self.threads, self.unit, self.persist = 1, 384, unit, True
         self.cm = cm  # CTAs of a cluster along M sharing B (gemm_tma_c: 2, B multicast)
         self.smem = stages * (self.bm + bn) * BK * 2 + 1024 + 16 * stages
@@ -301,7 +302,17 @@ TMA_CANDIDATES = (TmaTile(256, 4, unit="matmul.tmac", cm=2),)
 # competes with the running wgmmas; SM clocks equal, so not the power limit). tuning.matmul.FUSED_PP off.
 # Session 30 (H200, both 7B shapes, nn): plain 1.082 / 1.084x gemm_tma's time, fused gelu 1.092 / 1.118x and
 # relu 1.026 / 1.035x its own plain, again no better than the cooperative kernel's serialized epilogue.
+# Session 31 (tools/gemm_timeline.py, clock64 stamps on every SM): the overlap happens (97.6-99.4% of each
+# epilogue inside the other warpgroup's K loop, one warpgroup always in its K loop) but the GELU epilogue beside
+# it slows that K loop from 40.0 to 43.4 kc a tile (37% of the epilogue's 9.2 kc), and the K loop itself runs at 82%
+# of the tensor peak (32 KiB into the SM a 512-cycle K tile; the cooperative K loop 99.5%): per 128x256 of output
+# 80.9 kc plain / 88.0 GELU against the cooperative 69.9 / 75.4. Not a candidate for the fused GEMMs any more.
 TMA_PP_TILE = TmaTile(128, 7, unit="matmul.tmapp", wide=True, pp=True)
+# Session 31's candidate for the ping-pong's plain deficit: the same consumers in 2-CTA clusters on tile rows 2i,
+# 2i + 1 sharing B by multicast (gemm_tma_c with pp; unit matmul.tmappc.bf16, registered by pp_units()): 24 KiB of
+# L2 reads a CTA a K tile, but still 32 KiB landing in each SM's shared memory. Measured (H200): 92 kc a 128x256
+# worth, 1.235-1.239x gemm_tma's event time: worse than the 1-CTA ping-pong; kept only as a measured candidate.
+TMA_PPC_TILE = TmaTile(128, 7, unit="matmul.tmappc", cm=2, wide=True, pp=True)
 
 
 class SimtTile:
@@ -450,7 +461,8 @@ def tma_units(tiles=(TMA_TILE,), name="matmul.tma", tags=("f16", "bf16")):
 def pp_units():
     """The ping-pong candidate's unit (TMA_PP_TILE, bf16, every transposition), registered with the loader
     (benchmarks and tests; outside the build). Returns it."""
-    units = tma_units((TMA_PP_TILE,), TMA_PP_TILE.unit, ("bf16",))
+    units = tma_units((TMA_PP_TILE,), TMA_PP_TILE.unit, ("bf16",)) + tma_units((TMA_PPC_TILE,), TMA_PPC_TILE.unit,
+                                                                              ("bf16",))
     loader.register_units(units)
     return units[0]
 
@@ -873,7 +885,8 @@ def fused_tma(handle, plan, red=False):
     if plan.tma is None:
         return None
     tile = TMA_PP_TILE if tuning.matmul.FUSED_PP and not red else _tma_tile()
-    tile = tile if tile.cm == 1 and not (red and tile.pp) else TMA_TILE  # (red: a row reduction epilogue)
+    # (red: a row reduction epilogue; the ping-pong cluster candidate has an epilogue form, the cooperative one not)
+    tile = tile if (tile.cm == 1 or tile.pp) and not (red and tile.pp) else TMA_TILE
     if _tma_problem(plan, tile) is not None:  # (another tile than the plan's: its own boxes)
         return None
     rec = _tma_launch(plan, TAG[plan.dtype], tile, handle.sm_count)

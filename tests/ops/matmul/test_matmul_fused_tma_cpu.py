@@ -97,7 +97,9 @@ def test_fused_graph_runs_on_gemm_tma(sm90, kind):
     g, step = _graph(h, kind, m, n, k)
     rec, expr, (arr, _, q, e) = step.recs[0]
     assert rec.maps is not None and isinstance(q, M.MatmulTmaParams) and expr.endswith("_f")
-    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == M.TMA_TILE.smem
+    # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more)
+    staged = cg.stage_smem(512) if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
+    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == M.TMA_TILE.smem + staged
     assert len(units) == 1 and set(units[0].exprs) == {expr, step.recs[1][1]} and units[0].archs == ("sm_90a",)
     text, _ = cache.unit_inputs(units[0])
     assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in text
@@ -410,11 +412,12 @@ def test_stage_plan():
 
 @pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
 def test_fused_stage_switch(sm90, monkeypatch, kind):
-    """tuning.matmul.FUSED_STAGE on: the fused gemm_tma kernel stages the bias (kStage 512: 256 bf16 columns) and
-    its launch asks for 8 buffers of it more shared memory; neither the row reduction nor bias + residual (a
-    row-moving input) stages; off (the default): kStage 0, the tile's shared memory."""
+    """tuning.matmul.FUSED_STAGE on (the default since session 31): the fused gemm_tma kernel stages the bias
+    (kStage 512: 256 bf16 columns) and its launch asks for 8 buffers of it more shared memory; neither the row
+    reduction nor bias + residual (a row-moving input) stages; off: kStage 0, the tile's shared memory."""
     h, buf, drv, enc, units = sm90
-    assert tuning.matmul.FUSED_STAGE is False
+    assert tuning.matmul.FUSED_STAGE is True
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", False)
     _, step = _graph(h, kind, 2048, 2048, 512)
     assert "kStage = 0;" in cache.unit_inputs(units[-1])[0] and step.recs[0][0].smem == M.TMA_TILE.smem
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
@@ -461,3 +464,194 @@ def test_staged_kernel_compiles_without_spills(kind):
     region = Counter(ops[d:end + 1])
     assert region["LDS"] == 32, region
     assert not any(o.startswith("LDG") for o in region), region
+
+
+# ----------------------------------------------------------------------------- the ping-pong cluster candidate
+
+def _replay_ppc_ring(stages, ktiles, items, seed, peer=True):
+    """gemm_tma_body's PP protocol in 2-CTA clusters (CM = 2) replayed with mbarrier semantics: per CTA a producer
+    and two consumer warpgroups; the producer of CTA q, at ring position it, arrives on its own full barrier
+    expecting the whole stage (3 parts: its A, both halves of B) and issues its A into its own stage and its half
+    of B into both CTAs' (each copy lands later, in a seeded random order, completing one part on the barrier of
+    the CTA it lands in); an empty barrier counts 2 arrivals (warpgroup w of each CTA, which read the stage in its
+    CTA); the K loops of a CTA take turns (named barriers 2 / 3). Every read finds all 3 parts of its own ring
+    position; no copy lands in a stage whose last fill a warpgroup has not released; no deadlock. peer=False: a
+    warpgroup releases only its own CTA's stage (empty barriers of 1 arrival), which lets the peer's multicast
+    land on a stage still being read."""
+    import random
+
+    rnd = random.Random(seed)
+    total = ktiles * items
+    CM = 2
+    full = [[dict(phase=0, arr=0, tx=0) for _ in range(stages)] for _ in range(CM)]
+    empty = [[dict(phase=0, arr=0) for _ in range(stages)] for _ in range(CM)]
+    parts = [[dict() for _ in range(stages)] for _ in range(CM)]  # part -> ring position whose copy landed
+    held = [[None] * stages for _ in range(CM)]  # ring position a warpgroup has read and not yet released
+
+    def done(bar, parity):
+        return (bar["phase"] & 1) != parity
+
+    def full_step(bar):
+        if bar["arr"] == 1 and bar["tx"] == 0:
+            bar["arr"] = 0
+            bar["phase"] += 1
+
+    def arrive_empty(q, s):
+        bar = empty[q][s]
+        bar["arr"] += 1
+        if bar["arr"] == (CM if peer else 1):
+            bar["arr"] = 0
+            bar["phase"] += 1
+            held[q][s] = None
+
+    prod = [0] * CM
+    flight = []  # copies issued, not landed: (cta, stage, part, ring position)
+    todo = [[i * ktiles + kt for i in range(w, items, 2) for kt in range(ktiles)] for w in range(2)]
+    cons = [[dict(pos=0, pending=None) for _ in range(2)] for _ in range(CM)]
+    kloop_done = [set() for _ in range(CM)]
+    reads = [[] for _ in range(CM)]
+    steps = 0
+
+    def busy():
+        return (any(p < total for p in prod) or flight or
+                any(c["pos"] < len(todo[w]) or c["pending"] is not None for q in range(CM) for w, c in enumerate(cons[q])))
+
+    while busy():
+        steps += 1
+        assert steps < 400000, "deadlock"
+        who = rnd.randrange(2 * CM + 1 + CM)
+        if who < CM:  # a producer
+            q, it = who, prod[who]
+            if it < total:
+                s = it % stages
+                if done(empty[q][s], ((it // stages) & 1) ^ 1):
+                    full[q][s]["arr"] += 1
+                    full[q][s]["tx"] += 3
+                    flight.append((q, s, "A", it))
+                    for r in range(CM):
+                        flight.append((r, s, f"B{q}", it))
+                    prod[q] += 1
+                    full_step(full[q][s])
+        elif who == CM:  # a copy lands
+            if flight:
+                r, s, part, it = flight.pop(rnd.randrange(len(flight)))
+                assert held[r][s] is None or held[r][s] == it, f"copy of {it} landed on unreleased {held[r][s]}"
+                parts[r][s][part] = it
+                full[r][s]["tx"] -= 1
+                full_step(full[r][s])
+        else:  # a consumer warpgroup
+            q, w = divmod(who - CM - 1, 2)
+            if q >= CM:
+                continue
+            c = cons[q][w]
+            if c["pos"] < len(todo[w]):
+                it = todo[w][c["pos"]]
+                s = it % stages
+                item = it // ktiles
+                if it % ktiles == 0 and item > 0 and item - 1 not in kloop_done[q]:
+                    continue  # the turn
+                if done(full[q][s], (it // stages) & 1):
+                    assert parts[q][s] == {"A": it, "B0": it, "B1": it}, f"CTA {q} read {parts[q][s]} as {it}"
+                    held[q][s] = it
+                    reads[q].append(it)
+                    if it % ktiles and c["pending"] is not None:
+                        for r in (range(CM) if peer else (q,)):
+                            arrive_empty(r, c["pending"] % stages)
+                    c["pending"] = it
+                    c["pos"] += 1
+                    if (it + 1) % ktiles == 0:
+                        kloop_done[q].add(item)
+                        for r in (range(CM) if peer else (q,)):
+                            arrive_empty(r, c["pending"] % stages)
+                        c["pending"] = None
+    assert all(sorted(rd) == list(range(total)) for rd in reads)
+    return True
+
+
+@pytest.mark.parametrize("stages, ktiles, items", [(7, 1, 5), (7, 3, 4), (7, 9, 3), (3, 2, 7), (7, 64, 3), (4, 5, 1)])
+@pytest.mark.parametrize("seed", range(3))
+def test_ppc_ring_protocol(stages, ktiles, items, seed):
+    assert _replay_ppc_ring(stages, ktiles, items, seed)
+
+
+def test_ppc_ring_without_peer_releases_overwrites():
+    with pytest.raises(AssertionError, match=r"landed on unreleased|CTA \d read"):
+        for seed in range(20):
+            _replay_ppc_ring(7, 9, 3, seed, peer=False)
+
+
+def test_ppc_candidate_tile_and_fused_choice(sm90, monkeypatch):
+    """TMA_PPC_TILE: the ping-pong tile in 2-CTA clusters (gemm_tma_c<..., wide, pp>), grids in whole clusters
+    (an odd SM count rounds down), B's boxes half the tile's columns where B is K-major; a fused graph built
+    while plans take it runs on gemm_tma_body<..., 2, true, true> under __cluster_dims__(2, 1, 1); a row reduction
+    stays on TMA_TILE. Plans never take it unasked (the build's units do not hold it)."""
+    h, buf, drv, enc, units = sm90
+    t = M.TMA_PPC_TILE
+    assert (t.bn, t.stages, t.pp, t.cm, t.wide) == (128, 7, True, 2, True) and t.smem == M.TMA_PP_TILE.smem
+    assert t.expr("bf16", False, True) == "pydnn::matmul::gemm_tma_c<pydnn::bf16_t, 128, 7, false, true, true, true>"
+    assert t.map_shapes(False, True) == ((64, 128), (64, 64)) and t.map_shapes(False, False) == ((64, 128), (64, 64))
+    assert t.grid(16, 16, 1, 131) == (130, 1, 1) and t.grid(3, 1, 1, 132) == (4, 1, 1)
+    assert M.gemm_plan(h, BF16, 2048, 2048, 512).tma.expr == M.TMA_TILE.expr("bf16", False, False)
+    M.pp_units()
+    monkeypatch.setattr(M, "_tma_tile", lambda: t)
+    plan = M.gemm_plan(h, BF16, 2048, 2048, 512)
+    assert plan.tma.expr == t.expr("bf16", False, False) and plan.tma.params.p.tiles_n == 16
+    assert plan.tma.grid == (132, 1, 1)  # 128 pairs of tile rows x 16 columns: 66 clusters
+    _, step = _graph(h, "gelu", 2048, 2048, 512)
+    text = cache.unit_inputs(units[-1])[0]
+    assert "gemm_tma_body<pydnn::bf16_t, 128, 7, false, false, 2, true, true>" in text
+    assert "__cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)" in text
+    assert step.recs[0][0].expr == t.expr("bf16", False, False) and step.recs[0][0].grid == (132, 1, 1)
+    _, step = _graph(h, "rowmax", 2048, 2048, 512)
+    assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in cache.unit_inputs(units[-1])[0]
+
+
+def test_ppc_fused_kernel_compiles_without_spills():
+    """ptxas (sm_90a) on the fused bias + GELU kernel of the cluster candidate: no spills, 168 registers at entry;
+    SASS where cuobjdump exists: 8 HGMMA.64x128x16 a K tile, A by a plain TMA load and this CTA's half of B by a
+    multicast one, the releases as remote (cluster) arrivals, the turn barrier, the WIDE stores."""
+    prog, final, access, red = _programs()["gelu"]
+    name, text = cg.matmul_source(prog, final, "bf16", M.TMA_PPC_TILE, M.TC_GENERAL, False, False, access=access)
+    fe = f"pydnn::graph::{name}_f"
+    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    log = log if isinstance(log, str) else log.decode()
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert props.get(lowered[fe]) == (0, 0), log
+    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
+    assert int(regs[lowered[fe]]) <= 168, log
+    lines = _fast_sass(cubin, lowered[fe])
+    if lines is None:
+        return
+    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
+    c = Counter(ops)
+    assert c["HGMMA.64x128x16.F32.BF16"] == 8 and c["UTMALDG.3D"] == 1 and c["UTMALDG.3D.MULTICAST"] == 1, c
+    assert c["SYNCS.ARRIVE.TRANS64.RED.A1T0"] >= 2 and c["BAR.ARV"] == 1 and c["STG.E.128"] >= 16, c
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
+
+
+# ----------------------------------------------------------------------------- the debug timeline
+
+def test_timeline_stamps_only_under_the_define():
+    """-DPYDNN_GEMM_TL (tools/gemm_timeline.py's units only): the ping-pong kernel reads %clock64 / %globaltimer
+    and still has no spills; without it (every installed unit) neither special register is read: the stamps are
+    not in the compiled text. The same for the cooperative kernel's fused bias + GELU."""
+    prog, final, access, red = _programs()["gelu"]
+    name, gtext = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access)
+    mtext = (cache.ptx_dir() / "matmul.cu").read_text()
+    cases = ((mtext, "matmul.cu", M.TMA_PP_TILE.expr("bf16", False, False)),
+             (gtext, f"graph/{name}.cu", f"pydnn::graph::{name}_f"))
+    for text, src, expr in cases:
+        for tl in (False, True):
+            opts = COMMON_OPTIONS + ("--ptxas-options=-v",) + (("-DPYDNN_GEMM_TL=128",) if tl else ())
+            cubin, lowered, log = nvrtc.compile_cubin(text, src, (expr,), "sm_90a", opts, [str(cache.ptx_dir())])
+            log = log if isinstance(log, str) else log.decode()
+            props = {f: (int(a), int(b)) for f, a, b in re.findall(
+                r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+            assert props.get(lowered[expr]) == (0, 0), log
+            lines = _fast_sass(cubin, lowered[expr])
+            if lines is None:
+                continue
+            clocks = sum(("SR_CLOCKLO" in ln or "SR_GLOBALTIMER" in ln) for ln in lines)
+            assert (clocks > 0) == tl, (src, tl, clocks)

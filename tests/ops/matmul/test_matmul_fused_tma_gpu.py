@@ -152,30 +152,36 @@ def test_fused_wgmma_with_tma_off(handle, rng, monkeypatch, kind):
                                                            ("gelu", 2048, 2048, 512, 1, False, 0),
                                                            ("residual", 600, 712, 520, 2, True, 3)],
                          ids=["gelu_edges_2_blocks", "gelu_full_grid", "residual_nt_3_blocks"])
-def test_pp_candidate_fused(handle, rng, monkeypatch, kind, m, n, k, batch, tb, sms):
+@pytest.mark.parametrize("tile", ["pp", "ppc"])
+def test_pp_candidate_fused(handle, rng, monkeypatch, kind, m, n, k, batch, tb, sms, tile):
     """The ping-pong candidate (TMA_PP_TILE: each consumer warpgroup a whole 128 x 128 tile, every other item,
     the K loops taking turns through named barriers 2 / 3) with the fused epilogues: an odd number of items a
-    block, edges, a ragged K, batches, B transposed."""
+    block, edges, a ragged K, batches, B transposed. ppc: its 2-CTA cluster form (TMA_PPC_TILE, B multicast; an
+    odd tiles_m in the residual case: a pair past it stores nothing; 3 SMs make one cluster)."""
     M.pp_units()
-    monkeypatch.setattr(M, "_tma_tile", lambda: M.TMA_PP_TILE)
+    t = M.TMA_PPC_TILE if tile == "ppc" else M.TMA_PP_TILE
+    monkeypatch.setattr(M, "_tma_tile", lambda: t)
     step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, tb, sms)
-    assert step.recs[0][0].expr == M.TMA_PP_TILE.expr("bf16", False, tb)
+    assert step.recs[0][0].expr == t.expr("bf16", False, tb)
 
 
 @pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
-def test_pp_candidate_plain(handle, rng, monkeypatch, ta, tb):
+@pytest.mark.parametrize("tile", ["pp", "ppc"])
+def test_pp_candidate_plain(handle, rng, monkeypatch, ta, tb, tile):
     """The plain ping-pong kernel (alpha, beta, bias through its NoEpi epilogue) on 3 blocks walking the tiles
-    of a problem with edges in m, n and K, 2 batches, every transposition, against float64."""
+    of a problem with edges in m, n and K, 2 batches, every transposition, against float64. ppc: the cluster
+    form on one cluster of 2 blocks (m 456: 4 tile rows; and m 584: 5, a pair past the last)."""
     from devtensor import POISON
     from pydnn.reference import dtypes as rd
 
     _sm90(handle, monkeypatch, 3)
     M.pp_units()
-    monkeypatch.setattr(M, "_tma_tile", lambda: M.TMA_PP_TILE)
-    m, n, k, batch = 456, 392, 328, 2
+    t = M.TMA_PPC_TILE if tile == "ppc" else M.TMA_PP_TILE
+    monkeypatch.setattr(M, "_tma_tile", lambda: t)
+    m, n, k, batch = (584 if tile == "ppc" and ta else 456), 392, 328, 2
     plan = M.gemm_plan(handle, BF16, m, n, k, trans_a=ta, trans_b=tb, batch=batch, stride_a=m * k, stride_b=k * n,
                        stride_c=m * n, bias=True)
-    assert plan.tma is not None and plan.tma.expr == M.TMA_PP_TILE.expr("bf16", ta, tb)
+    assert plan.tma is not None and plan.tma.expr == t.expr("bf16", ta, tb)
     sa = (batch, k, m) if ta else (batch, m, k)
     sb = (batch, n, k) if tb else (batch, k, n)
     # float32-exact draws (bf16 storage rounds through float32: pydnn.reference.dtypes)
