@@ -25,6 +25,7 @@ def test_units():
     assert sorted(units) == ["attention.ws.bf16", "attention.ws.c3.bf16", "attention.ws.c3.f16",
                              "attention.ws.cl.bf16", "attention.ws.cl.f16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
                              "attention.ws.emu.bf16", "attention.ws.emu.f16", "attention.ws.f16",
+                             "attention.ws.gh.bf16", "attention.ws.gh.f16",
                              "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
                              "attention.ws.n192.f16", "attention.ws.paged.bf16", "attention.ws.paged.f16",
                              "attention.ws.q2.bf16", "attention.ws.q2.f16", "attention.ws.rot.bf16",
