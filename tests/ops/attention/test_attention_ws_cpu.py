@@ -366,7 +366,8 @@ def test_emulation_catches_a_missing_release():
 
 # ----------------------------------------------------------------------------- NVRTC
 
-_NOT_PAGED = [u for u in WS.kernel_units() if not u.name.startswith("attention.ws.paged.")]  # (test_attention_paged_cpu)
+_NOT_PAGED = [u for u in WS.kernel_units()  # (paged: test_attention_paged_cpu; gh: test_attention_ws_gh_cpu)
+              if not u.name.startswith(("attention.ws.paged.", "attention.ws.gh."))]
 
 
 @pytest.mark.parametrize("unit", _NOT_PAGED, ids=[u.name for u in _NOT_PAGED])
