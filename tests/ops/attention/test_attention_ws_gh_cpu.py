@@ -9,7 +9,6 @@ import random
 import pytest
 
 from pydnn import tuning
-from pydnn.ops import attention as A
 from pydnn.ops import attention_ws as WS
 from test_attention_cpu import F32, NONE, TL, _attn, _fwd_args, _t
 from test_attention_hdim_cpu import _run_fwd, launches  # noqa: F401 - the fixture
