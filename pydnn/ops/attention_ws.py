@@ -92,7 +92,11 @@ CL_EMU = {64: 2, 128: 0}
 # end, so the partial block is the first (its rows above 0 ghosts) and not the longest causal one. Counted
 # (64-row warpgroup tiles computed / the units' tile walks; a warpgroup computes tile 0 at least): d 64 s 1024
 # causal 96 / 32 -> GH 74 / 32 -> GH + AL 74 / 27; s 512 causal 27 / 9 -> 21 / 9 -> 21 / 8; non-causal s 1024
-# 144 -> 130 computed.
+# 144 -> 130 computed. Mid-session H200 run 1 (session 31, 8 points b32 s512 / b16 s1024, h32/32 and 64/8,
+# causal and not, against cuDNN in the same run): d 64 c3 0.835x, gh 0.883x, gh + al 0.928x (min 0.756 ->
+# 0.863; causal s 1024 0.756 / 0.787 -> 0.959 / 0.952); d 256 gh 0.877x against 0.881x: causal s 512
+# +1-4%, s 1024 ~0, non-causal -2..-4% (the same kernel; ntw = nt there): d 256 takes it under causal
+# masks only, if at all (WS_GH's "causal").
 GH_UNIT = "attention.ws.gh.{}"
 GH_EXPRS = ((64, dict(qs=2, nc=3, gh=True)), (64, dict(qs=2, nc=3, gh=True, al=True)), (256, dict(gh=True)))
 
@@ -189,11 +193,14 @@ def cl_of(d, qs, p):
                 and not p.lens_kv and emu_of(d, qs) == CL_EMU[d])
 
 
-def gh_of(d, nc):
-    """(ghost tiles, end-aligned row blocks) of a TMA call (tuning.attention.WS_GH: the head dims that take
-    them, of d 64 on three consumer warpgroups and d 256; WS_AL: end-aligned blocks with them, d 64 / NC 3)."""
+def gh_of(d, nc, mask=0):
+    """(ghost tiles, end-aligned row blocks) of a TMA call with mask (AttnParams.mask): tuning.attention.WS_GH
+    says which head dims take them ({head dim: "all" | "causal"}, or a tuple of head dims: "all"), of d 64 on
+    three consumer warpgroups and d 256; WS_AL: end-aligned blocks with them, d 64 / NC 3."""
     t = tuning.attention
-    gh = d in (t.WS_GH or ()) and ((d == 64 and nc == 3) or d == 256)
+    w = t.WS_GH or {}
+    w = w.get(d) if isinstance(w, dict) else ("all" if d in w else None)
+    gh = (w == "all" or (w == "causal" and mask != 0)) and ((d == 64 and nc == 3) or d == 256)
     return gh, bool(gh and t.WS_AL and nc == 3)
 
 
@@ -340,7 +347,7 @@ def pick(tag, d, p, tma):
         unit, expr = CL_UNIT.format(tag), _cl_expr(tag, d)
     elif tma:
         emu, rot = emu_of(d, qs), rot_of(qs, p)
-        gh, al = gh_of(d, nc)
+        gh, al = gh_of(d, nc, p.mask)
         unit, expr = ((GH_UNIT.format(tag), _expr(tag, d, tma=True, qs=qs, nc=nc, gh=True, al=al)) if gh else
                       (C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
                       (XU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu, xu=True)) if xu_of(d, qs) else

@@ -19,9 +19,15 @@ BR = 2  # PYDNN_ATTN_KMASK_BOTTOM_RIGHT's value in AttnParams.mask (attention_pa
 
 
 def test_gh_of():
-    assert tuning.attention.WS_GH == () and not tuning.attention.WS_AL  # (A/B until a GPU run decides)
-    assert WS.gh_of(64, 3) == (False, False) and WS.gh_of(256, 2) == (False, False)
-    with tuning.override({"attention.WS_GH": (64, 256)}):
+    # (the defaults since session 31's mid-session run 1: d 64 with end-aligned blocks)
+    assert tuning.attention.WS_GH == {64: "all"} and tuning.attention.WS_AL
+    assert WS.gh_of(64, 3) == (True, True) and WS.gh_of(256, 2) == (False, False) and WS.gh_of(256, 2, TL) == (False, False)
+    with tuning.override({"attention.WS_GH": {}}):
+        assert WS.gh_of(64, 3) == (False, False)
+    with tuning.override({"attention.WS_GH": {64: "all", 256: "causal"}, "attention.WS_AL": False}):
+        assert WS.gh_of(64, 3, NONE) == (True, False) and WS.gh_of(256, 2, NONE) == (False, False)
+        assert WS.gh_of(256, 2, TL) == (True, False) and WS.gh_of(256, 2, BR) == (True, False)
+    with tuning.override({"attention.WS_GH": (64, 256), "attention.WS_AL": False}):
         assert WS.gh_of(64, 3) == (True, False) and WS.gh_of(256, 2) == (True, False)
         assert WS.gh_of(64, 2) == (False, False) and WS.gh_of(128, 2) == (False, False)
         with tuning.override({"attention.WS_AL": True}):
@@ -47,8 +53,10 @@ def test_units():
 
 
 @pytest.mark.parametrize("d,over,want", [
-    (64, {}, ("c3", False)),
-    (64, {"attention.WS_GH": (64, 256)}, ("gh", False)),
+    (64, {}, ("gh", True)),  # (the default)
+    (64, {"attention.WS_GH": {}}, ("c3", False)),
+    (256, {"attention.WS_GH": {256: "causal"}}, ("causal", False)),
+    (64, {"attention.WS_GH": (64, 256), "attention.WS_AL": False}, ("gh", False)),
     (64, {"attention.WS_GH": (64, 256), "attention.WS_AL": True}, ("gh", True)),
     (64, {"attention.WS_GH": (64,), "attention.WS_C3": False}, ("c3off", False)),  # (two warpgroups: no)
     (256, {"attention.WS_GH": (64, 256), "attention.WS_AL": True}, ("gh", False)),
@@ -67,6 +75,8 @@ def test_dispatch(launches, monkeypatch, d, over, want, mask):
                            v=_t((2, 2, 517, d)), o=_t((2, 4, 300, d)), st=_t((2, 4, 300, 1), F32)))
     (f,) = launches
     kind, al = want
+    if kind == "causal":  # (WS_GH's "causal": ghost tiles under a causal mask only)
+        kind = "gh" if mask != NONE else "d256"
     expr = {"c3": WS._expr("bf16", 64, tma=True, qs=2, nc=3),
             "c3off": WS._expr("bf16", 64, tma=True, qs=2, emu=2),
             "d256": WS._expr("bf16", 256, tma=True),

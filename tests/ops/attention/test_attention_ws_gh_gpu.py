@@ -33,7 +33,7 @@ def _run(handle, rng, d, dtype, mask, case, al, lens_q=None):
     real = WS.gh_of
     with tuning.override({"attention.WS_TMA": True, "attention.WS_C3": True, "attention.WS_GH": (64, 256),
                           "attention.WS_AL": al}):
-        WS.gh_of = lambda d_, nc: got.append(real(d_, nc)) or got[-1]
+        WS.gh_of = lambda *a: got.append(real(*a)) or got[-1]
         try:
             WS.LAST_TMA = False
             pb = Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout,
