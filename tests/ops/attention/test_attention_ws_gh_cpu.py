@@ -19,9 +19,9 @@ BR = 2  # PYDNN_ATTN_KMASK_BOTTOM_RIGHT's value in AttnParams.mask (attention_pa
 
 
 def test_gh_of():
-    # (the defaults since session 31's mid-session run 1: d 64 with end-aligned blocks)
-    assert tuning.attention.WS_GH == {64: "all"} and tuning.attention.WS_AL
-    assert WS.gh_of(64, 3) == (True, True) and WS.gh_of(256, 2) == (False, False) and WS.gh_of(256, 2, TL) == (False, False)
+    # (the defaults since session 31's mid-session runs 1 / 2: d 64 with end-aligned blocks, d 256 causal)
+    assert tuning.attention.WS_GH == {64: "all", 256: "causal"} and tuning.attention.WS_AL
+    assert WS.gh_of(64, 3) == (True, True) and WS.gh_of(256, 2) == (False, False) and WS.gh_of(256, 2, TL) == (True, False)
     with tuning.override({"attention.WS_GH": {}}):
         assert WS.gh_of(64, 3) == (False, False)
     with tuning.override({"attention.WS_GH": {64: "all", 256: "causal"}, "attention.WS_AL": False}):
@@ -60,7 +60,8 @@ def test_units():
     (64, {"attention.WS_GH": (64, 256), "attention.WS_AL": True}, ("gh", True)),
     (64, {"attention.WS_GH": (64,), "attention.WS_C3": False}, ("c3off", False)),  # (two warpgroups: no)
     (256, {"attention.WS_GH": (64, 256), "attention.WS_AL": True}, ("gh", False)),
-    (256, {}, ("d256", False)),
+    (256, {}, ("causal", False)),  # (the default: causal masks only)
+    (256, {"attention.WS_GH": {64: "all"}}, ("d256", False)),
     (128, {"attention.WS_GH": (64, 128, 256)}, ("q2", False)),
 ])
 @pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
