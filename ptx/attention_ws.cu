@@ -25,7 +25,8 @@
 //   Variants (fwd_ws_body's template parameters, session 30; pydnn/ops/attention_ws.py pick): QS = 2 Q
 //   buffers, EMU eighths of the exponentials by polynomial, ROT rotated key order, NC = 3 consumer
 //   warpgroups (d 64), CL = 2 CTA clusters sharing K / V by multicast, XU the next unit's S_0 with the last
-//   P V. Their comments are at the static_asserts below.
+//   P V; session 31: GH ghost tiles (a warpgroup computes only the key tiles its rows see), AL end-aligned
+//   row blocks. Their comments are at the static_asserts below.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"

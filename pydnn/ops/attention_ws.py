@@ -18,7 +18,9 @@ Variants (template parameters of fwd_ws_body, each a unit and a tuning.attention
 choice): two Q buffers (WS_Q2, the default at d 64 / 128), polynomial exp2 for a share of the softmax
 (WS_EMU, d 64 by default), rotated key order (WS_ROT), three consumer warpgroups at d 64 (WS_C3), 2-CTA
 clusters sharing K / V by multicast (WS_CL), the next unit's first S issued with the last P V (WS_XU);
-tools/PERF.md "Session 30: attnf" has their measurements.
+tools/PERF.md "Session 30: attnf" has their measurements. Ghost tiles (WS_GH: each consumer warpgroup
+computes only the key tiles its rows see) with end-aligned 192-row blocks (WS_AL): the d 64 default and d 256's
+under causal masks since session 31 (tools/PERF.md "Session 31: attn").
 """
 import ctypes
 import math
