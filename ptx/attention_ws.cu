@@ -25,7 +25,8 @@
 //   Variants (fwd_ws_body's template parameters, session 30; pydnn/ops/attention_ws.py pick): QS = 2 Q
 //   buffers, EMU eighths of the exponentials by polynomial, ROT rotated key order, NC = 3 consumer
 //   warpgroups (d 64), CL = 2 CTA clusters sharing K / V by multicast, XU the next unit's S_0 with the last
-//   P V. Their comments are at the static_asserts below.
+//   P V; session 31: GH ghost tiles (a warpgroup computes only the key tiles its rows see), AL end-aligned
+//   row blocks. Their comments are at the static_asserts below.
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
@@ -309,7 +310,7 @@ struct TmaMaps {
 // page holds there, so the consumers zero those V rows before their P V (S there is masked to -inf,
 // P = 0, but 0 x NaN is NaN).
 template <class T, int D, int BN, int STAGES, bool PP, bool TMA, bool PAGED = false, int QS = 1, int EMU = 0,
-          bool ROT = false, int NC = 2, int CL = 1, bool XU = false>
+          bool ROT = false, int NC = 2, int CL = 1, bool XU = false, bool GH = false, bool AL = false>
 __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "attention_ws needs the sm_90a target (KernelUnit archs)");
@@ -350,6 +351,21 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
   // unit's epilogue: the unit boundary no longer leaves the tensor cores a lone S and a lone P V (the next
   // Q is in the other buffer: QS = 2).
   static_assert(!XU || (TMA && !PAGED && !ROT && QS == 2 && CL == 1), "fwd_ws across units");
+  // GH (units attention.ws.gh.<tag>, session 31): each consumer warpgroup computes only the key tiles its
+  // own 64 rows see (tiles_of over them: the causal diagonal, rows past the length) and walks the unit's other tiles
+  // as ghosts: it waits for each K / V stage and releases it, and takes its turn without issuing. Without
+  // it every warpgroup computes the unit's nt tiles: at NC = 3 (192-row units, 128-key tiles) the causal
+  // diagonal costs the first warpgroups 1-2 masked tiles a unit and the last unit's rows past the sequence
+  // compute on TMA's zeros (s 1024 causal: 96 warpgroup tiles where 72 are needed, 74 with GH; d 256, 64-key tiles:
+  // warpgroup 0 one masked tile a unit). A ghost's waits are a subset of the computing program's before
+  // each of its turns and its releases no later, so the ring and the turn order stay deadlock free (the
+  // CPU emulation in tests/ops/attention/test_attention_ws_gh_cpu.py).
+  // AL (with GH): row blocks aligned to the sequence's end (m0 = mb BMW - shift, shift the 64-row multiple
+  // of nmb BMW - seq_q): the partial block is the first, whose warpgroups above row 0 are ghosts, instead
+  // of the last, which under a causal mask sees every key (s 1024, 192-row units: unit tiles 2,3,5,6,8,8 ->
+  // 1,2,4,5,7,8). Its Q box starts at a negative row (TMA fills zeros); stores skip rows < 0.
+  static_assert(!GH || (TMA && !PAGED && !XU && !ROT && CL == 1), "fwd_ws ghost tiles");
+  static_assert(!AL || GH, "fwd_ws end-aligned row blocks need ghost tiles");
   constexpr unsigned Q_BYTES = BMW * D * 2, KV_BYTES = BN * D * 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const unsigned raw = smem_addr(smem_raw);
@@ -389,6 +405,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
 
   // (CL = 2: a unit is a pair of row blocks)
   const int nmb = ((p.seq_q + BMW - 1) / BMW + CL - 1) / CL, nheads = p.batch * p.heads_q, total = nmb * nheads;
+  const int shift = AL ? (nmb * BMW - p.seq_q) / 64 * 64 : 0;  // (AL: rows the first block starts above 0)
   const int hs = max(1, min(p.sched_heads, nheads));
   const int rounds = (total + G - 1) / G;
   const int wg = threadIdx.x >> 7;
@@ -417,7 +434,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       if (u >= total) continue;
       const Unit w = unit_of(p, u, nmb, nheads, hs);
       const Seq sq = seq_of(p, w.b);
-      const int m0 = (w.mb * CL + (int)rank) * BMW;
+      const int m0 = (w.mb * CL + (int)rank) * BMW - shift;
       const int nt = CL > 1 ? (sq.len_kv + BN - 1) / BN : tiles_of<BN, BMW>(sq, m0);  // (CL: the pair's alike)
       if (nt == 0) continue;
       const int hk = w.h / p.group;
@@ -540,9 +557,13 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     if (u >= total) continue;
     const Unit w = unit_of(p, u, nmb, nheads, hs);
     const Seq sq = seq_of(p, w.b);
-    const int m0 = (w.mb * CL + (int)rank) * BMW;
+    const int m0 = (w.mb * CL + (int)rank) * BMW - shift;
     const int nt = CL > 1 ? (sq.len_kv + BN - 1) / BN : tiles_of<BN, BMW>(sq, m0);
     const int wrow0 = m0 + cw * 64, row0 = wrow0 + warp * 16 + (l >> 2);
+    // (GH) the tiles this warpgroup computes, the unit's others it walks as ghosts; at least tile 0 (rows
+    // that see nothing, AL's rows above 0, compute it masked or on TMA's zero rows, and store nothing): a
+    // branch around tile 0's wgmma spilled 12-16 bytes (d 64, NC 3) / 112 (d 256) of the consumers' registers
+    const int ntw = GH ? max(1, AL && wrow0 + 64 <= 0 ? 0 : tiles_of<BN, 64>(sq, wrow0)) : nt;
     T* go = (T*)at<T>(p.o, p, PYDNN_ATTN_T_O, w.b, w.h);
     const long long ldo = p.stride[PYDNN_ATTN_T_O][2];
     float* glse = p.lse ? p.lse + (long long)w.b * p.stride[PYDNN_ATTN_T_LSE][0] +
@@ -552,7 +573,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = row0 + hh * 8;
-        if (row < p.seq_q) {
+        if (row < p.seq_q && (!AL || row >= 0)) {
           if (glse && (l & 3) == 0) glse[(long long)row * ldl] = -kInf;
 #pragma unroll
           for (int j = 0; j < D / 8; ++j)
@@ -592,7 +613,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       attn_wg::pack_p<T, BN>(pa, s);
     }
     carry = false;
-    for (int j = 1; j < nt; ++j) {
+    for (int j = 1; j < ntw; ++j) {
       const int n0 = key0(j);
       const unsigned c = kc + j, sc = c % STAGES, cp = c - 1, sp = cp % STAGES;
       mbar_wait(kfull(sc), (c / STAGES) & 1);
@@ -659,8 +680,8 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       __syncwarp();
       if (l == 0) release(vempty(sc));
       attn_wg::pack_p<T, BN>(pa, s);  // (pa is free: the P V is done; the next unit's P_0)
-    } else {  // the last tile's P V
-      const unsigned c = kc + nt - 1, sc = c % STAGES;
+    } else if (!GH || ntw > 0) {  // the last tile's P V (GH: this warpgroup's last; ntw >= 1: a test that kept ptxas from spilling)
+      const unsigned c = kc + ntw - 1, sc = c % STAGES;
       mbar_wait(vfull(sc), (c / STAGES) & 1);
       if (TMA && PAGED) {
         // rows [keep, BN) of the box came from the page past the batch's keys: zero them (each slab's rows
@@ -690,6 +711,21 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       __syncwarp();
       if (l == 0) release(vempty(sc));
     }
+    if (GH) {  // the unit's tiles past this warpgroup's: wait for each stage, release it, take the turn
+      for (int j = ntw; j < nt; ++j) {
+        const unsigned c = kc + j, sc = c % STAGES;
+        mbar_wait(kfull(sc), (c / STAGES) & 1);
+        __syncwarp();
+        if (l == 0) release(kempty(sc));
+        if (PP) {
+          bar_sync(my_turn, 256);
+          bar_arrive(other_turn, 256);
+        }
+        mbar_wait(vfull(sc), (c / STAGES) & 1);
+        __syncwarp();
+        if (l == 0) release(vempty(sc));
+      }
+    }
     kc += nt;
     ++tc;
 
@@ -703,7 +739,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
       const int row = row0 + hh * 8;
       const bool live = row < sq.len_q && t > 0.f;
       inv[hh] = live ? 1.f / t : 0.f;
-      if (glse && (l & 3) == 0 && row < p.seq_q) glse[(long long)row * ldl] = live ? m[hh] * kLn2 + __logf(t) : -kInf;
+      if (glse && (l & 3) == 0 && row < p.seq_q && (!AL || row >= 0)) glse[(long long)row * ldl] = live ? m[hh] * kLn2 + __logf(t) : -kInf;
     }
     // Stage this warp's 16 rows in its own rows of sQ, then 16-byte stores along the rows. The
     // warpgroup's S wgmmas are the only readers of its 64 rows; every warp's wait for them is behind it
@@ -725,7 +761,7 @@ __device__ __forceinline__ void fwd_ws_body(const AttnParams& p, const TmaMaps* 
     for (int i = 0; i < 16 * CH / 32; ++i) {
       const int idx = l + i * 32, rr = idx / CH, cc = idx % CH;
       const int grow = m0 + srow + rr;
-      if (grow < p.seq_q) {
+      if (grow < p.seq_q && (!AL || grow >= 0)) {
         uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128<BMW>(srow + rr, cc));
         if (grow >= sq.len_q) v = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(go + (long long)grow * ldo + cc * 8) = v;
@@ -753,10 +789,11 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws(const AttnParams p) 
 }
 
 // XU: the next unit's S_0 issued with this one's last P V (units attention.ws.xu.<tag>)
+// GH: ghost tiles, AL: end-aligned row blocks (units attention.ws.gh.<tag>, session 31)
 template <class T, int D, int BN, int STAGES, bool PP = true, int QS = 1, int EMU = 0, bool ROT = false, int NC = 2,
-          bool XU = false>
+          bool XU = false, bool GH = false, bool AL = false>
 __global__ void __launch_bounds__(128 * (NC + 1), 1) fwd_ws_tma(const AttnParams p, const __grid_constant__ TmaMaps tm) {
-  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT, NC, 1, XU>(p, &tm);
+  fwd_ws_body<T, D, BN, STAGES, PP, true, false, QS, EMU, ROT, NC, 1, XU, GH, AL>(p, &tm);
 }
 
 // 2-CTA clusters sharing K / V by multicast (CL = 2; units attention.ws.cl.<tag>, two Q buffers)

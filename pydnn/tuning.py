@@ -535,6 +535,19 @@ attention = Switches(
                   'attention.ws.xu.*; WS_C3 / WS_ROT / WS_CL take precedence); False: each unit starts alone '
                   '(mid-session H200 run 4: d 128 0.890x cuDNN against 0.912x, s 512 causal -9%; d 64 0.785x '
                   'against 0.818x: off)'),
+    WS_GH=({64: "all", 256: "causal"}, 'the head dims whose warp-specialized TMA forward runs ghost tiles, {head dim: "all" | "causal" '
+                        '(causal masks only)} or a tuple of head dims ("all"): d 64 on WS_C3\'s three warpgroups, d 256; '
+                        'each consumer warpgroup computes only the key tiles its own 64 rows see (the causal diagonal, rows '
+                        'past the length) and walks the unit\'s others without issuing (units attention.ws.gh.*); {}: every '
+                        'warpgroup computes the unit\'s tiles. Mid-session H200 run 1, session 31 (8 points s 512 / 1024): '
+                        'd 64 0.883x cuDNN against 0.835x (with WS_AL 0.928x); d 256 0.877x against 0.881x (causal +1-4% at '
+                        's 512, non-causal -2..-4%); run 2 (s 2048 / 4096): d 64 with WS_AL 1.058x against 1.023x (12 '
+                        'points, all better), d 256 0.873x against 0.868x, causal 4 points -2.9..+2.2%: d 256 under causal '
+                        'masks (6 of 8 causal points higher, ~+1%, the counted saving 1-10%)'),
+    WS_AL=(True, 'with WS_GH at d 64 on three warpgroups: 192-row blocks aligned to the sequence\'s end, the partial '
+                 'block the first (its rows above 0 ghosts) instead of the last (causal: the longest); False: from '
+                 'row 0. Mid-session H200 run 1, session 31: d 64 0.928x cuDNN against 0.883x (gh alone) and 0.835x '
+                 '(neither), every one of the 8 points better (causal s 1024 0.756 -> 0.959)'),
     PAGED_WS=(True, 'sm_90, d 64 / 128 / 256: the paged forward (attention_forward_paged) of more than '
                     'DECODE_MAX_SQ query rows runs the warp-specialized kernel with paged K / V loads; False: the '
                     'decode kernel takes every paged call (any arch; 16 rows a CTA, slow for a prefill)'),

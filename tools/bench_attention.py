@@ -520,11 +520,15 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
              ("cl", "tma", {"attention.WS_Q2": True, "attention.WS_CL": True}, None),
              ("xu", "tma", {"attention.WS_Q2": True, "attention.WS_XU": True}, None),
              ("xu2", "tma", {"attention.WS_Q2": True, "attention.WS_XU": True, "attention.WS_EMU": {64: 2}}, None),
+             # (session 31) ghost tiles (d 64 on three warpgroups, d 256), with end-aligned row blocks (d 64)
+             ("gh", "tma", {"attention.WS_Q2": True, "attention.WS_C3": True, "attention.WS_GH": (64, 256)}, None),
+             ("ghal", "tma", {"attention.WS_Q2": True, "attention.WS_C3": True, "attention.WS_GH": (64, 256),
+                              "attention.WS_AL": True}, None),
              ("dflt", "tma", None, None))  # (the defaults as they are: no override)
     variants = (tuple(v for v in every if v[0] in names) if names else every[:nvar or (5 if diag else 3)])
     lines = [f"# attention forward d{d} A/B, {name}, bf16, B*S = 16384", "",
              "| case | cuDNN TF/s | " + " | ".join(f"{v[0]} TF/s" for v in variants) + " | "
-             + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(new or tma - old) |",
+             + " | ".join(f"{v[0]}/cuDNN" for v in variants) + " | max abs(variant - old, or - the first) |",
              "|---|" + "---:|" * (2 * len(variants) + 2)]
     ratios = {v[0]: [] for v in variants}
     dims = WS.HEAD_DIMS
@@ -558,7 +562,8 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
                     # every variant's switches explicit (the defaults move): the row's, on top of all off
                     sw = {} if tag == "dflt" else {"attention.WS": bool(ws), "attention.WS_TMA": ws == "tma",
                                                    "attention.WS_Q2": False, "attention.WS_EMU": 0,
-                                                   "attention.WS_ROT": False, "attention.WS_C3": False}
+                                                   "attention.WS_ROT": False, "attention.WS_C3": False,
+                                                   "attention.WS_GH": (), "attention.WS_AL": False}
                     mod = isinstance(attr, str) and not attr.startswith("attention.")
                     if isinstance(attr, dict):
                         sw.update(attr)
@@ -581,8 +586,9 @@ def fwd_ab(out=None, shapes=None, check=True, d=128, diag=True, reps=None, nvar=
                             setattr(WS, attr, keep)
             ms = {x: statistics.median(v) for x, v in samples.items() if v}
             t_c = ms.pop("cudnn", None)
-            diff = max((outs[x].float() - outs["old"].float()).abs().max().item() for x in outs if x != "old") \
-                if check and "old" in outs and len(outs) > 1 else float("nan")
+            ref_o = "old" if "old" in outs else next(iter(outs), None)  # (else against the first variant's O)
+            diff = max((outs[x].float() - outs[ref_o].float()).abs().max().item() for x in outs if x != ref_o) \
+                if check and len(outs) > 1 else float("nan")
             tc = flops / t_c / 1e9 if t_c else float("nan")
             for k_ in ratios:
                 if t_c:
@@ -827,6 +833,8 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=1, help="--fwd-ab: alternating rounds of every variant and "
                     "cuDNN, the median over them (a drift of the clocks falls on all alike)")
     ap.add_argument("--nvar", type=int, help="--fwd-ab d 128: time the first N variants (old new tma 1sec nopp)")
+    ap.add_argument("--heads", help="--fwd-ab: comma-separated heads q/kv (default 32/32,64/8; --d64 / --d256: "
+                                    "32/32)")
     ap.add_argument("--no-d128", action="store_true", help="--fwd-ab: skip the d 128 table (with --d64 / --d256)")
     ap.add_argument("--variants", help="--fwd-ab: comma-separated variant tags (old new tma 1sec nopp n176 n192)")
     ap.add_argument("--bwd-ab", action="store_true", help="the backward: warp-specialized vs older wgmma vs cuDNN")
@@ -846,11 +854,14 @@ if __name__ == "__main__":
         decode_splits(args.out)
     if args.fwd_ab:
         seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else None
-        shapes = AB_SHAPES if seqs is None else [(s, hq, hkv) for s in seqs for hq, hkv in ((32, 32), (64, 8))]
+        heads = [tuple(int(y) for y in x.split("/")) for x in args.heads.split(",")] if args.heads else None
+        shapes = AB_SHAPES if seqs is None and heads is None else [
+            (s, hq, hkv) for s in (seqs or (1024, 4096, 8192)) for hq, hkv in (heads or ((32, 32), (64, 8)))]
         names = args.variants.split(",") if args.variants else None
         if not args.no_d128:
             fwd_ab(args.out, shapes, reps=args.reps, nvar=args.nvar, names=names, rounds=args.rounds)
         for d, on in ((64, args.d64), (256, args.d256)):
             if on:  # (names: the d 128-only ones leave their rows equal to tma's)
-                fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"), [x for x in shapes if x[1] == x[2]], d=d,
+                fwd_ab(args.out and args.out.replace(".md", f"_d{d}.md"),
+                       shapes if heads else [x for x in shapes if x[1] == x[2]], d=d,
                        diag=False, reps=args.reps, names=names, rounds=args.rounds)

@@ -18,7 +18,9 @@ Variants (template parameters of fwd_ws_body, each a unit and a tuning.attention
 choice): two Q buffers (WS_Q2, the default at d 64 / 128), polynomial exp2 for a share of the softmax
 (WS_EMU, d 64 by default), rotated key order (WS_ROT), three consumer warpgroups at d 64 (WS_C3), 2-CTA
 clusters sharing K / V by multicast (WS_CL), the next unit's first S issued with the last P V (WS_XU);
-tools/PERF.md "Session 30: attnf" has their measurements.
+tools/PERF.md "Session 30: attnf" has their measurements. Ghost tiles (WS_GH: each consumer warpgroup
+computes only the key tiles its rows see) with end-aligned 192-row blocks (WS_AL): the d 64 default and d 256's
+under causal masks since session 31 (tools/PERF.md "Session 31: attn").
 """
 import ctypes
 import math
@@ -46,12 +48,13 @@ _L2 = {}
 PINGPONG = True
 
 
-def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False, nc=2, xu=False):
-    # the template's trailing arguments QS, EMU, (fwd_ws_tma:) ROT, NC, (fwd_ws_tma:) XU, written up to the
-    # last one set
+def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=False, nc=2, xu=False, gh=False,
+          al=False):
+    # the template's trailing arguments QS, EMU, (fwd_ws_tma:) ROT, NC, (fwd_ws_tma:) XU, GH, AL, written up
+    # to the last one set
     b = lambda x: "true" if x else "false"  # noqa: E731
-    tail = [str(qs), str(emu)] + ([b(rot)] if tma else []) + [str(nc)] + ([b(xu)] if tma else [])
-    dflt = ["1", "0"] + (["false"] if tma else []) + ["2"] + (["false"] if tma else [])
+    tail = [str(qs), str(emu)] + ([b(rot)] if tma else []) + [str(nc)] + ([b(xu), b(gh), b(al)] if tma else [])
+    dflt = ["1", "0"] + (["false"] if tma else []) + ["2"] + (["false"] * 3 if tma else [])
     tail = tail[:max((i + 1 for i, (x, y) in enumerate(zip(tail, dflt)) if x != y), default=0)]
     tail = "".join(", " + x for x in tail)
     return (f"pydnn::attn_ws::fwd_ws{'_tma' if tma else ''}<{CTYPE[tag]}, {d}, {bn or BN[d]}, {stages or STAGES[d]}, "
@@ -83,6 +86,21 @@ CL_UNIT = "attention.ws.cl.{}"
 # epilogue; at d 64 / 128 with the head dim's default EMU (CL_EMU's).
 XU_UNIT = "attention.ws.xu.{}"
 CL_EMU = {64: 2, 128: 0}
+# Ghost tiles (WS_GH, units attention.ws.gh.<tag>, TMA, session 31): each consumer warpgroup computes only
+# the key tiles its own 64 rows see and walks the unit's others without issuing (ptx/attention_ws.cu GH).
+# Where the unit's tile count over-covers a warpgroup: d 64 on three warpgroups (192-row units against
+# 128-key tiles: causal units, and the last unit's rows past the sequence), d 256 (64-key tiles: warpgroup 0
+# one masked tile a causal unit). With WS_AL (d 64, three warpgroups) the row blocks end at the sequence's
+# end, so the partial block is the first (its rows above 0 ghosts) and not the longest causal one. Counted
+# (64-row warpgroup tiles computed / the units' tile walks; a warpgroup computes tile 0 at least): d 64 s 1024
+# causal 96 / 32 -> GH 74 / 32 -> GH + AL 74 / 27; s 512 causal 27 / 9 -> 21 / 9 -> 21 / 8; non-causal s 1024
+# 144 -> 130 computed. Mid-session H200 run 1 (session 31, 8 points b32 s512 / b16 s1024, h32/32 and 64/8,
+# causal and not, against cuDNN in the same run): d 64 c3 0.835x, gh 0.883x, gh + al 0.928x (min 0.756 ->
+# 0.863; causal s 1024 0.756 / 0.787 -> 0.959 / 0.952); d 256 gh 0.877x against 0.881x: causal s 512
+# +1-4%, s 1024 ~0, non-causal -2..-4% (the same kernel; ntw = nt there): d 256 takes it under causal
+# masks only, if at all (WS_GH's "causal").
+GH_UNIT = "attention.ws.gh.{}"
+GH_EXPRS = ((64, dict(qs=2, nc=3, gh=True)), (64, dict(qs=2, nc=3, gh=True, al=True)), (256, dict(gh=True)))
 
 
 def _cl_expr(tag, d):
@@ -143,6 +161,8 @@ def kernel_units():
         out.append(KernelUnit(XU_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, emu=CL_EMU[d], xu=True) for d in Q2_DIMS),
                               archs=(ARCH + "a",)))
+        out.append(KernelUnit(GH_UNIT.format(tag), "attention_ws.cu",
+                              tuple(_expr(tag, d, tma=True, **kw) for d, kw in GH_EXPRS), archs=(ARCH + "a",)))
         out.append(KernelUnit(ROT_UNIT.format(tag), "attention_ws.cu",
                               tuple(_expr(tag, d, tma=True, qs=2, rot=True) for d in Q2_DIMS), archs=(ARCH + "a",)))
         out.append(KernelUnit(PAGED_UNIT.format(tag), "attention_ws.cu",
@@ -173,6 +193,17 @@ def cl_of(d, qs, p):
     the head dim's default exponentials (CL_EMU)."""
     return bool(tuning.attention.WS_CL and qs == 2 and d in CL_EMU and p.mask == 0 and not p.lens_q
                 and not p.lens_kv and emu_of(d, qs) == CL_EMU[d])
+
+
+def gh_of(d, nc, mask=0):
+    """(ghost tiles, end-aligned row blocks) of a TMA call with mask (AttnParams.mask): tuning.attention.WS_GH
+    says which head dims take them ({head dim: "all" | "causal"}, or a tuple of head dims: "all"), of d 64 on
+    three consumer warpgroups and d 256; WS_AL: end-aligned blocks with them, d 64 / NC 3."""
+    t = tuning.attention
+    w = t.WS_GH or {}
+    w = w.get(d) if isinstance(w, dict) else ("all" if d in w else None)
+    gh = (w == "all" or (w == "causal" and mask != 0)) and ((d == 64 and nc == 3) or d == 256)
+    return gh, bool(gh and t.WS_AL and nc == 3)
 
 
 def xu_of(d, qs):
@@ -318,7 +349,9 @@ def pick(tag, d, p, tma):
         unit, expr = CL_UNIT.format(tag), _cl_expr(tag, d)
     elif tma:
         emu, rot = emu_of(d, qs), rot_of(qs, p)
-        unit, expr = ((C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
+        gh, al = gh_of(d, nc, p.mask)
+        unit, expr = ((GH_UNIT.format(tag), _expr(tag, d, tma=True, qs=qs, nc=nc, gh=True, al=al)) if gh else
+                      (C3_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, nc=3)) if nc == 3 else
                       (XU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu, xu=True)) if xu_of(d, qs) else
                       (ROT_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, rot=True)) if rot else
                       (EMU_UNIT.format(tag), _expr(tag, d, tma=True, qs=2, emu=emu)) if emu else

@@ -25,6 +25,7 @@ def test_units():
     assert sorted(units) == ["attention.ws.bf16", "attention.ws.c3.bf16", "attention.ws.c3.f16",
                              "attention.ws.cl.bf16", "attention.ws.cl.f16", "attention.ws.d256.bf16", "attention.ws.d256.f16",
                              "attention.ws.emu.bf16", "attention.ws.emu.f16", "attention.ws.f16",
+                             "attention.ws.gh.bf16", "attention.ws.gh.f16",
                              "attention.ws.n176.bf16", "attention.ws.n176.f16", "attention.ws.n192.bf16",
                              "attention.ws.n192.f16", "attention.ws.paged.bf16", "attention.ws.paged.f16",
                              "attention.ws.q2.bf16", "attention.ws.q2.f16", "attention.ws.rot.bf16",
@@ -365,7 +366,8 @@ def test_emulation_catches_a_missing_release():
 
 # ----------------------------------------------------------------------------- NVRTC
 
-_NOT_PAGED = [u for u in WS.kernel_units() if not u.name.startswith("attention.ws.paged.")]  # (test_attention_paged_cpu)
+_NOT_PAGED = [u for u in WS.kernel_units()  # (paged: test_attention_paged_cpu; gh: test_attention_ws_gh_cpu)
+              if not u.name.startswith(("attention.ws.paged.", "attention.ws.gh."))]
 
 
 @pytest.mark.parametrize("unit", _NOT_PAGED, ids=[u.name for u in _NOT_PAGED])

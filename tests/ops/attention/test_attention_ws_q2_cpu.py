@@ -130,7 +130,7 @@ def test_units():
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "cp.async"])
 def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
     monkeypatch.setattr(tuning.attention, "DECODE", False)
-    over = {"attention.WS_Q2": False, "attention.WS_EMU": 0, "attention.WS_C3": False,
+    over = {"attention.WS_Q2": False, "attention.WS_EMU": 0, "attention.WS_C3": False, "attention.WS_GH": {},
             **over}  # (the row's switches on top of all off)
     monkeypatch.setattr(WS, "takes_tma", lambda d_, p: tma)
     monkeypatch.setattr(WS, "tma_maps", lambda *a, **k: WS.TmaMaps())
@@ -201,13 +201,15 @@ def test_unit_compiles_without_spills(name):
 @pytest.mark.parametrize("mask", [NONE, TL], ids=["none", "tl"])
 def test_defaults(d, mask):
     """the default switches' kernels: two Q buffers at d 64 / 128; on the TMA path at d 64 three consumer
-    warpgroups (192-row units); without TMA two warpgroups"""
+    warpgroups (192-row units) with ghost tiles and end-aligned blocks, at d 256 ghost tiles under a causal
+    mask (session 31); without TMA two warpgroups"""
     p = A.AttnParams()
     p.mask = mask
     unit, expr, smem, threads, bm, cl = WS.pick("bf16", d, p, True)
-    want = {64: ("attention.ws.c3.bf16", WS._expr("bf16", 64, tma=True, qs=2, nc=3)),
+    want = {64: ("attention.ws.gh.bf16", WS._expr("bf16", 64, tma=True, qs=2, nc=3, gh=True, al=True)),
             128: ("attention.ws.q2.bf16", WS._expr("bf16", 128, tma=True, qs=2)),
-            256: ("attention.ws.d256.bf16", WS._expr("bf16", 256, tma=True))}[d]
+            256: ("attention.ws.d256.bf16", WS._expr("bf16", 256, tma=True)) if mask == NONE else
+            ("attention.ws.gh.bf16", WS._expr("bf16", 256, tma=True, gh=True))}[d]
     assert (unit, expr) == want and threads == (512 if d == 64 else 384) and bm == (192 if d == 64 else 128)
     assert cl == 1 and smem == WS.smem_bytes(d, qs=1 if d == 256 else 2, bm=bm) <= SMEM_LIMIT
     unit, expr, smem, threads, bm, cl = WS.pick("f16", d, p, False)

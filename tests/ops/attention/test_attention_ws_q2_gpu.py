@@ -114,7 +114,7 @@ def test_forward_c3(handle, rng, q2, grid, mask, case, dtype, monkeypatch):
     real = WS.c3_of
     monkeypatch.setattr(WS, "c3_of", lambda d, qs: got.append(real(d, qs)) or got[-1])
     b, hq, hkv, sq, skv, layout = case
-    with tuning.override({"attention.WS_TMA": True, "attention.WS_C3": True}):
+    with tuning.override({"attention.WS_TMA": True, "attention.WS_C3": True, "attention.WS_GH": {}}):
         WS.LAST_TMA = False
         pb = Problem(rng, b, hq, hkv, sq, skv, 64, dtype, mask, layout)
         _check_forward(handle, pb)
