@@ -205,6 +205,11 @@ conv_gemm = Switches(
                    "the filter on pydnn.ops.matmul (True), on the tensor-core implicit 1x1 view (False), or "
                    "whichever the model (gemm.mm16_ms against the view's estimate) says is faster (None). False until "
                    "measured: the stem's view (fwd_tc 0.227 ms) beat matmul's gemm_tc (0.296, H200)"),
+    MM_FUSED=(True, "ConvolutionBiasActivationForward on a direct 16-bit 1x1 GEMM plan (FWD_ALGO_GEMM on x itself) "
+                    "as the graph API's fused matmul (pydnn.ops.matmul's tile, the bias + activation generated into "
+                    "its epilogue; alpha1 1, alpha2 0 or 1, IDENTITY or RELU NOT_PROPAGATE_NAN); off or otherwise: "
+                    "the tensor-core implicit GEMM of the problem with its own epilogue (1.50x the plain call on "
+                    "N32 1x1 512->2048 @7, H200, session 29)"),
 )
 
 conv_winograd = Switches(

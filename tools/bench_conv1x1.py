@@ -59,10 +59,12 @@ SHAPES = [
 QUICK = [0, 1, 2, 3, 8, 9]
 
 
-def _setup(pydnn, torch, n, c, k, hh, s, r=1):
+def _setup(pydnn, torch, n, c, k, hh, s, r=1, nchw=False):
     import sweep_common as SC   # SC.DEV: "cuda" (a dry run on the CPU sets "cpu")
     from bench import desc
     cl, bf, pdt = torch.channels_last, torch.bfloat16, pydnn.PYDNN_DATA_BFLOAT16
+    if nchw:
+        cl = torch.contiguous_format
     pad = r // 2
     p = (hh + 2 * pad - r) // s + 1
     dev = SC.DEV
@@ -72,7 +74,7 @@ def _setup(pydnn, torch, n, c, k, hh, s, r=1):
     t["dy"], t["dx"] = torch.randn_like(t["y"]), torch.empty_like(t["x"])
     t["xd"], t["yd"] = desc(t["x"], dtype=pdt), desc(t["y"], dtype=pdt)
     t["wd"] = pydnn.create_filter_descriptor()
-    pydnn.set_filter4d_descriptor(t["wd"], pdt, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
+    pydnn.set_filter4d_descriptor(t["wd"], pdt, pydnn.PYDNN_TENSOR_NCHW if nchw else pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
     t["conv"] = pydnn.create_convolution_descriptor()
     pydnn.set_convolution2d_descriptor(t["conv"], pad, pad, s, s, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
                                        pydnn.PYDNN_DATA_FLOAT)
@@ -89,13 +91,14 @@ def _label(pl):
 FUSED = [("r50 l4 1x1 512->2048 @7", 32, 512, 2048, 7, 1), ("r50 l1 1x1 256->64 @56", 32, 256, 64, 56, 1)]
 
 
-def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers):
-    """Per FUSED layer and algorithm (implicit, GEMM): the plain forward and ConvolutionBiasActivationForward
-    (bias, ReLU) through the public calls, checked against PyTorch first."""
+def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers, layouts=("nhwc",)):
+    """Per FUSED layer, layout and algorithm (implicit, GEMM): the plain forward and
+    ConvolutionBiasActivationForward (bias, ReLU) through the public calls, checked against PyTorch first;
+    and cuDNN's conv2d(bias) + relu_ through PyTorch in the same layout (cudnn_fused_ms)."""
     out = []
     from bench import desc
-    for name, n, c, k, hh, s in layers:
-        t = _setup(pydnn, torch, n, c, k, hh, s)
+    for name, n, c, k, hh, s, lay in [(*ly, lay) for ly in layers for lay in layouts]:
+        t = _setup(pydnn, torch, n, c, k, hh, s, nchw=lay == "nchw")
         x, w, y, xd, yd, wd, conv = t["x"], t["w"], t["y"], t["xd"], t["yd"], t["wd"], t["conv"]
         bias = torch.randn(1, k, 1, 1, device=x.device, dtype=torch.bfloat16)
         bd = desc(bias, dtype=pydnn.PYDNN_DATA_BFLOAT16)
@@ -104,7 +107,7 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers):
         ref = torch.relu(torch.nn.functional.conv2d(x, w, bias.view(-1), s))
         rows = []
         for label, algo in (("implicit", fwd_i), ("gemm", fwd_g)):
-            row = dict(case=f"N{n} {name}", dir="fused", algo=label)
+            row = dict(case=f"N{n} {name} {lay}", dir="fused", algo=label)
             try:
                 ws_n = pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, algo)
                 ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=x.device)
@@ -125,11 +128,18 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers):
                 row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
             rows.append(row)
         best = min((r["plain_ms"] for r in rows if "plain_ms" in r), default=None)
+        try:
+            cud, _ = timer(lambda: torch.relu_(torch.nn.functional.conv2d(x, w, bias.view(-1), s)))
+        except Exception:  # noqa: BLE001
+            cud = None
         for r in rows:
             if best and "fused_ms" in r:
                 r["fused_over_best_plain"] = r["fused_ms"] / best
-            print(f"fused {r['case']:30s} {r['algo']:8s} plain {r.get('plain_ms', 0):.4f} fused {r.get('fused_ms', 0):.4f} "
+            if cud and "fused_ms" in r:
+                r["cudnn_fused_ms"], r["fused_over_cudnn_fused"] = cud, r["fused_ms"] / cud
+            print(f"fused {r['case']:34s} {r['algo']:8s} plain {r.get('plain_ms', 0):.4f} fused {r.get('fused_ms', 0):.4f} "
                   f"{r.get('fused_over_plain', 0):.3f}x (of the best plain {r.get('fused_over_best_plain', 0):.3f}x) "
+                  f"cuDNN fused {r.get('cudnn_fused_ms', 0):.4f} (pydnn / cuDNN {r.get('fused_over_cudnn_fused', 0):.3f}x) "
                   f"{r.get('note', '')}", flush=True)
         out += rows
         del t
@@ -161,6 +171,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="indices into SHAPES, comma-separated")
     ap.add_argument("--fused", type=int, nargs="?", const=len(FUSED), default=0,
                     help="also the fused conv + bias + ReLU rows of the first N FUSED layers (all without N)")
+    ap.add_argument("--fused-nchw", action="store_true", help="the fused rows in NCHW too")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting shapes after this many seconds")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -178,7 +189,8 @@ def main(argv=None):
     fused_rows = []
     if args.fused:   # first: the issue's fused target, before the shapes spend the budget
         fused_rows = _fused(pydnn, torch, h, timer, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-                            pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, FUSED[:args.fused])
+                            pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, FUSED[:args.fused],
+                            ("nhwc", "nchw") if args.fused_nchw else ("nhwc",))
     FWD_I, FWD_G = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
     BWD_1, BWD_0 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
     rows = []
@@ -297,11 +309,14 @@ def main(argv=None):
             lines.append(f"{d} best-of-both: geomean {math.exp(sum(math.log(max(b, 1e-9)) for b in best) / len(best)):.3f}")
     if fused_rows:
         lines += ["", "Fused conv + bias + ReLU (ConvolutionBiasActivationForward) against the plain forward, N = 32:", "",
-                  "| shape | algo | plain ms | fused ms | fused / plain | fused / best plain |", "|---|---|---:|---:|---:|---:|"]
+                  "| shape | algo | plain ms | fused ms | fused / plain | fused / best plain | cuDNN fused ms | "
+                  "fused / cuDNN fused |", "|---|---|---:|---:|---:|---:|---:|---:|"]
         for fr in fused_rows:
             lines.append(f"| {fr['case']} | {fr['algo']} | {fr.get('plain_ms', float('nan')):.4f} | "
                          f"{fr.get('fused_ms', float('nan')):.4f} | {fr.get('fused_over_plain', float('nan')):.3f} | "
-                         f"{fr.get('fused_over_best_plain', float('nan')):.3f} | {fr.get('note', '')}")
+                         f"{fr.get('fused_over_best_plain', float('nan')):.3f} | "
+                         f"{fr.get('cudnn_fused_ms', float('nan')):.4f} | "
+                         f"{fr.get('fused_over_cudnn_fused', float('nan')):.3f} | {fr.get('note', '')}")
     md = "\n".join(lines) + f"\n\nelapsed {time.monotonic() - t0:.1f} s\n"
     with open(os.path.join(args.out, "bench_conv1x1.md"), "w") as f:
         f.write(md)
