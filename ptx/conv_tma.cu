@@ -14,8 +14,9 @@
 // channels. Both land as 128-byte rows in the 128B swizzle: K-major operands of wgmma as gemm_tma's.
 // Persistent: a grid of at most one block an SM walks the items (pixel box, 128-channel tile), producer
 // and consumers in the same order; the ring runs on across items, so the next item's copies start
-// during this one's epilogue. The epilogue (smallest version): per element, through the family's
-// finish (alpha, beta, z, bias, activation), rows outside y (a box past the image's edge) skipped.
+// during this one's epilogue. The epilogue (smallest version) from the accumulator registers: alpha alone
+// for the plain call, else the family's epilogue_value per element (beta, z, bias, activation); channel
+// pairs stored as one word (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
 // Host: pydnn/ops/convolution/conv_tma.py (tuning.conv.FWD_TMA).
 #include "convolution.cu"
 #include "conv_tma_params.h"
@@ -104,6 +105,9 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
     T* out = static_cast<T*>(p.out);
     const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
     const int P = p.out_size[1], Q = p.out_size[2];
+    const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
+                       p.act == PYDNN_CONV_ACT_IDENTITY;
+    const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
     unsigned it = 0;
     for (long long item = blockIdx.x; item < items; item += gridDim.x) {
       int w0, h0, nb, n0;
@@ -129,7 +133,10 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
       wgmma::wait<0>();
       wgmma::fence_operands(acc);
       if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-      // acc[4 j + 2 h + e]: tile row wg * 64 + warp * 16 + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e
+      // acc[4 j + 2 h + e]: tile row wg * 64 + warp * 16 + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e.
+      // The plain call (alpha only) scales; anything else goes through epilogue_value (beta, z, bias,
+      // activation). Channel pairs as one 32-bit word where y's channels are contiguous and 4-byte aligned
+      // pairs (FLAG_PAIR, set per call).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * h;
@@ -140,12 +147,27 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
         const long long zbase = (long long)n * p.zs[0] + (long long)oh * p.zs[3] + (long long)ow * p.zs[4];
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ch = n0 + 8 * j + 2 * (lane & 3) + e;
-            if (ch < p.gn)
-              finish<true, T, float>(p, out, ybase + (long long)ch * p.ys[1], zbase + (long long)ch * p.zs[1], ch,
-                                     acc[4 * j + 2 * h + e], alpha, beta, alpha2);
+          const int ch = n0 + 8 * j + 2 * (lane & 3);  // even; ch + 1 the pair's second channel
+          if (ch >= p.gn) continue;
+          const bool two = ch + 1 < p.gn;
+          const long long off = ybase + (long long)ch * p.ys[1];
+          float v0, v1;
+          if (plain) {
+            v0 = acc[4 * j + 2 * h] * alpha;
+            v1 = acc[4 * j + 2 * h + 1] * alpha;
+          } else {
+            const long long zoff = zbase + (long long)ch * p.zs[1];
+            v0 = epilogue_value<true>(p, out, off, zoff, ch, acc[4 * j + 2 * h], alpha, beta, alpha2);
+            v1 = two ? epilogue_value<true>(p, out, off + p.ys[1], zoff + p.zs[1], ch + 1, acc[4 * j + 2 * h + 1],
+                                            alpha, beta, alpha2)
+                     : 0.f;
+          }
+          if (pair && two) {
+            const T lo = store<T>(v0), hi = store<T>(v1);
+            *reinterpret_cast<unsigned*>(out + off) = (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+          } else {
+            out[off] = store<T>(v0);
+            if (two) out[off + p.ys[1]] = store<T>(v1);
           }
         }
       }

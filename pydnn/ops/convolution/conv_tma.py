@@ -18,14 +18,14 @@ import ctypes
 
 from ... import enums as E
 from ... import tuning
-from ..._build.params import kernel_params
+from ..._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
 from ..._cuda import driver
 from ..._cuda import tensormap as TM
 from .._elementwise import CTYPE
 from ..common import cdiv
 from . import tensor_core  # noqa: F401 - its split-K hook registers before tma_top (a split plan stays split)
 from .plans import Plan, StepPlan, add_kernels, base_params, register_top
-from .problem import DIR_FWD, ConvParams
+from .problem import DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
 
 STAGES = 4
 BM = BN = 128
@@ -112,21 +112,29 @@ class TmaPlan(StepPlan):
         ctypes.memmove(ctypes.addressof(q.map_w), self.maps[1].get(b_ptr), 128)
         p.x, p.w, p.out, p.z, p.bias = a_ptr, b_ptr, out_ptr, z_ptr or None, bias_ptr or None
         p.alpha, p.beta = alpha, beta
-        p.flags = (p.flags & ~FLAG_BETA) | (FLAG_BETA if beta != 0 else 0)
+        p.flags = ((p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
+                   | (FLAG_PAIR if self.pair_ok and out_ptr % 4 == 0 else 0))
         if self.func is None:
             self.func = handle.function(self.unit_name, self.expr)
             driver.function_set_max_dynamic_smem(self.func, SMEM)
         driver.launch_args(self.func, self.grid, (THREADS, 1, 1), SMEM, handle.cu_stream, self.argv)
 
     def fallback_run(self, handle, *args):
+        """A call whose x or filter is not 16-byte aligned (TMA's base addresses): fwd_wgmma's plan, with this
+        call's epilogue fields (ConvolutionBiasActivationForward set them on self.gemm) copied over."""
         from .plans import run_plan
+        f, p = self.fallback.gemm, self.q.p
+        f.act, f.coef, f.alpha2, f.bias_stride = p.act, p.coef, p.alpha2, p.bias_stride
+        for i in range(5):
+            f.zs[i] = p.zs[i]
+        keep = FLAG_BIAS | FLAG_Z | FLAG_NAN_PROP
+        f.flags = (f.flags & ~keep) | (p.flags & keep)
         return run_plan(handle, self.fallback, *args)
 
     def estimate_ms(self, handle, base_estimate):
         return base_estimate(handle, self.fallback)
 
 
-FLAG_BETA = 1
 
 
 class _Map:
@@ -168,6 +176,8 @@ def plan_tma(handle, pb, algo, fallback):
     pl.gemm_expr = pl.expr
     pl.fallback = fallback
     pl.smem = SMEM
+    ys = pb.ys
+    pl.pair_ok = ys[1] == 1 and all(ys[i] % 2 == 0 for i in (0, 2, 3, 4))
     pl.items = items
     return pl
 

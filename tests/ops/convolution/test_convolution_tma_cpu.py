@@ -206,3 +206,24 @@ def test_unit_compiles_without_spills(tag):
         if "spill" in line:
             assert "0 bytes spill stores, 0 bytes spill loads" in line, line
     assert CT is not None
+
+
+def test_misaligned_call_runs_the_wgmma_plan_with_its_epilogue(h, tma_on, monkeypatch):
+    """x or the filter not 16-byte aligned: the fallback (fwd_wgmma's plan) runs, with the fused call's epilogue
+    fields (set on the TMA plan's ConvParams) copied to it."""
+    from pydnn._build.params import FLAG_NAN_PROP
+    pl = _plan(h, 64, 64, 64, 56, 3, 1)
+    assert isinstance(pl, T.TmaPlan)
+    p = pl.gemm
+    p.act, p.coef, p.alpha2, p.bias_stride = 2, 1.5, -0.5, 3
+    p.flags |= CPb.FLAG_BIAS | CPb.FLAG_Z | FLAG_NAN_PROP
+    for i in range(5):
+        p.zs[i] = 100 + i
+    seen = []
+    monkeypatch.setattr(CP, "run_plan", lambda handle, plan, *a: seen.append((plan, a)))
+    pl.launch(h, 0x1002, 0x2000, 0x3000, 0, 1.0, 0.0, 0x4000, 0x5000)
+    assert seen and seen[0][0] is pl.fallback and seen[0][1] == (0x1002, 0x2000, 0x3000, 0, 1.0, 0.0, 0x4000, 0x5000)
+    f = pl.fallback.gemm
+    assert (f.act, f.coef, f.alpha2, f.bias_stride) == (2, 1.5, -0.5, 3)
+    assert list(f.zs) == [100, 101, 102, 103, 104]
+    assert f.flags & CPb.FLAG_BIAS and f.flags & CPb.FLAG_Z and f.flags & FLAG_NAN_PROP
