@@ -1,7 +1,8 @@
 // fwd_tma (half, bfloat16; Hopper only, sm_90a; issue 18): the forward convolution as a warp-specialized
 // TMA + mbarrier kernel, built as gemm_tma (ptx/matmul.cu) is: 384 threads, warpgroup 0 the producer (one
 // thread issues every copy; registers given back with setmaxnreg), warpgroups 1 and 2 the consumers (64
-// rows each of a 128 x 128 tile: wgmma.m64n128k16 from shared memory, fp32 accumulators in registers).
+// rows each of a 128 x BN tile: wgmma.m64nBNk16 from shared memory, fp32 accumulators in registers;
+// BN 64 / 128 / 256 by the output channels, conv_tma.py _bn).
 // K tiles (64 channels of one tap) flow through a STAGES-deep ring: per stage a full barrier (the
 // producer's expect-tx arrival + the copies' bytes) and an empty barrier (one arrival per consumer
 // warpgroup once its wgmmas reading the stage are done): no block-wide barrier and no proxy fence a K tile
@@ -10,8 +11,8 @@
 // tw = 128 rows, w fastest), at (c0, ow0 + s * dil - pad, oh0 + r * dil - pad, n0): stride 1, so the
 // tap's window of a box of output pixels is a box of x; the padding is the TMA unit's out-of-bounds zero
 // fill (negative coordinates included), as are channels past C. The B tile is one 3-d box of the packed
-// KRSC filter (dims C, R * S, K): 64 channels of tap (r, s) (flipped for CONVOLUTION mode) x 128 output
-// channels. Both land as 128-byte rows in the 128B swizzle: K-major operands of wgmma as gemm_tma's.
+// KRSC filter (dims C, R * S, K): 64 channels of tap (r, s) (flipped for CONVOLUTION mode) x BN output
+// channels (BN of them). Both land as 128-byte rows in the 128B swizzle: K-major operands of wgmma as gemm_tma's.
 // Persistent: a grid of at most one block an SM walks the items (pixel box, 128-channel tile), producer
 // and consumers in the same order; the ring runs on across items, so the next item's copies start
 // during this one's epilogue. The epilogue (smallest version) from the accumulator registers: alpha alone
@@ -25,12 +26,13 @@
 namespace pydnn {
 namespace conv {
 
-template <class T, int STAGES>
+template <class T, int BN, int STAGES>
 __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTmaParams q) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_tma needs the sm_90a target (KernelUnit archs)");
 #endif
-  constexpr int BM = 128, BN = 128, BK = 64;
+  static_assert(BN == 64 || BN == 128 || BN == 256, "fwd_tma tile");
+  constexpr int BM = 128, BK = 64;
   constexpr unsigned A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
   constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr unsigned SLAB = 64 * BK * sizeof(T);  // 64 rows of 128 bytes: one consumer warpgroup's rows

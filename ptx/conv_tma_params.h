@@ -22,7 +22,7 @@ typedef struct {
   ConvParams p;
   int tw, th, tn;                   /* the box of output pixels a tile's rows are (w fastest) */
   int tiles_w, tiles_h, tiles_n;    /* boxes along W, H, N */
-  int tiles_k;                      /* tiles of 128 output channels */
+  int tiles_k;                      /* tiles of BN output channels */
   int cblocks;                      /* channel blocks of 64 a tap */
   int pad_tail[6];                  /* the size a multiple of 64 bytes, as the C compiler lays it out */
 } ConvTmaParams;

@@ -139,6 +139,7 @@ conv = Switches(
                     "TMA + mbarrier kernel, pydnn/ops/convolution/conv_tma.py) where it applies (16-bit NHWC, "
                     "stride 1, 2-d, one group, packed KRSC filter, C % 8 == 0). Off until measured faster "
                     "(tools/bench_conv_tma.py)"),
+    FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -43,6 +43,7 @@ def main(argv=None):
     ap.add_argument("--rows", default="")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--bn", type=int, default=None, help="force fwd_tma's tile width (tuning.conv.FWD_TMA_BN)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -54,6 +55,7 @@ def main(argv=None):
     from pydnn.ops.convolution import conv_tma as CTMA, plans as CP, problem as CPb
 
     torch.backends.cudnn.benchmark = True
+    tuning.conv.FWD_TMA_BN = args.bn
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     FWD = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
@@ -108,7 +110,7 @@ def main(argv=None):
                     row["note"] = f"tma not taken ({CTMA.tma_refusal(h, pl.problem)}; {row['tma_kernel']})"
                     continue
                 if on:
-                    row["box"] = (pl.q.tw, pl.q.th, pl.q.tn)
+                    row["box"] = (pl.q.tw, pl.q.th, pl.q.tn, pl.bn)
                 ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
                 fn = lambda pl=pl, ws=ws: CP.run_plan(h, pl, x.data_ptr(), w.data_ptr(), y.data_ptr(),  # noqa: E731
                                                       ws.data_ptr(), 1.0, 0.0)
@@ -147,7 +149,7 @@ def main(argv=None):
         g = lambda key, sp=".4f": format(row[key], sp) if key in row else "-"  # noqa: E731
         print(f"{row['case']:32s} wgmma {g('wgmma_ms')} ({g('wgmma_ratio', '.3f')}x) tma {g('tma_ms')} "
               f"({g('tma_ratio', '.3f')}x) cuDNN {g('cudnn_ms')} tma/wgmma speed {g('tma_over_wgmma', '.3f')} "
-              f"box {row.get('box')} {'forced ' if forced else ''}{row.get('note', '')} [{row.get('wgmma_kernel')}]",
+              f"box (tw, th, tn, BN) {row.get('box')} {'forced ' if forced else ''}{row.get('note', '')} [{row.get('wgmma_kernel')}]",
               flush=True)
         del x, w, y
         torch.cuda.empty_cache()

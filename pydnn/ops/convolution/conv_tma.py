@@ -28,11 +28,14 @@ from .plans import Plan, StepPlan, add_kernels, base_params, register_top
 from .problem import DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
 
 STAGES = 4
-BM = BN = 128
-BK = 64
+BM, BK = 128, 64
+BNS = (64, 128, 256)   # the tile's output channels: fwd_tma<T, BN, STAGES> instantiations, a unit each
 THREADS = 384
-STAGE_BYTES = (BM + BN) * BK * 2
-SMEM = STAGES * STAGE_BYTES + 1024 + 16 * STAGES   # the ring, 1 KiB of alignment slack, the mbarriers
+
+
+def smem(bn):
+    """The ring, 1 KiB of alignment slack, the mbarriers (BN 256: 197 KiB)."""
+    return STAGES * (BM + bn) * BK * 2 + 1024 + 16 * STAGES
 ARCH = "sm_90"
 TAGS = ("f16", "bf16")
 
@@ -45,16 +48,31 @@ class ConvTmaParams(ctypes.Structure):
                 ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("pad_tail", ctypes.c_int * 6)]
 
 
-def expr(tag):
-    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {STAGES}>"
+def expr(tag, bn=128):
+    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES}>"
 
 
-def unit(tag):
-    return f"convolution.tma.{tag}"
+def unit(tag, bn=128):
+    return f"convolution.tma.{tag}.bn{bn}"
 
 
 for _t in TAGS:
-    add_kernels(unit(_t), "conv_tma.cu", (expr(_t),), archs=(ARCH + "a",))
+    for _bn in BNS:   # one unit a tile: compiled in parallel, loaded only where a plan runs it
+        add_kernels(unit(_t, _bn), "conv_tma.cu", (expr(_t, _bn),), archs=(ARCH + "a",))
+
+
+def _bn(handle, pb, tiles_px):
+    """The tile's output channels: tuning.conv.FWD_TMA_BN, else 64 for K <= 64 (a 128-wide tile would be half
+    empty), 256 where K fills it and the pixel tiles x K / 256 still give every SM an item, else 128 (a guess
+    before measurement: the 256-wide tile halves B's copies per flop, as gemm_tma's 128 x 256)."""
+    forced = tuning.conv.FWD_TMA_BN
+    if forced is not None:
+        return int(forced)
+    if pb.k <= 64:
+        return 64
+    if pb.k % 256 == 0 and tiles_px * (pb.k // 256) >= handle.sm_count:
+        return 256
+    return 128
 
 
 def tma_refusal(handle, pb):
@@ -116,8 +134,8 @@ class TmaPlan(StepPlan):
                    | (FLAG_PAIR if self.pair_ok and out_ptr % 4 == 0 else 0))
         if self.func is None:
             self.func = handle.function(self.unit_name, self.expr)
-            driver.function_set_max_dynamic_smem(self.func, SMEM)
-        driver.launch_args(self.func, self.grid, (THREADS, 1, 1), SMEM, handle.cu_stream, self.argv)
+            driver.function_set_max_dynamic_smem(self.func, self.smem)
+        driver.launch_args(self.func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.argv)
 
     def fallback_run(self, handle, *args):
         """A call whose x or filter is not 16-byte aligned (TMA's base addresses): fwd_wgmma's plan, with this
@@ -161,7 +179,9 @@ def plan_tma(handle, pb, algo, fallback):
     tw, th, tn = _box(n, P, Q)
     q.tw, q.th, q.tn = tw, th, tn
     q.tiles_w, q.tiles_h, q.tiles_n = cdiv(Q, tw), cdiv(P, th), cdiv(n, tn)
-    q.tiles_k, q.cblocks = cdiv(pb.k, BN), cdiv(pb.c, BK)
+    tiles_px = q.tiles_w * q.tiles_h * q.tiles_n
+    bn = _bn(handle, pb, tiles_px)
+    q.tiles_k, q.cblocks = cdiv(pb.k, bn), cdiv(pb.c, BK)
     items = q.tiles_w * q.tiles_h * q.tiles_n * q.tiles_k
     pl.q = q
     pl.gemm = q.p                       # ConvolutionBiasActivationForward sets the epilogue fields here
@@ -169,13 +189,14 @@ def plan_tma(handle, pb, algo, fallback):
     H, W, C = pb.in3[1], pb.in3[2], pb.c
     xs, R, S = pb.xs, pb.filt3[1], pb.filt3[2]
     pl.maps = (TM.MapCache(_Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw, th, tn))),
-               TM.MapCache(_Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, BN))))
+               TM.MapCache(_Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))))
     pl.grid = (max(1, min(items, handle.sm_count)), 1, 1)
     pl.argv = driver.kernel_args(q)
-    pl.unit_name, pl.expr, pl.func = unit(pb.tag), expr(pb.tag), None
+    pl.bn = bn
+    pl.unit_name, pl.expr, pl.func = unit(pb.tag, bn), expr(pb.tag, bn), None
     pl.gemm_expr = pl.expr
     pl.fallback = fallback
-    pl.smem = SMEM
+    pl.smem = smem(bn)
     ys = pb.ys
     pl.pair_ok = ys[1] == 1 and all(ys[i] % 2 == 0 for i in (0, 2, 3, 4))
     pl.items = items

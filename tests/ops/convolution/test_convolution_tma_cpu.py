@@ -101,13 +101,23 @@ def test_maps(h, tma_on):
     mx, mw = pl.maps[0].map, pl.maps[1].map
     assert mx.dims == (96, 12, 10, 6) and mx.strides == (96 * 2, 12 * 96 * 2, 10 * 12 * 96 * 2)
     assert mx.box == (64, q.tw, q.th, q.tn)
+    assert pl.bn == 128 and "fwd_tma<pydnn::bf16_t, 128, 4>" in pl.gemm_expr and pl.unit_name.endswith(".bn128")
     assert mw.dims == (96, 9, 136) and mw.strides == (96 * 2, 9 * 96 * 2) and mw.box == (64, 1, 128)
     assert (q.tiles_k, q.cblocks) == (2, 2)
     assert pl.items == q.tiles_w * q.tiles_h * q.tiles_n * 2 and pl.grid[0] == min(pl.items, 132)
-    assert T.SMEM <= 227 * 1024
+    assert all(T.smem(bn) <= 227 * 1024 for bn in T.BNS) and pl.smem == T.smem(128)
 
 
-def _emulate(pb, q, x, w):
+def test_tile_width(h, tma_on, monkeypatch):
+    assert _plan(h, 64, 64, 64, 56, 3, 1).bn == 64                 # K 64: the 64-wide tile
+    assert _plan(h, 128, 256, 256, 32, 3, 1).bn == 256             # 1024 pixel tiles x 1: every SM busy
+    assert _plan(h, 8, 256, 256, 16, 3, 1).bn == 128               # 16 pixel tiles: 256 would leave SMs idle
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", 64)
+    pl = _plan(h, 128, 256, 256, 32, 3, 1)
+    assert pl.bn == 64 and pl.q.tiles_k == 4 and pl.maps[1].map.box == (64, 1, 64)
+
+
+def _emulate(pb, q, x, w, bn):
     """fwd_tma's walk in numpy: per item, the K tiles' boxes (zeros out of bounds) multiplied K-major, then the
     epilogue's row map. x (N, H, W, C), w (K, R, S, C) float64; returns y (N, P, Q, K)."""
     N, H, W, C = x.shape
@@ -128,8 +138,8 @@ def _emulate(pb, q, x, w):
         return out.reshape(128, 64)   # row = wi + tw * (hi + th * ni)
 
     def box_w(c0, tap, n0):
-        out = np.zeros((128, 64))
-        blk = wt[n0:n0 + 128, tap, c0:c0 + 64]
+        out = np.zeros((bn, 64))
+        blk = wt[n0:n0 + bn, tap, c0:c0 + 64]
         out[:blk.shape[0], :blk.shape[1]] = blk
         return out
 
@@ -139,9 +149,9 @@ def _emulate(pb, q, x, w):
         tk, rr = divmod(item, per_k)
         bw = rr % q.tiles_w
         rr //= q.tiles_w
-        bh, bn = rr % q.tiles_h, rr // q.tiles_h
-        w0, h0, nb, n0 = bw * q.tw, bh * q.th, bn * q.tn, tk * 128
-        acc = np.zeros((128, 128))
+        bh, bi = rr % q.tiles_h, rr // q.tiles_h
+        w0, h0, nb, n0 = bw * q.tw, bh * q.th, bi * q.tn, tk * bn
+        acc = np.zeros((128, bn))
         for r in range(R):
             for s in range(S):
                 tap = (R - 1 - r) * S + (S - 1 - s) if flip else r * S + s
@@ -152,7 +162,7 @@ def _emulate(pb, q, x, w):
             a, oh, ow = nb + ni, h0 + hi, w0 + wi
             if a >= N or oh >= P or ow >= Q:
                 continue
-            for col in range(128):
+            for col in range(bn):
                 if n0 + col < K:
                     assert np.isnan(y[a, oh, ow, n0 + col]), "an output written twice"
                     y[a, oh, ow, n0 + col] = acc[row, col]
@@ -166,8 +176,11 @@ def _emulate(pb, q, x, w):
     ((2, 24, 8, 6), dict(r=5, pad=2)),                 # 5x5
     ((4, 64, 16, 5), dict(r=1, pad=0)),                # 1x1
 ])
-def test_emulated_walk_matches_the_reference(h, tma_on, rng, monkeypatch, args, kw):
+@pytest.mark.parametrize("bn", T.BNS)
+def test_emulated_walk_matches_the_reference(h, tma_on, rng, monkeypatch, args, kw, bn):
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, (128, 128, 4, 1, 1))   # the base plan on fwd_wgmma
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
+    kw = dict(kw)
     n, c, k, hw = args
     pl = _plan(h, n, c, k, hw, kw.pop("r"), kw.pop("pad"), **kw)
     assert isinstance(pl, T.TmaPlan)
@@ -176,7 +189,7 @@ def test_emulated_walk_matches_the_reference(h, tma_on, rng, monkeypatch, args, 
     x = rng.integers(-3, 4, (n, c, hw, W)).astype(np.float64)
     R, S = pb.filt3[1], pb.filt3[2]
     w = rng.integers(-3, 4, (k, c, R, S)).astype(np.float64)
-    got = _emulate(pb, pl.q, x.transpose(0, 2, 3, 1), w.transpose(0, 2, 3, 1))
+    got = _emulate(pb, pl.q, x.transpose(0, 2, 3, 1), w.transpose(0, 2, 3, 1), pl.bn)
     want = ref.forward_raw(x, w, pb.pad3[1:], pb.stride3[1:], pb.dil3[1:], 1, not pb.flip)
     assert not np.isnan(got).any(), "an output never written"
     np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
@@ -187,16 +200,17 @@ def rng():
     return np.random.default_rng(7)
 
 
+@pytest.mark.parametrize("bn", T.BNS)
 @pytest.mark.parametrize("tag", T.TAGS)
-def test_unit_compiles_without_spills(tag):
+def test_unit_compiles_without_spills(tag, bn):
     nvrtc = pytest.importorskip("pydnn._cuda.nvrtc")
     try:
         nvrtc.version()
     except Exception as e:  # noqa: BLE001 - no NVRTC here
         pytest.skip(f"no NVRTC: {e}")
     from pydnn._build import cache, manifest
-    u = [u for u in manifest.family_units() if u.name == T.unit(tag)][0]
-    assert u.archs == ("sm_90a",) and u.exprs == (T.expr(tag),)
+    u = [u for u in manifest.family_units() if u.name == T.unit(tag, bn)][0]
+    assert u.archs == ("sm_90a",) and u.exprs == (T.expr(tag, bn),)
     text, _ = cache.unit_inputs(u)
     cubin, lowered, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90a", ("-std=c++17", "--ptxas-options=-v"),
                                               [str(cache.ptx_dir())])

@@ -62,6 +62,21 @@ def test_tma_forward(handle, rng, monkeypatch, case, dtype):
                   before=lambda pb: _planned_on_tma(handle, pb))
 
 
+@pytest.mark.parametrize("bn", CTMA.BNS)
+@pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[1]], ids=["k192", "dil", "c72"])
+def test_tma_tile_widths(handle, rng, monkeypatch, case, bn):
+    """Each tile width (tuning.conv.FWD_TMA_BN: 64, 128, 256) on K tails (192, 136, 64)."""
+    _need_sm90(handle)
+    _on(monkeypatch)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
+
+    def planned(pb):
+        assert _planned_on_tma(handle, pb).bn == bn
+
+    check_forward(handle, rng, lambda mode: _tc_problem(case, BF16, mode), BF16, FWD_PRE, f"fwd_tma BN {bn}",
+                  before=planned)
+
+
 @pytest.mark.parametrize("case", [CASES[3], CASES[4], CASES[7]], ids=["r20", "k192", "img7"])
 def test_tma_persistent_walk(handle, rng, monkeypatch, case):
     """3 blocks walk every item (each many K tiles through the 4-stage ring, phases wrapping across items)."""
