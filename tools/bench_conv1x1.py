@@ -146,6 +146,47 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers, layouts=("nhwc",)):
     return out
 
 
+# (format, N, C, K, H, W, epilogue keys (act, z, bias stride)) whose fused-matmul units --prebuild-fused compiles:
+# the FUSED layers' bias + ReLU in NHWC and NCHW, and tests/ops/convolution/test_convolution_fused1x1_gpu.py's
+# bf16 cases (nhwc0, nhwc2, nchw3)
+_ALL_KEYS = ((1, False, 1), (0, False, 1), (1, True, 1), (0, True, 1))
+PREBUILD_FUSED = [("nhwc", 32, 512, 2048, 7, 7, ((1, False, 1),)), ("nchw", 32, 512, 2048, 7, 7, ((1, False, 1),)),
+                  ("nhwc", 4, 128, 256, 7, 7, _ALL_KEYS), ("nhwc", 3, 24, 40, 7, 9, _ALL_KEYS),
+                  ("nchw", 2, 16, 24, 7, 5, _ALL_KEYS)]
+
+
+def _prebuild_one(job):
+    """Compile (into the cache) the graph API's fused-matmul unit of one (layout, shape, epilogue key) on a CPU
+    handle (sm_90, 132 SMs: the H100 / H200 tile choice); NVRTC only, no GPU."""
+    fmt, n, c, k, hh, ww, key = job
+    import pydnn
+    from plan_digest import cpu_handle
+    from pydnn.ops.convolution import gemm as G, plans as CP, problem as CPb
+    h = cpu_handle("sm_90", 132)
+    f = pydnn.PYDNN_TENSOR_NCHW if fmt == "nchw" else pydnn.PYDNN_TENSOR_NHWC
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(xd, f, bf, n, c, hh, ww)
+    pydnn.set_tensor4d_descriptor(yd, f, bf, n, k, hh, ww)
+    wd = pydnn.create_filter_descriptor()
+    pydnn.set_filter4d_descriptor(wd, bf, f, k, c, 1, 1)
+    cv = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(cv, 0, 0, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION, pydnn.PYDNN_DATA_FLOAT)
+    pl = CP.new_plan(h, CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, cv, xd, wd, yd)
+    G.FusedMM(h, pl, key)
+    return job
+
+
+def prebuild_fused(procs=8):
+    """The PREBUILD_FUSED units in parallel processes (a GPU run's compiles out of its time budget)."""
+    import multiprocessing as mp
+    jobs = [(fmt, n, c, k, hh, ww, key) for fmt, n, c, k, hh, ww, keys in PREBUILD_FUSED for key in keys]
+    t = time.monotonic()
+    with mp.get_context("spawn").Pool(procs) as pool:
+        done = pool.map(_prebuild_one, jobs)
+    print(f"prebuilt {len(done)} fused-matmul units in {time.monotonic() - t:.1f} s", flush=True)
+
+
 def _timer(h, reps):
     """Device ms per call: a CUDA graph of back-to-back calls (sweep_common.graph_ms: the host's per-call
     cost drops out, which matters for kernels of ~10 us) where the capture works, else time_ms."""
@@ -173,7 +214,11 @@ def main(argv=None):
                     help="also the fused conv + bias + ReLU rows of the first N FUSED layers (all without N)")
     ap.add_argument("--fused-nchw", action="store_true", help="the fused rows in NCHW too")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting shapes after this many seconds")
+    ap.add_argument("--prebuild-fused", action="store_true",
+                    help="only compile the fused-matmul units of PREBUILD_FUSED (parallel, no GPU) and exit")
     args = ap.parse_args(argv)
+    if args.prebuild_fused:
+        return prebuild_fused()
     t0 = time.monotonic()
     import torch
     import pydnn

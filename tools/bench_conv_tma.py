@@ -5,11 +5,12 @@ the convolution sweep that run fwd_wgmma (tools/PERF.md "Session 30: conv": its 
 
     python3 tools/bench_conv_tma.py [--rows 0,1,..] [--reps 5] [--budget-s S] [--out DIR]
 
-Per row: IMPLICIT_PRECOMP_GEMM's plan with FWD_TMA off (the model's fwd_wgmma tile; a split plan stays split
-and is not replaced) and on (where the base plan is not fwd_wgmma, e.g. channels % 64, the wgmma tile is
-forced, tuning.conv.TC_FORCE, for both), each checked against PyTorch first (y poisoned, max error / max |ref|
-<= 2e-2), then device ms per call from CUDA graphs of back-to-back calls (sweep_common.graph_ms), and cuDNN's
-conv2d through PyTorch (cudnn.benchmark). Ratio = cuDNN ms / pydnn ms.
+Per row: IMPLICIT_PRECOMP_GEMM's plan with FWD_TMA off (`model`: the model's plan today, split or not), the
+unsplit fwd_wgmma plan fwd_tma replaces (`wgmma`: the model's, or its 128x128 tile forced where the model's is
+another kernel or split), fwd_tma (FWD_TMA "always", conv_tma._bn's tile width) and, with --bns, fwd_tma at
+forced widths; each checked against PyTorch first (y poisoned, max error / max |ref| <= 2e-2), then device
+ms per call from CUDA graphs of back-to-back calls (sweep_common.graph_ms), and cuDNN's conv2d through
+PyTorch (cudnn.benchmark). Ratio = cuDNN ms / pydnn ms.
 """
 import argparse
 import json
@@ -43,7 +44,7 @@ def main(argv=None):
     ap.add_argument("--rows", default="")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9)
-    ap.add_argument("--bn", type=int, default=None, help="force fwd_tma's tile width (tuning.conv.FWD_TMA_BN)")
+    ap.add_argument("--bns", default="", help="also time fwd_tma with these forced tile widths (64,128,256)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -55,7 +56,7 @@ def main(argv=None):
     from pydnn.ops.convolution import conv_tma as CTMA, plans as CP, problem as CPb
 
     torch.backends.cudnn.benchmark = True
-    tuning.conv.FWD_TMA_BN = args.bn
+    bns = [int(b) for b in args.bns.split(",") if b]
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     FWD = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
@@ -85,77 +86,80 @@ def main(argv=None):
         pydnn.set_convolution2d_descriptor(conv, pad, pad, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
                                            pydnn.PYDNN_DATA_FLOAT)
         ref = torch.nn.functional.conv2d(x, w, None, 1, pad)
-        forced = False
-        for route, on in (("wgmma", False), ("tma", True)):
-            saved = tuning.conv.FWD_TMA, tuning.conv.TC_FORCE.get(CPb.DIR_FWD)
+
+        def plan_with(tma, bn, force):
+            saved = tuning.conv.FWD_TMA, tuning.conv.FWD_TMA_BN, tuning.conv.TC_FORCE.get(CPb.DIR_FWD)
             try:
-                tuning.conv.FWD_TMA = on
-                if forced:
+                tuning.conv.FWD_TMA, tuning.conv.FWD_TMA_BN = tma, bn
+                if force:
                     tuning.conv.TC_FORCE[CPb.DIR_FWD] = WGM_TILE
-                pl = CP.new_plan(h, CPb.DIR_FWD, FWD, conv, xd, wd, yd)
-                if on and not isinstance(pl, CTMA.TmaPlan) and not forced:
-                    forced = True   # the base plan was not fwd_wgmma: both routes on the forced wgmma tile
-                    tuning.conv.TC_FORCE[CPb.DIR_FWD] = WGM_TILE
-                    tuning.conv.FWD_TMA = False
-                    base = CP.new_plan(h, CPb.DIR_FWD, FWD, conv, xd, wd, yd)
-                    ws = torch.empty(max(base.workspace, 1), dtype=torch.uint8, device="cuda")
-                    fn = lambda pl=base, ws=ws: CP.run_plan(h, pl, x.data_ptr(), w.data_ptr(), y.data_ptr(),  # noqa
-                                                            ws.data_ptr(), 1.0, 0.0)
-                    fn()
-                    row["wgmma_forced_ms"] = timer(fn)
-                    tuning.conv.FWD_TMA = True
-                    pl = CP.new_plan(h, CPb.DIR_FWD, FWD, conv, xd, wd, yd)
-                row[f"{route}_kernel"] = getattr(pl, "gemm_expr", type(pl).__name__)
-                if on and not isinstance(pl, CTMA.TmaPlan):
-                    row["note"] = f"tma not taken ({CTMA.tma_refusal(h, pl.problem)}; {row['tma_kernel']})"
-                    continue
-                if on:
-                    row["box"] = (pl.q.tw, pl.q.th, pl.q.tn, pl.bn)
+                return CP.new_plan(h, CPb.DIR_FWD, FWD, conv, xd, wd, yd)
+            finally:
+                tuning.conv.FWD_TMA, tuning.conv.FWD_TMA_BN = saved[0], saved[1]
+                if saved[2] is None:
+                    tuning.conv.TC_FORCE.pop(CPb.DIR_FWD, None)
+                else:
+                    tuning.conv.TC_FORCE[CPb.DIR_FWD] = saved[2]
+
+        def run(route, pl):
+            """Check against PyTorch (y poisoned), then time: row[route + '_ms']."""
+            try:
                 ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
-                fn = lambda pl=pl, ws=ws: CP.run_plan(h, pl, x.data_ptr(), w.data_ptr(), y.data_ptr(),  # noqa: E731
-                                                      ws.data_ptr(), 1.0, 0.0)
+                fn = lambda: CP.run_plan(h, pl, x.data_ptr(), w.data_ptr(), y.data_ptr(),  # noqa: E731
+                                         ws.data_ptr(), 1.0, 0.0)
                 y.fill_(float("nan"))
                 fn()
                 torch.cuda.synchronize()
                 err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 row[f"{route}_err"] = err
                 if not err <= 2e-2:
-                    row["note"] = f"{route} CHECK FAILED {err:.3g}"
+                    row["note"] = row.get("note", "") + f" {route} CHECK FAILED {err:.3g}"
                 row[f"{route}_ms"] = timer(fn)
             except Exception as e:  # noqa: BLE001 - a failure is a row
-                row["note"] = f"{route}: {type(e).__name__}: {str(e)[:200]}"
-            finally:
-                tuning.conv.FWD_TMA = saved[0]
-                if saved[1] is None:
-                    tuning.conv.TC_FORCE.pop(CPb.DIR_FWD, None)
-                else:
-                    tuning.conv.TC_FORCE[CPb.DIR_FWD] = saved[1]
-        if forced:   # wgmma_ms: the forced fwd_wgmma tile (model_ms: the plan the model picks, FWD_TMA off)
-            if "wgmma_ms" in row:
-                row["model_ms"] = row["wgmma_ms"]
-            if "wgmma_forced_ms" in row:
-                row["wgmma_ms"] = row.pop("wgmma_forced_ms")
+                row["note"] = row.get("note", "") + f" {route}: {type(e).__name__}: {str(e)[:160]}"
+
+        base = plan_with(False, None, False)   # the model's plan today (FWD_TMA off)
+        row["model_kernel"] = getattr(base, "gemm_expr", type(base).__name__)
+        run("model", base)
+        forced = not (type(base) is CP.Plan and "fwd_wgmma<" in base.gemm_expr and base.fold is None)
+        if forced:   # not an unsplit fwd_wgmma plan: fwd_wgmma's 128x128 tile forced, as fwd_tma's base
+            wg = plan_with(False, None, True)
+            row["wgmma_kernel"] = wg.gemm_expr
+            run("wgmma", wg)
+        else:
+            row["wgmma_kernel"], row["wgmma_ms"] = row["model_kernel"], row.get("model_ms")
+        for bn in [None] + bns:
+            route = "tma" if bn is None else f"tma{bn}"
+            pl = plan_with("always", bn, forced)
+            if not isinstance(pl, CTMA.TmaPlan):
+                row["note"] = row.get("note", "") + f" {route} not taken ({CTMA.tma_refusal(h, pl.problem)})"
+                continue
+            if bn is None:
+                row["box"] = (pl.q.tw, pl.q.th, pl.q.tn, pl.bn)
+            run(route, pl)
+        if forced:
             row["forced"] = True
         row["cudnn_ms"] = timer(lambda: torch.nn.functional.conv2d(x, w, None, 1, pad))
-        for route in ("wgmma", "tma"):
-            if f"{route}_ms" in row:
+        for route in ["model", "wgmma", "tma"] + [f"tma{b}" for b in bns]:
+            if row.get(f"{route}_ms"):
                 row[f"{route}_ratio"] = row["cudnn_ms"] / row[f"{route}_ms"]
                 row[f"{route}_tflops"] = row["flops"] / row[f"{route}_ms"] / 1e9
-        if "tma_ms" in row and "wgmma_ms" in row:
+        if row.get("tma_ms") and row.get("wgmma_ms"):
             row["tma_over_wgmma"] = row["wgmma_ms"] / row["tma_ms"]
         rows.append(row)
         jf.write(json.dumps(row) + "\n")
         jf.flush()
-        g = lambda key, sp=".4f": format(row[key], sp) if key in row else "-"  # noqa: E731
-        print(f"{row['case']:32s} wgmma {g('wgmma_ms')} ({g('wgmma_ratio', '.3f')}x) tma {g('tma_ms')} "
-              f"({g('tma_ratio', '.3f')}x) cuDNN {g('cudnn_ms')} tma/wgmma speed {g('tma_over_wgmma', '.3f')} "
-              f"box (tw, th, tn, BN) {row.get('box')} {'forced ' if forced else ''}{row.get('note', '')} [{row.get('wgmma_kernel')}]",
-              flush=True)
-        del x, w, y
+        g = lambda key, sp=".4f": format(row[key], sp) if row.get(key) is not None else "-"  # noqa: E731
+        extra = "".join(f" tma{b} {g(f'tma{b}_ms')} ({g(f'tma{b}_ratio', '.3f')}x)" for b in bns)
+        print(f"{row['case']:32s} model {g('model_ms')} ({g('model_ratio', '.3f')}x) wgmma {g('wgmma_ms')} "
+              f"({g('wgmma_ratio', '.3f')}x) tma {g('tma_ms')} ({g('tma_ratio', '.3f')}x){extra} cuDNN {g('cudnn_ms')} "
+              f"tma/wgmma speed {g('tma_over_wgmma', '.3f')} box (tw, th, tn, BN) {row.get('box')} "
+              f"{'forced ' if forced else ''}{row.get('note', '')} [{row.get('model_kernel')}]", flush=True)
+        x = w = y = ref = None  # noqa: F841 - freed before the next row
         torch.cuda.empty_cache()
     jf.close()
-    for key in ("wgmma_ratio", "tma_ratio", "tma_over_wgmma"):
-        v = [r[key] for r in rows if key in r]
+    for key in ["model_ratio", "wgmma_ratio", "tma_ratio", "tma_over_wgmma"] + [f"tma{b}_ratio" for b in bns]:
+        v = [r[key] for r in rows if r.get(key)]
         if v:
             print(f"{key}: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}")
     print(f"elapsed {time.monotonic() - t0:.1f} s")

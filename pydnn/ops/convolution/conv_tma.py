@@ -203,13 +203,22 @@ def plan_tma(handle, pb, algo, fallback):
     return pl
 
 
+# FWD_TMA True takes K >= MIN_K: mid-session run 1 (H200, BN 128 only), fwd_tma / fwd_wgmma 1.07-1.30x on the 8
+# forward rows with K >= 128, 0.78x on the two K = 64 rows (half of each 128-wide tile idle)
+MIN_K = 128
+
+
 def tma_top(handle, pl):
     """plans.register_top's hook (after tensor_core's split-K): a call's own unsplit fwd_wgmma forward plan
-    runs fwd_tma where tuning.conv.FWD_TMA is on and tma_refusal takes the problem; the wgmma plan stays as
-    the fallback of a misaligned call."""
-    if (not tuning.conv.FWD_TMA or type(pl) is not Plan or pl.direction != DIR_FWD or pl.fold is not None
+    runs fwd_tma where tuning.conv.FWD_TMA is True (K >= MIN_K, no forced tiling) or "always" (forced tilings
+    too: the tests' and the benchmark's form) and tma_refusal takes the problem; the wgmma plan stays as the
+    fallback of a misaligned call."""
+    mode = tuning.conv.FWD_TMA
+    if (not mode or type(pl) is not Plan or pl.direction != DIR_FWD or pl.fold is not None
             or "fwd_wgmma<" not in (pl.gemm_expr or "")):
         return pl
+    if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_FWD) is not None or pl.problem.k < MIN_K):
+        return pl   # a forced tiling runs as forced; K < MIN_K: not measured faster
     if tma_refusal(handle, pl.problem) is not None:
         return pl
     return plan_tma(handle, pl.problem, pl.algo, pl)

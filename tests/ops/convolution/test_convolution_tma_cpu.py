@@ -54,7 +54,7 @@ def _plan(h, *a, **kw):
 
 @pytest.fixture
 def tma_on(monkeypatch):
-    monkeypatch.setattr(tuning.conv, "FWD_TMA", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
 
 
 def test_off_by_default(h):
@@ -241,3 +241,13 @@ def test_misaligned_call_runs_the_wgmma_plan_with_its_epilogue(h, tma_on, monkey
     assert (f.act, f.coef, f.alpha2, f.bias_stride) == (2, 1.5, -0.5, 3)
     assert list(f.zs) == [100, 101, 102, 103, 104]
     assert f.flags & CPb.FLAG_BIAS and f.flags & CPb.FLAG_Z and f.flags & FLAG_NAN_PROP
+
+
+def test_true_takes_k_from_min_k_and_leaves_forced_tilings(h, monkeypatch):
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", True)
+    assert isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)          # K 256
+    assert not isinstance(_plan(h, 64, 64, 64, 56, 3, 1), T.TmaPlan)         # K 64 < MIN_K
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, (128, 128, 4, 1, 1))
+    assert not isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)      # a forced tiling runs as forced
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
+    assert isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)

@@ -40,7 +40,7 @@ def _need_sm90(handle):
 
 
 def _on(monkeypatch):
-    monkeypatch.setattr(tuning.conv, "FWD_TMA", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, WGM_TILE)
 
 
@@ -79,13 +79,14 @@ def test_tma_tile_widths(handle, rng, monkeypatch, case, bn):
 
 @pytest.mark.parametrize("case", [CASES[3], CASES[4], CASES[7]], ids=["r20", "k192", "img7"])
 def test_tma_persistent_walk(handle, rng, monkeypatch, case):
-    """3 blocks walk every item (each many K tiles through the 4-stage ring, phases wrapping across items)."""
+    """At most 3 blocks (fewer than the items) walk every item (each many K tiles through the 4-stage ring,
+    phases wrapping across items)."""
     _need_sm90(handle)
     _on(monkeypatch)
     pb = _tc_problem(case, BF16, XCORR)
     pl = _planned_on_tma(handle, pb)
-    assert pl.items > 3
-    pl.grid = (3, 1, 1)
+    assert pl.items >= 2
+    pl.grid = (min(3, pl.items - 1), 1, 1)
     x, w = pb.x.random(rng), pb.w.random(rng)
     pb.y.poison()
     CP.run_plan(handle, pl, pb.x.ptr, pb.w.ptr, pb.y.ptr, 0, 1.0, 0.0)
