@@ -16,8 +16,9 @@
 // Persistent: a grid of at most one block an SM walks the items (pixel box, 128-channel tile), producer
 // and consumers in the same order; the ring runs on across items, so the next item's copies start
 // during this one's epilogue. The epilogue (smallest version) from the accumulator registers: alpha alone
-// for the plain call, else the family's epilogue_value per element (beta, z, bias, activation); channel
-// pairs stored as one word (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
+// for the plain call; alpha * acc + bias (+ alpha2 * z) (+ max(v, 0)) for the fused conv + bias (+ residual)
+// (+ ReLU without NaN propagation); else the family's epilogue_value per element (beta, other activations);
+// channel pairs stored as one word (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
 // Host: pydnn/ops/convolution/conv_tma.py (tuning.conv.FWD_TMA).
 #include "convolution.cu"
 #include "conv_tma_params.h"
@@ -110,6 +111,11 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
     const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
                        p.act == PYDNN_CONV_ACT_IDENTITY;
     const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
+    // the fused conv + bias (+ z) (+ ReLU) of a network in registers (no beta; IDENTITY, or RELU without NaN
+    // propagation); the other epilogues through epilogue_value
+    const bool relu = p.act == PYDNN_CONV_ACT_RELU && !(p.flags & PYDNN_FLAG_NAN_PROP);
+    const bool lean = !(p.flags & PYDNN_FLAG_BETA) && (p.act == PYDNN_CONV_ACT_IDENTITY || relu);
+    const bool has_bias = p.flags & PYDNN_CONV_FLAG_BIAS, has_z = p.flags & PYDNN_CONV_FLAG_Z;
     unsigned it = 0;
     for (long long item = blockIdx.x; item < items; item += gridDim.x) {
       int w0, h0, nb, n0;
@@ -157,6 +163,21 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
           if (plain) {
             v0 = acc[4 * j + 2 * h] * alpha;
             v1 = acc[4 * j + 2 * h + 1] * alpha;
+          } else if (lean) {  // alpha * acc + bias (+ alpha2 * z), then max(v, 0) for ReLU (NaN -> 0)
+            const T* bias = static_cast<const T*>(p.bias);
+            const float b0 = has_bias ? load<float>(bias[ch * p.bias_stride]) : 0.f;
+            const float b1 = has_bias && two ? load<float>(bias[(ch + 1) * p.bias_stride]) : 0.f;
+            v0 = fmaf(acc[4 * j + 2 * h], alpha, b0);
+            v1 = fmaf(acc[4 * j + 2 * h + 1], alpha, b1);
+            if (has_z) {
+              const T* z = static_cast<const T*>(p.z) + zbase + (long long)ch * p.zs[1];
+              v0 = fmaf(alpha2, load<float>(z[0]), v0);
+              if (two) v1 = fmaf(alpha2, load<float>(z[p.zs[1]]), v1);
+            }
+            if (relu) {
+              v0 = fmaxf(v0, 0.f);
+              v1 = fmaxf(v1, 0.f);
+            }
           } else {
             const long long zoff = zbase + (long long)ch * p.zs[1];
             v0 = epilogue_value<true>(p, out, off, zoff, ch, acc[4 * j + 2 * h], alpha, beta, alpha2);

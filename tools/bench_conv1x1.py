@@ -91,10 +91,13 @@ def _label(pl):
 FUSED = [("r50 l4 1x1 512->2048 @7", 32, 512, 2048, 7, 1), ("r50 l1 1x1 256->64 @56", 32, 256, 64, 56, 1)]
 
 
-def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers, layouts=("nhwc",)):
+def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers, layouts=("nhwc",), tma=None):
     """Per FUSED layer, layout and algorithm (implicit, GEMM): the plain forward and
     ConvolutionBiasActivationForward (bias, ReLU) through the public calls, checked against PyTorch first;
-    and cuDNN's conv2d(bias) + relu_ through PyTorch in the same layout (cudnn_fused_ms)."""
+    and cuDNN's conv2d(bias) + relu_ through PyTorch in the same layout (cudnn_fused_ms). tma: (handle, timer)
+    of a handle of its own (its plan cache) for the implicit algorithm with tuning.conv.FWD_TMA "always"
+    (fwd_tma's fused epilogue) as a third route."""
+    from pydnn import tuning
     out = []
     from bench import desc
     for name, n, c, k, hh, s, lay in [(*ly, lay) for ly in layers for lay in layouts]:
@@ -106,26 +109,33 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers, layouts=("nhwc",)):
         pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
         ref = torch.relu(torch.nn.functional.conv2d(x, w, bias.view(-1), s))
         rows = []
-        for label, algo in (("implicit", fwd_i), ("gemm", fwd_g)):
+        routes = [("implicit", fwd_i, h, timer, False), ("gemm", fwd_g, h, timer, False)]
+        if tma is not None:
+            routes.append(("impl_tma", fwd_i, tma[0], tma[1], "always"))
+        for label, algo, hr, timer_r, tma_mode in routes:
             row = dict(case=f"N{n} {name} {lay}", dir="fused", algo=label)
+            saved_tma = tuning.conv.FWD_TMA
+            tuning.conv.FWD_TMA = tma_mode
             try:
-                ws_n = pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, algo)
+                ws_n = pydnn.get_convolution_forward_workspace_size(hr, xd, wd, conv, yd, algo)
                 ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=x.device)
                 plain = lambda algo=algo, ws=ws, ws_n=ws_n: pydnn.convolution_forward(  # noqa: E731
-                    h, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr())
+                    hr, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr())
                 fused = lambda algo=algo, ws=ws, ws_n=ws_n: pydnn.convolution_bias_activation_forward(  # noqa: E731
-                    h, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr(),
+                    hr, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr(),
                     bd, bias.data_ptr(), act, yd, y.data_ptr())
                 y.fill_(float("nan"))
                 fused()
                 row["err"] = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 if not row["err"] <= 2e-2:
                     row["note"] = f"CHECK FAILED {row['err']:.3g}"
-                row["plain_ms"], _ = timer(plain)
-                row["fused_ms"], _ = timer(fused)
+                row["plain_ms"], _ = timer_r(plain)
+                row["fused_ms"], _ = timer_r(fused)
                 row["fused_over_plain"] = row["fused_ms"] / row["plain_ms"]
             except Exception as e:  # noqa: BLE001
                 row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
+            finally:
+                tuning.conv.FWD_TMA = saved_tma
             rows.append(row)
         best = min((r["plain_ms"] for r in rows if "plain_ms" in r), default=None)
         try:
@@ -233,9 +243,11 @@ def main(argv=None):
     idx = [int(i) for i in args.shapes.split(",") if i] or (QUICK if args.quick else range(len(SHAPES)))
     fused_rows = []
     if args.fused:   # first: the issue's fused target, before the shapes spend the budget
+        h_tma = pydnn.create()
+        pydnn.set_stream(h_tma, torch.cuda.current_stream().cuda_stream)
         fused_rows = _fused(pydnn, torch, h, timer, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
                             pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, FUSED[:args.fused],
-                            ("nhwc", "nchw") if args.fused_nchw else ("nhwc",))
+                            ("nhwc", "nchw") if args.fused_nchw else ("nhwc",), (h_tma, _timer(h_tma, args.reps)))
     FWD_I, FWD_G = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
     BWD_1, BWD_0 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
     rows = []

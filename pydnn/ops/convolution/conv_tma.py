@@ -27,15 +27,17 @@ from . import tensor_core  # noqa: F401 - its split-K hook registers before tma_
 from .plans import Plan, StepPlan, add_kernels, base_params, register_top
 from .problem import DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
 
-STAGES = 4
 BM, BK = 128, 64
 BNS = (64, 128, 256)   # the tile's output channels: fwd_tma<T, BN, STAGES> instantiations, a unit each
+# ring stages by tile width: ~192 KiB of stages each (BN 256: gemm_tma's 128 x 256 tile's 4; the 128-wide
+# tiles deeper, as matmul's 128 x 128 ping-pong candidate's 7 x 32 KiB), one block an SM
+STAGES = {64: 8, 128: 6, 256: 4}
 THREADS = 384
 
 
 def smem(bn):
-    """The ring, 1 KiB of alignment slack, the mbarriers (BN 256: 197 KiB)."""
-    return STAGES * (BM + bn) * BK * 2 + 1024 + 16 * STAGES
+    """The ring, 1 KiB of alignment slack, the mbarriers (each width: 193 KiB)."""
+    return STAGES[bn] * (BM + bn) * BK * 2 + 1024 + 16 * STAGES[bn]
 ARCH = "sm_90"
 TAGS = ("f16", "bf16")
 
@@ -49,7 +51,7 @@ class ConvTmaParams(ctypes.Structure):
 
 
 def expr(tag, bn=128):
-    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES}>"
+    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES[bn]}>"
 
 
 def unit(tag, bn=128):

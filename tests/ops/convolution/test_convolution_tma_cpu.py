@@ -101,7 +101,7 @@ def test_maps(h, tma_on):
     mx, mw = pl.maps[0].map, pl.maps[1].map
     assert mx.dims == (96, 12, 10, 6) and mx.strides == (96 * 2, 12 * 96 * 2, 10 * 12 * 96 * 2)
     assert mx.box == (64, q.tw, q.th, q.tn)
-    assert pl.bn == 128 and "fwd_tma<pydnn::bf16_t, 128, 4>" in pl.gemm_expr and pl.unit_name.endswith(".bn128")
+    assert pl.bn == 128 and "fwd_tma<pydnn::bf16_t, 128, 6>" in pl.gemm_expr and pl.unit_name.endswith(".bn128")
     assert mw.dims == (96, 9, 136) and mw.strides == (96 * 2, 9 * 96 * 2) and mw.box == (64, 1, 128)
     assert (q.tiles_k, q.cblocks) == (2, 2)
     assert pl.items == q.tiles_w * q.tiles_h * q.tiles_n * 2 and pl.grid[0] == min(pl.items, 132)
