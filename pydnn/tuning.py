@@ -215,7 +215,8 @@ conv_gemm = Switches(
                     "as the graph API's fused matmul (pydnn.ops.matmul's tile, the bias + activation generated into "
                     "its epilogue; alpha1 1, alpha2 0 or 1, IDENTITY or RELU NOT_PROPAGATE_NAN); off or otherwise: "
                     "the tensor-core implicit GEMM of the problem with its own epilogue (1.50x the plain call on "
-                    "N32 1x1 512->2048 @7, H200, session 29)"),
+                    "N32 1x1 512->2048 @7, H200, session 29); \"tma\": fwd_tma's fused epilogue (conv_tma.py) "
+                    "where it takes the problem"),
 )
 
 conv_winograd = Switches(

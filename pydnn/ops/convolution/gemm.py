@@ -151,6 +151,7 @@ from .._elementwise import CTYPE
 from ..common import FLOAT_TAGS, cdiv, prod
 from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, estimate_ms, planner, register, round_up
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, INT_MAX, TC_TAGS, algo_name, tc_refusal
+from .problem import FLAG_BIAS, FLAG_Z
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_FLIP = 16
@@ -470,6 +471,10 @@ class GemmPlan(StepPlan):
         fused = bool(z_ptr or bias_ptr)
         if self.direct:
             if fused:
+                if tuning.conv_gemm.MM_FUSED == "tma":
+                    t = self.fused_tma(handle)
+                    if t is not None:
+                        return t.launch(handle, a_ptr, b_ptr, out_ptr, 0, alpha, beta, z_ptr, bias_ptr)
                 fm = self.fused_mm(handle, alpha, beta, z_ptr, bias_ptr)
                 if fm is not None:
                     return fm.run(handle, a_ptr, b_ptr, out_ptr, z_ptr, bias_ptr)
@@ -507,6 +512,21 @@ class GemmPlan(StepPlan):
                 cache[key] = None
         return cache[key]
 
+    def fused_tma(self, handle):
+        """tuning.conv_gemm.MM_FUSED "tma": the fused call on fwd_tma (conv_tma.py) of the problem itself, with
+        this call's epilogue fields (set on self.gemm, the implicit sub-plan's) copied over; None where fwd_tma
+        refuses the problem. Built once, cached on the plan."""
+        t = self.__dict__.get("_tma", 0)
+        if t == 0:
+            from . import conv_tma
+            t = None
+            if conv_tma.tma_refusal(handle, self.problem) is None:
+                t = conv_tma.plan_tma(handle, self.problem, self.algo, self.sub.plan)
+            self._tma = t
+        if t is not None:
+            _copy_epilogue(self.gemm, t.gemm)
+        return t
+
     def estimate_ms(self, handle, base_estimate):
         if self.mm is not None and self.mm[0].esize == 2:
             gemm = mm16_ms(handle, self.mm[0])
@@ -516,6 +536,16 @@ class GemmPlan(StepPlan):
 
 
 ACT_IDENTITY, ACT_RELU = 0, 1   # problem.ACT's codes of the convolution epilogue's activations
+
+
+def _copy_epilogue(src, dst):
+    """ConvolutionBiasActivationForward's fields of one ConvParams onto another's (act, coef, alpha2, bias
+    stride, z strides, the BIAS / Z / NAN_PROP flags)."""
+    dst.act, dst.coef, dst.alpha2, dst.bias_stride = src.act, src.coef, src.alpha2, src.bias_stride
+    for i in range(5):
+        dst.zs[i] = src.zs[i]
+    keep = FLAG_BIAS | FLAG_Z | FLAG_NAN_PROP
+    dst.flags = (dst.flags & ~keep) | (src.flags & keep)
 
 
 def fused_mm_key(pl, alpha, beta, z_ptr, bias_ptr):

@@ -98,3 +98,19 @@ def test_graph_is_one_fused_launch(h, fmt):
     _epilogue(pl, G.ACT_IDENTITY)
     a = pl.fused_mm(h, 1.0, 0.0, 0, 0x1000)
     assert a is not None and pl.fused_mm(h, 1.0, 0.0, 0, 0x1000) is a
+
+
+def test_tma_route_copies_the_epilogue(h, monkeypatch):
+    """MM_FUSED "tma": the fused call on fwd_tma of the problem itself (the implicit sub-plan its fallback), with the
+    call's epilogue fields copied from the plan's ConvParams."""
+    from pydnn.ops.convolution import conv_tma as T
+    monkeypatch.setattr(tuning.conv_gemm, "MM_FUSED", "tma")
+    pl = _plan(h, 32, 512, 2048, 7, NHWC)
+    _epilogue(pl, G.ACT_RELU, alpha2=1.0, bias_stride=2)
+    pl.gemm.flags |= CPb.FLAG_BIAS | CPb.FLAG_Z
+    t = pl.fused_tma(h)
+    assert isinstance(t, T.TmaPlan) and t.fallback is pl.sub.plan and pl.fused_tma(h) is t
+    g = t.gemm
+    assert (g.act, g.alpha2, g.bias_stride) == (G.ACT_RELU, 1.0, 2) and list(g.zs) == list(pl.problem.ys)
+    assert g.flags & CPb.FLAG_BIAS and g.flags & CPb.FLAG_Z and not g.flags & FLAG_NAN_PROP
+    assert _plan(h, 4, 12, 16, 7, NHWC).fused_tma(h) is None   # C % 8: fwd_tma refuses

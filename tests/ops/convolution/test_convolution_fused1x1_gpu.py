@@ -139,3 +139,15 @@ def test_fused_1x1_relu_nan_gives_zero(handle, rng, monkeypatch):
     y = pb.y.download()
     assert (y[0, :, 0, 0] == 0).all()
     assert np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[1]], ids=["nhwc2", "nhwc1"])
+def test_fused_1x1_tma_route(handle, rng, monkeypatch, case):
+    """tuning.conv_gemm.MM_FUSED "tma": the fused call on fwd_tma's register epilogue (bias, z, ReLU), right."""
+    monkeypatch.setattr(tuning.conv_gemm, "MM_FUSED", "tma")
+    count = _Count(monkeypatch)
+    for act_mode, alpha2 in ((RELU, 0.0), (RELU, 1.0), (IDENT, 0.0)):
+        pb, want, scale, _ = _fused_call(handle, rng, case, BF16, act_mode, 0.0, 1.0, alpha2)
+        assert_close(pb.y.download(), want, BF16, f"fused 1x1 on fwd_tma act {act_mode} alpha2 {alpha2}", scale=scale)
+        pb.y.check_untouched()
+    assert count.n == 0
