@@ -65,16 +65,13 @@ for _t in TAGS:
 
 def _bn(handle, pb, tiles_px):
     """The tile's output channels: tuning.conv.FWD_TMA_BN, else 64 for K <= 64 (a 128-wide tile would be half
-    empty), 256 where K fills it and the pixel tiles x K / 256 still give every SM an item, else 128 (a guess
-    before measurement: the 256-wide tile halves B's copies per flop, as gemm_tma's 128 x 256)."""
+    empty), else 128. Measured (H200, mid-session runs 1-2, 4 stages): K 64 layers BN 64 / 128 0.0618 / 0.0890
+    ms (N64 3x3 64 @56); the UNet N128 3x3 256 @32 layer BN 128 / 256 0.2665 / 0.3043 ms, so the 256-wide tile
+    (gemm_tma's 128 x 256 shape) runs only when forced."""
     forced = tuning.conv.FWD_TMA_BN
     if forced is not None:
         return int(forced)
-    if pb.k <= 64:
-        return 64
-    if pb.k % 256 == 0 and tiles_px * (pb.k // 256) >= handle.sm_count:
-        return 256
-    return 128
+    return 64 if pb.k <= 64 else 128
 
 
 def tma_refusal(handle, pb):
