@@ -76,9 +76,10 @@ def main(argv=None):
             break
         name, n, c, k, hw, r, pad = ROWS[i]
         row = dict(case=f"N{n} {name}", flops=2.0 * n * k * hw * hw * c * r * r)
-        x = torch.randn(n, c, hw, hw, device="cuda", dtype=bf).contiguous(memory_format=cl)
-        w = (torch.randn(k, c, r, r, device="cuda", dtype=bf) / math.sqrt(c * r * r)).contiguous(memory_format=cl)
-        y = torch.empty(n, k, hw, hw, device="cuda", dtype=bf).contiguous(memory_format=cl)
+        dev = SC.DEV   # "cuda" (a dry run on the CPU sets "cpu")
+        x = torch.randn(n, c, hw, hw, device=dev, dtype=bf).contiguous(memory_format=cl)
+        w = (torch.randn(k, c, r, r, device=dev, dtype=bf) / math.sqrt(c * r * r)).contiguous(memory_format=cl)
+        y = torch.empty(n, k, hw, hw, device=dev, dtype=bf).contiguous(memory_format=cl)
         xd, yd = desc(x, dtype=pydnn.PYDNN_DATA_BFLOAT16), desc(y, dtype=pydnn.PYDNN_DATA_BFLOAT16)
         wd = pydnn.create_filter_descriptor()
         pydnn.set_filter4d_descriptor(wd, pydnn.PYDNN_DATA_BFLOAT16, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
@@ -104,12 +105,13 @@ def main(argv=None):
         def run(route, pl):
             """Check against PyTorch (y poisoned), then time: row[route + '_ms']."""
             try:
-                ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device="cuda")
+                ws = torch.empty(max(pl.workspace, 1), dtype=torch.uint8, device=dev)
                 fn = lambda: CP.run_plan(h, pl, x.data_ptr(), w.data_ptr(), y.data_ptr(),  # noqa: E731
                                          ws.data_ptr(), 1.0, 0.0)
                 y.fill_(float("nan"))
                 fn()
-                torch.cuda.synchronize()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
                 err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 row[f"{route}_err"] = err
                 if not err <= 2e-2:
@@ -163,6 +165,7 @@ def main(argv=None):
         if v:
             print(f"{key}: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}")
     print(f"elapsed {time.monotonic() - t0:.1f} s")
+    return rows
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from ... import tuning
 from ..._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
 from ..._cuda import driver
 from ..._cuda import tensormap as TM
+from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv
 from . import tensor_core  # noqa: F401 - its split-K hook registers before tma_top (a split plan stays split)
@@ -65,13 +66,21 @@ for _t in TAGS:
 
 def _bn(handle, pb, tiles_px):
     """The tile's output channels: tuning.conv.FWD_TMA_BN, else 64 for K <= 64 (a 128-wide tile would be half
-    empty), else 128. Measured (H200, mid-session runs 1-2, 4 stages): K 64 layers BN 64 / 128 0.0618 / 0.0890
-    ms (N64 3x3 64 @56); the UNet N128 3x3 256 @32 layer BN 128 / 256 0.2665 / 0.3043 ms, so the 256-wide tile
-    (gemm_tma's 128 x 256 shape) runs only when forced."""
+    empty); 256 where K >= 256, the 128-wide tiles would take under two waves of the SMs and the 256-wide ones
+    still fill half a wave; else 128. Measured (H200, mid-session run 3, ms at BN 64 / 128 / 256): N64 3x3
+    64 @56 0.0553 / (run 1) 0.0890 / 0.1902; N128 UNet 3x3 256 @32 0.3740 / 0.2693 / 0.3070 (16 waves: 128);
+    N128 3x3 512 @7 0.0917 / 0.0690 / 0.0593 (196 items of 128: 1.5 waves; 98 of 256); N32 UNet 512 @16
+    0.1012 / 0.0654 / 0.0613 (256 / 128 items); N32 3x3 256 @14 0.0256 / 0.0190 / 0.0381 (49 items of 256:
+    0.37 wave); N128 1x1 512->2048 @7 0.0527 / 0.0476 / 0.0617 (784 items of 128)."""
     forced = tuning.conv.FWD_TMA_BN
     if forced is not None:
         return int(forced)
-    return 64 if pb.k <= 64 else 128
+    if pb.k <= 64:
+        return 64
+    sms = max(handle.sm_count, 1)
+    if pb.k >= 256 and tiles_px * cdiv(pb.k, 128) < 2 * sms and tiles_px * cdiv(pb.k, 256) * 2 >= sms:
+        return 256
+    return 128
 
 
 def tma_refusal(handle, pb):
@@ -125,8 +134,12 @@ class TmaPlan(StepPlan):
         q, p = self.q, self.q.p
         if a_ptr % 16 or b_ptr % 16:
             return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
-        ctypes.memmove(ctypes.addressof(q.map_x), self.maps[0].get(a_ptr), 128)
-        ctypes.memmove(ctypes.addressof(q.map_w), self.maps[1].get(b_ptr), 128)
+        try:
+            mx, mw = self.maps[0].get(a_ptr), self.maps[1].get(b_ptr)
+        except PydnnError:   # no map encoder (a driver without it, a CPU handle's dry run): the wgmma plan
+            return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
+        ctypes.memmove(ctypes.addressof(q.map_x), mx, 128)
+        ctypes.memmove(ctypes.addressof(q.map_w), mw, 128)
         p.x, p.w, p.out, p.z, p.bias = a_ptr, b_ptr, out_ptr, z_ptr or None, bias_ptr or None
         p.alpha, p.beta = alpha, beta
         p.flags = ((p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
@@ -137,8 +150,9 @@ class TmaPlan(StepPlan):
         driver.launch_args(self.func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.argv)
 
     def fallback_run(self, handle, *args):
-        """A call whose x or filter is not 16-byte aligned (TMA's base addresses): fwd_wgmma's plan, with this
-        call's epilogue fields (ConvolutionBiasActivationForward set them on self.gemm) copied over."""
+        """A call whose x or filter is not 16-byte aligned (TMA's base addresses), or whose maps cannot be encoded
+        (no driver entry point): fwd_wgmma's plan, with this call's epilogue fields (ConvolutionBiasActivation-
+        Forward set them on self.gemm) copied over."""
         from .plans import run_plan
         f, p = self.fallback.gemm, self.q.p
         f.act, f.coef, f.alpha2, f.bias_stride = p.act, p.coef, p.alpha2, p.bias_stride
@@ -202,9 +216,9 @@ def plan_tma(handle, pb, algo, fallback):
     return pl
 
 
-# FWD_TMA True takes K >= MIN_K: mid-session run 1 (H200, BN 128 only), fwd_tma / fwd_wgmma 1.07-1.30x on the 8
-# forward rows with K >= 128, 0.78x on the two K = 64 rows (half of each 128-wide tile idle)
-MIN_K = 128
+# FWD_TMA True takes K >= MIN_K: mid-session run 3 (H200), fwd_tma / fwd_wgmma 1.10-1.30x on all 11 forward rows
+# measured (K 64 on the 64-wide tile: 1.10-1.26x; run 1's 128-wide tile there: 0.78x); K < 64 not measured
+MIN_K = 64
 
 
 def tma_top(handle, pl):

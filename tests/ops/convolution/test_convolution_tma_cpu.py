@@ -57,8 +57,10 @@ def tma_on(monkeypatch):
     monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
 
 
-def test_off_by_default(h):
-    assert tuning.conv.FWD_TMA is False
+def test_on_by_default_and_off(h, monkeypatch):
+    assert tuning.conv.FWD_TMA is True
+    assert isinstance(_plan(h, 64, 64, 64, 56, 3, 1), T.TmaPlan)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)
     pl = _plan(h, 64, 64, 64, 56, 3, 1)
     assert type(pl) is CP.Plan and "fwd_wgmma<" in pl.gemm_expr
 
@@ -110,7 +112,11 @@ def test_maps(h, tma_on):
 
 def test_tile_width(h, tma_on, monkeypatch):
     assert _plan(h, 64, 64, 64, 56, 3, 1).bn == 64                 # K 64: the 64-wide tile
-    assert _plan(h, 128, 256, 256, 32, 3, 1).bn == 128             # 256 measured slower: only when forced
+    assert _plan(h, 128, 256, 256, 32, 3, 1).bn == 128             # 16 waves of 128-wide tiles: 128
+    assert _plan(h, 128, 512, 512, 7, 3, 1).bn == 256              # 196 items of 128 (1.5 waves), 98 of 256
+    assert _plan(h, 32, 512, 512, 16, 3, 1).bn == 256              # 256 / 128 items
+    assert _plan(h, 32, 256, 256, 14, 3, 1).bn == 128              # 49 items of 256: under half a wave
+    assert _plan(h, 128, 512, 2048, 7, 1, 0).bn == 128             # 784 items of 128
     assert _plan(h, 8, 256, 256, 16, 3, 1).bn == 128
     monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", 64)
     pl = _plan(h, 128, 256, 256, 32, 3, 1)
@@ -246,6 +252,8 @@ def test_misaligned_call_runs_the_wgmma_plan_with_its_epilogue(h, tma_on, monkey
 def test_true_takes_k_from_min_k_and_leaves_forced_tilings(h, monkeypatch):
     monkeypatch.setattr(tuning.conv, "FWD_TMA", True)
     assert isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)          # K 256
+    assert isinstance(_plan(h, 64, 64, 64, 56, 3, 1), T.TmaPlan)             # K 64 = MIN_K
+    monkeypatch.setattr(T, "MIN_K", 128)
     assert not isinstance(_plan(h, 64, 64, 64, 56, 3, 1), T.TmaPlan)         # K 64 < MIN_K
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, (128, 128, 4, 1, 1))
     assert not isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)      # a forced tiling runs as forced
