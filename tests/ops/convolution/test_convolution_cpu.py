@@ -747,6 +747,7 @@ def test_fused_forward_takes_the_bias_register_instantiation(monkeypatch, tile):
     """convolution_bias_activation_forward's own plan runs fwd_wgmma<..., FB = 1> on the 128x64 model tile
     (the bias in registers), every other tile as the plain forward does; the plain forward's plan keeps
     FB = 0. (A CPU handle: the call fails at the kernel lookup, after its plan is made and cached.)"""
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # fwd_wgmma's plans themselves (not fwd_tma's)
     if tile is not None:
         monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, tile)
     h = cpu_handle()
