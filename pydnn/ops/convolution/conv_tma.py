@@ -25,7 +25,7 @@ from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv
 from . import tensor_core  # noqa: F401 - its split-K hook registers before tma_top (a split plan stays split)
-from .plans import Plan, StepPlan, add_kernels, base_params, register_top
+from .plans import Plan, StepPlan, add_kernels, base_params, register_tma_planner, register_top
 from .problem import DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
 
 BM, BK = 128, 64
@@ -238,3 +238,5 @@ def tma_top(handle, pl):
 
 
 register_top(tma_top)
+register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, algo, fallback)
+                                                         if tma_refusal(handle, pb) is None else None))

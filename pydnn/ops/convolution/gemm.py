@@ -149,7 +149,7 @@ from ...status import PydnnError
 from .. import matmul
 from .._elementwise import CTYPE
 from ..common import FLOAT_TAGS, cdiv, prod
-from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, estimate_ms, planner, register, round_up
+from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, estimate_ms, planner, register, round_up, tma_plan
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, INT_MAX, TC_TAGS, algo_name, tc_refusal
 from .problem import FLAG_BIAS, FLAG_Z
 
@@ -476,7 +476,7 @@ class GemmPlan(StepPlan):
                     if t is not None:
                         return t.launch(handle, a_ptr, b_ptr, out_ptr, 0, alpha, beta, z_ptr, bias_ptr)
                 fm = self.fused_mm(handle, alpha, beta, z_ptr, bias_ptr)
-                if fm is not None:
+                if fm is not None and fm.ready(handle):
                     return fm.run(handle, a_ptr, b_ptr, out_ptr, z_ptr, bias_ptr)
                 return self.sub.run(handle, a_ptr, b_ptr, out_ptr, alpha, beta, z_ptr, bias_ptr)
             mp, filter_a = self.mm
@@ -518,11 +518,7 @@ class GemmPlan(StepPlan):
         refuses the problem. Built once, cached on the plan."""
         t = self.__dict__.get("_tma", 0)
         if t == 0:
-            from . import conv_tma
-            t = None
-            if conv_tma.tma_refusal(handle, self.problem) is None:
-                t = conv_tma.plan_tma(handle, self.problem, self.algo, self.sub.plan)
-            self._tma = t
+            t = self._tma = tma_plan(handle, self.problem, self.algo, self.sub.plan)
         if t is not None:
             _copy_epilogue(self.gemm, t.gemm)
         return t
@@ -614,19 +610,32 @@ class FusedMM:
             raise PydnnError(NS, f"fused 1x1: the graph API planned {g.launches()} launches on engine "
                                  f"{g.engine_index()}")
         self.graph, self.x, self.w, self.bias, self.z, self.y = g, ops[0], ops[1], bias, z, v
-        self.zero_t, self.zero = zero, None   # the zero element: allocated (and cleared) on the first run
+        self.zero_t, self.zero = zero, None   # the zero element: allocated (and cleared) by ready(), once
         self.bufs = {}
 
-    def run(self, handle, x_ptr, w_ptr, y_ptr, z_ptr, bias_ptr):
-        bufs = self.bufs
-        if self.zero_t is not None and self.zero is None:
+    def ready(self, handle):
+        """Whether the route can run: its zero element allocated (once; False where no device memory can be had,
+        e.g. a CPU handle's recording: the caller then runs the implicit GEMM's epilogue)."""
+        if self.zero is False:
+            return False
+        if self.zero_t is None or self.zero is not None:
+            return True
+        try:
             import numpy as np
 
             from ..._cuda.memory import DeviceArray
             with driver.pushed(handle.ctx):
-                self.zero = DeviceArray((8,), np.uint8)
-                self.zero.fill_bytes(0)
-            bufs[self.zero_t] = self.zero.ptr
+                zero = DeviceArray((8,), np.uint8)
+                zero.fill_bytes(0)
+        except PydnnError:
+            self.zero = False
+            return False
+        self.zero = zero
+        self.bufs[self.zero_t] = zero.ptr
+        return True
+
+    def run(self, handle, x_ptr, w_ptr, y_ptr, z_ptr, bias_ptr):
+        bufs = self.bufs
         bufs[self.x], bufs[self.w], bufs[self.bias], bufs[self.y] = x_ptr, w_ptr, bias_ptr, y_ptr
         if self.z is not None:
             bufs[self.z] = z_ptr

@@ -114,3 +114,12 @@ def test_tma_route_copies_the_epilogue(h, monkeypatch):
     assert (g.act, g.alpha2, g.bias_stride) == (G.ACT_RELU, 1.0, 2) and list(g.zs) == list(pl.problem.ys)
     assert g.flags & CPb.FLAG_BIAS and g.flags & CPb.FLAG_Z and not g.flags & FLAG_NAN_PROP
     assert _plan(h, 4, 12, 16, 7, NHWC).fused_tma(h) is None   # C % 8: fwd_tma refuses
+
+
+def test_no_device_memory_runs_the_implicit_epilogue(h):
+    """ReLU's zero element cannot be allocated on a CPU handle: ready() says no (once, remembered) and the call
+    takes the implicit GEMM's epilogue; IDENTITY needs no element."""
+    pl = _plan(h, 4, 128, 256, 7, NHWC)
+    fm = G.FusedMM(h, pl, (G.ACT_RELU, False, 1))
+    assert fm.ready(h) is False and fm.zero is False and fm.ready(h) is False
+    assert G.FusedMM(h, pl, (G.ACT_IDENTITY, False, 1)).ready(h) is True
