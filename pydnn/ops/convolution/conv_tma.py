@@ -1,12 +1,13 @@
 """fwd_tma (ptx/conv_tma.cu; issue 18): the 16-bit NHWC forward convolution as a warp-specialized TMA +
 mbarrier kernel (a producer thread issuing TMA boxes, two consumer warpgroups on wgmma, a persistent grid),
-behind tuning.conv.FWD_TMA (off by default until it measures better than fwd_wgmma: tools/bench_conv_tma.py).
+behind tuning.conv.FWD_TMA (on: a call's own unsplit fwd_wgmma forward plan with K >= MIN_K runs it; H200,
+mid-session run 3, tools/bench_conv_tma.py: 1.10-1.30x fwd_wgmma on 11 forward rows, 0.594 -> 0.706 of cuDNN).
 
 What it takes (tma_refusal says why not): half / bfloat16, one group, 2-d, stride 1 (a tap's window of a box
 of output pixels is then a box of x), any padding and dilation, either mode; x NHWC-like with channel stride 1
 and every other stride a multiple of 8 elements (TMA: 16-byte strides, a 16-byte aligned base, checked per
-call: a misaligned x runs fwd_wgmma's plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a
-multiple of 8; y any strides (the epilogue writes element by element). The output tile's 128 GEMM rows are a
+call: a misaligned x, or maps the driver cannot encode, run fwd_wgmma's plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a
+multiple of 8; y any strides (the epilogue writes channel pairs or elements). The output tile's 128 GEMM rows are a
 box of tn images x th rows x tw columns of y (powers of two, tn * th * tw = 128), chosen to waste the fewest
 rows at the image's edges (_box).
 
