@@ -157,6 +157,13 @@ conv = Switches(
                      "(tensor_core._wgm_split), 1 never, S > 1 forced S slices (where the kernel applies and "
                      "the reduction has S K tiles; the GPU tests' form). Issue 18's sweep: 63 fwd_wgmma points "
                      "at under half a wave read 0.56x cuDNN (N8 3x3 512->512 @7: 32 blocks of 72 K tiles)"),
+    FWD_TMA=(True, "sm_90: a call's own unsplit fwd_wgmma forward plan runs fwd_tma instead (the warp-specialized "
+                    "TMA + mbarrier kernel, pydnn/ops/convolution/conv_tma.py) where it applies (16-bit NHWC, "
+                    "stride 1, 2-d, one group, packed KRSC filter, C % 8 == 0): True where K >= conv_tma.MIN_K "
+                    "and no tiling is forced, \"always\" also under a forced tiling (tests, benchmarks), False "
+                    "never (tools/bench_conv_tma.py; H200 mid-session run 3: 1.10-1.30x fwd_wgmma on 11 forward "
+                    "rows, geomean vs cuDNN 0.594 -> 0.706)"),
+    FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),
@@ -227,6 +234,12 @@ conv_gemm = Switches(
                    "the filter on pydnn.ops.matmul (True), on the tensor-core implicit 1x1 view (False), or "
                    "whichever the model (gemm.mm16_ms against the view's estimate) says is faster (None). False until "
                    "measured: the stem's view (fwd_tc 0.227 ms) beat matmul's gemm_tc (0.296, H200)"),
+    MM_FUSED=(True, "ConvolutionBiasActivationForward on a direct 16-bit 1x1 GEMM plan (FWD_ALGO_GEMM on x itself) "
+                    "as the graph API's fused matmul (pydnn.ops.matmul's tile, the bias + activation generated into "
+                    "its epilogue; alpha1 1, alpha2 0 or 1, IDENTITY or RELU NOT_PROPAGATE_NAN); off or otherwise: "
+                    "the tensor-core implicit GEMM of the problem with its own epilogue (1.50x the plain call on "
+                    "N32 1x1 512->2048 @7, H200, session 29); \"tma\": fwd_tma's fused epilogue (conv_tma.py) "
+                    "where it takes the problem"),
 )
 
 conv_winograd = Switches(

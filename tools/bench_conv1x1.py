@@ -59,10 +59,12 @@ SHAPES = [
 QUICK = [0, 1, 2, 3, 8, 9]
 
 
-def _setup(pydnn, torch, n, c, k, hh, s, r=1):
+def _setup(pydnn, torch, n, c, k, hh, s, r=1, nchw=False):
     import sweep_common as SC   # SC.DEV: "cuda" (a dry run on the CPU sets "cpu")
     from bench import desc
     cl, bf, pdt = torch.channels_last, torch.bfloat16, pydnn.PYDNN_DATA_BFLOAT16
+    if nchw:
+        cl = torch.contiguous_format
     pad = r // 2
     p = (hh + 2 * pad - r) // s + 1
     dev = SC.DEV
@@ -72,7 +74,7 @@ def _setup(pydnn, torch, n, c, k, hh, s, r=1):
     t["dy"], t["dx"] = torch.randn_like(t["y"]), torch.empty_like(t["x"])
     t["xd"], t["yd"] = desc(t["x"], dtype=pdt), desc(t["y"], dtype=pdt)
     t["wd"] = pydnn.create_filter_descriptor()
-    pydnn.set_filter4d_descriptor(t["wd"], pdt, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
+    pydnn.set_filter4d_descriptor(t["wd"], pdt, pydnn.PYDNN_TENSOR_NCHW if nchw else pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
     t["conv"] = pydnn.create_convolution_descriptor()
     pydnn.set_convolution2d_descriptor(t["conv"], pad, pad, s, s, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
                                        pydnn.PYDNN_DATA_FLOAT)
@@ -89,13 +91,17 @@ def _label(pl):
 FUSED = [("r50 l4 1x1 512->2048 @7", 32, 512, 2048, 7, 1), ("r50 l1 1x1 256->64 @56", 32, 256, 64, 56, 1)]
 
 
-def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers):
-    """Per FUSED layer and algorithm (implicit, GEMM): the plain forward and ConvolutionBiasActivationForward
-    (bias, ReLU) through the public calls, checked against PyTorch first."""
+def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers, layouts=("nhwc",), tma=None):
+    """Per FUSED layer, layout and algorithm (implicit, GEMM): the plain forward and
+    ConvolutionBiasActivationForward (bias, ReLU) through the public calls, checked against PyTorch first;
+    and cuDNN's conv2d(bias) + relu_ through PyTorch in the same layout (cudnn_fused_ms). tma: (handle, timer)
+    of a handle of its own (its plan cache) for the implicit algorithm with tuning.conv.FWD_TMA "always"
+    (fwd_tma's fused epilogue) as a third route."""
+    from pydnn import tuning
     out = []
     from bench import desc
-    for name, n, c, k, hh, s in layers:
-        t = _setup(pydnn, torch, n, c, k, hh, s)
+    for name, n, c, k, hh, s, lay in [(*ly, lay) for ly in layers for lay in layouts]:
+        t = _setup(pydnn, torch, n, c, k, hh, s, nchw=lay == "nchw")
         x, w, y, xd, yd, wd, conv = t["x"], t["w"], t["y"], t["xd"], t["yd"], t["wd"], t["conv"]
         bias = torch.randn(1, k, 1, 1, device=x.device, dtype=torch.bfloat16)
         bd = desc(bias, dtype=pydnn.PYDNN_DATA_BFLOAT16)
@@ -103,37 +109,92 @@ def _fused(pydnn, torch, h, timer, fwd_i, fwd_g, layers):
         pydnn.set_activation_descriptor(act, pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
         ref = torch.relu(torch.nn.functional.conv2d(x, w, bias.view(-1), s))
         rows = []
-        for label, algo in (("implicit", fwd_i), ("gemm", fwd_g)):
-            row = dict(case=f"N{n} {name}", dir="fused", algo=label)
+        routes = [("implicit", fwd_i, h, timer, False), ("gemm", fwd_g, h, timer, False)]
+        if tma is not None:
+            routes.append(("impl_tma", fwd_i, tma[0], tma[1], "always"))
+        for label, algo, hr, timer_r, tma_mode in routes:
+            row = dict(case=f"N{n} {name} {lay}", dir="fused", algo=label)
+            saved_tma = tuning.conv.FWD_TMA
+            tuning.conv.FWD_TMA = tma_mode
             try:
-                ws_n = pydnn.get_convolution_forward_workspace_size(h, xd, wd, conv, yd, algo)
+                ws_n = pydnn.get_convolution_forward_workspace_size(hr, xd, wd, conv, yd, algo)
                 ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=x.device)
                 plain = lambda algo=algo, ws=ws, ws_n=ws_n: pydnn.convolution_forward(  # noqa: E731
-                    h, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr())
+                    hr, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr())
                 fused = lambda algo=algo, ws=ws, ws_n=ws_n: pydnn.convolution_bias_activation_forward(  # noqa: E731
-                    h, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr(),
+                    hr, 1.0, xd, x.data_ptr(), wd, w.data_ptr(), conv, algo, ws.data_ptr(), ws_n, 0.0, yd, y.data_ptr(),
                     bd, bias.data_ptr(), act, yd, y.data_ptr())
                 y.fill_(float("nan"))
                 fused()
                 row["err"] = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 if not row["err"] <= 2e-2:
                     row["note"] = f"CHECK FAILED {row['err']:.3g}"
-                row["plain_ms"], _ = timer(plain)
-                row["fused_ms"], _ = timer(fused)
+                row["plain_ms"], _ = timer_r(plain)
+                row["fused_ms"], _ = timer_r(fused)
                 row["fused_over_plain"] = row["fused_ms"] / row["plain_ms"]
             except Exception as e:  # noqa: BLE001
                 row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
+            finally:
+                tuning.conv.FWD_TMA = saved_tma
             rows.append(row)
         best = min((r["plain_ms"] for r in rows if "plain_ms" in r), default=None)
+        try:
+            cud, _ = timer(lambda: torch.relu_(torch.nn.functional.conv2d(x, w, bias.view(-1), s)))
+        except Exception:  # noqa: BLE001
+            cud = None
         for r in rows:
             if best and "fused_ms" in r:
                 r["fused_over_best_plain"] = r["fused_ms"] / best
-            print(f"fused {r['case']:30s} {r['algo']:8s} plain {r.get('plain_ms', 0):.4f} fused {r.get('fused_ms', 0):.4f} "
+            if cud and "fused_ms" in r:
+                r["cudnn_fused_ms"], r["fused_over_cudnn_fused"] = cud, r["fused_ms"] / cud
+            print(f"fused {r['case']:34s} {r['algo']:8s} plain {r.get('plain_ms', 0):.4f} fused {r.get('fused_ms', 0):.4f} "
                   f"{r.get('fused_over_plain', 0):.3f}x (of the best plain {r.get('fused_over_best_plain', 0):.3f}x) "
+                  f"cuDNN fused {r.get('cudnn_fused_ms', 0):.4f} (pydnn / cuDNN {r.get('fused_over_cudnn_fused', 0):.3f}x) "
                   f"{r.get('note', '')}", flush=True)
         out += rows
         del t
     return out
+
+
+# (format, N, C, K, H, W, epilogue keys (act, z, bias stride)) whose fused-matmul units --prebuild-fused compiles:
+# the FUSED layers' bias + ReLU in NHWC and NCHW, and tests/ops/convolution/test_convolution_fused1x1_gpu.py's
+# bf16 cases (nhwc0, nhwc2, nchw3)
+_ALL_KEYS = ((1, False, 1), (0, False, 1), (1, True, 1), (0, True, 1))
+PREBUILD_FUSED = [("nhwc", 32, 512, 2048, 7, 7, ((1, False, 1),)), ("nchw", 32, 512, 2048, 7, 7, ((1, False, 1),)),
+                  ("nhwc", 4, 128, 256, 7, 7, _ALL_KEYS), ("nhwc", 3, 24, 40, 7, 9, _ALL_KEYS),
+                  ("nchw", 2, 16, 24, 7, 5, _ALL_KEYS)]
+
+
+def _prebuild_one(job):
+    """Compile (into the cache) the graph API's fused-matmul unit of one (layout, shape, epilogue key) on a CPU
+    handle (sm_90, 132 SMs: the H100 / H200 tile choice); NVRTC only, no GPU."""
+    fmt, n, c, k, hh, ww, key = job
+    import pydnn
+    from plan_digest import cpu_handle
+    from pydnn.ops.convolution import gemm as G, plans as CP, problem as CPb
+    h = cpu_handle("sm_90", 132)
+    f = pydnn.PYDNN_TENSOR_NCHW if fmt == "nchw" else pydnn.PYDNN_TENSOR_NHWC
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(xd, f, bf, n, c, hh, ww)
+    pydnn.set_tensor4d_descriptor(yd, f, bf, n, k, hh, ww)
+    wd = pydnn.create_filter_descriptor()
+    pydnn.set_filter4d_descriptor(wd, bf, f, k, c, 1, 1)
+    cv = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(cv, 0, 0, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION, pydnn.PYDNN_DATA_FLOAT)
+    pl = CP.new_plan(h, CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, cv, xd, wd, yd)
+    G.FusedMM(h, pl, key)
+    return job
+
+
+def prebuild_fused(procs=8):
+    """The PREBUILD_FUSED units in parallel processes (a GPU run's compiles out of its time budget)."""
+    import multiprocessing as mp
+    jobs = [(fmt, n, c, k, hh, ww, key) for fmt, n, c, k, hh, ww, keys in PREBUILD_FUSED for key in keys]
+    t = time.monotonic()
+    with mp.get_context("spawn").Pool(procs) as pool:
+        done = pool.map(_prebuild_one, jobs)
+    print(f"prebuilt {len(done)} fused-matmul units in {time.monotonic() - t:.1f} s", flush=True)
 
 
 def _timer(h, reps):
@@ -161,8 +222,13 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="indices into SHAPES, comma-separated")
     ap.add_argument("--fused", type=int, nargs="?", const=len(FUSED), default=0,
                     help="also the fused conv + bias + ReLU rows of the first N FUSED layers (all without N)")
+    ap.add_argument("--fused-nchw", action="store_true", help="the fused rows in NCHW too")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting shapes after this many seconds")
+    ap.add_argument("--prebuild-fused", action="store_true",
+                    help="only compile the fused-matmul units of PREBUILD_FUSED (parallel, no GPU) and exit")
     args = ap.parse_args(argv)
+    if args.prebuild_fused:
+        return prebuild_fused()
     t0 = time.monotonic()
     import torch
     import pydnn
@@ -177,8 +243,11 @@ def main(argv=None):
     idx = [int(i) for i in args.shapes.split(",") if i] or (QUICK if args.quick else range(len(SHAPES)))
     fused_rows = []
     if args.fused:   # first: the issue's fused target, before the shapes spend the budget
+        h_tma = pydnn.create()
+        pydnn.set_stream(h_tma, torch.cuda.current_stream().cuda_stream)
         fused_rows = _fused(pydnn, torch, h, timer, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-                            pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, FUSED[:args.fused])
+                            pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, FUSED[:args.fused],
+                            ("nhwc", "nchw") if args.fused_nchw else ("nhwc",), (h_tma, _timer(h_tma, args.reps)))
     FWD_I, FWD_G = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
     BWD_1, BWD_0 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
     rows = []
@@ -297,11 +366,14 @@ def main(argv=None):
             lines.append(f"{d} best-of-both: geomean {math.exp(sum(math.log(max(b, 1e-9)) for b in best) / len(best)):.3f}")
     if fused_rows:
         lines += ["", "Fused conv + bias + ReLU (ConvolutionBiasActivationForward) against the plain forward, N = 32:", "",
-                  "| shape | algo | plain ms | fused ms | fused / plain | fused / best plain |", "|---|---|---:|---:|---:|---:|"]
+                  "| shape | algo | plain ms | fused ms | fused / plain | fused / best plain | cuDNN fused ms | "
+                  "fused / cuDNN fused |", "|---|---|---:|---:|---:|---:|---:|---:|"]
         for fr in fused_rows:
             lines.append(f"| {fr['case']} | {fr['algo']} | {fr.get('plain_ms', float('nan')):.4f} | "
                          f"{fr.get('fused_ms', float('nan')):.4f} | {fr.get('fused_over_plain', float('nan')):.3f} | "
-                         f"{fr.get('fused_over_best_plain', float('nan')):.3f} | {fr.get('note', '')}")
+                         f"{fr.get('fused_over_best_plain', float('nan')):.3f} | "
+                         f"{fr.get('cudnn_fused_ms', float('nan')):.4f} | "
+                         f"{fr.get('fused_over_cudnn_fused', float('nan')):.3f} | {fr.get('note', '')}")
     md = "\n".join(lines) + f"\n\nelapsed {time.monotonic() - t0:.1f} s\n"
     with open(os.path.join(args.out, "bench_conv1x1.md"), "w") as f:
         f.write(md)

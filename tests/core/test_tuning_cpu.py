@@ -64,6 +64,7 @@ def test_planners_read_the_switch(monkeypatch):
     w = pydnn.create_filter_descriptor()
     pydnn.set_filter4d_descriptor(w, bf, pydnn.PYDNN_TENSOR_NHWC, 256, 256, 3, 3)
     algo = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # (conv, session 31: else fwd_tma replaces the wgmma plan)
     on = plans.new_plan(h, problem.DIR_FWD, algo, conv, x, w, y)
     monkeypatch.setattr(tuning.conv, "USE_WGM", False)
     off = plans.new_plan(h, problem.DIR_FWD, algo, conv, x, w, y)

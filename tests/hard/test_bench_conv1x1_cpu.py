@@ -25,6 +25,6 @@ def test_bench_conv1x1_dry(dry_main, tmp_path, monkeypatch):
     assert all(k in fwd[3] for k in ("gemm_mm_ms", "gemm_auto_ms", "implicit_old_ms", "gemm_view_tails_ms"))
     assert "matmul" not in fwd[3]["implicit_kernel"] and "fwd_wgmma" in fwd[3]["implicit_kernel"]   # the channel tail
     assert "fwd_tc" in fwd[3]["implicit_old_kernel"]
-    assert len([r for r in rows if r["dir"] == "fused"]) == 2
+    assert [r["algo"] for r in rows if r["dir"] == "fused"] == ["implicit", "gemm", "impl_tma"]   # fwd_tma's too
     md = (tmp_path / "bench_conv1x1.md").read_text()
     assert "best-of-both" in md and "Fused conv + bias + ReLU" in md

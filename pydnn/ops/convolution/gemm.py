@@ -143,13 +143,15 @@ import math
 
 from ... import enums as E
 from ... import tuning
-from ..._build.params import kernel_params
+from ..._build.params import FLAG_NAN_PROP, kernel_params
+from ..._cuda import driver
 from ...status import PydnnError
 from .. import matmul
 from .._elementwise import CTYPE
 from ..common import FLOAT_TAGS, cdiv, prod
-from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, estimate_ms, planner, register, round_up
+from .plans import kernel_units as _family_units, IM2COL_GBPS, LAUNCH_MS, StepPlan, SubGemm, add_kernels, estimate_ms, planner, register, round_up, tma_plan
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, INT_MAX, TC_TAGS, algo_name, tc_refusal
+from .problem import FLAG_BIAS, FLAG_Z
 
 NS = E.PYDNN_STATUS_NOT_SUPPORTED
 FLAG_FLIP = 16
@@ -469,6 +471,13 @@ class GemmPlan(StepPlan):
         fused = bool(z_ptr or bias_ptr)
         if self.direct:
             if fused:
+                if tuning.conv_gemm.MM_FUSED == "tma":
+                    t = self.fused_tma(handle)
+                    if t is not None:
+                        return t.launch(handle, a_ptr, b_ptr, out_ptr, 0, alpha, beta, z_ptr, bias_ptr)
+                fm = self.fused_mm(handle, alpha, beta, z_ptr, bias_ptr)
+                if fm is not None and fm.ready(handle):
+                    return fm.run(handle, a_ptr, b_ptr, out_ptr, z_ptr, bias_ptr)
                 return self.sub.run(handle, a_ptr, b_ptr, out_ptr, alpha, beta, z_ptr, bias_ptr)
             mp, filter_a = self.mm
             a, b = (b_ptr, a_ptr) if filter_a else (a_ptr, b_ptr)
@@ -488,12 +497,149 @@ class GemmPlan(StepPlan):
             return mp.launch(handle, a, b, out_ptr, alpha, beta)
         self.sub.run(handle, ws_ptr, w, out_ptr, alpha, beta, z_ptr, bias_ptr)
 
+    def fused_mm(self, handle, alpha, beta, z_ptr, bias_ptr):
+        """The fused call's graph-API matmul (FusedMM) for this call's epilogue (the fields _fused_run set on
+        self.gemm), or None where it does not apply (then the implicit GEMM's epilogue runs). Built once per
+        epilogue key and cached on the plan; a graph that does not build is remembered as None."""
+        key = fused_mm_key(self, alpha, beta, z_ptr, bias_ptr)
+        if key is None:
+            return None
+        cache = self.__dict__.setdefault("_fused", {})
+        if key not in cache:
+            try:
+                cache[key] = FusedMM(handle, self, key)
+            except PydnnError:
+                cache[key] = None
+        return cache[key]
+
+    def fused_tma(self, handle):
+        """tuning.conv_gemm.MM_FUSED "tma": the fused call on fwd_tma (conv_tma.py) of the problem itself, with
+        this call's epilogue fields (set on self.gemm, the implicit sub-plan's) copied over; None where fwd_tma
+        refuses the problem. Built once, cached on the plan."""
+        t = self.__dict__.get("_tma", 0)
+        if t == 0:
+            t = self._tma = tma_plan(handle, self.problem, self.algo, self.sub.plan)
+        if t is not None:
+            _copy_epilogue(self.gemm, t.gemm)
+        return t
+
     def estimate_ms(self, handle, base_estimate):
         if self.mm is not None and self.mm[0].esize == 2:
             gemm = mm16_ms(handle, self.mm[0])
         else:
             gemm = mm_ms(handle, self.mm[0]) if self.mm is not None else base_estimate(handle, self.sub.plan)
         return gemm + 2 * self.col_bytes / (IM2COL_GBPS * 1e6) + LAUNCH_MS * len(self.steps)
+
+
+ACT_IDENTITY, ACT_RELU = 0, 1   # problem.ACT's codes of the convolution epilogue's activations
+
+
+def _copy_epilogue(src, dst):
+    """ConvolutionBiasActivationForward's fields of one ConvParams onto another's (act, coef, alpha2, bias
+    stride, z strides, the BIAS / Z / NAN_PROP flags)."""
+    dst.act, dst.coef, dst.alpha2, dst.bias_stride = src.act, src.coef, src.alpha2, src.bias_stride
+    for i in range(5):
+        dst.zs[i] = src.zs[i]
+    keep = FLAG_BIAS | FLAG_Z | FLAG_NAN_PROP
+    dst.flags = (dst.flags & ~keep) | (src.flags & keep)
+
+
+def fused_mm_key(pl, alpha, beta, z_ptr, bias_ptr):
+    """The epilogue key of a fused call on a direct 16-bit plan that the graph API's fused matmul serves, or
+    None: tuning.conv_gemm.MM_FUSED, alpha1 1, beta 0, a bias, z absent or added unscaled (alpha2 1) through
+    y's own strides, activation IDENTITY or RELU without NaN propagation (max(v, 0): NaN -> 0 as the
+    convolution epilogue's)."""
+    if not (tuning.conv_gemm.MM_FUSED and pl.direct and pl.mm[0].esize == 2 and bias_ptr
+            and alpha == 1.0 and beta == 0.0):
+        return None
+    p, pb = pl.gemm, pl.problem
+    if p.act not in (ACT_IDENTITY, ACT_RELU) or (p.act == ACT_RELU and p.flags & FLAG_NAN_PROP):
+        return None
+    zs = tuple(p.zs[i] for i in range(5))
+    if z_ptr and (p.alpha2 != 1.0 or zs != tuple(pb.ys)):
+        return None
+    return (p.act, bool(z_ptr), p.bias_stride)
+
+
+class FusedMM:
+    """A direct 1x1 plan's fused call as ONE launch of the graph API's fused matmul (pydnn/graph: the GEMM
+    tile pydnn.ops.matmul chooses, gemm_tma on sm_90, with bias (+ z) (+ max(v, 0)) generated into its
+    epilogue, in fp32, rounded once): NHWC-like y[N*P x K] = x[N*P x C] . W^T + bias, or NCHW-like
+    y_n[K x P] = W[K x C] . x_n[C x P] + bias (W broadcast over the images). Called, not edited (the graph
+    and matmul are other families' code). ReLU is MAX against a one-element zero tensor kept here (the graph's
+    RELU_FWD clips NaN to its upper bound; the convolution's NOT_PROPAGATE_NAN gives 0)."""
+
+    def __init__(self, handle, pl, key):
+        from ...graph.frontend import Graph
+        act, has_z, bias_stride = key
+        pb = pl.problem
+        mp, filter_a = pl.mm
+        io = pb.dtype
+        F = E.PYDNN_DATA_FLOAT
+        g = Graph(io_data_type=io, intermediate_data_type=F, compute_data_type=F, handle=handle)
+        n, K, C, P = pb.n, pb.k, pb.c, prod(pb.out3)
+        ldw = pb.ws[0]
+        if not filter_a:   # NHWC-like: one GEMM of N * P rows (or per image with the images' strides)
+            batch = mp.batch
+            rows = mp.m
+            xa = g.tensor(name="x", dim=[batch, rows, C], stride=[mp.stride_a or rows * mp.lda, mp.lda, 1])
+            wb = g.tensor(name="w", dim=[1, C, K], stride=[C * ldw, 1, ldw])
+            ydims, ystr = [batch, rows, K], [mp.stride_c or rows * mp.ldc, mp.ldc, 1]
+            bias = g.tensor(name="bias", dim=[1, 1, K], stride=[K * bias_stride, K * bias_stride, bias_stride])
+            mm = g.matmul(xa, wb)
+            ops = (xa, wb)
+        else:              # NCHW-like: y_n[K x P] = W[K x C] . x_n[C x P]
+            wa = g.tensor(name="w", dim=[1, K, C], stride=[K * ldw, ldw, 1])
+            xb = g.tensor(name="x", dim=[n, C, P], stride=[pb.xs[0], mp.ldb, 1])
+            ydims, ystr = [n, K, P], [pb.ys[0], mp.ldc, 1]
+            bias = g.tensor(name="bias", dim=[1, K, 1], stride=[K * bias_stride, bias_stride, bias_stride])
+            mm = g.matmul(wa, xb)
+            ops = (xb, wa)
+        v = g.add(mm, bias)
+        z = zero = None
+        if has_z:
+            z = g.tensor(name="z", dim=ydims, stride=ystr)
+            v = g.add(v, z)
+        if act == ACT_RELU:
+            zero = g.tensor(name="zero", dim=[1, 1, 1], stride=[1, 1, 1])
+            v = g.max(v, zero)
+        v.set_output(True).set_dim(ydims).set_stride(ystr).set_data_type(io)
+        g.build_operation_graph().create_execution_plans([E.PYDNN_HEUR_MODE_A]).check_support()
+        g.build_plans()
+        if g.engine_index() != 1 or g.launches() != 1 or g.get_workspace_size() != 0:
+            raise PydnnError(NS, f"fused 1x1: the graph API planned {g.launches()} launches on engine "
+                                 f"{g.engine_index()}")
+        self.graph, self.x, self.w, self.bias, self.z, self.y = g, ops[0], ops[1], bias, z, v
+        self.zero_t, self.zero = zero, None   # the zero element: allocated (and cleared) by ready(), once
+        self.bufs = {}
+
+    def ready(self, handle):
+        """Whether the route can run: its zero element allocated (once; False where no device memory can be had,
+        e.g. a CPU handle's recording: the caller then runs the implicit GEMM's epilogue)."""
+        if self.zero is False:
+            return False
+        if self.zero_t is None or self.zero is not None:
+            return True
+        try:
+            import numpy as np
+
+            from ..._cuda.memory import DeviceArray
+            with driver.pushed(handle.ctx):
+                zero = DeviceArray((8,), np.uint8)
+                zero.fill_bytes(0)
+        except PydnnError:
+            self.zero = False
+            return False
+        self.zero = zero
+        self.bufs[self.zero_t] = zero.ptr
+        return True
+
+    def run(self, handle, x_ptr, w_ptr, y_ptr, z_ptr, bias_ptr):
+        bufs = self.bufs
+        bufs[self.x], bufs[self.w], bufs[self.bias], bufs[self.y] = x_ptr, w_ptr, bias_ptr, y_ptr
+        if self.z is not None:
+            bufs[self.z] = z_ptr
+        self.graph.execute(bufs, 0, handle=handle)
 
 
 def plan_gemm(handle, pb, algo):

@@ -211,6 +211,19 @@ def apply_top(handle, pl):
     return pl
 
 
+_TMA_PLANNER = []   # conv_tma.py's fn(handle, pb, algo, fallback) -> its plan or None (the layers: gemm.py asks here)
+
+
+def register_tma_planner(fn):
+    _TMA_PLANNER[:] = [fn]
+
+
+def tma_plan(handle, pb, algo, fallback):
+    """fwd_tma's plan of a forward problem (fallback: the plan a call it cannot take runs), or None where it
+    refuses the problem or is not registered."""
+    return _TMA_PLANNER[0](handle, pb, algo, fallback) if _TMA_PLANNER else None
+
+
 def implemented():
     """{direction: the algorithms with a planner, in enum order}."""
     return {d: tuple(a for a in ALGO_TYPES[d][1] if (d, a) in _PLANNERS) for d in ALGO_TYPES}

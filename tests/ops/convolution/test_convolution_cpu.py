@@ -651,6 +651,7 @@ def test_bwd_data_wgmma_choice(monkeypatch):
     stride 1, K % 64, >= WGM_MIN_KTILES K tiles), with the forward's tile for the same GEMM; not with
     stride 2, on sm_80, or without USE_WGM; v7 ranks it first, deterministic, with no workspace (B read
     from the filter itself, BKN), or with WGM_BWD_SWAP the swapped filter's (the same fwd_wgmma tile)."""
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # the forward's fwd_wgmma plan itself (not fwd_tma's)
     h = cpu_handle()
     bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
     c = cdesc((1, 1), (1, 1), (1, 1))
@@ -746,6 +747,7 @@ def test_fused_forward_takes_the_bias_register_instantiation(monkeypatch, tile):
     """convolution_bias_activation_forward's own plan runs fwd_wgmma<..., FB = 1> on the 128x64 model tile
     (the bias in registers), every other tile as the plain forward does; the plain forward's plan keeps
     FB = 0. (A CPU handle: the call fails at the kernel lookup, after its plan is made and cached.)"""
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # fwd_wgmma's plans themselves (not fwd_tma's)
     if tile is not None:
         monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, tile)
     h = cpu_handle()
@@ -777,6 +779,7 @@ def test_wgmma_forward_plans(monkeypatch):
     channels % 64, >= WGM_MIN_KTILES K tiles) it picks it by _wgm_tiling."""
     from pydnn._build.manifest import unit_arch
 
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # fwd_wgmma's plans themselves (not fwd_tma's)
     units = CT.wgm_units()
     assert [u.name for u in units] == ["convolution.wgmma.f16", "convolution.wgmma.bf16"]
     assert all(unit_arch(u, "sm_90") == "sm_90a" and unit_arch(u, "sm_80") is None for u in units)

@@ -361,10 +361,11 @@ def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
-def test_wgmma_model_1x1(handle, rng, dtype):
+def test_wgmma_model_1x1(handle, rng, monkeypatch, dtype):
     """The model's fwd_wgmma for a 1x1 filter over 256 channels (4 K tiles >= WGM_MIN_KTILES), an M
     tail and a 72-wide N (a partial tile); over 64 channels (1 K tile) the pipelined kernel."""
     _need_wgmma(handle)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # the model's fwd_wgmma choice itself (not fwd_tma's)
     case = ((2, 256, 9, 11), 72, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC)
 
     def planned_on_wgmma(pb):

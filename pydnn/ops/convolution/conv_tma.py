@@ -1,0 +1,243 @@
+"""fwd_tma (ptx/conv_tma.cu; issue 18): the 16-bit NHWC forward convolution as a warp-specialized TMA +
+mbarrier kernel (a producer thread issuing TMA boxes, two consumer warpgroups on wgmma, a persistent grid),
+behind tuning.conv.FWD_TMA (on: a call's own unsplit fwd_wgmma forward plan with K >= MIN_K runs it; H200,
+mid-session run 3, tools/bench_conv_tma.py: 1.10-1.30x fwd_wgmma on 11 forward rows, 0.594 -> 0.706 of cuDNN).
+
+What it takes (tma_refusal says why not): half / bfloat16, one group, 2-d, stride 1 (a tap's window of a box
+of output pixels is then a box of x), any padding and dilation, either mode; x NHWC-like with channel stride 1
+and every other stride a multiple of 8 elements (TMA: 16-byte strides, a 16-byte aligned base, checked per
+call: a misaligned x, or maps the driver cannot encode, run fwd_wgmma's plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a
+multiple of 8; y any strides (the epilogue writes channel pairs or elements). The output tile's 128 GEMM rows are a
+box of tn images x th rows x tw columns of y (powers of two, tn * th * tw = 128), chosen to waste the fewest
+rows at the image's edges (_box).
+
+The plan (TmaPlan, a StepPlan) encodes x's and the filter's tensor maps per call (tensormap.MapCache: once
+per base address) into ConvTmaParams and launches one kernel; ConvolutionBiasActivationForward's fields are
+the embedded ConvParams' (plan.gemm), so the fused call runs the same kernel with its epilogue.
+"""
+import ctypes
+
+from ... import enums as E
+from ... import tuning
+from ..._build.params import FLAG_BETA, FLAG_NAN_PROP, kernel_params
+from ..._cuda import driver
+from ..._cuda import tensormap as TM
+from ...status import PydnnError
+from .._elementwise import CTYPE
+from ..common import cdiv
+from . import tensor_core  # noqa: F401 - its split-K hook registers before tma_top (a split plan stays split)
+from .plans import Plan, StepPlan, add_kernels, base_params, register_tma_planner, register_top
+from .problem import DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
+
+BM, BK = 128, 64
+BNS = (64, 128, 256)   # the tile's output channels: fwd_tma<T, BN, STAGES> instantiations, a unit each
+# ring stages by tile width: ~192 KiB of stages each (BN 256: gemm_tma's 128 x 256 tile's 4; the 128-wide
+# tiles deeper, as matmul's 128 x 128 ping-pong candidate's 7 x 32 KiB), one block an SM
+STAGES = {64: 8, 128: 6, 256: 4}
+THREADS = 384
+
+
+def smem(bn):
+    """The ring, 1 KiB of alignment slack, the mbarriers (each width: 193 KiB)."""
+    return STAGES[bn] * (BM + bn) * BK * 2 + 1024 + 16 * STAGES[bn]
+ARCH = "sm_90"
+TAGS = ("f16", "bf16")
+
+
+@kernel_params("conv_tma_params.h", "ConvTmaParams")
+class ConvTmaParams(ctypes.Structure):
+    _fields_ = [("map_x", ctypes.c_uint64 * 16), ("map_w", ctypes.c_uint64 * 16), ("p", ConvParams),
+                ("tw", ctypes.c_int), ("th", ctypes.c_int), ("tn", ctypes.c_int),
+                ("tiles_w", ctypes.c_int), ("tiles_h", ctypes.c_int), ("tiles_n", ctypes.c_int),
+                ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("pad_tail", ctypes.c_int * 6)]
+
+
+def expr(tag, bn=128):
+    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES[bn]}>"
+
+
+def unit(tag, bn=128):
+    return f"convolution.tma.{tag}.bn{bn}"
+
+
+for _t in TAGS:
+    for _bn in BNS:   # one unit a tile: compiled in parallel, loaded only where a plan runs it
+        add_kernels(unit(_t, _bn), "conv_tma.cu", (expr(_t, _bn),), archs=(ARCH + "a",))
+
+
+def _bn(handle, pb, tiles_px):
+    """The tile's output channels: tuning.conv.FWD_TMA_BN, else 64 for K <= 64 (a 128-wide tile would be half
+    empty); 256 where K >= 256, the 128-wide tiles would take under two waves of the SMs and the 256-wide ones
+    still fill half a wave; else 128. Measured (H200, mid-session run 3, ms at BN 64 / 128 / 256): N64 3x3
+    64 @56 0.0553 / (run 1) 0.0890 / 0.1902; N128 UNet 3x3 256 @32 0.3740 / 0.2693 / 0.3070 (16 waves: 128);
+    N128 3x3 512 @7 0.0917 / 0.0690 / 0.0593 (196 items of 128: 1.5 waves; 98 of 256); N32 UNet 512 @16
+    0.1012 / 0.0654 / 0.0613 (256 / 128 items); N32 3x3 256 @14 0.0256 / 0.0190 / 0.0381 (49 items of 256:
+    0.37 wave); N128 1x1 512->2048 @7 0.0527 / 0.0476 / 0.0617 (784 items of 128)."""
+    forced = tuning.conv.FWD_TMA_BN
+    if forced is not None:
+        return int(forced)
+    if pb.k <= 64:
+        return 64
+    sms = max(handle.sm_count, 1)
+    if pb.k >= 256 and tiles_px * cdiv(pb.k, 128) < 2 * sms and tiles_px * cdiv(pb.k, 256) * 2 >= sms:
+        return 256
+    return 128
+
+
+def tma_refusal(handle, pb):
+    """Why fwd_tma does not take a forward problem (text), or None."""
+    if handle.arch != ARCH:
+        return f"arch {handle.arch} (fwd_tma is sm_90a code)"
+    if pb.tag not in TAGS:
+        return f"data type {pb.tag}"
+    if pb.groups != 1:
+        return "groups"
+    if pb.nspatial != 2 or pb.in3[0] != 1 or pb.filt3[0] != 1:
+        return "not a 2-d problem"
+    if pb.stride3 != (1, 1, 1):
+        return "stride"
+    if pb.c % 8:
+        return "C % 8 (16-byte TMA strides)"
+    if pb.math_type == E.PYDNN_FMA_MATH:
+        return "FMA math"
+    xs, ws = pb.xs, pb.ws
+    if xs[1] != 1 or any(xs[i] % 8 for i in (0, 3, 4)):
+        return "x is not NHWC-like with 16-byte pixel / row / image strides"
+    R, S = pb.filt3[1], pb.filt3[2]
+    if not (ws[1] == 1 and ws[4] == pb.c and ws[3] == S * pb.c and ws[0] == R * S * pb.c):
+        return "the filter is not packed KRSC"
+    if pb.n * (xs[0] or 1) * 2 >= TM.MAX_STRIDE:
+        return "x spans 2^40 bytes"
+    return None
+
+
+def _box(n, P, Q):
+    """(tw, th, tn): powers of two, tw * th * tn = 128, with the fewest padded rows over the whole y (ties:
+    the widest tw, for longer contiguous runs of x)."""
+    best = None
+    for a in range(8):
+        for b in range(8 - a):
+            tw, th = 1 << a, 1 << b
+            tn = 128 // (tw * th)
+            if tw * th * tn != 128:
+                continue
+            rows = cdiv(Q, tw) * tw * cdiv(P, th) * th * cdiv(n, tn) * tn
+            key = (rows, -tw)
+            if best is None or key < best[0]:
+                best = (key, (tw, th, tn))
+    return best[1]
+
+
+class TmaPlan(StepPlan):
+    """fwd_tma's launch: the maps of x and the filter per base address, then one kernel."""
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        q, p = self.q, self.q.p
+        if a_ptr % 16 or b_ptr % 16:
+            return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
+        try:
+            mx, mw = self.maps[0].get(a_ptr), self.maps[1].get(b_ptr)
+        except PydnnError:   # no map encoder (a driver without it, a CPU handle's dry run): the wgmma plan
+            return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
+        ctypes.memmove(ctypes.addressof(q.map_x), mx, 128)
+        ctypes.memmove(ctypes.addressof(q.map_w), mw, 128)
+        p.x, p.w, p.out, p.z, p.bias = a_ptr, b_ptr, out_ptr, z_ptr or None, bias_ptr or None
+        p.alpha, p.beta = alpha, beta
+        p.flags = ((p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
+                   | (FLAG_PAIR if self.pair_ok and out_ptr % 4 == 0 else 0))
+        if self.func is None:
+            self.func = handle.function(self.unit_name, self.expr)
+            driver.function_set_max_dynamic_smem(self.func, self.smem)
+        driver.launch_args(self.func, self.grid, (THREADS, 1, 1), self.smem, handle.cu_stream, self.argv)
+
+    def fallback_run(self, handle, *args):
+        """A call whose x or filter is not 16-byte aligned (TMA's base addresses), or whose maps cannot be encoded
+        (no driver entry point): fwd_wgmma's plan, with this call's epilogue fields (ConvolutionBiasActivation-
+        Forward set them on self.gemm) copied over."""
+        from .plans import run_plan
+        f, p = self.fallback.gemm, self.q.p
+        f.act, f.coef, f.alpha2, f.bias_stride = p.act, p.coef, p.alpha2, p.bias_stride
+        for i in range(5):
+            f.zs[i] = p.zs[i]
+        keep = FLAG_BIAS | FLAG_Z | FLAG_NAN_PROP
+        f.flags = (f.flags & ~keep) | (p.flags & keep)
+        return run_plan(handle, self.fallback, *args)
+
+    def estimate_ms(self, handle, base_estimate):
+        return base_estimate(handle, self.fallback)
+
+
+
+
+class _Map:
+    """TiledMap-like: encode(address) -> the 128 bytes (tensormap.encode_tiled with the plan's dims)."""
+
+    def __init__(self, tag, dims, strides, box):
+        self.tag, self.dims, self.strides, self.box = tag, dims, strides, box
+
+    def encode(self, address):
+        return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box)
+
+
+def plan_tma(handle, pb, algo, fallback):
+    """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs)."""
+    pl = TmaPlan(DIR_FWD, algo, pb)
+    p = base_params(pb, DIR_FWD)
+    p.gm, p.gn, p.gk = pb.n * pb.out3[1] * pb.out3[2], pb.k, pb.c * pb.filt3[1] * pb.filt3[2]
+    p.splits, p.k_per_split = 1, 0
+    for i in range(5):
+        p.zs[i] = pb.ys[i]
+    q = ConvTmaParams()
+    q.p = p
+    n, P, Q = pb.n, pb.out3[1], pb.out3[2]
+    tw, th, tn = _box(n, P, Q)
+    q.tw, q.th, q.tn = tw, th, tn
+    q.tiles_w, q.tiles_h, q.tiles_n = cdiv(Q, tw), cdiv(P, th), cdiv(n, tn)
+    tiles_px = q.tiles_w * q.tiles_h * q.tiles_n
+    bn = _bn(handle, pb, tiles_px)
+    q.tiles_k, q.cblocks = cdiv(pb.k, bn), cdiv(pb.c, BK)
+    items = q.tiles_w * q.tiles_h * q.tiles_n * q.tiles_k
+    pl.q = q
+    pl.gemm = q.p                       # ConvolutionBiasActivationForward sets the epilogue fields here
+    es = 2
+    H, W, C = pb.in3[1], pb.in3[2], pb.c
+    xs, R, S = pb.xs, pb.filt3[1], pb.filt3[2]
+    pl.maps = (TM.MapCache(_Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw, th, tn))),
+               TM.MapCache(_Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))))
+    pl.grid = (max(1, min(items, handle.sm_count)), 1, 1)
+    pl.argv = driver.kernel_args(q)
+    pl.bn = bn
+    pl.unit_name, pl.expr, pl.func = unit(pb.tag, bn), expr(pb.tag, bn), None
+    pl.gemm_expr = pl.expr
+    pl.fallback = fallback
+    pl.smem = smem(bn)
+    ys = pb.ys
+    pl.pair_ok = ys[1] == 1 and all(ys[i] % 2 == 0 for i in (0, 2, 3, 4))
+    pl.items = items
+    return pl
+
+
+# FWD_TMA True takes K >= MIN_K: mid-session run 3 (H200), fwd_tma / fwd_wgmma 1.10-1.30x on all 11 forward rows
+# measured (K 64 on the 64-wide tile: 1.10-1.26x; run 1's 128-wide tile there: 0.78x); K < 64 not measured
+MIN_K = 64
+
+
+def tma_top(handle, pl):
+    """plans.register_top's hook (after tensor_core's split-K): a call's own unsplit fwd_wgmma forward plan
+    runs fwd_tma where tuning.conv.FWD_TMA is True (K >= MIN_K, no forced tiling) or "always" (forced tilings
+    too: the tests' and the benchmark's form) and tma_refusal takes the problem; the wgmma plan stays as the
+    fallback of a misaligned call."""
+    mode = tuning.conv.FWD_TMA
+    if (not mode or type(pl) is not Plan or pl.direction != DIR_FWD or pl.fold is not None
+            or "fwd_wgmma<" not in (pl.gemm_expr or "")):
+        return pl
+    if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_FWD) is not None or pl.problem.k < MIN_K):
+        return pl   # a forced tiling runs as forced; K < MIN_K: not measured faster
+    if tma_refusal(handle, pl.problem) is not None:
+        return pl
+    return plan_tma(handle, pl.problem, pl.algo, pl)
+
+
+register_top(tma_top)
+register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, algo, fallback)
+                                                         if tma_refusal(handle, pb) is None else None))

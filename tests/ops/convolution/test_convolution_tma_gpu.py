@@ -1,0 +1,117 @@
+"""fwd_tma (ptx/conv_tma.cu, pydnn/ops/convolution/conv_tma.py; tuning.conv.FWD_TMA): the warp-specialized TMA
++ mbarrier forward on the GPU against the float64 reference, y poisoned first and checked untouched around
+it: channel tails (C % 64, zero-filled by the TMA unit), K tails, padding past the image's edges (negative box
+coordinates), dilation, 1x1, 3x2 / 5x5 filters, x with padded pixel strides, several images a box (7x7),
+both modes (CONVOLUTION flips the filter's taps), alpha / beta; the persistent walk (a grid of 3 blocks over
+many items: the ring's stages and phases running on across items); the fused bias + activation (+ z in NHWC
+and NCHW) through ConvolutionBiasActivationForward."""
+import numpy as np
+import pytest
+
+import pydnn
+from devtensor import assert_close
+from pydnn import tuning
+from pydnn.ops.convolution import conv_tma as CTMA, plans as CP, problem as CPb, tensor_core as CT
+from pydnn.reference import convolution as ref
+from test_convolution_algos_gpu import check_bias_activation
+from test_convolution_gpu import BF16, F16, NHWC, XCORR, _tc_problem, check_forward
+
+pytestmark = pytest.mark.gpu
+
+FWD_PRE = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+WGM_TILE = (128, 128, 4, 1, 1)   # the call's plan forced onto fwd_wgmma, which FWD_TMA replaces
+
+CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
+    ((2, 8, 13, 11), 10, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),       # C 8, K 10: one partial tile
+    ((4, 72, 15, 15), 64, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 1x1, channel tail 72 % 64
+    ((2, 16, 6, 7), 16, (3, 2), (2, 1), (1, 1), (1, 1), 1, "pad8", NHWC),        # padded pixel strides, pad 2
+    ((2, 64, 20, 20), 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # the ResNet shape, small N
+    ((2, 128, 9, 7), 192, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 2 channel blocks, K tail
+    ((3, 24, 12, 10), 136, (3, 3), (2, 2), (1, 1), (2, 2), 1, "nhwc", NHWC),     # dilation 2
+    ((2, 16, 11, 9), 32, (5, 5), (2, 2), (1, 1), (1, 1), 1, "nhwc", NHWC),       # 5x5
+    ((5, 64, 7, 7), 128, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),       # several images a box
+    ((1, 32, 9, 40), 24, (3, 3), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),       # no padding, wide image
+]
+
+
+def _need_sm90(handle):
+    if handle.arch != CTMA.ARCH:
+        pytest.skip(f"fwd_tma is built for {CTMA.ARCH} only (this device: {handle.arch})")
+
+
+def _on(monkeypatch):
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, WGM_TILE)
+
+
+def _planned_on_tma(handle, pb):
+    pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert isinstance(pl, CTMA.TmaPlan), f"{type(pl).__name__} {getattr(pl, 'gemm_expr', '')}"
+    assert "fwd_wgmma<" in pl.fallback.gemm_expr
+    q = pl.q
+    assert q.tw * q.th * q.tn == 128
+    return pl
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "half"])
+def test_tma_forward(handle, rng, monkeypatch, case, dtype):
+    _need_sm90(handle)
+    _on(monkeypatch)
+    check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE, "fwd_tma",
+                  before=lambda pb: _planned_on_tma(handle, pb))
+
+
+@pytest.mark.parametrize("bn", CTMA.BNS)
+@pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[1]], ids=["k192", "dil", "c72"])
+def test_tma_tile_widths(handle, rng, monkeypatch, case, bn):
+    """Each tile width (tuning.conv.FWD_TMA_BN: 64, 128, 256) on K tails (192, 136, 64)."""
+    _need_sm90(handle)
+    _on(monkeypatch)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
+
+    def planned(pb):
+        assert _planned_on_tma(handle, pb).bn == bn
+
+    check_forward(handle, rng, lambda mode: _tc_problem(case, BF16, mode), BF16, FWD_PRE, f"fwd_tma BN {bn}",
+                  before=planned)
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[4], CASES[7]], ids=["r20", "k192", "img7"])
+def test_tma_persistent_walk(handle, rng, monkeypatch, case):
+    """At most 3 blocks (fewer than the items) walk every item (each many K tiles through the 4-stage ring,
+    phases wrapping across items)."""
+    _need_sm90(handle)
+    _on(monkeypatch)
+    pb = _tc_problem(case, BF16, XCORR)
+    pl = _planned_on_tma(handle, pb)
+    assert pl.items >= 2
+    pl.grid = (min(3, pl.items - 1), 1, 1)
+    x, w = pb.x.random(rng), pb.w.random(rng)
+    pb.y.poison()
+    CP.run_plan(handle, pl, pb.x.ptr, pb.w.ptr, pb.y.ptr, 0, 1.0, 0.0)
+    want = ref.forward(1.0, x, w, 0.0, None, *pb.args())
+    assert_close(pb.y.download(), want, BF16, "fwd_tma 3 blocks", scale=ref.forward_raw(np.abs(x), np.abs(w), *pb.args()))
+    pb.y.check_untouched()
+
+
+@pytest.mark.parametrize("z_layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=["c0", "k192"])
+def test_tma_bias_activation(handle, rng, monkeypatch, case, z_layout):
+    _need_sm90(handle)
+    _on(monkeypatch)
+    pb = _tc_problem(case, BF16, XCORR)
+    _planned_on_tma(handle, pb)
+    check_bias_activation(handle, rng, case, BF16, FWD_PRE,
+                          ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.5), (pydnn.PYDNN_ACTIVATION_IDENTITY, 0.0, 0.0),
+                           (pydnn.PYDNN_ACTIVATION_CLIPPED_RELU, 1.5, -1.0), (pydnn.PYDNN_ACTIVATION_TANH, 0.0, 1.0)),
+                          z_layout, lambda pb: (pydnn.DeviceArray((1,), np.uint8), 0), "fwd_tma bias+act")
+
+
+def test_tma_off_keeps_wgmma(handle, monkeypatch):
+    """FWD_TMA off: the call's plan is fwd_wgmma's (or whatever the model picks), not fwd_tma."""
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)
+    pb = _tc_problem(CASES[3], BF16, XCORR)
+    pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+    assert not isinstance(pl, CTMA.TmaPlan)
+    assert CT is not None
