@@ -15,6 +15,7 @@
 // result is the same bits on every run. Sums use Kahan compensation per thread.
 #include "common/params.h"
 #include "common/types.cuh"
+#include "common/h16.cuh"
 #include "reduce_params.h"
 
 namespace pydnn {
@@ -38,6 +39,13 @@ __device__ __forceinline__ double nan_of(double) { return __longlong_as_double(0
 template <class TI, int OP> struct AccT { typedef typename AccOf<TI>::type type; };
 template <class TI> struct AccT<TI, kMul> { typedef double type; };
 template <class TI> struct AccT<TI, kMulNoZeros> { typedef double type; };
+
+// An input element as A. TI = pydnn::h16_t: half and bfloat16 in one instantiation (issue 21's install time),
+// the format PYDNN_REDUCE_FLAG_IN_BF16 of the launch, converted by the same instructions as half_t's / bf16_t's.
+template <class A, class TI> __device__ __forceinline__ A in_val(const ReduceParams&, TI x) { return load<A>(x); }
+template <class A> __device__ __forceinline__ A in_val(const ReduceParams& p, h16_t x) {
+  return (A)h16_to_float(x, (p.flags & PYDNN_REDUCE_FLAG_IN_BF16) != 0u);
+}
 
 // A thread's running state: value, Kahan compensation (sums), index of the chosen element (MIN/MAX/AMAX).
 template <class A> struct Acc { A v, c; int i; };
@@ -324,7 +332,7 @@ __device__ __forceinline__ void walk_row(const ReduceParams& p, const TI* base, 
     for (int k = 0; k < kUnroll; ++k)
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        add(acc, load<A>(x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
+        add(acc, in_val<A>(p, x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
   }
   // The last units (fewer than kUnroll) are loaded all at once, then added in order: one at a time, a
   // thread with units / G = 5.5 (rows of 2824 fp32, G 128) waited for three dependent memory round trips
@@ -343,7 +351,7 @@ __device__ __forceinline__ void walk_row(const ReduceParams& p, const TI* base, 
       if (u + (i64)k * G < hi) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          add(acc, load<A>(x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
+          add(acc, in_val<A>(p, x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
       }
     }
   }
@@ -380,10 +388,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rows_vec(const ReducePar
       const i64 head = min(p.len, (i64)((VEC - mis) & (VEC - 1)));
       const i64 nvec = (p.len - head) / VEC;
       if (seg == 0)
-        for (i64 e = lane; e < head; e += G) add(acc, load<A>(base[e]), (int)e, OP, np, IDX);
+        for (i64 e = lane; e < head; e += G) add(acc, in_val<A>(p, base[e]), (int)e, OP, np, IDX);
       walk_row<TI, A, VEC, false>(p, base + head, lo + lane, min(nvec, lo + p.chunk), G, head, acc, OP, np, IDX);
       if (seg == 0)
-        for (i64 e = head + nvec * VEC + lane; e < p.len; e += G) add(acc, load<A>(base[e]), (int)e, OP, np, IDX);
+        for (i64 e = head + nvec * VEC + lane; e < p.len; e += G) add(acc, in_val<A>(p, base[e]), (int)e, OP, np, IDX);
     }
   }
   const Part<A> r = group_reduce(close(acc, OP), G, OP, np, IDX, sm);
@@ -424,12 +432,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rows_gen(const ReducePar
         w.next(p);
       }
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) add(acc, load<A>(x[k]), (int)(u + (i64)k * G), op, np, idx);
+      for (int k = 0; k < kUnroll; ++k) add(acc, in_val<A>(p, x[k]), (int)(u + (i64)k * G), op, np, idx);
     }
     for (; u < hi; u += G) {
       const TI x = base[w.off];
       w.next(p);
-      add(acc, load<A>(x), (int)u, op, np, idx);
+      add(acc, in_val<A>(p, x), (int)u, op, np, idx);
     }
   }
   const Part<A> r = group_reduce(close(acc, op), G, op, np, idx, sm);
@@ -459,13 +467,13 @@ __device__ __forceinline__ void walk_cols(const ReduceParams& p, const TI* base,
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k)
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) add(acc[e], load<A>(x[k].v[e]), (int)(r + (i64)k * S), op, np, idx);
+      for (int e = 0; e < VEC; ++e) add(acc[e], in_val<A>(p, x[k].v[e]), (int)(r + (i64)k * S), op, np, idx);
   }
   for (; r < hi; r += S) {
     const V x = load_unit(reinterpret_cast<const V*>(base + w.off));
     w.next(p);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) add(acc[e], load<A>(x.v[e]), (int)r, op, np, idx);
+    for (int e = 0; e < VEC; ++e) add(acc[e], in_val<A>(p, x.v[e]), (int)r, op, np, idx);
   }
 }
 

@@ -55,7 +55,7 @@ RULES = (
          "it up with its vector kernel, pydnn/ops/_elementwise.py)"),
     Rule(r"tensor_ops\.(f32|h16)", r"::tensor::Op(Min|Max|Sqrt|Not),",
          "OpTensor's MIN, MAX, SQRT and NOT"),
-    Rule(r"reduce\.(f32|f16|bf16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
+    Rule(r"reduce\.(f32|h16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
          "ReduceTensor's MUL, NORM1 and MUL_NO_ZEROS, and the indices of MIN / MAX / AMAX"),
     Rule(r"softmax\.f32", r"_(fwd|bwd)<[^<>]*, 0>$",
          "float softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG). 16-bit ACCURATE runs "
