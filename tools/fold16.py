@@ -115,13 +115,11 @@ def cpu_main(args):
 
 
 # ------------------------------------------------------------------------------------------------ GPU
-def _time(fn, reps=50):
-    from pydnn._cuda import driver
-
-    fn()
-    driver.synchronize() if hasattr(driver, "synchronize") else None
+def _time(fn, reps):
+    """Median microseconds of `reps` CUDA-event timed calls (after one warm-up call)."""
     import torch
 
+    fn()
     torch.cuda.synchronize()
     ts = []
     for _ in range(reps):
@@ -134,26 +132,35 @@ def _time(fn, reps=50):
     return statistics.median(ts)
 
 
+_DT = {}
+
+
+def _td(dt, dims, fmt=None):
+    import pydnn
+
+    d = pydnn.create_tensor_descriptor()
+    pydnn.set_tensor_nd_descriptor_ex(d, fmt if fmt is not None else pydnn.PYDNN_TENSOR_NCHW, _DT[dt], len(dims), list(dims))
+    return d
+
+
 def gpu_cases():
-    """(name, dtype, make(handle) -> (run(), output tensor)) for the folded families."""
+    """(name, make(handle, dtype) -> (run(), output tensor)) for the folded families' common calls."""
     import torch
     import pydnn
 
-    cases = []
+    def rnd(shape, seed, dt, scale=1.0):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return (torch.randn(shape, device="cuda", generator=g) * scale).to(dt)
 
     def act(mode, shape, bwd=False):
         def make(h, dt):
-            g = torch.Generator(device="cuda").manual_seed(1)
-            x = (torch.randn(shape, device="cuda", generator=g) * 3).to(dt)
-            y = torch.empty_like(x)
+            x, y = rnd(shape, 1, dt, 3.0), torch.empty(shape, device="cuda", dtype=dt)
             d = pydnn.create_activation_descriptor()
             pydnn.set_activation_descriptor(d, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
-            td = pydnn.create_tensor_descriptor()
-            pydnn.set_tensor_nd_descriptor_ex(td, pydnn.PYDNN_TENSOR_NCHW, _DT[dt], len(shape), list(shape))
+            td = _td(dt, shape)
             if not bwd:
                 return (lambda: pydnn.activation_forward(h, d, 1.0, td, x.data_ptr(), 0.0, td, y.data_ptr())), y
-            dy = torch.randn(shape, device="cuda", generator=g).to(dt)
-            yy = torch.empty_like(x)
+            dy, yy = rnd(shape, 2, dt), torch.empty_like(x)
             pydnn.activation_forward(h, d, 1.0, td, x.data_ptr(), 0.0, td, yy.data_ptr())
             return (lambda: pydnn.activation_backward(h, d, 1.0, td, yy.data_ptr(), td, dy.data_ptr(), td,
                                                       x.data_ptr(), 0.0, td, y.data_ptr())), y
@@ -161,86 +168,114 @@ def gpu_cases():
 
     def optensor(op, shape, bshape):
         def make(h, dt):
-            g = torch.Generator(device="cuda").manual_seed(2)
-            a = torch.randn(shape, device="cuda", generator=g).to(dt)
-            b = torch.randn(bshape, device="cuda", generator=g).to(dt)
-            c = torch.randn(shape, device="cuda", generator=g).to(dt)
+            a, b, c = rnd(shape, 3, dt), rnd(bshape, 4, dt), torch.empty(shape, device="cuda", dtype=dt)
             od = pydnn.create_op_tensor_descriptor()
             pydnn.set_op_tensor_descriptor(od, op, pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_NOT_PROPAGATE_NAN)
-            ad, bd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
-            pydnn.set_tensor_nd_descriptor_ex(ad, pydnn.PYDNN_TENSOR_NCHW, _DT[dt], len(shape), list(shape))
-            pydnn.set_tensor_nd_descriptor_ex(bd, pydnn.PYDNN_TENSOR_NCHW, _DT[dt], len(bshape), list(bshape))
-            return (lambda: pydnn.op_tensor(h, od, 1.0, ad, a.data_ptr(), 0.5, bd, b.data_ptr(), 0.25, ad,
+            ad, bd = _td(dt, shape), _td(dt, bshape)
+            return (lambda: pydnn.op_tensor(h, od, 1.0, ad, a.data_ptr(), 0.5, bd, b.data_ptr(), 0.0, ad,
                                             c.data_ptr())), c
         return make
 
     def transform(shape, other, dst_fmt):
-        def make(h, dt):  # other: from the other 16-bit type (a conversion between the formats)
-            src = ({torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}[dt] if other else dt)
-            g = torch.Generator(device="cuda").manual_seed(3)
-            x = torch.randn(shape, device="cuda", generator=g).to(src)
-            y = torch.empty(shape, device="cuda", dtype=dt)
-            xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
-            pydnn.set_tensor_nd_descriptor_ex(xd, pydnn.PYDNN_TENSOR_NCHW, _DT[src], len(shape), list(shape))
-            pydnn.set_tensor_nd_descriptor_ex(yd, dst_fmt, _DT[dt], len(shape), list(shape))
+        def make(h, dt):  # other: from the other 16-bit type (a conversion between the two formats)
+            src = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}[dt] if other else dt
+            x, y = rnd(shape, 6, src), torch.empty(shape, device="cuda", dtype=dt)
+            xd, yd = _td(src, shape), _td(dt, shape, dst_fmt)
             return (lambda: pydnn.transform_tensor(h, 1.0, xd, x.data_ptr(), 0.0, yd, y.data_ptr())), y
         return make
 
-    n = (64, 1024, 32, 32)  # 64M elements
-    cases += [("relu fwd", act(pydnn.PYDNN_ACTIVATION_RELU, n)),
-              ("gelu_erf fwd", act(pydnn.PYDNN_ACTIVATION_GELU_ERF, n)),
-              ("gelu_tanh fwd", act(pydnn.PYDNN_ACTIVATION_GELU_TANH, n)),
-              ("sigmoid bwd", act(pydnn.PYDNN_ACTIVATION_SIGMOID, n, bwd=True)),
-              ("gelu_erf bwd", act(pydnn.PYDNN_ACTIVATION_GELU_ERF, n, bwd=True)),
-              ("op add", optensor(pydnn.PYDNN_OP_TENSOR_ADD, n, n)),
-              ("op mul bias rows", optensor(pydnn.PYDNN_OP_TENSOR_MUL, (65536, 1024), (1, 1024))),
-              ("transform nchw->nhwc", transform(n, False, pydnn.PYDNN_TENSOR_NHWC)),
-              ("transform other 16-bit -> nhwc", transform(n, True, pydnn.PYDNN_TENSOR_NHWC)),
-              ("transform other 16-bit", transform(n, True, pydnn.PYDNN_TENSOR_NCHW))]
-    return cases
+    def reduce(op, shape, cshape):
+        def make(h, dt):
+            x, y = rnd(shape, 7, dt), torch.empty(cshape, device="cuda", dtype=dt)
+            r = pydnn.create_reduce_tensor_descriptor()
+            pydnn.set_reduce_tensor_descriptor(r, op, pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_NOT_PROPAGATE_NAN,
+                                               pydnn.PYDNN_REDUCE_TENSOR_NO_INDICES, pydnn.PYDNN_32BIT_INDICES)
+            xd, yd = _td(dt, shape), _td(dt, cshape)
+            ws = pydnn.get_reduction_workspace_size(h, r, xd, yd)
+            w = torch.empty(max(ws, 8), device="cuda", dtype=torch.uint8)
+            return (lambda: pydnn.reduce_tensor(h, r, None, 0, w.data_ptr() if ws else None, ws, 1.0, xd,
+                                                x.data_ptr(), 0.0, yd, y.data_ptr())), y
+        return make
 
-
-_DT = {}
+    n = (64, 512, 32, 32)  # 32M elements
+    A = pydnn
+    return [("relu fwd", act(A.PYDNN_ACTIVATION_RELU, n)),
+            ("gelu_erf fwd", act(A.PYDNN_ACTIVATION_GELU_ERF, n)),
+            ("gelu_tanh fwd", act(A.PYDNN_ACTIVATION_GELU_TANH, n)),
+            ("swish fwd", act(A.PYDNN_ACTIVATION_SWISH, n)),
+            ("sigmoid bwd", act(A.PYDNN_ACTIVATION_SIGMOID, n, bwd=True)),
+            ("gelu_erf bwd", act(A.PYDNN_ACTIVATION_GELU_ERF, n, bwd=True)),
+            ("op add", optensor(A.PYDNN_OP_TENSOR_ADD, n, n)),
+            ("op mul bias rows", optensor(A.PYDNN_OP_TENSOR_MUL, (32768, 1024), (1, 1024))),
+            ("transform nchw->nhwc", transform(n, False, A.PYDNN_TENSOR_NHWC)),
+            ("transform other 16-bit", transform(n, True, A.PYDNN_TENSOR_NCHW)),
+            ("transform other 16-bit -> nhwc", transform(n, True, A.PYDNN_TENSOR_NHWC)),
+            ("reduce add rows", reduce(A.PYDNN_REDUCE_TENSOR_ADD, (32768, 1024), (32768, 1))),
+            ("reduce max cols", reduce(A.PYDNN_REDUCE_TENSOR_MAX, (1024, 32768), (1, 32768))),
+            ("reduce avg nchw->c", reduce(A.PYDNN_REDUCE_TENSOR_AVG, n, (1, 512, 1, 1)))]
 
 
 def typed_family_units():
-    """The folded families' typed 16-bit units (called with the fold off: activation.f16, tensor_ops.bf16, ...)."""
-    from pydnn.ops import activation, tensor_ops
+    """The folded families' typed 16-bit units (called with the fold off: activation.f16, reduce.bf16, ...)."""
+    from pydnn.ops import activation, reduce, tensor_ops
 
-    return [u for m in (activation, tensor_ops) for u in m.kernel_units() if re.search(r"\.b?f16$", u.name)]
+    return [u for m in (activation, tensor_ops, reduce) for u in m.kernel_units() if re.search(r"\.b?f16$", u.name)]
 
 
 def gpu_main(args):
     import torch
     import pydnn
+    from pydnn._build import build, loader
+    from pydnn._cuda import driver
     from pydnn.ops import _elementwise as ew
-    from pydnn._build import loader, manifest
 
     _DT.update({torch.float16: pydnn.PYDNN_DATA_HALF, torch.bfloat16: pydnn.PYDNN_DATA_BFLOAT16,
                 torch.float32: pydnn.PYDNN_DATA_FLOAT})
+    from pydnn._build import rare
+
+    arch = driver.device_arch(0)
+    ew.set_fold16(False)
+    # the typed units' install parts only (what the cases' common calls take: the rules name the folded units),
+    # under the family names
+    def common(u):
+        name = re.sub(r"\.b?f16$", ".h16", u.name)
+        return replace(u, exprs=tuple(e for e in u.exprs if not rare.is_rare(
+            name, e.replace("pydnn::half_t", "pydnn::h16_t").replace("pydnn::bf16_t", "pydnn::h16_t"), arch)))
+    typed = [common(u) for u in typed_family_units()]
+    ew.set_fold16(True)
+    build.build_all(archs=[arch], units=typed, progress=False)   # (in parallel, before any timing)
+    loader.register_units(typed)
     rows, bad = [], 0
     for name, make in gpu_cases():
+        if args.only and not re.search(args.only, name):
+            continue
         for dt in (torch.float16, torch.bfloat16):
             res = {}
-            for fold in (True, False):
+            for fold in (True, False, True, False):   # alternating: drift shows as a difference between rounds
                 ew.set_fold16(fold)
-                if not fold:
-                    loader.register_units(typed_family_units())
                 h = pydnn.create()
-                run, out = make(h, dt)
-                out.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                res[fold] = (out.view(torch.int16).clone(), _time(run))
-                pydnn.destroy(h)
-            ew.set_fold16(True)
+                try:
+                    run, out = make(h, dt)
+                    out.fill_(float("nan"))
+                    run()
+                    torch.cuda.synchronize()
+                    bits = out.view(torch.int16).clone()
+                    t = _time(run, args.reps)
+                finally:
+                    pydnn.destroy(h)
+                    ew.set_fold16(True)
+                prev = res.get(fold)
+                res[fold] = (bits, min(t, prev[1]) if prev else t)
             same = torch.equal(res[True][0], res[False][0])
             bad += not same
             t_f, t_t = res[True][1], res[False][1]
             rows.append(f"| {name} | {str(dt)[6:]} | {t_t:.1f} | {t_f:.1f} | {t_f / t_t:.3f} | "
                         f"{'identical' if same else 'DIFFER'} |")
-    text = "\n".join(["| case | dtype | typed us | folded us | folded / typed | outputs |", "|---|---|---:|---:|---:|---|"]
-                     + rows) + f"\n\n{torch.cuda.get_device_name()}; {bad} cases differ\n"
+            print(rows[-1], flush=True)
+    text = "\n".join(["| case | dtype | typed us | folded us | folded / typed | outputs |",
+                      "|---|---|---:|---:|---:|---|"] + rows)
+    text += (f"\n\n{torch.cuda.get_device_name()} ({arch}); times: the better of two alternating rounds, each the "
+             f"median of {args.reps} event-timed calls; {bad} cases differ\n")
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -256,6 +291,8 @@ def main():
     ap.add_argument("--kernels", action="store_true", help="print every kernel's row")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--only", help="--gpu: cases whose names match this regular expression")
     args = ap.parse_args()
     if args.gpu:
         sys.exit(gpu_main(args))
