@@ -203,11 +203,28 @@ template <class A> __device__ __forceinline__ A load_out(const ReduceParams& p, 
   }
 }
 
+// double -> bfloat16 rounded to nearest even, in the same instructions on every arch: rounded to odd into float
+// (the float nearest v, moved one ulp toward zero if it lies beyond v, then its last bit set if inexact), then to
+// bfloat16 (float keeps more than 8 + 2 bits, so the second rounding is the only one that counts). The value of
+// types.cuh's Store<bf16_t>::from(double), whose sm_90 form (cvt.rn.bf16.f64) made this file's PTX differ by arch,
+// so that reduce's sm_90 code had to be compiled by NVRTC again instead of sharing the sm_80 PTX through ptxas
+// (issue 21's install time; pydnn/_build/ptxas.py). It runs once per output.
+__device__ __forceinline__ bf16_t bf16_of(double v) {
+  float f = __double2float_rn(v);
+  if (v == v && (double)f != v) {
+    unsigned b = __float_as_uint(f);
+    if (fabs((double)f) > fabs(v)) b -= 1u;  // rounded away from zero (inf included): truncate instead
+    f = __uint_as_float(b | 1u);
+  }
+  return to_bf16(f);
+}
+__device__ __forceinline__ bf16_t bf16_of(float v) { return to_bf16(v); }
+
 template <class A> __device__ __forceinline__ void store_out(const ReduceParams& p, i64 off, A v) {
   switch (p.out_type) {
     case PYDNN_REDUCE_OUT_F64: ((double*)p.out)[off] = (double)v; break;
     case PYDNN_REDUCE_OUT_F16: ((half_t*)p.out)[off] = store<half_t>(v); break;
-    case PYDNN_REDUCE_OUT_BF16: ((bf16_t*)p.out)[off] = store<bf16_t>(v); break;
+    case PYDNN_REDUCE_OUT_BF16: ((bf16_t*)p.out)[off] = bf16_of(v); break;
     default: ((float*)p.out)[off] = store<float>(v);
   }
 }
