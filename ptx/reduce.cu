@@ -47,6 +47,14 @@ template <class A> __device__ __forceinline__ A in_val(const ReduceParams& p, h1
   return (A)h16_to_float(x, (p.flags & PYDNN_REDUCE_FLAG_IN_BF16) != 0u);
 }
 
+// The hot walks of an h16_t kernel run on the launch's concrete format: hw_bf16 / hw_half view the input as bf16_t /
+// half_t (the same 2-byte layout), so that the walk loop is the typed kernel's loop (no per-element format select
+// there: the first fold cost reduce's column walk ~3% on the H200, tools/fold16.py --gpu) while the rest of the
+// kernel stays one copy. Other types: unused.
+template <class T> struct IsH16 { static constexpr bool value = false; };
+template <> struct IsH16<h16_t> { static constexpr bool value = true; };
+__device__ __forceinline__ bool in_bf16(const ReduceParams& p) { return (p.flags & PYDNN_REDUCE_FLAG_IN_BF16) != 0u; }
+
 // A thread's running state: value, Kahan compensation (sums), index of the chosen element (MIN/MAX/AMAX).
 template <class A> struct Acc { A v, c; int i; };
 
@@ -399,14 +407,28 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rows_vec(const ReducePar
     const TI* base = (const TI*)p.in + row_offset(p, row, 1);
     const i64 lo = (i64)seg * p.chunk;
     if (p.red_ndim == 2) {
-      walk_row<TI, A, VEC, true>(p, base, lo + lane, min(p.units, lo + p.chunk), G, 0, acc, OP, np, IDX);
+      const i64 hi = min(p.units, lo + p.chunk);
+      if constexpr (IsH16<TI>::value) {
+        if (in_bf16(p)) walk_row<bf16_t, A, VEC, true>(p, (const bf16_t*)base, lo + lane, hi, G, 0, acc, OP, np, IDX);
+        else walk_row<half_t, A, VEC, true>(p, (const half_t*)base, lo + lane, hi, G, 0, acc, OP, np, IDX);
+      } else {
+        walk_row<TI, A, VEC, true>(p, base, lo + lane, hi, G, 0, acc, OP, np, IDX);
+      }
     } else {
       const int mis = (int)(((unsigned long long)base / sizeof(TI)) & (VEC - 1));
       const i64 head = min(p.len, (i64)((VEC - mis) & (VEC - 1)));
       const i64 nvec = (p.len - head) / VEC;
       if (seg == 0)
         for (i64 e = lane; e < head; e += G) add(acc, in_val<A>(p, base[e]), (int)e, OP, np, IDX);
-      walk_row<TI, A, VEC, false>(p, base + head, lo + lane, min(nvec, lo + p.chunk), G, head, acc, OP, np, IDX);
+      const i64 hi = min(nvec, lo + p.chunk);
+      if constexpr (IsH16<TI>::value) {
+        if (in_bf16(p))
+          walk_row<bf16_t, A, VEC, false>(p, (const bf16_t*)(base + head), lo + lane, hi, G, head, acc, OP, np, IDX);
+        else
+          walk_row<half_t, A, VEC, false>(p, (const half_t*)(base + head), lo + lane, hi, G, head, acc, OP, np, IDX);
+      } else {
+        walk_row<TI, A, VEC, false>(p, base + head, lo + lane, hi, G, head, acc, OP, np, IDX);
+      }
       if (seg == 0)
         for (i64 e = head + nvec * VEC + lane; e < p.len; e += G) add(acc, in_val<A>(p, base[e]), (int)e, OP, np, IDX);
     }
@@ -528,8 +550,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) cols(const ReduceParams 
     const TI* base = (const TI*)p.in + row_offset(p, outer, 1) + vcol * VEC * p.col_stride[1];
     const i64 lo = (i64)seg * p.chunk, hi = min(p.units, lo + p.chunk);
     const i64 r = lo + sub + (i64)P * ty;
-    if (p.red_ndim == 2) walk_cols<TI, A, VEC, true>(p, base, r, hi, P * BY, acc, OP, np, IDX);
-    else walk_cols<TI, A, VEC, false>(p, base, r, hi, P * BY, acc, OP, np, IDX);
+    if constexpr (IsH16<TI>::value) {
+      const bool bf = in_bf16(p);
+      if (p.red_ndim == 2 && bf) walk_cols<bf16_t, A, VEC, true>(p, (const bf16_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+      else if (p.red_ndim == 2) walk_cols<half_t, A, VEC, true>(p, (const half_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+      else if (bf) walk_cols<bf16_t, A, VEC, false>(p, (const bf16_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+      else walk_cols<half_t, A, VEC, false>(p, (const half_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+    } else {
+      if (p.red_ndim == 2) walk_cols<TI, A, VEC, true>(p, base, r, hi, P * BY, acc, OP, np, IDX);
+      else walk_cols<TI, A, VEC, false>(p, base, r, hi, P * BY, acc, OP, np, IDX);
+    }
   }
   const int t = ty * BX + tx;
 #pragma unroll
