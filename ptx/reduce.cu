@@ -15,6 +15,7 @@
 // result is the same bits on every run. Sums use Kahan compensation per thread.
 #include "common/params.h"
 #include "common/types.cuh"
+#include "common/h16.cuh"
 #include "reduce_params.h"
 
 namespace pydnn {
@@ -38,6 +39,21 @@ __device__ __forceinline__ double nan_of(double) { return __longlong_as_double(0
 template <class TI, int OP> struct AccT { typedef typename AccOf<TI>::type type; };
 template <class TI> struct AccT<TI, kMul> { typedef double type; };
 template <class TI> struct AccT<TI, kMulNoZeros> { typedef double type; };
+
+// An input element as A. TI = pydnn::h16_t: half and bfloat16 in one instantiation (issue 21's install time),
+// the format PYDNN_REDUCE_FLAG_IN_BF16 of the launch, converted by the same instructions as half_t's / bf16_t's.
+template <class A, class TI> __device__ __forceinline__ A in_val(const ReduceParams&, TI x) { return load<A>(x); }
+template <class A> __device__ __forceinline__ A in_val(const ReduceParams& p, h16_t x) {
+  return (A)h16_to_float(x, (p.flags & PYDNN_REDUCE_FLAG_IN_BF16) != 0u);
+}
+
+// The hot walks of an h16_t kernel run on the launch's concrete format: hw_bf16 / hw_half view the input as bf16_t /
+// half_t (the same 2-byte layout), so that the walk loop is the typed kernel's loop (no per-element format select
+// there: the first fold cost reduce's column walk ~3% on the H200, tools/fold16.py --gpu) while the rest of the
+// kernel stays one copy. Other types: unused.
+template <class T> struct IsH16 { static constexpr bool value = false; };
+template <> struct IsH16<h16_t> { static constexpr bool value = true; };
+__device__ __forceinline__ bool in_bf16(const ReduceParams& p) { return (p.flags & PYDNN_REDUCE_FLAG_IN_BF16) != 0u; }
 
 // A thread's running state: value, Kahan compensation (sums), index of the chosen element (MIN/MAX/AMAX).
 template <class A> struct Acc { A v, c; int i; };
@@ -195,11 +211,28 @@ template <class A> __device__ __forceinline__ A load_out(const ReduceParams& p, 
   }
 }
 
+// double -> bfloat16 rounded to nearest even, in the same instructions on every arch: rounded to odd into float
+// (the float nearest v, moved one ulp toward zero if it lies beyond v, then its last bit set if inexact), then to
+// bfloat16 (float keeps more than 8 + 2 bits, so the second rounding is the only one that counts). The value of
+// types.cuh's Store<bf16_t>::from(double), whose sm_90 form (cvt.rn.bf16.f64) made this file's PTX differ by arch,
+// so that reduce's sm_90 code had to be compiled by NVRTC again instead of sharing the sm_80 PTX through ptxas
+// (issue 21's install time; pydnn/_build/ptxas.py). It runs once per output.
+__device__ __forceinline__ bf16_t bf16_of(double v) {
+  float f = __double2float_rn(v);
+  if (v == v && (double)f != v) {
+    unsigned b = __float_as_uint(f);
+    if (fabs((double)f) > fabs(v)) b -= 1u;  // rounded away from zero (inf included): truncate instead
+    f = __uint_as_float(b | 1u);
+  }
+  return to_bf16(f);
+}
+__device__ __forceinline__ bf16_t bf16_of(float v) { return to_bf16(v); }
+
 template <class A> __device__ __forceinline__ void store_out(const ReduceParams& p, i64 off, A v) {
   switch (p.out_type) {
     case PYDNN_REDUCE_OUT_F64: ((double*)p.out)[off] = (double)v; break;
     case PYDNN_REDUCE_OUT_F16: ((half_t*)p.out)[off] = store<half_t>(v); break;
-    case PYDNN_REDUCE_OUT_BF16: ((bf16_t*)p.out)[off] = store<bf16_t>(v); break;
+    case PYDNN_REDUCE_OUT_BF16: ((bf16_t*)p.out)[off] = bf16_of(v); break;
     default: ((float*)p.out)[off] = store<float>(v);
   }
 }
@@ -324,7 +357,7 @@ __device__ __forceinline__ void walk_row(const ReduceParams& p, const TI* base, 
     for (int k = 0; k < kUnroll; ++k)
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        add(acc, load<A>(x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
+        add(acc, in_val<A>(p, x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
   }
   // The last units (fewer than kUnroll) are loaded all at once, then added in order: one at a time, a
   // thread with units / G = 5.5 (rows of 2824 fp32, G 128) waited for three dependent memory round trips
@@ -343,7 +376,7 @@ __device__ __forceinline__ void walk_row(const ReduceParams& p, const TI* base, 
       if (u + (i64)k * G < hi) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          add(acc, load<A>(x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
+          add(acc, in_val<A>(p, x[k].v[e]), (int)(first + (u + (i64)k * G) * VEC + e), op, np, idx);
       }
     }
   }
@@ -374,16 +407,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rows_vec(const ReducePar
     const TI* base = (const TI*)p.in + row_offset(p, row, 1);
     const i64 lo = (i64)seg * p.chunk;
     if (p.red_ndim == 2) {
-      walk_row<TI, A, VEC, true>(p, base, lo + lane, min(p.units, lo + p.chunk), G, 0, acc, OP, np, IDX);
+      const i64 hi = min(p.units, lo + p.chunk);
+      if constexpr (IsH16<TI>::value) {
+        if (in_bf16(p)) walk_row<bf16_t, A, VEC, true>(p, (const bf16_t*)base, lo + lane, hi, G, 0, acc, OP, np, IDX);
+        else walk_row<half_t, A, VEC, true>(p, (const half_t*)base, lo + lane, hi, G, 0, acc, OP, np, IDX);
+      } else {
+        walk_row<TI, A, VEC, true>(p, base, lo + lane, hi, G, 0, acc, OP, np, IDX);
+      }
     } else {
       const int mis = (int)(((unsigned long long)base / sizeof(TI)) & (VEC - 1));
       const i64 head = min(p.len, (i64)((VEC - mis) & (VEC - 1)));
       const i64 nvec = (p.len - head) / VEC;
       if (seg == 0)
-        for (i64 e = lane; e < head; e += G) add(acc, load<A>(base[e]), (int)e, OP, np, IDX);
-      walk_row<TI, A, VEC, false>(p, base + head, lo + lane, min(nvec, lo + p.chunk), G, head, acc, OP, np, IDX);
+        for (i64 e = lane; e < head; e += G) add(acc, in_val<A>(p, base[e]), (int)e, OP, np, IDX);
+      const i64 hi = min(nvec, lo + p.chunk);
+      if constexpr (IsH16<TI>::value) {
+        if (in_bf16(p))
+          walk_row<bf16_t, A, VEC, false>(p, (const bf16_t*)(base + head), lo + lane, hi, G, head, acc, OP, np, IDX);
+        else
+          walk_row<half_t, A, VEC, false>(p, (const half_t*)(base + head), lo + lane, hi, G, head, acc, OP, np, IDX);
+      } else {
+        walk_row<TI, A, VEC, false>(p, base + head, lo + lane, hi, G, head, acc, OP, np, IDX);
+      }
       if (seg == 0)
-        for (i64 e = head + nvec * VEC + lane; e < p.len; e += G) add(acc, load<A>(base[e]), (int)e, OP, np, IDX);
+        for (i64 e = head + nvec * VEC + lane; e < p.len; e += G) add(acc, in_val<A>(p, base[e]), (int)e, OP, np, IDX);
     }
   }
   const Part<A> r = group_reduce(close(acc, OP), G, OP, np, IDX, sm);
@@ -424,12 +471,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) rows_gen(const ReducePar
         w.next(p);
       }
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) add(acc, load<A>(x[k]), (int)(u + (i64)k * G), op, np, idx);
+      for (int k = 0; k < kUnroll; ++k) add(acc, in_val<A>(p, x[k]), (int)(u + (i64)k * G), op, np, idx);
     }
     for (; u < hi; u += G) {
       const TI x = base[w.off];
       w.next(p);
-      add(acc, load<A>(x), (int)u, op, np, idx);
+      add(acc, in_val<A>(p, x), (int)u, op, np, idx);
     }
   }
   const Part<A> r = group_reduce(close(acc, op), G, op, np, idx, sm);
@@ -459,13 +506,13 @@ __device__ __forceinline__ void walk_cols(const ReduceParams& p, const TI* base,
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k)
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) add(acc[e], load<A>(x[k].v[e]), (int)(r + (i64)k * S), op, np, idx);
+      for (int e = 0; e < VEC; ++e) add(acc[e], in_val<A>(p, x[k].v[e]), (int)(r + (i64)k * S), op, np, idx);
   }
   for (; r < hi; r += S) {
     const V x = load_unit(reinterpret_cast<const V*>(base + w.off));
     w.next(p);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) add(acc[e], load<A>(x.v[e]), (int)r, op, np, idx);
+    for (int e = 0; e < VEC; ++e) add(acc[e], in_val<A>(p, x.v[e]), (int)r, op, np, idx);
   }
 }
 
@@ -503,8 +550,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) cols(const ReduceParams 
     const TI* base = (const TI*)p.in + row_offset(p, outer, 1) + vcol * VEC * p.col_stride[1];
     const i64 lo = (i64)seg * p.chunk, hi = min(p.units, lo + p.chunk);
     const i64 r = lo + sub + (i64)P * ty;
-    if (p.red_ndim == 2) walk_cols<TI, A, VEC, true>(p, base, r, hi, P * BY, acc, OP, np, IDX);
-    else walk_cols<TI, A, VEC, false>(p, base, r, hi, P * BY, acc, OP, np, IDX);
+    if constexpr (IsH16<TI>::value) {
+      const bool bf = in_bf16(p);
+      if (p.red_ndim == 2 && bf) walk_cols<bf16_t, A, VEC, true>(p, (const bf16_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+      else if (p.red_ndim == 2) walk_cols<half_t, A, VEC, true>(p, (const half_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+      else if (bf) walk_cols<bf16_t, A, VEC, false>(p, (const bf16_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+      else walk_cols<half_t, A, VEC, false>(p, (const half_t*)base, r, hi, P * BY, acc, OP, np, IDX);
+    } else {
+      if (p.red_ndim == 2) walk_cols<TI, A, VEC, true>(p, base, r, hi, P * BY, acc, OP, np, IDX);
+      else walk_cols<TI, A, VEC, false>(p, base, r, hi, P * BY, acc, OP, np, IDX);
+    }
   }
   const int t = ty * BX + tx;
 #pragma unroll

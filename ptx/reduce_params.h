@@ -19,6 +19,7 @@
 
 /* flags beyond PYDNN_FLAG_BETA (1) and PYDNN_FLAG_NAN_PROP (2) */
 #define PYDNN_REDUCE_FLAG_SMALL_ROWS 4u  /* the row dims' product fits in 32 bits: 32-bit index math */
+#define PYDNN_REDUCE_FLAG_IN_BF16 8u     /* a pydnn::h16_t kernel's input is bfloat16 (else half): common/h16.cuh */
 
 /* out_type: the element type of C */
 #define PYDNN_REDUCE_OUT_F32 0

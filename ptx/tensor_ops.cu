@@ -80,6 +80,7 @@ PYDNN_EXACT_COPY(float, float)
 PYDNN_EXACT_COPY(double, double)
 PYDNN_EXACT_COPY(half_t, float)
 PYDNN_EXACT_COPY(bf16_t, float)
+PYDNN_EXACT_COPY(h16_t, float)
 PYDNN_EXACT_COPY(signed char, float)
 PYDNN_EXACT_COPY(unsigned char, float)
 PYDNN_EXACT_COPY(int, double)
@@ -118,6 +119,7 @@ __device__ __forceinline__ unsigned raw(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ u64 raw(double x) { return (u64)__double_as_longlong(x); }
 __device__ __forceinline__ unsigned raw(half_t x) { return x.bits; }
 __device__ __forceinline__ unsigned raw(bf16_t x) { return x.bits; }
+__device__ __forceinline__ unsigned raw(h16_t x) { return x.bits; }
 __device__ __forceinline__ unsigned raw(signed char x) { return (unsigned char)x; }
 __device__ __forceinline__ unsigned raw(unsigned char x) { return x; }
 __device__ __forceinline__ unsigned raw(int x) { return (unsigned)x; }
@@ -134,6 +136,9 @@ template <> struct FromRaw<half_t> {
 };
 template <> struct FromRaw<bf16_t> {
   __device__ static bf16_t get(unsigned s) { bf16_t h; h.bits = (unsigned short)s; return h; }
+};
+template <> struct FromRaw<h16_t> {
+  __device__ static h16_t get(unsigned s) { h16_t h; h.bits = (unsigned short)s; return h; }
 };
 template <> struct FromRaw<signed char> {
   __device__ static signed char get(unsigned s) { return (signed char)(unsigned char)s; }
@@ -157,11 +162,11 @@ struct Cell {
   // 64 registers, 3 blocks 80, 2 blocks 128); the most that compiles without spilling
   static constexpr bool narrow = sizeof(A) == 4 && sizeof(TI) < 8 && sizeof(TO) < 8;
   static constexpr int min_blocks = narrow ? 4 : 2, min_blocks_scalar = narrow ? 3 : 2;
-  __device__ static S put(TI x) { return load<A>(x); }
+  __device__ static S put(TI x, const MapParams& p) { return El<TI>::template get<A>(p, x, kIn16); }
   __device__ static TO get(S s, const MapParams& p, A alpha, A alpha2, A beta, TO old, bool blend) {
     A v = Op::template apply<A>(s, A(0), A(0), p, alpha, alpha2);
-    if (blend) v += beta * load<A>(old);
-    return store<TO>(v);
+    if (blend) v += beta * El<TO>::template get<A>(p, old, kOut16);
+    return El<TO>::put(p, v, kOut16);
   }
 };
 template <class T>
@@ -170,7 +175,7 @@ struct Cell<T, T, Copy> {
   typedef decltype(raw(T())) S;
   static constexpr int min_blocks = sizeof(T) <= 2 ? 8 : sizeof(T) == 4 ? 6 : 2;  // 32 / 40 / 128 registers
   static constexpr int min_blocks_scalar = sizeof(T) < 8 ? 4 : 2;
-  __device__ static S put(T x) { return raw(x); }
+  __device__ static S put(T x, const MapParams&) { return raw(x); }
   __device__ static T get(S s, const MapParams&, A, A, A, T, bool) { return FromRaw<T>::get(s); }
 };
 
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(256, VEC ? Cell<TI, TO, Op>::min_blocks : Cell
       for (int s = 0; s < RSTEPS; ++s)
         if (r0 + s * RROWS < w0) {
 #pragma unroll
-          for (int e = 0; e < VI; ++e) tile[r0 + s * RROWS][ci1 + e] = C::put(v[s].v[e]);
+          for (int e = 0; e < VI; ++e) tile[r0 + s * RROWS][ci1 + e] = C::put(v[s].v[e], p);
         }
     }
     __syncthreads();

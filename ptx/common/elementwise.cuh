@@ -5,26 +5,70 @@
 #pragma once
 #include "common/params.h"
 #include "common/types.cuh"
+#include "common/h16.cuh"
+
+// MapParams.flags bits beside common/params.h's: the 16-bit formats of a pydnn::h16_t instantiation (half and
+// bfloat16 share one, common/h16.cuh; issue 21's install time). Set: the inputs / the output are bfloat16;
+// clear: IEEE half. Ignored for other element types. (Here, not in params.h: that header is in the digest of
+// every unit whose PTX sharing was verified, pydnn/_build/ptx_verified.py.)
+#define PYDNN_FLAG_IN_BF16 4u
+#define PYDNN_FLAG_OUT_BF16 8u
 
 namespace pydnn {
 
 constexpr int kMapThreads = 256;  // block of the scalar and strided kernels
 constexpr int kMapUnroll = 4;     // vectors per thread of the scalar contiguous kernel
 
+// Element <-> arithmetic value. El<T>::get / put / unpack2 / pack2 are load / store / unpack16x2 / pack16x2 of T;
+// for pydnn::h16_t (one instantiation for half and bfloat16, common/h16.cuh: issue 21's install time) the same
+// instructions of the format that the launch's flag bit `fmt` names (PYDNN_FLAG_IN_BF16 for the inputs,
+// PYDNN_FLAG_OUT_BF16 for the output: both set by the host from the data types; a transform may convert
+// between the two formats), so results are bit-identical to the typed instantiations.
+template <class T> struct El {
+  template <class A> static __device__ __forceinline__ A get(const MapParams&, T v, unsigned) { return load<A>(v); }
+  template <class A> static __device__ __forceinline__ T put(const MapParams&, A v, unsigned) { return store<T>(v); }
+  static __device__ __forceinline__ void unpack2(const MapParams&, unsigned w, float& lo, float& hi, unsigned) {
+    unpack16x2<T>(w, lo, hi);
+  }
+  static __device__ __forceinline__ unsigned pack2(const MapParams&, float lo, float hi, unsigned) {
+    return pack16x2<T>(lo, hi);
+  }
+};
+template <> struct El<h16_t> {
+  template <class A> static __device__ __forceinline__ A get(const MapParams& p, h16_t v, unsigned fmt) {
+    return (A)h16_to_float(v, (p.flags & fmt) != 0u);
+  }
+  static __device__ __forceinline__ h16_t put(const MapParams& p, float v, unsigned fmt) {
+    return h16_from_float(v, (p.flags & fmt) != 0u);
+  }
+  static __device__ __forceinline__ h16_t put(const MapParams& p, double v, unsigned fmt) {
+    return h16_from_double(v, (p.flags & fmt) != 0u);
+  }
+  static __device__ __forceinline__ void unpack2(const MapParams& p, unsigned w, float& lo, float& hi, unsigned fmt) {
+    h16_unpack2(w, lo, hi, (p.flags & fmt) != 0u);
+  }
+  static __device__ __forceinline__ unsigned pack2(const MapParams& p, float lo, float hi, unsigned fmt) {
+    return h16_pack2(lo, hi, (p.flags & fmt) != 0u);
+  }
+};
+constexpr unsigned kIn16 = PYDNN_FLAG_IN_BF16, kOut16 = PYDNN_FLAG_OUT_BF16;
+
 // One element. `blend` (beta != 0, PYDNN_FLAG_BETA) is a parameter rather than a read of p.flags so that
 // callers that know it at compile time (map_contig's whole tiles) drop the unused old-value arithmetic.
 template <class TI, class TO, class Op, class A>
 __device__ __forceinline__ TO map_one(const MapParams& p, TI a0, TI a1, TI a2, TO old, A alpha, A alpha2, A beta,
                                       bool blend) {
-  A r = Op::template apply<A>(load<A>(a0), load<A>(a1), load<A>(a2), p, alpha, alpha2);
-  if (blend) r += beta * load<A>(old);
-  return store<TO>(r);
+  A r = Op::template apply<A>(El<TI>::template get<A>(p, a0, kIn16), El<TI>::template get<A>(p, a1, kIn16),
+                              El<TI>::template get<A>(p, a2, kIn16), p, alpha, alpha2);
+  if (blend) r += beta * El<TO>::template get<A>(p, old, kOut16);
+  return El<TO>::put(p, r, kOut16);
 }
 
 // Element types by what map_contig does with them: 16-bit floats (paired conversions), float.
 template <class T> struct Is16 { static constexpr bool value = false; };
 template <> struct Is16<half_t> { static constexpr bool value = true; };
 template <> struct Is16<bf16_t> { static constexpr bool value = true; };
+template <> struct Is16<h16_t> { static constexpr bool value = true; };
 template <class T> struct Is32Float { static constexpr bool value = false; };
 template <> struct Is32Float<float> { static constexpr bool value = true; };
 
@@ -100,17 +144,17 @@ __device__ __forceinline__ Vec<TO, VEC> map_vec(const MapParams& p, const Vec<TI
       float x[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
       for (int k = 0; k < 3; ++k)
-        if (Op::reads & (1u << k)) unpack16x2<TI>(w[k][j], x[k][0], x[k][1]);
+        if (Op::reads & (1u << k)) El<TI>::unpack2(p, w[k][j], x[k][0], x[k][1], kIn16);
       float y[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) y[h] = Op::template apply<A>(x[0][h], x[1][h], x[2][h], p, alpha, alpha2);
       if (blend) {
         float lo, hi;
-        unpack16x2<TO>(wo[j], lo, hi);
+        El<TO>::unpack2(p, wo[j], lo, hi, kOut16);
         y[0] += beta * lo;
         y[1] += beta * hi;
       }
-      wr[j] = pack16x2<TO>(y[0], y[1]);
+      wr[j] = El<TO>::pack2(p, y[0], y[1], kOut16);
     }
   } else {
 #pragma unroll
@@ -280,7 +324,7 @@ __global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
 #pragma unroll
     for (int c = 0; c < T1; c += 32) {
       const int i1 = c + tx, i0 = r + ty;
-      if (i1 < w1 && i0 < w0) tile[i0][i1] = load<A>(in[i1 * si1 + i0 * si0]);
+      if (i1 < w1 && i0 < w0) tile[i0][i1] = El<TI>::template get<A>(p, in[i1 * si1 + i0 * si0], kIn16);
     }
   }
   __syncthreads();
@@ -292,8 +336,8 @@ __global__ void __launch_bounds__(256) map_transpose(const MapParams p) {
       if (i1 < w1 && i0 < w0) {
         TO* dst = out + i1 * so1 + i0 * so0;
         A v = Op::template apply<A>(tile[i0][i1], A(0), A(0), p, alpha, alpha2);
-        if (p.flags & PYDNN_FLAG_BETA) v += beta * load<A>(*dst);
-        *dst = store<TO>(v);
+        if (p.flags & PYDNN_FLAG_BETA) v += beta * El<TO>::template get<A>(p, *dst, kOut16);
+        *dst = El<TO>::put(p, v, kOut16);
       }
     }
   }

@@ -20,6 +20,10 @@ __device__ __forceinline__ float h16_to_float(h16_t v, int bf) {
 __device__ __forceinline__ h16_t h16_from_float(float f, int bf) {
   return h16_t{bf ? to_bf16(f).bits : to_half(f).bits};
 }
+// from double (a transform from double data): Store<half_t> / Store<bf16_t>'s own rounding
+__device__ __forceinline__ h16_t h16_from_double(double d, int bf) {
+  return h16_t{bf ? Store<bf16_t>::from(d).bits : Store<half_t>::from(d).bits};
+}
 // two values in one 32-bit word (lo in the low half), as pack16x2 / unpack16x2 of the named type
 __device__ __forceinline__ unsigned h16_pack2(float lo, float hi, int bf) {
   return bf ? pack16x2<bf16_t>(lo, hi) : pack16x2<half_t>(lo, hi);

@@ -7,6 +7,8 @@ MAP_INPUTS = 3
 
 FLAG_BETA = 1
 FLAG_NAN_PROP = 2
+FLAG_IN_BF16 = 4    # a pydnn::h16_t map's inputs are bfloat16 (else half): PYDNN_FLAG_IN_BF16 in common/elementwise.cuh
+FLAG_OUT_BF16 = 8   # its output is bfloat16 (PYDNN_FLAG_OUT_BF16)
 
 # (header under ptx/, C struct name, ctypes class): every struct the layout test checks.
 REGISTRY = []

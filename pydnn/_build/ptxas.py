@@ -120,8 +120,9 @@ def _arch_text(body):
     return _ARCH_TEXT.search(body) is not None
 # common/types.cuh's one arch branch, Store<bf16_t>::from(double) (cvt.rn.bf16.f64 from sm_90 on; before it,
 # __double2float_rz with round-to-odd, then to_bf16), leaves this in the PTX of a unit that stores a double into
-# bfloat16 (reduce.f32's rows_gen and reduce_finish do, whatever their expressions name; __double2float_rz appears
-# nowhere else under ptx/): such a unit's sm_90 code is compiled by NVRTC for sm_90 (compile_shared)
+# bfloat16 (__double2float_rz appears nowhere else under ptx/): such a unit's sm_90 code is compiled by NVRTC for
+# sm_90 (compile_shared). (reduce's rows_gen and reduce_finish did, until session 31 gave reduce.cu an arch-neutral
+# double -> bfloat16 store, bf16_of: tests/kernels/test_reduce_bf16_store_cpu.py; no install unit carries it now.)
 PTX_ARCH_SIGNS = (b"cvt.rz.f32.f64",)
 
 

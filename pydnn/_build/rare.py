@@ -32,7 +32,7 @@ RULES = (
          "double data: every family's double instantiations (numerics checks, not training or inference)"),
     Rule(r"tensor_ops\.(i8|u8|i32|i64)|tensor_ops\.transform\.(i8|u8|i32|i64)", r"",
          "integer tensors: SetTensor on them and TransformTensor from them"),
-    Rule(r"tensor_ops\.transform\.(f32|f16|bf16)", r"<[^<>]*, (double|" + _INT[1:-1] + r"), ",
+    Rule(r"tensor_ops\.transform\.(f32|h16)", r"<[^<>]*, (double|" + _INT[1:-1] + r"), ",
          "TransformTensor from a float type to double or an integer type (quantization paths are rare "
          "enough to pay one compile)"),
     # --- instantiations only a forced tiling or a non-default tuning switch runs (benchmarks, tests)
@@ -48,14 +48,14 @@ RULES = (
     Rule(r"normalization\.(f32|f16|bf16)", r"::finish<32, 8>$",
          "finish<32, 8>: only tuning.norm.FINISH = (32, 8) runs it (the default is (32, 32))"),
     # --- modes and layouts that a planner chooses, but that deep-learning models rarely ask for
-    Rule(r"activation\.(f32|f16|bf16)", r"::act::(ClippedRelu|Elu|Identity)(Bwd)?<",
+    Rule(r"activation\.(f32|h16)", r"::act::(ClippedRelu|Elu|Identity)(Bwd)?<",
          "CLIPPED_RELU, ELU and IDENTITY activations"),
-    Rule(r"activation\.(f32|f16|bf16)", r"map_strided<",
+    Rule(r"activation\.(f32|h16)", r"map_strided<",
          "activations of non-dense tensors (map_strided). (The scalar map_contig is installed: a dense plan looks "
          "it up with its vector kernel, pydnn/ops/_elementwise.py)"),
-    Rule(r"tensor_ops\.(f32|f16|bf16)", r"::tensor::Op(Min|Max|Sqrt|Not),",
+    Rule(r"tensor_ops\.(f32|h16)", r"::tensor::Op(Min|Max|Sqrt|Not),",
          "OpTensor's MIN, MAX, SQRT and NOT"),
-    Rule(r"reduce\.(f32|f16|bf16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
+    Rule(r"reduce\.(f32|h16)", r"<[^<>]*, (1|6|8), (true|false)>$|, true>$",
          "ReduceTensor's MUL, NORM1 and MUL_NO_ZEROS, and the indices of MIN / MAX / AMAX"),
     Rule(r"softmax\.f32", r"_(fwd|bwd)<[^<>]*, 0>$",
          "float softmax's FAST mode (no max subtraction; frameworks use ACCURATE and LOG). 16-bit ACCURATE runs "

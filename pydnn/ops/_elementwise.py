@@ -10,7 +10,7 @@ import struct
 
 from .. import tuning
 from .._build import fastcall
-from .._build.params import FLAG_BETA, MAP_INPUTS, MAX_DIMS, MapParams
+from .._build.params import FLAG_BETA, FLAG_IN_BF16, FLAG_OUT_BF16, MAP_INPUTS, MAX_DIMS, MapParams
 from .._cuda import driver
 
 THREADS = 256  # block of the scalar-contiguous and strided kernels (kMapThreads)
@@ -30,6 +30,38 @@ CONTIG_HINT = 1
 # C spellings of element types, for template name expressions
 CTYPE = {"f32": "float", "f64": "double", "f16": "pydnn::half_t", "bf16": "pydnn::bf16_t",
          "i8": "signed char", "u8": "unsigned char", "i32": "int", "i64": "pydnn::i64"}
+# The map kernels' own spellings: half and bfloat16 share one pydnn::h16_t instantiation (ptx/common/h16.cuh;
+# the format of a launch is in MapParams.flags: FLAG_IN_BF16 / FLAG_OUT_BF16, set by fmt_flags), so the
+# activation and tensor-op units compile one 16-bit unit instead of two (issue 21: the install time).
+MAP_CTYPE = dict(CTYPE, f16="pydnn::h16_t", bf16="pydnn::h16_t")
+# The unit tag of a data tag: f16 and bf16 -> h16 (activation.h16, tensor_ops.h16, tensor_ops.transform.h16, ...)
+KTAG = {"f16": "h16", "bf16": "h16"}
+
+
+def ktag(t):
+    """The kernel-unit tag of data tag t (h16 for both 16-bit float types)."""
+    return KTAG.get(t, t)
+
+
+def unit_tags(tags):
+    """The data tags whose units a family builds: bf16's are f16's (h16) while the fold is on."""
+    return tuple(t for t in tags if not (KTAG and t == "bf16"))
+
+
+def set_fold16(on):
+    """The fold on (the default, what the install builds) or off: typed half_t / bf16_t instantiations in units
+    named *.f16 / *.bf16, which the install does not build (tools/fold16.py --gpu compares the two, registering
+    the typed units with the loader). In place, so that every module's reference sees it."""
+    KTAG.clear()
+    MAP_CTYPE.update(CTYPE)
+    if on:
+        KTAG.update(f16="h16", bf16="h16")
+        MAP_CTYPE.update(f16="pydnn::h16_t", bf16="pydnn::h16_t")
+
+
+def fmt_flags(ti, to):
+    """MapParams.flags bits naming the 16-bit formats of a map from ti to to (h16_t instantiations)."""
+    return (FLAG_IN_BF16 if ti == "bf16" else 0) | (FLAG_OUT_BF16 if (to or ti) == "bf16" else 0)
 
 
 def contig_geometry(ti, to=None, elems=None):
@@ -43,13 +75,13 @@ def contig_expr(op, ti, to=None, threads=None, unroll=None, hint=None, elems=Non
     """The vectorised map_contig instantiation (the planner's geometry and CONTIG_HINT unless given)."""
     vec, t, u = contig_geometry(ti, to, elems)
     t, u, h = threads or t, unroll or u, CONTIG_HINT if hint is None else hint
-    return f"pydnn::map_contig<{CTYPE[ti]}, {CTYPE[to or ti]}, {op}, {vec}, {t}, {u}, {h}>"
+    return f"pydnn::map_contig<{MAP_CTYPE[ti]}, {MAP_CTYPE[to or ti]}, {op}, {vec}, {t}, {u}, {h}>"
 
 
 def map_exprs(op, ti, to=None, hint=None, elems=None):
     """The three instantiations that serve one op on one type pair: vector, scalar-contiguous, strided.
     hint: the vector kernel's cache policy (CONTIG_HINT if None); elems: as in contig_geometry."""
-    ci, co = CTYPE[ti], CTYPE[to or ti]
+    ci, co = MAP_CTYPE[ti], MAP_CTYPE[to or ti]
     return (contig_expr(op, ti, to, hint=hint, elems=elems),
             f"pydnn::map_contig<{ci}, {co}, {op}, 1>",
             f"pydnn::map_strided<{ci}, {co}, {op}>")
@@ -57,7 +89,7 @@ def map_exprs(op, ti, to=None, hint=None, elems=None):
 
 def transpose_expr(op, ti, to=None):
     """The tiled-transpose instantiation of a single-input op (see map_transpose)."""
-    return f"pydnn::map_transpose<{CTYPE[ti]}, {CTYPE[to or ti]}, {op}>"
+    return f"pydnn::map_transpose<{MAP_CTYPE[ti]}, {MAP_CTYPE[to or ti]}, {op}>"
 
 
 def transpose_order(ndim, strides):
@@ -171,7 +203,7 @@ def prepare_map(handle, unit, op, ti, to, out_desc, in_descs, flags=0, coef=0.0,
             p.stride[k][d] = st[d]
     pr.argv = driver.kernel_args(p)
     pr.block = pr.vec_block = (THREADS, 1, 1)  # the vector kernel's block differs when dense (below)
-    pr.base_flags = flags
+    pr.base_flags = flags | fmt_flags(ti, to)
     pr.ninputs = len(in_descs)
     pr.need = (out_desc.span_bytes(),) + tuple(d.span_bytes() for d in in_descs)
     vec_e, scal_e, strided_e = map_exprs(op, ti, to, hint, elems)

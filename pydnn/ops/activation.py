@@ -64,13 +64,14 @@ def _op(mode, backward, tag):
 
 
 def kernel_units():
+    """activation.<t> for f32, h16 (half and bfloat16 in one: pydnn::h16_t, the format a launch flag) and f64."""
     units = []
-    for t in FLOAT_TAGS:
+    for t in ew.unit_tags(FLOAT_TAGS):  # (f16's unit, activation.h16, serves bf16 too: _elementwise.ktag)
         exprs = []
         for mode in OPS:
             exprs += ew.map_exprs(_op(mode, 0, t), t, hint=_hint(mode), elems=_elems(mode, 0, t))
             exprs += ew.map_exprs(_op(mode, 1, t), t, hint=_hint(mode), elems=_elems(mode, 1, t))
-        units.append(KernelUnit(f"activation.{t}", "activation.cu", tuple(exprs)))
+        units.append(KernelUnit(f"activation.{ew.ktag(t)}", "activation.cu", tuple(exprs)))
     return units
 
 
@@ -235,7 +236,7 @@ def activation_forward(handle, activation_desc, alpha, x_desc, x, beta, y_desc, 
         device_ptr(x, "x", x_desc.span_bytes())  # pointer errors before any kernel is loaded
         device_ptr(y, "y", y_desc.span_bytes())
         t = TAG[x_desc.dtype]
-        rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 0, t), t, t, y_desc, (x_desc,),
+        rec = ew.prepare_map(handle, f"activation.{ew.ktag(t)}", _op(a.mode, 0, t), t, t, y_desc, (x_desc,),
                              flags=_flags(a), coef=a.coef, coef2=a.swish_beta, hint=_hint(a.mode),
                              elems=_elems(a.mode, 0, t))
         if key is not None:
@@ -304,7 +305,7 @@ def activation_backward(handle, activation_desc, alpha, y_desc, y, dy_desc, dy, 
         for buf, d, n in ((y, y_desc, "y"), (dy, dy_desc, "dy"), (x, x_desc, "x"), (dx, dx_desc, "dx")):
             device_ptr(buf, n, d.span_bytes())
         t = TAG[y_desc.dtype]
-        rec = ew.prepare_map(handle, f"activation.{t}", _op(a.mode, 1, t), t, t, dx_desc,
+        rec = ew.prepare_map(handle, f"activation.{ew.ktag(t)}", _op(a.mode, 1, t), t, t, dx_desc,
                              (dy_desc, y_desc, x_desc), flags=_flags(a), coef=a.coef, coef2=a.swish_beta,
                              hint=_hint(a.mode), elems=_elems(a.mode, 1, t))
         if key is not None:

@@ -34,6 +34,7 @@ from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import index_of
 from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, prod, scalar
+from . import _elementwise as _ew
 from ._elementwise import CTYPE, desc_key, vec_width
 
 BLOCK = 256          # kThreads in reduce.cu
@@ -48,6 +49,9 @@ UNROLL = 4           # kUnroll in reduce.cu
 # ROW_ROUNDS_WIDE: a switch, pydnn.tuning.reduce.ROW_ROUNDS_WIDE (default 8; 0: off)
 WIDE_MIN_GROUP = 32
 FLAG_SMALL_ROWS = 4  # PYDNN_REDUCE_FLAG_SMALL_ROWS
+FLAG_IN_BF16 = 8     # PYDNN_REDUCE_FLAG_IN_BF16: half and bfloat16 inputs share the pydnn::h16_t kernels (reduce.h16),
+                     # this bit names the format (issue 21: one 16-bit unit to compile instead of two)
+KEEP_FLAGS = FLAG_SMALL_ROWS | FLAG_IN_BF16   # what a call keeps of the planned flags
 OUT_TYPE = {"f32": 0, "f64": 1, "f16": 2, "bf16": 3}
 OPS = tuple(E.ENUMS["pydnnReduceTensorOp_t"].values())
 INDEXED = (E.PYDNN_REDUCE_TENSOR_MIN, E.PYDNN_REDUCE_TENSOR_MAX, E.PYDNN_REDUCE_TENSOR_AMAX)
@@ -84,7 +88,7 @@ def _variants():
 
 
 def _expr(kind, tag, op=None, idx=False, vec=1):
-    t = CTYPE[tag]
+    t = _ew.MAP_CTYPE[tag]   # (half and bfloat16: pydnn::h16_t, while _elementwise's fold is on)
     b = "true" if idx else "false"
     if kind == "rows_vec":
         return f"pydnn::reduce::rows_vec<{t}, {op}, {b}>"
@@ -95,12 +99,12 @@ def _expr(kind, tag, op=None, idx=False, vec=1):
 
 def kernel_units():
     units = []
-    for tag in FLOAT_TAGS:
+    for tag in _ew.unit_tags(FLOAT_TAGS):   # reduce.f32, reduce.h16 (half and bfloat16), reduce.f64
         exprs = [_expr("rows_gen", tag), _expr("reduce_finish", tag)]
         for op, idx in _variants():
             exprs += [_expr("rows_vec", tag, op, idx), _expr("cols", tag, op, idx, vec_width(tag, tag)),
                       _expr("cols", tag, op, idx, 1)]
-        units.append(KernelUnit(f"reduce.{tag}", "reduce.cu", tuple(exprs)))
+        units.append(KernelUnit(f"reduce.{_ew.ktag(tag)}", "reduce.cu", tuple(exprs)))
     return units
 
 
@@ -417,8 +421,11 @@ def _plan(handle, r, a_desc, c_desc):
     pl.wants_indices = want_idx
     pl.indices_bytes = rows * 4 if want_idx else 0
     pl.need = (c_desc.span_bytes(), a_desc.span_bytes())
-    pl.unit = f"reduce.{TAG[a_desc.dtype]}"
+    ta = TAG[a_desc.dtype]
+    pl.unit = f"reduce.{_ew.ktag(ta)}"
     for lc in launches:
+        if ta == "bf16":
+            lc.params.flags |= FLAG_IN_BF16
         lc.argv = driver.kernel_args(lc.params)
         lc.func = lc.finish = None
     return pl
@@ -431,7 +438,7 @@ def _get_plan(handle, r, a_desc, c_desc, with_functions=True):
         pl = _plan(handle, r, a_desc, c_desc)
         if not with_functions:
             return pl
-        tag = pl.unit.split(".", 1)[1]
+        tag = TAG[a_desc.dtype]
         for lc in pl.launches:
             lc.func = handle.function(pl.unit, lc.expr)
             lc.finish = handle.function(pl.unit, _expr("reduce_finish", tag))
@@ -502,7 +509,7 @@ def reduce_tensor(handle, reduce_tensor_desc, indices, indices_size_in_bytes, wo
     p = lc.params
     p.indices, p.workspace, p.out, p.in_ = ind, ws, out, inp
     p.alpha, p.beta = al, be
-    p.flags = (p.flags & FLAG_SMALL_ROWS) | (FLAG_BETA if be != 0 else 0) | \
+    p.flags = (p.flags & KEEP_FLAGS) | (FLAG_BETA if be != 0 else 0) | \
         (FLAG_NAN_PROP if reduce_tensor_desc.nan_opt else 0)
     driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, lc.argv)
     if p.segments > 1:

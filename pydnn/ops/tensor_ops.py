@@ -81,7 +81,7 @@ PLAIN_OPS = (SCALED, *OPS.values())
 
 def transpose_exprs(op, ti, to):
     """The tiled-transpose instantiations of `op` from ti to to: 16-byte accesses, one element per access."""
-    ci, co = ew.CTYPE[ti], ew.CTYPE[to]
+    ci, co = ew.MAP_CTYPE[ti], ew.MAP_CTYPE[to]
     return (f"pydnn::tensor::transpose<{ci}, {co}, {op}, true>",
             f"pydnn::tensor::transpose<{ci}, {co}, {op}, false>")
 
@@ -89,8 +89,8 @@ def transpose_exprs(op, ti, to):
 def rows_expr(op, t, vec=None):
     """map_rows for op on type t: 16-byte vectors, or (vec 1) the scalar variant."""
     if vec == 1:
-        return f"pydnn::tensor::map_rows<{ew.CTYPE[t]}, {ew.CTYPE[t]}, {op}, 1, {ROWS1_THREADS}, {ROWS1_ROWS}>"
-    return (f"pydnn::tensor::map_rows<{ew.CTYPE[t]}, {ew.CTYPE[t]}, {op}, {ew.vec_width(t, t)}, {ROWS_THREADS}, "
+        return f"pydnn::tensor::map_rows<{ew.MAP_CTYPE[t]}, {ew.MAP_CTYPE[t]}, {op}, 1, {ROWS1_THREADS}, {ROWS1_ROWS}>"
+    return (f"pydnn::tensor::map_rows<{ew.MAP_CTYPE[t]}, {ew.MAP_CTYPE[t]}, {op}, {ew.vec_width(t, t)}, {ROWS_THREADS}, "
             f"{ROWS_ROWS}>")
 
 
@@ -104,7 +104,7 @@ def plain_unit(t, c_desc, in_descs):
     tuning.tensor_ops.PLAIN_BYTES, else None (prepare_map's plain_unit)."""
     if t not in PLAIN_TAGS or not ew.plain_fits(c_desc, in_descs, tuning.tensor_ops.PLAIN_BYTES):
         return None
-    return f"tensor_ops.plain.{t}"
+    return f"tensor_ops.plain.{ew.ktag(t)}"
 
 
 def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
@@ -132,7 +132,7 @@ def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
     grid = -(-hv // tc) * -(-sizes[0] // (threads // tc * rows))
     if grid > 2**31 - 1 or hv >= 2**31:
         return pr
-    pr.vec_func = handle.function(f"tensor_ops.rows.{t}", rows_expr(op, t, vec))
+    pr.vec_func = handle.function(f"tensor_ops.rows.{ew.ktag(t)}", rows_expr(op, t, vec))
     pr.vec_grid, pr.vec_block = (grid, 1, 1), (threads, 1, 1)
     pr.in_masks = pr.out_mask = 15 if vec > 1 else 0
     pr.crec = None
@@ -142,26 +142,29 @@ def _broadcast_rows(handle, unit, op, t, pr, c_desc, in_descs):
 def kernel_units():
     """tensor_ops.<t>: SetTensor for every type; ScaleTensor / AddTensor / OpTensor for float types.
     tensor_ops.transform.<ti>: TransformTensor from ti to each type (map and transpose kernels), and the
-    bit copy of ti. One unit per type keeps the units of similar size for the parallel build."""
+    bit copy of ti. One unit per type keeps the units of similar size for the parallel build. Half and bfloat16
+    share the h16 units (pydnn::h16_t, the formats launch flags: _elementwise.fmt_flags)."""
     units = []
-    for t in ALL_TAGS:
+    tags = ew.unit_tags(ALL_TAGS)  # (f16 stands for both 16-bit types: ew.ktag)
+    for t in tags:
+        k = ew.ktag(t)
         exprs = list(ew.map_exprs(SET, t))
         if t in FLOAT_TAGS:
             for op in (SCALED, *OPS.values()):
                 exprs += ew.map_exprs(op, t)
-        units.append(KernelUnit(f"tensor_ops.{t}", "tensor_ops.cu", tuple(exprs)))
+        units.append(KernelUnit(f"tensor_ops.{k}", "tensor_ops.cu", tuple(exprs)))
         if t in ROWS_TAGS:  # map_rows: a unit of its own (ptx/tensor_ops_rows.cu)
-            units.append(KernelUnit(f"tensor_ops.rows.{t}", "tensor_ops_rows.cu",
+            units.append(KernelUnit(f"tensor_ops.rows.{k}", "tensor_ops_rows.cu",
                                     tuple(rows_expr(op, t, v) for op in ROWS_OPS for v in (None, 1))))
         if t in PLAIN_TAGS:  # map_contig with the plain cache policy (see PLAIN_TAGS): a unit of its own
-            units.append(KernelUnit(f"tensor_ops.plain.{t}", "tensor_ops.cu",
+            units.append(KernelUnit(f"tensor_ops.plain.{k}", "tensor_ops.cu",
                                     tuple(ew.contig_expr(op, t, hint=0) for op in PLAIN_OPS)))
-    for ti in ALL_TAGS:
+    for ti in tags:
         exprs = []
-        for to in ALL_TAGS:
+        for to in tags:
             exprs += ew.map_exprs(SCALED, ti, to) + transpose_exprs(SCALED, ti, to)
         exprs += ew.map_exprs(COPY, ti) + transpose_exprs(COPY, ti, ti)
-        units.append(KernelUnit(f"tensor_ops.transform.{ti}", "tensor_ops.cu", tuple(exprs)))
+        units.append(KernelUnit(f"tensor_ops.transform.{ew.ktag(ti)}", "tensor_ops.cu", tuple(exprs)))
     return units
 
 
@@ -245,7 +248,7 @@ def set_tensor(handle, y_desc, y, value):
         output_tensor(y_desc, "yDesc")
         device_ptr(y, "y", y_desc.span_bytes())
         t = TAG[y_desc.dtype]
-        return ew.prepare_map(handle, f"tensor_ops.{t}", SET, t, t, y_desc, ())
+        return ew.prepare_map(handle, f"tensor_ops.{ew.ktag(t)}", SET, t, t, y_desc, ())
 
     t = TAG.get(getattr(y_desc, "dtype", None))
     v = _fill_value(t, value) if t is not None else scalar("valuePtr", value)
@@ -269,7 +272,7 @@ def scale_tensor(handle, y_desc, y, alpha):
         output_tensor(y_desc, "yDesc")
         device_ptr(y, "y", y_desc.span_bytes())
         t = TAG[y_desc.dtype]
-        return ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, y_desc, (y_desc,),
+        return ew.prepare_map(handle, f"tensor_ops.{ew.ktag(t)}", SCALED, t, t, y_desc, (y_desc,),
                               plain_unit=plain_unit(t, y_desc, (y_desc,)))
 
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
@@ -303,9 +306,9 @@ def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN
         device_ptr(A, "A", a_desc.span_bytes())
         device_ptr(C, "C", c_desc.span_bytes())
         t = TAG[c_desc.dtype]
-        pr = ew.prepare_map(handle, f"tensor_ops.{t}", SCALED, t, t, c_desc, (a_desc,),
+        pr = ew.prepare_map(handle, f"tensor_ops.{ew.ktag(t)}", SCALED, t, t, c_desc, (a_desc,),
                             plain_unit=plain_unit(t, c_desc, (a_desc,)))
-        return _broadcast_rows(handle, f"tensor_ops.{t}", SCALED, t, pr, c_desc, (a_desc,))
+        return _broadcast_rows(handle, f"tensor_ops.{ew.ktag(t)}", SCALED, t, pr, c_desc, (a_desc,))
 
     al = alpha if type(alpha) is float else scalar("alpha", alpha)
     be = beta if type(beta) is float else scalar("beta", beta)
@@ -416,9 +419,9 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
         device_ptr(C, "C", c_desc.span_bytes())
         t = TAG[c_desc.dtype]
         flags = FLAG_NAN_PROP if d.nan_opt == E.PYDNN_PROPAGATE_NAN else 0
-        pr = ew.prepare_map(handle, f"tensor_ops.{t}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
+        pr = ew.prepare_map(handle, f"tensor_ops.{ew.ktag(t)}", OPS[d.op], t, t, c_desc, tuple(x for x, _ in ins),
                             flags=flags, plain_unit=plain_unit(t, c_desc, tuple(x for x, _ in ins)))
-        return _broadcast_rows(handle, f"tensor_ops.{t}", OPS[d.op], t, pr, c_desc, tuple(x for x, _ in ins))
+        return _broadcast_rows(handle, f"tensor_ops.{ew.ktag(t)}", OPS[d.op], t, pr, c_desc, tuple(x for x, _ in ins))
 
     a1 = alpha1 if type(alpha1) is float else scalar("alpha1", alpha1)
     a2 = alpha2 if type(alpha2) is float else scalar("alpha2", alpha2)
@@ -445,7 +448,7 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
 def _prepare_transform(handle, op, ti, to, x_desc, y_desc):
     """The launch record of a transform: the tiled transpose when the collapsed problem is a (batched)
     2-D transpose, else the generic map (vectorised when both sides are dense in one order)."""
-    unit = f"tensor_ops.transform.{ti}"
+    unit = f"tensor_ops.transform.{ew.ktag(ti)}"
     ndim, sizes, strides, dense = ew.plan(y_desc.dims, y_desc.strides, ((x_desc.dims, x_desc.strides),))
     order = None if dense else ew.transpose_order(ndim, strides)
     if order is not None:
@@ -468,7 +471,7 @@ def _prepare_transform(handle, op, ti, to, x_desc, y_desc):
         p.stride[1][d] = in_s[d]
     pr.argv = driver.kernel_args(p)
     pr.block = pr.vec_block = (32, 8, 1)
-    pr.base_flags = 0
+    pr.base_flags = ew.fmt_flags(ti, to)
     pr.ninputs = 1
     pr.need = (y_desc.span_bytes(), x_desc.span_bytes())
     vec_e, scalar_e = transpose_exprs(op, ti, to)

@@ -95,7 +95,7 @@ from pydnn._cuda import compat, driver, nvrtc
 assert cuda.bindings.__version__.startswith("12."), cuda.bindings.__version__
 assert compat.bindings_major() == 12 and compat.cuda_major() == 12
 assert nvrtc.version()[0] == 12, nvrtc.version()
-u = manifest.unit_by_name("sm_90")["activation.f16"]
+u = manifest.unit_by_name("sm_90")["activation.h16"]
 cubin, lowered = build.compile_unit(u, "sm_90")
 assert cubin[:4] == b"\\x7fELF" and set(lowered) == set(u.exprs)
 assert not driver.available()          # no GPU here: a clean NOT_INITIALIZED, not a crash
@@ -134,7 +134,7 @@ from pydnn._cuda import compat, nvrtc
 from pydnn._build import cache, manifest
 lib = compat.CtypesNVRTC(compat.find_nvrtc(12, [{str(CU12)!r}]))
 assert lib.version()[0] == 12
-u = manifest.unit_by_name("sm_90")["tensor_ops.f16"]
+u = manifest.unit_by_name("sm_90")["tensor_ops.h16"]
 text, _ = cache.unit_inputs(u)
 cubin, lowered, log = lib.compile_cubin(text, u.source, u.exprs, "sm_90", manifest.common_options(), [str(cache.ptx_dir())], unit=u.name)
 assert cubin[:4] == b"\\x7fELF" and set(lowered) == set(u.exprs)

@@ -30,12 +30,12 @@ def fake_ptxas(monkeypatch):
 
 def test_pairs_only_arch_neutral_units_with_the_same_instantiations(fake_ptxas):
     _nvrtc_or_skip()
-    names = ("activation.f16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "normalization.f16.a80",
+    names = ("activation.h16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "normalization.f16.a80",
              "normalization.f16.a90", "convolution.wgmma.f16", "rnn.h16", "attention.d256.f16", "convolution.grouped.bf16")
     jobs = {(u.name, a, b) for u, a, b in build._pair_jobs(_todo(*names))}
     # units without arch-dependent code (matmul.cu's and convolution.cu's __CUDA_ARCH__ are the sm_90a guard and
     # cluster-only kernel templates), and normalization.f16's common part (PTX verified, ptx_verified.py): one job
-    for n in ("activation.f16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.grouped.bf16",
+    for n in ("activation.h16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.grouped.bf16",
               "normalization.f16"):
         assert (n, "sm_80", "sm_90") in jobs, n
         assert not any(j[0] == n and j[1] == "sm_90" for j in jobs), n
@@ -51,7 +51,7 @@ def test_pairs_only_arch_neutral_units_with_the_same_instantiations(fake_ptxas):
 
 def test_no_pairs_when_off_or_under_other_options(fake_ptxas, monkeypatch):
     _nvrtc_or_skip()
-    todo = _todo("activation.f16")
+    todo = _todo("activation.h16")
     monkeypatch.setenv(ptxas.ENV, "0")
     assert all(b is None for _, _, b in build._pair_jobs(todo))
     monkeypatch.delenv(ptxas.ENV)
@@ -71,7 +71,7 @@ def test_no_ptxas_of_the_release_means_no_pairs(monkeypatch):
     monkeypatch.setattr(ptxas, "candidates", lambda: ["/bin/true"])
     monkeypatch.setattr(ptxas, "_release", lambda p: (1, 0))   # another release than NVRTC's
     assert ptxas.find() is None
-    assert all(b is None for _, _, b in build._pair_jobs(_todo("activation.f16")))
+    assert all(b is None for _, _, b in build._pair_jobs(_todo("activation.h16")))
     monkeypatch.setattr(ptxas, "_found", None)
 
 
@@ -79,7 +79,7 @@ def test_types_cuh_arch_branch_shows_in_the_ptx(tmp_path, monkeypatch):
     """types.cuh's double -> bfloat16 store differs by arch; reduce.f32 instantiates it (its expressions do not
     say so): the sm_80 PTX shows it, and compile_shared then compiles sm_90 with NVRTC."""
     _nvrtc_or_skip()
-    u = manifest.unit_by_name("sm_90")["activation.f16"]
+    u = manifest.unit_by_name("sm_90")["activation.h16"]
     assert ptxas.arch_neutral(u)
     assert ptxas.arch_dependent_ptx(b"  cvt.rz.f32.f64 \t%f1, %fd1;") and not ptxas.arch_dependent_ptx(b"cvt.rn.f32.f64")
     monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))

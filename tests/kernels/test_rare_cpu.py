@@ -69,7 +69,8 @@ def test_rules_by_arch():
     assert rare.is_rare("normalization.f16", cl, "sm_80") and rare.is_rare("normalization.f16", cl, "sm_86")
     assert not rare.is_rare("normalization.f16", cl, "sm_90") and not rare.is_rare("normalization.f16", cl, None)
     assert rare.is_rare("activation.f64", "pydnn::map_contig<double, double, pydnn::act::Relu<false>, 1>")
-    assert not rare.is_rare("activation.f16", "pydnn::map_contig<pydnn::half_t, pydnn::half_t, pydnn::act::Relu<true>, 8, 128, 1, 1>")
+    assert not rare.is_rare("activation.h16", "pydnn::map_contig<pydnn::h16_t, pydnn::h16_t, pydnn::act::Relu<true>, 8, 128, 1, 1>")
+    assert rare.is_rare("activation.h16", "pydnn::map_strided<pydnn::h16_t, pydnn::h16_t, pydnn::act::Relu<true>>")
     # (forced-only) the plain-loop fwd_wgmma variants, not the lean tiles the model picks
     assert rare.is_rare("convolution.wgmma.bf16", "pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1>")
     assert not rare.is_rare("convolution.wgmma.bf16", "pydnn::conv::fwd_wgmma<pydnn::bf16_t, 128, 4, 1, 1>")

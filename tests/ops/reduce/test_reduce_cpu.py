@@ -191,6 +191,9 @@ def test_kernel_unit_names_cover_every_plan():
                     for lch in pl.launches:
                         assert lch.expr in units[pl.unit], lch.expr
                         assert R._expr("reduce_finish", ta) in units[pl.unit]
+                        # half and bfloat16 share reduce.h16 (pydnn::h16_t); the flag names the input's format
+                        assert (pl.unit == "reduce.h16") == (ta in ("f16", "bf16")), (pl.unit, ta)
+                        assert bool(lch.params.flags & R.FLAG_IN_BF16) == (ta == "bf16")
 
 
 # ----------------------------------------------------------------------------- emulation of the kernels

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import pydnn
 from pydnn._build import build, cache, manifest
-from pydnn._build.params import MapParams
+from pydnn._build.params import FLAG_IN_BF16, FLAG_OUT_BF16, MapParams
 from pydnn.ops import _elementwise as ew
 from pydnn.ops import tensor_ops as T
 from pydnn.reference import tensor_ops as ref
@@ -258,10 +258,15 @@ def test_transform_kernel_choice():
     p = r.params
     assert p.ndim == 3 and list(p.size)[:3] == [2, 256, 64]
     assert list(p.stride[0])[:3] == [16384, 64, 1] and list(p.stride[1])[:3] == [16384, 1, 256]
-    # NHWC -> NCHW, bf16 -> half with alpha (Scaled)
+    # NHWC -> NCHW, bf16 -> half with alpha (Scaled): the one 16-bit instantiation (pydnn::h16_t), the formats
+    # in the flags (bfloat16 in, half out)
     r = check(_plan_transform(d, packed_strides(d, NHWC), None, BF16, F16, copy=False))
-    assert "transpose<pydnn::bf16_t, pydnn::half_t, pydnn::tensor::Scaled, true>" in r.vec_func[1]
-    assert r.vec_grid == (1, 4, 2)
+    assert "transpose<pydnn::h16_t, pydnn::h16_t, pydnn::tensor::Scaled, true>" in r.vec_func[1]
+    assert r.vec_func[0] == "tensor_ops.transform.h16"
+    assert r.vec_grid == (1, 4, 2) and r.base_flags == FLAG_IN_BF16
+    r = check(_plan_transform(d, packed_strides(d, NHWC), None, F16, BF16, copy=False))
+    assert r.vec_func[1].endswith("transpose<pydnn::h16_t, pydnn::h16_t, pydnn::tensor::Scaled, true>")
+    assert r.base_flags == FLAG_OUT_BF16
     # odd extents: the scalar transpose only (no alignment to check)
     d2 = (2, 37, 5, 7)
     r = check(_plan_transform(d2, None, packed_strides(d2, NHWC)))
@@ -278,7 +283,13 @@ def test_transform_kernel_choice():
     assert "map_strided<float, float, pydnn::tensor::Copy>" in r.vec_func[1]
     # same layout: the vector map; conversions use the Scaled map of the pair
     r = check(_plan_transform(d, None, None, F32, BF16, copy=False))
-    assert "map_contig<float, pydnn::bf16_t, pydnn::tensor::Scaled, 4," in r.vec_func[1]
+    assert "map_contig<float, pydnn::h16_t, pydnn::tensor::Scaled, 4," in r.vec_func[1]
+    assert r.base_flags == FLAG_OUT_BF16
+    r = check(_plan_transform(d, None, None, F32, F16, copy=False))
+    assert r.vec_func[1].startswith("pydnn::map_contig<float, pydnn::h16_t, ") and r.base_flags == 0
+    r = check(_plan_transform(d, None, None, BF16, BF16))
+    assert "map_contig<pydnn::h16_t, pydnn::h16_t, pydnn::tensor::Copy, 8," in r.vec_func[1]
+    assert r.base_flags == FLAG_IN_BF16 | FLAG_OUT_BF16
     r = check(_plan_transform(d, None, None, I64, I64))
     assert "map_contig<pydnn::i64, pydnn::i64, pydnn::tensor::Copy, 2," in r.vec_func[1]
     # two batch dims, and more batches than grid.z
@@ -315,14 +326,19 @@ def test_set_add_op_kernel_choice():
     units = _units()
     h = _rec_handle()
     c = _desc((2, 3, 5, 7), BF16)
-    r = ew.prepare_map(h, "tensor_ops.bf16", T.SET, "bf16", "bf16", c, ())
-    assert r.vec_func[1] in units["tensor_ops.bf16"] and "map_contig" in r.vec_func[1]
-    r = ew.prepare_map(h, "tensor_ops.bf16", T.SCALED, "bf16", "bf16", c, (_desc((1, 3, 1, 1), BF16),))
-    assert r.vec_func[1] in units["tensor_ops.bf16"] and "map_strided" in r.vec_func[1]
+    r = ew.prepare_map(h, "tensor_ops.h16", T.SET, "bf16", "bf16", c, ())
+    assert r.vec_func[1] in units["tensor_ops.h16"] and "map_contig" in r.vec_func[1]
+    assert r.base_flags == FLAG_IN_BF16 | FLAG_OUT_BF16
+    r = ew.prepare_map(h, "tensor_ops.h16", T.SCALED, "bf16", "bf16", c, (_desc((1, 3, 1, 1), BF16),))
+    assert r.vec_func[1] in units["tensor_ops.h16"] and "map_strided" in r.vec_func[1]
+    r = ew.prepare_map(h, "tensor_ops.h16", T.SCALED, "f16", "f16", _desc((2, 3, 5, 7), F16), ())
+    assert r.base_flags == 0
     for op in T.OPS.values():
         for t in ("f32", "f64", "f16", "bf16"):
             for variant in ew.map_exprs(op, t):
-                assert variant in units[f"tensor_ops.{t}"]
+                assert variant in units[f"tensor_ops.{ew.ktag(t)}"]
+    # half and bfloat16 share the h16 units (no typed 16-bit unit is built)
+    assert not any(n.endswith((".f16", ".bf16")) for n in units if n.startswith("tensor_ops"))
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

@@ -45,7 +45,7 @@ def _op_add(dims, dtype, launches, ptrs=(P1, P2, P3), bdims=None):
 def test_op_add_fitting_in_l2_takes_plain(dims, dtype, launches):
     unit, expr = _op_add(dims, dtype, launches)
     t = TAG[dtype]
-    assert unit == f"tensor_ops.plain.{t}" and expr == ew.contig_expr(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], t, hint=0)
+    assert unit == f"tensor_ops.plain.{ew.ktag(t)}" and expr == ew.contig_expr(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], t, hint=0)
     assert expr.endswith(", 0>") and expr in _units()[unit]
 
 
@@ -53,7 +53,7 @@ def test_op_add_fitting_in_l2_takes_plain(dims, dtype, launches):
 def test_op_add_beyond_l2_streams(dims, dtype, launches):
     unit, expr = _op_add(dims, dtype, launches)
     t = TAG[dtype]
-    assert unit == f"tensor_ops.{t}" and expr == ew.contig_expr(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], t)
+    assert unit == f"tensor_ops.{ew.ktag(t)}" and expr == ew.contig_expr(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], t)
     assert expr.endswith(f", {ew.CONTIG_HINT}>") and expr in _units()[unit]
 
 
@@ -71,10 +71,10 @@ def test_threshold_edge_and_switch(launches):
 def test_untouched_problems(launches):
     """double (no plain unit), a broadcast input (map_rows), misaligned pointers (the scalar kernel)."""
     assert _op_add((100, 64), F64, launches)[0] == "tensor_ops.f64"
-    assert _op_add((100, 64), BF16, launches, bdims=(1, 64)) == ("tensor_ops.rows.bf16",
+    assert _op_add((100, 64), BF16, launches, bdims=(1, 64)) == ("tensor_ops.rows.h16",
                                                                  T.rows_expr(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], "bf16"))
     unit, expr = _op_add((100, 64), BF16, launches, ptrs=(P1 + 2, P2, P3))
-    assert unit == "tensor_ops.bf16" and expr == ew.map_exprs(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], "bf16")[1]
+    assert unit == "tensor_ops.h16" and expr == ew.map_exprs(T.OPS[pydnn.PYDNN_OP_TENSOR_ADD], "bf16")[1]
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
@@ -84,14 +84,14 @@ def test_add_and_scale_tensor_plain(dtype, launches):
     c = _desc((300, 77), dtype)
     pydnn.add_tensor(h, 1.0, c, P1, 1.0, c, P2)
     pydnn.scale_tensor(h, c, P2, 0.5)
-    assert launches == [(f"tensor_ops.plain.{t}", ew.contig_expr(T.SCALED, t, hint=0))] * 2
+    assert launches == [(f"tensor_ops.plain.{ew.ktag(t)}", ew.contig_expr(T.SCALED, t, hint=0))] * 2
     big = _desc((tuning.tensor_ops.PLAIN_BYTES // SIZE[dtype],), dtype)  # two operands of PLAIN_BYTES
     pydnn.add_tensor(h, 1.0, big, P1, 1.0, big, P2)
-    assert launches[-1] == (f"tensor_ops.{t}", ew.contig_expr(T.SCALED, t))
+    assert launches[-1] == (f"tensor_ops.{ew.ktag(t)}", ew.contig_expr(T.SCALED, t))
 
 
 def test_plain_units_hold_every_op():
     units = _units()
     for t in T.PLAIN_TAGS:
-        assert units[f"tensor_ops.plain.{t}"] == {ew.contig_expr(op, t, hint=0) for op in T.PLAIN_OPS}
+        assert units[f"tensor_ops.plain.{ew.ktag(t)}"] == {ew.contig_expr(op, t, hint=0) for op in T.PLAIN_OPS}
     assert "tensor_ops.plain.f64" not in units
