@@ -685,7 +685,7 @@ class FusedNormStep:
         vec = vec_width(tag, tag)
         launches = {}  # variant -> the planner's launch record (params, grid, block)
         if vec > 1 and N._vector_ok(sets, els, length, vec):  # (fwd_rows takes 16-byte vectors only)
-            alt = N._rows_alt(handle, nd, tag, geo, vec)
+            alt = N._rows_alt(handle, nd, tag, geo, vec, fit=False)  # (the unit below has ROWS_PICK's items)
             if alt is not None and alt[0].block[0] * N.ROWS_PICK[tag][1] <= ROWS_MAX_BLOCK:
                 launches[f"rows{vec}"] = alt[0]
         # gen serves what fwd_rows does not take (unaligned pointers, other layouts, long rows)

@@ -783,14 +783,15 @@ def _rows_layout(nd, geo, vec):
     return len(els) == 1 and all(s == 1 for s in els[0][1]) and els[0][2] == 1 and length % vec == 0
 
 
-def _rows_alt(handle, nd, tag, geo, vec):
-    """fwd_rows for contiguous layer / RMS rows without activation, or None."""
+def _rows_alt(handle, nd, tag, geo, vec, fit=True):
+    """fwd_rows for contiguous layer / RMS rows without activation, or None. fit=False: ROWS_PICK's items only
+    (the graph's fused-epilogue unit instantiates those; a ROWS_FIT launch of it would leave rows unwritten)."""
     sets, els, n_sets, length, nparams = geo
     if not _rows_layout(nd, geo, vec):
         return None
     items, rows, one = ROWS_PICK[tag]
     nv = length // vec
-    if tuning.norm.ROWS_FIT and rows == 1:
+    if fit and tuning.norm.ROWS_FIT and rows == 1:
         def slots(i):  # (a row's group x items: its idle slots)
             return next_pow2(max(1, cdiv(nv, i))) * i
         if slots(ROWS_FIT_ITEMS) < ROWS_FIT_GAIN * slots(items):
