@@ -49,7 +49,7 @@ def test_op_tensor_dense(handle, rng, dtype, plain):
                 rec = _rec(handle, ("op", (d, d.version), (a.desc, a.desc.version), (c.desc, c.desc.version),
                                     (b.desc, b.desc.version)))
                 p = plain and _fits(a.desc, b.desc, c.desc)
-                unit = f"tensor_ops.plain.{t}" if p else f"tensor_ops.{t}"
+                unit = f"tensor_ops.plain.{ew.ktag(t)}" if p else f"tensor_ops.{ew.ktag(t)}"
                 assert rec.vec_func == handle.function(unit, ew.contig_expr(T.OPS[op], t, hint=0 if p else None))
                 scale = np.abs(a1 * av) + np.abs(a2 * bv)
                 assert_close(c.download(), ref.op_tensor(op, a1, av, a2, bv, 0.0, None), dtype, f"op {op} {dims}",
@@ -74,7 +74,7 @@ def test_add_and_scale_dense(handle, rng, dtype, plain):
             pydnn.add_tensor(handle, alpha, a.desc, a.ptr, 0.0, c.desc, c.ptr)  # C poisoned
             rec = _rec(handle, ("add", (a.desc, a.desc.version), (c.desc, c.desc.version)))
             p = plain and _fits(a.desc, c.desc)
-            unit = f"tensor_ops.plain.{t}" if p else f"tensor_ops.{t}"
+            unit = f"tensor_ops.plain.{ew.ktag(t)}" if p else f"tensor_ops.{ew.ktag(t)}"
             assert rec.vec_func == handle.function(unit, ew.contig_expr(T.SCALED, t, hint=0 if p else None))
             assert_close(c.download(), alpha * av, dtype, f"add beta 0 {dims}", scale=np.abs(alpha * av))
             c.check_untouched()

@@ -46,7 +46,7 @@ def _uses_rows(handle, rec_dims, dtype, vec=None):
     assert rec is not None
     if TAGS[dtype] not in T.ROWS_TAGS:  # (double: no rows unit, map_strided serves)
         return False
-    return rec.vec_func == handle.function(f"tensor_ops.rows.{TAGS[dtype]}",
+    return rec.vec_func == handle.function(f"tensor_ops.rows.{ew.ktag(TAGS[dtype])}",
                                            T.rows_expr(T.SCALED, TAGS[dtype], vec))
 
 
