@@ -30,7 +30,10 @@ FULL_PATH = {"wrapper", "check_handle", "get_plan", "_key", "_w_key", "check_wor
 
 
 @pytest.fixture
-def env():
+def env(monkeypatch):
+    # fwd_tma (tuning.conv.FWD_TMA, on since session 31) encodes TMA tensor maps through the driver, which the
+    # no-launch stand-in does not offer: these counts are of the fwd_wgmma plan's call records
+    monkeypatch.setattr(tuning.conv, "FWD_TMA", False)
     with BH.no_launch() as drv:
         yield BH.cpu_handle(), BH.CpuBuffers(), drv
     tuning.callpath.reset()
