@@ -97,7 +97,8 @@ def test_graphed_step_replays_the_eager_step(backend):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import train_cnn
     torch.manual_seed(0)
-    init = train_cnn.build("torch").state_dict()
+    plain = train_cnn.build("torch")
+    init = plain.state_dict()
     models, opts = [], []
     for _ in range(2):
         m = train_cnn.build(backend).cuda()
@@ -122,8 +123,19 @@ def test_graphed_step_replays_the_eager_step(backend):
     # the weights' updates over the three steps agree (mean absolute difference of the updates within 5% of
     # the eager update's mean: Adam's first steps move every weight by ~lr, so a rare weight whose gradient
     # sits at rounding level and flips sign between runs must not decide the test)
+    # A convolution's bias that feeds a training batch norm has a true gradient of exactly 0 (the norm subtracts
+    # the batch mean): its computed gradient is rounding noise whose sign differs between any two kernel orders,
+    # and AdamW turns noise into lr-sized steps. Those biases are checked for bounded steps only (3 steps of at
+    # most ~lr each, session 32: the replay's 0.bias differed from the eager update by 6% of its mean).
+    noise = {f"{i}.bias" for i, (a, b) in enumerate(zip(plain, list(plain)[1:]))
+             if isinstance(a, torch.nn.Conv2d) and isinstance(b, torch.nn.BatchNorm2d)}
+    assert noise, "the demo's model no longer puts a batch norm after its convolutions; revisit this test"
     for (k, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
-        if a.is_floating_point() and "running" not in k:
+        if a.is_floating_point() and k in noise:
+            for u in (a, b):
+                d = (u - init[k].cuda()).float()
+                assert torch.isfinite(d).all() and d.abs().max() <= 3 * 3e-3 * 1.5, k
+        elif a.is_floating_point() and "running" not in k:
             d0, d1 = (a - init[k].cuda()).float(), (b - init[k].cuda()).float()
             assert d1.abs().mean() > 0, k
             assert (d0 - d1).abs().mean() <= 0.05 * d1.abs().mean(), k
