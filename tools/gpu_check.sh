@@ -47,7 +47,11 @@ if [ "${PYDNN_SKIP_TESTS:-0}" != 1 ]; then
     # run in CI)
     echo "== tests ($shards shards${PYDNN_TEST_MARK:+, -m $PYDNN_TEST_MARK})"
     declare -a pids
+    # each shard's numpy (the float64 references) gets its share of the cores, not all of them: 24 shards with
+    # BLAS free to use all 32 cores reached only a quarter of the attention tests in 300 s (session 32)
+    threads=$(( $(nproc) / shards )); [ "$threads" -ge 1 ] || threads=1
     for ((i = 0; i < shards; i++)); do
+      OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$threads} \
       PYDNN_TEST_SHARD="$i/$shards" python3 -m pytest -q -p no:cacheprovider -rfE ${PYDNN_TEST_MARK:+-m "$PYDNN_TEST_MARK"} \
         tests >"$logs/tests.$i.log" 2>&1 &
       pids[$i]=$!
