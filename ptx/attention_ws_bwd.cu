@@ -149,6 +149,13 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
+// one item of bwd_ws_persist: key block n0, K/V head hk, batch b, query tiles mt0 .. mt0 + mtiles - 1 of each of
+// the group's heads (iters = mtiles x group stages)
+struct Item {
+  int n0, hk, b, mt0, mtiles, iters;
+  Seq sq;
+};
+
 constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ halves in the fp32 tile
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
 constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
@@ -527,6 +534,257 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   // kDqBulk: the last tile read before the CTA's shared memory goes (after the stores above, not before them:
   // the additions' completion is not waited for, see the writer)
   if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();
+}
+
+
+// bwd_ws_persist<T, D, STAGES>: bwd_ws<T, D, kDqBulk, STAGES> on a persistent grid (tuning.attention_bwd.
+// WS_PERSIST; pydnn/ops/attention_ws_bwd.py persists): min(items, SMs) CTAs, CTA c walking the items (key block,
+// K/V head, batch) c, c + gridDim.x, ... of the 1-d order (kOrderChunk's). Why: one CTA fits an SM (~195 KiB of
+// shared memory), so a CTA an item pays each item's prologue (barriers, the K / V and first Q / dO loads from
+// L2 / HBM, ~1.5-2 us counted) and its dK / dV epilogue with the tensor cores idle; at s 512 (MHA, causal: 1-4
+// tiles an item, ~4 us a tile at d 64) that is ~15-20% of the kernel. Here the producer loads the next item's
+// first Q / dO while the consumers run the current item's last tile, and its K / V (after kvempty: the 8 consumer
+// warps' last reads of K / V done) while they store dK / dV. The ring's stages and parities and the dS^T buffers
+// run on the CTA's stage count across items (gi); within an item the arithmetic and the dQ tile's protocol are
+// bwd_ws's kDqBulk, line for line (a separate kernel so that bwd_ws's registers stay as they are: the item loop
+// inside bwd_ws made ptxas spill 8-52 bytes in its other instantiations).
+// Barriers: bwd_ws's kv (one use an item with tiles: parity kvn & 1), full / empty, and kvempty (count 8) in the
+// slot of dsfull[0], which kDqBulk does not use (the layout, Cfg<D, STAGES, 1>, unchanged).
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws_persist(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws_persist needs the sm_90a target (KernelUnit archs)");
+#endif
+  static_assert((D == 64 || D == 128) && STAGES >= 2, "bwd_ws_persist tile");
+  using C = Cfg<D, STAGES, 1>;
+  static_assert(C::OFF_DQ % 1024 == 0 && C::SMEM <= 227 * 1024, "bwd_ws_persist shared memory");
+  constexpr int BM = C::BM, BN = kBN;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const unsigned raw = tma::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const unsigned sb = tma::smem_addr(smem);
+  const unsigned sK = sb + C::OFF_K, sV = sb + C::OFF_V, sQ = sb + C::OFF_Q, sdO = sb + C::OFF_DO;
+  const unsigned sdS = sb + C::OFF_DS;
+  float* sL = reinterpret_cast<float*>(smem + C::OFF_L);  // [STAGES][BM] lse in log2 units (+inf: P = 0)
+  float* sDs = sL + STAGES * BM;                           // [STAGES][BM] dsum
+  const unsigned kvbar = sb + C::OFF_BAR;
+  auto full = [&](int s) { return kvbar + 8u * (1 + s); };
+  auto empty = [&](int s) { return kvbar + 8u * (1 + STAGES + s); };
+  const unsigned kvempty = kvbar + 8u * (1 + 2 * STAGES);  // (bwd_ws's dsfull[0])
+
+  const int nx = (p.seq_kv + kBN - 1) / kBN, nitems = nx * p.heads_kv * p.batch;
+  auto item_of = [&](int j) {  // bwd_ws's 1-d order
+    Item w;
+    const int c = j / (nx * kOrderChunk);
+    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = j - c * nx * kOrderChunk;
+    const int hb = c * kOrderChunk + r % n;
+    w.hk = hb % p.heads_kv;
+    w.b = hb / p.heads_kv;
+    w.sq = seq_of(p, w.b);
+    w.n0 = (r / n) * BN;
+    // query rows that can see a key of this block: i >= n0 - offset (causal); all rows otherwise
+    const int i_first = (w.sq.causal && w.n0 < w.sq.len_kv) ? max(0, w.n0 - w.sq.offset) : 0;
+    w.mt0 = i_first / BM;
+    w.mtiles = (w.n0 < w.sq.len_kv && i_first < w.sq.len_q) ? (w.sq.len_q + BM - 1) / BM - w.mt0 : 0;
+    w.iters = w.mtiles * p.group;
+    return w;
+  };
+
+  if (threadIdx.x == 0) {
+    tma::mbar_init(kvbar, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      tma::mbar_init(full(s), 33);
+      tma::mbar_init(empty(s), kConsumerWarps);
+    }
+    tma::mbar_init(kvempty, kConsumerWarps);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    tma::regs_dealloc<kProdRegs>();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+      tma::prefetch_map(&tm.q);
+      tma::prefetch_map(&tm.dout);
+    }
+    const long long ls0 = p.stride[PYDNN_ATTN_T_LSE][0], ls1 = p.stride[PYDNN_ATTN_T_LSE][1],
+                    ls2 = p.stride[PYDNN_ATTN_T_LSE][2];
+    int gb = 0, kvn = 0;  // the CTA's stages before this item, its items with K / V loaded so far
+    for (int ji = blockIdx.x; ji < nitems; ji += gridDim.x) {
+      const Item w = item_of(ji);
+      for (int it = 0; it < w.iters; ++it) {
+        const int gi = gb + it, s = gi % STAGES, n = gi / STAGES;
+        const int h = w.hk * p.group + it / w.mtiles, m0 = (w.mt0 + it % w.mtiles) * BM;
+        tma::mbar_wait(empty(s), (n & 1) ^ 1);
+        if (lane == 0) {
+          tma::mbar_arrive_expect_tx(full(s), 2 * C::Q_BYTES);
+#pragma unroll
+          for (int sl = 0; sl < D / 64; ++sl) {
+            tma::load_4d(sQ + s * C::Q_BYTES + sl * BM * 128, &tm.q, full(s), sl * 64, m0, h, w.b);
+            tma::load_4d(sdO + s * C::Q_BYTES + sl * BM * 128, &tm.dout, full(s), sl * 64, m0, h, w.b);
+          }
+          if (it == 0) {  // the item's K / V, once the previous item's readers are done
+            tma::mbar_wait(kvempty, (kvn & 1) ^ 1);
+            tma::mbar_arrive_expect_tx(kvbar, 2 * C::KV_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl) {
+              tma::load_4d(sK + sl * BN * 128, &tm.k, kvbar, sl * 64, w.n0, w.hk, w.b);
+              tma::load_4d(sV + sl * BN * 128, &tm.v, kvbar, sl * 64, w.n0, w.hk, w.b);
+            }
+          }
+        }
+        const float* gl = p.lse + (long long)w.b * ls0 + (long long)h * ls1;
+        const float* gd = p.dsum + ((long long)w.b * p.heads_q + h) * p.seq_q;
+#pragma unroll
+        for (int k = 0; k < BM / 32; ++k) {
+          const int r = lane + 32 * k, row = m0 + r;
+          float lv = kInf, dv = 0.f;
+          if (row < w.sq.len_q) {
+            const float x = gl[(long long)row * ls2];
+            lv = x > -kInf ? x * kLog2e : kInf;  // a row that saw nothing: P = 0
+            dv = gd[row];
+          }
+          sL[s * BM + r] = lv;
+          sDs[s * BM + r] = dv;
+        }
+        tma::mbar_arrive(full(s));  // (release: the stores above before the phase completes)
+      }
+      gb += w.iters;
+      kvn += w.iters > 0;
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------------------------- consumers
+  tma::regs_alloc<kConsRegs>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, g = l >> 2, q4 = l & 3;
+  const int r0 = (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
+  float dk[D / 2], dv[D / 2];
+  int gb = 0, kvn = 0;
+  for (int ji = blockIdx.x; ji < nitems; ji += gridDim.x) {
+    const Item wi = item_of(ji);
+    const int wkey = wi.n0 + cw * 64;  // this warpgroup's first key
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+    if (wi.iters > 0) tma::mbar_wait(kvbar, kvn & 1);
+    for (int it = 0; it < wi.iters; ++it) {
+      const int gi = gb + it, s = gi % STAGES, n = gi / STAGES;
+      const int h = wi.hk * p.group + it / wi.mtiles, m0 = (wi.mt0 + it % wi.mtiles) * BM;
+      tma::mbar_wait(full(s), n & 1);
+      const unsigned q_s = sQ + s * C::Q_BYTES, do_s = sdO + s * C::Q_BYTES;
+
+      // S^T = K Q^T and dP^T = V dO^T (bwd_ws's)
+      float sc[BM / 2], dp[BM / 2];
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+        wgmma::Mma<T, BM, 0, 0>::run(sc, wgmma::desc_sw128(sK + ko, 16, 1024), wgmma::desc_sw128(q_s + qo, 16, 1024), kk > 0);
+      }
+      wgmma::commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+        wgmma::Mma<T, BM, 0, 0>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
+      }
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_operands(sc);
+
+      // P^T, dS^T (bwd_ws's)
+      const int key0 = wkey + warp * 16 + g;
+      const bool need_mask = (wi.sq.causal && wkey + 63 > m0 + wi.sq.offset) || wkey + 63 >= wi.sq.len_kv;
+      const float* lt = sL + s * BM;
+      const float* dt = sDs + s * BM;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+        const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int idx = 4 * j + 2 * hh + e;
+            float x = sc[idx];
+            if (need_mask) {
+              const int key = key0 + 8 * hh, qi = m0 + j * 8 + 2 * q4 + e;
+              if (key >= wi.sq.len_kv || (wi.sq.causal && key > qi + wi.sq.offset)) x = -kInf;
+            }
+            sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
+          }
+      }
+      wgmma::wait<0>();
+      wgmma::fence_operands(dp);
+      unsigned pa[BM / 16][4], da[BM / 16][4];
+      attn::bwd_ds_pack<T, BM>(sc, dp, dt, q4, pa, da);
+
+      // dV += P^T dO (group 1), dS^T to shared memory, the meeting, dQ = dS K (group 2), dK += dS^T Q (group 3)
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::commit();
+      const int dbuf = gi & 1;
+      unsigned short* ds = reinterpret_cast<unsigned short*>(smem + C::OFF_DS + dbuf * C::DS_BYTES);
+      const int kr = cw * 64 + warp * 16 + g;
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          *reinterpret_cast<unsigned*>(ds + wgmma::sw128<BN>(kr + 8 * (c & 1), 2 * ks + (c >> 1)) + 2 * q4) = da[ks][c];
+      wgmma::fence_proxy_async();
+      if (threadIdx.x == 128) bulk_wait_read();  // the last tile's reductions have read sDQ
+      tma::named_sync(kBarDS, 256);              // both warpgroups' dS^T, and sDQ free
+      float dq[32];
+      const unsigned ao = D > 64 ? 0u : cw * (BN * 128), bo = D > 64 ? cw * (BN * 128) : 0u;
+      const unsigned dsb = sdS + dbuf * C::DS_BYTES;
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
+                                     wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+      wgmma::commit();
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::commit();
+      wgmma::wait<1>();  // dV and dQ done; dK may run on
+      wgmma::fence_operands(dq);
+      // this warpgroup's half into the swizzled fp32 tile, then thread 128's D / 32 bulk tensor reductions
+      unsigned char* sdq = smem + C::OFF_DQ;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int rr = r0 + 8 * hh, cc = c0 + 8 * j, x = cc & 31;
+          *reinterpret_cast<float2*>(sdq + (cc >> 5) * (BM * 128) + rr * 128 + ((((x >> 2) ^ (rr & 7))) << 4) + (x & 3) * 4) =
+              make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
+      wgmma::fence_proxy_async();
+      tma::named_sync(kBarDQ, 256);
+      if (threadIdx.x == 128) {
+        const unsigned src = tma::smem_addr(sdq);
+#pragma unroll
+        for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, wi.b * p.heads_q + h);
+        bulk_commit();
+      }
+      wgmma::wait<0>();  // dK done: Q and dO of this stage are free
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(empty(s));
+    }
+    if (wi.iters > 0) {  // K / V read for the last time: the producer may load the next item's under the stores
+      __syncwarp();
+      if (l == 0) tma::mbar_arrive(kvempty);
+    }
+    gb += wi.iters;
+    kvn += wi.iters > 0;
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(dv);
+    attn::bwd_store_dkdv<T, D>(p, wi.sq, wi.b, wi.hk, wkey, warp, g, q4, dk, dv);
+  }
+  if (threadIdx.x == 128) bulk_wait_read();  // the last tile read before the CTA's shared memory goes
 }
 
 

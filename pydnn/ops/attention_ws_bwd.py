@@ -108,10 +108,23 @@ def dq_mode(atomic, d=128, causal=False):
     return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
-def _expr(tag, d, mode, stages=STAGES):
-    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages); mode a DQ_MODES key."""
+# tuning.attention_bwd.WS_PERSIST: bwd_ws_persist<T, D, 2> (bwd_ws's bulk mode) on a grid of at most one CTA an SM
+# walking the items of WS_ORDER's order (ptx/attention_ws_bwd.cu says why); instantiated at d 64 / 128.
+PERSIST_DIMS = (64, 128)
+
+
+def persists(d, mode, stages=STAGES):
+    """Whether the call runs the persistent instantiation: tuning.attention_bwd.WS_PERSIST, the bulk dQ, 2 stages."""
+    return bool(tuning.attention_bwd.WS_PERSIST) and mode == "bulk" and d in PERSIST_DIMS and stages == STAGES
+
+
+def _expr(tag, d, mode, stages=STAGES, persist=False):
+    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages; persist: bwd_ws_persist<T, D, STAGES>, mode
+    "bulk"); mode a DQ_MODES key."""
     if d == 256:
         return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
+    if persist:
+        return f"pydnn::attn_wsb::bwd_ws_persist<{CTYPE[tag]}, {d}, {stages}>"
     return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
@@ -137,7 +150,8 @@ def _dims():
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
                        tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
-                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP), archs=(ARCH + "a",))
+                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP)
+                       + tuple(_expr(tag, d, "bulk", STAGES, True) for d in PERSIST_DIMS), archs=(ARCH + "a",))
             for tag in TAGS]
 
 
@@ -188,10 +202,13 @@ def maps(tag, d, p, mode="none"):
     return m
 
 
-def grid(batch, heads_kv, seq_kv, d=128):
+def grid(batch, heads_kv, seq_kv, d=128, persist_ctas=0):
     """(128-key blocks (64 at d 256), K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs
-    as a 1-d grid the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
+    as a 1-d grid the kernel orders itself (kOrderChunk's longest-walk-first chunks); persist_ctas (the SM
+    count, PERSIST): min(items, SMs) CTAs, each walking items blockIdx.x, + gridDim.x, ... of that order."""
     nx = (seq_kv + keys(d) - 1) // keys(d)
+    if persist_ctas:
+        return (min(nx * heads_kv * batch, persist_ctas), 1, 1)
     return (nx * heads_kv * batch, 1, 1) if tuning.attention_bwd.WS_ORDER else (nx, heads_kv, batch)
 
 
@@ -205,8 +222,9 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
         return False
     st = stages_of(d, mode)
     smem = smem_bytes(d, st, mode)
-    f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
+    pers = persists(d, mode, st)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode, st, pers), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
-    driver.launch_args(f, grid(batch, heads_kv, seq_kv, d), (THREADS, 1, 1), smem, handle.cu_stream,
-                       (arr, ctypes.addressof(arr), p, m))
+    driver.launch_args(f, grid(batch, heads_kv, seq_kv, d, handle.sm_count if pers else 0), (THREADS, 1, 1), smem,
+                       handle.cu_stream, (arr, ctypes.addressof(arr), p, m))
     return True

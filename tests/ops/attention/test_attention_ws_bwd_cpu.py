@@ -8,6 +8,7 @@ dS^T double buffer behind one named barrier) under random interleavings: no dead
 buffer overwritten while a reader still needs it, and the emulation fails when a release or the dS^T
 double buffer is taken away."""
 import ctypes
+import sys
 import random
 
 import pytest
@@ -34,7 +35,9 @@ def test_units():
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
-                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
+                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3))
+                           + (WSB._expr(t, 64, "bulk", 2, True), WSB._expr(t, 128, "bulk", 2, True)))
+    assert WSB._expr("bf16", 64, "bulk", 2, True) == "pydnn::attn_wsb::bwd_ws_persist<pydnn::bf16_t, 64, 2>"
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
@@ -57,7 +60,9 @@ def test_units():
     for t in ("bf16", "f16"):
         for e in units[f"attention.ws_bwd.{t}"].exprs:
             args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
-            d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
+            if "bwd_ws_persist<" in e:  # bwd_ws_persist<T, D, STAGES>: the bulk mode's layout
+                args = [args[0], WSB.DQ_MODES["bulk"], args[1]]
+            d, m, st = args if "bwd_ws<" in e or "bwd_ws_persist<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
     # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 7
     # mbarriers, slack: 968 bytes under the limit (bulkw stages its dQ tile in the Q / dO buffers)
@@ -214,6 +219,33 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
     assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
+
+
+@pytest.mark.parametrize("sms", [132, 3, 100])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("det", [0, 1])
+def test_dispatch_persist(on, monkeypatch, d, det, dq, sms):
+    """WS_PERSIST: bwd_ws_persist<T, D, 2> on min(items, SMs) CTAs where the call runs the bulk dQ at d 64 / 128
+    (2 stages); every other call as without it."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_PERSIST", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
+    real = cpu_handle
+    monkeypatch.setattr(sys.modules[__name__], "cpu_handle", lambda: _with_sms(real(), sms))
+    _bwd(d=d, det=det, mask=TL)
+    ws = on[1]
+    mode = "none" if det else WSB.dq_mode(True, d, True)
+    if d != 256 and mode == "bulk":
+        assert ws["f"] == f"pydnn::attn_wsb::bwd_ws_persist<pydnn::bf16_t, {d}, 2>"
+        assert ws["grid"] == (min(5 * 2 * 2, sms), 1, 1) and ws["smem"] == WSB.smem_bytes(d, 2, "bulk")
+    else:
+        assert "persist" not in ws["f"] and ws["grid"][0] == (5 if d != 256 else 9) * 2 * 2
+
+
+def _with_sms(h, n):
+    h.sm_count = n
+    return h
 
 
 def _order_map(lin, nx, hkv, b, chunk=4):
@@ -742,7 +774,11 @@ def test_emulation_d256_catches_a_missing_wait(what):
 SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
             # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
-            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12,
+            # bwd_ws_persist: the producer's item walk under its 24 registers (SASS: the STL / LDL after the
+            # setmaxnreg dealloc, a dozen a stage, L1 hits; the consumers one LDL a tile)
+            "_ZN5pydnn8attn_wsb14bwd_ws_persistINS_6bf16_tELi64ELi2EEEv10AttnParamsNS0_4MapsE": 108,
+            "_ZN5pydnn8attn_wsb14bwd_ws_persistINS_6bf16_tELi128ELi2EEEv10AttnParamsNS0_4MapsE": 68}
 
 
 @pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])
