@@ -565,6 +565,122 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             live[i] = False
 
 
+def _emulate_persist(items, stages, seed, kv_wait=True):
+    """One CTA of bwd_ws_persist (kDqBulk on a persistent grid): the producer warp walking `items` (the tiles of
+    each of the CTA's items; 0: an item no query sees, skipped by the producer, zeros stored by the consumers),
+    each item's first Q / dO issued before its K / V, the K / V after kvempty (count 8: the consumer warps after
+    the item's last tile; kv_wait False: without that wait), the ring's stages / parities and the dS^T buffers on
+    the CTA's stage count across items. Checks that a consumer reads its own item's K / V and stage contents in
+    every tile, the bulk dQ tile's protocol, and that everything finishes."""
+    rng = random.Random(seed)
+    kv, kvempty = _Mbar(1), _Mbar(8)
+    full = [_Mbar(33) for _ in range(stages)]
+    empty = [_Mbar(8) for _ in range(stages)]
+    kvbuf = [None]
+    qbuf, lbuf = [None] * stages, [None] * stages
+    dsb = [[None, None] for _ in range(2)]
+    named, named_dq = _Named(2), _Named(2)
+    dqt = [None, None]
+    reducing, landing = [], []
+
+    def tma(buf, i, val, bar, nbytes):
+        landing.append([rng.randint(0, 4), buf, i, val, bar, nbytes])
+
+    def producer():
+        gb = kvn = 0
+        for k, iters in enumerate(items):
+            for it in range(iters):
+                gi = gb + it
+                s, n = gi % stages, gi // stages
+                yield lambda s=s, n=n: empty[s].done((n & 1) ^ 1)
+                full[s].arrive(1, expect_tx=2)
+                tma(qbuf, s, ("Q", gi), full[s], 2)
+                if it == 0:                         # the item's K / V after its first Q / dO
+                    if kv_wait:
+                        yield lambda kvn=kvn: kvempty.done((kvn & 1) ^ 1)
+                    kv.arrive(1, expect_tx=2)
+                    tma(kvbuf, 0, ("KV", k), kv, 2)
+                yield lambda: True
+                lbuf[s] = ("L", gi)
+                full[s].arrive(32)
+            gb += iters
+            kvn += iters > 0
+
+    def consumer(cw):
+        gb = kvn = 0
+        for k, iters in enumerate(items):
+            if iters:
+                yield lambda kvn=kvn: kv.done(kvn & 1)
+            for it in range(iters):
+                gi = gb + it
+                s, n = gi % stages, gi // stages
+                yield lambda s=s, n=n: full[s].done(n & 1)
+                assert qbuf[s] == ("Q", gi) and lbuf[s] == ("L", gi) and kvbuf[0] == ("KV", k)
+                yield lambda: True                  # S^T, dP^T, P^T, dS^T, dV issued
+                b = gi & 1
+                dsb[b][cw] = gi
+                if cw == 0:                         # thread 128: the last reduction's reads done
+                    yield lambda: not reducing
+                yield named.sync()
+                assert dsb[b] == [gi, gi]
+                yield lambda: True                  # the dQ wgmma reads both halves and K, dK reads Q
+                assert dsb[b] == [gi, gi] and qbuf[s] == ("Q", gi)
+                assert kvbuf[0] == ("KV", k), "K / V replaced under the item's wgmmas"
+                assert not reducing, "a dQ half stored while the bulk reduction reads the tile"
+                dqt[cw] = gi
+                yield named_dq.sync()
+                if cw == 0:
+                    reducing.append([rng.randint(0, 6), gi])
+                empty[s].arrive(4)
+            if iters:
+                kvempty.arrive(4)                   # after the item's last wgmma: one arrival a warp
+                kvn += 1
+            gb += iters
+            yield lambda: True                      # dK / dV stored (registers to global)
+
+    actors = [producer(), consumer(0), consumer(1)]
+    conds = [lambda: True] * len(actors)
+    live = [True] * len(actors)
+    steps = 0
+    while any(live) or landing or reducing:
+        steps += 1
+        assert steps < 200000
+        for x in reducing:
+            assert dqt == [x[1], x[1]], "the dQ tile changed under the bulk reduction"
+            x[0] -= 1
+        reducing[:] = [x for x in reducing if x[0] >= 0]
+        for x in landing:
+            x[0] -= 1
+        for x in [x for x in landing if x[0] < 0]:
+            landing.remove(x)
+            _, buf, i, val, bar, nbytes = x
+            buf[i] = val
+            bar.complete_tx(nbytes)
+        ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
+        if not ready:
+            assert landing or reducing or not any(live), "deadlock: every warpgroup waits and no copy is in flight"
+            continue
+        i = rng.choice(ready)
+        try:
+            conds[i] = next(actors[i])
+        except StopIteration:
+            live[i] = False
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("seed", range(20))
+def test_synchronization_emulated_persist(stages, seed):
+    rng = random.Random(4000 + seed)
+    _emulate_persist([rng.choice([0, 1, 1, 2, 3, 4, 8]) for _ in range(rng.randint(1, 7))], stages, seed)
+
+
+def test_emulation_persist_catches_a_missing_kvempty_wait():
+    """bwd_ws_persist without the producer's kvempty wait: the next item's K / V lands under this one's wgmmas."""
+    with pytest.raises(AssertionError):
+        for seed in range(300):
+            _emulate_persist([3, 1, 2, 4], 2, seed, kv_wait=False)
+
+
 @pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
