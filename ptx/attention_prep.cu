@@ -77,6 +77,8 @@ __global__ void __launch_bounds__(kThreads) bwd_pre_v(const AttnParams p) {
       vd[k] = *reinterpret_cast<const uint4*>(gd + 8 * c);
     }
   }
+  // (bwd_ws_persist's DYN item counter, attention_ws_bwd.cu: p.part_lse, which the backward does not use otherwise)
+  if (p.part_lse && blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<unsigned*>(p.part_lse) = 0u;
   if (p.dq_acc) {  // atomic dQ: the block's rows of the fp32 accumulator (dense [row][D]) start at zero
     float4* z = reinterpret_cast<float4*>(p.dq_acc + r0 * D);
     const long long n = (min(rows - r0, (long long)P::ROWS) * D) / 4;

@@ -550,7 +550,13 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 // inside bwd_ws made ptxas spill 8-52 bytes in its other instantiations).
 // Barriers: bwd_ws's kv (one use an item with tiles: parity kvn & 1), full / empty, and kvempty (count 8) in the
 // slot of dsfull[0], which kDqBulk does not use (the layout, Cfg<D, STAGES, 1>, unchanged).
-template <class T, int D, int STAGES>
+// DYN (WS_PERSIST "dyn"): the items are taken in the same order from a counter in the workspace (p.part_lse, which
+// the backward does not use otherwise; bwd_pre_v zeroes it), not by a fixed stride: the greedy longest-first list
+// schedule of the 1-d grid (a fixed assignment leaves up to one item's imbalance: ~3% at b16 s1024 h64/8 causal d 128,
+// counted). The producer's lane 0 takes item j, hands it to the consumers in the item slot kvn & 1 (OFF_XY, unused
+// by kDqBulk) before the K / V's arrive.expect_tx on kv, and at the end -1 with a plain arrival; an item without
+// tiles (keys no query sees) never reaches the consumers: the producer warp stores its zero dK / dV itself.
+template <class T, int D, int STAGES, bool DYN = false>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws_persist(const AttnParams p, const __grid_constant__ Maps tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws_persist needs the sm_90a target (KernelUnit archs)");
@@ -613,8 +619,29 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws_persist(const AttnParams p
     const long long ls0 = p.stride[PYDNN_ATTN_T_LSE][0], ls1 = p.stride[PYDNN_ATTN_T_LSE][1],
                     ls2 = p.stride[PYDNN_ATTN_T_LSE][2];
     int gb = 0, kvn = 0;  // the CTA's stages before this item, its items with K / V loaded so far
-    for (int ji = blockIdx.x; ji < nitems; ji += gridDim.x) {
+    volatile int* slot = reinterpret_cast<volatile int*>(smem + C::OFF_XY);  // (DYN) the item handed over, [2]
+    unsigned* counter = reinterpret_cast<unsigned*>(p.part_lse);             // (DYN)
+    for (int ji = blockIdx.x;; ji += gridDim.x) {
+      if constexpr (DYN) {
+        int j = 0;
+        if (lane == 0) j = (int)atomicAdd(counter, 1u);
+        ji = __shfl_sync(0xffffffffu, j, 0);
+      }
+      if (ji >= nitems) break;
       const Item w = item_of(ji);
+      if (DYN && w.iters == 0) {  // keys no query sees: zero dK / dV here (16-byte stores, the warp's lanes)
+        constexpr int CH = D / 8;
+        for (int e = lane; e < BN * CH; e += 32) {
+          const int key = w.n0 + e / CH;
+          if (key >= p.seq_kv) break;
+          const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+          *reinterpret_cast<uint4*>(const_cast<T*>(at<T>(p.dk, p, PYDNN_ATTN_T_DK, w.b, w.hk)) +
+                                    (long long)key * p.stride[PYDNN_ATTN_T_DK][2] + 8 * (e % CH)) = z;
+          *reinterpret_cast<uint4*>(const_cast<T*>(at<T>(p.dv, p, PYDNN_ATTN_T_DV, w.b, w.hk)) +
+                                    (long long)key * p.stride[PYDNN_ATTN_T_DV][2] + 8 * (e % CH)) = z;
+        }
+        continue;
+      }
       for (int it = 0; it < w.iters; ++it) {
         const int gi = gb + it, s = gi % STAGES, n = gi / STAGES;
         const int h = w.hk * p.group + it / w.mtiles, m0 = (w.mt0 + it % w.mtiles) * BM;
@@ -628,6 +655,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws_persist(const AttnParams p
           }
           if (it == 0) {  // the item's K / V, once the previous item's readers are done
             tma::mbar_wait(kvempty, (kvn & 1) ^ 1);
+            if (DYN) slot[kvn & 1] = ji;  // (before the arrival: its release orders the store)
             tma::mbar_arrive_expect_tx(kvbar, 2 * C::KV_BYTES);
 #pragma unroll
             for (int sl = 0; sl < D / 64; ++sl) {
@@ -655,6 +683,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws_persist(const AttnParams p
       gb += w.iters;
       kvn += w.iters > 0;
     }
+    if (DYN && lane == 0) {  // no more items: -1 in the next slot, a plain arrival completes kv's phase
+      tma::mbar_wait(kvempty, (kvn & 1) ^ 1);
+      slot[kvn & 1] = -1;
+      tma::mbar_arrive(kvbar);
+    }
     return;
   }
 
@@ -664,12 +697,19 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws_persist(const AttnParams p
   const int r0 = (D > 64 ? 0 : cw * 64) + warp * 16 + g, c0 = (D > 64 ? cw * 64 : 0) + 2 * q4;
   float dk[D / 2], dv[D / 2];
   int gb = 0, kvn = 0;
-  for (int ji = blockIdx.x; ji < nitems; ji += gridDim.x) {
+  for (int ji = blockIdx.x;; ji += gridDim.x) {
+    if constexpr (DYN) {  // the producer's item (its tiles > 0), or -1: none left
+      tma::mbar_wait(kvbar, kvn & 1);
+      ji = reinterpret_cast<volatile int*>(smem + C::OFF_XY)[kvn & 1];
+      if (ji < 0) break;
+    } else if (ji >= nitems) {
+      break;
+    }
     const Item wi = item_of(ji);
     const int wkey = wi.n0 + cw * 64;  // this warpgroup's first key
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-    if (wi.iters > 0) tma::mbar_wait(kvbar, kvn & 1);
+    if (!DYN && wi.iters > 0) tma::mbar_wait(kvbar, kvn & 1);
     for (int it = 0; it < wi.iters; ++it) {
       const int gi = gb + it, s = gi % STAGES, n = gi / STAGES;
       const int h = wi.hk * p.group + it / wi.mtiles, m0 = (wi.mt0 + it % wi.mtiles) * BM;

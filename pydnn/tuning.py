@@ -610,7 +610,9 @@ attention_bwd = Switches(
     WS_PERSIST=(False, 'the warp-specialized backward with the bulk dQ (d 64 / 128) on a grid of at most one CTA an SM, '
                        'each walking items (key block, K/V head, batch) of WS_ORDER\'s order, the next item\'s Q / dO and '
                        'K / V loaded under the current one\'s last tile and dK / dV stores (ptx/attention_ws_bwd.cu '
-                       'PERSIST); False: a CTA an item'),
+                       'bwd_ws_persist), CTA c taking items c, c + grid, ...; "dyn": the same with the items taken from '
+                       'a counter in the workspace (greedy, longest first; needs PREP_VEC, whose bwd_pre_v zeroes it); '
+                       'False: a CTA an item'),
     PREP_VEC=(True, 'the backward\'s memory passes (dsum = rowsum(dO * O) with the fp32 dQ accumulator zeroed, and the '
                     'atomic mode\'s dQ conversion) in 16-byte accesses, several rows a thread (ptx/attention_prep.cu, '
                     'every arch); False: attention.cu\'s bwd_pre / bwd_dq_convert (a warp a row, 4- / 8-byte loads)'),

@@ -113,18 +113,32 @@ def dq_mode(atomic, d=128, causal=False):
 PERSIST_DIMS = (64, 128)
 
 
+# WS_PERSIST "dyn": bwd_ws_persist<T, D, 2, true>, the items taken from a counter in the workspace (zeroed by
+# attention_prep.cu's bwd_pre_v, so PREP_VEC too) instead of a fixed stride.
+
+
 def persists(d, mode, stages=STAGES):
-    """Whether the call runs the persistent instantiation: tuning.attention_bwd.WS_PERSIST, the bulk dQ, 2 stages."""
-    return bool(tuning.attention_bwd.WS_PERSIST) and mode == "bulk" and d in PERSIST_DIMS and stages == STAGES
+    """The persistent instantiation the call runs: None, "static" (tuning.attention_bwd.WS_PERSIST True) or "dyn"
+    (WS_PERSIST "dyn" with PREP_VEC); the bulk dQ at PERSIST_DIMS, 2 stages."""
+    w = tuning.attention_bwd.WS_PERSIST
+    if not w or mode != "bulk" or d not in PERSIST_DIMS or stages != STAGES:
+        return None
+    return "dyn" if w == "dyn" and tuning.attention_bwd.PREP_VEC else "static"
 
 
-def _expr(tag, d, mode, stages=STAGES, persist=False):
-    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages; persist: bwd_ws_persist<T, D, STAGES>, mode
-    "bulk"); mode a DQ_MODES key."""
+def takes_counter(d):
+    """Whether an atomic backward at head dim d hands bwd_ws_persist a counter (p.part_lse): WS_PERSIST "dyn"."""
+    return tuning.attention_bwd.WS_PERSIST == "dyn" and d in PERSIST_DIMS and bool(tuning.attention_bwd.PREP_VEC)
+
+
+def _expr(tag, d, mode, stages=STAGES, persist=None):
+    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages; persist "static" / "dyn": bwd_ws_persist<T, D,
+    STAGES(, true)>, mode "bulk"); mode a DQ_MODES key."""
     if d == 256:
         return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
     if persist:
-        return f"pydnn::attn_wsb::bwd_ws_persist<{CTYPE[tag]}, {d}, {stages}>"
+        tail = ", true" if persist == "dyn" else ""
+        return f"pydnn::attn_wsb::bwd_ws_persist<{CTYPE[tag]}, {d}, {stages}{tail}>"
     return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
@@ -151,7 +165,8 @@ def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
                        tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
                        + tuple(_expr(tag, d, m, st) for d, m, st in DEEP)
-                       + tuple(_expr(tag, d, "bulk", STAGES, True) for d in PERSIST_DIMS), archs=(ARCH + "a",))
+                       + tuple(_expr(tag, d, "bulk", STAGES, ps) for d in PERSIST_DIMS for ps in ("static", "dyn")),
+                       archs=(ARCH + "a",))
             for tag in TAGS]
 
 

@@ -132,16 +132,18 @@ PERSIST_CASES = CASES + ORDER_CASES + [  # + items walking many tiles, a CTA man
 PERSIST_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in PERSIST_CASES]
 
 
+@pytest.mark.parametrize("ps", [True, "dyn"], ids=["static", "dyn"])
 @pytest.mark.parametrize("ctas", [1, 3, 132], ids=["cta1", "cta3", "sm"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", PERSIST_CASES, ids=PERSIST_IDS)
-def test_backward_ws_persist(handle, rng, wsb, monkeypatch, dtype, mask, case, ctas):
-    """tuning.attention_bwd.WS_PERSIST: bwd_ws_persist (the bulk dQ on a persistent grid) with 1, 3 or the SMs'
-    CTAs (handle.sm_count forced: a CTA walking every item, items of different lengths and of none, the ring's
-    parities and the K / V buffer's across items); checks that the persistent kernel and grid were launched."""
+def test_backward_ws_persist(handle, rng, wsb, monkeypatch, dtype, mask, case, ctas, ps):
+    """tuning.attention_bwd.WS_PERSIST: bwd_ws_persist (the bulk dQ on a persistent grid; "dyn": items from the
+    workspace's counter, items without tiles zeroed by the producer) with 1, 3 or the SMs' CTAs (handle.sm_count
+    forced: a CTA walking every item, items of different lengths and of none, the ring's parities and the K / V
+    buffer's across items); checks that the persistent kernel and grid were launched."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulk")
-    monkeypatch.setattr(tuning.attention_bwd, "WS_PERSIST", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_PERSIST", ps)
     monkeypatch.setattr(handle, "sm_count", ctas)
     seen, real = [], WSB.grid
     monkeypatch.setattr(WSB, "grid", lambda *a: seen.append(real(*a)) or seen[-1])
@@ -152,7 +154,8 @@ def test_backward_ws_persist(handle, rng, wsb, monkeypatch, dtype, mask, case, c
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb, modes=(0,))
     items = -(-skv // 128) * hkv * b
-    assert seen == [f"pydnn::attn_wsb::bwd_ws_persist<{WSB.CTYPE['bf16' if dtype == BF16 else 'f16']}, {d}, 2>",
+    tail = ", true" if ps == "dyn" else ""
+    assert seen == [f"pydnn::attn_wsb::bwd_ws_persist<{WSB.CTYPE['bf16' if dtype == BF16 else 'f16']}, {d}, 2{tail}>",
                     (min(items, ctas), 1, 1)], seen
 
 
