@@ -12,6 +12,9 @@
 // ~400 us of cuDNN's whole backward there. Here a row is D / 8 lanes (a power of two: 8, 16 (d 96: 12 of 16
 // live), 32), each lane RPT rows apart, every load of a thread issued before the first use (RPT x 32 bytes of
 // O / dO, RPT x 32 bytes of the accumulator in flight a thread), the zeros and dsum as whole-block runs.
+// Measured (session 32 mid-session run, H200, b32 s512 h32/32 d64, torch.profiler): bwd_pre 0.124 -> bwd_pre_v
+// 0.069 ms, bwd_dq_convert 0.099 -> bwd_dq_convert_v 0.049 ms (270 / 201 MB: ~3.9 / ~4.1 TB/s; cuDNN's own two passes there
+// 0.069-0.071 / 0.058 ms); the whole backward 0.754 -> 0.853x cuDNN at that point (tools/PERF.md, session 32).
 #include "common/types.cuh"
 #include "common/attn_problem.cuh"
 #include "attention_params.h"

@@ -548,6 +548,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 // run on the CTA's stage count across items (gi); within an item the arithmetic and the dQ tile's protocol are
 // bwd_ws's kDqBulk, line for line (a separate kernel so that bwd_ws's registers stay as they are: the item loop
 // inside bwd_ws made ptxas spill 8-52 bytes in its other instantiations).
+// Measured (session 32 mid-session run, H200, 12 points): no gain; d 64 s 512 / 1024 non-causal ~4% slower, the
+// rest within the run's noise, so tuning.attention_bwd.WS_PERSIST is off (first-use units). Not explained yet: the
+// producer's spills under 24 registers (108 bytes at d 64) are the first suspect, then the K / V load after kvempty
+// (~1-2 us of L2 / HBM latency the consumers still wait for at each item start: only the first Q / dO is ahead).
 // Barriers: bwd_ws's kv (one use an item with tiles: parity kvn & 1), full / empty, and kvempty (count 8) in the
 // slot of dsfull[0], which kDqBulk does not use (the layout, Cfg<D, STAGES, 1>, unchanged).
 // DYN (WS_PERSIST "dyn"): the items are taken in the same order from a counter in the workspace (p.part_lse, which

@@ -612,10 +612,16 @@ attention_bwd = Switches(
                        'K / V loaded under the current one\'s last tile and dK / dV stores (ptx/attention_ws_bwd.cu '
                        'bwd_ws_persist), CTA c taking items c, c + grid, ...; "dyn": the same with the items taken from '
                        'a counter in the workspace (greedy, longest first; needs PREP_VEC, whose bwd_pre_v zeroes it); '
-                       'False: a CTA an item'),
+                       'False: a CTA an item. Session 32 mid-session H200 run (12 points, same run): d 64 s 512 / 1024 '
+                       'non-causal 0.95-0.96x the default\'s time ratio (static and dyn), causal 0.99-1.02x, d 128 '
+                       '0.99-1.06x where the first variant timed of a long point ran ~5% slow (two identical kernels '
+                       'there 386 / 411 TFLOP/s): no gain shown, so off'),
     PREP_VEC=(True, 'the backward\'s memory passes (dsum = rowsum(dO * O) with the fp32 dQ accumulator zeroed, and the '
                     'atomic mode\'s dQ conversion) in 16-byte accesses, several rows a thread (ptx/attention_prep.cu, '
-                    'every arch); False: attention.cu\'s bwd_pre / bwd_dq_convert (a warp a row, 4- / 8-byte loads)'),
+                    'every arch); False: attention.cu\'s bwd_pre / bwd_dq_convert (a warp a row, 4- / 8-byte loads). '
+                    'Session 32 mid-session H200 run, b32 s512 h32/32 d64: pre 0.124 -> 0.069 ms, convert 0.099 -> '
+                    '0.049 ms (cuDNN\'s two 0.069-0.071 / 0.058); backward 0.754 -> 0.853x cuDNN (causal 0.727 -> '
+                    '0.839), 6 points 0.783 -> 0.832x'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
                   '(d128 causal) to 1.01x'),
