@@ -13,8 +13,8 @@
 // live), 32), each lane RPT rows apart, every load of a thread issued before the first use (RPT x 32 bytes of
 // O / dO, RPT x 32 bytes of the accumulator in flight a thread), the zeros and dsum as whole-block runs.
 // Measured (session 32 mid-session run, H200, b32 s512 h32/32 d64, torch.profiler): bwd_pre 0.124 -> bwd_pre_v
-// 0.069 ms, bwd_dq_convert 0.099 -> bwd_dq_convert_v 0.049 ms (270 / 201 MB: ~3.9 / ~4.1 TB/s; cuDNN's own two passes there
-// 0.069-0.071 / 0.058 ms); the whole backward 0.754 -> 0.853x cuDNN at that point (tools/PERF.md, session 32).
+// 0.069 ms, bwd_dq_convert 0.099 -> bwd_dq_convert_v 0.049 ms (270 / 201 MB: ~3.9 / ~4.1 TB/s; cuDNN's own two
+// passes there 0.069-0.071 / 0.058 ms); the whole backward 0.754 -> 0.853x cuDNN there (tools/PERF.md, session 32).
 #include "common/types.cuh"
 #include "common/attn_problem.cuh"
 #include "attention_params.h"
@@ -80,8 +80,6 @@ __global__ void __launch_bounds__(kThreads) bwd_pre_v(const AttnParams p) {
       vd[k] = *reinterpret_cast<const uint4*>(gd + 8 * c);
     }
   }
-  // (bwd_ws_persist's DYN item counter, attention_ws_bwd.cu: p.part_lse, which the backward does not use otherwise)
-  if (p.part_lse && blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<unsigned*>(p.part_lse) = 0u;
   if (p.dq_acc) {  // atomic dQ: the block's rows of the fp32 accumulator (dense [row][D]) start at zero
     float4* z = reinterpret_cast<float4*>(p.dq_acc + r0 * D);
     const long long n = (min(rows - r0, (long long)P::ROWS) * D) / 4;

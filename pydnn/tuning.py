@@ -607,15 +607,6 @@ attention_bwd = Switches(
                        'adding them there). Session 30 mid-session H200 runs: red 17.3 ms at b4 s4096 h32 where the '
                        'kernel without dQ takes 8.76; geomean over cuDNN red 0.778 / bulkw 0.918 (6 points), red 0.799 / '
                        'bulkw 0.929 / bulkw2 0.919 (4 points, bulkw2 1.06 at h128/8 but 0.84 at h32)'),
-    WS_PERSIST=(False, 'the warp-specialized backward with the bulk dQ (d 64 / 128) on a grid of at most one CTA an SM, '
-                       'each walking items (key block, K/V head, batch) of WS_ORDER\'s order, the next item\'s Q / dO and '
-                       'K / V loaded under the current one\'s last tile and dK / dV stores (ptx/attention_ws_bwd.cu '
-                       'bwd_ws_persist), CTA c taking items c, c + grid, ...; "dyn": the same with the items taken from '
-                       'a counter in the workspace (greedy, longest first; needs PREP_VEC, whose bwd_pre_v zeroes it); '
-                       'False: a CTA an item. Session 32 mid-session H200 run (12 points, same run): d 64 s 512 / 1024 '
-                       'non-causal 0.95-0.96x the default\'s time ratio (static and dyn), causal 0.99-1.02x, d 128 '
-                       '0.99-1.06x where the first variant timed of a long point ran ~5% slow (two identical kernels '
-                       'there 386 / 411 TFLOP/s): no gain shown, so off'),
     PREP_VEC=(True, 'the backward\'s memory passes (dsum = rowsum(dO * O) with the fp32 dQ accumulator zeroed, and the '
                     'atomic mode\'s dQ conversion) in 16-byte accesses, several rows a thread (ptx/attention_prep.cu, '
                     'every arch); False: attention.cu\'s bwd_pre / bwd_dq_convert (a warp a row, 4- / 8-byte loads). '

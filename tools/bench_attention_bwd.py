@@ -4,8 +4,7 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant ending in "+pers" runs bwd_ws_persist where the call takes the bulk dQ (tuning.attention_bwd.WS_PERSIST;
-"bulk+ord+pers": every d 64 / 128 call); "+dyn" the same with the items taken from a counter (WS_PERSIST "dyn"). A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
+A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
 off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
 where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel), or "default" (tuning's defaults). TFLOP/s count 2.5x the forward's
@@ -26,10 +25,6 @@ import bench_attention as BA  # noqa: E402
 def overrides(name):
     if name.endswith("+np"):  # any variant with the backward's memory passes in attention.cu's form (PREP_VEC off)
         return {**overrides(name[:-3]), "attention_bwd.PREP_VEC": False}
-    if name.endswith("+pers"):  # any variant on the persistent grid where it runs the bulk dQ (WS_PERSIST)
-        return {**overrides(name[:-5]), "attention_bwd.WS_PERSIST": True}
-    if name.endswith("+dyn"):  # the same with the items from the workspace's counter (WS_PERSIST "dyn")
-        return {**overrides(name[:-4]), "attention_bwd.WS_PERSIST": "dyn"}
     if name == "old":
         return {"attention_bwd.WS": False}
     if name == "default":  # the warp-specialized kernel with tuning's defaults

@@ -106,8 +106,6 @@ RULES = (
     Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3|4), ",
          "bwd_ws's red / redpp / bulkw dQ modes: tuning.attention_bwd.WS_DQ's other values (the defaults run "
          "\"bulk\", \"bulkwpp\" under a causal mask at d 128 (WS_DQ_CAUSAL), and \"none\" when deterministic)"),
-    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws_persist<",
-         "bwd_ws_persist (bwd_ws's bulk mode on a persistent grid): tuning.attention_bwd.WS_PERSIST, off until timed"),
     Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
          "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
          "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "

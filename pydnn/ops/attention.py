@@ -456,14 +456,9 @@ def _validate(a, q_desc, k_desc, v_desc, o_desc, o_name, stats_desc, stats_requi
 
 def _ws_sizes(b, hq, sq, d):
     """(deterministic, atomic) backward workspace bytes: rowsum(dO * O) (rounded to 16 bytes), then for the
-    atomic mode the fp32 dQ accumulator and 16 bytes for bwd_ws_persist's item counter (DQ_COUNTER)."""
+    atomic mode the fp32 dQ accumulator."""
     dsum = (b * hq * sq * 4 + 15) // 16 * 16
-    return dsum, dsum + b * hq * sq * d * 4 + 16
-
-
-def dq_counter(pr):
-    """Offset in the atomic mode's workspace of bwd_ws_persist's DYN item counter (after the accumulator)."""
-    return pr.ws[1] - 16
+    return dsum, dsum + b * hq * sq * d * 4
 
 
 def _ptr16(buf, name, desc):
@@ -728,8 +723,8 @@ def get_attention_forward_workspace_size(handle, attn_desc, q_desc, k_desc):
 @api
 def get_attention_backward_workspace_size(handle, attn_desc, q_desc, k_desc):
     """pydnnGetAttentionBackwardWorkspaceSize: what either mode needs (the atomic one's: rowsum(dO * O)
-    and an fp32 dQ accumulator, about 4 * (1 + D) bytes per query row, + 16 bytes (a counter of the persistent
-    dK / dV kernel); deterministic = 1 needs only the first 4 bytes per row, rounded up to 16)."""
+    and an fp32 dQ accumulator, about 4 * (1 + D) bytes per query row; deterministic = 1 needs only the
+    first 4 bytes per row, rounded up to 16)."""
     check_handle(handle)
     _set_desc(attn_desc)
     b, sq = _qkv(q_desc, "qDesc", attn_desc.heads_q, attn_desc.head_dim)
@@ -825,8 +820,6 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv = ptrs
     p.lse, p.dsum, p.lens_q, p.lens_kv = lp, wp, lq or None, lkv or None
     p.dq_acc = None if det else wp + pr.ws[0]
-    # bwd_ws_persist's DYN counter (zeroed by bwd_pre_v): the atomic mode on the persistent grid only
-    p.part_lse = wp + dq_counter(pr) if not det and _wsb.takes_counter(pr.d) else None
     rows = pr.b * a.heads_q * pr.sq
     _launch_prep(handle, "bwd_pre_v", pr, rows, p)
     if wg:  # the warp-specialized dK / dV kernel where it takes the call (attention_ws_bwd.usable), else the older

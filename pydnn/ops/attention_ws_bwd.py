@@ -108,37 +108,10 @@ def dq_mode(atomic, d=128, causal=False):
     return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
-# tuning.attention_bwd.WS_PERSIST: bwd_ws_persist<T, D, 2> (bwd_ws's bulk mode) on a grid of at most one CTA an SM
-# walking the items of WS_ORDER's order (ptx/attention_ws_bwd.cu says why); instantiated at d 64 / 128.
-PERSIST_DIMS = (64, 128)
-
-
-# WS_PERSIST "dyn": bwd_ws_persist<T, D, 2, true>, the items taken from a counter in the workspace (zeroed by
-# attention_prep.cu's bwd_pre_v, so PREP_VEC too) instead of a fixed stride.
-
-
-def persists(d, mode, stages=STAGES):
-    """The persistent instantiation the call runs: None, "static" (tuning.attention_bwd.WS_PERSIST True) or "dyn"
-    (WS_PERSIST "dyn" with PREP_VEC); the bulk dQ at PERSIST_DIMS, 2 stages."""
-    w = tuning.attention_bwd.WS_PERSIST
-    if not w or mode != "bulk" or d not in PERSIST_DIMS or stages != STAGES:
-        return None
-    return "dyn" if w == "dyn" and tuning.attention_bwd.PREP_VEC else "static"
-
-
-def takes_counter(d):
-    """Whether an atomic backward at head dim d hands bwd_ws_persist a counter (p.part_lse): WS_PERSIST "dyn"."""
-    return tuning.attention_bwd.WS_PERSIST == "dyn" and d in PERSIST_DIMS and bool(tuning.attention_bwd.PREP_VEC)
-
-
-def _expr(tag, d, mode, stages=STAGES, persist=None):
-    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages; persist "static" / "dyn": bwd_ws_persist<T, D,
-    STAGES(, true)>, mode "bulk"); mode a DQ_MODES key."""
+def _expr(tag, d, mode, stages=STAGES):
+    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages); mode a DQ_MODES key."""
     if d == 256:
         return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
-    if persist:
-        tail = ", true" if persist == "dyn" else ""
-        return f"pydnn::attn_wsb::bwd_ws_persist<{CTYPE[tag]}, {d}, {stages}{tail}>"
     return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
@@ -164,9 +137,7 @@ def _dims():
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
                        tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
-                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP)
-                       + tuple(_expr(tag, d, "bulk", STAGES, ps) for d in PERSIST_DIMS for ps in ("static", "dyn")),
-                       archs=(ARCH + "a",))
+                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP), archs=(ARCH + "a",))
             for tag in TAGS]
 
 
@@ -217,13 +188,10 @@ def maps(tag, d, p, mode="none"):
     return m
 
 
-def grid(batch, heads_kv, seq_kv, d=128, persist_ctas=0):
+def grid(batch, heads_kv, seq_kv, d=128):
     """(128-key blocks (64 at d 256), K/V heads, batch), or with tuning.attention_bwd.WS_ORDER the same CTAs
-    as a 1-d grid the kernel orders itself (kOrderChunk's longest-walk-first chunks); persist_ctas (the SM
-    count, PERSIST): min(items, SMs) CTAs, each walking items blockIdx.x, + gridDim.x, ... of that order."""
+    as a 1-d grid the kernel orders itself (kOrderChunk's longest-walk-first chunks)."""
     nx = (seq_kv + keys(d) - 1) // keys(d)
-    if persist_ctas:
-        return (min(nx * heads_kv * batch, persist_ctas), 1, 1)
     return (nx * heads_kv * batch, 1, 1) if tuning.attention_bwd.WS_ORDER else (nx, heads_kv, batch)
 
 
@@ -237,9 +205,8 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
         return False
     st = stages_of(d, mode)
     smem = smem_bytes(d, st, mode)
-    pers = persists(d, mode, st)
-    f = handle.function(unit_name(tag), _expr(tag, d, mode, st, pers), smem)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
-    driver.launch_args(f, grid(batch, heads_kv, seq_kv, d, handle.sm_count if pers else 0), (THREADS, 1, 1), smem,
-                       handle.cu_stream, (arr, ctypes.addressof(arr), p, m))
+    driver.launch_args(f, grid(batch, heads_kv, seq_kv, d), (THREADS, 1, 1), smem, handle.cu_stream,
+                       (arr, ctypes.addressof(arr), p, m))
     return True

@@ -51,10 +51,9 @@ def test_new_head_dims_reach_the_kernel_lookup(d):
     _check(pydnn.attention_forward, _fwd_args(**_over(d, sq=1, skv=5000)), NOINIT, "")  # decode
     b = dict(_over(d, st=_t((2, 4, 33, 1), F32)), do=_t((2, 4, 33, d)), dq=_t((2, 4, 33, d)), dk=_t((2, 2, 17, d)), dv=_t((2, 2, 17, d)))
     _check(pydnn.attention_backward, _bwd_args(**b), NOINIT, "")
-    # (the atomic mode's workspace: dsum, the fp32 accumulator, 16 bytes of bwd_ws_persist's counter)
-    _check(pydnn.attention_backward, _bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1) + 16, **b), NOINIT, "")
-    _check(pydnn.attention_backward, _bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1), **b), BAD,
-           f"workSpaceSizeInBytes: {2 * 4 * 33 * 4 * (d + 1)} is less than the {1056 + 2 * 4 * 33 * 4 * d + 16} bytes")
+    _check(pydnn.attention_backward, _bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1), **b), NOINIT, "")
+    _check(pydnn.attention_backward, _bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1) - 16, **b), BAD,
+           f"workSpaceSizeInBytes: {2 * 4 * 33 * 4 * (d + 1) - 16} is less than the {1056 + 2 * 4 * 33 * 4 * d} bytes")
     _check(pydnn.attention_forward, _fwd_args(**_over(d), ptrs=dict(q=0)), pydnn.PYDNN_STATUS_BAD_PARAM_NULL_POINTER,
            "q: NULL")
 
@@ -252,7 +251,7 @@ def test_new_head_dims_dispatch(launches, d):
     assert _short(fwd["f"]) == f"fwd<pydnn::bf16_t, {d}, {tile[0]}, {tile[1]}, false>"
     assert fwd["grid"] == (math.ceil(300 / A.FWD_ROWS[d]), 4, 2) and fwd["smem"] == A.smem_bytes("fwd", d)
     launches.clear()
-    args = list(_bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1) + 16, a=_attn(4, 2, d), q=_t((2, 4, 33, d)),
+    args = list(_bwd_args(det=0, ws=2 * 4 * 33 * 4 * (d + 1), a=_attn(4, 2, d), q=_t((2, 4, 33, d)),
                           k=_t((2, 2, 200, d)), v=_t((2, 2, 200, d)), o=_t((2, 4, 33, d)), do=_t((2, 4, 33, d)),
                           dq=_t((2, 4, 33, d)), dk=_t((2, 2, 200, d)), dv=_t((2, 2, 200, d))))
     args[0].arch, args[0]._funcs = "sm_80", _Recorded()

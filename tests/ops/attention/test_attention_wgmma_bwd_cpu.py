@@ -54,7 +54,7 @@ def launches(monkeypatch):
 
 
 def _backward(arch="sm_90", det=0, **over):
-    args = list(_bwd_args(det=det, ws=2 * 4 * 33 * 4 * 65 + 16, **over))
+    args = list(_bwd_args(det=det, ws=2 * 4 * 33 * 4 * 65, **over))
     h = args[0]
     h.arch, h._funcs = arch, _Recorded()
     pydnn.attention_backward(*args)

@@ -8,7 +8,6 @@ dS^T double buffer behind one named barrier) under random interleavings: no dead
 buffer overwritten while a reader still needs it, and the emulation fails when a release or the dS^T
 double buffer is taken away."""
 import ctypes
-import sys
 import random
 
 import pytest
@@ -35,10 +34,7 @@ def test_units():
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
-                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3))
-                           + tuple(WSB._expr(t, d, "bulk", 2, ps) for d in (64, 128) for ps in ("static", "dyn")))
-    assert WSB._expr("bf16", 64, "bulk", 2, "static") == "pydnn::attn_wsb::bwd_ws_persist<pydnn::bf16_t, 64, 2>"
-    assert WSB._expr("f16", 128, "bulk", 2, "dyn") == "pydnn::attn_wsb::bwd_ws_persist<pydnn::half_t, 128, 2, true>"
+                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
@@ -60,10 +56,8 @@ def test_units():
     modes = {v: k for k, v in WSB.DQ_MODES.items()}
     for t in ("bf16", "f16"):
         for e in units[f"attention.ws_bwd.{t}"].exprs:
-            args = [int(x) for x in e.replace(", true>", ">").split("<", 1)[1].rstrip(">").split(", ")[1:]]
-            if "bwd_ws_persist<" in e:  # bwd_ws_persist<T, D, STAGES(, true)>: the bulk mode's layout
-                args = [args[0], WSB.DQ_MODES["bulk"], args[1]]
-            d, m, st = args if "bwd_ws<" in e or "bwd_ws_persist<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
+            args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
+            d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
     # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 7
     # mbarriers, slack: 968 bytes under the limit (bulkw stages its dQ tile in the Q / dO buffers)
@@ -220,43 +214,6 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
     assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
-
-
-@pytest.mark.parametrize("prep", [True, False])
-@pytest.mark.parametrize("ps", [True, "dyn"])
-@pytest.mark.parametrize("sms", [132, 3, 100])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp"])
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("det", [0, 1])
-def test_dispatch_persist(on, monkeypatch, d, det, dq, sms, ps, prep):
-    """WS_PERSIST: bwd_ws_persist<T, D, 2(, true: "dyn" with PREP_VEC)> on min(items, SMs) CTAs where the call runs
-    the bulk dQ at d 64 / 128 (2 stages); "dyn" hands the kernel the workspace's counter (p.part_lse, after the
-    accumulator) and bwd_pre_v (PREP_VEC) zeroes it; every other call as without it."""
-    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
-    monkeypatch.setattr(tuning.attention_bwd, "WS_PERSIST", ps)
-    monkeypatch.setattr(tuning.attention_bwd, "PREP_VEC", prep)
-    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
-    real = cpu_handle
-    monkeypatch.setattr(sys.modules[__name__], "cpu_handle", lambda: _with_sms(real(), sms))
-    _bwd(d=d, det=det, mask=TL)
-    ws = on[1]
-    mode = "none" if det else WSB.dq_mode(True, d, True)
-    dyn = ps == "dyn" and prep and d != 256
-    if d != 256 and mode == "bulk":
-        tail = ", true" if dyn else ""
-        assert ws["f"] == f"pydnn::attn_wsb::bwd_ws_persist<pydnn::bf16_t, {d}, 2{tail}>"
-        assert ws["grid"] == (min(5 * 2 * 2, sms), 1, 1) and ws["smem"] == WSB.smem_bytes(d, 2, "bulk")
-    else:
-        assert "persist" not in ws["f"] and ws["grid"][0] == (5 if d != 256 else 9) * 2 * 2
-    # the counter: 16 bytes after the accumulator (workspace at 1 << 32 + 9 << 28, _bwd), zeroed by bwd_pre_v
-    ws_base = (1 << 32) + 9 * (1 << 28)
-    want = ws_base + A._ws_sizes(2, 4, 300, d)[1] - 16 if (dyn and not det) else None
-    assert (ws["part_lse"] or None) == (on[0]["part_lse"] or None) == want and "bwd_pre_v" in on[0]["f"] or not prep
-
-
-def _with_sms(h, n):
-    h.sm_count = n
-    return h
 
 
 def _order_map(lin, nx, hkv, b, chunk=4):
@@ -576,154 +533,6 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             live[i] = False
 
 
-def _emulate_persist(items, stages, seed, kv_wait=True, dyn=False):
-    """One CTA of bwd_ws_persist (kDqBulk on a persistent grid): the producer warp walking `items` (the tiles of
-    each of the CTA's items; 0: an item no query sees, skipped by the producer, zeros stored by the consumers),
-    each item's first Q / dO issued before its K / V, the K / V after kvempty (count 8: the consumer warps after
-    the item's last tile; kv_wait False: without that wait), the ring's stages / parities and the dS^T buffers on
-    the CTA's stage count across items. Checks that a consumer reads its own item's K / V and stage contents in
-    every tile, the bulk dQ tile's protocol, and that everything finishes. dyn (DYN): the items come from the
-    producer through the item slot (written before K / V's arrival on kv), -1 with a plain arrival at the end;
-    items without tiles never reach the consumers."""
-    rng = random.Random(seed)
-    kv, kvempty = _Mbar(1), _Mbar(8)
-    full = [_Mbar(33) for _ in range(stages)]
-    empty = [_Mbar(8) for _ in range(stages)]
-    kvbuf = [None]
-    qbuf, lbuf = [None] * stages, [None] * stages
-    dsb = [[None, None] for _ in range(2)]
-    named, named_dq = _Named(2), _Named(2)
-    dqt = [None, None]
-    slot = [None, None]
-    reducing, landing = [], []
-
-    def tma(buf, i, val, bar, nbytes):
-        landing.append([rng.randint(0, 4), buf, i, val, bar, nbytes])
-
-    def producer():
-        gb = kvn = 0
-        for k, iters in enumerate(items):
-            for it in range(iters):
-                gi = gb + it
-                s, n = gi % stages, gi // stages
-                yield lambda s=s, n=n: empty[s].done((n & 1) ^ 1)
-                full[s].arrive(1, expect_tx=2)
-                tma(qbuf, s, ("Q", gi), full[s], 2)
-                if it == 0:                         # the item's K / V after its first Q / dO
-                    if kv_wait:
-                        yield lambda kvn=kvn: kvempty.done((kvn & 1) ^ 1)
-                    slot[kvn & 1] = k
-                    kv.arrive(1, expect_tx=2)
-                    tma(kvbuf, 0, ("KV", k), kv, 2)
-                yield lambda: True
-                lbuf[s] = ("L", gi)
-                full[s].arrive(32)
-            gb += iters
-            kvn += iters > 0
-        if dyn:                                     # no more items: -1, a plain arrival on kv
-            yield lambda kvn=kvn: kvempty.done((kvn & 1) ^ 1)
-            slot[kvn & 1] = -1
-            kv.arrive(1)
-
-    def walk():
-        """The consumers' items: (index, tiles); dyn: read from the slot after kv's phase."""
-        if not dyn:
-            yield from enumerate(items)
-            return
-        kvn = 0
-        while True:
-            yield kvn
-            k = slot[kvn & 1]
-            if k == -1:
-                return
-            assert k is not None and items[k] > 0
-            yield k, items[k]
-            kvn += 1
-
-    def consumer(cw):
-        gb = kvn = 0
-        w = walk()
-        while True:
-            if dyn:
-                n = next(w)
-                yield lambda n=n: kv.done(n & 1)
-            try:
-                k, iters = next(w)
-            except StopIteration:
-                break
-            if iters and not dyn:
-                yield lambda kvn=kvn: kv.done(kvn & 1)
-            for it in range(iters):
-                gi = gb + it
-                s, n = gi % stages, gi // stages
-                yield lambda s=s, n=n: full[s].done(n & 1)
-                assert qbuf[s] == ("Q", gi) and lbuf[s] == ("L", gi) and kvbuf[0] == ("KV", k)
-                yield lambda: True                  # S^T, dP^T, P^T, dS^T, dV issued
-                b = gi & 1
-                dsb[b][cw] = gi
-                if cw == 0:                         # thread 128: the last reduction's reads done
-                    yield lambda: not reducing
-                yield named.sync()
-                assert dsb[b] == [gi, gi]
-                yield lambda: True                  # the dQ wgmma reads both halves and K, dK reads Q
-                assert dsb[b] == [gi, gi] and qbuf[s] == ("Q", gi)
-                assert kvbuf[0] == ("KV", k), "K / V replaced under the item's wgmmas"
-                assert not reducing, "a dQ half stored while the bulk reduction reads the tile"
-                dqt[cw] = gi
-                yield named_dq.sync()
-                if cw == 0:
-                    reducing.append([rng.randint(0, 6), gi])
-                empty[s].arrive(4)
-            if iters:
-                kvempty.arrive(4)                   # after the item's last wgmma: one arrival a warp
-                kvn += 1
-            gb += iters
-            yield lambda: True                      # dK / dV stored (registers to global)
-
-    actors = [producer(), consumer(0), consumer(1)]
-    conds = [lambda: True] * len(actors)
-    live = [True] * len(actors)
-    steps = 0
-    while any(live) or landing or reducing:
-        steps += 1
-        assert steps < 200000
-        for x in reducing:
-            assert dqt == [x[1], x[1]], "the dQ tile changed under the bulk reduction"
-            x[0] -= 1
-        reducing[:] = [x for x in reducing if x[0] >= 0]
-        for x in landing:
-            x[0] -= 1
-        for x in [x for x in landing if x[0] < 0]:
-            landing.remove(x)
-            _, buf, i, val, bar, nbytes = x
-            buf[i] = val
-            bar.complete_tx(nbytes)
-        ready = [i for i in range(len(actors)) if live[i] and conds[i]()]
-        if not ready:
-            assert landing or reducing or not any(live), "deadlock: every warpgroup waits and no copy is in flight"
-            continue
-        i = rng.choice(ready)
-        try:
-            conds[i] = next(actors[i])
-        except StopIteration:
-            live[i] = False
-
-
-@pytest.mark.parametrize("dyn", [False, True], ids=["static", "dyn"])
-@pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("seed", range(20))
-def test_synchronization_emulated_persist(stages, seed, dyn):
-    rng = random.Random(4000 + seed)
-    _emulate_persist([rng.choice([0, 1, 1, 2, 3, 4, 8]) for _ in range(rng.randint(1, 7))], stages, seed, dyn=dyn)
-
-
-def test_emulation_persist_catches_a_missing_kvempty_wait():
-    """bwd_ws_persist without the producer's kvempty wait: the next item's K / V lands under this one's wgmmas."""
-    with pytest.raises(AssertionError):
-        for seed in range(300):
-            _emulate_persist([3, 1, 2, 4], 2, seed, kv_wait=False, dyn=seed % 2 == 1)
-
-
 @pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw", "bulkwpp"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
@@ -933,15 +742,7 @@ def test_emulation_d256_catches_a_missing_wait(what):
 SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
             # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
-            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12,
-            # bwd_ws_persist: the producer's item walk under its 24 registers (SASS: the STL / LDL after the
-            # setmaxnreg dealloc, a dozen a stage, L1 hits; the consumers one LDL a tile)
-            # and with DYN (the item handed over) the consumers' item state: ~10 LDL a tile, none in the
-            # exponentials' loop
-            "_ZN5pydnn8attn_wsb14bwd_ws_persistINS_6bf16_tELi64ELi2ELb0EEEv10AttnParamsNS0_4MapsE": 108,
-            "_ZN5pydnn8attn_wsb14bwd_ws_persistINS_6bf16_tELi128ELi2ELb0EEEv10AttnParamsNS0_4MapsE": 68,
-            "_ZN5pydnn8attn_wsb14bwd_ws_persistINS_6bf16_tELi64ELi2ELb1EEEv10AttnParamsNS0_4MapsE": 76,
-            "_ZN5pydnn8attn_wsb14bwd_ws_persistINS_6bf16_tELi128ELi2ELb1EEEv10AttnParamsNS0_4MapsE": 4}
+            "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}
 
 
 @pytest.mark.parametrize("unit", WSB.kernel_units(), ids=[u.name for u in WSB.kernel_units()])

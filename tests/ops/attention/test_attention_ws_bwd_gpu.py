@@ -124,41 +124,6 @@ def test_backward_ws_order_stages(handle, rng, wsb, monkeypatch, mask, case, dq,
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
 
 
-PERSIST_CASES = CASES + ORDER_CASES + [  # + items walking many tiles, a CTA many items
-    (2, 4, 1, 333, 300, 64, "bhsd"),    # MQA: 4 heads x 3 tiles an item
-    (1, 4, 4, 1000, 1000, 128, "bhsd"), # 16 query tiles an item
-    (8, 4, 4, 64, 640, 64, "bshd"),     # more keys than queries: causal top-left items without a tile
-]
-PERSIST_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in PERSIST_CASES]
-
-
-@pytest.mark.parametrize("ps", [True, "dyn"], ids=["static", "dyn"])
-@pytest.mark.parametrize("ctas", [1, 3, 132], ids=["cta1", "cta3", "sm"])
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
-@pytest.mark.parametrize("case", PERSIST_CASES, ids=PERSIST_IDS)
-def test_backward_ws_persist(handle, rng, wsb, monkeypatch, dtype, mask, case, ctas, ps):
-    """tuning.attention_bwd.WS_PERSIST: bwd_ws_persist (the bulk dQ on a persistent grid; "dyn": items from the
-    workspace's counter, items without tiles zeroed by the producer) with 1, 3 or the SMs' CTAs (handle.sm_count
-    forced: a CTA walking every item, items of different lengths and of none, the ring's parities and the K / V
-    buffer's across items); checks that the persistent kernel and grid were launched."""
-    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulk")
-    monkeypatch.setattr(tuning.attention_bwd, "WS_PERSIST", ps)
-    monkeypatch.setattr(handle, "sm_count", ctas)
-    seen, real = [], WSB.grid
-    monkeypatch.setattr(WSB, "grid", lambda *a: seen.append(real(*a)) or seen[-1])
-    real_fn = type(handle).function
-    monkeypatch.setattr(type(handle), "function",
-                        lambda h, unit, expr, *a: (seen.append(expr) if "bwd_ws" in expr else None)
-                        or real_fn(h, unit, expr, *a))
-    b, hq, hkv, sq, skv, d, layout = case
-    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb, modes=(0,))
-    items = -(-skv // 128) * hkv * b
-    tail = ", true" if ps == "dyn" else ""
-    assert seen == [f"pydnn::attn_wsb::bwd_ws_persist<{WSB.CTYPE['bf16' if dtype == BF16 else 'f16']}, {d}, 2{tail}>",
-                    (min(items, ctas), 1, 1)], seen
-
-
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", ORDER_CASES[:2], ids=ORDER_IDS[:2])
 def test_deterministic_bits_equal_the_older_kernel(handle, rng, wsb, monkeypatch, mask, case):
