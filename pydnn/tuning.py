@@ -607,6 +607,12 @@ attention_bwd = Switches(
                        'adding them there). Session 30 mid-session H200 runs: red 17.3 ms at b4 s4096 h32 where the '
                        'kernel without dQ takes 8.76; geomean over cuDNN red 0.778 / bulkw 0.918 (6 points), red 0.799 / '
                        'bulkw 0.929 / bulkw2 0.919 (4 points, bulkw2 1.06 at h128/8 but 0.84 at h32)'),
+    PREP_VEC=(True, 'the backward\'s memory passes (dsum = rowsum(dO * O) with the fp32 dQ accumulator zeroed, and the '
+                    'atomic mode\'s dQ conversion) in 16-byte accesses, several rows a thread (ptx/attention_prep.cu, '
+                    'every arch); False: attention.cu\'s bwd_pre / bwd_dq_convert (a warp a row, 4- / 8-byte loads). '
+                    'Session 32 mid-session H200 run, b32 s512 h32/32 d64: pre 0.124 -> 0.069 ms, convert 0.099 -> '
+                    '0.049 ms (cuDNN\'s two 0.069-0.071 / 0.058); backward 0.754 -> 0.853x cuDNN (causal 0.727 -> '
+                    '0.839), 6 points 0.783 -> 0.832x'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
                   '(d128 causal) to 1.01x'),
