@@ -91,13 +91,14 @@ RULES = (
     # --- a model family's own kernels, traded for install time (issue 21: <= 300 s on 2 cores)
     # Grouped convolutions (groups > 1 with C/g >= 2: ResNeXt, RegNet; depthwise is not on these kernels) compile
     # on first use: the packed supergroups (convolution.grouped.*), the direct kernels (gdirect1 / gdirect2) and
-    # the direct backward filter (gwgrad). ~80 model s of the install's ~936 (~-57 s of the 2-core build, which
-    # was ~334 s predicted before: tools/notes/install.md, session 32); a ResNeXt / RegNet user's first grouped
-    # layer compiles its chunks instead (one log line each, ~30 CPU s a type and arch in all, then cached), or
+    # the direct backward filter (gwgrad): the 2-core build's replay (tools/build_stats.py --model) ends 40.1
+    # model s earlier than with session 29's finer rules for them, ~-29 s (~334 s predicted for main before:
+    # tools/notes/install.md, session 32); a ResNeXt / RegNet user's first grouped layers compile their chunks
+    # instead (one log line each, then cached), or
     # `python -m pydnn build --only convolution.grouped,convolution.gdirect,convolution.gwgrad` ahead. (Session
     # 29's finer rules, the tiles no scanned grouped layer took, are in git history should they come back.)
     Rule(r"convolution\.(grouped|gdirect[12]|gwgrad)\.(f16|bf16)", r"",
-         "grouped convolutions (ResNeXt, RegNet: groups > 1 with C/g >= 2): a model family's own kernels, ~57 s "
+         "grouped convolutions (ResNeXt, RegNet: groups > 1 with C/g >= 2): a model family's own kernels, ~29 s "
          "of a 2-core install; their first use compiles them"),
     # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
     Rule(r"convolution\.(f16|bf16)", r"::implicit_gemm_pipe_tc<1, [^,]+, 128, 128, |::wgrad_pipe_tc<",

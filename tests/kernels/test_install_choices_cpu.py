@@ -339,7 +339,7 @@ def test_convolution_v7_choices_are_installed(record, arch, dtype, nhwc):
 @pytest.mark.parametrize("dtype,nhwc", CONV_TYPES)
 def test_grouped_convolutions_compile_on_first_use(record, arch, dtype, nhwc):
     """Grouped layers, each direction with Get..._v7's algorithm: the grouped kernels (16-bit) are first-use units
-    (rare.py: ~57 s of a 2-core install), whatever else such a call takes (packs, folds, float paths) is installed."""
+    (rare.py: ~29 s of a 2-core install), whatever else such a call takes (packs, folds, float paths) is installed."""
     pairs = []
     for layer in GROUPED_LAYERS:
         for call in _conv_calls(layer, dtype, nhwc):
