@@ -202,7 +202,7 @@ def test_split_parts_cost_their_family_units_seconds_an_instantiation():
 def test_install_build_model_within_budget():
     """Issue 21: a 2-core CPU-only install of the default archs in <= 300 s. tools/build_stats.py --model
     replays this tree's install on the build's cost model, calibrated on the host's 2-core measurement (346 s
-    for 485.0 model s, session 31). Units added to the install push this up: move rare ones to first use
+    for 479.0 model s of that tree, session 31). Units added to the install push this up: move rare ones to first use
     (rare.py) or fold types (tools/fold16.py) to stay within it."""
     import os
     import sys
