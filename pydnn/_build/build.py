@@ -16,9 +16,11 @@ DEFAULT_ARCHS = ("sm_80", "sm_90")
 BUILD_ALL_ENV = "PYDNN_BUILD_ALL"
 # Rough SASS kilobytes per instantiation of each source on sm_90 (tools/build_stats.py; compile time follows
 # the code size, about 20 CPU-seconds per MB): the cost model of units that unit_costs.py has not measured.
+# (session 32, measured: conv_tma.cu's one-instantiation units 1.8-15.8 CPU s, mean 7.8, where the default weight
+# guessed 0.3; attention_ws.cu's ~1.1 s an instantiation against 120's 2.4)
 _WEIGHT = {"convolution.cu": 200, "conv_wgrad_wgmma.cu": 200, "normalization.cu": 150, "matmul.cu": 100,
-           "attention.cu": 70, "attention_wgmma.cu": 70, "attention_wgmma_bwd.cu": 70, "attention_ws.cu": 120,
-           "reduce.cu": 55, "pooling.cu": 35, "softmax.cu": 30}
+           "attention.cu": 70, "attention_wgmma.cu": 70, "attention_wgmma_bwd.cu": 70, "attention_ws.cu": 55,
+           "conv_tma.cu": 390, "reduce.cu": 55, "pooling.cu": 35, "softmax.cu": 30}
 
 
 def _cost(unit, arch=None):
