@@ -25,7 +25,6 @@
 // barriers are reached by every thread of a block (dead rows compute on fill values and write nothing).
 #include "common/params.h"
 #include "common/types.cuh"
-#include "common/h16.cuh"
 #include "softmax_params.h"
 
 namespace pydnn {
@@ -66,25 +65,6 @@ template <> struct Bits<float> { static constexpr unsigned long long neg_inf = 0
 template <> struct Bits<double> { static constexpr unsigned long long neg_inf = 0xfff0000000000000ull; };
 template <> struct Bits<half_t> { static constexpr unsigned long long neg_inf = 0xfc00ull; };
 template <> struct Bits<bf16_t> { static constexpr unsigned long long neg_inf = 0xff80ull; };
-
-// pydnn::h16_t (common/h16.cuh): half and bfloat16 in one instantiation, the format a launch flag
-// (PYDNN_SOFTMAX_FLAG_BF16 -> `bf`, 0 half, 1 bfloat16; issue 21's install time). Every conversion of the
-// kernels goes through Frag's get / set and ld / st below, which take `bf` and, for the typed instantiations
-// (float, double, half_t, bf16_t), ignore it: the same instructions as the typed kernels', chosen per launch.
-template <class T> __device__ __forceinline__ unsigned long long neg_inf_bits(int bf) {
-  if constexpr (Same<T, h16_t>::value) return bf ? Bits<bf16_t>::neg_inf : Bits<half_t>::neg_inf;
-  else return Bits<T>::neg_inf;
-}
-template <class A, class T> __device__ __forceinline__ A ld(int bf, T v) {
-  if constexpr (Same<T, h16_t>::value) return (A)h16_to_float(v, bf);
-  else return pydnn::load<A>(v);
-}
-template <class T, class A> __device__ __forceinline__ T st(int bf, A v) {
-  if constexpr (Same<T, h16_t>::value) return h16_from_float((float)v, bf);
-  else return pydnn::store<T>(v);
-}
-// the launch's 16-bit format (0 half, 1 bfloat16; only h16_t instantiations look at it)
-__device__ __forceinline__ int fmt_of(const SoftmaxParams& p) { return (p.flags & PYDNN_SOFTMAX_FLAG_BF16) ? 1 : 0; }
 
 struct __align__(16) U4 { unsigned x, y, z, w; };
 struct __align__(8) U2 { unsigned x, y; };
@@ -135,7 +115,7 @@ template <class T, int VEC> struct Frag {
       else w[i] = (unsigned)(bits | (VEC > 1 ? bits << 16 : 0));
     }
   }
-  template <class A> __device__ __forceinline__ void get(A* a, int bf) const {
+  template <class A> __device__ __forceinline__ void get(A* a) const {
     if constexpr (sizeof(T) == 8) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) a[e] = (A)__hiloint2double((int)w[2 * e + 1], (int)w[2 * e]);
@@ -146,13 +126,13 @@ template <class T, int VEC> struct Frag {
 #pragma unroll
       for (int e = 0; e < VEC; e += 2) {
         float lo, hi;
-        unpack2(w[e / 2], lo, hi, bf);
+        unpack2(w[e / 2], lo, hi);
         a[e] = (A)lo;
         if (e + 1 < VEC) a[e + 1] = (A)hi;
       }
     }
   }
-  template <class A> __device__ __forceinline__ void set(const A* a, int bf) {
+  template <class A> __device__ __forceinline__ void set(const A* a) {
     if constexpr (sizeof(T) == 8) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
@@ -164,21 +144,17 @@ template <class T, int VEC> struct Frag {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) w[e] = __float_as_uint(pydnn::store<float>(a[e]));
     } else if constexpr (VEC == 1) {
-      w[0] = st<T>(bf, a[0]).bits;
+      w[0] = pydnn::store<T>(a[0]).bits;
     } else {
 #pragma unroll
-      for (int e = 0; e < VEC; e += 2) w[e / 2] = pack2(a[e], a[e + 1], bf);
+      for (int e = 0; e < VEC; e += 2) w[e / 2] = pack2(a[e], a[e + 1]);
     }
   }
 
  private:
-  __device__ __forceinline__ static void unpack2(unsigned v, float& lo, float& hi, int bf) {
-    if constexpr (Same<T, h16_t>::value) h16_unpack2(v, lo, hi, bf);
-    else unpack16x2<T>(v, lo, hi);
-  }
-  template <class A> __device__ __forceinline__ static unsigned pack2(A lo, A hi, int bf) {
-    if constexpr (Same<T, h16_t>::value) return h16_pack2((float)lo, (float)hi, bf);
-    else return pack16x2<T>((float)lo, (float)hi);
+  __device__ __forceinline__ static void unpack2(unsigned v, float& lo, float& hi) { unpack16x2<T>(v, lo, hi); }
+  template <class A> __device__ __forceinline__ static unsigned pack2(A lo, A hi) {
+    return pack16x2<T>((float)lo, (float)hi);
   }
 };
 
@@ -311,18 +287,18 @@ template <class T, int VEC, int ITEMS> struct RowPart {
   A xe;
   int xi;
 
-  __device__ __forceinline__ void fetch(const T* x, const Split<int>& sp, int lane, int G, bool live, int bf) {
+  __device__ __forceinline__ void fetch(const T* x, const Split<int>& sp, int lane, int G, bool live) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int i = lane + k * G;
-      v[k].fill(neg_inf_bits<T>(bf));
+      v[k].fill(Bits<T>::neg_inf);
       if (live && i < sp.nvec) v[k].load(x + sp.head + i * VEC);
     }
     xi = -1;
     xe = neg_inf<A>();
     if constexpr (VEC > 1) {
       xi = extra_index<VEC>(sp, lane, live);
-      if (xi >= 0) xe = ld<A>(bf, x[xi]);
+      if (xi >= 0) xe = pydnn::load<A>(x[xi]);
     }
   }
 };
@@ -331,14 +307,13 @@ template <class T, int VEC, int ITEMS> struct RowPart {
 // barrier), written to y. K: kFast / kAccurate / kLog.
 template <class T, int VEC, int ITEMS, int K, class A>
 __device__ __forceinline__ void fwd_row(const RowPart<T, VEC, ITEMS>& in, T* y, const Split<int>& sp, int lane,
-                                        int G, bool live, bool blend, A alpha, A beta, A* sm_max, A* sm_sum,
-                                        int bf) {
+                                        int G, bool live, bool blend, A alpha, A beta, A* sm_max, A* sm_sum) {
   typedef Frag<T, VEC> F;
   A f[ITEMS][VEC];
   A m = in.xe;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    in.v[k].get(f[k], bf);
+    in.v[k].get(f[k]);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) m = amax(m, f[k][e]);
   }
@@ -372,19 +347,19 @@ __device__ __forceinline__ void fwd_row(const RowPart<T, VEC, ITEMS>& in, T* y, 
         F old;
         old.load(yv + i * VEC);
         A b[VEC];
-        old.get(b, bf);
+        old.get(b);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) o[e] += beta * b[e];
       }
       F r;
-      r.set(o, bf);
+      r.set(o);
       r.store(yv + i * VEC);
     }
   }
   if (in.xi >= 0) {
     A o = fwd_out<K == kLog>(xe, c, alpha);
-    if (blend) o += beta * ld<A>(bf, y[in.xi]);
-    y[in.xi] = st<T>(bf, o);
+    if (blend) o += beta * load<A>(y[in.xi]);
+    y[in.xi] = store<T>(o);
   }
 }
 
@@ -392,7 +367,6 @@ __device__ __forceinline__ void fwd_row(const RowPart<T, VEC, ITEMS>& in, T* y, 
 // per block, one block per row group (grid-stride past the grid's end).
 template <class T, int VEC, int ITEMS, int K>
 __global__ void __launch_bounds__(1024) row_fwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   __shared__ A sm_max[32], sm_sum[32];
   const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
@@ -407,8 +381,8 @@ __global__ void __launch_bounds__(1024) row_fwd(const SoftmaxParams p) {
     const T* x = (const T*)p.in0 + off[1];
     const Split<int> sp = split<T, VEC>(x, (int)p.len);
     RowPart<T, VEC, ITEMS> in;
-    in.fetch(x, sp, lane, G, live, bf);
-    fwd_row<T, VEC, ITEMS, K>(in, (T*)p.out + off[0], sp, lane, G, live, blend, alpha, beta, sm_max, sm_sum, bf);
+    in.fetch(x, sp, lane, G, live);
+    fwd_row<T, VEC, ITEMS, K>(in, (T*)p.out + off[0], sp, lane, G, live, blend, alpha, beta, sm_max, sm_sum);
   }
 }
 
@@ -417,7 +391,6 @@ __global__ void __launch_bounds__(1024) row_fwd(const SoftmaxParams p) {
 // row's end hold 0.
 template <class T, int VEC, int ITEMS, int K>
 __global__ void __launch_bounds__(1024) row_bwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
   __shared__ A sm[2][32];
@@ -451,16 +424,16 @@ __global__ void __launch_bounds__(1024) row_bwd(const SoftmaxParams p) {
     if constexpr (VEC > 1) {
       xi = extra_index<VEC>(sp, lane, live);
       if (xi >= 0) {
-        ye = ld<A>(bf, yp[xi]);
-        de = ld<A>(bf, dyp[xi]);
+        ye = load<A>(yp[xi]);
+        de = load<A>(dyp[xi]);
       }
     }
     A s = K == kLog ? de : de * ye;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       A a[VEC], d[VEC];
-      vy[k].get(a, bf);
-      vd[k].get(d, bf);
+      vy[k].get(a);
+      vd[k].get(d);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) s += K == kLog ? d[e] : d[e] * a[e];
     }
@@ -470,25 +443,25 @@ __global__ void __launch_bounds__(1024) row_bwd(const SoftmaxParams p) {
       const int i = lane + k * G;
       if (live && i < sp.nvec) {
         A a[VEC], d[VEC];
-        vy[k].get(a, bf);
-        vd[k].get(d, bf);
+        vy[k].get(a);
+        vd[k].get(d);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) a[e] = bwd_out<T, K == kLog>(a[e], d[e], s, alpha);
         if (blend) {
           F old;
           old.load(dxp + sp.head + i * VEC);
-          old.get(d, bf);
+          old.get(d);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) a[e] += beta * d[e];
         }
-        vy[k].set(a, bf);
+        vy[k].set(a);
         vy[k].store(dxp + sp.head + i * VEC);
       }
     }
     if (xi >= 0) {
       A o = bwd_out<T, K == kLog>(ye, de, s, alpha);
-      if (blend) o += beta * ld<A>(bf, dxp[xi]);
-      dxp[xi] = st<T>(bf, o);
+      if (blend) o += beta * load<A>(dxp[xi]);
+      dxp[xi] = store<T>(o);
     }
   }
 }
@@ -499,7 +472,6 @@ __global__ void __launch_bounds__(1024) row_bwd(const SoftmaxParams p) {
 // re-reads the row (from L2 when it was read recently) and writes.
 template <class T, int VEC>
 __global__ void __launch_bounds__(1024) row_loop_fwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
   constexpr int U = sizeof(A) == 8 ? 1 : kUnroll;  // double exps are long: one at a time, no spills
@@ -530,7 +502,7 @@ __global__ void __launch_bounds__(1024) row_loop_fwd(const SoftmaxParams p) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {  // one fragment at a time: fewer values live than one batch of all
         A a[VEC];
-        v[u].get(a, bf);
+        v[u].get(a);
         online_add<T, VEC>(m, s, a, fast);
       }
     }
@@ -538,12 +510,12 @@ __global__ void __launch_bounds__(1024) row_loop_fwd(const SoftmaxParams p) {
       F v;
       v.load(xv + i * VEC);
       A a[VEC];
-      v.get(a, bf);
+      v.get(a);
       online_add<T, VEC>(m, s, a, fast);
     }
     const i64 xi = extra_index<VEC>(sp, lane, live);
     if (xi >= 0) {
-      const A a = ld<A>(bf, x[xi]);
+      const A a = load<A>(x[xi]);
       online_add<T, 1>(m, s, &a, fast);
     }
     online_finish<T>(m, s, G, sm_max, sm_sum, fast);
@@ -559,7 +531,7 @@ __global__ void __launch_bounds__(1024) row_loop_fwd(const SoftmaxParams p) {
         const i64 iu = i + u * (i64)G;
         if (iu < nvec) {
           A o[VEC];
-          v[u].get(o, bf);
+          v[u].get(o);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             const A z = o[e] - m;
@@ -569,33 +541,28 @@ __global__ void __launch_bounds__(1024) row_loop_fwd(const SoftmaxParams p) {
             F old;
             old.load(yv + iu * VEC);
             A b[VEC];
-            old.get(b, bf);
+            old.get(b);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) o[e] += beta * b[e];
           }
-          v[u].set(o, bf);
+          v[u].set(o);
           v[u].store(yv + iu * VEC);
         }
       }
     }
     if (xi >= 0) {
-      const A z = ld<A>(bf, x[xi]) - m;
+      const A z = load<A>(x[xi]) - m;
       A o = lg ? alpha * (z - c) : exp_of<T>(z, fast) * c;
-      if (blend) o += beta * ld<A>(bf, y[xi]);
-      y[xi] = st<T>(bf, o);
+      if (blend) o += beta * load<A>(y[xi]);
+      y[xi] = store<T>(o);
     }
   }
 }
 
 template <class T, int VEC>
 __global__ void __launch_bounds__(1024) row_loop_bwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
-  // h16_t: 2 fragments of each operand in flight in the dot pass, not kUnroll: at 4 (and 3) the folded kernel
-  // spilled 16 bytes at the 1024-thread cap of 64 registers (the typed ones take 62). The same elements in the
-  // same order (i, i + G, i + 2G, ...), so the same sum bits; fewer loads in flight (timed: tools/fold16.py --gpu)
-  constexpr int U = Same<T, h16_t>::value ? 2 : kUnroll;
   __shared__ A sm[2][32];
   const int G = p.group, lane = threadIdx.x & (G - 1), sub = threadIdx.x / G;
   const int per_block = blockDim.x / G;
@@ -618,18 +585,18 @@ __global__ void __launch_bounds__(1024) row_loop_bwd(const SoftmaxParams p) {
     T* dxv = dxp + sp.head;
     A s = 0;
     i64 i = lane;
-    for (; i + (U - 1) * (i64)G < nvec; i += U * (i64)G) {
-      F a[U], d[U];
+    for (; i + (kUnroll - 1) * (i64)G < nvec; i += kUnroll * (i64)G) {
+      F a[kUnroll], d[kUnroll];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         a[u].load(yv + (i + u * (i64)G) * VEC);
         d[u].load(dyv + (i + u * (i64)G) * VEC);
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         A ya[VEC], da[VEC];
-        a[u].get(ya, bf);
-        d[u].get(da, bf);
+        a[u].get(ya);
+        d[u].get(da);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s += lg ? da[e] : da[e] * ya[e];
       }
@@ -639,13 +606,13 @@ __global__ void __launch_bounds__(1024) row_loop_bwd(const SoftmaxParams p) {
       a.load(yv + i * VEC);
       d.load(dyv + i * VEC);
       A ya[VEC], da[VEC];
-      a.get(ya, bf);
-      d.get(da, bf);
+      a.get(ya);
+      d.get(da);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) s += lg ? da[e] : da[e] * ya[e];
     }
     const i64 xi = extra_index<VEC>(sp, lane, live);
-    if (xi >= 0) s += lg ? ld<A>(bf, dyp[xi]) : ld<A>(bf, dyp[xi]) * ld<A>(bf, yp[xi]);
+    if (xi >= 0) s += lg ? load<A>(dyp[xi]) : load<A>(dyp[xi]) * load<A>(yp[xi]);
     s = group_reduce<false>(s, G, sm[it & 1]);
     for (i = lane; i < nvec; i += kWrite * (i64)G) {  // loads before the first store, as in the forward
       F a[kWrite], d[kWrite];
@@ -660,27 +627,27 @@ __global__ void __launch_bounds__(1024) row_loop_bwd(const SoftmaxParams p) {
         const i64 iu = i + u * (i64)G;
         if (iu < nvec) {
           A ya[VEC], da[VEC];
-          a[u].get(ya, bf);
-          d[u].get(da, bf);
+          a[u].get(ya);
+          d[u].get(da);
 #pragma unroll
           for (int e = 0; e < VEC; ++e)
             ya[e] = alpha * (lg ? da[e] - exp_of<T>(ya[e], false) * s : ya[e] * (da[e] - s));
           if (blend) {
             d[u].load(dxv + iu * VEC);
-            d[u].get(da, bf);
+            d[u].get(da);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) ya[e] += beta * da[e];
           }
-          a[u].set(ya, bf);
+          a[u].set(ya);
           a[u].store(dxv + iu * VEC);
         }
       }
     }
     if (xi >= 0) {
-      const A ya = ld<A>(bf, yp[xi]), da = ld<A>(bf, dyp[xi]);
+      const A ya = load<A>(yp[xi]), da = load<A>(dyp[xi]);
       A o = alpha * (lg ? da - exp_of<T>(ya, false) * s : ya * (da - s));
-      if (blend) o += beta * ld<A>(bf, dxp[xi]);
-      dxp[xi] = st<T>(bf, o);
+      if (blend) o += beta * load<A>(dxp[xi]);
+      dxp[xi] = store<T>(o);
     }
   }
 }
@@ -717,7 +684,6 @@ template <bool MAX, int VEC, class A> __device__ __forceinline__ void col_reduce
 // (the host makes BY * kColItems >= len). One read, one write.
 template <class T, int VEC, int K>
 __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_fwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
   constexpr bool LOG = K == kLog, FAST = K == kFast;
@@ -741,7 +707,7 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_fwd(const Soft
 #pragma unroll
     for (int k = 0; k < kColItems; ++k) {
       const int c = ty + k * BY;
-      v[k].fill(neg_inf_bits<T>(bf));
+      v[k].fill(Bits<T>::neg_inf);
       if (live && c < C) v[k].load(x + c * cx);
     }
     A f[kColItems][VEC];
@@ -749,7 +715,7 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_fwd(const Soft
     for (int e = 0; e < VEC; ++e) m[e] = neg_inf<A>();
 #pragma unroll
     for (int k = 0; k < kColItems; ++k) {
-      v[k].get(f[k], bf);
+      v[k].get(f[k]);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) m[e] = amax(m[e], f[k][e]);
     }
@@ -778,11 +744,11 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_fwd(const Soft
           F old;
           old.load(y + c * cy);
           A bb[VEC];
-          old.get(bb, bf);
+          old.get(bb);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) r[e] += beta * bb[e];
         }
-        v[k].set(r, bf);
+        v[k].set(r);
         v[k].store(y + c * cy);
       }
     }
@@ -791,7 +757,6 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_fwd(const Soft
 
 template <class T, int VEC, int K>
 __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_bwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
   constexpr bool LOG = K == kLog;
@@ -829,8 +794,8 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_bwd(const Soft
 #pragma unroll
     for (int k = 0; k < kColItems; ++k) {
       A a[VEC], d[VEC];
-      vy[k].get(a, bf);
-      vd[k].get(d, bf);
+      vy[k].get(a);
+      vd[k].get(d);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) s[e] += LOG ? d[e] : d[e] * a[e];
     }
@@ -840,18 +805,18 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_bwd(const Soft
       const int c = ty + k * BY;
       if (live && c < C) {
         A a[VEC], d[VEC];
-        vy[k].get(a, bf);
-        vd[k].get(d, bf);
+        vy[k].get(a);
+        vd[k].get(d);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) a[e] = bwd_out<T, LOG>(a[e], d[e], s[e], alpha);
         if (blend) {
           F old;
           old.load(dxp + c * cdx);
-          old.get(d, bf);
+          old.get(d);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) a[e] += beta * d[e];
         }
-        vy[k].set(a, bf);
+        vy[k].set(a);
         vy[k].store(dxp + c * cdx);
       }
     }
@@ -863,7 +828,6 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_bwd(const Soft
 // kind is a run-time value, as in row_loop.
 template <class T, int VEC>
 __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_fwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
   const bool LOG = p.kind == kLog, FAST = p.kind == kFast;
@@ -896,7 +860,7 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_fwd(const
       for (int u = 0; u < kUnroll; ++u) v[u].load(x + (c + u * BY) * cx);
       A a[kUnroll][VEC];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u].get(a[u], bf);
+      for (int u = 0; u < kUnroll; ++u) v[u].get(a[u]);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         A t[kUnroll];
@@ -909,7 +873,7 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_fwd(const
       F v;
       v.load(x + c * cx);
       A a[VEC];
-      v.get(a, bf);
+      v.get(a);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) online_add<T, 1>(m[e], s[e], a + e, FAST);
     }
@@ -932,7 +896,7 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_fwd(const
         const int cu = c + u * BY;
         if (cu < Cl) {
           A r[VEC];
-          v[u].get(r, bf);
+          v[u].get(r);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             const A z = r[e] - M[e];
@@ -942,11 +906,11 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_fwd(const
             F old;
             old.load(y + cu * cy);
             A bb[VEC];
-            old.get(bb, bf);
+            old.get(bb);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) r[e] += beta * bb[e];
           }
-          v[u].set(r, bf);
+          v[u].set(r);
           v[u].store(y + cu * cy);
         }
       }
@@ -956,7 +920,6 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_fwd(const
 
 template <class T, int VEC>
 __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_bwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   typedef Frag<T, VEC> F;
   const bool LOG = p.kind == kLog;
@@ -992,8 +955,8 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_bwd(const
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         A a[VEC], d[VEC];
-        vy[u].get(a, bf);
-        vd[u].get(d, bf);
+        vy[u].get(a);
+        vd[u].get(d);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s[e] += LOG ? d[e] : d[e] * a[e];
       }
@@ -1003,8 +966,8 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_bwd(const
       vy.load(yp + c * cy);
       vd.load(dyp + c * cdy);
       A a[VEC], d[VEC];
-      vy.get(a, bf);
-      vd.get(d, bf);
+      vy.get(a);
+      vd.get(d);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) s[e] += LOG ? d[e] : d[e] * a[e];
     }
@@ -1022,17 +985,17 @@ __global__ void __launch_bounds__(kColThreads, kColMinBlocks) col_loop_bwd(const
         const int cu = c + u * BY;
         if (cu < Cl) {
           A a[VEC], d[VEC];
-          vy[u].get(a, bf);
-          vd[u].get(d, bf);
+          vy[u].get(a);
+          vd[u].get(d);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) a[e] = alpha * (LOG ? d[e] - exp_of<T>(a[e], false) * s[e] : a[e] * (d[e] - s[e]));
           if (blend) {
             vd[u].load(dxp + cu * cdx);
-            vd[u].get(d, bf);
+            vd[u].get(d);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) a[e] += beta * d[e];
           }
-          vy[u].set(a, bf);
+          vy[u].set(a);
           vy[u].store(dxp + cu * cdx);
         }
       }
@@ -1095,7 +1058,6 @@ template <int NOPS> struct Walk {
 
 template <class T>
 __global__ void __launch_bounds__(kGenThreads) gen_fwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   constexpr int U = sizeof(A) == 8 ? 1 : kUnroll / 2;  // a walker step costs registers; fewer loads in flight
   __shared__ A sm_max[32], sm_sum[32];
@@ -1125,11 +1087,11 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const SoftmaxParams p) {
         }
         A a[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) a[u] = ld<A>(bf, v[u]);
+        for (int u = 0; u < U; ++u) a[u] = load<A>(v[u]);
         online_add<T, U>(m, s, a, fast);
       }
       for (; e < len; e += G) {
-        const A a = ld<A>(bf, x[w.off[1]]);
+        const A a = load<A>(x[w.off[1]]);
         w.next(p);
         online_add<T, 1>(m, s, &a, fast);
       }
@@ -1138,11 +1100,11 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const SoftmaxParams p) {
     const A c = lg ? m_log(s) : alpha / s;
     Walk<2> w(p, lane);
     for (i64 e = lane; e < len; e += G) {
-      const A z = ld<A>(bf, x[w.off[1]]) - m;
+      const A z = load<A>(x[w.off[1]]) - m;
       T* dst = y + w.off[0];
       A r = lg ? alpha * (z - c) : exp_of<T>(z, fast) * c;
-      if (blend) r += beta * ld<A>(bf, *dst);
-      *dst = st<T>(bf, r);
+      if (blend) r += beta * load<A>(*dst);
+      *dst = store<T>(r);
       w.next(p);
     }
   }
@@ -1150,7 +1112,6 @@ __global__ void __launch_bounds__(kGenThreads) gen_fwd(const SoftmaxParams p) {
 
 template <class T>
 __global__ void __launch_bounds__(kGenThreads) gen_bwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   constexpr int U = kUnroll / 2;
   __shared__ A sm[2][32];
@@ -1182,21 +1143,21 @@ __global__ void __launch_bounds__(kGenThreads) gen_bwd(const SoftmaxParams p) {
           w.next(p);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) s += lg ? ld<A>(bf, d[u]) : ld<A>(bf, d[u]) * ld<A>(bf, a[u]);
+        for (int u = 0; u < U; ++u) s += lg ? load<A>(d[u]) : load<A>(d[u]) * load<A>(a[u]);
       }
       for (; e < len; e += G) {
-        s += lg ? ld<A>(bf, dyp[w.off[2]]) : ld<A>(bf, dyp[w.off[2]]) * ld<A>(bf, yp[w.off[1]]);
+        s += lg ? load<A>(dyp[w.off[2]]) : load<A>(dyp[w.off[2]]) * load<A>(yp[w.off[1]]);
         w.next(p);
       }
     }
     s = group_reduce<false>(s, G, sm[it & 1]);
     Walk<3> w(p, lane);
     for (i64 e = lane; e < len; e += G) {
-      const A ya = ld<A>(bf, yp[w.off[1]]), da = ld<A>(bf, dyp[w.off[2]]);
+      const A ya = load<A>(yp[w.off[1]]), da = load<A>(dyp[w.off[2]]);
       T* dst = dxp + w.off[0];
       A r = alpha * (lg ? da - exp_of<T>(ya, false) * s : ya * (da - s));
-      if (blend) r += beta * ld<A>(bf, *dst);
-      *dst = st<T>(bf, r);
+      if (blend) r += beta * load<A>(*dst);
+      *dst = store<T>(r);
       w.next(p);
     }
   }

@@ -20,7 +20,6 @@
 
 /* flags beyond PYDNN_FLAG_BETA (1) */
 #define PYDNN_SOFTMAX_FLAG_ROWS32 4u  /* rows < 2^32 and every row size < 2^32: 32-bit row index math */
-#define PYDNN_SOFTMAX_FLAG_BF16 8u    /* the 16-bit data are bfloat16 (pydnn::h16_t instantiations; else half) */
 
 /* kind: what the kernel computes (a template argument of row/col, a runtime value of row_loop/gen).
  * Forward: 0 softmax with the fast exp, 1 softmax with the accurate exp, 2 log-softmax.
@@ -41,7 +40,7 @@ typedef struct {
   long long tiles;      /* col: blocks per outer position; else 0 */
   int group;            /* row, row_loop, gen: threads per row, a power of two */
   int kind;             /* PYDNN_SOFTMAX_KIND_* */
-  unsigned flags;       /* PYDNN_FLAG_BETA, PYDNN_SOFTMAX_FLAG_ROWS32, PYDNN_SOFTMAX_FLAG_BF16 */
+  unsigned flags;       /* PYDNN_FLAG_BETA, PYDNN_SOFTMAX_FLAG_ROWS32 */
   int row_ndim, red_ndim;
   int pad_;
   long long row_size[PYDNN_MAX_DIMS];

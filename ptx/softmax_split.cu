@@ -44,7 +44,6 @@ __device__ __forceinline__ float split_ld_dsmem(const float* p, unsigned rank) {
 // from 128 to 1024 with CL * ITEMS * blockDim.x >= the row's whole vectors (the host's checks).
 template <class T, int VEC, int ITEMS, int K, int CL>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(1024) row_split_fwd(const SoftmaxParams p) {
-  const int bf = fmt_of(p);
   typedef typename AccOf<T>::type A;
   static_assert(sizeof(A) == 4, "float arithmetic (f32, f16, bf16 data) only");
   typedef Frag<T, VEC> F;
@@ -66,20 +65,20 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(1024) row_split_fwd
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
     const int i = lo + t + k * B;
-    v[k].fill(neg_inf_bits<T>(bf));
+    v[k].fill(Bits<T>::neg_inf);
     if (i < hi) v[k].load(x + sp.head + i * VEC);
   }
   int xi = -1;
   A xe = neg_inf<A>();
   if constexpr (VEC > 1) {
     xi = extra_index<VEC>(sp, t, rank == 0);
-    if (xi >= 0) xe = ld<A>(bf, x[xi]);
+    if (xi >= 0) xe = pydnn::load<A>(x[xi]);
   }
   A f[ITEMS][VEC];
   A m = xe;
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    v[k].get(f[k], bf);
+    v[k].get(f[k]);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) m = amax(m, f[k][e]);
   }
@@ -122,19 +121,19 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(1024) row_split_fwd
         F old;
         old.load(yv + i * VEC);
         A b[VEC];
-        old.get(b, bf);
+        old.get(b);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) o[e] += beta * b[e];
       }
       F r;
-      r.set(o, bf);
+      r.set(o);
       r.store(yv + i * VEC);
     }
   }
   if (xi >= 0) {
     A o = fwd_out<K == kLog>(xe, c, alpha);
-    if (blend) o += beta * ld<A>(bf, y[xi]);
-    y[xi] = st<T>(bf, o);
+    if (blend) o += beta * pydnn::load<A>(y[xi]);
+    y[xi] = pydnn::store<T>(o);
   }
   split_cluster_sync();  // no block leaves while another may still read its part[]
 }

@@ -197,18 +197,6 @@ def gpu_cases():
                                                 x.data_ptr(), 0.0, yd, y.data_ptr())), y
         return make
 
-    def softmax(algo, mode, shape, bwd=False):
-        def make(h, dt):
-            x, y = rnd(shape, 8, dt, 2.0), torch.empty(shape, device="cuda", dtype=dt)
-            td = _td(dt, shape)
-            if not bwd:
-                return (lambda: pydnn.softmax_forward(h, algo, mode, 1.0, td, x.data_ptr(), 0.0, td, y.data_ptr())), y
-            yy, dy = torch.empty_like(x), rnd(shape, 9, dt)
-            pydnn.softmax_forward(h, algo, mode, 1.0, td, x.data_ptr(), 0.0, td, yy.data_ptr())
-            return (lambda: pydnn.softmax_backward(h, algo, mode, 1.0, td, yy.data_ptr(), td, dy.data_ptr(), 0.0, td,
-                                                   y.data_ptr())), y
-        return make
-
     n = (64, 512, 32, 32)  # 32M elements
     A = pydnn
     return [("relu fwd", act(A.PYDNN_ACTIVATION_RELU, n)),
@@ -224,23 +212,14 @@ def gpu_cases():
             ("transform other 16-bit -> nhwc", transform(n, True, A.PYDNN_TENSOR_NHWC)),
             ("reduce add rows", reduce(A.PYDNN_REDUCE_TENSOR_ADD, (32768, 1024), (32768, 1))),
             ("reduce max cols", reduce(A.PYDNN_REDUCE_TENSOR_MAX, (1024, 32768), (1, 32768))),
-            ("reduce avg nchw->c", reduce(A.PYDNN_REDUCE_TENSOR_AVG, n, (1, 512, 1, 1))),
-            # softmax (session 32): rows in registers (row_fwd / row_bwd), long rows streamed (row_loop_*: 64k
-            # columns), channels of NCHW (col_*)
-            ("softmax fwd rows", softmax(A.PYDNN_SOFTMAX_ACCURATE, A.PYDNN_SOFTMAX_MODE_INSTANCE, (32768, 1024))),
-            ("softmax bwd rows", softmax(A.PYDNN_SOFTMAX_ACCURATE, A.PYDNN_SOFTMAX_MODE_INSTANCE, (32768, 1024), True)),
-            ("log softmax fwd 64k", softmax(A.PYDNN_SOFTMAX_LOG, A.PYDNN_SOFTMAX_MODE_INSTANCE, (2048, 65536))),
-            ("log softmax bwd 64k", softmax(A.PYDNN_SOFTMAX_LOG, A.PYDNN_SOFTMAX_MODE_INSTANCE, (2048, 65536), True)),
-            ("softmax fwd channels", softmax(A.PYDNN_SOFTMAX_ACCURATE, A.PYDNN_SOFTMAX_MODE_CHANNEL, n)),
-            ("softmax bwd channels", softmax(A.PYDNN_SOFTMAX_ACCURATE, A.PYDNN_SOFTMAX_MODE_CHANNEL, n, True))]
+            ("reduce avg nchw->c", reduce(A.PYDNN_REDUCE_TENSOR_AVG, n, (1, 512, 1, 1)))]
 
 
 def typed_family_units():
-    """The folded families' typed 16-bit units (called with the fold off: activation.f16, reduce.bf16, softmax.f16, ...)."""
-    from pydnn.ops import activation, reduce, softmax, tensor_ops
+    """The folded families' typed 16-bit units (called with the fold off: activation.f16, reduce.bf16, ...)."""
+    from pydnn.ops import activation, reduce, tensor_ops
 
-    return [u for m in (activation, tensor_ops, reduce, softmax) for u in m.kernel_units()
-            if re.search(r"\.b?f16$", u.name) and ".split." not in u.name]   # (softmax.split.*: typed, installed)
+    return [u for m in (activation, tensor_ops, reduce) for u in m.kernel_units() if re.search(r"\.b?f16$", u.name)]
 
 
 def gpu_main(args):

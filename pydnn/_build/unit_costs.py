@@ -75,8 +75,9 @@ COSTS = {
         'reduce.h16': (9.8, 17),   # session 31 (h16: the typed pair x folded / typed)
         'rnn.h16': (2.3, 18),   # session 30: rnn.f16 and rnn.bf16 in one (pydnn::h16_t), measured as one of them
         'rnn.f32': (2.2, 18),
+        'softmax.bf16': (8.3, 24),
+        'softmax.f16': (8.4, 24),
         'softmax.f32': (7.8, 26),
-        'softmax.h16': (8.2, 24),   # session 32 (h16: the typed pair 16.7 x folded / typed 6.3 / 12.9)
         'tensor_ops.f32': (1.0, 16),
         'tensor_ops.h16': (1.4, 16),   # session 31 (h16: the typed pair x folded / typed)
         'tensor_ops.plain.f32': (0.7, 7),
@@ -190,8 +191,9 @@ COSTS = {
         'reduce.h16': (11.0, 17),   # session 31 (h16: the typed pair x folded / typed)
         'rnn.h16': (2.3, 18),   # session 30: rnn.f16 and rnn.bf16 in one (pydnn::h16_t), measured as one of them
         'rnn.f32': (2.2, 18),
+        'softmax.bf16': (9.2, 24),
+        'softmax.f16': (9.2, 24),
         'softmax.f32': (8.7, 26),
-        'softmax.h16': (11.2, 24),   # session 32 (h16: the typed pair 18.4 x folded / typed 7.2 / 11.9)
         'softmax.split.bf16': (0.6, 2),
         'softmax.split.f16': (0.6, 2),
         'softmax.split.f32': (0.8, 3),

@@ -45,7 +45,7 @@ from .common import (
     FLOAT_TAGS, TAG, cdiv, element_aligned, enum_arg, float_tensor, next_pow2, output_tensor, prod, same_shape,
     same_type, scalar,
 )
-from ._elementwise import CTYPE, MAP_CTYPE, _SIZES, ktag, unit_tags, vec_width
+from ._elementwise import CTYPE, _SIZES, vec_width
 
 ALGOS = (E.PYDNN_SOFTMAX_FAST, E.PYDNN_SOFTMAX_ACCURATE, E.PYDNN_SOFTMAX_LOG)
 MODES = (E.PYDNN_SOFTMAX_MODE_INSTANCE, E.PYDNN_SOFTMAX_MODE_CHANNEL)
@@ -53,8 +53,6 @@ MODES = (E.PYDNN_SOFTMAX_MODE_INSTANCE, E.PYDNN_SOFTMAX_MODE_CHANNEL)
 # PYDNN_SOFTMAX_KIND_* in ptx/softmax_params.h
 KIND_FAST, KIND_ACCURATE, KIND_LOG = 0, 1, 2
 FLAG_ROWS32 = 4                     # PYDNN_SOFTMAX_FLAG_ROWS32
-FLAG_BF16 = 8                       # PYDNN_SOFTMAX_FLAG_BF16: the data are bfloat16 (pydnn::h16_t instantiations,
-                                    # units softmax.h16: half and bfloat16 in one, issue 21; else half)
 
 # Fragments per thread in the row kernels, by (vector?, backward?): as many as fit in 64 registers
 # without spilling (checked with ptxas): the vector kernels hold 4 x 16 bytes (double: 2 x 16, its exp is
@@ -127,9 +125,7 @@ BWD_KINDS = (KIND_ACCURATE, KIND_LOG)
 
 
 def _expr(kernel, tag, vec=1, items=0, kind=0):
-    # half and bfloat16 share pydnn::h16_t instantiations (the format a launch flag, FLAG_BF16) while
-    # _elementwise's fold is on; the sm_90 split kernels (row_split_fwd) stay typed
-    t = CTYPE[tag] if kernel == "row_split_fwd" else MAP_CTYPE[tag]
+    t = CTYPE[tag]
     if kernel in ("row_fwd", "row_bwd"):
         return f"pydnn::softmax::{kernel}<{t}, {vec}, {items}, {kind}>"
     if kernel in ("col_fwd", "col_bwd"):
@@ -166,7 +162,7 @@ def _unit_exprs(tag):
 
 
 def kernel_units():
-    units = [KernelUnit(f"softmax.{ktag(t)}", "softmax.cu", _unit_exprs(t)) for t in unit_tags(FLOAT_TAGS)]
+    units = [KernelUnit(f"softmax.{t}", "softmax.cu", _unit_exprs(t)) for t in FLOAT_TAGS]
     for t in SPLIT_TAGS:  # row_split_fwd: thread-block clusters, sm_90 only (see SPLIT_CL)
         units.append(KernelUnit(f"softmax.split.{t}", "softmax_split.cu",
                                 tuple(_expr("row_split_fwd", t, vec_width(t, t), kind=k) for k in _fwd_kinds(t)),
@@ -377,11 +373,9 @@ def _plan(handle, backward, algo, mode, descs):
     pl = _Plan()
     pl.layout, pl.launches, pl.align = layout, launches, align
     pl.need = tuple(x.span_bytes() for x in descs)
-    pl.unit = f"softmax.{ktag(tag)}"
+    pl.unit = f"softmax.{tag}"
     pl.itemsize = _SIZES[tag]
     for lc in launches:
-        if tag == "bf16":   # (typed bf16_t kernels ignore it)
-            lc.params.flags |= FLAG_BF16
         lc.argv = driver.kernel_args(lc.params)
     return pl
 
@@ -463,7 +457,7 @@ def _run(handle, pl, ptrs, names, alpha, beta):
     p.out, p.in0 = ptrs[0], ptrs[1]
     p.in1 = ptrs[2] if len(ptrs) > 2 else None
     p.alpha, p.beta = alpha, beta
-    p.flags = (p.flags & (FLAG_ROWS32 | FLAG_BF16)) | (FLAG_BETA if beta != 0 else 0)
+    p.flags = (p.flags & FLAG_ROWS32) | (FLAG_BETA if beta != 0 else 0)
     driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, lc.argv)
 
 

@@ -159,7 +159,7 @@ def test_hot_kernels_do_not_spill():
     from pydnn._cuda import nvrtc
 
     for unit in S.kernel_units():
-        if unit.name not in ("softmax.h16", "softmax.f32", "softmax.split.bf16", "softmax.split.f32"):
+        if unit.name not in ("softmax.bf16", "softmax.f32", "softmax.split.bf16", "softmax.split.f32"):
             continue
         text, _ = cache.unit_inputs(unit)
         _, lowered, log = nvrtc.compile_cubin(text, unit.source, unit.exprs, "sm_90",
@@ -177,31 +177,6 @@ def test_hot_kernels_do_not_spill():
         hot = [e for e in unit.exprs if "::row_" in e or "::col_" in e]
         assert hot and all(e in spills for e in hot), (unit.name, sorted(spills))
         assert all(spills[e] == 0 for e in hot), {e: spills[e] for e in hot if spills[e]}
-
-
-def test_half_and_bfloat16_share_the_h16_unit_with_the_format_flag(monkeypatch):
-    """Half and bfloat16 run one pydnn::h16_t instantiation (softmax.h16, issue 21's install time): every launch
-    of a bfloat16 plan carries PYDNN_SOFTMAX_FLAG_BF16 (the kernels' conversions follow it), a half plan's none,
-    and a call's per-call flags (beta) keep it; float stays typed."""
-    from pydnn._build.params import FLAG_BETA
-
-    monkeypatch.setattr(S.driver, "launch_args", lambda *a: None)
-    h = cpu_handle()
-    for dt in (F16, BF16, F32):
-        bf = dt == BF16
-        for dims, mode in (((4, 4096), INSTANCE), ((2, 100000), INSTANCE), ((2, 64, 8, 8), CHANNEL),
-                           ((3, 5, 4, 6), CHANNEL)):
-            d = _desc(dims, dt)
-            for backward in (False, True):
-                n = 3 if backward else 2
-                pl = S._plan(h, backward, ACCURATE, mode, [d] * n)
-                assert pl.unit == ("softmax.f32" if dt == F32 else "softmax.h16")
-                for lc in pl.launches:   # (sm_90's cluster kernels, softmax.split.*, stay typed)
-                    assert ("pydnn::h16_t" in lc.expr) == (dt != F32 and lc.unit is None), lc.expr
-                    assert bool(lc.params.flags & S.FLAG_BF16) == bf
-                S._run(h, pl, [1 << 36] * n, ["y", "x", "dy"][:n], 1.0, 0.5)
-                lc = pl.launches[0]
-                assert bool(lc.params.flags & S.FLAG_BF16) == bf and lc.params.flags & FLAG_BETA
 
 
 def test_kernel_unit_names_cover_every_plan():
