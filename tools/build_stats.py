@@ -10,7 +10,7 @@ time by its units' name-expression counts; --all (the default without --sample) 
 come from compiling too (what the build would write). --cached reads sizes from the existing cache instead
 of compiling (no timing). --rare includes the first-use units (KernelUnit.install=False).
 
-    python tools/build_stats.py --model [--jobs 2] [--scale 0.7134] [--families]
+    python tools/build_stats.py --model [--jobs 2] [--scale 0.72] [--families]
 
 --model replays this tree's default install (sm_80 + sm_90, the shared NVVM pass's pairing as the build makes
 it) on the build's own cost model (build._job_cost: unit_costs.py scaled by instantiations), `jobs` workers
@@ -61,7 +61,7 @@ def main(argv=None):
                     "(each unit's CPU seconds are its worker's; for a wide, otherwise idle machine)")
     ap.add_argument("--scale", type=float, default=None)
     ap.add_argument("--model", action="store_true", help="replay this tree's default install on the cost model")
-    ap.add_argument("--families", action="store_true", help="with --model: the model seconds per unit")
+    ap.add_argument("--families", action="store_true", help="with --model: each job's model seconds, the build's order")
     ap.add_argument("--check-shared", action="store_true", help="for every unit that shares one NVVM pass "
                     "(pydnn/_build/ptxas.py): NVRTC for sm_80 (+PTX) and for sm_90, ptxas of the PTX for sm_90; "
                     "CPU seconds of each, and whether every kernel's SASS (.text) is the same both ways")
