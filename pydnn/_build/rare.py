@@ -22,7 +22,10 @@ from dataclasses import replace
 # applies only to device archs of these numbers ((90,): Hopper, where the planners take wgmma kernels in
 # place of what it names; on other archs, Blackwell's included, those stay the main path); () = every arch.
 # least: only to archs of at least this number (90: where the planners take a cluster form instead); 0 = every
-Rule = namedtuple("Rule", "units exprs why below at least", defaults=(0, (), 0))
+# arch. together: the first use of one of the rule's first-use units compiles all of them of that data type (the same
+# family units' last name part) at once, in parallel (loader.load_unit): a model takes most of them together, and one
+# at a time they would stall its first step for their sum.
+Rule = namedtuple("Rule", "units exprs why below at least together", defaults=(0, (), 0, False))
 
 _INT = r"(signed char|unsigned char|int|pydnn::i64)"
 
@@ -99,7 +102,8 @@ RULES = (
     # 29's finer rules, the tiles no scanned grouped layer took, are in git history should they come back.)
     Rule(r"convolution\.(grouped|gdirect[12]|gwgrad)\.(f16|bf16)", r"",
          "grouped convolutions (ResNeXt, RegNet: groups > 1 with C/g >= 2): a model family's own kernels, ~29 s "
-         "of a 2-core install; their first use compiles them"),
+         "of a 2-core install; their first use compiles them (all of a data type at once, in parallel)",
+         together=True),
     # --- Hopper: what the planners leave for the wgmma / warp-specialized kernels on sm_90 (default switches)
     Rule(r"convolution\.(f16|bf16)", r"::implicit_gemm_pipe_tc<1, [^,]+, 128, 128, |::wgrad_pipe_tc<",
          "the mma.sync pipelined kernels that fwd_wgmma / wgrad_tc_wgmma replace on sm_90: the 128x128 backward-data "
@@ -304,6 +308,17 @@ def split(units, arch=None):
         for i, chunk in enumerate(chunks):
             out.append(replace(u, name=f"{u.name}.rare{i}", exprs=tuple(chunk), install=False, home=u.name))
     return out
+
+
+def together_key(unit):
+    """(rule index, data tag) of a first-use unit that a `together` rule made, else None: the units of one key
+    compile together at the first use of any of them (loader.load_unit)."""
+    if unit.install or not unit.home:
+        return None
+    for i, r in enumerate(RULES):
+        if r.together and re.fullmatch(r.units, unit.home) and all(re.search(r.exprs, e) for e in unit.exprs):
+            return i, unit.home.rsplit(".", 1)[-1]
+    return None
 
 
 def unmatched_rules(units):

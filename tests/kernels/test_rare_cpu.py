@@ -216,3 +216,50 @@ def test_install_build_model_within_budget():
 
     got = build_stats.model()
     assert got["predicted"] <= 300, got
+
+
+def test_together_rule_compiles_its_data_types_units_at_once(tmp_path, monkeypatch):
+    """A `together` rule (grouped convolutions): the first use of one of its units compiles every first-use unit
+    of that rule and data type for the arch, in parallel, one log line each; the other data type's stay; once
+    cached, nothing compiles again."""
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    done, records = [], []
+
+    def fake_compile(u, arch, nv=None):
+        done.append((u.name, arch))
+        entry = (b"\x7fELF" + u.name.encode(), {e: e for e in u.exprs})
+        target = manifest.unit_arch(u, arch)
+        cache.write_entry(cache.entry_path(u, target, cache.unit_key(u, target, nv)), *entry)
+        return entry
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    monkeypatch.setattr(build, "compile_unit", fake_compile)
+    logger = logging.getLogger("pydnn")
+    handler = Keep(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        name = loader.resolve("sm_90", "convolution.grouped.bf16", "pydnn::conv::filter_group_pack<pydnn::bf16_t>")
+        assert name.startswith("convolution.grouped.bf16.rare")
+        u = loader._unit(name, "sm_90")
+        cubin, lowered = loader.load_unit("sm_90", u)
+        assert cubin == b"\x7fELF" + name.encode() and set(lowered) == set(u.exprs)
+        want = {x.name for x in manifest.all_units("sm_90") if not x.install
+                and x.home in ("convolution.grouped.bf16", "convolution.gdirect1.bf16", "convolution.gdirect2.bf16",
+                               "convolution.gwgrad.bf16")}
+        assert {n for n, _ in done} == want and len(done) == len(want) >= 9
+        assert records[0] == f"pydnn: compiling kernel unit {name} for sm_90 (first use: not built at install)"
+        assert len(records) == len(want) and all("first use" in r for r in records)
+        done.clear()
+        for n in want:
+            loader.load_unit("sm_90", loader._unit(n, "sm_90"))
+        assert done == []
+        # a unit of no together rule compiles alone
+        one = loader._unit(loader.resolve("sm_90", "tensor_ops.i32", "pydnn::map_strided<int, int, pydnn::tensor::Set>"),
+                           "sm_90")
+        loader.load_unit("sm_90", one)
+        assert done == [(one.name, "sm_90")]
+    finally:
+        logger.removeHandler(handler)
