@@ -819,6 +819,14 @@ torch = Switches(
                       "only (under CUDA graph capture the block takes the path without it: its NHWC-in / NCHW-out "
                       "max-pool backward took 191 us of GPU time where the NCHW window kernel takes ~20; H200). "
                       "False: the convolution's output back to NCHW before the batch norm, the casts by torch"),
+    BLOCK_LEAN=(True, "a fused block (FUSE_BLOCK) with its ReLU and max pool, in training: the backward's "
+                      "temporaries (the pool's and the batch norm's gradients, the NHWC gradient copies, the 16-bit "
+                      "weight / bias gradients before their cast) are pointers into one workspace buffer (the "
+                      "stream's kept one, tuning.torch.FAST_CALLS) instead of a torch allocation each, the "
+                      "parameters' casts (float32 <-> autocast's dtype) are pydnn.transform_tensor calls instead of "
+                      "Tensor.to, and the forward's 16-bit bias is a pointer into the workspace too: 9 torch "
+                      "allocations and 6 torch casts fewer a step of the CNN demo (tests/torch/"
+                      "test_torch_block_lean_cpu.py). False: the block's general path"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "

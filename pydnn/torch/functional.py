@@ -486,7 +486,7 @@ class _BnRec:
     strides, and the training forms' sizes: one buffer holds the saved mean / inverse std, the Ex forms'
     reserve space and the forward's workspace (offsets into it), so a training forward allocates y and that."""
     __slots__ = ("xd", "yd", "pd", "pdt", "c", "y_stride", "relu", "nws", "nrs", "rs_off", "ws_off", "nbuf",
-                 "bwd", "pool")
+                 "bwd", "pool", "lean")
 
 
 def _bn_rec(h, x, training, relu):
@@ -499,7 +499,7 @@ def _bn_rec(h, x, training, relu):
     r.c = c = x.shape[1]
     r.pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     r.pd = C.tensor_desc(r.pdt, (1, c) + (1,) * (len(dims) - 2), (c,) + (1,) * (len(dims) - 1))
-    r.relu, r.nws, r.nrs, r.bwd, r.pool = relu, 0, 0, {}, None
+    r.relu, r.nws, r.nrs, r.bwd, r.pool, r.lean = relu, 0, 0, {}, None, {}
     if training and relu:
         ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
@@ -735,7 +735,7 @@ class _BlockRec:
     """A conv + batch-norm call's record (tuning.torch.FUSE_BLOCK): the compute dtype (dt: autocast's, the
     parameters cast to it inside the Function), the convolution's record and the batch norm's (with its
     fused ReLU and max pool)."""
-    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d", "bn_c")
+    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d", "bn_c", "lean")
 
 
 def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
@@ -778,6 +778,7 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
         r.w32d = (C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride())
                   if r.nhwc and weight.dtype is not dt and weight.dtype in C.DTYPES and not r.conv.wcopy
                   and weight.is_contiguous() else None)
+        r.lean = _lean_fwd_plan(r, x, weight, bias, relu, pool)
     except (Unsupported, pydnn.PydnnError):  # the calls in sequence: their own fallbacks or errors
         return False
     return r
@@ -814,6 +815,246 @@ def _block_bwd_nhwc(h, rec, y_stride, xh, wh, dy, need_x, need_w, need_b, w_dt):
     return dx, dw, db
 
 
+# ------------------------------------------------------------- the block's lean path (tuning.torch.BLOCK_LEAN)
+# Why: the CNN demo's eager step is host-bound (GPU idle ~74% of pydnn's step, H200, session 31) and each torch
+# allocation / cast the bridge makes is a dispatcher call, a caching-allocator lookup and (casts) a kernel launch
+# of PyTorch's. The block's backward temporaries only live inside its backward, and every pydnn call takes int
+# pointers: they are carved from one workspace buffer (C.workspace: the stream's kept buffer eagerly, a fresh one
+# under capture), laid out [the calls' largest workspace | temporaries], so no call's workspace overlaps them.
+_LEAN_ALIGN = 256
+
+
+class _LeanFwd:
+    """What the block's lean forward needs beyond its record: the float32 <-> compute-dtype descriptors of the
+    parameters' casts (None: no cast) and the scratch layout of the forward (the convolution's workspace, then
+    the 16-bit bias)."""
+    __slots__ = ("b32d", "w32d", "w16d", "b_off", "total")
+
+
+def _lean_fwd_plan(r, x, weight, bias, relu, pool):
+    """The block's _LeanFwd, or None where the lean path does not apply (no ReLU or max pool, a convolution on
+    NHWC copies without BLOCK_NHWC, a strided / non-float weight or bias)."""
+    conv = r.conv
+    if not (relu and pool is not None and (r.nhwc or not conv.ph) and conv.act is None and not conv.wcopy
+            and conv.fmt == pydnn.PYDNN_TENSOR_NCHW and weight.is_contiguous()
+            and weight.dtype in C.DTYPES and (bias is None or (bias.dtype in C.DTYPES and bias.dim() == 1
+                                                               and bias.is_contiguous()))):
+        return None
+    dt = r.dt
+    lf = _LeanFwd()
+    cp = conv.pl.nhwc if r.nhwc else conv.pl
+    k = weight.shape[0]
+    lf.b32d = (C.tensor_desc(bias.dtype, (1, k, 1, 1), (k, 1, 1, 1))
+               if bias is not None and bias.dtype is not dt else None)
+    packed = torch.empty(tuple(weight.shape), dtype=dt, device=weight.device).stride()
+    lf.w32d = C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride()) if weight.dtype is not dt else None
+    lf.w16d = C.tensor_desc(dt, tuple(weight.shape), packed)
+    lf.b_off = _align(cp.fwd_ws, _LEAN_ALIGN)
+    lf.total = lf.b_off + (_align(k * x.element_size(), _LEAN_ALIGN) if lf.b32d is not None else 0)
+    return lf
+
+
+def _block_fwd_lean(h, rec, lf, x, w, b):
+    """The block's convolution (BLOCK_LEAN): (y, the tensors its backward needs, ctx.nhwc). The bias cast into
+    the workspace buffer (after the convolution's own workspace), the weight cast by transform_tensor (into the
+    NHWC copy under BLOCK_NHWC, else into a packed 16-bit filter kept for the backward)."""
+    conv, dt = rec.conv, rec.dt
+    pl = conv.pl
+    ws, sp = C.workspace(lf.total, x.device)
+    if b is None:
+        bp = 0
+    elif lf.b32d is not None:
+        bp = sp + lf.b_off
+        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
+    else:
+        bp = b.data_ptr()
+    if rec.nhwc:
+        cp = pl.nhwc
+        cl = torch.channels_last
+        xc = _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, cp.xd)
+        wc = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device, memory_format=cl),
+                        lf.w32d if lf.w32d is not None else pl.wtd, cp.wtd)
+        y = torch.empty(cp.y_shape, dtype=dt, device=x.device, memory_format=cl)
+    else:
+        cp = pl
+        xc = x
+        if lf.w32d is None:
+            wc = w
+        else:
+            wc = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device), lf.w32d, lf.w16d)
+        y = _output_like(x, pl.y_shape)
+    wsp = sp if cp.fwd_ws else None
+    yp = y.data_ptr()
+    if bp:
+        try:
+            pydnn.convolution_bias_activation_forward(
+                h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp,
+                cp.bd, bp, activation_desc("identity"), cp.yd, yp)
+        except pydnn.PydnnError as e:
+            if C.is_not_supported(e):
+                cp.fused_ok = False  # (the general path from now on: its unfused form)
+            raise
+    else:
+        pydnn.convolution_forward(h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws,
+                                  0.0, cp.yd, yp)
+    return y, (xc, wc, None), (2 if rec.nhwc else False)
+
+
+class _LeanBwd:
+    """The scratch layout of a block's lean backward for one (handle, needs) and its cast descriptors: offsets of
+    the pool's gradient (pdy), the batch norm's (bdx), the NHWC input gradient (dxh), the 16-bit weight / bias
+    gradients (dw16, db16; -1: not used), after `ws` bytes for the calls' own workspaces."""
+    __slots__ = ("nws_bn", "ws", "pdy", "bdx", "dxh", "dw16", "db16", "total", "db32d", "dw_to", "nrs")
+
+
+def _lean_bwd_plan(h, rec, bn, x_bn, xc, wc, need, w_dt, b_dt):
+    """The block's _LeanBwd for these needs and parameter dtypes (made once), or False where the general path
+    takes the backward (a batch-norm output off the convolution output's strides, no ReLU / pool, a plain
+    convolution whose backward runs on NHWC copies, CONV_NHWC_BWD)."""
+    key = (h, need, w_dt, b_dt)
+    lb = bn.lean.get(key)
+    if lb is not None:
+        return lb
+    lb = False
+    conv = rec.conv
+    pl = conv.pl
+    xd = bn.xd
+    if rec.nhwc:
+        cp = pl.nhwc
+    else:
+        cp = pl
+        _bwd_algos(h, pl, pl.yd)
+        if pl.nhwc_ok is None:  # (as _conv_bwd asks it: x and w are the plan's)
+            pl.nhwc_ok = _nhwc_applies(xc, wc, conv.fmt, conv.spec)
+    ok = bn.y_stride == x_bn.stride() and bn.pool is not None and bn.relu
+    if ok and not rec.nhwc and (need[0] or need[1]) and tuning.torch.CONV_NHWC_BWD and pl.nhwc_ok:
+        ok = False  # (the general path's NHWC backward for this convolution)
+    if ok:
+        lb = _LeanBwd()
+        ad = activation_desc("relu")
+        ops, mode = pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, pydnn.PYDNN_BATCHNORM_SPATIAL
+        nws = bn.bwd.get((h, xd, xd))
+        if nws is None:
+            nws = bn.bwd[(h, xd, xd)] = pydnn.get_batch_normalization_backward_ex_workspace_size(
+                h, mode, ops, xd, None, xd, None, xd, bn.pd, ad)
+        lb.nws_bn = nws
+        ws = max(nws, cp.bwd_data_ws if need[0] else 0, cp.bwd_filter_ws if need[1] else 0)
+        off = lb.ws = _align(ws, _LEAN_ALIGN)
+        es = x_bn.element_size()
+        ybytes = x_bn.numel() * es
+
+        def take(n):
+            nonlocal off
+            o = off
+            off += _align(n, _LEAN_ALIGN)
+            return o
+        lb.pdy = take(ybytes)
+        lb.bdx = take(ybytes)
+        k = cp.y_shape[1]
+        lb.dxh = take(xc.numel() * es) if rec.nhwc and need[0] else -1
+        # the 16-bit weight gradient: NHWC (its transform to NCHW casts where rec.w32d has the descriptor), or
+        # the plain path's before its cast to the parameter's dtype
+        lb.dw_to = None
+        if need[1] and (rec.nhwc or (w_dt is not None and w_dt is not rec.dt)):
+            lb.dw16 = take(wc.numel() * es)
+            if not rec.nhwc:
+                lb.dw_to = C.tensor_desc(w_dt, tuple(wc.shape), _packed(tuple(wc.shape)))
+        else:
+            lb.dw16 = -1
+        lb.db32d = None
+        if need[2] and b_dt is not None and b_dt is not rec.dt:
+            lb.db16 = take(k * es)
+            lb.db32d = C.tensor_desc(b_dt, (1, k, 1, 1), (k, 1, 1, 1))
+        else:
+            lb.db16 = -1
+        lb.total = off
+    bn.lean[key] = lb
+    return lb
+
+
+def _packed(dims):
+    st, acc = [], 1
+    for d in reversed(dims):
+        st.append(acc)
+        acc *= d
+    return tuple(reversed(st))
+
+
+def _block_bwd_lean(ctx, h, dz, lb, saved):
+    """The block's backward (BLOCK_LEAN) on plan lb: the pool's backward, the batch norm's (Ex, ReLU mask from
+    the reserve space) and the convolution's, every temporary a pointer into one workspace buffer. saved: ctx's
+    saved tensors (each read of ctx.saved_tensors unpacks them again)."""
+    rec, bn = ctx.rec, ctx.bn
+    pr = bn.pool
+    n = ctx.needs_input_grad
+    xc, wc = saved[0], saved[1]
+    x, w, b, buf, y, z = saved[3:]
+    ws, sp = C.workspace(lb.total, dz.device)
+    pdy, bdx = sp + lb.pdy, sp + lb.bdx
+    pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd, dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd,
+                           pdy)
+    dbn = torch.empty((2,) + tuple(w.shape), dtype=w.dtype, device=w.device)
+    dbn_w, dbn_b = dbn.unbind(0)
+    smp = buf.data_ptr()
+    sip = smp + bn.c * (8 if bn.pdt == torch.float64 else 4)
+    xd = bn.xd
+    nws = lb.nws_bn
+    pydnn.batch_normalization_backward_ex(
+        h, pydnn.PYDNN_BATCHNORM_SPATIAL, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, 1.0, 0.0, xd,
+        x.data_ptr(), None, None, xd, pdy, None, None, xd, bdx, bn.pd, w.data_ptr(), b.data_ptr(), dbn_w.data_ptr(),
+        dbn_b.data_ptr(), ctx.eps, smp, sip, activation_desc("relu"), sp if nws else None, nws, smp + bn.rs_off,
+        bn.nrs)
+    pl = rec.conv.pl
+    dx = dw = db = None
+    if rec.nhwc:
+        cp = pl.nhwc
+        if n[0]:
+            dxh = sp + lb.dxh
+            pydnn.convolution_backward_data(h, 1.0, cp.wd, wc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_data,
+                                            sp if cp.bwd_data_ws else None, cp.bwd_data_ws, 0.0, cp.xd, dxh)
+            dx = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
+            pydnn.transform_tensor(h, 1.0, cp.xd, dxh, 0.0, pl.xd, dx.data_ptr())
+        if n[1]:
+            dwh = sp + lb.dw16
+            pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                                              sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd, dwh)
+            w_dt = ctx.w_dt
+            if rec.w32d is not None and w_dt is not None and w_dt is not wc.dtype:
+                dw = torch.empty(wc.shape, dtype=w_dt, device=wc.device)
+                pydnn.transform_tensor(h, 1.0, cp.wtd, dwh, 0.0, rec.w32d, dw.data_ptr())
+            else:
+                dw = torch.empty(wc.shape, dtype=wc.dtype, device=wc.device)
+                pydnn.transform_tensor(h, 1.0, cp.wtd, dwh, 0.0, pl.wtd, dw.data_ptr())
+    else:
+        cp = pl
+        if n[0]:
+            dx = _empty_like(xc)
+            pydnn.convolution_backward_data(h, 1.0, cp.wd, wc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_data,
+                                            sp if cp.bwd_data_ws else None, cp.bwd_data_ws, 0.0, cp.xd, dx.data_ptr())
+        if n[1]:
+            if lb.dw16 >= 0:
+                dwp = sp + lb.dw16
+                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                                                  sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd, dwp)
+                dw = torch.empty(wc.shape, dtype=ctx.w_dt, device=wc.device)
+                pydnn.transform_tensor(h, 1.0, rec.lean.w16d, dwp, 0.0, lb.dw_to, dw.data_ptr())
+            else:
+                dw = torch.empty_like(wc)
+                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                                                  sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd,
+                                                  dw.data_ptr())
+    if n[2] and ctx.b_dt is not None:
+        if lb.db16 >= 0:
+            dbp = sp + lb.db16
+            pydnn.convolution_backward_bias(h, 1.0, cp.yd, bdx, 0.0, pl.bd, dbp)
+            db = torch.empty(cp.y_shape[1], dtype=ctx.b_dt, device=dz.device)
+            pydnn.transform_tensor(h, 1.0, pl.bd, dbp, 0.0, lb.db32d, db.data_ptr())
+        else:
+            db = torch.empty(cp.y_shape[1], dtype=rec.dt, device=dz.device)
+            pydnn.convolution_backward_bias(h, 1.0, cp.yd, bdx, 0.0, pl.bd, db.data_ptr())
+    return dx, dw, db, dbn_w, dbn_b
+
+
 class ConvBatchNormFunction(torch.autograd.Function):
     """z = [max_pool](batch_norm[+relu](conv(x, w) + b)) in training, one autograd node (tuning.torch.FUSE_BLOCK,
     convert(fuse=True) of an nn.Sequential's Conv2d followed by a BatchNorm2d): the convolution's and the batch
@@ -826,7 +1067,6 @@ class ConvBatchNormFunction(torch.autograd.Function):
     def forward(ctx, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps, rec):
         h = C.handle_for(x.device)
         dt = rec.dt
-        bc = b if (b is None or b.dtype is dt) else b.to(dt)
         bn = rec.bn
         # BLOCK_NHWC: x and w to NHWC copies (w cast there), the batch norm on the NHWC output. Eager only: its max
         # pool reads NHWC and writes NCHW, and that backward (p2_bwd) took 191 us of GPU time where the NCHW window
@@ -834,7 +1074,12 @@ class ConvBatchNormFunction(torch.autograd.Function):
         # spend
         if rec.nhwc and C.capturing():
             bn = rec.bn_c
-        if bn is rec.bn and rec.nhwc:
+        lf = rec.lean
+        if lf is not None and bn is rec.bn and tuning.torch.BLOCK_LEAN and (
+                rec.conv.pl.nhwc if rec.nhwc else rec.conv.pl).fused_ok:
+            y, csaved, ctx.nhwc = _block_fwd_lean(h, rec, lf, x, w, b)
+        elif bn is rec.bn and rec.nhwc:
+            bc = b if (b is None or b.dtype is dt) else b.to(dt)
             pl = rec.conv.pl
             ph = pl.nhwc
             cl = torch.channels_last
@@ -850,9 +1095,12 @@ class ConvBatchNormFunction(torch.autograd.Function):
             y = _conv_forward(h, ph, xh, wh, bc, None)
             csaved, ctx.nhwc = (xh, wh, None), 2
         else:
+            bc = b if (b is None or b.dtype is dt) else b.to(dt)
             wc = w if w.dtype is dt else w.to(dt)
             y, csaved, ctx.nhwc = _conv_fwd(h, x, wc, bc, rec.conv)
         ctx.y_stride = y.stride()
+        # the lean backward's saved tensors are either forward's: (x or its NHWC copy, the 16-bit filter, None, ...)
+        ctx.lean = lf is not None and bn is rec.bn and ctx.nhwc is not True
         z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, bn)
         ctx.save_for_backward(*csaved, *bsaved)
         ctx.rec, ctx.bn, ctx.eps, ctx.affine = rec, bn, eps, bn_w is not None
@@ -864,14 +1112,19 @@ class ConvBatchNormFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         rec = ctx.rec
         h = C.handle_for(dz.device)
-        dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
         n = ctx.needs_input_grad
-        if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
-            dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],
-                                         n[2] and ctx.b_dt is not None, ctx.w_dt)
+        lb = (_lean_bwd_plan(h, rec, ctx.bn, saved[3], saved[0], saved[1], tuple(n[:3]), ctx.w_dt, ctx.b_dt)
+              if ctx.lean and tuning.torch.BLOCK_LEAN and dz.stride() == ctx.bn.pool.y_stride else False)
+        if lb:
+            dx, dw, db, dbn_w, dbn_b = _block_bwd_lean(ctx, h, dz, lb, saved)
         else:
-            dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
-                                   ctx.b_dt is not None)
+            dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
+            if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
+                dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],
+                                             n[2] and ctx.b_dt is not None, ctx.w_dt)
+            else:
+                dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
+                                       ctx.b_dt is not None)
         if dw is not None and dw.dtype is not ctx.w_dt:
             dw = dw.to(ctx.w_dt)
         if db is not None and db.dtype is not ctx.b_dt:
