@@ -1,0 +1,135 @@
+"""tuning.torch.BLOCK_LEAN on the GPU: the CNN demo's model (its fused conv + batch norm + ReLU + max pool blocks)
+trained a few steps with the lean path against the same model on the general path (the same kernels on the same
+values: the lean path changes where temporaries live and casts by pydnn.transform_tensor instead of Tensor.to,
+both round to nearest even), and in float32 against PyTorch's own modules in float64; a fresh random batch each
+step; before each step the stream's kept workspace buffer (where the lean temporaries live) and a large block
+handed back to PyTorch's caching allocator (where the outputs come from) are poisoned with 0xFF bytes (NaN in
+every float type: close() fails on a value nobody wrote); the lean backward counted (it must have run, both
+blocks, every step)."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from pydnn import tuning  # noqa: E402
+from pydnn.torch import functional as PF  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import train_cnn  # noqa: E402
+from test_torch_gpu import TOL_SUM, close, pydnn_runs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _setup():
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _models():
+    torch.manual_seed(0)
+    init = train_cnn.build("torch").state_dict()
+    out = []
+    for _ in range(2):
+        m = train_cnn.build("pydnn").cuda()
+        m.load_state_dict(init)
+        out.append(m)
+    ref = train_cnn.build("torch").cuda()
+    ref.load_state_dict(init)
+    return out, ref
+
+
+def _poison():
+    from pydnn.torch import _core as C
+    for ws in C._ws.values():
+        ws.fill_(0xFF)
+    blk = torch.full((256 << 20,), 0xFF, dtype=torch.uint8, device="cuda")
+    del blk  # (back to the caching allocator, poisoned: the step's allocations split it)
+
+
+def _step(model, x, y, autocast, lean, count):
+    _poison()
+    real = PF._block_bwd_lean
+
+    def spy(*a):
+        count[0] += 1
+        return real(*a)
+    PF._block_bwd_lean = spy
+    try:
+        with tuning.override({"torch.BLOCK_LEAN": lean}), pydnn_runs():
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                out = model(x)
+                loss = F.cross_entropy(out.float(), y)
+            loss.backward()
+    finally:
+        PF._block_bwd_lean = real
+    return out
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["bf16_autocast", "float32"])
+def test_lean_blocks_equal_the_general_path(autocast):
+    """3 steps, batch 32 (the demo's 3x32x32 digits shape): logits, every parameter gradient (float32) and the
+    running statistics of the lean path equal the general path's; in float32 both within the summed-product
+    tolerance of PyTorch's float64 modules."""
+    (lean, gen_), ref = _models()
+    if not autocast:
+        ref.double()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for step in range(3):
+        x = torch.randn(32, 3, 32, 32, device="cuda", generator=g)
+        y = torch.randint(0, 10, (32,), device="cuda", generator=g)
+        for m in (lean, gen_, ref):
+            m.zero_grad(set_to_none=True)
+        n_lean, n_gen = [0], [0]
+        out_l = _step(lean, x, y, autocast, True, n_lean)
+        out_g = _step(gen_, x, y, autocast, False, n_gen)
+        assert n_lean[0] == 2 and n_gen[0] == 0, (n_lean, n_gen)
+        dt = torch.bfloat16 if autocast else torch.float32
+        assert out_l.dtype == out_g.dtype == dt
+        close(out_l, out_g, dt, f"step {step} logits lean / general", tol=1e-6)
+        for (n, a), b in zip(lean.named_parameters(), gen_.parameters()):
+            assert a.grad is not None and a.grad.dtype == torch.float32, n
+            close(a.grad, b.grad, torch.float32, f"step {step} d{n} lean / general", tol=1e-5)
+        for (n, a), b in zip(lean.named_buffers(), gen_.buffers()):
+            if a.is_floating_point():
+                close(a, b, torch.float32, f"step {step} {n} lean / general", tol=1e-6)
+            else:
+                assert torch.equal(a, b), n
+        if not autocast:
+            out_r = ref(x.double())
+            F.cross_entropy(out_r, y).backward()
+            close(out_l, out_r, torch.float32, f"step {step} logits", tol=TOL_SUM[torch.float32])
+            for (n, a), r in zip(lean.named_parameters(), ref.parameters()):
+                close(a.grad, r.grad, torch.float32, f"step {step} d{n}", tol=5 * TOL_SUM[torch.float32])
+
+
+def test_lean_blocks_under_cuda_graph_capture():
+    """The lean blocks captured in a CUDA graph (make_graphed_callables, bf16 autocast): the workspace buffer is a
+    fresh allocation of the graph's pool there; the replay gives the eager lean step's values."""
+    (m, e), _ = _models()
+    x = torch.randn(16, 3, 32, 32, device="cuda")
+    with tuning.override({"torch.BLOCK_LEAN": True}):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            gm = torch.cuda.make_graphed_callables(m, (x.clone(),))
+        e.load_state_dict(m.state_dict())
+        xs = torch.randn(16, 3, 32, 32, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            out = gm(xs)
+            want = e(xs)
+        out.float().sum().backward()
+        want.float().sum().backward()
+    close(out, want, torch.bfloat16, "graphed logits", tol=2e-2)
+    for (n, a), b in zip(m.named_parameters(), e.parameters()):
+        close(a.grad, b.grad, torch.bfloat16, f"graphed d{n}", tol=2e-2)
