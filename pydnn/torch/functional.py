@@ -993,8 +993,9 @@ def _block_bwd_lean(ctx, h, dz, lb, saved):
     pdy, bdx = sp + lb.pdy, sp + lb.bdx
     pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd, dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd,
                            pdy)
-    dbn = torch.empty((2,) + tuple(w.shape), dtype=w.dtype, device=w.device)
-    dbn_w, dbn_b = dbn.unbind(0)
+    # two allocations: one (2, C) tensor unbound into two views took 7.4 us, two torch.empty 3.6 (CPU, C = 64)
+    dbn_w = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+    dbn_b = torch.empty(w.shape, dtype=w.dtype, device=w.device)
     smp = buf.data_ptr()
     sip = smp + bn.c * (8 if bn.pdt == torch.float64 else 4)
     xd = bn.xd
