@@ -824,9 +824,10 @@ torch = Switches(
                       "weight / bias gradients before their cast) are pointers into one workspace buffer (the "
                       "stream's kept one, tuning.torch.FAST_CALLS) instead of a torch allocation each, the "
                       "parameters' casts (float32 <-> autocast's dtype) are pydnn.transform_tensor calls instead of "
-                      "Tensor.to, and the forward's 16-bit bias is a pointer into the workspace too: 9 torch "
-                      "allocations and 6 torch casts fewer a step of the CNN demo (tests/torch/"
-                      "test_torch_block_lean_cpu.py). False: the block's general path"),
+                      "Tensor.to, and the forward's 16-bit bias is a pointer into the workspace too: 11 torch "
+                      "operations fewer a step of the CNN demo (6 casts; 9 allocations, each cast's included; "
+                      "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). False: the block's "
+                      "general path"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "
