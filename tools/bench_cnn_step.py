@@ -95,10 +95,12 @@ class Variant:
             self.pos.append(pos)
             self.losses.append(loss.detach())
 
-    def run(self, batches, n, start, record=True):
+    def run(self, batches, n, start, record=True, evaluate=None):
         for i in range(n):
             xb, yb = batches[(start + i) % len(batches)]
             self.step(xb, yb, i, record)
+        if evaluate is not None:  # the demo's evaluation after each epoch (eval mode, no_grad, ends in .item())
+            train_cnn.evaluate(self.model, *evaluate)
 
 
 def med(v):
@@ -112,6 +114,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps of each variant first")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--eval", action="store_true",
+                    help="after each backend's steps in a round, its evaluation on 359 images (as the demo's epochs)")
     ap.add_argument("--json", default="")
     ap.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (PyTorch's ops: no figures)")
     args = ap.parse_args()
@@ -123,6 +127,7 @@ def main():
         dev = torch.device("cuda", torch.cuda.current_device())
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     batches = data(dev, args.batch)
+    ev = (torch.cat([b[0] for b in batches])[:359], torch.cat([b[1] for b in batches])[:359]) if args.eval else None
     torch.manual_seed(0)
     init = train_cnn.build("torch").state_dict()
     total = (args.warmup + args.rounds * args.steps) * 2 + 10
@@ -135,10 +140,10 @@ def main():
     for r in range(args.rounds):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
-            v.run(batches, args.steps, r * args.steps)
+            v.run(batches, args.steps, r * args.steps, evaluate=ev)
     sync()
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke test)", "torch": torch.__version__, "rounds": args.rounds,
-           "steps": args.steps, "batch": args.batch, "PYDNN_TUNING": os.environ.get("PYDNN_TUNING", ""),
+           "steps": args.steps, "batch": args.batch, "eval": args.eval, "PYDNN_TUNING": os.environ.get("PYDNN_TUNING", ""),
            "variants": {}}
     tref = None
     for v in variants:
@@ -155,7 +160,8 @@ def main():
         if v.label == "torch":
             tref = d["step_ms"]
     print(f"{res['device']}, torch {res['torch']}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
-          f"a backend (interleaved, alternating order); PYDNN_TUNING={res['PYDNN_TUNING']!r}")
+          f"a backend (interleaved, alternating order{', an evaluation after each' if args.eval else ''}); "
+          f"PYDNN_TUNING={res['PYDNN_TUNING']!r}")
     print(f"{'variant':44s} {'step ms':>8s} {'/torch':>7s} {'host ms':>8s} {'fwd':>6s} {'bwd':>6s} {'opt':>6s} "
           f"{'loss':>7s}  by position in the round (ms)")
     for label, d in res["variants"].items():
