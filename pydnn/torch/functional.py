@@ -958,7 +958,7 @@ def _lean_bwd_plan(h, rec, bn, x_bn, xc, wc, need, w_dt, b_dt):
         if need[1] and (rec.nhwc or (w_dt is not None and w_dt is not rec.dt)):
             lb.dw16 = take(wc.numel() * es)
             if not rec.nhwc:
-                lb.dw_to = C.tensor_desc(w_dt, tuple(wc.shape), _packed(tuple(wc.shape)))
+                lb.dw_to = C.tensor_desc(w_dt, tuple(wc.shape), wc.stride())  # (wc: packed NCHW, _lean_fwd_plan)
         else:
             lb.dw16 = -1
         lb.db32d = None
@@ -970,14 +970,6 @@ def _lean_bwd_plan(h, rec, bn, x_bn, xc, wc, need, w_dt, b_dt):
         lb.total = off
     bn.lean[key] = lb
     return lb
-
-
-def _packed(dims):
-    st, acc = [], 1
-    for d in reversed(dims):
-        st.append(acc)
-        acc *= d
-    return tuple(reversed(st))
 
 
 def _block_bwd_lean(ctx, h, dz, lb, saved):

@@ -19,14 +19,8 @@ import pydnn.torch as pt  # noqa: E402
 from pydnn import tuning  # noqa: E402
 from pydnn.torch import _core as C  # noqa: E402
 from pydnn.torch import functional as PF  # noqa: E402
+from test_torch_block_nhwc_cpu import _model  # noqa: E402 (the demo's model at its channel counts)
 from test_torch_emulated_cpu import CALLS, emulated, no_fallback  # noqa: E402,F401
-
-
-def _model():
-    return nn.Sequential(
-        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128, 10))
 
 
 BRIDGE = os.sep + os.path.join("pydnn", "torch") + os.sep

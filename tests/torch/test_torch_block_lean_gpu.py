@@ -17,38 +17,16 @@ F = torch.nn.functional
 from pydnn import tuning  # noqa: E402
 from pydnn.torch import functional as PF  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import train_cnn  # noqa: E402
-from test_torch_gpu import TOL_SUM, close, pydnn_runs  # noqa: E402
+from test_torch_fuse_block_gpu import _models as _fuse_models  # noqa: E402
+from test_torch_gpu import TOL_SUM, _setup, close, pydnn_runs  # noqa: E402,F401 (_setup: autouse)
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def _setup():
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA device")
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 def _models():
-    torch.manual_seed(0)
-    init = train_cnn.build("torch").state_dict()
-    out = []
-    for _ in range(2):
-        m = train_cnn.build("pydnn").cuda()
-        m.load_state_dict(init)
-        out.append(m)
-    ref = train_cnn.build("torch").cuda()
-    ref.load_state_dict(init)
-    return out, ref
+    return _fuse_models(2)
 
 
 def _poison():
@@ -115,21 +93,5 @@ def test_lean_blocks_equal_the_general_path(autocast):
                 close(a.grad, r.grad, torch.float32, f"step {step} d{n}", tol=5 * TOL_SUM[torch.float32])
 
 
-def test_lean_blocks_under_cuda_graph_capture():
-    """The lean blocks captured in a CUDA graph (make_graphed_callables, bf16 autocast): the workspace buffer is a
-    fresh allocation of the graph's pool there; the replay gives the eager lean step's values."""
-    (m, e), _ = _models()
-    x = torch.randn(16, 3, 32, 32, device="cuda")
-    with tuning.override({"torch.BLOCK_LEAN": True}):
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            gm = torch.cuda.make_graphed_callables(m, (x.clone(),))
-        e.load_state_dict(m.state_dict())
-        xs = torch.randn(16, 3, 32, 32, device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            out = gm(xs)
-            want = e(xs)
-        out.float().sum().backward()
-        want.float().sum().backward()
-    close(out, want, torch.bfloat16, "graphed logits", tol=2e-2)
-    for (n, a), b in zip(m.named_parameters(), e.parameters()):
-        close(a.grad, b.grad, torch.bfloat16, f"graphed d{n}", tol=2e-2)
+# Under CUDA graph capture (the workspace a fresh allocation of the graph's pool): test_torch_fuse_block_gpu.py's
+# test_fused_block_under_cuda_graph_capture runs these blocks with BLOCK_LEAN at its default (on).
