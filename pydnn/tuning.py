@@ -828,6 +828,13 @@ torch = Switches(
                       "operations fewer a step of the CNN demo (6 casts; 9 allocations, each cast's included; "
                       "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). False: the block's "
                       "general path"),
+    FUSE_CHAIN=(False, "an nn.Sequential that pydnn.torch.convert(fuse=True) found made of fused conv + batch norm "
+                       "blocks (FUSE_BLOCK), nn.Flatten and Linear (the CNN demo's model) runs its training forward "
+                       "as one autograd Function (pydnn.torch.functional.ChainFunction: each stage's own forward and "
+                       "backward bodies, one node) once every stage has its call record, without hooks on any "
+                       "child: two Function entries and backward nodes and nine module calls fewer a CNN demo step "
+                       "(read by convert(fuse=True), which then gives the Sequential pydnn.torch's Sequential class, "
+                       "and at every call). Off until measured on the GPU"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "

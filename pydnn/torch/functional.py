@@ -1130,6 +1130,13 @@ class ConvBatchNormFunction(torch.autograd.Function):
 _block_apply = C.applier(ConvBatchNormFunction)
 
 
+def _block_key(shape, strides, dtype, device, weight, bias, stride, padding, dilation, groups, activation, pool):
+    """The record key of a conv_batch_norm call on an input of (shape, strides, dtype, device)."""
+    return ("conv_bn", shape, strides, dtype, device, weight.shape, weight.stride(), weight.dtype,
+            None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
+            _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS, tuning.torch.BLOCK_NHWC)
+
+
 def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight,
                     bn_bias, training, momentum, eps, activation=None, pool=None):
     """batch_norm(conv(x, weight, bias, ...), running_mean, ...) [+ ReLU] [+ max pool (kernel_size, stride,
@@ -1141,9 +1148,8 @@ def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_
         ac = C.autocast_dtype()
         if ac is not None and C.on_cuda(x):
             x = C.cast(x, ac)
-        key = ("conv_bn", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
-               None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
-               _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS, tuning.torch.BLOCK_NHWC)
+        key = _block_key(x.shape, x.stride(), x.dtype, x.device, weight, bias, stride, padding, dilation, groups,
+                         activation, pool)
         try:
             rec = _recs.get(key)
         except TypeError:  # list arguments: no record
@@ -2056,6 +2062,20 @@ class LinearFunction(torch.autograd.Function):
 _linear_apply = C.applier(LinearFunction)
 
 
+def _linear_key(shape, strides, dtype, device, weight, bias, fold):
+    """The record key of a linear call on an input of (shape, strides, dtype, device) (fold: FOLD_CASTS' dtype)."""
+    return ("linear", shape, strides, dtype, device, weight.shape, weight.stride(), weight.dtype, weight.device,
+            None if bias is None else (bias.dtype, bias.device), tuning.torch.LINEAR_FWD_SPLITK, fold)
+
+
+def _linear_fold(x, weight, bias, ac):
+    """The dtype LinearFunction casts the parameters to under autocast (tuning.torch.FOLD_CASTS), or None."""
+    if (ac is not None and tuning.torch.FOLD_CASTS and weight.dtype in C.DTYPES and weight.dtype is not ac
+            and (bias is None or bias.dtype in C.DTYPES) and C.on_cuda(weight, bias)):
+        return ac
+    return None
+
+
 def linear(x, weight, bias=None):
     """F.linear on pydnn.matmul when this pydnn has the public matmul (the graph API's; checked with
     hasattr) and pydnn.torch.linear_on_pydnn is true; otherwise PyTorch's F.linear (cuBLAS), which is not
@@ -2067,15 +2087,12 @@ def linear(x, weight, bias=None):
     fold = None  # the dtype the Function casts the parameters to (tuning.torch.FOLD_CASTS)
     if ac is not None and C.on_cuda(x):
         x = C.cast(x, ac)
-        if (sw.FOLD_CASTS and weight.dtype in C.DTYPES and weight.dtype is not ac
-                and (bias is None or bias.dtype in C.DTYPES) and C.on_cuda(weight, bias)):
-            fold = ac
-        else:
+        fold = _linear_fold(x, weight, bias, ac)
+        if fold is None:
             weight, bias = C.cast(weight, ac), C.cast(bias, ac)
     fast = sw.FAST_CALLS
     if fast:
-        key = ("linear", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
-               weight.device, None if bias is None else (bias.dtype, bias.device), sw.LINEAR_FWD_SPLITK, fold)
+        key = _linear_key(x.shape, x.stride(), x.dtype, x.device, weight, bias, fold)
         rec = _recs.get(key)
         if rec is not None:
             try:
@@ -2252,3 +2269,195 @@ def mlp(x, w1, w2, approximate="none"):
             raise
         return unfused()
     return y.view(*x.shape[:-1], w2.shape[0])
+
+
+# ============================================================ a Sequential's fused stages, one node (FUSE_CHAIN)
+# Why: each autograd Function costs its apply and its backward node (C++ -> Python, the saved tensors' unpack, the
+# returned gradients' checks: ~9 + ~25 us a Function on the 2-core dev CPU, measured with trivial bodies), and each
+# module call of nn.Sequential ~1.5 us; the CNN demo's step had three Functions and ten module calls.
+class _Sub:
+    """The ctx a stage's Function body runs with inside ChainFunction: its attributes, its saved tensors and the
+    needs_input_grad of its own arguments."""
+
+    def __init__(self, needs):
+        self.needs_input_grad, self.saved = needs, ()
+
+    def save_for_backward(self, *ts):
+        self.saved = ts
+
+    @property
+    def saved_tensors(self):
+        return self.saved
+
+
+_ST_BLOCK, _ST_FLAT, _ST_LINEAR = 0, 1, 2
+
+
+class ChainFunction(torch.autograd.Function):
+    """A Sequential's stages (conv + batch norm blocks, a flatten, a Linear) in one autograd node: each stage's
+    forward and backward are ConvBatchNormFunction's / LinearFunction's own bodies run on a _Sub ctx, their saved
+    tensors saved together. plan: [(stage kind, record, number of tensor arguments, (factor, eps) or None)]."""
+
+    @staticmethod
+    def forward(ctx, plan, x, *ts):
+        need = ctx.needs_input_grad
+        hneed = need[1]
+        subs, saved, counts = [], [], []
+        h, i = x, 0
+        for kind, rec, n, extra in plan:
+            ni = need[2 + i:2 + i + n]
+            if kind == _ST_BLOCK:
+                s = _Sub((hneed,) + ni + (False, False, False))
+                h = ConvBatchNormFunction.forward(s, h, *ts[i:i + n], extra[0], extra[1], rec)
+            elif kind == _ST_FLAT:
+                s = _Sub(None)
+                s.shape = h.shape
+                h = h.flatten(1)
+            else:
+                s = _Sub((hneed,) + ni + (False,))
+                x2 = h.contiguous() if rec.xcopy else h
+                h = LinearFunction.forward(s, x2, *ts[i:i + n], rec)
+            i += n
+            hneed = hneed or any(ni)
+            subs.append(s)
+            saved.extend(s.saved)
+            counts.append(len(s.saved))
+        ctx.save_for_backward(*saved)
+        ctx.subs, ctx.counts, ctx.kinds = subs, counts, [p[0] for p in plan]
+        return h
+
+    @staticmethod
+    def backward(ctx, g):
+        saved = ctx.saved_tensors
+        j = len(saved)
+        grads = []
+        for s, n, kind in zip(reversed(ctx.subs), reversed(ctx.counts), reversed(ctx.kinds)):
+            s.saved = saved[j - n:j]
+            j -= n
+            if kind == _ST_BLOCK:
+                r = ConvBatchNormFunction.backward(s, g)
+                g = r[0]
+                grads.append(r[1:7])
+            elif kind == _ST_FLAT:
+                g = g.view(s.shape) if g is not None else None
+            else:
+                r = LinearFunction.backward(s, g)
+                g = r[0]
+                grads.append(r[1:3])
+            s.saved = ()
+        out = [None, g]
+        for gs in reversed(grads):
+            out.extend(gs)
+        return tuple(out)
+
+
+_chain_apply = C.applier(ChainFunction)
+
+
+def chain_stages(mods):
+    """The stages of a Sequential's children (convert(fuse=True)'s conv + batch norm blocks, nn.Flatten(1), a
+    pydnn Linear; nn.Identity and the blocks' absorbed batch norms pass through): [(kind, module(s))], or None
+    where a child is anything else or fewer than two stages compute."""
+    from . import modules as M
+    stages = []
+    for m in mods:
+        t = type(m)
+        if t is torch.nn.Identity or (t in (M.BatchNorm2d,) and m.__dict__.get("_absorbed")):
+            continue
+        bn = m.__dict__.get("_bn") if t is M.Conv2d else None
+        if bn is not None and m.padding_mode == "zeros" and bn.__dict__.get("_absorbed"):
+            stages.append((_ST_BLOCK, m, bn))
+        elif t is torch.nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
+            stages.append((_ST_FLAT, m, None))
+        elif t is M.Linear and not m.__dict__.get("_mlp") and not m.__dict__.get("_mlp_tail"):
+            stages.append((_ST_LINEAR, m, None))
+        else:
+            return None
+    return stages if sum(k != _ST_FLAT for k, _, _ in stages) >= 2 else None
+
+
+def _hooked(m):
+    return m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+
+
+def chain(seq, x):
+    """seq's forward in training as one ChainFunction, or None where it does not apply (the caller runs the
+    Sequential's own forward): each stage's record must exist (the first call of a shape goes module by module
+    and makes them) and take the fused path, no child may have hooks, x must be a dense CUDA tensor. The stages'
+    side effects (num_batches_tracked) happen only once the chain is sure to run."""
+    mods = tuple(seq._modules.values())
+    cached = seq.__dict__.get("_chain")
+    if cached is None or len(cached[0]) != len(mods) or any(a is not b for a, b in zip(cached[0], mods)):
+        cached = seq.__dict__["_chain"] = (mods, chain_stages(mods))
+    stages = cached[1]
+    if stages is None or not tuning.torch.FAST_CALLS or not C.on_cuda(x):
+        return None
+    mn = torch.nn.modules.module
+    if (mn._global_forward_hooks or mn._global_forward_pre_hooks or mn._global_backward_hooks
+            or mn._global_backward_pre_hooks or any(_hooked(m) for m in mods)):
+        return None
+    ac = C.autocast_dtype()
+    if ac is not None:
+        x = C.cast(x, ac)
+    shape, strides, dtype, dev = x.shape, x.stride(), x.dtype, x.device
+    plan, ts, bns = [], [], []
+    for kind, m, bn in stages:
+        if kind == _ST_BLOCK:
+            if not (bn.training and tuning.torch.FUSE_BLOCK):
+                return None
+            p, q, bb = m._parameters, bn._parameters, bn._buffers
+            w, b, bw, bb_ = p.get("weight"), p.get("bias"), q.get("weight"), q.get("bias")
+            rm, rv = bb.get("running_mean"), bb.get("running_var")
+            if w is None or rm is None or rv is None or not bn.track_running_stats:
+                return None
+            try:
+                rec = _recs.get(_block_key(shape, strides, dtype, dev, w, b, m.stride, m.padding, m.dilation,
+                                           m.groups, getattr(bn, "activation", None), bn.__dict__.get("pool")))
+            except TypeError:
+                return None
+            if not rec or rec.bn.pool is None or not _bn_params_ok(rec.bn.pdt, (bw, bb_, rm, rv)):
+                return None
+            plan.append([_ST_BLOCK, rec, 6, bn])
+            ts += (w, b, bw, bb_, rm, rv)
+            pr = rec.bn.pool
+            shape, strides, dtype = torch.Size(pr.out), pr.y_stride, rec.dt
+        elif kind == _ST_FLAT:
+            if len(shape) < 2:
+                return None
+            plan.append([_ST_FLAT, None, 0, None])
+            n = 1
+            for d in shape[1:]:
+                n *= d
+            shape, strides = torch.Size((shape[0], n)), (n, 1)  # (the block's output: packed NCHW, a view)
+        else:
+            p = m._parameters
+            w, b = p.get("weight"), p.get("bias")
+            if w is None or len(shape) != 2 or not hasattr(pydnn, "matmul") or not getattr(
+                    sys.modules.get("pydnn.torch"), "linear_on_pydnn", True):
+                return None
+            fold = _linear_fold(None, w, b, ac)
+            if ac is not None and fold is None:
+                return None  # (the casts before the Function: the module's own path)
+            rec = _recs.get(_linear_key(shape, strides, dtype, dev, w, b, fold))
+            if not rec or rec.flat:
+                return None
+            plan.append([_ST_LINEAR, rec, 2, None])
+            ts += (w, b)
+            shape = torch.Size((shape[0], w.shape[0]))
+            strides, dtype = (w.shape[0], 1), rec.dt if rec.dt is not None else dtype
+    for st in plan:  # sure to run: the batch norms' counters and factors (as _BatchNormMixin._bn_state)
+        if st[0] == _ST_BLOCK:
+            bn = st[3]
+            _, _, _, factor = bn._bn_state()
+            st[3] = (float(factor), float(bn.eps))
+    try:
+        return _chain_apply(plan, x, *ts)
+    except pydnn.PydnnError as e:
+        if not C.is_not_supported(e):
+            raise
+        fallback(f"chain: {e} (the Sequential module by module)")
+        for kind, m, bn in stages:  # (the module path counts them again)
+            nbt = bn._buffers.get("num_batches_tracked") if kind == _ST_BLOCK else None
+            if nbt is not None:
+                nbt.sub_(1)
+        return None

@@ -6,6 +6,8 @@ pydnn.torch.fallbacks) where pydnn does not run a configuration.
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pydnn import tuning
+
 from . import _core as C
 from . import functional as PF
 from .rnn import GRU, LSTM, RNN
@@ -226,6 +228,19 @@ class Linear(nn.Linear):
         except KeyError:
             w, b = self.weight, self.bias
         return PF.linear(x, w, b)
+
+
+class Sequential(nn.Sequential):
+    """nn.Sequential whose training forward runs its fused stages as one autograd node where
+    pydnn.torch.functional.chain takes it (tuning.torch.FUSE_CHAIN; convert(fuse=True) gives this class to an
+    nn.Sequential of conv + batch norm blocks, Flatten and Linear); otherwise nn.Sequential's forward."""
+
+    def forward(self, input):  # noqa: A002 - nn.Sequential's name
+        if self.training and tuning.torch.FUSE_CHAIN:
+            y = PF.chain(self, input)
+            if y is not None:
+                return y
+        return super().forward(input)
 
 
 class MultiheadAttention(nn.MultiheadAttention):

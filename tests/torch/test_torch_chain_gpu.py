@@ -1,0 +1,77 @@
+"""tuning.torch.FUSE_CHAIN on the GPU: the CNN demo's model converted with the switch on (pydnn.torch.modules.Sequential:
+its two fused blocks, Flatten and Linear one autograd node in training) against the same model module by module
+(the same kernels on the same values) and, in float32, against PyTorch's own modules in float64; a fresh random
+batch each step, the kept workspace and a large freed block poisoned before each step (test_torch_block_lean_gpu's
+_poison), the chain counted (it must have run from the second step on: the first may make the records)."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from pydnn import tuning  # noqa: E402
+from pydnn.torch import functional as PF  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from test_torch_block_lean_gpu import _poison  # noqa: E402
+from test_torch_fuse_block_gpu import _models as _fuse_models  # noqa: E402
+from test_torch_gpu import TOL_SUM, _setup, close, pydnn_runs  # noqa: E402,F401 (_setup: autouse)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["bf16_autocast", "float32"])
+def test_chain_equals_the_module_path(autocast):
+    with tuning.override({"torch.FUSE_CHAIN": True}):
+        (chained, _), ref = _fuse_models(2)
+    (plain, _), _ = _fuse_models(2)
+    assert type(chained).__name__ == "Sequential" and type(chained).__module__ == "pydnn.torch.modules"
+    if not autocast:
+        ref.double()
+    g = torch.Generator(device="cuda").manual_seed(12)
+    real = PF.ChainFunction.forward
+    n = [0]
+
+    def spy(*a):
+        n[0] += 1
+        return real(*a)
+    for step in range(3):
+        x = torch.randn(32, 3, 32, 32, device="cuda", generator=g)
+        y = torch.randint(0, 10, (32,), device="cuda", generator=g)
+        outs = []
+        for m, on in ((chained, True), (plain, False)):
+            m.zero_grad(set_to_none=True)
+            _poison()
+            n[0] = 0
+            PF.ChainFunction.forward = staticmethod(spy)
+            try:
+                with tuning.override({"torch.FUSE_CHAIN": on}), pydnn_runs():
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                        out = m(x)
+                        loss = F.cross_entropy(out.float(), y)
+                    loss.backward()
+            finally:
+                PF.ChainFunction.forward = real
+            # (step 0 may go module by module: the records of these shapes may not exist yet)
+            assert n[0] == int(on) or (on and step == 0 and n[0] == 0), (step, on, n[0])
+            outs.append(out)
+        dt = torch.bfloat16 if autocast else torch.float32
+        close(outs[0], outs[1], dt, f"step {step} logits chain / modules", tol=1e-6)
+        for (k, a), b in zip(chained.named_parameters(), plain.parameters()):
+            assert a.grad is not None and a.grad.dtype == torch.float32, k
+            close(a.grad, b.grad, torch.float32, f"step {step} d{k} chain / modules", tol=1e-5)
+        for (k, a), b in zip(chained.named_buffers(), plain.buffers()):
+            if a.is_floating_point():
+                close(a, b, torch.float32, f"step {step} {k} chain / modules", tol=1e-6)
+            else:
+                assert torch.equal(a, b), k
+        if not autocast:
+            ref.zero_grad(set_to_none=True)
+            out_r = ref(x.double())
+            F.cross_entropy(out_r, y).backward()
+            close(outs[0], out_r, torch.float32, f"step {step} logits", tol=TOL_SUM[torch.float32])
+            for (k, a), r in zip(chained.named_parameters(), ref.parameters()):
+                close(a.grad, r.grad, torch.float32, f"step {step} d{k}", tol=5 * TOL_SUM[torch.float32])
