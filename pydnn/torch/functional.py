@@ -2280,14 +2280,10 @@ class _Sub:
     needs_input_grad of its own arguments."""
 
     def __init__(self, needs):
-        self.needs_input_grad, self.saved = needs, ()
+        self.needs_input_grad, self.saved_tensors = needs, ()
 
     def save_for_backward(self, *ts):
-        self.saved = ts
-
-    @property
-    def saved_tensors(self):
-        return self.saved
+        self.saved_tensors = ts
 
 
 _ST_BLOCK, _ST_FLAT, _ST_LINEAR = 0, 1, 2
@@ -2320,8 +2316,8 @@ class ChainFunction(torch.autograd.Function):
             i += n
             hneed = hneed or any(ni)
             subs.append(s)
-            saved.extend(s.saved)
-            counts.append(len(s.saved))
+            saved.extend(s.saved_tensors)
+            counts.append(len(s.saved_tensors))
         ctx.save_for_backward(*saved)
         ctx.subs, ctx.counts, ctx.kinds = subs, counts, [p[0] for p in plan]
         return h
@@ -2332,7 +2328,7 @@ class ChainFunction(torch.autograd.Function):
         j = len(saved)
         grads = []
         for s, n, kind in zip(reversed(ctx.subs), reversed(ctx.counts), reversed(ctx.kinds)):
-            s.saved = saved[j - n:j]
+            s.saved_tensors = saved[j - n:j]
             j -= n
             if kind == _ST_BLOCK:
                 r = ConvBatchNormFunction.backward(s, g)
@@ -2344,7 +2340,7 @@ class ChainFunction(torch.autograd.Function):
                 r = LinearFunction.backward(s, g)
                 g = r[0]
                 grads.append(r[1:3])
-            s.saved = ()
+            s.saved_tensors = ()
         out = [None, g]
         for gs in reversed(grads):
             out.extend(gs)
@@ -2376,10 +2372,6 @@ def chain_stages(mods):
     return stages if sum(k != _ST_FLAT for k, _, _ in stages) >= 2 else None
 
 
-def _hooked(m):
-    return m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-
-
 def chain(seq, x):
     """seq's forward in training as one ChainFunction, or None where it does not apply (the caller runs the
     Sequential's own forward): each stage's record must exist (the first call of a shape goes module by module
@@ -2394,8 +2386,11 @@ def chain(seq, x):
         return None
     mn = torch.nn.modules.module
     if (mn._global_forward_hooks or mn._global_forward_pre_hooks or mn._global_backward_hooks
-            or mn._global_backward_pre_hooks or any(_hooked(m) for m in mods)):
+            or mn._global_backward_pre_hooks):
         return None
+    for m in mods:  # (a hooked child's hook would not run inside the chain)
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return None
     ac = C.autocast_dtype()
     if ac is not None:
         x = C.cast(x, ac)
