@@ -14,7 +14,7 @@ from .rnn import GRU, LSTM, RNN
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm",
            "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Dropout",
-           "Linear", "MultiheadAttention", "Softmax", "LogSoftmax", "LSTM", "GRU", "RNN"]
+           "Linear", "MultiheadAttention", "Softmax", "LogSoftmax", "LSTM", "GRU", "RNN", "Sequential"]
 
 _FUSABLE = (None, "relu", "sigmoid", "tanh", "identity")
 # The per-step forwards read parameters and buffers from the module's _parameters / _buffers dicts, where
